@@ -1,0 +1,78 @@
+"""`Agent` and its `Limits`: a model, instructions, tools and guardrails under one name."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from ._approval import Guardrail
+from ._exceptions import UsageError
+from ._tools import Tool
+
+if TYPE_CHECKING:
+    from .models import Model
+
+__all__ = ["Agent", "Limits"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Limits:
+    """Bounds on a session: tokens, cost, model steps per turn, messages sent, and TTL.
+
+    `max_messages` is the message window; the turn holding an open request is always sent whole.
+    `ttl` (seconds or a timedelta) expires a session that has been idle that long.
+    """
+
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
+    max_steps: int = 50
+    max_messages: int | None = None
+    ttl: float | timedelta | None = None
+
+    @property
+    def ttl_seconds(self) -> float | None:
+        if isinstance(self.ttl, timedelta):
+            return self.ttl.total_seconds()
+        return None if self.ttl is None else float(self.ttl)
+
+
+class Agent:
+    """A named agent: model, instructions, tools, guardrails and limits."""
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        model: Model,
+        instructions: str = "",
+        tools: Sequence[Tool] = (),
+        guardrails: Sequence[Guardrail] = (),
+        limits: Limits | None = None,
+    ) -> None:
+        if not name:
+            raise UsageError("an agent needs a name")
+        self.name = name
+        self.model = model
+        self.instructions = instructions
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise UsageError(f"agent {name!r}: {t!r} is not a Tool; decorate it with @tool")
+            if t.name in self.tools:
+                raise UsageError(f"agent {name!r}: two tools are named {t.name!r}")
+            self.tools[t.name] = t
+        self.guardrails = list(guardrails)
+        for g in self.guardrails:
+            if not isinstance(g, Guardrail):
+                raise UsageError(f"agent {name!r}: {g!r} is not a guardrail")
+            unknown = sorted(set(g.tool_names()) - set(self.tools))
+            if unknown:
+                raise UsageError(
+                    f"agent {name!r}: guardrail names unknown tool(s): {', '.join(unknown)}"
+                )
+        self.limits = limits or Limits()
+
+    def __repr__(self) -> str:
+        return f"Agent({self.name!r}, tools={list(self.tools)})"

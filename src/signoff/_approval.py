@@ -1,0 +1,265 @@
+"""Approval policies: whether a validated tool call runs, is denied, or waits for a person.
+
+A policy is one of the helpers (`never()`, `once()`, `always()`), a predicate of the validated
+input (`lambda input: input.amount > 100`), or a function of an `ApprovalContext` (recognised by
+its first parameter being annotated `ApprovalContext` or named `ctx` / `context`). Either kind may
+be sync or async and may return any `ApprovalStatus`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeAlias
+
+from ._exceptions import UsageError
+from ._types import Principal
+
+__all__ = [
+    "ApprovalContext",
+    "ApprovalPolicy",
+    "ApprovalStatus",
+    "Approved",
+    "Denied",
+    "Guardrail",
+    "SessionAuth",
+    "SessionInfo",
+    "Verdict",
+    "always",
+    "as_policy",
+    "never",
+    "once",
+    "policy",
+    "predicate",
+    "tool_policy",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Approved:
+    """Approve automatically; the reason reaches the model."""
+
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Denied:
+    """Deny automatically; the call never runs and the model receives the reason."""
+
+    reason: str | None = None
+
+
+ApprovalStatus: TypeAlias = (
+    Literal["user-approval", "not-applicable", "approved", "denied"] | Approved | Denied | bool
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionAuth:
+    """Who called this turn (`current`) and who created the session (`initiator`)."""
+
+    current: Principal | None
+    initiator: Principal | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionInfo:
+    """Read-only identity of the session a tool or policy runs in."""
+
+    id: str
+    agent: str
+    turn: str
+    auth: SessionAuth
+    parent: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ApprovalContext:
+    """What a policy function receives."""
+
+    session: SessionInfo
+    tool_name: str
+    tool_input: Any
+    approved_tools: frozenset[str]
+    call_id: str
+    abort_signal: Any
+    pending_tools: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """A policy's normalized answer: run the call, deny it, or ask a person."""
+
+    action: Literal["run", "deny", "ask"]
+    reason: str | None = None
+    error: str | None = None
+
+
+PolicyFn: TypeAlias = Callable[[ApprovalContext], "ApprovalStatus | Awaitable[ApprovalStatus]"]
+
+
+class ApprovalPolicy:
+    """Base of every approval policy; `label` is what the dashboard shows."""
+
+    label = "Conditional"
+
+    async def decide(self, ctx: ApprovalContext) -> Verdict:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.label
+
+
+class _Never(ApprovalPolicy):
+    label = "Never"
+
+    async def decide(self, ctx: ApprovalContext) -> Verdict:
+        return Verdict("run")
+
+
+class _Always(ApprovalPolicy):
+    label = "Always"
+
+    async def decide(self, ctx: ApprovalContext) -> Verdict:
+        return Verdict("ask")
+
+
+class _Once(ApprovalPolicy):
+    label = "Once"
+
+    async def decide(self, ctx: ApprovalContext) -> Verdict:
+        # A grant applies only once no request for this tool is still pending.
+        if ctx.tool_name in ctx.approved_tools and ctx.tool_name not in ctx.pending_tools:
+            return Verdict("run", "approved earlier in this session")
+        return Verdict("ask")
+
+
+class _Function(ApprovalPolicy):
+    def __init__(self, fn: Callable[[Any], Any], *, takes_context: bool) -> None:
+        self.fn = fn
+        self.takes_context = takes_context
+
+    async def decide(self, ctx: ApprovalContext) -> Verdict:
+        try:
+            result = self.fn(ctx if self.takes_context else ctx.tool_input)
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:  # fail closed: a broken policy asks a person
+            return Verdict("ask", error=f"approval policy raised {type(exc).__name__}: {exc}")
+        return normalize(result)
+
+    def describe(self) -> str:
+        name = getattr(self.fn, "__name__", "policy")
+        return f"Conditional ({name})"
+
+
+def normalize(result: object) -> Verdict:
+    """Turn any `ApprovalStatus` into a `Verdict`; anything else asks a person (fail closed)."""
+    if result is True or result == "user-approval":
+        return Verdict("ask")
+    if result is False or result == "not-applicable":
+        return Verdict("run")
+    if result == "approved":
+        return Verdict("run")
+    if result == "denied":
+        return Verdict("deny")
+    if isinstance(result, Approved):
+        return Verdict("run", result.reason)
+    if isinstance(result, Denied):
+        return Verdict("deny", result.reason)
+    if isinstance(result, dict) and result.get("type") in ("approved", "denied"):
+        return Verdict("run" if result["type"] == "approved" else "deny", result.get("reason"))
+    return Verdict("ask", error=f"approval policy returned an invalid status: {result!r}")
+
+
+def never() -> ApprovalPolicy:
+    """Never require approval (the default)."""
+    return _Never()
+
+
+def always() -> ApprovalPolicy:
+    """Require approval before every call."""
+    return _Always()
+
+
+def once() -> ApprovalPolicy:
+    """Require approval the first time the tool runs in a session; allow it afterwards."""
+    return _Once()
+
+
+def predicate(fn: Callable[[Any], Any]) -> ApprovalPolicy:
+    """A function of the validated input; `True` asks a person."""
+    return _Function(fn, takes_context=False)
+
+
+def policy(fn: PolicyFn) -> ApprovalPolicy:
+    """A function of an `ApprovalContext` returning an `ApprovalStatus`."""
+    return _Function(fn, takes_context=True)
+
+
+def _takes_context(fn: Callable[..., Any]) -> bool:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if not params:
+        raise UsageError(f"approval policy {fn!r} must take one argument")
+    first = params[0]
+    annotation = first.annotation
+    if annotation is ApprovalContext or (
+        isinstance(annotation, str) and annotation.split(".")[-1] == "ApprovalContext"
+    ):
+        return True
+    return first.name in ("ctx", "context")
+
+
+def as_policy(value: object) -> ApprovalPolicy:
+    """Accept every form `approval=` takes and return a policy."""
+    if value is None:
+        return _Never()
+    if isinstance(value, ApprovalPolicy):
+        return value
+    if value is True:
+        return _Always()
+    if value is False:
+        return _Never()
+    if callable(value):
+        return _Function(value, takes_context=_takes_context(value))
+    raise UsageError(
+        f"approval must be never(), once(), always(), a predicate or a policy function, "
+        f"not {value!r}"
+    )
+
+
+class Guardrail:
+    """Something an agent consults before each call, for tools it cannot modify."""
+
+    async def decide(self, ctx: ApprovalContext) -> Verdict | None:
+        raise NotImplementedError
+
+    def tool_names(self) -> Iterable[str]:
+        return ()
+
+
+class _ToolPolicy(Guardrail):
+    def __init__(self, require_approval: Iterable[str], deny: Iterable[str]) -> None:
+        self.require_approval = frozenset(require_approval)
+        self.deny = frozenset(deny)
+
+    async def decide(self, ctx: ApprovalContext) -> Verdict | None:
+        if ctx.tool_name in self.deny:
+            return Verdict("deny", f"{ctx.tool_name} is not allowed for this agent")
+        if ctx.tool_name in self.require_approval:
+            return Verdict("ask")
+        return None
+
+    def tool_names(self) -> Iterable[str]:
+        return self.require_approval | self.deny
+
+
+def tool_policy(*, require_approval: Iterable[str] = (), deny: Iterable[str] = ()) -> Guardrail:
+    """Require approval for (or deny) tools by name without modifying them."""
+    if isinstance(require_approval, str) or isinstance(deny, str):
+        raise UsageError("tool_policy() takes lists of tool names, not a single string")
+    return _ToolPolicy(require_approval, deny)

@@ -1,0 +1,113 @@
+"""Event types, their JSON form and the schema version.
+
+The event log is the truth: every session is an append-only, gap-free sequence of these.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from ._exceptions import SchemaVersionError
+
+__all__ = [
+    "EVENT_TYPES",
+    "SCHEMA_VERSION",
+    "Event",
+    "EventType",
+    "dumps",
+    "loads",
+]
+
+SCHEMA_VERSION: Final = 1
+"""Version of the event and snapshot format this signoff writes and the newest it reads."""
+
+EventType = Literal[
+    "session.created",
+    "turn.started",
+    "model.completed",
+    "tool.started",
+    "tool.step",
+    "tool.completed",
+    "input.requested",
+    "turn.waiting",
+    "approval.candidate",
+    "approval.settled",
+    "input.resolved",
+    "turn.completed",
+    "turn.failed",
+    "turn.cancelled",
+    "session.waiting",
+]
+
+EVENT_TYPES: Final[frozenset[str]] = frozenset(EventType.__args__)  # type: ignore[attr-defined]
+
+
+def dumps(value: Any) -> str:
+    """Compact, deterministic JSON used for every stored document."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, sort_keys=False)
+
+
+def loads(text: str | bytes) -> Any:
+    return json.loads(text)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Event:
+    """One entry of a session's log; `seq` is gap-free per session and is the SSE id."""
+
+    session_id: str
+    seq: int
+    type: EventType
+    at: float
+    turn_id: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    v: int = SCHEMA_VERSION
+
+    @property
+    def id(self) -> str:
+        """Globally unique id, derived rather than stored: the log never re-numbers."""
+        return f"{self.session_id}:{self.seq}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "session_id": self.session_id,
+            "seq": self.seq,
+            "turn_id": self.turn_id,
+            "type": self.type,
+            "at": self.at,
+            "data": self.data,
+            "v": self.v,
+        }
+
+    @classmethod
+    def from_row(
+        cls,
+        *,
+        session_id: str,
+        seq: int,
+        type: str,
+        at: float,
+        turn_id: str | None,
+        data: dict[str, Any],
+        v: int,
+    ) -> Event:
+        """Rebuild a stored event, refusing versions newer than this signoff understands."""
+        if v > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"event {session_id}:{seq} has schema version {v}; this signoff reads up to "
+                f"{SCHEMA_VERSION}. Upgrade signoff to read this store."
+            )
+        if type not in EVENT_TYPES:
+            raise SchemaVersionError(f"event {session_id}:{seq} has unknown type {type!r}")
+        return cls(
+            session_id=session_id,
+            seq=seq,
+            type=type,  # type: ignore[arg-type]
+            at=at,
+            turn_id=turn_id,
+            data=data,
+            v=v,
+        )

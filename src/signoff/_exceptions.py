@@ -1,0 +1,197 @@
+"""Every error signoff raises, in one hierarchy.
+
+    SignoffError
+    ├── UsageError                 misuse by the developer: bad definitions or arguments
+    │   └── InvalidAnswer          an answer or decision of the wrong shape or type
+    ├── SessionError               about a session as a whole          (.session_id)
+    │   ├── UnknownSession         no such session
+    │   ├── SessionExpired         its TTL passed; reopening it fails loudly
+    │   ├── SessionBusy            another process is running its turn right now
+    │   └── SessionLimitReached    a token, cost or step limit was hit
+    ├── AnswerError                an answer that cannot be applied    (.request_ids)
+    │   ├── UnknownRequest         ids never requested in this session (typos, other sessions)
+    │   ├── PartialAnswer          a batch that leaves pending requests unanswered
+    │   ├── ConflictingAnswer      a second, different answer to a settled request
+    │   ├── RequestClosed          the request is no longer open (withdrawn, expired, ...)
+    │   └── NotAllowed             the responder may not settle this request
+    ├── ModelError                 the model failed or answered nonsense
+    └── StoreError                 the store failed or holds something unusable
+        ├── SchemaVersionError     data written by a newer signoff
+        ├── AppendConflict         someone else appended to the session first
+        └── LeaseLost              our lease on the session was taken over
+
+Every error that is about an answer leaves the store unchanged: nothing is claimed.
+`ApprovalRequired` is not here on purpose: it is a control-flow signal, not a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+__all__ = [
+    "AnswerError",
+    "AppendConflict",
+    "ConflictingAnswer",
+    "InvalidAnswer",
+    "LeaseLost",
+    "ModelError",
+    "NotAllowed",
+    "PartialAnswer",
+    "RequestClosed",
+    "SchemaVersionError",
+    "SessionBusy",
+    "SessionError",
+    "SessionExpired",
+    "SessionLimitReached",
+    "SignoffError",
+    "StoreError",
+    "UnknownRequest",
+    "UnknownSession",
+    "UsageError",
+]
+
+
+class SignoffError(Exception):
+    """Base class of every error signoff raises."""
+
+    code = "signoff_error"
+
+
+class UsageError(SignoffError):
+    """The developer used signoff wrongly: a bad definition, argument or combination."""
+
+    code = "usage_error"
+
+
+class InvalidAnswer(UsageError):
+    """An answer, decision or response of the wrong shape or type."""
+
+    code = "invalid_answer"
+
+    def __init__(self, message: str, request_ids: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.request_ids = list(request_ids)
+
+
+class SessionError(SignoffError):
+    """Something about a session as a whole."""
+
+    code = "session_error"
+
+    def __init__(self, message: str, session_id: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+
+
+class UnknownSession(SessionError):
+    """No session with this id exists in the store."""
+
+    code = "unknown_session"
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"unknown session {session_id!r}", session_id)
+
+
+class SessionExpired(SessionError):
+    """The session's TTL passed; it is not silently restarted."""
+
+    code = "session_expired"
+
+    def __init__(self, session_id: str, pending: Iterable[str] = ()) -> None:
+        self.pending = list(pending)
+        detail = f" with pending requests {', '.join(self.pending)}" if self.pending else ""
+        super().__init__(f"session {session_id!r} expired{detail}", session_id)
+
+
+class SessionBusy(SessionError):
+    """Another process holds the session's lease and is running its turn."""
+
+    code = "session_busy"
+
+
+class SessionLimitReached(SessionError):
+    """The session hit one of its agent's limits (tokens, cost, steps)."""
+
+    code = "session_limit_reached"
+
+
+class AnswerError(SignoffError):
+    """An answer that cannot be applied; nothing was claimed."""
+
+    code = "answer_error"
+
+    def __init__(self, message: str, request_ids: Iterable[str] = ()) -> None:
+        super().__init__(message)
+        self.request_ids = list(request_ids)
+
+
+class UnknownRequest(AnswerError):
+    """Request ids that were never requested in this session."""
+
+    code = "unknown_request"
+
+    def __init__(self, session_id: str, request_ids: Iterable[str]) -> None:
+        ids = list(request_ids)
+        super().__init__(f"unknown request id(s) in session {session_id!r}: {', '.join(ids)}", ids)
+
+
+class PartialAnswer(AnswerError):
+    """A batch of decisions that leaves pending requests of the session unanswered."""
+
+    code = "partial_answer"
+
+    def __init__(self, session_id: str, request_ids: Iterable[str]) -> None:
+        ids = list(request_ids)
+        super().__init__(
+            f"every pending request of session {session_id!r} must be answered in one call; "
+            f"unanswered: {', '.join(ids)}",
+            ids,
+        )
+
+
+class ConflictingAnswer(AnswerError):
+    """A second answer that differs from the one already recorded."""
+
+    code = "conflicting_answer"
+
+
+class RequestClosed(AnswerError):
+    """The request is no longer open: withdrawn, expired, ignored or cancelled."""
+
+    code = "request_closed"
+
+
+class NotAllowed(AnswerError):
+    """The responder is not allowed to settle this request."""
+
+    code = "not_allowed"
+
+
+class ModelError(SignoffError):
+    """The model call failed or returned something unusable."""
+
+    code = "model_error"
+
+
+class StoreError(SignoffError):
+    """The store failed or holds data signoff cannot use."""
+
+    code = "store_error"
+
+
+class SchemaVersionError(StoreError):
+    """Stored data was written by a newer schema version; it is refused, not guessed at."""
+
+    code = "schema_version"
+
+
+class AppendConflict(StoreError):
+    """The session's head moved since it was read: someone else appended first."""
+
+    code = "append_conflict"
+
+
+class LeaseLost(StoreError):
+    """The lease under which we appended was taken over by another worker."""
+
+    code = "lease_lost"

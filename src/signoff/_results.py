@@ -1,0 +1,36 @@
+"""What the runtime returns: `GenerateResult` and the per-answer `Outcome`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._types import InputRequest
+
+__all__ = ["GenerateResult", "Outcome"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What became of one answer: `applied` is False when it repeated an earlier answer."""
+
+    request_id: str
+    outcome: str
+    applied: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GenerateResult:
+    """Where a turn stands after a call: completed, waiting for people, failed, or other.
+
+    `running` means another process holds the session and is running the turn right now.
+    """
+
+    status: Literal["completed", "waiting", "failed", "cancelled", "running", "idle"]
+    session_id: str
+    turn_id: str | None
+    text: str
+    pending: list[InputRequest] = field(default_factory=list)
+    error: dict[str, Any] | None = None
+    retryable: bool = False
+    outcomes: list[Outcome] = field(default_factory=list)

@@ -1,0 +1,676 @@
+"""`Runtime`: the public facade. Starts and resumes turns, settles answers, lists the queue.
+
+Nothing is held in memory between calls that the store does not also hold: the in-process cache
+of session states is checked against the store's head before every use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from ._agent import Agent
+from ._engine import Driver, load_state, new_id, runnable
+from ._events import Event
+from ._exceptions import (
+    ConflictingAnswer,
+    InvalidAnswer,
+    NotAllowed,
+    PartialAnswer,
+    RequestClosed,
+    SessionBusy,
+    SessionExpired,
+    UnknownRequest,
+    UnknownSession,
+    UsageError,
+)
+from ._results import GenerateResult, Outcome
+from ._state import SessionState, fold
+from ._sync import SyncBridge
+from ._types import Decision, InputRequest, InputResponse, Principal
+from .stores import PendingFilter, Resolve, Store, open_store
+
+__all__ = ["Runtime"]
+
+_Answer = tuple[str, bool, str | None, Any]  # request id, approve?, reason, value
+
+
+class Runtime:
+    """Runs agents' turns against a store; every method has a `*_sync` twin."""
+
+    def __init__(
+        self,
+        agents: Sequence[Agent],
+        store: str | Store | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        lease_ttl: float = 30.0,
+        lease_wait: float = 10.0,
+        cache_size: int = 1024,
+        poll_interval: float = 0.2,
+    ) -> None:
+        self.agents: dict[str, Agent] = {}
+        for agent in agents:
+            if agent.name in self.agents:
+                raise UsageError(f"two agents are named {agent.name!r}")
+            self.agents[agent.name] = agent
+        self.store = open_store(store)
+        self.clock = clock
+        self.lease_ttl = lease_ttl
+        self.lease_wait = lease_wait
+        self.poll_interval = poll_interval
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
+        self._cache: OrderedDict[str, SessionState] = OrderedDict()
+        self._cache_size = cache_size
+        self._aborts: dict[str, asyncio.Event] = {}
+        self._opened = False
+        self._sync = SyncBridge()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if not self._opened:
+            await self.store.open()
+            self._opened = True
+
+    async def close(self) -> None:
+        await self.store.close()
+        self._opened = False
+        self._sync.close()
+
+    async def __aenter__(self) -> Runtime:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def agent(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            known = ", ".join(self.agents) or "none"
+            raise UsageError(f"unknown agent {name!r}; this runtime has: {known}") from None
+
+    # -- state --------------------------------------------------------------------------------
+
+    async def state(self, session_id: str) -> SessionState:
+        """The session's current state, checked against the store's head."""
+        await self.open()
+        cached = self._cache.get(session_id)
+        if cached is not None:
+            head = await self.store.head(session_id)
+            if head is None:
+                raise UnknownSession(session_id)
+            if head == cached.seq:
+                self._cache.move_to_end(session_id)
+                return cached
+            try:
+                tail = await self.store.read_events(session_id, after=cached.seq)
+                state = fold(tail, cached)
+                self._remember(state)
+                return state
+            except Exception:
+                self._cache.pop(session_id, None)
+        state = await load_state(self.store, session_id)
+        self._remember(state)
+        return state
+
+    def _remember(self, state: SessionState) -> None:
+        self._cache[state.id] = state
+        self._cache.move_to_end(state.id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    async def _checked(self, session_id: str) -> SessionState:
+        state = await self.state(session_id)
+        if state.expired(self.clock()):
+            await self._expire(state)
+        return state
+
+    async def _expire(self, state: SessionState) -> None:
+        pending = state.pending_requests()
+        if pending:
+            driver = self._driver(state, None)
+            with contextlib.suppress(Exception):
+                await driver.record(
+                    [
+                        (
+                            "input.resolved",
+                            {"request_id": r.id, "outcome": "expired", "status": "expired"},
+                        )
+                        for r in pending
+                    ],
+                    resolve=[
+                        Resolve(
+                            request_id=r.id,
+                            status="expired",
+                            outcome="expired",
+                            resolution={"outcome": "expired"},
+                        )
+                        for r in pending
+                    ],
+                )
+            self._cache.pop(state.id, None)
+        raise SessionExpired(state.id, [r.id for r in pending])
+
+    def _driver(self, state: SessionState, token: int | None) -> Driver:
+        return Driver(
+            store=self.store,
+            agent=self.agent(state.agent),
+            state=state,
+            lease_token=token,
+            clock=self.clock,
+            abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
+        )
+
+    # -- starting turns -----------------------------------------------------------------------
+
+    async def generate(
+        self,
+        agent: str | None = None,
+        prompt: str | None = None,
+        *,
+        session_id: str | None = None,
+        approvals: Sequence[Decision | Mapping[str, Any]] | None = None,
+        auth: Principal | None = None,
+    ) -> GenerateResult:
+        """Run a turn until it completes, fails or waits (helix style).
+
+        With `approvals`, settle every pending approval of the session in one call (no prompt
+        beside them) and continue. With neither, resume the session's turn (a retry after a
+        failure, or picking up a turn another process left).
+        """
+        await self.open()
+        if approvals is not None:
+            if prompt is not None:
+                raise InvalidAnswer(
+                    "approvals must be sent on their own: this call carries a prompt too; "
+                    "send the prompt in the next call"
+                )
+            if session_id is None:
+                raise UsageError("approvals need the session_id they belong to")
+            decisions = _decisions(approvals)
+            if not decisions:
+                raise InvalidAnswer("approvals is empty: answer the session's pending requests")
+            answers = [(d.id, d.approved, d.reason, d.value) for d in decisions]
+            outcomes = await self._settle(session_id, answers, auth, require_all=True)
+            return await self._drive(session_id, outcomes=outcomes, retry=True)
+        if session_id is None:
+            if agent is None:
+                raise UsageError("generate() needs an agent name for a new session")
+            if prompt is None:
+                raise UsageError("generate() needs a prompt to start a session")
+            session_id = await self._create(self.agent(agent), auth)
+        elif agent is not None:
+            state = await self.state(session_id)
+            if state.agent != agent:
+                raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
+        if prompt is None:
+            return await self._drive(session_id, retry=True)
+        await self._start_turn(session_id, prompt, auth)
+        return await self._drive(session_id)
+
+    async def create_session(self, agent: str, *, auth: Principal | None = None) -> str:
+        """Open an empty session for `agent` and return its id."""
+        await self.open()
+        return await self._create(self.agent(agent), auth)
+
+    async def _create(self, agent: Agent, auth: Principal | None) -> str:
+        session_id = new_id("ses")
+        now = self.clock()
+        ttl = agent.limits.ttl_seconds
+        event = Event(
+            session_id=session_id,
+            seq=1,
+            type="session.created",
+            at=now,
+            data={
+                "agent": agent.name,
+                "initiator": None if auth is None else auth.model_dump(),
+                "parent": None,
+                "ttl": ttl,
+            },
+        )
+        await self.store.create_session(
+            session_id, agent.name, [event], None if ttl is None else now + ttl
+        )
+        self._remember(fold([event]))
+        return session_id
+
+    async def _start_turn(self, session_id: str, prompt: str, auth: Principal | None) -> None:
+        if not isinstance(prompt, str):
+            raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
+        for _ in range(10):
+            state = await self._checked(session_id)
+            pending = state.pending_requests()
+            if pending:
+                raise PartialAnswer(session_id, [r.id for r in pending])
+            if state.turn is not None and state.turn.status in ("running",):
+                if await self._busy(session_id):
+                    raise SessionBusy(
+                        f"session {session_id!r} is running a turn in another process",
+                        session_id,
+                    )
+            driver = self._driver(state, None)
+            turn_id = new_id("trn")
+            try:
+                await driver.record(
+                    [
+                        (
+                            "turn.started",
+                            {
+                                "message": prompt,
+                                "principal": None if auth is None else auth.model_dump(),
+                                "source": "message",
+                            },
+                        )
+                    ],
+                    turn_id=turn_id,
+                )
+            except Exception:
+                self._cache.pop(session_id, None)
+                raise
+            self._remember(driver.state)
+            return
+
+    async def _busy(self, session_id: str) -> bool:
+        token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.clock())
+        if token is None:
+            return True
+        await self.store.release_lease(session_id, self.owner, token)
+        return False
+
+    # -- driving ------------------------------------------------------------------------------
+
+    async def _drive(
+        self, session_id: str, *, outcomes: Sequence[Outcome] = (), retry: bool = False
+    ) -> GenerateResult:
+        for _ in range(100):
+            token = await self._acquire(session_id)
+            if token is None:
+                state = await self.state(session_id)
+                return self._result(state, outcomes, busy=True)
+            renew = asyncio.create_task(self._renew(session_id, token))
+            self._cache.pop(session_id, None)
+            state = await self._checked(session_id)
+            driver = self._driver(state, token)
+            try:
+                state = await driver.drive(retry=retry)
+            finally:
+                renew.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renew
+                self._remember(driver.state)
+                await self.store.release_lease(session_id, self.owner, token)
+            retry = False
+            state = await self.state(session_id)
+            if not runnable(state):
+                return self._result(state, outcomes)
+        raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
+
+    async def _acquire(self, session_id: str) -> int | None:
+        deadline = time.monotonic() + self.lease_wait
+        delay = 0.005
+        while True:
+            token = await self.store.acquire_lease(
+                session_id, self.owner, self.lease_ttl, self.clock()
+            )
+            if token is not None or time.monotonic() >= deadline:
+                return token
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.2)
+
+    async def _renew(self, session_id: str, token: int) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            await self.store.renew_lease(
+                session_id, self.owner, token, self.lease_ttl, self.clock()
+            )
+
+    def _result(
+        self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False
+    ) -> GenerateResult:
+        turn = state.turn
+        status: Any
+        if busy:
+            status = "running"
+        elif turn is None:
+            status = "idle"
+        else:
+            status = turn.status
+        return GenerateResult(
+            status=status,
+            session_id=state.id,
+            turn_id=None if turn is None else turn.id,
+            text="" if turn is None else turn.text,
+            pending=state.pending_requests(),
+            error=None if turn is None else turn.error,
+            retryable=False if turn is None else turn.retryable,
+            outcomes=list(outcomes),
+        )
+
+    # -- answering ----------------------------------------------------------------------------
+
+    async def respond(
+        self,
+        session_id: str,
+        responses: Sequence[InputResponse | Mapping[str, Any]],
+        *,
+        principal: Principal | None = None,
+        resume: bool = True,
+    ) -> GenerateResult:
+        """Answer one or more requests by id (eve style), then continue the turn if it can."""
+        await self.open()
+        answers: list[_Answer] = []
+        for i, raw in enumerate(responses):
+            try:
+                r = raw if isinstance(raw, InputResponse) else InputResponse.model_validate(raw)
+            except ValidationError as exc:
+                raise InvalidAnswer(f"response #{i + 1} is malformed: {exc}") from None
+            if r.option_id not in ("approve", "cancel"):
+                raise InvalidAnswer(
+                    f"request {r.request_id}: option_id must be 'approve' or 'cancel', "
+                    f"not {r.option_id!r}",
+                    [r.request_id],
+                )
+            answers.append((r.request_id, r.option_id == "approve", r.text, r.value))
+        if not answers:
+            raise InvalidAnswer("no responses given")
+        outcomes = await self._settle(session_id, answers, principal, require_all=False)
+        if not resume:
+            return self._result(await self.state(session_id), outcomes)
+        return await self._drive(session_id, outcomes=outcomes)
+
+    async def _settle(
+        self,
+        session_id: str,
+        answers: Sequence[_Answer],
+        principal: Principal | None,
+        *,
+        require_all: bool,
+    ) -> list[Outcome]:
+        ids = [a[0] for a in answers]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise InvalidAnswer(
+                f"request id(s) answered twice in one call: {', '.join(dupes)}", dupes
+            )
+        for _ in range(20):
+            state = await self._checked(session_id)
+            outcomes: list[Outcome] = []
+            settle: list[tuple[InputRequest, bool, str | None, Any]] = []
+            unknown: list[str] = []
+            for rid, approve, reason, value in answers:
+                live = state.requests.get(rid)
+                if live is not None:
+                    request, status, resolution = live.request, live.status, live.resolution
+                else:
+                    stored = await self.store.get_request(rid)
+                    if stored is None or stored.request.session_id != session_id:
+                        unknown.append(rid)
+                        continue
+                    request, status, resolution = (stored.request, stored.status, stored.resolution)
+                if request.kind != "tool-approval":
+                    raise InvalidAnswer(
+                        f"request {rid} is a {request.kind}, not an approval", [rid]
+                    )
+                wanted = "approved" if approve else "cancelled"
+                if status == "pending":
+                    settle.append((request, approve, reason, value))
+                    continue
+                first = (resolution or {}).get("outcome")
+                if status == "settled" and first == wanted:
+                    outcomes.append(Outcome(request_id=rid, outcome=first, applied=False))
+                elif status == "settled":
+                    raise ConflictingAnswer(
+                        f"request {rid} was already settled as {first!r}; "
+                        f"this answer says {wanted!r}",
+                        [rid],
+                    )
+                else:
+                    raise RequestClosed(
+                        f"request {rid} is {status} ({first}); it takes no answers", [rid]
+                    )
+            if unknown:
+                raise UnknownRequest(session_id, unknown)
+            if require_all:
+                answered = set(ids)
+                missing = [r.id for r in state.pending_requests() if r.id not in answered]
+                if missing:
+                    raise PartialAnswer(session_id, missing)
+            for request, *_ in settle:
+                self._authorize(request, principal)
+            if not settle:
+                return outcomes
+            specs: list[Any] = []
+            resolves = []
+            for request, approve, reason, value in settle:
+                by = None if principal is None else principal.model_dump()
+                decision = "approve" if approve else "cancel"
+                outcome = "approved" if approve else "cancelled"
+                specs.append(
+                    (
+                        "approval.settled",
+                        {
+                            "request_id": request.id,
+                            "call_id": request.call_id,
+                            "decision": decision,
+                            "by": by,
+                            "reason": reason,
+                            "value": value,
+                        },
+                    )
+                )
+                specs.append(
+                    (
+                        "input.resolved",
+                        {
+                            "request_id": request.id,
+                            "outcome": outcome,
+                            "status": "settled",
+                            "by": by,
+                            "reason": reason,
+                        },
+                    )
+                )
+                resolves.append(
+                    Resolve(
+                        request_id=request.id,
+                        status="settled",
+                        outcome=outcome,
+                        resolution={
+                            "outcome": outcome,
+                            "decision": decision,
+                            "by": by,
+                            "reason": reason,
+                            "value": value,
+                        },
+                    )
+                )
+                outcomes.append(Outcome(request_id=request.id, outcome=outcome, applied=True))
+            driver = self._driver(state, None)
+            try:
+                await driver.record(
+                    specs, resolve=resolves, durable=True, turn_id=settle[0][0].turn_id
+                )
+            except RequestClosed:
+                self._cache.pop(session_id, None)
+                continue  # someone settled first: re-read and report no-op or conflict
+            except Exception:
+                self._cache.pop(session_id, None)
+                raise
+            self._remember(driver.state)
+            return outcomes
+        raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
+
+    def _authorize(self, request: InputRequest, principal: Principal | None) -> None:
+        """Default response policy: only the principal whose turn asked may settle."""
+        asker = request.requested_by
+        if asker is None:
+            return
+        if principal is None or not principal.same_as(asker):
+            who = "an anonymous caller" if principal is None else principal.principal_id
+            raise NotAllowed(
+                f"request {request.id} was asked by {asker.principal_id}; {who} may not settle it",
+                [request.id],
+            )
+
+    # -- the queue, the stream, cancelling ----------------------------------------------------
+
+    async def pending(
+        self,
+        flt: PendingFilter | None = None,
+        *,
+        agent: str | None = None,
+        tool_name: str | None = None,
+        kind: str | None = None,
+        session_id: str | None = None,
+        older_than: float | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[InputRequest]:
+        """Open requests across sessions, oldest first."""
+        await self.open()
+        if flt is None:
+            flt = PendingFilter(
+                agent=agent,
+                tool_name=tool_name,
+                kind=kind,
+                session_id=session_id,
+                created_before=None if older_than is None else self.clock() - older_than,
+                limit=limit,
+                offset=offset,
+            )
+        return await self.store.pending(flt)
+
+    async def events(
+        self, session_id: str, after: int = 0, *, follow: bool = True
+    ) -> AsyncIterator[Event]:
+        """The session's events after `seq`; with `follow`, keeps waiting for new ones."""
+        await self.open()
+        if await self.store.head(session_id) is None:
+            raise UnknownSession(session_id)
+        while True:
+            batch = await self.store.read_events(session_id, after=after, limit=500)
+            for event in batch:
+                yield event
+                after = event.seq
+            if not batch and not follow:
+                return
+            if len(batch) < 500:
+                if not follow:
+                    return
+                await asyncio.sleep(self.poll_interval)
+
+    async def cancel(self, session_id: str, reason: str | None = None) -> GenerateResult:
+        """Cancel the running or waiting turn; its open requests are withdrawn."""
+        await self.open()
+        for _ in range(20):
+            state = await self.state(session_id)
+            turn = state.turn
+            if turn is None or turn.status in ("completed", "cancelled", "failed"):
+                return self._result(state)
+            abort = self._aborts.get(session_id)
+            if abort is not None:
+                abort.set()
+            pending = state.pending_requests()
+            specs: list[Any] = [
+                (
+                    "input.resolved",
+                    {
+                        "request_id": r.id,
+                        "outcome": "cancelled",
+                        "status": "withdrawn",
+                        "reason": "turn cancelled",
+                    },
+                )
+                for r in pending
+            ]
+            specs.append(("turn.cancelled", {"reason": reason}))
+            specs.append(("session.waiting", {}))
+            driver = self._driver(state, None)
+            try:
+                await driver.record(
+                    specs,
+                    durable=True,
+                    resolve=[
+                        Resolve(
+                            request_id=r.id,
+                            status="withdrawn",
+                            outcome="cancelled",
+                            resolution={"outcome": "cancelled", "reason": "turn cancelled"},
+                        )
+                        for r in pending
+                    ],
+                )
+            except RequestClosed:
+                self._cache.pop(session_id, None)
+                continue
+            self._remember(driver.state)
+            self._aborts.pop(session_id, None)
+            return self._result(driver.state)
+        raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
+
+    # -- sync twins ---------------------------------------------------------------------------
+
+    def generate_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
+        return self._sync.run(self.generate(*args, **kwargs))
+
+    def respond_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
+        return self._sync.run(self.respond(*args, **kwargs))
+
+    def pending_sync(self, *args: Any, **kwargs: Any) -> list[InputRequest]:
+        return self._sync.run(self.pending(*args, **kwargs))
+
+    def cancel_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
+        return self._sync.run(self.cancel(*args, **kwargs))
+
+    def state_sync(self, session_id: str) -> SessionState:
+        return self._sync.run(self.state(session_id))
+
+    def create_session_sync(self, agent: str, *, auth: Principal | None = None) -> str:
+        return self._sync.run(self.create_session(agent, auth=auth))
+
+    def events_sync(self, session_id: str, after: int = 0) -> list[Event]:
+        """The session's events after `seq`, without following."""
+
+        async def collect() -> list[Event]:
+            return [e async for e in self.events(session_id, after, follow=False)]
+
+        return self._sync.run(collect())
+
+    def close_sync(self) -> None:
+        self._sync.run(self.store.close())
+        self._opened = False
+        self._sync.close()
+
+
+def _decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decision]:
+    if isinstance(approvals, (str, bytes, Mapping)):
+        raise InvalidAnswer("approvals must be a list of decisions")
+    out = []
+    for i, raw in enumerate(approvals):
+        if isinstance(raw, Decision):
+            out.append(raw)
+            continue
+        try:
+            out.append(Decision.model_validate(raw))
+        except ValidationError as exc:
+            rid = raw.get("id") if isinstance(raw, Mapping) else None
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'decision'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            raise InvalidAnswer(
+                f"approval #{i + 1} is malformed: {problems}", [rid] if isinstance(rid, str) else []
+            ) from None
+    return out

@@ -1,0 +1,459 @@
+"""`SessionState`: the fold of a session's events. Pure: no I/O, no clock, no randomness.
+
+The snapshot form leaves out the conversation (it lives in the events already), so a snapshot
+stays small however long the session grows; the engine loads the conversation only when it
+must call the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._events import SCHEMA_VERSION, Event
+from ._exceptions import SchemaVersionError
+from ._types import (
+    AssistantMessage,
+    InputRequest,
+    Message,
+    Principal,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+    UserMessage,
+)
+
+__all__ = ["CallState", "CallStatus", "RequestState", "SessionState", "TurnState", "fold"]
+
+CallStatus = Literal[
+    "proposed",  # the model asked for it; no approval decision recorded yet
+    "requested",  # an approval request is open for it
+    "approved",  # a person approved it; it has not started
+    "denied",  # denied, cancelled or ignored before it ran; its result is not recorded yet
+    "running",  # tool.started recorded, no result yet
+    "awaiting",  # the tool body asked for approval itself (ApprovalRequired)
+    "decided",  # that approval was settled; the decision becomes the result
+    "done",  # tool.completed recorded
+]
+
+TurnStatus = Literal["running", "waiting", "completed", "failed", "cancelled"]
+
+MESSAGE_EVENT_TYPES = ("turn.started", "model.completed", "tool.completed")
+
+
+@dataclass(slots=True, kw_only=True)
+class CallState:
+    id: str
+    tool_name: str
+    input: Any
+    status: CallStatus = "proposed"
+    request_id: str | None = None
+    decision: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    edited_input: Any = None
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestState:
+    request: InputRequest
+    status: str = "pending"
+    outcome: str | None = None
+    resolution: dict[str, Any] | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class TurnState:
+    id: str
+    status: TurnStatus = "running"
+    principal: Principal | None = None
+    started_at: float = 0.0
+    steps: int = 0
+    text: str = ""
+    calls: dict[str, CallState] = field(default_factory=dict)
+    retryable: bool = False
+    error: dict[str, Any] | None = None
+    first_seq: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class SessionState:
+    id: str
+    agent: str = ""
+    seq: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    ttl: float | None = None
+    initiator: Principal | None = None
+    parent: str | None = None
+    turn: TurnState | None = None
+    requests: dict[str, RequestState] = field(default_factory=dict)
+    approved_tools: set[str] = field(default_factory=set)
+    model_responses: int = 0
+    usage: Usage = field(default_factory=Usage)
+    # None when rebuilt from a snapshot: the engine loads it from the events on demand.
+    messages: list[Message] | None = field(default_factory=list)
+
+    # -- questions the engine and runtime ask --------------------------------------------
+
+    @property
+    def status(self) -> str:
+        """`idle` | `running` | `waiting` | `failed` | `cancelled`."""
+        if self.turn is None or self.turn.status == "completed":
+            return "idle"
+        return self.turn.status
+
+    def pending_requests(self) -> list[InputRequest]:
+        """Open requests in the order they were asked."""
+        return [r.request for r in self.requests.values() if r.status == "pending"]
+
+    @property
+    def expires_at(self) -> float | None:
+        return None if self.ttl is None else self.updated_at + self.ttl
+
+    def expired(self, now: float) -> bool:
+        expires = self.expires_at
+        return expires is not None and now >= expires
+
+    # -- the fold -------------------------------------------------------------------------
+
+    def apply(self, event: Event) -> None:
+        """Advance the state by one event; events must come in `seq` order."""
+        if event.seq != self.seq + 1:
+            raise SchemaVersionError(
+                f"session {self.id}: event seq {event.seq} does not follow {self.seq}"
+            )
+        self.seq = event.seq
+        self.updated_at = event.at
+        handler = _HANDLERS[event.type]
+        handler(self, event)
+
+    def to_snapshot(self) -> dict[str, Any]:
+        """Serializable form of everything but the conversation."""
+        turn = self.turn
+        return {
+            "v": SCHEMA_VERSION,
+            "id": self.id,
+            "agent": self.agent,
+            "seq": self.seq,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+            "ttl": self.ttl,
+            "initiator": _dump_principal(self.initiator),
+            "parent": self.parent,
+            "approved_tools": sorted(self.approved_tools),
+            "model_responses": self.model_responses,
+            "usage": self.usage.model_dump(),
+            "requests": [
+                {
+                    "request": r.request.model_dump(mode="json"),
+                    "status": r.status,
+                    "outcome": r.outcome,
+                    "resolution": r.resolution,
+                }
+                for r in self.requests.values()
+            ],
+            "turn": None
+            if turn is None
+            else {
+                "id": turn.id,
+                "status": turn.status,
+                "principal": _dump_principal(turn.principal),
+                "started_at": turn.started_at,
+                "steps": turn.steps,
+                "text": turn.text,
+                "retryable": turn.retryable,
+                "error": turn.error,
+                "first_seq": turn.first_seq,
+                "calls": [
+                    {
+                        "id": c.id,
+                        "tool_name": c.tool_name,
+                        "input": c.input,
+                        "status": c.status,
+                        "request_id": c.request_id,
+                        "decision": c.decision,
+                        "idempotency_key": c.idempotency_key,
+                        "edited_input": c.edited_input,
+                    }
+                    for c in turn.calls.values()
+                ],
+            },
+        }
+
+    @classmethod
+    def from_snapshot(cls, data: dict[str, Any]) -> SessionState:
+        v = data.get("v", 0)
+        if v > SCHEMA_VERSION:
+            raise SchemaVersionError(
+                f"snapshot of session {data.get('id')!r} has schema version {v}; this signoff "
+                f"reads up to {SCHEMA_VERSION}"
+            )
+        t = data["turn"]
+        turn = None
+        if t is not None:
+            turn = TurnState(
+                id=t["id"],
+                status=t["status"],
+                principal=_load_principal(t["principal"]),
+                started_at=t["started_at"],
+                steps=t["steps"],
+                text=t["text"],
+                retryable=t["retryable"],
+                error=t["error"],
+                first_seq=t["first_seq"],
+                calls={c["id"]: CallState(**c) for c in t["calls"]},
+            )
+        return cls(
+            id=data["id"],
+            agent=data["agent"],
+            seq=data["seq"],
+            created_at=data["created_at"],
+            updated_at=data["updated_at"],
+            ttl=data["ttl"],
+            initiator=_load_principal(data["initiator"]),
+            parent=data["parent"],
+            approved_tools=set(data["approved_tools"]),
+            model_responses=data["model_responses"],
+            usage=Usage(**data["usage"]),
+            requests={
+                r["request"]["id"]: RequestState(
+                    request=InputRequest.model_validate(r["request"]),
+                    status=r["status"],
+                    outcome=r["outcome"],
+                    resolution=r["resolution"],
+                )
+                for r in data["requests"]
+            },
+            turn=turn,
+            messages=None,
+        )
+
+
+def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionState:
+    """`state = reduce(apply, events)`; starts from an empty state named after the first event."""
+    for event in events:
+        if state is None:
+            state = SessionState(id=event.session_id)
+        state.apply(event)
+    if state is None:
+        raise ValueError("fold() needs at least one event or a starting state")
+    return state
+
+
+def conversation(events: Iterable[Event]) -> list[Message]:
+    """The model-visible conversation of a whole log (used when a snapshot left it out)."""
+    messages: list[Message] = []
+    for event in events:
+        _append_message(messages, event)
+    return messages
+
+
+def _append_message(messages: list[Message], event: Event) -> None:
+    d = event.data
+    if event.type == "turn.started":
+        if d.get("message") is not None:
+            messages.append(UserMessage(text=d["message"]))
+    elif event.type == "model.completed":
+        messages.append(
+            AssistantMessage(
+                text=d.get("text", ""),
+                tool_calls=[ToolCall(**c) for c in d.get("tool_calls", [])],
+            )
+        )
+    elif event.type == "tool.completed":
+        messages.append(
+            ToolResultMessage(
+                call_id=d["call_id"],
+                tool_name=d["tool_name"],
+                content=d.get("result"),
+                is_error=d.get("status") not in ("ok", "decided"),
+            )
+        )
+
+
+def _dump_principal(p: Principal | None) -> dict[str, Any] | None:
+    return None if p is None else p.model_dump()
+
+
+def _load_principal(d: dict[str, Any] | None) -> Principal | None:
+    return None if d is None else Principal.model_validate(d)
+
+
+# -- one handler per event type ----------------------------------------------------------------
+
+
+def _session_created(s: SessionState, e: Event) -> None:
+    s.agent = e.data["agent"]
+    s.created_at = e.at
+    s.ttl = e.data.get("ttl")
+    s.initiator = _load_principal(e.data.get("initiator"))
+    s.parent = e.data.get("parent")
+
+
+def _turn_started(s: SessionState, e: Event) -> None:
+    assert e.turn_id is not None
+    s.turn = TurnState(
+        id=e.turn_id,
+        principal=_load_principal(e.data.get("principal")),
+        started_at=e.at,
+        first_seq=e.seq,
+    )
+    # Requests of earlier turns are all closed by now; keep the state small.
+    s.requests = {k: r for k, r in s.requests.items() if r.status == "pending"}
+    if s.messages is not None:
+        _append_message(s.messages, e)
+
+
+def _model_completed(s: SessionState, e: Event) -> None:
+    turn = _turn(s, e)
+    s.model_responses += 1
+    usage = Usage(**e.data.get("usage", {}))
+    s.usage = s.usage + usage
+    turn.steps += 1
+    turn.status = "running"
+    turn.retryable = False
+    turn.error = None
+    text = e.data.get("text", "")
+    if text:
+        turn.text = text if not turn.text else f"{turn.text}\n\n{text}"
+    turn.calls = {
+        c["id"]: CallState(id=c["id"], tool_name=c["name"], input=c.get("input"))
+        for c in e.data.get("tool_calls", [])
+    }
+    if s.messages is not None:
+        _append_message(s.messages, e)
+
+
+def _tool_started(s: SessionState, e: Event) -> None:
+    call = _call(s, e)
+    call.status = "running"
+    _turn(s, e).status = "running"
+    call.idempotency_key = e.data.get("idempotency_key")
+
+
+def _tool_step(s: SessionState, e: Event) -> None:
+    _call(s, e)
+
+
+def _tool_completed(s: SessionState, e: Event) -> None:
+    call = _call(s, e)
+    call.status = "done"
+    _turn(s, e).status = "running"
+    if s.messages is not None:
+        _append_message(s.messages, e)
+
+
+def _input_requested(s: SessionState, e: Event) -> None:
+    turn = _turn(s, e)
+    for raw in e.data["requests"]:
+        request = InputRequest.model_validate(raw)
+        s.requests[request.id] = RequestState(request=request)
+        if request.action is not None and request.action.call_id in turn.calls:
+            call = turn.calls[request.action.call_id]
+            call.request_id = request.id
+            call.status = "awaiting" if request.source == "tool" else "requested"
+
+
+def _turn_waiting(s: SessionState, e: Event) -> None:
+    _turn(s, e).status = "waiting"
+
+
+def _approval_candidate(s: SessionState, e: Event) -> None:
+    pass
+
+
+def _approval_settled(s: SessionState, e: Event) -> None:
+    d = e.data
+    req = s.requests.get(d["request_id"])
+    approve = d["decision"] == "approve"
+    if req is not None and req.request.action is not None and approve:
+        s.approved_tools.add(req.request.action.tool_name)
+    if s.turn is None or d.get("call_id") not in s.turn.calls:
+        return
+    call = s.turn.calls[d["call_id"]]
+    decision = {
+        "approved": approve,
+        "reason": d.get("reason"),
+        "by": d.get("by"),
+    }
+    if d.get("value") is not None:
+        decision["value"] = d["value"]
+    call.decision = decision
+    if d.get("edited_input") is not None:
+        call.edited_input = d["edited_input"]
+    if call.status == "awaiting":
+        call.status = "decided"
+    elif call.status == "requested":
+        call.status = "approved" if approve else "denied"
+
+
+def _input_resolved(s: SessionState, e: Event) -> None:
+    d = e.data
+    req = s.requests.get(d["request_id"])
+    if req is None:
+        return
+    outcome = d["outcome"]
+    req.status = d.get("status") or "settled"
+    req.outcome = outcome
+    req.resolution = d
+    action = req.request.action
+    if action is None or s.turn is None or action.call_id not in s.turn.calls:
+        return
+    call = s.turn.calls[action.call_id]
+    if call.status in ("requested", "awaiting") and outcome not in ("approved", "answered"):
+        # withdrawn without an approval: the call never runs
+        call.decision = {"approved": False, "reason": d.get("reason"), "by": d.get("by")}
+        call.status = "denied" if call.status == "requested" else "decided"
+
+
+def _turn_completed(s: SessionState, e: Event) -> None:
+    _turn(s, e).status = "completed"
+
+
+def _turn_failed(s: SessionState, e: Event) -> None:
+    turn = _turn(s, e)
+    turn.status = "failed"
+    turn.retryable = bool(e.data.get("retryable"))
+    turn.error = e.data.get("error")
+
+
+def _turn_cancelled(s: SessionState, e: Event) -> None:
+    _turn(s, e).status = "cancelled"
+
+
+def _session_waiting(s: SessionState, e: Event) -> None:
+    pass
+
+
+def _turn(s: SessionState, e: Event) -> TurnState:
+    if s.turn is None or s.turn.id != e.turn_id:
+        raise SchemaVersionError(f"event {e.id} ({e.type}) refers to a turn that is not open")
+    return s.turn
+
+
+def _call(s: SessionState, e: Event) -> CallState:
+    turn = _turn(s, e)
+    try:
+        return turn.calls[e.data["call_id"]]
+    except KeyError:
+        raise SchemaVersionError(f"event {e.id} ({e.type}) refers to an unknown call") from None
+
+
+_HANDLERS = {
+    "session.created": _session_created,
+    "turn.started": _turn_started,
+    "model.completed": _model_completed,
+    "tool.started": _tool_started,
+    "tool.step": _tool_step,
+    "tool.completed": _tool_completed,
+    "input.requested": _input_requested,
+    "turn.waiting": _turn_waiting,
+    "approval.candidate": _approval_candidate,
+    "approval.settled": _approval_settled,
+    "input.resolved": _input_resolved,
+    "turn.completed": _turn_completed,
+    "turn.failed": _turn_failed,
+    "turn.cancelled": _turn_cancelled,
+    "session.waiting": _session_waiting,
+}

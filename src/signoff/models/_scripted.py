@@ -1,0 +1,53 @@
+"""`Scripted`: a deterministic model for tests and examples, shipped with the package."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeAlias
+
+from .._exceptions import ModelError
+from .._types import Message, ModelResponse
+from ._base import ModelRequest
+
+__all__ = ["Scripted"]
+
+Step: TypeAlias = (
+    ModelResponse | Callable[[list[Message]], ModelResponse | Awaitable[ModelResponse]] | Exception
+)
+
+
+class Scripted:
+    """Plays responses in order *per session*: index = responses the session already has.
+
+    An entry may be a `ModelResponse`, a function of the conversation returning one, or an
+    exception to raise (to test failures). With `repeat_last=True` the last entry is reused
+    once the script runs out, which suits long benchmarks.
+    """
+
+    def __init__(self, steps: Sequence[Step], *, repeat_last: bool = False) -> None:
+        self.steps = list(steps)
+        self.repeat_last = repeat_last
+        self.calls = 0
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        self.calls += 1
+        index = request.response_index
+        if index >= len(self.steps):
+            if not (self.repeat_last and self.steps):
+                raise ModelError(
+                    f"Scripted model has {len(self.steps)} response(s); session "
+                    f"{request.session_id!r} asked for response #{index + 1}"
+                )
+            index = len(self.steps) - 1
+        step = self.steps[index]
+        if isinstance(step, Exception):
+            raise step
+        if isinstance(step, ModelResponse):
+            return step
+        result = step(list(request.messages))
+        if inspect.isawaitable(result):
+            result = await result
+        if not isinstance(result, ModelResponse):
+            raise ModelError(f"scripted step #{index + 1} returned {result!r}, not a ModelResponse")
+        return result

@@ -1,0 +1,41 @@
+"""Stores: the `Store` protocol and its backends (`sqlite` built in, `postgres` as an extra)."""
+
+from __future__ import annotations
+
+from ._base import Commit, FaultHook, Loaded, PendingFilter, Resolve, Store, StoredRequest
+from .sqlite import SQLiteStore
+
+__all__ = [
+    "Commit",
+    "FaultHook",
+    "Loaded",
+    "PendingFilter",
+    "Resolve",
+    "SQLiteStore",
+    "Store",
+    "StoredRequest",
+    "open_store",
+]
+
+DEFAULT_URL = "sqlite:///.signoff/state.db"
+
+
+def open_store(store: str | Store | None) -> Store:
+    """A store from a URL (`sqlite:///…`, `postgresql://…`) or an instance, unchanged."""
+    from .._exceptions import UsageError
+
+    if store is None:
+        return SQLiteStore(DEFAULT_URL)
+    if not isinstance(store, str):
+        return store
+    if store.startswith("sqlite://"):
+        return SQLiteStore(store)
+    if store.startswith(("postgresql://", "postgres://")):
+        try:
+            from .postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+        except ImportError as exc:
+            raise UsageError(
+                "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
+            ) from exc
+        return PostgresStore(store)  # type: ignore[no-any-return,unused-ignore]
+    raise UsageError(f"unknown store URL {store!r}: use sqlite:///path or postgresql://…")

@@ -1,0 +1,135 @@
+"""The `Store` protocol every backend implements, and the records it moves."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from .._events import Event
+from .._types import InputRequest
+
+__all__ = [
+    "Commit",
+    "FaultHook",
+    "Loaded",
+    "PendingFilter",
+    "Resolve",
+    "Store",
+    "StoredRequest",
+]
+
+FaultHook = Callable[[Literal["before", "after"], str], None]
+"""Test-only: called right before and right after each commit, named by its first event type."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolve:
+    """Compare-and-set of one request from `pending` to a final status, inside a commit."""
+
+    request_id: str
+    status: Literal["settled", "expired", "withdrawn"]
+    outcome: str
+    resolution: dict[str, Any]
+
+
+@dataclass(slots=True, kw_only=True)
+class Commit:
+    """Everything one transaction writes to one session.
+
+    It applies only if the session's head is still `expected_seq` (and, given a lease token, the
+    lease is still ours); every `Resolve` must find its request pending, or nothing is written.
+    """
+
+    session_id: str
+    expected_seq: int
+    events: Sequence[Event]
+    lease_token: int | None = None
+    new_requests: Sequence[InputRequest] = ()
+    resolve: Sequence[Resolve] = ()
+    snapshot: dict[str, Any] | None = None
+    durable: bool = False
+    status: str | None = None
+    expires_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Loaded:
+    """A session as stored: its latest snapshot (if any) and the events after it."""
+
+    session_id: str
+    agent: str
+    snapshot: dict[str, Any] | None
+    events: list[Event]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredRequest:
+    request: InputRequest
+    status: str
+    outcome: str | None
+    resolution: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingFilter:
+    """Which requests `pending()` lists; all fields optional, newest last."""
+
+    agent: str | None = None
+    tool_name: str | None = None
+    kind: str | None = None
+    status: str | None = "pending"
+    session_id: str | None = None
+    created_before: float | None = None
+    created_after: float | None = None
+    limit: int = 100
+    offset: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Durable home of sessions: the event log plus tables derived from it in the same commit."""
+
+    url: str
+
+    async def open(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def create_session(
+        self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
+    ) -> None: ...
+
+    async def load(self, session_id: str) -> Loaded | None: ...
+
+    async def read_events(
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        limit: int | None = None,
+        types: Sequence[str] | None = None,
+    ) -> list[Event]: ...
+
+    async def head(self, session_id: str) -> int | None: ...
+
+    async def commit(self, commit: Commit) -> None: ...
+
+    async def get_request(self, request_id: str) -> StoredRequest | None: ...
+
+    async def pending(self, flt: PendingFilter) -> list[InputRequest]: ...
+
+    async def count_pending(self, flt: PendingFilter) -> int: ...
+
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, now: float
+    ) -> int | None: ...
+
+    async def renew_lease(
+        self, session_id: str, owner: str, token: int, ttl: float, now: float
+    ) -> bool: ...
+
+    async def release_lease(self, session_id: str, owner: str, token: int) -> None: ...
+
+    def set_fault_hook(self, hook: FaultHook | None) -> None: ...
