@@ -1,0 +1,313 @@
+"""Helpers for testing agents built on signoff: record tool executions, script models, fake time.
+
+log = ExecutionLog()
+
+@log.tool(approval=so.always())
+async def issue_refund(order_id: str, amount: float) -> dict[str, float]:
+    return {"refunded": amount}
+
+seen = Capture(reply("Done."))
+first = call_tools(call("issue_refund", order_id="1", amount=5))
+agent = scripted_agent("support", [first, seen], tools=[issue_refund])
+...
+assert log.count("issue_refund") == 1 and tool_results(seen.last)[0].content == {"refunded": 5}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, overload
+
+from pydantic import BaseModel
+
+from ._agent import Agent, Limits
+from ._approval import Guardrail
+from ._runtime import Runtime
+from ._tools import Tool, ToolContext
+from ._types import Message, ModelResponse, ToolCall, ToolResultMessage, Usage
+from .models import Scripted
+from .models._scripted import Step
+from .stores import PendingFilter, Store
+
+__all__ = [
+    "Capture",
+    "Execution",
+    "ExecutionLog",
+    "Flaky",
+    "ManualClock",
+    "RecordingTool",
+    "StoreContents",
+    "call",
+    "call_tools",
+    "reply",
+    "scripted_agent",
+    "sqlite_runtime",
+    "store_contents",
+    "tool_results",
+]
+
+
+# -- recording tool executions -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Execution:
+    """One time a tool body started: which call, under which idempotency key, with what input."""
+
+    tool_name: str
+    session_id: str
+    call_id: str
+    idempotency_key: str
+    input: dict[str, Any]
+    principal_id: str | None = None
+
+
+class ExecutionLog:
+    """Records every execution of the tools it made; with `path`, shared across processes.
+
+    A file-backed log appends one JSON line per execution, so a test can count executions made
+    by a child process that was killed half-way.
+    """
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        self.path = None if path is None else Path(path)
+        self._executions: list[Execution] = []
+
+    def record(self, execution: Execution) -> None:
+        if self.path is None:
+            self._executions.append(execution)
+            return
+        line = (json.dumps(asdict(execution), sort_keys=True) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    @property
+    def executions(self) -> list[Execution]:
+        """Every execution so far, oldest first."""
+        if self.path is None:
+            return list(self._executions)
+        if not self.path.exists():
+            return []
+        lines = self.path.read_text().splitlines()
+        return [Execution(**json.loads(line)) for line in lines if line.strip()]
+
+    def of(self, tool_name: str) -> list[Execution]:
+        return [e for e in self.executions if e.tool_name == tool_name]
+
+    def count(self, tool_name: str | None = None) -> int:
+        return len(self.executions if tool_name is None else self.of(tool_name))
+
+    def keys(self, tool_name: str | None = None) -> list[str]:
+        """The idempotency keys executions ran under, in order."""
+        runs = self.executions if tool_name is None else self.of(tool_name)
+        return [e.idempotency_key for e in runs]
+
+    def clear(self) -> None:
+        self._executions.clear()
+        if self.path is not None and self.path.exists():
+            self.path.unlink()
+
+    @overload
+    def tool(self, fn: Callable[..., Any], /) -> RecordingTool: ...
+
+    @overload
+    def tool(
+        self,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        approval: object = None,
+        run_as: str = "requester",
+    ) -> Callable[[Callable[..., Any]], RecordingTool]: ...
+
+    def tool(
+        self,
+        fn: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        approval: object = None,
+        run_as: str = "requester",
+    ) -> RecordingTool | Callable[[Callable[..., Any]], RecordingTool]:
+        """Like `@so.tool`, but every execution is recorded in this log."""
+        if fn is not None:
+            return RecordingTool(fn, log=self)
+
+        def wrap(f: Callable[..., Any]) -> RecordingTool:
+            return RecordingTool(
+                f, log=self, name=name, description=description, approval=approval, run_as=run_as
+            )
+
+        return wrap
+
+
+class RecordingTool(Tool):
+    """A `Tool` that records each execution (before its body runs) in an `ExecutionLog`."""
+
+    def __init__(self, fn: Callable[..., Any], *, log: ExecutionLog, **kwargs: Any) -> None:
+        super().__init__(fn, **kwargs)
+        self.log = log
+
+    async def invoke(self, ctx: ToolContext, validated: BaseModel) -> Any:
+        current = ctx.session.auth.current
+        self.log.record(
+            Execution(
+                tool_name=self.name,
+                session_id=ctx.session.id,
+                call_id=ctx.call_id,
+                idempotency_key=ctx.idempotency_key(),
+                input=validated.model_dump(mode="json"),
+                principal_id=None if current is None else current.principal_id,
+            )
+        )
+        return await super().invoke(ctx, validated)
+
+
+# -- scripting models ----------------------------------------------------------------------------
+
+
+def call(name: str, /, *, id: str | None = None, **input: Any) -> ToolCall:
+    """A tool call the scripted model proposes: `call("issue_refund", amount=180)`."""
+    return ToolCall(name=name, input=input, id=id)
+
+
+def call_tools(*calls: ToolCall, text: str = "", usage: Usage | None = None) -> ModelResponse:
+    """A model response proposing `calls`, with optional text said before them."""
+    return ModelResponse(text=text, tool_calls=list(calls), usage=usage or Usage())
+
+
+def reply(text: str, *, usage: Usage | None = None) -> ModelResponse:
+    """A final model response: text and no tool calls."""
+    return ModelResponse(text=text, usage=usage or Usage())
+
+
+class Capture:
+    """A scripted step that remembers every conversation it is shown, then answers.
+
+    `respond` is a response, or a function of the conversation returning one.
+    """
+
+    def __init__(
+        self,
+        respond: ModelResponse | Callable[[list[Message]], ModelResponse] | None = None,
+    ) -> None:
+        self.respond = respond if respond is not None else reply("done")
+        self.conversations: list[list[Message]] = []
+
+    def __call__(self, conversation: list[Message]) -> ModelResponse:
+        self.conversations.append(list(conversation))
+        if isinstance(self.respond, ModelResponse):
+            return self.respond
+        return self.respond(conversation)
+
+    @property
+    def last(self) -> list[Message]:
+        """The conversation of the latest call; fails if the step was never called."""
+        if not self.conversations:
+            raise AssertionError("the captured step was never called by the model")
+        return self.conversations[-1]
+
+
+class Flaky:
+    """A scripted step that raises `error` for its first `failures` calls, then answers."""
+
+    def __init__(
+        self,
+        respond: ModelResponse | Callable[[list[Message]], ModelResponse],
+        *,
+        failures: int = 1,
+        error: Exception | None = None,
+    ) -> None:
+        self.respond = respond
+        self.failures = failures
+        self.error = error or ConnectionError("model unavailable")
+        self.calls = 0
+
+    def __call__(self, conversation: list[Message]) -> ModelResponse:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise self.error
+        if isinstance(self.respond, ModelResponse):
+            return self.respond
+        return self.respond(conversation)
+
+
+def scripted_agent(
+    name: str,
+    steps: Sequence[Step],
+    *,
+    tools: Sequence[Tool] = (),
+    guardrails: Sequence[Guardrail] = (),
+    limits: Limits | None = None,
+    instructions: str = "",
+    repeat_last: bool = False,
+) -> Agent:
+    """An `Agent` whose model is `Scripted(steps)`."""
+    return Agent(
+        name=name,
+        model=Scripted(steps, repeat_last=repeat_last),
+        instructions=instructions,
+        tools=tools,
+        guardrails=guardrails,
+        limits=limits,
+    )
+
+
+def tool_results(messages: Sequence[Message]) -> list[ToolResultMessage]:
+    """The tool results in a conversation, in order."""
+    return [m for m in messages if isinstance(m, ToolResultMessage)]
+
+
+# -- time and the store --------------------------------------------------------------------------
+
+
+class ManualClock:
+    """A clock for `Runtime(clock=...)` that only moves when told to."""
+
+    def __init__(self, start: float = 1_700_000_000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreContents:
+    """Everything a store holds about one session; compare two to prove nothing changed."""
+
+    head: int | None
+    events: list[dict[str, Any]]
+    requests: list[tuple[str, str]] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+
+
+async def store_contents(store: Store, session_id: str) -> StoreContents:
+    """Read a session's events, its requests with their statuses and the whole pending queue."""
+    head = await store.head(session_id)
+    events = [] if head is None else await store.read_events(session_id)
+    every = await store.pending(PendingFilter(session_id=session_id, status=None, limit=10_000))
+    queue = await store.pending(PendingFilter(limit=10_000))
+    return StoreContents(
+        head=head,
+        events=[e.to_dict() for e in events],
+        requests=[(r.id, r.status) for r in every],
+        pending=[r.id for r in queue],
+    )
+
+
+def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: Any) -> Runtime:
+    """A `Runtime` for `agents` on a fresh SQLite file in `directory` (e.g. pytest's tmp_path)."""
+    return Runtime(list(agents), store=f"sqlite:///{Path(directory) / 'state.db'}", **kwargs)

@@ -1,0 +1,581 @@
+"""Every tool-approval example of the three seeds (eve, helix, anvil), translated to Python."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    ExecutionLog,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    store_contents,
+    tool_results,
+)
+
+ALICE = so.Principal(authenticator="test", principal_id="alice", attributes={"tenant_id": "t1"})
+MALLORY = so.Principal(authenticator="test", principal_id="mallory", attributes={"tenant_id": "t2"})
+
+
+async def event_types(rt: so.Runtime, session_id: str) -> list[str]:
+    return [e.type async for e in rt.events(session_id, follow=False)]
+
+
+# -- eve: a policy that denies cross-tenant calls and gates large amounts -----------------------
+
+
+def tenant_policy(ctx: so.ApprovalContext) -> so.ApprovalStatus:
+    current = ctx.session.auth.current
+    caller_tenant = None if current is None else current.attributes.get("tenant_id")
+    if caller_tenant is None or caller_tenant != getattr(ctx.tool_input, "tenant_id", None):
+        return so.Denied("Caller cannot access this tenant.")
+    return "user-approval" if getattr(ctx.tool_input, "amount", 0) > 1000 else "not-applicable"
+
+
+def eve_dict_policy(ctx: so.ApprovalContext) -> Any:
+    """The seed's literal form: `{type: "denied", reason}` as a plain dict."""
+    current = ctx.session.auth.current
+    caller_tenant = None if current is None else current.attributes.get("tenant_id")
+    if caller_tenant is None or caller_tenant != getattr(ctx.tool_input, "tenant_id", None):
+        return {"type": "denied", "reason": "Caller cannot access this tenant."}
+    return "user-approval" if getattr(ctx.tool_input, "amount", 0) > 1000 else "not-applicable"
+
+
+def refund_charge_tool(log: ExecutionLog, approval: Any) -> so.Tool:
+    @log.tool(approval=approval)
+    async def refund_charge(tenant_id: str, charge_id: str, amount: float) -> dict[str, Any]:
+        """Refund a charge."""
+        return {"refunded": amount, "charge": charge_id}
+
+    return refund_charge
+
+
+@pytest.mark.parametrize("policy", [tenant_policy, eve_dict_policy])
+async def test_eve_tenant_policy_denies_cross_tenant_call_with_reason(
+    tmp_path: Path, policy: Any
+) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("I cannot refund that charge."))
+    agent = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", tenant_id="t1", charge_id="ch_1", amount=50)), seen],
+        tools=[refund_charge_tool(log, policy)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=MALLORY)
+        assert r.status == "completed"
+        assert r.pending == []
+        assert log.count() == 0
+        (result,) = tool_results(seen.last)
+        assert result.is_error
+        assert result.content["denied"] is True
+        assert result.content["reason"] == "Caller cannot access this tenant."
+        assert "input.requested" not in await event_types(rt, r.session_id)
+
+
+async def test_eve_tenant_policy_denies_anonymous_caller(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture()
+    agent = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", tenant_id="t1", charge_id="ch_1", amount=5)), seen],
+        tools=[refund_charge_tool(log, tenant_policy)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1")
+        assert r.status == "completed"
+        assert log.count() == 0
+        assert tool_results(seen.last)[0].content["reason"] == "Caller cannot access this tenant."
+
+
+async def test_eve_tenant_policy_asks_a_person_above_the_threshold(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("Refunded."))
+    agent = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", tenant_id="t1", charge_id="ch_9", amount=2500)), seen],
+        tools=[refund_charge_tool(log, tenant_policy)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="refund ch_9", auth=ALICE)
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.kind == "tool-approval"
+        assert req.tool_name == "refund_charge"
+        assert req.input == {"tenant_id": "t1", "charge_id": "ch_9", "amount": 2500.0}
+        assert req.requested_by is not None and req.requested_by.same_as(ALICE)
+        assert log.count() == 0
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)], auth=ALICE
+        )
+        assert r.status == "completed"
+        assert r.text == "Refunded."
+        assert log.count("refund_charge") == 1
+        assert tool_results(seen.last)[0].content == {"refunded": 2500.0, "charge": "ch_9"}
+
+
+async def test_eve_tenant_policy_runs_small_same_tenant_refund(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "billing",
+        [
+            call_tools(call("refund_charge", tenant_id="t1", charge_id="ch_2", amount=1000)),
+            reply("ok"),
+        ],
+        tools=[refund_charge_tool(log, tenant_policy)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="refund ch_2", auth=ALICE)
+        assert r.status == "completed"
+        assert log.count() == 1
+        assert log.executions[0].principal_id == "alice"
+        assert "input.requested" not in await event_types(rt, r.session_id)
+
+
+# -- helix: issue_refund with needsApproval: amount > 100 ----------------------------------------
+
+
+def helix_refund(log: ExecutionLog) -> so.Tool:
+    @log.tool(approval=lambda input: input.amount > 100)
+    async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, float]:
+        """Refund an order in full or in part. Amounts over 100 need a human to approve."""
+        return {"refunded": amount}
+
+    return issue_refund
+
+
+REFUND_180 = call("issue_refund", order_id="1042", amount=180, reason="Item arrived broken")
+
+
+async def test_helix_pause_then_approve(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("Done. I've refunded 180.00 to the original payment method."))
+    agent = scripted_agent(
+        "support-agent",
+        [call_tools(REFUND_180, text="Let me get that approved."), seen],
+        tools=[helix_refund(log)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support-agent", prompt="Refund order 1042, the item arrived broken.")
+        assert r.status == "waiting"
+        assert r.text == "Let me get that approved."  # what the model said before it asked
+        (pending,) = r.pending
+        assert pending.id.startswith("req_")
+        assert pending.tool_name == "issue_refund"
+        assert pending.call_id is not None
+        # the validated input the tool would run with
+        assert pending.input == {
+            "order_id": "1042",
+            "amount": 180.0,
+            "reason": "Item arrived broken",
+        }
+        assert log.count() == 0
+        resumed = await rt.generate(
+            session_id=r.session_id,
+            approvals=[so.Decision(id=pending.id, approved=True, reason="ok")],
+        )
+        assert resumed.status == "completed"
+        assert resumed.text.endswith("Done. I've refunded 180.00 to the original payment method.")
+        assert [e.input for e in log.executions] == [pending.input]
+        (result,) = tool_results(seen.last)
+        assert result.call_id == pending.call_id
+        assert result.content == {"refunded": 180.0}
+        assert not result.is_error
+
+
+async def test_helix_deny_with_reason_reaches_the_model(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("Sorry, I could not refund that."))
+    agent = scripted_agent(
+        "support-agent", [call_tools(REFUND_180), seen], tools=[helix_refund(log)]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support-agent", prompt="Refund order 1042")
+        resumed = await rt.generate(
+            session_id=r.session_id,
+            approvals=[so.Decision(id=r.pending[0].id, approved=False, reason="Only the 3-pack.")],
+        )
+        assert resumed.status == "completed"
+        assert log.count() == 0  # a denied tool never runs
+        (result,) = tool_results(seen.last)
+        assert result.is_error
+        assert result.call_id == r.pending[0].call_id
+        assert result.content["denied"] is True
+        assert result.content["reason"] == "Only the 3-pack."
+
+
+async def test_helix_small_amount_runs_without_approval(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "support-agent",
+        [call_tools(call("issue_refund", order_id="7", amount=40, reason="late")), reply("Done.")],
+        tools=[helix_refund(log)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support-agent", prompt="Refund order 7")
+        assert r.status == "completed"
+        assert r.text == "Done."
+        assert log.count() == 1
+        assert await rt.pending() == []
+        types = await event_types(rt, r.session_id)
+        assert "input.requested" not in types
+        assert "turn.waiting" not in types
+
+
+async def test_helix_several_gated_calls_in_one_step_each_get_an_entry(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("Both handled."))
+    a = call("issue_refund", order_id="1", amount=150, reason="a")
+    b = call("issue_refund", order_id="2", amount=40, reason="b")  # small: runs now
+    c = call("issue_refund", order_id="3", amount=900, reason="c")
+    agent = scripted_agent("support-agent", [call_tools(a, b, c), seen], tools=[helix_refund(log)])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support-agent", prompt="Refund 1, 2 and 3")
+        assert r.status == "waiting"
+        assert [p.input["order_id"] for p in r.pending] == ["1", "3"]
+        assert len({p.id for p in r.pending}) == 2
+        assert len({p.call_id for p in r.pending}) == 2
+        assert [e.input["order_id"] for e in log.executions] == ["2"]
+        # one call must decide all of them
+        with pytest.raises(so.PartialAnswer) as info:
+            await rt.generate(
+                session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+            )
+        assert info.value.request_ids == [r.pending[1].id]
+        resumed = await rt.generate(
+            session_id=r.session_id,
+            approvals=[
+                so.Decision(id=r.pending[0].id, approved=True),
+                so.Decision(id=r.pending[1].id, approved=False, reason="too much"),
+            ],
+        )
+        assert resumed.status == "completed"
+        assert sorted(e.input["order_id"] for e in log.executions) == ["1", "2"]
+        results = {
+            m.content.get("refunded", m.content.get("reason")) for m in tool_results(seen.last)
+        }
+        assert results == {150.0, 40.0, "too much"}
+
+
+async def test_helix_async_predicate(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen_inputs: list[Any] = []
+
+    async def needs_approval(input: Any) -> bool:
+        seen_inputs.append(input)
+        return bool(input.amount > 100)
+
+    @log.tool(approval=needs_approval)
+    async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, float]:
+        """Refund an order."""
+        return {"refunded": amount}
+
+    agent = scripted_agent(
+        "support-agent",
+        [
+            call_tools(REFUND_180, call("issue_refund", order_id="5", amount="20", reason="x")),
+            reply("ok"),
+        ],
+        tools=[issue_refund],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support-agent", prompt="two refunds")
+        assert r.status == "waiting"
+        assert [p.input["order_id"] for p in r.pending] == ["1042"]
+        # the predicate saw validated input: "20" became the float 20.0
+        assert [i.amount for i in seen_inputs] == [180.0, 20.0]
+        assert all(isinstance(i.amount, float) for i in seen_inputs)
+        assert log.count() == 1
+
+
+# -- anvil: requestApproval inside the tool; the decision becomes the call's result ----------------
+
+
+def anvil_refund(log: ExecutionLog, *, raise_directly: bool = False) -> so.Tool:
+    @log.tool
+    async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> str:
+        """Issue a refund for an order."""
+        if raise_directly:
+            raise so.ApprovalRequired({"action": "refund", "order_id": order_id, "amount": amount})
+        ctx.request_approval({"action": "refund", "order_id": order_id, "amount": amount})
+
+    return issue_refund
+
+
+@pytest.mark.parametrize("raise_directly", [False, True])
+async def test_anvil_request_approval_approved(tmp_path: Path, raise_directly: bool) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("Refund approved and issued."))
+    agent = scripted_agent(
+        "anvil",
+        [call_tools(call("issue_refund", order_id="order-99", amount=42.5)), seen],
+        tools=[anvil_refund(log, raise_directly=raise_directly)],
+    )
+    reviewer = so.Principal(authenticator="test", principal_id="alice@example.com")
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("anvil", prompt="refund order-99", auth=reviewer)
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.source == "tool"
+        assert req.payload == {"action": "refund", "order_id": "order-99", "amount": 42.5}
+        assert log.count() == 1  # the body ran up to request_approval
+        resumed = await rt.respond(
+            r.session_id,
+            [
+                so.InputResponse(
+                    request_id=req.id,
+                    option_id="approve",
+                    text="Verified with customer. Proceed.",
+                    value={"reviewer": "alice@example.com"},
+                )
+            ],
+            principal=reviewer,
+        )
+        assert resumed.status == "completed"
+        assert log.count() == 1  # the tool body is not re-run
+        (result,) = tool_results(seen.last)
+        assert not result.is_error
+        assert result.call_id == req.call_id
+        assert result.content["approved"] is True
+        assert result.content["reason"] == "Verified with customer. Proceed."
+        assert result.content["value"] == {"reviewer": "alice@example.com"}
+        assert result.content["by"]["principal_id"] == "alice@example.com"
+
+
+async def test_anvil_request_approval_rejected(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("The refund was rejected: amount exceeds policy limit."))
+    agent = scripted_agent(
+        "anvil",
+        [call_tools(call("issue_refund", order_id="order-99", amount=5000)), seen],
+        tools=[anvil_refund(log)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("anvil", prompt="refund order-99")
+        resumed = await rt.generate(
+            session_id=r.session_id,
+            approvals=[
+                so.Decision(
+                    id=r.pending[0].id, approved=False, reason="Amount exceeds policy limit."
+                )
+            ],
+        )
+        assert resumed.status == "completed"
+        assert log.count() == 1
+        (result,) = tool_results(seen.last)
+        # the model receives {approved: false, reason} as the tool result
+        assert result.content["approved"] is False
+        assert result.content["reason"] == "Amount exceeds policy limit."
+        assert "seq" not in result.content
+
+
+async def test_anvil_suspended_run_resumes_in_a_new_runtime(tmp_path: Path) -> None:
+    log = ExecutionLog()
+
+    def make_agent() -> so.Agent:
+        return scripted_agent(
+            "anvil",
+            [call_tools(call("issue_refund", order_id="o1", amount=1)), reply("done")],
+            tools=[anvil_refund(log)],
+        )
+
+    async with sqlite_runtime(tmp_path, make_agent()) as rt:
+        r = await rt.generate("anvil", prompt="refund o1")
+        assert r.status == "waiting"
+    async with sqlite_runtime(tmp_path, make_agent()) as rt2:
+        (req,) = await rt2.pending()
+        resumed = await rt2.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
+        )
+        assert resumed.status == "completed"
+        assert log.count() == 1
+
+
+# -- anvil: toolPolicy as a guardrail for tools you cannot modify --------------------------------
+
+
+async def test_anvil_tool_policy_guardrail(tmp_path: Path) -> None:
+    log = ExecutionLog()
+
+    @log.tool
+    async def lookup_order(order_id: str) -> dict[str, str]:
+        """Look up an order."""
+        return {"order_id": order_id, "status": "delivered"}
+
+    @log.tool
+    async def issue_refund(order_id: str, amount: float) -> dict[str, float]:
+        """Issue a refund for an order."""
+        return {"refunded": amount}
+
+    @log.tool
+    async def delete_account(user_id: str) -> str:
+        """Delete an account."""
+        return "deleted"
+
+    seen = Capture(reply("done"))
+    agent = scripted_agent(
+        "anvil",
+        [
+            call_tools(
+                call("lookup_order", order_id="o1"),
+                call("issue_refund", order_id="o1", amount=10),
+                call("delete_account", user_id="u1"),
+            ),
+            seen,
+        ],
+        tools=[lookup_order, issue_refund, delete_account],
+        guardrails=[so.tool_policy(require_approval=["issue_refund", "delete_account"])],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("anvil", prompt="refund o1 and delete u1")
+        assert r.status == "waiting"
+        assert [p.tool_name for p in r.pending] == ["issue_refund", "delete_account"]
+        assert {p.source for p in r.pending} == {"guardrail"}
+        assert [e.tool_name for e in log.executions] == ["lookup_order"]
+        resumed = await rt.generate(
+            session_id=r.session_id,
+            approvals=[
+                so.Decision(id=r.pending[0].id, approved=True),
+                so.Decision(id=r.pending[1].id, approved=False, reason="not today"),
+            ],
+        )
+        assert resumed.status == "completed"
+        assert [e.tool_name for e in log.executions] == ["lookup_order", "issue_refund"]
+        by_tool = {m.tool_name: m for m in tool_results(seen.last)}
+        assert by_tool["delete_account"].content["reason"] == "not today"
+        assert by_tool["issue_refund"].content == {"refunded": 10.0}
+
+
+async def test_tool_policy_deny_list(tmp_path: Path) -> None:
+    log = ExecutionLog()
+
+    @log.tool
+    async def drop_table(name: str) -> str:
+        """Drop a table."""
+        return "dropped"
+
+    seen = Capture()
+    agent = scripted_agent(
+        "dba",
+        [call_tools(call("drop_table", name="users")), seen],
+        tools=[drop_table],
+        guardrails=[so.tool_policy(deny=["drop_table"])],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("dba", prompt="drop users")
+        assert r.status == "completed"
+        assert log.count() == 0
+        assert (
+            tool_results(seen.last)[0].content["reason"]
+            == "drop_table is not allowed for this agent"
+        )
+
+
+async def test_guardrail_is_stricter_than_tool_policy(tmp_path: Path) -> None:
+    """A guardrail asks even when the tool's own policy would approve automatically."""
+    log = ExecutionLog()
+
+    @log.tool(approval=lambda ctx: so.Approved("fine by the tool"))
+    async def issue_refund(order_id: str) -> str:
+        """Refund."""
+        return "ok"
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("issue_refund", order_id="1")), reply("ok")],
+        tools=[issue_refund],
+        guardrails=[so.tool_policy(require_approval=["issue_refund"])],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "waiting"
+        assert log.count() == 0
+
+
+# -- eve: skip approval for schedule-dispatched turns (the app principal) --------------------------
+
+
+def schedule_skip(ctx: so.ApprovalContext) -> so.ApprovalStatus:
+    auth = ctx.session.auth.current
+    if (
+        auth is not None
+        and auth.authenticator == so.APP_PRINCIPAL.authenticator
+        and auth.principal_id == so.APP_PRINCIPAL.principal_id
+        and auth.principal_type == so.APP_PRINCIPAL.principal_type
+    ):
+        return "not-applicable"
+    return "user-approval"
+
+
+async def test_eve_schedule_turn_skips_approval_but_a_person_is_asked(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    contexts: list[so.ApprovalContext] = []
+
+    def policy(ctx: so.ApprovalContext) -> so.ApprovalStatus:
+        contexts.append(ctx)
+        return schedule_skip(ctx)
+
+    @log.tool(approval=policy)
+    async def refund_charge(charge_id: str, amount: float) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    agent = scripted_agent(
+        "billing",
+        [
+            call_tools(call("refund_charge", charge_id="c1", amount=5)),
+            reply("scheduled refund done"),
+            call_tools(call("refund_charge", charge_id="c2", amount=5)),
+            reply("manual refund done"),
+        ],
+        tools=[refund_charge],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="nightly refunds", auth=so.APP_PRINCIPAL)
+        assert r.status == "completed"
+        assert log.count() == 1
+        assert log.executions[0].principal_id == so.APP_PRINCIPAL.principal_id
+        # a person later resumes the schedule-started session: current changes, initiator stays
+        r = await rt.generate(session_id=r.session_id, prompt="refund c2 too", auth=ALICE)
+        assert r.status == "waiting"
+        assert log.count() == 1
+        first, second = contexts
+        assert first.session.auth.current == so.APP_PRINCIPAL
+        assert second.session.auth.current == ALICE
+        assert second.session.auth.initiator == so.APP_PRINCIPAL
+        r = await rt.generate(
+            session_id=r.session_id,
+            approvals=[so.Decision(id=r.pending[0].id, approved=True)],
+            auth=ALICE,
+        )
+        assert r.status == "completed"
+        assert [e.principal_id for e in log.executions] == ["signoff:app", "alice"]
+
+
+async def test_app_principal_lookalike_is_still_asked(tmp_path: Path) -> None:
+    log = ExecutionLog()
+
+    @log.tool(approval=schedule_skip)
+    async def refund_charge(charge_id: str) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    impostor = so.Principal(authenticator="app", principal_id="signoff:app", principal_type="user")
+    agent = scripted_agent(
+        "billing",
+        [call_tools(call("refund_charge", charge_id="c1")), reply("x")],
+        tools=[refund_charge],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="refund", auth=impostor)
+        assert r.status == "waiting"
+        before = await store_contents(rt.store, r.session_id)
+        assert before.pending == [r.pending[0].id]
+        assert log.count() == 0
