@@ -7,10 +7,11 @@ record it. Whatever is recorded is never done again: a replay reads the record i
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 
@@ -19,13 +20,20 @@ from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._events import Event, EventType
 from ._exceptions import AppendConflict, ModelError, SignoffError, UnknownSession
 from ._state import MESSAGE_EVENT_TYPES, CallState, SessionState, conversation, fold
-from ._tools import ApprovalRequired, Tool, ToolContext
+from ._tools import (
+    ApprovalRequired,
+    InputUnavailable,
+    QuestionWithdrawn,
+    Tool,
+    ToolContext,
+)
 from ._types import (
     APPROVAL_OPTIONS,
     Action,
     InputRequest,
     Message,
     ModelResponse,
+    Option,
     Principal,
     ToolResultMessage,
     input_hash,
@@ -63,15 +71,15 @@ class TurnStopped(Exception):
 def runnable(state: SessionState, *, retry: bool = False) -> bool:
     """Whether the session's turn has something to do now (as opposed to waiting or over)."""
     turn = state.turn
-    if turn is None or turn.status in ("completed", "cancelled"):
+    if turn is None or turn.status == "cancelled":
         return False
-    if turn.status == "failed" and not retry:
-        return False
-    statuses = {c.status for c in turn.calls.values()}
-    if statuses & {"proposed", "approved", "denied", "decided", "running"}:
-        return True
-    if statuses & {"requested", "awaiting"}:
-        return turn.status != "waiting"
+    if turn.status == "completed":
+        return bool(state.queued)
+    if turn.status == "failed":
+        return retry
+    if turn.status == "waiting":
+        statuses = {c.status for c in turn.calls.values()}
+        return bool(statuses & {"approved", "denied", "decided", "running"})
     return True
 
 
@@ -102,23 +110,27 @@ class Driver:
 
     async def record(
         self,
-        specs: Sequence[EventSpec],
+        specs: Sequence[EventSpec] | Callable[[SessionState], Sequence[EventSpec]],
         *,
         new_requests: Sequence[InputRequest] = (),
         resolve: Sequence[Resolve] = (),
         durable: bool = False,
         turn_id: str | None = None,
     ) -> list[Event]:
-        """Append events for the current turn, retrying on a concurrent append by someone else."""
+        """Append events for the current turn, retrying on a concurrent append by someone else.
+
+        `specs` may be a function of the state, re-evaluated after a concurrent append.
+        """
+        tid = turn_id or (self.state.turn.id if self.state.turn else None)
         for _ in range(20):
             state = self.state
-            tid = turn_id or (state.turn.id if state.turn else None)
             now = self.clock()
+            batch = specs(state) if callable(specs) else specs
             events = [
                 Event(
                     session_id=state.id, seq=state.seq + i + 1, type=t, at=now, turn_id=tid, data=d
                 )
-                for i, (t, d) in enumerate(specs)
+                for i, (t, d) in enumerate(batch)
             ]
             snapshot = None
             before = state.seq
@@ -146,9 +158,9 @@ class Driver:
                 )
             except AppendConflict:
                 await self.reload()
-                if state.turn is None or (turn_id is None and state.turn.id != tid):
-                    raise TurnStopped from None
-                if self.state.turn is not None and self.state.turn.status == "cancelled":
+                turn = self.state.turn
+                gone = turn is None or turn.id != tid or turn.status == "cancelled"
+                if turn_id is None and gone:
                     raise TurnStopped from None
                 continue
             except BaseException:
@@ -168,6 +180,9 @@ class Driver:
         try:
             while True:
                 turn = self.state.turn
+                if turn is not None and turn.status == "completed" and self.state.queued:
+                    await self.start_queued()
+                    continue
                 if turn is None or turn.status in ("completed", "cancelled"):
                     return self.state
                 if turn.status == "failed" and not retry:
@@ -175,8 +190,7 @@ class Driver:
                 retry = False
                 calls = list(turn.calls.values())
                 proposed = [c for c in calls if c.status == "proposed"]
-                if proposed:
-                    await self.evaluate(proposed)
+                if proposed and await self.evaluate(proposed):
                     continue
                 ready = next(
                     (c for c in calls if c.status in ("approved", "denied", "decided", "running")),
@@ -185,7 +199,7 @@ class Driver:
                 if ready is not None:
                     await self.execute(ready)
                     continue
-                if any(c.status in ("requested", "awaiting") for c in calls):
+                if any(c.status in ("requested", "awaiting", "asking", "proposed") for c in calls):
                     if turn.status != "waiting":
                         ids = [r.id for r in self.state.pending_requests()]
                         await self.record([("turn.waiting", {"on": "input", "request_ids": ids})])
@@ -193,6 +207,20 @@ class Driver:
                 await self.step_model()
         except TurnStopped:
             return self.state
+
+    async def start_queued(self) -> None:
+        """A message kept for after the turn starts the next turn."""
+        queued = self.state.queued[0]
+        spec: EventSpec = (
+            "turn.started",
+            {
+                "message": queued["message"],
+                "principal": queued.get("principal"),
+                "source": "message",
+                "dequeued": True,
+            },
+        )
+        await self.record([spec], turn_id=new_id("trn"))
 
     # -- approvals ----------------------------------------------------------------------------
 
@@ -208,26 +236,25 @@ class Driver:
             auth=SessionAuth(current=principal or turn.principal, initiator=s.initiator),
         )
 
-    async def evaluate(self, calls: list[CallState]) -> None:
-        """Decide each proposed call: open requests, record denials, run what may run."""
+    async def evaluate(self, calls: list[CallState]) -> int:
+        """Decide each proposed call: open requests, record denials, run what may run.
+
+        An approval is not requested while a workflow call of the same response is unfinished
+        (the approved call could not run before it anyway): those calls stay proposed.
+        Returns how many calls it moved forward.
+        """
         s = self.state
         turn = s.turn
         assert turn is not None
         pending_tools = {r.tool_name for r in s.pending_requests() if r.tool_name}
-        requests: list[InputRequest] = []
         results: list[EventSpec] = []
-        to_run: list[tuple[CallState, Tool, BaseModel]] = []
+        decided: list[tuple[CallState, Tool, BaseModel, Verdict]] = []
         for call in calls:
             tool = self.agent.tools.get(call.tool_name)
             if tool is None:
                 known = ", ".join(self.agent.tools) or "none"
-                results.append(
-                    _result(
-                        call,
-                        "error",
-                        {"error": f"unknown tool {call.tool_name!r}; available: {known}"},
-                    )
-                )
+                error = {"error": f"unknown tool {call.tool_name!r}; available: {known}"}
+                results.append(_result(call, "error", error))
                 continue
             try:
                 validated = tool.validate(call.input)
@@ -244,33 +271,25 @@ class Driver:
                 pending_tools=frozenset(pending_tools),
             )
             verdict = await self.verdict(tool, ctx)
+            if verdict.action == "ask":
+                pending_tools.add(tool.name)
+            decided.append((call, tool, validated, verdict))
+        workflow_busy = any(
+            (t := self.agent.tools.get(c.tool_name)) is not None
+            and t.workflow
+            and c.status in ("running", "asking", "approved")
+            for c in turn.calls.values()
+        ) or any(t.workflow and v.action == "run" for _, t, _, v in decided)
+        requests: list[InputRequest] = []
+        to_run: list[tuple[CallState, Tool, BaseModel]] = []
+        for call, tool, validated, verdict in decided:
             if verdict.action == "deny":
                 denial = {"denied": True, "reason": verdict.reason, "by": "policy"}
                 results.append(_result(call, "denied", denial))
             elif verdict.action == "ask":
-                dumped = validated.model_dump(mode="json")
-                requests.append(
-                    InputRequest(
-                        kind="tool-approval",
-                        id=new_id("req"),
-                        session_id=s.id,
-                        turn_id=turn.id,
-                        agent=s.agent,
-                        action=Action(
-                            call_id=call.id,
-                            tool_name=tool.name,
-                            input=dumped,
-                            input_hash=input_hash(dumped),
-                        ),
-                        options=list(APPROVAL_OPTIONS),
-                        source="guardrail" if verdict.reason == "guardrail" else "policy",
-                        requested_by=turn.principal,
-                        created_at=self.clock(),
-                        policy_error=verdict.error,
-                        usage=s.usage,
-                    )
-                )
-                pending_tools.add(tool.name)
+                if workflow_busy and not tool.workflow:
+                    continue
+                requests.append(self._approval_request(call, tool, validated, verdict))
             else:
                 to_run.append((call, tool, validated))
         specs: list[EventSpec] = []
@@ -280,7 +299,38 @@ class Driver:
         if specs:
             await self.record(specs, new_requests=requests)
         for call, tool, validated in to_run:
-            await self.run_tool(call, tool, validated, self.state.turn.principal)  # type: ignore[union-attr]
+            current = self.state.turn.calls.get(call.id) if self.state.turn else None
+            if current is None or current.status != "proposed":
+                continue
+            await self.run_tool(current, tool, validated, self.state.turn.principal)  # type: ignore[union-attr]
+        return len(requests) + len(results) + len(to_run)
+
+    def _approval_request(
+        self, call: CallState, tool: Tool, validated: BaseModel, verdict: Verdict
+    ) -> InputRequest:
+        s = self.state
+        turn = s.turn
+        assert turn is not None
+        dumped = validated.model_dump(mode="json")
+        return InputRequest(
+            kind="tool-approval",
+            id=new_id("req"),
+            session_id=s.id,
+            turn_id=turn.id,
+            agent=s.agent,
+            action=Action(
+                call_id=call.id,
+                tool_name=tool.name,
+                input=dumped,
+                input_hash=input_hash(dumped),
+            ),
+            options=list(APPROVAL_OPTIONS),
+            source="guardrail" if verdict.reason == "guardrail" else "policy",
+            requested_by=turn.principal,
+            created_at=self.clock(),
+            policy_error=verdict.error,
+            usage=s.usage,
+        )
 
     async def verdict(self, tool: Tool, ctx: ApprovalContext) -> Verdict:
         """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
@@ -352,17 +402,39 @@ class Driver:
                     )
                 ]
             )
+        journal = _CallJournal(self, call.id, principal)
         ctx = ToolContext(
             session=self.session_info(principal),
             call_id=call.id,
             tool_name=call.tool_name,
             idempotency_key=key,
             abort_signal=self.abort_signal,
+            journal=journal,
         )
+        task = asyncio.ensure_future(tool.invoke(ctx, validated))
+        parked = asyncio.ensure_future(journal.parked.wait())
         try:
-            result = await tool.invoke(ctx, validated)
+            await asyncio.wait({task, parked}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await journal.settle()
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                return  # parked on ctx.ask(): the call is "asking" now
+        finally:
+            parked.cancel()
+        try:
+            result = task.result()
         except ApprovalRequired as signal:
             await self.request_from_tool(call, signal.payload)
+            return
+        except QuestionWithdrawn as exc:
+            await self.record(
+                [_result(call, "cancelled", {"cancelled": True, "reason": str(exc)})]
+            )
+            return
+        except InputUnavailable as exc:
+            await self.record([_result(call, "error", {"error": f"unavailable: {exc}"})])
             return
         except Exception as exc:
             await self.record([_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})])
@@ -409,10 +481,10 @@ class Driver:
 
     async def conversation(self) -> list[Message]:
         s = self.state
-        if s.messages is None:
+        if s.conversation is None:
             events = await self.store.read_events(s.id, types=MESSAGE_EVENT_TYPES)
-            s.messages = conversation(e for e in events if e.seq <= s.seq)
-        return s.messages
+            s.conversation = conversation(e for e in events if e.seq <= s.seq)
+        return s.conversation.messages
 
     async def window(self) -> list[Message]:
         """The messages sent to the model: the last `max_messages`, never cutting this turn."""
@@ -420,21 +492,11 @@ class Driver:
         limit = self.agent.limits.max_messages
         if limit is None or len(messages) <= limit:
             return list(messages)
-        start = len(messages) - limit
-        turn_start = self._turn_start_index(messages)
-        start = min(start, turn_start)
+        assert self.state.conversation is not None
+        start = min(len(messages) - limit, self.state.conversation.turn_start)
         while start > 0 and isinstance(messages[start], ToolResultMessage):
             start -= 1  # never begin with results whose calls were cut off
         return list(messages[start:])
-
-    def _turn_start_index(self, messages: list[Message]) -> int:
-        # The current turn's first message is the last user message (or its first response).
-        from ._types import UserMessage
-
-        for i in range(len(messages) - 1, -1, -1):
-            if isinstance(messages[i], UserMessage):
-                return i
-        return 0
 
     async def step_model(self) -> None:
         s = self.state
@@ -464,6 +526,7 @@ class Driver:
                 ]
             )
             return
+        read_through = s.seq
         request = ModelRequest(
             session_id=s.id,
             agent=s.agent,
@@ -499,15 +562,18 @@ class Driver:
             cid = c.id if c.id and c.id not in seen else f"call_{s.seq + 1}_{i}"
             seen.add(cid)
             calls.append({"id": cid, "name": c.name, "input": c.input})
-        specs: list[EventSpec] = [
-            (
-                "model.completed",
-                {"text": response.text, "tool_calls": calls, "usage": response.usage.model_dump()},
-            )
-        ]
-        if not calls:
-            specs.append(("turn.completed", {"text": response.text}))
-            specs.append(("session.waiting", {}))
+        completed: EventSpec = (
+            "model.completed",
+            {"text": response.text, "tool_calls": calls, "usage": response.usage.model_dump()},
+        )
+
+        def specs(state: SessionState) -> list[EventSpec]:
+            # A message that arrived while the model was thinking keeps the turn open.
+            unread = state.turn is not None and state.turn.last_message_seq > read_through
+            if calls or unread:
+                return [completed]
+            return [completed, ("turn.completed", {"text": response.text}), ("session.waiting", {})]
+
         await self.record(specs)
 
 
@@ -530,3 +596,88 @@ def _invalid_input(exc: ValidationError) -> dict[str, Any]:
 
 def _dump_request(request: InputRequest) -> dict[str, Any]:
     return request.model_dump(mode="json", exclude_defaults=True)
+
+
+class _CallJournal:
+    """The engine's side of `ctx.ask()` / `ctx.step()` for one call: records and replays."""
+
+    def __init__(self, driver: Driver, call_id: str, principal: Principal | None) -> None:
+        self.driver = driver
+        self.call_id = call_id
+        self.parked = asyncio.Event()
+        self.inflight = 0
+        turn = driver.state.turn
+        self.can_ask = not (
+            principal is not None and principal.principal_type == "runtime"
+        ) and not (turn is not None and turn.source == "schedule")
+
+    def _call(self) -> CallState:
+        turn = self.driver.state.turn
+        if turn is None or self.call_id not in turn.calls:
+            raise TurnStopped
+        return turn.calls[self.call_id]
+
+    def entries(self) -> Sequence[dict[str, Any] | None]:
+        return self._call().journal
+
+    def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]:
+        r = self.driver.state.requests.get(request_id)
+        if r is None:
+            return "withdrawn", {"outcome": "cancelled"}
+        return r.status, r.resolution
+
+    async def record_step(self, index: int, name: str, result: Any) -> None:
+        call = self._call()
+        data = {"call_id": call.id, "tool_name": call.tool_name, "index": index, "name": name,
+                "result": result}
+        await self.driver.record([("tool.step", data)])
+
+    async def open_question(
+        self, index: int, question: str, options: list[Option], allow_text: bool
+    ) -> str:
+        self.inflight += 1
+        try:
+            call = self._call()
+            s = self.driver.state
+            turn = s.turn
+            assert turn is not None
+            request = InputRequest(
+                kind="question",
+                id=new_id("req"),
+                session_id=s.id,
+                turn_id=turn.id,
+                agent=s.agent,
+                action=Action(
+                    call_id=call.id,
+                    tool_name=call.tool_name,
+                    input=call.input,
+                    input_hash=input_hash(call.input),
+                ),
+                question=question,
+                options=options,
+                allow_text=allow_text,
+                source="ask",
+                index=index,
+                requested_by=turn.principal,
+                created_at=self.driver.clock(),
+                usage=s.usage,
+            )
+            await self.driver.record(
+                [("input.requested", {"requests": [_dump_request(request)]})],
+                new_requests=[request],
+            )
+            return request.id
+        finally:
+            self.inflight -= 1
+
+    async def park(self) -> NoReturn:
+        self.parked.set()
+        await asyncio.Future()  # never resolves: the engine cancels the body
+        raise AssertionError("unreachable")
+
+    async def settle(self) -> None:
+        """Let sibling branches of the body (asyncio.gather) reach their own asks."""
+        idle = 0
+        while idle < 5:
+            await asyncio.sleep(0)
+            idle = idle + 1 if self.inflight == 0 else 0

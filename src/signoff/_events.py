@@ -26,6 +26,7 @@ SCHEMA_VERSION: Final = 1
 EventType = Literal[
     "session.created",
     "turn.started",
+    "turn.message",
     "model.completed",
     "tool.started",
     "tool.step",

@@ -33,13 +33,14 @@ CallStatus = Literal[
     "denied",  # denied, cancelled or ignored before it ran; its result is not recorded yet
     "running",  # tool.started recorded, no result yet
     "awaiting",  # the tool body asked for approval itself (ApprovalRequired)
+    "asking",  # the tool body is parked on ctx.ask(); it re-runs (replaying) once answered
     "decided",  # that approval was settled; the decision becomes the result
     "done",  # tool.completed recorded
 ]
 
 TurnStatus = Literal["running", "waiting", "completed", "failed", "cancelled"]
 
-MESSAGE_EVENT_TYPES = ("turn.started", "model.completed", "tool.completed")
+MESSAGE_EVENT_TYPES = ("turn.started", "turn.message", "model.completed", "tool.completed")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -52,6 +53,12 @@ class CallState:
     decision: dict[str, Any] | None = None
     idempotency_key: str | None = None
     edited_input: Any = None
+    journal: list[dict[str, Any] | None] = field(default_factory=list)
+
+    def record(self, index: int, entry: dict[str, Any]) -> None:
+        while len(self.journal) <= index:
+            self.journal.append(None)
+        self.journal[index] = entry
 
 
 @dataclass(slots=True, kw_only=True)
@@ -74,6 +81,8 @@ class TurnState:
     retryable: bool = False
     error: dict[str, Any] | None = None
     first_seq: int = 0
+    last_message_seq: int = 0
+    source: str = "message"
 
 
 @dataclass(slots=True, kw_only=True)
@@ -91,8 +100,13 @@ class SessionState:
     approved_tools: set[str] = field(default_factory=set)
     model_responses: int = 0
     usage: Usage = field(default_factory=Usage)
+    queued: list[dict[str, Any]] = field(default_factory=list)
     # None when rebuilt from a snapshot: the engine loads it from the events on demand.
-    messages: list[Message] | None = field(default_factory=list)
+    conversation: Conversation | None = field(default_factory=lambda: Conversation())
+
+    @property
+    def messages(self) -> list[Message] | None:
+        return None if self.conversation is None else self.conversation.messages
 
     # -- questions the engine and runtime ask --------------------------------------------
 
@@ -144,6 +158,7 @@ class SessionState:
             "approved_tools": sorted(self.approved_tools),
             "model_responses": self.model_responses,
             "usage": self.usage.model_dump(),
+            "queued": self.queued,
             "requests": [
                 {
                     "request": r.request.model_dump(mode="json"),
@@ -165,6 +180,8 @@ class SessionState:
                 "retryable": turn.retryable,
                 "error": turn.error,
                 "first_seq": turn.first_seq,
+                "last_message_seq": turn.last_message_seq,
+                "source": turn.source,
                 "calls": [
                     {
                         "id": c.id,
@@ -175,6 +192,7 @@ class SessionState:
                         "decision": c.decision,
                         "idempotency_key": c.idempotency_key,
                         "edited_input": c.edited_input,
+                        "journal": c.journal,
                     }
                     for c in turn.calls.values()
                 ],
@@ -202,6 +220,8 @@ class SessionState:
                 retryable=t["retryable"],
                 error=t["error"],
                 first_seq=t["first_seq"],
+                last_message_seq=t.get("last_message_seq", 0),
+                source=t.get("source", "message"),
                 calls={c["id"]: CallState(**c) for c in t["calls"]},
             )
         return cls(
@@ -216,6 +236,7 @@ class SessionState:
             approved_tools=set(data["approved_tools"]),
             model_responses=data["model_responses"],
             usage=Usage(**data["usage"]),
+            queued=list(data.get("queued", [])),
             requests={
                 r["request"]["id"]: RequestState(
                     request=InputRequest.model_validate(r["request"]),
@@ -226,7 +247,7 @@ class SessionState:
                 for r in data["requests"]
             },
             turn=turn,
-            messages=None,
+            conversation=None,
         )
 
 
@@ -241,35 +262,61 @@ def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionS
     return state
 
 
-def conversation(events: Iterable[Event]) -> list[Message]:
+def conversation(events: Iterable[Event]) -> Conversation:
     """The model-visible conversation of a whole log (used when a snapshot left it out)."""
-    messages: list[Message] = []
+    conv = Conversation()
     for event in events:
-        _append_message(messages, event)
-    return messages
+        conv.add(event)
+    return conv
 
 
-def _append_message(messages: list[Message], event: Event) -> None:
-    d = event.data
-    if event.type == "turn.started":
-        if d.get("message") is not None:
-            messages.append(UserMessage(text=d["message"]))
-    elif event.type == "model.completed":
-        messages.append(
-            AssistantMessage(
-                text=d.get("text", ""),
-                tool_calls=[ToolCall(**c) for c in d.get("tool_calls", [])],
+class Conversation:
+    """Messages as the model sees them; a message that arrives while calls are still open is
+    held back until their results are in, so results always follow their calls."""
+
+    __slots__ = ("deferred", "messages", "open_calls", "turn_start")
+
+    def __init__(self) -> None:
+        self.turn_start = 0
+        self.messages: list[Message] = []
+        self.open_calls: set[str] = set()
+        self.deferred: list[Message] = []
+
+    def _say(self, message: Message) -> None:
+        if self.open_calls:
+            self.deferred.append(message)
+        else:
+            self.messages.append(message)
+
+    def add(self, event: Event) -> None:
+        d = event.data
+        if event.type == "turn.started":
+            self.open_calls.clear()
+            self.messages.extend(self.deferred)
+            self.deferred.clear()
+            self.turn_start = len(self.messages)
+            if d.get("message") is not None:
+                self.messages.append(UserMessage(text=d["message"]))
+        elif event.type == "turn.message":
+            if not d.get("queued"):
+                self._say(UserMessage(text=d["message"]))
+        elif event.type == "model.completed":
+            calls = [ToolCall(**c) for c in d.get("tool_calls", [])]
+            self.messages.append(AssistantMessage(text=d.get("text", ""), tool_calls=calls))
+            self.open_calls = {c.id for c in calls if c.id}
+        elif event.type == "tool.completed":
+            self.messages.append(
+                ToolResultMessage(
+                    call_id=d["call_id"],
+                    tool_name=d["tool_name"],
+                    content=d.get("result"),
+                    is_error=d.get("status") not in ("ok", "decided"),
+                )
             )
-        )
-    elif event.type == "tool.completed":
-        messages.append(
-            ToolResultMessage(
-                call_id=d["call_id"],
-                tool_name=d["tool_name"],
-                content=d.get("result"),
-                is_error=d.get("status") not in ("ok", "decided"),
-            )
-        )
+            self.open_calls.discard(d["call_id"])
+            if not self.open_calls and self.deferred:
+                self.messages.extend(self.deferred)
+                self.deferred.clear()
 
 
 def _dump_principal(p: Principal | None) -> dict[str, Any] | None:
@@ -293,16 +340,19 @@ def _session_created(s: SessionState, e: Event) -> None:
 
 def _turn_started(s: SessionState, e: Event) -> None:
     assert e.turn_id is not None
+    if e.data.get("dequeued"):
+        s.queued = s.queued[1:]
     s.turn = TurnState(
         id=e.turn_id,
         principal=_load_principal(e.data.get("principal")),
         started_at=e.at,
         first_seq=e.seq,
+        source=e.data.get("source", "message"),
     )
     # Requests of earlier turns are all closed by now; keep the state small.
     s.requests = {k: r for k, r in s.requests.items() if r.status == "pending"}
-    if s.messages is not None:
-        _append_message(s.messages, e)
+    if s.conversation is not None:
+        s.conversation.add(e)
 
 
 def _model_completed(s: SessionState, e: Event) -> None:
@@ -321,8 +371,8 @@ def _model_completed(s: SessionState, e: Event) -> None:
         c["id"]: CallState(id=c["id"], tool_name=c["name"], input=c.get("input"))
         for c in e.data.get("tool_calls", [])
     }
-    if s.messages is not None:
-        _append_message(s.messages, e)
+    if s.conversation is not None:
+        s.conversation.add(e)
 
 
 def _tool_started(s: SessionState, e: Event) -> None:
@@ -333,15 +383,27 @@ def _tool_started(s: SessionState, e: Event) -> None:
 
 
 def _tool_step(s: SessionState, e: Event) -> None:
-    _call(s, e)
+    d = e.data
+    _call(s, e).record(d["index"], {"kind": "step", "name": d["name"], "result": d.get("result")})
+
+
+def _turn_message(s: SessionState, e: Event) -> None:
+    d = e.data
+    if d.get("queued"):
+        s.queued.append({"message": d["message"], "principal": d.get("principal")})
+        return
+    if s.turn is not None and s.turn.id == e.turn_id:
+        s.turn.last_message_seq = e.seq
+    if s.conversation is not None:
+        s.conversation.add(e)
 
 
 def _tool_completed(s: SessionState, e: Event) -> None:
     call = _call(s, e)
     call.status = "done"
     _turn(s, e).status = "running"
-    if s.messages is not None:
-        _append_message(s.messages, e)
+    if s.conversation is not None:
+        s.conversation.add(e)
 
 
 def _input_requested(s: SessionState, e: Event) -> None:
@@ -349,8 +411,14 @@ def _input_requested(s: SessionState, e: Event) -> None:
     for raw in e.data["requests"]:
         request = InputRequest.model_validate(raw)
         s.requests[request.id] = RequestState(request=request)
-        if request.action is not None and request.action.call_id in turn.calls:
-            call = turn.calls[request.action.call_id]
+        if request.action is None or request.action.call_id not in turn.calls:
+            continue
+        call = turn.calls[request.action.call_id]
+        if request.source == "ask":
+            entry = {"kind": "ask", "name": request.question, "request_id": request.id}
+            call.record(request.index or 0, entry)
+            call.status = "asking"
+        else:
             call.request_id = request.id
             call.status = "awaiting" if request.source == "tool" else "requested"
 
@@ -401,6 +469,17 @@ def _input_resolved(s: SessionState, e: Event) -> None:
     if action is None or s.turn is None or action.call_id not in s.turn.calls:
         return
     call = s.turn.calls[action.call_id]
+    if req.request.source == "ask":
+        still_asking = any(
+            r.status == "pending"
+            and r.request.source == "ask"
+            and r.request.action is not None
+            and r.request.action.call_id == call.id
+            for r in s.requests.values()
+        )
+        if call.status == "asking" and not still_asking:
+            call.status = "running"  # re-run the body; answered asks replay
+        return
     if call.status in ("requested", "awaiting") and outcome not in ("approved", "answered"):
         # withdrawn without an approval: the call never runs
         call.decision = {"approved": False, "reason": d.get("reason"), "by": d.get("by")}
@@ -443,6 +522,7 @@ def _call(s: SessionState, e: Event) -> CallState:
 _HANDLERS = {
     "session.created": _session_created,
     "turn.started": _turn_started,
+    "turn.message": _turn_message,
     "model.completed": _model_completed,
     "tool.started": _tool_started,
     "tool.step": _tool_step,

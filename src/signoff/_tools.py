@@ -4,16 +4,66 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
-from typing import Any, NoReturn, get_type_hints, overload
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, Protocol, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from ._approval import ApprovalPolicy, SessionInfo, as_policy
 from ._exceptions import UsageError
+from ._types import Answer, Option, Principal, make_options
 
-__all__ = ["ApprovalRequired", "Tool", "ToolContext", "tool"]
+__all__ = [
+    "ApprovalRequired",
+    "InputUnavailable",
+    "Journal",
+    "QuestionWithdrawn",
+    "ReplayError",
+    "Tool",
+    "ToolContext",
+    "tool",
+]
+
+
+class QuestionWithdrawn(Exception):  # a signal, not an error
+    """Raised by `ctx.ask()` when its question was withdrawn (a steering message, a cancel)."""
+
+    def __init__(self, request_id: str, outcome: str) -> None:
+        super().__init__(f"question {request_id} was withdrawn ({outcome})")
+        self.request_id = request_id
+        self.outcome = outcome
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.request_id, self.outcome))
+
+
+class InputUnavailable(Exception):  # a signal, not an error
+    """Raised by `ctx.ask()` when no person can answer (for example a scheduled turn)."""
+
+
+class ReplayError(UsageError):
+    """A workflow tool asked or stepped in a different order than it recorded."""
+
+    code = "replay_error"
+
+
+class Journal(Protocol):
+    """What the engine gives a `ToolContext` so `ask` and `step` are recorded and replayed."""
+
+    can_ask: bool
+
+    def entries(self) -> Sequence[dict[str, Any] | None]: ...
+
+    def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]: ...
+
+    async def record_step(self, index: int, name: str, result: Any) -> None: ...
+
+    async def open_question(
+        self, index: int, question: str, options: list[Option], allow_text: bool
+    ) -> str: ...
+
+    async def park(self) -> NoReturn: ...
 
 
 class ApprovalRequired(Exception):
@@ -41,12 +91,82 @@ class ToolContext:
         tool_name: str,
         idempotency_key: str,
         abort_signal: asyncio.Event | None = None,
+        journal: Journal | None = None,
     ) -> None:
         self.session = session
         self.call_id = call_id
         self.tool_name = tool_name
         self._key = idempotency_key
         self.abort_signal = abort_signal or asyncio.Event()
+        self._journal = journal
+        self._cursor = 0
+
+    def _next(self, kind: str, name: str) -> tuple[int, dict[str, Any] | None]:
+        if self._journal is None:
+            raise UsageError(f"ctx.{kind}() needs a context given by the signoff engine")
+        index = self._cursor
+        self._cursor += 1
+        entries = self._journal.entries()
+        entry = entries[index] if index < len(entries) else None
+        if entry is not None and (entry["kind"] != kind or entry["name"] != name):
+            raise ReplayError(
+                f"tool {self.tool_name!r} (call {self.call_id}) replayed {kind} {name!r} at "
+                f"position {index + 1}, but recorded {entry['kind']} {entry['name']!r} there; "
+                "a workflow tool must ask and step in the same order on every run"
+            )
+        return index, entry
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a side effect once and journal its result; a replay returns the recorded result."""
+        index, entry = self._next("step", name)
+        if entry is not None:
+            return entry["result"]
+        assert self._journal is not None
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            result = await result
+        result = to_jsonable_python(result)
+        await self._journal.record_step(index, name, result)
+        return result
+
+    async def ask(
+        self,
+        question: str,
+        options: Sequence[str | Option | dict[str, Any]] | None = None,
+        allow_text: bool = True,
+    ) -> Answer:
+        """Ask a person and park the turn durably until they answer; returns their answer."""
+        if not isinstance(question, str) or not question.strip():
+            raise UsageError("ctx.ask() needs a non-empty question")
+        try:
+            opts = make_options(options)
+        except ValueError as exc:
+            raise UsageError(f"ctx.ask(): {exc}") from None
+        if not opts and not allow_text:
+            raise UsageError("ctx.ask() without options must allow free text")
+        index, entry = self._next("ask", question)
+        journal = self._journal
+        assert journal is not None
+        if entry is None:
+            if not journal.can_ask:
+                raise InputUnavailable("this session has no person to ask")
+            await journal.open_question(index, question, opts, allow_text)
+            await journal.park()
+        request_id = entry["request_id"] if entry else ""
+        status, resolution = journal.lookup(request_id)
+        if status == "pending":
+            await journal.park()
+        resolution = resolution or {}
+        if resolution.get("outcome") != "answered":
+            raise QuestionWithdrawn(request_id, str(resolution.get("outcome")))
+        answer = resolution.get("answer") or {}
+        by = resolution.get("by")
+        return Answer(
+            value=answer.get("value", ""),
+            option_id=answer.get("option_id"),
+            text=answer.get("text"),
+            responder=None if by is None else Principal.model_validate(by),
+        )
 
     def idempotency_key(self, name: str | None = None) -> str:
         """A key stable across replays and processes for this call (and `name` within it)."""
@@ -72,6 +192,7 @@ class Tool:
         description: str | None = None,
         approval: object = None,
         run_as: str = "requester",
+        workflow: bool | None = None,
     ) -> None:
         if not callable(fn):
             raise UsageError(f"a tool needs a function, not {fn!r}")
@@ -86,6 +207,8 @@ class Tool:
         self.run_as = run_as
         self.is_async = inspect.iscoroutinefunction(fn)
         self.takes_context, self.input_model = _input_model(fn, self.name)
+        # A workflow tool may ask people things; approvals of its siblings wait for it.
+        self.workflow = self.takes_context if workflow is None else workflow
 
     def __repr__(self) -> str:
         return f"Tool({self.name!r}, approval={self.approval.describe()})"

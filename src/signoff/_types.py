@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 __all__ = [
     "APP_PRINCIPAL",
     "Action",
+    "Answer",
     "AssistantMessage",
     "Decision",
     "InputRequest",
@@ -29,6 +30,8 @@ __all__ = [
     "Usage",
     "UserMessage",
     "input_hash",
+    "make_options",
+    "match_option",
 ]
 
 
@@ -155,6 +158,7 @@ class InputRequest(_Model):
     allow_text: bool = False
     payload: Any = None
     source: Literal["policy", "tool", "guardrail", "ask"] = "policy"
+    index: int | None = None
     requested_by: Principal | None = None
     created_at: float
     expires_at: float | None = None
@@ -179,6 +183,66 @@ APPROVAL_OPTIONS = [
     Option(id="approve", label="Approve", description="Run the call as proposed."),
     Option(id="cancel", label="Deny", description="Do not run the call."),
 ]
+
+
+def make_options(options: Any) -> list[Option]:
+    """Options from strings, dicts (`label`, optional `id` and `description`) or `Option`s."""
+    out: list[Option] = []
+    for i, raw in enumerate(options or ()):
+        if isinstance(raw, Option):
+            out.append(raw)
+        elif isinstance(raw, str):
+            out.append(Option(id=raw, label=raw))
+        elif isinstance(raw, dict) and isinstance(raw.get("label"), str):
+            out.append(
+                Option(
+                    id=str(raw.get("id") or _slug(raw["label"]) or i + 1),
+                    label=raw["label"],
+                    description=raw.get("description"),
+                )
+            )
+        else:
+            raise ValueError(f"option #{i + 1} must be a string, an Option or a dict with a label")
+    ids = [o.id for o in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"option ids must be distinct: {ids}")
+    return out
+
+
+def _slug(label: str) -> str:
+    return "-".join("".join(c if c.isalnum() else " " for c in label.lower()).split())
+
+
+def match_option(options: list[Option], text: str) -> Option | None:
+    """The option a typed reply names by id, label or 1-based index, if any."""
+    t = text.strip().casefold()
+    for o in options:
+        if t == o.id.casefold() or t == o.label.casefold():
+            return o
+    if t.isdigit() and 1 <= int(t) <= len(options):
+        return options[int(t) - 1]
+    return None
+
+
+class Answer(_Model):
+    """What `ctx.ask()` returns: the chosen option's label or the typed text, and who answered."""
+
+    value: str
+    option_id: str | None = None
+    text: str | None = None
+    responder: Principal | None = None
+
+    @property
+    def authenticator(self) -> str | None:
+        return self.responder.authenticator if self.responder else None
+
+    @property
+    def principal_id(self) -> str | None:
+        return self.responder.principal_id if self.responder else None
+
+    @property
+    def principal_type(self) -> str | None:
+        return self.responder.principal_type if self.responder else None
 
 
 class Decision(_Model):
