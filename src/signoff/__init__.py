@@ -22,6 +22,7 @@ from ._approval import (
     predicate,
     tool_policy,
 )
+from ._ask import ask_question
 from ._events import SCHEMA_VERSION, Event
 from ._exceptions import (
     AnswerError,
@@ -47,10 +48,19 @@ from ._exceptions import (
 from ._results import GenerateResult, Outcome
 from ._runtime import Runtime
 from ._state import SessionState
-from ._tools import ApprovalRequired, Tool, ToolContext, tool
+from ._tools import (
+    ApprovalRequired,
+    InputUnavailable,
+    QuestionWithdrawn,
+    ReplayError,
+    Tool,
+    ToolContext,
+    tool,
+)
 from ._types import (
     APP_PRINCIPAL,
     Action,
+    Answer,
     AssistantMessage,
     Decision,
     InputRequest,
@@ -72,6 +82,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Action",
     "Agent",
+    "Answer",
     "AnswerError",
     "AppendConflict",
     "ApprovalContext",
@@ -88,6 +99,7 @@ __all__ = [
     "Guardrail",
     "InputRequest",
     "InputResponse",
+    "InputUnavailable",
     "InvalidAnswer",
     "LeaseLost",
     "Limits",
@@ -98,6 +110,8 @@ __all__ = [
     "Option",
     "Outcome",
     "PartialAnswer",
+    "QuestionWithdrawn",
+    "ReplayError",
     "Principal",
     "RequestClosed",
     "Runtime",
@@ -122,6 +136,7 @@ __all__ = [
     "UserMessage",
     "__version__",
     "always",
+    "ask_question",
     "models",
     "never",
     "once",

@@ -13,7 +13,8 @@ import socket
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import ValidationError
 
@@ -35,12 +36,20 @@ from ._exceptions import (
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._sync import SyncBridge
-from ._types import Decision, InputRequest, InputResponse, Principal
+from ._types import Decision, InputRequest, InputResponse, Principal, match_option
 from .stores import PendingFilter, Resolve, Store, open_store
 
 __all__ = ["Runtime"]
 
-_Answer = tuple[str, bool, str | None, Any]  # request id, approve?, reason, value
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """One answer on its way in: an option id (`approve` / `cancel` for approvals) or text."""
+
+    request_id: str
+    option_id: str | None
+    text: str | None
+    value: Any = None
 
 
 class Runtime:
@@ -111,7 +120,7 @@ class Runtime:
             if head is None:
                 raise UnknownSession(session_id)
             if head == cached.seq:
-                self._cache.move_to_end(session_id)
+                self._remember(cached)  # another task may have dropped it while we awaited
                 return cached
             try:
                 tail = await self.store.read_events(session_id, after=cached.seq)
@@ -201,7 +210,10 @@ class Runtime:
             decisions = _decisions(approvals)
             if not decisions:
                 raise InvalidAnswer("approvals is empty: answer the session's pending requests")
-            answers = [(d.id, d.approved, d.reason, d.value) for d in decisions]
+            answers = [
+                _Reply(d.id, "approve" if d.approved else "cancel", d.reason, d.value)
+                for d in decisions
+            ]
             outcomes = await self._settle(session_id, answers, auth, require_all=True)
             return await self._drive(session_id, outcomes=outcomes, retry=True)
         if session_id is None:
@@ -295,11 +307,14 @@ class Runtime:
         self, session_id: str, *, outcomes: Sequence[Outcome] = (), retry: bool = False
     ) -> GenerateResult:
         for _ in range(100):
-            token = await self._acquire(session_id)
+            # One owner per drive, not per runtime: two tasks of this runtime must not share
+            # (and so steal) the session's lease.
+            owner = f"{self.owner}:{new_id('drv')}"
+            token = await self._acquire(session_id, owner)
             if token is None:
                 state = await self.state(session_id)
                 return self._result(state, outcomes, busy=True)
-            renew = asyncio.create_task(self._renew(session_id, token))
+            renew = asyncio.create_task(self._renew(session_id, owner, token))
             self._cache.pop(session_id, None)
             state = await self._checked(session_id)
             driver = self._driver(state, token)
@@ -310,31 +325,27 @@ class Runtime:
                 with contextlib.suppress(asyncio.CancelledError):
                     await renew
                 self._remember(driver.state)
-                await self.store.release_lease(session_id, self.owner, token)
+                await self.store.release_lease(session_id, owner, token)
             retry = False
             state = await self.state(session_id)
             if not runnable(state):
                 return self._result(state, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
 
-    async def _acquire(self, session_id: str) -> int | None:
+    async def _acquire(self, session_id: str, owner: str) -> int | None:
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:
-            token = await self.store.acquire_lease(
-                session_id, self.owner, self.lease_ttl, self.clock()
-            )
+            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, self.clock())
             if token is not None or time.monotonic() >= deadline:
                 return token
             await asyncio.sleep(delay)
             delay = min(delay * 2, 0.2)
 
-    async def _renew(self, session_id: str, token: int) -> None:
+    async def _renew(self, session_id: str, owner: str, token: int) -> None:
         while True:
             await asyncio.sleep(self.lease_ttl / 3)
-            await self.store.renew_lease(
-                session_id, self.owner, token, self.lease_ttl, self.clock()
-            )
+            await self.store.renew_lease(session_id, owner, token, self.lease_ttl, self.clock())
 
     def _result(
         self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False
@@ -370,19 +381,13 @@ class Runtime:
     ) -> GenerateResult:
         """Answer one or more requests by id (eve style), then continue the turn if it can."""
         await self.open()
-        answers: list[_Answer] = []
+        answers: list[_Reply] = []
         for i, raw in enumerate(responses):
             try:
                 r = raw if isinstance(raw, InputResponse) else InputResponse.model_validate(raw)
             except ValidationError as exc:
                 raise InvalidAnswer(f"response #{i + 1} is malformed: {exc}") from None
-            if r.option_id not in ("approve", "cancel"):
-                raise InvalidAnswer(
-                    f"request {r.request_id}: option_id must be 'approve' or 'cancel', "
-                    f"not {r.option_id!r}",
-                    [r.request_id],
-                )
-            answers.append((r.request_id, r.option_id == "approve", r.text, r.value))
+            answers.append(_Reply(r.request_id, r.option_id, r.text, r.value))
         if not answers:
             raise InvalidAnswer("no responses given")
         outcomes = await self._settle(session_id, answers, principal, require_all=False)
@@ -393,12 +398,14 @@ class Runtime:
     async def _settle(
         self,
         session_id: str,
-        answers: Sequence[_Answer],
+        answers: Sequence[_Reply],
         principal: Principal | None,
         *,
         require_all: bool,
+        extra: Sequence[Any] = (),
     ) -> list[Outcome]:
-        ids = [a[0] for a in answers]
+        """Validate every answer, then settle them all in one durable commit (or none)."""
+        ids = [a.request_id for a in answers]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise InvalidAnswer(
@@ -407,9 +414,12 @@ class Runtime:
         for _ in range(20):
             state = await self._checked(session_id)
             outcomes: list[Outcome] = []
-            settle: list[tuple[InputRequest, bool, str | None, Any]] = []
+            specs: list[Any] = []
+            resolves: list[Resolve] = []
             unknown: list[str] = []
-            for rid, approve, reason, value in answers:
+            turn_id = None
+            for reply in answers:
+                rid = reply.request_id
                 live = state.requests.get(rid)
                 if live is not None:
                     request, status, resolution = live.request, live.status, live.resolution
@@ -418,28 +428,25 @@ class Runtime:
                     if stored is None or stored.request.session_id != session_id:
                         unknown.append(rid)
                         continue
-                    request, status, resolution = (stored.request, stored.status, stored.resolution)
-                if request.kind != "tool-approval":
-                    raise InvalidAnswer(
-                        f"request {rid} is a {request.kind}, not an approval", [rid]
-                    )
-                wanted = "approved" if approve else "cancelled"
-                if status == "pending":
-                    settle.append((request, approve, reason, value))
+                    request, status, resolution = stored.request, stored.status, stored.resolution
+                wanted = _resolution(request, reply)
+                if status != "pending":
+                    outcomes.append(_repeat(request, status, resolution, wanted))
                     continue
-                first = (resolution or {}).get("outcome")
-                if status == "settled" and first == wanted:
-                    outcomes.append(Outcome(request_id=rid, outcome=first, applied=False))
-                elif status == "settled":
-                    raise ConflictingAnswer(
-                        f"request {rid} was already settled as {first!r}; "
-                        f"this answer says {wanted!r}",
-                        [rid],
+                self._authorize(request, principal)
+                by = None if principal is None else principal.model_dump()
+                wanted["by"] = by
+                specs.extend(_settlement_events(request, reply, wanted))
+                resolves.append(
+                    Resolve(
+                        request_id=rid,
+                        status="settled",
+                        outcome=wanted["outcome"],
+                        resolution=wanted,
                     )
-                else:
-                    raise RequestClosed(
-                        f"request {rid} is {status} ({first}); it takes no answers", [rid]
-                    )
+                )
+                outcomes.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
+                turn_id = request.turn_id
             if unknown:
                 raise UnknownRequest(session_id, unknown)
             if require_all:
@@ -447,60 +454,12 @@ class Runtime:
                 missing = [r.id for r in state.pending_requests() if r.id not in answered]
                 if missing:
                     raise PartialAnswer(session_id, missing)
-            for request, *_ in settle:
-                self._authorize(request, principal)
-            if not settle:
+            if not resolves:
                 return outcomes
-            specs: list[Any] = []
-            resolves = []
-            for request, approve, reason, value in settle:
-                by = None if principal is None else principal.model_dump()
-                decision = "approve" if approve else "cancel"
-                outcome = "approved" if approve else "cancelled"
-                specs.append(
-                    (
-                        "approval.settled",
-                        {
-                            "request_id": request.id,
-                            "call_id": request.call_id,
-                            "decision": decision,
-                            "by": by,
-                            "reason": reason,
-                            "value": value,
-                        },
-                    )
-                )
-                specs.append(
-                    (
-                        "input.resolved",
-                        {
-                            "request_id": request.id,
-                            "outcome": outcome,
-                            "status": "settled",
-                            "by": by,
-                            "reason": reason,
-                        },
-                    )
-                )
-                resolves.append(
-                    Resolve(
-                        request_id=request.id,
-                        status="settled",
-                        outcome=outcome,
-                        resolution={
-                            "outcome": outcome,
-                            "decision": decision,
-                            "by": by,
-                            "reason": reason,
-                            "value": value,
-                        },
-                    )
-                )
-                outcomes.append(Outcome(request_id=request.id, outcome=outcome, applied=True))
             driver = self._driver(state, None)
             try:
                 await driver.record(
-                    specs, resolve=resolves, durable=True, turn_id=settle[0][0].turn_id
+                    [*specs, *extra], resolve=resolves, durable=True, turn_id=turn_id
                 )
             except RequestClosed:
                 self._cache.pop(session_id, None)
@@ -511,6 +470,111 @@ class Runtime:
             self._remember(driver.state)
             return outcomes
         raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
+
+    async def send(
+        self,
+        session_id: str,
+        message: str,
+        *,
+        principal: Principal | None = None,
+        turn_policy: Literal["steer", "queue"] = "steer",
+    ) -> GenerateResult:
+        """Send a message to a session (eve style).
+
+        It answers the first open request when it names one of its options (id, label or
+        1-based index) or the request takes free text. Otherwise, with `steer` (the default),
+        open approvals are ignored, open questions withdrawn and the model reads the message;
+        with `queue` it waits for the end of the turn, unless the turn is held on an approval.
+        A message from someone other than the person the turn serves waits for the turn's end.
+        """
+        await self.open()
+        if not isinstance(message, str) or not message.strip():
+            raise UsageError("send() needs a non-empty message")
+        if turn_policy not in ("steer", "queue"):
+            raise UsageError(f"turn_policy must be 'steer' or 'queue', not {turn_policy!r}")
+        for _ in range(20):
+            state = await self._checked(session_id)
+            turn = state.turn
+            if turn is None or turn.status in ("completed", "failed", "cancelled"):
+                await self._start_turn(session_id, message, principal)
+                return await self._drive(session_id)
+            pending = state.pending_requests()
+            serves = turn.principal
+            same_person = serves is None or (principal is not None and principal.same_as(serves))
+            if pending:
+                first = sorted(pending, key=lambda r: r.kind != "session-limit")[0]
+                reply = _match(first, message)
+                if reply is not None and (same_person or self._may_answer(first, principal)):
+                    try:
+                        outcomes = await self._settle(
+                            session_id, [reply], principal, require_all=False
+                        )
+                    except RequestClosed:
+                        continue
+                    return await self._drive(session_id, outcomes=outcomes)
+            held_on_approval = any(r.kind == "tool-approval" for r in pending)
+            who = None if principal is None else principal.model_dump()
+            if not same_person or (turn_policy == "queue" and not held_on_approval):
+                data = {"message": message, "principal": who, "policy": turn_policy}
+                driver = self._driver(state, None)
+                try:
+                    await driver.record([("turn.message", {**data, "queued": True})])
+                except Exception:
+                    self._cache.pop(session_id, None)
+                    raise
+                self._remember(driver.state)
+                return self._result(driver.state)
+            return await self._steer(state, message, who)
+        raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
+
+    async def _steer(
+        self, state: SessionState, message: str, who: dict[str, Any] | None
+    ) -> GenerateResult:
+        """Withdraw what the turn waits on and put the message in front of the model."""
+        pending = state.pending_requests()
+        specs: list[Any] = []
+        resolves = []
+        for r in pending:
+            outcome = "ignored" if r.kind == "tool-approval" else "cancelled"
+            reason = "the user sent a new message instead of answering"
+            specs.append(
+                (
+                    "input.resolved",
+                    {
+                        "request_id": r.id,
+                        "outcome": outcome,
+                        "status": "withdrawn",
+                        "reason": reason,
+                    },
+                )
+            )
+            resolves.append(
+                Resolve(
+                    request_id=r.id,
+                    status="withdrawn",
+                    outcome=outcome,
+                    resolution={"outcome": outcome, "reason": reason},
+                )
+            )
+        specs.append(("turn.message", {"message": message, "principal": who, "policy": "steer"}))
+        abort = self._aborts.pop(state.id, None)
+        if abort is not None:
+            abort.set()  # running workflow calls see it; later calls get a fresh signal
+        driver = self._driver(state, None)
+        try:
+            await driver.record(specs, resolve=resolves, durable=bool(resolves))
+        except Exception:
+            self._cache.pop(state.id, None)
+            raise
+        self._remember(driver.state)
+        return await self._drive(state.id)
+
+    def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
+        try:
+            self._authorize(request, principal)
+        except NotAllowed:
+            return False
+        return True
 
     def _authorize(self, request: InputRequest, principal: Principal | None) -> None:
         """Default response policy: only the principal whose turn asked may settle."""
@@ -625,6 +689,9 @@ class Runtime:
     def generate_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
         return self._sync.run(self.generate(*args, **kwargs))
 
+    def send_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
+        return self._sync.run(self.send(*args, **kwargs))
+
     def respond_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
         return self._sync.run(self.respond(*args, **kwargs))
 
@@ -652,6 +719,118 @@ class Runtime:
         self._sync.run(self.store.close())
         self._opened = False
         self._sync.close()
+
+
+def _match(request: InputRequest, text: str) -> _Reply | None:
+    """The answer a typed message gives `request`, if it gives one."""
+    option = match_option(request.options, text)
+    if option is not None:
+        return _Reply(request.id, option.id, None)
+    if request.kind == "question" and request.allow_text:
+        return _Reply(request.id, None, text)
+    return None
+
+
+def _resolution(request: InputRequest, reply: _Reply) -> dict[str, Any]:
+    """What settling `request` with `reply` records; raises InvalidAnswer for a bad reply."""
+    rid = request.id
+    if request.kind == "tool-approval":
+        if reply.option_id not in ("approve", "cancel"):
+            raise InvalidAnswer(
+                f"request {rid} is an approval: option_id must be 'approve' or 'cancel', "
+                f"not {reply.option_id!r}",
+                [rid],
+            )
+        approve = reply.option_id == "approve"
+        return {
+            "outcome": "approved" if approve else "cancelled",
+            "decision": "approve" if approve else "cancel",
+            "reason": reply.text,
+            "value": reply.value,
+        }
+    if reply.option_id is not None and reply.text is not None:
+        raise InvalidAnswer(f"request {rid}: give option_id or text, not both", [rid])
+    if reply.option_id is not None:
+        option = next((o for o in request.options if o.id == reply.option_id), None)
+        if option is None:
+            valid = ", ".join(o.id for o in request.options) or "none (free text only)"
+            raise InvalidAnswer(
+                f"request {rid} has no option {reply.option_id!r}; options: {valid}", [rid]
+            )
+        answer = {"value": option.label, "option_id": option.id, "text": None}
+    elif reply.text is not None:
+        if not request.allow_text:
+            raise InvalidAnswer(f"request {rid} takes one of its options, not free text", [rid])
+        if not reply.text.strip():
+            raise InvalidAnswer(f"request {rid}: the answer text is empty", [rid])
+        answer = {"value": reply.text, "option_id": None, "text": reply.text}
+    else:
+        raise InvalidAnswer(f"request {rid}: the answer needs an option_id or text", [rid])
+    return {"outcome": "answered", "answer": answer}
+
+
+def _repeat(
+    request: InputRequest, status: str, resolution: dict[str, Any] | None, wanted: dict[str, Any]
+) -> Outcome:
+    """A second answer to a closed request: a no-op if it repeats the first, else an error."""
+    first = resolution or {}
+    rid = request.id
+    if status != "settled":
+        raise RequestClosed(
+            f"request {rid} is {status} ({first.get('outcome')}); it takes no answers", [rid]
+        )
+    same = first.get("outcome") == wanted["outcome"] and (
+        request.kind == "tool-approval" or first.get("answer") == wanted.get("answer")
+    )
+    if not same:
+        raise ConflictingAnswer(
+            f"request {rid} was already settled as {first.get('outcome')!r}; "
+            f"this answer says {wanted['outcome']!r}",
+            [rid],
+        )
+    return Outcome(request_id=rid, outcome=str(first.get("outcome")), applied=False)
+
+
+def _settlement_events(
+    request: InputRequest, reply: _Reply, resolution: dict[str, Any]
+) -> list[tuple[str, dict[str, Any]]]:
+    by = resolution.get("by")
+    if request.kind != "tool-approval":
+        return [
+            (
+                "input.resolved",
+                {
+                    "request_id": request.id,
+                    "outcome": "answered",
+                    "status": "settled",
+                    "by": by,
+                    "answer": resolution["answer"],
+                },
+            )
+        ]
+    return [
+        (
+            "approval.settled",
+            {
+                "request_id": request.id,
+                "call_id": request.call_id,
+                "decision": resolution["decision"],
+                "by": by,
+                "reason": reply.text,
+                "value": reply.value,
+            },
+        ),
+        (
+            "input.resolved",
+            {
+                "request_id": request.id,
+                "outcome": resolution["outcome"],
+                "status": "settled",
+                "by": by,
+                "reason": reply.text,
+            },
+        ),
+    ]
 
 
 def _decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decision]:

@@ -249,7 +249,7 @@ def _describe(fn: Callable[..., Any]) -> str:
 def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseModel]]:
     sig = inspect.signature(fn)
     try:
-        hints = get_type_hints(fn)
+        hints = get_type_hints(fn, include_extras=True)
     except Exception as exc:
         raise UsageError(f"tool {name!r}: cannot resolve its type hints: {exc}") from exc
     params = list(sig.parameters.values())
