@@ -101,6 +101,7 @@ class SessionState:
     model_responses: int = 0
     usage: Usage = field(default_factory=Usage)
     queued: list[dict[str, Any]] = field(default_factory=list)
+    lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
     # None when rebuilt from a snapshot: the engine loads it from the events on demand.
     conversation: Conversation | None = field(default_factory=lambda: Conversation())
 
@@ -126,6 +127,8 @@ class SessionState:
         return None if self.ttl is None else self.updated_at + self.ttl
 
     def expired(self, now: float) -> bool:
+        if self.lapsed:
+            return True
         expires = self.expires_at
         return expires is not None and now >= expires
 
@@ -159,6 +162,7 @@ class SessionState:
             "model_responses": self.model_responses,
             "usage": self.usage.model_dump(),
             "queued": self.queued,
+            "lapsed": self.lapsed,
             "requests": [
                 {
                     "request": r.request.model_dump(mode="json"),
@@ -237,6 +241,7 @@ class SessionState:
             model_responses=data["model_responses"],
             usage=Usage(**data["usage"]),
             queued=list(data.get("queued", [])),
+            lapsed=bool(data.get("lapsed", False)),
             requests={
                 r["request"]["id"]: RequestState(
                     request=InputRequest.model_validate(r["request"]),
@@ -463,6 +468,8 @@ def _input_resolved(s: SessionState, e: Event) -> None:
         return
     outcome = d["outcome"]
     req.status = d.get("status") or "settled"
+    if outcome == "expired" and d.get("reason") == "session expired":
+        s.lapsed = True
     req.outcome = outcome
     req.resolution = d
     action = req.request.action
