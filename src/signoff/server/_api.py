@@ -1,0 +1,221 @@
+"""The `/v1` REST API and its event stream."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Header, Path, Query, Request
+from starlette.responses import StreamingResponse
+
+from .._exceptions import UnknownSession
+from .._types import Decision, InputResponse
+from ..stores import PendingFilter
+from ._context import ServerContext, get_context
+from ._errors import ERROR_RESPONSES, ApiError
+from ._models import (
+    Approvals,
+    CancelBody,
+    CreateSession,
+    QueuePage,
+    RequestRecord,
+    Responses,
+    SendMessage,
+    SessionView,
+    TurnResult,
+    idle_result,
+    session_view,
+    turn_result,
+)
+from ._sse import event_stream
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
+
+SessionId = Annotated[str, Path(description="The session's id (`ses_…`).")]
+
+
+async def _caller(request: Request) -> tuple[ServerContext, Any]:
+    ctx = get_context(request)
+    return ctx, await ctx.require(request)
+
+
+@router.post("/sessions", status_code=201, tags=["sessions"])
+async def create_session(request: Request, body: CreateSession) -> TurnResult:
+    """Open a session with an agent; with a `message`, run its first turn until it completes
+    or waits for a person."""
+    ctx, caller = await _caller(request)
+    rt = ctx.runtime
+    if body.agent not in rt.agents:
+        known = ", ".join(sorted(rt.agents)) or "none"
+        raise ApiError(
+            422, "unknown_agent", f"unknown agent {body.agent!r}; this server has: {known}"
+        )
+    if body.message is None:
+        sid = await rt.create_session(body.agent, auth=caller)
+        return idle_result(await rt.state(sid))
+    return turn_result(await rt.generate(body.agent, prompt=body.message, auth=caller))
+
+
+@router.post("/sessions/{session_id}/messages", tags=["sessions"])
+async def send_message(request: Request, session_id: SessionId, body: SendMessage) -> TurnResult:
+    """Send a message to the session and run the turn it starts."""
+    ctx, caller = await _caller(request)
+    await ctx.session(session_id, caller)
+    rt = ctx.runtime
+    send = getattr(rt, "send", None)
+    if send is not None:
+        result = await send(session_id, body.text, principal=caller, turn_policy=body.turn_policy)
+    else:
+        # Runtimes without `send` (no steering yet): a message starts the next turn.
+        result = await rt.generate(session_id=session_id, prompt=body.text, auth=caller)
+    return turn_result(result)
+
+
+@router.post("/sessions/{session_id}/responses", tags=["requests"])
+async def respond(request: Request, session_id: SessionId, body: Responses) -> TurnResult:
+    """Answer requests by id (an `optionId`, or `text`), then continue the turn if it can."""
+    ctx, caller = await _caller(request)
+    await ctx.session(session_id, caller)
+    responses = [
+        InputResponse(request_id=r.request_id, option_id=r.option_id, text=r.text, value=r.value)
+        for r in body.input_responses
+    ]
+    result = await ctx.runtime.respond(session_id, responses, principal=caller)
+    return turn_result(result)
+
+
+@router.post("/sessions/{session_id}/approvals", tags=["requests"])
+async def approvals(request: Request, session_id: SessionId, body: Approvals) -> TurnResult:
+    """Settle every pending approval of the session at once (helix style) and continue."""
+    ctx, caller = await _caller(request)
+    await ctx.session(session_id, caller)
+    decisions = [
+        Decision(id=a.id, approved=a.approved, reason=a.reason, value=a.value)
+        for a in body.approvals
+    ]
+    result = await ctx.runtime.generate(session_id=session_id, approvals=decisions, auth=caller)
+    return turn_result(result)
+
+
+@router.get("/sessions/{session_id}", tags=["sessions"])
+async def get_session(request: Request, session_id: SessionId) -> SessionView:
+    """The session's state and its pending requests."""
+    ctx, caller = await _caller(request)
+    return session_view(await ctx.session(session_id, caller))
+
+
+@router.post("/sessions/{session_id}/cancel", tags=["sessions"])
+async def cancel(
+    request: Request, session_id: SessionId, body: Annotated[CancelBody | None, Body()] = None
+) -> TurnResult:
+    """Cancel the running or waiting turn; its open requests are withdrawn."""
+    ctx, caller = await _caller(request)
+    await ctx.session(session_id, caller)
+    reason = None if body is None else body.reason
+    return turn_result(await ctx.runtime.cancel(session_id, reason))
+
+
+@router.get(
+    "/sessions/{session_id}/events",
+    tags=["sessions"],
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "Server-Sent Events: `id` is the event's seq, `event` its type, "
+            "`data` its JSON.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def events(
+    request: Request,
+    session_id: SessionId,
+    after: Annotated[int, Query(ge=0, description="Send the events after this seq.")] = 0,
+    follow: Annotated[bool, Query(description="Keep the stream open for new events.")] = True,
+    last_event_id: Annotated[
+        str | None,
+        Header(description="Set by a reconnecting client; takes precedence over `after`."),
+    ] = None,
+) -> StreamingResponse:
+    """The session's events as Server-Sent Events, from the store; resumable."""
+    ctx, caller = await _caller(request)
+    await ctx.session(session_id, caller)
+    start = after
+    if last_event_id is not None and last_event_id.strip():
+        try:
+            start = int(last_event_id.strip())
+        except ValueError:
+            raise ApiError(
+                422, "invalid_request", f"Last-Event-ID must be an event seq, not {last_event_id!r}"
+            ) from None
+        if start < 0:
+            raise ApiError(422, "invalid_request", "Last-Event-ID must not be negative")
+    stream = event_stream(
+        request,
+        ctx.runtime,
+        session_id,
+        start,
+        follow=follow,
+        poll_interval=ctx.poll_interval,
+        heartbeat=ctx.heartbeat,
+    )
+    return StreamingResponse(
+        stream,
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
+
+
+@router.get("/requests", tags=["requests"])
+async def list_requests(
+    request: Request,
+    agent: Annotated[str | None, Query(description="Only this agent's requests.")] = None,
+    tool: Annotated[str | None, Query(description="Only approvals of this tool.")] = None,
+    kind: Annotated[Literal["tool-approval", "question", "session-limit"] | None, Query()] = None,
+    status: Annotated[Literal["pending", "settled", "expired", "withdrawn"], Query()] = "pending",
+    older_than: Annotated[
+        float | None, Query(ge=0, description="Only requests at least this many seconds old.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> QueuePage:
+    """The approval queue across sessions (oldest first), paginated, with the total."""
+    ctx, caller = await _caller(request)
+    rt = ctx.runtime
+    flt = PendingFilter(
+        agent=agent,
+        tool_name=tool,
+        kind=kind,
+        status=status,
+        created_before=None if older_than is None else rt.clock() - older_than,
+        limit=limit,
+        offset=offset,
+    )
+    items, total = await ctx.visible_requests(caller, flt)
+    return QueuePage(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.get("/requests/{request_id}", tags=["requests"])
+async def get_request(
+    request: Request, request_id: Annotated[str, Path(description="The request's id (`req_…`).")]
+) -> RequestRecord:
+    """One request, open or closed, with how it was resolved."""
+    ctx, caller = await _caller(request)
+    await ctx.runtime.open()
+    stored = await ctx.runtime.store.get_request(request_id)
+    try:
+        if stored is None:
+            raise UnknownSession("")
+        await ctx.session(stored.request.session_id, caller)
+    except UnknownSession:
+        raise ApiError(
+            404, "unknown_request", f"unknown request {request_id!r}", request_ids=[request_id]
+        ) from None
+    assert stored is not None
+    return RequestRecord(
+        request=stored.request,
+        status=stored.status,
+        outcome=stored.outcome,
+        resolution=stored.resolution,
+    )

@@ -1,0 +1,95 @@
+"""`create_app`: the ASGI application (REST under `/v1`, SSE, the dashboard at `/_signoff`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.resources import files
+
+from fastapi import FastAPI, Request
+from starlette.responses import RedirectResponse, Response
+from starlette.staticfiles import StaticFiles
+
+from .. import __version__
+from .._runtime import Runtime
+from ._api import router as api_router
+from ._auth import DASHBOARD_PREFIX, AccessRule, Authenticator, DevAuth, default_access
+from ._context import ServerContext
+from ._dashboard import SignIn, dashboard_error, sign_in_redirect
+from ._dashboard import router as dashboard_router
+from ._errors import ApiError, error_response, install_error_handlers
+
+__all__ = ["create_app"]
+
+
+def create_app(
+    runtime: Runtime,
+    *,
+    auth: Authenticator | None = None,
+    dev: bool = False,
+    access: AccessRule = default_access,
+    poll_interval: float = 0.25,
+    close_runtime: bool = False,
+) -> FastAPI:
+    """Build the app serving `runtime`.
+
+    Pass an authenticator (e.g. `TokenAuth({...})`), or `dev=True` for the localhost-only dev
+    principal; one of them is required. `access` decides who may see which session.
+    """
+    if auth is None:
+        if not dev:
+            raise ValueError("create_app() needs auth=... (e.g. TokenAuth) or dev=True")
+        auth = DevAuth()
+    elif dev:
+        raise ValueError("pass either auth=... or dev=True, not both")
+    if not isinstance(runtime, Runtime):
+        raise TypeError(f"create_app() serves a signoff Runtime, not {runtime!r}")
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await runtime.open()
+        try:
+            yield
+        finally:
+            if close_runtime:
+                await runtime.close()
+
+    app = FastAPI(
+        title="signoff",
+        version=__version__,
+        description="Agents that stop for people: sessions, approvals, questions and their "
+        'live event stream. Errors are `{"error": {"code", "message"}}` with a stable '
+        "code.",
+        lifespan=lifespan,
+        openapi_url="/v1/openapi.json",
+        docs_url="/v1/docs",
+        redoc_url=None,
+    )
+    app.state.signoff = ServerContext(
+        runtime=runtime, auth=auth, access=access, poll_interval=poll_interval
+    )
+    install_error_handlers(app)
+
+    async def on_sign_in(request: Request, exc: Exception) -> Response:
+        return sign_in_redirect(request)
+
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        if request.url.path.startswith(DASHBOARD_PREFIX):
+            return dashboard_error(request, exc.status, exc.code, exc.message)
+        return error_response(exc.status, exc.code, exc.message, **exc.extra)
+
+    app.add_exception_handler(SignIn, on_sign_in)
+    app.add_exception_handler(ApiError, on_api_error)
+    app.include_router(api_router)
+    app.include_router(dashboard_router)
+    static = files("signoff.server").joinpath("static")
+    app.mount(
+        f"{DASHBOARD_PREFIX}/static", StaticFiles(directory=str(static)), name="signoff-static"
+    )
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse(f"{DASHBOARD_PREFIX}/")
+
+    return app

@@ -1,0 +1,131 @@
+"""Who is calling: pluggable authenticators, and the rule for who may see a session.
+
+An authenticator turns a request into a `Principal` (or `None`: not authenticated). Built in:
+`TokenAuth` (bearer API tokens, or the same token in the dashboard's cookie) and `DevAuth`
+(localhost only, everyone is one dev principal).
+
+Visibility rule (`default_access`): a caller may see a session when the caller is its
+initiator, or both carry the same `tenant` attribute, or the caller has `admin: true`.
+Sessions started without a principal (from Python, by the application itself) belong to no
+tenant: only callers without a `tenant` attribute, or admins, see them.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Protocol, runtime_checkable
+
+from starlette.requests import HTTPConnection
+
+from .._types import Principal
+
+__all__ = [
+    "DASHBOARD_PREFIX",
+    "TOKEN_COOKIE",
+    "AccessRule",
+    "Authenticator",
+    "DevAuth",
+    "TokenAuth",
+    "default_access",
+]
+
+TOKEN_COOKIE = "signoff_token"
+DASHBOARD_PREFIX = "/_signoff"
+
+AccessRule = Callable[[Principal, Principal | None], bool]
+"""`(caller, session_initiator) -> bool`: may the caller see the session?"""
+
+
+@runtime_checkable
+class Authenticator(Protocol):
+    """Turns a request into the principal making it, or `None` when it is not authenticated."""
+
+    def __call__(
+        self, request: HTTPConnection
+    ) -> Principal | None | Awaitable[Principal | None]: ...
+
+
+class TokenAuth:
+    """Bearer API tokens from configuration, each mapped to a principal.
+
+    The token is read from `Authorization: Bearer <token>`, or from the dashboard's
+    `signoff_token` cookie (set by its sign-in form). The cookie is `SameSite=Strict` and is
+    honoured only for reads and for the dashboard, whose forms carry a CSRF token.
+    """
+
+    def __init__(self, tokens: Mapping[str, Principal]) -> None:
+        for token, principal in tokens.items():
+            if not isinstance(token, str) or not token:
+                raise ValueError("API tokens must be non-empty strings")
+            if not isinstance(principal, Principal):
+                raise TypeError(f"token {token[:4]}…: {principal!r} is not a Principal")
+        self.tokens = dict(tokens)
+
+    def __call__(self, request: HTTPConnection) -> Principal | None:
+        token = bearer_token(request)
+        if token is None and _cookie_allowed(request):
+            token = request.cookies.get(TOKEN_COOKIE)
+        if not token:
+            return None
+        return self.lookup(token)
+
+    def lookup(self, token: str) -> Principal | None:
+        """The principal of `token`, compared in constant time."""
+        found = None
+        for known, principal in self.tokens.items():
+            if hmac.compare_digest(known.encode(), token.encode()):
+                found = principal
+        return found
+
+
+class DevAuth:
+    """Development mode: requests from the loopback interface only, all as one dev principal."""
+
+    def __init__(self, principal: Principal | None = None) -> None:
+        self.principal = principal or Principal(
+            authenticator="dev",
+            principal_id="dev",
+            attributes={"name": "Developer", "admin": True},
+        )
+
+    def __call__(self, request: HTTPConnection) -> Principal | None:
+        client = request.client
+        if client is None or not is_loopback(client.host):
+            return None
+        return self.principal
+
+
+def _cookie_allowed(request: HTTPConnection) -> bool:
+    method = request.scope.get("method", "GET")
+    return method in ("GET", "HEAD") or request.url.path.startswith(DASHBOARD_PREFIX)
+
+
+def bearer_token(request: HTTPConnection) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def default_access(caller: Principal, initiator: Principal | None) -> bool:
+    """The documented visibility rule: initiator, same tenant, or admin."""
+    if caller.attributes.get("admin") is True:
+        return True
+    tenant = caller.attributes.get("tenant")
+    if initiator is None:
+        return tenant is None
+    if caller.same_as(initiator):
+        return True
+    return tenant is not None and tenant == initiator.attributes.get("tenant")

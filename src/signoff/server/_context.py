@@ -1,0 +1,104 @@
+"""What every route needs: the runtime, the authenticator and the visibility rule."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import HTTPConnection
+
+from .._exceptions import UnknownSession
+from .._runtime import Runtime
+from .._state import SessionState
+from .._types import InputRequest, Principal
+from ..stores import PendingFilter
+from ._auth import AccessRule, Authenticator, default_access
+from ._errors import ApiError
+
+__all__ = ["ServerContext", "get_context"]
+
+
+@dataclass(slots=True, kw_only=True)
+class ServerContext:
+    runtime: Runtime
+    auth: Authenticator
+    access: AccessRule
+    poll_interval: float = 0.25
+    heartbeat: float = 15.0
+
+    async def principal(self, request: HTTPConnection) -> Principal | None:
+        """The caller, or `None` when the authenticator does not recognise it."""
+        result: Any = self.auth(request)
+        if inspect.isawaitable(result):
+            result = await result
+        if result is not None and not isinstance(result, Principal):
+            raise TypeError(f"the authenticator returned {result!r}, not a Principal or None")
+        return result
+
+    async def require(self, request: HTTPConnection) -> Principal:
+        principal = await self.principal(request)
+        if principal is None:
+            raise ApiError(
+                401, "unauthenticated", "authenticate with a bearer token (Authorization header)"
+            )
+        return principal
+
+    async def session(self, session_id: str, caller: Principal) -> SessionState:
+        """The session's state, if the caller may see it; otherwise it does not exist for them."""
+        state = await self.runtime.state(session_id)
+        if not self.access(caller, state.initiator):
+            raise UnknownSession(session_id)  # do not reveal that a foreign session exists
+        return state
+
+    async def visible_requests(
+        self, caller: Principal, flt: PendingFilter
+    ) -> tuple[list[InputRequest], int]:
+        """One page of the requests matching `flt` that the caller may see, and their total."""
+        store = self.runtime.store
+        await self.runtime.open()
+        if caller.attributes.get("admin") is True and self._default_access():
+            return await store.pending(flt), await store.count_pending(flt)
+        seen: dict[str, bool] = {}
+        visible: list[InputRequest] = []
+        offset = 0
+        while True:
+            chunk = await store.pending(_page(flt, 500, offset))
+            for request in chunk:
+                sid = request.session_id
+                if sid not in seen:
+                    try:
+                        state = await self.runtime.state(sid)
+                        seen[sid] = self.access(caller, state.initiator)
+                    except UnknownSession:
+                        seen[sid] = False
+                if seen[sid]:
+                    visible.append(request)
+            if len(chunk) < 500:
+                break
+            offset += 500
+        return visible[flt.offset : flt.offset + flt.limit], len(visible)
+
+    def _default_access(self) -> bool:
+        return self.access is default_access
+
+
+def _page(flt: PendingFilter, limit: int, offset: int) -> PendingFilter:
+    return PendingFilter(
+        agent=flt.agent,
+        tool_name=flt.tool_name,
+        kind=flt.kind,
+        status=flt.status,
+        session_id=flt.session_id,
+        created_before=flt.created_before,
+        created_after=flt.created_after,
+        limit=limit,
+        offset=offset,
+        extra=flt.extra,
+    )
+
+
+def get_context(request: HTTPConnection) -> ServerContext:
+    ctx = request.app.state.signoff
+    assert isinstance(ctx, ServerContext)
+    return ctx

@@ -1,0 +1,170 @@
+"""JSON errors with stable codes: every `SignoffError` and every bad request maps to a 4xx."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse
+
+from .._exceptions import (
+    AnswerError,
+    ConflictingAnswer,
+    InvalidAnswer,
+    ModelError,
+    NotAllowed,
+    PartialAnswer,
+    RequestClosed,
+    SessionBusy,
+    SessionError,
+    SessionExpired,
+    SessionLimitReached,
+    SignoffError,
+    StoreError,
+    UnknownRequest,
+    UnknownSession,
+    UsageError,
+)
+
+__all__ = [
+    "ERROR_RESPONSES",
+    "ApiError",
+    "ErrorBody",
+    "ErrorDetail",
+    "error_response",
+    "install_error_handlers",
+    "status_for",
+]
+
+
+class ErrorDetail(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: str
+    message: str
+    request_ids: list[str] | None = None
+    session_id: str | None = None
+    fields: list[dict[str, Any]] | None = None
+
+
+class ErrorBody(BaseModel):
+    """Every error response: `{"error": {"code": ..., "message": ...}}`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """An HTTP-level error raised by the routes themselves (auth, visibility, bad agent)."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+
+# Most specific first: the first class an error is an instance of decides its status.
+_STATUS: list[tuple[type[SignoffError], int]] = [
+    (UnknownSession, 404),
+    (UnknownRequest, 404),
+    (ConflictingAnswer, 409),
+    (RequestClosed, 409),
+    (SessionBusy, 409),
+    (PartialAnswer, 422),
+    (InvalidAnswer, 422),
+    (NotAllowed, 403),
+    (SessionExpired, 410),
+    (SessionLimitReached, 409),
+    (AnswerError, 422),
+    (SessionError, 409),
+    (UsageError, 400),
+    (ModelError, 502),
+    (StoreError, 503),
+]
+
+
+def status_for(exc: SignoffError) -> int:
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
+    detail: dict[str, Any] = {"code": code, "message": message}
+    detail.update({k: v for k, v in extra.items() if v is not None})
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": detail}, status_code=status, headers=headers)
+
+
+def _describe(errors: list[Any]) -> tuple[str, list[dict[str, Any]]]:
+    fields = []
+    parts = []
+    for e in errors:
+        loc = [str(p) for p in e.get("loc", ()) if p != "body"]
+        where = ".".join(loc) or "body"
+        fields.append({"field": where, "problem": e.get("msg", "invalid")})
+        parts.append(f"{where}: {e.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request", fields
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Register the handlers that turn every failure of a client into a JSON 4xx."""
+
+    async def on_signoff(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, SignoffError)
+        return error_response(
+            status_for(exc),
+            exc.code,
+            str(exc),
+            request_ids=getattr(exc, "request_ids", None) or None,
+            session_id=getattr(exc, "session_id", None),
+        )
+
+    async def on_api(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ApiError)
+        return error_response(exc.status, exc.code, exc.message, **exc.extra)
+
+    async def on_validation(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        errors = list(exc.errors())
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return error_response(400, "malformed_json", "the request body is not valid JSON")
+        message, fields = _describe(errors)
+        return error_response(422, "invalid_request", message, fields=fields)
+
+    async def on_http(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthenticated"}
+        code = codes.get(exc.status_code, f"http_{exc.status_code}")
+        message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        response = error_response(exc.status_code, code, message)
+        for key, value in (exc.headers or {}).items():
+            response.headers[key] = value
+        return response
+
+    app.add_exception_handler(SignoffError, on_signoff)
+    app.add_exception_handler(ApiError, on_api)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(StarletteHTTPException, on_http)
+
+
+def _doc(description: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": description}
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _doc("Malformed body or a misuse (`malformed_json`, `usage_error`)"),
+    401: _doc("Not authenticated (`unauthenticated`)"),
+    403: _doc("Not allowed to settle (`not_allowed`)"),
+    404: _doc("Unknown session or request (`unknown_session`, `unknown_request`)"),
+    409: _doc("Conflict (`conflicting_answer`, `request_closed`, `session_busy`)"),
+    410: _doc("The session expired (`session_expired`)"),
+    422: _doc("Invalid or partial body (`invalid_request`, `invalid_answer`, `partial_answer`)"),
+}

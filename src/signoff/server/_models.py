@@ -1,0 +1,199 @@
+"""The HTTP API's bodies: strict request models (camelCase) and the response views."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic.alias_generators import to_camel
+
+from .._results import GenerateResult
+from .._state import SessionState
+from .._types import InputRequest, Principal, Usage
+
+__all__ = [
+    "ApprovalItem",
+    "Approvals",
+    "CancelBody",
+    "CreateSession",
+    "OutcomeView",
+    "QueuePage",
+    "RequestRecord",
+    "ResponseItem",
+    "Responses",
+    "SendMessage",
+    "SessionView",
+    "TurnResult",
+    "TurnView",
+    "idle_result",
+    "session_view",
+    "turn_result",
+]
+
+
+class _Body(BaseModel):
+    """Request bodies: unknown fields are refused and no type is coerced."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, alias_generator=to_camel)
+
+
+class CreateSession(_Body):
+    agent: StrictStr = Field(min_length=1, description="Name of the agent to talk to.")
+    message: StrictStr | None = Field(
+        default=None, description="First message; without it the session is only opened."
+    )
+
+
+class SendMessage(_Body):
+    text: StrictStr = Field(min_length=1)
+    turn_policy: Literal["steer", "queue"] = "steer"
+
+
+class ResponseItem(_Body):
+    request_id: StrictStr = Field(min_length=1)
+    option_id: StrictStr | None = None
+    text: StrictStr | None = None
+    value: Any = None
+
+    @model_validator(mode="after")
+    def _needs_answer(self) -> ResponseItem:
+        if self.option_id is None and self.text is None:
+            raise ValueError("each response needs an optionId or a text")
+        return self
+
+
+class Responses(_Body):
+    input_responses: list[ResponseItem] = Field(min_length=1)
+
+
+class ApprovalItem(_Body):
+    id: StrictStr = Field(min_length=1)
+    approved: StrictBool
+    reason: StrictStr | None = None
+    value: Any = None
+
+
+class Approvals(_Body):
+    approvals: list[ApprovalItem] = Field(min_length=1)
+
+
+class CancelBody(_Body):
+    reason: StrictStr | None = None
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OutcomeView(_View):
+    request_id: str
+    outcome: str
+    applied: bool
+
+
+class TurnResult(_View):
+    """Where the turn stands after a call: `completed`, `waiting`, `failed`, ..."""
+
+    session_id: str
+    status: str
+    turn_id: str | None
+    text: str
+    pending: list[InputRequest]
+    outcomes: list[OutcomeView]
+    error: dict[str, Any] | None
+    retryable: bool
+
+
+class TurnView(_View):
+    id: str
+    status: str
+    text: str
+    steps: int
+    started_at: float
+    error: dict[str, Any] | None
+    retryable: bool
+
+
+class SessionView(_View):
+    id: str
+    agent: str
+    status: str
+    seq: int
+    created_at: float
+    updated_at: float
+    expires_at: float | None
+    initiator: Principal | None
+    usage: Usage
+    turn: TurnView | None
+    pending: list[InputRequest]
+
+
+class QueuePage(_View):
+    items: list[InputRequest]
+    total: int
+    limit: int
+    offset: int
+
+
+class RequestRecord(_View):
+    request: InputRequest
+    status: str
+    outcome: str | None
+    resolution: dict[str, Any] | None
+
+
+def turn_result(r: GenerateResult) -> TurnResult:
+    return TurnResult(
+        session_id=r.session_id,
+        status=r.status,
+        turn_id=r.turn_id,
+        text=r.text,
+        pending=list(r.pending),
+        outcomes=[
+            OutcomeView(request_id=o.request_id, outcome=o.outcome, applied=o.applied)
+            for o in r.outcomes
+        ],
+        error=r.error,
+        retryable=r.retryable,
+    )
+
+
+def idle_result(s: SessionState) -> TurnResult:
+    """The result for a session that has no turn yet."""
+    return TurnResult(
+        session_id=s.id,
+        status="idle",
+        turn_id=None,
+        text="",
+        pending=[],
+        outcomes=[],
+        error=None,
+        retryable=False,
+    )
+
+
+def session_view(s: SessionState) -> SessionView:
+    t = s.turn
+    return SessionView(
+        id=s.id,
+        agent=s.agent,
+        status=s.status,
+        seq=s.seq,
+        created_at=s.created_at,
+        updated_at=s.updated_at,
+        expires_at=s.expires_at,
+        initiator=s.initiator,
+        usage=s.usage,
+        turn=None
+        if t is None
+        else TurnView(
+            id=t.id,
+            status=t.status,
+            text=t.text,
+            steps=t.steps,
+            started_at=t.started_at,
+            error=t.error,
+            retryable=t.retryable,
+        ),
+        pending=s.pending_requests(),
+    )

@@ -1,0 +1,71 @@
+"""`serve`: load `module:runtime`, build the app and run it under uvicorn."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+from .._exceptions import UsageError
+from .._runtime import Runtime
+from ._auth import Authenticator, is_loopback
+
+__all__ = ["DEFAULT_STORE", "load_runtime", "serve"]
+
+DEFAULT_STORE = "sqlite:///.signoff/state.db"
+
+
+def load_runtime(target: str, store: str | None = None) -> Runtime:
+    """Import `module:attribute` (a `Runtime`, or a function returning one).
+
+    With `store`, the runtime's agents are served from that store instead.
+    """
+    module_name, sep, attr = target.partition(":")
+    if not sep or not module_name or not attr:
+        raise UsageError(f"expected MODULE:RUNTIME (e.g. examples.support:runtime), not {target!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(f"cannot import {module_name!r}: {exc}") from exc
+    try:
+        obj: Any = getattr(module, attr)
+    except AttributeError:
+        raise UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not isinstance(obj, Runtime) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Runtime):
+        raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime")
+    runtime: Runtime = obj
+    if store is not None:
+        runtime = Runtime(list(runtime.agents.values()), store=store)
+    return runtime
+
+
+def serve(
+    target: str | Runtime,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    store: str | None = None,
+    *,
+    auth: Authenticator | None = None,
+    log_level: str = "info",
+) -> None:
+    """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`."""
+    import uvicorn
+
+    from ._app import create_app
+
+    runtime = target if isinstance(target, Runtime) else load_runtime(target, store)
+    app = create_app(runtime, auth=auth, dev=auth is None, close_runtime=True)
+    if auth is None and not is_loopback(host):
+        print(
+            "signoff: dev mode accepts requests from localhost only; pass API tokens to serve "
+            "other machines",
+            file=sys.stderr,
+        )
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    print(f"signoff: dashboard at http://{shown}:{port}/_signoff  (API: /v1, docs: /v1/docs)")
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

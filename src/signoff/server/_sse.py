@@ -1,0 +1,70 @@
+"""Server-Sent Events framing, and the stream of one session's events read from the store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+
+from .._events import Event
+from .._runtime import Runtime
+
+__all__ = ["event_stream", "sse"]
+
+
+def sse(data: Any, *, event: str | None = None, id: str | int | None = None) -> str:
+    """One SSE message; the data is JSON on a single line."""
+    lines = []
+    if id is not None:
+        lines.append(f"id: {id}")
+    if event is not None:
+        lines.append(f"event: {event}")
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    lines.extend(f"data: {line}" for line in payload.split("\n"))
+    return "\n".join(lines) + "\n\n"
+
+
+def frame(event: Event) -> str:
+    return sse(event.to_dict(), event=event.type, id=event.seq)
+
+
+async def event_stream(
+    request: Request,
+    runtime: Runtime,
+    session_id: str,
+    after: int,
+    *,
+    follow: bool,
+    poll_interval: float,
+    heartbeat: float,
+) -> AsyncIterator[str]:
+    """Everything after `after`, then (when following) new events as the store gains them.
+
+    It polls the store rather than an in-process signal, so any server process can serve any
+    session, whoever writes to it.
+    """
+    yield f"retry: {int(max(poll_interval, 0.5) * 1000)}\n\n"
+    last_sent = time.monotonic()
+    while True:
+        batch = await runtime.store.read_events(session_id, after=after, limit=500)
+        for event in batch:
+            yield frame(event)
+            after = event.seq
+        if batch:
+            last_sent = time.monotonic()
+            if len(batch) == 500:
+                continue
+        elif not follow:
+            return
+        if not follow:
+            return
+        if await request.is_disconnected():
+            return
+        if time.monotonic() - last_sent >= heartbeat:
+            yield ": keep-alive\n\n"
+            last_sent = time.monotonic()
+        await asyncio.sleep(poll_interval)

@@ -1,0 +1,151 @@
+// signoff dashboard: live queue and trace over Server-Sent Events, forms submitted in place.
+(function () {
+  "use strict";
+  const prefix = document.body.dataset.prefix || "/_signoff";
+  const csrf = (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
+  const dot = document.getElementById("live-dot");
+
+  function toast(text, bad) {
+    const box = document.getElementById("toasts");
+    if (!box) return;
+    const el = document.createElement("div");
+    el.className = "toast" + (bad ? " bad" : "");
+    el.textContent = text;
+    box.appendChild(el);
+    setTimeout(() => el.remove(), 5000);
+  }
+
+  function fragment(html) {
+    const t = document.createElement("template");
+    t.innerHTML = html;
+    return t.content;
+  }
+
+  // Merge freshly rendered cards into a container without touching cards still present, so a
+  // reviewer typing a reason does not lose it when another request arrives.
+  function mergeCards(container, html) {
+    const incoming = fragment(html);
+    const fresh = new Map();
+    incoming.querySelectorAll("[data-request-id]").forEach((el) => fresh.set(el.dataset.requestId, el));
+    container.querySelectorAll("[data-request-id]").forEach((el) => {
+      if (!fresh.has(el.dataset.requestId) && !el.classList.contains("done")) {
+        el.classList.add("leaving");
+        setTimeout(() => el.remove(), 300);
+      }
+    });
+    let previous = null;
+    fresh.forEach((el, id) => {
+      let current = document.getElementById(id);
+      if (!current) {
+        el.classList.add("new");
+        current = el;
+        if (previous) previous.after(current); else container.prepend(current);
+      }
+      previous = current;
+    });
+    const empty = container.querySelector("[data-empty]");
+    const incomingEmpty = incoming.querySelector("[data-empty]");
+    if (fresh.size === 0 && !empty && incomingEmpty) {
+      setTimeout(() => { if (!container.querySelector("[data-request-id]")) container.appendChild(incomingEmpty); }, 320);
+    } else if (fresh.size > 0 && empty) {
+      empty.remove();
+    }
+  }
+
+  function setTotal(total) {
+    document.querySelectorAll("[data-live-total]").forEach((el) => { el.textContent = String(total); });
+    const count = document.getElementById("queue-count");
+    if (count) count.textContent = total ? String(total) : "";
+  }
+
+  function live(url, handlers, types) {
+    const es = new EventSource(url);
+    es.onopen = () => dot && dot.classList.add("on");
+    es.onerror = () => dot && dot.classList.remove("on");
+    (types || []).forEach((t) => es.addEventListener(t, handlers.any));
+    Object.keys(handlers).forEach((t) => { if (t !== "any") es.addEventListener(t, handlers[t]); });
+    return es;
+  }
+
+  // -- the queue ------------------------------------------------------------------------------
+  const queue = document.querySelector("[data-live-queue]");
+  if (queue) {
+    let version = null;
+    live(prefix + "/stream", {
+      queue: async (ev) => {
+        const data = JSON.parse(ev.data);
+        setTotal(data.total);
+        if (version === null) { version = data.version; return; }
+        version = data.version;
+        const q = queue.dataset.query;
+        const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
+        if (res.ok) mergeCards(queue, await res.text());
+      },
+    });
+  }
+
+  // -- a session ------------------------------------------------------------------------------
+  const sessionEl = document.querySelector("[data-live-session]");
+  if (sessionEl) {
+    const sid = sessionEl.dataset.liveSession;
+    let seq = Number(sessionEl.dataset.seq || "0");
+    let timer = null;
+    let busy = false;
+    const refresh = async () => {
+      if (busy) { timer = setTimeout(refresh, 100); return; }
+      busy = true;
+      try {
+        const res = await fetch(prefix + "/fragments/sessions/" + encodeURIComponent(sid) + "?after=" + seq, { credentials: "same-origin" });
+        if (!res.ok) return;
+        const data = await res.json();
+        if (data.seq <= seq) return;
+        seq = data.seq;
+        const trace = document.getElementById("trace");
+        const rows = fragment(data.rows);
+        rows.querySelectorAll("li").forEach((li) => li.classList.add("new"));
+        trace.appendChild(rows);
+        document.getElementById("session-header").innerHTML = data.header;
+        mergeCards(document.getElementById("session-pending"), data.pending);
+      } finally { busy = false; }
+    };
+    const types = (sessionEl.dataset.eventTypes || "").split(" ").filter(Boolean);
+    live("/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, {
+      any: () => { clearTimeout(timer); timer = setTimeout(refresh, 60); },
+    }, types);
+  }
+
+  // -- answering requests in place -------------------------------------------------------------
+  document.addEventListener("submit", async (ev) => {
+    const form = ev.target;
+    if (!(form instanceof HTMLFormElement) || !form.classList.contains("respond")) return;
+    ev.preventDefault();
+    const card = form.closest("[data-request-id]");
+    const body = new FormData(form);
+    if (ev.submitter && ev.submitter.name) body.set(ev.submitter.name, ev.submitter.value);
+    const buttons = form.querySelectorAll("button");
+    buttons.forEach((b) => { b.disabled = true; });
+    const error = form.querySelector(".form-error");
+    if (error) error.hidden = true;
+    try {
+      const res = await fetch(form.action, {
+        method: "POST", body, credentials: "same-origin",
+        headers: { "Accept": "application/json", "X-CSRF-Token": csrf },
+      });
+      const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
+      if (!data.ok) throw new Error(data.error && data.error.message || "Request failed");
+      const verb = { approved: "Approved", cancelled: "Denied", answered: "Answered" }[data.outcome] || "Settled";
+      card.classList.add("done");
+      form.remove();
+      const note = document.createElement("p");
+      note.className = "result-note ok";
+      note.textContent = verb + " — the run is now " + data.status + ".";
+      card.appendChild(note);
+      toast(verb + " " + card.querySelector(".tool-name").textContent.trim());
+      setTimeout(() => { card.classList.add("leaving"); setTimeout(() => card.remove(), 300); }, 2500);
+    } catch (err) {
+      buttons.forEach((b) => { b.disabled = false; });
+      if (error) { error.textContent = err.message; error.hidden = false; }
+      toast(err.message, true);
+    }
+  });
+})();

@@ -1,0 +1,206 @@
+"""Helpers shared by the server tests: a demo runtime, and uvicorn on a loopback port.
+
+`make_runtime` is also the `MODULE:RUNTIME` target the multi-process tests serve
+(`tests.test_server_common:make_runtime`), reading its store from `SIGNOFF_TEST_STORE`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+import signoff as so
+from signoff.server import TokenAuth, create_app
+
+ROOT = Path(__file__).resolve().parent.parent
+
+ALICE = so.Principal(
+    authenticator="token", principal_id="alice", attributes={"tenant": "acme", "name": "Alice"}
+)
+BOB = so.Principal(
+    authenticator="token", principal_id="bob", attributes={"tenant": "acme", "name": "Bob"}
+)
+MALLORY = so.Principal(authenticator="token", principal_id="mallory", attributes={"tenant": "evil"})
+TOKENS = {"alice-token": ALICE, "bob-token": BOB, "mallory-token": MALLORY}
+
+
+def _echo(conversation: list[so.Message]) -> so.ModelResponse:
+    """Says what the last tool returned, so a test can see what reached the model."""
+    last = conversation[-1]
+    if isinstance(last, so.ToolResultMessage):
+        status = "error" if last.is_error else "ok"
+        return so.ModelResponse(text=f"tool {status}: {json.dumps(last.content, sort_keys=True)}")
+    return so.ModelResponse(text="nothing to report")
+
+
+def make_agents() -> list[so.Agent]:
+    @so.tool(approval=lambda input: input.amount > 100)
+    async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
+        """Refund an order in full or in part."""
+        return {"refunded": amount, "order_id": order_id}
+
+    @so.tool
+    async def lookup_order(order_id: str) -> dict[str, Any]:
+        """Look an order up."""
+        return {"order_id": order_id, "total": 180.0}
+
+    refund = so.ModelResponse(
+        tool_calls=[
+            so.ToolCall(
+                name="issue_refund",
+                input={"order_id": "1042", "amount": 180, "reason": "arrived broken"},
+            )
+        ],
+        usage=so.Usage(input_tokens=1200, output_tokens=80, cost_usd=0.0042),
+    )
+    two = so.ModelResponse(
+        tool_calls=[
+            so.ToolCall(name="issue_refund", input={"order_id": "1", "amount": 150, "reason": "a"}),
+            so.ToolCall(name="issue_refund", input={"order_id": "2", "amount": 250, "reason": "b"}),
+        ]
+    )
+    support = so.Agent(
+        name="support",
+        model=so.models.Scripted([refund, _echo], repeat_last=True),
+        tools=[issue_refund, lookup_order],
+    )
+    batch = so.Agent(
+        name="batch",
+        model=so.models.Scripted([two, _echo], repeat_last=True),
+        tools=[issue_refund],
+    )
+    return [support, batch]
+
+
+def make_runtime(store: str | None = None) -> so.Runtime:
+    url = store or os.environ["SIGNOFF_TEST_STORE"]
+    return so.Runtime(make_agents(), store=url, poll_interval=0.05)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until_up(base: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            httpx.get(f"{base}/v1/openapi.json", timeout=1.0)
+            return
+        except httpx.TransportError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+@contextmanager
+def running(app: Any) -> Iterator[str]:
+    """Serve `app` with uvicorn in a background thread; yields its base URL."""
+    port = free_port()
+    config = uvicorn.Config(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        lifespan="on",
+        timeout_graceful_shutdown=1,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_up(base)
+        yield base
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@contextmanager
+def served(store: str, **kwargs: Any) -> Iterator[str]:
+    """A token-authenticated server for the demo runtime on `store`."""
+    runtime = make_runtime(store)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05, **kwargs)
+    with running(app) as base:
+        yield base
+
+
+@contextmanager
+def server_process(store: str, *extra: str) -> Iterator[str]:
+    """`signoff.server.serve` in a child process, as `signoff serve` runs it."""
+    port = free_port()
+    code = (
+        "import sys; from signoff.server import serve, TokenAuth;"
+        "from tests.test_server_common import TOKENS;"
+        f"serve('tests.test_server_common:make_runtime', port={port}, store={store!r},"
+        " auth=TokenAuth(TOKENS), log_level='warning')"
+    )
+    env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, *extra],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        try:
+            wait_until_up(base)
+        except httpx.TransportError:
+            proc.kill()
+            out = proc.communicate(timeout=5)[0].decode(errors="replace")
+            raise RuntimeError(f"server process did not start:\n{out}") from None
+        yield base
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def read_sse(response: httpx.Response, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
+    """Parse SSE messages from a streaming response until `count` events have arrived."""
+    out: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    deadline = time.monotonic() + timeout
+    for line in response.iter_lines():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(out)} of {count} events arrived")
+        if line == "":
+            if "data" in current:
+                out.append(current)
+                if len(out) >= count:
+                    return out
+            current = {}
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if field == "data":
+            current["data"] = json.loads(value)
+        elif field in ("id", "event", "retry"):
+            current[field] = value
+    return out
