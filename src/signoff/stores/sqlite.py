@@ -7,8 +7,10 @@ transaction. Commits that acknowledge an answer run with `synchronous=FULL`.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -442,6 +444,42 @@ class SQLiteStore:
                 "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND owner=? AND token=?",
                 (sk, owner, token),
             )
+
+    # -- change notifications (polling: SQLite has no NOTIFY) ---------------------------------
+
+    async def wait_for_change(
+        self,
+        session_id: str | None,
+        timeout: float,
+        *,
+        after: int | None = None,
+        poll_interval: float = 0.05,
+    ) -> bool:
+        """Poll until a commit to `session_id` (any session if None) shows up; False on timeout.
+
+        Given `after`, it returns at once if the session's head is already past it.
+        """
+
+        def mark() -> tuple[int, int]:
+            if session_id is None:
+                row = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
+                count, total = row.fetchone()
+                return int(count), int(total)
+            head = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,))
+            found = head.fetchone()
+            if found is None:
+                raise UnknownSession(session_id)
+            return 0, int(found[0])
+
+        start = mark()
+        if after is not None and session_id is not None and start[1] > after:
+            return True
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(poll_interval, remaining))
+            if mark() != start:
+                return True
+        return False
 
     # -- sizes (benchmarks, dashboard) --------------------------------------------------------
 

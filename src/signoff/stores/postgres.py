@@ -1,0 +1,914 @@
+"""The PostgreSQL store (`postgresql://…`): psycopg 3, async, over a `psycopg_pool` pool.
+
+Every write is one transaction. A commit locks its session's row (`FOR UPDATE`), checks the head
+and the lease (held `FOR SHARE`, so a takeover waits for it), compare-and-sets the requests it
+resolves, then writes events, requests, snapshot and head together and announces itself with
+`NOTIFY`. Commits that acknowledge an answer are synchronous; the others may skip the WAL flush
+(`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema lives in its own
+PostgreSQL schema (`signoff` by default) and is migrated by signoff under an advisory lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Final, TypeVar
+
+try:
+    import psycopg
+    from psycopg import conninfo as _conninfo
+    from psycopg.rows import TupleRow
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
+    ) from exc
+
+from .._events import SCHEMA_VERSION, Event, dumps, loads
+from .._exceptions import (
+    AppendConflict,
+    LeaseLost,
+    RequestClosed,
+    SchemaVersionError,
+    StoreError,
+    UnknownSession,
+)
+from .._types import InputRequest
+from ._base import Commit, FaultHook, Loaded, PendingFilter, StoredRequest
+
+__all__ = ["MIGRATIONS", "PostgresStore", "STORE_SCHEMA"]
+
+T = TypeVar("T")
+Conn = psycopg.AsyncConnection[TupleRow]
+
+MIGRATIONS: Final[list[tuple[int, str, str]]] = [
+    (
+        1,
+        "sessions, events, snapshots, requests and leases",
+        """
+CREATE TABLE {s}.sessions (
+    sk BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    agent TEXT NOT NULL,
+    head BIGINT NOT NULL,
+    status TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION
+);
+CREATE TABLE {s}.events (
+    sk BIGINT NOT NULL REFERENCES {s}.sessions (sk),
+    seq BIGINT NOT NULL,
+    type TEXT NOT NULL,
+    turn TEXT,
+    at DOUBLE PRECISION NOT NULL,
+    v INTEGER NOT NULL,
+    data JSON NOT NULL,
+    PRIMARY KEY (sk, seq)
+);
+CREATE TABLE {s}.snapshots (
+    sk BIGINT PRIMARY KEY REFERENCES {s}.sessions (sk),
+    seq BIGINT NOT NULL,
+    data JSON NOT NULL
+);
+CREATE TABLE {s}.requests (
+    id TEXT PRIMARY KEY,
+    sk BIGINT NOT NULL REFERENCES {s}.sessions (sk),
+    agent TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    tool TEXT,
+    status TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    outcome TEXT,
+    data JSON NOT NULL,
+    resolution JSON
+);
+CREATE INDEX requests_by_status ON {s}.requests (status, created_at);
+CREATE INDEX requests_by_session ON {s}.requests (sk, status);
+CREATE TABLE {s}.leases (
+    sk BIGINT PRIMARY KEY REFERENCES {s}.sessions (sk),
+    owner TEXT NOT NULL,
+    token BIGINT NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
+]
+"""Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit."""
+
+STORE_SCHEMA: Final = MIGRATIONS[-1][0]
+"""The store schema version this signoff creates and the newest it accepts."""
+
+_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+
+
+def _describe(url: str) -> str:
+    """The URL without its password, for error messages."""
+    try:
+        params = _conninfo.conninfo_to_dict(url)
+    except psycopg.Error:
+        return "<unparsable PostgreSQL URL>"
+    host = params.get("host") or params.get("hostaddr") or "localhost"
+    port = params.get("port") or "5432"
+    user = f"{params['user']}@" if params.get("user") else ""
+    db = params.get("dbname") or ""
+    return f"postgresql://{user}{host}:{port}/{db}"
+
+
+class PostgresStore:
+    """`Store` on PostgreSQL (`postgresql://user@host:port/db`); many processes may share it.
+
+    `schema` names the PostgreSQL schema holding signoff's tables. With `migrate=False`, `open()`
+    refuses an older schema instead of upgrading it (run `signoff db upgrade`).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "signoff",
+        min_size: int = 1,
+        max_size: int = 10,
+        connect_timeout: float = 5.0,
+        timeout: float = 10.0,
+        poll_interval: float = 1.0,
+        migrate: bool = True,
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+            raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
+        if not _SCHEMA_NAME.match(schema):
+            raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
+        self.url = url
+        self.schema = schema
+        self.channel = f"{schema}_changes"
+        self.min_size = min_size
+        self.max_size = max_size
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout
+        self.poll_interval = poll_interval
+        self.auto_migrate = migrate
+        self._where = _describe(url)
+        self._pool: AsyncConnectionPool[Conn] | None = None
+        self._open_lock: asyncio.Lock | None = None
+        self._fault: FaultHook | None = None
+        self._sk: dict[str, int] = {}
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+        self._waiters: dict[str | None, set[asyncio.Future[None]]] = {}
+        s = f'"{schema}"'
+        self._s = s
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._where!r}, schema={self.schema!r})"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self._get_pool()
+
+    async def _get_pool(self) -> AsyncConnectionPool[Conn]:
+        if self._pool is not None:
+            return self._pool
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._pool is not None:
+                return self._pool
+            conn = await self._connect()
+            try:
+                if self.auto_migrate:
+                    await self._migrate(conn)
+                else:
+                    await self._check_version(conn)
+            finally:
+                await conn.close()
+            pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+                self.url,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                timeout=self.timeout,
+                kwargs={"autocommit": True, "connect_timeout": max(1, int(self.connect_timeout))},
+                open=False,
+                name=f"signoff-{self.schema}",
+            )
+            try:
+                await pool.open(wait=True, timeout=self.timeout)
+            except PoolTimeout as exc:
+                await pool.close()
+                raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
+            self._pool = pool
+            return pool
+
+    async def _connect(self) -> Conn:
+        """A fresh autocommit connection, or a `StoreError` saying why there is none."""
+        try:
+            _conninfo.conninfo_to_dict(self.url)
+        except psycopg.Error as exc:
+            raise StoreError(f"invalid PostgreSQL URL: {exc}".strip()) from exc
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=max(1, int(self.connect_timeout)),
+            )
+        except psycopg.Error as exc:
+            detail = str(exc).strip() or type(exc).__name__
+            raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {detail}") from exc
+
+    async def close(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+        self._listening.clear()
+        self._wake_all()
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            await pool.close()
+
+    def set_fault_hook(self, hook: FaultHook | None) -> None:
+        self._fault = hook
+
+    # -- schema and migrations ----------------------------------------------------------------
+
+    async def schema_version(self) -> int:
+        """The store schema version of the database (0 if signoff never ran there)."""
+        conn = await self._connect()
+        try:
+            return await self._read_version(conn)
+        finally:
+            await conn.close()
+
+    async def migrate(self) -> tuple[int, int]:
+        """Bring the database's schema up to `STORE_SCHEMA`; returns (before, after)."""
+        conn = await self._connect()
+        try:
+            return await self._migrate(conn)
+        finally:
+            await conn.close()
+
+    async def _read_version(self, conn: Conn) -> int:
+        try:
+            cur = await conn.execute("SELECT to_regclass(%s)", (f"{self._s}.schema_version",))
+            row = await cur.fetchone()
+            if row is None or row[0] is None:
+                return 0
+            cur = await conn.execute(
+                f"SELECT COALESCE(MAX(version), 0) FROM {self._s}.schema_version"
+            )
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot read the schema version at {self._where}: {exc}") from exc
+        return 0 if row is None else int(row[0])
+
+    def _refuse_newer(self, version: int) -> None:
+        if version > STORE_SCHEMA:
+            raise SchemaVersionError(
+                f"PostgreSQL store {self._where} (schema {self.schema!r}) is at store schema "
+                f"version {version}; this signoff knows up to {STORE_SCHEMA}. Upgrade signoff."
+            )
+
+    async def _check_version(self, conn: Conn) -> None:
+        version = await self._read_version(conn)
+        self._refuse_newer(version)
+        if version < STORE_SCHEMA:
+            raise StoreError(
+                f"PostgreSQL store {self._where} is at store schema version {version}, this "
+                f"signoff needs {STORE_SCHEMA}: run `signoff db upgrade`"
+            )
+
+    async def _migrate(self, conn: Conn) -> tuple[int, int]:
+        s = self._s
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{s}.migrate",))
+                await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+                await conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {s}.schema_version ("
+                    "version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
+                    "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+                )
+                cur = await conn.execute(
+                    f"SELECT COALESCE(MAX(version), 0) FROM {s}.schema_version"
+                )
+                row = await cur.fetchone()
+                before = 0 if row is None else int(row[0])
+                self._refuse_newer(before)
+                for version, description, ddl in MIGRATIONS:
+                    if version <= before:
+                        continue
+                    await conn.execute(ddl.replace("{s}", s))
+                    await conn.execute(
+                        f"INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
+                        (version, description),
+                    )
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot migrate PostgreSQL store {self._where}: {exc}") from exc
+        return before, STORE_SCHEMA
+
+    # -- running statements -------------------------------------------------------------------
+
+    async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
+        """Run a read-only `body`; a lost connection is retried once on a fresh one."""
+        pool = await self._get_pool()
+        for attempt in range(2):
+            broken = False
+            try:
+                async with pool.connection() as conn:
+                    try:
+                        return await body(conn)
+                    except psycopg.OperationalError:
+                        broken = conn.broken
+                        raise
+            except PoolTimeout as exc:
+                raise StoreError(
+                    f"{what}: no PostgreSQL connection at {self._where}: {exc}"
+                ) from exc
+            except psycopg.OperationalError as exc:
+                if broken and attempt == 0:
+                    continue
+                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _write(
+        self,
+        body: Callable[[Conn], Awaitable[T]],
+        what: str,
+        *,
+        committed: Callable[[], Awaitable[bool]] | None = None,
+        synchronous: bool = True,
+    ) -> T | None:
+        """Run `body` in one transaction; retried when the connection is lost before COMMIT.
+
+        A connection lost during COMMIT leaves the outcome unknown: `committed` (read on a fresh
+        connection) decides; without it, or if it cannot tell, the caller gets a `StoreError`.
+        Returns None when the write is found committed that way.
+        """
+        pool = await self._get_pool()
+        for attempt in range(3):
+            phase = "connect"
+            broken = False
+            try:
+                async with pool.connection() as conn:
+                    try:
+                        phase = "body"
+                        async with conn.transaction():
+                            if not synchronous:
+                                await conn.execute("SET LOCAL synchronous_commit = off")
+                            result = await body(conn)
+                            phase = "commit"
+                        phase = "done"
+                        return result
+                    except psycopg.OperationalError:
+                        broken = conn.broken
+                        raise
+            except PoolTimeout as exc:
+                raise StoreError(
+                    f"{what}: no PostgreSQL connection at {self._where}: {exc}"
+                ) from exc
+            except psycopg.OperationalError as exc:
+                if not broken and phase != "commit":
+                    raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+                if phase == "commit" or phase == "done":
+                    # The server may or may not have committed before the connection dropped.
+                    if committed is not None:
+                        try:
+                            if await committed():
+                                return None
+                        except StoreError:
+                            pass
+                        else:
+                            if attempt < 2:
+                                continue  # not committed: safe to try again
+                    raise StoreError(
+                        f"{what}: connection to {self._where} lost during COMMIT; the outcome "
+                        f"is unknown: {exc}"
+                    ) from exc
+                if attempt < 2:
+                    continue  # lost before COMMIT: the server rolled back, so try again
+                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+            except psycopg.IntegrityError as exc:
+                raise AppendConflict(f"{what}: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+        raise StoreError(f"{what}: connection to {self._where} kept failing")
+
+    async def _session_key(self, conn: Conn, session_id: str) -> int | None:
+        sk = self._sk.get(session_id)
+        if sk is None:
+            cur = await conn.execute(
+                f"SELECT sk FROM {self._s}.sessions WHERE id=%s", (session_id,)
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            if len(self._sk) > 100_000:
+                self._sk.clear()
+            sk = self._sk[session_id] = int(row[0])
+        return sk
+
+    # -- writes -------------------------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
+    ) -> None:
+        s = self._s
+        at = events[0].at
+        last = events[-1].seq
+
+        async def body(conn: Conn) -> int:
+            cur = await conn.execute(
+                f"INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
+                "expires_at) VALUES (%s,%s,%s,'idle',%s,%s,%s) ON CONFLICT (id) DO NOTHING "
+                "RETURNING sk",
+                (session_id, agent, last, at, at, expires_at),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise StoreError(f"session {session_id!r} already exists")
+            sk = int(row[0])
+            await self._insert_events(conn, sk, events)
+            await self._notify(conn, session_id, last)
+            return sk
+
+        async def committed() -> bool:
+            return await self._has_events(session_id, events)
+
+        self._before("session.created")
+        sk = await self._write(body, f"creating session {session_id!r}", committed=committed)
+        if sk is not None:
+            self._sk[session_id] = sk
+        self._after("session.created")
+
+    async def commit(self, commit: Commit) -> None:
+        s = self._s
+        label = commit.events[0].type if commit.events else "commit"
+        ambiguous = False
+
+        async def body(conn: Conn) -> None:
+            if commit.lease_token is None:
+                cur = await conn.execute(
+                    f"SELECT sk, head, NULL FROM {s}.sessions WHERE id=%s FOR UPDATE",
+                    (commit.session_id,),
+                )
+            else:
+                cur = await conn.execute(
+                    f"SELECT s.sk, s.head, l.token FROM {s}.sessions s "
+                    f"LEFT JOIN {s}.leases l ON l.sk = s.sk WHERE s.id=%s FOR UPDATE OF s",
+                    (commit.session_id,),
+                )
+            row = await cur.fetchone()
+            if row is None:
+                raise UnknownSession(commit.session_id)
+            sk, head = int(row[0]), int(row[1])
+            if head != commit.expected_seq:
+                if ambiguous and await self._events_match(conn, sk, commit.events):
+                    return  # our first attempt did commit after all
+                raise AppendConflict(
+                    f"session {commit.session_id!r} is at seq {head}, not {commit.expected_seq}"
+                )
+            if commit.lease_token is not None:
+                # Hold the lease row so a takeover waits until this commit is done.
+                cur = await conn.execute(
+                    f"SELECT token FROM {s}.leases WHERE sk=%s FOR SHARE", (sk,)
+                )
+                lease = await cur.fetchone()
+                if lease is None or int(lease[0]) != commit.lease_token:
+                    raise LeaseLost(
+                        f"lease {commit.lease_token} on session {commit.session_id!r} "
+                        "was taken over"
+                    )
+            for r in commit.resolve:
+                cur = await conn.execute(
+                    f"UPDATE {s}.requests SET status=%s, outcome=%s, resolution=%s::json "
+                    "WHERE id=%s AND sk=%s AND status='pending'",
+                    (r.status, r.outcome, dumps(r.resolution), r.request_id, sk),
+                )
+                if cur.rowcount != 1:
+                    raise RequestClosed(
+                        f"request {r.request_id} is no longer pending", [r.request_id]
+                    )
+            if commit.new_requests:
+                async with conn.cursor() as cur:
+                    await cur.executemany(
+                        f"INSERT INTO {s}.requests (id, sk, agent, kind, tool, status, "
+                        "created_at, data) VALUES (%s,%s,%s,%s,%s,'pending',%s,%s::json)",
+                        [
+                            (
+                                req.id,
+                                sk,
+                                req.agent,
+                                req.kind,
+                                req.tool_name,
+                                req.created_at,
+                                dumps(req.model_dump(mode="json", exclude_defaults=True)),
+                            )
+                            for req in commit.new_requests
+                        ],
+                    )
+            if commit.events:
+                await self._insert_events(conn, sk, commit.events)
+                last = commit.events[-1]
+                await conn.execute(
+                    f"UPDATE {s}.sessions SET head=%s, updated_at=%s, "
+                    "status=COALESCE(%s, status), expires_at=%s WHERE sk=%s",
+                    (last.seq, last.at, commit.status, commit.expires_at, sk),
+                )
+                await self._notify(conn, commit.session_id, last.seq)
+            if commit.snapshot is not None:
+                await conn.execute(
+                    f"INSERT INTO {s}.snapshots (sk, seq, data) VALUES (%s,%s,%s::json) "
+                    "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
+                    (sk, commit.snapshot["seq"], dumps(commit.snapshot)),
+                )
+
+        async def committed() -> bool:
+            nonlocal ambiguous
+            ambiguous = True
+            if not commit.events:
+                raise StoreError("cannot tell")
+            return await self._has_events(commit.session_id, commit.events)
+
+        self._before(label)
+        await self._write(
+            body,
+            f"commit to session {commit.session_id!r}",
+            committed=committed,
+            synchronous=commit.durable,
+        )
+        self._after(label)
+
+    async def _insert_events(self, conn: Conn, sk: int, events: Sequence[Event]) -> None:
+        async with conn.cursor() as cur:
+            await cur.executemany(
+                f"INSERT INTO {self._s}.events (sk, seq, type, turn, at, v, data) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s::json)",
+                [(sk, e.seq, e.type, e.turn_id, e.at, e.v, dumps(e.data)) for e in events],
+            )
+
+    async def _notify(self, conn: Conn, session_id: str, seq: int) -> None:
+        await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, f"{session_id} {seq}"))
+
+    async def _has_events(self, session_id: str, events: Sequence[Event]) -> bool:
+        """Whether exactly these events are stored (after a COMMIT whose outcome is unknown)."""
+
+        async def body(conn: Conn) -> bool:
+            sk = await self._session_key(conn, session_id)
+            return sk is not None and await self._events_match(conn, sk, events)
+
+        return await self._read(body, f"checking session {session_id!r}")
+
+    async def _events_match(self, conn: Conn, sk: int, events: Sequence[Event]) -> bool:
+        if not events:
+            return False
+        cur = await conn.execute(
+            f"SELECT seq, type, turn, at, v, data::text FROM {self._s}.events "
+            "WHERE sk=%s AND seq BETWEEN %s AND %s ORDER BY seq",
+            (sk, events[0].seq, events[-1].seq),
+        )
+        rows = await cur.fetchall()
+        if len(rows) != len(events):
+            return False
+        return all(
+            (int(seq), type_, turn, float(at), int(v), loads(data))
+            == (e.seq, e.type, e.turn_id, e.at, e.v, e.data)
+            for (seq, type_, turn, at, v, data), e in zip(rows, events, strict=True)
+        )
+
+    def _before(self, label: str) -> None:
+        if self._fault is not None:
+            self._fault("before", label)
+
+    def _after(self, label: str) -> None:
+        if self._fault is not None:
+            self._fault("after", label)
+
+    # -- reads --------------------------------------------------------------------------------
+
+    async def load(self, session_id: str) -> Loaded | None:
+        s = self._s
+
+        async def body(conn: Conn) -> Loaded | None:
+            cur = await conn.execute(
+                f"SELECT s.sk, s.agent, n.seq, n.data::text FROM {s}.sessions s "
+                f"LEFT JOIN {s}.snapshots n ON n.sk = s.sk WHERE s.id=%s",
+                (session_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            sk, agent = int(row[0]), str(row[1])
+            self._sk[session_id] = sk
+            after = 0 if row[2] is None else int(row[2])
+            snapshot = None if row[3] is None else loads(row[3])
+            events = await self._events(conn, session_id, sk, after, None, None)
+            return Loaded(session_id=session_id, agent=agent, snapshot=snapshot, events=events)
+
+        return await self._read(body, f"loading session {session_id!r}")
+
+    async def read_events(
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        limit: int | None = None,
+        types: Sequence[str] | None = None,
+    ) -> list[Event]:
+        async def body(conn: Conn) -> list[Event]:
+            sk = await self._session_key(conn, session_id)
+            if sk is None:
+                raise UnknownSession(session_id)
+            return await self._events(conn, session_id, sk, after, limit, types)
+
+        return await self._read(body, f"reading events of session {session_id!r}")
+
+    async def _events(
+        self,
+        conn: Conn,
+        session_id: str,
+        sk: int,
+        after: int,
+        limit: int | None,
+        types: Sequence[str] | None,
+    ) -> list[Event]:
+        sql = (
+            f"SELECT seq, type, turn, at, v, data::text FROM {self._s}.events "
+            "WHERE sk=%s AND seq>%s"
+        )
+        params: list[Any] = [sk, after]
+        if types:
+            sql += " AND type = ANY(%s)"
+            params.append(list(types))
+        sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(limit)
+        cur = await conn.execute(sql, params)
+        return [
+            Event.from_row(
+                session_id=session_id,
+                seq=int(seq),
+                type=type_,
+                turn_id=turn,
+                at=float(at),
+                v=int(v),
+                data=loads(data),
+            )
+            for seq, type_, turn, at, v, data in await cur.fetchall()
+        ]
+
+    async def head(self, session_id: str) -> int | None:
+        async def body(conn: Conn) -> int | None:
+            cur = await conn.execute(
+                f"SELECT head FROM {self._s}.sessions WHERE id=%s", (session_id,)
+            )
+            row = await cur.fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._read(body, f"reading the head of session {session_id!r}")
+
+    async def get_request(self, request_id: str) -> StoredRequest | None:
+        async def body(conn: Conn) -> StoredRequest | None:
+            cur = await conn.execute(
+                f"SELECT data::text, status, outcome, resolution::text FROM {self._s}.requests "
+                "WHERE id=%s",
+                (request_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            return StoredRequest(
+                request=_request(row[0], row[1]),
+                status=row[1],
+                outcome=row[2],
+                resolution=None if row[3] is None else loads(row[3]),
+            )
+
+        return await self._read(body, f"reading request {request_id!r}")
+
+    def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (
+            ("r.status", flt.status),
+            ("r.agent", flt.agent),
+            ("r.tool", flt.tool_name),
+            ("r.kind", flt.kind),
+            ("s.id", flt.session_id),
+        ):
+            if value is not None:
+                where.append(f"{column}=%s")
+                params.append(value)
+        if flt.created_before is not None:
+            where.append("r.created_at<%s")
+            params.append(flt.created_before)
+        if flt.created_after is not None:
+            where.append("r.created_at>%s")
+            params.append(flt.created_after)
+        clause = (" WHERE " + " AND ".join(where)) if where else ""
+        return clause, params
+
+    async def pending(self, flt: PendingFilter) -> list[InputRequest]:
+        clause, params = self._filter_sql(flt)
+        s = self._s
+
+        async def body(conn: Conn) -> list[InputRequest]:
+            cur = await conn.execute(
+                f"SELECT r.data::text, r.status FROM {s}.requests r "
+                f"JOIN {s}.sessions s ON s.sk=r.sk{clause} "
+                'ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s',
+                [*params, flt.limit, flt.offset],
+            )
+            return [_request(data, status) for data, status in await cur.fetchall()]
+
+        return await self._read(body, "listing pending requests")
+
+    async def count_pending(self, flt: PendingFilter) -> int:
+        clause, params = self._filter_sql(flt)
+        s = self._s
+
+        async def body(conn: Conn) -> int:
+            cur = await conn.execute(
+                f"SELECT COUNT(*) FROM {s}.requests r JOIN {s}.sessions s ON s.sk=r.sk{clause}",
+                params,
+            )
+            row = await cur.fetchone()
+            return 0 if row is None else int(row[0])
+
+        return await self._read(body, "counting pending requests")
+
+    # -- leases -------------------------------------------------------------------------------
+
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, now: float
+    ) -> int | None:
+        s = self._s
+
+        async def body(conn: Conn) -> int | None:
+            sk = await self._session_key(conn, session_id)
+            if sk is None:
+                raise UnknownSession(session_id)
+            cur = await conn.execute(
+                f"INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
+                "VALUES (%s, %s, 1, %s) ON CONFLICT (sk) DO UPDATE "
+                "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
+                "WHERE l.owner = '' OR l.owner = excluded.owner OR l.expires_at <= %s "
+                "RETURNING token",
+                (sk, owner, now + ttl, now),
+            )
+            row = await cur.fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._write(body, f"acquiring the lease on session {session_id!r}")
+
+    async def renew_lease(
+        self, session_id: str, owner: str, token: int, ttl: float, now: float
+    ) -> bool:
+        async def body(conn: Conn) -> bool:
+            sk = await self._session_key(conn, session_id)
+            if sk is None:
+                return False
+            cur = await conn.execute(
+                f"UPDATE {self._s}.leases SET expires_at=%s WHERE sk=%s AND owner=%s AND token=%s",
+                (now + ttl, sk, owner, token),
+            )
+            return cur.rowcount == 1
+
+        return bool(await self._write(body, f"renewing the lease on session {session_id!r}"))
+
+    async def release_lease(self, session_id: str, owner: str, token: int) -> None:
+        async def body(conn: Conn) -> None:
+            sk = await self._session_key(conn, session_id)
+            if sk is None:
+                return
+            await conn.execute(
+                f"UPDATE {self._s}.leases SET owner='', expires_at=0 "
+                "WHERE sk=%s AND owner=%s AND token=%s",
+                (sk, owner, token),
+            )
+
+        await self._write(body, f"releasing the lease on session {session_id!r}")
+
+    # -- change notifications -----------------------------------------------------------------
+
+    async def wait_for_change(
+        self, session_id: str | None, timeout: float, *, after: int | None = None
+    ) -> bool:
+        """Wait until a commit to `session_id` (any session if None) is announced.
+
+        Returns True on a change (or a possibly missed one: the listener reconnected), False on
+        timeout. Given `after`, it returns at once if the session's head is already past it, and
+        re-checks the head every `poll_interval`, so a lost notification only delays a wake-up.
+        """
+        await self._get_pool()
+        self._ensure_listener()
+        if not self._listening.is_set():
+            # The first wait: let the listener subscribe first, so no change slips past it.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._listening.wait(), min(timeout, self.timeout))
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        waiters = self._waiters.setdefault(session_id, set())
+        waiters.add(fut)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if after is not None and session_id is not None:
+                    head = await self.head(session_id)
+                    if head is None:
+                        raise UnknownSession(session_id)
+                    if head > after:
+                        return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                slice_ = remaining if after is None else min(remaining, self.poll_interval)
+                try:
+                    await asyncio.wait_for(asyncio.shield(fut), slice_)
+                    return True
+                except TimeoutError:
+                    continue
+        finally:
+            waiters.discard(fut)
+            if not waiters:
+                self._waiters.pop(session_id, None)
+
+    def _ensure_listener(self) -> None:
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.get_running_loop().create_task(
+                self._listen(), name=f"signoff-listen-{self.schema}"
+            )
+
+    async def _listen(self) -> None:
+        """Keep one connection LISTENing; on reconnect, wake everyone: they may have missed some."""
+        delay = 0.1
+        while True:
+            try:
+                conn = await self._connect()
+            except StoreError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                await conn.execute(f'LISTEN "{self.channel}"')
+                self._listening.set()
+                self._wake_all()
+                delay = 0.1
+                async for note in self._notes(conn):
+                    sid, _, _seq = note.rpartition(" ")
+                    self._wake(sid)
+            except psycopg.Error:
+                pass
+            finally:
+                self._listening.clear()
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            await asyncio.sleep(delay)
+
+    @staticmethod
+    async def _notes(conn: Conn) -> AsyncIterator[str]:
+        async for note in conn.notifies():
+            yield note.payload
+
+    def _wake(self, session_id: str) -> None:
+        for key in (session_id, None):
+            for fut in self._waiters.get(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)
+
+    # -- sizes (benchmarks, dashboard) --------------------------------------------------------
+
+    async def database_bytes(self) -> int:
+        """Bytes on disk of signoff's tables and indexes in this schema."""
+
+        async def body(conn: Conn) -> int:
+            cur = await conn.execute(
+                "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind = 'r'",
+                (self.schema,),
+            )
+            row = await cur.fetchone()
+            return 0 if row is None else int(row[0])
+
+        return await self._read(body, "measuring the database")
+
+
+def _request(data: str, status: str) -> InputRequest:
+    raw = loads(data)
+    if raw.get("v", SCHEMA_VERSION) > SCHEMA_VERSION:
+        raise SchemaVersionError(f"request {raw.get('id')} was written by a newer signoff")
+    raw["status"] = status
+    return InputRequest.model_validate(raw)

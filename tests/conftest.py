@@ -1,0 +1,212 @@
+"""Shared fixtures: a throwaway PostgreSQL 15 cluster and one `store` fixture for every backend.
+
+The cluster is started once per test session, only if a test asks for PostgreSQL: `initdb` and
+`pg_ctl` (as the `postgres` OS user when we are root) into a temporary directory, on a free
+loopback port, with `fsync=off`. Every test gets a database of its own. Everything is removed at
+the end, also when tests fail. Set `SIGNOFF_TEST_PG_URL` to an admin URL of an existing server to
+use it instead. A missing PostgreSQL fails the tests loudly; it never skips them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import conninfo
+
+from signoff.stores import SQLiteStore, Store
+from signoff.stores.postgres import PostgresStore
+
+PG_BIN = Path(os.environ.get("SIGNOFF_PG_BIN", "/usr/lib/postgresql/15/bin"))
+STORE_KINDS = ["sqlite", "postgres"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class PgCluster:
+    """A PostgreSQL server for the tests: one we started (and will remove) or one we were given."""
+
+    def __init__(self, admin_url: str, directory: Path | None = None) -> None:
+        self.admin_url = admin_url
+        self.directory = directory
+        self.ours = directory is not None
+
+    @classmethod
+    def start(cls) -> PgCluster:
+        """initdb + pg_ctl start into a fresh temporary directory, on a free loopback port."""
+        if not (PG_BIN / "initdb").exists():
+            pytest.fail(
+                f"PostgreSQL 15 is not installed ({PG_BIN}/initdb is missing): run ./scripts/setup "
+                "as root, or `apt-get install -y postgresql-15`",
+                pytrace=False,
+            )
+        as_pg: list[str] = []
+        if os.geteuid() == 0:  # initdb refuses to run as root
+            if subprocess.run(["id", "postgres"], capture_output=True).returncode != 0:
+                subprocess.run(
+                    ["useradd", "--system", "--no-create-home", "postgres"],
+                    check=True,
+                    capture_output=True,
+                )
+            as_pg = ["runuser", "-u", "postgres", "--"]
+        directory = Path(tempfile.mkdtemp(prefix="signoff-pg-"))
+        cluster = cls("", directory)
+        atexit.register(cluster.stop)  # belt and braces, if the fixture's teardown never runs
+        try:
+            directory.chmod(0o755)
+            if as_pg:
+                shutil.chown(directory, "postgres")
+            data = directory / "data"
+            cluster._run(
+                [
+                    *as_pg,
+                    str(PG_BIN / "initdb"),
+                    "-D",
+                    str(data),
+                    "-U",
+                    "postgres",
+                    "-A",
+                    "trust",
+                    "-E",
+                    "UTF8",
+                    "--locale=C.UTF-8",
+                    "--no-sync",
+                ]
+            )
+            for _attempt in range(3):
+                port = _free_port()
+                options = (
+                    f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off "
+                    "-c full_page_writes=off -c max_connections=200"
+                )
+                started = subprocess.run(
+                    [
+                        *as_pg,
+                        str(PG_BIN / "pg_ctl"),
+                        "-D",
+                        str(data),
+                        "-l",
+                        str(directory / "server.log"),
+                        "-w",
+                        "-s",
+                        "-o",
+                        options,
+                        "start",
+                    ],
+                    cwd=directory,
+                    capture_output=True,
+                    text=True,
+                )
+                if started.returncode == 0:
+                    cluster.admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+                    return cluster
+            log = (directory / "server.log").read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"pg_ctl start failed: {started.stderr}\n{log}")
+        except BaseException:
+            cluster.stop()
+            raise
+
+    def _run(self, args: list[str]) -> None:
+        result = subprocess.run(args, cwd=self.directory, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(f"{' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+
+    def stop(self) -> None:
+        """Stop the server we started and remove its directory; idempotent."""
+        directory, self.directory = self.directory, None
+        if directory is None:
+            return
+        if (directory / "data" / "postmaster.pid").exists():
+            as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+            subprocess.run(
+                [*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(directory / "data"), "-m", "immediate"]
+                + ["-s", "stop"],
+                cwd=directory,
+                capture_output=True,
+            )
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def url(self, dbname: str) -> str:
+        params = conninfo.conninfo_to_dict(self.admin_url)
+        params["dbname"] = dbname
+        host = params.get("host", "127.0.0.1")
+        user = params.get("user", "postgres")
+        password = f":{params['password']}" if params.get("password") else ""
+        return f"postgresql://{user}{password}@{host}:{params.get('port', 5432)}/{dbname}"
+
+    def create_database(self) -> str:
+        name = f"signoff_test_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            # FILE_COPY (PostgreSQL 15+) is the fastest way to copy a tiny template with fsync off.
+            strategy = " STRATEGY FILE_COPY" if self.ours else ""
+            conn.execute(f'CREATE DATABASE "{name}"{strategy}'.encode())
+        return name
+
+    def drop_database(self, name: str) -> None:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'.encode())
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """The PostgreSQL server of this test session (started on first use, removed at the end)."""
+    given = os.environ.get("SIGNOFF_TEST_PG_URL")
+    if given:
+        yield PgCluster(given)
+        return
+    cluster = PgCluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def pg_url(pg_cluster: PgCluster) -> Iterator[str]:
+    """The URL of a fresh, empty database of its own for this test."""
+    name = pg_cluster.create_database()
+    try:
+        yield pg_cluster.url(name)
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            pg_cluster.drop_database(name)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store URL for each backend: a SQLite file in tmp_path, a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state.db'}"
+    return str(request.getfixturevalue("pg_url"))
+
+
+def make_store(url: str) -> Store:
+    """A store instance for a URL, not opened."""
+    if url.startswith("sqlite://"):
+        return SQLiteStore(url)
+    return PostgresStore(url)
+
+
+@pytest.fixture
+async def store(store_url: str) -> AsyncIterator[Store]:
+    """An opened store of each backend, closed after the test."""
+    s = make_store(store_url)
+    await s.open()
+    try:
+        yield s
+    finally:
+        await s.close()

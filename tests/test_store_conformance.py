@@ -1,0 +1,686 @@
+"""One suite for the `Store` protocol, run against every backend (SQLite and PostgreSQL).
+
+Nothing here knows which store it talks to: the `store` and `store_url` fixtures in conftest.py
+are parametrized over both.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._events import SCHEMA_VERSION, Event
+from signoff._exceptions import (
+    AppendConflict,
+    LeaseLost,
+    RequestClosed,
+    SchemaVersionError,
+    StoreError,
+    UnknownSession,
+)
+from signoff._types import Action, InputRequest, input_hash
+from signoff.stores import Commit, PendingFilter, Resolve, Store
+
+from .conftest import make_store
+
+T0 = 1_700_000_000.0
+
+
+def ev(sid: str, seq: int, type_: Any = "turn.started", **data: Any) -> Event:
+    return Event(session_id=sid, seq=seq, type=type_, at=T0 + seq, turn_id="trn_1", data=data)
+
+
+def approval(
+    sid: str, rid: str, *, agent: str = "support", tool: str = "issue_refund", at: float = T0
+) -> InputRequest:
+    payload = {"order_id": "1042", "amount": 180.0}
+    return InputRequest(
+        kind="tool-approval",
+        id=rid,
+        session_id=sid,
+        turn_id="trn_1",
+        agent=agent,
+        action=Action(
+            call_id=f"call_{rid}", tool_name=tool, input=payload, input_hash=input_hash(payload)
+        ),
+        created_at=at,
+    )
+
+
+def question(sid: str, rid: str, *, agent: str = "support", at: float = T0) -> InputRequest:
+    return InputRequest(
+        kind="question",
+        id=rid,
+        session_id=sid,
+        turn_id="trn_1",
+        agent=agent,
+        question="Which color?",
+        allow_text=True,
+        created_at=at,
+    )
+
+
+async def new_session(store: Store, agent: str = "support") -> str:
+    sid = f"ses_{uuid.uuid4().hex[:20]}"
+    created = Event(session_id=sid, seq=1, type="session.created", at=T0, data={"agent": agent})
+    await store.create_session(sid, agent, [created], None)
+    return sid
+
+
+def settle(rid: str, outcome: str = "approved") -> Resolve:
+    return Resolve(
+        request_id=rid, status="settled", outcome=outcome, resolution={"outcome": outcome}
+    )
+
+
+# -- sessions and events ---------------------------------------------------------------------
+
+
+async def test_create_load_read_head(store: Store) -> None:
+    sid = await new_session(store)
+    assert await store.head(sid) == 1
+    loaded = await store.load(sid)
+    assert loaded is not None
+    assert (loaded.session_id, loaded.agent, loaded.snapshot) == (sid, "support", None)
+    assert [(e.seq, e.type, e.data) for e in loaded.events] == [
+        (1, "session.created", {"agent": "support"})
+    ]
+    events = [ev(sid, 2, message="héllo ✓", nested={"b": [1, 2.5, None], "a": True})]
+    events.append(ev(sid, 3, "model.completed", text="hi"))
+    events.append(ev(sid, 4, "turn.completed"))
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=events))
+    assert await store.head(sid) == 4
+    got = await store.read_events(sid)
+    assert [e.seq for e in got] == [1, 2, 3, 4]
+    assert got[1] == events[0]  # every field round-trips exactly, data key order included
+    assert list(got[1].data["nested"]) == ["b", "a"]
+    assert [e.seq for e in await store.read_events(sid, after=2)] == [3, 4]
+    assert [e.seq for e in await store.read_events(sid, after=1, limit=2)] == [2, 3]
+    assert [e.seq for e in await store.read_events(sid, types=["model.completed"])] == [3]
+    assert await store.read_events(sid, after=4) == []
+
+
+async def test_unknown_session(store: Store) -> None:
+    assert await store.head("ses_nope") is None
+    assert await store.load("ses_nope") is None
+    with pytest.raises(UnknownSession):
+        await store.read_events("ses_nope")
+    with pytest.raises(UnknownSession):
+        await store.commit(Commit(session_id="ses_nope", expected_seq=1, events=[]))
+    with pytest.raises(UnknownSession):
+        await store.acquire_lease("ses_nope", "w1", 10, T0)
+
+
+async def test_duplicate_session_is_refused(store: Store) -> None:
+    sid = await new_session(store)
+    created = Event(session_id=sid, seq=1, type="session.created", at=T0, data={})
+    with pytest.raises(StoreError, match="already exists"):
+        await store.create_session(sid, "other", [created], None)
+    loaded = await store.load(sid)
+    assert loaded is not None and loaded.agent == "support"
+
+
+async def test_commit_at_stale_seq_conflicts_and_writes_nothing(store: Store) -> None:
+    sid = await new_session(store)
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+    stale = Commit(
+        session_id=sid,
+        expected_seq=1,
+        events=[ev(sid, 2, "model.completed")],
+        new_requests=[approval(sid, "req_stale")],
+        snapshot={"seq": 2, "stale": True},
+    )
+    with pytest.raises(AppendConflict):
+        await store.commit(stale)
+    assert await store.head(sid) == 2
+    assert [e.type for e in await store.read_events(sid)] == ["session.created", "turn.started"]
+    assert await store.get_request("req_stale") is None
+    loaded = await store.load(sid)
+    assert loaded is not None and loaded.snapshot is None
+
+
+async def test_commit_ahead_of_head_conflicts(store: Store) -> None:
+    sid = await new_session(store)
+    with pytest.raises(AppendConflict):
+        await store.commit(Commit(session_id=sid, expected_seq=5, events=[ev(sid, 6)]))
+    assert await store.head(sid) == 1
+
+
+async def test_session_status_is_kept(store: Store) -> None:
+    sid = await new_session(store)
+    await store.commit(
+        Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running")
+    )
+    await store.commit(Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)]))
+    assert await store.head(sid) == 3
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+async def test_new_request_then_resolve(store: Store) -> None:
+    sid = await new_session(store)
+    req = approval(sid, "req_a")
+    await store.commit(
+        Commit(
+            session_id=sid,
+            expected_seq=1,
+            events=[ev(sid, 2, "input.requested", request_ids=["req_a"])],
+            new_requests=[req],
+        )
+    )
+    stored = await store.get_request("req_a")
+    assert stored is not None
+    assert (stored.status, stored.outcome, stored.resolution) == ("pending", None, None)
+    assert stored.request == req
+    assert stored.request.session_id == sid and stored.request.tool_name == "issue_refund"
+    await store.commit(
+        Commit(
+            session_id=sid,
+            expected_seq=2,
+            events=[ev(sid, 3, "approval.settled"), ev(sid, 4, "input.resolved")],
+            resolve=[
+                Resolve(
+                    request_id="req_a",
+                    status="settled",
+                    outcome="approved",
+                    resolution={"outcome": "approved", "by": {"principal_id": "bob"}},
+                )
+            ],
+            durable=True,
+        )
+    )
+    stored = await store.get_request("req_a")
+    assert stored is not None
+    assert stored.status == "settled" and stored.request.status == "settled"
+    assert stored.outcome == "approved"
+    assert stored.resolution == {"outcome": "approved", "by": {"principal_id": "bob"}}
+    assert await store.get_request("req_missing") is None
+
+
+async def test_resolve_of_a_closed_request_rolls_back_everything(store: Store) -> None:
+    sid = await new_session(store)
+    await store.commit(
+        Commit(
+            session_id=sid,
+            expected_seq=1,
+            events=[ev(sid, 2, "input.requested")],
+            new_requests=[approval(sid, "req_a"), approval(sid, "req_b")],
+        )
+    )
+    await store.commit(
+        Commit(
+            session_id=sid,
+            expected_seq=2,
+            events=[ev(sid, 3, "input.resolved")],
+            resolve=[settle("req_a")],
+        )
+    )
+    # req_b is still pending, req_a is not: the whole commit must fail and write nothing.
+    with pytest.raises(RequestClosed) as info:
+        await store.commit(
+            Commit(
+                session_id=sid,
+                expected_seq=3,
+                events=[ev(sid, 4, "input.resolved"), ev(sid, 5, "input.resolved")],
+                resolve=[settle("req_b", "cancelled"), settle("req_a", "cancelled")],
+                new_requests=[question(sid, "req_c")],
+                snapshot={"seq": 5},
+            )
+        )
+    assert info.value.request_ids == ["req_a"]
+    assert await store.head(sid) == 3
+    b = await store.get_request("req_b")
+    assert b is not None and b.status == "pending" and b.outcome is None
+    a = await store.get_request("req_a")
+    assert a is not None and a.outcome == "approved"
+    assert await store.get_request("req_c") is None
+    loaded = await store.load(sid)
+    assert loaded is not None and loaded.snapshot is None and len(loaded.events) == 3
+
+
+async def test_resolve_of_another_sessions_request_is_refused(store: Store) -> None:
+    s1 = await new_session(store)
+    s2 = await new_session(store)
+    await store.commit(
+        Commit(session_id=s1, expected_seq=1, events=[ev(s1, 2)], new_requests=[approval(s1, "r1")])
+    )
+    with pytest.raises(RequestClosed):
+        await store.commit(
+            Commit(session_id=s2, expected_seq=1, events=[ev(s2, 2)], resolve=[settle("r1")])
+        )
+    r1 = await store.get_request("r1")
+    assert r1 is not None and r1.status == "pending"
+    assert await store.head(s2) == 1
+
+
+async def test_duplicate_request_id_conflicts_and_writes_nothing(store: Store) -> None:
+    sid = await new_session(store)
+    await store.commit(
+        Commit(
+            session_id=sid, expected_seq=1, events=[ev(sid, 2)], new_requests=[approval(sid, "r")]
+        )
+    )
+    with pytest.raises(StoreError):
+        await store.commit(
+            Commit(
+                session_id=sid,
+                expected_seq=2,
+                events=[ev(sid, 3)],
+                new_requests=[approval(sid, "r")],
+            )
+        )
+    assert await store.head(sid) == 2
+
+
+async def test_pending_filters_and_count(store: Store) -> None:
+    s1 = await new_session(store, "support")
+    s2 = await new_session(store, "billing")
+    await store.commit(
+        Commit(
+            session_id=s1,
+            expected_seq=1,
+            events=[ev(s1, 2, "input.requested")],
+            new_requests=[
+                approval(s1, "req_1", at=T0 + 1),
+                question(s1, "req_2", at=T0 + 2),
+                approval(s1, "req_3", tool="delete_account", at=T0 + 3),
+            ],
+        )
+    )
+    await store.commit(
+        Commit(
+            session_id=s2,
+            expected_seq=1,
+            events=[ev(s2, 2, "input.requested")],
+            new_requests=[approval(s2, "req_4", agent="billing", at=T0 + 4)],
+        )
+    )
+    await store.commit(
+        Commit(
+            session_id=s1,
+            expected_seq=2,
+            events=[ev(s1, 3, "input.resolved")],
+            resolve=[settle("req_3", "cancelled")],
+        )
+    )
+
+    async def ids(**kw: Any) -> list[str]:
+        flt = PendingFilter(**kw)
+        found = [r.id for r in await store.pending(flt)]
+        if "limit" not in kw and "offset" not in kw:
+            assert await store.count_pending(flt) == len(found)
+        return found
+
+    assert await ids() == ["req_1", "req_2", "req_4"]
+    assert await ids(agent="billing") == ["req_4"]
+    assert await ids(session_id=s1) == ["req_1", "req_2"]
+    assert await ids(kind="question") == ["req_2"]
+    assert await ids(tool_name="issue_refund") == ["req_1", "req_4"]
+    assert await ids(tool_name="delete_account") == []
+    assert await ids(status="settled") == ["req_3"]
+    assert await ids(status=None) == ["req_1", "req_2", "req_3", "req_4"]
+    assert await ids(created_before=T0 + 2) == ["req_1"]
+    assert await ids(created_after=T0 + 1) == ["req_2", "req_4"]
+    assert await ids(limit=2) == ["req_1", "req_2"]
+    assert await ids(limit=2, offset=2) == ["req_4"]
+    assert await store.count_pending(PendingFilter(limit=1)) == 3
+    listed = await store.pending(PendingFilter(session_id=s1))
+    assert all(r.status == "pending" for r in listed)
+    settled = await store.pending(PendingFilter(status="settled"))
+    assert settled[0].status == "settled"
+
+
+# -- snapshots -------------------------------------------------------------------------------
+
+
+async def test_snapshot_is_upserted_with_its_commit(store: Store) -> None:
+    sid = await new_session(store)
+    await store.commit(
+        Commit(
+            session_id=sid,
+            expected_seq=1,
+            events=[ev(sid, 2), ev(sid, 3)],
+            snapshot={"v": SCHEMA_VERSION, "seq": 3, "z": 1, "a": [1, {"x": None}]},
+        )
+    )
+    await store.commit(Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4), ev(sid, 5)]))
+    loaded = await store.load(sid)
+    assert loaded is not None
+    assert loaded.snapshot == {"v": SCHEMA_VERSION, "seq": 3, "z": 1, "a": [1, {"x": None}]}
+    assert [e.seq for e in loaded.events] == [4, 5]  # only the tail after the snapshot
+    await store.commit(
+        Commit(session_id=sid, expected_seq=5, events=[ev(sid, 6)], snapshot={"seq": 6})
+    )
+    loaded = await store.load(sid)
+    assert loaded is not None and loaded.snapshot == {"seq": 6} and loaded.events == []
+
+
+# -- leases ----------------------------------------------------------------------------------
+
+
+async def test_leases_and_fencing(store: Store) -> None:
+    sid = await new_session(store)
+    t1 = await store.acquire_lease(sid, "w1", 10, T0)
+    assert t1 is not None
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 5) is None  # held
+    assert await store.renew_lease(sid, "w1", t1, 10, T0 + 9)
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 15) is None  # renewed until T0+19
+    assert not await store.renew_lease(sid, "w2", t1, 10, T0 + 15)  # not the owner
+    assert not await store.renew_lease(sid, "w1", t1 + 1, 10, T0 + 15)  # not the token
+    # A lease commit goes through; then the lease expires and w2 takes over with a new token.
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=t1))
+    t2 = await store.acquire_lease(sid, "w2", 10, T0 + 20)
+    assert t2 is not None and t2 > t1
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], lease_token=t1)
+        )
+    assert await store.head(sid) == 2
+    assert not await store.renew_lease(sid, "w1", t1, 10, T0 + 21)
+    await store.commit(Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], lease_token=t2))
+    # The stale owner releasing does nothing; the real owner releasing frees it at once.
+    await store.release_lease(sid, "w1", t1)
+    assert await store.acquire_lease(sid, "w3", 10, T0 + 22) is None
+    await store.release_lease(sid, "w2", t2)
+    t3 = await store.acquire_lease(sid, "w3", 10, T0 + 22)
+    assert t3 is not None and t3 > t2
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4)], lease_token=t2)
+        )
+    # Re-acquiring one's own lease fences one's own older token too.
+    t4 = await store.acquire_lease(sid, "w3", 10, T0 + 23)
+    assert t4 is not None and t4 > t3
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4)], lease_token=t3)
+        )
+    assert await store.head(sid) == 3
+
+
+async def test_lease_token_on_a_never_leased_session_is_lost(store: Store) -> None:
+    sid = await new_session(store)
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=1)
+        )
+    assert not await store.renew_lease(sid, "w1", 1, 10, T0)
+    await store.release_lease(sid, "w1", 1)  # harmless
+    assert await store.acquire_lease(sid, "w1", 10, T0) is not None
+
+
+async def test_leases_are_per_session(store: Store) -> None:
+    s1 = await new_session(store)
+    s2 = await new_session(store)
+    assert await store.acquire_lease(s1, "w1", 10, T0) is not None
+    assert await store.acquire_lease(s2, "w2", 10, T0) is not None
+    assert await store.acquire_lease(s1, "w2", 10, T0) is None
+
+
+# -- schema versions -------------------------------------------------------------------------
+
+
+async def test_event_from_a_newer_schema_is_refused(store: Store) -> None:
+    sid = await new_session(store)
+    newer = Event(
+        session_id=sid, seq=2, type="turn.started", at=T0, data={"x": 1}, v=SCHEMA_VERSION + 1
+    )
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=[newer]))
+    with pytest.raises(SchemaVersionError, match="schema version"):
+        await store.read_events(sid)
+    with pytest.raises(SchemaVersionError):
+        await store.load(sid)
+    assert [e.seq for e in await store.read_events(sid, limit=1)] == [1]  # older ones still read
+
+
+# -- faults and concurrency ------------------------------------------------------------------
+
+
+async def test_fault_hook_brackets_every_commit(store: Store) -> None:
+    calls: list[tuple[str, str]] = []
+    store.set_fault_hook(lambda when, label: calls.append((when, label)))
+    sid = await new_session(store)
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2, "tool.started")]))
+    assert calls == [
+        ("before", "session.created"),
+        ("after", "session.created"),
+        ("before", "tool.started"),
+        ("after", "tool.started"),
+    ]
+
+    def crash(when: str, label: str) -> None:
+        if when == "before":
+            raise RuntimeError("simulated crash")
+
+    store.set_fault_hook(crash)
+    with pytest.raises(RuntimeError):
+        await store.commit(Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)]))
+    store.set_fault_hook(None)
+    assert await store.head(sid) == 2
+
+
+async def test_concurrent_commits_at_one_seq_exactly_one_wins(store_url: str) -> None:
+    stores = [make_store(store_url) for _ in range(4)]
+    for s in stores:
+        await s.open()
+    try:
+        sid = await new_session(stores[0])
+        await stores[0].commit(
+            Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], new_requests=[])
+        )
+
+        async def attempt(i: int) -> str:
+            s = stores[i % len(stores)]
+            try:
+                await s.commit(
+                    Commit(
+                        session_id=sid,
+                        expected_seq=2,
+                        events=[ev(sid, 3, "model.completed", writer=i), ev(sid, 4, writer=i)],
+                        new_requests=[approval(sid, f"req_w{i}")],
+                    )
+                )
+            except AppendConflict:
+                return "conflict"
+            return "won"
+
+        results = await asyncio.gather(*(attempt(i) for i in range(12)))
+        assert results.count("won") == 1, results
+        assert results.count("conflict") == 11
+        winner = results.index("won")
+        events = await stores[1].read_events(sid)
+        assert [e.seq for e in events] == [1, 2, 3, 4]
+        assert {e.data.get("writer") for e in events[2:]} == {winner}
+        assert [r.id for r in await stores[2].pending(PendingFilter(session_id=sid))] == [
+            f"req_w{winner}"
+        ]
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_concurrent_settlements_of_one_request_exactly_one_wins(store_url: str) -> None:
+    stores = [make_store(store_url) for _ in range(3)]
+    for s in stores:
+        await s.open()
+    try:
+        sid = await new_session(stores[0])
+        await stores[0].commit(
+            Commit(
+                session_id=sid,
+                expected_seq=1,
+                events=[ev(sid, 2)],
+                new_requests=[approval(sid, "r")],
+            )
+        )
+
+        async def answer(i: int) -> str:
+            s = stores[i % len(stores)]
+            for _ in range(50):
+                head = await s.head(sid)
+                assert head is not None
+                try:
+                    await s.commit(
+                        Commit(
+                            session_id=sid,
+                            expected_seq=head,
+                            events=[ev(sid, head + 1, "input.resolved", by=i)],
+                            resolve=[settle("r")],
+                            durable=True,
+                        )
+                    )
+                except AppendConflict:
+                    continue
+                except RequestClosed:
+                    return "closed"
+                return "settled"
+            return "starved"
+
+        results = await asyncio.gather(*(answer(i) for i in range(9)))
+        assert results.count("settled") == 1, results
+        assert results.count("closed") == 8
+        assert await stores[0].head(sid) == 3
+    finally:
+        for s in stores:
+            await s.close()
+
+
+async def test_store_can_be_reopened(store_url: str) -> None:
+    s = make_store(store_url)
+    await s.open()
+    sid = await new_session(s)
+    await s.close()
+    await s.close()  # twice is fine
+    await s.open()
+    try:
+        assert await s.head(sid) == 1
+    finally:
+        await s.close()
+
+
+# -- the runtime end to end, on each store ---------------------------------------------------
+
+
+def refund_agent(runs: list[dict[str, Any]]) -> so.Agent:
+    @so.tool(approval=lambda input: input.amount > 100)
+    async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
+        """Refund an order."""
+        runs.append({"order_id": order_id, "amount": amount})
+        return {"refunded": amount}
+
+    return so.Agent(
+        name="support",
+        model=so.models.Scripted(
+            [
+                so.ModelResponse(
+                    tool_calls=[
+                        so.ToolCall(
+                            name="issue_refund",
+                            input={"order_id": "1042", "amount": 180, "reason": "broken"},
+                        )
+                    ]
+                ),
+                so.ModelResponse(text="Done."),
+            ]
+        ),
+        tools=[issue_refund],
+    )
+
+
+@pytest.mark.parametrize("given", ["url", "instance"])
+async def test_runtime_generate_wait_approve_complete(store_url: str, given: str) -> None:
+    runs: list[dict[str, Any]] = []
+    store: str | Store = store_url if given == "url" else make_store(store_url)
+    rt = so.Runtime([refund_agent(runs)], store=store)
+    try:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        assert r.status == "waiting" and runs == []
+        assert len(r.pending) == 1 and r.pending[0].tool_name == "issue_refund"
+        queue = await rt.pending()
+        assert [q.id for q in queue] == [r.pending[0].id]
+        r = await rt.generate(
+            session_id=r.session_id,
+            approvals=[so.Decision(id=r.pending[0].id, approved=True, reason="ok")],
+        )
+        assert r.status == "completed" and r.text == "Done."
+        assert runs == [{"order_id": "1042", "amount": 180.0}]
+        assert await rt.pending() == []
+        events = [e async for e in rt.events(r.session_id, after=0, follow=False)]
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        types = [e.type for e in events]
+        assert types[0] == "session.created" and "approval.settled" in types
+        assert types.index("approval.settled") < types.index("tool.completed")
+        assert types[-1] == "session.waiting" or "turn.completed" in types
+    finally:
+        await rt.close()
+
+
+async def test_runtime_resumes_from_another_runtime(store_url: str) -> None:
+    runs: list[dict[str, Any]] = []
+    first = so.Runtime([refund_agent(runs)], store=store_url)
+    try:
+        r = await first.generate("support", prompt="Refund order 1042")
+        assert r.status == "waiting"
+    finally:
+        await first.close()
+    second = so.Runtime([refund_agent(runs)], store=store_url)
+    try:
+        r2 = await second.respond(
+            r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+        )
+        assert r2.status == "completed" and len(runs) == 1
+        again = await second.respond(
+            r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+        )
+        assert again.outcomes[0].applied is False and len(runs) == 1
+    finally:
+        await second.close()
+
+
+def test_both_backends_implement_the_protocol(tmp_path: Path) -> None:
+    assert isinstance(make_store(f"sqlite:///{tmp_path}/x.db"), Store)
+    assert isinstance(make_store("postgresql://u@127.0.0.1:1/db"), Store)
+
+
+# -- change notifications --------------------------------------------------------------------
+
+
+async def test_wait_for_change(store_url: str) -> None:
+    waiter, writer = make_store(store_url), make_store(store_url)
+    await waiter.open()
+    await writer.open()
+    try:
+        s1 = await new_session(writer)
+        s2 = await new_session(writer)
+        wait = waiter.wait_for_change  # type: ignore[attr-defined]
+        assert await wait(s1, 0.2) is False  # nothing happens: times out
+        assert await wait(s1, 5, after=0) is True  # already past seq 0
+        assert await wait(s1, 0.2, after=1) is False
+
+        async def commit_later(sid: str, seq: int) -> None:
+            await asyncio.sleep(0.1)
+            await writer.commit(Commit(session_id=sid, expected_seq=seq, events=[ev(sid, seq + 1)]))
+
+        task = asyncio.create_task(commit_later(s1, 1))
+        assert await wait(s1, 10) is True
+        await task
+        task = asyncio.create_task(commit_later(s2, 1))
+        assert await wait(s1, 0.5) is False  # another session's commit does not wake s1
+        await task
+        task = asyncio.create_task(commit_later(s2, 2))
+        assert await wait(None, 10) is True  # any session
+        await task
+        task = asyncio.create_task(commit_later(s1, 2))
+        assert await wait(s1, 10, after=2) is True
+        await task
+        with pytest.raises(UnknownSession):
+            await wait("ses_nope", 1, after=0)
+    finally:
+        await waiter.close()
+        await writer.close()
