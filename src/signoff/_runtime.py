@@ -154,7 +154,12 @@ class Runtime:
                     [
                         (
                             "input.resolved",
-                            {"request_id": r.id, "outcome": "expired", "status": "expired"},
+                            {
+                                "request_id": r.id,
+                                "outcome": "expired",
+                                "status": "expired",
+                                "reason": "session expired",
+                            },
                         )
                         for r in pending
                     ],

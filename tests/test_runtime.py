@@ -1,0 +1,824 @@
+"""The engine's rules and the runtime's guarantees, through the public API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pydantic
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    ExecutionLog,
+    Flaky,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    store_contents,
+    tool_results,
+)
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+BOB = so.Principal(authenticator="test", principal_id="bob")
+
+
+def tools(log: ExecutionLog) -> list[so.Tool]:
+    @log.tool
+    async def lookup_order(order_id: str) -> dict[str, str]:
+        """Look up an order."""
+        return {"order_id": order_id, "status": "delivered"}
+
+    @log.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, float]:
+        """Issue a refund."""
+        return {"refunded": amount}
+
+    return [lookup_order, issue_refund]
+
+
+async def types_of(rt: so.Runtime, session_id: str, after: int = 0) -> list[str]:
+    return [e.type async for e in rt.events(session_id, after, follow=False)]
+
+
+async def waiting_session(
+    rt: so.Runtime, agent: str = "a", *, auth: so.Principal | None = None
+) -> so.GenerateResult:
+    r = await rt.generate(agent, prompt="refund order 1", auth=auth)
+    assert r.status == "waiting"
+    return r
+
+
+def refund_agent(log: ExecutionLog, *more: Any, name: str = "a", **kwargs: Any) -> so.Agent:
+    steps = [call_tools(call("issue_refund", order_id="1", amount=5)), *more]
+    if not more:
+        steps.append(reply("done"))
+    return scripted_agent(name, steps, tools=tools(log), **kwargs)
+
+
+# -- engine rules -------------------------------------------------------------------------------
+
+
+async def test_ungated_calls_run_while_gated_ones_wait_and_model_waits_for_all(
+    tmp_path: Path,
+) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("All done."))
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("issue_refund", order_id="1", amount=5, id="c_refund"),
+                call("lookup_order", order_id="1", id="c_lookup"),
+            ),
+            seen,
+        ],
+        tools=tools(log),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert r.status == "waiting"
+        assert [e.tool_name for e in log.executions] == ["lookup_order"]
+        assert seen.conversations == []  # not called while a call of the response is open
+        assert await types_of(rt, r.session_id) == [
+            "session.created",
+            "turn.started",
+            "model.completed",
+            "input.requested",
+            "tool.started",
+            "tool.completed",
+            "turn.waiting",
+        ]
+        head = (await rt.state(r.session_id)).seq
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        assert r.status == "completed"
+        assert await types_of(rt, r.session_id, head) == [
+            "approval.settled",
+            "input.resolved",
+            "tool.started",
+            "tool.completed",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        assert len(seen.conversations) == 1
+        user, assistant, *results = seen.last
+        assert user == so.UserMessage(text="refund order 1")
+        assert isinstance(assistant, so.AssistantMessage)
+        assert [c.id for c in assistant.tool_calls] == ["c_refund", "c_lookup"]
+        assert {(m.call_id, m.is_error) for m in tool_results(results)} == {
+            ("c_refund", False),
+            ("c_lookup", False),
+        }
+        assert len(results) == 2
+
+
+async def test_denied_call_never_runs_and_model_gets_the_reason(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("I could not refund it."))
+    agent = refund_agent(log, seen)
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await waiting_session(rt)
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, option_id="cancel", text="no refunds")],
+        )
+        assert r.status == "completed"
+        assert log.count() == 0
+        types = await types_of(rt, r.session_id)
+        assert "tool.started" not in types
+        (result,) = tool_results(seen.last)
+        assert result.is_error
+        assert result.tool_name == "issue_refund"
+        assert result.content["denied"] is True
+        assert result.content["reason"] == "no refunds"
+
+
+async def test_model_visible_tool_results(tmp_path: Path) -> None:
+    log = ExecutionLog()
+
+    @log.tool
+    async def explode(x: int) -> int:
+        """Always fails."""
+        raise ValueError(f"bad x {x}")
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("lookup_order", order_id="9", id="c1"),
+                call("explode", x=3, id="c2"),
+                call("issue_refund", order_id="9", amount=1, id="c3"),
+            ),
+            seen,
+        ],
+        tools=[*tools(log), explode],
+        guardrails=[so.tool_policy(deny=["issue_refund"])],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+        results = {m.call_id: m for m in tool_results(seen.last)}
+        assert results["c1"].content == {"order_id": "9", "status": "delivered"}
+        assert not results["c1"].is_error
+        assert results["c2"].is_error
+        assert results["c2"].content == {"error": "ValueError: bad x 3"}
+        assert results["c3"].is_error
+        assert results["c3"].content["denied"] is True
+
+
+async def test_message_window_never_cuts_the_turn_holding_the_request(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    history = [reply(f"answer {i}") for i in range(6)]
+    seen = Capture(reply("refunded"))
+    agent = scripted_agent(
+        "a",
+        [
+            *history,
+            call_tools(call("lookup_order", order_id="1")),
+            call_tools(call("lookup_order", order_id="2")),
+            call_tools(call("issue_refund", order_id="2", amount=5)),
+            seen,
+        ],
+        tools=tools(log),
+        limits=so.Limits(max_messages=2),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = (await rt.generate("a", prompt="question 0")).session_id
+        for i in range(1, 6):
+            await rt.generate(session_id=sid, prompt=f"question {i}")
+        r = await rt.generate(session_id=sid, prompt="refund order 2")
+        assert r.status == "waiting"
+        r = await rt.generate(
+            session_id=sid, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        assert r.status == "completed"
+        window = seen.last
+        # the whole turn, from its user message, though it is longer than max_messages
+        assert window[0] == so.UserMessage(text="refund order 2")
+        assert len(window) == 7
+        assert [type(m).__name__ for m in window] == [
+            "UserMessage",
+            "AssistantMessage",
+            "ToolResultMessage",
+            "AssistantMessage",
+            "ToolResultMessage",
+            "AssistantMessage",
+            "ToolResultMessage",
+        ]
+        assert tool_results(window)[-1].content == {"refunded": 5.0}
+
+
+async def test_message_window_does_cut_earlier_turns(tmp_path: Path) -> None:
+    seen = Capture(reply("last"))
+    agent = scripted_agent(
+        "a", [reply("one"), reply("two"), seen], limits=so.Limits(max_messages=3)
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = (await rt.generate("a", prompt="q1")).session_id
+        await rt.generate(session_id=sid, prompt="q2")
+        await rt.generate(session_id=sid, prompt="q3")
+        assert [getattr(m, "text", None) for m in seen.last] == ["two", "q2", "q3"][-3:] or [
+            getattr(m, "text", None) for m in seen.last
+        ] == ["one", "q2", "two", "q3"][-3:]
+        assert len(seen.last) == 3
+        assert seen.last[-1] == so.UserMessage(text="q3")
+
+
+@pytest.mark.parametrize(
+    ("raw_input", "expected_loc"),
+    [
+        ({"order_id": "1", "amount": "lots"}, ["amount"]),
+        ({"order_id": "1"}, ["amount"]),
+        ({"order_id": 1, "amount": 5}, ["order_id"]),
+        ({"order_id": "1", "amount": 5, "extra": True}, ["extra"]),
+        ([1, 2], []),
+        ("refund please", []),
+        (None, []),
+    ],
+    ids=["wrong-type", "missing", "int-for-str", "extra-field", "list", "string", "null"],
+)
+async def test_invalid_model_input_becomes_a_tool_error(
+    tmp_path: Path, raw_input: Any, expected_loc: list[str]
+) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("let me fix that"))
+    agent = scripted_agent(
+        "a",
+        [call_tools(so.ToolCall(name="issue_refund", input=raw_input, id="bad")), seen],
+        tools=tools(log),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        # the gated tool is not even asked about: invalid input never reaches a person
+        assert r.status == "completed"
+        assert r.pending == []
+        assert log.count() == 0
+        (result,) = tool_results(seen.last)
+        assert result.is_error
+        assert result.call_id == "bad"
+        assert result.content["error"] == "invalid input"
+        assert expected_loc in [d["loc"] for d in result.content["details"]]
+
+
+async def test_unknown_tool_becomes_a_tool_error(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("sorry"))
+    agent = scripted_agent(
+        "a", [call_tools(call("launch_missiles", target="moon")), seen], tools=tools(log)
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+        (result,) = tool_results(seen.last)
+        assert result.is_error
+        assert "unknown tool 'launch_missiles'" in result.content["error"]
+        assert "lookup_order" in result.content["error"]
+
+
+async def test_duplicate_call_ids_from_the_model_are_made_unique(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture()
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("lookup_order", order_id="1", id="same"),
+                call("lookup_order", order_id="2", id="same"),
+            ),
+            seen,
+        ],
+        tools=tools(log),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        await rt.generate("a", prompt="go")
+        ids = [m.call_id for m in tool_results(seen.last)]
+        assert len(set(ids)) == 2
+        assert len(set(log.keys())) == 2
+
+
+async def test_idempotency_key_is_stable_per_call(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = refund_agent(log)
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await waiting_session(rt)
+        call_id = r.pending[0].call_id
+        await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        assert log.keys() == [f"{r.session_id}:{call_id}"]
+        started = [
+            e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.started"
+        ]
+        assert started[0].data["idempotency_key"] == log.keys()[0]
+
+
+# -- guarantees ---------------------------------------------------------------------------------
+
+
+async def test_resolve_once_same_answer_is_a_noop(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+        first = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=rid, option_id="approve")]
+        )
+        assert first.outcomes == [so.Outcome(request_id=rid, outcome="approved", applied=True)]
+        assert first.status == "completed"
+        before = await store_contents(rt.store, r.session_id)
+        again = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=rid, option_id="approve")]
+        )
+        assert again.outcomes == [so.Outcome(request_id=rid, outcome="approved", applied=False)]
+        same = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=rid, approved=True)]
+        )
+        assert same.outcomes == [so.Outcome(request_id=rid, outcome="approved", applied=False)]
+        assert same.status == "completed"
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 1
+
+
+async def test_resolve_once_different_answer_conflicts(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+        await rt.generate(session_id=r.session_id, approvals=[so.Decision(id=rid, approved=False)])
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.ConflictingAnswer) as info:
+            await rt.generate(
+                session_id=r.session_id, approvals=[so.Decision(id=rid, approved=True)]
+            )
+        assert info.value.request_ids == [rid]
+        assert rid in str(info.value)
+        with pytest.raises(so.ConflictingAnswer):
+            await rt.respond(r.session_id, [so.InputResponse(request_id=rid, option_id="approve")])
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0
+
+
+async def test_unknown_and_foreign_ids_are_rejected_by_name(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("issue_refund", order_id="1", amount=5)), reply("done")],
+        tools=tools(log),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        mine = await waiting_session(rt)
+        other = await waiting_session(rt)
+        mine_before = await store_contents(rt.store, mine.session_id)
+        other_before = await store_contents(rt.store, other.session_id)
+        queue_before = await rt.pending()
+        foreign = other.pending[0].id
+        cases: list[list[str]] = [
+            ["req_typo"],
+            [foreign],
+            [mine.pending[0].id, "req_typo"],
+            [mine.pending[0].id, foreign],
+        ]
+        for ids in cases:
+            bad = [i for i in ids if i != mine.pending[0].id]
+            with pytest.raises(so.UnknownRequest) as info:
+                await rt.generate(
+                    session_id=mine.session_id,
+                    approvals=[so.Decision(id=i, approved=True) for i in ids],
+                )
+            assert info.value.request_ids == bad
+            for i in bad:
+                assert i in str(info.value)
+            with pytest.raises(so.UnknownRequest) as info:
+                await rt.respond(
+                    mine.session_id,
+                    [so.InputResponse(request_id=i, option_id="approve") for i in ids],
+                )
+            assert info.value.request_ids == bad
+        assert await store_contents(rt.store, mine.session_id) == mine_before
+        assert await store_contents(rt.store, other.session_id) == other_before
+        assert await rt.pending() == queue_before
+        assert log.count() == 0
+
+
+async def test_partial_answer_is_rejected_naming_the_unanswered(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("issue_refund", order_id="1", amount=5),
+                call("issue_refund", order_id="2", amount=6),
+                call("issue_refund", order_id="3", amount=7),
+            ),
+            reply("done"),
+        ],
+        tools=tools(log),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await waiting_session(rt)
+        a, b, c = (p.id for p in r.pending)
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.PartialAnswer) as info:
+            await rt.generate(session_id=r.session_id, approvals=[so.Decision(id=b, approved=True)])
+        assert info.value.request_ids == [a, c]
+        assert a in str(info.value) and c in str(info.value)
+        assert await store_contents(rt.store, r.session_id) == before
+        # a prompt while requests are pending is refused too
+        with pytest.raises(so.PartialAnswer):
+            await rt.generate(session_id=r.session_id, prompt="hello?")
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0
+
+
+async def test_approvals_with_a_prompt_are_rejected(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer, match="prompt"):
+            await rt.generate(
+                session_id=r.session_id,
+                prompt="also, hi",
+                approvals=[so.Decision(id=r.pending[0].id, approved=True)],
+            )
+        with pytest.raises(so.InvalidAnswer):
+            await rt.generate(session_id=r.session_id, approvals=[])
+        assert await store_contents(rt.store, r.session_id) == before
+
+
+@pytest.mark.parametrize("retry_with", ["session_id", "same_approvals"])
+async def test_failed_resume_is_retryable_without_losing_answers(
+    tmp_path: Path, retry_with: str
+) -> None:
+    log = ExecutionLog()
+    flaky = Flaky(reply("Refunded."), error=ConnectionError("model down"))
+    async with sqlite_runtime(tmp_path, refund_agent(log, flaky)) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+        failed = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=rid, approved=True, reason="ok")]
+        )
+        assert failed.status == "failed"
+        assert failed.retryable
+        assert failed.error is not None and "model down" in failed.error["message"]
+        assert failed.outcomes == [so.Outcome(request_id=rid, outcome="approved", applied=True)]
+        assert log.count() == 1  # the approved tool ran before the model failed
+        # the answer was kept: nothing is pending again
+        assert await rt.pending() == []
+        assert failed.pending == []
+        if retry_with == "session_id":
+            retried = await rt.generate(session_id=r.session_id)
+        else:
+            retried = await rt.generate(
+                session_id=r.session_id, approvals=[so.Decision(id=rid, approved=True)]
+            )
+            assert retried.outcomes == [
+                so.Outcome(request_id=rid, outcome="approved", applied=False)
+            ]
+        assert retried.status == "completed"
+        assert retried.text == "Refunded."
+        assert log.count() == 1  # the recorded tool result was not produced again
+        assert flaky.calls == 2
+        types = await types_of(rt, r.session_id)
+        assert types.count("tool.started") == 1
+        assert types.count("turn.failed") == 1
+
+
+async def test_failed_resume_survives_a_new_runtime(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    script: list[Any] = [
+        call_tools(call("issue_refund", order_id="1", amount=5)),
+        RuntimeError("provider 500"),
+    ]
+    async with sqlite_runtime(tmp_path, scripted_agent("a", script, tools=tools(log))) as rt:
+        r = await waiting_session(rt)
+        failed = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        assert failed.status == "failed" and failed.retryable
+    fixed = scripted_agent("a", [script[0], reply("recovered")], tools=tools(log))
+    async with sqlite_runtime(tmp_path, fixed) as rt2:
+        retried = await rt2.generate(session_id=r.session_id)
+        assert retried.status == "completed"
+        assert retried.text == "recovered"
+        assert log.count() == 1
+
+
+async def test_session_ttl_expired_with_pending_requests(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    clock = ManualClock()
+    agent = refund_agent(log, limits=so.Limits(ttl=60))
+    async with sqlite_runtime(tmp_path, agent, clock=clock) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+        clock.advance(59)
+        assert (await rt.state(r.session_id)).pending_requests()[0].id == rid
+        clock.advance(2)
+    # reopened from another runtime (a new process) after the TTL passed
+    async with sqlite_runtime(
+        tmp_path, refund_agent(log, limits=so.Limits(ttl=60)), clock=clock
+    ) as rt2:
+        with pytest.raises(so.SessionExpired) as info:
+            await rt2.generate(
+                session_id=r.session_id, approvals=[so.Decision(id=rid, approved=True)]
+            )
+        assert info.value.session_id == r.session_id
+        assert info.value.pending == [rid]
+        assert rid in str(info.value)
+        assert log.count() == 0
+        assert await rt2.pending() == []  # the request is closed, not left dangling
+        # still expired when reopened again: it does not silently start over
+        with pytest.raises(so.SessionExpired):
+            await rt2.generate(session_id=r.session_id, prompt="hello again")
+        with pytest.raises((so.SessionExpired, so.RequestClosed)):
+            await rt2.respond(r.session_id, [so.InputResponse(request_id=rid, option_id="approve")])
+        assert log.count() == 0
+
+
+async def test_session_ttl_timedelta_and_activity_keeps_it_alive(tmp_path: Path) -> None:
+    from datetime import timedelta
+
+    log = ExecutionLog()
+    clock = ManualClock()
+    agent = scripted_agent(
+        "a",
+        [reply("one"), reply("two")],
+        tools=tools(log),
+        limits=so.Limits(ttl=timedelta(minutes=1)),
+    )
+    async with sqlite_runtime(tmp_path, agent, clock=clock) as rt:
+        sid = (await rt.generate("a", prompt="hi")).session_id
+        clock.advance(50)
+        assert (await rt.generate(session_id=sid, prompt="still there?")).text == "two"
+        clock.advance(50)  # 100 s after creation, 50 s after the last activity
+        assert (await rt.state(sid)).expired(clock()) is False
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"id": "REQ", "approved": "maybe"},
+        {"id": 5, "approved": True},
+        {"id": "REQ"},
+        {"approved": True},
+        {"id": "REQ", "approved": True, "reason": 7},
+        {"id": "REQ", "approved": True, "unexpected": 1},
+        "REQ",
+    ],
+    ids=["approved-maybe", "int-id", "no-approved", "no-id", "int-reason", "extra", "string"],
+)
+async def test_wrong_typed_decisions_are_invalid_answers(tmp_path: Path, bad: Any) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+        if isinstance(bad, dict) and bad.get("id") == "REQ":
+            bad = {**bad, "id": rid}
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer):
+            await rt.generate(session_id=r.session_id, approvals=[bad])
+        assert await store_contents(rt.store, r.session_id) == before
+
+
+async def test_malformed_approvals_container_and_responses(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer):
+            await rt.generate(session_id=r.session_id, approvals={"id": rid, "approved": True})  # type: ignore[arg-type]
+        with pytest.raises(so.InvalidAnswer):
+            await rt.generate(
+                session_id=r.session_id,
+                approvals=[so.Decision(id=rid, approved=True), so.Decision(id=rid, approved=True)],
+            )
+        with pytest.raises(so.InvalidAnswer):
+            await rt.respond(r.session_id, [{"request_id": rid, "option_id": "maybe"}])
+        with pytest.raises(so.InvalidAnswer):
+            await rt.respond(r.session_id, [{"request_id": 5, "option_id": "approve"}])
+        with pytest.raises(so.InvalidAnswer):
+            await rt.respond(r.session_id, [])
+        with pytest.raises(pydantic.ValidationError):
+            so.Decision(id=rid, approved="yes")
+        assert await store_contents(rt.store, r.session_id) == before
+
+
+async def test_unknown_session_ids(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        await waiting_session(rt)
+        sid = "ses_does_not_exist"
+        with pytest.raises(so.UnknownSession) as info:
+            await rt.generate(session_id=sid, prompt="hi")
+        assert info.value.session_id == sid
+        assert sid in str(info.value)
+        with pytest.raises(so.UnknownSession):
+            await rt.generate(session_id=sid)
+        with pytest.raises(so.UnknownSession):
+            await rt.generate(session_id=sid, approvals=[so.Decision(id="req_x", approved=True)])
+        with pytest.raises(so.UnknownSession):
+            await rt.respond(sid, [so.InputResponse(request_id="req_x", option_id="approve")])
+        with pytest.raises(so.UnknownSession):
+            await rt.cancel(sid)
+        with pytest.raises(so.UnknownSession):
+            await rt.state(sid)
+        with pytest.raises(so.UnknownSession):
+            async for _ in rt.events(sid, follow=False):
+                pass
+
+
+async def test_answers_to_closed_requests_after_cancel(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+        cancelled = await rt.cancel(r.session_id, reason="customer left")
+        assert cancelled.status == "cancelled"
+        assert cancelled.pending == []
+        assert await rt.pending() == []
+        before = await store_contents(rt.store, r.session_id)
+        assert before.requests == [(rid, "withdrawn")]
+        for approve in (True, False):
+            with pytest.raises(so.RequestClosed) as info:
+                await rt.generate(
+                    session_id=r.session_id, approvals=[so.Decision(id=rid, approved=approve)]
+                )
+            assert info.value.request_ids == [rid]
+        with pytest.raises(so.RequestClosed):
+            await rt.respond(r.session_id, [so.InputResponse(request_id=rid, option_id="approve")])
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0
+        # a cancelled session takes a new prompt
+        again = await rt.cancel(r.session_id)
+        assert again.status == "cancelled"
+
+
+async def test_only_the_principal_whose_turn_asked_may_answer(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt, auth=ALICE)
+        rid = r.pending[0].id
+        before = await store_contents(rt.store, r.session_id)
+        impostor = so.Principal(authenticator="other-idp", principal_id="alice")
+        for who in (BOB, None, impostor):
+            with pytest.raises(so.NotAllowed) as info:
+                await rt.respond(
+                    r.session_id,
+                    [so.InputResponse(request_id=rid, option_id="approve")],
+                    principal=who,
+                )
+            assert info.value.request_ids == [rid]
+            with pytest.raises(so.NotAllowed):
+                await rt.generate(
+                    session_id=r.session_id,
+                    approvals=[so.Decision(id=rid, approved=False)],
+                    auth=who,
+                )
+        # the request stays pending for the right person
+        assert await store_contents(rt.store, r.session_id) == before
+        done = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=rid, option_id="approve")],
+            principal=ALICE.model_copy(update={"attributes": {"team": "support"}}),
+        )
+        assert done.status == "completed"
+        assert log.count() == 1
+
+
+async def test_respond_one_request_at_a_time(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("issue_refund", order_id="1", amount=5),
+                call("issue_refund", order_id="2", amount=6),
+            ),
+            reply("done"),
+        ],
+        tools=tools(log),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await waiting_session(rt)
+        a, b = (p.id for p in r.pending)
+        r1 = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=b, option_id="approve")], resume=False
+        )
+        assert r1.status == "waiting"
+        assert [p.id for p in r1.pending] == [a]
+        assert log.count() == 0  # resume=False: only the answer was recorded
+        assert [p.id for p in await rt.pending(session_id=r.session_id)] == [a]
+        r2 = await rt.respond(r.session_id, [so.InputResponse(request_id=a, option_id="approve")])
+        assert r2.status == "completed"
+        assert sorted(e.input["order_id"] for e in log.executions) == ["1", "2"]
+
+
+async def test_pending_queue_across_sessions(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    clock = ManualClock()
+    agents = [refund_agent(log, name="a"), refund_agent(log, name="b")]
+    async with sqlite_runtime(tmp_path, *agents, clock=clock) as rt:
+        ra = await waiting_session(rt, "a")
+        clock.advance(100)
+        rb = await waiting_session(rt, "b")
+        queue = await rt.pending()
+        assert [p.session_id for p in queue] == [ra.session_id, rb.session_id]
+        assert [p.id for p in await rt.pending(agent="b")] == [rb.pending[0].id]
+        assert [p.id for p in await rt.pending(session_id=ra.session_id)] == [ra.pending[0].id]
+        assert await rt.pending(tool_name="lookup_order") == []
+        assert len(await rt.pending(tool_name="issue_refund", kind="tool-approval")) == 2
+        assert [p.id for p in await rt.pending(older_than=50)] == [ra.pending[0].id]
+        assert [p.id for p in await rt.pending(limit=1, offset=1)] == [rb.pending[0].id]
+
+
+async def test_events_follow_live(tmp_path: Path) -> None:
+    import asyncio
+
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log), poll_interval=0.01) as rt:
+        r = await waiting_session(rt)
+        head = (await rt.state(r.session_id)).seq
+        seen: list[so.Event] = []
+
+        async def follow() -> None:
+            async for event in rt.events(r.session_id, after=head - 1):
+                seen.append(event)
+                if event.type == "session.waiting":
+                    return
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.05)
+        assert [e.type for e in seen] == ["turn.waiting"]
+        await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        await asyncio.wait_for(task, timeout=5)
+        assert [e.seq for e in seen] == list(range(head, head + len(seen)))
+        assert seen[-1].type == "session.waiting"
+
+
+# -- sync twins -----------------------------------------------------------------------------------
+
+
+def test_sync_twins_from_plain_code(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("issue_refund", order_id="1", amount=5),
+                call("issue_refund", order_id="2", amount=6),
+            ),
+            reply("done"),
+            call_tools(call("issue_refund", order_id="3", amount=7)),
+            reply("second done"),
+        ],
+        tools=tools(log),
+    )
+    rt = sqlite_runtime(tmp_path, agent)
+    try:
+        r = rt.generate_sync("a", prompt="refund", auth=ALICE)
+        assert r.status == "waiting"
+        queue = rt.pending_sync()
+        assert [p.id for p in queue] == [p.id for p in r.pending]
+        assert rt.pending_sync(session_id="ses_nope") == []
+        r = rt.respond_sync(
+            r.session_id,
+            [so.InputResponse(request_id=queue[0].id, option_id="approve")],
+            principal=ALICE,
+        )
+        assert r.status == "waiting"
+        r = rt.generate_sync(
+            session_id=r.session_id,
+            approvals=[
+                so.Decision(id=queue[0].id, approved=True),
+                so.Decision(id=queue[1].id, approved=False),
+            ],
+            auth=ALICE,
+        )
+        assert r.status == "completed"
+        assert r.outcomes == [
+            so.Outcome(request_id=queue[0].id, outcome="approved", applied=False),
+            so.Outcome(request_id=queue[1].id, outcome="cancelled", applied=True),
+        ]
+        assert log.count() == 1
+        r = rt.generate_sync(session_id=r.session_id, prompt="again", auth=ALICE)
+        assert r.status == "waiting"
+        cancelled = rt.cancel_sync(r.session_id)
+        assert cancelled.status == "cancelled"
+        assert rt.state_sync(r.session_id).status == "cancelled"
+        events = rt.events_sync(r.session_id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        with pytest.raises(so.UnknownSession):
+            rt.generate_sync(session_id="ses_nope", prompt="x")
+    finally:
+        rt.close_sync()
