@@ -353,16 +353,7 @@ class Driver:
         turn = s.turn
         assert turn is not None
         if call.status == "denied":
-            d = call.decision or {}
-            await self.record(
-                [
-                    _result(
-                        call,
-                        "denied",
-                        {"denied": True, "reason": d.get("reason"), "by": d.get("by")},
-                    )
-                ]
-            )
+            await self.record([_result(call, "denied", _denial(call.decision or {}))])
             return
         if call.status == "decided":
             await self.record([_result(call, "decided", call.decision or {"approved": False})])
@@ -582,6 +573,24 @@ def _result(call: CallState, status: str, result: Any) -> EventSpec:
         "tool.completed",
         {"call_id": call.id, "tool_name": call.tool_name, "status": status, "result": result},
     )
+
+
+def _denial(decision: dict[str, Any]) -> dict[str, Any]:
+    """The result a model sees for a call a person denied (or that was ignored or expired)."""
+    by = decision.get("by")
+    result: dict[str, Any] = {
+        "denied": True,
+        "reason": decision.get("reason"),
+        "by": None if by is None else by.get("principal_id"),
+    }
+    outcome = decision.get("outcome")
+    if outcome in ("ignored", "expired", "cancelled") and by is None:
+        result["outcome"] = outcome
+    elif decision.get("reason"):
+        who = by.get("principal_id") if by else "the reviewer"
+        # Quoted and attributed: the person who denied may not be the user.
+        result["note"] = f'Written by {who}, who denied this call: "{decision["reason"]}"'
+    return result
 
 
 def _invalid_input(exc: ValidationError) -> dict[str, Any]:

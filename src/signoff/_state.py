@@ -447,6 +447,7 @@ def _approval_settled(s: SessionState, e: Event) -> None:
     call = s.turn.calls[d["call_id"]]
     decision = {
         "approved": approve,
+        "outcome": "approved" if approve else "cancelled",
         "reason": d.get("reason"),
         "by": d.get("by"),
     }
@@ -489,7 +490,12 @@ def _input_resolved(s: SessionState, e: Event) -> None:
         return
     if call.status in ("requested", "awaiting") and outcome not in ("approved", "answered"):
         # withdrawn without an approval: the call never runs
-        call.decision = {"approved": False, "reason": d.get("reason"), "by": d.get("by")}
+        call.decision = {
+            "approved": False,
+            "outcome": outcome,
+            "reason": d.get("reason"),
+            "by": d.get("by"),
+        }
         call.status = "denied" if call.status == "requested" else "decided"
 
 
