@@ -1,0 +1,190 @@
+"""The example support agent: order lookup, refunds over 100 need approval, account deletion too.
+
+Run it with `signoff chat examples.support:runtime`. The model is `so.models.Scripted` driven by a
+small rule-based function (`demo_model`), so the example works offline and deterministically; it
+reads the customer's message and the tool results the way a real model would.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import signoff as so
+from signoff import (
+    Message,
+    ModelResponse,
+    ToolCall,
+    ToolResultMessage,
+    UserMessage,
+)
+
+__all__ = ["ORDERS", "REFUNDS", "agent", "demo_model", "runtime"]
+
+ORDERS: dict[str, dict[str, Any]] = {
+    "1042": {"item": "Espresso machine", "total": 180.0, "status": "delivered"},
+    "1043": {"item": "Milk frother", "total": 45.0, "status": "delivered"},
+    "1044": {"item": "Coffee grinder", "total": 120.0, "status": "shipped"},
+}
+"""The demo shop's orders (in memory)."""
+
+REFUNDS: list[dict[str, Any]] = []
+"""Refunds issued by this process, in order: the tool's side effect."""
+
+
+@so.tool
+async def lookup_order(order_id: str) -> dict[str, Any]:
+    """Look up an order by its number: item, total and delivery status."""
+    order = ORDERS.get(order_id)
+    if order is None:
+        raise LookupError(f"no order {order_id}")
+    return {"order_id": order_id, **order}
+
+
+@so.tool(approval=lambda input: input.amount > 100)
+async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
+    """Refund an order in full or in part to the original payment method."""
+    order = ORDERS.get(order_id)
+    if order is None:
+        raise LookupError(f"no order {order_id}")
+    if not 0 < amount <= order["total"]:
+        raise ValueError(f"amount must be between 0 and the order total {order['total']:.2f}")
+    REFUNDS.append({"order_id": order_id, "amount": amount, "reason": reason})
+    return {"order_id": order_id, "refunded": amount}
+
+
+@so.tool
+async def delete_account(email: str) -> dict[str, Any]:
+    """Delete a customer's account and personal data."""
+    return {"deleted": email}
+
+
+_ORDER = re.compile(r"\b(\d{4,})\b")
+_AMOUNT = re.compile(
+    r"(?:\$\s*(\d+(?:\.\d+)?))|(?:\b(\d+(?:\.\d+)?)\s*(?:usd|dollars|eur)\b)", re.I
+)
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
+
+HELP = (
+    "I can look up an order, refund it, or delete an account. Tell me the order number, "
+    "for example: refund order 1042, it arrived broken."
+)
+
+
+def demo_model(conversation: list[Message]) -> ModelResponse:
+    """Decide the next step from the conversation: call a tool, or answer in a sentence."""
+    if not conversation:
+        return ModelResponse(text=HELP)
+    last = conversation[-1]
+    if isinstance(last, ToolResultMessage):
+        return _after_tools(conversation)
+    if isinstance(last, UserMessage):
+        return _on_message(last.text)
+    return ModelResponse(text=HELP)
+
+
+def _on_message(text: str) -> ModelResponse:
+    lowered = text.lower()
+    if "delete" in lowered and "account" in lowered:
+        email = _EMAIL.search(text)
+        if email is None:
+            return ModelResponse(text="Which account? Tell me its email address.")
+        return _call("delete_account", {"email": email.group(0)})
+    order = _ORDER.search(text)
+    if order is None:
+        return ModelResponse(text=HELP)
+    return _call("lookup_order", {"order_id": order.group(1)})
+
+
+def _after_tools(conversation: list[Message]) -> ModelResponse:
+    results: list[ToolResultMessage] = []
+    for message in reversed(conversation):
+        if not isinstance(message, ToolResultMessage):
+            break
+        results.insert(0, message)
+    request = _last_user_text(conversation)
+    sentences = []
+    for result in results:
+        content = result.content if isinstance(result.content, dict) else {}
+        if result.tool_name == "lookup_order":
+            if result.is_error:
+                sentences.append(f"I couldn't find that order: {_error(content)}.")
+                continue
+            if "refund" in request.lower():
+                return _call(
+                    "issue_refund",
+                    {
+                        "order_id": content["order_id"],
+                        "amount": _requested_amount(request) or content["total"],
+                        "reason": _reason(request),
+                    },
+                )
+            sentences.append(
+                f"Order {content['order_id']} ({content['item']}, {content['total']:.2f}) "
+                f"is {content['status']}."
+            )
+        elif result.tool_name == "issue_refund":
+            if content.get("denied"):
+                why = content.get("reason") or "no reason was given"
+                sentences.append(f"I couldn't issue the refund: it was declined ({why}).")
+            elif result.is_error:
+                sentences.append(f"The refund failed: {_error(content)}.")
+            else:
+                sentences.append(
+                    f"Done. I've refunded {content['refunded']:.2f} for order "
+                    f"{content['order_id']} to the original payment method."
+                )
+        elif result.tool_name == "delete_account":
+            if content.get("denied"):
+                why = content.get("reason") or "no reason was given"
+                sentences.append(f"I did not delete the account: it was declined ({why}).")
+            elif result.is_error:
+                sentences.append(f"Deleting the account failed: {_error(content)}.")
+            else:
+                sentences.append(f"The account {content['deleted']} has been deleted.")
+    return ModelResponse(text=" ".join(sentences) or HELP)
+
+
+def _call(name: str, input: dict[str, Any]) -> ModelResponse:
+    return ModelResponse(tool_calls=[ToolCall(name=name, input=input)])
+
+
+def _last_user_text(conversation: list[Message]) -> str:
+    for message in reversed(conversation):
+        if isinstance(message, UserMessage):
+            return message.text
+    return ""
+
+
+def _requested_amount(text: str) -> float | None:
+    match = _AMOUNT.search(text)
+    if match is None:
+        return None
+    return float(match.group(1) or match.group(2))
+
+
+def _reason(text: str) -> str:
+    _, comma, rest = text.partition(",")
+    rest = rest.strip().rstrip(".!")
+    if comma and rest:
+        return rest[0].upper() + rest[1:]
+    return "Customer requested a refund"
+
+
+def _error(content: dict[str, Any]) -> str:
+    error = content.get("error", "unknown error")
+    if not isinstance(error, str):
+        return json.dumps(error)
+    return re.sub(r"^[A-Za-z]+Error: ", "", error)  # "LookupError: no order 7" -> "no order 7"
+
+
+agent = so.Agent(
+    name="support",
+    model=so.models.Scripted([demo_model], repeat_last=True),
+    instructions="You help customers with their orders.",
+    tools=[lookup_order, issue_refund, delete_account],
+    guardrails=[so.tool_policy(require_approval=["delete_account"])],
+)
+
+runtime = so.Runtime([agent], store="sqlite:///.signoff/state.db")

@@ -1,0 +1,7 @@
+"""Channels: where people see requests and answer them. The terminal channel is built in."""
+
+from __future__ import annotations
+
+from .terminal import TerminalChannel, compact_json
+
+__all__ = ["TerminalChannel", "compact_json"]

@@ -1,0 +1,143 @@
+"""`TerminalChannel`: shows a request in a terminal and reads the person's answer inline.
+
+An approval reads like helix's chat: `? Run issue_refund({"order_id":"1042",...})? (y/N)`; a
+question shows numbered choices and, when the request allows it, takes free text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from .._types import InputRequest, InputResponse
+
+__all__ = ["TerminalChannel", "compact_json"]
+
+_YES = frozenset({"y", "yes"})
+_NO = frozenset({"n", "no", ""})
+
+
+def compact_json(value: Any) -> str:
+    """One-line JSON as helix prints a call's input; whole-number floats read as integers."""
+    return json.dumps(_tidy(value), separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+def _tidy(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _tidy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_tidy(v) for v in value]
+    return value
+
+
+class TerminalChannel:
+    """Renders requests on a Rich console and turns typed answers into `InputResponse`s.
+
+    `read` reads one line after showing a prompt and returns None at end of input (Ctrl-D);
+    by default it is the console's own `input`. A `None` answer leaves the request pending.
+    """
+
+    def __init__(
+        self,
+        console: Console | None = None,
+        *,
+        read: Callable[[str], str | None] | None = None,
+    ) -> None:
+        self.console = console or Console(highlight=False)
+        self._read = read or self._console_read
+
+    def _console_read(self, prompt: str) -> str | None:
+        try:
+            return self.console.input(prompt)
+        except EOFError:
+            return None
+
+    def read(self, prompt: str) -> str | None:
+        """Show `prompt` (Rich markup) and read one line; None at end of input."""
+        line = self._read(prompt)
+        return None if line is None else line.strip()
+
+    def read_message(self) -> str | None:
+        """The next chat message: `? you: …`."""
+        return self.read("[bold green]?[/] [bold]you:[/] ")
+
+    def approval_prompt(self, request: InputRequest) -> str:
+        """The inline question for a tool approval, as plain text."""
+        return f"Run {request.tool_name}({compact_json(request.input)})?"
+
+    def show(self, request: InputRequest) -> None:
+        """Print what a reviewer should know before the prompt: payload, policy errors."""
+        if request.kind == "tool-approval":
+            if request.payload is not None:
+                self.console.print(
+                    f"  [dim]{escape(request.tool_name or 'tool')} asks for approval:[/] "
+                    f"{escape(compact_json(request.payload))}"
+                )
+            if request.source == "guardrail":
+                self.console.print("  [dim]required by the agent's tool policy[/]")
+        if request.policy_error:
+            self.console.print(
+                f"  [yellow]the approval policy failed ({escape(request.policy_error)}); "
+                "asking you instead[/]"
+            )
+
+    def ask(self, request: InputRequest) -> InputResponse | None:
+        """Show one request, read the answer; None leaves it pending (end of input)."""
+        self.show(request)
+        if request.kind == "tool-approval":
+            return self._ask_approval(request)
+        return self._ask_question(request)
+
+    def _ask_approval(self, request: InputRequest) -> InputResponse | None:
+        prompt = f"[bold yellow]?[/] {escape(self.approval_prompt(request))} [dim](y/N)[/] "
+        while True:
+            answer = self.read(prompt)
+            if answer is None:
+                return None
+            answer = answer.lower()
+            if answer in _YES:
+                return InputResponse(request_id=request.id, option_id="approve")
+            if answer in _NO:
+                reason = self.read("[bold yellow]?[/] Reason [dim](optional):[/] ")
+                return InputResponse(request_id=request.id, option_id="cancel", text=reason or None)
+            self.console.print("  [red]answer y or n[/]")
+
+    def _ask_question(self, request: InputRequest) -> InputResponse | None:
+        question = request.question or f"{request.agent} asks for input"
+        self.console.print(f"[bold yellow]?[/] {escape(question)}")
+        for i, option in enumerate(request.options, 1):
+            detail = f" [dim]- {escape(option.description)}[/]" if option.description else ""
+            self.console.print(f"  {i}. {escape(option.label)}{detail}")
+        if request.options and request.allow_text:
+            hint = f"1-{len(request.options)} or your answer"
+        elif request.options:
+            hint = f"1-{len(request.options)}"
+        else:
+            hint = "your answer"
+        while True:
+            answer = self.read(f"  [dim]({hint}):[/] ")
+            if answer is None:
+                return None
+            chosen = _match_option(request, answer)
+            if chosen is not None:
+                return InputResponse(request_id=request.id, option_id=chosen)
+            if request.allow_text and answer:
+                return InputResponse(request_id=request.id, text=answer)
+            self.console.print(f"  [red]choose {hint}[/]")
+
+
+def _match_option(request: InputRequest, answer: str) -> str | None:
+    """An option id from a number, an id or a label (case-insensitive)."""
+    if answer.isdigit() and 1 <= int(answer) <= len(request.options):
+        return request.options[int(answer) - 1].id
+    folded = answer.casefold()
+    for option in request.options:
+        if folded in (option.id.casefold(), option.label.casefold()):
+            return option.id
+    return None

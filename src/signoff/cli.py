@@ -1,0 +1,589 @@
+"""The `signoff` command: chat with an agent, work the approval queue, read a session's log.
+
+Every command reports a signoff error as one red line naming its class and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import importlib
+import json
+import os
+import sys
+import time
+from collections.abc import Coroutine
+from datetime import datetime
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich import box
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from ._agent import Agent
+from ._events import Event
+from ._exceptions import AnswerError, ModelError, SignoffError, UnknownRequest, UsageError
+from ._results import GenerateResult
+from ._runtime import Runtime
+from ._types import InputRequest, InputResponse, ModelResponse, Principal
+from .channels.terminal import TerminalChannel, compact_json
+from .models import ModelRequest, Scripted
+from .stores import DEFAULT_URL, PendingFilter
+
+__all__ = ["app", "load_runtime", "local_principal", "main"]
+
+app = typer.Typer(
+    name="signoff",
+    help="Run agents that stop for people: chat, answer approvals, read session logs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar="SIGNOFF_STORE",
+        help=f"Store URL (sqlite:///path or postgresql://...). Default: {DEFAULT_URL}.",
+        show_default=False,
+    ),
+]
+
+
+def main() -> None:
+    """Entry point of the `signoff` console script."""
+    app()
+
+
+def _out() -> Console:
+    return Console(highlight=False)
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    message = str(exc).strip() or "(no message)"
+    _err().print(
+        f"[bold red]error:[/] [red]{type(exc).__name__}: {escape(message)}[/]", soft_wrap=True
+    )
+    raise typer.Exit(1)
+
+
+def _run(coro: Coroutine[Any, Any, None]) -> None:
+    """Run one command's coroutine, turning signoff errors into one red line and exit 1."""
+    try:
+        asyncio.run(coro)
+    except SignoffError as exc:
+        _fail(exc)
+    except KeyboardInterrupt:
+        _err().print("[dim]interrupted[/]")
+        raise typer.Exit(130) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        from . import __version__
+
+        typer.echo(f"signoff {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """Run agents that stop for people: chat, answer approvals, read session logs."""
+
+
+# -- loading a runtime ------------------------------------------------------------------------
+
+
+def local_principal() -> Principal:
+    """The person at this terminal: the operating-system user, as a `local` principal."""
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = f"uid-{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return Principal(authenticator="local", principal_id=user)
+
+
+def load_runtime(target: str, store: str | None = None) -> Runtime:
+    """Import `MODULE:ATTRIBUTE` (a `Runtime` or an `Agent`); `store` replaces its store URL."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(
+            f"expected MODULE:ATTRIBUTE such as examples.support:runtime, got {target!r}"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # like `python -m`: modules of the current directory load
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (
+            module_name == exc.name or module_name.startswith(exc.name + ".")
+        ):
+            raise UsageError(
+                f"cannot import {module_name!r}: no such module in {cwd} or the installed packages"
+            ) from None
+        raise UsageError(f"importing {module_name!r} failed: {exc}") from exc
+    except SignoffError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if isinstance(obj, Agent):
+        return Runtime([obj], store=store)
+    if isinstance(obj, Runtime):
+        if store is None:
+            return obj
+        return Runtime(
+            list(obj.agents.values()),
+            store=store,
+            clock=obj.clock,
+            lease_ttl=obj.lease_ttl,
+            lease_wait=obj.lease_wait,
+            poll_interval=obj.poll_interval,
+        )
+    raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime or Agent")
+
+
+def _pick_agent(runtime: Runtime, name: str | None) -> Agent:
+    if name is not None:
+        return runtime.agent(name)
+    if len(runtime.agents) == 1:
+        return next(iter(runtime.agents.values()))
+    known = ", ".join(runtime.agents) or "none"
+    raise UsageError(f"this runtime has several agents ({known}): choose one with --agent")
+
+
+class _NoModel:
+    """The model of an agent this process only settles answers for; it is never called."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise ModelError(
+            f"this process has no model for agent {self.agent!r}: pass MODULE:RUNTIME to resume"
+        )
+
+
+# -- chat -------------------------------------------------------------------------------------
+
+
+class _Chat:
+    """One terminal conversation with one agent: messages in, inline prompts, answers out."""
+
+    def __init__(self, runtime: Runtime, agent: Agent, console: Console) -> None:
+        self.runtime = runtime
+        self.agent = agent
+        self.console = console
+        self.channel = TerminalChannel(console)
+        self.principal = local_principal()
+        self.session_id: str | None = None
+        self.seen = 0
+
+    async def run(self, session_id: str | None) -> None:
+        self.header()
+        if session_id is not None:
+            await self.reopen(session_id)
+        while True:
+            line = self.channel.read_message()
+            if line is None or line in ("/exit", "/quit"):
+                if line is None:
+                    self.console.print()
+                return
+            if not line:
+                continue
+            try:
+                with self.console.status(f"{self.agent.name} is working..."):
+                    if self.session_id is None:
+                        result = await self.runtime.generate(
+                            self.agent.name, line, auth=self.principal
+                        )
+                        self.session_id = result.session_id
+                        self.console.print(f"[dim]session {result.session_id}[/]")
+                    else:
+                        result = await self.runtime.generate(
+                            session_id=self.session_id, prompt=line, auth=self.principal
+                        )
+                if not await self.follow(result):
+                    return
+            except SignoffError as exc:
+                self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
+
+    def header(self) -> None:
+        store = getattr(self.runtime.store, "url", type(self.runtime.store).__name__)
+        self.console.print(
+            f"[bold]signoff chat[/] · agent [bold cyan]{escape(self.agent.name)}[/] · "
+            f"store {escape(store)}"
+        )
+        if isinstance(self.agent.model, Scripted):
+            self.console.print(
+                "[yellow]demo model:[/] Scripted, offline rule-based replies (no LLM is called)"
+            )
+        self.console.print(
+            "[dim]Type a message; Ctrl-D or /exit leaves. Approvals are asked here.[/]"
+        )
+
+    async def reopen(self, session_id: str) -> None:
+        state = await self.runtime.state(session_id)
+        if state.agent != self.agent.name:
+            raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
+        self.session_id = session_id
+        self.seen = state.seq
+        self.console.print(f"[dim]session {session_id} (resumed)[/]")
+        turn = state.turn
+        if turn is None or turn.status in ("completed", "cancelled"):
+            return
+        if turn.status == "failed" and not turn.retryable:
+            self.console.print(f"[red]the last turn failed: {escape(_error_text(turn.error))}[/]")
+            return
+        with self.console.status(f"{self.agent.name} is working..."):
+            result = await self.runtime.generate(session_id=session_id)
+        await self.follow(result)
+
+    async def follow(self, result: GenerateResult) -> bool:
+        """Answer the turn's requests inline until it ends; False if the person left."""
+        while True:
+            await self.trace(result.session_id)
+            if result.status != "waiting" or not result.pending:
+                break
+            request = result.pending[0]
+            answer = self.channel.ask(request)
+            if answer is None:
+                self.console.print(
+                    f"\n[yellow]left {request.id} pending[/]; answer it later with "
+                    f"`signoff approve {request.id}` or `signoff deny {request.id}`"
+                )
+                return False
+            try:
+                with self.console.status(f"{self.agent.name} is working..."):
+                    result = await self.runtime.respond(
+                        result.session_id, [answer], principal=self.principal
+                    )
+            except AnswerError as exc:  # someone else answered first, or may not answer
+                self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
+                result = await self.runtime.generate(session_id=result.session_id)
+        self.report(result)
+        return True
+
+    async def trace(self, session_id: str) -> None:
+        """Print what tools did since the last look, one dim line each."""
+        async for event in self.runtime.events(session_id, after=self.seen, follow=False):
+            self.seen = event.seq
+            if event.type == "tool.completed":
+                self.console.print(f"  [dim]{escape(_tool_line(event.data))}[/]")
+
+    def report(self, result: GenerateResult) -> None:
+        if result.status == "completed":
+            self.console.print(f"[bold cyan]{escape(self.agent.name)}:[/] {escape(result.text)}")
+        elif result.status == "failed":
+            retry = " (send a message to continue)" if result.retryable else ""
+            self.console.print(
+                f"[red]the turn failed: {escape(_error_text(result.error))}{retry}[/]"
+            )
+        elif result.status == "running":
+            self.console.print("[yellow]another process is running this session's turn[/]")
+        elif result.status == "cancelled":
+            self.console.print("[yellow]the turn was cancelled[/]")
+
+
+def _tool_line(data: dict[str, Any]) -> str:
+    name, status, result = data.get("tool_name"), data.get("status"), data.get("result")
+    if status == "denied":
+        why = (result or {}).get("reason") if isinstance(result, dict) else None
+        return f"{name} denied" + (f": {why}" if why else "")
+    if status == "error":
+        error = result.get("error") if isinstance(result, dict) else result
+        return f"{name} failed: {_clip(str(error))}"
+    return f"{name} -> {_clip(compact_json(result))}"
+
+
+def _clip(text: str, width: int = 100) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _error_text(error: dict[str, Any] | None) -> str:
+    if not error:
+        return "unknown error"
+    return str(error.get("message") or error.get("code") or error)
+
+
+@app.command()
+def chat(
+    target: Annotated[
+        str, typer.Argument(metavar="MODULE:RUNTIME", help="A Runtime or Agent to load.")
+    ],
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Agent to talk to (if the runtime has several).")
+    ] = None,
+    session: Annotated[
+        str | None, typer.Option("--session", help="Continue this session instead of a new one.")
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store", envvar="SIGNOFF_STORE", help="Store URL; replaces the runtime's own."
+        ),
+    ] = None,
+) -> None:
+    """Talk to an agent in the terminal; approvals are asked inline as `(y/N)` prompts."""
+
+    async def go() -> None:
+        runtime = load_runtime(target, store)
+        picked = _pick_agent(runtime, agent)
+        async with runtime:
+            await _Chat(runtime, picked, Console(highlight=False, soft_wrap=True)).run(session)
+
+    _run(go())
+
+
+# -- the queue --------------------------------------------------------------------------------
+
+
+def _age(created_at: float, now: float) -> str:
+    seconds = max(0, int(now - created_at))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+@app.command()
+def pending(
+    store: StoreOption = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's.")] = None,
+    tool: Annotated[str | None, typer.Option("--tool", help="Only approvals of this tool.")] = None,
+    session: Annotated[str | None, typer.Option("--session", help="Only this session's.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List the open requests across sessions, oldest first."""
+
+    async def go() -> None:
+        async with Runtime([], store=store or DEFAULT_URL) as runtime:
+            flt = PendingFilter(agent=agent, tool_name=tool, session_id=session, limit=limit)
+            requests = await runtime.store.pending(flt)
+            total = await runtime.store.count_pending(
+                PendingFilter(agent=agent, tool_name=tool, session_id=session)
+            )
+        if as_json:
+            typer.echo(json.dumps([r.model_dump(mode="json") for r in requests], indent=2))
+            return
+        console = _out()
+        if not requests:
+            console.print("No pending requests.")
+            return
+        console.print(_queue_table(requests, total))
+
+    _run(go())
+
+
+def _queue_table(requests: list[InputRequest], total: int) -> Table:
+    now = time.time()
+    shown = f"{len(requests)} of {total}" if total > len(requests) else str(total)
+    table = Table(
+        title=f"Pending requests ({shown})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("Request / session", no_wrap=True)
+    table.add_column("Agent / asked by", no_wrap=True, max_width=22, overflow="ellipsis")
+    table.add_column("Tool / age", no_wrap=True, max_width=24, overflow="ellipsis")
+    table.add_column("Input", overflow="fold", ratio=1)
+    for r in requests:
+        what = r.tool_name or r.question or r.kind
+        shown_input = r.payload if r.payload is not None else r.input
+        readable = "" if shown_input is None else json.dumps(shown_input, ensure_ascii=False)
+        asker = r.requested_by.principal_id if r.requested_by else "-"
+        table.add_row(
+            f"{r.id}\n[dim]{r.session_id}[/]",
+            f"{escape(r.agent)}\n[dim]{escape(asker)}[/]",
+            f"{escape(what)}\n[dim]{_age(r.created_at, now)} ago[/]",
+            escape(_clip(readable, 200)),
+        )
+    return table
+
+
+def _unknown_request(request_id: str, where: str) -> UnknownRequest:
+    exc = UnknownRequest.__new__(UnknownRequest)
+    AnswerError.__init__(exc, f"no request {request_id!r} in {where}", [request_id])
+    return exc
+
+
+async def _settle(
+    request_id: str, approve: bool, reason: str | None, target: str | None, store: str | None
+) -> None:
+    loaded = load_runtime(target, store) if target else None
+    console = _out()
+    async with loaded or Runtime([], store=store or DEFAULT_URL) as runtime:
+        stored = await runtime.store.get_request(request_id)
+        if stored is None:
+            raise _unknown_request(request_id, runtime.store.url)
+        request = stored.request
+        answer = InputResponse(
+            request_id=request_id, option_id="approve" if approve else "cancel", text=reason
+        )
+        if loaded is None:
+            # Settle only: the decision is recorded; a process with the agent resumes the turn.
+            settler = Runtime(
+                [Agent(name=request.agent, model=_NoModel(request.agent))], store=runtime.store
+            )
+            result = await settler.respond(
+                request.session_id, [answer], principal=local_principal(), resume=False
+            )
+        else:
+            with console.status("resuming the turn..."):
+                result = await runtime.respond(
+                    request.session_id, [answer], principal=local_principal()
+                )
+    outcome = result.outcomes[0] if result.outcomes else None
+    what = request.tool_name or request.kind
+    if outcome is not None and not outcome.applied:
+        console.print(f"{request_id} was already {outcome.outcome}; nothing changed.")
+    else:
+        verb = "[green]approved[/]" if approve else "[red]denied[/]"
+        console.print(f"{verb} {request_id} ({escape(what)} in session {request.session_id})")
+    if loaded is None:
+        if result.status == "waiting" and not result.pending:
+            console.print(
+                f"[dim]The turn resumes when a process running agent {escape(request.agent)!r} "
+                f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}[/]"
+            )
+        return
+    if result.status == "completed":
+        console.print(f"[bold cyan]{escape(request.agent)}:[/] {escape(result.text)}")
+    elif result.status == "waiting":
+        ids = ", ".join(r.id for r in result.pending)
+        console.print(f"[yellow]the turn waits on: {ids}[/]")
+    elif result.status == "failed":
+        console.print(f"[red]the turn failed: {escape(_error_text(result.error))}[/]")
+    elif result.status == "running":
+        console.print("[yellow]another process is running this session's turn[/]")
+
+
+@app.command()
+def approve(
+    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[MODULE:RUNTIME]",
+            help="Load this runtime to continue the turn here; otherwise only record the answer.",
+        ),
+    ] = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (recorded).")] = None,
+    store: StoreOption = None,
+) -> None:
+    """Approve a pending request."""
+    _run(_settle(request_id, True, reason, target, store))
+
+
+@app.command()
+def deny(
+    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[MODULE:RUNTIME]",
+            help="Load this runtime to continue the turn here; otherwise only record the answer.",
+        ),
+    ] = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why; the model reads it.")] = None,
+    store: StoreOption = None,
+) -> None:
+    """Deny a pending request; the call never runs and the model reads the reason."""
+    _run(_settle(request_id, False, reason, target, store))
+
+
+# -- the log ----------------------------------------------------------------------------------
+
+
+def _summary(event: Event) -> str:
+    d = event.data
+    t = event.type
+    if t == "session.created":
+        return f"agent={d.get('agent')}"
+    if t == "turn.started":
+        return compact_json(d.get("message"))
+    if t == "model.completed":
+        calls = [f"{c['name']}({compact_json(c.get('input'))})" for c in d.get("tool_calls", [])]
+        parts = ([compact_json(d["text"])] if d.get("text") else []) + calls
+        return "; ".join(parts)
+    if t == "tool.started":
+        return str(d.get("tool_name"))
+    if t == "tool.completed":
+        return _tool_line(d)
+    if t == "input.requested":
+        return ", ".join(
+            f"{r['id']} ({(r.get('action') or {}).get('tool_name') or r.get('kind')})"
+            for r in d.get("requests", [])
+        )
+    if t == "turn.waiting":
+        return f"on {d.get('on')}: {', '.join(d.get('request_ids', []))}"
+    if t == "approval.settled":
+        by = (d.get("by") or {}).get("principal_id", "-")
+        why = f" ({d['reason']})" if d.get("reason") else ""
+        return f"{d.get('request_id')} {d.get('decision')} by {by}{why}"
+    if t == "input.resolved":
+        return f"{d.get('request_id')} {d.get('outcome')}"
+    if t == "turn.completed":
+        return compact_json(d.get("text", ""))
+    if t == "turn.failed":
+        retry = " (retryable)" if d.get("retryable") else ""
+        return _error_text(d.get("error")) + retry
+    if t == "turn.cancelled":
+        return str(d.get("reason") or "")
+    return ""
+
+
+@app.command()
+def events(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")
+    ] = False,
+    after: Annotated[int, typer.Option("--after", min=0, help="Start after this seq.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    store: StoreOption = None,
+) -> None:
+    """Print a session's event log."""
+
+    async def go() -> None:
+        console = _out()
+        async with Runtime([], store=store or DEFAULT_URL) as runtime:
+            async for event in runtime.events(session_id, after, follow=follow):
+                if as_json:
+                    typer.echo(json.dumps(event.to_dict(), ensure_ascii=False))
+                    continue
+                at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
+                console.print(
+                    f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<17}[/] "
+                    f"{escape(_clip(_summary(event), 160))}",
+                    soft_wrap=True,
+                )
+                if follow:
+                    sys.stdout.flush()
+
+    try:
+        _run(go())
+    except typer.Exit as exit_:
+        if follow and exit_.exit_code == 130:
+            raise typer.Exit(0) from None
+        raise

@@ -1,0 +1,255 @@
+"""`signoff pending / approve / deny / events` against a SQLite store holding a parked session."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app, local_principal
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@so.tool(approval=lambda input: input.amount > 100)
+async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
+    """Refund an order."""
+    return {"refunded": amount}
+
+
+def _answer(conversation: list[so.Message]) -> so.ModelResponse:
+    last = conversation[-1]
+    assert isinstance(last, so.ToolResultMessage)
+    if isinstance(last.content, dict) and last.content.get("denied"):
+        return so.ModelResponse(text=f"Not refunded: {last.content.get('reason')}.")
+    return so.ModelResponse(text=f"Refunded {last.content['refunded']:.2f}.")
+
+
+agent = so.Agent(
+    name="support",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="issue_refund",
+                        input={"order_id": "1042", "amount": 180, "reason": "broken"},
+                    )
+                ]
+            ),
+            _answer,
+        ]
+    ),
+    tools=[issue_refund],
+)
+
+TARGET = "tests.test_cli:agent"
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/state.db"
+
+
+def park(url: str, auth: so.Principal | None = None) -> tuple[str, str]:
+    """Run a turn to `waiting` in this process and return (session id, request id)."""
+    rt = so.Runtime([agent], store=url)
+    try:
+        r = rt.generate_sync("support", "Refund order 1042", auth=auth)
+        assert r.status == "waiting"
+        return r.session_id, r.pending[0].id
+    finally:
+        rt.close_sync()
+
+
+def log(url: str, session_id: str) -> list[so.Event]:
+    rt = so.Runtime([], store=url)
+    try:
+        return rt.events_sync(session_id)
+    finally:
+        rt.close_sync()
+
+
+def refunds_run(events: list[so.Event]) -> int:
+    return sum(
+        1
+        for e in events
+        if e.type == "tool.completed"
+        and e.data["tool_name"] == "issue_refund"
+        and e.data["status"] == "ok"
+    )
+
+
+def invoke(*args: str) -> Any:
+    return CliRunner().invoke(app, list(args))
+
+
+def test_pending_lists_the_parked_request(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("pending", "--store", url)
+    assert result.exit_code == 0, result.output
+    assert request_id in result.output
+    assert session_id in result.output
+    assert "issue_refund" in result.output
+    assert "Pending requests (1)" in result.output
+
+    as_json = invoke("pending", "--store", url, "--json")
+    assert as_json.exit_code == 0
+    rows = json.loads(as_json.stdout)
+    assert [r["id"] for r in rows] == [request_id]
+    assert rows[0]["action"]["input"] == {"order_id": "1042", "amount": 180.0, "reason": "broken"}
+    assert rows[0]["status"] == "pending"
+
+
+def test_pending_filters_and_empty_queue(url: str) -> None:
+    park(url)
+    for args in (["--tool", "lookup_order"], ["--agent", "billing"]):
+        result = invoke("pending", "--store", url, *args)
+        assert result.exit_code == 0
+        assert "No pending requests." in result.output
+    result = invoke("pending", "--store", url, "--tool", "issue_refund", "--json")
+    assert len(json.loads(result.stdout)) == 1
+
+
+def test_approve_without_runtime_records_the_decision_only(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("approve", request_id, "--store", url, "--reason", "looks fine")
+    assert result.exit_code == 0, result.output
+    assert f"approved {request_id}" in result.output
+    assert f"--session {session_id}" in result.output
+    events = log(url, session_id)
+    settled = [e for e in events if e.type == "approval.settled"]
+    assert len(settled) == 1
+    assert settled[0].data["decision"] == "approve"
+    assert settled[0].data["reason"] == "looks fine"
+    assert settled[0].data["by"]["principal_id"] == local_principal().principal_id
+    assert refunds_run(events) == 0  # recorded, not run: this process has no model
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+    # A process with the agent picks the turn up and the approved call runs once.
+    rt = so.Runtime([agent], store=url)
+    try:
+        done = rt.generate_sync(session_id=session_id)
+    finally:
+        rt.close_sync()
+    assert done.status == "completed"
+    assert done.text == "Refunded 180.00."
+    assert refunds_run(log(url, session_id)) == 1
+
+
+def test_approve_with_runtime_continues_the_turn_here(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("approve", request_id, TARGET, "--store", url)
+    assert result.exit_code == 0, result.output
+    assert f"approved {request_id}" in result.output
+    assert "support: Refunded 180.00." in result.output
+    assert refunds_run(log(url, session_id)) == 1
+
+    again = invoke("approve", request_id, TARGET, "--store", url)
+    assert again.exit_code == 0
+    assert f"{request_id} was already approved; nothing changed." in again.output
+    assert refunds_run(log(url, session_id)) == 1
+
+    conflict = invoke("deny", request_id, "--store", url, "--reason", "changed my mind")
+    assert conflict.exit_code == 1
+    assert conflict.stderr.startswith("error: ConflictingAnswer: ")
+    assert len(conflict.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in conflict.output
+
+
+def test_deny_reason_reaches_the_model(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("deny", request_id, TARGET, "--store", url, "--reason", "over the limit")
+    assert result.exit_code == 0, result.output
+    assert f"denied {request_id}" in result.output
+    assert "support: Not refunded: over the limit." in result.output
+    events = log(url, session_id)
+    assert refunds_run(events) == 0
+    completed = [e for e in events if e.type == "tool.completed"]
+    assert completed[0].data["status"] == "denied"
+    assert completed[0].data["result"]["reason"] == "over the limit"
+
+
+def test_only_the_asker_may_answer(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    session_id, request_id = park(url, auth=alice)
+    before = len(log(url, session_id))
+    result = invoke("approve", request_id, "--store", url)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: NotAllowed: ")
+    assert request_id in result.stderr
+    assert len(log(url, session_id)) == before  # nothing claimed
+    assert len(json.loads(invoke("pending", "--store", url, "--json").stdout)) == 1
+
+
+def test_events_prints_the_log(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("events", session_id, "--store", url)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    types = [line.split()[2] for line in lines]
+    assert types[0] == "session.created"
+    assert "input.requested" in types
+    assert types[-1] == "turn.waiting"
+    assert request_id in result.output
+
+    as_json = invoke("events", session_id, "--store", url, "--json")
+    rows = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(r["session_id"] == session_id and r["v"] == so.SCHEMA_VERSION for r in rows)
+
+    tail = invoke("events", session_id, "--store", url, "--json", "--after", str(len(rows) - 1))
+    assert [json.loads(line)["seq"] for line in tail.stdout.splitlines()] == [len(rows)]
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["approve", "req_nope"], "UnknownRequest: no request 'req_nope'"),
+        (["deny", "req_nope", "--reason", "x"], "UnknownRequest: no request 'req_nope'"),
+        (["events", "ses_nope"], "UnknownSession: unknown session 'ses_nope'"),
+        (["chat", "no-colon"], "UsageError: expected MODULE:ATTRIBUTE"),
+        (["chat", "tests.no_such_module:runtime"], "UsageError: cannot import"),
+        (["chat", "tests.test_cli:nothing"], "UsageError: module 'tests.test_cli' has no"),
+        (["chat", "tests.test_cli:TARGET"], "UsageError: tests.test_cli:TARGET is a str"),
+        (["chat", TARGET, "--agent", "billing"], "UsageError: unknown agent 'billing'"),
+        (["approve", "req_nope", TARGET], "UnknownRequest: no request 'req_nope'"),
+    ],
+)
+def test_errors_are_one_red_line(url: str, args: list[str], error: str) -> None:
+    park(url)
+    result = invoke(*args, "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: {error}"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.output
+
+
+def test_bad_store_url_is_a_usage_error() -> None:
+    result = invoke("pending", "--store", "mysql://db/x")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: UsageError: unknown store URL 'mysql://db/x'")
+
+
+def test_store_from_environment(url: str) -> None:
+    _, request_id = park(url)
+    result = CliRunner().invoke(app, ["pending", "--json"], env={"SIGNOFF_STORE": url})
+    assert [r["id"] for r in json.loads(result.stdout)] == [request_id]
+
+
+def test_python_dash_m_runs_the_cli() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", "--version"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"signoff {so.__version__}"

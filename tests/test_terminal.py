@@ -1,0 +1,341 @@
+"""The real `signoff` command in a pseudo-terminal (pexpect), and `TerminalChannel` on its own."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pexpect
+import pytest
+from rich.console import Console
+
+import signoff as so
+from signoff.channels import TerminalChannel, compact_json
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGNOFF = str(ROOT / ".venv" / "bin" / "signoff")
+TIMEOUT = 30
+REFUND_PROMPT = re.escape(
+    'Run issue_refund({"order_id":"1042","amount":180,"reason":"It arrived broken"})?'
+)
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/s.db"
+
+
+def spawn(*args: str) -> pexpect.spawn[str]:
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS="160", LINES="50")
+    env.pop("NO_COLOR", None)
+    child = pexpect.spawn(
+        SIGNOFF,
+        list(args),
+        cwd=str(ROOT),
+        env=env,
+        encoding="utf-8",
+        timeout=TIMEOUT,
+        dimensions=(50, 160),
+    )
+    return child
+
+
+@pytest.fixture
+def children() -> Iterator[list[pexpect.spawn[str]]]:
+    spawned: list[pexpect.spawn[str]] = []
+    yield spawned
+    for child in spawned:
+        if child.isalive():
+            child.terminate(force=True)
+        child.close()
+
+
+def chat(url: str, children: list[pexpect.spawn[str]], *extra: str) -> pexpect.spawn[str]:
+    child = spawn("chat", "examples.support:runtime", "--store", url, *extra)
+    children.append(child)
+    child.expect_exact("demo model:")
+    if not extra:
+        child.expect_exact("you:")
+    return child
+
+
+def group(child: pexpect.spawn[str]) -> str:
+    assert isinstance(child.match, re.Match)
+    found = child.match.group(1)
+    assert isinstance(found, str)
+    return found
+
+
+def finish(child: pexpect.spawn[str]) -> None:
+    child.expect_exact("you:")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+
+def log(url: str, session_id: str) -> list[so.Event]:
+    rt = so.Runtime([], store=url)
+    try:
+        return rt.events_sync(session_id)
+    finally:
+        rt.close_sync()
+
+
+def ask_refund(child: pexpect.spawn[str]) -> str:
+    """Type the refund request; return the session id the chat prints."""
+    child.sendline("refund order 1042, it arrived broken")
+    child.expect(r"session (ses_\w+)")
+    session_id = group(child)
+    child.expect(REFUND_PROMPT)
+    return session_id
+
+
+def refund_results(events: list[so.Event]) -> list[str]:
+    return [
+        e.data["status"]
+        for e in events
+        if e.type == "tool.completed" and e.data["tool_name"] == "issue_refund"
+    ]
+
+
+def test_chat_prompts_inline_and_runs_the_approved_refund(
+    url: str, children: list[pexpect.spawn[str]]
+) -> None:
+    child = chat(url, children)
+    session_id = ask_refund(child)
+    child.expect_exact("(y/N)")
+    child.sendline("y")
+    child.expect_exact("support:")
+    child.expect_exact("Done. I've refunded 180.00 for order 1042 to the original payment method.")
+    finish(child)
+
+    events = log(url, session_id)
+    assert refund_results(events) == ["ok"]
+    settled = [e for e in events if e.type == "approval.settled"]
+    assert [e.data["decision"] for e in settled] == ["approve"]
+    assert events[-1].type == "session.waiting"
+
+
+def test_chat_deny_with_a_reason_reaches_the_model(
+    url: str, children: list[pexpect.spawn[str]]
+) -> None:
+    child = chat(url, children)
+    session_id = ask_refund(child)
+    child.sendline("n")
+    child.expect_exact("Reason")
+    child.sendline("we already shipped a replacement")
+    child.expect_exact("support:")
+    child.expect_exact(
+        "I couldn't issue the refund: it was declined (we already shipped a replacement)."
+    )
+    # Small refunds need no approval: no prompt, the tool runs straight away.
+    child.expect_exact("you:")
+    child.sendline("refund order 1043")
+    child.expect_exact("Done. I've refunded 45.00 for order 1043")
+    finish(child)
+
+    events = log(url, session_id)
+    assert refund_results(events) == ["denied", "ok"]
+    denied = next(e for e in events if e.type == "tool.completed" and e.data["status"] == "denied")
+    assert denied.data["result"]["reason"] == "we already shipped a replacement"
+
+
+def test_a_prompt_left_open_is_answered_by_another_process(
+    url: str, children: list[pexpect.spawn[str]]
+) -> None:
+    child = chat(url, children)
+    session_id = ask_refund(child)
+    child.sendeof()  # walk away: the request stays pending in the store
+    child.expect(r"left (req_\w+) pending")
+    request_id = group(child)
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+
+    queue = subprocess.run(
+        [SIGNOFF, "pending", "--store", url, "--json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    rows = json.loads(queue.stdout)
+    assert [r["id"] for r in rows] == [request_id]
+    assert rows[0]["session_id"] == session_id
+
+    follower = spawn("events", session_id, "--follow", "--store", url)
+    children.append(follower)
+    follower.expect_exact("turn.waiting")
+
+    done = subprocess.run(
+        [SIGNOFF, "approve", request_id, "examples.support:runtime", "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"approved {request_id}" in done.stdout
+    assert "support: Done. I've refunded 180.00 for order 1042" in done.stdout
+
+    # The follower sees the live events written by the other process.
+    follower.expect_exact("approval.settled")
+    follower.expect_exact("turn.completed")
+    follower.sendintr()
+    follower.expect(pexpect.EOF)
+    follower.close()
+    assert follower.exitstatus == 0
+    assert refund_results(log(url, session_id)) == ["ok"]
+
+
+def test_chat_resumes_a_session_whose_answer_was_recorded_elsewhere(
+    url: str, children: list[pexpect.spawn[str]]
+) -> None:
+    child = chat(url, children)
+    session_id = ask_refund(child)
+    child.sendeof()
+    child.expect(r"left (req_\w+) pending")
+    request_id = group(child)
+    child.expect(pexpect.EOF)
+    child.close()
+
+    # Record the decision only (no runtime): nothing runs until a process with the agent resumes.
+    recorded = subprocess.run(
+        [SIGNOFF, "approve", request_id, "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert recorded.returncode == 0, recorded.stderr
+    assert f"--session {session_id}" in recorded.stdout
+    assert refund_results(log(url, session_id)) == []
+
+    resumed = chat(url, children, "--session", session_id)
+    resumed.expect_exact("Done. I've refunded 180.00 for order 1042")
+    finish(resumed)
+    assert refund_results(log(url, session_id)) == ["ok"]
+
+
+# -- TerminalChannel on its own ---------------------------------------------------------------
+
+
+def _request(**fields: object) -> so.InputRequest:
+    base: dict[str, object] = {
+        "kind": "tool-approval",
+        "id": "req_1",
+        "session_id": "ses_1",
+        "turn_id": "trn_1",
+        "agent": "support",
+        "action": so.Action(
+            call_id="call_1",
+            tool_name="issue_refund",
+            input={"order_id": "1042", "amount": 180.0},
+            input_hash="sha256:x",
+        ),
+        "created_at": 0.0,
+    }
+    base.update(fields)
+    return so.InputRequest.model_validate(base)
+
+
+def _channel(answers: list[str | None]) -> tuple[TerminalChannel, list[str], Console]:
+    console = Console(record=True, width=120, file=open(os.devnull, "w"))
+    prompts: list[str] = []
+
+    def read(prompt: str) -> str | None:
+        prompts.append(prompt)
+        return answers.pop(0)
+
+    return TerminalChannel(console, read=read), prompts, console
+
+
+def test_channel_approves_on_y() -> None:
+    channel, prompts, console = _channel(["  Y "])
+    try:
+        answer = channel.ask(_request())
+    finally:
+        console.file.close()
+    assert answer == so.InputResponse(request_id="req_1", option_id="approve")
+    assert 'Run issue_refund({"order_id":"1042","amount":180})?' in prompts[0]
+    assert "(y/N)" in prompts[0]
+
+
+def test_channel_denies_by_default_and_asks_why() -> None:
+    channel, prompts, console = _channel(["", "too much"])
+    try:
+        answer = channel.ask(_request())
+        assert answer == so.InputResponse(request_id="req_1", option_id="cancel", text="too much")
+        channel2, _, console2 = _channel(["no", ""])
+        try:
+            assert channel2.ask(_request()) == so.InputResponse(
+                request_id="req_1", option_id="cancel"
+            )
+        finally:
+            console2.file.close()
+    finally:
+        console.file.close()
+    assert "Reason" in prompts[1]
+
+
+def test_channel_repeats_on_nonsense_and_none_at_end_of_input() -> None:
+    channel, prompts, console = _channel(["maybe", "yes"])
+    try:
+        assert channel.ask(_request()) is not None
+        assert "answer y or n" in console.export_text()
+        assert len(prompts) == 2
+        eof, _, console2 = _channel([None])
+        try:
+            assert eof.ask(_request()) is None
+        finally:
+            console2.file.close()
+    finally:
+        console.file.close()
+
+
+def test_channel_shows_a_tool_payload() -> None:
+    channel, _, console = _channel(["y"])
+    try:
+        channel.ask(_request(payload={"action": "refund", "amount": 99.5}, source="tool"))
+        assert 'issue_refund asks for approval: {"action":"refund","amount":99.5}' in (
+            console.export_text()
+        )
+    finally:
+        console.file.close()
+
+
+def test_channel_answers_a_question_by_number_label_or_text() -> None:
+    question = _request(
+        kind="question",
+        action=None,
+        question="Which size?",
+        options=[so.Option(id="s", label="Small"), so.Option(id="l", label="Large")],
+        allow_text=True,
+    )
+    for typed, expected in (
+        ("2", so.InputResponse(request_id="req_1", option_id="l")),
+        ("small", so.InputResponse(request_id="req_1", option_id="s")),
+        ("the three-pack", so.InputResponse(request_id="req_1", text="the three-pack")),
+    ):
+        channel, _, console = _channel([typed])
+        try:
+            assert channel.ask(question) == expected
+            assert "1. Small" in console.export_text()
+        finally:
+            console.file.close()
+    strict = question.model_copy(update={"allow_text": False})
+    channel, prompts, console = _channel(["7", "1"])
+    try:
+        assert channel.ask(strict) == so.InputResponse(request_id="req_1", option_id="s")
+        assert "choose 1-2" in console.export_text()
+    finally:
+        console.file.close()
+
+
+def test_compact_json_reads_like_helix() -> None:
+    assert compact_json({"amount": 180.0, "x": [1.5, 2.0]}) == '{"amount":180,"x":[1.5,2]}'
