@@ -1,0 +1,238 @@
+"""Events: schema version on each, refusal of newer versions, gap-free seq, and snapshots."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.stores import SQLiteStore
+from signoff.testing import (
+    ExecutionLog,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+)
+
+
+def agent(log: ExecutionLog, *, repeat: bool = True) -> so.Agent:
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "ok"
+
+    @log.tool
+    async def lookup(order_id: str) -> str:
+        """Look up."""
+        return "found"
+
+    return scripted_agent(
+        "a",
+        [call_tools(call("lookup", order_id="1")), reply("answer")],
+        tools=[refund, lookup],
+        repeat_last=repeat,
+    )
+
+
+def db(tmp_path: Path) -> str:
+    return str(tmp_path / "state.db")
+
+
+async def all_events(rt: so.Runtime, session_id: str) -> list[so.Event]:
+    return [e async for e in rt.events(session_id, follow=False)]
+
+
+async def test_every_event_carries_the_schema_version(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, agent(log)) as rt:
+        r = await rt.generate("a", prompt="hi")
+        events = await all_events(rt, r.session_id)
+        assert events
+        for e in events:
+            assert e.v == so.SCHEMA_VERSION
+            d = e.to_dict()
+            assert set(d) == {"id", "session_id", "seq", "turn_id", "type", "at", "data", "v"}
+            assert d["v"] == so.SCHEMA_VERSION
+            assert d["id"] == f"{r.session_id}:{e.seq}"
+            json.dumps(d)  # the JSON form really is JSON
+    with sqlite3.connect(db(tmp_path)) as conn:
+        versions = {v for (v,) in conn.execute("SELECT DISTINCT v FROM events")}
+    assert versions == {so.SCHEMA_VERSION}
+
+
+async def test_seq_is_gap_free_per_session(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    gated = agent(log)
+    async with sqlite_runtime(tmp_path, gated) as rt:
+        s1 = await rt.generate("a", prompt="one")
+        s2 = await rt.generate("a", prompt="two")
+        await rt.generate(session_id=s1.session_id, prompt="three")
+        await rt.generate(session_id=s2.session_id, prompt="four")
+        await rt.cancel(s1.session_id)
+        for sid in (s1.session_id, s2.session_id):
+            events = await all_events(rt, sid)
+            assert [e.seq for e in events] == list(range(1, len(events) + 1))
+            assert events[0].type == "session.created"
+            assert len({e.id for e in events}) == len(events)
+            after = [e async for e in rt.events(sid, after=3, follow=False)]
+            assert [e.seq for e in after] == list(range(4, len(events) + 1))
+
+
+async def _newer_event(tmp_path: Path, session_id: str) -> None:
+    """Append, as a newer signoff would, one event of a future schema version."""
+    with sqlite3.connect(db(tmp_path)) as conn:
+        sk, head = conn.execute(
+            "SELECT sk, head FROM sessions WHERE id=?", (session_id,)
+        ).fetchone()
+        conn.execute(
+            "INSERT INTO events (sk, seq, type, turn, at, v, data) VALUES (?,?,?,?,?,?,?)",
+            (sk, head + 1, "session.waiting", None, 0.0, so.SCHEMA_VERSION + 1, "{}"),
+        )
+        conn.execute("UPDATE sessions SET head=? WHERE sk=?", (head + 1, sk))
+
+
+async def test_newer_event_version_is_refused(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, agent(log)) as rt:
+        sid = (await rt.generate("a", prompt="hi")).session_id
+    await _newer_event(tmp_path, sid)
+    store = SQLiteStore(f"sqlite:///{db(tmp_path)}")
+    try:
+        with pytest.raises(so.SchemaVersionError, match="schema version"):
+            await store.load(sid)
+        with pytest.raises(so.SchemaVersionError):
+            await store.read_events(sid)
+    finally:
+        await store.close()
+    async with sqlite_runtime(tmp_path, agent(log)) as rt:
+        with pytest.raises(so.SchemaVersionError):
+            await rt.generate(session_id=sid, prompt="again")
+        with pytest.raises(so.SchemaVersionError):
+            await all_events(rt, sid)
+        assert issubclass(so.SchemaVersionError, so.StoreError)
+
+
+async def test_newer_snapshot_version_is_refused(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, agent(log)) as rt:
+        sid = (await rt.generate("a", prompt="hi")).session_id
+    with sqlite3.connect(db(tmp_path)) as conn:
+        (data,) = conn.execute("SELECT data FROM snapshots").fetchone()
+        snap = json.loads(data)
+        snap["v"] = so.SCHEMA_VERSION + 1
+        conn.execute("UPDATE snapshots SET data=?", (json.dumps(snap),))
+    async with sqlite_runtime(tmp_path, agent(log)) as rt:
+        with pytest.raises(so.SchemaVersionError):
+            await rt.generate(session_id=sid, prompt="again")
+    with pytest.raises(so.SchemaVersionError):
+        so.SessionState.from_snapshot(snap)
+
+
+def test_event_from_row_refuses_newer_versions_and_unknown_types() -> None:
+    ok = so.Event.from_row(
+        session_id="s", seq=1, type="turn.started", at=1.0, turn_id="t", data={}, v=1
+    )
+    assert ok.v == 1
+    with pytest.raises(so.SchemaVersionError, match="s:3"):
+        so.Event.from_row(
+            session_id="s", seq=3, type="turn.started", at=1.0, turn_id=None, data={}, v=99
+        )
+    with pytest.raises(so.SchemaVersionError, match="unknown type"):
+        so.Event.from_row(
+            session_id="s", seq=3, type="turn.exploded", at=1.0, turn_id=None, data={}, v=1
+        )
+
+
+async def test_newer_store_schema_is_refused(tmp_path: Path) -> None:
+    store = SQLiteStore(f"sqlite:///{db(tmp_path)}")
+    await store.open()
+    await store.close()
+    with sqlite3.connect(db(tmp_path)) as conn:
+        conn.execute("UPDATE meta SET value='999' WHERE key='schema'")
+    with pytest.raises(so.SchemaVersionError, match="999"):
+        await SQLiteStore(f"sqlite:///{db(tmp_path)}").open()
+
+
+# -- snapshots ------------------------------------------------------------------------------------
+
+
+def full_fold(events: list[so.Event]) -> so.SessionState:
+    state = so.SessionState(id=events[0].session_id)
+    for e in events:
+        state.apply(e)
+    return state
+
+
+async def test_loading_reads_one_snapshot_plus_a_short_tail(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, agent(log)) as rt:
+        sid = (await rt.generate("a", prompt="turn 0")).session_id
+        for i in range(1, 150):
+            r = await rt.generate(session_id=sid, prompt=f"turn {i}")
+            assert r.status == "completed"
+        events = await all_events(rt, sid)
+        assert len(events) > 500
+        store = rt.store
+        assert isinstance(store, SQLiteStore)
+        loaded = await store.load(sid)
+        assert loaded is not None and loaded.snapshot is not None
+        assert loaded.snapshot["seq"] + len(loaded.events) == len(events)
+        assert len(loaded.events) < 64
+        rebuilt = so.SessionState.from_snapshot(loaded.snapshot)
+        for e in loaded.events:
+            rebuilt.apply(e)
+        assert rebuilt.to_snapshot() == full_fold(events).to_snapshot()
+
+
+async def test_snapshot_plus_tail_equals_full_fold_mid_turn(tmp_path: Path) -> None:
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "ok"
+
+    steps = []
+    for i in range(40):
+        steps += [call_tools(call("refund", order_id=str(i))), reply(f"done {i}")]
+    a = scripted_agent("a", steps, tools=[refund])
+    async with sqlite_runtime(tmp_path, a) as rt:
+        sid = None
+        for i in range(40):
+            if sid is None:
+                r = await rt.generate("a", prompt=f"refund {i}")
+                sid = r.session_id
+            else:
+                r = await rt.generate(session_id=sid, prompt=f"refund {i}")
+            assert r.status == "waiting"
+            if i < 39:
+                r = await rt.generate(
+                    session_id=sid, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+                )
+        assert sid is not None
+        # answer the last one without resuming: approval.settled + input.resolved form the tail
+        await rt.respond(
+            sid, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")], resume=False
+        )
+        store = rt.store
+        assert isinstance(store, SQLiteStore)
+        loaded = await store.load(sid)
+        assert loaded is not None and loaded.snapshot is not None
+        assert [e.type for e in loaded.events] == ["approval.settled", "input.resolved"]
+        events = await all_events(rt, sid)
+        rebuilt = so.SessionState.from_snapshot(loaded.snapshot)
+        for e in loaded.events:
+            rebuilt.apply(e)
+        assert rebuilt.to_snapshot() == full_fold(events).to_snapshot()
+        assert rebuilt.seq == len(events)
+        # and a new runtime resumes from it correctly
+    async with sqlite_runtime(tmp_path, scripted_agent("a", steps, tools=[refund])) as rt2:
+        done = await rt2.generate(session_id=sid)
+        assert done.status == "completed"
+        assert done.text.endswith("done 39")
+        assert log.count() == 40

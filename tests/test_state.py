@@ -1,0 +1,234 @@
+"""`SessionState`: a pure fold of the events, and its snapshot form."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    ExecutionLog,
+    Flaky,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+)
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+
+
+def fold(events: list[so.Event]) -> so.SessionState:
+    state = so.SessionState(id=events[0].session_id)
+    for e in events:
+        state.apply(e)
+    return state
+
+
+async def events_of(rt: so.Runtime, session_id: str) -> list[so.Event]:
+    return [e async for e in rt.events(session_id, follow=False)]
+
+
+async def rich_session(tmp_path: Path, log: ExecutionLog) -> tuple[so.Runtime, str]:
+    """A session with approvals, a denial, a tool's own request, a failure and a cancel."""
+
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return f"refunded {order_id}"
+
+    @log.tool
+    async def lookup(order_id: str) -> dict[str, str]:
+        """Look up."""
+        return {"order_id": order_id}
+
+    @log.tool
+    async def wire(ctx: so.ToolContext, amount: float) -> str:
+        """Wire money."""
+        ctx.request_approval({"amount": amount})
+
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(call("refund", order_id="1"), call("lookup", order_id="1")),
+            call_tools(call("refund", order_id="2"), call("wire", amount=3)),
+            Flaky(reply("first turn done")),
+            call_tools(call("refund", order_id="3")),
+        ],
+        tools=[refund, lookup, wire],
+    )
+    rt = sqlite_runtime(tmp_path, agent)
+    r = await rt.generate("a", prompt="start", auth=ALICE)
+    sid = r.session_id
+    r = await rt.generate(
+        session_id=sid, approvals=[so.Decision(id=r.pending[0].id, approved=True)], auth=ALICE
+    )
+    by_tool = {p.tool_name: p.id for p in r.pending}
+    assert sorted(by_tool) == ["refund", "wire"]
+    r = await rt.generate(
+        session_id=sid,
+        approvals=[
+            so.Decision(id=by_tool["refund"], approved=False, reason="no"),
+            so.Decision(id=by_tool["wire"], approved=True, value={"ok": 1}),
+        ],
+        auth=ALICE,
+    )
+    assert r.status == "failed"
+    r = await rt.generate(session_id=sid)
+    assert r.status == "completed"
+    r = await rt.generate(session_id=sid, prompt="second", auth=ALICE)
+    assert r.status == "waiting"
+    await rt.cancel(sid)
+    return rt, sid
+
+
+async def test_state_is_the_fold_of_the_events(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    rt, sid = await rich_session(tmp_path, log)
+    async with rt:
+        events = await events_of(rt, sid)
+        folded = fold(events)
+        assert folded.to_snapshot() == (await rt.state(sid)).to_snapshot()
+        assert folded.status == "cancelled"
+        assert folded.agent == "a"
+        assert folded.initiator == ALICE
+        assert folded.seq == len(events)
+        assert folded.approved_tools == {"refund", "wire"}
+        assert folded.pending_requests() == []
+
+
+async def test_snapshot_round_trips_at_every_point(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    rt, sid = await rich_session(tmp_path, log)
+    async with rt:
+        events = await events_of(rt, sid)
+    final = fold(events).to_snapshot()
+    for n in range(1, len(events) + 1):
+        prefix = fold(events[:n])
+        snap = prefix.to_snapshot()
+        restored = so.SessionState.from_snapshot(snap)
+        assert restored.to_snapshot() == snap, f"after event {n} ({events[n - 1].type})"
+        assert [r.id for r in restored.pending_requests()] == [
+            r.id for r in prefix.pending_requests()
+        ]
+        assert restored.status == prefix.status
+        for e in events[n:]:
+            restored.apply(e)
+        assert restored.to_snapshot() == final, f"resumed from event {n}"
+
+
+async def test_status_follows_the_turn(tmp_path: Path) -> None:
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "ok"
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", order_id="1")), RuntimeError("boom")],
+        tools=[refund],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("a")
+        assert (await rt.state(sid)).status == "idle"
+        r = await rt.generate(session_id=sid, prompt="go")
+        state = await rt.state(sid)
+        assert state.status == "waiting"
+        assert state.turn is not None and state.turn.id == r.turn_id
+        (call_state,) = state.turn.calls.values()
+        assert call_state.status == "requested"
+        assert call_state.request_id == r.pending[0].id
+        r = await rt.generate(
+            session_id=sid, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        state = await rt.state(sid)
+        assert state.status == "failed"
+        assert state.turn is not None and state.turn.retryable
+        assert state.turn.error is not None and "boom" in state.turn.error["message"]
+
+
+async def test_pending_requests_keep_the_order_they_were_asked_in(tmp_path: Path) -> None:
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "ok"
+
+    ids = [str(i) for i in range(8)]
+    agent = scripted_agent(
+        "a", [call_tools(*(call("refund", order_id=i) for i in ids)), reply("x")], tools=[refund]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        state = await rt.state(r.session_id)
+        assert [p.input["order_id"] for p in state.pending_requests()] == ids
+        assert [p.input["order_id"] for p in r.pending] == ids
+
+
+def test_events_must_come_in_seq_order() -> None:
+    state = so.SessionState(id="s")
+    created = so.Event(
+        session_id="s", seq=1, type="session.created", at=1.0, data={"agent": "a", "ttl": None}
+    )
+    state.apply(created)
+    assert state.agent == "a"
+    skipped = so.Event(session_id="s", seq=3, type="session.waiting", at=2.0)
+    with pytest.raises(so.StoreError, match="seq 3"):
+        state.apply(skipped)
+    with pytest.raises(so.StoreError):
+        state.apply(created)  # a replayed event is refused too
+    assert state.seq == 1
+
+
+def test_events_referring_to_no_open_turn_are_refused() -> None:
+    state = so.SessionState(id="s")
+    state.apply(
+        so.Event(session_id="s", seq=1, type="session.created", at=1.0, data={"agent": "a"})
+    )
+    stray = so.Event(
+        session_id="s",
+        seq=2,
+        type="tool.completed",
+        at=2.0,
+        turn_id="trn_x",
+        data={"call_id": "c", "tool_name": "t", "status": "ok", "result": 1},
+    )
+    with pytest.raises(so.StoreError):
+        state.apply(stray)
+
+
+async def test_ttl_expiry_is_computed_from_the_last_event(tmp_path: Path) -> None:
+    clock = ManualClock(start=1000.0)
+    agent = scripted_agent("a", [reply("hi")], limits=so.Limits(ttl=30))
+    async with sqlite_runtime(tmp_path, agent, clock=clock) as rt:
+        sid = await rt.create_session("a")
+        state = await rt.state(sid)
+        assert state.ttl == 30
+        assert state.expires_at == 1030.0
+        assert not state.expired(1029.9)
+        assert state.expired(1030.0)
+        clock.advance(10)
+        await rt.generate(session_id=sid, prompt="hello")
+        assert (await rt.state(sid)).expires_at == 1040.0
+
+
+async def test_snapshot_leaves_the_conversation_out(tmp_path: Path) -> None:
+    agent = scripted_agent("a", [reply("x" * 10_000)], repeat_last=True)
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = (await rt.generate("a", prompt="one")).session_id
+        small = len(repr((await rt.state(sid)).to_snapshot()))
+        for i in range(5):
+            await rt.generate(session_id=sid, prompt=f"turn {i}")
+        snap: dict[str, Any] = (await rt.state(sid)).to_snapshot()
+        # the long answers are in the events, not the snapshot (only the latest turn's text)
+        assert len(repr(snap)) < small + 2_000
+        restored = so.SessionState.from_snapshot(snap)
+        assert dataclasses.replace(restored).seq == snap["seq"]
