@@ -1,0 +1,328 @@
+"""Tool definitions: schema from hints, description from the docstring, context, validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+import pytest
+from pydantic import BaseModel
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    ExecutionLog,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
+
+
+@so.tool
+async def issue_refund(order_id: str, amount: float, reason: str = "none given") -> dict[str, Any]:
+    """Refund an order in full or in part.
+
+    Amounts over 100 need a person to approve.
+    """
+    return {"refunded": amount}
+
+
+def test_schema_from_type_hints() -> None:
+    schema = issue_refund.json_schema()
+    assert schema["type"] == "object"
+    assert schema["properties"]["order_id"]["type"] == "string"
+    assert schema["properties"]["amount"]["type"] == "number"
+    assert schema["properties"]["reason"]["default"] == "none given"
+    assert sorted(schema["required"]) == ["amount", "order_id"]
+    assert schema.get("additionalProperties") is False
+    assert "title" not in schema
+
+
+def test_description_from_the_docstring_first_paragraph() -> None:
+    assert issue_refund.name == "issue_refund"
+    assert issue_refund.description == "Refund an order in full or in part."
+
+    @so.tool(name="refund-v2", description="Explicit description.")
+    async def other(x: int) -> int:
+        """Ignored."""
+        return x
+
+    assert other.name == "refund-v2"
+    assert other.description == "Explicit description."
+
+
+class Address(BaseModel):
+    street: str
+    zip: str
+
+
+@dataclasses.dataclass
+class Receipt:
+    order_id: str
+    amount: float
+
+
+class Summary(BaseModel):
+    ok: bool
+    receipts: list[Receipt]
+
+
+def test_rich_types_in_the_schema() -> None:
+    @so.tool
+    def ship(to: Address, speed: Literal["slow", "fast"], items: list[str]) -> str:
+        """Ship items."""
+        return "shipped"
+
+    schema = ship.json_schema()
+    assert schema["properties"]["speed"]["enum"] == ["slow", "fast"]
+    assert schema["properties"]["items"]["type"] == "array"
+    assert "Address" in str(schema)
+    validated = ship.validate({"to": {"street": "s", "zip": "1"}, "speed": "fast", "items": []})
+    assert validated.to == Address(street="s", zip="1")  # type: ignore[attr-defined]
+
+
+def test_bad_definitions_are_usage_errors() -> None:
+    def no_hint(x):
+        """No hint."""
+
+    def var_args(*args: int) -> None:
+        """Var args."""
+
+    def var_kwargs(**kwargs: int) -> None:
+        """Var kwargs."""
+
+    def positional_only(x: int, /) -> None:
+        """Positional only."""
+
+    for fn in (no_hint, var_args, var_kwargs, positional_only):
+        with pytest.raises(so.UsageError, match=fn.__name__):
+            so.tool(fn)
+    with pytest.raises(so.UsageError):
+        so.Tool("not a function")  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="name"):
+        so.tool(name="has spaces")(var_kwargs)
+    with pytest.raises(so.UsageError, match="run_as"):
+        so.tool(run_as="root")(positional_only)
+
+
+def test_agent_definition_errors() -> None:
+    model = so.models.Scripted([reply("x")])
+
+    @so.tool
+    async def t(x: int) -> int:
+        """T."""
+        return x
+
+    with pytest.raises(so.UsageError, match="name"):
+        so.Agent(name="", model=model)
+    with pytest.raises(so.UsageError, match="two tools"):
+        so.Agent(name="a", model=model, tools=[t, t])
+    with pytest.raises(so.UsageError, match="not a Tool"):
+        so.Agent(name="a", model=model, tools=[lambda x: x])  # type: ignore[list-item]
+    with pytest.raises(so.UsageError, match="unknown tool"):
+        so.Agent(name="a", model=model, tools=[t], guardrails=[so.tool_policy(deny=["nope"])])
+    with pytest.raises(so.UsageError, match="two agents"):
+        so.Runtime([so.Agent(name="a", model=model), so.Agent(name="a", model=model)])
+
+
+async def test_unknown_agent_name(tmp_path: Path) -> None:
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [reply("x")])) as rt:
+        with pytest.raises(so.UsageError, match="unknown agent 'b'"):
+            await rt.generate("b", prompt="hi")
+        with pytest.raises(so.UsageError):
+            await rt.generate("a")  # a new session needs a prompt
+        with pytest.raises(so.UsageError):
+            await rt.generate(prompt="hi")  # and an agent
+
+
+async def test_validated_input_reaches_the_tool(tmp_path: Path) -> None:
+    received: list[tuple[Any, ...]] = []
+
+    @so.tool
+    async def refund(order_id: str, amount: float, express: bool = False) -> str:
+        """Refund."""
+        received.append((order_id, amount, express))
+        return "ok"
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="7", amount="12.5")), reply("ok")], tools=[refund]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        await rt.generate("a", prompt="go")
+    assert received == [("7", 12.5, False)]
+    assert isinstance(received[0][1], float)
+
+
+async def test_tool_context_is_passed_when_asked_for(tmp_path: Path) -> None:
+    contexts: list[so.ToolContext] = []
+
+    @so.tool
+    async def annotated(ctx: so.ToolContext, x: int) -> int:
+        """Annotated context."""
+        contexts.append(ctx)
+        return x
+
+    @so.tool
+    def by_name(ctx, x: int) -> int:
+        """Context by name, sync body."""
+        contexts.append(ctx)
+        return x
+
+    assert "ctx" not in annotated.json_schema()["properties"]
+    assert "ctx" not in by_name.json_schema()["properties"]
+    alice = so.Principal(authenticator="test", principal_id="alice")
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("annotated", x=1, id="c1"), call("by_name", x=2, id="c2")), reply("ok")],
+        tools=[annotated, by_name],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=alice)
+    first, second = contexts
+    assert first.call_id == "c1" and second.call_id == "c2"
+    assert first.tool_name == "annotated"
+    assert first.session.id == r.session_id
+    assert first.session.turn == r.turn_id
+    assert first.session.auth.current == alice
+    assert first.idempotency_key() == f"{r.session_id}:c1"
+    assert first.idempotency_key("charge") == f"{r.session_id}:c1:charge"
+    assert not first.abort_signal.is_set()
+
+
+async def test_sync_tools_run_off_the_event_loop(tmp_path: Path) -> None:
+    threads: list[str] = []
+
+    @so.tool
+    def blocking(x: int) -> int:
+        """Blocking."""
+        threads.append(threading.current_thread().name)
+        return x + 1
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("blocking", x=1)), seen], tools=[blocking])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        await rt.generate("a", prompt="go")
+    assert threads and threads[0] != threading.current_thread().name
+    assert tool_results(seen.last)[0].content == 2
+
+
+async def test_results_are_made_json_able(tmp_path: Path) -> None:
+    @so.tool
+    async def refund(order_id: str) -> Summary:
+        """Refund."""
+        return Summary(ok=True, receipts=[Receipt(order_id=order_id, amount=1.5)])
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("refund", order_id="9")), seen], tools=[refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+    assert tool_results(seen.last)[0].content == {
+        "ok": True,
+        "receipts": [{"order_id": "9", "amount": 1.5}],
+    }
+
+
+async def test_tool_exception_becomes_an_error_result(tmp_path: Path) -> None:
+    @so.tool
+    async def flaky(x: int) -> int:
+        """Fails."""
+        raise RuntimeError("payment provider timeout")
+
+    seen = Capture(reply("the provider timed out"))
+    agent = scripted_agent("a", [call_tools(call("flaky", x=1)), seen], tools=[flaky])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+    (result,) = tool_results(seen.last)
+    assert result.is_error
+    assert "payment provider timeout" in str(result.content)
+
+
+async def test_request_approval_payload_must_be_json_able(tmp_path: Path) -> None:
+    @so.tool
+    async def wire(ctx: so.ToolContext, amount: float) -> str:
+        """Wire."""
+        ctx.request_approval({"lock": threading.Lock()})
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("wire", amount=1)), seen], tools=[wire])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+        assert r.pending == []
+    (result,) = tool_results(seen.last)
+    assert result.is_error
+    assert "JSON" in str(result.content)
+
+
+def test_approval_required_is_a_signal_not_an_error() -> None:
+    signal = so.ApprovalRequired({"action": "refund"})
+    assert signal.payload == {"action": "refund"}
+    assert not isinstance(signal, so.SignoffError)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(signal)).payload == {"action": "refund"}
+
+
+# -- the testing helpers themselves ---------------------------------------------------------------
+
+
+async def test_execution_log_records_each_execution(tmp_path: Path) -> None:
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "ok"
+
+    @log.tool
+    def lookup(order_id: str) -> str:
+        """Look up."""
+        return "found"
+
+    assert isinstance(refund, so.Tool) and refund.approval.describe() == "Always"
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("lookup", order_id="1"), call("refund", order_id="1")), reply("ok")],
+        tools=[refund, lookup],
+    )
+    alice = so.Principal(authenticator="t", principal_id="alice")
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=alice)
+        assert log.count() == 1 and log.count("refund") == 0
+        await rt.generate(
+            session_id=r.session_id,
+            approvals=[so.Decision(id=r.pending[0].id, approved=True)],
+            auth=alice,
+        )
+    assert [e.tool_name for e in log.executions] == ["lookup", "refund"]
+    (run,) = log.of("refund")
+    assert run.session_id == r.session_id
+    assert run.call_id == r.pending[0].call_id
+    assert run.idempotency_key == f"{r.session_id}:{run.call_id}"
+    assert run.input == {"order_id": "1"}
+    assert run.principal_id == "alice"
+    assert log.keys("refund") == [run.idempotency_key]
+    log.clear()
+    assert log.count() == 0
+
+
+def test_file_backed_execution_log_is_shared(tmp_path: Path) -> None:
+    from signoff.testing import Execution
+
+    path = tmp_path / "executions.jsonl"
+    writer, reader = ExecutionLog(path), ExecutionLog(path)
+    assert reader.executions == []
+    e = Execution(tool_name="t", session_id="s", call_id="c", idempotency_key="s:c", input={"a": 1})
+    writer.record(e)
+    writer.record(e)
+    assert reader.executions == [e, e]
+    assert reader.count("t") == 2
+    reader.clear()
+    assert writer.count() == 0
