@@ -1,0 +1,444 @@
+"""What only the PostgreSQL store has: URLs and connections, migrations, lost connections, NOTIFY.
+
+Everything the `Store` protocol promises is tested once for both stores in
+test_store_conformance.py; this file covers what is specific to PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import psycopg
+import pytest
+
+import signoff as so
+from signoff._events import Event
+from signoff._exceptions import SchemaVersionError, StoreError, UsageError
+from signoff.stores import Commit, open_store
+from signoff.stores.postgres import MIGRATIONS, STORE_SCHEMA, PostgresStore
+
+from .conftest import PgCluster, _free_port
+
+T0 = 1_700_000_000.0
+
+
+def ev(sid: str, seq: int, type_: Any = "turn.started", **data: Any) -> Event:
+    return Event(session_id=sid, seq=seq, type=type_, at=T0 + seq, turn_id="trn_1", data=data)
+
+
+async def new_session(store: PostgresStore) -> str:
+    sid = f"ses_{uuid.uuid4().hex[:20]}"
+    await store.create_session(sid, "support", [ev(sid, 1, "session.created")], None)
+    return sid
+
+
+@pytest.fixture
+async def pg(pg_url: str) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(pg_url)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+async def admin(url: str) -> psycopg.AsyncConnection[Any]:
+    return await psycopg.AsyncConnection.connect(url, autocommit=True)
+
+
+# -- URLs and connections --------------------------------------------------------------------
+
+
+def test_open_store_selects_postgres_by_url() -> None:
+    for url in ("postgresql://u@127.0.0.1:5432/db", "postgres://u@127.0.0.1/db"):
+        store = open_store(url)
+        assert isinstance(store, PostgresStore) and store.url == url
+    with pytest.raises(UsageError):
+        open_store("mysql://u@h/db")
+
+
+def test_not_a_postgres_url_or_schema() -> None:
+    with pytest.raises(StoreError, match="not a PostgreSQL URL"):
+        PostgresStore("sqlite:///x.db")
+    with pytest.raises(StoreError, match="schema name"):
+        PostgresStore("postgresql://u@h/db", schema="Robert'); DROP TABLE")
+
+
+async def test_malformed_url_is_a_store_error() -> None:
+    store = PostgresStore("postgresql://u@127.0.0.1:5432/db?no_such_option=1")
+    with pytest.raises(StoreError, match="invalid PostgreSQL URL"):
+        await store.open()
+    store = PostgresStore("postgresql://u@127.0.0.1:notaport/db")
+    with pytest.raises(StoreError) as info:
+        await store.open()
+    assert "notaport" in str(info.value)
+
+
+async def test_unreachable_server_is_a_store_error_without_the_password() -> None:
+    port = _free_port()  # nothing listens there
+    store = PostgresStore(f"postgresql://alice:s3cret-pw@127.0.0.1:{port}/db", connect_timeout=2)
+    with pytest.raises(StoreError) as info:
+        await store.open()
+    message = str(info.value)
+    assert f"cannot connect to PostgreSQL at postgresql://alice@127.0.0.1:{port}/db" in message
+    assert "refused" in message.lower()
+    assert "s3cret-pw" not in message
+    assert isinstance(info.value.__cause__, psycopg.OperationalError)
+
+
+async def test_unreachable_server_through_the_runtime() -> None:
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")]))
+    rt = so.Runtime([agent], store=f"postgresql://postgres@127.0.0.1:{_free_port()}/db")
+    with pytest.raises(StoreError, match="cannot connect"):
+        await rt.generate("a", prompt="hello")
+    await rt.close()
+
+
+async def test_missing_database_is_a_store_error(pg_cluster: PgCluster) -> None:
+    store = PostgresStore(pg_cluster.url("no_such_database_here"))
+    with pytest.raises(StoreError, match="no_such_database_here"):
+        await store.open()
+
+
+# -- schema and migrations -------------------------------------------------------------------
+
+
+async def test_migrations_create_the_schema_once(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    assert await store.schema_version() == 0
+    await store.open()
+    await store.close()
+    assert await store.schema_version() == STORE_SCHEMA == len(MIGRATIONS)
+    assert await store.migrate() == (STORE_SCHEMA, STORE_SCHEMA)  # idempotent
+    conn = await admin(pg_url)
+    async with conn:
+        cur = await conn.execute("SELECT version FROM signoff.schema_version ORDER BY version")
+        assert [r[0] for r in await cur.fetchall()] == [v for v, _, _ in MIGRATIONS]
+        cur = await conn.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema='signoff' "
+            "ORDER BY table_name"
+        )
+        assert [r[0] for r in await cur.fetchall()] == [
+            "events",
+            "leases",
+            "requests",
+            "schema_version",
+            "sessions",
+            "snapshots",
+        ]
+
+
+async def test_concurrent_first_opens_migrate_once(pg_url: str) -> None:
+    stores = [PostgresStore(pg_url) for _ in range(6)]
+    await asyncio.gather(*(s.open() for s in stores))
+    try:
+        sid = await new_session(stores[0])
+        assert await stores[5].head(sid) == 1
+    finally:
+        for s in stores:
+            await s.close()
+    conn = await admin(pg_url)
+    async with conn:
+        cur = await conn.execute("SELECT COUNT(*) FROM signoff.schema_version")
+        assert (await cur.fetchone()) == (STORE_SCHEMA,)
+
+
+async def test_schemas_keep_stores_apart(pg_url: str) -> None:
+    a, b = PostgresStore(pg_url), PostgresStore(pg_url, schema="tenant_b")
+    await a.open()
+    await b.open()
+    try:
+        sid = await new_session(a)
+        assert await b.head(sid) is None
+        assert a.channel != b.channel
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_newer_schema_version_is_refused(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    await store.open()
+    sid = await new_session(store)
+    await store.close()
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute(
+            "INSERT INTO signoff.schema_version (version, description) VALUES (%s, 'future')",
+            (STORE_SCHEMA + 1,),
+        )
+    newer = PostgresStore(pg_url)
+    with pytest.raises(SchemaVersionError, match=f"version {STORE_SCHEMA + 1}") as info:
+        await newer.open()
+    assert "Upgrade signoff" in str(info.value)
+    with pytest.raises(SchemaVersionError):
+        await newer.migrate()
+    with pytest.raises(SchemaVersionError):
+        await newer.head(sid)  # every entry point opens first, and refuses
+    with pytest.raises(SchemaVersionError):
+        await PostgresStore(pg_url, migrate=False).open()
+    rt = so.Runtime([], store=pg_url)
+    with pytest.raises(SchemaVersionError):
+        await rt.open()
+    await rt.close()
+
+
+async def test_without_auto_migrate_an_old_schema_is_refused(pg_url: str) -> None:
+    store = PostgresStore(pg_url, migrate=False)
+    with pytest.raises(StoreError, match="signoff db upgrade"):
+        await store.open()
+    assert await store.migrate() == (0, STORE_SCHEMA)
+    await store.open()
+    try:
+        assert await new_session(store)
+    finally:
+        await store.close()
+
+
+# -- lost connections ------------------------------------------------------------------------
+
+
+async def _backend_waiting(
+    conn: psycopg.AsyncConnection[Any], what: str, skip: set[int] | None = None
+) -> int:
+    """The pid of the one backend (not ours, not in `skip`) whose current query matches `what`."""
+    for _ in range(500):
+        cur = await conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
+            "AND state = 'active' AND query LIKE %s",
+            (what,),
+        )
+        rows = [int(r[0]) for r in await cur.fetchall() if int(r[0]) not in (skip or set())]
+        if len(rows) == 1:
+            return rows[0]
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"no backend running {what!r}")
+
+
+async def test_connection_killed_mid_transaction_is_retried_cleanly(
+    pg: PostgresStore, pg_url: str
+) -> None:
+    sid = await new_session(pg)
+    holder, observer = await admin(pg_url), await admin(pg_url)
+    async with holder, observer:
+        # Hold the session row, so the commit stops inside its transaction, then kill it there.
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM signoff.sessions WHERE id=%s FOR UPDATE", (sid,))
+        commit = asyncio.create_task(
+            pg.commit(
+                Commit(
+                    session_id=sid,
+                    expected_seq=1,
+                    events=[ev(sid, 2, "model.completed"), ev(sid, 3, "tool.started")],
+                )
+            )
+        )
+        pid = await _backend_waiting(observer, "%FOR UPDATE%")
+        await observer.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        # Retried on a fresh connection: now waiting for the row again, in another backend.
+        await _backend_waiting(observer, "%FOR UPDATE%", skip={pid})
+        assert not commit.done()
+        await holder.execute("COMMIT")
+        await asyncio.wait_for(commit, 10)
+    assert [e.seq for e in await pg.read_events(sid)] == [1, 2, 3]
+    assert await pg.head(sid) == 3
+
+
+@pytest.fixture
+async def slow_commit(pg: PostgresStore, pg_url: str) -> AsyncIterator[str]:
+    """Make COMMIT of an event insert sleep (a deferred trigger) while `stall` says so."""
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute(
+            """
+            CREATE TABLE public.stall (n INT NOT NULL);
+            CREATE FUNCTION public.stall_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                IF EXISTS (SELECT 1 FROM public.stall WHERE n > 0) THEN
+                    PERFORM pg_sleep(30);
+                END IF;
+                RETURN NULL;
+            END $$;
+            CREATE CONSTRAINT TRIGGER stall AFTER INSERT ON signoff.events
+                DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.stall_commit();
+            """
+        )
+    yield pg_url
+
+
+async def _kill_stalled_commits(url: str, times: int) -> asyncio.Task[int]:
+    """Make commits stall, then (in a task) terminate each backend stalled in COMMIT, `times`
+    times; the last one is killed after stalling is turned off, so later commits go through."""
+    conn = await admin(url)
+    async with conn:
+        await conn.execute("INSERT INTO public.stall VALUES (1)")
+    return asyncio.create_task(_killer(url, times))
+
+
+async def _killer(url: str, times: int) -> int:
+    conn = await admin(url)
+    killed: set[int] = set()
+    async with conn:
+        while len(killed) < times:
+            pid = await _backend_waiting(conn, "%COMMIT%", skip=killed)
+            if len(killed) == times - 1:
+                await conn.execute("DELETE FROM public.stall")
+            await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            killed.add(pid)
+    return len(killed)
+
+
+async def test_connection_killed_during_commit_is_checked_then_retried(
+    pg: PostgresStore, slow_commit: str
+) -> None:
+    sid = await new_session(pg)
+    killer = await _kill_stalled_commits(slow_commit, 1)
+    await asyncio.wait_for(
+        pg.commit(
+            Commit(
+                session_id=sid,
+                expected_seq=1,
+                events=[ev(sid, 2, "tool.started"), ev(sid, 3, "tool.completed")],
+            )
+        ),
+        20,
+    )
+    assert await killer == 1
+    # The killed COMMIT rolled back; the store saw nothing stored, retried, and wrote it once.
+    assert [e.type for e in await pg.read_events(sid)] == [
+        "session.created",
+        "tool.started",
+        "tool.completed",
+    ]
+
+
+async def test_connection_lost_every_time_is_a_store_error_and_writes_nothing(
+    pg: PostgresStore, slow_commit: str
+) -> None:
+    sid = await new_session(pg)
+    killer = await _kill_stalled_commits(slow_commit, 3)
+    with pytest.raises(StoreError, match="lost during COMMIT|kept failing"):
+        await asyncio.wait_for(
+            pg.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)])), 20
+        )
+    assert await killer == 3
+    assert await pg.head(sid) == 1
+    assert [e.seq for e in await pg.read_events(sid)] == [1]
+    # The store is still usable afterwards.
+    await pg.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+    assert await pg.head(sid) == 2
+
+
+async def test_runtime_turn_survives_a_killed_connection(pg_url: str, slow_commit: str) -> None:
+    runs: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def ship(order_id: str) -> str:
+        """Ship an order."""
+        runs.append(order_id)
+        return "shipped"
+
+    agent = so.Agent(
+        name="a",
+        model=so.models.Scripted(
+            [
+                so.ModelResponse(tool_calls=[so.ToolCall(name="ship", input={"order_id": "7"})]),
+                so.ModelResponse(text="Shipped."),
+            ]
+        ),
+        tools=[ship],
+    )
+    rt = so.Runtime([agent], store=pg_url)
+    try:
+        r = await rt.generate("a", prompt="ship 7")
+        assert r.status == "waiting"
+        killer = await _kill_stalled_commits(slow_commit, 2)
+        r = await asyncio.wait_for(
+            rt.generate(
+                session_id=r.session_id,
+                approvals=[so.Decision(id=r.pending[0].id, approved=True)],
+            ),
+            30,
+        )
+        assert await killer == 2
+        assert r.status == "completed" and r.text == "Shipped."
+        assert runs == ["7"]
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert [e.type for e in events].count("approval.settled") == 1
+        assert [e.type for e in events].count("tool.completed") == 1
+    finally:
+        await rt.close()
+
+
+# -- LISTEN/NOTIFY ---------------------------------------------------------------------------
+
+
+async def test_each_commit_is_notified_with_session_and_seq(pg: PostgresStore, pg_url: str) -> None:
+    sid = await new_session(pg)
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute(f'LISTEN "{pg.channel}"')
+        await pg.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2), ev(sid, 3)]))
+        sid2 = await new_session(pg)
+        payloads = [n.payload async for n in conn.notifies(timeout=5, stop_after=2)]
+    assert payloads == [f"{sid} 3", f"{sid2} 1"]
+
+
+async def test_a_failed_commit_notifies_nothing(pg: PostgresStore, pg_url: str) -> None:
+    sid = await new_session(pg)
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute(f'LISTEN "{pg.channel}"')
+        with pytest.raises(so.StoreError):
+            await pg.commit(Commit(session_id=sid, expected_seq=7, events=[ev(sid, 8)]))
+        assert [n async for n in conn.notifies(timeout=0.3)] == []
+
+
+async def test_waiters_survive_a_killed_listener(pg: PostgresStore, pg_url: str) -> None:
+    sid = await new_session(pg)
+    assert await pg.wait_for_change(sid, 0.05) is False  # starts the listener
+    conn = await admin(pg_url)
+    async with conn:
+        cur = await conn.execute(
+            "SELECT pid FROM pg_stat_activity "
+            "WHERE query LIKE 'LISTEN%%' AND pid <> pg_backend_pid()"
+        )
+        rows = await cur.fetchall()
+        assert len(rows) == 1
+        waiting = asyncio.create_task(pg.wait_for_change(sid, 10))
+        await asyncio.sleep(0.05)
+        await conn.execute("SELECT pg_terminate_backend(%s)", (rows[0][0],))
+        # Woken by the reconnect: a notification may have been missed meanwhile.
+        assert await asyncio.wait_for(waiting, 10) is True
+    for _ in range(200):  # the listener is back and delivers again
+        waiting = asyncio.create_task(pg.wait_for_change(sid, 10))
+        await asyncio.sleep(0.05)
+        if waiting.done():
+            continue
+        head = await pg.head(sid)
+        assert head is not None
+        await pg.commit(Commit(session_id=sid, expected_seq=head, events=[ev(sid, head + 1)]))
+        assert await asyncio.wait_for(waiting, 10) is True
+        break
+    else:
+        raise AssertionError("the listener never came back")
+
+
+async def test_server_gone_after_open_is_a_store_error() -> None:
+    cluster = PgCluster.start()
+    try:
+        store = PostgresStore(cluster.admin_url, timeout=1.0)
+        await store.open()
+        sid = await new_session(store)
+        cluster.stop()
+        with pytest.raises(StoreError):
+            await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        with pytest.raises(StoreError):
+            await store.head(sid)
+        await store.close()
+    finally:
+        cluster.stop()
