@@ -60,13 +60,16 @@ def read_executions(path: str | Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
-def make_agent(records: str, *, block_in_tool: bool = False) -> so.Agent:
-    """The support agent: one gated refund call, then a final text."""
+def make_agent(records: str, *, block_in_tool: bool = False, delay: float = 0.0) -> so.Agent:
+    """The support agent: one gated refund call, then a final text; the tool body takes
+    `delay` seconds (awaiting, as real I/O would)."""
 
     @so.tool(approval=so.always())
     async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
         """Refund an order."""
         record_execution(records, ctx.idempotency_key(), os.getpid())
+        if delay:
+            await asyncio.sleep(delay)
         if block_in_tool:
             emit({"event": "tool-entered", "key": ctx.idempotency_key(), "pid": os.getpid()})
             await asyncio.Event().wait()  # the parent SIGKILLs us here; the loop stays alive
@@ -187,8 +190,10 @@ class Child:
             self._lines.put(line)
         self._lines.put(None)
 
-    def expect(self, event: str, timeout: float = 15.0) -> dict[str, Any]:
-        """The next JSON line with `"event": event`; fails with the child's stderr otherwise."""
+    def expect(self, event: str | tuple[str, ...], timeout: float = 15.0) -> dict[str, Any]:
+        """The next JSON line whose `"event"` is `event` (or one of them); fails with the
+        child's stderr if none comes."""
+        wanted = (event,) if isinstance(event, str) else event
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -206,7 +211,7 @@ class Child:
                     f"stderr:\n{self.stderr()}"
                 )
             obj: dict[str, Any] = json.loads(line)
-            if obj.get("event") == event:
+            if obj.get("event") in wanted:
                 return obj
 
     def wait(self, timeout: float = 15.0) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import socket
 import time
 from collections import OrderedDict
@@ -344,7 +345,8 @@ class Runtime:
             token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, self.clock())
             if token is not None or time.monotonic() >= deadline:
                 return token
-            await asyncio.sleep(delay)
+            # Jitter: waiters that started together must not all retry in lockstep.
+            await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.2)
 
     async def _renew(self, session_id: str, owner: str, token: int) -> None:

@@ -1,0 +1,276 @@
+"""Races on one request: 50 asyncio tasks, then 4 processes, answer it at once. Exactly one
+settlement is recorded; every other answer gets the no-op outcome or `ConflictingAnswer`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sqlite3
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.stores import Commit, Loaded, StoredRequest
+from signoff.stores.sqlite import SQLiteStore
+
+from ._procs import Child, make_agent, read_executions, spawn
+
+N_TASKS = 50
+
+
+class YieldingStore(SQLiteStore):
+    """SQLite whose calls suspend first, as a networked store's do, so racing tasks interleave
+    between reading a request and settling it; counts the compare-and-sets that lost."""
+
+    def __init__(self, url: str, lost: list[str]) -> None:
+        super().__init__(url)
+        self.lost = lost
+
+    async def head(self, session_id: str) -> int | None:
+        await asyncio.sleep(0)
+        return await super().head(session_id)
+
+    async def load(self, session_id: str) -> Loaded | None:
+        await asyncio.sleep(0)
+        return await super().load(session_id)
+
+    async def get_request(self, request_id: str) -> StoredRequest | None:
+        await asyncio.sleep(0)
+        return await super().get_request(request_id)
+
+    async def commit(self, commit: Commit) -> None:
+        await asyncio.sleep(0)
+        try:
+            await super().commit(commit)
+        except (so.RequestClosed, so.AppendConflict) as exc:
+            self.lost.append(type(exc).__name__)
+            raise
+
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, now: float
+    ) -> int | None:
+        await asyncio.sleep(0)
+        return await super().acquire_lease(session_id, owner, ttl, now)
+
+
+def _request_row(db: Path, request_id: str) -> tuple[str, str]:
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute(
+            "SELECT status, outcome FROM requests WHERE id=?", (request_id,)
+        ).fetchall()
+    assert len(rows) == 1
+    return str(rows[0][0]), str(rows[0][1])
+
+
+def _check_log(events: list[so.Event], request_id: str) -> Counter[str]:
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # no gap, no duplicate
+    settled = [e for e in events if e.type == "approval.settled"]
+    resolved = [e for e in events if e.type == "input.resolved"]
+    assert [e.data["request_id"] for e in settled] == [request_id]
+    assert [e.data["request_id"] for e in resolved] == [request_id]
+    return Counter(e.type for e in events)
+
+
+def _check_answers(answers: list[tuple[str, Any]], request_id: str) -> str:
+    """Exactly one answer applied; the rest are no-ops (same answer) or conflicts (different).
+
+    `answers` holds (wanted outcome, result) where result is a list of `Outcome` dicts or the
+    name of the exception raised. Returns the winning outcome.
+    """
+    applied = [
+        (wanted, o) for wanted, r in answers if isinstance(r, list) for o in r if o["applied"]
+    ]
+    assert len(applied) == 1, applied
+    winner = str(applied[0][1]["outcome"])
+    assert applied[0][0] == winner
+    for wanted, result in answers:
+        if wanted == winner:
+            assert isinstance(result, list), result
+            assert [o["request_id"] for o in result] == [request_id]
+            assert result[0]["outcome"] == winner
+        else:
+            assert result == "ConflictingAnswer", (wanted, result)
+    return winner
+
+
+async def _park(rt: so.Runtime) -> tuple[str, str]:
+    r = await rt.generate("support", prompt="Refund order 1042, it arrived broken")
+    assert r.status == "waiting"
+    return r.session_id, r.pending[0].id
+
+
+@pytest.mark.parametrize("store_kind", ["sqlite", "yielding"])
+@pytest.mark.parametrize("runtimes", ["shared", "mixed", "one-per-task"])
+async def test_fifty_tasks_race_to_answer_one_request(
+    tmp_path: Path, store_kind: str, runtimes: str
+) -> None:
+    db = tmp_path / "state.db"
+    url = f"sqlite:///{db}"
+    records = str(tmp_path / "runs.jsonl")
+    lost: list[str] = []
+
+    def runtime() -> so.Runtime:
+        store = YieldingStore(url, lost) if store_kind == "yielding" else url
+        return so.Runtime([make_agent(records, delay=0.01)], store=store)
+
+    main = runtime()
+    opened = [main]
+    try:
+        session_id, request_id = await _park(main)
+        if runtimes == "shared":
+            racers = [main] * N_TASKS
+        elif runtimes == "mixed":  # half share one runtime (and its cache), half have their own
+            racers = [main if i % 2 else runtime() for i in range(N_TASKS)]
+        else:
+            racers = [runtime() for _ in range(N_TASKS)]
+        opened.extend(r for r in racers if r is not main)
+        for rt in racers:
+            await rt.open()
+        gate = asyncio.Event()
+
+        async def answer(i: int, rt: so.Runtime) -> tuple[str, Any]:
+            # a third approve through respond, a third through generate, a third cancel
+            mode = i % 3
+            wanted = "cancelled" if mode == 2 else "approved"
+            await gate.wait()
+            try:
+                if mode == 1:
+                    r = await rt.generate(
+                        session_id=session_id,
+                        approvals=[so.Decision(id=request_id, approved=True, reason=f"task {i}")],
+                    )
+                else:
+                    option = "cancel" if mode == 2 else "approve"
+                    r = await rt.respond(
+                        session_id,
+                        [so.InputResponse(request_id=request_id, option_id=option)],
+                    )
+            except so.ConflictingAnswer as exc:
+                assert exc.request_ids == [request_id]
+                return wanted, "ConflictingAnswer"
+            assert r.status == "completed", r
+            return wanted, [dataclasses.asdict(o) for o in r.outcomes]
+
+        tasks = [asyncio.create_task(answer(i, rt)) for i, rt in enumerate(racers)]
+        await asyncio.sleep(0)
+        gate.set()
+        answers = await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+
+        winner = _check_answers(answers, request_id)
+        if store_kind == "yielding" and runtimes != "shared":
+            # The tasks really raced: several read the request as pending and lost the CAS.
+            assert "RequestClosed" in lost or "AppendConflict" in lost, lost
+        assert _request_row(db, request_id) == ("settled", winner)
+        types = _check_log([e async for e in main.events(session_id, follow=False)], request_id)
+        runs = read_executions(records)
+        if winner == "approved":
+            assert [r["key"] for r in runs] == [f"{session_id}:call_refund"]
+            assert types["tool.started"] == 1
+        else:
+            assert runs == []
+            assert types["tool.started"] == 0
+        assert types["tool.completed"] == 1  # the result, or the denial the model reads
+        assert types["model.completed"] == 2
+        assert types["turn.completed"] == 1
+    finally:
+        for rt in opened:
+            await rt.close()
+
+
+def test_four_processes_race_to_answer_one_request(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    records = str(tmp_path / "runs.jsonl")
+    rt = so.Runtime([make_agent(records)], store=f"sqlite:///{db}")
+    children: list[Child] = []
+    try:
+        parked = rt.generate_sync("support", prompt="Refund order 1042, it arrived broken")
+        assert parked.status == "waiting"
+        session_id, request_id = parked.session_id, parked.pending[0].id
+        start = tmp_path / "go"
+        plans = [
+            ("approved", ["--decision", "approve", "--via", "respond"]),
+            ("approved", ["--decision", "approve", "--via", "generate"]),
+            ("approved", ["--decision", "approve", "--via", "respond", "--reason", "same"]),
+            ("cancelled", ["--decision", "cancel", "--via", "respond"]),
+        ]
+        for _, extra in plans:
+            children.append(
+                spawn(
+                    tmp_path,
+                    "race",
+                    "--session",
+                    session_id,
+                    "--request",
+                    request_id,
+                    "--start-file",
+                    str(start),
+                    *extra,
+                )
+            )
+        for child in children:  # every racer has imported, opened its store and is polling
+            child.expect("ready")
+        start.touch()
+        answers: list[tuple[str, Any]] = []
+        for (wanted, _), child in zip(plans, children, strict=True):
+            line = child.expect(("result", "error"))
+            answers.append(
+                (wanted, line["outcomes"] if line["event"] == "result" else line["type"])
+            )
+            child.wait()
+        winner = _check_answers(answers, request_id)
+        assert _request_row(db, request_id) == ("settled", winner)
+        types = _check_log(rt.events_sync(session_id), request_id)
+        runs = read_executions(records)
+        expected_runs = 1 if winner == "approved" else 0
+        assert len(runs) == expected_runs
+        assert types["tool.started"] == expected_runs
+        assert types["tool.completed"] == 1
+        assert types["model.completed"] == 2
+        assert types["turn.completed"] == 1
+    finally:
+        for child in children:
+            child.close()
+        rt.close_sync()
+
+
+async def test_an_uncommitted_settlement_is_never_reported_to_another_task(tmp_path: Path) -> None:
+    """Two tasks share a runtime (and its cache); a third, in another runtime, settles first.
+
+    The first shared task's settlement is still in flight when the second shared task reads the
+    request: the second must not report that answer as the settled one.
+    """
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    records = str(tmp_path / "runs.jsonl")
+    lost: list[str] = []
+    shared = so.Runtime([make_agent(records, delay=0.01)], store=YieldingStore(url, lost))
+    other = so.Runtime([make_agent(records, delay=0.01)], store=YieldingStore(url, lost))
+    try:
+        session_id, request_id = await _park(shared)
+        await other.open()
+
+        async def answer(rt: so.Runtime, option: str) -> tuple[str, Any]:
+            wanted = "approved" if option == "approve" else "cancelled"
+            try:
+                r = await rt.respond(
+                    session_id, [so.InputResponse(request_id=request_id, option_id=option)]
+                )
+            except so.ConflictingAnswer:
+                return wanted, "ConflictingAnswer"
+            return wanted, [dataclasses.asdict(o) for o in r.outcomes]
+
+        answers = await asyncio.wait_for(
+            asyncio.gather(
+                answer(other, "cancel"), answer(shared, "approve"), answer(shared, "approve")
+            ),
+            timeout=30,
+        )
+        winner = _check_answers(list(answers), request_id)
+        assert _request_row(tmp_path / "state.db", request_id) == ("settled", winner)
+        _check_log([e async for e in shared.events(session_id, follow=False)], request_id)
+    finally:
+        await shared.close()
+        await other.close()
