@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -253,3 +256,86 @@ def test_python_dash_m_runs_the_cli() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"signoff {so.__version__}"
+
+
+def test_acting_as_the_asker_settles(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    session_id, request_id = park(url, auth=alice)
+    result = invoke("approve", request_id, TARGET, "--store", url, "--as", "web:alice")
+    assert result.exit_code == 0, result.output
+    assert "support: Refunded 180.00." in result.output
+    settled = next(e for e in log(url, session_id) if e.type == "approval.settled")
+    assert settled.data["by"]["authenticator"] == "web"
+    assert settled.data["by"]["principal_id"] == "alice"
+
+    bad = invoke("deny", request_id, "--store", url, "--as", ":nobody")
+    assert bad.exit_code == 1
+    assert bad.stderr.startswith("error: UsageError: --as takes AUTHENTICATOR:ID")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def test_serve_then_approve_from_the_command_line(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    port = _free_port()
+    server = subprocess.Popen(
+        [str(ROOT / ".venv/bin/signoff"), "serve", "examples.support:runtime"]
+        + ["--port", str(port), "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        banner = server.stdout.readline()
+        assert f"dashboard at http://127.0.0.1:{port}/_signoff" in banner
+        base = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{base}/openapi.json", timeout=2).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.05)
+        created = httpx.post(
+            f"{base}/sessions",
+            json={"agent": "support", "message": "refund order 1042, it arrived broken"},
+            timeout=10,
+        )
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert body["status"] == "waiting"
+        session_id = body["session_id"]
+        pending = json.loads(invoke("pending", "--store", url, "--json").stdout)
+        assert [p["session_id"] for p in pending] == [session_id]
+        request_id = pending[0]["id"]
+        asker = pending[0]["requested_by"]
+
+        result = invoke(
+            "approve",
+            request_id,
+            "examples.support:runtime",
+            "--store",
+            url,
+            "--as",
+            f"{asker['authenticator']}:{asker['principal_id']}",
+        )
+        assert result.exit_code == 0, result.output
+        assert "support: Done. I've refunded 180.00 for order 1042" in result.output
+
+        seen = httpx.get(f"{base}/sessions/{session_id}", timeout=10)
+        assert seen.status_code == 200
+        assert "Done. I've refunded 180.00" in seen.text
+        assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+        if server.stdout is not None:
+            server.stdout.close()

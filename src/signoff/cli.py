@@ -32,7 +32,7 @@ from .channels.terminal import TerminalChannel, compact_json
 from .models import ModelRequest, Scripted
 from .stores import DEFAULT_URL, PendingFilter
 
-__all__ = ["app", "load_runtime", "local_principal", "main"]
+__all__ = ["app", "load_runtime", "local_principal", "main", "parse_principal"]
 
 app = typer.Typer(
     name="signoff",
@@ -115,6 +115,28 @@ def local_principal() -> Principal:
     return Principal(authenticator="local", principal_id=user)
 
 
+def parse_principal(value: str | None) -> Principal:
+    """`AUTHENTICATOR:ID` (or just `ID`, as a `local` principal); None means the local user."""
+    if value is None:
+        return local_principal()
+    authenticator, sep, principal_id = value.rpartition(":")
+    if not principal_id or (sep and not authenticator):
+        raise UsageError(f"--as takes AUTHENTICATOR:ID such as dev:dev or ID, not {value!r}")
+    return Principal(authenticator=authenticator or "local", principal_id=principal_id)
+
+
+AsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--as",
+        envvar="SIGNOFF_PRINCIPAL",
+        help="Act as AUTHENTICATOR:ID (default: local:<your user name>). Requests may be "
+        "answered only by the principal whose turn asked.",
+        show_default=False,
+    ),
+]
+
+
 def load_runtime(target: str, store: str | None = None) -> Runtime:
     """Import `MODULE:ATTRIBUTE` (a `Runtime` or an `Agent`); `store` replaces its store URL."""
     module_name, sep, attribute = target.partition(":")
@@ -145,6 +167,8 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
             obj = getattr(obj, part)
         except AttributeError:
             raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if callable(obj) and not isinstance(obj, (Agent, Runtime)):
+        obj = obj()  # a factory: `def make_runtime() -> Runtime`
     if isinstance(obj, Agent):
         return Runtime([obj], store=store)
     if isinstance(obj, Runtime):
@@ -188,12 +212,14 @@ class _NoModel:
 class _Chat:
     """One terminal conversation with one agent: messages in, inline prompts, answers out."""
 
-    def __init__(self, runtime: Runtime, agent: Agent, console: Console) -> None:
+    def __init__(
+        self, runtime: Runtime, agent: Agent, console: Console, principal: Principal
+    ) -> None:
         self.runtime = runtime
         self.agent = agent
         self.console = console
         self.channel = TerminalChannel(console)
-        self.principal = local_principal()
+        self.principal = principal
         self.session_id: str | None = None
         self.seen = 0
 
@@ -341,16 +367,67 @@ def chat(
             "--store", envvar="SIGNOFF_STORE", help="Store URL; replaces the runtime's own."
         ),
     ] = None,
+    acting_as: AsOption = None,
 ) -> None:
     """Talk to an agent in the terminal; approvals are asked inline as `(y/N)` prompts."""
 
     async def go() -> None:
+        principal = parse_principal(acting_as)
         runtime = load_runtime(target, store)
         picked = _pick_agent(runtime, agent)
+        console = Console(highlight=False, soft_wrap=True)
         async with runtime:
-            await _Chat(runtime, picked, Console(highlight=False, soft_wrap=True)).run(session)
+            await _Chat(runtime, picked, console, principal).run(session)
 
     _run(go())
+
+
+@app.command()
+def serve(
+    target: Annotated[
+        str, typer.Argument(metavar="MODULE:RUNTIME", help="A Runtime or Agent to serve.")
+    ],
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port.")] = 8000,
+    token: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--token",
+            envvar="SIGNOFF_TOKENS",
+            help="API token as SECRET=PRINCIPAL_ID (repeatable). Without one: localhost dev mode.",
+        ),
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store", envvar="SIGNOFF_STORE", help="Store URL; replaces the runtime's own."
+        ),
+    ] = None,
+) -> None:
+    """Serve the runtime over HTTP: REST under /v1, live events, the dashboard at /_signoff."""
+    try:
+        from .server import TokenAuth
+        from .server import serve as run_server
+    except ImportError as exc:
+        _fail(
+            UsageError(
+                f"signoff serve needs the server extra: pip install 'signoff[server]' ({exc})"
+            )
+        )
+    try:
+        runtime = load_runtime(target, store)
+        auth = None
+        if token:
+            principals: dict[str, Principal] = {}
+            for item in token:
+                secret, sep, who = item.partition("=")
+                if not sep or not secret or not who:
+                    raise UsageError(f"--token takes SECRET=PRINCIPAL_ID, not {item!r}")
+                principals[secret] = Principal(authenticator="token", principal_id=who)
+            auth = TokenAuth(principals)
+    except SignoffError as exc:
+        _fail(exc)
+    run_server(runtime, host=host, port=port, auth=auth)
 
 
 # -- the queue --------------------------------------------------------------------------------
@@ -428,8 +505,14 @@ def _unknown_request(request_id: str, where: str) -> UnknownRequest:
 
 
 async def _settle(
-    request_id: str, approve: bool, reason: str | None, target: str | None, store: str | None
+    request_id: str,
+    approve: bool,
+    reason: str | None,
+    target: str | None,
+    store: str | None,
+    acting_as: str | None,
 ) -> None:
+    principal = parse_principal(acting_as)
     loaded = load_runtime(target, store) if target else None
     console = _out()
     async with loaded or Runtime([], store=store or DEFAULT_URL) as runtime:
@@ -446,13 +529,11 @@ async def _settle(
                 [Agent(name=request.agent, model=_NoModel(request.agent))], store=runtime.store
             )
             result = await settler.respond(
-                request.session_id, [answer], principal=local_principal(), resume=False
+                request.session_id, [answer], principal=principal, resume=False
             )
         else:
             with console.status("resuming the turn..."):
-                result = await runtime.respond(
-                    request.session_id, [answer], principal=local_principal()
-                )
+                result = await runtime.respond(request.session_id, [answer], principal=principal)
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.kind
     if outcome is not None and not outcome.applied:
@@ -490,9 +571,10 @@ def approve(
     ] = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Why (recorded).")] = None,
     store: StoreOption = None,
+    acting_as: AsOption = None,
 ) -> None:
     """Approve a pending request."""
-    _run(_settle(request_id, True, reason, target, store))
+    _run(_settle(request_id, True, reason, target, store, acting_as))
 
 
 @app.command()
@@ -507,9 +589,10 @@ def deny(
     ] = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Why; the model reads it.")] = None,
     store: StoreOption = None,
+    acting_as: AsOption = None,
 ) -> None:
     """Deny a pending request; the call never runs and the model reads the reason."""
-    _run(_settle(request_id, False, reason, target, store))
+    _run(_settle(request_id, False, reason, target, store, acting_as))
 
 
 # -- the log ----------------------------------------------------------------------------------
