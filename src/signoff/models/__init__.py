@@ -1,6 +1,12 @@
-"""Models: the `Model` protocol and the `Scripted` test double."""
+"""Models: the `Model` protocol, the `Scripted` test double, and the OpenAI and Anthropic providers.
 
+The providers import their SDK only when constructed: `pip install 'signoff[openai]'` or
+`'signoff[anthropic]'`.
+"""
+
+from ._anthropic import Anthropic
 from ._base import Model, ModelRequest, ToolSpec
+from ._openai import OpenAIChat
 from ._scripted import Scripted
 
-__all__ = ["Model", "ModelRequest", "Scripted", "ToolSpec"]
+__all__ = ["Anthropic", "Model", "ModelRequest", "OpenAIChat", "Scripted", "ToolSpec"]

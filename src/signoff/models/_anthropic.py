@@ -1,0 +1,251 @@
+"""`Anthropic`: Claude models through the official SDK's messages API."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import ModelError, UsageError
+from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
+from ._base import ModelRequest, ToolSpec
+from ._provider import (
+    ANTHROPIC_PRICES,
+    LoopClients,
+    cause_of,
+    check_params,
+    check_positive,
+    check_price,
+    encode_tool_result,
+    load_sdk,
+    lookup_price,
+    status_detail,
+)
+
+if TYPE_CHECKING:
+    from anthropic import AsyncAnthropic
+
+__all__ = ["Anthropic"]
+
+# Anthropic bills cache writes at 1.25x and cache reads at 0.1x the input price.
+_CACHE_WRITE = 1.25
+_CACHE_READ = 0.1
+
+
+class Anthropic:
+    """A Claude model through the messages API, with tool use and usage accounting.
+
+    Transient failures (connection errors, timeouts, 408/409/429/5xx, overloaded) are retried
+    `max_retries` times with exponential backoff by the SDK; what still fails raises
+    `ModelError`. `params` are passed to `messages.create` as they are (`thinking`,
+    `stop_sequences`, `extra_body`, ...). Cost uses `price_per_mtok=(input, output)` in USD
+    per million tokens, or a built-in list price for well-known models, else 0.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: AsyncAnthropic | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_tokens: int = 1024,
+        price_per_mtok: tuple[float, float] | None = None,
+        max_retries: int = 2,
+        timeout: float = 120.0,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        owner = f"Anthropic({model!r})"
+        if not isinstance(model, str) or not model:
+            raise UsageError(f"Anthropic needs a model name, not {model!r}")
+        if client is not None and (base_url is not None or api_key is not None):
+            raise UsageError(f"{owner}: pass either client= or base_url=/api_key=, not both")
+        if max_tokens is None:
+            raise UsageError(f"{owner}: max_tokens is required by the messages API")
+        check_positive(owner, "max_tokens", max_tokens, integer=True)
+        check_positive(owner, "timeout", timeout)
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise UsageError(f"{owner}: max_retries must be an integer >= 0, not {max_retries!r}")
+        self._sdk = load_sdk("anthropic", "anthropic", "Anthropic")
+        self.model = model
+        self.max_tokens = max_tokens
+        self.params = check_params(owner, params, {"model", "messages", "tools", "system"})
+        self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
+            model, ANTHROPIC_PRICES
+        )
+        self._base_url = base_url
+
+        def make() -> AsyncAnthropic:
+            if client is not None:
+                return client
+            sdk_client: AsyncAnthropic = self._sdk.AsyncAnthropic(
+                api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
+            )
+            return sdk_client
+
+        async def close(c: AsyncAnthropic) -> None:
+            if c is not client:
+                await c.close()
+
+        self._clients = LoopClients(make, close)
+
+    def __repr__(self) -> str:
+        where = f", base_url={self._base_url!r}" if self._base_url else ""
+        return f"Anthropic({self.model!r}{where})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client this model opened (a client passed in is left open)."""
+        await self._clients.aclose()
+
+    async def __aenter__(self) -> Anthropic:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the call -----------------------------------------------------------------------------
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        client = self._clients.get()
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": self.max_tokens,
+            "messages": to_anthropic_messages(request.messages),
+        }
+        if request.instructions:
+            kwargs["system"] = request.instructions
+        if request.tools:
+            kwargs["tools"] = [to_anthropic_tool(t) for t in request.tools]
+        kwargs.update(self.params)
+        sdk = self._sdk
+        where = f"{self.model!r} at {client.base_url}"
+        try:
+            message = await client.messages.create(**kwargs)
+        except TypeError as exc:
+            raise UsageError(f"{self!r}: the SDK refused the request's arguments: {exc}") from exc
+        except sdk.APIStatusError as exc:
+            raise ModelError(
+                f"Anthropic messages call for {where} failed: HTTP {exc.status_code}: "
+                f"{status_detail(exc)}"
+            ) from exc
+        except sdk.APITimeoutError as exc:
+            raise ModelError(f"Anthropic messages call for {where} timed out") from exc
+        except sdk.APIConnectionError as exc:
+            raise ModelError(
+                f"Anthropic messages call for {where} failed: cannot connect ({cause_of(exc)})"
+            ) from exc
+        except sdk.AnthropicError as exc:
+            raise ModelError(
+                f"Anthropic messages call for {where} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        return self._parse(message, where)
+
+    def _parse(self, message: Any, where: str) -> ModelResponse:
+        content = getattr(message, "content", None)
+        if not isinstance(content, list):
+            raise ModelError(f"Anthropic messages call for {where} returned no content list")
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for block in content:
+            kind = getattr(block, "type", None)
+            if kind == "text":
+                text = getattr(block, "text", None)
+                if isinstance(text, str):
+                    texts.append(text)
+            elif kind == "tool_use":
+                name = getattr(block, "name", None)
+                if not isinstance(name, str) or not name:
+                    raise ModelError(
+                        f"Anthropic messages call for {where} has a tool_use block with no name"
+                    )
+                call_id = getattr(block, "id", None)
+                raw = getattr(block, "input", None)
+                calls.append(
+                    ToolCall(
+                        name=name,
+                        input={} if raw is None else raw,
+                        id=call_id if isinstance(call_id, str) and call_id else None,
+                    )
+                )
+            # thinking and server-tool blocks are not part of signoff's conversation
+        usage = getattr(message, "usage", None)
+        plain = _int(getattr(usage, "input_tokens", 0))
+        written = _int(getattr(usage, "cache_creation_input_tokens", 0))
+        read = _int(getattr(usage, "cache_read_input_tokens", 0))
+        output = _int(getattr(usage, "output_tokens", 0))
+        cost = 0.0
+        if self.price_per_mtok is not None:
+            price_in, price_out = self.price_per_mtok
+            cost = (
+                plain * price_in
+                + written * price_in * _CACHE_WRITE
+                + read * price_in * _CACHE_READ
+                + output * price_out
+            ) / 1_000_000
+        return ModelResponse(
+            text="".join(texts),
+            tool_calls=calls,
+            usage=Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost),
+        )
+
+
+# -- the wire format ------------------------------------------------------------------------
+
+
+def to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:
+    """A tool as a messages-API tool definition."""
+    tool: dict[str, Any] = {"name": spec.name, "input_schema": spec.input_schema}
+    if spec.description:
+        tool["description"] = spec.description
+    return tool
+
+
+def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
+    """The conversation as alternating user/assistant messages of content blocks.
+
+    Tool results become `tool_result` blocks of the next user message (before any text, as the
+    API requires); consecutive messages of one role are merged; empty ones are left out.
+    """
+    out: list[dict[str, Any]] = []
+
+    def add(role: str, blocks: list[dict[str, Any]]) -> None:
+        if not blocks:
+            return
+        if out and out[-1]["role"] == role:
+            previous = out[-1]["content"]
+            if role == "user" and blocks[0]["type"] == "tool_result":
+                # results answer the assistant's calls: they go before any text of this message
+                at = sum(1 for b in previous if b["type"] == "tool_result")
+                previous[at:at] = blocks
+            else:
+                previous.extend(blocks)
+        else:
+            out.append({"role": role, "content": blocks})
+
+    for m in messages:
+        if isinstance(m, AssistantMessage):
+            blocks: list[dict[str, Any]] = []
+            if m.text:
+                blocks.append({"type": "text", "text": m.text})
+            for c in m.tool_calls:
+                tool_input = c.input if isinstance(c.input, dict) else {"input": c.input}
+                blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input})
+            add("assistant", blocks)
+        elif isinstance(m, ToolResultMessage):
+            block: dict[str, Any] = {
+                "type": "tool_result",
+                "tool_use_id": m.call_id,
+                "content": encode_tool_result(m.content),
+            }
+            if m.is_error:
+                block["is_error"] = True
+            add("user", [block])
+        elif m.text:
+            add("user", [{"type": "text", "text": m.text}])
+    if out and out[0]["role"] == "assistant":
+        # The window cut the conversation after a user message; the API must start with one.
+        out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continued)"}]})
+    return out
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,0 +1,280 @@
+"""`OpenAIChat`: any OpenAI-compatible chat-completions endpoint, through the official SDK."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import ModelError, UsageError
+from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
+from ._base import ModelRequest, ToolSpec
+from ._provider import (
+    OPENAI_PRICES,
+    UNPARSED_ARGUMENTS,
+    LoopClients,
+    cause_of,
+    check_params,
+    check_positive,
+    check_price,
+    encode_tool_result,
+    load_sdk,
+    lookup_price,
+    status_detail,
+)
+
+if TYPE_CHECKING:
+    from openai import AsyncOpenAI
+
+__all__ = ["OpenAIChat"]
+
+
+class OpenAIChat:
+    """A model behind the chat-completions API of OpenAI or a compatible server.
+
+    Ollama, vLLM and llama.cpp servers work through `base_url`. Transient failures (connection
+    errors, timeouts, 408/409/429/5xx) are retried `max_retries` times with exponential backoff
+    by the SDK; what still fails raises `ModelError`. `params` are passed to
+    `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...).
+    Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
+    price for well-known models, else 0.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: AsyncOpenAI | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        price_per_mtok: tuple[float, float] | None = None,
+        max_retries: int = 2,
+        timeout: float = 120.0,
+        params: Mapping[str, Any] | None = None,
+    ) -> None:
+        owner = f"OpenAIChat({model!r})"
+        if not isinstance(model, str) or not model:
+            raise UsageError(f"OpenAIChat needs a model name, not {model!r}")
+        if client is not None and (base_url is not None or api_key is not None):
+            raise UsageError(f"{owner}: pass either client= or base_url=/api_key=, not both")
+        if temperature is not None and (
+            isinstance(temperature, bool)
+            or not isinstance(temperature, int | float)
+            or temperature < 0
+        ):
+            raise UsageError(f"{owner}: temperature must be a number >= 0, not {temperature!r}")
+        check_positive(owner, "max_tokens", max_tokens, integer=True)
+        check_positive(owner, "timeout", timeout)
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise UsageError(f"{owner}: max_retries must be an integer >= 0, not {max_retries!r}")
+        self._sdk = load_sdk("openai", "openai", "OpenAIChat")
+        self.model = model
+        self.temperature = temperature
+        self.max_tokens = max_tokens
+        self.params = check_params(owner, params, {"model", "messages", "tools"})
+        self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
+            model, OPENAI_PRICES
+        )
+        self._base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+        if client is None and api_key is None and not os.environ.get("OPENAI_API_KEY"):
+            if self._base_url is None:
+                raise UsageError(
+                    f"{owner}: no API key; set OPENAI_API_KEY or pass api_key= "
+                    "(or base_url= for a local OpenAI-compatible server)"
+                )
+            api_key = "unused"  # local compatible servers rarely check it; the SDK wants one
+
+        def make() -> AsyncOpenAI:
+            if client is not None:
+                return client
+            sdk_client: AsyncOpenAI = self._sdk.AsyncOpenAI(
+                api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
+            )
+            return sdk_client
+
+        async def close(c: AsyncOpenAI) -> None:
+            if c is not client:
+                await c.close()
+
+        self._clients = LoopClients(make, close)
+
+    def __repr__(self) -> str:
+        where = f", base_url={self._base_url!r}" if self._base_url else ""
+        return f"OpenAIChat({self.model!r}{where})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client this model opened (a client passed in is left open)."""
+        await self._clients.aclose()
+
+    async def __aenter__(self) -> OpenAIChat:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the call -----------------------------------------------------------------------------
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        client = self._clients.get()
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": to_openai_messages(request.instructions, request.messages),
+        }
+        if request.tools:
+            kwargs["tools"] = [to_openai_tool(t) for t in request.tools]
+        if self.temperature is not None:
+            kwargs["temperature"] = self.temperature
+        if self.max_tokens is not None:
+            # OpenAI itself wants the newer name; compatible servers know the classic one.
+            official = client.base_url.host == "api.openai.com"
+            kwargs["max_completion_tokens" if official else "max_tokens"] = self.max_tokens
+        kwargs.update(self.params)
+        sdk = self._sdk
+        where = f"{self.model!r} at {client.base_url}"
+        try:
+            completion = await client.chat.completions.create(**kwargs)
+        except TypeError as exc:
+            raise UsageError(f"{self!r}: the SDK refused the request's arguments: {exc}") from exc
+        except sdk.APIStatusError as exc:
+            raise ModelError(
+                f"OpenAI chat completion for {where} failed: HTTP {exc.status_code}: "
+                f"{status_detail(exc)}"
+            ) from exc
+        except sdk.APITimeoutError as exc:
+            raise ModelError(f"OpenAI chat completion for {where} timed out") from exc
+        except sdk.APIConnectionError as exc:
+            raise ModelError(
+                f"OpenAI chat completion for {where} failed: cannot connect ({cause_of(exc)})"
+            ) from exc
+        except sdk.OpenAIError as exc:
+            raise ModelError(
+                f"OpenAI chat completion for {where} failed: {type(exc).__name__}: {exc}"
+            ) from exc
+        return self._parse(completion, where)
+
+    def _parse(self, completion: Any, where: str) -> ModelResponse:
+        choices = getattr(completion, "choices", None)
+        if not choices:
+            raise ModelError(f"OpenAI chat completion for {where} returned no choices")
+        message = getattr(choices[0], "message", None)
+        if message is None:
+            raise ModelError(f"OpenAI chat completion for {where} returned no message")
+        text = _text(getattr(message, "content", None))
+        if not text:
+            text = getattr(message, "refusal", None) or ""
+        calls = []
+        for raw in getattr(message, "tool_calls", None) or []:
+            function = getattr(raw, "function", None)
+            name = getattr(function, "name", None)
+            if not isinstance(name, str) or not name:
+                raise ModelError(f"OpenAI chat completion for {where} has a tool call with no name")
+            call_id = getattr(raw, "id", None)
+            calls.append(
+                ToolCall(
+                    name=name,
+                    input=parse_arguments(getattr(function, "arguments", None)),
+                    id=call_id if isinstance(call_id, str) and call_id else None,
+                )
+            )
+        usage = getattr(completion, "usage", None)
+        input_tokens = _int(getattr(usage, "prompt_tokens", 0))
+        output_tokens = _int(getattr(usage, "completion_tokens", 0))
+        cost = 0.0
+        if self.price_per_mtok is not None:
+            cost = (
+                input_tokens * self.price_per_mtok[0] + output_tokens * self.price_per_mtok[1]
+            ) / 1_000_000
+        return ModelResponse(
+            text=text,
+            tool_calls=calls,
+            usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost),
+        )
+
+
+# -- the wire format ------------------------------------------------------------------------
+
+
+def to_openai_tool(spec: ToolSpec) -> dict[str, Any]:
+    """A tool as a chat-completions function tool."""
+    function: dict[str, Any] = {"name": spec.name, "parameters": spec.input_schema}
+    if spec.description:
+        function["description"] = spec.description
+    return {"type": "function", "function": function}
+
+
+def to_openai_messages(instructions: str, messages: Any) -> list[dict[str, Any]]:
+    """The conversation as chat-completions messages, instructions first as the system message."""
+    out: list[dict[str, Any]] = []
+    if instructions:
+        out.append({"role": "system", "content": instructions})
+    for m in messages:
+        if isinstance(m, AssistantMessage):
+            item: dict[str, Any] = {"role": "assistant", "content": m.text or None}
+            if m.tool_calls:
+                item["tool_calls"] = [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": format_arguments(c.input)},
+                    }
+                    for c in m.tool_calls
+                ]
+            elif not m.text:
+                item["content"] = ""
+            out.append(item)
+        elif isinstance(m, ToolResultMessage):
+            out.append({"role": "tool", "tool_call_id": m.call_id, "content": tool_text(m)})
+        else:
+            out.append({"role": "user", "content": m.text})
+    return out
+
+
+def tool_text(m: ToolResultMessage) -> str:
+    """A tool result as text; errors and denials say so up front, since the wire has no flag."""
+    body = encode_tool_result(m.content)
+    if not m.is_error:
+        return body
+    if isinstance(m.content, dict) and m.content.get("denied"):
+        return f"DENIED: the call to {m.tool_name} was not run. {body}"
+    return f"ERROR: the call to {m.tool_name} failed. {body}"
+
+
+def parse_arguments(arguments: Any) -> Any:
+    """Tool-call arguments as data; text that is not JSON is passed on to fail validation."""
+    if arguments is None or arguments == "":
+        return {}
+    if not isinstance(arguments, str):
+        return arguments  # some compatible servers send an object instead of a JSON string
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return {UNPARSED_ARGUMENTS: arguments}
+
+
+def format_arguments(value: Any) -> str:
+    """The inverse of `parse_arguments`: unparsable arguments go back exactly as received."""
+    if isinstance(value, dict) and set(value) == {UNPARSED_ARGUMENTS}:
+        raw = value[UNPARSED_ARGUMENTS]
+        if isinstance(raw, str):
+            return raw
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts, from some compatible servers
+        parts = []
+        for part in content:
+            value = part.get("text") if isinstance(part, dict) else getattr(part, "text", None)
+            if isinstance(value, str):
+                parts.append(value)
+        return "".join(parts)
+    return ""
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

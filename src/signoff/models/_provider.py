@@ -1,0 +1,178 @@
+"""What the real model providers share: argument checks, prices, tool-result text, SDK loading."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import re
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from types import ModuleType
+from typing import Any, Generic, TypeVar
+
+from .._exceptions import UsageError
+
+__all__ = [
+    "ANTHROPIC_PRICES",
+    "OPENAI_PRICES",
+    "UNPARSED_ARGUMENTS",
+    "LoopClients",
+    "check_price",
+    "cause_of",
+    "check_params",
+    "check_positive",
+    "encode_tool_result",
+    "load_sdk",
+    "lookup_price",
+    "status_detail",
+]
+
+# The key under which tool-call arguments that are not valid JSON are passed on. A leading
+# underscore can never name a tool parameter, so validation always fails and the model is told.
+UNPARSED_ARGUMENTS = "_unparsed_arguments"
+
+Price = tuple[float, float]
+
+# USD per million (input, output) tokens of well-known models, list prices of late 2025.
+# Matched exactly or with a date / "-latest" suffix; pass `price_per_mtok=` to override.
+OPENAI_PRICES: dict[str, Price] = {
+    "gpt-4o": (2.50, 10.00),
+    "gpt-4o-mini": (0.15, 0.60),
+    "gpt-4.1": (2.00, 8.00),
+    "gpt-4.1-mini": (0.40, 1.60),
+    "gpt-4.1-nano": (0.10, 0.40),
+    "o3": (2.00, 8.00),
+    "o3-mini": (1.10, 4.40),
+    "o4-mini": (1.10, 4.40),
+}
+ANTHROPIC_PRICES: dict[str, Price] = {
+    "claude-3-haiku": (0.25, 1.25),
+    "claude-3-5-haiku": (0.80, 4.00),
+    "claude-haiku-4-5": (1.00, 5.00),
+    "claude-3-5-sonnet": (3.00, 15.00),
+    "claude-3-7-sonnet": (3.00, 15.00),
+    "claude-sonnet-4": (3.00, 15.00),
+    "claude-sonnet-4-5": (3.00, 15.00),
+    "claude-opus-4": (15.00, 75.00),
+    "claude-opus-4-1": (15.00, 75.00),
+}
+
+_SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)")
+
+
+def lookup_price(model: str, table: Mapping[str, Price]) -> Price | None:
+    """The price of `model` from `table`, or None for models it does not know (local ones)."""
+    if model in table:
+        return table[model]
+    for name, price in table.items():
+        if model.startswith(name) and _SUFFIX.fullmatch(model[len(name) :]):
+            return price
+    return None
+
+
+def check_price(owner: str, value: object) -> Price | None:
+    """Validate a `price_per_mtok=(input, output)` argument."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, tuple | list)
+        or len(value) != 2
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+        or not all(v >= 0 for v in value)
+    ):
+        raise UsageError(
+            f"{owner}: price_per_mtok must be (input_usd, output_usd) per million tokens, "
+            f"two numbers >= 0; got {value!r}"
+        )
+    return (float(value[0]), float(value[1]))
+
+
+def check_positive(owner: str, name: str, value: object, *, integer: bool = False) -> None:
+    """Raise `UsageError` unless `value` is None or a positive number (an int if `integer`)."""
+    if value is None:
+        return
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or (integer and not isinstance(value, int))
+        or value <= 0
+    ):
+        kind = "integer" if integer else "number"
+        raise UsageError(f"{owner}: {name} must be a positive {kind}, not {value!r}")
+
+
+def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, Any]:
+    """Validate `params=`: extra SDK arguments that may not replace what signoff sends."""
+    if params is None:
+        return {}
+    if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
+        raise UsageError(f"{owner}: params must be a mapping of argument names, not {params!r}")
+    taken = sorted(reserved & set(params))
+    if taken:
+        raise UsageError(f"{owner}: params may not set {', '.join(taken)}; signoff sends those")
+    return dict(params)
+
+
+def encode_tool_result(content: Any) -> str:
+    """A tool result as the text a model reads: strings as they are, anything else as JSON."""
+    if isinstance(content, str):
+        return content
+    return json.dumps(content, ensure_ascii=False, default=str)
+
+
+def load_sdk(module: str, extra: str, owner: str) -> ModuleType:
+    """Import a provider SDK, or explain which extra installs it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        raise UsageError(
+            f"{owner} needs the {module!r} package: pip install 'signoff[{extra}]'"
+        ) from exc
+
+
+def status_detail(exc: BaseException) -> str:
+    """The error an API returned, from the body of an SDK status error: `type: message`."""
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            kind = error.get("type")
+            prefix = f"{kind}: " if isinstance(kind, str) and kind else ""
+            return prefix + str(error["message"])
+        if isinstance(error, str):
+            return error
+    return str(getattr(exc, "message", exc))
+
+
+def cause_of(exc: BaseException) -> str:
+    """What lies under an SDK connection error, for a message that says what failed."""
+    cause = exc.__cause__ or exc.__context__
+    return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+
+
+C = TypeVar("C")
+
+
+class LoopClients(Generic[C]):
+    """One SDK client per event loop: an HTTP connection pool cannot move between loops."""
+
+    def __init__(self, factory: Callable[[], C], close: Callable[[C], Awaitable[Any]]) -> None:
+        self._factory = factory
+        self._close = close
+        self._clients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, C] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def get(self) -> C:
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = self._clients[loop] = self._factory()
+        return client
+
+    async def aclose(self) -> None:
+        """Close the client of the running loop (each loop closes its own)."""
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await self._close(client)

@@ -1,0 +1,204 @@
+"""Scripted loopback servers speaking the OpenAI chat-completions and Anthropic messages formats.
+
+Each test queues replies and afterwards inspects the requests the server received. The servers
+check the API key like the real ones and answer 500 with a clear message once the script runs out.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+__all__ = [
+    "API_KEY",
+    "FakeLLM",
+    "Received",
+    "Reply",
+    "anthropic_message",
+    "openai_completion",
+    "openai_tool_call",
+]
+
+API_KEY = "sk-fake-test-key"
+
+
+@dataclass
+class Received:
+    """One request the fake received."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+@dataclass
+class Reply:
+    """A scripted HTTP answer."""
+
+    body: Any
+    status: int = 200
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Step = Reply | Callable[[Received], Reply]
+
+
+class FakeLLM:
+    """A tiny HTTP server on 127.0.0.1 that plays scripted replies to POSTs on `path`."""
+
+    def __init__(self, flavor: str) -> None:
+        if flavor not in ("openai", "anthropic"):
+            raise ValueError(flavor)
+        self.flavor = flavor
+        self.path = "/v1/chat/completions" if flavor == "openai" else "/v1/messages"
+        self.received: list[Received] = []
+        self.script: deque[Step] = deque()
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as real APIs do
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = raw.decode(errors="replace")
+                got = Received(
+                    "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body
+                )
+                reply = fake._answer(got)
+                data = json.dumps(reply.body).encode()
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for k, v in reply.headers.items():
+                    self.send_header(k, v)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+        )
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """The base URL each SDK expects: with `/v1` for OpenAI, without for Anthropic."""
+        root = f"http://127.0.0.1:{self.port}"
+        return root + "/v1" if self.flavor == "openai" else root
+
+    def queue(self, *steps: Step | dict[str, Any]) -> None:
+        """Queue replies: a body (answered with 200), a `Reply`, or a function of the request."""
+        with self._lock:
+            for s in steps:
+                self.script.append(Reply(s) if isinstance(s, dict) else s)
+
+    @property
+    def bodies(self) -> list[Any]:
+        """The JSON bodies received, in order."""
+        return [r.body for r in self.received]
+
+    def _authorized(self, got: Received) -> bool:
+        bearer = got.headers.get("authorization") == f"Bearer {API_KEY}"
+        if self.flavor == "openai":
+            return bearer
+        return bearer or got.headers.get("x-api-key") == API_KEY
+
+    def _answer(self, got: Received) -> Reply:
+        with self._lock:
+            self.received.append(got)
+            if got.path != self.path:
+                return Reply({"error": {"message": f"no route {got.path}"}}, 404)
+            if not self._authorized(got):
+                kind = "authentication_error"
+                return Reply({"error": {"type": kind, "message": "invalid x-api-key"}}, 401)
+            if not self.script:
+                return Reply({"error": {"message": "fake server: script exhausted"}}, 500)
+            step = self.script.popleft()
+        return step(got) if callable(step) else step
+
+    def __enter__(self) -> FakeLLM:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+# -- response builders --------------------------------------------------------------------------
+
+
+def openai_tool_call(call_id: str, name: str, arguments: str | dict[str, Any]) -> dict[str, Any]:
+    """One tool call of an assistant message; `arguments` is sent as given when a string."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def openai_completion(
+    text: str | None = None,
+    tool_calls: list[dict[str, Any]] | None = None,
+    *,
+    usage: tuple[int, int] = (10, 5),
+    model: str = "fake-model",
+) -> dict[str, Any]:
+    """A chat-completion body with one choice."""
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if tool_calls else "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": usage[0],
+            "completion_tokens": usage[1],
+            "total_tokens": usage[0] + usage[1],
+        },
+    }
+
+
+def anthropic_message(
+    *blocks: dict[str, Any] | str,
+    usage: dict[str, int] | None = None,
+    model: str = "fake-claude",
+) -> dict[str, Any]:
+    """A messages-API body; a plain string is a text block, dicts are taken as blocks."""
+    content = [{"type": "text", "text": b} if isinstance(b, str) else b for b in blocks]
+    stop = "tool_use" if any(b["type"] == "tool_use" for b in content) else "end_turn"
+    return {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": content,
+        "stop_reason": stop,
+        "stop_sequence": None,
+        "usage": usage or {"input_tokens": 10, "output_tokens": 5},
+    }

@@ -1,0 +1,407 @@
+"""`Anthropic` against a scripted messages-API server on loopback, through the real SDK."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import anthropic
+import pytest
+
+import signoff as so
+from signoff.models import ModelRequest, ToolSpec
+from signoff.models._provider import ANTHROPIC_PRICES, lookup_price
+
+from .fakes.llm import API_KEY, FakeLLM, Received, Reply, anthropic_message
+
+REFUND_SCHEMA = {
+    "type": "object",
+    "properties": {"order_id": {"type": "string"}, "amount": {"type": "number"}},
+    "required": ["order_id", "amount"],
+}
+
+
+def tool_use(call_id: str, name: str, input: object) -> dict[str, object]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": input}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLLM]:
+    with FakeLLM("anthropic") as server:
+        yield server
+
+
+@pytest.fixture
+async def model(fake: FakeLLM) -> AsyncIterator[so.models.Anthropic]:
+    m = so.models.Anthropic(
+        "claude-haiku-4-5", base_url=fake.base_url, api_key=API_KEY, max_retries=0
+    )
+    yield m
+    await m.aclose()
+
+
+def request(*messages: so.Message, instructions: str = "", tools: list[ToolSpec] | None = None):
+    return ModelRequest(
+        session_id="ses_test",
+        agent="support",
+        instructions=instructions,
+        messages=list(messages) or [so.UserMessage(text="hello")],
+        tools=tools or [],
+        response_index=0,
+    )
+
+
+# -- the request sent -----------------------------------------------------------------------
+
+
+async def test_conversation_and_tools_reach_the_server_as_content_blocks(fake, model) -> None:
+    fake.queue(anthropic_message("ok"))
+    refund = ToolSpec(
+        name="issue_refund", description="Refund an order.", input_schema=REFUND_SCHEMA
+    )
+    await model.complete(
+        request(
+            so.UserMessage(text="Refund order 1042"),
+            so.AssistantMessage(
+                text="Checking.",
+                tool_calls=[
+                    so.ToolCall(name="lookup_order", input={"order_id": "1042"}, id="toolu_a"),
+                    so.ToolCall(name="issue_refund", input={"order_id": "1042"}, id="toolu_b"),
+                ],
+            ),
+            so.ToolResultMessage(
+                call_id="toolu_a", tool_name="lookup_order", content={"total": 180.0}
+            ),
+            so.ToolResultMessage(
+                call_id="toolu_b",
+                tool_name="issue_refund",
+                content={"denied": True, "reason": "too much", "by": "policy"},
+                is_error=True,
+            ),
+            so.UserMessage(text="Actually, only half."),
+            instructions="You help customers.",
+            tools=[refund],
+        )
+    )
+    [got] = fake.received
+    assert got.path == "/v1/messages"
+    assert API_KEY in (got.headers.get("x-api-key"), got.headers.get("authorization", "")[7:])
+    assert "anthropic-version" in got.headers
+    body = got.body
+    assert body["model"] == "claude-haiku-4-5"
+    assert body["max_tokens"] == 1024
+    assert body["system"] == "You help customers."
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Refund order 1042"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Checking."},
+                tool_use("toolu_a", "lookup_order", {"order_id": "1042"}),
+                tool_use("toolu_b", "issue_refund", {"order_id": "1042"}),
+            ],
+        },
+        {
+            # results answer the calls first, then the user's next words, in one user message
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_a", "content": '{"total": 180.0}'},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_b",
+                    "content": '{"denied": true, "reason": "too much", "by": "policy"}',
+                    "is_error": True,
+                },
+                {"type": "text", "text": "Actually, only half."},
+            ],
+        },
+    ]
+    assert body["tools"] == [
+        {"name": "issue_refund", "description": "Refund an order.", "input_schema": REFUND_SCHEMA}
+    ]
+
+
+async def test_roles_alternate_and_the_first_message_is_the_users(fake, model) -> None:
+    fake.queue(anthropic_message("ok"))
+    await model.complete(
+        request(
+            # a window may begin with an assistant message; an empty one is left out
+            so.AssistantMessage(text="Earlier answer."),
+            so.UserMessage(text="first"),
+            so.AssistantMessage(text=""),
+            so.UserMessage(text="second"),
+        )
+    )
+    body = fake.bodies[0]
+    assert "system" not in body and "tools" not in body
+    assert body["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "(continued)"}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "Earlier answer."}]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}],
+        },
+    ]
+
+
+async def test_options_are_sent(fake) -> None:
+    fake.queue(anthropic_message("ok"))
+    async with so.models.Anthropic(
+        "claude-haiku-4-5",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        max_tokens=4000,
+        params={"stop_sequences": ["END"], "extra_body": {"top_k": 5}},
+    ) as m:
+        await m.complete(request())
+    body = fake.bodies[0]
+    assert (body["max_tokens"], body["stop_sequences"], body["top_k"]) == (4000, ["END"], 5)
+
+
+# -- the response read ----------------------------------------------------------------------
+
+
+async def test_text_tool_uses_and_usage_are_extracted(fake) -> None:
+    fake.queue(
+        anthropic_message(
+            {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+            "Let me look. ",
+            tool_use("toolu_1", "lookup_order", {"order_id": "1042"}),
+            "And refund.",
+            tool_use("toolu_2", "issue_refund", {"order_id": "1042", "amount": 5}),
+            usage={
+                "input_tokens": 1000,
+                "output_tokens": 200,
+                "cache_creation_input_tokens": 400,
+                "cache_read_input_tokens": 2000,
+            },
+        )
+    )
+    async with so.models.Anthropic(
+        "my-proxy-model",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        price_per_mtok=(3.0, 15.0),
+    ) as m:
+        r = await m.complete(request())
+    assert r.text == "Let me look. And refund."
+    assert r.tool_calls == [
+        so.ToolCall(name="lookup_order", input={"order_id": "1042"}, id="toolu_1"),
+        so.ToolCall(name="issue_refund", input={"order_id": "1042", "amount": 5}, id="toolu_2"),
+    ]
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (1000 + 400 + 2000, 200)
+    # cache writes cost 1.25x the input price, cache reads 0.1x
+    expected = (1000 * 3.0 + 400 * 3.0 * 1.25 + 2000 * 3.0 * 0.1 + 200 * 15.0) / 1e6
+    assert r.usage.cost_usd == pytest.approx(expected)
+
+
+async def test_known_models_are_priced(fake, model) -> None:
+    fake.queue(anthropic_message("hi", usage={"input_tokens": 1_000_000, "output_tokens": 0}))
+    assert (await model.complete(request())).usage.cost_usd == pytest.approx(1.0)
+    assert lookup_price("claude-3-5-haiku-20241022", ANTHROPIC_PRICES) == (0.80, 4.00)
+    assert lookup_price("claude-opus-4-1-20250805", ANTHROPIC_PRICES) == (15.0, 75.0)
+    assert lookup_price("claude-sonnet-4-20250514", ANTHROPIC_PRICES) == (3.0, 15.0)
+    assert lookup_price("claude-opus-9", ANTHROPIC_PRICES) is None
+
+
+async def test_a_body_without_content_is_a_model_error(fake, model) -> None:
+    fake.queue({"id": "msg", "type": "message", "role": "assistant"})
+    with pytest.raises(so.ModelError, match="no content list"):
+        await model.complete(request())
+
+
+# -- failures -------------------------------------------------------------------------------
+
+
+async def test_overloaded_becomes_a_model_error_naming_the_error_type(fake, model) -> None:
+    body = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    fake.queue(Reply(body, 529))
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    message = str(info.value)
+    assert "HTTP 529: overloaded_error: Overloaded" in message
+    assert "'claude-haiku-4-5'" in message and fake.base_url in message
+    assert isinstance(info.value.__cause__, anthropic.APIStatusError)
+    assert len(fake.received) == 1
+
+
+async def test_a_bad_key_is_a_model_error(fake) -> None:
+    async with so.models.Anthropic(
+        "claude-haiku-4-5", base_url=fake.base_url, api_key="wrong", max_retries=0
+    ) as m:
+        with pytest.raises(so.ModelError, match="HTTP 401: authentication_error") as info:
+            await m.complete(request())
+    assert isinstance(info.value.__cause__, anthropic.AuthenticationError)
+
+
+async def test_connection_refused_and_timeouts_are_model_errors(fake) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with so.models.Anthropic(
+        "c", base_url=f"http://127.0.0.1:{port}", api_key=API_KEY, max_retries=0
+    ) as m:
+        with pytest.raises(so.ModelError, match="cannot connect") as info:
+            await m.complete(request())
+    assert isinstance(info.value.__cause__, anthropic.APIConnectionError)
+
+    def slow(got: Received) -> Reply:
+        time.sleep(1.0)
+        return Reply(anthropic_message("late"))
+
+    fake.queue(slow)
+    async with so.models.Anthropic(
+        "c", base_url=fake.base_url, api_key=API_KEY, max_retries=0, timeout=0.2
+    ) as m:
+        with pytest.raises(so.ModelError, match="timed out") as timed_out:
+            await m.complete(request())
+    assert isinstance(timed_out.value.__cause__, anthropic.APITimeoutError)
+
+
+async def test_transient_errors_are_retried(fake) -> None:
+    fast = {"retry-after-ms": "5"}
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    fake.queue(Reply(overloaded, 529, fast), anthropic_message("there"))
+    async with so.models.Anthropic(
+        "c", base_url=fake.base_url, api_key=API_KEY, max_retries=1
+    ) as m:
+        assert (await m.complete(request())).text == "there"
+    assert len(fake.received) == 2
+
+
+# -- construction ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_tokens": None}, "max_tokens is required"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"params": {"system": "x"}}, "params may not set system"),
+        ({"params": ["seed"]}, "params must be a mapping"),
+        ({"price_per_mtok": "cheap"}, "price_per_mtok"),
+        ({"max_retries": 1.5}, "max_retries"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(kwargs, match) -> None:
+    with pytest.raises(so.UsageError, match=match):
+        so.models.Anthropic("claude-haiku-4-5", api_key="x", **kwargs)
+
+
+def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "anthropic", None)
+    with pytest.raises(so.UsageError, match=r"pip install 'signoff\[anthropic\]'"):
+        so.models.Anthropic("claude-haiku-4-5", api_key="x")
+
+
+# -- end to end, through an agent -----------------------------------------------------------
+
+
+@so.tool(approval=so.always())
+async def issue_refund(order_id: str, amount: float) -> dict[str, object]:
+    """Refund an order."""
+    return {"refunded": amount, "order_id": order_id}
+
+
+def support_agent(model: so.models.Anthropic) -> so.Agent:
+    return so.Agent(
+        name="support", model=model, instructions="You help customers.", tools=[issue_refund]
+    )
+
+
+async def test_an_approved_tool_use_round_trips_through_the_sdk(
+    fake, model, tmp_path: Path
+) -> None:
+    fake.queue(
+        anthropic_message(
+            "Refunding.", tool_use("toolu_01A", "issue_refund", {"order_id": "1042", "amount": 180})
+        ),
+        anthropic_message("Refunded 180."),
+    )
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        assert r.status == "waiting"
+        [req] = r.pending
+        assert (req.tool_name, req.call_id) == ("issue_refund", "toolu_01A")
+        assert len(fake.received) == 1
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
+        )
+        assert r.status == "completed" and r.text.endswith("Refunded 180.")
+
+    first, second = fake.bodies
+    assert first["system"] == "You help customers."
+    [tool] = first["tools"]
+    assert (tool["name"], tool["description"]) == ("issue_refund", "Refund an order.")
+    assert set(tool["input_schema"]["properties"]) == {"order_id", "amount"}
+    assert second["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "Refund order 1042"}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Refunding."},
+                tool_use("toolu_01A", "issue_refund", {"order_id": "1042", "amount": 180}),
+            ],
+        },
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "toolu_01A",
+                    "content": '{"refunded": 180.0, "order_id": "1042"}',
+                }
+            ],
+        },
+    ]
+
+
+async def test_a_denial_reaches_the_model_as_an_error_result(fake, model, tmp_path: Path) -> None:
+    fake.queue(
+        anthropic_message(tool_use("toolu_d", "issue_refund", {"order_id": "9", "amount": 5000})),
+        anthropic_message("Declined, sorry."),
+    )
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 9")
+        r = await rt.generate(
+            session_id=r.session_id,
+            approvals=[so.Decision(id=r.pending[0].id, approved=False, reason="over the limit")],
+        )
+        assert r.status == "completed"
+    [result] = fake.bodies[1]["messages"][-1]["content"]
+    assert (result["type"], result["tool_use_id"], result["is_error"]) == (
+        "tool_result",
+        "toolu_d",
+        True,
+    )
+    assert "over the limit" in result["content"]
+
+
+async def test_a_server_error_fails_the_turn_retryably(fake, model, tmp_path: Path) -> None:
+    fake.queue(Reply({"type": "error", "error": {"type": "api_error", "message": "boom"}}, 500))
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and r.error["code"] == "model_error"
+        assert "HTTP 500: api_error: boom" in r.error["message"]
+        fake.queue(anthropic_message("Hello!"))
+        r = await rt.generate(session_id=r.session_id)
+        assert (r.status, r.text) == ("completed", "Hello!")
+
+
+async def test_invalid_tool_input_becomes_an_error_result(fake, model, tmp_path: Path) -> None:
+    fake.queue(
+        anthropic_message(tool_use("toolu_x", "issue_refund", {"order_id": "1042"})),
+        anthropic_message("I need the amount."),
+    )
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        assert (r.status, r.pending) == ("completed", [])
+    [result] = fake.bodies[1]["messages"][-1]["content"]
+    assert (result["tool_use_id"], result["is_error"]) == ("toolu_x", True)
+    assert "invalid input" in result["content"] and "amount" in result["content"]

@@ -1,0 +1,547 @@
+"""`OpenAIChat` against a scripted OpenAI-compatible server on loopback, through the real SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import openai
+import pytest
+
+import signoff as so
+from signoff.models import ModelRequest, ToolSpec
+from signoff.models._provider import OPENAI_PRICES, lookup_price
+
+from .fakes.llm import API_KEY, FakeLLM, Received, Reply, openai_completion, openai_tool_call
+
+REFUND_SCHEMA = {
+    "type": "object",
+    "properties": {"order_id": {"type": "string"}, "amount": {"type": "number"}},
+    "required": ["order_id", "amount"],
+}
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeLLM]:
+    with FakeLLM("openai") as server:
+        yield server
+
+
+@pytest.fixture
+async def model(fake: FakeLLM) -> AsyncIterator[so.models.OpenAIChat]:
+    m = so.models.OpenAIChat("gpt-4.1-mini", base_url=fake.base_url, api_key=API_KEY, max_retries=0)
+    yield m
+    await m.aclose()
+
+
+def request(*messages: so.Message, instructions: str = "", tools: list[ToolSpec] | None = None):
+    return ModelRequest(
+        session_id="ses_test",
+        agent="support",
+        instructions=instructions,
+        messages=list(messages) or [so.UserMessage(text="hello")],
+        tools=tools or [],
+        response_index=0,
+    )
+
+
+# -- the request sent -----------------------------------------------------------------------
+
+
+async def test_conversation_and_tools_reach_the_server_in_chat_format(fake, model) -> None:
+    fake.queue(openai_completion("ok"))
+    refund = ToolSpec(
+        name="issue_refund", description="Refund an order.", input_schema=REFUND_SCHEMA
+    )
+    await model.complete(
+        request(
+            so.UserMessage(text="Refund order 1042"),
+            so.AssistantMessage(
+                text="Checking.",
+                tool_calls=[
+                    so.ToolCall(name="lookup_order", input={"order_id": "1042"}, id="call_a"),
+                    so.ToolCall(name="issue_refund", input={"order_id": "1042"}, id="call_b"),
+                ],
+            ),
+            so.ToolResultMessage(
+                call_id="call_a", tool_name="lookup_order", content={"total": 180.0}
+            ),
+            so.ToolResultMessage(
+                call_id="call_b",
+                tool_name="issue_refund",
+                content={"denied": True, "reason": "too much", "by": "policy"},
+                is_error=True,
+            ),
+            so.AssistantMessage(tool_calls=[so.ToolCall(name="x", input={}, id="call_c")]),
+            so.ToolResultMessage(
+                call_id="call_c", tool_name="x", content={"error": "boom"}, is_error=True
+            ),
+            so.ToolResultMessage(call_id="call_d", tool_name="x", content="plain text"),
+            instructions="You help customers.",
+            tools=[refund],
+        )
+    )
+    [got] = fake.received
+    assert got.path == "/v1/chat/completions"
+    assert got.headers["authorization"] == f"Bearer {API_KEY}"
+    body = got.body
+    assert body["model"] == "gpt-4.1-mini"
+    assert body["messages"] == [
+        {"role": "system", "content": "You help customers."},
+        {"role": "user", "content": "Refund order 1042"},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "tool_calls": [
+                {
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "lookup_order", "arguments": '{"order_id": "1042"}'},
+                },
+                {
+                    "id": "call_b",
+                    "type": "function",
+                    "function": {"name": "issue_refund", "arguments": '{"order_id": "1042"}'},
+                },
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": '{"total": 180.0}'},
+        {
+            "role": "tool",
+            "tool_call_id": "call_b",
+            "content": "DENIED: the call to issue_refund was not run. "
+            '{"denied": true, "reason": "too much", "by": "policy"}',
+        },
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_c", "type": "function", "function": {"name": "x", "arguments": "{}"}}
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_c",
+            "content": 'ERROR: the call to x failed. {"error": "boom"}',
+        },
+        {"role": "tool", "tool_call_id": "call_d", "content": "plain text"},
+    ]
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "issue_refund",
+                "description": "Refund an order.",
+                "parameters": REFUND_SCHEMA,
+            },
+        }
+    ]
+    assert "temperature" not in body and "max_tokens" not in body
+
+
+async def test_no_tools_no_system_and_options_are_sent(fake) -> None:
+    fake.queue(openai_completion("ok"))
+    async with so.models.OpenAIChat(
+        "llama3.2",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        temperature=0.2,
+        max_tokens=300,
+        params={"seed": 7},
+    ) as m:
+        await m.complete(request())
+    body = fake.bodies[0]
+    assert body["messages"] == [{"role": "user", "content": "hello"}]
+    assert "tools" not in body
+    # a compatible server gets the classic name; only api.openai.com gets max_completion_tokens
+    assert (body["temperature"], body["max_tokens"], body["seed"]) == (0.2, 300, 7)
+    assert "max_completion_tokens" not in body
+
+
+# -- the response read ----------------------------------------------------------------------
+
+
+async def test_text_usage_and_cost_are_extracted(fake) -> None:
+    fake.queue(openai_completion("Hello there", usage=(1000, 500)))
+    async with so.models.OpenAIChat(
+        "local-model",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        price_per_mtok=(2.0, 8.0),
+    ) as m:
+        r = await m.complete(request())
+    assert r.text == "Hello there"
+    assert r.tool_calls == []
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (1000, 500)
+    assert r.usage.cost_usd == pytest.approx((1000 * 2.0 + 500 * 8.0) / 1e6)
+
+
+async def test_known_models_are_priced_and_unknown_ones_cost_nothing(fake) -> None:
+    fake.queue(openai_completion("a", usage=(1_000_000, 1_000_000)))
+    fake.queue(openai_completion("b", usage=(1_000_000, 1_000_000)))
+    for name, expected in (("gpt-4.1-mini-2025-04-14", 0.40 + 1.60), ("qwen2.5:7b", 0.0)):
+        async with so.models.OpenAIChat(
+            name, base_url=fake.base_url, api_key=API_KEY, max_retries=0
+        ) as m:
+            r = await m.complete(request())
+        assert r.usage.cost_usd == pytest.approx(expected)
+
+
+def test_price_lookup_accepts_date_suffixes_only() -> None:
+    assert lookup_price("gpt-4o", OPENAI_PRICES) == (2.50, 10.00)
+    assert lookup_price("gpt-4o-mini", OPENAI_PRICES) == (0.15, 0.60)
+    assert lookup_price("gpt-4o-2024-08-06", OPENAI_PRICES) == (2.50, 10.00)
+    assert lookup_price("gpt-4o-latest", OPENAI_PRICES) == (2.50, 10.00)
+    assert lookup_price("o3-pro", OPENAI_PRICES) is None  # not priced as o3
+    assert lookup_price("gpt-4o-audio-preview", OPENAI_PRICES) is None
+
+
+async def test_tool_calls_are_parsed_with_their_ids(fake, model) -> None:
+    fake.queue(
+        openai_completion(
+            None,
+            [
+                openai_tool_call("call_1", "lookup_order", {"order_id": "1042"}),
+                openai_tool_call("call_2", "ping", ""),
+                openai_tool_call("call_3", "issue_refund", '{"order_id": "1042", "amount": '),
+                openai_tool_call("", "noid", "{}"),
+            ],
+        )
+    )
+    r = await model.complete(request())
+    assert r.text == ""
+    assert r.tool_calls == [
+        so.ToolCall(name="lookup_order", input={"order_id": "1042"}, id="call_1"),
+        so.ToolCall(name="ping", input={}, id="call_2"),
+        so.ToolCall(
+            name="issue_refund",
+            input={"_unparsed_arguments": '{"order_id": "1042", "amount": '},
+            id="call_3",
+        ),
+        so.ToolCall(name="noid", input={}, id=None),
+    ]
+
+
+async def test_arguments_sent_as_an_object_are_accepted(fake, model) -> None:
+    # some OpenAI-compatible servers send an object where OpenAI sends a JSON string
+    body = openai_completion(None, [openai_tool_call("call_1", "f", "{}")])
+    body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = {"a": 1}
+    fake.queue(body)
+    r = await model.complete(request())
+    assert r.tool_calls == [so.ToolCall(name="f", input={"a": 1}, id="call_1")]
+
+
+async def test_a_refusal_is_returned_as_text(fake, model) -> None:
+    body = openai_completion(None)
+    body["choices"][0]["message"]["refusal"] = "I can't help with that."
+    fake.queue(body)
+    assert (await model.complete(request())).text == "I can't help with that."
+
+
+async def test_a_response_without_choices_is_a_model_error(fake, model) -> None:
+    fake.queue({"id": "x", "object": "chat.completion", "choices": []})
+    with pytest.raises(so.ModelError, match="returned no choices"):
+        await model.complete(request())
+
+
+async def test_a_tool_call_without_a_name_is_a_model_error(fake, model) -> None:
+    fake.queue(openai_completion(None, [openai_tool_call("call_1", "", "{}")]))
+    with pytest.raises(so.ModelError, match="tool call with no name"):
+        await model.complete(request())
+
+
+# -- failures -------------------------------------------------------------------------------
+
+
+async def test_server_error_becomes_model_error_with_the_cause(fake, model) -> None:
+    fake.queue(Reply({"error": {"message": "upstream exploded", "type": "server_error"}}, 500))
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    message = str(info.value)
+    assert "HTTP 500" in message and "upstream exploded" in message
+    assert "'gpt-4.1-mini'" in message and fake.base_url in message
+    assert isinstance(info.value.__cause__, openai.InternalServerError)
+    assert len(fake.received) == 1  # max_retries=0: no retry
+
+
+async def test_a_bad_key_is_a_model_error_naming_the_status(fake) -> None:
+    async with so.models.OpenAIChat(
+        "gpt-4.1-mini", base_url=fake.base_url, api_key="wrong", max_retries=0
+    ) as m:
+        with pytest.raises(so.ModelError, match="HTTP 401") as info:
+            await m.complete(request())
+    assert isinstance(info.value.__cause__, openai.AuthenticationError)
+
+
+async def test_connection_refused_is_a_model_error() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with so.models.OpenAIChat(
+        "m", base_url=f"http://127.0.0.1:{port}/v1", api_key=API_KEY, max_retries=0
+    ) as m:
+        with pytest.raises(so.ModelError, match="cannot connect") as info:
+            await m.complete(request())
+    assert isinstance(info.value.__cause__, openai.APIConnectionError)
+
+
+async def test_a_slow_server_times_out_as_a_model_error(fake) -> None:
+    def slow(got: Received) -> Reply:
+        time.sleep(1.0)
+        return Reply(openai_completion("late"))
+
+    fake.queue(slow)
+    async with so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, timeout=0.2
+    ) as m:
+        with pytest.raises(so.ModelError, match="timed out") as info:
+            await m.complete(request())
+    assert isinstance(info.value.__cause__, openai.APITimeoutError)
+
+
+async def test_transient_errors_are_retried_with_backoff(fake) -> None:
+    # retry-after-ms keeps the SDK's backoff short; 503 and 429 are both transient
+    fast = {"retry-after-ms": "5"}
+    fake.queue(
+        Reply({"error": {"message": "busy"}}, 503, fast),
+        Reply({"error": {"message": "slow down"}}, 429, fast),
+        openai_completion("finally"),
+    )
+    async with so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=2
+    ) as m:
+        r = await m.complete(request())
+    assert r.text == "finally"
+    assert len(fake.received) == 3
+    assert fake.bodies[0] == fake.bodies[2]
+
+
+async def test_client_errors_are_not_retried(fake) -> None:
+    fake.queue(Reply({"error": {"message": "bad tools", "type": "invalid_request_error"}}, 400))
+    async with so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=2
+    ) as m:
+        with pytest.raises(so.ModelError, match="HTTP 400: invalid_request_error: bad tools"):
+            await m.complete(request())
+    assert len(fake.received) == 1
+
+
+# -- construction ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 1.5}, "max_tokens"),
+        ({"price_per_mtok": (1.0,)}, "price_per_mtok"),
+        ({"price_per_mtok": (1.0, -2.0)}, "price_per_mtok"),
+        ({"max_retries": -1}, "max_retries"),
+        ({"timeout": 0}, "timeout"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(kwargs, match) -> None:
+    with pytest.raises(so.UsageError, match=match):
+        so.models.OpenAIChat("m", base_url="http://127.0.0.1:1/v1", **kwargs)
+
+
+def test_a_model_name_is_required() -> None:
+    with pytest.raises(so.UsageError, match="model name"):
+        so.models.OpenAIChat("")
+
+
+async def test_client_and_base_url_together_are_a_usage_error() -> None:
+    client = openai.AsyncOpenAI(api_key="x", base_url="http://127.0.0.1:1/v1")
+    try:
+        with pytest.raises(so.UsageError, match="either client"):
+            so.models.OpenAIChat("m", client=client, base_url="http://127.0.0.1:2/v1")
+    finally:
+        await client.close()
+
+
+def test_a_missing_key_is_a_usage_error_unless_a_base_url_is_given(monkeypatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(so.UsageError, match="OPENAI_API_KEY"):
+        so.models.OpenAIChat("gpt-4.1-mini")
+    so.models.OpenAIChat("llama3.2", base_url="http://127.0.0.1:11434/v1")  # Ollama needs none
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:11434/v1")
+    assert "11434" in repr(so.models.OpenAIChat("llama3.2"))
+
+
+def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "openai", None)
+    with pytest.raises(so.UsageError, match=r"pip install 'signoff\[openai\]'"):
+        so.models.OpenAIChat("gpt-4.1-mini", api_key="x")
+
+
+async def test_a_client_passed_in_is_used_and_left_open(fake) -> None:
+    client = openai.AsyncOpenAI(api_key=API_KEY, base_url=fake.base_url, max_retries=0)
+    fake.queue(openai_completion("one"), openai_completion("two"))
+    m = so.models.OpenAIChat("m", client=client)
+    assert (await m.complete(request())).text == "one"
+    await m.aclose()
+    assert not client.is_closed()
+    assert (await client.chat.completions.create(model="m", messages=[])).choices
+    await client.close()
+
+
+async def test_one_model_serves_two_live_event_loops(
+    fake: FakeLLM, model: so.models.OpenAIChat
+) -> None:
+    # Runtime's *_sync twins run on a loop of their own; an HTTP pool cannot cross loops.
+    fake.queue(*(openai_completion(t) for t in ("main", "thread", "main again")))
+    assert (await model.complete(request())).text == "main"
+
+    def in_another_loop() -> str:
+        async def call() -> str:
+            try:
+                return (await model.complete(request())).text
+            finally:
+                await model.aclose()  # closes this loop's client only
+
+        return asyncio.run(call())
+
+    assert await asyncio.to_thread(in_another_loop) == "thread"
+    assert (await model.complete(request())).text == "main again"
+
+
+# -- end to end, through an agent -----------------------------------------------------------
+
+
+@so.tool(approval=so.always())
+async def issue_refund(order_id: str, amount: float) -> dict[str, object]:
+    """Refund an order."""
+    return {"refunded": amount, "order_id": order_id}
+
+
+def support_agent(model: so.models.OpenAIChat) -> so.Agent:
+    return so.Agent(
+        name="support", model=model, instructions="You help customers.", tools=[issue_refund]
+    )
+
+
+async def test_an_approved_call_round_trips_through_the_sdk(fake, model, tmp_path: Path) -> None:
+    fake.queue(
+        openai_completion(
+            "Let me refund that.",
+            [openai_tool_call("call_abc", "issue_refund", {"order_id": "1042", "amount": 180})],
+            usage=(100, 20),
+        ),
+        openai_completion("Refunded 180.", usage=(150, 10)),
+    )
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        assert r.status == "waiting"
+        [req] = r.pending
+        assert (req.tool_name, req.call_id) == ("issue_refund", "call_abc")
+        assert req.input == {"order_id": "1042", "amount": 180.0}
+        assert len(fake.received) == 1  # the model is not called while the call waits
+
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
+        )
+        assert r.status == "completed" and r.text.endswith("Refunded 180.")
+        state = await rt.state(r.session_id)
+        assert (state.usage.input_tokens, state.usage.output_tokens) == (250, 30)
+
+    first, second = fake.bodies
+    assert first["messages"] == [
+        {"role": "system", "content": "You help customers."},
+        {"role": "user", "content": "Refund order 1042"},
+    ]
+    [tool] = first["tools"]
+    assert tool["type"] == "function"
+    assert tool["function"]["name"] == "issue_refund"
+    assert tool["function"]["description"] == "Refund an order."
+    assert set(tool["function"]["parameters"]["properties"]) == {"order_id", "amount"}
+    assert second["messages"][2:] == [
+        {
+            "role": "assistant",
+            "content": "Let me refund that.",
+            "tool_calls": [
+                {
+                    "id": "call_abc",
+                    "type": "function",
+                    "function": {
+                        "name": "issue_refund",
+                        "arguments": '{"order_id": "1042", "amount": 180}',
+                    },
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": "call_abc",
+            "content": '{"refunded": 180.0, "order_id": "1042"}',
+        },
+    ]
+
+
+async def test_a_denial_and_its_reason_reach_the_model(fake, model, tmp_path: Path) -> None:
+    fake.queue(
+        openai_completion(
+            None, [openai_tool_call("call_d", "issue_refund", {"order_id": "9", "amount": 5000})]
+        ),
+        openai_completion("Sorry, the refund was declined."),
+    )
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 9")
+        r = await rt.generate(
+            session_id=r.session_id,
+            approvals=[so.Decision(id=r.pending[0].id, approved=False, reason="over the limit")],
+        )
+        assert r.status == "completed"
+    tool_message = fake.bodies[1]["messages"][-1]
+    assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call_d"
+    assert tool_message["content"].startswith("DENIED: the call to issue_refund was not run.")
+    assert "over the limit" in tool_message["content"]
+
+
+async def test_a_server_error_fails_the_turn_retryably(fake, model, tmp_path: Path) -> None:
+    fake.queue(Reply({"error": {"message": "model overloaded"}}, 500))
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert r.status == "failed" and r.retryable is True
+        assert r.error is not None and r.error["code"] == "model_error"
+        assert "HTTP 500" in r.error["message"] and "model overloaded" in r.error["message"]
+
+        fake.queue(openai_completion("Hello!"))
+        r = await rt.generate(session_id=r.session_id)  # the retry resumes the same turn
+        assert (r.status, r.text) == ("completed", "Hello!")
+    assert fake.bodies[0]["messages"] == fake.bodies[1]["messages"]
+
+
+async def test_malformed_arguments_become_a_tool_error_the_model_sees(
+    fake, model, tmp_path: Path
+) -> None:
+    raw = '{"order_id": "1042", "amount": 18'
+    fake.queue(
+        openai_completion(None, [openai_tool_call("call_bad", "issue_refund", raw)]),
+        openai_completion("Sorry, let me retry that."),
+    )
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        # no approval is asked for a call that cannot be validated, and it never runs
+        assert (r.status, r.pending) == ("completed", [])
+        events = [e async for e in rt.events(r.session_id, after=0, follow=False)]
+    completed = [e.data for e in events if e.type == "tool.completed"]
+    assert [(d["call_id"], d["status"]) for d in completed] == [("call_bad", "error")]
+    assistant, tool_message = fake.bodies[1]["messages"][-2:]
+    # the malformed text goes back exactly as the model wrote it
+    assert assistant["tool_calls"][0]["function"]["arguments"] == raw
+    assert tool_message["tool_call_id"] == "call_bad"
+    content = tool_message["content"]
+    assert content.startswith("ERROR: the call to issue_refund failed.")
+    details = json.loads(content.split("failed. ", 1)[1])
+    assert details["error"] == "invalid input"
+    assert ["_unparsed_arguments"] in [d["loc"] for d in details["details"]]
