@@ -374,6 +374,31 @@ async def test_runtime_turn_survives_a_killed_connection(pg_url: str, slow_commi
         await rt.close()
 
 
+async def test_commit_whose_acknowledgement_is_lost_is_found_committed(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server commits, then the connection drops before the client hears so: the store
+    reads the session back, finds its own events, and neither fails nor writes them twice."""
+    real_exit = psycopg.AsyncTransaction.__aexit__
+    lost: list[str] = []
+
+    async def exit_then_drop(self: psycopg.AsyncTransaction, *exc: Any) -> bool:
+        result = await real_exit(self, *exc)
+        if exc[0] is None and len(lost) < 2:
+            lost.append("dropped")
+            self.connection.pgconn.finish()
+            raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
+        return result
+
+    monkeypatch.setattr(psycopg.AsyncTransaction, "__aexit__", exit_then_drop)
+    sid = await new_session(pg)  # create_session takes the same path
+    events = [ev(sid, 2, "tool.started"), ev(sid, 3, "tool.completed", result={"ok": True})]
+    await pg.commit(Commit(session_id=sid, expected_seq=1, events=events))
+    monkeypatch.undo()
+    assert lost == ["dropped", "dropped"]
+    assert await pg.read_events(sid) == [ev(sid, 1, "session.created"), *events]
+
+
 # -- LISTEN/NOTIFY ---------------------------------------------------------------------------
 
 
