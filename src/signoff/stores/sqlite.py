@@ -116,7 +116,10 @@ class SQLiteStore:
         if self._conn is not None:
             return
         if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
         try:
             conn = sqlite3.connect(
                 self.path,

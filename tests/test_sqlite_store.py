@@ -1,0 +1,372 @@
+"""The SQLite store: WAL, compare-and-set commits that write all or nothing, leases, the queue."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.stores import Commit, PendingFilter, Resolve, SQLiteStore, open_store
+from signoff.testing import reply, scripted_agent
+
+
+def event(sid: str, seq: int, type: Any = "session.waiting", **data: Any) -> so.Event:
+    return so.Event(session_id=sid, seq=seq, type=type, at=float(seq), data=data)
+
+
+def request(
+    sid: str,
+    rid: str,
+    *,
+    agent: str = "a",
+    tool: str = "refund",
+    kind: Any = "tool-approval",
+    at: float = 1.0,
+) -> so.InputRequest:
+    action = so.Action(call_id=f"call_{rid}", tool_name=tool, input={}, input_hash="sha256:0")
+    return so.InputRequest(
+        kind=kind,
+        id=rid,
+        session_id=sid,
+        turn_id="trn_1",
+        agent=agent,
+        action=action if kind == "tool-approval" else None,
+        question=None if kind == "tool-approval" else "which one?",
+        created_at=at,
+    )
+
+
+def settle(rid: str) -> Resolve:
+    return Resolve(request_id=rid, status="settled", outcome="approved", resolution={"ok": True})
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
+    s = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}")
+    await s.open()
+    yield s
+    await s.close()
+
+
+async def new_session(store: SQLiteStore, sid: str, agent: str = "a") -> None:
+    await store.create_session(sid, agent, [event(sid, 1, "session.created", agent=agent)], None)
+
+
+async def count(store: SQLiteStore, table: str) -> int:
+    row = store.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()
+    return int(row[0])
+
+
+async def test_wal_mode_is_on(store: SQLiteStore, tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "state.db") as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store.file_bytes() > 0
+
+
+async def test_commit_appends_and_moves_the_head(store: SQLiteStore) -> None:
+    await new_session(store, "s1")
+    await store.commit(Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)]))
+    assert await store.head("s1") == 2
+    assert [e.seq for e in await store.read_events("s1")] == [1, 2]
+    assert [e.seq for e in await store.read_events("s1", after=1)] == [2]
+    assert [e.type for e in await store.read_events("s1", types=["session.created"])] == [
+        "session.created"
+    ]
+    assert len(await store.read_events("s1", limit=1)) == 1
+
+
+async def test_stale_expected_seq_raises_and_writes_nothing(store: SQLiteStore) -> None:
+    await new_session(store, "s1")
+    await store.commit(Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)]))
+    events_before = await count(store, "events")
+    stale = Commit(
+        session_id="s1",
+        expected_seq=1,
+        events=[event("s1", 2), event("s1", 3)],
+        new_requests=[request("s1", "req_new")],
+        snapshot={"seq": 3, "v": so.SCHEMA_VERSION},
+    )
+    with pytest.raises(so.AppendConflict, match="seq 2, not 1"):
+        await store.commit(stale)
+    assert await store.head("s1") == 2
+    assert await count(store, "events") == events_before
+    assert await store.get_request("req_new") is None
+    assert await count(store, "snapshots") == 0
+
+
+async def test_resolve_of_a_closed_request_rolls_back_the_whole_commit(
+    store: SQLiteStore,
+) -> None:
+    await new_session(store, "s1")
+    await store.commit(
+        Commit(
+            session_id="s1",
+            expected_seq=1,
+            events=[event("s1", 2)],
+            new_requests=[request("s1", "req_a"), request("s1", "req_b")],
+        )
+    )
+    await store.commit(
+        Commit(session_id="s1", expected_seq=2, events=[event("s1", 3)], resolve=[settle("req_a")])
+    )
+    stored = await store.get_request("req_a")
+    assert stored is not None and stored.status == "settled" and stored.resolution == {"ok": True}
+    events_before = await count(store, "events")
+    with pytest.raises(so.RequestClosed) as info:
+        await store.commit(
+            Commit(
+                session_id="s1",
+                expected_seq=3,
+                events=[event("s1", 4), event("s1", 5)],
+                # req_b would settle, but req_a is closed: neither may change
+                resolve=[settle("req_b"), settle("req_a")],
+                new_requests=[request("s1", "req_c")],
+                snapshot={"seq": 5, "v": so.SCHEMA_VERSION},
+                durable=True,
+            )
+        )
+    assert info.value.request_ids == ["req_a"]
+    assert await store.head("s1") == 3
+    assert await count(store, "events") == events_before
+    b = await store.get_request("req_b")
+    assert b is not None and b.status == "pending"
+    assert await store.get_request("req_c") is None
+    assert await count(store, "snapshots") == 0
+    # the connection is usable afterwards: the transaction really ended
+    await store.commit(
+        Commit(session_id="s1", expected_seq=3, events=[event("s1", 4)], resolve=[settle("req_b")])
+    )
+    assert await store.head("s1") == 4
+
+
+async def test_resolve_cannot_reach_another_sessions_request(store: SQLiteStore) -> None:
+    await new_session(store, "s1")
+    await new_session(store, "s2")
+    await store.commit(
+        Commit(
+            session_id="s2",
+            expected_seq=1,
+            events=[event("s2", 2)],
+            new_requests=[request("s2", "req_other")],
+        )
+    )
+    with pytest.raises(so.RequestClosed):
+        await store.commit(
+            Commit(
+                session_id="s1",
+                expected_seq=1,
+                events=[event("s1", 2)],
+                resolve=[settle("req_other")],
+            )
+        )
+    other = await store.get_request("req_other")
+    assert other is not None and other.status == "pending"
+    assert await store.head("s1") == 1
+
+
+async def test_unknown_sessions_and_duplicates(store: SQLiteStore) -> None:
+    with pytest.raises(so.UnknownSession):
+        await store.commit(Commit(session_id="nope", expected_seq=1, events=[event("nope", 2)]))
+    with pytest.raises(so.UnknownSession):
+        await store.read_events("nope")
+    with pytest.raises(so.UnknownSession):
+        await store.acquire_lease("nope", "w", 10, 0)
+    assert await store.load("nope") is None
+    assert await store.head("nope") is None
+    await new_session(store, "s1")
+    with pytest.raises(so.StoreError, match="already exists"):
+        await new_session(store, "s1")
+
+
+# -- leases and fencing ---------------------------------------------------------------------------
+
+
+async def test_lease_acquire_renew_release_and_fencing(store: SQLiteStore) -> None:
+    await new_session(store, "s1")
+    assert await store.acquire_lease("s1", "A", 10, now=100) == 1
+    assert await store.acquire_lease("s1", "B", 10, now=105) is None  # held by A
+    assert await store.acquire_lease("s1", "A", 10, now=106) == 2  # re-acquiring fences the old
+    # an append under the stale token is refused, and nothing is written
+    with pytest.raises(so.LeaseLost):
+        await store.commit(
+            Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)], lease_token=1)
+        )
+    assert await store.head("s1") == 1
+    await store.commit(
+        Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)], lease_token=2)
+    )
+    assert await store.renew_lease("s1", "A", 1, 10, now=107) is False
+    assert await store.renew_lease("s1", "B", 2, 10, now=107) is False
+    assert await store.renew_lease("s1", "A", 2, 10, now=108) is True  # now until 118
+    assert await store.acquire_lease("s1", "B", 10, now=115) is None
+    assert await store.acquire_lease("s1", "B", 10, now=118.5) == 3  # A's lease expired
+    with pytest.raises(so.LeaseLost):
+        await store.commit(
+            Commit(session_id="s1", expected_seq=2, events=[event("s1", 3)], lease_token=2)
+        )
+    assert await store.head("s1") == 2
+    assert await store.renew_lease("s1", "A", 2, 10, now=119) is False
+    await store.release_lease("s1", "A", 2)  # not A's any more: no effect
+    assert await store.acquire_lease("s1", "A", 10, now=120) is None
+    await store.release_lease("s1", "B", 3)
+    assert await store.acquire_lease("s1", "A", 10, now=120) == 4  # free at once after release
+    with pytest.raises(so.LeaseLost):
+        await store.commit(
+            Commit(session_id="s1", expected_seq=2, events=[event("s1", 3)], lease_token=3)
+        )
+
+
+async def test_two_stores_on_one_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    a, b = SQLiteStore(url), SQLiteStore(url)
+    try:
+        await new_session(a, "s1")
+        assert await b.head("s1") == 1
+        await a.commit(Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)]))
+        assert await b.head("s1") == 2
+        with pytest.raises(so.AppendConflict):
+            await b.commit(Commit(session_id="s1", expected_seq=1, events=[event("s1", 2, x=1)]))
+        assert (await a.read_events("s1"))[-1].data == {}
+        assert await a.acquire_lease("s1", "A", 10, 0) == 1
+        assert await b.acquire_lease("s1", "B", 10, 1) is None
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_a_held_write_lock_is_a_store_error_not_a_hang(tmp_path: Path) -> None:
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=0.05)
+    await new_session(store, "s1")
+    blocker = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(so.StoreError, match="locked"):
+            await store.commit(Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)]))
+        blocker.execute("ROLLBACK")
+        assert await store.head("s1") == 1
+        await store.commit(Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)]))
+        assert await store.head("s1") == 2
+    finally:
+        blocker.close()
+        await store.close()
+
+
+# -- the queue ------------------------------------------------------------------------------------
+
+
+async def test_pending_filters(store: SQLiteStore) -> None:
+    await new_session(store, "s1", agent="support")
+    await new_session(store, "s2", agent="billing")
+    await store.commit(
+        Commit(
+            session_id="s1",
+            expected_seq=1,
+            events=[event("s1", 2)],
+            new_requests=[
+                request("s1", "r1", agent="support", tool="refund", at=10),
+                request("s1", "r2", agent="support", tool="lookup", at=20),
+                request("s1", "r3", agent="support", kind="question", at=30),
+            ],
+        )
+    )
+    await store.commit(
+        Commit(
+            session_id="s2",
+            expected_seq=1,
+            events=[event("s2", 2)],
+            new_requests=[
+                request("s2", "r4", agent="billing", tool="refund", at=15),
+                request("s2", "r5", agent="billing", tool="refund", at=25),
+            ],
+        )
+    )
+    await store.commit(
+        Commit(session_id="s2", expected_seq=2, events=[event("s2", 3)], resolve=[settle("r5")])
+    )
+
+    async def ids(**kw: Any) -> list[str]:
+        flt = PendingFilter(**kw)
+        found = [r.id for r in await store.pending(flt)]
+        if "limit" not in kw and "offset" not in kw:
+            assert await store.count_pending(flt) == len(found)
+        return found
+
+    assert await ids() == ["r1", "r4", "r2", "r3"]  # pending, oldest first
+    assert await ids(agent="billing") == ["r4"]
+    assert await ids(tool_name="refund") == ["r1", "r4"]
+    assert await ids(kind="question") == ["r3"]
+    assert await ids(session_id="s1") == ["r1", "r2", "r3"]
+    assert await ids(created_before=20) == ["r1", "r4"]
+    assert await ids(created_after=15) == ["r2", "r3"]
+    assert await ids(status=None) == ["r1", "r4", "r2", "r5", "r3"]
+    assert await ids(status="settled") == ["r5"]
+    assert await ids(limit=2) == ["r1", "r4"]
+    assert await ids(limit=2, offset=2) == ["r2", "r3"]
+    assert await ids(agent="support", tool_name="refund", session_id="s2") == []
+    (settled,) = await store.pending(PendingFilter(status="settled"))
+    assert settled.status == "settled"
+    (pending_r1,) = await store.pending(PendingFilter(tool_name="refund", agent="support"))
+    assert pending_r1 == request("s1", "r1", agent="support", tool="refund", at=10)
+
+
+# -- URLs -----------------------------------------------------------------------------------------
+
+
+async def test_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = SQLiteStore("sqlite:///data/rel.db")
+    absolute = SQLiteStore(f"sqlite:///{tmp_path / 'abs' / 'abs.db'}")
+    memory = SQLiteStore("sqlite:///:memory:")
+    assert absolute.path == str(tmp_path / "abs" / "abs.db")
+    assert f"sqlite:///{tmp_path}".startswith("sqlite:////")  # four slashes for absolute paths
+    for store in (relative, absolute, memory):
+        await store.open()
+        await new_session(store, "s1")
+        assert await store.head("s1") == 1
+        await store.close()
+    assert (tmp_path / "data" / "rel.db").exists()
+    assert (tmp_path / "abs" / "abs.db").exists()
+    assert memory.file_bytes() == 0
+
+
+async def test_default_store_is_dot_signoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with so.Runtime([scripted_agent("a", [reply("hi")])]) as rt:
+        assert isinstance(rt.store, SQLiteStore)
+        r = await rt.generate("a", prompt="hello")
+        assert r.text == "hi"
+    assert (tmp_path / ".signoff" / "state.db").exists()
+    assert isinstance(open_store(None), SQLiteStore)
+
+
+@pytest.mark.parametrize(
+    ("url", "error", "match"),
+    [
+        ("sqlite://state.db", so.StoreError, "three slashes"),
+        ("sqlite:///", so.StoreError, "names no file"),
+        ("mysql://localhost/db", so.UsageError, "unknown store URL"),
+        ("state.db", so.UsageError, "unknown store URL"),
+        ("sqlite:state.db", so.UsageError, "unknown store URL"),
+    ],
+)
+def test_bad_urls_get_clear_errors(url: str, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        so.Runtime([], store=url)
+
+
+async def test_unusable_path_is_a_store_error(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file.txt"
+    not_a_dir.write_text("x")
+    with pytest.raises(so.StoreError):
+        await SQLiteStore(f"sqlite:///{not_a_dir / 'state.db'}").open()
+    directory = tmp_path / "adir"
+    os.mkdir(directory)
+    with pytest.raises(so.StoreError):
+        await SQLiteStore(f"sqlite:///{directory}").open()
