@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -545,3 +546,46 @@ async def test_malformed_arguments_become_a_tool_error_the_model_sees(
     details = json.loads(content.split("failed. ", 1)[1])
     assert details["error"] == "invalid input"
     assert ["_unparsed_arguments"] in [d["loc"] for d in details["details"]]
+
+
+# -- picking a model from the environment ---------------------------------------------------
+
+
+async def test_from_env_reaches_a_compatible_server_by_name(fake: FakeLLM) -> None:
+    env = {"SIGNOFF_MODEL": "qwen3:8b", "OPENAI_BASE_URL": fake.base_url, "OPENAI_API_KEY": API_KEY}
+    m = so.models.from_env(env=env)
+    assert isinstance(m, so.models.OpenAIChat)
+    fake.queue(openai_completion("hi from qwen"))
+    try:
+        assert (await m.complete(request())).text == "hi from qwen"
+    finally:
+        await m.aclose()
+    assert fake.bodies[0]["model"] == "qwen3:8b"
+
+
+def test_from_env_picks_the_provider() -> None:
+    fallback = so.models.Scripted([so.ModelResponse(text="demo")])
+    pick = so.models.from_env
+    assert pick(fallback, env={}) is fallback
+    m = pick(fallback, env={"OPENAI_API_KEY": "k"})
+    assert isinstance(m, so.models.OpenAIChat) and m.model == "gpt-4.1-mini"
+    m = pick(fallback, env={"ANTHROPIC_API_KEY": "k", "OPENAI_API_KEY": "k"})
+    assert isinstance(m, so.models.Anthropic) and m.model == "claude-haiku-4-5"
+    m = pick(env={"SIGNOFF_MODEL": "claude-opus-4-1"})
+    assert isinstance(m, so.models.Anthropic) and m.model == "claude-opus-4-1"
+    m = pick(env={"SIGNOFF_MODEL": "anthropic:my-claude-proxy"})
+    assert isinstance(m, so.models.Anthropic) and m.model == "my-claude-proxy"
+    m = pick(env={"SIGNOFF_MODEL": "openai:gpt-4o", "OPENAI_API_KEY": "k"})
+    assert isinstance(m, so.models.OpenAIChat) and m.model == "gpt-4o"
+    m = pick(env={"OPENAI_BASE_URL": "http://127.0.0.1:11434/v1"})
+    assert isinstance(m, so.models.OpenAIChat) and "11434" in repr(m)
+    with pytest.raises(so.UsageError, match="names no model"):
+        pick(env={"SIGNOFF_MODEL": "openai:"})
+    with pytest.raises(so.UsageError, match="no model configured"):
+        pick(env={})
+
+
+def test_importing_signoff_does_not_import_the_sdks() -> None:
+    code = "import sys, signoff; print('openai' in sys.modules, 'anthropic' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]

@@ -6,7 +6,8 @@ The providers import their SDK only when constructed: `pip install 'signoff[open
 
 from ._anthropic import Anthropic
 from ._base import Model, ModelRequest, ToolSpec
+from ._from_env import from_env
 from ._openai import OpenAIChat
 from ._scripted import Scripted
 
-__all__ = ["Anthropic", "Model", "ModelRequest", "OpenAIChat", "Scripted", "ToolSpec"]
+__all__ = ["Anthropic", "Model", "ModelRequest", "OpenAIChat", "Scripted", "ToolSpec", "from_env"]
