@@ -383,7 +383,7 @@ def _model_completed(s: SessionState, e: Event) -> None:
 def _tool_started(s: SessionState, e: Event) -> None:
     call = _call(s, e)
     call.status = "running"
-    _turn(s, e).status = "running"
+    _revive(_turn(s, e))
     call.idempotency_key = e.data.get("idempotency_key")
 
 
@@ -406,7 +406,7 @@ def _turn_message(s: SessionState, e: Event) -> None:
 def _tool_completed(s: SessionState, e: Event) -> None:
     call = _call(s, e)
     call.status = "done"
-    _turn(s, e).status = "running"
+    _revive(_turn(s, e))
     if s.conversation is not None:
         s.conversation.add(e)
 
@@ -487,6 +487,7 @@ def _input_resolved(s: SessionState, e: Event) -> None:
         )
         if call.status == "asking" and not still_asking:
             call.status = "running"  # re-run the body; answered asks replay
+            s.turn.status = "running"  # so its next park records a turn.waiting of its own
         return
     if call.status in ("requested", "awaiting") and outcome not in ("approved", "answered"):
         # withdrawn without an approval: the call never runs
@@ -516,6 +517,12 @@ def _turn_cancelled(s: SessionState, e: Event) -> None:
 
 def _session_waiting(s: SessionState, e: Event) -> None:
     pass
+
+
+def _revive(turn: TurnState) -> None:
+    """A call moving again means the turn runs again, unless it already ended."""
+    if turn.status == "waiting":
+        turn.status = "running"
 
 
 def _turn(s: SessionState, e: Event) -> TurnState:

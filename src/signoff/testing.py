@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from ._agent import Agent, Limits
 from ._approval import Guardrail
+from ._events import Event
 from ._runtime import Runtime
 from ._tools import Tool, ToolContext
 from ._types import Message, ModelResponse, ToolCall, ToolResultMessage, Usage
@@ -47,6 +48,7 @@ __all__ = [
     "scripted_agent",
     "sqlite_runtime",
     "store_contents",
+    "timeline",
     "tool_results",
 ]
 
@@ -311,3 +313,34 @@ async def store_contents(store: Store, session_id: str) -> StoreContents:
 def sqlite_runtime(directory: str | os.PathLike[str], *agents: Agent, **kwargs: Any) -> Runtime:
     """A `Runtime` for `agents` on a fresh SQLite file in `directory` (e.g. pytest's tmp_path)."""
     return Runtime(list(agents), store=f"sqlite:///{Path(directory) / 'state.db'}", **kwargs)
+
+
+def timeline(events: Sequence[Event]) -> list[str]:
+    """One short line per event (type and its key fields), to assert what happened, in order.
+
+    `tool.completed lookup ok`, `input.requested question:Proceed?`, `input.resolved cancelled`,
+    `approval.settled cancel`, `turn.message queued:Hi`; other types are just their name.
+    """
+    lines = []
+    for e in events:
+        d = e.data
+        if e.type in ("tool.started", "tool.completed"):
+            status = f" {d['status']}" if e.type == "tool.completed" else ""
+            lines.append(f"{e.type} {d['tool_name']}{status}")
+        elif e.type == "tool.step":
+            lines.append(f"tool.step {d['tool_name']}:{d['name']}")
+        elif e.type == "input.requested":
+            asked = [
+                f"{r['kind']}:{r.get('question') or (r.get('action') or {}).get('tool_name')}"
+                for r in d["requests"]
+            ]
+            lines.append(f"input.requested {', '.join(asked)}")
+        elif e.type == "input.resolved":
+            lines.append(f"input.resolved {d['outcome']}")
+        elif e.type == "approval.settled":
+            lines.append(f"approval.settled {d['decision']}")
+        elif e.type == "turn.message":
+            lines.append(f"turn.message {'queued:' if d.get('queued') else ''}{d['message']}")
+        else:
+            lines.append(e.type)
+    return lines

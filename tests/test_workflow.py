@@ -1,0 +1,416 @@
+"""Workflow tools: `ctx.ask()` parks the turn, `ctx.step()` journals, and a re-run replays both."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    timeline,
+    tool_results,
+)
+
+ALICE = so.Principal(authenticator="okta", principal_id="alice", principal_type="user")
+BOB = so.Principal(authenticator="sso", principal_id="bob", principal_type="service")
+
+
+async def events(rt: so.Runtime, session_id: str) -> list[so.Event]:
+    return [e async for e in rt.events(session_id, follow=False)]
+
+
+def answer_dict(answer: so.Answer) -> dict[str, Any]:
+    return {
+        "value": answer.value,
+        "option_id": answer.option_id,
+        "text": answer.text,
+        "authenticator": answer.authenticator,
+        "principal_id": answer.principal_id,
+        "principal_type": answer.principal_type,
+    }
+
+
+class Transfer:
+    """A workflow tool that quotes (a journaled step), then asks twice; counts what really ran."""
+
+    def __init__(self) -> None:
+        self.quotes = 0
+        self.bodies = 0
+        self.keys: list[str] = []
+        self.currents: list[so.Principal | None] = []
+
+        @so.tool
+        async def transfer(ctx: so.ToolContext, amount: float) -> dict[str, Any]:
+            """Move money after the customer confirms the fee."""
+            self.bodies += 1
+            self.keys.append(ctx.idempotency_key("send"))
+            self.currents.append(ctx.session.auth.current)
+            quote = await ctx.step("quote", self.quote, amount)
+            proceed = await ctx.ask(f"Fee is {quote['fee']}. Proceed?", options=["yes", "no"])
+            account = await ctx.ask("Which account should it come from?")
+            return {
+                "quote": quote,
+                "proceed": answer_dict(proceed),
+                "account": answer_dict(account),
+            }
+
+        self.tool = transfer
+
+    def quote(self, amount: float) -> dict[str, float]:
+        self.quotes += 1
+        return {"fee": round(amount * 0.025, 2)}
+
+
+async def test_step_runs_once_and_answers_replay_in_order(tmp_path: Path) -> None:
+    t = Transfer()
+    seen = Capture(reply("Sent."))
+    agent = scripted_agent(
+        "bank", [call_tools(call("transfer", id="c1", amount=200)), seen], tools=[t.tool]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bank", prompt="move 200", auth=ALICE)
+        sid = r.session_id
+        assert r.status == "waiting"
+        [first] = r.pending
+        assert first.kind == "question"
+        assert first.question == "Fee is 5.0. Proceed?"
+        assert [(o.id, o.label) for o in first.options] == [("yes", "yes"), ("no", "no")]
+        assert first.allow_text is True
+        assert first.call_id == "c1"
+        assert first.requested_by == ALICE
+        assert (t.quotes, t.bodies) == (1, 1)
+
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=first.id, option_id="yes")], principal=ALICE
+        )
+        assert r.status == "waiting"
+        assert r.outcomes == [so.Outcome(request_id=first.id, outcome="answered", applied=True)]
+        [second] = r.pending
+        assert second.question == "Which account should it come from?"
+        assert second.options == []
+        assert (t.quotes, t.bodies) == (1, 2)  # the body re-ran; the step replayed
+
+        r = await rt.send(sid, "savings", principal=ALICE)
+        assert r.status == "completed"
+        assert r.text == "Sent."
+        assert (t.quotes, t.bodies) == (1, 3)
+        # stable across replays; the turn's auth snapshot never changes
+        assert t.keys == [f"{sid}:c1:send"] * 3
+        assert t.currents == [ALICE] * 3
+
+        log = await events(rt, sid)
+        assert timeline(log) == [
+            "session.created",
+            "turn.started",
+            "model.completed",
+            "tool.started transfer",
+            "tool.step transfer:quote",
+            "input.requested question:Fee is 5.0. Proceed?",
+            "turn.waiting",
+            "input.resolved answered",
+            "input.requested question:Which account should it come from?",
+            "turn.waiting",
+            "input.resolved answered",
+            "tool.completed transfer ok",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        assert [e.seq for e in log] == list(range(1, len(log) + 1))
+        waits = [e for e in log if e.type == "turn.waiting"]
+        assert [w.data for w in waits] == [
+            {"on": "input", "request_ids": [first.id]},
+            {"on": "input", "request_ids": [second.id]},
+        ]
+        assert {e.turn_id for e in log[1:]} == {r.turn_id}  # one turn throughout
+        step = next(e for e in log if e.type == "tool.step")
+        assert step.data["result"] == {"fee": 5.0}
+        resolved = [e.data for e in log if e.type == "input.resolved"]
+        assert resolved[0]["answer"] == {"value": "yes", "option_id": "yes", "text": None}
+        assert resolved[1]["answer"] == {"value": "savings", "option_id": None, "text": "savings"}
+
+        who = {"authenticator": "okta", "principal_id": "alice", "principal_type": "user"}
+        [result] = tool_results(seen.last)
+        assert result.is_error is False
+        assert result.content == {
+            "quote": {"fee": 5.0},
+            "proceed": {"value": "yes", "option_id": "yes", "text": None, **who},
+            "account": {"value": "savings", "option_id": None, "text": "savings", **who},
+        }
+        # the model saw no extra user message: "savings" was an answer, not a message
+        assert [m.kind for m in seen.last] == ["user", "assistant", "tool"]
+
+
+async def test_answer_names_the_responder_not_the_turns_auth(tmp_path: Path) -> None:
+    t = Transfer()
+    agent = scripted_agent(
+        "bank", [call_tools(call("transfer", amount=40)), reply("ok")], tools=[t.tool]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bank", prompt="move 40")  # nobody in particular started it
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, text="Yes please")],
+            principal=BOB,
+        )
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, option_id=None, text="checking")],
+            principal=ALICE,
+        )
+        assert r.status == "completed"
+        assert t.currents == [None, None, None]  # ctx.session.auth.current stays the run's
+        log = await events(rt, r.session_id)
+        result = next(e for e in log if e.type == "tool.completed").data["result"]
+        assert result["proceed"] == {
+            "value": "Yes please",
+            "option_id": None,
+            "text": "Yes please",
+            "authenticator": "sso",
+            "principal_id": "bob",
+            "principal_type": "service",
+        }
+        assert result["account"]["principal_id"] == "alice"
+        assert result["account"]["authenticator"] == "okta"
+        by = [e.data["by"]["principal_id"] for e in log if e.type == "input.resolved"]
+        assert by == ["bob", "alice"]
+
+
+async def test_asking_in_a_different_order_on_replay_is_a_replay_error(tmp_path: Path) -> None:
+    bodies = 0
+
+    @so.tool
+    async def fickle(ctx: so.ToolContext) -> str:
+        """Asks a different first question on every run: a bug replay must catch."""
+        nonlocal bodies
+        bodies += 1
+        first = "Colour?" if bodies == 1 else "Size?"
+        a = await ctx.ask(first)
+        return a.value
+
+    seen = Capture(reply("Something went wrong."))
+    agent = scripted_agent("shop", [call_tools(call("fickle")), seen], tools=[fickle])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="buy", auth=ALICE)
+        r = await rt.send(r.session_id, "red", principal=ALICE)
+        assert r.status == "completed"
+        assert bodies == 2
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        error = result.content["error"]
+        assert error.startswith("ReplayError: ")
+        assert "replayed ask 'Size?' at position 1" in error
+        assert "recorded ask 'Colour?'" in error
+        assert timeline(await events(rt, r.session_id))[3:] == [
+            "tool.started fickle",
+            "input.requested question:Colour?",
+            "turn.waiting",
+            "input.resolved answered",
+            "tool.completed fickle error",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+
+
+async def test_a_step_where_an_ask_was_recorded_is_a_replay_error(tmp_path: Path) -> None:
+    bodies = 0
+    charged: list[int] = []
+
+    @so.tool
+    async def checkout(ctx: so.ToolContext) -> str:
+        """Confirms, then charges; a second run skips the question by mistake."""
+        nonlocal bodies
+        bodies += 1
+        if bodies == 1:
+            await ctx.ask("Charge the card?", options=["yes", "no"], allow_text=False)
+        await ctx.step("charge", charged.append, bodies)
+        return "charged"
+
+    seen = Capture(reply("Failed."))
+    agent = scripted_agent("shop", [call_tools(call("checkout")), seen], tools=[checkout])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="checkout", auth=ALICE)
+        r = await rt.send(r.session_id, "yes", principal=ALICE)
+        assert r.status == "completed"
+        assert charged == []  # the mismatch is caught before the step's function runs
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        assert "replayed step 'charge' at position 1" in result.content["error"]
+        assert "recorded ask 'Charge the card?'" in result.content["error"]
+        log = await events(rt, r.session_id)
+        assert "tool.step checkout:charge" not in timeline(log)
+
+
+async def test_two_asks_in_gather_are_answered_one_message_each_in_order(
+    tmp_path: Path,
+) -> None:
+    bodies = 0
+
+    @so.tool
+    async def book(ctx: so.ToolContext) -> dict[str, str]:
+        """Ask for the date and the party size at once."""
+        nonlocal bodies
+        bodies += 1
+        date, seats = await asyncio.gather(
+            ctx.ask("Which date?"), ctx.ask("How many seats?", options=["two", "four", "six"])
+        )
+        return {"date": date.value, "seats": seats.value}
+
+    seen = Capture(reply("Booked."))
+    agent = scripted_agent("host", [call_tools(call("book", id="b1")), seen], tools=[book])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("host", prompt="book a table", auth=ALICE)
+        sid = r.session_id
+        assert r.status == "waiting"
+        assert [p.question for p in r.pending] == ["Which date?", "How many seats?"]
+        date_req, seats_req = r.pending
+
+        # "four" names an option of the second question, but a message answers the first
+        r = await rt.send(sid, "four", principal=ALICE)
+        assert r.status == "waiting"
+        assert [p.id for p in r.pending] == [seats_req.id]
+        assert bodies == 1  # still waiting on the second: the body does not re-run yet
+
+        r = await rt.send(sid, "3", principal=ALICE)  # the 1-based index of "six"
+        assert r.status == "completed"
+        assert bodies == 2
+        [result] = tool_results(seen.last)
+        assert result.content == {"date": "four", "seats": "six"}
+
+        log = await events(rt, sid)
+        assert timeline(log)[3:] == [
+            "tool.started book",
+            "input.requested question:Which date?",
+            "input.requested question:How many seats?",
+            "turn.waiting",
+            "input.resolved answered",
+            "input.resolved answered",
+            "tool.completed book ok",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        waiting = next(e for e in log if e.type == "turn.waiting")
+        assert waiting.data["request_ids"] == [date_req.id, seats_req.id]
+        resolved = [e.data for e in log if e.type == "input.resolved"]
+        assert [d["request_id"] for d in resolved] == [date_req.id, seats_req.id]
+        assert resolved[0]["answer"] == {"value": "four", "option_id": None, "text": "four"}
+        assert resolved[1]["answer"] == {"value": "six", "option_id": "six", "text": None}
+
+
+async def test_gather_answers_by_id_in_any_order_land_where_they_belong(tmp_path: Path) -> None:
+    @so.tool
+    async def book(ctx: so.ToolContext) -> dict[str, str]:
+        """Ask for the date and the party size at once."""
+        date, seats = await asyncio.gather(ctx.ask("Which date?"), ctx.ask("How many seats?"))
+        return {"date": date.value, "seats": seats.value}
+
+    seen = Capture(reply("Booked."))
+    agent = scripted_agent("host", [call_tools(call("book")), seen], tools=[book])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("host", prompt="book a table", auth=ALICE)
+        date_req, seats_req = r.pending
+        r = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=seats_req.id, text="5")], principal=ALICE
+        )
+        assert [p.id for p in r.pending] == [date_req.id]
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=date_req.id, text="Friday")],
+            principal=ALICE,
+        )
+        assert r.status == "completed"
+        assert tool_results(seen.last)[0].content == {"date": "Friday", "seats": "5"}
+
+
+async def test_a_withdrawn_question_that_propagates_cancels_the_call(tmp_path: Path) -> None:
+    bodies = 0
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Choose a plan; lets a withdrawal propagate."""
+        nonlocal bodies
+        bodies += 1
+        a = await ctx.ask("Which plan?", options=["basic", "pro"], allow_text=False)
+        return a.value
+
+    seen = Capture(reply("Okay, I'll stop."))
+    agent = scripted_agent("sales", [call_tools(call("pick", id="p1")), seen], tools=[pick])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        [req] = r.pending
+        r = await rt.send(r.session_id, "actually, cancel my account", principal=ALICE)
+        assert r.status == "completed"
+        assert bodies == 2  # re-ran once, and its ask raised QuestionWithdrawn
+        log = await events(rt, r.session_id)
+        assert timeline(log)[3:] == [
+            "tool.started pick",
+            "input.requested question:Which plan?",
+            "turn.waiting",
+            "input.resolved cancelled",
+            "turn.message actually, cancel my account",
+            "tool.completed pick cancelled",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        resolved = next(e for e in log if e.type == "input.resolved")
+        assert resolved.data["request_id"] == req.id
+        assert resolved.data["status"] == "withdrawn"
+        # the model reads the message once the call settled: result first, then the message
+        kinds = [(m.kind, getattr(m, "text", None)) for m in seen.last]
+        assert kinds == [
+            ("user", "upgrade me"),
+            ("assistant", ""),
+            ("tool", None),
+            ("user", "actually, cancel my account"),
+        ]
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content["cancelled"] is True
+
+
+async def test_steering_sets_the_abort_signal_of_a_running_workflow_call(
+    tmp_path: Path,
+) -> None:
+    entered = asyncio.Event()
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task that stops when the turn is steered."""
+        entered.set()
+        await asyncio.wait_for(ctx.abort_signal.wait(), timeout=10)
+        return "stopped early"
+
+    seen = Capture(reply("Stopped; what next?"))
+    agent = scripted_agent("bot", [call_tools(call("crawl")), seen], tools=[crawl])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("bot", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        steered = await rt.send(sid, "stop, I found it", principal=ALICE)
+        r = await running
+        assert r.status == "completed"
+        assert steered.status == "completed"
+        assert r.text == "Stopped; what next?"
+        [result] = tool_results(seen.last)
+        assert result.content == "stopped early"
+        assert [getattr(m, "text", None) for m in seen.last][-1] == "stop, I found it"
+        assert timeline(await events(rt, sid))[1:] == [
+            "turn.started",
+            "model.completed",
+            "tool.started crawl",
+            "turn.message stop, I found it",
+            "tool.completed crawl ok",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
