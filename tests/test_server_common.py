@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -67,9 +68,16 @@ def make_agents() -> list[so.Agent]:
     )
     two = so.ModelResponse(
         tool_calls=[
-            so.ToolCall(name="issue_refund", input={"order_id": "1", "amount": 150, "reason": "a"}),
-            so.ToolCall(name="issue_refund", input={"order_id": "2", "amount": 250, "reason": "b"}),
-        ]
+            so.ToolCall(
+                name="issue_refund",
+                input={"order_id": "2210", "amount": 149.5, "reason": "damaged in transit"},
+            ),
+            so.ToolCall(
+                name="issue_refund",
+                input={"order_id": "2211", "amount": 320, "reason": "charged twice"},
+            ),
+        ],
+        usage=so.Usage(input_tokens=2310, output_tokens=164, cost_usd=0.0081),
     )
     support = so.Agent(
         name="support",
@@ -151,37 +159,39 @@ def server_process(store: str, *extra: str) -> Iterator[str]:
         " auth=TokenAuth(TOKENS), log_level='warning')"
     )
     env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, *extra],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code, *extra], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
+        base = f"http://127.0.0.1:{port}"
         try:
-            wait_until_up(base)
-        except httpx.TransportError:
-            proc.kill()
-            out = proc.communicate(timeout=5)[0].decode(errors="replace")
-            raise RuntimeError(f"server process did not start:\n{out}") from None
-        yield base
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            try:
+                wait_until_up(base)
+            except httpx.TransportError:
+                proc.kill()
+                proc.wait()
+                log.seek(0)
+                out = log.read().decode(errors="replace")
+                raise RuntimeError(f"server process did not start:\n{out}") from None
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 def auth(token: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"}
 
 
-def read_sse(response: httpx.Response, count: int, timeout: float = 10.0) -> list[dict[str, Any]]:
-    """Parse SSE messages from a streaming response until `count` events have arrived."""
+def read_sse(
+    response: httpx.Response, count: int = 10_000, timeout: float = 10.0, until: str | None = None
+) -> list[dict[str, Any]]:
+    """Parse SSE messages from a streaming response until `count` events (or one of type
+    `until`) have arrived, or the stream ends."""
     out: list[dict[str, Any]] = []
     current: dict[str, Any] = {}
     deadline = time.monotonic() + timeout
@@ -191,7 +201,7 @@ def read_sse(response: httpx.Response, count: int, timeout: float = 10.0) -> lis
         if line == "":
             if "data" in current:
                 out.append(current)
-                if len(out) >= count:
+                if len(out) >= count or current.get("event") == until:
                     return out
             current = {}
             continue

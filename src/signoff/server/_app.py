@@ -5,8 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.resources import files
+from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from starlette.responses import RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
@@ -87,6 +89,23 @@ def create_app(
     app.mount(
         f"{DASHBOARD_PREFIX}/static", StaticFiles(directory=str(static)), name="signoff-static"
     )
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            doc = get_openapi(
+                title=app.title,
+                version=app.version,
+                description=app.description,
+                routes=app.routes,
+            )
+            # The agents are this server's: name them, so clients and fuzzers know them.
+            body = doc.get("components", {}).get("schemas", {}).get("CreateSession")
+            if body is not None:
+                body["properties"]["agent"]["enum"] = sorted(runtime.agents)
+            app.openapi_schema = doc
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:

@@ -97,12 +97,12 @@ def _usd(value: float) -> str:
 _env.filters.update(ago=_ago, iso=_iso, pretty=_pretty, who=_who, usd=_usd)
 
 
-def _render(name: str, request: Request, status: int = 200, **context: Any) -> HTMLResponse:
+def _render(name: str, request: Request, code: int = 200, **context: Any) -> HTMLResponse:
     token = _csrf_token(request)
     html = _env.get_template(name).render(
         prefix=DASHBOARD_PREFIX, csrf=token, path=request.url.path, **context
     )
-    response = HTMLResponse(html, status_code=status)
+    response = HTMLResponse(html, status_code=code)
     _set_csrf(request, response, token)
     return response
 

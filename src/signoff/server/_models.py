@@ -50,6 +50,15 @@ class SendMessage(_Body):
 
 
 class ResponseItem(_Body):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"required": [name], "properties": {name: {"type": "string"}}}
+                for name in ("optionId", "text")
+            ]
+        }
+    )
+
     request_id: StrictStr = Field(min_length=1)
     option_id: StrictStr | None = None
     text: StrictStr | None = None

@@ -1,0 +1,442 @@
+"""The HTTP API over real HTTP: uvicorn on a loopback port, httpx as the client."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import DevAuth, TokenAuth, create_app
+
+from .test_server_common import (
+    TOKENS,
+    auth,
+    make_runtime,
+    read_sse,
+    served,
+    server_process,
+)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/state.db"
+
+
+@pytest.fixture
+def base(store: str) -> Iterator[str]:
+    with served(store) as url:
+        yield url
+
+
+@pytest.fixture
+def alice(base: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as c:
+        yield c
+
+
+def client(base: str, token: str) -> httpx.Client:
+    return httpx.Client(base_url=base, headers=auth(token), timeout=10)
+
+
+def start(c: httpx.Client, agent: str = "support") -> dict[str, Any]:
+    r = c.post("/v1/sessions", json={"agent": agent, "message": "Refund order 1042, it broke"})
+    assert r.status_code == 201, r.text
+    body: dict[str, Any] = r.json()
+    assert body["status"] == "waiting"
+    return body
+
+
+def error(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    detail: dict[str, Any] = r.json()["error"]
+    assert detail["code"] == code, detail
+    assert detail["message"]
+    return detail
+
+
+# -- flows -----------------------------------------------------------------------------------
+
+
+def test_approve_flow(alice: httpx.Client) -> None:
+    body = start(alice)
+    sid = body["session_id"]
+    (req,) = body["pending"]
+    assert req["action"]["tool_name"] == "issue_refund"
+    assert req["action"]["input"] == {
+        "order_id": "1042",
+        "amount": 180.0,
+        "reason": "arrived broken",
+    }
+    assert req["usage"] == {"input_tokens": 1200, "output_tokens": 80, "cost_usd": 0.0042}
+    assert req["requested_by"]["principal_id"] == "alice"
+
+    queue = alice.get("/v1/requests").json()
+    assert queue["total"] == 1 and [r["id"] for r in queue["items"]] == [req["id"]]
+    state = alice.get(f"/v1/sessions/{sid}").json()
+    assert state["status"] == "waiting" and [r["id"] for r in state["pending"]] == [req["id"]]
+
+    r = alice.post(
+        f"/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": req["id"], "optionId": "approve", "text": "ok"}]},
+    )
+    assert r.status_code == 200, r.text
+    done = r.json()
+    assert done["status"] == "completed"
+    assert done["outcomes"] == [{"request_id": req["id"], "outcome": "approved", "applied": True}]
+    assert done["text"] == 'tool ok: {"order_id": "1042", "refunded": 180.0}'
+
+    assert alice.get("/v1/requests").json() == {"items": [], "total": 0, "limit": 50, "offset": 0}
+    record = alice.get(f"/v1/requests/{req['id']}").json()
+    assert record["status"] == "settled" and record["outcome"] == "approved"
+    assert record["resolution"]["by"]["principal_id"] == "alice"
+    assert record["resolution"]["reason"] == "ok"
+    settled = alice.get("/v1/requests", params={"status": "settled"}).json()
+    assert [r["id"] for r in settled["items"]] == [req["id"]]
+
+
+def test_deny_flow_reason_reaches_the_model(alice: httpx.Client) -> None:
+    body = start(alice)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    r = alice.post(
+        f"/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "cancel", "text": "over limit"}]},
+    )
+    assert r.status_code == 200, r.text
+    done = r.json()
+    assert done["status"] == "completed"
+    assert done["outcomes"][0]["outcome"] == "cancelled"
+    assert done["text"].startswith("tool error: ")
+    assert '"reason": "over limit"' in done["text"]
+    assert "refunded" not in done["text"]
+
+
+def test_helix_approvals_must_settle_everything(alice: httpx.Client) -> None:
+    body = start(alice, "batch")
+    sid = body["session_id"]
+    first, second = (r["id"] for r in body["pending"])
+    partial = alice.post(
+        f"/v1/sessions/{sid}/approvals", json={"approvals": [{"id": first, "approved": True}]}
+    )
+    detail = error(partial, 422, "partial_answer")
+    assert detail["request_ids"] == [second]
+    assert second in detail["message"]
+    assert alice.get(f"/v1/sessions/{sid}").json()["status"] == "waiting"  # nothing claimed
+
+    r = alice.post(
+        f"/v1/sessions/{sid}/approvals",
+        json={
+            "approvals": [
+                {"id": first, "approved": True},
+                {"id": second, "approved": False, "reason": "too much"},
+            ]
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "completed"
+    outcomes = {o["request_id"]: o["outcome"] for o in r.json()["outcomes"]}
+    assert outcomes == {first: "approved", second: "cancelled"}
+
+
+def test_messages_start_the_next_turn(alice: httpx.Client) -> None:
+    r = alice.post("/v1/sessions", json={"agent": "support"})
+    assert r.status_code == 201 and r.json()["status"] == "idle"
+    sid = r.json()["session_id"]
+    r = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "Refund 1042"})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "waiting"
+    # a message while a request is open names the request it leaves unanswered
+    r = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "hello?", "turnPolicy": "queue"})
+    assert r.status_code in (200, 409, 422), r.text
+    if r.status_code != 200:
+        assert r.json()["error"]["code"] in ("partial_answer", "session_busy")
+
+
+def test_cancel_withdraws_and_closes(alice: httpx.Client) -> None:
+    body = start(alice)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    r = alice.post(f"/v1/sessions/{sid}/cancel", json={"reason": "customer left"})
+    assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    late = alice.post(
+        f"/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+    )
+    assert error(late, 409, "request_closed")["request_ids"] == [rid]
+    assert alice.get("/v1/requests", params={"status": "withdrawn"}).json()["total"] == 1
+
+
+# -- errors ----------------------------------------------------------------------------------
+
+
+def test_unknown_ids_are_404(alice: httpx.Client) -> None:
+    error(alice.get("/v1/sessions/ses_nope"), 404, "unknown_session")
+    error(alice.get("/v1/sessions/ses_nope/events"), 404, "unknown_session")
+    error(alice.post("/v1/sessions/ses_nope/cancel"), 404, "unknown_session")
+    error(alice.get("/v1/requests/req_nope"), 404, "unknown_request")
+    body = start(alice)
+    r = alice.post(
+        f"/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": "req_typo", "optionId": "approve"}]},
+    )
+    assert error(r, 404, "unknown_request")["request_ids"] == ["req_typo"]
+    assert "req_typo" in r.json()["error"]["message"]
+    # a request of another session is unknown in this one
+    other = start(alice)
+    r = alice.post(
+        f"/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": other["pending"][0]["id"], "optionId": "approve"}]},
+    )
+    error(r, 404, "unknown_request")
+    error(alice.get("/v1/nothing-here"), 404, "not_found")
+
+
+def test_conflicting_and_repeated_answers(alice: httpx.Client) -> None:
+    body = start(alice)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    url = f"/v1/sessions/{sid}/responses"
+    approve = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+    assert alice.post(url, json=approve).status_code == 200
+    again = alice.post(url, json=approve)
+    assert again.status_code == 200
+    assert again.json()["outcomes"] == [
+        {"request_id": rid, "outcome": "approved", "applied": False}
+    ]
+    deny = {"inputResponses": [{"requestId": rid, "optionId": "cancel"}]}
+    assert error(alice.post(url, json=deny), 409, "conflicting_answer")["request_ids"] == [rid]
+
+
+@pytest.mark.parametrize(
+    ("payload", "field"),
+    [
+        ({}, "inputResponses"),
+        ({"inputResponses": []}, "inputResponses"),
+        ({"inputResponses": [{"optionId": "approve"}]}, "requestId"),
+        ({"inputResponses": [{"requestId": "r"}]}, "optionId"),
+        ({"inputResponses": [{"requestId": 7, "optionId": "approve"}]}, "requestId"),
+        ({"inputResponses": [{"requestId": "r", "optionId": "approve", "extra": 1}]}, "extra"),
+        ({"input_responses": [{"requestId": "r", "optionId": "approve"}]}, "input_responses"),
+    ],
+)
+def test_bad_response_bodies_name_the_field(
+    alice: httpx.Client, payload: dict[str, Any], field: str
+) -> None:
+    sid = start(alice)["session_id"]
+    detail = error(
+        alice.post(f"/v1/sessions/{sid}/responses", json=payload), 422, "invalid_request"
+    )
+    assert field in detail["message"]
+
+
+def test_bad_bodies_elsewhere(alice: httpx.Client) -> None:
+    sid = start(alice)["session_id"]
+    r = alice.post(
+        f"/v1/sessions/{sid}/approvals", json={"approvals": [{"id": "r", "approved": "yes"}]}
+    )
+    assert "approved" in error(r, 422, "invalid_request")["message"]
+    r = alice.post(
+        f"/v1/sessions/{sid}/responses",
+        content=b"{not json",
+        headers={"Content-Type": "application/json"},
+    )
+    error(r, 400, "malformed_json")
+    error(alice.post("/v1/sessions", json={"agent": "nobody"}), 422, "unknown_agent")
+    error(alice.post("/v1/sessions", json={"agent": 3}), 422, "invalid_request")
+    error(
+        alice.post(f"/v1/sessions/{sid}/messages", json={"text": "x", "turnPolicy": "now"}),
+        422,
+        "invalid_request",
+    )
+    error(alice.get("/v1/requests", params={"limit": 0}), 422, "invalid_request")
+    error(alice.get("/v1/requests", params={"status": "open"}), 422, "invalid_request")
+    r = alice.get(f"/v1/sessions/{sid}/events", headers={"Last-Event-ID": "abc"})
+    error(r, 422, "invalid_request")
+    # an option that is not an approval's
+    rid = alice.get(f"/v1/sessions/{sid}").json()["pending"][0]["id"]
+    r = alice.post(
+        f"/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "maybe"}]},
+    )
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_answer"
+
+
+def test_authentication_and_visibility(base: str) -> None:
+    with client(base, "alice-token") as alice, client(base, "bob-token") as bob:
+        with client(base, "mallory-token") as mallory:
+            body = start(alice)
+            sid, rid = body["session_id"], body["pending"][0]["id"]
+            error(httpx.get(f"{base}/v1/sessions/{sid}"), 401, "unauthenticated")
+            error(httpx.get(f"{base}/v1/requests", headers=auth("wrong")), 401, "unauthenticated")
+            # another tenant cannot see the session, its events, or its requests
+            error(mallory.get(f"/v1/sessions/{sid}"), 404, "unknown_session")
+            error(mallory.get(f"/v1/sessions/{sid}/events?follow=false"), 404, "unknown_session")
+            error(mallory.get(f"/v1/requests/{rid}"), 404, "unknown_request")
+            assert mallory.get("/v1/requests").json()["total"] == 0
+            answer = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+            error(
+                mallory.post(f"/v1/sessions/{sid}/responses", json=answer), 404, "unknown_session"
+            )
+            # the same tenant sees it, but the runtime's response rule lets only alice settle
+            assert bob.get("/v1/requests").json()["total"] == 1
+            r = bob.post(f"/v1/sessions/{sid}/responses", json=answer)
+            assert error(r, 403, "not_allowed")["request_ids"] == [rid]
+            assert alice.get(f"/v1/sessions/{sid}").json()["status"] == "waiting"
+            assert alice.post(f"/v1/sessions/{sid}/responses", json=answer).status_code == 200
+
+
+async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
+    runtime = make_runtime(f"sqlite:///{tmp_path}/dev.db")
+    app = create_app(runtime, dev=True)
+    for host, status in (("127.0.0.1", 200), ("::1", 200), ("10.1.2.3", 401)):
+        transport = httpx.ASGITransport(app=app, client=(host, 5000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            r = await c.get("/v1/requests")
+            assert r.status_code == status, (host, r.text)
+    await runtime.close()
+    with pytest.raises(ValueError, match="auth"):
+        create_app(runtime)
+    with pytest.raises(ValueError, match="not both"):
+        create_app(runtime, auth=TokenAuth(TOKENS), dev=True)
+    assert DevAuth().principal.principal_id == "dev"
+
+
+def test_queue_filters_and_pagination(alice: httpx.Client) -> None:
+    for _ in range(3):
+        start(alice)
+    start(alice, "batch")
+    everything = alice.get("/v1/requests").json()
+    assert everything["total"] == 5
+    page = alice.get("/v1/requests", params={"limit": 2, "offset": 2}).json()
+    assert page["total"] == 5 and page["limit"] == 2 and page["offset"] == 2
+    assert [r["id"] for r in page["items"]] == [r["id"] for r in everything["items"][2:4]]
+    assert alice.get("/v1/requests", params={"agent": "batch"}).json()["total"] == 2
+    assert alice.get("/v1/requests", params={"tool": "issue_refund"}).json()["total"] == 5
+    assert alice.get("/v1/requests", params={"tool": "lookup_order"}).json()["total"] == 0
+    assert alice.get("/v1/requests", params={"kind": "question"}).json()["total"] == 0
+    assert alice.get("/v1/requests", params={"older_than": 3600}).json()["total"] == 0
+    assert alice.get("/v1/requests", params={"older_than": 0}).json()["total"] == 5
+
+
+def test_openapi_is_served(base: str) -> None:
+    doc = httpx.get(f"{base}/v1/openapi.json").json()
+    paths = doc["paths"]
+    for path in (
+        "/v1/sessions",
+        "/v1/sessions/{session_id}",
+        "/v1/sessions/{session_id}/messages",
+        "/v1/sessions/{session_id}/responses",
+        "/v1/sessions/{session_id}/approvals",
+        "/v1/sessions/{session_id}/cancel",
+        "/v1/sessions/{session_id}/events",
+        "/v1/requests",
+    ):
+        assert path in paths, path
+    assert not any(p.startswith("/_signoff") for p in paths)
+
+
+# -- the stream ------------------------------------------------------------------------------
+
+
+def test_sse_reconnect_with_last_event_id_loses_nothing(alice: httpx.Client) -> None:
+    body = start(alice)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    url = f"/v1/sessions/{sid}/events"
+    with alice.stream("GET", url) as s:
+        assert s.headers["content-type"].startswith("text/event-stream")
+        first = read_sse(s, 3)
+    assert [e["id"] for e in first] == ["1", "2", "3"]
+    assert [e["event"] for e in first] == ["session.created", "turn.started", "model.completed"]
+    assert all(e["data"]["seq"] == int(e["id"]) for e in first)
+
+    # while disconnected, the turn moves on
+    r = alice.post(
+        f"/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+    )
+    assert r.json()["status"] == "completed"
+    head = alice.get(f"/v1/sessions/{sid}").json()["seq"]
+
+    # reconnect the way EventSource does: same URL (with ?after=0), Last-Event-ID wins
+    with alice.stream("GET", url + "?after=0", headers={"Last-Event-ID": "3"}) as s:
+        rest = read_sse(s, head - 3)
+    seqs = [int(e["id"]) for e in first + rest]
+    assert seqs == list(range(1, head + 1))
+    types = [e["event"] for e in rest]
+    assert "approval.settled" in types and "turn.completed" in types
+
+    # then live: a stream opened now receives events appended later
+    received: list[dict[str, Any]] = []
+
+    def listen() -> None:
+        with client(str(alice.base_url), "alice-token") as c:
+            with c.stream("GET", url, headers={"Last-Event-ID": str(head)}) as s:
+                received.extend(read_sse(s, 3))
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    r = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "and again"})
+    assert r.status_code == 200
+    listener.join(timeout=15)
+    assert [int(e["id"]) for e in received] == [head + 1, head + 2, head + 3]
+    assert received[0]["event"] == "turn.started"
+    assert received[0]["data"]["data"]["message"] == "and again"
+
+
+def test_sse_without_follow_ends_after_catching_up(alice: httpx.Client) -> None:
+    sid = start(alice)["session_id"]
+    with alice.stream(
+        "GET", f"/v1/sessions/{sid}/events", params={"follow": "false", "after": 2}
+    ) as s:
+        events = read_sse(s, 100)
+    assert [e["id"] for e in events] == ["3", "4", "5"]
+
+
+def test_two_server_processes_share_one_sqlite_file(store: str) -> None:
+    with server_process(store) as a, server_process(store) as b:
+        with client(a, "alice-token") as ca, client(b, "alice-token") as cb:
+            body = start(ca)
+            sid, rid = body["session_id"], body["pending"][0]["id"]
+            seen = cb.get(f"/v1/sessions/{sid}").json()
+            assert seen["status"] == "waiting" and seen["pending"][0]["id"] == rid
+            assert [r["id"] for r in cb.get("/v1/requests").json()["items"]] == [rid]
+
+            received: list[dict[str, Any]] = []
+            ready = threading.Event()
+
+            def listen() -> None:
+                with client(b, "alice-token") as c:
+                    with c.stream("GET", f"/v1/sessions/{sid}/events") as s:
+                        ready.set()
+                        received.extend(read_sse(s, until="turn.completed"))
+
+            listener = threading.Thread(target=listen)
+            listener.start()
+            assert ready.wait(10)
+            r = ca.post(
+                f"/v1/sessions/{sid}/responses",
+                json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+            )
+            assert r.json()["status"] == "completed"
+            listener.join(timeout=15)
+            assert received[-1]["event"] == "turn.completed"
+            assert [int(e["id"]) for e in received] == list(range(1, len(received) + 1))
+            assert {"input.requested", "approval.settled", "tool.completed"} <= {
+                e["event"] for e in received
+            }
+            final = cb.get(f"/v1/sessions/{sid}").json()
+            assert final["status"] == "idle" and final["pending"] == []
+            # B settling the same request again is a no-op; a different answer conflicts
+            again = cb.post(
+                f"/v1/sessions/{sid}/responses",
+                json={"inputResponses": [{"requestId": rid, "optionId": "cancel"}]},
+            )
+            error(again, 409, "conflicting_answer")
+
+
+def test_api_accepts_so_types() -> None:
+    # the principal the tests use is the public type
+    assert isinstance(TOKENS["alice-token"], so.Principal)
