@@ -47,6 +47,19 @@ PARK_TYPES = frozenset({"turn.waiting", "turn.completed", "turn.failed", "turn.c
 SNAPSHOT_EVERY = 64
 
 
+def _shadow(state: SessionState, events: Sequence[Event], before: int) -> SessionState | None:
+    """The state after `events`, built on a copy, when a snapshot is due (parks, every 64)."""
+    due = any(e.type in PARK_TYPES for e in events) or (
+        before // SNAPSHOT_EVERY != (before + len(events)) // SNAPSHOT_EVERY
+    )
+    if not due:
+        return None
+    copy = SessionState.from_snapshot(state.to_snapshot())
+    for e in events:
+        copy.apply(e)
+    return copy
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
@@ -98,7 +111,9 @@ class Driver:
         lease_token: int | None,
         clock: Callable[[], float] = time.time,
         abort_signal: asyncio.Event | None = None,
+        lock: asyncio.Lock | None = None,
     ) -> None:
+        self.lock = lock or asyncio.Lock()
         self.store = store
         self.agent = agent
         self.state = state
@@ -122,51 +137,51 @@ class Driver:
         `specs` may be a function of the state, re-evaluated after a concurrent append.
         """
         tid = turn_id or (self.state.turn.id if self.state.turn else None)
-        for _ in range(20):
-            state = self.state
-            now = self.clock()
-            batch = specs(state) if callable(specs) else specs
-            events = [
-                Event(
-                    session_id=state.id, seq=state.seq + i + 1, type=t, at=now, turn_id=tid, data=d
-                )
-                for i, (t, d) in enumerate(batch)
-            ]
-            snapshot = None
-            before = state.seq
-            for e in events:
-                state.apply(e)
-            last = state.seq
-            if any(e.type in PARK_TYPES for e in events) or before // SNAPSHOT_EVERY != (
-                last // SNAPSHOT_EVERY
-            ):
-                snapshot = state.to_snapshot()
-            try:
-                await self.store.commit(
-                    Commit(
+        async with self.lock:
+            for _ in range(20):
+                state = self.state
+                turn = state.turn
+                if turn_id is None and (
+                    turn is None or turn.id != tid or turn.status == "cancelled"
+                ):
+                    raise TurnStopped  # cancelled or replaced under us: record nothing more
+                now = self.clock()
+                batch = specs(state) if callable(specs) else specs
+                events = [
+                    Event(
                         session_id=state.id,
-                        expected_seq=before,
-                        events=events,
-                        lease_token=self.lease_token,
-                        new_requests=new_requests,
-                        resolve=resolve,
-                        snapshot=snapshot,
-                        durable=durable,
-                        status=state.status,
-                        expires_at=state.expires_at,
+                        seq=state.seq + i + 1,
+                        type=t,
+                        at=now,
+                        turn_id=tid,
+                        data=d,
                     )
-                )
-            except AppendConflict:
-                await self.reload()
-                turn = self.state.turn
-                gone = turn is None or turn.id != tid or turn.status == "cancelled"
-                if turn_id is None and gone:
-                    raise TurnStopped from None
-                continue
-            except BaseException:
-                await self.reload()
-                raise
-            return events
+                    for i, (t, d) in enumerate(batch)
+                ]
+                before = state.seq
+                after = _shadow(state, events, before)
+                try:
+                    await self.store.commit(
+                        Commit(
+                            session_id=state.id,
+                            expected_seq=before,
+                            events=events,
+                            lease_token=self.lease_token,
+                            new_requests=new_requests,
+                            resolve=resolve,
+                            snapshot=None if after is None else after.to_snapshot(),
+                            durable=durable,
+                            status=None if after is None else after.status,
+                            expires_at=None if state.ttl is None else now + state.ttl,
+                        )
+                    )
+                except AppendConflict:
+                    await self.reload()
+                    continue
+                # Applied only once committed, so a state object is never ahead of the store.
+                for e in events:
+                    state.apply(e)
+                return events
         raise AppendConflict(f"session {self.state.id!r}: too many concurrent appends")
 
     async def reload(self) -> None:

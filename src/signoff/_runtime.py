@@ -81,6 +81,8 @@ class Runtime:
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
         self._aborts: dict[str, asyncio.Event] = {}
+        # Serializes this process's appends to one session: commit, then apply to the state.
+        self._locks: dict[str, asyncio.Lock] = {}
         self._opened = False
         self._sync = SyncBridge()
 
@@ -185,6 +187,7 @@ class Runtime:
             lease_token=token,
             clock=self.clock,
             abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
+            lock=self._locks.setdefault(state.id, asyncio.Lock()),
         )
 
     # -- starting turns -----------------------------------------------------------------------
@@ -321,7 +324,6 @@ class Runtime:
                 state = await self.state(session_id)
                 return self._result(state, outcomes, busy=True)
             renew = asyncio.create_task(self._renew(session_id, owner, token))
-            self._cache.pop(session_id, None)
             state = await self._checked(session_id)
             driver = self._driver(state, token)
             try:

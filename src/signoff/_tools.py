@@ -207,6 +207,7 @@ class Tool:
         self.run_as = run_as
         self.is_async = inspect.iscoroutinefunction(fn)
         self.takes_context, self.input_model = _input_model(fn, self.name)
+        self._schema: dict[str, Any] | None = None
         # A workflow tool may ask people things; approvals of its siblings wait for it.
         self.workflow = self.takes_context if workflow is None else workflow
 
@@ -214,10 +215,12 @@ class Tool:
         return f"Tool({self.name!r}, approval={self.approval.describe()})"
 
     def json_schema(self) -> dict[str, Any]:
-        """The input schema as the model sees it."""
-        schema = self.input_model.model_json_schema()
-        schema.pop("title", None)
-        return schema
+        """The input schema as the model sees it (computed once)."""
+        if self._schema is None:
+            schema = self.input_model.model_json_schema()
+            schema.pop("title", None)
+            self._schema = schema
+        return self._schema
 
     def validate(self, raw: Any) -> BaseModel:
         """Validate model-proposed input; raises `pydantic.ValidationError`."""
