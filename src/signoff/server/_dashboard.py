@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
 from jinja2 import Environment, PackageLoader, select_autoescape
@@ -199,7 +200,8 @@ async def _queue_context(request: Request) -> dict[str, Any]:
         pages=max(1, -(-total // PAGE_SIZE)),
         picked=picked,
         tool_names=tools,
-        query=str(request.url.query),
+        query=urlencode({**picked, **({"page": page} if page > 1 else {})}),
+        page_query=lambda n: urlencode({**picked, "page": n}),
         schemas=_schemas(ctx, items),
     )
 

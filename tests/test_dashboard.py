@@ -1,0 +1,187 @@
+"""The dashboard over plain HTTP: sign-in, CSRF, escaping, the form flow without JavaScript."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import TokenAuth, create_app
+
+from .test_server_common import TOKENS, auth, running, served
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[str]:
+    with served(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
+@contextmanager
+def signed_in(base: str, token: str = "alice-token") -> Iterator[httpx.Client]:
+    """A browser-like client: cookies, the login form, the CSRF token from the page."""
+    with httpx.Client(base_url=base, timeout=10) as c:
+        page = c.get("/_signoff/login")
+        r = c.post("/_signoff/login", data={"token": token, "csrf": csrf_of(page.text)})
+        assert r.status_code == 303 and r.headers["location"] == "/_signoff"
+        yield c
+
+
+def csrf_of(html: str) -> str:
+    match = re.search(r'name="csrf-token" content="([^"]+)"', html)
+    assert match, "no CSRF token in the page"
+    return match.group(1)
+
+
+def start(base: str, agent: str = "support", message: str = "Refund 1042") -> dict[str, Any]:
+    r = httpx.post(
+        f"{base}/v1/sessions",
+        json={"agent": agent, "message": message},
+        headers=auth("alice-token"),
+        timeout=10,
+    )
+    assert r.status_code == 201, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def test_pages_need_a_signed_in_reviewer(base: str) -> None:
+    for path in ("/_signoff/", "/_signoff/tools", "/_signoff/audit", "/_signoff/sessions/x"):
+        r = httpx.get(base + path)
+        assert r.status_code == 303 and r.headers["location"] == "/_signoff/login", path
+    r = httpx.get(base + "/_signoff/fragments/queue", headers={"Accept": "application/json"})
+    assert r.status_code == 401
+    with httpx.Client(base_url=base) as c:
+        page = c.get("/_signoff/login")
+        r = c.post("/_signoff/login", data={"token": "nope", "csrf": csrf_of(page.text)})
+        assert r.status_code == 401 and "not recognised" in r.text
+    # a bearer token works for the pages too
+    assert httpx.get(base + "/_signoff/", headers=auth("alice-token")).status_code == 200
+
+
+def test_forms_without_the_csrf_token_are_refused(base: str) -> None:
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    with signed_in(base) as c:
+        url = f"/_signoff/requests/{rid}/respond"
+        for data in ({"option": "approve"}, {"option": "approve", "csrf": "forged" * 8}):
+            r = c.post(url, data=data, headers={"Accept": "application/json"})
+            assert r.status_code == 403, r.text
+            assert r.json()["error"]["code"] == "csrf_failed"
+        # without a cookie, a token copied from a page does not help either
+        token = csrf_of(c.get("/_signoff/").text)
+        r = httpx.post(
+            base + url,
+            data={"option": "approve", "csrf": token},
+            headers={**auth("alice-token"), "Accept": "application/json"},
+        )
+        assert r.status_code == 403
+        # logging out is a CSRF-protected form too
+        assert c.post("/_signoff/logout", data={}).status_code == 403
+        state = httpx.get(f"{base}/v1/sessions/{body['session_id']}", headers=auth("alice-token"))
+        assert state.json()["status"] == "waiting"  # nothing was settled
+
+
+def test_the_form_flow_without_javascript(base: str) -> None:
+    body = start(base)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    with signed_in(base) as c:
+        page = c.get("/_signoff/")
+        assert rid in page.text and "issue_refund" in page.text
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={
+                "option": "cancel",
+                "text": "not without a photo",
+                "next": "/_signoff/",
+                "csrf": csrf_of(page.text),
+            },
+        )
+        assert r.status_code == 303 and r.headers["location"] == "/_signoff/"
+        after = c.get("/_signoff/")
+        assert rid not in after.text and "All caught up" in after.text
+        audit = c.get("/_signoff/audit").text
+        assert rid in audit and "not without a photo" in audit and "cancelled" in audit
+        trace = c.get(f"/_signoff/sessions/{sid}").text
+        assert "approval.settled" in trace and "turn.completed" in trace
+        # answering again conflicts, shown as a page
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={"option": "approve", "csrf": csrf_of(page.text)},
+        )
+        assert r.status_code == 409 and "already settled" in r.text
+        r = c.post(
+            "/_signoff/requests/req_nope/respond",
+            data={"option": "approve", "csrf": csrf_of(page.text)},
+            headers={"Accept": "application/json"},
+        )
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_request"
+        assert c.get("/_signoff/sessions/ses_nope").status_code == 404
+
+
+def test_everything_shown_is_escaped(tmp_path: Path) -> None:
+    evil = "<script>alert(1)</script>"
+
+    @so.tool(approval=so.always())
+    async def run_sql(query: str) -> str:
+        """Run <b>SQL</b>."""
+        return "ok"
+
+    agent = so.Agent(
+        name="dba",
+        model=so.models.Scripted(
+            [so.ModelResponse(tool_calls=[so.ToolCall(name="run_sql", input={"query": evil})])]
+        ),
+        tools=[run_sql],
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/x.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        r = httpx.post(
+            f"{base}/v1/sessions",
+            json={"agent": "dba", "message": evil},
+            headers=auth("alice-token"),
+        )
+        sid = r.json()["session_id"]
+        for path in ("/_signoff/", f"/_signoff/sessions/{sid}", "/_signoff/tools"):
+            html = httpx.get(base + path, headers=auth("alice-token")).text
+            assert evil not in html, path
+            assert "<b>SQL</b>" not in html
+        queue = httpx.get(base + "/_signoff/", headers=auth("alice-token")).text
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in queue
+
+
+def test_tools_page_and_visibility(base: str) -> None:
+    start(base)
+    with signed_in(base, "mallory-token") as c:
+        assert "All caught up" in c.get("/_signoff/").text  # another tenant's queue is empty
+    with signed_in(base, "bob-token") as c:
+        page = c.get("/_signoff/").text
+        assert "issue_refund" in page  # same tenant: visible
+        tools = c.get("/_signoff/tools").text
+        assert "Conditional" in tools and "Never" in tools and "lookup_order" in tools
+
+
+def test_queue_stream_announces_changes(base: str) -> None:
+    with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as c:
+        with c.stream("GET", "/_signoff/stream") as s:
+            lines = s.iter_lines()
+            first = _next_data(lines)
+            assert first["total"] == 0
+            start(base)
+            second = _next_data(lines)
+            assert second["total"] == 1 and second["version"] != first["version"]
+
+
+def _next_data(lines: Iterator[str]) -> dict[str, Any]:
+    for line in lines:
+        if line.startswith("data: "):
+            data: dict[str, Any] = json.loads(line[6:])
+            return data
+    raise AssertionError("stream ended")
