@@ -348,14 +348,22 @@ def gate_tool(log: ExecutionLog) -> so.Tool:
     return gate
 
 
-def _status_value(value: Any, make_async: bool) -> Callable[[so.ApprovalContext], Any]:
-    if make_async:
+def _status_value(value: Any, mode: str) -> Callable[[so.ApprovalContext], Any]:
+    if mode == "async-def":
 
         async def policy(ctx: so.ApprovalContext) -> Any:
             await asyncio.sleep(0)
             return value
 
         return policy
+    if mode == "returns-awaitable":
+
+        def deferred(ctx: so.ApprovalContext) -> Any:
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(value)
+            return future
+
+        return deferred
 
     def sync_policy(ctx: so.ApprovalContext) -> Any:
         return value
@@ -377,17 +385,17 @@ STATUSES: list[tuple[Any, str, str | None]] = [
 ]
 
 
-@pytest.mark.parametrize("make_async", [False, True], ids=["sync", "awaitable"])
+@pytest.mark.parametrize("mode", ["sync", "async-def", "returns-awaitable"])
 @pytest.mark.parametrize(("value", "expected", "reason"), STATUSES, ids=repr)
 async def test_policy_statuses(
-    tmp_path: Path, value: Any, expected: str, reason: str | None, make_async: bool
+    tmp_path: Path, value: Any, expected: str, reason: str | None, mode: str
 ) -> None:
     log = ExecutionLog()
     seen = Capture(reply("finished"))
     agent = scripted_agent(
         "a",
         [call_tools(call("refund", order_id="1")), seen],
-        tools=[refund_tool(log, _status_value(value, make_async))],
+        tools=[refund_tool(log, _status_value(value, mode))],
     )
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("a", prompt="go")
