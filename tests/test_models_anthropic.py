@@ -82,6 +82,8 @@ async def test_conversation_and_tools_reach_the_server_as_content_blocks(fake, m
                 is_error=True,
             ),
             so.UserMessage(text="Actually, only half."),
+            so.AssistantMessage(tool_calls=[so.ToolCall(name="ping", input={}, id="toolu_c")]),
+            so.ToolResultMessage(call_id="toolu_c", tool_name="ping", content=""),
             instructions="You help customers.",
             tools=[refund],
         )
@@ -118,6 +120,9 @@ async def test_conversation_and_tools_reach_the_server_as_content_blocks(fake, m
                 {"type": "text", "text": "Actually, only half."},
             ],
         },
+        {"role": "assistant", "content": [tool_use("toolu_c", "ping", {})]},
+        # an empty result is sent without content: an empty text would be refused
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_c"}]},
     ]
     assert body["tools"] == [
         {"name": "issue_refund", "description": "Refund an order.", "input_schema": REFUND_SCHEMA}
@@ -234,7 +239,9 @@ async def test_a_bad_key_is_a_model_error(fake) -> None:
     async with so.models.Anthropic(
         "claude-haiku-4-5", base_url=fake.base_url, api_key="wrong", max_retries=0
     ) as m:
-        with pytest.raises(so.ModelError, match="HTTP 401: authentication_error") as info:
+        with pytest.raises(
+            so.ModelError, match=r"HTTP 401: authentication_error: .*API key"
+        ) as info:
             await m.complete(request())
     assert isinstance(info.value.__cause__, anthropic.AuthenticationError)
 

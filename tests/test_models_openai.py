@@ -16,6 +16,7 @@ import pytest
 
 import signoff as so
 from signoff.models import ModelRequest, ToolSpec
+from signoff.models._openai import max_tokens_key
 from signoff.models._provider import OPENAI_PRICES, lookup_price
 
 from .fakes.llm import API_KEY, FakeLLM, Received, Reply, openai_completion, openai_tool_call
@@ -165,6 +166,12 @@ async def test_no_tools_no_system_and_options_are_sent(fake) -> None:
     assert "max_completion_tokens" not in body
 
 
+def test_only_openai_itself_gets_max_completion_tokens() -> None:
+    assert max_tokens_key("api.openai.com") == "max_completion_tokens"
+    assert max_tokens_key("127.0.0.1") == "max_tokens"
+    assert max_tokens_key("my-vllm.internal") == "max_tokens"
+
+
 # -- the response read ----------------------------------------------------------------------
 
 
@@ -276,7 +283,7 @@ async def test_a_bad_key_is_a_model_error_naming_the_status(fake) -> None:
     async with so.models.OpenAIChat(
         "gpt-4.1-mini", base_url=fake.base_url, api_key="wrong", max_retries=0
     ) as m:
-        with pytest.raises(so.ModelError, match="HTTP 401") as info:
+        with pytest.raises(so.ModelError, match=r"HTTP 401: .*\(check the API key\)") as info:
             await m.complete(request())
     assert isinstance(info.value.__cause__, openai.AuthenticationError)
 

@@ -19,6 +19,7 @@ from ._provider import (
     load_sdk,
     lookup_price,
     status_detail,
+    status_hint,
 )
 
 if TYPE_CHECKING:
@@ -125,7 +126,7 @@ class Anthropic:
         except sdk.APIStatusError as exc:
             raise ModelError(
                 f"Anthropic messages call for {where} failed: HTTP {exc.status_code}: "
-                f"{status_detail(exc)}"
+                f"{status_detail(exc)}{status_hint(exc.status_code)}"
             ) from exc
         except sdk.APITimeoutError as exc:
             raise ModelError(f"Anthropic messages call for {where} timed out") from exc
@@ -231,11 +232,10 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
                 blocks.append({"type": "tool_use", "id": c.id, "name": c.name, "input": tool_input})
             add("assistant", blocks)
         elif isinstance(m, ToolResultMessage):
-            block: dict[str, Any] = {
-                "type": "tool_result",
-                "tool_use_id": m.call_id,
-                "content": encode_tool_result(m.content),
-            }
+            block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.call_id}
+            text = encode_tool_result(m.content)
+            if text:  # an empty text is refused; no content at all is allowed
+                block["content"] = text
             if m.is_error:
                 block["is_error"] = True
             add("user", [block])

@@ -22,6 +22,7 @@ from ._provider import (
     load_sdk,
     lookup_price,
     status_detail,
+    status_hint,
 )
 
 if TYPE_CHECKING:
@@ -128,9 +129,7 @@ class OpenAIChat:
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
         if self.max_tokens is not None:
-            # OpenAI itself wants the newer name; compatible servers know the classic one.
-            official = client.base_url.host == "api.openai.com"
-            kwargs["max_completion_tokens" if official else "max_tokens"] = self.max_tokens
+            kwargs[max_tokens_key(client.base_url.host)] = self.max_tokens
         kwargs.update(self.params)
         sdk = self._sdk
         where = f"{self.model!r} at {client.base_url}"
@@ -141,7 +140,7 @@ class OpenAIChat:
         except sdk.APIStatusError as exc:
             raise ModelError(
                 f"OpenAI chat completion for {where} failed: HTTP {exc.status_code}: "
-                f"{status_detail(exc)}"
+                f"{status_detail(exc)}{status_hint(exc.status_code)}"
             ) from exc
         except sdk.APITimeoutError as exc:
             raise ModelError(f"OpenAI chat completion for {where} timed out") from exc
@@ -230,6 +229,11 @@ def to_openai_messages(instructions: str, messages: Any) -> list[dict[str, Any]]
         else:
             out.append({"role": "user", "content": m.text})
     return out
+
+
+def max_tokens_key(host: str) -> str:
+    """OpenAI itself wants the newer name (reasoning models refuse the old); others the classic."""
+    return "max_completion_tokens" if host == "api.openai.com" else "max_tokens"
 
 
 def tool_text(m: ToolResultMessage) -> str:

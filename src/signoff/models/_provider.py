@@ -26,6 +26,7 @@ __all__ = [
     "load_sdk",
     "lookup_price",
     "status_detail",
+    "status_hint",
 ]
 
 # The key under which tool-call arguments that are not valid JSON are passed on. A leading
@@ -143,6 +144,15 @@ def status_detail(exc: BaseException) -> str:
         if isinstance(error, str):
             return error
     return str(getattr(exc, "message", exc))
+
+
+def status_hint(status: int) -> str:
+    """What to check for a status that retrying will not fix."""
+    if status in (401, 403):
+        return " (check the API key)"
+    if status == 404:
+        return " (check the model name and base_url)"
+    return ""
 
 
 def cause_of(exc: BaseException) -> str:
