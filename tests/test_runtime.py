@@ -824,3 +824,19 @@ def test_sync_twins_from_plain_code(tmp_path: Path) -> None:
             rt.generate_sync(session_id="ses_nope", prompt="x")
     finally:
         rt.close_sync()
+
+
+async def test_approvals_as_plain_dicts(tmp_path: Path) -> None:
+    """The helix JSON shape: [{id, approved, reason}] straight from a request body."""
+    log = ExecutionLog()
+    seen = Capture(reply("ok"))
+    async with sqlite_runtime(tmp_path, refund_agent(log, seen)) as rt:
+        r = await waiting_session(rt)
+        body: list[dict[str, Any]] = [{"id": r.pending[0].id, "approved": False, "reason": "no"}]
+        done = await rt.generate(session_id=r.session_id, approvals=body)
+        assert done.status == "completed"
+        assert done.outcomes == [
+            so.Outcome(request_id=r.pending[0].id, outcome="cancelled", applied=True)
+        ]
+        assert tool_results(seen.last)[0].content["reason"] == "no"
+        assert log.count() == 0
