@@ -343,12 +343,15 @@ class PostgresStore:
         *,
         committed: Callable[[], Awaitable[bool]] | None = None,
         synchronous: bool = True,
+        transaction: bool = True,
     ) -> T | None:
-        """Run `body` in one transaction; retried when the connection is lost before COMMIT.
+        """Run `body` in one pipelined transaction; retried when the connection is lost before
+        COMMIT.
 
         A connection lost during COMMIT leaves the outcome unknown: `committed` (read on a fresh
         connection) decides; without it, or if it cannot tell, the caller gets a `StoreError`.
-        Returns None when the write is found committed that way.
+        Returns None when the write is found committed that way. With `transaction=False`, the
+        body is one idempotent autocommit statement, retried whenever the connection is lost.
         """
         pool = await self._get_pool()
         for attempt in range(3):
@@ -358,7 +361,9 @@ class PostgresStore:
                 async with pool.connection() as conn:
                     try:
                         phase = "body"
-                        async with conn.transaction():
+                        if not transaction:
+                            return await body(conn)
+                        async with conn.pipeline(), conn.transaction():
                             if not synchronous:
                                 await conn.execute("SET LOCAL synchronous_commit = off")
                             result = await body(conn)
@@ -373,9 +378,9 @@ class PostgresStore:
                     f"{what}: no PostgreSQL connection at {self._where}: {exc}"
                 ) from exc
             except psycopg.OperationalError as exc:
-                if not broken and phase != "commit":
+                if not broken:  # the server answered: the transaction was rolled back
                     raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
-                if phase == "commit" or phase == "done":
+                if transaction and phase in ("commit", "done"):
                     # The server may or may not have committed before the connection dropped.
                     if committed is not None:
                         try:
@@ -391,7 +396,7 @@ class PostgresStore:
                         f"is unknown: {exc}"
                     ) from exc
                 if attempt < 2:
-                    continue  # lost before COMMIT: the server rolled back, so try again
+                    continue  # lost before COMMIT (the server rolled back) or idempotent
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
             except psycopg.IntegrityError as exc:
                 raise AppendConflict(f"{what}: {exc}") from exc
@@ -452,18 +457,23 @@ class PostgresStore:
         ambiguous = False
 
         async def body(conn: Conn) -> None:
-            if commit.lease_token is None:
+            token = commit.lease_token
+            row: tuple[Any, ...] | None = None
+            if token is not None:
+                # Lock the session row, and hold the lease row so a takeover waits for us.
+                cur = await conn.execute(
+                    f"SELECT s.sk, s.head, l.token FROM {s}.sessions s "
+                    f"JOIN {s}.leases l ON l.sk = s.sk WHERE s.id=%s "
+                    "FOR UPDATE OF s FOR SHARE OF l",
+                    (commit.session_id,),
+                )
+                row = await cur.fetchone()
+            if row is None:  # no lease asked for, or none held at all
                 cur = await conn.execute(
                     f"SELECT sk, head, NULL FROM {s}.sessions WHERE id=%s FOR UPDATE",
                     (commit.session_id,),
                 )
-            else:
-                cur = await conn.execute(
-                    f"SELECT s.sk, s.head, l.token FROM {s}.sessions s "
-                    f"LEFT JOIN {s}.leases l ON l.sk = s.sk WHERE s.id=%s FOR UPDATE OF s",
-                    (commit.session_id,),
-                )
-            row = await cur.fetchone()
+                row = await cur.fetchone()
             if row is None:
                 raise UnknownSession(commit.session_id)
             sk, head = int(row[0]), int(row[1])
@@ -473,60 +483,57 @@ class PostgresStore:
                 raise AppendConflict(
                     f"session {commit.session_id!r} is at seq {head}, not {commit.expected_seq}"
                 )
-            if commit.lease_token is not None:
-                # Hold the lease row so a takeover waits until this commit is done.
-                cur = await conn.execute(
-                    f"SELECT token FROM {s}.leases WHERE sk=%s FOR SHARE", (sk,)
-                )
-                lease = await cur.fetchone()
-                if lease is None or int(lease[0]) != commit.lease_token:
-                    raise LeaseLost(
-                        f"lease {commit.lease_token} on session {commit.session_id!r} "
-                        "was taken over"
+            if token is not None and (row[2] is None or int(row[2]) != token):
+                raise LeaseLost(f"lease {token} on session {commit.session_id!r} was taken over")
+            # The writes go out in one batch; a request found closed undoes all of them.
+            async with conn.pipeline():
+                resolved = [
+                    (
+                        r.request_id,
+                        await conn.execute(
+                            f"UPDATE {s}.requests SET status=%s, outcome=%s, resolution=%s::json "
+                            "WHERE id=%s AND sk=%s AND status='pending'",
+                            (r.status, r.outcome, dumps(r.resolution), r.request_id, sk),
+                        ),
                     )
-            for r in commit.resolve:
-                cur = await conn.execute(
-                    f"UPDATE {s}.requests SET status=%s, outcome=%s, resolution=%s::json "
-                    "WHERE id=%s AND sk=%s AND status='pending'",
-                    (r.status, r.outcome, dumps(r.resolution), r.request_id, sk),
-                )
+                    for r in commit.resolve
+                ]
+                if commit.new_requests:
+                    async with conn.cursor() as cur:
+                        await cur.executemany(
+                            f"INSERT INTO {s}.requests (id, sk, agent, kind, tool, status, "
+                            "created_at, data) VALUES (%s,%s,%s,%s,%s,'pending',%s,%s::json)",
+                            [
+                                (
+                                    req.id,
+                                    sk,
+                                    req.agent,
+                                    req.kind,
+                                    req.tool_name,
+                                    req.created_at,
+                                    dumps(req.model_dump(mode="json", exclude_defaults=True)),
+                                )
+                                for req in commit.new_requests
+                            ],
+                        )
+                if commit.events:
+                    await self._insert_events(conn, sk, commit.events)
+                    last = commit.events[-1]
+                    await conn.execute(
+                        f"UPDATE {s}.sessions SET head=%s, updated_at=%s, "
+                        "status=COALESCE(%s, status), expires_at=%s WHERE sk=%s",
+                        (last.seq, last.at, commit.status, commit.expires_at, sk),
+                    )
+                    await self._notify(conn, commit.session_id, last.seq)
+                if commit.snapshot is not None:
+                    await conn.execute(
+                        f"INSERT INTO {s}.snapshots (sk, seq, data) VALUES (%s,%s,%s::json) "
+                        "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
+                        (sk, commit.snapshot["seq"], dumps(commit.snapshot)),
+                    )
+            for request_id, cur in resolved:
                 if cur.rowcount != 1:
-                    raise RequestClosed(
-                        f"request {r.request_id} is no longer pending", [r.request_id]
-                    )
-            if commit.new_requests:
-                async with conn.cursor() as cur:
-                    await cur.executemany(
-                        f"INSERT INTO {s}.requests (id, sk, agent, kind, tool, status, "
-                        "created_at, data) VALUES (%s,%s,%s,%s,%s,'pending',%s,%s::json)",
-                        [
-                            (
-                                req.id,
-                                sk,
-                                req.agent,
-                                req.kind,
-                                req.tool_name,
-                                req.created_at,
-                                dumps(req.model_dump(mode="json", exclude_defaults=True)),
-                            )
-                            for req in commit.new_requests
-                        ],
-                    )
-            if commit.events:
-                await self._insert_events(conn, sk, commit.events)
-                last = commit.events[-1]
-                await conn.execute(
-                    f"UPDATE {s}.sessions SET head=%s, updated_at=%s, "
-                    "status=COALESCE(%s, status), expires_at=%s WHERE sk=%s",
-                    (last.seq, last.at, commit.status, commit.expires_at, sk),
-                )
-                await self._notify(conn, commit.session_id, last.seq)
-            if commit.snapshot is not None:
-                await conn.execute(
-                    f"INSERT INTO {s}.snapshots (sk, seq, data) VALUES (%s,%s,%s::json) "
-                    "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
-                    (sk, commit.snapshot["seq"], dumps(commit.snapshot)),
-                )
+                    raise RequestClosed(f"request {request_id} is no longer pending", [request_id])
 
         async def committed() -> bool:
             nonlocal ambiguous
@@ -765,7 +772,9 @@ class PostgresStore:
             row = await cur.fetchone()
             return None if row is None else int(row[0])
 
-        return await self._write(body, f"acquiring the lease on session {session_id!r}")
+        return await self._write(
+            body, f"acquiring the lease on session {session_id!r}", transaction=False
+        )
 
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float
@@ -780,7 +789,10 @@ class PostgresStore:
             )
             return cur.rowcount == 1
 
-        return bool(await self._write(body, f"renewing the lease on session {session_id!r}"))
+        renewed = await self._write(
+            body, f"renewing the lease on session {session_id!r}", transaction=False
+        )
+        return bool(renewed)
 
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
         async def body(conn: Conn) -> None:
@@ -793,7 +805,7 @@ class PostgresStore:
                 (sk, owner, token),
             )
 
-        await self._write(body, f"releasing the lease on session {session_id!r}")
+        await self._write(body, f"releasing the lease on session {session_id!r}", transaction=False)
 
     # -- change notifications -----------------------------------------------------------------
 
