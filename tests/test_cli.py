@@ -55,6 +55,37 @@ agent = so.Agent(
 TARGET = "tests.test_cli:agent"
 
 
+def _picked(conversation: list[so.Message]) -> so.ModelResponse:
+    last = conversation[-1]
+    assert isinstance(last, so.ToolResultMessage)
+    return so.ModelResponse(text=f"You chose {last.content['answer']}.")
+
+
+sizer = so.Agent(
+    name="sizer",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="ask_question",
+                        input={
+                            "question": "Which size?",
+                            "options": [
+                                {"label": "Small", "description": "The 250 g bag."},
+                                {"label": "Large", "description": "The 1 kg bag."},
+                            ],
+                        },
+                    )
+                ]
+            ),
+            _picked,
+        ]
+    ),
+    tools=[so.ask_question()],
+)
+
+
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/state.db"
@@ -189,6 +220,39 @@ def test_only_the_asker_may_answer(url: str) -> None:
     assert request_id in result.stderr
     assert len(log(url, session_id)) == before  # nothing claimed
     assert len(json.loads(invoke("pending", "--store", url, "--json").stdout)) == 1
+
+
+def test_answer_a_question_by_option_or_text(url: str) -> None:
+    rt = so.Runtime([sizer], store=url)
+    try:
+        first = rt.generate_sync("sizer", "I want coffee")
+        second = rt.generate_sync("sizer", "I want coffee")
+    finally:
+        rt.close_sync()
+    assert first.status == second.status == "waiting"
+    question = first.pending[0]
+    assert question.kind == "question"
+    listed = CliRunner().invoke(app, ["pending", "--store", url], env={"COLUMNS": "200"})
+    assert "Which size? (1=Small, 2=Large) or free text" in listed.output
+
+    picked = invoke("answer", question.id, "tests.test_cli:sizer", "--store", url, "--option", "2")
+    assert picked.exit_code == 0, picked.output
+    assert f"answered {question.id} with 2" in picked.output
+    assert "sizer: You chose Large." in picked.output
+
+    typed = invoke(
+        "answer", second.pending[0].id, "tests.test_cli:sizer", "--store", url, "--text", "both"
+    )
+    assert typed.exit_code == 0, typed.output
+    assert "sizer: You chose both." in typed.output
+
+    neither = invoke("answer", question.id, "--store", url)
+    assert neither.exit_code == 1
+    assert neither.stderr.startswith("error: UsageError: answer takes exactly one of")
+    approve_question = invoke("approve", second.pending[0].id, "--store", url)
+    assert approve_question.exit_code == 1
+    assert approve_question.stderr.startswith("error: InvalidAnswer: ")
+    assert "Traceback" not in approve_question.output
 
 
 def test_events_prints_the_log(url: str) -> None:

@@ -222,6 +222,23 @@ def test_chat_resumes_a_session_whose_answer_was_recorded_elsewhere(
     assert refund_results(log(url, session_id)) == ["ok"]
 
 
+def test_chat_asks_a_question_as_numbered_choices(
+    url: str, children: list[pexpect.spawn[str]]
+) -> None:
+    child = spawn("chat", "tests.test_cli:sizer", "--store", url)
+    children.append(child)
+    child.expect_exact("you:")
+    child.sendline("I want coffee")
+    child.expect_exact("Which size?")
+    child.expect_exact("1. Small")
+    child.expect_exact("2. Large")
+    child.expect_exact("(1-2 or your answer):")
+    child.sendline("2")
+    child.expect_exact("sizer:")
+    child.expect_exact("You chose Large.")
+    finish(child)
+
+
 # -- TerminalChannel on its own ---------------------------------------------------------------
 
 

@@ -260,7 +260,7 @@ class _Chat:
         )
         if isinstance(self.agent.model, Scripted):
             self.console.print(
-                "[yellow]demo model:[/] Scripted, offline rule-based replies (no LLM is called)"
+                "[yellow]demo model:[/] Scripted: offline, scripted replies (no LLM is called)"
             )
         self.console.print(
             "[dim]Type a message; Ctrl-D or /exit leaves. Approvals are asked here.[/]"
@@ -488,6 +488,10 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
         what = r.tool_name or r.question or r.kind
         shown_input = r.payload if r.payload is not None else r.input
         readable = "" if shown_input is None else json.dumps(shown_input, ensure_ascii=False)
+        if r.kind != "tool-approval" and r.question:
+            choices = ", ".join(f"{o.id}={o.label}" for o in r.options)
+            readable = r.question + (f" ({choices})" if choices else "")
+            readable += " or free text" if r.allow_text else ""
         asker = r.requested_by.principal_id if r.requested_by else "-"
         table.add_row(
             f"{r.id}\n[dim]{r.session_id}[/]",
@@ -506,12 +510,12 @@ def _unknown_request(request_id: str, where: str) -> UnknownRequest:
 
 async def _settle(
     request_id: str,
-    approve: bool,
-    reason: str | None,
+    answer: InputResponse,
     target: str | None,
     store: str | None,
     acting_as: str | None,
 ) -> None:
+    """Answer one request by id: record it, and continue the turn here if a runtime is given."""
     principal = parse_principal(acting_as)
     loaded = load_runtime(target, store) if target else None
     console = _out()
@@ -520,11 +524,8 @@ async def _settle(
         if stored is None:
             raise _unknown_request(request_id, runtime.store.url)
         request = stored.request
-        answer = InputResponse(
-            request_id=request_id, option_id="approve" if approve else "cancel", text=reason
-        )
         if loaded is None:
-            # Settle only: the decision is recorded; a process with the agent resumes the turn.
+            # Record only: a process running the agent continues the turn later.
             settler = Runtime(
                 [Agent(name=request.agent, model=_NoModel(request.agent))], store=runtime.store
             )
@@ -535,24 +536,27 @@ async def _settle(
             with console.status("resuming the turn..."):
                 result = await runtime.respond(request.session_id, [answer], principal=principal)
     outcome = result.outcomes[0] if result.outcomes else None
-    what = request.tool_name or request.kind
+    what = request.tool_name or request.question or request.kind
+    where = f"({escape(what)} in session {request.session_id})"
     if outcome is not None and not outcome.applied:
         console.print(f"{request_id} was already {outcome.outcome}; nothing changed.")
+    elif answer.option_id == "approve" and request.kind == "tool-approval":
+        console.print(f"[green]approved[/] {request_id} {where}")
+    elif answer.option_id == "cancel" and request.kind == "tool-approval":
+        console.print(f"[red]denied[/] {request_id} {where}")
     else:
-        verb = "[green]approved[/]" if approve else "[red]denied[/]"
-        console.print(f"{verb} {request_id} ({escape(what)} in session {request.session_id})")
-    if loaded is None:
-        if result.status == "waiting" and not result.pending:
-            console.print(
-                f"[dim]The turn resumes when a process running agent {escape(request.agent)!r} "
-                f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}[/]"
-            )
-        return
-    if result.status == "completed":
-        console.print(f"[bold cyan]{escape(request.agent)}:[/] {escape(result.text)}")
-    elif result.status == "waiting":
+        given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
+        console.print(f"[green]answered[/] {request_id} with {escape(given)} {where}")
+    if result.status == "waiting" and result.pending:
         ids = ", ".join(r.id for r in result.pending)
-        console.print(f"[yellow]the turn waits on: {ids}[/]")
+        console.print(f"[yellow]the turn still waits on: {ids}[/]")
+    elif loaded is None:
+        console.print(
+            f"[dim]The turn continues when a process running agent {escape(request.agent)!r} "
+            f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}[/]"
+        )
+    elif result.status == "completed":
+        console.print(f"[bold cyan]{escape(request.agent)}:[/] {escape(result.text)}")
     elif result.status == "failed":
         console.print(f"[red]the turn failed: {escape(_error_text(result.error))}[/]")
     elif result.status == "running":
@@ -574,7 +578,8 @@ def approve(
     acting_as: AsOption = None,
 ) -> None:
     """Approve a pending request."""
-    _run(_settle(request_id, True, reason, target, store, acting_as))
+    answer = InputResponse(request_id=request_id, option_id="approve", text=reason)
+    _run(_settle(request_id, answer, target, store, acting_as))
 
 
 @app.command()
@@ -592,7 +597,34 @@ def deny(
     acting_as: AsOption = None,
 ) -> None:
     """Deny a pending request; the call never runs and the model reads the reason."""
-    _run(_settle(request_id, False, reason, target, store, acting_as))
+    answer = InputResponse(request_id=request_id, option_id="cancel", text=reason)
+    _run(_settle(request_id, answer, target, store, acting_as))
+
+
+@app.command()
+def answer(
+    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    target: Annotated[
+        str | None,
+        typer.Argument(
+            metavar="[MODULE:RUNTIME]",
+            help="Load this runtime to continue the turn here; otherwise only record the answer.",
+        ),
+    ] = None,
+    option: Annotated[
+        str | None, typer.Option("--option", help="The id of the chosen option.")
+    ] = None,
+    text: Annotated[
+        str | None, typer.Option("--text", help="A free-text answer (if the question takes one).")
+    ] = None,
+    store: StoreOption = None,
+    acting_as: AsOption = None,
+) -> None:
+    """Answer a question: choose an option by id, or give free text."""
+    if (option is None) == (text is None):
+        _fail(UsageError("answer takes exactly one of --option ID or --text TEXT"))
+    response = InputResponse(request_id=request_id, option_id=option, text=text)
+    _run(_settle(request_id, response, target, store, acting_as))
 
 
 # -- the log ----------------------------------------------------------------------------------
