@@ -39,6 +39,7 @@ __all__ = ["main"]
 HISTORIES = (10, 1000)
 STEPS_PER_TURN = 10
 ENTRIES: list[float] = []  # perf_counter() at each entry into the gated tool
+ON_ENTRY: list[Callable[[], None]] = []  # called on entry into the gated tool (profiling)
 
 
 @so.tool
@@ -51,6 +52,8 @@ async def noop() -> str:
 async def gated() -> str:
     """Do nothing, after a person approves."""
     ENTRIES.append(time.perf_counter())
+    for fn in ON_ENTRY:
+        fn()
     return "ok"
 
 
@@ -160,9 +163,14 @@ async def _park(rt: so.Runtime, session_id: str) -> str:
 
 
 async def _resume_once(
-    rt: so.Runtime, session_id: str, request_id: str, answer: Answer
-) -> tuple[float, float]:
-    """(answer call -> tool body, the same minus the settlement's commit), in seconds.
+    rt: so.Runtime,
+    session_id: str,
+    request_id: str,
+    answer: Answer,
+    on_commit: Callable[[str], None] | None = None,
+) -> tuple[float, float, float]:
+    """Seconds from the answering call to: the tool body starting; the same minus the
+    settlement's commit; the call returning with the turn completed.
 
     The second figure is signoff's own work: reading the state, checking and recording the
     answer, and driving to the tool; the commit it leaves out is SQLite writing and syncing.
@@ -172,17 +180,20 @@ async def _resume_once(
     def hook(when: str, label: str) -> None:
         if label == "approval.settled":
             marks[when] = time.perf_counter()
+            if on_commit is not None:
+                on_commit(when)
 
     rt.store.set_fault_hook(hook)
     ENTRIES.clear()
     try:
         t0 = time.perf_counter()
         r = await answer(rt, session_id, request_id)
+        done = time.perf_counter() - t0
     finally:
         rt.store.set_fault_hook(None)
     assert r.status == "completed" and len(ENTRIES) == 1 and len(marks) == 2, r
     total = ENTRIES[0] - t0
-    return total, total - (marks["after"] - marks["before"])
+    return total, total - (marks["after"] - marks["before"]), done
 
 
 async def bench_resume(url: str, rt: so.Runtime, samples: int, *, answer: str) -> Series:
@@ -200,16 +211,19 @@ async def bench_resume(url: str, rt: so.Runtime, samples: int, *, answer: str) -
                     fresh = so.Runtime(_agents(samples), store=url)
                     await fresh.open()  # opening the file is per process, not per resume
                     try:
-                        total, after = await _resume_once(
+                        total, after, done = await _resume_once(
                             fresh, session_id, request_id, ANSWERS[answer]
                         )
                     finally:
                         await fresh.close()
                 else:
-                    total, after = await _resume_once(rt, session_id, request_id, ANSWERS[answer])
+                    total, after, done = await _resume_once(
+                        rt, session_id, request_id, ANSWERS[answer]
+                    )
                 key = f"resume, {answer}, {where}"
                 out.setdefault(f"{key}: call -> tool", {}).setdefault(h, []).append(total)
                 out.setdefault(f"{key}: signoff's part", {}).setdefault(h, []).append(after)
+                out.setdefault(f"{key}: call -> turn done", {}).setdefault(h, []).append(done)
     return out
 
 
@@ -217,9 +231,9 @@ async def _child_resume(url: str, session_id: str, request_id: str, *, samples: 
     """In a brand-new process: open the store, answer, and print the latencies as JSON."""
     rt = so.Runtime(_agents(samples), store=url)
     await rt.open()
-    total, after = await _resume_once(rt, session_id, request_id, _by_generate)
+    total, after, done = await _resume_once(rt, session_id, request_id, _by_generate)
     await rt.close()
-    print(json.dumps({"total": total, "after": after}))
+    print(json.dumps({"total": total, "after": after, "done": done}))
 
 
 async def bench_resume_process(url: str, rt: so.Runtime, samples: int) -> Series:
@@ -239,6 +253,7 @@ async def bench_resume_process(url: str, rt: so.Runtime, samples: int) -> Series
             key = "resume, generate(approvals), new process"
             out.setdefault(f"{key}: call -> tool", {}).setdefault(h, []).append(got["total"])
             out.setdefault(f"{key}: signoff's part", {}).setdefault(h, []).append(got["after"])
+            out.setdefault(f"{key}: call -> turn done", {}).setdefault(h, []).append(got["done"])
     return out
 
 
@@ -246,29 +261,48 @@ async def bench_resume_process(url: str, rt: so.Runtime, samples: int) -> Series
 
 
 async def profile(url: str, rt: so.Runtime, samples: int) -> str:
-    """cProfile of cold resumes at 1,000 turns and of 10-step turns at 1,000 turns."""
+    """cProfile of signoff's part of cold resumes, of the rest of those turns, and of 10-step
+    turns, all at 1,000 turns of history."""
     h = HISTORIES[-1]
     session_id = await _history(rt, f"gate-{h}", h)
     steps_session = await _history(rt, f"steps-{h}", h)
-    prof = cProfile.Profile()
+    resume, rest = cProfile.Profile(), cProfile.Profile()
+
+    def on_commit(when: str) -> None:
+        if when == "before":
+            resume.disable()
+        else:
+            resume.enable()
+
+    def on_entry() -> None:
+        resume.disable()
+        rest.enable()
+
+    ON_ENTRY.append(on_entry)
+    try:
+        for _ in range(samples):
+            request_id = await _park(rt, session_id)
+            fresh = so.Runtime(_agents(samples), store=url)
+            await fresh.open()
+            resume.enable()
+            await _resume_once(fresh, session_id, request_id, _by_generate, on_commit)
+            rest.disable()
+            await fresh.close()
+    finally:
+        ON_ENTRY.remove(on_entry)
+    steps = cProfile.Profile()
     for _ in range(samples):
-        request_id = await _park(rt, session_id)
-        fresh = so.Runtime(_agents(samples), store=url)
-        await fresh.open()
-        prof.enable()
-        await _resume_once(fresh, session_id, request_id, _by_generate)
-        prof.disable()
-        await fresh.close()
-    out = io.StringIO()
-    out.write("== cold resume at 1,000 turns (includes finishing the turn) ==\n")
-    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
-    prof = cProfile.Profile()
-    for _ in range(samples):
-        prof.enable()
+        steps.enable()
         await rt.generate(session_id=steps_session, prompt="profiled turn")
-        prof.disable()
-    out.write("== 10-step turns at 1,000 turns ==\n")
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(30)
+        steps.disable()
+    out = io.StringIO()
+    for title, prof, key in (
+        ("signoff's part of a cold resume at 1,000 turns (call -> tool body)", resume, "tottime"),
+        ("the rest of that turn (tool body -> turn completed)", rest, "cumulative"),
+        ("10-step turns at 1,000 turns", steps, "tottime"),
+    ):
+        out.write(f"== {title}, {samples} samples ==\n")
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(20)
     return out.getvalue()
 
 
@@ -332,7 +366,8 @@ async def run(samples: int, with_profile: bool, with_process: bool) -> None:
         print(line + f"{ratio:8.2f}")
     print(
         "call -> tool: from the answering call until the approved tool's body starts;\n"
-        "signoff's part: the same minus the settlement's commit (SQLite write + full fsync)."
+        "signoff's part: the same minus the settlement's commit (SQLite write + full fsync);\n"
+        "call -> turn done: until the answering call returns with the turn completed."
     )
     if profile_text:
         print()
