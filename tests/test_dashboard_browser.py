@@ -161,3 +161,14 @@ def test_tools_page_shows_approval_settings(page: Page) -> None:
     expect(refund.locator(".badge").first).to_have_text("Conditional")
     lookup = page.locator("tr", has_text="lookup_order")
     expect(lookup.locator(".badge").first).to_have_text("Never")
+
+
+def test_reviewer_answers_a_question(page: Page, base: str) -> None:
+    body = start(base, "helper")
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    card = page.locator(f"[data-request-id='{rid}']")
+    expect(card.locator(".tool-name")).to_have_text("Which size should the replacement be?")
+    expect(card.locator(".badge").first).to_have_text("question")
+    card.get_by_role("button", name="Large").click()
+    expect(card.locator(".result-note")).to_have_text("Answered — the run is now completed.")
+    assert '"answer": "Large"' in session(base, sid)["turn"]["text"]

@@ -143,6 +143,38 @@ def test_helix_approvals_must_settle_everything(alice: httpx.Client) -> None:
     assert outcomes == {first: "approved", second: "cancelled"}
 
 
+def test_question_answered_by_option_or_text(alice: httpx.Client) -> None:
+    for answer, expected in (({"optionId": "2"}, "Large"), ({"text": "Medium"}, "Medium")):
+        body = start(alice, "helper")
+        sid, (req,) = body["session_id"], body["pending"]
+        assert req["kind"] == "question"
+        assert req["question"] == "Which size should the replacement be?"
+        assert [o["label"] for o in req["options"]] == ["Small", "Large"]
+        assert alice.get("/v1/requests", params={"kind": "question"}).json()["total"] == 1
+        r = alice.post(
+            f"/v1/sessions/{sid}/responses",
+            json={"inputResponses": [{"requestId": req["id"], **answer}]},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["outcomes"][0]["outcome"] == "answered"
+        assert r.json()["status"] == "completed"
+        assert f'"answer": "{expected}"' in r.json()["text"]
+
+
+def test_a_bad_answer_to_a_question_is_422(alice: httpx.Client) -> None:
+    body = start(alice, "helper")
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    url = f"/v1/sessions/{sid}/responses"
+    r = alice.post(url, json={"inputResponses": [{"requestId": rid, "optionId": "9"}]})
+    assert error(r, 422, "invalid_answer")["request_ids"] == [rid]
+    both = {"requestId": rid, "optionId": "1", "text": "Small"}
+    error(alice.post(url, json={"inputResponses": [both]}), 422, "invalid_answer")
+    # a message that names an option answers the question
+    r = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "Small"})
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "completed" and '"answer": "Small"' in r.json()["text"]
+
+
 def test_messages_start_the_next_turn(alice: httpx.Client) -> None:
     r = alice.post("/v1/sessions", json={"agent": "support"})
     assert r.status_code == 201 and r.json()["status"] == "idle"
@@ -150,11 +182,13 @@ def test_messages_start_the_next_turn(alice: httpx.Client) -> None:
     r = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "Refund 1042"})
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "waiting"
-    # a message while a request is open names the request it leaves unanswered
-    r = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "hello?", "turnPolicy": "queue"})
-    assert r.status_code in (200, 409, 422), r.text
-    if r.status_code != 200:
-        assert r.json()["error"]["code"] in ("partial_answer", "session_busy")
+    rid = r.json()["pending"][0]["id"]
+    # a message that steers: the open approval is ignored and the model reads the message
+    r = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "only the three-pack"})
+    assert r.status_code == 200, r.text
+    assert r.json()["pending"] == []
+    record = alice.get(f"/v1/requests/{rid}").json()
+    assert record["status"] != "pending" and record["outcome"] == "ignored"
 
 
 def test_cancel_withdraws_and_closes(alice: httpx.Client) -> None:

@@ -89,7 +89,26 @@ def make_agents() -> list[so.Agent]:
         model=so.models.Scripted([two, _echo], repeat_last=True),
         tools=[issue_refund],
     )
-    return [support, batch]
+    ask = so.ModelResponse(
+        tool_calls=[
+            so.ToolCall(
+                name="ask_question",
+                input={
+                    "question": "Which size should the replacement be?",
+                    "options": [
+                        {"label": "Small", "description": "The size ordered first."},
+                        {"label": "Large", "description": "One size up."},
+                    ],
+                },
+            )
+        ]
+    )
+    helper = so.Agent(
+        name="helper",
+        model=so.models.Scripted([ask, _echo], repeat_last=True),
+        tools=[so.ask_question()],
+    )
+    return [support, batch, helper]
 
 
 def make_runtime(store: str | None = None) -> so.Runtime:

@@ -59,16 +59,13 @@ async def create_session(request: Request, body: CreateSession) -> TurnResult:
 
 @router.post("/sessions/{session_id}/messages", tags=["sessions"])
 async def send_message(request: Request, session_id: SessionId, body: SendMessage) -> TurnResult:
-    """Send a message to the session and run the turn it starts."""
+    """Send a message: it answers the open request it matches, steers the turn (`steer`), or
+    waits for the turn to end (`queue`)."""
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
-    rt = ctx.runtime
-    send = getattr(rt, "send", None)
-    if send is not None:
-        result = await send(session_id, body.text, principal=caller, turn_policy=body.turn_policy)
-    else:
-        # Runtimes without `send` (no steering yet): a message starts the next turn.
-        result = await rt.generate(session_id=session_id, prompt=body.text, auth=caller)
+    result = await ctx.runtime.send(
+        session_id, body.text, principal=caller, turn_policy=body.turn_policy
+    )
     return turn_result(result)
 
 

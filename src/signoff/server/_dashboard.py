@@ -269,6 +269,8 @@ async def respond(request: Request, request_id: str) -> Response:
         await ctx.session(session_id, viewer)
     except UnknownSession:
         return dashboard_error(request, 404, "unknown_request", f"unknown request {request_id!r}")
+    if option is not None and stored.request.kind != "tool-approval":
+        text = None  # a chosen option is the answer; the text box is for a typed answer
     answer = InputResponse(request_id=request_id, option_id=option, text=text)
     try:
         result = await ctx.runtime.respond(session_id, [answer], principal=viewer)
