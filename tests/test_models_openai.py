@@ -596,3 +596,14 @@ def test_importing_signoff_does_not_import_the_sdks() -> None:
     code = "import sys, signoff; print('openai' in sys.modules, 'anthropic' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "False"]
+
+
+async def test_params_the_sdk_does_not_know_are_a_usage_error(fake: FakeLLM) -> None:
+    async with so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, params={"temprature": 0.1}
+    ) as m:
+        with pytest.raises(so.UsageError, match="temprature"):
+            await m.complete(request())
+    assert fake.received == []
+    with pytest.raises(so.UsageError, match="params may not set messages"):
+        so.models.OpenAIChat("m", api_key="k", params={"messages": []})
