@@ -101,11 +101,15 @@ async def test_step_runs_once_and_answers_replay_in_order(tmp_path: Path) -> Non
         assert r.status == "completed"
         assert r.text == "Sent."
         assert (t.quotes, t.bodies) == (1, 3)
-        # stable across replays; the turn's auth snapshot never changes
-        assert t.keys == [f"{sid}:c1:send"] * 3
+        log = await events(rt, sid)
+        # stable across replays (the call's key, recorded once); the turn's auth never changes
+        started = [e.data for e in log if e.type == "tool.started"]
+        assert len(started) == 1
+        key = started[0]["idempotency_key"]
+        assert key.startswith(sid) and "c1" in key
+        assert t.keys == [f"{key}:send"] * 3
         assert t.currents == [ALICE] * 3
 
-        log = await events(rt, sid)
         assert timeline(log) == [
             "session.created",
             "turn.started",
@@ -414,3 +418,38 @@ async def test_steering_sets_the_abort_signal_of_a_running_workflow_call(
             "turn.completed",
             "session.waiting",
         ]
+
+
+async def test_cancelling_sets_the_abort_signal_and_calls_no_model(tmp_path: Path) -> None:
+    entered = asyncio.Event()
+    aborted = asyncio.Event()
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task that stops when the turn is cancelled."""
+        entered.set()
+        await asyncio.wait_for(ctx.abort_signal.wait(), timeout=10)
+        aborted.set()
+        return "stopped early"
+
+    model_calls = 0
+
+    def never(conversation: list[so.Message]) -> so.ModelResponse:
+        nonlocal model_calls
+        model_calls += 1
+        return reply("should not be called")
+
+    agent = scripted_agent("bot", [call_tools(call("crawl")), never], tools=[crawl])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("bot", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        c = await rt.cancel(sid, reason="user left")
+        assert c.status == "cancelled"
+        r = await running
+        assert aborted.is_set()
+        assert r.status == "cancelled"
+        assert model_calls == 0
+        tl = timeline(await events(rt, sid))
+        assert tl[-2:] == ["turn.cancelled", "session.waiting"]
+        assert "tool.completed crawl ok" not in tl

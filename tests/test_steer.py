@@ -1,0 +1,623 @@
+"""Follow-up messages: answering approvals and questions by text, steering, queueing, messages
+from someone else, several requests at once, notes on a denial, and cancelling a turn."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    ExecutionLog,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    store_contents,
+    timeline,
+    tool_results,
+)
+
+ALICE = so.Principal(authenticator="okta", principal_id="alice")
+BOB = so.Principal(authenticator="okta", principal_id="bob", principal_type="user")
+
+PACKS = [
+    {"label": "Three-pack", "description": "Three shirts."},
+    {"label": "Six-pack", "description": "Six shirts."},
+]
+
+
+async def events(rt: so.Runtime, session_id: str) -> list[so.Event]:
+    return [e async for e in rt.events(session_id, follow=False)]
+
+
+def texts(conversation: list[so.Message]) -> list[tuple[str, Any]]:
+    """(kind, text or tool result) for each message the model saw."""
+    out: list[tuple[str, Any]] = []
+    for m in conversation:
+        if isinstance(m, so.ToolResultMessage):
+            out.append(("tool", m.content))
+        else:
+            out.append((m.kind, m.text))
+    return out
+
+
+def refund_tool(log: ExecutionLog) -> so.Tool:
+    @log.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        return {"refunded": amount, "order_id": order_id}
+
+    return issue_refund
+
+
+def refund_agent(log: ExecutionLog, *steps: Any) -> so.Agent:
+    first = call_tools(call("issue_refund", id="r1", order_id="1042", amount=180))
+    return scripted_agent("support", [first, *steps], tools=[refund_tool(log)])
+
+
+APPROVED_TAIL = [
+    "input.requested tool-approval:issue_refund",
+    "turn.waiting",
+    "approval.settled approve",
+    "input.resolved approved",
+    "tool.started issue_refund",
+    "tool.completed issue_refund ok",
+    "model.completed",
+    "turn.completed",
+    "session.waiting",
+]
+DENIED_TAIL = [
+    "input.requested tool-approval:issue_refund",
+    "turn.waiting",
+    "approval.settled cancel",
+    "input.resolved cancelled",
+    "tool.completed issue_refund denied",
+    "model.completed",
+    "turn.completed",
+    "session.waiting",
+]
+
+
+# -- follow-up messages that answer ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "approved"),
+    [
+        ("approve", True),
+        ("Approve", True),
+        ("1", True),
+        ("cancel", False),
+        ("Deny", False),
+        ("deny", False),
+        ("2", False),
+    ],
+)
+async def test_a_message_naming_an_approval_option_settles_it(
+    tmp_path: Path, message: str, approved: bool
+) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("Done."))
+    async with sqlite_runtime(tmp_path, refund_agent(log, seen)) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        [req] = r.pending
+        assert [(o.id, o.label) for o in req.options] == [
+            ("approve", "Approve"),
+            ("cancel", "Deny"),
+        ]
+        r = await rt.send(r.session_id, message, principal=ALICE)
+        assert r.status == "completed"
+        assert r.outcomes == [
+            so.Outcome(
+                request_id=req.id, outcome="approved" if approved else "cancelled", applied=True
+            )
+        ]
+        assert log.count("issue_refund") == (1 if approved else 0)
+        tl = timeline(await events(rt, r.session_id))
+        assert tl[3:] == (APPROVED_TAIL if approved else DENIED_TAIL)
+        [result] = tool_results(seen.last)
+        if approved:
+            assert result.content == {"refunded": 180, "order_id": "1042"}
+        else:
+            assert result.is_error is True
+            assert result.content == {"denied": True, "reason": None, "by": "alice"}
+        # an answer is not a message the model reads
+        assert [m.kind for m in seen.last] == ["user", "assistant", "tool"]
+
+
+async def test_a_message_naming_a_question_option_by_id_label_or_index(tmp_path: Path) -> None:
+    answers: list[so.Answer] = []
+
+    @so.tool
+    async def ship(ctx: so.ToolContext) -> str:
+        """Choose the shipping speed."""
+        a = await ctx.ask(
+            "Shipping?",
+            options=[{"id": "std", "label": "Standard"}, {"id": "exp", "label": "Express"}],
+            allow_text=False,
+        )
+        answers.append(a)
+        return a.value
+
+    steps = [call_tools(call("ship")), reply("ok")] * 3
+    agent = scripted_agent("shop", steps, tools=[ship])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("shop", auth=ALICE)
+        for message in ("exp", "EXPRESS", "2"):
+            r = await rt.send(sid, "ship it", principal=ALICE)
+            assert r.status == "waiting"
+            r = await rt.send(sid, message, principal=ALICE)
+            assert r.status == "completed"
+        assert [(a.value, a.option_id, a.text) for a in answers] == [("Express", "exp", None)] * 3
+
+
+# -- steering and queueing ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy", ["steer", "queue"])
+async def test_a_message_that_answers_no_approval_steers_even_when_queued(
+    tmp_path: Path, policy: Any
+) -> None:
+    """A turn held on an approval can't end until someone acts, so even `queue` steers: the
+    approval resolves `ignored`, the call never runs and the model reads the message next."""
+    log = ExecutionLog()
+    seen = Capture(reply("Only the three-pack then."))
+    async with sqlite_runtime(tmp_path, refund_agent(log, seen)) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        [req] = r.pending
+        r = await rt.send(
+            r.session_id, "wait, only refund the three-pack", principal=ALICE, turn_policy=policy
+        )
+        assert r.status == "completed"
+        assert r.text == "Only the three-pack then."
+        assert log.count() == 0
+        log_events = await events(rt, r.session_id)
+        assert timeline(log_events)[3:] == [
+            "input.requested tool-approval:issue_refund",
+            "turn.waiting",
+            "input.resolved ignored",
+            "turn.message wait, only refund the three-pack",
+            "tool.completed issue_refund denied",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        resolved = next(e.data for e in log_events if e.type == "input.resolved")
+        assert (resolved["request_id"], resolved["status"]) == (req.id, "withdrawn")
+        message = next(e.data for e in log_events if e.type == "turn.message")
+        assert message["policy"] == "steer" and not message.get("queued")
+        assert texts(seen.last)[0] == ("user", "refund 1042")
+        assert texts(seen.last)[-1] == ("user", "wait, only refund the three-pack")
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content == {
+            "denied": True,
+            "reason": resolved["reason"],
+            "by": None,
+            "outcome": "ignored",
+        }
+        assert await rt.pending(session_id=r.session_id) == []
+
+
+async def test_steering_runs_the_calls_already_approved_in_the_batch(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("Refunded the first only."))
+    two = call_tools(
+        call("issue_refund", id="r1", order_id="1", amount=10),
+        call("issue_refund", id="r2", order_id="2", amount=20),
+    )
+    agent = scripted_agent("support", [two, seen], tools=[refund_tool(log)])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="refund both", auth=ALICE)
+        first, second = r.pending
+        assert (first.call_id, second.call_id) == ("r1", "r2")
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=first.id, option_id="approve")],
+            principal=ALICE,
+        )
+        assert r.status == "waiting"
+        assert log.count() == 1  # an approved call runs while its sibling waits
+        r = await rt.send(r.session_id, "skip the second one", principal=ALICE)
+        assert r.status == "completed"
+        assert [e.input["order_id"] for e in log.executions] == ["1"]
+        assert timeline(await events(rt, r.session_id))[3:] == [
+            "input.requested tool-approval:issue_refund, tool-approval:issue_refund",
+            "turn.waiting",
+            "approval.settled approve",
+            "input.resolved approved",
+            "tool.started issue_refund",
+            "tool.completed issue_refund ok",
+            "turn.waiting",  # still on the second
+            "input.resolved ignored",
+            "turn.message skip the second one",
+            "tool.completed issue_refund denied",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        r1, r2 = tool_results(seen.last)
+        assert (r1.call_id, r1.content) == ("r1", {"refunded": 10, "order_id": "1"})
+        assert (r2.call_id, r2.is_error) == ("r2", True)
+        assert texts(seen.last)[-1] == ("user", "skip the second one")
+
+
+def plan_agent(seen: Capture, *more: Any) -> so.Agent:
+    @so.tool
+    async def pick_plan(ctx: so.ToolContext) -> str:
+        """Choose a plan (options only)."""
+        a = await ctx.ask("Which plan?", options=["basic", "pro"], allow_text=False)
+        return a.value
+
+    return scripted_agent(
+        "sales", [call_tools(call("pick_plan", id="p1")), seen, *more], tools=[pick_plan]
+    )
+
+
+async def test_queue_keeps_the_message_for_after_the_turn(tmp_path: Path) -> None:
+    first = Capture(reply("You're on pro."))
+    later = Capture(reply("Sure, here's the invoice."))
+    async with sqlite_runtime(tmp_path, plan_agent(first, later)) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        [req] = r.pending
+        turn_id = r.turn_id
+        q = await rt.send(
+            r.session_id, "also send me the invoice", principal=ALICE, turn_policy="queue"
+        )
+        assert q.status == "waiting"  # the question is still open: nothing was withdrawn
+        assert [p.id for p in q.pending] == [req.id]
+        r = await rt.send(r.session_id, "pro", principal=ALICE)
+        assert r.status == "completed"
+        assert r.turn_id != turn_id  # the queued message started the next turn
+        assert r.text == "Sure, here's the invoice."
+        log = await events(rt, r.session_id)
+        assert timeline(log)[3:] == [
+            "tool.started pick_plan",
+            "input.requested question:Which plan?",
+            "turn.waiting",
+            "turn.message queued:also send me the invoice",
+            "input.resolved answered",
+            "tool.completed pick_plan ok",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+            "turn.started",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        started = [e for e in log if e.type == "turn.started"]
+        assert started[1].data["message"] == "also send me the invoice"
+        assert started[1].data["principal"]["principal_id"] == "alice"
+        # the first turn's model never saw the queued message; the next turn's did, last
+        assert ("user", "also send me the invoice") not in texts(first.last)
+        assert texts(first.last)[-1] == ("tool", "pro")
+        assert texts(later.last)[-1] == ("user", "also send me the invoice")
+        assert len([m for m in later.last if m.kind == "user"]) == 2
+
+
+async def test_steer_withdraws_the_question_and_the_model_reads_the_message(
+    tmp_path: Path,
+) -> None:
+    seen = Capture(reply("What would you like instead?"))
+    async with sqlite_runtime(tmp_path, plan_agent(seen)) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        [req] = r.pending
+        r = await rt.send(r.session_id, "hmm, what does pro include?", principal=ALICE)
+        assert r.status == "completed"
+        log = await events(rt, r.session_id)
+        resolved = next(e.data for e in log if e.type == "input.resolved")
+        assert (resolved["request_id"], resolved["outcome"], resolved["status"]) == (
+            req.id,
+            "cancelled",
+            "withdrawn",
+        )
+        assert texts(seen.last)[-1] == ("user", "hmm, what does pro include?")
+        assert tool_results(seen.last)[0].content["cancelled"] is True
+
+
+async def test_a_queued_message_during_a_running_tool_waits_and_aborts_nothing(
+    tmp_path: Path,
+) -> None:
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    aborted: list[bool] = []
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task."""
+        entered.set()
+        await asyncio.wait_for(release.wait(), timeout=10)
+        aborted.append(ctx.abort_signal.is_set())
+        return "crawled"
+
+    first = Capture(reply("Crawl done."))
+    later = Capture(reply("Here is the summary."))
+    agent = scripted_agent("bot", [call_tools(call("crawl")), first, later], tools=[crawl])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("bot", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        await rt.send(sid, "then summarise it", principal=ALICE, turn_policy="queue")
+        release.set()
+        r = await running
+        assert aborted == [False]
+        assert r.status == "completed"
+        assert r.text == "Here is the summary."
+        assert texts(first.last)[-1] == ("tool", "crawled")
+        assert texts(later.last)[-1] == ("user", "then summarise it")
+        assert timeline(await events(rt, sid))[1:] == [
+            "turn.started",
+            "model.completed",
+            "tool.started crawl",
+            "turn.message queued:then summarise it",
+            "tool.completed crawl ok",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+            "turn.started",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+
+
+@pytest.mark.parametrize("held_on", ["approval", "question"])
+async def test_a_message_from_someone_else_waits_for_the_turn_to_end(
+    tmp_path: Path, held_on: str
+) -> None:
+    log = ExecutionLog()
+    first = Capture(reply("Done for Alice."))
+    later = Capture(reply("Hello Bob."))
+    if held_on == "approval":
+        agent = refund_agent(log, first, later)
+        answer = "approve"
+    else:
+        agent = plan_agent(first, later)
+        answer = "pro"
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate(agent.name, prompt="please", auth=ALICE)
+        [req] = r.pending
+        # Bob's message names a valid option, but he is not who the turn serves: it waits,
+        # answering nothing and steering nothing (not even an approval-held turn).
+        b = await rt.send(r.session_id, answer, principal=BOB, turn_policy="steer")
+        assert b.status == "waiting"
+        assert [p.id for p in b.pending] == [req.id]
+        assert log.count() == 0
+        r = await rt.send(r.session_id, answer, principal=ALICE)
+        assert r.status == "completed"
+        assert r.text == "Hello Bob."
+        log_events = await events(rt, r.session_id)
+        tl = timeline(log_events)
+        queued = tl.index(f"turn.message queued:{answer}")
+        assert tl[queued - 1] == "turn.waiting"  # it arrived while the turn waited
+        assert tl[queued + 1 : queued + 3] == [
+            "approval.settled approve" if held_on == "approval" else "input.resolved answered",
+            "input.resolved approved" if held_on == "approval" else "tool.completed pick_plan ok",
+        ]
+        assert tl.count("turn.started") == 2
+        assert tl.index("turn.completed") < tl.index("turn.started", queued)
+        started = [e.data for e in log_events if e.type == "turn.started"]
+        assert started[1]["principal"]["principal_id"] == "bob"
+        assert texts(later.last)[-1] == ("user", answer)
+        resolved = next(e.data for e in log_events if e.type == "input.resolved")
+        assert resolved["by"]["principal_id"] == "alice"
+
+
+# -- several requests at once -------------------------------------------------------------
+
+
+async def test_two_questions_in_one_response_are_answered_in_request_order(
+    tmp_path: Path,
+) -> None:
+    seen = Capture(reply("Got both."))
+    agent = scripted_agent(
+        "shop",
+        [
+            call_tools(
+                call("ask_question", id="a1", question="Colour?"),
+                call(
+                    "ask_question",
+                    id="a2",
+                    question="Size?",
+                    options=[
+                        {"label": "Medium", "description": "M."},
+                        {"label": "Large", "description": "L."},
+                    ],
+                ),
+            ),
+            seen,
+        ],
+        tools=[so.ask_question()],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="buy a shirt", auth=ALICE)
+        assert [p.question for p in r.pending] == ["Colour?", "Size?"]
+        colour, size = r.pending
+        # "Large" names an option of the second question but answers the first (free text)
+        r = await rt.send(r.session_id, "Large", principal=ALICE)
+        assert [p.id for p in r.pending] == [size.id]
+        r = await rt.send(r.session_id, "1", principal=ALICE)
+        assert r.status == "completed"
+        a1, a2 = tool_results(seen.last)
+        assert (a1.call_id, a1.content) == ("a1", {"status": "answered", "answer": "Large"})
+        assert (a2.call_id, a2.content) == ("a2", {"status": "answered", "answer": "Medium"})
+        log = await events(rt, r.session_id)
+        assert timeline(log)[3:] == [
+            "tool.started ask_question",
+            "input.requested question:Colour?",
+            "tool.started ask_question",
+            "input.requested question:Size?",
+            "turn.waiting",
+            "input.resolved answered",
+            "tool.completed ask_question ok",
+            "turn.waiting",
+            "input.resolved answered",
+            "tool.completed ask_question ok",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        resolved = [e.data["request_id"] for e in log if e.type == "input.resolved"]
+        assert resolved == [colour.id, size.id]
+
+
+async def test_several_approvals_a_message_answers_only_the_first(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("One refunded."))
+    two = call_tools(
+        call("issue_refund", id="r1", order_id="1", amount=10),
+        call("issue_refund", id="r2", order_id="2", amount=20),
+    )
+    agent = scripted_agent("support", [two, seen], tools=[refund_tool(log)])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="refund both", auth=ALICE)
+        first, second = r.pending
+        r = await rt.send(r.session_id, "cancel", principal=ALICE)
+        assert r.status == "waiting"
+        assert [p.id for p in r.pending] == [second.id]
+        assert r.outcomes == [so.Outcome(request_id=first.id, outcome="cancelled", applied=True)]
+        r = await rt.send(r.session_id, "approve", principal=ALICE)
+        assert r.status == "completed"
+        assert [e.input["order_id"] for e in log.executions] == ["2"]
+        r1, r2 = tool_results(seen.last)
+        assert r1.call_id == "r1" and r1.is_error
+        assert r2.call_id == "r2" and r2.content == {"refunded": 20, "order_id": "2"}
+
+
+async def test_an_approval_beside_a_workflow_call_is_requested_after_it(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("Refunded the three-pack."))
+    agent = scripted_agent(
+        "support",
+        [
+            call_tools(
+                call("ask_question", id="q1", question="Which pack?", options=PACKS),
+                call("issue_refund", id="r1", order_id="1042", amount=30),
+            ),
+            seen,
+        ],
+        tools=[so.ask_question(), refund_tool(log)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="refund a pack", auth=ALICE)
+        assert [(p.kind, p.call_id) for p in r.pending] == [("question", "q1")]
+        assert [p.kind for p in await rt.pending(session_id=r.session_id)] == ["question"]
+        r = await rt.send(r.session_id, "Three-pack", principal=ALICE)
+        assert r.status == "waiting"
+        assert [(p.kind, p.call_id) for p in r.pending] == [("tool-approval", "r1")]
+        assert log.count() == 0
+        r = await rt.send(r.session_id, "approve", principal=ALICE)
+        assert r.status == "completed"
+        assert log.count() == 1
+        assert timeline(await events(rt, r.session_id))[3:] == [
+            "tool.started ask_question",
+            "input.requested question:Which pack?",
+            "turn.waiting",
+            "input.resolved answered",
+            "tool.completed ask_question ok",
+            "input.requested tool-approval:issue_refund",
+            "turn.waiting",
+            "approval.settled approve",
+            "input.resolved approved",
+            "tool.started issue_refund",
+            "tool.completed issue_refund ok",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        q1, r1 = tool_results(seen.last)
+        assert q1.content == {"status": "answered", "answer": "Three-pack"}
+        assert r1.content == {"refunded": 30, "order_id": "1042"}
+
+
+# -- denials with a note, and cancelling the turn -------------------------------------------
+
+
+@pytest.mark.parametrize("asker", [ALICE, None], ids=["user-denies", "someone-else-denies"])
+async def test_cancel_with_a_note_reaches_the_model_attributed_to_the_denier(
+    tmp_path: Path, asker: so.Principal | None
+) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("I'll refund only the three-pack."))
+    denier = ALICE if asker is not None else BOB
+    async with sqlite_runtime(tmp_path, refund_agent(log, seen)) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=asker)
+        [req] = r.pending
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=req.id, option_id="cancel", text="Only the three-pack.")],
+            principal=denier,
+        )
+        assert r.status == "completed"
+        assert log.count() == 0
+        log_events = await events(rt, r.session_id)
+        assert timeline(log_events)[3:] == DENIED_TAIL
+        settled = next(e.data for e in log_events if e.type == "approval.settled")
+        assert settled["reason"] == "Only the three-pack."
+        assert settled["by"]["principal_id"] == denier.principal_id
+        resolved = next(e.data for e in log_events if e.type == "input.resolved")
+        assert resolved["reason"] == "Only the three-pack."  # readable in the stream
+        assert resolved["by"]["principal_id"] == denier.principal_id
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        who = denier.principal_id
+        assert result.content == {
+            "denied": True,
+            "reason": "Only the three-pack.",
+            "by": who,
+            "note": f'Written by {who}, who denied this call: "Only the three-pack."',
+        }
+
+
+@pytest.mark.parametrize("held_on", ["approval", "question"])
+async def test_cancelling_the_turn_withdraws_its_requests_for_good(
+    tmp_path: Path, held_on: str
+) -> None:
+    log = ExecutionLog()
+    model = Capture(reply("never"))
+    if held_on == "approval":
+        agent = refund_agent(log, model)
+        late = so.InputResponse(request_id="", option_id="approve")
+    else:
+        agent = plan_agent(model)
+        late = so.InputResponse(request_id="", option_id="pro")
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate(agent.name, prompt="please", auth=ALICE)
+        [req] = r.pending
+        c = await rt.cancel(r.session_id, reason="changed my mind")
+        assert c.status == "cancelled"
+        assert c.pending == []
+        assert await rt.pending(session_id=r.session_id) == []
+        log_events = await events(rt, r.session_id)
+        assert timeline(log_events)[-3:] == [
+            "input.resolved cancelled",
+            "turn.cancelled",
+            "session.waiting",
+        ]
+        resolved = next(e.data for e in log_events if e.type == "input.resolved")
+        assert (resolved["request_id"], resolved["status"]) == (req.id, "withdrawn")
+
+        before = await store_contents(rt.store, r.session_id)
+        assert (req.id, "withdrawn") in before.requests
+        with pytest.raises(so.RequestClosed) as closed:
+            await rt.respond(
+                r.session_id, [late.model_copy(update={"request_id": req.id})], principal=ALICE
+            )
+        assert req.id in str(closed.value)
+        if held_on == "approval":
+            with pytest.raises(so.AnswerError):
+                await rt.generate(
+                    session_id=r.session_id,
+                    approvals=[so.Decision(id=req.id, approved=True)],
+                    auth=ALICE,
+                )
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0
+        assert model.conversations == []  # the model was never called again
