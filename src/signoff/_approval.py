@@ -21,6 +21,7 @@ __all__ = [
     "ApprovalPolicy",
     "ApprovalStatus",
     "Approved",
+    "RequestRules",
     "Denied",
     "Guardrail",
     "SessionAuth",
@@ -94,15 +95,44 @@ class Verdict:
     action: Literal["run", "deny", "ask"]
     reason: str | None = None
     error: str | None = None
+    auto: tuple[str, str] | None = None  # an auto() review: (verdict, reason)
 
 
 PolicyFn: TypeAlias = Callable[[ApprovalContext], "ApprovalStatus | Awaitable[ApprovalStatus]"]
+
+
+OnTimeout = Literal["deny", "approve", "escalate"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRules:
+    """How a person's approval is gathered: quorum, eligibility and deadline."""
+
+    approvers: int = 1
+    distinct: bool = True
+    exclude_requester: bool = False
+    expires_in: float | None = None
+    on_timeout: OnTimeout = "deny"
+    escalate_to: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.approvers, int) or self.approvers < 1:
+            raise UsageError(f"approvers must be a positive integer, not {self.approvers!r}")
+        if self.expires_in is not None and self.expires_in <= 0:
+            raise UsageError(f"expires_in must be positive seconds, not {self.expires_in!r}")
+        if self.on_timeout not in ("deny", "approve", "escalate"):
+            raise UsageError(
+                f"on_timeout must be 'deny', 'approve' or 'escalate', not {self.on_timeout!r}"
+            )
+        if self.on_timeout == "escalate" and not self.escalate_to:
+            raise UsageError("on_timeout='escalate' needs escalate_to (a group name)")
 
 
 class ApprovalPolicy:
     """Base of every approval policy; `label` is what the dashboard shows."""
 
     label = "Conditional"
+    rules = RequestRules()
 
     async def decide(self, ctx: ApprovalContext) -> Verdict:
         raise NotImplementedError
@@ -120,6 +150,14 @@ class _Never(ApprovalPolicy):
 
 class _Always(ApprovalPolicy):
     label = "Always"
+
+    def __init__(self, rules: RequestRules | None = None) -> None:
+        self.rules = rules or RequestRules()
+
+    def describe(self) -> str:
+        if self.rules.approvers > 1:
+            return f"Always ({self.rules.approvers} approvers)"
+        return self.label
 
     async def decide(self, ctx: ApprovalContext) -> Verdict:
         return Verdict("ask")
@@ -178,9 +216,30 @@ def never() -> ApprovalPolicy:
     return _Never()
 
 
-def always() -> ApprovalPolicy:
-    """Require approval before every call."""
-    return _Always()
+def always(
+    *,
+    approvers: int = 1,
+    distinct: bool = True,
+    exclude_requester: bool = False,
+    expires_in: float | None = None,
+    on_timeout: OnTimeout = "deny",
+    escalate_to: str | None = None,
+) -> ApprovalPolicy:
+    """Require approval before every call.
+
+    `approvers=N` needs N eligible principals to approve (one cancel denies); `expires_in`
+    seconds bounds the wait, after which `on_timeout` applies (`deny` unless you opt in).
+    """
+    return _Always(
+        RequestRules(
+            approvers=approvers,
+            distinct=distinct,
+            exclude_requester=exclude_requester,
+            expires_in=expires_in,
+            on_timeout=on_timeout,
+            escalate_to=escalate_to,
+        )
+    )
 
 
 def once() -> ApprovalPolicy:
@@ -218,6 +277,8 @@ def as_policy(value: object) -> ApprovalPolicy:
     """Accept every form `approval=` takes and return a policy."""
     if value is None:
         return _Never()
+    if value == "always":
+        return _Always()
     if isinstance(value, ApprovalPolicy):
         return value
     if value is True:

@@ -11,6 +11,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
@@ -41,7 +42,7 @@ from ._types import (
 from .models import ModelRequest, ToolSpec
 from .stores import Commit, Resolve, Store
 
-__all__ = ["Driver", "TurnStopped", "load_state", "new_id", "runnable"]
+__all__ = ["Batch", "Driver", "TurnStopped", "load_state", "new_id", "runnable"]
 
 PARK_TYPES = frozenset({"turn.waiting", "turn.completed", "turn.failed", "turn.cancelled"})
 SNAPSHOT_EVERY = 64
@@ -99,6 +100,16 @@ def runnable(state: SessionState, *, retry: bool = False) -> bool:
 EventSpec = tuple[EventType, dict[str, Any]]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Batch:
+    """Everything one append writes, when it must be computed from the latest state."""
+
+    specs: Sequence[EventSpec]
+    resolve: Sequence[Resolve] = ()
+    new_requests: Sequence[InputRequest] = ()
+    updated_requests: Sequence[InputRequest] = ()
+
+
 class Driver:
     """Drives one session's current turn while holding its lease."""
 
@@ -125,7 +136,7 @@ class Driver:
 
     async def record(
         self,
-        specs: Sequence[EventSpec] | Callable[[SessionState], Sequence[EventSpec]],
+        specs: Sequence[EventSpec] | Callable[[SessionState], Sequence[EventSpec] | Batch],
         *,
         new_requests: Sequence[InputRequest] = (),
         resolve: Sequence[Resolve] = (),
@@ -146,7 +157,14 @@ class Driver:
                 ):
                     raise TurnStopped  # cancelled or replaced under us: record nothing more
                 now = self.clock()
-                batch = specs(state) if callable(specs) else specs
+                made = specs(state) if callable(specs) else specs
+                if isinstance(made, Batch):
+                    batch, resolve, new_requests = made.specs, made.resolve, made.new_requests
+                    updated = made.updated_requests
+                else:
+                    batch, updated = made, ()
+                if not batch:
+                    return []
                 events = [
                     Event(
                         session_id=state.id,
@@ -168,6 +186,7 @@ class Driver:
                             events=events,
                             lease_token=self.lease_token,
                             new_requests=new_requests,
+                            updated_requests=updated,
                             resolve=resolve,
                             snapshot=None if after is None else after.to_snapshot(),
                             durable=durable,
@@ -327,6 +346,8 @@ class Driver:
         turn = s.turn
         assert turn is not None
         dumped = validated.model_dump(mode="json")
+        rules = tool.approval.rules
+        now = self.clock()
         return InputRequest(
             kind="tool-approval",
             id=new_id("req"),
@@ -337,14 +358,22 @@ class Driver:
                 call_id=call.id,
                 tool_name=tool.name,
                 input=dumped,
-                input_hash=input_hash(dumped),
+                input_hash=input_hash(dumped, tool_name=tool.name, call_id=call.id),
             ),
             options=list(APPROVAL_OPTIONS),
             source="guardrail" if verdict.reason == "guardrail" else "policy",
             requested_by=turn.principal,
-            created_at=self.clock(),
+            created_at=now,
+            expires_at=None if rules.expires_in is None else now + rules.expires_in,
             policy_error=verdict.error,
             usage=s.usage,
+            approvers=rules.approvers,
+            distinct=rules.distinct,
+            exclude_requester=rules.exclude_requester,
+            on_timeout=rules.on_timeout,
+            escalate_to=rules.escalate_to,
+            auto_verdict=None if verdict.auto is None else verdict.auto[0],
+            auto_reason=None if verdict.auto is None else verdict.auto[1],
         )
 
     async def verdict(self, tool: Tool, ctx: ApprovalContext) -> Verdict:
@@ -368,7 +397,16 @@ class Driver:
         turn = s.turn
         assert turn is not None
         if call.status == "denied":
-            await self.record([_result(call, "denied", _denial(call.decision or {}))])
+            decision = call.decision or {}
+            if decision.get("outcome") == "expired":
+                timed_out = {
+                    "timed_out": True,
+                    "ran": False,
+                    "reason": "no one decided before the approval deadline",
+                }
+                await self.record([_result(call, "expired", timed_out)])
+                return
+            await self.record([_result(call, "denied", _denial(decision))])
             return
         if call.status == "decided":
             await self.record([_result(call, "decided", call.decision or {"approved": False})])
@@ -393,7 +431,8 @@ class Driver:
         self, call: CallState, tool: Tool, validated: BaseModel, principal: Principal | None
     ) -> None:
         s = self.state
-        key = call.idempotency_key or f"{s.id}:{call.id}"
+        # Models may reuse call ids across responses: the response number keeps keys unique.
+        key = call.idempotency_key or f"{s.id}:{s.model_responses}:{call.id}"
         if call.status != "running":
             await self.record(
                 [
@@ -445,6 +484,14 @@ class Driver:
         except Exception as exc:
             await self.record([_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})])
             return
+        if call.edited_input is not None:
+            # The model proposed other arguments: say so, beside the result.
+            result = {
+                "result": result,
+                "note": "a reviewer edited the arguments before approving; the call ran with "
+                "edited_input, not the arguments you proposed",
+                "edited_input": call.edited_input,
+            }
         await self.record([_result(call, "ok", result)])
 
     async def request_from_tool(self, call: CallState, payload: Any) -> None:
@@ -470,7 +517,7 @@ class Driver:
                 call_id=call.id,
                 tool_name=call.tool_name,
                 input=call.input,
-                input_hash=input_hash(call.input),
+                input_hash=input_hash(call.input, tool_name=call.tool_name, call_id=call.id),
             ),
             options=list(APPROVAL_OPTIONS),
             payload=payload,
@@ -675,7 +722,9 @@ class _CallJournal:
                     call_id=call.id,
                     tool_name=call.tool_name,
                     input=call.input,
-                    input_hash=input_hash(call.input),
+                    input_hash=input_hash(
+                        call.input, tool_name=call.tool_name, call_id=call.id
+                    ),
                 ),
                 question=question,
                 options=options,

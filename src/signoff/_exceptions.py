@@ -13,6 +13,7 @@
     │   ├── PartialAnswer          a batch that leaves pending requests unanswered
     │   ├── ConflictingAnswer      a second, different answer to a settled request
     │   ├── RequestClosed          the request is no longer open (withdrawn, expired, ...)
+    │   ├── StaleAnswer            the answer was given for another version of the call
     │   └── NotAllowed             the responder may not settle this request
     ├── ModelError                 the model failed or answered nonsense
     └── StoreError                 the store failed or holds something unusable
@@ -44,6 +45,7 @@ __all__ = [
     "SessionExpired",
     "SessionLimitReached",
     "SignoffError",
+    "StaleAnswer",
     "StoreError",
     "UnknownRequest",
     "UnknownSession",
@@ -159,6 +161,12 @@ class RequestClosed(AnswerError):
     """The request is no longer open: withdrawn, expired, ignored or cancelled."""
 
     code = "request_closed"
+
+
+class StaleAnswer(AnswerError):
+    """The answer names an input hash that is not the request's: the reviewer saw another call."""
+
+    code = "stale_answer"
 
 
 class NotAllowed(AnswerError):

@@ -17,6 +17,7 @@ class Outcome:
     request_id: str
     outcome: str
     applied: bool
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

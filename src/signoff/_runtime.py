@@ -13,17 +13,22 @@ import random
 import socket
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import ValidationError
 
 from ._agent import Agent
-from ._engine import Driver, load_state, new_id, runnable
+from ._answers import Reply as _Reply
+from ._answers import decisions as _decisions
+from ._answers import match as _match
+from ._answers import repeat as _repeat
+from ._answers import resolution as _resolution
+from ._answers import settlement_events as _settlement_events
+from ._approval import SessionAuth, SessionInfo
+from ._engine import Batch, Driver, EventSpec, load_state, new_id, runnable
 from ._events import Event
 from ._exceptions import (
-    ConflictingAnswer,
     InvalidAnswer,
     NotAllowed,
     PartialAnswer,
@@ -34,23 +39,14 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
+from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._sync import SyncBridge
-from ._types import Decision, InputRequest, InputResponse, Principal, match_option
+from ._types import Decision, InputRequest, InputResponse, Principal
 from .stores import PendingFilter, Resolve, Store, open_store
 
 __all__ = ["Runtime"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    """One answer on its way in: an option id (`approve` / `cancel` for approvals) or text."""
-
-    request_id: str
-    option_id: str | None
-    text: str | None
-    value: Any = None
 
 
 class Runtime:
@@ -220,7 +216,14 @@ class Runtime:
             if not decisions:
                 raise InvalidAnswer("approvals is empty: answer the session's pending requests")
             answers = [
-                _Reply(d.id, "approve" if d.approved else "cancel", d.reason, d.value)
+                _Reply(
+                    d.id,
+                    "approve" if d.approved else "cancel",
+                    d.reason,
+                    d.value,
+                    d.edited_input,
+                    d.input_hash,
+                )
                 for d in decisions
             ]
             outcomes = await self._settle(session_id, answers, auth, require_all=True)
@@ -396,7 +399,9 @@ class Runtime:
                 r = raw if isinstance(raw, InputResponse) else InputResponse.model_validate(raw)
             except ValidationError as exc:
                 raise InvalidAnswer(f"response #{i + 1} is malformed: {exc}") from None
-            answers.append(_Reply(r.request_id, r.option_id, r.text, r.value))
+            answers.append(
+                _Reply(r.request_id, r.option_id, r.text, r.value, r.edited_input, r.input_hash)
+            )
         if not answers:
             raise InvalidAnswer("no responses given")
         outcomes = await self._settle(session_id, answers, principal, require_all=False)
@@ -422,10 +427,12 @@ class Runtime:
             )
         for _ in range(20):
             state = await self._checked(session_id)
+            agent = self.agent(state.agent)
             outcomes: list[Outcome] = []
             specs: list[Any] = []
             resolves: list[Resolve] = []
             unknown: list[str] = []
+            gated: list[tuple[InputRequest, _Reply, dict[str, Any]]] = []
             turn_id = None
             for reply in answers:
                 rid = reply.request_id
@@ -438,13 +445,18 @@ class Runtime:
                         unknown.append(rid)
                         continue
                     request, status, resolution = stored.request, stored.status, stored.resolution
-                wanted = _resolution(request, reply)
+                tool = agent.tools.get(request.tool_name or "")
+                wanted = _resolution(request, reply, tool)
                 if status != "pending":
                     outcomes.append(_repeat(request, status, resolution, wanted))
                     continue
+                if request.kind == "tool-approval" and (
+                    request.approvers > 1 or (tool is not None and tool.response_policy)
+                ):
+                    gated.append((request, reply, wanted))
+                    continue
                 self._authorize(request, principal)
-                by = None if principal is None else principal.model_dump()
-                wanted["by"] = by
+                wanted["by"] = None if principal is None else principal.model_dump()
                 specs.extend(_settlement_events(request, reply, wanted))
                 resolves.append(
                     Resolve(
@@ -463,22 +475,168 @@ class Runtime:
                 missing = [r.id for r in state.pending_requests() if r.id not in answered]
                 if missing:
                     raise PartialAnswer(session_id, missing)
-            if not resolves:
-                return outcomes
-            driver = self._driver(state, None)
-            try:
-                await driver.record(
-                    [*specs, *extra], resolve=resolves, durable=True, turn_id=turn_id
-                )
-            except RequestClosed:
-                self._cache.pop(session_id, None)
-                continue  # someone settled first: re-read and report no-op or conflict
-            except Exception:
-                self._cache.pop(session_id, None)
-                raise
-            self._remember(driver.state)
+            for request, _, _ in gated:
+                _check_quorum_eligibility(request, principal)
+            if resolves:
+                driver = self._driver(state, None)
+                try:
+                    await driver.record(
+                        [*specs, *extra], resolve=resolves, durable=True, turn_id=turn_id
+                    )
+                except RequestClosed:
+                    self._cache.pop(session_id, None)
+                    continue  # someone settled first: re-read and report no-op or conflict
+                except Exception:
+                    self._cache.pop(session_id, None)
+                    raise
+                self._remember(driver.state)
+            for request, reply, wanted in gated:
+                outcome = await self._candidate(session_id, request, reply, wanted, principal)
+                outcomes.append(outcome)
             return outcomes
         raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
+
+    async def _append(
+        self, session_id: str, build: Callable[[SessionState], Any], **kw: Any
+    ) -> None:
+        state = await self.state(session_id)
+        driver = self._driver(state, None)
+        try:
+            await driver.record(build, **kw)
+        except Exception:
+            self._cache.pop(session_id, None)
+            raise
+        self._remember(driver.state)
+
+    async def _candidate(
+        self,
+        session_id: str,
+        request: InputRequest,
+        reply: _Reply,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+    ) -> Outcome:
+        """Settle an approval that has a response policy or a quorum, recording its candidacy."""
+        rid = request.id
+        state = await self.state(session_id)
+        tool = self.agent(state.agent).tools.get(request.tool_name or "")
+        by = None if principal is None else principal.model_dump()
+        base = {
+            "request_id": rid,
+            "call_id": request.call_id,
+            "candidate_id": new_id("cand"),
+            "decision": wanted["decision"],
+            "by": by,
+        }
+        tid = request.turn_id
+
+        def waiting(st: SessionState) -> EventSpec:
+            ids = [r.id for r in st.pending_requests()]
+            return ("turn.waiting", {"on": "input", "request_ids": ids})
+
+        if tool is not None and tool.response_policy is not None:
+            # Record the response first, so slow policy work cannot lose it.
+            await self._append(
+                session_id,
+                lambda st: [("approval.candidate", {**base, "outcome": "pending"})],
+                durable=True,
+                turn_id=tid,
+            )
+            verdict = await evaluate_response(
+                tool.response_policy,
+                ResponseContext(
+                    request=RequestInfo(
+                        request_id=rid,
+                        call_id=request.call_id or "",
+                        tool_name=request.tool_name or "",
+                        tool_input=request.input,
+                        principal=request.requested_by,
+                        escalated_to=request.escalated_to,
+                    ),
+                    response=ResponseInfo(decision=wanted["decision"], principal=principal),
+                    session=_session_info(state, request),
+                ),
+                tool.response_timeout,
+            )
+            if verdict.outcome != "allowed":
+                refusal = {**base, "outcome": verdict.outcome, "reason": verdict.reason}
+
+                def refuse(st: SessionState) -> list[EventSpec]:
+                    if rid not in st.requests or st.requests[rid].status != "pending":
+                        return [("approval.candidate", {**refusal, "outcome": "stale"})]
+                    return [("approval.candidate", refusal), waiting(st)]
+
+                await self._append(session_id, refuse, turn_id=tid)
+                return Outcome(
+                    request_id=rid, outcome=verdict.outcome, applied=False, reason=verdict.reason
+                )
+        elif request.approvers <= 1:
+            self._authorize(request, principal)
+        outcome: list[Outcome] = []
+
+        def settle_or_count(st: SessionState) -> Batch:
+            live = st.requests.get(rid)
+            if live is None or live.status != "pending":
+                outcome.append(
+                    _repeat(
+                        request,
+                        live.status if live else "withdrawn",
+                        live.resolution if live else None,
+                        wanted,
+                    )
+                )
+                return Batch(specs=[])
+            current = live.request
+            me = None if principal is None else principal.principal_id
+            if wanted["decision"] == "approve" and current.approvers > 1:
+                if current.distinct and me in current.approved_by:
+                    outcome.append(
+                        Outcome(
+                            request_id=rid,
+                            outcome="counted",
+                            applied=False,
+                            reason=f"already counted: {current.progress}",
+                        )
+                    )
+                    return Batch(specs=[])
+                votes = [*current.approved_by, str(me)]
+                if len(votes) < current.approvers:
+                    progressed = current.model_copy(update={"approved_by": votes})
+                    outcome.append(
+                        Outcome(
+                            request_id=rid,
+                            outcome="counted",
+                            applied=True,
+                            reason=progressed.progress,
+                        )
+                    )
+                    counted = {
+                        **base,
+                        "outcome": "counted",
+                        "votes": len(votes),
+                        "needed": current.approvers,
+                    }
+                    return Batch(
+                        specs=[("approval.candidate", counted), waiting(st)],
+                        updated_requests=[progressed],
+                    )
+                wanted["approved_by"] = votes
+            resolution = {**wanted, "by": by}
+            outcome.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
+            return Batch(
+                specs=_settlement_events(current, reply, resolution),
+                resolve=[
+                    Resolve(
+                        request_id=rid,
+                        status="settled",
+                        outcome=wanted["outcome"],
+                        resolution=resolution,
+                    )
+                ],
+            )
+
+        await self._append(session_id, settle_or_count, durable=True, turn_id=tid)
+        return outcome[-1]
 
     async def send(
         self,
@@ -730,135 +888,30 @@ class Runtime:
         self._sync.close()
 
 
-def _match(request: InputRequest, text: str) -> _Reply | None:
-    """The answer a typed message gives `request`, if it gives one."""
-    option = match_option(request.options, text)
-    if option is not None:
-        return _Reply(request.id, option.id, None)
-    if request.kind == "question" and request.allow_text:
-        return _Reply(request.id, None, text)
-    return None
-
-
-def _resolution(request: InputRequest, reply: _Reply) -> dict[str, Any]:
-    """What settling `request` with `reply` records; raises InvalidAnswer for a bad reply."""
-    rid = request.id
-    if request.kind == "tool-approval":
-        if reply.option_id not in ("approve", "cancel"):
-            raise InvalidAnswer(
-                f"request {rid} is an approval: option_id must be 'approve' or 'cancel', "
-                f"not {reply.option_id!r}",
-                [rid],
-            )
-        approve = reply.option_id == "approve"
-        return {
-            "outcome": "approved" if approve else "cancelled",
-            "decision": "approve" if approve else "cancel",
-            "reason": reply.text,
-            "value": reply.value,
-        }
-    if reply.option_id is not None and reply.text is not None:
-        raise InvalidAnswer(f"request {rid}: give option_id or text, not both", [rid])
-    if reply.option_id is not None:
-        option = next((o for o in request.options if o.id == reply.option_id), None)
-        if option is None:
-            valid = ", ".join(o.id for o in request.options) or "none (free text only)"
-            raise InvalidAnswer(
-                f"request {rid} has no option {reply.option_id!r}; options: {valid}", [rid]
-            )
-        answer = {"value": option.label, "option_id": option.id, "text": None}
-    elif reply.text is not None:
-        if not request.allow_text:
-            raise InvalidAnswer(f"request {rid} takes one of its options, not free text", [rid])
-        if not reply.text.strip():
-            raise InvalidAnswer(f"request {rid}: the answer text is empty", [rid])
-        answer = {"value": reply.text, "option_id": None, "text": reply.text}
-    else:
-        raise InvalidAnswer(f"request {rid}: the answer needs an option_id or text", [rid])
-    return {"outcome": "answered", "answer": answer}
-
-
-def _repeat(
-    request: InputRequest, status: str, resolution: dict[str, Any] | None, wanted: dict[str, Any]
-) -> Outcome:
-    """A second answer to a closed request: a no-op if it repeats the first, else an error."""
-    first = resolution or {}
-    rid = request.id
-    if status != "settled":
-        raise RequestClosed(
-            f"request {rid} is {status} ({first.get('outcome')}); it takes no answers", [rid]
+def _check_quorum_eligibility(request: InputRequest, principal: Principal | None) -> None:
+    """Who may count toward a quorum: an identified principal, not the requester if excluded."""
+    if request.approvers <= 1:
+        return
+    if principal is None:
+        raise NotAllowed(
+            f"request {request.id} needs {request.approvers} identified approvers; "
+            "an anonymous answer does not count",
+            [request.id],
         )
-    same = first.get("outcome") == wanted["outcome"] and (
-        request.kind == "tool-approval" or first.get("answer") == wanted.get("answer")
+    if request.exclude_requester and principal.same_as(request.requested_by):
+        raise NotAllowed(
+            f"request {request.id}: the requester may not approve their own call", [request.id]
+        )
+
+
+def _session_info(state: SessionState, request: InputRequest) -> SessionInfo:
+    turn = state.turn
+    return SessionInfo(
+        id=state.id,
+        agent=state.agent,
+        turn=request.turn_id,
+        parent=state.parent,
+        auth=SessionAuth(
+            current=None if turn is None else turn.principal, initiator=state.initiator
+        ),
     )
-    if not same:
-        raise ConflictingAnswer(
-            f"request {rid} was already settled as {first.get('outcome')!r}; "
-            f"this answer says {wanted['outcome']!r}",
-            [rid],
-        )
-    return Outcome(request_id=rid, outcome=str(first.get("outcome")), applied=False)
-
-
-def _settlement_events(
-    request: InputRequest, reply: _Reply, resolution: dict[str, Any]
-) -> list[tuple[str, dict[str, Any]]]:
-    by = resolution.get("by")
-    if request.kind != "tool-approval":
-        return [
-            (
-                "input.resolved",
-                {
-                    "request_id": request.id,
-                    "outcome": "answered",
-                    "status": "settled",
-                    "by": by,
-                    "answer": resolution["answer"],
-                },
-            )
-        ]
-    return [
-        (
-            "approval.settled",
-            {
-                "request_id": request.id,
-                "call_id": request.call_id,
-                "decision": resolution["decision"],
-                "by": by,
-                "reason": reply.text,
-                "value": reply.value,
-            },
-        ),
-        (
-            "input.resolved",
-            {
-                "request_id": request.id,
-                "outcome": resolution["outcome"],
-                "status": "settled",
-                "by": by,
-                "reason": reply.text,
-            },
-        ),
-    ]
-
-
-def _decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decision]:
-    if isinstance(approvals, (str, bytes, Mapping)):
-        raise InvalidAnswer("approvals must be a list of decisions")
-    out = []
-    for i, raw in enumerate(approvals):
-        if isinstance(raw, Decision):
-            out.append(raw)
-            continue
-        try:
-            out.append(Decision.model_validate(raw))
-        except ValidationError as exc:
-            rid = raw.get("id") if isinstance(raw, Mapping) else None
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'decision'}: {e['msg']}"
-                for e in exc.errors(include_url=False)
-            )
-            raise InvalidAnswer(
-                f"approval #{i + 1} is malformed: {problems}", [rid] if isinstance(rid, str) else []
-            ) from None
-    return out

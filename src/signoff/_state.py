@@ -433,7 +433,18 @@ def _turn_waiting(s: SessionState, e: Event) -> None:
 
 
 def _approval_candidate(s: SessionState, e: Event) -> None:
-    pass
+    d = e.data
+    req = s.requests.get(d["request_id"])
+    if req is None or req.status != "pending":
+        return
+    if d.get("outcome") == "counted":
+        by = d.get("by") or {}
+        approved_by = [*req.request.approved_by, str(by.get("principal_id"))]
+        req.request = req.request.model_copy(update={"approved_by": approved_by})
+    elif d.get("outcome") == "escalated":
+        req.request = req.request.model_copy(
+            update={"escalated_to": d.get("to"), "expires_at": None}
+        )
 
 
 def _approval_settled(s: SessionState, e: Event) -> None:

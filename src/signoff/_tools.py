@@ -12,6 +12,7 @@ from pydantic_core import to_jsonable_python
 
 from ._approval import ApprovalPolicy, SessionInfo, as_policy
 from ._exceptions import UsageError
+from ._response import ApprovalSpec, ResponsePolicy
 from ._types import Answer, Option, Principal, make_options
 
 __all__ = [
@@ -203,6 +204,12 @@ class Tool:
         if not self.name.replace("_", "").replace("-", "").isalnum():
             raise UsageError(f"tool name {self.name!r} must be letters, digits, _ or -")
         self.description = description or _describe(fn)
+        self.response_policy: ResponsePolicy | None = None
+        self.response_timeout = 10.0
+        if isinstance(approval, ApprovalSpec):
+            self.response_policy = approval.response
+            self.response_timeout = approval.timeout
+            approval = approval.request
         self.approval: ApprovalPolicy = as_policy(approval)
         self.run_as = run_as
         self.is_async = inspect.iscoroutinefunction(fn)

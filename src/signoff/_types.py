@@ -123,9 +123,14 @@ RequestKind = Literal["tool-approval", "question", "session-limit"]
 RequestStatus = Literal["pending", "settled", "expired", "withdrawn"]
 
 
-def input_hash(value: Any) -> str:
-    """Hash of the canonical JSON of a call's input: binds an approval to the exact call."""
-    canonical = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+def input_hash(value: Any, *, tool_name: str = "", call_id: str = "") -> str:
+    """Hash of the tool name, call id and canonical input: binds an approval to the exact call."""
+    canonical = json.dumps(
+        {"tool": tool_name, "call_id": call_id, "input": value},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
     return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
 
 
@@ -165,6 +170,20 @@ class InputRequest(_Model):
     status: RequestStatus = "pending"
     policy_error: str | None = None
     usage: Usage = Field(default_factory=Usage)
+    approvers: int = 1
+    distinct: bool = True
+    exclude_requester: bool = False
+    on_timeout: Literal["deny", "approve", "escalate"] = "deny"
+    escalate_to: str | None = None
+    escalated_to: str | None = None
+    approved_by: list[str] = Field(default_factory=list)
+    auto_verdict: str | None = None
+    auto_reason: str | None = None
+
+    @property
+    def progress(self) -> str:
+        """Quorum progress such as "1 of 2" (empty for single-approver requests)."""
+        return f"{len(self.approved_by)} of {self.approvers}" if self.approvers > 1 else ""
 
     @property
     def tool_name(self) -> str | None:
@@ -252,6 +271,8 @@ class Decision(_Model):
     approved: StrictBool
     reason: StrictStr | None = None
     value: Any = None
+    edited_input: dict[str, Any] | None = None
+    input_hash: StrictStr | None = None
 
 
 class InputResponse(_Model):
@@ -261,3 +282,5 @@ class InputResponse(_Model):
     option_id: StrictStr | None = None
     text: StrictStr | None = None
     value: Any = None
+    edited_input: dict[str, Any] | None = None
+    input_hash: StrictStr | None = None

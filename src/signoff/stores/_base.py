@@ -46,6 +46,7 @@ class Commit:
     events: Sequence[Event]
     lease_token: int | None = None
     new_requests: Sequence[InputRequest] = ()
+    updated_requests: Sequence[InputRequest] = ()  # new data for still-open requests
     resolve: Sequence[Resolve] = ()
     snapshot: dict[str, Any] | None = None
     durable: bool = False

@@ -244,6 +244,11 @@ class SQLiteStore:
                             dumps(req.model_dump(mode="json", exclude_defaults=True)),
                         ),
                     )
+                for req in commit.updated_requests:
+                    conn.execute(
+                        "UPDATE requests SET data=? WHERE id=? AND sk=?",
+                        (dumps(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
+                    )
                 if commit.events:
                     self._insert_events(conn, sk, commit.events)
                     last = commit.events[-1]

@@ -1,0 +1,199 @@
+"""Answers on their way in: validating a reply against its request and what settling records."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from ._events import EventType
+from ._exceptions import ConflictingAnswer, InvalidAnswer, RequestClosed, StaleAnswer
+from ._results import Outcome
+from ._tools import Tool
+from ._types import Decision, InputRequest, match_option
+
+__all__ = ["Reply", "decisions", "match", "repeat", "resolution", "settlement_events"]
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One answer on its way in: an option id (`approve` / `cancel` for approvals) or text."""
+
+    request_id: str
+    option_id: str | None
+    text: str | None
+    value: Any = None
+    edited_input: dict[str, Any] | None = None
+    input_hash: str | None = None
+
+
+def match(request: InputRequest, text: str) -> Reply | None:
+    """The answer a typed message gives `request`, if it gives one."""
+    option = match_option(request.options, text)
+    if option is not None:
+        return Reply(request.id, option.id, None)
+    if request.kind == "question" and request.allow_text:
+        return Reply(request.id, None, text)
+    return None
+
+
+def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) -> dict[str, Any]:
+    """What settling `request` with `reply` records; raises InvalidAnswer for a bad reply.
+
+    An approval may carry `edited_input` (validated against the tool's schema) and the
+    `input_hash` the reviewer saw; a hash that is not the request's means the reviewer looked
+    at another call, and the answer is refused as stale.
+    """
+    rid = request.id
+    if request.kind == "tool-approval":
+        if reply.option_id not in ("approve", "cancel"):
+            raise InvalidAnswer(
+                f"request {rid} is an approval: option_id must be 'approve' or 'cancel', "
+                f"not {reply.option_id!r}",
+                [rid],
+            )
+        action = request.action
+        if reply.input_hash is not None and (
+            action is None or reply.input_hash != action.input_hash
+        ):
+            raise StaleAnswer(
+                f"request {rid}: the answer was given for input hash {reply.input_hash}, but the "
+                f"request is bound to {action.input_hash if action else 'no call'}",
+                [rid],
+            )
+        edited = None
+        if reply.edited_input is not None:
+            if reply.option_id != "approve":
+                raise InvalidAnswer(f"request {rid}: edited input only goes with approve", [rid])
+            if tool is None or request.source == "tool":
+                raise InvalidAnswer(f"request {rid}: this approval takes no edited input", [rid])
+            try:
+                edited = tool.validate(reply.edited_input).model_dump(mode="json")
+            except ValidationError as exc:
+                problems = "; ".join(
+                    f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
+                    for e in exc.errors(include_url=False)
+                )
+                raise InvalidAnswer(
+                    f"request {rid}: edited input does not fit {tool.name}'s schema: {problems}",
+                    [rid],
+                ) from None
+        approve = reply.option_id == "approve"
+        out: dict[str, Any] = {
+            "outcome": "approved" if approve else "cancelled",
+            "decision": "approve" if approve else "cancel",
+            "reason": reply.text,
+            "value": reply.value,
+        }
+        if edited is not None:
+            out["edited_input"] = edited
+        return out
+    if reply.option_id is not None and reply.text is not None:
+        raise InvalidAnswer(f"request {rid}: give option_id or text, not both", [rid])
+    if reply.option_id is not None:
+        option = next((o for o in request.options if o.id == reply.option_id), None)
+        if option is None:
+            valid = ", ".join(o.id for o in request.options) or "none (free text only)"
+            raise InvalidAnswer(
+                f"request {rid} has no option {reply.option_id!r}; options: {valid}", [rid]
+            )
+        answer = {"value": option.label, "option_id": option.id, "text": None}
+    elif reply.text is not None:
+        if not request.allow_text:
+            raise InvalidAnswer(f"request {rid} takes one of its options, not free text", [rid])
+        if not reply.text.strip():
+            raise InvalidAnswer(f"request {rid}: the answer text is empty", [rid])
+        answer = {"value": reply.text, "option_id": None, "text": reply.text}
+    else:
+        raise InvalidAnswer(f"request {rid}: the answer needs an option_id or text", [rid])
+    return {"outcome": "answered", "answer": answer}
+
+
+def repeat(
+    request: InputRequest, status: str, resolution: dict[str, Any] | None, wanted: dict[str, Any]
+) -> Outcome:
+    """A second answer to a closed request: a no-op if it repeats the first, else an error."""
+    first = resolution or {}
+    rid = request.id
+    if status != "settled":
+        raise RequestClosed(
+            f"request {rid} is {status} ({first.get('outcome')}); it takes no answers", [rid]
+        )
+    same = first.get("outcome") == wanted["outcome"] and (
+        request.kind == "tool-approval" or first.get("answer") == wanted.get("answer")
+    )
+    if not same:
+        raise ConflictingAnswer(
+            f"request {rid} was already settled as {first.get('outcome')!r}; "
+            f"this answer says {wanted['outcome']!r}",
+            [rid],
+        )
+    return Outcome(request_id=rid, outcome=str(first.get("outcome")), applied=False)
+
+
+def settlement_events(
+    request: InputRequest, reply: Reply, resolution: dict[str, Any]
+) -> list[tuple[EventType, dict[str, Any]]]:
+    by = resolution.get("by")
+    if request.kind != "tool-approval":
+        return [
+            (
+                "input.resolved",
+                {
+                    "request_id": request.id,
+                    "outcome": "answered",
+                    "status": "settled",
+                    "by": by,
+                    "answer": resolution["answer"],
+                },
+            )
+        ]
+    return [
+        (
+            "approval.settled",
+            {
+                "request_id": request.id,
+                "call_id": request.call_id,
+                "decision": resolution["decision"],
+                "by": by,
+                "reason": reply.text,
+                "value": reply.value,
+                "edited_input": resolution.get("edited_input"),
+                "approved_by": resolution.get("approved_by"),
+            },
+        ),
+        (
+            "input.resolved",
+            {
+                "request_id": request.id,
+                "outcome": resolution["outcome"],
+                "status": "settled",
+                "by": by,
+                "reason": reply.text,
+            },
+        ),
+    ]
+
+
+def decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decision]:
+    if isinstance(approvals, (str, bytes, Mapping)):
+        raise InvalidAnswer("approvals must be a list of decisions")
+    out = []
+    for i, raw in enumerate(approvals):
+        if isinstance(raw, Decision):
+            out.append(raw)
+            continue
+        try:
+            out.append(Decision.model_validate(raw))
+        except ValidationError as exc:
+            rid = raw.get("id") if isinstance(raw, Mapping) else None
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'decision'}: {e['msg']}"
+                for e in exc.errors(include_url=False)
+            )
+            raise InvalidAnswer(
+                f"approval #{i + 1} is malformed: {problems}", [rid] if isinstance(rid, str) else []
+            ) from None
+    return out

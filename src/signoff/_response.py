@@ -1,0 +1,153 @@
+"""Response policies: who may settle an approval, checked for every approve and cancel.
+
+A tool's `approval=ApprovalSpec(request=..., response=...)` replaces the default rule (only the
+principal whose turn asked may settle) with a function of a `ResponseContext`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias
+
+from ._approval import ApprovalPolicy, OnTimeout, RequestRules, SessionInfo, as_policy
+from ._exceptions import UsageError
+from ._types import Principal
+
+__all__ = [
+    "Allowed",
+    "ApprovalSpec",
+    "Rejected",
+    "RequestInfo",
+    "ResponseContext",
+    "ResponseInfo",
+    "ResponseStatus",
+    "ResponseVerdict",
+    "evaluate_response",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Allowed:
+    """The responder may settle the request."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The responder may not; the request stays pending for someone else."""
+
+    reason: str | None = None
+
+
+ResponseStatus: TypeAlias = Literal["allowed", "rejected"] | Allowed | Rejected | dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestInfo:
+    """The approval being answered; `principal` is whoever's turn asked (None if anonymous)."""
+
+    request_id: str
+    call_id: str
+    tool_name: str
+    tool_input: Any
+    principal: Principal | None
+    escalated_to: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseInfo:
+    """The submitted decision and who submitted it."""
+
+    decision: Literal["approve", "cancel"]
+    principal: Principal | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ResponseContext:
+    request: RequestInfo
+    response: ResponseInfo
+    session: SessionInfo
+
+
+ResponsePolicy: TypeAlias = Callable[
+    [ResponseContext], "ResponseStatus | Awaitable[ResponseStatus]"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseVerdict:
+    """`allowed`, `rejected`, `failed` (the policy raised) or `timed-out`."""
+
+    outcome: Literal["allowed", "rejected", "failed", "timed-out"]
+    reason: str | None = None
+
+
+class ApprovalSpec:
+    """Both halves of a tool's approval: when to ask (`request`) and who may answer."""
+
+    def __init__(
+        self,
+        request: object = None,
+        response: ResponsePolicy | None = None,
+        *,
+        timeout: float = 10.0,
+        approvers: int | None = None,
+        distinct: bool = True,
+        exclude_requester: bool = False,
+        expires_in: float | None = None,
+        on_timeout: OnTimeout = "deny",
+        escalate_to: str | None = None,
+    ) -> None:
+        self.request: ApprovalPolicy = as_policy(request if request is not None else "always")
+        if response is not None and not callable(response):
+            raise UsageError(f"response policy must be a function, not {response!r}")
+        if timeout <= 0:
+            raise UsageError("the response policy timeout must be positive")
+        self.response = response
+        self.timeout = timeout
+        if approvers is not None or expires_in is not None:
+            base = self.request.rules
+            self.request = copy.copy(self.request)  # never change a policy shared elsewhere
+            self.request.rules = RequestRules(
+                approvers=approvers if approvers is not None else base.approvers,
+                distinct=distinct,
+                exclude_requester=exclude_requester,
+                expires_in=expires_in if expires_in is not None else base.expires_in,
+                on_timeout=on_timeout,
+                escalate_to=escalate_to,
+            )
+
+
+def _normalize(result: object) -> ResponseVerdict:
+    if result == "allowed" or isinstance(result, Allowed):
+        return ResponseVerdict("allowed")
+    if isinstance(result, Rejected):
+        return ResponseVerdict("rejected", result.reason)
+    if result == "rejected":
+        return ResponseVerdict("rejected")
+    if isinstance(result, dict) and result.get("status") in ("allowed", "rejected"):
+        return ResponseVerdict(result["status"], result.get("reason"))
+    return ResponseVerdict("failed", f"response policy returned an invalid status: {result!r}")
+
+
+async def evaluate_response(
+    policy: ResponsePolicy, ctx: ResponseContext, timeout: float
+) -> ResponseVerdict:
+    """Run a response policy; raising gives `failed`, exceeding `timeout` gives `timed-out`."""
+
+    async def run() -> object:
+        result = policy(ctx)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    try:
+        result = await asyncio.wait_for(run(), timeout)
+    except TimeoutError:
+        return ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
+    except Exception as exc:
+        return ResponseVerdict("failed", f"response policy raised {type(exc).__name__}: {exc}")
+    return _normalize(result)
