@@ -168,15 +168,46 @@ def test_tools_page_and_visibility(base: str) -> None:
         assert "Conditional" in tools and "Never" in tools and "lookup_order" in tools
 
 
-def test_queue_stream_announces_changes(base: str) -> None:
-    with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as c:
+@pytest.mark.parametrize("token", ["alice-token", "admin-token"])
+def test_queue_stream_announces_changes(base: str, token: str) -> None:
+    with httpx.Client(base_url=base, headers=auth(token), timeout=10) as c:
         with c.stream("GET", "/_signoff/stream") as s:
             lines = s.iter_lines()
             first = _next_data(lines)
             assert first["total"] == 0
-            start(base)
+            one = start(base)
             second = _next_data(lines)
             assert second["total"] == 1 and second["version"] != first["version"]
+            start(base)
+            assert _next_data(lines)["total"] == 2
+            # one settled and one new (within one poll: same count, still a change)
+            rid = one["pending"][0]["id"]
+            r = httpx.post(
+                f"{base}/v1/sessions/{one['session_id']}/responses",
+                json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+                headers=auth("alice-token"),
+            )
+            assert r.status_code == 200
+            start(base)
+            totals = [_next_data(lines)["total"]]
+            while totals[-1] != 2:
+                totals.append(_next_data(lines)["total"])
+            assert totals in ([2], [1, 2])
+
+
+def test_an_admin_sees_every_tenant(base: str) -> None:
+    start(base)
+    r = httpx.post(
+        f"{base}/v1/sessions",
+        json={"agent": "support", "message": "x"},
+        headers=auth("mallory-token"),
+    )
+    assert r.status_code == 201
+    queue = httpx.get(f"{base}/v1/requests", headers=auth("admin-token")).json()
+    assert queue["total"] == 2
+    assert {r["requested_by"]["principal_id"] for r in queue["items"]} == {"alice", "mallory"}
+    page = httpx.get(f"{base}/_signoff/", headers=auth("admin-token")).text
+    assert page.count("data-request-id=") == 2
 
 
 def _next_data(lines: Iterator[str]) -> dict[str, Any]:

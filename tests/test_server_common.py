@@ -34,7 +34,13 @@ BOB = so.Principal(
     authenticator="token", principal_id="bob", attributes={"tenant": "acme", "name": "Bob"}
 )
 MALLORY = so.Principal(authenticator="token", principal_id="mallory", attributes={"tenant": "evil"})
-TOKENS = {"alice-token": ALICE, "bob-token": BOB, "mallory-token": MALLORY}
+ADMIN = so.Principal(authenticator="token", principal_id="root", attributes={"admin": True})
+TOKENS = {
+    "alice-token": ALICE,
+    "bob-token": BOB,
+    "mallory-token": MALLORY,
+    "admin-token": ADMIN,
+}
 
 
 def _echo(conversation: list[so.Message]) -> so.ModelResponse:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -78,6 +79,25 @@ class ServerContext:
                 break
             offset += 500
         return visible[flt.offset : flt.offset + flt.limit], len(visible)
+
+    async def queue_version(self, caller: Principal) -> tuple[int, str]:
+        """The caller's open-request count and a fingerprint that changes with the set.
+
+        For admins it costs three indexed queries (count, oldest, newest), not a scan.
+        """
+        store = self.runtime.store
+        if caller.attributes.get("admin") is True and self._default_access():
+            total = await store.count_pending(PendingFilter())
+            ends = []
+            if total:
+                ends += await store.pending(PendingFilter(limit=1))
+                ends += await store.pending(PendingFilter(limit=1, offset=total - 1))
+            ids = [r.id for r in ends]
+        else:
+            items, total = await self.visible_requests(caller, PendingFilter(limit=1_000_000))
+            ids = [r.id for r in items]
+        digest = hashlib.sha256(f"{total} {' '.join(ids)}".encode()).hexdigest()[:16]
+        return total, digest
 
     def _default_access(self) -> bool:
         return self.access is default_access

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import hmac
 import json
 import secrets
@@ -79,9 +78,11 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
 
 
-def _who(p: Principal | dict[str, Any] | None) -> str:
+def _who(p: Principal | dict[str, Any] | str | None) -> str:
     if p is None:
         return "the application"
+    if isinstance(p, str):
+        return p
     if isinstance(p, dict):
         try:
             p = Principal.model_validate(p)
@@ -236,8 +237,7 @@ async def queue_stream(request: Request) -> Response:
         beat = time.monotonic()
         yield "retry: 1000\n\n"
         while True:
-            items, total = await ctx.visible_requests(viewer, PendingFilter(limit=10_000))
-            digest = hashlib.sha256(" ".join(r.id for r in items).encode()).hexdigest()[:16]
+            total, digest = await ctx.queue_version(viewer)
             if digest != last:
                 last = digest
                 beat = time.monotonic()
@@ -342,6 +342,12 @@ def _summary(e: Event) -> str:
         return "Turn completed"
     if t == "turn.waiting":
         return f"Waiting on {d.get('on', 'input')}"
+    if t == "session.waiting":
+        return "Idle: waiting for the next message"
+    if t == "turn.cancelled":
+        return f"Cancelled: {d['reason']}" if d.get("reason") else "Cancelled"
+    if t == "turn.message":
+        return f"Message: “{d.get('message')}”" + (" (queued)" if d.get("queued") else "")
     return ""
 
 
