@@ -9,6 +9,7 @@ use it instead. A missing PostgreSQL fails the tests loudly; it never skips them
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import os
@@ -44,6 +45,7 @@ class PgCluster:
         self.admin_url = admin_url
         self.directory = directory
         self.ours = directory is not None
+        self._template: str | None = None
 
     @classmethod
     def start(cls) -> PgCluster:
@@ -148,13 +150,22 @@ class PgCluster:
         password = f":{params['password']}" if params.get("password") else ""
         return f"postgresql://{user}{password}@{host}:{params.get('port', 5432)}/{dbname}"
 
-    def create_database(self) -> str:
+    def create_database(self, template: str | None = None) -> str:
         name = f"signoff_test_{uuid.uuid4().hex[:12]}"
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
             # FILE_COPY (PostgreSQL 15+) is the fastest way to copy a tiny template with fsync off.
             strategy = " STRATEGY FILE_COPY" if self.ours else ""
-            conn.execute(f'CREATE DATABASE "{name}"{strategy}'.encode())
+            source = f' TEMPLATE "{template}"' if template else ""
+            conn.execute(f'CREATE DATABASE "{name}"{source}{strategy}'.encode())
         return name
+
+    def migrated_template(self) -> str:
+        """A database with signoff's schema applied, to copy for each test (made once)."""
+        if self._template is None:
+            name = self.create_database()
+            asyncio.run(PostgresStore(self.url(name)).migrate())
+            self._template = name
+        return self._template
 
     def drop_database(self, name: str) -> None:
         with psycopg.connect(self.admin_url, autocommit=True) as conn:
@@ -186,12 +197,26 @@ def pg_url(pg_cluster: PgCluster) -> Iterator[str]:
             pg_cluster.drop_database(name)
 
 
+@pytest.fixture
+def pg_store_url(pg_cluster: PgCluster) -> Iterator[str]:
+    """The URL of a database of its own for this test, with signoff's schema already in it."""
+    if pg_cluster.ours:
+        name = pg_cluster.create_database(template=pg_cluster.migrated_template())
+    else:
+        name = pg_cluster.create_database()
+    try:
+        yield pg_cluster.url(name)
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            pg_cluster.drop_database(name)
+
+
 @pytest.fixture(params=STORE_KINDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A store URL for each backend: a SQLite file in tmp_path, a fresh PostgreSQL database."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'state.db'}"
-    return str(request.getfixturevalue("pg_url"))
+    return str(request.getfixturevalue("pg_store_url"))
 
 
 def make_store(url: str) -> Store:

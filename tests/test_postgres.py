@@ -36,8 +36,8 @@ async def new_session(store: PostgresStore) -> str:
 
 
 @pytest.fixture
-async def pg(pg_url: str) -> AsyncIterator[PostgresStore]:
-    store = PostgresStore(pg_url)
+async def pg(pg_store_url: str) -> AsyncIterator[PostgresStore]:
+    store = PostgresStore(pg_store_url)
     await store.open()
     try:
         yield store
@@ -219,10 +219,10 @@ async def _backend_waiting(
 
 
 async def test_connection_killed_mid_transaction_is_retried_cleanly(
-    pg: PostgresStore, pg_url: str
+    pg: PostgresStore, pg_store_url: str
 ) -> None:
     sid = await new_session(pg)
-    holder, observer = await admin(pg_url), await admin(pg_url)
+    holder, observer = await admin(pg_store_url), await admin(pg_store_url)
     async with holder, observer:
         # Hold the session row, so the commit stops inside its transaction, then kill it there.
         await holder.execute("BEGIN")
@@ -248,9 +248,9 @@ async def test_connection_killed_mid_transaction_is_retried_cleanly(
 
 
 @pytest.fixture
-async def slow_commit(pg: PostgresStore, pg_url: str) -> AsyncIterator[str]:
+async def slow_commit(pg: PostgresStore, pg_store_url: str) -> AsyncIterator[str]:
     """Make COMMIT of an event insert sleep (a deferred trigger) while `stall` says so."""
-    conn = await admin(pg_url)
+    conn = await admin(pg_store_url)
     async with conn:
         await conn.execute(
             """
@@ -266,7 +266,7 @@ async def slow_commit(pg: PostgresStore, pg_url: str) -> AsyncIterator[str]:
                 DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION public.stall_commit();
             """
         )
-    yield pg_url
+    yield pg_store_url
 
 
 async def _kill_stalled_commits(url: str, times: int) -> asyncio.Task[int]:
@@ -332,7 +332,9 @@ async def test_connection_lost_every_time_is_a_store_error_and_writes_nothing(
     assert await pg.head(sid) == 2
 
 
-async def test_runtime_turn_survives_a_killed_connection(pg_url: str, slow_commit: str) -> None:
+async def test_runtime_turn_survives_a_killed_connection(
+    pg_store_url: str, slow_commit: str
+) -> None:
     runs: list[str] = []
 
     @so.tool(approval=so.always())
@@ -351,7 +353,7 @@ async def test_runtime_turn_survives_a_killed_connection(pg_url: str, slow_commi
         ),
         tools=[ship],
     )
-    rt = so.Runtime([agent], store=pg_url)
+    rt = so.Runtime([agent], store=pg_store_url)
     try:
         r = await rt.generate("a", prompt="ship 7")
         assert r.status == "waiting"
@@ -402,9 +404,11 @@ async def test_commit_whose_acknowledgement_is_lost_is_found_committed(
 # -- LISTEN/NOTIFY ---------------------------------------------------------------------------
 
 
-async def test_each_commit_is_notified_with_session_and_seq(pg: PostgresStore, pg_url: str) -> None:
+async def test_each_commit_is_notified_with_session_and_seq(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
     sid = await new_session(pg)
-    conn = await admin(pg_url)
+    conn = await admin(pg_store_url)
     async with conn:
         await conn.execute(f'LISTEN "{pg.channel}"')
         await pg.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2), ev(sid, 3)]))
@@ -413,9 +417,9 @@ async def test_each_commit_is_notified_with_session_and_seq(pg: PostgresStore, p
     assert payloads == [f"{sid} 3", f"{sid2} 1"]
 
 
-async def test_a_failed_commit_notifies_nothing(pg: PostgresStore, pg_url: str) -> None:
+async def test_a_failed_commit_notifies_nothing(pg: PostgresStore, pg_store_url: str) -> None:
     sid = await new_session(pg)
-    conn = await admin(pg_url)
+    conn = await admin(pg_store_url)
     async with conn:
         await conn.execute(f'LISTEN "{pg.channel}"')
         with pytest.raises(so.StoreError):
@@ -423,10 +427,10 @@ async def test_a_failed_commit_notifies_nothing(pg: PostgresStore, pg_url: str) 
         assert [n async for n in conn.notifies(timeout=0.3)] == []
 
 
-async def test_waiters_survive_a_killed_listener(pg: PostgresStore, pg_url: str) -> None:
+async def test_waiters_survive_a_killed_listener(pg: PostgresStore, pg_store_url: str) -> None:
     sid = await new_session(pg)
     assert await pg.wait_for_change(sid, 0.05) is False  # starts the listener
-    conn = await admin(pg_url)
+    conn = await admin(pg_store_url)
     async with conn:
         cur = await conn.execute(
             "SELECT pid FROM pg_stat_activity "
@@ -456,7 +460,7 @@ async def test_waiters_survive_a_killed_listener(pg: PostgresStore, pg_url: str)
 async def test_server_gone_after_open_is_a_store_error() -> None:
     cluster = PgCluster.start()
     try:
-        store = PostgresStore(cluster.admin_url, timeout=1.0)
+        store = PostgresStore(cluster.admin_url, timeout=0.3)
         await store.open()
         sid = await new_session(store)
         cluster.stop()

@@ -179,10 +179,16 @@ class PostgresStore:
                 return self._pool
             conn = await self._connect()
             try:
-                if self.auto_migrate:
+                version = await self._read_version(conn)
+                self._refuse_newer(version)
+                if version < STORE_SCHEMA:
+                    if not self.auto_migrate:
+                        raise StoreError(
+                            f"PostgreSQL store {self._where} is at store schema version "
+                            f"{version}, this signoff needs {STORE_SCHEMA}: "
+                            "run `signoff db upgrade`"
+                        )
                     await self._migrate(conn)
-                else:
-                    await self._check_version(conn)
             finally:
                 await conn.close()
             pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
@@ -270,15 +276,6 @@ class PostgresStore:
             raise SchemaVersionError(
                 f"PostgreSQL store {self._where} (schema {self.schema!r}) is at store schema "
                 f"version {version}; this signoff knows up to {STORE_SCHEMA}. Upgrade signoff."
-            )
-
-    async def _check_version(self, conn: Conn) -> None:
-        version = await self._read_version(conn)
-        self._refuse_newer(version)
-        if version < STORE_SCHEMA:
-            raise StoreError(
-                f"PostgreSQL store {self._where} is at store schema version {version}, this "
-                f"signoff needs {STORE_SCHEMA}: run `signoff db upgrade`"
             )
 
     async def _migrate(self, conn: Conn) -> tuple[int, int]:
@@ -516,6 +513,11 @@ class PostgresStore:
                                 for req in commit.new_requests
                             ],
                         )
+                for req in commit.updated_requests:
+                    await conn.execute(
+                        f"UPDATE {s}.requests SET data=%s::json WHERE id=%s AND sk=%s",
+                        (dumps(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
+                    )
                 if commit.events:
                     await self._insert_events(conn, sk, commit.events)
                     last = commit.events[-1]
