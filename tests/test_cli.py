@@ -287,6 +287,8 @@ def test_events_prints_the_log(url: str) -> None:
         (["chat", "tests.test_cli:TARGET"], "UsageError: tests.test_cli:TARGET is a str"),
         (["chat", TARGET, "--agent", "billing"], "UsageError: unknown agent 'billing'"),
         (["approve", "req_nope", TARGET], "UnknownRequest: no request 'req_nope'"),
+        (["chat", TARGET, "--session", "ses_nope"], "UnknownSession: unknown session 'ses_nope'"),
+        (["chat", "tests.test_cli:sizer", "--as", "a:"], "UsageError: --as takes"),
     ],
 )
 def test_errors_are_one_red_line(url: str, args: list[str], error: str) -> None:
@@ -335,6 +337,29 @@ def test_acting_as_the_asker_settles(url: str) -> None:
     bad = invoke("deny", request_id, "--store", url, "--as", ":nobody")
     assert bad.exit_code == 1
     assert bad.stderr.startswith("error: UsageError: --as takes AUTHENTICATOR:ID")
+
+
+def test_chat_resumes_a_parked_session_and_checks_who_answers(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    session_id, request_id = park(url, auth=alice)
+    args = ["chat", TARGET, "--session", session_id, "--store", url]
+
+    refused = CliRunner().invoke(app, args, input="y\n")
+    assert refused.exit_code == 0, refused.output
+    assert 'Run issue_refund({"order_id":"1042","amount":180,"reason":"broken"})? (y/N)' in (
+        refused.output
+    )
+    assert "NotAllowed" in refused.output
+    assert refunds_run(log(url, session_id)) == 0
+    assert [r["id"] for r in json.loads(invoke("pending", "--store", url, "--json").stdout)] == [
+        request_id
+    ]
+
+    accepted = CliRunner().invoke(app, [*args, "--as", "web:alice"], input="y\n")
+    assert accepted.exit_code == 0, accepted.output
+    assert 'issue_refund -> {"refunded":180}' in accepted.output
+    assert "support: Refunded 180.00." in accepted.output
+    assert refunds_run(log(url, session_id)) == 1
 
 
 def _free_port() -> int:

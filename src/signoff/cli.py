@@ -24,7 +24,14 @@ from rich.table import Table
 
 from ._agent import Agent
 from ._events import Event
-from ._exceptions import AnswerError, ModelError, SignoffError, UnknownRequest, UsageError
+from ._exceptions import (
+    AnswerError,
+    ModelError,
+    NotAllowed,
+    SignoffError,
+    UnknownRequest,
+    UsageError,
+)
 from ._results import GenerateResult
 from ._runtime import Runtime
 from ._types import InputRequest, InputResponse, ModelResponse, Principal
@@ -302,7 +309,11 @@ class _Chat:
                     result = await self.runtime.respond(
                         result.session_id, [answer], principal=self.principal
                     )
-            except AnswerError as exc:  # someone else answered first, or may not answer
+            except NotAllowed as exc:
+                self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
+                self.console.print("[dim]answer as the asker with --as AUTHENTICATOR:ID[/]")
+                return False
+            except AnswerError as exc:  # someone else answered first, or it closed meanwhile
                 self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
                 result = await self.runtime.generate(session_id=result.session_id)
         self.report(result)
@@ -327,6 +338,8 @@ class _Chat:
             self.console.print("[yellow]another process is running this session's turn[/]")
         elif result.status == "cancelled":
             self.console.print("[yellow]the turn was cancelled[/]")
+        elif result.status == "waiting":
+            self.console.print("[yellow]the turn is waiting[/]")
 
 
 def _tool_line(data: dict[str, Any]) -> str:
