@@ -26,6 +26,7 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import SessionAuth, SessionInfo
+from ._deadlines import due_batch
 from ._engine import Batch, Driver, EventSpec, load_state, new_id, runnable
 from ._events import Event
 from ._exceptions import (
@@ -140,9 +141,41 @@ class Runtime:
 
     async def _checked(self, session_id: str) -> SessionState:
         state = await self.state(session_id)
-        if state.expired(self.clock()):
+        now = self.clock()
+        if state.expired(now):
             await self._expire(state)
+        if due_batch(state, now) is not None:
+            await self._append(
+                session_id,
+                lambda st: due_batch(st, self.clock()) or Batch(specs=[]),
+                durable=True,
+                turn_id=state.turn.id if state.turn else None,
+            )
+            state = await self.state(session_id)
         return state
+
+    async def expire_due(self) -> int:
+        """Apply every passed request deadline across sessions and resume their turns.
+
+        Run it periodically (a worker does); returns how many sessions it touched.
+        """
+        await self.open()
+        now = self.clock()
+        sessions: list[str] = []
+        offset = 0
+        while True:
+            page = await self.store.pending(PendingFilter(limit=500, offset=offset))
+            for r in page:
+                if r.expires_at is not None and r.expires_at <= now:
+                    if r.session_id not in sessions:
+                        sessions.append(r.session_id)
+            if len(page) < 500:
+                break
+            offset += 500
+        for sid in sessions:
+            with contextlib.suppress(SessionExpired):
+                await self._drive(sid)
+        return len(sessions)
 
     async def _expire(self, state: SessionState) -> None:
         pending = state.pending_requests()
@@ -861,6 +894,9 @@ class Runtime:
 
     def respond_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
         return self._sync.run(self.respond(*args, **kwargs))
+
+    def expire_due_sync(self) -> int:
+        return self._sync.run(self.expire_due())
 
     def pending_sync(self, *args: Any, **kwargs: Any) -> list[InputRequest]:
         return self._sync.run(self.pending(*args, **kwargs))

@@ -1,0 +1,77 @@
+"""Request deadlines: what happens to an approval nobody decided in time.
+
+`on_timeout="deny"` (the default) closes it as `expired` and the model is told it timed out,
+never that a person denied it; `"approve"` is an explicit opt-in; `"escalate"` hands it to a
+named group (the response policy sees `request.escalated_to`) and lifts the deadline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._engine import Batch, EventSpec
+from ._state import SessionState
+from .stores import Resolve
+
+__all__ = ["TIMED_OUT", "due_batch"]
+
+TIMED_OUT = "no one decided before the deadline"
+
+
+def due_batch(state: SessionState, now: float) -> Batch | None:
+    """The events that close or escalate every request of `state` whose deadline passed."""
+    specs: list[EventSpec] = []
+    resolves: list[Resolve] = []
+    updated = []
+    for r in state.pending_requests():
+        if r.expires_at is None or r.expires_at > now:
+            continue
+        expired: dict[str, Any] = {
+            "request_id": r.id,
+            "outcome": "expired",
+            "status": "expired",
+            "reason": TIMED_OUT,
+            "on_timeout": r.on_timeout,
+        }
+        if r.on_timeout == "escalate" and r.escalated_to is None:
+            specs.append(
+                (
+                    "approval.candidate",
+                    {
+                        "request_id": r.id,
+                        "call_id": r.call_id,
+                        "outcome": "escalated",
+                        "to": r.escalate_to,
+                        "reason": TIMED_OUT,
+                    },
+                )
+            )
+            updated.append(r.model_copy(update={"escalated_to": r.escalate_to, "expires_at": None}))
+            continue
+        if r.on_timeout == "approve" and r.kind == "tool-approval":
+            specs.append(
+                (
+                    "approval.settled",
+                    {
+                        "request_id": r.id,
+                        "call_id": r.call_id,
+                        "decision": "approve",
+                        "by": None,
+                        "reason": "approved automatically when the deadline passed "
+                        "(on_timeout='approve')",
+                        "auto": "timeout",
+                    },
+                )
+            )
+        specs.append(("input.resolved", expired))
+        resolves.append(
+            Resolve(
+                request_id=r.id,
+                status="expired",
+                outcome="expired",
+                resolution={"outcome": "expired", "reason": TIMED_OUT, "on_timeout": r.on_timeout},
+            )
+        )
+    if not specs:
+        return None
+    return Batch(specs=specs, resolve=resolves, updated_requests=updated)
