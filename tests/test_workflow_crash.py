@@ -1,0 +1,334 @@
+"""A workflow tool (`ctx.step`, then `ctx.ask` twice) survives a SIGKILL at each park point.
+
+Every step of the session runs in a child process (`python -m tests.test_workflow_crash ...`) on
+one SQLite file; the parent kills children where the tool is parked and starts new ones. The
+step's function appends a line to a file each time it really runs, so the parent can prove it
+ran exactly once, whatever was killed; the final result must equal an uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import call, call_tools, reply, scripted_agent, timeline
+
+ROOT = Path(__file__).resolve().parent.parent
+ALICE = so.Principal(authenticator="okta", principal_id="alice")
+LEASE_TTL = 0.5
+
+
+# -- what the children run -----------------------------------------------------------------
+
+
+def append_line(path: Path, obj: dict[str, Any]) -> None:
+    """Append one JSON line and fsync it, so a SIGKILL right after cannot lose it."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, (json.dumps(obj) + "\n").encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_lines(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def emit(obj: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(obj) + "\n")
+    sys.stdout.flush()
+
+
+def make_agent(workdir: Path, *, hang_after_step: bool = False) -> so.Agent:
+    """The bank agent: one `transfer` call, then a final reply quoting the tool's result."""
+
+    def quote(amount: float) -> dict[str, float]:
+        append_line(workdir / "steps.jsonl", {"pid": os.getpid(), "amount": amount})
+        return {"fee": round(amount * 0.025, 2), "rate": 1.1}
+
+    @so.tool
+    async def transfer(ctx: so.ToolContext, amount: float) -> dict[str, Any]:
+        """Quote the fee, confirm it, ask for the account, then transfer."""
+        append_line(workdir / "bodies.jsonl", {"pid": os.getpid()})
+        q = await ctx.step("quote", quote, amount)
+        if hang_after_step:
+            emit({"event": "step-recorded", "session_id": ctx.session.id})
+            await asyncio.Event().wait()  # the parent SIGKILLs us here, inside the tool
+        proceed = await ctx.ask(f"The fee is {q['fee']}. Proceed?", options=["yes", "no"])
+        account = await ctx.ask("Which account should it come from?")
+        return {
+            "quote": q,
+            "proceed": [proceed.value, proceed.option_id, proceed.principal_id],
+            "account": [account.value, account.text, account.principal_id],
+        }
+
+    def final(conversation: list[so.Message]) -> so.ModelResponse:
+        result = conversation[-1]
+        assert isinstance(result, so.ToolResultMessage)
+        return reply(f"Done: {json.dumps(result.content, sort_keys=True)}")
+
+    return scripted_agent(
+        "bank", [call_tools(call("transfer", id="t1", amount=200)), final], tools=[transfer]
+    )
+
+
+def summary(r: so.GenerateResult) -> dict[str, Any]:
+    return {
+        "event": "result",
+        "status": r.status,
+        "session_id": r.session_id,
+        "text": r.text,
+        "pending": [{"id": p.id, "question": p.question} for p in r.pending],
+        "pid": os.getpid(),
+    }
+
+
+async def child_main(args: argparse.Namespace) -> None:
+    workdir = Path(args.workdir)
+    agent = make_agent(workdir, hang_after_step=args.hang_after_step)
+    rt = so.Runtime([agent], store=f"sqlite:///{workdir / 'state.db'}", lease_ttl=LEASE_TTL)
+    await rt.open()
+    if args.command == "start":
+        r = await rt.generate("bank", prompt="move 200 to Bob", auth=ALICE)
+    elif args.command == "resume":
+        r = await rt.generate(session_id=args.session)
+    elif args.command == "choose":
+        answer = so.InputResponse(request_id=args.request, option_id=args.option)
+        r = await rt.respond(args.session, [answer], principal=ALICE)
+    else:
+        r = await rt.send(args.session, args.text, principal=ALICE)
+    emit(summary(r))
+    if args.park:
+        while True:  # parked: nothing is held but rows in the store; the parent SIGKILLs us
+            time.sleep(3600)
+    await rt.close()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tests.test_workflow_crash")
+    p.add_argument("command", choices=["start", "resume", "choose", "say"])
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--session")
+    p.add_argument("--request")
+    p.add_argument("--option")
+    p.add_argument("--text")
+    p.add_argument("--park", action="store_true")
+    p.add_argument("--hang-after-step", action="store_true")
+    return p
+
+
+# -- what the parent uses ------------------------------------------------------------------
+
+
+class Child:
+    """A child process whose stdout JSON lines are read with a timeout."""
+
+    def __init__(self, workdir: Path, argv: list[str]) -> None:
+        n = len(list(workdir.glob("child-*.err")))
+        self.stderr_path = workdir / f"child-{n}-{argv[0]}.err"
+        self._stderr = self.stderr_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.test_workflow_crash", *argv, "--workdir", str(workdir)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+        )
+        self._lines: queue.Queue[str | None] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self._lines.put(line)
+        self._lines.put(None)
+
+    def expect(self, event: str, timeout: float = 20.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self._lines.get(timeout=max(deadline - time.monotonic(), 0.0))
+            except queue.Empty:
+                raise AssertionError(
+                    f"no {event!r} from the child; stderr:\n{self.err()}"
+                ) from None
+            if line is None:
+                self.proc.wait(timeout=10)
+                raise AssertionError(
+                    f"child exited ({self.proc.returncode}) before {event!r}:\n{self.err()}"
+                )
+            obj: dict[str, Any] = json.loads(line)
+            if obj.get("event") == event:
+                return obj
+
+    def err(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text()
+
+    def sigkill(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        assert self.proc.wait(timeout=10) == -signal.SIGKILL
+
+    def finish(self) -> None:
+        rc = self.proc.wait(timeout=20)
+        assert rc == 0, f"child exited with {rc}:\n{self.err()}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self._reader.join(timeout=5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        self._stderr.close()
+
+
+def read_events(workdir: Path, session_id: str) -> list[so.Event]:
+    rt = so.Runtime([make_agent(workdir)], store=f"sqlite:///{workdir / 'state.db'}")
+    try:
+        return rt.events_sync(session_id)
+    finally:
+        rt.close_sync()
+
+
+def outcome(events: list[so.Event]) -> tuple[list[str], Any, str]:
+    """What must not depend on crashes: the timeline, the tool's result, the final text."""
+    result = next(e.data["result"] for e in events if e.type == "tool.completed")
+    text = next(e.data["text"] for e in events if e.type == "turn.completed")
+    return timeline(events), result, text
+
+
+async def uninterrupted(workdir: Path) -> tuple[list[str], Any, str]:
+    """The same conversation in one process with no crash: the reference."""
+    async with so.Runtime([make_agent(workdir)], store=f"sqlite:///{workdir / 'state.db'}") as rt:
+        r = await rt.generate("bank", prompt="move 200 to Bob", auth=ALICE)
+        answer = so.InputResponse(request_id=r.pending[0].id, option_id="yes")
+        r = await rt.respond(r.session_id, [answer], principal=ALICE)
+        r = await rt.send(r.session_id, "savings", principal=ALICE)
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    return outcome(events)
+
+
+@pytest.mark.parametrize(
+    "kill_at",
+    [("step",), ("ask1",), ("ask2",), ("step", "ask1", "ask2")],
+    ids=["after-step", "parked-on-ask-1", "parked-on-ask-2", "at-every-point"],
+)
+async def test_sigkill_at_each_park_point_then_finish_in_new_processes(
+    tmp_path: Path, kill_at: tuple[str, ...]
+) -> None:
+    reference_dir = tmp_path / "reference"
+    reference_dir.mkdir()
+    reference = await uninterrupted(reference_dir)
+    assert len(read_lines(reference_dir / "steps.jsonl")) == 1
+    assert len(read_lines(reference_dir / "bodies.jsonl")) == 3
+
+    work = tmp_path / "crashy"
+    work.mkdir()
+    children: list[Child] = []
+
+    def run(*argv: str, park: bool = False) -> Child:
+        child = Child(work, [*argv, *(["--park"] if park else [])])
+        children.append(child)
+        return child
+
+    killed: list[int] = []
+    try:
+        # 1. Start: the tool quotes (the step), then asks the first question.
+        if "step" in kill_at:
+            first = run("start", "--hang-after-step")
+            sid = first.expect("step-recorded")["session_id"]
+            first.sigkill()
+            killed.append(first.proc.pid)
+            started = read_events(work, sid)
+            assert timeline(started)[-2:] == ["tool.started transfer", "tool.step transfer:quote"]
+            resumed = run("resume", "--session", sid, park="ask1" in kill_at)
+            parked = resumed.expect("result")
+            last = resumed
+        else:
+            last = run("start", park="ask1" in kill_at)
+            parked = last.expect("result")
+            sid = parked["session_id"]
+        assert parked["status"] == "waiting"
+        [ask1] = parked["pending"]
+        assert ask1["question"] == "The fee is 5.0. Proceed?"
+        if "ask1" in kill_at:
+            last.sigkill()
+            killed.append(last.proc.pid)
+        else:
+            last.finish()
+
+        # 2. Answer the first question (by option id) in a new process.
+        chooser = run(
+            "choose",
+            "--session",
+            sid,
+            "--request",
+            ask1["id"],
+            "--option",
+            "yes",
+            park="ask2" in kill_at,
+        )
+        parked = chooser.expect("result")
+        assert parked["status"] == "waiting"
+        [ask2] = parked["pending"]
+        assert ask2["question"] == "Which account should it come from?"
+        if "ask2" in kill_at:
+            chooser.sigkill()
+            killed.append(chooser.proc.pid)
+        else:
+            chooser.finish()
+
+        # 3. Answer the second question (free text, by message) in yet another process.
+        sayer = run("say", "--session", sid, "--text", "savings")
+        done = sayer.expect("result")
+        sayer.finish()
+        assert done["status"] == "completed"
+    finally:
+        for child in children:
+            child.close()
+
+    assert len(killed) == len(kill_at)
+    steps = read_lines(work / "steps.jsonl")
+    assert steps == [{"pid": children[0].proc.pid, "amount": 200}]  # once, by the first child
+    bodies = read_lines(work / "bodies.jsonl")
+    assert len(bodies) >= 3  # the body re-ran after each park; only the step never did
+
+    events = read_events(work, sid)
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert outcome(events) == reference  # same events in the same order, result and text
+    assert reference[1] == {
+        "quote": {"fee": 5.0, "rate": 1.1},
+        "proceed": ["yes", "yes", "alice"],
+        "account": ["savings", "savings", "alice"],
+    }
+    resolved = [e.data for e in events if e.type == "input.resolved"]
+    assert [(d["request_id"], d["outcome"]) for d in resolved] == [
+        (ask1["id"], "answered"),
+        (ask2["id"], "answered"),
+    ]
+    assert [e.data["result"] for e in events if e.type == "tool.step"] == [
+        {"fee": 5.0, "rate": 1.1}
+    ]
+
+
+if __name__ == "__main__":
+    asyncio.run(child_main(parser().parse_args()))
