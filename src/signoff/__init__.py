@@ -23,6 +23,7 @@ from ._approval import (
     tool_policy,
 )
 from ._ask import ask_question
+from ._auto import Criteria, auto
 from ._events import SCHEMA_VERSION, Event
 from ._exceptions import (
     AnswerError,
@@ -103,6 +104,7 @@ __all__ = [
     "Approved",
     "AssistantMessage",
     "ConflictingAnswer",
+    "Criteria",
     "Decision",
     "Denied",
     "Event",
@@ -153,6 +155,7 @@ __all__ = [
     "__version__",
     "always",
     "ask_question",
+    "auto",
     "models",
     "never",
     "once",

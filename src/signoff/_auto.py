@@ -1,0 +1,127 @@
+"""`auto()`: an approval policy that asks a decision model to review each exact call.
+
+`clear` runs the call; `caution`, or any failure, timeout, unparsable answer or missing input,
+asks a person. The verdict and reason are recorded on the request the person sees.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from ._approval import ApprovalContext, ApprovalPolicy, Verdict
+from ._exceptions import UsageError
+from ._types import UserMessage
+
+if TYPE_CHECKING:
+    from .models import Model
+
+__all__ = ["Criteria", "auto"]
+
+DEFAULT_INSTRUCTIONS = (
+    "You review one tool call an AI agent wants to make, before it runs. Decide whether it can "
+    "run without a person looking at it. Answer with JSON only: "
+    '{"verdict": "clear" | "caution", "reason": "<one sentence>"}.'
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Criteria:
+    """What `clear` and `caution` mean for this tool."""
+
+    clear: str = "The call has no dangerous, irreversible or surprising effect."
+    caution: str = (
+        "The call could cause harm, spend money, change or delete data, reach other people, or "
+        "its input is incomplete or suspicious."
+    )
+
+
+class _Auto(ApprovalPolicy):
+    label = "Auto"
+
+    def __init__(
+        self, model: Model | None, instructions: str, criteria: Criteria, timeout: float
+    ) -> None:
+        self.model = model
+        self.instructions = instructions
+        self.criteria = criteria
+        self.timeout = timeout
+
+    async def decide(self, ctx: ApprovalContext) -> Verdict:
+        if self.model is None:
+            return _caution("failed", "no decision model is configured for auto()")
+        tool_input: Any = ctx.tool_input
+        if isinstance(tool_input, BaseModel):
+            tool_input = tool_input.model_dump(mode="json")
+        if tool_input is None:
+            return _caution("caution", "the call has no input to review")
+        from .models import ModelRequest
+
+        prompt = (
+            f"Tool: {ctx.tool_name}\nInput (JSON): {json.dumps(tool_input, sort_keys=True)}\n\n"
+            f"clear means: {self.criteria.clear}\ncaution means: {self.criteria.caution}"
+        )
+        request = ModelRequest(
+            session_id=ctx.session.id,
+            agent=f"{ctx.session.agent}:auto-review",
+            instructions=self.instructions,
+            messages=[UserMessage(text=prompt)],
+            tools=[],
+            response_index=0,
+        )
+        try:
+            response = await asyncio.wait_for(self.model.complete(request), self.timeout)
+        except TimeoutError:
+            return _caution("failed", f"the review took longer than {self.timeout:g}s")
+        except Exception as exc:
+            return _caution("failed", f"the review failed: {type(exc).__name__}: {exc}")
+        verdict, reason = _parse(getattr(response, "text", ""))
+        if verdict == "clear":
+            return Verdict("run", reason, auto=("clear", reason))
+        if verdict == "caution":
+            return _caution("caution", reason)
+        return _caution("failed", f"the review answered something unparsable: {reason}")
+
+
+def _caution(verdict: str, reason: str) -> Verdict:
+    return Verdict("ask", auto=(verdict, reason))
+
+
+def _parse(text: str) -> tuple[str | None, str]:
+    """`(verdict, reason)` from JSON, or from a reply that starts with the verdict word."""
+    text = (text or "").strip()
+    match = re.search(r"\{.*\}", text, re.DOTALL)
+    if match:
+        try:
+            data = json.loads(match.group(0))
+        except ValueError:
+            data = None
+        if isinstance(data, dict) and data.get("verdict") in ("clear", "caution"):
+            return data["verdict"], str(data.get("reason") or "")
+    word = re.match(r"\W*(clear|caution)\b[\s:.,-]*(.*)", text, re.IGNORECASE | re.DOTALL)
+    if word:
+        return word.group(1).lower(), word.group(2).strip()
+    return None, text[:200]
+
+
+def auto(
+    model: Model | None = None,
+    *,
+    instructions: str | None = None,
+    criteria: Criteria | dict[str, str] | None = None,
+    timeout: float = 15.0,
+) -> ApprovalPolicy:
+    """Ask a decision model (any `signoff.models` model) to classify each call."""
+    if isinstance(criteria, dict):
+        unknown = set(criteria) - {"clear", "caution"}
+        if unknown:
+            raise UsageError(f"auto() criteria take 'clear' and 'caution', not {sorted(unknown)}")
+        criteria = Criteria(**criteria)
+    if timeout <= 0:
+        raise UsageError("auto() timeout must be positive")
+    return _Auto(model, instructions or DEFAULT_INSTRUCTIONS, criteria or Criteria(), timeout)
