@@ -148,15 +148,40 @@ async def test_concurrent_first_opens_migrate_once(pg_url: str) -> None:
 
 async def test_schemas_keep_stores_apart(pg_url: str) -> None:
     a, b = PostgresStore(pg_url), PostgresStore(pg_url, schema="tenant_b")
-    await a.open()
-    await b.open()
+    c = open_store(f"{pg_url}?connect_timeout=3&schema=tenant_c&pool_max=3")
+    assert isinstance(c, PostgresStore)
+    assert (c.schema, c.max_size, c.url) == (
+        "tenant_c",
+        3,
+        f"{pg_url}?connect_timeout=3&schema=tenant_c&pool_max=3",
+    )
+    for s in (a, b, c):
+        await s.open()
     try:
         sid = await new_session(a)
-        assert await b.head(sid) is None
-        assert a.channel != b.channel
+        assert await b.head(sid) is None and await c.head(sid) is None
+        assert len({a.channel, b.channel, c.channel}) == 3
     finally:
-        await a.close()
-        await b.close()
+        for s in (a, b, c):
+            await s.close()
+    conn = await admin(pg_url)
+    async with conn:
+        cur = await conn.execute(
+            "SELECT nspname FROM pg_namespace WHERE nspname IN ('signoff','tenant_b','tenant_c') "
+            "ORDER BY 1"
+        )
+        assert [r[0] for r in await cur.fetchall()] == ["signoff", "tenant_b", "tenant_c"]
+
+
+def test_bad_url_options() -> None:
+    with pytest.raises(StoreError, match="pool_max"):
+        PostgresStore("postgresql://u@h/db?pool_max=many")
+    with pytest.raises(StoreError, match="pool_timeout"):
+        PostgresStore("postgresql://u@h/db?pool_timeout=-1")
+    with pytest.raises(StoreError, match="pool sizes"):
+        PostgresStore("postgresql://u@h/db?pool_min=5&pool_max=2")
+    with pytest.raises(StoreError, match="schema name"):
+        PostgresStore("postgresql://u@h/db?schema=Bad-Name")
 
 
 async def test_newer_schema_version_is_refused(pg_url: str) -> None:

@@ -16,6 +16,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Final, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 try:
     import psycopg
@@ -42,6 +43,7 @@ from ._base import Commit, FaultHook, Loaded, PendingFilter, StoredRequest
 __all__ = ["MIGRATIONS", "PostgresStore", "STORE_SCHEMA"]
 
 T = TypeVar("T")
+N = TypeVar("N", int, float)
 Conn = psycopg.AsyncConnection[TupleRow]
 
 MIGRATIONS: Final[list[tuple[int, str, str]]] = [
@@ -105,6 +107,38 @@ STORE_SCHEMA: Final = MIGRATIONS[-1][0]
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
 
+_OPTIONS = ("schema", "pool_min", "pool_max", "pool_timeout")
+
+
+def _split_options(url: str) -> tuple[str, dict[str, str]]:
+    """signoff's own query parameters (`?schema=…&pool_max=…`) apart from libpq's."""
+    parts = urlsplit(url)
+    if not parts.query:
+        return url, {}
+    ours: dict[str, str] = {}
+    theirs: list[tuple[str, str]] = []
+    for key, value in parse_qsl(parts.query, keep_blank_values=True):
+        if key in _OPTIONS:
+            ours[key] = value
+        else:
+            theirs.append((key, value))
+    if not ours:
+        return url, {}
+    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+
+
+def _number(options: dict[str, str], key: str, kind: type[N], default: N) -> N:
+    if key not in options:
+        return default
+    try:
+        value = kind(options[key])
+    except ValueError:
+        raise StoreError(f"URL option {key}={options[key]!r} is not a number") from None
+    if value <= 0:
+        raise StoreError(f"URL option {key} must be positive, not {options[key]!r}")
+    return value
+
+
 def _describe(url: str) -> str:
     """The URL without its password, for error messages."""
     try:
@@ -122,35 +156,41 @@ class PostgresStore:
     """`Store` on PostgreSQL (`postgresql://user@host:port/db`); many processes may share it.
 
     `schema` names the PostgreSQL schema holding signoff's tables. With `migrate=False`, `open()`
-    refuses an older schema instead of upgrading it (run `signoff db upgrade`).
+    refuses an older schema instead of upgrading it (run `signoff db upgrade`). The URL may carry
+    `schema`, `pool_min`, `pool_max` and `pool_timeout` beside libpq's own parameters.
     """
 
     def __init__(
         self,
         url: str,
         *,
-        schema: str = "signoff",
-        min_size: int = 1,
-        max_size: int = 10,
+        schema: str | None = None,
+        min_size: int | None = None,
+        max_size: int | None = None,
         connect_timeout: float = 5.0,
-        timeout: float = 10.0,
+        timeout: float | None = None,
         poll_interval: float = 1.0,
         migrate: bool = True,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
+        dsn, options = _split_options(url)
+        schema = schema or options.get("schema") or "signoff"
         if not _SCHEMA_NAME.match(schema):
             raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
         self.url = url
         self.schema = schema
         self.channel = f"{schema}_changes"
-        self.min_size = min_size
-        self.max_size = max_size
+        self.min_size = min_size or _number(options, "pool_min", int, 1)
+        self.max_size = max_size or _number(options, "pool_max", int, 10)
+        if not 1 <= self.min_size <= self.max_size:
+            raise StoreError(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
         self.connect_timeout = connect_timeout
-        self.timeout = timeout
+        self.timeout = timeout or _number(options, "pool_timeout", float, 10.0)
         self.poll_interval = poll_interval
         self.auto_migrate = migrate
-        self._where = _describe(url)
+        self._dsn = dsn
+        self._where = _describe(dsn)
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._open_lock: asyncio.Lock | None = None
         self._fault: FaultHook | None = None
@@ -158,8 +198,7 @@ class PostgresStore:
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
         self._waiters: dict[str | None, set[asyncio.Future[None]]] = {}
-        s = f'"{schema}"'
-        self._s = s
+        self._s = f'"{schema}"'
 
     def __repr__(self) -> str:
         return f"PostgresStore({self._where!r}, schema={self.schema!r})"
@@ -192,7 +231,7 @@ class PostgresStore:
             finally:
                 await conn.close()
             pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
-                self.url,
+                self._dsn,
                 min_size=self.min_size,
                 max_size=self.max_size,
                 timeout=self.timeout,
@@ -211,12 +250,12 @@ class PostgresStore:
     async def _connect(self) -> Conn:
         """A fresh autocommit connection, or a `StoreError` saying why there is none."""
         try:
-            _conninfo.conninfo_to_dict(self.url)
+            _conninfo.conninfo_to_dict(self._dsn)
         except psycopg.Error as exc:
             raise StoreError(f"invalid PostgreSQL URL: {exc}".strip()) from exc
         try:
             return await psycopg.AsyncConnection.connect(
-                self.url,
+                self._dsn,
                 autocommit=True,
                 connect_timeout=max(1, int(self.connect_timeout)),
             )
