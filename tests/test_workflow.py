@@ -6,6 +6,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.testing import (
     Capture,
@@ -14,6 +16,7 @@ from signoff.testing import (
     reply,
     scripted_agent,
     sqlite_runtime,
+    store_contents,
     timeline,
     tool_results,
 )
@@ -453,3 +456,77 @@ async def test_cancelling_sets_the_abort_signal_and_calls_no_model(tmp_path: Pat
         tl = timeline(await events(rt, sid))
         assert tl[-2:] == ["turn.cancelled", "session.waiting"]
         assert "tool.completed crawl ok" not in tl
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"question": "  "}, "needs a non-empty question"),
+        ({"question": "Pick", "options": [], "allow_text": False}, "must allow free text"),
+        ({"question": "Pick", "options": ["a", "a"]}, "option ids must be distinct"),
+        ({"question": "Pick", "options": [42]}, "option #1 must be"),
+    ],
+    ids=["blank-question", "no-way-to-answer", "duplicate-options", "bad-option"],
+)
+async def test_a_malformed_ask_is_a_tool_error_and_asks_nobody(
+    tmp_path: Path, kwargs: dict[str, Any], words: str
+) -> None:
+    @so.tool
+    async def broken(ctx: so.ToolContext) -> str:
+        """Asks badly."""
+        a = await ctx.ask(**kwargs)
+        return a.value
+
+    seen = Capture(reply("Sorry."))
+    agent = scripted_agent("bot", [call_tools(call("broken")), seen], tools=[broken])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content["error"].startswith("UsageError: ctx.ask")
+        assert words in result.content["error"]
+        contents = await store_contents(rt.store, r.session_id)
+        assert contents.requests == [] and contents.pending == []
+
+
+async def test_step_awaits_async_functions_and_journals_json(tmp_path: Path) -> None:
+    runs: list[str] = []
+
+    async def fetch(order_id: str, *, full: bool) -> tuple[str, bool]:
+        runs.append(order_id)
+        return (order_id, full)
+
+    @so.tool
+    async def lookup(ctx: so.ToolContext) -> dict[str, Any]:
+        """Fetch, then confirm."""
+        got = await ctx.step("fetch", fetch, "1042", full=True)
+        await ctx.ask("Is this your order?", options=["yes", "no"])
+        return {"got": got}
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("bot", [call_tools(call("lookup")), seen], tools=[lookup])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        r = await rt.send(r.session_id, "yes", principal=ALICE)
+        assert r.status == "completed"
+        assert runs == ["1042"]
+        # the first run and the replay both see the journaled (JSON) value
+        assert tool_results(seen.last)[0].content == {"got": ["1042", True]}
+
+
+async def test_ask_and_step_need_the_engine() -> None:
+    ctx = so.ToolContext(
+        session=so.SessionInfo(
+            id="s", agent="a", turn="t", auth=so.SessionAuth(current=None, initiator=None)
+        ),
+        call_id="c",
+        tool_name="t",
+        idempotency_key="k",
+    )
+    with pytest.raises(so.UsageError, match="needs a context given by the signoff engine"):
+        await ctx.ask("Hello?")
+    with pytest.raises(so.UsageError, match="needs a context given by the signoff engine"):
+        await ctx.step("x", print)
+    assert ctx.idempotency_key() == "k"
+    assert ctx.idempotency_key("send") == "k:send"

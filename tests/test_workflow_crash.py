@@ -65,7 +65,7 @@ def make_agent(workdir: Path, *, hang_after_step: bool = False) -> so.Agent:
     @so.tool
     async def transfer(ctx: so.ToolContext, amount: float) -> dict[str, Any]:
         """Quote the fee, confirm it, ask for the account, then transfer."""
-        append_line(workdir / "bodies.jsonl", {"pid": os.getpid()})
+        append_line(workdir / "bodies.jsonl", {"pid": os.getpid(), "key": ctx.idempotency_key()})
         q = await ctx.step("quote", quote, amount)
         if hang_after_step:
             emit({"event": "step-recorded", "session_id": ctx.session.id})
@@ -311,6 +311,9 @@ async def test_sigkill_at_each_park_point_then_finish_in_new_processes(
     assert steps == [{"pid": children[0].proc.pid, "amount": 200}]  # once, by the first child
     bodies = read_lines(work / "bodies.jsonl")
     assert len(bodies) >= 3  # the body re-ran after each park; only the step never did
+    assert len({b["pid"] for b in bodies}) >= 3  # in new processes
+    assert {b["key"] for b in bodies} == {bodies[0]["key"]}  # one key across processes
+    assert bodies[0]["key"].startswith(sid)
 
     events = read_events(work, sid)
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
