@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import gc
 import io
 import json
 import os
@@ -39,6 +40,7 @@ __all__ = ["main"]
 HISTORIES = (10, 1000)
 STEPS_PER_TURN = 10
 ENTRIES: list[float] = []  # perf_counter() at each entry into the gated tool
+CPU_ENTRIES: list[float] = []  # process_time() at the same moments
 ON_ENTRY: list[Callable[[], None]] = []  # called on entry into the gated tool (profiling)
 
 
@@ -52,6 +54,7 @@ async def noop() -> str:
 async def gated() -> str:
     """Do nothing, after a person approves."""
     ENTRIES.append(time.perf_counter())
+    CPU_ENTRIES.append(time.process_time())
     for fn in ON_ENTRY:
         fn()
     return "ok"
@@ -66,12 +69,18 @@ def _history_script(turns: int) -> list[so.ModelResponse]:
     return [r for _ in range(turns) for r in (_call("noop"), so.ModelResponse(text="ok"))]
 
 
+_AGENTS: dict[int, list[so.Agent]] = {}
+
+
 def _agents(samples: int) -> list[so.Agent]:
     """For each history length: an agent whose script builds the history, then measures.
 
     `steps-H` turns make STEPS_PER_TURN no-op steps each; `gate-H` turns make one gated call.
+    Built once: every `Runtime` of the run shares them, as a real deployment's would.
     """
-    agents = []
+    if samples in _AGENTS:
+        return _AGENTS[samples]
+    agents = _AGENTS[samples] = []
     for h in HISTORIES:
         steps = [_call("noop")] * STEPS_PER_TURN + [so.ModelResponse(text="done")]
         agents.append(
@@ -129,6 +138,7 @@ async def bench_steps(rt: so.Runtime, samples: int) -> Series:
     cpu: dict[int, list[float]] = {h: [] for h in HISTORIES}
     for i in range(samples):
         for h in HISTORIES:
+            gc.collect()
             c0, t0 = time.process_time(), time.perf_counter()
             r = await rt.generate(session_id=sessions[h][i], prompt="measured turn")
             wall[h].append((time.perf_counter() - t0) / STEPS_PER_TURN)
@@ -168,32 +178,44 @@ async def _resume_once(
     request_id: str,
     answer: Answer,
     on_commit: Callable[[str], None] | None = None,
-) -> tuple[float, float, float]:
-    """Seconds from the answering call to: the tool body starting; the same minus the
-    settlement's commit; the call returning with the turn completed.
+) -> dict[str, float]:
+    """Seconds from the answering call to: the tool body starting (`call -> tool`); the same
+    minus the settlement's commit (`signoff's part`) and the CPU time of that part
+    (`signoff's CPU`);
+    the call returning with the turn completed (`call -> turn done`).
 
-    The second figure is signoff's own work: reading the state, checking and recording the
-    answer, and driving to the tool; the commit it leaves out is SQLite writing and syncing.
+    Signoff's part is its own work: reading the state, checking and recording the answer, and
+    driving to the tool; the commit it leaves out is SQLite writing and syncing. The CPU figure
+    is immune to the process being descheduled on a busy machine.
     """
     marks: dict[str, float] = {}
+    cpu_marks: dict[str, float] = {}
 
     def hook(when: str, label: str) -> None:
         if label == "approval.settled":
             marks[when] = time.perf_counter()
+            cpu_marks[when] = time.process_time()
             if on_commit is not None:
                 on_commit(when)
 
     rt.store.set_fault_hook(hook)
     ENTRIES.clear()
+    CPU_ENTRIES.clear()
+    gc.collect()  # start every sample with the same (empty) garbage; the collector stays on
     try:
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         r = await answer(rt, session_id, request_id)
         done = time.perf_counter() - t0
     finally:
         rt.store.set_fault_hook(None)
     assert r.status == "completed" and len(ENTRIES) == 1 and len(marks) == 2, r
     total = ENTRIES[0] - t0
-    return total, total - (marks["after"] - marks["before"]), done
+    return {
+        "call -> tool": total,
+        "signoff's part": total - (marks["after"] - marks["before"]),
+        "signoff's CPU": CPU_ENTRIES[0] - c0 - (cpu_marks["after"] - cpu_marks["before"]),
+        "call -> turn done": done,
+    }
 
 
 async def bench_resume(url: str, rt: so.Runtime, samples: int, *, answer: str) -> Series:
@@ -211,19 +233,14 @@ async def bench_resume(url: str, rt: so.Runtime, samples: int, *, answer: str) -
                     fresh = so.Runtime(_agents(samples), store=url)
                     await fresh.open()  # opening the file is per process, not per resume
                     try:
-                        total, after, done = await _resume_once(
-                            fresh, session_id, request_id, ANSWERS[answer]
-                        )
+                        got = await _resume_once(fresh, session_id, request_id, ANSWERS[answer])
                     finally:
                         await fresh.close()
                 else:
-                    total, after, done = await _resume_once(
-                        rt, session_id, request_id, ANSWERS[answer]
-                    )
-                key = f"resume, {answer}, {where}"
-                out.setdefault(f"{key}: call -> tool", {}).setdefault(h, []).append(total)
-                out.setdefault(f"{key}: signoff's part", {}).setdefault(h, []).append(after)
-                out.setdefault(f"{key}: call -> turn done", {}).setdefault(h, []).append(done)
+                    got = await _resume_once(rt, session_id, request_id, ANSWERS[answer])
+                for name, seconds in got.items():
+                    key = f"resume, {answer}, {where}: {name}"
+                    out.setdefault(key, {}).setdefault(h, []).append(seconds)
     return out
 
 
@@ -231,9 +248,9 @@ async def _child_resume(url: str, session_id: str, request_id: str, *, samples: 
     """In a brand-new process: open the store, answer, and print the latencies as JSON."""
     rt = so.Runtime(_agents(samples), store=url)
     await rt.open()
-    total, after, done = await _resume_once(rt, session_id, request_id, _by_generate)
+    got = await _resume_once(rt, session_id, request_id, _by_generate)
     await rt.close()
-    print(json.dumps({"total": total, "after": after, "done": done}))
+    print(json.dumps(got))
 
 
 async def bench_resume_process(url: str, rt: so.Runtime, samples: int) -> Series:
@@ -250,10 +267,9 @@ async def bench_resume_process(url: str, rt: so.Runtime, samples: int) -> Series
                 argv, capture_output=True, text=True, check=True, cwd=Path(__file__).parent.parent
             )
             got = json.loads(done.stdout.strip().splitlines()[-1])
-            key = "resume, generate(approvals), new process"
-            out.setdefault(f"{key}: call -> tool", {}).setdefault(h, []).append(got["total"])
-            out.setdefault(f"{key}: signoff's part", {}).setdefault(h, []).append(got["after"])
-            out.setdefault(f"{key}: call -> turn done", {}).setdefault(h, []).append(got["done"])
+            for name, seconds in got.items():
+                key = f"resume, generate(approvals), new process: {name}"
+                out.setdefault(key, {}).setdefault(h, []).append(float(seconds))
     return out
 
 
@@ -367,6 +383,7 @@ async def run(samples: int, with_profile: bool, with_process: bool) -> None:
     print(
         "call -> tool: from the answering call until the approved tool's body starts;\n"
         "signoff's part: the same minus the settlement's commit (SQLite write + full fsync);\n"
+        "signoff's CPU: CPU time of signoff's part (immune to being descheduled);\n"
         "call -> turn done: until the answering call returns with the turn completed."
     )
     if profile_text:

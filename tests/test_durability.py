@@ -4,6 +4,7 @@ brand-new process finishes the turn from the store alone.
 
 from __future__ import annotations
 
+import signal
 import sqlite3
 import time
 from collections import Counter
@@ -44,7 +45,7 @@ def _start_and_kill(tmp: Path, children: list[Child]) -> tuple[str, str]:
     session_id, request_id = parked["session_id"], parked["request_id"]
     assert parked["pending"] == [request_id]
     starter.sigkill()
-    assert starter.proc.returncode == -9
+    assert starter.proc.returncode == -signal.SIGKILL  # killed for real, no cleanup ran
     assert read_executions(tmp / "runs.jsonl") == []  # gated: nothing ran before the answer
     return session_id, request_id
 
@@ -63,7 +64,7 @@ def test_answer_from_a_new_process_after_sigkill_runs_the_tool_once(tmp_path: Pa
         assert done["status"] == "completed"
         assert done["text"] == "Refunded 180.00."
         assert done["outcomes"] == [
-            {"request_id": request_id, "outcome": "approved", "applied": True}
+            {"request_id": request_id, "outcome": "approved", "applied": True, "reason": None}
         ]
 
         runs = read_executions(tmp_path / "runs.jsonl")
@@ -117,6 +118,7 @@ def test_crash_inside_the_approved_tool_reruns_it_with_the_same_key(tmp_path: Pa
         assert f":{worker.pid}:" in owner  # it holds the session's lease while in the tool
         worker.sigkill()
         killed_at = time.time()
+        assert worker.proc.returncode == -signal.SIGKILL
 
         # A third process resumes: it must wait for the dead holder's lease to expire, then
         # run the interrupted call again (at-least-once) with the same idempotency key.
