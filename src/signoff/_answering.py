@@ -1,0 +1,426 @@
+"""`Answering`: settling answers (response policies, quorum, edits) and follow-up messages."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
+
+from pydantic import ValidationError
+
+from ._answers import Reply as _Reply
+from ._answers import match as _match
+from ._answers import repeat as _repeat
+from ._answers import resolution as _resolution
+from ._answers import settlement_events as _settlement_events
+from ._approval import SessionAuth, SessionInfo
+from ._engine import Batch, EventSpec, new_id
+from ._exceptions import (
+    InvalidAnswer,
+    NotAllowed,
+    PartialAnswer,
+    RequestClosed,
+    SessionBusy,
+    UnknownRequest,
+    UsageError,
+)
+from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
+from ._results import GenerateResult, Outcome
+from ._sessions import SessionRunner
+from ._state import SessionState
+from ._types import InputRequest, InputResponse, Principal
+from .stores import Resolve
+
+__all__ = ["Answering"]
+
+
+class Answering(SessionRunner):
+    """Answers by request id (`respond`) and by message (`send`), built on `SessionRunner`."""
+
+    async def respond(
+        self,
+        session_id: str,
+        responses: Sequence[InputResponse | Mapping[str, Any]],
+        *,
+        principal: Principal | None = None,
+        resume: bool = True,
+    ) -> GenerateResult:
+        """Answer one or more requests by id (eve style), then continue the turn if it can."""
+        await self.open()
+        answers: list[_Reply] = []
+        for i, raw in enumerate(responses):
+            try:
+                r = raw if isinstance(raw, InputResponse) else InputResponse.model_validate(raw)
+            except ValidationError as exc:
+                raise InvalidAnswer(f"response #{i + 1} is malformed: {exc}") from None
+            answers.append(
+                _Reply(r.request_id, r.option_id, r.text, r.value, r.edited_input, r.input_hash)
+            )
+        if not answers:
+            raise InvalidAnswer("no responses given")
+        outcomes = await self._settle(session_id, answers, principal, require_all=False)
+        if not resume:
+            return self._result(await self.state(session_id), outcomes)
+        return await self._drive(session_id, outcomes=outcomes)
+
+    async def _settle(
+        self,
+        session_id: str,
+        answers: Sequence[_Reply],
+        principal: Principal | None,
+        *,
+        require_all: bool,
+        extra: Sequence[Any] = (),
+    ) -> list[Outcome]:
+        """Validate every answer, then settle them all in one durable commit (or none)."""
+        ids = [a.request_id for a in answers]
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        if dupes:
+            raise InvalidAnswer(
+                f"request id(s) answered twice in one call: {', '.join(dupes)}", dupes
+            )
+        for _ in range(20):
+            state = await self._checked(session_id)
+            agent = self.agent(state.agent)
+            outcomes: list[Outcome] = []
+            specs: list[Any] = []
+            resolves: list[Resolve] = []
+            unknown: list[str] = []
+            gated: list[tuple[InputRequest, _Reply, dict[str, Any]]] = []
+            turn_id = None
+            for reply in answers:
+                rid = reply.request_id
+                live = state.requests.get(rid)
+                if live is not None:
+                    request, status, resolution = live.request, live.status, live.resolution
+                else:
+                    stored = await self.store.get_request(rid)
+                    if stored is None or stored.request.session_id != session_id:
+                        unknown.append(rid)
+                        continue
+                    request, status, resolution = stored.request, stored.status, stored.resolution
+                tool = agent.tools.get(request.tool_name or "")
+                wanted = _resolution(request, reply, tool)
+                if status != "pending":
+                    outcomes.append(_repeat(request, status, resolution, wanted))
+                    continue
+                if request.kind == "tool-approval" and (
+                    request.approvers > 1 or (tool is not None and tool.response_policy)
+                ):
+                    gated.append((request, reply, wanted))
+                    continue
+                self._authorize(request, principal)
+                wanted["by"] = None if principal is None else principal.model_dump()
+                specs.extend(_settlement_events(request, reply, wanted))
+                resolves.append(
+                    Resolve(
+                        request_id=rid,
+                        status="settled",
+                        outcome=wanted["outcome"],
+                        resolution=wanted,
+                    )
+                )
+                outcomes.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
+                turn_id = request.turn_id
+            if unknown:
+                raise UnknownRequest(session_id, unknown)
+            if require_all:
+                answered = set(ids)
+                missing = [r.id for r in state.pending_requests() if r.id not in answered]
+                if missing:
+                    raise PartialAnswer(session_id, missing)
+            for request, _, _ in gated:
+                _check_quorum_eligibility(request, principal)
+            if resolves:
+                driver = self._driver(state, None)
+                try:
+                    await driver.record(
+                        [*specs, *extra], resolve=resolves, durable=True, turn_id=turn_id
+                    )
+                except RequestClosed:
+                    self._cache.pop(session_id, None)
+                    continue  # someone settled first: re-read and report no-op or conflict
+                except Exception:
+                    self._cache.pop(session_id, None)
+                    raise
+                self._remember(driver.state)
+            for request, reply, wanted in gated:
+                outcome = await self._candidate(session_id, request, reply, wanted, principal)
+                outcomes.append(outcome)
+            return outcomes
+        raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
+
+    async def _candidate(
+        self,
+        session_id: str,
+        request: InputRequest,
+        reply: _Reply,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+    ) -> Outcome:
+        """Settle an approval that has a response policy or a quorum, recording its candidacy."""
+        rid = request.id
+        state = await self.state(session_id)
+        tool = self.agent(state.agent).tools.get(request.tool_name or "")
+        by = None if principal is None else principal.model_dump()
+        base = {
+            "request_id": rid,
+            "call_id": request.call_id,
+            "candidate_id": new_id("cand"),
+            "decision": wanted["decision"],
+            "by": by,
+        }
+        tid = request.turn_id
+
+        def waiting(st: SessionState) -> EventSpec:
+            ids = [r.id for r in st.pending_requests()]
+            return ("turn.waiting", {"on": "input", "request_ids": ids})
+
+        if tool is not None and tool.response_policy is not None:
+            # Record the response first, so slow policy work cannot lose it.
+            await self._append(
+                session_id,
+                lambda st: [("approval.candidate", {**base, "outcome": "pending"})],
+                durable=True,
+                turn_id=tid,
+            )
+            verdict = await evaluate_response(
+                tool.response_policy,
+                ResponseContext(
+                    request=RequestInfo(
+                        request_id=rid,
+                        call_id=request.call_id or "",
+                        tool_name=request.tool_name or "",
+                        tool_input=request.input,
+                        principal=request.requested_by,
+                        escalated_to=request.escalated_to,
+                    ),
+                    response=ResponseInfo(decision=wanted["decision"], principal=principal),
+                    session=_session_info(state, request),
+                ),
+                tool.response_timeout,
+            )
+            if verdict.outcome != "allowed":
+                refusal = {**base, "outcome": verdict.outcome, "reason": verdict.reason}
+
+                def refuse(st: SessionState) -> list[EventSpec]:
+                    if rid not in st.requests or st.requests[rid].status != "pending":
+                        return [("approval.candidate", {**refusal, "outcome": "stale"})]
+                    return [("approval.candidate", refusal), waiting(st)]
+
+                await self._append(session_id, refuse, turn_id=tid)
+                return Outcome(
+                    request_id=rid, outcome=verdict.outcome, applied=False, reason=verdict.reason
+                )
+        elif request.approvers <= 1:
+            self._authorize(request, principal)
+        outcome: list[Outcome] = []
+
+        def settle_or_count(st: SessionState) -> Batch:
+            live = st.requests.get(rid)
+            if live is None or live.status != "pending":
+                outcome.append(
+                    _repeat(
+                        request,
+                        live.status if live else "withdrawn",
+                        live.resolution if live else None,
+                        wanted,
+                    )
+                )
+                return Batch(specs=[])
+            current = live.request
+            me = None if principal is None else principal.principal_id
+            if wanted["decision"] == "approve" and current.approvers > 1:
+                if current.distinct and me in current.approved_by:
+                    outcome.append(
+                        Outcome(
+                            request_id=rid,
+                            outcome="counted",
+                            applied=False,
+                            reason=f"already counted: {current.progress}",
+                        )
+                    )
+                    return Batch(specs=[])
+                votes = [*current.approved_by, str(me)]
+                if len(votes) < current.approvers:
+                    progressed = current.model_copy(update={"approved_by": votes})
+                    outcome.append(
+                        Outcome(
+                            request_id=rid,
+                            outcome="counted",
+                            applied=True,
+                            reason=progressed.progress,
+                        )
+                    )
+                    counted = {
+                        **base,
+                        "outcome": "counted",
+                        "votes": len(votes),
+                        "needed": current.approvers,
+                    }
+                    return Batch(
+                        specs=[("approval.candidate", counted), waiting(st)],
+                        updated_requests=[progressed],
+                    )
+                wanted["approved_by"] = votes
+            resolution = {**wanted, "by": by}
+            outcome.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
+            return Batch(
+                specs=_settlement_events(current, reply, resolution),
+                resolve=[
+                    Resolve(
+                        request_id=rid,
+                        status="settled",
+                        outcome=wanted["outcome"],
+                        resolution=resolution,
+                    )
+                ],
+            )
+
+        await self._append(session_id, settle_or_count, durable=True, turn_id=tid)
+        return outcome[-1]
+
+    async def send(
+        self,
+        session_id: str,
+        message: str,
+        *,
+        principal: Principal | None = None,
+        turn_policy: Literal["steer", "queue"] = "steer",
+    ) -> GenerateResult:
+        """Send a message to a session (eve style).
+
+        It answers the first open request when it names one of its options (id, label or
+        1-based index) or the request takes free text. Otherwise, with `steer` (the default),
+        open approvals are ignored, open questions withdrawn and the model reads the message;
+        with `queue` it waits for the end of the turn, unless the turn is held on an approval.
+        A message from someone other than the person the turn serves waits for the turn's end.
+        """
+        await self.open()
+        if not isinstance(message, str) or not message.strip():
+            raise UsageError("send() needs a non-empty message")
+        if turn_policy not in ("steer", "queue"):
+            raise UsageError(f"turn_policy must be 'steer' or 'queue', not {turn_policy!r}")
+        for _ in range(20):
+            state = await self._checked(session_id)
+            turn = state.turn
+            if turn is None or turn.status in ("completed", "failed", "cancelled"):
+                await self._start_turn(session_id, message, principal)
+                return await self._drive(session_id)
+            pending = state.pending_requests()
+            serves = turn.principal
+            same_person = serves is None or (principal is not None and principal.same_as(serves))
+            if pending:
+                first = sorted(pending, key=lambda r: r.kind != "session-limit")[0]
+                reply = _match(first, message)
+                if reply is not None and (same_person or self._may_answer(first, principal)):
+                    try:
+                        outcomes = await self._settle(
+                            session_id, [reply], principal, require_all=False
+                        )
+                    except RequestClosed:
+                        continue
+                    return await self._drive(session_id, outcomes=outcomes)
+            held_on_approval = any(r.kind == "tool-approval" for r in pending)
+            who = None if principal is None else principal.model_dump()
+            if not same_person or (turn_policy == "queue" and not held_on_approval):
+                data = {"message": message, "principal": who, "policy": turn_policy}
+                driver = self._driver(state, None)
+                try:
+                    await driver.record([("turn.message", {**data, "queued": True})])
+                except Exception:
+                    self._cache.pop(session_id, None)
+                    raise
+                self._remember(driver.state)
+                return self._result(driver.state)
+            return await self._steer(state, message, who)
+        raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
+
+    async def _steer(
+        self, state: SessionState, message: str, who: dict[str, Any] | None
+    ) -> GenerateResult:
+        """Withdraw what the turn waits on and put the message in front of the model."""
+        pending = state.pending_requests()
+        specs: list[Any] = []
+        resolves = []
+        for r in pending:
+            outcome = "ignored" if r.kind == "tool-approval" else "cancelled"
+            reason = "the user sent a new message instead of answering"
+            specs.append(
+                (
+                    "input.resolved",
+                    {
+                        "request_id": r.id,
+                        "outcome": outcome,
+                        "status": "withdrawn",
+                        "reason": reason,
+                    },
+                )
+            )
+            resolves.append(
+                Resolve(
+                    request_id=r.id,
+                    status="withdrawn",
+                    outcome=outcome,
+                    resolution={"outcome": outcome, "reason": reason},
+                )
+            )
+        specs.append(("turn.message", {"message": message, "principal": who, "policy": "steer"}))
+        abort = self._aborts.pop(state.id, None)
+        if abort is not None:
+            abort.set()  # running workflow calls see it; later calls get a fresh signal
+        driver = self._driver(state, None)
+        try:
+            await driver.record(specs, resolve=resolves, durable=bool(resolves))
+        except Exception:
+            self._cache.pop(state.id, None)
+            raise
+        self._remember(driver.state)
+        return await self._drive(state.id)
+
+    def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
+        try:
+            self._authorize(request, principal)
+        except NotAllowed:
+            return False
+        return True
+
+    def _authorize(self, request: InputRequest, principal: Principal | None) -> None:
+        """Default response policy: only the principal whose turn asked may settle."""
+        asker = request.requested_by
+        if asker is None:
+            return
+        if principal is None or not principal.same_as(asker):
+            who = "an anonymous caller" if principal is None else principal.principal_id
+            raise NotAllowed(
+                f"request {request.id} was asked by {asker.principal_id}; {who} may not settle it",
+                [request.id],
+            )
+
+
+def _check_quorum_eligibility(request: InputRequest, principal: Principal | None) -> None:
+    """Who may count toward a quorum: an identified principal, not the requester if excluded."""
+    if request.approvers <= 1:
+        return
+    if principal is None:
+        raise NotAllowed(
+            f"request {request.id} needs {request.approvers} identified approvers; "
+            "an anonymous answer does not count",
+            [request.id],
+        )
+    if request.exclude_requester and principal.same_as(request.requested_by):
+        raise NotAllowed(
+            f"request {request.id}: the requester may not approve their own call", [request.id]
+        )
+
+
+def _session_info(state: SessionState, request: InputRequest) -> SessionInfo:
+    turn = state.turn
+    return SessionInfo(
+        id=state.id,
+        agent=state.agent,
+        turn=request.turn_id,
+        parent=state.parent,
+        auth=SessionAuth(
+            current=None if turn is None else turn.principal, initiator=state.initiator
+        ),
+    )

@@ -1,0 +1,324 @@
+"""`SessionRunner`: the part of the runtime that loads, caches, leases and drives sessions.
+
+The in-process cache of session states is checked against the store's head before every use,
+so nothing is trusted from memory that the store does not also hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import socket
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+from ._agent import Agent
+from ._deadlines import due_batch
+from ._engine import Batch, Driver, load_state, new_id, runnable
+from ._events import Event
+from ._exceptions import (
+    PartialAnswer,
+    SessionBusy,
+    SessionExpired,
+    UnknownSession,
+    UsageError,
+)
+from ._results import GenerateResult, Outcome
+from ._state import SessionState, fold
+from ._sync import SyncBridge
+from ._types import Principal
+from .stores import Resolve, Store, open_store
+
+__all__ = ["SessionRunner"]
+
+
+class SessionRunner:
+    """Loads sessions, starts turns and drives them under a lease; `Runtime` builds on it."""
+
+    def __init__(
+        self,
+        agents: Sequence[Agent],
+        store: str | Store | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        lease_ttl: float = 30.0,
+        lease_wait: float = 10.0,
+        cache_size: int = 1024,
+        poll_interval: float = 0.2,
+    ) -> None:
+        self.agents: dict[str, Agent] = {}
+        for agent in agents:
+            if agent.name in self.agents:
+                raise UsageError(f"two agents are named {agent.name!r}")
+            self.agents[agent.name] = agent
+        self.store = open_store(store)
+        self.clock = clock
+        self.lease_ttl = lease_ttl
+        self.lease_wait = lease_wait
+        self.poll_interval = poll_interval
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
+        self._cache: OrderedDict[str, SessionState] = OrderedDict()
+        self._cache_size = cache_size
+        self._aborts: dict[str, asyncio.Event] = {}
+        # Serializes this process's appends to one session: commit, then apply to the state.
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._opened = False
+        self._sync = SyncBridge()
+
+    async def open(self) -> None:
+        if not self._opened:
+            await self.store.open()
+            self._opened = True
+
+    async def close(self) -> None:
+        await self.store.close()
+        self._opened = False
+        self._sync.close()
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def agent(self, name: str) -> Agent:
+        try:
+            return self.agents[name]
+        except KeyError:
+            known = ", ".join(self.agents) or "none"
+            raise UsageError(f"unknown agent {name!r}; this runtime has: {known}") from None
+
+    async def state(self, session_id: str) -> SessionState:
+        """The session's current state, checked against the store's head."""
+        await self.open()
+        cached = self._cache.get(session_id)
+        if cached is not None:
+            head = await self.store.head(session_id)
+            if head is None:
+                raise UnknownSession(session_id)
+            if head == cached.seq:
+                self._remember(cached)  # another task may have dropped it while we awaited
+                return cached
+            try:
+                tail = await self.store.read_events(session_id, after=cached.seq)
+                state = fold(tail, cached)
+                self._remember(state)
+                return state
+            except Exception:
+                self._cache.pop(session_id, None)
+        state = await load_state(self.store, session_id)
+        self._remember(state)
+        return state
+
+    def _remember(self, state: SessionState) -> None:
+        self._cache[state.id] = state
+        self._cache.move_to_end(state.id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    async def _checked(self, session_id: str) -> SessionState:
+        state = await self.state(session_id)
+        now = self.clock()
+        if state.expired(now):
+            await self._expire(state)
+        if due_batch(state, now) is not None:
+            await self._append(
+                session_id,
+                lambda st: due_batch(st, self.clock()) or Batch(specs=[]),
+                durable=True,
+                turn_id=state.turn.id if state.turn else None,
+            )
+            state = await self.state(session_id)
+        return state
+
+    async def _expire(self, state: SessionState) -> None:
+        pending = state.pending_requests()
+        if pending:
+            driver = self._driver(state, None)
+            with contextlib.suppress(Exception):
+                await driver.record(
+                    [
+                        (
+                            "input.resolved",
+                            {
+                                "request_id": r.id,
+                                "outcome": "expired",
+                                "status": "expired",
+                                "reason": "session expired",
+                            },
+                        )
+                        for r in pending
+                    ],
+                    resolve=[
+                        Resolve(
+                            request_id=r.id,
+                            status="expired",
+                            outcome="expired",
+                            resolution={"outcome": "expired"},
+                        )
+                        for r in pending
+                    ],
+                )
+            self._cache.pop(state.id, None)
+        raise SessionExpired(state.id, [r.id for r in pending])
+
+    def _driver(self, state: SessionState, token: int | None) -> Driver:
+        return Driver(
+            store=self.store,
+            agent=self.agent(state.agent),
+            state=state,
+            lease_token=token,
+            clock=self.clock,
+            abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
+            lock=self._locks.setdefault(state.id, asyncio.Lock()),
+        )
+
+    async def _create(self, agent: Agent, auth: Principal | None) -> str:
+        session_id = new_id("ses")
+        now = self.clock()
+        ttl = agent.limits.ttl_seconds
+        event = Event(
+            session_id=session_id,
+            seq=1,
+            type="session.created",
+            at=now,
+            data={
+                "agent": agent.name,
+                "initiator": None if auth is None else auth.model_dump(),
+                "parent": None,
+                "ttl": ttl,
+            },
+        )
+        await self.store.create_session(
+            session_id, agent.name, [event], None if ttl is None else now + ttl
+        )
+        self._remember(fold([event]))
+        return session_id
+
+    async def _start_turn(
+        self, session_id: str, prompt: str, auth: Principal | None, *, source: str = "message"
+    ) -> None:
+        if not isinstance(prompt, str):
+            raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
+        for _ in range(10):
+            state = await self._checked(session_id)
+            pending = state.pending_requests()
+            if pending:
+                raise PartialAnswer(session_id, [r.id for r in pending])
+            if state.turn is not None and state.turn.status in ("running",):
+                if await self._busy(session_id):
+                    raise SessionBusy(
+                        f"session {session_id!r} is running a turn in another process",
+                        session_id,
+                    )
+            driver = self._driver(state, None)
+            turn_id = new_id("trn")
+            try:
+                await driver.record(
+                    [
+                        (
+                            "turn.started",
+                            {
+                                "message": prompt,
+                                "principal": None if auth is None else auth.model_dump(),
+                                "source": source,
+                            },
+                        )
+                    ],
+                    turn_id=turn_id,
+                )
+            except Exception:
+                self._cache.pop(session_id, None)
+                raise
+            self._remember(driver.state)
+            return
+
+    async def _busy(self, session_id: str) -> bool:
+        token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.clock())
+        if token is None:
+            return True
+        await self.store.release_lease(session_id, self.owner, token)
+        return False
+
+    async def _drive(
+        self, session_id: str, *, outcomes: Sequence[Outcome] = (), retry: bool = False
+    ) -> GenerateResult:
+        for _ in range(100):
+            # One owner per drive, not per runtime: two tasks of this runtime must not share
+            # (and so steal) the session's lease.
+            owner = f"{self.owner}:{new_id('drv')}"
+            token = await self._acquire(session_id, owner)
+            if token is None:
+                state = await self.state(session_id)
+                return self._result(state, outcomes, busy=True)
+            renew = asyncio.create_task(self._renew(session_id, owner, token))
+            state = await self._checked(session_id)
+            driver = self._driver(state, token)
+            try:
+                state = await driver.drive(retry=retry)
+            finally:
+                renew.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await renew
+                self._remember(driver.state)
+                await self.store.release_lease(session_id, owner, token)
+            retry = False
+            state = await self.state(session_id)
+            if not runnable(state):
+                return self._result(state, outcomes)
+        raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
+
+    async def _acquire(self, session_id: str, owner: str) -> int | None:
+        deadline = time.monotonic() + self.lease_wait
+        delay = 0.005
+        while True:
+            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, self.clock())
+            if token is not None or time.monotonic() >= deadline:
+                return token
+            # Jitter: waiters that started together must not all retry in lockstep.
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.2)
+
+    async def _renew(self, session_id: str, owner: str, token: int) -> None:
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            await self.store.renew_lease(session_id, owner, token, self.lease_ttl, self.clock())
+
+    def _result(
+        self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False
+    ) -> GenerateResult:
+        turn = state.turn
+        status: Any
+        if busy:
+            status = "running"
+        elif turn is None:
+            status = "idle"
+        else:
+            status = turn.status
+        return GenerateResult(
+            status=status,
+            session_id=state.id,
+            turn_id=None if turn is None else turn.id,
+            text="" if turn is None else turn.text,
+            pending=state.pending_requests(),
+            error=None if turn is None else turn.error,
+            retryable=False if turn is None else turn.retryable,
+            outcomes=list(outcomes),
+        )
+
+    async def _append(
+        self, session_id: str, build: Callable[[SessionState], Any], **kw: Any
+    ) -> None:
+        state = await self.state(session_id)
+        driver = self._driver(state, None)
+        try:
+            await driver.record(build, **kw)
+        except Exception:
+            self._cache.pop(session_id, None)
+            raise
+        self._remember(driver.state)
