@@ -1,13 +1,16 @@
 """The example support agent: order lookup, refunds over 100 need approval, account deletion too.
 
-Run it with `signoff chat examples.support:runtime`. The model is `so.models.Scripted` driven by a
-small rule-based function (`demo_model`), so the example works offline and deterministically; it
-reads the customer's message and the tool results the way a real model would.
+Run it with `signoff chat examples.support:runtime`. With `SIGNOFF_MODEL`, `ANTHROPIC_API_KEY`,
+`OPENAI_API_KEY` or `OPENAI_BASE_URL` set it talks to that provider (`so.models.from_env`);
+otherwise, or with `SIGNOFF_MODEL=demo`, it uses an offline demo model: `so.models.Scripted`
+driven by a small rule-based function (`demo_model`) that reads the customer's message and the
+tool results the way a real model would.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import Any
 
@@ -20,7 +23,7 @@ from signoff import (
     UserMessage,
 )
 
-__all__ = ["ORDERS", "REFUNDS", "agent", "demo_model", "runtime"]
+__all__ = ["ORDERS", "REFUNDS", "agent", "choose_model", "demo_model", "runtime"]
 
 ORDERS: dict[str, dict[str, Any]] = {
     "1042": {"item": "Espresso machine", "total": 180.0, "status": "delivered"},
@@ -179,10 +182,22 @@ def _error(content: dict[str, Any]) -> str:
     return re.sub(r"^[A-Za-z]+Error: ", "", error)  # "LookupError: no order 7" -> "no order 7"
 
 
+def choose_model() -> so.models.Model:
+    """A real provider when the environment configures one, else the offline demo model."""
+    demo = so.models.Scripted([demo_model], repeat_last=True)
+    if os.environ.get("SIGNOFF_MODEL", "").strip().lower() == "demo":
+        return demo
+    return so.models.from_env(fallback=demo)
+
+
 agent = so.Agent(
     name="support",
-    model=so.models.Scripted([demo_model], repeat_last=True),
-    instructions="You help customers with their orders.",
+    model=choose_model(),
+    instructions=(
+        "You help customers of a small coffee-equipment shop with their orders. Look an order "
+        "up before refunding it, refund at most its total, and give the customer's reason. "
+        "Some actions need a person's approval: if one is denied, say so and give the reason."
+    ),
     tools=[lookup_order, issue_refund, delete_account],
     guardrails=[so.tool_policy(require_approval=["delete_account"])],
 )

@@ -369,7 +369,14 @@ def _free_port() -> int:
         return port
 
 
-def test_serve_then_approve_from_the_command_line(tmp_path: Path) -> None:
+PROVIDER_VARIABLES = ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
+
+
+def test_serve_then_approve_from_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in PROVIDER_VARIABLES:  # the example's offline demo model, here and in the server
+        monkeypatch.delenv(name, raising=False)
     url = f"sqlite:///{tmp_path}/state.db"
     port = _free_port()
     server = subprocess.Popen(

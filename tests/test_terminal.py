@@ -16,6 +16,8 @@ from rich.console import Console
 import signoff as so
 from signoff.channels import TerminalChannel, compact_json
 
+from .fakes.llm import API_KEY, FakeLLM, openai_completion, openai_tool_call
+
 ROOT = Path(__file__).resolve().parents[1]
 SIGNOFF = str(ROOT / ".venv" / "bin" / "signoff")
 TIMEOUT = 30
@@ -29,9 +31,14 @@ def url(tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path}/s.db"
 
 
-def spawn(*args: str) -> pexpect.spawn[str]:
+PROVIDER_VARIABLES = ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
+
+
+def spawn(*args: str, **extra_env: str) -> pexpect.spawn[str]:
     env = dict(os.environ, TERM="xterm-256color", COLUMNS="160", LINES="50")
-    env.pop("NO_COLOR", None)
+    for name in ("NO_COLOR", *PROVIDER_VARIABLES):
+        env.pop(name, None)  # the example's offline demo model, whatever this machine has set
+    env.update(extra_env)
     child = pexpect.spawn(
         SIGNOFF,
         list(args),
@@ -237,6 +244,45 @@ def test_chat_asks_a_question_as_numbered_choices(
     child.expect_exact("sizer:")
     child.expect_exact("You chose Large.")
     finish(child)
+
+
+def test_the_example_talks_to_a_configured_provider(
+    url: str, children: list[pexpect.spawn[str]]
+) -> None:
+    with FakeLLM("openai") as llm:
+        call = {"order_id": "1042", "amount": 180, "reason": "Arrived broken"}
+        llm.queue(
+            openai_completion(tool_calls=[openai_tool_call("call_1", "issue_refund", call)]),
+            openai_completion("Your refund of 180.00 is on its way."),
+        )
+        child = spawn(
+            "chat",
+            "examples.support:runtime",
+            "--store",
+            url,
+            OPENAI_BASE_URL=llm.base_url,
+            OPENAI_API_KEY=API_KEY,
+        )
+        children.append(child)
+        child.expect_exact(f"model: OpenAIChat('gpt-4.1-mini', base_url='{llm.base_url}')")
+        child.expect_exact("you:")
+        child.sendline("my espresso machine arrived broken, order 1042")
+        child.expect(re.escape('Run issue_refund({"order_id":"1042","amount":180,') + r".*\(y/N\)")
+        child.sendline("y")
+        child.expect_exact("Your refund of 180.00 is on its way.")
+        finish(child)
+    first, second = llm.bodies
+    assert first["model"] == "gpt-4.1-mini"
+    assert first["messages"][-1]["content"] == "my espresso machine arrived broken, order 1042"
+    assert {t["function"]["name"] for t in first["tools"]} == {
+        "lookup_order",
+        "issue_refund",
+        "delete_account",
+    }
+    result = second["messages"][-1]
+    assert result["role"] == "tool"
+    assert result["tool_call_id"] == "call_1"
+    assert "180" in result["content"]
 
 
 # -- TerminalChannel on its own ---------------------------------------------------------------

@@ -269,6 +269,8 @@ class _Chat:
             self.console.print(
                 "[yellow]demo model:[/] Scripted: offline, scripted replies (no LLM is called)"
             )
+        else:
+            self.console.print(f"model: {escape(repr(self.agent.model))}")
         self.console.print(
             "[dim]Type a message; Ctrl-D or /exit leaves. Approvals are asked here.[/]"
         )
