@@ -648,6 +648,38 @@ def test_both_backends_implement_the_protocol(tmp_path: Path) -> None:
     assert isinstance(make_store("postgresql://u@127.0.0.1:1/db"), Store)
 
 
+async def test_runtimes_racing_to_answer_settle_once(store_url: str) -> None:
+    runs: list[dict[str, Any]] = []
+    first = so.Runtime([refund_agent(runs)], store=store_url)
+    try:
+        r = await first.generate("support", prompt="Refund order 1042")
+        rid = r.pending[0].id
+    finally:
+        await first.close()
+    racers = [so.Runtime([refund_agent(runs)], store=store_url) for _ in range(4)]
+    try:
+        answers = [so.InputResponse(request_id=rid, option_id="approve")]
+        results = await asyncio.gather(
+            *(rt.respond(r.session_id, answers) for rt in racers), return_exceptions=True
+        )
+        errors = [x for x in results if isinstance(x, BaseException)]
+        assert not errors, errors
+        applied = [
+            o.applied for x in results if isinstance(x, so.GenerateResult) for o in x.outcomes
+        ]
+        assert applied.count(True) == 1 and applied.count(False) == 3
+        assert runs == [{"order_id": "1042", "amount": 180.0}]
+        events = [e async for e in racers[0].events(r.session_id, follow=False)]
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert [e.type for e in events].count("approval.settled") == 1
+        assert [e.type for e in events].count("tool.completed") == 1
+        state = await racers[1].state(r.session_id)
+        assert state.turn is not None and state.turn.status == "completed"
+    finally:
+        for rt in racers:
+            await rt.close()
+
+
 # -- change notifications --------------------------------------------------------------------
 
 
