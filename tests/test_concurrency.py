@@ -168,7 +168,7 @@ async def test_fifty_tasks_race_to_answer_one_request(
         types = _check_log([e async for e in main.events(session_id, follow=False)], request_id)
         runs = read_executions(records)
         if winner == "approved":
-            assert [r["key"] for r in runs] == [f"{session_id}:call_refund"]
+            assert [r["key"] for r in runs] == [f"{session_id}:1:call_refund"]
             assert types["tool.started"] == 1
         else:
             assert runs == []

@@ -68,7 +68,7 @@ def test_answer_from_a_new_process_after_sigkill_runs_the_tool_once(tmp_path: Pa
         ]
 
         runs = read_executions(tmp_path / "runs.jsonl")
-        assert [r["key"] for r in runs] == [f"{session_id}:call_refund"]
+        assert [r["key"] for r in runs] == [f"{session_id}:1:call_refund"]
         assert runs[0]["pid"] == answerer.pid  # the new process ran it, not the dead one
 
         # The same answer again from a third process is a no-op: nothing runs twice.
@@ -78,7 +78,7 @@ def test_answer_from_a_new_process_after_sigkill_runs_the_tool_once(tmp_path: Pa
         again.wait()
         assert repeat["status"] == "completed"
         assert repeat["outcomes"] == [
-            {"request_id": request_id, "outcome": "approved", "applied": False}
+            {"request_id": request_id, "outcome": "approved", "applied": False, "reason": None}
         ]
         assert len(read_executions(tmp_path / "runs.jsonl")) == 1
 
@@ -112,7 +112,7 @@ def test_crash_inside_the_approved_tool_reruns_it_with_the_same_key(tmp_path: Pa
         )
         children.append(worker)
         entered = worker.expect("tool-entered")
-        key = f"{session_id}:call_refund"
+        key = f"{session_id}:1:call_refund"
         assert entered["key"] == key
         owner, _ = _lease(tmp_path)
         assert f":{worker.pid}:" in owner  # it holds the session's lease while in the tool
