@@ -82,8 +82,8 @@ def test_reviewer_approves_a_refund_live(page: Page, base: str, tmp_path: Path) 
     card = page.locator(f"[data-request-id='{rid}']")
     expect(card).to_be_visible()
     expect(card.locator(".tool-name")).to_have_text("issue_refund")
-    expect(card.locator("pre.json")).to_contain_text('"order_id": "1042"')
-    expect(card.locator("pre.json")).to_contain_text('"amount": 180.0')
+    expect(card.get_by_label("Tool input")).to_contain_text('"order_id": "1042"')
+    expect(card.get_by_label("Tool input")).to_contain_text('"amount": 180.0')
     expect(card).to_contain_text("Alice (alice)")
     expect(card).to_contain_text("1,280 tokens · $0.0042")
     expect(page.locator("[data-live-total]")).to_have_text("1")
@@ -117,6 +117,23 @@ def test_reviewer_approves_a_refund_live(page: Page, base: str, tmp_path: Path) 
     expect(row).to_contain_text("issue_refund")
     expect(row).to_contain_text("approved")
     expect(row).to_contain_text("Customer sent photos of the damage")
+
+
+def test_reviewer_edits_the_amount_then_approves(page: Page, base: str) -> None:
+    body = start(base)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    card = page.locator(f"[data-request-id='{rid}']")
+    card.get_by_text("Edit arguments before approving").click()
+    expect(card.locator("pre.schema")).to_contain_text('"amount"')  # the schema is shown
+    box = card.locator("textarea[name=edited_input]")
+    box.fill(box.input_value().replace("180.0", "120"))
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".result-note")).to_have_text(
+        "Approved with edited arguments — the run is now completed."
+    )
+    text = session(base, sid)["turn"]["text"]
+    assert '"result": {"order_id": "1042", "refunded": 120.0}' in text  # ran with the edit
+    assert "a reviewer edited the arguments" in text  # and the model is told so
 
 
 def test_deny_with_a_reason_reaches_the_model(page: Page, base: str) -> None:

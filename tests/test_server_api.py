@@ -116,6 +116,28 @@ def test_deny_flow_reason_reaches_the_model(alice: httpx.Client) -> None:
     assert "refunded" not in done["text"]
 
 
+def test_edit_then_approve(alice: httpx.Client) -> None:
+    body = start(alice)
+    sid, (req,) = body["session_id"], body["pending"]
+    url = f"/v1/sessions/{sid}/responses"
+    edited = {"order_id": "1042", "amount": 120, "reason": "partial refund"}
+
+    def answer(**extra: Any) -> httpx.Response:
+        item = {"requestId": req["id"], "optionId": "approve", **extra}
+        return alice.post(url, json={"inputResponses": [item]})
+
+    stale = answer(editedInput=edited, inputHash="sha256:" + "0" * 64)
+    assert error(stale, 409, "stale_answer")["request_ids"] == [req["id"]]
+    bad = answer(editedInput={"order_id": "1042", "amount": "lots", "reason": "x"})
+    assert "amount" in error(bad, 422, "invalid_answer")["message"]
+    r = answer(editedInput=edited, inputHash=req["action"]["input_hash"])
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "completed"
+    assert '"refunded": 120.0' in r.json()["text"]
+    record = alice.get(f"/v1/requests/{req['id']}").json()
+    assert record["resolution"]["edited_input"] == {**edited, "amount": 120.0}
+
+
 def test_helix_approvals_must_settle_everything(alice: httpx.Client) -> None:
     body = start(alice, "batch")
     sid = body["session_id"]

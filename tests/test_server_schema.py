@@ -28,7 +28,7 @@ HEADERS = {"Authorization": "Bearer alice-token"}
 
 @schema.parametrize()
 @settings(
-    max_examples=25,
+    max_examples=15,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )

@@ -75,7 +75,14 @@ async def respond(request: Request, session_id: SessionId, body: Responses) -> T
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
     responses = [
-        InputResponse(request_id=r.request_id, option_id=r.option_id, text=r.text, value=r.value)
+        InputResponse(
+            request_id=r.request_id,
+            option_id=r.option_id,
+            text=r.text,
+            value=r.value,
+            edited_input=r.edited_input,
+            input_hash=r.input_hash,
+        )
         for r in body.input_responses
     ]
     result = await ctx.runtime.respond(session_id, responses, principal=caller)
@@ -88,7 +95,14 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
     decisions = [
-        Decision(id=a.id, approved=a.approved, reason=a.reason, value=a.value)
+        Decision(
+            id=a.id,
+            approved=a.approved,
+            reason=a.reason,
+            value=a.value,
+            edited_input=a.edited_input,
+            input_hash=a.input_hash,
+        )
         for a in body.approvals
     ]
     result = await ctx.runtime.generate(session_id=session_id, approvals=decisions, auth=caller)

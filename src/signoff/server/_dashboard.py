@@ -208,11 +208,13 @@ async def _queue_context(request: Request) -> dict[str, Any]:
 
 
 def _schemas(ctx: ServerContext, items: list[InputRequest]) -> dict[str, Any]:
+    """Per request: the tool's description and input schema (for edit-then-approve)."""
     out: dict[str, Any] = {}
     for r in items:
         agent = ctx.runtime.agents.get(r.agent)
         if r.tool_name and agent is not None and r.tool_name in agent.tools:
-            out[r.id] = agent.tools[r.tool_name].description
+            tool = agent.tools[r.tool_name]
+            out[r.id] = {"description": tool.description, "schema": tool.json_schema()}
     return out
 
 
@@ -269,9 +271,35 @@ async def respond(request: Request, request_id: str) -> Response:
         await ctx.session(session_id, viewer)
     except UnknownSession:
         return dashboard_error(request, 404, "unknown_request", f"unknown request {request_id!r}")
-    if option is not None and stored.request.kind != "tool-approval":
-        text = None  # a chosen option is the answer; the text box is for a typed answer
-    answer = InputResponse(request_id=request_id, option_id=option, text=text)
+    edited: dict[str, Any] | None = None
+    input_hash: str | None = None
+    action = stored.request.action
+    if stored.request.kind != "tool-approval":
+        if option is not None:
+            text = None  # a chosen option is the answer; the text box is for a typed answer
+    else:
+        input_hash = fields.get("input_hash") or None
+        raw = (fields.get("edited_input") or "").strip()
+        if option == "approve" and raw and action is not None:
+            try:
+                parsed = json.loads(raw)
+            except ValueError as exc:
+                return dashboard_error(
+                    request, 422, "invalid_answer", f"the edited arguments are not JSON: {exc}"
+                )
+            if not isinstance(parsed, dict):
+                return dashboard_error(
+                    request, 422, "invalid_answer", "the edited arguments must be a JSON object"
+                )
+            if parsed != action.input:
+                edited = parsed
+    answer = InputResponse(
+        request_id=request_id,
+        option_id=option,
+        text=text,
+        edited_input=edited,
+        input_hash=input_hash,
+    )
     try:
         result = await ctx.runtime.respond(session_id, [answer], principal=viewer)
     except SignoffError as exc:
@@ -286,6 +314,7 @@ async def respond(request: Request, request_id: str) -> Response:
                 "session_id": session_id,
                 "status": result.status,
                 "text": result.text,
+                "edited": edited is not None,
             }
         )
     back = fields.get("next") or DASHBOARD_PREFIX

@@ -63,6 +63,12 @@ class ResponseItem(_Body):
     option_id: StrictStr | None = None
     text: StrictStr | None = None
     value: Any = None
+    edited_input: dict[str, Any] | None = Field(
+        default=None, description="Approve with these arguments instead (the tool's schema)."
+    )
+    input_hash: StrictStr | None = Field(
+        default=None, description="The `action.input_hash` the reviewer saw; refused if stale."
+    )
 
     @model_validator(mode="after")
     def _needs_answer(self) -> ResponseItem:
@@ -80,6 +86,8 @@ class ApprovalItem(_Body):
     approved: StrictBool
     reason: StrictStr | None = None
     value: Any = None
+    edited_input: dict[str, Any] | None = None
+    input_hash: StrictStr | None = None
 
 
 class Approvals(_Body):

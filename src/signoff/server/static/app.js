@@ -133,7 +133,8 @@
       });
       const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
       if (!data.ok) throw new Error(data.error && data.error.message || "Request failed");
-      const verb = { approved: "Approved", cancelled: "Denied", answered: "Answered" }[data.outcome] || "Settled";
+      let verb = { approved: "Approved", cancelled: "Denied", answered: "Answered" }[data.outcome] || "Settled";
+      if (data.edited) verb += " with edited arguments";
       card.classList.add("done");
       form.remove();
       const note = document.createElement("p");
