@@ -93,7 +93,7 @@ def test_reviewer_approves_a_refund_live(page: Page, base: str, tmp_path: Path) 
     expect(page.locator("[data-request-id]")).to_have_count(3)
     expect(page.locator("[data-live-total]")).to_have_text("3")
     shot = tmp_path / "queue.png"
-    page.screenshot(path=str(shot), full_page=True)
+    page.screenshot(path=str(shot), full_page=True, animations="disabled")
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     if os.environ.get("SIGNOFF_UPDATE_SCREENSHOT"):
         (ROOT / "docs").mkdir(exist_ok=True)
