@@ -680,6 +680,26 @@ async def test_runtimes_racing_to_answer_settle_once(store_url: str) -> None:
             await rt.close()
 
 
+def test_runtime_across_event_loops(store_url: str) -> None:
+    """A script may call asyncio.run() once per step with one Runtime; and the sync twins."""
+    runs: list[dict[str, Any]] = []
+    rt = so.Runtime([refund_agent(runs)], store=store_url)
+    r = asyncio.run(rt.generate("support", prompt="Refund order 1042"))
+    assert r.status == "waiting"
+    decision = so.Decision(id=r.pending[0].id, approved=True)
+    r = asyncio.run(rt.generate(session_id=r.session_id, approvals=[decision]))
+    assert r.status == "completed" and len(runs) == 1
+    asyncio.run(rt.close())
+    rt = so.Runtime([refund_agent(runs)], store=store_url)
+    r = rt.generate_sync("support", prompt="Refund order 1043")
+    assert rt.pending_sync()[0].id == r.pending[0].id
+    r = rt.generate_sync(
+        session_id=r.session_id, approvals=[decision.model_copy(update={"id": r.pending[0].id})]
+    )
+    assert r.status == "completed" and len(runs) == 2
+    rt.close_sync()
+
+
 # -- change notifications --------------------------------------------------------------------
 
 

@@ -192,6 +192,7 @@ class PostgresStore:
         self._dsn = dsn
         self._where = _describe(dsn)
         self._pool: AsyncConnectionPool[Conn] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._open_lock: asyncio.Lock | None = None
         self._fault: FaultHook | None = None
         self._sk: dict[str, int] = {}
@@ -210,7 +211,9 @@ class PostgresStore:
 
     async def _get_pool(self) -> AsyncConnectionPool[Conn]:
         if self._pool is not None:
-            return self._pool
+            if self._loop is asyncio.get_running_loop():
+                return self._pool
+            self._abandon()  # e.g. a second asyncio.run(): the old loop took its pool with it
         if self._open_lock is None:
             self._open_lock = asyncio.Lock()
         async with self._open_lock:
@@ -245,7 +248,17 @@ class PostgresStore:
                 await pool.close()
                 raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
             self._pool = pool
+            self._loop = asyncio.get_running_loop()
             return pool
+
+    def _abandon(self) -> None:
+        """Forget a pool whose event loop is gone; its connections close when collected."""
+        self._pool = None
+        self._loop = None
+        self._open_lock = None
+        self._listener = None
+        self._listening = asyncio.Event()
+        self._waiters.clear()
 
     async def _connect(self) -> Conn:
         """A fresh autocommit connection, or a `StoreError` saying why there is none."""
@@ -264,6 +277,9 @@ class PostgresStore:
             raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {detail}") from exc
 
     async def close(self) -> None:
+        if self._pool is not None and self._loop is not asyncio.get_running_loop():
+            self._abandon()
+            return
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.cancel()
@@ -272,6 +288,7 @@ class PostgresStore:
         self._listening.clear()
         self._wake_all()
         pool, self._pool = self._pool, None
+        self._loop = None
         if pool is not None:
             await pool.close()
 
