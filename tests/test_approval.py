@@ -483,7 +483,7 @@ def test_invalid_approval_values_are_usage_errors() -> None:
         """F."""
         return x
 
-    for bad in ("always", 3, object()):
+    for bad in ("sometimes", 3, 2.5, object()):
         with pytest.raises(so.UsageError):
             so.tool(approval=bad)(fn)
     with pytest.raises(so.UsageError):

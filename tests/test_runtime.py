@@ -302,20 +302,49 @@ async def test_duplicate_call_ids_from_the_model_are_made_unique(tmp_path: Path)
         assert len(set(log.keys())) == 2
 
 
-async def test_idempotency_key_is_stable_per_call(tmp_path: Path) -> None:
+async def test_idempotency_key_is_recorded_and_names_the_call(tmp_path: Path) -> None:
     log = ExecutionLog()
     agent = refund_agent(log)
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await waiting_session(rt)
         call_id = r.pending[0].call_id
+        assert call_id is not None
         await rt.generate(
             session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
         )
-        assert log.keys() == [f"{r.session_id}:{call_id}"]
+        (key,) = log.keys()
+        assert key.startswith(f"{r.session_id}:") and key.endswith(f":{call_id}")
         started = [
             e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.started"
         ]
-        assert started[0].data["idempotency_key"] == log.keys()[0]
+        assert [e.data["idempotency_key"] for e in started] == [key]
+
+
+async def test_reused_call_ids_across_responses_get_distinct_keys(tmp_path: Path) -> None:
+    """Some models number calls call_0, call_1... in every response; two charges stay two."""
+    log = ExecutionLog()
+
+    @log.tool
+    async def charge(amount: float) -> str:
+        """Charge a card."""
+        return "charged"
+
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(call("charge", amount=1, id="call_0")),
+            call_tools(call("charge", amount=2, id="call_0")),
+            reply("charged twice"),
+            call_tools(call("charge", amount=3, id="call_0")),
+            reply("charged again"),
+        ],
+        tools=[charge],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="charge 1 then 2")
+        await rt.generate(session_id=r.session_id, prompt="and 3")
+        assert [e.input["amount"] for e in log.executions] == [1.0, 2.0, 3.0]
+        assert len(set(log.keys())) == 3
 
 
 # -- guarantees ---------------------------------------------------------------------------------
