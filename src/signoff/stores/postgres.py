@@ -574,6 +574,11 @@ class PostgresStore:
                         f"UPDATE {s}.requests SET data=%s::json WHERE id=%s AND sk=%s",
                         (dumps(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
                     )
+                for req in commit.updated_requests:
+                    await conn.execute(
+                        f"UPDATE {s}.requests SET data=%s::json WHERE id=%s AND sk=%s",
+                        (dumps(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
+                    )
                 if commit.events:
                     await self._insert_events(conn, sk, commit.events)
                     last = commit.events[-1]
