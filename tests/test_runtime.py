@@ -869,3 +869,20 @@ async def test_approvals_as_plain_dicts(tmp_path: Path) -> None:
         ]
         assert tool_results(seen.last)[0].content["reason"] == "no"
         assert log.count() == 0
+
+
+async def test_sync_twins_inside_a_running_loop(tmp_path: Path) -> None:
+    """Notebooks run an event loop already: the sync twins must not need the caller's loop."""
+    log = ExecutionLog()
+    rt = sqlite_runtime(tmp_path, refund_agent(log))
+    try:
+        r = rt.generate_sync("a", prompt="refund order 1")
+        assert r.status == "waiting"
+        (req,) = rt.pending_sync()
+        done = rt.respond_sync(
+            r.session_id, [so.InputResponse(request_id=req.id, option_id="approve")]
+        )
+        assert done.status == "completed"
+        assert log.count() == 1
+    finally:
+        rt.close_sync()
