@@ -203,6 +203,29 @@ async def test_new_request_then_resolve(store: Store) -> None:
     assert await store.get_request("req_missing") is None
 
 
+async def test_updated_requests_replace_the_stored_data(store: Store) -> None:
+    sid = await new_session(store)
+    req = approval(sid, "req_a")
+    await store.commit(
+        Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], new_requests=[req])
+    )
+    changed = req.model_copy(update={"question": "Refund 180?", "expires_at": T0 + 60})
+    await store.commit(
+        Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], updated_requests=[changed])
+    )
+    stored = await store.get_request("req_a")
+    assert stored is not None and stored.request == changed and stored.status == "pending"
+    assert await store.pending(PendingFilter(session_id=sid)) == [changed]
+    # An update in a commit that fails is not applied either.
+    again = changed.model_copy(update={"question": "never stored"})
+    with pytest.raises(AppendConflict):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], updated_requests=[again])
+        )
+    stored = await store.get_request("req_a")
+    assert stored is not None and stored.request.question == "Refund 180?"
+
+
 async def test_resolve_of_a_closed_request_rolls_back_everything(store: Store) -> None:
     sid = await new_session(store)
     await store.commit(

@@ -38,6 +38,7 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._types import InputRequest
+from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash
 from ._base import Commit, FaultHook, Loaded, PendingFilter, StoredRequest
 
 __all__ = ["MIGRATIONS", "PostgresStore", "STORE_SCHEMA"]
@@ -95,6 +96,24 @@ CREATE TABLE {s}.leases (
     owner TEXT NOT NULL,
     token BIGINT NOT NULL,
     expires_at DOUBLE PRECISION NOT NULL
+);
+""",
+    ),
+    (
+        2,
+        "the hash-chained audit trail",
+        """
+CREATE TABLE {s}.audit (
+    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    stream TEXT NOT NULL,
+    n BIGINT NOT NULL,
+    type TEXT NOT NULL,
+    at DOUBLE PRECISION NOT NULL,
+    seq BIGINT,
+    data JSON NOT NULL,
+    prev TEXT,
+    hash TEXT NOT NULL,
+    UNIQUE (stream, n)
 );
 """,
     ),
@@ -581,6 +600,7 @@ class PostgresStore:
                     )
                 if commit.events:
                     await self._insert_events(conn, sk, commit.events)
+                    await self._insert_audit(conn, audit_rows(commit.events))
                     last = commit.events[-1]
                     await conn.execute(
                         f"UPDATE {s}.sessions SET head=%s, updated_at=%s, "
@@ -613,6 +633,71 @@ class PostgresStore:
             synchronous=commit.durable,
         )
         self._after(label)
+
+    async def _insert_audit(self, conn: Conn, rows: Sequence[AuditRow]) -> None:
+        last: dict[str, tuple[int, str | None]] = {}
+        for row in rows:
+            if row.stream not in last:
+                cur = await conn.execute(
+                    f"SELECT n, hash FROM {self._s}.audit WHERE stream=%s "
+                    "ORDER BY n DESC LIMIT 1",
+                    (row.stream,),
+                )
+                found = await cur.fetchone()
+                last[row.stream] = (0, None) if found is None else (int(found[0]), found[1])
+            n, prev = last[row.stream]
+            n += 1
+            digest = chain_hash(
+                prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=row.seq, data=row.data
+            )
+            await conn.execute(
+                f"INSERT INTO {self._s}.audit (stream, n, type, at, seq, data, prev, hash) "
+                "VALUES (%s,%s,%s,%s,%s,%s::json,%s,%s)",
+                (row.stream, n, row.type, row.at, row.seq, dumps(row.data), prev, digest),
+            )
+            last[row.stream] = (n, digest)
+
+    async def record_audit(self, rows: Sequence[AuditRow]) -> None:
+        """Append entries that no event carries (tool setting changes)."""
+
+        async def body(conn: Conn) -> None:
+            await self._insert_audit(conn, rows)
+
+        await self._write(body, "recording audit entries")
+
+    async def audit(
+        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[AuditEntry]:
+        s = self._s
+
+        async def body(conn: Conn) -> list[AuditEntry]:
+            sql = (
+                f"SELECT id, stream, n, type, at, seq, data::text, prev, hash FROM {s}.audit "
+                "WHERE id>%s"
+            )
+            params: list[Any] = [after_id]
+            if stream is not None:
+                sql += " AND stream=%s"
+                params.append(stream)
+            sql += " ORDER BY id LIMIT %s"
+            params.append(limit)
+            cur = await conn.execute(sql, params)
+            return [
+                AuditEntry(
+                    id=int(i),
+                    stream=st,
+                    n=int(n),
+                    type=t,
+                    at=float(at),
+                    seq=None if seq is None else int(seq),
+                    data=loads(d),
+                    prev=prev,
+                    hash=h,
+                )
+                for i, st, n, t, at, seq, d, prev, h in await cur.fetchall()
+            ]
+
+        return await self._read(body, "reading the audit trail")
 
     async def _insert_events(self, conn: Conn, sk: int, events: Sequence[Event]) -> None:
         async with conn.cursor() as cur:
