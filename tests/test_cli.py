@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -53,6 +54,26 @@ agent = so.Agent(
 )
 
 TARGET = "tests.test_cli:agent"
+
+
+@so.tool(approval=so.always(approvers=2, expires_in=3600))
+async def wire_money(to: str, amount: float) -> dict[str, Any]:
+    """Send money."""
+    return {"sent": amount, "to": to}
+
+
+treasurer = so.Agent(
+    name="treasurer",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[so.ToolCall(name="wire_money", input={"to": "ACME", "amount": 5000})]
+            ),
+            so.ModelResponse(text="Wired."),
+        ]
+    ),
+    tools=[wire_money],
+)
 
 
 def _picked(conversation: list[so.Message]) -> so.ModelResponse:
@@ -360,6 +381,23 @@ def test_chat_resumes_a_parked_session_and_checks_who_answers(url: str) -> None:
     assert 'issue_refund -> {"refunded":180}' in accepted.output
     assert "support: Refunded 180.00." in accepted.output
     assert refunds_run(log(url, session_id)) == 1
+
+
+def test_chat_hands_a_two_person_approval_to_someone_else(url: str) -> None:
+    chat = CliRunner().invoke(
+        app, ["chat", "tests.test_cli:treasurer", "--store", url], input="pay ACME\ny\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "needs 2 approvals; approved by nobody yet" in chat.output
+    assert re.search(r"expires in (59m|1h); then it is denied", chat.output)
+    assert "the turn waits for other people to answer" in chat.output
+    (row,) = json.loads(invoke("pending", "--store", url, "--json").stdout)
+    assert row["approved_by"] == [local_principal().principal_id]
+
+    second = invoke("approve", row["id"], "tests.test_cli:treasurer", "--store", url, "--as", "bob")
+    assert second.exit_code == 0, second.output
+    assert "treasurer: Wired." in second.output
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
 
 
 def _free_port() -> int:

@@ -372,6 +372,29 @@ def test_channel_shows_a_tool_payload() -> None:
         console.file.close()
 
 
+def test_channel_shows_review_quorum_and_deadline() -> None:
+    console = Console(record=True, width=120, file=open(os.devnull, "w"))
+    try:
+        channel = TerminalChannel(console, read=lambda prompt: "y", clock=lambda: 1000.0)
+        request = _request(
+            auto_verdict="caution",
+            auto_reason="large amount",
+            approvers=2,
+            approved_by=["alice"],
+            expires_at=1000.0 + 2 * 3600 + 5,
+            on_timeout="escalate",
+            policy_error="KeyError: 'tenant'",
+        )
+        assert channel.ask(request) == so.InputResponse(request_id="req_1", option_id="approve")
+        text = console.export_text()
+    finally:
+        console.file.close()
+    assert "auto review said caution: large amount" in text
+    assert "the approval policy failed (KeyError: 'tenant'); asking you instead" in text
+    assert "needs 2 approvals; approved by alice" in text
+    assert "expires in 2h; then it is escalated" in text
+
+
 def test_channel_answers_a_question_by_number_label_or_text() -> None:
     question = _request(
         kind="question",

@@ -35,7 +35,7 @@ from ._exceptions import (
 from ._results import GenerateResult
 from ._runtime import Runtime
 from ._types import InputRequest, InputResponse, ModelResponse, Principal
-from .channels.terminal import TerminalChannel, compact_json
+from .channels.terminal import TerminalChannel, compact_json, duration
 from .models import ModelRequest, Scripted
 from .stores import DEFAULT_URL, PendingFilter
 
@@ -294,11 +294,20 @@ class _Chat:
 
     async def follow(self, result: GenerateResult) -> bool:
         """Answer the turn's requests inline until it ends; False if the person left."""
+        answered: set[str] = set()
         while True:
             await self.trace(result.session_id)
             if result.status != "waiting" or not result.pending:
                 break
-            request = result.pending[0]
+            open_requests = [r for r in result.pending if r.id not in answered]
+            if not open_requests:  # e.g. approvals=N: the others must answer now
+                ids = ", ".join(r.id for r in result.pending)
+                self.console.print(
+                    f"[yellow]the turn waits for other people to answer {ids}[/]; "
+                    f"`signoff chat ... --session {result.session_id}` continues it later"
+                )
+                return False
+            request = open_requests[0]
             answer = self.channel.ask(request)
             if answer is None:
                 self.console.print(
@@ -306,6 +315,7 @@ class _Chat:
                     f"`signoff approve {request.id}` or `signoff deny {request.id}`"
                 )
                 return False
+            answered.add(request.id)
             try:
                 with self.console.status(f"{self.agent.name} is working..."):
                     result = await self.runtime.respond(
@@ -448,14 +458,6 @@ def serve(
 # -- the queue --------------------------------------------------------------------------------
 
 
-def _age(created_at: float, now: float) -> str:
-    seconds = max(0, int(now - created_at))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
 @app.command()
 def pending(
     store: StoreOption = None,
@@ -508,10 +510,11 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
             readable = r.question + (f" ({choices})" if choices else "")
             readable += " or free text" if r.allow_text else ""
         asker = r.requested_by.principal_id if r.requested_by else "-"
+        expiry = "" if r.expires_at is None else f"\nexpires in {duration(r.expires_at - now)}"
         table.add_row(
             f"{r.id}\n[dim]{r.session_id}[/]",
             f"{escape(r.agent)}\n[dim]{escape(asker)}[/]",
-            f"{escape(what)}\n[dim]{_age(r.created_at, now)} ago[/]",
+            f"{escape(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
             escape(_clip(readable, 200)),
         )
     return table

@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from .terminal import TerminalChannel, compact_json
+from .terminal import TerminalChannel, compact_json, duration
 
-__all__ = ["TerminalChannel", "compact_json"]
+__all__ = ["TerminalChannel", "compact_json", "duration"]

@@ -7,6 +7,7 @@ question shows numbered choices and, when the request allows it, takes free text
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,7 +16,7 @@ from rich.markup import escape
 
 from .._types import InputRequest, InputResponse
 
-__all__ = ["TerminalChannel", "compact_json"]
+__all__ = ["TerminalChannel", "compact_json", "duration"]
 
 _YES = frozenset({"y", "yes"})
 _NO = frozenset({"n", "no", ""})
@@ -48,9 +49,11 @@ class TerminalChannel:
         console: Console | None = None,
         *,
         read: Callable[[str], str | None] | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.console = console or Console(highlight=False)
         self._read = read or self._console_read
+        self.clock = clock
 
     def _console_read(self, prompt: str) -> str | None:
         try:
@@ -81,10 +84,24 @@ class TerminalChannel:
                 )
             if request.source == "guardrail":
                 self.console.print("  [dim]required by the agent's tool policy[/]")
+        if request.auto_verdict:
+            why = f": {request.auto_reason}" if request.auto_reason else ""
+            self.console.print(f"  [dim]auto review said {escape(request.auto_verdict + why)}[/]")
         if request.policy_error:
             self.console.print(
                 f"  [yellow]the approval policy failed ({escape(request.policy_error)}); "
                 "asking you instead[/]"
+            )
+        if request.approvers > 1:
+            so_far = ", ".join(request.approved_by) or "nobody yet"
+            self.console.print(
+                f"  [dim]needs {request.approvers} approvals; approved by {escape(so_far)}[/]"
+            )
+        if request.expires_at is not None:
+            left = request.expires_at - self.clock()
+            then = {"deny": "denied", "approve": "approved", "escalate": "escalated"}
+            self.console.print(
+                f"  [dim]expires in {duration(left)}; then it is {then[request.on_timeout]}[/]"
             )
 
     def ask(self, request: InputRequest) -> InputResponse | None:
@@ -130,6 +147,15 @@ class TerminalChannel:
             if request.allow_text and answer:
                 return InputResponse(request_id=request.id, text=answer)
             self.console.print(f"  [red]choose {hint}[/]")
+
+
+def duration(seconds: float) -> str:
+    """A short human duration: `45s`, `12m`, `3h`, `2d` (`0s` once past)."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def _match_option(request: InputRequest, answer: str) -> str | None:
