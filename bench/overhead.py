@@ -177,7 +177,7 @@ async def _resume_once(
     session_id: str,
     request_id: str,
     answer: Answer,
-    on_commit: Callable[[str], None] | None = None,
+    profiler: cProfile.Profile | None = None,
 ) -> dict[str, float]:
     """Seconds from the answering call to: the tool body starting (`call -> tool`); the same
     minus the settlement's commit (`signoff's part`) and the CPU time of that part
@@ -195,13 +195,17 @@ async def _resume_once(
         if label == "approval.settled":
             marks[when] = time.perf_counter()
             cpu_marks[when] = time.process_time()
-            if on_commit is not None:
-                on_commit(when)
+            if profiler is not None and when == "before":
+                profiler.disable()  # leave the commit out of the profile
+            elif profiler is not None:
+                profiler.enable()
 
     rt.store.set_fault_hook(hook)
     ENTRIES.clear()
     CPU_ENTRIES.clear()
     gc.collect()  # start every sample with the same (empty) garbage; the collector stays on
+    if profiler is not None:
+        profiler.enable()
     try:
         c0, t0 = time.process_time(), time.perf_counter()
         r = await answer(rt, session_id, request_id)
@@ -284,12 +288,6 @@ async def profile(url: str, rt: so.Runtime, samples: int) -> str:
     steps_session = await _history(rt, f"steps-{h}", h)
     resume, rest = cProfile.Profile(), cProfile.Profile()
 
-    def on_commit(when: str) -> None:
-        if when == "before":
-            resume.disable()
-        else:
-            resume.enable()
-
     def on_entry() -> None:
         resume.disable()
         rest.enable()
@@ -300,8 +298,7 @@ async def profile(url: str, rt: so.Runtime, samples: int) -> str:
             request_id = await _park(rt, session_id)
             fresh = so.Runtime(_agents(samples), store=url)
             await fresh.open()
-            resume.enable()
-            await _resume_once(fresh, session_id, request_id, _by_generate, on_commit)
+            await _resume_once(fresh, session_id, request_id, _by_generate, resume)
             rest.disable()
             await fresh.close()
     finally:
