@@ -138,6 +138,28 @@ def test_edit_then_approve(alice: httpx.Client) -> None:
     assert record["resolution"]["edited_input"] == {**edited, "amount": 120.0}
 
 
+def test_a_quorum_needs_two_approvers(base: str) -> None:
+    with client(base, "alice-token") as alice, client(base, "bob-token") as bob:
+        with client(base, "admin-token") as admin:
+            body = start(alice, "treasury")
+            sid, rid = body["session_id"], body["pending"][0]["id"]
+            answer = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+            first = bob.post(f"/v1/sessions/{sid}/responses", json=answer)
+            assert first.status_code == 200, first.text
+            assert first.json()["status"] == "waiting"
+            (vote,) = first.json()["outcomes"]
+            assert vote["outcome"] == "counted" and vote["reason"] == "1 of 2"
+            pending = bob.get(f"/v1/sessions/{sid}").json()["pending"]
+            assert pending[0]["approved_by"] == ["bob"]
+            page = bob.get("/_signoff/").text
+            assert "1 of 2" in page and "wire_money" in page
+            again = bob.post(f"/v1/sessions/{sid}/responses", json=answer)
+            assert again.json()["outcomes"][0]["applied"] is False  # bob counts once
+            done = admin.post(f"/v1/sessions/{sid}/responses", json=answer)
+            assert done.json()["status"] == "completed", done.text
+            assert done.json()["outcomes"][0]["outcome"] == "approved"
+
+
 def test_helix_approvals_must_settle_everything(alice: httpx.Client) -> None:
     body = start(alice, "batch")
     sid = body["session_id"]

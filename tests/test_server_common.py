@@ -114,7 +114,21 @@ def make_agents() -> list[so.Agent]:
         model=so.models.Scripted([ask, _echo], repeat_last=True),
         tools=[so.ask_question()],
     )
-    return [support, batch, helper]
+
+    @so.tool(approval=so.always(approvers=2))
+    async def wire_money(to: str, amount: float) -> dict[str, Any]:
+        """Send money to an account."""
+        return {"sent": amount, "to": to}
+
+    wire = so.ModelResponse(
+        tool_calls=[so.ToolCall(name="wire_money", input={"to": "ACME GmbH", "amount": 5000})]
+    )
+    treasury = so.Agent(
+        name="treasury",
+        model=so.models.Scripted([wire, _echo], repeat_last=True),
+        tools=[wire_money],
+    )
+    return [support, batch, helper, treasury]
 
 
 def make_runtime(store: str | None = None) -> so.Runtime:

@@ -304,13 +304,15 @@ async def respond(request: Request, request_id: str) -> Response:
         result = await ctx.runtime.respond(session_id, [answer], principal=viewer)
     except SignoffError as exc:
         return dashboard_error(request, status_for(exc), exc.code, str(exc))
-    outcome = next((o.outcome for o in result.outcomes if o.request_id == request_id), None)
+    mine = next((o for o in result.outcomes if o.request_id == request_id), None)
+    outcome = None if mine is None else mine.outcome
     if _wants_json(request):
         return JSONResponse(
             {
                 "ok": True,
                 "request_id": request_id,
                 "outcome": outcome,
+                "reason": None if mine is None else mine.reason,
                 "session_id": session_id,
                 "status": result.status,
                 "text": result.text,

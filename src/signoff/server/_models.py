@@ -103,9 +103,13 @@ class _View(BaseModel):
 
 
 class OutcomeView(_View):
+    """What became of one answer: `approved`, `cancelled`, `answered`, `counted` (a quorum
+    vote), or a refusal by the response policy (`rejected`, `failed`, `timed-out`)."""
+
     request_id: str
     outcome: str
     applied: bool
+    reason: str | None = None
 
 
 class TurnResult(_View):
@@ -167,7 +171,9 @@ def turn_result(r: GenerateResult) -> TurnResult:
         text=r.text,
         pending=list(r.pending),
         outcomes=[
-            OutcomeView(request_id=o.request_id, outcome=o.outcome, applied=o.applied)
+            OutcomeView(
+                request_id=o.request_id, outcome=o.outcome, applied=o.applied, reason=o.reason
+            )
             for o in r.outcomes
         ],
         error=r.error,

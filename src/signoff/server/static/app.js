@@ -133,16 +133,25 @@
       });
       const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
       if (!data.ok) throw new Error(data.error && data.error.message || "Request failed");
-      let verb = { approved: "Approved", cancelled: "Denied", answered: "Answered" }[data.outcome] || "Settled";
-      if (data.edited) verb += " with edited arguments";
-      card.classList.add("done");
+      const settled = { approved: "Approved", cancelled: "Denied", answered: "Answered" };
       form.remove();
       const note = document.createElement("p");
-      note.className = "result-note ok";
-      note.textContent = verb + " — the run is now " + data.status + ".";
       card.appendChild(note);
-      toast(verb + " " + card.querySelector(".tool-name").textContent.trim());
-      setTimeout(() => { card.classList.add("leaving"); setTimeout(() => card.remove(), 300); }, 2500);
+      if (settled[data.outcome]) {
+        let verb = settled[data.outcome];
+        if (data.edited) verb += " with edited arguments";
+        card.classList.add("done");
+        note.className = "result-note ok";
+        note.textContent = verb + " — the run is now " + data.status + ".";
+        toast(verb + " " + card.querySelector(".tool-name").textContent.trim());
+        setTimeout(() => { card.classList.add("leaving"); setTimeout(() => card.remove(), 300); }, 2500);
+      } else if (data.outcome === "counted") {
+        note.className = "result-note ok";
+        note.textContent = "Your approval is counted (" + (data.reason || "") + "); waiting for more approvers.";
+      } else {
+        note.className = "result-note bad";
+        note.textContent = "Not accepted (" + data.outcome + ")" + (data.reason ? ": " + data.reason : "") + ". The request stays open for someone else.";
+      }
     } catch (err) {
       buttons.forEach((b) => { b.disabled = false; });
       if (error) { error.textContent = err.message; error.hidden = false; }
