@@ -501,3 +501,30 @@ def test_policy_labels() -> None:
         return True
 
     assert so.policy(my_rule).describe() == "Conditional (my_rule)"
+
+
+class BrokenGuardrail(so.Guardrail):
+    async def decide(self, ctx: so.ApprovalContext) -> None:
+        raise RuntimeError("guardrail backend down")
+
+
+async def test_broken_guardrail_fails_closed(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", order_id="1")), reply("ok")],
+        tools=[refund_tool(log, so.never())],
+        guardrails=[BrokenGuardrail()],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.source == "guardrail"
+        assert req.policy_error == "guardrail raised RuntimeError: guardrail backend down"
+        assert log.count() == 0
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
+        )
+        assert r.status == "completed"
+        assert log.count() == 1

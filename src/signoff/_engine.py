@@ -380,9 +380,12 @@ class Driver:
         """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
         verdicts = [await tool.approval.decide(ctx)]
         for guardrail in self.agent.guardrails:
-            v = await guardrail.decide(ctx)
+            try:
+                v = await guardrail.decide(ctx)
+            except Exception as exc:  # fail closed, like a broken policy: ask a person
+                v = Verdict("ask", error=f"guardrail raised {type(exc).__name__}: {exc}")
             if v is not None:
-                verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail"))
+                verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
         for action in ("deny", "ask"):
             for v in verdicts:
                 if v.action == action:
