@@ -76,6 +76,39 @@ treasurer = so.Agent(
 )
 
 
+class _Flaky:
+    """Fails the first time it is called after a tool result, then answers."""
+
+    def __init__(self) -> None:
+        self.failed = False
+
+    def __call__(self, conversation: list[so.Message]) -> so.ModelResponse:
+        if not self.failed:
+            self.failed = True
+            raise so.ModelError("upstream timed out")
+        return _answer(conversation)
+
+
+flaky_step = _Flaky()
+flaky = so.Agent(
+    name="flaky",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="issue_refund",
+                        input={"order_id": "1042", "amount": 180, "reason": "broken"},
+                    )
+                ]
+            ),
+            flaky_step,
+        ]
+    ),
+    tools=[issue_refund],
+)
+
+
 def _picked(conversation: list[so.Message]) -> so.ModelResponse:
     last = conversation[-1]
     assert isinstance(last, so.ToolResultMessage)
@@ -398,6 +431,20 @@ def test_chat_hands_a_two_person_approval_to_someone_else(url: str) -> None:
     assert second.exit_code == 0, second.output
     assert "treasurer: Wired." in second.output
     assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+
+def test_chat_retries_a_failed_turn_without_asking_again(url: str) -> None:
+    flaky_step.failed = False
+    chat = CliRunner().invoke(
+        app, ["chat", "tests.test_cli:flaky", "--store", url], input="refund 1042\ny\n/retry\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "the turn failed: ModelError: upstream timed out (type /retry to resume it)" in (
+        chat.output
+    )
+    assert "flaky: Refunded 180.00." in chat.output
+    assert chat.output.count("(y/N)") == 1  # the approval was kept across the failure
+    assert chat.output.count("issue_refund -> ") == 1  # and the refund ran once
 
 
 def _free_port() -> int:

@@ -126,10 +126,12 @@ def parse_principal(value: str | None) -> Principal:
     """`AUTHENTICATOR:ID` (or just `ID`, as a `local` principal); None means the local user."""
     if value is None:
         return local_principal()
-    authenticator, sep, principal_id = value.rpartition(":")
-    if not principal_id or (sep and not authenticator):
+    authenticator, sep, principal_id = value.partition(":")
+    if not sep:
+        authenticator, principal_id = "local", value
+    if not authenticator or not principal_id:
         raise UsageError(f"--as takes AUTHENTICATOR:ID such as dev:dev or ID, not {value!r}")
-    return Principal(authenticator=authenticator or "local", principal_id=principal_id)
+    return Principal(authenticator=authenticator, principal_id=principal_id)
 
 
 AsOption = Annotated[
@@ -232,8 +234,8 @@ class _Chat:
 
     async def run(self, session_id: str | None) -> None:
         self.header()
-        if session_id is not None:
-            await self.reopen(session_id)
+        if session_id is not None and not await self.reopen(session_id):
+            return
         while True:
             line = self.channel.read_message()
             if line is None or line in ("/exit", "/quit"):
@@ -244,7 +246,9 @@ class _Chat:
                 continue
             try:
                 with self.console.status(f"{self.agent.name} is working..."):
-                    if self.session_id is None:
+                    if line == "/retry" and self.session_id is not None:
+                        result = await self.runtime.generate(session_id=self.session_id)
+                    elif self.session_id is None:
                         result = await self.runtime.generate(
                             self.agent.name, line, auth=self.principal
                         )
@@ -272,10 +276,11 @@ class _Chat:
         else:
             self.console.print(f"model: {escape(repr(self.agent.model))}")
         self.console.print(
-            "[dim]Type a message; Ctrl-D or /exit leaves. Approvals are asked here.[/]"
+            "[dim]Type a message; /retry resumes a failed turn; Ctrl-D or /exit leaves.[/]"
         )
 
-    async def reopen(self, session_id: str) -> None:
+    async def reopen(self, session_id: str) -> bool:
+        """Pick up an existing session where it stands; False if the person left."""
         state = await self.runtime.state(session_id)
         if state.agent != self.agent.name:
             raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
@@ -284,13 +289,13 @@ class _Chat:
         self.console.print(f"[dim]session {session_id} (resumed)[/]")
         turn = state.turn
         if turn is None or turn.status in ("completed", "cancelled"):
-            return
+            return True
         if turn.status == "failed" and not turn.retryable:
             self.console.print(f"[red]the last turn failed: {escape(_error_text(turn.error))}[/]")
-            return
+            return True
         with self.console.status(f"{self.agent.name} is working..."):
             result = await self.runtime.generate(session_id=session_id)
-        await self.follow(result)
+        return await self.follow(result)
 
     async def follow(self, result: GenerateResult) -> bool:
         """Answer the turn's requests inline until it ends; False if the person left."""
@@ -310,9 +315,13 @@ class _Chat:
             request = open_requests[0]
             answer = self.channel.ask(request)
             if answer is None:
-                self.console.print(
-                    f"\n[yellow]left {request.id} pending[/]; answer it later with "
+                later = (
                     f"`signoff approve {request.id}` or `signoff deny {request.id}`"
+                    if request.kind == "tool-approval"
+                    else f"`signoff answer {request.id} --option ID` or `--text TEXT`"
+                )
+                self.console.print(
+                    f"\n[yellow]left {request.id} pending[/]; answer it later with {later}"
                 )
                 return False
             answered.add(request.id)
@@ -342,7 +351,7 @@ class _Chat:
         if result.status == "completed":
             self.console.print(f"[bold cyan]{escape(self.agent.name)}:[/] {escape(result.text)}")
         elif result.status == "failed":
-            retry = " (send a message to continue)" if result.retryable else ""
+            retry = " (type /retry to resume it)" if result.retryable else ""
             self.console.print(
                 f"[red]the turn failed: {escape(_error_text(result.error))}{retry}[/]"
             )
