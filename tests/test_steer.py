@@ -621,3 +621,112 @@ async def test_cancelling_the_turn_withdraws_its_requests_for_good(
         assert await store_contents(rt.store, r.session_id) == before
         assert log.count() == 0
         assert model.conversations == []  # the model was never called again
+
+
+async def test_a_question_asked_after_a_steering_message_is_withdrawn_at_once(
+    tmp_path: Path,
+) -> None:
+    """The message arrives while the workflow call is still busy (in a step); the question it
+    asks afterwards must not park the turn on a stale question: it is withdrawn, the call
+    settles and the model reads the message."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    outcomes: list[str] = []
+
+    async def slow_quote() -> float:
+        entered.set()
+        await asyncio.wait_for(release.wait(), timeout=10)
+        return 2.5
+
+    @so.tool
+    async def transfer(ctx: so.ToolContext) -> str:
+        """Quote, then confirm."""
+        fee = await ctx.step("quote", slow_quote)
+        try:
+            a = await ctx.ask(f"Fee {fee}. Proceed?", options=["yes", "no"], allow_text=False)
+        except so.QuestionWithdrawn as exc:
+            outcomes.append(exc.outcome)
+            raise
+        return a.value
+
+    seen = Capture(reply("Okay, not transferring."))
+    agent = scripted_agent("bank", [call_tools(call("transfer")), seen], tools=[transfer])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("bank", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="transfer", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        steering = asyncio.create_task(rt.send(sid, "stop, wrong account", principal=ALICE))
+        for _ in range(200):  # until the message is recorded
+            if "turn.message stop, wrong account" in timeline(await events(rt, sid)):
+                break
+            await asyncio.sleep(0.01)
+        release.set()
+        r = await asyncio.wait_for(running, timeout=10)
+        await asyncio.wait_for(steering, timeout=10)
+        assert r.status == "completed"
+        assert r.pending == []
+        assert outcomes == ["cancelled"]
+        assert timeline(await events(rt, sid))[1:] == [
+            "turn.started",
+            "model.completed",
+            "tool.started transfer",
+            "turn.message stop, wrong account",
+            "tool.step transfer:quote",
+            "tool.completed transfer cancelled",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        assert texts(seen.last)[-1] == ("user", "stop, wrong account")
+        assert await rt.pending(session_id=sid) == []
+
+
+async def test_steering_a_workflow_call_also_ignores_the_approval_waiting_behind_it(
+    tmp_path: Path,
+) -> None:
+    """The approval beside a workflow call was not asked yet when the message came; it is not
+    asked afterwards either: the call never runs and the model reads the message next."""
+    log = ExecutionLog()
+
+    @so.tool
+    async def pick_pack(ctx: so.ToolContext) -> str:
+        """Choose a pack (options only)."""
+        a = await ctx.ask("Which pack?", options=["three", "six"], allow_text=False)
+        return a.value
+
+    seen = Capture(reply("Okay, nothing refunded."))
+    agent = scripted_agent(
+        "support",
+        [
+            call_tools(
+                call("pick_pack", id="p1"),
+                call("issue_refund", id="r1", order_id="1042", amount=30),
+            ),
+            seen,
+        ],
+        tools=[pick_pack, refund_tool(log)],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="refund a pack", auth=ALICE)
+        assert [p.kind for p in r.pending] == ["question"]
+        r = await rt.send(r.session_id, "forget the refund", principal=ALICE)
+        assert r.status == "completed"
+        assert r.pending == []
+        assert log.count() == 0
+        assert timeline(await events(rt, r.session_id))[3:] == [
+            "tool.started pick_pack",
+            "input.requested question:Which pack?",
+            "turn.waiting",
+            "input.resolved cancelled",
+            "turn.message forget the refund",
+            "tool.completed pick_pack cancelled",
+            "tool.completed issue_refund denied",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        p1, r1 = tool_results(seen.last)
+        assert p1.content["cancelled"] is True
+        assert r1.content["denied"] is True and r1.content["outcome"] == "ignored"
+        assert texts(seen.last)[-1] == ("user", "forget the refund")
+        assert await rt.pending(session_id=r.session_id) == []

@@ -323,6 +323,12 @@ class Driver:
             elif verdict.action == "ask":
                 if workflow_busy and not tool.workflow:
                     continue
+                if turn.steered:
+                    # A steering message came while this approval waited to be asked: it is
+                    # ignored like one already asked, and the model reads the message.
+                    why = {"reason": "the user sent a new message instead", "outcome": "ignored"}
+                    results.append(_result(call, "denied", _denial(why)))
+                    continue
                 requests.append(self._approval_request(call, tool, validated, verdict))
             else:
                 to_run.append((call, tool, validated))
@@ -738,10 +744,15 @@ class _CallJournal:
                 created_at=self.driver.clock(),
                 usage=s.usage,
             )
-            await self.driver.record(
-                [("input.requested", {"requests": [_dump_request(request)]})],
-                new_requests=[request],
-            )
+
+            def specs(state: SessionState) -> list[EventSpec]:
+                # Steered while the body ran: its question is withdrawn before it is asked,
+                # so the call settles and the model reads the message.
+                if state.turn is not None and state.turn.steered:
+                    raise QuestionWithdrawn(request.id, "cancelled")
+                return [("input.requested", {"requests": [_dump_request(request)]})]
+
+            await self.driver.record(specs, new_requests=[request])
             return request.id
         finally:
             self.inflight -= 1

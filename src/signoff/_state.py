@@ -82,7 +82,13 @@ class TurnState:
     error: dict[str, Any] | None = None
     first_seq: int = 0
     last_message_seq: int = 0
+    model_seq: int = 0  # the latest model.completed: a message after it is not read yet
     source: str = "message"
+
+    @property
+    def steered(self) -> bool:
+        """A steering message arrived that the model has not read yet."""
+        return self.last_message_seq > self.model_seq
 
 
 @dataclass(slots=True, kw_only=True)
@@ -185,6 +191,7 @@ class SessionState:
                 "error": turn.error,
                 "first_seq": turn.first_seq,
                 "last_message_seq": turn.last_message_seq,
+                "model_seq": turn.model_seq,
                 "source": turn.source,
                 "calls": [
                     {
@@ -225,6 +232,7 @@ class SessionState:
                 error=t["error"],
                 first_seq=t["first_seq"],
                 last_message_seq=t.get("last_message_seq", 0),
+                model_seq=t.get("model_seq", t.get("last_message_seq", 0)),
                 source=t.get("source", "message"),
                 calls={c["id"]: CallState(**c) for c in t["calls"]},
             )
@@ -366,6 +374,7 @@ def _model_completed(s: SessionState, e: Event) -> None:
     usage = Usage(**e.data.get("usage", {}))
     s.usage = s.usage + usage
     turn.steps += 1
+    turn.model_seq = e.seq
     turn.status = "running"
     turn.retryable = False
     turn.error = None
