@@ -593,11 +593,6 @@ class PostgresStore:
                         f"UPDATE {s}.requests SET data=%s::json WHERE id=%s AND sk=%s",
                         (dumps(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
                     )
-                for req in commit.updated_requests:
-                    await conn.execute(
-                        f"UPDATE {s}.requests SET data=%s::json WHERE id=%s AND sk=%s",
-                        (dumps(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
-                    )
                 if commit.events:
                     await self._insert_events(conn, sk, commit.events)
                     await self._insert_audit(conn, audit_rows(commit.events))
@@ -639,8 +634,7 @@ class PostgresStore:
         for row in rows:
             if row.stream not in last:
                 cur = await conn.execute(
-                    f"SELECT n, hash FROM {self._s}.audit WHERE stream=%s "
-                    "ORDER BY n DESC LIMIT 1",
+                    f"SELECT n, hash FROM {self._s}.audit WHERE stream=%s ORDER BY n DESC LIMIT 1",
                     (row.stream,),
                 )
                 found = await cur.fetchone()
@@ -661,6 +655,9 @@ class PostgresStore:
         """Append entries that no event carries (tool setting changes)."""
 
         async def body(conn: Conn) -> None:
+            for stream in sorted({row.stream for row in rows}):
+                # No session row serializes these streams: lock each one for this transaction.
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (stream,))
             await self._insert_audit(conn, rows)
 
         await self._write(body, "recording audit entries")
