@@ -596,7 +596,7 @@ def approve(
     target: Annotated[
         str | None,
         typer.Argument(
-            metavar="[MODULE:RUNTIME]",
+            metavar="MODULE:RUNTIME",
             help="Load this runtime to continue the turn here; otherwise only record the answer.",
         ),
     ] = None,
@@ -615,7 +615,7 @@ def deny(
     target: Annotated[
         str | None,
         typer.Argument(
-            metavar="[MODULE:RUNTIME]",
+            metavar="MODULE:RUNTIME",
             help="Load this runtime to continue the turn here; otherwise only record the answer.",
         ),
     ] = None,
@@ -634,7 +634,7 @@ def answer(
     target: Annotated[
         str | None,
         typer.Argument(
-            metavar="[MODULE:RUNTIME]",
+            metavar="MODULE:RUNTIME",
             help="Load this runtime to continue the turn here; otherwise only record the answer.",
         ),
     ] = None,
