@@ -530,3 +530,68 @@ async def test_ask_and_step_need_the_engine() -> None:
         await ctx.step("x", print)
     assert ctx.idempotency_key() == "k"
     assert ctx.idempotency_key("send") == "k:send"
+
+
+async def test_abort_signal_is_set_for_steered_calls_and_clear_for_the_next_ones(
+    tmp_path: Path,
+) -> None:
+    seen: list[tuple[str, bool]] = []
+
+    @so.tool
+    async def pick(ctx: so.ToolContext) -> str:
+        """Choose a plan (options only); notes the abort signal on every run."""
+        seen.append(("pick", ctx.abort_signal.is_set()))
+        a = await ctx.ask("Which plan?", options=["basic", "pro"], allow_text=False)
+        return a.value
+
+    @so.tool
+    async def probe(ctx: so.ToolContext) -> bool:
+        """Reports whether its abort signal is set."""
+        seen.append(("probe", ctx.abort_signal.is_set()))
+        return ctx.abort_signal.is_set()
+
+    agent = scripted_agent(
+        "bot",
+        [call_tools(call("pick")), call_tools(call("probe")), reply("ok")],
+        tools=[pick, probe],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="go", auth=ALICE)
+        r = await rt.send(r.session_id, "something else", principal=ALICE)
+        assert r.status == "completed"
+        # the steered re-run sees it set; the model read the message; the next call starts clear
+        assert seen == [("pick", False), ("pick", True), ("probe", False)]
+
+
+async def test_a_call_proposed_after_a_steer_mid_run_starts_with_a_clear_signal(
+    tmp_path: Path,
+) -> None:
+    entered = asyncio.Event()
+    probes: list[bool] = []
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task that stops when the turn is steered."""
+        entered.set()
+        await asyncio.wait_for(ctx.abort_signal.wait(), timeout=10)
+        return "stopped early"
+
+    @so.tool
+    async def probe(ctx: so.ToolContext) -> str:
+        """Reports whether its abort signal is set."""
+        probes.append(ctx.abort_signal.is_set())
+        return "probed"
+
+    agent = scripted_agent(
+        "bot",
+        [call_tools(call("crawl")), call_tools(call("probe")), reply("done")],
+        tools=[crawl, probe],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("bot", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        await rt.send(sid, "stop, probe instead", principal=ALICE)
+        r = await asyncio.wait_for(running, timeout=10)
+        assert r.status == "completed"
+        assert probes == [False]  # the steer was for crawl, not for what the model did next

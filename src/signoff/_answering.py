@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -365,9 +366,8 @@ class Answering(SessionRunner):
                 )
             )
         specs.append(("turn.message", {"message": message, "principal": who, "policy": "steer"}))
-        abort = self._aborts.pop(state.id, None)
-        if abort is not None:
-            abort.set()  # running workflow calls see it; later calls get a fresh signal
+        # The calls the turn waits on see it (the engine clears it once the model reads).
+        self._aborts.setdefault(state.id, asyncio.Event()).set()
         driver = self._driver(state, None)
         try:
             await driver.record(specs, resolve=resolves, durable=bool(resolves))

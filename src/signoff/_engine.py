@@ -600,6 +600,8 @@ class Driver:
             ],
             response_index=s.model_responses,
         )
+        # The model reads every message now: the calls it proposes start un-aborted.
+        self.abort_signal.clear()
         try:
             response = await self.agent.model.complete(request)
             if not isinstance(response, ModelResponse):
