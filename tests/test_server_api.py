@@ -88,7 +88,9 @@ def test_approve_flow(alice: httpx.Client) -> None:
     assert r.status_code == 200, r.text
     done = r.json()
     assert done["status"] == "completed"
-    assert done["outcomes"] == [{"request_id": req["id"], "outcome": "approved", "applied": True}]
+    assert done["outcomes"] == [
+        {"request_id": req["id"], "outcome": "approved", "applied": True, "reason": None}
+    ]
     assert done["text"] == 'tool ok: {"order_id": "1042", "refunded": 180.0}'
 
     assert alice.get("/v1/requests").json() == {"items": [], "total": 0, "limit": 50, "offset": 0}
@@ -282,32 +284,33 @@ def test_conflicting_and_repeated_answers(alice: httpx.Client) -> None:
     again = alice.post(url, json=approve)
     assert again.status_code == 200
     assert again.json()["outcomes"] == [
-        {"request_id": rid, "outcome": "approved", "applied": False}
+        {"request_id": rid, "outcome": "approved", "applied": False, "reason": None}
     ]
     deny = {"inputResponses": [{"requestId": rid, "optionId": "cancel"}]}
     assert error(alice.post(url, json=deny), 409, "conflicting_answer")["request_ids"] == [rid]
 
 
-@pytest.mark.parametrize(
-    ("payload", "field"),
-    [
-        ({}, "inputResponses"),
-        ({"inputResponses": []}, "inputResponses"),
-        ({"inputResponses": [{"optionId": "approve"}]}, "requestId"),
-        ({"inputResponses": [{"requestId": "r"}]}, "optionId"),
-        ({"inputResponses": [{"requestId": 7, "optionId": "approve"}]}, "requestId"),
-        ({"inputResponses": [{"requestId": "r", "optionId": "approve", "extra": 1}]}, "extra"),
-        ({"input_responses": [{"requestId": "r", "optionId": "approve"}]}, "input_responses"),
-    ],
-)
-def test_bad_response_bodies_name_the_field(
-    alice: httpx.Client, payload: dict[str, Any], field: str
-) -> None:
+BAD_RESPONSES: list[tuple[dict[str, Any], str]] = [
+    ({}, "inputResponses"),
+    ({"inputResponses": []}, "inputResponses"),
+    ({"inputResponses": [{"optionId": "approve"}]}, "requestId"),
+    ({"inputResponses": [{"requestId": "r"}]}, "optionId"),
+    ({"inputResponses": [{"requestId": 7, "optionId": "approve"}]}, "requestId"),
+    ({"inputResponses": [{"requestId": "r", "optionId": "approve", "extra": 1}]}, "extra"),
+    ({"input_responses": [{"requestId": "r", "optionId": "approve"}]}, "input_responses"),
+    (
+        {"inputResponses": [{"requestId": "r", "optionId": "approve", "editedInput": []}]},
+        "editedInput",
+    ),
+]
+
+
+def test_bad_response_bodies_name_the_field(alice: httpx.Client) -> None:
     sid = start(alice)["session_id"]
-    detail = error(
-        alice.post(f"/v1/sessions/{sid}/responses", json=payload), 422, "invalid_request"
-    )
-    assert field in detail["message"]
+    for payload, field in BAD_RESPONSES:
+        r = alice.post(f"/v1/sessions/{sid}/responses", json=payload)
+        assert field in error(r, 422, "invalid_request")["message"], payload
+    assert alice.get(f"/v1/sessions/{sid}").json()["status"] == "waiting"
 
 
 def test_bad_bodies_elsewhere(alice: httpx.Client) -> None:
