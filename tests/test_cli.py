@@ -427,6 +427,12 @@ def test_chat_hands_a_two_person_approval_to_someone_else(url: str) -> None:
     (row,) = json.loads(invoke("pending", "--store", url, "--json").stdout)
     assert row["approved_by"] == [local_principal().principal_id]
 
+    trail = CliRunner().invoke(
+        app, ["events", row["session_id"], "--store", url], env={"COLUMNS": "200"}
+    )
+    me = local_principal().principal_id
+    assert re.search(rf"approval\.candidate +{row['id']} approve by {me}: \w+", trail.output)
+
     second = invoke("approve", row["id"], "tests.test_cli:treasurer", "--store", url, "--as", "bob")
     assert second.exit_code == 0, second.output
     assert "treasurer: Wired." in second.output

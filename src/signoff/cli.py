@@ -668,8 +668,16 @@ def _summary(event: Event) -> str:
         calls = [f"{c['name']}({compact_json(c.get('input'))})" for c in d.get("tool_calls", [])]
         parts = ([compact_json(d["text"])] if d.get("text") else []) + calls
         return "; ".join(parts)
+    if t == "turn.message":
+        queued = " (queued)" if d.get("queued") else ""
+        return compact_json(d.get("message")) + queued
     if t == "tool.started":
         return str(d.get("tool_name"))
+    if t == "tool.step":
+        return f"{d.get('tool_name')} step {d.get('name')} -> {compact_json(d.get('result'))}"
+    if t == "approval.candidate":
+        by = (d.get("by") or {}).get("principal_id", "-")
+        return f"{d.get('request_id')} {d.get('decision')} by {by}: {d.get('outcome')}"
     if t == "tool.completed":
         return _tool_line(d)
     if t == "input.requested":
@@ -716,7 +724,7 @@ def events(
                     continue
                 at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
                 console.print(
-                    f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<17}[/] "
+                    f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
                     f"{escape(_clip(_summary(event), 160))}",
                     soft_wrap=True,
                 )
