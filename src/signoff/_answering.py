@@ -28,6 +28,7 @@ from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_resp
 from ._results import GenerateResult, Outcome
 from ._sessions import SessionRunner
 from ._state import SessionState
+from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
 
@@ -191,7 +192,7 @@ class Answering(SessionRunner):
                         request_id=rid,
                         call_id=request.call_id or "",
                         tool_name=request.tool_name or "",
-                        tool_input=request.input,
+                        tool_input=_typed_input(tool, request.input),
                         principal=request.requested_by,
                         escalated_to=request.escalated_to,
                     ),
@@ -378,8 +379,15 @@ class Answering(SessionRunner):
         return await self._drive(state.id)
 
     def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
+        agent = self.agents.get(request.agent)
+        tool = None if agent is None else agent.tools.get(request.tool_name or "")
         try:
-            self._authorize(request, principal)
+            if request.kind == "tool-approval" and (
+                request.approvers > 1 or (tool is not None and tool.response_policy is not None)
+            ):
+                _check_quorum_eligibility(request, principal)  # the policy or quorum decides
+            else:
+                self._authorize(request, principal)
         except NotAllowed:
             return False
         return True
@@ -411,6 +419,14 @@ def _check_quorum_eligibility(request: InputRequest, principal: Principal | None
         raise NotAllowed(
             f"request {request.id}: the requester may not approve their own call", [request.id]
         )
+
+
+def _typed_input(tool: Tool, value: Any) -> Any:
+    """The call's input as the tool's validated model, as approval policies see it."""
+    try:
+        return tool.validate(value)
+    except ValidationError:
+        return value
 
 
 def _session_info(state: SessionState, request: InputRequest) -> SessionInfo:
