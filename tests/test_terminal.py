@@ -12,9 +12,11 @@ from pathlib import Path
 import pexpect
 import pytest
 from rich.console import Console
+from typer.testing import CliRunner
 
 import signoff as so
 from signoff.channels import TerminalChannel, compact_json
+from signoff.cli import app
 
 from .fakes.llm import API_KEY, FakeLLM, openai_completion, openai_tool_call
 
@@ -164,13 +166,7 @@ def test_a_prompt_left_open_is_answered_by_another_process(
     child.close()
     assert child.exitstatus == 0
 
-    queue = subprocess.run(
-        [SIGNOFF, "pending", "--store", url, "--json"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
+    queue = CliRunner().invoke(app, ["pending", "--store", url, "--json"])
     rows = json.loads(queue.stdout)
     assert [r["id"] for r in rows] == [request_id]
     assert rows[0]["session_id"] == session_id
@@ -212,14 +208,8 @@ def test_chat_resumes_a_session_whose_answer_was_recorded_elsewhere(
     child.close()
 
     # Record the decision only (no runtime): nothing runs until a process with the agent resumes.
-    recorded = subprocess.run(
-        [SIGNOFF, "approve", request_id, "--store", url],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-    )
-    assert recorded.returncode == 0, recorded.stderr
+    recorded = CliRunner().invoke(app, ["approve", request_id, "--store", url])
+    assert recorded.exit_code == 0, recorded.output
     assert f"--session {session_id}" in recorded.stdout
     assert refund_results(log(url, session_id)) == []
 
