@@ -19,7 +19,7 @@ from .test_server_common import (
     make_runtime,
     read_sse,
     served,
-    server_process,
+    server_processes,
 )
 
 
@@ -477,7 +477,8 @@ def test_sse_without_follow_ends_after_catching_up(alice: httpx.Client) -> None:
 
 
 def test_two_server_processes_share_one_sqlite_file(store: str) -> None:
-    with server_process(store) as a, server_process(store) as b:
+    token = "alice-token=alice"  # as `signoff serve --token SECRET=PRINCIPAL_ID` takes it
+    with server_processes(store, 2, token) as (a, b):
         with client(a, "alice-token") as ca, client(b, "alice-token") as cb:
             body = start(ca)
             sid, rid = body["session_id"], body["pending"][0]["id"]

@@ -188,38 +188,43 @@ def served(store: str, **kwargs: Any) -> Iterator[str]:
 
 
 @contextmanager
-def server_process(store: str, *extra: str) -> Iterator[str]:
-    """`signoff.server.serve` in a child process, as `signoff serve` runs it."""
-    port = free_port()
-    code = (
-        "import sys; from signoff.server import serve, TokenAuth;"
-        "from tests.test_server_common import TOKENS;"
-        f"serve('tests.test_server_common:make_runtime', port={port}, store={store!r},"
-        " auth=TokenAuth(TOKENS), log_level='warning')"
-    )
+def server_processes(store: str, count: int, *tokens: str) -> Iterator[list[str]]:
+    """`count` processes of `signoff serve` on one store, started side by side; API tokens are
+    given as SECRET=PRINCIPAL_ID."""
     env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": str(ROOT)}
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", code, *extra], cwd=ROOT, env=env, stdout=log, stderr=log
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
+    procs: list[tuple[subprocess.Popen[bytes], Any, str]] = []
+    try:
+        for _ in range(count):
+            port = free_port()
+            args = ["serve", "tests.test_server_common:make_runtime", "--port", str(port)]
+            args += ["--store", store]
+            for token in tokens:
+                args += ["--token", token]
+            log = tempfile.TemporaryFile()
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "signoff", *args], cwd=ROOT, env=env, stdout=log, stderr=log
+            )
+            procs.append((proc, log, f"http://127.0.0.1:{port}"))
+        for proc, log, base in procs:
             try:
-                wait_until_up(base)
+                wait_until_up(base, timeout=30)
             except httpx.TransportError:
                 proc.kill()
                 proc.wait()
                 log.seek(0)
                 out = log.read().decode(errors="replace")
-                raise RuntimeError(f"server process did not start:\n{out}") from None
-            yield base
-        finally:
+                raise RuntimeError(f"signoff serve did not start:\n{out}") from None
+        yield [base for _, _, base in procs]
+    finally:
+        for proc, _, _ in procs:
             proc.terminate()
+        for proc, log, _ in procs:
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            log.close()
 
 
 def auth(token: str) -> dict[str, str]:
