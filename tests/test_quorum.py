@@ -1,0 +1,328 @@
+"""Quorum: `so.always(approvers=N)` needs N distinct eligible principals; one cancel denies."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    ExecutionLog,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    store_contents,
+    timeline,
+    tool_results,
+)
+
+ALICE = so.Principal(authenticator="sso", principal_id="alice")
+BOB = so.Principal(authenticator="sso", principal_id="bob")
+CAROL = so.Principal(authenticator="sso", principal_id="carol")
+DAN = so.Principal(authenticator="sso", principal_id="dan")
+
+
+def lines(events: list[so.Event]) -> list[str]:
+    out = []
+    for e, line in zip(events, timeline(events), strict=True):
+        if e.type == "approval.candidate":
+            line = f"approval.candidate {e.data['outcome']}"
+        out.append(line)
+    return out
+
+
+async def events_of(rt: so.Runtime, session_id: str, after: int = 0) -> list[so.Event]:
+    return [e async for e in rt.events(session_id, after, follow=False)]
+
+
+def deploy_agent(log: ExecutionLog, approval: Any, seen: Capture | None = None) -> so.Agent:
+    @log.tool(approval=approval)
+    async def deploy(service: str, version: str) -> str:
+        """Deploy a service to production."""
+        return f"{service}@{version} live"
+
+    return scripted_agent(
+        "ops",
+        [call_tools(call("deploy", service="api", version="2.0")), seen or reply("deployed")],
+        tools=[deploy],
+    )
+
+
+async def asked(rt: so.Runtime) -> tuple[str, so.InputRequest, int]:
+    r = await rt.generate("ops", prompt="deploy api 2.0", auth=ALICE)
+    assert r.status == "waiting"
+    (req,) = r.pending
+    head = await rt.store.head(r.session_id)
+    assert head is not None
+    return r.session_id, req, head
+
+
+def vote(request_id: str, decision: str = "approve") -> list[so.InputResponse]:
+    return [so.InputResponse(request_id=request_id, option_id=decision)]
+
+
+async def test_two_distinct_approvers_are_needed(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("deployed"))
+    policy = so.always(approvers=2, exclude_requester=True)
+    assert policy.describe() == "Always (2 approvers)"
+    async with sqlite_runtime(tmp_path, deploy_agent(log, policy, seen)) as rt:
+        sid, req, head = await asked(rt)
+        assert (req.approvers, req.progress, req.approved_by) == (2, "0 of 2", [])
+        r = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert r.status == "waiting"
+        assert r.outcomes == [
+            so.Outcome(request_id=req.id, outcome="counted", applied=True, reason="1 of 2")
+        ]
+        assert log.count() == 0
+        # progress is visible on the request, in the queue
+        (queued,) = await rt.pending(session_id=sid)
+        assert queued.approved_by == ["bob"] and queued.progress == "1 of 2"
+        (pending,) = r.pending
+        assert pending.progress == "1 of 2"
+        events = await events_of(rt, sid, head)
+        assert lines(events) == ["approval.candidate counted", "turn.waiting"]
+        counted = events[0].data
+        assert (counted["votes"], counted["needed"], counted["decision"]) == (1, 2, "approve")
+        assert counted["by"] == BOB.model_dump()
+        assert {e.turn_id for e in events} == {req.turn_id}
+        # a repeat vote is a no-op: nothing is recorded and the count stays
+        before = await store_contents(rt.store, sid)
+        r = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert r.outcomes == [
+            so.Outcome(
+                request_id=req.id,
+                outcome="counted",
+                applied=False,
+                reason="already counted: 1 of 2",
+            )
+        ]
+        assert await store_contents(rt.store, sid) == before
+        # the second distinct approver settles it; the call runs as the requester
+        r = await rt.respond(sid, vote(req.id), principal=CAROL)
+        assert r.status == "completed"
+        assert r.outcomes == [so.Outcome(request_id=req.id, outcome="approved", applied=True)]
+        events = await events_of(rt, sid, head)
+        assert lines(events) == [
+            "approval.candidate counted",
+            "turn.waiting",
+            "approval.settled approve",
+            "input.resolved approved",
+            "tool.started deploy",
+            "tool.completed deploy ok",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        settled = next(e for e in events if e.type == "approval.settled").data
+        assert settled["approved_by"] == ["bob", "carol"]
+        assert settled["by"] == CAROL.model_dump()
+        assert [e.principal_id for e in log.executions] == ["alice"]
+        assert tool_results(seen.last)[0].content == "api@2.0 live"
+        assert await rt.pending(session_id=sid) == []
+
+
+async def test_one_cancel_denies(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    seen = Capture(reply("not deployed"))
+    agent = deploy_agent(log, so.always(approvers=3, exclude_requester=True), seen)
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, head = await asked(rt)
+        await rt.respond(sid, vote(req.id), principal=BOB)
+        r = await rt.respond(sid, vote(req.id), principal=CAROL)
+        assert r.outcomes[0].reason == "2 of 3"
+        r = await rt.respond(
+            sid,
+            [so.InputResponse(request_id=req.id, option_id="cancel", text="change freeze")],
+            principal=DAN,
+        )
+        assert r.status == "completed"
+        assert r.outcomes == [so.Outcome(request_id=req.id, outcome="cancelled", applied=True)]
+        assert lines(await events_of(rt, sid, head)) == [
+            "approval.candidate counted",
+            "turn.waiting",
+            "approval.candidate counted",
+            "turn.waiting",
+            "approval.settled cancel",
+            "input.resolved cancelled",
+            "tool.completed deploy denied",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        assert log.count() == 0
+        (result,) = tool_results(seen.last)
+        assert result.is_error and result.content["denied"] is True
+        assert result.content["by"] == "dan"
+        # the quorum is closed: a late approval conflicts, it does not count
+        with pytest.raises(so.ConflictingAnswer):
+            await rt.respond(sid, vote(req.id), principal=ALICE.model_copy())
+
+
+async def test_the_requester_is_not_eligible_when_excluded(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, _ = await asked(rt)
+        before = await store_contents(rt.store, sid)
+        for decision in ("approve", "cancel"):
+            with pytest.raises(so.NotAllowed, match="the requester may not approve") as info:
+                await rt.respond(sid, vote(req.id, decision), principal=ALICE)
+            assert info.value.request_ids == [req.id]
+        # full identity: other attributes are still the requester
+        with pytest.raises(so.NotAllowed):
+            await rt.respond(
+                sid,
+                vote(req.id),
+                principal=ALICE.model_copy(update={"attributes": {"role": "admin"}}),
+            )
+        assert await store_contents(rt.store, sid) == before
+
+
+async def test_anonymous_answers_do_not_count(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, _ = await asked(rt)
+        before = await store_contents(rt.store, sid)
+        for decision in ("approve", "cancel"):
+            with pytest.raises(so.NotAllowed, match="anonymous answer does not count"):
+                await rt.respond(sid, vote(req.id, decision), principal=None)
+        assert await store_contents(rt.store, sid) == before
+
+
+async def test_the_requester_counts_unless_excluded(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, deploy_agent(log, so.always(approvers=2))) as rt:
+        sid, req, _ = await asked(rt)
+        r = await rt.respond(sid, vote(req.id), principal=ALICE)
+        assert r.outcomes[0].reason == "1 of 2"
+        r = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert r.status == "completed"
+        assert log.count() == 1
+
+
+async def test_distinct_false_counts_every_approval(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, distinct=False))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, _ = await asked(rt)
+        r = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert r.outcomes[0] == so.Outcome(
+            request_id=req.id, outcome="counted", applied=True, reason="1 of 2"
+        )
+        r = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert r.status == "completed"
+        assert log.count() == 1
+
+
+async def test_progress_survives_a_new_runtime(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, _ = await asked(rt)
+        await rt.respond(sid, vote(req.id), principal=BOB)
+    async with sqlite_runtime(tmp_path, agent) as rt2:
+        (queued,) = await rt2.pending()
+        assert queued.progress == "1 of 2"
+        state = await rt2.state(sid)
+        assert state.requests[req.id].request.approved_by == ["bob"]
+        again = await rt2.respond(sid, vote(req.id), principal=BOB)
+        assert again.outcomes[0].applied is False
+        r = await rt2.respond(sid, vote(req.id), principal=CAROL)
+        assert r.status == "completed"
+        assert log.count() == 1
+
+
+async def test_concurrent_votes_settle_once(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, head = await asked(rt)
+        results = await asyncio.gather(
+            rt.respond(sid, vote(req.id), principal=BOB),
+            rt.respond(sid, vote(req.id), principal=CAROL),
+            rt.respond(sid, vote(req.id), principal=DAN),
+        )
+        outcomes = sorted((o.outcome, o.applied) for r in results for o in r.outcomes)
+        assert ("counted", True) in outcomes
+        assert ("approved", True) in outcomes
+        assert [o for o in outcomes if o == ("approved", True)] == [("approved", True)]
+        events = await events_of(rt, sid, head)
+        assert [line for line in lines(events) if line.startswith("approval.settled")] == [
+            "approval.settled approve"
+        ]
+        settled = next(e for e in events if e.type == "approval.settled").data
+        assert len(settled["approved_by"]) == 2
+        assert len(set(settled["approved_by"])) == 2
+        assert log.count() == 1
+
+
+async def test_quorum_with_a_response_policy(tmp_path: Path) -> None:
+    def leads_only(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        if who is not None and who.principal_id in ("bob", "carol"):
+            return so.Allowed()
+        return so.Rejected("only team leads vote on deploys")
+
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(
+        request=so.always(), response=leads_only, approvers=2, exclude_requester=True
+    )
+    async with sqlite_runtime(tmp_path, deploy_agent(log, spec)) as rt:
+        sid, req, head = await asked(rt)
+        assert req.approvers == 2 and req.exclude_requester
+        r = await rt.respond(sid, vote(req.id), principal=DAN)
+        assert r.outcomes[0].outcome == "rejected"
+        r = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert r.outcomes[0].reason == "1 of 2"
+        r = await rt.respond(sid, vote(req.id), principal=CAROL)
+        assert r.status == "completed"
+        assert lines(await events_of(rt, sid, head)) == [
+            "approval.candidate pending",
+            "approval.candidate rejected",
+            "turn.waiting",
+            "approval.candidate pending",
+            "approval.candidate counted",
+            "turn.waiting",
+            "approval.candidate pending",
+            "approval.settled approve",
+            "input.resolved approved",
+            "tool.started deploy",
+            "tool.completed deploy ok",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        assert log.count() == 1
+
+
+async def test_quorum_through_generate_approvals(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, _ = await asked(rt)
+        r = await rt.generate(
+            session_id=sid, approvals=[so.Decision(id=req.id, approved=True)], auth=BOB
+        )
+        assert r.status == "waiting"
+        assert r.outcomes[0].outcome == "counted"
+        r = await rt.generate(
+            session_id=sid, approvals=[so.Decision(id=req.id, approved=True)], auth=CAROL
+        )
+        assert r.status == "completed"
+        assert log.count() == 1
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_approvers_must_be_a_positive_integer(bad: Any) -> None:
+    with pytest.raises(so.UsageError, match="approvers must be a positive integer"):
+        so.always(approvers=bad)
+    with pytest.raises(so.UsageError, match="approvers must be a positive integer"):
+        so.ApprovalSpec(request=so.always(), approvers=bad)
