@@ -76,6 +76,36 @@ treasurer = so.Agent(
 )
 
 
+def _both(conversation: list[so.Message]) -> so.ModelResponse:
+    results = [m for m in conversation if isinstance(m, so.ToolResultMessage)]
+    said = [
+        f"{r.call_id}: {'denied' if r.is_error else 'refunded'}"
+        for r in sorted(results, key=lambda r: r.call_id)
+    ]
+    return so.ModelResponse(text="; ".join(said))
+
+
+double = so.Agent(
+    name="double",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        id=f"call_{order}",
+                        name="issue_refund",
+                        input={"order_id": order, "amount": 150, "reason": "broken"},
+                    )
+                    for order in ("1042", "1043")
+                ]
+            ),
+            _both,
+        ]
+    ),
+    tools=[issue_refund],
+)
+
+
 class _Flaky:
     """Fails the first time it is called after a tool result, then answers."""
 
@@ -451,6 +481,19 @@ def test_chat_retries_a_failed_turn_without_asking_again(url: str) -> None:
     assert "flaky: Refunded 180.00." in chat.output
     assert chat.output.count("(y/N)") == 1  # the approval was kept across the failure
     assert chat.output.count("issue_refund -> ") == 1  # and the refund ran once
+
+
+def test_chat_asks_each_gated_call_of_one_step_in_turn(url: str) -> None:
+    chat = CliRunner().invoke(
+        app,
+        ["chat", "tests.test_cli:double", "--store", url],
+        input="refund both\ny\nn\nonly one\n",
+    )
+    assert chat.exit_code == 0, chat.output
+    assert chat.output.count("(y/N)") == 2
+    assert 'Run issue_refund({"order_id":"1042"' in chat.output
+    assert 'Run issue_refund({"order_id":"1043"' in chat.output
+    assert "double: call_1042: refunded; call_1043: denied" in chat.output
 
 
 def _free_port() -> int:
