@@ -216,3 +216,27 @@ def _next_data(lines: Iterator[str]) -> dict[str, Any]:
             data: dict[str, Any] = json.loads(line[6:])
             return data
     raise AssertionError("stream ended")
+
+
+def test_audit_lists_newest_first_and_by_status(base: str) -> None:
+    rids = []
+    for option in ("approve", "cancel"):
+        body = start(base)
+        rid = body["pending"][0]["id"]
+        r = httpx.post(
+            f"{base}/v1/sessions/{body['session_id']}/responses",
+            json={"inputResponses": [{"requestId": rid, "optionId": option}]},
+            headers=auth("alice-token"),
+        )
+        assert r.status_code == 200
+        rids.append(rid)
+    withdrawn = start(base)
+    httpx.post(f"{base}/v1/sessions/{withdrawn['session_id']}/cancel", headers=auth("alice-token"))
+    with signed_in(base) as c:
+        html = c.get("/_signoff/audit").text
+        assert "2 settled requests" in html
+        assert html.index(rids[1]) < html.index(rids[0])  # newest first
+        assert ">denied<" in html and ">approved<" in html
+        assert withdrawn["pending"][0]["id"] not in html
+        other = c.get("/_signoff/audit", params={"status": "withdrawn"}).text
+        assert withdrawn["pending"][0]["id"] in other and rids[0] not in other

@@ -483,10 +483,16 @@ async def audit_page(request: Request) -> Response:
         status = "settled"
     page_raw = q.get("page", "1")
     page = int(page_raw) if page_raw.isdigit() and int(page_raw) > 0 else 1
-    everything, total = await ctx.visible_requests(
-        viewer, PendingFilter(status=status, limit=1_000_000)
-    )
-    newest = list(reversed(everything))[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
+    # oldest first in the store: the newest page is at the end
+    _, total = await ctx.visible_requests(viewer, PendingFilter(status=status, limit=1))
+    end = max(0, total - (page - 1) * PAGE_SIZE)
+    begin = max(0, end - PAGE_SIZE)
+    chunk: list[InputRequest] = []
+    if end > begin:
+        chunk, _ = await ctx.visible_requests(
+            viewer, PendingFilter(status=status, limit=end - begin, offset=begin)
+        )
+    newest = list(reversed(chunk))
     entries = []
     for r in newest:
         stored = await ctx.runtime.store.get_request(r.id)

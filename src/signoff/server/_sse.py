@@ -54,17 +54,16 @@ async def event_stream(
         for event in batch:
             yield frame(event)
             after = event.seq
-        if batch:
-            last_sent = time.monotonic()
-            if len(batch) == 500:
-                continue
-        elif not follow:
-            return
+        if len(batch) == 500:
+            continue  # more is waiting: no pause while catching up
         if not follow:
             return
+        now = time.monotonic()
+        if batch:
+            last_sent = now
+        elif now - last_sent >= heartbeat:
+            yield ": keep-alive\n\n"
+            last_sent = now
         if await request.is_disconnected():
             return
-        if time.monotonic() - last_sent >= heartbeat:
-            yield ": keep-alive\n\n"
-            last_sent = time.monotonic()
         await asyncio.sleep(poll_interval)
