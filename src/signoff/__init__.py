@@ -23,6 +23,7 @@ from ._approval import (
     tool_policy,
 )
 from ._ask import ask_question
+from ._audit_trail import AuditProblem
 from ._auto import Criteria, auto
 from ._events import SCHEMA_VERSION, Event
 from ._exceptions import (
@@ -84,6 +85,7 @@ from ._types import (
     Usage,
     UserMessage,
 )
+from .stores._audit import AuditEntry
 
 __version__ = "0.1.0"
 
@@ -101,6 +103,8 @@ __all__ = [
     "ApprovalRequired",
     "ApprovalSpec",
     "ApprovalStatus",
+    "AuditEntry",
+    "AuditProblem",
     "Approved",
     "AssistantMessage",
     "ConflictingAnswer",

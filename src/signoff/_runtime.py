@@ -9,10 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from typing import IO, Any
 
+from . import _audit_trail as _audit
 from ._answers import Reply as _Reply
 from ._answers import decisions as _decisions
+from ._audit_trail import AuditProblem
 from ._events import Event
 from ._exceptions import (
     InvalidAnswer,
@@ -26,6 +28,7 @@ from ._results import GenerateResult
 from ._state import SessionState
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal
 from .stores import PendingFilter, Resolve
+from .stores._audit import AuditEntry
 
 __all__ = ["Runtime"]
 from ._answering import Answering
@@ -224,6 +227,33 @@ class Runtime(Answering):
             self._aborts.pop(session_id, None)
             return self._result(driver.state)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
+
+    # -- the audit trail ----------------------------------------------------------------------
+
+    async def audit(
+        self, session_id: str | None = None, *, stream: str | None = None, limit: int = 10_000
+    ) -> list[AuditEntry]:
+        """Audit entries (requests, evaluations, decisions, edits, expiries, executions and tool
+        setting changes), oldest first; for one session or across all."""
+        await self.open()
+        out: list[AuditEntry] = []
+        async for e in _audit.entries(self.store, stream=session_id or stream):
+            out.append(e)
+            if len(out) >= limit:
+                break
+        return out
+
+    async def verify_audit(self, session_id: str | None = None) -> list[AuditProblem]:
+        """Recompute the hash chains; an empty list means nothing was altered."""
+        await self.open()
+        return await _audit.verify(self.store, stream=session_id)
+
+    async def export_audit(self, out: IO[str], session_id: str | None = None) -> int:
+        """Write the audit trail as JSON lines to `out`; returns the number of entries."""
+        await self.open()
+        return await _audit.export(self.store, out, stream=session_id)
+
+    # -- sync twins ---------------------------------------------------------------------------
 
     def generate_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
         return self._sync.run(self.generate(*args, **kwargs))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from ._agent import Agent
+from ._audit_trail import record_tool_settings
 from ._deadlines import due_batch
 from ._engine import Batch, Driver, load_state, new_id, runnable
 from ._events import Event
@@ -73,6 +74,8 @@ class SessionRunner:
         if not self._opened:
             await self.store.open()
             self._opened = True
+            # An admin can see when a tool stopped (or started) requiring approval.
+            await record_tool_settings(self.store, self.agents.values(), self.clock())
 
     async def close(self) -> None:
         await self.store.close()

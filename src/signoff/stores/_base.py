@@ -8,6 +8,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._events import Event
 from .._types import InputRequest
+from ._audit import AuditEntry, AuditRow
 
 __all__ = [
     "Commit",
@@ -134,3 +135,9 @@ class Store(Protocol):
     async def release_lease(self, session_id: str, owner: str, token: int) -> None: ...
 
     def set_fault_hook(self, hook: FaultHook | None) -> None: ...
+
+    async def record_audit(self, rows: Sequence[AuditRow]) -> None: ...
+
+    async def audit(
+        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[AuditEntry]: ...

@@ -26,6 +26,7 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._types import InputRequest
+from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash
 from ._base import Commit, FaultHook, Loaded, PendingFilter, StoredRequest
 
 __all__ = ["SQLiteStore"]
@@ -73,6 +74,18 @@ CREATE TABLE IF NOT EXISTS requests (
 );
 CREATE INDEX IF NOT EXISTS requests_by_status ON requests (status, created_at);
 CREATE INDEX IF NOT EXISTS requests_by_session ON requests (sk, status);
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY,
+    stream TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    at REAL NOT NULL,
+    seq INTEGER,
+    data TEXT NOT NULL,
+    prev TEXT,
+    hash TEXT NOT NULL,
+    UNIQUE (stream, n)
+);
 CREATE TABLE IF NOT EXISTS leases (
     sk INTEGER PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -251,6 +264,7 @@ class SQLiteStore:
                     )
                 if commit.events:
                     self._insert_events(conn, sk, commit.events)
+                    self._insert_audit(conn, audit_rows(commit.events))
                     last = commit.events[-1]
                     conn.execute(
                         "UPDATE sessions SET head=?, updated_at=?, status=COALESCE(?, status), "
@@ -271,6 +285,51 @@ class SQLiteStore:
             if commit.durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
         self._after(label)
+
+    @staticmethod
+    def _insert_audit(conn: sqlite3.Connection, rows: Sequence[AuditRow]) -> None:
+        last: dict[str, tuple[int, str | None]] = {}
+        for row in rows:
+            if row.stream not in last:
+                found = conn.execute(
+                    "SELECT n, hash FROM audit WHERE stream=? ORDER BY n DESC LIMIT 1",
+                    (row.stream,),
+                ).fetchone()
+                last[row.stream] = (0, None) if found is None else (int(found[0]), found[1])
+            n, prev = last[row.stream]
+            n += 1
+            digest = chain_hash(
+                prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=row.seq, data=row.data
+            )
+            conn.execute(
+                "INSERT INTO audit (stream, n, type, at, seq, data, prev, hash) "
+                "VALUES (?,?,?,?,?,?,?,?)",
+                (row.stream, n, row.type, row.at, row.seq, dumps(row.data), prev, digest),
+            )
+            last[row.stream] = (n, digest)
+
+    async def record_audit(self, rows: Sequence[AuditRow]) -> None:
+        """Append entries that no event carries (tool setting changes)."""
+        conn = self.conn
+        with _immediate(conn):
+            self._insert_audit(conn, rows)
+
+    async def audit(
+        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[AuditEntry]:
+        sql = "SELECT id, stream, n, type, at, seq, data, prev, hash FROM audit WHERE id>?"
+        params: list[Any] = [after_id]
+        if stream is not None:
+            sql += " AND stream=?"
+            params.append(stream)
+        sql += " ORDER BY id LIMIT ?"
+        params.append(limit)
+        return [
+            AuditEntry(
+                id=i, stream=st, n=n, type=t, at=at, seq=seq, data=loads(d), prev=prev, hash=h
+            )
+            for i, st, n, t, at, seq, d, prev, h in self.conn.execute(sql, params)
+        ]
 
     @staticmethod
     def _insert_events(conn: sqlite3.Connection, sk: int, events: Sequence[Event]) -> None:

@@ -1,0 +1,113 @@
+"""Reading, verifying and exporting the audit trail, and recording tool setting changes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
+from typing import IO
+
+from ._agent import Agent
+from .stores import Store
+from .stores._audit import AuditEntry, AuditRow, chain_hash
+
+__all__ = ["AuditProblem", "entries", "record_tool_settings", "tool_setting", "verify"]
+
+TOOL_SETTING = "tool.approval_changed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditProblem:
+    """An entry whose hash does not follow from its stream's chain: altered, removed or moved."""
+
+    id: int
+    stream: str
+    n: int
+    reason: str
+
+
+async def entries(
+    store: Store, *, stream: str | None = None, page: int = 1000
+) -> AsyncIterator[AuditEntry]:
+    after = 0
+    while True:
+        batch = await store.audit(stream=stream, after_id=after, limit=page)
+        for entry in batch:
+            yield entry
+            after = entry.id
+        if len(batch) < page:
+            return
+
+
+async def verify(store: Store, *, stream: str | None = None) -> list[AuditProblem]:
+    """Recompute every chain; each entry that does not match is named."""
+    last: dict[str, tuple[int, str | None]] = {}
+    problems: list[AuditProblem] = []
+    async for e in entries(store, stream=stream):
+        n, prev = last.get(e.stream, (0, None))
+        expected = chain_hash(
+            prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
+        )
+        if e.n != n + 1:
+            problems.append(
+                AuditProblem(id=e.id, stream=e.stream, n=e.n, reason=f"expected entry {n + 1}")
+            )
+        elif e.prev != prev:
+            problems.append(
+                AuditProblem(id=e.id, stream=e.stream, n=e.n, reason="previous hash differs")
+            )
+        elif e.hash != expected:
+            problems.append(
+                AuditProblem(id=e.id, stream=e.stream, n=e.n, reason="content does not match")
+            )
+        # Continue from the stored hash, so one altered entry is named once.
+        last[e.stream] = (e.n, e.hash)
+    return problems
+
+
+async def export(store: Store, out: IO[str], *, stream: str | None = None) -> int:
+    """Write the trail as JSON lines; returns how many entries."""
+    count = 0
+    async for e in entries(store, stream=stream):
+        out.write(json.dumps(e.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
+        count += 1
+    return count
+
+
+def tool_setting(agent: Agent, name: str) -> str:
+    """The approval setting shown for a tool, guardrails included."""
+    tool = agent.tools[name]
+    for g in agent.guardrails:
+        if name in getattr(g, "deny", ()):
+            return "Never (denied by guardrail)"
+        if name in set(g.tool_names()):
+            return "Always (guardrail)"
+    setting = tool.approval.describe()
+    if tool.response_policy is not None:
+        setting += " + response policy"
+    return setting
+
+
+async def record_tool_settings(store: Store, agents: Iterable[Agent], now: float) -> int:
+    """Record each tool whose approval setting differs from the last one recorded."""
+    rows = []
+    for agent in agents:
+        for name in agent.tools:
+            stream = f"tools:{agent.name}.{name}"
+            new = tool_setting(agent, name)
+            old = None
+            async for e in entries(store, stream=stream):
+                old = e.data.get("new")
+            if old != new:
+                rows.append(
+                    AuditRow(
+                        stream=stream,
+                        type=TOOL_SETTING,
+                        at=now,
+                        seq=None,
+                        data={"agent": agent.name, "tool": name, "old": old, "new": new},
+                    )
+                )
+    if rows:
+        await store.record_audit(rows)
+    return len(rows)

@@ -1,0 +1,91 @@
+"""The audit trail: entries derived from events in the same commit, hash-chained per stream.
+
+A stream is a session id, or `tools:<agent>.<tool>` for changes of a tool's approval setting.
+Each entry's hash covers the previous entry's hash of its stream, so altering, removing or
+reordering a stored entry breaks the chain at that point (`Runtime.verify_audit`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._events import Event
+
+__all__ = ["AUDIT_TYPES", "AuditEntry", "AuditRow", "audit_rows", "chain_hash"]
+
+AUDIT_TYPES = frozenset(
+    {
+        "input.requested",
+        "approval.candidate",
+        "approval.settled",
+        "input.resolved",
+        "tool.started",
+        "tool.completed",
+        "turn.cancelled",
+    }
+)
+"""Event types that enter the audit trail: requests, evaluations, decisions, executions."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditRow:
+    """An entry before it is stored: the store chains and numbers it."""
+
+    stream: str
+    type: str
+    at: float
+    seq: int | None
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditEntry:
+    """A stored entry; `n` counts from 1 within its stream, `id` across all streams."""
+
+    id: int
+    stream: str
+    n: int
+    type: str
+    at: float
+    seq: int | None
+    data: dict[str, Any]
+    prev: str | None
+    hash: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "stream": self.stream,
+            "n": self.n,
+            "type": self.type,
+            "at": self.at,
+            "seq": self.seq,
+            "data": self.data,
+            "prev": self.prev,
+            "hash": self.hash,
+        }
+
+
+def audit_rows(events: Sequence[Event]) -> list[AuditRow]:
+    return [
+        AuditRow(stream=e.session_id, type=e.type, at=e.at, seq=e.seq, data=e.data)
+        for e in events
+        if e.type in AUDIT_TYPES
+    ]
+
+
+def chain_hash(
+    prev: str | None, *, stream: str, n: int, type: str, at: float, seq: int | None, data: Any
+) -> str:
+    """SHA-256 over the previous hash and the canonical JSON of the entry."""
+    body = json.dumps(
+        {"stream": stream, "n": n, "type": type, "at": at, "seq": seq, "data": data},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    return hashlib.sha256(f"{prev or ''}\n{body}".encode()).hexdigest()
