@@ -730,3 +730,60 @@ async def test_steering_a_workflow_call_also_ignores_the_approval_waiting_behind
         assert r1.content["denied"] is True and r1.content["outcome"] == "ignored"
         assert texts(seen.last)[-1] == ("user", "forget the refund")
         assert await rt.pending(session_id=r.session_id) == []
+
+
+async def test_a_message_waiting_on_a_cancelled_turn_goes_before_later_ones(
+    tmp_path: Path,
+) -> None:
+    """Bob's message waited for Alice's turn to end; Alice cancels it and writes again: Bob's
+    message is handled first, then hers, each in a turn of its own."""
+    bob_turn = Capture(reply("Hi Bob."))
+    alice_turn = Capture(reply("Hi again, Alice."))
+    async with sqlite_runtime(tmp_path, plan_agent(bob_turn, alice_turn)) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        sid = r.session_id
+        b = await rt.send(sid, "bob here", principal=BOB)
+        assert b.status == "waiting"
+        c = await rt.cancel(sid)
+        assert c.status == "cancelled"
+        r = await rt.send(sid, "hello again", principal=ALICE)
+        assert r.status == "completed"
+        assert r.text == "Hi again, Alice."
+        log = await events(rt, sid)
+        assert timeline(log)[6:] == [
+            "turn.message queued:bob here",
+            "input.resolved cancelled",
+            "turn.cancelled",
+            "session.waiting",
+            "turn.message queued:hello again",
+            "turn.started",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+            "turn.started",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+        started = [e.data for e in log if e.type == "turn.started"]
+        assert [(d["message"], d["principal"]["principal_id"]) for d in started] == [
+            ("upgrade me", "alice"),
+            ("bob here", "bob"),
+            ("hello again", "alice"),
+        ]
+        assert texts(bob_turn.last)[-1] == ("user", "bob here")
+        assert ("user", "hello again") not in texts(bob_turn.last)
+        assert texts(alice_turn.last)[-1] == ("user", "hello again")
+        assert (await rt.state(sid)).queued == []
+
+
+async def test_resuming_a_cancelled_turn_starts_the_message_that_waited(tmp_path: Path) -> None:
+    bob_turn = Capture(reply("Hi Bob."))
+    async with sqlite_runtime(tmp_path, plan_agent(bob_turn)) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        await rt.send(r.session_id, "bob here", principal=BOB)
+        await rt.cancel(r.session_id)
+        r = await rt.generate(session_id=r.session_id)
+        assert r.status == "completed"
+        assert r.text == "Hi Bob."
+        assert texts(bob_turn.last)[-1] == ("user", "bob here")

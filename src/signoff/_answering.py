@@ -306,6 +306,20 @@ class Answering(SessionRunner):
             state = await self._checked(session_id)
             turn = state.turn
             if turn is None or turn.status in ("completed", "failed", "cancelled"):
+                if state.queued and turn is not None and turn.status != "failed":
+                    # Messages that waited for the turn's end go first: this one queues too.
+                    who = None if principal is None else principal.model_dump()
+                    data = {"message": message, "principal": who, "policy": turn_policy}
+                    driver = self._driver(state, None)
+                    try:
+                        await driver.record(
+                            [("turn.message", {**data, "queued": True})], turn_id=turn.id
+                        )
+                    except Exception:
+                        self._cache.pop(session_id, None)
+                        raise
+                    self._remember(driver.state)
+                    return await self._drive(session_id)
                 await self._start_turn(session_id, message, principal)
                 return await self._drive(session_id)
             pending = state.pending_requests()

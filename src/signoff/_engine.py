@@ -85,10 +85,10 @@ class TurnStopped(Exception):
 def runnable(state: SessionState, *, retry: bool = False) -> bool:
     """Whether the session's turn has something to do now (as opposed to waiting or over)."""
     turn = state.turn
-    if turn is None or turn.status == "cancelled":
+    if turn is None:
         return False
-    if turn.status == "completed":
-        return bool(state.queued)
+    if turn.status in ("completed", "cancelled"):
+        return bool(state.queued)  # messages that waited for the turn's end start now
     if turn.status == "failed":
         return retry
     if turn.status == "waiting":
@@ -214,7 +214,8 @@ class Driver:
         try:
             while True:
                 turn = self.state.turn
-                if turn is not None and turn.status == "completed" and self.state.queued:
+                ended = turn is not None and turn.status in ("completed", "cancelled")
+                if ended and self.state.queued:
                     await self.start_queued()
                     continue
                 if turn is None or turn.status in ("completed", "cancelled"):
@@ -315,7 +316,7 @@ class Driver:
             for c in turn.calls.values()
         ) or any(t.workflow and v.action == "run" for _, t, _, v in decided)
         requests: list[InputRequest] = []
-        to_run: list[tuple[CallState, Tool, BaseModel]] = []
+        to_run: list[tuple[CallState, Tool, BaseModel, Verdict]] = []
         for call, tool, validated, verdict in decided:
             if verdict.action == "deny":
                 denial = {"denied": True, "reason": verdict.reason, "by": "policy"}
@@ -331,18 +332,22 @@ class Driver:
                     continue
                 requests.append(self._approval_request(call, tool, validated, verdict))
             else:
-                to_run.append((call, tool, validated))
+                to_run.append((call, tool, validated, verdict))
         specs: list[EventSpec] = []
         if requests:
             specs.append(("input.requested", {"requests": [_dump_request(r) for r in requests]}))
         specs.extend(results)
         if specs:
             await self.record(specs, new_requests=requests)
-        for call, tool, validated in to_run:
+        for call, tool, validated, verdict in to_run:
             current = self.state.turn.calls.get(call.id) if self.state.turn else None
             if current is None or current.status != "proposed":
                 continue
-            await self.run_tool(current, tool, validated, self.state.turn.principal)  # type: ignore[union-attr]
+            note = None
+            if verdict.reason and verdict.auto is None:  # Approved(reason): the model hears why
+                note = {"approved": True, "by": "policy", "reason": verdict.reason}
+            principal = self.state.turn.principal  # type: ignore[union-attr]
+            await self.run_tool(current, tool, validated, principal, approval=note)
         return len(requests) + len(results) + len(to_run)
 
     def _approval_request(
@@ -434,10 +439,22 @@ class Driver:
         except ValidationError as exc:
             await self.record([_result(call, "error", _invalid_input(exc))])
             return
-        await self.run_tool(call, tool, validated, principal)
+        note = None
+        decision = call.decision or {}
+        if decision.get("approved") and decision.get("reason"):
+            by = decision.get("by")
+            who = by.get("principal_id") if isinstance(by, dict) else by
+            note = {"approved": True, "by": who, "reason": decision["reason"]}
+        await self.run_tool(call, tool, validated, principal, approval=note)
 
     async def run_tool(
-        self, call: CallState, tool: Tool, validated: BaseModel, principal: Principal | None
+        self,
+        call: CallState,
+        tool: Tool,
+        validated: BaseModel,
+        principal: Principal | None,
+        *,
+        approval: dict[str, Any] | None = None,
     ) -> None:
         s = self.state
         # Models may reuse call ids across responses: the response number keeps keys unique.
@@ -493,14 +510,18 @@ class Driver:
         except Exception as exc:
             await self.record([_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})])
             return
-        if call.edited_input is not None:
-            # The model proposed other arguments: say so, beside the result.
-            result = {
-                "result": result,
-                "note": "a reviewer edited the arguments before approving; the call ran with "
-                "edited_input, not the arguments you proposed",
-                "edited_input": call.edited_input,
-            }
+        if call.edited_input is not None or approval is not None:
+            wrapped: dict[str, Any] = {"result": result}
+            if call.edited_input is not None:
+                # The model proposed other arguments: say so, beside the result.
+                wrapped["note"] = (
+                    "a reviewer edited the arguments before approving; the call ran with "
+                    "edited_input, not the arguments you proposed"
+                )
+                wrapped["edited_input"] = call.edited_input
+            if approval is not None:
+                wrapped["approval"] = approval  # the reason given for approving reaches the model
+            result = wrapped
         await self.record([_result(call, "ok", result)])
 
     async def request_from_tool(self, call: CallState, payload: Any) -> None:
