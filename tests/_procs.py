@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
 import queue
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import signoff as so
 
@@ -28,9 +31,11 @@ __all__ = [
     "ROOT",
     "Child",
     "make_agent",
+    "query",
     "read_executions",
     "record_execution",
     "spawn",
+    "sqlite_url",
 ]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +122,7 @@ async def _answer(rt: so.Runtime, args: argparse.Namespace) -> so.GenerateResult
 
 async def _main(args: argparse.Namespace) -> None:
     agent = make_agent(args.records, block_in_tool=getattr(args, "block_in_tool", False))
-    rt = so.Runtime([agent], store=f"sqlite:///{args.db}", lease_ttl=LEASE_TTL)
+    rt = so.Runtime([agent], store=args.store, lease_ttl=LEASE_TTL)
     await rt.open()
     if args.command == "start":
         r = await rt.generate("support", prompt="Refund order 1042, it arrived broken")
@@ -145,7 +150,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("start", "answer", "resume", "race"):
         p = sub.add_parser(name)
-        p.add_argument("--db", required=True)
+        p.add_argument("--store", required=True, help="store URL (sqlite:/// or postgresql://)")
         p.add_argument("--records", required=True)
         if name != "start":
             p.add_argument("--session", required=True)
@@ -161,6 +166,25 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # -- what the parent uses --------------------------------------------------------------------
+
+
+def query(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+    """Read signoff's tables directly, bypassing signoff: `{t}` in `sql` is the table prefix
+    and `{p}` a parameter placeholder, so one query serves SQLite and PostgreSQL."""
+    if url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(url[len("sqlite:///") :])) as conn:
+            return list(conn.execute(sql.format(t="", p="?"), params).fetchall())
+    import psycopg
+
+    parts = urlsplit(url)
+    options = parse_qs(parts.query)
+    schema = options.pop("schema", ["signoff"])[0]
+    for name in ("pool_min", "pool_max", "pool_timeout"):  # signoff's, not libpq's
+        options.pop(name, None)
+    libpq = urlunsplit(parts._replace(query=urlencode(options, doseq=True)))
+    with psycopg.connect(libpq) as conn:
+        cur = conn.execute(sql.format(t=f'"{schema}".', p="%s").encode(), params)
+        return list(cur.fetchall())
 
 
 class Child:
@@ -240,10 +264,17 @@ class Child:
         self._stderr.close()
 
 
-def spawn(tmp: Path, command: str, *args: str) -> Child:
-    """Start `python -m tests._procs COMMAND --db ... --records ... ARGS` for the files in `tmp`."""
+def sqlite_url(tmp: Path) -> str:
+    """The store URL the tests use when they are given none: a SQLite file in `tmp`."""
+    return f"sqlite:///{tmp / 'state.db'}"
+
+
+def spawn(tmp: Path, command: str, *args: str, store: str | None = None) -> Child:
+    """Start `python -m tests._procs COMMAND --store URL --records FILE ARGS`; the records file
+    and the child's stderr live in `tmp`, the store defaults to a SQLite file there."""
     n = len(list(tmp.glob("child-*.err")))
-    argv = [command, "--db", str(tmp / "state.db"), "--records", str(tmp / "runs.jsonl"), *args]
+    url = store or sqlite_url(tmp)
+    argv = [command, "--store", url, "--records", str(tmp / "runs.jsonl"), *args]
     return Child(argv, tmp / f"child-{n}-{command}.err")
 
 

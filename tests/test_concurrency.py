@@ -1,12 +1,12 @@
 """Races on one request: 50 asyncio tasks, then 4 processes, answer it at once. Exactly one
 settlement is recorded; every other answer gets the no-op outcome or `ConflictingAnswer`.
+On SQLite (plain, and behind awaits that really yield) and on PostgreSQL.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import sqlite3
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,7 +17,7 @@ import signoff as so
 from signoff.stores import Commit, Loaded, StoredRequest
 from signoff.stores.sqlite import SQLiteStore
 
-from ._procs import Child, make_agent, read_executions, spawn
+from ._procs import Child, make_agent, query, read_executions, spawn, sqlite_url
 
 N_TASKS = 50
 
@@ -57,11 +57,9 @@ class YieldingStore(SQLiteStore):
         return await super().acquire_lease(session_id, owner, ttl, now)
 
 
-def _request_row(db: Path, request_id: str) -> tuple[str, str]:
-    with sqlite3.connect(db) as conn:
-        rows = conn.execute(
-            "SELECT status, outcome FROM requests WHERE id=?", (request_id,)
-        ).fetchall()
+def _request_row(url: str, request_id: str) -> tuple[str, str]:
+    """The request's row in the store's `requests` table, read directly."""
+    rows = query(url, "SELECT status, outcome FROM {t}requests WHERE id={p}", request_id)
     assert len(rows) == 1
     return str(rows[0][0]), str(rows[0][1])
 
@@ -103,13 +101,31 @@ async def _park(rt: so.Runtime) -> tuple[str, str]:
     return r.session_id, r.pending[0].id
 
 
-@pytest.mark.parametrize("store_kind", ["sqlite", "yielding"])
-@pytest.mark.parametrize("runtimes", ["shared", "mixed", "one-per-task"])
+@pytest.fixture
+def race_url(request: pytest.FixtureRequest, tmp_path: Path, store_kind: str) -> str:
+    """The store of a race: a SQLite file, or a fresh PostgreSQL database (small pools)."""
+    if store_kind == "postgres":
+        return str(request.getfixturevalue("pg_store_url")) + "?pool_max=2"
+    return sqlite_url(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("store_kind", "runtimes"),
+    [
+        *(
+            (kind, r)
+            for kind in ("sqlite", "yielding")
+            for r in ("shared", "mixed", "one-per-task")
+        ),
+        # PostgreSQL's driver suspends for real; one runtime per task would need 100 connections
+        ("postgres", "shared"),
+        ("postgres", "mixed"),
+    ],
+)
 async def test_fifty_tasks_race_to_answer_one_request(
-    tmp_path: Path, store_kind: str, runtimes: str
+    tmp_path: Path, store_kind: str, runtimes: str, race_url: str
 ) -> None:
-    db = tmp_path / "state.db"
-    url = f"sqlite:///{db}"
+    url = race_url
     records = str(tmp_path / "runs.jsonl")
     lost: list[str] = []
 
@@ -164,7 +180,7 @@ async def test_fifty_tasks_race_to_answer_one_request(
         if store_kind == "yielding" and runtimes != "shared":
             # The tasks really raced: several read the request as pending and lost the CAS.
             assert "RequestClosed" in lost or "AppendConflict" in lost, lost
-        assert _request_row(db, request_id) == ("settled", winner)
+        assert _request_row(url, request_id) == ("settled", winner)
         types = _check_log([e async for e in main.events(session_id, follow=False)], request_id)
         runs = read_executions(records)
         if winner == "approved":
@@ -181,10 +197,9 @@ async def test_fifty_tasks_race_to_answer_one_request(
             await rt.close()
 
 
-def test_four_processes_race_to_answer_one_request(tmp_path: Path) -> None:
-    db = tmp_path / "state.db"
+def test_four_processes_race_to_answer_one_request(tmp_path: Path, store_url: str) -> None:
     records = str(tmp_path / "runs.jsonl")
-    rt = so.Runtime([make_agent(records)], store=f"sqlite:///{db}")
+    rt = so.Runtime([make_agent(records)], store=store_url)
     children: list[Child] = []
     try:
         parked = rt.generate_sync("support", prompt="Refund order 1042, it arrived broken")
@@ -209,6 +224,7 @@ def test_four_processes_race_to_answer_one_request(tmp_path: Path) -> None:
                     "--start-file",
                     str(start),
                     *extra,
+                    store=store_url,
                 )
             )
         for child in children:  # every racer has imported, opened its store and is polling
@@ -222,7 +238,7 @@ def test_four_processes_race_to_answer_one_request(tmp_path: Path) -> None:
             )
             child.wait()
         winner = _check_answers(answers, request_id)
-        assert _request_row(db, request_id) == ("settled", winner)
+        assert _request_row(store_url, request_id) == ("settled", winner)
         types = _check_log(rt.events_sync(session_id), request_id)
         runs = read_executions(records)
         expected_runs = 1 if winner == "approved" else 0
@@ -243,7 +259,7 @@ async def test_an_uncommitted_settlement_is_never_reported_to_another_task(tmp_p
     The first shared task's settlement is still in flight when the second shared task reads the
     request: the second must not report that answer as the settled one.
     """
-    url = f"sqlite:///{tmp_path / 'state.db'}"
+    url = sqlite_url(tmp_path)
     records = str(tmp_path / "runs.jsonl")
     lost: list[str] = []
     shared = so.Runtime([make_agent(records, delay=0.01)], store=YieldingStore(url, lost))
@@ -269,7 +285,7 @@ async def test_an_uncommitted_settlement_is_never_reported_to_another_task(tmp_p
             timeout=30,
         )
         winner = _check_answers(list(answers), request_id)
-        assert _request_row(tmp_path / "state.db", request_id) == ("settled", winner)
+        assert _request_row(url, request_id) == ("settled", winner)
         _check_log([e async for e in shared.events(session_id, follow=False)], request_id)
     finally:
         await shared.close()

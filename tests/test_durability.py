@@ -1,23 +1,23 @@
 """Restart proofs: a process parked on an approval, or inside an approved tool, is SIGKILLed and a
-brand-new process finishes the turn from the store alone.
+brand-new process finishes the turn from the store alone. Each runs on SQLite and PostgreSQL.
 """
 
 from __future__ import annotations
 
 import signal
-import sqlite3
 import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import signoff as so
 
-from ._procs import Child, make_agent, read_executions, spawn
+from ._procs import Child, make_agent, query, read_executions, spawn
 
 
-def _events(tmp: Path, session_id: str) -> list[so.Event]:
-    rt = so.Runtime([make_agent(str(tmp / "runs.jsonl"))], store=f"sqlite:///{tmp / 'state.db'}")
+def _events(tmp: Path, url: str, session_id: str) -> list[so.Event]:
+    rt = so.Runtime([make_agent(str(tmp / "runs.jsonl"))], store=url)
     try:
         return rt.events_sync(session_id)
     finally:
@@ -30,15 +30,15 @@ def _assert_log_is_whole(events: list[so.Event]) -> Counter[str]:
     return Counter(e.type for e in events)
 
 
-def _lease(tmp: Path) -> tuple[str, float]:
-    with sqlite3.connect(tmp / "state.db") as conn:
-        owner, expires_at = conn.execute("SELECT owner, expires_at FROM leases").fetchone()
+def _lease(url: str) -> tuple[str, float]:
+    """The one session's lease row, read from the store's table directly."""
+    [(owner, expires_at)] = query(url, "SELECT owner, expires_at FROM {t}leases")
     return str(owner), float(expires_at)
 
 
-def _start_and_kill(tmp: Path, children: list[Child]) -> tuple[str, str]:
+def _start_and_kill(tmp: Path, url: str, children: list[Child]) -> tuple[str, str]:
     """Run a turn to `waiting` in a child, SIGKILL it, and return (session id, request id)."""
-    starter = spawn(tmp, "start")
+    starter = spawn(tmp, "start", store=url)
     children.append(starter)
     parked = starter.expect("result")
     assert parked["status"] == "waiting"
@@ -50,14 +50,15 @@ def _start_and_kill(tmp: Path, children: list[Child]) -> tuple[str, str]:
     return session_id, request_id
 
 
-def test_answer_from_a_new_process_after_sigkill_runs_the_tool_once(tmp_path: Path) -> None:
+def test_answer_from_a_new_process_after_sigkill_runs_the_tool_once(
+    tmp_path: Path, store_url: str
+) -> None:
     children: list[Child] = []
+    run = partial(spawn, tmp_path, store=store_url)
     try:
-        session_id, request_id = _start_and_kill(tmp_path, children)
+        session_id, request_id = _start_and_kill(tmp_path, store_url, children)
 
-        answerer = spawn(
-            tmp_path, "answer", "--session", session_id, "--request", request_id, "--reason", "ok"
-        )
+        answerer = run("answer", "--session", session_id, "--request", request_id, "--reason", "ok")
         children.append(answerer)
         done = answerer.expect("result")
         answerer.wait()
@@ -72,7 +73,7 @@ def test_answer_from_a_new_process_after_sigkill_runs_the_tool_once(tmp_path: Pa
         assert runs[0]["pid"] == answerer.pid  # the new process ran it, not the dead one
 
         # The same answer again from a third process is a no-op: nothing runs twice.
-        again = spawn(tmp_path, "answer", "--session", session_id, "--request", request_id)
+        again = run("answer", "--session", session_id, "--request", request_id)
         children.append(again)
         repeat = again.expect("result")
         again.wait()
@@ -82,7 +83,7 @@ def test_answer_from_a_new_process_after_sigkill_runs_the_tool_once(tmp_path: Pa
         ]
         assert len(read_executions(tmp_path / "runs.jsonl")) == 1
 
-        types = _assert_log_is_whole(_events(tmp_path, session_id))
+        types = _assert_log_is_whole(_events(tmp_path, store_url, session_id))
         assert types["model.completed"] == 2
         assert types["approval.settled"] == 1
         assert types["tool.started"] == 1
@@ -93,14 +94,16 @@ def test_answer_from_a_new_process_after_sigkill_runs_the_tool_once(tmp_path: Pa
             child.close()
 
 
-def test_crash_inside_the_approved_tool_reruns_it_with_the_same_key(tmp_path: Path) -> None:
+def test_crash_inside_the_approved_tool_reruns_it_with_the_same_key(
+    tmp_path: Path, store_url: str
+) -> None:
     children: list[Child] = []
+    run = partial(spawn, tmp_path, store=store_url)
     try:
-        session_id, request_id = _start_and_kill(tmp_path, children)
+        session_id, request_id = _start_and_kill(tmp_path, store_url, children)
 
         # A second process approves; the tool body records its run, then hangs until killed.
-        worker = spawn(
-            tmp_path,
+        worker = run(
             "answer",
             "--session",
             session_id,
@@ -114,7 +117,7 @@ def test_crash_inside_the_approved_tool_reruns_it_with_the_same_key(tmp_path: Pa
         entered = worker.expect("tool-entered")
         key = f"{session_id}:1:call_refund"
         assert entered["key"] == key
-        owner, _ = _lease(tmp_path)
+        owner, _ = _lease(store_url)
         assert f":{worker.pid}:" in owner  # it holds the session's lease while in the tool
         worker.sigkill()
         killed_at = time.time()
@@ -122,13 +125,13 @@ def test_crash_inside_the_approved_tool_reruns_it_with_the_same_key(tmp_path: Pa
 
         # A third process resumes: it must wait for the dead holder's lease to expire, then
         # run the interrupted call again (at-least-once) with the same idempotency key.
-        resumer = spawn(tmp_path, "resume", "--session", session_id)
+        resumer = run("resume", "--session", session_id)
         children.append(resumer)
         done = resumer.expect("result")
         resumer.wait()
         assert done["status"] == "completed"
         assert done["text"] == "Refunded 180.00."
-        owner, expires_at = _lease(tmp_path)
+        owner, expires_at = _lease(store_url)
         assert owner == ""  # released by the resumer
         assert expires_at == 0
 
@@ -137,7 +140,7 @@ def test_crash_inside_the_approved_tool_reruns_it_with_the_same_key(tmp_path: Pa
         assert [r["pid"] for r in runs] == [worker.pid, resumer.pid]
         assert runs[1]["at"] >= killed_at
 
-        events = _events(tmp_path, session_id)
+        events = _events(tmp_path, store_url, session_id)
         types = _assert_log_is_whole(events)
         assert types["model.completed"] == 2  # no model response recorded twice
         assert types["approval.settled"] == 1
@@ -154,13 +157,15 @@ def test_crash_inside_the_approved_tool_reruns_it_with_the_same_key(tmp_path: Pa
             child.close()
 
 
-def test_resume_while_the_holder_is_alive_does_not_run_the_tool(tmp_path: Path) -> None:
+def test_resume_while_the_holder_is_alive_does_not_run_the_tool(
+    tmp_path: Path, store_url: str
+) -> None:
     """Control for the test above: a live lease holder is not overtaken by a resumer."""
     children: list[Child] = []
+    run = partial(spawn, tmp_path, store=store_url)
     try:
-        session_id, request_id = _start_and_kill(tmp_path, children)
-        worker = spawn(
-            tmp_path,
+        session_id, request_id = _start_and_kill(tmp_path, store_url, children)
+        worker = run(
             "answer",
             "--session",
             session_id,
@@ -172,7 +177,7 @@ def test_resume_while_the_holder_is_alive_does_not_run_the_tool(tmp_path: Path) 
         worker.expect("tool-entered")
         rt = so.Runtime(
             [make_agent(str(tmp_path / "runs.jsonl"))],
-            store=f"sqlite:///{tmp_path / 'state.db'}",
+            store=store_url,
             lease_ttl=0.5,
             lease_wait=1.5,  # three lease lifetimes: the live holder keeps renewing
         )
@@ -182,7 +187,7 @@ def test_resume_while_the_holder_is_alive_does_not_run_the_tool(tmp_path: Path) 
             rt.close_sync()
         assert busy.status == "running"
         assert len(read_executions(tmp_path / "runs.jsonl")) == 1
-        types = _assert_log_is_whole(_events(tmp_path, session_id))
+        types = _assert_log_is_whole(_events(tmp_path, store_url, session_id))
         assert types["tool.completed"] == 0
     finally:
         for child in children:
