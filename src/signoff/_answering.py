@@ -196,7 +196,13 @@ class Answering(SessionRunner):
                         principal=request.requested_by,
                         escalated_to=request.escalated_to,
                     ),
-                    response=ResponseInfo(decision=wanted["decision"], principal=principal),
+                    response=ResponseInfo(
+                        decision=wanted["decision"],
+                        principal=principal,
+                        edited_input=None
+                        if wanted.get("edited_input") is None
+                        else _typed_input(tool, wanted["edited_input"]),
+                    ),
                     session=_session_info(state, request),
                 ),
                 tool.response_timeout,

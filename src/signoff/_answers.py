@@ -69,6 +69,13 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                 raise InvalidAnswer(f"request {rid}: edited input only goes with approve", [rid])
             if tool is None or request.source == "tool":
                 raise InvalidAnswer(f"request {rid}: this approval takes no edited input", [rid])
+            if request.approvers > 1:
+                # Each approver must approve the same call: one of them may not change it alone.
+                raise InvalidAnswer(
+                    f"request {rid} needs {request.approvers} approvers, who all approve the call "
+                    "as proposed: it takes no edited input",
+                    [rid],
+                )
             try:
                 edited = tool.validate(reply.edited_input).model_dump(mode="json")
             except ValidationError as exc:

@@ -59,10 +59,11 @@ class RequestInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResponseInfo:
-    """The submitted decision and who submitted it."""
+    """The submitted decision, who submitted it, and the edited input (validated) if any."""
 
     decision: Literal["approve", "cancel"]
     principal: Principal | None
+    edited_input: Any = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
