@@ -240,3 +240,21 @@ def test_audit_lists_newest_first_and_by_status(base: str) -> None:
         assert withdrawn["pending"][0]["id"] not in html
         other = c.get("/_signoff/audit", params={"status": "withdrawn"}).text
         assert withdrawn["pending"][0]["id"] in other and rids[0] not in other
+
+
+def test_odd_query_strings_are_not_server_errors(base: str) -> None:
+    sid = start(base)["session_id"]
+    h = auth("alice-token")
+    for path in (
+        "/_signoff/?page=%C2%B2",
+        "/_signoff/?page=99999999999999999999999999",
+        "/_signoff/?page=-1&agent=%00&kind=nope",
+        "/_signoff/audit?page=0&status=%3Cscript%3E",
+        f"/_signoff/fragments/sessions/{sid}?after=%C2%B2",
+        f"/_signoff/fragments/sessions/{sid}?after=99999999999999999999999",
+        "/_signoff/fragments/queue?page=2",
+    ):
+        r = httpx.get(base + path, headers=h)
+        assert r.status_code == 200, (path, r.status_code)
+    r = httpx.get(f"{base}/_signoff/fragments/sessions/{sid}?after=2", headers=h).json()
+    assert r["seq"] == 5 and r["rows"].count("<li") == 3

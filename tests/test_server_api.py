@@ -334,8 +334,11 @@ def test_bad_bodies_elsewhere(alice: httpx.Client) -> None:
     )
     error(alice.get("/v1/requests", params={"limit": 0}), 422, "invalid_request")
     error(alice.get("/v1/requests", params={"status": "open"}), 422, "invalid_request")
-    r = alice.get(f"/v1/sessions/{sid}/events", headers={"Last-Event-ID": "abc"})
-    error(r, 422, "invalid_request")
+    for last in ("abc", "-1", str(2**70)):
+        r = alice.get(f"/v1/sessions/{sid}/events", headers={"Last-Event-ID": last})
+        error(r, 422, "invalid_request")
+    error(alice.get(f"/v1/sessions/{sid}/events", params={"after": 2**70}), 422, "invalid_request")
+    error(alice.get("/v1/requests", params={"offset": 2**70}), 422, "invalid_request")
     # an option that is not an approval's
     rid = alice.get(f"/v1/sessions/{sid}").json()["pending"][0]["id"]
     r = alice.post(

@@ -32,6 +32,8 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
 
+MAX_SEQ = 2**53  # bounds numbers a store (and JSON) can hold exactly
+
 SessionId = Annotated[str, Path(description="The session's id (`ses_…`).")]
 
 
@@ -142,7 +144,9 @@ async def cancel(
 async def events(
     request: Request,
     session_id: SessionId,
-    after: Annotated[int, Query(ge=0, description="Send the events after this seq.")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=MAX_SEQ, description="Send the events after this seq.")
+    ] = 0,
     follow: Annotated[bool, Query(description="Keep the stream open for new events.")] = True,
     last_event_id: Annotated[
         str | None,
@@ -160,8 +164,8 @@ async def events(
             raise ApiError(
                 422, "invalid_request", f"Last-Event-ID must be an event seq, not {last_event_id!r}"
             ) from None
-        if start < 0:
-            raise ApiError(422, "invalid_request", "Last-Event-ID must not be negative")
+        if not 0 <= start <= MAX_SEQ:
+            raise ApiError(422, "invalid_request", f"Last-Event-ID must be in 0..{MAX_SEQ}")
     stream = event_stream(
         request,
         ctx.runtime,
@@ -189,7 +193,7 @@ async def list_requests(
         float | None, Query(ge=0, description="Only requests at least this many seconds old.")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
 ) -> QueuePage:
     """The approval queue across sessions (oldest first), paginated, with the total."""
     ctx, caller = await _caller(request)

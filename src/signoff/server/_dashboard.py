@@ -165,6 +165,14 @@ def _base(ctx: ServerContext, viewer: Principal, **extra: Any) -> dict[str, Any]
     }
 
 
+def _number(raw: str, default: int, low: int, high: int) -> int:
+    """A page or seq from the query string; anything unusable falls back to `default`."""
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        return default
+    value = int(raw)
+    return value if low <= value <= high else default
+
+
 def _wants_json(request: Request) -> bool:
     return "application/json" in request.headers.get("accept", "")
 
@@ -175,7 +183,7 @@ def _wants_json(request: Request) -> bool:
 def _queue_filter(request: Request) -> tuple[PendingFilter, dict[str, str], int]:
     q = request.query_params
     page = q.get("page", "1")
-    number = int(page) if page.isdigit() and int(page) > 0 else 1
+    number = _number(page, 1, 1, 1_000_000)
     picked = {k: q[k] for k in ("agent", "tool", "kind") if q.get(k)}
     flt = PendingFilter(
         agent=picked.get("agent"),
@@ -426,7 +434,7 @@ async def session_page(request: Request, session_id: str) -> Response:
 async def session_fragment(request: Request, session_id: str) -> Response:
     """New trace rows after `?after=` plus the refreshed header and pending list, as JSON."""
     raw = request.query_params.get("after", "0")
-    after = int(raw) if raw.isdigit() else 0
+    after = _number(raw, 0, 0, 2**53)
     context = await _session_context(request, session_id, after)
     token = _csrf_token(request)
     common = {"prefix": DASHBOARD_PREFIX, "csrf": token, "path": request.url.path, **context}
@@ -482,7 +490,7 @@ async def audit_page(request: Request) -> Response:
     if status not in ("settled", "expired", "withdrawn"):
         status = "settled"
     page_raw = q.get("page", "1")
-    page = int(page_raw) if page_raw.isdigit() and int(page_raw) > 0 else 1
+    page = _number(page_raw, 1, 1, 1_000_000)
     # oldest first in the store: the newest page is at the end
     _, total = await ctx.visible_requests(viewer, PendingFilter(status=status, limit=1))
     end = max(0, total - (page - 1) * PAGE_SIZE)
