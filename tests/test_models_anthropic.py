@@ -412,3 +412,37 @@ async def test_invalid_tool_input_becomes_an_error_result(fake, model, tmp_path:
     [result] = fake.bodies[1]["messages"][-1]["content"]
     assert (result["tool_use_id"], result["is_error"]) == ("toolu_x", True)
     assert "invalid input" in result["content"] and "amount" in result["content"]
+
+
+@so.tool
+async def lookup_order(order_id: str) -> dict[str, object]:
+    """Look an order up."""
+    return {"order_id": order_id, "total": 180.0}
+
+
+async def test_parallel_tool_uses_come_back_as_one_user_message(
+    fake: FakeLLM, model: so.models.Anthropic, tmp_path: Path
+) -> None:
+    fake.queue(
+        anthropic_message(
+            tool_use("toolu_look", "lookup_order", {"order_id": "1042"}),
+            tool_use("toolu_pay", "issue_refund", {"order_id": "1042", "amount": 180}),
+        ),
+        anthropic_message("Done."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[lookup_order, issue_refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        assert [p.call_id for p in r.pending] == ["toolu_pay"]  # the lookup ran meanwhile
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        assert r.status == "completed"
+    last = fake.bodies[1]["messages"][-1]
+    assert last["role"] == "user"
+    assert [(b["type"], b["tool_use_id"]) for b in last["content"]] == [
+        ("tool_result", "toolu_look"),
+        ("tool_result", "toolu_pay"),
+    ]
+    assert [b.get("is_error", False) for b in last["content"]] == [False, False]
+    assert len(fake.bodies[1]["messages"]) == 3

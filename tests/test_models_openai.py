@@ -607,3 +607,39 @@ async def test_params_the_sdk_does_not_know_are_a_usage_error(fake: FakeLLM) -> 
     assert fake.received == []
     with pytest.raises(so.UsageError, match="params may not set messages"):
         so.models.OpenAIChat("m", api_key="k", params={"messages": []})
+
+
+@so.tool
+async def lookup_order(order_id: str) -> dict[str, object]:
+    """Look an order up."""
+    return {"order_id": order_id, "total": 180.0}
+
+
+async def test_parallel_tool_calls_each_get_their_tool_message(
+    fake: FakeLLM, model: so.models.OpenAIChat, tmp_path: Path
+) -> None:
+    fake.queue(
+        openai_completion(
+            None,
+            [
+                openai_tool_call("call_look", "lookup_order", {"order_id": "1042"}),
+                openai_tool_call("call_pay", "issue_refund", {"order_id": "1042", "amount": 180}),
+            ],
+        ),
+        openai_completion("Done."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[lookup_order, issue_refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        assert [p.call_id for p in r.pending] == ["call_pay"]  # the lookup ran meanwhile
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        assert r.status == "completed"
+    assistant, *results = fake.bodies[1]["messages"][1:]
+    assert [c["id"] for c in assistant["tool_calls"]] == ["call_look", "call_pay"]
+    assert [(m["role"], m["tool_call_id"]) for m in results] == [
+        ("tool", "call_look"),
+        ("tool", "call_pay"),
+    ]
+    assert json.loads(results[0]["content"]) == {"order_id": "1042", "total": 180.0}
