@@ -82,6 +82,8 @@ def test_answer_from_a_new_process_after_sigkill_runs_the_tool_once(
             {"request_id": request_id, "outcome": "approved", "applied": False, "reason": None}
         ]
         assert len(read_executions(tmp_path / "runs.jsonl")) == 1
+        requests = query(store_url, "SELECT id, status, outcome FROM {t}requests")
+        assert requests == [(request_id, "settled", "approved")]
 
         types = _assert_log_is_whole(_events(tmp_path, store_url, session_id))
         assert types["model.completed"] == 2
