@@ -223,10 +223,16 @@ async def test_ask_question_is_interrupted_by_a_message_that_answers_nothing(
         assert isinstance(last, so.UserMessage) and last.text == "forget it, I'll buy in store"
 
 
-async def test_ask_question_is_unavailable_when_no_person_can_answer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["app-principal", "schedule"])
+async def test_ask_question_is_unavailable_when_no_person_can_answer(
+    tmp_path: Path, how: str
+) -> None:
     seen = Capture(reply("I'll pick standard shipping."))
     async with sqlite_runtime(tmp_path, shipping_agent(seen)) as rt:
-        r = await rt.generate("shop", prompt="nightly: ship orders", auth=so.APP_PRINCIPAL)
+        if how == "schedule":
+            r = await rt.schedule("shop", "nightly: ship orders")
+        else:
+            r = await rt.generate("shop", prompt="nightly: ship orders", auth=so.APP_PRINCIPAL)
         assert r.status == "completed"
         assert r.pending == []
         assert timeline(await events(rt, r.session_id))[3:] == [
@@ -239,6 +245,25 @@ async def test_ask_question_is_unavailable_when_no_person_can_answer(tmp_path: P
         [result] = tool_results(seen.last)
         assert result.content == {"status": "unavailable"}
         assert result.is_error is False
+        assert await rt.pending(session_id=r.session_id) == []
+
+
+async def test_a_custom_ask_with_nobody_to_answer_is_a_tool_error(tmp_path: Path) -> None:
+    @so.tool
+    async def confirm(ctx: so.ToolContext) -> str:
+        """Asks and lets InputUnavailable propagate."""
+        a = await ctx.ask("Really?", options=["yes", "no"])
+        return a.value
+
+    seen = Capture(reply("Skipped."))
+    agent = scripted_agent("shop", [call_tools(call("confirm")), seen], tools=[confirm])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.schedule("shop", "nightly")
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content["error"].startswith("unavailable: ")
+        assert "tool.completed confirm error" in timeline(await events(rt, r.session_id))
         assert await rt.pending(session_id=r.session_id) == []
 
 

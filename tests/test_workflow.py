@@ -595,3 +595,35 @@ async def test_a_call_proposed_after_a_steer_mid_run_starts_with_a_clear_signal(
         r = await asyncio.wait_for(running, timeout=10)
         assert r.status == "completed"
         assert probes == [False]  # the steer was for crawl, not for what the model did next
+
+
+async def test_gather_answers_in_one_respond_call_rerun_the_body_once(tmp_path: Path) -> None:
+    bodies = 0
+
+    @so.tool
+    async def book(ctx: so.ToolContext) -> dict[str, str]:
+        """Ask for the date and the party size at once."""
+        nonlocal bodies
+        bodies += 1
+        date, seats = await asyncio.gather(ctx.ask("Which date?"), ctx.ask("How many seats?"))
+        return {"date": date.value, "seats": seats.value}
+
+    seen = Capture(reply("Booked."))
+    agent = scripted_agent("host", [call_tools(call("book")), seen], tools=[book])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("host", prompt="book a table", auth=ALICE)
+        date_req, seats_req = r.pending
+        r = await rt.respond(
+            r.session_id,
+            [
+                so.InputResponse(request_id=seats_req.id, text="2"),
+                so.InputResponse(request_id=date_req.id, text="Sunday"),
+            ],
+            principal=ALICE,
+        )
+        assert r.status == "completed"
+        assert bodies == 2
+        assert tool_results(seen.last)[0].content == {"date": "Sunday", "seats": "2"}
+        tl = timeline(await events(rt, r.session_id))
+        assert tl.count("turn.waiting") == 1
+        assert tl.count("input.resolved answered") == 2
