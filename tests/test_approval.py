@@ -410,7 +410,14 @@ async def test_policy_statuses(
         (result,) = tool_results(seen.last)
         if expected == "run":
             assert log.count() == 1
-            assert result.content == {"refunded": 10.0, "order_id": "1"}
+            ran = {"refunded": 10.0, "order_id": "1"}
+            if reason is None:
+                assert result.content == ran
+            else:  # Approved(reason): the reason reaches the model beside the result
+                assert result.content == {
+                    "result": ran,
+                    "approval": {"approved": True, "by": "policy", "reason": reason},
+                }
         else:
             assert log.count() == 0
             assert result.is_error

@@ -401,7 +401,11 @@ async def test_seed_slack_approver_allow_list(tmp_path: Path) -> None:
         assert settled.data["by"]["principal_id"] == "slack:T012AB3CD:U078JK9LM"
         assert settled.data["reason"] == "ok by me"
         assert [e.principal_id for e in log.executions] == [requester.principal_id]
-        assert tool_results(seen.last)[0].content == {"refunded": "ch_1"}
+        # The approver's reason reaches the model beside the result.
+        assert tool_results(seen.last)[0].content == {
+            "result": {"refunded": "ch_1"},
+            "approval": {"approved": True, "by": "slack:T012AB3CD:U078JK9LM", "reason": "ok by me"},
+        }
 
 
 async def test_seed_allow_list_that_lets_anyone_cancel(tmp_path: Path) -> None:

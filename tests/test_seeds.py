@@ -186,7 +186,11 @@ async def test_helix_pause_then_approve(tmp_path: Path) -> None:
         assert [e.input for e in log.executions] == [pending.input]
         (result,) = tool_results(seen.last)
         assert result.call_id == pending.call_id
-        assert result.content == {"refunded": 180.0}
+        # helix: the approval's optional reason reaches the model beside the result.
+        assert result.content == {
+            "result": {"refunded": 180.0},
+            "approval": {"approved": True, "by": None, "reason": "ok"},
+        }
         assert not result.is_error
 
 

@@ -169,7 +169,7 @@ class _Once(ApprovalPolicy):
     async def decide(self, ctx: ApprovalContext) -> Verdict:
         # A grant applies only once no request for this tool is still pending.
         if ctx.tool_name in ctx.approved_tools and ctx.tool_name not in ctx.pending_tools:
-            return Verdict("run", "approved earlier in this session")
+            return Verdict("run")
         return Verdict("ask")
 
 

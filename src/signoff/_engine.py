@@ -500,9 +500,7 @@ class Driver:
             await self.request_from_tool(call, signal.payload)
             return
         except QuestionWithdrawn as exc:
-            await self.record(
-                [_result(call, "cancelled", {"cancelled": True, "reason": str(exc)})]
-            )
+            await self.record([_result(call, "cancelled", {"cancelled": True, "reason": str(exc)})])
             return
         except InputUnavailable as exc:
             await self.record([_result(call, "error", {"error": f"unavailable: {exc}"})])
@@ -731,8 +729,13 @@ class _CallJournal:
 
     async def record_step(self, index: int, name: str, result: Any) -> None:
         call = self._call()
-        data = {"call_id": call.id, "tool_name": call.tool_name, "index": index, "name": name,
-                "result": result}
+        data = {
+            "call_id": call.id,
+            "tool_name": call.tool_name,
+            "index": index,
+            "name": name,
+            "result": result,
+        }
         await self.driver.record([("tool.step", data)])
 
     async def open_question(
@@ -754,9 +757,7 @@ class _CallJournal:
                     call_id=call.id,
                     tool_name=call.tool_name,
                     input=call.input,
-                    input_hash=input_hash(
-                        call.input, tool_name=call.tool_name, call_id=call.id
-                    ),
+                    input_hash=input_hash(call.input, tool_name=call.tool_name, call_id=call.id),
                 ),
                 question=question,
                 options=options,
