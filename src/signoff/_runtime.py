@@ -155,6 +155,7 @@ class Runtime(Answering):
                 kind=kind,
                 session_id=session_id,
                 created_before=None if older_than is None else self.clock() - older_than,
+                live_at=self.clock(),  # requests of expired sessions can no longer be answered
                 limit=limit,
                 offset=offset,
             )

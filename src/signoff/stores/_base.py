@@ -84,6 +84,7 @@ class PendingFilter:
     session_id: str | None = None
     created_before: float | None = None
     created_after: float | None = None
+    live_at: float | None = None  # leave out requests of sessions whose TTL passed by then
     limit: int = 100
     offset: int = 0
     extra: dict[str, Any] = field(default_factory=dict)

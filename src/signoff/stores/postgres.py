@@ -863,6 +863,9 @@ class PostgresStore:
         if flt.created_after is not None:
             where.append("r.created_at>%s")
             params.append(flt.created_after)
+        if flt.live_at is not None:
+            where.append("(s.expires_at IS NULL OR s.expires_at>%s)")
+            params.append(flt.live_at)
         clause = (" WHERE " + " AND ".join(where)) if where else ""
         return clause, params
 

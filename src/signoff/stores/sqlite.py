@@ -445,6 +445,9 @@ class SQLiteStore:
         if flt.created_after is not None:
             where.append("r.created_at>?")
             params.append(flt.created_after)
+        if flt.live_at is not None:
+            where.append("(s.expires_at IS NULL OR s.expires_at>?)")
+            params.append(flt.live_at)
         clause = (" WHERE " + " AND ".join(where)) if where else ""
         return clause, params
 

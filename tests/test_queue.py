@@ -1,0 +1,52 @@
+"""The approval queue across sessions (`Runtime.pending`)."""
+
+from pathlib import Path
+
+import signoff as so
+from signoff.testing import ManualClock, call, call_tools, scripted_agent
+
+
+@so.tool(approval=so.always())
+async def wipe(disk: str) -> str:
+    """Wipe a disk."""
+    return f"wiped {disk}"
+
+
+async def test_requests_of_a_lapsed_session_leave_the_queue(tmp_path: Path) -> None:
+    clock = ManualClock()
+    agent = scripted_agent(
+        "ops", [call_tools(call("wipe", disk="sda"))], tools=[wipe], limits=so.Limits(ttl=60)
+    )
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/q.db", clock=clock)
+    async with rt:
+        r = await rt.generate("ops", prompt="wipe sda")
+        assert [p.id for p in await rt.pending()] == [r.pending[0].id]
+        clock.advance(59)
+        assert len(await rt.pending()) == 1
+        clock.advance(2)
+        # Nobody can answer it any more: the session's TTL passed.
+        assert await rt.pending() == []
+        try:
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+            )
+        except so.SessionExpired as exc:
+            assert exc.pending == [r.pending[0].id]
+        else:
+            raise AssertionError("answering a lapsed session must raise SessionExpired")
+
+
+async def test_queue_filters_and_pages(tmp_path: Path) -> None:
+    agent = scripted_agent("ops", [call_tools(call("wipe", disk="sda"))], tools=[wipe])
+    other = scripted_agent("other", [call_tools(call("wipe", disk="sdb"))], tools=[wipe])
+    async with so.Runtime([agent, other], store=f"sqlite:///{tmp_path}/q.db") as rt:
+        ids = [(await rt.generate("ops", prompt=f"wipe {i}")).pending[0].id for i in range(3)]
+        theirs = (await rt.generate("other", prompt="wipe")).pending[0].id
+        assert [p.id for p in await rt.pending(agent="ops")] == ids
+        assert [p.id for p in await rt.pending(agent="other")] == [theirs]
+        assert [p.id for p in await rt.pending(agent="ops", limit=2, offset=1)] == ids[1:]
+        assert [p.id for p in await rt.pending(tool_name="wipe", kind="tool-approval")] == [
+            *ids,
+            theirs,
+        ]
+        assert await rt.pending(kind="question") == []
