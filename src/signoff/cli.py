@@ -473,7 +473,9 @@ def pending(
     agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's.")] = None,
     tool: Annotated[str | None, typer.Option("--tool", help="Only approvals of this tool.")] = None,
     session: Annotated[str | None, typer.Option("--session", help="Only this session's.")] = None,
-    limit: Annotated[int, typer.Option("--limit", min=1, help="At most this many.")] = 100,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=100_000, help="At most this many.")
+    ] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List the open requests across sessions, oldest first."""
@@ -709,7 +711,9 @@ def events(
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")
     ] = False,
-    after: Annotated[int, typer.Option("--after", min=0, help="Start after this seq.")] = 0,
+    after: Annotated[
+        int, typer.Option("--after", min=0, max=2**63 - 1, help="Start after this seq.")
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     store: StoreOption = None,
 ) -> None:
