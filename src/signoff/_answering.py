@@ -14,7 +14,7 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import SessionAuth, SessionInfo
-from ._engine import Batch, EventSpec, new_id
+from ._engine import Batch, EventSpec, new_id, runnable
 from ._exceptions import (
     InvalidAnswer,
     NotAllowed,
@@ -103,7 +103,13 @@ class Answering(SessionRunner):
                 tool = agent.tools.get(request.tool_name or "")
                 wanted = _resolution(request, reply, tool)
                 if status != "pending":
-                    outcomes.append(_repeat(request, status, resolution, wanted))
+                    try:
+                        outcomes.append(_repeat(request, status, resolution, wanted))
+                    except RequestClosed:
+                        if status == "expired" and runnable(state):
+                            # Its deadline closed it just now: the turn goes on without it.
+                            await self._drive(session_id)
+                        raise
                     continue
                 if request.kind == "tool-approval" and (
                     request.approvers > 1 or (tool is not None and tool.response_policy)
