@@ -258,3 +258,18 @@ def test_odd_query_strings_are_not_server_errors(base: str) -> None:
         assert r.status_code == 200, (path, r.status_code)
     r = httpx.get(f"{base}/_signoff/fragments/sessions/{sid}?after=2", headers=h).json()
     assert r["seq"] == 5 and r["rows"].count("<li") == 3
+
+
+def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
+    start(base)
+    page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
+    assert "Demo model" in page and "demo model</span>" in page
+
+    class Echo:
+        async def complete(self, request: so.models.ModelRequest) -> so.ModelResponse:
+            return so.ModelResponse(text="hi")
+
+    runtime = so.Runtime([so.Agent(name="real", model=Echo())], store=f"sqlite:///{tmp_path}/r.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as other:
+        page = httpx.get(f"{other}/_signoff/", headers=auth("alice-token")).text
+        assert "Demo model" not in page

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
-from .test_server_common import ROOT, auth, served
+from .test_server_common import ROOT, auth, served, tool_output
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -107,7 +107,9 @@ def test_reviewer_approves_a_refund_live(page: Page, base: str, tmp_path: Path) 
 
     state = session(base, sid)
     assert state["status"] == "idle" and state["turn"]["status"] == "completed"
-    assert state["turn"]["text"] == 'tool ok: {"order_id": "1042", "refunded": 180.0}'
+    seen = tool_output(state["turn"]["text"])
+    assert seen["result"] == {"order_id": "1042", "refunded": 180.0}
+    assert seen["approval"]["reason"] == "Customer sent photos of the damage"
     record = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("alice-token")).json()
     assert record["resolution"]["reason"] == "Customer sent photos of the damage"
 

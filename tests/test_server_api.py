@@ -20,6 +20,7 @@ from .test_server_common import (
     read_sse,
     served,
     server_processes,
+    tool_output,
 )
 
 
@@ -91,7 +92,10 @@ def test_approve_flow(alice: httpx.Client) -> None:
     assert done["outcomes"] == [
         {"request_id": req["id"], "outcome": "approved", "applied": True, "reason": None}
     ]
-    assert done["text"] == 'tool ok: {"order_id": "1042", "refunded": 180.0}'
+    assert done["text"].startswith("tool ok: ")
+    seen = tool_output(done["text"])
+    assert seen["result"] == {"order_id": "1042", "refunded": 180.0}
+    assert seen["approval"]["reason"] == "ok"  # the reviewer's reason reaches the model
 
     assert alice.get("/v1/requests").json() == {"items": [], "total": 0, "limit": 50, "offset": 0}
     record = alice.get(f"/v1/requests/{req['id']}").json()

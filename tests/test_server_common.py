@@ -52,6 +52,13 @@ def _echo(conversation: list[so.Message]) -> so.ModelResponse:
     return so.ModelResponse(text="nothing to report")
 
 
+def tool_output(text: str) -> Any:
+    """What `_echo` reported: the JSON after `tool ok: ` / `tool error: `."""
+    _, sep, payload = text.partition(": ")
+    assert sep, text
+    return json.loads(payload)
+
+
 def make_agents() -> list[so.Agent]:
     @so.tool(approval=lambda input: input.amount > 100)
     async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from .._agent import Agent
 from .._events import EVENT_TYPES, Event
 from .._exceptions import SignoffError, UnknownSession
 from .._types import InputRequest, InputResponse, Principal
+from ..models import Scripted
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth
 from ._context import ServerContext, get_context
@@ -157,10 +158,12 @@ async def _viewer(request: Request) -> tuple[ServerContext, Principal]:
 
 
 def _base(ctx: ServerContext, viewer: Principal, **extra: Any) -> dict[str, Any]:
+    agents = ctx.runtime.agents
     return {
         "viewer": viewer,
         "can_sign_out": isinstance(ctx.auth, TokenAuth),
-        "agents": ctx.runtime.agents,
+        "agents": agents,
+        "demo_agents": sorted(n for n, a in agents.items() if isinstance(a.model, Scripted)),
         **extra,
     }
 
