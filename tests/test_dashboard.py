@@ -273,3 +273,34 @@ def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
     with running(create_app(runtime, auth=TokenAuth(TOKENS))) as other:
         page = httpx.get(f"{other}/_signoff/", headers=auth("alice-token")).text
         assert "Demo model" not in page
+
+
+async def test_tool_setting_changes_are_shown(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/t.db"
+
+    def runtime(policy: so.ApprovalPolicy) -> so.Runtime:
+        @so.tool(approval=policy)
+        async def delete_account(email: str) -> str:
+            """Delete a customer's account."""
+            return "deleted"
+
+        model = so.models.Scripted([so.ModelResponse(text="ok")])
+        return so.Runtime([so.Agent(name="ops", model=model, tools=[delete_account])], store=store)
+
+    first = runtime(so.always())
+    await first.open()
+    await first.close()
+    second = runtime(so.never())  # someone turned approval off
+    with running(create_app(second, auth=TokenAuth(TOKENS))) as base:
+        h = auth("admin-token")
+        tools = httpx.get(f"{base}/_signoff/tools", headers=h).text
+        assert "first seen as <strong>Always</strong>" in tools
+        assert '<span class="muted">Always</span> → <strong>Never</strong>' in tools
+        changes = httpx.get(f"{base}/_signoff/audit/tools", headers=h).text
+        table = changes[changes.index('id="tool-changes"') :]
+        assert table.index("<strong>Never</strong>") < table.index("<strong>Always</strong>")
+        verified = httpx.get(f"{base}/_signoff/audit/tools?verify=1", headers=h).text
+        assert "nothing was altered" in verified
+        # only admins may run the check
+        plain = httpx.get(f"{base}/_signoff/audit/tools?verify=1", headers=auth("alice-token"))
+        assert "nothing was altered" not in plain.text and "delete_account" in plain.text

@@ -23,6 +23,7 @@ from starlette.responses import (
 )
 
 from .._agent import Agent
+from .._audit_trail import TOOL_SETTING
 from .._events import EVENT_TYPES, Event
 from .._exceptions import SignoffError, UnknownSession
 from .._types import InputRequest, InputResponse, Principal
@@ -479,9 +480,45 @@ def _tool_rows(agent: Agent) -> list[dict[str, Any]]:
 
 @router.get("/tools", response_class=HTMLResponse)
 async def tools_page(request: Request) -> Response:
+    """Each agent's tools with their approval setting and its recorded history."""
     ctx, viewer = await _viewer(request)
-    agents = [(a, _tool_rows(a)) for a in ctx.runtime.agents.values()]
+    agents = []
+    for agent in ctx.runtime.agents.values():
+        rows = _tool_rows(agent)
+        for row in rows:
+            row["history"] = await _setting_history(ctx, agent.name, row["name"])
+        agents.append((agent, rows))
     return _render("tools.html", request, **_base(ctx, viewer, agent_tools=agents))
+
+
+async def _setting_history(ctx: ServerContext, agent: str, tool: str) -> list[dict[str, Any]]:
+    """The tool's approval setting changes as recorded in the audit trail, newest first."""
+    entries = await ctx.runtime.audit(stream=f"tools:{agent}.{tool}", limit=200)
+    return [
+        {"at": e.at, "old": e.data.get("old"), "new": e.data.get("new")}
+        for e in reversed(entries)
+        if e.type == TOOL_SETTING
+    ]
+
+
+@router.get("/audit/tools", response_class=HTMLResponse)
+async def tool_changes_page(request: Request) -> Response:
+    """Every recorded change of a tool's approval setting, newest first."""
+    ctx, viewer = await _viewer(request)
+    changes = []
+    for agent in ctx.runtime.agents.values():
+        for name in agent.tools:
+            for change in await _setting_history(ctx, agent.name, name):
+                changes.append({"agent": agent.name, "tool": name, **change})
+    changes.sort(key=lambda c: c["at"], reverse=True)
+    verified = None
+    if request.query_params.get("verify") and viewer.attributes.get("admin") is True:
+        verified = await ctx.runtime.verify_audit()
+    return _render(
+        "tool_changes.html",
+        request,
+        **_base(ctx, viewer, changes=changes, status="tools", verified=verified),
+    )
 
 
 @router.get("/audit", response_class=HTMLResponse)
