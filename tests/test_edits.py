@@ -480,3 +480,65 @@ async def test_a_stale_answer_to_a_response_policy_tool_records_nothing(tmp_path
             )
         assert await store_contents(rt.store, sid) == before
         assert calls == []  # refused before any candidate or policy
+
+
+async def test_an_edit_the_tools_approval_policy_would_deny_is_refused(tmp_path: Path) -> None:
+    """An edit is a new call: it may not become one the tool's own policy denies outright."""
+
+    def tenant_guard(ctx: so.ApprovalContext) -> Any:
+        current = ctx.session.auth.current
+        tenant = None if current is None else current.attributes.get("tenant_id")
+        if tenant is None or tenant != ctx.tool_input.tenant_id:
+            return so.Denied("Caller cannot access this tenant.")
+        return "user-approval" if ctx.tool_input.amount > 1000 else "not-applicable"
+
+    log = ExecutionLog()
+
+    @log.tool(approval=tenant_guard)
+    async def refund_charge(tenant_id: str, charge_id: str, amount: float) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    agent = scripted_agent(
+        "support",
+        [call_tools(call("refund_charge", tenant_id="t1", charge_id="c", amount=5000)), reply("x")],
+        tools=[refund_charge],
+    )
+    tenant_alice = so.Principal(
+        authenticator="sso", principal_id="alice", attributes={"tenant_id": "t1"}
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="refund", auth=tenant_alice)
+        (req,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer) as info:
+            await rt.respond(
+                r.session_id,
+                [
+                    so.InputResponse(
+                        request_id=req.id,
+                        option_id="approve",
+                        edited_input={"tenant_id": "t2", "charge_id": "c", "amount": 5000},
+                    )
+                ],
+                principal=tenant_alice,
+            )
+        assert "Caller cannot access this tenant." in str(info.value)
+        assert info.value.request_ids == [req.id]
+        assert await store_contents(rt.store, r.session_id) == before
+        # an edit the policy accepts (here: would even run unasked) goes through
+        r = await rt.respond(
+            r.session_id,
+            [
+                so.InputResponse(
+                    request_id=req.id,
+                    option_id="approve",
+                    edited_input={"tenant_id": "t1", "charge_id": "c", "amount": 500},
+                )
+            ],
+            principal=tenant_alice,
+        )
+        assert r.status == "completed"
+        assert [e.input for e in log.executions] == [
+            {"tenant_id": "t1", "charge_id": "c", "amount": 500.0}
+        ]

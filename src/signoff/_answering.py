@@ -13,7 +13,7 @@ from ._answers import match as _match
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
-from ._approval import SessionAuth, SessionInfo
+from ._approval import ApprovalContext, SessionAuth, SessionInfo
 from ._engine import Batch, EventSpec, new_id, runnable
 from ._exceptions import (
     InvalidAnswer,
@@ -111,6 +111,8 @@ class Answering(SessionRunner):
                             await self._drive(session_id)
                         raise
                     continue
+                if wanted.get("edited_input") is not None and tool is not None:
+                    await self._check_edit(state, tool, request, wanted["edited_input"])
                 if request.kind == "tool-approval" and (
                     request.approvers > 1 or (tool is not None and tool.response_policy)
                 ):
@@ -403,6 +405,27 @@ class Answering(SessionRunner):
             raise
         self._remember(driver.state)
         return await self._drive(state.id)
+
+    async def _check_edit(
+        self, state: SessionState, tool: Tool, request: InputRequest, edited: dict[str, Any]
+    ) -> None:
+        """An edit is a new call: the tool's approval policy and guardrails must not deny it."""
+        ctx = ApprovalContext(
+            session=_session_info(state, request),
+            tool_name=tool.name,
+            tool_input=_typed_input(tool, edited),
+            approved_tools=frozenset(state.approved_tools),
+            call_id=request.call_id or "",
+            abort_signal=asyncio.Event(),
+            pending_tools=frozenset(r.tool_name for r in state.pending_requests() if r.tool_name),
+        )
+        verdict = await self._driver(state, None).verdict(tool, ctx)
+        if verdict.action == "deny":
+            raise InvalidAnswer(
+                f"request {request.id}: {tool.name}'s approval policy denies the edited input: "
+                f"{verdict.reason}",
+                [request.id],
+            )
 
     def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
         agent = self.agents.get(request.agent)
