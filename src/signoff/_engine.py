@@ -48,9 +48,29 @@ PARK_TYPES = frozenset({"turn.waiting", "turn.completed", "turn.failed", "turn.c
 SNAPSHOT_EVERY = 64
 
 
+STATUS_TYPES = PARK_TYPES | {
+    "turn.started",
+    "turn.resumed",
+    "turn.message",
+    "approval.settled",
+    "input.resolved",
+    "session.waiting",
+}
+"""Events that can change a session's stored status; the others happen while it runs."""
+
+
+def stored_status(state: SessionState) -> str:
+    """The status workers look for: `running` means a turn has work to do (or is doing it)."""
+    status = state.status
+    if (status == "waiting" and runnable(state)) or (status == "idle" and state.queued):
+        return "running"
+    return status
+
+
 def _shadow(state: SessionState, events: Sequence[Event], before: int) -> SessionState | None:
-    """The state after `events`, built on a copy, when a snapshot is due (parks, every 64)."""
-    due = any(e.type in PARK_TYPES for e in events) or (
+    """The state after `events`, built on a copy, when a snapshot is due (parks, every 64) or
+    the session's stored status may change."""
+    due = any(e.type in STATUS_TYPES for e in events) or (
         before // SNAPSHOT_EVERY != (before + len(events)) // SNAPSHOT_EVERY
     )
     if not due:
@@ -190,7 +210,7 @@ class Driver:
                             resolve=resolve,
                             snapshot=None if after is None else after.to_snapshot(),
                             durable=durable,
-                            status=None if after is None else after.status,
+                            status=None if after is None else stored_status(after),
                             expires_at=None if state.ttl is None else now + state.ttl,
                         )
                     )

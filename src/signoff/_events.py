@@ -38,6 +38,7 @@ EventType = Literal[
     "input.resolved",
     "turn.completed",
     "turn.failed",
+    "turn.resumed",
     "turn.cancelled",
     "session.waiting",
 ]

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import IO, Any
 
 from . import _audit_trail as _audit
+from ._answering import Answering
 from ._answers import Reply as _Reply
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
@@ -31,7 +34,8 @@ from .stores import PendingFilter, Resolve
 from .stores._audit import AuditEntry
 
 __all__ = ["Runtime"]
-from ._answering import Answering
+
+log = logging.getLogger("signoff.worker")
 
 
 class Runtime(Answering):
@@ -57,8 +61,65 @@ class Runtime(Answering):
             offset += 500
         for sid in sessions:
             with contextlib.suppress(SessionExpired):
+                await self._checked(sid)  # records the expiries; the turn becomes runnable
                 await self._drive(sid)
         return len(sessions)
+
+    async def work(
+        self,
+        *,
+        concurrency: int = 4,
+        stop: asyncio.Event | None = None,
+        idle_wait: float = 0.5,
+        sweep_every: float = 5.0,
+    ) -> None:
+        """Run turns for any process (`signoff worker`): claim sessions that have work under a
+        lease, drive them, and apply passed deadlines; returns once `stop` is set and the turns
+        it was running have finished or parked."""
+        if concurrency < 1:
+            raise UsageError("concurrency must be at least 1")
+        await self.open()
+        stop = stop or asyncio.Event()
+        running: set[asyncio.Task[None]] = set()
+        owner = f"{self.owner}:worker"
+        last_sweep = 0.0
+        wait = getattr(self.store, "wait_for_change", None)
+        while not stop.is_set():
+            free = concurrency - len(running)
+            if free > 0:
+                for session_id, token in await self.store.claim(
+                    owner, self.lease_ttl, self.clock(), free
+                ):
+                    log.info("claimed session %s (lease %d)", session_id, token)
+                    task = asyncio.create_task(self._work_on(session_id, owner, token))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+            if time.monotonic() - last_sweep >= sweep_every:
+                last_sweep = time.monotonic()
+                await self.expire_due()
+            if len(running) >= concurrency:
+                await asyncio.wait(running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED)
+            elif wait is not None:
+                waiter = asyncio.ensure_future(wait(None, idle_wait))
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                for f in (waiter, stopper):
+                    f.cancel()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), idle_wait)
+        if running:
+            log.info("stopping: waiting for %d running turn(s)", len(running))
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _work_on(self, session_id: str, owner: str, token: int) -> None:
+        try:
+            result = await self._drive(session_id, claimed=(owner, token))
+            log.info("session %s: %s", session_id, result.status)
+        except Exception:
+            log.exception("session %s: the turn failed in the worker", session_id)
+            with contextlib.suppress(Exception):
+                await self.store.release_lease(session_id, owner, token)
 
     async def generate(
         self,

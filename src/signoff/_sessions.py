@@ -50,7 +50,10 @@ class SessionRunner:
         lease_wait: float = 10.0,
         cache_size: int = 1024,
         poll_interval: float = 0.2,
+        inline: bool = True,
     ) -> None:
+        """`inline=False` leaves running turns to workers (`Runtime.work`, `signoff worker`):
+        calls return as soon as what they were given is recorded."""
         self.agents: dict[str, Agent] = {}
         for agent in agents:
             if agent.name in self.agents:
@@ -61,6 +64,7 @@ class SessionRunner:
         self.lease_ttl = lease_ttl
         self.lease_wait = lease_wait
         self.poll_interval = poll_interval
+        self.inline = inline
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
@@ -249,32 +253,65 @@ class SessionRunner:
         return False
 
     async def _drive(
-        self, session_id: str, *, outcomes: Sequence[Outcome] = (), retry: bool = False
+        self,
+        session_id: str,
+        *,
+        outcomes: Sequence[Outcome] = (),
+        retry: bool = False,
+        claimed: tuple[str, int] | None = None,
     ) -> GenerateResult:
+        if not self.inline and claimed is None:
+            if retry:
+                await self._mark_runnable(session_id)
+            state = await self.state(session_id)
+            busy = runnable(state, retry=retry)
+            return self._result(state, outcomes, busy=busy)  # a worker runs it
         for _ in range(100):
-            # One owner per drive, not per runtime: two tasks of this runtime must not share
-            # (and so steal) the session's lease.
-            owner = f"{self.owner}:{new_id('drv')}"
-            token = await self._acquire(session_id, owner)
-            if token is None:
-                state = await self.state(session_id)
-                return self._result(state, outcomes, busy=True)
+            if claimed is not None:
+                (owner, token), claimed = claimed, None
+            else:
+                # One owner per drive, not per runtime: two tasks of this runtime must not
+                # share (and so steal) the session's lease.
+                owner = f"{self.owner}:{new_id('drv')}"
+                acquired = await self._acquire(session_id, owner)
+                if acquired is None:
+                    state = await self.state(session_id)
+                    return self._result(state, outcomes, busy=True)
+                token = acquired
             renew = asyncio.create_task(self._renew(session_id, owner, token))
-            state = await self._checked(session_id)
-            driver = self._driver(state, token)
+            driver: Driver | None = None
             try:
+                state = await self._checked(session_id)
+                driver = self._driver(state, token)
                 state = await driver.drive(retry=retry)
             finally:
                 renew.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await renew
-                self._remember(driver.state)
+                if driver is not None:
+                    self._remember(driver.state)
                 await self.store.release_lease(session_id, owner, token)
             retry = False
             state = await self.state(session_id)
             if not runnable(state):
                 return self._result(state, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
+
+    async def _mark_runnable(self, session_id: str) -> None:
+        """Ask the workers to retry a failed turn: it becomes `running` in the store."""
+        state = await self._checked(session_id)
+        turn = state.turn
+        if turn is None or turn.status != "failed" or not turn.retryable:
+            return
+        await self._append(
+            session_id,
+            lambda st: (
+                [("turn.resumed", {"reason": "retry"})]
+                if st.turn is not None and st.turn.status == "failed"
+                else []
+            ),
+            turn_id=turn.id,
+        )
 
     async def _acquire(self, session_id: str, owner: str) -> int | None:
         deadline = time.monotonic() + self.lease_wait

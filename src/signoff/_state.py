@@ -531,6 +531,12 @@ def _turn_failed(s: SessionState, e: Event) -> None:
     turn.error = e.data.get("error")
 
 
+def _turn_resumed(s: SessionState, e: Event) -> None:
+    turn = _turn(s, e)
+    if turn.status == "failed":  # a retry was asked for: the turn has work again
+        turn.status = "running"
+
+
 def _turn_cancelled(s: SessionState, e: Event) -> None:
     _turn(s, e).status = "cancelled"
 
@@ -574,6 +580,7 @@ _HANDLERS = {
     "input.resolved": _input_resolved,
     "turn.completed": _turn_completed,
     "turn.failed": _turn_failed,
+    "turn.resumed": _turn_resumed,
     "turn.cancelled": _turn_cancelled,
     "session.waiting": _session_waiting,
 }

@@ -371,7 +371,20 @@ def _tool_line(data: dict[str, Any]) -> str:
     if status == "error":
         error = result.get("error") if isinstance(result, dict) else result
         return f"{name} failed: {_clip(str(error))}"
-    return f"{name} -> {_clip(compact_json(result))}"
+    notes = []
+    if (
+        isinstance(result, dict)
+        and "result" in result
+        and ("approval" in result or "edited_input" in result)
+    ):  # the engine puts the approval's reason and any edited input beside the result
+        if "edited_input" in result:
+            notes.append(f"ran with edited input {compact_json(result['edited_input'])}")
+        approval = result.get("approval")
+        if isinstance(approval, dict) and approval.get("reason"):
+            notes.append(f"approved: {approval['reason']}")
+        result = result["result"]
+    extra = f" ({'; '.join(notes)})" if notes else ""
+    return f"{name} -> {_clip(compact_json(result))}{extra}"
 
 
 def _clip(text: str, width: int = 100) -> str:

@@ -101,7 +101,7 @@ CREATE TABLE {s}.leases (
     ),
     (
         2,
-        "the hash-chained audit trail",
+        "the hash-chained audit trail; sessions by status for workers",
         """
 CREATE TABLE {s}.audit (
     id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -115,6 +115,7 @@ CREATE TABLE {s}.audit (
     hash TEXT NOT NULL,
     UNIQUE (stream, n)
 );
+CREATE INDEX sessions_by_status ON {s}.sessions (status, updated_at);
 """,
     ),
 ]
@@ -212,6 +213,7 @@ class PostgresStore:
         self._where = _describe(dsn)
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._server_async = False
         self._open_lock: asyncio.Lock | None = None
         self._fault: FaultHook | None = None
         self._sk: dict[str, int] = {}
@@ -250,6 +252,11 @@ class PostgresStore:
                             "run `signoff db upgrade`"
                         )
                     await self._migrate(conn)
+                cur = await conn.execute("SELECT current_setting('synchronous_commit')")
+                row = await cur.fetchone()
+                self._server_async = row is not None and row[0] == "off"
+            except psycopg.Error as exc:
+                raise StoreError(f"cannot read settings at {self._where}: {exc}") from exc
             finally:
                 await conn.close()
             pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
@@ -438,6 +445,8 @@ class PostgresStore:
                         async with conn.pipeline(), conn.transaction():
                             if not synchronous:
                                 await conn.execute("SET LOCAL synchronous_commit = off")
+                            elif self._server_async:  # the server skips flushes: not for us
+                                await conn.execute("SET LOCAL synchronous_commit = on")
                             result = await body(conn)
                             phase = "commit"
                         phase = "done"
@@ -899,6 +908,28 @@ class PostgresStore:
         return await self._read(body, "counting pending requests")
 
     # -- leases -------------------------------------------------------------------------------
+
+    async def claim(self, owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
+        """Lease up to `limit` sessions with work and no live lease, skipping rows another
+        worker is claiming right now (`FOR UPDATE SKIP LOCKED`): `(id, token)` each."""
+        s = self._s
+
+        async def body(conn: Conn) -> list[tuple[str, int]]:
+            cur = await conn.execute(
+                f"WITH c AS (SELECT s.sk FROM {s}.sessions s "
+                f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
+                "WHERE s.status = 'running' "
+                "AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < %s) "
+                "ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED) "
+                f"INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
+                "SELECT sk, %s, 1, %s FROM c ON CONFLICT (sk) DO UPDATE "
+                "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
+                f"RETURNING (SELECT x.id FROM {s}.sessions x WHERE x.sk = l.sk), l.token",
+                (now, limit, owner, now + ttl),
+            )
+            return [(str(i), int(t)) for i, t in await cur.fetchall()]
+
+        return await self._write(body, "claiming runnable sessions") or []
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl: float, now: float

@@ -45,6 +45,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     updated_at REAL NOT NULL,
     expires_at REAL
 );
+CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, updated_at);
 CREATE TABLE IF NOT EXISTS events (
     sk INTEGER NOT NULL,
     seq INTEGER NOT NULL,
@@ -505,6 +506,28 @@ class SQLiteStore:
                 (now + ttl, sk, owner, token),
             )
             return cur.rowcount == 1
+
+    async def claim(self, owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
+        """Lease up to `limit` sessions that have work and no live lease: `(id, token)` each."""
+        conn = self.conn
+        claimed: list[tuple[str, int]] = []
+        with _immediate(conn):
+            rows = conn.execute(
+                "SELECT s.sk, s.id, l.token FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
+                "WHERE s.status = 'running' AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < ?) "
+                "ORDER BY s.updated_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            for sk, session_id, token in rows:
+                new = 1 if token is None else int(token) + 1
+                conn.execute(
+                    "INSERT INTO leases (sk, owner, token, expires_at) VALUES (?,?,?,?) "
+                    "ON CONFLICT (sk) DO UPDATE SET owner=excluded.owner, token=excluded.token, "
+                    "expires_at=excluded.expires_at",
+                    (sk, owner, new, now + ttl),
+                )
+                claimed.append((str(session_id), new))
+        return claimed
 
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
         conn = self.conn

@@ -67,6 +67,24 @@
     return es;
   }
 
+  // Relative times ("3 minutes ago") stay true while the page is open.
+  function ago(ts) {
+    let delta = Date.now() / 1000 - ts;
+    const future = delta < 0;
+    delta = Math.abs(delta);
+    let text;
+    if (delta < 45) text = "a few seconds";
+    else if (delta < 90) text = "a minute";
+    else if (delta < 3600) text = Math.round(delta / 60) + " minutes";
+    else if (delta < 5400) text = "an hour";
+    else if (delta < 86400) text = Math.round(delta / 3600) + " hours";
+    else text = Math.round(delta / 86400) + " days";
+    return future ? "in " + text : text + " ago";
+  }
+  setInterval(() => {
+    document.querySelectorAll("time[data-ts]").forEach((el) => { el.textContent = ago(Number(el.dataset.ts)); });
+  }, 20000);
+
   // -- the queue ------------------------------------------------------------------------------
   const queue = document.querySelector("[data-live-queue]");
   if (queue) {
