@@ -246,6 +246,8 @@ def test_cancel_withdraws_and_closes(alice: httpx.Client) -> None:
     sid, rid = body["session_id"], body["pending"][0]["id"]
     r = alice.post(f"/v1/sessions/{sid}/cancel", json={"reason": "customer left"})
     assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    again = alice.post(f"/v1/sessions/{sid}/cancel")  # no body: allowed, and a no-op now
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
     late = alice.post(
         f"/v1/sessions/{sid}/responses",
         json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
@@ -424,6 +426,15 @@ def test_openapi_is_served(base: str) -> None:
     ):
         assert path in paths, path
     assert not any(p.startswith("/_signoff") for p in paths)
+    assert doc["components"]["schemas"]["CreateSession"]["properties"]["agent"]["enum"] == [
+        "batch",
+        "helper",
+        "support",
+        "treasury",
+    ]
+    assert httpx.get(f"{base}/v1/docs").status_code == 200
+    root = httpx.get(f"{base}/")
+    assert root.status_code == 307 and root.headers["location"] == "/_signoff/"
 
 
 # -- the stream ------------------------------------------------------------------------------
