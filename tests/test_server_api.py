@@ -18,6 +18,7 @@ from .test_server_common import (
     auth,
     make_runtime,
     read_sse,
+    running,
     served,
     server_processes,
     tool_output,
@@ -540,3 +541,34 @@ def test_two_server_processes_share_one_sqlite_file(store: str) -> None:
 def test_api_accepts_so_types() -> None:
     # the principal the tests use is the public type
     assert isinstance(TOKENS["alice-token"], so.Principal)
+
+
+def test_expired_sessions_leave_the_queue_and_answers_are_410(tmp_path: Path) -> None:
+    now = [1_000_000.0]
+
+    @so.tool(approval=so.always())
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    call = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
+    agent = so.Agent(
+        name="desk",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
+        tools=[reset_password],
+        limits=so.Limits(ttl=60),
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/ttl.db", clock=lambda: now[0])
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        with client(base, "alice-token") as alice:
+            body = alice.post("/v1/sessions", json={"agent": "desk", "message": "reset"}).json()
+            sid, rid = body["session_id"], body["pending"][0]["id"]
+            assert alice.get("/v1/requests").json()["total"] == 1
+            now[0] += 120
+            assert alice.get("/v1/requests").json()["total"] == 0
+            assert "All caught up" in alice.get("/_signoff/").text
+            r = alice.post(
+                f"/v1/sessions/{sid}/responses",
+                json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+            )
+            assert error(r, 410, "session_expired")["session_id"] == sid

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import HTTPConnection
@@ -55,9 +55,14 @@ class ServerContext:
     async def visible_requests(
         self, caller: Principal, flt: PendingFilter
     ) -> tuple[list[InputRequest], int]:
-        """One page of the requests matching `flt` that the caller may see, and their total."""
+        """One page of the requests matching `flt` that the caller may see, and their total.
+
+        Open requests of sessions whose TTL has passed are left out, as `Runtime.pending` does.
+        """
         store = self.runtime.store
         await self.runtime.open()
+        if flt.status == "pending" and flt.live_at is None:
+            flt = replace(flt, live_at=self.runtime.clock())
         if caller.attributes.get("admin") is True and self._default_access():
             return await store.pending(flt), await store.count_pending(flt)
         seen: dict[str, bool] = {}
@@ -87,11 +92,12 @@ class ServerContext:
         """
         store = self.runtime.store
         if caller.attributes.get("admin") is True and self._default_access():
-            total = await store.count_pending(PendingFilter())
+            live = PendingFilter(live_at=self.runtime.clock())
+            total = await store.count_pending(live)
             ends = []
             if total:
-                ends += await store.pending(PendingFilter(limit=1))
-                ends += await store.pending(PendingFilter(limit=1, offset=total - 1))
+                ends += await store.pending(replace(live, limit=1))
+                ends += await store.pending(replace(live, limit=1, offset=total - 1))
             ids = [r.id for r in ends]
         else:
             items, total = await self.visible_requests(caller, PendingFilter(limit=1_000_000))
@@ -104,18 +110,7 @@ class ServerContext:
 
 
 def _page(flt: PendingFilter, limit: int, offset: int) -> PendingFilter:
-    return PendingFilter(
-        agent=flt.agent,
-        tool_name=flt.tool_name,
-        kind=flt.kind,
-        status=flt.status,
-        session_id=flt.session_id,
-        created_before=flt.created_before,
-        created_after=flt.created_after,
-        limit=limit,
-        offset=offset,
-        extra=flt.extra,
-    )
+    return replace(flt, limit=limit, offset=offset)
 
 
 def get_context(request: HTTPConnection) -> ServerContext:
