@@ -13,6 +13,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
 from signoff._events import Event
@@ -242,6 +243,46 @@ async def test_without_auto_migrate_an_old_schema_is_refused(pg_url: str) -> Non
         assert await new_session(store)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("server_default", ["on", "off"])
+async def test_durable_commits_flush_the_others_need_not(
+    pg_store_url: str, server_default: str
+) -> None:
+    """An acknowledged answer is flushed before COMMIT returns, whatever the server's default;
+    other commits skip the flush (as SQLite's synchronous=NORMAL does)."""
+    conn = await admin(pg_store_url)
+    async with conn:
+        dbname = conninfo_to_dict(pg_store_url)["dbname"]
+        await conn.execute(
+            f'ALTER DATABASE "{dbname}" SET synchronous_commit = {server_default}'.encode()
+        )
+        await conn.execute(
+            """
+            CREATE TABLE public.seen (seq BIGINT, setting TEXT);
+            CREATE FUNCTION public.see() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO public.seen VALUES (NEW.seq, current_setting('synchronous_commit'));
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER see AFTER INSERT ON signoff.events
+                FOR EACH ROW EXECUTE FUNCTION public.see();
+            """
+        )
+    store = PostgresStore(pg_store_url)
+    await store.open()
+    try:
+        sid = await new_session(store)
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        await store.commit(
+            Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], durable=True)
+        )
+    finally:
+        await store.close()
+    conn = await admin(pg_store_url)
+    async with conn:
+        cur = await conn.execute("SELECT seq, setting FROM public.seen ORDER BY seq")
+        assert await cur.fetchall() == [(1, "on"), (2, "off"), (3, "on")]
 
 
 # -- lost connections ------------------------------------------------------------------------
