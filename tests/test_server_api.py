@@ -387,6 +387,9 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
             r = await c.get("/v1/requests")
             assert r.status_code == status, (host, r.text)
+            page = await c.get("/_signoff/")
+            assert page.status_code == status
+            assert ("Approval queue" in page.text) == (status == 200)
     await runtime.close()
     with pytest.raises(ValueError, match="auth"):
         create_app(runtime)
