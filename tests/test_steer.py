@@ -787,3 +787,31 @@ async def test_resuming_a_cancelled_turn_starts_the_message_that_waited(tmp_path
         assert r.status == "completed"
         assert r.text == "Hi Bob."
         assert texts(bob_turn.last)[-1] == ("user", "bob here")
+
+
+async def test_a_worker_starts_the_message_that_waited_on_a_cancelled_turn(
+    tmp_path: Path,
+) -> None:
+    bob_turn = Capture(reply("Hi Bob."))
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    agent = plan_agent(bob_turn)
+    async with so.Runtime([agent], store=url) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        sid = r.session_id
+        await rt.send(sid, "bob here", principal=BOB)
+        await rt.cancel(sid)
+    async with so.Runtime([agent], store=url, inline=False) as worker:
+        stop = asyncio.Event()
+        working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
+        try:
+            for _ in range(200):
+                if bob_turn.conversations:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, timeout=10)
+        assert texts(bob_turn.last)[-1] == ("user", "bob here")
+        state = await worker.state(sid)
+        assert state.turn is not None and state.turn.status == "completed"
+        assert state.queued == []

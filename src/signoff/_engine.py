@@ -62,7 +62,9 @@ STATUS_TYPES = PARK_TYPES | {
 def stored_status(state: SessionState) -> str:
     """The status workers look for: `running` means a turn has work to do (or is doing it)."""
     status = state.status
-    if (status == "waiting" and runnable(state)) or (status == "idle" and state.queued):
+    if (status == "waiting" and runnable(state)) or (
+        status in ("idle", "cancelled") and state.queued  # messages that waited start now
+    ):
         return "running"
     return status
 
