@@ -326,3 +326,26 @@ def test_approvers_must_be_a_positive_integer(bad: Any) -> None:
         so.always(approvers=bad)
     with pytest.raises(so.UsageError, match="approvers must be a positive integer"):
         so.ApprovalSpec(request=so.always(), approvers=bad)
+
+
+async def test_votes_by_typed_message(tmp_path: Path) -> None:
+    """A typed "approve" from an eligible person is a vote; the excluded requester's is refused."""
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, head = await asked(rt)
+        before = await store_contents(rt.store, sid)
+        with pytest.raises(so.NotAllowed, match="the requester may not approve"):
+            await rt.send(sid, "approve", principal=ALICE)
+        assert await store_contents(rt.store, sid) == before
+        r = await rt.send(sid, "approve", principal=BOB)
+        assert r.status == "waiting" and r.pending[0].progress == "1 of 2"
+        r = await rt.send(sid, "Approve", principal=CAROL)
+        assert r.status == "completed"
+        assert lines(await events_of(rt, sid, head))[:4] == [
+            "approval.candidate counted",
+            "turn.waiting",
+            "approval.settled approve",
+            "input.resolved approved",
+        ]
+        assert log.count() == 1
