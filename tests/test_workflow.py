@@ -627,3 +627,49 @@ async def test_gather_answers_in_one_respond_call_rerun_the_body_once(tmp_path: 
         tl = timeline(await events(rt, r.session_id))
         assert tl.count("turn.waiting") == 1
         assert tl.count("input.resolved answered") == 2
+
+
+async def test_a_worker_resumes_a_workflow_call_after_each_answer(tmp_path: Path) -> None:
+    """With `inline=False` answers are only recorded; a worker re-runs the body each time."""
+    t = Transfer()
+    seen = Capture(reply("Sent."))
+    agent = scripted_agent(
+        "bank", [call_tools(call("transfer", id="c1", amount=200)), seen], tools=[t.tool]
+    )
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with (
+        so.Runtime([agent], store=url, inline=False) as front,
+        so.Runtime([agent], store=url, inline=False) as worker,
+    ):
+        stop = asyncio.Event()
+        working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.02))
+
+        async def parked_on(question: str | None) -> so.SessionState:
+            for _ in range(300):
+                state = await front.state(sid)
+                pending = state.pending_requests()
+                if question is None and state.turn is not None and state.turn.status == "completed":
+                    return state
+                if question is not None and [p.question for p in pending] == [question]:
+                    return state
+                await asyncio.sleep(0.02)
+            raise AssertionError(f"the worker never got to {question!r}")
+
+        try:
+            sid = await front.create_session("bank", auth=ALICE)
+            await front.send(sid, "move 200", principal=ALICE)
+            state = await parked_on("Fee is 5.0. Proceed?")
+            [ask1] = state.pending_requests()
+            await front.respond(
+                sid, [so.InputResponse(request_id=ask1.id, option_id="yes")], principal=ALICE
+            )
+            await parked_on("Which account should it come from?")
+            await front.send(sid, "savings", principal=ALICE)
+            await parked_on(None)
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, timeout=10)
+        assert (t.quotes, t.bodies) == (1, 3)
+        [result] = tool_results(seen.last)
+        assert result.content["proceed"]["value"] == "yes"
+        assert result.content["account"]["value"] == "savings"
