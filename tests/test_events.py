@@ -223,7 +223,9 @@ async def test_snapshot_plus_tail_equals_full_fold_mid_turn(tmp_path: Path) -> N
         assert isinstance(store, SQLiteStore)
         loaded = await store.load(sid)
         assert loaded is not None and loaded.snapshot is not None
-        assert [e.type for e in loaded.events] == ["approval.settled", "input.resolved"]
+        # The settlement may change the stored status, so it may carry its own snapshot.
+        assert [e.type for e in loaded.events] in ([], ["approval.settled", "input.resolved"])
+        assert loaded.snapshot["seq"] + len(loaded.events) == await store.head(sid)
         events = await all_events(rt, sid)
         rebuilt = so.SessionState.from_snapshot(loaded.snapshot)
         for e in loaded.events:
