@@ -673,3 +673,42 @@ async def test_a_worker_resumes_a_workflow_call_after_each_answer(tmp_path: Path
         [result] = tool_results(seen.last)
         assert result.content["proceed"]["value"] == "yes"
         assert result.content["account"]["value"] == "savings"
+
+
+async def test_the_answer_names_the_responder_without_channel_attributes(tmp_path: Path) -> None:
+    """Eve: the answer carries the responder's authenticator, principal id and type, not the
+    channel attributes the principal arrived with (those stay in the audited event)."""
+    answers: list[so.Answer] = []
+
+    @so.tool
+    async def confirm(ctx: so.ToolContext) -> str:
+        """Confirm."""
+        a = await ctx.ask("Go ahead?", options=["yes", "no"])
+        answers.append(a)
+        return a.value
+
+    slack_alice = so.Principal(
+        authenticator="slack",
+        principal_id="U123",
+        principal_type="user",
+        issuer="T999",
+        attributes={"channel": "C42", "thread_ts": "1700000000.1"},
+    )
+    agent = scripted_agent("bot", [call_tools(call("confirm")), reply("ok")], tools=[confirm])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bot", prompt="go", auth=slack_alice)
+        r = await rt.send(r.session_id, "yes", principal=slack_alice)
+        assert r.status == "completed"
+        [answer] = answers
+        assert answer.responder == so.Principal(
+            authenticator="slack", principal_id="U123", principal_type="user", issuer="T999"
+        )
+        assert answer.responder.attributes == {}
+        assert (answer.authenticator, answer.principal_id, answer.principal_type) == (
+            "slack",
+            "U123",
+            "user",
+        )
+        log = await events(rt, r.session_id)
+        resolved = next(e.data for e in log if e.type == "input.resolved")
+        assert resolved["by"]["attributes"] == {"channel": "C42", "thread_ts": "1700000000.1"}

@@ -166,7 +166,8 @@ class ToolContext:
             value=answer.get("value", ""),
             option_id=answer.get("option_id"),
             text=answer.get("text"),
-            responder=None if by is None else Principal.model_validate(by),
+            # Who answered, without the channel attributes they arrived with (as in eve).
+            responder=None if by is None else Principal.model_validate({**by, "attributes": {}}),
         )
 
     def idempotency_key(self, name: str | None = None) -> str:
