@@ -488,6 +488,29 @@ async def test_commit_whose_acknowledgement_is_lost_is_found_committed(
     assert await pg.read_events(sid) == [ev(sid, 1, "session.created"), *events]
 
 
+async def test_claim_does_not_steal_a_lease_taken_while_it_ran(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    sid = await new_session(pg)
+    await pg.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running"))
+    old = await pg.acquire_lease(sid, "w0", 1, T0)  # expires at T0 + 1
+    assert old is not None
+    holder = await admin(pg_store_url)
+    async with holder:
+        # Another worker takes the expired lease over, and has not committed yet.
+        await holder.execute("BEGIN")
+        await holder.execute(
+            "UPDATE signoff.leases SET owner='w1', token=token+1, expires_at=%s", (T0 + 100,)
+        )
+        claim = asyncio.create_task(pg.claim("w2", 10, T0 + 5, 10))
+        observer = await admin(pg_store_url)
+        async with observer:
+            await _backend_waiting(observer, "%SKIP LOCKED%")
+        await holder.execute("COMMIT")
+        assert await asyncio.wait_for(claim, 10) == []  # re-checked: the lease is live now
+    assert await pg.acquire_lease(sid, "w2", 10, T0 + 5) is None
+
+
 # -- LISTEN/NOTIFY ---------------------------------------------------------------------------
 
 

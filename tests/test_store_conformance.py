@@ -759,3 +759,75 @@ async def test_wait_for_change(store_url: str) -> None:
     finally:
         await waiter.close()
         await writer.close()
+
+
+# -- claiming work (workers) -----------------------------------------------------------------
+
+
+async def running_session(store: Store, at: float) -> str:
+    sid = await new_session(store)
+    event = Event(session_id=sid, seq=2, type="turn.started", at=at, turn_id="trn_1")
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=[event], status="running"))
+    return sid
+
+
+async def test_claim_leases_sessions_with_work(store: Store) -> None:
+    idle = await new_session(store)
+    s1 = await running_session(store, T0 + 1)
+    s2 = await running_session(store, T0 + 2)
+    s3 = await running_session(store, T0 + 3)
+    held = await store.acquire_lease(s3, "busy", 10, T0)
+    assert held is not None
+    got = await store.claim("w1", 10, T0, 1)
+    assert [sid for sid, _ in got] == [s1]  # oldest first, up to the limit
+    got += await store.claim("w1", 10, T0, 10)
+    assert [sid for sid, _ in got] == [s1, s2]  # not the idle one, not the one held
+    assert await store.claim("w2", 10, T0 + 5, 10) == []  # all live
+    assert await store.acquire_lease(s1, "w2", 10, T0 + 5) is None  # claimed means leased
+    token1 = dict(got)[s1]
+    await store.commit(
+        Commit(session_id=s1, expected_seq=2, events=[ev(s1, 3)], lease_token=token1)
+    )
+    # Expired leases (w1's and busy's) are claimed again, with new tokens that fence the old.
+    again = dict(await store.claim("w2", 10, T0 + 11, 10))
+    assert set(again) == {s1, s2, s3}
+    assert again[s1] > token1 and again[s3] > held
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=s1, expected_seq=3, events=[ev(s1, 4)], lease_token=token1)
+        )
+    # A released lease is claimable at once; a session that went idle is not.
+    await store.release_lease(s2, "w2", again[s2])
+    await store.commit(
+        Commit(
+            session_id=s3,
+            expected_seq=2,
+            events=[ev(s3, 3, "turn.completed")],
+            lease_token=again[s3],
+            status="idle",
+        )
+    )
+    await store.release_lease(s3, "w2", again[s3])
+    assert [sid for sid, _ in await store.claim("w3", 10, T0 + 12, 10)] == [s2]
+    assert idle not in {sid for sid, _ in await store.claim("w4", 10, T0 + 99, 10)}
+
+
+async def test_concurrent_claimers_never_share_a_session(store_url: str) -> None:
+    stores = [make_store(store_url) for _ in range(4)]
+    for s in stores:
+        await s.open()
+    try:
+        sids = [await running_session(stores[0], T0 + i) for i in range(30)]
+
+        async def claimer(i: int) -> list[tuple[str, int]]:
+            got: list[tuple[str, int]] = []
+            for _ in range(10):
+                got += await stores[i % len(stores)].claim(f"w{i}", 30, T0 + 100, 2)
+            return got
+
+        results = await asyncio.gather(*(claimer(i) for i in range(8)))
+        claimed = [sid for got in results for sid, _ in got]
+        assert sorted(claimed) == sorted(sids)  # every session once, none twice
+    finally:
+        for s in stores:
+            await s.close()

@@ -924,8 +924,10 @@ class PostgresStore:
                 f"INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
                 "SELECT sk, %s, 1, %s FROM c ON CONFLICT (sk) DO UPDATE "
                 "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
+                # re-checked on the latest row: an acquire_lease may have won meanwhile
+                "WHERE l.owner = '' OR l.expires_at < %s "
                 f"RETURNING (SELECT x.id FROM {s}.sessions x WHERE x.sk = l.sk), l.token",
-                (now, limit, owner, now + ttl),
+                (now, limit, owner, now + ttl, now),
             )
             return [(str(i), int(t)) for i, t in await cur.fetchall()]
 
