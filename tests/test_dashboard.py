@@ -304,3 +304,19 @@ async def test_tool_setting_changes_are_shown(tmp_path: Path) -> None:
         # only admins may run the check
         plain = httpx.get(f"{base}/_signoff/audit/tools?verify=1", headers=auth("alice-token"))
         assert "nothing was altered" not in plain.text and "delete_account" in plain.text
+
+
+def test_a_refused_reviewer_is_told_why(base: str) -> None:
+    body = start(base, "finance")
+    rid = body["pending"][0]["id"]
+    with signed_in(base, "alice-token") as c:
+        token = csrf_of(c.get("/_signoff/").text)
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={"option": "approve", "csrf": token},
+            headers={"Accept": "application/json"},
+        )
+        assert r.status_code == 200
+        assert r.json()["outcome"] == "rejected"
+        assert r.json()["reason"] == "only a manager may approve invoices"
+        assert rid in c.get("/_signoff/").text  # still in the queue

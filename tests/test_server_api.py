@@ -167,6 +167,22 @@ def test_a_quorum_needs_two_approvers(base: str) -> None:
             assert done.json()["outcomes"][0]["outcome"] == "approved"
 
 
+def test_a_response_policy_decides_who_may_settle(base: str) -> None:
+    with client(base, "alice-token") as alice, client(base, "bob-token") as bob:
+        body = start(alice, "finance")
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        answer = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+        refused = alice.post(f"/v1/sessions/{sid}/responses", json=answer)
+        assert refused.status_code == 200, refused.text
+        (outcome,) = refused.json()["outcomes"]
+        assert outcome["outcome"] == "rejected" and outcome["applied"] is False
+        assert outcome["reason"] == "only a manager may approve invoices"
+        assert refused.json()["status"] == "waiting"  # still open, for someone else
+        done = bob.post(f"/v1/sessions/{sid}/responses", json=answer)
+        assert done.json()["status"] == "completed", done.text
+        assert tool_output(done.json()["text"]) == {"paid": "INV-7"}
+
+
 def test_helix_approvals_must_settle_everything(alice: httpx.Client) -> None:
     body = start(alice, "batch")
     sid = body["session_id"]
@@ -432,6 +448,7 @@ def test_openapi_is_served(base: str) -> None:
     assert not any(p.startswith("/_signoff") for p in paths)
     assert doc["components"]["schemas"]["CreateSession"]["properties"]["agent"]["enum"] == [
         "batch",
+        "finance",
         "helper",
         "support",
         "treasury",

@@ -31,7 +31,9 @@ ALICE = so.Principal(
     authenticator="token", principal_id="alice", attributes={"tenant": "acme", "name": "Alice"}
 )
 BOB = so.Principal(
-    authenticator="token", principal_id="bob", attributes={"tenant": "acme", "name": "Bob"}
+    authenticator="token",
+    principal_id="bob",
+    attributes={"tenant": "acme", "name": "Bob", "role": "manager"},
 )
 MALLORY = so.Principal(authenticator="token", principal_id="mallory", attributes={"tenant": "evil"})
 ADMIN = so.Principal(authenticator="token", principal_id="root", attributes={"admin": True})
@@ -135,7 +137,25 @@ def make_agents() -> list[so.Agent]:
         model=so.models.Scripted([wire, _echo], repeat_last=True),
         tools=[wire_money],
     )
-    return [support, batch, helper, treasury]
+
+    def managers_only(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        if who is not None and who.attributes.get("role") == "manager":
+            return so.Allowed()
+        return so.Rejected("only a manager may approve invoices")
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=managers_only))
+    async def pay_invoice(invoice: str) -> dict[str, Any]:
+        """Pay a supplier's invoice."""
+        return {"paid": invoice}
+
+    pay = so.ModelResponse(tool_calls=[so.ToolCall(name="pay_invoice", input={"invoice": "INV-7"})])
+    finance = so.Agent(
+        name="finance",
+        model=so.models.Scripted([pay, _echo], repeat_last=True),
+        tools=[pay_invoice],
+    )
+    return [support, batch, helper, treasury, finance]
 
 
 def make_runtime(store: str | None = None) -> so.Runtime:

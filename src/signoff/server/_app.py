@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
-from typing import Any
+from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -21,7 +21,18 @@ from ._dashboard import SignIn, dashboard_error, sign_in_redirect
 from ._dashboard import router as dashboard_router
 from ._errors import ApiError, error_response, install_error_handlers
 
-__all__ = ["create_app"]
+__all__ = ["AppChannels", "create_app"]
+
+
+class AppChannels(Protocol):
+    """What `create_app(channels=...)` takes: a `signoff.channels.ChannelHub`."""
+
+    @property
+    def routers(self) -> Sequence[Any]: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 def create_app(
@@ -32,11 +43,14 @@ def create_app(
     access: AccessRule = default_access,
     poll_interval: float = 0.25,
     close_runtime: bool = False,
+    channels: AppChannels | None = None,
 ) -> FastAPI:
     """Build the app serving `runtime`.
 
     Pass an authenticator (e.g. `TokenAuth({...})`), or `dev=True` for the localhost-only dev
     principal; one of them is required. `access` decides who may see which session.
+    `channels` (a `ChannelHub`) follows the queue while the app runs; its routes (e.g. Slack's
+    interactivity endpoint) are mounted on the app.
     """
     if auth is None:
         if not dev:
@@ -50,9 +64,13 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.open()
+        if channels is not None:
+            await channels.start()
         try:
             yield
         finally:
+            if channels is not None:
+                await channels.stop()
             if close_runtime:
                 await runtime.close()
 
@@ -85,6 +103,8 @@ def create_app(
     app.add_exception_handler(ApiError, on_api_error)
     app.include_router(api_router)
     app.include_router(dashboard_router)
+    for channel_router in () if channels is None else channels.routers:
+        app.include_router(channel_router)
     static = files("signoff.server").joinpath("static")
     app.mount(
         f"{DASHBOARD_PREFIX}/static", StaticFiles(directory=str(static)), name="signoff-static"
