@@ -527,6 +527,25 @@ async def test_each_commit_is_notified_with_session_and_seq(
     assert payloads == [f"{sid} 3", f"{sid2} 1"]
 
 
+async def test_releasing_a_session_with_work_wakes_workers(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    idle = await new_session(pg)
+    busy = await new_session(pg)
+    await pg.commit(Commit(session_id=busy, expected_seq=1, events=[ev(busy, 2)], status="running"))
+    t_idle = await pg.acquire_lease(idle, "w1", 10, T0)
+    t_busy = await pg.acquire_lease(busy, "w1", 10, T0)
+    assert t_idle is not None and t_busy is not None
+    conn = await admin(pg_store_url)
+    async with conn:
+        await conn.execute(f'LISTEN "{pg.channel}"')
+        await pg.release_lease(busy, "w2", t_busy)  # not the owner: nothing released
+        await pg.release_lease(idle, "w1", t_idle)  # no work left: nobody to wake
+        await pg.release_lease(busy, "w1", t_busy)
+        payloads = [n.payload async for n in conn.notifies(timeout=0.5)]
+    assert payloads == [f"{busy} 0"]
+
+
 async def test_a_failed_commit_notifies_nothing(pg: PostgresStore, pg_store_url: str) -> None:
     sid = await new_session(pg)
     conn = await admin(pg_store_url)

@@ -980,10 +980,13 @@ class PostgresStore:
             sk = await self._session_key(conn, session_id)
             if sk is None:
                 return
+            # A session released with work left (a worker stopping) wakes the other workers.
             await conn.execute(
-                f"UPDATE {self._s}.leases SET owner='', expires_at=0 "
-                "WHERE sk=%s AND owner=%s AND token=%s",
-                (sk, owner, token),
+                f"WITH r AS (UPDATE {self._s}.leases SET owner='', expires_at=0 "
+                "WHERE sk=%s AND owner=%s AND token=%s RETURNING sk) "
+                f"SELECT pg_notify(%s, %s) FROM r JOIN {self._s}.sessions s ON s.sk = r.sk "
+                "WHERE s.status = 'running'",
+                (sk, owner, token, self.channel, f"{session_id} 0"),
             )
 
         await self._write(body, f"releasing the lease on session {session_id!r}", transaction=False)
@@ -993,7 +996,8 @@ class PostgresStore:
     async def wait_for_change(
         self, session_id: str | None, timeout: float, *, after: int | None = None
     ) -> bool:
-        """Wait until a commit to `session_id` (any session if None) is announced.
+        """Wait until a commit to `session_id` (any session if None) is announced, or a lease
+        on a session with work left is released.
 
         Returns True on a change (or a possibly missed one: the listener reconnected), False on
         timeout. Given `after`, it returns at once if the session's head is already past it, and
