@@ -760,3 +760,51 @@ def test_approval_spec_usage_errors() -> None:
 
     assert t.response_policy is tenant_guard
     assert t.approval.describe() == "Always"
+
+
+async def test_answers_to_several_requests_are_all_or_nothing_for_the_default_rule(
+    tmp_path: Path,
+) -> None:
+    """One refused answer (NotAllowed) in a batch records none of them, policy or not."""
+    log = ExecutionLog()
+
+    @log.tool(approval=so.ApprovalSpec(request=so.always(), response=tenant_guard))
+    async def refund_charge(tenant_id: str, charge_id: str, amount: float) -> str:
+        """Refund a charge."""
+        return "refunded"
+
+    @log.tool(approval=so.always())
+    async def close_account(tenant_id: str) -> str:
+        """Close an account."""
+        return "closed"
+
+    agent = scripted_agent(
+        "billing",
+        [
+            call_tools(
+                call("refund_charge", tenant_id="t1", charge_id="c", amount=1),
+                call("close_account", tenant_id="t1"),
+            ),
+            reply("done"),
+        ],
+        tools=[refund_charge, close_account],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("billing", prompt="refund and close", auth=ALICE)
+        refund, close = r.pending
+        assert (refund.tool_name, close.tool_name) == ("refund_charge", "close_account")
+        before = await store_contents(rt.store, r.session_id)
+        answers = [
+            so.InputResponse(request_id=refund.id, option_id="approve"),
+            so.InputResponse(request_id=close.id, option_id="approve"),
+        ]
+        with pytest.raises(so.NotAllowed) as info:
+            await rt.respond(r.session_id, answers, principal=BOB)
+        assert info.value.request_ids == [close.id]
+        assert await store_contents(rt.store, r.session_id) == before
+        # Bob may settle the refund (its policy admits his tenant); Alice the closure
+        r = await rt.respond(r.session_id, answers[:1], principal=BOB)
+        assert r.outcomes[0].outcome == "approved"
+        r = await rt.respond(r.session_id, answers[1:], principal=ALICE)
+        assert r.status == "completed"
+        assert sorted(e.tool_name for e in log.executions) == ["close_account", "refund_charge"]
