@@ -1,0 +1,140 @@
+"""Child process for the fault-injection test: runs (or resumes) one scenario to its end.
+
+`python -m tests._fault_child DB RECORDS SESSION_FILE [--kill-at N --when before|after]`
+The scenario is one turn in which the model calls two gated tools and a workflow tool (a
+journaled step, then a question); the child plays the people, answering whatever is pending.
+With `--kill-at N` the store's fault hook SIGKILLs this process at the N-th commit point.
+It prints one JSON line at the end: the turn's final text and how many commit points it saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import signoff as so
+
+PEOPLE = so.Principal(authenticator="test", principal_id="alice")
+PROMPT = "order 7 arrived broken"
+
+
+def record(path: str, kind: str, key: str) -> None:
+    """Append one execution record and fsync it, so a SIGKILL right after cannot lose it."""
+    line = json.dumps({"kind": kind, "key": key, "pid": os.getpid()}) + "\n"
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_agent(records: str) -> so.Agent:
+    @so.tool(approval=so.always())
+    async def refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        record(records, "refund", ctx.idempotency_key())
+        return {"refunded": amount, "order_id": order_id}
+
+    @so.tool(approval=so.always())
+    async def ship(ctx: so.ToolContext, order_id: str) -> str:
+        """Ship a replacement."""
+        record(records, "ship", ctx.idempotency_key())
+        return f"shipped {order_id}"
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> str:
+        """Plan the remedy with the customer."""
+
+        def quote() -> float:
+            record(records, "quote", ctx.idempotency_key("quote"))
+            return 12.5
+
+        fee = await ctx.step("quote", quote)
+        answer = await ctx.ask(f"A fee of {fee} applies. Proceed?", options=["yes", "no"])
+        return f"plan for {order_id}: fee {fee}, customer said {answer.value}"
+
+    def finish(conversation: list[so.Message]) -> so.ModelResponse:
+        results = sorted(
+            json.dumps(m.content, sort_keys=True)
+            for m in conversation
+            if isinstance(m, so.ToolResultMessage)
+        )
+        return so.ModelResponse(text="done: " + " | ".join(results))
+
+    model = so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(name="refund", input={"order_id": "7", "amount": 30}),
+                    so.ToolCall(name="ship", input={"order_id": "7"}),
+                    so.ToolCall(name="plan", input={"order_id": "7"}),
+                ]
+            ),
+            finish,
+        ]
+    )
+    return so.Agent(name="support", model=model, tools=[refund, ship, plan])
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    points = 0
+
+    def hook(when: str, label: str) -> None:
+        nonlocal points
+        if when != args.when:
+            return
+        points += 1
+        if points == args.kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    rt = so.Runtime([make_agent(args.records)], store=f"sqlite:///{args.db}", lease_ttl=0.3)
+    async with rt:
+        rt.store.set_fault_hook(hook)
+        session_file = Path(args.session_file)
+        if session_file.exists():
+            sid = session_file.read_text().strip()
+            r = await rt.generate(session_id=sid)  # resume whatever the crash interrupted
+            if r.status == "idle":  # the prompt was never acknowledged: the client resends it
+                r = await rt.generate(session_id=sid, prompt=PROMPT, auth=PEOPLE)
+        else:
+            sid = await rt.create_session("support", auth=PEOPLE)
+            session_file.write_text(sid)
+            r = await rt.generate(session_id=sid, prompt=PROMPT, auth=PEOPLE)
+        for _ in range(20):
+            if r.status == "completed":
+                break
+            if r.status == "running":  # the dead process's lease has not expired yet
+                await asyncio.sleep(0.1)
+                r = await rt.generate(session_id=sid)
+                continue
+            assert r.status == "waiting", r
+            first = r.pending[0]
+            if first.kind == "question":
+                reply = so.InputResponse(request_id=first.id, option_id="yes")
+            else:
+                reply = so.InputResponse(request_id=first.id, option_id="approve")
+            r = await rt.respond(sid, [reply], principal=PEOPLE)
+        return {"status": r.status, "text": r.text, "points": points, "session": sid}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("db")
+    parser.add_argument("records")
+    parser.add_argument("session_file")
+    parser.add_argument("--kill-at", type=int, default=0)
+    parser.add_argument("--when", choices=["before", "after"], default="before")
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+if __name__ == "__main__":
+    main()
