@@ -320,3 +320,35 @@ def test_a_refused_reviewer_is_told_why(base: str) -> None:
         assert r.json()["outcome"] == "rejected"
         assert r.json()["reason"] == "only a manager may approve invoices"
         assert rid in c.get("/_signoff/").text  # still in the queue
+
+
+def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
+    with signed_in(base) as c:
+        token = csrf_of(c.get("/_signoff/new").text)
+        j = {"Accept": "application/json"}
+        assert c.post("/_signoff/sessions", data={"agent": "support"}, headers=j).status_code == 403
+        r = c.post("/_signoff/sessions", data={"agent": "nobody", "message": "x", "csrf": token})
+        assert r.status_code == 422 and "unknown agent" in r.text
+        r = c.post("/_signoff/sessions", data={"agent": "support", "message": " ", "csrf": token})
+        assert r.status_code == 422
+        r = c.post(
+            "/_signoff/sessions",
+            data={"agent": "support", "message": "Refund 1042", "csrf": token},
+        )
+        assert r.status_code == 303
+        sid = r.headers["location"].rsplit("/", 1)[1]
+        state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+        assert state["status"] == "waiting" and state["initiator"]["principal_id"] == "alice"
+        # a message that steers: the open approval is ignored
+        r = c.post(
+            f"/_signoff/sessions/{sid}/messages",
+            data={"message": "actually, never mind", "csrf": token},
+            headers=j,
+        )
+        assert r.status_code == 200 and r.json()["ok"] is True
+        state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+        assert state["pending"] == []
+    with signed_in(base, "mallory-token") as m:
+        token = csrf_of(m.get("/_signoff/").text)
+        r = m.post(f"/_signoff/sessions/{sid}/messages", data={"message": "hi", "csrf": token})
+        assert r.status_code == 404

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -191,3 +192,22 @@ def test_reviewer_answers_a_question(page: Page, base: str) -> None:
     card.get_by_role("button", name="Large").click()
     expect(card.locator(".result-note")).to_have_text("Answered — the run is now completed.")
     assert '"answer": "Large"' in session(base, sid)["turn"]["text"]
+
+
+def test_a_conversation_started_and_answered_from_the_browser(page: Page, base: str) -> None:
+    page.goto("/_signoff/new")
+    page.select_option("select[name=agent]", "helper")
+    page.fill("textarea[name=message]", "My shoes are too small")
+    page.get_by_role("button", name="Start").click()
+    expect(page).to_have_url(re.compile(r"/_signoff/sessions/ses_\w+$"))
+    expect(page.locator("[data-session-status]")).to_have_text("waiting")
+    pending = page.locator("#session-pending [data-request-id]")
+    expect(pending.locator(".tool-name")).to_have_text("Which size should the replacement be?")
+    # a typed message that names an option answers the question; the trace follows live
+    page.fill("#send textarea[name=message]", "Large")
+    page.locator("#send").get_by_role("button", name="Send").click()
+    expect(page.locator("#trace li .badge.type", has_text="turn.completed")).to_be_visible()
+    expect(page.locator("[data-session-status]")).to_have_text("idle")
+    expect(pending).to_have_count(0)
+    expect(page.locator("blockquote.reply")).to_contain_text('"answer": "Large"')
+    expect(page.locator("#send textarea")).to_have_value("")

@@ -434,6 +434,55 @@ async def session_page(request: Request, session_id: str) -> Response:
     return _render("session.html", request, **context)
 
 
+@router.get("/new", response_class=HTMLResponse)
+async def new_session_page(request: Request) -> Response:
+    ctx, viewer = await _viewer(request)
+    picked = request.query_params.get("agent")
+    return _render("new.html", request, **_base(ctx, viewer, picked=picked))
+
+
+@router.post("/sessions")
+async def start_session(request: Request) -> Response:
+    """Start a conversation from the dashboard, as the signed-in person."""
+    ctx, viewer = await _viewer(request)
+    fields = await _check_csrf(request)
+    agent = fields.get("agent", "")
+    message = fields.get("message", "").strip()
+    if agent not in ctx.runtime.agents:
+        return dashboard_error(request, 422, "unknown_agent", f"unknown agent {agent!r}")
+    if not message:
+        return dashboard_error(request, 422, "invalid_request", "write a message to start with")
+    try:
+        result = await ctx.runtime.generate(agent, prompt=message, auth=viewer)
+    except SignoffError as exc:
+        return dashboard_error(request, status_for(exc), exc.code, str(exc))
+    where = f"{DASHBOARD_PREFIX}/sessions/{result.session_id}"
+    if _wants_json(request):
+        return JSONResponse({"ok": True, "session_id": result.session_id, "url": where})
+    return RedirectResponse(where, status_code=303)
+
+
+@router.post("/sessions/{session_id}/messages")
+async def send_message(request: Request, session_id: str) -> Response:
+    """Send a message to a session (it answers, steers or queues, as `Runtime.send` decides)."""
+    ctx, viewer = await _viewer(request)
+    fields = await _check_csrf(request)
+    text = fields.get("message", "").strip()
+    try:
+        await ctx.session(session_id, viewer)
+    except UnknownSession:
+        return dashboard_error(request, 404, "unknown_session", f"unknown session {session_id!r}")
+    if not text:
+        return dashboard_error(request, 422, "invalid_request", "the message is empty")
+    try:
+        result = await ctx.runtime.send(session_id, text, principal=viewer)
+    except SignoffError as exc:
+        return dashboard_error(request, status_for(exc), exc.code, str(exc))
+    if _wants_json(request):
+        return JSONResponse({"ok": True, "status": result.status, "text": result.text})
+    return RedirectResponse(f"{DASHBOARD_PREFIX}/sessions/{session_id}", status_code=303)
+
+
 @router.get("/fragments/sessions/{session_id}")
 async def session_fragment(request: Request, session_id: str) -> Response:
     """New trace rows after `?after=` plus the refreshed header and pending list, as JSON."""

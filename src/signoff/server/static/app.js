@@ -132,6 +132,32 @@
     }, types);
   }
 
+  // -- sending a message from a session page (the trace follows over SSE) ----------------------
+  const send = document.getElementById("send");
+  if (send) {
+    send.addEventListener("submit", async (ev) => {
+      ev.preventDefault();
+      const button = send.querySelector("button");
+      const error = send.querySelector(".form-error");
+      button.disabled = true;
+      error.hidden = true;
+      try {
+        const res = await fetch(send.action, {
+          method: "POST", body: new FormData(send), credentials: "same-origin",
+          headers: { "Accept": "application/json", "X-CSRF-Token": csrf },
+        });
+        const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
+        if (!data.ok) throw new Error(data.error && data.error.message || "Sending failed");
+        send.querySelector("textarea").value = "";
+      } catch (err) {
+        error.textContent = err.message;
+        error.hidden = false;
+      } finally {
+        button.disabled = false;
+      }
+    });
+  }
+
   // -- answering requests in place -------------------------------------------------------------
   document.addEventListener("submit", async (ev) => {
     const form = ev.target;
