@@ -13,6 +13,7 @@ import asyncio
 import atexit
 import contextlib
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -46,6 +47,7 @@ class PgCluster:
         self.directory = directory
         self.ours = directory is not None
         self._template: str | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
 
     @classmethod
     def start(cls) -> PgCluster:
@@ -115,12 +117,33 @@ class PgCluster:
                 )
                 if started.returncode == 0:
                     cluster.admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+                    cluster._watch(as_pg)
                     return cluster
             log = (directory / "server.log").read_text(errors="replace")[-2000:]
             raise RuntimeError(f"pg_ctl start failed: {started.stderr}\n{log}")
         except BaseException:
             cluster.stop()
             raise
+
+    def _watch(self, as_pg: list[str]) -> None:
+        """A detached watchdog that removes the cluster if this process dies without doing so
+        (SIGKILL, a crash): the server must not outlive the test run."""
+        assert self.directory is not None
+        d = shlex.quote(str(self.directory))
+        stop = " ".join(
+            shlex.quote(a) for a in [*as_pg, str(PG_BIN / "pg_ctl"), "-D", f"{self.directory}/data"]
+        )
+        script = (
+            f"while kill -0 {os.getpid()} 2>/dev/null && [ -d {d} ]; do sleep 1; done; "
+            f"if [ -d {d} ]; then {stop} -m immediate -s stop; rm -rf {d}; fi"
+        )
+        self._watchdog = subprocess.Popen(
+            ["sh", "-c", script],
+            start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
 
     def _run(self, args: list[str]) -> None:
         result = subprocess.run(args, cwd=self.directory, capture_output=True, text=True)
@@ -132,6 +155,10 @@ class PgCluster:
         directory, self.directory = self.directory, None
         if directory is None:
             return
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            watchdog.kill()
+            watchdog.wait()
         if (directory / "data" / "postmaster.pid").exists():
             as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
             subprocess.run(
