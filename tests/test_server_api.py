@@ -592,3 +592,18 @@ def test_expired_sessions_leave_the_queue_and_answers_are_410(tmp_path: Path) ->
                 json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
             )
             assert error(r, 410, "session_expired")["session_id"] == sid
+
+
+def test_idle_streams_send_keep_alive_comments(store: str) -> None:
+    with served(store, heartbeat=0.2) as base, client(base, "alice-token") as alice:
+        r = alice.post("/v1/sessions", json={"agent": "support"})
+        sid = r.json()["session_id"]
+        with alice.stream("GET", f"/v1/sessions/{sid}/events") as s:
+            lines = s.iter_lines()
+            seen = []
+            for line in lines:
+                seen.append(line)
+                if line == ": keep-alive":
+                    break
+    assert "id: 1" in seen and "event: session.created" in seen
+    assert seen[0].startswith("retry: ")

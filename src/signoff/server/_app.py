@@ -42,13 +42,15 @@ def create_app(
     dev: bool = False,
     access: AccessRule = default_access,
     poll_interval: float = 0.25,
+    heartbeat: float = 15.0,
     close_runtime: bool = False,
     channels: AppChannels | None = None,
 ) -> FastAPI:
     """Build the app serving `runtime`.
 
     Pass an authenticator (e.g. `TokenAuth({...})`), or `dev=True` for the localhost-only dev
-    principal; one of them is required. `access` decides who may see which session.
+    principal; one of them is required. `access` decides who may see which session. Streams
+    poll the store every `poll_interval` seconds and send a comment after `heartbeat` idle ones.
     `channels` (a `ChannelHub`) follows the queue while the app runs; its routes (e.g. Slack's
     interactivity endpoint) are mounted on the app.
     """
@@ -60,6 +62,8 @@ def create_app(
         raise ValueError("pass either auth=... or dev=True, not both")
     if not isinstance(runtime, Runtime):
         raise TypeError(f"create_app() serves a signoff Runtime, not {runtime!r}")
+    if poll_interval <= 0 or heartbeat <= 0:
+        raise ValueError("poll_interval and heartbeat must be positive seconds")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -86,7 +90,7 @@ def create_app(
         redoc_url=None,
     )
     app.state.signoff = ServerContext(
-        runtime=runtime, auth=auth, access=access, poll_interval=poll_interval
+        runtime=runtime, auth=auth, access=access, poll_interval=poll_interval, heartbeat=heartbeat
     )
     install_error_handlers(app)
 
