@@ -1,7 +1,30 @@
-"""Channels: where people see requests and answer them. The terminal channel is built in."""
+"""Channels: where people see requests and answer them. The terminal channel is built in.
+
+A `ChannelHub` follows the audit trail and tells each `Channel` when requests open and close;
+Slack (`signoff.channels.slack`, the `slack` extra), webhooks and text channels build on it.
+"""
 
 from __future__ import annotations
 
+from ._base import Channel, ChannelState, InvalidSignature, Resolution
+from ._hub import ChannelHub
 from .terminal import TerminalChannel, compact_json, duration
+from .text import TerminalTextChannel, TextChannel, parse_reply
+from .webhooks import WebhookChannel, sign_webhook, verify_webhook
 
-__all__ = ["TerminalChannel", "compact_json", "duration"]
+__all__ = [
+    "Channel",
+    "ChannelHub",
+    "ChannelState",
+    "InvalidSignature",
+    "Resolution",
+    "TerminalChannel",
+    "TerminalTextChannel",
+    "TextChannel",
+    "WebhookChannel",
+    "compact_json",
+    "duration",
+    "parse_reply",
+    "sign_webhook",
+    "verify_webhook",
+]

@@ -1,0 +1,263 @@
+"""`Channel`: where people see open requests and answer them, and what a channel is told.
+
+A `ChannelHub` follows the audit trail and calls `on_requested`, `on_updated` and `on_resolved`;
+a channel answers through `submit`, which settles through `Runtime.respond` with the responder's
+principal, so response policies decide exactly as they do for any other caller.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import SignoffError, UsageError
+from .._results import Outcome
+from .._types import InputRequest, InputResponse, Principal
+
+if TYPE_CHECKING:
+    from .._runtime import Runtime
+
+__all__ = [
+    "Channel",
+    "ChannelState",
+    "InvalidSignature",
+    "Resolution",
+    "describe_principal",
+]
+
+logger = logging.getLogger("signoff.channels")
+
+
+class InvalidSignature(SignoffError):
+    """A signed request (from Slack, or a webhook) failed verification: nothing was done."""
+
+    code = "invalid_signature"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Resolution:
+    """How a request closed: its outcome, who decided (if a person did), when, and why."""
+
+    request_id: str
+    outcome: str  # answered | approved | cancelled | ignored | expired | interrupted
+    status: str  # settled | expired | withdrawn
+    at: float
+    by: Principal | None = None
+    reason: str | None = None
+    answer: dict[str, Any] | None = None
+
+    @classmethod
+    def from_event(cls, data: Mapping[str, Any], at: float) -> Resolution:
+        """Read the data of an `input.resolved` event (or audit entry)."""
+        by = data.get("by")
+        answer = data.get("answer")
+        reason = data.get("reason")
+        return cls(
+            request_id=str(data["request_id"]),
+            outcome=str(data.get("outcome")),
+            status=str(data.get("status") or "settled"),
+            at=at,
+            by=Principal.model_validate(by) if isinstance(by, dict) else None,
+            reason=reason if isinstance(reason, str) else None,
+            answer=answer if isinstance(answer, dict) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "outcome": self.outcome,
+            "status": self.status,
+            "at": self.at,
+            "by": None if self.by is None else self.by.model_dump(mode="json"),
+            "reason": self.reason,
+            "answer": self.answer,
+        }
+
+    @property
+    def value(self) -> str | None:
+        """The answer's value (an option's label or the typed text), for questions."""
+        if self.answer is None:
+            return None
+        value = self.answer.get("value")
+        return None if value is None else str(value)
+
+
+def describe_principal(principal: Principal | None) -> str:
+    """A short name for who acted: the principal id, or `the policy` when nobody did."""
+    return "the policy" if principal is None else principal.principal_id
+
+
+class ChannelState:
+    """Where channels keep what must survive a restart: feed positions and small memos.
+
+    A SQLite file (stdlib `sqlite3`), or memory with `":memory:"` (the default). A memo is a
+    JSON value under `(channel, key)`, e.g. the Slack message that shows a request.
+    """
+
+    def __init__(self, path: str | Path = ":memory:") -> None:
+        self.path = str(path)
+        if self.path != ":memory:":
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._lock = threading.Lock()
+        self.closed = False
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS channel_positions "
+                "(name TEXT PRIMARY KEY, after_id INTEGER NOT NULL)"
+            )
+            self._conn.execute(
+                "CREATE TABLE IF NOT EXISTS channel_memos (channel TEXT NOT NULL, "
+                "key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (channel, key))"
+            )
+
+    def position(self, name: str) -> int | None:
+        """The last audit entry id `name` has handled, or None if it never ran."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT after_id FROM channel_positions WHERE name=?", (name,)
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def set_position(self, name: str, after_id: int) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO channel_positions (name, after_id) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET after_id=excluded.after_id",
+                (name, after_id),
+            )
+
+    def recall(self, channel: str, key: str) -> Any:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT value FROM channel_memos WHERE channel=? AND key=?", (channel, key)
+            ).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def remember(self, channel: str, key: str, value: Any) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO channel_memos (channel, key, value) VALUES (?, ?, ?) "
+                "ON CONFLICT(channel, key) DO UPDATE SET value=excluded.value",
+                (channel, key, json.dumps(value, separators=(",", ":"))),
+            )
+
+    def forget(self, channel: str, key: str) -> None:
+        with self._lock:
+            self._conn.execute(
+                "DELETE FROM channel_memos WHERE channel=? AND key=?", (channel, key)
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+            self.closed = True
+
+
+class Channel:
+    """Base class of channels: told when requests open, change and close; answers via `submit`.
+
+    Override the `on_*` hooks you need. `accepts` (a predicate, e.g. on `request.agent`) picks
+    the requests this channel shows. A channel that shows `live_only` requests is not told about
+    a request that closed before the hub read its opening (a catching-up hub skips them).
+    """
+
+    name: str = "channel"
+    live_only: bool = True
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        accepts: Callable[[InputRequest], bool] | None = None,
+    ) -> None:
+        if name is not None:
+            if not isinstance(name, str) or not name:
+                raise UsageError(f"a channel name must be a non-empty string, not {name!r}")
+            self.name = name
+        self._accepts = accepts
+        self._runtime: Runtime | None = None
+        self._state: ChannelState | None = None
+
+    # -- wiring -------------------------------------------------------------------------------
+
+    def bind(self, runtime: Runtime, state: ChannelState) -> None:
+        """Attach the runtime answers go to and the state memos live in (the hub does this)."""
+        self._runtime = runtime
+        self._state = state
+
+    @property
+    def runtime(self) -> Runtime:
+        if self._runtime is None:
+            raise UsageError(f"channel {self.name!r} is not attached: add it to a ChannelHub")
+        return self._runtime
+
+    @property
+    def state(self) -> ChannelState:
+        if self._state is None:
+            raise UsageError(f"channel {self.name!r} is not attached: add it to a ChannelHub")
+        return self._state
+
+    @property
+    def routers(self) -> Sequence[Any]:
+        """HTTP routers (FastAPI `APIRouter`s) to mount on the signoff server, if any."""
+        return ()
+
+    def accepts(self, request: InputRequest) -> bool:
+        """Whether this channel shows `request` (all of them unless a predicate was given)."""
+        return True if self._accepts is None else bool(self._accepts(request))
+
+    def recall(self, key: str) -> Any:
+        return self.state.recall(self.name, key)
+
+    def remember(self, key: str, value: Any) -> None:
+        self.state.remember(self.name, key, value)
+
+    def forget(self, key: str) -> None:
+        self.state.forget(self.name, key)
+
+    # -- what the hub tells a channel ---------------------------------------------------------
+
+    async def start(self, open_requests: Sequence[InputRequest]) -> None:
+        """Called once when the hub starts, with the requests open now (that it accepts)."""
+
+    async def on_requested(self, request: InputRequest) -> None:
+        """A request opened."""
+
+    async def on_updated(self, request: InputRequest) -> None:
+        """An open request changed (a quorum approval was counted)."""
+
+    async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
+        """A request closed: answered, approved, denied, expired or withdrawn."""
+
+    async def tick(self, now: float) -> None:
+        """Called on every hub poll, for time-based work (e.g. expiry warnings)."""
+
+    async def close(self) -> None:
+        """Release resources; the hub calls it when it stops."""
+
+    # -- answering ----------------------------------------------------------------------------
+
+    async def submit(
+        self, request: InputRequest, response: InputResponse, principal: Principal | None
+    ) -> Outcome:
+        """Answer `request` as `principal` through the runtime; returns what became of it.
+
+        Raises the runtime's errors (`NotAllowed`, `RequestClosed`, `ConflictingAnswer`, ...).
+        """
+        if response.request_id != request.id:
+            raise UsageError(
+                f"the response answers {response.request_id}, not the request {request.id}"
+            )
+        result = await self.runtime.respond(request.session_id, [response], principal=principal)
+        for outcome in result.outcomes:
+            if outcome.request_id == request.id:
+                return outcome
+        return Outcome(request_id=request.id, outcome="unknown", applied=False)

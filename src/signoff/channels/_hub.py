@@ -1,0 +1,310 @@
+"""`ChannelHub`: follows the audit trail (across processes) and tells channels what happened.
+
+Each channel keeps its own position in `ChannelState`, so a restart continues where it stopped
+instead of posting everything again, and a channel whose service is down retries the entries it
+missed while the others go on. Without a saved position a channel starts at the end of the trail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .._exceptions import UsageError
+from .._types import InputRequest
+from ..stores import PendingFilter
+from ..stores._audit import AuditEntry
+from ._base import Channel, ChannelState, Resolution
+
+if TYPE_CHECKING:
+    from .._runtime import Runtime
+
+__all__ = ["ChannelHub"]
+
+logger = logging.getLogger("signoff.channels")
+
+_PAGE = 500
+
+
+class ChannelHub:
+    """Dispatches request openings, updates and resolutions to channels, in commit order.
+
+    `state` is a `ChannelState` or the path of its SQLite file (memory by default: positions are
+    then lost on restart, so it starts at the end). Run one hub per set of channels: two hubs
+    with the same channels would post everything twice.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        channels: Sequence[Channel],
+        *,
+        state: ChannelState | str | Path | None = None,
+        name: str = "hub",
+        poll_interval: float = 0.5,
+        max_attempts: int = 5,
+        gap_timeout: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        channels = list(channels)
+        for ch in channels:
+            if not isinstance(ch, Channel):
+                raise UsageError(f"a ChannelHub takes Channel objects, not {ch!r}")
+        names = [ch.name for ch in channels]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise UsageError(f"channel names must be distinct: {', '.join(dupes)}")
+        if poll_interval <= 0:
+            raise UsageError(f"poll_interval must be positive, not {poll_interval!r}")
+        if max_attempts < 1:
+            raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        self.runtime = runtime
+        self.channels = channels
+        self._own_state = not isinstance(state, ChannelState)
+        self.state = state if isinstance(state, ChannelState) else ChannelState(state or ":memory:")
+        self.name = name
+        self.poll_interval = poll_interval
+        self.max_attempts = max_attempts
+        self.gap_timeout = gap_timeout
+        self.clock = clock
+        self._positions: dict[str, int] = {}
+        self._failures: dict[tuple[str, int], int] = {}
+        self._seen: dict[str, set[int]] = {}
+        self._gaps: dict[int, float] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+        self._started = False
+
+    @property
+    def routers(self) -> list[Any]:
+        """The channels' HTTP routers, for `signoff.server.create_app(..., channels=hub)`."""
+        return [r for ch in self.channels for r in ch.routers]
+
+    def position(self, channel: Channel | str) -> int:
+        """The last audit entry id a channel has handled."""
+        name = channel if isinstance(channel, str) else channel.name
+        return self._positions[name]
+
+    def _key(self, channel: Channel) -> str:
+        return f"{self.name}:{channel.name}"
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def start(self, *, follow: bool = True) -> None:
+        """Load positions, hand each channel the open requests, then (with `follow`) poll."""
+        if self._started:
+            raise UsageError("this ChannelHub is already started")
+        await self.runtime.open()
+        if self.state.closed and self._own_state:
+            self.state = ChannelState(self.state.path)
+        self._started = True
+        end: int | None = None
+        for ch in self.channels:
+            ch.bind(self.runtime, self.state)
+            saved = self.state.position(self._key(ch))
+            if saved is None:
+                if end is None:
+                    end = await self._end()
+                saved = end
+                self.state.set_position(self._key(ch), saved)
+            self._positions[ch.name] = saved
+        if self.channels:
+            open_requests = await self._open_requests()
+            for ch in self.channels:
+                await ch.start([r for r in open_requests if ch.accepts(r)])
+        if follow:
+            self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
+
+    async def stop(self) -> None:
+        """Stop following and close the channels (and the state, if the hub opened it)."""
+        if not self._started:
+            return
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for ch in self.channels:
+            try:
+                await ch.close()
+            except Exception:
+                logger.exception("channel %s failed to close", ch.name)
+        if self._own_state:
+            self.state.close()
+        self._started = False
+
+    async def __aenter__(self) -> ChannelHub:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def _follow(self) -> None:
+        wait = getattr(self.runtime.store, "wait_for_change", None)
+        while True:
+            try:
+                handled = await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("channel hub %s: reading the audit trail failed", self.name)
+                handled = 0
+            if handled:
+                continue
+            if wait is not None:
+                try:
+                    await wait(None, self.poll_interval)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    await asyncio.sleep(self.poll_interval)
+            else:
+                await asyncio.sleep(self.poll_interval)
+
+    # -- the feed -----------------------------------------------------------------------------
+
+    async def poll(self) -> int:
+        """Dispatch every entry past the channels' positions now; returns how many were read."""
+        if not self._started:
+            raise UsageError("start the ChannelHub first (await hub.start() or `async with`)")
+        async with self._lock:
+            total = 0
+            if self.channels:
+                cursor = min(self._positions.values())
+                blocked: set[str] = set()  # failed this poll: they retry from there next time
+                top = cursor
+                present: set[int] = set()
+                while True:
+                    entries = await self.runtime.store.audit(after_id=cursor, limit=_PAGE)
+                    for entry in entries:
+                        present.add(entry.id)
+                        await self._dispatch(entry, blocked)
+                    total += len(entries)
+                    if entries:
+                        cursor = top = entries[-1].id
+                    if len(entries) < _PAGE:
+                        break
+                for ch in self.channels:
+                    self._advance(ch, top, present)
+            now = self.clock()
+            for ch in self.channels:
+                try:
+                    await ch.tick(now)
+                except Exception:
+                    logger.exception("channel %s failed on tick", ch.name)
+            return total
+
+    def _advance(self, ch: Channel, top: int, present: set[int]) -> None:
+        """Move a channel's saved position over every id it handled, up to the first hole.
+
+        Ids are assigned before commit, so on PostgreSQL a lower id can become visible after a
+        higher one: a missing id holds the position back until it shows up (it is delivered
+        then) or `gap_timeout` passes (a rolled-back transaction leaves a permanent hole).
+        """
+        seen = self._seen.setdefault(ch.name, set())
+        pos = self._positions[ch.name]
+        now = time.monotonic()
+        while pos < top:
+            nxt = pos + 1
+            if nxt in seen:
+                seen.discard(nxt)
+            elif nxt in present:
+                break  # fetched but not handled: the channel failed on it
+            else:
+                since = self._gaps.setdefault(nxt, now)
+                if now - since < self.gap_timeout:
+                    break
+            pos = nxt
+        if pos != self._positions[ch.name]:
+            self._positions[ch.name] = pos
+            self.state.set_position(self._key(ch), pos)
+            for gap in [g for g in self._gaps if g <= min(self._positions.values())]:
+                del self._gaps[gap]
+
+    async def _dispatch(self, entry: AuditEntry, blocked: set[str]) -> None:
+        for ch in self.channels:
+            if self._positions[ch.name] >= entry.id or ch.name in blocked:
+                continue
+            seen = self._seen.setdefault(ch.name, set())
+            if entry.id in seen:
+                continue
+            try:
+                await self._deliver(ch, entry)
+            except Exception:
+                key = (ch.name, entry.id)
+                self._failures[key] = self._failures.get(key, 0) + 1
+                if self._failures[key] < self.max_attempts:
+                    logger.warning(
+                        "channel %s failed on audit entry %s (attempt %s); it will retry",
+                        ch.name,
+                        entry.id,
+                        self._failures[key],
+                        exc_info=True,
+                    )
+                    blocked.add(ch.name)
+                    continue
+                logger.exception(
+                    "channel %s gave up on audit entry %s after %s attempts",
+                    ch.name,
+                    entry.id,
+                    self._failures[key],
+                )
+            self._failures.pop((ch.name, entry.id), None)
+            seen.add(entry.id)
+
+    async def _deliver(self, ch: Channel, entry: AuditEntry) -> None:
+        """Tell one channel about one entry (nothing, for entries it does not care about)."""
+        store = self.runtime.store
+        if entry.type == "input.requested":
+            for raw in entry.data.get("requests", ()):
+                request = InputRequest.model_validate(raw)
+                if not ch.accepts(request):
+                    continue
+                if ch.live_only:
+                    stored = await store.get_request(request.id)
+                    if stored is not None and stored.status != "pending":
+                        continue  # it closed before we read it: nothing left to answer
+                await ch.on_requested(request)
+        elif entry.type == "approval.candidate" and entry.data.get("outcome") == "counted":
+            stored = await store.get_request(str(entry.data.get("request_id")))
+            if stored is not None and stored.status == "pending" and ch.accepts(stored.request):
+                await ch.on_updated(stored.request)
+        elif entry.type == "input.resolved":
+            stored = await store.get_request(str(entry.data.get("request_id")))
+            if stored is not None and ch.accepts(stored.request):
+                await ch.on_resolved(stored.request, Resolution.from_event(entry.data, entry.at))
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    async def _end(self) -> int:
+        """The id of the newest audit entry (0 for an empty trail)."""
+        last = 0
+        while True:
+            page = await self.runtime.store.audit(after_id=last, limit=10_000)
+            if not page:
+                return last
+            last = page[-1].id
+
+    async def _open_requests(self) -> list[InputRequest]:
+        out: list[InputRequest] = []
+        offset = 0
+        while True:
+            page = await self.runtime.store.pending(
+                PendingFilter(limit=_PAGE, offset=offset, live_at=self.clock())
+            )
+            out.extend(page)
+            if len(page) < _PAGE:
+                return out
+            offset += _PAGE

@@ -1,0 +1,251 @@
+"""Block Kit for requests: approvals with Approve / Deny, questions with a select menu.
+
+Action ids are signoff's own (`signoff.approve`, `signoff.deny`, `signoff.option`,
+`signoff.text`); every interactive element carries the request id as its value.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+from ..._types import InputRequest, Principal
+from .._base import Resolution
+
+__all__ = [
+    "APPROVE",
+    "DENY",
+    "DENY_VIEW",
+    "OPTION",
+    "TEXT",
+    "TEXT_VIEW",
+    "deny_view",
+    "fallback_text",
+    "request_blocks",
+    "slack_mention",
+    "text_view",
+]
+
+APPROVE = "signoff.approve"
+DENY = "signoff.deny"
+OPTION = "signoff.option"
+TEXT = "signoff.text"
+DENY_VIEW = "signoff.deny"
+TEXT_VIEW = "signoff.text"
+REASON_BLOCK = "signoff.reason"
+ANSWER_BLOCK = "signoff.answer"
+
+_MAX_TEXT = 3000  # Slack's limit for a section's text
+
+
+def _plain(text: str, limit: int = 75) -> dict[str, Any]:
+    return {"type": "plain_text", "text": text if len(text) <= limit else text[: limit - 1] + "…"}
+
+
+def _mrkdwn(text: str) -> dict[str, Any]:
+    return {"type": "mrkdwn", "text": text}
+
+
+def escape(text: str) -> str:
+    """Escape the three characters Slack's mrkdwn reserves."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _code(value: Any) -> str:
+    dumped = escape(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+    if len(dumped) > _MAX_TEXT - 40:
+        dumped = dumped[: _MAX_TEXT - 60] + "\n… (truncated)"
+    return f"```{dumped}```"
+
+
+def _date(at: float) -> str:
+    """A date Slack shows in each reader's time zone (UTC in the fallback text)."""
+    fallback = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return f"<!date^{int(at)}^{{date_short_pretty}} {{time}}|{fallback}>"
+
+
+def slack_mention(principal: Principal | None) -> str:
+    """`<@U…>` for a Slack principal (`slack:TEAM:USER`), else the principal's id."""
+    if principal is None:
+        return "the policy"
+    parts = principal.principal_id.split(":")
+    if principal.authenticator == "slack" and len(parts) == 3 and parts[0] == "slack":
+        return f"<@{parts[2]}>"
+    return f"`{escape(principal.principal_id)}`"
+
+
+def fallback_text(request: InputRequest) -> str:
+    """The notification text (shown where blocks are not)."""
+    if request.kind == "tool-approval":
+        return f"{request.agent} wants to run {request.tool_name}: approve or deny"
+    return f"{request.agent} asks: {request.question or 'a question'}"
+
+
+def request_blocks(
+    request: InputRequest, resolution: Resolution | None = None
+) -> list[dict[str, Any]]:
+    """The message for a request: open (with its controls) or closed (with who, when, how)."""
+    agent = escape(request.agent)
+    blocks: list[dict[str, Any]] = []
+    if request.kind == "tool-approval":
+        blocks.append(
+            {
+                "type": "section",
+                "block_id": "signoff.summary",
+                "text": _mrkdwn(f"*{agent}* wants to run `{escape(request.tool_name or '')}`"),
+            }
+        )
+        blocks.append(
+            {"type": "section", "block_id": "signoff.input", "text": _mrkdwn(_code(request.input))}
+        )
+        if request.payload is not None:
+            blocks.append(
+                {
+                    "type": "section",
+                    "block_id": "signoff.payload",
+                    "text": _mrkdwn("It asks for approval of:\n" + _code(request.payload)),
+                }
+            )
+    else:
+        question = escape(request.question or "a question")
+        lines = [f"*{agent}* asks: {question}"]
+        lines += [
+            f"• *{escape(o.label)}*: {escape(o.description)}"
+            for o in request.options
+            if o.description
+        ]
+        blocks.append(
+            {"type": "section", "block_id": "signoff.summary", "text": _mrkdwn("\n".join(lines))}
+        )
+    facts = [f"request `{request.id}`", f"session `{request.session_id}`"]
+    if request.approvers > 1:
+        so_far = ", ".join(escape(p) for p in request.approved_by) or "none yet"
+        facts.append(f"needs {request.approvers} approvals ({request.progress}: {so_far})")
+    if request.expires_at is not None and resolution is None:
+        facts.append(f"expires {_date(request.expires_at)}")
+    blocks.append(
+        {"type": "context", "block_id": "signoff.facts", "elements": [_mrkdwn(" · ".join(facts))]}
+    )
+    if resolution is None:
+        blocks.append(_controls(request))
+    else:
+        blocks.append(
+            {
+                "type": "context",
+                "block_id": "signoff.resolution",
+                "elements": [_mrkdwn(describe(request, resolution))],
+            }
+        )
+    return blocks
+
+
+def _controls(request: InputRequest) -> dict[str, Any]:
+    block_id = f"signoff:{request.id}"
+    if request.kind == "tool-approval":
+        return {
+            "type": "actions",
+            "block_id": block_id,
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": APPROVE,
+                    "text": _plain("Approve"),
+                    "style": "primary",
+                    "value": request.id,
+                },
+                {
+                    "type": "button",
+                    "action_id": DENY,
+                    "text": _plain("Deny"),
+                    "style": "danger",
+                    "value": request.id,
+                },
+            ],
+        }
+    elements: list[dict[str, Any]] = []
+    if request.options:
+        elements.append(
+            {
+                "type": "static_select",
+                "action_id": OPTION,
+                "placeholder": _plain("Choose an answer"),
+                "options": [
+                    {"text": _plain(o.label), "value": o.id} for o in request.options[:100]
+                ],
+            }
+        )
+    if request.allow_text or not request.options:
+        elements.append(
+            {
+                "type": "button",
+                "action_id": TEXT,
+                "text": _plain("Answer in your own words"),
+                "value": request.id,
+            }
+        )
+    return {"type": "actions", "block_id": block_id, "elements": elements}
+
+
+def describe(request: InputRequest, resolution: Resolution) -> str:
+    """One line: how the request closed, by whom and when."""
+    by = slack_mention(resolution.by)
+    when = _date(resolution.at)
+    reason = f": “{escape(resolution.reason)}”" if resolution.reason else ""
+    if resolution.outcome == "approved":
+        return f":white_check_mark: *Approved* by {by} {when}{reason}"
+    if resolution.outcome == "cancelled" and resolution.status == "settled":
+        return f":x: *Denied* by {by} {when}{reason}"
+    if resolution.outcome == "answered":
+        value = escape(resolution.value or "")
+        return f":speech_balloon: *Answered* “{value}” by {by} {when}"
+    if resolution.outcome == "expired":
+        return f":hourglass: *Expired* {when}{reason}"
+    return f":no_entry_sign: *Withdrawn* {when}{reason}"
+
+
+def _modal(
+    callback_id: str, title: str, submit: str, metadata: dict[str, Any], block: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "type": "modal",
+        "callback_id": callback_id,
+        "private_metadata": json.dumps(metadata, separators=(",", ":")),
+        "title": _plain(title, 24),
+        "submit": _plain(submit, 24),
+        "close": _plain("Cancel", 24),
+        "blocks": [block],
+    }
+
+
+def deny_view(request: InputRequest, metadata: dict[str, Any]) -> dict[str, Any]:
+    """The modal that asks why, when someone presses Deny."""
+    return _modal(
+        DENY_VIEW,
+        "Deny the call",
+        "Deny",
+        metadata,
+        {
+            "type": "input",
+            "block_id": REASON_BLOCK,
+            "optional": True,
+            "label": _plain(f"Why deny {request.tool_name}?", 2000),
+            "element": {"type": "plain_text_input", "action_id": "reason", "multiline": True},
+        },
+    )
+
+
+def text_view(request: InputRequest, metadata: dict[str, Any]) -> dict[str, Any]:
+    """The modal for a free-text answer to a question."""
+    return _modal(
+        TEXT_VIEW,
+        "Your answer",
+        "Answer",
+        metadata,
+        {
+            "type": "input",
+            "block_id": ANSWER_BLOCK,
+            "label": _plain(request.question or "Your answer", 2000),
+            "element": {"type": "plain_text_input", "action_id": "answer", "multiline": True},
+        },
+    )

@@ -1,0 +1,363 @@
+"""`SlackChannel`: every open request as a Slack message with buttons, updated once it closes.
+
+People answer with the message's controls; Slack posts the interaction to the endpoint this
+channel adds to the signoff server (`create_app(..., channels=hub)`), which checks Slack's
+signature, acknowledges at once and settles the answer in the background as the person who
+pressed (`slack:<team_id>:<user_id>`, authenticator "slack").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.parse
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from typing import Any
+
+from slack_sdk.signature import Clock, SignatureVerifier
+from slack_sdk.web.async_client import AsyncWebClient
+
+from ..._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
+from ..._types import InputRequest, InputResponse, Principal
+from .._base import Channel, InvalidSignature, Resolution, logger
+from ._blocks import (
+    ANSWER_BLOCK,
+    APPROVE,
+    DENY,
+    DENY_VIEW,
+    OPTION,
+    REASON_BLOCK,
+    TEXT,
+    TEXT_VIEW,
+    deny_view,
+    fallback_text,
+    request_blocks,
+    text_view,
+)
+
+__all__ = ["SlackChannel", "SlackPayloadError", "slack_principal"]
+
+TOLERANCE = 300  # seconds: Slack's own advice for the request timestamp
+
+
+class SlackPayloadError(SignoffError):
+    """A correctly signed interaction whose payload signoff cannot read."""
+
+    code = "invalid_payload"
+
+
+def slack_principal(team_id: str, user_id: str) -> Principal:
+    """The principal of a Slack user: `slack:<team_id>:<user_id>`, authenticator "slack"."""
+    return Principal(
+        authenticator="slack", principal_id=f"slack:{team_id}:{user_id}", principal_type="user"
+    )
+
+
+class _Clock(Clock):
+    def __init__(self, now: Callable[[], float]) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now()
+
+
+class SlackChannel(Channel):
+    """Posts requests to one Slack channel; answers arrive at the interactivity endpoint.
+
+    Give a bot `token` (and optionally `base_url`) or a ready `client` (`AsyncWebClient`), the
+    conversation id `channel` to post in, and the app's `signing_secret`. Point the Slack app's
+    Interactivity Request URL at `https://<your server><path>`.
+    """
+
+    name = "slack"
+
+    def __init__(
+        self,
+        channel: str,
+        *,
+        signing_secret: str,
+        token: str | None = None,
+        client: AsyncWebClient | None = None,
+        base_url: str | None = None,
+        name: str | None = None,
+        accepts: Callable[[InputRequest], bool] | None = None,
+        path: str = "/channels/slack/interactivity",
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__(name=name, accepts=accepts)
+        if not isinstance(channel, str) or not channel:
+            raise UsageError("SlackChannel needs the id of the Slack channel to post in")
+        if not isinstance(signing_secret, str) or not signing_secret.strip():
+            raise UsageError("SlackChannel needs the Slack app's signing secret")
+        if client is None:
+            if not token:
+                raise UsageError("SlackChannel needs a bot token (token=...) or a client")
+            kwargs: dict[str, Any] = {"token": token}
+            if base_url is not None:
+                kwargs["base_url"] = base_url
+            client = AsyncWebClient(**kwargs)
+        elif token is not None or base_url is not None:
+            raise UsageError("pass either client=... or token=/base_url=, not both")
+        if not path.startswith("/"):
+            raise UsageError(f"the interactivity path must start with '/', not {path!r}")
+        self.channel = channel
+        self.client = client
+        self.path = path
+        self.clock = clock
+        self._verifier = SignatureVerifier(signing_secret, clock=_Clock(clock))
+        self._seen: dict[str, float] = {}  # signature -> when it can be forgotten
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._router: Any = None
+
+    # -- what the hub tells it ----------------------------------------------------------------
+
+    async def start(self, open_requests: Sequence[InputRequest]) -> None:
+        for request in open_requests:  # those never posted (e.g. opened before the first start)
+            await self.on_requested(request)
+
+    async def on_requested(self, request: InputRequest) -> None:
+        if self.recall(_key(request.id)) is not None:
+            return  # already posted
+        reply = await self.client.chat_postMessage(
+            channel=self.channel, text=fallback_text(request), blocks=request_blocks(request)
+        )
+        self.remember(_key(request.id), {"channel": reply["channel"], "ts": reply["ts"]})
+
+    async def on_updated(self, request: InputRequest) -> None:
+        where = self.recall(_key(request.id))
+        if where is not None:
+            await self.client.chat_update(
+                channel=where["channel"],
+                ts=where["ts"],
+                text=fallback_text(request),
+                blocks=request_blocks(request),
+            )
+
+    async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
+        where = self.recall(_key(request.id))
+        if where is None:
+            return
+        await self.client.chat_update(
+            channel=where["channel"],
+            ts=where["ts"],
+            text=fallback_text(request),
+            blocks=request_blocks(request, resolution),
+        )
+        self.forget(_key(request.id))
+
+    async def close(self) -> None:
+        await self.idle()
+
+    async def idle(self) -> None:
+        """Wait for the answers being settled in the background."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    # -- the interactivity endpoint -----------------------------------------------------------
+
+    @property
+    def routers(self) -> Sequence[Any]:
+        return [self.router()]
+
+    def router(self) -> Any:
+        """A FastAPI router with `POST {path}` (mounted by `create_app(..., channels=hub)`)."""
+        if self._router is not None:
+            return self._router
+        try:
+            from fastapi import APIRouter, Request
+            from starlette.responses import JSONResponse, Response
+        except ImportError as exc:  # pragma: no cover - depends on the extras installed
+            raise UsageError(
+                "the Slack endpoint needs the server extra: pip install 'signoff[server,slack]'"
+            ) from exc
+        router = APIRouter()
+
+        async def interactivity(request: Request) -> Response:
+            body = await request.body()
+            try:
+                answer = await self.handle(body, request.headers)
+            except InvalidSignature as exc:
+                return JSONResponse(_error(exc), status_code=401)
+            except SlackPayloadError as exc:
+                return JSONResponse(_error(exc), status_code=400)
+            if answer is None:
+                return Response(status_code=200)
+            return JSONResponse(answer)
+
+        # A plain Starlette route: the raw body must reach the signature check untouched.
+        router.add_route(self.path, interactivity, methods=["POST"], include_in_schema=False)
+        self._router = router
+        return router
+
+    def verify(self, body: bytes, headers: Mapping[str, str]) -> None:
+        """Check Slack's signature (v0 HMAC-SHA256 of `v0:{timestamp}:{body}`), its age (five
+        minutes at most) and that it was not seen before; raises `InvalidSignature`."""
+        lowered = {k.lower(): v for k, v in headers.items()}
+        stamp = lowered.get("x-slack-request-timestamp")
+        signature = lowered.get("x-slack-signature")
+        if not stamp or not signature:
+            raise InvalidSignature("missing X-Slack-Request-Timestamp or X-Slack-Signature")
+        try:
+            sent = int(stamp)
+        except ValueError:
+            raise InvalidSignature(f"the timestamp is not a number: {stamp!r}") from None
+        now = self.clock()
+        if abs(now - sent) > TOLERANCE:
+            raise InvalidSignature("the request timestamp is more than five minutes off")
+        if not self._verifier.is_valid(body=body, timestamp=stamp, signature=signature):
+            raise InvalidSignature("the Slack signature does not match")
+        for old in [s for s, until in self._seen.items() if until < now]:
+            del self._seen[old]
+        if signature in self._seen:
+            raise InvalidSignature("this signed request was already received (a replay)")
+        self._seen[signature] = sent + TOLERANCE + 1
+
+    async def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
+        """Verify and act on one interaction; the JSON to answer Slack with (None: empty 200).
+
+        Settling happens in the background, so Slack hears back well within three seconds.
+        """
+        self.verify(body, headers)
+        payload = _payload(body)
+        try:
+            kind = payload["type"]
+            user = payload["user"]["id"]
+            team = (payload.get("team") or {}).get("id") or payload["user"].get("team_id")
+            if not isinstance(user, str) or not isinstance(team, str):
+                raise TypeError("user and team ids must be strings")
+            principal = slack_principal(team, user)
+            if kind == "block_actions":
+                self._on_action(payload, principal, user)
+                return None
+            if kind == "view_submission":
+                return self._on_submission(payload, principal, user)
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise SlackPayloadError(f"unreadable Slack interaction: {exc!r}") from None
+        return None  # other interactions are not ours
+
+    def _on_action(self, payload: dict[str, Any], principal: Principal, user: str) -> None:
+        action = payload["actions"][0]
+        action_id = action["action_id"]
+        channel = (payload.get("channel") or {}).get("id") or payload["container"]["channel_id"]
+        where = {"channel": channel, "user": user}
+        if action_id == APPROVE:
+            rid = str(action["value"])
+            self._spawn(
+                self._settle(InputResponse(request_id=rid, option_id="approve"), principal, where)
+            )
+        elif action_id == OPTION:
+            rid = _request_id(action["block_id"])
+            option = str(action["selected_option"]["value"])
+            self._spawn(
+                self._settle(InputResponse(request_id=rid, option_id=option), principal, where)
+            )
+        elif action_id in (DENY, TEXT):
+            rid = str(action["value"])
+            meta = {"request_id": rid, **where}
+            view = deny_view if action_id == DENY else text_view
+            self._spawn(self._open_view(rid, str(payload["trigger_id"]), view, meta, where))
+
+    def _on_submission(
+        self, payload: dict[str, Any], principal: Principal, user: str
+    ) -> dict[str, Any] | None:
+        view = payload["view"]
+        callback = view["callback_id"]
+        if callback not in (DENY_VIEW, TEXT_VIEW):
+            return None
+        meta = json.loads(view["private_metadata"])
+        rid = str(meta["request_id"])
+        where = {"channel": str(meta["channel"]), "user": user}
+        values = view["state"]["values"]
+        if callback == DENY_VIEW:
+            reason = (values.get(REASON_BLOCK, {}).get("reason") or {}).get("value") or ""
+            response = InputResponse(
+                request_id=rid, option_id="cancel", text=reason.strip() or None
+            )
+        else:
+            text = ((values.get(ANSWER_BLOCK, {}).get("answer") or {}).get("value") or "").strip()
+            if not text:
+                return {"response_action": "errors", "errors": {ANSWER_BLOCK: "Write an answer"}}
+            response = InputResponse(request_id=rid, text=text)
+        self._spawn(self._settle(response, principal, where))
+        return None  # an empty 200 closes the modal
+
+    # -- background work ----------------------------------------------------------------------
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _settle(
+        self, response: InputResponse, principal: Principal, where: dict[str, str]
+    ) -> None:
+        try:
+            stored = await self.runtime.store.get_request(response.request_id)
+            if stored is None:
+                await self._tell(where, f"Unknown request {response.request_id}.")
+                return
+            try:
+                outcome = await self.submit(stored.request, response, principal)
+            except NotAllowed as exc:
+                await self._tell(where, f"You may not answer this request: {exc}")
+                return
+            except AnswerError as exc:
+                await self._tell(where, f"This request can no longer be answered: {exc}")
+                return
+            if outcome.outcome == "counted":
+                await self._tell(where, f"Your approval was counted ({outcome.reason}).")
+            elif not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
+                why = f": {outcome.reason}" if outcome.reason else ""
+                await self._tell(where, f"Your answer was not accepted ({outcome.outcome}{why}).")
+        except Exception:
+            logger.exception("slack: settling %s failed", response.request_id)
+
+    async def _open_view(
+        self,
+        request_id: str,
+        trigger_id: str,
+        build: Callable[[InputRequest, dict[str, Any]], dict[str, Any]],
+        meta: dict[str, Any],
+        where: dict[str, str],
+    ) -> None:
+        try:
+            stored = await self.runtime.store.get_request(request_id)
+            if stored is None or stored.status != "pending":
+                await self._tell(where, f"Request {request_id} is no longer open.")
+                return
+            await self.client.views_open(trigger_id=trigger_id, view=build(stored.request, meta))
+        except Exception:
+            logger.exception("slack: opening a view for %s failed", request_id)
+
+    async def _tell(self, where: dict[str, str], text: str) -> None:
+        """An ephemeral note only the person who acted sees."""
+        await self.client.chat_postEphemeral(
+            channel=where["channel"], user=where["user"], text=text
+        )
+
+
+def _key(request_id: str) -> str:
+    return f"msg:{request_id}"
+
+
+def _request_id(block_id: str) -> str:
+    prefix, sep, rid = str(block_id).partition(":")
+    if prefix != "signoff" or not sep or not rid:
+        raise ValueError(f"not a signoff block: {block_id!r}")
+    return rid
+
+
+def _payload(body: bytes) -> dict[str, Any]:
+    try:
+        form = urllib.parse.parse_qs(body.decode(), strict_parsing=True)
+        payload = json.loads(form["payload"][0])
+    except (UnicodeDecodeError, ValueError, KeyError) as exc:
+        raise SlackPayloadError(f"expected a form with a JSON payload field: {exc}") from None
+    if not isinstance(payload, dict):
+        raise SlackPayloadError("the payload is not a JSON object")
+    return payload
+
+
+def _error(exc: SignoffError) -> dict[str, Any]:
+    return {"error": {"code": exc.code, "message": str(exc)}}

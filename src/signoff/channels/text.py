@@ -1,0 +1,293 @@
+"""`TextChannel`: channels that show only text (SMS, email, issue comments, a terminal).
+
+They show one request at a time, in the order the requests were opened, and post the next only
+once the current one is answered, so a typed reply always answers the request the person sees.
+`TerminalTextChannel` puts the CLI's inline prompts behind the same interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Literal
+
+from rich.markup import escape
+
+from .._exceptions import AnswerError, NotAllowed, UsageError
+from .._results import Outcome
+from .._types import InputRequest, InputResponse, Principal, match_option
+from ._base import Channel, Resolution, describe_principal, logger
+from .terminal import TerminalChannel, compact_json
+
+__all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
+
+_APPROVE = frozenset({"y", "yes", "approve", "approved", "ok", "1"})
+_DENY = frozenset({"n", "no", "deny", "denied", "reject", "cancel", "2"})
+_WORD = re.compile(r"^\s*([^\s:,.!-]+)[\s:,.!-]*(.*)$", re.DOTALL)
+
+
+def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
+    """The answer a typed reply gives `request`, or None if it is not one.
+
+    Approvals take `yes` / `no` (or approve / deny, 1 / 2), optionally followed by a reason
+    (`no: too large`); questions take an option's id, label or number, or free text if allowed.
+    """
+    text = text.strip()
+    if not text:
+        return None
+    if request.kind == "tool-approval":
+        m = _WORD.match(text)
+        if m is None:
+            return None
+        word, rest = m.group(1).casefold(), m.group(2).strip() or None
+        if word in _APPROVE:
+            return InputResponse(request_id=request.id, option_id="approve", text=rest)
+        if word in _DENY:
+            return InputResponse(request_id=request.id, option_id="cancel", text=rest)
+        return None
+    option = match_option(request.options, text)
+    if option is not None:
+        return InputResponse(request_id=request.id, option_id=option.id)
+    if request.allow_text:
+        return InputResponse(request_id=request.id, text=text)
+    return None
+
+
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+class TextChannel(Channel):
+    """Shows open requests one at a time, oldest first; `reply()` answers the one shown.
+
+    Subclasses implement `send_text` (deliver one message to the person). A reply that answers
+    nothing gets a hint back with `unmatched="hint"` (the default); with `"send"` it goes to the
+    shown request's session as a message (`Runtime.send`), which steers the turn.
+    """
+
+    name = "text"
+
+    def __init__(
+        self,
+        *,
+        name: str | None = None,
+        accepts: Callable[[InputRequest], bool] | None = None,
+        unmatched: Literal["hint", "send"] = "hint",
+    ) -> None:
+        super().__init__(name=name, accepts=accepts)
+        if unmatched not in ("hint", "send"):
+            raise UsageError(f"unmatched must be 'hint' or 'send', not {unmatched!r}")
+        self.unmatched = unmatched
+        self._queue: list[InputRequest] = []
+        self._lock = asyncio.Lock()
+
+    async def send_text(self, text: str) -> None:
+        """Deliver one message to the person (SMS, comment, chat line...)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement send_text()")
+
+    @property
+    def current(self) -> InputRequest | None:
+        """The request the person sees now (the oldest open one), if any."""
+        return self._queue[0] if self._queue else None
+
+    @property
+    def waiting(self) -> list[InputRequest]:
+        """Every open request this channel holds, the shown one first."""
+        return list(self._queue)
+
+    # -- rendering ----------------------------------------------------------------------------
+
+    def render(self, request: InputRequest) -> str:
+        """The text that shows a request, with how to answer it."""
+        if request.kind == "tool-approval":
+            lines = [
+                f"{request.agent} wants to run {request.tool_name}({compact_json(request.input)})"
+            ]
+            if request.payload is not None:
+                lines.append(f"It asks for approval of: {compact_json(request.payload)}")
+            if request.approvers > 1:
+                lines.append(f"Needs {request.approvers} approvals ({request.progress} so far).")
+            if request.expires_at is not None:
+                lines.append(f"Expires {_when(request.expires_at)}.")
+            lines.append("Reply yes to approve or no to deny (a reason may follow: no: why).")
+            return "\n".join(lines)
+        lines = [request.question or f"{request.agent} asks for input"]
+        lines += [
+            f"{i}. {o.label}" + (f" - {o.description}" if o.description else "")
+            for i, o in enumerate(request.options, 1)
+        ]
+        if request.expires_at is not None:
+            lines.append(f"Expires {_when(request.expires_at)}.")
+        lines.append(self._hint(request))
+        return "\n".join(lines)
+
+    def _hint(self, request: InputRequest) -> str:
+        if request.kind == "tool-approval":
+            return "Reply yes to approve or no to deny (a reason may follow: no: why)."
+        n = len(request.options)
+        if n and request.allow_text:
+            return f"Reply with a number (1-{n}) or your own answer."
+        if n:
+            return f"Reply with a number (1-{n}) or an option's name."
+        return "Reply with your answer."
+
+    def render_resolution(self, request: InputRequest, resolution: Resolution) -> str:
+        """The text that says how a request closed elsewhere (who, how, when)."""
+        what = request.tool_name if request.kind == "tool-approval" else "the question"
+        when = _when(resolution.at)
+        by = describe_principal(resolution.by)
+        if resolution.outcome == "approved":
+            text = f"{what} was approved by {by} at {when}"
+        elif resolution.outcome == "cancelled" and resolution.status == "settled":
+            text = f"{what} was denied by {by} at {when}"
+        elif resolution.outcome == "answered":
+            text = f"{what} was answered by {by} at {when}: {resolution.value}"
+        elif resolution.outcome == "expired":
+            text = f"{what} expired at {when}"
+        else:
+            text = f"{what} was withdrawn at {when}"
+        if resolution.reason and resolution.outcome != "answered":
+            text += f" ({resolution.reason})"
+        return text + "."
+
+    # -- what the hub tells it ----------------------------------------------------------------
+
+    async def start(self, open_requests: Sequence[InputRequest]) -> None:
+        async with self._lock:
+            known = {r.id for r in self._queue}
+            for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
+                if r.id not in known:
+                    self._queue.append(r)
+            if self._queue and self.recall("shown") != self._queue[0].id:
+                await self._show_current()
+
+    async def on_requested(self, request: InputRequest) -> None:
+        async with self._lock:
+            if any(r.id == request.id for r in self._queue):
+                return
+            self._queue.append(request)
+            if len(self._queue) == 1:
+                await self._show_current()
+
+    async def on_updated(self, request: InputRequest) -> None:
+        async with self._lock:
+            for i, r in enumerate(self._queue):
+                if r.id == request.id:
+                    self._queue[i] = request
+
+    async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
+        async with self._lock:
+            index = next((i for i, r in enumerate(self._queue) if r.id == request.id), None)
+            if index is None:
+                return
+            del self._queue[index]
+            if index == 0:
+                await self.send_text(self.render_resolution(request, resolution))
+                await self._show_current()
+
+    async def _show_current(self) -> None:
+        current = self.current
+        if current is None:
+            self.forget("shown")
+            return
+        await self.show(current)
+        self.remember("shown", current.id)
+
+    async def show(self, request: InputRequest) -> None:
+        """Put `request` in front of the person (by default: `send_text(render(request))`)."""
+        await self.send_text(self.render(request))
+
+    # -- answers ------------------------------------------------------------------------------
+
+    async def reply(self, text: str, principal: Principal | None) -> Outcome | None:
+        """A message from the person: it answers the request shown now, or nothing.
+
+        Returns what became of the answer, or None when it answered nothing (a hint was sent,
+        or with `unmatched="send"` the message went to the session).
+        """
+        request = self.current
+        if request is None:
+            await self.send_text("Nothing is waiting for an answer.")
+            return None
+        response = parse_reply(request, text)
+        if response is None:
+            if self.unmatched == "send" and text.strip():
+                await self.runtime.send(request.session_id, text, principal=principal)
+                return None
+            await self.send_text(self._hint(request))
+            return None
+        return await self.answer(request, response, principal)
+
+    async def answer(
+        self, request: InputRequest, response: InputResponse, principal: Principal | None
+    ) -> Outcome | None:
+        """Submit `response` to `request` (the one shown) and show the next when it closed."""
+        try:
+            outcome = await self.submit(request, response, principal)
+        except NotAllowed as exc:
+            await self.send_text(f"You may not answer this request: {exc}")
+            return None
+        except AnswerError as exc:
+            await self.send_text(f"This request can no longer be answered: {exc}")
+            return None
+        if outcome.outcome == "counted":
+            await self.send_text(f"Counted: {outcome.reason}. Waiting for more approvals.")
+            return outcome
+        if not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
+            why = f": {outcome.reason}" if outcome.reason else ""
+            await self.send_text(f"Your answer was not accepted ({outcome.outcome}{why}).")
+            return outcome
+        async with self._lock:
+            if self._queue and self._queue[0].id == request.id:
+                del self._queue[0]  # closed by this answer: the next one can be shown
+                await self._show_current()
+        return outcome
+
+
+class TerminalTextChannel(TextChannel):
+    """The CLI's inline prompts as a text channel: each request shown is asked on the terminal.
+
+    It wraps a `TerminalChannel` (the one `signoff chat` uses) and answers as `principal`.
+    A prompt left unanswered (end of input) leaves the request pending.
+    """
+
+    name = "terminal"
+
+    def __init__(
+        self,
+        terminal: TerminalChannel | None = None,
+        *,
+        principal: Principal | None = None,
+        name: str | None = None,
+        accepts: Callable[[InputRequest], bool] | None = None,
+    ) -> None:
+        super().__init__(name=name, accepts=accepts)
+        self.terminal = terminal or TerminalChannel()
+        self.principal = principal
+        self._asking: asyncio.Task[None] | None = None
+
+    async def send_text(self, text: str) -> None:
+        self.terminal.console.print(escape(text))
+
+    async def show(self, request: InputRequest) -> None:
+        # Asked in a task: the hub goes on while the person types.
+        self._asking = asyncio.create_task(self._ask(request), name=f"signoff-ask-{request.id}")
+
+    async def _ask(self, request: InputRequest) -> None:
+        try:
+            response = await asyncio.to_thread(self.terminal.ask, request)
+            if response is not None:
+                await self.answer(request, response, self.principal)
+        except Exception:
+            logger.exception("terminal channel: asking %s failed", request.id)
+
+    async def idle(self) -> None:
+        """Wait until the prompts shown so far are answered (or left)."""
+        while self._asking is not None and not self._asking.done():
+            await asyncio.wait({self._asking})
+
+    async def close(self) -> None:
+        if self._asking is not None and not self._asking.done():
+            self._asking.cancel()  # a read already blocked in its thread ends with the input

@@ -1,0 +1,282 @@
+"""`WebhookChannel`: a signed JSON POST to your URLs when a request opens, closes or nears expiry.
+
+Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
+(`v1=` + hex HMAC-SHA256 of `{timestamp}.{body}` with the shared secret); receivers check both
+with `verify_webhook`. Failed deliveries (network errors, 408, 429 and 5xx) are retried with
+exponential backoff; `Signoff-Delivery` stays the same across retries so receivers can dedupe.
+Deliveries queued in memory are lost if the process dies; the hub then re-reads the entries the
+channel had not handled, so a restart can send one twice (same delivery id), never skip it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+import httpx
+
+from .. import __version__
+from .._exceptions import UsageError
+from .._types import InputRequest
+from ._base import Channel, InvalidSignature, Resolution, logger
+
+__all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
+
+TIMESTAMP_HEADER = "Signoff-Timestamp"
+SIGNATURE_HEADER = "Signoff-Signature"
+EVENT_HEADER = "Signoff-Event"
+DELIVERY_HEADER = "Signoff-Delivery"
+
+_RETRY_STATUSES = frozenset({408, 425, 429})
+
+
+def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
+    """The `Signoff-Signature` value for `body` sent at `timestamp`."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return "v1=" + mac.hexdigest()
+
+
+def verify_webhook(
+    secret: str,
+    headers: Mapping[str, str],
+    body: bytes | str,
+    *,
+    tolerance: float = 300,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Check a delivery's signature and age; returns the parsed JSON payload.
+
+    Raises `InvalidSignature` when a header is missing, the timestamp is more than `tolerance`
+    seconds away from `now`, or no `v1=` signature (comma-separated, for secret rotation)
+    matches; the comparison is constant-time.
+
+        payload = verify_webhook(SECRET, request.headers, await request.body())
+    """
+    if not secret:
+        raise UsageError("verify_webhook() needs the shared secret")
+    raw = body.encode() if isinstance(body, str) else bytes(body)
+    lowered = {k.lower(): v for k, v in headers.items()}
+    stamp = lowered.get(TIMESTAMP_HEADER.lower())
+    given = lowered.get(SIGNATURE_HEADER.lower())
+    if not stamp or not given:
+        raise InvalidSignature(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
+    try:
+        timestamp = int(stamp)
+    except ValueError:
+        raise InvalidSignature(f"{TIMESTAMP_HEADER} is not a Unix timestamp: {stamp!r}") from None
+    current = time.time() if now is None else now
+    if abs(current - timestamp) > tolerance:
+        raise InvalidSignature(
+            f"the delivery is {int(current - timestamp)}s old; more than {tolerance:g}s off"
+        )
+    expected = sign_webhook(secret, timestamp, raw)
+    candidates = [s.strip() for s in given.split(",") if s.strip().startswith("v1=")]
+    if not any(hmac.compare_digest(expected, c) for c in candidates):
+        raise InvalidSignature("the signature does not match the body and timestamp")
+    try:
+        payload = json.loads(raw)
+    except ValueError:
+        raise InvalidSignature("the signed body is not JSON") from None
+    if not isinstance(payload, dict):
+        raise InvalidSignature("the signed body is not a JSON object")
+    return payload
+
+
+class WebhookChannel(Channel):
+    """Posts `request.opened`, `request.resolved` and `request.expiring` to every URL.
+
+    `expiring_within`: warn this many seconds before a request's `expires_at`. Retries:
+    `max_attempts` in all, waiting `backoff * 2**n` seconds (at most `max_backoff`) between.
+    """
+
+    name = "webhooks"
+    live_only = False  # receivers hear of every request, also ones that closed at once
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        secret: str,
+        *,
+        name: str | None = None,
+        accepts: Callable[[InputRequest], bool] | None = None,
+        expiring_within: float = 300.0,
+        max_attempts: int = 5,
+        backoff: float = 0.5,
+        max_backoff: float = 60.0,
+        timeout: float = 10.0,
+        client: httpx.AsyncClient | None = None,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        super().__init__(name=name, accepts=accepts)
+        url_list = [urls] if isinstance(urls, str) else list(urls)
+        if not url_list:
+            raise UsageError("WebhookChannel needs at least one URL")
+        for url in url_list:
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise UsageError(f"a webhook URL must be http(s)://..., not {url!r}")
+        if not isinstance(secret, str) or not secret:
+            raise UsageError("WebhookChannel needs a non-empty signing secret")
+        if max_attempts < 1:
+            raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        if backoff < 0 or max_backoff < 0 or expiring_within < 0:
+            raise UsageError("backoff, max_backoff and expiring_within must not be negative")
+        self.urls = url_list
+        self.secret = secret
+        self.expiring_within = expiring_within
+        self.max_attempts = max_attempts
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self.timeout = timeout
+        self.clock = clock
+        self._sleep = sleep
+        self._client = client
+        self._own_client = client is None
+        self._queues: dict[str, asyncio.Queue[tuple[str, str, bytes]]] = {}
+        self._workers: list[asyncio.Task[None]] = []
+        self._deadlines: dict[str, InputRequest] = {}
+        self.delivered = 0
+        self.failed = 0
+
+    # -- what the hub tells it ----------------------------------------------------------------
+
+    async def start(self, open_requests: Sequence[InputRequest]) -> None:
+        self._ensure_workers()
+        for r in open_requests:
+            if r.expires_at is not None:
+                self._deadlines[r.id] = r
+
+    async def on_requested(self, request: InputRequest) -> None:
+        if request.expires_at is not None:
+            self._deadlines[request.id] = request
+        self.enqueue("request.opened", request)
+
+    async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
+        self._deadlines.pop(request.id, None)
+        self.enqueue("request.resolved", request, resolution)
+
+    async def tick(self, now: float) -> None:
+        for rid, r in list(self._deadlines.items()):
+            assert r.expires_at is not None
+            if now < r.expires_at - self.expiring_within:
+                continue
+            del self._deadlines[rid]
+            if now < r.expires_at and not self.recall(f"warned:{rid}"):
+                self.remember(f"warned:{rid}", True)
+                self.enqueue("request.expiring", r)
+
+    # -- delivery -----------------------------------------------------------------------------
+
+    def payload(
+        self, event: str, request: InputRequest, resolution: Resolution | None = None
+    ) -> dict[str, Any]:
+        """The JSON body of a delivery; `id` is stable for the same event of the same request."""
+        digest = hashlib.sha256(f"{event}:{request.id}".encode()).hexdigest()[:24]
+        return {
+            "id": f"whd_{digest}",
+            "type": event,
+            "at": self.clock(),
+            "request": request.model_dump(mode="json"),
+            "resolution": None if resolution is None else resolution.to_dict(),
+        }
+
+    def enqueue(
+        self, event: str, request: InputRequest, resolution: Resolution | None = None
+    ) -> None:
+        """Queue one event for every URL (each URL gets them in order)."""
+        body = self.payload(event, request, resolution)
+        raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        self._ensure_workers()
+        for url in self.urls:
+            self._queues[url].put_nowait((body["id"], event, raw))
+
+    def _ensure_workers(self) -> None:
+        if self._workers:
+            return
+        for url in self.urls:
+            self._queues[url] = asyncio.Queue()
+            self._workers.append(
+                asyncio.create_task(self._work(url), name=f"signoff-webhook-{url}")
+            )
+
+    async def _work(self, url: str) -> None:
+        queue = self._queues[url]
+        while True:
+            delivery, event, raw = await queue.get()
+            try:
+                await self.deliver(url, delivery, event, raw)
+            except Exception:
+                logger.exception("webhook %s: delivering %s failed", url, delivery)
+            finally:
+                queue.task_done()
+
+    async def deliver(self, url: str, delivery: str, event: str, raw: bytes) -> bool:
+        """POST one delivery, retrying with backoff; True once a 2xx answered."""
+        client = self._http()
+        for attempt in range(1, self.max_attempts + 1):
+            stamp = int(self.clock())  # signed afresh: a late retry is not a stale delivery
+            headers = {
+                "Content-Type": "application/json",
+                "User-Agent": f"signoff/{__version__}",
+                TIMESTAMP_HEADER: str(stamp),
+                SIGNATURE_HEADER: sign_webhook(self.secret, stamp, raw),
+                EVENT_HEADER: event,
+                DELIVERY_HEADER: delivery,
+            }
+            try:
+                response = await client.post(url, content=raw, headers=headers)
+            except httpx.HTTPError as exc:
+                problem = repr(exc)
+            else:
+                if response.is_success:
+                    self.delivered += 1
+                    return True
+                problem = f"HTTP {response.status_code}"
+                if response.status_code < 500 and response.status_code not in _RETRY_STATUSES:
+                    logger.error("webhook %s refused %s (%s); not retried", url, delivery, problem)
+                    self.failed += 1
+                    return False
+            if attempt < self.max_attempts:
+                delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+                logger.warning(
+                    "webhook %s: %s on attempt %s for %s; retrying in %.2fs",
+                    url,
+                    problem,
+                    attempt,
+                    delivery,
+                    delay,
+                )
+                await self._sleep(delay)
+        logger.error("webhook %s: gave up on %s after %s attempts", url, delivery, attempt)
+        self.failed += 1
+        return False
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout)
+        return self._client
+
+    async def drain(self) -> None:
+        """Wait until every queued delivery was sent or given up."""
+        for queue in self._queues.values():
+            await queue.join()
+
+    async def close(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.drain(), self.timeout)
+        for task in self._workers:
+            task.cancel()
+        for task in self._workers:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._workers.clear()
+        self._queues.clear()
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None

@@ -1,0 +1,345 @@
+"""Channels and the hub: text channels show one request at a time, in request order; the hub
+follows the audit trail, remembers where each channel stopped, and retries a failing channel."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+import signoff as so
+from signoff.channels import (
+    Channel,
+    ChannelHub,
+    ChannelState,
+    Resolution,
+    TerminalChannel,
+    TerminalTextChannel,
+    TextChannel,
+    parse_reply,
+)
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+
+@asynccontextmanager
+async def manual(hub: ChannelHub) -> AsyncIterator[ChannelHub]:
+    """A started hub that reads the trail only when the test calls `poll()`."""
+    await hub.start(follow=False)
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+
+
+BOB = so.Principal(authenticator="sms", principal_id="sms:+15550100")
+
+
+class Texts(TextChannel):
+    """A text channel that keeps what it sends (an SMS thread, say)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sent: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        self.sent.append(text)
+
+
+def three_refunds(runs: list[str]) -> so.Agent:
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        runs.append(order_id)
+        return {"refunded": amount}
+
+    return scripted_agent(
+        "support",
+        [
+            call_tools(
+                call("issue_refund", order_id="A-1", amount=10),
+                call("issue_refund", order_id="B-2", amount=20),
+                call("issue_refund", order_id="C-3", amount=30),
+            ),
+            reply("Done."),
+        ],
+        tools=[issue_refund],
+    )
+
+
+def runtime(tmp_path: Path, *agents: so.Agent) -> so.Runtime:
+    return so.Runtime(list(agents), store=f"sqlite:///{tmp_path / 'state.db'}")
+
+
+async def status(rt: so.Runtime, rid: str) -> tuple[str, str | None]:
+    stored = await rt.store.get_request(rid)
+    assert stored is not None
+    return stored.status, stored.outcome
+
+
+async def test_three_requests_are_shown_one_at_a_time_and_a_reply_answers_the_one_shown(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        assert [x.input["order_id"] for x in (a, b, c)] == ["A-1", "B-2", "C-3"]
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            # only the first is shown, though all three are open
+            assert sms.sent == [sms.render(a)]
+            assert sms.sent[0].startswith('support wants to run issue_refund({"order_id":"A-1"')
+            assert [x.id for x in sms.waiting] == [a.id, b.id, c.id]
+
+            # a reply that answers nothing gets a hint and settles nothing
+            assert await sms.reply("what is this?", BOB) is None
+            assert (
+                sms.sent[-1] == "Reply yes to approve or no to deny (a reason may follow: no: why)."
+            )
+            assert [await status(rt, x.id) for x in (a, b, c)] == [("pending", None)] * 3
+
+            # "yes" answers A (the one shown), and only then is B shown
+            outcome = await sms.reply("yes", BOB)
+            assert outcome is not None and (outcome.request_id, outcome.outcome) == (
+                a.id,
+                "approved",
+            )
+            assert await status(rt, a.id) == ("settled", "approved")
+            assert await status(rt, b.id) == ("pending", None)
+            assert sms.sent[-1] == sms.render(b)
+            await hub.poll()  # the feed's own news of A changes nothing
+            assert sms.sent[-1] == sms.render(b)
+
+            # "no: ..." denies B with its reason; C is shown
+            outcome = await sms.reply("no: over the limit", BOB)
+            assert outcome is not None and (outcome.request_id, outcome.outcome) == (
+                b.id,
+                "cancelled",
+            )
+            stored = await rt.store.get_request(b.id)
+            assert stored is not None and stored.resolution is not None
+            assert stored.resolution["reason"] == "over the limit"
+            assert stored.resolution["by"]["principal_id"] == "sms:+15550100"
+            assert sms.sent[-1] == sms.render(c)
+
+            # C is answered elsewhere while it is shown: the person is told, nothing more waits
+            await rt.respond(r.session_id, [so.InputResponse(request_id=c.id, option_id="approve")])
+            await hub.poll()
+            assert sms.sent[-1].startswith("issue_refund was approved by the policy at ")
+            assert sms.current is None
+            assert await sms.reply("yes", BOB) is None
+            assert sms.sent[-1] == "Nothing is waiting for an answer."
+        assert runs == ["A-1", "C-3"]
+        shown = [t for t in sms.sent if t.startswith("support wants")]
+        assert shown == [sms.render(a), sms.render(b), sms.render(c)]
+
+
+async def test_a_reply_is_bound_to_the_request_shown_even_if_it_closed_meanwhile(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            assert sms.current is not None and sms.current.id == a.id
+            # A is denied elsewhere, and the hub has not caught up yet: the reply still means A
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="cancel")])
+            assert await sms.reply("yes", BOB) is None
+            assert sms.sent[-1].startswith("This request can no longer be answered")
+            assert await status(rt, a.id) == ("settled", "cancelled")
+            assert await status(rt, b.id) == ("pending", None)  # B was not answered by mistake
+            await hub.poll()
+            assert sms.sent[-2].startswith("issue_refund was denied by the policy")
+            assert sms.sent[-1] == sms.render(b)
+        assert runs == []
+
+
+async def test_a_restarted_hub_does_not_show_the_current_request_again(tmp_path: Path) -> None:
+    runs: list[str] = []
+    state = tmp_path / "channels.db"
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, _ = r.pending
+        first = Texts()
+        async with manual(ChannelHub(rt, [first], state=state)) as hub:
+            await hub.poll()
+        assert first.sent == [first.render(a)]
+        again = Texts()
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+            assert again.sent == []  # A is still the one the person sees
+            await again.reply("y", BOB)
+            assert await status(rt, a.id) == ("settled", "approved")
+            assert again.sent == [again.render(b)]
+        assert runs == ["A-1"]
+
+
+async def test_questions_by_text_numbers_labels_and_free_text(tmp_path: Path) -> None:
+    ask = call(
+        "ask_question",
+        question="Which size?",
+        options=[
+            {"label": "Small", "description": "250 ml."},
+            {"label": "Large", "description": "1 l."},
+        ],
+    )
+    agent = scripted_agent(
+        "shop", [call_tools(ask), call_tools(ask), reply("ok")], tools=[so.ask_question()]
+    )
+    async with runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="Reorder")
+        (q1,) = r.pending
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            assert sms.sent == [
+                "Which size?\n1. Small - 250 ml.\n2. Large - 1 l.\n"
+                "Reply with a number (1-2) or your own answer."
+            ]
+            outcome = await sms.reply("2", BOB)
+            assert outcome is not None and outcome.outcome == "answered"
+            stored = await rt.store.get_request(q1.id)
+            assert stored is not None and stored.resolution is not None
+            assert stored.resolution["answer"]["value"] == "Large"
+            await hub.poll()  # the second question opened when the first was answered
+            (q2,) = await rt.pending()
+            assert sms.current is not None and sms.current.id == q2.id
+            await sms.reply("the medium one, please", BOB)
+            stored = await rt.store.get_request(q2.id)
+            assert stored is not None and stored.resolution is not None
+            assert stored.resolution["answer"]["text"] == "the medium one, please"
+
+
+def test_parse_reply() -> None:
+    approval = so.InputRequest(
+        kind="tool-approval", id="req_1", session_id="s", turn_id="t", agent="a", created_at=0.0
+    )
+    assert parse_reply(approval, "Yes") == so.InputResponse(request_id="req_1", option_id="approve")
+    assert parse_reply(approval, "deny - too big") == so.InputResponse(
+        request_id="req_1", option_id="cancel", text="too big"
+    )
+    assert parse_reply(approval, "2") == so.InputResponse(request_id="req_1", option_id="cancel")
+    assert parse_reply(approval, "maybe") is None
+    assert parse_reply(approval, "   ") is None
+    question = approval.model_copy(
+        update={
+            "kind": "question",
+            "options": [so.Option(id="red", label="Red"), so.Option(id="blue", label="Blue")],
+        }
+    )
+    assert parse_reply(question, "BLUE") == so.InputResponse(request_id="req_1", option_id="blue")
+    assert parse_reply(question, "green") is None  # free text is not allowed here
+
+
+async def test_the_terminal_prompts_are_a_text_channel(tmp_path: Path) -> None:
+    runs: list[str] = []
+    lines = iter(["y", "n", "not today", "y"])
+    out = io.StringIO()
+    terminal = TerminalChannel(
+        Console(file=out, width=200, highlight=False), read=lambda prompt: next(lines, None)
+    )
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        prompts = TerminalTextChannel(terminal, principal=BOB)
+        async with manual(ChannelHub(rt, [prompts])) as hub:
+            await hub.poll()
+            await prompts.idle()
+            await hub.poll()
+        assert [await status(rt, x.id) for x in (a, b, c)] == [
+            ("settled", "approved"),
+            ("settled", "cancelled"),
+            ("settled", "approved"),
+        ]
+        stored = await rt.store.get_request(b.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["reason"] == "not today"
+        assert runs == ["A-1", "C-3"]
+        assert (await rt.state(r.session_id)).turn.status == "completed"  # type: ignore[union-attr]
+
+
+class Flaky(Channel):
+    """Fails on its first `fail` deliveries, then records what it is told."""
+
+    def __init__(self, fail: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail = fail
+        self.seen: list[tuple[str, str]] = []
+
+    async def on_requested(self, request: so.InputRequest) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("service down")
+        self.seen.append(("requested", request.id))
+
+    async def on_resolved(self, request: so.InputRequest, resolution: Resolution) -> None:
+        self.seen.append((resolution.outcome, request.id))
+
+
+async def test_a_failing_channel_retries_from_its_position_while_others_go_on(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        flaky, steady = Flaky(2, name="flaky"), Flaky(0, name="steady")
+        async with manual(ChannelHub(rt, [flaky, steady])) as hub:
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, c = r.pending
+            await hub.poll()
+            assert flaky.seen == []
+            assert steady.seen == [("requested", a.id), ("requested", b.id), ("requested", c.id)]
+            assert hub.position(flaky) < hub.position(steady)
+            await hub.poll()
+            await hub.poll()
+            assert flaky.seen == steady.seen
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            await hub.poll()
+            assert flaky.seen[-1] == steady.seen[-1] == ("approved", a.id)
+            assert hub.position(flaky) == hub.position(steady)
+
+
+async def test_a_new_hub_starts_at_the_end_and_hands_over_the_open_requests(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+
+        class Opened(Flaky):
+            async def start(self, open_requests: Any) -> None:
+                self.seen += [("open", x.id) for x in open_requests]
+
+        watcher = Opened(0)
+        async with manual(ChannelHub(rt, [watcher])) as hub:
+            assert await hub.poll() == 0  # nothing of the past is replayed
+            assert watcher.seen == [("open", b.id), ("open", c.id)]
+
+
+async def test_misuse_is_named(tmp_path: Path) -> None:
+    async with runtime(tmp_path, three_refunds([])) as rt:
+        with pytest.raises(so.UsageError, match="distinct"):
+            ChannelHub(rt, [Texts(), Texts()])
+        with pytest.raises(so.UsageError, match="Channel objects"):
+            ChannelHub(rt, ["slack"])  # type: ignore[list-item]
+        hub = ChannelHub(rt, [Texts()])
+        with pytest.raises(so.UsageError, match="start the ChannelHub"):
+            await hub.poll()
+        with pytest.raises(so.UsageError, match="unmatched"):
+            Texts(unmatched="shout")
+        state = ChannelState()
+        state.remember("c", "k", {"ts": "1.2"})
+        assert state.recall("c", "k") == {"ts": "1.2"}
+        state.forget("c", "k")
+        assert state.recall("c", "k") is None
+        state.close()

@@ -1,0 +1,691 @@
+"""The Slack channel against a Slack-compatible Web API on loopback (slack_sdk with `base_url`).
+
+The fake records every API call with its parsed body (JSON or form), so the tests assert the
+exact Block Kit payloads posted and updated. Interactions are signed like Slack signs them and
+sent to the endpoint the channel mounts on the signoff server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import socket
+import time
+import urllib.parse
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+import httpx
+import pytest
+from aiohttp import web
+
+import signoff as so
+from signoff.channels import ChannelHub
+from signoff.channels.slack import SlackChannel, slack_principal
+from signoff.server import create_app
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+
+@asynccontextmanager
+async def manual(hub: ChannelHub) -> AsyncIterator[ChannelHub]:
+    """A started hub that reads the trail only when the test calls `poll()`."""
+    await hub.start(follow=False)
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+TEAM = "T012AB3CD"
+APPROVERS = ["slack:T012AB3CD:U045EF6GH", "slack:T012AB3CD:U078JK9LM"]
+ALICE = so.Principal(authenticator="web", principal_id="alice")
+PATH = "/channels/slack/interactivity"
+
+
+class FakeSlack:
+    """A Slack Web API on loopback: records calls, answers like Slack does."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.tokens: list[str | None] = []
+        self._ts = 0
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/api/{method}", self.handle)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        await web.SockSite(self.runner, sock).start()
+        self.url = f"http://127.0.0.1:{port}/api/"
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        method = request.match_info["method"]
+        raw = await request.read()
+        if request.content_type == "application/json":
+            body = json.loads(raw)
+        else:
+            body = {k: v[0] for k, v in urllib.parse.parse_qs(raw.decode()).items()}
+            for key in ("blocks", "view"):
+                if isinstance(body.get(key), str):
+                    body[key] = json.loads(body[key])
+        self.calls.append((method, body))
+        self.tokens.append(request.headers.get("Authorization"))
+        if method == "chat.postMessage":
+            self._ts += 1
+            return web.json_response(
+                {"ok": True, "channel": body["channel"], "ts": f"1700000000.{self._ts:06d}"}
+            )
+        if method == "chat.update":
+            return web.json_response({"ok": True, "channel": body["channel"], "ts": body["ts"]})
+        if method == "chat.postEphemeral":
+            return web.json_response({"ok": True, "message_ts": "1700000099.000001"})
+        if method == "views.open":
+            return web.json_response({"ok": True, "view": {"id": "V1"}})
+        return web.json_response({"ok": False, "error": "unknown_method"})
+
+    def of(self, method: str) -> list[dict[str, Any]]:
+        return [body for m, body in self.calls if m == method]
+
+
+@pytest.fixture
+async def slack_api() -> AsyncIterator[FakeSlack]:
+    fake = FakeSlack()
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+def sign(body: bytes, timestamp: int, secret: str = SECRET) -> dict[str, str]:
+    base = f"v0:{timestamp}:".encode() + body
+    digest = hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
+    return {
+        "X-Slack-Request-Timestamp": str(timestamp),
+        "X-Slack-Signature": f"v0={digest}",
+        "Content-Type": "application/x-www-form-urlencoded",
+    }
+
+
+def form(payload: dict[str, Any]) -> bytes:
+    return urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
+
+
+def click(action: dict[str, Any], user: str = "U045EF6GH", ts: str = "1700000000.000001") -> bytes:
+    return form(
+        {
+            "type": "block_actions",
+            "user": {"id": user, "username": "someone", "team_id": TEAM},
+            "team": {"id": TEAM, "domain": "acme"},
+            "container": {"type": "message", "message_ts": ts, "channel_id": "C42"},
+            "channel": {"id": "C42", "name": "approvals"},
+            "trigger_id": "13345224609.738474920.8088930838d88f008e0",
+            "actions": [action],
+        }
+    )
+
+
+def submission(
+    callback_id: str, meta: dict[str, Any], values: dict[str, Any], user: str = "U045EF6GH"
+) -> bytes:
+    return form(
+        {
+            "type": "view_submission",
+            "user": {"id": user, "team_id": TEAM},
+            "team": {"id": TEAM},
+            "view": {
+                "id": "V1",
+                "callback_id": callback_id,
+                "private_metadata": json.dumps(meta),
+                "state": {"values": values},
+            },
+        }
+    )
+
+
+def refund_runtime(tmp_path: Path, log: list[Any], gate: asyncio.Event | None = None) -> Any:
+    async def allow_listed(ctx: so.ResponseContext) -> Literal["allowed", "rejected"]:
+        if gate is not None:
+            await gate.wait()
+        who = ctx.response.principal
+        return "allowed" if who is not None and who.principal_id in APPROVERS else "rejected"
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=allow_listed))
+    async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
+        """Refund an order."""
+        log.append((order_id, amount))
+        return {"refunded": amount}
+
+    agent = scripted_agent(
+        "support",
+        [
+            call_tools(call("issue_refund", order_id="1042", amount=180, reason="arrived broken")),
+            reply("Done."),
+        ],
+        tools=[issue_refund],
+    )
+    return so.Runtime([agent], store=f"sqlite:///{tmp_path / 'state.db'}")
+
+
+def channel(fake: FakeSlack, **kwargs: Any) -> SlackChannel:
+    return SlackChannel(
+        "C42", token="xoxb-test", base_url=fake.url, signing_secret=SECRET, **kwargs
+    )
+
+
+def approval_blocks(req: so.InputRequest) -> list[dict[str, Any]]:
+    """The message of an open refund approval, written out as Slack receives it."""
+    return [
+        {
+            "type": "section",
+            "block_id": "signoff.summary",
+            "text": {"type": "mrkdwn", "text": "*support* wants to run `issue_refund`"},
+        },
+        {
+            "type": "section",
+            "block_id": "signoff.input",
+            "text": {
+                "type": "mrkdwn",
+                "text": '```{\n  "order_id": "1042",\n  "amount": 180.0,\n'
+                '  "reason": "arrived broken"\n}```',
+            },
+        },
+        {
+            "type": "context",
+            "block_id": "signoff.facts",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": f"request `{req.id}` · session `{req.session_id}`",
+                }
+            ],
+        },
+        {
+            "type": "actions",
+            "block_id": f"signoff:{req.id}",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": "signoff.approve",
+                    "text": {"type": "plain_text", "text": "Approve"},
+                    "style": "primary",
+                    "value": req.id,
+                },
+                {
+                    "type": "button",
+                    "action_id": "signoff.deny",
+                    "text": {"type": "plain_text", "text": "Deny"},
+                    "style": "danger",
+                    "value": req.id,
+                },
+            ],
+        },
+    ]
+
+
+def date(at: float) -> str:
+    shown = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
+    return f"<!date^{int(at)}^{{date_short_pretty}} {{time}}|{shown}>"
+
+
+async def resolved_at(rt: so.Runtime, request_id: str) -> float:
+    entries = [e for e in await rt.audit() if e.type == "input.resolved"]
+    (entry,) = [e for e in entries if e.data["request_id"] == request_id]
+    return entry.at
+
+
+async def test_approval_posted_approved_from_slack_and_updated_in_place(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    log: list[Any] = []
+    gate = asyncio.Event()
+    async with refund_runtime(tmp_path, log, gate) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        async with app.router.lifespan_context(app):  # the app starts and stops the hub
+            await hub.poll()
+            assert slack_api.calls == [
+                (
+                    "chat.postMessage",
+                    {
+                        "channel": "C42",
+                        "text": "support wants to run issue_refund: approve or deny",
+                        "blocks": approval_blocks(req),
+                    },
+                )
+            ]
+            assert slack_api.tokens == ["Bearer xoxb-test"]
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                body = click(
+                    {
+                        "action_id": "signoff.approve",
+                        "block_id": f"signoff:{req.id}",
+                        "value": req.id,
+                        "type": "button",
+                    }
+                )
+                response = await http.post(PATH, content=body, headers=sign(body, int(time.time())))
+                # Acknowledged while the response policy is still deciding: nothing settled yet.
+                assert (response.status_code, response.content) == (200, b"")
+                stored = await rt.store.get_request(req.id)
+                assert stored is not None and stored.status == "pending"
+                gate.set()
+                await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "settled"
+            assert stored.outcome == "approved"
+            assert stored.resolution is not None
+            assert stored.resolution["by"]["principal_id"] == "slack:T012AB3CD:U045EF6GH"
+            assert stored.resolution["by"]["authenticator"] == "slack"
+            assert len(log) == 1
+            assert (await rt.state(r.session_id)).turn.status == "completed"
+            await hub.poll()
+        at = await resolved_at(rt, req.id)
+        updates = slack_api.of("chat.update")
+        blocks = approval_blocks(req)[:3] + [
+            {
+                "type": "context",
+                "block_id": "signoff.resolution",
+                "elements": [
+                    {
+                        "type": "mrkdwn",
+                        "text": f":white_check_mark: *Approved* by <@U045EF6GH> {date(at)}",
+                    }
+                ],
+            }
+        ]
+        assert updates == [
+            {
+                "channel": "C42",
+                "ts": "1700000000.000001",
+                "text": "support wants to run issue_refund: approve or deny",
+                "blocks": blocks,
+            }
+        ]
+        assert slack_api.of("chat.postEphemeral") == []
+
+
+async def test_only_a_validly_signed_fresh_interaction_acts(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        now = 1_800_000_000
+        slack = channel(slack_api, clock=lambda: float(now))
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        async with app.router.lifespan_context(app):
+            await hub.poll()
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+
+                async def post(body: bytes, headers: dict[str, str]) -> httpx.Response:
+                    response = await http.post(PATH, content=body, headers=headers)
+                    await slack.idle()
+                    return response
+
+                approve = click(
+                    {
+                        "action_id": "signoff.approve",
+                        "block_id": f"signoff:{req.id}",
+                        "value": req.id,
+                        "type": "button",
+                    }
+                )
+                deny = click(
+                    {
+                        "action_id": "signoff.deny",
+                        "block_id": f"signoff:{req.id}",
+                        "value": req.id,
+                        "type": "button",
+                    }
+                )
+                # invalid: signed with another secret; tampered: the body changed after signing
+                bad = await post(approve, sign(approve, now, secret="not-the-secret"))
+                tampered = await post(approve + b"x", sign(approve, now))
+                unsigned = await post(
+                    approve, {"Content-Type": "application/x-www-form-urlencoded"}
+                )
+                # expired: a correct signature, six minutes old (and one from the future)
+                old = await post(approve, sign(approve, now - 360))
+                future = await post(approve, sign(approve, now + 360))
+                for response in (bad, tampered, unsigned, old, future):
+                    assert response.status_code == 401
+                    assert response.json()["error"]["code"] == "invalid_signature"
+                stored = await rt.store.get_request(req.id)
+                assert stored is not None and stored.status == "pending"
+                assert slack_api.of("views.open") == []
+                # valid: Deny opens the reason modal; the same request again is a replay
+                headers = sign(deny, now - 10)
+                assert (await post(deny, headers)).status_code == 200
+                replay = await post(deny, headers)
+                assert replay.status_code == 401
+                assert "replay" in replay.json()["error"]["message"]
+                assert len(slack_api.of("views.open")) == 1
+                # a valid approval settles; its replay is refused before anything is read
+                headers = sign(approve, now)
+                assert (await post(approve, headers)).status_code == 200
+                assert (await post(approve, headers)).status_code == 401
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and (stored.status, stored.outcome) == ("settled", "approved")
+            assert len(log) == 1
+            events = [e async for e in rt.events(r.session_id, follow=False)]
+            assert [e.type for e in events].count(
+                "approval.candidate"
+            ) == 1  # one answer reached the policy
+
+
+async def test_deny_opens_a_reason_modal_and_the_reason_is_recorded(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            body = click(
+                {
+                    "action_id": "signoff.deny",
+                    "block_id": f"signoff:{req.id}",
+                    "value": req.id,
+                    "type": "button",
+                },
+                user="U078JK9LM",
+            )
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+            (opened,) = slack_api.of("views.open")
+            meta = {"request_id": req.id, "channel": "C42", "user": "U078JK9LM"}
+            assert opened == {
+                "trigger_id": "13345224609.738474920.8088930838d88f008e0",
+                "view": {
+                    "type": "modal",
+                    "callback_id": "signoff.deny",
+                    "private_metadata": json.dumps(meta, separators=(",", ":")),
+                    "title": {"type": "plain_text", "text": "Deny the call"},
+                    "submit": {"type": "plain_text", "text": "Deny"},
+                    "close": {"type": "plain_text", "text": "Cancel"},
+                    "blocks": [
+                        {
+                            "type": "input",
+                            "block_id": "signoff.reason",
+                            "optional": True,
+                            "label": {"type": "plain_text", "text": "Why deny issue_refund?"},
+                            "element": {
+                                "type": "plain_text_input",
+                                "action_id": "reason",
+                                "multiline": True,
+                            },
+                        }
+                    ],
+                },
+            }
+            values = {
+                "signoff.reason": {
+                    "reason": {"type": "plain_text_input", "value": "  over the limit  "}
+                }
+            }
+            body = submission("signoff.deny", meta, values, user="U078JK9LM")
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and (stored.status, stored.outcome) == (
+                "settled",
+                "cancelled",
+            )
+            assert stored.resolution is not None
+            assert stored.resolution["by"]["principal_id"] == "slack:T012AB3CD:U078JK9LM"
+            await hub.poll()
+        assert len(log) == 0
+        at = await resolved_at(rt, req.id)
+        (update,) = slack_api.of("chat.update")
+        assert update["blocks"][-1] == {
+            "type": "context",
+            "block_id": "signoff.resolution",
+            "elements": [
+                {
+                    "type": "mrkdwn",
+                    "text": f":x: *Denied* by <@U078JK9LM> {date(at)}: “over the limit”",
+                }
+            ],
+        }
+        assert update["blocks"][:3] == approval_blocks(req)[:3]  # the request stays readable
+
+
+async def test_a_responder_the_policy_rejects_is_told_and_the_request_stays_open(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            body = click(
+                {
+                    "action_id": "signoff.approve",
+                    "block_id": f"signoff:{req.id}",
+                    "value": req.id,
+                    "type": "button",
+                },
+                user="U999MALLORY",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            await hub.poll()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "pending"
+            assert slack_api.of("chat.postEphemeral") == [
+                {
+                    "channel": "C42",
+                    "user": "U999MALLORY",
+                    "text": "Your answer was not accepted (rejected).",
+                }
+            ]
+            assert slack_api.of("chat.update") == []
+        assert len(log) == 0
+
+
+def question_agent() -> so.Agent:
+    ask = call(
+        "ask_question",
+        question="Which size should I reorder?",
+        options=[
+            {"label": "Small", "description": "The 250 ml bottle."},
+            {"label": "Large", "description": "The 1 l bottle."},
+        ],
+    )
+    return scripted_agent(
+        "shop",
+        [call_tools(ask), call_tools(ask), reply("Reordered.")],
+        tools=[so.ask_question()],
+    )
+
+
+async def test_questions_use_a_select_menu_and_a_free_text_modal(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    async with so.Runtime([question_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="Reorder the soap")  # no principal: anyone answers
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            (posted,) = slack_api.of("chat.postMessage")
+            assert posted == {
+                "channel": "C42",
+                "text": "shop asks: Which size should I reorder?",
+                "blocks": [
+                    {
+                        "type": "section",
+                        "block_id": "signoff.summary",
+                        "text": {
+                            "type": "mrkdwn",
+                            "text": "*shop* asks: Which size should I reorder?\n"
+                            "• *Small*: The 250 ml bottle.\n• *Large*: The 1 l bottle.",
+                        },
+                    },
+                    {
+                        "type": "context",
+                        "block_id": "signoff.facts",
+                        "elements": [
+                            {
+                                "type": "mrkdwn",
+                                "text": f"request `{req.id}` · session `{req.session_id}`",
+                            }
+                        ],
+                    },
+                    {
+                        "type": "actions",
+                        "block_id": f"signoff:{req.id}",
+                        "elements": [
+                            {
+                                "type": "static_select",
+                                "action_id": "signoff.option",
+                                "placeholder": {"type": "plain_text", "text": "Choose an answer"},
+                                "options": [
+                                    {"text": {"type": "plain_text", "text": "Small"}, "value": "1"},
+                                    {"text": {"type": "plain_text", "text": "Large"}, "value": "2"},
+                                ],
+                            },
+                            {
+                                "type": "button",
+                                "action_id": "signoff.text",
+                                "text": {"type": "plain_text", "text": "Answer in your own words"},
+                                "value": req.id,
+                            },
+                        ],
+                    },
+                ],
+            }
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{req.id}",
+                    "selected_option": {
+                        "text": {"type": "plain_text", "text": "Large"},
+                        "value": "2",
+                    },
+                },
+                user="U5",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.resolution is not None
+            assert stored.resolution["answer"] == {"value": "Large", "option_id": "2", "text": None}
+            await hub.poll()  # the first message is updated, the second question is posted
+            at = await resolved_at(rt, req.id)
+            (update,) = slack_api.of("chat.update")
+            assert update["blocks"][-1]["elements"][0]["text"] == (
+                f":speech_balloon: *Answered* “Large” by <@U5> {date(at)}"
+            )
+            (second,) = await rt.pending()
+            body = click(
+                {
+                    "type": "button",
+                    "action_id": "signoff.text",
+                    "block_id": f"signoff:{second.id}",
+                    "value": second.id,
+                },
+                user="U5",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            (opened,) = slack_api.of("views.open")
+            assert opened["view"]["callback_id"] == "signoff.text"
+            assert opened["view"]["blocks"][0]["element"]["action_id"] == "answer"
+            meta = json.loads(opened["view"]["private_metadata"])
+            empty = submission("signoff.text", meta, {"signoff.answer": {"answer": {"value": " "}}})
+            assert await slack.handle(empty, sign(empty, int(time.time()))) == {
+                "response_action": "errors",
+                "errors": {"signoff.answer": "Write an answer"},
+            }
+            body = submission(
+                "signoff.text",
+                meta,
+                {"signoff.answer": {"answer": {"value": "the 500 ml one"}}},
+                user="U5",
+            )
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+            await hub.poll()
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "completed"
+        stored = await rt.store.get_request(second.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["answer"]["text"] == "the 500 ml one"
+        assert stored.resolution["by"]["principal_id"] == "slack:T012AB3CD:U5"
+        assert len(slack_api.of("chat.update")) == 2
+
+
+async def test_a_restarted_hub_does_not_post_again_and_updates_from_its_memo(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        state = tmp_path / "hub.db"
+        async with manual(ChannelHub(rt, [channel(slack_api)], state=state)) as hub:
+            await hub.poll()
+        assert len(slack_api.of("chat.postMessage")) == 1
+        # answered elsewhere (the API, the CLI) while no hub ran
+        await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=req.id, option_id="approve")],
+            principal=slack_principal(TEAM, "U045EF6GH"),
+        )
+        async with manual(ChannelHub(rt, [channel(slack_api)], state=state)) as hub:
+            await hub.poll()
+            await hub.poll()
+        assert len(slack_api.of("chat.postMessage")) == 1
+        (update,) = slack_api.of("chat.update")
+        assert update["ts"] == "1700000000.000001"
+        assert update["blocks"][-1]["block_id"] == "signoff.resolution"
+
+
+async def test_bad_payloads_and_configuration_are_named(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    slack = channel(slack_api)
+    body = b"payload=%7Bnot-json"
+    with pytest.raises(so.SignoffError, match="JSON payload"):
+        await slack.handle(body, sign(body, int(time.time())))
+    body = form({"type": "block_actions"})
+    with pytest.raises(so.SignoffError, match="unreadable Slack interaction"):
+        await slack.handle(body, sign(body, int(time.time())))
+    with pytest.raises(so.UsageError, match="bot token"):
+        SlackChannel("C1", signing_secret=SECRET)
+    with pytest.raises(so.UsageError, match="signing secret"):
+        SlackChannel("C1", signing_secret=" ", token="xoxb")
+    with pytest.raises(so.UsageError, match="add it to a ChannelHub"):
+        await slack.on_requested(
+            so.InputRequest(
+                kind="question", id="req_1", session_id="s", turn_id="t", agent="a", created_at=0.0
+            )
+        )

@@ -1,0 +1,244 @@
+"""Webhooks: signed deliveries to a receiver on loopback, retried with backoff, verifiable."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+import signoff as so
+from signoff.channels import ChannelHub, InvalidSignature, WebhookChannel, verify_webhook
+from signoff.channels.webhooks import sign_webhook
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+SECRET = "whsec_test_4f1a"
+
+
+class Receiver:
+    """An HTTP endpoint on loopback that answers with the statuses it is given, then 204."""
+
+    def __init__(self, statuses: list[int]) -> None:
+        self.statuses = list(statuses)
+        self.attempts: list[tuple[dict[str, str], bytes]] = []
+        self.accepted: list[tuple[dict[str, str], bytes]] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def __aenter__(self) -> Receiver:
+        app = web.Application()
+        app.router.add_post("/hooks/signoff", self.handle)
+        self._runner = web.AppRunner(app)
+        await self._runner.setup()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}/hooks/signoff"
+        await web.SockSite(self._runner, sock).start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._runner is not None
+        await self._runner.cleanup()
+
+    async def handle(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        headers = dict(request.headers)
+        self.attempts.append((headers, body))
+        if self.statuses:
+            return web.Response(status=self.statuses.pop(0))
+        self.accepted.append((headers, body))
+        return web.Response(status=204)
+
+
+@asynccontextmanager
+async def manual(hub: ChannelHub) -> AsyncIterator[ChannelHub]:
+    await hub.start(follow=False)
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+
+
+def refund_agent(**rules: Any) -> so.Agent:
+    @so.tool(approval=so.always(**rules))
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        return {"refunded": amount}
+
+    return scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042", amount=180)), reply("Done.")],
+        tools=[issue_refund],
+    )
+
+
+async def test_a_receiver_that_fails_twice_gets_the_event_once_with_a_valid_signature(
+    tmp_path: Path,
+) -> None:
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    async with (
+        Receiver([500, 503]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, backoff=0.25, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks])) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            (req,) = r.pending
+            await hub.poll()
+            await hooks.drain()
+        assert len(receiver.attempts) == 3
+        assert slept == [0.25, 0.5]  # exponential backoff, not slept for real
+        ((headers, body),) = receiver.accepted
+        assert (hooks.delivered, hooks.failed) == (1, 0)
+        payload = verify_webhook(SECRET, headers, body)
+        assert payload["type"] == "request.opened"
+        assert headers["Signoff-Event"] == "request.opened"
+        assert payload["request"]["id"] == req.id
+        assert payload["request"]["action"]["input"] == {"order_id": "1042", "amount": 180.0}
+        assert payload["resolution"] is None
+        # every attempt carries the same delivery id (receivers dedupe on it)
+        assert {h["Signoff-Delivery"] for h, _ in receiver.attempts} == {payload["id"]}
+        with pytest.raises(InvalidSignature, match="does not match"):
+            verify_webhook("another secret", headers, body)
+
+
+async def test_resolution_and_expiry_warnings_are_delivered(tmp_path: Path) -> None:
+    clock = ManualClock()
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime(
+            [refund_agent(expires_in=3600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock)
+        async with manual(ChannelHub(rt, [hooks], clock=clock)) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            (req,) = r.pending
+            assert req.expires_at == clock.now + 3600
+            await hub.poll()
+            clock.advance(2000)
+            await hub.poll()  # 1600 s left: no warning yet
+            clock.advance(1100)
+            await hub.poll()  # 500 s left: warned once
+            await hub.poll()
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="cancel", text="not now")],
+                principal=so.Principal(authenticator="web", principal_id="bob"),
+            )
+            await hub.poll()
+            await hooks.drain()
+        payloads = [verify_webhook(SECRET, h, b, now=clock.now) for h, b in receiver.accepted]
+        assert [p["type"] for p in payloads] == [
+            "request.opened",
+            "request.expiring",
+            "request.resolved",
+        ]
+        resolution = payloads[-1]["resolution"]
+        assert resolution["outcome"] == "cancelled"
+        assert resolution["reason"] == "not now"
+        assert resolution["by"]["principal_id"] == "bob"
+        assert payloads[1]["request"]["expires_at"] == req.expires_at
+
+
+async def test_refusals_are_not_retried_and_retries_end(tmp_path: Path) -> None:
+    async def sleep(seconds: float) -> None:
+        return None
+
+    async with Receiver([400, 500, 500, 500]) as receiver:
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=3, sleep=sleep)
+        raw = json.dumps({"hello": "world"}).encode()
+        assert await hooks.deliver(receiver.url, "whd_1", "request.opened", raw) is False
+        assert len(receiver.attempts) == 1  # a 4xx refusal is final
+        assert await hooks.deliver(receiver.url, "whd_2", "request.opened", raw) is False
+        assert len(receiver.attempts) == 4  # three attempts, then it gives up
+        assert (hooks.delivered, hooks.failed) == (0, 2)
+        await hooks.close()
+
+
+async def test_an_unreachable_receiver_is_retried() -> None:
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there
+    hooks = WebhookChannel(
+        f"http://127.0.0.1:{port}/x", SECRET, max_attempts=4, backoff=1, max_backoff=3, sleep=sleep
+    )
+    assert await hooks.deliver(hooks.urls[0], "whd_1", "request.opened", b"{}") is False
+    assert slept == [1, 2, 3]
+    await hooks.close()
+
+
+def test_verify_webhook_rejects_what_it_should() -> None:
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    assert verify_webhook(SECRET, good, body, now=stamp + 10) == {"type": "request.opened"}
+    # header names are case-insensitive; several signatures (secret rotation) are accepted
+    rotated = {
+        "signoff-timestamp": str(stamp),
+        "signoff-signature": "v1=00ff, " + sign_webhook(SECRET, stamp, body),
+    }
+    assert verify_webhook(SECRET, rotated, body.decode(), now=stamp) == {"type": "request.opened"}
+    with pytest.raises(InvalidSignature, match="more than 300s"):
+        verify_webhook(SECRET, good, body, now=stamp + 301)
+    with pytest.raises(InvalidSignature, match="more than 60s"):
+        verify_webhook(SECRET, good, body, now=stamp - 61, tolerance=60)
+    with pytest.raises(InvalidSignature, match="does not match"):
+        verify_webhook(SECRET, good, body + b" ", now=stamp)
+    with pytest.raises(InvalidSignature, match="missing"):
+        verify_webhook(SECRET, {"Signoff-Timestamp": str(stamp)}, body, now=stamp)
+    with pytest.raises(InvalidSignature, match="not a Unix timestamp"):
+        verify_webhook(SECRET, {**good, "Signoff-Timestamp": "yesterday"}, body, now=stamp)
+    unsigned_json = b"[1]"
+    listed = {
+        "Signoff-Timestamp": str(stamp),
+        "Signoff-Signature": sign_webhook(SECRET, stamp, unsigned_json),
+    }
+    with pytest.raises(InvalidSignature, match="not a JSON object"):
+        verify_webhook(SECRET, listed, unsigned_json, now=stamp)
+    with pytest.raises(so.UsageError):
+        verify_webhook("", good, body)
+
+
+def test_configuration_errors_are_named() -> None:
+    with pytest.raises(so.UsageError, match="at least one URL"):
+        WebhookChannel([], SECRET)
+    with pytest.raises(so.UsageError, match="http"):
+        WebhookChannel("ftp://example.com", SECRET)
+    with pytest.raises(so.UsageError, match="secret"):
+        WebhookChannel("https://example.com/hook", "")
+    with pytest.raises(so.UsageError, match="max_attempts"):
+        WebhookChannel("https://example.com/hook", SECRET, max_attempts=0)
+
+
+async def test_deliveries_to_one_url_keep_their_order() -> None:
+    async with Receiver([]) as receiver:
+        hooks = WebhookChannel(receiver.url, SECRET)
+        request = so.InputRequest(
+            kind="question", id="req_9", session_id="s", turn_id="t", agent="a", created_at=0.0
+        )
+        for event in ("request.opened", "request.expiring", "request.resolved"):
+            hooks.enqueue(event, request)
+        await asyncio.wait_for(hooks.drain(), 10)
+        await hooks.close()
+    assert [json.loads(b)["type"] for _, b in receiver.accepted] == [
+        "request.opened",
+        "request.expiring",
+        "request.resolved",
+    ]
