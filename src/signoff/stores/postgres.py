@@ -206,7 +206,7 @@ class PostgresStore:
         if not 1 <= self.min_size <= self.max_size:
             raise StoreError(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
         self.connect_timeout = connect_timeout
-        self.timeout = timeout or _number(options, "pool_timeout", float, 10.0)
+        self.timeout = timeout or _number(options, "pool_timeout", float, 30.0)
         self.poll_interval = poll_interval
         self.auto_migrate = migrate
         self._dsn = dsn
