@@ -808,3 +808,55 @@ async def test_answers_to_several_requests_are_all_or_nothing_for_the_default_ru
         r = await rt.respond(r.session_id, answers[1:], principal=ALICE)
         assert r.status == "completed"
         assert sorted(e.tool_name for e in log.executions) == ["close_account", "refund_charge"]
+
+
+@pytest.mark.parametrize("alice_says", ["approve", "cancel"])
+async def test_an_allowed_candidate_whose_request_closed_meanwhile_ends_stale(
+    tmp_path: Path, alice_says: str
+) -> None:
+    """Every pending candidate ends: allowed too late, it is `stale` and settles nothing."""
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def slow_for_bob(ctx: so.ResponseContext) -> so.Allowed:
+        if ctx.response.principal == BOB:
+            started.set()
+            await release.wait()
+        return so.Allowed()
+
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=slow_for_bob)
+    async with sqlite_runtime(tmp_path, refund_agent(log, spec)) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        bob = asyncio.create_task(
+            rt.respond(
+                sid,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=BOB,
+                resume=False,
+            )
+        )
+        await started.wait()
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id=alice_says)], principal=ALICE
+        )
+        assert r.status == "completed"
+        release.set()
+        if alice_says == "approve":
+            late = await bob  # the same decision: a no-op, as for any repeated answer
+            assert late.outcomes == [
+                so.Outcome(request_id=req.id, outcome="approved", applied=False)
+            ]
+        else:
+            with pytest.raises(so.ConflictingAnswer):
+                await bob
+        events = await events_of(rt, sid, head)
+        candidates = [
+            (e.data["outcome"], e.data["by"]["principal_id"])
+            for e in events
+            if e.type == "approval.candidate"
+        ]
+        assert candidates == [("pending", "bob"), ("pending", "alice"), ("stale", "bob")]
+        settled = [e.data["by"]["principal_id"] for e in events if e.type == "approval.settled"]
+        assert settled == ["alice"]
+        assert log.count() == (1 if alice_says == "approve" else 0)

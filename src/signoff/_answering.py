@@ -16,6 +16,7 @@ from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, SessionAuth, SessionInfo
 from ._engine import Batch, EventSpec, new_id, runnable
 from ._exceptions import (
+    AnswerError,
     InvalidAnswer,
     NotAllowed,
     PartialAnswer,
@@ -230,19 +231,30 @@ class Answering(SessionRunner):
         elif request.approvers <= 1:
             self._authorize(request, principal)
         outcome: list[Outcome] = []
+        refused: list[AnswerError] = []
+        evaluated = tool is not None and tool.response_policy is not None
 
         def settle_or_count(st: SessionState) -> Batch:
             live = st.requests.get(rid)
             if live is None or live.status != "pending":
-                outcome.append(
-                    _repeat(
-                        request,
-                        live.status if live else "withdrawn",
-                        live.resolution if live else None,
-                        wanted,
+                refused.clear()
+                try:
+                    outcome.append(
+                        _repeat(
+                            request,
+                            live.status if live else "withdrawn",
+                            live.resolution if live else None,
+                            wanted,
+                        )
                     )
-                )
-                return Batch(specs=[])
+                except AnswerError as exc:
+                    refused.append(exc)
+                if not evaluated:
+                    return Batch(specs=[])
+                # Its pending candidate ends too: the request closed while the policy ran.
+                why = f"request {rid} was closed before this response could settle it"
+                stale = {**base, "outcome": "stale", "reason": why}
+                return Batch(specs=[("approval.candidate", stale)])
             current = live.request
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
@@ -293,6 +305,8 @@ class Answering(SessionRunner):
             )
 
         await self._append(session_id, settle_or_count, durable=True, turn_id=tid)
+        if refused:
+            raise refused[-1]
         return outcome[-1]
 
     async def send(
