@@ -239,7 +239,11 @@ class Runtime(Answering):
             if len(batch) < 500:
                 if not follow:
                     return
-                await asyncio.sleep(self.poll_interval)
+                wait = getattr(self.store, "wait_for_change", None)
+                if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
+                    await wait(session_id, self.poll_interval * 10, after=after)
+                else:
+                    await asyncio.sleep(self.poll_interval)
 
     async def cancel(self, session_id: str, reason: str | None = None) -> GenerateResult:
         """Cancel the running or waiting turn; its open requests are withdrawn."""
