@@ -82,10 +82,10 @@ async def status(rt: so.Runtime, rid: str) -> tuple[str, str | None]:
 
 
 async def test_three_requests_are_shown_one_at_a_time_and_a_reply_answers_the_one_shown(
-    tmp_path: Path,
+    store_url: str,
 ) -> None:
     runs: list[str] = []
-    async with runtime(tmp_path, three_refunds(runs)) as rt:
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
         r = await rt.generate("support", prompt="Refund A, B and C")
         a, b, c = r.pending
         assert [x.input["order_id"] for x in (a, b, c)] == ["A-1", "B-2", "C-3"]
@@ -286,10 +286,10 @@ class Flaky(Channel):
 
 
 async def test_a_failing_channel_retries_from_its_position_while_others_go_on(
-    tmp_path: Path,
+    store_url: str,
 ) -> None:
     runs: list[str] = []
-    async with runtime(tmp_path, three_refunds(runs)) as rt:
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
         flaky, steady = Flaky(2, name="flaky"), Flaky(0, name="steady")
         async with manual(ChannelHub(rt, [flaky, steady])) as hub:
             r = await rt.generate("support", prompt="Refund A, B and C")
@@ -343,3 +343,41 @@ async def test_misuse_is_named(tmp_path: Path) -> None:
         state.forget("c", "k")
         assert state.recall("c", "k") is None
         state.close()
+
+
+async def test_an_id_committed_late_is_not_skipped_and_a_lasting_hole_is_passed(
+    tmp_path: Path,
+) -> None:
+    """Audit ids are assigned before commit: on PostgreSQL a lower id can show up after a higher
+    one. The hub holds its saved position at the hole until the entry appears (or times out)."""
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        watcher = Flaky(0)
+        state = ChannelState()
+        async with manual(ChannelHub(rt, [watcher], state=state, gap_timeout=60)) as hub:
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, c = r.pending
+            entries = await rt.store.audit()
+            (opened,) = [e.id for e in entries if e.type == "input.requested"]
+            real = rt.store.audit
+            hidden = {opened}
+
+            async def late(**kwargs: Any) -> list[Any]:
+                return [e for e in await real(**kwargs) if e.id not in hidden]
+
+            rt.store.audit = late  # type: ignore[method-assign]
+            await hub.poll()
+            assert watcher.seen == []
+            assert hub.position(watcher) == opened - 1  # held at the hole
+            assert state.position("hub:channel") == opened - 1
+            hidden.clear()  # the slow transaction commits
+            await hub.poll()
+            assert watcher.seen == [("requested", a.id), ("requested", b.id), ("requested", c.id)]
+            assert hub.position(watcher) == entries[-1].id
+            # a hole that never fills (a rolled-back transaction) is passed after gap_timeout
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            newer = await real(after_id=entries[-1].id)
+            hidden.add(newer[0].id)
+            hub.gap_timeout = 0
+            await hub.poll()
+            assert hub.position(watcher) == newer[-1].id

@@ -689,3 +689,56 @@ async def test_bad_payloads_and_configuration_are_named(
                 kind="question", id="req_1", session_id="s", turn_id="t", agent="a", created_at=0.0
             )
         )
+
+
+async def test_a_quorum_shows_its_progress_until_it_is_met(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(approvers=2))
+    async def delete_account(account_id: str) -> str:
+        """Delete an account."""
+        runs.append(account_id)
+        return "deleted"
+
+    agent = scripted_agent(
+        "admin",
+        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
+        tools=[delete_account],
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("admin", prompt="Delete acct_7", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            for i, user in enumerate(("U1", "U1", "U2")):  # the same person twice counts once
+                body = click(
+                    {
+                        "action_id": "signoff.approve",
+                        "block_id": f"signoff:{req.id}",
+                        "value": req.id,
+                        "type": "button",
+                        "action_ts": f"1700000100.00000{i}",
+                    },
+                    user=user,
+                )
+                await slack.handle(body, sign(body, int(time.time())))
+                await slack.idle()
+                await hub.poll()
+        first, last = slack_api.of("chat.update")
+        assert first["blocks"][2]["elements"][0]["text"] == (
+            f"request `{req.id}` · session `{req.session_id}` · "
+            "needs 2 approvals (1 of 2: slack:T012AB3CD:U1)"
+        )
+        assert first["blocks"][3]["type"] == "actions"  # still open: the buttons stay
+        assert last["blocks"][3]["block_id"] == "signoff.resolution"
+        assert last["blocks"][3]["elements"][0]["text"].startswith(
+            ":white_check_mark: *Approved* by <@U2> "
+        )
+        assert [e["text"] for e in slack_api.of("chat.postEphemeral")] == [
+            "Your approval was counted (1 of 2).",
+            "You approved this request before (already counted: 1 of 2).",
+        ]
+        assert runs == ["acct_7"]

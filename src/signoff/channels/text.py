@@ -233,7 +233,10 @@ class TextChannel(Channel):
             await self.send_text(f"This request can no longer be answered: {exc}")
             return None
         if outcome.outcome == "counted":
-            await self.send_text(f"Counted: {outcome.reason}. Waiting for more approvals.")
+            if outcome.applied:
+                await self.send_text(f"Counted ({outcome.reason}); waiting for more approvals.")
+            else:
+                await self.send_text(f"You approved this request before ({outcome.reason}).")
             return outcome
         if not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
             why = f": {outcome.reason}" if outcome.reason else ""

@@ -305,8 +305,10 @@ class SlackChannel(Channel):
             except AnswerError as exc:
                 await self._tell(where, f"This request can no longer be answered: {exc}")
                 return
-            if outcome.outcome == "counted":
+            if outcome.outcome == "counted" and outcome.applied:
                 await self._tell(where, f"Your approval was counted ({outcome.reason}).")
+            elif outcome.outcome == "counted":
+                await self._tell(where, f"You approved this request before ({outcome.reason}).")
             elif not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
                 why = f": {outcome.reason}" if outcome.reason else ""
                 await self._tell(where, f"Your answer was not accepted ({outcome.outcome}{why}).")
