@@ -8,15 +8,22 @@ Needs the `server` extra: `pip install 'signoff[server]'`.
 
 from ._app import create_app
 from ._auth import AccessRule, Authenticator, DevAuth, TokenAuth, default_access
+from ._client import AsyncClient, Client, LiveSession, RemoteError, RemoteResult, RequestView
 from ._errors import ErrorBody
 from ._serve import DEFAULT_STORE, load_runtime, serve
 
 __all__ = [
     "DEFAULT_STORE",
     "AccessRule",
+    "AsyncClient",
     "Authenticator",
+    "Client",
     "DevAuth",
     "ErrorBody",
+    "LiveSession",
+    "RemoteError",
+    "RemoteResult",
+    "RequestView",
     "TokenAuth",
     "create_app",
     "default_access",

@@ -1,0 +1,434 @@
+"""`AsyncClient` and `Client`: the HTTP API from Python, with the method names of `Runtime`.
+
+`LiveSession` is the client-side reducer: it folds a session's stream into its requests; an
+answer it submits marks the request `responded` until the stream confirms it, and answering a
+request that is no longer open fails locally, without a server call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from .. import _exceptions as errors
+from .._events import Event
+from .._types import Decision, InputRequest, InputResponse
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "LiveSession",
+    "RemoteError",
+    "RemoteResult",
+    "RequestView",
+]
+
+_ERRORS: dict[str, type[errors.SignoffError]] = {
+    cls.code: cls
+    for cls in (
+        errors.UsageError,
+        errors.InvalidAnswer,
+        errors.UnknownSession,
+        errors.SessionExpired,
+        errors.SessionBusy,
+        errors.SessionLimitReached,
+        errors.UnknownRequest,
+        errors.PartialAnswer,
+        errors.ConflictingAnswer,
+        errors.RequestClosed,
+        errors.StaleAnswer,
+        errors.NotAllowed,
+        errors.ModelError,
+        errors.StoreError,
+    )
+}
+
+
+class RemoteError(errors.SignoffError):
+    """An error the server reported with a code this client does not know."""
+
+    def __init__(self, message: str, code: str, status: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        detail = response.json()["error"]
+        code, message = str(detail["code"]), str(detail["message"])
+    except Exception:
+        raise RemoteError(
+            f"HTTP {response.status_code}: {response.text[:200]}",
+            "http_error",
+            response.status_code,
+        ) from None
+    cls = _ERRORS.get(code)
+    if code == "unknown_agent":
+        cls = errors.UsageError
+    if cls is None:
+        raise RemoteError(message, code, response.status_code)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)  # the server's message, the local class
+    if issubclass(cls, (errors.AnswerError, errors.InvalidAnswer)):
+        exc.request_ids = list(detail.get("request_ids") or [])  # type: ignore[attr-defined]
+    if issubclass(cls, errors.SessionError):
+        exc.session_id = detail.get("session_id") or ""  # type: ignore[attr-defined]
+    raise exc
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoteResult:
+    """What a call that runs a turn returns: like `GenerateResult`, read from JSON."""
+
+    session_id: str
+    status: str
+    turn_id: str | None
+    text: str
+    pending: list[InputRequest]
+    outcomes: list[dict[str, Any]]
+    error: dict[str, Any] | None = None
+    retryable: bool = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
+        return cls(
+            session_id=data["session_id"],
+            status=data["status"],
+            turn_id=data.get("turn_id"),
+            text=data.get("text", ""),
+            pending=[InputRequest.model_validate(r) for r in data.get("pending", [])],
+            outcomes=list(data.get("outcomes", [])),
+            error=data.get("error"),
+            retryable=bool(data.get("retryable")),
+        )
+
+
+def _response_body(r: InputResponse | Mapping[str, Any]) -> dict[str, Any]:
+    resp = r if isinstance(r, InputResponse) else InputResponse.model_validate(r)
+    body: dict[str, Any] = {"requestId": resp.request_id}
+    for key, name in (
+        ("optionId", resp.option_id),
+        ("text", resp.text),
+        ("value", resp.value),
+        ("editedInput", resp.edited_input),
+        ("inputHash", resp.input_hash),
+    ):
+        if name is not None:
+            body[key] = name
+    return body
+
+
+def _decision_body(d: Decision | Mapping[str, Any]) -> dict[str, Any]:
+    dec = d if isinstance(d, Decision) else Decision.model_validate(d)
+    body: dict[str, Any] = {"id": dec.id, "approved": dec.approved}
+    for key, value in (
+        ("reason", dec.reason),
+        ("value", dec.value),
+        ("editedInput", dec.edited_input),
+        ("inputHash", dec.input_hash),
+    ):
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def _event(data: Mapping[str, Any]) -> Event:
+    return Event.from_row(
+        session_id=data["session_id"],
+        seq=int(data["seq"]),
+        type=data["type"],
+        at=float(data["at"]),
+        turn_id=data.get("turn_id"),
+        data=dict(data.get("data") or {}),
+        v=int(data.get("v", 1)),
+    )
+
+
+class AsyncClient:
+    """The signoff HTTP API (`/v1`), async; pass `token` for bearer authentication."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 60.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.AsyncClient(
+            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
+        )
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = await self.http.request(method, path, **kwargs)
+        _raise_for(response)
+        return response.json()
+
+    async def generate(
+        self,
+        agent: str | None = None,
+        prompt: str | None = None,
+        *,
+        session_id: str | None = None,
+        approvals: Sequence[Decision | Mapping[str, Any]] | None = None,
+    ) -> RemoteResult:
+        """Start a session (agent + prompt), continue one (session_id + prompt), or settle all of
+        its approvals at once (session_id + approvals)."""
+        if approvals is not None:
+            if session_id is None or prompt is not None:
+                raise errors.UsageError("approvals need a session_id and no prompt")
+            body = {"approvals": [_decision_body(d) for d in approvals]}
+            path = f"/v1/sessions/{session_id}/approvals"
+            return RemoteResult.from_json(await self._call("POST", path, json=body))
+        if session_id is None:
+            if agent is None:
+                raise errors.UsageError("generate() needs an agent name for a new session")
+            payload: dict[str, Any] = {"agent": agent}
+            if prompt is not None:
+                payload["message"] = prompt
+            return RemoteResult.from_json(await self._call("POST", "/v1/sessions", json=payload))
+        if prompt is None:
+            raise errors.UsageError("generate(session_id=...) needs a prompt or approvals")
+        return await self.send(session_id, prompt)
+
+    async def send(
+        self, session_id: str, message: str, *, turn_policy: str = "steer"
+    ) -> RemoteResult:
+        body = {"text": message, "turnPolicy": turn_policy}
+        data = await self._call("POST", f"/v1/sessions/{session_id}/messages", json=body)
+        return RemoteResult.from_json(data)
+
+    async def respond(
+        self, session_id: str, responses: Sequence[InputResponse | Mapping[str, Any]]
+    ) -> RemoteResult:
+        body = {"inputResponses": [_response_body(r) for r in responses]}
+        data = await self._call("POST", f"/v1/sessions/{session_id}/responses", json=body)
+        return RemoteResult.from_json(data)
+
+    async def cancel(self, session_id: str, reason: str | None = None) -> RemoteResult:
+        data = await self._call(
+            "POST", f"/v1/sessions/{session_id}/cancel", json={"reason": reason}
+        )
+        return RemoteResult.from_json(data)
+
+    async def state(self, session_id: str) -> dict[str, Any]:
+        """The session as the server shows it (status, turn, usage, pending)."""
+        data: dict[str, Any] = await self._call("GET", f"/v1/sessions/{session_id}")
+        return data
+
+    async def pending(
+        self,
+        *,
+        agent: str | None = None,
+        tool_name: str | None = None,
+        kind: str | None = None,
+        status: str = "pending",
+        older_than: float | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[InputRequest], int]:
+        """One page of the queue across sessions, and the total."""
+        params: dict[str, Any] = {"status": status, "limit": limit, "offset": offset}
+        for key, value in (("agent", agent), ("tool", tool_name), ("kind", kind)):
+            if value is not None:
+                params[key] = value
+        if older_than is not None:
+            params["older_than"] = older_than
+        data = await self._call("GET", "/v1/requests", params=params)
+        return [InputRequest.model_validate(r) for r in data["items"]], int(data["total"])
+
+    async def events(
+        self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+    ) -> AsyncIterator[Event]:
+        """The session's events after `after`; reconnects with `Last-Event-ID` if cut off."""
+        last = after
+        failures = 0
+        while True:
+            params = {"after": last, "follow": "true" if follow else "false"}
+            headers = {"Last-Event-ID": str(last), "Accept": "text/event-stream"}
+            try:
+                async with self.http.stream(
+                    "GET",
+                    f"/v1/sessions/{session_id}/events",
+                    params=params,
+                    headers=headers,
+                    timeout=httpx.Timeout(self.http.timeout.connect, read=None),
+                ) as response:
+                    if not response.is_success:
+                        await response.aread()
+                        _raise_for(response)
+                    async for data in _sse_data(response.aiter_lines()):
+                        event = _event(data)
+                        last = event.seq
+                        failures = 0
+                        yield event
+                if not follow:
+                    return
+            except (httpx.TransportError, httpx.RemoteProtocolError):
+                failures += 1
+                if failures > retries:
+                    raise
+                await asyncio.sleep(min(0.1 * 2**failures, 2.0))
+
+    async def session(self, session_id: str) -> LiveSession:
+        """A `LiveSession` caught up with the session's events."""
+        live = LiveSession(self, session_id)
+        await live.sync()
+        return live
+
+
+async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+    data: list[str] = []
+    async for line in lines:
+        if line == "":
+            if data:
+                yield json.loads("\n".join(data))
+            data = []
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestView:
+    """A request as the client knows it: `pending`, `responded` (sent, not yet confirmed),
+    or closed (`settled`, `expired`, `withdrawn`) with its outcome."""
+
+    request: InputRequest
+    status: str = "pending"
+    outcome: str | None = None
+
+
+@dataclass(slots=True)
+class LiveSession:
+    """Client-side fold of one session's stream: its requests and how far it has read."""
+
+    client: AsyncClient
+    session_id: str
+    seq: int = 0
+    requests: dict[str, RequestView] = field(default_factory=dict)
+
+    def apply(self, event: Event) -> None:
+        if event.seq <= self.seq:
+            return
+        self.seq = event.seq
+        d = event.data
+        if event.type == "input.requested":
+            for raw in d.get("requests", []):
+                request = InputRequest.model_validate(raw)
+                self.requests[request.id] = RequestView(request=request)
+        elif event.type == "input.resolved":
+            view = self.requests.get(d.get("request_id", ""))
+            if view is not None:
+                view.status = d.get("status") or "settled"
+                view.outcome = d.get("outcome")
+
+    async def sync(self) -> None:
+        """Read and fold everything the server has after `seq`."""
+        async for event in self.client.events(self.session_id, self.seq, follow=False):
+            self.apply(event)
+
+    async def follow(self) -> AsyncIterator[Event]:
+        """Fold and yield live events until the caller stops."""
+        async for event in self.client.events(self.session_id, self.seq):
+            self.apply(event)
+            yield event
+
+    def open_requests(self) -> list[InputRequest]:
+        return [v.request for v in self.requests.values() if v.status == "pending"]
+
+    async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
+        """Answer requests; a request that is no longer open fails here, with no server call."""
+        answers = [
+            r if isinstance(r, InputResponse) else InputResponse.model_validate(r)
+            for r in responses
+        ]
+        for a in answers:
+            view = self.requests.get(a.request_id)
+            if view is None:
+                raise errors.UnknownRequest(self.session_id, [a.request_id])
+            if view.status != "pending":
+                raise errors.RequestClosed(
+                    f"request {a.request_id} is {view.status}"
+                    + (f" ({view.outcome})" if view.outcome else "")
+                    + "; it takes no answers",
+                    [a.request_id],
+                )
+        for a in answers:
+            self.requests[a.request_id].status = "responded"
+        try:
+            result = await self.client.respond(self.session_id, answers)
+        except BaseException:
+            for a in answers:
+                if self.requests[a.request_id].status == "responded":
+                    self.requests[a.request_id].status = "pending"
+            raise
+        for o in result.outcomes:
+            view = self.requests.get(o.get("request_id", ""))
+            if view is not None and view.status == "responded" and o.get("applied") is False:
+                if o.get("outcome") not in ("approved", "cancelled", "answered"):
+                    view.status = "pending"  # refused or counted: still open
+        return result
+
+
+class Client:
+    """The synchronous twin of `AsyncClient` for scripts (each call runs on a private loop)."""
+
+    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 60.0) -> None:
+        from .._sync import SyncBridge
+
+        self._bridge = SyncBridge()
+        self._async = AsyncClient(base_url, token=token, timeout=timeout)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._bridge.run(self._async.aclose())
+        self._bridge.close()
+
+    def generate(self, *args: Any, **kwargs: Any) -> RemoteResult:
+        return self._bridge.run(self._async.generate(*args, **kwargs))
+
+    def send(self, *args: Any, **kwargs: Any) -> RemoteResult:
+        return self._bridge.run(self._async.send(*args, **kwargs))
+
+    def respond(self, *args: Any, **kwargs: Any) -> RemoteResult:
+        return self._bridge.run(self._async.respond(*args, **kwargs))
+
+    def cancel(self, *args: Any, **kwargs: Any) -> RemoteResult:
+        return self._bridge.run(self._async.cancel(*args, **kwargs))
+
+    def state(self, session_id: str) -> dict[str, Any]:
+        return self._bridge.run(self._async.state(session_id))
+
+    def pending(self, **kwargs: Any) -> tuple[list[InputRequest], int]:
+        return self._bridge.run(self._async.pending(**kwargs))
+
+    def events(self, session_id: str, after: int = 0) -> Iterator[Event]:
+        """The session's events after `after`, without following."""
+
+        async def collect() -> list[Event]:
+            return [e async for e in self._async.events(session_id, after, follow=False)]
+
+        yield from self._bridge.run(collect())

@@ -1,0 +1,178 @@
+"""`signoff.server.AsyncClient` / `Client` against a real server, and the client-side reducer."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import AsyncClient, Client
+
+from .test_server_common import served, tool_output
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[str]:
+    with served(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
+async def test_the_runtime_methods_over_http(base: str) -> None:
+    async with AsyncClient(base, token="alice-token") as c:
+        r = await c.generate("support", "Refund order 1042")
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert isinstance(req, so.InputRequest) and req.tool_name == "issue_refund"
+        items, total = await c.pending(tool_name="issue_refund")
+        assert total == 1 and [i.id for i in items] == [req.id]
+        state = await c.state(r.session_id)
+        assert state["status"] == "waiting"
+        done = await c.respond(
+            r.session_id, [so.InputResponse(request_id=req.id, option_id="approve")]
+        )
+        assert done.status == "completed"
+        assert tool_output(done.text) == {"order_id": "1042", "refunded": 180.0}
+        events = [e async for e in c.events(r.session_id, follow=False)]
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert isinstance(events[0], so.Event) and events[-1].type == "session.waiting"
+        # helix style and errors come back as the same exception classes
+        batch = await c.generate("batch", "refund both")
+        with pytest.raises(so.PartialAnswer) as partial:
+            await c.generate(
+                session_id=batch.session_id,
+                approvals=[so.Decision(id=batch.pending[0].id, approved=True)],
+            )
+        assert partial.value.request_ids == [batch.pending[1].id]
+        with pytest.raises(so.UnknownSession):
+            await c.state("ses_nope")
+        with pytest.raises(so.ConflictingAnswer):
+            await c.respond(r.session_id, [{"request_id": req.id, "option_id": "cancel"}])
+        with pytest.raises(so.UsageError, match="unknown agent"):
+            await c.generate("nobody", "hi")
+    async with AsyncClient(base, token="wrong") as anonymous:
+        with pytest.raises(so.SignoffError) as denied:
+            await anonymous.pending()
+        assert getattr(denied.value, "code", "") == "unauthenticated"
+
+
+async def test_live_session_marks_answers_until_the_stream_confirms(base: str) -> None:
+    calls: list[str] = []
+
+    async def count(request: httpx.Request) -> None:
+        calls.append(f"{request.method} {request.url.path}")
+
+    async with AsyncClient(base, token="alice-token") as c:
+        c.http.event_hooks["request"].append(count)
+        r = await c.generate("batch", "refund both")
+        live = await c.session(r.session_id)
+        first, second = (v.request.id for v in live.requests.values())
+        assert [q.id for q in live.open_requests()] == [first, second]
+
+        result = await live.respond([{"request_id": first, "option_id": "approve"}])
+        assert result.status == "waiting"
+        assert live.requests[first].status == "responded"  # sent, not yet seen in the stream
+        await live.sync()
+        assert live.requests[first].status == "settled"
+        assert live.requests[first].outcome == "approved"
+
+        before = len(calls)
+        with pytest.raises(so.RequestClosed):
+            await live.respond([{"request_id": first, "option_id": "cancel"}])
+        with pytest.raises(so.UnknownRequest):
+            await live.respond([{"request_id": "req_typo", "option_id": "cancel"}])
+        assert len(calls) == before  # failed locally, no server call
+
+        done = await live.respond([{"request_id": second, "option_id": "cancel"}])
+        assert done.status == "completed"
+        seen = []
+        async for event in live.follow():
+            seen.append(event.type)
+            if event.type == "turn.completed":
+                break
+        assert live.requests[second].status == "settled"
+        assert live.requests[second].outcome == "cancelled"
+        assert live.open_requests() == []
+
+
+async def test_a_refused_answer_stays_open_locally(base: str) -> None:
+    async with AsyncClient(base, token="alice-token") as c:
+        r = await c.generate("finance", "pay INV-7")
+        live = await c.session(r.session_id)
+        (rid,) = live.requests
+        result = await live.respond([{"request_id": rid, "option_id": "approve"}])
+        assert result.outcomes[0]["outcome"] == "rejected"
+        assert live.requests[rid].status == "pending"  # someone else may still answer
+    async with AsyncClient(base, token="bob-token") as manager:
+        done = await manager.respond(r.session_id, [{"request_id": rid, "option_id": "approve"}])
+        assert done.status == "completed"
+
+
+def test_the_sync_client(base: str) -> None:
+    with Client(base, token="alice-token") as c:
+        r = c.generate("support", "Refund order 1042")
+        rid = r.pending[0].id
+        done = c.respond(r.session_id, [{"request_id": rid, "option_id": "cancel", "text": "no"}])
+        assert done.status == "completed"
+        assert tool_output(done.text)["reason"] == "no"
+        assert [e.type for e in c.events(r.session_id)][-1] == "session.waiting"
+        assert c.pending(status="settled")[1] == 1
+
+
+async def test_events_survive_a_server_restart(tmp_path: Path) -> None:
+    """The stream is cut when its server dies; the client reconnects with Last-Event-ID to the
+    next process on that address and misses nothing."""
+    import asyncio
+    import os
+    import subprocess
+    import sys
+
+    from .test_server_common import ROOT, free_port, wait_until_up
+
+    store = f"sqlite:///{tmp_path}/state.db"
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": str(ROOT)}
+    args = [sys.executable, "-m", "signoff", "serve", "tests.test_server_common:make_runtime"]
+    args += ["--port", str(port), "--store", store, "--token", "alice-token=alice"]
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        wait_until_up(base, timeout=30)
+        return proc
+
+    first = await asyncio.to_thread(start)
+    second = None
+    try:
+        async with AsyncClient(base, token="alice-token") as c:
+            r = await c.generate("support", "Refund order 1042")
+            received: list[so.Event] = []
+
+            async def follow() -> None:
+                async for event in c.events(r.session_id, retries=60):
+                    received.append(event)
+                    if event.type == "turn.completed":
+                        return
+
+            task = asyncio.create_task(follow())
+            while len(received) < 5:
+                await asyncio.sleep(0.05)
+            first.kill()
+            first.wait()
+            second = await asyncio.to_thread(start)
+            rid = r.pending[0].id
+            done = await c.respond(r.session_id, [{"request_id": rid, "option_id": "approve"}])
+            assert done.status == "completed"
+            await asyncio.wait_for(task, 30)
+        seqs = [e.seq for e in received]
+        assert seqs == list(range(1, len(seqs) + 1))  # nothing lost, nothing twice
+        assert received[-1].type == "turn.completed"
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=10)
