@@ -115,7 +115,10 @@ def runnable(state: SessionState, *, retry: bool = False) -> bool:
         return retry
     if turn.status == "waiting":
         statuses = {c.status for c in turn.calls.values()}
-        return bool(statuses & {"approved", "denied", "decided", "running"})
+        if statuses & {"approved", "denied", "decided", "running"}:
+            return True
+        # everything answered (a session-limit prompt, say) and no call left waiting
+        return not state.pending_requests() and not (statuses & {"requested", "awaiting", "asking"})
     return True
 
 
@@ -261,7 +264,8 @@ class Driver:
                         ids = [r.id for r in self.state.pending_requests()]
                         await self.record([("turn.waiting", {"on": "input", "request_ids": ids})])
                     return self.state
-                await self.step_model()
+                if await self.step_model():
+                    return self.state
         except TurnStopped:
             return self.state
 
@@ -601,34 +605,18 @@ class Driver:
             start -= 1  # never begin with results whose calls were cut off
         return list(messages[start:])
 
-    async def step_model(self) -> None:
+    async def step_model(self) -> bool:
+        """Call the model once and record its response; True when the turn parked or ended."""
         s = self.state
         turn = s.turn
         assert turn is not None
         limits = self.agent.limits
-        problem = None
         if turn.steps >= limits.max_steps:
-            problem = f"the turn reached max_steps={limits.max_steps}"
-        elif limits.max_tokens is not None and s.usage.total_tokens >= limits.max_tokens:
-            problem = f"the session used {s.usage.total_tokens} of max_tokens={limits.max_tokens}"
-        elif limits.max_cost_usd is not None and s.usage.cost_usd >= limits.max_cost_usd:
-            problem = (
-                f"the session cost {s.usage.cost_usd:.4f} of max_cost_usd={limits.max_cost_usd}"
-            )
-        if problem is not None:
-            await self.record(
-                [
-                    (
-                        "turn.failed",
-                        {
-                            "error": {"code": "session_limit_reached", "message": problem},
-                            "retryable": False,
-                        },
-                    ),
-                    ("session.waiting", {}),
-                ]
-            )
-            return
+            await self._fail_limit(f"the turn reached max_steps={limits.max_steps}")
+            return True
+        budget = _over_budget(s, limits.max_tokens, limits.max_cost_usd)
+        if budget is not None:
+            return await self._session_limit(budget)
         read_through = s.seq
         request = ModelRequest(
             session_id=s.id,
@@ -660,7 +648,7 @@ class Driver:
                     )
                 ]
             )
-            return
+            return True
         seen: set[str] = set()
         calls = []
         for i, c in enumerate(response.tool_calls):
@@ -680,6 +668,74 @@ class Driver:
             return [completed, ("turn.completed", {"text": response.text}), ("session.waiting", {})]
 
         await self.record(specs)
+        return False
+
+    async def _fail_limit(self, problem: str) -> None:
+        error = {"code": "session_limit_reached", "message": problem}
+        await self.record(
+            [("turn.failed", {"error": error, "retryable": False}), ("session.waiting", {})]
+        )
+
+    async def _session_limit(self, problem: str) -> bool:
+        """A budget is spent: ask the person to continue (raising it) or stop; with nobody to
+        ask, fail with `session_limit_reached`."""
+        s = self.state
+        turn = s.turn
+        assert turn is not None
+        asked = [r for r in s.requests.values() if r.request.kind == "session-limit"]
+        last = asked[-1] if asked else None
+        if last is not None and last.status == "pending":
+            if turn.status != "waiting":
+                waiting = {"on": "input", "request_ids": [last.request.id]}
+                await self.record([("turn.waiting", waiting)])
+            return True
+        if last is not None and last.outcome == "answered":
+            choice = ((last.resolution or {}).get("answer") or {}).get("option_id")
+            if choice == "stop":
+                await self._fail_limit(f"{problem}; the person chose to stop")
+                return True
+        principal = turn.principal
+        if turn.source == "schedule" or (
+            principal is not None and principal.principal_type == "runtime"
+        ):
+            await self._fail_limit(f"{problem}; nobody can raise the budget of this session")
+            return True
+        request = InputRequest(
+            kind="session-limit",
+            id=new_id("req"),
+            session_id=s.id,
+            turn_id=turn.id,
+            agent=s.agent,
+            question=f"{problem}. Continue with a raised budget, or stop?",
+            options=list(LIMIT_OPTIONS),
+            requested_by=principal,
+            created_at=self.clock(),
+            usage=s.usage,
+        )
+        await self.record(
+            [
+                ("input.requested", {"requests": [_dump_request(request)]}),
+                ("turn.waiting", {"on": "input", "request_ids": [request.id]}),
+            ],
+            new_requests=[request],
+        )
+        return True
+
+
+LIMIT_OPTIONS = [
+    Option(id="continue", label="Continue", description="Raise the budget by its size again."),
+    Option(id="stop", label="Stop", description="End this turn here."),
+]
+
+
+def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None) -> str | None:
+    """Which budget the session has spent, each raised once per `continue` answered."""
+    times = 1 + s.limit_grants
+    if max_tokens is not None and s.usage.total_tokens >= max_tokens * times:
+        return f"the session used {s.usage.total_tokens} of max_tokens={max_tokens * times}"
+    if max_cost is not None and s.usage.cost_usd >= max_cost * times:
+        return f"the session cost {s.usage.cost_usd:.4f} of max_cost_usd={max_cost * times:g}"
+    return None
 
 
 def _result(call: CallState, status: str, result: Any) -> EventSpec:

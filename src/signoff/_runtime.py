@@ -24,6 +24,7 @@ from ._exceptions import (
     RequestClosed,
     SessionBusy,
     SessionExpired,
+    SessionLimitReached,
     UnknownSession,
     UsageError,
 )
@@ -187,13 +188,19 @@ class Runtime(Answering):
         """Run a turn with no person behind it, as the app principal (`APP_PRINCIPAL`).
 
         Policies can skip approval for such turns (see `session.auth.current`), and
-        `ask_question` answers `{"status": "unavailable"}` since nobody can answer.
+        `ask_question` answers `{"status": "unavailable"}` since nobody can answer, and a spent
+        budget raises `SessionLimitReached` (there is nobody to raise it).
         """
         await self.open()
         if session_id is None:
             session_id = await self._create(self.agent(agent), APP_PRINCIPAL)
         await self._start_turn(session_id, prompt, APP_PRINCIPAL, source="schedule")
-        return await self._drive(session_id)
+        result = await self._drive(session_id)
+        if result.status == "failed" and (result.error or {}).get("code") == (
+            SessionLimitReached.code
+        ):
+            raise SessionLimitReached(str((result.error or {}).get("message")), session_id)
+        return result
 
     async def pending(
         self,

@@ -108,6 +108,7 @@ class SessionState:
     usage: Usage = field(default_factory=Usage)
     queued: list[dict[str, Any]] = field(default_factory=list)
     lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
+    limit_grants: int = 0  # `continue` answers to session-limit prompts: each raises budgets
     # None when rebuilt from a snapshot: the engine loads it from the events on demand.
     conversation: Conversation | None = field(default_factory=lambda: Conversation())
 
@@ -169,6 +170,7 @@ class SessionState:
             "usage": self.usage.model_dump(),
             "queued": self.queued,
             "lapsed": self.lapsed,
+            "limit_grants": self.limit_grants,
             "requests": [
                 {
                     "request": r.request.model_dump(mode="json"),
@@ -250,6 +252,7 @@ class SessionState:
             usage=Usage(**data["usage"]),
             queued=list(data.get("queued", [])),
             lapsed=bool(data.get("lapsed", False)),
+            limit_grants=int(data.get("limit_grants", 0)),
             requests={
                 r["request"]["id"]: RequestState(
                     request=InputRequest.model_validate(r["request"]),
@@ -489,6 +492,9 @@ def _input_resolved(s: SessionState, e: Event) -> None:
         return
     outcome = d["outcome"]
     req.status = d.get("status") or "settled"
+    if req.request.kind == "session-limit" and outcome == "answered":
+        if (d.get("answer") or {}).get("option_id") == "continue":
+            s.limit_grants += 1
     if outcome == "expired" and d.get("reason") == "session expired":
         s.lapsed = True
     req.outcome = outcome

@@ -1,0 +1,101 @@
+"""Session limits: a spent token or cost budget parks the turn on a `session-limit` request."""
+
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.testing import call, call_tools, reply, scripted_agent, timeline
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+
+
+@so.tool
+async def lookup(n: int) -> int:
+    """Look something up."""
+    return n
+
+
+def costly(tokens: int) -> so.ModelResponse:
+    step = call_tools(call("lookup", n=1))
+    return so.ModelResponse(
+        tool_calls=step.tool_calls, usage=so.Usage(input_tokens=tokens, output_tokens=0)
+    )
+
+
+def agent(**limits: object) -> so.Agent:
+    steps = [costly(60), costly(60), costly(60), costly(60), reply("finished")]
+    return scripted_agent("a", steps, tools=[lookup], limits=so.Limits(**limits))  # type: ignore[arg-type]
+
+
+async def test_a_spent_budget_asks_to_continue_or_stop(tmp_path: Path) -> None:
+    async with so.Runtime([agent(max_tokens=100)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.kind == "session-limit"
+        assert [o.id for o in req.options] == ["continue", "stop"]
+        assert "120 of max_tokens=100" in (req.question or "")
+        # A follow-up message naming an option answers it; the budget doubles.
+        r = await rt.send(r.session_id, "continue", principal=ALICE)
+        assert r.status == "waiting"
+        assert "240 of max_tokens=200" in (r.pending[0].question or "")
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, option_id="continue")],
+            principal=ALICE,
+        )
+        assert r.status == "completed"
+        assert r.text.endswith("finished")
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        kinds = [
+            line
+            for line in timeline(events)
+            if line.startswith(("input.", "turn.waiting", "turn.completed"))
+        ]
+        assert kinds[0].startswith("input.requested")
+        assert any(line.startswith("input.resolved") for line in kinds)
+        assert kinds[-1].startswith("turn.completed")
+
+
+async def test_stop_ends_the_turn_and_the_limit_survives_a_new_process(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with so.Runtime([agent(max_cost_usd=1.0, max_tokens=100)], store=url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        rid = r.pending[0].id
+    async with so.Runtime([agent(max_cost_usd=1.0, max_tokens=100)], store=url) as rt2:
+        r = await rt2.respond(
+            r.session_id, [so.InputResponse(request_id=rid, option_id="stop")], principal=ALICE
+        )
+        assert r.status == "failed"
+        assert r.error is not None and r.error["code"] == "session_limit_reached"
+        assert "chose to stop" in r.error["message"]
+        assert not r.retryable
+
+
+async def test_a_scheduled_turn_has_nobody_to_ask(tmp_path: Path) -> None:
+    async with so.Runtime([agent(max_tokens=100)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        with pytest.raises(so.SessionLimitReached) as info:
+            await rt.schedule("a", "nightly run")
+        assert "nobody can raise the budget" in str(info.value)
+        assert await rt.pending() == []
+
+
+async def test_a_bad_answer_to_the_limit_prompt_changes_nothing(tmp_path: Path) -> None:
+    async with so.Runtime([agent(max_tokens=100)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        before = [e.seq async for e in rt.events(r.session_id, follow=False)]
+        with pytest.raises(so.InvalidAnswer):
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=r.pending[0].id, option_id="more")],
+                principal=ALICE,
+            )
+        with pytest.raises(so.InvalidAnswer):
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=r.pending[0].id, text="sure")],
+                principal=ALICE,
+            )
+        after = [e.seq async for e in rt.events(r.session_id, follow=False)]
+        assert before == after
