@@ -1,0 +1,82 @@
+"""The workload of `bench.compare`: deterministic messages of about 400 characters per turn."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import resource
+from typing import Any
+
+__all__ = [
+    "WINDOW",
+    "answer_text",
+    "current_rss_kb",
+    "peak_rss_kb",
+    "refund_input",
+    "refund_result",
+    "turn_content_bytes",
+    "user_text",
+]
+
+WINDOW = 5
+"""Time per turn and resume latency at turn N are medians over turns N-4..N."""
+
+_WORDS = (
+    "order refund customer parcel arrived damaged courier box screen cracked replacement "
+    "warranty invoice payment card bank account support ticket delivery late missing item "
+    "colour size return label shipping address tracking number please thanks kindly urgent "
+    "again store credit manager policy receipt photo attached week month yesterday today"
+).split()
+
+
+def _text(kind: str, turn: int, size: int) -> str:
+    """`size` characters of words, different for every kind and turn (no two messages alike)."""
+    rnd = random.Random(f"{kind}-{turn}")
+    out = f"[{kind} {turn}]"
+    while len(out) < size:
+        out += " " + rnd.choice(_WORDS)
+    return out[:size]
+
+
+def user_text(turn: int) -> str:
+    return _text("user", turn, 400)
+
+
+def answer_text(turn: int) -> str:
+    return _text("answer", turn, 400)
+
+
+def refund_input(turn: int) -> dict[str, Any]:
+    """The tool call's input: about 400 characters of JSON."""
+    return {"order_id": str(100_000 + turn), "amount": 180.0, "reason": _text("reason", turn, 350)}
+
+
+def refund_result(turn: int) -> dict[str, Any]:
+    """The tool's result: about 400 characters of JSON."""
+    return {"refunded": 180.0, "order_id": str(100_000 + turn), "note": _text("note", turn, 350)}
+
+
+def turn_content_bytes(turn: int) -> int:
+    """Raw message content of one turn: user text, tool input, tool result, answer (UTF-8)."""
+    return sum(
+        len(s.encode())
+        for s in (
+            user_text(turn),
+            json.dumps(refund_input(turn)),
+            json.dumps(refund_result(turn)),
+            answer_text(turn),
+        )
+    )
+
+
+def peak_rss_kb() -> int:
+    """This process's peak resident set size so far, in KiB (Linux reports KiB)."""
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+
+
+def current_rss_kb() -> int:
+    """This process's resident set size now, in KiB."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") // 1024
