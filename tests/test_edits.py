@@ -542,3 +542,23 @@ async def test_an_edit_the_tools_approval_policy_would_deny_is_refused(tmp_path:
         assert [e.input for e in log.executions] == [
             {"tenant_id": "t1", "charge_id": "c", "amount": 500.0}
         ]
+
+
+async def test_a_question_takes_no_edited_input(tmp_path: Path) -> None:
+    agent = scripted_agent(
+        "support",
+        [call_tools(call("ask_question", question="Which order?")), reply("ok")],
+        tools=[so.ask_question()],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="refund", auth=ALICE)
+        (req,) = r.pending
+        assert req.kind == "question"
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer, match="edited input"):
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, text="1042", edited_input={"x": 1})],
+                principal=ALICE,
+            )
+        assert await store_contents(rt.store, r.session_id) == before

@@ -97,6 +97,8 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         if edited is not None:
             out["edited_input"] = edited
         return out
+    if reply.edited_input is not None:
+        raise InvalidAnswer(f"request {rid} is a {request.kind}: it takes no edited input", [rid])
     if reply.option_id is not None and reply.text is not None:
         raise InvalidAnswer(f"request {rid}: give option_id or text, not both", [rid])
     if reply.option_id is not None:
