@@ -85,6 +85,31 @@ class PendingFilter:
     created_before: float | None = None
     created_after: float | None = None
     live_at: float | None = None  # leave out requests of sessions whose TTL passed by then
+
+    def where(self, ph: str) -> tuple[str, list[Any]]:
+        """The SQL `WHERE` clause (over `requests r JOIN sessions s`) and its parameters, with
+        `ph` as the driver's placeholder (`?` for SQLite, `%s` for psycopg)."""
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (
+            ("r.status", self.status),
+            ("r.agent", self.agent),
+            ("r.tool", self.tool_name),
+            ("r.kind", self.kind),
+            ("s.id", self.session_id),
+        ):
+            if value is not None:
+                where.append(f"{column}={ph}")
+                params.append(value)
+        for condition, moment in (
+            (f"r.created_at<{ph}", self.created_before),
+            (f"r.created_at>{ph}", self.created_after),
+            (f"(s.expires_at IS NULL OR s.expires_at>{ph})", self.live_at),
+        ):
+            if moment is not None:
+                where.append(condition)
+                params.append(moment)
+        return (" WHERE " + " AND ".join(where)) if where else "", params
     limit: int = 100
     offset: int = 0
     extra: dict[str, Any] = field(default_factory=dict)

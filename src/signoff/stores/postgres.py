@@ -854,29 +854,7 @@ class PostgresStore:
         return await self._read(body, f"reading request {request_id!r}")
 
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in (
-            ("r.status", flt.status),
-            ("r.agent", flt.agent),
-            ("r.tool", flt.tool_name),
-            ("r.kind", flt.kind),
-            ("s.id", flt.session_id),
-        ):
-            if value is not None:
-                where.append(f"{column}=%s")
-                params.append(value)
-        if flt.created_before is not None:
-            where.append("r.created_at<%s")
-            params.append(flt.created_before)
-        if flt.created_after is not None:
-            where.append("r.created_at>%s")
-            params.append(flt.created_after)
-        if flt.live_at is not None:
-            where.append("(s.expires_at IS NULL OR s.expires_at>%s)")
-            params.append(flt.live_at)
-        clause = (" WHERE " + " AND ".join(where)) if where else ""
-        return clause, params
+        return flt.where('%s')
 
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
