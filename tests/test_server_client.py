@@ -125,27 +125,14 @@ async def test_events_survive_a_server_restart(tmp_path: Path) -> None:
     """The stream is cut when its server dies; the client reconnects with Last-Event-ID to the
     next process on that address and misses nothing."""
     import asyncio
-    import os
-    import subprocess
-    import sys
 
-    from .test_server_common import ROOT, free_port, wait_until_up
+    from .test_server_common import spawn_serve
 
     store = f"sqlite:///{tmp_path}/state.db"
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": str(ROOT)}
-    args = [sys.executable, "-m", "signoff", "serve", "tests.test_server_common:make_runtime"]
-    args += ["--port", str(port), "--store", store, "--token", "alice-token=alice"]
-
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            args, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        wait_until_up(base, timeout=30)
-        return proc
-
-    first = await asyncio.to_thread(start)
+    log = open(tmp_path / "servers.log", "w+b")
+    tokens = ["alice-token=alice"]
+    first, base = await asyncio.to_thread(spawn_serve, store, tokens, log)
+    port = int(base.rsplit(":", 1)[1])
     second = None
     try:
         async with AsyncClient(base, token="alice-token") as c:
@@ -163,7 +150,7 @@ async def test_events_survive_a_server_restart(tmp_path: Path) -> None:
                 await asyncio.sleep(0.05)
             first.kill()
             first.wait()
-            second = await asyncio.to_thread(start)
+            second, _ = await asyncio.to_thread(spawn_serve, store, tokens, log, port)
             rid = r.pending[0].id
             done = await c.respond(r.session_id, [{"request_id": rid, "option_id": "approve"}])
             assert done.status == "completed"
@@ -171,8 +158,12 @@ async def test_events_survive_a_server_restart(tmp_path: Path) -> None:
         seqs = [e.seq for e in received]
         assert seqs == list(range(1, len(seqs) + 1))  # nothing lost, nothing twice
         assert received[-1].type == "turn.completed"
+    except BaseException:
+        print((tmp_path / "servers.log").read_text(errors="replace")[-5000:])
+        raise
     finally:
         for proc in (first, second):
             if proc is not None and proc.poll() is None:
                 proc.terminate()
                 proc.wait(timeout=10)
+        log.close()

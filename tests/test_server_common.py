@@ -14,10 +14,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 import uvicorn
@@ -169,40 +169,69 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until_up(base: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            httpx.get(f"{base}/v1/openapi.json", timeout=1.0)
-            return
-        except httpx.TransportError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-
-
 @contextmanager
 def running(app: Any) -> Iterator[str]:
-    """Serve `app` with uvicorn in a background thread; yields its base URL."""
-    port = free_port()
-    config = uvicorn.Config(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_level="warning",
-        lifespan="on",
-        timeout_graceful_shutdown=1,
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    base = f"http://127.0.0.1:{port}"
+    """Serve `app` with uvicorn in a background thread; yields its base URL.
+
+    It waits until this server has bound its port (not merely until something answers there:
+    another process on the machine may have taken the port first, and then we pick another).
+    """
+    for _ in range(5):
+        port = free_port()
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="critical",
+            lifespan="on",
+            timeout_graceful_shutdown=1,
+        )
+        server = uvicorn.Server(config)
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started and thread.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if server.started:
+            break
+        server.should_exit = True
+        thread.join(timeout=10)
+    else:
+        raise RuntimeError("could not start a test server")
     try:
-        wait_until_up(base)
-        yield base
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def spawn_serve(
+    store: str, tokens: Sequence[str], log: IO[bytes], port: int | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Start `signoff serve` on `store`; returns once *this* process has bound its port."""
+    env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": str(ROOT)}
+    for _ in range(1 if port is not None else 5):
+        chosen = port or free_port()
+        args = ["serve", "tests.test_server_common:make_runtime", "--port", str(chosen)]
+        args += ["--store", store]
+        for token in tokens:
+            args += ["--token", token]
+        start = log.seek(0, os.SEEK_END)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "signoff", *args], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
+        banner = f"Uvicorn running on http://127.0.0.1:{chosen}".encode()
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and time.monotonic() < deadline:
+            log.seek(start)
+            if banner in log.read():
+                return proc, f"http://127.0.0.1:{chosen}"
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    log.seek(0)
+    raise RuntimeError(f"signoff serve did not start:\n{log.read().decode(errors='replace')}")
 
 
 @contextmanager
@@ -216,42 +245,26 @@ def served(store: str, **kwargs: Any) -> Iterator[str]:
 
 @contextmanager
 def server_processes(store: str, count: int, *tokens: str) -> Iterator[list[str]]:
-    """`count` processes of `signoff serve` on one store, started side by side; API tokens are
-    given as SECRET=PRINCIPAL_ID."""
-    env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": str(ROOT)}
-    procs: list[tuple[subprocess.Popen[bytes], Any, str]] = []
-    try:
-        for _ in range(count):
-            port = free_port()
-            args = ["serve", "tests.test_server_common:make_runtime", "--port", str(port)]
-            args += ["--store", store]
-            for token in tokens:
-                args += ["--token", token]
-            log = tempfile.TemporaryFile()
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "signoff", *args], cwd=ROOT, env=env, stdout=log, stderr=log
-            )
-            procs.append((proc, log, f"http://127.0.0.1:{port}"))
-        for proc, log, base in procs:
-            try:
-                wait_until_up(base, timeout=30)
-            except httpx.TransportError:
-                proc.kill()
-                proc.wait()
-                log.seek(0)
-                out = log.read().decode(errors="replace")
-                raise RuntimeError(f"signoff serve did not start:\n{out}") from None
-        yield [base for _, _, base in procs]
-    finally:
-        for proc, _, _ in procs:
-            proc.terminate()
-        for proc, log, _ in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-            log.close()
+    """`count` processes of `signoff serve` on one store; API tokens are given as
+    SECRET=PRINCIPAL_ID."""
+    procs: list[subprocess.Popen[bytes]] = []
+    bases: list[str] = []
+    with tempfile.TemporaryFile() as log:
+        try:
+            for _ in range(count):
+                proc, base = spawn_serve(store, tokens, log)
+                procs.append(proc)
+                bases.append(base)
+            yield bases
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
 
 
 def auth(token: str) -> dict[str, str]:
