@@ -607,3 +607,16 @@ def test_idle_streams_send_keep_alive_comments(store: str) -> None:
                     break
     assert "id: 1" in seen and "event: session.created" in seen
     assert seen[0].startswith("retry: ")
+
+
+def test_a_server_failure_is_a_json_500(store: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    runtime = make_runtime(store)
+
+    async def broken(session_id: str) -> so.SessionState:
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(runtime, "state", broken)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        r = httpx.get(f"{base}/v1/sessions/ses_x", headers=auth("alice-token"))
+        detail = error(r, 500, "internal_error")
+        assert "RuntimeError" in detail["message"] and "disk" not in detail["message"]

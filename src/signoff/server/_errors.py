@@ -151,6 +151,14 @@ def install_error_handlers(app: FastAPI) -> None:
             response.headers[key] = value
         return response
 
+    async def on_bug(request: Request, exc: Exception) -> JSONResponse:
+        # Not a client mistake: the server failed. Say so in the usual shape; the traceback is
+        # logged by the server.
+        return error_response(
+            500, "internal_error", f"the server failed: {type(exc).__name__}; see its log"
+        )
+
+    app.add_exception_handler(Exception, on_bug)
     app.add_exception_handler(SignoffError, on_signoff)
     app.add_exception_handler(ApiError, on_api)
     app.add_exception_handler(RequestValidationError, on_validation)
