@@ -1,0 +1,152 @@
+"""The audit trail: every request, evaluation, decision, edit, expiry and execution, chained."""
+
+import io
+import json
+import sqlite3
+from pathlib import Path
+
+import signoff as so
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+BOB = so.Principal(authenticator="test", principal_id="bob")
+
+
+def only_bob(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+    return so.Allowed() if ctx.response.principal == BOB else so.Rejected("bob approves refunds")
+
+
+@so.tool(approval=so.ApprovalSpec(request=so.always(), response=only_bob))
+async def refund(order_id: str, amount: float) -> dict[str, object]:
+    """Refund an order."""
+    return {"refunded": amount}
+
+
+@so.tool(approval=so.always(expires_in=60))
+async def wipe(disk: str) -> str:
+    """Wipe a disk."""
+    return f"wiped {disk}"
+
+
+def agent() -> so.Agent:
+    return scripted_agent(
+        "support",
+        [
+            call_tools(call("refund", order_id="1", amount=50), call("wipe", disk="sda")),
+            reply("done"),
+        ],
+        tools=[refund, wipe],
+    )
+
+
+async def run_scenario(rt: so.Runtime, clock: ManualClock) -> str:
+    r = await rt.generate("support", prompt="refund and wipe", auth=ALICE)
+    refund_req = next(p for p in r.pending if p.tool_name == "refund")
+    # refused by the response policy, then approved by bob with an edit
+    await rt.respond(
+        r.session_id,
+        [so.InputResponse(request_id=refund_req.id, option_id="approve")],
+        principal=ALICE,
+    )
+    await rt.respond(
+        r.session_id,
+        [
+            so.InputResponse(
+                request_id=refund_req.id,
+                option_id="approve",
+                edited_input={"order_id": "1", "amount": 40},
+            )
+        ],
+        principal=BOB,
+    )
+    clock.advance(61)  # nobody decides the wipe: it expires
+    await rt.expire_due()
+    assert (await rt.state(r.session_id)).status == "idle"
+    return r.session_id
+
+
+async def test_the_trail_records_each_step_and_verifies(tmp_path: Path) -> None:
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=f"sqlite:///{tmp_path}/a.db", clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        entries = await rt.audit(sid)
+        kinds = [e.type for e in entries]
+        assert kinds[0] == "input.requested"
+        # refused: pending then rejected; allowed: pending, then the settlement itself
+        outcomes = [e.data["outcome"] for e in entries if e.type == "approval.candidate"]
+        assert outcomes == ["pending", "rejected", "pending"]
+        settled = next(e for e in entries if e.type == "approval.settled")
+        assert settled.data["by"]["principal_id"] == "bob"
+        assert settled.data["edited_input"] == {"order_id": "1", "amount": 40.0}
+        expired = [e for e in entries if e.type == "input.resolved"]
+        assert {e.data["outcome"] for e in expired} == {"approved", "expired"}
+        assert [e.type for e in entries if e.type.startswith("tool.")] == [
+            "tool.started",
+            "tool.completed",
+            "tool.completed",
+        ]
+        assert [e.n for e in entries] == list(range(1, len(entries) + 1))
+        assert entries[0].prev is None and all(
+            b.prev == a.hash for a, b in zip(entries, entries[1:], strict=False)
+        )
+        # tool settings were recorded when the runtime opened
+        tools = await rt.audit(stream="tools:support.refund")
+        assert [e.data["new"] for e in tools] == ["Always + response policy"]
+        assert await rt.verify_audit() == []
+
+
+async def test_altering_a_stored_entry_is_named(tmp_path: Path) -> None:
+    clock = ManualClock()
+    db = tmp_path / "a.db"
+    async with so.Runtime([agent()], store=f"sqlite:///{db}", clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        settled = next(e for e in await rt.audit(sid) if e.type == "approval.settled")
+    with sqlite3.connect(db) as conn:
+        data = json.loads(
+            conn.execute("SELECT data FROM audit WHERE id=?", (settled.id,)).fetchone()[0]
+        )
+        data["by"]["principal_id"] = "mallory"
+        conn.execute("UPDATE audit SET data=? WHERE id=?", (json.dumps(data), settled.id))
+    async with so.Runtime([agent()], store=f"sqlite:///{db}", clock=clock) as rt2:
+        problems = await rt2.verify_audit()
+        assert [(p.id, p.stream, p.reason) for p in problems] == [
+            (settled.id, sid, "content does not match")
+        ]
+        # deleting an entry breaks the chain at the next one
+        with sqlite3.connect(db) as conn:
+            conn.execute("DELETE FROM audit WHERE id=?", (settled.id,))
+        problems = await rt2.verify_audit(sid)
+        assert [p.id for p in problems] == [settled.id + 1]
+
+
+async def test_tool_setting_changes_are_recorded_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/a.db"
+    loose = so.tool(approval=so.never())(wipe.fn)
+    for tools, expected in (([wipe], 1), ([wipe], 1), ([loose], 2)):
+        a = scripted_agent("support", [reply("hi")], tools=tools)
+        async with so.Runtime([a], store=url) as rt:
+            history = await rt.audit(stream="tools:support.wipe")
+            assert len(history) == expected
+    assert [(e.data["old"], e.data["new"]) for e in history] == [
+        (None, "Always"),
+        ("Always", "Never"),
+    ]
+
+
+async def test_export_writes_json_lines(tmp_path: Path) -> None:
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=f"sqlite:///{tmp_path}/a.db", clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        out = io.StringIO()
+        count = await rt.export_audit(out, sid)
+        lines = [json.loads(line) for line in out.getvalue().splitlines()]
+        assert count == len(lines) == len(await rt.audit(sid))
+        assert {"id", "stream", "n", "type", "at", "data", "prev", "hash"} <= set(lines[0])
+
+
+async def test_the_trail_on_both_stores(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        assert len(await rt.audit(sid)) >= 10
+        assert await rt.verify_audit(sid) == []
