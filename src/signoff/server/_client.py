@@ -282,7 +282,8 @@ class AsyncClient:
                         yield event
                 if not follow:
                     return
-            except (httpx.TransportError, httpx.RemoteProtocolError):
+                await asyncio.sleep(0.1)  # the server closed a followed stream: reconnect
+            except httpx.TransportError:
                 failures += 1
                 if failures > retries:
                     raise
