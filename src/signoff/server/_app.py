@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -45,6 +47,7 @@ def create_app(
     heartbeat: float = 15.0,
     close_runtime: bool = False,
     channels: AppChannels | None = None,
+    sweep_every: float | None = 5.0,
 ) -> FastAPI:
     """Build the app serving `runtime`.
 
@@ -52,7 +55,8 @@ def create_app(
     principal; one of them is required. `access` decides who may see which session. Streams
     poll the store every `poll_interval` seconds and send a comment after `heartbeat` idle ones.
     `channels` (a `ChannelHub`) follows the queue while the app runs; its routes (e.g. Slack's
-    interactivity endpoint) are mounted on the app.
+    interactivity endpoint) are mounted on the app. Every `sweep_every` seconds the app applies
+    passed request deadlines (`Runtime.expire_due`); None turns that off (workers do it too).
     """
     if auth is None:
         if not dev:
@@ -65,14 +69,27 @@ def create_app(
     if poll_interval <= 0 or heartbeat <= 0:
         raise ValueError("poll_interval and heartbeat must be positive seconds")
 
+    async def _sweep(every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await runtime.expire_due()
+            except Exception:  # a failed sweep is retried at the next tick
+                log.exception("applying request deadlines failed")
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await runtime.open()
         if channels is not None:
             await channels.start()
+        sweeper = None if sweep_every is None else asyncio.create_task(_sweep(sweep_every))
         try:
             yield
         finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
             if channels is not None:
                 await channels.stop()
             if close_runtime:
