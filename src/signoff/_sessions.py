@@ -278,13 +278,16 @@ class SessionRunner:
                     state = await self.state(session_id)
                     return self._result(state, outcomes, busy=True)
                 token = acquired
-            renew = asyncio.create_task(self._renew(session_id, owner, token))
+            renewing = asyncio.Event()
+            renewing.set()
+            renew = asyncio.create_task(self._renew(session_id, owner, token, renewing))
             driver: Driver | None = None
             try:
                 state = await self._checked(session_id)
                 driver = self._driver(state, token)
                 state = await driver.drive(retry=retry)
             finally:
+                renewing.clear()  # ends the loop even if the cancel below is swallowed
                 renew.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await renew
@@ -324,9 +327,13 @@ class SessionRunner:
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.2)
 
-    async def _renew(self, session_id: str, owner: str, token: int) -> None:
-        while True:
+    async def _renew(self, session_id: str, owner: str, token: int, go_on: asyncio.Event) -> None:
+        # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
+        # can swallow a cancellation, so the loop also stops once `go_on` is cleared.
+        while go_on.is_set():
             await asyncio.sleep(self.lease_ttl / 3)
+            if not go_on.is_set():
+                return
             await self.store.renew_lease(session_id, owner, token, self.lease_ttl, self.clock())
 
     def _result(

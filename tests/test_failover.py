@@ -1,0 +1,182 @@
+"""Failover: `signoff worker` processes share one store; one is SIGKILLed mid-turn and another
+SIGTERMed, and every session still completes with each approved tool run once.
+
+A front runtime (`inline=False`) starts the sessions and approves each request as it appears;
+the workers do all the turns. The tool writes a `start` and a `done` record per run, keyed by
+its idempotency key, so we can count how often each body really ran across processes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections import Counter
+from pathlib import Path
+
+import signoff as so
+
+from ._procs import query
+from ._worker_procs import (
+    AGENT,
+    Worker,
+    check_logs,
+    make_agent,
+    read_records,
+    settled_counts,
+    start_worker,
+)
+
+LEASE_TTL = 2.0
+CONCURRENCY = 20  # with a pool as large: a renewal never waits for a connection
+TOOL_DELAY = 0.3
+
+
+def _in_flight(records: Path, pid: int) -> set[str]:
+    """Keys whose tool body `pid` started and has not finished."""
+    started: set[str] = set()
+    for what, key, who in read_records(records):
+        if who == pid:
+            if what == "start":
+                started.add(key)
+            else:
+                started.discard(key)
+    return started
+
+
+async def _run(url: str, tmp: Path, *, workers: int, sessions: int, sigterm: bool) -> None:
+    records = tmp / "runs.jsonl"
+    options = {
+        "concurrency": CONCURRENCY,
+        "lease_ttl": LEASE_TTL,
+        "idle_wait": 0.2,
+        "sweep_every": 60,
+        "delay": TOOL_DELAY,
+    }
+    pool: list[Worker] = []
+    try:
+        async with so.Runtime([make_agent(str(records))], store=url, inline=False) as front:
+            gate = asyncio.Semaphore(10)
+
+            async def start(i: int) -> str:
+                async with gate:
+                    r = await front.generate(AGENT, prompt=f"Refund order {i}")
+                assert r.status == "running"  # recorded only: a worker runs it
+                return r.session_id
+
+            async def approve(req: so.InputRequest) -> None:
+                async with gate:
+                    r = await front.respond(
+                        req.session_id, [so.InputResponse(request_id=req.id, option_id="approve")]
+                    )
+                assert r.outcomes[0].applied
+
+            ids = await asyncio.gather(*(start(i) for i in range(sessions)))
+            sized = f"{url}?pool_max={CONCURRENCY + 2}" if url.startswith("postgresql") else url
+            for i in range(workers):
+                pool.append(start_worker(sized, tmp, f"w{i}", records, **options))
+            victim, stopping = pool[0], (pool[1] if sigterm else None)
+
+            answered: set[str] = set()
+            interrupted: set[str] = set()
+            stop_sent = False
+            deadline = time.monotonic() + 50
+            while True:
+                assert time.monotonic() < deadline, "sessions did not complete in time"
+                fresh = [r for r in await front.pending(limit=1000) if r.id not in answered]
+                await asyncio.gather(*(approve(r) for r in fresh))
+                answered.update(r.id for r in fresh)
+                if victim.proc.poll() is None:
+                    flight = _in_flight(records, victim.pid)
+                    if flight:
+                        os.kill(victim.pid, signal.SIGKILL)  # mid tool body
+                        victim.proc.wait(timeout=10)
+                        # Its calls whose result it never recorded may run again elsewhere.
+                        recorded = {
+                            str(sid)
+                            for (sid,) in query(
+                                url,
+                                "SELECT s.id FROM {t}events e JOIN {t}sessions s ON s.sk = e.sk "
+                                "WHERE e.type = 'tool.completed'",
+                            )
+                        }
+                        interrupted = {
+                            key
+                            for what, key, pid in read_records(records)
+                            if what == "start"
+                            and pid == victim.pid
+                            and key.split(":")[0] not in recorded
+                        }
+                        assert flight <= interrupted  # some were killed mid-body
+                elif stopping is not None and not stop_sent and _in_flight(records, stopping.pid):
+                    stopping.proc.send_signal(signal.SIGTERM)  # with turns in flight
+                    stop_sent = True
+                done = query(url, "SELECT COUNT(*) FROM {t}events WHERE type = 'turn.completed'")
+                if done[0][0] >= sessions:
+                    break
+                await asyncio.sleep(0.05)
+            assert victim.proc.returncode == -signal.SIGKILL
+            assert len(answered) == sessions
+
+            for sid in ids:
+                state = await front.state(sid)
+                assert state.turn is not None and state.turn.status == "completed", sid
+                assert state.turn.text == "Refunded."
+
+        if stopping is not None:
+            assert stop_sent
+            assert stopping.proc.wait(timeout=20) == 0, stopping.log()
+            assert "SIGTERM: stopping after the running turns" in stopping.log()
+            assert "worker stopped" in stopping.log()
+            held = query(
+                url, "SELECT COUNT(*) FROM {t}leases WHERE owner LIKE {p}", f"%:{stopping.pid}:%"
+            )
+            assert held[0][0] == 0  # released, not left to expire
+        survivor = pool[-1]
+        assert survivor.proc.poll() is None
+        assert "claimed session" in survivor.log()
+
+        # Every approved tool ran once. Only a call the SIGKILL caught before its result was
+        # recorded (mid-body, or just after) ran again, elsewhere, with the same key.
+        recs = read_records(records)
+        starts = Counter(key for what, key, _ in recs if what == "start")
+        survivors_done = Counter(
+            key for what, key, pid in recs if what == "done" and pid != victim.pid
+        )
+        assert len(starts) == sessions
+        for key, n in starts.items():
+            pids = [pid for what, k, pid in recs if what == "start" and k == key]
+            if key in interrupted:
+                assert n == 2 and pids[0] == victim.pid and pids[1] != victim.pid, (key, pids)
+                assert survivors_done[key] == 1
+            else:
+                assert n == 1, (key, pids)
+                assert [p for what, k, p in recs if what == "done" and k == key] == pids
+        completed = query(
+            url,
+            "SELECT s.id, COUNT(*) FROM {t}events e JOIN {t}sessions s ON s.sk = e.sk "
+            "WHERE e.type = 'tool.completed' GROUP BY s.id",
+        )
+        assert sorted(str(sid) for sid, n in completed if n == 1) == sorted(ids)
+
+        heads = check_logs(url)
+        assert len(heads) == sessions
+        events, rows = settled_counts(url)
+        assert events == rows == Counter({sid: 1 for sid in ids})
+        states = query(url, "SELECT status, COUNT(*) FROM {t}sessions GROUP BY status")
+        assert dict(states) == {"idle": sessions}  # the turns are over: nothing left to run
+    finally:
+        for w in pool:
+            w.close()
+
+
+async def test_three_postgres_workers_survive_a_sigkill_and_a_sigterm(
+    pg_store_url: str, tmp_path: Path
+) -> None:
+    await _run(pg_store_url, tmp_path, workers=3, sessions=200, sigterm=True)
+
+
+async def test_two_sqlite_workers_survive_a_sigkill(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    await _run(url, tmp_path, workers=2, sessions=30, sigterm=False)
