@@ -3,6 +3,7 @@ follows the audit trail, remembers where each channel stopped, and retries a fai
 
 from __future__ import annotations
 
+import asyncio
 import io
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -381,3 +382,23 @@ async def test_an_id_committed_late_is_not_skipped_and_a_lasting_hole_is_passed(
             hub.gap_timeout = 0
             await hub.poll()
             assert hub.position(watcher) == newer[-1].id
+
+
+async def until(check: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_running_hub_follows_the_trail_by_itself(store_url: str) -> None:
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        sms = Texts()
+        async with ChannelHub(rt, [sms], poll_interval=0.05):
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, _ = r.pending
+            await until(lambda: sms.sent == [sms.render(a)])
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            await until(lambda: sms.sent[-1] == sms.render(b))
+            assert sms.sent[-2].startswith("issue_refund was approved by the policy")

@@ -3,6 +3,8 @@
 Each channel keeps its own position in `ChannelState`, so a restart continues where it stopped
 instead of posting everything again, and a channel whose service is down retries the entries it
 missed while the others go on. Without a saved position a channel starts at the end of the trail.
+A subagent's request is shown once, as its mirror on the parent session (answering the mirror
+settles the child's request).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import UsageError
+from .._exceptions import SignoffError, UsageError
 from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
@@ -77,6 +79,7 @@ class ChannelHub:
         self._failures: dict[tuple[str, int], int] = {}
         self._seen: dict[str, set[int]] = {}
         self._gaps: dict[int, float] = {}
+        self._children: dict[str, bool] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._started = False
@@ -152,7 +155,12 @@ class ChannelHub:
         await self.stop()
 
     async def _follow(self) -> None:
-        wait = getattr(self.runtime.store, "wait_for_change", None)
+        store = self.runtime.store
+        # PostgreSQL wakes us with LISTEN/NOTIFY; elsewhere reading the trail's tail is cheaper
+        # than asking whether anything changed.
+        wait = (
+            None if str(store.url).startswith("sqlite") else getattr(store, "wait_for_change", None)
+        )
         while True:
             try:
                 handled = await self.poll()
@@ -270,7 +278,7 @@ class ChannelHub:
         if entry.type == "input.requested":
             for raw in entry.data.get("requests", ()):
                 request = InputRequest.model_validate(raw)
-                if not ch.accepts(request):
+                if not ch.accepts(request) or await self._subagents(request):
                     continue
                 if ch.live_only:
                     stored = await store.get_request(request.id)
@@ -279,14 +287,35 @@ class ChannelHub:
                 await ch.on_requested(request)
         elif entry.type == "approval.candidate" and entry.data.get("outcome") == "counted":
             stored = await store.get_request(str(entry.data.get("request_id")))
-            if stored is not None and stored.status == "pending" and ch.accepts(stored.request):
+            if (
+                stored is not None
+                and stored.status == "pending"
+                and ch.accepts(stored.request)
+                and not await self._subagents(stored.request)
+            ):
                 await ch.on_updated(stored.request)
         elif entry.type == "input.resolved":
             stored = await store.get_request(str(entry.data.get("request_id")))
-            if stored is not None and ch.accepts(stored.request):
+            if (
+                stored is not None
+                and ch.accepts(stored.request)
+                and not await self._subagents(stored.request)
+            ):
                 await ch.on_resolved(stored.request, Resolution.from_event(entry.data, entry.at))
 
     # -- helpers ------------------------------------------------------------------------------
+
+    async def _subagents(self, request: InputRequest) -> bool:
+        """Whether `request` belongs to a subagent's session. Those are answered through their
+        mirror on the parent session (which settles the child's and resumes both), so channels
+        show the mirror only."""
+        sid = request.session_id
+        if sid not in self._children:
+            try:
+                self._children[sid] = (await self.runtime.state(sid)).parent is not None
+            except SignoffError:
+                return False  # e.g. expired: shown as is, the runtime will refuse answers
+        return self._children[sid]
 
     async def _end(self) -> int:
         """The id of the newest audit entry (0 for an empty trail)."""
@@ -304,7 +333,7 @@ class ChannelHub:
             page = await self.runtime.store.pending(
                 PendingFilter(limit=_PAGE, offset=offset, live_at=self.clock())
             )
-            out.extend(page)
+            out.extend([r for r in page if not await self._subagents(r)])
             if len(page) < _PAGE:
                 return out
             offset += _PAGE
