@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib.resources import files
@@ -24,6 +25,8 @@ from ._dashboard import router as dashboard_router
 from ._errors import ApiError, error_response, install_error_handlers
 
 __all__ = ["AppChannels", "create_app"]
+
+log = logging.getLogger("signoff.server")
 
 
 class AppChannels(Protocol):
