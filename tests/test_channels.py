@@ -402,3 +402,21 @@ async def test_a_running_hub_follows_the_trail_by_itself(store_url: str) -> None
             await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
             await until(lambda: sms.sent[-1] == sms.render(b))
             assert sms.sent[-2].startswith("issue_refund was approved by the policy")
+
+
+async def test_a_channel_that_cannot_start_does_not_stop_the_others(tmp_path: Path) -> None:
+    class Down(Flaky):
+        async def start(self, open_requests: Any) -> None:
+            raise ConnectionError("service down")
+
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        down, sms = Down(0, name="down"), Texts()
+        async with manual(ChannelHub(rt, [down, sms])) as hub:
+            assert sms.sent == [sms.render(r.pending[0])]
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+            )
+            await hub.poll()
+            assert down.seen == [("approved", r.pending[0].id)]

@@ -742,3 +742,41 @@ async def test_a_quorum_shows_its_progress_until_it_is_met(
             "You approved this request before (already counted: 1 of 2).",
         ]
         assert runs == ["acct_7"]
+
+
+async def test_the_endpoint_is_signed_by_slack_not_by_api_tokens(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    from signoff.server import TokenAuth
+
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, auth=TokenAuth({"s3cret": ALICE}), channels=hub)
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                assert (await http.get("/v1/requests")).status_code == 401  # the API needs a token
+                body = click(
+                    {
+                        "action_id": "signoff.approve",
+                        "block_id": f"signoff:{req.id}",
+                        "value": req.id,
+                        "type": "button",
+                    }
+                )
+                response = await http.post(PATH, content=body, headers=sign(body, int(time.time())))
+                assert response.status_code == 200
+                await slack.idle()
+                # the API token does not stand in for Slack's signature
+                body2 = body + b"&x=1"
+                response = await http.post(
+                    PATH, content=body2, headers={"Authorization": "Bearer s3cret"}
+                )
+                assert response.status_code == 401
+        assert len(log) == 1
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"

@@ -120,7 +120,10 @@ class ChannelHub:
         if self.channels:
             open_requests = await self._open_requests()
             for ch in self.channels:
-                await ch.start([r for r in open_requests if ch.accepts(r)])
+                try:
+                    await ch.start([r for r in open_requests if ch.accepts(r)])
+                except Exception:  # a service that is down must not keep the server from starting
+                    logger.exception("channel %s failed to start", ch.name)
         if follow:
             self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
 

@@ -192,7 +192,12 @@ class SlackChannel(Channel):
 
     def verify(self, body: bytes, headers: Mapping[str, str]) -> None:
         """Check Slack's signature (v0 HMAC-SHA256 of `v0:{timestamp}:{body}`), its age (five
-        minutes at most) and that it was not seen before; raises `InvalidSignature`."""
+        minutes at most) and that it was not seen before; raises `InvalidSignature`.
+
+        Seen signatures are kept in memory for those five minutes, per process: behind a load
+        balancer, a replay could reach another process once (it settles nothing new: a
+        request resolves once).
+        """
         lowered = {k.lower(): v for k, v in headers.items()}
         stamp = lowered.get("x-slack-request-timestamp")
         signature = lowered.get("x-slack-signature")
