@@ -17,14 +17,15 @@ import hmac
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from .._exceptions import UsageError
 from .._types import InputRequest
 from ._base import Channel, InvalidSignature, Resolution, logger
+
+if TYPE_CHECKING:
+    import httpx
 
 __all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
 
@@ -115,6 +116,7 @@ class WebhookChannel(Channel):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         super().__init__(name=name, accepts=accepts)
+        _httpx()  # fail at configuration time, with the install hint
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
             raise UsageError("WebhookChannel needs at least one URL")
@@ -218,6 +220,8 @@ class WebhookChannel(Channel):
 
     async def deliver(self, url: str, delivery: str, event: str, raw: bytes) -> bool:
         """POST one delivery, retrying with backoff; True once a 2xx answered."""
+        import httpx
+
         client = self._http()
         for attempt in range(1, self.max_attempts + 1):
             stamp = int(self.clock())  # signed afresh: a late retry is not a stale delivery
@@ -259,7 +263,7 @@ class WebhookChannel(Channel):
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout)
+            self._client = _httpx().AsyncClient(timeout=self.timeout)
         return self._client
 
     async def drain(self) -> None:
@@ -280,3 +284,11 @@ class WebhookChannel(Channel):
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _httpx() -> Any:
+    try:
+        import httpx
+    except ImportError as exc:  # pragma: no cover - depends on the extras installed
+        raise UsageError("webhooks need httpx: pip install 'signoff[webhooks]'") from exc
+    return httpx

@@ -15,8 +15,7 @@ try:
     import slack_sdk  # noqa: F401
 except ImportError as exc:  # pragma: no cover - depends on the extras installed
     raise UsageError(
-        f"the Slack channel needs slack_sdk and aiohttp ({exc.name} is missing): "
-        "pip install 'signoff[slack]'"
+        "the Slack channel needs slack_sdk and aiohttp: pip install 'signoff[slack]'"
     ) from exc
 
 from ._blocks import request_blocks, slack_mention
