@@ -274,9 +274,11 @@ class Flaky(Channel):
     def __init__(self, fail: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.fail = fail
+        self.attempts = 0
         self.seen: list[tuple[str, str]] = []
 
     async def on_requested(self, request: so.InputRequest) -> None:
+        self.attempts += 1
         if self.fail:
             self.fail -= 1
             raise ConnectionError("service down")
@@ -292,7 +294,7 @@ async def test_a_failing_channel_retries_from_its_position_while_others_go_on(
     runs: list[str] = []
     async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
         flaky, steady = Flaky(2, name="flaky"), Flaky(0, name="steady")
-        async with manual(ChannelHub(rt, [flaky, steady])) as hub:
+        async with manual(ChannelHub(rt, [flaky, steady], retry_backoff=0)) as hub:
             r = await rt.generate("support", prompt="Refund A, B and C")
             a, b, c = r.pending
             await hub.poll()
@@ -420,3 +422,29 @@ async def test_a_channel_that_cannot_start_does_not_stop_the_others(tmp_path: Pa
             )
             await hub.poll()
             assert down.seen == [("approved", r.pending[0].id)]
+
+
+async def test_a_failing_channel_backs_off_and_gives_up_after_max_attempts(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        broken = Flaky(100)
+        async with manual(ChannelHub(rt, [broken], retry_backoff=3600)) as hub:
+            await rt.generate("support", prompt="Refund A, B and C")
+            await hub.poll()
+            await hub.poll()  # within its backoff: not tried again
+            assert broken.attempts == 1
+        broken = Flaky(100)
+        async with manual(ChannelHub(rt, [broken], retry_backoff=0, max_attempts=3)) as hub:
+            start = hub.position(broken)
+            r = await rt.generate("support", prompt="Refund A, B and C again")
+            for _ in range(5):
+                await hub.poll()
+            assert broken.attempts == 3  # then the entry is skipped for this channel
+            assert hub.position(broken) > start
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+            )
+            await hub.poll()
+            assert broken.seen == [("approved", r.pending[0].id)]

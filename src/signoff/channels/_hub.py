@@ -39,7 +39,9 @@ class ChannelHub:
 
     `state` is a `ChannelState` or the path of its SQLite file (memory by default: positions are
     then lost on restart, so it starts at the end). Run one hub per set of channels: two hubs
-    with the same channels would post everything twice.
+    with the same channels would post everything twice. A channel that fails on an entry is
+    retried from there after `retry_backoff * 2**n` seconds, `max_attempts` times in all
+    (about two minutes by default), before the entry is skipped for it.
     """
 
     def __init__(
@@ -50,7 +52,8 @@ class ChannelHub:
         state: ChannelState | str | Path | None = None,
         name: str = "hub",
         poll_interval: float = 0.5,
-        max_attempts: int = 5,
+        max_attempts: int = 8,
+        retry_backoff: float = 1.0,
         gap_timeout: float = 10.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -66,6 +69,8 @@ class ChannelHub:
             raise UsageError(f"poll_interval must be positive, not {poll_interval!r}")
         if max_attempts < 1:
             raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        if retry_backoff < 0 or gap_timeout < 0:
+            raise UsageError("retry_backoff and gap_timeout must not be negative")
         self.runtime = runtime
         self.channels = channels
         self._own_state = not isinstance(state, ChannelState)
@@ -73,10 +78,12 @@ class ChannelHub:
         self.name = name
         self.poll_interval = poll_interval
         self.max_attempts = max_attempts
+        self.retry_backoff = retry_backoff
         self.gap_timeout = gap_timeout
         self.clock = clock
         self._positions: dict[str, int] = {}
         self._failures: dict[tuple[str, int], int] = {}
+        self._retry_at: dict[str, float] = {}
         self._seen: dict[str, set[int]] = {}
         self._gaps: dict[int, float] = {}
         self._children: dict[str, bool] = {}
@@ -187,22 +194,23 @@ class ChannelHub:
     # -- the feed -----------------------------------------------------------------------------
 
     async def poll(self) -> int:
-        """Dispatch every entry past the channels' positions now; returns how many were read."""
+        """Dispatch every entry past the channels' positions now; returns how many were new."""
         if not self._started:
             raise UsageError("start the ChannelHub first (await hub.start() or `async with`)")
         async with self._lock:
             total = 0
             if self.channels:
                 cursor = min(self._positions.values())
-                blocked: set[str] = set()  # failed this poll: they retry from there next time
+                # Channels that failed and wait for their retry: they go on from there later.
+                clock = time.monotonic()
+                blocked = {n for n, at in self._retry_at.items() if at > clock}
                 top = cursor
                 present: set[int] = set()
                 while True:
                     entries = await self.runtime.store.audit(after_id=cursor, limit=_PAGE)
                     for entry in entries:
                         present.add(entry.id)
-                        await self._dispatch(entry, blocked)
-                    total += len(entries)
+                        total += await self._dispatch(entry, blocked)
                     if entries:
                         cursor = top = entries[-1].id
                     if len(entries) < _PAGE:
@@ -244,7 +252,9 @@ class ChannelHub:
             for gap in [g for g in self._gaps if g <= min(self._positions.values())]:
                 del self._gaps[gap]
 
-    async def _dispatch(self, entry: AuditEntry, blocked: set[str]) -> None:
+    async def _dispatch(self, entry: AuditEntry, blocked: set[str]) -> int:
+        """Deliver one entry to every channel that has not had it; 1 if any handled it."""
+        handled = 0
         for ch in self.channels:
             if self._positions[ch.name] >= entry.id or ch.name in blocked:
                 continue
@@ -257,6 +267,8 @@ class ChannelHub:
                 key = (ch.name, entry.id)
                 self._failures[key] = self._failures.get(key, 0) + 1
                 if self._failures[key] < self.max_attempts:
+                    delay = self.retry_backoff * 2 ** (self._failures[key] - 1)
+                    self._retry_at[ch.name] = time.monotonic() + delay
                     logger.warning(
                         "channel %s failed on audit entry %s (attempt %s); it will retry",
                         ch.name,
@@ -273,7 +285,10 @@ class ChannelHub:
                     self._failures[key],
                 )
             self._failures.pop((ch.name, entry.id), None)
+            self._retry_at.pop(ch.name, None)
             seen.add(entry.id)
+            handled = 1
+        return handled
 
     async def _deliver(self, ch: Channel, entry: AuditEntry) -> None:
         """Tell one channel about one entry (nothing, for entries it does not care about)."""
