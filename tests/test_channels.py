@@ -448,3 +448,35 @@ async def test_a_failing_channel_backs_off_and_gives_up_after_max_attempts(
             )
             await hub.poll()
             assert broken.seen == [("approved", r.pending[0].id)]
+
+
+async def test_an_answer_stands_when_the_turn_cannot_resume(tmp_path: Path) -> None:
+    from signoff.testing import Flaky as FlakyStep
+
+    runs: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        runs.append(order_id)
+        return "ok"
+
+    step = FlakyStep(reply("Done."), failures=1)
+    agent = scripted_agent(
+        "support", [call_tools(call("issue_refund", order_id="A-1")), step], tools=[issue_refund]
+    )
+    async with runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="Refund A")
+        (a,) = r.pending
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            outcome = await sms.reply("yes", BOB)  # the model fails right after
+            assert outcome is not None and (outcome.outcome, outcome.applied) == ("approved", True)
+            assert await status(rt, a.id) == ("settled", "approved")
+            assert runs == ["A-1"]
+            state = await rt.state(r.session_id)
+            assert state.turn is not None and state.turn.status == "failed"
+            assert sms.current is None
+            result = await rt.generate(session_id=r.session_id)  # a retry finishes the turn
+            assert (result.status, result.text) == ("completed", "Done.")

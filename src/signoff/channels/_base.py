@@ -250,13 +250,26 @@ class Channel:
     ) -> Outcome:
         """Answer `request` as `principal` through the runtime; returns what became of it.
 
-        Raises the runtime's errors (`NotAllowed`, `RequestClosed`, `ConflictingAnswer`, ...).
+        Raises the runtime's answer errors (`NotAllowed`, `RequestClosed`, ...), which change
+        nothing. Once the answer is recorded the turn is resumed; if that fails (the model is
+        down, say) the answer still stands and the failure is logged: the turn is retryable.
         """
         if response.request_id != request.id:
             raise UsageError(
                 f"the response answers {response.request_id}, not the request {request.id}"
             )
-        result = await self.runtime.respond(request.session_id, [response], principal=principal)
+        rt = self.runtime
+        result = await rt.respond(request.session_id, [response], principal=principal, resume=False)
+        try:
+            await rt.generate(session_id=request.session_id)
+        except SignoffError:
+            logger.warning(
+                "channel %s: the turn of session %s did not resume after answering %s",
+                self.name,
+                request.session_id,
+                request.id,
+                exc_info=True,
+            )
         for outcome in result.outcomes:
             if outcome.request_id == request.id:
                 return outcome
