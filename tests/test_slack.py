@@ -780,3 +780,51 @@ async def test_the_endpoint_is_signed_by_slack_not_by_api_tokens(
         assert len(log) == 1
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.outcome == "approved"
+
+
+async def test_expired_and_withdrawn_requests_stay_visible_as_records(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    from signoff.testing import ManualClock
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def wipe_cache(region: str) -> str:
+        """Wipe a cache."""
+        return "wiped"
+
+    agent = scripted_agent(
+        "ops",
+        [call_tools(call("wipe_cache", region="eu")), reply("Done.")],
+        tools=[wipe_cache],
+        repeat_last=True,
+    )
+    clock = ManualClock()
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        first = await rt.generate("ops", prompt="Wipe eu")
+        (expiring,) = first.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            posted = slack_api.of("chat.postMessage")[0]["blocks"]
+            assert posted[2]["elements"][0]["text"].endswith(
+                f" · expires {date(expiring.expires_at or 0)}"
+            )
+            clock.advance(61)
+            assert await rt.expire_due() == 1
+            second = await rt.generate("ops", prompt="Wipe eu again")
+            (withdrawn,) = second.pending
+            await hub.poll()
+            await rt.cancel(second.session_id)
+            await hub.poll()
+        expired_at = await resolved_at(rt, expiring.id)
+        cancelled_at = await resolved_at(rt, withdrawn.id)
+        first_update, second_update = slack_api.of("chat.update")
+        stored = await rt.store.get_request(expiring.id)
+        assert stored is not None and stored.resolution is not None
+        assert first_update["blocks"][-1]["elements"][0]["text"] == (
+            f":hourglass: *Expired* {date(expired_at)}: “{stored.resolution['reason']}”"
+        )
+        assert second_update["blocks"][-1]["elements"][0]["text"] == (
+            f":no_entry_sign: *Withdrawn* {date(cancelled_at)}: “turn cancelled”"
+        )
+        assert first_update["blocks"][1] == posted[1]  # the exact input is still shown
