@@ -59,6 +59,7 @@ from ._response import (
 from ._results import GenerateResult, Outcome
 from ._runtime import Runtime
 from ._state import SessionState
+from ._subagents import delegate
 from ._tools import (
     ApprovalRequired,
     InputUnavailable,
@@ -73,6 +74,7 @@ from ._types import (
     Action,
     Answer,
     AssistantMessage,
+    ChildRef,
     Decision,
     InputRequest,
     InputResponse,
@@ -107,6 +109,7 @@ __all__ = [
     "AuditProblem",
     "Approved",
     "AssistantMessage",
+    "ChildRef",
     "ConflictingAnswer",
     "Criteria",
     "Decision",
@@ -160,6 +163,7 @@ __all__ = [
     "always",
     "ask_question",
     "auto",
+    "delegate",
     "models",
     "never",
     "once",

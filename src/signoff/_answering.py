@@ -8,6 +8,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from . import _subagents
 from ._answers import Reply as _Reply
 from ._answers import match as _match
 from ._answers import repeat as _repeat
@@ -83,6 +84,10 @@ class Answering(SessionRunner):
             )
         for _ in range(20):
             state = await self._checked(session_id)
+            if _subagents.routed(state, answers):  # mirrored from a subagent: settle it there
+                return await _subagents.settle_routed(
+                    self, state, answers, principal, require_all=require_all
+                )
             agent = self.agent(state.agent)
             outcomes: list[Outcome] = []
             specs: list[Any] = []

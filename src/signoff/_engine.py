@@ -31,6 +31,7 @@ from ._tools import (
 from ._types import (
     APPROVAL_OPTIONS,
     Action,
+    ChildRef,
     InputRequest,
     Message,
     ModelResponse,
@@ -156,6 +157,8 @@ class Driver:
         self.lease_token = lease_token
         self.clock = clock
         self.abort_signal = abort_signal or asyncio.Event()
+        # What delegate tools drive subagents through; the runtime sets it (see _subagents).
+        self.host: Any = None
 
     # -- recording ----------------------------------------------------------------------------
 
@@ -858,6 +861,62 @@ class _CallJournal:
             return request.id
         finally:
             self.inflight -= 1
+
+    @property
+    def host(self) -> Any:
+        """The runtime's subagent host (None when the driver runs without a runtime)."""
+        return self.driver.host
+
+    @property
+    def session_id(self) -> str:
+        return self.driver.state.id
+
+    def steered(self) -> bool:
+        """A steering message arrived that the model has not read yet."""
+        turn = self.driver.state.turn
+        return turn is not None and turn.steered
+
+    async def mirror(self, child: str, child_agent: str, requests: Sequence[InputRequest]) -> int:
+        """Ask a subagent's open requests again on this session (`source="child"`), each under
+        its own id with a `ChildRef` back to the child; returns how many it asked."""
+        call = self._call()
+        s = self.driver.state
+        turn = s.turn
+        assert turn is not None
+        mirrored = {
+            (r.request.child.session_id, r.request.child.request_id)
+            for r in s.requests.values()
+            if r.status == "pending" and r.request.child is not None
+        }
+        copies = [
+            r.model_copy(
+                update={
+                    "id": new_id("req"),
+                    "session_id": s.id,
+                    "turn_id": turn.id,
+                    "agent": s.agent,
+                    "source": "child",
+                    "expires_at": None,  # the child's own deadline decides
+                    # A nested mirror points at the next session down: answers route hop by hop.
+                    "child": ChildRef(
+                        session_id=child, request_id=r.id, agent=child_agent, call_id=call.id
+                    ),
+                }
+            )
+            for r in requests
+            if (child, r.id) not in mirrored
+        ]
+        if not copies:
+            return 0
+
+        def specs(state: SessionState) -> Batch:
+            if state.turn is not None and state.turn.steered:
+                return Batch(specs=[])  # steered meanwhile: the delegate stops its child instead
+            asked = {"requests": [_dump_request(c) for c in copies]}
+            return Batch(specs=[("input.requested", asked)], new_requests=copies)
+
+        recorded = await self.driver.record(specs)
+        return len(copies) if recorded else 0
 
     async def park(self) -> NoReturn:
         self.parked.set()

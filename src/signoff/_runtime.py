@@ -14,10 +14,12 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import IO, Any
 
 from . import _audit_trail as _audit
+from . import _subagents
 from ._answering import Answering
 from ._answers import Reply as _Reply
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
+from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
     InvalidAnswer,
@@ -37,10 +39,16 @@ from .stores._audit import AuditEntry
 __all__ = ["Runtime"]
 
 log = logging.getLogger("signoff.worker")
+CLAIM_GAP = 0.05  # seconds a worker waits after a claim that found nothing before the next
 
 
 class Runtime(Answering):
     """Runs agents' turns against a store; every method has a `*_sync` twin."""
+
+    def _driver(self, state: SessionState, token: int | None) -> Driver:
+        driver = super()._driver(state, token)
+        driver.host = _subagents.RuntimeHost(self)  # delegate tools drive child sessions here
+        return driver
 
     async def expire_due(self) -> int:
         """Apply every passed request deadline across sessions and resume their turns.
@@ -85,12 +93,21 @@ class Runtime(Answering):
         owner = f"{self.owner}:worker"
         last_sweep = 0.0
         wait = getattr(self.store, "wait_for_change", None)
+        last_empty = -1.0  # monotonic time of the last claim that found nothing
         while not stop.is_set():
             free = concurrency - len(running)
             if free > 0:
-                for session_id, token in await self.store.claim(
-                    owner, self.lease_ttl, self.clock(), free
-                ):
+                # Every commit anywhere wakes every idle worker: a burst of notifications is
+                # coalesced into one claim per CLAIM_GAP instead of one claim per commit.
+                gap = last_empty + CLAIM_GAP - time.monotonic()
+                if gap > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), gap)
+                    if stop.is_set():
+                        break
+                claimed = await self.store.claim(owner, self.lease_ttl, self.clock(), free)
+                last_empty = -1.0 if claimed else time.monotonic()
+                for session_id, token in claimed:
                     log.info("claimed session %s (lease %d)", session_id, token)
                     task = asyncio.create_task(self._work_on(session_id, owner, token))
                     running.add(task)
@@ -298,6 +315,9 @@ class Runtime(Answering):
                 continue
             self._remember(driver.state)
             self._aborts.pop(session_id, None)
+            for child in _subagents.children(pending):  # subagents waiting under this turn
+                with contextlib.suppress(UnknownSession):
+                    await self.cancel(child, reason)
             return self._result(driver.state)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
 

@@ -428,6 +428,10 @@ def _input_requested(s: SessionState, e: Event) -> None:
     for raw in e.data["requests"]:
         request = InputRequest.model_validate(raw)
         s.requests[request.id] = RequestState(request=request)
+        if request.child is not None:  # mirrored from a subagent: its delegate call waits
+            if request.child.call_id in turn.calls:
+                turn.calls[request.child.call_id].status = "asking"
+            continue
         if request.action is None or request.action.call_id not in turn.calls:
             continue
         call = turn.calls[request.action.call_id]
@@ -499,6 +503,20 @@ def _input_resolved(s: SessionState, e: Event) -> None:
         s.lapsed = True
     req.outcome = outcome
     req.resolution = d
+    child = req.request.child
+    if child is not None:  # a subagent's request, settled there: its delegate call re-runs
+        call = None if s.turn is None else s.turn.calls.get(child.call_id)
+        still_waiting = any(
+            r.status == "pending"
+            and r.request.child is not None
+            and r.request.child.call_id == child.call_id
+            for r in s.requests.values()
+        )
+        if call is not None and call.status == "asking" and not still_waiting:
+            call.status = "running"
+            assert s.turn is not None
+            s.turn.status = "running"
+        return
     action = req.request.action
     if action is None or s.turn is None or action.call_id not in s.turn.calls:
         return

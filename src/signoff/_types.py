@@ -16,6 +16,7 @@ __all__ = [
     "Action",
     "Answer",
     "AssistantMessage",
+    "ChildRef",
     "Decision",
     "InputRequest",
     "InputResponse",
@@ -149,6 +150,16 @@ class Action(_Model):
     input_hash: str
 
 
+class ChildRef(_Model):
+    """Where a mirrored request (`source="child"`) comes from: a subagent's session and request,
+    asked during the parent's delegate call `call_id`."""
+
+    session_id: str
+    request_id: str
+    agent: str
+    call_id: str
+
+
 class InputRequest(_Model):
     """A durable record of something a person must answer."""
 
@@ -162,7 +173,7 @@ class InputRequest(_Model):
     options: list[Option] = Field(default_factory=list)
     allow_text: bool = False
     payload: Any = None
-    source: Literal["policy", "tool", "guardrail", "ask"] = "policy"
+    source: Literal["policy", "tool", "guardrail", "ask", "child"] = "policy"
     index: int | None = None
     requested_by: Principal | None = None
     created_at: float
@@ -179,6 +190,7 @@ class InputRequest(_Model):
     approved_by: list[str] = Field(default_factory=list)
     auto_verdict: str | None = None
     auto_reason: str | None = None
+    child: ChildRef | None = None
 
     @property
     def progress(self) -> str:

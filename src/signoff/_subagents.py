@@ -1,0 +1,283 @@
+"""Subagents: `delegate()`, a workflow tool that runs a turn of another agent in a child session.
+
+The child is an ordinary session whose `session.created` names the parent. When the child waits
+for a person, the parent asks the same requests (`source="child"`, each with a `ChildRef` back
+to the child's request); an answer given through the parent settles the child's request (under
+the child's own policies) and resumes the child's turn, and the parent's model only runs again
+once the child's turn has finished and its text became the delegate call's result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_checkable
+
+from pydantic import Field
+
+from ._engine import Batch, EventSpec, new_id
+from ._events import Event
+from ._exceptions import PartialAnswer, SessionBusy, StoreError, UsageError
+from ._results import GenerateResult, Outcome
+from ._state import SessionState, fold
+from ._tools import Tool, ToolContext
+from ._types import InputRequest, Principal
+from .stores import Resolve
+
+if TYPE_CHECKING:
+    from ._answering import Answering
+    from ._answers import Reply
+    from ._runtime import Runtime
+
+__all__ = ["RuntimeHost", "SubagentFailed", "children", "delegate", "routed", "settle_routed"]
+
+
+class SubagentFailed(Exception):
+    """The child's turn failed; the delegate call's result is this error."""
+
+
+@runtime_checkable
+class _DelegateJournal(Protocol):
+    """The parts of the engine's call journal a delegate call needs (see `_CallJournal`)."""
+
+    can_ask: bool
+
+    @property
+    def host(self) -> Any: ...
+
+    @property
+    def session_id(self) -> str: ...
+
+    def steered(self) -> bool: ...
+
+    async def mirror(
+        self, child: str, child_agent: str, requests: Sequence[InputRequest]
+    ) -> int: ...
+
+    async def park(self) -> NoReturn: ...
+
+
+def delegate(agent: str, *, name: str | None = None, description: str | None = None) -> Tool:
+    """A tool that hands the model's `message` to `agent` and returns that agent's final text.
+
+    Each call runs one turn of `agent` in its own child session (created once per call, so a
+    replay or a restart reuses it). Requests the child makes are asked on the parent session
+    too; answering them there resumes the child without calling the parent's model.
+    """
+    if not isinstance(agent, str) or not agent:
+        raise UsageError(f"delegate() needs the name of an agent, not {agent!r}")
+    tool_name = name or agent
+    if not tool_name.replace("_", "").replace("-", "").isalnum():
+        raise UsageError(
+            f"delegate({agent!r}): {tool_name!r} is not a valid tool name (letters, digits, _ "
+            "or -); pass name="
+        )
+
+    async def run(
+        ctx: ToolContext,
+        message: Annotated[str, Field(min_length=1, description="The task for the agent.")],
+    ) -> Any:
+        return await _run(ctx, agent, message)
+
+    about = description or (
+        f"Delegate a task to the {agent!r} agent: send it a message; returns its final answer."
+    )
+    return Tool(run, name=tool_name, description=about, workflow=True)
+
+
+async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
+    journal = getattr(ctx, "_journal", None)
+    if not isinstance(journal, _DelegateJournal) or journal.host is None:
+        raise UsageError(f"delegating to {agent!r} needs a call run by a signoff Runtime")
+    host: RuntimeHost = journal.host
+    principal = ctx.session.auth.current
+    who = None if principal is None else principal.model_dump(mode="json")
+    source = "message" if journal.can_ask else "schedule"
+    key = ctx.idempotency_key("subagent")
+    child = await ctx.step("subagent.session", host.create_child, agent, journal.session_id, key)
+    await ctx.step("subagent.turn", host.start_child, child, message, who, source)
+    if journal.steered():
+        return await _interrupted(host, child)
+    result = await host.drive_child(child)
+    if result.status == "completed":
+        return result.text
+    if result.status == "waiting":
+        if await journal.mirror(child, agent, result.pending):
+            await journal.park()
+        if journal.steered():
+            return await _interrupted(host, child)
+        raise SubagentFailed(f"agent {agent!r} (session {child}) waits on nothing to ask")
+    if result.status == "cancelled":
+        return {"cancelled": True, "agent": agent, "session_id": child}
+    if result.status == "running":
+        raise SessionBusy(f"session {child!r} of agent {agent!r} is busy elsewhere", child)
+    error = result.error or {}
+    raise SubagentFailed(
+        f"agent {agent!r} (session {child}) failed: {error.get('message') or result.status}"
+    )
+
+
+async def _interrupted(host: RuntimeHost, child: str) -> dict[str, Any]:
+    """The person wrote to the parent instead of answering: the child's turn is cancelled."""
+    await host.cancel_child(child, "the parent turn was steered by a new message")
+    return {"interrupted": True, "session_id": child}
+
+
+class RuntimeHost:
+    """What the engine drives child sessions through: the runtime, behind four methods."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.runtime = runtime
+
+    async def create_child(self, agent: str, parent: str, key: str) -> str:
+        """Create the child session once: its id derives from the call's idempotency key."""
+        rt = self.runtime
+        spec = rt.agent(agent)
+        child = "ses_" + hashlib.sha256(key.encode()).hexdigest()[:20]
+        if await rt.store.head(child) is not None:
+            return child
+        parent_state = await rt.state(parent)
+        now = rt.clock()
+        ttl = spec.limits.ttl_seconds
+        initiator = parent_state.initiator
+        event = Event(
+            session_id=child,
+            seq=1,
+            type="session.created",
+            at=now,
+            data={
+                "agent": spec.name,
+                "initiator": None if initiator is None else initiator.model_dump(),
+                "parent": parent,
+                "ttl": ttl,
+            },
+        )
+        try:
+            await rt.store.create_session(
+                child, spec.name, [event], None if ttl is None else now + ttl
+            )
+        except StoreError:
+            if await rt.store.head(child) is None:
+                raise
+            return child  # created by a run that died before journaling it
+        rt._remember(fold([event]))
+        return child
+
+    async def start_child(
+        self, child: str, message: str, principal: dict[str, Any] | None, source: str
+    ) -> bool:
+        """Start the child's one turn, unless a run that died before journaling it did."""
+        rt = self.runtime
+        state = await rt.state(child)
+        if state.turn is not None:
+            return False
+        who = None if principal is None else Principal.model_validate(principal)
+        await rt._start_turn(child, message, who, source=source)
+        return True
+
+    async def drive_child(self, child: str) -> GenerateResult:
+        """Run the child's turn here (even when workers run turns) until it ends or waits."""
+        rt = self.runtime
+        owner = f"{rt.owner}:{new_id('sub')}"
+        token = await rt._acquire(child, owner)
+        if token is None:
+            state = await rt.state(child)
+            return rt._result(state, busy=True)
+        return await rt._drive(child, claimed=(owner, token))
+
+    async def cancel_child(self, child: str, reason: str) -> None:
+        await self.runtime.cancel(child, reason)
+
+
+def children(requests: Iterable[InputRequest]) -> list[str]:
+    """The child sessions that `requests` (mirrors among them) were asked for, once each."""
+    out: list[str] = []
+    for r in requests:
+        if r.child is not None and r.child.session_id not in out:
+            out.append(r.child.session_id)
+    return out
+
+
+def routed(state: SessionState, answers: Sequence[Reply]) -> bool:
+    """Whether any answer is for an open request mirrored from a child session."""
+    for a in answers:
+        live = state.requests.get(a.request_id)
+        if live is not None and live.status == "pending" and live.request.child is not None:
+            return True
+    return False
+
+
+async def settle_routed(
+    rt: Answering,
+    state: SessionState,
+    answers: Sequence[Reply],
+    principal: Principal | None,
+    *,
+    require_all: bool,
+) -> list[Outcome]:
+    """Settle answers to mirrored requests in their child sessions (each under the child's own
+    policies), close the mirrors the children closed, and settle the rest here."""
+    if require_all:
+        ids = {a.request_id for a in answers}
+        missing = [r.id for r in state.pending_requests() if r.id not in ids]
+        if missing:
+            raise PartialAnswer(state.id, missing)
+    outcomes: list[Outcome] = []
+    rest: list[Reply] = []
+    for a in answers:
+        live = state.requests.get(a.request_id)
+        ref = None if live is None or live.status != "pending" else live.request.child
+        if live is None or ref is None:
+            rest.append(a)
+            continue
+        try:
+            got = await rt._settle(
+                ref.session_id,
+                [dataclasses.replace(a, request_id=ref.request_id)],
+                principal,
+                require_all=False,
+            )
+        finally:
+            await _close_mirror(rt, state.id, live.request)  # whatever the child now says
+        outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
+    if rest:
+        outcomes.extend(await rt._settle(state.id, rest, principal, require_all=False))
+    return outcomes
+
+
+async def _close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None:
+    """Resolve the mirror as its child request was resolved; nothing while that is open."""
+    ref = mirror.child
+    assert ref is not None
+    child = await rt.state(ref.session_id)
+    live = child.requests.get(ref.request_id)
+    if live is not None:
+        status, resolution = live.status, live.resolution
+    else:
+        stored = await rt.store.get_request(ref.request_id)
+        if stored is None:
+            return
+        status, resolution = stored.status, stored.resolution
+    if status == "pending":
+        return
+    data = {
+        **(resolution or {}),
+        "request_id": mirror.id,
+        "status": status,
+        "child_request_id": ref.request_id,
+    }
+    data.setdefault("outcome", "cancelled")
+    closed_as: Any = status
+
+    def build(st: SessionState) -> Batch:
+        now = st.requests.get(mirror.id)
+        if now is None or now.status != "pending":
+            return Batch(specs=[])
+        spec: EventSpec = ("input.resolved", data)
+        resolve = Resolve(
+            request_id=mirror.id, status=closed_as, outcome=data["outcome"], resolution=data
+        )
+        return Batch(specs=[spec], resolve=[resolve])
+
+    await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)

@@ -1,0 +1,375 @@
+"""Subagents: `so.delegate()` runs a turn of another agent in a child session; the child's
+requests are asked on the parent, answers given there resume the child without calling the
+parent's model, and it all survives a restart and a cancel."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    timeline,
+    tool_results,
+)
+
+ALICE = so.Principal(authenticator="okta", principal_id="alice")
+SHIPPING = [
+    {"label": "Standard", "description": "Arrives in five working days."},
+    {"label": "Express", "description": "Arrives tomorrow."},
+]
+
+
+async def events(rt: so.Runtime, session_id: str) -> list[so.Event]:
+    return [e async for e in rt.events(session_id, follow=False)]
+
+
+class Counted:
+    """A scripted step that counts its calls and remembers what the model was shown."""
+
+    def __init__(self, text: str) -> None:
+        self.capture = Capture(reply(text))
+        self.calls = 0
+
+    def __call__(self, conversation: list[so.Message]) -> so.ModelResponse:
+        self.calls += 1
+        return self.capture(conversation)
+
+
+def refund_agents(ran: list[dict[str, Any]], parent_step: Counted) -> tuple[so.Agent, so.Agent]:
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        ran.append({"order_id": order_id, "amount": amount})
+        return {"refunded": amount}
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042", amount=180)),
+            lambda conv: reply(f"Refunded: {tool_results(conv)[-1].content}"),
+        ],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), parent_step],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+    )
+    return parent, child
+
+
+async def test_child_approval_is_asked_and_answered_through_the_parent(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund went through.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    assert r.status == "waiting"
+    [mirror] = r.pending
+    assert mirror.kind == "tool-approval" and mirror.source == "child"
+    assert mirror.session_id == r.session_id and mirror.agent == "support"
+    assert mirror.child is not None and mirror.child.agent == "billing"
+    assert mirror.child.call_id == "d1"
+    child_id = mirror.child.session_id
+    [original] = await rt.pending(session_id=child_id)
+    assert original.id == mirror.child.request_id != mirror.id
+    # The same request: same kind, options, action (hash included) and requester.
+    assert original.action == mirror.action and original.options == mirror.options
+    assert mirror.action is not None and mirror.action.tool_name == "issue_refund"
+    assert original.requested_by == mirror.requested_by == ALICE
+    assert (await rt.state(child_id)).parent == r.session_id
+    assert ran == [] and after.calls == 0
+
+    done = await rt.respond(
+        r.session_id,
+        [so.InputResponse(request_id=mirror.id, option_id="approve")],
+        principal=ALICE,
+    )
+    assert done.status == "completed" and done.text == "The refund went through."
+    assert done.outcomes == [so.Outcome(request_id=mirror.id, outcome="approved", applied=True)]
+    assert ran == [{"order_id": "1042", "amount": 180.0}]
+    assert after.calls == 1  # the parent's model ran once, after the child's turn finished
+    [result] = tool_results(after.capture.last)
+    assert result.tool_name == "billing" and not result.is_error
+    assert result.content == "Refunded: {'refunded': 180.0}"
+    assert await rt.pending() == []
+
+    assert timeline(await events(rt, r.session_id)) == [
+        "session.created",
+        "turn.started",
+        "model.completed",
+        "tool.started billing",
+        "tool.step billing:subagent.session",
+        "tool.step billing:subagent.turn",
+        "input.requested tool-approval:issue_refund",
+        "turn.waiting",
+        "input.resolved approved",
+        "tool.completed billing ok",
+        "model.completed",
+        "turn.completed",
+        "session.waiting",
+    ]
+    assert timeline(await events(rt, child_id)) == [
+        "session.created",
+        "turn.started",
+        "model.completed",
+        "input.requested tool-approval:issue_refund",
+        "turn.waiting",
+        "approval.settled approve",
+        "input.resolved approved",
+        "tool.started issue_refund",
+        "tool.completed issue_refund ok",
+        "model.completed",
+        "turn.completed",
+        "session.waiting",
+    ]
+    created = (await events(rt, child_id))[0]
+    assert created.data["parent"] == r.session_id and created.data["agent"] == "billing"
+    settled = [e for e in await events(rt, child_id) if e.type == "approval.settled"]
+    assert settled[0].data["by"]["principal_id"] == "alice"
+    await rt.close()
+
+
+async def test_a_denial_through_the_parent_reaches_the_child_model(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("Not refunded.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    done = await rt.generate(
+        session_id=r.session_id,
+        approvals=[so.Decision(id=r.pending[0].id, approved=False, reason="over the limit")],
+        auth=ALICE,
+    )
+    assert done.status == "completed" and ran == [] and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert "over the limit" in result.content and "alice" in result.content
+    await rt.close()
+
+
+async def test_child_questions_answered_by_message_to_the_parent(tmp_path: Path) -> None:
+    def answer(conv: list[so.Message]) -> str:
+        content = tool_results(conv)[-1].content
+        assert content["status"] == "answered"
+        return str(content["answer"])
+
+    child = scripted_agent(
+        "shipping",
+        [
+            call_tools(call("ask_question", question="How to ship?", options=SHIPPING)),
+            lambda conv: call_tools(call("ask_question", question=f"{answer(conv)} to where?")),
+            lambda conv: reply(f"Shipping to {answer(conv)}."),
+        ],
+        tools=[so.ask_question()],
+    )
+    after = Counted("Booked.")
+    parent = scripted_agent(
+        "front",
+        [call_tools(call("ship", message="Ship order 7")), after],
+        tools=[so.delegate("shipping", name="ship")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("front", prompt="Ship order 7", auth=ALICE)
+    [first] = r.pending
+    assert first.kind == "question" and first.question == "How to ship?"
+    assert [o.label for o in first.options] == ["Standard", "Express"]
+    assert first.allow_text and first.source == "child"
+
+    r = await rt.send(r.session_id, "2", principal=ALICE)  # picks "Express" in the child
+    assert r.status == "waiting" and after.calls == 0
+    [second] = r.pending
+    assert second.question == "Express to where?" and second.id != first.id
+    assert second.child is not None and first.child is not None
+    assert second.child.session_id == first.child.session_id
+
+    r = await rt.send(r.session_id, "Lisbon", principal=ALICE)
+    assert r.status == "completed" and r.text == "Booked." and after.calls == 1
+    assert tool_results(after.capture.last)[0].content == "Shipping to Lisbon."
+    assert timeline(await events(rt, r.session_id))[6:] == [
+        "input.requested question:How to ship?",
+        "turn.waiting",
+        "input.resolved answered",
+        "input.requested question:Express to where?",
+        "turn.waiting",
+        "input.resolved answered",
+        "tool.completed ship ok",
+        "model.completed",
+        "turn.completed",
+        "session.waiting",
+    ]
+    assert timeline(await events(rt, first.child.session_id)) == [
+        "session.created",
+        "turn.started",
+        "model.completed",
+        "tool.started ask_question",
+        "input.requested question:How to ship?",
+        "turn.waiting",
+        "input.resolved answered",
+        "tool.completed ask_question ok",
+        "model.completed",
+        "tool.started ask_question",
+        "input.requested question:Express to where?",
+        "turn.waiting",
+        "input.resolved answered",
+        "tool.completed ask_question ok",
+        "model.completed",
+        "turn.completed",
+        "session.waiting",
+    ]
+    await rt.close()
+
+
+async def test_a_restart_between_the_request_and_the_answer(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    first_after = Counted("unused")
+    parent, child = refund_agents(ran, first_after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    mirror = r.pending[0]
+    await rt.close()
+
+    after = Counted("Refunded after the restart.")
+    parent2, child2 = refund_agents(ran, after)
+    rt2 = sqlite_runtime(tmp_path, parent2, child2)
+    assert [p.id for p in await rt2.pending(session_id=r.session_id)] == [mirror.id]
+    done = await rt2.respond(
+        r.session_id, [{"request_id": mirror.id, "option_id": "approve"}], principal=ALICE
+    )
+    assert done.status == "completed" and done.text == "Refunded after the restart."
+    assert ran == [{"order_id": "1042", "amount": 180.0}]
+    assert first_after.calls == 0 and after.calls == 1
+    assert mirror.child is not None
+    child_events = await events(rt2, mirror.child.session_id)
+    assert [e.type for e in child_events].count("session.created") == 1
+    assert [e.type for e in child_events].count("turn.started") == 1
+    await rt2.close()
+
+
+async def test_cancelling_the_parent_withdraws_the_child_too(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("unused")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    mirror = r.pending[0]
+    assert mirror.child is not None
+    child_id = mirror.child.session_id
+    cancelled = await rt.cancel(r.session_id, "changed my mind")
+    assert cancelled.status == "cancelled" and cancelled.pending == []
+    assert await rt.pending() == []
+    assert timeline(await events(rt, r.session_id))[-3:] == [
+        "input.resolved cancelled",
+        "turn.cancelled",
+        "session.waiting",
+    ]
+    assert timeline(await events(rt, child_id))[-3:] == [
+        "input.resolved cancelled",
+        "turn.cancelled",
+        "session.waiting",
+    ]
+    assert (await rt.state(child_id)).status == "cancelled"
+    with pytest.raises(so.RequestClosed):
+        await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="approve")],
+            principal=ALICE,
+        )
+    with pytest.raises(so.RequestClosed):
+        await rt.respond(
+            child_id,
+            [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+            principal=ALICE,
+        )
+    assert ran == [] and after.calls == 0
+    await rt.close()
+
+
+async def test_a_message_that_answers_nothing_stops_the_child(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("Okay, dropped it.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    mirror = r.pending[0]
+    assert mirror.child is not None
+    done = await rt.send(r.session_id, "actually, forget the refund", principal=ALICE)
+    assert done.status == "completed" and done.text == "Okay, dropped it."
+    assert ran == [] and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert result.content == {"interrupted": True, "session_id": mirror.child.session_id}
+    assert (await rt.state(mirror.child.session_id)).status == "cancelled"
+    assert await rt.pending() == []
+    await rt.close()
+
+
+async def test_the_childs_response_policy_decides_answers_given_through_the_parent(
+    tmp_path: Path,
+) -> None:
+    def only_bob(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        if who is not None and who.principal_id == "bob":
+            return so.Allowed()
+        return so.Rejected("only bob approves refunds")
+
+    ran: list[str] = []
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=only_bob))
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "ok"
+
+    child = scripted_agent(
+        "billing", [call_tools(call("refund", order_id="9")), reply("refunded")], tools=[refund]
+    )
+    after = Counted("done")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="refund 9")), after],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+    rid = r.pending[0].id
+    refused = await rt.respond(
+        r.session_id, [so.InputResponse(request_id=rid, option_id="approve")], principal=ALICE
+    )
+    assert refused.status == "waiting" and [p.id for p in refused.pending] == [rid]
+    assert refused.outcomes[0].request_id == rid and not refused.outcomes[0].applied
+    assert ran == [] and after.calls == 0
+    bob = so.Principal(authenticator="okta", principal_id="bob")
+    done = await rt.respond(
+        r.session_id, [so.InputResponse(request_id=rid, option_id="approve")], principal=bob
+    )
+    assert done.status == "completed" and ran == ["9"] and after.calls == 1
+    await rt.close()
+
+
+def test_delegate_rejects_bad_names() -> None:
+    with pytest.raises(so.UsageError, match="agent"):
+        so.delegate("")
+    with pytest.raises(so.UsageError, match="name="):
+        so.delegate("billing team")
+    assert so.delegate("billing team", name="billing").name == "billing"
+
+
+async def test_delegating_to_an_unknown_agent_is_a_tool_error(tmp_path: Path) -> None:
+    after = Counted("sorry")
+    parent = scripted_agent(
+        "support", [call_tools(call("nobody", message="hi")), after], tools=[so.delegate("nobody")]
+    )
+    rt = sqlite_runtime(tmp_path, parent)
+    r = await rt.generate("support", prompt="hi")
+    assert r.status == "completed"
+    [result] = tool_results(after.capture.last)
+    assert result.is_error and "unknown agent 'nobody'" in result.content["error"]
+    await rt.close()
