@@ -109,7 +109,7 @@ def _after_tools(conversation: list[Message]) -> ModelResponse:
     request = _last_user_text(conversation)
     sentences = []
     for result in results:
-        content = result.content if isinstance(result.content, dict) else {}
+        content, approval = _unwrap(result.content)
         if result.tool_name == "lookup_order":
             if result.is_error:
                 sentences.append(f"I couldn't find that order: {_error(content)}.")
@@ -134,9 +134,10 @@ def _after_tools(conversation: list[Message]) -> ModelResponse:
             elif result.is_error:
                 sentences.append(f"The refund failed: {_error(content)}.")
             else:
+                note = f" (approved: {approval['reason']})" if approval.get("reason") else ""
                 sentences.append(
                     f"Done. I've refunded {content['refunded']:.2f} for order "
-                    f"{content['order_id']} to the original payment method."
+                    f"{content['order_id']} to the original payment method{note}."
                 )
         elif result.tool_name == "delete_account":
             if content.get("denied"):
@@ -147,6 +148,20 @@ def _after_tools(conversation: list[Message]) -> ModelResponse:
             else:
                 sentences.append(f"The account {content['deleted']} has been deleted.")
     return ModelResponse(text=" ".join(sentences) or HELP)
+
+
+def _unwrap(content: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The tool's own result, and the approval (reason, who) signoff puts beside it, if any."""
+    if not isinstance(content, dict):
+        return {}, {}
+    if "result" in content and ("approval" in content or "edited_input" in content):
+        inner = content["result"]
+        approval = content.get("approval")
+        return (
+            inner if isinstance(inner, dict) else {},
+            approval if isinstance(approval, dict) else {},
+        )
+    return content, {}
 
 
 def _call(name: str, input: dict[str, Any]) -> ModelResponse:

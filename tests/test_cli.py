@@ -32,6 +32,11 @@ def _answer(conversation: list[so.Message]) -> so.ModelResponse:
     assert isinstance(last, so.ToolResultMessage)
     if isinstance(last.content, dict) and last.content.get("denied"):
         return so.ModelResponse(text=f"Not refunded: {last.content.get('reason')}.")
+    if "approval" in last.content:  # approved with a reason: it sits beside the result
+        reason = last.content["approval"]["reason"]
+        return so.ModelResponse(
+            text=f"Refunded {last.content['result']['refunded']:.2f} ({reason})."
+        )
     return so.ModelResponse(text=f"Refunded {last.content['refunded']:.2f}.")
 
 
@@ -256,8 +261,8 @@ def test_approve_without_runtime_records_the_decision_only(url: str) -> None:
         done = rt.generate_sync(session_id=session_id)
     finally:
         rt.close_sync()
-    assert done.status == "completed"
-    assert done.text == "Refunded 180.00."
+    assert done.status == "completed", done.error
+    assert done.text == "Refunded 180.00 (looks fine)."
     assert refunds_run(log(url, session_id)) == 1
 
 

@@ -176,7 +176,8 @@ def test_a_prompt_left_open_is_answered_by_another_process(
     follower.expect_exact("turn.waiting")
 
     done = subprocess.run(
-        [SIGNOFF, "approve", request_id, "examples.support:runtime", "--store", url],
+        [SIGNOFF, "approve", request_id, "examples.support:runtime", "--store", url]
+        + ["--reason", "receipt checked"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -184,10 +185,14 @@ def test_a_prompt_left_open_is_answered_by_another_process(
     )
     assert done.returncode == 0, done.stderr
     assert f"approved {request_id}" in done.stdout
-    assert "support: Done. I've refunded 180.00 for order 1042" in done.stdout
+    assert (
+        "support: Done. I've refunded 180.00 for order 1042 to the original payment method "
+        "(approved: receipt checked)." in " ".join(done.stdout.split())
+    )
 
     # The follower sees the live events written by the other process.
     follower.expect_exact("approval.settled")
+    follower.expect_exact('issue_refund -> {"order_id":"1042","refunded":180} (approved: receipt')
     follower.expect_exact("turn.completed")
     follower.sendintr()
     follower.expect(pexpect.EOF)
