@@ -12,6 +12,7 @@ import pytest
 import signoff as so
 from signoff.testing import (
     Capture,
+    ManualClock,
     call,
     call_tools,
     reply,
@@ -372,4 +373,73 @@ async def test_delegating_to_an_unknown_agent_is_a_tool_error(tmp_path: Path) ->
     assert r.status == "completed"
     [result] = tool_results(after.capture.last)
     assert result.is_error and "unknown agent 'nobody'" in result.content["error"]
+    await rt.close()
+
+
+async def test_answering_the_child_directly_lets_the_parent_go_on(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("Handled in the billing session.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    mirror = r.pending[0]
+    assert mirror.child is not None
+    child_done = await rt.respond(
+        mirror.child.session_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    assert child_done.status == "completed"
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
+    state = await rt.state(r.session_id)
+    assert state.status == "idle" and state.turn is not None
+    assert state.turn.text == "Handled in the billing session."
+    assert state.requests[mirror.id].status == "settled"
+    assert state.requests[mirror.id].outcome == "approved"
+    assert await rt.pending() == []
+    # The mirror is closed now: answering it again changes nothing.
+    again = await rt.respond(
+        r.session_id, [so.InputResponse(request_id=mirror.id, option_id="approve")], principal=ALICE
+    )
+    assert again.outcomes[0].applied is False and ran == [ran[0]] and after.calls == 1
+    await rt.close()
+
+
+async def test_a_deadline_in_the_child_ends_the_mirror_and_resumes_the_parent(
+    tmp_path: Path,
+) -> None:
+    ran: list[str] = []
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def payout(amount: float) -> str:
+        """Pay out."""
+        ran.append(str(amount))
+        return "paid"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("payout", amount=5)),
+            lambda conv: reply(f"payout: {tool_results(conv)[-1].content}"),
+        ],
+        tools=[payout],
+    )
+    after = Counted("It timed out.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="pay 5")), after],
+        tools=[so.delegate("billing")],
+    )
+    clock = ManualClock()
+    rt = sqlite_runtime(tmp_path, parent, child, clock=clock)
+    r = await rt.generate("support", prompt="pay 5", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.expires_at is None  # the child's own deadline decides
+    clock.advance(61)
+    assert await rt.expire_due() == 1  # only the child's request has a deadline
+    state = await rt.state(r.session_id)
+    assert state.status == "idle" and state.requests[mirror.id].outcome == "expired"
+    assert ran == [] and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert "timed_out" in result.content
     await rt.close()

@@ -39,7 +39,6 @@ from .stores._audit import AuditEntry
 __all__ = ["Runtime"]
 
 log = logging.getLogger("signoff.worker")
-CLAIM_GAP = 0.05  # seconds a worker waits after a claim that found nothing before the next
 
 
 class Runtime(Answering):
@@ -49,6 +48,11 @@ class Runtime(Answering):
         driver = super()._driver(state, token)
         driver.host = _subagents.RuntimeHost(self)  # delegate tools drive child sessions here
         return driver
+
+    async def _drive(self, session_id: str, **kwargs: Any) -> GenerateResult:
+        result = await super()._drive(session_id, **kwargs)
+        await _subagents.after_drive(self, session_id)  # a subagent's parent may go on now
+        return result
 
     async def expire_due(self) -> int:
         """Apply every passed request deadline across sessions and resume their turns.
@@ -93,21 +97,12 @@ class Runtime(Answering):
         owner = f"{self.owner}:worker"
         last_sweep = 0.0
         wait = getattr(self.store, "wait_for_change", None)
-        last_empty = -1.0  # monotonic time of the last claim that found nothing
         while not stop.is_set():
             free = concurrency - len(running)
             if free > 0:
-                # Every commit anywhere wakes every idle worker: a burst of notifications is
-                # coalesced into one claim per CLAIM_GAP instead of one claim per commit.
-                gap = last_empty + CLAIM_GAP - time.monotonic()
-                if gap > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), gap)
-                    if stop.is_set():
-                        break
-                claimed = await self.store.claim(owner, self.lease_ttl, self.clock(), free)
-                last_empty = -1.0 if claimed else time.monotonic()
-                for session_id, token in claimed:
+                for session_id, token in await self.store.claim(
+                    owner, self.lease_ttl, self.clock(), free
+                ):
                     log.info("claimed session %s (lease %d)", session_id, token)
                     task = asyncio.create_task(self._work_on(session_id, owner, token))
                     running.add(task)

@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Iterable, Sequence
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_checkable
 
 from pydantic import Field
 
-from ._engine import Batch, EventSpec, new_id
+from ._engine import Batch, EventSpec, new_id, runnable
 from ._events import Event
 from ._exceptions import PartialAnswer, SessionBusy, StoreError, UsageError
 from ._results import GenerateResult, Outcome
@@ -30,7 +31,15 @@ if TYPE_CHECKING:
     from ._answers import Reply
     from ._runtime import Runtime
 
-__all__ = ["RuntimeHost", "SubagentFailed", "children", "delegate", "routed", "settle_routed"]
+__all__ = [
+    "RuntimeHost",
+    "SubagentFailed",
+    "after_drive",
+    "children",
+    "delegate",
+    "routed",
+    "settle_routed",
+]
 
 
 class SubagentFailed(Exception):
@@ -184,10 +193,36 @@ class RuntimeHost:
         if token is None:
             state = await rt.state(child)
             return rt._result(state, busy=True)
-        return await rt._drive(child, claimed=(owner, token))
+        reset = _delegating.set(_delegating.get() | {child})
+        try:
+            return await rt._drive(child, claimed=(owner, token))
+        finally:
+            _delegating.reset(reset)
 
     async def cancel_child(self, child: str, reason: str) -> None:
         await self.runtime.cancel(child, reason)
+
+
+_delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
+"""Child sessions being driven by their parent's delegate call in this task."""
+
+
+async def after_drive(rt: Runtime, session_id: str) -> None:
+    """A child session driven on its own (answered directly, a deadline passed): close the
+    parent's mirrors of requests it closed and let the parent's turn go on."""
+    state = rt._cache.get(session_id)
+    if state is None or state.parent is None or session_id in _delegating.get():
+        return
+    parent = await rt.state(state.parent)
+    mirrors = [
+        r
+        for r in parent.pending_requests()
+        if r.child is not None and r.child.session_id == session_id
+    ]
+    for mirror in mirrors:
+        await _close_mirror(rt, parent.id, mirror)
+    if mirrors and runnable(await rt.state(parent.id)):
+        await rt._drive(parent.id)
 
 
 def children(requests: Iterable[InputRequest]) -> list[str]:
