@@ -172,8 +172,11 @@ def settled_counts(url: str) -> tuple[Counter[str], Counter[str]]:
 
 async def _answer_all(args: argparse.Namespace) -> None:
     pairs: list[list[str]] = json.loads(Path(args.requests).read_text())
+    # Answers are only recorded; each process also works, so the turns race to be claimed too.
     rt = so.Runtime([make_agent(args.records)], store=args.store, inline=False)
     await rt.open()
+    stop = asyncio.Event()
+    working = asyncio.create_task(rt.work(concurrency=20, stop=stop, idle_wait=0.1))
     me = ALICE  # the sessions' requester: the default policy lets only her settle
     print(json.dumps({"event": "ready"}), flush=True)
     start = Path(args.start_file)
@@ -192,6 +195,11 @@ async def _answer_all(args: argparse.Namespace) -> None:
         return "applied" if [o.applied for o in r.outcomes] == [True] else "noop"
 
     results = await asyncio.gather(*(one(s, r) for s, r in pairs))
+    for session_id, _ in pairs:  # until every turn is over, wherever it ran
+        while (await rt.state(session_id)).status != "idle":
+            await asyncio.sleep(0.05)
+    stop.set()
+    await working
     print(json.dumps({"event": "done", "results": results}), flush=True)
     await rt.close()
 
