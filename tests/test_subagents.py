@@ -4,6 +4,7 @@ parent's model, and it all survives a restart and a cancel."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -443,3 +444,78 @@ async def test_a_deadline_in_the_child_ends_the_mirror_and_resumes_the_parent(
     [result] = tool_results(after.capture.last)
     assert "timed_out" in result.content
     await rt.close()
+
+
+async def test_a_grandchild_request_routes_hop_by_hop(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    middle_after = Counted("billing says it is refunded")
+    top_after = Counted("All sorted.")
+    _, refunds = refund_agents(ran, Counted("unused"))  # its "billing" agent, two levels down
+    middle = scripted_agent(
+        "desk",
+        [call_tools(call("billing", message="refund 1042")), middle_after],
+        tools=[so.delegate("billing")],
+    )
+    top = scripted_agent(
+        "front",
+        [call_tools(call("desk", message="sort out 1042")), top_after],
+        tools=[so.delegate("desk")],
+    )
+    rt = sqlite_runtime(tmp_path, top, middle, refunds)
+    r = await rt.generate("front", prompt="sort out 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None and mirror.child.agent == "desk"
+    [middle_mirror] = await rt.pending(session_id=mirror.child.session_id)
+    assert middle_mirror.id == mirror.child.request_id and middle_mirror.child is not None
+    [original] = await rt.pending(session_id=middle_mirror.child.session_id)
+    assert original.action == middle_mirror.action == mirror.action
+    assert len(await rt.pending()) == 3
+    done = await rt.send(r.session_id, "approve", principal=ALICE)
+    assert done.status == "completed" and done.text == "All sorted."
+    assert ran == [{"order_id": "1042", "amount": 180.0}]
+    assert middle_after.calls == 1 and top_after.calls == 1
+    assert tool_results(top_after.capture.last)[0].content == "billing says it is refunded"
+    assert await rt.pending() == []
+    await rt.close()
+
+
+async def test_workers_run_the_parent_and_its_child(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("Done by the workers.")
+    parent, child = refund_agents(ran, after)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+
+    async def turn_status(rt: so.Runtime, session_id: str) -> str:
+        turn = (await rt.state(session_id)).turn
+        return "none" if turn is None else turn.status
+
+    async def until(rt: so.Runtime, session_id: str, wanted: str) -> None:
+        for _ in range(500):
+            if await turn_status(rt, session_id) == wanted:
+                return
+            await asyncio.sleep(0.02)
+        raise AssertionError(f"{session_id} never became {wanted}")
+
+    async with (
+        so.Runtime([parent, child], store=url, inline=False) as front,
+        so.Runtime([parent, child], store=url, inline=False, lease_ttl=2.0) as worker,
+    ):
+        stop = asyncio.Event()
+        working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05, concurrency=2))
+        try:
+            r = await front.generate("support", prompt="Refund order 1042", auth=ALICE)
+            assert r.status == "running"
+            await until(front, r.session_id, "waiting")
+            [mirror] = await front.pending(session_id=r.session_id)
+            assert mirror.child is not None and ran == []
+            await front.respond(
+                r.session_id,
+                [so.InputResponse(request_id=mirror.id, option_id="approve")],
+                principal=ALICE,
+            )
+            await until(front, r.session_id, "completed")
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, 10)
+        assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
+        assert (await front.state(mirror.child.session_id)).status == "idle"
