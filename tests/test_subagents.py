@@ -519,3 +519,20 @@ async def test_workers_run_the_parent_and_its_child(tmp_path: Path) -> None:
             await asyncio.wait_for(working, 10)
         assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
         assert (await front.state(mirror.child.session_id)).status == "idle"
+
+
+async def test_a_failed_child_turn_is_the_delegate_calls_error(tmp_path: Path) -> None:
+    child = scripted_agent("billing", [ConnectionError("model unavailable")])
+    after = Counted("The billing agent is down.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="refund 1")), after],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="refund 1")
+    assert r.status == "completed" and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert result.is_error and result.content["error"].startswith("SubagentFailed: ")
+    assert "model unavailable" in result.content["error"]
+    await rt.close()
