@@ -89,6 +89,7 @@ class _Marks:
 
     turn = 0
     started: list[float] = []
+    started_cpu: list[float] = []
 
 
 def _signoff_runtime(backend: str, target: str) -> Any:
@@ -98,6 +99,7 @@ def _signoff_runtime(backend: str, target: str) -> Any:
     async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
         """Refund an order."""
         _Marks.started.append(time.perf_counter())
+        _Marks.started_cpu.append(time.process_time())
         return refund_result(_Marks.turn)
 
     def step(messages: list[Any]) -> Any:
@@ -124,6 +126,7 @@ async def _signoff_conversation(backend: str, target: str, points: list[int]) ->
     at: dict[str, Any] = {}
     for turn in range(1, max(points) + 1):
         _Marks.turn = turn
+        c0 = time.process_time()
         t0 = time.perf_counter()
         if session_id is None:
             r = await rt.generate("support", prompt=user_text(turn))
@@ -132,15 +135,17 @@ async def _signoff_conversation(backend: str, target: str, points: list[int]) ->
             r = await rt.generate(prompt=user_text(turn), session_id=session_id)
         if r.status != "waiting" or len(r.pending) != 1:
             raise RuntimeError(f"signoff turn {turn}: expected one pending approval, got {r!r}")
+        c1 = time.process_time()
         t1 = time.perf_counter()
         r = await rt.generate(
             session_id=session_id,
             approvals=[so.Decision(id=r.pending[0].id, approved=True, reason="ok")],
         )
         t2 = time.perf_counter()
+        c2 = time.process_time()
         if r.status != "completed" or r.text != answer_text(turn):
             raise RuntimeError(f"signoff turn {turn}: the turn did not complete: {r!r}")
-        turns.append({"turn": t2 - t0, "resume": _Marks.started[-1] - t1})
+        turns.append(_timings(t0, t1, t2, c0, c1, c2))
         if turn in points:
             at[str(turn)] = _point(turns, turn, backend, target, "signoff")
     if len(_Marks.started) != max(points):
@@ -196,6 +201,7 @@ def _langgraph_graph(checkpointer: Any) -> Any:
     def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, Any]:
         """Refund an order."""
         _Marks.started.append(time.perf_counter())
+        _Marks.started_cpu.append(time.process_time())
         return refund_result(_Marks.turn)
 
     def agent(state: State) -> dict[str, Any]:
@@ -268,16 +274,19 @@ def _langgraph_conversation(backend: str, target: str, points: list[int]) -> dic
     at: dict[str, Any] = {}
     for turn in range(1, max(points) + 1):
         _Marks.turn = turn
+        c0 = time.process_time()
         t0 = time.perf_counter()
         out = graph.invoke({"messages": [HumanMessage(content=user_text(turn))]}, config)
         if len(out.get("__interrupt__", ())) != 1:
             raise RuntimeError(f"langgraph turn {turn}: expected one interrupt, got {out!r}")
+        c1 = time.process_time()
         t1 = time.perf_counter()
         out = graph.invoke(Command(resume={"approved": True, "reason": "ok"}), config)
         t2 = time.perf_counter()
+        c2 = time.process_time()
         if out.get("__interrupt__") or out["messages"][-1].content != answer_text(turn):
             raise RuntimeError(f"langgraph turn {turn}: the turn did not complete")
-        turns.append({"turn": t2 - t0, "resume": _Marks.started[-1] - t1})
+        turns.append(_timings(t0, t1, t2, c0, c1, c2))
         if turn in points:
             at[str(turn)] = _point(turns, turn, backend, target, "langgraph")
     if len(_Marks.started) != max(points):
@@ -331,6 +340,16 @@ def _langgraph_parked(backend: str, target: str, n: int) -> dict[str, Any]:
 # -- shared measurement helpers ------------------------------------------------------------------
 
 
+def _timings(t0: float, t1: float, t2: float, c0: float, c1: float, c2: float) -> dict[str, float]:
+    """Wall and process CPU time of a turn, and from the resume call to the tool body."""
+    return {
+        "turn": t2 - t0,
+        "resume": _Marks.started[-1] - t1,
+        "turn_cpu": c2 - c0,
+        "resume_cpu": _Marks.started_cpu[-1] - c1,
+    }
+
+
 def _point(
     turns: list[dict[str, float]], turn: int, backend: str, target: str, side: str
 ) -> dict[str, Any]:
@@ -339,6 +358,8 @@ def _point(
     return {
         "turn_ms": statistics.median(t["turn"] for t in window) * 1e3,
         "resume_ms": statistics.median(t["resume"] for t in window) * 1e3,
+        "turn_cpu_ms": statistics.median(t["turn_cpu"] for t in window) * 1e3,
+        "resume_cpu_ms": statistics.median(t["resume_cpu"] for t in window) * 1e3,
         "bytes": stored["files"],
         "live_bytes": stored["live"],
         "tables": stored["tables"],
@@ -450,52 +471,64 @@ def _human(n: float) -> str:
     return f"{n:.1f} GB"
 
 
+def _cells(a: float, b: float, fmt: str) -> str:
+    return f"{_human(a):>12}{_human(b):>12}" if fmt == "h" else fmt.format(a) + fmt.format(b)
+
+
+def _conversation_table(backend: str, conv: dict[str, Any], points: list[int]) -> list[str]:
+    lines = [f"== {backend}: one conversation, approve every turn ==", _HEAD]
+    for p in points:
+        s, g = conv["signoff"][str(p)], conv["langgraph"][str(p)]
+        lines.append(f"turn {p}: raw message content {_human(s['content_bytes'])}")
+        rows = [
+            ("  time per turn (ms)", "turn_ms", 1.0, "{:12.2f}"),
+            ("  resume -> tool body starts (ms)", "resume_ms", 1.0, "{:12.2f}"),
+            ("  time per turn, CPU (ms)", "turn_cpu_ms", 1.0, "{:12.2f}"),
+            ("  resume -> tool body, CPU (ms)", "resume_cpu_ms", 1.0, "{:12.2f}"),
+            ("  bytes stored (files incl. WAL / relations)", "bytes", 1.0, "h"),
+            ("  bytes in live pages (SQLite: without WAL)", "live_bytes", 1.0, "h"),
+            ("  peak RSS (MB)", "peak_rss_kb", 1 / 1024, "{:12.1f}"),
+        ]
+        for label, key, scale, fmt in rows:
+            if key in s and key in g:
+                a, b = s[key] * scale, g[key] * scale
+                lines.append(f"{label:44}{_cells(a, b, fmt)}{_ratio(a, b)}")
+        a, b = s["bytes"] / s["content_bytes"], g["bytes"] / g["content_bytes"]
+        lines.append(f"{'  bytes stored / raw content':44}{_cells(a, b, '{:12.2f}')}{_ratio(a, b)}")
+    lines.append("")
+    return lines
+
+
+def _parked_table(backend: str, park: dict[str, Any]) -> list[str]:
+    s, g = park["signoff"], park["langgraph"]
+    lines = [f"== {backend}: {s['sessions']:,} sessions parked on an approval ==", _HEAD]
+    lines.append(f"raw content per session {_human(s['content_bytes_per_session'])}")
+    rows = [
+        ("  bytes per parked session", s["bytes_per_session"], g["bytes_per_session"], "h"),
+        ("  process RSS before (MB)", s["rss_before_kb"] / 1024, g["rss_before_kb"] / 1024,
+         "{:12.1f}"),
+        ("  process RSS after (MB)", s["rss_after_kb"] / 1024, g["rss_after_kb"] / 1024,
+         "{:12.1f}"),
+        ("  time to park one session (ms)", s["park_s"] * 1e3 / s["sessions"],
+         g["park_s"] * 1e3 / g["sessions"], "{:12.2f}"),
+        ("  time to list the pending queue (ms)", s["list_ms"], g["list_ms"], "{:12.1f}"),
+    ]  # fmt: skip
+    for label, a, b, fmt in rows:
+        lines.append(f"{label:44}{_cells(a, b, fmt)}{_ratio(a, b)}")
+    lines.append("")
+    return lines
+
+
+_HEAD = f"{'':44}{'signoff':>12}{'LangGraph':>12}{'LG/signoff':>11}"
+
+
 def _table(results: dict[str, Any], points: list[int]) -> list[str]:
     lines: list[str] = []
-    head = f"{'':44}{'signoff':>12}{'LangGraph':>12}{'LG/signoff':>11}"
     for backend, res in results.items():
-        conv = res["conversation"]
-        lines.append(f"== {backend}: one conversation, approve every turn ==")
-        lines.append(head)
-        for p in points:
-            s, g = conv["signoff"][str(p)], conv["langgraph"][str(p)]
-            lines.append(f"turn {p}: raw message content {_human(s['content_bytes'])}")
-            rows = [
-                ("  time per turn (ms)", s["turn_ms"], g["turn_ms"], "{:12.2f}"),
-                ("  resume -> tool body starts (ms)", s["resume_ms"], g["resume_ms"], "{:12.2f}"),
-                ("  bytes stored", s["bytes"], g["bytes"], "h"),
-                ("  bytes stored / raw content", s["bytes"] / s["content_bytes"],
-                 g["bytes"] / g["content_bytes"], "{:12.2f}"),
-                ("  peak RSS (MB)", s["peak_rss_kb"] / 1024, g["peak_rss_kb"] / 1024, "{:12.1f}"),
-            ]  # fmt: skip
-            for label, a, b, fmt in rows:
-                cells = (
-                    f"{_human(a):>12}{_human(b):>12}"
-                    if fmt == "h"
-                    else fmt.format(a) + fmt.format(b)
-                )
-                lines.append(f"{label:44}{cells}{_ratio(a, b)}")
-        park = res["parked"]
-        s, g = park["signoff"], park["langgraph"]
-        lines.append(f"== {backend}: {s['sessions']:,} sessions parked on an approval ==")
-        lines.append(head)
-        lines.append(f"raw content per session {_human(s['content_bytes_per_session'])}")
-        rows = [
-            ("  bytes per parked session", s["bytes_per_session"], g["bytes_per_session"], "h"),
-            ("  process RSS before (MB)", s["rss_before_kb"] / 1024, g["rss_before_kb"] / 1024,
-             "{:12.1f}"),
-            ("  process RSS after (MB)", s["rss_after_kb"] / 1024, g["rss_after_kb"] / 1024,
-             "{:12.1f}"),
-            ("  time to park one session (ms)", s["park_s"] * 1e3 / s["sessions"],
-             g["park_s"] * 1e3 / g["sessions"], "{:12.2f}"),
-            ("  time to list the pending queue (ms)", s["list_ms"], g["list_ms"], "{:12.1f}"),
-        ]  # fmt: skip
-        for label, a, b, fmt in rows:
-            cells = (
-                f"{_human(a):>12}{_human(b):>12}" if fmt == "h" else fmt.format(a) + fmt.format(b)
-            )
-            lines.append(f"{label:44}{cells}{_ratio(a, b)}")
-        lines.append("")
+        if "conversation" in res:
+            lines += _conversation_table(backend, res["conversation"], points)
+        if "parked" in res:
+            lines += _parked_table(backend, res["parked"])
     return lines
 
 
@@ -503,31 +536,46 @@ def _targets(results: dict[str, Any], points: list[int]) -> list[str]:
     lines = ["== signoff against the targets of issue 8 =="]
     first, last = str(points[0]), str(points[-1])
     for backend, res in results.items():
-        s, g = res["conversation"]["signoff"], res["conversation"]["langgraph"]
-        for key, name in (("turn_ms", "time per turn"), ("resume_ms", "resume latency")):
-            r = s[last][key] / s[first][key]
-            ok = "met" if r <= 1.5 else "MISSED"
-            lines.append(
-                f"{backend}: {name} flat (turn {last} within 1.5x of turn {first}): {r:.2f}x  {ok}"
-            )
-        worst = max(s[p]["bytes"] / s[p]["content_bytes"] for p in map(str, points))
-        ok = "met" if worst <= 2 else "MISSED"
-        lines.append(
-            f"{backend}: storage within 2x of raw content at every point: worst {worst:.2f}x  {ok}"
-        )
-        worst_live = max(s[p]["live_bytes"] / s[p]["content_bytes"] for p in map(str, points))
-        lines.append(
-            f"{backend}:   (live pages only, without WAL and free pages: {worst_live:.2f}x)"
-        )
         behind = []
-        for p in map(str, points):
-            for key in ("turn_ms", "resume_ms", "bytes", "peak_rss_kb"):
-                if s[p][key] >= g[p][key]:
-                    behind.append(f"turn {p} {key}")
-        ps, pg_ = res["parked"]["signoff"], res["parked"]["langgraph"]
-        for key in ("bytes_per_session", "rss_after_kb", "list_ms", "park_s"):
-            if ps[key] >= pg_[key]:
-                behind.append(f"parked {key}")
+        if "conversation" in res:
+            s, g = res["conversation"]["signoff"], res["conversation"]["langgraph"]
+            for key, name in (
+                ("turn_ms", "time per turn"),
+                ("resume_ms", "resume latency"),
+                ("turn_cpu_ms", "time per turn, CPU"),
+                ("resume_cpu_ms", "resume latency, CPU"),
+            ):
+                if key not in s[first]:
+                    continue
+                r = s[last][key] / s[first][key]
+                ok = "met" if r <= 1.5 else "MISSED"
+                lines.append(
+                    f"{backend}: {name} flat (turn {last} within 1.5x of turn {first}): "
+                    f"{r:.2f}x  {ok}"
+                )
+            worst = max(s[p]["bytes"] / s[p]["content_bytes"] for p in map(str, points))
+            ok = "met" if worst <= 2 else "MISSED"
+            lines.append(
+                f"{backend}: storage within 2x of raw content at every point: "
+                f"worst {worst:.2f}x  {ok}"
+            )
+            live = [s[p]["live_bytes"] / s[p]["content_bytes"] for p in map(str, points)]
+            lines.append(
+                f"{backend}:   (live pages only, without WAL and free pages: "
+                + ", ".join(f"{x:.2f}x" for x in live)
+                + ")"
+            )
+            for p in map(str, points):
+                for key in ("turn_ms", "resume_ms", "turn_cpu_ms", "resume_cpu_ms", "bytes"):
+                    if key in s[p] and key in g[p] and s[p][key] >= g[p][key]:
+                        behind.append(f"turn {p} {key}")
+                if s[p]["peak_rss_kb"] >= g[p]["peak_rss_kb"]:
+                    behind.append(f"turn {p} peak_rss_kb")
+        if "parked" in res:
+            ps, pg_ = res["parked"]["signoff"], res["parked"]["langgraph"]
+            for key in ("bytes_per_session", "rss_after_kb", "list_ms", "park_s"):
+                if ps[key] >= pg_[key]:
+                    behind.append(f"parked {key}")
         lines.append(
             f"{backend}: ahead of LangGraph on every row: "
             + ("met" if not behind else "MISSED on " + ", ".join(behind))
@@ -568,6 +616,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--parked", type=int, default=None, help="sessions parked at once")
     parser.add_argument("--backends", default=None, help="sqlite,postgres (postgres needs the URL)")
     parser.add_argument("--json", default=None, help="also write the raw results to this file")
+    parser.add_argument(
+        "--scenarios", default="conversation,parked", help="conversation,parked (default both)"
+    )
+    parser.add_argument(
+        "--render", nargs="+", default=None, help="print the table of saved --json files, merged"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--scenario", choices=("conversation", "parked"), help=argparse.SUPPRESS)
@@ -582,6 +636,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         _worker(args)
         return
     points = sorted(int(p) for p in args.points.split(","))
+    if args.render:
+        merged: dict[str, Any] = {}
+        for path in args.render:
+            saved = json.loads(Path(path).read_text())
+            merged.update(saved["results"])
+            print(", ".join(f"{k} {v}" for k, v in saved["versions"].items()))
+        print("\n".join(["", *_table(merged, points), *_targets(merged, points)]))
+        return
     pg_url = os.environ.get("SIGNOFF_PG_URL")
     backends = (args.backends or ("sqlite,postgres" if pg_url else "sqlite")).split(",")
     if "postgres" in backends and not pg_url:
@@ -601,7 +663,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         for backend in backends:
             results[backend] = {}
-            for scenario in ("conversation", "parked"):
+            for scenario in args.scenarios.split(","):
                 results[backend][scenario] = {}
                 for side in SIDES:
                     if backend == "sqlite":

@@ -19,8 +19,8 @@ __all__ = [
     "user_text",
 ]
 
-WINDOW = 5
-"""Time per turn and resume latency at turn N are medians over turns N-4..N."""
+WINDOW = 10
+"""Time per turn and resume latency at turn N are medians over turns N-9..N."""
 
 _WORDS = (
     "order refund customer parcel arrived damaged courier box screen cracked replacement "
