@@ -96,6 +96,8 @@ def _on_message(text: str) -> ModelResponse:
         return _call("delete_account", {"email": email.group(0)})
     order = _ORDER.search(text)
     if order is None:
+        if "refund" in lowered:  # rather than guess, ask which order (and wait for the answer)
+            return _call("ask_question", {"question": "Which order should I refund?"})
         return ModelResponse(text=HELP)
     return _call("lookup_order", {"order_id": order.group(1)})
 
@@ -110,7 +112,12 @@ def _after_tools(conversation: list[Message]) -> ModelResponse:
     sentences = []
     for result in results:
         content, approval = _unwrap(result.content)
-        if result.tool_name == "lookup_order":
+        if result.tool_name == "ask_question":
+            answered = _ORDER.search(str(content.get("answer", "")))
+            if content.get("status") == "answered" and answered:
+                return _call("lookup_order", {"order_id": answered.group(1)})
+            sentences.append(HELP)
+        elif result.tool_name == "lookup_order":
             if result.is_error:
                 sentences.append(f"I couldn't find that order: {_error(content)}.")
                 continue
@@ -213,7 +220,7 @@ agent = so.Agent(
         "up before refunding it, refund at most its total, and give the customer's reason. "
         "Some actions need a person's approval: if one is denied, say so and give the reason."
     ),
-    tools=[lookup_order, issue_refund, delete_account],
+    tools=[lookup_order, issue_refund, delete_account, so.ask_question()],
     guardrails=[so.tool_policy(require_approval=["delete_account"])],
 )
 

@@ -273,6 +273,7 @@ def test_the_example_talks_to_a_configured_provider(
         "lookup_order",
         "issue_refund",
         "delete_account",
+        "ask_question",
     }
     result = second["messages"][-1]
     assert result["role"] == "tool"
