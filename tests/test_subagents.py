@@ -536,3 +536,39 @@ async def test_a_failed_child_turn_is_the_delegate_calls_error(tmp_path: Path) -
     assert result.is_error and result.content["error"].startswith("SubagentFailed: ")
     assert "model unavailable" in result.content["error"]
     await rt.close()
+
+
+async def test_a_childs_spent_budget_is_asked_on_the_parent_and_raises_only_the_childs(
+    tmp_path: Path,
+) -> None:
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look an order up."""
+        return "shipped"
+
+    spent = so.Usage(input_tokens=50, output_tokens=0)
+    child = scripted_agent(
+        "orders",
+        [call_tools(call("lookup", order_id="3"), usage=spent), reply("Order 3 shipped.")],
+        tools=[lookup],
+        limits=so.Limits(max_tokens=40),
+    )
+    after = Counted("It shipped.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("orders", message="where is 3?")), after],
+        tools=[so.delegate("orders")],
+        limits=so.Limits(max_tokens=1000),
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+    [limit] = r.pending
+    assert limit.kind == "session-limit" and limit.source == "child"
+    assert [o.id for o in limit.options] == ["continue", "stop"]
+    done = await rt.send(r.session_id, "continue", principal=ALICE)
+    assert done.status == "completed" and after.calls == 1
+    assert tool_results(after.capture.last)[0].content == "Order 3 shipped."
+    assert limit.child is not None
+    assert (await rt.state(limit.child.session_id)).limit_grants == 1
+    assert (await rt.state(r.session_id)).limit_grants == 0
+    await rt.close()

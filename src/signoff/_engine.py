@@ -685,7 +685,11 @@ class Driver:
         s = self.state
         turn = s.turn
         assert turn is not None
-        asked = [r for r in s.requests.values() if r.request.kind == "session-limit"]
+        asked = [
+            r
+            for r in s.requests.values()
+            if r.request.kind == "session-limit" and r.request.child is None  # not a subagent's
+        ]
         last = asked[-1] if asked else None
         if last is not None and last.status == "pending":
             if turn.status != "waiting":

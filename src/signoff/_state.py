@@ -496,10 +496,11 @@ def _input_resolved(s: SessionState, e: Event) -> None:
         return
     outcome = d["outcome"]
     req.status = d.get("status") or "settled"
-    if req.request.kind == "session-limit" and outcome == "answered":
+    mine = req.request.child is None  # a subagent's budget or expiry is not this session's
+    if mine and req.request.kind == "session-limit" and outcome == "answered":
         if (d.get("answer") or {}).get("option_id") == "continue":
             s.limit_grants += 1
-    if outcome == "expired" and d.get("reason") == "session expired":
+    if mine and outcome == "expired" and d.get("reason") == "session expired":
         s.lapsed = True
     req.outcome = outcome
     req.resolution = d
