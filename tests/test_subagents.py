@@ -19,6 +19,7 @@ from signoff.testing import (
     reply,
     scripted_agent,
     sqlite_runtime,
+    store_contents,
     timeline,
     tool_results,
 )
@@ -571,4 +572,41 @@ async def test_a_childs_spent_budget_is_asked_on_the_parent_and_raises_only_the_
     assert limit.child is not None
     assert (await rt.state(limit.child.session_id)).limit_grants == 1
     assert (await rt.state(r.session_id)).limit_grants == 0
+    await rt.close()
+
+
+async def test_a_bad_answer_through_the_parent_changes_nothing(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("unused")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    child_id = mirror.child.session_id
+    before = (
+        await store_contents(rt.store, r.session_id),
+        await store_contents(rt.store, child_id),
+    )
+    with pytest.raises(so.InvalidAnswer) as bad:
+        await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="maybe")],
+            principal=ALICE,
+        )
+    assert bad.value.request_ids == [mirror.id]
+    assert mirror.id in str(bad.value) and "'maybe'" in str(bad.value)
+    mallory = so.Principal(authenticator="okta", principal_id="mallory")
+    with pytest.raises(so.NotAllowed):
+        await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="approve")],
+            principal=mallory,
+        )
+    after_both = (
+        await store_contents(rt.store, r.session_id),
+        await store_contents(rt.store, child_id),
+    )
+    assert after_both == before
+    assert ran == [] and after.calls == 0
     await rt.close()

@@ -19,7 +19,14 @@ from pydantic import Field
 
 from ._engine import Batch, EventSpec, new_id, runnable
 from ._events import Event
-from ._exceptions import PartialAnswer, SessionBusy, StoreError, UsageError
+from ._exceptions import (
+    AnswerError,
+    InvalidAnswer,
+    PartialAnswer,
+    SessionBusy,
+    StoreError,
+    UsageError,
+)
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._tools import Tool, ToolContext
@@ -273,6 +280,12 @@ async def settle_routed(
                 principal,
                 require_all=False,
             )
+        except (AnswerError, InvalidAnswer) as exc:
+            # Name the request the caller answered, beside the child's it stands for.
+            exc.request_ids = [a.request_id if i == ref.request_id else i for i in exc.request_ids]
+            named = f"{a.request_id} (asked for {ref.agent}'s {ref.request_id})"
+            exc.args = (str(exc).replace(ref.request_id, named), *exc.args[1:])
+            raise
         finally:
             await _close_mirror(rt, state.id, live.request)  # whatever the child now says
         outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
