@@ -7,8 +7,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,6 +22,8 @@ import signoff as so
 from signoff._events import Event
 from signoff._exceptions import LeaseLost
 from signoff.stores import Commit
+
+from ._procs import ROOT
 
 ORDER = {"order_id": "1042", "amount": 180.0}
 
@@ -202,3 +209,57 @@ async def test_work_refuses_a_concurrency_below_one(store_url: str) -> None:
     async with so.Runtime([refund_agent([])], store=store_url, inline=False) as rt:
         with pytest.raises(so.UsageError, match="concurrency"):
             await rt.work(concurrency=0)
+
+
+# -- the commands ---------------------------------------------------------------------------
+
+
+def _signoff(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "signoff", *args],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_db_upgrade_migrates_once_and_names_a_bad_store(pg_url: str) -> None:
+    first = _signoff("db", "upgrade", "--store", pg_url)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith("schema upgraded from version 0 to ")
+    again = _signoff("db", "upgrade", "--store", pg_url)
+    assert again.returncode == 0 and again.stdout.startswith("schema is up to date")
+    bad = _signoff("db", "upgrade", "--store", "postgresql://postgres@127.0.0.1:1/nowhere")
+    assert bad.returncode == 1 and "StoreError" in bad.stderr
+
+
+def test_worker_command_stops_gracefully_on_sigint(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "worker", "tests._worker_procs:runtime"]
+        + ["--store", url, "--concurrency", "3"],
+        cwd=ROOT,
+        env={**os.environ, "SIGNOFF_TEST_RECORDS": str(tmp_path / "runs.jsonl")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()
+        assert "worker " in first and "concurrency 3" in first, first
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, rest
+    assert "SIGINT: stopping after the running turns" in rest and "worker stopped" in rest
+
+
+def test_worker_command_reports_a_bad_target() -> None:
+    bad = _signoff("worker", "no_such_module_xyz:runtime", "--store", "sqlite:///:memory:")
+    assert bad.returncode == 1 and "UsageError" in bad.stderr
