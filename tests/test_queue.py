@@ -1,9 +1,13 @@
 """The approval queue across sessions (`Runtime.pending`)."""
 
+import json
 from pathlib import Path
 
+from typer.testing import CliRunner
+
 import signoff as so
-from signoff.testing import ManualClock, call, call_tools, scripted_agent
+from signoff import cli
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 
 @so.tool(approval=so.always())
@@ -50,3 +54,32 @@ async def test_queue_filters_and_pages(tmp_path: Path) -> None:
             theirs,
         ]
         assert await rt.pending(kind="question") == []
+
+
+async def test_sessions_are_listed_most_recent_first(store_url: str) -> None:
+    agent = scripted_agent("ops", [call_tools(call("wipe", disk="sda"))], tools=[wipe])
+    quiet = scripted_agent("quiet", [reply("hello")])
+    async with so.Runtime([agent, quiet], store=store_url) as rt:
+        waiting = await rt.generate("ops", prompt="wipe sda")
+        idle = await rt.generate("quiet", prompt="hi")
+        listed = await rt.sessions()
+        assert [s.id for s in listed] == [idle.session_id, waiting.session_id]
+        assert [(s.agent, s.status) for s in listed] == [("quiet", "idle"), ("ops", "waiting")]
+        assert [s.id for s in await rt.sessions(status="waiting")] == [waiting.session_id]
+        assert [s.id for s in await rt.sessions(agent="quiet")] == [idle.session_id]
+        assert [s.id for s in await rt.sessions(limit=1, offset=1)] == [waiting.session_id]
+        assert listed[1].head == (await rt.state(waiting.session_id)).seq
+
+
+def test_signoff_sessions_command(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/q.db"
+    agent = scripted_agent("ops", [call_tools(call("wipe", disk="sda"))], tools=[wipe])
+    rt = so.Runtime([agent], store=url)
+    sid = rt.generate_sync("ops", prompt="wipe sda").session_id
+    rt.close_sync()
+    result = CliRunner().invoke(cli.app, ["sessions", "--store", url, "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [(r["id"], r["agent"], r["status"]) for r in rows] == [(sid, "ops", "waiting")]
+    table = CliRunner().invoke(cli.app, ["sessions", "--store", url])
+    assert sid in table.output and "waiting" in table.output

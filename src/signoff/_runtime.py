@@ -33,7 +33,7 @@ from ._exceptions import (
 from ._results import GenerateResult
 from ._state import SessionState
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal
-from .stores import PendingFilter, Resolve
+from .stores import PendingFilter, Resolve, SessionSummary
 from .stores._audit import AuditEntry
 
 __all__ = ["Runtime"]
@@ -240,6 +240,19 @@ class Runtime(Answering):
                 offset=offset,
             )
         return await self.store.pending(flt)
+
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[SessionSummary]:
+        """Sessions, most recently active first (`status`: idle, running, waiting, failed,
+        cancelled)."""
+        await self.open()
+        return await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
 
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True

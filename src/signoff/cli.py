@@ -6,6 +6,7 @@ Every command reports a signoff error as one red line naming its class and exits
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import getpass
 import importlib
 import json
@@ -508,6 +509,42 @@ def pending(
             console.print("No pending requests.")
             return
         console.print(_queue_table(requests, total))
+
+    _run(go())
+
+
+@app.command()
+def sessions(
+    store: StoreOption = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's.")] = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="idle, running, waiting, failed or cancelled."),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=100_000, help="At most this many.")
+    ] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List sessions, most recently active first."""
+
+    async def go() -> None:
+        async with Runtime([], store=store or DEFAULT_URL) as runtime:
+            rows = await runtime.sessions(agent=agent, status=status, limit=limit)
+        if as_json:
+            typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+            return
+        console = _out()
+        if not rows:
+            console.print("No sessions.")
+            return
+        table = Table(title="Sessions", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in ("Session", "Agent", "Status", "Events", "Last active"):
+            table.add_column(column, no_wrap=True)
+        for r in rows:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
+            table.add_row(r.id, r.agent, r.status, str(r.head), when)
+        console.print(table)
 
     _run(go())
 

@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from ._base import Commit, FaultHook, Loaded, PendingFilter, Resolve, Store, StoredRequest
+from ._base import (
+    Commit,
+    FaultHook,
+    Loaded,
+    PendingFilter,
+    Resolve,
+    SessionSummary,
+    Store,
+    StoredRequest,
+)
 from .sqlite import SQLiteStore
 
 __all__ = [
@@ -12,6 +21,7 @@ __all__ = [
     "PendingFilter",
     "Resolve",
     "SQLiteStore",
+    "SessionSummary",
     "Store",
     "StoredRequest",
     "open_store",

@@ -17,6 +17,7 @@ __all__ = [
     "PendingFilter",
     "Resolve",
     "Store",
+    "SessionSummary",
     "StoredRequest",
 ]
 
@@ -66,6 +67,19 @@ class Loaded:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class SessionSummary:
+    """One row of the session listing: enough to pick a session, not its history."""
+
+    id: str
+    agent: str
+    status: str
+    head: int
+    created_at: float
+    updated_at: float
+    expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class StoredRequest:
     request: InputRequest
     status: str
@@ -110,6 +124,7 @@ class PendingFilter:
                 where.append(condition)
                 params.append(moment)
         return (" WHERE " + " AND ".join(where)) if where else "", params
+
     limit: int = 100
     offset: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
@@ -163,6 +178,15 @@ class Store(Protocol):
     async def claim(
         self, owner: str, ttl: float, now: float, limit: int
     ) -> list[tuple[str, int]]: ...
+
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[SessionSummary]: ...
 
     def set_fault_hook(self, hook: FaultHook | None) -> None: ...
 

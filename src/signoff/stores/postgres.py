@@ -39,7 +39,7 @@ from .._exceptions import (
 )
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash
-from ._base import Commit, FaultHook, Loaded, PendingFilter, StoredRequest
+from ._base import Commit, FaultHook, Loaded, PendingFilter, SessionSummary, StoredRequest
 
 __all__ = ["MIGRATIONS", "PostgresStore", "STORE_SCHEMA"]
 
@@ -854,7 +854,7 @@ class PostgresStore:
         return await self._read(body, f"reading request {request_id!r}")
 
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
-        return flt.where('%s')
+        return flt.where("%s")
 
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
@@ -886,6 +886,45 @@ class PostgresStore:
         return await self._read(body, "counting pending requests")
 
     # -- leases -------------------------------------------------------------------------------
+
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[SessionSummary]:
+        """Sessions, most recently active first."""
+        s = self._s
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (("agent", agent), ("status", status)):
+            if value is not None:
+                where.append(f"{column}=%s")
+                params.append(value)
+        clause = (" WHERE " + " AND ".join(where)) if where else ""
+
+        async def body(conn: Conn) -> list[SessionSummary]:
+            cur = await conn.execute(
+                f"SELECT id, agent, status, head, created_at, updated_at, expires_at "
+                f"FROM {s}.sessions{clause} ORDER BY updated_at DESC, sk DESC LIMIT %s OFFSET %s",
+                [*params, limit, offset],
+            )
+            return [
+                SessionSummary(
+                    id=i,
+                    agent=a,
+                    status=st,
+                    head=int(h),
+                    created_at=float(c),
+                    updated_at=float(u),
+                    expires_at=None if x is None else float(x),
+                )
+                for i, a, st, h, c, u, x in await cur.fetchall()
+            ]
+
+        return await self._read(body, "listing sessions")
 
     async def claim(self, owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
         """Lease up to `limit` sessions with work and no live lease, skipping rows another

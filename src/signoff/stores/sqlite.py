@@ -27,7 +27,7 @@ from .._exceptions import (
 )
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash
-from ._base import Commit, FaultHook, Loaded, PendingFilter, StoredRequest
+from ._base import Commit, FaultHook, Loaded, PendingFilter, SessionSummary, StoredRequest
 
 __all__ = ["SQLiteStore"]
 
@@ -428,7 +428,7 @@ class SQLiteStore:
         )
 
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
-        return flt.where('?')
+        return flt.where("?")
 
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
@@ -484,6 +484,31 @@ class SQLiteStore:
                 (now + ttl, sk, owner, token),
             )
             return cur.rowcount == 1
+
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[SessionSummary]:
+        """Sessions, most recently active first."""
+        sql = "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions"
+        where, params = [], []
+        for column, value in (("agent", agent), ("status", status)):
+            if value is not None:
+                where.append(f"{column}=?")
+                params.append(value)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY updated_at DESC, sk DESC LIMIT ? OFFSET ?"
+        return [
+            SessionSummary(
+                id=i, agent=a, status=st, head=h, created_at=c, updated_at=u, expires_at=x
+            )
+            for i, a, st, h, c, u, x in self.conn.execute(sql, [*params, limit, offset])
+        ]
 
     async def claim(self, owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
         """Lease up to `limit` sessions that have work and no live lease: `(id, token)` each."""
