@@ -480,3 +480,45 @@ async def test_an_answer_stands_when_the_turn_cannot_resume(tmp_path: Path) -> N
             assert sms.current is None
             result = await rt.generate(session_id=r.session_id)  # a retry finishes the turn
             assert (result.status, result.text) == ("completed", "Done.")
+
+
+async def test_a_subagents_request_is_shown_once_and_answering_it_resumes_both(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(expires_in=3600))
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        runs.append(order_id)
+        return "refunded"
+
+    billing = scripted_agent(
+        "billing",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Refunded 1042.")],
+        tools=[issue_refund],
+    )
+    support = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="Refund 1042")), reply("All done.")],
+        tools=[so.delegate("billing")],
+    )
+    async with runtime(tmp_path, support, billing) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            (shown,) = sms.sent
+            assert sms.current is not None and sms.current.id == mirror.child.request_id
+            assert sms.current.session_id == mirror.child.session_id
+            assert sms.current.expires_at is not None  # the child's deadline
+            assert shown == sms.render(sms.current)
+            await sms.reply("yes", BOB)
+            await hub.poll()
+            assert sms.sent == [shown]  # the mirror was never shown, nor its resolution
+        assert runs == ["1042"]
+        final = await rt.state(r.session_id)
+        assert final.turn is not None and final.turn.status == "completed"
+        assert await status(rt, mirror.id) == ("settled", "approved")

@@ -3,8 +3,8 @@
 Each channel keeps its own position in `ChannelState`, so a restart continues where it stopped
 instead of posting everything again, and a channel whose service is down retries the entries it
 missed while the others go on. Without a saved position a channel starts at the end of the trail.
-A subagent's request is shown once, as its mirror on the parent session (answering the mirror
-settles the child's request).
+A subagent's request is shown once, as the child's own request (with its deadline): its mirror
+on the parent session is skipped, and answering the child's request also closes the mirror.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import SignoffError, UsageError
+from .._exceptions import UsageError
 from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
@@ -86,7 +86,6 @@ class ChannelHub:
         self._retry_at: dict[str, float] = {}
         self._seen: dict[str, set[int]] = {}
         self._gaps: dict[int, float] = {}
-        self._children: dict[str, bool] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._started = False
@@ -296,7 +295,7 @@ class ChannelHub:
         if entry.type == "input.requested":
             for raw in entry.data.get("requests", ()):
                 request = InputRequest.model_validate(raw)
-                if not ch.accepts(request) or await self._subagents(request):
+                if request.child is not None or not ch.accepts(request):
                     continue
                 if ch.live_only:
                     stored = await store.get_request(request.id)
@@ -308,32 +307,16 @@ class ChannelHub:
             if (
                 stored is not None
                 and stored.status == "pending"
+                and stored.request.child is None
                 and ch.accepts(stored.request)
-                and not await self._subagents(stored.request)
             ):
                 await ch.on_updated(stored.request)
         elif entry.type == "input.resolved":
             stored = await store.get_request(str(entry.data.get("request_id")))
-            if (
-                stored is not None
-                and ch.accepts(stored.request)
-                and not await self._subagents(stored.request)
-            ):
+            if stored is not None and stored.request.child is None and ch.accepts(stored.request):
                 await ch.on_resolved(stored.request, Resolution.from_event(entry.data, entry.at))
 
     # -- helpers ------------------------------------------------------------------------------
-
-    async def _subagents(self, request: InputRequest) -> bool:
-        """Whether `request` belongs to a subagent's session. Those are answered through their
-        mirror on the parent session (which settles the child's and resumes both), so channels
-        show the mirror only."""
-        sid = request.session_id
-        if sid not in self._children:
-            try:
-                self._children[sid] = (await self.runtime.state(sid)).parent is not None
-            except SignoffError:
-                return False  # e.g. expired: shown as is, the runtime will refuse answers
-        return self._children[sid]
 
     async def _end(self) -> int:
         """The id of the newest audit entry (0 for an empty trail)."""
@@ -351,7 +334,7 @@ class ChannelHub:
             page = await self.runtime.store.pending(
                 PendingFilter(limit=_PAGE, offset=offset, live_at=self.clock())
             )
-            out.extend([r for r in page if not await self._subagents(r)])
+            out.extend(r for r in page if r.child is None)
             if len(page) < _PAGE:
                 return out
             offset += _PAGE
