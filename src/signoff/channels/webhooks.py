@@ -4,8 +4,9 @@ Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
 (`v1=` + hex HMAC-SHA256 of `{timestamp}.{body}` with the shared secret); receivers check both
 with `verify_webhook`. Failed deliveries (network errors, 408, 429 and 5xx) are retried with
 exponential backoff; `Signoff-Delivery` stays the same across retries so receivers can dedupe.
-Deliveries queued in memory are lost if the process dies; the hub then re-reads the entries the
-channel had not handled, so a restart can send one twice (same delivery id), never skip it.
+Deliveries wait in an in-memory queue per URL (so a slow receiver holds up no other channel):
+those still queued or being retried when the process dies are lost, and an entry the hub
+re-reads after a restart can be sent twice (same delivery id).
 """
 
 from __future__ import annotations
