@@ -53,3 +53,15 @@ def test_errors_share_one_base_and_usage_is_apart() -> None:
         assert not issubclass(err, so.UsageError)
     assert issubclass(so.UsageError, so.SignoffError)
     assert not issubclass(so.ApprovalRequired, so.SignoffError)
+
+
+def test_the_http_client_is_importable_lazily_from_the_top() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, signoff as so; assert 'fastapi' not in sys.modules; "
+        "assert so.Client.__name__ == 'Client' and so.AsyncClient.__name__ == 'AsyncClient'; "
+        "assert 'fastapi' not in sys.modules"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

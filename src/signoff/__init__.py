@@ -91,6 +91,23 @@ from .stores._audit import AuditEntry
 
 __version__ = "0.1.0"
 
+_CLIENT_NAMES = ("AsyncClient", "Client", "LiveSession")
+
+
+def __getattr__(name: str) -> object:
+    """`so.Client`, `so.AsyncClient`, `so.LiveSession`: the HTTP client, imported on first use
+    (it needs httpx, which the `server` extra brings)."""
+    if name in _CLIENT_NAMES:
+        try:
+            from . import _client
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise UsageError(
+                "the signoff HTTP client needs httpx: pip install 'signoff[server]'"
+            ) from exc
+        return getattr(_client, name)
+    raise AttributeError(f"module 'signoff' has no attribute {name!r}")
+
+
 __all__ = [
     "APP_PRINCIPAL",
     "SCHEMA_VERSION",
@@ -108,7 +125,9 @@ __all__ = [
     "AuditEntry",
     "AuditProblem",
     "Approved",
+    "AsyncClient",
     "AssistantMessage",
+    "Client",
     "ChildRef",
     "ConflictingAnswer",
     "Criteria",
@@ -123,6 +142,7 @@ __all__ = [
     "InvalidAnswer",
     "LeaseLost",
     "Limits",
+    "LiveSession",
     "Message",
     "ModelError",
     "ModelResponse",

@@ -15,9 +15,9 @@ from typing import Any
 
 import httpx
 
-from .. import _exceptions as errors
-from .._events import Event
-from .._types import Decision, InputRequest, InputResponse
+from . import _exceptions as errors
+from ._events import Event
+from ._types import Decision, InputRequest, InputResponse
 
 __all__ = [
     "AsyncClient",
@@ -393,7 +393,7 @@ class Client:
     """The synchronous twin of `AsyncClient` for scripts (each call runs on a private loop)."""
 
     def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 60.0) -> None:
-        from .._sync import SyncBridge
+        from ._sync import SyncBridge
 
         self._bridge = SyncBridge()
         self._async = AsyncClient(base_url, token=token, timeout=timeout)

@@ -6,9 +6,9 @@
 Needs the `server` extra: `pip install 'signoff[server]'`.
 """
 
+from .._client import AsyncClient, Client, LiveSession, RemoteError, RemoteResult, RequestView
 from ._app import create_app
 from ._auth import AccessRule, Authenticator, DevAuth, TokenAuth, default_access
-from ._client import AsyncClient, Client, LiveSession, RemoteError, RemoteResult, RequestView
 from ._errors import ErrorBody
 from ._serve import DEFAULT_STORE, load_runtime, serve
 
