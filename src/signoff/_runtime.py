@@ -39,6 +39,7 @@ from .stores._audit import AuditEntry
 __all__ = ["Runtime"]
 
 log = logging.getLogger("signoff.worker")
+CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
 
 
 class Runtime(Answering):
@@ -97,12 +98,21 @@ class Runtime(Answering):
         owner = f"{self.owner}:worker"
         last_sweep = 0.0
         wait = getattr(self.store, "wait_for_change", None)
+        last_empty = -1.0  # monotonic time of the last claim that found nothing
         while not stop.is_set():
             free = concurrency - len(running)
             if free > 0:
-                for session_id, token in await self.store.claim(
-                    owner, self.lease_ttl, self.clock(), free
-                ):
+                # Every commit anywhere wakes every idle worker: a burst of notifications is
+                # coalesced into one claim per CLAIM_GAP instead of one claim per commit.
+                gap = last_empty + CLAIM_GAP - time.monotonic()
+                if gap > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(stop.wait(), gap)
+                    if stop.is_set():
+                        break
+                claimed = await self.store.claim(owner, self.lease_ttl, self.clock(), free)
+                last_empty = -1.0 if claimed else time.monotonic()
+                for session_id, token in claimed:
                     log.info("claimed session %s (lease %d)", session_id, token)
                     task = asyncio.create_task(self._work_on(session_id, owner, token))
                     running.add(task)
