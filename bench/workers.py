@@ -7,7 +7,8 @@ Needs `SIGNOFF_PG_URL` (an admin URL: every scenario gets a database of its own)
 
 - settled approvals per second with 1, 2 and 4 worker processes: N sessions wait on an approval;
   a front process answers them all (`respond`, `inline=False`), and the clock runs from the first
-  answer until every turn has run its tool and completed;
+  answer until every turn has run its tool and completed; then the workers alone: the answers
+  are recorded while no worker runs, and the clock runs from the workers' start;
 - turns per second at 1,000 concurrent sessions on one worker process (`--concurrency 1000`),
   with a Scripted model that sleeps 100 ms per call (two calls per turn); the worker's thread
   count is sampled while it runs;
@@ -203,6 +204,51 @@ async def settled_per_second(admin: str, workers: int, sessions: int, tmp: Path)
             w.stop()
 
 
+async def resumed_per_second(admin: str, workers: int, sessions: int, tmp: Path) -> float:
+    """The workers alone: every approval is recorded while no worker runs; then the clock runs
+    from the moment all workers are up until every turn has run its tool and completed."""
+    url = new_database(admin, pool_max=12)
+    first = Worker(url, tmp / f"resume-{workers}-setup.log", "--concurrency", "10")
+    try:
+        first.started()
+        async with so.Runtime([runtime().agent("support")], store=url, inline=False) as front:
+            await gather_limited(
+                10, [front.generate("support", prompt="Refund 1042") for _ in range(sessions)]
+            )
+            await wait_count(front, url, WAITING, sessions)
+            first.stop()
+            await gather_limited(
+                10,
+                [
+                    front.respond(
+                        r.session_id, [so.InputResponse(request_id=r.id, option_id="approve")]
+                    )
+                    for r in await front.pending(limit=sessions)
+                ],
+            )
+            pool = [
+                Worker(url, tmp / f"resume-{workers}-{i}.log", "--concurrency", "10")
+                for i in range(workers)
+            ]
+            try:
+                for w in pool:
+                    w.started()
+                t0 = time.perf_counter()
+                await wait_count(front, url, COMPLETED, sessions)
+                elapsed = time.perf_counter() - t0
+            finally:
+                for w in pool:
+                    w.stop()
+    finally:
+        if first.proc.poll() is None:
+            first.stop()
+    print(
+        f"  {workers} worker(s): {sessions} approved turns resumed, tool run and completed in "
+        f"{elapsed:.2f} s = {sessions / elapsed:.0f}/s"
+    )
+    return sessions / elapsed
+
+
 async def turns_per_second(admin: str, sessions: int, tmp: Path) -> None:
     url = new_database(admin, pool_max=20)
     async with so.Runtime([runtime().agent("slow")], store=url, inline=False) as front:
@@ -290,6 +336,9 @@ async def run(args: argparse.Namespace) -> None:
     print(f"settled approvals per second ({n} sessions, worker --concurrency 10):")
     for workers in (1, 2, 4):
         await settled_per_second(admin, workers, n, tmp)
+    print(f"approved turns run per second, answers recorded beforehand ({n} sessions):")
+    for workers in (1, 2, 4):
+        await resumed_per_second(admin, workers, n, tmp)
     print("turns per second:")
     await turns_per_second(admin, 1000, tmp)
     print("resume latency via LISTEN/NOTIFY:")
