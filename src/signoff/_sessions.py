@@ -112,8 +112,10 @@ class SessionRunner:
                 self._remember(cached)  # another task may have dropped it while we awaited
                 return cached
             try:
-                tail = await self.store.read_events(session_id, after=cached.seq)
-                state = fold(tail, cached)
+                # Drivers commit and apply under this lock: fold in only what none has applied.
+                async with self._locks.setdefault(session_id, asyncio.Lock()):
+                    tail = await self.store.read_events(session_id, after=cached.seq)
+                    state = fold(tail, cached)
                 self._remember(state)
                 return state
             except Exception:
