@@ -598,6 +598,16 @@ def _versions() -> dict[str, str]:
             out[dist] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             out[dist] = "not installed"
+    import signoff
+
+    src = Path(signoff.__file__).resolve().parent
+    git = subprocess.run(
+        ["git", "-C", str(src), "describe", "--always", "--dirty"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    out["signoff source"] = f"{src} ({git.stdout.strip() or 'not a git checkout'})"
     return out
 
 
