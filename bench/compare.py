@@ -270,18 +270,23 @@ def _langgraph_conversation(backend: str, target: str, points: list[int]) -> dic
     saver = _Saver(backend, target)
     graph = _langgraph_graph(saver.saver)
     config = {"configurable": {"thread_id": "conversation"}}
+    durability = os.environ.get("BENCH_LANGGRAPH_DURABILITY") or None
     turns: list[dict[str, float]] = []
     at: dict[str, Any] = {}
     for turn in range(1, max(points) + 1):
         _Marks.turn = turn
         c0 = time.process_time()
         t0 = time.perf_counter()
-        out = graph.invoke({"messages": [HumanMessage(content=user_text(turn))]}, config)
+        out = graph.invoke(
+            {"messages": [HumanMessage(content=user_text(turn))]}, config, durability=durability
+        )
         if len(out.get("__interrupt__", ())) != 1:
             raise RuntimeError(f"langgraph turn {turn}: expected one interrupt, got {out!r}")
         c1 = time.process_time()
         t1 = time.perf_counter()
-        out = graph.invoke(Command(resume={"approved": True, "reason": "ok"}), config)
+        out = graph.invoke(
+            Command(resume={"approved": True, "reason": "ok"}), config, durability=durability
+        )
         t2 = time.perf_counter()
         c2 = time.process_time()
         if out.get("__interrupt__") or out["messages"][-1].content != answer_text(turn):
@@ -632,6 +637,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--render", nargs="+", default=None, help="print the table of saved --json files, merged"
     )
+    parser.add_argument(
+        "--langgraph-durability",
+        choices=("sync", "async", "exit"),
+        default=None,
+        help="LangGraph's durability mode for the conversation (default: LangGraph's, async)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--scenario", choices=("conversation", "parked"), help=argparse.SUPPRESS)
@@ -658,7 +669,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     backends = (args.backends or ("sqlite,postgres" if pg_url else "sqlite")).split(",")
     if "postgres" in backends and not pg_url:
         raise SystemExit("the PostgreSQL rows need SIGNOFF_PG_URL: run under scripts/pg run --")
+    if args.langgraph_durability:
+        os.environ["BENCH_LANGGRAPH_DURABILITY"] = args.langgraph_durability  # the workers read it
     versions = _versions()
+    versions["langgraph durability"] = args.langgraph_durability or "default (async)"
     if pg_url and "postgres" in backends:
         versions["postgresql"] = _pg_version(pg_url)
     load = os.getloadavg()
