@@ -400,8 +400,12 @@ class PostgresStore:
                 async with pool.connection() as conn:
                     try:
                         return await body(conn)
-                    except psycopg.OperationalError:
-                        broken = conn.broken
+                    except psycopg.OperationalError as exc:
+                        # libpq may fail to leave pipeline mode on a connection that died
+                        # mid-batch before psycopg marks it broken: that is a lost connection.
+                        broken = conn.broken or "exit pipeline mode" in str(exc)
+                        if broken and not conn.closed:
+                            await conn.close()
                         raise
             except PoolTimeout as exc:
                 raise StoreError(
@@ -451,8 +455,12 @@ class PostgresStore:
                             phase = "commit"
                         phase = "done"
                         return result
-                    except psycopg.OperationalError:
-                        broken = conn.broken
+                    except psycopg.OperationalError as exc:
+                        # libpq may fail to leave pipeline mode on a connection that died
+                        # mid-batch before psycopg marks it broken: that is a lost connection.
+                        broken = conn.broken or "exit pipeline mode" in str(exc)
+                        if broken and not conn.closed:
+                            await conn.close()
                         raise
             except PoolTimeout as exc:
                 raise StoreError(
