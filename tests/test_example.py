@@ -43,3 +43,19 @@ async def test_delete_account_is_gated_by_the_guardrail(tmp_path: Path, support:
         r = await rt.generate("support", prompt="please delete account ann@example.com")
         (approval,) = r.pending
         assert approval.tool_name == "delete_account" and approval.source == "guardrail"
+
+
+def test_a_failing_runtime_factory_is_one_clear_usage_error(tmp_path: Path) -> None:
+    import sys
+
+    from signoff.server import load_runtime
+
+    (tmp_path / "broken_factory.py").write_text(
+        "def make():\n    raise RuntimeError('no config file')\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(so.UsageError, match="broken_factory:make\\(\\) failed: RuntimeError"):
+            load_runtime("broken_factory:make")
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any
 
-from .._exceptions import UsageError
+from .._exceptions import SignoffError, UsageError
 from .._runtime import Runtime
 from ._auth import Authenticator, is_loopback
 
@@ -35,7 +35,12 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
     except AttributeError:
         raise UsageError(f"module {module_name!r} has no attribute {attr!r}") from None
     if not isinstance(obj, Runtime) and callable(obj):
-        obj = obj()
+        try:
+            obj = obj()
+        except SignoffError:
+            raise
+        except Exception as exc:  # the factory's own failure, named in one line
+            raise UsageError(f"{target}() failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, Runtime):
         raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime")
     runtime: Runtime = obj
