@@ -10,7 +10,7 @@ from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessag
 from ._base import ModelRequest, ToolSpec
 from ._provider import (
     ANTHROPIC_PRICES,
-    LoopClients,
+    SdkModel,
     cause_of,
     check_params,
     check_positive,
@@ -32,7 +32,7 @@ _CACHE_WRITE = 1.25
 _CACHE_READ = 0.1
 
 
-class Anthropic:
+class Anthropic(SdkModel):
     """A Claude model through the messages API, with tool use and usage accounting.
 
     Transient failures (connection errors, timeouts, 408/409/429/5xx, overloaded) are retried
@@ -75,33 +75,12 @@ class Anthropic:
         )
         self._base_url = base_url
 
-        def make() -> AsyncAnthropic:
-            if client is not None:
-                return client
-            sdk_client: AsyncAnthropic = self._sdk.AsyncAnthropic(
+        self._use_clients(
+            lambda: self._sdk.AsyncAnthropic(
                 api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
-            )
-            return sdk_client
-
-        async def close(c: AsyncAnthropic) -> None:
-            if c is not client:
-                await c.close()
-
-        self._clients = LoopClients(make, close)
-
-    def __repr__(self) -> str:
-        where = f", base_url={self._base_url!r}" if self._base_url else ""
-        return f"Anthropic({self.model!r}{where})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client this model opened (a client passed in is left open)."""
-        await self._clients.aclose()
-
-    async def __aenter__(self) -> Anthropic:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+            ),
+            client,
+        )
 
     # -- the call -----------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from ._base import ModelRequest, ToolSpec
 from ._provider import (
     OPENAI_PRICES,
     UNPARSED_ARGUMENTS,
-    LoopClients,
+    SdkModel,
     cause_of,
     check_params,
     check_positive,
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["OpenAIChat"]
 
 
-class OpenAIChat:
+class OpenAIChat(SdkModel):
     """A model behind the chat-completions API of OpenAI or a compatible server.
 
     Ollama, vLLM and llama.cpp servers work through `base_url`. Transient failures (connection
@@ -88,33 +88,12 @@ class OpenAIChat:
                 )
             api_key = "unused"  # local compatible servers rarely check it; the SDK wants one
 
-        def make() -> AsyncOpenAI:
-            if client is not None:
-                return client
-            sdk_client: AsyncOpenAI = self._sdk.AsyncOpenAI(
+        self._use_clients(
+            lambda: self._sdk.AsyncOpenAI(
                 api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
-            )
-            return sdk_client
-
-        async def close(c: AsyncOpenAI) -> None:
-            if c is not client:
-                await c.close()
-
-        self._clients = LoopClients(make, close)
-
-    def __repr__(self) -> str:
-        where = f", base_url={self._base_url!r}" if self._base_url else ""
-        return f"OpenAIChat({self.model!r}{where})"
-
-    async def aclose(self) -> None:
-        """Close the HTTP client this model opened (a client passed in is left open)."""
-        await self._clients.aclose()
-
-    async def __aenter__(self) -> OpenAIChat:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+            ),
+            client,
+        )
 
     # -- the call -----------------------------------------------------------------------------
 

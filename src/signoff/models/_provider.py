@@ -9,11 +9,12 @@ import re
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from types import ModuleType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Self, TypeVar
 
 from .._exceptions import UsageError
 
 __all__ = [
+    "SdkModel",
     "ANTHROPIC_PRICES",
     "OPENAI_PRICES",
     "UNPARSED_ARGUMENTS",
@@ -186,3 +187,36 @@ class LoopClients(Generic[C]):
         client = self._clients.pop(asyncio.get_running_loop(), None)
         if client is not None:
             await self._close(client)
+
+
+class SdkModel:
+    """What the SDK-backed models share: one SDK client per event loop (a client passed in is
+    used as is and never closed), `aclose`, `async with`, and a short repr."""
+
+    model: str
+    _base_url: str | None
+    _clients: LoopClients[Any]
+
+    def _use_clients(self, factory: Callable[[], Any], client: Any | None) -> None:
+        def make() -> Any:
+            return client if client is not None else factory()
+
+        async def close(c: Any) -> None:
+            if c is not client:
+                await c.close()
+
+        self._clients = LoopClients(make, close)
+
+    def __repr__(self) -> str:
+        where = f", base_url={self._base_url!r}" if self._base_url else ""
+        return f"{type(self).__name__}({self.model!r}{where})"
+
+    async def aclose(self) -> None:
+        """Close the HTTP client this model opened (a client passed in is left open)."""
+        await self._clients.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
