@@ -642,16 +642,19 @@ async def _settle(
         console.print("[yellow]another process is running this session's turn[/]")
 
 
+TargetArgument = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="MODULE:RUNTIME",
+        help="Load this runtime to continue the turn here; otherwise only record the answer.",
+    ),
+]
+
+
 @app.command()
 def approve(
     request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
-    target: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="MODULE:RUNTIME",
-            help="Load this runtime to continue the turn here; otherwise only record the answer.",
-        ),
-    ] = None,
+    target: TargetArgument = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Why (recorded).")] = None,
     store: StoreOption = None,
     acting_as: AsOption = None,
@@ -664,13 +667,7 @@ def approve(
 @app.command()
 def deny(
     request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
-    target: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="MODULE:RUNTIME",
-            help="Load this runtime to continue the turn here; otherwise only record the answer.",
-        ),
-    ] = None,
+    target: TargetArgument = None,
     reason: Annotated[str | None, typer.Option("--reason", help="Why; the model reads it.")] = None,
     store: StoreOption = None,
     acting_as: AsOption = None,
@@ -683,13 +680,7 @@ def deny(
 @app.command()
 def answer(
     request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
-    target: Annotated[
-        str | None,
-        typer.Argument(
-            metavar="MODULE:RUNTIME",
-            help="Load this runtime to continue the turn here; otherwise only record the answer.",
-        ),
-    ] = None,
+    target: TargetArgument = None,
     option: Annotated[
         str | None, typer.Option("--option", help="The id of the chosen option.")
     ] = None,
