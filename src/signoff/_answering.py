@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
@@ -35,6 +37,11 @@ from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
 
 __all__ = ["Answering"]
+
+log = logging.getLogger("signoff.runtime")
+
+RECOVERY_GRACE = 5.0
+"""Seconds beyond a response policy's timeout after which a pending candidate counts as lost."""
 
 
 class Answering(SessionRunner):
@@ -165,6 +172,40 @@ class Answering(SessionRunner):
             return outcomes
         raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
 
+    async def _drive(self, session_id: str, **kwargs: Any) -> GenerateResult:
+        await self._recover_candidates(session_id)
+        return await super()._drive(session_id, **kwargs)
+
+    async def _recover_candidates(self, session_id: str) -> None:
+        """Evaluate again the responses whose policy verdict was never recorded: the process
+        that recorded them died while the policy ran (a live one has had its timeout)."""
+        state = await self.state(session_id)
+        if not state.candidates:
+            return
+        agent = self.agent(state.agent)
+        now = self.clock()
+        for cid, c in list(state.candidates.items()):
+            live = state.requests.get(c["request_id"])
+            if live is None or live.status != "pending":
+                continue
+            tool = agent.tools.get(live.request.tool_name or "")
+            if tool is None or tool.response_policy is None:
+                continue
+            if now - float(c["at"]) < tool.response_timeout + RECOVERY_GRACE:
+                continue
+            option = "approve" if c.get("decision") == "approve" else "cancel"
+            reply = _Reply(
+                live.request.id, option, c.get("text"), c.get("value"), c.get("edited_input")
+            )
+            by = c.get("by")
+            principal = None if by is None else Principal.model_validate(by)
+            log.info("re-evaluating response %s to request %s", cid, live.request.id)
+            with contextlib.suppress(AnswerError):
+                wanted = _resolution(live.request, reply, tool)
+                await self._candidate(
+                    session_id, live.request, reply, wanted, principal, recovered=cid
+                )
+
     async def _candidate(
         self,
         session_id: str,
@@ -172,8 +213,14 @@ class Answering(SessionRunner):
         reply: _Reply,
         wanted: dict[str, Any],
         principal: Principal | None,
+        *,
+        recovered: str | None = None,
     ) -> Outcome:
-        """Settle an approval that has a response policy or a quorum, recording its candidacy."""
+        """Settle an approval that has a response policy or a quorum, recording its candidacy.
+
+        `recovered` names a candidate recorded earlier whose evaluation never finished (its
+        process died): it is evaluated again without being recorded again.
+        """
         rid = request.id
         state = await self.state(session_id)
         tool = self.agent(state.agent).tools.get(request.tool_name or "")
@@ -181,7 +228,7 @@ class Answering(SessionRunner):
         base = {
             "request_id": rid,
             "call_id": request.call_id,
-            "candidate_id": new_id("cand"),
+            "candidate_id": recovered or new_id("cand"),
             "decision": wanted["decision"],
             "by": by,
         }
@@ -192,13 +239,21 @@ class Answering(SessionRunner):
             return ("turn.waiting", {"on": "input", "request_ids": ids})
 
         if tool is not None and tool.response_policy is not None:
-            # Record the response first, so slow policy work cannot lose it.
-            await self._append(
-                session_id,
-                lambda st: [("approval.candidate", {**base, "outcome": "pending"})],
-                durable=True,
-                turn_id=tid,
-            )
+            # Record the response first (all of it), so slow policy work cannot lose it.
+            pending = {
+                **base,
+                "outcome": "pending",
+                "text": reply.text,
+                "value": reply.value,
+                "edited_input": reply.edited_input,
+            }
+            if recovered is None:
+                await self._append(
+                    session_id,
+                    lambda st: [("approval.candidate", pending)],
+                    durable=True,
+                    turn_id=tid,
+                )
             verdict = await evaluate_response(
                 tool.response_policy,
                 ResponseContext(

@@ -109,6 +109,9 @@ class SessionState:
     queued: list[dict[str, Any]] = field(default_factory=list)
     lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
     limit_grants: int = 0  # `continue` answers to session-limit prompts: each raises budgets
+    # Responses recorded as `approval.candidate` pending whose policy verdict is not recorded
+    # yet (the process may have died while the policy ran): candidate id -> its data and time.
+    candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
     # None when rebuilt from a snapshot: the engine loads it from the events on demand.
     conversation: Conversation | None = field(default_factory=lambda: Conversation())
 
@@ -171,6 +174,7 @@ class SessionState:
             "queued": self.queued,
             "lapsed": self.lapsed,
             "limit_grants": self.limit_grants,
+            "candidates": self.candidates,
             "requests": [
                 {
                     "request": r.request.model_dump(mode="json"),
@@ -253,6 +257,7 @@ class SessionState:
             queued=list(data.get("queued", [])),
             lapsed=bool(data.get("lapsed", False)),
             limit_grants=int(data.get("limit_grants", 0)),
+            candidates=dict(data.get("candidates", {})),
             requests={
                 r["request"]["id"]: RequestState(
                     request=InputRequest.model_validate(r["request"]),
@@ -448,8 +453,20 @@ def _turn_waiting(s: SessionState, e: Event) -> None:
     _turn(s, e).status = "waiting"
 
 
+def _drop_candidates(s: SessionState, request_id: str) -> None:
+    """A closed request has nothing left to evaluate."""
+    for cid in [c for c, d in s.candidates.items() if d.get("request_id") == request_id]:
+        del s.candidates[cid]
+
+
 def _approval_candidate(s: SessionState, e: Event) -> None:
     d = e.data
+    cid = d.get("candidate_id")
+    if cid is not None:
+        if d.get("outcome") == "pending":
+            s.candidates[cid] = {**d, "at": e.at}
+        else:
+            s.candidates.pop(cid, None)
     req = s.requests.get(d["request_id"])
     if req is None or req.status != "pending":
         return
@@ -465,6 +482,7 @@ def _approval_candidate(s: SessionState, e: Event) -> None:
 
 def _approval_settled(s: SessionState, e: Event) -> None:
     d = e.data
+    _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     approve = d["decision"] == "approve"
     if req is not None and req.request.action is not None and approve:
@@ -491,6 +509,7 @@ def _approval_settled(s: SessionState, e: Event) -> None:
 
 def _input_resolved(s: SessionState, e: Event) -> None:
     d = e.data
+    _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     if req is None:
         return

@@ -1,0 +1,68 @@
+"""A response whose policy evaluation died with its process is evaluated again, not lost."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import signoff as so
+from tests._candidate_child import make_agent
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+async def test_a_candidate_pending_when_the_process_died_is_evaluated_again(
+    tmp_path: Path,
+) -> None:
+    db, out = tmp_path / "s.db", tmp_path / "runs"
+    child = subprocess.run(
+        [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    ids = json.loads(child.stdout.splitlines()[0])
+    later = time.time() + 60  # well past the policy's timeout: nobody is still deciding
+    async with so.Runtime(
+        [make_agent(str(out))], store=f"sqlite:///{db}", clock=lambda: later
+    ) as rt:
+        before = [e async for e in rt.events(ids["session"], follow=False)]
+        assert [e.data["outcome"] for e in before if e.type == "approval.candidate"] == ["pending"]
+        assert (await rt.state(ids["session"])).candidates  # recorded, never decided
+        r = await rt.generate(session_id=ids["session"])  # any process touching it resumes it
+        assert r.status == "completed"
+        assert r.text.endswith("refunded")
+        events = [e async for e in rt.events(ids["session"], follow=False)]
+        settled = [e for e in events if e.type == "approval.settled"]
+        assert len(settled) == 1
+        assert settled[0].data["by"]["principal_id"] == "bob"
+        assert settled[0].data["reason"] == "checked it"  # the whole response survived
+        assert [e.data["outcome"] for e in events if e.type == "approval.candidate"] == ["pending"]
+        assert not (await rt.state(ids["session"])).candidates
+    assert len(out.read_text().splitlines()) == 1  # the refund ran once
+
+
+async def test_a_candidate_still_within_its_timeout_is_left_to_its_process(
+    tmp_path: Path,
+) -> None:
+    db, out = tmp_path / "s.db", tmp_path / "runs"
+    child = subprocess.run(
+        [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGKILL
+    ids = json.loads(child.stdout.splitlines()[0])
+    async with so.Runtime([make_agent(str(out))], store=f"sqlite:///{db}") as rt:
+        r = await rt.generate(session_id=ids["session"])
+        assert r.status == "waiting"  # its process may still be deciding: not evaluated twice
+        assert (await rt.state(ids["session"])).candidates
+    assert not out.exists()
