@@ -95,23 +95,38 @@ async def test_the_trail_records_each_step_and_verifies(tmp_path: Path) -> None:
         assert await rt.verify_audit() == []
 
 
-async def test_altering_a_stored_entry_is_named(tmp_path: Path) -> None:
+async def test_altering_the_log_or_the_trail_is_named(tmp_path: Path) -> None:
     clock = ManualClock()
     db = tmp_path / "a.db"
     async with so.Runtime([agent()], store=f"sqlite:///{db}", clock=clock) as rt:
         sid = await run_scenario(rt, clock)
         settled = next(e for e in await rt.audit(sid) if e.type == "approval.settled")
+    assert settled.seq is not None
+    # Rewrite who approved, in the event log itself: the trail reads the event, so it notices.
     with sqlite3.connect(db) as conn:
-        data = json.loads(
-            conn.execute("SELECT data FROM audit WHERE id=?", (settled.id,)).fetchone()[0]
-        )
+        (sk,) = conn.execute("SELECT sk FROM sessions WHERE id=?", (sid,)).fetchone()
+        (raw,) = conn.execute(
+            "SELECT data FROM events WHERE sk=? AND seq=?", (sk, settled.seq)
+        ).fetchone()
+        data = json.loads(raw)
         data["by"]["principal_id"] = "mallory"
-        conn.execute("UPDATE audit SET data=? WHERE id=?", (json.dumps(data), settled.id))
+        conn.execute(
+            "UPDATE events SET data=? WHERE sk=? AND seq=?", (json.dumps(data), sk, settled.seq)
+        )
     async with so.Runtime([agent()], store=f"sqlite:///{db}", clock=clock) as rt2:
         problems = await rt2.verify_audit()
         assert [(p.id, p.stream, p.reason) for p in problems] == [
             (settled.id, sid, "content does not match")
         ]
+        # rewriting an entry of the trail itself (a tool setting change) is named too
+        with sqlite3.connect(db) as conn:
+            tool_entry = conn.execute(
+                "SELECT id, data FROM audit WHERE stream='tools:support.wipe'"
+            ).fetchone()
+            changed = json.loads(tool_entry[1]) | {"new": "Never"}
+            conn.execute("UPDATE audit SET data=? WHERE id=?", (json.dumps(changed), tool_entry[0]))
+        problems = await rt2.verify_audit("tools:support.wipe")
+        assert [(p.id, p.reason) for p in problems] == [(tool_entry[0], "content does not match")]
         # deleting an entry breaks the chain at the next one
         with sqlite3.connect(db) as conn:
             conn.execute("DELETE FROM audit WHERE id=?", (settled.id,))

@@ -15,7 +15,15 @@ from typing import Any
 
 from .._events import Event
 
-__all__ = ["AUDIT_TYPES", "AuditEntry", "AuditRow", "audit_rows", "chain_hash"]
+__all__ = [
+    "AUDIT_TYPES",
+    "AuditEntry",
+    "AuditRow",
+    "audit_rows",
+    "chain_hash",
+    "loaded_data",
+    "stored_data",
+]
 
 AUDIT_TYPES = frozenset(
     {
@@ -89,3 +97,16 @@ def chain_hash(
         ensure_ascii=False,
     )
     return hashlib.sha256(f"{prev or ''}\n{body}".encode()).hexdigest()
+
+
+def stored_data(row: AuditRow) -> str:
+    """What the audit table keeps of an entry's data: nothing for a session's event (the event
+    holds it, and reading it back through the event lets the chain cover the log too)."""
+    return "null" if row.seq is not None else json.dumps(row.data, ensure_ascii=False)
+
+
+def loaded_data(text: str | None) -> dict[str, Any]:
+    """An entry's data as read back; a missing event (removed from the log) reads as `{}`,
+    which no longer matches its hash."""
+    data = json.loads(text) if text else None
+    return data if isinstance(data, dict) else {}

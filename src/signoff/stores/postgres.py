@@ -38,7 +38,7 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._types import InputRequest
-from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash
+from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash, loaded_data, stored_data
 from ._base import Commit, FaultHook, Loaded, PendingFilter, SessionSummary, StoredRequest
 
 __all__ = ["MIGRATIONS", "PostgresStore", "STORE_SCHEMA"]
@@ -664,7 +664,7 @@ class PostgresStore:
             await conn.execute(
                 f"INSERT INTO {self._s}.audit (stream, n, type, at, seq, data, prev, hash) "
                 "VALUES (%s,%s,%s,%s,%s,%s::json,%s,%s)",
-                (row.stream, n, row.type, row.at, row.seq, dumps(row.data), prev, digest),
+                (row.stream, n, row.type, row.at, row.seq, stored_data(row), prev, digest),
             )
             last[row.stream] = (n, digest)
 
@@ -685,15 +685,20 @@ class PostgresStore:
         s = self._s
 
         async def body(conn: Conn) -> list[AuditEntry]:
+            # An entry of a session's event keeps no copy of its data: it is read from the
+            # event, so the chain also covers the event log itself.
             sql = (
-                f"SELECT id, stream, n, type, at, seq, data::text, prev, hash FROM {s}.audit "
-                "WHERE id>%s"
+                "SELECT a.id, a.stream, a.n, a.type, a.at, a.seq, "
+                "CASE WHEN a.seq IS NULL THEN a.data::text ELSE e.data::text END, a.prev, a.hash "
+                f"FROM {s}.audit a LEFT JOIN {s}.sessions x "
+                "ON a.seq IS NOT NULL AND x.id = a.stream "
+                f"LEFT JOIN {s}.events e ON e.sk = x.sk AND e.seq = a.seq WHERE a.id>%s"
             )
             params: list[Any] = [after_id]
             if stream is not None:
-                sql += " AND stream=%s"
+                sql += " AND a.stream=%s"
                 params.append(stream)
-            sql += " ORDER BY id LIMIT %s"
+            sql += " ORDER BY a.id LIMIT %s"
             params.append(limit)
             cur = await conn.execute(sql, params)
             return [
@@ -704,7 +709,7 @@ class PostgresStore:
                     type=t,
                     at=float(at),
                     seq=None if seq is None else int(seq),
-                    data=loads(d),
+                    data=loaded_data(d),
                     prev=prev,
                     hash=h,
                 )

@@ -26,7 +26,7 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._types import InputRequest
-from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash
+from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash, loaded_data, stored_data
 from ._base import Commit, FaultHook, Loaded, PendingFilter, SessionSummary, StoredRequest
 
 __all__ = ["SQLiteStore"]
@@ -305,7 +305,7 @@ class SQLiteStore:
             conn.execute(
                 "INSERT INTO audit (stream, n, type, at, seq, data, prev, hash) "
                 "VALUES (?,?,?,?,?,?,?,?)",
-                (row.stream, n, row.type, row.at, row.seq, dumps(row.data), prev, digest),
+                (row.stream, n, row.type, row.at, row.seq, stored_data(row), prev, digest),
             )
             last[row.stream] = (n, digest)
 
@@ -318,16 +318,23 @@ class SQLiteStore:
     async def audit(
         self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[AuditEntry]:
-        sql = "SELECT id, stream, n, type, at, seq, data, prev, hash FROM audit WHERE id>?"
+        # An entry of a session's event keeps no copy of its data: it is read from the event,
+        # so the chain also covers the event log itself.
+        sql = (
+            "SELECT a.id, a.stream, a.n, a.type, a.at, a.seq, "
+            "CASE WHEN a.seq IS NULL THEN a.data ELSE e.data END, a.prev, a.hash FROM audit a "
+            "LEFT JOIN sessions s ON a.seq IS NOT NULL AND s.id = a.stream "
+            "LEFT JOIN events e ON e.sk = s.sk AND e.seq = a.seq WHERE a.id>?"
+        )
         params: list[Any] = [after_id]
         if stream is not None:
-            sql += " AND stream=?"
+            sql += " AND a.stream=?"
             params.append(stream)
-        sql += " ORDER BY id LIMIT ?"
+        sql += " ORDER BY a.id LIMIT ?"
         params.append(limit)
         return [
             AuditEntry(
-                id=i, stream=st, n=n, type=t, at=at, seq=seq, data=loads(d), prev=prev, hash=h
+                id=i, stream=st, n=n, type=t, at=at, seq=seq, data=loaded_data(d), prev=prev, hash=h
             )
             for i, st, n, t, at, seq, d, prev, h in self.conn.execute(sql, params)
         ]
