@@ -11,15 +11,12 @@ from ._base import ModelRequest, ToolSpec
 from ._provider import (
     ANTHROPIC_PRICES,
     SdkModel,
-    cause_of,
     check_params,
     check_positive,
     check_price,
     encode_tool_result,
     load_sdk,
     lookup_price,
-    status_detail,
-    status_hint,
 )
 
 if TYPE_CHECKING:
@@ -98,25 +95,13 @@ class Anthropic(SdkModel):
         kwargs.update(self.params)
         sdk = self._sdk
         where = f"{self.model!r} at {client.base_url}"
-        try:
-            message = await client.messages.create(**kwargs)
-        except TypeError as exc:
-            raise UsageError(f"{self!r}: the SDK refused the request's arguments: {exc}") from exc
-        except sdk.APIStatusError as exc:
-            raise ModelError(
-                f"Anthropic messages call for {where} failed: HTTP {exc.status_code}: "
-                f"{status_detail(exc)}{status_hint(exc.status_code)}"
-            ) from exc
-        except sdk.APITimeoutError as exc:
-            raise ModelError(f"Anthropic messages call for {where} timed out") from exc
-        except sdk.APIConnectionError as exc:
-            raise ModelError(
-                f"Anthropic messages call for {where} failed: cannot connect ({cause_of(exc)})"
-            ) from exc
-        except sdk.AnthropicError as exc:
-            raise ModelError(
-                f"Anthropic messages call for {where} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+        message = await self._request(
+            sdk,
+            sdk.AnthropicError,
+            lambda: client.messages.create(**kwargs),
+            "Anthropic messages call",
+            where,
+        )
         return self._parse(message, where)
 
     def _parse(self, message: Any, where: str) -> ModelResponse:

@@ -14,15 +14,12 @@ from ._provider import (
     OPENAI_PRICES,
     UNPARSED_ARGUMENTS,
     SdkModel,
-    cause_of,
     check_params,
     check_positive,
     check_price,
     encode_tool_result,
     load_sdk,
     lookup_price,
-    status_detail,
-    status_hint,
 )
 
 if TYPE_CHECKING:
@@ -112,25 +109,13 @@ class OpenAIChat(SdkModel):
         kwargs.update(self.params)
         sdk = self._sdk
         where = f"{self.model!r} at {client.base_url}"
-        try:
-            completion = await client.chat.completions.create(**kwargs)
-        except TypeError as exc:
-            raise UsageError(f"{self!r}: the SDK refused the request's arguments: {exc}") from exc
-        except sdk.APIStatusError as exc:
-            raise ModelError(
-                f"OpenAI chat completion for {where} failed: HTTP {exc.status_code}: "
-                f"{status_detail(exc)}{status_hint(exc.status_code)}"
-            ) from exc
-        except sdk.APITimeoutError as exc:
-            raise ModelError(f"OpenAI chat completion for {where} timed out") from exc
-        except sdk.APIConnectionError as exc:
-            raise ModelError(
-                f"OpenAI chat completion for {where} failed: cannot connect ({cause_of(exc)})"
-            ) from exc
-        except sdk.OpenAIError as exc:
-            raise ModelError(
-                f"OpenAI chat completion for {where} failed: {type(exc).__name__}: {exc}"
-            ) from exc
+        completion = await self._request(
+            sdk,
+            sdk.OpenAIError,
+            lambda: client.chat.completions.create(**kwargs),
+            "OpenAI chat completion",
+            where,
+        )
         return self._parse(completion, where)
 
     def _parse(self, completion: Any, where: str) -> ModelResponse:

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
-from .._exceptions import UsageError
+from .._exceptions import ModelError, UsageError
 
 __all__ = [
     "SdkModel",
@@ -210,6 +210,34 @@ class SdkModel:
     def __repr__(self) -> str:
         where = f", base_url={self._base_url!r}" if self._base_url else ""
         return f"{type(self).__name__}({self.model!r}{where})"
+
+    async def _request(
+        self,
+        sdk: Any,
+        base_error: type[Exception],
+        call: Callable[[], Awaitable[Any]],
+        what: str,
+        where: str,
+    ) -> Any:
+        """Await one SDK call, turning each SDK failure into a `ModelError` that says what
+        failed and where (or a `UsageError` when the SDK refuses the arguments)."""
+        try:
+            return await call()
+        except TypeError as exc:
+            raise UsageError(f"{self!r}: the SDK refused the request's arguments: {exc}") from exc
+        except sdk.APIStatusError as exc:
+            raise ModelError(
+                f"{what} for {where} failed: HTTP {exc.status_code}: "
+                f"{status_detail(exc)}{status_hint(exc.status_code)}"
+            ) from exc
+        except sdk.APITimeoutError as exc:
+            raise ModelError(f"{what} for {where} timed out") from exc
+        except sdk.APIConnectionError as exc:
+            raise ModelError(
+                f"{what} for {where} failed: cannot connect ({cause_of(exc)})"
+            ) from exc
+        except base_error as exc:
+            raise ModelError(f"{what} for {where} failed: {type(exc).__name__}: {exc}") from exc
 
     async def aclose(self) -> None:
         """Close the HTTP client this model opened (a client passed in is left open)."""
