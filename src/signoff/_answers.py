@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         }
         if edited is not None:
             out["edited_input"] = edited
+        _check_json(rid, out)
         return out
     if reply.edited_input is not None:
         raise InvalidAnswer(f"request {rid} is a {request.kind}: it takes no edited input", [rid])
@@ -117,7 +119,35 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         answer = {"value": reply.text, "option_id": None, "text": reply.text}
     else:
         raise InvalidAnswer(f"request {rid}: the answer needs an option_id or text", [rid])
-    return {"outcome": "answered", "answer": answer}
+    out = {"outcome": "answered", "answer": answer}
+    _check_json(rid, out)
+    return out
+
+
+MAX_DEPTH = 100
+"""How deeply an answer's value or edited input may nest (lists and objects)."""
+
+
+def _check_json(rid: str, resolution: dict[str, Any]) -> None:
+    """What is recorded must be plain JSON: no NaN or infinity, nothing unserialisable, text
+    that is valid Unicode, nested at most `MAX_DEPTH` levels, so every reader can parse it."""
+    stack: list[tuple[Any, int]] = [(resolution.get("value"), 1)]
+    stack.append((resolution.get("edited_input"), 1))
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, tuple, dict)):
+            if depth > MAX_DEPTH:
+                raise InvalidAnswer(
+                    f"request {rid}: the answer's value nests deeper than {MAX_DEPTH} levels", [rid]
+                )
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    try:
+        json.dumps(resolution, allow_nan=False, ensure_ascii=False).encode()
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is one
+        raise InvalidAnswer(
+            f"request {rid}: the answer is not plain JSON text: {exc}", [rid]
+        ) from None
 
 
 def repeat(

@@ -23,8 +23,13 @@ from ._context import ServerContext
 from ._dashboard import SignIn, dashboard_error, sign_in_redirect
 from ._dashboard import router as dashboard_router
 from ._errors import ApiError, error_response, install_error_handlers
+from ._limits import BodyLimit
 
-__all__ = ["AppChannels", "create_app"]
+__all__ = ["MAX_BODY_SIZE", "AppChannels", "create_app"]
+
+MAX_BODY_SIZE = 4 * 1024 * 1024
+"""The default cap on a request body, in bytes; a larger one is refused (413
+`payload_too_large`)."""
 
 log = logging.getLogger("signoff.server")
 
@@ -51,6 +56,7 @@ def create_app(
     close_runtime: bool = False,
     channels: AppChannels | None = None,
     sweep_every: float | None = 5.0,
+    max_body_size: int = MAX_BODY_SIZE,
 ) -> FastAPI:
     """Build the app serving `runtime`.
 
@@ -60,6 +66,7 @@ def create_app(
     `channels` (a `ChannelHub`) follows the queue while the app runs; its routes (e.g. Slack's
     interactivity endpoint) are mounted on the app. Every `sweep_every` seconds the app applies
     passed request deadlines (`Runtime.expire_due`); None turns that off (workers do it too).
+    A request body over `max_body_size` bytes is refused with 413 `payload_too_large`.
     """
     if auth is None:
         if not dev:
@@ -71,6 +78,8 @@ def create_app(
         raise TypeError(f"create_app() serves a signoff Runtime, not {runtime!r}")
     if poll_interval <= 0 or heartbeat <= 0:
         raise ValueError("poll_interval and heartbeat must be positive seconds")
+    if isinstance(max_body_size, bool) or not isinstance(max_body_size, int) or max_body_size < 1:
+        raise ValueError(f"max_body_size must be a positive number of bytes, not {max_body_size!r}")
 
     async def _sweep(every: float) -> None:
         while True:
@@ -109,6 +118,7 @@ def create_app(
         docs_url="/v1/docs",
         redoc_url=None,
     )
+    app.add_middleware(BodyLimit, max_bytes=max_body_size)
     app.state.signoff = ServerContext(
         runtime=runtime, auth=auth, access=access, poll_interval=poll_interval, heartbeat=heartbeat
     )

@@ -143,9 +143,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
-        codes = {404: "not_found", 405: "method_not_allowed", 401: "unauthenticated"}
+        codes = {
+            404: "not_found",
+            405: "method_not_allowed",
+            401: "unauthenticated",
+            413: "payload_too_large",
+        }
         code = codes.get(exc.status_code, f"http_{exc.status_code}")
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
+        if exc.status_code == 400 and "json" in request.headers.get("content-type", ""):
+            # The body could not even be decoded: not UTF-8, or nested too deeply to parse.
+            code, message = "malformed_json", "the request body is not valid JSON"
         response = error_response(exc.status_code, code, message)
         for key, value in (exc.headers or {}).items():
             response.headers[key] = value
@@ -176,5 +184,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: _doc("Unknown session or request (`unknown_session`, `unknown_request`)"),
     409: _doc("Conflict (`conflicting_answer`, `request_closed`, `stale_answer`, `session_busy`)"),
     410: _doc("The session expired (`session_expired`)"),
+    413: _doc("The request body is too large (`payload_too_large`)"),
     422: _doc("Invalid or partial body (`invalid_request`, `invalid_answer`, `partial_answer`)"),
 }

@@ -36,6 +36,25 @@ class _Body(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, alias_generator=to_camel)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _unicode(cls, data: Any) -> Any:
+        """JSON may escape a lone surrogate (`"\\ud800"`): it is not text, and cannot be stored."""
+        stack = [data]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                try:
+                    item.encode()
+                except UnicodeEncodeError:
+                    raise ValueError("text must be valid Unicode: found a lone surrogate") from None
+            elif isinstance(item, dict):
+                stack.extend(item.keys())
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+        return data
+
 
 class CreateSession(_Body):
     agent: StrictStr = Field(min_length=1, description="Name of the agent to talk to.")

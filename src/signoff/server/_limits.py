@@ -1,0 +1,49 @@
+"""`BodyLimit`: refuses request bodies over a size, as a JSON 413 `payload_too_large`."""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ._errors import error_response
+
+__all__ = ["BodyLimit"]
+
+TOO_LARGE = "the request body is larger than this server accepts ({limit} bytes)"
+
+
+class BodyLimit:
+    """ASGI middleware: a body over `max_bytes` is refused before the app reads it all.
+
+    A declared `Content-Length` over the limit is refused up front; a streamed body is counted
+    as it arrives, and the read that crosses the limit raises a 413 that the app's handlers
+    render like any other error.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        message = TOO_LARGE.format(limit=self.max_bytes)
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.strip().isdigit() and int(declared) > self.max_bytes:
+            response = error_response(413, "payload_too_large", message)
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def limited() -> Message:
+            nonlocal received
+            got = await receive()
+            if got["type"] == "http.request":
+                received += len(got.get("body", b""))
+                if received > self.max_bytes:
+                    raise HTTPException(413, message)
+            return got
+
+        await self.app(scope, limited, send)

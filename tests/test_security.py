@@ -1,0 +1,698 @@
+"""Hostile answers: forged, foreign, replayed, stale, oversized and malformed ones are refused
+with a named exception (Python) or a 4xx with a stable code (HTTP), and the store is unchanged.
+
+Already covered elsewhere, not repeated here: the dashboard's CSRF tokens on its forms
+(`test_dashboard.py::test_forms_without_the_csrf_token_are_refused`), its sign-in, and the status
+codes alone of several bad bodies (`test_server_api.py`); this file adds the "nothing changed"
+check and the cases those tests do not reach.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import TokenAuth, create_app
+from signoff.server._app import MAX_BODY_SIZE
+from signoff.testing import ManualClock
+
+from .test_server_common import ALICE, BOB, MALLORY, TOKENS, _echo, auth, make_agents
+
+STALE_HASH = "sha256:" + "0" * 64
+DEEP = 100_000
+
+
+def nested(depth: int) -> Any:
+    """`depth` levels of lists, built without recursion."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def deep_json(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+# -- the runtime under attack ---------------------------------------------------------------------
+
+
+def expiring_agent() -> so.Agent:
+    @so.tool(approval=so.always(expires_in=60))
+    async def close_account(account: str) -> dict[str, Any]:
+        """Close a customer's account."""
+        return {"closed": account}
+
+    call = so.ModelResponse(
+        tool_calls=[so.ToolCall(name="close_account", input={"account": "ACC-1"})]
+    )
+    return so.Agent(
+        name="closer",
+        model=so.models.Scripted([call, _echo], repeat_last=True),
+        tools=[close_account],
+    )
+
+
+@dataclass(slots=True)
+class World:
+    """A runtime with requests in every state, each owned by Alice (tenant `acme`)."""
+
+    rt: so.Runtime
+    clock: ManualClock
+    a: str = ""  # a waiting support session and its open approval
+    ra: str = ""
+    b: str = ""  # a second one
+    rb: str = ""
+    q: str = ""  # a waiting question
+    rq: str = ""
+    t: str = ""  # a two-approver (quorum) approval
+    rt_: str = ""
+    s: str = ""  # a session whose approval was settled (approved)
+    rs: str = ""
+    c: str = ""  # a session whose approval was withdrawn by a cancel
+    rc: str = ""
+    x: str = ""  # a session whose approval expired
+    rx: str = ""
+
+
+async def build_world(tmp_path: Path) -> World:
+    clock = ManualClock()
+    rt = so.Runtime(
+        [*make_agents(), expiring_agent()],
+        store=f"sqlite:///{tmp_path / 'state.db'}",
+        clock=clock,
+    )
+    w = World(rt=rt, clock=clock)
+
+    async def start(agent: str) -> tuple[str, str]:
+        r = await rt.generate(agent, prompt="please", auth=ALICE)
+        assert r.status == "waiting", r
+        return r.session_id, r.pending[0].id
+
+    w.a, w.ra = await start("support")
+    w.b, w.rb = await start("support")
+    w.q, w.rq = await start("helper")
+    w.t, w.rt_ = await start("treasury")
+    w.s, w.rs = await start("support")
+    done = await rt.respond(
+        w.s, [so.InputResponse(request_id=w.rs, option_id="approve")], principal=ALICE
+    )
+    assert done.status == "completed"
+    w.c, w.rc = await start("support")
+    await rt.cancel(w.c, "changed my mind")
+    w.x, w.rx = await start("closer")
+    clock.advance(61)
+    assert await rt.expire_due() == 1
+    return w
+
+
+@pytest.fixture
+async def world(tmp_path: Path) -> AsyncIterator[World]:
+    w = await build_world(tmp_path)
+    try:
+        yield w
+    finally:
+        await w.rt.close()
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if dump is not None else value
+
+
+async def snapshot(rt: so.Runtime) -> dict[str, Any]:
+    """Everything the public API shows of the store: every session with its events and its
+    requests (status and resolution), the open queue, and the audit trail."""
+    sessions = await rt.sessions(limit=10_000)
+    out: dict[str, Any] = {
+        "sessions": [_plain(s) for s in sessions],
+        "pending": [_plain(r) for r in await rt.pending(limit=10_000)],
+        "audit": [_plain(e) for e in await rt.audit()],
+        "events": {},
+        "requests": {},
+    }
+    for s in sessions:
+        events = [_plain(e) async for e in rt.events(s.id, follow=False)]
+        out["events"][s.id] = events
+        for rid in sorted((await rt.state(s.id)).requests):
+            stored = await rt.store.get_request(rid)
+            assert stored is not None, rid
+            out["requests"][rid] = (stored.status, stored.outcome, stored.resolution)
+    assert out["events"] and out["requests"], "the snapshot must see the world's sessions"
+    return out
+
+
+async def test_the_snapshot_sees_a_change(world: World) -> None:
+    """The "nothing changed" check can fail: one more answer shows up in it."""
+    before = await snapshot(world.rt)
+    reply = so.InputResponse(request_id=world.ra, option_id="approve")
+    await world.rt.respond(world.a, [reply], principal=ALICE, resume=False)
+    after = await snapshot(world.rt)
+    assert before["events"][world.a] != after["events"][world.a]
+    assert before["requests"][world.ra] != after["requests"][world.ra]
+    assert before["pending"] != after["pending"]
+    assert before["audit"] != after["audit"]
+
+
+# -- the Python API -------------------------------------------------------------------------------
+
+Attack = Callable[[World], Awaitable[Any]]
+
+
+def answer(
+    sid: Callable[[World], str],
+    rid: Callable[[World], str],
+    who: so.Principal | None = ALICE,
+    **extra: Any,
+) -> Attack:
+    async def attack(w: World) -> Any:
+        reply = {"request_id": rid(w), "option_id": "approve", **extra}
+        return await w.rt.respond(sid(w), [reply], principal=who)
+
+    return attack
+
+
+def decide(
+    sid: Callable[[World], str],
+    ids: Callable[[World], list[str]],
+    who: so.Principal | None = ALICE,
+    **extra: Any,
+) -> Attack:
+    async def attack(w: World) -> Any:
+        decisions = [so.Decision(id=i, approved=True, **extra) for i in ids(w)]
+        return await w.rt.generate(session_id=sid(w), approvals=decisions, auth=who)
+
+    return attack
+
+
+def forged() -> str:
+    return f"req_{uuid.uuid4().hex[:20]}"
+
+
+def A(w: World) -> str:
+    return w.a
+
+
+def RA(w: World) -> str:
+    return w.ra
+
+
+PY_ATTACKS: dict[str, tuple[Attack, type[Exception]]] = {
+    # forged ids, well-formed and not
+    "forged-id": (answer(A, lambda w: forged()), so.UnknownRequest),
+    "forged-id-helix": (decide(A, lambda w: [forged()]), so.UnknownRequest),
+    "malformed-id-sql": (answer(A, lambda w: "req_' OR '1'='1"), so.UnknownRequest),
+    "malformed-id-path": (answer(A, lambda w: "../../req_x"), so.UnknownRequest),
+    "malformed-id-nul": (answer(A, lambda w: "req_\x00"), so.UnknownRequest),
+    "malformed-id-long": (answer(A, lambda w: "r" * 100_000), so.UnknownRequest),
+    "malformed-id-empty": (answer(A, lambda w: ""), so.UnknownRequest),
+    "forged-session": (answer(lambda w: "ses_" + uuid.uuid4().hex[:20], RA), so.UnknownSession),
+    "forged-plus-real-in-one-batch": (
+        decide(A, lambda w: [w.ra, forged()]),
+        so.UnknownRequest,
+    ),
+    # a request of another session, answered through this one
+    "other-session": (answer(A, lambda w: w.rb), so.UnknownRequest),
+    "other-session-helix": (decide(A, lambda w: [w.rb]), so.UnknownRequest),
+    "other-session-settled": (answer(A, lambda w: w.rs), so.UnknownRequest),
+    # reviewers who may not settle: same tenant, other tenant, nobody
+    "not-the-requester-same-tenant": (answer(A, RA, who=BOB), so.NotAllowed),
+    "not-the-requester-other-tenant": (answer(A, RA, who=MALLORY), so.NotAllowed),
+    "anonymous": (answer(A, RA, who=None), so.NotAllowed),
+    "anonymous-helix": (decide(A, lambda w: [w.ra], who=None), so.NotAllowed),
+    "anonymous-quorum-vote": (answer(lambda w: w.t, lambda w: w.rt_, who=None), so.NotAllowed),
+    # replays onto closed requests
+    "conflicting-replay": (
+        answer(lambda w: w.s, lambda w: w.rs, option_id="cancel"),
+        so.ConflictingAnswer,
+    ),
+    "after-cancel": (answer(lambda w: w.c, lambda w: w.rc), so.RequestClosed),
+    "after-cancel-helix": (decide(lambda w: w.c, lambda w: [w.rc]), so.RequestClosed),
+    "after-expiry": (answer(lambda w: w.x, lambda w: w.rx), so.RequestClosed),
+    # the reviewer saw another call
+    "stale-hash": (answer(A, RA, input_hash=STALE_HASH), so.StaleAnswer),
+    "stale-hash-helix": (decide(A, lambda w: [w.ra], input_hash=STALE_HASH), so.StaleAnswer),
+    "stale-hash-with-edit": (
+        answer(
+            A,
+            RA,
+            input_hash="md5:whatever",
+            edited_input={"order_id": "1042", "amount": 1, "reason": "x"},
+        ),
+        so.StaleAnswer,
+    ),
+    "stale-hash-quorum": (
+        answer(lambda w: w.t, lambda w: w.rt_, who=BOB, input_hash=STALE_HASH),
+        so.StaleAnswer,
+    ),
+    # values that are not plain JSON
+    "value-deeply-nested": (answer(A, RA, value=nested(DEEP)), so.InvalidAnswer),
+    "value-nested-101": (answer(A, RA, value=nested(101)), so.InvalidAnswer),
+    "value-nan": (answer(A, RA, value=math.nan), so.InvalidAnswer),
+    "value-infinity": (answer(A, RA, value={"x": [math.inf]}), so.InvalidAnswer),
+    "value-object": (answer(A, RA, value=object()), so.InvalidAnswer),
+    "value-nested-helix": (decide(A, lambda w: [w.ra], value=nested(DEEP)), so.InvalidAnswer),
+    "value-lone-surrogate": (answer(A, RA, value={"k": "\ud800"}), so.InvalidAnswer),
+    "reason-lone-surrogate": (answer(A, RA, text="fine \udfff"), so.InvalidAnswer),
+    "reason-lone-surrogate-helix": (
+        decide(A, lambda w: [w.ra], reason="\ud800"),
+        so.InvalidAnswer,
+    ),
+    "question-text-lone-surrogate": (
+        answer(lambda w: w.q, lambda w: w.rq, option_id=None, text="\ud800"),
+        so.InvalidAnswer,
+    ),
+    "edited-input-nan": (
+        answer(A, RA, edited_input={"order_id": "1042", "amount": math.nan, "reason": "x"}),
+        so.InvalidAnswer,
+    ),
+    "edited-input-unknown-field": (
+        answer(A, RA, edited_input={"order_id": "1042", "amount": 1, "reason": "x", "admin": True}),
+        so.InvalidAnswer,
+    ),
+    "question-with-an-approval-option": (
+        answer(lambda w: w.q, lambda w: w.rq),
+        so.InvalidAnswer,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PY_ATTACKS))
+async def test_python_api_refuses_and_changes_nothing(world: World, name: str) -> None:
+    attack, error = PY_ATTACKS[name]
+    before = await snapshot(world.rt)
+    with pytest.raises(error) as caught:
+        await attack(world)
+    assert type(caught.value) is error, f"{name}: {type(caught.value).__name__}: {caught.value}"
+    assert str(caught.value)
+    assert await snapshot(world.rt) == before, f"{name} changed the store"
+
+
+async def test_a_value_at_the_depth_limit_is_kept(world: World) -> None:
+    """The nesting limit is a limit, not a refusal of nesting: 100 levels are recorded."""
+    reply = so.InputResponse(request_id=world.ra, option_id="approve", value=nested(100))
+    r = await world.rt.respond(world.a, [reply], principal=ALICE)
+    assert r.status == "completed"
+    stored = await world.rt.store.get_request(world.ra)
+    assert stored is not None and stored.resolution is not None
+    assert stored.resolution["value"] == nested(100)
+
+
+REPLAYS: dict[str, Callable[[World], Awaitable[so.GenerateResult]]] = {
+    "respond": lambda w: w.rt.respond(
+        w.a, [so.InputResponse(request_id=w.ra, option_id="approve")], principal=ALICE
+    ),
+    "respond-without-resume": lambda w: w.rt.respond(
+        w.a, [so.InputResponse(request_id=w.ra, option_id="approve")], principal=ALICE, resume=False
+    ),
+    "helix": lambda w: w.rt.generate(
+        session_id=w.a, approvals=[so.Decision(id=w.ra, approved=True)], auth=ALICE
+    ),
+    "deny": lambda w: w.rt.respond(
+        w.a, [so.InputResponse(request_id=w.ra, option_id="cancel", text="no")], principal=ALICE
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REPLAYS))
+async def test_a_replayed_answer_is_a_no_op(world: World, name: str) -> None:
+    first = await REPLAYS[name](world)
+    assert [o.applied for o in first.outcomes] == [True]
+    before = await snapshot(world.rt)
+    for _ in range(2):
+        again = await REPLAYS[name](world)
+        assert [(o.request_id, o.applied) for o in again.outcomes] == [(world.ra, False)]
+        assert again.outcomes[0].outcome == first.outcomes[0].outcome
+    assert await snapshot(world.rt) == before, f"replaying {name} changed the store"
+
+
+# -- the HTTP API ---------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Served:
+    world: World
+    client: httpx.AsyncClient
+
+
+@pytest.fixture
+async def served(world: World) -> AsyncIterator[Served]:
+    app = create_app(world.rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as c:
+            yield Served(world, c)
+
+
+JSON = {"Content-Type": "application/json"}
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One hostile HTTP call: `build(world)` gives the method, path and httpx keyword arguments."""
+
+    build: Callable[[World], tuple[str, str, dict[str, Any]]]
+    status: int
+    code: str
+    token: str | None = "alice-token"
+
+
+def responses(
+    sid: Callable[[World], str], rid: Callable[[World], str], **extra: Any
+) -> Callable[[World], tuple[str, str, dict[str, Any]]]:
+    def build(w: World) -> tuple[str, str, dict[str, Any]]:
+        item = {"requestId": rid(w), "optionId": "approve", **extra}
+        return "POST", f"/v1/sessions/{sid(w)}/responses", {"json": {"inputResponses": [item]}}
+
+    return build
+
+
+def approvals(
+    sid: Callable[[World], str], ids: Callable[[World], list[str]], **extra: Any
+) -> Callable[[World], tuple[str, str, dict[str, Any]]]:
+    def build(w: World) -> tuple[str, str, dict[str, Any]]:
+        items = [{"id": i, "approved": True, **extra} for i in ids(w)]
+        return "POST", f"/v1/sessions/{sid(w)}/approvals", {"json": {"approvals": items}}
+
+    return build
+
+
+def raw(
+    path: Callable[[World], str], content: bytes | Callable[[World], bytes], **headers: str
+) -> Callable[[World], tuple[str, str, dict[str, Any]]]:
+    def build(w: World) -> tuple[str, str, dict[str, Any]]:
+        body = content(w) if callable(content) else content
+        return "POST", path(w), {"content": body, "headers": {**JSON, **headers}}
+
+    return build
+
+
+async def chunks(chunk: bytes, count: int) -> AsyncIterator[bytes]:
+    """A streamed body with no Content-Length."""
+    for _ in range(count):
+        yield chunk
+
+
+def to_responses(w: World) -> str:
+    return f"/v1/sessions/{w.a}/responses"
+
+
+def answer_json(value: bytes) -> Callable[[World], bytes]:
+    def body(w: World) -> bytes:
+        head = json.dumps({"requestId": w.ra, "optionId": "approve"})[:-1].encode()
+        return b'{"inputResponses": [' + head + b', "value": ' + value + b"}]}"
+
+    return body
+
+
+BIG = MAX_BODY_SIZE + 1024
+
+
+HTTP_ATTACKS: dict[str, Call] = {
+    # forged ids
+    "forged-id": Call(responses(A, lambda w: forged()), 404, "unknown_request"),
+    "forged-id-helix": Call(approvals(A, lambda w: [forged()]), 404, "unknown_request"),
+    "malformed-id": Call(responses(A, lambda w: "req_'; DROP TABLE--"), 404, "unknown_request"),
+    "empty-id": Call(responses(A, lambda w: ""), 422, "invalid_request"),
+    "numeric-id": Call(responses(A, lambda w: 7), 422, "invalid_request"),  # type: ignore[arg-type,return-value]
+    "forged-session": Call(
+        responses(lambda w: "ses_" + uuid.uuid4().hex[:20], RA), 404, "unknown_session"
+    ),
+    "get-forged-request": Call(
+        lambda w: ("GET", f"/v1/requests/{forged()}", {}), 404, "unknown_request"
+    ),
+    "forged-plus-real": Call(approvals(A, lambda w: [w.ra, forged()]), 404, "unknown_request"),
+    # foreign ids: another session, another tenant
+    "other-session": Call(responses(A, lambda w: w.rb), 404, "unknown_request"),
+    "other-session-helix": Call(approvals(A, lambda w: [w.rb]), 404, "unknown_request"),
+    "other-tenant": Call(responses(A, RA), 404, "unknown_session", token="mallory-token"),
+    "other-tenant-helix": Call(
+        approvals(A, lambda w: [w.ra]), 404, "unknown_session", token="mallory-token"
+    ),
+    "other-tenant-cancel": Call(
+        lambda w: ("POST", f"/v1/sessions/{w.a}/cancel", {}),
+        404,
+        "unknown_session",
+        token="mallory-token",
+    ),
+    "other-tenant-message": Call(
+        lambda w: ("POST", f"/v1/sessions/{w.a}/messages", {"json": {"text": "approve"}}),
+        404,
+        "unknown_session",
+        token="mallory-token",
+    ),
+    "other-tenant-read-request": Call(
+        lambda w: ("GET", f"/v1/requests/{w.ra}", {}),
+        404,
+        "unknown_request",
+        token="mallory-token",
+    ),
+    "other-tenant-quorum-vote": Call(
+        responses(lambda w: w.t, lambda w: w.rt_), 404, "unknown_session", token="mallory-token"
+    ),
+    "same-tenant-not-the-requester": Call(responses(A, RA), 403, "not_allowed", token="bob-token"),
+    # closed requests
+    "conflicting-replay": Call(
+        responses(lambda w: w.s, lambda w: w.rs, optionId="cancel"), 409, "conflicting_answer"
+    ),
+    "after-cancel": Call(responses(lambda w: w.c, lambda w: w.rc), 409, "request_closed"),
+    "after-expiry": Call(responses(lambda w: w.x, lambda w: w.rx), 409, "request_closed"),
+    # stale input hash
+    "stale-hash": Call(responses(A, RA, inputHash=STALE_HASH), 409, "stale_answer"),
+    "stale-hash-helix": Call(
+        approvals(A, lambda w: [w.ra], inputHash=STALE_HASH), 409, "stale_answer"
+    ),
+    # size
+    "huge-prompt": Call(
+        lambda w: ("POST", "/v1/sessions", {"json": {"agent": "support", "message": "x" * BIG}}),
+        413,
+        "payload_too_large",
+    ),
+    "huge-message": Call(
+        lambda w: ("POST", f"/v1/sessions/{w.a}/messages", {"json": {"text": "x" * BIG}}),
+        413,
+        "payload_too_large",
+    ),
+    "huge-answer-value": Call(responses(A, RA, value="v" * BIG), 413, "payload_too_large"),
+    "huge-chunked-body": Call(
+        lambda w: (
+            "POST",
+            to_responses(w),
+            {"content": chunks(b"[" * 65536, BIG // 65536 + 1), "headers": JSON},
+        ),
+        413,
+        "payload_too_large",
+    ),
+    "huge-body-unauthenticated": Call(
+        lambda w: ("POST", "/v1/sessions", {"content": b" " * BIG, "headers": JSON}),
+        413,
+        "payload_too_large",
+        token=None,
+    ),
+    # malformed JSON
+    "deep-body": Call(raw(to_responses, deep_json(DEEP)), 400, "malformed_json"),
+    "deep-answer-value": Call(
+        raw(to_responses, answer_json(deep_json(DEEP))), 400, "malformed_json"
+    ),
+    "nested-answer-value": Call(
+        raw(to_responses, answer_json(deep_json(150))), 422, "invalid_answer"
+    ),
+    "edited-input-nested-wrong-type": Call(
+        responses(A, RA, editedInput={"order_id": nested(150)}), 422, "invalid_answer"
+    ),
+    "non-utf8": Call(
+        raw(to_responses, b'{"inputResponses": "\xff\xfe\xfd"}'), 400, "malformed_json"
+    ),
+    "latin1-in-prompt": Call(
+        raw(lambda w: "/v1/sessions", '{"agent": "support", "message": "café"}'.encode("latin-1")),
+        400,
+        "malformed_json",
+    ),
+    "lone-surrogate-value": Call(
+        raw(to_responses, answer_json(b'{"\\udc00": "x"}')), 422, "invalid_request"
+    ),
+    "lone-surrogate-text": Call(
+        raw(to_responses, answer_json(b'"x", "text": "ok \\ud800"')), 422, "invalid_request"
+    ),
+    "lone-surrogate-prompt": Call(
+        raw(lambda w: "/v1/sessions", b'{"agent": "support", "message": "hi \\ud800"}'),
+        422,
+        "invalid_request",
+    ),
+    "lone-surrogate-message": Call(
+        raw(lambda w: f"/v1/sessions/{w.a}/messages", b'{"text": "\\udfff"}'),
+        422,
+        "invalid_request",
+    ),
+    "truncated": Call(
+        raw(to_responses, b'{"inputResponses": [{"requestId": '), 400, "malformed_json"
+    ),
+    "nan-value": Call(raw(to_responses, answer_json(b"NaN")), 422, "invalid_answer"),
+    "infinity-value": Call(raw(to_responses, answer_json(b"[Infinity]")), 422, "invalid_answer"),
+    "minus-infinity-value": Call(
+        raw(to_responses, answer_json(b'{"x": -Infinity}')), 422, "invalid_answer"
+    ),
+    "huge-number": Call(raw(to_responses, answer_json(b"1e999")), 422, "invalid_answer"),
+    # wrong content types and shapes
+    "text-plain": Call(
+        raw(to_responses, answer_json(b"1"), **{"Content-Type": "text/plain"}),
+        422,
+        "invalid_request",
+    ),
+    "form-encoded": Call(
+        lambda w: ("POST", to_responses(w), {"data": {"requestId": w.ra, "optionId": "approve"}}),
+        422,
+        "invalid_request",
+    ),
+    "no-content-type": Call(
+        lambda w: (
+            "POST",
+            to_responses(w),
+            {"content": answer_json(b"1")(w), "headers": {"Content-Type": ""}},
+        ),
+        422,
+        "invalid_request",
+    ),
+    "array-body": Call(raw(to_responses, b"[]"), 422, "invalid_request"),
+    "unknown-field": Call(responses(A, RA, isAdmin=True), 422, "invalid_request"),
+    "unknown-top-level-field": Call(
+        lambda w: (
+            "POST",
+            to_responses(w),
+            {"json": {"inputResponses": [{"requestId": w.ra, "optionId": "approve"}], "as": "bob"}},
+        ),
+        422,
+        "invalid_request",
+    ),
+    "snake-case-spoof": Call(
+        lambda w: (
+            "POST",
+            to_responses(w),
+            {"json": {"inputResponses": [{"request_id": w.ra, "option_id": "approve"}]}},
+        ),
+        422,
+        "invalid_request",
+    ),
+    # authentication
+    "no-token": Call(responses(A, RA), 401, "unauthenticated", token=None),
+    "wrong-token": Call(responses(A, RA), 401, "unauthenticated", token="alice-token-x"),
+    "token-prefix": Call(responses(A, RA), 401, "unauthenticated", token="alice"),
+    "no-token-helix": Call(approvals(A, lambda w: [w.ra]), 401, "unauthenticated", token=None),
+    "no-token-cancel": Call(
+        lambda w: ("POST", f"/v1/sessions/{w.a}/cancel", {}), 401, "unauthenticated", token=None
+    ),
+    "basic-scheme": Call(
+        lambda w: (
+            "POST",
+            to_responses(w),
+            {
+                "json": {"inputResponses": [{"requestId": w.ra, "optionId": "approve"}]},
+                "headers": {"Authorization": "Basic YWxpY2UtdG9rZW46"},
+            },
+        ),
+        401,
+        "unauthenticated",
+        token=None,
+    ),
+    # the dashboard's cookie carries no authority for the API's writes (no CSRF from a page)
+    "cookie-on-api-post": Call(
+        lambda w: (
+            "POST",
+            to_responses(w),
+            {
+                "json": {"inputResponses": [{"requestId": w.ra, "optionId": "approve"}]},
+                "headers": {"Cookie": "signoff_token=alice-token"},
+            },
+        ),
+        401,
+        "unauthenticated",
+        token=None,
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HTTP_ATTACKS))
+async def test_http_api_refuses_and_changes_nothing(served: Served, name: str) -> None:
+    call = HTTP_ATTACKS[name]
+    method, path, kwargs = call.build(served.world)
+    headers = {**(auth(call.token) if call.token else {}), **kwargs.pop("headers", {})}
+    before = await snapshot(served.world.rt)
+    r = await served.client.request(method, path, headers=headers, **kwargs)
+    assert r.status_code == call.status, f"{name}: {r.status_code} {r.text[:500]}"
+    assert r.headers["content-type"].startswith("application/json"), name
+    body = r.json()
+    assert set(body) == {"error"}, body
+    assert body["error"]["code"] == call.code, f"{name}: {body}"
+    assert body["error"]["message"]
+    assert await snapshot(served.world.rt) == before, f"{name} changed the store"
+
+
+@pytest.mark.parametrize(
+    "endpoint",
+    [
+        lambda w: (
+            "/v1/sessions/{a}/responses",
+            {"inputResponses": [{"requestId": w.ra, "optionId": "approve"}]},
+        ),
+        lambda w: ("/v1/sessions/{a}/approvals", {"approvals": [{"id": w.ra, "approved": True}]}),
+    ],
+    ids=["responses", "approvals"],
+)
+async def test_the_same_post_twice_is_a_no_op(served: Served, endpoint: Any) -> None:
+    w = served.world
+    path, body = endpoint(w)
+    url = path.format(a=w.a)
+    first = await served.client.post(url, json=body, headers=auth("alice-token"))
+    assert first.status_code == 200, first.text
+    assert first.json()["outcomes"][0]["applied"] is True
+    before = await snapshot(w.rt)
+    again = await served.client.post(url, json=body, headers=auth("alice-token"))
+    assert again.status_code == 200, again.text
+    assert again.json()["outcomes"] == [
+        {"request_id": w.ra, "outcome": "approved", "applied": False, "reason": None}
+    ]
+    assert again.json()["status"] == first.json()["status"] == "completed"
+    assert await snapshot(w.rt) == before
+
+
+async def test_the_body_limit_is_configurable(world: World) -> None:
+    app = create_app(world.rt, auth=TokenAuth(TOKENS), sweep_every=None, max_body_size=200)
+    body = {"inputResponses": [{"requestId": world.ra, "optionId": "approve"}]}
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as c:
+            before = await snapshot(world.rt)
+            padded = {**body, "inputResponses": [{**body["inputResponses"][0], "text": "x" * 200}]}
+            r = await c.post(
+                f"/v1/sessions/{world.a}/responses", json=padded, headers=auth("alice-token")
+            )
+            assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+            assert await snapshot(world.rt) == before
+            r = await c.post(
+                f"/v1/sessions/{world.a}/responses", json=body, headers=auth("alice-token")
+            )
+            assert r.status_code == 200, r.text
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="max_body_size"):
+            create_app(world.rt, auth=TokenAuth(TOKENS), max_body_size=bad)  # type: ignore[arg-type]
+
+
+async def test_a_body_under_the_limit_is_accepted(served: Served) -> None:
+    """The limit refuses only what is over it: a prompt of most of it starts a session."""
+    text = "x" * (MAX_BODY_SIZE - 1024)
+    r = await served.client.post(
+        "/v1/sessions", json={"agent": "support", "message": text}, headers=auth("alice-token")
+    )
+    assert r.status_code == 201, r.text[:300]
