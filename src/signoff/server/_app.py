@@ -24,6 +24,7 @@ from ._dashboard import SignIn, dashboard_error, sign_in_redirect
 from ._dashboard import router as dashboard_router
 from ._errors import ApiError, error_response, install_error_handlers
 from ._limits import BodyLimit
+from ._links import add_links
 
 __all__ = ["MAX_BODY_SIZE", "AppChannels", "create_app"]
 
@@ -156,6 +157,7 @@ def create_app(
             body = doc.get("components", {}).get("schemas", {}).get("CreateSession")
             if body is not None:
                 body["properties"]["agent"]["enum"] = sorted(runtime.agents)
+            add_links(doc)
             app.openapi_schema = doc
         return app.openapi_schema
 
