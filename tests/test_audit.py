@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import signoff as so
+from signoff.stores._codec import pack, unpack
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
@@ -108,11 +109,9 @@ async def test_altering_the_log_or_the_trail_is_named(tmp_path: Path) -> None:
         (raw,) = conn.execute(
             "SELECT data FROM events WHERE sk=? AND seq=?", (sk, settled.seq)
         ).fetchone()
-        data = json.loads(raw)
+        data = unpack(raw)
         data["by"]["principal_id"] = "mallory"
-        conn.execute(
-            "UPDATE events SET data=? WHERE sk=? AND seq=?", (json.dumps(data), sk, settled.seq)
-        )
+        conn.execute("UPDATE events SET data=? WHERE sk=? AND seq=?", (pack(data), sk, settled.seq))
     async with so.Runtime([agent()], store=f"sqlite:///{db}", clock=clock) as rt2:
         problems = await rt2.verify_audit()
         assert [(p.id, p.stream, p.reason) for p in problems] == [

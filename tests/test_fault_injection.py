@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from signoff.stores._codec import unpack
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -34,7 +36,7 @@ def check_log(db: Path, session_id: str) -> list[str]:
     with sqlite3.connect(db) as conn:
         (sk,) = conn.execute("SELECT sk FROM sessions WHERE id=?", (session_id,)).fetchone()
         rows = conn.execute("SELECT seq, type, data FROM events WHERE sk=? ORDER BY seq", (sk,))
-        events = [(seq, t, json.loads(d)) for seq, t, d in rows]
+        events = [(seq, t, unpack(d)) for seq, t, d in rows]
         (head,) = conn.execute("SELECT head FROM sessions WHERE sk=?", (sk,)).fetchone()
         requests = conn.execute("SELECT id, status FROM requests WHERE sk=?", (sk,)).fetchall()
     assert [seq for seq, _, _ in events] == list(range(1, head + 1)), "seq has a gap or a fork"

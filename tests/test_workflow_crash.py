@@ -211,7 +211,8 @@ def read_events(workdir: Path, session_id: str) -> list[so.Event]:
 def outcome(events: list[so.Event]) -> tuple[list[str], Any, str]:
     """What must not depend on crashes: the timeline, the tool's result, the final text."""
     result = next(e.data["result"] for e in events if e.type == "tool.completed")
-    text = next(e.data["text"] for e in events if e.type == "turn.completed")
+    done = next(i for i, e in enumerate(events) if e.type == "turn.completed")
+    text = next(e.data["text"] for e in reversed(events[:done]) if e.type == "model.completed")
     return timeline(events), result, text
 
 

@@ -70,12 +70,16 @@ def stored_status(state: SessionState) -> str:
     return status
 
 
+def _snapshot_due(before: int, count: int) -> bool:
+    """Every `SNAPSHOT_EVERY` events, so loading a session folds at most that many plus one
+    commit; a short session (most parked ones) has none and is folded from its few events."""
+    return before // SNAPSHOT_EVERY != (before + count) // SNAPSHOT_EVERY
+
+
 def _shadow(state: SessionState, events: Sequence[Event], before: int) -> SessionState | None:
-    """The state after `events`, built on a copy, when a snapshot is due (parks, every 64) or
-    the session's stored status may change."""
-    due = any(e.type in STATUS_TYPES for e in events) or (
-        before // SNAPSHOT_EVERY != (before + len(events)) // SNAPSHOT_EVERY
-    )
+    """The state after `events`, built on a copy, when a snapshot is due or the session's
+    stored status may change."""
+    due = any(e.type in STATUS_TYPES for e in events) or _snapshot_due(before, len(events))
     if not due:
         return None
     copy = SessionState.from_snapshot(state.to_snapshot())
@@ -216,7 +220,9 @@ class Driver:
                             new_requests=new_requests,
                             updated_requests=updated,
                             resolve=resolve,
-                            snapshot=None if after is None else after.to_snapshot(),
+                            snapshot=after.to_snapshot()
+                            if after is not None and _snapshot_due(before, len(events))
+                            else None,
                             durable=durable,
                             status=None if after is None else stored_status(after),
                             expires_at=None if state.ttl is None else now + state.ttl,
@@ -668,7 +674,8 @@ class Driver:
             unread = state.turn is not None and state.turn.last_message_seq > read_through
             if calls or unread:
                 return [completed]
-            return [completed, ("turn.completed", {"text": response.text}), ("session.waiting", {})]
+            # The answer is the `model.completed` just before: `turn.completed` does not repeat it.
+            return [completed, ("turn.completed", {}), ("session.waiting", {})]
 
         await self.record(specs)
         return False

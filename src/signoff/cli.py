@@ -737,7 +737,7 @@ def _summary(event: Event) -> str:
     if t == "input.resolved":
         return f"{d.get('request_id')} {d.get('outcome')}"
     if t == "turn.completed":
-        return compact_json(d.get("text", ""))
+        return str(d.get("text", ""))  # the answer is the model.completed line before it
     if t == "turn.failed":
         retry = " (retryable)" if d.get("retryable") else ""
         return _error_text(d.get("error")) + retry

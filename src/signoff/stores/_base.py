@@ -6,7 +6,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from .._events import Event
+import pydantic
+
+from .._events import SCHEMA_VERSION, Event
+from .._exceptions import SchemaVersionError, StoreError
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow
 
@@ -19,6 +22,8 @@ __all__ = [
     "Store",
     "SessionSummary",
     "StoredRequest",
+    "request_rows",
+    "stored_request",
 ]
 
 FaultHook = Callable[[Literal["before", "after"], str], None]
@@ -195,3 +200,44 @@ class Store(Protocol):
     async def audit(
         self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[AuditEntry]: ...
+
+
+def request_rows(
+    commit: Commit, pack: Callable[[Any], Any]
+) -> list[tuple[InputRequest, tuple[int | None, int | None], Any]]:
+    """Each new request of a commit with where its `input.requested` event holds it (seq, index)
+    and, only if no event of the commit holds exactly it, a packed copy to store instead."""
+    held: dict[str, tuple[int, int, dict[str, Any]]] = {}
+    for event in commit.events:
+        if event.type == "input.requested":
+            for i, raw in enumerate(event.data.get("requests", ())):
+                held[raw["id"]] = (event.seq, i, raw)
+    rows: list[tuple[InputRequest, tuple[int | None, int | None], Any]] = []
+    for req in commit.new_requests:
+        dumped = req.model_dump(mode="json", exclude_defaults=True)
+        found = held.get(req.id)
+        if found is not None and found[2] == dumped:
+            rows.append((req, (found[0], found[1]), None))
+        else:
+            rows.append((req, (None, None), pack(dumped)))
+    return rows
+
+
+def stored_request(
+    own: Any, event_data: Any, index: int | None, status: str, unpack: Callable[[Any], Any]
+) -> InputRequest:
+    """A request row read back: its own copy if it has one, else its place in the
+    `input.requested` event that recorded it."""
+    try:
+        if own is not None:
+            raw = unpack(own)
+        elif event_data is None or index is None:
+            raise StoreError("a request row refers to an event that is not in the log")
+        else:
+            raw = unpack(event_data)["requests"][index]
+        if raw.get("v", SCHEMA_VERSION) > SCHEMA_VERSION:
+            raise SchemaVersionError(f"request {raw.get('id')} was written by a newer signoff")
+        raw["status"] = status
+        return InputRequest.model_validate(raw)
+    except (KeyError, IndexError, TypeError, AttributeError, pydantic.ValidationError) as exc:
+        raise StoreError(f"a stored request cannot be read: {exc}") from exc

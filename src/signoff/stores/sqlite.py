@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .._events import SCHEMA_VERSION, Event, dumps, loads
+from .._events import Event, dumps
 from .._exceptions import (
     AppendConflict,
     LeaseLost,
@@ -26,15 +26,30 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._types import InputRequest
-from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash, loaded_data, stored_data
-from ._base import Commit, FaultHook, Loaded, PendingFilter, SessionSummary, StoredRequest
+from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash, loaded_data
+from ._base import (
+    Commit,
+    FaultHook,
+    Loaded,
+    PendingFilter,
+    SessionSummary,
+    StoredRequest,
+    request_rows,
+    stored_request,
+)
+from ._codec import pack, unpack, unpack_text
 
 __all__ = ["SQLiteStore"]
 
-STORE_SCHEMA = 1
+STORE_SCHEMA = 2
+
+PAGE_SIZE = 2048
+"""Bytes per page of a new file. Rows are small (event data is packed), and every table and
+index costs at least a page, and each commit writes whole pages to the WAL."""
+
+WAL_CHECKPOINT_PAGES = 256
 
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sessions (
     sk INTEGER PRIMARY KEY,
     id TEXT NOT NULL UNIQUE,
@@ -43,7 +58,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     status TEXT NOT NULL,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    expires_at REAL
+    expires_at REAL,
+    audit_n INTEGER NOT NULL DEFAULT 0,
+    audit_hash BLOB
 );
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, updated_at);
 CREATE TABLE IF NOT EXISTS events (
@@ -53,40 +70,43 @@ CREATE TABLE IF NOT EXISTS events (
     turn TEXT,
     at REAL NOT NULL,
     v INTEGER NOT NULL,
-    data TEXT NOT NULL,
+    data BLOB NOT NULL,
     PRIMARY KEY (sk, seq)
 ) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS snapshots (
     sk INTEGER PRIMARY KEY,
     seq INTEGER NOT NULL,
-    data TEXT NOT NULL
+    data BLOB NOT NULL
 );
 CREATE TABLE IF NOT EXISTS requests (
     id TEXT PRIMARY KEY,
     sk INTEGER NOT NULL,
+    seq INTEGER,
+    idx INTEGER,
     agent TEXT NOT NULL,
     kind TEXT NOT NULL,
     tool TEXT,
     status TEXT NOT NULL,
     created_at REAL NOT NULL,
     outcome TEXT,
-    data TEXT NOT NULL,
-    resolution TEXT
+    data BLOB,
+    resolution BLOB
 );
-CREATE INDEX IF NOT EXISTS requests_by_status ON requests (status, created_at);
+CREATE INDEX IF NOT EXISTS requests_pending ON requests (created_at) WHERE status = 'pending';
 CREATE INDEX IF NOT EXISTS requests_by_session ON requests (sk, status);
 CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY,
-    stream TEXT NOT NULL,
+    sk INTEGER,
+    stream TEXT,
     n INTEGER NOT NULL,
-    type TEXT NOT NULL,
-    at REAL NOT NULL,
     seq INTEGER,
-    data TEXT NOT NULL,
-    prev TEXT,
-    hash TEXT NOT NULL,
-    UNIQUE (stream, n)
+    type TEXT,
+    at REAL,
+    data TEXT,
+    hash BLOB NOT NULL
 );
+CREATE UNIQUE INDEX IF NOT EXISTS audit_by_session ON audit (sk, n) WHERE sk IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS audit_by_stream ON audit (stream, n) WHERE stream IS NOT NULL;
 CREATE TABLE IF NOT EXISTS leases (
     sk INTEGER PRIMARY KEY,
     owner TEXT NOT NULL,
@@ -142,22 +162,32 @@ class SQLiteStore:
                 check_same_thread=False,
             )
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only; before WAL
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
+            # Checkpoint every 256 pages (512 KB) and shrink the WAL back to that size after,
+            # instead of SQLite's default of letting it reach and stay at about 4 MB.
+            conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+            conn.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_PAGES * PAGE_SIZE}")
             with _immediate(conn):
-                for statement in _SCHEMA.strip().split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
                 row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-                if row is None:
-                    conn.execute(
-                        "INSERT INTO meta (key, value) VALUES ('schema', ?)", (str(STORE_SCHEMA),)
-                    )
-                elif int(row[0]) > STORE_SCHEMA:
+                found = STORE_SCHEMA if row is None else int(row[0])
+                if found > STORE_SCHEMA:
                     raise SchemaVersionError(
                         f"{self.path} has store schema {row[0]}; this signoff knows up to "
                         f"{STORE_SCHEMA}. Upgrade signoff."
                     )
+                if found == 1:
+                    _upgrade_from_1(conn)
+                for statement in _SCHEMA.strip().split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema', ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                    (str(STORE_SCHEMA),),
+                )
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
         self._conn = conn
@@ -217,7 +247,9 @@ class SQLiteStore:
         try:
             with _immediate(conn):
                 row = conn.execute(
-                    "SELECT sk, head FROM sessions WHERE id=?", (commit.session_id,)
+                    "SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash FROM sessions s "
+                    "LEFT JOIN leases l ON l.sk = s.sk WHERE s.id=?",
+                    (commit.session_id,),
                 ).fetchone()
                 if row is None:
                     raise UnknownSession(commit.session_id)
@@ -226,57 +258,61 @@ class SQLiteStore:
                     raise AppendConflict(
                         f"session {commit.session_id!r} is at seq {head}, not {commit.expected_seq}"
                     )
-                if commit.lease_token is not None:
-                    lease = conn.execute("SELECT token FROM leases WHERE sk=?", (sk,)).fetchone()
-                    if lease is None or int(lease[0]) != commit.lease_token:
-                        raise LeaseLost(
-                            f"lease {commit.lease_token} on session {commit.session_id!r} "
-                            "was taken over"
-                        )
+                if commit.lease_token is not None and (
+                    row[2] is None or int(row[2]) != commit.lease_token
+                ):
+                    raise LeaseLost(
+                        f"lease {commit.lease_token} on session {commit.session_id!r} "
+                        "was taken over"
+                    )
                 for r in commit.resolve:
                     cur = conn.execute(
                         "UPDATE requests SET status=?, outcome=?, resolution=? "
                         "WHERE id=? AND sk=? AND status='pending'",
-                        (r.status, r.outcome, dumps(r.resolution), r.request_id, sk),
+                        (r.status, r.outcome, pack(r.resolution), r.request_id, sk),
                     )
                     if cur.rowcount != 1:
                         raise RequestClosed(
                             f"request {r.request_id} is no longer pending", [r.request_id]
                         )
-                for req in commit.new_requests:
-                    conn.execute(
-                        "INSERT INTO requests (id, sk, agent, kind, tool, status, created_at, "
-                        "data) VALUES (?,?,?,?,?,?,?,?)",
-                        (
-                            req.id,
-                            sk,
-                            req.agent,
-                            req.kind,
-                            req.tool_name,
-                            "pending",
-                            req.created_at,
-                            dumps(req.model_dump(mode="json", exclude_defaults=True)),
-                        ),
+                if commit.new_requests:
+                    conn.executemany(
+                        "INSERT INTO requests (id, sk, seq, idx, agent, kind, tool, status, "
+                        "created_at, data) VALUES (?,?,?,?,?,?,?,'pending',?,?)",
+                        [
+                            (
+                                req.id,
+                                sk,
+                                *where,
+                                req.agent,
+                                req.kind,
+                                req.tool_name,
+                                req.created_at,
+                                copy,
+                            )
+                            for req, where, copy in request_rows(commit, pack)
+                        ],
                     )
                 for req in commit.updated_requests:
                     conn.execute(
                         "UPDATE requests SET data=? WHERE id=? AND sk=?",
-                        (dumps(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
+                        (pack(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
                     )
                 if commit.events:
                     self._insert_events(conn, sk, commit.events)
-                    self._insert_audit(conn, audit_rows(commit.events))
+                    n, digest = int(row[3]), None if row[4] is None else bytes(row[4])
+                    n, digest = self._insert_session_audit(conn, sk, n, digest, commit.events)
                     last = commit.events[-1]
                     conn.execute(
                         "UPDATE sessions SET head=?, updated_at=?, status=COALESCE(?, status), "
-                        "expires_at=? WHERE sk=?",
-                        (last.seq, last.at, commit.status, commit.expires_at, sk),
+                        "expires_at=?, audit_n=?, audit_hash=? WHERE sk=?",
+                        (last.seq, last.at, commit.status, commit.expires_at, n, digest, sk),
                     )
                 if commit.snapshot is not None:
                     conn.execute(
                         "INSERT INTO snapshots (sk, seq, data) VALUES (?,?,?) "
                         "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
-                        (sk, commit.snapshot["seq"], dumps(commit.snapshot)),
+                        (sk, commit.snapshot["seq"], pack(commit.snapshot)),
                     )
         except sqlite3.IntegrityError as exc:
             raise AppendConflict(f"session {commit.session_id!r}: {exc}") from exc
@@ -288,62 +324,111 @@ class SQLiteStore:
         self._after(label)
 
     @staticmethod
-    def _insert_audit(conn: sqlite3.Connection, rows: Sequence[AuditRow]) -> None:
-        last: dict[str, tuple[int, str | None]] = {}
-        for row in rows:
-            if row.stream not in last:
-                found = conn.execute(
-                    "SELECT n, hash FROM audit WHERE stream=? ORDER BY n DESC LIMIT 1",
-                    (row.stream,),
-                ).fetchone()
-                last[row.stream] = (0, None) if found is None else (int(found[0]), found[1])
-            n, prev = last[row.stream]
+    def _insert_session_audit(
+        conn: sqlite3.Connection, sk: int, n: int, digest: bytes | None, events: Sequence[Event]
+    ) -> tuple[int, bytes | None]:
+        """Chain the audited events of a commit onto the session's stream, whose head the
+        session row keeps; the entries hold no copy of the events, only their place and hash."""
+        rows = []
+        for row in audit_rows(events):
             n += 1
-            digest = chain_hash(
-                prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=row.seq, data=row.data
+            digest = bytes.fromhex(
+                chain_hash(
+                    None if digest is None else digest.hex(),
+                    stream=row.stream,
+                    n=n,
+                    type=row.type,
+                    at=row.at,
+                    seq=row.seq,
+                    data=row.data,
+                )
             )
-            conn.execute(
-                "INSERT INTO audit (stream, n, type, at, seq, data, prev, hash) "
-                "VALUES (?,?,?,?,?,?,?,?)",
-                (row.stream, n, row.type, row.at, row.seq, stored_data(row), prev, digest),
-            )
-            last[row.stream] = (n, digest)
+            rows.append((sk, n, row.seq, digest))
+        if rows:
+            conn.executemany("INSERT INTO audit (sk, n, seq, hash) VALUES (?,?,?,?)", rows)
+        return n, digest
 
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
         """Append entries that no event carries (tool setting changes)."""
         conn = self.conn
         with _immediate(conn):
-            self._insert_audit(conn, rows)
+            last: dict[str, tuple[int, str | None]] = {}
+            for row in rows:
+                if row.stream not in last:
+                    found = conn.execute(
+                        "SELECT n, hash FROM audit WHERE stream=? ORDER BY n DESC LIMIT 1",
+                        (row.stream,),
+                    ).fetchone()
+                    last[row.stream] = (0, None) if found is None else (found[0], found[1].hex())
+                n, prev = last[row.stream]
+                n += 1
+                digest = chain_hash(
+                    prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
+                )
+                conn.execute(
+                    "INSERT INTO audit (stream, n, type, at, data, hash) VALUES (?,?,?,?,?,?)",
+                    (row.stream, n, row.type, row.at, dumps(row.data), bytes.fromhex(digest)),
+                )
+                last[row.stream] = (n, digest)
 
     async def audit(
         self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[AuditEntry]:
-        # An entry of a session's event keeps no copy of its data: it is read from the event,
-        # so the chain also covers the event log itself.
+        # An entry of a session's event keeps only its place and hash: its type, time and data
+        # are read from the event, so the chain also covers the event log itself; `prev` is the
+        # hash of the entry before it in its stream.
         sql = (
-            "SELECT a.id, a.stream, a.n, a.type, a.at, a.seq, "
-            "CASE WHEN a.seq IS NULL THEN a.data ELSE e.data END, a.prev, a.hash FROM audit a "
-            "LEFT JOIN sessions s ON a.seq IS NOT NULL AND s.id = a.stream "
-            "LEFT JOIN events e ON e.sk = s.sk AND e.seq = a.seq WHERE a.id>?"
+            "SELECT a.id, COALESCE(s.id, a.stream), a.n, COALESCE(e.type, a.type), "
+            "COALESCE(e.at, a.at), a.seq, CASE WHEN a.sk IS NULL THEN a.data ELSE e.data END, "
+            "COALESCE(p.hash, q.hash), a.hash FROM audit a "
+            "LEFT JOIN sessions s ON s.sk = a.sk "
+            "LEFT JOIN events e ON e.sk = a.sk AND e.seq = a.seq "
+            "LEFT JOIN audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
+            "LEFT JOIN audit q ON a.stream IS NOT NULL AND q.stream = a.stream AND q.n = a.n - 1 "
+            "WHERE a.id>?"
         )
         params: list[Any] = [after_id]
         if stream is not None:
-            sql += " AND a.stream=?"
-            params.append(stream)
+            sk = self._session_key(stream)
+            sql += " AND a.stream=?" if sk is None else " AND a.sk=?"
+            params.append(stream if sk is None else sk)
         sql += " ORDER BY a.id LIMIT ?"
         params.append(limit)
-        return [
-            AuditEntry(
-                id=i, stream=st, n=n, type=t, at=at, seq=seq, data=loaded_data(d), prev=prev, hash=h
+        entries = []
+        for i, st, n, t, at, seq, d, prev, h in self.conn.execute(sql, params):
+            entries.append(
+                AuditEntry(
+                    id=i,
+                    stream=st,
+                    n=n,
+                    type=t if t is not None else "",
+                    at=at if at is not None else 0.0,
+                    seq=seq,
+                    data=loaded_data(None if d is None else unpack_text(d)),
+                    prev=None if prev is None else bytes(prev).hex(),
+                    hash=bytes(h).hex(),
+                )
             )
-            for i, st, n, t, at, seq, d, prev, h in self.conn.execute(sql, params)
-        ]
+        return entries
 
     @staticmethod
     def _insert_events(conn: sqlite3.Connection, sk: int, events: Sequence[Event]) -> None:
+        # `turn` is NULL when the event belongs to the turn of the event before it (the first
+        # event of a commit always names its turn, '' for none), which spares most rows the id.
         conn.executemany(
             "INSERT INTO events (sk, seq, type, turn, at, v, data) VALUES (?,?,?,?,?,?,?)",
-            [(sk, e.seq, e.type, e.turn_id, e.at, e.v, dumps(e.data)) for e in events],
+            [
+                (
+                    sk,
+                    e.seq,
+                    e.type,
+                    None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or "",
+                    e.at,
+                    e.v,
+                    pack(e.data),
+                )
+                for i, e in enumerate(events)
+            ],
         )
 
     def _before(self, label: str) -> None:
@@ -368,7 +453,7 @@ class SQLiteStore:
         snapshot = None
         if snap_row is not None:
             after = int(snap_row[0])
-            snapshot = loads(snap_row[1])
+            snapshot = unpack(snap_row[1])
         events = self._events(session_id, sk, after, None, None)
         return Loaded(session_id=session_id, agent=agent, snapshot=snapshot, events=events)
 
@@ -393,7 +478,7 @@ class SQLiteStore:
         limit: int | None,
         types: Sequence[str] | None,
     ) -> list[Event]:
-        sql = "SELECT seq, type, turn, at, v, data FROM events WHERE sk=? AND seq>?"
+        sql = f"SELECT e.seq, e.type, {_TURN}, e.at, e.v, e.data FROM events e WHERE sk=? AND seq>?"
         params: list[Any] = [sk, after]
         if types:
             sql += f" AND type IN ({','.join('?' * len(types))})"
@@ -407,10 +492,10 @@ class SQLiteStore:
                 session_id=session_id,
                 seq=seq,
                 type=type_,
-                turn_id=turn,
+                turn_id=turn or None,
                 at=at,
                 v=v,
-                data=loads(data),
+                data=unpack(data),
             )
             for seq, type_, turn, at, v, data in self.conn.execute(sql, params)
         ]
@@ -421,17 +506,17 @@ class SQLiteStore:
 
     async def get_request(self, request_id: str) -> StoredRequest | None:
         row = self.conn.execute(
-            "SELECT r.data, r.status, r.outcome, r.resolution, s.id FROM requests r "
-            "JOIN sessions s ON s.sk = r.sk WHERE r.id=?",
+            f"SELECT {_REQUEST_COLUMNS}, r.outcome, r.resolution FROM requests r "
+            f"{_REQUEST_JOIN} WHERE r.id=?",
             (request_id,),
         ).fetchone()
         if row is None:
             return None
         return StoredRequest(
-            request=_request(row[0], row[1]),
-            status=row[1],
-            outcome=row[2],
-            resolution=None if row[3] is None else loads(row[3]),
+            request=stored_request(row[0], row[1], row[2], row[3], unpack),
+            status=row[3],
+            outcome=row[4],
+            resolution=None if row[5] is None else unpack(row[5]),
         )
 
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
@@ -440,11 +525,11 @@ class SQLiteStore:
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
         rows = self.conn.execute(
-            "SELECT r.data, r.status FROM requests r JOIN sessions s ON s.sk=r.sk"
+            f"SELECT {_REQUEST_COLUMNS} FROM requests r {_REQUEST_JOIN}"
             f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
             [*params, flt.limit, flt.offset],
         ).fetchall()
-        return [_request(data, status) for data, status in rows]
+        return [stored_request(own, ev, i, st, unpack) for own, ev, i, st in rows]
 
     async def count_pending(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)
@@ -597,12 +682,52 @@ class SQLiteStore:
         )
 
 
-def _request(data: str, status: str) -> InputRequest:
-    raw = loads(data)
-    if raw.get("v", SCHEMA_VERSION) > SCHEMA_VERSION:
-        raise SchemaVersionError(f"request {raw.get('id')} was written by a newer signoff")
-    raw["status"] = status
-    return InputRequest.model_validate(raw)
+def _upgrade_from_1(conn: sqlite3.Connection) -> None:
+    """Schema 1 to 2, in the opening transaction: request rows keep their own copies, audit
+    entries of sessions move to the compact form and the session rows learn their chain heads."""
+    conn.execute("ALTER TABLE sessions ADD COLUMN audit_n INTEGER NOT NULL DEFAULT 0")
+    conn.execute("ALTER TABLE sessions ADD COLUMN audit_hash BLOB")
+    conn.execute("ALTER TABLE requests ADD COLUMN seq INTEGER")
+    conn.execute("ALTER TABLE requests ADD COLUMN idx INTEGER")
+    conn.execute("DROP INDEX IF EXISTS requests_by_status")
+    conn.execute("ALTER TABLE audit RENAME TO audit_1")
+    conn.execute(
+        "CREATE TABLE audit (id INTEGER PRIMARY KEY, sk INTEGER, stream TEXT, n INTEGER NOT NULL, "
+        "seq INTEGER, type TEXT, at REAL, data TEXT, hash BLOB NOT NULL)"
+    )
+    rows = conn.execute(
+        "SELECT a.id, s.sk, a.stream, a.n, a.seq, a.type, a.at, a.data, a.hash FROM audit_1 a "
+        "LEFT JOIN sessions s ON a.seq IS NOT NULL AND s.id = a.stream ORDER BY a.id"
+    ).fetchall()
+    conn.executemany(
+        "INSERT INTO audit (id, sk, stream, n, seq, type, at, data, hash) "
+        "VALUES (?,?,?,?,?,?,?,?,?)",
+        [
+            (i, sk, None, n, seq, None, None, None, bytes.fromhex(h))
+            if sk is not None
+            else (i, None, stream, n, seq, type_, at, data, bytes.fromhex(h))
+            for i, sk, stream, n, seq, type_, at, data, h in rows
+        ],
+    )
+    conn.execute("DROP TABLE audit_1")
+    conn.execute(
+        "UPDATE sessions SET audit_n = a.n, audit_hash = a.hash FROM "
+        "(SELECT sk, n, hash FROM audit WHERE sk IS NOT NULL AND n = "
+        "(SELECT MAX(n) FROM audit b WHERE b.sk = audit.sk)) a WHERE a.sk = sessions.sk"
+    )
+
+
+_TURN = (
+    "COALESCE(e.turn, (SELECT p.turn FROM events p WHERE p.sk = e.sk AND p.seq < e.seq "
+    "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1))"
+)
+"""An event's turn id: its own, or that of the nearest event before it that names one."""
+
+_REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status"
+_REQUEST_JOIN = (
+    "JOIN sessions s ON s.sk = r.sk LEFT JOIN events e ON r.data IS NULL AND e.sk = r.sk "
+    "AND e.seq = r.seq"
+)
 
 
 @contextmanager

@@ -1,0 +1,79 @@
+"""How the stores keep JSON documents: plain text when short, deflated with a preset dictionary
+when that is smaller.
+
+Event data is mostly prose and tool arguments with the same keys in every row, so deflate with a
+dictionary of those keys stores it in about 45% of its JSON size for about 12 us per row. A
+packed value is bytes starting with a format byte; a plain value is the JSON text itself, so
+rows written before packing existed still read back.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from .._events import dumps, loads
+from .._exceptions import StoreError
+
+__all__ = ["pack", "unpack", "unpack_text"]
+
+_DEFLATE_V1 = 1
+"""Format byte: raw deflate (4 KB window) with `_DICTIONARY_V1` as its preset dictionary."""
+
+_MIN_SIZE = 96
+"""Shorter JSON stays text: the format byte and deflate's framing would eat the saving."""
+
+# Keys and values that recur in event data, requests and snapshots. Deflate looks back into it,
+# most useful text last. Changing it breaks every row written with it: add a new format instead.
+_DICTIONARY_V1 = (
+    b'{"v":1,"id":"ses_","agent":"","seq":,"created_at":,"updated_at":,"ttl":null,'
+    b'"initiator":null,"parent":null,"approved_tools":[],"model_responses":,"queued":[],'
+    b'"lapsed":false,"limit_grants":0,"candidates":{},"requests":[],"turn":{"steps":,'
+    b'"retryable":false,"error":null,"first_seq":,"calls":{},"kind":"question","question":"",'
+    b'"allow_text":false,"payload":null,"source":"policy","index":null,"requested_by":null,'
+    b'"expires_at":null,"policy_error":null,"approvers":null,"quorum":1,'
+    b'"principal":{"id":"","attributes":{}},"source":"message","message":"",'
+    b'"idempotency_key":"ses_","edited_input":null,"approved_by":null,"value":null,'
+    b'"decision":"approve","outcome":"approved","status":"settled","on":"input","request_ids":'
+    b'["req_"],"result":{"approval":{"approved":true,"by":null,"reason":"ok"},"result":'
+    b'{"request_id":"req_","call_id":"call_","tool_name":"","status":"ok","by":null,"reason":'
+    b'"text":"","tool_calls":[{"id":"call_","name":"","input":{}}],'
+    b'"usage":{"input_tokens":0,"output_tokens":0,"cost_usd":0.0}}'
+    b'{"requests":[{"kind":"tool-approval","id":"req_","session_id":"ses_","turn_id":"trn_",'
+    b'"agent":"","action":{"call_id":"call_","tool_name":"","input":{},"input_hash":"sha256:'
+    b'"},"options":[{"id":"approve","label":"Approve","description":"Run the call as proposed.'
+    b'"},{"id":"cancel","label":"Deny","description":"Do not run the call."}],"created_at":'
+)
+
+
+def pack(value: Any) -> str | bytes:
+    """`value` as stored: its JSON text, or the deflated form when that is smaller."""
+    text = dumps(value)
+    raw = text.encode()
+    if len(raw) < _MIN_SIZE:
+        return text
+    deflater = zlib.compressobj(6, zlib.DEFLATED, -12, 4, zlib.Z_DEFAULT_STRATEGY, _DICTIONARY_V1)
+    packed = deflater.compress(raw) + deflater.flush()
+    if len(packed) + 1 >= len(raw):
+        return text
+    return bytes((_DEFLATE_V1,)) + packed
+
+
+def unpack_text(stored: str | bytes) -> str:
+    """The JSON text of a stored value, inflating it if it was packed."""
+    if isinstance(stored, str):
+        return stored
+    if not stored:
+        raise StoreError("a stored document is empty")
+    if stored[0] != _DEFLATE_V1:
+        raise StoreError(f"a stored document has unknown format {stored[0]} (newer signoff?)")
+    try:
+        inflater = zlib.decompressobj(-12, _DICTIONARY_V1)
+        return (inflater.decompress(stored[1:]) + inflater.flush()).decode()
+    except (zlib.error, UnicodeDecodeError) as exc:
+        raise StoreError(f"a stored document is corrupt: {exc}") from exc
+
+
+def unpack(stored: str | bytes) -> Any:
+    """The value of a stored document."""
+    return loads(unpack_text(stored))
