@@ -15,7 +15,7 @@ from typing import Any
 from .._events import dumps, loads
 from .._exceptions import StoreError
 
-__all__ = ["pack", "unpack", "unpack_text"]
+__all__ = ["pack", "pack_bytes", "unpack", "unpack_text"]
 
 _DEFLATE_V1 = 1
 """Format byte: raw deflate (4 KB window) with `_DICTIONARY_V1` as its preset dictionary."""
@@ -59,21 +59,41 @@ def pack(value: Any) -> str | bytes:
     return bytes((_DEFLATE_V1,)) + packed
 
 
-def unpack_text(stored: str | bytes) -> str:
+def pack_bytes(value: Any) -> bytes:
+    """`pack` for a binary column (PostgreSQL `bytea`): plain JSON as its UTF-8 bytes, which
+    never start with a format byte (those are control characters)."""
+    packed = pack(value)
+    return packed.encode() if isinstance(packed, str) else packed
+
+
+def unpack_text(stored: str | bytes | memoryview) -> str:
     """The JSON text of a stored value, inflating it if it was packed."""
     if isinstance(stored, str):
         return stored
+    stored = bytes(stored)
     if not stored:
         raise StoreError("a stored document is empty")
+    if stored[0] >= 0x20 or stored[0] in b"\t\n\r":  # plain JSON text
+        try:
+            return stored.decode()
+        except UnicodeDecodeError as exc:
+            raise StoreError(f"a stored document is not UTF-8: {exc}") from exc
     if stored[0] != _DEFLATE_V1:
         raise StoreError(f"a stored document has unknown format {stored[0]} (newer signoff?)")
     try:
         inflater = zlib.decompressobj(-12, _DICTIONARY_V1)
-        return (inflater.decompress(stored[1:]) + inflater.flush()).decode()
+        text = (inflater.decompress(stored[1:]) + inflater.flush()).decode()
+        if not inflater.eof or inflater.unused_data:
+            raise StoreError("a stored document is corrupt: truncated or followed by garbage")
+        return text
     except (zlib.error, UnicodeDecodeError) as exc:
         raise StoreError(f"a stored document is corrupt: {exc}") from exc
 
 
-def unpack(stored: str | bytes) -> Any:
+def unpack(stored: str | bytes | memoryview) -> Any:
     """The value of a stored document."""
-    return loads(unpack_text(stored))
+    text = unpack_text(stored)
+    try:
+        return loads(text)
+    except ValueError as exc:
+        raise StoreError(f"a stored document is not JSON: {exc}") from exc

@@ -1,0 +1,61 @@
+"""How stores pack JSON documents: short ones stay text, long ones deflate with a dictionary,
+and anything else read back is a named StoreError."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.stores._codec import pack, pack_bytes, unpack, unpack_text
+
+PROSE = " ".join(["the parcel arrived damaged and the customer asks for a refund"] * 8)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {},
+        {"text": "", "tool_calls": [], "usage": {"input_tokens": 0}},
+        {"message": PROSE, "nested": [{"a": 1.5, "b": None, "c": ["é", "日本", "🙂"]}]},
+        [PROSE, PROSE],
+        "a plain string",
+        12345,
+    ],
+)
+def test_round_trip_text_and_binary(value: Any) -> None:
+    for stored in (pack(value), pack_bytes(value), memoryview(pack_bytes(value))):
+        assert unpack(stored) == value
+
+
+def test_short_documents_stay_readable_text_and_long_ones_shrink() -> None:
+    assert pack({"on": "input"}) == '{"on":"input"}'
+    long = {"message": PROSE, "principal": None, "source": "message"}
+    packed = pack(long)
+    assert isinstance(packed, bytes) and packed[0] == 1
+    assert len(packed) < len(unpack_text(packed).encode()) / 2
+    # JSON text stored before packing existed (or as bytes) still reads back
+    assert unpack('{"a": 1}') == {"a": 1} and unpack(b'{"a": 1}') == {"a": 1}
+
+
+def test_documents_under_the_threshold_are_kept_as_text() -> None:
+    small = {"request_id": "req_0123456789abcdef0123", "outcome": "approved", "by": None}
+    assert isinstance(pack(small), str) and len(pack(small)) < 96
+
+
+@pytest.mark.parametrize(
+    ("stored", "message"),
+    [
+        (b"", "empty"),
+        (b"\x07abc", "unknown format 7"),
+        (b"\x01not deflate at all", "corrupt"),
+        (b"\xff\xfe{}", "not UTF-8"),
+        ("{not json", "not JSON"),
+        (pack_bytes({"message": PROSE})[:40], "corrupt"),
+        (pack_bytes({"message": PROSE}) + b"tail", "corrupt"),
+    ],
+)
+def test_damaged_documents_raise_store_error(stored: str | bytes, message: str) -> None:
+    with pytest.raises(so.StoreError, match=message):
+        unpack(stored)
