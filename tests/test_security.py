@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 import signoff as so
+from signoff._client import AsyncClient, RemoteError
 from signoff.server import TokenAuth, create_app
 from signoff.server._app import MAX_BODY_SIZE
 from signoff.testing import ManualClock
@@ -345,6 +346,7 @@ async def test_a_replayed_answer_is_a_no_op(world: World, name: str) -> None:
 class Served:
     world: World
     client: httpx.AsyncClient
+    transport: httpx.ASGITransport
 
 
 @pytest.fixture
@@ -353,7 +355,7 @@ async def served(world: World) -> AsyncIterator[Served]:
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as c:
-            yield Served(world, c)
+            yield Served(world, c, transport)
 
 
 JSON = {"Content-Type": "application/json"}
@@ -696,3 +698,60 @@ async def test_a_body_under_the_limit_is_accepted(served: Served) -> None:
         "/v1/sessions", json={"agent": "support", "message": text}, headers=auth("alice-token")
     )
     assert r.status_code == 201, r.text[:300]
+
+
+# -- the HTTP client ------------------------------------------------------------------------------
+
+CLIENT_ATTACKS: dict[
+    str, tuple[Callable[[AsyncClient, World], Awaitable[Any]], type[Exception]]
+] = {
+    "forged-id": (
+        lambda c, w: c.respond(w.a, [{"request_id": forged(), "option_id": "approve"}]),
+        so.UnknownRequest,
+    ),
+    "stale-hash": (
+        lambda c, w: c.respond(
+            w.a, [{"request_id": w.ra, "option_id": "approve", "input_hash": STALE_HASH}]
+        ),
+        so.StaleAnswer,
+    ),
+    "after-cancel": (
+        lambda c, w: c.generate(session_id=w.c, approvals=[so.Decision(id=w.rc, approved=True)]),
+        so.RequestClosed,
+    ),
+    "value-nan": (
+        lambda c, w: c.respond(
+            w.a, [{"request_id": w.ra, "option_id": "approve", "value": math.nan}]
+        ),
+        so.InvalidAnswer,
+    ),
+    "value-deeply-nested": (
+        lambda c, w: c.respond(
+            w.a, [{"request_id": w.ra, "option_id": "approve", "value": nested(DEEP)}]
+        ),
+        so.InvalidAnswer,
+    ),
+    "reason-lone-surrogate": (
+        lambda c, w: c.generate(
+            session_id=w.a, approvals=[so.Decision(id=w.ra, approved=True, reason="\ud800")]
+        ),
+        so.InvalidAnswer,
+    ),
+    "prompt-lone-surrogate": (lambda c, w: c.generate("support", "hi \udfff"), so.UsageError),
+    "huge-prompt": (lambda c, w: c.generate("support", "x" * BIG), RemoteError),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLIENT_ATTACKS))
+async def test_the_client_raises_named_errors(served: Served, name: str) -> None:
+    attack, error = CLIENT_ATTACKS[name]
+    async with AsyncClient(  # the same app, through signoff's own client
+        "http://signoff.test", token="alice-token", transport=served.transport
+    ) as client:
+        before = await snapshot(served.world.rt)
+        with pytest.raises(error) as caught:
+            await attack(client, served.world)
+        assert type(caught.value) is error, f"{name}: {type(caught.value).__name__}"
+        if isinstance(caught.value, RemoteError):
+            assert (caught.value.code, caught.value.status) == ("payload_too_large", 413)
+        assert await snapshot(served.world.rt) == before, f"{name} changed the store"

@@ -84,6 +84,19 @@ def _raise_for(response: httpx.Response) -> None:
     raise exc
 
 
+def _encode(path: str, body: Any) -> bytes:
+    """The body as JSON, refused here (as the server would) when it is not plain JSON text."""
+    try:
+        return json.dumps(body, allow_nan=False, ensure_ascii=False).encode()
+    except (TypeError, ValueError, RecursionError) as exc:  # NaN, objects, surrogates, depth
+        kind = (
+            errors.InvalidAnswer
+            if path.endswith(("/responses", "/approvals"))
+            else errors.UsageError
+        )
+        raise kind(f"the request body is not plain JSON: {type(exc).__name__}: {exc}") from None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RemoteResult:
     """What a call that runs a turn returns: like `GenerateResult`, read from JSON."""
@@ -178,6 +191,9 @@ class AsyncClient:
         await self.http.aclose()
 
     async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        if "json" in kwargs:
+            kwargs["content"] = _encode(path, kwargs.pop("json"))
+            kwargs["headers"] = {"Content-Type": "application/json"}
         response = await self.http.request(method, path, **kwargs)
         _raise_for(response)
         return response.json()
