@@ -1,0 +1,212 @@
+"""Opening a file written by store schema 1 upgrades it in place: nothing is lost, the audit
+chain still verifies, and parked sessions resume."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import signoff as so
+from signoff.stores._codec import unpack_text
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+# Schema 1 as the first version wrote it: JSON text everywhere, a full copy of each request, and
+# audit rows with their own stream, type, data, prev and hash (as hex text).
+SCHEMA_1 = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    sk INTEGER PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    agent TEXT NOT NULL,
+    head INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    expires_at REAL
+);
+CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, updated_at);
+CREATE TABLE IF NOT EXISTS events (
+    sk INTEGER NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    turn TEXT,
+    at REAL NOT NULL,
+    v INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    PRIMARY KEY (sk, seq)
+) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS snapshots (
+    sk INTEGER PRIMARY KEY,
+    seq INTEGER NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS requests (
+    id TEXT PRIMARY KEY,
+    sk INTEGER NOT NULL,
+    agent TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    tool TEXT,
+    status TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    outcome TEXT,
+    data TEXT NOT NULL,
+    resolution TEXT
+);
+CREATE INDEX IF NOT EXISTS requests_by_status ON requests (status, created_at);
+CREATE INDEX IF NOT EXISTS requests_by_session ON requests (sk, status);
+CREATE TABLE IF NOT EXISTS audit (
+    id INTEGER PRIMARY KEY,
+    stream TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    at REAL NOT NULL,
+    seq INTEGER,
+    data TEXT NOT NULL,
+    prev TEXT,
+    hash TEXT NOT NULL,
+    UNIQUE (stream, n)
+);
+CREATE TABLE IF NOT EXISTS leases (
+    sk INTEGER PRIMARY KEY,
+    owner TEXT NOT NULL,
+    token INTEGER NOT NULL,
+    expires_at REAL NOT NULL
+);
+"""
+
+
+def refund_agent() -> so.Agent:
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    steps = [
+        call_tools(call("refund", order_id=str(i))) if i % 2 == 0 else reply(f"done {i}")
+        for i in range(8)
+    ]
+    return scripted_agent("support", steps, tools=[refund])
+
+
+async def public_view(rt: so.Runtime, sessions: list[str]) -> dict[str, Any]:
+    return {
+        "events": {sid: [e.to_dict() for e in await rt.store.read_events(sid)] for sid in sessions},
+        "pending": [r.model_dump() for r in await rt.pending()],
+        "audit": [e.to_dict() for e in await rt.audit()],
+    }
+
+
+def write_schema_1(source: Path, target: Path, view: dict[str, Any]) -> None:
+    """`source` (schema 2) rewritten as schema 1 would have stored it."""
+    src = sqlite3.connect(source)
+    dst = sqlite3.connect(target)
+    dst.executescript(SCHEMA_1)
+    dst.execute("INSERT INTO meta VALUES ('schema', '1')")
+    sk_of = {}
+    for row in src.execute(
+        "SELECT sk, id, agent, head, status, created_at, updated_at, expires_at FROM sessions"
+    ):
+        dst.execute("INSERT INTO sessions VALUES (?,?,?,?,?,?,?,?)", row)
+        sk_of[row[1]] = row[0]
+    for sid, events in view["events"].items():
+        for e in events:
+            dst.execute(
+                "INSERT INTO events VALUES (?,?,?,?,?,?,?)",
+                (
+                    sk_of[sid],
+                    e["seq"],
+                    e["type"],
+                    e["turn_id"],
+                    e["at"],
+                    e["v"],
+                    json.dumps(e["data"]),
+                ),
+            )
+    for sk, seq, data in src.execute("SELECT sk, seq, data FROM snapshots"):
+        dst.execute("INSERT INTO snapshots VALUES (?,?,?)", (sk, seq, unpack_text(data)))
+    for row in src.execute("SELECT sk, owner, token, expires_at FROM leases"):
+        dst.execute("INSERT INTO leases VALUES (?,?,?,?)", row)
+    for (rid,) in src.execute("SELECT id FROM requests").fetchall():
+        found = src.execute(
+            "SELECT sk, agent, kind, tool, status, created_at, outcome, resolution "
+            "FROM requests WHERE id=?",
+            (rid,),
+        ).fetchone()
+        request = _request_of(view, rid)
+        dst.execute(
+            "INSERT INTO requests (id, sk, agent, kind, tool, status, created_at, outcome, data, "
+            "resolution) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            (
+                rid,
+                *found[:6],
+                found[6],
+                json.dumps(request),
+                None if found[7] is None else unpack_text(found[7]),
+            ),
+        )
+    for e in view["audit"]:
+        session_entry = e["seq"] is not None
+        dst.execute(
+            "INSERT INTO audit (id, stream, n, type, at, seq, data, prev, hash) "
+            "VALUES (?,?,?,?,?,?,?,?,?)",
+            (
+                e["id"],
+                e["stream"],
+                e["n"],
+                e["type"],
+                e["at"],
+                e["seq"],
+                "null" if session_entry else json.dumps(e["data"]),
+                e["prev"],
+                e["hash"],
+            ),
+        )
+    dst.commit()
+    dst.close()
+    src.close()
+
+
+def _request_of(view: dict[str, Any], request_id: str) -> dict[str, Any]:
+    for events in view["events"].values():
+        for e in events:
+            if e["type"] == "input.requested":
+                for r in e["data"]["requests"]:
+                    if r["id"] == request_id:
+                        return dict(r)
+    raise AssertionError(f"no input.requested event holds {request_id}")
+
+
+async def test_a_schema_1_file_upgrades_in_place_and_resumes(tmp_path: Path) -> None:
+    modern = tmp_path / "modern.db"
+    async with so.Runtime([refund_agent()], store=f"sqlite:///{modern}") as rt:
+        done = await rt.generate("support", prompt="first")
+        done = await rt.generate(
+            session_id=done.session_id,
+            approvals=[so.Decision(id=done.pending[0].id, approved=True)],
+        )
+        assert done.status == "completed"
+        parked = await rt.generate("support", prompt="second")
+        assert parked.status == "waiting"
+        sessions = [done.session_id, parked.session_id]
+        before = await public_view(rt, sessions)
+    assert before["pending"] and len(before["audit"]) > 5
+
+    old = tmp_path / "old.db"
+    write_schema_1(modern, old, before)
+    async with so.Runtime([refund_agent()], store=f"sqlite:///{old}") as rt:
+        after = await public_view(rt, sessions)
+        assert after == before
+        assert await rt.verify_audit() == []
+        resumed = await rt.generate(
+            session_id=parked.session_id,
+            approvals=[so.Decision(id=parked.pending[0].id, approved=True)],
+        )
+        assert resumed.status == "completed" and resumed.text == "done 1"
+        assert await rt.verify_audit() == []
+        assert not await rt.pending()
+    with sqlite3.connect(old) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("2",)
+        columns = {r[1] for r in conn.execute("PRAGMA table_info(audit)")}
+        assert "prev" not in columns and "sk" in columns
