@@ -275,6 +275,18 @@ PY_ATTACKS: dict[str, tuple[Attack, type[Exception]]] = {
         answer(lambda w: w.q, lambda w: w.rq, option_id=None, text="\ud800"),
         so.InvalidAnswer,
     ),
+    "prompt-lone-surrogate-new-session": (
+        lambda w: w.rt.generate("support", prompt="hi \ud800", auth=ALICE),
+        so.UsageError,
+    ),
+    "prompt-lone-surrogate-next-turn": (
+        lambda w: w.rt.generate(session_id=w.s, prompt="\udfff", auth=ALICE),
+        so.UsageError,
+    ),
+    "message-lone-surrogate": (
+        lambda w: w.rt.send(w.a, "approve \ud800", principal=ALICE),
+        so.UsageError,
+    ),
     "edited-input-nan": (
         answer(A, RA, edited_input={"order_id": "1042", "amount": math.nan, "reason": "x"}),
         so.InvalidAnswer,

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from . import _subagents
 from ._answers import Reply as _Reply
+from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
@@ -388,6 +389,7 @@ class Answering(SessionRunner):
         await self.open()
         if not isinstance(message, str) or not message.strip():
             raise UsageError("send() needs a non-empty message")
+        _check_text(message, "the message")
         if turn_policy not in ("steer", "queue"):
             raise UsageError(f"turn_policy must be 'steer' or 'queue', not {turn_policy!r}")
         for _ in range(20):

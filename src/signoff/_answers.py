@@ -10,7 +10,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ._events import EventType
-from ._exceptions import ConflictingAnswer, InvalidAnswer, RequestClosed, StaleAnswer
+from ._exceptions import ConflictingAnswer, InvalidAnswer, RequestClosed, StaleAnswer, UsageError
 from ._results import Outcome
 from ._tools import Tool
 from ._types import Decision, InputRequest, match_option
@@ -122,6 +122,14 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
     out = {"outcome": "answered", "answer": answer}
     _check_json(rid, out)
     return out
+
+
+def check_text(text: str, what: str) -> None:
+    """Text is stored as UTF-8: a lone surrogate (`"\\ud800"`) cannot be, and is refused."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} is not valid Unicode text: it holds a lone surrogate") from None
 
 
 MAX_DEPTH = 100

@@ -17,6 +17,7 @@ from . import _audit_trail as _audit
 from . import _subagents
 from ._answering import Answering
 from ._answers import Reply as _Reply
+from ._answers import check_text as _check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
 from ._engine import Driver
@@ -189,6 +190,8 @@ class Runtime(Answering):
                 raise UsageError("generate() needs an agent name for a new session")
             if prompt is None:
                 raise UsageError("generate() needs a prompt to start a session")
+            if isinstance(prompt, str):
+                _check_text(prompt, "the prompt")  # before the session is created
             session_id = await self._create(self.agent(agent), auth)
         elif agent is not None:
             state = await self.state(session_id)

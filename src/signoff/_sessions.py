@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Self
 
 from ._agent import Agent
+from ._answers import check_text
 from ._audit_trail import record_tool_settings
 from ._deadlines import due_batch
 from ._engine import Batch, Driver, load_state, new_id, runnable
@@ -214,6 +215,7 @@ class SessionRunner:
     ) -> None:
         if not isinstance(prompt, str):
             raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
+        check_text(prompt, "the prompt")
         for _ in range(10):
             state = await self._checked(session_id)
             pending = state.pending_requests()
