@@ -262,3 +262,14 @@ async def store(store_url: str) -> AsyncIterator[Store]:
         yield s
     finally:
         await s.close()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print what the proof suites exercised: crash points, kills and Hypothesis examples."""
+    from . import _proof
+
+    lines = _proof.lines()
+    if lines:
+        terminalreporter.section("signoff proof")
+        for line in lines:
+            terminalreporter.write_line(line)

@@ -250,7 +250,7 @@ def match_option(options: list[Option], text: str) -> Option | None:
     for o in options:
         if t == o.id.casefold() or t == o.label.casefold():
             return o
-    if t.isdigit() and 1 <= int(t) <= len(options):
+    if t.isdecimal() and 1 <= int(t) <= len(options):
         return options[int(t) - 1]
     return None
 

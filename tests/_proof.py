@@ -1,0 +1,37 @@
+"""A process-wide tally of what the proof suites exercised, printed at the end of the test run.
+
+Tests add what actually ran (Hypothesis examples and steps, crash points, kills); the
+`pytest_terminal_summary` hook in conftest.py prints it as the "signoff proof" section.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+__all__ = ["lines", "record", "tally"]
+
+tally: Counter[str] = Counter()
+
+
+def record(name: str, n: int = 1) -> None:
+    """Add `n` to the counter `name` (e.g. `hypothesis:test_runtime_machine:examples`)."""
+    tally[name] += n
+
+
+def _fmt(n: int) -> str:
+    return f"{n:,}"
+
+
+def lines() -> list[str]:
+    """The summary lines: the crash suite first, then one line per Hypothesis test."""
+    out: list[str] = []
+    points, kills = tally["crash:commit points"], tally["crash:kills"]
+    if points or kills:
+        out.append(f"crash suite: {_fmt(points)} commit points, {_fmt(kills)} kills")
+    tests = sorted({k.split(":")[1] for k in tally if k.startswith("hypothesis:")})
+    for test in tests:
+        examples = tally[f"hypothesis:{test}:examples"]
+        steps = tally[f"hypothesis:{test}:steps"]
+        detail = f" ({_fmt(steps)} steps)" if steps else ""
+        out.append(f"hypothesis: {test} {_fmt(examples)} examples{detail}")
+    return out

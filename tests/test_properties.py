@@ -1,0 +1,586 @@
+"""Property tests: a Hypothesis state machine over the runtime API, and the reply matcher.
+
+The machine drives random interleavings of new sessions, messages, answers (by id, label and
+index), duplicate and forged answers, cancels and restarts on one SQLite file, keeps a model of
+what must be true, and checks the durable invariants after every step through the public API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
+
+import signoff as so
+from signoff._answers import match
+from signoff._types import APPROVAL_OPTIONS, Message, Option, make_options, match_option
+from signoff.testing import call, call_tools, reply
+
+from . import _proof
+
+T = TypeVar("T")
+
+AGENT = "shop"
+TOOLS = ("refund", "ship", "note")
+SHIPPING = [{"id": "std", "label": "Standard"}, {"id": "exp", "label": "Express delivery"}]
+ANSWERED_ELSEWHERE = {"approved", "cancelled", "answered"}  # outcomes a person's answer records
+
+
+# -- the agent: tools that count their runs, and a model that follows the user's plan ----------
+
+
+@dataclass
+class Runs:
+    """Every time a tool body got past its approval and questions, keyed by idempotency key."""
+
+    count: Counter[str] = field(default_factory=Counter)
+    where: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # key -> sid, call, tool
+
+    def ran(self, ctx: so.ToolContext) -> None:
+        key = ctx.idempotency_key()
+        self.count[key] += 1
+        self.where[key] = (ctx.session.id, ctx.call_id, ctx.tool_name)
+
+
+def make_agent(runs: Runs) -> so.Agent:
+    @so.tool(approval=so.always())
+    async def refund(ctx: so.ToolContext, order: str) -> dict[str, str]:
+        """Refund an order."""
+        runs.ran(ctx)
+        return {"refunded": order}
+
+    @so.tool
+    async def ship(ctx: so.ToolContext, order: str) -> dict[str, str | None]:
+        """Ship an order the way the customer picks."""
+        answer = await ctx.ask("How should we ship?", options=SHIPPING, allow_text=False)
+        runs.ran(ctx)
+        return {"shipped": order, "by": answer.option_id}
+
+    @so.tool
+    async def note(ctx: so.ToolContext, text: str) -> dict[str, str]:
+        """Write a note."""
+        runs.ran(ctx)
+        return {"noted": text}
+
+    def brain(messages: list[Message]) -> so.ModelResponse:
+        last = messages[-1]
+        if isinstance(last, so.UserMessage):
+            turn = sum(isinstance(m, so.UserMessage) for m in messages)
+            plan = last.text.split(":", 1)[1].split()
+            calls = [
+                call(
+                    name,
+                    id=f"t{turn}c{i}",
+                    **({"text": "hi"} if name == "note" else {"order": f"{turn}"}),
+                )
+                for i, name in enumerate(plan)
+            ]
+            return call_tools(*calls) if calls else reply("nothing to do")
+        done = [m for m in messages if isinstance(m, so.ToolResultMessage)]
+        return reply(f"done: {len(done)} results")
+
+    return so.Agent(
+        name=AGENT, model=so.models.Scripted([brain], repeat_last=True), tools=[refund, ship, note]
+    )
+
+
+def prompt(plan: list[str]) -> str:
+    return "plan:" + " ".join(plan)
+
+
+# -- the model of what must be true ---------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    id: str
+    session_id: str
+    kind: str
+    tool: str | None
+    answer: dict[str, Any] | None = None  # how it was settled (to repeat or contradict it)
+    outcome: str | None = None  # None while pending
+
+
+@dataclass
+class Session:
+    id: str
+    status: str = "idle"
+    events: list[dict[str, Any]] = field(default_factory=list)  # every event seen so far
+    plans: list[list[str]] = field(default_factory=list)
+
+
+class RuntimeMachine(RuleBasedStateMachine):
+    """Random interleavings of the runtime API on one SQLite file; a model checks the result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        _proof.record("hypothesis:test_runtime_machine:examples")
+        self.dir = tempfile.mkdtemp(prefix="signoff-props-")
+        self.loop = asyncio.new_event_loop()
+        self.runs = Runs()
+        self.agent = make_agent(self.runs)
+        self.rt = self.open_runtime()
+        self.sessions: dict[str, Session] = {}
+        self.requests: dict[str, Request] = {}
+        self.moved = False
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def open_runtime(self) -> so.Runtime:
+        return so.Runtime([self.agent], store=f"sqlite:///{self.dir}/state.db")
+
+    def step(self) -> None:
+        self.moved = True  # something ran since the last restart: another one is worth it
+        _proof.record("hypothesis:test_runtime_machine:steps")
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        try:
+            self.loop.run_until_complete(self.rt.close())
+        finally:
+            self.loop.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    async def _events(self, sid: str) -> list[dict[str, Any]]:
+        return [e.to_dict() async for e in self.rt.events(sid, follow=False)]
+
+    async def _everything(self) -> Any:
+        """All the public API shows: events of every session, the queue, sessions, audit."""
+        events = {sid: await self._events(sid) for sid in self.sessions}
+        pending = [r.model_dump() for r in await self.rt.pending(limit=10_000)]
+        sessions = await self.rt.sessions(limit=10_000)
+        audit = await self.rt.audit()
+        return events, pending, sessions, audit
+
+    def rejected(self, exc: type[so.SignoffError], coro: Coroutine[Any, Any, Any]) -> None:
+        """`coro` must raise `exc` and leave everything the API shows unchanged."""
+        before = self.run(self._everything())
+        with pytest.raises(exc):
+            self.run(coro)
+        assert self.run(self._everything()) == before, f"a rejected {exc.__name__} changed data"
+
+    def pending_of(self, sid: str) -> list[Request]:
+        return [r for r in self.requests.values() if r.session_id == sid and r.outcome is None]
+
+    def open_requests(self) -> list[Request]:
+        """Open requests in the order they appeared (ids are random: never order by them)."""
+        return [r for r in self.requests.values() if r.outcome is None]
+
+    def settled(self) -> list[Request]:
+        return [r for r in self.requests.values() if r.outcome is not None]
+
+    def pick(self, items: list[T], i: int) -> T:
+        return items[i % len(items)]
+
+    def took(self, sid: str, result: so.GenerateResult) -> None:
+        """Fold a result into the model: new requests appear, the status follows them."""
+        assert result.session_id == sid
+        for req in result.pending:
+            known = self.requests.get(req.id)
+            if known is None:
+                assert req.session_id == sid
+                tool = req.tool_name
+                if req.kind == "tool-approval":
+                    assert tool == "refund", req
+                else:
+                    assert req.kind == "question" and req.question == "How should we ship?", req
+                    tool = "ship"
+                self.requests[req.id] = Request(req.id, sid, req.kind, tool)
+            else:
+                assert known.outcome is None, f"settled request {req.id} is pending again"
+        assert {r.id for r in result.pending} == {r.id for r in self.pending_of(sid)}
+        if result.pending:
+            assert result.status == "waiting", result
+            self.sessions[sid].status = "waiting"
+        else:
+            assert result.status in ("completed", "cancelled"), result
+            if result.status == "completed":
+                assert result.text.endswith("results") or result.text == "nothing to do"
+            self.sessions[sid].status = "idle" if result.status == "completed" else "cancelled"
+
+    # -- rules ------------------------------------------------------------------------------
+
+    plans = st.lists(st.sampled_from(TOOLS), max_size=3)
+
+    @initialize(plan=plans)
+    def first_session(self, plan: list[str]) -> None:
+        self.new_session(plan)
+
+    @rule(plan=plans)
+    def new_session(self, plan: list[str]) -> None:
+        self.step()
+        result = self.run(self.rt.generate(AGENT, prompt=prompt(plan)))
+        assert result.session_id not in self.sessions
+        self.sessions[result.session_id] = Session(result.session_id, plans=[plan])
+        self.took(result.session_id, result)
+
+    @precondition(lambda self: self.sessions)
+    @rule(i=st.integers(0, 99), plan=plans)
+    def new_message(self, i: int, plan: list[str]) -> None:
+        self.step()
+        sid = self.pick(list(self.sessions), i)
+        if self.pending_of(sid):
+            # A turn held on people takes answers first: the message is refused as it is.
+            self.rejected(so.PartialAnswer, self.rt.generate(session_id=sid, prompt=prompt(plan)))
+            return
+        result = self.run(self.rt.generate(session_id=sid, prompt=prompt(plan)))
+        self.sessions[sid].plans.append(plan)
+        self.took(sid, result)
+
+    @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
+    @rule(i=st.integers(0, 99), yes=st.booleans(), how=st.sampled_from(["respond", "generate"]))
+    def answer_by_id(self, i: int, yes: bool, how: str) -> None:
+        self.step()
+        req = self.pick(self.open_requests(), i)
+        sid = req.session_id
+        if req.kind == "question":
+            option = "exp" if yes else "std"
+            answer: dict[str, Any] = {"option_id": option}
+            result = self.run(
+                self.rt.respond(sid, [so.InputResponse(request_id=req.id, option_id=option)])
+            )
+            outcome = "answered"
+        elif how == "generate":
+            decision = so.Decision(id=req.id, approved=yes, reason="checked")
+            others = [r for r in self.pending_of(sid) if r.id != req.id]
+            if others:  # helix-style approvals settle the whole batch or nothing
+                self.rejected(
+                    so.PartialAnswer, self.rt.generate(session_id=sid, approvals=[decision])
+                )
+                return
+            answer = {"option_id": "approve" if yes else "cancel"}
+            result = self.run(self.rt.generate(session_id=sid, approvals=[decision]))
+            outcome = "approved" if yes else "cancelled"
+        else:
+            answer = {"option_id": "approve" if yes else "cancel"}
+            result = self.run(self.rt.respond(sid, [so.InputResponse(request_id=req.id, **answer)]))
+            outcome = "approved" if yes else "cancelled"
+        assert [(o.request_id, o.applied) for o in result.outcomes] == [(req.id, True)]
+        req.answer, req.outcome = answer, outcome
+        self.took(sid, result)
+
+    @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
+    @rule(i=st.integers(0, 99), yes=st.booleans(), form=st.sampled_from(["id", "label", "index"]))
+    def answer_by_message(self, i: int, yes: bool, form: str) -> None:
+        """A follow-up message answers the session's first open request by id, label or index."""
+        self.step()
+        sid = self.pick(list(dict.fromkeys(r.session_id for r in self.open_requests())), i)
+        api = self.run(self.rt.pending(session_id=sid))
+        first = api[0]
+        req = self.requests[first.id]
+        options = first.options
+        assert options, first
+        chosen = options[0] if yes else options[1]
+        text = {"id": chosen.id, "label": chosen.label, "index": str(options.index(chosen) + 1)}[
+            form
+        ]
+        text = f"  {text.swapcase()} \n" if form != "index" else f" {text} "
+        result = self.run(self.rt.send(sid, text))
+        assert [(o.request_id, o.applied) for o in result.outcomes] == [(req.id, True)]
+        if req.kind == "question":
+            req.answer, req.outcome = {"option_id": chosen.id}, "answered"
+        else:
+            approve = chosen.id == "approve"
+            req.answer = {"option_id": chosen.id}
+            req.outcome = "approved" if approve else "cancelled"
+        self.took(sid, result)
+
+    @precondition(lambda self: any(r.answer is not None for r in self.requests.values()))
+    @rule(i=st.integers(0, 99), same=st.booleans())
+    def duplicate_answer(self, i: int, same: bool) -> None:
+        """Answering a settled request again: the same answer is a no-op, another one a conflict."""
+        self.step()
+        req = self.pick([r for r in self.settled() if r.answer is not None], i)
+        assert req.answer is not None
+        if req.kind == "question":
+            other = "std" if req.answer["option_id"] == "exp" else "exp"
+        else:
+            other = "cancel" if req.answer["option_id"] == "approve" else "approve"
+        if not same:
+            response = so.InputResponse(request_id=req.id, option_id=other)
+            self.rejected(so.ConflictingAnswer, self.rt.respond(req.session_id, [response]))
+            return
+        before = self.run(self._everything())
+        response = so.InputResponse(request_id=req.id, **req.answer)
+        result = self.run(self.rt.respond(req.session_id, [response]))
+        assert [(o.request_id, o.applied) for o in result.outcomes] == [(req.id, False)]
+        assert self.run(self._everything()) == before, "a repeated answer changed data"
+
+    @precondition(
+        lambda self: any(r.outcome is not None and r.answer is None for r in self.requests.values())
+    )
+    @rule(i=st.integers(0, 99), yes=st.booleans())
+    def answer_withdrawn(self, i: int, yes: bool) -> None:
+        """A request withdrawn by a cancel takes no answer."""
+        self.step()
+        req = self.pick([r for r in self.settled() if r.answer is None], i)
+        option = ("approve" if yes else "cancel") if req.kind == "tool-approval" else "std"
+        response = so.InputResponse(request_id=req.id, option_id=option)
+        self.rejected(so.RequestClosed, self.rt.respond(req.session_id, [response]))
+
+    @precondition(lambda self: self.sessions)
+    @rule(i=st.integers(0, 99), j=st.integers(0, 99), forged=st.sampled_from(["unknown", "other"]))
+    def forged_answer(self, i: int, j: int, forged: str) -> None:
+        """An id never requested in this session (typos, other sessions) is refused as unknown."""
+        self.step()
+        sid = self.pick(list(self.sessions), i)
+        others = [r.id for r in self.requests.values() if r.session_id != sid]
+        rid = self.pick(others, j) if forged == "other" and others else f"req_forged{j}"
+        response = so.InputResponse(request_id=rid, option_id="approve")
+        self.rejected(so.UnknownRequest, self.rt.respond(sid, [response]))
+
+    @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
+    @rule(i=st.integers(0, 99), bad=st.sampled_from(["option", "text", "approval-text"]))
+    def malformed_answer(self, i: int, bad: str) -> None:
+        """An answer of the wrong shape for its request is refused; nothing is claimed."""
+        self.step()
+        req = self.pick(self.open_requests(), i)
+        if bad == "option":
+            response = so.InputResponse(request_id=req.id, option_id="overnight")
+        elif req.kind == "question":  # the question takes one of its options only
+            response = so.InputResponse(request_id=req.id, text="by pigeon")
+        else:
+            response = so.InputResponse(request_id=req.id, option_id="maybe")
+        self.rejected(so.InvalidAnswer, self.rt.respond(req.session_id, [response]))
+
+    @precondition(lambda self: self.sessions)
+    @rule(i=st.integers(0, 99))
+    def cancel(self, i: int) -> None:
+        self.step()
+        sid = self.pick(list(self.sessions), i)
+        session = self.sessions[sid]
+        result = self.run(self.rt.cancel(sid, reason="changed my mind"))
+        if session.status == "waiting":
+            assert result.status == "cancelled", result
+            for req in self.pending_of(sid):
+                req.outcome = "cancelled"  # withdrawn: answer stays None
+            session.status = "cancelled"
+        else:  # nothing to cancel: the call changes nothing
+            assert result.status in ("completed", "cancelled", "idle"), result
+        assert result.pending == []
+
+    @precondition(lambda self: self.moved)
+    @rule()
+    def restart(self) -> None:
+        """Close the runtime and open a brand-new one on the same file."""
+        self.step()
+        self.moved = False
+        self.run(self.rt.close())
+        self.rt = self.open_runtime()
+
+    # -- invariants ---------------------------------------------------------------------------
+
+    @invariant()
+    def the_log_is_gap_free_and_append_only(self) -> None:
+        for sid, session in self.sessions.items():
+            events = self.run(self._events(sid))
+            assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), sid
+            assert events[: len(session.events)] == session.events, "the log was rewritten"
+            assert self.run(self.rt.state(sid)).seq == len(events)
+            session.events = events
+
+    @invariant()
+    def every_request_is_pending_or_resolved_once(self) -> None:
+        queue = {r.id for r in self.run(self.rt.pending(limit=10_000))}
+        assert queue == {r.id for r in self.requests.values() if r.outcome is None}
+        for sid in self.sessions:
+            log = self.run(self._events(sid))
+            requested = Counter(
+                r["id"]
+                for e in log
+                if e["type"] == "input.requested"
+                for r in e["data"]["requests"]
+            )
+            resolved = [e["data"] for e in log if e["type"] == "input.resolved"]
+            assert set(requested.values()) <= {1}, "a request was asked twice"
+            once = Counter(d["request_id"] for d in resolved)
+            assert set(once.values()) <= {1}, f"an answer was applied twice: {once}"
+            mine = {r.id: r for r in self.requests.values() if r.session_id == sid}
+            assert set(requested) == set(mine), "a request was lost or appeared unseen"
+            assert {d["request_id"]: d["outcome"] for d in resolved} == {
+                r.id: r.outcome for r in mine.values() if r.outcome is not None
+            }
+            state = self.run(self.rt.state(sid))
+            assert {r.id for r in state.pending_requests()} == set(requested) - set(once)
+
+    @invariant()
+    def status_follows_the_pending_requests(self) -> None:
+        for sid, session in self.sessions.items():
+            state = self.run(self.rt.state(sid))
+            assert state.status == session.status, (sid, state.status, session.status)
+            assert (state.status == "waiting") == bool(self.pending_of(sid))
+
+    @invariant()
+    def approved_calls_ran_exactly_once_and_denied_never(self) -> None:
+        assert set(self.runs.count.values()) <= {1}, f"a tool body ran twice: {self.runs.count}"
+        ran = {(sid, cid): key for key, (sid, cid, _) in self.runs.where.items()}
+        for sid in self.sessions:
+            log = self.run(self._events(sid))
+            started = {
+                e["data"]["call_id"]: e["data"].get("idempotency_key")
+                for e in log
+                if e["type"] == "tool.started"
+            }
+            completed = {
+                e["data"]["call_id"]: e["data"]["status"]
+                for e in log
+                if e["type"] == "tool.completed"
+            }
+            for cid, status in completed.items():
+                if status == "ok":  # its body finished: exactly once, under the key recorded
+                    assert ran.get((sid, cid)) == started[cid], (sid, cid)
+            for rsid, cid in ran:
+                if rsid == sid:
+                    assert completed.get(cid) == "ok", f"{cid} ran but has no result"
+            refused = {
+                e["data"]["call_id"]
+                for e in log
+                if e["type"] == "approval.settled" and e["data"]["decision"] != "approve"
+            }
+            for req in self.requests.values():  # withdrawn before a decision: never ran either
+                if req.session_id == sid and req.kind == "tool-approval":
+                    if req.outcome is not None and req.outcome != "approved":
+                        refused |= {
+                            e["data"]["requests"][0]["action"]["call_id"]
+                            for e in log
+                            if e["type"] == "input.requested"
+                            and e["data"]["requests"][0]["id"] == req.id
+                        }
+            for cid in refused:
+                assert (sid, cid) not in ran, f"denied call {cid} ran"
+
+
+RuntimeMachine.TestCase.settings = settings(
+    max_examples=100,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+TestRuntimeMachine = RuntimeMachine.TestCase
+
+
+# -- the follow-up-message matcher and option matching ------------------------------------------
+
+labels = st.text(min_size=1, max_size=20).filter(lambda s: s.strip() != "")
+
+
+@given(raw=st.lists(st.one_of(labels, st.fixed_dictionaries({"label": labels})), max_size=5))
+@settings(deadline=None)
+def test_make_options_accepts_or_refuses_with_a_named_error(raw: list[Any]) -> None:
+    _proof.record("hypothesis:test_make_options:examples")
+    try:
+        options = make_options(raw)
+    except ValueError as exc:  # documented: ctx.ask() turns it into UsageError
+        assert "distinct" in str(exc)
+        return
+    assert len(options) == len(raw)
+    assert len({o.id for o in options}) == len(options)
+
+
+replies = st.one_of(
+    st.text(max_size=40),
+    st.from_regex(r"\s*(approve|deny|cancel|[0-9²³¹①١٢]{1,3})\s*", fullmatch=True),
+)
+
+
+@given(text=replies)
+@settings(deadline=None)
+def test_approval_replies_never_crash(text: str) -> None:
+    """Any text either names approve/deny by id, label (any case, padded) or index, or nothing."""
+    _proof.record("hypothesis:test_approval_replies:examples")
+    option = match_option(APPROVAL_OPTIONS, text)
+    t = text.strip().casefold()
+    expected = {"approve": "approve", "deny": "cancel", "cancel": "cancel"}.get(t)
+    if t.isdecimal() and int(t) in (1, 2):
+        expected = ["approve", "cancel"][int(t) - 1]
+    assert (None if option is None else option.id) == expected
+
+
+@pytest.mark.parametrize("text", ["²", "³", "①", "2²"])
+def test_a_digit_that_is_not_a_number_is_no_index(text: str) -> None:
+    # Regression: str.isdigit() accepts superscripts, which int() refuses (ValueError escaped).
+    assert match_option(APPROVAL_OPTIONS, text) is None
+
+
+unique_options = st.lists(
+    st.builds(
+        Option,
+        id=st.text(min_size=1, max_size=12).filter(lambda s: s.strip() != ""),
+        label=st.text(min_size=1, max_size=20).filter(lambda s: s.strip() != ""),
+    ),
+    min_size=1,
+    max_size=5,
+    unique_by=lambda o: o.id,
+)
+
+
+@given(options=unique_options, data=st.data())
+@settings(deadline=None)
+def test_an_option_round_trips_by_id_label_and_index(options: list[Option], data: Any) -> None:
+    """Typing an option's id, label (any case, any surrounding whitespace) or 1-based index picks
+    an option that answers to that text; the index picks exactly that option."""
+    _proof.record("hypothesis:test_option_round_trip:examples")
+    i = data.draw(st.integers(0, len(options) - 1))
+    o = options[i]
+    pad = data.draw(st.sampled_from(["", " ", "\t", "  \n"]))
+    for typed in (o.id, o.label):
+        for variant in (typed, typed.upper(), typed.lower(), typed.swapcase()):
+            got = match_option(options, pad + variant + pad)
+            t = (pad + variant + pad).strip().casefold()
+            if t != typed.strip().casefold():
+                continue  # casing changed the text itself (e.g. ß -> SS): not the same reply
+            if typed != typed.strip():
+                continue  # an id with its own surrounding spaces cannot be typed exactly
+            assert got is not None, (variant, options)
+            assert t in (got.id.casefold(), got.label.casefold()) or (
+                t.isdigit() and got is options[int(t) - 1]
+            )
+    index = match_option(options, f" {i + 1} ")
+    exact = [p for p in options if str(i + 1) in (p.id.casefold(), p.label.casefold())]
+    assert index is (exact[0] if exact else o)
+
+
+@given(text=st.text(max_size=60), allow_text=st.booleans(), options=unique_options)
+@settings(deadline=None)
+def test_the_message_matcher_answers_or_passes(
+    text: str, allow_text: bool, options: list[Option]
+) -> None:
+    """A follow-up message either names an option, is free text the question accepts, or is
+    not an answer at all (None); it never raises."""
+    _proof.record("hypothesis:test_message_matcher:examples")
+    request = so.InputRequest(
+        kind="question",
+        id="req_1",
+        session_id="ses_1",
+        turn_id="trn_1",
+        agent=AGENT,
+        question="Which one?",
+        options=options,
+        allow_text=allow_text,
+        created_at=0.0,
+    )
+    got = match(request, text)
+    option = match_option(options, text)
+    if option is not None:
+        assert got is not None and got.option_id == option.id and got.text is None
+    elif allow_text:
+        assert got is not None and got.option_id is None and got.text == text
+    else:
+        assert got is None
