@@ -16,9 +16,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
-from signoff._events import Event
+from signoff._events import Event, dumps
 from signoff._exceptions import SchemaVersionError, StoreError, UsageError
-from signoff.stores import Commit, open_store
+from signoff.stores import Commit, PendingFilter, open_store
 from signoff.stores.postgres import MIGRATIONS, STORE_SCHEMA, PostgresStore
 
 from .conftest import PgCluster, _free_port
@@ -125,20 +125,44 @@ async def test_migrations_create_the_schema_once(pg_url: str) -> None:
         assert {"events", "leases", "requests", "schema_version", "sessions", "snapshots"} <= tables
 
 
+async def _write_old_events(
+    conn: psycopg.AsyncConnection[Any], schema: str, sk: int, events: list[Event]
+) -> None:
+    """Events as migrations 1-2 stored them: JSON data, every row naming its turn."""
+    for e in events:
+        await conn.execute(
+            f"INSERT INTO {schema}.events (sk, seq, type, turn, at, v, data) "
+            "VALUES (%s,%s,%s,%s,%s,%s,%s::json)",
+            (sk, e.seq, e.type, e.turn_id, e.at, e.v, dumps(e.data)),
+        )
+
+
 async def test_an_older_schema_is_upgraded_in_place(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A database left at each earlier version is migrated forward with its data intact."""
+    """A database left at migration 1, with a session written as that code wrote it, is
+    migrated forward when a store opens it, with its data intact."""
     import signoff.stores.postgres as module
 
     older = PostgresStore(pg_url)
     monkeypatch.setattr(module, "MIGRATIONS", MIGRATIONS[:1])
     monkeypatch.setattr(module, "STORE_SCHEMA", MIGRATIONS[0][0])
-    await older.open()
-    sid = await new_session(older)
-    await older.close()
-    assert await older.schema_version() == MIGRATIONS[0][0]
+    assert await older.migrate() == (0, MIGRATIONS[0][0])
     monkeypatch.undo()
+    sid = f"ses_{uuid.uuid4().hex[:20]}"
+    created = Event(session_id=sid, seq=1, type="session.created", at=T0, turn_id=None, data={})
+    waiting = Event(session_id=sid, seq=3, type="session.waiting", at=T0, turn_id=None, data={})
+    first = [created, ev(sid, 2, "turn.message", text="hi"), waiting]  # no turn after a turn
+    conn = await admin(pg_url)
+    async with conn:
+        cur = await conn.execute(
+            "INSERT INTO signoff.sessions (id, agent, head, status, created_at, updated_at) "
+            "VALUES (%s, 'support', 3, 'idle', %s, %s) RETURNING sk",
+            (sid, T0, T0),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        await _write_old_events(conn, "signoff", row[0], first)
     assert await PostgresStore(pg_url, migrate=False).schema_version() == MIGRATIONS[0][0]
     with pytest.raises(StoreError, match="signoff db upgrade"):
         await PostgresStore(pg_url, migrate=False).open()
@@ -146,11 +170,165 @@ async def test_an_older_schema_is_upgraded_in_place(
     await newer.open()
     try:
         assert await newer.schema_version() == STORE_SCHEMA
-        assert [e.seq for e in await newer.read_events(sid)] == [1]
-        await newer.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
-        assert await newer.head(sid) == 2
+        assert await newer.read_events(sid) == first
+        await newer.commit(Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4)]))
+        assert await newer.read_events(sid) == [*first, ev(sid, 4)]
+        assert await newer.head(sid) == 4
     finally:
         await newer.close()
+
+
+async def test_rows_written_at_schema_2_read_back_the_same_after_the_upgrade(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 3 converts the rows of a schema-2 database (JSON columns, requests with their
+    own copies, audit entries with hex hashes and `prev`, turn ids on every row, NULL for none):
+    `signoff db upgrade` keeps every event, request, snapshot and audit entry as it read before,
+    and the session goes on from there with its audit chains intact."""
+    import signoff.stores.postgres as module
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        return {"refunded": amount}
+
+    def step(messages: list[Any]) -> so.ModelResponse:
+        if messages[-1].kind == "tool":
+            return so.ModelResponse(text="Refunded, " + "x" * 300)
+        call = so.ToolCall(name="issue_refund", input={"order_id": "1042", "amount": 180.0})
+        return so.ModelResponse(tool_calls=[call])
+
+    agent = so.Agent(
+        name="support",
+        model=so.models.Scripted([step], repeat_last=True),
+        tools=[issue_refund],
+    )
+
+    # The reference: a session on the current schema (its own PostgreSQL schema), one turn
+    # approved and a second one parked, plus the tool-setting stream the runtime records.
+    rt = so.Runtime([agent], store=pg_url + "?schema=reference")
+    try:
+        r = await rt.generate("support", prompt="Refund order 1042, it arrived broken. " * 8)
+        sid = r.session_id
+        r = await rt.generate(
+            session_id=sid, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        assert r.status == "completed"
+        snapshot = (await rt.state(sid)).to_snapshot()
+        r = await rt.generate(session_id=sid, prompt="And order 1043 too.")
+        assert r.status == "waiting"
+        parked = r.pending[0].id
+    finally:
+        await rt.close()
+    reference = PostgresStore(pg_url, schema="reference")
+    try:
+        events = await reference.read_events(sid)
+        entries = await reference.audit()
+        pending = await reference.pending(PendingFilter())
+        ids = [
+            raw["id"] for e in events if e.type == "input.requested" for raw in e.data["requests"]
+        ]
+        requests = {i: await reference.get_request(i) for i in ids}
+    finally:
+        await reference.close()
+    assert (
+        len(ids) == 2
+        and len(pending) == 1
+        and {e.stream for e in entries}
+        == {
+            sid,
+            "tools:support.issue_refund",
+        }
+    )
+    assert any(e.turn_id is None for e in events) and any(e.turn_id for e in events)
+
+    # The same rows written the way the schema-2 code wrote them.
+    monkeypatch.setattr(module, "MIGRATIONS", MIGRATIONS[:2])
+    monkeypatch.setattr(module, "STORE_SCHEMA", 2)
+    assert await PostgresStore(pg_url).migrate() == (0, 2)
+    monkeypatch.undo()
+    conn = await admin(pg_url)
+    async with conn:
+        cur = await conn.execute(
+            "INSERT INTO signoff.sessions (id, agent, head, status, created_at, updated_at) "
+            "VALUES (%s, 'support', %s, 'waiting', %s, %s) RETURNING sk",
+            (sid, events[-1].seq, events[0].at, events[-1].at),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        sk = row[0]
+        await _write_old_events(conn, "signoff", sk, events)
+        await conn.execute(
+            "INSERT INTO signoff.snapshots (sk, seq, data) VALUES (%s, %s, %s::json)",
+            (sk, snapshot["seq"], dumps(snapshot)),
+        )
+        for i, stored in requests.items():
+            assert stored is not None
+            req = stored.request
+            await conn.execute(
+                "INSERT INTO signoff.requests (id, sk, agent, kind, tool, status, created_at, "
+                "outcome, data, resolution) VALUES (%s,%s,%s,%s,%s,%s,%s,%s,%s::json,%s::json)",
+                (
+                    i,
+                    sk,
+                    req.agent,
+                    req.kind,
+                    req.tool_name,
+                    stored.status,
+                    req.created_at,
+                    stored.outcome,
+                    dumps(req.model_dump(mode="json", exclude_defaults=True, exclude={"status"})),
+                    None if stored.resolution is None else dumps(stored.resolution),
+                ),
+            )
+        for entry in entries:
+            await conn.execute(
+                "INSERT INTO signoff.audit (stream, n, type, at, seq, data, prev, hash) "
+                "VALUES (%s,%s,%s,%s,%s,%s::json,%s,%s)",
+                (
+                    entry.stream,
+                    entry.n,
+                    entry.type,
+                    entry.at,
+                    entry.seq,
+                    "null" if entry.seq is not None else dumps(entry.data),
+                    entry.prev,
+                    entry.hash,
+                ),
+            )
+
+    # `signoff db upgrade`, then everything reads back as the reference does.
+    store = PostgresStore(pg_url, migrate=False)
+    assert await store.migrate() == (2, STORE_SCHEMA)
+    try:
+        assert await store.read_events(sid) == events
+        assert [e.to_dict() for e in await store.audit()] == [e.to_dict() for e in entries]
+        assert [e.to_dict() for e in await store.audit(stream=sid)] == [
+            e.to_dict() for e in entries if e.stream == sid
+        ]
+        assert await store.pending(PendingFilter()) == pending
+        assert {i: await store.get_request(i) for i in ids} == requests
+        loaded = await store.load(sid)
+        assert loaded is not None and loaded.snapshot == snapshot
+        assert loaded.events == [e for e in events if e.seq > snapshot["seq"]]
+    finally:
+        await store.close()
+
+    # The session goes on: the parked request is answered, the chains continue unbroken.
+    rt = so.Runtime([agent], store=pg_url)
+    try:
+        assert await rt.verify_audit() == []
+        r = await rt.generate(session_id=sid, approvals=[so.Decision(id=parked, approved=True)])
+        assert r.status == "completed" and r.text.startswith("Refunded")
+        assert await rt.pending() == []
+        assert await rt.verify_audit() == []
+        chain = [e for e in await rt.audit(session_id=sid)]
+        assert [e.n for e in chain] == list(range(1, len(chain) + 1))
+        assert len(chain) > len([e for e in entries if e.stream == sid])
+        after = [e async for e in rt.events(sid, follow=False)]
+        assert after[: len(events)] == events
+    finally:
+        await rt.close()
 
 
 async def test_concurrent_first_opens_migrate_once(pg_url: str) -> None:

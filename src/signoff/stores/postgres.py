@@ -28,7 +28,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
     ) from exc
 
-from .._events import SCHEMA_VERSION, Event, dumps, loads
+from .._events import Event, dumps
 from .._exceptions import (
     AppendConflict,
     LeaseLost,
@@ -38,8 +38,18 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._types import InputRequest
-from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash, loaded_data, stored_data
-from ._base import Commit, FaultHook, Loaded, PendingFilter, SessionSummary, StoredRequest
+from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash, loaded_data
+from ._base import (
+    Commit,
+    FaultHook,
+    Loaded,
+    PendingFilter,
+    SessionSummary,
+    StoredRequest,
+    request_rows,
+    stored_request,
+)
+from ._codec import pack_bytes, unpack, unpack_text
 
 __all__ = ["MIGRATIONS", "PostgresStore", "STORE_SCHEMA"]
 
@@ -116,6 +126,53 @@ CREATE TABLE {s}.audit (
     UNIQUE (stream, n)
 );
 CREATE INDEX sessions_by_status ON {s}.sessions (status, updated_at);
+""",
+    ),
+    (
+        3,
+        "packed event data, requests and audit entries that point at their events, chain heads "
+        "in the session rows, turn ids only where they change, room for HOT updates",
+        """
+ALTER TABLE {s}.events
+    ALTER COLUMN data TYPE BYTEA USING convert_to(data::text, 'UTF8'),
+    ALTER COLUMN turn TYPE TEXT USING COALESCE(turn, '');
+ALTER TABLE {s}.snapshots ALTER COLUMN data TYPE BYTEA USING convert_to(data::text, 'UTF8');
+ALTER TABLE {s}.requests
+    ADD COLUMN seq BIGINT,
+    ADD COLUMN idx INTEGER,
+    ALTER COLUMN data DROP NOT NULL,
+    ALTER COLUMN data TYPE BYTEA USING convert_to(data::text, 'UTF8'),
+    ALTER COLUMN resolution TYPE BYTEA USING convert_to(resolution::text, 'UTF8');
+DROP INDEX {s}.requests_by_status;
+CREATE INDEX requests_pending ON {s}.requests (created_at) WHERE status = 'pending';
+ALTER TABLE {s}.sessions
+    ADD COLUMN audit_n BIGINT NOT NULL DEFAULT 0,
+    ADD COLUMN audit_hash BYTEA;
+ALTER TABLE {s}.audit
+    ADD COLUMN sk BIGINT REFERENCES {s}.sessions (sk),
+    ALTER COLUMN stream DROP NOT NULL,
+    ALTER COLUMN type DROP NOT NULL,
+    ALTER COLUMN at DROP NOT NULL,
+    ALTER COLUMN data DROP NOT NULL,
+    ALTER COLUMN hash TYPE BYTEA USING decode(hash, 'hex'),
+    DROP CONSTRAINT audit_stream_n_key,
+    DROP COLUMN prev;
+UPDATE {s}.audit a SET sk = x.sk, stream = NULL, type = NULL, at = NULL, data = NULL
+    FROM {s}.sessions x WHERE a.seq IS NOT NULL AND x.id = a.stream;
+CREATE UNIQUE INDEX audit_by_session ON {s}.audit (sk, n) WHERE sk IS NOT NULL;
+CREATE UNIQUE INDEX audit_by_stream ON {s}.audit (stream, n) WHERE stream IS NOT NULL;
+UPDATE {s}.sessions x SET audit_n = a.n, audit_hash = a.hash FROM (
+    SELECT DISTINCT ON (sk) sk, n, hash FROM {s}.audit WHERE sk IS NOT NULL ORDER BY sk, n DESC
+) a WHERE a.sk = x.sk;
+ALTER TABLE {s}.sessions SET (fillfactor = 50);
+ALTER TABLE {s}.leases SET (fillfactor = 50);
+ALTER TABLE {s}.snapshots SET (fillfactor = 50);
+CREATE FUNCTION {s}.request_closed(request TEXT) RETURNS BOOLEAN LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'request % is no longer pending', request
+        USING ERRCODE = 'SO409', DETAIL = request;
+END
+$$;
 """,
     ),
 ]
@@ -490,6 +547,11 @@ class PostgresStore:
             except psycopg.IntegrityError as exc:
                 raise AppendConflict(f"{what}: {exc}") from exc
             except psycopg.Error as exc:
+                if exc.sqlstate == _CLOSED:
+                    request_id = exc.diag.message_detail or ""
+                    raise RequestClosed(
+                        f"request {request_id} is no longer pending", [request_id]
+                    ) from None
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
 
@@ -516,28 +578,39 @@ class PostgresStore:
         at = events[0].at
         last = events[-1].seq
 
-        async def body(conn: Conn) -> int:
-            cur = await conn.execute(
-                f"INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
-                "expires_at) VALUES (%s,%s,%s,'idle',%s,%s,%s) ON CONFLICT (id) DO NOTHING "
-                "RETURNING sk",
-                (session_id, agent, last, at, at, expires_at),
+        async def body(conn: Conn) -> None:
+            # One statement: the session row, its first events and the announcement.
+            await conn.execute(
+                f"WITH x AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, "
+                "updated_at, expires_at) VALUES (%s,%s,%s,'idle',%s,%s,%s) RETURNING sk), "
+                f"e AS ({_INSERT_EVENTS.format(s=s, sk='(SELECT sk FROM x)')}) "
+                "SELECT pg_notify(%s, %s) FROM x",
+                (
+                    session_id,
+                    agent,
+                    last,
+                    at,
+                    at,
+                    expires_at,
+                    *_event_columns(events),
+                    self.channel,
+                    f"{session_id} {last}",
+                ),
             )
-            row = await cur.fetchone()
-            if row is None:
-                raise StoreError(f"session {session_id!r} already exists")
-            sk = int(row[0])
-            await self._insert_events(conn, sk, events)
-            await self._notify(conn, session_id, last)
-            return sk
 
         async def committed() -> bool:
             return await self._has_events(session_id, events)
 
         self._before("session.created")
-        sk = await self._write(body, f"creating session {session_id!r}", committed=committed)
-        if sk is not None:
-            self._sk[session_id] = sk
+        try:
+            await self._write(body, f"creating session {session_id!r}", committed=committed)
+        except AppendConflict as exc:
+            cause = exc.__cause__
+            if isinstance(cause, psycopg.errors.UniqueViolation) and (
+                cause.diag.constraint_name == "sessions_id_key"
+            ):
+                raise StoreError(f"session {session_id!r} already exists") from None
+            raise
         self._after("session.created")
 
     async def commit(self, commit: Commit) -> None:
@@ -551,7 +624,7 @@ class PostgresStore:
             if token is not None:
                 # Lock the session row, and hold the lease row so a takeover waits for us.
                 cur = await conn.execute(
-                    f"SELECT s.sk, s.head, l.token FROM {s}.sessions s "
+                    f"SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash FROM {s}.sessions s "
                     f"JOIN {s}.leases l ON l.sk = s.sk WHERE s.id=%s "
                     "FOR UPDATE OF s FOR SHARE OF l",
                     (commit.session_id,),
@@ -559,7 +632,8 @@ class PostgresStore:
                 row = await cur.fetchone()
             if row is None:  # no lease asked for, or none held at all
                 cur = await conn.execute(
-                    f"SELECT sk, head, NULL FROM {s}.sessions WHERE id=%s FOR UPDATE",
+                    f"SELECT sk, head, NULL, audit_n, audit_hash FROM {s}.sessions "
+                    "WHERE id=%s FOR UPDATE",
                     (commit.session_id,),
                 )
                 row = await cur.fetchone()
@@ -574,61 +648,79 @@ class PostgresStore:
                 )
             if token is not None and (row[2] is None or int(row[2]) != token):
                 raise LeaseLost(f"lease {token} on session {commit.session_id!r} was taken over")
-            # The writes go out in one batch; a request found closed undoes all of them.
-            async with conn.pipeline():
-                resolved = [
+            # The writes and the COMMIT go out in one batch: nothing below waits for an answer.
+            # A request found closed raises in the server (`request_closed`), undoing them all.
+            for r in commit.resolve:
+                await conn.execute(
+                    f"WITH u AS (UPDATE {s}.requests SET status=%s, outcome=%s, resolution=%s "
+                    "WHERE id=%s AND sk=%s AND status='pending' RETURNING id) "
+                    f"SELECT {s}.request_closed(%s) WHERE NOT EXISTS (SELECT FROM u)",
+                    (r.status, r.outcome, pack_bytes(r.resolution), r.request_id, sk, r.request_id),
+                )
+            if commit.new_requests:
+                rows = request_rows(commit, pack_bytes)
+                await conn.execute(
+                    f"INSERT INTO {s}.requests (id, sk, seq, idx, agent, kind, tool, status, "
+                    "created_at, data) SELECT id, %s, seq, idx, agent, kind, tool, 'pending', "
+                    "created_at, data FROM unnest(%s::text[], %s::bigint[], %s::int[], %s::text[], "
+                    "%s::text[], %s::text[], %s::float8[], %s::bytea[]) "
+                    "AS x(id, seq, idx, agent, kind, tool, created_at, data)",
                     (
-                        r.request_id,
-                        await conn.execute(
-                            f"UPDATE {s}.requests SET status=%s, outcome=%s, resolution=%s::json "
-                            "WHERE id=%s AND sk=%s AND status='pending'",
-                            (r.status, r.outcome, dumps(r.resolution), r.request_id, sk),
-                        ),
-                    )
-                    for r in commit.resolve
-                ]
-                if commit.new_requests:
-                    async with conn.cursor() as cur:
-                        await cur.executemany(
-                            f"INSERT INTO {s}.requests (id, sk, agent, kind, tool, status, "
-                            "created_at, data) VALUES (%s,%s,%s,%s,%s,'pending',%s,%s::json)",
-                            [
-                                (
-                                    req.id,
-                                    sk,
-                                    req.agent,
-                                    req.kind,
-                                    req.tool_name,
-                                    req.created_at,
-                                    dumps(req.model_dump(mode="json", exclude_defaults=True)),
-                                )
-                                for req in commit.new_requests
-                            ],
-                        )
-                for req in commit.updated_requests:
-                    await conn.execute(
-                        f"UPDATE {s}.requests SET data=%s::json WHERE id=%s AND sk=%s",
-                        (dumps(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
-                    )
-                if commit.events:
-                    await self._insert_events(conn, sk, commit.events)
-                    await self._insert_audit(conn, audit_rows(commit.events))
-                    last = commit.events[-1]
-                    await conn.execute(
-                        f"UPDATE {s}.sessions SET head=%s, updated_at=%s, "
-                        "status=COALESCE(%s, status), expires_at=%s WHERE sk=%s",
-                        (last.seq, last.at, commit.status, commit.expires_at, sk),
-                    )
-                    await self._notify(conn, commit.session_id, last.seq)
-                if commit.snapshot is not None:
-                    await conn.execute(
-                        f"INSERT INTO {s}.snapshots (sk, seq, data) VALUES (%s,%s,%s::json) "
-                        "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
-                        (sk, commit.snapshot["seq"], dumps(commit.snapshot)),
-                    )
-            for request_id, cur in resolved:
-                if cur.rowcount != 1:
-                    raise RequestClosed(f"request {request_id} is no longer pending", [request_id])
+                        sk,
+                        [req.id for req, _, _ in rows],
+                        [where[0] for _, where, _ in rows],
+                        [where[1] for _, where, _ in rows],
+                        [req.agent for req, _, _ in rows],
+                        [req.kind for req, _, _ in rows],
+                        [req.tool_name for req, _, _ in rows],
+                        [req.created_at for req, _, _ in rows],
+                        [copy for _, _, copy in rows],
+                    ),
+                )
+            for req in commit.updated_requests:
+                await conn.execute(
+                    f"UPDATE {s}.requests SET data=%s WHERE id=%s AND sk=%s",
+                    (pack_bytes(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
+                )
+            if commit.events:
+                n, digest = int(row[3]), None if row[4] is None else bytes(row[4])
+                audit = _session_audit(n, digest, commit.events)
+                if audit:
+                    n, digest = audit[-1][0], audit[-1][2]
+                last = commit.events[-1]
+                # One statement: the events, their audit entries, the session's head and chain
+                # head, and the announcement.
+                await conn.execute(
+                    f"WITH e AS ({_INSERT_EVENTS.format(s=s, sk='%s')}), "
+                    f"a AS (INSERT INTO {s}.audit (sk, n, seq, hash) SELECT %s, * FROM "
+                    "unnest(%s::bigint[], %s::bigint[], %s::bytea[])) "
+                    f"UPDATE {s}.sessions SET head=%s, updated_at=%s, status=COALESCE(%s, status), "
+                    "expires_at=%s, audit_n=%s, audit_hash=%s WHERE sk=%s "
+                    "RETURNING pg_notify(%s, %s)",
+                    (
+                        sk,
+                        *_event_columns(commit.events),
+                        sk,
+                        [a[0] for a in audit],
+                        [a[1] for a in audit],
+                        [a[2] for a in audit],
+                        last.seq,
+                        last.at,
+                        commit.status,
+                        commit.expires_at,
+                        n,
+                        digest,
+                        sk,
+                        self.channel,
+                        f"{commit.session_id} {last.seq}",
+                    ),
+                )
+            if commit.snapshot is not None:
+                await conn.execute(
+                    f"INSERT INTO {s}.snapshots (sk, seq, data) VALUES (%s,%s,%s) "
+                    "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
+                    (sk, commit.snapshot["seq"], pack_bytes(commit.snapshot)),
+                )
 
         async def committed() -> bool:
             nonlocal ambiguous
@@ -646,36 +738,35 @@ class PostgresStore:
         )
         self._after(label)
 
-    async def _insert_audit(self, conn: Conn, rows: Sequence[AuditRow]) -> None:
-        last: dict[str, tuple[int, str | None]] = {}
-        for row in rows:
-            if row.stream not in last:
-                cur = await conn.execute(
-                    f"SELECT n, hash FROM {self._s}.audit WHERE stream=%s ORDER BY n DESC LIMIT 1",
-                    (row.stream,),
-                )
-                found = await cur.fetchone()
-                last[row.stream] = (0, None) if found is None else (int(found[0]), found[1])
-            n, prev = last[row.stream]
-            n += 1
-            digest = chain_hash(
-                prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=row.seq, data=row.data
-            )
-            await conn.execute(
-                f"INSERT INTO {self._s}.audit (stream, n, type, at, seq, data, prev, hash) "
-                "VALUES (%s,%s,%s,%s,%s,%s::json,%s,%s)",
-                (row.stream, n, row.type, row.at, row.seq, stored_data(row), prev, digest),
-            )
-            last[row.stream] = (n, digest)
-
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
         """Append entries that no event carries (tool setting changes)."""
+        s = self._s
 
         async def body(conn: Conn) -> None:
+            last: dict[str, tuple[int, str | None]] = {}
             for stream in sorted({row.stream for row in rows}):
                 # No session row serializes these streams: lock each one for this transaction.
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (stream,))
-            await self._insert_audit(conn, rows)
+                cur = await conn.execute(
+                    f"SELECT n, hash FROM {s}.audit WHERE stream=%s ORDER BY n DESC LIMIT 1",
+                    (stream,),
+                )
+                found = await cur.fetchone()
+                last[stream] = (
+                    (0, None) if found is None else (int(found[0]), bytes(found[1]).hex())
+                )
+            for row in rows:
+                n, prev = last[row.stream]
+                n += 1
+                digest = chain_hash(
+                    prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
+                )
+                await conn.execute(
+                    f"INSERT INTO {s}.audit (stream, n, type, at, data, hash) "
+                    "VALUES (%s,%s,%s,%s,%s::json,%s)",
+                    (row.stream, n, row.type, row.at, dumps(row.data), bytes.fromhex(digest)),
+                )
+                last[row.stream] = (n, digest)
 
         await self._write(body, "recording audit entries")
 
@@ -685,19 +776,24 @@ class PostgresStore:
         s = self._s
 
         async def body(conn: Conn) -> list[AuditEntry]:
-            # An entry of a session's event keeps no copy of its data: it is read from the
-            # event, so the chain also covers the event log itself.
+            # An entry of a session's event keeps only its place and hash: its type, time and
+            # data are read from the event, so the chain also covers the event log itself;
+            # `prev` is the hash of the entry before it in its stream.
             sql = (
-                "SELECT a.id, a.stream, a.n, a.type, a.at, a.seq, "
-                "CASE WHEN a.seq IS NULL THEN a.data::text ELSE e.data::text END, a.prev, a.hash "
-                f"FROM {s}.audit a LEFT JOIN {s}.sessions x "
-                "ON a.seq IS NOT NULL AND x.id = a.stream "
-                f"LEFT JOIN {s}.events e ON e.sk = x.sk AND e.seq = a.seq WHERE a.id>%s"
+                "SELECT a.id, COALESCE(x.id, a.stream), a.n, COALESCE(e.type, a.type), "
+                "COALESCE(e.at, a.at), a.seq, a.sk, a.data::text, e.data, "
+                f"COALESCE(p.hash, q.hash), a.hash FROM {s}.audit a "
+                f"LEFT JOIN {s}.sessions x ON x.sk = a.sk "
+                f"LEFT JOIN {s}.events e ON e.sk = a.sk AND e.seq = a.seq "
+                f"LEFT JOIN {s}.audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
+                f"LEFT JOIN {s}.audit q ON a.stream IS NOT NULL AND q.stream = a.stream "
+                "AND q.n = a.n - 1 WHERE a.id>%s"
             )
             params: list[Any] = [after_id]
             if stream is not None:
-                sql += " AND a.stream=%s"
-                params.append(stream)
+                sk = await self._session_key(conn, stream)
+                sql += " AND a.stream=%s" if sk is None else " AND a.sk=%s"
+                params.append(stream if sk is None else sk)
             sql += " ORDER BY a.id LIMIT %s"
             params.append(limit)
             cur = await conn.execute(sql, params)
@@ -706,28 +802,19 @@ class PostgresStore:
                     id=int(i),
                     stream=st,
                     n=int(n),
-                    type=t,
-                    at=float(at),
+                    type=t if t is not None else "",
+                    at=float(at) if at is not None else 0.0,
                     seq=None if seq is None else int(seq),
-                    data=loaded_data(d),
-                    prev=prev,
-                    hash=h,
+                    data=loaded_data(
+                        own if ask is None else None if ev is None else unpack_text(ev)
+                    ),
+                    prev=None if prev is None else bytes(prev).hex(),
+                    hash=bytes(h).hex(),
                 )
-                for i, st, n, t, at, seq, d, prev, h in await cur.fetchall()
+                for i, st, n, t, at, seq, ask, own, ev, prev, h in await cur.fetchall()
             ]
 
         return await self._read(body, "reading the audit trail")
-
-    async def _insert_events(self, conn: Conn, sk: int, events: Sequence[Event]) -> None:
-        async with conn.cursor() as cur:
-            await cur.executemany(
-                f"INSERT INTO {self._s}.events (sk, seq, type, turn, at, v, data) "
-                "VALUES (%s,%s,%s,%s,%s,%s,%s::json)",
-                [(sk, e.seq, e.type, e.turn_id, e.at, e.v, dumps(e.data)) for e in events],
-            )
-
-    async def _notify(self, conn: Conn, session_id: str, seq: int) -> None:
-        await conn.execute("SELECT pg_notify(%s, %s)", (self.channel, f"{session_id} {seq}"))
 
     async def _has_events(self, session_id: str, events: Sequence[Event]) -> bool:
         """Whether exactly these events are stored (after a COMMIT whose outcome is unknown)."""
@@ -742,15 +829,15 @@ class PostgresStore:
         if not events:
             return False
         cur = await conn.execute(
-            f"SELECT seq, type, turn, at, v, data::text FROM {self._s}.events "
-            "WHERE sk=%s AND seq BETWEEN %s AND %s ORDER BY seq",
+            f"SELECT e.seq, e.type, {_TURN.format(s=self._s)}, e.at, e.v, e.data "
+            f"FROM {self._s}.events e WHERE e.sk=%s AND e.seq BETWEEN %s AND %s ORDER BY e.seq",
             (sk, events[0].seq, events[-1].seq),
         )
         rows = await cur.fetchall()
         if len(rows) != len(events):
             return False
         return all(
-            (int(seq), type_, turn, float(at), int(v), loads(data))
+            (int(seq), type_, turn or None, float(at), int(v), unpack(data))
             == (e.seq, e.type, e.turn_id, e.at, e.v, e.data)
             for (seq, type_, turn, at, v, data), e in zip(rows, events, strict=True)
         )
@@ -770,7 +857,7 @@ class PostgresStore:
 
         async def body(conn: Conn) -> Loaded | None:
             cur = await conn.execute(
-                f"SELECT s.sk, s.agent, n.seq, n.data::text FROM {s}.sessions s "
+                f"SELECT s.sk, s.agent, n.seq, n.data FROM {s}.sessions s "
                 f"LEFT JOIN {s}.snapshots n ON n.sk = s.sk WHERE s.id=%s",
                 (session_id,),
             )
@@ -780,7 +867,7 @@ class PostgresStore:
             sk, agent = int(row[0]), str(row[1])
             self._sk[session_id] = sk
             after = 0 if row[2] is None else int(row[2])
-            snapshot = None if row[3] is None else loads(row[3])
+            snapshot = None if row[3] is None else unpack(row[3])
             events = await self._events(conn, session_id, sk, after, None, None)
             return Loaded(session_id=session_id, agent=agent, snapshot=snapshot, events=events)
 
@@ -812,14 +899,14 @@ class PostgresStore:
         types: Sequence[str] | None,
     ) -> list[Event]:
         sql = (
-            f"SELECT seq, type, turn, at, v, data::text FROM {self._s}.events "
-            "WHERE sk=%s AND seq>%s"
+            f"SELECT e.seq, e.type, {_TURN.format(s=self._s)}, e.at, e.v, e.data "
+            f"FROM {self._s}.events e WHERE e.sk=%s AND e.seq>%s"
         )
         params: list[Any] = [sk, after]
         if types:
-            sql += " AND type = ANY(%s)"
+            sql += " AND e.type = ANY(%s)"
             params.append(list(types))
-        sql += " ORDER BY seq"
+        sql += " ORDER BY e.seq"
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
@@ -829,10 +916,10 @@ class PostgresStore:
                 session_id=session_id,
                 seq=int(seq),
                 type=type_,
-                turn_id=turn,
+                turn_id=turn or None,
                 at=float(at),
                 v=int(v),
-                data=loads(data),
+                data=unpack(data),
             )
             for seq, type_, turn, at, v, data in await cur.fetchall()
         ]
@@ -850,18 +937,18 @@ class PostgresStore:
     async def get_request(self, request_id: str) -> StoredRequest | None:
         async def body(conn: Conn) -> StoredRequest | None:
             cur = await conn.execute(
-                f"SELECT data::text, status, outcome, resolution::text FROM {self._s}.requests "
-                "WHERE id=%s",
+                f"SELECT {_REQUEST_COLUMNS}, r.outcome, r.resolution FROM {self._s}.requests r "
+                f"{_REQUEST_JOIN.format(s=self._s)} WHERE r.id=%s",
                 (request_id,),
             )
             row = await cur.fetchone()
             if row is None:
                 return None
             return StoredRequest(
-                request=_request(row[0], row[1]),
-                status=row[1],
-                outcome=row[2],
-                resolution=None if row[3] is None else loads(row[3]),
+                request=stored_request(row[0], row[1], row[2], row[3], unpack),
+                status=row[3],
+                outcome=row[4],
+                resolution=None if row[5] is None else unpack(row[5]),
             )
 
         return await self._read(body, f"reading request {request_id!r}")
@@ -875,12 +962,13 @@ class PostgresStore:
 
         async def body(conn: Conn) -> list[InputRequest]:
             cur = await conn.execute(
-                f"SELECT r.data::text, r.status FROM {s}.requests r "
-                f"JOIN {s}.sessions s ON s.sk=r.sk{clause} "
+                f"SELECT {_REQUEST_COLUMNS} FROM {s}.requests r "
+                f"{_REQUEST_JOIN.format(s=s)}{clause} "
                 'ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s',
                 [*params, flt.limit, flt.offset],
             )
-            return [_request(data, status) for data, status in await cur.fetchall()]
+            rows = await cur.fetchall()
+            return [stored_request(own, ev, i, st, unpack) for own, ev, i, st in rows]
 
         return await self._read(body, "listing pending requests")
 
@@ -1133,9 +1221,62 @@ class PostgresStore:
         return await self._read(body, "measuring the database")
 
 
-def _request(data: str, status: str) -> InputRequest:
-    raw = loads(data)
-    if raw.get("v", SCHEMA_VERSION) > SCHEMA_VERSION:
-        raise SchemaVersionError(f"request {raw.get('id')} was written by a newer signoff")
-    raw["status"] = status
-    return InputRequest.model_validate(raw)
+_INSERT_EVENTS = (
+    "INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) SELECT {sk}, * FROM "
+    "unnest(%s::bigint[], %s::text[], %s::text[], %s::float8[], %s::int[], %s::bytea[])"
+)
+"""Events as one statement, their columns as arrays (`_event_columns`)."""
+
+_TURN = (
+    "COALESCE(e.turn, (SELECT p.turn FROM {s}.events p WHERE p.sk = e.sk AND p.seq < e.seq "
+    "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1))"
+)
+"""An event's turn id: its own, or that of the nearest event before it that names one."""
+
+_REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status"
+_REQUEST_JOIN = (
+    "JOIN {s}.sessions s ON s.sk = r.sk LEFT JOIN {s}.events e ON r.data IS NULL "
+    "AND e.sk = r.sk AND e.seq = r.seq"
+)
+
+_CLOSED = "SO409"
+"""SQLSTATE of `request_closed()`: a resolved request was no longer pending."""
+
+
+def _event_columns(events: Sequence[Event]) -> list[list[Any]]:
+    """The columns of `_INSERT_EVENTS`. `turn` is NULL when an event belongs to the turn of the
+    event before it (the first event of a batch always names its turn, '' for none)."""
+    return [
+        [e.seq for e in events],
+        [e.type for e in events],
+        [
+            None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or ""
+            for i, e in enumerate(events)
+        ],
+        [e.at for e in events],
+        [e.v for e in events],
+        [pack_bytes(e.data) for e in events],
+    ]
+
+
+def _session_audit(
+    n: int, digest: bytes | None, events: Sequence[Event]
+) -> list[tuple[int, int | None, bytes]]:
+    """The audit entries of a commit's events chained onto the session's stream from its head
+    `(n, digest)`: `(n, seq, hash)` each; they keep no copy of the events, only place and hash."""
+    entries = []
+    for row in audit_rows(events):
+        n += 1
+        digest = bytes.fromhex(
+            chain_hash(
+                None if digest is None else digest.hex(),
+                stream=row.stream,
+                n=n,
+                type=row.type,
+                at=row.at,
+                seq=row.seq,
+                data=row.data,
+            )
+        )
+        entries.append((n, row.seq, digest))
+    return entries
