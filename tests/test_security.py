@@ -767,3 +767,26 @@ async def test_the_client_raises_named_errors(served: Served, name: str) -> None
         if isinstance(caught.value, RemoteError):
             assert (caught.value.code, caught.value.status) == ("payload_too_large", 413)
         assert await snapshot(served.world.rt) == before, f"{name} changed the store"
+
+
+async def test_a_reviewer_the_policy_refuses_settles_nothing(world: World) -> None:
+    """A responder the tool's response policy refuses (here: not a manager) settles nothing; the
+    attempt is kept on record (`approval.candidate`), by design, and nothing else changes."""
+    rt = world.rt
+    started = await rt.generate("finance", prompt="pay it", auth=ALICE)
+    sid, rid = started.session_id, started.pending[0].id
+    before = await snapshot(rt)
+    reply = so.InputResponse(request_id=rid, option_id="approve")
+    r = await rt.respond(sid, [reply], principal=ALICE)
+    assert [(o.outcome, o.applied) for o in r.outcomes] == [("rejected", False)]
+    assert r.status == "waiting"
+    after = await snapshot(rt)
+    assert after["requests"] == before["requests"]
+    assert after["pending"] == before["pending"]
+    assert {k: v for k, v in after["events"].items() if k != sid} == {
+        k: v for k, v in before["events"].items() if k != sid
+    }
+    added = after["events"][sid][len(before["events"][sid]) :]
+    assert after["events"][sid][: len(before["events"][sid])] == before["events"][sid]
+    assert {e["type"] for e in added} <= {"approval.candidate", "turn.waiting"}, added
+    assert not any(e["type"].startswith("tool.") for e in added)

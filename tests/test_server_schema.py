@@ -25,7 +25,12 @@ app = create_app(runtime, auth=TokenAuth(TOKENS))
 
 def _exact_link_bodies(doc: dict[str, Any]) -> None:
     """Links that answer a request send the body they name, not one merged with generated
-    fields (a random `inputHash` or `editedInput` would turn almost every answer into a 4xx)."""
+    fields (a random `inputHash` or `editedInput` would turn almost every answer into a 4xx).
+
+    The queue's links are left out: they follow whatever is oldest in the whole store, not what
+    the scenario made, so Hypothesis would see data generation change under the same choices.
+    """
+    doc["paths"]["/v1/requests"]["get"]["responses"]["200"].pop("links", None)
     for item in doc["paths"].values():
         for operation in item.values():
             for response in operation.get("responses", {}).values():
