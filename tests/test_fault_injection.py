@@ -16,6 +16,8 @@ import pytest
 
 from signoff.stores._codec import unpack
 
+from . import _proof
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -59,6 +61,7 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     result["types"] = check_log(tmp / "s.db", result["session"])
     result["runs"] = Counter(r["kind"] for r in runs(tmp))
     assert result["runs"] == {"refund": 1, "ship": 1, "quote": 1}
+    _proof.record("crash:commit points", result["points"])
     return result
 
 
@@ -75,6 +78,7 @@ def test_sigkill_at_every_commit_point(tmp_path: Path, baseline: dict[str, Any],
         tmp.mkdir()
         killed = child(tmp, kill_at=point, when=when)
         assert killed.returncode == -signal.SIGKILL, (point, killed.stdout, killed.stderr)
+        _proof.record("crash:kills")
         if not (tmp / "session").exists():
             continue  # killed before the session existed: nothing was acknowledged
         finished = child(tmp)

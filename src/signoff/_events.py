@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from ._exceptions import SchemaVersionError
+from ._exceptions import SchemaVersionError, StoreError
 
 __all__ = [
     "EVENT_TYPES",
@@ -97,6 +97,21 @@ class Event:
         v: int,
     ) -> Event:
         """Rebuild a stored event, refusing versions newer than this signoff understands."""
+        fields = (
+            isinstance(session_id, str)
+            and _is_int(seq)
+            and isinstance(type, str)
+            and _is_int(v)
+            and isinstance(at, int | float)
+            and not isinstance(at, bool)
+            and (turn_id is None or isinstance(turn_id, str))
+            and isinstance(data, dict)
+        )
+        if not fields:
+            raise StoreError(
+                f"event {session_id!r}:{seq!r} is malformed: seq and v must be integers, at a "
+                "number, session_id, type and turn_id strings and data an object"
+            )
         if v > SCHEMA_VERSION:
             raise SchemaVersionError(
                 f"event {session_id}:{seq} has schema version {v}; this signoff reads up to "
@@ -113,3 +128,7 @@ class Event:
             data=data,
             v=v,
         )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._events import SCHEMA_VERSION, Event
-from ._exceptions import SchemaVersionError
+from ._exceptions import SchemaVersionError, StoreError
 from ._types import (
     AssistantMessage,
     InputRequest,
@@ -39,6 +39,10 @@ CallStatus = Literal[
 ]
 
 TurnStatus = Literal["running", "waiting", "completed", "failed", "cancelled"]
+
+# What a handler or the snapshot loader raises on data of the wrong shape (pydantic's
+# ValidationError is a ValueError); it reaches callers as a StoreError.
+_MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 
 MESSAGE_EVENT_TYPES = ("turn.started", "turn.message", "model.completed", "tool.completed")
 
@@ -153,7 +157,10 @@ class SessionState:
         self.seq = event.seq
         self.updated_at = event.at
         handler = _HANDLERS[event.type]
-        handler(self, event)
+        try:
+            handler(self, event)
+        except _MALFORMED as exc:
+            raise StoreError(f"event {event.id} ({event.type}) is malformed: {exc!r}") from exc
 
     def to_snapshot(self) -> dict[str, Any]:
         """Serializable form of everything but the conversation."""
@@ -218,6 +225,14 @@ class SessionState:
 
     @classmethod
     def from_snapshot(cls, data: dict[str, Any]) -> SessionState:
+        """Rebuild a state from `to_snapshot()`; a malformed snapshot is a `StoreError`."""
+        try:
+            return cls._from_snapshot(data)
+        except _MALFORMED as exc:
+            raise StoreError(f"a snapshot is malformed: {exc!r}") from exc
+
+    @classmethod
+    def _from_snapshot(cls, data: dict[str, Any]) -> SessionState:
         v = data.get("v", 0)
         if v > SCHEMA_VERSION:
             raise SchemaVersionError(
@@ -360,7 +375,8 @@ def _session_created(s: SessionState, e: Event) -> None:
 
 
 def _turn_started(s: SessionState, e: Event) -> None:
-    assert e.turn_id is not None
+    if e.turn_id is None:
+        raise StoreError(f"event {e.id} (turn.started) has no turn id")
     if e.data.get("dequeued"):
         s.queued = s.queued[1:]
     s.turn = TurnState(

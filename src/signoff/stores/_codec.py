@@ -95,5 +95,5 @@ def unpack(stored: str | bytes | memoryview) -> Any:
     text = unpack_text(stored)
     try:
         return loads(text)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise StoreError(f"a stored document is not JSON: {exc}") from exc
