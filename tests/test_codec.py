@@ -9,6 +9,7 @@ import pytest
 
 import signoff as so
 from signoff.stores._codec import pack, pack_bytes, unpack, unpack_text
+from signoff.testing import call, call_tools, reply, scripted_agent
 
 PROSE = " ".join(["the parcel arrived damaged and the customer asks for a refund"] * 8)
 
@@ -59,3 +60,29 @@ def test_documents_under_the_threshold_are_kept_as_text() -> None:
 def test_damaged_documents_raise_store_error(stored: str | bytes, message: str) -> None:
     with pytest.raises(so.StoreError, match=message):
         unpack(stored)
+
+
+async def test_lone_surrogates_from_tools_and_models_are_stored_exactly(store_url: str) -> None:
+    """A tool result or model text holding a lone surrogate (text decoded with surrogateescape,
+    a `\\ud800` escape in a model's JSON) is recorded, read back and audited unchanged."""
+    odd = "bytes \udcff and \ud800 alone " * 8
+
+    @so.tool(approval=so.always())
+    async def decode(blob: str) -> str:
+        """Decode a blob."""
+        return blob + odd
+
+    agent = scripted_agent("a", [call_tools(call("decode", blob=odd)), reply(odd)], tools=[decode])
+    async with so.Runtime([agent], store=store_url) as rt:
+        parked = await rt.generate("a", prompt="decode it")
+        assert parked.pending[0].action is not None
+        assert parked.pending[0].action.input == {"blob": odd}
+        done = await rt.generate(
+            session_id=parked.session_id,
+            approvals=[so.Decision(id=parked.pending[0].id, approved=True)],
+        )
+        assert done.status == "completed" and done.text == odd
+        events = [e async for e in rt.events(parked.session_id, follow=False)]
+        result = next(e.data["result"] for e in events if e.type == "tool.completed")
+        assert result == odd + odd
+        assert await rt.verify_audit() == []

@@ -132,7 +132,7 @@ def input_hash(value: Any, *, tool_name: str = "", call_id: str = "") -> str:
         separators=(",", ":"),
         ensure_ascii=False,
     )
-    return "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Option(_Model):

@@ -96,7 +96,8 @@ def chain_hash(
         separators=(",", ":"),
         ensure_ascii=False,
     )
-    return hashlib.sha256(f"{prev or ''}\n{body}".encode()).hexdigest()
+    # surrogatepass: a lone surrogate in recorded data hashes too (valid text is unaffected)
+    return hashlib.sha256(f"{prev or ''}\n{body}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def stored_data(row: AuditRow) -> str:

@@ -9,6 +9,7 @@ rows written before packing existed still read back.
 
 from __future__ import annotations
 
+import json
 import zlib
 from typing import Any
 
@@ -49,7 +50,12 @@ _DICTIONARY_V1 = (
 def pack(value: Any) -> str | bytes:
     """`value` as stored: its JSON text, or the deflated form when that is smaller."""
     text = dumps(value)
-    raw = text.encode()
+    try:
+        raw = text.encode()
+    except UnicodeEncodeError:
+        # A lone surrogate (a tool or model can produce one): JSON's \u escapes keep it exact.
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=True)
+        raw = text.encode()
     if len(raw) < _MIN_SIZE:
         return text
     deflater = zlib.compressobj(6, zlib.DEFLATED, -12, 4, zlib.Z_DEFAULT_STRATEGY, _DICTIONARY_V1)
