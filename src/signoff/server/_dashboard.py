@@ -295,7 +295,7 @@ async def respond(request: Request, request_id: str) -> Response:
         if option == "approve" and raw and action is not None:
             try:
                 parsed = json.loads(raw)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
                 return dashboard_error(
                     request, 422, "invalid_answer", f"the edited arguments are not JSON: {exc}"
                 )
