@@ -40,6 +40,7 @@ def test_core_names_present() -> None:
         "SessionExpired",
         "SessionLimitReached",
         "ModelError",
+        "RemoteError",
         "StoreError",
         "SchemaVersionError",
     }

@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 import signoff as so
-from signoff._client import AsyncClient, RemoteError
+from signoff import RemoteError
+from signoff._client import AsyncClient
 from signoff.server import TokenAuth, create_app
 from signoff.server._app import MAX_BODY_SIZE
 from signoff.testing import ManualClock

@@ -49,13 +49,7 @@ _ERRORS: dict[str, type[errors.SignoffError]] = {
 }
 
 
-class RemoteError(errors.SignoffError):
-    """An error the server reported with a code this client does not know."""
-
-    def __init__(self, message: str, code: str, status: int) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
+RemoteError = errors.RemoteError
 
 
 def _raise_for(response: httpx.Response) -> None:

@@ -16,6 +16,7 @@
     │   ├── StaleAnswer            the answer was given for another version of the call
     │   └── NotAllowed             the responder may not settle this request
     ├── ModelError                 the model failed or answered nonsense
+    ├── RemoteError                a signoff server reported an error this client cannot name
     └── StoreError                 the store failed or holds something unusable
         ├── SchemaVersionError     data written by a newer signoff
         ├── AppendConflict         someone else appended to the session first
@@ -38,6 +39,7 @@ __all__ = [
     "ModelError",
     "NotAllowed",
     "PartialAnswer",
+    "RemoteError",
     "RequestClosed",
     "SchemaVersionError",
     "SessionBusy",
@@ -203,3 +205,13 @@ class LeaseLost(StoreError):
     """The lease under which we appended was taken over by another worker."""
 
     code = "lease_lost"
+
+
+class RemoteError(SignoffError):
+    """An error a signoff server reported with a code the client does not know (`.code`, the
+    server's stable error code, and `.status`, the HTTP status)."""
+
+    def __init__(self, message: str, code: str, status: int) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
