@@ -7,6 +7,7 @@ test_store_conformance.py; this file covers what is specific to PostgreSQL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -646,18 +647,23 @@ async def test_commit_whose_acknowledgement_is_lost_is_found_committed(
 ) -> None:
     """The server commits, then the connection drops before the client hears so: the store
     reads the session back, finds its own events, and neither fails nor writes them twice."""
-    real_exit = psycopg.AsyncTransaction.__aexit__
+    real_pipeline = psycopg.AsyncConnection.pipeline
     lost: list[str] = []
 
-    async def exit_then_drop(self: psycopg.AsyncTransaction, *exc: Any) -> bool:
-        result = await real_exit(self, *exc)
-        if exc[0] is None and len(lost) < 2:
+    @contextlib.asynccontextmanager
+    async def pipeline_then_drop(
+        self: psycopg.AsyncConnection[Any],
+    ) -> AsyncIterator[psycopg.AsyncPipeline]:
+        # The pipeline closes with the COMMIT answered; then the connection drops.
+        async with real_pipeline(self) as pipeline:
+            yield pipeline
+        if len(lost) < 2:
+            assert self.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             lost.append("dropped")
-            self.connection.pgconn.finish()
+            self.pgconn.finish()
             raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
-        return result
 
-    monkeypatch.setattr(psycopg.AsyncTransaction, "__aexit__", exit_then_drop)
+    monkeypatch.setattr(psycopg.AsyncConnection, "pipeline", pipeline_then_drop)
     sid = await new_session(pg)  # create_session takes the same path
     events = [ev(sid, 2, "tool.started"), ev(sid, 3, "tool.completed", result={"ok": True})]
     await pg.commit(Commit(session_id=sid, expected_seq=1, events=events))

@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 try:
     import psycopg
     from psycopg import conninfo as _conninfo
+    from psycopg import pq
     from psycopg.rows import TupleRow
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
@@ -164,9 +165,12 @@ CREATE UNIQUE INDEX audit_by_stream ON {s}.audit (stream, n) WHERE stream IS NOT
 UPDATE {s}.sessions x SET audit_n = a.n, audit_hash = a.hash FROM (
     SELECT DISTINCT ON (sk) sk, n, hash FROM {s}.audit WHERE sk IS NOT NULL ORDER BY sk, n DESC
 ) a WHERE a.sk = x.sk;
-ALTER TABLE {s}.sessions SET (fillfactor = 50);
-ALTER TABLE {s}.leases SET (fillfactor = 50);
-ALTER TABLE {s}.snapshots SET (fillfactor = 50);
+-- Without updated_at, a commit that keeps the status updates the session row in place (HOT).
+DROP INDEX {s}.sessions_by_status;
+CREATE INDEX sessions_by_status ON {s}.sessions (status);
+ALTER TABLE {s}.sessions SET (fillfactor = 70);
+ALTER TABLE {s}.leases SET (fillfactor = 70);
+ALTER TABLE {s}.snapshots SET (fillfactor = 70);
 CREATE FUNCTION {s}.request_closed(request TEXT) RETURNS BOOLEAN LANGUAGE plpgsql AS $$
 BEGIN
     RAISE EXCEPTION 'request % is no longer pending', request
@@ -503,21 +507,36 @@ class PostgresStore:
                         phase = "body"
                         if not transaction:
                             return await body(conn)
-                        async with conn.pipeline(), conn.transaction():
-                            if not synchronous:
-                                await conn.execute("SET LOCAL synchronous_commit = off")
-                            elif self._server_async:  # the server skips flushes: not for us
-                                await conn.execute("SET LOCAL synchronous_commit = on")
-                            result = await body(conn)
-                            phase = "commit"
+                        # BEGIN and COMMIT are sent by hand: what `body` does not wait for
+                        # goes out with the COMMIT in one round trip, where psycopg's
+                        # `transaction()` in a pipeline would add three syncs.
+                        async with conn.pipeline() as pipeline:
+                            try:
+                                await conn.execute("BEGIN")
+                                if not synchronous:
+                                    await conn.execute("SET LOCAL synchronous_commit = off")
+                                elif self._server_async:  # the server skips flushes: not for us
+                                    await conn.execute("SET LOCAL synchronous_commit = on")
+                                result = await body(conn)
+                                phase = "commit"  # from here the server may have committed
+                                await conn.execute("COMMIT")
+                            except psycopg.Error:
+                                if not conn.broken:  # leave the aborted pipeline quietly
+                                    with contextlib.suppress(psycopg.Error):
+                                        await pipeline.sync()
+                                raise
                         phase = "done"
                         return result
-                    except psycopg.OperationalError as exc:
-                        # libpq may fail to leave pipeline mode on a connection that died
-                        # mid-batch before psycopg marks it broken: that is a lost connection.
-                        broken = conn.broken or "exit pipeline mode" in str(exc)
-                        if broken and not conn.closed:
-                            await conn.close()
+                    except Exception as exc:
+                        if isinstance(exc, psycopg.OperationalError):
+                            # libpq may fail to leave pipeline mode on a connection that died
+                            # mid-batch before psycopg marks it broken: a lost connection.
+                            broken = conn.broken or "exit pipeline mode" in str(exc)
+                            if broken and not conn.closed:
+                                await conn.close()
+                        if not conn.closed and conn.info.transaction_status in _OPEN:
+                            with contextlib.suppress(psycopg.Error):
+                                await conn.execute("ROLLBACK")
                         raise
             except PoolTimeout as exc:
                 raise StoreError(
@@ -592,7 +611,7 @@ class PostgresStore:
                     at,
                     at,
                     expires_at,
-                    *_event_columns(events),
+                    *_event_columns(events, None),
                     self.channel,
                     f"{session_id} {last}",
                 ),
@@ -617,6 +636,12 @@ class PostgresStore:
         s = self._s
         label = commit.events[0].type if commit.events else "commit"
         ambiguous = False
+        # The turn of the session's last event, so the first event of this commit can leave its
+        # own out when it is the same (read under the lock: any later event would move the head).
+        last_turn = (
+            f"(SELECT e.turn FROM {s}.events e WHERE e.sk = s.sk AND e.turn IS NOT NULL "
+            "ORDER BY e.seq DESC LIMIT 1)"
+        )
 
         async def body(conn: Conn) -> None:
             token = commit.lease_token
@@ -624,16 +649,16 @@ class PostgresStore:
             if token is not None:
                 # Lock the session row, and hold the lease row so a takeover waits for us.
                 cur = await conn.execute(
-                    f"SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash FROM {s}.sessions s "
-                    f"JOIN {s}.leases l ON l.sk = s.sk WHERE s.id=%s "
+                    f"SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash, {last_turn} "
+                    f"FROM {s}.sessions s JOIN {s}.leases l ON l.sk = s.sk WHERE s.id=%s "
                     "FOR UPDATE OF s FOR SHARE OF l",
                     (commit.session_id,),
                 )
                 row = await cur.fetchone()
             if row is None:  # no lease asked for, or none held at all
                 cur = await conn.execute(
-                    f"SELECT sk, head, NULL, audit_n, audit_hash FROM {s}.sessions "
-                    "WHERE id=%s FOR UPDATE",
+                    f"SELECT s.sk, s.head, NULL, s.audit_n, s.audit_hash, {last_turn} "
+                    f"FROM {s}.sessions s WHERE s.id=%s FOR UPDATE",
                     (commit.session_id,),
                 )
                 row = await cur.fetchone()
@@ -699,7 +724,7 @@ class PostgresStore:
                     "RETURNING pg_notify(%s, %s)",
                     (
                         sk,
-                        *_event_columns(commit.events),
+                        *_event_columns(commit.events, row[5]),
                         sk,
                         [a[0] for a in audit],
                         [a[1] for a in audit],
@@ -1239,19 +1264,24 @@ _REQUEST_JOIN = (
     "AND e.sk = r.sk AND e.seq = r.seq"
 )
 
+_OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+"""A connection's transaction states that need a ROLLBACK before it goes back to the pool."""
+
 _CLOSED = "SO409"
 """SQLSTATE of `request_closed()`: a resolved request was no longer pending."""
 
 
-def _event_columns(events: Sequence[Event]) -> list[list[Any]]:
+def _event_columns(events: Sequence[Event], turn: str | None) -> list[list[Any]]:
     """The columns of `_INSERT_EVENTS`. `turn` is NULL when an event belongs to the turn of the
-    event before it (the first event of a batch always names its turn, '' for none)."""
+    event before it, '' for none; `turn` is the stored turn of the event before the first one
+    (None when there is none or it is not known: the first event then names its own)."""
+    before: list[str | None] = [turn, *((e.turn_id or "") for e in events[:-1])]
     return [
         [e.seq for e in events],
         [e.type for e in events],
         [
-            None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or ""
-            for i, e in enumerate(events)
+            None if prev is not None and (e.turn_id or "") == prev else e.turn_id or ""
+            for prev, e in zip(before, events, strict=True)
         ],
         [e.at for e in events],
         [e.v for e in events],
