@@ -245,6 +245,19 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.took(sid, result)
 
     @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
+    @rule(i=st.integers(0, 99), plan=plans)
+    def steer(self, i: int, plan: list[str]) -> None:
+        """A message that answers nothing steers: open approvals are ignored, questions
+        withdrawn, and the model reads the message in the same turn."""
+        self.step()
+        sid = self.pick(list(dict.fromkeys(r.session_id for r in self.open_requests())), i)
+        result = self.run(self.rt.send(sid, prompt(plan)))
+        for req in self.pending_of(sid):
+            req.outcome = "ignored" if req.kind == "tool-approval" else "cancelled"
+        self.sessions[sid].plans.append(plan)
+        self.took(sid, result)
+
+    @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
     @rule(i=st.integers(0, 99), yes=st.booleans(), how=st.sampled_from(["respond", "generate"]))
     def answer_by_id(self, i: int, yes: bool, how: str) -> None:
         self.step()
