@@ -13,7 +13,7 @@ import tempfile
 from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -28,7 +28,7 @@ from hypothesis.stateful import (
 
 import signoff as so
 from signoff._answers import match
-from signoff._types import APPROVAL_OPTIONS, Message, Option, make_options, match_option
+from signoff._types import APPROVAL_OPTIONS, Message, Option, match_option
 from signoff.testing import call, call_tools, reply
 
 from . import _proof
@@ -492,19 +492,78 @@ TestRuntimeMachine = RuntimeMachine.TestCase
 # -- the follow-up-message matcher and option matching ------------------------------------------
 
 labels = st.text(min_size=1, max_size=20).filter(lambda s: s.strip() != "")
+json_values = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=10)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
 
 
-@given(raw=st.lists(st.one_of(labels, st.fixed_dictionaries({"label": labels})), max_size=5))
+class Parked(Exception):
+    """Raised by the fake journal where the engine would park the turn."""
+
+
+class OneQuestion:
+    """A journal that records the question `ctx.ask()` opens, then parks."""
+
+    can_ask = True
+
+    def __init__(self) -> None:
+        self.options: list[Option] | None = None
+
+    def entries(self) -> list[dict[str, Any] | None]:
+        return []
+
+    def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]:
+        return "pending", None
+
+    async def record_step(self, index: int, name: str, result: Any) -> None:
+        raise AssertionError("no steps here")
+
+    async def open_question(
+        self, index: int, question: str, options: list[Option], allow_text: bool
+    ) -> str:
+        self.options = options
+        return "req_1"
+
+    async def park(self) -> NoReturn:
+        raise Parked
+
+
+option_specs = st.lists(
+    st.one_of(labels, st.fixed_dictionaries({"label": labels}), json_values), max_size=5
+)
+
+
+@given(raw=option_specs)
 @settings(deadline=None)
-def test_make_options_accepts_or_refuses_with_a_named_error(raw: list[Any]) -> None:
-    _proof.record("hypothesis:test_make_options:examples")
+def test_ask_takes_any_options_or_refuses_them_as_usage_errors(raw: list[Any]) -> None:
+    """`ctx.ask(options=...)` with anything: the question opens with distinct option ids that
+    each round-trip by id, or the call is refused as a UsageError."""
+    _proof.record("hypothesis:test_ask_options:examples")
+    journal = OneQuestion()
+    auth = so.SessionAuth(current=None, initiator=None)
+    ctx = so.ToolContext(
+        session=so.SessionInfo(id="ses_1", agent=AGENT, turn="trn_1", auth=auth),
+        call_id="call_1",
+        tool_name="ship",
+        idempotency_key="ses_1:1:call_1",
+        journal=journal,
+    )
     try:
-        options = make_options(raw)
-    except ValueError as exc:  # documented: ctx.ask() turns it into UsageError
-        assert "distinct" in str(exc)
+        asyncio.run(ctx.ask("Which one?", options=raw, allow_text=True))
+    except so.UsageError as exc:
+        assert str(exc).startswith("ctx.ask(): "), exc
         return
-    assert len(options) == len(raw)
-    assert len({o.id for o in options}) == len(options)
+    except Parked:
+        pass
+    assert journal.options is not None and len(journal.options) == len(raw)
+    ids = [o.id for o in journal.options]
+    assert len(set(ids)) == len(ids)
+    for o in journal.options:
+        assert match_option(journal.options, o.id) is not None
 
 
 replies = st.one_of(
@@ -559,14 +618,14 @@ def test_an_option_round_trips_by_id_label_and_index(options: list[Option], data
             t = (pad + variant + pad).strip().casefold()
             if t != typed.strip().casefold():
                 continue  # casing changed the text itself (e.g. ß -> SS): not the same reply
-            if typed != typed.strip():
-                continue  # an id with its own surrounding spaces cannot be typed exactly
             assert got is not None, (variant, options)
-            assert t in (got.id.casefold(), got.label.casefold()) or (
+            assert t in (got.id.strip().casefold(), got.label.strip().casefold()) or (
                 t.isdigit() and got is options[int(t) - 1]
             )
     index = match_option(options, f" {i + 1} ")
-    exact = [p for p in options if str(i + 1) in (p.id.casefold(), p.label.casefold())]
+    exact = [
+        p for p in options if str(i + 1) in (p.id.strip().casefold(), p.label.strip().casefold())
+    ]
     assert index is (exact[0] if exact else o)
 
 

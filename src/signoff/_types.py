@@ -248,7 +248,7 @@ def match_option(options: list[Option], text: str) -> Option | None:
     """The option a typed reply names by id, label or 1-based index, if any."""
     t = text.strip().casefold()
     for o in options:
-        if t == o.id.casefold() or t == o.label.casefold():
+        if t == o.id.strip().casefold() or t == o.label.strip().casefold():
             return o
     if t.isdecimal() and 1 <= int(t) <= len(options):
         return options[int(t) - 1]
