@@ -1,6 +1,6 @@
 """Child process for the fault-injection test: runs (or resumes) one scenario to its end.
 
-`python -m tests._fault_child DB RECORDS SESSION_FILE [--kill-at N --when before|after]`
+`python -m tests._fault_child STORE_URL RECORDS SESSION_FILE [--kill-at N --when before|after]`
 The scenario is one turn in which the model calls two gated tools and a workflow tool (a
 journaled step, then a question); the child plays the people, answering whatever is pending.
 With `--kill-at N` the store's fault hook SIGKILLs this process at the N-th commit point.
@@ -94,7 +94,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         if points == args.kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    rt = so.Runtime([make_agent(args.records)], store=f"sqlite:///{args.db}", lease_ttl=0.3)
+    rt = so.Runtime([make_agent(args.records)], store=args.store, lease_ttl=0.3)
     async with rt:
         rt.store.set_fault_hook(hook)
         session_file = Path(args.session_file)
@@ -126,7 +126,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("db")
+    parser.add_argument("store")
     parser.add_argument("records")
     parser.add_argument("session_file")
     parser.add_argument("--kill-at", type=int, default=0)

@@ -27,7 +27,13 @@ def lines() -> list[str]:
     out: list[str] = []
     points, kills = tally["crash:commit points"], tally["crash:kills"]
     if points or kills:
-        out.append(f"crash suite: {_fmt(points)} commit points, {_fmt(kills)} kills")
+        stores = sorted({k.split(":")[1] for k in tally if k.count(":") == 2 and "crash" in k})
+        each = ", ".join(
+            f"{s} {_fmt(tally[f'crash:{s}:commit points'])}/{_fmt(tally[f'crash:{s}:kills'])}"
+            for s in stores
+        )
+        detail = f" (points/kills per store: {each})" if each else ""
+        out.append(f"crash suite: {_fmt(points)} commit points, {_fmt(kills)} kills{detail}")
     tests = sorted({k.split(":")[1] for k in tally if k.startswith("hypothesis:")})
     for test in tests:
         examples = tally[f"hypothesis:{test}:examples"]

@@ -3,9 +3,9 @@ with two approvals, a question and a journaled step; restart; the result must no
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
-import sqlite3
 import subprocess
 import sys
 from collections import Counter
@@ -14,15 +14,19 @@ from typing import Any
 
 import pytest
 
-from signoff.stores._codec import unpack
+import signoff as so
+from signoff.stores import open_store
 
 from . import _proof
+from .conftest import STORE_KINDS, PgCluster
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def child(tmp: Path, kill_at: int = 0, when: str = "before") -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "tests._fault_child", str(tmp / "s.db"), str(tmp / "runs")]
+def child(
+    url: str, tmp: Path, kill_at: int = 0, when: str = "before"
+) -> subprocess.CompletedProcess[str]:
+    args = [sys.executable, "-m", "tests._fault_child", url, str(tmp / "runs")]
     args += [str(tmp / "session"), "--kill-at", str(kill_at), "--when", when]
     return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
 
@@ -34,34 +38,71 @@ def runs(tmp: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def check_log(db: Path, session_id: str) -> list[str]:
-    with sqlite3.connect(db) as conn:
-        (sk,) = conn.execute("SELECT sk FROM sessions WHERE id=?", (session_id,)).fetchone()
-        rows = conn.execute("SELECT seq, type, data FROM events WHERE sk=? ORDER BY seq", (sk,))
-        events = [(seq, t, unpack(d)) for seq, t, d in rows]
-        (head,) = conn.execute("SELECT head FROM sessions WHERE sk=?", (sk,)).fetchone()
-        requests = conn.execute("SELECT id, status FROM requests WHERE sk=?", (sk,)).fetchall()
-    assert [seq for seq, _, _ in events] == list(range(1, head + 1)), "seq has a gap or a fork"
-    resolved = Counter(d["request_id"] for _, t, d in events if t == "input.resolved")
-    requested = [r["id"] for _, t, d in events if t == "input.requested" for r in d["requests"]]
-    assert sorted(resolved) == sorted(requested), "a request was lost"
+def check_log(url: str, session_id: str) -> list[str]:
+    """What the store holds after the turn, read through its own API."""
+
+    async def read() -> tuple[list[so.Event], int | None, dict[str, str]]:
+        store = open_store(url)
+        await store.open()
+        try:
+            events = await store.read_events(session_id)
+            requested = [
+                r["id"] for e in events if e.type == "input.requested" for r in e.data["requests"]
+            ]
+            statuses = {}
+            for rid in requested:
+                found = await store.get_request(rid)
+                assert found is not None, f"request {rid} has no row"
+                statuses[rid] = found.status
+            return events, await store.head(session_id), statuses
+        finally:
+            await store.close()
+
+    events, head, statuses = asyncio.run(read())
+    assert [e.seq for e in events] == list(range(1, (head or 0) + 1)), "seq has a gap or a fork"
+    resolved = Counter(e.data["request_id"] for e in events if e.type == "input.resolved")
+    assert sorted(resolved) == sorted(statuses), "a request was lost"
     assert set(resolved.values()) == {1}, "an answer was applied twice"
-    assert all(status == "settled" for _, status in requests)
-    assert Counter(t for _, t, _ in events)["model.completed"] == 2
-    return [t for _, t, _ in events]
+    assert set(statuses.values()) == {"settled"}
+    assert Counter(e.type for e in events)["model.completed"] == 2
+    return [e.type for e in events]
+
+
+class Target:
+    """Where one run of the scenario stores: a SQLite file, or a fresh PostgreSQL database."""
+
+    def __init__(self, kind: str, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.request = request
+
+    def url(self, tmp: Path) -> str:
+        if self.kind == "sqlite":
+            return f"sqlite:///{tmp / 's.db'}"
+        cluster: PgCluster = self.request.getfixturevalue("pg_cluster")
+        template = cluster.migrated_template() if cluster.ours else None
+        name = cluster.create_database(template=template)
+        self.request.addfinalizer(lambda: cluster.drop_database(name))
+        return cluster.url(name)
+
+
+@pytest.fixture(scope="module", params=STORE_KINDS)
+def target(request: pytest.FixtureRequest) -> Target:
+    return Target(request.param, request)
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def baseline(tmp_path_factory: pytest.TempPathFactory, target: Target) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("baseline")
-    done = child(tmp)
+    url = target.url(tmp)
+    done = child(url, tmp)
     assert done.returncode == 0, done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
     assert result["status"] == "completed"
-    result["types"] = check_log(tmp / "s.db", result["session"])
+    result["types"] = check_log(url, result["session"])
     result["runs"] = Counter(r["kind"] for r in runs(tmp))
     assert result["runs"] == {"refund": 1, "ship": 1, "quote": 1}
     _proof.record("crash:commit points", result["points"])
+    _proof.record(f"crash:{target.kind}:commit points", result["points"])
     return result
 
 
@@ -72,21 +113,25 @@ def test_the_scenario_has_many_commit_points(baseline: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-def test_sigkill_at_every_commit_point(tmp_path: Path, baseline: dict[str, Any], when: str) -> None:
+def test_sigkill_at_every_commit_point(
+    tmp_path: Path, target: Target, baseline: dict[str, Any], when: str
+) -> None:
     for point in range(1, baseline["points"] + 1):
         tmp = tmp_path / f"{when}-{point}"
         tmp.mkdir()
-        killed = child(tmp, kill_at=point, when=when)
+        url = target.url(tmp)
+        killed = child(url, tmp, kill_at=point, when=when)
         assert killed.returncode == -signal.SIGKILL, (point, killed.stdout, killed.stderr)
         _proof.record("crash:kills")
+        _proof.record(f"crash:{target.kind}:kills")
         if not (tmp / "session").exists():
             continue  # killed before the session existed: nothing was acknowledged
-        finished = child(tmp)
+        finished = child(url, tmp)
         assert finished.returncode == 0, (point, finished.stderr)
         result = json.loads(finished.stdout)
         assert result["status"] == "completed", (point, result)
         assert result["text"] == baseline["text"], point
-        check_log(tmp / "s.db", result["session"])
+        check_log(url, result["session"])
         by_kind: dict[str, Counter[str]] = {}
         for r in runs(tmp):
             by_kind.setdefault(r["kind"], Counter())[r["key"]] += 1
