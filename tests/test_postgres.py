@@ -19,7 +19,7 @@ from psycopg.conninfo import conninfo_to_dict
 import signoff as so
 from signoff._events import Event, dumps
 from signoff._exceptions import SchemaVersionError, StoreError, UsageError
-from signoff.stores import Commit, PendingFilter, open_store
+from signoff.stores import Commit, PendingFilter, Resolve, open_store
 from signoff.stores.postgres import MIGRATIONS, STORE_SCHEMA, PostgresStore
 
 from .conftest import PgCluster, _free_port
@@ -670,6 +670,35 @@ async def test_commit_whose_acknowledgement_is_lost_is_found_committed(
     monkeypatch.undo()
     assert lost == ["dropped", "dropped"]
     assert await pg.read_events(sid) == [ev(sid, 1, "session.created"), *events]
+
+
+async def test_refused_commits_leave_their_connection_clean(pg_store_url: str) -> None:
+    """Commits refused by the server (a request no longer pending, raised inside the pipeline)
+    or by the store (a stale head) roll back and leave the connection usable: many of each, past
+    psycopg's prepare threshold, alternating with good commits on one pooled connection."""
+    store = PostgresStore(pg_store_url, max_size=1)
+    await store.open()
+    try:
+        sid = await new_session(store)
+        head = 1
+        closed: list[str] = []
+        for _ in range(12):
+            events = [ev(sid, head + 1), ev(sid, head + 2, "tool.started")]
+            closing = Resolve(request_id="req_gone", status="settled", outcome="ok", resolution={})
+            with pytest.raises(so.RequestClosed, match="req_gone") as info:
+                await store.commit(
+                    Commit(session_id=sid, expected_seq=head, events=events, resolve=[closing])
+                )
+            closed += info.value.request_ids
+            with pytest.raises(so.AppendConflict):
+                await store.commit(Commit(session_id=sid, expected_seq=head - 1, events=events))
+            await store.commit(Commit(session_id=sid, expected_seq=head, events=events))
+            head += 2
+        assert closed == ["req_gone"] * 12
+        assert [e.seq for e in await store.read_events(sid)] == list(range(1, head + 1))
+        assert [e.n for e in await store.audit(stream=sid)] == list(range(1, 13))
+    finally:
+        await store.close()
 
 
 async def test_claim_does_not_steal_a_lease_taken_while_it_ran(

@@ -535,8 +535,10 @@ class PostgresStore:
                             if broken and not conn.closed:
                                 await conn.close()
                         if not conn.closed and conn.info.transaction_status in _OPEN:
+                            # `rollback()`, not a ROLLBACK statement: it also forgets the
+                            # statements an aborted pipeline skipped preparing.
                             with contextlib.suppress(psycopg.Error):
-                                await conn.execute("ROLLBACK")
+                                await conn.rollback()
                         raise
             except PoolTimeout as exc:
                 raise StoreError(
