@@ -81,6 +81,8 @@ def make_agent(runs: Runs) -> so.Agent:
         last = messages[-1]
         if isinstance(last, so.UserMessage):
             turn = sum(isinstance(m, so.UserMessage) for m in messages)
+            if not last.text.startswith("plan:"):
+                return reply("noted")
             plan = last.text.split(":", 1)[1].split()
             calls = [
                 call(
@@ -212,7 +214,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         else:
             assert result.status in ("completed", "cancelled"), result
             if result.status == "completed":
-                assert result.text.endswith("results") or result.text == "nothing to do"
+                assert result.text.endswith("results") or result.text in ("nothing to do", "noted")
             self.sessions[sid].status = "idle" if result.status == "completed" else "cancelled"
 
     # -- rules ------------------------------------------------------------------------------
@@ -244,6 +246,33 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.sessions[sid].plans.append(plan)
         self.took(sid, result)
 
+    @precondition(lambda self: self.sessions)
+    @rule(i=st.integers(0, 99), text=st.text(max_size=12))
+    def arbitrary_message(self, i: int, text: str) -> None:
+        """Any text sent to a session: refused by name if empty or not valid Unicode; else it
+        answers the first open request if it names one of its options, steers the turn, or
+        starts a new one."""
+        self.step()
+        sid = self.pick(list(self.sessions), i)
+        valid = text.strip() and not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+        if not valid:
+            self.rejected(so.UsageError, self.rt.send(sid, text))
+            return
+        pending = self.run(self.rt.pending(session_id=sid))
+        result = self.run(self.rt.send(sid, text))
+        option = match_option(pending[0].options, text) if pending else None
+        if option is not None:
+            assert [(o.request_id, o.applied) for o in result.outcomes] == [(pending[0].id, True)]
+            req = self.requests[pending[0].id]
+            req.answer = {"option_id": option.id}
+            outcomes = {"approve": "approved", "cancel": "cancelled"}
+            req.outcome = outcomes.get(option.id, "answered")
+        else:
+            assert result.outcomes == []
+            for req in self.pending_of(sid):  # steered: nothing pending survives it
+                req.outcome = "ignored" if req.kind == "tool-approval" else "cancelled"
+        self.took(sid, result)
+
     @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
     @rule(i=st.integers(0, 99), plan=plans)
     def steer(self, i: int, plan: list[str]) -> None:
@@ -258,9 +287,21 @@ class RuntimeMachine(RuleBasedStateMachine):
         self.took(sid, result)
 
     @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
-    @rule(i=st.integers(0, 99), yes=st.booleans(), how=st.sampled_from(["respond", "generate"]))
-    def answer_by_id(self, i: int, yes: bool, how: str) -> None:
+    @rule(
+        i=st.integers(0, 99),
+        yes=st.booleans(),
+        how=st.sampled_from(["respond", "generate", "id", "label", "index"]),
+    )
+    def answer(self, i: int, yes: bool, how: str) -> None:
+        """Answer an open request: by id (respond, or helix-style approvals) or by a follow-up
+        message naming an option by id, label or index."""
         self.step()
+        if how in ("id", "label", "index"):
+            self.answer_by_message(i, yes, how)
+        else:
+            self.answer_by_id(i, yes, how)
+
+    def answer_by_id(self, i: int, yes: bool, how: str) -> None:
         req = self.pick(self.open_requests(), i)
         sid = req.session_id
         if req.kind == "question":
@@ -289,11 +330,8 @@ class RuntimeMachine(RuleBasedStateMachine):
         req.answer, req.outcome = answer, outcome
         self.took(sid, result)
 
-    @precondition(lambda self: any(r.outcome is None for r in self.requests.values()))
-    @rule(i=st.integers(0, 99), yes=st.booleans(), form=st.sampled_from(["id", "label", "index"]))
     def answer_by_message(self, i: int, yes: bool, form: str) -> None:
         """A follow-up message answers the session's first open request by id, label or index."""
-        self.step()
         sid = self.pick(list(dict.fromkeys(r.session_id for r in self.open_requests())), i)
         api = self.run(self.rt.pending(session_id=sid))
         first = api[0]
@@ -348,7 +386,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         response = so.InputResponse(request_id=req.id, option_id=option)
         self.rejected(so.RequestClosed, self.rt.respond(req.session_id, [response]))
 
-    @precondition(lambda self: self.sessions)
+    @precondition(lambda self: self.requests)
     @rule(i=st.integers(0, 99), j=st.integers(0, 99), forged=st.sampled_from(["unknown", "other"]))
     def forged_answer(self, i: int, j: int, forged: str) -> None:
         """An id never requested in this session (typos, other sessions) is refused as unknown."""
