@@ -168,8 +168,9 @@ UPDATE {s}.sessions x SET audit_n = a.n, audit_hash = a.hash FROM (
 -- Without updated_at, a commit that keeps the status updates the session row in place (HOT).
 DROP INDEX {s}.sessions_by_status;
 CREATE INDEX sessions_by_status ON {s}.sessions (status);
-ALTER TABLE {s}.sessions SET (fillfactor = 70);
-ALTER TABLE {s}.leases SET (fillfactor = 70);
+-- Room on each page for the new versions of rows updated in place. Measured: leases are HOT
+-- at any fill (small rows), and lower fills on sessions only cost parked sessions space.
+ALTER TABLE {s}.sessions SET (fillfactor = 90);
 ALTER TABLE {s}.snapshots SET (fillfactor = 70);
 CREATE FUNCTION {s}.request_closed(request TEXT) RETURNS BOOLEAN LANGUAGE plpgsql AS $$
 BEGIN
