@@ -9,6 +9,7 @@ import pydantic
 import pytest
 
 import signoff as so
+from signoff.stores import SQLiteStore
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -886,3 +887,68 @@ async def test_sync_twins_inside_a_running_loop(tmp_path: Path) -> None:
         assert log.count() == 1
     finally:
         rt.close_sync()
+
+
+class CountingStore(SQLiteStore):
+    """Counts the events read, to show what loading a conversation costs."""
+
+    read = 0
+
+    async def read_events(self, *args: Any, **kwargs: Any) -> list[so.Event]:
+        events = await super().read_events(*args, **kwargs)
+        self.read += len(events)
+        return events
+
+
+@pytest.mark.parametrize("long_turn", [False, True])
+async def test_a_new_runtime_reads_only_the_window_and_sends_the_same_messages(
+    tmp_path: Path, long_turn: bool
+) -> None:
+    """With `max_messages`, a runtime that did not run the session reads the newest message
+    events, not the whole history, and the model sees exactly what a warm runtime shows it."""
+    turns = 60
+    lookups = [call_tools(call("lookup_order", order_id=str(i))) for i in range(12)]
+    script: list[Any] = [reply(f"answer {i}") for i in range(turns)]
+    script += [
+        *(lookups if long_turn else lookups[:1]),
+        call_tools(call("issue_refund", order_id="2", amount=5)),
+    ]
+    warm_seen, cold_seen = Capture(reply("refunded")), Capture(reply("refunded"))
+    log = ExecutionLog()
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+
+    def agent(seen: Capture) -> so.Agent:
+        return scripted_agent(
+            "a", [*script, seen], tools=tools(log), limits=so.Limits(max_messages=6)
+        )
+
+    async def park(rt: so.Runtime) -> tuple[str, str]:
+        sid = (await rt.generate("a", prompt="turn 0")).session_id
+        for i in range(1, turns):
+            await rt.generate(session_id=sid, prompt=f"turn {i}")
+        r = await rt.generate(session_id=sid, prompt="refund order 2")
+        assert r.status == "waiting"
+        return sid, r.pending[0].id
+
+    async with so.Runtime([agent(warm_seen)], store=url) as rt:
+        sid, rid = await park(rt)
+        done = await rt.generate(session_id=sid, approvals=[so.Decision(id=rid, approved=True)])
+        assert done.text == "refunded"
+    url2 = f"sqlite:///{tmp_path / 'cold.db'}"
+    async with so.Runtime([agent(Capture(reply("unused")))], store=url2) as rt:
+        sid, rid = await park(rt)
+    store = CountingStore(url2)
+    async with so.Runtime([agent(cold_seen)], store=store) as cold:
+        done = await cold.generate(session_id=sid, approvals=[so.Decision(id=rid, approved=True)])
+        assert done.text == "refunded"
+        # loaded in part, so not offered as the conversation; in full when the turn is long
+        messages = (await cold.state(sid)).messages
+        assert (messages is not None) == long_turn
+    assert cold_seen.last == warm_seen.last
+    assert so.UserMessage(text="refund order 2") in cold_seen.last
+    assert len(cold_seen.last) == (27 if long_turn else 6)  # the whole turn, or the window
+    history = turns * 2 + (28 if long_turn else 6)
+    if long_turn:  # the turn is longer than the tail read: everything is read, as before
+        assert store.read > history
+    else:
+        assert store.read < 40 < history

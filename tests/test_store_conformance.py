@@ -103,6 +103,11 @@ async def test_create_load_read_head(store: Store) -> None:
     assert [e.seq for e in await store.read_events(sid, after=1, limit=2)] == [2, 3]
     assert [e.seq for e in await store.read_events(sid, types=["model.completed"])] == [3]
     assert await store.read_events(sid, after=4) == []
+    # the newest N, oldest first, with every field (the turn of a row that leaves it out too)
+    assert await store.read_events(sid, newest=2) == got[2:]
+    assert await store.read_events(sid, newest=9) == got
+    newest = await store.read_events(sid, types=["turn.started", "turn.completed"], newest=1)
+    assert newest == [got[3]]
 
 
 async def test_unknown_session(store: Store) -> None:

@@ -20,7 +20,14 @@ from ._agent import Agent
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
 from ._events import Event, EventType
 from ._exceptions import AppendConflict, ModelError, SignoffError, UnknownSession
-from ._state import MESSAGE_EVENT_TYPES, CallState, SessionState, conversation, fold
+from ._state import (
+    MESSAGE_EVENT_TYPES,
+    CallState,
+    Conversation,
+    SessionState,
+    conversation,
+    fold,
+)
 from ._tools import (
     ApprovalRequired,
     InputUnavailable,
@@ -598,9 +605,34 @@ class Driver:
     async def conversation(self) -> list[Message]:
         s = self.state
         if s.conversation is None:
-            events = await self.store.read_events(s.id, types=MESSAGE_EVENT_TYPES)
-            s.conversation = conversation(e for e in events if e.seq <= s.seq)
+            s.conversation = await self._windowed() or conversation(
+                e
+                for e in await self.store.read_events(s.id, types=MESSAGE_EVENT_TYPES)
+                if e.seq <= s.seq
+            )
         return s.conversation.messages
+
+    async def _windowed(self) -> Conversation | None:
+        """With a message window, the conversation from a recent turn on, read from the newest
+        message events only: loading a long session then costs the window, not the history.
+        None when the window may reach further back (the caller reads everything)."""
+        limit = self.agent.limits.max_messages
+        if limit is None:
+            return None
+        want = 2 * limit + 8
+        s = self.state
+        tail = await self.store.read_events(s.id, types=MESSAGE_EVENT_TYPES, newest=want)
+        whole = len(tail) < want
+        tail = [e for e in tail if e.seq <= s.seq]
+        if whole:
+            return conversation(tail)  # that was the whole log
+        start = next((i for i, e in enumerate(tail) if e.type == "turn.started"), None)
+        if start is None:
+            return None
+        conv = conversation(tail[start:], partial=True)
+        # `window()` keeps the last `limit` messages and the current turn, which started at or
+        # after tail[start]: exactly what the whole log would give once there are that many.
+        return conv if len(conv.messages) >= limit else None
 
     async def window(self) -> list[Message]:
         """The messages sent to the model: the last `max_messages`, never cutting this turn."""

@@ -121,7 +121,9 @@ class SessionState:
 
     @property
     def messages(self) -> list[Message] | None:
-        return None if self.conversation is None else self.conversation.messages
+        """The whole model-visible conversation, or None when it is not loaded in full."""
+        conv = self.conversation
+        return None if conv is None or conv.partial else conv.messages
 
     # -- questions the engine and runtime ask --------------------------------------------
 
@@ -298,9 +300,11 @@ def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionS
     return state
 
 
-def conversation(events: Iterable[Event]) -> Conversation:
-    """The model-visible conversation of a whole log (used when a snapshot left it out)."""
-    conv = Conversation()
+def conversation(events: Iterable[Event], *, partial: bool = False) -> Conversation:
+    """The model-visible conversation of a whole log (used when a snapshot left it out), or of
+    its end from a `turn.started` on (`partial`): the same messages as the whole log's from
+    that turn on, since a turn starts with no call open and nothing held back."""
+    conv = Conversation(partial=partial)
     for event in events:
         conv.add(event)
     return conv
@@ -310,9 +314,11 @@ class Conversation:
     """Messages as the model sees them; a message that arrives while calls are still open is
     held back until their results are in, so results always follow their calls."""
 
-    __slots__ = ("deferred", "messages", "open_calls", "turn_start")
+    __slots__ = ("deferred", "messages", "open_calls", "partial", "turn_start")
 
-    def __init__(self) -> None:
+    def __init__(self, *, partial: bool = False) -> None:
+        # partial: built from a recent turn on (enough for a message window), not the whole log
+        self.partial = partial
         self.turn_start = 0
         self.messages: list[Message] = []
         self.open_calls: set[str] = set()

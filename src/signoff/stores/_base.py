@@ -158,7 +158,11 @@ class Store(Protocol):
         *,
         limit: int | None = None,
         types: Sequence[str] | None = None,
-    ) -> list[Event]: ...
+        newest: int | None = None,
+    ) -> list[Event]:
+        """Events after `after` (of `types`, if given), oldest first: the first `limit` of them,
+        or the newest `newest`."""
+        ...
 
     async def head(self, session_id: str) -> int | None: ...
 

@@ -614,7 +614,7 @@ class PostgresStore:
                     at,
                     at,
                     expires_at,
-                    *_event_columns(events, None),
+                    *_event_columns(events),
                     self.channel,
                     f"{session_id} {last}",
                 ),
@@ -639,12 +639,6 @@ class PostgresStore:
         s = self._s
         label = commit.events[0].type if commit.events else "commit"
         ambiguous = False
-        # The turn of the session's last event, so the first event of this commit can leave its
-        # own out when it is the same (read under the lock: any later event would move the head).
-        last_turn = (
-            f"(SELECT e.turn FROM {s}.events e WHERE e.sk = s.sk AND e.turn IS NOT NULL "
-            "ORDER BY e.seq DESC LIMIT 1)"
-        )
 
         async def body(conn: Conn) -> None:
             token = commit.lease_token
@@ -652,16 +646,16 @@ class PostgresStore:
             if token is not None:
                 # Lock the session row, and hold the lease row so a takeover waits for us.
                 cur = await conn.execute(
-                    f"SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash, {last_turn} "
-                    f"FROM {s}.sessions s JOIN {s}.leases l ON l.sk = s.sk WHERE s.id=%s "
+                    f"SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash FROM {s}.sessions s "
+                    f"JOIN {s}.leases l ON l.sk = s.sk WHERE s.id=%s "
                     "FOR UPDATE OF s FOR SHARE OF l",
                     (commit.session_id,),
                 )
                 row = await cur.fetchone()
             if row is None:  # no lease asked for, or none held at all
                 cur = await conn.execute(
-                    f"SELECT s.sk, s.head, NULL, s.audit_n, s.audit_hash, {last_turn} "
-                    f"FROM {s}.sessions s WHERE s.id=%s FOR UPDATE",
+                    f"SELECT sk, head, NULL, audit_n, audit_hash FROM {s}.sessions "
+                    "WHERE id=%s FOR UPDATE",
                     (commit.session_id,),
                 )
                 row = await cur.fetchone()
@@ -727,7 +721,7 @@ class PostgresStore:
                     "RETURNING pg_notify(%s, %s)",
                     (
                         sk,
-                        *_event_columns(commit.events, row[5]),
+                        *_event_columns(commit.events),
                         sk,
                         [a[0] for a in audit],
                         [a[1] for a in audit],
@@ -908,12 +902,13 @@ class PostgresStore:
         *,
         limit: int | None = None,
         types: Sequence[str] | None = None,
+        newest: int | None = None,
     ) -> list[Event]:
         async def body(conn: Conn) -> list[Event]:
             sk = await self._session_key(conn, session_id)
             if sk is None:
                 raise UnknownSession(session_id)
-            return await self._events(conn, session_id, sk, after, limit, types)
+            return await self._events(conn, session_id, sk, after, limit, types, newest)
 
         return await self._read(body, f"reading events of session {session_id!r}")
 
@@ -925,6 +920,7 @@ class PostgresStore:
         after: int,
         limit: int | None,
         types: Sequence[str] | None,
+        newest: int | None = None,
     ) -> list[Event]:
         sql = (
             f"SELECT e.seq, e.type, {_TURN.format(s=self._s)}, e.at, e.v, e.data "
@@ -934,7 +930,11 @@ class PostgresStore:
         if types:
             sql += " AND e.type = ANY(%s)"
             params.append(list(types))
-        sql += " ORDER BY e.seq"
+        if newest is not None:  # the newest `newest` of them, still oldest first
+            sql = f"SELECT * FROM ({sql} ORDER BY e.seq DESC LIMIT %s) AS t ORDER BY seq"
+            params.append(newest)
+        else:
+            sql += " ORDER BY e.seq"
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
@@ -1274,17 +1274,16 @@ _CLOSED = "SO409"
 """SQLSTATE of `request_closed()`: a resolved request was no longer pending."""
 
 
-def _event_columns(events: Sequence[Event], turn: str | None) -> list[list[Any]]:
+def _event_columns(events: Sequence[Event]) -> list[list[Any]]:
     """The columns of `_INSERT_EVENTS`. `turn` is NULL when an event belongs to the turn of the
-    event before it, '' for none; `turn` is the stored turn of the event before the first one
-    (None when there is none or it is not known: the first event then names its own)."""
-    before: list[str | None] = [turn, *((e.turn_id or "") for e in events[:-1])]
+    event before it in the same batch; the first of a batch always names its turn ('' for none),
+    so reading one back looks behind it at most the length of a commit."""
     return [
         [e.seq for e in events],
         [e.type for e in events],
         [
-            None if prev is not None and (e.turn_id or "") == prev else e.turn_id or ""
-            for prev, e in zip(before, events, strict=True)
+            None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or ""
+            for i, e in enumerate(events)
         ],
         [e.at for e in events],
         [e.v for e in events],

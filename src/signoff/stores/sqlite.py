@@ -464,11 +464,12 @@ class SQLiteStore:
         *,
         limit: int | None = None,
         types: Sequence[str] | None = None,
+        newest: int | None = None,
     ) -> list[Event]:
         sk = self._session_key(session_id)
         if sk is None:
             raise UnknownSession(session_id)
-        return self._events(session_id, sk, after, limit, types)
+        return self._events(session_id, sk, after, limit, types, newest)
 
     def _events(
         self,
@@ -477,13 +478,18 @@ class SQLiteStore:
         after: int,
         limit: int | None,
         types: Sequence[str] | None,
+        newest: int | None = None,
     ) -> list[Event]:
         sql = f"SELECT e.seq, e.type, {_TURN}, e.at, e.v, e.data FROM events e WHERE sk=? AND seq>?"
         params: list[Any] = [sk, after]
         if types:
             sql += f" AND type IN ({','.join('?' * len(types))})"
             params.extend(types)
-        sql += " ORDER BY seq"
+        if newest is not None:  # the newest `newest` of them, still oldest first
+            sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+            params.append(newest)
+        else:
+            sql += " ORDER BY seq"
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
