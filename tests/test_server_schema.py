@@ -39,11 +39,21 @@ def _exact_link_bodies(doc: dict[str, Any]) -> None:
                         link["x-schemathesis"] = {"merge_body": False}
 
 
-_exact_link_bodies(app.openapi())
-# The event stream never ends while following; it is tested over real HTTP instead.
-schema = schemathesis.openapi.from_asgi("/v1/openapi.json", app).exclude(
-    path="/v1/sessions/{session_id}/events"
+def _schema(app: Any) -> schemathesis.BaseSchema:
+    _exact_link_bodies(app.openapi())
+    # The event stream never ends while following; it is tested over real HTTP instead.
+    return schemathesis.openapi.from_asgi("/v1/openapi.json", app).exclude(
+        path="/v1/sessions/{session_id}/events"
+    )
+
+
+schema = _schema(app)
+# The state machine gets an app and store of its own, so what other tests left behind cannot
+# change what its (derandomized) choices do.
+stateful_app = create_app(
+    make_runtime(f"sqlite:///{Path(_dir.name) / 'stateful.db'}"), auth=TokenAuth(TOKENS)
 )
+stateful_schema = _schema(stateful_app)
 
 HEADERS = {"Authorization": "Bearer alice-token"}
 
@@ -73,7 +83,7 @@ class Chains:
     scenarios: list[list[str]] = []
 
 
-class APIWorkflow(schema.as_state_machine()):  # type: ignore[misc]
+class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
     """Schemathesis' state machine over the app, as Alice, recording what each step did."""
 
     def setup(self) -> None:
@@ -144,7 +154,7 @@ def test_stateful_chains_follow_the_links() -> None:
         )
     ]
     assert answered and Chains.settled, [s for s in Chains.scenarios if s]
-    with TestClient(app) as client:
+    with TestClient(stateful_app) as client:
         for rid in Chains.settled:
             record = client.get(f"/v1/requests/{rid}", headers=HEADERS).json()
             assert record["status"] == "settled", record
