@@ -691,6 +691,8 @@ class SQLiteStore:
 def _upgrade_from_1(conn: sqlite3.Connection) -> None:
     """Schema 1 to 2, in the opening transaction: request rows keep their own copies, audit
     entries of sessions move to the compact form and the session rows learn their chain heads."""
+    # NULL turn meant "no turn" in schema 1 and means "the turn of the event before" now.
+    conn.execute("UPDATE events SET turn = '' WHERE turn IS NULL")
     conn.execute("ALTER TABLE sessions ADD COLUMN audit_n INTEGER NOT NULL DEFAULT 0")
     conn.execute("ALTER TABLE sessions ADD COLUMN audit_hash BLOB")
     conn.execute("ALTER TABLE requests ADD COLUMN seq INTEGER")
