@@ -95,6 +95,35 @@ def _shadow(state: SessionState, events: Sequence[Event], before: int) -> Sessio
     return copy
 
 
+def _waiting_after(state: SessionState, specs: Sequence[EventSpec]) -> list[EventSpec]:
+    """`turn.waiting`, when the turn would park right after `specs`: nothing left to decide or
+    run, something waiting for a person. Recorded with them, it saves the park a commit; the
+    drive loop records it otherwise, on the same condition."""
+    copy = SessionState.from_snapshot(state.to_snapshot())
+    for i, (type_, data) in enumerate(specs):
+        copy.apply(
+            Event(
+                session_id=state.id,
+                seq=state.seq + i + 1,
+                type=type_,
+                at=state.updated_at,
+                turn_id=copy.turn.id if copy.turn else None,
+                data=data,
+            )
+        )
+    turn = copy.turn
+    if turn is None or turn.status in ("waiting", "completed", "cancelled", "failed"):
+        return []
+    statuses = {c.status for c in turn.calls.values()}
+    if statuses & {"proposed", "approved", "denied", "decided", "running"}:
+        return []
+    if not statuses & {"requested", "awaiting", "asking"}:
+        return []
+    return [
+        ("turn.waiting", {"on": "input", "request_ids": [r.id for r in copy.pending_requests()]})
+    ]
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:20]}"
 
@@ -379,7 +408,13 @@ class Driver:
         if requests:
             specs.append(("input.requested", {"requests": [_dump_request(r) for r in requests]}))
         specs.extend(results)
-        if specs:
+        if specs and requests and not to_run:
+
+            def parked(state: SessionState) -> Batch:
+                return Batch(specs=specs + _waiting_after(state, specs), new_requests=requests)
+
+            await self.record(parked)
+        elif specs:
             await self.record(specs, new_requests=requests)
         for call, tool, validated, verdict in to_run:
             current = self.state.turn.calls.get(call.id) if self.state.turn else None
