@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import queue
 import re
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 import signoff as so
+from signoff.channels.webhooks import verify_webhook
 from signoff.cli import app, local_principal
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -511,6 +515,39 @@ def _free_port() -> int:
 PROVIDER_VARIABLES = ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
 
 
+class WebhookReceiver:
+    """A loopback HTTP server that keeps the verified payload of every webhook delivery."""
+
+    def __init__(self, secret: str = "s3cret") -> None:
+        received: queue.Queue[dict[str, Any]] = queue.Queue()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.put(verify_webhook(secret, dict(self.headers), body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.received = received
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def wait_for(self, event: str, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            payload = self.received.get(timeout=max(0.01, deadline - time.monotonic()))
+            if payload["type"] == event:
+                return payload
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
 def test_serve_then_approve_from_the_command_line(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -518,9 +555,11 @@ def test_serve_then_approve_from_the_command_line(
         monkeypatch.delenv(name, raising=False)
     url = f"sqlite:///{tmp_path}/state.db"
     port = _free_port()
+    hooks = WebhookReceiver()
     server = subprocess.Popen(
         [str(ROOT / ".venv/bin/signoff"), "serve", "examples.support:runtime"]
-        + ["--port", str(port), "--store", url],
+        + ["--port", str(port), "--store", url]
+        + ["--webhook", hooks.url, "--webhook-secret", "s3cret"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -551,6 +590,8 @@ def test_serve_then_approve_from_the_command_line(
         pending = json.loads(invoke("pending", "--store", url, "--json").stdout)
         assert [p["session_id"] for p in pending] == [session_id]
         request_id = pending[0]["id"]
+        opened = hooks.wait_for("request.opened")  # the --webhook channel, signed
+        assert opened["request"]["id"] == request_id
         asker = pending[0]["requested_by"]
 
         result = invoke(
@@ -569,8 +610,32 @@ def test_serve_then_approve_from_the_command_line(
         assert seen.status_code == 200
         assert "Done. I've refunded 180.00" in seen.text
         assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+        resolved = hooks.wait_for("request.resolved")
+        assert resolved["request"]["id"] == request_id
     finally:
+        hooks.close()
         server.terminate()
         server.wait(timeout=30)
         if server.stdout is not None:
             server.stdout.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--webhook", "http://127.0.0.1:9/hook"], "--webhook needs --webhook-secret"),
+        (["--webhook-secret", "s3cret"], "no --webhook URL"),
+        (["--webhook", "ftp://example/hook", "--webhook-secret", "s"], "must be http(s)"),
+        (["--slack-channel", "C0123"], "--slack-channel needs --slack-token"),
+        (["--slack-channel", "C0123", "--slack-token", "xoxb-1"], "--slack-signing-secret"),
+    ],
+)
+def test_serve_refuses_incomplete_channel_options(
+    args: list[str], message: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("SIGNOFF_WEBHOOK_SECRET", "SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    store = f"sqlite:///{tmp_path}/state.db"
+    result = invoke("serve", "examples.support:runtime", "--store", store, *args)
+    assert result.exit_code == 1, result.output
+    assert "UsageError" in result.output and message in " ".join(result.output.split())

@@ -5,11 +5,16 @@ from __future__ import annotations
 import importlib
 import os
 import sys
-from typing import Any
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .._exceptions import SignoffError, UsageError
 from .._runtime import Runtime
 from ._auth import Authenticator, is_loopback
+
+if TYPE_CHECKING:
+    from ..channels import Channel
 
 __all__ = ["DEFAULT_STORE", "load_runtime", "serve"]
 
@@ -57,14 +62,26 @@ def serve(
     *,
     auth: Authenticator | None = None,
     log_level: str = "info",
+    channels: Sequence[Channel] = (),
+    channel_state: str | Path | None = None,
 ) -> None:
-    """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`."""
+    """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`.
+
+    `channels` (Slack, webhooks, ...) follow the queue while the server runs, from one
+    `ChannelHub` whose delivery positions live in `channel_state` (a SQLite file; in memory if
+    None, so a restart starts at the end of the queue).
+    """
     import uvicorn
 
     from ._app import create_app
 
     runtime = target if isinstance(target, Runtime) else load_runtime(target, store)
-    app = create_app(runtime, auth=auth, dev=auth is None, close_runtime=True)
+    hub = None
+    if channels:
+        from ..channels import ChannelHub
+
+        hub = ChannelHub(runtime, channels, state=channel_state)
+    app = create_app(runtime, auth=auth, dev=auth is None, close_runtime=True, channels=hub)
     if auth is None and not is_loopback(host):
         print(
             "signoff: dev mode accepts requests from localhost only; pass API tokens to serve "
