@@ -16,6 +16,7 @@ import pytest
 import signoff as so
 from signoff.stores import Commit, Loaded, StoredRequest
 from signoff.stores.sqlite import SQLiteStore
+from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._procs import Child, make_agent, query, read_executions, spawn, sqlite_url
 
@@ -290,3 +291,47 @@ async def test_an_uncommitted_settlement_is_never_reported_to_another_task(tmp_p
     finally:
         await shared.close()
         await other.close()
+
+
+class OvertakenStore(SQLiteStore):
+    """Before its first `turn.started` commit goes in, lets another runtime act on the file."""
+
+    def __init__(self, url: str, meanwhile: Any) -> None:
+        super().__init__(url)
+        self.meanwhile = meanwhile
+
+    async def commit(self, commit: Commit) -> None:
+        if self.meanwhile is not None and commit.events[0].type == "turn.started":
+            meanwhile, self.meanwhile = self.meanwhile, None
+            await meanwhile()
+        await super().commit(commit)
+
+
+async def test_a_turn_started_elsewhere_meanwhile_is_not_overrun(tmp_path: Path) -> None:
+    """Two processes send a message to one idle session at once: the one that loses the race
+    checks the session again (here: an approval is now open) instead of starting a turn over
+    the winner's."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+
+    def agent() -> so.Agent:
+        @so.tool(approval=so.always())
+        async def refund(order_id: str) -> str:
+            """Refund an order."""
+            return "refunded"
+
+        steps = [call_tools(call("refund", order_id="1")), reply("done")]
+        return scripted_agent("a", steps, tools=[refund])
+
+    async with so.Runtime([agent()], store=url) as other:
+        sid = await other.create_session("a")
+
+        async def winner() -> None:
+            parked = await other.generate(session_id=sid, prompt="refund order 1")
+            assert parked.status == "waiting"
+
+        async with so.Runtime([agent()], store=OvertakenStore(url, winner)) as loser:
+            with pytest.raises(so.PartialAnswer):
+                await loser.generate(session_id=sid, prompt="something else")
+        events = [e async for e in other.events(sid, follow=False)]
+        assert [e.type for e in events].count("turn.started") == 1
+        assert len(await other.pending()) == 1

@@ -20,7 +20,7 @@ from ._agent import Agent
 from ._answers import check_text
 from ._audit_trail import record_tool_settings
 from ._deadlines import due_batch
-from ._engine import Batch, Driver, load_state, new_id, runnable
+from ._engine import Batch, Driver, EventSpec, load_state, new_id, runnable
 from ._events import Event
 from ._exceptions import (
     PartialAnswer,
@@ -36,6 +36,10 @@ from ._types import Principal
 from .stores import Resolve, Store, open_store
 
 __all__ = ["SessionRunner"]
+
+
+class _Changed(Exception):
+    """Internal: the session moved on between the checks that start a turn and its append."""
 
 
 class SessionRunner:
@@ -229,25 +233,38 @@ class SessionRunner:
                     )
             driver = self._driver(state, None)
             turn_id = new_id("trn")
+            checked = state.seq
+            started: EventSpec = (
+                "turn.started",
+                {
+                    "message": prompt,
+                    "principal": None if auth is None else auth.model_dump(),
+                    "source": source,
+                },
+            )
+
+            def start(
+                current: SessionState, checked: int = checked, started: EventSpec = started
+            ) -> list[EventSpec]:
+                # Someone appended since the checks above (a turn, an open request): check again
+                # rather than start a turn over theirs.
+                if current.seq != checked:
+                    raise _Changed
+                return [started]
+
             try:
-                await driver.record(
-                    [
-                        (
-                            "turn.started",
-                            {
-                                "message": prompt,
-                                "principal": None if auth is None else auth.model_dump(),
-                                "source": source,
-                            },
-                        )
-                    ],
-                    turn_id=turn_id,
-                )
+                await driver.record(start, turn_id=turn_id)
+            except _Changed:
+                self._cache.pop(session_id, None)
+                continue
             except Exception:
                 self._cache.pop(session_id, None)
                 raise
             self._remember(driver.state)
             return
+        raise SessionBusy(
+            f"session {session_id!r} kept changing under a new turn; try again", session_id
+        )
 
     async def _busy(self, session_id: str) -> bool:
         token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.clock())
