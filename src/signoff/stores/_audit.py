@@ -21,6 +21,7 @@ __all__ = [
     "AuditRow",
     "audit_rows",
     "chain_hash",
+    "chain_session",
     "loaded_data",
     "stored_data",
 ]
@@ -111,3 +112,26 @@ def loaded_data(text: str | None) -> dict[str, Any]:
     which no longer matches its hash."""
     data = json.loads(text) if text else None
     return data if isinstance(data, dict) else {}
+
+
+def chain_session(
+    n: int, digest: bytes | None, events: Sequence[Event]
+) -> list[tuple[int, int | None, bytes]]:
+    """The audit entries of a commit's events chained onto the session's stream from its head
+    `(n, digest)`: `(n, seq, hash)` each; they keep no copy of the events, only place and hash."""
+    entries = []
+    for row in audit_rows(events):
+        n += 1
+        digest = bytes.fromhex(
+            chain_hash(
+                None if digest is None else digest.hex(),
+                stream=row.stream,
+                n=n,
+                type=row.type,
+                at=row.at,
+                seq=row.seq,
+                data=row.data,
+            )
+        )
+        entries.append((n, row.seq, digest))
+    return entries

@@ -39,7 +39,7 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._types import InputRequest
-from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash, loaded_data
+from ._audit import AuditEntry, AuditRow, chain_hash, chain_session, loaded_data
 from ._base import (
     Commit,
     FaultHook,
@@ -706,7 +706,7 @@ class PostgresStore:
                 )
             if commit.events:
                 n, digest = int(row[3]), None if row[4] is None else bytes(row[4])
-                audit = _session_audit(n, digest, commit.events)
+                audit = chain_session(n, digest, commit.events)
                 if audit:
                     n, digest = audit[-1][0], audit[-1][2]
                 last = commit.events[-1]
@@ -1289,26 +1289,3 @@ def _event_columns(events: Sequence[Event]) -> list[list[Any]]:
         [e.v for e in events],
         [pack_bytes(e.data) for e in events],
     ]
-
-
-def _session_audit(
-    n: int, digest: bytes | None, events: Sequence[Event]
-) -> list[tuple[int, int | None, bytes]]:
-    """The audit entries of a commit's events chained onto the session's stream from its head
-    `(n, digest)`: `(n, seq, hash)` each; they keep no copy of the events, only place and hash."""
-    entries = []
-    for row in audit_rows(events):
-        n += 1
-        digest = bytes.fromhex(
-            chain_hash(
-                None if digest is None else digest.hex(),
-                stream=row.stream,
-                n=n,
-                type=row.type,
-                at=row.at,
-                seq=row.seq,
-                data=row.data,
-            )
-        )
-        entries.append((n, row.seq, digest))
-    return entries

@@ -26,7 +26,7 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._types import InputRequest
-from ._audit import AuditEntry, AuditRow, audit_rows, chain_hash, loaded_data
+from ._audit import AuditEntry, AuditRow, chain_hash, chain_session, loaded_data
 from ._base import (
     Commit,
     FaultHook,
@@ -329,23 +329,13 @@ class SQLiteStore:
     ) -> tuple[int, bytes | None]:
         """Chain the audited events of a commit onto the session's stream, whose head the
         session row keeps; the entries hold no copy of the events, only their place and hash."""
-        rows = []
-        for row in audit_rows(events):
-            n += 1
-            digest = bytes.fromhex(
-                chain_hash(
-                    None if digest is None else digest.hex(),
-                    stream=row.stream,
-                    n=n,
-                    type=row.type,
-                    at=row.at,
-                    seq=row.seq,
-                    data=row.data,
-                )
+        entries = chain_session(n, digest, events)
+        if entries:
+            conn.executemany(
+                "INSERT INTO audit (sk, n, seq, hash) VALUES (?,?,?,?)",
+                [(sk, *entry) for entry in entries],
             )
-            rows.append((sk, n, row.seq, digest))
-        if rows:
-            conn.executemany("INSERT INTO audit (sk, n, seq, hash) VALUES (?,?,?,?)", rows)
+            n, _, digest = entries[-1]
         return n, digest
 
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
