@@ -135,8 +135,9 @@ class SessionRunner:
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
 
-    async def _checked(self, session_id: str) -> SessionState:
-        state = await self.state(session_id)
+    async def _checked(self, session_id: str, *, trust_cache: bool = False) -> SessionState:
+        cached = self._cache.get(session_id) if trust_cache else None
+        state = cached if cached is not None else await self.state(session_id)
         now = self.clock()
         if state.expired(now):
             await self._expire(state)
@@ -220,12 +221,20 @@ class SessionRunner:
         if not isinstance(prompt, str):
             raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
         check_text(prompt, "the prompt")
+        # The cached state is trusted at first (a stale one makes the append below conflict,
+        # and `start` then asks for a fresh look); it is checked against the store before a
+        # message is refused on its account.
+        fresh = False
         for _ in range(10):
-            state = await self._checked(session_id)
+            state = await self._checked(session_id, trust_cache=not fresh)
             pending = state.pending_requests()
+            running = state.turn is not None and state.turn.status == "running"
+            if (pending or running) and not fresh:
+                fresh = True
+                continue
             if pending:
                 raise PartialAnswer(session_id, [r.id for r in pending])
-            if state.turn is not None and state.turn.status in ("running",):
+            if running:
                 if await self._busy(session_id):
                     raise SessionBusy(
                         f"session {session_id!r} is running a turn in another process",
@@ -255,7 +264,7 @@ class SessionRunner:
             try:
                 await driver.record(start, turn_id=turn_id)
             except _Changed:
-                self._cache.pop(session_id, None)
+                fresh = True
                 continue
             except Exception:
                 self._cache.pop(session_id, None)
