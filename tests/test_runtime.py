@@ -952,3 +952,33 @@ async def test_a_new_runtime_reads_only_the_window_and_sends_the_same_messages(
         assert store.read > history
     else:
         assert store.read < 40 < history
+
+
+class ReleaseCountingStore(SQLiteStore):
+    """Counts the separate lease releases (a drive's last commit can release it instead)."""
+
+    releases = 0
+
+    async def release_lease(self, session_id: str, owner: str, token: int) -> None:
+        self.releases += 1
+        await super().release_lease(session_id, owner, token)
+
+
+async def test_the_commit_that_parks_or_ends_a_turn_gives_the_lease_back(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    store = ReleaseCountingStore(f"sqlite:///{tmp_path / 'state.db'}")
+    async with so.Runtime([refund_agent(log)], store=store) as rt:
+        parked = await rt.generate("a", prompt="refund order 1")
+        assert parked.status == "waiting"
+        # free at once: another owner takes it without waiting for the lease to expire
+        token = await store.acquire_lease(parked.session_id, "someone", 30, rt.clock())
+        assert token is not None
+        await store.release_lease(parked.session_id, "someone", token)
+        store.releases = 0
+        done = await rt.generate(
+            session_id=parked.session_id,
+            approvals=[so.Decision(id=parked.pending[0].id, approved=True)],
+        )
+        assert done.status == "completed"
+        assert store.releases == 0  # the completing commit released it
+        assert await store.acquire_lease(parked.session_id, "someone", 30, rt.clock()) is not None

@@ -7,6 +7,7 @@ are parametrized over both.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
@@ -430,6 +431,23 @@ async def test_leases_and_fencing(store: Store) -> None:
             Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4)], lease_token=t3)
         )
     assert await store.head(sid) == 3
+
+
+async def test_a_commit_can_free_its_lease(store: Store) -> None:
+    sid = await new_session(store)
+    t1 = await store.acquire_lease(sid, "w1", 10, T0)
+    assert t1 is not None
+    commit = Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=t1)
+    await store.commit(dataclasses.replace(commit, release_lease=True))
+    assert await store.head(sid) == 2
+    assert not await store.renew_lease(sid, "w1", t1, 10, T0 + 1)  # given back with the commit
+    t2 = await store.acquire_lease(sid, "w2", 10, T0 + 1)  # at once, not at expiry
+    assert t2 is not None and t2 > t1
+    # A refused commit frees nothing: the lease stays w2's.
+    stale = Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=t2)
+    with pytest.raises(AppendConflict):
+        await store.commit(dataclasses.replace(stale, release_lease=True))
+    assert await store.acquire_lease(sid, "w3", 10, T0 + 2) is None
 
 
 async def test_lease_token_on_a_never_leased_session_is_lost(store: Store) -> None:

@@ -95,6 +95,15 @@ def _shadow(state: SessionState, events: Sequence[Event], before: int) -> Sessio
     return copy
 
 
+def _ends_drive(events: Sequence[Event], after: SessionState) -> bool:
+    """Whether `Driver.drive` returns right after these events: the turn parked or failed, or
+    ended with no queued message to start the next one."""
+    types = {e.type for e in events}
+    if types & {"turn.waiting", "turn.failed"}:
+        return True
+    return bool(types & {"turn.completed", "turn.cancelled"}) and not after.queued
+
+
 def _waiting_after(state: SessionState, specs: Sequence[EventSpec]) -> list[EventSpec]:
     """`turn.waiting`, when the turn would park right after `specs`: nothing left to decide or
     run, something waiting for a person. Recorded with them, it saves the park a commit; the
@@ -199,6 +208,10 @@ class Driver:
         self.abort_signal = abort_signal or asyncio.Event()
         # What delegate tools drive subagents through; the runtime sets it (see _subagents).
         self.host: Any = None
+        # Set by whoever holds the lease for one drive: the commit that parks or ends the turn
+        # also frees the lease (`released`), sparing a transaction; nothing is recorded after.
+        self.release_at_end = False
+        self.released = False
 
     # -- recording ----------------------------------------------------------------------------
 
@@ -217,6 +230,8 @@ class Driver:
         """
         tid = turn_id or (self.state.turn.id if self.state.turn else None)
         async with self.lock:
+            if self.released:
+                raise TurnStopped  # this drive gave its lease back with its last commit
             for _ in range(20):
                 state = self.state
                 turn = state.turn
@@ -246,6 +261,12 @@ class Driver:
                 ]
                 before = state.seq
                 after = _shadow(state, events, before)
+                release = (
+                    self.release_at_end
+                    and self.lease_token is not None
+                    and after is not None
+                    and _ends_drive(events, after)
+                )
                 try:
                     await self.store.commit(
                         Commit(
@@ -262,6 +283,7 @@ class Driver:
                             durable=durable,
                             status=None if after is None else stored_status(after),
                             expires_at=None if state.ttl is None else now + state.ttl,
+                            release_lease=release,
                         )
                     )
                 except AppendConflict:
@@ -270,6 +292,7 @@ class Driver:
                 # Applied only once committed, so a state object is never ahead of the store.
                 for e in events:
                     state.apply(e)
+                self.released = release
                 return events
         raise AppendConflict(f"session {self.state.id!r}: too many concurrent appends")
 

@@ -315,6 +315,7 @@ class SessionRunner:
             try:
                 state = await self._checked(session_id)
                 driver = self._driver(state, token)
+                driver.release_at_end = True
                 state = await driver.drive(retry=retry)
             finally:
                 renewing.clear()  # ends the loop even if the cancel below is swallowed
@@ -323,7 +324,8 @@ class SessionRunner:
                     await renew
                 if driver is not None:
                     self._remember(driver.state)
-                await self.store.release_lease(session_id, owner, token)
+                if driver is None or not driver.released:
+                    await self.store.release_lease(session_id, owner, token)
             retry = False
             state = await self.state(session_id)
             if not runnable(state):

@@ -59,6 +59,7 @@ class Commit:
     durable: bool = False
     status: str | None = None
     expires_at: float | None = None
+    release_lease: bool = False  # with lease_token: the drive ends here, so free the lease too
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

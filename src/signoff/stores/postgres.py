@@ -743,6 +743,11 @@ class PostgresStore:
                     "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
                     (sk, commit.snapshot["seq"], pack_bytes(commit.snapshot)),
                 )
+            if commit.release_lease and token is not None:
+                await conn.execute(
+                    f"UPDATE {s}.leases SET owner='', expires_at=0 WHERE sk=%s AND token=%s",
+                    (sk, token),
+                )
 
         async def committed() -> bool:
             nonlocal ambiguous

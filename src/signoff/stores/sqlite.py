@@ -314,6 +314,11 @@ class SQLiteStore:
                         "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
                         (sk, commit.snapshot["seq"], pack(commit.snapshot)),
                     )
+                if commit.release_lease and commit.lease_token is not None:
+                    conn.execute(
+                        "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND token=?",
+                        (sk, commit.lease_token),
+                    )
         except sqlite3.IntegrityError as exc:
             raise AppendConflict(f"session {commit.session_id!r}: {exc}") from exc
         except sqlite3.Error as exc:
