@@ -982,3 +982,25 @@ async def test_the_commit_that_parks_or_ends_a_turn_gives_the_lease_back(tmp_pat
         assert done.status == "completed"
         assert store.releases == 0  # the completing commit released it
         assert await store.acquire_lease(parked.session_id, "someone", 30, rt.clock()) is not None
+
+
+async def test_activity_in_another_process_keeps_the_session_alive_for_this_one(
+    tmp_path: Path,
+) -> None:
+    """A runtime whose cached state of a session is older than the TTL must not expire it
+    when another process has used the session since."""
+    clock = ManualClock()
+
+    def agent() -> so.Agent:
+        return scripted_agent(
+            "a", [reply("one"), reply("two"), reply("three")], tools=[], limits=so.Limits(ttl=60)
+        )
+
+    async with sqlite_runtime(tmp_path, agent(), clock=clock) as here:
+        sid = (await here.generate("a", prompt="hi")).session_id
+        clock.advance(50)
+        async with sqlite_runtime(tmp_path, agent(), clock=clock) as elsewhere:
+            assert (await elsewhere.generate(session_id=sid, prompt="again")).text == "two"
+        clock.advance(50)  # 100 s after this runtime last saw it, 50 s after the last activity
+        done = await here.generate(session_id=sid, prompt="still there?")
+        assert done.status == "completed"

@@ -136,9 +136,14 @@ class SessionRunner:
             self._cache.popitem(last=False)
 
     async def _checked(self, session_id: str, *, trust_cache: bool = False) -> SessionState:
-        cached = self._cache.get(session_id) if trust_cache else None
-        state = cached if cached is not None else await self.state(session_id)
+        """The session's state with its lapsed TTL and passed deadlines applied. `trust_cache`
+        skips the store's head when nothing is due on the cached state: a stale cache then
+        makes the caller's append conflict; expiring or applying deadlines never acts on it."""
         now = self.clock()
+        cached = self._cache.get(session_id) if trust_cache else None
+        if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
+            return cached
+        state = await self.state(session_id)
         if state.expired(now):
             await self._expire(state)
         if due_batch(state, now) is not None:
