@@ -23,7 +23,6 @@ __all__ = [
     "chain_hash",
     "chain_session",
     "loaded_data",
-    "stored_data",
 ]
 
 AUDIT_TYPES = frozenset(
@@ -99,12 +98,6 @@ def chain_hash(
     )
     # surrogatepass: a lone surrogate in recorded data hashes too (valid text is unaffected)
     return hashlib.sha256(f"{prev or ''}\n{body}".encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def stored_data(row: AuditRow) -> str:
-    """What the audit table keeps of an entry's data: nothing for a session's event (the event
-    holds it, and reading it back through the event lets the chain cover the log too)."""
-    return "null" if row.seq is not None else json.dumps(row.data, ensure_ascii=False)
 
 
 def loaded_data(text: str | None) -> dict[str, Any]:
