@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sqlite3
 from collections.abc import AsyncIterator
@@ -12,7 +13,8 @@ import pytest
 
 import signoff as so
 from signoff.stores import Commit, PendingFilter, Resolve, SQLiteStore, open_store
-from signoff.testing import reply, scripted_agent
+from signoff.stores import sqlite as sqlite_store
+from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
 
 def event(sid: str, seq: int, type: Any = "session.waiting", **data: Any) -> so.Event:
@@ -370,3 +372,111 @@ async def test_unusable_path_is_a_store_error(tmp_path: Path) -> None:
     os.mkdir(directory)
     with pytest.raises(so.StoreError):
         await SQLiteStore(f"sqlite:///{directory}").open()
+
+
+# -- the WAL at rest ------------------------------------------------------------------------------
+
+
+def wal_bytes(path: Path) -> int:
+    wal = Path(f"{path}-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def refund_agent(log: ExecutionLog) -> so.Agent:
+    @log.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, float]:
+        return {"refunded": amount}
+
+    proposal = call_tools(call("issue_refund", order_id="1", amount=5))
+    return scripted_agent("a", [proposal, reply("Done.")], tools=[issue_refund])
+
+
+async def test_a_quiet_store_leaves_one_file_of_live_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Parking a turn gives the drive's lease back; with no lease left the WAL is folded into
+    # the database and truncated, so the database file alone holds the whole session.
+    monkeypatch.setattr(sqlite_store, "QUIET_CHECKPOINT_BYTES", 0)
+    log = ExecutionLog()
+    async with so.Runtime([refund_agent(log)], store=f"sqlite:///{tmp_path / 'a.db'}") as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert r.status == "waiting"
+        assert wal_bytes(tmp_path / "a.db") == 0
+        (tmp_path / "copy").mkdir()
+        (tmp_path / "copy" / "a.db").write_bytes((tmp_path / "a.db").read_bytes())
+        decision = so.Decision(id=r.pending[0].id, approved=True, reason="ok")
+        done = await rt.generate(session_id=r.session_id, approvals=[decision])
+        assert done.text == "Done." and log.count("issue_refund") == 1
+        assert wal_bytes(tmp_path / "a.db") == 0
+    # The copy taken at rest, without any WAL, is the parked session whole: it can be resumed.
+    log2 = ExecutionLog()
+    async with so.Runtime([refund_agent(log2)], store=f"sqlite:///{tmp_path / 'copy/a.db'}") as rt:
+        assert [p.id for p in await rt.pending()] == [r.pending[0].id]
+        done = await rt.generate(session_id=r.session_id, approvals=[decision])
+        assert done.text == "Done." and log2.count("issue_refund") == 1
+
+
+async def test_a_small_wal_is_left_alone(store: SQLiteStore, tmp_path: Path) -> None:
+    await new_session(store, "s1")
+    token = await store.acquire_lease("s1", "A", 10, now=1)
+    assert token is not None
+    await store.commit(
+        Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)], lease_token=token)
+    )
+    await store.release_lease("s1", "A", token)
+    assert 0 < wal_bytes(tmp_path / "state.db") <= sqlite_store.QUIET_CHECKPOINT_BYTES
+
+
+async def test_the_wal_stays_while_another_lease_is_held(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    await new_session(store, "s1")
+    await new_session(store, "s2")
+    t1 = await store.acquire_lease("s1", "A", 10, now=1)
+    t2 = await store.acquire_lease("s2", "B", 10, now=1)
+    assert t1 == 1 and t2 == 1
+    for seq in range(2, 40):  # well over QUIET_CHECKPOINT_BYTES of WAL
+        await store.commit(
+            Commit(session_id="s1", expected_seq=seq - 1, events=[event("s1", seq, x="y" * 200)])
+        )
+    assert wal_bytes(tmp_path / "state.db") > sqlite_store.QUIET_CHECKPOINT_BYTES
+    await store.release_lease("s1", "A", 1)
+    assert wal_bytes(tmp_path / "state.db") > 0  # s2's drive is still running here
+    await store.commit(
+        Commit(
+            session_id="s2",
+            expected_seq=1,
+            events=[event("s2", 2)],
+            lease_token=t2,
+            release_lease=True,
+        )
+    )
+    assert wal_bytes(tmp_path / "state.db") == 0
+    assert len(await store.read_events("s1")) == 39
+
+
+async def test_a_reader_elsewhere_keeps_the_wal_and_nobody_waits(tmp_path: Path) -> None:
+    # The fold never waits on another connection: a reader in another process would otherwise
+    # stall the drive that gave its lease back for the whole busy timeout.
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=60)
+    await new_session(store, "s1")
+    for seq in range(2, 40):
+        await store.commit(
+            Commit(session_id="s1", expected_seq=seq - 1, events=[event("s1", seq, x="y" * 200)])
+        )
+    reader = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 39
+        token = await store.acquire_lease("s1", "A", 10, now=1)
+        assert token is not None
+        await asyncio.wait_for(store.release_lease("s1", "A", token), timeout=20)
+        assert wal_bytes(tmp_path / "state.db") > 0
+        reader.execute("COMMIT")
+        token = await store.acquire_lease("s1", "A", 10, now=2)
+        assert token is not None
+        await store.release_lease("s1", "A", token)
+        assert wal_bytes(tmp_path / "state.db") == 0
+    finally:
+        reader.close()
+        await store.close()

@@ -49,6 +49,10 @@ index costs at least a page, and each commit writes whole pages to the WAL."""
 
 WAL_CHECKPOINT_PAGES = 256
 
+QUIET_CHECKPOINT_BYTES = 64 * 1024
+"""When this store's last lease is given back and the WAL holds more than this, the WAL is
+folded into the database and truncated, so a quiet file is one file of live pages."""
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     sk INTEGER PRIMARY KEY,
@@ -140,6 +144,7 @@ class SQLiteStore:
         self._conn: sqlite3.Connection | None = None
         self._fault: FaultHook | None = None
         self._sk: dict[str, int] = {}
+        self._leased: set[tuple[str, int]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -327,6 +332,8 @@ class SQLiteStore:
             if commit.durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
         self._after(label)
+        if commit.release_lease and commit.lease_token is not None:
+            self._given_back(commit.session_id, commit.lease_token)
 
     @staticmethod
     def _insert_session_audit(
@@ -556,15 +563,18 @@ class SQLiteStore:
                     "INSERT INTO leases (sk, owner, token, expires_at) VALUES (?,?,1,?)",
                     (sk, owner, now + ttl),
                 )
-                return 1
-            held_by, token, expires_at = lease
-            if held_by != "" and held_by != owner and expires_at > now:
-                return None
-            conn.execute(
-                "UPDATE leases SET owner=?, token=?, expires_at=? WHERE sk=?",
-                (owner, int(token) + 1, now + ttl, sk),
-            )
-            return int(token) + 1
+                token = 1
+            else:
+                held_by, token, expires_at = lease
+                if held_by != "" and held_by != owner and expires_at > now:
+                    return None
+                token = int(token) + 1
+                conn.execute(
+                    "UPDATE leases SET owner=?, token=?, expires_at=? WHERE sk=?",
+                    (owner, token, now + ttl, sk),
+                )
+        self._leased.add((session_id, token))
+        return token
 
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float
@@ -623,6 +633,7 @@ class SQLiteStore:
                     (sk, owner, new, now + ttl),
                 )
                 claimed.append((str(session_id), new))
+        self._leased.update(claimed)
         return claimed
 
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
@@ -633,6 +644,33 @@ class SQLiteStore:
                 "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND owner=? AND token=?",
                 (sk, owner, token),
             )
+        self._given_back(session_id, token)
+
+    def _given_back(self, session_id: str, token: int) -> None:
+        """Forget a lease this store granted; once none is left, fold the WAL in."""
+        self._leased.discard((session_id, token))
+        if not self._leased:
+            self._checkpoint_if_quiet()
+
+    def _checkpoint_if_quiet(self) -> None:
+        """Copy the WAL into the database file and truncate it, if it holds more than
+        `QUIET_CHECKPOINT_BYTES` and no other connection is reading or writing: the attempt
+        never waits, so a busy file just keeps its WAL until the next quiet moment."""
+        if self.path == ":memory:" or self._conn is None:
+            return
+        try:
+            if os.path.getsize(self.path + "-wal") <= QUIET_CHECKPOINT_BYTES:
+                return
+        except OSError:
+            return
+        conn = self._conn
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error:
+            pass  # busy or locked: another connection is at work, and will quiet down later
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
 
     # -- change notifications (polling: SQLite has no NOTIFY) ---------------------------------
 
