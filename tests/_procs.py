@@ -26,6 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import signoff as so
+from signoff.stores._codec import stored_type
 
 __all__ = [
     "ROOT",
@@ -166,6 +167,11 @@ def _parser() -> argparse.ArgumentParser:
 
 
 # -- what the parent uses --------------------------------------------------------------------
+
+
+def is_type(name: str) -> str:
+    """SQL matching the `type` column of an event of type `name`, however the store keeps it."""
+    return f"IN ('{name}', '{stored_type(name)}')"
 
 
 def query(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:

@@ -21,7 +21,7 @@ from typing import Any
 
 import signoff as so
 
-from ._procs import ROOT, query, record_execution
+from ._procs import ROOT, is_type, query, record_execution
 
 __all__ = [
     "AGENT",
@@ -154,7 +154,7 @@ def settled_counts(url: str) -> tuple[Counter[str], Counter[str]]:
     for (sid,) in query(
         url,
         "SELECT s.id FROM {t}events e JOIN {t}sessions s ON s.sk = e.sk "
-        "WHERE e.type = 'approval.settled'",
+        f"WHERE e.type {is_type('approval.settled')}",
     ):
         events[str(sid)] += 1
     rows: Counter[str] = Counter()

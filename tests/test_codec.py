@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.stores._codec import pack, pack_bytes, unpack, unpack_text
+from signoff._events import EVENT_TYPES
+from signoff.stores._codec import pack, pack_bytes, stored_type, type_name, unpack, unpack_text
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 PROSE = " ".join(["the parcel arrived damaged and the customer asks for a refund"] * 8)
@@ -86,3 +87,20 @@ async def test_lone_surrogates_from_tools_and_models_are_stored_exactly(store_ur
         result = next(e.data["result"] for e in events if e.type == "tool.completed")
         assert result == odd + odd
         assert await rt.verify_audit() == []
+
+
+def test_every_event_type_has_a_one_letter_code_that_reads_back() -> None:
+    codes = {stored_type(name) for name in EVENT_TYPES}
+    assert len(codes) == len(EVENT_TYPES)
+    assert all(len(code) == 1 and "." not in code for code in codes)
+    for name in EVENT_TYPES:
+        assert type_name(stored_type(name)) == name
+    # a type this signoff has no code for is kept as its name, and read back as it
+    assert stored_type("tool.future_thing") == "tool.future_thing"
+    assert type_name("tool.future_thing") == "tool.future_thing"
+
+
+@pytest.mark.parametrize("stored", ["z", "", 7, None, b"a"])
+def test_an_unknown_type_code_is_a_store_error(stored: object) -> None:
+    with pytest.raises(so.StoreError, match="type"):
+        type_name(stored)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import signoff as so
 
-from ._procs import query
+from ._procs import is_type, query
 from ._worker_procs import (
     AGENT,
     Worker,
@@ -98,7 +98,7 @@ async def _run(url: str, tmp: Path, *, workers: int, sessions: int, sigterm: boo
                             for (sid,) in query(
                                 url,
                                 "SELECT s.id FROM {t}events e JOIN {t}sessions s ON s.sk = e.sk "
-                                "WHERE e.type = 'tool.completed'",
+                                f"WHERE e.type {is_type('tool.completed')}",
                             )
                         }
                         interrupted = {
@@ -112,7 +112,9 @@ async def _run(url: str, tmp: Path, *, workers: int, sessions: int, sigterm: boo
                 elif stopping is not None and not stop_sent and _in_flight(records, stopping.pid):
                     stopping.proc.send_signal(signal.SIGTERM)  # with turns in flight
                     stop_sent = True
-                done = query(url, "SELECT COUNT(*) FROM {t}events WHERE type = 'turn.completed'")
+                done = query(
+                    url, "SELECT COUNT(*) FROM {t}events WHERE type " + is_type("turn.completed")
+                )
                 if done[0][0] >= sessions:
                     break
                 await asyncio.sleep(0.05)
@@ -156,7 +158,7 @@ async def _run(url: str, tmp: Path, *, workers: int, sessions: int, sigterm: boo
         completed = query(
             url,
             "SELECT s.id, COUNT(*) FROM {t}events e JOIN {t}sessions s ON s.sk = e.sk "
-            "WHERE e.type = 'tool.completed' GROUP BY s.id",
+            "WHERE e.type " + is_type("tool.completed") + " GROUP BY s.id",
         )
         assert sorted(str(sid) for sid, n in completed if n == 1) == sorted(ids)
 

@@ -480,3 +480,50 @@ async def test_a_reader_elsewhere_keeps_the_wal_and_nobody_waits(tmp_path: Path)
     finally:
         reader.close()
         await store.close()
+
+
+# -- how an event row keeps its turn --------------------------------------------------------------
+
+
+def turn_event(sid: str, seq: int, turn: str | None, type: Any = "tool.step") -> so.Event:
+    return so.Event(session_id=sid, seq=seq, type=type, at=float(seq), turn_id=turn, data={})
+
+
+async def test_turn_ids_read_back_exactly_though_rows_name_them_once(store: SQLiteStore) -> None:
+    await new_session(store, "s1")
+    turns = [None, "trn_a", "trn_a", None, "trn_b", "trn_b", "trn_b"]
+    turns += ["trn_c"] * (sqlite_store.TURN_NAMED_EVERY * 2 + 5) + ["trn_d"]
+    seq = 1
+    for i in range(0, len(turns), 3):  # three events per commit, turns run across commits
+        batch = [
+            turn_event("s1", seq + 1 + j, t, "turn.started" if j == 0 else "tool.step")
+            for j, t in enumerate(turns[i : i + 3])
+        ]
+        await store.commit(Commit(session_id="s1", expected_seq=seq, events=batch))
+        seq += len(batch)
+    events = await store.read_events("s1")
+    assert [e.turn_id for e in events[1:]] == turns
+    # every window, every type filter, every starting point agrees with the whole read
+    by_seq = {e.seq: e.turn_id for e in events}
+    for after in (0, 3, 5, 70, seq - 2):
+        assert [(e.seq, e.turn_id) for e in await store.read_events("s1", after)] == [
+            (s, t) for s, t in by_seq.items() if s > after
+        ]
+    for newest in (1, 2, 65, 200):
+        window = await store.read_events("s1", newest=newest)
+        assert [(e.seq, e.turn_id) for e in window] == list(by_seq.items())[-newest:]
+    started = await store.read_events("s1", types=["turn.started"])
+    assert all(e.type == "turn.started" and e.turn_id == by_seq[e.seq] for e in started)
+    assert len(started) == (len(turns) + 2) // 3
+    # rows name a turn where it changes, and again at least every TURN_NAMED_EVERY rows
+    named = [
+        s
+        for (s,) in store.conn.execute(
+            "SELECT seq FROM events WHERE sk = (SELECT sk FROM sessions WHERE id='s1') "
+            "AND turn IS NOT NULL ORDER BY seq"
+        )
+    ]
+    assert len(named) < len(turns) // 10
+    assert all(
+        b - a <= sqlite_store.TURN_NAMED_EVERY for a, b in zip(named, named[1:], strict=False)
+    )

@@ -16,7 +16,7 @@ from typing import Any
 from .._events import dumps, loads
 from .._exceptions import StoreError
 
-__all__ = ["pack", "pack_bytes", "unpack", "unpack_text"]
+__all__ = ["pack", "pack_bytes", "stored_type", "type_name", "unpack", "unpack_text"]
 
 _DEFLATE_V1 = 1
 """Format byte: raw deflate (4 KB window) with `_DICTIONARY_V1` as its preset dictionary."""
@@ -103,3 +103,47 @@ def unpack(stored: str | bytes | memoryview) -> Any:
         return loads(text)
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise StoreError(f"a stored document is not JSON: {exc}") from exc
+
+
+# One character per event type, so an event row does not spend 10-16 bytes on its type name.
+# Codes are forever: a new type gets a new letter, and a name with no code is stored as itself
+# (every name has a dot; no code does).
+_TYPE_CODES: dict[str, str] = {
+    "session.created": "a",
+    "turn.started": "b",
+    "turn.message": "c",
+    "model.completed": "d",
+    "tool.started": "e",
+    "tool.step": "f",
+    "tool.completed": "g",
+    "input.requested": "h",
+    "turn.waiting": "i",
+    "approval.candidate": "j",
+    "approval.settled": "k",
+    "input.resolved": "l",
+    "turn.completed": "m",
+    "turn.failed": "n",
+    "turn.resumed": "o",
+    "turn.cancelled": "p",
+    "session.waiting": "q",
+}
+_TYPE_NAMES = {code: name for name, code in _TYPE_CODES.items()}
+
+
+def stored_type(name: str) -> str:
+    """How an event type is kept in a row: its one-letter code, or the name itself."""
+    return _TYPE_CODES.get(name, name)
+
+
+def type_name(stored: object) -> str:
+    """The event type a row keeps (`stored_type` in reverse)."""
+    if not isinstance(stored, str):
+        raise StoreError(f"a stored event has a type that is not text: {stored!r}")
+    if "." in stored:
+        return stored
+    try:
+        return _TYPE_NAMES[stored]
+    except KeyError:
+        raise StoreError(
+            f"a stored event has unknown type code {stored!r} (newer signoff?)"
+        ) from None

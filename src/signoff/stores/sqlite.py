@@ -37,7 +37,7 @@ from ._base import (
     request_rows,
     stored_request,
 )
-from ._codec import pack, unpack, unpack_text
+from ._codec import pack, stored_type, type_name, unpack, unpack_text
 
 __all__ = ["SQLiteStore"]
 
@@ -48,6 +48,10 @@ PAGE_SIZE = 2048
 index costs at least a page, and each commit writes whole pages to the WAL."""
 
 WAL_CHECKPOINT_PAGES = 256
+
+TURN_NAMED_EVERY = 64
+"""An event row names its turn when the turn changes, and at least every 64 rows, so finding
+an event's turn never scans back further than that."""
 
 QUIET_CHECKPOINT_BYTES = 64 * 1024
 """When this store's last lease is given back and the WAL holds more than this, the WAL is
@@ -237,7 +241,7 @@ class SQLiteStore:
                     (session_id, agent, events[-1].seq, "idle", at, at, expires_at),
                 )
                 sk = int(cur.lastrowid or 0)
-                self._insert_events(conn, sk, events)
+                self._insert_events(conn, sk, events, None)
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"session {session_id!r} already exists") from exc
         self._sk[session_id] = sk
@@ -304,7 +308,7 @@ class SQLiteStore:
                         (pack(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
                     )
                 if commit.events:
-                    self._insert_events(conn, sk, commit.events)
+                    self._insert_events(conn, sk, commit.events, self._turn_at(sk, head))
                     n, digest = int(row[3]), None if row[4] is None else bytes(row[4])
                     n, digest = self._insert_session_audit(conn, sk, n, digest, commit.events)
                     last = commit.events[-1]
@@ -403,7 +407,7 @@ class SQLiteStore:
                     id=i,
                     stream=st,
                     n=n,
-                    type=t if t is not None else "",
+                    type=type_name(t) if t is not None else "",
                     at=at if at is not None else 0.0,
                     seq=seq,
                     data=loaded_data(None if d is None else unpack_text(d)),
@@ -413,24 +417,36 @@ class SQLiteStore:
             )
         return entries
 
+    def _turn_at(self, sk: int, head: int) -> tuple[str, int] | None:
+        """The turn of the session's event `head` and how many events back a row names it."""
+        row = self.conn.execute(
+            "SELECT seq, turn FROM events WHERE sk=? AND seq<=? AND turn IS NOT NULL "
+            "ORDER BY seq DESC LIMIT 1",
+            (sk, head),
+        ).fetchone()
+        return None if row is None else (str(row[1]), head - int(row[0]))
+
     @staticmethod
-    def _insert_events(conn: sqlite3.Connection, sk: int, events: Sequence[Event]) -> None:
-        # `turn` is NULL when the event belongs to the turn of the event before it (the first
-        # event of a commit always names its turn, '' for none), which spares most rows the id.
+    def _insert_events(
+        conn: sqlite3.Connection,
+        sk: int,
+        events: Sequence[Event],
+        turn_before: tuple[str, int] | None,
+    ) -> None:
+        # `turn` is NULL when the event belongs to the turn of the event before it: only a
+        # turn's first event names it ('' for none), and one in every TURN_NAMED_EVERY again.
+        rows = []
+        turn, since = turn_before or (None, 0)
+        for e in events:
+            named = e.turn_id or ""
+            same = named == turn and since + 1 < TURN_NAMED_EVERY
+            since = since + 1 if same else 0
+            rows.append(
+                (sk, e.seq, stored_type(e.type), None if same else named, e.at, e.v, pack(e.data))
+            )
+            turn = named
         conn.executemany(
-            "INSERT INTO events (sk, seq, type, turn, at, v, data) VALUES (?,?,?,?,?,?,?)",
-            [
-                (
-                    sk,
-                    e.seq,
-                    e.type,
-                    None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or "",
-                    e.at,
-                    e.v,
-                    pack(e.data),
-                )
-                for i, e in enumerate(events)
-            ],
+            "INSERT INTO events (sk, seq, type, turn, at, v, data) VALUES (?,?,?,?,?,?,?)", rows
         )
 
     def _before(self, label: str) -> None:
@@ -482,11 +498,16 @@ class SQLiteStore:
         types: Sequence[str] | None,
         newest: int | None = None,
     ) -> list[Event]:
-        sql = f"SELECT e.seq, e.type, {_TURN}, e.at, e.v, e.data FROM events e WHERE sk=? AND seq>?"
+        # Without a type filter the rows are consecutive, so a NULL turn is the one before it
+        # in the result; only the first row may need to look further back.
+        turn_sql = _TURN if types else "e.turn"
+        sql = f"SELECT e.seq, e.type, {turn_sql}, e.at, e.v, e.data FROM events e "
+        sql += "WHERE sk=? AND seq>?"
         params: list[Any] = [sk, after]
         if types:
-            sql += f" AND type IN ({','.join('?' * len(types))})"
-            params.extend(types)
+            stored = {stored_type(t) for t in types} | set(types)
+            sql += f" AND type IN ({','.join('?' * len(stored))})"
+            params.extend(sorted(stored))
         if newest is not None:  # the newest `newest` of them, still oldest first
             sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
             params.append(newest)
@@ -495,18 +516,33 @@ class SQLiteStore:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        return [
-            Event.from_row(
-                session_id=session_id,
-                seq=seq,
-                type=type_,
-                turn_id=turn or None,
-                at=at,
-                v=v,
-                data=unpack(data),
+        events: list[Event] = []
+        turn: str | None = None
+        for seq, code, named, at, v, data in self.conn.execute(sql, params).fetchall():
+            if named is None:
+                named = turn if events else self._turn_before(sk, seq)
+            turn = named
+            events.append(
+                Event.from_row(
+                    session_id=session_id,
+                    seq=seq,
+                    type=type_name(code),
+                    turn_id=named or None,
+                    at=at,
+                    v=v,
+                    data=unpack(data),
+                )
             )
-            for seq, type_, turn, at, v, data in self.conn.execute(sql, params)
-        ]
+        return events
+
+    def _turn_before(self, sk: int, seq: int) -> str | None:
+        """The turn named by the nearest event before `seq` that names one."""
+        row = self.conn.execute(
+            "SELECT turn FROM events WHERE sk=? AND seq<? AND turn IS NOT NULL "
+            "ORDER BY seq DESC LIMIT 1",
+            (sk, seq),
+        ).fetchone()
+        return None if row is None else str(row[0])
 
     async def head(self, session_id: str) -> int | None:
         row = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,)).fetchone()
