@@ -391,12 +391,10 @@ def refund_agent(log: ExecutionLog) -> so.Agent:
     return scripted_agent("a", [proposal, reply("Done.")], tools=[issue_refund])
 
 
-async def test_a_quiet_store_leaves_one_file_of_live_pages(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_a_quiet_store_leaves_one_file_of_live_pages(tmp_path: Path) -> None:
     # Parking a turn gives the drive's lease back; with no lease left the WAL is folded into
     # the database and truncated, so the database file alone holds the whole session.
-    monkeypatch.setattr(sqlite_store, "QUIET_CHECKPOINT_BYTES", 0)
+    assert sqlite_store.QUIET_CHECKPOINT_BYTES == 0
     log = ExecutionLog()
     async with so.Runtime([refund_agent(log)], store=f"sqlite:///{tmp_path / 'a.db'}") as rt:
         r = await rt.generate("a", prompt="refund order 1")
@@ -416,7 +414,10 @@ async def test_a_quiet_store_leaves_one_file_of_live_pages(
         assert done.text == "Done." and log2.count("issue_refund") == 1
 
 
-async def test_a_small_wal_is_left_alone(store: SQLiteStore, tmp_path: Path) -> None:
+async def test_a_wal_below_the_threshold_is_left_alone(
+    store: SQLiteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sqlite_store, "QUIET_CHECKPOINT_BYTES", 64 * 1024)
     await new_session(store, "s1")
     token = await store.acquire_lease("s1", "A", 10, now=1)
     assert token is not None

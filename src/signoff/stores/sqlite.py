@@ -53,9 +53,10 @@ TURN_NAMED_EVERY = 64
 """An event row names its turn when the turn changes, and at least every 64 rows, so finding
 an event's turn never scans back further than that."""
 
-QUIET_CHECKPOINT_BYTES = 64 * 1024
-"""When this store's last lease is given back and the WAL holds more than this, the WAL is
-folded into the database and truncated, so a quiet file is one file of live pages."""
+QUIET_CHECKPOINT_BYTES = 0
+"""When this store gives back its last lease (a turn parked or ended) and the WAL holds more
+than this, the WAL is folded into the database file and truncated: a session at rest is in one
+file of live pages. Each fold costs a checkpoint (two fsyncs); busy stores rarely go quiet."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
