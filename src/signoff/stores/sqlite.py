@@ -701,6 +701,7 @@ class SQLiteStore:
         except OSError:
             return
         conn = self._conn
+        self._before("wal.fold")
         conn.execute("PRAGMA busy_timeout=0")
         try:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
@@ -708,6 +709,7 @@ class SQLiteStore:
             pass  # busy or locked: another connection is at work, and will quiet down later
         finally:
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        self._after("wal.fold")
 
     # -- change notifications (polling: SQLite has no NOTIFY) ---------------------------------
 
