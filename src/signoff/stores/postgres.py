@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -279,6 +280,10 @@ class PostgresStore:
         self._open_lock: asyncio.Lock | None = None
         self._fault: FaultHook | None = None
         self._sk: dict[str, int] = {}
+        # session id -> (head, audit_n, audit_hash) as last seen: a commit guesses the session's
+        # state from it, so it needs no round trip to read it first; the guess is checked in the
+        # statement that writes, under the session's row lock.
+        self._state: dict[str, tuple[int, int, bytes | None]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
         self._waiters: dict[str | None, set[asyncio.Future[None]]] = {}
@@ -489,6 +494,7 @@ class PostgresStore:
         committed: Callable[[], Awaitable[bool]] | None = None,
         synchronous: bool = True,
         transaction: bool = True,
+        sets_sync: bool = False,
     ) -> T | None:
         """Run `body` in one pipelined transaction; retried when the connection is lost before
         COMMIT.
@@ -497,6 +503,8 @@ class PostgresStore:
         connection) decides; without it, or if it cannot tell, the caller gets a `StoreError`.
         Returns None when the write is found committed that way. With `transaction=False`, the
         body is one idempotent autocommit statement, retried whenever the connection is lost.
+        With `sets_sync`, the body's statement sets `synchronous_commit` itself
+        (`_sync_setting`), which saves a statement.
         """
         pool = await self._get_pool()
         for attempt in range(3):
@@ -514,7 +522,9 @@ class PostgresStore:
                         async with conn.pipeline() as pipeline:
                             try:
                                 await conn.execute("BEGIN")
-                                if not synchronous:
+                                if sets_sync:
+                                    pass
+                                elif not synchronous:
                                     await conn.execute("SET LOCAL synchronous_commit = off")
                                 elif self._server_async:  # the server skips flushes: not for us
                                     await conn.execute("SET LOCAL synchronous_commit = on")
@@ -577,6 +587,17 @@ class PostgresStore:
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
 
+    def _sync_setting(self, synchronous: bool) -> str | None:
+        """The `synchronous_commit` a write's transaction needs, None for the server's."""
+        if not synchronous:
+            return "off"
+        return "on" if self._server_async else None  # the server skips flushes: not for us
+
+    def _remember(self, session_id: str, state: tuple[int, int, bytes | None]) -> None:
+        if len(self._state) > 100_000:
+            self._state.clear()
+        self._state[session_id] = state
+
     async def _session_key(self, conn: Conn, session_id: str) -> int | None:
         sk = self._sk.get(session_id)
         if sk is None:
@@ -599,33 +620,27 @@ class PostgresStore:
         s = self._s
         at = events[0].at
         last = events[-1].seq
+        sync = self._sync_setting(True)
+        rows = _event_rows(events)
+        # One statement: the session row, its first events and the announcement.
+        sql = _create_sql(s, len(rows), sync is not None)
+        params: list[Any] = [session_id, agent, last, at, at, expires_at]
+        params += _rows_params(rows)
+        params += [self.channel, f"{session_id} {last}"]
+        if sync is not None:
+            params.append(sync)
 
         async def body(conn: Conn) -> None:
-            # One statement: the session row, its first events and the announcement.
-            await conn.execute(
-                f"WITH x AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, "
-                "updated_at, expires_at) VALUES (%s,%s,%s,'idle',%s,%s,%s) RETURNING sk), "
-                f"e AS ({_INSERT_EVENTS.format(s=s, sk='(SELECT sk FROM x)')}) "
-                "SELECT pg_notify(%s, %s) FROM x",
-                (
-                    session_id,
-                    agent,
-                    last,
-                    at,
-                    at,
-                    expires_at,
-                    *_event_columns(events),
-                    self.channel,
-                    f"{session_id} {last}",
-                ),
-            )
+            await conn.execute(sql, params)
 
         async def committed() -> bool:
             return await self._has_events(session_id, events)
 
         self._before("session.created")
         try:
-            await self._write(body, f"creating session {session_id!r}", committed=committed)
+            await self._write(
+                body, f"creating session {session_id!r}", committed=committed, sets_sync=True
+            )
         except AppendConflict as exc:
             cause = exc.__cause__
             if isinstance(cause, psycopg.errors.UniqueViolation) and (
@@ -633,136 +648,152 @@ class PostgresStore:
             ):
                 raise StoreError(f"session {session_id!r} already exists") from None
             raise
+        self._remember(session_id, (last, 0, None))
         self._after("session.created")
 
     async def commit(self, commit: Commit) -> None:
+        """One statement writes the whole commit, gated on the session's state: its head, its
+        audit chain head (the chain is computed here from a guess of it, `_state`) and the lease,
+        read under the session's row lock in that same statement. A wrong guess writes nothing
+        and answers the state found, so the commit is sent again from it; a commit with no guess
+        reads the state first (locked), as the statement's transaction's first round trip."""
         s = self._s
+        sid = commit.session_id
         label = commit.events[0].type if commit.events else "commit"
+        token = commit.lease_token
+        events = commit.events
+        event_rows = _event_rows(events) if events else []
+        updated = {
+            req.id: pack_bytes(req.model_dump(mode="json", exclude_defaults=True))
+            for req in commit.updated_requests
+        }  # a request updated twice keeps the last
+        new_rows: list[tuple[Any, ...]] = []
+        for req, (seq, idx), copy in (
+            request_rows(commit, pack_bytes) if commit.new_requests else ()
+        ):
+            # A new request updated in the same commit is stored with its update.
+            data = updated.pop(req.id) if req.id in updated else copy
+            new_rows.append(
+                (req.id, seq, idx, req.agent, req.kind, req.tool_name, req.created_at, data)
+            )
+        resolve_rows: list[tuple[Any, ...]] = []
+        seen: set[str] = set()
+        for i, r in enumerate(commit.resolve):
+            # A request resolved twice is closed the second time; one resolved and updated
+            # gets both.
+            dup = r.request_id in seen
+            seen.add(r.request_id)
+            data = None if dup else updated.pop(r.request_id, None)
+            resolution = pack_bytes(r.resolution)
+            resolve_rows.append((r.request_id, r.status, r.outcome, resolution, data, i, dup))
+        updated_rows = list(updated.items())
+        sync = self._sync_setting(commit.durable)
         ambiguous = False
+        guess = self._state.get(sid)
 
-        async def body(conn: Conn) -> None:
-            token = commit.lease_token
-            row: tuple[Any, ...] | None = None
-            if token is not None:
-                # Lock the session row, and hold the lease row so a takeover waits for us.
+        async def body(conn: Conn) -> psycopg.AsyncCursor[TupleRow] | None:
+            state = guess
+            if state is None or state[0] != commit.expected_seq:
                 cur = await conn.execute(
-                    f"SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash FROM {s}.sessions s "
-                    f"JOIN {s}.leases l ON l.sk = s.sk WHERE s.id=%s "
-                    "FOR UPDATE OF s FOR SHARE OF l",
-                    (commit.session_id,),
-                )
-                row = await cur.fetchone()
-            if row is None:  # no lease asked for, or none held at all
-                cur = await conn.execute(
-                    f"SELECT sk, head, NULL, audit_n, audit_hash FROM {s}.sessions "
+                    f"SELECT sk, head, audit_n, audit_hash FROM {s}.sessions "
                     "WHERE id=%s FOR UPDATE",
-                    (commit.session_id,),
+                    (sid,),
                 )
-                row = await cur.fetchone()
-            if row is None:
-                raise UnknownSession(commit.session_id)
-            sk, head = int(row[0]), int(row[1])
-            if head != commit.expected_seq:
-                if ambiguous and await self._events_match(conn, sk, commit.events):
-                    return  # our first attempt did commit after all
-                raise AppendConflict(
-                    f"session {commit.session_id!r} is at seq {head}, not {commit.expected_seq}"
-                )
-            if token is not None and (row[2] is None or int(row[2]) != token):
-                raise LeaseLost(f"lease {token} on session {commit.session_id!r} was taken over")
-            # The writes and the COMMIT go out in one batch: nothing below waits for an answer.
-            # A request found closed raises in the server (`request_closed`), undoing them all.
-            for r in commit.resolve:
-                await conn.execute(
-                    f"WITH u AS (UPDATE {s}.requests SET status=%s, outcome=%s, resolution=%s "
-                    "WHERE id=%s AND sk=%s AND status='pending' RETURNING id) "
-                    f"SELECT {s}.request_closed(%s) WHERE NOT EXISTS (SELECT FROM u)",
-                    (r.status, r.outcome, pack_bytes(r.resolution), r.request_id, sk, r.request_id),
-                )
-            if commit.new_requests:
-                rows = request_rows(commit, pack_bytes)
-                await conn.execute(
-                    f"INSERT INTO {s}.requests (id, sk, seq, idx, agent, kind, tool, status, "
-                    "created_at, data) SELECT id, %s, seq, idx, agent, kind, tool, 'pending', "
-                    "created_at, data FROM unnest(%s::text[], %s::bigint[], %s::int[], %s::text[], "
-                    "%s::text[], %s::text[], %s::float8[], %s::bytea[]) "
-                    "AS x(id, seq, idx, agent, kind, tool, created_at, data)",
-                    (
-                        sk,
-                        [req.id for req, _, _ in rows],
-                        [where[0] for _, where, _ in rows],
-                        [where[1] for _, where, _ in rows],
-                        [req.agent for req, _, _ in rows],
-                        [req.kind for req, _, _ in rows],
-                        [req.tool_name for req, _, _ in rows],
-                        [req.created_at for req, _, _ in rows],
-                        [copy for _, _, copy in rows],
-                    ),
-                )
-            for req in commit.updated_requests:
-                await conn.execute(
-                    f"UPDATE {s}.requests SET data=%s WHERE id=%s AND sk=%s",
-                    (pack_bytes(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
-                )
-            if commit.events:
-                n, digest = int(row[3]), None if row[4] is None else bytes(row[4])
-                audit = chain_session(n, digest, commit.events)
+                found = await cur.fetchone()
+                if found is None:
+                    raise UnknownSession(sid)
+                sk, head = int(found[0]), int(found[1])
+                if head != commit.expected_seq:
+                    if ambiguous and await self._events_match(conn, sk, events):
+                        return None  # our first attempt did commit after all
+                    raise AppendConflict(
+                        f"session {sid!r} is at seq {head}, not {commit.expected_seq}"
+                    )
+                state = (head, int(found[2]), None if found[3] is None else bytes(found[3]))
+            n, digest = state[1], state[2]
+            audit = chain_session(n, digest, events) if events else []
+            if audit:
+                n, digest = audit[-1][0], audit[-1][2]
+            sql = _commit_sql(
+                s,
+                len(event_rows),
+                len(audit),
+                len(new_rows),
+                len(resolve_rows),
+                len(updated_rows),
+                commit.snapshot is not None,
+                token is not None,
+                commit.release_lease and token is not None,
+                sync is not None,
+            )
+            # In the order of their placeholders in `_commit_sql`.
+            params: list[Any] = [sid, commit.expected_seq, state[1], state[2]]
+            if token is not None:
+                params.append(token)
+            if resolve_rows:
+                params += _rows_params(resolve_rows)
+            if new_rows:
+                params += _rows_params(new_rows)
+            if updated_rows:
+                params += _rows_params(updated_rows)
+            if events:
+                last = events[-1]
+                params += _rows_params(event_rows)
                 if audit:
-                    n, digest = audit[-1][0], audit[-1][2]
-                last = commit.events[-1]
-                # One statement: the events, their audit entries, the session's head and chain
-                # head, and the announcement.
-                await conn.execute(
-                    f"WITH e AS ({_INSERT_EVENTS.format(s=s, sk='%s')}), "
-                    f"a AS (INSERT INTO {s}.audit (sk, n, seq, hash) SELECT %s, * FROM "
-                    "unnest(%s::bigint[], %s::bigint[], %s::bytea[])) "
-                    f"UPDATE {s}.sessions SET head=%s, updated_at=%s, status=COALESCE(%s, status), "
-                    "expires_at=%s, audit_n=%s, audit_hash=%s WHERE sk=%s "
-                    "RETURNING pg_notify(%s, %s)",
-                    (
-                        sk,
-                        *_event_columns(commit.events),
-                        sk,
-                        [a[0] for a in audit],
-                        [a[1] for a in audit],
-                        [a[2] for a in audit],
-                        last.seq,
-                        last.at,
-                        commit.status,
-                        commit.expires_at,
-                        n,
-                        digest,
-                        sk,
-                        self.channel,
-                        f"{commit.session_id} {last.seq}",
-                    ),
-                )
+                    params += _rows_params(audit)
+                params += [last.seq, last.at, commit.status, commit.expires_at, n, digest]
+                params += [self.channel, f"{sid} {last.seq}"]
             if commit.snapshot is not None:
-                await conn.execute(
-                    f"INSERT INTO {s}.snapshots (sk, seq, data) VALUES (%s,%s,%s) "
-                    "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
-                    (sk, commit.snapshot["seq"], pack_bytes(commit.snapshot)),
-                )
+                params += [commit.snapshot["seq"], pack_bytes(commit.snapshot)]
             if commit.release_lease and token is not None:
-                await conn.execute(
-                    f"UPDATE {s}.leases SET owner='', expires_at=0 WHERE sk=%s AND token=%s",
-                    (sk, token),
-                )
+                params.append(token)
+            if sync is not None:
+                params.append(sync)
+            written.clear()
+            written.append((events[-1].seq if events else state[0], n, digest))
+            return await conn.execute(sql, params)
 
         async def committed() -> bool:
             nonlocal ambiguous
             ambiguous = True
-            if not commit.events:
+            if not events:
                 raise StoreError("cannot tell")
-            return await self._has_events(commit.session_id, commit.events)
+            return await self._has_events(sid, events)
 
+        written: list[tuple[int, int, bytes | None]] = []  # the state after it, if it applies
         self._before(label)
-        await self._write(
-            body,
-            f"commit to session {commit.session_id!r}",
-            committed=committed,
-            synchronous=commit.durable,
-        )
+        for _ in range(2):
+            cur = await self._write(
+                body,
+                f"commit to session {sid!r}",
+                committed=committed,
+                synchronous=commit.durable,
+                sets_sync=True,
+            )
+            if cur is None:  # found committed after a lost connection: state unknown here
+                written.clear()
+                self._state.pop(sid, None)
+                break
+            # The statement's answer (the COMMIT has been answered too): the state it found.
+            row = await cur.fetchone()
+            if row is None:
+                self._state.pop(sid, None)
+                raise UnknownSession(sid)
+            if row[4]:
+                break
+            head, n, digest = int(row[0]), int(row[2]), None if row[3] is None else bytes(row[3])
+            self._remember(sid, (head, n, digest))
+            if head != commit.expected_seq:
+                if ambiguous and await self._has_events(sid, events):
+                    break  # our first attempt did commit after all
+                raise AppendConflict(f"session {sid!r} is at seq {head}, not {commit.expected_seq}")
+            if token is not None and (row[1] is None or int(row[1]) != token):
+                raise LeaseLost(f"lease {token} on session {sid!r} was taken over")
+            guess = None  # a stale guess of the audit chain head: read it, locked, and again
+        else:
+            raise StoreError(f"commit to session {sid!r}: its state kept changing")
+        if written:
+            self._remember(sid, written[-1])
         self._after(label)
 
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
@@ -884,8 +915,8 @@ class PostgresStore:
 
         async def body(conn: Conn) -> Loaded | None:
             cur = await conn.execute(
-                f"SELECT s.sk, s.agent, n.seq, n.data FROM {s}.sessions s "
-                f"LEFT JOIN {s}.snapshots n ON n.sk = s.sk WHERE s.id=%s",
+                f"SELECT s.sk, s.agent, n.seq, n.data, s.head, s.audit_n, s.audit_hash "
+                f"FROM {s}.sessions s LEFT JOIN {s}.snapshots n ON n.sk = s.sk WHERE s.id=%s",
                 (session_id,),
             )
             row = await cur.fetchone()
@@ -893,6 +924,9 @@ class PostgresStore:
                 return None
             sk, agent = int(row[0]), str(row[1])
             self._sk[session_id] = sk
+            # What the next commit to it guesses (checked by that commit).
+            digest = None if row[6] is None else bytes(row[6])
+            self._remember(session_id, (int(row[4]), int(row[5]), digest))
             after = 0 if row[2] is None else int(row[2])
             snapshot = None if row[3] is None else unpack(row[3])
             events = await self._events(conn, session_id, sk, after, None, None)
@@ -1090,19 +1124,21 @@ class PostgresStore:
         s = self._s
 
         async def body(conn: Conn) -> int | None:
-            sk = await self._session_key(conn, session_id)
-            if sk is None:
-                raise UnknownSession(session_id)
+            # One statement: no row if the session is unknown, a NULL token if the lease is live.
             cur = await conn.execute(
-                f"INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
-                "VALUES (%s, %s, 1, %s) ON CONFLICT (sk) DO UPDATE "
+                f"WITH x AS (SELECT sk FROM {s}.sessions WHERE id=%s), "
+                f"i AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
+                "SELECT sk, %s, 1, %s FROM x ON CONFLICT (sk) DO UPDATE "
                 "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
                 "WHERE l.owner = '' OR l.owner = excluded.owner OR l.expires_at <= %s "
-                "RETURNING token",
-                (sk, owner, now + ttl, now),
+                "RETURNING token) "
+                "SELECT (SELECT token FROM i) FROM x",
+                (session_id, owner, now + ttl, now),
             )
             row = await cur.fetchone()
-            return None if row is None else int(row[0])
+            if row is None:
+                raise UnknownSession(session_id)
+            return None if row[0] is None else int(row[0])
 
         return await self._write(
             body, f"acquiring the lease on session {session_id!r}", transaction=False
@@ -1254,12 +1290,6 @@ class PostgresStore:
         return await self._read(body, "measuring the database")
 
 
-_INSERT_EVENTS = (
-    "INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) SELECT {sk}, * FROM "
-    "unnest(%s::bigint[], %s::text[], %s::text[], %s::float8[], %s::int[], %s::bytea[])"
-)
-"""Events as one statement, their columns as arrays (`_event_columns`)."""
-
 _TURN = (
     "COALESCE(e.turn, (SELECT p.turn FROM {s}.events p WHERE p.sk = e.sk AND p.seq < e.seq "
     "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1))"
@@ -1279,18 +1309,161 @@ _CLOSED = "SO409"
 """SQLSTATE of `request_closed()`: a resolved request was no longer pending."""
 
 
-def _event_columns(events: Sequence[Event]) -> list[list[Any]]:
-    """The columns of `_INSERT_EVENTS`. `turn` is NULL when an event belongs to the turn of the
-    event before it in the same batch; the first of a batch always names its turn ('' for none),
-    so reading one back looks behind it at most the length of a commit."""
+_ROWS_AS_VALUES: Final = 16
+"""Batches of up to this many rows go as a VALUES list of plain parameters, which psycopg adapts
+about ten times faster than arrays; longer ones as one array per column (`unnest`), so the
+statement's text and its number of parameters stay bounded."""
+
+_EVENT_COLUMNS: Final = (
+    ("bigint", "text", "text", "float8", "int", "bytea"),
+    "x(seq, type, turn, at, v, data)",
+)
+_AUDIT_COLUMNS: Final = (("bigint", "bigint", "bytea"), "x(n, seq, hash)")
+_NEW_REQUEST_COLUMNS: Final = (
+    ("text", "bigint", "int", "text", "text", "text", "float8", "bytea"),
+    "x(id, seq, idx, agent, kind, tool, created_at, data)",
+)
+_RESOLVE_COLUMNS: Final = (
+    ("text", "text", "text", "bytea", "bytea", "int", "boolean"),
+    "x(id, status, outcome, resolution, data, i, dup)",
+)
+_UPDATED_COLUMNS: Final = (("text", "bytea"), "x(id, data)")
+
+
+@functools.lru_cache(maxsize=512)
+def _rows_sql(n: int, columns: tuple[tuple[str, ...], str]) -> str:
+    """A FROM item of `n` rows of `columns` (their types, and the alias naming them), filled by
+    `_rows_params`."""
+    types, alias = columns
+    if n <= _ROWS_AS_VALUES:
+        row = "(" + ", ".join(f"%s::{t}" for t in types) + ")"
+        return f"(VALUES {', '.join([row] * n)}) AS {alias}"
+    return f"unnest({', '.join(f'%s::{t}[]' for t in types)}) AS {alias}"
+
+
+def _rows_params(rows: Sequence[Sequence[Any]]) -> list[Any]:
+    """The parameters of `_rows_sql` for these rows: row by row, or one list per column."""
+    if len(rows) <= _ROWS_AS_VALUES:
+        return [value for row in rows for value in row]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+    """Events as rows of `_EVENT_COLUMNS`. `turn` is NULL when an event belongs to the turn of
+    the event before it in the same batch; the first of a batch always names its turn ('' for
+    none), so reading one back looks behind it at most the length of a commit."""
     return [
-        [e.seq for e in events],
-        [e.type for e in events],
-        [
-            None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or ""
-            for i, e in enumerate(events)
-        ],
-        [e.at for e in events],
-        [e.v for e in events],
-        [pack_bytes(e.data) for e in events],
+        (
+            e.seq,
+            e.type,
+            None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or "",
+            e.at,
+            e.v,
+            pack_bytes(e.data),
+        )
+        for i, e in enumerate(events)
     ]
+
+
+@functools.lru_cache(maxsize=64)
+def _create_sql(s: str, events: int, sync: bool) -> str:
+    """`create_session`'s statement: the session row, its first events, the announcement."""
+    return (
+        f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
+        "expires_at) VALUES (%s,%s,%s,'idle',%s,%s,%s) RETURNING sk), "
+        f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
+        f"SELECT i.sk, x.* FROM i, {_rows_sql(events, _EVENT_COLUMNS)}) "
+        "SELECT pg_notify(%s, %s)"
+        + (", set_config('synchronous_commit', %s, true)" if sync else "")
+        + " FROM i"
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def _commit_sql(
+    s: str,
+    events: int,
+    audit: int,
+    new: int,
+    resolve: int,
+    updated: int,
+    snapshot: bool,
+    lease: bool,
+    release: bool,
+    sync: bool,
+) -> str:
+    """`commit`'s statement for a commit of this shape.
+
+    `c` locks the session row (then `l` holds the lease row, in that order, as `claim` takes
+    them); `g` holds the session's key only if head, audit chain head and lease are as the
+    commit expects, and every write reads it, so a commit that does not apply writes nothing.
+    The answer is the state found and whether it applied; `request_closed()` raises, undoing all
+    of it, if a request to resolve was not pending.
+    """
+    parts = [
+        f"c AS (SELECT sk, head, audit_n, audit_hash FROM {s}.sessions WHERE id=%s FOR UPDATE)"
+    ]
+    check = (
+        "c.head = %s::bigint AND c.audit_n = %s::bigint "
+        "AND c.audit_hash IS NOT DISTINCT FROM %s::bytea"
+    )
+    if lease:
+        parts.append(f"l AS (SELECT token FROM {s}.leases WHERE sk = (SELECT sk FROM c) FOR SHARE)")
+        check += " AND (SELECT token FROM l) = %s::bigint"
+    parts.append(f"g AS (SELECT c.sk FROM c WHERE {check})")
+    if resolve:
+        parts.append(f"y AS (SELECT * FROM {_rows_sql(resolve, _RESOLVE_COLUMNS)})")
+        parts.append(
+            f"r AS (UPDATE {s}.requests q SET status=y.status, outcome=y.outcome, "
+            "resolution=y.resolution, data=COALESCE(y.data, q.data) FROM g, y "
+            "WHERE NOT y.dup AND q.id = y.id AND q.sk = g.sk AND q.status = 'pending' "
+            "RETURNING q.id)"
+        )
+    if new:
+        parts.append(
+            f"n AS (INSERT INTO {s}.requests (id, sk, seq, idx, agent, kind, tool, status, "
+            "created_at, data) SELECT x.id, g.sk, x.seq, x.idx, x.agent, x.kind, x.tool, "
+            f"'pending', x.created_at, x.data FROM g, {_rows_sql(new, _NEW_REQUEST_COLUMNS)})"
+        )
+    if updated:
+        parts.append(
+            f"w AS (UPDATE {s}.requests q SET data=x.data FROM g, "
+            f"{_rows_sql(updated, _UPDATED_COLUMNS)} WHERE q.id = x.id AND q.sk = g.sk)"
+        )
+    if events:
+        parts.append(
+            f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
+            f"SELECT g.sk, x.* FROM g, {_rows_sql(events, _EVENT_COLUMNS)})"
+        )
+        if audit:
+            parts.append(
+                f"a AS (INSERT INTO {s}.audit (sk, n, seq, hash) "
+                f"SELECT g.sk, x.* FROM g, {_rows_sql(audit, _AUDIT_COLUMNS)})"
+            )
+        parts.append(
+            f"u AS (UPDATE {s}.sessions x SET head=%s, updated_at=%s, "
+            "status=COALESCE(%s, x.status), expires_at=%s, audit_n=%s, audit_hash=%s "
+            "FROM g WHERE x.sk = g.sk RETURNING pg_notify(%s, %s))"
+        )
+    if snapshot:
+        parts.append(
+            f"p AS (INSERT INTO {s}.snapshots (sk, seq, data) SELECT g.sk, %s, %s FROM g "
+            "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data)"
+        )
+    if release:
+        parts.append(
+            f"f AS (UPDATE {s}.leases x SET owner='', expires_at=0 FROM g "
+            "WHERE x.sk = g.sk AND x.token = %s)"
+        )
+    answer = "c.head, " + ("(SELECT token FROM l)" if lease else "NULL::bigint")
+    answer += ", c.audit_n, c.audit_hash, EXISTS (SELECT FROM g)"
+    if sync:
+        answer += ", set_config('synchronous_commit', %s, true)"
+    if resolve:
+        # The first request, in the commit's order, that was not pending (or twice in it).
+        answer += (
+            f", (SELECT {s}.request_closed(z.id) FROM (SELECT y.id FROM y "
+            "WHERE y.dup OR y.id NOT IN (SELECT id FROM r) ORDER BY y.i LIMIT 1) z "
+            "WHERE EXISTS (SELECT FROM g))"
+        )
+    return "WITH " + ", ".join(parts) + " SELECT " + answer + " FROM c"
