@@ -495,6 +495,7 @@ class PostgresStore:
         synchronous: bool = True,
         transaction: bool = True,
         sets_sync: bool = False,
+        single: bool = False,
     ) -> T | None:
         """Run `body` in one pipelined transaction; retried when the connection is lost before
         COMMIT.
@@ -504,7 +505,9 @@ class PostgresStore:
         Returns None when the write is found committed that way. With `transaction=False`, the
         body is one idempotent autocommit statement, retried whenever the connection is lost.
         With `sets_sync`, the body's statement sets `synchronous_commit` itself
-        (`_sync_setting`), which saves a statement.
+        (`_sync_setting`), which saves a statement. With `single` (and `sets_sync`), the body
+        sends one statement, which is a transaction of its own (committed by the pipeline's sync):
+        no BEGIN and COMMIT around it, and its outcome is unknown as soon as it is sent.
         """
         pool = await self._get_pool()
         for attempt in range(3):
@@ -521,16 +524,20 @@ class PostgresStore:
                         # `transaction()` in a pipeline would add three syncs.
                         async with conn.pipeline() as pipeline:
                             try:
-                                await conn.execute("BEGIN")
-                                if sets_sync:
-                                    pass
-                                elif not synchronous:
-                                    await conn.execute("SET LOCAL synchronous_commit = off")
-                                elif self._server_async:  # the server skips flushes: not for us
-                                    await conn.execute("SET LOCAL synchronous_commit = on")
-                                result = await body(conn)
-                                phase = "commit"  # from here the server may have committed
-                                await conn.execute("COMMIT")
+                                if single:
+                                    phase = "commit"  # from here the server may have committed
+                                    result = await body(conn)
+                                else:
+                                    await conn.execute("BEGIN")
+                                    if sets_sync:
+                                        pass
+                                    elif not synchronous:
+                                        await conn.execute("SET LOCAL synchronous_commit = off")
+                                    elif self._server_async:  # the server skips flushes: not us
+                                        await conn.execute("SET LOCAL synchronous_commit = on")
+                                    result = await body(conn)
+                                    phase = "commit"  # from here the server may have committed
+                                    await conn.execute("COMMIT")
                             except psycopg.Error:
                                 if not conn.broken:  # leave the aborted pipeline quietly
                                     with contextlib.suppress(psycopg.Error):
@@ -639,7 +646,11 @@ class PostgresStore:
         self._before("session.created")
         try:
             await self._write(
-                body, f"creating session {session_id!r}", committed=committed, sets_sync=True
+                body,
+                f"creating session {session_id!r}",
+                committed=committed,
+                sets_sync=True,
+                single=True,
             )
         except AppendConflict as exc:
             cause = exc.__cause__
