@@ -464,7 +464,7 @@ class PostgresStore:
         for attempt in range(2):
             broken = False
             try:
-                async with pool.connection() as conn:
+                async with _Borrowed(pool) as conn:
                     try:
                         return await body(conn)
                     except psycopg.OperationalError as exc:
@@ -514,7 +514,7 @@ class PostgresStore:
             phase = "connect"
             broken = False
             try:
-                async with pool.connection() as conn:
+                async with _Borrowed(pool) as conn:
                     try:
                         phase = "body"
                         if not transaction:
@@ -1350,6 +1350,25 @@ def _rows_sql(n: int, columns: tuple[tuple[str, ...], str]) -> str:
         row = "(" + ", ".join(f"%s::{t}" for t in types) + ")"
         return f"(VALUES {', '.join([row] * n)}) AS {alias}"
     return f"unnest({', '.join(f'%s::{t}[]' for t in types)}) AS {alias}"
+
+
+class _Borrowed:
+    """A connection of the pool for one store call: `getconn()`, then `putconn()`. Lighter than
+    the pool's `connection()`, whose `async with conn` commits or rolls back an autocommit
+    connection (nothing to do: `_write` rolls back the transactions it opens, and the pool would
+    roll back any other it is handed)."""
+
+    __slots__ = ("conn", "pool")
+
+    def __init__(self, pool: AsyncConnectionPool[Conn]) -> None:
+        self.pool = pool
+
+    async def __aenter__(self) -> Conn:
+        self.conn = await self.pool.getconn()
+        return self.conn
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pool.putconn(self.conn)
 
 
 def _rows_params(rows: Sequence[Sequence[Any]]) -> list[Any]:
