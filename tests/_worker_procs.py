@@ -111,7 +111,8 @@ class Worker:
         return self.proc.pid
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text()
 
     def close(self) -> None:

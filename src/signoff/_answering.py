@@ -18,7 +18,6 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, SessionAuth, SessionInfo
-from ._engine import Batch, EventSpec, new_id, runnable
 from ._exceptions import (
     AnswerError,
     InvalidAnswer,
@@ -29,6 +28,7 @@ from ._exceptions import (
     UnknownRequest,
     UsageError,
 )
+from ._recording import Batch, EventSpec, new_id, runnable
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import GenerateResult, Outcome
 from ._sessions import SessionRunner

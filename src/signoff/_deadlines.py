@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._engine import Batch, EventSpec
+from ._recording import Batch, EventSpec
 from ._state import SessionState
 from .stores import Resolve
 

@@ -9,24 +9,38 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from ._agent import Agent
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
-from ._events import Event, EventType
-from ._exceptions import AppendConflict, ModelError, SignoffError, UnknownSession
+from ._events import Event
+from ._exceptions import AppendConflict, ModelError, SignoffError
+from ._journal import CallJournal
+from ._recording import (
+    Batch,
+    EventSpec,
+    TurnStopped,
+    denial,
+    dump_request,
+    ends_drive,
+    invalid_input,
+    load_state,
+    new_id,
+    shadow,
+    snapshot_due,
+    stored_status,
+    tool_result,
+    waiting_after,
+)
 from ._state import (
     MESSAGE_EVENT_TYPES,
     CallState,
     Conversation,
     SessionState,
     conversation,
-    fold,
 )
 from ._tools import (
     ApprovalRequired,
@@ -38,7 +52,6 @@ from ._tools import (
 from ._types import (
     APPROVAL_OPTIONS,
     Action,
-    ChildRef,
     InputRequest,
     Message,
     ModelResponse,
@@ -50,139 +63,7 @@ from ._types import (
 from .models import ModelRequest, ToolSpec
 from .stores import Commit, Resolve, Store
 
-__all__ = ["Batch", "Driver", "TurnStopped", "load_state", "new_id", "runnable"]
-
-PARK_TYPES = frozenset({"turn.waiting", "turn.completed", "turn.failed", "turn.cancelled"})
-SNAPSHOT_EVERY = 64
-
-
-STATUS_TYPES = PARK_TYPES | {
-    "turn.started",
-    "turn.resumed",
-    "turn.message",
-    "approval.settled",
-    "input.resolved",
-    "session.waiting",
-}
-"""Events that can change a session's stored status; the others happen while it runs."""
-
-
-def stored_status(state: SessionState) -> str:
-    """The status workers look for: `running` means a turn has work to do (or is doing it)."""
-    status = state.status
-    if (status == "waiting" and runnable(state)) or (
-        status in ("idle", "cancelled") and state.queued  # messages that waited start now
-    ):
-        return "running"
-    return status
-
-
-def _snapshot_due(before: int, count: int) -> bool:
-    """Every `SNAPSHOT_EVERY` events, so loading a session folds at most that many plus one
-    commit; a short session (most parked ones) has none and is folded from its few events."""
-    return before // SNAPSHOT_EVERY != (before + count) // SNAPSHOT_EVERY
-
-
-def _shadow(state: SessionState, events: Sequence[Event], before: int) -> SessionState | None:
-    """The state after `events`, built on a copy, when a snapshot is due or the session's
-    stored status may change."""
-    due = any(e.type in STATUS_TYPES for e in events) or _snapshot_due(before, len(events))
-    if not due:
-        return None
-    copy = SessionState.from_snapshot(state.to_snapshot())
-    for e in events:
-        copy.apply(e)
-    return copy
-
-
-def _ends_drive(events: Sequence[Event], after: SessionState) -> bool:
-    """Whether `Driver.drive` returns right after these events: the turn parked or failed, or
-    ended with no queued message to start the next one."""
-    types = {e.type for e in events}
-    if types & {"turn.waiting", "turn.failed"}:
-        return True
-    return bool(types & {"turn.completed", "turn.cancelled"}) and not after.queued
-
-
-def _waiting_after(state: SessionState, specs: Sequence[EventSpec]) -> list[EventSpec]:
-    """`turn.waiting`, when the turn would park right after `specs`: nothing left to decide or
-    run, something waiting for a person. Recorded with them, it saves the park a commit; the
-    drive loop records it otherwise, on the same condition."""
-    copy = SessionState.from_snapshot(state.to_snapshot())
-    for i, (type_, data) in enumerate(specs):
-        copy.apply(
-            Event(
-                session_id=state.id,
-                seq=state.seq + i + 1,
-                type=type_,
-                at=state.updated_at,
-                turn_id=copy.turn.id if copy.turn else None,
-                data=data,
-            )
-        )
-    turn = copy.turn
-    if turn is None or turn.status in ("waiting", "completed", "cancelled", "failed"):
-        return []
-    statuses = {c.status for c in turn.calls.values()}
-    if statuses & {"proposed", "approved", "denied", "decided", "running"}:
-        return []
-    if not statuses & {"requested", "awaiting", "asking"}:
-        return []
-    return [
-        ("turn.waiting", {"on": "input", "request_ids": [r.id for r in copy.pending_requests()]})
-    ]
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:20]}"
-
-
-async def load_state(store: Store, session_id: str) -> SessionState:
-    """One snapshot plus the tail; the conversation is left out until the model needs it."""
-    loaded = await store.load(session_id)
-    if loaded is None:
-        raise UnknownSession(session_id)
-    state = None if loaded.snapshot is None else SessionState.from_snapshot(loaded.snapshot)
-    if state is None and not loaded.events:
-        raise UnknownSession(session_id)
-    if state is None:
-        return fold(loaded.events)
-    return fold(loaded.events, state)
-
-
-class TurnStopped(Exception):
-    """Internal: the turn ended under us (cancelled elsewhere); stop driving."""
-
-
-def runnable(state: SessionState, *, retry: bool = False) -> bool:
-    """Whether the session's turn has something to do now (as opposed to waiting or over)."""
-    turn = state.turn
-    if turn is None:
-        return False
-    if turn.status in ("completed", "cancelled"):
-        return bool(state.queued)  # messages that waited for the turn's end start now
-    if turn.status == "failed":
-        return retry
-    if turn.status == "waiting":
-        statuses = {c.status for c in turn.calls.values()}
-        if statuses & {"approved", "denied", "decided", "running"}:
-            return True
-        # everything answered (a session-limit prompt, say) and no call left waiting
-        return not state.pending_requests() and not (statuses & {"requested", "awaiting", "asking"})
-    return True
-
-
-EventSpec = tuple[EventType, dict[str, Any]]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Batch:
-    """Everything one append writes, when it must be computed from the latest state."""
-
-    specs: Sequence[EventSpec]
-    resolve: Sequence[Resolve] = ()
-    new_requests: Sequence[InputRequest] = ()
-    updated_requests: Sequence[InputRequest] = ()
+__all__ = ["Driver"]
 
 
 class Driver:
@@ -260,12 +141,12 @@ class Driver:
                     for i, (t, d) in enumerate(batch)
                 ]
                 before = state.seq
-                after = _shadow(state, events, before)
+                after = shadow(state, events, before)
                 release = (
                     self.release_at_end
                     and self.lease_token is not None
                     and after is not None
-                    and _ends_drive(events, after)
+                    and ends_drive(events, after)
                 )
                 try:
                     await self.store.commit(
@@ -278,7 +159,7 @@ class Driver:
                             updated_requests=updated,
                             resolve=resolve,
                             snapshot=after.to_snapshot()
-                            if after is not None and _snapshot_due(before, len(events))
+                            if after is not None and snapshot_due(before, len(events))
                             else None,
                             durable=durable,
                             status=None if after is None else stored_status(after),
@@ -383,12 +264,12 @@ class Driver:
             if tool is None:
                 known = ", ".join(self.agent.tools) or "none"
                 error = {"error": f"unknown tool {call.tool_name!r}; available: {known}"}
-                results.append(_result(call, "error", error))
+                results.append(tool_result(call, "error", error))
                 continue
             try:
                 validated = tool.validate(call.input)
             except ValidationError as exc:
-                results.append(_result(call, "error", _invalid_input(exc)))
+                results.append(tool_result(call, "error", invalid_input(exc)))
                 continue
             ctx = ApprovalContext(
                 session=self.session_info(),
@@ -413,8 +294,8 @@ class Driver:
         to_run: list[tuple[CallState, Tool, BaseModel, Verdict]] = []
         for call, tool, validated, verdict in decided:
             if verdict.action == "deny":
-                denial = {"denied": True, "reason": verdict.reason, "by": "policy"}
-                results.append(_result(call, "denied", denial))
+                by_policy = {"denied": True, "reason": verdict.reason, "by": "policy"}
+                results.append(tool_result(call, "denied", by_policy))
             elif verdict.action == "ask":
                 if workflow_busy and not tool.workflow:
                     continue
@@ -422,19 +303,19 @@ class Driver:
                     # A steering message came while this approval waited to be asked: it is
                     # ignored like one already asked, and the model reads the message.
                     why = {"reason": "the user sent a new message instead", "outcome": "ignored"}
-                    results.append(_result(call, "denied", _denial(why)))
+                    results.append(tool_result(call, "denied", denial(why)))
                     continue
                 requests.append(self._approval_request(call, tool, validated, verdict))
             else:
                 to_run.append((call, tool, validated, verdict))
         specs: list[EventSpec] = []
         if requests:
-            specs.append(("input.requested", {"requests": [_dump_request(r) for r in requests]}))
+            specs.append(("input.requested", {"requests": [dump_request(r) for r in requests]}))
         specs.extend(results)
         if specs and requests and not to_run:
 
             def parked(state: SessionState) -> Batch:
-                return Batch(specs=specs + _waiting_after(state, specs), new_requests=requests)
+                return Batch(specs=specs + waiting_after(state, specs), new_requests=requests)
 
             await self.record(parked)
         elif specs:
@@ -518,12 +399,12 @@ class Driver:
                     "ran": False,
                     "reason": "no one decided before the approval deadline",
                 }
-                await self.record([_result(call, "expired", timed_out)])
+                await self.record([tool_result(call, "expired", timed_out)])
                 return
-            await self.record([_result(call, "denied", _denial(decision))])
+            await self.record([tool_result(call, "denied", denial(decision))])
             return
         if call.status == "decided":
-            await self.record([_result(call, "decided", call.decision or {"approved": False})])
+            await self.record([tool_result(call, "decided", call.decision or {"approved": False})])
             return
         tool = self.agent.tools[call.tool_name]
         principal = turn.principal
@@ -537,7 +418,7 @@ class Driver:
         try:
             validated = tool.validate(raw)
         except ValidationError as exc:
-            await self.record([_result(call, "error", _invalid_input(exc))])
+            await self.record([tool_result(call, "error", invalid_input(exc))])
             return
         note = None
         decision = call.decision or {}
@@ -573,7 +454,7 @@ class Driver:
                     )
                 ]
             )
-        journal = _CallJournal(self, call.id, principal)
+        journal = CallJournal(self, call.id, principal)
         ctx = ToolContext(
             session=self.session_info(principal),
             call_id=call.id,
@@ -600,13 +481,17 @@ class Driver:
             await self.request_from_tool(call, signal.payload)
             return
         except QuestionWithdrawn as exc:
-            await self.record([_result(call, "cancelled", {"cancelled": True, "reason": str(exc)})])
+            await self.record(
+                [tool_result(call, "cancelled", {"cancelled": True, "reason": str(exc)})]
+            )
             return
         except InputUnavailable as exc:
-            await self.record([_result(call, "error", {"error": f"unavailable: {exc}"})])
+            await self.record([tool_result(call, "error", {"error": f"unavailable: {exc}"})])
             return
         except Exception as exc:
-            await self.record([_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})])
+            await self.record(
+                [tool_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})]
+            )
             return
         if call.edited_input is not None or approval is not None:
             wrapped: dict[str, Any] = {"result": result}
@@ -620,7 +505,7 @@ class Driver:
             if approval is not None:
                 wrapped["approval"] = approval  # the reason given for approving reaches the model
             result = wrapped
-        await self.record([_result(call, "ok", result)])
+        await self.record([tool_result(call, "ok", result)])
 
     async def request_from_tool(self, call: CallState, payload: Any) -> None:
         s = self.state
@@ -632,7 +517,7 @@ class Driver:
             payload = to_jsonable_python(payload)
         except Exception as exc:
             await self.record(
-                [_result(call, "error", {"error": f"approval payload is not JSON-able: {exc}"})]
+                [tool_result(call, "error", {"error": f"approval payload is not JSON-able: {exc}"})]
             )
             return
         request = InputRequest(
@@ -655,7 +540,7 @@ class Driver:
             usage=s.usage,
         )
         await self.record(
-            [("input.requested", {"requests": [_dump_request(request)]})], new_requests=[request]
+            [("input.requested", {"requests": [dump_request(request)]})], new_requests=[request]
         )
 
     # -- the model ----------------------------------------------------------------------------
@@ -818,7 +703,7 @@ class Driver:
         )
         await self.record(
             [
-                ("input.requested", {"requests": [_dump_request(request)]}),
+                ("input.requested", {"requests": [dump_request(request)]}),
                 ("turn.waiting", {"on": "input", "request_ids": [request.id]}),
             ],
             new_requests=[request],
@@ -840,193 +725,3 @@ def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None
     if max_cost is not None and s.usage.cost_usd >= max_cost * times:
         return f"the session cost {s.usage.cost_usd:.4f} of max_cost_usd={max_cost * times:g}"
     return None
-
-
-def _result(call: CallState, status: str, result: Any) -> EventSpec:
-    return (
-        "tool.completed",
-        {"call_id": call.id, "tool_name": call.tool_name, "status": status, "result": result},
-    )
-
-
-def _denial(decision: dict[str, Any]) -> dict[str, Any]:
-    """The result a model sees for a call a person denied (or that was ignored or expired)."""
-    by = decision.get("by")
-    result: dict[str, Any] = {
-        "denied": True,
-        "reason": decision.get("reason"),
-        "by": None if by is None else by.get("principal_id"),
-    }
-    outcome = decision.get("outcome")
-    if outcome in ("ignored", "expired", "cancelled") and by is None:
-        result["outcome"] = outcome
-    elif decision.get("reason"):
-        who = by.get("principal_id") if by else "the reviewer"
-        # Quoted and attributed: the person who denied may not be the user.
-        result["note"] = f'Written by {who}, who denied this call: "{decision["reason"]}"'
-    return result
-
-
-def _invalid_input(exc: ValidationError) -> dict[str, Any]:
-    return {
-        "error": "invalid input",
-        "details": [
-            {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
-            for e in exc.errors(include_url=False)
-        ],
-    }
-
-
-def _dump_request(request: InputRequest) -> dict[str, Any]:
-    return request.model_dump(mode="json", exclude_defaults=True)
-
-
-class _CallJournal:
-    """The engine's side of `ctx.ask()` / `ctx.step()` for one call: records and replays."""
-
-    def __init__(self, driver: Driver, call_id: str, principal: Principal | None) -> None:
-        self.driver = driver
-        self.call_id = call_id
-        self.parked = asyncio.Event()
-        self.inflight = 0
-        turn = driver.state.turn
-        self.can_ask = not (
-            principal is not None and principal.principal_type == "runtime"
-        ) and not (turn is not None and turn.source == "schedule")
-
-    def _call(self) -> CallState:
-        turn = self.driver.state.turn
-        if turn is None or self.call_id not in turn.calls:
-            raise TurnStopped
-        return turn.calls[self.call_id]
-
-    def entries(self) -> Sequence[dict[str, Any] | None]:
-        return self._call().journal
-
-    def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]:
-        r = self.driver.state.requests.get(request_id)
-        if r is None:
-            return "withdrawn", {"outcome": "cancelled"}
-        return r.status, r.resolution
-
-    async def record_step(self, index: int, name: str, result: Any) -> None:
-        call = self._call()
-        data = {
-            "call_id": call.id,
-            "tool_name": call.tool_name,
-            "index": index,
-            "name": name,
-            "result": result,
-        }
-        await self.driver.record([("tool.step", data)])
-
-    async def open_question(
-        self, index: int, question: str, options: list[Option], allow_text: bool
-    ) -> str:
-        self.inflight += 1
-        try:
-            call = self._call()
-            s = self.driver.state
-            turn = s.turn
-            assert turn is not None
-            request = InputRequest(
-                kind="question",
-                id=new_id("req"),
-                session_id=s.id,
-                turn_id=turn.id,
-                agent=s.agent,
-                action=Action(
-                    call_id=call.id,
-                    tool_name=call.tool_name,
-                    input=call.input,
-                    input_hash=input_hash(call.input, tool_name=call.tool_name, call_id=call.id),
-                ),
-                question=question,
-                options=options,
-                allow_text=allow_text,
-                source="ask",
-                index=index,
-                requested_by=turn.principal,
-                created_at=self.driver.clock(),
-                usage=s.usage,
-            )
-
-            def specs(state: SessionState) -> list[EventSpec]:
-                # Steered while the body ran: its question is withdrawn before it is asked,
-                # so the call settles and the model reads the message.
-                if state.turn is not None and state.turn.steered:
-                    raise QuestionWithdrawn(request.id, "cancelled")
-                return [("input.requested", {"requests": [_dump_request(request)]})]
-
-            await self.driver.record(specs, new_requests=[request])
-            return request.id
-        finally:
-            self.inflight -= 1
-
-    @property
-    def host(self) -> Any:
-        """The runtime's subagent host (None when the driver runs without a runtime)."""
-        return self.driver.host
-
-    @property
-    def session_id(self) -> str:
-        return self.driver.state.id
-
-    def steered(self) -> bool:
-        """A steering message arrived that the model has not read yet."""
-        turn = self.driver.state.turn
-        return turn is not None and turn.steered
-
-    async def mirror(self, child: str, child_agent: str, requests: Sequence[InputRequest]) -> int:
-        """Ask a subagent's open requests again on this session (`source="child"`), each under
-        its own id with a `ChildRef` back to the child; returns how many it asked."""
-        call = self._call()
-        s = self.driver.state
-        turn = s.turn
-        assert turn is not None
-        mirrored = {
-            (r.request.child.session_id, r.request.child.request_id)
-            for r in s.requests.values()
-            if r.status == "pending" and r.request.child is not None
-        }
-        copies = [
-            r.model_copy(
-                update={
-                    "id": new_id("req"),
-                    "session_id": s.id,
-                    "turn_id": turn.id,
-                    "agent": s.agent,
-                    "source": "child",
-                    "expires_at": None,  # the child's own deadline decides
-                    # A nested mirror points at the next session down: answers route hop by hop.
-                    "child": ChildRef(
-                        session_id=child, request_id=r.id, agent=child_agent, call_id=call.id
-                    ),
-                }
-            )
-            for r in requests
-            if (child, r.id) not in mirrored
-        ]
-        if not copies:
-            return 0
-
-        def specs(state: SessionState) -> Batch:
-            if state.turn is not None and state.turn.steered:
-                return Batch(specs=[])  # steered meanwhile: the delegate stops its child instead
-            asked = {"requests": [_dump_request(c) for c in copies]}
-            return Batch(specs=[("input.requested", asked)], new_requests=copies)
-
-        recorded = await self.driver.record(specs)
-        return len(copies) if recorded else 0
-
-    async def park(self) -> NoReturn:
-        self.parked.set()
-        await asyncio.Future()  # never resolves: the engine cancels the body
-        raise AssertionError("unreachable")
-
-    async def settle(self) -> None:
-        """Let sibling branches of the body (asyncio.gather) reach their own asks."""
-        idle = 0
-        while idle < 5:
-            await asyncio.sleep(0)
-            idle = idle + 1 if self.inflight == 0 else 0

@@ -20,7 +20,7 @@ from ._agent import Agent
 from ._answers import check_text
 from ._audit_trail import record_tool_settings
 from ._deadlines import due_batch
-from ._engine import Batch, Driver, EventSpec, load_state, new_id, runnable
+from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
     PartialAnswer,
@@ -29,6 +29,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
+from ._recording import Batch, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._sync import SyncBridge

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_ch
 
 from pydantic import Field
 
-from ._engine import Batch, EventSpec, new_id, runnable
 from ._events import Event
 from ._exceptions import (
     AnswerError,
@@ -27,6 +26,7 @@ from ._exceptions import (
     StoreError,
     UsageError,
 )
+from ._recording import Batch, EventSpec, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._tools import Tool, ToolContext

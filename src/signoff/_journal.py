@@ -1,0 +1,168 @@
+"""The engine's side of `ctx.ask()`, `ctx.step()` and subagent mirroring for one tool call."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
+from ._state import CallState, SessionState
+from ._tools import QuestionWithdrawn
+from ._types import Action, ChildRef, InputRequest, Option, Principal, input_hash
+
+if TYPE_CHECKING:
+    from ._engine import Driver
+
+__all__ = ["CallJournal"]
+
+
+class CallJournal:
+    """The engine's side of `ctx.ask()` / `ctx.step()` for one call: records and replays."""
+
+    def __init__(self, driver: Driver, call_id: str, principal: Principal | None) -> None:
+        self.driver = driver
+        self.call_id = call_id
+        self.parked = asyncio.Event()
+        self.inflight = 0
+        turn = driver.state.turn
+        self.can_ask = not (
+            principal is not None and principal.principal_type == "runtime"
+        ) and not (turn is not None and turn.source == "schedule")
+
+    def _call(self) -> CallState:
+        turn = self.driver.state.turn
+        if turn is None or self.call_id not in turn.calls:
+            raise TurnStopped
+        return turn.calls[self.call_id]
+
+    def entries(self) -> Sequence[dict[str, Any] | None]:
+        return self._call().journal
+
+    def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]:
+        r = self.driver.state.requests.get(request_id)
+        if r is None:
+            return "withdrawn", {"outcome": "cancelled"}
+        return r.status, r.resolution
+
+    async def record_step(self, index: int, name: str, result: Any) -> None:
+        call = self._call()
+        data = {
+            "call_id": call.id,
+            "tool_name": call.tool_name,
+            "index": index,
+            "name": name,
+            "result": result,
+        }
+        await self.driver.record([("tool.step", data)])
+
+    async def open_question(
+        self, index: int, question: str, options: list[Option], allow_text: bool
+    ) -> str:
+        self.inflight += 1
+        try:
+            call = self._call()
+            s = self.driver.state
+            turn = s.turn
+            assert turn is not None
+            request = InputRequest(
+                kind="question",
+                id=new_id("req"),
+                session_id=s.id,
+                turn_id=turn.id,
+                agent=s.agent,
+                action=Action(
+                    call_id=call.id,
+                    tool_name=call.tool_name,
+                    input=call.input,
+                    input_hash=input_hash(call.input, tool_name=call.tool_name, call_id=call.id),
+                ),
+                question=question,
+                options=options,
+                allow_text=allow_text,
+                source="ask",
+                index=index,
+                requested_by=turn.principal,
+                created_at=self.driver.clock(),
+                usage=s.usage,
+            )
+
+            def specs(state: SessionState) -> list[EventSpec]:
+                # Steered while the body ran: its question is withdrawn before it is asked,
+                # so the call settles and the model reads the message.
+                if state.turn is not None and state.turn.steered:
+                    raise QuestionWithdrawn(request.id, "cancelled")
+                return [("input.requested", {"requests": [dump_request(request)]})]
+
+            await self.driver.record(specs, new_requests=[request])
+            return request.id
+        finally:
+            self.inflight -= 1
+
+    @property
+    def host(self) -> Any:
+        """The runtime's subagent host (None when the driver runs without a runtime)."""
+        return self.driver.host
+
+    @property
+    def session_id(self) -> str:
+        return self.driver.state.id
+
+    def steered(self) -> bool:
+        """A steering message arrived that the model has not read yet."""
+        turn = self.driver.state.turn
+        return turn is not None and turn.steered
+
+    async def mirror(self, child: str, child_agent: str, requests: Sequence[InputRequest]) -> int:
+        """Ask a subagent's open requests again on this session (`source="child"`), each under
+        its own id with a `ChildRef` back to the child; returns how many it asked."""
+        call = self._call()
+        s = self.driver.state
+        turn = s.turn
+        assert turn is not None
+        mirrored = {
+            (r.request.child.session_id, r.request.child.request_id)
+            for r in s.requests.values()
+            if r.status == "pending" and r.request.child is not None
+        }
+        copies = [
+            r.model_copy(
+                update={
+                    "id": new_id("req"),
+                    "session_id": s.id,
+                    "turn_id": turn.id,
+                    "agent": s.agent,
+                    "source": "child",
+                    "expires_at": None,  # the child's own deadline decides
+                    # A nested mirror points at the next session down: answers route hop by hop.
+                    "child": ChildRef(
+                        session_id=child, request_id=r.id, agent=child_agent, call_id=call.id
+                    ),
+                }
+            )
+            for r in requests
+            if (child, r.id) not in mirrored
+        ]
+        if not copies:
+            return 0
+
+        def specs(state: SessionState) -> Batch:
+            if state.turn is not None and state.turn.steered:
+                return Batch(specs=[])  # steered meanwhile: the delegate stops its child instead
+            asked = {"requests": [dump_request(c) for c in copies]}
+            return Batch(specs=[("input.requested", asked)], new_requests=copies)
+
+        recorded = await self.driver.record(specs)
+        return len(copies) if recorded else 0
+
+    async def park(self) -> NoReturn:
+        self.parked.set()
+        await asyncio.Future()  # never resolves: the engine cancels the body
+        raise AssertionError("unreachable")
+
+    async def settle(self) -> None:
+        """Let sibling branches of the body (asyncio.gather) reach their own asks."""
+        idle = 0
+        while idle < 5:
+            await asyncio.sleep(0)
+            idle = idle + 1 if self.inflight == 0 else 0

@@ -1,0 +1,209 @@
+"""What a drive records: event specs and batches, the stored status and snapshots they lead
+to, and the results a model reads for calls that did not run as proposed."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from ._events import Event, EventType
+from ._exceptions import UnknownSession
+from ._state import CallState, SessionState, fold
+from ._types import InputRequest
+from .stores import Resolve, Store
+
+__all__ = [
+    "PARK_TYPES",
+    "SNAPSHOT_EVERY",
+    "STATUS_TYPES",
+    "Batch",
+    "EventSpec",
+    "TurnStopped",
+    "denial",
+    "dump_request",
+    "ends_drive",
+    "invalid_input",
+    "load_state",
+    "new_id",
+    "runnable",
+    "shadow",
+    "snapshot_due",
+    "stored_status",
+    "tool_result",
+    "waiting_after",
+]
+
+PARK_TYPES = frozenset({"turn.waiting", "turn.completed", "turn.failed", "turn.cancelled"})
+SNAPSHOT_EVERY = 64
+
+
+STATUS_TYPES = PARK_TYPES | {
+    "turn.started",
+    "turn.resumed",
+    "turn.message",
+    "approval.settled",
+    "input.resolved",
+    "session.waiting",
+}
+"""Events that can change a session's stored status; the others happen while it runs."""
+
+
+def stored_status(state: SessionState) -> str:
+    """The status workers look for: `running` means a turn has work to do (or is doing it)."""
+    status = state.status
+    if (status == "waiting" and runnable(state)) or (
+        status in ("idle", "cancelled") and state.queued  # messages that waited start now
+    ):
+        return "running"
+    return status
+
+
+def snapshot_due(before: int, count: int) -> bool:
+    """Every `SNAPSHOT_EVERY` events, so loading a session folds at most that many plus one
+    commit; a short session (most parked ones) has none and is folded from its few events."""
+    return before // SNAPSHOT_EVERY != (before + count) // SNAPSHOT_EVERY
+
+
+def shadow(state: SessionState, events: Sequence[Event], before: int) -> SessionState | None:
+    """The state after `events`, built on a copy, when a snapshot is due or the session's
+    stored status may change."""
+    due = any(e.type in STATUS_TYPES for e in events) or snapshot_due(before, len(events))
+    if not due:
+        return None
+    copy = SessionState.from_snapshot(state.to_snapshot())
+    for e in events:
+        copy.apply(e)
+    return copy
+
+
+def ends_drive(events: Sequence[Event], after: SessionState) -> bool:
+    """Whether `Driver.drive` returns right after these events: the turn parked or failed, or
+    ended with no queued message to start the next one."""
+    types = {e.type for e in events}
+    if types & {"turn.waiting", "turn.failed"}:
+        return True
+    return bool(types & {"turn.completed", "turn.cancelled"}) and not after.queued
+
+
+def waiting_after(state: SessionState, specs: Sequence[EventSpec]) -> list[EventSpec]:
+    """`turn.waiting`, when the turn would park right after `specs`: nothing left to decide or
+    run, something waiting for a person. Recorded with them, it saves the park a commit; the
+    drive loop records it otherwise, on the same condition."""
+    copy = SessionState.from_snapshot(state.to_snapshot())
+    for i, (type_, data) in enumerate(specs):
+        copy.apply(
+            Event(
+                session_id=state.id,
+                seq=state.seq + i + 1,
+                type=type_,
+                at=state.updated_at,
+                turn_id=copy.turn.id if copy.turn else None,
+                data=data,
+            )
+        )
+    turn = copy.turn
+    if turn is None or turn.status in ("waiting", "completed", "cancelled", "failed"):
+        return []
+    statuses = {c.status for c in turn.calls.values()}
+    if statuses & {"proposed", "approved", "denied", "decided", "running"}:
+        return []
+    if not statuses & {"requested", "awaiting", "asking"}:
+        return []
+    return [
+        ("turn.waiting", {"on": "input", "request_ids": [r.id for r in copy.pending_requests()]})
+    ]
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+async def load_state(store: Store, session_id: str) -> SessionState:
+    """One snapshot plus the tail; the conversation is left out until the model needs it."""
+    loaded = await store.load(session_id)
+    if loaded is None:
+        raise UnknownSession(session_id)
+    state = None if loaded.snapshot is None else SessionState.from_snapshot(loaded.snapshot)
+    if state is None and not loaded.events:
+        raise UnknownSession(session_id)
+    if state is None:
+        return fold(loaded.events)
+    return fold(loaded.events, state)
+
+
+class TurnStopped(Exception):
+    """Internal: the turn ended under us (cancelled elsewhere); stop driving."""
+
+
+def runnable(state: SessionState, *, retry: bool = False) -> bool:
+    """Whether the session's turn has something to do now (as opposed to waiting or over)."""
+    turn = state.turn
+    if turn is None:
+        return False
+    if turn.status in ("completed", "cancelled"):
+        return bool(state.queued)  # messages that waited for the turn's end start now
+    if turn.status == "failed":
+        return retry
+    if turn.status == "waiting":
+        statuses = {c.status for c in turn.calls.values()}
+        if statuses & {"approved", "denied", "decided", "running"}:
+            return True
+        # everything answered (a session-limit prompt, say) and no call left waiting
+        return not state.pending_requests() and not (statuses & {"requested", "awaiting", "asking"})
+    return True
+
+
+EventSpec = tuple[EventType, dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Batch:
+    """Everything one append writes, when it must be computed from the latest state."""
+
+    specs: Sequence[EventSpec]
+    resolve: Sequence[Resolve] = ()
+    new_requests: Sequence[InputRequest] = ()
+    updated_requests: Sequence[InputRequest] = ()
+
+
+def tool_result(call: CallState, status: str, result: Any) -> EventSpec:
+    return (
+        "tool.completed",
+        {"call_id": call.id, "tool_name": call.tool_name, "status": status, "result": result},
+    )
+
+
+def denial(decision: dict[str, Any]) -> dict[str, Any]:
+    """The result a model sees for a call a person denied (or that was ignored or expired)."""
+    by = decision.get("by")
+    result: dict[str, Any] = {
+        "denied": True,
+        "reason": decision.get("reason"),
+        "by": None if by is None else by.get("principal_id"),
+    }
+    outcome = decision.get("outcome")
+    if outcome in ("ignored", "expired", "cancelled") and by is None:
+        result["outcome"] = outcome
+    elif decision.get("reason"):
+        who = by.get("principal_id") if by else "the reviewer"
+        # Quoted and attributed: the person who denied may not be the user.
+        result["note"] = f'Written by {who}, who denied this call: "{decision["reason"]}"'
+    return result
+
+
+def invalid_input(exc: ValidationError) -> dict[str, Any]:
+    return {
+        "error": "invalid input",
+        "details": [
+            {"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]}
+            for e in exc.errors(include_url=False)
+        ],
+    }
+
+
+def dump_request(request: InputRequest) -> dict[str, Any]:
+    return request.model_dump(mode="json", exclude_defaults=True)

@@ -1,0 +1,93 @@
+"""The layers of DESIGN.md §2, enforced: each module imports (at run time) only modules of a
+lower layer, so the package has no import cycles and the engine never reaches up to the server."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "signoff"
+
+# Lowest first. A unit is a private module or a subpackage; a subpackage's modules import each
+# other freely. Imports under `if TYPE_CHECKING:` are annotations only and do not count.
+LAYERS: list[set[str]] = [
+    {"_exceptions", "_types", "_sync"},
+    {"_events", "_results"},
+    {"_state", "_approval", "stores", "models"},
+    {"_response"},
+    {"_tools"},
+    {"_agent", "_ask", "_auto", "_answers"},
+    {"_recording", "_audit_trail"},
+    {"_deadlines", "_journal", "_subagents"},
+    {"_engine"},
+    {"_sessions"},
+    {"_answering"},
+    {"_runtime", "_client"},
+    {"__init__"},
+    {"channels"},
+    {"server"},
+    {"cli", "testing"},
+    {"__main__"},
+]
+RANK = {unit: rank for rank, units in enumerate(LAYERS) for unit in units}
+
+
+def unit_of(dotted: str) -> str:
+    """`signoff._engine` -> `_engine`, `signoff.stores.sqlite` -> `stores`."""
+    parts = dotted.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def runtime_imports(path: Path) -> set[str]:
+    """The signoff modules `path` imports outside `if TYPE_CHECKING:` blocks."""
+    module = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
+    package = (
+        module.rsplit(".", 1)[0] if path.name != "__init__.py" else module[: -len(".__init__")]
+    )
+    tree = ast.parse(path.read_text())
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(sub) for sub in ast.walk(node))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+                if node.module is None:  # from . import _subagents, or from .. import __version__
+                    for alias in node.names:
+                        place = SRC.parent.joinpath(*target.split("."), alias.name)
+                        is_module = place.with_suffix(".py").exists() or place.is_dir()
+                        found.add(f"{target}.{alias.name}" if is_module else target)
+                    continue
+            else:
+                target = node.module or ""
+            if target == "signoff" or target.startswith("signoff."):
+                found.add(target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.split(".")[0] == "signoff")
+    return found
+
+
+def test_every_module_has_a_layer() -> None:
+    units = {
+        unit_of(".".join(p.relative_to(SRC.parent).with_suffix("").parts))
+        for p in SRC.rglob("*.py")
+    }
+    assert units - RANK.keys() == set(), "add new modules to LAYERS"
+    assert RANK.keys() - units == set(), "LAYERS names a module that is gone"
+
+
+def test_modules_import_only_lower_layers() -> None:
+    upward = []
+    for path in sorted(SRC.rglob("*.py")):
+        module = ".".join(path.relative_to(SRC.parent).with_suffix("").parts)
+        unit = unit_of(module)
+        for target in sorted(runtime_imports(path)):
+            other = unit_of(target)
+            if other != unit and RANK[other] >= RANK[unit]:
+                upward.append(f"{module} imports {target} ({other} is not below {unit})")
+    assert upward == []
