@@ -1,0 +1,16 @@
+"""The `signoff` command: chat with an agent, work the approval queue, read a session's log.
+
+Every command reports a signoff error as one red line naming its class and exits with status 1.
+"""
+
+from __future__ import annotations
+
+from . import _chat, _queue, _serve, _worker  # noqa: F401  (each registers its commands)
+from ._app import app, load_runtime, local_principal, parse_principal
+
+__all__ = ["app", "load_runtime", "local_principal", "main", "parse_principal"]
+
+
+def main() -> None:
+    """Entry point of the `signoff` console script."""
+    app()

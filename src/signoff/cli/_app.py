@@ -1,0 +1,236 @@
+"""The `signoff` Typer app and what every command shares: the store option, error output,
+loading a runtime and the local principal.
+
+Every command reports a signoff error as one red line naming its class and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import importlib
+import os
+import sys
+from collections.abc import Coroutine
+from typing import Annotated, Any, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .._agent import Agent
+from .._exceptions import (
+    ModelError,
+    SignoffError,
+    UsageError,
+)
+from .._runtime import Runtime
+from .._types import ModelResponse, Principal
+from ..channels.terminal import compact_json
+from ..models import ModelRequest
+from ..stores import DEFAULT_URL
+
+app = typer.Typer(
+    name="signoff",
+    help="Run agents that stop for people: chat, answer approvals, read session logs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        envvar="SIGNOFF_STORE",
+        help=f"Store URL (sqlite:///path or postgresql://...). Default: {DEFAULT_URL}.",
+        show_default=False,
+    ),
+]
+
+
+def out() -> Console:
+    return Console(highlight=False)
+
+
+def err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def fail(exc: BaseException) -> NoReturn:
+    message = str(exc).strip() or "(no message)"
+    err().print(
+        f"[bold red]error:[/] [red]{type(exc).__name__}: {escape(message)}[/]", soft_wrap=True
+    )
+    raise typer.Exit(1)
+
+
+def run(coro: Coroutine[Any, Any, None]) -> None:
+    """Run one command's coroutine, turning signoff errors into one red line and exit 1."""
+    try:
+        asyncio.run(coro)
+    except SignoffError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        err().print("[dim]interrupted[/]")
+        raise typer.Exit(130) from None
+
+
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"signoff {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Show the version."),
+    ] = False,
+) -> None:
+    """Run agents that stop for people: chat, answer approvals, read session logs."""
+
+
+# -- loading a runtime ------------------------------------------------------------------------
+
+
+def local_principal() -> Principal:
+    """The person at this terminal: the operating-system user, as a `local` principal."""
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = f"uid-{os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return Principal(authenticator="local", principal_id=user)
+
+
+def parse_principal(value: str | None) -> Principal:
+    """`AUTHENTICATOR:ID` (or just `ID`, as a `local` principal); None means the local user."""
+    if value is None:
+        return local_principal()
+    authenticator, sep, principal_id = value.partition(":")
+    if not sep:
+        authenticator, principal_id = "local", value
+    if not authenticator or not principal_id:
+        raise UsageError(f"--as takes AUTHENTICATOR:ID such as dev:dev or ID, not {value!r}")
+    return Principal(authenticator=authenticator, principal_id=principal_id)
+
+
+AsOption = Annotated[
+    str | None,
+    typer.Option(
+        "--as",
+        envvar="SIGNOFF_PRINCIPAL",
+        help="Act as AUTHENTICATOR:ID (default: local:<your user name>). Requests may be "
+        "answered only by the principal whose turn asked.",
+        show_default=False,
+    ),
+]
+
+
+def load_runtime(target: str, store: str | None = None) -> Runtime:
+    """Import `MODULE:ATTRIBUTE` (a `Runtime` or an `Agent`); `store` replaces its store URL."""
+    module_name, sep, attribute = target.partition(":")
+    if not sep or not module_name or not attribute:
+        raise UsageError(
+            f"expected MODULE:ATTRIBUTE such as examples.support:runtime, got {target!r}"
+        )
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)  # like `python -m`: modules of the current directory load
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and (
+            module_name == exc.name or module_name.startswith(exc.name + ".")
+        ):
+            raise UsageError(
+                f"cannot import {module_name!r}: no such module in {cwd} or the installed packages"
+            ) from None
+        raise UsageError(f"importing {module_name!r} failed: {exc}") from exc
+    except SignoffError:
+        raise
+    except Exception as exc:
+        raise UsageError(f"importing {module_name!r} failed: {type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for part in attribute.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
+    if callable(obj) and not isinstance(obj, (Agent, Runtime)):
+        obj = obj()  # a factory: `def make_runtime() -> Runtime`
+    if isinstance(obj, Agent):
+        return Runtime([obj], store=store)
+    if isinstance(obj, Runtime):
+        if store is None:
+            return obj
+        return Runtime(
+            list(obj.agents.values()),
+            store=store,
+            clock=obj.clock,
+            lease_ttl=obj.lease_ttl,
+            lease_wait=obj.lease_wait,
+            poll_interval=obj.poll_interval,
+        )
+    raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime or Agent")
+
+
+def pick_agent(runtime: Runtime, name: str | None) -> Agent:
+    if name is not None:
+        return runtime.agent(name)
+    if len(runtime.agents) == 1:
+        return next(iter(runtime.agents.values()))
+    known = ", ".join(runtime.agents) or "none"
+    raise UsageError(f"this runtime has several agents ({known}): choose one with --agent")
+
+
+class NoModel:
+    """The model of an agent this process only settles answers for; it is never called."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise ModelError(
+            f"this process has no model for agent {self.agent!r}: pass MODULE:RUNTIME to resume"
+        )
+
+
+# -- chat -------------------------------------------------------------------------------------
+
+
+def tool_line(data: dict[str, Any]) -> str:
+    name, status, result = data.get("tool_name"), data.get("status"), data.get("result")
+    if status == "denied":
+        why = (result or {}).get("reason") if isinstance(result, dict) else None
+        return f"{name} denied" + (f": {why}" if why else "")
+    if status == "error":
+        error = result.get("error") if isinstance(result, dict) else result
+        return f"{name} failed: {clip(str(error))}"
+    notes = []
+    if (
+        isinstance(result, dict)
+        and "result" in result
+        and ("approval" in result or "edited_input" in result)
+    ):  # the engine puts the approval's reason and any edited input beside the result
+        if "edited_input" in result:
+            notes.append(f"ran with edited input {compact_json(result['edited_input'])}")
+        approval = result.get("approval")
+        if isinstance(approval, dict) and approval.get("reason"):
+            notes.append(f"approved: {approval['reason']}")
+        result = result["result"]
+    extra = f" ({'; '.join(notes)})" if notes else ""
+    return f"{name} -> {clip(compact_json(result))}{extra}"
+
+
+def clip(text: str, width: int = 100) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def error_text(error: dict[str, Any] | None) -> str:
+    if not error:
+        return "unknown error"
+    return str(error.get("message") or error.get("code") or error)

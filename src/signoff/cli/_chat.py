@@ -1,0 +1,209 @@
+"""`signoff chat`: talk to an agent at the terminal, answering its approvals and questions."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from .._agent import Agent
+from .._exceptions import (
+    AnswerError,
+    NotAllowed,
+    SignoffError,
+    UsageError,
+)
+from .._results import GenerateResult
+from .._runtime import Runtime
+from .._types import Principal
+from ..channels.terminal import TerminalChannel
+from ..models import Scripted
+from ._app import (
+    AsOption,
+    app,
+    error_text,
+    load_runtime,
+    parse_principal,
+    pick_agent,
+    run,
+    tool_line,
+)
+
+
+class _Chat:
+    """One terminal conversation with one agent: messages in, inline prompts, answers out."""
+
+    def __init__(
+        self, runtime: Runtime, agent: Agent, console: Console, principal: Principal
+    ) -> None:
+        self.runtime = runtime
+        self.agent = agent
+        self.console = console
+        self.channel = TerminalChannel(console)
+        self.principal = principal
+        self.session_id: str | None = None
+        self.seen = 0
+
+    async def run(self, session_id: str | None) -> None:
+        self.header()
+        if session_id is not None and not await self.reopen(session_id):
+            return
+        while True:
+            line = self.channel.read_message()
+            if line is None or line in ("/exit", "/quit"):
+                if line is None:
+                    self.console.print()
+                return
+            if not line:
+                continue
+            try:
+                with self.console.status(f"{self.agent.name} is working..."):
+                    if line == "/retry" and self.session_id is not None:
+                        result = await self.runtime.generate(session_id=self.session_id)
+                    elif self.session_id is None:
+                        result = await self.runtime.generate(
+                            self.agent.name, line, auth=self.principal
+                        )
+                        self.session_id = result.session_id
+                        self.console.print(f"[dim]session {result.session_id}[/]")
+                    else:
+                        result = await self.runtime.generate(
+                            session_id=self.session_id, prompt=line, auth=self.principal
+                        )
+                if not await self.follow(result):
+                    return
+            except SignoffError as exc:
+                self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
+
+    def header(self) -> None:
+        store = getattr(self.runtime.store, "url", type(self.runtime.store).__name__)
+        self.console.print(
+            f"[bold]signoff chat[/] · agent [bold cyan]{escape(self.agent.name)}[/] · "
+            f"store {escape(store)}"
+        )
+        if isinstance(self.agent.model, Scripted):
+            self.console.print(
+                "[yellow]demo model:[/] Scripted: offline, scripted replies (no LLM is called)"
+            )
+        else:
+            self.console.print(f"model: {escape(repr(self.agent.model))}")
+        self.console.print(
+            "[dim]Type a message; /retry resumes a failed turn; Ctrl-D or /exit leaves.[/]"
+        )
+
+    async def reopen(self, session_id: str) -> bool:
+        """Pick up an existing session where it stands; False if the person left."""
+        state = await self.runtime.state(session_id)
+        if state.agent != self.agent.name:
+            raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
+        self.session_id = session_id
+        self.seen = state.seq
+        self.console.print(f"[dim]session {session_id} (resumed)[/]")
+        turn = state.turn
+        if turn is None or turn.status in ("completed", "cancelled"):
+            return True
+        if turn.status == "failed" and not turn.retryable:
+            self.console.print(f"[red]the last turn failed: {escape(error_text(turn.error))}[/]")
+            return True
+        with self.console.status(f"{self.agent.name} is working..."):
+            result = await self.runtime.generate(session_id=session_id)
+        return await self.follow(result)
+
+    async def follow(self, result: GenerateResult) -> bool:
+        """Answer the turn's requests inline until it ends; False if the person left."""
+        answered: set[str] = set()
+        while True:
+            await self.trace(result.session_id)
+            if result.status != "waiting" or not result.pending:
+                break
+            open_requests = [r for r in result.pending if r.id not in answered]
+            if not open_requests:  # e.g. approvals=N: the others must answer now
+                ids = ", ".join(r.id for r in result.pending)
+                self.console.print(
+                    f"[yellow]the turn waits for other people to answer {ids}[/]; "
+                    f"`signoff chat ... --session {result.session_id}` continues it later"
+                )
+                return False
+            request = open_requests[0]
+            answer = self.channel.ask(request)
+            if answer is None:
+                later = (
+                    f"`signoff approve {request.id}` or `signoff deny {request.id}`"
+                    if request.kind == "tool-approval"
+                    else f"`signoff answer {request.id} --option ID` or `--text TEXT`"
+                )
+                self.console.print(
+                    f"\n[yellow]left {request.id} pending[/]; answer it later with {later}"
+                )
+                return False
+            answered.add(request.id)
+            try:
+                with self.console.status(f"{self.agent.name} is working..."):
+                    result = await self.runtime.respond(
+                        result.session_id, [answer], principal=self.principal
+                    )
+            except NotAllowed as exc:
+                self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
+                self.console.print("[dim]answer as the asker with --as AUTHENTICATOR:ID[/]")
+                return False
+            except AnswerError as exc:  # someone else answered first, or it closed meanwhile
+                self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
+                result = await self.runtime.generate(session_id=result.session_id)
+        self.report(result)
+        return True
+
+    async def trace(self, session_id: str) -> None:
+        """Print what tools did since the last look, one dim line each."""
+        async for event in self.runtime.events(session_id, after=self.seen, follow=False):
+            self.seen = event.seq
+            if event.type == "tool.completed":
+                self.console.print(f"  [dim]{escape(tool_line(event.data))}[/]")
+
+    def report(self, result: GenerateResult) -> None:
+        if result.status == "completed":
+            self.console.print(f"[bold cyan]{escape(self.agent.name)}:[/] {escape(result.text)}")
+        elif result.status == "failed":
+            retry = " (type /retry to resume it)" if result.retryable else ""
+            self.console.print(
+                f"[red]the turn failed: {escape(error_text(result.error))}{retry}[/]"
+            )
+        elif result.status == "running":
+            self.console.print("[yellow]another process is running this session's turn[/]")
+        elif result.status == "cancelled":
+            self.console.print("[yellow]the turn was cancelled[/]")
+        elif result.status == "waiting":
+            self.console.print("[yellow]the turn is waiting[/]")
+
+
+@app.command()
+def chat(
+    target: Annotated[
+        str, typer.Argument(metavar="MODULE:RUNTIME", help="A Runtime or Agent to load.")
+    ],
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="Agent to talk to (if the runtime has several).")
+    ] = None,
+    session: Annotated[
+        str | None, typer.Option("--session", help="Continue this session instead of a new one.")
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store", envvar="SIGNOFF_STORE", help="Store URL; replaces the runtime's own."
+        ),
+    ] = None,
+    acting_as: AsOption = None,
+) -> None:
+    """Talk to an agent in the terminal; approvals are asked inline as `(y/N)` prompts."""
+
+    async def go() -> None:
+        principal = parse_principal(acting_as)
+        runtime = load_runtime(target, store)
+        picked = pick_agent(runtime, agent)
+        console = Console(highlight=False, soft_wrap=True)
+        async with runtime:
+            await _Chat(runtime, picked, console, principal).run(session)
+
+    run(go())

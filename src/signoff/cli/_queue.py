@@ -1,0 +1,347 @@
+"""`signoff pending`, `sessions`, `approve`, `deny`, `answer`, `events`: the queue and the logs."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Annotated
+
+import typer
+from rich import box
+from rich.markup import escape
+from rich.table import Table
+
+from .._agent import Agent
+from .._events import Event
+from .._exceptions import (
+    AnswerError,
+    UnknownRequest,
+    UsageError,
+)
+from .._runtime import Runtime
+from .._types import InputRequest, InputResponse
+from ..channels.terminal import compact_json, duration
+from ..stores import DEFAULT_URL, PendingFilter
+from ._app import (
+    AsOption,
+    NoModel,
+    StoreOption,
+    app,
+    clip,
+    error_text,
+    fail,
+    load_runtime,
+    out,
+    parse_principal,
+    run,
+    tool_line,
+)
+
+
+@app.command()
+def pending(
+    store: StoreOption = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's.")] = None,
+    tool: Annotated[str | None, typer.Option("--tool", help="Only approvals of this tool.")] = None,
+    session: Annotated[str | None, typer.Option("--session", help="Only this session's.")] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=100_000, help="At most this many.")
+    ] = 100,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List the open requests across sessions, oldest first."""
+
+    async def go() -> None:
+        async with Runtime([], store=store or DEFAULT_URL) as runtime:
+            flt = PendingFilter(agent=agent, tool_name=tool, session_id=session, limit=limit)
+            requests = await runtime.store.pending(flt)
+            total = await runtime.store.count_pending(
+                PendingFilter(agent=agent, tool_name=tool, session_id=session)
+            )
+        if as_json:
+            typer.echo(json.dumps([r.model_dump(mode="json") for r in requests], indent=2))
+            return
+        console = out()
+        if not requests:
+            console.print("No pending requests.")
+            return
+        console.print(_queue_table(requests, total))
+
+    run(go())
+
+
+@app.command()
+def sessions(
+    store: StoreOption = None,
+    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's.")] = None,
+    status: Annotated[
+        str | None,
+        typer.Option("--status", help="idle, running, waiting, failed or cancelled."),
+    ] = None,
+    limit: Annotated[
+        int, typer.Option("--limit", min=1, max=100_000, help="At most this many.")
+    ] = 50,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List sessions, most recently active first."""
+
+    async def go() -> None:
+        async with Runtime([], store=store or DEFAULT_URL) as runtime:
+            rows = await runtime.sessions(agent=agent, status=status, limit=limit)
+        if as_json:
+            typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+            return
+        console = out()
+        if not rows:
+            console.print("No sessions.")
+            return
+        table = Table(title="Sessions", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        for column in ("Session", "Agent", "Status", "Events", "Last active"):
+            table.add_column(column, no_wrap=True)
+        for r in rows:
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
+            table.add_row(r.id, r.agent, r.status, str(r.head), when)
+        console.print(table)
+
+    run(go())
+
+
+def _queue_table(requests: list[InputRequest], total: int) -> Table:
+    now = time.time()
+    shown = f"{len(requests)} of {total}" if total > len(requests) else str(total)
+    table = Table(
+        title=f"Pending requests ({shown})",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+    )
+    table.add_column("Request / session", no_wrap=True)
+    table.add_column("Agent / asked by", no_wrap=True, max_width=22, overflow="ellipsis")
+    table.add_column("Tool / age", no_wrap=True, max_width=24, overflow="ellipsis")
+    table.add_column("Input", overflow="fold", ratio=1)
+    for r in requests:
+        what = r.tool_name or r.question or r.kind
+        shown_input = r.payload if r.payload is not None else r.input
+        readable = "" if shown_input is None else json.dumps(shown_input, ensure_ascii=False)
+        if r.kind != "tool-approval" and r.question:
+            choices = ", ".join(f"{o.id}={o.label}" for o in r.options)
+            readable = r.question + (f" ({choices})" if choices else "")
+            readable += " or free text" if r.allow_text else ""
+        asker = r.requested_by.principal_id if r.requested_by else "-"
+        expiry = "" if r.expires_at is None else f"\nexpires in {duration(r.expires_at - now)}"
+        table.add_row(
+            f"{r.id}\n[dim]{r.session_id}[/]",
+            f"{escape(r.agent)}\n[dim]{escape(asker)}[/]",
+            f"{escape(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
+            escape(clip(readable, 200)),
+        )
+    return table
+
+
+def _unknown_request(request_id: str, where: str) -> UnknownRequest:
+    exc = UnknownRequest.__new__(UnknownRequest)
+    AnswerError.__init__(exc, f"no request {request_id!r} in {where}", [request_id])
+    return exc
+
+
+async def _settle(
+    request_id: str,
+    answer: InputResponse,
+    target: str | None,
+    store: str | None,
+    acting_as: str | None,
+) -> None:
+    """Answer one request by id: record it, and continue the turn here if a runtime is given."""
+    principal = parse_principal(acting_as)
+    loaded = load_runtime(target, store) if target else None
+    console = out()
+    async with loaded or Runtime([], store=store or DEFAULT_URL) as runtime:
+        stored = await runtime.store.get_request(request_id)
+        if stored is None:
+            raise _unknown_request(request_id, runtime.store.url)
+        request = stored.request
+        if loaded is None:
+            # Record only: a process running the agent continues the turn later.
+            settler = Runtime(
+                [Agent(name=request.agent, model=NoModel(request.agent))], store=runtime.store
+            )
+            result = await settler.respond(
+                request.session_id, [answer], principal=principal, resume=False
+            )
+        else:
+            with console.status("resuming the turn..."):
+                result = await runtime.respond(request.session_id, [answer], principal=principal)
+    outcome = result.outcomes[0] if result.outcomes else None
+    what = request.tool_name or request.question or request.kind
+    where = f"({escape(what)} in session {request.session_id})"
+    if outcome is not None and not outcome.applied:
+        console.print(f"{request_id} was already {outcome.outcome}; nothing changed.")
+    elif answer.option_id == "approve" and request.kind == "tool-approval":
+        console.print(f"[green]approved[/] {request_id} {where}")
+    elif answer.option_id == "cancel" and request.kind == "tool-approval":
+        console.print(f"[red]denied[/] {request_id} {where}")
+    else:
+        given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
+        console.print(f"[green]answered[/] {request_id} with {escape(given)} {where}")
+    if result.status == "waiting" and result.pending:
+        ids = ", ".join(r.id for r in result.pending)
+        console.print(f"[yellow]the turn still waits on: {ids}[/]")
+    elif loaded is None:
+        console.print(
+            f"[dim]The turn continues when a process running agent {escape(request.agent)!r} "
+            f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}[/]"
+        )
+    elif result.status == "completed":
+        console.print(f"[bold cyan]{escape(request.agent)}:[/] {escape(result.text)}")
+    elif result.status == "failed":
+        console.print(f"[red]the turn failed: {escape(error_text(result.error))}[/]")
+    elif result.status == "running":
+        console.print("[yellow]another process is running this session's turn[/]")
+
+
+TargetArgument = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="MODULE:RUNTIME",
+        help="Load this runtime to continue the turn here; otherwise only record the answer.",
+    ),
+]
+
+
+@app.command()
+def approve(
+    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    target: TargetArgument = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why (recorded).")] = None,
+    store: StoreOption = None,
+    acting_as: AsOption = None,
+) -> None:
+    """Approve a pending request."""
+    answer = InputResponse(request_id=request_id, option_id="approve", text=reason)
+    run(_settle(request_id, answer, target, store, acting_as))
+
+
+@app.command()
+def deny(
+    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    target: TargetArgument = None,
+    reason: Annotated[str | None, typer.Option("--reason", help="Why; the model reads it.")] = None,
+    store: StoreOption = None,
+    acting_as: AsOption = None,
+) -> None:
+    """Deny a pending request; the call never runs and the model reads the reason."""
+    answer = InputResponse(request_id=request_id, option_id="cancel", text=reason)
+    run(_settle(request_id, answer, target, store, acting_as))
+
+
+@app.command()
+def answer(
+    request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
+    target: TargetArgument = None,
+    option: Annotated[
+        str | None, typer.Option("--option", help="The id of the chosen option.")
+    ] = None,
+    text: Annotated[
+        str | None, typer.Option("--text", help="A free-text answer (if the question takes one).")
+    ] = None,
+    store: StoreOption = None,
+    acting_as: AsOption = None,
+) -> None:
+    """Answer a question: choose an option by id, or give free text."""
+    if (option is None) == (text is None):
+        fail(UsageError("answer takes exactly one of --option ID or --text TEXT"))
+    response = InputResponse(request_id=request_id, option_id=option, text=text)
+    run(_settle(request_id, response, target, store, acting_as))
+
+
+# -- the log ----------------------------------------------------------------------------------
+
+
+def _summary(event: Event) -> str:
+    d = event.data
+    t = event.type
+    if t == "session.created":
+        return f"agent={d.get('agent')}"
+    if t == "turn.started":
+        return compact_json(d.get("message"))
+    if t == "model.completed":
+        calls = [f"{c['name']}({compact_json(c.get('input'))})" for c in d.get("tool_calls", [])]
+        parts = ([compact_json(d["text"])] if d.get("text") else []) + calls
+        return "; ".join(parts)
+    if t == "turn.message":
+        queued = " (queued)" if d.get("queued") else ""
+        return compact_json(d.get("message")) + queued
+    if t == "tool.started":
+        return str(d.get("tool_name"))
+    if t == "tool.step":
+        return f"{d.get('tool_name')} step {d.get('name')} -> {compact_json(d.get('result'))}"
+    if t == "approval.candidate":
+        by = (d.get("by") or {}).get("principal_id", "-")
+        return f"{d.get('request_id')} {d.get('decision')} by {by}: {d.get('outcome')}"
+    if t == "tool.completed":
+        return tool_line(d)
+    if t == "input.requested":
+        return ", ".join(
+            f"{r['id']} ({(r.get('action') or {}).get('tool_name') or r.get('kind')})"
+            for r in d.get("requests", [])
+        )
+    if t == "turn.waiting":
+        return f"on {d.get('on')}: {', '.join(d.get('request_ids', []))}"
+    if t == "approval.settled":
+        by = (d.get("by") or {}).get("principal_id", "-")
+        why = f" ({d['reason']})" if d.get("reason") else ""
+        return f"{d.get('request_id')} {d.get('decision')} by {by}{why}"
+    if t == "input.resolved":
+        return f"{d.get('request_id')} {d.get('outcome')}"
+    if t == "turn.completed":
+        return str(d.get("text", ""))  # the answer is the model.completed line before it
+    if t == "turn.failed":
+        retry = " (retryable)" if d.get("retryable") else ""
+        return error_text(d.get("error")) + retry
+    if t == "turn.cancelled":
+        return str(d.get("reason") or "")
+    return ""
+
+
+@app.command()
+def events(
+    session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")
+    ] = False,
+    after: Annotated[
+        int, typer.Option("--after", min=0, max=2**63 - 1, help="Start after this seq.")
+    ] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
+    store: StoreOption = None,
+) -> None:
+    """Print a session's event log."""
+
+    async def go() -> None:
+        console = out()
+        async with Runtime([], store=store or DEFAULT_URL) as runtime:
+            async for event in runtime.events(session_id, after, follow=follow):
+                if as_json:
+                    typer.echo(json.dumps(event.to_dict(), ensure_ascii=False))
+                    continue
+                at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
+                console.print(
+                    f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
+                    f"{escape(clip(_summary(event), 160))}",
+                    soft_wrap=True,
+                )
+                if follow:
+                    sys.stdout.flush()
+
+    try:
+        run(go())
+    except typer.Exit as exit_:
+        if follow and exit_.exit_code == 130:
+            raise typer.Exit(0) from None
+        raise
+
+
+# -- workers and the database -------------------------------------------------------------------

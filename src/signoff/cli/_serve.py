@@ -1,0 +1,142 @@
+"""`signoff serve`: the HTTP API and dashboard, with the channels it can notify."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import typer
+
+from .._exceptions import (
+    SignoffError,
+    UsageError,
+)
+from .._types import Principal
+from ._app import app, fail, load_runtime
+
+
+@app.command()
+def serve(
+    target: Annotated[
+        str, typer.Argument(metavar="MODULE:RUNTIME", help="A Runtime or Agent to serve.")
+    ],
+    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port.")] = 8000,
+    token: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--token",
+            envvar="SIGNOFF_TOKENS",
+            help="API token as SECRET=PRINCIPAL_ID (repeatable). Without one: localhost dev mode.",
+        ),
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store", envvar="SIGNOFF_STORE", help="Store URL; replaces the runtime's own."
+        ),
+    ] = None,
+    webhook: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--webhook",
+            help="POST signed request events to this http(s) URL (repeatable).",
+        ),
+    ] = None,
+    webhook_secret: Annotated[
+        str | None,
+        typer.Option(
+            "--webhook-secret",
+            envvar="SIGNOFF_WEBHOOK_SECRET",
+            help="Secret that signs webhook deliveries (Signoff-Signature).",
+        ),
+    ] = None,
+    slack_channel: Annotated[
+        str | None,
+        typer.Option("--slack-channel", help="Post requests to this Slack channel id."),
+    ] = None,
+    slack_token: Annotated[
+        str | None,
+        typer.Option("--slack-token", envvar="SLACK_BOT_TOKEN", help="The Slack bot token."),
+    ] = None,
+    slack_signing_secret: Annotated[
+        str | None,
+        typer.Option(
+            "--slack-signing-secret",
+            envvar="SLACK_SIGNING_SECRET",
+            help="The Slack app's signing secret (checks button clicks).",
+        ),
+    ] = None,
+    channel_state: Annotated[
+        str | None,
+        typer.Option(
+            "--channel-state",
+            help="SQLite file keeping channel delivery positions across restarts "
+            "(default: in memory, a restart starts at the end of the queue).",
+        ),
+    ] = None,
+) -> None:
+    """Serve the runtime over HTTP: REST under /v1, live events, the dashboard at /_signoff.
+
+    With --webhook or --slack-channel the queue is also posted to those channels."""
+    try:
+        from ..server import TokenAuth
+        from ..server import serve as run_server
+    except ImportError as exc:
+        fail(
+            UsageError(
+                f"signoff serve needs the server extra: pip install 'signoff[server]' ({exc})"
+            )
+        )
+    try:
+        runtime = load_runtime(target, store)
+        auth = None
+        if token:
+            principals: dict[str, Principal] = {}
+            for item in token:
+                secret, sep, who = item.partition("=")
+                if not sep or not secret or not who:
+                    raise UsageError(f"--token takes SECRET=PRINCIPAL_ID, not {item!r}")
+                principals[secret] = Principal(authenticator="token", principal_id=who)
+            auth = TokenAuth(principals)
+        channels = _serve_channels(
+            webhook, webhook_secret, slack_channel, slack_token, slack_signing_secret
+        )
+    except SignoffError as exc:
+        fail(exc)
+    run_server(
+        runtime, host=host, port=port, auth=auth, channels=channels, channel_state=channel_state
+    )
+
+
+def _serve_channels(
+    webhooks: list[str] | None,
+    webhook_secret: str | None,
+    slack_channel: str | None,
+    slack_token: str | None,
+    slack_signing_secret: str | None,
+) -> list[Any]:
+    """The channels `serve` was asked for, each checked before the server starts."""
+    channels: list[Any] = []
+    if webhooks:
+        if not webhook_secret:
+            raise UsageError("--webhook needs --webhook-secret (or SIGNOFF_WEBHOOK_SECRET)")
+        from ..channels.webhooks import WebhookChannel
+
+        channels.append(WebhookChannel(webhooks, webhook_secret))
+    elif webhook_secret:
+        raise UsageError("--webhook-secret is given but no --webhook URL")
+    if slack_channel:
+        if not slack_token or not slack_signing_secret:
+            raise UsageError(
+                "--slack-channel needs --slack-token and --slack-signing-secret "
+                "(or SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET)"
+            )
+        from ..channels.slack import SlackChannel  # a UsageError with the install hint if missing
+
+        channels.append(
+            SlackChannel(slack_channel, token=slack_token, signing_secret=slack_signing_secret)
+        )
+    return channels
+
+
+# -- the queue --------------------------------------------------------------------------------

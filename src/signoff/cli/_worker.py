@@ -1,0 +1,142 @@
+"""`signoff worker` and `signoff db`: run turns in the background, manage the schema."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Annotated
+
+import typer
+
+from .._exceptions import (
+    UsageError,
+)
+from .._runtime import Runtime
+from ..stores import DEFAULT_URL
+from ._app import StoreOption, app, load_runtime, run
+
+
+@app.command()
+def worker(
+    target: Annotated[
+        str, typer.Argument(metavar="MODULE:RUNTIME", help="A Runtime or Agent whose turns to run.")
+    ],
+    store: Annotated[
+        str | None,
+        typer.Option(
+            "--store", envvar="SIGNOFF_STORE", help="Store URL; replaces the runtime's own."
+        ),
+    ] = None,
+    concurrency: Annotated[
+        int,
+        typer.Option("--concurrency", min=1, max=100_000, help="Turns driven at once."),
+    ] = 16,
+    lease_ttl: Annotated[
+        float | None,
+        typer.Option(
+            "--lease-ttl",
+            min=0.1,
+            max=86_400,
+            help="Seconds a claimed session stays ours without renewal (default: the runtime's).",
+            show_default=False,
+        ),
+    ] = None,
+    idle_wait: Annotated[
+        float,
+        typer.Option("--idle-wait", min=0.01, max=60, help="Longest sleep between claims."),
+    ] = 0.5,
+    sweep_every: Annotated[
+        float,
+        typer.Option("--sweep-every", min=0.1, max=3600, help="Seconds between deadline sweeps."),
+    ] = 5.0,
+) -> None:
+    """Run turns only (no HTTP): claim sessions that have work under a lease and drive them.
+
+    SIGTERM or Ctrl-C stops it gracefully (turns in flight finish or park; a second signal
+    stops at once, leaving the leases to expire).
+    """
+    import logging
+    import re
+    import signal
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logger = logging.getLogger("signoff")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    log = logging.getLogger("signoff.worker")
+
+    async def go() -> None:
+        loaded = load_runtime(target, store)
+        runtime = Runtime(
+            list(loaded.agents.values()),
+            store=loaded.store,
+            clock=loaded.clock,
+            lease_ttl=loaded.lease_ttl if lease_ttl is None else lease_ttl,
+            lease_wait=loaded.lease_wait,
+            poll_interval=loaded.poll_interval,
+            inline=False,  # expired deadlines only make sessions runnable; claims drive them
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+        signals = 0
+
+        def on_signal(signum: int) -> None:
+            nonlocal signals
+            signals += 1
+            if signals == 1:
+                log.info("%s: stopping after the running turns", signal.Signals(signum).name)
+                stop.set()
+            elif main is not None:
+                log.warning("%s again: stopping now", signal.Signals(signum).name)
+                main.cancel()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_signal, sig)
+        async with runtime:
+            log.info(
+                "worker %s on %s, concurrency %d, lease %.1fs",
+                runtime.owner,
+                re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", runtime.store.url),
+                concurrency,
+                runtime.lease_ttl,
+            )
+            await runtime.work(
+                concurrency=concurrency, stop=stop, idle_wait=idle_wait, sweep_every=sweep_every
+            )
+        log.info("worker stopped")
+
+    try:
+        run(go())
+    except asyncio.CancelledError:
+        raise typer.Exit(130) from None
+
+
+db_app = typer.Typer(help="Manage the store's schema.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("upgrade")
+def db_upgrade(store: StoreOption = None) -> None:
+    """Create or migrate the store's schema to this signoff's version (PostgreSQL or SQLite)."""
+
+    async def go() -> None:
+        url = store or DEFAULT_URL
+        if url.startswith(("postgresql://", "postgres://")):
+            try:
+                from ..stores.postgres import PostgresStore
+            except ImportError as exc:
+                raise UsageError(
+                    "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
+                ) from exc
+            before, after = await PostgresStore(url, migrate=False).migrate()
+            if before == after:
+                typer.echo(f"schema is up to date (version {after})")
+            else:
+                typer.echo(f"schema upgraded from version {before} to {after}")
+            return
+        async with Runtime([], store=url) as runtime:  # SQLite creates its schema on open
+            typer.echo(f"schema is up to date ({runtime.store.url})")
+
+    run(go())
