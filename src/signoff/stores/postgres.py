@@ -1,11 +1,13 @@
 """The PostgreSQL store (`postgresql://…`): psycopg 3, async, over a `psycopg_pool` pool.
 
-Every write is one transaction. A commit locks its session's row (`FOR UPDATE`), checks the head
-and the lease (held `FOR SHARE`, so a takeover waits for it), compare-and-sets the requests it
-resolves, then writes events, requests, snapshot and head together and announces itself with
-`NOTIFY`. Commits that acknowledge an answer are synchronous; the others may skip the WAL flush
-(`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema lives in its own
-PostgreSQL schema (`signoff` by default) and is migrated by signoff under an advisory lock.
+Every write is one transaction. A commit is one statement: it locks its session's row (`FOR
+UPDATE`), checks the head, the audit chain head and the lease (held `FOR SHARE`, so a takeover
+waits for it), compare-and-sets the requests it resolves, then writes events, audit entries,
+requests, snapshot and head together and announces itself with `NOTIFY`, all in one round trip
+with its BEGIN and COMMIT. Commits that acknowledge an answer are synchronous; the others may
+skip the WAL flush (`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
+lives in its own PostgreSQL schema (`signoff` by default) and is migrated by signoff under an
+advisory lock.
 """
 
 from __future__ import annotations
@@ -785,7 +787,8 @@ class PostgresStore:
                 written.clear()
                 self._state.pop(sid, None)
                 break
-            # The statement's answer (the COMMIT has been answered too): the state it found.
+            # The statement's answer, the state it found: it came back with the COMMIT's, so
+            # reading it needs the connection no more.
             row = await cur.fetchone()
             if row is None:
                 self._state.pop(sid, None)
@@ -796,7 +799,8 @@ class PostgresStore:
             self._remember(sid, (head, n, digest))
             if head != commit.expected_seq:
                 if ambiguous and await self._has_events(sid, events):
-                    break  # our first attempt did commit after all
+                    written.clear()  # our first attempt did commit after all
+                    break
                 raise AppendConflict(f"session {sid!r} is at seq {head}, not {commit.expected_seq}")
             if token is not None and (row[1] is None or int(row[1]) != token):
                 raise LeaseLost(f"lease {token} on session {sid!r} was taken over")
