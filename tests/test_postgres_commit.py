@@ -299,7 +299,7 @@ async def test_commit_waits_for_a_row_updated_elsewhere_then_applies(
         for _ in range(500):
             cur = await observer.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND query LIKE %s",
+                "AND datname = current_database() AND query LIKE %s",
                 ("%FOR UPDATE%",),
             )
             row = await cur.fetchone()
@@ -318,12 +318,12 @@ async def test_commit_waits_for_a_row_updated_elsewhere_then_applies(
     assert await verify(pg, stream=sid) == []
 
 
-async def test_a_guessed_commit_is_one_statement_in_one_round_trip(
+async def test_a_guessed_commit_is_one_statement_between_begin_and_commit(
     pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With its state known, a commit sends BEGIN, one statement and COMMIT, and waits once;
-    without it, it reads the state first (one more statement, one more round trip). Creating a
-    session is one statement alone."""
+    """With its state known, a commit sends BEGIN, one statement and COMMIT, all in one
+    pipeline that waits once; without it, it reads the state first (one more statement, and a
+    wait for its answer). Creating a session is one statement alone."""
     sent: list[str] = []
     real = psycopg.AsyncConnection.execute
 
