@@ -75,7 +75,8 @@ class _Auto(ApprovalPolicy):
             response_index=0,
         )
         try:
-            response = await asyncio.wait_for(self.model.complete(request), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                response = await self.model.complete(request)
         except TimeoutError:
             return _caution("failed", f"the review took longer than {self.timeout:g}s")
         except Exception as exc:

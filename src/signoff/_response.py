@@ -146,7 +146,8 @@ async def evaluate_response(
         return result
 
     try:
-        result = await asyncio.wait_for(run(), timeout)
+        async with asyncio.timeout(timeout):
+            result = await run()
     except TimeoutError:
         return ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
     except Exception as exc:

@@ -108,7 +108,8 @@ class Runtime(Answering):
                 gap = last_empty + CLAIM_GAP - time.monotonic()
                 if gap > 0:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(stop.wait(), gap)
+                        async with asyncio.timeout(gap):
+                            await stop.wait()
                     if stop.is_set():
                         break
                 claimed = await self.store.claim(owner, self.lease_ttl, self.clock(), free)
@@ -131,7 +132,8 @@ class Runtime(Answering):
                     f.cancel()
             else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), idle_wait)
+                    async with asyncio.timeout(idle_wait):
+                        await stop.wait()
         if running:
             log.info("stopping: waiting for %d running turn(s)", len(running))
             await asyncio.gather(*running, return_exceptions=True)

@@ -88,6 +88,7 @@ class ChannelHub:
         self._gaps: dict[int, float] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
         self._started = False
 
     @property
@@ -131,6 +132,7 @@ class ChannelHub:
                 except Exception:  # a service that is down must not keep the server from starting
                     logger.exception("channel %s failed to start", ch.name)
         if follow:
+            self._stopping = False
             self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
 
     async def stop(self) -> None:
@@ -139,6 +141,9 @@ class ChannelHub:
             return
         task, self._task = self._task, None
         if task is not None:
+            # The flag as well as the cancel: Python 3.11's asyncio.wait_for (inside
+            # psycopg_pool) can swallow a cancellation, and the loop must end all the same.
+            self._stopping = True
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -170,7 +175,7 @@ class ChannelHub:
         wait = (
             None if str(store.url).startswith("sqlite") else getattr(store, "wait_for_change", None)
         )
-        while True:
+        while not self._stopping:
             try:
                 handled = await self.poll()
             except asyncio.CancelledError:

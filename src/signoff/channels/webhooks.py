@@ -274,7 +274,8 @@ class WebhookChannel(Channel):
 
     async def close(self) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.drain(), self.timeout)
+            async with asyncio.timeout(self.timeout):
+                await self.drain()
         for task in self._workers:
             task.cancel()
         for task in self._workers:

@@ -1209,8 +1209,11 @@ class PostgresStore:
         self._ensure_listener()
         if not self._listening.is_set():
             # The first wait: let the listener subscribe first, so no change slips past it.
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the caller's
+            # cancellation, which left a cancelled ChannelHub waiting here for ever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._listening.wait(), min(timeout, self.timeout))
+                async with asyncio.timeout(min(timeout, self.timeout)):
+                    await self._listening.wait()
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         waiters = self._waiters.setdefault(session_id, set())
@@ -1229,7 +1232,8 @@ class PostgresStore:
                     return False
                 slice_ = remaining if after is None else min(remaining, self.poll_interval)
                 try:
-                    await asyncio.wait_for(asyncio.shield(fut), slice_)
+                    async with asyncio.timeout(slice_):
+                        await asyncio.shield(fut)
                     return True
                 except TimeoutError:
                     continue
