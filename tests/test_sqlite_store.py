@@ -391,10 +391,30 @@ def refund_agent(log: ExecutionLog) -> so.Agent:
     return scripted_agent("a", [proposal, reply("Done.")], tools=[issue_refund])
 
 
-async def test_a_quiet_store_leaves_one_file_of_live_pages(tmp_path: Path) -> None:
-    # Parking a turn gives the drive's lease back; with no lease left the WAL is folded into
-    # the database and truncated, so the database file alone holds the whole session.
-    assert sqlite_store.QUIET_CHECKPOINT_BYTES == 0
+def park(sid: str, seq: int, token: int | None) -> Commit:
+    """A commit that parks a turn on a person and gives the drive's lease back."""
+    waiting = so.Event(
+        session_id=sid, seq=seq, type="turn.waiting", at=float(seq), data={"on": "input"}
+    )
+    return Commit(
+        session_id=sid,
+        expected_seq=seq - 1,
+        events=[waiting],
+        lease_token=token,
+        release_lease=True,
+    )
+
+
+async def fill_wal(store: SQLiteStore, sid: str, upto: int) -> None:
+    for seq in range(2, upto + 1):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=seq - 1, events=[event(sid, seq, x="y" * 200)])
+        )
+
+
+async def test_a_parked_session_is_one_file_of_live_pages(tmp_path: Path) -> None:
+    # Parking the turn gives the drive's lease back; with no lease left the WAL is folded into
+    # the database and truncated, so the database file alone holds the parked session.
     log = ExecutionLog()
     async with so.Runtime([refund_agent(log)], store=f"sqlite:///{tmp_path / 'a.db'}") as rt:
         r = await rt.generate("a", prompt="refund order 1")
@@ -405,8 +425,9 @@ async def test_a_quiet_store_leaves_one_file_of_live_pages(tmp_path: Path) -> No
         decision = so.Decision(id=r.pending[0].id, approved=True, reason="ok")
         done = await rt.generate(session_id=r.session_id, approvals=[decision])
         assert done.text == "Done." and log.count("issue_refund") == 1
-        assert wal_bytes(tmp_path / "a.db") == 0
-    # The copy taken at rest, without any WAL, is the parked session whole: it can be resumed.
+        # A turn that ends without parking leaves its WAL to SQLite's own checkpoints.
+        assert wal_bytes(tmp_path / "a.db") > 0
+    # The copy taken while it waited, without any WAL, is the parked session whole.
     log2 = ExecutionLog()
     async with so.Runtime([refund_agent(log2)], store=f"sqlite:///{tmp_path / 'copy/a.db'}") as rt:
         assert [p.id for p in await rt.pending()] == [r.pending[0].id]
@@ -414,18 +435,17 @@ async def test_a_quiet_store_leaves_one_file_of_live_pages(tmp_path: Path) -> No
         assert done.text == "Done." and log2.count("issue_refund") == 1
 
 
-async def test_a_wal_below_the_threshold_is_left_alone(
-    store: SQLiteStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(sqlite_store, "QUIET_CHECKPOINT_BYTES", 64 * 1024)
+async def test_only_a_park_folds_the_wal(store: SQLiteStore, tmp_path: Path) -> None:
     await new_session(store, "s1")
+    await fill_wal(store, "s1", 30)
     token = await store.acquire_lease("s1", "A", 10, now=1)
     assert token is not None
-    await store.commit(
-        Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)], lease_token=token)
-    )
-    await store.release_lease("s1", "A", token)
-    assert 0 < wal_bytes(tmp_path / "state.db") <= sqlite_store.QUIET_CHECKPOINT_BYTES
+    await store.release_lease("s1", "A", token)  # a drive that had nothing to do
+    assert wal_bytes(tmp_path / "state.db") > 0
+    token = await store.acquire_lease("s1", "A", 10, now=2)
+    await store.commit(park("s1", 31, token))
+    assert wal_bytes(tmp_path / "state.db") == 0
+    assert len(await store.read_events("s1")) == 31
 
 
 async def test_the_wal_stays_while_another_lease_is_held(
@@ -436,24 +456,12 @@ async def test_the_wal_stays_while_another_lease_is_held(
     t1 = await store.acquire_lease("s1", "A", 10, now=1)
     t2 = await store.acquire_lease("s2", "B", 10, now=1)
     assert t1 == 1 and t2 == 1
-    for seq in range(2, 40):  # well over QUIET_CHECKPOINT_BYTES of WAL
-        await store.commit(
-            Commit(session_id="s1", expected_seq=seq - 1, events=[event("s1", seq, x="y" * 200)])
-        )
-    assert wal_bytes(tmp_path / "state.db") > sqlite_store.QUIET_CHECKPOINT_BYTES
-    await store.release_lease("s1", "A", 1)
+    await fill_wal(store, "s1", 30)
+    await store.commit(park("s1", 31, t1))
     assert wal_bytes(tmp_path / "state.db") > 0  # s2's drive is still running here
-    await store.commit(
-        Commit(
-            session_id="s2",
-            expected_seq=1,
-            events=[event("s2", 2)],
-            lease_token=t2,
-            release_lease=True,
-        )
-    )
+    await store.commit(park("s2", 2, t2))
     assert wal_bytes(tmp_path / "state.db") == 0
-    assert len(await store.read_events("s1")) == 39
+    assert len(await store.read_events("s1")) == 31
 
 
 async def test_a_reader_elsewhere_keeps_the_wal_and_nobody_waits(tmp_path: Path) -> None:
@@ -461,22 +469,17 @@ async def test_a_reader_elsewhere_keeps_the_wal_and_nobody_waits(tmp_path: Path)
     # stall the drive that gave its lease back for the whole busy timeout.
     store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=60)
     await new_session(store, "s1")
-    for seq in range(2, 40):
-        await store.commit(
-            Commit(session_id="s1", expected_seq=seq - 1, events=[event("s1", seq, x="y" * 200)])
-        )
+    await fill_wal(store, "s1", 30)
     reader = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
     try:
         reader.execute("BEGIN")
-        assert reader.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 39
+        assert reader.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 30
         token = await store.acquire_lease("s1", "A", 10, now=1)
-        assert token is not None
-        await asyncio.wait_for(store.release_lease("s1", "A", token), timeout=20)
+        await asyncio.wait_for(store.commit(park("s1", 31, token)), timeout=20)
         assert wal_bytes(tmp_path / "state.db") > 0
         reader.execute("COMMIT")
         token = await store.acquire_lease("s1", "A", 10, now=2)
-        assert token is not None
-        await store.release_lease("s1", "A", token)
+        await store.commit(park("s1", 32, token))
         assert wal_bytes(tmp_path / "state.db") == 0
     finally:
         reader.close()

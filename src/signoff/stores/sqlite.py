@@ -54,9 +54,12 @@ TURN_NAMED_EVERY = 64
 an event's turn never scans back further than that."""
 
 QUIET_CHECKPOINT_BYTES = 0
-"""When this store gives back its last lease (a turn parked or ended) and the WAL holds more
-than this, the WAL is folded into the database file and truncated: a session at rest is in one
-file of live pages. Each fold costs a checkpoint (two fsyncs); busy stores rarely go quiet."""
+"""When a commit parks a turn (it waits for a person) and gives back this store's last lease,
+a WAL of more than this is folded into the database file and truncated: a session waiting for
+someone is in one file of live pages. A fold costs a checkpoint (its fsyncs) and SQLite's page
+cache, which a park can afford and back-to-back turns without a person should not pay: when
+a turn ends without parking, `wal_autocheckpoint` and `journal_size_limit` bound the WAL."""
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -338,7 +341,8 @@ class SQLiteStore:
                 conn.execute("PRAGMA synchronous=NORMAL")
         self._after(label)
         if commit.release_lease and commit.lease_token is not None:
-            self._given_back(commit.session_id, commit.lease_token)
+            parked = any(e.type == "turn.waiting" for e in commit.events)
+            self._given_back(commit.session_id, commit.lease_token, parked=parked)
 
     @staticmethod
     def _insert_session_audit(
@@ -683,10 +687,11 @@ class SQLiteStore:
             )
         self._given_back(session_id, token)
 
-    def _given_back(self, session_id: str, token: int) -> None:
-        """Forget a lease this store granted; once none is left, fold the WAL in."""
+    def _given_back(self, session_id: str, token: int, *, parked: bool = False) -> None:
+        """Forget a lease this store granted; if that parked a turn and none is left, fold the
+        WAL in."""
         self._leased.discard((session_id, token))
-        if not self._leased:
+        if parked and not self._leased:
             self._checkpoint_if_quiet()
 
     def _checkpoint_if_quiet(self) -> None:
