@@ -143,7 +143,7 @@ async def test_an_older_schema_is_upgraded_in_place(
 ) -> None:
     """A database left at migration 1, with a session written as that code wrote it, is
     migrated forward when a store opens it, with its data intact."""
-    import signoff.stores.postgres as module
+    import signoff.stores.postgres._schema as module
 
     older = PostgresStore(pg_url)
     monkeypatch.setattr(module, "MIGRATIONS", MIGRATIONS[:1])
@@ -186,7 +186,7 @@ async def test_rows_written_at_schema_2_read_back_the_same_after_the_upgrade(
     own copies, audit entries with hex hashes and `prev`, turn ids on every row, NULL for none):
     `signoff db upgrade` keeps every event, request, snapshot and audit entry as it read before,
     and the session goes on from there with its audit chains intact."""
-    import signoff.stores.postgres as module
+    import signoff.stores.postgres._schema as module
 
     @so.tool(approval=so.always())
     async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:

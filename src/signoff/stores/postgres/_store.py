@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Final, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from typing import Any, TypeVar
 
 try:
     import psycopg
@@ -32,8 +29,8 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
     ) from exc
 
-from .._events import Event, dumps
-from .._exceptions import (
+from ..._events import Event, dumps
+from ..._exceptions import (
     AppendConflict,
     LeaseLost,
     RequestClosed,
@@ -41,9 +38,9 @@ from .._exceptions import (
     StoreError,
     UnknownSession,
 )
-from .._types import InputRequest
-from ._audit import AuditEntry, AuditRow, chain_hash, chain_session, loaded_data
-from ._base import (
+from ..._types import InputRequest
+from .._audit import AuditEntry, AuditRow, chain_hash, chain_session, loaded_data
+from .._base import (
     Commit,
     FaultHook,
     Loaded,
@@ -53,188 +50,23 @@ from ._base import (
     request_rows,
     stored_request,
 )
-from ._codec import pack_bytes, unpack, unpack_text
+from .._codec import pack_bytes, unpack, unpack_text
+from . import _schema
+from ._sql import (
+    REQUEST_COLUMNS,
+    REQUEST_JOIN,
+    TURN,
+    commit_sql,
+    create_sql,
+    event_rows,
+    rows_params,
+)
+from ._url import SCHEMA_NAME, describe, number, split_options
 
-__all__ = ["MIGRATIONS", "PostgresStore", "STORE_SCHEMA"]
+__all__ = ["PostgresStore"]
 
 T = TypeVar("T")
-N = TypeVar("N", int, float)
 Conn = psycopg.AsyncConnection[TupleRow]
-
-MIGRATIONS: Final[list[tuple[int, str, str]]] = [
-    (
-        1,
-        "sessions, events, snapshots, requests and leases",
-        """
-CREATE TABLE {s}.sessions (
-    sk BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    id TEXT NOT NULL UNIQUE,
-    agent TEXT NOT NULL,
-    head BIGINT NOT NULL,
-    status TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL,
-    expires_at DOUBLE PRECISION
-);
-CREATE TABLE {s}.events (
-    sk BIGINT NOT NULL REFERENCES {s}.sessions (sk),
-    seq BIGINT NOT NULL,
-    type TEXT NOT NULL,
-    turn TEXT,
-    at DOUBLE PRECISION NOT NULL,
-    v INTEGER NOT NULL,
-    data JSON NOT NULL,
-    PRIMARY KEY (sk, seq)
-);
-CREATE TABLE {s}.snapshots (
-    sk BIGINT PRIMARY KEY REFERENCES {s}.sessions (sk),
-    seq BIGINT NOT NULL,
-    data JSON NOT NULL
-);
-CREATE TABLE {s}.requests (
-    id TEXT PRIMARY KEY,
-    sk BIGINT NOT NULL REFERENCES {s}.sessions (sk),
-    agent TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    tool TEXT,
-    status TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    outcome TEXT,
-    data JSON NOT NULL,
-    resolution JSON
-);
-CREATE INDEX requests_by_status ON {s}.requests (status, created_at);
-CREATE INDEX requests_by_session ON {s}.requests (sk, status);
-CREATE TABLE {s}.leases (
-    sk BIGINT PRIMARY KEY REFERENCES {s}.sessions (sk),
-    owner TEXT NOT NULL,
-    token BIGINT NOT NULL,
-    expires_at DOUBLE PRECISION NOT NULL
-);
-""",
-    ),
-    (
-        2,
-        "the hash-chained audit trail; sessions by status for workers",
-        """
-CREATE TABLE {s}.audit (
-    id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    stream TEXT NOT NULL,
-    n BIGINT NOT NULL,
-    type TEXT NOT NULL,
-    at DOUBLE PRECISION NOT NULL,
-    seq BIGINT,
-    data JSON NOT NULL,
-    prev TEXT,
-    hash TEXT NOT NULL,
-    UNIQUE (stream, n)
-);
-CREATE INDEX sessions_by_status ON {s}.sessions (status, updated_at);
-""",
-    ),
-    (
-        3,
-        "packed event data, requests and audit entries that point at their events, chain heads "
-        "in the session rows, turn ids only where they change, room for HOT updates",
-        """
-ALTER TABLE {s}.events
-    ALTER COLUMN data TYPE BYTEA USING convert_to(data::text, 'UTF8'),
-    ALTER COLUMN turn TYPE TEXT USING COALESCE(turn, '');
-ALTER TABLE {s}.snapshots ALTER COLUMN data TYPE BYTEA USING convert_to(data::text, 'UTF8');
-ALTER TABLE {s}.requests
-    ADD COLUMN seq BIGINT,
-    ADD COLUMN idx INTEGER,
-    ALTER COLUMN data DROP NOT NULL,
-    ALTER COLUMN data TYPE BYTEA USING convert_to(data::text, 'UTF8'),
-    ALTER COLUMN resolution TYPE BYTEA USING convert_to(resolution::text, 'UTF8');
-DROP INDEX {s}.requests_by_status;
-CREATE INDEX requests_pending ON {s}.requests (created_at) WHERE status = 'pending';
-ALTER TABLE {s}.sessions
-    ADD COLUMN audit_n BIGINT NOT NULL DEFAULT 0,
-    ADD COLUMN audit_hash BYTEA;
-ALTER TABLE {s}.audit
-    ADD COLUMN sk BIGINT REFERENCES {s}.sessions (sk),
-    ALTER COLUMN stream DROP NOT NULL,
-    ALTER COLUMN type DROP NOT NULL,
-    ALTER COLUMN at DROP NOT NULL,
-    ALTER COLUMN data DROP NOT NULL,
-    ALTER COLUMN hash TYPE BYTEA USING decode(hash, 'hex'),
-    DROP CONSTRAINT audit_stream_n_key,
-    DROP COLUMN prev;
-UPDATE {s}.audit a SET sk = x.sk, stream = NULL, type = NULL, at = NULL, data = NULL
-    FROM {s}.sessions x WHERE a.seq IS NOT NULL AND x.id = a.stream;
-CREATE UNIQUE INDEX audit_by_session ON {s}.audit (sk, n) WHERE sk IS NOT NULL;
-CREATE UNIQUE INDEX audit_by_stream ON {s}.audit (stream, n) WHERE stream IS NOT NULL;
-UPDATE {s}.sessions x SET audit_n = a.n, audit_hash = a.hash FROM (
-    SELECT DISTINCT ON (sk) sk, n, hash FROM {s}.audit WHERE sk IS NOT NULL ORDER BY sk, n DESC
-) a WHERE a.sk = x.sk;
--- Without updated_at, a commit that keeps the status updates the session row in place (HOT).
-DROP INDEX {s}.sessions_by_status;
-CREATE INDEX sessions_by_status ON {s}.sessions (status);
--- Room on each page for the new versions of rows updated in place. Measured: leases are HOT
--- at any fill (small rows), and lower fills on sessions only cost parked sessions space.
-ALTER TABLE {s}.sessions SET (fillfactor = 90);
-ALTER TABLE {s}.snapshots SET (fillfactor = 70);
-CREATE FUNCTION {s}.request_closed(request TEXT) RETURNS BOOLEAN LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'request % is no longer pending', request
-        USING ERRCODE = 'SO409', DETAIL = request;
-END
-$$;
-""",
-    ),
-]
-"""Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit."""
-
-STORE_SCHEMA: Final = MIGRATIONS[-1][0]
-"""The store schema version this signoff creates and the newest it accepts."""
-
-_SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
-
-
-_OPTIONS = ("schema", "pool_min", "pool_max", "pool_timeout")
-
-
-def _split_options(url: str) -> tuple[str, dict[str, str]]:
-    """signoff's own query parameters (`?schema=…&pool_max=…`) apart from libpq's."""
-    parts = urlsplit(url)
-    if not parts.query:
-        return url, {}
-    ours: dict[str, str] = {}
-    theirs: list[tuple[str, str]] = []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key in _OPTIONS:
-            ours[key] = value
-        else:
-            theirs.append((key, value))
-    if not ours:
-        return url, {}
-    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
-
-
-def _number(options: dict[str, str], key: str, kind: type[N], default: N) -> N:
-    if key not in options:
-        return default
-    try:
-        value = kind(options[key])
-    except ValueError:
-        raise StoreError(f"URL option {key}={options[key]!r} is not a number") from None
-    if value <= 0:
-        raise StoreError(f"URL option {key} must be positive, not {options[key]!r}")
-    return value
-
-
-def _describe(url: str) -> str:
-    """The URL without its password, for error messages."""
-    try:
-        params = _conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
-        return "<unparsable PostgreSQL URL>"
-    host = params.get("host") or params.get("hostaddr") or "localhost"
-    port = params.get("port") or "5432"
-    user = f"{params['user']}@" if params.get("user") else ""
-    db = params.get("dbname") or ""
-    return f"postgresql://{user}{host}:{port}/{db}"
 
 
 class PostgresStore:
@@ -259,23 +91,23 @@ class PostgresStore:
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
-        dsn, options = _split_options(url)
+        dsn, options = split_options(url)
         schema = schema or options.get("schema") or "signoff"
-        if not _SCHEMA_NAME.match(schema):
+        if not SCHEMA_NAME.match(schema):
             raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
         self.url = url
         self.schema = schema
         self.channel = f"{schema}_changes"
-        self.min_size = min_size or _number(options, "pool_min", int, 1)
-        self.max_size = max_size or _number(options, "pool_max", int, 10)
+        self.min_size = min_size or number(options, "pool_min", int, 1)
+        self.max_size = max_size or number(options, "pool_max", int, 10)
         if not 1 <= self.min_size <= self.max_size:
             raise StoreError(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
         self.connect_timeout = connect_timeout
-        self.timeout = timeout or _number(options, "pool_timeout", float, 30.0)
+        self.timeout = timeout or number(options, "pool_timeout", float, 30.0)
         self.poll_interval = poll_interval
         self.auto_migrate = migrate
         self._dsn = dsn
-        self._where = _describe(dsn)
+        self._where = describe(dsn)
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server_async = False
@@ -313,11 +145,11 @@ class PostgresStore:
             try:
                 version = await self._read_version(conn)
                 self._refuse_newer(version)
-                if version < STORE_SCHEMA:
+                if version < _schema.STORE_SCHEMA:
                     if not self.auto_migrate:
                         raise StoreError(
                             f"PostgreSQL store {self._where} is at store schema version "
-                            f"{version}, this signoff needs {STORE_SCHEMA}: "
+                            f"{version}, this signoff needs {_schema.STORE_SCHEMA}: "
                             "run `signoff db upgrade`"
                         )
                     await self._migrate(conn)
@@ -423,10 +255,11 @@ class PostgresStore:
         return 0 if row is None else int(row[0])
 
     def _refuse_newer(self, version: int) -> None:
-        if version > STORE_SCHEMA:
+        if version > _schema.STORE_SCHEMA:
             raise SchemaVersionError(
                 f"PostgreSQL store {self._where} (schema {self.schema!r}) is at store schema "
-                f"version {version}; this signoff knows up to {STORE_SCHEMA}. Upgrade signoff."
+                f"version {version}; this signoff knows up to {_schema.STORE_SCHEMA}. "
+                "Upgrade signoff."
             )
 
     async def _migrate(self, conn: Conn) -> tuple[int, int]:
@@ -446,7 +279,7 @@ class PostgresStore:
                 row = await cur.fetchone()
                 before = 0 if row is None else int(row[0])
                 self._refuse_newer(before)
-                for version, description, ddl in MIGRATIONS:
+                for version, description, ddl in _schema.MIGRATIONS:
                     if version <= before:
                         continue
                     await conn.execute(ddl.replace("{s}", s))
@@ -456,7 +289,7 @@ class PostgresStore:
                     )
         except psycopg.Error as exc:
             raise StoreError(f"cannot migrate PostgreSQL store {self._where}: {exc}") from exc
-        return before, STORE_SCHEMA
+        return before, _schema.STORE_SCHEMA
 
     # -- running statements -------------------------------------------------------------------
 
@@ -630,11 +463,11 @@ class PostgresStore:
         at = events[0].at
         last = events[-1].seq
         sync = self._sync_setting(True)
-        rows = _event_rows(events)
+        rows = event_rows(events)
         # One statement: the session row, its first events and the announcement.
-        sql = _create_sql(s, len(rows), sync is not None)
+        sql = create_sql(s, len(rows), sync is not None)
         params: list[Any] = [session_id, agent, last, at, at, expires_at]
-        params += _rows_params(rows)
+        params += rows_params(rows)
         params += [self.channel, f"{session_id} {last}"]
         if sync is not None:
             params.append(sync)
@@ -675,7 +508,7 @@ class PostgresStore:
         label = commit.events[0].type if commit.events else "commit"
         token = commit.lease_token
         events = commit.events
-        event_rows = _event_rows(events) if events else []
+        rows = event_rows(events) if events else []
         updated = {
             req.id: pack_bytes(req.model_dump(mode="json", exclude_defaults=True))
             for req in commit.updated_requests
@@ -727,9 +560,9 @@ class PostgresStore:
             audit = chain_session(n, digest, events) if events else []
             if audit:
                 n, digest = audit[-1][0], audit[-1][2]
-            sql = _commit_sql(
+            sql = commit_sql(
                 s,
-                len(event_rows),
+                len(rows),
                 len(audit),
                 len(new_rows),
                 len(resolve_rows),
@@ -739,21 +572,21 @@ class PostgresStore:
                 commit.release_lease and token is not None,
                 sync is not None,
             )
-            # In the order of their placeholders in `_commit_sql`.
+            # In the order of their placeholders in `commit_sql`.
             params: list[Any] = [sid, commit.expected_seq, state[1], state[2]]
             if token is not None:
                 params.append(token)
             if resolve_rows:
-                params += _rows_params(resolve_rows)
+                params += rows_params(resolve_rows)
             if new_rows:
-                params += _rows_params(new_rows)
+                params += rows_params(new_rows)
             if updated_rows:
-                params += _rows_params(updated_rows)
+                params += rows_params(updated_rows)
             if events:
                 last = events[-1]
-                params += _rows_params(event_rows)
+                params += rows_params(rows)
                 if audit:
-                    params += _rows_params(audit)
+                    params += rows_params(audit)
                 params += [last.seq, last.at, commit.status, commit.expires_at, n, digest]
                 params += [self.channel, f"{sid} {last.seq}"]
             if commit.snapshot is not None:
@@ -902,7 +735,7 @@ class PostgresStore:
         if not events:
             return False
         cur = await conn.execute(
-            f"SELECT e.seq, e.type, {_TURN.format(s=self._s)}, e.at, e.v, e.data "
+            f"SELECT e.seq, e.type, {TURN.format(s=self._s)}, e.at, e.v, e.data "
             f"FROM {self._s}.events e WHERE e.sk=%s AND e.seq BETWEEN %s AND %s ORDER BY e.seq",
             (sk, events[0].seq, events[-1].seq),
         )
@@ -977,7 +810,7 @@ class PostgresStore:
         newest: int | None = None,
     ) -> list[Event]:
         sql = (
-            f"SELECT e.seq, e.type, {_TURN.format(s=self._s)}, e.at, e.v, e.data "
+            f"SELECT e.seq, e.type, {TURN.format(s=self._s)}, e.at, e.v, e.data "
             f"FROM {self._s}.events e WHERE e.sk=%s AND e.seq>%s"
         )
         params: list[Any] = [sk, after]
@@ -1019,8 +852,8 @@ class PostgresStore:
     async def get_request(self, request_id: str) -> StoredRequest | None:
         async def body(conn: Conn) -> StoredRequest | None:
             cur = await conn.execute(
-                f"SELECT {_REQUEST_COLUMNS}, r.outcome, r.resolution FROM {self._s}.requests r "
-                f"{_REQUEST_JOIN.format(s=self._s)} WHERE r.id=%s",
+                f"SELECT {REQUEST_COLUMNS}, r.outcome, r.resolution FROM {self._s}.requests r "
+                f"{REQUEST_JOIN.format(s=self._s)} WHERE r.id=%s",
                 (request_id,),
             )
             row = await cur.fetchone()
@@ -1044,8 +877,8 @@ class PostgresStore:
 
         async def body(conn: Conn) -> list[InputRequest]:
             cur = await conn.execute(
-                f"SELECT {_REQUEST_COLUMNS} FROM {s}.requests r "
-                f"{_REQUEST_JOIN.format(s=s)}{clause} "
+                f"SELECT {REQUEST_COLUMNS} FROM {s}.requests r "
+                f"{REQUEST_JOIN.format(s=s)}{clause} "
                 'ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s',
                 [*params, flt.limit, flt.offset],
             )
@@ -1309,55 +1142,11 @@ class PostgresStore:
         return await self._read(body, "measuring the database")
 
 
-_TURN = (
-    "COALESCE(e.turn, (SELECT p.turn FROM {s}.events p WHERE p.sk = e.sk AND p.seq < e.seq "
-    "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1))"
-)
-"""An event's turn id: its own, or that of the nearest event before it that names one."""
-
-_REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status"
-_REQUEST_JOIN = (
-    "JOIN {s}.sessions s ON s.sk = r.sk LEFT JOIN {s}.events e ON r.data IS NULL "
-    "AND e.sk = r.sk AND e.seq = r.seq"
-)
-
 _OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 """A connection's transaction states that need a ROLLBACK before it goes back to the pool."""
 
 _CLOSED = "SO409"
 """SQLSTATE of `request_closed()`: a resolved request was no longer pending."""
-
-
-_ROWS_AS_VALUES: Final = 16
-"""Batches of up to this many rows go as a VALUES list of plain parameters, which psycopg adapts
-about ten times faster than arrays; longer ones as one array per column (`unnest`), so the
-statement's text and its number of parameters stay bounded."""
-
-_EVENT_COLUMNS: Final = (
-    ("bigint", "text", "text", "float8", "int", "bytea"),
-    "x(seq, type, turn, at, v, data)",
-)
-_AUDIT_COLUMNS: Final = (("bigint", "bigint", "bytea"), "x(n, seq, hash)")
-_NEW_REQUEST_COLUMNS: Final = (
-    ("text", "bigint", "int", "text", "text", "text", "float8", "bytea"),
-    "x(id, seq, idx, agent, kind, tool, created_at, data)",
-)
-_RESOLVE_COLUMNS: Final = (
-    ("text", "text", "text", "bytea", "bytea", "int", "boolean"),
-    "x(id, status, outcome, resolution, data, i, dup)",
-)
-_UPDATED_COLUMNS: Final = (("text", "bytea"), "x(id, data)")
-
-
-@functools.lru_cache(maxsize=512)
-def _rows_sql(n: int, columns: tuple[tuple[str, ...], str]) -> str:
-    """A FROM item of `n` rows of `columns` (their types, and the alias naming them), filled by
-    `_rows_params`."""
-    types, alias = columns
-    if n <= _ROWS_AS_VALUES:
-        row = "(" + ", ".join(f"%s::{t}" for t in types) + ")"
-        return f"(VALUES {', '.join([row] * n)}) AS {alias}"
-    return f"unnest({', '.join(f'%s::{t}[]' for t in types)}) AS {alias}"
 
 
 class _Borrowed:
@@ -1377,131 +1166,3 @@ class _Borrowed:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.pool.putconn(self.conn)
-
-
-def _rows_params(rows: Sequence[Sequence[Any]]) -> list[Any]:
-    """The parameters of `_rows_sql` for these rows: row by row, or one list per column."""
-    if len(rows) <= _ROWS_AS_VALUES:
-        return [value for row in rows for value in row]
-    return [list(column) for column in zip(*rows, strict=True)]
-
-
-def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
-    """Events as rows of `_EVENT_COLUMNS`. `turn` is NULL when an event belongs to the turn of
-    the event before it in the same batch; the first of a batch always names its turn ('' for
-    none), so reading one back looks behind it at most the length of a commit."""
-    return [
-        (
-            e.seq,
-            e.type,
-            None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or "",
-            e.at,
-            e.v,
-            pack_bytes(e.data),
-        )
-        for i, e in enumerate(events)
-    ]
-
-
-@functools.lru_cache(maxsize=64)
-def _create_sql(s: str, events: int, sync: bool) -> str:
-    """`create_session`'s statement: the session row, its first events, the announcement."""
-    return (
-        f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
-        "expires_at) VALUES (%s,%s,%s,'idle',%s,%s,%s) RETURNING sk), "
-        f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
-        f"SELECT i.sk, x.* FROM i, {_rows_sql(events, _EVENT_COLUMNS)}) "
-        "SELECT pg_notify(%s, %s)"
-        + (", set_config('synchronous_commit', %s, true)" if sync else "")
-        + " FROM i"
-    )
-
-
-@functools.lru_cache(maxsize=512)
-def _commit_sql(
-    s: str,
-    events: int,
-    audit: int,
-    new: int,
-    resolve: int,
-    updated: int,
-    snapshot: bool,
-    lease: bool,
-    release: bool,
-    sync: bool,
-) -> str:
-    """`commit`'s statement for a commit of this shape.
-
-    `c` locks the session row (then `l` holds the lease row, in that order, as `claim` takes
-    them); `g` holds the session's key only if head, audit chain head and lease are as the
-    commit expects, and every write reads it, so a commit that does not apply writes nothing.
-    The answer is the state found and whether it applied; `request_closed()` raises, undoing all
-    of it, if a request to resolve was not pending.
-    """
-    parts = [
-        f"c AS (SELECT sk, head, audit_n, audit_hash FROM {s}.sessions WHERE id=%s FOR UPDATE)"
-    ]
-    check = (
-        "c.head = %s::bigint AND c.audit_n = %s::bigint "
-        "AND c.audit_hash IS NOT DISTINCT FROM %s::bytea"
-    )
-    if lease:
-        parts.append(f"l AS (SELECT token FROM {s}.leases WHERE sk = (SELECT sk FROM c) FOR SHARE)")
-        check += " AND (SELECT token FROM l) = %s::bigint"
-    parts.append(f"g AS (SELECT c.sk FROM c WHERE {check})")
-    if resolve:
-        parts.append(f"y AS (SELECT * FROM {_rows_sql(resolve, _RESOLVE_COLUMNS)})")
-        parts.append(
-            f"r AS (UPDATE {s}.requests q SET status=y.status, outcome=y.outcome, "
-            "resolution=y.resolution, data=COALESCE(y.data, q.data) FROM g, y "
-            "WHERE NOT y.dup AND q.id = y.id AND q.sk = g.sk AND q.status = 'pending' "
-            "RETURNING q.id)"
-        )
-    if new:
-        parts.append(
-            f"n AS (INSERT INTO {s}.requests (id, sk, seq, idx, agent, kind, tool, status, "
-            "created_at, data) SELECT x.id, g.sk, x.seq, x.idx, x.agent, x.kind, x.tool, "
-            f"'pending', x.created_at, x.data FROM g, {_rows_sql(new, _NEW_REQUEST_COLUMNS)})"
-        )
-    if updated:
-        parts.append(
-            f"w AS (UPDATE {s}.requests q SET data=x.data FROM g, "
-            f"{_rows_sql(updated, _UPDATED_COLUMNS)} WHERE q.id = x.id AND q.sk = g.sk)"
-        )
-    if events:
-        parts.append(
-            f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
-            f"SELECT g.sk, x.* FROM g, {_rows_sql(events, _EVENT_COLUMNS)})"
-        )
-        if audit:
-            parts.append(
-                f"a AS (INSERT INTO {s}.audit (sk, n, seq, hash) "
-                f"SELECT g.sk, x.* FROM g, {_rows_sql(audit, _AUDIT_COLUMNS)})"
-            )
-        parts.append(
-            f"u AS (UPDATE {s}.sessions x SET head=%s, updated_at=%s, "
-            "status=COALESCE(%s, x.status), expires_at=%s, audit_n=%s, audit_hash=%s "
-            "FROM g WHERE x.sk = g.sk RETURNING pg_notify(%s, %s))"
-        )
-    if snapshot:
-        parts.append(
-            f"p AS (INSERT INTO {s}.snapshots (sk, seq, data) SELECT g.sk, %s, %s FROM g "
-            "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data)"
-        )
-    if release:
-        parts.append(
-            f"f AS (UPDATE {s}.leases x SET owner='', expires_at=0 FROM g "
-            "WHERE x.sk = g.sk AND x.token = %s)"
-        )
-    answer = "c.head, " + ("(SELECT token FROM l)" if lease else "NULL::bigint")
-    answer += ", c.audit_n, c.audit_hash, EXISTS (SELECT FROM g)"
-    if sync:
-        answer += ", set_config('synchronous_commit', %s, true)"
-    if resolve:
-        # The first request, in the commit's order, that was not pending (or twice in it).
-        answer += (
-            f", (SELECT {s}.request_closed(z.id) FROM (SELECT y.id FROM y "
-            "WHERE y.dup OR y.id NOT IN (SELECT id FROM r) ORDER BY y.i LIMIT 1) z "
-            "WHERE EXISTS (SELECT FROM g))"
-        )
-    return "WITH " + ", ".join(parts) + " SELECT " + answer + " FROM c"

@@ -1,0 +1,194 @@
+"""The SQL text of the PostgreSQL store's hot paths, and the rows it is filled with: one
+statement per commit or new session, short batches as VALUES of plain parameters."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any, Final
+
+from ..._events import Event
+from .._codec import pack_bytes
+
+__all__ = [
+    "REQUEST_COLUMNS",
+    "REQUEST_JOIN",
+    "TURN",
+    "commit_sql",
+    "create_sql",
+    "event_rows",
+    "rows_params",
+    "rows_sql",
+]
+
+TURN = (
+    "COALESCE(e.turn, (SELECT p.turn FROM {s}.events p WHERE p.sk = e.sk AND p.seq < e.seq "
+    "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1))"
+)
+"""An event's turn id: its own, or that of the nearest event before it that names one."""
+
+REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status"
+REQUEST_JOIN = (
+    "JOIN {s}.sessions s ON s.sk = r.sk LEFT JOIN {s}.events e ON r.data IS NULL "
+    "AND e.sk = r.sk AND e.seq = r.seq"
+)
+
+
+_ROWS_AS_VALUES: Final = 16
+"""Batches of up to this many rows go as a VALUES list of plain parameters, which psycopg adapts
+about ten times faster than arrays; longer ones as one array per column (`unnest`), so the
+statement's text and its number of parameters stay bounded."""
+
+_EVENT_COLUMNS: Final = (
+    ("bigint", "text", "text", "float8", "int", "bytea"),
+    "x(seq, type, turn, at, v, data)",
+)
+_AUDIT_COLUMNS: Final = (("bigint", "bigint", "bytea"), "x(n, seq, hash)")
+_NEW_REQUEST_COLUMNS: Final = (
+    ("text", "bigint", "int", "text", "text", "text", "float8", "bytea"),
+    "x(id, seq, idx, agent, kind, tool, created_at, data)",
+)
+_RESOLVE_COLUMNS: Final = (
+    ("text", "text", "text", "bytea", "bytea", "int", "boolean"),
+    "x(id, status, outcome, resolution, data, i, dup)",
+)
+_UPDATED_COLUMNS: Final = (("text", "bytea"), "x(id, data)")
+
+
+@functools.lru_cache(maxsize=512)
+def rows_sql(n: int, columns: tuple[tuple[str, ...], str]) -> str:
+    """A FROM item of `n` rows of `columns` (their types, and the alias naming them), filled by
+    `rows_params`."""
+    types, alias = columns
+    if n <= _ROWS_AS_VALUES:
+        row = "(" + ", ".join(f"%s::{t}" for t in types) + ")"
+        return f"(VALUES {', '.join([row] * n)}) AS {alias}"
+    return f"unnest({', '.join(f'%s::{t}[]' for t in types)}) AS {alias}"
+
+
+def rows_params(rows: Sequence[Sequence[Any]]) -> list[Any]:
+    """The parameters of `rows_sql` for these rows: row by row, or one list per column."""
+    if len(rows) <= _ROWS_AS_VALUES:
+        return [value for row in rows for value in row]
+    return [list(column) for column in zip(*rows, strict=True)]
+
+
+def event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+    """Events as rows of `_EVENT_COLUMNS`. `turn` is NULL when an event belongs to the turn of
+    the event before it in the same batch; the first of a batch always names its turn ('' for
+    none), so reading one back looks behind it at most the length of a commit."""
+    return [
+        (
+            e.seq,
+            e.type,
+            None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or "",
+            e.at,
+            e.v,
+            pack_bytes(e.data),
+        )
+        for i, e in enumerate(events)
+    ]
+
+
+@functools.lru_cache(maxsize=64)
+def create_sql(s: str, events: int, sync: bool) -> str:
+    """`create_session`'s statement: the session row, its first events, the announcement."""
+    return (
+        f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
+        "expires_at) VALUES (%s,%s,%s,'idle',%s,%s,%s) RETURNING sk), "
+        f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
+        f"SELECT i.sk, x.* FROM i, {rows_sql(events, _EVENT_COLUMNS)}) "
+        "SELECT pg_notify(%s, %s)"
+        + (", set_config('synchronous_commit', %s, true)" if sync else "")
+        + " FROM i"
+    )
+
+
+@functools.lru_cache(maxsize=512)
+def commit_sql(
+    s: str,
+    events: int,
+    audit: int,
+    new: int,
+    resolve: int,
+    updated: int,
+    snapshot: bool,
+    lease: bool,
+    release: bool,
+    sync: bool,
+) -> str:
+    """`commit`'s statement for a commit of this shape.
+
+    `c` locks the session row (then `l` holds the lease row, in that order, as `claim` takes
+    them); `g` holds the session's key only if head, audit chain head and lease are as the
+    commit expects, and every write reads it, so a commit that does not apply writes nothing.
+    The answer is the state found and whether it applied; `request_closed()` raises, undoing all
+    of it, if a request to resolve was not pending.
+    """
+    parts = [
+        f"c AS (SELECT sk, head, audit_n, audit_hash FROM {s}.sessions WHERE id=%s FOR UPDATE)"
+    ]
+    check = (
+        "c.head = %s::bigint AND c.audit_n = %s::bigint "
+        "AND c.audit_hash IS NOT DISTINCT FROM %s::bytea"
+    )
+    if lease:
+        parts.append(f"l AS (SELECT token FROM {s}.leases WHERE sk = (SELECT sk FROM c) FOR SHARE)")
+        check += " AND (SELECT token FROM l) = %s::bigint"
+    parts.append(f"g AS (SELECT c.sk FROM c WHERE {check})")
+    if resolve:
+        parts.append(f"y AS (SELECT * FROM {rows_sql(resolve, _RESOLVE_COLUMNS)})")
+        parts.append(
+            f"r AS (UPDATE {s}.requests q SET status=y.status, outcome=y.outcome, "
+            "resolution=y.resolution, data=COALESCE(y.data, q.data) FROM g, y "
+            "WHERE NOT y.dup AND q.id = y.id AND q.sk = g.sk AND q.status = 'pending' "
+            "RETURNING q.id)"
+        )
+    if new:
+        parts.append(
+            f"n AS (INSERT INTO {s}.requests (id, sk, seq, idx, agent, kind, tool, status, "
+            "created_at, data) SELECT x.id, g.sk, x.seq, x.idx, x.agent, x.kind, x.tool, "
+            f"'pending', x.created_at, x.data FROM g, {rows_sql(new, _NEW_REQUEST_COLUMNS)})"
+        )
+    if updated:
+        parts.append(
+            f"w AS (UPDATE {s}.requests q SET data=x.data FROM g, "
+            f"{rows_sql(updated, _UPDATED_COLUMNS)} WHERE q.id = x.id AND q.sk = g.sk)"
+        )
+    if events:
+        parts.append(
+            f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
+            f"SELECT g.sk, x.* FROM g, {rows_sql(events, _EVENT_COLUMNS)})"
+        )
+        if audit:
+            parts.append(
+                f"a AS (INSERT INTO {s}.audit (sk, n, seq, hash) "
+                f"SELECT g.sk, x.* FROM g, {rows_sql(audit, _AUDIT_COLUMNS)})"
+            )
+        parts.append(
+            f"u AS (UPDATE {s}.sessions x SET head=%s, updated_at=%s, "
+            "status=COALESCE(%s, x.status), expires_at=%s, audit_n=%s, audit_hash=%s "
+            "FROM g WHERE x.sk = g.sk RETURNING pg_notify(%s, %s))"
+        )
+    if snapshot:
+        parts.append(
+            f"p AS (INSERT INTO {s}.snapshots (sk, seq, data) SELECT g.sk, %s, %s FROM g "
+            "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data)"
+        )
+    if release:
+        parts.append(
+            f"f AS (UPDATE {s}.leases x SET owner='', expires_at=0 FROM g "
+            "WHERE x.sk = g.sk AND x.token = %s)"
+        )
+    answer = "c.head, " + ("(SELECT token FROM l)" if lease else "NULL::bigint")
+    answer += ", c.audit_n, c.audit_hash, EXISTS (SELECT FROM g)"
+    if sync:
+        answer += ", set_config('synchronous_commit', %s, true)"
+    if resolve:
+        # The first request, in the commit's order, that was not pending (or twice in it).
+        answer += (
+            f", (SELECT {s}.request_closed(z.id) FROM (SELECT y.id FROM y "
+            "WHERE y.dup OR y.id NOT IN (SELECT id FROM r) ORDER BY y.i LIMIT 1) z "
+            "WHERE EXISTS (SELECT FROM g))"
+        )
+    return "WITH " + ", ".join(parts) + " SELECT " + answer + " FROM c"
