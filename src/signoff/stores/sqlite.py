@@ -53,13 +53,6 @@ TURN_NAMED_EVERY = 64
 """An event row names its turn when the turn changes, and at least every 64 rows, so finding
 an event's turn never scans back further than that."""
 
-QUIET_CHECKPOINT_BYTES = 0
-"""When a commit parks a turn (it waits for a person) and gives back this store's last lease,
-a WAL of more than this is folded into the database file and truncated: a session waiting for
-someone is in one file of live pages. A fold costs a checkpoint (its fsyncs) and SQLite's page
-cache, which a park can afford and back-to-back turns without a person should not pay: when
-a turn ends without parking, `wal_autocheckpoint` and `journal_size_limit` bound the WAL."""
-
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -688,20 +681,24 @@ class SQLiteStore:
         self._given_back(session_id, token)
 
     def _given_back(self, session_id: str, token: int, *, parked: bool = False) -> None:
-        """Forget a lease this store granted; if that parked a turn and none is left, fold the
-        WAL in."""
+        """Forget a lease this store granted. When that parked a turn (it waits for a person)
+        and no lease is left, fold the WAL into the database file: a session waiting for someone
+        is in one file of live pages. A fold costs a checkpoint (its fsyncs) and SQLite's page
+        cache, which a park can afford and back-to-back turns without a person should not pay:
+        when a turn ends without parking, `wal_autocheckpoint` and `journal_size_limit` bound
+        the WAL."""
         self._leased.discard((session_id, token))
         if parked and not self._leased:
             self._checkpoint_if_quiet()
 
     def _checkpoint_if_quiet(self) -> None:
-        """Copy the WAL into the database file and truncate it, if it holds more than
-        `QUIET_CHECKPOINT_BYTES` and no other connection is reading or writing: the attempt
-        never waits, so a busy file just keeps its WAL until the next quiet moment."""
+        """Copy the WAL into the database file and truncate it, unless it is empty or another
+        connection is reading or writing: the attempt never waits, so a busy file just keeps its
+        WAL until the next quiet moment."""
         if self.path == ":memory:" or self._conn is None:
             return
         try:
-            if os.path.getsize(self.path + "-wal") <= QUIET_CHECKPOINT_BYTES:
+            if os.path.getsize(self.path + "-wal") == 0:
                 return
         except OSError:
             return
