@@ -1,0 +1,148 @@
+"""Waiting for changes on PostgreSQL: one connection per store LISTENs to the `NOTIFY` every
+commit sends, and wakes the calls waiting on the session it names, so a wait needs no polling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING
+
+try:
+    import psycopg
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
+    ) from exc
+
+from ..._exceptions import StoreError, UnknownSession
+
+if TYPE_CHECKING:
+    from ._connections import Conn
+
+__all__ = ["Listener"]
+
+
+class Listener:
+    """A store's LISTEN connection, kept open by a task of its own, and the calls waiting for a
+    change it may announce."""
+
+    def __init__(self, channel: str, connect: Callable[[], Awaitable[Conn]], name: str) -> None:
+        self.channel = channel
+        self._connect = connect
+        self._name = name
+        self._listener: asyncio.Task[None] | None = None
+        self._listening = asyncio.Event()
+        self._waiters: dict[str | None, set[asyncio.Future[None]]] = {}
+
+    async def wait(
+        self,
+        session_id: str | None,
+        timeout: float,
+        *,
+        after: int | None,
+        head: Callable[[str], Awaitable[int | None]],
+        subscribe_within: float,
+        poll_interval: float,
+    ) -> bool:
+        """`PostgresStore.wait_for_change`, given how to read a session's `head`, how long the
+        first wait lets the listener take to subscribe, and how often to re-check the head."""
+        self._ensure_listener()
+        if not self._listening.is_set():
+            # The first wait: let the listener subscribe first, so no change slips past it.
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the caller's
+            # cancellation, which left a cancelled ChannelHub waiting here for ever.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(subscribe_within):
+                    await self._listening.wait()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        waiters = self._waiters.setdefault(session_id, set())
+        waiters.add(fut)
+        deadline = time.monotonic() + timeout
+        try:
+            while True:
+                if after is not None and session_id is not None:
+                    found = await head(session_id)
+                    if found is None:
+                        raise UnknownSession(session_id)
+                    if found > after:
+                        return True
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                slice_ = remaining if after is None else min(remaining, poll_interval)
+                try:
+                    async with asyncio.timeout(slice_):
+                        await asyncio.shield(fut)
+                    return True
+                except TimeoutError:
+                    continue
+        finally:
+            waiters.discard(fut)
+            if not waiters:
+                self._waiters.pop(session_id, None)
+
+    async def stop(self) -> None:
+        """Stop listening, and wake every call still waiting (the store is closing)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+        self._listening.clear()
+        self._wake_all()
+
+    def forget(self) -> None:
+        """Drop the task and the waiters of an event loop that is gone."""
+        self._listener = None
+        self._listening = asyncio.Event()
+        self._waiters.clear()
+
+    def _ensure_listener(self) -> None:
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.get_running_loop().create_task(self._listen(), name=self._name)
+
+    async def _listen(self) -> None:
+        """Keep one connection LISTENing; on reconnect, wake everyone: they may have missed some."""
+        delay = 0.1
+        while True:
+            try:
+                conn = await self._connect()
+            except StoreError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            try:
+                await conn.execute(f'LISTEN "{self.channel}"')
+                self._listening.set()
+                self._wake_all()
+                delay = 0.1
+                async for note in self._notes(conn):
+                    sid, _, _seq = note.rpartition(" ")
+                    self._wake(sid)
+            except psycopg.Error:
+                pass
+            finally:
+                self._listening.clear()
+                with contextlib.suppress(Exception):
+                    await conn.close()
+            await asyncio.sleep(delay)
+
+    @staticmethod
+    async def _notes(conn: Conn) -> AsyncIterator[str]:
+        async for note in conn.notifies():
+            yield note.payload
+
+    def _wake(self, session_id: str) -> None:
+        for key in (session_id, None):
+            for fut in self._waiters.get(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    def _wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_result(None)

@@ -1,0 +1,435 @@
+"""The PostgreSQL store's connections: the pool, the schema migrated when it first opens, and
+running a read or a transaction with the retries a lost connection allows. `Connections` is the
+base class of `PostgresStore`; its reads, leases and writes are built on `_read` and `_write`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+try:
+    import psycopg
+    from psycopg import conninfo as _conninfo
+    from psycopg import pq
+    from psycopg.rows import TupleRow
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
+    ) from exc
+
+from ..._exceptions import AppendConflict, RequestClosed, SchemaVersionError, StoreError
+from .._base import FaultHook
+from . import _schema
+from ._changes import Listener
+from ._url import SCHEMA_NAME, describe, number, split_options
+
+__all__ = ["Conn", "Connections"]
+
+T = TypeVar("T")
+Conn = psycopg.AsyncConnection[TupleRow]
+
+
+class Connections:
+    """What every part of `PostgresStore` stands on: its settings, its pool (opened, and the
+    schema migrated, on first use), `_read` and `_write`, and what it remembers of sessions."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str | None = None,
+        min_size: int | None = None,
+        max_size: int | None = None,
+        connect_timeout: float = 5.0,
+        timeout: float | None = None,
+        poll_interval: float = 1.0,
+        migrate: bool = True,
+    ) -> None:
+        if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
+            raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
+        dsn, options = split_options(url)
+        schema = schema or options.get("schema") or "signoff"
+        if not SCHEMA_NAME.match(schema):
+            raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
+        self.url = url
+        self.schema = schema
+        self.channel = f"{schema}_changes"
+        self.min_size = min_size or number(options, "pool_min", int, 1)
+        self.max_size = max_size or number(options, "pool_max", int, 10)
+        if not 1 <= self.min_size <= self.max_size:
+            raise StoreError(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
+        self.connect_timeout = connect_timeout
+        self.timeout = timeout or number(options, "pool_timeout", float, 30.0)
+        self.poll_interval = poll_interval
+        self.auto_migrate = migrate
+        self._dsn = dsn
+        self._where = describe(dsn)
+        self._pool: AsyncConnectionPool[Conn] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server_async = False
+        self._open_lock: asyncio.Lock | None = None
+        self._fault: FaultHook | None = None
+        self._sk: dict[str, int] = {}
+        # session id -> (head, audit_n, audit_hash) as last seen: a commit guesses the session's
+        # state from it, so it needs no round trip to read it first; the guess is checked in the
+        # statement that writes, under the session's row lock.
+        self._state: dict[str, tuple[int, int, bytes | None]] = {}
+        self._changes = Listener(self.channel, self._connect, f"signoff-listen-{schema}")
+        self._s = f'"{schema}"'
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        await self._get_pool()
+
+    async def _get_pool(self) -> AsyncConnectionPool[Conn]:
+        if self._pool is not None:
+            if self._loop is asyncio.get_running_loop():
+                return self._pool
+            self._abandon()  # e.g. a second asyncio.run(): the old loop took its pool with it
+        if self._open_lock is None:
+            self._open_lock = asyncio.Lock()
+        async with self._open_lock:
+            if self._pool is not None:
+                return self._pool
+            conn = await self._connect()
+            try:
+                version = await self._read_version(conn)
+                self._refuse_newer(version)
+                if version < _schema.STORE_SCHEMA:
+                    if not self.auto_migrate:
+                        raise StoreError(
+                            f"PostgreSQL store {self._where} is at store schema version "
+                            f"{version}, this signoff needs {_schema.STORE_SCHEMA}: "
+                            "run `signoff db upgrade`"
+                        )
+                    await self._migrate(conn)
+                cur = await conn.execute("SELECT current_setting('synchronous_commit')")
+                row = await cur.fetchone()
+                self._server_async = row is not None and row[0] == "off"
+            except psycopg.Error as exc:
+                raise StoreError(f"cannot read settings at {self._where}: {exc}") from exc
+            finally:
+                await conn.close()
+            pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+                self._dsn,
+                min_size=self.min_size,
+                max_size=self.max_size,
+                timeout=self.timeout,
+                kwargs={"autocommit": True, "connect_timeout": max(1, int(self.connect_timeout))},
+                open=False,
+                name=f"signoff-{self.schema}",
+            )
+            try:
+                await pool.open(wait=True, timeout=self.timeout)
+            except PoolTimeout as exc:
+                await pool.close()
+                raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {exc}") from exc
+            self._pool = pool
+            self._loop = asyncio.get_running_loop()
+            return pool
+
+    def _abandon(self) -> None:
+        """Forget a pool whose event loop is gone; its connections close when collected."""
+        self._pool = None
+        self._loop = None
+        self._open_lock = None
+        self._changes.forget()
+
+    async def _connect(self) -> Conn:
+        """A fresh autocommit connection, or a `StoreError` saying why there is none."""
+        try:
+            _conninfo.conninfo_to_dict(self._dsn)
+        except psycopg.Error as exc:
+            raise StoreError(f"invalid PostgreSQL URL: {exc}".strip()) from exc
+        try:
+            return await psycopg.AsyncConnection.connect(
+                self._dsn,
+                autocommit=True,
+                connect_timeout=max(1, int(self.connect_timeout)),
+            )
+        except psycopg.Error as exc:
+            detail = str(exc).strip() or type(exc).__name__
+            raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {detail}") from exc
+
+    async def close(self) -> None:
+        if self._pool is not None and self._loop is not asyncio.get_running_loop():
+            self._abandon()
+            return
+        await self._changes.stop()
+        pool, self._pool = self._pool, None
+        self._loop = None
+        if pool is not None:
+            await pool.close()
+
+    def set_fault_hook(self, hook: FaultHook | None) -> None:
+        self._fault = hook
+
+    # -- schema and migrations ----------------------------------------------------------------
+
+    async def schema_version(self) -> int:
+        """The store schema version of the database (0 if signoff never ran there)."""
+        conn = await self._connect()
+        try:
+            return await self._read_version(conn)
+        finally:
+            await conn.close()
+
+    async def migrate(self) -> tuple[int, int]:
+        """Bring the database's schema up to `STORE_SCHEMA`; returns (before, after)."""
+        conn = await self._connect()
+        try:
+            return await self._migrate(conn)
+        finally:
+            await conn.close()
+
+    async def _read_version(self, conn: Conn) -> int:
+        try:
+            cur = await conn.execute("SELECT to_regclass(%s)", (f"{self._s}.schema_version",))
+            row = await cur.fetchone()
+            if row is None or row[0] is None:
+                return 0
+            cur = await conn.execute(
+                f"SELECT COALESCE(MAX(version), 0) FROM {self._s}.schema_version"
+            )
+            row = await cur.fetchone()
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot read the schema version at {self._where}: {exc}") from exc
+        return 0 if row is None else int(row[0])
+
+    def _refuse_newer(self, version: int) -> None:
+        if version > _schema.STORE_SCHEMA:
+            raise SchemaVersionError(
+                f"PostgreSQL store {self._where} (schema {self.schema!r}) is at store schema "
+                f"version {version}; this signoff knows up to {_schema.STORE_SCHEMA}. "
+                "Upgrade signoff."
+            )
+
+    async def _migrate(self, conn: Conn) -> tuple[int, int]:
+        s = self._s
+        try:
+            async with conn.transaction():
+                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{s}.migrate",))
+                await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+                await conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {s}.schema_version ("
+                    "version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
+                    "applied_at TIMESTAMPTZ NOT NULL DEFAULT now())"
+                )
+                cur = await conn.execute(
+                    f"SELECT COALESCE(MAX(version), 0) FROM {s}.schema_version"
+                )
+                row = await cur.fetchone()
+                before = 0 if row is None else int(row[0])
+                self._refuse_newer(before)
+                for version, description, ddl in _schema.MIGRATIONS:
+                    if version <= before:
+                        continue
+                    await conn.execute(ddl.replace("{s}", s))
+                    await conn.execute(
+                        f"INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
+                        (version, description),
+                    )
+        except psycopg.Error as exc:
+            raise StoreError(f"cannot migrate PostgreSQL store {self._where}: {exc}") from exc
+        return before, _schema.STORE_SCHEMA
+
+    # -- running statements -------------------------------------------------------------------
+
+    async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
+        """Run a read-only `body`; a lost connection is retried once on a fresh one."""
+        pool = await self._get_pool()
+        for attempt in range(2):
+            broken = False
+            try:
+                async with _Borrowed(pool) as conn:
+                    try:
+                        return await body(conn)
+                    except psycopg.OperationalError as exc:
+                        # libpq may fail to leave pipeline mode on a connection that died
+                        # mid-batch before psycopg marks it broken: that is a lost connection.
+                        broken = conn.broken or "exit pipeline mode" in str(exc)
+                        if broken and not conn.closed:
+                            await conn.close()
+                        raise
+            except PoolTimeout as exc:
+                raise StoreError(
+                    f"{what}: no PostgreSQL connection at {self._where}: {exc}"
+                ) from exc
+            except psycopg.OperationalError as exc:
+                if broken and attempt == 0:
+                    continue
+                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+            except psycopg.Error as exc:
+                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _write(
+        self,
+        body: Callable[[Conn], Awaitable[T]],
+        what: str,
+        *,
+        committed: Callable[[], Awaitable[bool]] | None = None,
+        synchronous: bool = True,
+        transaction: bool = True,
+        sets_sync: bool = False,
+        single: bool = False,
+    ) -> T | None:
+        """Run `body` in one pipelined transaction; retried when the connection is lost before
+        COMMIT.
+
+        A connection lost during COMMIT leaves the outcome unknown: `committed` (read on a fresh
+        connection) decides; without it, or if it cannot tell, the caller gets a `StoreError`.
+        Returns None when the write is found committed that way. With `transaction=False`, the
+        body is one idempotent autocommit statement, retried whenever the connection is lost.
+        With `sets_sync`, the body's statement sets `synchronous_commit` itself
+        (`_sync_setting`), which saves a statement. With `single` (and `sets_sync`), the body
+        sends one statement, which is a transaction of its own (committed by the pipeline's sync):
+        no BEGIN and COMMIT around it, and its outcome is unknown as soon as it is sent.
+        """
+        pool = await self._get_pool()
+        for attempt in range(3):
+            phase = "connect"
+            broken = False
+            try:
+                async with _Borrowed(pool) as conn:
+                    try:
+                        phase = "body"
+                        if not transaction:
+                            return await body(conn)
+                        # BEGIN and COMMIT are sent by hand: what `body` does not wait for
+                        # goes out with the COMMIT in one round trip, where psycopg's
+                        # `transaction()` in a pipeline would add three syncs.
+                        async with conn.pipeline() as pipeline:
+                            try:
+                                if single:
+                                    phase = "commit"  # from here the server may have committed
+                                    result = await body(conn)
+                                else:
+                                    await conn.execute("BEGIN")
+                                    if sets_sync:
+                                        pass
+                                    elif not synchronous:
+                                        await conn.execute("SET LOCAL synchronous_commit = off")
+                                    elif self._server_async:  # the server skips flushes: not us
+                                        await conn.execute("SET LOCAL synchronous_commit = on")
+                                    result = await body(conn)
+                                    phase = "commit"  # from here the server may have committed
+                                    await conn.execute("COMMIT")
+                            except psycopg.Error:
+                                if not conn.broken:  # leave the aborted pipeline quietly
+                                    with contextlib.suppress(psycopg.Error):
+                                        await pipeline.sync()
+                                raise
+                        phase = "done"
+                        return result
+                    except Exception as exc:
+                        if isinstance(exc, psycopg.OperationalError):
+                            # libpq may fail to leave pipeline mode on a connection that died
+                            # mid-batch before psycopg marks it broken: a lost connection.
+                            broken = conn.broken or "exit pipeline mode" in str(exc)
+                            if broken and not conn.closed:
+                                await conn.close()
+                        if not conn.closed and conn.info.transaction_status in _OPEN:
+                            # `rollback()`, not a ROLLBACK statement: it also forgets the
+                            # statements an aborted pipeline skipped preparing.
+                            with contextlib.suppress(psycopg.Error):
+                                await conn.rollback()
+                        raise
+            except PoolTimeout as exc:
+                raise StoreError(
+                    f"{what}: no PostgreSQL connection at {self._where}: {exc}"
+                ) from exc
+            except psycopg.OperationalError as exc:
+                if not broken:  # the server answered: the transaction was rolled back
+                    raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+                if transaction and phase in ("commit", "done"):
+                    # The server may or may not have committed before the connection dropped.
+                    if committed is not None:
+                        try:
+                            if await committed():
+                                return None
+                        except StoreError:
+                            pass
+                        else:
+                            if attempt < 2:
+                                continue  # not committed: safe to try again
+                    raise StoreError(
+                        f"{what}: connection to {self._where} lost during COMMIT; the outcome "
+                        f"is unknown: {exc}"
+                    ) from exc
+                if attempt < 2:
+                    continue  # lost before COMMIT (the server rolled back) or idempotent
+                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+            except psycopg.IntegrityError as exc:
+                raise AppendConflict(f"{what}: {exc}") from exc
+            except psycopg.Error as exc:
+                if exc.sqlstate == _CLOSED:
+                    request_id = exc.diag.message_detail or ""
+                    raise RequestClosed(
+                        f"request {request_id} is no longer pending", [request_id]
+                    ) from None
+                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+        raise StoreError(f"{what}: connection to {self._where} kept failing")
+
+    def _sync_setting(self, synchronous: bool) -> str | None:
+        """The `synchronous_commit` a write's transaction needs, None for the server's."""
+        if not synchronous:
+            return "off"
+        return "on" if self._server_async else None  # the server skips flushes: not for us
+
+    def _remember(self, session_id: str, state: tuple[int, int, bytes | None]) -> None:
+        if len(self._state) > 100_000:
+            self._state.clear()
+        self._state[session_id] = state
+
+    async def _session_key(self, conn: Conn, session_id: str) -> int | None:
+        sk = self._sk.get(session_id)
+        if sk is None:
+            cur = await conn.execute(
+                f"SELECT sk FROM {self._s}.sessions WHERE id=%s", (session_id,)
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            if len(self._sk) > 100_000:
+                self._sk.clear()
+            sk = self._sk[session_id] = int(row[0])
+        return sk
+
+    def _before(self, label: str) -> None:
+        if self._fault is not None:
+            self._fault("before", label)
+
+    def _after(self, label: str) -> None:
+        if self._fault is not None:
+            self._fault("after", label)
+
+
+_OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
+"""A connection's transaction states that need a ROLLBACK before it goes back to the pool."""
+
+_CLOSED = "SO409"
+"""SQLSTATE of `request_closed()`: a resolved request was no longer pending."""
+
+
+class _Borrowed:
+    """A connection of the pool for one store call: `getconn()`, then `putconn()`. Lighter than
+    the pool's `connection()`, whose `async with conn` commits or rolls back an autocommit
+    connection (nothing to do: `_write` rolls back the transactions it opens, and the pool would
+    roll back any other it is handed)."""
+
+    __slots__ = ("conn", "pool")
+
+    def __init__(self, pool: AsyncConnectionPool[Conn]) -> None:
+        self.pool = pool
+
+    async def __aenter__(self) -> Conn:
+        self.conn = await self.pool.getconn()
+        return self.conn
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.pool.putconn(self.conn)

@@ -1,0 +1,97 @@
+"""The PostgreSQL store's leases: a worker claims sessions with work, or acquires, renews and
+releases the lease on one; each is one autocommit statement or one short transaction."""
+
+from __future__ import annotations
+
+from ..._exceptions import UnknownSession
+from ._connections import Conn, Connections
+
+__all__ = ["Leases"]
+
+
+class Leases(Connections):
+    """`PostgresStore`'s leases: who works on a session, and the token that proves it."""
+
+    async def claim(self, owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
+        """Lease up to `limit` sessions with work and no live lease, skipping rows another
+        worker is claiming right now (`FOR UPDATE SKIP LOCKED`): `(id, token)` each."""
+        s = self._s
+
+        async def body(conn: Conn) -> list[tuple[str, int]]:
+            cur = await conn.execute(
+                f"WITH c AS (SELECT s.sk FROM {s}.sessions s "
+                f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
+                "WHERE s.status = 'running' "
+                "AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < %s) "
+                "ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED) "
+                f"INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
+                "SELECT sk, %s, 1, %s FROM c ON CONFLICT (sk) DO UPDATE "
+                "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
+                # re-checked on the latest row: an acquire_lease may have won meanwhile
+                "WHERE l.owner = '' OR l.expires_at < %s "
+                f"RETURNING (SELECT x.id FROM {s}.sessions x WHERE x.sk = l.sk), l.token",
+                (now, limit, owner, now + ttl, now),
+            )
+            return [(str(i), int(t)) for i, t in await cur.fetchall()]
+
+        return await self._write(body, "claiming runnable sessions") or []
+
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, now: float
+    ) -> int | None:
+        s = self._s
+
+        async def body(conn: Conn) -> int | None:
+            # One statement: no row if the session is unknown, a NULL token if the lease is live.
+            cur = await conn.execute(
+                f"WITH x AS (SELECT sk FROM {s}.sessions WHERE id=%s), "
+                f"i AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
+                "SELECT sk, %s, 1, %s FROM x ON CONFLICT (sk) DO UPDATE "
+                "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
+                "WHERE l.owner = '' OR l.owner = excluded.owner OR l.expires_at <= %s "
+                "RETURNING token) "
+                "SELECT (SELECT token FROM i) FROM x",
+                (session_id, owner, now + ttl, now),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                raise UnknownSession(session_id)
+            return None if row[0] is None else int(row[0])
+
+        return await self._write(
+            body, f"acquiring the lease on session {session_id!r}", transaction=False
+        )
+
+    async def renew_lease(
+        self, session_id: str, owner: str, token: int, ttl: float, now: float
+    ) -> bool:
+        async def body(conn: Conn) -> bool:
+            sk = await self._session_key(conn, session_id)
+            if sk is None:
+                return False
+            cur = await conn.execute(
+                f"UPDATE {self._s}.leases SET expires_at=%s WHERE sk=%s AND owner=%s AND token=%s",
+                (now + ttl, sk, owner, token),
+            )
+            return cur.rowcount == 1
+
+        renewed = await self._write(
+            body, f"renewing the lease on session {session_id!r}", transaction=False
+        )
+        return bool(renewed)
+
+    async def release_lease(self, session_id: str, owner: str, token: int) -> None:
+        async def body(conn: Conn) -> None:
+            sk = await self._session_key(conn, session_id)
+            if sk is None:
+                return
+            # A session released with work left (a worker stopping) wakes the other workers.
+            await conn.execute(
+                f"WITH r AS (UPDATE {self._s}.leases SET owner='', expires_at=0 "
+                "WHERE sk=%s AND owner=%s AND token=%s RETURNING sk) "
+                f"SELECT pg_notify(%s, %s) FROM r JOIN {self._s}.sessions s ON s.sk = r.sk "
+                "WHERE s.status = 'running'",
+                (sk, owner, token, self.channel, f"{session_id} 0"),
+            )
+
+        await self._write(body, f"releasing the lease on session {session_id!r}", transaction=False)

@@ -1,0 +1,266 @@
+"""The PostgreSQL store's reads: sessions and their events, requests and the approval queue,
+the audit trail. Each is one read on a pooled connection, retried once if the connection is
+lost."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..._events import Event
+from ..._exceptions import UnknownSession
+from ..._types import InputRequest
+from .._audit import AuditEntry, loaded_data
+from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
+from .._codec import unpack, unpack_text
+from ._connections import Conn, Connections
+from ._sql import REQUEST_COLUMNS, REQUEST_JOIN, TURN
+
+__all__ = ["Reads"]
+
+
+class Reads(Connections):
+    """`PostgresStore`'s reads."""
+
+    async def load(self, session_id: str) -> Loaded | None:
+        s = self._s
+
+        async def body(conn: Conn) -> Loaded | None:
+            cur = await conn.execute(
+                f"SELECT s.sk, s.agent, n.seq, n.data, s.head, s.audit_n, s.audit_hash "
+                f"FROM {s}.sessions s LEFT JOIN {s}.snapshots n ON n.sk = s.sk WHERE s.id=%s",
+                (session_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            sk, agent = int(row[0]), str(row[1])
+            self._sk[session_id] = sk
+            # What the next commit to it guesses (checked by that commit).
+            digest = None if row[6] is None else bytes(row[6])
+            self._remember(session_id, (int(row[4]), int(row[5]), digest))
+            after = 0 if row[2] is None else int(row[2])
+            snapshot = None if row[3] is None else unpack(row[3])
+            events = await self._events(conn, session_id, sk, after, None, None)
+            return Loaded(session_id=session_id, agent=agent, snapshot=snapshot, events=events)
+
+        return await self._read(body, f"loading session {session_id!r}")
+
+    async def read_events(
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        limit: int | None = None,
+        types: Sequence[str] | None = None,
+        newest: int | None = None,
+    ) -> list[Event]:
+        async def body(conn: Conn) -> list[Event]:
+            sk = await self._session_key(conn, session_id)
+            if sk is None:
+                raise UnknownSession(session_id)
+            return await self._events(conn, session_id, sk, after, limit, types, newest)
+
+        return await self._read(body, f"reading events of session {session_id!r}")
+
+    async def _events(
+        self,
+        conn: Conn,
+        session_id: str,
+        sk: int,
+        after: int,
+        limit: int | None,
+        types: Sequence[str] | None,
+        newest: int | None = None,
+    ) -> list[Event]:
+        sql = (
+            f"SELECT e.seq, e.type, {TURN.format(s=self._s)}, e.at, e.v, e.data "
+            f"FROM {self._s}.events e WHERE e.sk=%s AND e.seq>%s"
+        )
+        params: list[Any] = [sk, after]
+        if types:
+            sql += " AND e.type = ANY(%s)"
+            params.append(list(types))
+        if newest is not None:  # the newest `newest` of them, still oldest first
+            sql = f"SELECT * FROM ({sql} ORDER BY e.seq DESC LIMIT %s) AS t ORDER BY seq"
+            params.append(newest)
+        else:
+            sql += " ORDER BY e.seq"
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(limit)
+        cur = await conn.execute(sql, params)
+        return [
+            Event.from_row(
+                session_id=session_id,
+                seq=int(seq),
+                type=type_,
+                turn_id=turn or None,
+                at=float(at),
+                v=int(v),
+                data=unpack(data),
+            )
+            for seq, type_, turn, at, v, data in await cur.fetchall()
+        ]
+
+    async def head(self, session_id: str) -> int | None:
+        async def body(conn: Conn) -> int | None:
+            cur = await conn.execute(
+                f"SELECT head FROM {self._s}.sessions WHERE id=%s", (session_id,)
+            )
+            row = await cur.fetchone()
+            return None if row is None else int(row[0])
+
+        return await self._read(body, f"reading the head of session {session_id!r}")
+
+    async def get_request(self, request_id: str) -> StoredRequest | None:
+        async def body(conn: Conn) -> StoredRequest | None:
+            cur = await conn.execute(
+                f"SELECT {REQUEST_COLUMNS}, r.outcome, r.resolution FROM {self._s}.requests r "
+                f"{REQUEST_JOIN.format(s=self._s)} WHERE r.id=%s",
+                (request_id,),
+            )
+            row = await cur.fetchone()
+            if row is None:
+                return None
+            return StoredRequest(
+                request=stored_request(row[0], row[1], row[2], row[3], unpack),
+                status=row[3],
+                outcome=row[4],
+                resolution=None if row[5] is None else unpack(row[5]),
+            )
+
+        return await self._read(body, f"reading request {request_id!r}")
+
+    def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
+        return flt.where("%s")
+
+    async def pending(self, flt: PendingFilter) -> list[InputRequest]:
+        clause, params = self._filter_sql(flt)
+        s = self._s
+
+        async def body(conn: Conn) -> list[InputRequest]:
+            cur = await conn.execute(
+                f"SELECT {REQUEST_COLUMNS} FROM {s}.requests r "
+                f"{REQUEST_JOIN.format(s=s)}{clause} "
+                'ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s',
+                [*params, flt.limit, flt.offset],
+            )
+            rows = await cur.fetchall()
+            return [stored_request(own, ev, i, st, unpack) for own, ev, i, st in rows]
+
+        return await self._read(body, "listing pending requests")
+
+    async def count_pending(self, flt: PendingFilter) -> int:
+        clause, params = self._filter_sql(flt)
+        s = self._s
+
+        async def body(conn: Conn) -> int:
+            cur = await conn.execute(
+                f"SELECT COUNT(*) FROM {s}.requests r JOIN {s}.sessions s ON s.sk=r.sk{clause}",
+                params,
+            )
+            row = await cur.fetchone()
+            return 0 if row is None else int(row[0])
+
+        return await self._read(body, "counting pending requests")
+
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[SessionSummary]:
+        """Sessions, most recently active first."""
+        s = self._s
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (("agent", agent), ("status", status)):
+            if value is not None:
+                where.append(f"{column}=%s")
+                params.append(value)
+        clause = (" WHERE " + " AND ".join(where)) if where else ""
+
+        async def body(conn: Conn) -> list[SessionSummary]:
+            cur = await conn.execute(
+                f"SELECT id, agent, status, head, created_at, updated_at, expires_at "
+                f"FROM {s}.sessions{clause} ORDER BY updated_at DESC, sk DESC LIMIT %s OFFSET %s",
+                [*params, limit, offset],
+            )
+            return [
+                SessionSummary(
+                    id=i,
+                    agent=a,
+                    status=st,
+                    head=int(h),
+                    created_at=float(c),
+                    updated_at=float(u),
+                    expires_at=None if x is None else float(x),
+                )
+                for i, a, st, h, c, u, x in await cur.fetchall()
+            ]
+
+        return await self._read(body, "listing sessions")
+
+    async def audit(
+        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[AuditEntry]:
+        s = self._s
+
+        async def body(conn: Conn) -> list[AuditEntry]:
+            # An entry of a session's event keeps only its place and hash: its type, time and
+            # data are read from the event, so the chain also covers the event log itself;
+            # `prev` is the hash of the entry before it in its stream.
+            sql = (
+                "SELECT a.id, COALESCE(x.id, a.stream), a.n, COALESCE(e.type, a.type), "
+                "COALESCE(e.at, a.at), a.seq, a.sk, a.data::text, e.data, "
+                f"COALESCE(p.hash, q.hash), a.hash FROM {s}.audit a "
+                f"LEFT JOIN {s}.sessions x ON x.sk = a.sk "
+                f"LEFT JOIN {s}.events e ON e.sk = a.sk AND e.seq = a.seq "
+                f"LEFT JOIN {s}.audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
+                f"LEFT JOIN {s}.audit q ON a.stream IS NOT NULL AND q.stream = a.stream "
+                "AND q.n = a.n - 1 WHERE a.id>%s"
+            )
+            params: list[Any] = [after_id]
+            if stream is not None:
+                sk = await self._session_key(conn, stream)
+                sql += " AND a.stream=%s" if sk is None else " AND a.sk=%s"
+                params.append(stream if sk is None else sk)
+            sql += " ORDER BY a.id LIMIT %s"
+            params.append(limit)
+            cur = await conn.execute(sql, params)
+            return [
+                AuditEntry(
+                    id=int(i),
+                    stream=st,
+                    n=int(n),
+                    type=t if t is not None else "",
+                    at=float(at) if at is not None else 0.0,
+                    seq=None if seq is None else int(seq),
+                    data=loaded_data(
+                        own if ask is None else None if ev is None else unpack_text(ev)
+                    ),
+                    prev=None if prev is None else bytes(prev).hex(),
+                    hash=bytes(h).hex(),
+                )
+                for i, st, n, t, at, seq, ask, own, ev, prev, h in await cur.fetchall()
+            ]
+
+        return await self._read(body, "reading the audit trail")
+
+    async def database_bytes(self) -> int:
+        """Bytes on disk of signoff's tables and indexes in this schema."""
+
+        async def body(conn: Conn) -> int:
+            cur = await conn.execute(
+                "SELECT COALESCE(SUM(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace "
+                "WHERE n.nspname = %s AND c.relkind = 'r'",
+                (self.schema,),
+            )
+            row = await cur.fetchone()
+            return 0 if row is None else int(row[0])
+
+        return await self._read(body, "measuring the database")
