@@ -6,7 +6,7 @@ import sqlite3
 from pathlib import Path
 
 import signoff as so
-from signoff.stores._codec import pack, unpack
+from signoff.stores._codec import pack, unpack_event
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
@@ -106,10 +106,14 @@ async def test_altering_the_log_or_the_trail_is_named(tmp_path: Path) -> None:
     # Rewrite who approved, in the event log itself: the trail reads the event, so it notices.
     with sqlite3.connect(db) as conn:
         (sk,) = conn.execute("SELECT sk FROM sessions WHERE id=?", (sid,)).fetchone()
-        (raw,) = conn.execute(
-            "SELECT data FROM events WHERE sk=? AND seq=?", (sk, settled.seq)
-        ).fetchone()
-        data = unpack(raw)
+        stored = dict(
+            conn.execute(
+                "SELECT seq, data FROM events WHERE sk=? AND seq BETWEEN ? AND ?",
+                (sk, settled.seq - 2, settled.seq),
+            ).fetchall()
+        )
+        # it may be kept on the events before it: read it with them
+        data = unpack_event(stored[settled.seq], stored[settled.seq - 1], stored[settled.seq - 2])
         data["by"]["principal_id"] = "mallory"
         conn.execute("UPDATE events SET data=? WHERE sk=? AND seq=?", (pack(data), sk, settled.seq))
     async with so.Runtime([agent()], store=f"sqlite:///{db}", clock=clock) as rt2:

@@ -9,7 +9,20 @@ import pytest
 
 import signoff as so
 from signoff._events import EVENT_TYPES
-from signoff.stores._codec import pack, pack_bytes, stored_type, type_name, unpack, unpack_text
+from signoff.stores._codec import (
+    CHAIN_MAX,
+    EventTexts,
+    event_text,
+    needs_previous,
+    pack,
+    pack_bytes,
+    pack_event,
+    stored_type,
+    type_name,
+    unpack,
+    unpack_event,
+    unpack_text,
+)
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 PROSE = " ".join(["the parcel arrived damaged and the customer asks for a refund"] * 8)
@@ -110,3 +123,66 @@ def test_every_event_type_has_a_one_letter_code_that_reads_back() -> None:
 def test_an_unknown_type_code_is_a_store_error(stored: object) -> None:
     with pytest.raises(so.StoreError, match="type"):
         type_name(stored)
+
+
+# -- events kept on the event before them ---------------------------------------------------------
+
+BIG_INPUT = {"path": "notes.txt", "text": PROSE + " and a second paragraph " + PROSE[::-1]}
+PROPOSED = {"text": "", "tool_calls": [{"id": "call_1", "name": "write", "input": BIG_INPUT}]}
+REQUESTED = {"requests": [{"kind": "tool-approval", "id": "req_1", "input": BIG_INPUT}]}
+
+
+def test_an_event_repeating_the_one_before_stores_only_what_is_new() -> None:
+    first, after_first = pack_event(PROPOSED, None)
+    assert after_first == (unpack_text(first), 0)  # stands alone: reading it needs nothing
+    second, after_second = pack_event(REQUESTED, after_first)
+    assert needs_previous(second) and after_second[1] == 1
+    assert len(second) < len(pack(REQUESTED)) / 3
+    assert unpack_event(second, first) == REQUESTED
+    with pytest.raises(so.StoreError, match="missing"):
+        unpack(second)
+    with pytest.raises(so.StoreError, match="missing"):
+        unpack_event(second, None)
+
+
+def test_a_small_saving_keeps_an_event_standalone() -> None:
+    _, after = pack_event({"request_id": "req_1", "outcome": "approved"}, None)
+    stored, _ = pack_event({"request_id": "req_1", "outcome": "approved", "by": None}, after)
+    assert not needs_previous(stored)
+
+
+def test_reading_an_event_never_needs_more_than_chain_max_others() -> None:
+    values = [{"n": i, "input": BIG_INPUT} for i in range(CHAIN_MAX + 3)]
+    stored: list[str | bytes] = []
+    previous = None
+    for value in values:
+        packed, previous = pack_event(value, previous)
+        stored.append(packed)
+    # stored on the one before until the chain is full, then one stands alone again
+    needs = [needs_previous(s) for s in stored]
+    assert needs == [False, *[True] * CHAIN_MAX, False, True]
+    for i, packed in enumerate(stored):
+        earlier = [stored[j] if j >= 0 else None for j in range(i - 1, i - 1 - CHAIN_MAX, -1)]
+        assert unpack_event(packed, *earlier) == values[i]
+    with pytest.raises(so.StoreError, match=f"need more than {CHAIN_MAX}"):
+        event_text(stored[2], [stored[1], stored[2]])  # a forged chain of three
+
+
+def test_event_texts_fetch_only_what_a_run_does_not_hold() -> None:
+    values = [PROPOSED, REQUESTED, {"on": "input"}, PROPOSED, REQUESTED]
+    stored: list[str | bytes] = []
+    previous = None
+    for value in values:
+        packed, previous = pack_event(value, previous)
+        stored.append(packed)
+    fetched: list[int] = []
+
+    def fetch(seq: int) -> list[str | bytes | None]:
+        fetched.append(seq)
+        return [stored[seq - i] if seq - i >= 0 else None for i in range(1, CHAIN_MAX + 1)]
+
+    for start in range(len(values)):
+        fetched.clear()
+        texts = EventTexts(fetch)
+        assert [texts.value(i, stored[i]) for i in range(start, len(values))] == values[start:]
+        assert fetched == ([start] if needs_previous(stored[start]) else [])

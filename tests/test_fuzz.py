@@ -21,7 +21,15 @@ from hypothesis import strategies as st
 import signoff as so
 from signoff._events import EVENT_TYPES, SCHEMA_VERSION, Event
 from signoff._state import SessionState, fold
-from signoff.stores._codec import pack, pack_bytes, unpack
+from signoff.stores._codec import (
+    CHAIN_MAX,
+    EventTexts,
+    event_text,
+    pack,
+    pack_bytes,
+    pack_event,
+    unpack,
+)
 
 from . import _proof
 from .test_properties import AGENT, Runs, make_agent, prompt
@@ -82,6 +90,46 @@ def test_packed_documents_round_trip_and_damage_is_named(value: Any, cut: int, f
         decodes_or_refuses(unpack, raw[: cut % (len(raw) + 1)])  # truncated
         i = cut % len(raw)
         decodes_or_refuses(unpack, raw[:i] + bytes([raw[i] ^ flip]) + raw[i + 1 :])  # a bit flip
+
+
+@given(
+    values=st.lists(
+        st.one_of(json_objects, st.builds(lambda v, n: {"n": n, "same": v}, json_objects, scalars)),
+        min_size=1,
+        max_size=8,
+    ),
+    repeat=st.text(min_size=60, max_size=300),
+)
+@FUZZ
+def test_events_kept_on_the_ones_before_read_back_from_any_start(
+    values: list[Any], repeat: str
+) -> None:
+    _proof.record("hypothesis:test_events_kept_on_others:examples")
+    values = [{"shared": repeat, "i": i, "v": v} if i % 2 else v for i, v in enumerate(values)]
+    stored: list[str | bytes] = []
+    previous = None
+    for value in values:
+        packed, previous = pack_event(value, previous)
+        stored.append(packed)
+
+    def fetch(seq: int) -> list[str | bytes | None]:
+        return [stored[seq - i] if seq >= i else None for i in range(1, CHAIN_MAX + 1)]
+
+    for start in range(len(values)):
+        texts = EventTexts(fetch)
+        assert [texts.value(i, stored[i]) for i in range(start, len(stored))] == values[start:]
+
+
+@given(
+    stored=st.one_of(st.binary(max_size=200).map(lambda b: b"\x02" + b), st.binary(max_size=50)),
+    earlier=st.lists(
+        st.one_of(st.none(), st.binary(max_size=80), st.text(max_size=40)), max_size=3
+    ),
+)
+@FUZZ
+def test_event_text_takes_anything(stored: bytes, earlier: list[Any]) -> None:
+    _proof.record("hypothesis:test_event_text_arbitrary:examples")
+    decodes_or_refuses(event_text, stored, earlier)
 
 
 @pytest.mark.parametrize("depth", [10_000, 100_000])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,8 @@ import pytest
 import signoff as so
 from signoff.stores import Commit, PendingFilter, Resolve, SQLiteStore, open_store
 from signoff.stores import sqlite as sqlite_store
+from signoff.stores._audit import AUDIT_TYPES
+from signoff.stores._codec import needs_previous, stored_type
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
 
@@ -531,3 +534,41 @@ async def test_turn_ids_read_back_exactly_though_rows_name_them_once(store: SQLi
     assert all(
         b - a <= sqlite_store.TURN_NAMED_EVERY for a, b in zip(named, named[1:], strict=False)
     )
+
+
+async def test_a_request_repeating_the_proposed_call_is_stored_once(tmp_path: Path) -> None:
+    """The approval request repeats the tool input the model proposed one event earlier: its
+    row keeps only what is new. An audited event is never what another is stored on."""
+    rnd = random.Random(7)
+    words = "dear customer your parcel refund order arrived late sorry we will send".split()
+    big = {"text": " ".join(rnd.choice(words) + str(rnd.randrange(99)) for _ in range(600))}
+
+    @so.tool(approval=so.always())
+    async def send(text: str) -> str:
+        """Send a letter."""
+        return "sent"
+
+    agent = scripted_agent("a", [call_tools(call("send", **big)), reply("Sent.")], tools=[send])
+    db = tmp_path / "s.db"
+    async with so.Runtime([agent], store=f"sqlite:///{db}") as rt:
+        r = await rt.generate("a", prompt="write to them")
+        await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        assert await rt.verify_audit() == []
+    with sqlite3.connect(db) as conn:
+        rows = {
+            seq: (code, data)
+            for seq, code, data in conn.execute("SELECT seq, type, data FROM events ORDER BY seq")
+        }
+    by_type = {e.type: e.seq for e in events}
+    proposed, requested = (
+        rows[by_type["input.requested"] - 1][1],
+        rows[by_type["input.requested"]][1],
+    )
+    assert needs_previous(requested) and len(requested) < len(proposed) / 4
+    audited = {stored_type(t) for t in AUDIT_TYPES}
+    for seq, (_, data) in rows.items():
+        if seq - 1 in rows and rows[seq - 1][0] in audited:
+            assert not needs_previous(data), f"event {seq} is stored on an audited event"

@@ -854,3 +854,68 @@ async def test_concurrent_claimers_never_share_a_session(store_url: str) -> None
     finally:
         for s in stores:
             await s.close()
+
+
+async def test_events_repeating_the_ones_before_read_back_from_anywhere(store_url: str) -> None:
+    """A request repeating the tool call the model just proposed may be stored on it; every
+    read (from any point, by type, the queue, the audit trail) still sees exactly what was
+    written, also when two stores take turns writing the session."""
+    sid = f"s_{uuid.uuid4().hex[:8]}"
+    big = {"path": "notes.txt", "text": " ".join(f"line {i} of the notes" for i in range(300))}
+    req = InputRequest(
+        kind="tool-approval",
+        id=f"req_{sid}",
+        session_id=sid,
+        turn_id="trn_1",
+        agent="support",
+        action=Action(call_id="call_1", tool_name="write", input=big, input_hash=input_hash(big)),
+        created_at=T0,
+    )
+    proposed = {"text": "", "tool_calls": [{"id": "call_1", "name": "write", "input": big}]}
+    batches: list[list[tuple[str, dict[str, Any]]]] = [
+        [("turn.started", {"message": "write the notes"}), ("model.completed", proposed)],
+        [("input.requested", {"requests": [req.model_dump(mode="json", exclude_defaults=True)]})],
+        [("turn.waiting", {"on": "input", "request_ids": [req.id]})],
+        [("model.completed", proposed), ("model.completed", proposed | {"text": "again"})],
+        [("model.completed", proposed | {"text": "and again"}), ("turn.completed", {})],
+    ]
+    stores = [make_store(store_url), make_store(store_url)]
+    for s in stores:
+        await s.open()
+    try:
+        await stores[0].create_session(sid, "support", [ev(sid, 1, "session.created")], None)
+        seq = 1
+        written: list[tuple[int, str, dict[str, Any]]] = [(1, "session.created", {})]
+        for i, batch in enumerate(batches):
+            events = [ev(sid, seq + 1 + j, type_, **data) for j, (type_, data) in enumerate(batch)]
+            await stores[i % 2].commit(
+                Commit(
+                    session_id=sid,
+                    expected_seq=seq,
+                    events=events,
+                    new_requests=[req] if i == 1 else [],
+                )
+            )
+            written += [(e.seq, e.type, e.data) for e in events]
+            seq += len(events)
+        for s in stores:
+            for after in range(seq):
+                got = await s.read_events(sid, after)
+                assert [(e.seq, e.type, e.data) for e in got] == written[after:]
+            for newest in range(1, seq + 1):
+                got = await s.read_events(sid, newest=newest)
+                assert [(e.seq, e.type, e.data) for e in got] == written[-newest:]
+            asked = await s.read_events(sid, types=["input.requested"])
+            assert [e.data for e in asked] == [written[3][2]]
+            stored = await s.get_request(req.id)
+            assert stored is not None and stored.request.action is not None
+            assert stored.request.action.input == big
+            queue = await s.pending(PendingFilter(session_id=sid))
+            assert [q.action.input for q in queue if q.action] == [big]
+            trail = await s.audit(stream=sid)
+            assert [(a.seq, a.data) for a in trail] == [
+                (n, data) for n, type_, data in written if type_ == "input.requested"
+            ]
+    finally:
+        for s in stores:
+            await s.close()

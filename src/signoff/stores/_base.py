@@ -12,6 +12,7 @@ from .._events import SCHEMA_VERSION, Event
 from .._exceptions import SchemaVersionError, StoreError
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow
+from ._codec import unpack_event
 
 __all__ = [
     "Commit",
@@ -229,17 +230,23 @@ def request_rows(
 
 
 def stored_request(
-    own: Any, event_data: Any, index: int | None, status: str, unpack: Callable[[Any], Any]
+    own: Any,
+    event_data: Any,
+    index: int | None,
+    status: str,
+    unpack: Callable[[Any], Any],
+    *earlier: Any,
 ) -> InputRequest:
     """A request row read back: its own copy if it has one, else its place in the
-    `input.requested` event that recorded it."""
+    `input.requested` event that recorded it (`earlier`: the stored events before that one,
+    nearest first, which it may be kept on)."""
     try:
         if own is not None:
             raw = unpack(own)
         elif event_data is None or index is None:
             raise StoreError("a request row refers to an event that is not in the log")
         else:
-            raw = unpack(event_data)["requests"][index]
+            raw = unpack_event(event_data, *earlier)["requests"][index]
         if raw.get("v", SCHEMA_VERSION) > SCHEMA_VERSION:
             raise SchemaVersionError(f"request {raw.get('id')} was written by a newer signoff")
         raw["status"] = status

@@ -4,22 +4,61 @@ when that is smaller.
 Event data is mostly prose and tool arguments with the same keys in every row, so deflate with a
 dictionary of those keys stores it in about 45% of its JSON size for about 12 us per row. A
 packed value is bytes starting with a format byte; a plain value is the JSON text itself, so
-rows written before packing existed still read back.
+rows written before packing existed still read back. An event may also be deflated with the
+text of the event before it as its dictionary, so a request that repeats the tool call the model
+just proposed stores only what is new; reading it then needs that event (at most `CHAIN_MAX`).
 """
 
 from __future__ import annotations
 
 import json
 import zlib
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeAlias
 
 from .._events import dumps, loads
 from .._exceptions import StoreError
 
-__all__ = ["pack", "pack_bytes", "stored_type", "type_name", "unpack", "unpack_text"]
+__all__ = [
+    "CHAIN_MAX",
+    "DEFLATE_ON_PREVIOUS",
+    "EventTexts",
+    "Stored",
+    "event_text",
+    "needs_previous",
+    "pack",
+    "pack_bytes",
+    "pack_event",
+    "parse",
+    "stored_type",
+    "type_name",
+    "unpack",
+    "unpack_event",
+    "unpack_text",
+]
+
+Stored: TypeAlias = str | bytes | memoryview
+"""A document as a store's driver returns it."""
 
 _DEFLATE_V1 = 1
 """Format byte: raw deflate (4 KB window) with `_DICTIONARY_V1` as its preset dictionary."""
+
+DEFLATE_ON_PREVIOUS = 2
+"""Format byte: raw deflate (32 KB window) whose preset dictionary is `_DICTIONARY_V1` followed
+by the JSON text of the event just before this one in its session."""
+
+CHAIN_MAX = 2
+"""Reading a stored event needs at most this many events before it: an event is stored on the
+one before it only when that one needs fewer."""
+
+_PREVIOUS_MAX = 16_384
+"""A longer previous event is not offered as a dictionary: deflate's window could not keep both
+it and `_DICTIONARY_V1`, and setting the dictionary would cost more than it saves."""
+
+_PREVIOUS_MIN_SAVING = 48
+"""An event is stored on the one before it only when that saves this much: a small saving would
+make its reads depend on another row, and could take that row's place as the dictionary of the
+next event, which may repeat much more of it (a request repeats the model's tool call)."""
 
 _MIN_SIZE = 24
 """Shorter JSON stays text: the format byte and deflate's framing would eat the saving. Longer
@@ -49,22 +88,52 @@ _DICTIONARY_V1 = (
 )
 
 
-def pack(value: Any) -> str | bytes:
-    """`value` as stored: its JSON text, or the deflated form when that is smaller."""
+def _json(value: Any) -> tuple[str, bytes]:
     text = dumps(value)
     try:
-        raw = text.encode()
+        return text, text.encode()
     except UnicodeEncodeError:
         # A lone surrogate (a tool or model can produce one): JSON's \u escapes keep it exact.
         text = json.dumps(value, separators=(",", ":"), ensure_ascii=True)
-        raw = text.encode()
+        return text, text.encode()
+
+
+def _deflate(raw: bytes, wbits: int, dictionary: bytes) -> bytes:
+    deflater = zlib.compressobj(6, zlib.DEFLATED, wbits, 4, zlib.Z_DEFAULT_STRATEGY, dictionary)
+    return deflater.compress(raw) + deflater.flush()
+
+
+def _packed(text: str, raw: bytes) -> str | bytes:
     if len(raw) < _MIN_SIZE:
         return text
-    deflater = zlib.compressobj(6, zlib.DEFLATED, -12, 4, zlib.Z_DEFAULT_STRATEGY, _DICTIONARY_V1)
-    packed = deflater.compress(raw) + deflater.flush()
+    packed = _deflate(raw, -12, _DICTIONARY_V1)
     if len(packed) + 1 >= len(raw):
         return text
     return bytes((_DEFLATE_V1,)) + packed
+
+
+def pack(value: Any) -> str | bytes:
+    """`value` as stored: its JSON text, or the deflated form when that is smaller."""
+    return _packed(*_json(value))
+
+
+def pack_event(value: Any, previous: tuple[str, int] | None) -> tuple[str | bytes, tuple[str, int]]:
+    """An event's data as stored, deflated on the text of the event before it when that is
+    worth it. `previous` is that event's JSON text and how many events its own reading needs;
+    the same pair for this event is returned, to give the event after it."""
+    text, raw = _json(value)
+    stored = _packed(text, raw)
+    if (
+        previous is None
+        or previous[1] >= CHAIN_MAX
+        or len(raw) < _MIN_SIZE
+        or len(previous[0]) > _PREVIOUS_MAX
+    ):
+        return stored, (text, 0)
+    on_previous = _deflate(raw, -15, _DICTIONARY_V1 + previous[0].encode())
+    if len(on_previous) + 1 + _PREVIOUS_MIN_SAVING <= len(stored):
+        return bytes((DEFLATE_ON_PREVIOUS,)) + on_previous, (text, previous[1] + 1)
+    return stored, (text, 0)
 
 
 def pack_bytes(value: Any) -> bytes:
@@ -74,8 +143,16 @@ def pack_bytes(value: Any) -> bytes:
     return packed.encode() if isinstance(packed, str) else packed
 
 
-def unpack_text(stored: str | bytes | memoryview) -> str:
-    """The JSON text of a stored value, inflating it if it was packed."""
+def needs_previous(stored: Stored | None) -> bool:
+    """Whether a stored event can only be read with the text of the event before it."""
+    if isinstance(stored, str | None) or not stored:
+        return False
+    return stored[0] == DEFLATE_ON_PREVIOUS
+
+
+def unpack_text(stored: str | bytes | memoryview, previous: str | None = None) -> str:
+    """The JSON text of a stored value, inflating it if it was packed; `previous` is the text of
+    the event before it, needed only by an event stored on it."""
     if isinstance(stored, str):
         return stored
     stored = bytes(stored)
@@ -86,10 +163,16 @@ def unpack_text(stored: str | bytes | memoryview) -> str:
             return stored.decode()
         except UnicodeDecodeError as exc:
             raise StoreError(f"a stored document is not UTF-8: {exc}") from exc
-    if stored[0] != _DEFLATE_V1:
+    if stored[0] == _DEFLATE_V1:
+        wbits, dictionary = -12, _DICTIONARY_V1
+    elif stored[0] == DEFLATE_ON_PREVIOUS:
+        if previous is None:
+            raise StoreError("a stored event is kept on the event before it, which is missing")
+        wbits, dictionary = -15, _DICTIONARY_V1 + previous.encode()
+    else:
         raise StoreError(f"a stored document has unknown format {stored[0]} (newer signoff?)")
     try:
-        inflater = zlib.decompressobj(-12, _DICTIONARY_V1)
+        inflater = zlib.decompressobj(wbits, dictionary)
         text = (inflater.decompress(stored[1:]) + inflater.flush()).decode()
         if not inflater.eof or inflater.unused_data:
             raise StoreError("a stored document is corrupt: truncated or followed by garbage")
@@ -98,13 +181,68 @@ def unpack_text(stored: str | bytes | memoryview) -> str:
         raise StoreError(f"a stored document is corrupt: {exc}") from exc
 
 
-def unpack(stored: str | bytes | memoryview) -> Any:
-    """The value of a stored document."""
-    text = unpack_text(stored)
+def parse(text: str) -> Any:
+    """The value of a stored document's JSON text."""
     try:
         return loads(text)
     except (ValueError, RecursionError) as exc:  # RecursionError: absurdly deep nesting
         raise StoreError(f"a stored document is not JSON: {exc}") from exc
+
+
+def unpack(stored: str | bytes | memoryview, previous: str | None = None) -> Any:
+    """The value of a stored document (`previous` as for `unpack_text`)."""
+    return parse(unpack_text(stored, previous))
+
+
+def event_text(stored: str | bytes | memoryview, earlier: Sequence[Stored | None]) -> str:
+    """The JSON text of a stored event, given the stored forms of the events just before it,
+    nearest first (None for one not at hand); only as many are read as it needs."""
+    if not needs_previous(stored):
+        return unpack_text(stored)
+    chain = [stored]
+    for before in earlier[:CHAIN_MAX]:
+        if before is None:
+            break
+        chain.append(before)
+        if not needs_previous(before):
+            break
+    if needs_previous(chain[-1]):
+        raise StoreError(
+            "a stored event is kept on the events before it, which are missing "
+            f"or need more than {CHAIN_MAX} others"
+        )
+    text = unpack_text(chain[-1])
+    for link in reversed(chain[:-1]):
+        text = unpack_text(link, text)
+    return text
+
+
+def unpack_event(stored: str | bytes | memoryview, *earlier: Stored | None) -> Any:
+    """The value of a stored event (`earlier` as for `event_text`)."""
+    return parse(event_text(stored, earlier))
+
+
+class EventTexts:
+    """Reads a run of one session's stored events in seq order: an event kept on the one before
+    it inflates with the text just read, and `fetch(seq)` (the stored events before `seq`,
+    nearest first) is asked only when the run does not start with what it needs."""
+
+    def __init__(self, fetch: Callable[[int], Sequence[Stored | None]]) -> None:
+        self._fetch = fetch
+        self._last: tuple[int, str] | None = None
+
+    def text(self, seq: int, stored: Stored) -> str:
+        if not needs_previous(stored):
+            text = unpack_text(stored)
+        elif self._last is not None and self._last[0] == seq - 1:
+            text = unpack_text(stored, self._last[1])
+        else:
+            text = event_text(stored, self._fetch(seq))
+        self._last = (seq, text)
+        return text
+
+    def value(self, seq: int, stored: Stored) -> Any:
+        return parse(self.text(seq, stored))
 
 
 # One character per event type, so an event row does not spend 10-16 bytes on its type name.

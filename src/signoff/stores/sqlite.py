@@ -26,7 +26,7 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._types import InputRequest
-from ._audit import AuditEntry, AuditRow, chain_hash, chain_session, loaded_data
+from ._audit import AUDIT_TYPES, AuditEntry, AuditRow, chain_hash, chain_session, loaded_data
 from ._base import (
     Commit,
     FaultHook,
@@ -37,7 +37,19 @@ from ._base import (
     request_rows,
     stored_request,
 )
-from ._codec import pack, stored_type, type_name, unpack, unpack_text
+from ._codec import (
+    CHAIN_MAX,
+    DEFLATE_ON_PREVIOUS,
+    EventTexts,
+    Stored,
+    event_text,
+    needs_previous,
+    pack,
+    pack_event,
+    stored_type,
+    type_name,
+    unpack,
+)
 
 __all__ = ["SQLiteStore"]
 
@@ -48,6 +60,9 @@ PAGE_SIZE = 2048
 index costs at least a page, and each commit writes whole pages to the WAL."""
 
 WAL_CHECKPOINT_PAGES = 256
+
+_TAILS_KEPT = 1024
+"""Sessions whose last written event a store keeps at hand, to store the next one on it."""
 
 TURN_NAMED_EVERY = 64
 """An event row names its turn when the turn changes, and at least every 64 rows, so finding
@@ -145,6 +160,7 @@ class SQLiteStore:
         self._conn: sqlite3.Connection | None = None
         self._fault: FaultHook | None = None
         self._sk: dict[str, int] = {}
+        self._tail: dict[int, tuple[int, tuple[str, int] | None]] = {}
         self._leased: set[tuple[str, int]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -238,10 +254,11 @@ class SQLiteStore:
                     (session_id, agent, events[-1].seq, "idle", at, at, expires_at),
                 )
                 sk = int(cur.lastrowid or 0)
-                self._insert_events(conn, sk, events, None)
+                tail = self._insert_events(conn, sk, events, None, None)
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"session {session_id!r} already exists") from exc
         self._sk[session_id] = sk
+        self._remember_tail(sk, events[-1].seq, tail)
         self._after("session.created")
 
     async def commit(self, commit: Commit) -> None:
@@ -250,6 +267,7 @@ class SQLiteStore:
         self._before(label)
         if commit.durable:
             conn.execute("PRAGMA synchronous=FULL")
+        sk, tail = -1, None
         try:
             with _immediate(conn):
                 row = conn.execute(
@@ -305,7 +323,13 @@ class SQLiteStore:
                         (pack(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
                     )
                 if commit.events:
-                    self._insert_events(conn, sk, commit.events, self._turn_at(sk, head))
+                    tail = self._insert_events(
+                        conn,
+                        sk,
+                        commit.events,
+                        self._turn_at(sk, head),
+                        self._previous(conn, sk, head),
+                    )
                     n, digest = int(row[3]), None if row[4] is None else bytes(row[4])
                     n, digest = self._insert_session_audit(conn, sk, n, digest, commit.events)
                     last = commit.events[-1]
@@ -326,12 +350,16 @@ class SQLiteStore:
                         (sk, commit.lease_token),
                     )
         except sqlite3.IntegrityError as exc:
+            self._tail.pop(sk, None)
             raise AppendConflict(f"session {commit.session_id!r}: {exc}") from exc
         except sqlite3.Error as exc:
+            self._tail.pop(sk, None)
             raise StoreError(f"SQLite commit failed: {exc}") from exc
         finally:
             if commit.durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
+        if commit.events:
+            self._remember_tail(sk, commit.events[-1].seq, tail)
         self._after(label)
         if commit.release_lease and commit.lease_token is not None:
             parked = any(e.type == "turn.waiting" for e in commit.events)
@@ -384,9 +412,9 @@ class SQLiteStore:
         sql = (
             "SELECT a.id, COALESCE(s.id, a.stream), a.n, COALESCE(e.type, a.type), "
             "COALESCE(e.at, a.at), a.seq, CASE WHEN a.sk IS NULL THEN a.data ELSE e.data END, "
-            "COALESCE(p.hash, q.hash), a.hash FROM audit a "
+            "COALESCE(p.hash, q.hash), a.hash, p1.data, p2.data FROM audit a "
             "LEFT JOIN sessions s ON s.sk = a.sk "
-            "LEFT JOIN events e ON e.sk = a.sk AND e.seq = a.seq "
+            "LEFT JOIN events e ON e.sk = a.sk AND e.seq = a.seq" + _EARLIER_JOIN + " "
             "LEFT JOIN audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
             "LEFT JOIN audit q ON a.stream IS NOT NULL AND q.stream = a.stream AND q.n = a.n - 1 "
             "WHERE a.id>?"
@@ -399,7 +427,7 @@ class SQLiteStore:
         sql += " ORDER BY a.id LIMIT ?"
         params.append(limit)
         entries = []
-        for i, st, n, t, at, seq, d, prev, h in self.conn.execute(sql, params):
+        for i, st, n, t, at, seq, d, prev, h, *earlier in self.conn.execute(sql, params):
             entries.append(
                 AuditEntry(
                     id=i,
@@ -408,7 +436,7 @@ class SQLiteStore:
                     type=type_name(t) if t is not None else "",
                     at=at if at is not None else 0.0,
                     seq=seq,
-                    data=loaded_data(None if d is None else unpack_text(d)),
+                    data=loaded_data(None if d is None else event_text(d, earlier)),
                     prev=None if prev is None else bytes(prev).hex(),
                     hash=bytes(h).hex(),
                 )
@@ -430,7 +458,10 @@ class SQLiteStore:
         sk: int,
         events: Sequence[Event],
         turn_before: tuple[str, int] | None,
-    ) -> None:
+        previous: tuple[str, int] | None,
+    ) -> tuple[str, int] | None:
+        """Insert a commit's events; returns what the next event may be stored on. An audited
+        event is never stored on, so altering one in the log is reported at its entry alone."""
         # `turn` is NULL when the event belongs to the turn of the event before it: only a
         # turn's first event names it ('' for none), and one in every TURN_NAMED_EVERY again.
         rows = []
@@ -439,13 +470,56 @@ class SQLiteStore:
             named = e.turn_id or ""
             same = named == turn and since + 1 < TURN_NAMED_EVERY
             since = since + 1 if same else 0
-            rows.append(
-                (sk, e.seq, stored_type(e.type), None if same else named, e.at, e.v, pack(e.data))
-            )
+            data, previous = pack_event(e.data, previous)
+            if e.type in AUDIT_TYPES:
+                previous = None
+            rows.append((sk, e.seq, stored_type(e.type), None if same else named, e.at, e.v, data))
             turn = named
         conn.executemany(
             "INSERT INTO events (sk, seq, type, turn, at, v, data) VALUES (?,?,?,?,?,?,?)", rows
         )
+        return previous
+
+    def _previous(self, conn: sqlite3.Connection, sk: int, head: int) -> tuple[str, int] | None:
+        """The text of the session's event `head` and how many events reading it needs, for the
+        next event to be stored on; None if it cannot be read (that event then stands alone)."""
+        known = self._tail.get(sk)
+        if known is not None and known[0] == head:
+            return known[1]
+        rows: dict[int, Stored] = {}
+        try:
+            for seq, code, data in conn.execute(
+                "SELECT seq, type, data FROM events WHERE sk=? AND seq BETWEEN ? AND ?",
+                (sk, head - CHAIN_MAX, head),
+            ):
+                if seq == head and type_name(code) in AUDIT_TYPES:
+                    return None
+                rows[seq] = data
+            if head not in rows:
+                return None
+            text = event_text(rows[head], [rows.get(head - i) for i in range(1, CHAIN_MAX + 1)])
+        except StoreError:
+            return None
+        needs = 0
+        while needs < CHAIN_MAX and needs_previous(rows.get(head - needs)):
+            needs += 1
+        return text, needs
+
+    def _remember_tail(self, sk: int, seq: int, tail: tuple[str, int] | None) -> None:
+        self._tail.pop(sk, None)
+        if len(self._tail) >= _TAILS_KEPT:
+            del self._tail[next(iter(self._tail))]
+        self._tail[sk] = (seq, tail)
+
+    def _stored_before(self, sk: int, seq: int) -> list[Stored | None]:
+        """The stored data of the events just before `seq`, nearest first."""
+        rows = dict(
+            self.conn.execute(
+                "SELECT seq, data FROM events WHERE sk=? AND seq BETWEEN ? AND ?",
+                (sk, seq - CHAIN_MAX, seq - 1),
+            ).fetchall()
+        )
+        return [rows.get(seq - i) for i in range(1, CHAIN_MAX + 1)]
 
     def _before(self, label: str) -> None:
         if self._fault is not None:
@@ -516,6 +590,7 @@ class SQLiteStore:
             params.append(limit)
         events: list[Event] = []
         turn: str | None = None
+        texts = EventTexts(lambda seq: self._stored_before(sk, seq))
         for seq, code, named, at, v, data in self.conn.execute(sql, params).fetchall():
             if named is None:
                 named = turn if events else self._turn_before(sk, seq)
@@ -528,7 +603,7 @@ class SQLiteStore:
                     turn_id=named or None,
                     at=at,
                     v=v,
-                    data=unpack(data),
+                    data=texts.value(seq, data),
                 )
             )
         return events
@@ -548,17 +623,17 @@ class SQLiteStore:
 
     async def get_request(self, request_id: str) -> StoredRequest | None:
         row = self.conn.execute(
-            f"SELECT {_REQUEST_COLUMNS}, r.outcome, r.resolution FROM requests r "
+            f"SELECT r.outcome, r.resolution, {_REQUEST_COLUMNS} FROM requests r "
             f"{_REQUEST_JOIN} WHERE r.id=?",
             (request_id,),
         ).fetchone()
         if row is None:
             return None
         return StoredRequest(
-            request=stored_request(row[0], row[1], row[2], row[3], unpack),
-            status=row[3],
-            outcome=row[4],
-            resolution=None if row[5] is None else unpack(row[5]),
+            request=stored_request(*row[2:6], unpack, *row[6:]),
+            status=row[5],
+            outcome=row[0],
+            resolution=None if row[1] is None else unpack(row[1]),
         )
 
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
@@ -571,7 +646,7 @@ class SQLiteStore:
             f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
             [*params, flt.limit, flt.offset],
         ).fetchall()
-        return [stored_request(own, ev, i, st, unpack) for own, ev, i, st in rows]
+        return [stored_request(*row[:4], unpack, *row[4:]) for row in rows]
 
     async def count_pending(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)
@@ -805,10 +880,17 @@ _TURN = (
 )
 """An event's turn id: its own, or that of the nearest event before it that names one."""
 
-_REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status"
+_EARLIER_JOIN = "".join(
+    f" LEFT JOIN events p{i} ON substr(e.data, 1, 1) = x'{DEFLATE_ON_PREVIOUS:02x}' "
+    f"AND p{i}.sk = e.sk AND p{i}.seq = e.seq - {i}"
+    for i in range(1, CHAIN_MAX + 1)
+)
+"""The stored events an event `e` may be kept on (`p1.data`, `p2.data`), joined only if it is."""
+
+_REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status, p1.data, p2.data"
 _REQUEST_JOIN = (
     "JOIN sessions s ON s.sk = r.sk LEFT JOIN events e ON r.data IS NULL AND e.sk = r.sk "
-    "AND e.seq = r.seq"
+    "AND e.seq = r.seq" + _EARLIER_JOIN
 )
 
 
