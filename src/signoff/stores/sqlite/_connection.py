@@ -1,0 +1,140 @@
+"""The SQLite store's connection: the one `sqlite3` connection and the `BEGIN IMMEDIATE`
+transaction every write runs in. `Connection` is the base class of `SQLiteStore`'s reads, leases
+and writes."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..._exceptions import SchemaVersionError, StoreError
+from .._base import FaultHook
+from ._schema import PAGE_SIZE, SCHEMA, STORE_SCHEMA, WAL_CHECKPOINT_PAGES, upgrade_from_1
+
+__all__ = ["Connection", "immediate"]
+
+
+def _path_from_url(url: str) -> str:
+    if not url.startswith("sqlite://"):
+        raise StoreError(f"not a SQLite URL: {url!r} (expected sqlite:///path/to/file.db)")
+    rest = url[len("sqlite://") :]
+    if not rest.startswith("/"):
+        raise StoreError(
+            f"SQLite URL needs three slashes: sqlite:///relative or sqlite:////abs: {url!r}"
+        )
+    path = rest[1:]
+    if not path:
+        raise StoreError(f"SQLite URL names no file: {url!r}")
+    return path
+
+
+class Connection:
+    """What every part of `SQLiteStore` stands on: its settings, its connection (opened, and the
+    schema brought up to date, on first use), what it remembers of sessions and leases, and its
+    fault hook."""
+
+    def __init__(self, url: str = "sqlite:///.signoff/state.db", *, busy_timeout: float = 30.0):
+        self.url = url
+        self.path = _path_from_url(url)
+        self.busy_timeout = busy_timeout
+        self._conn: sqlite3.Connection | None = None
+        self._fault: FaultHook | None = None
+        self._sk: dict[str, int] = {}
+        self._tail: dict[int, tuple[int, tuple[str, int] | None]] = {}
+        self._leased: set[tuple[str, int]] = set()
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        self.open_sync()
+
+    def open_sync(self) -> None:
+        if self._conn is not None:
+            return
+        if self.path != ":memory:":
+            try:
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
+        try:
+            conn = sqlite3.connect(
+                self.path,
+                timeout=self.busy_timeout,
+                isolation_level=None,
+                check_same_thread=False,
+            )
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only; before WAL
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            # Checkpoint every 256 pages (512 KB) and shrink the WAL back to that size after,
+            # instead of SQLite's default of letting it reach and stay at about 4 MB.
+            conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
+            conn.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_PAGES * PAGE_SIZE}")
+            with immediate(conn):
+                conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+                row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+                found = STORE_SCHEMA if row is None else int(row[0])
+                if found > STORE_SCHEMA:
+                    raise SchemaVersionError(
+                        f"{self.path} has store schema {row[0]}; this signoff knows up to "
+                        f"{STORE_SCHEMA}. Upgrade signoff."
+                    )
+                if found == 1:
+                    upgrade_from_1(conn)
+                for statement in SCHEMA.strip().split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema', ?) "
+                    "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                    (str(STORE_SCHEMA),),
+                )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+        self._conn = conn
+
+    async def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def set_fault_hook(self, hook: FaultHook | None) -> None:
+        self._fault = hook
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self.open_sync()
+        assert self._conn is not None
+        return self._conn
+
+    def _session_key(self, session_id: str) -> int | None:
+        sk = self._sk.get(session_id)
+        if sk is None:
+            row = self.conn.execute("SELECT sk FROM sessions WHERE id=?", (session_id,)).fetchone()
+            if row is None:
+                return None
+            sk = self._sk[session_id] = int(row[0])
+        return sk
+
+    def _before(self, label: str) -> None:
+        if self._fault is not None:
+            self._fault("before", label)
+
+    def _after(self, label: str) -> None:
+        if self._fault is not None:
+            self._fault("after", label)
+
+
+@contextmanager
+def immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    conn.execute("COMMIT")

@@ -1,0 +1,123 @@
+"""The SQLite store's leases: a worker claims sessions with work, or acquires, renews and
+releases the lease on one, each in one `BEGIN IMMEDIATE` transaction; a lease given back after
+a park folds the WAL into the database file when the store is quiet."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+
+from ..._exceptions import UnknownSession
+from ._connection import Connection, immediate
+
+__all__ = ["Leases"]
+
+
+class Leases(Connection):
+    """`SQLiteStore`'s leases: who works on a session, and the token that proves it."""
+
+    async def acquire_lease(
+        self, session_id: str, owner: str, ttl: float, now: float
+    ) -> int | None:
+        conn = self.conn
+        with immediate(conn):
+            sk = self._session_key(session_id)
+            if sk is None:
+                raise UnknownSession(session_id)
+            row = conn.execute("SELECT owner, token, expires_at FROM leases WHERE sk=?", (sk,))
+            lease = row.fetchone()
+            if lease is None:
+                conn.execute(
+                    "INSERT INTO leases (sk, owner, token, expires_at) VALUES (?,?,1,?)",
+                    (sk, owner, now + ttl),
+                )
+                token = 1
+            else:
+                held_by, token, expires_at = lease
+                if held_by != "" and held_by != owner and expires_at > now:
+                    return None
+                token = int(token) + 1
+                conn.execute(
+                    "UPDATE leases SET owner=?, token=?, expires_at=? WHERE sk=?",
+                    (owner, token, now + ttl, sk),
+                )
+        self._leased.add((session_id, token))
+        return token
+
+    async def renew_lease(
+        self, session_id: str, owner: str, token: int, ttl: float, now: float
+    ) -> bool:
+        conn = self.conn
+        sk = self._session_key(session_id)
+        with immediate(conn):
+            cur = conn.execute(
+                "UPDATE leases SET expires_at=? WHERE sk=? AND owner=? AND token=?",
+                (now + ttl, sk, owner, token),
+            )
+            return cur.rowcount == 1
+
+    async def claim(self, owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
+        """Lease up to `limit` sessions that have work and no live lease: `(id, token)` each."""
+        conn = self.conn
+        claimed: list[tuple[str, int]] = []
+        with immediate(conn):
+            rows = conn.execute(
+                "SELECT s.sk, s.id, l.token FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
+                "WHERE s.status = 'running' AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < ?) "
+                "ORDER BY s.updated_at LIMIT ?",
+                (now, limit),
+            ).fetchall()
+            for sk, session_id, token in rows:
+                new = 1 if token is None else int(token) + 1
+                conn.execute(
+                    "INSERT INTO leases (sk, owner, token, expires_at) VALUES (?,?,?,?) "
+                    "ON CONFLICT (sk) DO UPDATE SET owner=excluded.owner, token=excluded.token, "
+                    "expires_at=excluded.expires_at",
+                    (sk, owner, new, now + ttl),
+                )
+                claimed.append((str(session_id), new))
+        self._leased.update(claimed)
+        return claimed
+
+    async def release_lease(self, session_id: str, owner: str, token: int) -> None:
+        conn = self.conn
+        sk = self._session_key(session_id)
+        with immediate(conn):
+            conn.execute(
+                "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND owner=? AND token=?",
+                (sk, owner, token),
+            )
+        self._given_back(session_id, token)
+
+    def _given_back(self, session_id: str, token: int, *, parked: bool = False) -> None:
+        """Forget a lease this store granted. When that parked a turn (it waits for a person)
+        and no lease is left, fold the WAL into the database file: a session waiting for someone
+        is in one file of live pages. A fold costs a checkpoint (its fsyncs) and SQLite's page
+        cache, which a park can afford and back-to-back turns without a person should not pay:
+        when a turn ends without parking, `wal_autocheckpoint` and `journal_size_limit` bound
+        the WAL."""
+        self._leased.discard((session_id, token))
+        if parked and not self._leased:
+            self._checkpoint_if_quiet()
+
+    def _checkpoint_if_quiet(self) -> None:
+        """Copy the WAL into the database file and truncate it, unless it is empty or another
+        connection is reading or writing: the attempt never waits, so a busy file just keeps its
+        WAL until the next quiet moment."""
+        if self.path == ":memory:" or self._conn is None:
+            return
+        try:
+            if os.path.getsize(self.path + "-wal") == 0:
+                return
+        except OSError:
+            return
+        conn = self._conn
+        self._before("wal.fold")
+        conn.execute("PRAGMA busy_timeout=0")
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        except sqlite3.Error:
+            pass  # busy or locked: another connection is at work, and will quiet down later
+        finally:
+            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        self._after("wal.fold")

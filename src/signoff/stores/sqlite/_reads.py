@@ -1,0 +1,262 @@
+"""The SQLite store's reads: sessions and their events, requests and the approval queue, the
+audit trail and the size of its files. They run their queries on the store's one connection,
+outside any `BEGIN`."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from ..._events import Event
+from ..._exceptions import UnknownSession
+from ..._types import InputRequest
+from .._audit import AuditEntry, loaded_data
+from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
+from .._codec import (
+    CHAIN_MAX,
+    DEFLATE_ON_PREVIOUS,
+    EventTexts,
+    Stored,
+    event_text,
+    stored_type,
+    type_name,
+    unpack,
+)
+from ._connection import Connection
+
+__all__ = ["Reads"]
+
+_TURN = (
+    "COALESCE(e.turn, (SELECT p.turn FROM events p WHERE p.sk = e.sk AND p.seq < e.seq "
+    "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1))"
+)
+"""An event's turn id: its own, or that of the nearest event before it that names one."""
+
+_EARLIER_JOIN = "".join(
+    f" LEFT JOIN events p{i} ON substr(e.data, 1, 1) = x'{DEFLATE_ON_PREVIOUS:02x}' "
+    f"AND p{i}.sk = e.sk AND p{i}.seq = e.seq - {i}"
+    for i in range(1, CHAIN_MAX + 1)
+)
+"""The stored events an event `e` may be kept on (`p1.data`, `p2.data`), joined only if it is."""
+
+_REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status, p1.data, p2.data"
+_REQUEST_JOIN = (
+    "JOIN sessions s ON s.sk = r.sk LEFT JOIN events e ON r.data IS NULL AND e.sk = r.sk "
+    "AND e.seq = r.seq" + _EARLIER_JOIN
+)
+
+
+class Reads(Connection):
+    """`SQLiteStore`'s reads."""
+
+    async def load(self, session_id: str) -> Loaded | None:
+        conn = self.conn
+        row = conn.execute("SELECT sk, agent FROM sessions WHERE id=?", (session_id,)).fetchone()
+        if row is None:
+            return None
+        sk, agent = int(row[0]), str(row[1])
+        self._sk[session_id] = sk
+        snap_row = conn.execute("SELECT seq, data FROM snapshots WHERE sk=?", (sk,)).fetchone()
+        after = 0
+        snapshot = None
+        if snap_row is not None:
+            after = int(snap_row[0])
+            snapshot = unpack(snap_row[1])
+        events = self._events(session_id, sk, after, None, None)
+        return Loaded(session_id=session_id, agent=agent, snapshot=snapshot, events=events)
+
+    async def read_events(
+        self,
+        session_id: str,
+        after: int = 0,
+        *,
+        limit: int | None = None,
+        types: Sequence[str] | None = None,
+        newest: int | None = None,
+    ) -> list[Event]:
+        sk = self._session_key(session_id)
+        if sk is None:
+            raise UnknownSession(session_id)
+        return self._events(session_id, sk, after, limit, types, newest)
+
+    def _events(
+        self,
+        session_id: str,
+        sk: int,
+        after: int,
+        limit: int | None,
+        types: Sequence[str] | None,
+        newest: int | None = None,
+    ) -> list[Event]:
+        # Without a type filter the rows are consecutive, so a NULL turn is the one before it
+        # in the result; only the first row may need to look further back.
+        turn_sql = _TURN if types else "e.turn"
+        sql = f"SELECT e.seq, e.type, {turn_sql}, e.at, e.v, e.data FROM events e "
+        sql += "WHERE sk=? AND seq>?"
+        params: list[Any] = [sk, after]
+        if types:
+            stored = {stored_type(t) for t in types} | set(types)
+            sql += f" AND type IN ({','.join('?' * len(stored))})"
+            params.extend(sorted(stored))
+        if newest is not None:  # the newest `newest` of them, still oldest first
+            sql = f"SELECT * FROM ({sql} ORDER BY seq DESC LIMIT ?) ORDER BY seq"
+            params.append(newest)
+        else:
+            sql += " ORDER BY seq"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        events: list[Event] = []
+        turn: str | None = None
+        texts = EventTexts(lambda seq: self._stored_before(sk, seq))
+        for seq, code, named, at, v, data in self.conn.execute(sql, params).fetchall():
+            if named is None:
+                named = turn if events else self._turn_before(sk, seq)
+            turn = named
+            events.append(
+                Event.from_row(
+                    session_id=session_id,
+                    seq=seq,
+                    type=type_name(code),
+                    turn_id=named or None,
+                    at=at,
+                    v=v,
+                    data=texts.value(seq, data),
+                )
+            )
+        return events
+
+    def _turn_before(self, sk: int, seq: int) -> str | None:
+        """The turn named by the nearest event before `seq` that names one."""
+        row = self.conn.execute(
+            "SELECT turn FROM events WHERE sk=? AND seq<? AND turn IS NOT NULL "
+            "ORDER BY seq DESC LIMIT 1",
+            (sk, seq),
+        ).fetchone()
+        return None if row is None else str(row[0])
+
+    def _stored_before(self, sk: int, seq: int) -> list[Stored | None]:
+        """The stored data of the events just before `seq`, nearest first."""
+        rows = dict(
+            self.conn.execute(
+                "SELECT seq, data FROM events WHERE sk=? AND seq BETWEEN ? AND ?",
+                (sk, seq - CHAIN_MAX, seq - 1),
+            ).fetchall()
+        )
+        return [rows.get(seq - i) for i in range(1, CHAIN_MAX + 1)]
+
+    async def head(self, session_id: str) -> int | None:
+        row = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,)).fetchone()
+        return None if row is None else int(row[0])
+
+    async def get_request(self, request_id: str) -> StoredRequest | None:
+        row = self.conn.execute(
+            f"SELECT r.outcome, r.resolution, {_REQUEST_COLUMNS} FROM requests r "
+            f"{_REQUEST_JOIN} WHERE r.id=?",
+            (request_id,),
+        ).fetchone()
+        if row is None:
+            return None
+        return StoredRequest(
+            request=stored_request(*row[2:6], unpack, *row[6:]),
+            status=row[5],
+            outcome=row[0],
+            resolution=None if row[1] is None else unpack(row[1]),
+        )
+
+    def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
+        return flt.where("?")
+
+    async def pending(self, flt: PendingFilter) -> list[InputRequest]:
+        clause, params = self._filter_sql(flt)
+        rows = self.conn.execute(
+            f"SELECT {_REQUEST_COLUMNS} FROM requests r {_REQUEST_JOIN}"
+            f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
+            [*params, flt.limit, flt.offset],
+        ).fetchall()
+        return [stored_request(*row[:4], unpack, *row[4:]) for row in rows]
+
+    async def count_pending(self, flt: PendingFilter) -> int:
+        clause, params = self._filter_sql(flt)
+        row = self.conn.execute(
+            f"SELECT COUNT(*) FROM requests r JOIN sessions s ON s.sk=r.sk{clause}", params
+        ).fetchone()
+        return int(row[0])
+
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> list[SessionSummary]:
+        """Sessions, most recently active first."""
+        sql = "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions"
+        where, params = [], []
+        for column, value in (("agent", agent), ("status", status)):
+            if value is not None:
+                where.append(f"{column}=?")
+                params.append(value)
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY updated_at DESC, sk DESC LIMIT ? OFFSET ?"
+        return [
+            SessionSummary(
+                id=i, agent=a, status=st, head=h, created_at=c, updated_at=u, expires_at=x
+            )
+            for i, a, st, h, c, u, x in self.conn.execute(sql, [*params, limit, offset])
+        ]
+
+    async def audit(
+        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[AuditEntry]:
+        # An entry of a session's event keeps only its place and hash: its type, time and data
+        # are read from the event, so the chain also covers the event log itself; `prev` is the
+        # hash of the entry before it in its stream.
+        sql = (
+            "SELECT a.id, COALESCE(s.id, a.stream), a.n, COALESCE(e.type, a.type), "
+            "COALESCE(e.at, a.at), a.seq, CASE WHEN a.sk IS NULL THEN a.data ELSE e.data END, "
+            "COALESCE(p.hash, q.hash), a.hash, p1.data, p2.data FROM audit a "
+            "LEFT JOIN sessions s ON s.sk = a.sk "
+            "LEFT JOIN events e ON e.sk = a.sk AND e.seq = a.seq" + _EARLIER_JOIN + " "
+            "LEFT JOIN audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
+            "LEFT JOIN audit q ON a.stream IS NOT NULL AND q.stream = a.stream AND q.n = a.n - 1 "
+            "WHERE a.id>?"
+        )
+        params: list[Any] = [after_id]
+        if stream is not None:
+            sk = self._session_key(stream)
+            sql += " AND a.stream=?" if sk is None else " AND a.sk=?"
+            params.append(stream if sk is None else sk)
+        sql += " ORDER BY a.id LIMIT ?"
+        params.append(limit)
+        entries = []
+        for i, st, n, t, at, seq, d, prev, h, *earlier in self.conn.execute(sql, params):
+            entries.append(
+                AuditEntry(
+                    id=i,
+                    stream=st,
+                    n=n,
+                    type=type_name(t) if t is not None else "",
+                    at=at if at is not None else 0.0,
+                    seq=seq,
+                    data=loaded_data(None if d is None else event_text(d, earlier)),
+                    prev=None if prev is None else bytes(prev).hex(),
+                    hash=bytes(h).hex(),
+                )
+            )
+        return entries
+
+    # -- sizes (benchmarks, dashboard) --------------------------------------------------------
+
+    def file_bytes(self) -> int:
+        """Bytes on disk: the database file plus its WAL and shared-memory files."""
+        if self.path == ":memory:":
+            return 0
+        return sum(
+            os.path.getsize(p)
+            for p in (self.path, self.path + "-wal", self.path + "-shm")
+            if os.path.exists(p)
+        )

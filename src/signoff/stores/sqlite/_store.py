@@ -1,0 +1,317 @@
+"""The embedded default store: one SQLite file in WAL mode, safe for several processes at once.
+
+Every write is one `BEGIN IMMEDIATE` transaction, so writers queue on SQLite's lock rather than
+fail half-way; the per-session head check and the request compare-and-set live in that same
+transaction. Commits that acknowledge an answer run with `synchronous=FULL`.
+
+This module holds the writes and `wait_for_change`; the connection and its transactions
+(`_connection`), the schema (`_schema`), the reads (`_reads`) and the leases (`_leases`) have their
+own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Sequence
+
+from ..._events import Event, dumps
+from ..._exceptions import AppendConflict, LeaseLost, RequestClosed, StoreError, UnknownSession
+from .._audit import AUDIT_TYPES, AuditRow, chain_hash, chain_session
+from .._base import Commit, request_rows
+from .._codec import (
+    CHAIN_MAX,
+    Stored,
+    event_text,
+    needs_previous,
+    pack,
+    pack_event,
+    stored_type,
+    type_name,
+)
+from ._connection import immediate
+from ._leases import Leases
+from ._reads import Reads
+
+__all__ = ["SQLiteStore", "TURN_NAMED_EVERY"]
+
+_TAILS_KEPT = 1024
+"""Sessions whose last written event a store keeps at hand, to store the next one on it."""
+
+TURN_NAMED_EVERY = 64
+"""An event row names its turn when the turn changes, and at least every 64 rows, so finding
+an event's turn never scans back further than that."""
+
+
+class SQLiteStore(Reads, Leases):
+    """`Store` on one SQLite file (`sqlite:///path`); `sqlite:///:memory:` for throwaway use."""
+
+    # -- writes -------------------------------------------------------------------------------
+
+    async def create_session(
+        self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
+    ) -> None:
+        conn = self.conn
+        at = events[0].at
+        self._before("session.created")
+        try:
+            with immediate(conn):
+                cur = conn.execute(
+                    "INSERT INTO sessions (id, agent, head, status, created_at, updated_at, "
+                    "expires_at) VALUES (?,?,?,?,?,?,?)",
+                    (session_id, agent, events[-1].seq, "idle", at, at, expires_at),
+                )
+                sk = int(cur.lastrowid or 0)
+                tail = self._insert_events(conn, sk, events, None, None)
+        except sqlite3.IntegrityError as exc:
+            raise StoreError(f"session {session_id!r} already exists") from exc
+        self._sk[session_id] = sk
+        self._remember_tail(sk, events[-1].seq, tail)
+        self._after("session.created")
+
+    async def commit(self, commit: Commit) -> None:
+        conn = self.conn
+        label = commit.events[0].type if commit.events else "commit"
+        self._before(label)
+        if commit.durable:
+            conn.execute("PRAGMA synchronous=FULL")
+        sk, tail = -1, None
+        try:
+            with immediate(conn):
+                row = conn.execute(
+                    "SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash FROM sessions s "
+                    "LEFT JOIN leases l ON l.sk = s.sk WHERE s.id=?",
+                    (commit.session_id,),
+                ).fetchone()
+                if row is None:
+                    raise UnknownSession(commit.session_id)
+                sk, head = int(row[0]), int(row[1])
+                if head != commit.expected_seq:
+                    raise AppendConflict(
+                        f"session {commit.session_id!r} is at seq {head}, not {commit.expected_seq}"
+                    )
+                if commit.lease_token is not None and (
+                    row[2] is None or int(row[2]) != commit.lease_token
+                ):
+                    raise LeaseLost(
+                        f"lease {commit.lease_token} on session {commit.session_id!r} "
+                        "was taken over"
+                    )
+                for r in commit.resolve:
+                    cur = conn.execute(
+                        "UPDATE requests SET status=?, outcome=?, resolution=? "
+                        "WHERE id=? AND sk=? AND status='pending'",
+                        (r.status, r.outcome, pack(r.resolution), r.request_id, sk),
+                    )
+                    if cur.rowcount != 1:
+                        raise RequestClosed(
+                            f"request {r.request_id} is no longer pending", [r.request_id]
+                        )
+                if commit.new_requests:
+                    conn.executemany(
+                        "INSERT INTO requests (id, sk, seq, idx, agent, kind, tool, status, "
+                        "created_at, data) VALUES (?,?,?,?,?,?,?,'pending',?,?)",
+                        [
+                            (
+                                req.id,
+                                sk,
+                                *where,
+                                req.agent,
+                                req.kind,
+                                req.tool_name,
+                                req.created_at,
+                                copy,
+                            )
+                            for req, where, copy in request_rows(commit, pack)
+                        ],
+                    )
+                for req in commit.updated_requests:
+                    conn.execute(
+                        "UPDATE requests SET data=? WHERE id=? AND sk=?",
+                        (pack(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
+                    )
+                if commit.events:
+                    tail = self._insert_events(
+                        conn,
+                        sk,
+                        commit.events,
+                        self._turn_at(sk, head),
+                        self._previous(conn, sk, head),
+                    )
+                    n, digest = int(row[3]), None if row[4] is None else bytes(row[4])
+                    n, digest = self._insert_session_audit(conn, sk, n, digest, commit.events)
+                    last = commit.events[-1]
+                    conn.execute(
+                        "UPDATE sessions SET head=?, updated_at=?, status=COALESCE(?, status), "
+                        "expires_at=?, audit_n=?, audit_hash=? WHERE sk=?",
+                        (last.seq, last.at, commit.status, commit.expires_at, n, digest, sk),
+                    )
+                if commit.snapshot is not None:
+                    conn.execute(
+                        "INSERT INTO snapshots (sk, seq, data) VALUES (?,?,?) "
+                        "ON CONFLICT (sk) DO UPDATE SET seq=excluded.seq, data=excluded.data",
+                        (sk, commit.snapshot["seq"], pack(commit.snapshot)),
+                    )
+                if commit.release_lease and commit.lease_token is not None:
+                    conn.execute(
+                        "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND token=?",
+                        (sk, commit.lease_token),
+                    )
+        except sqlite3.IntegrityError as exc:
+            self._tail.pop(sk, None)
+            raise AppendConflict(f"session {commit.session_id!r}: {exc}") from exc
+        except sqlite3.Error as exc:
+            self._tail.pop(sk, None)
+            raise StoreError(f"SQLite commit failed: {exc}") from exc
+        finally:
+            if commit.durable:
+                conn.execute("PRAGMA synchronous=NORMAL")
+        if commit.events:
+            self._remember_tail(sk, commit.events[-1].seq, tail)
+        self._after(label)
+        if commit.release_lease and commit.lease_token is not None:
+            parked = any(e.type == "turn.waiting" for e in commit.events)
+            self._given_back(commit.session_id, commit.lease_token, parked=parked)
+
+    @staticmethod
+    def _insert_session_audit(
+        conn: sqlite3.Connection, sk: int, n: int, digest: bytes | None, events: Sequence[Event]
+    ) -> tuple[int, bytes | None]:
+        """Chain the audited events of a commit onto the session's stream, whose head the
+        session row keeps; the entries hold no copy of the events, only their place and hash."""
+        entries = chain_session(n, digest, events)
+        if entries:
+            conn.executemany(
+                "INSERT INTO audit (sk, n, seq, hash) VALUES (?,?,?,?)",
+                [(sk, *entry) for entry in entries],
+            )
+            n, _, digest = entries[-1]
+        return n, digest
+
+    async def record_audit(self, rows: Sequence[AuditRow]) -> None:
+        """Append entries that no event carries (tool setting changes)."""
+        conn = self.conn
+        with immediate(conn):
+            last: dict[str, tuple[int, str | None]] = {}
+            for row in rows:
+                if row.stream not in last:
+                    found = conn.execute(
+                        "SELECT n, hash FROM audit WHERE stream=? ORDER BY n DESC LIMIT 1",
+                        (row.stream,),
+                    ).fetchone()
+                    last[row.stream] = (0, None) if found is None else (found[0], found[1].hex())
+                n, prev = last[row.stream]
+                n += 1
+                digest = chain_hash(
+                    prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
+                )
+                conn.execute(
+                    "INSERT INTO audit (stream, n, type, at, data, hash) VALUES (?,?,?,?,?,?)",
+                    (row.stream, n, row.type, row.at, dumps(row.data), bytes.fromhex(digest)),
+                )
+                last[row.stream] = (n, digest)
+
+    def _turn_at(self, sk: int, head: int) -> tuple[str, int] | None:
+        """The turn of the session's event `head` and how many events back a row names it."""
+        row = self.conn.execute(
+            "SELECT seq, turn FROM events WHERE sk=? AND seq<=? AND turn IS NOT NULL "
+            "ORDER BY seq DESC LIMIT 1",
+            (sk, head),
+        ).fetchone()
+        return None if row is None else (str(row[1]), head - int(row[0]))
+
+    @staticmethod
+    def _insert_events(
+        conn: sqlite3.Connection,
+        sk: int,
+        events: Sequence[Event],
+        turn_before: tuple[str, int] | None,
+        previous: tuple[str, int] | None,
+    ) -> tuple[str, int] | None:
+        """Insert a commit's events; returns what the next event may be stored on. An audited
+        event is never stored on, so altering one in the log is reported at its entry alone."""
+        # `turn` is NULL when the event belongs to the turn of the event before it: only a
+        # turn's first event names it ('' for none), and one in every TURN_NAMED_EVERY again.
+        rows = []
+        turn, since = turn_before or (None, 0)
+        for e in events:
+            named = e.turn_id or ""
+            same = named == turn and since + 1 < TURN_NAMED_EVERY
+            since = since + 1 if same else 0
+            data, previous = pack_event(e.data, previous)
+            if e.type in AUDIT_TYPES:
+                previous = None
+            rows.append((sk, e.seq, stored_type(e.type), None if same else named, e.at, e.v, data))
+            turn = named
+        conn.executemany(
+            "INSERT INTO events (sk, seq, type, turn, at, v, data) VALUES (?,?,?,?,?,?,?)", rows
+        )
+        return previous
+
+    def _previous(self, conn: sqlite3.Connection, sk: int, head: int) -> tuple[str, int] | None:
+        """The text of the session's event `head` and how many events reading it needs, for the
+        next event to be stored on; None if it cannot be read (that event then stands alone)."""
+        known = self._tail.get(sk)
+        if known is not None and known[0] == head:
+            return known[1]
+        rows: dict[int, Stored] = {}
+        try:
+            for seq, code, data in conn.execute(
+                "SELECT seq, type, data FROM events WHERE sk=? AND seq BETWEEN ? AND ?",
+                (sk, head - CHAIN_MAX, head),
+            ):
+                if seq == head and type_name(code) in AUDIT_TYPES:
+                    return None
+                rows[seq] = data
+            if head not in rows:
+                return None
+            text = event_text(rows[head], [rows.get(head - i) for i in range(1, CHAIN_MAX + 1)])
+        except StoreError:
+            return None
+        needs = 0
+        while needs < CHAIN_MAX and needs_previous(rows.get(head - needs)):
+            needs += 1
+        return text, needs
+
+    def _remember_tail(self, sk: int, seq: int, tail: tuple[str, int] | None) -> None:
+        self._tail.pop(sk, None)
+        if len(self._tail) >= _TAILS_KEPT:
+            del self._tail[next(iter(self._tail))]
+        self._tail[sk] = (seq, tail)
+
+    # -- change notifications (polling: SQLite has no NOTIFY) ---------------------------------
+
+    async def wait_for_change(
+        self,
+        session_id: str | None,
+        timeout: float,
+        *,
+        after: int | None = None,
+        poll_interval: float = 0.05,
+    ) -> bool:
+        """Poll until a commit to `session_id` (any session if None) shows up; False on timeout.
+
+        Given `after`, it returns at once if the session's head is already past it.
+        """
+
+        def mark() -> tuple[int, int]:
+            if session_id is None:
+                row = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
+                count, total = row.fetchone()
+                return int(count), int(total)
+            head = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,))
+            found = head.fetchone()
+            if found is None:
+                raise UnknownSession(session_id)
+            return 0, int(found[0])
+
+        start = mark()
+        if after is not None and session_id is not None and start[1] > after:
+            return True
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            await asyncio.sleep(min(poll_interval, remaining))
+            if mark() != start:
+                return True
+        return False
