@@ -126,7 +126,7 @@ def pack_event(value: Any, previous: tuple[str, int] | None) -> tuple[str | byte
     if (
         previous is None
         or previous[1] >= CHAIN_MAX
-        or len(raw) < _MIN_SIZE
+        or len(stored) <= _PREVIOUS_MIN_SAVING  # could not save enough
         or len(previous[0]) > _PREVIOUS_MAX
     ):
         return stored, (text, 0)
