@@ -34,6 +34,7 @@ import psycopg
 from psycopg import conninfo
 
 import signoff as so
+from signoff.stores._codec import stored_type
 
 __all__ = ["main", "runtime"]
 
@@ -153,7 +154,11 @@ async def wait_count(rt: so.Runtime, url: str, sql: str, n: int, timeout: float 
 
 
 WAITING = "SELECT COUNT(*) FROM {s}.requests WHERE status = 'pending'"
-COMPLETED = "SELECT COUNT(*) FROM {s}.events WHERE type = 'turn.completed'"
+# Rows keep a type's one-letter code (older ones its name).
+COMPLETED = (
+    "SELECT COUNT(*) FROM {s}.events "
+    f"WHERE type IN ('turn.completed', '{stored_type('turn.completed')}')"
+)
 
 
 async def gather_limited(n: int, jobs: list[Any]) -> list[Any]:

@@ -4,7 +4,8 @@ A commit is sent as one statement (between BEGIN and COMMIT, in one round trip) 
 session's state as this store last saw it; the statement checks that guess under the row lock
 and writes nothing when it is wrong. These tests make the guess wrong in every way they can,
 and cover the rows the statement folds together (batches longer than a VALUES list, a request
-resolved twice, resolved and updated, created and updated in one commit).
+resolved twice, resolved and updated, created and updated in one commit) and the event rows it
+writes (type codes, a turn id only where it changes, from whichever store wrote the rows before).
 """
 
 from __future__ import annotations
@@ -18,11 +19,14 @@ import psycopg
 import pytest
 
 from signoff._audit_trail import verify
-from signoff._events import Event
+from signoff._events import Event, dumps
 from signoff._exceptions import AppendConflict, LeaseLost, RequestClosed, UnknownSession
 from signoff._types import Action, InputRequest
 from signoff.stores import Commit, PendingFilter, Resolve
+from signoff.stores._codec import stored_type
 from signoff.stores.postgres import PostgresStore
+from signoff.stores.postgres._connections import Seen
+from signoff.stores.postgres._sql import TURN_NAMED_EVERY
 
 T0 = 1_700_000_000.0
 
@@ -99,10 +103,11 @@ async def test_a_wrong_guess_of_the_audit_chain_is_read_and_sent_again(
     a, b = two
     sid = await new_session(a)
     await b.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2, "tool.started")]))
-    for wrong in [(2, 0, None), (2, 1, b"\x00" * 32), (2, 7, None)]:
+    for n, digest in [(0, None), (1, b"\x00" * 32), (7, None)]:
         head = await a.head(sid)
         assert head is not None
-        a._state[sid] = (head, *wrong[1:])  # right head, wrong chain head
+        # right head, wrong chain head
+        a._state[sid] = a._state[sid]._replace(head=head, audit_n=n, audit_hash=digest)
         await a.commit(
             Commit(session_id=sid, expected_seq=head, events=[ev(sid, head + 1, "tool.started")])
         )
@@ -149,7 +154,7 @@ async def test_acquire_lease_on_an_unknown_session(pg: PostgresStore) -> None:
 
 
 async def test_commit_to_an_unknown_session_with_a_guess(pg: PostgresStore) -> None:
-    pg._state["ses_nobody"] = (1, 0, None)
+    pg._state["ses_nobody"] = Seen(1, 0, None, 1, "")
     with pytest.raises(UnknownSession):
         await pg.commit(Commit(session_id="ses_nobody", expected_seq=1, events=[ev("x", 2)]))
     assert "ses_nobody" not in pg._state
@@ -322,16 +327,24 @@ async def test_a_guessed_commit_is_one_statement_between_begin_and_commit(
     pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With its state known, a commit sends BEGIN, one statement and COMMIT, all in one
-    pipeline that waits once; without it, it reads the state first (one more statement, and a
-    wait for its answer). Creating a session is one statement alone."""
+    pipeline that waits once, when it ends; without it, it reads the state first (two more
+    statements sent together, the session row locked and the row naming the turn at its head,
+    and one wait for their answers). Creating a session is one statement alone."""
     sent: list[str] = []
     real = psycopg.AsyncConnection.execute
+    real_fetch = psycopg.AsyncCursor._fetch_pipeline
 
     async def execute(self: psycopg.AsyncConnection[Any], query: Any, *a: Any, **k: Any) -> Any:
         sent.append(str(query).split(" ", 1)[0])
         return await real(self, query, *a, **k)
 
+    async def fetch(self: psycopg.AsyncCursor[Any]) -> None:
+        if self.pgresult is None and self.connection._pipeline is not None:
+            sent.append("(wait)")  # an answer read before the pipeline ends
+        await real_fetch(self)
+
     monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
+    monkeypatch.setattr(psycopg.AsyncCursor, "_fetch_pipeline", fetch)
     sid = await new_session(pg)
     assert sent == ["WITH"]  # one statement, a transaction of its own
     token = await pg.acquire_lease(sid, "w1", 10, T0)
@@ -352,5 +365,206 @@ async def test_a_guessed_commit_is_one_statement_between_begin_and_commit(
     sent.clear()
     pg._state.clear()
     await pg.commit(Commit(session_id=sid, expected_seq=4, events=[ev(sid, 5)], lease_token=token))
-    assert sent == ["BEGIN", "SELECT", "WITH", "COMMIT"]
+    assert sent == ["BEGIN", "SELECT", "SELECT", "(wait)", "WITH", "COMMIT"]
     assert await verify(pg, stream=sid) == []
+
+
+# -- event rows: type codes, turn ids where they change ------------------------------------------
+
+
+def turn_ev(sid: str, seq: int, turn: str | None, type_: Any = "tool.step") -> Event:
+    return Event(session_id=sid, seq=seq, type=type_, at=T0 + seq, turn_id=turn, data={"n": seq})
+
+
+def named_where_it_changes(turns: list[str | None]) -> list[str | None]:
+    """The `turn` column of a log of events of these turns, the first at seq 1: a row names its
+    turn ('' for none) where it differs from the row before, or TURN_NAMED_EVERY rows after the
+    row that last named it; else NULL."""
+    column: list[str | None] = []
+    last, since = None, 0
+    for turn in turns:
+        named = turn or ""
+        if named == last and since + 1 < TURN_NAMED_EVERY:
+            column.append(None)
+            since += 1
+        else:
+            column.append(named)
+            last, since = named, 0
+    return column
+
+
+async def rows_of(url: str, sid: str) -> list[tuple[int, str, str | None]]:
+    """The session's event rows as stored: seq, type, turn."""
+    async with await psycopg.AsyncConnection.connect(url) as conn:
+        cur = await conn.execute(
+            "SELECT e.seq, e.type, e.turn FROM signoff.events e "
+            "JOIN signoff.sessions s ON s.sk = e.sk WHERE s.id = %s ORDER BY e.seq",
+            (sid,),
+        )
+        return [(int(seq), str(code), turn) for seq, code, turn in await cur.fetchall()]
+
+
+async def reads_every_way(store: PostgresStore, sid: str, events: list[Event]) -> None:
+    """Every read of the log agrees with `events`: whole, from every starting point (the middle
+    of a turn too), with a limit, the newest few, by type, and loaded."""
+    assert await store.read_events(sid) == events
+    for after in range(len(events)):
+        assert await store.read_events(sid, after) == events[after:]
+        assert await store.read_events(sid, after, limit=3) == events[after : after + 3]
+    for newest in (1, 2, TURN_NAMED_EVERY + 1, 3 * TURN_NAMED_EVERY):
+        assert await store.read_events(sid, newest=newest) == events[-newest:]
+        assert await store.read_events(sid, 5, newest=newest) == events[5:][-newest:]
+    for types in (["turn.started"], ["tool.step"], ["turn.started", "session.created"]):
+        assert await store.read_events(sid, types=types) == [e for e in events if e.type in types]
+    loaded = await store.load(sid)
+    assert loaded is not None and loaded.events == events
+
+
+async def test_rows_keep_type_codes_and_name_a_turn_where_it_changes(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    """Rows keep a type's one-letter code, and name their turn only where it changes and once
+    in every TURN_NAMED_EVERY rows, across commits of every size (VALUES lists and arrays):
+    every read still gives each event its turn."""
+    sid = f"ses_{uuid.uuid4().hex[:20]}"
+    turns: list[str | None] = [None, None, "trn_a", "trn_a", None, "trn_b", "trn_b", "trn_b"]
+    turns += ["trn_c"] * (TURN_NAMED_EVERY * 2 + 5) + ["trn_d", "trn_d", None]
+    events = [turn_ev(sid, 1, None, "session.created")]
+    events += [
+        turn_ev(sid, seq, turn, "turn.started" if turn != turns[seq - 2] else "tool.step")
+        for seq, turn in enumerate(turns[1:], start=2)
+    ]
+    await pg.create_session(sid, "support", events[:2], None)
+    head, sizes = 2, [3, 1, 20, 2]
+    while head < len(events):
+        batch = events[head : head + sizes[head % len(sizes)]]
+        await pg.commit(Commit(session_id=sid, expected_seq=head, events=batch))
+        head += len(batch)
+    await reads_every_way(pg, sid, events)
+    rows = await rows_of(pg_store_url, sid)
+    assert [code for _, code, _ in rows] == [stored_type(e.type) for e in events]
+    assert all(len(code) == 1 for _, code, _ in rows)
+    assert [turn for _, _, turn in rows] == named_where_it_changes(turns)
+    named = [seq for seq, _, turn in rows if turn is not None]
+    assert len(named) < len(rows) // 10
+    assert all(b - a <= TURN_NAMED_EVERY for a, b in zip(named, named[1:], strict=False))
+    # A store that has not seen the session reads where the turn was named, and goes on.
+    other = PostgresStore(pg_store_url)
+    try:
+        more = [turn_ev(sid, head + 1, None), turn_ev(sid, head + 2, "trn_e", "turn.started")]
+        await other.commit(Commit(session_id=sid, expected_seq=head, events=more))
+        assert await other.read_events(sid, head - 1) == events[-1:] + more
+    finally:
+        await other.close()
+    rows = await rows_of(pg_store_url, sid)
+    assert [turn for _, _, turn in rows] == named_where_it_changes([*turns, None, "trn_e"])
+
+
+async def test_two_stores_taking_turns_on_a_session_name_the_turns_right(
+    two: tuple[PostgresStore, PostgresStore], pg_store_url: str
+) -> None:
+    """Two stores (two processes) commit to one session in turn, each from the state it last
+    saw or a conflict answered, through turns that change at, within and across their commits
+    and that run longer than TURN_NAMED_EVERY: the rows are those one store alone would write."""
+    a, b = two
+    sid = f"ses_{uuid.uuid4().hex[:20]}"
+    turns: list[str | None] = [None]
+    for i, length in enumerate([3, 1, 7, TURN_NAMED_EVERY + 9, 2, 2 * TURN_NAMED_EVERY + 1, 5]):
+        turns += [f"trn_{i}" if i % 3 else None] * length
+    events = [turn_ev(sid, seq, turn) for seq, turn in enumerate(turns, start=1)]
+    await a.create_session(sid, "support", events[:1], None)
+    head, stores, sizes = 1, [b, a, a, b, b, b, a], [1, 2, 3, 5, 4]
+    for i in range(10_000):
+        if head == len(events):
+            break
+        store = stores[i % len(stores)]
+        batch = events[head : head + sizes[i % len(sizes)]]
+        if i % 4 == 0 and head > 1:  # a stale head first: the answer is its next guess
+            with pytest.raises(AppendConflict):
+                await store.commit(Commit(session_id=sid, expected_seq=head - 1, events=batch))
+        await store.commit(Commit(session_id=sid, expected_seq=head, events=batch))
+        head += len(batch)
+    rows = await rows_of(pg_store_url, sid)
+    assert [turn for _, _, turn in rows] == named_where_it_changes(turns)
+    await reads_every_way(a, sid, events)
+    await reads_every_way(b, sid, events)
+    assert await verify(a, stream=sid) == []
+
+
+async def test_a_wrong_guess_of_the_turn_is_read_and_sent_again(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    """The turn at the head, or how far back it was named, guessed wrong (with the head and the
+    audit chain right): the statement writes nothing, and the commit is sent again from the
+    state read under the lock, so no row names the wrong turn nor leaves one unnamed too long."""
+    sid = f"ses_{uuid.uuid4().hex[:20]}"
+    turns: list[str | None] = [None] + ["trn_a"] * (TURN_NAMED_EVERY - 1)
+    events = [turn_ev(sid, seq, turn) for seq, turn in enumerate(turns, start=1)]
+    await pg.create_session(sid, "support", events, None)
+    head = len(events)
+    wrong = [
+        ("trn_b", head, "trn_b"),  # a new turn guessed to be the one at the head
+        ("trn_b", head + 1, "trn_a"),  # the same turn on, guessed to be another
+        ("trn_b", head + 2, "trn_b"),  # named further back than guessed: due again now
+    ]
+    for turn, turn_seq, guessed in wrong:
+        seen = pg._state[sid]
+        assert seen.head == head
+        pg._state[sid] = seen._replace(turn_seq=turn_seq, turn=guessed)
+        event = turn_ev(sid, head + 1, turn)
+        await pg.commit(Commit(session_id=sid, expected_seq=head, events=[event]))
+        events.append(event)
+        turns.append(turn)
+        head += 1
+    rows = await rows_of(pg_store_url, sid)
+    assert [turn for _, _, turn in rows] == named_where_it_changes(turns)
+    await reads_every_way(pg, sid, events)
+
+
+async def test_rows_in_the_older_format_read_back_unchanged(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    """Rows as signoff wrote them before (a type's full name, a turn id on every row, '' for
+    none) read back as they were, by type too; a session goes on from them in the new format."""
+    sid = f"ses_{uuid.uuid4().hex[:20]}"
+    kinds = [
+        ("session.created", None),
+        ("turn.started", "trn_a"),
+        ("tool.started", "trn_a"),
+        ("tool.completed", "trn_a"),
+        ("session.waiting", None),
+        ("turn.started", "trn_b"),
+        ("model.completed", "trn_b"),
+    ]
+    old = [turn_ev(sid, seq, turn, kind) for seq, (kind, turn) in enumerate(kinds, start=1)]
+    async with await psycopg.AsyncConnection.connect(pg_store_url, autocommit=True) as conn:
+        cur = await conn.execute(
+            "INSERT INTO signoff.sessions (id, agent, head, status, created_at, updated_at) "
+            "VALUES (%s, 'support', %s, 'idle', %s, %s) RETURNING sk",
+            (sid, len(old), T0, T0),
+        )
+        row = await cur.fetchone()
+        assert row is not None
+        for e in old:
+            await conn.execute(
+                "INSERT INTO signoff.events (sk, seq, type, turn, at, v, data) "
+                "VALUES (%s,%s,%s,%s,%s,%s,%s)",
+                (row[0], e.seq, e.type, e.turn_id or "", e.at, e.v, dumps(e.data).encode()),
+            )
+    await reads_every_way(pg, sid, old)
+    more = [
+        turn_ev(sid, 8, "trn_b", "tool.started"),
+        turn_ev(sid, 9, "trn_c", "turn.started"),
+        turn_ev(sid, 10, "trn_c", "turn.completed"),
+    ]
+    await pg.commit(Commit(session_id=sid, expected_seq=len(old), events=more[:1]))
+    await pg.commit(Commit(session_id=sid, expected_seq=len(old) + 1, events=more[1:]))
+    assert await rows_of(pg_store_url, sid) == [
+        *((e.seq, e.type, e.turn_id or "") for e in old),
+        (8, stored_type("tool.started"), None),
+        (9, stored_type("turn.started"), "trn_c"),
+        (10, stored_type("turn.completed"), None),
+    ]
+    await reads_every_way(pg, sid, old + more)
+    started = await pg.read_events(sid, types=["turn.started"])
+    assert [(e.seq, e.turn_id) for e in started] == [(2, "trn_a"), (6, "trn_b"), (9, "trn_c")]

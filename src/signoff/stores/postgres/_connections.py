@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 try:
     import psycopg
@@ -26,10 +26,21 @@ from . import _schema
 from ._changes import Listener
 from ._url import SCHEMA_NAME, describe, number, split_options
 
-__all__ = ["Conn", "Connections"]
+__all__ = ["Conn", "Connections", "Seen"]
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[TupleRow]
+
+
+class Seen(NamedTuple):
+    """A session's state as this store last saw it, which its next commit guesses from."""
+
+    head: int
+    audit_n: int
+    audit_hash: bytes | None
+    turn_seq: int | None
+    """The row naming the turn of the event at `head`: the last at or before it naming one."""
+    turn: str | None
 
 
 class Connections:
@@ -73,10 +84,10 @@ class Connections:
         self._open_lock: asyncio.Lock | None = None
         self._fault: FaultHook | None = None
         self._sk: dict[str, int] = {}
-        # session id -> (head, audit_n, audit_hash) as last seen: a commit guesses the session's
-        # state from it, so it needs no round trip to read it first; the guess is checked in the
-        # statement that writes, under the session's row lock.
-        self._state: dict[str, tuple[int, int, bytes | None]] = {}
+        # A commit guesses the session's state from what this store last saw of it, so it needs
+        # no round trip to read it first; the guess is checked in the statement that writes,
+        # under the session's row lock.
+        self._state: dict[str, Seen] = {}
         self._changes = Listener(self.channel, self._connect, f"signoff-listen-{schema}")
         self._s = f'"{schema}"'
 
@@ -381,7 +392,7 @@ class Connections:
             return "off"
         return "on" if self._server_async else None  # the server skips flushes: not for us
 
-    def _remember(self, session_id: str, state: tuple[int, int, bytes | None]) -> None:
+    def _remember(self, session_id: str, state: Seen) -> None:
         if len(self._state) > 100_000:
             self._state.clear()
         self._state[session_id] = state

@@ -12,9 +12,9 @@ from ..._exceptions import UnknownSession
 from ..._types import InputRequest
 from .._audit import AuditEntry, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
-from .._codec import unpack, unpack_text
-from ._connections import Conn, Connections
-from ._sql import REQUEST_COLUMNS, REQUEST_JOIN, TURN
+from .._codec import stored_type, type_name, unpack, unpack_text
+from ._connections import Conn, Connections, Seen
+from ._sql import REQUEST_COLUMNS, REQUEST_JOIN, TURN, named_turn
 
 __all__ = ["Reads"]
 
@@ -27,8 +27,9 @@ class Reads(Connections):
 
         async def body(conn: Conn) -> Loaded | None:
             cur = await conn.execute(
-                f"SELECT s.sk, s.agent, n.seq, n.data, s.head, s.audit_n, s.audit_hash "
-                f"FROM {s}.sessions s LEFT JOIN {s}.snapshots n ON n.sk = s.sk WHERE s.id=%s",
+                "SELECT s.sk, s.agent, n.seq, n.data, s.head, s.audit_n, s.audit_hash, t.seq, "
+                f"t.turn FROM {s}.sessions s LEFT JOIN {s}.snapshots n ON n.sk = s.sk "
+                f"LEFT JOIN LATERAL ({named_turn(s, 's.sk', 's.head')}) t ON true WHERE s.id=%s",
                 (session_id,),
             )
             row = await cur.fetchone()
@@ -38,7 +39,8 @@ class Reads(Connections):
             self._sk[session_id] = sk
             # What the next commit to it guesses (checked by that commit).
             digest = None if row[6] is None else bytes(row[6])
-            self._remember(session_id, (int(row[4]), int(row[5]), digest))
+            turn_seq = None if row[7] is None else int(row[7])
+            self._remember(session_id, Seen(int(row[4]), int(row[5]), digest, turn_seq, row[8]))
             after = 0 if row[2] is None else int(row[2])
             snapshot = None if row[3] is None else unpack(row[3])
             events = await self._events(conn, session_id, sk, after, None, None)
@@ -73,35 +75,46 @@ class Reads(Connections):
         types: Sequence[str] | None,
         newest: int | None = None,
     ) -> list[Event]:
-        sql = (
-            f"SELECT e.seq, e.type, {TURN.format(s=self._s)}, e.at, e.v, e.data "
-            f"FROM {self._s}.events e WHERE e.sk=%s AND e.seq>%s"
-        )
+        s = self._s
+        turn = TURN.format(s=s)
+        if not types:
+            # The rows are consecutive: one naming no turn has the turn of the row before it,
+            # carried forward below, so only the first may need to look further back.
+            turn = (
+                "CASE WHEN e.turn IS NULL AND lag(e.seq) OVER (ORDER BY e.seq) IS NULL "
+                f"THEN {turn} ELSE e.turn END"
+            )
+        rows = f"{s}.events e WHERE e.sk=%s AND e.seq>%s"
         params: list[Any] = [sk, after]
-        if types:
-            sql += " AND e.type = ANY(%s)"
-            params.append(list(types))
+        if types:  # rows keep a type's code, or its name if an older signoff wrote them
+            rows += " AND e.type = ANY(%s)"
+            params.append(sorted({stored_type(t) for t in types} | set(types)))
         if newest is not None:  # the newest `newest` of them, still oldest first
-            sql = f"SELECT * FROM ({sql} ORDER BY e.seq DESC LIMIT %s) AS t ORDER BY seq"
+            rows = f"(SELECT * FROM {rows} ORDER BY e.seq DESC LIMIT %s) AS e"
             params.append(newest)
-        else:
-            sql += " ORDER BY e.seq"
+        sql = f"SELECT e.seq, e.type, {turn}, e.at, e.v, e.data FROM {rows} ORDER BY e.seq"
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
         cur = await conn.execute(sql, params)
-        return [
-            Event.from_row(
-                session_id=session_id,
-                seq=int(seq),
-                type=type_,
-                turn_id=turn or None,
-                at=float(at),
-                v=int(v),
-                data=unpack(data),
+        events: list[Event] = []
+        named: str | None = None
+        for seq, code, turn_id, at, v, data in await cur.fetchall():
+            if turn_id is None and not types:
+                turn_id = named
+            named = turn_id
+            events.append(
+                Event.from_row(
+                    session_id=session_id,
+                    seq=int(seq),
+                    type=type_name(code),
+                    turn_id=turn_id or None,
+                    at=float(at),
+                    v=int(v),
+                    data=unpack(data),
+                )
             )
-            for seq, type_, turn, at, v, data in await cur.fetchall()
-        ]
+        return events
 
     async def head(self, session_id: str) -> int | None:
         async def body(conn: Conn) -> int | None:
@@ -236,7 +249,7 @@ class Reads(Connections):
                     id=int(i),
                     stream=st,
                     n=int(n),
-                    type=t if t is not None else "",
+                    type=type_name(t) if t is not None else "",
                     at=float(at) if at is not None else 0.0,
                     seq=None if seq is None else int(seq),
                     data=loaded_data(

@@ -8,15 +8,17 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from ..._events import Event
-from .._codec import pack_bytes
+from .._codec import pack_bytes, stored_type
 
 __all__ = [
     "REQUEST_COLUMNS",
     "REQUEST_JOIN",
     "TURN",
+    "TURN_NAMED_EVERY",
     "commit_sql",
     "create_sql",
     "event_rows",
+    "named_turn",
     "rows_params",
     "rows_sql",
 ]
@@ -26,6 +28,10 @@ TURN = (
     "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1))"
 )
 """An event's turn id: its own, or that of the nearest event before it that names one."""
+
+TURN_NAMED_EVERY: Final = 64
+"""An event row names its turn where the turn changes, and at least every 64 rows, so finding
+an event's turn never looks further back than that (as on SQLite)."""
 
 REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status"
 REQUEST_JOIN = (
@@ -73,21 +79,36 @@ def rows_params(rows: Sequence[Sequence[Any]]) -> list[Any]:
     return [list(column) for column in zip(*rows, strict=True)]
 
 
-def event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
-    """Events as rows of `_EVENT_COLUMNS`. `turn` is NULL when an event belongs to the turn of
-    the event before it in the same batch; the first of a batch always names its turn ('' for
-    none), so reading one back looks behind it at most the length of a commit."""
-    return [
-        (
-            e.seq,
-            e.type,
-            None if i and events[i - 1].turn_id == e.turn_id else e.turn_id or "",
-            e.at,
-            e.v,
-            pack_bytes(e.data),
+def event_rows(
+    events: Sequence[Event], named: tuple[int | None, str | None]
+) -> tuple[list[tuple[Any, ...]], tuple[int | None, str | None]]:
+    """Events as rows of `_EVENT_COLUMNS`, and the row naming the turn of the last of them.
+
+    `named` is the row naming the turn of the event they follow (its seq and turn; `(None,
+    None)` for none). `type` is the type's one-letter code. `turn` is NULL when an event belongs
+    to the turn of the row before it: a row names its turn ('' for none) where it changes from
+    the row before, and when the row naming it is `TURN_NAMED_EVERY` rows back."""
+    rows = []
+    seq, turn = named
+    for e in events:
+        now = e.turn_id or ""
+        same = now == turn and seq is not None and e.seq - seq < TURN_NAMED_EVERY
+        if not same:
+            seq, turn = e.seq, now
+        rows.append(
+            (e.seq, stored_type(e.type), None if same else now, e.at, e.v, pack_bytes(e.data))
         )
-        for i, e in enumerate(events)
-    ]
+    return rows, (seq, turn)
+
+
+def named_turn(s: str, sk: str, head: str) -> str:
+    """A query of the row naming the turn of event `head` of session `sk` (SQL expressions):
+    the last at or before it that names one, as `(seq, turn)`; it looks back at most
+    `TURN_NAMED_EVERY` rows."""
+    return (
+        f"SELECT p.seq, p.turn FROM {s}.events p WHERE p.sk = {sk} AND p.seq <= {head} "
+        "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1"
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -120,10 +141,15 @@ def commit_sql(
     """`commit`'s statement for a commit of this shape.
 
     `c` locks the session row (then `l` holds the lease row, in that order, as `claim` takes
-    them); `g` holds the session's key only if head, audit chain head and lease are as the
-    commit expects, and every write reads it, so a commit that does not apply writes nothing.
-    The answer is the state found and whether it applied; `request_closed()` raises, undoing all
-    of it, if a request to resolve was not pending.
+    them); `t` finds the row naming the turn at the head; `g` holds the session's key only if
+    head, audit chain head, lease and (when it writes events, whose rows depend on it) the row
+    naming the turn are as the commit expects, and every write reads it, so a commit that does
+    not apply writes nothing. The answer is the state found and whether it applied;
+    `request_closed()` raises, undoing all of it, if a request to resolve was not pending.
+
+    `t` sees the events as they were when the statement started. If it then waited for the row
+    lock, events committed meanwhile are missing from it, but they moved the head too: `g` does
+    not apply, and the turn answered is only a guess, checked by the next statement.
     """
     parts = [
         f"c AS (SELECT sk, head, audit_n, audit_hash FROM {s}.sessions WHERE id=%s FOR UPDATE)"
@@ -132,6 +158,12 @@ def commit_sql(
         "c.head = %s::bigint AND c.audit_n = %s::bigint "
         "AND c.audit_hash IS NOT DISTINCT FROM %s::bytea"
     )
+    parts.append(f"t AS ({named_turn(s, '(SELECT sk FROM c)', '(SELECT head FROM c)')})")
+    if events:
+        check += (
+            " AND (SELECT seq FROM t) IS NOT DISTINCT FROM %s::bigint"
+            " AND (SELECT turn FROM t) IS NOT DISTINCT FROM %s::text"
+        )
     if lease:
         parts.append(f"l AS (SELECT token FROM {s}.leases WHERE sk = (SELECT sk FROM c) FOR SHARE)")
         check += " AND (SELECT token FROM l) = %s::bigint"
@@ -181,7 +213,8 @@ def commit_sql(
             "WHERE x.sk = g.sk AND x.token = %s)"
         )
     answer = "c.head, " + ("(SELECT token FROM l)" if lease else "NULL::bigint")
-    answer += ", c.audit_n, c.audit_hash, EXISTS (SELECT FROM g)"
+    answer += ", c.audit_n, c.audit_hash, EXISTS (SELECT FROM g), (SELECT seq FROM t)"
+    answer += ", (SELECT turn FROM t)"
     if sync:
         answer += ", set_config('synchronous_commit', %s, true)"
     if resolve:

@@ -28,11 +28,11 @@ from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession
 from .._audit import AuditRow, chain_hash, chain_session
 from .._base import Commit, request_rows
-from .._codec import pack_bytes, unpack
-from ._connections import Conn
+from .._codec import pack_bytes, type_name, unpack
+from ._connections import Conn, Seen
 from ._leases import Leases
 from ._reads import Reads
-from ._sql import TURN, commit_sql, create_sql, event_rows, rows_params
+from ._sql import TURN, commit_sql, create_sql, event_rows, named_turn, rows_params
 
 __all__ = ["PostgresStore"]
 
@@ -57,7 +57,7 @@ class PostgresStore(Reads, Leases):
         at = events[0].at
         last = events[-1].seq
         sync = self._sync_setting(True)
-        rows = event_rows(events)
+        rows, named = event_rows(events, (None, None))
         # One statement: the session row, its first events and the announcement.
         sql = create_sql(s, len(rows), sync is not None)
         params: list[Any] = [session_id, agent, last, at, at, expires_at]
@@ -88,21 +88,21 @@ class PostgresStore(Reads, Leases):
             ):
                 raise StoreError(f"session {session_id!r} already exists") from None
             raise
-        self._remember(session_id, (last, 0, None))
+        self._remember(session_id, Seen(last, 0, None, *named))
         self._after("session.created")
 
     async def commit(self, commit: Commit) -> None:
         """One statement writes the whole commit, gated on the session's state: its head, its
-        audit chain head (the chain is computed here from a guess of it, `_state`) and the lease,
-        read under the session's row lock in that same statement. A wrong guess writes nothing
-        and answers the state found, so the commit is sent again from it; a commit with no guess
-        reads the state first (locked), as the statement's transaction's first round trip."""
+        audit chain head and the row naming the turn at the head (the audit chain and the event
+        rows are computed here from a guess of them, `_state`) and the lease, read under the
+        session's row lock in that same statement. A wrong guess writes nothing and answers the
+        state found, so the commit is sent again from it; a commit with no guess reads the state
+        first (locked), as the statement's transaction's first round trip."""
         s = self._s
         sid = commit.session_id
         label = commit.events[0].type if commit.events else "commit"
         token = commit.lease_token
         events = commit.events
-        rows = event_rows(events) if events else []
         updated = {
             req.id: pack_bytes(req.model_dump(mode="json", exclude_defaults=True))
             for req in commit.updated_requests
@@ -133,10 +133,17 @@ class PostgresStore(Reads, Leases):
 
         async def body(conn: Conn) -> psycopg.AsyncCursor[TupleRow] | None:
             state = guess
-            if state is None or state[0] != commit.expected_seq:
+            if state is None or state.head != commit.expected_seq:
                 cur = await conn.execute(
                     f"SELECT sk, head, audit_n, audit_hash FROM {s}.sessions "
                     "WHERE id=%s FOR UPDATE",
+                    (sid,),
+                )
+                # Sent with it, and run once it holds the lock, so it sees every event up to the
+                # head it locked: the row naming the turn at that head.
+                at_head = await conn.execute(
+                    f"SELECT t.seq, t.turn FROM {s}.sessions x, "
+                    f"LATERAL ({named_turn(s, 'x.sk', 'x.head')}) t WHERE x.id=%s",
                     (sid,),
                 )
                 found = await cur.fetchone()
@@ -149,8 +156,19 @@ class PostgresStore(Reads, Leases):
                     raise AppendConflict(
                         f"session {sid!r} is at seq {head}, not {commit.expected_seq}"
                     )
-                state = (head, int(found[2]), None if found[3] is None else bytes(found[3]))
-            n, digest = state[1], state[2]
+                turn = await at_head.fetchone()
+                state = Seen(
+                    head,
+                    int(found[2]),
+                    None if found[3] is None else bytes(found[3]),
+                    None if turn is None else int(turn[0]),
+                    None if turn is None else turn[1],
+                )
+            n, digest = state.audit_n, state.audit_hash
+            rows: list[tuple[Any, ...]] = []
+            named = state.turn_seq, state.turn
+            if events:
+                rows, named = event_rows(events, named)
             audit = chain_session(n, digest, events) if events else []
             if audit:
                 n, digest = audit[-1][0], audit[-1][2]
@@ -167,7 +185,9 @@ class PostgresStore(Reads, Leases):
                 sync is not None,
             )
             # In the order of their placeholders in `commit_sql`.
-            params: list[Any] = [sid, commit.expected_seq, state[1], state[2]]
+            params: list[Any] = [sid, commit.expected_seq, state.audit_n, state.audit_hash]
+            if events:
+                params += [state.turn_seq, state.turn]
             if token is not None:
                 params.append(token)
             if resolve_rows:
@@ -190,7 +210,7 @@ class PostgresStore(Reads, Leases):
             if sync is not None:
                 params.append(sync)
             written.clear()
-            written.append((events[-1].seq if events else state[0], n, digest))
+            written.append(Seen(events[-1].seq if events else state.head, n, digest, *named))
             return await conn.execute(sql, params)
 
         async def committed() -> bool:
@@ -200,7 +220,7 @@ class PostgresStore(Reads, Leases):
                 raise StoreError("cannot tell")
             return await self._has_events(sid, events)
 
-        written: list[tuple[int, int, bytes | None]] = []  # the state after it, if it applies
+        written: list[Seen] = []  # the state after it, if it applies
         self._before(label)
         for _ in range(2):
             cur = await self._write(
@@ -223,7 +243,9 @@ class PostgresStore(Reads, Leases):
             if row[4]:
                 break
             head, n, digest = int(row[0]), int(row[2]), None if row[3] is None else bytes(row[3])
-            self._remember(sid, (head, n, digest))
+            self._remember(
+                sid, Seen(head, n, digest, None if row[5] is None else int(row[5]), row[6])
+            )
             if head != commit.expected_seq:
                 if ambiguous and await self._has_events(sid, events):
                     written.clear()  # our first attempt did commit after all
@@ -231,7 +253,7 @@ class PostgresStore(Reads, Leases):
                 raise AppendConflict(f"session {sid!r} is at seq {head}, not {commit.expected_seq}")
             if token is not None and (row[1] is None or int(row[1]) != token):
                 raise LeaseLost(f"lease {token} on session {sid!r} was taken over")
-            guess = None  # a stale guess of the audit chain head: read it, locked, and again
+            guess = None  # a stale guess of the chain head or the turn: read it, locked, again
         else:
             raise StoreError(f"commit to session {sid!r}: its state kept changing")
         if written:
@@ -291,7 +313,7 @@ class PostgresStore(Reads, Leases):
         if len(rows) != len(events):
             return False
         return all(
-            (int(seq), type_, turn or None, float(at), int(v), unpack(data))
+            (int(seq), type_name(type_), turn or None, float(at), int(v), unpack(data))
             == (e.seq, e.type, e.turn_id, e.at, e.v, e.data)
             for (seq, type_, turn, at, v, data), e in zip(rows, events, strict=True)
         )
