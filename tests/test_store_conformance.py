@@ -26,7 +26,9 @@ from signoff._exceptions import (
 )
 from signoff._types import Action, InputRequest, input_hash
 from signoff.stores import Commit, PendingFilter, Resolve, Store
+from signoff.stores._codec import needs_previous
 
+from ._procs import query
 from .conftest import make_store
 
 T0 = 1_700_000_000.0
@@ -888,7 +890,7 @@ async def test_events_repeating_the_ones_before_read_back_from_anywhere(store_ur
         written: list[tuple[int, str, dict[str, Any]]] = [(1, "session.created", {})]
         for i, batch in enumerate(batches):
             events = [ev(sid, seq + 1 + j, type_, **data) for j, (type_, data) in enumerate(batch)]
-            await stores[i % 2].commit(
+            await stores[0 if i < 2 else i % 2].commit(
                 Commit(
                     session_id=sid,
                     expected_seq=seq,
@@ -898,6 +900,18 @@ async def test_events_repeating_the_ones_before_read_back_from_anywhere(store_ur
             )
             written += [(e.seq, e.type, e.data) for e in events]
             seq += len(events)
+        # what repeats the event before it is stored on it: the request, and the second
+        # proposal of one commit
+        stored = dict(
+            query(
+                store_url,
+                "SELECT e.seq, e.data FROM {t}events e JOIN {t}sessions s ON s.sk = e.sk "
+                "WHERE s.id = {p}",
+                sid,
+            )
+        )
+        assert needs_previous(stored[3]) is False and needs_previous(stored[4])
+        assert needs_previous(stored[7]) and len(stored[7]) < len(stored[6]) / 4
         for s in stores:
             for after in range(seq):
                 got = await s.read_events(sid, after)
@@ -907,9 +921,9 @@ async def test_events_repeating_the_ones_before_read_back_from_anywhere(store_ur
                 assert [(e.seq, e.type, e.data) for e in got] == written[-newest:]
             asked = await s.read_events(sid, types=["input.requested"])
             assert [e.data for e in asked] == [written[3][2]]
-            stored = await s.get_request(req.id)
-            assert stored is not None and stored.request.action is not None
-            assert stored.request.action.input == big
+            kept = await s.get_request(req.id)
+            assert kept is not None and kept.request.action is not None
+            assert kept.request.action.input == big
             queue = await s.pending(PendingFilter(session_id=sid))
             assert [q.action.input for q in queue if q.action] == [big]
             trail = await s.audit(stream=sid)

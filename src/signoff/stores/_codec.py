@@ -23,7 +23,9 @@ __all__ = [
     "CHAIN_MAX",
     "DEFLATE_ON_PREVIOUS",
     "EventTexts",
+    "Previous",
     "Stored",
+    "Tails",
     "event_text",
     "needs_previous",
     "pack",
@@ -39,6 +41,10 @@ __all__ = [
 
 Stored: TypeAlias = str | bytes | memoryview
 """A document as a store's driver returns it."""
+
+Previous: TypeAlias = tuple[str, int]
+"""What `pack_event` stores an event on: the JSON text of the event before it, and how many
+events reading that one needs."""
 
 _DEFLATE_V1 = 1
 """Format byte: raw deflate (4 KB window) with `_DICTIONARY_V1` as its preset dictionary."""
@@ -117,7 +123,7 @@ def pack(value: Any) -> str | bytes:
     return _packed(*_json(value))
 
 
-def pack_event(value: Any, previous: tuple[str, int] | None) -> tuple[str | bytes, tuple[str, int]]:
+def pack_event(value: Any, previous: Previous | None) -> tuple[str | bytes, Previous]:
     """An event's data as stored, deflated on the text of the event before it when that is
     worth it. `previous` is that event's JSON text and how many events its own reading needs;
     the same pair for this event is returned, to give the event after it."""
@@ -220,6 +226,33 @@ def event_text(stored: str | bytes | memoryview, earlier: Sequence[Stored | None
 def unpack_event(stored: str | bytes | memoryview, *earlier: Stored | None) -> Any:
     """The value of a stored event (`earlier` as for `event_text`)."""
     return parse(event_text(stored, earlier))
+
+
+class Tails:
+    """What the last event a store wrote to each of its recent sessions can give the next one
+    to be stored on, keyed by session; valid only while that event is the session's head."""
+
+    def __init__(self, keep: int = 1024) -> None:
+        self._keep = keep
+        self._tails: dict[Any, tuple[int, Previous | None]] = {}
+
+    def get(self, key: Any, head: int) -> Previous | None:
+        known = self._tails.get(key)
+        return known[1] if known is not None and known[0] == head else None
+
+    def knows(self, key: Any, head: int) -> bool:
+        known = self._tails.get(key)
+        return known is not None and known[0] == head
+
+    def put(self, key: Any, seq: int, previous: Previous | None) -> None:
+        """Remember that event `seq`, now the head, gives `previous` (None: nothing)."""
+        self._tails.pop(key, None)
+        if len(self._tails) >= self._keep:
+            del self._tails[next(iter(self._tails))]
+        self._tails[key] = (seq, previous)
+
+    def forget(self, key: Any) -> None:
+        self._tails.pop(key, None)
 
 
 class EventTexts:

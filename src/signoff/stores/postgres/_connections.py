@@ -22,6 +22,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..._exceptions import AppendConflict, RequestClosed, SchemaVersionError, StoreError
 from .._base import FaultHook
+from .._codec import Tails
 from . import _schema
 from ._changes import Listener
 from ._url import SCHEMA_NAME, describe, number, split_options
@@ -88,6 +89,7 @@ class Connections:
         # no round trip to read it first; the guess is checked in the statement that writes,
         # under the session's row lock.
         self._state: dict[str, Seen] = {}
+        self._tails = Tails()
         self._changes = Listener(self.channel, self._connect, f"signoff-listen-{schema}")
         self._s = f'"{schema}"'
 

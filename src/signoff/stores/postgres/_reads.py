@@ -12,9 +12,9 @@ from ..._exceptions import UnknownSession
 from ..._types import InputRequest
 from .._audit import AuditEntry, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
-from .._codec import stored_type, type_name, unpack, unpack_text
+from .._codec import EventTexts, event_text, stored_type, type_name, unpack
 from ._connections import Conn, Connections, Seen
-from ._sql import REQUEST_COLUMNS, REQUEST_JOIN, TURN, named_turn
+from ._sql import EARLIER_COLUMNS, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN, TURN, named_turn
 
 __all__ = ["Reads"]
 
@@ -92,14 +92,22 @@ class Reads(Connections):
         if newest is not None:  # the newest `newest` of them, still oldest first
             rows = f"(SELECT * FROM {rows} ORDER BY e.seq DESC LIMIT %s) AS e"
             params.append(newest)
-        sql = f"SELECT e.seq, e.type, {turn}, e.at, e.v, e.data FROM {rows} ORDER BY e.seq"
+        else:
+            rows = f"(SELECT * FROM {rows}) AS e"
+        sql = (
+            f"SELECT e.seq, e.type, {turn}, e.at, e.v, e.data, {EARLIER_COLUMNS} FROM {rows}"
+            f"{EARLIER_JOIN.format(s=s)} ORDER BY e.seq"
+        )
         if limit is not None:
             sql += " LIMIT %s"
             params.append(limit)
         cur = await conn.execute(sql, params)
         events: list[Event] = []
         named: str | None = None
-        for seq, code, turn_id, at, v, data in await cur.fetchall():
+        found = await cur.fetchall()
+        earlier = {int(row[0]): row[6:] for row in found}
+        texts = EventTexts(lambda seq: earlier[seq])
+        for seq, code, turn_id, at, v, data, *_ in found:
             if turn_id is None and not types:
                 turn_id = named
             named = turn_id
@@ -111,7 +119,7 @@ class Reads(Connections):
                     turn_id=turn_id or None,
                     at=float(at),
                     v=int(v),
-                    data=unpack(data),
+                    data=texts.value(int(seq), data),
                 )
             )
         return events
@@ -129,7 +137,7 @@ class Reads(Connections):
     async def get_request(self, request_id: str) -> StoredRequest | None:
         async def body(conn: Conn) -> StoredRequest | None:
             cur = await conn.execute(
-                f"SELECT {REQUEST_COLUMNS}, r.outcome, r.resolution FROM {self._s}.requests r "
+                f"SELECT r.outcome, r.resolution, {REQUEST_COLUMNS} FROM {self._s}.requests r "
                 f"{REQUEST_JOIN.format(s=self._s)} WHERE r.id=%s",
                 (request_id,),
             )
@@ -137,10 +145,10 @@ class Reads(Connections):
             if row is None:
                 return None
             return StoredRequest(
-                request=stored_request(row[0], row[1], row[2], row[3], unpack),
-                status=row[3],
-                outcome=row[4],
-                resolution=None if row[5] is None else unpack(row[5]),
+                request=stored_request(*row[2:6], unpack, *row[6:]),
+                status=row[5],
+                outcome=row[0],
+                resolution=None if row[1] is None else unpack(row[1]),
             )
 
         return await self._read(body, f"reading request {request_id!r}")
@@ -160,7 +168,7 @@ class Reads(Connections):
                 [*params, flt.limit, flt.offset],
             )
             rows = await cur.fetchall()
-            return [stored_request(own, ev, i, st, unpack) for own, ev, i, st in rows]
+            return [stored_request(*row[:4], unpack, *row[4:]) for row in rows]
 
         return await self._read(body, "listing pending requests")
 
@@ -229,9 +237,10 @@ class Reads(Connections):
             sql = (
                 "SELECT a.id, COALESCE(x.id, a.stream), a.n, COALESCE(e.type, a.type), "
                 "COALESCE(e.at, a.at), a.seq, a.sk, a.data::text, e.data, "
-                f"COALESCE(p.hash, q.hash), a.hash FROM {s}.audit a "
+                f"COALESCE(p.hash, q.hash), a.hash, {EARLIER_COLUMNS} FROM {s}.audit a "
                 f"LEFT JOIN {s}.sessions x ON x.sk = a.sk "
-                f"LEFT JOIN {s}.events e ON e.sk = a.sk AND e.seq = a.seq "
+                f"LEFT JOIN {s}.events e ON e.sk = a.sk AND e.seq = a.seq"
+                f"{EARLIER_JOIN.format(s=s)} "
                 f"LEFT JOIN {s}.audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
                 f"LEFT JOIN {s}.audit q ON a.stream IS NOT NULL AND q.stream = a.stream "
                 "AND q.n = a.n - 1 WHERE a.id>%s"
@@ -253,12 +262,12 @@ class Reads(Connections):
                     at=float(at) if at is not None else 0.0,
                     seq=None if seq is None else int(seq),
                     data=loaded_data(
-                        own if ask is None else None if ev is None else unpack_text(ev)
+                        own if ask is None else None if ev is None else event_text(ev, earlier)
                     ),
                     prev=None if prev is None else bytes(prev).hex(),
                     hash=bytes(h).hex(),
                 )
-                for i, st, n, t, at, seq, ask, own, ev, prev, h in await cur.fetchall()
+                for i, st, n, t, at, seq, ask, own, ev, prev, h, *earlier in await cur.fetchall()
             ]
 
         return await self._read(body, "reading the audit trail")

@@ -8,9 +8,12 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from ..._events import Event
-from .._codec import pack_bytes, stored_type
+from .._audit import AUDIT_TYPES
+from .._codec import CHAIN_MAX, DEFLATE_ON_PREVIOUS, Previous, pack_event, stored_type
 
 __all__ = [
+    "EARLIER_COLUMNS",
+    "EARLIER_JOIN",
     "REQUEST_COLUMNS",
     "REQUEST_JOIN",
     "TURN",
@@ -33,10 +36,18 @@ TURN_NAMED_EVERY: Final = 64
 """An event row names its turn where the turn changes, and at least every 64 rows, so finding
 an event's turn never looks further back than that (as on SQLite)."""
 
-REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status"
+EARLIER_COLUMNS = ", ".join(f"p{i}.data" for i in range(1, CHAIN_MAX + 1))
+EARLIER_JOIN = "".join(
+    f" LEFT JOIN {{s}}.events p{i} ON substring(e.data from 1 for 1) = "
+    f"'\\x{DEFLATE_ON_PREVIOUS:02x}'::bytea AND p{i}.sk = e.sk AND p{i}.seq = e.seq - {i}"
+    for i in range(1, CHAIN_MAX + 1)
+)
+"""The stored events an event `e` may be kept on (`EARLIER_COLUMNS`), joined only if it is."""
+
+REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status, " + EARLIER_COLUMNS
 REQUEST_JOIN = (
     "JOIN {s}.sessions s ON s.sk = r.sk LEFT JOIN {s}.events e ON r.data IS NULL "
-    "AND e.sk = r.sk AND e.seq = r.seq"
+    "AND e.sk = r.sk AND e.seq = r.seq" + EARLIER_JOIN
 )
 
 
@@ -80,14 +91,17 @@ def rows_params(rows: Sequence[Sequence[Any]]) -> list[Any]:
 
 
 def event_rows(
-    events: Sequence[Event], named: tuple[int | None, str | None]
-) -> tuple[list[tuple[Any, ...]], tuple[int | None, str | None]]:
-    """Events as rows of `_EVENT_COLUMNS`, and the row naming the turn of the last of them.
+    events: Sequence[Event], named: tuple[int | None, str | None], previous: Previous | None
+) -> tuple[list[tuple[Any, ...]], tuple[int | None, str | None], Previous | None]:
+    """Events as rows of `_EVENT_COLUMNS`, the row naming the turn of the last of them, and what
+    the event after them may be stored on.
 
     `named` is the row naming the turn of the event they follow (its seq and turn; `(None,
     None)` for none). `type` is the type's one-letter code. `turn` is NULL when an event belongs
     to the turn of the row before it: a row names its turn ('' for none) where it changes from
-    the row before, and when the row naming it is `TURN_NAMED_EVERY` rows back."""
+    the row before, and when the row naming it is `TURN_NAMED_EVERY` rows back. `previous` is
+    what the event they follow gives (`pack_event`); an audited event gives nothing, so altering
+    one in the log is reported at its entry alone."""
     rows = []
     seq, turn = named
     for e in events:
@@ -95,10 +109,20 @@ def event_rows(
         same = now == turn and seq is not None and e.seq - seq < TURN_NAMED_EVERY
         if not same:
             seq, turn = e.seq, now
+        data, previous = pack_event(e.data, previous)
+        if e.type in AUDIT_TYPES:
+            previous = None
         rows.append(
-            (e.seq, stored_type(e.type), None if same else now, e.at, e.v, pack_bytes(e.data))
+            (
+                e.seq,
+                stored_type(e.type),
+                None if same else now,
+                e.at,
+                e.v,
+                data.encode() if isinstance(data, str) else data,
+            )
         )
-    return rows, (seq, turn)
+    return rows, (seq, turn), previous
 
 
 def named_turn(s: str, sk: str, head: str) -> str:

@@ -28,11 +28,20 @@ from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession
 from .._audit import AuditRow, chain_hash, chain_session
 from .._base import Commit, request_rows
-from .._codec import pack_bytes, type_name, unpack
+from .._codec import EventTexts, Previous, pack_bytes, type_name
 from ._connections import Conn, Seen
 from ._leases import Leases
 from ._reads import Reads
-from ._sql import TURN, commit_sql, create_sql, event_rows, named_turn, rows_params
+from ._sql import (
+    EARLIER_COLUMNS,
+    EARLIER_JOIN,
+    TURN,
+    commit_sql,
+    create_sql,
+    event_rows,
+    named_turn,
+    rows_params,
+)
 
 __all__ = ["PostgresStore"]
 
@@ -57,7 +66,7 @@ class PostgresStore(Reads, Leases):
         at = events[0].at
         last = events[-1].seq
         sync = self._sync_setting(True)
-        rows, named = event_rows(events, (None, None))
+        rows, named, tail = event_rows(events, (None, None), None)
         # One statement: the session row, its first events and the announcement.
         sql = create_sql(s, len(rows), sync is not None)
         params: list[Any] = [session_id, agent, last, at, at, expires_at]
@@ -89,6 +98,7 @@ class PostgresStore(Reads, Leases):
                 raise StoreError(f"session {session_id!r} already exists") from None
             raise
         self._remember(session_id, Seen(last, 0, None, *named))
+        self._tails.put(session_id, last, tail)
         self._after("session.created")
 
     async def commit(self, commit: Commit) -> None:
@@ -168,7 +178,8 @@ class PostgresStore(Reads, Leases):
             rows: list[tuple[Any, ...]] = []
             named = state.turn_seq, state.turn
             if events:
-                rows, named = event_rows(events, named)
+                rows, named, tail = event_rows(events, named, self._tails.get(sid, state.head))
+                tails[:] = [tail]
             audit = chain_session(n, digest, events) if events else []
             if audit:
                 n, digest = audit[-1][0], audit[-1][2]
@@ -221,6 +232,7 @@ class PostgresStore(Reads, Leases):
             return await self._has_events(sid, events)
 
         written: list[Seen] = []  # the state after it, if it applies
+        tails: list[Previous | None] = []  # what its last event gives the next, if it applies
         self._before(label)
         for _ in range(2):
             cur = await self._write(
@@ -258,6 +270,8 @@ class PostgresStore(Reads, Leases):
             raise StoreError(f"commit to session {sid!r}: its state kept changing")
         if written:
             self._remember(sid, written[-1])
+            if events:
+                self._tails.put(sid, events[-1].seq, tails[-1])
         self._after(label)
 
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
@@ -304,18 +318,22 @@ class PostgresStore(Reads, Leases):
     async def _events_match(self, conn: Conn, sk: int, events: Sequence[Event]) -> bool:
         if not events:
             return False
+        s = self._s
         cur = await conn.execute(
-            f"SELECT e.seq, e.type, {TURN.format(s=self._s)}, e.at, e.v, e.data "
-            f"FROM {self._s}.events e WHERE e.sk=%s AND e.seq BETWEEN %s AND %s ORDER BY e.seq",
+            f"SELECT e.seq, e.type, {TURN.format(s=s)}, e.at, e.v, e.data, {EARLIER_COLUMNS} "
+            f"FROM {s}.events e{EARLIER_JOIN.format(s=s)} "
+            "WHERE e.sk=%s AND e.seq BETWEEN %s AND %s ORDER BY e.seq",
             (sk, events[0].seq, events[-1].seq),
         )
         rows = await cur.fetchall()
         if len(rows) != len(events):
             return False
+        earlier = {int(row[0]): row[6:] for row in rows}
+        texts = EventTexts(lambda seq: earlier[seq])
         return all(
-            (int(seq), type_name(type_), turn or None, float(at), int(v), unpack(data))
+            (int(seq), type_name(type_), turn or None, float(at), int(v), texts.value(seq, data))
             == (e.seq, e.type, e.turn_id, e.at, e.v, e.data)
-            for (seq, type_, turn, at, v, data), e in zip(rows, events, strict=True)
+            for (seq, type_, turn, at, v, data, *_), e in zip(rows, events, strict=True)
         )
 
     # -- change notifications -----------------------------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from ..._exceptions import SchemaVersionError, StoreError
 from .._base import FaultHook
+from .._codec import Tails
 from ._schema import PAGE_SIZE, SCHEMA, STORE_SCHEMA, WAL_CHECKPOINT_PAGES, upgrade_from_1
 
 __all__ = ["Connection", "immediate"]
@@ -42,7 +43,7 @@ class Connection:
         self._conn: sqlite3.Connection | None = None
         self._fault: FaultHook | None = None
         self._sk: dict[str, int] = {}
-        self._tail: dict[int, tuple[int, tuple[str, int] | None]] = {}
+        self._tails = Tails()
         self._leased: set[tuple[str, int]] = set()
 
     # -- lifecycle ----------------------------------------------------------------------------

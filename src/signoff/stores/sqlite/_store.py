@@ -22,6 +22,7 @@ from .._audit import AUDIT_TYPES, AuditRow, chain_hash, chain_session
 from .._base import Commit, request_rows
 from .._codec import (
     CHAIN_MAX,
+    Previous,
     Stored,
     event_text,
     needs_previous,
@@ -35,9 +36,6 @@ from ._leases import Leases
 from ._reads import Reads
 
 __all__ = ["SQLiteStore", "TURN_NAMED_EVERY"]
-
-_TAILS_KEPT = 1024
-"""Sessions whose last written event a store keeps at hand, to store the next one on it."""
 
 TURN_NAMED_EVERY = 64
 """An event row names its turn when the turn changes, and at least every 64 rows, so finding
@@ -67,7 +65,7 @@ class SQLiteStore(Reads, Leases):
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"session {session_id!r} already exists") from exc
         self._sk[session_id] = sk
-        self._remember_tail(sk, events[-1].seq, tail)
+        self._tails.put(sk, events[-1].seq, tail)
         self._after("session.created")
 
     async def commit(self, commit: Commit) -> None:
@@ -159,16 +157,16 @@ class SQLiteStore(Reads, Leases):
                         (sk, commit.lease_token),
                     )
         except sqlite3.IntegrityError as exc:
-            self._tail.pop(sk, None)
+            self._tails.forget(sk)
             raise AppendConflict(f"session {commit.session_id!r}: {exc}") from exc
         except sqlite3.Error as exc:
-            self._tail.pop(sk, None)
+            self._tails.forget(sk)
             raise StoreError(f"SQLite commit failed: {exc}") from exc
         finally:
             if commit.durable:
                 conn.execute("PRAGMA synchronous=NORMAL")
         if commit.events:
-            self._remember_tail(sk, commit.events[-1].seq, tail)
+            self._tails.put(sk, commit.events[-1].seq, tail)
         self._after(label)
         if commit.release_lease and commit.lease_token is not None:
             parked = any(e.type == "turn.waiting" for e in commit.events)
@@ -227,8 +225,8 @@ class SQLiteStore(Reads, Leases):
         sk: int,
         events: Sequence[Event],
         turn_before: tuple[str, int] | None,
-        previous: tuple[str, int] | None,
-    ) -> tuple[str, int] | None:
+        previous: Previous | None,
+    ) -> Previous | None:
         """Insert a commit's events; returns what the next event may be stored on. An audited
         event is never stored on, so altering one in the log is reported at its entry alone."""
         # `turn` is NULL when the event belongs to the turn of the event before it: only a
@@ -249,12 +247,11 @@ class SQLiteStore(Reads, Leases):
         )
         return previous
 
-    def _previous(self, conn: sqlite3.Connection, sk: int, head: int) -> tuple[str, int] | None:
+    def _previous(self, conn: sqlite3.Connection, sk: int, head: int) -> Previous | None:
         """The text of the session's event `head` and how many events reading it needs, for the
         next event to be stored on; None if it cannot be read (that event then stands alone)."""
-        known = self._tail.get(sk)
-        if known is not None and known[0] == head:
-            return known[1]
+        if self._tails.knows(sk, head):
+            return self._tails.get(sk, head)
         rows: dict[int, Stored] = {}
         try:
             for seq, code, data in conn.execute(
@@ -273,12 +270,6 @@ class SQLiteStore(Reads, Leases):
         while needs < CHAIN_MAX and needs_previous(rows.get(head - needs)):
             needs += 1
         return text, needs
-
-    def _remember_tail(self, sk: int, seq: int, tail: tuple[str, int] | None) -> None:
-        self._tail.pop(sk, None)
-        if len(self._tail) >= _TAILS_KEPT:
-            del self._tail[next(iter(self._tail))]
-        self._tail[sk] = (seq, tail)
 
     # -- change notifications (polling: SQLite has no NOTIFY) ---------------------------------
 
