@@ -66,6 +66,9 @@ _PREVIOUS_MIN_SAVING = 48
 make its reads depend on another row, and could take that row's place as the dictionary of the
 next event, which may repeat much more of it (a request repeats the model's tool call)."""
 
+_PROBE, _PROBES = 32, 8
+"""`_repeats` looks for up to `_PROBES` + 1 slices of `_PROBE` characters."""
+
 _MIN_SIZE = 24
 """Shorter JSON stays text: the format byte and deflate's framing would eat the saving. Longer
 JSON is packed only when that is smaller; with the dictionary, even a resolution of 80 bytes
@@ -134,12 +137,21 @@ def pack_event(value: Any, previous: Previous | None) -> tuple[str | bytes, Prev
         or previous[1] >= CHAIN_MAX
         or len(stored) <= _PREVIOUS_MIN_SAVING  # could not save enough
         or len(previous[0]) > _PREVIOUS_MAX
+        or not _repeats(previous[0], text)
     ):
         return stored, (text, 0)
     on_previous = _deflate(raw, -15, _DICTIONARY_V1 + previous[0].encode())
     if len(on_previous) + 1 + _PREVIOUS_MIN_SAVING <= len(stored):
         return bytes((DEFLATE_ON_PREVIOUS,)) + on_previous, (text, previous[1] + 1)
     return stored, (text, 0)
+
+
+def _repeats(previous: str, text: str) -> bool:
+    """Whether `text` looks like it repeats a long run of `previous`: one of a few slices of it
+    is found there. A cheap test, so that most events are deflated once, not twice."""
+    last = len(text) - _PROBE
+    step = max(_PROBE, last // _PROBES)
+    return any(text[i : i + _PROBE] in previous for i in range(0, last + 1, step))
 
 
 def pack_bytes(value: Any) -> bytes:
