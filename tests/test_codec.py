@@ -136,7 +136,7 @@ def test_an_event_repeating_the_one_before_stores_only_what_is_new() -> None:
     first, after_first = pack_event(PROPOSED, None)
     assert after_first == (unpack_text(first), 0)  # stands alone: reading it needs nothing
     second, after_second = pack_event(REQUESTED, after_first)
-    assert needs_previous(second) and after_second[1] == 1
+    assert needs_previous(second) and after_second is not None and after_second[1] == 1
     assert len(second) < len(pack(REQUESTED)) / 3
     assert unpack_event(second, first) == REQUESTED
     with pytest.raises(so.StoreError, match="missing"):
@@ -186,3 +186,12 @@ def test_event_texts_fetch_only_what_a_run_does_not_hold() -> None:
         texts = EventTexts(fetch)
         assert [texts.value(i, stored[i]) for i in range(start, len(values))] == values[start:]
         assert fetched == ([start] if needs_previous(stored[start]) else [])
+
+
+def test_a_text_too_long_to_be_a_dictionary_is_not_handed_on() -> None:
+    """Stores keep what the last event gives for many sessions: never a long text."""
+    long = {"text": " ".join(f"word{i}" for i in range(4000))}
+    stored, after = pack_event(long, None)
+    assert after is None and unpack_event(stored) == long
+    stored, after = pack_event(REQUESTED, (unpack_text(pack(long)), 0))
+    assert not needs_previous(stored) and after is not None

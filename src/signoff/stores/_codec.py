@@ -126,12 +126,14 @@ def pack(value: Any) -> str | bytes:
     return _packed(*_json(value))
 
 
-def pack_event(value: Any, previous: Previous | None) -> tuple[str | bytes, Previous]:
+def pack_event(value: Any, previous: Previous | None) -> tuple[str | bytes, Previous | None]:
     """An event's data as stored, deflated on the text of the event before it when that is
     worth it. `previous` is that event's JSON text and how many events its own reading needs;
-    the same pair for this event is returned, to give the event after it."""
+    the same pair for this event is returned, to give the event after it (None when its text
+    is too long to be a dictionary, so stores never keep such a text at hand)."""
     text, raw = _json(value)
     stored = _packed(text, raw)
+    after: Previous | None = (text, 0) if len(text) <= _PREVIOUS_MAX else None
     if (
         previous is None
         or previous[1] >= CHAIN_MAX
@@ -139,11 +141,11 @@ def pack_event(value: Any, previous: Previous | None) -> tuple[str | bytes, Prev
         or len(previous[0]) > _PREVIOUS_MAX
         or not _repeats(previous[0], text)
     ):
-        return stored, (text, 0)
+        return stored, after
     on_previous = _deflate(raw, -15, _DICTIONARY_V1 + previous[0].encode())
     if len(on_previous) + 1 + _PREVIOUS_MIN_SAVING <= len(stored):
-        return bytes((DEFLATE_ON_PREVIOUS,)) + on_previous, (text, previous[1] + 1)
-    return stored, (text, 0)
+        return bytes((DEFLATE_ON_PREVIOUS,)) + on_previous, after and (text, previous[1] + 1)
+    return stored, after
 
 
 def _repeats(previous: str, text: str) -> bool:
