@@ -8,8 +8,11 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.stores._codec import unpack_text
+from signoff.stores.sqlite import STORE_SCHEMA
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 # Schema 1 as the first version wrote it: JSON text everywhere, a full copy of each request, and
@@ -211,6 +214,31 @@ async def test_a_schema_1_file_upgrades_in_place_and_resumes(tmp_path: Path) -> 
         assert await rt.verify_audit() == []
         assert not await rt.pending()
     with sqlite3.connect(old) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("2",)
+        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == (
+            str(STORE_SCHEMA),
+        )
         columns = {r[1] for r in conn.execute("PRAGMA table_info(audit)")}
         assert "prev" not in columns and "sk" in columns
+
+
+async def test_a_schema_2_file_is_taken_as_is_and_a_newer_one_refused(tmp_path: Path) -> None:
+    """Schema 3 only adds row formats that schema 2 files do not have: such a file reads back
+    and is marked 3; a file from a newer signoff is refused before anything is read or written."""
+    db = tmp_path / "s.db"
+    agent = scripted_agent("a", [reply("hello")])
+    async with so.Runtime([agent], store=f"sqlite:///{db}") as rt:
+        done = await rt.generate("a", prompt="hi")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE meta SET value='2' WHERE key='schema'")
+    async with so.Runtime([agent], store=f"sqlite:///{db}") as rt:
+        events = [e async for e in rt.events(done.session_id, follow=False)]
+        assert events[-1].type == "session.waiting" and await rt.verify_audit() == []
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("3",)
+        conn.execute("UPDATE meta SET value=? WHERE key='schema'", (str(STORE_SCHEMA + 1),))
+    with pytest.raises(so.SchemaVersionError, match="Upgrade signoff"):
+        async with so.Runtime([agent], store=f"sqlite:///{db}") as rt:
+            await rt.pending()
+    with sqlite3.connect(db) as conn:
+        found = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        assert found == (str(STORE_SCHEMA + 1),)

@@ -129,6 +129,15 @@ END
 $$;
 """,
     ),
+    (
+        4,
+        "event rows hold a type code, a turn id only where it changes, and data that may be "
+        "stored on the event before (an older signoff reads none of that, so it refuses them)",
+        """
+COMMENT ON TABLE {s}.events IS 'type: a one-letter code; turn: only where it changes; data: may '
+    'be deflated on the event before (signoff stores/_codec.py)';
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit."""
 
