@@ -1,8 +1,9 @@
 """Child process for the fault-injection test: runs (or resumes) one scenario to its end.
 
 `python -m tests._fault_child STORE_URL RECORDS SESSION_FILE [--kill-at N --when before|after]`
-The scenario is one turn in which the model calls two gated tools and a workflow tool (a
-journaled step, then a question); the child plays the people, answering whatever is pending.
+The scenario is one turn in which the model calls two gated tools (one with a long input) and a
+workflow tool (a journaled step, then a question); the child plays the people, answering
+whatever is pending.
 With `--kill-at N` the store's fault hook SIGKILLs this process at the N-th commit point.
 It prints one JSON line at the end: the turn's final text and how many commit points it saw.
 """
@@ -22,6 +23,11 @@ import signoff as so
 
 PEOPLE = so.Principal(authenticator="test", principal_id="alice")
 PROMPT = "order 7 arrived broken"
+NOTE = " ".join(
+    f"the {i}th box of order 7 came crushed, item {i * 7 % 13} broken" for i in range(20)
+)
+"""A long tool input: the approval request repeating it is stored on the model's response, so
+the kills also land around rows that need the one before them to be read."""
 
 
 def record(path: str, kind: str, key: str) -> None:
@@ -37,7 +43,9 @@ def record(path: str, kind: str, key: str) -> None:
 
 def make_agent(records: str) -> so.Agent:
     @so.tool(approval=so.always())
-    async def refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
+    async def refund(
+        ctx: so.ToolContext, order_id: str, amount: float, note: str
+    ) -> dict[str, Any]:
         """Refund an order."""
         record(records, "refund", ctx.idempotency_key())
         return {"refunded": amount, "order_id": order_id}
@@ -72,7 +80,7 @@ def make_agent(records: str) -> so.Agent:
         [
             so.ModelResponse(
                 tool_calls=[
-                    so.ToolCall(name="refund", input={"order_id": "7", "amount": 30}),
+                    so.ToolCall(name="refund", input={"order_id": "7", "amount": 30, "note": NOTE}),
                     so.ToolCall(name="ship", input={"order_id": "7"}),
                     so.ToolCall(name="plan", input={"order_id": "7"}),
                 ]

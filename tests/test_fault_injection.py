@@ -16,8 +16,10 @@ import pytest
 
 import signoff as so
 from signoff.stores import open_store
+from signoff.stores._codec import needs_previous
 
 from . import _proof
+from ._procs import query
 from .conftest import STORE_KINDS, PgCluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -101,6 +103,9 @@ def baseline(tmp_path_factory: pytest.TempPathFactory, target: Target) -> dict[s
     result["types"] = check_log(url, result["session"])
     result["runs"] = Counter(r["kind"] for r in runs(tmp))
     assert result["runs"] == {"refund": 1, "ship": 1, "quote": 1}
+    # the long tool input is stored once: its request is kept on the model's response
+    stored = query(url, "SELECT data FROM {t}events")
+    assert any(needs_previous(data) for (data,) in stored)
     _proof.record("crash:commit points", result["points"])
     _proof.record(f"crash:{target.kind}:commit points", result["points"])
     return result
