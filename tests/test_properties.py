@@ -57,9 +57,16 @@ class Runs:
         self.where[key] = (ctx.session.id, ctx.call_id, ctx.tool_name)
 
 
+REASON = " ".join(
+    f"line {i}: the parcel was opened and item {i * 5 % 11} is missing" for i in range(12)
+)
+"""A refund's long reason makes its approval request be stored on the model's response, so the
+machine also reads back rows that need the one before them."""
+
+
 def make_agent(runs: Runs) -> so.Agent:
     @so.tool(approval=so.always())
-    async def refund(ctx: so.ToolContext, order: str) -> dict[str, str]:
+    async def refund(ctx: so.ToolContext, order: str, reason: str) -> dict[str, str]:
         """Refund an order."""
         runs.ran(ctx)
         return {"refunded": order}
@@ -89,6 +96,7 @@ def make_agent(runs: Runs) -> so.Agent:
                     name,
                     id=f"t{turn}c{i}",
                     **({"text": "hi"} if name == "note" else {"order": f"{turn}"}),
+                    **({"reason": REASON} if name == "refund" else {}),
                 )
                 for i, name in enumerate(plan)
             ]
