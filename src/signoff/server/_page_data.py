@@ -1,0 +1,233 @@
+"""What the dashboard's pages show: the signed-in reviewer, the context every page shares, and
+the queue, trace and tool rows read from the runtime for the templates."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from fastapi import Request
+
+from .._agent import Agent
+from .._audit_trail import TOOL_SETTING
+from .._events import EVENT_TYPES, Event
+from .._types import InputRequest, Principal
+from ..models import Scripted
+from ..stores import PendingFilter
+from ._auth import TokenAuth
+from ._context import ServerContext, get_context
+from ._pages import who
+
+__all__ = [
+    "PAGE_SIZE",
+    "SignIn",
+    "base",
+    "query_number",
+    "queue_context",
+    "session_context",
+    "setting_history",
+    "signed_in",
+    "tool_rows",
+]
+
+PAGE_SIZE = 50
+
+
+# -- who is looking --------------------------------------------------------------------------
+
+
+class SignIn(Exception):
+    """The dashboard needs a signed-in reviewer."""
+
+
+async def signed_in(request: Request) -> tuple[ServerContext, Principal]:
+    ctx = get_context(request)
+    principal = await ctx.principal(request)
+    if principal is None:
+        raise SignIn()
+    return ctx, principal
+
+
+def base(ctx: ServerContext, viewer: Principal, **extra: Any) -> dict[str, Any]:
+    agents = ctx.runtime.agents
+    return {
+        "viewer": viewer,
+        "can_sign_out": isinstance(ctx.auth, TokenAuth),
+        "agents": agents,
+        "demo_agents": sorted(n for n, a in agents.items() if isinstance(a.model, Scripted)),
+        **extra,
+    }
+
+
+def query_number(raw: str, default: int, low: int, high: int) -> int:
+    """A page or seq from the query string; anything unusable falls back to `default`."""
+    if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
+        return default
+    value = int(raw)
+    return value if low <= value <= high else default
+
+
+# -- the queue -------------------------------------------------------------------------------
+
+
+def _queue_filter(request: Request) -> tuple[PendingFilter, dict[str, str], int]:
+    q = request.query_params
+    page = q.get("page", "1")
+    number = query_number(page, 1, 1, 1_000_000)
+    picked = {k: q[k] for k in ("agent", "tool", "kind") if q.get(k)}
+    flt = PendingFilter(
+        agent=picked.get("agent"),
+        tool_name=picked.get("tool"),
+        kind=picked.get("kind"),
+        limit=PAGE_SIZE,
+        offset=(number - 1) * PAGE_SIZE,
+    )
+    return flt, picked, number
+
+
+async def queue_context(request: Request) -> dict[str, Any]:
+    ctx, viewer = await signed_in(request)
+    flt, picked, page = _queue_filter(request)
+    items, total = await ctx.visible_requests(viewer, flt)
+    tools = sorted({t for a in ctx.runtime.agents.values() for t in a.tools})
+    return base(
+        ctx,
+        viewer,
+        items=items,
+        total=total,
+        page=page,
+        pages=max(1, -(-total // PAGE_SIZE)),
+        picked=picked,
+        tool_names=tools,
+        query=urlencode({**picked, **({"page": page} if page > 1 else {})}),
+        page_query=lambda n: urlencode({**picked, "page": n}),
+        schemas=_schemas(ctx, items),
+    )
+
+
+def _schemas(ctx: ServerContext, items: list[InputRequest]) -> dict[str, Any]:
+    """Per request: the tool's description and input schema (for edit-then-approve)."""
+    out: dict[str, Any] = {}
+    for r in items:
+        agent = ctx.runtime.agents.get(r.agent)
+        if r.tool_name and agent is not None and r.tool_name in agent.tools:
+            tool = agent.tools[r.tool_name]
+            out[r.id] = {"description": tool.description, "schema": tool.json_schema()}
+    return out
+
+
+# -- a session's trace -----------------------------------------------------------------------
+
+
+def _summary(e: Event) -> str:
+    d = e.data
+    t = e.type
+    if t == "session.created":
+        return f"Session with {d.get('agent')} opened by {who(d.get('initiator'))}"
+    if t == "turn.started":
+        msg = d.get("message")
+        return f"“{msg}”" if msg else f"Turn started ({d.get('source', 'message')})"
+    if t == "model.completed":
+        calls = ", ".join(c.get("name", "?") for c in d.get("tool_calls", []))
+        text = d.get("text") or ""
+        parts = [f"“{text}”"] if text else []
+        if calls:
+            parts.append(f"calls {calls}")
+        return " — ".join(parts) or "empty response"
+    if t in ("tool.started", "tool.step"):
+        return f"{d.get('tool_name') or d.get('call_id', '')} {d.get('name', '')}".strip()
+    if t == "tool.completed":
+        return f"{d.get('tool_name')} → {d.get('status')}"
+    if t == "input.requested":
+        names = [
+            (r.get("action") or {}).get("tool_name") or r.get("question") or r.get("kind")
+            for r in d.get("requests", [])
+        ]
+        return "Waiting for a person: " + ", ".join(str(n) for n in names)
+    if t == "approval.settled":
+        reason = f": “{d['reason']}”" if d.get("reason") else ""
+        verb = "Approved" if d.get("decision") == "approve" else "Denied"
+        return f"{verb} by {who(d.get('by'))}{reason}"
+    if t == "input.resolved":
+        return f"{d.get('request_id')} {d.get('outcome')}"
+    if t == "turn.failed":
+        err = d.get("error") or {}
+        return str(err.get("message") or err) if err else "failed"
+    if t == "turn.completed":
+        return "Turn completed"
+    if t == "turn.waiting":
+        return f"Waiting on {d.get('on', 'input')}"
+    if t == "session.waiting":
+        return "Idle: waiting for the next message"
+    if t == "turn.cancelled":
+        return f"Cancelled: {d['reason']}" if d.get("reason") else "Cancelled"
+    if t == "turn.message":
+        return f"Message: “{d.get('message')}”" + (" (queued)" if d.get("queued") else "")
+    return ""
+
+
+def _rows(events: list[Event]) -> list[dict[str, Any]]:
+    return [
+        {
+            "seq": e.seq,
+            "type": e.type,
+            "family": e.type.split(".")[0],
+            "at": e.at,
+            "summary": _summary(e),
+            "data": e.data,
+        }
+        for e in events
+    ]
+
+
+async def session_context(request: Request, session_id: str, after: int) -> dict[str, Any]:
+    ctx, viewer = await signed_in(request)
+    state = await ctx.session(session_id, viewer)
+    events = await ctx.runtime.store.read_events(session_id, after=after)
+    seq = events[-1].seq if events else after
+    return base(
+        ctx,
+        viewer,
+        session=state,
+        rows=_rows(events),
+        seq=seq,
+        items=state.pending_requests(),
+        schemas=_schemas(ctx, state.pending_requests()),
+        event_types=sorted(EVENT_TYPES),
+    )
+
+
+# -- tools -----------------------------------------------------------------------------------
+
+
+def tool_rows(agent: Agent) -> list[dict[str, Any]]:
+    guarded: dict[str, str] = {}
+    for g in agent.guardrails:
+        deny: frozenset[str] = getattr(g, "deny", frozenset())
+        for name in g.tool_names():
+            guarded[name] = "Never (denied)" if name in deny else "Always (guardrail)"
+    rows = []
+    for t in agent.tools.values():
+        label = t.approval.label
+        rows.append(
+            {
+                "name": t.name,
+                "description": t.description,
+                "label": label,
+                "detail": t.approval.describe(),
+                "guardrail": guarded.get(t.name),
+                "run_as": t.run_as,
+                "schema": t.json_schema(),
+            }
+        )
+    return rows
+
+
+async def setting_history(ctx: ServerContext, agent: str, tool: str) -> list[dict[str, Any]]:
+    """The tool's approval setting changes as recorded in the audit trail, newest first."""
+    entries = await ctx.runtime.audit(stream=f"tools:{agent}.{tool}", limit=200)
+    return [
+        {"at": e.at, "old": e.data.get("old"), "new": e.data.get("new")}
+        for e in reversed(entries)
+        if e.type == TOOL_SETTING
+    ]
