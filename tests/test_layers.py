@@ -19,6 +19,7 @@ LAYERS: list[set[str]] = [
     {"_agent", "_ask", "_auto", "_answers"},
     {"_recording", "_audit_trail"},
     {"_deadlines", "_journal", "_subagents"},
+    {"_model_step", "_tool_calls"},
     {"_engine"},
     {"_sessions"},
     {"_answering"},

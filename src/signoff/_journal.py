@@ -12,7 +12,7 @@ from ._tools import QuestionWithdrawn
 from ._types import Action, ChildRef, InputRequest, Option, Principal, input_hash
 
 if TYPE_CHECKING:
-    from ._engine import Driver
+    from ._tool_calls import ToolCalls
 
 __all__ = ["CallJournal"]
 
@@ -20,7 +20,7 @@ __all__ = ["CallJournal"]
 class CallJournal:
     """The engine's side of `ctx.ask()` / `ctx.step()` for one call: records and replays."""
 
-    def __init__(self, driver: Driver, call_id: str, principal: Principal | None) -> None:
+    def __init__(self, driver: ToolCalls, call_id: str, principal: Principal | None) -> None:
         self.driver = driver
         self.call_id = call_id
         self.parked = asyncio.Event()

@@ -1,0 +1,226 @@
+"""The model step of a turn: the window of the conversation sent to the model, its response
+recorded, and the session's budgets (asking a person to raise one that is spent). Apart from
+`_engine` so the `Driver` there keeps to its loop and its recording."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+from ._agent import Agent
+from ._events import Event
+from ._exceptions import ModelError, SignoffError
+from ._recording import Batch, EventSpec, dump_request, new_id
+from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
+from ._types import InputRequest, Message, ModelResponse, Option, ToolResultMessage
+from .models import ModelRequest, ToolSpec
+from .stores import Resolve, Store
+
+__all__ = ["ModelStep"]
+
+
+class ModelStep:
+    """Calling the model for a turn: a part of `Driver`, mixed into it."""
+
+    # The Driver's (set in `Driver.__init__`).
+    store: Store
+    agent: Agent
+    state: SessionState
+    clock: Callable[[], float]
+    abort_signal: asyncio.Event
+
+    if TYPE_CHECKING:  # `Driver.record`
+
+        async def record(
+            self,
+            specs: Sequence[EventSpec] | Callable[[SessionState], Sequence[EventSpec] | Batch],
+            *,
+            new_requests: Sequence[InputRequest] = (),
+            resolve: Sequence[Resolve] = (),
+            durable: bool = False,
+            turn_id: str | None = None,
+        ) -> list[Event]: ...
+
+    # -- the model ----------------------------------------------------------------------------
+
+    async def conversation(self) -> list[Message]:
+        s = self.state
+        if s.conversation is None:
+            s.conversation = await self._windowed() or conversation(
+                e
+                for e in await self.store.read_events(s.id, types=MESSAGE_EVENT_TYPES)
+                if e.seq <= s.seq
+            )
+        return s.conversation.messages
+
+    async def _windowed(self) -> Conversation | None:
+        """With a message window, the conversation from a recent turn on, read from the newest
+        message events only: loading a long session then costs the window, not the history.
+        None when the window may reach further back (the caller reads everything)."""
+        limit = self.agent.limits.max_messages
+        if limit is None:
+            return None
+        want = 2 * limit + 8
+        s = self.state
+        tail = await self.store.read_events(s.id, types=MESSAGE_EVENT_TYPES, newest=want)
+        whole = len(tail) < want
+        tail = [e for e in tail if e.seq <= s.seq]
+        if whole:
+            return conversation(tail)  # that was the whole log
+        start = next((i for i, e in enumerate(tail) if e.type == "turn.started"), None)
+        if start is None:
+            return None
+        conv = conversation(tail[start:], partial=True)
+        # `window()` keeps the last `limit` messages and the current turn, which started at or
+        # after tail[start]: exactly what the whole log would give once there are that many.
+        return conv if len(conv.messages) >= limit else None
+
+    async def window(self) -> list[Message]:
+        """The messages sent to the model: the last `max_messages`, never cutting this turn."""
+        messages = await self.conversation()
+        limit = self.agent.limits.max_messages
+        if limit is None or len(messages) <= limit:
+            return list(messages)
+        assert self.state.conversation is not None
+        start = min(len(messages) - limit, self.state.conversation.turn_start)
+        while start > 0 and isinstance(messages[start], ToolResultMessage):
+            start -= 1  # never begin with results whose calls were cut off
+        return list(messages[start:])
+
+    async def step_model(self) -> bool:
+        """Call the model once and record its response; True when the turn parked or ended."""
+        s = self.state
+        turn = s.turn
+        assert turn is not None
+        limits = self.agent.limits
+        if turn.steps >= limits.max_steps:
+            await self._fail_limit(f"the turn reached max_steps={limits.max_steps}")
+            return True
+        budget = _over_budget(s, limits.max_tokens, limits.max_cost_usd)
+        if budget is not None:
+            return await self._session_limit(budget)
+        read_through = s.seq
+        request = ModelRequest(
+            session_id=s.id,
+            agent=s.agent,
+            instructions=self.agent.instructions,
+            messages=await self.window(),
+            tools=[
+                ToolSpec(name=t.name, description=t.description, input_schema=t.json_schema())
+                for t in self.agent.tools.values()
+            ],
+            response_index=s.model_responses,
+        )
+        # The model reads every message now: the calls it proposes start un-aborted.
+        self.abort_signal.clear()
+        try:
+            response = await self.agent.model.complete(request)
+            if not isinstance(response, ModelResponse):
+                raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
+        except Exception as exc:
+            code = exc.code if isinstance(exc, SignoffError) else "model_error"
+            await self.record(
+                [
+                    (
+                        "turn.failed",
+                        {
+                            "error": {"code": code, "message": f"{type(exc).__name__}: {exc}"},
+                            "retryable": True,
+                        },
+                    )
+                ]
+            )
+            return True
+        seen: set[str] = set()
+        calls = []
+        for i, c in enumerate(response.tool_calls):
+            cid = c.id if c.id and c.id not in seen else f"call_{s.seq + 1}_{i}"
+            seen.add(cid)
+            calls.append({"id": cid, "name": c.name, "input": c.input})
+        completed: EventSpec = (
+            "model.completed",
+            {"text": response.text, "tool_calls": calls, "usage": response.usage.model_dump()},
+        )
+
+        def specs(state: SessionState) -> list[EventSpec]:
+            # A message that arrived while the model was thinking keeps the turn open.
+            unread = state.turn is not None and state.turn.last_message_seq > read_through
+            if calls or unread:
+                return [completed]
+            # The answer is the `model.completed` just before: `turn.completed` does not repeat it.
+            return [completed, ("turn.completed", {}), ("session.waiting", {})]
+
+        await self.record(specs)
+        return False
+
+    async def _fail_limit(self, problem: str) -> None:
+        error = {"code": "session_limit_reached", "message": problem}
+        await self.record(
+            [("turn.failed", {"error": error, "retryable": False}), ("session.waiting", {})]
+        )
+
+    async def _session_limit(self, problem: str) -> bool:
+        """A budget is spent: ask the person to continue (raising it) or stop; with nobody to
+        ask, fail with `session_limit_reached`."""
+        s = self.state
+        turn = s.turn
+        assert turn is not None
+        asked = [
+            r
+            for r in s.requests.values()
+            if r.request.kind == "session-limit" and r.request.child is None  # not a subagent's
+        ]
+        last = asked[-1] if asked else None
+        if last is not None and last.status == "pending":
+            if turn.status != "waiting":
+                waiting = {"on": "input", "request_ids": [last.request.id]}
+                await self.record([("turn.waiting", waiting)])
+            return True
+        if last is not None and last.outcome == "answered":
+            choice = ((last.resolution or {}).get("answer") or {}).get("option_id")
+            if choice == "stop":
+                await self._fail_limit(f"{problem}; the person chose to stop")
+                return True
+        principal = turn.principal
+        if turn.source == "schedule" or (
+            principal is not None and principal.principal_type == "runtime"
+        ):
+            await self._fail_limit(f"{problem}; nobody can raise the budget of this session")
+            return True
+        request = InputRequest(
+            kind="session-limit",
+            id=new_id("req"),
+            session_id=s.id,
+            turn_id=turn.id,
+            agent=s.agent,
+            question=f"{problem}. Continue with a raised budget, or stop?",
+            options=list(LIMIT_OPTIONS),
+            requested_by=principal,
+            created_at=self.clock(),
+            usage=s.usage,
+        )
+        await self.record(
+            [
+                ("input.requested", {"requests": [dump_request(request)]}),
+                ("turn.waiting", {"on": "input", "request_ids": [request.id]}),
+            ],
+            new_requests=[request],
+        )
+        return True
+
+
+LIMIT_OPTIONS = [
+    Option(id="continue", label="Continue", description="Raise the budget by its size again."),
+    Option(id="stop", label="Stop", description="End this turn here."),
+]
+
+
+def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None) -> str | None:
+    """Which budget the session has spent, each raised once per `continue` answered."""
+    times = 1 + s.limit_grants
+    if max_tokens is not None and s.usage.total_tokens >= max_tokens * times:
+        return f"the session used {s.usage.total_tokens} of max_tokens={max_tokens * times}"
+    if max_cost is not None and s.usage.cost_usd >= max_cost * times:
+        return f"the session cost {s.usage.cost_usd:.4f} of max_cost_usd={max_cost * times:g}"
+    return None

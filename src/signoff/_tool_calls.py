@@ -1,0 +1,367 @@
+"""The tool calls of a turn, as the engine moves them: a proposed call is decided by its tool's
+policy and the agent's guardrails, a decided call runs (with its journal) or its outcome is
+recorded. Apart from `_engine` so the `Driver` there keeps to its loop and its recording."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ValidationError
+
+from ._agent import Agent
+from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
+from ._events import Event
+from ._journal import CallJournal
+from ._recording import (
+    Batch,
+    EventSpec,
+    denial,
+    dump_request,
+    invalid_input,
+    new_id,
+    tool_result,
+    waiting_after,
+)
+from ._state import CallState, SessionState
+from ._tools import ApprovalRequired, InputUnavailable, QuestionWithdrawn, Tool, ToolContext
+from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, input_hash
+from .stores import Resolve
+
+__all__ = ["ToolCalls"]
+
+
+class ToolCalls:
+    """Deciding and running a turn's tool calls: a part of `Driver`, mixed into it."""
+
+    # The Driver's (set in `Driver.__init__`); `host` is read by a running call's journal.
+    agent: Agent
+    state: SessionState
+    clock: Callable[[], float]
+    abort_signal: asyncio.Event
+    host: Any
+
+    if TYPE_CHECKING:  # `Driver.record`
+
+        async def record(
+            self,
+            specs: Sequence[EventSpec] | Callable[[SessionState], Sequence[EventSpec] | Batch],
+            *,
+            new_requests: Sequence[InputRequest] = (),
+            resolve: Sequence[Resolve] = (),
+            durable: bool = False,
+            turn_id: str | None = None,
+        ) -> list[Event]: ...
+
+    # -- approvals ----------------------------------------------------------------------------
+
+    def session_info(self, principal: Principal | None = None) -> SessionInfo:
+        s = self.state
+        turn = s.turn
+        assert turn is not None
+        return SessionInfo(
+            id=s.id,
+            agent=s.agent,
+            turn=turn.id,
+            parent=s.parent,
+            auth=SessionAuth(current=principal or turn.principal, initiator=s.initiator),
+        )
+
+    async def evaluate(self, calls: list[CallState]) -> int:
+        """Decide each proposed call: open requests, record denials, run what may run.
+
+        An approval is not requested while a workflow call of the same response is unfinished
+        (the approved call could not run before it anyway): those calls stay proposed.
+        Returns how many calls it moved forward.
+        """
+        s = self.state
+        turn = s.turn
+        assert turn is not None
+        pending_tools = {r.tool_name for r in s.pending_requests() if r.tool_name}
+        results: list[EventSpec] = []
+        decided: list[tuple[CallState, Tool, BaseModel, Verdict]] = []
+        for call in calls:
+            tool = self.agent.tools.get(call.tool_name)
+            if tool is None:
+                known = ", ".join(self.agent.tools) or "none"
+                error = {"error": f"unknown tool {call.tool_name!r}; available: {known}"}
+                results.append(tool_result(call, "error", error))
+                continue
+            try:
+                validated = tool.validate(call.input)
+            except ValidationError as exc:
+                results.append(tool_result(call, "error", invalid_input(exc)))
+                continue
+            ctx = ApprovalContext(
+                session=self.session_info(),
+                tool_name=tool.name,
+                tool_input=validated,
+                approved_tools=frozenset(s.approved_tools),
+                call_id=call.id,
+                abort_signal=self.abort_signal,
+                pending_tools=frozenset(pending_tools),
+            )
+            verdict = await self.verdict(tool, ctx)
+            if verdict.action == "ask":
+                pending_tools.add(tool.name)
+            decided.append((call, tool, validated, verdict))
+        workflow_busy = any(
+            (t := self.agent.tools.get(c.tool_name)) is not None
+            and t.workflow
+            and c.status in ("running", "asking", "approved")
+            for c in turn.calls.values()
+        ) or any(t.workflow and v.action == "run" for _, t, _, v in decided)
+        requests: list[InputRequest] = []
+        to_run: list[tuple[CallState, Tool, BaseModel, Verdict]] = []
+        for call, tool, validated, verdict in decided:
+            if verdict.action == "deny":
+                by_policy = {"denied": True, "reason": verdict.reason, "by": "policy"}
+                results.append(tool_result(call, "denied", by_policy))
+            elif verdict.action == "ask":
+                if workflow_busy and not tool.workflow:
+                    continue
+                if turn.steered:
+                    # A steering message came while this approval waited to be asked: it is
+                    # ignored like one already asked, and the model reads the message.
+                    why = {"reason": "the user sent a new message instead", "outcome": "ignored"}
+                    results.append(tool_result(call, "denied", denial(why)))
+                    continue
+                requests.append(self._approval_request(call, tool, validated, verdict))
+            else:
+                to_run.append((call, tool, validated, verdict))
+        specs: list[EventSpec] = []
+        if requests:
+            specs.append(("input.requested", {"requests": [dump_request(r) for r in requests]}))
+        specs.extend(results)
+        if specs and requests and not to_run:
+
+            def parked(state: SessionState) -> Batch:
+                return Batch(specs=specs + waiting_after(state, specs), new_requests=requests)
+
+            await self.record(parked)
+        elif specs:
+            await self.record(specs, new_requests=requests)
+        for call, tool, validated, verdict in to_run:
+            current = self.state.turn.calls.get(call.id) if self.state.turn else None
+            if current is None or current.status != "proposed":
+                continue
+            note = None
+            if verdict.reason and verdict.auto is None:  # Approved(reason): the model hears why
+                note = {"approved": True, "by": "policy", "reason": verdict.reason}
+            principal = self.state.turn.principal  # type: ignore[union-attr]
+            await self.run_tool(current, tool, validated, principal, approval=note)
+        return len(requests) + len(results) + len(to_run)
+
+    def _approval_request(
+        self, call: CallState, tool: Tool, validated: BaseModel, verdict: Verdict
+    ) -> InputRequest:
+        s = self.state
+        turn = s.turn
+        assert turn is not None
+        dumped = validated.model_dump(mode="json")
+        rules = tool.approval.rules
+        now = self.clock()
+        return InputRequest(
+            kind="tool-approval",
+            id=new_id("req"),
+            session_id=s.id,
+            turn_id=turn.id,
+            agent=s.agent,
+            action=Action(
+                call_id=call.id,
+                tool_name=tool.name,
+                input=dumped,
+                input_hash=input_hash(dumped, tool_name=tool.name, call_id=call.id),
+            ),
+            options=list(APPROVAL_OPTIONS),
+            source="guardrail" if verdict.reason == "guardrail" else "policy",
+            requested_by=turn.principal,
+            created_at=now,
+            expires_at=None if rules.expires_in is None else now + rules.expires_in,
+            policy_error=verdict.error,
+            usage=s.usage,
+            approvers=rules.approvers,
+            distinct=rules.distinct,
+            exclude_requester=rules.exclude_requester,
+            on_timeout=rules.on_timeout,
+            escalate_to=rules.escalate_to,
+            auto_verdict=None if verdict.auto is None else verdict.auto[0],
+            auto_reason=None if verdict.auto is None else verdict.auto[1],
+        )
+
+    async def verdict(self, tool: Tool, ctx: ApprovalContext) -> Verdict:
+        """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
+        verdicts = [await tool.approval.decide(ctx)]
+        for guardrail in self.agent.guardrails:
+            try:
+                v = await guardrail.decide(ctx)
+            except Exception as exc:  # fail closed, like a broken policy: ask a person
+                v = Verdict("ask", error=f"guardrail raised {type(exc).__name__}: {exc}")
+            if v is not None:
+                verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
+        for action in ("deny", "ask"):
+            for v in verdicts:
+                if v.action == action:
+                    return v
+        return verdicts[0]
+
+    # -- tools --------------------------------------------------------------------------------
+
+    async def execute(self, call: CallState) -> None:
+        """Move one decided call forward: run it, or record its denial or decision."""
+        s = self.state
+        turn = s.turn
+        assert turn is not None
+        if call.status == "denied":
+            decision = call.decision or {}
+            if decision.get("outcome") == "expired":
+                timed_out = {
+                    "timed_out": True,
+                    "ran": False,
+                    "reason": "no one decided before the approval deadline",
+                }
+                await self.record([tool_result(call, "expired", timed_out)])
+                return
+            await self.record([tool_result(call, "denied", denial(decision))])
+            return
+        if call.status == "decided":
+            await self.record([tool_result(call, "decided", call.decision or {"approved": False})])
+            return
+        tool = self.agent.tools[call.tool_name]
+        principal = turn.principal
+        raw = call.input
+        if call.request_id is not None:
+            req = s.requests[call.request_id].request
+            raw = call.edited_input if call.edited_input is not None else req.input
+            by = (call.decision or {}).get("by")
+            if tool.run_as == "approver" and by is not None:
+                principal = Principal.model_validate(by)
+        try:
+            validated = tool.validate(raw)
+        except ValidationError as exc:
+            await self.record([tool_result(call, "error", invalid_input(exc))])
+            return
+        note = None
+        decision = call.decision or {}
+        if decision.get("approved") and decision.get("reason"):
+            by = decision.get("by")
+            who = by.get("principal_id") if isinstance(by, dict) else by
+            note = {"approved": True, "by": who, "reason": decision["reason"]}
+        await self.run_tool(call, tool, validated, principal, approval=note)
+
+    async def run_tool(
+        self,
+        call: CallState,
+        tool: Tool,
+        validated: BaseModel,
+        principal: Principal | None,
+        *,
+        approval: dict[str, Any] | None = None,
+    ) -> None:
+        s = self.state
+        # Models may reuse call ids across responses: the response number keeps keys unique.
+        key = call.idempotency_key or f"{s.id}:{s.model_responses}:{call.id}"
+        if call.status != "running":
+            await self.record(
+                [
+                    (
+                        "tool.started",
+                        {
+                            "call_id": call.id,
+                            "tool_name": call.tool_name,
+                            "idempotency_key": key,
+                            "principal": None if principal is None else principal.model_dump(),
+                        },
+                    )
+                ]
+            )
+        journal = CallJournal(self, call.id, principal)
+        ctx = ToolContext(
+            session=self.session_info(principal),
+            call_id=call.id,
+            tool_name=call.tool_name,
+            idempotency_key=key,
+            abort_signal=self.abort_signal,
+            journal=journal,
+        )
+        task = asyncio.ensure_future(tool.invoke(ctx, validated))
+        parked = asyncio.ensure_future(journal.parked.wait())
+        try:
+            await asyncio.wait({task, parked}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                await journal.settle()
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                return  # parked on ctx.ask(): the call is "asking" now
+        finally:
+            parked.cancel()
+        try:
+            result = task.result()
+        except ApprovalRequired as signal:
+            await self.request_from_tool(call, signal.payload)
+            return
+        except QuestionWithdrawn as exc:
+            await self.record(
+                [tool_result(call, "cancelled", {"cancelled": True, "reason": str(exc)})]
+            )
+            return
+        except InputUnavailable as exc:
+            await self.record([tool_result(call, "error", {"error": f"unavailable: {exc}"})])
+            return
+        except Exception as exc:
+            await self.record(
+                [tool_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})]
+            )
+            return
+        if call.edited_input is not None or approval is not None:
+            wrapped: dict[str, Any] = {"result": result}
+            if call.edited_input is not None:
+                # The model proposed other arguments: say so, beside the result.
+                wrapped["note"] = (
+                    "a reviewer edited the arguments before approving; the call ran with "
+                    "edited_input, not the arguments you proposed"
+                )
+                wrapped["edited_input"] = call.edited_input
+            if approval is not None:
+                wrapped["approval"] = approval  # the reason given for approving reaches the model
+            result = wrapped
+        await self.record([tool_result(call, "ok", result)])
+
+    async def request_from_tool(self, call: CallState, payload: Any) -> None:
+        s = self.state
+        turn = s.turn
+        assert turn is not None
+        try:
+            from pydantic_core import to_jsonable_python
+
+            payload = to_jsonable_python(payload)
+        except Exception as exc:
+            await self.record(
+                [tool_result(call, "error", {"error": f"approval payload is not JSON-able: {exc}"})]
+            )
+            return
+        request = InputRequest(
+            kind="tool-approval",
+            id=new_id("req"),
+            session_id=s.id,
+            turn_id=turn.id,
+            agent=s.agent,
+            action=Action(
+                call_id=call.id,
+                tool_name=call.tool_name,
+                input=call.input,
+                input_hash=input_hash(call.input, tool_name=call.tool_name, call_id=call.id),
+            ),
+            options=list(APPROVAL_OPTIONS),
+            payload=payload,
+            source="tool",
+            requested_by=turn.principal,
+            created_at=self.clock(),
+            usage=s.usage,
+        )
+        await self.record(
+            [("input.requested", {"requests": [dump_request(request)]})], new_requests=[request]
+        )
