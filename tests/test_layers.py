@@ -13,6 +13,8 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "signoff"
 LAYERS: list[set[str]] = [
     {"_exceptions", "_types", "_sync"},
     {"_events", "_results"},
+    {"_state_parts"},
+    {"_event_handlers"},
     {"_state", "_approval", "stores", "models"},
     {"_response"},
     {"_tools"},

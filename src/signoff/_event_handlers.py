@@ -1,0 +1,300 @@
+"""How each event type changes a `SessionState`: one handler per type, looked up in `HANDLERS`
+by `SessionState.apply`. Apart from `_state`, which keeps the state itself, its snapshot form
+and the fold."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._events import Event
+from ._exceptions import SchemaVersionError, StoreError
+from ._state_parts import CallState, RequestState, TurnState, load_principal
+from ._types import InputRequest, Usage
+
+if TYPE_CHECKING:
+    from ._state import SessionState
+
+__all__ = ["HANDLERS"]
+
+
+# -- one handler per event type ----------------------------------------------------------------
+
+
+def _session_created(s: SessionState, e: Event) -> None:
+    s.agent = e.data["agent"]
+    s.created_at = e.at
+    s.ttl = e.data.get("ttl")
+    s.initiator = load_principal(e.data.get("initiator"))
+    s.parent = e.data.get("parent")
+
+
+def _turn_started(s: SessionState, e: Event) -> None:
+    if e.turn_id is None:
+        raise StoreError(f"event {e.id} (turn.started) has no turn id")
+    if e.data.get("dequeued"):
+        s.queued = s.queued[1:]
+    s.turn = TurnState(
+        id=e.turn_id,
+        principal=load_principal(e.data.get("principal")),
+        started_at=e.at,
+        first_seq=e.seq,
+        source=e.data.get("source", "message"),
+    )
+    # Requests of earlier turns are all closed by now; keep the state small.
+    s.requests = {k: r for k, r in s.requests.items() if r.status == "pending"}
+    if s.conversation is not None:
+        s.conversation.add(e)
+
+
+def _model_completed(s: SessionState, e: Event) -> None:
+    turn = _turn(s, e)
+    s.model_responses += 1
+    usage = Usage(**e.data.get("usage", {}))
+    s.usage = s.usage + usage
+    turn.steps += 1
+    turn.model_seq = e.seq
+    turn.status = "running"
+    turn.retryable = False
+    turn.error = None
+    text = e.data.get("text", "")
+    if text:
+        turn.text = text if not turn.text else f"{turn.text}\n\n{text}"
+    turn.calls = {
+        c["id"]: CallState(id=c["id"], tool_name=c["name"], input=c.get("input"))
+        for c in e.data.get("tool_calls", [])
+    }
+    if s.conversation is not None:
+        s.conversation.add(e)
+
+
+def _tool_started(s: SessionState, e: Event) -> None:
+    call = _call(s, e)
+    call.status = "running"
+    _revive(_turn(s, e))
+    call.idempotency_key = e.data.get("idempotency_key")
+
+
+def _tool_step(s: SessionState, e: Event) -> None:
+    d = e.data
+    _call(s, e).record(d["index"], {"kind": "step", "name": d["name"], "result": d.get("result")})
+
+
+def _turn_message(s: SessionState, e: Event) -> None:
+    d = e.data
+    if d.get("queued"):
+        s.queued.append({"message": d["message"], "principal": d.get("principal")})
+        return
+    if s.turn is not None and s.turn.id == e.turn_id:
+        s.turn.last_message_seq = e.seq
+    if s.conversation is not None:
+        s.conversation.add(e)
+
+
+def _tool_completed(s: SessionState, e: Event) -> None:
+    call = _call(s, e)
+    call.status = "done"
+    _revive(_turn(s, e))
+    if s.conversation is not None:
+        s.conversation.add(e)
+
+
+def _input_requested(s: SessionState, e: Event) -> None:
+    turn = _turn(s, e)
+    for raw in e.data["requests"]:
+        request = InputRequest.model_validate(raw)
+        s.requests[request.id] = RequestState(request=request)
+        if request.child is not None:  # mirrored from a subagent: its delegate call waits
+            if request.child.call_id in turn.calls:
+                turn.calls[request.child.call_id].status = "asking"
+            continue
+        if request.action is None or request.action.call_id not in turn.calls:
+            continue
+        call = turn.calls[request.action.call_id]
+        if request.source == "ask":
+            entry = {"kind": "ask", "name": request.question, "request_id": request.id}
+            call.record(request.index or 0, entry)
+            call.status = "asking"
+        else:
+            call.request_id = request.id
+            call.status = "awaiting" if request.source == "tool" else "requested"
+
+
+def _turn_waiting(s: SessionState, e: Event) -> None:
+    _turn(s, e).status = "waiting"
+
+
+def _drop_candidates(s: SessionState, request_id: str) -> None:
+    """A closed request has nothing left to evaluate."""
+    for cid in [c for c, d in s.candidates.items() if d.get("request_id") == request_id]:
+        del s.candidates[cid]
+
+
+def _approval_candidate(s: SessionState, e: Event) -> None:
+    d = e.data
+    cid = d.get("candidate_id")
+    if cid is not None:
+        if d.get("outcome") == "pending":
+            s.candidates[cid] = {**d, "at": e.at}
+        else:
+            s.candidates.pop(cid, None)
+    req = s.requests.get(d["request_id"])
+    if req is None or req.status != "pending":
+        return
+    if d.get("outcome") == "counted":
+        by = d.get("by") or {}
+        approved_by = [*req.request.approved_by, str(by.get("principal_id"))]
+        req.request = req.request.model_copy(update={"approved_by": approved_by})
+    elif d.get("outcome") == "escalated":
+        req.request = req.request.model_copy(
+            update={"escalated_to": d.get("to"), "expires_at": None}
+        )
+
+
+def _approval_settled(s: SessionState, e: Event) -> None:
+    d = e.data
+    _drop_candidates(s, d["request_id"])
+    req = s.requests.get(d["request_id"])
+    approve = d["decision"] == "approve"
+    if req is not None and req.request.action is not None and approve:
+        s.approved_tools.add(req.request.action.tool_name)
+    if s.turn is None or d.get("call_id") not in s.turn.calls:
+        return
+    call = s.turn.calls[d["call_id"]]
+    decision = {
+        "approved": approve,
+        "outcome": "approved" if approve else "cancelled",
+        "reason": d.get("reason"),
+        "by": d.get("by"),
+    }
+    if d.get("value") is not None:
+        decision["value"] = d["value"]
+    call.decision = decision
+    if d.get("edited_input") is not None:
+        call.edited_input = d["edited_input"]
+    if call.status == "awaiting":
+        call.status = "decided"
+    elif call.status == "requested":
+        call.status = "approved" if approve else "denied"
+
+
+def _input_resolved(s: SessionState, e: Event) -> None:
+    d = e.data
+    _drop_candidates(s, d["request_id"])
+    req = s.requests.get(d["request_id"])
+    if req is None:
+        return
+    outcome = d["outcome"]
+    req.status = d.get("status") or "settled"
+    mine = req.request.child is None  # a subagent's budget or expiry is not this session's
+    if mine and req.request.kind == "session-limit" and outcome == "answered":
+        if (d.get("answer") or {}).get("option_id") == "continue":
+            s.limit_grants += 1
+    if mine and outcome == "expired" and d.get("reason") == "session expired":
+        s.lapsed = True
+    req.outcome = outcome
+    req.resolution = d
+    child = req.request.child
+    if child is not None:  # a subagent's request, settled there: its delegate call re-runs
+        call = None if s.turn is None else s.turn.calls.get(child.call_id)
+        still_waiting = any(
+            r.status == "pending"
+            and r.request.child is not None
+            and r.request.child.call_id == child.call_id
+            for r in s.requests.values()
+        )
+        if call is not None and call.status == "asking" and not still_waiting:
+            call.status = "running"
+            assert s.turn is not None
+            s.turn.status = "running"
+        return
+    action = req.request.action
+    if action is None or s.turn is None or action.call_id not in s.turn.calls:
+        return
+    call = s.turn.calls[action.call_id]
+    if req.request.source == "ask":
+        still_asking = any(
+            r.status == "pending"
+            and r.request.source == "ask"
+            and r.request.action is not None
+            and r.request.action.call_id == call.id
+            for r in s.requests.values()
+        )
+        if call.status == "asking" and not still_asking:
+            call.status = "running"  # re-run the body; answered asks replay
+            s.turn.status = "running"  # so its next park records a turn.waiting of its own
+        return
+    if call.status in ("requested", "awaiting") and outcome not in ("approved", "answered"):
+        # withdrawn without an approval: the call never runs
+        call.decision = {
+            "approved": False,
+            "outcome": outcome,
+            "reason": d.get("reason"),
+            "by": d.get("by"),
+        }
+        call.status = "denied" if call.status == "requested" else "decided"
+
+
+def _turn_completed(s: SessionState, e: Event) -> None:
+    _turn(s, e).status = "completed"
+
+
+def _turn_failed(s: SessionState, e: Event) -> None:
+    turn = _turn(s, e)
+    turn.status = "failed"
+    turn.retryable = bool(e.data.get("retryable"))
+    turn.error = e.data.get("error")
+
+
+def _turn_resumed(s: SessionState, e: Event) -> None:
+    turn = _turn(s, e)
+    if turn.status == "failed":  # a retry was asked for: the turn has work again
+        turn.status = "running"
+
+
+def _turn_cancelled(s: SessionState, e: Event) -> None:
+    _turn(s, e).status = "cancelled"
+
+
+def _session_waiting(s: SessionState, e: Event) -> None:
+    pass
+
+
+def _revive(turn: TurnState) -> None:
+    """A call moving again means the turn runs again, unless it already ended."""
+    if turn.status == "waiting":
+        turn.status = "running"
+
+
+def _turn(s: SessionState, e: Event) -> TurnState:
+    if s.turn is None or s.turn.id != e.turn_id:
+        raise SchemaVersionError(f"event {e.id} ({e.type}) refers to a turn that is not open")
+    return s.turn
+
+
+def _call(s: SessionState, e: Event) -> CallState:
+    turn = _turn(s, e)
+    try:
+        return turn.calls[e.data["call_id"]]
+    except KeyError:
+        raise SchemaVersionError(f"event {e.id} ({e.type}) refers to an unknown call") from None
+
+
+HANDLERS = {
+    "session.created": _session_created,
+    "turn.started": _turn_started,
+    "turn.message": _turn_message,
+    "model.completed": _model_completed,
+    "tool.started": _tool_started,
+    "tool.step": _tool_step,
+    "tool.completed": _tool_completed,
+    "input.requested": _input_requested,
+    "turn.waiting": _turn_waiting,
+    "approval.candidate": _approval_candidate,
+    "approval.settled": _approval_settled,
+    "input.resolved": _input_resolved,
+    "turn.completed": _turn_completed,
+    "turn.failed": _turn_failed,
+    "turn.resumed": _turn_resumed,
+    "turn.cancelled": _turn_cancelled,
+    "session.waiting": _session_waiting,
+}

@@ -1,0 +1,90 @@
+"""The parts a `SessionState` is made of: its turn (`TurnState`), the turn's tool calls
+(`CallState`, with the statuses a call moves through) and its input requests (`RequestState`).
+Apart from `_state` so the event handlers of `_event_handlers`, below it, can build them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ._types import InputRequest, Principal
+
+__all__ = [
+    "CallState",
+    "CallStatus",
+    "RequestState",
+    "TurnState",
+    "TurnStatus",
+    "dump_principal",
+    "load_principal",
+]
+
+CallStatus = Literal[
+    "proposed",  # the model asked for it; no approval decision recorded yet
+    "requested",  # an approval request is open for it
+    "approved",  # a person approved it; it has not started
+    "denied",  # denied, cancelled or ignored before it ran; its result is not recorded yet
+    "running",  # tool.started recorded, no result yet
+    "awaiting",  # the tool body asked for approval itself (ApprovalRequired)
+    "asking",  # the tool body is parked on ctx.ask(); it re-runs (replaying) once answered
+    "decided",  # that approval was settled; the decision becomes the result
+    "done",  # tool.completed recorded
+]
+
+TurnStatus = Literal["running", "waiting", "completed", "failed", "cancelled"]
+
+
+@dataclass(slots=True, kw_only=True)
+class CallState:
+    id: str
+    tool_name: str
+    input: Any
+    status: CallStatus = "proposed"
+    request_id: str | None = None
+    decision: dict[str, Any] | None = None
+    idempotency_key: str | None = None
+    edited_input: Any = None
+    journal: list[dict[str, Any] | None] = field(default_factory=list)
+
+    def record(self, index: int, entry: dict[str, Any]) -> None:
+        while len(self.journal) <= index:
+            self.journal.append(None)
+        self.journal[index] = entry
+
+
+@dataclass(slots=True, kw_only=True)
+class RequestState:
+    request: InputRequest
+    status: str = "pending"
+    outcome: str | None = None
+    resolution: dict[str, Any] | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class TurnState:
+    id: str
+    status: TurnStatus = "running"
+    principal: Principal | None = None
+    started_at: float = 0.0
+    steps: int = 0
+    text: str = ""
+    calls: dict[str, CallState] = field(default_factory=dict)
+    retryable: bool = False
+    error: dict[str, Any] | None = None
+    first_seq: int = 0
+    last_message_seq: int = 0
+    model_seq: int = 0  # the latest model.completed: a message after it is not read yet
+    source: str = "message"
+
+    @property
+    def steered(self) -> bool:
+        """A steering message arrived that the model has not read yet."""
+        return self.last_message_seq > self.model_seq
+
+
+def dump_principal(p: Principal | None) -> dict[str, Any] | None:
+    return None if p is None else p.model_dump()
+
+
+def load_principal(d: dict[str, Any] | None) -> Principal | None:
+    return None if d is None else Principal.model_validate(d)
