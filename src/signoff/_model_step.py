@@ -4,43 +4,17 @@ recorded, and the session's budgets (asking a person to raise one that is spent)
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
-
-from ._agent import Agent
-from ._events import Event
 from ._exceptions import ModelError, SignoffError
-from ._recording import Batch, EventSpec, dump_request, new_id
+from ._recording import DriverPart, EventSpec, dump_request, new_id
 from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
 from ._types import InputRequest, Message, ModelResponse, Option, ToolResultMessage
 from .models import ModelRequest, ToolSpec
-from .stores import Resolve, Store
 
 __all__ = ["ModelStep"]
 
 
-class ModelStep:
+class ModelStep(DriverPart):
     """Calling the model for a turn: a part of `Driver`, mixed into it."""
-
-    # The Driver's (set in `Driver.__init__`).
-    store: Store
-    agent: Agent
-    state: SessionState
-    clock: Callable[[], float]
-    abort_signal: asyncio.Event
-
-    if TYPE_CHECKING:  # `Driver.record`
-
-        async def record(
-            self,
-            specs: Sequence[EventSpec] | Callable[[SessionState], Sequence[EventSpec] | Batch],
-            *,
-            new_requests: Sequence[InputRequest] = (),
-            resolve: Sequence[Resolve] = (),
-            durable: bool = False,
-            turn_id: str | None = None,
-        ) -> list[Event]: ...
 
     # -- the model ----------------------------------------------------------------------------
 

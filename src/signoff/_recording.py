@@ -3,10 +3,11 @@ to, and the results a model reads for calls that did not run as proposed."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -16,11 +17,15 @@ from ._state import CallState, SessionState, fold
 from ._types import InputRequest
 from .stores import Resolve, Store
 
+if TYPE_CHECKING:
+    from ._agent import Agent
+
 __all__ = [
     "PARK_TYPES",
     "SNAPSHOT_EVERY",
     "STATUS_TYPES",
     "Batch",
+    "DriverPart",
     "EventSpec",
     "TurnStopped",
     "denial",
@@ -207,3 +212,27 @@ def invalid_input(exc: ValidationError) -> dict[str, Any]:
 
 def dump_request(request: InputRequest) -> dict[str, Any]:
     return request.model_dump(mode="json", exclude_defaults=True)
+
+
+class DriverPart:
+    """What a part of `Driver` kept in its own module (`ModelStep`, `ToolCalls`) uses of it: the
+    attributes `Driver.__init__` sets, and `Driver.record`'s signature for type checkers."""
+
+    store: Store
+    agent: Agent
+    state: SessionState
+    clock: Callable[[], float]
+    abort_signal: asyncio.Event
+    host: Any  # what delegate tools drive subagents through; read by a running call's journal
+
+    if TYPE_CHECKING:  # `Driver.record`
+
+        async def record(
+            self,
+            specs: Sequence[EventSpec] | Callable[[SessionState], Sequence[EventSpec] | Batch],
+            *,
+            new_requests: Sequence[InputRequest] = (),
+            resolve: Sequence[Resolve] = (),
+            durable: bool = False,
+            turn_id: str | None = None,
+        ) -> list[Event]: ...

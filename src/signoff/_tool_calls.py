@@ -6,17 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ._agent import Agent
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
-from ._events import Event
 from ._journal import CallJournal
 from ._recording import (
     Batch,
+    DriverPart,
     EventSpec,
     denial,
     dump_request,
@@ -28,32 +26,12 @@ from ._recording import (
 from ._state import CallState, SessionState
 from ._tools import ApprovalRequired, InputUnavailable, QuestionWithdrawn, Tool, ToolContext
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, input_hash
-from .stores import Resolve
 
 __all__ = ["ToolCalls"]
 
 
-class ToolCalls:
+class ToolCalls(DriverPart):
     """Deciding and running a turn's tool calls: a part of `Driver`, mixed into it."""
-
-    # The Driver's (set in `Driver.__init__`); `host` is read by a running call's journal.
-    agent: Agent
-    state: SessionState
-    clock: Callable[[], float]
-    abort_signal: asyncio.Event
-    host: Any
-
-    if TYPE_CHECKING:  # `Driver.record`
-
-        async def record(
-            self,
-            specs: Sequence[EventSpec] | Callable[[SessionState], Sequence[EventSpec] | Batch],
-            *,
-            new_requests: Sequence[InputRequest] = (),
-            resolve: Sequence[Resolve] = (),
-            durable: bool = False,
-            turn_id: str | None = None,
-        ) -> list[Event]: ...
 
     # -- approvals ----------------------------------------------------------------------------
 
