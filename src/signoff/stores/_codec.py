@@ -209,9 +209,9 @@ def parse(text: str) -> Any:
         raise StoreError(f"a stored document is not JSON: {exc}") from exc
 
 
-def unpack(stored: str | bytes | memoryview, previous: str | None = None) -> Any:
-    """The value of a stored document (`previous` as for `unpack_text`)."""
-    return parse(unpack_text(stored, previous))
+def unpack(stored: str | bytes | memoryview) -> Any:
+    """The value of a stored document (an event stored on another needs `unpack_event`)."""
+    return parse(unpack_text(stored))
 
 
 def event_text(stored: str | bytes | memoryview, earlier: Sequence[Stored | None]) -> str:
