@@ -12,6 +12,7 @@ from signoff._events import EVENT_TYPES
 from signoff.stores._codec import (
     CHAIN_MAX,
     EventTexts,
+    Tails,
     event_text,
     needs_previous,
     pack,
@@ -195,3 +196,16 @@ def test_a_text_too_long_to_be_a_dictionary_is_not_handed_on() -> None:
     assert after is None and unpack_event(stored) == long
     stored, after = pack_event(REQUESTED, (unpack_text(pack(long)), 0))
     assert not needs_previous(stored) and after is not None
+
+
+def test_tails_answer_only_for_the_head_they_saw_and_keep_the_most_recent() -> None:
+    tails = Tails(keep=2)
+    tails.put("a", 5, ("text a", 0))
+    assert tails.knows("a", 5) and tails.get("a", 5) == ("text a", 0)
+    assert not tails.knows("a", 6) and tails.get("a", 6) is None  # someone else wrote since
+    tails.put("b", 3, None)  # known to give nothing (an audited event, a long text)
+    assert tails.knows("b", 3) and tails.get("b", 3) is None
+    tails.put("a", 7, ("text a2", 1))  # a is now the most recent
+    tails.put("c", 1, ("text c", 0))  # over `keep`: the least recent (b) goes
+    assert not tails.knows("b", 3) and tails.get("a", 7) == ("text a2", 1)
+    assert tails.knows("c", 1)

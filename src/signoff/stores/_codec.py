@@ -265,9 +265,6 @@ class Tails:
             del self._tails[next(iter(self._tails))]
         self._tails[key] = (seq, previous)
 
-    def forget(self, key: Any) -> None:
-        self._tails.pop(key, None)
-
 
 class EventTexts:
     """Reads a run of one session's stored events in seq order: an event kept on the one before

@@ -157,10 +157,8 @@ class SQLiteStore(Reads, Leases):
                         (sk, commit.lease_token),
                     )
         except sqlite3.IntegrityError as exc:
-            self._tails.forget(sk)
             raise AppendConflict(f"session {commit.session_id!r}: {exc}") from exc
         except sqlite3.Error as exc:
-            self._tails.forget(sk)
             raise StoreError(f"SQLite commit failed: {exc}") from exc
         finally:
             if commit.durable:
