@@ -346,6 +346,13 @@ async def test_misuse_is_named(tmp_path: Path) -> None:
         state.forget("c", "k")
         assert state.recall("c", "k") is None
         state.close()
+        # a state file that cannot be opened is a named error, not an OSError or sqlite3 error
+        (tmp_path / "dir").write_text("a file where a directory should be")
+        with pytest.raises(so.StoreError, match="channel state"):
+            ChannelHub(rt, [Texts()], state=tmp_path / "dir" / "hub.db")
+        (tmp_path / "junk.db").write_bytes(b"not a database" * 100)
+        with pytest.raises(so.StoreError, match="channel state"):
+            ChannelState(tmp_path / "junk.db")
 
 
 async def test_an_id_committed_late_is_not_skipped_and_a_lasting_hole_is_passed(
