@@ -7,6 +7,7 @@ import json
 import queue
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -391,6 +392,54 @@ def test_errors_are_one_red_line(url: str, args: list[str], error: str) -> None:
     assert result.stderr.startswith(f"error: {error}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
+
+
+def test_a_multi_line_error_is_still_one_red_line() -> None:
+    pytest.importorskip("psycopg")
+    store = f"postgresql://nobody@127.0.0.1:{_free_port()}/x"  # nothing listens there
+    result = invoke("pending", "--store", store)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: cannot connect to PostgreSQL")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_sessions_refuses_an_unknown_status(url: str) -> None:
+    park(url)
+    result = invoke("sessions", "--store", url, "--status", "waitin")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: --status takes one of idle, running, ")
+    waiting = invoke("sessions", "--store", url, "--status", "waiting", "--json")
+    assert [r["status"] for r in json.loads(waiting.stdout)] == ["waiting"]
+
+
+def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.db"
+    conn = sqlite3.connect(newer)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    conn.execute("INSERT INTO meta VALUES ('schema', '999')")
+    conn.commit()
+    conn.close()
+    result = invoke("serve", TARGET, "--store", f"sqlite:///{newer}", "--port", "0")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: SchemaVersionError: "), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    (tmp_path / "file").write_text("not a directory")
+    result = invoke(
+        "serve",
+        TARGET,
+        "--store",
+        f"sqlite:///{tmp_path}/state.db",
+        "--port",
+        "0",
+        "--webhook",
+        "http://127.0.0.1:9/hook",
+        "--webhook-secret",
+        "s",
+        "--channel-state",
+        str(tmp_path / "file" / "hub.db"),
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: cannot open the channel state")
 
 
 def test_bad_store_url_is_a_usage_error() -> None:

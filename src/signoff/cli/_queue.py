@@ -73,6 +73,9 @@ def pending(
     run(go())
 
 
+SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
+
+
 @app.command()
 def sessions(
     store: StoreOption = None,
@@ -87,6 +90,8 @@ def sessions(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List sessions, most recently active first."""
+    if status is not None and status not in SESSION_STATUSES:
+        fail(UsageError(f"--status takes one of {', '.join(SESSION_STATUSES)}, not {status!r}"))
 
     async def go() -> None:
         async with Runtime([], store=store or DEFAULT_URL) as runtime:
