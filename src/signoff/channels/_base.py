@@ -93,6 +93,16 @@ def describe_principal(principal: Principal | None) -> str:
     return "the policy" if principal is None else principal.principal_id
 
 
+def settled_as(resolution: Mapping[str, Any] | None) -> tuple[str, str]:
+    """How a stored resolution reads to someone who answers late: its outcome as a person says
+    it (`approved`, `denied`, `answered`, ...) and who decided."""
+    resolution = resolution or {}
+    outcome = str(resolution.get("outcome") or "settled")
+    by = resolution.get("by")
+    who = describe_principal(Principal.model_validate(by) if isinstance(by, dict) else None)
+    return ("denied" if outcome == "cancelled" else outcome), who
+
+
 class ChannelState:
     """Where channels keep what must survive a restart: feed positions and small memos.
 

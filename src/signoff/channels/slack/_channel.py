@@ -20,7 +20,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from ..._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from ..._types import InputRequest, InputResponse, Principal
-from .._base import Channel, InvalidSignature, Resolution, describe_principal, logger
+from .._base import Channel, InvalidSignature, Resolution, logger, settled_as
 from ._blocks import (
     ANSWER_BLOCK,
     APPROVE,
@@ -333,11 +333,7 @@ class SlackChannel(Channel):
     async def _closed_note(self, request_id: str) -> str:
         """Tell a late responder how the request closed, and by whom."""
         stored = await self.runtime.store.get_request(request_id)
-        resolution = (stored.resolution if stored is not None else None) or {}
-        outcome = str(resolution.get("outcome") or "settled")
-        shown = "denied" if outcome == "cancelled" else outcome
-        by = resolution.get("by")
-        who = describe_principal(Principal.model_validate(by) if isinstance(by, dict) else None)
+        shown, who = settled_as(stored.resolution if stored is not None else None)
         return f"Request {request_id} is already closed: {shown} by {who}."
 
     async def _open_view(
