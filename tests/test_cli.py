@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -113,6 +113,30 @@ double = so.Agent(
         ]
     ),
     tools=[issue_refund],
+)
+
+
+async def _four_eyes(ctx: so.ResponseContext) -> Literal["allowed", "rejected"]:
+    """Anyone but the person whose turn asked may approve."""
+    who, asker = ctx.response.principal, ctx.request.principal
+    return "rejected" if who is None or who == asker else "allowed"
+
+
+@so.tool(approval=so.ApprovalSpec(request=so.always(), response=_four_eyes))
+async def deploy(env: str) -> str:
+    """Deploy to an environment."""
+    return f"deployed to {env}"
+
+
+deployer = so.Agent(
+    name="deployer",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="deploy", input={"env": "prod"})]),
+            so.ModelResponse(text="Deployed."),
+        ]
+    ),
+    tools=[deploy],
 )
 
 
@@ -440,6 +464,38 @@ def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> 
     )
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("error: StoreError: cannot open the channel state")
+
+
+def test_a_response_policy_is_not_bypassed_by_recording_only(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    rt = so.Runtime([deployer], store=url)
+    try:
+        parked = rt.generate_sync("deployer", "Deploy prod", auth=alice)
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    before = len(log(url, parked.session_id))
+    # without the runtime the policy cannot run: the answer is refused, not recorded past it
+    alone = invoke("approve", request.id, "--store", url, "--as", "web:alice")
+    assert alone.exit_code == 1, alone.output
+    assert alone.stderr.startswith("error: UsageError: "), alone.stderr
+    assert "response policy" in alone.stderr and "MODULE:RUNTIME" in alone.stderr
+    assert len(log(url, parked.session_id)) == before
+    # with the runtime the policy decides: the asker is refused, and told so (not "already")
+    refused = invoke(
+        "approve", request.id, "tests.test_cli:deployer", "--store", url, "--as", "web:alice"
+    )
+    assert refused.exit_code == 1, refused.output
+    assert "not accepted (rejected)" in refused.stderr
+    assert "already" not in refused.output
+    assert [r["id"] for r in json.loads(invoke("pending", "--store", url, "--json").stdout)] == [
+        request.id
+    ]
+    allowed = invoke(
+        "approve", request.id, "tests.test_cli:deployer", "--store", url, "--as", "web:bob"
+    )
+    assert allowed.exit_code == 0, allowed.output
+    assert "deployer: Deployed." in allowed.output
 
 
 def test_bad_store_url_is_a_usage_error() -> None:
