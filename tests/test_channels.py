@@ -164,6 +164,33 @@ async def test_a_reply_is_bound_to_the_request_shown_even_if_it_closed_meanwhile
         assert runs == []
 
 
+async def test_a_reply_to_a_request_settled_the_same_way_elsewhere_says_so(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, _ = r.pending
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            # A is approved elsewhere and the hub has not caught up: the same answer is a no-op,
+            # and the person hears who settled A before B is shown
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            outcome = await sms.reply("yes", BOB)
+            assert outcome is not None and not outcome.applied
+            assert sms.sent[-2] == "issue_refund was already approved by the policy."
+            assert sms.sent[-1] == sms.render(b)
+            # a response of the wrong shape is told to the person, not raised at the caller
+            wrong = so.InputResponse(request_id=b.id, option_id="maybe")
+            assert await sms.answer(b, wrong, BOB) is None
+            assert sms.sent[-1].startswith("Your answer was not accepted: request ")
+            await hub.poll()
+            assert sms.sent[-1].startswith("Your answer was not accepted")  # nothing told twice
+        assert await status(rt, b.id) == ("pending", None)
+        assert runs == ["A-1"]
+
+
 async def test_a_restarted_hub_does_not_show_the_current_request_again(tmp_path: Path) -> None:
     runs: list[str] = []
     state = tmp_path / "channels.db"
@@ -346,6 +373,13 @@ async def test_misuse_is_named(tmp_path: Path) -> None:
         state.forget("c", "k")
         assert state.recall("c", "k") is None
         state.close()
+        # a state file that cannot be opened is a named error, not an OSError or sqlite3 error
+        (tmp_path / "dir").write_text("a file where a directory should be")
+        with pytest.raises(so.StoreError, match="channel state"):
+            ChannelHub(rt, [Texts()], state=tmp_path / "dir" / "hub.db")
+        (tmp_path / "junk.db").write_bytes(b"not a database" * 100)
+        with pytest.raises(so.StoreError, match="channel state"):
+            ChannelState(tmp_path / "junk.db")
 
 
 async def test_an_id_committed_late_is_not_skipped_and_a_lasting_hole_is_passed(

@@ -7,12 +7,13 @@ import json
 import queue
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import pytest
@@ -112,6 +113,30 @@ double = so.Agent(
         ]
     ),
     tools=[issue_refund],
+)
+
+
+async def _four_eyes(ctx: so.ResponseContext) -> Literal["allowed", "rejected"]:
+    """Anyone but the person whose turn asked may approve."""
+    who, asker = ctx.response.principal, ctx.request.principal
+    return "rejected" if who is None or who == asker else "allowed"
+
+
+@so.tool(approval=so.ApprovalSpec(request=so.always(), response=_four_eyes))
+async def deploy(env: str) -> str:
+    """Deploy to an environment."""
+    return f"deployed to {env}"
+
+
+deployer = so.Agent(
+    name="deployer",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="deploy", input={"env": "prod"})]),
+            so.ModelResponse(text="Deployed."),
+        ]
+    ),
+    tools=[deploy],
 )
 
 
@@ -391,6 +416,86 @@ def test_errors_are_one_red_line(url: str, args: list[str], error: str) -> None:
     assert result.stderr.startswith(f"error: {error}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
+
+
+def test_a_multi_line_error_is_still_one_red_line() -> None:
+    pytest.importorskip("psycopg")
+    store = f"postgresql://nobody@127.0.0.1:{_free_port()}/x"  # nothing listens there
+    result = invoke("pending", "--store", store)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: cannot connect to PostgreSQL")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_sessions_refuses_an_unknown_status(url: str) -> None:
+    park(url)
+    result = invoke("sessions", "--store", url, "--status", "waitin")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: --status takes one of idle, running, ")
+    waiting = invoke("sessions", "--store", url, "--status", "waiting", "--json")
+    assert [r["status"] for r in json.loads(waiting.stdout)] == ["waiting"]
+
+
+def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.db"
+    conn = sqlite3.connect(newer)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    conn.execute("INSERT INTO meta VALUES ('schema', '999')")
+    conn.commit()
+    conn.close()
+    result = invoke("serve", TARGET, "--store", f"sqlite:///{newer}", "--port", "0")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: SchemaVersionError: "), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    (tmp_path / "file").write_text("not a directory")
+    result = invoke(
+        "serve",
+        TARGET,
+        "--store",
+        f"sqlite:///{tmp_path}/state.db",
+        "--port",
+        "0",
+        "--webhook",
+        "http://127.0.0.1:9/hook",
+        "--webhook-secret",
+        "s",
+        "--channel-state",
+        str(tmp_path / "file" / "hub.db"),
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: cannot open the channel state")
+
+
+def test_a_response_policy_is_not_bypassed_by_recording_only(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    rt = so.Runtime([deployer], store=url)
+    try:
+        parked = rt.generate_sync("deployer", "Deploy prod", auth=alice)
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    before = len(log(url, parked.session_id))
+    # without the runtime the policy cannot run: the answer is refused, not recorded past it
+    alone = invoke("approve", request.id, "--store", url, "--as", "web:alice")
+    assert alone.exit_code == 1, alone.output
+    assert alone.stderr.startswith("error: UsageError: "), alone.stderr
+    assert "response policy" in alone.stderr and "MODULE:RUNTIME" in alone.stderr
+    assert len(log(url, parked.session_id)) == before
+    # with the runtime the policy decides: the asker is refused, and told so (not "already")
+    refused = invoke(
+        "approve", request.id, "tests.test_cli:deployer", "--store", url, "--as", "web:alice"
+    )
+    assert refused.exit_code == 1, refused.output
+    assert "not accepted (rejected)" in refused.stderr
+    assert "already" not in refused.output
+    assert [r["id"] for r in json.loads(invoke("pending", "--store", url, "--json").stdout)] == [
+        request.id
+    ]
+    allowed = invoke(
+        "approve", request.id, "tests.test_cli:deployer", "--store", url, "--as", "web:bob"
+    )
+    assert allowed.exit_code == 0, allowed.output
+    assert "deployer: Deployed." in allowed.output
 
 
 def test_bad_store_url_is_a_usage_error() -> None:

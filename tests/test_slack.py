@@ -828,3 +828,121 @@ async def test_expired_and_withdrawn_requests_stay_visible_as_records(
             f":no_entry_sign: *Withdrawn* {date(cancelled_at)}: “turn cancelled”"
         )
         assert first_update["blocks"][1] == posted[1]  # the exact input is still shown
+
+
+async def test_wrongly_typed_fields_and_absurd_timestamps_are_named_not_500(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        user = {"id": "U045EF6GH", "team_id": TEAM}
+        meta = json.dumps({"request_id": req.id, "channel": "C42"})
+        payloads: list[dict[str, Any]] = [
+            {"type": "block_actions", "user": user, "team": "T1", "actions": []},
+            {
+                "type": "block_actions",
+                "user": user,
+                "team": {"id": TEAM},
+                "channel": "C42",
+                "actions": [{"action_id": "signoff.approve", "value": req.id}],
+            },
+            {
+                "type": "view_submission",
+                "user": user,
+                "team": {"id": TEAM},
+                "view": {
+                    "callback_id": "signoff.deny",
+                    "private_metadata": meta,
+                    "state": {"values": []},
+                },
+            },
+            {
+                "type": "view_submission",
+                "user": user,
+                "team": {"id": TEAM},
+                "view": {
+                    "callback_id": "signoff.deny",
+                    "private_metadata": meta,
+                    "state": {"values": {"signoff.reason": {"reason": {"value": 5}}}},
+                },
+            },
+        ]
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                for payload in payloads:
+                    body = form(payload)
+                    response = await http.post(
+                        PATH, content=body, headers=sign(body, int(time.time()))
+                    )
+                    assert response.status_code == 400, (payload, response.text)
+                    assert response.json()["error"]["code"] == "invalid_payload"
+                # a timestamp too large for a float is refused like any other stale one
+                body = click({"action_id": "signoff.approve", "value": req.id})
+                huge = {**sign(body, int(time.time())), "X-Slack-Request-Timestamp": "9" * 400}
+                response = await http.post(PATH, content=body, headers=huge)
+                assert response.status_code == 401
+                assert response.json()["error"]["code"] == "invalid_signature"
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert log == []
+
+
+async def test_a_click_on_a_request_settled_elsewhere_says_it_is_closed(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            # approved from the API by another allowed approver, before the message is updated
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=slack_principal(TEAM, "U078JK9LM"),
+            )
+            body = click({"action_id": "signoff.approve", "value": req.id, "type": "button"})
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+        assert len(log) == 1  # the call ran once
+        (note,) = slack_api.of("chat.postEphemeral")
+        assert note["user"] == "U045EF6GH"
+        assert note["text"] == (
+            f"Request {req.id} is already closed: approved by slack:T012AB3CD:U078JK9LM."
+        )
+
+
+async def test_an_answer_the_runtime_refuses_is_told_to_the_person(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    async with so.Runtime([question_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="Reorder the soap")
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            # an option the question does not have (say, the menu of an older version)
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{req.id}",
+                    "selected_option": {"value": "7"},
+                }
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        (note,) = slack_api.of("chat.postEphemeral")
+        assert note["text"].startswith("Your answer was not accepted: request ")
+        assert "has no option '7'" in note["text"]

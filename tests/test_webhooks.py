@@ -138,6 +138,7 @@ async def test_resolution_and_expiry_warnings_are_delivered(tmp_path: Path) -> N
             )
             await hub.poll()
             await hooks.drain()
+            assert hooks.recall(f"warned:{req.id}") is None  # the memo goes with the request
         payloads = [verify_webhook(SECRET, h, b, now=clock.now) for h, b in receiver.accepted]
         assert [p["type"] for p in payloads] == [
             "request.opened",
@@ -205,6 +206,8 @@ def test_verify_webhook_rejects_what_it_should() -> None:
         verify_webhook(SECRET, {"Signoff-Timestamp": str(stamp)}, body, now=stamp)
     with pytest.raises(InvalidSignature, match="not a Unix timestamp"):
         verify_webhook(SECRET, {**good, "Signoff-Timestamp": "yesterday"}, body, now=stamp)
+    with pytest.raises(InvalidSignature, match="more than 300s off"):  # too large for a float
+        verify_webhook(SECRET, {**good, "Signoff-Timestamp": "9" * 400}, body, now=stamp + 0.5)
     unsigned_json = b"[1]"
     listed = {
         "Signoff-Timestamp": str(stamp),
@@ -225,6 +228,12 @@ def test_configuration_errors_are_named() -> None:
         WebhookChannel("https://example.com/hook", "")
     with pytest.raises(so.UsageError, match="max_attempts"):
         WebhookChannel("https://example.com/hook", SECRET, max_attempts=0)
+    # each URL once (twice would deliver every event twice), and one httpx can send to
+    with pytest.raises(so.UsageError, match="twice"):
+        WebhookChannel(["https://example.com/a", "https://example.com/a"], SECRET)
+    for bad in ("https://[::1", "http://", "https:///path"):
+        with pytest.raises(so.UsageError, match="URL"):
+            WebhookChannel(bad, SECRET)
 
 
 async def test_deliveries_to_one_url_keep_their_order() -> None:

@@ -14,6 +14,7 @@ from .stores._audit import AuditEntry, AuditRow, chain_hash
 __all__ = ["AuditProblem", "entries", "record_tool_settings", "tool_setting", "verify"]
 
 TOOL_SETTING = "tool.approval_changed"
+RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,7 +85,7 @@ def tool_setting(agent: Agent, name: str) -> str:
             return "Always (guardrail)"
     setting = tool.approval.describe()
     if tool.response_policy is not None:
-        setting += " + response policy"
+        setting += RESPONSE_POLICY_NOTE
     return setting
 
 

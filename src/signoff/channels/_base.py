@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import SignoffError, UsageError
+from .._exceptions import SignoffError, StoreError, UsageError
 from .._results import Outcome
 from .._types import InputRequest, InputResponse, Principal
 
@@ -93,6 +93,16 @@ def describe_principal(principal: Principal | None) -> str:
     return "the policy" if principal is None else principal.principal_id
 
 
+def settled_as(resolution: Mapping[str, Any] | None) -> tuple[str, str]:
+    """How a stored resolution reads to someone who answers late: its outcome as a person says
+    it (`approved`, `denied`, `answered`, ...) and who decided."""
+    resolution = resolution or {}
+    outcome = str(resolution.get("outcome") or "settled")
+    by = resolution.get("by")
+    who = describe_principal(Principal.model_validate(by) if isinstance(by, dict) else None)
+    return ("denied" if outcome == "cancelled" else outcome), who
+
+
 class ChannelState:
     """Where channels keep what must survive a restart: feed positions and small memos.
 
@@ -102,21 +112,27 @@ class ChannelState:
 
     def __init__(self, path: str | Path = ":memory:") -> None:
         self.path = str(path)
-        if self.path != ":memory:":
-            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._lock = threading.Lock()
         self.closed = False
-        with self._lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute(
+        conn: sqlite3.Connection | None = None
+        try:
+            if self.path != ":memory:":
+                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(
                 "CREATE TABLE IF NOT EXISTS channel_positions "
                 "(name TEXT PRIMARY KEY, after_id INTEGER NOT NULL)"
             )
-            self._conn.execute(
+            conn.execute(
                 "CREATE TABLE IF NOT EXISTS channel_memos (channel TEXT NOT NULL, "
                 "key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (channel, key))"
             )
+        except (OSError, sqlite3.Error) as exc:
+            if conn is not None:
+                conn.close()
+            raise StoreError(f"cannot open the channel state {self.path}: {exc}") from exc
+        self._conn = conn
 
     def position(self, name: str) -> int | None:
         """The last audit entry id `name` has handled, or None if it never ran."""

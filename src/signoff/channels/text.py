@@ -15,10 +15,10 @@ from typing import Literal
 
 from rich.markup import escape
 
-from .._exceptions import AnswerError, NotAllowed, UsageError
+from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from .._results import Outcome
 from .._types import InputRequest, InputResponse, Principal, match_option
-from ._base import Channel, Resolution, describe_principal, logger
+from ._base import Channel, Resolution, describe_principal, logger, settled_as
 from .terminal import TerminalChannel, compact_json
 
 __all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
@@ -232,6 +232,9 @@ class TextChannel(Channel):
         except AnswerError as exc:
             await self.send_text(f"This request can no longer be answered: {exc}")
             return None
+        except SignoffError as exc:  # an answer of the wrong shape, an expired session, ...
+            await self.send_text(f"Your answer was not accepted: {exc}")
+            return None
         if outcome.outcome == "counted":
             if outcome.applied:
                 await self.send_text(f"Counted ({outcome.reason}); waiting for more approvals.")
@@ -242,11 +245,19 @@ class TextChannel(Channel):
             why = f": {outcome.reason}" if outcome.reason else ""
             await self.send_text(f"Your answer was not accepted ({outcome.outcome}{why}).")
             return outcome
+        if not outcome.applied:  # settled the same way before: say by whom, as on_resolved would
+            await self.send_text(await self._settled_before(request))
         async with self._lock:
             if self._queue and self._queue[0].id == request.id:
                 del self._queue[0]  # closed by this answer: the next one can be shown
                 await self._show_current()
         return outcome
+
+    async def _settled_before(self, request: InputRequest) -> str:
+        stored = await self.runtime.store.get_request(request.id)
+        shown, who = settled_as(stored.resolution if stored is not None else None)
+        what = request.tool_name if request.kind == "tool-approval" else "the question"
+        return f"{what} was already {shown} by {who}."
 
 
 class TerminalTextChannel(TextChannel):

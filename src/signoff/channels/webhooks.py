@@ -73,10 +73,12 @@ def verify_webhook(
     except ValueError:
         raise InvalidSignature(f"{TIMESTAMP_HEADER} is not a Unix timestamp: {stamp!r}") from None
     current = time.time() if now is None else now
-    if abs(current - timestamp) > tolerance:
-        raise InvalidSignature(
-            f"the delivery is {int(current - timestamp)}s old; more than {tolerance:g}s off"
-        )
+    try:
+        age = current - timestamp
+    except OverflowError:  # an integer too large for a float: no real clock is there
+        raise InvalidSignature(f"{TIMESTAMP_HEADER} is more than {tolerance:g}s off") from None
+    if abs(age) > tolerance:
+        raise InvalidSignature(f"the delivery is {int(age)}s old; more than {tolerance:g}s off")
     expected = sign_webhook(secret, timestamp, raw)
     candidates = [s.strip() for s in given.split(",") if s.strip().startswith("v1=")]
     if not any(hmac.compare_digest(expected, c) for c in candidates):
@@ -117,13 +119,21 @@ class WebhookChannel(Channel):
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         super().__init__(name=name, accepts=accepts)
-        _httpx()  # fail at configuration time, with the install hint
+        httpx = _httpx()  # fail at configuration time, with the install hint
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
             raise UsageError("WebhookChannel needs at least one URL")
         for url in url_list:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise UsageError(f"a webhook URL must be http(s)://..., not {url!r}")
+            try:
+                host = httpx.URL(url).host
+            except httpx.InvalidURL as exc:
+                raise UsageError(f"not a usable webhook URL: {url!r} ({exc})") from None
+            if not host:
+                raise UsageError(f"the webhook URL {url!r} names no host")
+            if url_list.count(url) > 1:  # one queue per URL: twice would deliver twice
+                raise UsageError(f"the webhook URL {url!r} is given twice")
         if not isinstance(secret, str) or not secret:
             raise UsageError("WebhookChannel needs a non-empty signing secret")
         if max_attempts < 1:
@@ -162,6 +172,7 @@ class WebhookChannel(Channel):
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         self._deadlines.pop(request.id, None)
+        self.forget(f"warned:{request.id}")  # a closed request is never warned about again
         self.enqueue("request.resolved", request, resolution)
 
     async def tick(self, now: float) -> None:

@@ -58,7 +58,9 @@ def err() -> Console:
 
 
 def fail(exc: BaseException) -> NoReturn:
-    message = str(exc).strip() or "(no message)"
+    """Print `exc` as one red line (a multi-line message, e.g. a driver's, is joined) and exit 1."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    message = " ".join(lines) or "(no message)"
     err().print(
         f"[bold red]error:[/] [red]{type(exc).__name__}: {escape(message)}[/]", soft_wrap=True
     )

@@ -15,6 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .._agent import Agent
+from .._audit_trail import RESPONSE_POLICY_NOTE, entries
 from .._events import Event
 from .._exceptions import (
     AnswerError,
@@ -31,6 +32,7 @@ from ._app import (
     StoreOption,
     app,
     clip,
+    err,
     error_text,
     fail,
     load_runtime,
@@ -73,6 +75,9 @@ def pending(
     run(go())
 
 
+SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
+
+
 @app.command()
 def sessions(
     store: StoreOption = None,
@@ -87,6 +92,8 @@ def sessions(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List sessions, most recently active first."""
+    if status is not None and status not in SESSION_STATUSES:
+        fail(UsageError(f"--status takes one of {', '.join(SESSION_STATUSES)}, not {status!r}"))
 
     async def go() -> None:
         async with Runtime([], store=store or DEFAULT_URL) as runtime:
@@ -147,7 +154,22 @@ def _unknown_request(request_id: str, where: str) -> UnknownRequest:
     return exc
 
 
+_SETTLED = frozenset({"approved", "cancelled", "answered"})
+
+
+async def _response_policy_recorded(runtime: Runtime, request: InputRequest) -> bool:
+    """Whether the last recorded setting of the request's tool has a response policy (every
+    runtime records its tools' settings in the audit trail when it opens the store)."""
+    if request.kind != "tool-approval" or request.tool_name is None:
+        return False
+    setting = None
+    async for entry in entries(runtime.store, stream=f"tools:{request.agent}.{request.tool_name}"):
+        setting = entry.data.get("new")
+    return isinstance(setting, str) and setting.endswith(RESPONSE_POLICY_NOTE)
+
+
 async def _settle(
+    command: str,
     request_id: str,
     answer: InputResponse,
     target: str | None,
@@ -163,6 +185,11 @@ async def _settle(
         if stored is None:
             raise _unknown_request(request_id, runtime.store.url)
         request = stored.request
+        if loaded is None and await _response_policy_recorded(runtime, request):
+            raise UsageError(
+                f"{request.tool_name} has a response policy that decides who may answer, and only "
+                f"its runtime can run it: signoff {command} {request_id} MODULE:RUNTIME"
+            )
         if loaded is None:
             # Record only: a process running the agent continues the turn later.
             settler = Runtime(
@@ -177,8 +204,21 @@ async def _settle(
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.question or request.kind
     where = f"({escape(what)} in session {request.session_id})"
-    if outcome is not None and not outcome.applied:
+    if outcome is not None and outcome.outcome == "counted":
+        if outcome.applied:
+            console.print(f"[green]counted[/] your approval of {request_id} ({outcome.reason})")
+        else:
+            console.print(f"You approved {request_id} before ({outcome.reason}); nothing changed.")
+    elif outcome is not None and not outcome.applied and outcome.outcome in _SETTLED:
         console.print(f"{request_id} was already {outcome.outcome}; nothing changed.")
+    elif outcome is not None and not outcome.applied:  # the response policy refused it
+        why = f": {outcome.reason}" if outcome.reason else ""
+        err().print(
+            f"[bold red]error:[/] [red]{request_id}: your answer was not accepted "
+            f"({escape(outcome.outcome + why)}); it stays pending[/]",
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
     elif answer.option_id == "approve" and request.kind == "tool-approval":
         console.print(f"[green]approved[/] {request_id} {where}")
     elif answer.option_id == "cancel" and request.kind == "tool-approval":
@@ -221,7 +261,7 @@ def approve(
 ) -> None:
     """Approve a pending request."""
     answer = InputResponse(request_id=request_id, option_id="approve", text=reason)
-    run(_settle(request_id, answer, target, store, acting_as))
+    run(_settle("approve", request_id, answer, target, store, acting_as))
 
 
 @app.command()
@@ -234,7 +274,7 @@ def deny(
 ) -> None:
     """Deny a pending request; the call never runs and the model reads the reason."""
     answer = InputResponse(request_id=request_id, option_id="cancel", text=reason)
-    run(_settle(request_id, answer, target, store, acting_as))
+    run(_settle("deny", request_id, answer, target, store, acting_as))
 
 
 @app.command()
@@ -254,7 +294,7 @@ def answer(
     if (option is None) == (text is None):
         fail(UsageError("answer takes exactly one of --option ID or --text TEXT"))
     response = InputResponse(request_id=request_id, option_id=option, text=text)
-    run(_settle(request_id, response, target, store, acting_as))
+    run(_settle("answer", request_id, response, target, store, acting_as))
 
 
 # -- the log ----------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ from .._exceptions import (
     SignoffError,
     UsageError,
 )
+from .._runtime import Runtime
 from .._types import Principal
-from ._app import app, fail, load_runtime
+from ._app import app, fail, load_runtime, run
 
 
 @app.command()
@@ -103,9 +104,22 @@ def serve(
         )
     except SignoffError as exc:
         fail(exc)
-    run_server(
-        runtime, host=host, port=port, auth=auth, channels=channels, channel_state=channel_state
-    )
+    # Open the store once before the server starts: a store it cannot use (unreachable, a newer
+    # schema) is then one red line, not a traceback from the server's startup.
+    run(_check_store(runtime.store.url))
+    try:
+        run_server(
+            runtime, host=host, port=port, auth=auth, channels=channels, channel_state=channel_state
+        )
+    except SignoffError as exc:  # e.g. a channel state file that cannot be opened
+        fail(exc)
+
+
+async def _check_store(url: str) -> None:
+    """Open and close the store at `url` (SQLite or PostgreSQL; other stores are left alone)."""
+    if url.startswith(("sqlite://", "postgresql://", "postgres://")):
+        async with Runtime([], store=url):
+            pass
 
 
 def _serve_channels(

@@ -20,7 +20,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from ..._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from ..._types import InputRequest, InputResponse, Principal
-from .._base import Channel, InvalidSignature, Resolution, logger
+from .._base import Channel, InvalidSignature, Resolution, logger, settled_as
 from ._blocks import (
     ANSWER_BLOCK,
     APPROVE,
@@ -208,7 +208,11 @@ class SlackChannel(Channel):
         except ValueError:
             raise InvalidSignature(f"the timestamp is not a number: {stamp!r}") from None
         now = self.clock()
-        if abs(now - sent) > TOLERANCE:
+        try:
+            off = abs(now - sent)
+        except OverflowError:  # an integer too large for a float: no real clock is there
+            off = float("inf")
+        if off > TOLERANCE:
             raise InvalidSignature("the request timestamp is more than five minutes off")
         if not self._verifier.is_valid(body=body, timestamp=stamp, signature=signature):
             raise InvalidSignature("the Slack signature does not match")
@@ -237,7 +241,8 @@ class SlackChannel(Channel):
                 return None
             if kind == "view_submission":
                 return self._on_submission(payload, principal, user)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            # AttributeError: a field of the wrong type (a string where an object belongs)
             raise SlackPayloadError(f"unreadable Slack interaction: {exc!r}") from None
         return None  # other interactions are not ours
 
@@ -310,6 +315,9 @@ class SlackChannel(Channel):
             except AnswerError as exc:
                 await self._tell(where, f"This request can no longer be answered: {exc}")
                 return
+            except SignoffError as exc:  # an answer of the wrong shape, an expired session, ...
+                await self._tell(where, f"Your answer was not accepted: {exc}")
+                return
             if outcome.outcome == "counted" and outcome.applied:
                 await self._tell(where, f"Your approval was counted ({outcome.reason}).")
             elif outcome.outcome == "counted":
@@ -317,8 +325,16 @@ class SlackChannel(Channel):
             elif not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
                 why = f": {outcome.reason}" if outcome.reason else ""
                 await self._tell(where, f"Your answer was not accepted ({outcome.outcome}{why}).")
+            elif not outcome.applied:  # settled before (elsewhere, or a second click)
+                await self._tell(where, await self._closed_note(response.request_id))
         except Exception:
             logger.exception("slack: settling %s failed", response.request_id)
+
+    async def _closed_note(self, request_id: str) -> str:
+        """Tell a late responder how the request closed, and by whom."""
+        stored = await self.runtime.store.get_request(request_id)
+        shown, who = settled_as(stored.resolution if stored is not None else None)
+        return f"Request {request_id} is already closed: {shown} by {who}."
 
     async def _open_view(
         self,
