@@ -303,6 +303,31 @@ async def test_duplicate_call_ids_from_the_model_are_made_unique(tmp_path: Path)
         assert len(set(log.keys())) == 2
 
 
+async def test_a_replacement_call_id_never_takes_an_id_the_model_gave(tmp_path: Path) -> None:
+    # The replacement for the second "same" is made from the event's seq and the call's index
+    # (call_3_2): the model may already have used exactly that id for another call.
+    log = ExecutionLog()
+    seen = Capture()
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("lookup_order", order_id="1", id="call_3_2"),
+                call("lookup_order", order_id="2", id="same"),
+                call("lookup_order", order_id="3", id="same"),
+            ),
+            seen,
+        ],
+        tools=tools(log),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        await rt.generate("a", prompt="go")
+        results = tool_results(seen.last)
+        assert len({m.call_id for m in results}) == 3
+        assert sorted(m.content["order_id"] for m in results) == ["1", "2", "3"]
+        assert log.count() == 3
+
+
 async def test_idempotency_key_is_recorded_and_names_the_call(tmp_path: Path) -> None:
     log = ExecutionLog()
     agent = refund_agent(log)
