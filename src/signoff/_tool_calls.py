@@ -171,12 +171,20 @@ class ToolCalls(DriverPart):
 
     async def verdict(self, tool: Tool, ctx: ApprovalContext) -> Verdict:
         """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
-        verdicts = [await tool.approval.decide(ctx)]
+        try:
+            own = await tool.approval.decide(ctx)
+        except Exception as exc:  # fail closed: a broken policy asks a person
+            own = Verdict("ask", error=f"approval policy raised {type(exc).__name__}: {exc}")
+        if not isinstance(own, Verdict):
+            own = Verdict("ask", error=f"approval policy returned {own!r}, not a Verdict")
+        verdicts = [own]
         for guardrail in self.agent.guardrails:
             try:
                 v = await guardrail.decide(ctx)
             except Exception as exc:  # fail closed, like a broken policy: ask a person
                 v = Verdict("ask", error=f"guardrail raised {type(exc).__name__}: {exc}")
+            if v is not None and not isinstance(v, Verdict):
+                v = Verdict("ask", error=f"guardrail returned {v!r}, not a Verdict or None")
             if v is not None:
                 verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
         for action in ("deny", "ask"):
