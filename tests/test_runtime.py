@@ -282,6 +282,28 @@ async def test_unknown_tool_becomes_a_tool_error(tmp_path: Path) -> None:
         assert "lookup_order" in result.content["error"]
 
 
+async def test_an_approved_call_whose_tool_left_the_agent_becomes_a_tool_error(
+    tmp_path: Path,
+) -> None:
+    # A new deploy dropped the tool while its approval waited: the call cannot run, and the
+    # turn must go on (with the model told why) instead of failing on every resume.
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+    seen = Capture(reply("sorry"))
+    steps: list[Any] = [call_tools(call("issue_refund", order_id="1", amount=5)), seen]
+    redeployed = scripted_agent("a", steps, tools=tools(log)[:1])
+    async with sqlite_runtime(tmp_path, redeployed) as rt:
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        assert r.status == "completed"
+        assert log.count() == 0
+        (result,) = tool_results(seen.last)
+        assert result.is_error
+        assert "unknown tool 'issue_refund'" in result.content["error"]
+
+
 async def test_duplicate_call_ids_from_the_model_are_made_unique(tmp_path: Path) -> None:
     log = ExecutionLog()
     seen = Capture()

@@ -63,9 +63,7 @@ class ToolCalls(DriverPart):
         for call in calls:
             tool = self.agent.tools.get(call.tool_name)
             if tool is None:
-                known = ", ".join(self.agent.tools) or "none"
-                error = {"error": f"unknown tool {call.tool_name!r}; available: {known}"}
-                results.append(tool_result(call, "error", error))
+                results.append(tool_result(call, "error", self._unknown_tool(call.tool_name)))
                 continue
             try:
                 validated = tool.validate(call.input)
@@ -131,6 +129,10 @@ class ToolCalls(DriverPart):
             principal = self.state.turn.principal  # type: ignore[union-attr]
             await self.run_tool(current, tool, validated, principal, approval=note)
         return len(requests) + len(results) + len(to_run)
+
+    def _unknown_tool(self, name: str) -> dict[str, Any]:
+        known = ", ".join(self.agent.tools) or "none"
+        return {"error": f"unknown tool {name!r}; available: {known}"}
 
     def _approval_request(
         self, call: CallState, tool: Tool, validated: BaseModel, verdict: Verdict
@@ -215,7 +217,10 @@ class ToolCalls(DriverPart):
         if call.status == "decided":
             await self.record([tool_result(call, "decided", call.decision or {"approved": False})])
             return
-        tool = self.agent.tools[call.tool_name]
+        tool = self.agent.tools.get(call.tool_name)
+        if tool is None:  # gone from the agent (a new deploy) while the call waited
+            await self.record([tool_result(call, "error", self._unknown_tool(call.tool_name))])
+            return
         principal = turn.principal
         raw = call.input
         if call.request_id is not None:
