@@ -682,6 +682,14 @@ async def test_malformed_approvals_container_and_responses(tmp_path: Path) -> No
             await rt.respond(r.session_id, [{"request_id": 5, "option_id": "approve"}])
         with pytest.raises(so.InvalidAnswer):
             await rt.respond(r.session_id, [])
+        # Not a list at all: a named error too, never a TypeError.
+        single = so.InputResponse(request_id=rid, option_id="approve")
+        for not_a_list in (None, 5, single, {"request_id": rid, "option_id": "approve"}):
+            with pytest.raises(so.InvalidAnswer, match="list"):
+                await rt.respond(r.session_id, not_a_list)  # type: ignore[arg-type]
+        for not_decisions in (5, so.Decision(id=rid, approved=True)):
+            with pytest.raises(so.InvalidAnswer, match="list"):
+                await rt.generate(session_id=r.session_id, approvals=not_decisions)  # type: ignore[arg-type]
         with pytest.raises(pydantic.ValidationError):
             so.Decision(id=rid, approved="yes")
         assert await store_contents(rt.store, r.session_id) == before

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -58,6 +58,10 @@ class Answering(SessionRunner):
     ) -> GenerateResult:
         """Answer one or more requests by id (eve style), then continue the turn if it can."""
         await self.open()
+        if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
+            responses, Iterable
+        ):
+            raise InvalidAnswer("responses must be a list of InputResponse")
         answers: list[_Reply] = []
         for i, raw in enumerate(responses):
             try:
