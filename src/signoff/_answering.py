@@ -86,8 +86,10 @@ class Answering(SessionRunner):
         *,
         require_all: bool,
         extra: Sequence[Any] = (),
+        check_only: bool = False,
     ) -> list[Outcome]:
-        """Validate every answer, then settle them all in one durable commit (or none)."""
+        """Validate every answer, then settle them all in one durable commit (or none);
+        `check_only` raises what settling would raise and records nothing."""
         ids = [a.request_id for a in answers]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
@@ -98,7 +100,7 @@ class Answering(SessionRunner):
             state = await self._checked(session_id)
             if _subagents.routed(state, answers):  # mirrored from a subagent: settle it there
                 return await _subagents.settle_routed(
-                    self, state, answers, principal, require_all=require_all
+                    self, state, answers, principal, require_all=require_all, check_only=check_only
                 )
             agent = self.agent(state.agent)
             outcomes: list[Outcome] = []
@@ -124,7 +126,7 @@ class Answering(SessionRunner):
                     try:
                         outcomes.append(_repeat(request, status, resolution, wanted))
                     except RequestClosed:
-                        if status == "expired" and runnable(state):
+                        if status == "expired" and runnable(state) and not check_only:
                             # Its deadline closed it just now: the turn goes on without it.
                             await self._drive(session_id)
                         raise
@@ -158,6 +160,8 @@ class Answering(SessionRunner):
                     raise PartialAnswer(session_id, missing)
             for request, _, _ in gated:
                 _check_quorum_eligibility(request, principal)
+            if check_only:
+                return []
             if resolves:
                 driver = self._driver(state, None)
                 try:
