@@ -529,6 +529,20 @@ async def test_approvals_with_a_prompt_are_rejected(tmp_path: Path) -> None:
         assert await store_contents(rt.store, r.session_id) == before
 
 
+@pytest.mark.parametrize("prompt", [123, b"refund", "\ud800"], ids=["int", "bytes", "surrogate"])
+@pytest.mark.parametrize("entry", ["generate", "schedule"])
+async def test_a_bad_prompt_is_refused_before_a_session_is_created(
+    tmp_path: Path, entry: str, prompt: Any
+) -> None:
+    async with sqlite_runtime(tmp_path, refund_agent(ExecutionLog())) as rt:
+        with pytest.raises(so.UsageError, match="prompt"):
+            if entry == "generate":
+                await rt.generate("a", prompt=prompt)
+            else:
+                await rt.schedule("a", prompt)
+        assert await rt.sessions() == []
+
+
 @pytest.mark.parametrize("retry_with", ["session_id", "same_approvals"])
 async def test_failed_resume_is_retryable_without_losing_answers(
     tmp_path: Path, retry_with: str
