@@ -1073,3 +1073,19 @@ async def test_activity_in_another_process_keeps_the_session_alive_for_this_one(
         clock.advance(50)  # 100 s after this runtime last saw it, 50 s after the last activity
         done = await here.generate(session_id=sid, prompt="still there?")
         assert done.status == "completed"
+
+
+@pytest.mark.parametrize(
+    "page",
+    [{"limit": -1}, {"offset": -3}, {"limit": "5"}, {"limit": 2**64}, {"offset": 1.5}],
+    ids=["limit-negative", "offset-negative", "limit-str", "limit-huge", "offset-float"],
+)
+async def test_listing_pages_are_checked(tmp_path: Path, page: dict[str, Any]) -> None:
+    # SQLite reads LIMIT -1 as "no limit" and PostgreSQL refuses it with its own error: the
+    # runtime refuses a bad page the same way for both, as a usage error.
+    async with sqlite_runtime(tmp_path, refund_agent(ExecutionLog())) as rt:
+        await waiting_session(rt)
+        with pytest.raises(so.UsageError):
+            await rt.pending(**page)
+        with pytest.raises(so.UsageError):
+            await rt.sessions(**page)

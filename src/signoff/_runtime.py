@@ -43,6 +43,13 @@ log = logging.getLogger("signoff.worker")
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
 
 
+def _check_page(limit: object, offset: object) -> None:
+    """A listing's page is whole numbers from 0 that every store takes alike."""
+    for name, value in (("limit", limit), ("offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise UsageError(f"{name} must be a whole number from 0, not {value!r}")
+
+
 class Runtime(Answering):
     """Runs agents' turns against a store; every method has a `*_sync` twin."""
 
@@ -254,6 +261,7 @@ class Runtime(Answering):
                 limit=limit,
                 offset=offset,
             )
+        _check_page(flt.limit, flt.offset)
         return await self.store.pending(flt)
 
     async def sessions(
@@ -267,6 +275,7 @@ class Runtime(Answering):
         """Sessions, most recently active first (`status`: idle, running, waiting, failed,
         cancelled)."""
         await self.open()
+        _check_page(limit, offset)
         return await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
 
     async def events(
