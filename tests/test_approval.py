@@ -485,6 +485,47 @@ async def test_broken_policy_fails_closed(tmp_path: Path, policy: Any, error: st
         assert log.count() == 1
 
 
+class _BrokenPolicy(so.ApprovalPolicy):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        raise RuntimeError("policy service down")
+
+
+class _StringGuardrail(so.Guardrail):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        return "denied"  # not a Verdict: must not crash the turn, nor run the call
+
+
+@pytest.mark.parametrize(
+    ("approval", "guardrails", "error"),
+    [
+        (_BrokenPolicy(), [], "RuntimeError: policy service down"),
+        (None, [_StringGuardrail()], "'denied'"),
+    ],
+    ids=["policy-subclass-raises", "guardrail-returns-garbage"],
+)
+async def test_broken_policy_subclass_or_guardrail_fails_closed(
+    tmp_path: Path, approval: Any, guardrails: list[so.Guardrail], error: str
+) -> None:
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", order_id="1")), reply("ok")],
+        tools=[refund_tool(log, approval)],
+        guardrails=guardrails,
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.policy_error is not None and error in req.policy_error
+        assert log.count() == 0
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
+        )
+        assert r.status == "completed"
+        assert log.count() == 1
+
+
 def test_invalid_approval_values_are_usage_errors() -> None:
     async def fn(x: int) -> int:
         """F."""

@@ -282,6 +282,28 @@ async def test_unknown_tool_becomes_a_tool_error(tmp_path: Path) -> None:
         assert "lookup_order" in result.content["error"]
 
 
+async def test_an_approved_call_whose_tool_left_the_agent_becomes_a_tool_error(
+    tmp_path: Path,
+) -> None:
+    # A new deploy dropped the tool while its approval waited: the call cannot run, and the
+    # turn must go on (with the model told why) instead of failing on every resume.
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+    seen = Capture(reply("sorry"))
+    steps: list[Any] = [call_tools(call("issue_refund", order_id="1", amount=5)), seen]
+    redeployed = scripted_agent("a", steps, tools=tools(log)[:1])
+    async with sqlite_runtime(tmp_path, redeployed) as rt:
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+        )
+        assert r.status == "completed"
+        assert log.count() == 0
+        (result,) = tool_results(seen.last)
+        assert result.is_error
+        assert "unknown tool 'issue_refund'" in result.content["error"]
+
+
 async def test_duplicate_call_ids_from_the_model_are_made_unique(tmp_path: Path) -> None:
     log = ExecutionLog()
     seen = Capture()
@@ -301,6 +323,31 @@ async def test_duplicate_call_ids_from_the_model_are_made_unique(tmp_path: Path)
         ids = [m.call_id for m in tool_results(seen.last)]
         assert len(set(ids)) == 2
         assert len(set(log.keys())) == 2
+
+
+async def test_a_replacement_call_id_never_takes_an_id_the_model_gave(tmp_path: Path) -> None:
+    # The replacement for the second "same" is made from the event's seq and the call's index
+    # (call_3_2): the model may already have used exactly that id for another call.
+    log = ExecutionLog()
+    seen = Capture()
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("lookup_order", order_id="1", id="call_3_2"),
+                call("lookup_order", order_id="2", id="same"),
+                call("lookup_order", order_id="3", id="same"),
+            ),
+            seen,
+        ],
+        tools=tools(log),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        await rt.generate("a", prompt="go")
+        results = tool_results(seen.last)
+        assert len({m.call_id for m in results}) == 3
+        assert sorted(m.content["order_id"] for m in results) == ["1", "2", "3"]
+        assert log.count() == 3
 
 
 async def test_idempotency_key_is_recorded_and_names_the_call(tmp_path: Path) -> None:
@@ -482,6 +529,20 @@ async def test_approvals_with_a_prompt_are_rejected(tmp_path: Path) -> None:
         assert await store_contents(rt.store, r.session_id) == before
 
 
+@pytest.mark.parametrize("prompt", [123, b"refund", "\ud800"], ids=["int", "bytes", "surrogate"])
+@pytest.mark.parametrize("entry", ["generate", "schedule"])
+async def test_a_bad_prompt_is_refused_before_a_session_is_created(
+    tmp_path: Path, entry: str, prompt: Any
+) -> None:
+    async with sqlite_runtime(tmp_path, refund_agent(ExecutionLog())) as rt:
+        with pytest.raises(so.UsageError, match="prompt"):
+            if entry == "generate":
+                await rt.generate("a", prompt=prompt)
+            else:
+                await rt.schedule("a", prompt)
+        assert await rt.sessions() == []
+
+
 @pytest.mark.parametrize("retry_with", ["session_id", "same_approvals"])
 async def test_failed_resume_is_retryable_without_losing_answers(
     tmp_path: Path, retry_with: str
@@ -635,6 +696,14 @@ async def test_malformed_approvals_container_and_responses(tmp_path: Path) -> No
             await rt.respond(r.session_id, [{"request_id": 5, "option_id": "approve"}])
         with pytest.raises(so.InvalidAnswer):
             await rt.respond(r.session_id, [])
+        # Not a list at all: a named error too, never a TypeError.
+        single = so.InputResponse(request_id=rid, option_id="approve")
+        for not_a_list in (None, 5, single, {"request_id": rid, "option_id": "approve"}):
+            with pytest.raises(so.InvalidAnswer, match="list"):
+                await rt.respond(r.session_id, not_a_list)  # type: ignore[arg-type]
+        for not_decisions in (5, so.Decision(id=rid, approved=True)):
+            with pytest.raises(so.InvalidAnswer, match="list"):
+                await rt.generate(session_id=r.session_id, approvals=not_decisions)  # type: ignore[arg-type]
         with pytest.raises(pydantic.ValidationError):
             so.Decision(id=rid, approved="yes")
         assert await store_contents(rt.store, r.session_id) == before
@@ -1004,3 +1073,19 @@ async def test_activity_in_another_process_keeps_the_session_alive_for_this_one(
         clock.advance(50)  # 100 s after this runtime last saw it, 50 s after the last activity
         done = await here.generate(session_id=sid, prompt="still there?")
         assert done.status == "completed"
+
+
+@pytest.mark.parametrize(
+    "page",
+    [{"limit": -1}, {"offset": -3}, {"limit": "5"}, {"limit": 2**64}, {"offset": 1.5}],
+    ids=["limit-negative", "offset-negative", "limit-str", "limit-huge", "offset-float"],
+)
+async def test_listing_pages_are_checked(tmp_path: Path, page: dict[str, Any]) -> None:
+    # SQLite reads LIMIT -1 as "no limit" and PostgreSQL refuses it with its own error: the
+    # runtime refuses a bad page the same way for both, as a usage error.
+    async with sqlite_runtime(tmp_path, refund_agent(ExecutionLog())) as rt:
+        await waiting_session(rt)
+        with pytest.raises(so.UsageError):
+            await rt.pending(**page)
+        with pytest.raises(so.UsageError):
+            await rt.sessions(**page)

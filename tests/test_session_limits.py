@@ -1,6 +1,8 @@
 """Session limits: a spent token or cost budget parks the turn on a `session-limit` request."""
 
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +101,26 @@ async def test_a_bad_answer_to_the_limit_prompt_changes_nothing(tmp_path: Path) 
             )
         after = [e.seq async for e in rt.events(r.session_id, follow=False)]
         assert before == after
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ttl": -1},
+        {"ttl": 0},
+        {"ttl": "1h"},
+        {"ttl": timedelta(seconds=-5)},
+        {"max_steps": 0},
+        {"max_steps": 2.5},
+        {"max_messages": 0},
+        {"max_tokens": -10},
+        {"max_tokens": True},
+        {"max_cost_usd": -1.0},
+        {"max_cost_usd": float("nan")},
+    ],
+    ids=str,
+)
+def test_limits_that_cannot_work_are_usage_errors(bad: dict[str, Any]) -> None:
+    # A negative TTL would create a session that is expired before its first turn.
+    with pytest.raises(so.UsageError):
+        so.Limits(**bad)

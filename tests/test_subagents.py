@@ -610,3 +610,51 @@ async def test_a_bad_answer_through_the_parent_changes_nothing(tmp_path: Path) -
     assert after_both == before
     assert ran == [] and after.calls == 0
     await rt.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        so.InputResponse(request_id="req_bogus", option_id="approve"),
+        so.InputResponse(request_id="MIRROR", option_id="approve"),  # twice: see below
+    ],
+    ids=["unknown-id", "same-id-twice"],
+)
+async def test_a_batch_with_a_mirrored_answer_and_a_bad_one_changes_no_session(
+    tmp_path: Path, bad: so.InputResponse
+) -> None:
+    # The mirrored answer is settled in the child first: a bad answer beside it must be found
+    # before that, or the child's call is approved by a batch that was refused.
+    ran: list[dict[str, Any]] = []
+    after = Counted("unused")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    child_id = mirror.child.session_id
+    if bad.request_id == "MIRROR":
+        bad = so.InputResponse(request_id=mirror.id, option_id="cancel")
+    before = (
+        await store_contents(rt.store, r.session_id),
+        await store_contents(rt.store, child_id),
+    )
+    good = so.InputResponse(request_id=mirror.id, option_id="approve")
+    with pytest.raises(so.AnswerError if bad.request_id == "req_bogus" else so.InvalidAnswer):
+        await rt.respond(r.session_id, [good, bad], principal=ALICE)
+    with pytest.raises(so.SignoffError):
+        await rt.generate(
+            session_id=r.session_id,
+            approvals=[
+                so.Decision(id=mirror.id, approved=True),
+                so.Decision(id=bad.request_id, approved=True),
+            ],
+            auth=ALICE,
+        )
+    after_all = (
+        await store_contents(rt.store, r.session_id),
+        await store_contents(rt.store, child_id),
+    )
+    assert after_all == before
+    assert ran == [] and after.calls == 0
+    await rt.close()

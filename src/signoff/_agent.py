@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,11 +32,34 @@ class Limits:
     max_messages: int | None = None
     ttl: float | timedelta | None = None
 
+    def __post_init__(self) -> None:
+        # A bound that cannot work is refused here, before a session is made under it.
+        for name, value, whole in (
+            ("max_tokens", self.max_tokens, True),
+            ("max_cost_usd", self.max_cost_usd, False),
+            ("max_steps", self.max_steps, True),
+            ("max_messages", self.max_messages, True),
+        ):
+            if value is None and name != "max_steps":
+                continue
+            if not _positive(value, whole=whole):
+                kind = "whole number" if whole else "number"
+                raise UsageError(f"Limits({name}=...) must be a positive {kind}, not {value!r}")
+        ttl = self.ttl.total_seconds() if isinstance(self.ttl, timedelta) else self.ttl
+        if ttl is not None and not _positive(ttl, whole=False):
+            raise UsageError(f"Limits(ttl=...) must be positive seconds or a timedelta: {ttl!r}")
+
     @property
     def ttl_seconds(self) -> float | None:
         if isinstance(self.ttl, timedelta):
             return self.ttl.total_seconds()
         return None if self.ttl is None else float(self.ttl)
+
+
+def _positive(value: object, *, whole: bool) -> bool:
+    if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
+        return False
+    return 0 < value < math.inf
 
 
 class Agent:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import ValidationError
@@ -58,6 +58,10 @@ class Answering(SessionRunner):
     ) -> GenerateResult:
         """Answer one or more requests by id (eve style), then continue the turn if it can."""
         await self.open()
+        if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
+            responses, Iterable
+        ):
+            raise InvalidAnswer("responses must be a list of InputResponse")
         answers: list[_Reply] = []
         for i, raw in enumerate(responses):
             try:
@@ -82,8 +86,10 @@ class Answering(SessionRunner):
         *,
         require_all: bool,
         extra: Sequence[Any] = (),
+        check_only: bool = False,
     ) -> list[Outcome]:
-        """Validate every answer, then settle them all in one durable commit (or none)."""
+        """Validate every answer, then settle them all in one durable commit (or none);
+        `check_only` raises what settling would raise and records nothing."""
         ids = [a.request_id for a in answers]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
@@ -94,7 +100,7 @@ class Answering(SessionRunner):
             state = await self._checked(session_id)
             if _subagents.routed(state, answers):  # mirrored from a subagent: settle it there
                 return await _subagents.settle_routed(
-                    self, state, answers, principal, require_all=require_all
+                    self, state, answers, principal, require_all=require_all, check_only=check_only
                 )
             agent = self.agent(state.agent)
             outcomes: list[Outcome] = []
@@ -120,7 +126,7 @@ class Answering(SessionRunner):
                     try:
                         outcomes.append(_repeat(request, status, resolution, wanted))
                     except RequestClosed:
-                        if status == "expired" and runnable(state):
+                        if status == "expired" and runnable(state) and not check_only:
                             # Its deadline closed it just now: the turn goes on without it.
                             await self._drive(session_id)
                         raise
@@ -154,6 +160,8 @@ class Answering(SessionRunner):
                     raise PartialAnswer(session_id, missing)
             for request, _, _ in gated:
                 _check_quorum_eligibility(request, principal)
+            if check_only:
+                return []
             if resolves:
                 driver = self._driver(state, None)
                 try:

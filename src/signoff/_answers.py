@@ -225,7 +225,9 @@ def settlement_events(
 
 
 def decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decision]:
-    if isinstance(approvals, (str, bytes, Mapping)):
+    if isinstance(approvals, (str, bytes, Mapping, Decision)) or not isinstance(
+        approvals, Iterable
+    ):
         raise InvalidAnswer("approvals must be a list of decisions")
     out = []
     for i, raw in enumerate(approvals):

@@ -106,10 +106,17 @@ class ModelStep(DriverPart):
                 ]
             )
             return True
-        seen: set[str] = set()
         calls = []
+        # A missing or repeated id is replaced by one no call of this response uses.
+        taken = {c.id for c in response.tool_calls if c.id}
+        seen: set[str] = set()
         for i, c in enumerate(response.tool_calls):
-            cid = c.id if c.id and c.id not in seen else f"call_{s.seq + 1}_{i}"
+            cid = c.id
+            if not cid or cid in seen:
+                cid = f"call_{s.seq + 1}_{i}"
+                while cid in taken:
+                    cid += "_"
+                taken.add(cid)
             seen.add(cid)
             calls.append({"id": cid, "name": c.name, "input": c.input})
         completed: EventSpec = (

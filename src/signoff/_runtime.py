@@ -17,7 +17,6 @@ from . import _audit_trail as _audit
 from . import _subagents
 from ._answering import Answering
 from ._answers import Reply as _Reply
-from ._answers import check_text as _check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
 from ._engine import Driver
@@ -32,6 +31,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._results import GenerateResult
+from ._sessions import check_prompt
 from ._state import SessionState
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal
 from .stores import PendingFilter, Resolve, SessionSummary
@@ -41,6 +41,13 @@ __all__ = ["Runtime"]
 
 log = logging.getLogger("signoff.worker")
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
+
+
+def _check_page(limit: object, offset: object) -> None:
+    """A listing's page is whole numbers from 0 that every store takes alike."""
+    for name, value in (("limit", limit), ("offset", offset)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise UsageError(f"{name} must be a whole number from 0, not {value!r}")
 
 
 class Runtime(Answering):
@@ -192,8 +199,7 @@ class Runtime(Answering):
                 raise UsageError("generate() needs an agent name for a new session")
             if prompt is None:
                 raise UsageError("generate() needs a prompt to start a session")
-            if isinstance(prompt, str):
-                _check_text(prompt, "the prompt")  # before the session is created
+            check_prompt(prompt)  # before the session is created
             session_id = await self._create(self.agent(agent), auth)
         elif agent is not None:
             state = await self.state(session_id)
@@ -220,6 +226,7 @@ class Runtime(Answering):
         """
         await self.open()
         if session_id is None:
+            check_prompt(prompt)  # before the session is created
             session_id = await self._create(self.agent(agent), APP_PRINCIPAL)
         await self._start_turn(session_id, prompt, APP_PRINCIPAL, source="schedule")
         result = await self._drive(session_id)
@@ -254,6 +261,7 @@ class Runtime(Answering):
                 limit=limit,
                 offset=offset,
             )
+        _check_page(flt.limit, flt.offset)
         return await self.store.pending(flt)
 
     async def sessions(
@@ -267,6 +275,7 @@ class Runtime(Answering):
         """Sessions, most recently active first (`status`: idle, running, waiting, failed,
         cancelled)."""
         await self.open()
+        _check_page(limit, offset)
         return await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
 
     async def events(

@@ -36,7 +36,14 @@ from ._sync import SyncBridge
 from ._types import Principal
 from .stores import Resolve, Store, open_store
 
-__all__ = ["SessionRunner"]
+__all__ = ["SessionRunner", "check_prompt"]
+
+
+def check_prompt(prompt: object) -> None:
+    """A prompt is text that can be stored; checked before anything (a session) is created."""
+    if not isinstance(prompt, str):
+        raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
+    check_text(prompt, "the prompt")
 
 
 class _Changed(Exception):
@@ -224,9 +231,7 @@ class SessionRunner:
     async def _start_turn(
         self, session_id: str, prompt: str, auth: Principal | None, *, source: str = "message"
     ) -> None:
-        if not isinstance(prompt, str):
-            raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
-        check_text(prompt, "the prompt")
+        check_prompt(prompt)
         # The cached state is trusted at first (a stale one makes the append below conflict,
         # and `start` then asks for a fresh look); it is checked against the store before a
         # message is refused on its account.

@@ -9,9 +9,10 @@ once the child's turn has finished and its text became the delegate call's resul
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_checkable
 
@@ -30,7 +31,7 @@ from ._recording import Batch, EventSpec, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._tools import Tool, ToolContext
-from ._types import InputRequest, Principal
+from ._types import ChildRef, InputRequest, Principal
 from .stores import Resolve
 
 if TYPE_CHECKING:
@@ -257,41 +258,65 @@ async def settle_routed(
     principal: Principal | None,
     *,
     require_all: bool,
+    check_only: bool = False,
 ) -> list[Outcome]:
     """Settle answers to mirrored requests in their child sessions (each under the child's own
-    policies), close the mirrors the children closed, and settle the rest here."""
+    policies), close the mirrors the children closed, and settle the rest here.
+
+    Every answer is checked before any is settled: a bad one leaves every session unchanged.
+    """
     if require_all:
         ids = {a.request_id for a in answers}
         missing = [r.id for r in state.pending_requests() if r.id not in ids]
         if missing:
             raise PartialAnswer(state.id, missing)
-    outcomes: list[Outcome] = []
+    mirrored: list[tuple[Reply, InputRequest, ChildRef]] = []
     rest: list[Reply] = []
     for a in answers:
         live = state.requests.get(a.request_id)
         ref = None if live is None or live.status != "pending" else live.request.child
         if live is None or ref is None:
             rest.append(a)
-            continue
-        try:
-            got = await rt._settle(
-                ref.session_id,
-                [dataclasses.replace(a, request_id=ref.request_id)],
-                principal,
-                require_all=False,
+        else:
+            mirrored.append((a, live.request, ref))
+    for a, _, ref in mirrored:
+        with _naming(a, ref):
+            await rt._settle(
+                ref.session_id, [_for_child(a, ref)], principal, require_all=False, check_only=True
             )
-        except (AnswerError, InvalidAnswer) as exc:
-            # Name the request the caller answered, beside the child's it stands for.
-            exc.request_ids = [a.request_id if i == ref.request_id else i for i in exc.request_ids]
-            named = f"{a.request_id} (asked for {ref.agent}'s {ref.request_id})"
-            exc.args = (str(exc).replace(ref.request_id, named), *exc.args[1:])
-            raise
+    if rest:
+        await rt._settle(state.id, rest, principal, require_all=False, check_only=True)
+    if check_only:
+        return []
+    outcomes: list[Outcome] = []
+    for a, mirror, ref in mirrored:
+        try:
+            with _naming(a, ref):
+                got = await rt._settle(
+                    ref.session_id, [_for_child(a, ref)], principal, require_all=False
+                )
         finally:
-            await _close_mirror(rt, state.id, live.request)  # whatever the child now says
+            await _close_mirror(rt, state.id, mirror)  # whatever the child now says
         outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
     if rest:
         outcomes.extend(await rt._settle(state.id, rest, principal, require_all=False))
     return outcomes
+
+
+def _for_child(answer: Reply, ref: ChildRef) -> Reply:
+    return dataclasses.replace(answer, request_id=ref.request_id)
+
+
+@contextlib.contextmanager
+def _naming(answer: Reply, ref: ChildRef) -> Iterator[None]:
+    """Name the request the caller answered in an error, beside the child's it stands for."""
+    try:
+        yield
+    except (AnswerError, InvalidAnswer) as exc:
+        exc.request_ids = [answer.request_id if i == ref.request_id else i for i in exc.request_ids]
+        named = f"{answer.request_id} (asked for {ref.agent}'s {ref.request_id})"
+        exc.args = (str(exc).replace(ref.request_id, named), *exc.args[1:])
+        raise
 
 
 async def _close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None:

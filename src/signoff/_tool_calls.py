@@ -63,9 +63,7 @@ class ToolCalls(DriverPart):
         for call in calls:
             tool = self.agent.tools.get(call.tool_name)
             if tool is None:
-                known = ", ".join(self.agent.tools) or "none"
-                error = {"error": f"unknown tool {call.tool_name!r}; available: {known}"}
-                results.append(tool_result(call, "error", error))
+                results.append(tool_result(call, "error", self._unknown_tool(call.tool_name)))
                 continue
             try:
                 validated = tool.validate(call.input)
@@ -132,6 +130,10 @@ class ToolCalls(DriverPart):
             await self.run_tool(current, tool, validated, principal, approval=note)
         return len(requests) + len(results) + len(to_run)
 
+    def _unknown_tool(self, name: str) -> dict[str, Any]:
+        known = ", ".join(self.agent.tools) or "none"
+        return {"error": f"unknown tool {name!r}; available: {known}"}
+
     def _approval_request(
         self, call: CallState, tool: Tool, validated: BaseModel, verdict: Verdict
     ) -> InputRequest:
@@ -171,12 +173,20 @@ class ToolCalls(DriverPart):
 
     async def verdict(self, tool: Tool, ctx: ApprovalContext) -> Verdict:
         """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
-        verdicts = [await tool.approval.decide(ctx)]
+        try:
+            own = await tool.approval.decide(ctx)
+        except Exception as exc:  # fail closed: a broken policy asks a person
+            own = Verdict("ask", error=f"approval policy raised {type(exc).__name__}: {exc}")
+        if not isinstance(own, Verdict):
+            own = Verdict("ask", error=f"approval policy returned {own!r}, not a Verdict")
+        verdicts = [own]
         for guardrail in self.agent.guardrails:
             try:
                 v = await guardrail.decide(ctx)
             except Exception as exc:  # fail closed, like a broken policy: ask a person
                 v = Verdict("ask", error=f"guardrail raised {type(exc).__name__}: {exc}")
+            if v is not None and not isinstance(v, Verdict):
+                v = Verdict("ask", error=f"guardrail returned {v!r}, not a Verdict or None")
             if v is not None:
                 verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
         for action in ("deny", "ask"):
@@ -207,7 +217,10 @@ class ToolCalls(DriverPart):
         if call.status == "decided":
             await self.record([tool_result(call, "decided", call.decision or {"approved": False})])
             return
-        tool = self.agent.tools[call.tool_name]
+        tool = self.agent.tools.get(call.tool_name)
+        if tool is None:  # gone from the agent (a new deploy) while the call waited
+            await self.record([tool_result(call, "error", self._unknown_tool(call.tool_name))])
+            return
         principal = turn.principal
         raw = call.input
         if call.request_id is not None:
