@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from pathlib import Path
 from typing import Any, Literal
@@ -227,6 +228,46 @@ async def test_results_are_made_json_able(tmp_path: Path) -> None:
     assert tool_results(seen.last)[0].content == {
         "ok": True,
         "receipts": [{"order_id": "9", "amount": 1.5}],
+    }
+
+
+async def test_nan_and_infinities_are_stored_as_null(tmp_path: Path) -> None:
+    """What a tool, a step or an approval payload hands back is stored as strict JSON (SSE
+    clients and browsers refuse NaN), the same in memory as read back."""
+    nan, inf = float("nan"), float("inf")
+
+    @so.tool
+    async def measure(ctx: so.ToolContext, x: int) -> dict[str, Any]:
+        """Measure."""
+        got = await ctx.step("probe", lambda: {"ratio": nan})
+        if x == 1:
+            ctx.request_approval({"worst": -inf, "seen": got})
+        return {"mean": nan, "range": [-inf, 1.5, inf], "probe": got}
+
+    seen = Capture()
+    agent = scripted_agent(
+        "a", [call_tools(call("measure", x=1), call("measure", x=2)), seen], tools=[measure]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        (request,) = r.pending
+        assert request.payload == {"worst": None, "seen": {"ratio": None}}
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=request.id, approved=True)]
+        )
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+
+    def strict(text: str) -> Any:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} stored"))
+
+    for e in events:
+        assert strict(json.dumps(e.data)) == e.data
+    results = {m.call_id: m.content for m in tool_results(seen.last)}
+    assert sorted(results.values(), key=str)[-1] == {
+        "mean": None,
+        "range": [None, 1.5, None],
+        "probe": {"ratio": None},
     }
 
 

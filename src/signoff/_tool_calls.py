@@ -24,7 +24,14 @@ from ._recording import (
     waiting_after,
 )
 from ._state import CallState, SessionState
-from ._tools import ApprovalRequired, InputUnavailable, QuestionWithdrawn, Tool, ToolContext
+from ._tools import (
+    ApprovalRequired,
+    InputUnavailable,
+    QuestionWithdrawn,
+    Tool,
+    ToolContext,
+    jsonable,
+)
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, input_hash
 
 __all__ = ["ToolCalls"]
@@ -326,9 +333,7 @@ class ToolCalls(DriverPart):
         turn = s.turn
         assert turn is not None
         try:
-            from pydantic_core import to_jsonable_python
-
-            payload = to_jsonable_python(payload)
+            payload = jsonable(payload)
         except Exception as exc:
             await self.record(
                 [tool_result(call, "error", {"error": f"approval payload is not JSON-able: {exc}"})]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol, get_type_hints, overload
 
@@ -23,6 +24,7 @@ __all__ = [
     "ReplayError",
     "Tool",
     "ToolContext",
+    "jsonable",
     "tool",
 ]
 
@@ -126,7 +128,7 @@ class ToolContext:
         result = fn(*args, **kwargs)
         if inspect.isawaitable(result):
             result = await result
-        result = to_jsonable_python(result)
+        result = jsonable(result)
         await self._journal.record_step(index, name, result)
         return result
 
@@ -249,7 +251,23 @@ class Tool:
             result = await asyncio.to_thread(self.fn, *args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
-        return to_jsonable_python(result)
+        return jsonable(result)
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON data, with NaN and infinities as null (as pydantic writes them in
+    JSON): what a tool hands back is stored and streamed, and strict JSON readers refuse them."""
+    return _finite(to_jsonable_python(value))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _describe(fn: Callable[..., Any]) -> str:
