@@ -10,9 +10,9 @@ from typing import Any
 from ..._events import Event
 from ..._exceptions import UnknownSession
 from ..._types import InputRequest
-from .._audit import AuditEntry, loaded_data
+from .._audit import AuditEntry, entry_type, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
-from .._codec import EventTexts, event_text, stored_type, type_name, unpack
+from .._codec import EventTexts, stored_type, type_name, unpack
 from ._connections import Conn, Connections, Seen
 from ._sql import EARLIER_COLUMNS, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN, TURN, named_turn
 
@@ -258,12 +258,10 @@ class Reads(Connections):
                     id=int(i),
                     stream=st,
                     n=int(n),
-                    type=type_name(t) if t is not None else "",
+                    type=entry_type(t),
                     at=float(at) if at is not None else 0.0,
                     seq=None if seq is None else int(seq),
-                    data=loaded_data(
-                        own if ask is None else None if ev is None else event_text(ev, earlier)
-                    ),
+                    data=loaded_data(own, ()) if ask is None else loaded_data(ev, earlier),
                     prev=None if prev is None else bytes(prev).hex(),
                     hash=bytes(h).hex(),
                 )

@@ -11,14 +11,13 @@ from typing import Any
 from ..._events import Event
 from ..._exceptions import UnknownSession
 from ..._types import InputRequest
-from .._audit import AuditEntry, loaded_data
+from .._audit import AuditEntry, entry_type, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
 from .._codec import (
     CHAIN_MAX,
     DEFLATE_ON_PREVIOUS,
     EventTexts,
     Stored,
-    event_text,
     stored_type,
     type_name,
     unpack,
@@ -239,10 +238,10 @@ class Reads(Connection):
                     id=i,
                     stream=st,
                     n=n,
-                    type=type_name(t) if t is not None else "",
+                    type=entry_type(t),
                     at=at if at is not None else 0.0,
                     seq=seq,
-                    data=loaded_data(None if d is None else event_text(d, earlier)),
+                    data=loaded_data(d, earlier),
                     prev=None if prev is None else bytes(prev).hex(),
                     hash=bytes(h).hex(),
                 )
