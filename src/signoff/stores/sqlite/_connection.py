@@ -132,10 +132,19 @@ class Connection:
 
 @contextmanager
 def immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    conn.execute("BEGIN IMMEDIATE")
+    """One `BEGIN IMMEDIATE` transaction. A failure of SQLite itself (the file locked past
+    busy_timeout, a full disk, a damaged file) is a `StoreError`; a constraint violation is left
+    to the caller, which knows what it means."""
     try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if conn.in_transaction:  # SQLite rolls some failures back by itself
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    except sqlite3.IntegrityError:
         raise
-    conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise StoreError(f"SQLite write failed: {exc}") from exc
