@@ -289,6 +289,43 @@ async def test_every_write_held_up_past_busy_timeout_is_a_store_error(tmp_path: 
         await store.close()
 
 
+async def test_reads_of_a_file_damaged_under_an_open_store_are_store_errors(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await new_session(store, "s1")
+    await store.close()
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.open()
+    try:
+        # every page but the first (the header and the schema) overwritten with garbage
+        page = store.conn.execute("PRAGMA page_size").fetchone()[0]
+        store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with path.open("r+b") as f:
+            f.seek(page)
+            f.write(b"\xff" * (path.stat().st_size - page))
+        reads = {
+            "load": lambda: store.load("s1"),
+            "read_events": lambda: store.read_events("s1"),
+            "head": lambda: store.head("s1"),
+            "get_request": lambda: store.get_request("req_1"),
+            "pending": lambda: store.pending(PendingFilter()),
+            "count_pending": lambda: store.count_pending(PendingFilter()),
+            "sessions": lambda: store.sessions(),
+            "audit": lambda: store.audit(),
+            "renew_lease": lambda: store.renew_lease("s2", "o", 1, 10, 0),
+            "release_lease": lambda: store.release_lease("s2", "o", 1),
+            "wait_for_change": lambda: store.wait_for_change("s1", 0.01),
+        }
+        for name, read in reads.items():
+            with pytest.raises(so.StoreError, match="malformed"):
+                await read()
+                pytest.fail(name)
+    finally:
+        await store.close()
+
+
 # -- the queue ------------------------------------------------------------------------------------
 
 

@@ -4,17 +4,22 @@ and writes."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreError
 from .._base import FaultHook
 from .._codec import Tails
 from ._schema import PAGE_SIZE, SCHEMA, STORE_SCHEMA, WAL_CHECKPOINT_PAGES, upgrade_from_1
 
-__all__ = ["Connection", "immediate"]
+__all__ = ["Connection", "immediate", "reading"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _path_from_url(url: str) -> str:
@@ -148,3 +153,19 @@ def immediate(conn: sqlite3.Connection) -> Iterator[None]:
         raise
     except sqlite3.Error as exc:
         raise StoreError(f"SQLite write failed: {exc}") from exc
+
+
+def reading(
+    read: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """A read outside any transaction, whose failure of SQLite itself (a damaged file, an I/O
+    error) is a `StoreError`, as it is for writes (`immediate`)."""
+
+    @functools.wraps(read)
+    async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await read(*args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite read failed: {exc}") from exc
+
+    return guarded

@@ -22,7 +22,7 @@ from .._codec import (
     type_name,
     unpack,
 )
-from ._connection import Connection
+from ._connection import Connection, reading
 
 __all__ = ["Reads"]
 
@@ -49,6 +49,7 @@ _REQUEST_JOIN = (
 class Reads(Connection):
     """`SQLiteStore`'s reads."""
 
+    @reading
     async def load(self, session_id: str) -> Loaded | None:
         conn = self.conn
         row = conn.execute("SELECT sk, agent FROM sessions WHERE id=?", (session_id,)).fetchone()
@@ -65,6 +66,7 @@ class Reads(Connection):
         events = self._events(session_id, sk, after, None, None)
         return Loaded(session_id=session_id, agent=agent, snapshot=snapshot, events=events)
 
+    @reading
     async def read_events(
         self,
         session_id: str,
@@ -145,10 +147,12 @@ class Reads(Connection):
         )
         return [rows.get(seq - i) for i in range(1, CHAIN_MAX + 1)]
 
+    @reading
     async def head(self, session_id: str) -> int | None:
         row = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,)).fetchone()
         return None if row is None else int(row[0])
 
+    @reading
     async def get_request(self, request_id: str) -> StoredRequest | None:
         row = self.conn.execute(
             f"SELECT r.outcome, r.resolution, {_REQUEST_COLUMNS} FROM requests r "
@@ -167,6 +171,7 @@ class Reads(Connection):
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
         return flt.where("?")
 
+    @reading
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
         rows = self.conn.execute(
@@ -176,6 +181,7 @@ class Reads(Connection):
         ).fetchall()
         return [stored_request(*row[:4], unpack, *row[4:]) for row in rows]
 
+    @reading
     async def count_pending(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)
         row = self.conn.execute(
@@ -183,6 +189,7 @@ class Reads(Connection):
         ).fetchone()
         return int(row[0])
 
+    @reading
     async def sessions(
         self,
         *,
@@ -208,6 +215,7 @@ class Reads(Connection):
             for i, a, st, h, c, u, x in self.conn.execute(sql, [*params, limit, offset])
         ]
 
+    @reading
     async def audit(
         self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[AuditEntry]:

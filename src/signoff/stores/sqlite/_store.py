@@ -31,7 +31,7 @@ from .._codec import (
     stored_type,
     type_name,
 )
-from ._connection import immediate
+from ._connection import immediate, reading
 from ._leases import Leases
 from ._reads import Reads
 
@@ -271,6 +271,7 @@ class SQLiteStore(Reads, Leases):
 
     # -- change notifications (polling: SQLite has no NOTIFY) ---------------------------------
 
+    @reading
     async def wait_for_change(
         self,
         session_id: str | None,
