@@ -221,3 +221,22 @@ async def test_a_damaged_tool_setting_entry_is_named_not_raised(tmp_path: Path) 
     async with so.Runtime([agent()], store=url) as rt2:
         problems = await rt2.verify_audit("tools:support.wipe")
         assert [(p.id, p.reason) for p in problems] == [(entry.id, "content does not match")]
+
+
+async def test_entries_removed_from_the_end_of_a_session_chain_are_named(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        entries = await rt.audit(sid)
+        assert await rt.verify_audit() == []
+    last = entries[-1]
+    # the last entry goes: no entry after it can break, but the session row knows its chain head
+    alter(store_url, "DELETE FROM {t}audit WHERE id={p}", last.id)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        for problems in (await rt2.verify_audit(sid), await rt2.verify_audit()):
+            assert [(p.stream, p.n) for p in problems] == [(sid, last.n)]
+            assert "missing" in problems[0].reason
+        # and so do all of them
+        alter(store_url, "DELETE FROM {t}audit WHERE seq IS NOT NULL")
+        problems = await rt2.verify_audit(sid)
+        assert [(p.stream, p.n) for p in problems] == [(sid, 1)]

@@ -18,7 +18,9 @@ TOOL_SETTING = "tool.approval_changed"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditProblem:
-    """An entry whose hash does not follow from its stream's chain: altered, removed or moved."""
+    """An entry whose hash does not follow from its stream's chain: altered, removed or moved;
+    for entries missing from the end of a session's chain, `n` is the first missing and `id` the
+    last entry left (0 if none is)."""
 
     id: int
     stream: str
@@ -40,8 +42,12 @@ async def entries(
 
 
 async def verify(store: Store, *, stream: str | None = None) -> list[AuditProblem]:
-    """Recompute every chain; each entry that does not match is named."""
+    """Recompute every chain; each entry that does not match is named, and so is a session's
+    chain that stops short of the head its session row keeps (its last entries removed)."""
+    # Read before the entries: a commit meanwhile only adds entries past these heads.
+    heads = await store.audit_heads(stream=stream)
     last: dict[str, tuple[int, str | None]] = {}
+    last_id: dict[str, int] = {}
     problems: list[AuditProblem] = []
     async for e in entries(store, stream=stream):
         n, prev = last.get(e.stream, (0, None))
@@ -62,6 +68,17 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
             )
         # Continue from the stored hash, so one altered entry is named once.
         last[e.stream] = (e.n, e.hash)
+        last_id[e.stream] = e.id
+    for sid, (n, digest) in heads.items():
+        seen, seen_hash = last.get(sid, (0, None))
+        if seen < n:
+            missing = f"entry {n} is" if seen + 1 == n else f"entries {seen + 1} to {n} are"
+            reason = f"{missing} missing from the end of the session's chain"
+        elif seen == n and seen_hash != digest:
+            reason = "the chain does not end with the hash its session keeps"
+        else:
+            continue
+        problems.append(AuditProblem(id=last_id.get(sid, 0), stream=sid, n=seen + 1, reason=reason))
     return problems
 
 

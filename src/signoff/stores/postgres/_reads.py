@@ -270,6 +270,22 @@ class Reads(Connections):
 
         return await self._read(body, "reading the audit trail")
 
+    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
+        sql = f"SELECT id, audit_n, audit_hash FROM {self._s}.sessions WHERE audit_n > 0"
+        params: list[Any] = []
+        if stream is not None:
+            sql += " AND id=%s"
+            params.append(stream)
+
+        async def body(conn: Conn) -> dict[str, tuple[int, str | None]]:
+            cur = await conn.execute(sql, params)
+            return {
+                i: (int(n), None if h is None else bytes(h).hex())
+                for i, n, h in await cur.fetchall()
+            }
+
+        return await self._read(body, "reading the audit chain heads")
+
     async def database_bytes(self) -> int:
         """Bytes on disk of signoff's tables and indexes in this schema."""
 

@@ -256,6 +256,18 @@ class Reads(Connection):
             )
         return entries
 
+    @reading
+    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
+        sql = "SELECT id, audit_n, audit_hash FROM sessions WHERE audit_n > 0"
+        params: list[Any] = []
+        if stream is not None:
+            sql += " AND id=?"
+            params.append(stream)
+        return {
+            i: (int(n), None if h is None else bytes(h).hex())
+            for i, n, h in self.conn.execute(sql, params)
+        }
+
     # -- sizes (benchmarks, dashboard) --------------------------------------------------------
 
     def file_bytes(self) -> int:
