@@ -1,5 +1,6 @@
 """The audit trail: every request, evaluation, decision, edit, expiry and execution, chained."""
 
+import asyncio
 import contextlib
 import io
 import json
@@ -8,6 +9,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import signoff as so
+from signoff.stores._audit import AuditRow
 from signoff.stores._codec import pack, unpack_event
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
@@ -240,3 +242,31 @@ async def test_entries_removed_from_the_end_of_a_session_chain_are_named(store_u
         alter(store_url, "DELETE FROM {t}audit WHERE seq IS NOT NULL")
         problems = await rt2.verify_audit(sid)
         assert [(p.stream, p.n) for p in problems] == [(sid, 1)]
+
+
+async def test_runtimes_opening_at_once_record_a_tool_setting_once(store_url: str) -> None:
+    runtimes = [so.Runtime([agent()], store=store_url) for _ in range(3)]
+    try:
+        await asyncio.gather(*(rt.open() for rt in runtimes))
+        history = await runtimes[0].audit(stream="tools:support.wipe")
+        assert [(e.n, e.data["old"], e.data["new"]) for e in history] == [(1, None, "Always")]
+        assert await runtimes[0].verify_audit() == []
+    finally:
+        for rt in runtimes:
+            await rt.close()
+
+
+async def test_an_entry_expecting_its_stream_elsewhere_is_skipped(store_url: str) -> None:
+    def row(after: int | None, new: str) -> AuditRow:
+        return AuditRow(
+            stream="tools:a.t", type="t", at=1.0, seq=None, data={"new": new}, after=after
+        )
+
+    async with so.Runtime([], store=store_url) as rt:
+        store = rt.store
+        await store.record_audit([row(0, "A")])
+        await store.record_audit([row(0, "B")])  # recorded from the same empty stream: skipped
+        await store.record_audit([row(1, "C"), row(None, "D")])
+        entries = await store.audit(stream="tools:a.t")
+        assert [(e.n, e.data["new"]) for e in entries] == [(1, "A"), (2, "C"), (3, "D")]
+        assert await rt.verify_audit() == []

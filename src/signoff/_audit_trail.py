@@ -105,26 +105,31 @@ def tool_setting(agent: Agent, name: str) -> str:
     return setting
 
 
-async def record_tool_settings(store: Store, agents: Iterable[Agent], now: float) -> int:
-    """Record each tool whose approval setting differs from the last one recorded."""
-    rows = []
-    for agent in agents:
-        for name in agent.tools:
-            stream = f"tools:{agent.name}.{name}"
-            new = tool_setting(agent, name)
-            old = None
-            async for e in entries(store, stream=stream):
-                old = e.data.get("new")
-            if old != new:
-                rows.append(
-                    AuditRow(
-                        stream=stream,
-                        type=TOOL_SETTING,
-                        at=now,
-                        seq=None,
-                        data={"agent": agent.name, "tool": name, "old": old, "new": new},
+async def record_tool_settings(store: Store, agents: Iterable[Agent], now: float) -> None:
+    """Record each tool whose approval setting differs from the last one recorded. Each entry is
+    written only if its stream has not moved since it was read, so runtimes opening at once
+    record a change once; what they skipped is compared again with what the others wrote."""
+    agents = list(agents)
+    for _ in range(3):
+        rows = []
+        for agent in agents:
+            for name in agent.tools:
+                stream = f"tools:{agent.name}.{name}"
+                new = tool_setting(agent, name)
+                old, n = None, 0
+                async for e in entries(store, stream=stream):
+                    old, n = e.data.get("new"), e.n
+                if old != new:
+                    rows.append(
+                        AuditRow(
+                            stream=stream,
+                            type=TOOL_SETTING,
+                            at=now,
+                            seq=None,
+                            data={"agent": agent.name, "tool": name, "old": old, "new": new},
+                            after=n,
+                        )
                     )
-                )
-    if rows:
+        if not rows:
+            break
         await store.record_audit(rows)
-    return len(rows)

@@ -51,6 +51,9 @@ class AuditRow:
     at: float
     seq: int | None
     data: dict[str, Any]
+    after: int | None = None
+    """If given, the entry is written only if its stream then ends at entry `after` (0: it is
+    empty), and skipped otherwise: someone else recorded first, from the same state."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

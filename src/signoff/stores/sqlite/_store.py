@@ -198,6 +198,8 @@ class SQLiteStore(Reads, Leases):
                     ).fetchone()
                     last[row.stream] = (0, None) if found is None else (found[0], found[1].hex())
                 n, prev = last[row.stream]
+                if row.after is not None and n != row.after:
+                    continue
                 n += 1
                 digest = chain_hash(
                     prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
