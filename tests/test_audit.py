@@ -1,13 +1,19 @@
 """The audit trail: every request, evaluation, decision, edit, expiry and execution, chained."""
 
+import asyncio
+import contextlib
 import io
 import json
 import sqlite3
 from pathlib import Path
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import signoff as so
+from signoff.stores._audit import AuditRow
 from signoff.stores._codec import pack, unpack_event
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from ._procs import query
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 BOB = so.Principal(authenticator="test", principal_id="bob")
@@ -168,3 +174,99 @@ async def test_the_trail_on_both_stores(store_url: str) -> None:
         sid = await run_scenario(rt, clock)
         assert len(await rt.audit(sid)) >= 10
         assert await rt.verify_audit(sid) == []
+
+
+def alter(url: str, sql: str, *params: object) -> None:
+    """Write to signoff's tables behind its back (`{t}` and `{p}` as in `query`)."""
+    if url.startswith("sqlite:///"):
+        with contextlib.closing(sqlite3.connect(url[len("sqlite:///") :])) as conn, conn:
+            conn.execute(sql.format(t="", p="?"), params)
+        return
+    import psycopg
+
+    parts = urlsplit(url)
+    options = parse_qs(parts.query)
+    schema = options.pop("schema", ["signoff"])[0]
+    libpq = urlunsplit(parts._replace(query=urlencode(options, doseq=True)))
+    with psycopg.connect(libpq) as pg:
+        pg.execute(sql.format(t=f'"{schema}".', p="%s").encode(), params)
+
+
+async def test_a_damaged_event_is_named_by_verification_not_raised(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        entries = await rt.audit(sid)
+    settled = next(e for e in entries if e.type == "approval.settled")
+    resolved = next(e for e in entries if e.type == "input.resolved")
+    started = next(e for e in entries if e.type == "tool.started")
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    # one event overwritten with bytes that do not inflate, another with text that is not JSON
+    for seq, damage in ((settled.seq, b"\x01garbage"), (resolved.seq, b"{nope")):
+        alter(store_url, "UPDATE {t}events SET data={p} WHERE sk={p} AND seq={p}", damage, sk, seq)
+    # and one given a type code no signoff knows
+    alter(store_url, "UPDATE {t}events SET type='?' WHERE sk={p} AND seq={p}", sk, started.seq)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit(sid)
+        assert sorted((p.id, p.reason) for p in problems) == sorted(
+            (e.id, "content does not match") for e in (settled, resolved, started)
+        )
+        listed = {e.id: e for e in await rt2.audit(sid)}
+        assert listed[settled.id].data == listed[resolved.id].data == {}
+
+
+async def test_a_damaged_tool_setting_entry_is_named_not_raised(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/a.db"
+    async with so.Runtime([agent()], store=url) as rt:
+        (entry,) = await rt.audit(stream="tools:support.wipe")
+    alter(url, "UPDATE audit SET data='{{nope' WHERE id=?", entry.id)
+    async with so.Runtime([agent()], store=url) as rt2:
+        problems = await rt2.verify_audit("tools:support.wipe")
+        assert [(p.id, p.reason) for p in problems] == [(entry.id, "content does not match")]
+
+
+async def test_entries_removed_from_the_end_of_a_session_chain_are_named(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        entries = await rt.audit(sid)
+        assert await rt.verify_audit() == []
+    last = entries[-1]
+    # the last entry goes: no entry after it can break, but the session row knows its chain head
+    alter(store_url, "DELETE FROM {t}audit WHERE id={p}", last.id)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        for problems in (await rt2.verify_audit(sid), await rt2.verify_audit()):
+            assert [(p.stream, p.n) for p in problems] == [(sid, last.n)]
+            assert "missing" in problems[0].reason
+        # and so do all of them
+        alter(store_url, "DELETE FROM {t}audit WHERE seq IS NOT NULL")
+        problems = await rt2.verify_audit(sid)
+        assert [(p.stream, p.n) for p in problems] == [(sid, 1)]
+
+
+async def test_runtimes_opening_at_once_record_a_tool_setting_once(store_url: str) -> None:
+    runtimes = [so.Runtime([agent()], store=store_url) for _ in range(3)]
+    try:
+        await asyncio.gather(*(rt.open() for rt in runtimes))
+        history = await runtimes[0].audit(stream="tools:support.wipe")
+        assert [(e.n, e.data["old"], e.data["new"]) for e in history] == [(1, None, "Always")]
+        assert await runtimes[0].verify_audit() == []
+    finally:
+        for rt in runtimes:
+            await rt.close()
+
+
+async def test_an_entry_expecting_its_stream_elsewhere_is_skipped(store_url: str) -> None:
+    def row(after: int | None, new: str) -> AuditRow:
+        return AuditRow(
+            stream="tools:a.t", type="t", at=1.0, seq=None, data={"new": new}, after=after
+        )
+
+    async with so.Runtime([], store=store_url) as rt:
+        store = rt.store
+        await store.record_audit([row(0, "A")])
+        await store.record_audit([row(0, "B")])  # recorded from the same empty stream: skipped
+        await store.record_audit([row(1, "C"), row(None, "D")])
+        entries = await store.audit(stream="tools:a.t")
+        assert [(e.n, e.data["new"]) for e in entries] == [(1, "A"), (2, "C"), (3, "D")]
+        assert await rt.verify_audit() == []

@@ -15,7 +15,7 @@ import pytest
 import signoff as so
 from signoff.stores import Commit, PendingFilter, Resolve, SQLiteStore, open_store
 from signoff.stores import sqlite as sqlite_store
-from signoff.stores._audit import AUDIT_TYPES
+from signoff.stores._audit import AUDIT_TYPES, AuditRow
 from signoff.stores._codec import needs_previous, stored_type
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
@@ -258,6 +258,71 @@ async def test_a_held_write_lock_is_a_store_error_not_a_hang(tmp_path: Path) -> 
         assert await store.head("s1") == 2
     finally:
         blocker.close()
+        await store.close()
+
+
+async def test_every_write_held_up_past_busy_timeout_is_a_store_error(tmp_path: Path) -> None:
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=0.05)
+    await new_session(store, "s1")
+    writes = {
+        "create_session": lambda: new_session(store, "s2"),
+        "acquire_lease": lambda: store.acquire_lease("s1", "o", 10, 0),
+        "renew_lease": lambda: store.renew_lease("s1", "o", 1, 10, 0),
+        "release_lease": lambda: store.release_lease("s1", "o", 1),
+        "claim": lambda: store.claim("o", 10, 0, 5),
+        "record_audit": lambda: store.record_audit(
+            [AuditRow(stream="tools:a.x", type="tool.approval_changed", at=1, seq=None, data={})]
+        ),
+    }
+    blocker = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        for name, write in writes.items():
+            with pytest.raises(so.StoreError, match="locked"):
+                await write()
+            assert not store.conn.in_transaction, name
+        blocker.execute("ROLLBACK")
+        assert await store.acquire_lease("s1", "o", 10, 0) == 1  # and the store still works
+        await new_session(store, "s2")
+    finally:
+        blocker.close()
+        await store.close()
+
+
+async def test_reads_of_a_file_damaged_under_an_open_store_are_store_errors(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await new_session(store, "s1")
+    await store.close()
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.open()
+    try:
+        # every page but the first (the header and the schema) overwritten with garbage
+        page = store.conn.execute("PRAGMA page_size").fetchone()[0]
+        store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with path.open("r+b") as f:
+            f.seek(page)
+            f.write(b"\xff" * (path.stat().st_size - page))
+        reads = {
+            "load": lambda: store.load("s1"),
+            "read_events": lambda: store.read_events("s1"),
+            "head": lambda: store.head("s1"),
+            "get_request": lambda: store.get_request("req_1"),
+            "pending": lambda: store.pending(PendingFilter()),
+            "count_pending": lambda: store.count_pending(PendingFilter()),
+            "sessions": lambda: store.sessions(),
+            "audit": lambda: store.audit(),
+            "renew_lease": lambda: store.renew_lease("s2", "o", 1, 10, 0),
+            "release_lease": lambda: store.release_lease("s2", "o", 1),
+            "wait_for_change": lambda: store.wait_for_change("s1", 0.01),
+        }
+        for name, read in reads.items():
+            with pytest.raises(so.StoreError, match="malformed"):
+                await read()
+                pytest.fail(name)
+    finally:
         await store.close()
 
 

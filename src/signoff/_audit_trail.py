@@ -19,7 +19,9 @@ RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditProblem:
-    """An entry whose hash does not follow from its stream's chain: altered, removed or moved."""
+    """An entry whose hash does not follow from its stream's chain: altered, removed or moved;
+    for entries missing from the end of a session's chain, `n` is the first missing and `id` the
+    last entry left (0 if none is)."""
 
     id: int
     stream: str
@@ -41,8 +43,12 @@ async def entries(
 
 
 async def verify(store: Store, *, stream: str | None = None) -> list[AuditProblem]:
-    """Recompute every chain; each entry that does not match is named."""
+    """Recompute every chain; each entry that does not match is named, and so is a session's
+    chain that stops short of the head its session row keeps (its last entries removed)."""
+    # Read before the entries: a commit meanwhile only adds entries past these heads.
+    heads = await store.audit_heads(stream=stream)
     last: dict[str, tuple[int, str | None]] = {}
+    last_id: dict[str, int] = {}
     problems: list[AuditProblem] = []
     async for e in entries(store, stream=stream):
         n, prev = last.get(e.stream, (0, None))
@@ -63,6 +69,17 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
             )
         # Continue from the stored hash, so one altered entry is named once.
         last[e.stream] = (e.n, e.hash)
+        last_id[e.stream] = e.id
+    for sid, (n, digest) in heads.items():
+        seen, seen_hash = last.get(sid, (0, None))
+        if seen < n:
+            missing = f"entry {n} is" if seen + 1 == n else f"entries {seen + 1} to {n} are"
+            reason = f"{missing} missing from the end of the session's chain"
+        elif seen == n and seen_hash != digest:
+            reason = "the chain does not end with the hash its session keeps"
+        else:
+            continue
+        problems.append(AuditProblem(id=last_id.get(sid, 0), stream=sid, n=seen + 1, reason=reason))
     return problems
 
 
@@ -89,26 +106,31 @@ def tool_setting(agent: Agent, name: str) -> str:
     return setting
 
 
-async def record_tool_settings(store: Store, agents: Iterable[Agent], now: float) -> int:
-    """Record each tool whose approval setting differs from the last one recorded."""
-    rows = []
-    for agent in agents:
-        for name in agent.tools:
-            stream = f"tools:{agent.name}.{name}"
-            new = tool_setting(agent, name)
-            old = None
-            async for e in entries(store, stream=stream):
-                old = e.data.get("new")
-            if old != new:
-                rows.append(
-                    AuditRow(
-                        stream=stream,
-                        type=TOOL_SETTING,
-                        at=now,
-                        seq=None,
-                        data={"agent": agent.name, "tool": name, "old": old, "new": new},
+async def record_tool_settings(store: Store, agents: Iterable[Agent], now: float) -> None:
+    """Record each tool whose approval setting differs from the last one recorded. Each entry is
+    written only if its stream has not moved since it was read, so runtimes opening at once
+    record a change once; what they skipped is compared again with what the others wrote."""
+    agents = list(agents)
+    for _ in range(3):
+        rows = []
+        for agent in agents:
+            for name in agent.tools:
+                stream = f"tools:{agent.name}.{name}"
+                new = tool_setting(agent, name)
+                old, n = None, 0
+                async for e in entries(store, stream=stream):
+                    old, n = e.data.get("new"), e.n
+                if old != new:
+                    rows.append(
+                        AuditRow(
+                            stream=stream,
+                            type=TOOL_SETTING,
+                            at=now,
+                            seq=None,
+                            data={"agent": agent.name, "tool": name, "old": old, "new": new},
+                            after=n,
+                        )
                     )
-                )
-    if rows:
+        if not rows:
+            break
         await store.record_audit(rows)
-    return len(rows)

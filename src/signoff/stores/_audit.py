@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._events import Event
+from .._exceptions import StoreError
+from ._codec import Stored, event_text, parse, type_name
 
 __all__ = [
     "AUDIT_TYPES",
@@ -22,6 +24,7 @@ __all__ = [
     "audit_rows",
     "chain_hash",
     "chain_session",
+    "entry_type",
     "loaded_data",
 ]
 
@@ -48,6 +51,9 @@ class AuditRow:
     at: float
     seq: int | None
     data: dict[str, Any]
+    after: int | None = None
+    """If given, the entry is written only if its stream then ends at entry `after` (0: it is
+    empty), and skipped otherwise: someone else recorded first, from the same state."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,11 +106,28 @@ def chain_hash(
     return hashlib.sha256(f"{prev or ''}\n{body}".encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def loaded_data(text: str | None) -> dict[str, Any]:
-    """An entry's data as read back; a missing event (removed from the log) reads as `{}`,
-    which no longer matches its hash."""
-    data = json.loads(text) if text else None
+def loaded_data(stored: Stored | None, earlier: Sequence[Stored | None] = ()) -> dict[str, Any]:
+    """An entry's data as read back from its stored form (`earlier` as for `event_text`); a
+    missing or unreadable one (removed or damaged) reads as `{}`, which no longer matches its
+    hash, so verification names that entry instead of failing on it."""
+    if stored is None:
+        return {}
+    try:
+        data = parse(event_text(stored, earlier))
+    except StoreError:
+        return {}
     return data if isinstance(data, dict) else {}
+
+
+def entry_type(stored: object) -> str:
+    """An entry's event type as read back; a type code this signoff does not know (a damaged
+    row) reads as itself, which no longer matches the entry's hash."""
+    if stored is None:
+        return ""
+    try:
+        return type_name(stored)
+    except StoreError:
+        return str(stored)
 
 
 def chain_session(

@@ -207,6 +207,11 @@ class Store(Protocol):
         self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[AuditEntry]: ...
 
+    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
+        """The last entry `(n, hash)` of each session's audit chain (of `stream` only, if given)
+        as the session's row keeps it, so entries removed from a chain's end are noticed too."""
+        ...
+
 
 def request_rows(
     commit: Commit, pack: Callable[[Any], Any]

@@ -10,9 +10,9 @@ from typing import Any
 from ..._events import Event
 from ..._exceptions import UnknownSession
 from ..._types import InputRequest
-from .._audit import AuditEntry, loaded_data
+from .._audit import AuditEntry, entry_type, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
-from .._codec import EventTexts, event_text, stored_type, type_name, unpack
+from .._codec import EventTexts, stored_type, type_name, unpack
 from ._connections import Conn, Connections, Seen
 from ._sql import EARLIER_COLUMNS, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN, TURN, named_turn
 
@@ -258,12 +258,10 @@ class Reads(Connections):
                     id=int(i),
                     stream=st,
                     n=int(n),
-                    type=type_name(t) if t is not None else "",
+                    type=entry_type(t),
                     at=float(at) if at is not None else 0.0,
                     seq=None if seq is None else int(seq),
-                    data=loaded_data(
-                        own if ask is None else None if ev is None else event_text(ev, earlier)
-                    ),
+                    data=loaded_data(own, ()) if ask is None else loaded_data(ev, earlier),
                     prev=None if prev is None else bytes(prev).hex(),
                     hash=bytes(h).hex(),
                 )
@@ -271,6 +269,22 @@ class Reads(Connections):
             ]
 
         return await self._read(body, "reading the audit trail")
+
+    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
+        sql = f"SELECT id, audit_n, audit_hash FROM {self._s}.sessions WHERE audit_n > 0"
+        params: list[Any] = []
+        if stream is not None:
+            sql += " AND id=%s"
+            params.append(stream)
+
+        async def body(conn: Conn) -> dict[str, tuple[int, str | None]]:
+            cur = await conn.execute(sql, params)
+            return {
+                i: (int(n), None if h is None else bytes(h).hex())
+                for i, n, h in await cur.fetchall()
+            }
+
+        return await self._read(body, "reading the audit chain heads")
 
     async def database_bytes(self) -> int:
         """Bytes on disk of signoff's tables and indexes in this schema."""

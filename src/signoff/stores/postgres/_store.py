@@ -293,6 +293,8 @@ class PostgresStore(Reads, Leases):
                 )
             for row in rows:
                 n, prev = last[row.stream]
+                if row.after is not None and n != row.after:
+                    continue
                 n += 1
                 digest = chain_hash(
                     prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data

@@ -4,17 +4,22 @@ and writes."""
 
 from __future__ import annotations
 
+import functools
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreError
 from .._base import FaultHook
 from .._codec import Tails
 from ._schema import PAGE_SIZE, SCHEMA, STORE_SCHEMA, WAL_CHECKPOINT_PAGES, upgrade_from_1
 
-__all__ = ["Connection", "immediate"]
+__all__ = ["Connection", "immediate", "reading"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def _path_from_url(url: str) -> str:
@@ -132,10 +137,35 @@ class Connection:
 
 @contextmanager
 def immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    conn.execute("BEGIN IMMEDIATE")
+    """One `BEGIN IMMEDIATE` transaction. A failure of SQLite itself (the file locked past
+    busy_timeout, a full disk, a damaged file) is a `StoreError`; a constraint violation is left
+    to the caller, which knows what it means."""
     try:
-        yield
-    except BaseException:
-        conn.execute("ROLLBACK")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        except BaseException:
+            if conn.in_transaction:  # SQLite rolls some failures back by itself
+                conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+    except sqlite3.IntegrityError:
         raise
-    conn.execute("COMMIT")
+    except sqlite3.Error as exc:
+        raise StoreError(f"SQLite write failed: {exc}") from exc
+
+
+def reading(
+    read: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, Coroutine[Any, Any, R]]:
+    """A read outside any transaction, whose failure of SQLite itself (a damaged file, an I/O
+    error) is a `StoreError`, as it is for writes (`immediate`)."""
+
+    @functools.wraps(read)
+    async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return await read(*args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"SQLite read failed: {exc}") from exc
+
+    return guarded

@@ -48,8 +48,8 @@ class Leases(Connection):
         self, session_id: str, owner: str, token: int, ttl: float, now: float
     ) -> bool:
         conn = self.conn
-        sk = self._session_key(session_id)
         with immediate(conn):
+            sk = self._session_key(session_id)
             cur = conn.execute(
                 "UPDATE leases SET expires_at=? WHERE sk=? AND owner=? AND token=?",
                 (now + ttl, sk, owner, token),
@@ -81,8 +81,8 @@ class Leases(Connection):
 
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
         conn = self.conn
-        sk = self._session_key(session_id)
         with immediate(conn):
+            sk = self._session_key(session_id)
             conn.execute(
                 "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND owner=? AND token=?",
                 (sk, owner, token),

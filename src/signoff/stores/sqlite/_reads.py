@@ -11,19 +11,18 @@ from typing import Any
 from ..._events import Event
 from ..._exceptions import UnknownSession
 from ..._types import InputRequest
-from .._audit import AuditEntry, loaded_data
+from .._audit import AuditEntry, entry_type, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
 from .._codec import (
     CHAIN_MAX,
     DEFLATE_ON_PREVIOUS,
     EventTexts,
     Stored,
-    event_text,
     stored_type,
     type_name,
     unpack,
 )
-from ._connection import Connection
+from ._connection import Connection, reading
 
 __all__ = ["Reads"]
 
@@ -50,6 +49,7 @@ _REQUEST_JOIN = (
 class Reads(Connection):
     """`SQLiteStore`'s reads."""
 
+    @reading
     async def load(self, session_id: str) -> Loaded | None:
         conn = self.conn
         row = conn.execute("SELECT sk, agent FROM sessions WHERE id=?", (session_id,)).fetchone()
@@ -66,6 +66,7 @@ class Reads(Connection):
         events = self._events(session_id, sk, after, None, None)
         return Loaded(session_id=session_id, agent=agent, snapshot=snapshot, events=events)
 
+    @reading
     async def read_events(
         self,
         session_id: str,
@@ -146,10 +147,12 @@ class Reads(Connection):
         )
         return [rows.get(seq - i) for i in range(1, CHAIN_MAX + 1)]
 
+    @reading
     async def head(self, session_id: str) -> int | None:
         row = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,)).fetchone()
         return None if row is None else int(row[0])
 
+    @reading
     async def get_request(self, request_id: str) -> StoredRequest | None:
         row = self.conn.execute(
             f"SELECT r.outcome, r.resolution, {_REQUEST_COLUMNS} FROM requests r "
@@ -168,6 +171,7 @@ class Reads(Connection):
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
         return flt.where("?")
 
+    @reading
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
         rows = self.conn.execute(
@@ -177,6 +181,7 @@ class Reads(Connection):
         ).fetchall()
         return [stored_request(*row[:4], unpack, *row[4:]) for row in rows]
 
+    @reading
     async def count_pending(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)
         row = self.conn.execute(
@@ -184,6 +189,7 @@ class Reads(Connection):
         ).fetchone()
         return int(row[0])
 
+    @reading
     async def sessions(
         self,
         *,
@@ -209,6 +215,7 @@ class Reads(Connection):
             for i, a, st, h, c, u, x in self.conn.execute(sql, [*params, limit, offset])
         ]
 
+    @reading
     async def audit(
         self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[AuditEntry]:
@@ -239,15 +246,27 @@ class Reads(Connection):
                     id=i,
                     stream=st,
                     n=n,
-                    type=type_name(t) if t is not None else "",
+                    type=entry_type(t),
                     at=at if at is not None else 0.0,
                     seq=seq,
-                    data=loaded_data(None if d is None else event_text(d, earlier)),
+                    data=loaded_data(d, earlier),
                     prev=None if prev is None else bytes(prev).hex(),
                     hash=bytes(h).hex(),
                 )
             )
         return entries
+
+    @reading
+    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
+        sql = "SELECT id, audit_n, audit_hash FROM sessions WHERE audit_n > 0"
+        params: list[Any] = []
+        if stream is not None:
+            sql += " AND id=?"
+            params.append(stream)
+        return {
+            i: (int(n), None if h is None else bytes(h).hex())
+            for i, n, h in self.conn.execute(sql, params)
+        }
 
     # -- sizes (benchmarks, dashboard) --------------------------------------------------------
 

@@ -31,7 +31,7 @@ from .._codec import (
     stored_type,
     type_name,
 )
-from ._connection import immediate
+from ._connection import immediate, reading
 from ._leases import Leases
 from ._reads import Reads
 
@@ -198,6 +198,8 @@ class SQLiteStore(Reads, Leases):
                     ).fetchone()
                     last[row.stream] = (0, None) if found is None else (found[0], found[1].hex())
                 n, prev = last[row.stream]
+                if row.after is not None and n != row.after:
+                    continue
                 n += 1
                 digest = chain_hash(
                     prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
@@ -271,6 +273,7 @@ class SQLiteStore(Reads, Leases):
 
     # -- change notifications (polling: SQLite has no NOTIFY) ---------------------------------
 
+    @reading
     async def wait_for_change(
         self,
         session_id: str | None,
