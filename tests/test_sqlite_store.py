@@ -421,6 +421,8 @@ async def test_default_store_is_dot_signoff(
     [
         ("sqlite://state.db", so.StoreError, "three slashes"),
         ("sqlite:///", so.StoreError, "names no file"),
+        ("sqlite:///state.db?mode=ro", so.StoreError, "no query"),
+        ("sqlite:////tmp/s.db#x", so.StoreError, "no query"),
         ("mysql://localhost/db", so.UsageError, "unknown store URL"),
         ("state.db", so.UsageError, "unknown store URL"),
         ("sqlite:state.db", so.UsageError, "unknown store URL"),

@@ -12,7 +12,7 @@ import pytest
 
 import signoff as so
 from signoff.stores._codec import unpack_text
-from signoff.stores.sqlite import STORE_SCHEMA
+from signoff.stores.sqlite import STORE_SCHEMA, SQLiteStore
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 # Schema 1 as the first version wrote it: JSON text everywhere, a full copy of each request, and
@@ -242,3 +242,16 @@ async def test_a_schema_2_file_is_taken_as_is_and_a_newer_one_refused(tmp_path: 
     with sqlite3.connect(db) as conn:
         found = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         assert found == (str(STORE_SCHEMA + 1),)
+
+
+async def test_a_damaged_schema_mark_is_a_store_error_and_changes_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "s.db"
+    async with so.Runtime([scripted_agent("a", [reply("hi")])], store=f"sqlite:///{db}") as rt:
+        await rt.generate("a", prompt="hi")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE meta SET value='abc' WHERE key='schema'")
+    store = SQLiteStore(f"sqlite:///{db}")
+    with pytest.raises(so.StoreError, match="damaged: its store schema mark is 'abc'"):
+        await store.open()
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("abc",)

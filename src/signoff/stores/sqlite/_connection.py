@@ -33,7 +33,19 @@ def _path_from_url(url: str) -> str:
     path = rest[1:]
     if not path:
         raise StoreError(f"SQLite URL names no file: {url!r}")
+    if "?" in path or "#" in path:
+        raise StoreError(
+            f"SQLite URL takes no query or fragment (the store sets its own options): {url!r}"
+        )
     return path
+
+
+def _schema_version(path: str, value: object) -> int:
+    """The store schema a file is marked with; a mark that is not a number is a damaged file."""
+    try:
+        return int(str(value))
+    except ValueError:
+        raise StoreError(f"{path} is damaged: its store schema mark is {value!r}") from None
 
 
 class Connection:
@@ -64,6 +76,7 @@ class Connection:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
+        conn: sqlite3.Connection | None = None
         try:
             conn = sqlite3.connect(
                 self.path,
@@ -82,7 +95,7 @@ class Connection:
             with immediate(conn):
                 conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
                 row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-                found = STORE_SCHEMA if row is None else int(row[0])
+                found = STORE_SCHEMA if row is None else _schema_version(self.path, row[0])
                 if found > STORE_SCHEMA:
                     raise SchemaVersionError(
                         f"{self.path} has store schema {row[0]}; this signoff knows up to "
@@ -98,8 +111,12 @@ class Connection:
                     "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
                     (str(STORE_SCHEMA),),
                 )
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, sqlite3.Error):
+                raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+            raise
         self._conn = conn
 
     async def close(self) -> None:
