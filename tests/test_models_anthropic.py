@@ -446,3 +446,89 @@ async def test_parallel_tool_uses_come_back_as_one_user_message(
     ]
     assert [b.get("is_error", False) for b in last["content"]] == [False, False]
     assert len(fake.bodies[1]["messages"]) == 3
+
+
+# -- replies a real server can send that are not what the API promises ------------------------
+
+
+async def test_a_tool_use_cut_off_at_max_tokens_is_a_model_error(fake, model) -> None:
+    # the input of a tool_use block the limit cut is incomplete: it must never run
+    body = anthropic_message("Refunding.", tool_use("toolu_1", "issue_refund", {"order_id": "10"}))
+    body["stop_reason"] = "max_tokens"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="cut off at max_tokens=1024 in a tool call"):
+        await model.complete(request())
+
+
+async def test_text_cut_off_at_max_tokens_is_returned(fake, model) -> None:
+    body = anthropic_message("A long answer that")
+    body["stop_reason"] = "max_tokens"
+    fake.queue(body)
+    assert (await model.complete(request())).text == "A long answer that"
+
+
+async def test_a_nan_in_a_tool_input_cannot_slip_past_an_approval_predicate(
+    fake, model, tmp_path: Path
+) -> None:
+    ran: list[float] = []
+
+    @so.tool(approval=lambda input: input.amount > 100)
+    async def refund(order_id: str, amount: float) -> dict[str, object]:
+        """Refund an order."""
+        ran.append(amount)
+        return {"refunded": amount}
+
+    fake.queue(  # the fake writes NaN as Python's json does; the SDK reads it back as a float
+        anthropic_message(tool_use("toolu_n", "refund", {"order_id": "1", "amount": float("nan")})),
+        anthropic_message("Let me try again."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1")
+        assert (r.status, r.pending) == ("completed", [])
+    assert ran == []
+    [result] = fake.bodies[1]["messages"][-1]["content"]
+    assert (result["tool_use_id"], result["is_error"]) == ("toolu_n", True)
+    assert "_unparsed_arguments" in result["content"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"", b"[" * 100_000 + b"]" * 100_000, b'{"content": "\xff\xfe"}'],
+    ids=["invalid", "empty", "too-deep", "not-utf8"],
+)
+async def test_a_body_that_is_not_json_is_a_model_error(fake, model, body: bytes) -> None:
+    fake.queue(Reply(body))
+    with pytest.raises(so.ModelError, match="returned a body that is not JSON"):
+        await model.complete(request())
+
+
+async def test_a_body_cut_short_is_a_model_error_saying_so(fake, model) -> None:
+    fake.queue(Reply(anthropic_message("a long answer"), cut_at=40))
+    with pytest.raises(so.ModelError, match="the connection broke") as info:
+        await model.complete(request())
+    assert isinstance(info.value.__cause__, anthropic.APIConnectionError)
+
+
+async def test_negative_or_missing_usage_counts_nothing(fake, model) -> None:
+    body = anthropic_message("x", usage={"input_tokens": -1_000_000, "output_tokens": 3})
+    fake.queue(body, {**anthropic_message("y"), "usage": None})
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens) == (0, 3)
+    assert usage.cost_usd == pytest.approx(3 * 5.0 / 1e6)
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (0, 0, 0.0)
+
+
+async def test_a_lone_surrogate_in_the_conversation_is_sent_as_a_replacement(fake, model) -> None:
+    fake.queue(anthropic_message("ok"))
+    conversation: list[so.Message] = [
+        so.UserMessage(text="caf\udce9"),
+        so.AssistantMessage(text="bad \ud800"),
+        so.UserMessage(text="go on"),
+    ]
+    await model.complete(request(*conversation, instructions="\udfff"))
+    body = fake.bodies[0]
+    assert body["system"] == "\ufffd"
+    assert body["messages"][0]["content"] == [{"type": "text", "text": "caf\ufffd"}]
+    assert body["messages"][1]["content"] == [{"type": "text", "text": "bad \ufffd"}]

@@ -643,3 +643,124 @@ async def test_parallel_tool_calls_each_get_their_tool_message(
         ("tool", "call_pay"),
     ]
     assert json.loads(results[0]["content"]) == {"order_id": "1042", "total": 180.0}
+
+
+# -- replies a real server can send that are not what the API promises ------------------------
+
+
+async def test_choices_that_are_not_a_list_are_a_model_error(fake, model) -> None:
+    body = openai_completion("x")
+    body["choices"] = {"0": body["choices"][0]}
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="returned no choices"):
+        await model.complete(request())
+
+
+async def test_a_refusal_that_is_not_text_is_ignored(fake, model) -> None:
+    body = openai_completion(None)
+    body["choices"][0]["message"]["refusal"] = 5
+    fake.queue(body)
+    assert (await model.complete(request())).text == ""
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"order_id": "1", "amount": NaN}',
+        '{"order_id": "1", "amount": Infinity}',
+        '{"order_id": "1", "amount": -Infinity}',
+        '{"order_id": "1", "amount": 1, "x": ' + "[" * 5000 + "]" * 5000 + "}",
+    ],
+    ids=["nan", "infinity", "-infinity", "too-deep"],
+)
+async def test_arguments_that_are_not_plain_json_are_passed_on_unparsed(fake, model, raw) -> None:
+    fake.queue(openai_completion(None, [openai_tool_call("call_1", "f", raw)]))
+    r = await model.complete(request())
+    assert r.tool_calls == [so.ToolCall(name="f", input={"_unparsed_arguments": raw}, id="call_1")]
+
+
+async def test_a_nan_amount_cannot_slip_past_an_approval_predicate(
+    fake, model, tmp_path: Path
+) -> None:
+    # NaN > 100 is false: parsed as a number, the call would run without asking anyone
+    ran: list[float] = []
+
+    @so.tool(approval=lambda input: input.amount > 100)
+    async def refund(order_id: str, amount: float) -> dict[str, object]:
+        """Refund an order."""
+        ran.append(amount)
+        return {"refunded": amount}
+
+    raw = '{"order_id": "1042", "amount": NaN}'
+    fake.queue(
+        openai_completion(None, [openai_tool_call("call_nan", "refund", raw)]),
+        openai_completion("Let me try again."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        assert (r.status, r.pending) == ("completed", [])
+    assert ran == []
+    assistant, tool_message = fake.bodies[1]["messages"][-2:]
+    assert assistant["tool_calls"][0]["function"]["arguments"] == raw  # as the model wrote it
+    assert tool_message["content"].startswith("ERROR: the call to refund failed.")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"", b"[" * 100_000 + b"]" * 100_000, b'{"choices": "\xff\xfe"}'],
+    ids=["invalid", "empty", "too-deep", "not-utf8"],
+)
+async def test_a_body_that_is_not_json_is_a_model_error(fake, model, body: bytes) -> None:
+    fake.queue(Reply(body))
+    with pytest.raises(so.ModelError, match="returned a body that is not JSON"):
+        await model.complete(request())
+
+
+async def test_a_body_cut_short_is_a_model_error_saying_so(fake, model) -> None:
+    fake.queue(Reply(openai_completion("a long answer"), cut_at=40))
+    with pytest.raises(so.ModelError, match="the connection broke") as info:
+        await model.complete(request())
+    assert isinstance(info.value.__cause__, openai.APIConnectionError)
+
+
+async def test_a_body_cut_short_is_retried_like_other_transient_failures(fake) -> None:
+    fake.queue(Reply(openai_completion("lost"), cut_at=40), openai_completion("whole"))
+    async with so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=1
+    ) as m:
+        assert (await m.complete(request())).text == "whole"
+
+
+async def test_negative_usage_counts_nothing(fake, model) -> None:
+    body = openai_completion("x")
+    body["usage"] = {"prompt_tokens": -1000, "completion_tokens": "5"}
+    fake.queue(body)
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (0, 0, 0.0)
+
+
+@so.tool
+async def garbled() -> str:
+    """Return text holding a lone surrogate, as a badly decoded file can."""
+    return "caf\udce9"
+
+
+async def test_a_lone_surrogate_in_the_conversation_does_not_poison_the_session(
+    fake, model, tmp_path: Path
+) -> None:
+    # JSON may escape a lone surrogate; it cannot be sent as UTF-8, so every later call failed
+    fake.queue(
+        openai_completion("bad \ud800 text"),
+        openai_completion(None, [openai_tool_call("call_g", "garbled", {})]),
+        openai_completion("Read it."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[garbled])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert r.status == "completed"
+        r = await rt.send(r.session_id, "read the file")
+        assert (r.status, r.error, r.text) == ("completed", None, "Read it.")
+    messages = fake.bodies[2]["messages"]
+    assert messages[1] == {"role": "assistant", "content": "bad \ufffd text"}
+    assert messages[-1]["content"] == "caf\ufffd"

@@ -66,3 +66,39 @@ def test_the_http_client_is_importable_lazily_from_the_top() -> None:
         "assert 'fastapi' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_runtime_call_has_a_sync_twin() -> None:
+    # README: every async method has a `*_sync` twin, but `work` (a worker's loop) and `open`
+    # (done by the first call).
+    import inspect
+
+    calls = {
+        name
+        for name, fn in vars(so.Runtime).items() | _inherited(so.Runtime)
+        if not name.startswith("_")
+        and (inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn))
+    }
+    missing = sorted(c for c in calls - {"work", "open"} if not hasattr(so.Runtime, f"{c}_sync"))
+    assert missing == []
+
+
+def _inherited(cls: type) -> set[tuple[str, object]]:
+    return {(n, f) for base in cls.__mro__[1:] for n, f in vars(base).items()}
+
+
+def test_the_audit_and_session_twins_answer_like_their_async_methods(tmp_path) -> None:
+    import io
+
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")]))
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+    try:
+        r = rt.generate_sync("a", prompt="hello")
+        [summary] = rt.sessions_sync(agent="a")
+        assert summary.id == r.session_id
+        assert rt.verify_audit_sync() == []
+        entries = rt.audit_sync(r.session_id)
+        out = io.StringIO()
+        assert rt.export_audit_sync(out, r.session_id) == len(entries)
+    finally:
+        rt.close_sync()

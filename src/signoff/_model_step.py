@@ -4,6 +4,9 @@ recorded, and the session's budgets (asking a person to raise one that is spent)
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from ._exceptions import ModelError, SignoffError
 from ._recording import DriverPart, EventSpec, dump_request, new_id
 from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
@@ -92,6 +95,7 @@ class ModelStep(DriverPart):
             response = await self.agent.model.complete(request)
             if not isinstance(response, ModelResponse):
                 raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
+            _check_recordable(response)
         except Exception as exc:
             code = exc.code if isinstance(exc, SignoffError) else "model_error"
             await self.record(
@@ -205,3 +209,17 @@ def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None
     if max_cost is not None and s.usage.cost_usd >= max_cost * times:
         return f"the session cost {s.usage.cost_usd:.4f} of max_cost_usd={max_cost * times:g}"
     return None
+
+
+def _check_recordable(response: ModelResponse) -> None:
+    """Refuse a response the log cannot hold faithfully: NaN, infinity or objects that are not
+    JSON (a NaN amount slips past `amount > 100`, infinity is read back as null), or negative
+    usage (which would give budget back)."""
+    usage = response.usage
+    if min(usage.input_tokens, usage.output_tokens, usage.cost_usd) < 0:
+        raise ModelError(f"model response has negative usage: {usage!r}")
+    data: Any = response.model_dump()
+    try:
+        json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ModelError(f"model response is not plain JSON: {type(exc).__name__}: {exc}") from None

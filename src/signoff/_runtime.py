@@ -51,7 +51,8 @@ def _check_page(limit: object, offset: object) -> None:
 
 
 class Runtime(Answering):
-    """Runs agents' turns against a store; every method has a `*_sync` twin."""
+    """Runs agents' turns against a store; every call has a `*_sync` twin but `work`, a worker's
+    loop (and `open`, which the first call does)."""
 
     def _driver(self, state: SessionState, token: int | None) -> Driver:
         driver = super()._driver(state, token)
@@ -406,6 +407,18 @@ class Runtime(Answering):
 
     def create_session_sync(self, agent: str, *, auth: Principal | None = None) -> str:
         return self._sync.run(self.create_session(agent, auth=auth))
+
+    def sessions_sync(self, *args: Any, **kwargs: Any) -> list[SessionSummary]:
+        return self._sync.run(self.sessions(*args, **kwargs))
+
+    def audit_sync(self, *args: Any, **kwargs: Any) -> list[AuditEntry]:
+        return self._sync.run(self.audit(*args, **kwargs))
+
+    def verify_audit_sync(self, session_id: str | None = None) -> list[AuditProblem]:
+        return self._sync.run(self.verify_audit(session_id))
+
+    def export_audit_sync(self, out: IO[str], session_id: str | None = None) -> int:
+        return self._sync.run(self.export_audit(out, session_id))
 
     def events_sync(self, session_id: str, after: int = 0) -> list[Event]:
         """The session's events after `seq`, without following."""

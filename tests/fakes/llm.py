@@ -40,11 +40,13 @@ class Received:
 
 @dataclass
 class Reply:
-    """A scripted HTTP answer."""
+    """A scripted HTTP answer: `body` is sent as JSON, or as is when it is bytes; `cut_at`
+    sends only that many bytes of it (announcing them all) and drops the connection."""
 
     body: Any
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
+    cut_at: int | None = None
 
 
 Step = Reply | Callable[[Received], Reply]
@@ -77,13 +79,18 @@ class FakeLLM:
                     "POST", self.path, {k.lower(): v for k, v in self.headers.items()}, body
                 )
                 reply = fake._answer(got)
-                data = json.dumps(reply.body).encode()
+                data = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body)
+                data = data if isinstance(data, bytes) else data.encode()
                 self.send_response(reply.status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 for k, v in reply.headers.items():
                     self.send_header(k, v)
                 self.end_headers()
+                if reply.cut_at is not None:
+                    self.wfile.write(data[: reply.cut_at])
+                    self.close_connection = True
+                    return
                 self.wfile.write(data)
 
             def log_message(self, format: str, *args: Any) -> None:

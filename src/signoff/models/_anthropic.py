@@ -17,6 +17,9 @@ from ._provider import (
     encode_tool_result,
     load_sdk,
     lookup_price,
+    plain_input,
+    plain_int,
+    scrub,
 )
 
 if TYPE_CHECKING:
@@ -86,12 +89,12 @@ class Anthropic(SdkModel):
         kwargs: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
-            "messages": to_anthropic_messages(request.messages),
+            "messages": scrub(to_anthropic_messages(request.messages)),
         }
         if request.instructions:
-            kwargs["system"] = request.instructions
+            kwargs["system"] = scrub(request.instructions)
         if request.tools:
-            kwargs["tools"] = [to_anthropic_tool(t) for t in request.tools]
+            kwargs["tools"] = scrub([to_anthropic_tool(t) for t in request.tools])
         kwargs.update(self.params)
         sdk = self._sdk
         where = f"{self.model!r} at {client.base_url}"
@@ -108,6 +111,13 @@ class Anthropic(SdkModel):
         content = getattr(message, "content", None)
         if not isinstance(content, list):
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
+        if getattr(message, "stop_reason", None) == "max_tokens" and content:
+            if getattr(content[-1], "type", None) == "tool_use":
+                # The limit cut the block's input short: running it would act on half a call.
+                raise ModelError(
+                    f"Anthropic messages call for {where} was cut off at "
+                    f"max_tokens={self.max_tokens} in a tool call; raise max_tokens"
+                )
         texts: list[str] = []
         calls: list[ToolCall] = []
         for block in content:
@@ -127,16 +137,16 @@ class Anthropic(SdkModel):
                 calls.append(
                     ToolCall(
                         name=name,
-                        input={} if raw is None else raw,
+                        input={} if raw is None else plain_input(raw),
                         id=call_id if isinstance(call_id, str) and call_id else None,
                     )
                 )
             # thinking and server-tool blocks are not part of signoff's conversation
         usage = getattr(message, "usage", None)
-        plain = _int(getattr(usage, "input_tokens", 0))
-        written = _int(getattr(usage, "cache_creation_input_tokens", 0))
-        read = _int(getattr(usage, "cache_read_input_tokens", 0))
-        output = _int(getattr(usage, "output_tokens", 0))
+        plain = plain_int(getattr(usage, "input_tokens", 0))
+        written = plain_int(getattr(usage, "cache_creation_input_tokens", 0))
+        read = plain_int(getattr(usage, "cache_read_input_tokens", 0))
+        output = plain_int(getattr(usage, "output_tokens", 0))
         cost = 0.0
         if self.price_per_mtok is not None:
             price_in, price_out = self.price_per_mtok
@@ -209,7 +219,3 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
         # The window cut the conversation after a user message; the API must start with one.
         out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continued)"}]})
     return out
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -20,6 +20,9 @@ from ._provider import (
     encode_tool_result,
     load_sdk,
     lookup_price,
+    plain_input,
+    plain_int,
+    scrub,
 )
 
 if TYPE_CHECKING:
@@ -98,10 +101,10 @@ class OpenAIChat(SdkModel):
         client = self._clients.get()
         kwargs: dict[str, Any] = {
             "model": self.model,
-            "messages": to_openai_messages(request.instructions, request.messages),
+            "messages": scrub(to_openai_messages(request.instructions, request.messages)),
         }
         if request.tools:
-            kwargs["tools"] = [to_openai_tool(t) for t in request.tools]
+            kwargs["tools"] = scrub([to_openai_tool(t) for t in request.tools])
         if self.temperature is not None:
             kwargs["temperature"] = self.temperature
         if self.max_tokens is not None:
@@ -120,14 +123,15 @@ class OpenAIChat(SdkModel):
 
     def _parse(self, completion: Any, where: str) -> ModelResponse:
         choices = getattr(completion, "choices", None)
-        if not choices:
+        if not isinstance(choices, list) or not choices:
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
         message = getattr(choices[0], "message", None)
         if message is None:
             raise ModelError(f"OpenAI chat completion for {where} returned no message")
         text = _text(getattr(message, "content", None))
-        if not text:
-            text = getattr(message, "refusal", None) or ""
+        refusal = getattr(message, "refusal", None)
+        if not text and isinstance(refusal, str):
+            text = refusal
         calls = []
         for raw in getattr(message, "tool_calls", None) or []:
             function = getattr(raw, "function", None)
@@ -143,8 +147,8 @@ class OpenAIChat(SdkModel):
                 )
             )
         usage = getattr(completion, "usage", None)
-        input_tokens = _int(getattr(usage, "prompt_tokens", 0))
-        output_tokens = _int(getattr(usage, "completion_tokens", 0))
+        input_tokens = plain_int(getattr(usage, "prompt_tokens", 0))
+        output_tokens = plain_int(getattr(usage, "completion_tokens", 0))
         cost = 0.0
         if self.price_per_mtok is not None:
             cost = (
@@ -211,15 +215,20 @@ def tool_text(m: ToolResultMessage) -> str:
 
 
 def parse_arguments(arguments: Any) -> Any:
-    """Tool-call arguments as data; text that is not JSON is passed on to fail validation."""
+    """Tool-call arguments as data; text that is not plain JSON (NaN and Infinity are not, and
+    would slip past checks like `amount > 100`) is passed on to fail validation."""
     if arguments is None or arguments == "":
         return {}
     if not isinstance(arguments, str):
-        return arguments  # some compatible servers send an object instead of a JSON string
+        return plain_input(arguments)  # some compatible servers send an object, not a string
     try:
-        return json.loads(arguments)
-    except ValueError:
+        return json.loads(arguments, parse_constant=_not_json)
+    except (ValueError, RecursionError):
         return {UNPARSED_ARGUMENTS: arguments}
+
+
+def _not_json(constant: str) -> Any:
+    raise ValueError(f"{constant} is not JSON")
 
 
 def format_arguments(value: Any) -> str:
@@ -242,7 +251,3 @@ def _text(content: Any) -> str:
                 parts.append(value)
         return "".join(parts)
     return ""
-
-
-def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0

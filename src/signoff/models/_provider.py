@@ -26,6 +26,9 @@ __all__ = [
     "encode_tool_result",
     "load_sdk",
     "lookup_price",
+    "plain_input",
+    "plain_int",
+    "scrub",
     "status_detail",
     "status_hint",
 ]
@@ -123,6 +126,42 @@ def encode_tool_result(content: Any) -> str:
     return json.dumps(content, ensure_ascii=False, default=str)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def scrub(value: Any) -> Any:
+    """`value` with lone surrogates in its text replaced by U+FFFD: JSON can carry one (from a
+    model or a tool) into the conversation, but a request holding one cannot be sent as UTF-8."""
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value)
+    if isinstance(value, dict):
+        return {scrub(k): scrub(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [scrub(v) for v in value]
+    return value
+
+
+def plain_input(value: Any) -> Any:
+    """A tool input parsed by the SDK, if it is plain JSON; else its text under
+    `UNPARSED_ARGUMENTS`, so validation fails and the model is told (a NaN would slip past
+    checks like `amount > 100`)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError):
+        try:
+            text = json.dumps(value, default=str)
+        except (ValueError, RecursionError):
+            text = "(arguments nested too deeply to show)"
+        return {UNPARSED_ARGUMENTS: text}
+    return value
+
+
+def plain_int(value: Any) -> int:
+    """A token count from a reply: a non-negative int, anything else counts as 0."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    return value if ok else 0
+
+
 def load_sdk(module: str, extra: str, owner: str) -> ModuleType:
     """Import a provider SDK, or explain which extra installs it."""
     try:
@@ -160,6 +199,14 @@ def cause_of(exc: BaseException) -> str:
     """What lies under an SDK connection error, for a message that says what failed."""
     cause = exc.__cause__ or exc.__context__
     return f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+
+
+def connection_problem(exc: BaseException) -> str:
+    """Whether a connection error happened before the server was reached or in the middle of its
+    answer (a body cut short), so the message does not send anyone to check the address."""
+    cause = exc.__cause__ or exc.__context__
+    broke = type(cause).__name__ in ("RemoteProtocolError", "ReadError", "WriteError")
+    return f"{'the connection broke' if broke else 'cannot connect'} ({cause_of(exc)})"
 
 
 C = TypeVar("C")
@@ -233,11 +280,14 @@ class SdkModel:
         except sdk.APITimeoutError as exc:
             raise ModelError(f"{what} for {where} timed out") from exc
         except sdk.APIConnectionError as exc:
-            raise ModelError(
-                f"{what} for {where} failed: cannot connect ({cause_of(exc)})"
-            ) from exc
+            raise ModelError(f"{what} for {where} failed: {connection_problem(exc)}") from exc
         except base_error as exc:
             raise ModelError(f"{what} for {where} failed: {type(exc).__name__}: {exc}") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            # The SDKs parse a 200's body unguarded: a proxy's truncated or garbled reply.
+            raise ModelError(
+                f"{what} for {where} returned a body that is not JSON: {type(exc).__name__}: {exc}"
+            ) from exc
 
     async def aclose(self) -> None:
         """Close the HTTP client this model opened (a client passed in is left open)."""

@@ -1,0 +1,60 @@
+"""The README's examples run as written, so the documentation cannot silently rot."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def section(title: str) -> str:
+    """The README text under the `## title` heading, up to the next one."""
+    text = (ROOT / "README.md").read_text()
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## )", text, re.S | re.M)
+    assert match, f"README has no section {title!r}"
+    return match.group(1)
+
+
+def python_snippet(title: str) -> str:
+    [code] = re.findall(r"```python\n(.*?)```", section(title), re.S)
+    return str(code)
+
+
+def test_the_in_python_example_runs_and_prints_what_its_comments_say(tmp_path: Path) -> None:
+    code = python_snippet("In Python")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    for run in (1, 2):  # a second run reuses the store the first one left
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == [
+            "waiting issue_refund {'order_id': '1042', 'amount': 180.0, 'reason': 'broken'}",
+            "completed Done. I've refunded 180.00.",
+        ], run
+    assert (tmp_path / ".signoff" / "state.db").exists()
+    # the printed results are the ones the comments promise
+    assert "# waiting issue_refund {...}" in code and "# completed Done. ..." in code
+
+
+def test_each_extra_the_docs_name_exists_and_brings_the_client_its_message_promises() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    texts += sorted((ROOT / "src" / "signoff").rglob("*.py"))
+    named = {m for p in texts for m in re.findall(r"signoff\[([a-z]+)\]", p.read_text())}
+    assert named and named <= set(extras), sorted(named - set(extras))
+    # `so.Client` says "pip install 'signoff[server]'" when httpx is missing
+    assert any(dep.startswith("httpx") for dep in extras["server"])

@@ -1,0 +1,57 @@
+"""The model step's guard: a response that cannot be recorded as plain JSON fails the turn,
+retryably, before anything of it is stored or run (any `Model`, not only the shipped ones)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+
+ran: list[object] = []
+
+
+@so.tool(approval=lambda input: input.amount > 100)
+async def refund(order_id: str, amount: float) -> dict[str, object]:
+    """Refund an order."""
+    ran.append(amount)
+    return {"refunded": amount}
+
+
+def call(**input: object) -> so.ModelResponse:
+    return so.ModelResponse(tool_calls=[so.ToolCall(name="refund", input=input, id="call_1")])
+
+
+@pytest.mark.parametrize(
+    ("bad", "match"),
+    [
+        (call(order_id="1", amount=float("nan")), "not plain JSON"),
+        (call(order_id="1", amount=float("inf")), "not plain JSON"),
+        (call(order_id=object(), amount=1), "not plain JSON"),
+        (so.ModelResponse(text="x", usage=so.Usage(cost_usd=float("nan"))), "not plain JSON"),
+        (so.ModelResponse(text="x", usage=so.Usage(input_tokens=-5)), "negative usage"),
+        (so.ModelResponse(text="x", usage=so.Usage(cost_usd=-0.5)), "negative usage"),
+    ],
+    ids=["nan", "infinity", "object", "nan-cost", "negative-tokens", "negative-cost"],
+)
+async def test_a_response_that_cannot_be_recorded_fails_the_turn_retryably(
+    tmp_path: Path, bad: so.ModelResponse, match: str
+) -> None:
+    ran.clear()
+    model = so.models.Scripted([bad])
+    agent = so.Agent(name="a", model=model, tools=[refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert (r.status, r.retryable, r.pending) == ("failed", True, [])
+        assert r.error is not None and r.error["code"] == "model_error"
+        assert match in r.error["message"]
+        types = [e.type async for e in rt.events(r.session_id, follow=False)]
+        assert "model.completed" not in types and types[-1] == "turn.failed"
+        state = await rt.state(r.session_id)
+        assert (state.usage.input_tokens, state.usage.cost_usd) == (0, 0.0)
+
+        model.steps = [so.ModelResponse(text="Sorry, which amount?")]  # the retry gets a good one
+        r = await rt.generate(session_id=r.session_id)
+        assert (r.status, r.text) == ("completed", "Sorry, which amount?")
+    assert ran == []
