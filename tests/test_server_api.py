@@ -400,7 +400,7 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
     app = create_app(runtime, dev=True)
     for host, status in (("127.0.0.1", 200), ("::1", 200), ("10.1.2.3", 401)):
         transport = httpx.ASGITransport(app=app, client=(host, 5000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as c:
             r = await c.get("/v1/requests")
             assert r.status_code == status, (host, r.text)
             page = await c.get("/_signoff/")
@@ -412,6 +412,35 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not both"):
         create_app(runtime, auth=TokenAuth(TOKENS), dev=True)
     assert DevAuth().principal.principal_id == "dev"
+
+
+async def test_dev_mode_refuses_requests_addressed_to_another_name(tmp_path: Path) -> None:
+    """DNS rebinding: a page of another site, resolved to 127.0.0.1, reaches the dev server from
+    a browser on this machine with its own name in `Host`; it must not act as the dev admin."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/dev.db")
+    app = create_app(runtime, dev=True, sweep_every=None)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+    async with app.router.lifespan_context(app):
+        for base, status in (
+            ("http://attacker.example:8000", 401),
+            ("http://127.0.0.1.attacker.example", 401),
+            ("http://localhost.attacker.example:8000", 401),
+            ("http://10.0.0.5:8000", 401),
+            ("http://localhost:8000", 200),
+            ("http://LOCALHOST", 200),
+            ("http://app.localhost:8000", 200),
+            ("http://127.0.0.1:8000", 200),
+            ("http://127.1.2.3", 200),
+            ("http://[::1]:8000", 200),
+        ):
+            async with httpx.AsyncClient(transport=transport, base_url=base) as c:
+                r = await c.get("/v1/requests")
+                assert r.status_code == status, (base, r.text)
+                created = await c.post("/v1/sessions", json={"agent": "support"})
+                assert created.status_code == (201 if status == 200 else 401), base
+                page = await c.get("/_signoff/")
+                assert ("Approval queue" in page.text) == (status == 200), base
+    await runtime.close()
 
 
 def test_queue_filters_and_pagination(alice: httpx.Client) -> None:
