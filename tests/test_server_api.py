@@ -298,6 +298,54 @@ def test_unknown_ids_are_404(alice: httpx.Client) -> None:
     error(alice.get("/v1/nothing-here"), 404, "not_found")
 
 
+async def test_ids_and_filters_with_a_nul_are_unknown_on_every_store(store_url: str) -> None:
+    """No id or name holds a NUL, and PostgreSQL cannot even look one up: such a request is a 404
+    (or an empty page) on every store, never a 503 `store_error` blaming the database."""
+    runtime = make_runtime(store_url)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c:
+            created = await c.post("/v1/sessions", json={"agent": "support", "message": "hi"})
+            sid, rid = created.json()["session_id"], created.json()["pending"][0]["id"]
+            nul = "ses_%00"
+            error(await c.get(f"/v1/sessions/{nul}"), 404, "unknown_session")
+            error(await c.get(f"/v1/sessions/{nul}/events"), 404, "unknown_session")
+            error(await c.post(f"/v1/sessions/{nul}/cancel"), 404, "unknown_session")
+            message = {"text": "approve"}
+            error(
+                await c.post(f"/v1/sessions/{nul}/messages", json=message), 404, "unknown_session"
+            )
+            error(await c.get("/v1/requests/req_%00"), 404, "unknown_request")
+            answer = {"inputResponses": [{"requestId": "req_\x00", "optionId": "approve"}]}
+            r = await c.post(f"/v1/sessions/{sid}/responses", json=answer)
+            assert error(r, 404, "unknown_request")["request_ids"] == ["req_\x00"]
+            decisions = {
+                "approvals": [{"id": rid, "approved": True}, {"id": "\x00", "approved": True}]
+            }
+            r = await c.post(f"/v1/sessions/{sid}/approvals", json=decisions)
+            assert error(r, 404, "unknown_request")["request_ids"] == ["\x00"]
+            for query in ("agent=%00", "tool=issue%00refund", "agent=support%00"):
+                r = await c.get(f"/v1/requests?{query}")
+                assert r.status_code == 200, (query, r.text)
+                assert r.json()["items"] == [] and r.json()["total"] == 0
+            assert (await c.get("/v1/requests?agent=support")).json()["total"] == 1
+            page = await c.get(f"/_signoff/sessions/{nul}")
+            assert page.status_code == 404, page.text
+            page = await c.get("/_signoff/?agent=%00")
+            assert page.status_code == 200 and rid not in page.text
+            token = c.cookies["signoff_csrf"]
+            form = {"csrf": token, "option": "approve"}
+            page = await c.post("/_signoff/requests/req_%00/respond", data=form)
+            assert page.status_code == 404, page.text
+            page = await c.post(f"/_signoff/sessions/{nul}/messages", data={**form, "message": "x"})
+            assert page.status_code == 404, page.text
+            assert (await c.get(f"/v1/sessions/{sid}")).json()["status"] == "waiting"
+    await runtime.close()
+
+
 def test_conflicting_and_repeated_answers(alice: httpx.Client) -> None:
     body = start(alice)
     sid, rid = body["session_id"], body["pending"][0]["id"]

@@ -19,7 +19,7 @@ from starlette.responses import (
     StreamingResponse,
 )
 
-from .._exceptions import SignoffError, UnknownSession
+from .._exceptions import SignoffError, UnknownRequest, UnknownSession
 from .._types import InputRequest, InputResponse
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth
@@ -96,14 +96,11 @@ async def respond(request: Request, request_id: str) -> Response:
     fields = await check_csrf(request)
     option = fields.get("option") or None
     text = (fields.get("text") or "").strip() or None
-    stored = await ctx.runtime.store.get_request(request_id)
     try:
-        if stored is None:
-            raise UnknownSession("")
-        session_id = stored.request.session_id
-        await ctx.session(session_id, viewer)
-    except UnknownSession:
+        stored = await ctx.request(request_id, viewer)
+    except UnknownRequest:
         return dashboard_error(request, 404, "unknown_request", f"unknown request {request_id!r}")
+    session_id = stored.request.session_id
     edited: dict[str, Any] | None = None
     input_hash: str | None = None
     action = stored.request.action
