@@ -697,3 +697,35 @@ def test_a_server_failure_is_a_json_500(store: str, monkeypatch: pytest.MonkeyPa
         r = httpx.get(f"{base}/v1/sessions/ses_x", headers=auth("alice-token"))
         detail = error(r, 500, "internal_error")
         assert "RuntimeError" in detail["message"] and "disk" not in detail["message"]
+
+
+async def test_a_store_failure_is_a_503_that_names_no_database(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failing store is the server's problem: the client gets `store_error` without the
+    database's address or the driver's words (as with a 500); the server's log keeps them."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    where = "postgresql://signoff@db.internal.example:5432/prod"
+
+    async def broken(session_id: str) -> so.SessionState:
+        raise so.StoreError(f"loading session {session_id!r} failed at {where}: disk full")
+
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        runtime.state = broken  # type: ignore[method-assign]
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c:
+            with caplog.at_level("ERROR", logger="signoff.server"):
+                r = await c.get("/v1/sessions/ses_x")
+            detail = error(r, 503, "store_error")
+            assert "db.internal" not in detail["message"] and "disk" not in detail["message"]
+            assert where in caplog.text
+            # both server failures are in the API's document
+            doc = (await c.get("/v1/openapi.json")).json()
+            for path, method in (("/v1/sessions/{session_id}", "get"), ("/v1/sessions", "post")):
+                responses = doc["paths"][path][method]["responses"]
+                assert {"500", "503"} <= set(responses), (path, sorted(responses))
+                assert "store_error" in responses["503"]["description"]
+    await runtime.close()
