@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -76,6 +77,14 @@ def _raise_for(response: httpx.Response) -> None:
     if issubclass(cls, errors.SessionError):
         exc.session_id = detail.get("session_id") or ""  # type: ignore[attr-defined]
     raise exc
+
+
+def _session_path(session_id: str, tail: str = "") -> str:
+    """The path of a session's resource, its id quoted as one segment: a `?`, `#`, `/` or `..`
+    in an id must not reach another session (no session has such an id)."""
+    if not session_id or "/" in session_id or session_id in (".", ".."):
+        raise errors.UnknownSession(session_id)
+    return f"/v1/sessions/{quote(session_id, safe='')}{tail}"
 
 
 def _encode(path: str, body: Any) -> bytes:
@@ -206,7 +215,7 @@ class AsyncClient:
             if session_id is None or prompt is not None:
                 raise errors.UsageError("approvals need a session_id and no prompt")
             body = {"approvals": [_decision_body(d) for d in approvals]}
-            path = f"/v1/sessions/{session_id}/approvals"
+            path = _session_path(session_id, "/approvals")
             return RemoteResult.from_json(await self._call("POST", path, json=body))
         if session_id is None:
             if agent is None:
@@ -223,25 +232,25 @@ class AsyncClient:
         self, session_id: str, message: str, *, turn_policy: str = "steer"
     ) -> RemoteResult:
         body = {"text": message, "turnPolicy": turn_policy}
-        data = await self._call("POST", f"/v1/sessions/{session_id}/messages", json=body)
+        data = await self._call("POST", _session_path(session_id, "/messages"), json=body)
         return RemoteResult.from_json(data)
 
     async def respond(
         self, session_id: str, responses: Sequence[InputResponse | Mapping[str, Any]]
     ) -> RemoteResult:
         body = {"inputResponses": [_response_body(r) for r in responses]}
-        data = await self._call("POST", f"/v1/sessions/{session_id}/responses", json=body)
+        data = await self._call("POST", _session_path(session_id, "/responses"), json=body)
         return RemoteResult.from_json(data)
 
     async def cancel(self, session_id: str, reason: str | None = None) -> RemoteResult:
         data = await self._call(
-            "POST", f"/v1/sessions/{session_id}/cancel", json={"reason": reason}
+            "POST", _session_path(session_id, "/cancel"), json={"reason": reason}
         )
         return RemoteResult.from_json(data)
 
     async def state(self, session_id: str) -> dict[str, Any]:
         """The session as the server shows it (status, turn, usage, pending)."""
-        data: dict[str, Any] = await self._call("GET", f"/v1/sessions/{session_id}")
+        data: dict[str, Any] = await self._call("GET", _session_path(session_id))
         return data
 
     async def pending(
@@ -269,6 +278,7 @@ class AsyncClient:
         self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
     ) -> AsyncIterator[Event]:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off."""
+        path = _session_path(session_id, "/events")
         last = after
         failures = 0
         while True:
@@ -277,7 +287,7 @@ class AsyncClient:
             try:
                 async with self.http.stream(
                     "GET",
-                    f"/v1/sessions/{session_id}/events",
+                    path,
                     params=params,
                     headers=headers,
                     timeout=httpx.Timeout(self.http.timeout.connect, read=None),
