@@ -76,6 +76,8 @@ def _raise_for(response: httpx.Response) -> None:
         exc.request_ids = list(detail.get("request_ids") or [])  # type: ignore[attr-defined]
     if issubclass(cls, errors.SessionError):
         exc.session_id = detail.get("session_id") or ""  # type: ignore[attr-defined]
+    if issubclass(cls, errors.SessionExpired):
+        exc.pending = list(detail.get("request_ids") or [])  # type: ignore[attr-defined]
     raise exc
 
 

@@ -134,11 +134,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_signoff(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SignoffError)
+        # An expired session names the requests its expiry closed (`.pending`).
+        ids = exc.pending if isinstance(exc, SessionExpired) else getattr(exc, "request_ids", None)
         return error_response(
             status_for(exc),
             exc.code,
             public_message(exc),
-            request_ids=getattr(exc, "request_ids", None) or None,
+            request_ids=ids or None,
             session_id=getattr(exc, "session_id", None),
         )
 
