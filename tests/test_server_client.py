@@ -147,6 +147,33 @@ async def test_an_expired_session_comes_back_whole(tmp_path: Path) -> None:
     assert rid in str(remote.value)
 
 
+async def test_a_server_that_is_not_signoff_is_a_named_error() -> None:
+    """A base URL pointing at some other web server (a 200 HTML page for every path) gives a
+    `RemoteError`, not a JSON decoding error, and a followed stream does not reconnect forever."""
+    import asyncio
+
+    calls = []
+
+    def html(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(200, text="<html><body>Welcome!</body></html>")
+
+    transport = httpx.MockTransport(html)
+    async with AsyncClient("http://portal.example", transport=transport) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await c.state("ses_x")
+        assert (caught.value.code, caught.value.status) == ("http_error", 200)
+        with pytest.raises(so.RemoteError):
+            await c.generate("support", "hi")
+
+        async def follow() -> list[so.Event]:
+            return [e async for e in c.events("ses_x")]
+
+        with pytest.raises(so.RemoteError, match="event-stream"):
+            await asyncio.wait_for(follow(), 5)
+        assert len(calls) == 3
+
+
 def test_the_sync_client(base: str) -> None:
     with Client(base, token="alice-token") as c:
         r = c.generate("support", "Refund order 1042")

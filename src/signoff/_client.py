@@ -81,6 +81,16 @@ def _raise_for(response: httpx.Response) -> None:
     raise exc
 
 
+def _not_signoff(response: httpx.Response, wanted: str) -> RemoteError:
+    """A successful response that is not what a signoff server sends (another web server)."""
+    return RemoteError(
+        f"HTTP {response.status_code} from {response.request.url} is not {wanted}: "
+        f"{response.text[:200]}",
+        "http_error",
+        response.status_code,
+    )
+
+
 def _session_path(session_id: str, tail: str = "") -> str:
     """The path of a session's resource, its id quoted as one segment: a `?`, `#`, `/` or `..`
     in an id must not reach another session (no session has such an id)."""
@@ -201,7 +211,10 @@ class AsyncClient:
             kwargs["headers"] = {"Content-Type": "application/json"}
         response = await self.http.request(method, path, **kwargs)
         _raise_for(response)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:  # not JSON: the base URL is not a signoff server
+            raise _not_signoff(response, "JSON") from None
 
     async def generate(
         self,
@@ -297,6 +310,10 @@ class AsyncClient:
                     if not response.is_success:
                         await response.aread()
                         _raise_for(response)
+                    kind = response.headers.get("content-type", "")
+                    if not kind.startswith("text/event-stream"):
+                        await response.aread()
+                        raise _not_signoff(response, "an event-stream")
                     async for data in _sse_data(response.aiter_lines()):
                         event = _event(data)
                         last = event.seq
