@@ -751,6 +751,23 @@ CLIENT_ATTACKS: dict[
         so.InvalidAnswer,
     ),
     "prompt-lone-surrogate": (lambda c, w: c.generate("support", "hi \udfff"), so.UsageError),
+    # a session id is one path segment: what it holds must not reach another session
+    "session-id-with-a-query": (
+        lambda c, w: c.respond(f"{w.a}?x=1", [{"request_id": w.ra, "option_id": "approve"}]),
+        so.UnknownSession,
+    ),
+    "session-id-with-a-fragment": (
+        lambda c, w: c.generate(
+            session_id=f"{w.a}#x", approvals=[so.Decision(id=w.ra, approved=True)]
+        ),
+        so.UnknownSession,
+    ),
+    "session-id-climbing": (
+        lambda c, w: c.respond(f"{w.s}/../{w.a}", [{"request_id": w.ra, "option_id": "approve"}]),
+        so.UnknownSession,
+    ),
+    "session-id-dot-dot": (lambda c, w: c.cancel(".."), so.UnknownSession),
+    "session-id-empty": (lambda c, w: c.send("", "approve"), so.UnknownSession),
     "huge-prompt": (lambda c, w: c.generate("support", "x" * BIG), RemoteError),
 }
 

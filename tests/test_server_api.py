@@ -298,6 +298,54 @@ def test_unknown_ids_are_404(alice: httpx.Client) -> None:
     error(alice.get("/v1/nothing-here"), 404, "not_found")
 
 
+async def test_ids_and_filters_with_a_nul_are_unknown_on_every_store(store_url: str) -> None:
+    """No id or name holds a NUL, and PostgreSQL cannot even look one up: such a request is a 404
+    (or an empty page) on every store, never a 503 `store_error` blaming the database."""
+    runtime = make_runtime(store_url)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c:
+            created = await c.post("/v1/sessions", json={"agent": "support", "message": "hi"})
+            sid, rid = created.json()["session_id"], created.json()["pending"][0]["id"]
+            nul = "ses_%00"
+            error(await c.get(f"/v1/sessions/{nul}"), 404, "unknown_session")
+            error(await c.get(f"/v1/sessions/{nul}/events"), 404, "unknown_session")
+            error(await c.post(f"/v1/sessions/{nul}/cancel"), 404, "unknown_session")
+            message = {"text": "approve"}
+            error(
+                await c.post(f"/v1/sessions/{nul}/messages", json=message), 404, "unknown_session"
+            )
+            error(await c.get("/v1/requests/req_%00"), 404, "unknown_request")
+            answer = {"inputResponses": [{"requestId": "req_\x00", "optionId": "approve"}]}
+            r = await c.post(f"/v1/sessions/{sid}/responses", json=answer)
+            assert error(r, 404, "unknown_request")["request_ids"] == ["req_\x00"]
+            decisions = {
+                "approvals": [{"id": rid, "approved": True}, {"id": "\x00", "approved": True}]
+            }
+            r = await c.post(f"/v1/sessions/{sid}/approvals", json=decisions)
+            assert error(r, 404, "unknown_request")["request_ids"] == ["\x00"]
+            for query in ("agent=%00", "tool=issue%00refund", "agent=support%00"):
+                r = await c.get(f"/v1/requests?{query}")
+                assert r.status_code == 200, (query, r.text)
+                assert r.json()["items"] == [] and r.json()["total"] == 0
+            assert (await c.get("/v1/requests?agent=support")).json()["total"] == 1
+            page = await c.get(f"/_signoff/sessions/{nul}")
+            assert page.status_code == 404, page.text
+            page = await c.get("/_signoff/?agent=%00")
+            assert page.status_code == 200 and rid not in page.text
+            token = c.cookies["signoff_csrf"]
+            form = {"csrf": token, "option": "approve"}
+            page = await c.post("/_signoff/requests/req_%00/respond", data=form)
+            assert page.status_code == 404, page.text
+            page = await c.post(f"/_signoff/sessions/{nul}/messages", data={**form, "message": "x"})
+            assert page.status_code == 404, page.text
+            assert (await c.get(f"/v1/sessions/{sid}")).json()["status"] == "waiting"
+    await runtime.close()
+
+
 def test_conflicting_and_repeated_answers(alice: httpx.Client) -> None:
     body = start(alice)
     sid, rid = body["session_id"], body["pending"][0]["id"]
@@ -400,7 +448,7 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
     app = create_app(runtime, dev=True)
     for host, status in (("127.0.0.1", 200), ("::1", 200), ("10.1.2.3", 401)):
         transport = httpx.ASGITransport(app=app, client=(host, 5000))
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as c:
             r = await c.get("/v1/requests")
             assert r.status_code == status, (host, r.text)
             page = await c.get("/_signoff/")
@@ -412,6 +460,35 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not both"):
         create_app(runtime, auth=TokenAuth(TOKENS), dev=True)
     assert DevAuth().principal.principal_id == "dev"
+
+
+async def test_dev_mode_refuses_requests_addressed_to_another_name(tmp_path: Path) -> None:
+    """DNS rebinding: a page of another site, resolved to 127.0.0.1, reaches the dev server from
+    a browser on this machine with its own name in `Host`; it must not act as the dev admin."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/dev.db")
+    app = create_app(runtime, dev=True, sweep_every=None)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+    async with app.router.lifespan_context(app):
+        for base, status in (
+            ("http://attacker.example:8000", 401),
+            ("http://127.0.0.1.attacker.example", 401),
+            ("http://localhost.attacker.example:8000", 401),
+            ("http://10.0.0.5:8000", 401),
+            ("http://localhost:8000", 200),
+            ("http://LOCALHOST", 200),
+            ("http://app.localhost:8000", 200),
+            ("http://127.0.0.1:8000", 200),
+            ("http://127.1.2.3", 200),
+            ("http://[::1]:8000", 200),
+        ):
+            async with httpx.AsyncClient(transport=transport, base_url=base) as c:
+                r = await c.get("/v1/requests")
+                assert r.status_code == status, (base, r.text)
+                created = await c.post("/v1/sessions", json={"agent": "support"})
+                assert created.status_code == (201 if status == 200 else 401), base
+                page = await c.get("/_signoff/")
+                assert ("Approval queue" in page.text) == (status == 200), base
+    await runtime.close()
 
 
 def test_queue_filters_and_pagination(alice: httpx.Client) -> None:
@@ -620,3 +697,35 @@ def test_a_server_failure_is_a_json_500(store: str, monkeypatch: pytest.MonkeyPa
         r = httpx.get(f"{base}/v1/sessions/ses_x", headers=auth("alice-token"))
         detail = error(r, 500, "internal_error")
         assert "RuntimeError" in detail["message"] and "disk" not in detail["message"]
+
+
+async def test_a_store_failure_is_a_503_that_names_no_database(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A failing store is the server's problem: the client gets `store_error` without the
+    database's address or the driver's words (as with a 500); the server's log keeps them."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    where = "postgresql://signoff@db.internal.example:5432/prod"
+
+    async def broken(session_id: str) -> so.SessionState:
+        raise so.StoreError(f"loading session {session_id!r} failed at {where}: disk full")
+
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        runtime.state = broken  # type: ignore[method-assign]
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c:
+            with caplog.at_level("ERROR", logger="signoff.server"):
+                r = await c.get("/v1/sessions/ses_x")
+            detail = error(r, 503, "store_error")
+            assert "db.internal" not in detail["message"] and "disk" not in detail["message"]
+            assert where in caplog.text
+            # both server failures are in the API's document
+            doc = (await c.get("/v1/openapi.json")).json()
+            for path, method in (("/v1/sessions/{session_id}", "get"), ("/v1/sessions", "post")):
+                responses = doc["paths"][path][method]["responses"]
+                assert {"500", "503"} <= set(responses), (path, sorted(responses))
+                assert "store_error" in responses["503"]["description"]
+    await runtime.close()

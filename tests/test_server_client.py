@@ -110,6 +110,70 @@ async def test_a_refused_answer_stays_open_locally(base: str) -> None:
         assert done.status == "completed"
 
 
+async def test_an_expired_session_comes_back_whole(tmp_path: Path) -> None:
+    """`SessionExpired` from the server is the in-process one: its session and the requests the
+    expiry closed (`.pending`), not an object missing the attributes callers read."""
+    from signoff.server import TokenAuth, create_app
+    from signoff.testing import ManualClock
+
+    from .test_server_common import TOKENS
+
+    @so.tool(approval=so.always())
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    call = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
+    agent = so.Agent(
+        name="desk",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
+        tools=[reset_password],
+        limits=so.Limits(ttl=60),
+    )
+    clock = ManualClock()
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/ttl.db", clock=clock)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            r = await c.generate("desk", "reset")
+            rid = r.pending[0].id
+            clock.advance(120)
+            with pytest.raises(so.SessionExpired) as remote:
+                await c.respond(r.session_id, [{"request_id": rid, "option_id": "approve"}])
+    await runtime.close()
+    assert remote.value.session_id == r.session_id
+    assert remote.value.pending == [rid]  # what the expiry closed, as the runtime raised it
+    assert rid in str(remote.value)
+
+
+async def test_a_server_that_is_not_signoff_is_a_named_error() -> None:
+    """A base URL pointing at some other web server (a 200 HTML page for every path) gives a
+    `RemoteError`, not a JSON decoding error, and a followed stream does not reconnect forever."""
+    import asyncio
+
+    calls = []
+
+    def html(request: httpx.Request) -> httpx.Response:
+        calls.append(request.url.path)
+        return httpx.Response(200, text="<html><body>Welcome!</body></html>")
+
+    transport = httpx.MockTransport(html)
+    async with AsyncClient("http://portal.example", transport=transport) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await c.state("ses_x")
+        assert (caught.value.code, caught.value.status) == ("http_error", 200)
+        with pytest.raises(so.RemoteError):
+            await c.generate("support", "hi")
+
+        async def follow() -> list[so.Event]:
+            return [e async for e in c.events("ses_x")]
+
+        with pytest.raises(so.RemoteError, match="event-stream"):
+            await asyncio.wait_for(follow(), 5)
+        assert len(calls) == 3
+
+
 def test_the_sync_client(base: str) -> None:
     with Client(base, token="alice-token") as c:
         r = c.generate("support", "Refund order 1042")

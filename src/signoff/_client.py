@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -75,7 +76,27 @@ def _raise_for(response: httpx.Response) -> None:
         exc.request_ids = list(detail.get("request_ids") or [])  # type: ignore[attr-defined]
     if issubclass(cls, errors.SessionError):
         exc.session_id = detail.get("session_id") or ""  # type: ignore[attr-defined]
+    if issubclass(cls, errors.SessionExpired):
+        exc.pending = list(detail.get("request_ids") or [])  # type: ignore[attr-defined]
     raise exc
+
+
+def _not_signoff(response: httpx.Response, wanted: str) -> RemoteError:
+    """A successful response that is not what a signoff server sends (another web server)."""
+    return RemoteError(
+        f"HTTP {response.status_code} from {response.request.url} is not {wanted}: "
+        f"{response.text[:200]}",
+        "http_error",
+        response.status_code,
+    )
+
+
+def _session_path(session_id: str, tail: str = "") -> str:
+    """The path of a session's resource, its id quoted as one segment: a `?`, `#`, `/` or `..`
+    in an id must not reach another session (no session has such an id)."""
+    if not session_id or "/" in session_id or session_id in (".", ".."):
+        raise errors.UnknownSession(session_id)
+    return f"/v1/sessions/{quote(session_id, safe='')}{tail}"
 
 
 def _encode(path: str, body: Any) -> bytes:
@@ -190,7 +211,10 @@ class AsyncClient:
             kwargs["headers"] = {"Content-Type": "application/json"}
         response = await self.http.request(method, path, **kwargs)
         _raise_for(response)
-        return response.json()
+        try:
+            return response.json()
+        except ValueError:  # not JSON: the base URL is not a signoff server
+            raise _not_signoff(response, "JSON") from None
 
     async def generate(
         self,
@@ -206,7 +230,7 @@ class AsyncClient:
             if session_id is None or prompt is not None:
                 raise errors.UsageError("approvals need a session_id and no prompt")
             body = {"approvals": [_decision_body(d) for d in approvals]}
-            path = f"/v1/sessions/{session_id}/approvals"
+            path = _session_path(session_id, "/approvals")
             return RemoteResult.from_json(await self._call("POST", path, json=body))
         if session_id is None:
             if agent is None:
@@ -223,25 +247,25 @@ class AsyncClient:
         self, session_id: str, message: str, *, turn_policy: str = "steer"
     ) -> RemoteResult:
         body = {"text": message, "turnPolicy": turn_policy}
-        data = await self._call("POST", f"/v1/sessions/{session_id}/messages", json=body)
+        data = await self._call("POST", _session_path(session_id, "/messages"), json=body)
         return RemoteResult.from_json(data)
 
     async def respond(
         self, session_id: str, responses: Sequence[InputResponse | Mapping[str, Any]]
     ) -> RemoteResult:
         body = {"inputResponses": [_response_body(r) for r in responses]}
-        data = await self._call("POST", f"/v1/sessions/{session_id}/responses", json=body)
+        data = await self._call("POST", _session_path(session_id, "/responses"), json=body)
         return RemoteResult.from_json(data)
 
     async def cancel(self, session_id: str, reason: str | None = None) -> RemoteResult:
         data = await self._call(
-            "POST", f"/v1/sessions/{session_id}/cancel", json={"reason": reason}
+            "POST", _session_path(session_id, "/cancel"), json={"reason": reason}
         )
         return RemoteResult.from_json(data)
 
     async def state(self, session_id: str) -> dict[str, Any]:
         """The session as the server shows it (status, turn, usage, pending)."""
-        data: dict[str, Any] = await self._call("GET", f"/v1/sessions/{session_id}")
+        data: dict[str, Any] = await self._call("GET", _session_path(session_id))
         return data
 
     async def pending(
@@ -269,6 +293,7 @@ class AsyncClient:
         self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
     ) -> AsyncIterator[Event]:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off."""
+        path = _session_path(session_id, "/events")
         last = after
         failures = 0
         while True:
@@ -277,7 +302,7 @@ class AsyncClient:
             try:
                 async with self.http.stream(
                     "GET",
-                    f"/v1/sessions/{session_id}/events",
+                    path,
                     params=params,
                     headers=headers,
                     timeout=httpx.Timeout(self.http.timeout.connect, read=None),
@@ -285,6 +310,10 @@ class AsyncClient:
                     if not response.is_success:
                         await response.aread()
                         _raise_for(response)
+                    kind = response.headers.get("content-type", "")
+                    if not kind.startswith("text/event-stream"):
+                        await response.aread()
+                        raise _not_signoff(response, "an event-stream")
                     async for data in _sse_data(response.aiter_lines()):
                         event = _event(data)
                         last = event.seq

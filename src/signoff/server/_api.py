@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Header, Path, Query, Request
 from starlette.responses import StreamingResponse
 
-from .._exceptions import UnknownSession
+from .._exceptions import UnknownRequest
 from .._types import Decision, InputResponse
 from ..stores import PendingFilter
 from ._context import ServerContext, get_context
@@ -40,6 +40,14 @@ SessionId = Annotated[str, Path(description="The session's id (`ses_…`).")]
 async def _caller(request: Request) -> tuple[ServerContext, Any]:
     ctx = get_context(request)
     return ctx, await ctx.require(request)
+
+
+def _issued(session_id: str, request_ids: list[str]) -> None:
+    """Refuse ids with a NUL as unknown here: none is ever issued, and PostgreSQL cannot even
+    look one up (it would fail as a store error)."""
+    forged = [i for i in request_ids if "\x00" in i]
+    if forged:
+        raise UnknownRequest(session_id, forged)
 
 
 @router.post("/sessions", status_code=201, tags=["sessions"])
@@ -76,6 +84,7 @@ async def respond(request: Request, session_id: SessionId, body: Responses) -> T
     """Answer requests by id (an `optionId`, or `text`), then continue the turn if it can."""
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
+    _issued(session_id, [r.request_id for r in body.input_responses])
     responses = [
         InputResponse(
             request_id=r.request_id,
@@ -96,6 +105,7 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
     """Settle every pending approval of the session at once (helix style) and continue."""
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
+    _issued(session_id, [a.id for a in body.approvals])
     decisions = [
         Decision(
             id=a.id,
@@ -217,17 +227,12 @@ async def get_request(
 ) -> RequestRecord:
     """One request, open or closed, with how it was resolved."""
     ctx, caller = await _caller(request)
-    await ctx.runtime.open()
-    stored = await ctx.runtime.store.get_request(request_id)
     try:
-        if stored is None:
-            raise UnknownSession("")
-        await ctx.session(stored.request.session_id, caller)
-    except UnknownSession:
+        stored = await ctx.request(request_id, caller)
+    except UnknownRequest:
         raise ApiError(
             404, "unknown_request", f"unknown request {request_id!r}", request_ids=[request_id]
         ) from None
-    assert stored is not None
     return RequestRecord(
         request=stored.request,
         status=stored.status,

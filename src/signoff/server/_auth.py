@@ -81,7 +81,12 @@ class TokenAuth:
 
 
 class DevAuth:
-    """Development mode: requests from the loopback interface only, all as one dev principal."""
+    """Development mode: requests from the loopback interface only, all as one dev principal.
+
+    The request must also name this machine in its `Host` header (`localhost`, `127.0.0.1`,
+    `[::1]`, ...): otherwise a web page on another site could reach the server through DNS
+    rebinding, from a browser on this machine, and act as the dev principal.
+    """
 
     def __init__(self, principal: Principal | None = None) -> None:
         self.principal = principal or Principal(
@@ -93,6 +98,8 @@ class DevAuth:
     def __call__(self, request: HTTPConnection) -> Principal | None:
         client = request.client
         if client is None or not is_loopback(client.host):
+            return None
+        if not is_loopback(host_name(request.headers.get("host", "localhost"))):
             return None
         return self.principal
 
@@ -110,8 +117,17 @@ def bearer_token(request: HTTPConnection) -> str | None:
     return token.strip()
 
 
+def host_name(host: str) -> str:
+    """The name in a `Host` header, without its port or IPv6 brackets."""
+    host = host.strip()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    return host.rpartition(":")[0] if host.count(":") == 1 else host
+
+
 def is_loopback(host: str) -> bool:
-    if host == "localhost":
+    name = host.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):  # RFC 6761: always loopback
         return True
     try:
         return ipaddress.ip_address(host).is_loopback

@@ -9,11 +9,11 @@ from typing import Any
 
 from starlette.requests import HTTPConnection
 
-from .._exceptions import UnknownSession
+from .._exceptions import UnknownRequest, UnknownSession
 from .._runtime import Runtime
 from .._state import SessionState
 from .._types import InputRequest, Principal
-from ..stores import PendingFilter
+from ..stores import PendingFilter, StoredRequest
 from ._auth import AccessRule, Authenticator, default_access
 from ._errors import ApiError
 
@@ -47,10 +47,26 @@ class ServerContext:
 
     async def session(self, session_id: str, caller: Principal) -> SessionState:
         """The session's state, if the caller may see it; otherwise it does not exist for them."""
+        if "\x00" in session_id:  # no id holds a NUL, and PostgreSQL cannot even look one up
+            raise UnknownSession(session_id)
         state = await self.runtime.state(session_id)
         if not self.access(caller, state.initiator):
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
         return state
+
+    async def request(self, request_id: str, caller: Principal) -> StoredRequest:
+        """The stored request, if the caller may see its session; otherwise `UnknownRequest`."""
+        await self.runtime.open()
+        stored = None
+        if "\x00" not in request_id:
+            stored = await self.runtime.store.get_request(request_id)
+        try:
+            if stored is None:
+                raise UnknownSession("")
+            await self.session(stored.request.session_id, caller)
+        except UnknownSession:
+            raise UnknownRequest("", [request_id]) from None
+        return stored
 
     async def visible_requests(
         self, caller: Principal, flt: PendingFilter
@@ -61,6 +77,8 @@ class ServerContext:
         """
         store = self.runtime.store
         await self.runtime.open()
+        if any("\x00" in name for name in (flt.agent or "", flt.tool_name or "")):
+            return [], 0  # no agent or tool is named so (and PostgreSQL cannot compare it)
         if flt.status == "pending" and flt.live_at is None:
             flt = replace(flt, live_at=self.runtime.clock())
         if caller.attributes.get("admin") is True and self._default_access():

@@ -19,12 +19,12 @@ from starlette.responses import (
     StreamingResponse,
 )
 
-from .._exceptions import SignoffError, UnknownSession
+from .._exceptions import SignoffError, UnknownRequest, UnknownSession
 from .._types import InputRequest, InputResponse
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth
 from ._context import get_context
-from ._errors import status_for
+from ._errors import public_message, status_for
 from ._page_data import (
     PAGE_SIZE,
     SignIn,
@@ -96,14 +96,11 @@ async def respond(request: Request, request_id: str) -> Response:
     fields = await check_csrf(request)
     option = fields.get("option") or None
     text = (fields.get("text") or "").strip() or None
-    stored = await ctx.runtime.store.get_request(request_id)
     try:
-        if stored is None:
-            raise UnknownSession("")
-        session_id = stored.request.session_id
-        await ctx.session(session_id, viewer)
-    except UnknownSession:
+        stored = await ctx.request(request_id, viewer)
+    except UnknownRequest:
         return dashboard_error(request, 404, "unknown_request", f"unknown request {request_id!r}")
+    session_id = stored.request.session_id
     edited: dict[str, Any] | None = None
     input_hash: str | None = None
     action = stored.request.action
@@ -136,7 +133,7 @@ async def respond(request: Request, request_id: str) -> Response:
     try:
         result = await ctx.runtime.respond(session_id, [answer], principal=viewer)
     except SignoffError as exc:
-        return dashboard_error(request, status_for(exc), exc.code, str(exc))
+        return dashboard_error(request, status_for(exc), exc.code, public_message(exc))
     mine = next((o for o in result.outcomes if o.request_id == request_id), None)
     outcome = None if mine is None else mine.outcome
     if _wants_json(request):
@@ -198,7 +195,7 @@ async def start_session(request: Request) -> Response:
     try:
         result = await ctx.runtime.generate(agent, prompt=message, auth=viewer)
     except SignoffError as exc:
-        return dashboard_error(request, status_for(exc), exc.code, str(exc))
+        return dashboard_error(request, status_for(exc), exc.code, public_message(exc))
     where = f"{DASHBOARD_PREFIX}/sessions/{result.session_id}"
     if _wants_json(request):
         return JSONResponse({"ok": True, "session_id": result.session_id, "url": where})
@@ -220,7 +217,7 @@ async def send_message(request: Request, session_id: str) -> Response:
     try:
         result = await ctx.runtime.send(session_id, text, principal=viewer)
     except SignoffError as exc:
-        return dashboard_error(request, status_for(exc), exc.code, str(exc))
+        return dashboard_error(request, status_for(exc), exc.code, public_message(exc))
     if _wants_json(request):
         return JSONResponse({"ok": True, "status": result.status, "text": result.text})
     return RedirectResponse(f"{DASHBOARD_PREFIX}/sessions/{session_id}", status_code=303)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,8 +38,11 @@ __all__ = [
     "ErrorDetail",
     "error_response",
     "install_error_handlers",
+    "public_message",
     "status_for",
 ]
+
+log = logging.getLogger("signoff.server")
 
 
 class ErrorDetail(BaseModel):
@@ -98,6 +102,15 @@ def status_for(exc: SignoffError) -> int:
     return 500
 
 
+def public_message(exc: SignoffError) -> str:
+    """What a caller is told of `exc`: its message, except for a store failure, whose message
+    names the database and the driver's error; that goes to the server's log instead."""
+    if isinstance(exc, StoreError):
+        log.error("the store failed: %s", exc, exc_info=exc)
+        return f"the store failed ({type(exc).__name__}); see the server's log"
+    return str(exc)
+
+
 def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     detail: dict[str, Any] = {"code": code, "message": message}
     detail.update({k: v for k, v in extra.items() if v is not None})
@@ -121,11 +134,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_signoff(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, SignoffError)
+        # An expired session names the requests its expiry closed (`.pending`).
+        ids = exc.pending if isinstance(exc, SessionExpired) else getattr(exc, "request_ids", None)
         return error_response(
             status_for(exc),
             exc.code,
-            str(exc),
-            request_ids=getattr(exc, "request_ids", None) or None,
+            public_message(exc),
+            request_ids=ids or None,
             session_id=getattr(exc, "session_id", None),
         )
 
@@ -182,8 +197,17 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: _doc("Not authenticated (`unauthenticated`)"),
     403: _doc("Not allowed to settle (`not_allowed`)"),
     404: _doc("Unknown session or request (`unknown_session`, `unknown_request`)"),
-    409: _doc("Conflict (`conflicting_answer`, `request_closed`, `stale_answer`, `session_busy`)"),
+    409: _doc(
+        "Conflict (`conflicting_answer`, `request_closed`, `stale_answer`, `session_busy`, "
+        "`session_limit_reached`)"
+    ),
     410: _doc("The session expired (`session_expired`)"),
     413: _doc("The request body is too large (`payload_too_large`)"),
-    422: _doc("Invalid or partial body (`invalid_request`, `invalid_answer`, `partial_answer`)"),
+    422: _doc(
+        "Invalid or partial body (`invalid_request`, `invalid_answer`, `partial_answer`, "
+        "`unknown_agent`)"
+    ),
+    500: _doc("The server failed (`internal_error`); the details are in its log"),
+    502: _doc("The model provider failed or answered something unusable (`model_error`)"),
+    503: _doc("The store failed (`store_error`); the details are in the server's log"),
 }
