@@ -129,7 +129,7 @@ def test_stateful_chains_follow_the_links() -> None:
     Chains.scenarios.clear()
     APIWorkflow.run(
         settings=settings(
-            max_examples=40,
+            max_examples=100,
             stateful_step_count=6,
             deadline=None,
             derandomize=True,
