@@ -124,6 +124,34 @@ async def test_unknown_session(store: Store) -> None:
         await store.acquire_lease("ses_nope", "w1", 10, T0)
 
 
+async def test_ids_and_filters_with_a_nul_name_nothing(store: Store) -> None:
+    """No id signoff makes holds a NUL, and PostgreSQL cannot store one: such an id is unknown
+    and such a filter matches nothing, on every store, rather than a driver error."""
+    sid = await new_session(store)
+    await store.commit(
+        Commit(session_id=sid, expected_seq=1, events=[], new_requests=[approval(sid, "req_1")])
+    )
+    bad, bad_rid = sid + "\x00", "req_1\x00"
+    assert await store.head(bad) is None
+    assert await store.load(bad) is None
+    assert await store.get_request(bad_rid) is None
+    with pytest.raises(UnknownSession):
+        await store.read_events(bad)
+    with pytest.raises(UnknownSession):
+        await store.commit(Commit(session_id=bad, expected_seq=1, events=[]))
+    with pytest.raises(UnknownSession):
+        await store.acquire_lease(bad, "w1", 10, T0)
+    for field in ("session_id", "agent", "tool_name", "kind", "status"):
+        flt = PendingFilter(**{field: "x\x00"})
+        assert await store.pending(flt) == [], field
+        assert await store.count_pending(flt) == 0, field
+    assert await store.sessions(agent="support\x00") == []
+    assert await store.sessions(status="idle\x00") == []
+    assert await store.audit(stream=bad) == []
+    assert await store.audit_heads(stream=bad) == {}
+    assert [r.id for r in await store.pending(PendingFilter())] == ["req_1"]
+
+
 async def test_duplicate_session_is_refused(store: Store) -> None:
     sid = await new_session(store)
     created = Event(session_id=sid, seq=1, type="session.created", at=T0, data={})

@@ -27,10 +27,16 @@ from . import _schema
 from ._changes import Listener
 from ._url import SCHEMA_NAME, describe, number, split_options
 
-__all__ = ["Conn", "Connections", "Seen"]
+__all__ = ["Conn", "Connections", "Seen", "storable"]
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[TupleRow]
+
+
+def storable(*texts: str | None) -> bool:
+    """Whether PostgreSQL can hold these texts: it refuses a NUL in text, so an id or a filter
+    with one names nothing stored (SQLite just finds no match), rather than being an error."""
+    return not any(t is not None and "\x00" in t for t in texts)
 
 
 class Seen(NamedTuple):
@@ -402,6 +408,8 @@ class Connections:
     async def _session_key(self, conn: Conn, session_id: str) -> int | None:
         sk = self._sk.get(session_id)
         if sk is None:
+            if not storable(session_id):
+                return None
             cur = await conn.execute(
                 f"SELECT sk FROM {self._s}.sessions WHERE id=%s", (session_id,)
             )

@@ -4,7 +4,7 @@ releases the lease on one; each is one autocommit statement or one short transac
 from __future__ import annotations
 
 from ..._exceptions import UnknownSession
-from ._connections import Conn, Connections
+from ._connections import Conn, Connections, storable
 
 __all__ = ["Leases"]
 
@@ -40,6 +40,8 @@ class Leases(Connections):
         self, session_id: str, owner: str, ttl: float, now: float
     ) -> int | None:
         s = self._s
+        if not storable(session_id):
+            raise UnknownSession(session_id)
 
         async def body(conn: Conn) -> int | None:
             # One statement: no row if the session is unknown, a NULL token if the lease is live.

@@ -13,7 +13,7 @@ from ..._types import InputRequest
 from .._audit import AuditEntry, entry_type, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
 from .._codec import EventTexts, stored_type, type_name, unpack
-from ._connections import Conn, Connections, Seen
+from ._connections import Conn, Connections, Seen, storable
 from ._sql import EARLIER_COLUMNS, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN, TURN, named_turn
 
 __all__ = ["Reads"]
@@ -24,6 +24,8 @@ class Reads(Connections):
 
     async def load(self, session_id: str) -> Loaded | None:
         s = self._s
+        if not storable(session_id):
+            return None
 
         async def body(conn: Conn) -> Loaded | None:
             cur = await conn.execute(
@@ -125,6 +127,9 @@ class Reads(Connections):
         return events
 
     async def head(self, session_id: str) -> int | None:
+        if not storable(session_id):
+            return None
+
         async def body(conn: Conn) -> int | None:
             cur = await conn.execute(
                 f"SELECT head FROM {self._s}.sessions WHERE id=%s", (session_id,)
@@ -135,6 +140,9 @@ class Reads(Connections):
         return await self._read(body, f"reading the head of session {session_id!r}")
 
     async def get_request(self, request_id: str) -> StoredRequest | None:
+        if not storable(request_id):
+            return None
+
         async def body(conn: Conn) -> StoredRequest | None:
             cur = await conn.execute(
                 f"SELECT r.outcome, r.resolution, {REQUEST_COLUMNS} FROM {self._s}.requests r "
@@ -154,6 +162,8 @@ class Reads(Connections):
         return await self._read(body, f"reading request {request_id!r}")
 
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
+        if not storable(flt.status, flt.agent, flt.tool_name, flt.kind, flt.session_id):
+            return " WHERE false", []
         return flt.where("%s")
 
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
@@ -203,6 +213,8 @@ class Reads(Connections):
                 where.append(f"{column}=%s")
                 params.append(value)
         clause = (" WHERE " + " AND ".join(where)) if where else ""
+        if not storable(agent, status):
+            clause, params = " WHERE false", []
 
         async def body(conn: Conn) -> list[SessionSummary]:
             cur = await conn.execute(
@@ -247,6 +259,8 @@ class Reads(Connections):
             )
             params: list[Any] = [after_id]
             if stream is not None:
+                if not storable(stream):
+                    return []
                 sk = await self._session_key(conn, stream)
                 sql += " AND a.stream=%s" if sk is None else " AND a.sk=%s"
                 params.append(stream if sk is None else sk)
@@ -274,8 +288,8 @@ class Reads(Connections):
         sql = f"SELECT id, audit_n, audit_hash FROM {self._s}.sessions WHERE audit_n > 0"
         params: list[Any] = []
         if stream is not None:
-            sql += " AND id=%s"
-            params.append(stream)
+            sql += " AND id=%s" if storable(stream) else " AND false"
+            params += [stream] if storable(stream) else []
 
         async def body(conn: Conn) -> dict[str, tuple[int, str | None]]:
             cur = await conn.execute(sql, params)

@@ -29,7 +29,7 @@ from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession
 from .._audit import AuditRow, chain_hash, chain_session
 from .._base import Commit, request_rows
 from .._codec import EventTexts, Previous, pack_bytes, type_name
-from ._connections import Conn, Seen
+from ._connections import Conn, Seen, storable
 from ._leases import Leases
 from ._reads import Reads
 from ._sql import (
@@ -142,6 +142,8 @@ class PostgresStore(Reads, Leases):
         guess = self._state.get(sid)
 
         async def body(conn: Conn) -> psycopg.AsyncCursor[TupleRow] | None:
+            if not storable(sid):
+                raise UnknownSession(sid)
             state = guess
             if state is None or state.head != commit.expected_seq:
                 cur = await conn.execute(
