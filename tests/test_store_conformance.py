@@ -142,7 +142,8 @@ async def test_ids_and_filters_with_a_nul_name_nothing(store: Store) -> None:
     with pytest.raises(UnknownSession):
         await store.acquire_lease(bad, "w1", 10, T0)
     for field in ("session_id", "agent", "tool_name", "kind", "status"):
-        flt = PendingFilter(**{field: "x\x00"})
+        given: dict[str, Any] = {field: "x\x00"}
+        flt = PendingFilter(**given)
         assert await store.pending(flt) == [], field
         assert await store.count_pending(flt) == 0, field
     assert await store.sessions(agent="support\x00") == []
