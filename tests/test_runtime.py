@@ -763,6 +763,27 @@ async def test_answers_to_closed_requests_after_cancel(tmp_path: Path) -> None:
         assert log.count() == 0
 
 
+async def test_who_cancelled_is_recorded_with_the_cancellation(tmp_path: Path) -> None:
+    async with sqlite_runtime(tmp_path, refund_agent(ExecutionLog())) as rt:
+        r = await waiting_session(rt, auth=ALICE)
+        rid = r.pending[0].id
+        for bad in ({"reason": 5}, {"principal": "alice"}):
+            with pytest.raises(so.UsageError):
+                await rt.cancel(r.session_id, **bad)
+        assert (await rt.state(r.session_id)).turn.status == "waiting"  # type: ignore[union-attr]
+        await rt.cancel(r.session_id, "customer left", principal=ALICE)
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        (cancelled,) = [e for e in events if e.type == "turn.cancelled"]
+        assert cancelled.data == {"reason": "customer left", "by": ALICE.model_dump()}
+        (withdrawn,) = [e for e in events if e.type == "input.resolved"]
+        assert withdrawn.data["by"] == ALICE.model_dump()
+        stored = await rt.store.get_request(rid)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["by"] == ALICE.model_dump()
+        audited = [e for e in await rt.audit(r.session_id) if e.type == "turn.cancelled"]
+        assert audited[0].data["by"] == ALICE.model_dump()
+
+
 async def test_only_the_principal_whose_turn_asked_may_answer(tmp_path: Path) -> None:
     log = ExecutionLog()
     async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:

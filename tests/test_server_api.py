@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -271,6 +272,9 @@ def test_cancel_withdraws_and_closes(alice: httpx.Client) -> None:
     )
     assert error(late, 409, "request_closed")["request_ids"] == [rid]
     assert alice.get("/v1/requests", params={"status": "withdrawn"}).json()["total"] == 1
+    events = alice.get(f"/v1/sessions/{sid}/events", params={"follow": "false"}).text
+    (line,) = [x for x in events.splitlines() if x.startswith("data:") and "customer left" in x]
+    assert json.loads(line[5:])["data"]["by"]["principal_id"] == "alice"
 
 
 # -- errors ----------------------------------------------------------------------------------

@@ -302,9 +302,17 @@ class Runtime(Answering):
                 else:
                     await asyncio.sleep(self.poll_interval)
 
-    async def cancel(self, session_id: str, reason: str | None = None) -> GenerateResult:
-        """Cancel the running or waiting turn; its open requests are withdrawn."""
+    async def cancel(
+        self, session_id: str, reason: str | None = None, *, principal: Principal | None = None
+    ) -> GenerateResult:
+        """Cancel the running or waiting turn; its open requests are withdrawn. `principal`,
+        who cancels, is recorded with the cancellation (in the audited `turn.cancelled`)."""
         await self.open()
+        if reason is not None and not isinstance(reason, str):
+            raise UsageError(f"reason must be a string, not {type(reason).__name__}")
+        if principal is not None and not isinstance(principal, Principal):
+            raise UsageError(f"principal must be a so.Principal, not {type(principal).__name__}")
+        by = None if principal is None else principal.model_dump()
         for _ in range(20):
             state = await self.state(session_id)
             turn = state.turn
@@ -322,11 +330,12 @@ class Runtime(Answering):
                         "outcome": "cancelled",
                         "status": "withdrawn",
                         "reason": "turn cancelled",
+                        "by": by,
                     },
                 )
                 for r in pending
             ]
-            specs.append(("turn.cancelled", {"reason": reason}))
+            specs.append(("turn.cancelled", {"reason": reason, "by": by}))
             specs.append(("session.waiting", {}))
             driver = self._driver(state, None)
             try:
@@ -338,7 +347,11 @@ class Runtime(Answering):
                             request_id=r.id,
                             status="withdrawn",
                             outcome="cancelled",
-                            resolution={"outcome": "cancelled", "reason": "turn cancelled"},
+                            resolution={
+                                "outcome": "cancelled",
+                                "reason": "turn cancelled",
+                                "by": by,
+                            },
                         )
                         for r in pending
                     ],
@@ -350,7 +363,7 @@ class Runtime(Answering):
             self._aborts.pop(session_id, None)
             for child in _subagents.children(pending):  # subagents waiting under this turn
                 with contextlib.suppress(UnknownSession):
-                    await self.cancel(child, reason)
+                    await self.cancel(child, reason, principal=principal)
             return self._result(driver.state)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
 

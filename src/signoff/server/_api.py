@@ -136,7 +136,7 @@ async def cancel(
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
     reason = None if body is None else body.reason
-    return turn_result(await ctx.runtime.cancel(session_id, reason))
+    return turn_result(await ctx.runtime.cancel(session_id, reason, principal=caller))
 
 
 @router.get(
