@@ -402,6 +402,10 @@ def test_bad_bodies_elsewhere(alice: httpx.Client) -> None:
     error(r, 400, "malformed_json")
     error(alice.post("/v1/sessions", json={"agent": "nobody"}), 422, "unknown_agent")
     error(alice.post("/v1/sessions", json={"agent": 3}), 422, "invalid_request")
+    before = alice.get("/v1/sessions").json()
+    r = alice.post("/v1/sessions", json={"agent": "support", "message": ""})  # as /messages does
+    assert "message" in error(r, 422, "invalid_request")["message"]
+    assert alice.get("/v1/sessions").json() == before
     error(
         alice.post(f"/v1/sessions/{sid}/messages", json={"text": "x", "turnPolicy": "now"}),
         422,

@@ -59,7 +59,9 @@ class _Body(BaseModel):
 class CreateSession(_Body):
     agent: StrictStr = Field(min_length=1, description="Name of the agent to talk to.")
     message: StrictStr | None = Field(
-        default=None, description="First message; without it the session is only opened."
+        default=None,
+        min_length=1,
+        description="First message; without it the session is only opened.",
     )
 
 
