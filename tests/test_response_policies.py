@@ -272,6 +272,43 @@ async def test_a_refused_request_stays_answerable_by_someone_else(tmp_path: Path
 CANDIDATE_THEN_RAN = ["approval.candidate pending", *ran("approve")]
 
 
+@pytest.mark.parametrize("elsewhere", ["agent without the tool", "tool, no policy"])
+async def test_only_a_runtime_with_the_response_policy_settles_its_request(
+    tmp_path: Path, elsewhere: str
+) -> None:
+    """The request records that a response policy decides it; a runtime on the same store that
+    lacks that policy (a tool-less settler, an older deploy) refuses every answer, changing
+    nothing, instead of settling past the policy."""
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=requester_only)
+    async with sqlite_runtime(tmp_path, refund_agent(log, spec)) as rt:
+        sid, req, _ = await asked(rt, ALICE)
+        assert req.response_policy
+        url = rt.store.url
+    others = {
+        "agent without the tool": [scripted_agent("billing", [reply("x")])],
+        "tool, no policy": [refund_agent(ExecutionLog(), so.always())],
+    }[elsewhere]
+    async with so.Runtime(others, store=url) as other:
+        before = await store_contents(other.store, sid)
+        for who in (ALICE, BOB, None):
+            with pytest.raises(so.NotAllowed, match="response policy"):
+                await other.respond(
+                    sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=who
+                )
+            with pytest.raises(so.NotAllowed, match="response policy"):
+                await other.generate(
+                    session_id=sid, approvals=[so.Decision(id=req.id, approved=True)], auth=who
+                )
+        assert await store_contents(other.store, sid) == before
+    assert log.count() == 0
+    async with sqlite_runtime(tmp_path, refund_agent(log, spec)) as rt:
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=ALICE
+        )
+        assert r.status == "completed" and log.count() == 1
+
+
 async def test_without_a_response_policy_the_generate_path_settles_directly(
     tmp_path: Path,
 ) -> None:

@@ -131,6 +131,7 @@ class Answering(SessionRunner):
                             await self._drive(session_id)
                         raise
                     continue
+                _check_policy_present(request, tool)
                 if wanted.get("edited_input") is not None and tool is not None:
                     await self._check_edit(state, tool, request, wanted["edited_input"])
                 if request.kind == "tool-approval" and (
@@ -515,6 +516,7 @@ class Answering(SessionRunner):
         agent = self.agents.get(request.agent)
         tool = None if agent is None else agent.tools.get(request.tool_name or "")
         try:
+            _check_policy_present(request, tool)
             if request.kind == "tool-approval" and (
                 request.approvers > 1 or (tool is not None and tool.response_policy is not None)
             ):
@@ -536,6 +538,18 @@ class Answering(SessionRunner):
                 f"request {request.id} was asked by {asker.principal_id}; {who} may not settle it",
                 [request.id],
             )
+
+
+def _check_policy_present(request: InputRequest, tool: Tool | None) -> None:
+    """A request whose tool's response policy decides who may answer is settled only where that
+    policy runs; anywhere else (a runtime without the agent or the tool) no one may settle it."""
+    if request.response_policy and (tool is None or tool.response_policy is None):
+        raise NotAllowed(
+            f"request {request.id} is decided by the response policy of "
+            f"{request.agent}.{request.tool_name}, which this runtime does not have: answer it "
+            f"from a runtime that runs agent {request.agent!r}",
+            [request.id],
+        )
 
 
 def _check_quorum_eligibility(request: InputRequest, principal: Principal | None) -> None:

@@ -176,6 +176,7 @@ class ToolCalls(DriverPart):
             escalate_to=rules.escalate_to,
             auto_verdict=None if verdict.auto is None else verdict.auto[0],
             auto_reason=None if verdict.auto is None else verdict.auto[1],
+            response_policy=tool.response_policy is not None,
         )
 
     async def verdict(self, tool: Tool, ctx: ApprovalContext) -> Verdict:
@@ -357,6 +358,8 @@ class ToolCalls(DriverPart):
             requested_by=turn.principal,
             created_at=self.clock(),
             usage=s.usage,
+            response_policy=getattr(self.agent.tools.get(call.tool_name), "response_policy", None)
+            is not None,
         )
         await self.record(
             [("input.requested", {"requests": [dump_request(request)]})], new_requests=[request]

@@ -191,6 +191,8 @@ class InputRequest(_Model):
     auto_verdict: str | None = None
     auto_reason: str | None = None
     child: ChildRef | None = None
+    response_policy: bool = False
+    """The tool's response policy decides who may answer: only a runtime that has it settles."""
 
     @property
     def progress(self) -> str:

@@ -185,7 +185,9 @@ async def _settle(
         if stored is None:
             raise _unknown_request(request_id, runtime.store.url)
         request = stored.request
-        if loaded is None and await _response_policy_recorded(runtime, request):
+        if loaded is None and (
+            request.response_policy or await _response_policy_recorded(runtime, request)
+        ):
             raise UsageError(
                 f"{request.tool_name} has a response policy that decides who may answer, and only "
                 f"its runtime can run it: signoff {command} {request_id} MODULE:RUNTIME"
