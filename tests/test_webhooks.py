@@ -236,6 +236,21 @@ def test_configuration_errors_are_named() -> None:
             WebhookChannel(bad, SECRET)
 
 
+async def test_deliveries_unsent_at_close_are_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with Receiver([503] * 50) as receiver:
+        hooks = WebhookChannel(receiver.url, SECRET, timeout=0.3, backoff=10, max_attempts=5)
+        request = so.InputRequest(
+            kind="question", id="req_9", session_id="s", turn_id="t", agent="a", created_at=0.0
+        )
+        for event in ("request.opened", "request.expiring", "request.resolved"):
+            hooks.enqueue(event, request)
+        await hooks.close()
+    assert (hooks.delivered, hooks.failed) == (0, 3)  # one waiting for a retry, two queued
+    assert "3 deliveries were not sent within 0.3s of closing and are lost" in caplog.text
+
+
 async def test_deliveries_to_one_url_keep_their_order() -> None:
     async with Receiver([]) as receiver:
         hooks = WebhookChannel(receiver.url, SECRET)

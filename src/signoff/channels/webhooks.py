@@ -154,6 +154,7 @@ class WebhookChannel(Channel):
         self._queues: dict[str, asyncio.Queue[tuple[str, str, bytes]]] = {}
         self._workers: list[asyncio.Task[None]] = []
         self._deadlines: dict[str, InputRequest] = {}
+        self._sending: set[str] = set()  # deliveries being sent now
         self.delivered = 0
         self.failed = 0
 
@@ -223,11 +224,13 @@ class WebhookChannel(Channel):
         queue = self._queues[url]
         while True:
             delivery, event, raw = await queue.get()
+            self._sending.add(f"{url} {delivery}")
             try:
                 await self.deliver(url, delivery, event, raw)
             except Exception:
                 logger.exception("webhook %s: delivering %s failed", url, delivery)
             finally:
+                self._sending.discard(f"{url} {delivery}")
                 queue.task_done()
 
     async def deliver(self, url: str, delivery: str, event: str, raw: bytes) -> bool:
@@ -284,9 +287,19 @@ class WebhookChannel(Channel):
             await queue.join()
 
     async def close(self) -> None:
+        """Send what is queued (for up to `timeout` seconds), then stop. Deliveries still unsent
+        are lost, counted in `failed` and logged as an error (they live only in this process)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.timeout):
                 await self.drain()
+        lost = len(self._sending) + sum(q.qsize() for q in self._queues.values())
+        if lost:
+            self.failed += lost
+            logger.error(
+                "webhooks: %s deliveries were not sent within %ss of closing and are lost",
+                lost,
+                self.timeout,
+            )
         for task in self._workers:
             task.cancel()
         for task in self._workers:
