@@ -504,6 +504,22 @@ def test_bad_store_url_is_a_usage_error() -> None:
     assert result.stderr.startswith("error: UsageError: unknown store URL 'mysql://db/x'")
 
 
+def test_reading_commands_refuse_a_sqlite_store_that_does_not_exist(tmp_path: Path) -> None:
+    typo = tmp_path / "sate.db"
+    for args in (
+        ["pending"],
+        ["sessions"],
+        ["events", "ses_x"],
+        ["approve", "req_x"],
+        ["deny", "req_x"],
+        ["answer", "req_x", "--text", "hi"],
+    ):
+        result = invoke(*args, "--store", f"sqlite:///{typo}")
+        assert result.exit_code == 1, (args, result.output)
+        assert result.stderr.startswith(f"error: UsageError: no store at {typo}"), result.stderr
+        assert not typo.exists(), args
+
+
 def test_store_from_environment(url: str) -> None:
     _, request_id = park(url)
     result = CliRunner().invoke(app, ["pending", "--json"], env={"SIGNOFF_STORE": url})

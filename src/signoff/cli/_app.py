@@ -28,7 +28,7 @@ from .._runtime import Runtime
 from .._types import ModelResponse, Principal
 from ..channels.terminal import compact_json
 from ..models import ModelRequest
-from ..stores import DEFAULT_URL
+from ..stores import DEFAULT_URL, SQLiteStore, open_store
 
 app = typer.Typer(
     name="signoff",
@@ -47,6 +47,20 @@ StoreOption = Annotated[
         show_default=False,
     ),
 ]
+
+
+def existing_store(store: str | None) -> str:
+    """The store URL a reading command uses; a SQLite file that does not exist is a mistyped
+    path (or the wrong directory), refused rather than created empty and reported as empty."""
+    url = store or DEFAULT_URL
+    found = open_store(url)
+    if isinstance(found, SQLiteStore) and found.path != ":memory:":
+        if not os.path.exists(found.path):
+            raise UsageError(
+                f"no store at {found.path} (from {url}): pass --store or set SIGNOFF_STORE; "
+                "serve, worker and chat create one"
+            )
+    return url
 
 
 def out() -> Console:

@@ -25,7 +25,7 @@ from .._exceptions import (
 from .._runtime import Runtime
 from .._types import InputRequest, InputResponse
 from ..channels.terminal import compact_json, duration
-from ..stores import DEFAULT_URL, PendingFilter
+from ..stores import PendingFilter
 from ._app import (
     AsOption,
     NoModel,
@@ -34,6 +34,7 @@ from ._app import (
     clip,
     err,
     error_text,
+    existing_store,
     fail,
     load_runtime,
     out,
@@ -57,7 +58,7 @@ def pending(
     """List the open requests across sessions, oldest first."""
 
     async def go() -> None:
-        async with Runtime([], store=store or DEFAULT_URL) as runtime:
+        async with Runtime([], store=existing_store(store)) as runtime:
             flt = PendingFilter(agent=agent, tool_name=tool, session_id=session, limit=limit)
             requests = await runtime.store.pending(flt)
             total = await runtime.store.count_pending(
@@ -96,7 +97,7 @@ def sessions(
         fail(UsageError(f"--status takes one of {', '.join(SESSION_STATUSES)}, not {status!r}"))
 
     async def go() -> None:
-        async with Runtime([], store=store or DEFAULT_URL) as runtime:
+        async with Runtime([], store=existing_store(store)) as runtime:
             rows = await runtime.sessions(agent=agent, status=status, limit=limit)
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
@@ -180,7 +181,7 @@ async def _settle(
     principal = parse_principal(acting_as)
     loaded = load_runtime(target, store) if target else None
     console = out()
-    async with loaded or Runtime([], store=store or DEFAULT_URL) as runtime:
+    async with loaded or Runtime([], store=existing_store(store)) as runtime:
         stored = await runtime.store.get_request(request_id)
         if stored is None:
             raise _unknown_request(request_id, runtime.store.url)
@@ -364,7 +365,7 @@ def events(
 
     async def go() -> None:
         console = out()
-        async with Runtime([], store=store or DEFAULT_URL) as runtime:
+        async with Runtime([], store=existing_store(store)) as runtime:
             async for event in runtime.events(session_id, after, follow=follow):
                 if as_json:
                     typer.echo(json.dumps(event.to_dict(), ensure_ascii=False))
