@@ -460,6 +460,28 @@ async def test_a_tool_use_cut_off_at_max_tokens_is_a_model_error(fake, model) ->
         await model.complete(request())
 
 
+@pytest.mark.parametrize(
+    "blocks",
+    [(), ("I can't help with that.", tool_use("toolu_1", "issue_refund", {"order_id": "1"}))],
+    ids=["nothing", "a tool call"],
+)
+async def test_a_refusal_with_no_text_or_with_a_tool_call_is_a_model_error(
+    fake, model, blocks
+) -> None:
+    body = anthropic_message(*blocks)
+    body["stop_reason"] = "refusal"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="was refused"):
+        await model.complete(request())
+
+
+async def test_a_refusal_that_explains_itself_is_returned_as_text(fake, model) -> None:
+    body = anthropic_message("I can't help with that.")
+    body["stop_reason"] = "refusal"
+    fake.queue(body)
+    assert (await model.complete(request())).text == "I can't help with that."
+
+
 async def test_text_cut_off_at_max_tokens_is_returned(fake, model) -> None:
     body = anthropic_message("A long answer that")
     body["stop_reason"] = "max_tokens"

@@ -111,7 +111,17 @@ class Anthropic(SdkModel):
         content = getattr(message, "content", None)
         if not isinstance(content, list):
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
-        if getattr(message, "stop_reason", None) == "max_tokens" and content:
+        stop = getattr(message, "stop_reason", None)
+        if stop == "refusal" and (
+            not any(getattr(b, "type", None) == "text" and getattr(b, "text", "") for b in content)
+            or any(getattr(b, "type", None) == "tool_use" for b in content)
+        ):
+            # Declined for safety, perhaps mid-call: an empty answer or half a tool call would pass
+            # for a real one, so the turn fails and says why.
+            raise ModelError(
+                f"Anthropic messages call for {where} was refused (stop_reason refusal)"
+            )
+        if stop == "max_tokens" and content:
             if getattr(content[-1], "type", None) == "tool_use":
                 # The limit cut the block's input short: running it would act on half a call.
                 raise ModelError(
