@@ -49,6 +49,7 @@ def page(browser: Browser, base: str) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=base)
     p = context.new_page()
     p.set_default_timeout(10_000)
+    refused = csp_violations(p)
     # sign in as alice through the login form (CSRF-protected)
     p.goto("/_signoff/")
     expect(p).to_have_url(f"{base}/_signoff/login")
@@ -57,6 +58,17 @@ def page(browser: Browser, base: str) -> Iterator[Page]:
     expect(p.locator("h1")).to_have_text("Approval queue")
     yield p
     context.close()
+    assert refused == [], "the dashboard's content security policy blocks its own page"
+
+
+def csp_violations(p: Page) -> list[str]:
+    """The console's reports of what the content security policy refused on this page."""
+    refused: list[str] = []
+    p.on(
+        "console",
+        lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None,
+    )
+    return refused
 
 
 def start(base: str, agent: str = "support") -> dict[str, Any]:
@@ -283,6 +295,7 @@ def test_untrusted_text_never_runs_as_script(browser: Browser, tmp_path: Path) -
         context = browser.new_context(base_url=url)
         p = context.new_page()
         p.set_default_timeout(10_000)
+        refused = csp_violations(p)
         dialogs: list[str] = []
 
         def on_dialog(dialog: Dialog) -> None:
@@ -333,5 +346,5 @@ def test_untrusted_text_never_runs_as_script(browser: Browser, tmp_path: Path) -
             p.goto(path)
             assert injected(p) == [], path
             assert "{{7*7}}" in p.locator("main").inner_text(), path  # shown, not evaluated
-        assert dialogs == []
+        assert dialogs == [] and refused == []
         context.close()
