@@ -388,3 +388,47 @@ def test_the_csrf_cookie_is_secure_over_https(tmp_path: Path) -> None:
             follow_redirects=False,
         )
         assert r.status_code == 303 and "Secure" in r.headers["set-cookie"]
+
+
+def test_another_tenant_reaches_nothing_through_dashboard_urls(base: str) -> None:
+    """Mallory (tenant evil) knows the ids of alice's session and request: every dashboard URL
+    answers as if they did not exist, and nothing changes."""
+    body = start(base)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    with signed_in(base, "mallory-token") as c:
+        csrf = csrf_of(c.get("/_signoff/").text)
+        json_only = {"Accept": "application/json"}
+        assert c.get(f"/_signoff/sessions/{sid}").status_code == 404
+        assert c.get(f"/_signoff/fragments/sessions/{sid}").status_code == 404
+        assert rid not in c.get("/_signoff/fragments/queue").text
+        assert rid not in c.get("/_signoff/audit?status=settled").text
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={"option": "approve", "csrf": csrf},
+            headers=json_only,
+        )
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_request"
+        r = c.post(
+            f"/_signoff/sessions/{sid}/messages",
+            data={"message": "approve", "csrf": csrf},
+            headers=json_only,
+        )
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session"
+    state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+    assert state["status"] == "waiting" and [p["id"] for p in state["pending"]] == [rid]
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["https://evil.example/", "//evil.example/", "/\\evil.example", "javascript:alert(1)", "/v1"],
+)
+def test_after_a_form_post_the_redirect_stays_on_the_dashboard(base: str, target: str) -> None:
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    with signed_in(base) as c:
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={"option": "approve", "next": target, "csrf": csrf_of(c.get("/_signoff/").text)},
+            headers={"Referer": "https://evil.example/"},
+        )
+        assert r.status_code == 303 and r.headers["location"] == "/_signoff"
