@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.testclient import TestClient
 
 import signoff as so
 from signoff.server import TokenAuth, create_app
@@ -352,3 +353,82 @@ def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
         token = csrf_of(m.get("/_signoff/").text)
         r = m.post(f"/_signoff/sessions/{sid}/messages", data={"message": "hi", "csrf": token})
         assert r.status_code == 404
+
+
+def test_pages_carry_security_headers(base: str) -> None:
+    """A page may not be framed (clickjacking an Approve button), may run only its own script,
+    and no response is sniffed into another type."""
+    with signed_in(base) as c:
+        for path in ("/_signoff/", "/_signoff/login", "/_signoff/tools", "/_signoff/static/app.js"):
+            r = c.get(path)
+            assert r.status_code == 200, path
+            assert r.headers["x-content-type-options"] == "nosniff", path
+            assert r.headers["x-frame-options"] == "DENY", path
+            policy = r.headers["content-security-policy"]
+            assert "frame-ancestors 'none'" in policy, path
+            assert "script-src 'self'" in policy and "unsafe-inline" not in policy, path
+        assert c.get("/_signoff/").headers["cache-control"] == "no-store"
+    api = httpx.get(f"{base}/v1/requests", headers=auth("alice-token"))
+    assert api.headers["x-content-type-options"] == "nosniff"
+    assert api.headers["x-frame-options"] == "DENY"
+
+
+def test_the_csrf_cookie_is_secure_over_https(tmp_path: Path) -> None:
+    """Behind https both cookies the dashboard sets carry `Secure`."""
+    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/x.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS))
+    with TestClient(app, base_url="https://dash.example") as c:
+        page = c.get("/_signoff/login")
+        cookie = page.headers["set-cookie"]
+        assert cookie.startswith("signoff_csrf=") and "Secure" in cookie, cookie
+        assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower()
+        r = c.post(
+            "/_signoff/login",
+            data={"token": "alice-token", "csrf": csrf_of(page.text)},
+            follow_redirects=False,
+        )
+        assert r.status_code == 303 and "Secure" in r.headers["set-cookie"]
+
+
+def test_another_tenant_reaches_nothing_through_dashboard_urls(base: str) -> None:
+    """Mallory (tenant evil) knows the ids of alice's session and request: every dashboard URL
+    answers as if they did not exist, and nothing changes."""
+    body = start(base)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    with signed_in(base, "mallory-token") as c:
+        csrf = csrf_of(c.get("/_signoff/").text)
+        json_only = {"Accept": "application/json"}
+        assert c.get(f"/_signoff/sessions/{sid}").status_code == 404
+        assert c.get(f"/_signoff/fragments/sessions/{sid}").status_code == 404
+        assert rid not in c.get("/_signoff/fragments/queue").text
+        assert rid not in c.get("/_signoff/audit?status=settled").text
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={"option": "approve", "csrf": csrf},
+            headers=json_only,
+        )
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_request"
+        r = c.post(
+            f"/_signoff/sessions/{sid}/messages",
+            data={"message": "approve", "csrf": csrf},
+            headers=json_only,
+        )
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session"
+    state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+    assert state["status"] == "waiting" and [p["id"] for p in state["pending"]] == [rid]
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["https://evil.example/", "//evil.example/", "/\\evil.example", "javascript:alert(1)", "/v1"],
+)
+def test_after_a_form_post_the_redirect_stays_on_the_dashboard(base: str, target: str) -> None:
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    with signed_in(base) as c:
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={"option": "approve", "next": target, "csrf": csrf_of(c.get("/_signoff/").text)},
+            headers={"Referer": "https://evil.example/"},
+        )
+        assert r.status_code == 303 and r.headers["location"] == "/_signoff"

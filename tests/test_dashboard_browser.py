@@ -11,9 +11,12 @@ from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
 
-from .test_server_common import ROOT, auth, served, tool_output
+import signoff as so
+from signoff.server import TokenAuth, create_app
+
+from .test_server_common import ROOT, TOKENS, auth, running, served, tool_output
 
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
@@ -46,6 +49,7 @@ def page(browser: Browser, base: str) -> Iterator[Page]:
     context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=base)
     p = context.new_page()
     p.set_default_timeout(10_000)
+    refused = csp_violations(p)
     # sign in as alice through the login form (CSRF-protected)
     p.goto("/_signoff/")
     expect(p).to_have_url(f"{base}/_signoff/login")
@@ -54,6 +58,17 @@ def page(browser: Browser, base: str) -> Iterator[Page]:
     expect(p.locator("h1")).to_have_text("Approval queue")
     yield p
     context.close()
+    assert refused == [], "the dashboard's content security policy blocks its own page"
+
+
+def csp_violations(p: Page) -> list[str]:
+    """The console's reports of what the content security policy refused on this page."""
+    refused: list[str] = []
+    p.on(
+        "console",
+        lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None,
+    )
+    return refused
 
 
 def start(base: str, agent: str = "support") -> dict[str, Any]:
@@ -211,3 +226,125 @@ def test_a_conversation_started_and_answered_from_the_browser(page: Page, base: 
     expect(pending).to_have_count(0)
     expect(page.locator("blockquote.reply")).to_contain_text('"answer": "Large"')
     expect(page.locator("#send textarea")).to_have_value("")
+
+
+# -- untrusted text in every field, through the server-rendered pages and the live JS path --
+
+EVIL = (
+    "<script>window.__pwned='script'</script>"
+    '"><img src=x onerror="window.__pwned=\'img\'">'
+    "'><svg onload=\"window.__pwned='svg'\"></svg>"
+    "</script><script>window.__pwned='close'</script>"
+    "javascript:window.__pwned='url' {{7*7}}"
+)
+
+
+def evil_agent() -> so.Agent:
+    """An agent whose name, tool description, model text, tool input, question and options are all
+    hostile (tool names must be letters, digits, _ or -; a model may still call any name)."""
+
+    @so.tool(name="refund", description="Refunds " + EVIL, approval=so.always())
+    async def refund(note: str, extra: dict[str, str]) -> dict[str, Any]:
+        return {"note": note}
+
+    @so.tool(name="ask")
+    async def ask(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
+        options = [{"id": "a" + EVIL, "label": "A" + EVIL, "description": "D" + EVIL}]
+        answer = await ctx.ask("Q" + EVIL, options=options, allow_text=True)
+        return {"answer": answer.value}
+
+    script = [
+        so.ModelResponse(
+            text="T" + EVIL,
+            tool_calls=[
+                so.ToolCall(name="refund", input={"note": EVIL, "extra": {EVIL: EVIL}}),
+                so.ToolCall(name="nope" + EVIL, input={EVIL: EVIL}),  # unknown: an error result
+            ],
+        ),
+        so.ModelResponse(tool_calls=[so.ToolCall(name="ask", input={"topic": EVIL})]),
+        so.ModelResponse(text="done " + EVIL),
+    ]
+    return so.Agent(
+        name="crm" + EVIL,
+        instructions="I " + EVIL,
+        model=so.models.Scripted(script, repeat_last=True),
+        tools=[refund, ask],
+    )
+
+
+def injected(page: Page) -> list[str]:
+    """What a payload would have left behind: the flag, or an element it brought in."""
+    found: list[str] = page.evaluate(
+        """() => {
+          const out = [];
+          if (window.__pwned !== undefined) out.push('ran: ' + window.__pwned);
+          document.querySelectorAll('img, svg, script:not([src])').forEach(
+            (el) => out.push('element: ' + el.outerHTML.slice(0, 80)));
+          document.querySelectorAll('[href^="javascript:" i]').forEach(
+            (el) => out.push('link: ' + el.outerHTML.slice(0, 80)));
+          return out;
+        }"""
+    )
+    return found
+
+
+def test_untrusted_text_never_runs_as_script(browser: Browser, tmp_path: Path) -> None:
+    runtime = so.Runtime([evil_agent()], store=f"sqlite:///{tmp_path}/evil.db", poll_interval=0.05)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)
+    with running(app) as url:
+        context = browser.new_context(base_url=url)
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        refused = csp_violations(p)
+        dialogs: list[str] = []
+
+        def on_dialog(dialog: Dialog) -> None:
+            dialogs.append(dialog.message)
+            dialog.dismiss()
+
+        p.on("dialog", on_dialog)
+        p.goto("/_signoff/login")
+        p.fill("input[name=token]", "alice-token")
+        p.click("button[type=submit]")
+        expect(p.locator("h1")).to_have_text("Approval queue")
+        # the approval arrives live: the queue merges the fragment in
+        r = httpx.post(
+            f"{url}/v1/sessions",
+            json={"agent": "crm" + EVIL, "message": "M" + EVIL},
+            headers=auth("alice-token"),
+            timeout=10,
+        )
+        assert r.status_code == 201, r.text
+        sid = r.json()["session_id"]
+        card = p.locator("#queue [data-request-id]")
+        expect(card.locator(".tool-name")).to_have_text("refund")
+        assert injected(p) == []
+        # the session page: deny with a hostile reason; the question arrives live
+        p.goto(f"/_signoff/sessions/{sid}")
+        pending = p.locator("#session-pending [data-request-id]")
+        expect(pending.locator(".tool-name")).to_have_text("refund")
+        pending.locator("input[name=text]").fill("R" + EVIL)
+        pending.get_by_role("button", name="Deny").click()
+        expect(p.locator(".toast").first).to_contain_text("Denied refund")
+        question = p.locator("#session-pending [data-kind=question]")
+        expect(question.locator(".tool-name")).to_have_text("Q" + EVIL)
+        assert injected(p) == []
+        # answering with the hostile option; the reply and the header update live
+        question.get_by_role("button", name="A" + EVIL).click()
+        expect(p.locator("[data-session-status]")).to_have_text("idle")
+        expect(p.locator("blockquote.reply")).to_contain_text("done " + EVIL)
+        expect(p.locator("#trace li .badge.type", has_text="turn.completed")).to_be_visible()
+        p.locator("#trace details").evaluate_all("els => els.forEach(e => { e.open = true; })")
+        assert injected(p) == []
+        # a reload renders all of it on the server
+        for path in (
+            f"/_signoff/sessions/{sid}",
+            "/_signoff/audit",
+            "/_signoff/tools",
+            "/_signoff/new",
+        ):
+            p.goto(path)
+            assert injected(p) == [], path
+            assert "{{7*7}}" in p.locator("main").inner_text(), path  # shown, not evaluated
+        assert dialogs == [] and refused == []
+        context.close()

@@ -499,6 +499,36 @@ async def test_dev_mode_refuses_requests_addressed_to_another_name(tmp_path: Pat
     await runtime.close()
 
 
+async def test_dev_mode_refuses_requests_from_another_site(tmp_path: Path) -> None:
+    """A page of another site, open in a browser on this machine, can POST to the dev server
+    without a preflight (e.g. a bodiless cancel); its `Origin` names that site: not the dev
+    admin. Same-origin requests (the dashboard's scripts) and clients sending no `Origin` are."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/dev.db")
+    app = create_app(runtime, dev=True, sweep_every=None)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost:8000") as c:
+            created = await c.post("/v1/sessions", json={"agent": "support", "message": "x"})
+            sid = created.json()["session_id"]
+            for origin in (
+                "http://evil.example",
+                "null",
+                "http://localhost:3000",
+                "http://localhost:8000.evil.example",
+                "http://[::1",  # not even a URL
+            ):
+                r = await c.post(f"/v1/sessions/{sid}/cancel", headers={"Origin": origin})
+                assert r.status_code == 401, (origin, r.text)
+                assert (await c.get(f"/v1/sessions/{sid}")).json()["status"] == "waiting"
+            r = await c.get("/v1/requests", headers={"Origin": "http://LOCALHOST:8000"})
+            assert r.status_code == 200
+            r = await c.post(
+                f"/v1/sessions/{sid}/cancel", headers={"Origin": "http://localhost:8000"}
+            )
+            assert r.status_code == 200 and r.json()["status"] == "cancelled"
+    await runtime.close()
+
+
 def test_queue_filters_and_pagination(alice: httpx.Client) -> None:
     for _ in range(3):
         start(alice)

@@ -23,6 +23,7 @@ from ._context import ServerContext
 from ._dashboard import SignIn, dashboard_error, sign_in_redirect
 from ._dashboard import router as dashboard_router
 from ._errors import ApiError, error_response, install_error_handlers
+from ._headers import SecurityHeaders
 from ._limits import BodyLimit
 from ._links import add_links
 
@@ -120,6 +121,7 @@ def create_app(
         redoc_url=None,
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_size)
+    app.add_middleware(SecurityHeaders)
     app.state.signoff = ServerContext(
         runtime=runtime, auth=auth, access=access, poll_interval=poll_interval, heartbeat=heartbeat
     )

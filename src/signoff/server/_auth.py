@@ -16,6 +16,7 @@ import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
@@ -85,7 +86,9 @@ class DevAuth:
 
     The request must also name this machine in its `Host` header (`localhost`, `127.0.0.1`,
     `[::1]`, ...): otherwise a web page on another site could reach the server through DNS
-    rebinding, from a browser on this machine, and act as the dev principal.
+    rebinding, from a browser on this machine, and act as the dev principal. A browser's
+    request that names another origin in its `Origin` header is refused too: a page of another
+    site (or another port) may POST here without a preflight, e.g. a bodiless cancel.
     """
 
     def __init__(self, principal: Principal | None = None) -> None:
@@ -99,9 +102,21 @@ class DevAuth:
         client = request.client
         if client is None or not is_loopback(client.host):
             return None
-        if not is_loopback(host_name(request.headers.get("host", "localhost"))):
+        host = request.headers.get("host", "localhost")
+        if not is_loopback(host_name(host)):
             return None
+        origin = request.headers.get("origin")
+        if origin is not None and _netloc(origin) != host.strip().lower():
+            return None  # sent by a page of another origin
         return self.principal
+
+
+def _netloc(origin: str) -> str | None:
+    """The `host[:port]` an `Origin` header names, or None when it names none (`null`)."""
+    try:
+        return urlsplit(origin.strip()).netloc.lower() or None
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return None
 
 
 def _cookie_allowed(request: HTTPConnection) -> bool:

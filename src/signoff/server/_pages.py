@@ -110,7 +110,12 @@ def csrf_token(request: Request) -> str:
 def _set_csrf(request: Request, response: Response, token: str) -> None:
     if request.cookies.get(CSRF_COOKIE) != token:
         response.set_cookie(
-            CSRF_COOKIE, token, httponly=True, samesite="strict", path=DASHBOARD_PREFIX
+            CSRF_COOKIE,
+            token,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path=DASHBOARD_PREFIX,
         )
 
 
