@@ -177,6 +177,20 @@ async def test_a_message_naming_two_options_is_not_taken_as_either(tmp_path: Pat
         assert result.content == {"status": "answered", "answer": "1"}
 
 
+async def test_a_message_of_thousands_of_digits_steers(tmp_path: Path) -> None:
+    """A number too long to convert names no option: the message steers like any other."""
+    log = ExecutionLog()
+    seen = Capture(reply("ok"))
+    async with sqlite_runtime(tmp_path, refund_agent(log, seen)) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        [req] = r.pending
+        r = await rt.send(r.session_id, "9" * 5000, principal=ALICE)
+        assert r.status == "completed"
+        assert log.count("issue_refund") == 0
+        [resolved] = [e for e in await events(rt, r.session_id) if e.type == "input.resolved"]
+        assert (resolved.data["request_id"], resolved.data["outcome"]) == (req.id, "ignored")
+
+
 def test_option_matching_refuses_a_text_that_names_two_options() -> None:
     options = make_options(
         [{"id": "a", "label": "B"}, {"id": "b", "label": "Other"}, {"id": "c", "label": "2"}]

@@ -252,7 +252,8 @@ def match_option(options: list[Option], text: str) -> Option | None:
     """
     t = text.strip().casefold()
     named = [o for o in options if t in (o.id.strip().casefold(), o.label.strip().casefold())]
-    if t.isdecimal() and 1 <= int(t) <= len(options):
+    # A bounded length: int() refuses thousands of digits, and no list has that many options.
+    if t.isdecimal() and len(t) <= 9 and 1 <= int(t) <= len(options):
         named.append(options[int(t) - 1])
     distinct = {o.id for o in named}
     return named[0] if len(distinct) == 1 else None
