@@ -153,7 +153,7 @@ class Answering(SessionRunner):
                 turn_id = request.turn_id
             if unknown:
                 raise UnknownRequest(session_id, unknown)
-            if require_all:
+            if require_all and (resolves or gated):  # a call that only repeats is a no-op
                 answered = set(ids)
                 missing = [r.id for r in state.pending_requests() if r.id not in answered]
                 if missing:
