@@ -141,8 +141,14 @@ async def test_clear_runs_the_call_without_asking(tmp_path: Path) -> None:
             "failed",
             "the review failed: ConnectionError: decision model unavailable",
         ),
+        (
+            so.ModelResponse(text="Clear. On reflection, caution: it deletes data"),
+            "failed",
+            "the review answered something unparsable: "
+            "Clear. On reflection, caution: it deletes data",
+        ),
     ],
-    ids=["caution", "caution-word", "garbage", "unknown-verdict", "empty", "raises"],
+    ids=["caution", "caution-word", "garbage", "unknown-verdict", "empty", "raises", "both-words"],
 )
 async def test_anything_but_clear_asks_a_person_and_records_why(
     tmp_path: Path, step: Any, auto_verdict: str, auto_reason: str

@@ -117,6 +117,27 @@ async def test_an_edited_approval_runs_with_the_edit_and_the_model_is_told(
         assert not result.is_error
 
 
+async def test_approving_again_with_another_edit_is_a_conflict(tmp_path: Path) -> None:
+    """The same answer again is a no-op; an approval with other edited input is another answer."""
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        sid, req, _ = await asked(rt)
+        edit = {"order_id": "1042", "amount": 150}
+
+        def approve(edited: dict[str, Any] | None) -> list[so.InputResponse]:
+            return [so.InputResponse(request_id=req.id, option_id="approve", edited_input=edited)]
+
+        await rt.respond(sid, approve(edit), principal=ALICE)
+        before = await store_contents(rt.store, sid)
+        again = await rt.respond(sid, approve(dict(edit)), principal=ALICE)
+        assert again.outcomes == [so.Outcome(request_id=req.id, outcome="approved", applied=False)]
+        for other in ({"order_id": "1042", "amount": 999}, None):
+            with pytest.raises(so.ConflictingAnswer):
+                await rt.respond(sid, approve(other), principal=ALICE)
+        assert await store_contents(rt.store, sid) == before
+        assert [e.input["amount"] for e in log.executions] == [150.0]
+
+
 @pytest.mark.parametrize(
     ("edit", "problem"),
     [

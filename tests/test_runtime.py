@@ -422,6 +422,35 @@ async def test_resolve_once_same_answer_is_a_noop(tmp_path: Path) -> None:
         assert log.count() == 1
 
 
+async def test_a_retried_approval_is_a_no_op_after_the_model_asked_again(tmp_path: Path) -> None:
+    """helix: the same id sent twice (a retry, a double click) is a no-op the second time, even
+    when the resumed turn has since asked for another approval; it is not a partial answer."""
+    log = ExecutionLog()
+    again = call_tools(call("issue_refund", order_id="2", amount=6))
+    async with sqlite_runtime(tmp_path, refund_agent(log, again, reply("done"))) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+        first = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=rid, approved=True)]
+        )
+        assert first.status == "waiting"
+        [second] = first.pending
+        before = await store_contents(rt.store, r.session_id)
+        retry = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=rid, approved=True)]
+        )
+        assert retry.outcomes == [so.Outcome(request_id=rid, outcome="approved", applied=False)]
+        assert retry.status == "waiting"
+        assert [p.id for p in retry.pending] == [second.id]
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 1
+        done = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=second.id, approved=True)]
+        )
+        assert done.status == "completed"
+        assert log.count() == 2
+
+
 async def test_resolve_once_different_answer_conflicts(tmp_path: Path) -> None:
     log = ExecutionLog()
     async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._types import make_options, match_option
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -155,6 +156,51 @@ async def test_a_message_naming_a_question_option_by_id_label_or_index(tmp_path:
             r = await rt.send(sid, message, principal=ALICE)
             assert r.status == "completed"
         assert [(a.value, a.option_id, a.text) for a in answers] == [("Express", "exp", None)] * 3
+
+
+async def test_a_message_naming_two_options_is_not_taken_as_either(tmp_path: Path) -> None:
+    """ "1" is the label of the third option and the index of the first: picking either would
+    guess, so the message is the person's own words (the question takes free text)."""
+    seen = Capture(reply("ok"))
+    counts = [
+        {"label": "5", "description": "Five."},
+        {"label": "10", "description": "Ten."},
+        {"label": "1", "description": "One."},
+    ]
+    asked = call("ask_question", question="How many?", options=counts)
+    agent = scripted_agent("shop", [call_tools(asked), seen], tools=[so.ask_question()])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="order shirts", auth=ALICE)
+        r = await rt.send(r.session_id, "1", principal=ALICE)
+        assert r.status == "completed"
+        (result,) = tool_results(seen.last)
+        assert result.content == {"status": "answered", "answer": "1"}
+
+
+async def test_a_message_of_thousands_of_digits_steers(tmp_path: Path) -> None:
+    """A number too long to convert names no option: the message steers like any other."""
+    log = ExecutionLog()
+    seen = Capture(reply("ok"))
+    async with sqlite_runtime(tmp_path, refund_agent(log, seen)) as rt:
+        r = await rt.generate("support", prompt="refund 1042", auth=ALICE)
+        [req] = r.pending
+        r = await rt.send(r.session_id, "9" * 5000, principal=ALICE)
+        assert r.status == "completed"
+        assert log.count("issue_refund") == 0
+        [resolved] = [e for e in await events(rt, r.session_id) if e.type == "input.resolved"]
+        assert (resolved.data["request_id"], resolved.data["outcome"]) == (req.id, "ignored")
+
+
+def test_option_matching_refuses_a_text_that_names_two_options() -> None:
+    options = make_options(
+        [{"id": "a", "label": "B"}, {"id": "b", "label": "Other"}, {"id": "c", "label": "2"}]
+    )
+    assert match_option(options, "b") is None  # a's label, b's id
+    assert match_option(options, "2") is None  # c's label, b's index
+    assert match_option(options, "other").id == "b"  # type: ignore[union-attr]
+    assert match_option(options, " 3 ").id == "c"  # type: ignore[union-attr]
+    same = make_options(["yes", "no"])  # id and label of one option: no ambiguity
+    assert match_option(same, "YES").id == "yes"  # type: ignore[union-attr]
 
 
 # -- steering and queueing ------------------------------------------------------------------

@@ -421,3 +421,20 @@ def test_channel_answers_a_question_by_number_label_or_text() -> None:
 
 def test_compact_json_reads_like_helix() -> None:
     assert compact_json({"amount": 180.0, "x": [1.5, 2.0]}) == '{"amount":180,"x":[1.5,2]}'
+
+
+def test_channel_takes_odd_digits_as_text_not_a_crash() -> None:
+    """A superscript digit or thousands of digits are no option number: they are the answer."""
+    question = _request(
+        kind="question",
+        action=None,
+        question="Which size?",
+        options=[so.Option(id="s", label="Small"), so.Option(id="l", label="Large")],
+        allow_text=True,
+    )
+    for typed in ("²", "9" * 5000):
+        channel, _, console = _channel([typed])
+        try:
+            assert channel.ask(question) == so.InputResponse(request_id="req_1", text=typed)
+        finally:
+            console.file.close()

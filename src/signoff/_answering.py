@@ -122,6 +122,11 @@ class Answering(SessionRunner):
                     request, status, resolution = stored.request, stored.status, stored.resolution
                 tool = agent.tools.get(request.tool_name or "")
                 wanted = _resolution(request, reply, tool)
+                if status != "pending" and live is not None and request.kind == "tool-approval":
+                    # The stored resolution holds the edited input the fold leaves out.
+                    stored = await self.store.get_request(rid)
+                    if stored is not None and stored.resolution is not None:
+                        resolution = stored.resolution
                 if status != "pending":
                     try:
                         outcomes.append(_repeat(request, status, resolution, wanted))
@@ -154,7 +159,7 @@ class Answering(SessionRunner):
                 turn_id = request.turn_id
             if unknown:
                 raise UnknownRequest(session_id, unknown)
-            if require_all:
+            if require_all and (resolves or gated):  # a call that only repeats is a no-op
                 answered = set(ids)
                 missing = [r.id for r in state.pending_requests() if r.id not in answered]
                 if missing:

@@ -168,13 +168,17 @@ def repeat(
         raise RequestClosed(
             f"request {rid} is {status} ({first.get('outcome')}); it takes no answers", [rid]
         )
-    same = first.get("outcome") == wanted["outcome"] and (
-        request.kind == "tool-approval" or first.get("answer") == wanted.get("answer")
-    )
+    if request.kind == "tool-approval":  # an approval of other edited input approves another call
+        same = first.get("edited_input") == wanted.get("edited_input")
+    else:
+        same = first.get("answer") == wanted.get("answer")
+    same = same and first.get("outcome") == wanted["outcome"]
     if not same:
+        says = f"says {wanted['outcome']!r}"
+        if first.get("outcome") == wanted["outcome"]:
+            says = "has other edited input" if request.kind == "tool-approval" else "differs"
         raise ConflictingAnswer(
-            f"request {rid} was already settled as {first.get('outcome')!r}; "
-            f"this answer says {wanted['outcome']!r}",
+            f"request {rid} was already settled as {first.get('outcome')!r}; this answer {says}",
             [rid],
         )
     return Outcome(request_id=rid, outcome=str(first.get("outcome")), applied=False)

@@ -106,7 +106,10 @@ def _parse(text: str) -> tuple[str | None, str]:
             return data["verdict"], str(data.get("reason") or "")
     word = re.match(r"\W*(clear|caution)\b[\s:.,-]*(.*)", text, re.IGNORECASE | re.DOTALL)
     if word:
-        return word.group(1).lower(), word.group(2).strip()
+        verdict, rest = word.group(1).lower(), word.group(2).strip()
+        # Prose that says clear and then caution is no clear verdict: a person decides.
+        if verdict == "caution" or not re.search(r"\bcaution\b", rest, re.IGNORECASE):
+            return verdict, rest
     return None, text[:200]
 
 

@@ -247,14 +247,18 @@ def _slug(label: str) -> str:
 
 
 def match_option(options: list[Option], text: str) -> Option | None:
-    """The option a typed reply names by id, label or 1-based index, if any."""
+    """The option a typed reply names by id, label or 1-based index, if any.
+
+    A reply naming two different options (one's label, another's id or index) names none:
+    picking either would guess what the person meant.
+    """
     t = text.strip().casefold()
-    for o in options:
-        if t == o.id.strip().casefold() or t == o.label.strip().casefold():
-            return o
-    if t.isdecimal() and 1 <= int(t) <= len(options):
-        return options[int(t) - 1]
-    return None
+    named = [o for o in options if t in (o.id.strip().casefold(), o.label.strip().casefold())]
+    # A bounded length: int() refuses thousands of digits, and no list has that many options.
+    if t.isdecimal() and len(t) <= 9 and 1 <= int(t) <= len(options):
+        named.append(options[int(t) - 1])
+    distinct = {o.id for o in named}
+    return named[0] if len(distinct) == 1 else None
 
 
 class Answer(_Model):

@@ -160,8 +160,10 @@ def duration(seconds: float) -> str:
 
 def _match_option(request: InputRequest, answer: str) -> str | None:
     """An option id from a number, an id or a label (case-insensitive)."""
-    if answer.isdigit() and 1 <= int(answer) <= len(request.options):
-        return request.options[int(answer) - 1].id
+    # ASCII and short: int() refuses "²" and thousands of digits, which are then plain text.
+    if answer.isascii() and answer.isdigit() and len(answer) <= 9:
+        if 1 <= int(answer) <= len(request.options):
+            return request.options[int(answer) - 1].id
     folded = answer.casefold()
     for option in request.options:
         if folded in (option.id.casefold(), option.label.casefold()):
