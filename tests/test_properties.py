@@ -608,8 +608,25 @@ def test_ask_takes_any_options_or_refuses_them_as_usage_errors(raw: list[Any]) -
     assert journal.options is not None and len(journal.options) == len(raw)
     ids = [o.id for o in journal.options]
     assert len(set(ids)) == len(ids)
-    for o in journal.options:
-        assert match_option(journal.options, o.id) is not None
+    options = journal.options
+    for i, o in enumerate(options):
+        # Typing an option's id picks that option, unless the same text also names another
+        # option (its label, or its 1-based number): then it picks none rather than guess.
+        t = o.id.strip().casefold()
+        also = [
+            p
+            for j, p in enumerate(options)
+            if j != i
+            and (
+                t == p.label.strip().casefold()
+                or (t.isdecimal() and len(t) <= 9 and int(t) == j + 1)
+            )
+        ]
+        got = match_option(options, o.id)
+        if also:
+            assert got is None, (o, also)
+        else:
+            assert got is not None and got.id == o.id, (o, got)
 
 
 replies = st.one_of(
