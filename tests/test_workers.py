@@ -263,3 +263,100 @@ def test_worker_command_stops_gracefully_on_sigint(tmp_path: Path) -> None:
 def test_worker_command_reports_a_bad_target() -> None:
     bad = _signoff("worker", "no_such_module_xyz:runtime", "--store", "sqlite:///:memory:")
     assert bad.returncode == 1 and "UsageError" in bad.stderr
+
+
+# -- a store that fails or stalls for a while -----------------------------------------------
+
+
+async def test_a_worker_outlives_a_store_outage(store_url: str) -> None:
+    """Claims and the deadline sweep failing for a while (the database restarting, its pool
+    timing out) are logged and retried: the worker keeps going and runs the turns after."""
+    runs: list[str] = []
+    agent = refund_agent(runs)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=2.0) as worker,
+    ):
+        failures = {"claim": 3, "pending": 2}
+        claim, pending = worker.store.claim, worker.store.pending
+
+        async def down_claim(*args: Any) -> list[tuple[str, int]]:
+            if failures["claim"]:
+                failures["claim"] -= 1
+                raise so.StoreError("claiming runnable sessions: no connection (test)")
+            return await claim(*args)
+
+        async def down_pending(*args: Any) -> list[so.InputRequest]:
+            if failures["pending"]:
+                failures["pending"] -= 1
+                raise so.StoreError("listing requests: no connection (test)")
+            return await pending(*args)
+
+        worker.store.claim = down_claim  # type: ignore[method-assign,assignment]
+        worker.store.pending = down_pending  # type: ignore[method-assign,assignment]
+        r = await front.generate("support", prompt="Refund order 1042")
+        async with working(worker, sweep_every=0.01):
+            await until(lambda: is_(front, r.session_id, "waiting"))
+        assert failures == {"claim": 0, "pending": 0}
+
+
+async def test_a_claim_that_waited_long_still_holds_a_live_lease(store_url: str) -> None:
+    """A claim stuck longer than the lease TTL (waiting for a pool connection) must not hand
+    the worker a lease that is already expired, which any other worker could claim at once."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(messages: list[so.Message]) -> so.ModelResponse:
+        entered.set()
+        await release.wait()
+        return so.ModelResponse(text="Done.")
+
+    agent = refund_agent([], first=slow)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=0.6) as worker,
+    ):
+        claim = worker.store.claim
+
+        async def stuck(owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
+            await asyncio.sleep(0.9)  # the `now` it was given is older than the TTL by then
+            return await claim(owner, ttl, now, limit)
+
+        worker.store.claim = stuck  # type: ignore[method-assign]
+        r = await front.generate("support", prompt="Refund order 1042")
+        async with working(worker):
+            await asyncio.wait_for(entered.wait(), 10)
+            try:
+                assert await front.store.claim("other", 10, time.time(), 10) == []
+            finally:
+                release.set()
+            await until(lambda: is_(front, r.session_id, "completed"))
+
+
+async def test_a_failed_renewal_is_retried_and_does_not_fail_the_turn(store_url: str) -> None:
+    """One renewal failing (a dropped connection) must not end the renewals, or the lease lapses
+    under a long tool call and another worker runs it again, nor turn the drive into an error."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.never(), delay=1.2)
+    async with so.Runtime([agent], store=store_url, lease_ttl=0.45) as rt:
+        renew = rt.store.renew_lease
+        calls = 0
+
+        async def flaky(*args: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise so.StoreError("renewing the lease: connection lost (test)")
+            return await renew(*args)
+
+        rt.store.renew_lease = flaky  # type: ignore[method-assign,assignment]
+        sid = await rt.create_session("support")
+        task = asyncio.create_task(rt.generate("support", "Refund order 1042", session_id=sid))
+        await until(lambda: asyncio.sleep(0, bool(runs)))  # the tool body is running
+        await asyncio.sleep(0.7)  # past the TTL since the failed renewal
+        try:
+            assert await rt.store.claim("other", 10, time.time(), 10) == []
+        finally:
+            result = await asyncio.wait_for(task, 10)
+        assert result.status == "completed" and calls >= 2
+        assert runs == [f"{sid}:1:call_refund"]

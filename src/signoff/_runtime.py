@@ -27,6 +27,7 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     SessionLimitReached,
+    StoreError,
     UnknownSession,
     UsageError,
 )
@@ -120,7 +121,11 @@ class Runtime(Answering):
                             await stop.wait()
                     if stop.is_set():
                         break
-                claimed = await self.store.claim(owner, self.lease_ttl, self.clock(), free)
+                try:
+                    claimed = await self._claim(owner, free)
+                except StoreError as exc:  # the database restarting, say: try again later
+                    log.warning("claiming sessions failed, retrying: %s", exc)
+                    claimed = []
                 last_empty = -1.0 if claimed else time.monotonic()
                 for session_id, token in claimed:
                     log.info("claimed session %s (lease %d)", session_id, token)
@@ -129,7 +134,10 @@ class Runtime(Answering):
                     task.add_done_callback(running.discard)
             if time.monotonic() - last_sweep >= sweep_every:
                 last_sweep = time.monotonic()
-                await self.expire_due()
+                try:
+                    await self.expire_due()
+                except Exception:  # the next sweep tries again; the worker goes on
+                    log.exception("applying passed deadlines failed")
             if len(running) >= concurrency:
                 await asyncio.wait(running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED)
             elif wait is not None:
@@ -145,6 +153,17 @@ class Runtime(Answering):
         if running:
             log.info("stopping: waiting for %d running turn(s)", len(running))
             await asyncio.gather(*running, return_exceptions=True)
+
+    async def _claim(self, owner: str, limit: int) -> list[tuple[str, int]]:
+        """Claim up to `limit` sessions, keeping only leases that are ours and live: a claim that
+        waited long was granted expiring early, and is renewed before it is driven."""
+        now = self.clock()
+        claimed = await self.store.claim(owner, self.lease_ttl, now, limit)
+        return [
+            (session_id, token)
+            for session_id, token in claimed
+            if await self._still_held(session_id, owner, token, now)
+        ]
 
     async def _work_on(self, session_id: str, owner: str, token: int) -> None:
         try:

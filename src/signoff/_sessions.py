@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import socket
@@ -26,6 +27,7 @@ from ._exceptions import (
     PartialAnswer,
     SessionBusy,
     SessionExpired,
+    StoreError,
     UnknownSession,
     UsageError,
 )
@@ -37,6 +39,8 @@ from ._types import Principal
 from .stores import Resolve, Store, open_store
 
 __all__ = ["SessionRunner", "check_prompt"]
+
+log = logging.getLogger("signoff.runtime")
 
 
 def check_prompt(prompt: object) -> None:
@@ -363,21 +367,44 @@ class SessionRunner:
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:
-            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, self.clock())
+            now = self.clock()
+            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
+            if token is not None and not await self._still_held(session_id, owner, token, now):
+                token = None  # born expired, and another owner took it meanwhile
             if token is not None or time.monotonic() >= deadline:
                 return token
             # Jitter: waiters that started together must not all retry in lockstep.
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.2)
 
+    async def _still_held(self, session_id: str, owner: str, token: int, granted: float) -> bool:
+        """Whether a lease granted with the time `granted` is ours and live: one whose grant
+        waited long (for a pool connection, say) expires early, so it is renewed first."""
+        if self.clock() - granted < self.lease_ttl / 3:
+            return True
+        return await self.store.renew_lease(session_id, owner, token, self.lease_ttl, self.clock())
+
     async def _renew(self, session_id: str, owner: str, token: int, go_on: asyncio.Event) -> None:
         # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
         # can swallow a cancellation, so the loop also stops once `go_on` is cleared.
+        pause = self.lease_ttl / 3
         while go_on.is_set():
-            await asyncio.sleep(self.lease_ttl / 3)
+            await asyncio.sleep(pause)
             if not go_on.is_set():
                 return
-            await self.store.renew_lease(session_id, owner, token, self.lease_ttl, self.clock())
+            try:
+                held = await self.store.renew_lease(
+                    session_id, owner, token, self.lease_ttl, self.clock()
+                )
+            except StoreError as exc:
+                # A dropped connection: try again soon, before the lease lapses.
+                log.warning("renewing the lease on session %s failed: %s", session_id, exc)
+                pause = self.lease_ttl / 10
+                continue
+            if not held:
+                log.warning("session %s: lease %d was taken over", session_id, token)
+                return  # fenced: this drive can write nothing more
+            pause = self.lease_ttl / 3
 
     def _result(
         self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False
