@@ -360,3 +360,23 @@ async def test_a_failed_renewal_is_retried_and_does_not_fail_the_turn(store_url:
             result = await asyncio.wait_for(task, 10)
         assert result.status == "completed" and calls >= 2
         assert runs == [f"{sid}:1:call_refund"]
+
+
+async def test_a_session_a_worker_cannot_drive_is_retried_per_lease_not_in_a_loop(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drive that fails every time (here: the worker does not know the session's agent, as in
+    a rolling deploy) keeps its lease until it lapses; released at once, it was claimed again
+    at once, hundreds of times a second on PostgreSQL, whose release wakes every worker."""
+    other = so.Agent(name="other", model=so.models.Scripted([so.ModelResponse(text="x")]))
+    async with (
+        so.Runtime([refund_agent([])], store=store_url, inline=False) as front,
+        so.Runtime([other], store=store_url, inline=False, lease_ttl=3.0) as worker,
+    ):
+        r = await front.generate("support", prompt="Refund order 1042")
+        with caplog.at_level(logging.INFO, logger="signoff.worker"):
+            async with working(worker):
+                await asyncio.sleep(1.0)
+        assert caplog.text.count(f"claimed session {r.session_id}") == 1
+        assert "retried once its lease expires" in caplog.text
+        assert await front.store.claim("other", 10, time.time(), 10) == []  # still leased

@@ -170,9 +170,12 @@ class Runtime(Answering):
             result = await self._drive(session_id, claimed=(owner, token))
             log.info("session %s: %s", session_id, result.status)
         except Exception:
-            log.exception("session %s: the turn failed in the worker", session_id)
-            with contextlib.suppress(Exception):
-                await self.store.release_lease(session_id, owner, token)
+            # The lease is kept until it lapses: any worker retries the session after the TTL.
+            log.exception(
+                "session %s: the turn failed in the worker; retried once its lease expires (%.1fs)",
+                session_id,
+                self.lease_ttl,
+            )
 
     async def generate(
         self,

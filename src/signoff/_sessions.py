@@ -311,6 +311,9 @@ class SessionRunner:
             state = await self.state(session_id)
             busy = runnable(state, retry=retry)
             return self._result(state, outcomes, busy=busy)  # a worker runs it
+        # A worker's drive that fails keeps its lease until it lapses: the session is retried
+        # once per TTL, not claimed again at once by every worker in a loop.
+        keep_on_error = claimed is not None
         for _ in range(100):
             if claimed is not None:
                 (owner, token), claimed = claimed, None
@@ -327,11 +330,13 @@ class SessionRunner:
             renewing.set()
             renew = asyncio.create_task(self._renew(session_id, owner, token, renewing))
             driver: Driver | None = None
+            failed = True
             try:
                 state = await self._checked(session_id)
                 driver = self._driver(state, token)
                 driver.release_at_end = True
                 state = await driver.drive(retry=retry)
+                failed = False
             finally:
                 renewing.clear()  # ends the loop even if the cancel below is swallowed
                 renew.cancel()
@@ -339,7 +344,7 @@ class SessionRunner:
                     await renew
                 if driver is not None:
                     self._remember(driver.state)
-                if driver is None or not driver.released:
+                if (driver is None or not driver.released) and not (failed and keep_on_error):
                     await self.store.release_lease(session_id, owner, token)
             retry = False
             state = await self.state(session_id)
