@@ -265,6 +265,21 @@ def test_worker_command_reports_a_bad_target() -> None:
     assert bad.returncode == 1 and "UsageError" in bad.stderr
 
 
+def test_worker_command_reports_a_factory_that_fails() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SIGNOFF_TEST_RECORDS"}
+    bad = subprocess.run(  # the factory reads SIGNOFF_TEST_RECORDS: a KeyError without it
+        [sys.executable, "-m", "signoff", "worker", "tests._worker_procs:runtime"]
+        + ["--store", "sqlite:///:memory:"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr
+    assert "UsageError: tests._worker_procs:runtime() failed: KeyError" in bad.stderr
+
+
 # -- a store that fails or stalls for a while -----------------------------------------------
 
 
