@@ -211,6 +211,34 @@ async def test_work_refuses_a_concurrency_below_one(store_url: str) -> None:
             await rt.work(concurrency=0)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"concurrency": -3}, "concurrency"),
+        ({"concurrency": 2.5}, "concurrency"),
+        ({"concurrency": True}, "concurrency"),
+        ({"idle_wait": 0}, "idle_wait"),  # a claim loop that never sleeps
+        ({"idle_wait": -1.0}, "idle_wait"),
+        ({"sweep_every": 0}, "sweep_every"),  # a full deadline sweep on every round
+        ({"sweep_every": float("nan")}, "sweep_every"),
+    ],
+)
+async def test_work_refuses_settings_that_would_spin(
+    tmp_path: Path, kwargs: dict[str, Any], name: str
+) -> None:
+    async with so.Runtime([refund_agent([])], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        with pytest.raises(so.UsageError, match=name):
+            await asyncio.wait_for(rt.work(**kwargs), 2)
+
+
+@pytest.mark.parametrize("ttl", [0, -5.0, float("inf"), float("nan"), "30"])
+def test_a_runtime_refuses_a_lease_ttl_that_is_not_a_positive_duration(ttl: Any) -> None:
+    """A lease of 0 s (or less) is expired as it is granted, so every worker could claim the
+    same session at once; an infinite one never lets a dead worker's sessions be resumed."""
+    with pytest.raises(so.UsageError, match="lease_ttl"):
+        so.Runtime([refund_agent([])], store="sqlite:///:memory:", lease_ttl=ttl)
+
+
 # -- the commands ---------------------------------------------------------------------------
 
 

@@ -32,7 +32,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._results import GenerateResult
-from ._sessions import check_prompt
+from ._sessions import check_prompt, positive_seconds
 from ._state import SessionState
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal
 from .stores import PendingFilter, Resolve, SessionSummary
@@ -100,8 +100,12 @@ class Runtime(Answering):
         """Run turns for any process (`signoff worker`): claim sessions that have work under a
         lease, drive them, and apply passed deadlines; returns once `stop` is set and the turns
         it was running have finished or parked."""
-        if concurrency < 1:
-            raise UsageError("concurrency must be at least 1")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise UsageError(f"concurrency must be a whole number from 1, not {concurrency!r}")
+        for name, value in (("idle_wait", idle_wait), ("sweep_every", sweep_every)):
+            # Zero or less would claim (or sweep) in a busy loop.
+            if not positive_seconds(value):
+                raise UsageError(f"{name} must be a number of seconds above 0, not {value!r}")
         await self.open()
         stop = stop or asyncio.Event()
         running: set[asyncio.Task[None]] = set()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import random
 import socket
@@ -38,7 +39,7 @@ from ._sync import SyncBridge
 from ._types import Principal
 from .stores import Resolve, Store, open_store
 
-__all__ = ["SessionRunner", "check_prompt"]
+__all__ = ["SessionRunner", "check_prompt", "positive_seconds"]
 
 log = logging.getLogger("signoff.runtime")
 
@@ -48,6 +49,16 @@ def check_prompt(prompt: object) -> None:
     if not isinstance(prompt, str):
         raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
     check_text(prompt, "the prompt")
+
+
+def positive_seconds(value: object) -> bool:
+    """A finite number above 0 (not a bool): a duration a loop can wait between its rounds."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 class _Changed(Exception):
@@ -71,6 +82,10 @@ class SessionRunner:
     ) -> None:
         """`inline=False` leaves running turns to workers (`Runtime.work`, `signoff worker`):
         calls return as soon as what they were given is recorded."""
+        for name, value in (("lease_ttl", lease_ttl), ("poll_interval", poll_interval)):
+            # A lease of 0 s is expired when granted: every worker could claim it at once.
+            if not positive_seconds(value):
+                raise UsageError(f"{name} must be a number of seconds above 0, not {value!r}")
         self.agents: dict[str, Agent] = {}
         for agent in agents:
             if agent.name in self.agents:
