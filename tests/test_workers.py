@@ -423,3 +423,28 @@ async def test_a_session_a_worker_cannot_drive_is_retried_per_lease_not_in_a_loo
         assert caplog.text.count(f"claimed session {r.session_id}") == 1
         assert "retried once its lease expires" in caplog.text
         assert await front.store.claim("other", 10, time.time(), 10) == []  # still leased
+
+
+@pytest.mark.parametrize("on_timeout", ["deny", "approve"])
+async def test_sweeps_racing_in_two_workers_expire_a_request_once(
+    store_url: str, on_timeout: str
+) -> None:
+    """Workers sweep deadlines independently: six sweeps at once over two runtimes record one
+    expiry (and, with on_timeout='approve', one settlement and one tool run)."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.always(expires_in=0.2, on_timeout=on_timeout))  # type: ignore[arg-type]
+    async with (
+        so.Runtime([agent], store=store_url) as front,
+        so.Runtime([agent], store=store_url) as a,
+        so.Runtime([agent], store=store_url) as b,
+    ):
+        r = await front.generate("support", prompt="Refund order 1042")
+        assert r.status == "waiting"
+        await asyncio.sleep(0.3)
+        await asyncio.gather(*(rt.expire_due() for rt in (a, b, a, b, a, b)))
+        await until(lambda: is_(front, r.session_id, "completed"))
+        types = [e.type async for e in front.events(r.session_id, follow=False)]
+        assert types.count("input.resolved") == 1
+        assert types.count("approval.settled") == (1 if on_timeout == "approve" else 0)
+        assert len(runs) == (1 if on_timeout == "approve" else 0)
+        assert types.count("turn.completed") == 1
