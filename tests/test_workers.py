@@ -448,3 +448,50 @@ async def test_sweeps_racing_in_two_workers_expire_a_request_once(
         assert types.count("approval.settled") == (1 if on_timeout == "approve" else 0)
         assert len(runs) == (1 if on_timeout == "approve" else 0)
         assert types.count("turn.completed") == 1
+
+
+async def test_a_stalled_holder_is_fenced_and_its_caller_told_the_turn_moved_on(
+    store_url: str,
+) -> None:
+    """A drive whose lease lapsed while it stalled (here: in a tool body, its renewals not
+    getting through) and was taken over by a worker writes nothing after: the worker's run
+    is the one recorded, and the stalled caller gets the session's state, not `LeaseLost`."""
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    @so.tool(approval=so.never())
+    async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        runs.append(ctx.idempotency_key())
+        if len(runs) == 1:
+            await gate.wait()  # the first holder stalls here
+        return {"refunded": amount}
+
+    call = so.ModelResponse(
+        tool_calls=[so.ToolCall(id="call_refund", name="issue_refund", input=dict(ORDER))]
+    )
+
+    def agent() -> so.Agent:
+        steps = [call, so.ModelResponse(text="Done.")]
+        return so.Agent(name="support", model=so.models.Scripted(steps), tools=[issue_refund])
+
+    async with (
+        so.Runtime([agent()], store=store_url, lease_ttl=0.4) as stalled,
+        so.Runtime([agent()], store=store_url, inline=False, lease_ttl=2.0) as worker,
+    ):
+
+        async def no_renewal(*args: Any) -> bool:
+            return True  # the renewals of a stalled process never reach the store
+
+        stalled.store.renew_lease = no_renewal  # type: ignore[method-assign,assignment]
+        sid = await stalled.create_session("support")
+        first = asyncio.create_task(stalled.generate("support", "Refund", session_id=sid))
+        await until(lambda: asyncio.sleep(0, bool(runs)))
+        async with working(worker):
+            await until(lambda: is_(worker, sid, "completed"))
+        gate.set()
+        result = await asyncio.wait_for(first, 10)
+        assert result.status == "completed" and result.text == "Done."
+        assert runs == [f"{sid}:1:call_refund"] * 2  # ran again, with the same key
+        types = [e.type async for e in worker.events(sid, follow=False)]
+        assert types.count("tool.completed") == 1 and types.count("turn.completed") == 1

@@ -25,6 +25,7 @@ from ._deadlines import due_batch
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
+    LeaseLost,
     PartialAnswer,
     SessionBusy,
     SessionExpired,
@@ -346,12 +347,20 @@ class SessionRunner:
             renew = asyncio.create_task(self._renew(session_id, owner, token, renewing))
             driver: Driver | None = None
             failed = True
+            lost = False
             try:
                 state = await self._checked(session_id)
                 driver = self._driver(state, token)
                 driver.release_at_end = True
                 state = await driver.drive(retry=retry)
                 failed = False
+            except LeaseLost:
+                # It stalled past its lease and another worker took the turn over: that one
+                # drives it now; this one wrote nothing after losing it (fencing).
+                log.warning(
+                    "session %s: lease %d was taken over; leaving the turn", session_id, token
+                )
+                lost = True
             finally:
                 renewing.clear()  # ends the loop even if the cancel below is swallowed
                 renew.cancel()
@@ -363,6 +372,8 @@ class SessionRunner:
                     await self.store.release_lease(session_id, owner, token)
             retry = False
             state = await self.state(session_id)
+            if lost:
+                return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
                 return self._result(state, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
