@@ -495,3 +495,36 @@ async def test_a_stalled_holder_is_fenced_and_its_caller_told_the_turn_moved_on(
         assert runs == [f"{sid}:1:call_refund"] * 2  # ran again, with the same key
         types = [e.type async for e in worker.events(sid, follow=False)]
         assert types.count("tool.completed") == 1 and types.count("turn.completed") == 1
+
+
+async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_url: str) -> None:
+    """A commit announced while an idle worker is busy claiming (or sweeping) wakes it as soon
+    as it goes back to waiting, not only when its `idle_wait` poll comes round."""
+    agent = refund_agent([])
+    async with (
+        so.Runtime([agent], store=pg_store_url, inline=False) as front,
+        so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=5.0) as worker,
+    ):
+        claim = worker.store.claim
+        late: list[str] = []
+
+        async def claim_then_commit(*args: Any) -> list[tuple[str, int]]:
+            found = await claim(*args)
+            # A session becomes runnable just after the claim looked: at the first claim (the
+            # listener is not subscribed yet), and once more when the first one has parked.
+            if not late or (len(late) == 1 and await is_(front, late[0], "waiting")):
+                late.append((await front.generate("support", prompt="Refund")).session_id)
+                await asyncio.sleep(0.1)  # its NOTIFY arrives before the worker waits again
+            return found
+
+        worker.store.claim = claim_then_commit  # type: ignore[method-assign,assignment]
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.work(stop=stop, idle_wait=5.0, sweep_every=60))
+        try:
+            await until(lambda: asyncio.sleep(0, bool(late)))
+            await until(lambda: is_(front, late[0], "waiting"), timeout=2.0)
+            await until(lambda: asyncio.sleep(0, len(late) == 2), timeout=2.0)
+            await until(lambda: is_(front, late[1], "waiting"), timeout=2.0)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)

@@ -113,6 +113,7 @@ class Runtime(Answering):
         last_sweep = 0.0
         wait = getattr(self.store, "wait_for_change", None)
         last_empty = -1.0  # monotonic time of the last claim that found nothing
+        mark: int | None = None
         while not stop.is_set():
             free = concurrency - len(running)
             if free > 0:
@@ -125,6 +126,8 @@ class Runtime(Answering):
                             await stop.wait()
                     if stop.is_set():
                         break
+                # Changes announced from here on (while this claims and sweeps) end the wait.
+                mark = getattr(self.store, "changes_seen", None)
                 try:
                     claimed = await self._claim(owner, free)
                 except StoreError as exc:  # the database restarting, say: try again later
@@ -145,7 +148,8 @@ class Runtime(Answering):
             if len(running) >= concurrency:
                 await asyncio.wait(running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED)
             elif wait is not None:
-                waiter = asyncio.ensure_future(wait(None, idle_wait))
+                since = {} if mark is None else {"since": mark}
+                waiter = asyncio.ensure_future(wait(None, idle_wait, **since))
                 stopper = asyncio.ensure_future(stop.wait())
                 await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 for f in (waiter, stopper):
