@@ -211,6 +211,34 @@ async def test_work_refuses_a_concurrency_below_one(store_url: str) -> None:
             await rt.work(concurrency=0)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "name"),
+    [
+        ({"concurrency": -3}, "concurrency"),
+        ({"concurrency": 2.5}, "concurrency"),
+        ({"concurrency": True}, "concurrency"),
+        ({"idle_wait": 0}, "idle_wait"),  # a claim loop that never sleeps
+        ({"idle_wait": -1.0}, "idle_wait"),
+        ({"sweep_every": 0}, "sweep_every"),  # a full deadline sweep on every round
+        ({"sweep_every": float("nan")}, "sweep_every"),
+    ],
+)
+async def test_work_refuses_settings_that_would_spin(
+    tmp_path: Path, kwargs: dict[str, Any], name: str
+) -> None:
+    async with so.Runtime([refund_agent([])], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        with pytest.raises(so.UsageError, match=name):
+            await asyncio.wait_for(rt.work(**kwargs), 2)
+
+
+@pytest.mark.parametrize("ttl", [0, -5.0, float("inf"), float("nan"), "30"])
+def test_a_runtime_refuses_a_lease_ttl_that_is_not_a_positive_duration(ttl: Any) -> None:
+    """A lease of 0 s (or less) is expired as it is granted, so every worker could claim the
+    same session at once; an infinite one never lets a dead worker's sessions be resumed."""
+    with pytest.raises(so.UsageError, match="lease_ttl"):
+        so.Runtime([refund_agent([])], store="sqlite:///:memory:", lease_ttl=ttl)
+
+
 # -- the commands ---------------------------------------------------------------------------
 
 
@@ -263,3 +291,240 @@ def test_worker_command_stops_gracefully_on_sigint(tmp_path: Path) -> None:
 def test_worker_command_reports_a_bad_target() -> None:
     bad = _signoff("worker", "no_such_module_xyz:runtime", "--store", "sqlite:///:memory:")
     assert bad.returncode == 1 and "UsageError" in bad.stderr
+
+
+def test_worker_command_reports_a_factory_that_fails() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "SIGNOFF_TEST_RECORDS"}
+    bad = subprocess.run(  # the factory reads SIGNOFF_TEST_RECORDS: a KeyError without it
+        [sys.executable, "-m", "signoff", "worker", "tests._worker_procs:runtime"]
+        + ["--store", "sqlite:///:memory:"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr, bad.stderr
+    assert "UsageError: tests._worker_procs:runtime() failed: KeyError" in bad.stderr
+
+
+# -- a store that fails or stalls for a while -----------------------------------------------
+
+
+async def test_a_worker_outlives_a_store_outage(store_url: str) -> None:
+    """Claims and the deadline sweep failing for a while (the database restarting, its pool
+    timing out) are logged and retried: the worker keeps going and runs the turns after."""
+    runs: list[str] = []
+    agent = refund_agent(runs)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=2.0) as worker,
+    ):
+        failures = {"claim": 3, "pending": 2}
+        claim, pending = worker.store.claim, worker.store.pending
+
+        async def down_claim(*args: Any) -> list[tuple[str, int]]:
+            if failures["claim"]:
+                failures["claim"] -= 1
+                raise so.StoreError("claiming runnable sessions: no connection (test)")
+            return await claim(*args)
+
+        async def down_pending(*args: Any) -> list[so.InputRequest]:
+            if failures["pending"]:
+                failures["pending"] -= 1
+                raise so.StoreError("listing requests: no connection (test)")
+            return await pending(*args)
+
+        worker.store.claim = down_claim  # type: ignore[method-assign,assignment]
+        worker.store.pending = down_pending  # type: ignore[method-assign,assignment]
+        r = await front.generate("support", prompt="Refund order 1042")
+        async with working(worker, sweep_every=0.01):
+            await until(lambda: is_(front, r.session_id, "waiting"))
+        assert failures == {"claim": 0, "pending": 0}
+
+
+async def test_a_claim_that_waited_long_still_holds_a_live_lease(store_url: str) -> None:
+    """A claim stuck longer than the lease TTL (waiting for a pool connection) must not hand
+    the worker a lease that is already expired, which any other worker could claim at once."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    async def slow(messages: list[so.Message]) -> so.ModelResponse:
+        entered.set()
+        await release.wait()
+        return so.ModelResponse(text="Done.")
+
+    agent = refund_agent([], first=slow)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=0.6) as worker,
+    ):
+        claim = worker.store.claim
+
+        async def stuck(owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
+            await asyncio.sleep(0.9)  # the `now` it was given is older than the TTL by then
+            return await claim(owner, ttl, now, limit)
+
+        worker.store.claim = stuck  # type: ignore[method-assign]
+        r = await front.generate("support", prompt="Refund order 1042")
+        async with working(worker):
+            await asyncio.wait_for(entered.wait(), 10)
+            try:
+                assert await front.store.claim("other", 10, time.time(), 10) == []
+            finally:
+                release.set()
+            await until(lambda: is_(front, r.session_id, "completed"))
+
+
+async def test_a_failed_renewal_is_retried_and_does_not_fail_the_turn(store_url: str) -> None:
+    """One renewal failing (a dropped connection) must not end the renewals, or the lease lapses
+    under a long tool call and another worker runs it again, nor turn the drive into an error."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.never(), delay=1.2)
+    async with so.Runtime([agent], store=store_url, lease_ttl=0.45) as rt:
+        renew = rt.store.renew_lease
+        calls = 0
+
+        async def flaky(*args: Any) -> bool:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise so.StoreError("renewing the lease: connection lost (test)")
+            return await renew(*args)
+
+        rt.store.renew_lease = flaky  # type: ignore[method-assign,assignment]
+        sid = await rt.create_session("support")
+        task = asyncio.create_task(rt.generate("support", "Refund order 1042", session_id=sid))
+        await until(lambda: asyncio.sleep(0, bool(runs)))  # the tool body is running
+        await asyncio.sleep(0.7)  # past the TTL since the failed renewal
+        try:
+            assert await rt.store.claim("other", 10, time.time(), 10) == []
+        finally:
+            result = await asyncio.wait_for(task, 10)
+        assert result.status == "completed" and calls >= 2
+        assert runs == [f"{sid}:1:call_refund"]
+
+
+async def test_a_session_a_worker_cannot_drive_is_retried_per_lease_not_in_a_loop(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drive that fails every time (here: the worker does not know the session's agent, as in
+    a rolling deploy) keeps its lease until it lapses; released at once, it was claimed again
+    at once, hundreds of times a second on PostgreSQL, whose release wakes every worker."""
+    other = so.Agent(name="other", model=so.models.Scripted([so.ModelResponse(text="x")]))
+    async with (
+        so.Runtime([refund_agent([])], store=store_url, inline=False) as front,
+        so.Runtime([other], store=store_url, inline=False, lease_ttl=3.0) as worker,
+    ):
+        r = await front.generate("support", prompt="Refund order 1042")
+        with caplog.at_level(logging.INFO, logger="signoff.worker"):
+            async with working(worker):
+                await asyncio.sleep(1.0)
+        assert caplog.text.count(f"claimed session {r.session_id}") == 1
+        assert "retried once its lease expires" in caplog.text
+        assert await front.store.claim("other", 10, time.time(), 10) == []  # still leased
+
+
+@pytest.mark.parametrize("on_timeout", ["deny", "approve"])
+async def test_sweeps_racing_in_two_workers_expire_a_request_once(
+    store_url: str, on_timeout: str
+) -> None:
+    """Workers sweep deadlines independently: six sweeps at once over two runtimes record one
+    expiry (and, with on_timeout='approve', one settlement and one tool run)."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.always(expires_in=0.2, on_timeout=on_timeout))  # type: ignore[arg-type]
+    async with (
+        so.Runtime([agent], store=store_url) as front,
+        so.Runtime([agent], store=store_url) as a,
+        so.Runtime([agent], store=store_url) as b,
+    ):
+        r = await front.generate("support", prompt="Refund order 1042")
+        assert r.status == "waiting"
+        await asyncio.sleep(0.3)
+        await asyncio.gather(*(rt.expire_due() for rt in (a, b, a, b, a, b)))
+        await until(lambda: is_(front, r.session_id, "completed"))
+        types = [e.type async for e in front.events(r.session_id, follow=False)]
+        assert types.count("input.resolved") == 1
+        assert types.count("approval.settled") == (1 if on_timeout == "approve" else 0)
+        assert len(runs) == (1 if on_timeout == "approve" else 0)
+        assert types.count("turn.completed") == 1
+
+
+async def test_a_stalled_holder_is_fenced_and_its_caller_told_the_turn_moved_on(
+    store_url: str,
+) -> None:
+    """A drive whose lease lapsed while it stalled (here: in a tool body, its renewals not
+    getting through) and was taken over by a worker writes nothing after: the worker's run
+    is the one recorded, and the stalled caller gets the session's state, not `LeaseLost`."""
+    runs: list[str] = []
+    gate = asyncio.Event()
+
+    @so.tool(approval=so.never())
+    async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        runs.append(ctx.idempotency_key())
+        if len(runs) == 1:
+            await gate.wait()  # the first holder stalls here
+        return {"refunded": amount}
+
+    call = so.ModelResponse(
+        tool_calls=[so.ToolCall(id="call_refund", name="issue_refund", input=dict(ORDER))]
+    )
+
+    def agent() -> so.Agent:
+        steps = [call, so.ModelResponse(text="Done.")]
+        return so.Agent(name="support", model=so.models.Scripted(steps), tools=[issue_refund])
+
+    async with (
+        so.Runtime([agent()], store=store_url, lease_ttl=0.4) as stalled,
+        so.Runtime([agent()], store=store_url, inline=False, lease_ttl=2.0) as worker,
+    ):
+
+        async def no_renewal(*args: Any) -> bool:
+            return True  # the renewals of a stalled process never reach the store
+
+        stalled.store.renew_lease = no_renewal  # type: ignore[method-assign,assignment]
+        sid = await stalled.create_session("support")
+        first = asyncio.create_task(stalled.generate("support", "Refund", session_id=sid))
+        await until(lambda: asyncio.sleep(0, bool(runs)))
+        async with working(worker):
+            await until(lambda: is_(worker, sid, "completed"))
+        gate.set()
+        result = await asyncio.wait_for(first, 10)
+        assert result.status == "completed" and result.text == "Done."
+        assert runs == [f"{sid}:1:call_refund"] * 2  # ran again, with the same key
+        types = [e.type async for e in worker.events(sid, follow=False)]
+        assert types.count("tool.completed") == 1 and types.count("turn.completed") == 1
+
+
+async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_url: str) -> None:
+    """A commit announced while an idle worker is busy claiming (or sweeping) wakes it as soon
+    as it goes back to waiting, not only when its `idle_wait` poll comes round."""
+    agent = refund_agent([])
+    async with (
+        so.Runtime([agent], store=pg_store_url, inline=False) as front,
+        so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=5.0) as worker,
+    ):
+        claim = worker.store.claim
+        late: list[str] = []
+
+        async def claim_then_commit(*args: Any) -> list[tuple[str, int]]:
+            found = await claim(*args)
+            # A session becomes runnable just after the claim looked: at the first claim (the
+            # listener is not subscribed yet), and once more when the first one has parked.
+            if not late or (len(late) == 1 and await is_(front, late[0], "waiting")):
+                late.append((await front.generate("support", prompt="Refund")).session_id)
+                await asyncio.sleep(0.1)  # its NOTIFY arrives before the worker waits again
+            return found
+
+        worker.store.claim = claim_then_commit  # type: ignore[method-assign,assignment]
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.work(stop=stop, idle_wait=5.0, sweep_every=60))
+        try:
+            await until(lambda: asyncio.sleep(0, bool(late)))
+            await until(lambda: is_(front, late[0], "waiting"), timeout=2.0)
+            await until(lambda: asyncio.sleep(0, len(late) == 2), timeout=2.0)
+            await until(lambda: is_(front, late[1], "waiting"), timeout=2.0)
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 10)

@@ -27,11 +27,12 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     SessionLimitReached,
+    StoreError,
     UnknownSession,
     UsageError,
 )
 from ._results import GenerateResult
-from ._sessions import check_prompt
+from ._sessions import check_prompt, positive_seconds
 from ._state import SessionState
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal
 from .stores import PendingFilter, Resolve, SessionSummary
@@ -99,8 +100,12 @@ class Runtime(Answering):
         """Run turns for any process (`signoff worker`): claim sessions that have work under a
         lease, drive them, and apply passed deadlines; returns once `stop` is set and the turns
         it was running have finished or parked."""
-        if concurrency < 1:
-            raise UsageError("concurrency must be at least 1")
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise UsageError(f"concurrency must be a whole number from 1, not {concurrency!r}")
+        for name, value in (("idle_wait", idle_wait), ("sweep_every", sweep_every)):
+            # Zero or less would claim (or sweep) in a busy loop.
+            if not positive_seconds(value):
+                raise UsageError(f"{name} must be a number of seconds above 0, not {value!r}")
         await self.open()
         stop = stop or asyncio.Event()
         running: set[asyncio.Task[None]] = set()
@@ -108,6 +113,7 @@ class Runtime(Answering):
         last_sweep = 0.0
         wait = getattr(self.store, "wait_for_change", None)
         last_empty = -1.0  # monotonic time of the last claim that found nothing
+        mark: int | None = None
         while not stop.is_set():
             free = concurrency - len(running)
             if free > 0:
@@ -120,7 +126,13 @@ class Runtime(Answering):
                             await stop.wait()
                     if stop.is_set():
                         break
-                claimed = await self.store.claim(owner, self.lease_ttl, self.clock(), free)
+                # Changes announced from here on (while this claims and sweeps) end the wait.
+                mark = getattr(self.store, "changes_seen", None)
+                try:
+                    claimed = await self._claim(owner, free)
+                except StoreError as exc:  # the database restarting, say: try again later
+                    log.warning("claiming sessions failed, retrying: %s", exc)
+                    claimed = []
                 last_empty = -1.0 if claimed else time.monotonic()
                 for session_id, token in claimed:
                     log.info("claimed session %s (lease %d)", session_id, token)
@@ -129,11 +141,15 @@ class Runtime(Answering):
                     task.add_done_callback(running.discard)
             if time.monotonic() - last_sweep >= sweep_every:
                 last_sweep = time.monotonic()
-                await self.expire_due()
+                try:
+                    await self.expire_due()
+                except Exception:  # the next sweep tries again; the worker goes on
+                    log.exception("applying passed deadlines failed")
             if len(running) >= concurrency:
                 await asyncio.wait(running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED)
             elif wait is not None:
-                waiter = asyncio.ensure_future(wait(None, idle_wait))
+                since = {} if mark is None else {"since": mark}
+                waiter = asyncio.ensure_future(wait(None, idle_wait, **since))
                 stopper = asyncio.ensure_future(stop.wait())
                 await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 for f in (waiter, stopper):
@@ -146,14 +162,28 @@ class Runtime(Answering):
             log.info("stopping: waiting for %d running turn(s)", len(running))
             await asyncio.gather(*running, return_exceptions=True)
 
+    async def _claim(self, owner: str, limit: int) -> list[tuple[str, int]]:
+        """Claim up to `limit` sessions, keeping only leases that are ours and live: a claim that
+        waited long was granted expiring early, and is renewed before it is driven."""
+        now = self.clock()
+        claimed = await self.store.claim(owner, self.lease_ttl, now, limit)
+        return [
+            (session_id, token)
+            for session_id, token in claimed
+            if await self._still_held(session_id, owner, token, now)
+        ]
+
     async def _work_on(self, session_id: str, owner: str, token: int) -> None:
         try:
             result = await self._drive(session_id, claimed=(owner, token))
             log.info("session %s: %s", session_id, result.status)
         except Exception:
-            log.exception("session %s: the turn failed in the worker", session_id)
-            with contextlib.suppress(Exception):
-                await self.store.release_lease(session_id, owner, token)
+            # The lease is kept until it lapses: any worker retries the session after the TTL.
+            log.exception(
+                "session %s: the turn failed in the worker; retried once its lease expires (%.1fs)",
+                session_id,
+                self.lease_ttl,
+            )
 
     async def generate(
         self,

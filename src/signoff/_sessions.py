@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import math
 import os
 import random
 import socket
@@ -23,9 +25,11 @@ from ._deadlines import due_batch
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
+    LeaseLost,
     PartialAnswer,
     SessionBusy,
     SessionExpired,
+    StoreError,
     UnknownSession,
     UsageError,
 )
@@ -36,7 +40,9 @@ from ._sync import SyncBridge
 from ._types import Principal
 from .stores import Resolve, Store, open_store
 
-__all__ = ["SessionRunner", "check_prompt"]
+__all__ = ["SessionRunner", "check_prompt", "positive_seconds"]
+
+log = logging.getLogger("signoff.runtime")
 
 
 def check_prompt(prompt: object) -> None:
@@ -44,6 +50,16 @@ def check_prompt(prompt: object) -> None:
     if not isinstance(prompt, str):
         raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
     check_text(prompt, "the prompt")
+
+
+def positive_seconds(value: object) -> bool:
+    """A finite number above 0 (not a bool): a duration a loop can wait between its rounds."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
 
 
 class _Changed(Exception):
@@ -67,6 +83,10 @@ class SessionRunner:
     ) -> None:
         """`inline=False` leaves running turns to workers (`Runtime.work`, `signoff worker`):
         calls return as soon as what they were given is recorded."""
+        for name, value in (("lease_ttl", lease_ttl), ("poll_interval", poll_interval)):
+            # A lease of 0 s is expired when granted: every worker could claim it at once.
+            if not positive_seconds(value):
+                raise UsageError(f"{name} must be a number of seconds above 0, not {value!r}")
         self.agents: dict[str, Agent] = {}
         for agent in agents:
             if agent.name in self.agents:
@@ -307,6 +327,9 @@ class SessionRunner:
             state = await self.state(session_id)
             busy = runnable(state, retry=retry)
             return self._result(state, outcomes, busy=busy)  # a worker runs it
+        # A worker's drive that fails keeps its lease until it lapses: the session is retried
+        # once per TTL, not claimed again at once by every worker in a loop.
+        keep_on_error = claimed is not None
         for _ in range(100):
             if claimed is not None:
                 (owner, token), claimed = claimed, None
@@ -323,11 +346,21 @@ class SessionRunner:
             renewing.set()
             renew = asyncio.create_task(self._renew(session_id, owner, token, renewing))
             driver: Driver | None = None
+            failed = True
+            lost = False
             try:
                 state = await self._checked(session_id)
                 driver = self._driver(state, token)
                 driver.release_at_end = True
                 state = await driver.drive(retry=retry)
+                failed = False
+            except LeaseLost:
+                # It stalled past its lease and another worker took the turn over: that one
+                # drives it now; this one wrote nothing after losing it (fencing).
+                log.warning(
+                    "session %s: lease %d was taken over; leaving the turn", session_id, token
+                )
+                lost = True
             finally:
                 renewing.clear()  # ends the loop even if the cancel below is swallowed
                 renew.cancel()
@@ -335,10 +368,12 @@ class SessionRunner:
                     await renew
                 if driver is not None:
                     self._remember(driver.state)
-                if driver is None or not driver.released:
+                if (driver is None or not driver.released) and not (failed and keep_on_error):
                     await self.store.release_lease(session_id, owner, token)
             retry = False
             state = await self.state(session_id)
+            if lost:
+                return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
                 return self._result(state, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
@@ -363,21 +398,44 @@ class SessionRunner:
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:
-            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, self.clock())
+            now = self.clock()
+            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
+            if token is not None and not await self._still_held(session_id, owner, token, now):
+                token = None  # born expired, and another owner took it meanwhile
             if token is not None or time.monotonic() >= deadline:
                 return token
             # Jitter: waiters that started together must not all retry in lockstep.
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.2)
 
+    async def _still_held(self, session_id: str, owner: str, token: int, granted: float) -> bool:
+        """Whether a lease granted with the time `granted` is ours and live: one whose grant
+        waited long (for a pool connection, say) expires early, so it is renewed first."""
+        if self.clock() - granted < self.lease_ttl / 3:
+            return True
+        return await self.store.renew_lease(session_id, owner, token, self.lease_ttl, self.clock())
+
     async def _renew(self, session_id: str, owner: str, token: int, go_on: asyncio.Event) -> None:
         # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
         # can swallow a cancellation, so the loop also stops once `go_on` is cleared.
+        pause = self.lease_ttl / 3
         while go_on.is_set():
-            await asyncio.sleep(self.lease_ttl / 3)
+            await asyncio.sleep(pause)
             if not go_on.is_set():
                 return
-            await self.store.renew_lease(session_id, owner, token, self.lease_ttl, self.clock())
+            try:
+                held = await self.store.renew_lease(
+                    session_id, owner, token, self.lease_ttl, self.clock()
+                )
+            except StoreError as exc:
+                # A dropped connection: try again soon, before the lease lapses.
+                log.warning("renewing the lease on session %s failed: %s", session_id, exc)
+                pause = self.lease_ttl / 10
+                continue
+            if not held:
+                log.warning("session %s: lease %d was taken over", session_id, token)
+                return  # fenced: this drive can write nothing more
+            pause = self.lease_ttl / 3
 
     def _result(
         self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False

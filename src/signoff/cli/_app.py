@@ -177,7 +177,12 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
         except AttributeError:
             raise UsageError(f"module {module_name!r} has no attribute {attribute!r}") from None
     if callable(obj) and not isinstance(obj, (Agent, Runtime)):
-        obj = obj()  # a factory: `def make_runtime() -> Runtime`
+        try:
+            obj = obj()  # a factory: `def make_runtime() -> Runtime`
+        except SignoffError:
+            raise
+        except Exception as exc:
+            raise UsageError(f"{target}() failed: {type(exc).__name__}: {exc}") from exc
     if isinstance(obj, Agent):
         return Runtime([obj], store=store)
     if isinstance(obj, Runtime):

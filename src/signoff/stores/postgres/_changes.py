@@ -35,6 +35,9 @@ class Listener:
         self._listener: asyncio.Task[None] | None = None
         self._listening = asyncio.Event()
         self._waiters: dict[str | None, set[asyncio.Future[None]]] = {}
+        # Changes announced so far (and reconnects, which may have missed some): a caller that
+        # read it before its last look at the store waits only if nothing was announced since.
+        self.seen = 0
 
     async def wait(
         self,
@@ -45,9 +48,12 @@ class Listener:
         head: Callable[[str], Awaitable[int | None]],
         subscribe_within: float,
         poll_interval: float,
+        since: int | None = None,
     ) -> bool:
         """`PostgresStore.wait_for_change`, given how to read a session's `head`, how long the
-        first wait lets the listener take to subscribe, and how often to re-check the head."""
+        first wait lets the listener take to subscribe, and how often to re-check the head;
+        with `since` (a `seen` read earlier), it returns at once if anything was announced
+        since then."""
         self._ensure_listener()
         if not self._listening.is_set():
             # The first wait: let the listener subscribe first, so no change slips past it.
@@ -62,6 +68,8 @@ class Listener:
         waiters.add(fut)
         deadline = time.monotonic() + timeout
         try:
+            if since is not None and self.seen != since:
+                return True  # announced while the caller was busy: no wait, nothing missed
             while True:
                 if after is not None and session_id is not None:
                     found = await head(session_id)
@@ -136,12 +144,14 @@ class Listener:
             yield note.payload
 
     def _wake(self, session_id: str) -> None:
+        self.seen += 1
         for key in (session_id, None):
             for fut in self._waiters.get(key, ()):
                 if not fut.done():
                     fut.set_result(None)
 
     def _wake_all(self) -> None:
+        self.seen += 1
         for waiters in self._waiters.values():
             for fut in waiters:
                 if not fut.done():

@@ -342,8 +342,18 @@ class PostgresStore(Reads, Leases):
 
     # -- change notifications -----------------------------------------------------------------
 
+    @property
+    def changes_seen(self) -> int:
+        """How many changes this store has heard announced (a mark for `wait_for_change`)."""
+        return self._changes.seen
+
     async def wait_for_change(
-        self, session_id: str | None, timeout: float, *, after: int | None = None
+        self,
+        session_id: str | None,
+        timeout: float,
+        *,
+        after: int | None = None,
+        since: int | None = None,
     ) -> bool:
         """Wait until a commit to `session_id` (any session if None) is announced, or a lease
         on a session with work left is released.
@@ -351,6 +361,8 @@ class PostgresStore(Reads, Leases):
         Returns True on a change (or a possibly missed one: the listener reconnected), False on
         timeout. Given `after`, it returns at once if the session's head is already past it, and
         re-checks the head every `poll_interval`, so a lost notification only delays a wake-up.
+        Given `since` (`changes_seen` read before the caller last looked), it returns at once if
+        a change was announced in between.
         """
         await self._get_pool()
         return await self._changes.wait(
@@ -360,4 +372,5 @@ class PostgresStore(Reads, Leases):
             head=self.head,
             subscribe_within=min(timeout, self.timeout),
             poll_interval=self.poll_interval,
+            since=since,
         )
