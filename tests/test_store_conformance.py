@@ -866,6 +866,15 @@ async def test_claim_leases_sessions_with_work(store: Store) -> None:
     assert idle not in {sid for sid, _ in await store.claim("w4", 10, T0 + 99, 10)}
 
 
+async def test_claim_takes_only_the_agents_asked_for(store: Store) -> None:
+    sid = await running_session(store, T0)
+    assert await store.claim("w1", 10, T0, 10, agents=[]) == []
+    assert await store.claim("w1", 10, T0, 10, agents=["billing", "other"]) == []
+    assert [s for s, _ in await store.claim("w1", 10, T0, 10, agents=["billing", "support"])] == [
+        sid
+    ]
+
+
 async def test_concurrent_claimers_never_share_a_session(store_url: str) -> None:
     stores = [make_store(store_url) for _ in range(4)]
     for s in stores:

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -323,11 +323,11 @@ async def test_a_worker_outlives_a_store_outage(store_url: str) -> None:
         failures = {"claim": 3, "pending": 2}
         claim, pending = worker.store.claim, worker.store.pending
 
-        async def down_claim(*args: Any) -> list[tuple[str, int]]:
+        async def down_claim(*args: Any, **kwargs: Any) -> list[tuple[str, int]]:
             if failures["claim"]:
                 failures["claim"] -= 1
                 raise so.StoreError("claiming runnable sessions: no connection (test)")
-            return await claim(*args)
+            return await claim(*args, **kwargs)
 
         async def down_pending(*args: Any) -> list[so.InputRequest]:
             if failures["pending"]:
@@ -335,7 +335,7 @@ async def test_a_worker_outlives_a_store_outage(store_url: str) -> None:
                 raise so.StoreError("listing requests: no connection (test)")
             return await pending(*args)
 
-        worker.store.claim = down_claim  # type: ignore[method-assign,assignment]
+        worker.store.claim = down_claim  # type: ignore[method-assign]
         worker.store.pending = down_pending  # type: ignore[method-assign,assignment]
         r = await front.generate("support", prompt="Refund order 1042")
         async with working(worker, sweep_every=0.01):
@@ -361,9 +361,11 @@ async def test_a_claim_that_waited_long_still_holds_a_live_lease(store_url: str)
     ):
         claim = worker.store.claim
 
-        async def stuck(owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
+        async def stuck(
+            owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+        ) -> list[tuple[str, int]]:
             await asyncio.sleep(0.9)  # the `now` it was given is older than the TTL by then
-            return await claim(owner, ttl, now, limit)
+            return await claim(owner, ttl, now, limit, agents)
 
         worker.store.claim = stuck  # type: ignore[method-assign]
         r = await front.generate("support", prompt="Refund order 1042")
@@ -405,17 +407,42 @@ async def test_a_failed_renewal_is_retried_and_does_not_fail_the_turn(store_url:
         assert runs == [f"{sid}:1:call_refund"]
 
 
-async def test_a_session_a_worker_cannot_drive_is_retried_per_lease_not_in_a_loop(
-    store_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A drive that fails every time (here: the worker does not know the session's agent, as in
-    a rolling deploy) keeps its lease until it lapses; released at once, it was claimed again
-    at once, hundreds of times a second on PostgreSQL, whose release wakes every worker."""
+async def test_a_worker_leaves_sessions_of_agents_it_does_not_have(store_url: str) -> None:
+    """A worker claims only sessions of its own agents (as in a rolling deploy, or workers
+    split by agent), so those wait for a worker that can drive them rather than its lease."""
     other = so.Agent(name="other", model=so.models.Scripted([so.ModelResponse(text="x")]))
     async with (
         so.Runtime([refund_agent([])], store=store_url, inline=False) as front,
-        so.Runtime([other], store=store_url, inline=False, lease_ttl=3.0) as worker,
+        so.Runtime([other], store=store_url, inline=False) as stranger,
+        so.Runtime([refund_agent([])], store=store_url, inline=False) as worker,
     ):
+        r = await front.generate("support", prompt="Refund order 1042")
+        head = await front.store.head(r.session_id)
+        async with working(stranger):
+            await asyncio.sleep(0.5)
+            assert await front.store.head(r.session_id) == head  # untouched
+            token = await front.store.acquire_lease(r.session_id, "probe", 10, time.time())
+            assert token is not None  # and not leased by the stranger
+            await front.store.release_lease(r.session_id, "probe", token)
+            async with working(worker):
+                await until(lambda: is_(front, r.session_id, "waiting"))
+
+
+async def test_a_session_a_worker_cannot_drive_is_retried_per_lease_not_in_a_loop(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drive that fails every time (here: a bug in it) keeps its lease until it lapses;
+    released at once, it was claimed again at once, hundreds of times a second on PostgreSQL,
+    whose release wakes every worker."""
+    async with (
+        so.Runtime([refund_agent([])], store=store_url, inline=False) as front,
+        so.Runtime([refund_agent([])], store=store_url, inline=False, lease_ttl=3.0) as worker,
+    ):
+
+        async def broken(session_id: str, **kwargs: Any) -> so.GenerateResult:
+            raise RuntimeError("a bug in the drive (test)")
+
+        worker._drive = broken  # type: ignore[method-assign]
         r = await front.generate("support", prompt="Refund order 1042")
         with caplog.at_level(logging.INFO, logger="signoff.worker"):
             async with working(worker):
@@ -508,8 +535,8 @@ async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_u
         claim = worker.store.claim
         late: list[str] = []
 
-        async def claim_then_commit(*args: Any) -> list[tuple[str, int]]:
-            found = await claim(*args)
+        async def claim_then_commit(*args: Any, **kwargs: Any) -> list[tuple[str, int]]:
+            found = await claim(*args, **kwargs)
             # A session becomes runnable just after the claim looked: at the first claim (the
             # listener is not subscribed yet), and once more when the first one has parked.
             if not late or (len(late) == 1 and await is_(front, late[0], "waiting")):
@@ -517,7 +544,7 @@ async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_u
                 await asyncio.sleep(0.1)  # its NOTIFY arrives before the worker waits again
             return found
 
-        worker.store.claim = claim_then_commit  # type: ignore[method-assign,assignment]
+        worker.store.claim = claim_then_commit  # type: ignore[method-assign]
         stop = asyncio.Event()
         task = asyncio.create_task(worker.work(stop=stop, idle_wait=5.0, sweep_every=60))
         try:

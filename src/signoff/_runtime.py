@@ -166,7 +166,8 @@ class Runtime(Answering):
         """Claim up to `limit` sessions, keeping only leases that are ours and live: a claim that
         waited long was granted expiring early, and is renewed before it is driven."""
         now = self.clock()
-        claimed = await self.store.claim(owner, self.lease_ttl, now, limit)
+        agents = list(self.agents)  # sessions of other agents are left to workers that have them
+        claimed = await self.store.claim(owner, self.lease_ttl, now, limit, agents=agents)
         return [
             (session_id, token)
             for session_id, token in claimed

@@ -187,8 +187,11 @@ class Store(Protocol):
     async def release_lease(self, session_id: str, owner: str, token: int) -> None: ...
 
     async def claim(
-        self, owner: str, ttl: float, now: float, limit: int
-    ) -> list[tuple[str, int]]: ...
+        self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+    ) -> list[tuple[str, int]]:
+        """Lease up to `limit` sessions that have work and no live lease (of `agents` only, if
+        given: a worker leaves others' sessions to workers that can drive them)."""
+        ...
 
     async def sessions(
         self,

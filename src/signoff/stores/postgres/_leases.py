@@ -3,6 +3,8 @@ releases the lease on one; each is one autocommit statement or one short transac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from ..._exceptions import UnknownSession
 from ._connections import Conn, Connections, storable
 
@@ -12,10 +14,16 @@ __all__ = ["Leases"]
 class Leases(Connections):
     """`PostgresStore`'s leases: who works on a session, and the token that proves it."""
 
-    async def claim(self, owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
-        """Lease up to `limit` sessions with work and no live lease, skipping rows another
-        worker is claiming right now (`FOR UPDATE SKIP LOCKED`): `(id, token)` each."""
+    async def claim(
+        self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+    ) -> list[tuple[str, int]]:
+        """Lease up to `limit` sessions with work and no live lease (of `agents` only, if given),
+        skipping rows another worker is claiming right now (`FOR UPDATE SKIP LOCKED`): `(id,
+        token)` each."""
         s = self._s
+        if agents is not None and not agents:
+            return []
+        only = "" if agents is None else "AND s.agent = ANY(%s) "
 
         async def body(conn: Conn) -> list[tuple[str, int]]:
             cur = await conn.execute(
@@ -23,14 +31,14 @@ class Leases(Connections):
                 f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' "
                 "AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < %s) "
-                "ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED) "
+                f"{only}ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED) "
                 f"INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
                 "SELECT sk, %s, 1, %s FROM c ON CONFLICT (sk) DO UPDATE "
                 "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
                 # re-checked on the latest row: an acquire_lease may have won meanwhile
                 "WHERE l.owner = '' OR l.expires_at < %s "
                 f"RETURNING (SELECT x.id FROM {s}.sessions x WHERE x.sk = l.sk), l.token",
-                (now, limit, owner, now + ttl, now),
+                (now, *([] if agents is None else [list(agents)]), limit, owner, now + ttl, now),
             )
             return [(str(i), int(t)) for i, t in await cur.fetchall()]
 

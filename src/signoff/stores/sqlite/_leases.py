@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from collections.abc import Sequence
 
 from ..._exceptions import UnknownSession
 from ._connection import Connection, immediate
@@ -56,16 +57,22 @@ class Leases(Connection):
             )
             return cur.rowcount == 1
 
-    async def claim(self, owner: str, ttl: float, now: float, limit: int) -> list[tuple[str, int]]:
-        """Lease up to `limit` sessions that have work and no live lease: `(id, token)` each."""
+    async def claim(
+        self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+    ) -> list[tuple[str, int]]:
+        """Lease up to `limit` sessions that have work and no live lease (of `agents` only, if
+        given): `(id, token)` each."""
+        if agents is not None and not agents:
+            return []
         conn = self.conn
         claimed: list[tuple[str, int]] = []
+        only = "" if agents is None else f" AND s.agent IN ({','.join('?' * len(agents))})"
         with immediate(conn):
             rows = conn.execute(
                 "SELECT s.sk, s.id, l.token FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
-                "WHERE s.status = 'running' AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < ?) "
-                "ORDER BY s.updated_at LIMIT ?",
-                (now, limit),
+                "WHERE s.status = 'running' AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < ?)"
+                f"{only} ORDER BY s.updated_at LIMIT ?",
+                (now, *(agents or ()), limit),
             ).fetchall()
             for sk, session_id, token in rows:
                 new = 1 if token is None else int(token) + 1
