@@ -419,7 +419,6 @@ def test_errors_are_one_red_line(url: str, args: list[str], error: str) -> None:
 
 
 def test_a_multi_line_error_is_still_one_red_line() -> None:
-    pytest.importorskip("psycopg")
     store = f"postgresql://nobody@127.0.0.1:{_free_port()}/x"  # nothing listens there
     result = invoke("pending", "--store", store)
     assert result.exit_code == 1, result.output
