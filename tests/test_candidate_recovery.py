@@ -11,6 +11,7 @@ from pathlib import Path
 
 import signoff as so
 from tests._candidate_child import make_agent
+from tests.test_workers import is_, until, working
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,6 +47,36 @@ async def test_a_candidate_pending_when_the_process_died_is_evaluated_again(
         assert [e.data["outcome"] for e in events if e.type == "approval.candidate"] == ["pending"]
         assert not (await rt.state(ids["session"])).candidates
     assert len(out.read_text().splitlines()) == 1  # the refund ran once
+
+
+async def test_a_front_that_runs_no_turns_still_evaluates_a_dead_candidate_again(
+    tmp_path: Path,
+) -> None:
+    """With `inline=False` the front records and returns, and a waiting turn is no worker's to
+    claim: touching the session evaluates the dead candidate again there, and a worker then
+    runs the approved call."""
+    db, out = tmp_path / "s.db", tmp_path / "runs"
+    child = subprocess.run(
+        [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    ids = json.loads(child.stdout.splitlines()[0])
+    later = time.time() + 60
+    url = f"sqlite:///{db}"
+    agent = make_agent(str(out))
+    async with (
+        so.Runtime([agent], store=url, clock=lambda: later, inline=False) as front,
+        so.Runtime([agent], store=url, clock=lambda: later, inline=False) as worker,
+    ):
+        r = await front.generate(session_id=ids["session"])
+        assert r.status == "running"  # the approval settled; the call is the worker's to run
+        async with working(worker):
+            await until(lambda: is_(front, ids["session"], "completed"))
+    assert len(out.read_text().splitlines()) == 1
 
 
 async def test_a_candidate_still_within_its_timeout_is_left_to_its_process(

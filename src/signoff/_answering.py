@@ -187,16 +187,13 @@ class Answering(SessionRunner):
             return outcomes
         raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
 
-    async def _drive(self, session_id: str, **kwargs: Any) -> GenerateResult:
-        await self._recover_candidates(session_id)
-        return await super()._drive(session_id, **kwargs)
-
-    async def _recover_candidates(self, session_id: str) -> None:
+    async def _recover(self, state: SessionState) -> bool:
         """Evaluate again the responses whose policy verdict was never recorded: the process
         that recorded them died while the policy ran (a live one has had its timeout)."""
-        state = await self.state(session_id)
         if not state.candidates:
-            return
+            return False
+        session_id = state.id
+        recovered = False
         agent = self.agent(state.agent)
         now = self.clock()
         for cid, c in list(state.candidates.items()):
@@ -215,11 +212,13 @@ class Answering(SessionRunner):
             by = c.get("by")
             principal = None if by is None else Principal.model_validate(by)
             log.info("re-evaluating response %s to request %s", cid, live.request.id)
+            recovered = True
             with contextlib.suppress(AnswerError):
                 wanted = _resolution(live.request, reply, tool)
                 await self._candidate(
                     session_id, live.request, reply, wanted, principal, recovered=cid
                 )
+        return recovered
 
     async def _candidate(
         self,

@@ -325,6 +325,8 @@ class SessionRunner:
             if retry:
                 await self._mark_runnable(session_id)
             state = await self.state(session_id)
+            if await self._recover(state):  # a waiting turn is no worker's to claim
+                state = await self.state(session_id)
             busy = runnable(state, retry=retry)
             return self._result(state, outcomes, busy=busy)  # a worker runs it
         # A worker's drive that fails keeps its lease until it lapses: the session is retried
@@ -350,6 +352,8 @@ class SessionRunner:
             lost = False
             try:
                 state = await self._checked(session_id)
+                if await self._recover(state):  # under the lease, its renewals running
+                    state = await self._checked(session_id)
                 driver = self._driver(state, token)
                 driver.release_at_end = True
                 state = await driver.drive(retry=retry)
@@ -377,6 +381,11 @@ class SessionRunner:
             if not runnable(state):
                 return self._result(state, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
+
+    async def _recover(self, state: SessionState) -> bool:
+        """Finish what a dead process left half done before the turn is driven; True if that
+        recorded something (the state is then read again). Nothing to do at this layer."""
+        return False
 
     async def _mark_runnable(self, session_id: str) -> None:
         """Ask the workers to retry a failed turn: it becomes `running` in the store."""
