@@ -1,6 +1,7 @@
 """Races on one request: 50 asyncio tasks, then 4 processes, answer it at once. Exactly one
 settlement is recorded; every other answer gets the no-op outcome or `ConflictingAnswer`.
-On SQLite (plain, and behind awaits that really yield) and on PostgreSQL.
+On SQLite (plain, and behind awaits that really yield) and on PostgreSQL. Then cancels and
+follow-up messages whose append lands on a turn that moved on since they looked at it.
 """
 
 from __future__ import annotations
@@ -9,14 +10,14 @@ import asyncio
 import dataclasses
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 import signoff as so
 from signoff.stores import Commit, Loaded, StoredRequest
 from signoff.stores.sqlite import SQLiteStore
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import Capture, ExecutionLog, call, call_tools, reply, scripted_agent
 
 from ._procs import Child, make_agent, query, read_executions, spawn, sqlite_url
 
@@ -335,3 +336,151 @@ async def test_a_turn_started_elsewhere_meanwhile_is_not_overrun(tmp_path: Path)
         events = [e async for e in other.events(sid, follow=False)]
         assert [e.type for e in events].count("turn.started") == 1
         assert len(await other.pending()) == 1
+
+
+# -- follow-ups that race the turn: cancels and messages decided on a state that moved on ------
+
+
+class MeanwhileStore(SQLiteStore):
+    """Before its first commit that starts with an event of type `on` goes in, lets another
+    runtime act on the file: the commit then lands on a state its caller did not check."""
+
+    def __init__(self, url: str, on: str, meanwhile: Any) -> None:
+        super().__init__(url)
+        self.on, self.meanwhile = on, meanwhile
+
+    async def commit(self, commit: Commit) -> None:
+        if self.meanwhile is not None and commit.events and commit.events[0].type == self.on:
+            meanwhile, self.meanwhile = self.meanwhile, None
+            await meanwhile()
+        await super().commit(commit)
+
+
+def _refund_then(*steps: Any, log: ExecutionLog | None = None) -> so.Agent:
+    log = log or ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent("a", list(steps), tools=[refund])
+
+
+def _types(events: list[so.Event]) -> list[str]:
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))  # no gap, no duplicate
+    return [e.type for e in events]
+
+
+@pytest.mark.parametrize("store_kind", ["yielding", "postgres"])
+async def test_two_cancels_at_once_both_report_the_cancelled_turn(
+    tmp_path: Path, store_kind: str, race_url: str
+) -> None:
+    """Two runtimes cancel one waiting turn at once: one records it, the other (which lost the
+    append) reports the cancelled turn, as a second cancel after the first would; it used to
+    raise the engine's internal `TurnStopped`."""
+    steps = [call_tools(call("refund", id="c1", order_id="1")), reply("done")]
+
+    def runtime() -> so.Runtime:
+        store = YieldingStore(race_url, []) if store_kind == "yielding" else race_url
+        return so.Runtime([_refund_then(*steps)], store=store)
+
+    async with runtime() as a, runtime() as b:
+        sids = []
+        for _ in range(5):  # several sessions: PostgreSQL's interleaving is not scripted
+            r = await a.generate("a", prompt="refund order 1")
+            assert r.status == "waiting"
+            sids.append(r.session_id)
+        results = await asyncio.gather(*(rt.cancel(s) for s in sids for rt in (a, b)))
+        assert [r.status for r in results] == ["cancelled"] * 10
+        for sid in sids:
+            types = _types([e async for e in a.events(sid, follow=False)])
+            assert types.count("turn.cancelled") == 1
+            assert types.count("input.resolved") == 1
+        assert await a.pending() == []
+
+
+async def test_a_cancel_that_loses_to_the_turns_end_records_nothing(tmp_path: Path) -> None:
+    """The turn completes between a cancel's look and its append: the cancel reports the
+    completed turn and records nothing, as a cancel after the end would; it used to append
+    `turn.cancelled` to the completed turn."""
+    url = sqlite_url(tmp_path)
+    agent = scripted_agent("a", [reply("done")])
+    async with (
+        so.Runtime([agent], store=url, inline=False) as starter,
+        so.Runtime([scripted_agent("a", [reply("done")])], store=url) as driver,
+    ):
+        sid = (await starter.generate("a", prompt="hi")).session_id
+
+        async def finish() -> None:
+            assert (await driver.generate(session_id=sid)).status == "completed"
+
+        store = MeanwhileStore(url, "turn.cancelled", finish)
+        async with so.Runtime([scripted_agent("a", [])], store=store) as canceller:
+            result = await canceller.cancel(sid, reason="stop")
+        assert (result.status, result.text) == ("completed", "done")
+        types = _types([e async for e in starter.events(sid, follow=False)])
+        assert "turn.cancelled" not in types
+        assert types[-2:] == ["turn.completed", "session.waiting"]
+
+
+async def test_a_request_opened_while_cancelling_is_withdrawn_with_the_turn(
+    tmp_path: Path,
+) -> None:
+    """The turn opens an approval between a cancel's look and its append: the cancel withdraws
+    it too. It used to commit the withdrawals it had computed before, leaving that request
+    pending on a cancelled turn (in the queue for good)."""
+    url = sqlite_url(tmp_path)
+    log = ExecutionLog()
+    steps = [call_tools(call("refund", id="c1", order_id="1")), reply("done")]
+    async with so.Runtime([_refund_then(*steps, log=log)], store=url, inline=False) as starter:
+        sid = (await starter.generate("a", prompt="refund order 1")).session_id
+        async with so.Runtime([_refund_then(*steps, log=log)], store=url) as driver:
+
+            async def park() -> None:
+                assert (await driver.generate(session_id=sid)).status == "waiting"
+
+            store = MeanwhileStore(url, "turn.cancelled", park)
+            async with so.Runtime([_refund_then(*steps, log=log)], store=store) as canceller:
+                result = await canceller.cancel(sid)
+        assert (result.status, result.pending) == ("cancelled", [])
+        assert await starter.pending() == []
+        types = _types([e async for e in starter.events(sid, follow=False)])
+        assert types[-3:] == ["input.resolved", "turn.cancelled", "session.waiting"]
+        assert log.count() == 0
+
+
+@pytest.mark.parametrize("policy", ["steer", "queue"])
+async def test_a_message_sent_as_the_turn_ends_starts_the_next_turn(
+    tmp_path: Path, policy: Literal["steer", "queue"]
+) -> None:
+    """A message decided on a running turn (steer it, or queue behind it) lands after that turn
+    completed: it starts the next turn and the model answers it, as if sent after the end. It
+    used to be appended to the completed turn, and the caller got the old turn's answer: the
+    message was never read (steer) or waited for someone else to drive it (queue)."""
+    url = sqlite_url(tmp_path)
+    second = Capture(reply("second answer"))
+
+    def agent() -> so.Agent:
+        return scripted_agent("a", [reply("first answer"), second])
+
+    async with (
+        so.Runtime([agent()], store=url, inline=False) as starter,
+        so.Runtime([agent()], store=url) as driver,
+    ):
+        sid = (await starter.generate("a", prompt="hi")).session_id
+
+        async def finish() -> None:
+            assert (await driver.generate(session_id=sid)).status == "completed"
+
+        store = MeanwhileStore(url, "turn.message", finish)
+        async with so.Runtime([agent()], store=store) as sender:
+            result = await sender.send(sid, "and another thing", turn_policy=policy)
+        assert (result.status, result.text) == ("completed", "second answer")
+        assert [m.text for m in second.last if isinstance(m, so.UserMessage)] == [
+            "hi",
+            "and another thing",
+        ]
+        types = _types([e async for e in starter.events(sid, follow=False)])
+        assert types.count("turn.started") == 2
+        assert "turn.message" not in types

@@ -658,3 +658,62 @@ async def test_a_batch_with_a_mirrored_answer_and_a_bad_one_changes_no_session(
     assert after_all == before
     assert ran == [] and after.calls == 0
     await rt.close()
+
+
+@pytest.mark.parametrize("store_kind", ["yielding", "postgres"])
+async def test_a_losing_answer_through_the_parent_leaves_the_parent_to_go_on(
+    store_kind: str, race_store: str
+) -> None:
+    """The parent's mirror is answered (approve) while the child's request is answered
+    directly (deny) at once, from two runtimes: the child's answer wins, the parent's gets
+    `ConflictingAnswer`, and the parent's turn goes on to the end with the child's result. The
+    losing answer used to close the mirror after the child's drive had looked for it, so nobody
+    drove the parent: its turn stayed running with the delegate call open."""
+    from .test_concurrency import YieldingStore
+
+    url = race_store
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund was refused.")
+
+    def runtime() -> so.Runtime:
+        store = YieldingStore(url, []) if store_kind == "yielding" else url
+        return so.Runtime(list(refund_agents(ran, after)), store=store)
+
+    async with runtime() as a, runtime() as b:
+        for _ in range(3):  # a few rounds: PostgreSQL's interleaving is not scripted
+            r = await a.generate("support", prompt="Refund order 1042", auth=ALICE)
+            [mirror] = r.pending
+            assert mirror.child is not None
+            results = await asyncio.gather(
+                a.respond(
+                    r.session_id,
+                    [so.InputResponse(request_id=mirror.id, option_id="approve")],
+                    principal=ALICE,
+                ),
+                b.respond(
+                    mirror.child.session_id,
+                    [so.InputResponse(request_id=mirror.child.request_id, option_id="cancel")],
+                    principal=ALICE,
+                ),
+                return_exceptions=True,
+            )
+            refused = [x for x in results if isinstance(x, BaseException)]
+            assert len(refused) == 1 and isinstance(refused[0], so.ConflictingAnswer), results
+            parent = await a.state(r.session_id)
+            child = await a.state(mirror.child.session_id)
+            assert parent.turn is not None and child.turn is not None
+            assert (child.turn.status, parent.turn.status) == ("completed", "completed")
+            assert await a.pending() == []
+            for sid in (r.session_id, mirror.child.session_id):
+                seqs = [e.seq for e in await events(a, sid)]
+                assert seqs == list(range(1, len(seqs) + 1))
+    # Whichever answer won ran the refund at most once, and the parent's model read it once.
+    assert len(ran) <= 3 and after.calls == 3
+
+
+@pytest.fixture
+def race_store(request: pytest.FixtureRequest, tmp_path: Path, store_kind: str) -> str:
+    """A SQLite file (behind awaits that yield, in the test) or a fresh PostgreSQL database."""
+    if store_kind == "postgres":
+        return str(request.getfixturevalue("pg_store_url"))
+    return f"sqlite:///{tmp_path / 'state.db'}"

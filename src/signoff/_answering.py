@@ -28,10 +28,10 @@ from ._exceptions import (
     UnknownRequest,
     UsageError,
 )
-from ._recording import Batch, EventSpec, new_id, runnable
+from ._recording import Batch, EventSpec, TurnStopped, new_id, runnable
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import GenerateResult, Outcome
-from ._sessions import SessionRunner
+from ._sessions import SessionRunner, _Changed, unchanged
 from ._state import SessionState
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
@@ -416,8 +416,11 @@ class Answering(SessionRunner):
                     driver = self._driver(state, None)
                     try:
                         await driver.record(
-                            [("turn.message", {**data, "queued": True})], turn_id=turn.id
+                            unchanged(state, [("turn.message", {**data, "queued": True})]),
+                            turn_id=turn.id,
                         )
+                    except _Changed:
+                        continue  # a turn started or ended meanwhile: decide again
                     except Exception:
                         self._cache.pop(session_id, None)
                         raise
@@ -445,13 +448,20 @@ class Answering(SessionRunner):
                 data = {"message": message, "principal": who, "policy": turn_policy}
                 driver = self._driver(state, None)
                 try:
-                    await driver.record([("turn.message", {**data, "queued": True})])
+                    await driver.record(
+                        unchanged(state, [("turn.message", {**data, "queued": True})])
+                    )
+                except (_Changed, TurnStopped):
+                    continue  # the turn ended or its requests changed meanwhile: decide again
                 except Exception:
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(driver.state)
                 return self._result(driver.state)
-            return await self._steer(state, message, who)
+            try:
+                return await self._steer(state, message, who)
+            except (_Changed, TurnStopped):
+                continue  # the turn ended or its requests changed meanwhile: decide again
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
 
     async def _steer(
@@ -484,14 +494,14 @@ class Answering(SessionRunner):
                 )
             )
         specs.append(("turn.message", {"message": message, "principal": who, "policy": "steer"}))
-        # The calls the turn waits on see it (the engine clears it once the model reads).
-        self._aborts.setdefault(state.id, asyncio.Event()).set()
         driver = self._driver(state, None)
         try:
-            await driver.record(specs, resolve=resolves, durable=bool(resolves))
+            await driver.record(unchanged(state, specs, resolves), durable=bool(resolves))
         except Exception:
             self._cache.pop(state.id, None)
             raise
+        # The calls the turn waits on see it (the engine clears it once the model reads).
+        self._aborts.setdefault(state.id, asyncio.Event()).set()
         self._remember(driver.state)
         return await self._drive(state.id)
 

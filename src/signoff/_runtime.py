@@ -31,6 +31,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
+from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._sessions import check_prompt, positive_seconds
 from ._state import SessionState
@@ -42,6 +43,33 @@ __all__ = ["Runtime"]
 
 log = logging.getLogger("signoff.worker")
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
+
+
+def _cancel_specs(
+    pending: Sequence[InputRequest], reason: str | None, by: dict[str, Any] | None
+) -> list[Any]:
+    """What cancelling a turn records: its open requests withdrawn, then the cancellation."""
+    specs: list[Any] = [
+        (
+            "input.resolved",
+            {
+                "request_id": r.id,
+                "outcome": "cancelled",
+                "status": "withdrawn",
+                "reason": "turn cancelled",
+                "by": by,
+            },
+        )
+        for r in pending
+    ]
+    return [*specs, ("turn.cancelled", {"reason": reason, "by": by}), ("session.waiting", {})]
+
+
+def _withdraw(request_id: str, by: dict[str, Any] | None) -> Resolve:
+    resolution = {"outcome": "cancelled", "reason": "turn cancelled", "by": by}
+    return Resolve(
+        request_id=request_id, status="withdrawn", outcome="cancelled", resolution=resolution
+    )
 
 
 def _check_page(limit: object, offset: object) -> None:
@@ -344,55 +372,43 @@ class Runtime(Answering):
         if principal is not None and not isinstance(principal, Principal):
             raise UsageError(f"principal must be a so.Principal, not {type(principal).__name__}")
         by = None if principal is None else principal.model_dump()
+        ended = ("completed", "cancelled", "failed")
         for _ in range(20):
             state = await self.state(session_id)
             turn = state.turn
-            if turn is None or turn.status in ("completed", "cancelled", "failed"):
+            if turn is None or turn.status in ended:
                 return self._result(state)
             abort = self._aborts.get(session_id)
             if abort is not None:
                 abort.set()
-            pending = state.pending_requests()
-            specs: list[Any] = [
-                (
-                    "input.resolved",
-                    {
-                        "request_id": r.id,
-                        "outcome": "cancelled",
-                        "status": "withdrawn",
-                        "reason": "turn cancelled",
-                        "by": by,
-                    },
+            withdrawn: list[InputRequest] = []
+
+            def build(
+                current: SessionState, tid: str = turn.id, withdrawn: list[InputRequest] = withdrawn
+            ) -> Batch:
+                # Built from the state it is committed on: after a concurrent append the turn
+                # may have ended (nothing to cancel) or opened other requests (withdrawn too).
+                now = current.turn
+                if now is None or now.id != tid or now.status in ended:
+                    return Batch(specs=[])
+                withdrawn[:] = current.pending_requests()
+                return Batch(
+                    specs=_cancel_specs(withdrawn, reason, by),
+                    resolve=[_withdraw(r.id, by) for r in withdrawn],
                 )
-                for r in pending
-            ]
-            specs.append(("turn.cancelled", {"reason": reason, "by": by}))
-            specs.append(("session.waiting", {}))
+
             driver = self._driver(state, None)
             try:
-                await driver.record(
-                    specs,
-                    durable=True,
-                    resolve=[
-                        Resolve(
-                            request_id=r.id,
-                            status="withdrawn",
-                            outcome="cancelled",
-                            resolution={
-                                "outcome": "cancelled",
-                                "reason": "turn cancelled",
-                                "by": by,
-                            },
-                        )
-                        for r in pending
-                    ],
-                )
-            except RequestClosed:
+                recorded = await driver.record(build, durable=True)
+            except (RequestClosed, TurnStopped):
+                self._cache.pop(session_id, None)
+                continue
+            if not recorded:  # the turn ended meanwhile: report it as it is now
                 self._cache.pop(session_id, None)
                 continue
             self._remember(driver.state)
             self._aborts.pop(session_id, None)
-            for child in _subagents.children(pending):  # subagents waiting under this turn
+            for child in _subagents.children(withdrawn):  # subagents waiting under this turn
                 with contextlib.suppress(UnknownSession):
                     await self.cancel(child, reason, principal=principal)
             return self._result(driver.state)

@@ -40,7 +40,9 @@ from ._sync import SyncBridge
 from ._types import Principal
 from .stores import Resolve, Store, open_store
 
-__all__ = ["SessionRunner", "check_prompt", "positive_seconds"]
+__all__ = ["SessionRunner", "check_prompt", "positive_seconds", "unchanged"]
+
+_ENDED = ("completed", "failed", "cancelled")
 
 log = logging.getLogger("signoff.runtime")
 
@@ -64,6 +66,32 @@ def positive_seconds(value: object) -> bool:
 
 class _Changed(Exception):
     """Internal: the session moved on between the checks that start a turn and its append."""
+
+
+def unchanged(
+    checked: SessionState, specs: Sequence[EventSpec], resolve: Sequence[Resolve] = ()
+) -> Callable[[SessionState], Batch]:
+    """`specs` for `Driver.record`, refused (`_Changed`) when the state they are committed on
+    differs from the `checked` one in what decided them: the turn, whether it ended, and its
+    open requests. A message decided on a running turn must not land after it ended."""
+    turn = checked.turn
+    pending = [r.id for r in checked.pending_requests()]
+
+    def build(current: SessionState) -> Batch:
+        now = current.turn
+        if (
+            (now is None) != (turn is None)
+            or (
+                now is not None
+                and turn is not None
+                and (now.id, now.status in _ENDED) != (turn.id, turn.status in _ENDED)
+            )
+            or [r.id for r in current.pending_requests()] != pending
+        ):
+            raise _Changed
+        return Batch(specs=specs, resolve=resolve)
+
+    return build
 
 
 class SessionRunner:

@@ -222,13 +222,20 @@ async def after_drive(rt: Runtime, session_id: str) -> None:
     if state is None or state.parent is None or session_id in _delegating.get():
         return
     parent = await rt.state(state.parent)
+    turn = parent.turn
+    # Mirrors closed already count too: an answer through the parent that lost to one given
+    # here closes the mirror and raises, leaving the parent's turn for this drive to go on.
     mirrors = [
-        r
-        for r in parent.pending_requests()
-        if r.child is not None and r.child.session_id == session_id
+        live
+        for live in parent.requests.values()
+        if live.request.child is not None
+        and live.request.child.session_id == session_id
+        and turn is not None
+        and live.request.turn_id == turn.id
     ]
-    for mirror in mirrors:
-        await _close_mirror(rt, parent.id, mirror)
+    for live in mirrors:
+        if live.status == "pending":
+            await _close_mirror(rt, parent.id, live.request)
     if mirrors and runnable(await rt.state(parent.id)):
         await rt._drive(parent.id)
 
