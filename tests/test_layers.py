@@ -25,6 +25,7 @@ LAYERS: list[set[str]] = [
     {"_engine"},
     {"_sessions"},
     {"_answering"},
+    {"_messages"},
     {"_runtime", "_client"},
     {"__init__"},
     {"channels"},

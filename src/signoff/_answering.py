@@ -6,14 +6,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 
 from . import _subagents
 from ._answers import Reply as _Reply
-from ._answers import check_text as _check_text
-from ._answers import match as _match
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
@@ -24,14 +22,12 @@ from ._exceptions import (
     NotAllowed,
     PartialAnswer,
     RequestClosed,
-    SessionBusy,
     UnknownRequest,
-    UsageError,
 )
-from ._recording import Batch, EventSpec, TurnStopped, new_id, runnable
+from ._recording import Batch, EventSpec, new_id, runnable
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import GenerateResult, Outcome
-from ._sessions import SessionRunner, _Changed, unchanged
+from ._sessions import SessionRunner
 from ._state import SessionState
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
@@ -382,128 +378,6 @@ class Answering(SessionRunner):
         if refused:
             raise refused[-1]
         return outcome[-1]
-
-    async def send(
-        self,
-        session_id: str,
-        message: str,
-        *,
-        principal: Principal | None = None,
-        turn_policy: Literal["steer", "queue"] = "steer",
-    ) -> GenerateResult:
-        """Send a message to a session (eve style).
-
-        It answers the first open request when it names one of its options (id, label or
-        1-based index) or the request takes free text. Otherwise, with `steer` (the default),
-        open approvals are ignored, open questions withdrawn and the model reads the message;
-        with `queue` it waits for the end of the turn, unless the turn is held on an approval.
-        A message from someone other than the person the turn serves waits for the turn's end.
-        """
-        await self.open()
-        if not isinstance(message, str) or not message.strip():
-            raise UsageError("send() needs a non-empty message")
-        _check_text(message, "the message")
-        if turn_policy not in ("steer", "queue"):
-            raise UsageError(f"turn_policy must be 'steer' or 'queue', not {turn_policy!r}")
-        for _ in range(20):
-            state = await self._checked(session_id)
-            turn = state.turn
-            if turn is None or turn.status in ("completed", "failed", "cancelled"):
-                if state.queued and turn is not None and turn.status != "failed":
-                    # Messages that waited for the turn's end go first: this one queues too.
-                    who = None if principal is None else principal.model_dump()
-                    data = {"message": message, "principal": who, "policy": turn_policy}
-                    driver = self._driver(state, None)
-                    try:
-                        await driver.record(
-                            unchanged(state, [("turn.message", {**data, "queued": True})]),
-                            turn_id=turn.id,
-                        )
-                    except _Changed:
-                        continue  # a turn started or ended meanwhile: decide again
-                    except Exception:
-                        self._cache.pop(session_id, None)
-                        raise
-                    self._remember(driver.state)
-                    return await self._drive(session_id)
-                await self._start_turn(session_id, message, principal)
-                return await self._drive(session_id)
-            pending = state.pending_requests()
-            serves = turn.principal
-            same_person = serves is None or (principal is not None and principal.same_as(serves))
-            if pending:
-                first = sorted(pending, key=lambda r: r.kind != "session-limit")[0]
-                reply = _match(first, message)
-                if reply is not None and (same_person or self._may_answer(first, principal)):
-                    try:
-                        outcomes = await self._settle(
-                            session_id, [reply], principal, require_all=False
-                        )
-                    except RequestClosed:
-                        continue
-                    return await self._drive(session_id, outcomes=outcomes)
-            held_on_approval = any(r.kind == "tool-approval" for r in pending)
-            who = None if principal is None else principal.model_dump()
-            if not same_person or (turn_policy == "queue" and not held_on_approval):
-                data = {"message": message, "principal": who, "policy": turn_policy}
-                driver = self._driver(state, None)
-                try:
-                    await driver.record(
-                        unchanged(state, [("turn.message", {**data, "queued": True})])
-                    )
-                except (_Changed, TurnStopped):
-                    continue  # the turn ended or its requests changed meanwhile: decide again
-                except Exception:
-                    self._cache.pop(session_id, None)
-                    raise
-                self._remember(driver.state)
-                return self._result(driver.state)
-            try:
-                return await self._steer(state, message, who)
-            except (_Changed, TurnStopped):
-                continue  # the turn ended or its requests changed meanwhile: decide again
-        raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
-
-    async def _steer(
-        self, state: SessionState, message: str, who: dict[str, Any] | None
-    ) -> GenerateResult:
-        """Withdraw what the turn waits on and put the message in front of the model."""
-        pending = state.pending_requests()
-        specs: list[Any] = []
-        resolves = []
-        for r in pending:
-            outcome = "ignored" if r.kind == "tool-approval" else "cancelled"
-            reason = "the user sent a new message instead of answering"
-            specs.append(
-                (
-                    "input.resolved",
-                    {
-                        "request_id": r.id,
-                        "outcome": outcome,
-                        "status": "withdrawn",
-                        "reason": reason,
-                    },
-                )
-            )
-            resolves.append(
-                Resolve(
-                    request_id=r.id,
-                    status="withdrawn",
-                    outcome=outcome,
-                    resolution={"outcome": outcome, "reason": reason},
-                )
-            )
-        specs.append(("turn.message", {"message": message, "principal": who, "policy": "steer"}))
-        driver = self._driver(state, None)
-        try:
-            await driver.record(unchanged(state, specs, resolves), durable=bool(resolves))
-        except Exception:
-            self._cache.pop(state.id, None)
-            raise
-        # The calls the turn waits on see it (the engine clears it once the model reads).
-        self._aborts.setdefault(state.id, asyncio.Event()).set()
-        self._remember(driver.state)
-        return await self._drive(state.id)
 
     async def _check_edit(
         self, state: SessionState, tool: Tool, request: InputRequest, edited: dict[str, Any]

@@ -15,7 +15,6 @@ from typing import IO, Any
 
 from . import _audit_trail as _audit
 from . import _subagents
-from ._answering import Answering
 from ._answers import Reply as _Reply
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
@@ -31,6 +30,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
+from ._messages import Messages
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._sessions import check_prompt, positive_seconds
@@ -79,7 +79,7 @@ def _check_page(limit: object, offset: object) -> None:
             raise UsageError(f"{name} must be a whole number from 0, not {value!r}")
 
 
-class Runtime(Answering):
+class Runtime(Messages):
     """Runs agents' turns against a store; every call has a `*_sync` twin but `work`, a worker's
     loop (and `open`, which the first call does)."""
 
