@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import signoff as so
-from signoff.server import DevAuth, TokenAuth, create_app
+from signoff.server import DevAuth, TokenAuth, create_app, default_access
 
 from .test_server_common import (
     TOKENS,
@@ -468,6 +468,26 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not both"):
         create_app(runtime, auth=TokenAuth(TOKENS), dev=True)
     assert DevAuth().principal.principal_id == "dev"
+
+
+def test_default_access_is_the_initiator_the_same_tenant_or_an_admin() -> None:
+    """Two callers without a tenant are not one tenant, and only `admin: true` (the boolean)
+    makes an admin: a string such as "false" in a token's attributes must not."""
+
+    def who(pid: str, **attributes: object) -> so.Principal:
+        return so.Principal(authenticator="token", principal_id=pid, attributes=attributes)
+
+    carol, dave = who("carol"), who("dave")
+    assert default_access(carol, carol)
+    assert not default_access(dave, carol)  # neither has a tenant: not the same one
+    assert default_access(who("e", tenant="acme"), who("f", tenant="acme"))
+    assert not default_access(who("e", tenant="acme"), who("f", tenant="evil"))
+    assert not default_access(who("e", tenant="acme"), carol)
+    assert default_access(carol, None) and not default_access(who("e", tenant="acme"), None)
+    assert default_access(who("root", admin=True), carol)
+    for not_admin in ("false", "yes", 1, ["true"]):
+        assert not default_access(who("mallory", admin=not_admin), carol), not_admin
+        assert not default_access(who("mallory", admin=not_admin, tenant="x"), None), not_admin
 
 
 async def test_dev_mode_refuses_requests_addressed_to_another_name(tmp_path: Path) -> None:
