@@ -6,11 +6,14 @@ import io
 import json
 import sqlite3
 from pathlib import Path
+from typing import cast
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import signoff as so
-from signoff.stores._audit import AuditRow
-from signoff.stores._codec import pack, unpack_event
+from signoff._audit_trail import verify as verify_trail
+from signoff.stores import Store
+from signoff.stores._audit import AuditEntry, AuditRow, chain_hash
+from signoff.stores._codec import pack, pack_bytes, unpack_event
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._procs import query
@@ -242,6 +245,71 @@ async def test_entries_removed_from_the_end_of_a_session_chain_are_named(store_u
         alter(store_url, "DELETE FROM {t}audit WHERE seq IS NOT NULL")
         problems = await rt2.verify_audit(sid)
         assert [(p.stream, p.n) for p in problems] == [(sid, 1)]
+
+
+async def test_a_rewritten_last_entry_is_named_by_the_head_its_session_keeps(
+    store_url: str,
+) -> None:
+    """The last event rewritten with its trail entry's hash recomputed leaves a chain that
+    checks out link by link: only the chain head the session row keeps tells it apart."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        last = (await rt.audit(sid))[-1]
+    assert last.seq is not None
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    forged = {**last.data, "forged": True}
+    digest = chain_hash(
+        last.prev, stream=sid, n=last.n, type=last.type, at=last.at, seq=last.seq, data=forged
+    )
+    alter(
+        store_url,
+        "UPDATE {t}events SET data={p} WHERE sk={p} AND seq={p}",
+        pack_bytes(forged),
+        sk,
+        last.seq,
+    )
+    alter(store_url, "UPDATE {t}audit SET hash={p} WHERE id={p}", bytes.fromhex(digest), last.id)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        assert (await rt2.audit(sid))[-1].data == forged  # the forgery reads back as written
+        for problems in (await rt2.verify_audit(sid), await rt2.verify_audit()):
+            assert [(p.id, p.stream, p.n, p.reason) for p in problems] == [
+                (last.id, sid, last.n + 1, "the chain does not end with the hash its session keeps")
+            ]
+
+
+async def test_an_entry_naming_another_predecessor_is_named() -> None:
+    """A store that reports an entry's `prev` other than the hash of the entry before it (a
+    link moved or rewritten) is told so, even when the entry's own hash checks out."""
+
+    def entry(n: int, prev: str | None, hashed_on: str | None) -> AuditEntry:
+        digest = chain_hash(hashed_on, stream="s", n=n, type="turn.started", at=1.0, seq=n, data={})
+        return AuditEntry(
+            id=n,
+            stream="s",
+            n=n,
+            type="turn.started",
+            at=1.0,
+            seq=n,
+            data={},
+            prev=prev,
+            hash=digest,
+        )
+
+    first = entry(1, None, None)
+    second = entry(2, "00" * 32, first.hash)  # hashed on the true predecessor, names another
+
+    class Listed:
+        async def audit(
+            self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+        ) -> list[AuditEntry]:
+            return [e for e in (first, second) if e.id > after_id][:limit]
+
+        async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str]]:
+            return {"s": (2, second.hash)}
+
+    problems = await verify_trail(cast(Store, Listed()))
+    assert [(p.id, p.n, p.reason) for p in problems] == [(2, 2, "previous hash differs")]
 
 
 async def test_runtimes_opening_at_once_record_a_tool_setting_once(store_url: str) -> None:

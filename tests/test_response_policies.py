@@ -343,6 +343,35 @@ async def test_the_generate_path_runs_the_response_policy_too(tmp_path: Path) ->
         assert lines(await events_of(rt, sid, head)) == [*REFUSED, *CANDIDATE_THEN_RAN]
 
 
+class AllowList(list[str]):
+    """A response policy that is also a list: empty, it is falsy, and lets no one approve."""
+
+    def __call__(self, ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        if who is not None and who.principal_id in self:
+            return so.Allowed()
+        return so.Rejected("not on the allow-list")
+
+
+async def test_a_response_policy_that_is_falsy_still_decides(tmp_path: Path) -> None:
+    """A policy object is a policy however it converts to bool: an empty allow-list must not
+    fall back to the default rule, under which the requester alone settles their own call."""
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=AllowList())
+    async with sqlite_runtime(tmp_path, refund_agent(log, spec)) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=ALICE
+        )
+        assert r.outcomes[0].outcome == "rejected" and r.status == "waiting"
+        r = await rt.generate(
+            session_id=sid, approvals=[so.Decision(id=req.id, approved=True)], auth=ALICE
+        )
+        assert r.outcomes[0].outcome == "rejected" and r.status == "waiting"
+        assert lines(await events_of(rt, sid, head)) == [*REFUSED, *REFUSED]
+        assert log.executions == []
+
+
 # -- the seed's examples ------------------------------------------------------------------------
 
 SLACK_APPROVERS = ["slack:T012AB3CD:U045EF6GH", "slack:T012AB3CD:U078JK9LM"]

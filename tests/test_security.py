@@ -20,12 +20,15 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.responses import PlainTextResponse
+from starlette.types import Receive, Scope, Send
 
 import signoff as so
 from signoff import RemoteError
 from signoff._client import AsyncClient
 from signoff.server import TokenAuth, create_app
 from signoff.server._app import MAX_BODY_SIZE
+from signoff.server._limits import BodyLimit
 from signoff.testing import ManualClock
 
 from .test_server_common import ALICE, BOB, MALLORY, TOKENS, _echo, auth, make_agents
@@ -702,6 +705,24 @@ async def test_the_body_limit_is_configurable(world: World) -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="max_body_size"):
             create_app(world.rt, auth=TokenAuth(TOKENS), max_body_size=bad)  # type: ignore[arg-type]
+
+
+async def test_a_declared_length_over_the_limit_is_refused_before_the_app_runs() -> None:
+    """A `Content-Length` one byte over the limit is refused up front, even on a route that
+    would never read the body; one at the limit reaches the app."""
+    reached: list[int] = []
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        reached.append(1)  # answers without reading the body
+        await PlainTextResponse("ok")(scope, receive, send)
+
+    transport = httpx.ASGITransport(app=BodyLimit(app, max_bytes=100))
+    async with httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as c:
+        r = await c.post("/", content=b"x" * 101)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+        assert reached == []
+        r = await c.post("/", content=b"x" * 100)
+        assert r.status_code == 200 and reached == [1]
 
 
 async def test_a_body_under_the_limit_is_accepted(served: Served) -> None:

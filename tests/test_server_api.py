@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 import signoff as so
-from signoff.server import DevAuth, TokenAuth, create_app
+from signoff.server import DevAuth, TokenAuth, create_app, default_access
 
 from .test_server_common import (
     TOKENS,
@@ -470,6 +470,36 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
     assert DevAuth().principal.principal_id == "dev"
 
 
+def test_only_the_bearer_scheme_carries_an_api_token(base: str) -> None:
+    """A token under another scheme (`Basic`, `Token`) or bare is not a bearer token: 401.
+    The scheme's name is case-insensitive (RFC 9110)."""
+    for header in ("Basic alice-token", "Token alice-token", "alice-token", "Bearer"):
+        r = httpx.get(f"{base}/v1/requests", headers={"Authorization": header}, timeout=10)
+        assert r.status_code == 401, header
+    r = httpx.get(f"{base}/v1/requests", headers={"Authorization": "bearer alice-token"})
+    assert r.status_code == 200, r.text
+
+
+def test_default_access_is_the_initiator_the_same_tenant_or_an_admin() -> None:
+    """Two callers without a tenant are not one tenant, and only `admin: true` (the boolean)
+    makes an admin: a string such as "false" in a token's attributes must not."""
+
+    def who(pid: str, **attributes: object) -> so.Principal:
+        return so.Principal(authenticator="token", principal_id=pid, attributes=attributes)
+
+    carol, dave = who("carol"), who("dave")
+    assert default_access(carol, carol)
+    assert not default_access(dave, carol)  # neither has a tenant: not the same one
+    assert default_access(who("e", tenant="acme"), who("f", tenant="acme"))
+    assert not default_access(who("e", tenant="acme"), who("f", tenant="evil"))
+    assert not default_access(who("e", tenant="acme"), carol)
+    assert default_access(carol, None) and not default_access(who("e", tenant="acme"), None)
+    assert default_access(who("root", admin=True), carol)
+    for not_admin in ("false", "yes", 1, ["true"]):
+        assert not default_access(who("mallory", admin=not_admin), carol), not_admin
+        assert not default_access(who("mallory", admin=not_admin, tenant="x"), None), not_admin
+
+
 async def test_dev_mode_refuses_requests_addressed_to_another_name(tmp_path: Path) -> None:
     """DNS rebinding: a page of another site, resolved to 127.0.0.1, reaches the dev server from
     a browser on this machine with its own name in `Host`; it must not act as the dev admin."""
@@ -481,6 +511,7 @@ async def test_dev_mode_refuses_requests_addressed_to_another_name(tmp_path: Pat
             ("http://attacker.example:8000", 401),
             ("http://127.0.0.1.attacker.example", 401),
             ("http://localhost.attacker.example:8000", 401),
+            ("http://evillocalhost:8000", 401),  # a name ending in "localhost", not ".localhost"
             ("http://10.0.0.5:8000", 401),
             ("http://localhost:8000", 200),
             ("http://LOCALHOST", 200),

@@ -24,7 +24,7 @@ import pytest
 from aiohttp import web
 
 import signoff as so
-from signoff.channels import ChannelHub
+from signoff.channels import ChannelHub, InvalidSignature
 from signoff.channels.slack import SlackChannel, slack_principal
 from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
@@ -393,6 +393,35 @@ async def test_only_a_validly_signed_fresh_interaction_acts(
             assert [e.type for e in events].count(
                 "approval.candidate"
             ) == 1  # one answer reached the policy
+
+
+async def test_verify_refuses_replays_while_fresh_bad_timestamps_and_missing_headers(
+    slack_api: FakeSlack,
+) -> None:
+    """A signed request seen once stays refused until its timestamp is too old anyway: a replay
+    a minute later, inside the five minutes a fresh timestamp allows, must not act again. Each
+    refusal says why: the timestamp (past or future), a replay, a missing header."""
+    now = [1_800_000_000.0]
+    slack = channel(slack_api, clock=lambda: now[0])
+    body = click({"action_id": "signoff.approve", "block_id": "signoff:r", "value": "r"})
+    headers = sign(body, int(now[0]))
+    slack.verify(body, headers)
+    for later in (1, 60, 299):
+        now[0] = 1_800_000_000.0 + later
+        with pytest.raises(InvalidSignature, match="replay"):
+            slack.verify(body, headers)
+    now[0] = 1_800_000_000.0 + 302  # too old now: refused for its age
+    with pytest.raises(InvalidSignature, match="more than five minutes"):
+        slack.verify(body, headers)
+    # and one dated in the future is refused for its timestamp too, not as a bad signature
+    with pytest.raises(InvalidSignature, match="more than five minutes"):
+        slack.verify(body, sign(body, int(now[0]) + 360))
+    # and one missing either header is refused as unsigned (not a TypeError, a 500)
+    fresh = sign(body, int(now[0]))
+    for missing in ("X-Slack-Request-Timestamp", "X-Slack-Signature"):
+        partial = {k: v for k, v in fresh.items() if k != missing}
+        with pytest.raises(InvalidSignature, match="missing"):
+            slack.verify(body, partial)
 
 
 async def test_deny_opens_a_reason_modal_and_the_reason_is_recorded(

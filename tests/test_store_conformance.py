@@ -431,6 +431,7 @@ async def test_leases_and_fencing(store: Store) -> None:
     assert await store.acquire_lease(sid, "w2", 10, T0 + 5) is None  # held
     assert await store.renew_lease(sid, "w1", t1, 10, T0 + 9)
     assert await store.acquire_lease(sid, "w2", 10, T0 + 15) is None  # renewed until T0+19
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 18.5) is None  # held to its end
     assert not await store.renew_lease(sid, "w2", t1, 10, T0 + 15)  # not the owner
     assert not await store.renew_lease(sid, "w1", t1 + 1, 10, T0 + 15)  # not the token
     # A lease commit goes through; then the lease expires and w2 takes over with a new token.

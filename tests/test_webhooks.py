@@ -204,6 +204,9 @@ def test_verify_webhook_rejects_what_it_should() -> None:
         verify_webhook(SECRET, good, body + b" ", now=stamp)
     with pytest.raises(InvalidSignature, match="missing"):
         verify_webhook(SECRET, {"Signoff-Timestamp": str(stamp)}, body, now=stamp)
+    with pytest.raises(InvalidSignature, match="missing"):
+        signed_only = {"Signoff-Signature": good["Signoff-Signature"]}
+        verify_webhook(SECRET, signed_only, body, now=stamp)
     with pytest.raises(InvalidSignature, match="not a Unix timestamp"):
         verify_webhook(SECRET, {**good, "Signoff-Timestamp": "yesterday"}, body, now=stamp)
     with pytest.raises(InvalidSignature, match="more than 300s off"):  # too large for a float

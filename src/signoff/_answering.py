@@ -136,7 +136,7 @@ class Answering(SessionRunner):
                 if wanted.get("edited_input") is not None and tool is not None:
                     await self._check_edit(state, tool, request, wanted["edited_input"])
                 if request.kind == "tool-approval" and (
-                    request.approvers > 1 or (tool is not None and tool.response_policy)
+                    request.approvers > 1 or (tool is not None and tool.response_policy is not None)
                 ):
                     gated.append((request, reply, wanted))
                     continue
