@@ -16,9 +16,9 @@ from tests.test_workers import is_, until, working
 ROOT = Path(__file__).resolve().parent.parent
 
 
-async def test_a_candidate_pending_when_the_process_died_is_evaluated_again(
-    tmp_path: Path,
-) -> None:
+def died_deciding(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """A child process records a response and is killed while its policy runs: the store file,
+    the file the refund tool writes to, and the ids the child printed."""
     db, out = tmp_path / "s.db", tmp_path / "runs"
     child = subprocess.run(
         [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die"],
@@ -28,7 +28,14 @@ async def test_a_candidate_pending_when_the_process_died_is_evaluated_again(
         timeout=60,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
-    ids = json.loads(child.stdout.splitlines()[0])
+    ids: dict[str, str] = json.loads(child.stdout.splitlines()[0])
+    return db, out, ids
+
+
+async def test_a_candidate_pending_when_the_process_died_is_evaluated_again(
+    tmp_path: Path,
+) -> None:
+    db, out, ids = died_deciding(tmp_path)
     later = time.time() + 60  # well past the policy's timeout: nobody is still deciding
     async with so.Runtime(
         [make_agent(str(out))], store=f"sqlite:///{db}", clock=lambda: later
@@ -55,16 +62,7 @@ async def test_a_front_that_runs_no_turns_still_evaluates_a_dead_candidate_again
     """With `inline=False` the front records and returns, and a waiting turn is no worker's to
     claim: touching the session evaluates the dead candidate again there, and a worker then
     runs the approved call."""
-    db, out = tmp_path / "s.db", tmp_path / "runs"
-    child = subprocess.run(
-        [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr
-    ids = json.loads(child.stdout.splitlines()[0])
+    db, out, ids = died_deciding(tmp_path)
     later = time.time() + 60
     url = f"sqlite:///{db}"
     agent = make_agent(str(out))
