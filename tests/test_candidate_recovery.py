@@ -80,16 +80,7 @@ async def test_a_front_that_runs_no_turns_still_evaluates_a_dead_candidate_again
 async def test_a_candidate_still_within_its_timeout_is_left_to_its_process(
     tmp_path: Path,
 ) -> None:
-    db, out = tmp_path / "s.db", tmp_path / "runs"
-    child = subprocess.run(
-        [sys.executable, "-m", "tests._candidate_child", str(db), str(out), "--die"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert child.returncode == -signal.SIGKILL
-    ids = json.loads(child.stdout.splitlines()[0])
+    db, out, ids = died_deciding(tmp_path)
     async with so.Runtime([make_agent(str(out))], store=f"sqlite:///{db}") as rt:
         r = await rt.generate(session_id=ids["session"])
         assert r.status == "waiting"  # its process may still be deciding: not evaluated twice
