@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._tools import QuestionWithdrawn
-from ._types import Action, ChildRef, InputRequest, Option, Principal, input_hash
+from ._types import Action, ChildRef, InputRequest, Option, Principal
 
 if TYPE_CHECKING:
     from ._tool_calls import ToolCalls
@@ -71,12 +71,7 @@ class CallJournal:
                 session_id=s.id,
                 turn_id=turn.id,
                 agent=s.agent,
-                action=Action(
-                    call_id=call.id,
-                    tool_name=call.tool_name,
-                    input=call.input,
-                    input_hash=input_hash(call.input, tool_name=call.tool_name, call_id=call.id),
-                ),
+                action=Action.of(call.id, call.tool_name, call.input),
                 question=question,
                 options=options,
                 allow_text=allow_text,

@@ -32,7 +32,7 @@ from ._tools import (
     ToolContext,
     jsonable,
 )
-from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, input_hash
+from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal
 
 __all__ = ["ToolCalls"]
 
@@ -156,12 +156,7 @@ class ToolCalls(DriverPart):
             session_id=s.id,
             turn_id=turn.id,
             agent=s.agent,
-            action=Action(
-                call_id=call.id,
-                tool_name=tool.name,
-                input=dumped,
-                input_hash=input_hash(dumped, tool_name=tool.name, call_id=call.id),
-            ),
+            action=Action.of(call.id, tool.name, dumped),
             options=list(APPROVAL_OPTIONS),
             source="guardrail" if verdict.reason == "guardrail" else "policy",
             requested_by=turn.principal,
@@ -346,12 +341,7 @@ class ToolCalls(DriverPart):
             session_id=s.id,
             turn_id=turn.id,
             agent=s.agent,
-            action=Action(
-                call_id=call.id,
-                tool_name=call.tool_name,
-                input=call.input,
-                input_hash=input_hash(call.input, tool_name=call.tool_name, call_id=call.id),
-            ),
+            action=Action.of(call.id, call.tool_name, call.input),
             options=list(APPROVAL_OPTIONS),
             payload=payload,
             source="tool",

@@ -149,6 +149,16 @@ class Action(_Model):
     input: Any
     input_hash: str
 
+    @classmethod
+    def of(cls, call_id: str, tool_name: str, input: Any) -> Action:
+        """The action of call `call_id`, bound to exactly this input by its hash."""
+        return cls(
+            call_id=call_id,
+            tool_name=tool_name,
+            input=input,
+            input_hash=input_hash(input, tool_name=tool_name, call_id=call_id),
+        )
+
 
 class ChildRef(_Model):
     """Where a mirrored request (`source="child"`) comes from: a subagent's session and request,
