@@ -42,14 +42,6 @@ async def _caller(request: Request) -> tuple[ServerContext, Any]:
     return ctx, await ctx.require(request)
 
 
-def _issued(session_id: str, request_ids: list[str]) -> None:
-    """Refuse ids with a NUL as unknown here: none is ever issued, and PostgreSQL cannot even
-    look one up (it would fail as a store error)."""
-    forged = [i for i in request_ids if "\x00" in i]
-    if forged:
-        raise UnknownRequest(session_id, forged)
-
-
 @router.post("/sessions", status_code=201, tags=["sessions"])
 async def create_session(request: Request, body: CreateSession) -> TurnResult:
     """Open a session with an agent; with a `message`, run its first turn until it completes
@@ -84,7 +76,6 @@ async def respond(request: Request, session_id: SessionId, body: Responses) -> T
     """Answer requests by id (an `optionId`, or `text`), then continue the turn if it can."""
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
-    _issued(session_id, [r.request_id for r in body.input_responses])
     responses = [
         InputResponse(
             request_id=r.request_id,
@@ -105,7 +96,6 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
     """Settle every pending approval of the session at once (helix style) and continue."""
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
-    _issued(session_id, [a.id for a in body.approvals])
     decisions = [
         Decision(
             id=a.id,

@@ -47,8 +47,6 @@ class ServerContext:
 
     async def session(self, session_id: str, caller: Principal) -> SessionState:
         """The session's state, if the caller may see it; otherwise it does not exist for them."""
-        if "\x00" in session_id:  # no id holds a NUL, and PostgreSQL cannot even look one up
-            raise UnknownSession(session_id)
         state = await self.runtime.state(session_id)
         if not self.access(caller, state.initiator):
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
@@ -57,9 +55,7 @@ class ServerContext:
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
         """The stored request, if the caller may see its session; otherwise `UnknownRequest`."""
         await self.runtime.open()
-        stored = None
-        if "\x00" not in request_id:
-            stored = await self.runtime.store.get_request(request_id)
+        stored = await self.runtime.store.get_request(request_id)
         try:
             if stored is None:
                 raise UnknownSession("")
@@ -77,8 +73,6 @@ class ServerContext:
         """
         store = self.runtime.store
         await self.runtime.open()
-        if any("\x00" in name for name in (flt.agent or "", flt.tool_name or "")):
-            return [], 0  # no agent or tool is named so (and PostgreSQL cannot compare it)
         if flt.status == "pending" and flt.live_at is None:
             flt = replace(flt, live_at=self.runtime.clock())
         if caller.attributes.get("admin") is True and self._default_access():
