@@ -767,10 +767,19 @@ def test_requests_past_their_deadline_leave_the_queue_before_any_sweep(tmp_path:
     runtime = so.Runtime(agents, store=f"sqlite:///{tmp_path}/due.db", clock=lambda: now[0])
     app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
     with running(app) as base, client(base, "alice-token") as alice:
-        for name in ("desk", "locks"):
-            alice.post("/v1/sessions", json={"agent": name, "message": "help"})
+        ids = [
+            alice.post("/v1/sessions", json={"agent": name, "message": "help"}).json()["pending"][
+                0
+            ]["id"]
+            for name in ("desk", "locks")
+        ]
         assert alice.get("/v1/requests").json()["total"] == 2
         now[0] += 60
+        # the request itself reads as the deadline left it, too
+        record = alice.get(f"/v1/requests/{ids[0]}").json()
+        assert (record["status"], record["outcome"]) == ("expired", "expired")
+        record = alice.get(f"/v1/requests/{ids[1]}").json()
+        assert (record["status"], record["request"]["escalated_to"]) == ("pending", "security")
         listed = alice.get("/v1/requests").json()
         assert listed["total"] == 1
         (item,) = listed["items"]

@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.requests import HTTPConnection
 
+from .._deadlines import is_due
 from .._exceptions import UnknownRequest, UnknownSession
 from .._runtime import Runtime
 from .._state import SessionState
@@ -62,6 +63,11 @@ class ServerContext:
             await self.session(stored.request.session_id, caller)
         except UnknownSession:
             raise UnknownRequest("", [request_id]) from None
+        if is_due(stored.request, self.runtime.clock()):
+            # Its deadline passed and no sweep applied it yet: apply it, as the queue does.
+            flt = PendingFilter(session_id=stored.request.session_id, limit=10_000)
+            await self.runtime.pending_page(flt)
+            stored = await self.runtime.store.get_request(request_id) or stored
         return stored
 
     async def visible_requests(
