@@ -269,6 +269,43 @@ def test_pending_filters_and_empty_queue(url: str) -> None:
     assert len(json.loads(result.stdout)) == 1
 
 
+def test_pending_leaves_out_what_can_no_longer_be_answered(url: str) -> None:
+    """No sweep ran: a request past its deadline, or of a session past its TTL, is not listed."""
+
+    @so.tool(approval=so.always(expires_in=0.05))
+    async def issue_refund(order_id: str) -> dict[str, str]:
+        """Refund an order."""
+        return {"refunded": order_id}
+
+    @so.tool(approval=so.always())
+    async def reopen_order(order_id: str) -> dict[str, str]:
+        """Reopen an order."""
+        return {"reopened": order_id}
+
+    agents = [
+        so.Agent(
+            name=name,
+            model=so.models.Scripted(
+                [so.ModelResponse(tool_calls=[so.ToolCall(name=tool, input={"order_id": "1"})])]
+            ),
+            tools=[issue_refund, reopen_order],
+            limits=so.Limits(ttl=ttl),
+        )
+        for name, tool, ttl in (("billing", "issue_refund", None), ("desk", "reopen_order", 0.05))
+    ]
+    rt = so.Runtime(agents, store=url)
+    try:
+        for a in agents:
+            assert rt.generate_sync(a.name, "refund 1042").status == "waiting"
+    finally:
+        rt.close_sync()
+    time.sleep(0.1)
+    result = invoke("pending", "--store", url)
+    assert result.exit_code == 0, result.output
+    assert "No pending requests." in result.output
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+
 def test_approve_without_runtime_records_the_decision_only(url: str) -> None:
     session_id, request_id = park(url)
     result = invoke("approve", request_id, "--store", url, "--reason", "looks fine")

@@ -7,8 +7,9 @@ named group, which a response policy can admit, and lifts the deadline.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -433,3 +434,119 @@ def test_deadline_usage_errors(kwargs: dict[str, Any], problem: str) -> None:
         so.always(**kwargs)
     with pytest.raises(so.UsageError, match=problem):
         so.ApprovalSpec(request=so.always(), **kwargs)
+
+
+# -- the queue never offers a request past its deadline -----------------------------------------
+
+
+def escalating_spec() -> so.ApprovalSpec:
+    return so.ApprovalSpec(
+        request=so.always(),
+        response=finance_when_escalated,
+        expires_in=60,
+        on_timeout="escalate",
+        escalate_to="finance",
+    )
+
+
+@pytest.mark.parametrize("on_timeout", ["deny", "approve"])
+async def test_pending_applies_a_passed_deadline_without_a_sweep(
+    store_url: str, on_timeout: Literal["deny", "approve"]
+) -> None:
+    """No sweep ran: the listing applies the deadline itself, and the turn moves on."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    agent = payout_agent(log, so.always(expires_in=60, on_timeout=on_timeout))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        sid, req, _ = await asked(rt)
+        clock.advance(60)  # exactly the deadline: it has passed
+        assert await rt.pending() == []
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "expired"
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.status == "completed"
+        assert log.count() == (1 if on_timeout == "approve" else 0)
+        assert await rt.expire_due() == 0
+
+
+async def test_pending_offers_an_escalated_request_to_its_group_without_a_sweep(
+    store_url: str,
+) -> None:
+    clock = ManualClock()
+    log = ExecutionLog()
+    async with so.Runtime(
+        [payout_agent(log, escalating_spec())], store=store_url, clock=clock
+    ) as rt:
+        sid, req, head = await asked(rt)
+        clock.advance(61)
+        (queued,) = await rt.pending()
+        assert (queued.id, queued.escalated_to, queued.expires_at) == (req.id, "finance", None)
+        assert lines(await events_of(rt, sid, head)) == ["approval.candidate escalated"]
+        assert await rt.expire_due() == 0
+
+
+async def test_listings_at_once_apply_one_deadline_once(store_url: str) -> None:
+    clock = ManualClock()
+    log = ExecutionLog()
+    agents = [
+        payout_agent(log, escalating_spec()),
+        payout_agent(log, so.always(expires_in=60), name="deny"),
+    ]
+    async with (
+        so.Runtime(agents, store=store_url, clock=clock) as a,
+        so.Runtime(agents, store=store_url, clock=clock) as b,
+    ):
+        s1, r1, h1 = await asked(a)
+        s2, _, h2 = await asked(a, "deny")
+        clock.advance(61)
+        listings = await asyncio.gather(*(rt.pending() for rt in (a, b, a, b)))
+        assert [[r.id for r in listing] for listing in listings] == [[r1.id]] * 4
+        assert lines(await events_of(a, s1, h1)) == ["approval.candidate escalated"]
+        assert lines(await events_of(a, s2, h2))[:1] == ["input.resolved expired"]
+        assert [e.type for e in await events_of(a, s2, h2)].count("input.resolved") == 1
+
+
+async def test_a_runtime_without_the_agent_lists_the_queue_as_the_deadline_left_it(
+    store_url: str,
+) -> None:
+    """The CLI's runtime has no agents: it cannot continue the turns, so it records nothing and
+    lists what the deadlines made of the requests; a runtime with the agent applies them."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    agents = [
+        payout_agent(log, escalating_spec()),
+        payout_agent(log, so.always(expires_in=60), name="deny"),
+    ]
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        s1, r1, _ = await asked(rt)
+        s2, r2, _ = await asked(rt, "deny")
+        clock.advance(61)
+        before = [await store_contents(rt.store, s) for s in (s1, s2)]
+        async with so.Runtime([], store=store_url, clock=clock) as bare:
+            (queued,) = await bare.pending()
+            assert (queued.id, queued.escalated_to, queued.expires_at) == (r1.id, "finance", None)
+            assert await bare.pending(agent="deny") == []
+        assert [await store_contents(rt.store, s) for s in (s1, s2)] == before
+        assert [r.id for r in await rt.pending()] == [r1.id]
+        stored = await rt.store.get_request(r2.id)
+        assert stored is not None and stored.status == "expired"
+
+
+async def test_a_sweep_leaves_other_agents_sessions_and_applies_its_own(tmp_path: Path) -> None:
+    """A worker serving some agents sweeps past sessions of agents it does not have."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    mine, theirs = (
+        payout_agent(log, so.always(expires_in=60), name="mine"),
+        payout_agent(log, so.always(expires_in=30), name="theirs"),
+    )
+    async with sqlite_runtime(tmp_path, mine, theirs, clock=clock) as rt:
+        s1, r1, _ = await asked(rt, "theirs")  # older, and due first
+        s2, r2, _ = await asked(rt, "mine")
+    clock.advance(61)
+    async with sqlite_runtime(tmp_path, mine, clock=clock) as worker:
+        assert await worker.expire_due() == 1
+        stored = await worker.store.get_request(r2.id)
+        assert stored is not None and stored.status == "expired"
+        stored = await worker.store.get_request(r1.id)
+        assert stored is not None and stored.status == "pending"

@@ -740,6 +740,53 @@ def test_expired_sessions_leave_the_queue_and_answers_are_410(tmp_path: Path) ->
             assert error(r, 410, "session_expired")["session_id"] == sid
 
 
+def test_requests_past_their_deadline_leave_the_queue_before_any_sweep(tmp_path: Path) -> None:
+    """With the sweep off, the queue still never offers a request that cannot be answered, and
+    offers an escalated one as escalated."""
+    now = [1_000_000.0]
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout="escalate", escalate_to="security"))
+    async def unlock_account(email: str) -> str:
+        """Unlock an account."""
+        return "unlocked"
+
+    def agent(name: str, tool: str) -> so.Agent:
+        call = so.ToolCall(name=tool, input={"email": "a@example.com"})
+        return so.Agent(
+            name=name,
+            model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
+            tools=[reset_password, unlock_account],
+        )
+
+    agents = [agent("desk", "reset_password"), agent("locks", "unlock_account")]
+    runtime = so.Runtime(agents, store=f"sqlite:///{tmp_path}/due.db", clock=lambda: now[0])
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    with running(app) as base, client(base, "alice-token") as alice:
+        ids = [
+            alice.post("/v1/sessions", json={"agent": name, "message": "help"}).json()["pending"][
+                0
+            ]["id"]
+            for name in ("desk", "locks")
+        ]
+        assert alice.get("/v1/requests").json()["total"] == 2
+        now[0] += 60
+        # the request itself reads as the deadline left it, too
+        record = alice.get(f"/v1/requests/{ids[0]}").json()
+        assert (record["status"], record["outcome"]) == ("expired", "expired")
+        record = alice.get(f"/v1/requests/{ids[1]}").json()
+        assert (record["status"], record["request"]["escalated_to"]) == ("pending", "security")
+        listed = alice.get("/v1/requests").json()
+        assert listed["total"] == 1
+        (item,) = listed["items"]
+        assert (item["agent"], item["escalated_to"]) == ("locks", "security")
+        assert item["expires_at"] is None
+
+
 def test_idle_streams_send_keep_alive_comments(store: str) -> None:
     with served(store, heartbeat=0.2) as base, client(base, "alice-token") as alice:
         r = alice.post("/v1/sessions", json={"agent": "support"})

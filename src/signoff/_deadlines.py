@@ -11,11 +11,32 @@ from typing import Any
 
 from ._recording import Batch, EventSpec
 from ._state import SessionState
+from ._types import InputRequest
 from .stores import Resolve
 
-__all__ = ["TIMED_OUT", "due_batch"]
+__all__ = ["TIMED_OUT", "after_deadline", "due_batch", "is_due"]
 
 TIMED_OUT = "no one decided before the deadline"
+
+
+def is_due(request: InputRequest, now: float) -> bool:
+    """Whether `request` is open and its deadline has passed by `now` (the deadline itself
+    counts as passed), so the next touch of its session closes or escalates it."""
+    return (
+        request.status == "pending"
+        and request.expires_at is not None
+        and (request.expires_at <= now)
+    )
+
+
+def after_deadline(request: InputRequest, now: float) -> InputRequest | None:
+    """`request` as its passed deadline leaves it, before anyone has recorded that: escalated to
+    its group with the deadline lifted, or `None` once it can no longer be answered."""
+    if not is_due(request, now):
+        return request
+    if request.on_timeout == "escalate" and request.escalated_to is None:
+        return request.model_copy(update={"escalated_to": request.escalate_to, "expires_at": None})
+    return None
 
 
 def due_batch(state: SessionState, now: float) -> Batch | None:
@@ -24,7 +45,7 @@ def due_batch(state: SessionState, now: float) -> Batch | None:
     resolves: list[Resolve] = []
     updated = []
     for r in state.pending_requests():
-        if r.expires_at is None or r.expires_at > now:
+        if not is_due(r, now):
             continue
         expired: dict[str, Any] = {
             "request_id": r.id,

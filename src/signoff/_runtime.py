@@ -18,6 +18,7 @@ from . import _subagents
 from ._answers import Reply as _Reply
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
+from ._deadlines import after_deadline, is_due
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -100,21 +101,33 @@ class Runtime(Messages):
         """
         await self.open()
         now = self.clock()
-        sessions: list[str] = []
+        due: list[InputRequest] = []
         offset = 0
         while True:
             page = await self.store.pending(PendingFilter(limit=500, offset=offset))
-            for r in page:
-                if r.expires_at is not None and r.expires_at <= now:
-                    if r.session_id not in sessions:
-                        sessions.append(r.session_id)
+            due += [r for r in page if is_due(r, now)]
             if len(page) < 500:
                 break
             offset += 500
+        return await self._apply_deadlines(due)
+
+    async def _apply_deadlines(self, due: Sequence[InputRequest], *, listing: bool = False) -> int:
+        """Record the passed deadlines of the sessions of `due` that this runtime runs, and go
+        on with their turns; returns how many sessions that was. Each is recorded against the
+        session's current state under a compare-and-set, so listings and sweeps racing in
+        several processes apply one deadline once. Sessions of agents this runtime does not
+        have are left to a process that has them (it could not go on with their turns)."""
+        sessions = list(dict.fromkeys(r.session_id for r in due if r.agent in self.agents))
         for sid in sessions:
             with contextlib.suppress(SessionExpired):
                 await self._checked(sid)  # records the expiries; the turn becomes runnable
-                await self._drive(sid)
+                if not listing:
+                    await self._drive(sid)
+                    continue
+                try:
+                    await self._drive(sid)
+                except Exception:  # the deadline is recorded; the turn is retried later
+                    log.exception("session %s: continuing after its deadline failed", sid)
         return len(sessions)
 
     async def work(
@@ -322,7 +335,26 @@ class Runtime(Messages):
                 offset=offset,
             )
         _check_page(flt.limit, flt.offset)
-        return await self.store.pending(flt)
+        return (await self.pending_page(flt))[0]
+
+    async def pending_page(self, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
+        """One page of the queue as of now, and whether the store may hold more past it.
+
+        A request whose deadline has passed is never offered, even if no sweep has run yet:
+        the page's passed deadlines are applied first (one listing, and no other query, when
+        nothing is due). What this runtime cannot apply (another agent's) is shown as the
+        deadline leaves it: escalated to its group, or left out; so a page can come back short
+        while `more` still says to read on.
+        """
+        await self.open()
+        _check_page(flt.limit, flt.offset)
+        page = await self.store.pending(flt)
+        now = self.clock()
+        due = [r for r in page if is_due(r, now)]
+        if due and await self._apply_deadlines(due, listing=True):
+            page = await self.store.pending(flt)
+        shown = [a for r in page if (a := after_deadline(r, now)) is not None]
+        return shown, len(page) >= flt.limit
 
     async def sessions(
         self,
@@ -458,6 +490,9 @@ class Runtime(Messages):
 
     def pending_sync(self, *args: Any, **kwargs: Any) -> list[InputRequest]:
         return self._sync.run(self.pending(*args, **kwargs))
+
+    def pending_page_sync(self, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
+        return self._sync.run(self.pending_page(flt))
 
     def cancel_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
         return self._sync.run(self.cancel(*args, **kwargs))

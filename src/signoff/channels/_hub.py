@@ -336,10 +336,10 @@ class ChannelHub:
         out: list[InputRequest] = []
         offset = 0
         while True:
-            page = await self.runtime.store.pending(
+            page, more = await self.runtime.pending_page(
                 PendingFilter(limit=_PAGE, offset=offset, live_at=self.clock())
             )
             out.extend(r for r in page if r.child is None)
-            if len(page) < _PAGE:
+            if not more:
                 return out
             offset += _PAGE

@@ -59,11 +59,17 @@ def pending(
 
     async def go() -> None:
         async with Runtime([], store=existing_store(store)) as runtime:
-            flt = PendingFilter(agent=agent, tool_name=tool, session_id=session, limit=limit)
-            requests = await runtime.store.pending(flt)
-            total = await runtime.store.count_pending(
-                PendingFilter(agent=agent, tool_name=tool, session_id=session)
+            # Like `Runtime.pending`: what can no longer be answered (a session past its TTL, a
+            # request past its deadline) is left out, and so is it from the total.
+            flt = PendingFilter(
+                agent=agent,
+                tool_name=tool,
+                session_id=session,
+                live_at=runtime.clock(),
+                limit=limit,
             )
+            requests, more = await runtime.pending_page(flt)
+            total = await runtime.store.count_pending(flt) if more else len(requests)
         if as_json:
             typer.echo(json.dumps([r.model_dump(mode="json") for r in requests], indent=2))
             return

@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.requests import HTTPConnection
 
+from .._deadlines import is_due
 from .._exceptions import UnknownRequest, UnknownSession
 from .._runtime import Runtime
 from .._state import SessionState
@@ -62,6 +63,11 @@ class ServerContext:
             await self.session(stored.request.session_id, caller)
         except UnknownSession:
             raise UnknownRequest("", [request_id]) from None
+        if is_due(stored.request, self.runtime.clock()):
+            # Its deadline passed and no sweep applied it yet: apply it, as the queue does.
+            flt = PendingFilter(session_id=stored.request.session_id, limit=10_000)
+            await self.runtime.pending_page(flt)
+            stored = await self.runtime.store.get_request(request_id) or stored
         return stored
 
     async def visible_requests(
@@ -69,19 +75,21 @@ class ServerContext:
     ) -> tuple[list[InputRequest], int]:
         """One page of the requests matching `flt` that the caller may see, and their total.
 
-        Open requests of sessions whose TTL has passed are left out, as `Runtime.pending` does.
+        Open requests of sessions whose TTL has passed are left out, as `Runtime.pending` does,
+        and so are those past their deadline (`Runtime.pending_page`).
         """
         store = self.runtime.store
         await self.runtime.open()
         if flt.status == "pending" and flt.live_at is None:
             flt = replace(flt, live_at=self.runtime.clock())
         if caller.attributes.get("admin") is True and self._default_access():
-            return await store.pending(flt), await store.count_pending(flt)
+            page, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
+            return page, await store.count_pending(flt)
         seen: dict[str, bool] = {}
         visible: list[InputRequest] = []
         offset = 0
         while True:
-            chunk = await store.pending(_page(flt, 500, offset))
+            chunk, more = await self.runtime.pending_page(_page(flt, 500, offset))
             for request in chunk:
                 sid = request.session_id
                 if sid not in seen:
@@ -92,7 +100,7 @@ class ServerContext:
                         seen[sid] = False
                 if seen[sid]:
                     visible.append(request)
-            if len(chunk) < 500:
+            if not more:
                 break
             offset += 500
         return visible[flt.offset : flt.offset + flt.limit], len(visible)
