@@ -149,3 +149,17 @@ def test_bearer_clients_post_with_the_token_of_their_page(base: str) -> None:
             bob.cookies.set("signoff_csrf", token)
             r = bob.post("/_signoff/sessions", data=form, headers=JSON)
             assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+
+
+def test_two_pages_loaded_at_once_both_post(base: str) -> None:
+    """Two tabs loaded at once, before the browser held a token, each got a fresh token and
+    the cookie kept the later one: the earlier tab's forms post too, both made for Alice."""
+    me = {"signoff_token": "alice-token"}
+    first, second = token_of(base, me), token_of(base, me)
+    assert first != second
+    form = {"agent": "support", "message": "Refund 1042"}
+    r = post_as(base, {**me, "signoff_csrf": second}, "/_signoff/sessions", first, form)
+    assert r.status_code == 200 and r.json()["ok"] is True, r.text
+    # the cookie must still be one made for this sign-in, not merely present
+    r = post_as(base, {**me, "signoff_csrf": "x" * 43}, "/_signoff/sessions", first, form)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"

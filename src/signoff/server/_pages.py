@@ -3,8 +3,9 @@ filters, and the CSRF token a page sets and every form posted back must carry.
 
 The token is `nonce.mac`, the mac an HMAC (keyed with the server's secret) of the nonce and the
 sign-in the page was made for: the principal and the credential it signed in with. It is kept
-in a cookie and sent back in the form (or header), both checked: a token planted by another host
-(cookie tossing) or left from another sign-in in the same browser is refused."""
+in a cookie and sent back in the form (or header), and both must be made for the current sign-in:
+a token planted by another host (cookie tossing) or left from another sign-in in the same browser
+is refused, and a cross-site post carries no cookie at all."""
 
 from __future__ import annotations
 
@@ -172,17 +173,14 @@ def set_csrf(request: Request, response: Response, token: str) -> None:
 
 
 async def check_csrf(request: Request) -> dict[str, str]:
-    """The posted form's fields, once its token matches the cookie and this sign-in."""
+    """The posted form's fields, once its token and the cookie's were both made for this
+    sign-in (they may differ: two tabs loaded at once each got their own)."""
     form = await request.form()
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
     cookie = request.cookies.get(CSRF_COOKIE, "")
     sent = request.headers.get("x-csrf-token") or fields.get("csrf", "")
-    if (
-        not cookie
-        or not sent
-        or not hmac.compare_digest(cookie.encode(), sent.encode())
-        or not _valid(request, sent, await _sign_in(request))
-    ):
+    sign_in = await _sign_in(request)
+    if not _valid(request, cookie, sign_in) or not _valid(request, sent, sign_in):
         raise ApiError(
             403,
             "csrf_failed",
