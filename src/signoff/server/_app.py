@@ -18,7 +18,14 @@ from starlette.staticfiles import StaticFiles
 from .. import __version__
 from .._runtime import Runtime
 from ._api import router as api_router
-from ._auth import DASHBOARD_PREFIX, AccessRule, Authenticator, DevAuth, default_access
+from ._auth import (
+    DASHBOARD_PREFIX,
+    AccessRule,
+    Authenticator,
+    DevAuth,
+    default_access,
+    is_dashboard,
+)
 from ._context import ServerContext
 from ._dashboard import SignIn, dashboard_error, sign_in_redirect
 from ._dashboard import router as dashboard_router
@@ -141,7 +148,7 @@ def create_app(
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        if request.url.path.startswith(DASHBOARD_PREFIX):
+        if is_dashboard(request.url.path):
             return await dashboard_error(request, exc.status, exc.code, exc.message)
         return error_response(exc.status, exc.code, exc.message, **exc.extra)
 

@@ -22,7 +22,7 @@ from starlette.responses import (
 from .._exceptions import SignoffError, UnknownRequest, UnknownSession
 from .._types import InputRequest, InputResponse
 from ..stores import PendingFilter
-from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth
+from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth, is_dashboard
 from ._context import get_context
 from ._errors import public_message, status_for
 from ._page_data import (
@@ -152,7 +152,7 @@ async def respond(request: Request, request_id: str) -> Response:
             }
         )
     back = fields.get("next") or DASHBOARD_PREFIX
-    if not back.startswith(DASHBOARD_PREFIX):
+    if not is_dashboard(back):
         back = DASHBOARD_PREFIX
     return RedirectResponse(back, status_code=303)
 
