@@ -796,3 +796,25 @@ def test_serve_refuses_incomplete_channel_options(
     result = invoke("serve", "examples.support:runtime", "--store", store, *args)
     assert result.exit_code == 1, result.output
     assert "UsageError" in result.output and message in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_serve_keys_the_dashboards_csrf_tokens_with_its_secret(
+    how: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Processes serving one dashboard must share the secret of its CSRF tokens: `--secret`
+    (or SIGNOFF_SECRET) gives it to `signoff serve`."""
+    import uvicorn
+
+    from signoff.server._pages import csrf_key
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    args = ["serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db"]
+    if how == "option":
+        args += ["--secret", "shared"]
+    else:
+        monkeypatch.setenv("SIGNOFF_SECRET", "shared")
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert served[0].state.signoff.secret == csrf_key("shared")

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from fastapi import Request
 from starlette.testclient import TestClient
 
 import signoff as so
@@ -420,7 +421,14 @@ def test_another_tenant_reaches_nothing_through_dashboard_urls(base: str) -> Non
 
 @pytest.mark.parametrize(
     "target",
-    ["https://evil.example/", "//evil.example/", "/\\evil.example", "javascript:alert(1)", "/v1"],
+    [
+        "https://evil.example/",
+        "//evil.example/",
+        "/\\evil.example",
+        "javascript:alert(1)",
+        "/v1",
+        "/_signoff.evil.example",
+    ],
 )
 def test_after_a_form_post_the_redirect_stays_on_the_dashboard(base: str, target: str) -> None:
     body = start(base)
@@ -432,3 +440,22 @@ def test_after_a_form_post_the_redirect_stays_on_the_dashboard(base: str, target
             headers={"Referer": "https://evil.example/"},
         )
         assert r.status_code == 303 and r.headers["location"] == "/_signoff"
+
+
+def test_the_sign_in_cookie_is_not_honoured_beside_the_dashboard(tmp_path: Path) -> None:
+    """The cookie authenticates writes under `/_signoff/` only (whose forms carry a CSRF token),
+    not on a path that merely begins alike, such as an application's own `/_signoffs` route."""
+    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/x.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+
+    async def whoami(request: Request) -> dict[str, str | None]:
+        found = await app.state.signoff.principal(request)
+        return {"who": None if found is None else found.principal_id}
+
+    for path in ("/_signoffs/delete", "/_signoff-admin", "/_signoff/whoami"):
+        app.add_api_route(path, whoami, methods=["POST"])
+    with TestClient(app, cookies={"signoff_token": "alice-token"}) as c:
+        assert c.post("/_signoffs/delete").json() == {"who": None}
+        assert c.post("/_signoff-admin").json() == {"who": None}
+        assert c.post("/_signoff/whoami").json() == {"who": "alice"}
+        assert c.get("/_signoff/").status_code == 200

@@ -348,3 +348,27 @@ def test_untrusted_text_never_runs_as_script(browser: Browser, tmp_path: Path) -
             assert "{{7*7}}" in p.locator("main").inner_text(), path  # shown, not evaluated
         assert dialogs == [] and refused == []
         context.close()
+
+
+def test_a_page_left_from_another_sign_in_does_not_post(page: Page, base: str) -> None:
+    """Alice's queue stays open while, in another tab, she signs out and Bob signs in: a click
+    on the old page is refused (its token was made for Alice's sign-in) and says to reload."""
+    body = start(base)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    card = page.locator(f"[data-request-id='{rid}']")
+    expect(card).to_be_visible()
+    other = page.context.new_page()
+    other.goto("/_signoff/")
+    other.get_by_role("button", name="Sign out").click()
+    expect(other).to_have_url(f"{base}/_signoff/login")
+    other.fill("input[name=token]", "bob-token")
+    other.click("button[type=submit]")
+    expect(other.locator(".viewer-name")).to_contain_text("Bob")
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".form-error")).to_contain_text("reload the page")
+    assert session(base, sid)["pending"][0]["id"] == rid  # nothing was settled
+    page.reload()
+    expect(page.locator(".viewer-name")).to_contain_text("Bob")
+    fresh = page.locator(f"[data-request-id='{rid}']")
+    fresh.get_by_role("button", name="Approve").click()  # Bob's own page posts (as Bob)
+    expect(fresh.locator(".form-error")).to_contain_text("bob may not settle it")

@@ -67,6 +67,15 @@ def serve(
             help="The Slack app's signing secret (checks button clicks).",
         ),
     ] = None,
+    secret: Annotated[
+        str | None,
+        typer.Option(
+            "--secret",
+            envvar="SIGNOFF_SECRET",
+            help="Keys the dashboard's CSRF tokens; give every process serving it the same one "
+            "(default: a random one per process).",
+        ),
+    ] = None,
     channel_state: Annotated[
         str | None,
         typer.Option(
@@ -109,7 +118,13 @@ def serve(
     run(_check_store(runtime.store.url))
     try:
         run_server(
-            runtime, host=host, port=port, auth=auth, channels=channels, channel_state=channel_state
+            runtime,
+            host=host,
+            port=port,
+            auth=auth,
+            channels=channels,
+            channel_state=channel_state,
+            secret=secret,
         )
     except SignoffError as exc:  # e.g. a channel state file that cannot be opened
         fail(exc)

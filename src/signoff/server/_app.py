@@ -18,7 +18,14 @@ from starlette.staticfiles import StaticFiles
 from .. import __version__
 from .._runtime import Runtime
 from ._api import router as api_router
-from ._auth import DASHBOARD_PREFIX, AccessRule, Authenticator, DevAuth, default_access
+from ._auth import (
+    DASHBOARD_PREFIX,
+    AccessRule,
+    Authenticator,
+    DevAuth,
+    default_access,
+    is_dashboard,
+)
 from ._context import ServerContext
 from ._dashboard import SignIn, dashboard_error, sign_in_redirect
 from ._dashboard import router as dashboard_router
@@ -26,6 +33,7 @@ from ._errors import ApiError, error_response, install_error_handlers
 from ._headers import SecurityHeaders
 from ._limits import BodyLimit
 from ._links import add_links
+from ._pages import csrf_key
 
 __all__ = ["MAX_BODY_SIZE", "AppChannels", "create_app"]
 
@@ -59,6 +67,7 @@ def create_app(
     channels: AppChannels | None = None,
     sweep_every: float | None = 5.0,
     max_body_size: int = MAX_BODY_SIZE,
+    secret: str | bytes | None = None,
 ) -> FastAPI:
     """Build the app serving `runtime`.
 
@@ -69,6 +78,8 @@ def create_app(
     interactivity endpoint) are mounted on the app. Every `sweep_every` seconds the app applies
     passed request deadlines (`Runtime.expire_due`); None turns that off (workers do it too).
     A request body over `max_body_size` bytes is refused with 413 `payload_too_large`.
+    `secret` keys the dashboard's CSRF tokens: give every process serving one dashboard the same
+    one; None draws a random one, so this app alone (until it restarts) accepts its tokens.
     """
     if auth is None:
         if not dev:
@@ -123,17 +134,22 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=max_body_size)
     app.add_middleware(SecurityHeaders)
     app.state.signoff = ServerContext(
-        runtime=runtime, auth=auth, access=access, poll_interval=poll_interval, heartbeat=heartbeat
+        runtime=runtime,
+        auth=auth,
+        access=access,
+        secret=csrf_key(secret),
+        poll_interval=poll_interval,
+        heartbeat=heartbeat,
     )
     install_error_handlers(app)
 
     async def on_sign_in(request: Request, exc: Exception) -> Response:
-        return sign_in_redirect(request)
+        return await sign_in_redirect(request)
 
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
-        if request.url.path.startswith(DASHBOARD_PREFIX):
-            return dashboard_error(request, exc.status, exc.code, exc.message)
+        if is_dashboard(request.url.path):
+            return await dashboard_error(request, exc.status, exc.code, exc.message)
         return error_response(exc.status, exc.code, exc.message, **exc.extra)
 
     app.add_exception_handler(SignIn, on_sign_in)

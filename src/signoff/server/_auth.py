@@ -120,8 +120,14 @@ def _netloc(origin: str) -> str | None:
 
 
 def _cookie_allowed(request: HTTPConnection) -> bool:
+    """Reads, and the dashboard's own paths (not e.g. `/_signoffs`, which is not the dashboard)."""
     method = request.scope.get("method", "GET")
-    return method in ("GET", "HEAD") or request.url.path.startswith(DASHBOARD_PREFIX)
+    return method in ("GET", "HEAD") or is_dashboard(request.url.path)
+
+
+def is_dashboard(path: str) -> bool:
+    """Whether `path` is the dashboard's: its prefix itself or below it."""
+    return path == DASHBOARD_PREFIX or path.startswith(DASHBOARD_PREFIX + "/")
 
 
 def bearer_token(request: HTTPConnection) -> str | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
@@ -20,22 +20,30 @@ from ._errors import ApiError
 
 __all__ = ["ServerContext", "get_context"]
 
+_UNKNOWN = object()
+
 
 @dataclass(slots=True, kw_only=True)
 class ServerContext:
     runtime: Runtime
     auth: Authenticator
     access: AccessRule
+    secret: bytes
     poll_interval: float = 0.25
     heartbeat: float = 15.0
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
-        """The caller, or `None` when the authenticator does not recognise it."""
+        """The caller, or `None` when the authenticator does not recognise it (asked once per
+        request: a page and its CSRF token must agree on who is signed in)."""
+        known: Any = getattr(request.state, "signoff_principal", _UNKNOWN)
+        if known is not _UNKNOWN:
+            return cast(Principal | None, known)
         result: Any = self.auth(request)
         if inspect.isawaitable(result):
             result = await result
         if result is not None and not isinstance(result, Principal):
             raise TypeError(f"the authenticator returned {result!r}, not a Principal or None")
+        request.state.signoff_principal = result
         return result
 
     async def require(self, request: HTTPConnection) -> Principal:

@@ -22,7 +22,7 @@ from starlette.responses import (
 from .._exceptions import SignoffError, UnknownRequest, UnknownSession
 from .._types import InputRequest, InputResponse
 from ..stores import PendingFilter
-from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth
+from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth, is_dashboard
 from ._context import get_context
 from ._errors import public_message, status_for
 from ._page_data import (
@@ -36,7 +36,7 @@ from ._page_data import (
     signed_in,
     tool_rows,
 )
-from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, render
+from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, render, set_csrf
 from ._sse import sse
 
 __all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redirect"]
@@ -54,12 +54,12 @@ def _wants_json(request: Request) -> bool:
 @router.get("", response_class=HTMLResponse)
 @router.get("/", response_class=HTMLResponse)
 async def queue_page(request: Request) -> Response:
-    return render("queue.html", request, **await queue_context(request))
+    return await render("queue.html", request, **await queue_context(request))
 
 
 @router.get("/fragments/queue", response_class=HTMLResponse)
 async def queue_fragment(request: Request) -> Response:
-    return render("_queue_items.html", request, **await queue_context(request))
+    return await render("_queue_items.html", request, **await queue_context(request))
 
 
 @router.get("/stream")
@@ -99,7 +99,9 @@ async def respond(request: Request, request_id: str) -> Response:
     try:
         stored = await ctx.request(request_id, viewer)
     except UnknownRequest:
-        return dashboard_error(request, 404, "unknown_request", f"unknown request {request_id!r}")
+        return await dashboard_error(
+            request, 404, "unknown_request", f"unknown request {request_id!r}"
+        )
     session_id = stored.request.session_id
     edited: dict[str, Any] | None = None
     input_hash: str | None = None
@@ -114,11 +116,11 @@ async def respond(request: Request, request_id: str) -> Response:
             try:
                 parsed = json.loads(raw)
             except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
-                return dashboard_error(
+                return await dashboard_error(
                     request, 422, "invalid_answer", f"the edited arguments are not JSON: {exc}"
                 )
             if not isinstance(parsed, dict):
-                return dashboard_error(
+                return await dashboard_error(
                     request, 422, "invalid_answer", "the edited arguments must be a JSON object"
                 )
             if parsed != action.input:
@@ -133,7 +135,7 @@ async def respond(request: Request, request_id: str) -> Response:
     try:
         result = await ctx.runtime.respond(session_id, [answer], principal=viewer)
     except SignoffError as exc:
-        return dashboard_error(request, status_for(exc), exc.code, public_message(exc))
+        return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
     mine = next((o for o in result.outcomes if o.request_id == request_id), None)
     outcome = None if mine is None else mine.outcome
     if _wants_json(request):
@@ -150,16 +152,16 @@ async def respond(request: Request, request_id: str) -> Response:
             }
         )
     back = fields.get("next") or DASHBOARD_PREFIX
-    if not back.startswith(DASHBOARD_PREFIX):
+    if not is_dashboard(back):
         back = DASHBOARD_PREFIX
     return RedirectResponse(back, status_code=303)
 
 
-def dashboard_error(request: Request, status: int, code: str, message: str) -> Response:
+async def dashboard_error(request: Request, status: int, code: str, message: str) -> Response:
     """An error on a dashboard route: JSON for its scripts, a page for a plain form post."""
     if _wants_json(request):
         return JSONResponse({"ok": False, "error": {"code": code, "message": message}}, status)
-    return render("message.html", request, status, title="That did not work", message=message)
+    return await render("message.html", request, status, title="That did not work", message=message)
 
 
 # -- a session's trace -----------------------------------------------------------------------
@@ -170,15 +172,17 @@ async def session_page(request: Request, session_id: str) -> Response:
     try:
         context = await session_context(request, session_id, 0)
     except UnknownSession:
-        return render("message.html", request, 404, title="No such session", message=session_id)
-    return render("session.html", request, **context)
+        return await render(
+            "message.html", request, 404, title="No such session", message=session_id
+        )
+    return await render("session.html", request, **context)
 
 
 @router.get("/new", response_class=HTMLResponse)
 async def new_session_page(request: Request) -> Response:
     ctx, viewer = await signed_in(request)
     picked = request.query_params.get("agent")
-    return render("new.html", request, **base(ctx, viewer, picked=picked))
+    return await render("new.html", request, **base(ctx, viewer, picked=picked))
 
 
 @router.post("/sessions")
@@ -189,13 +193,15 @@ async def start_session(request: Request) -> Response:
     agent = fields.get("agent", "")
     message = fields.get("message", "").strip()
     if agent not in ctx.runtime.agents:
-        return dashboard_error(request, 422, "unknown_agent", f"unknown agent {agent!r}")
+        return await dashboard_error(request, 422, "unknown_agent", f"unknown agent {agent!r}")
     if not message:
-        return dashboard_error(request, 422, "invalid_request", "write a message to start with")
+        return await dashboard_error(
+            request, 422, "invalid_request", "write a message to start with"
+        )
     try:
         result = await ctx.runtime.generate(agent, prompt=message, auth=viewer)
     except SignoffError as exc:
-        return dashboard_error(request, status_for(exc), exc.code, public_message(exc))
+        return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
     where = f"{DASHBOARD_PREFIX}/sessions/{result.session_id}"
     if _wants_json(request):
         return JSONResponse({"ok": True, "session_id": result.session_id, "url": where})
@@ -211,13 +217,15 @@ async def send_message(request: Request, session_id: str) -> Response:
     try:
         await ctx.session(session_id, viewer)
     except UnknownSession:
-        return dashboard_error(request, 404, "unknown_session", f"unknown session {session_id!r}")
+        return await dashboard_error(
+            request, 404, "unknown_session", f"unknown session {session_id!r}"
+        )
     if not text:
-        return dashboard_error(request, 422, "invalid_request", "the message is empty")
+        return await dashboard_error(request, 422, "invalid_request", "the message is empty")
     try:
         result = await ctx.runtime.send(session_id, text, principal=viewer)
     except SignoffError as exc:
-        return dashboard_error(request, status_for(exc), exc.code, public_message(exc))
+        return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
     if _wants_json(request):
         return JSONResponse({"ok": True, "status": result.status, "text": result.text})
     return RedirectResponse(f"{DASHBOARD_PREFIX}/sessions/{session_id}", status_code=303)
@@ -229,9 +237,9 @@ async def session_fragment(request: Request, session_id: str) -> Response:
     raw = request.query_params.get("after", "0")
     after = query_number(raw, 0, 0, 2**53)
     context = await session_context(request, session_id, after)
-    token = csrf_token(request)
+    token = await csrf_token(request)
     common = {"prefix": DASHBOARD_PREFIX, "csrf": token, "path": request.url.path, **context}
-    return JSONResponse(
+    response = JSONResponse(
         {
             "seq": context["seq"],
             "rows": env.get_template("_trace_rows.html").render(**common),
@@ -239,6 +247,8 @@ async def session_fragment(request: Request, session_id: str) -> Response:
             "pending": env.get_template("_queue_items.html").render(**common, compact=True),
         }
     )
+    set_csrf(request, response, token)
+    return response
 
 
 # -- tools and audit -------------------------------------------------------------------------
@@ -254,7 +264,7 @@ async def tools_page(request: Request) -> Response:
         for row in rows:
             row["history"] = await setting_history(ctx, agent.name, row["name"])
         agents.append((agent, rows))
-    return render("tools.html", request, **base(ctx, viewer, agent_tools=agents))
+    return await render("tools.html", request, **base(ctx, viewer, agent_tools=agents))
 
 
 @router.get("/audit/tools", response_class=HTMLResponse)
@@ -270,7 +280,7 @@ async def tool_changes_page(request: Request) -> Response:
     verified = None
     if request.query_params.get("verify") and viewer.attributes.get("admin") is True:
         verified = await ctx.runtime.verify_audit()
-    return render(
+    return await render(
         "tool_changes.html",
         request,
         **base(ctx, viewer, changes=changes, status="tools", verified=verified),
@@ -312,7 +322,7 @@ async def audit_page(request: Request) -> Response:
                 },
             }
         )
-    return render(
+    return await render(
         "audit.html",
         request,
         **base(
@@ -332,7 +342,7 @@ async def audit_page(request: Request) -> Response:
 
 @router.get("/login", response_class=HTMLResponse)
 async def login_page(request: Request) -> Response:
-    return render("login.html", request, viewer=None, error=None)
+    return await render("login.html", request, viewer=None, error=None)
 
 
 @router.post("/login")
@@ -342,7 +352,7 @@ async def login(request: Request) -> Response:
     token = fields.get("token", "").strip()
     auth = ctx.auth
     if not isinstance(auth, TokenAuth) or not token or auth.lookup(token) is None:
-        return render(
+        return await render(
             "login.html", request, 401, viewer=None, error="That token is not recognised."
         )
     response = RedirectResponse(DASHBOARD_PREFIX, status_code=303)
@@ -361,7 +371,7 @@ async def logout(request: Request) -> Response:
     return response
 
 
-def sign_in_redirect(request: Request) -> Response:
+async def sign_in_redirect(request: Request) -> Response:
     """What an unauthenticated visitor of a dashboard page gets."""
     ctx = get_context(request)
     if isinstance(ctx.auth, TokenAuth):
@@ -370,7 +380,7 @@ def sign_in_redirect(request: Request) -> Response:
                 {"error": {"code": "unauthenticated", "message": "sign in first"}}, 401
             )
         return RedirectResponse(f"{DASHBOARD_PREFIX}/login", status_code=303)
-    return render(
+    return await render(
         "message.html",
         request,
         401,

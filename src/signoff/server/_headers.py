@@ -11,7 +11,7 @@ from __future__ import annotations
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._auth import DASHBOARD_PREFIX
+from ._auth import DASHBOARD_PREFIX, is_dashboard
 
 __all__ = ["DASHBOARD_POLICY", "SecurityHeaders"]
 
@@ -33,7 +33,7 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
         path: str = scope.get("path", "")
-        dashboard = path == DASHBOARD_PREFIX or path.startswith(DASHBOARD_PREFIX + "/")
+        dashboard = is_dashboard(path)
         static = path.startswith(DASHBOARD_PREFIX + "/static/")
 
         async def with_headers(message: Message) -> None:

@@ -1,8 +1,16 @@
 """How a dashboard page is made: the Jinja environment over `templates/` with the dashboard's
-filters, and the double-submit CSRF token a page sets and every form posted back must carry."""
+filters, and the CSRF token a page sets and every form posted back must carry.
+
+The token is `nonce.mac`, the mac an HMAC (keyed with the server's secret) of the nonce and the
+sign-in the page was made for: the principal and the credential it signed in with. It is kept
+in a cookie and sent back in the form (or header), and both must be made for the current sign-in:
+a token planted by another host (cookie tossing) or left from another sign-in in the same browser
+is refused, and a cross-site post carries no cookie at all."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import hmac
 import json
 import secrets
@@ -15,10 +23,20 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.responses import HTMLResponse, Response
 
 from .._types import Principal
-from ._auth import DASHBOARD_PREFIX
+from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, bearer_token
+from ._context import get_context
 from ._errors import ApiError
 
-__all__ = ["CSRF_COOKIE", "check_csrf", "csrf_token", "env", "render", "who"]
+__all__ = [
+    "CSRF_COOKIE",
+    "check_csrf",
+    "csrf_key",
+    "csrf_token",
+    "env",
+    "render",
+    "set_csrf",
+    "who",
+]
 
 CSRF_COOKIE = "signoff_csrf"
 
@@ -82,32 +100,67 @@ def _usd(value: float) -> str:
 env.filters.update(ago=_ago, iso=_iso, pretty=_pretty, who=who, usd=_usd)
 
 
-def render(name: str, request: Request, code: int = 200, **context: Any) -> HTMLResponse:
-    token = csrf_token(request)
+async def render(name: str, request: Request, code: int = 200, **context: Any) -> HTMLResponse:
+    token = await csrf_token(request)
     html = env.get_template(name).render(
         prefix=DASHBOARD_PREFIX, csrf=token, path=request.url.path, **context
     )
     response = HTMLResponse(html, status_code=code)
-    _set_csrf(request, response, token)
+    set_csrf(request, response, token)
     return response
 
 
-# -- CSRF: double submit; the cookie and the form field (or header) must match ---------------
+# -- CSRF: a token bound to the sign-in, in a cookie and in the form (or header) -------------
 
 
-def csrf_token(request: Request) -> str:
-    token = request.cookies.get(CSRF_COOKIE)
-    if token and len(token) >= 32:
-        return token
+def csrf_key(secret: str | bytes | None) -> bytes:
+    """The key of the CSRF tokens: from `secret`, or random (this app's tokens only)."""
+    if secret is None:
+        return secrets.token_bytes(32)
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, bytes) or not secret:
+        raise ValueError("the server's secret must be a non-empty str or bytes")
+    return hashlib.sha256(b"signoff-csrf\0" + secret).digest()
+
+
+async def _sign_in(request: Request) -> bytes:
+    """Who the request is signed in as: the principal (None if none) and its credential."""
+    principal = await get_context(request).principal(request)
+    who = None if principal is None else [principal.authenticator, principal.principal_id]
+    credential = bearer_token(request) or request.cookies.get(TOKEN_COOKIE, "")
+    return json.dumps([who, credential]).encode()
+
+
+def _mac(request: Request, sign_in: bytes, nonce: str) -> str:
+    key: bytes = get_context(request).secret
+    digest = hmac.new(key, sign_in + b"\0" + nonce.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def _valid(request: Request, token: str, sign_in: bytes) -> bool:
+    nonce, dot, mac = token.partition(".")
+    if not dot or not nonce or not token.isascii():
+        return False
+    return hmac.compare_digest(_mac(request, sign_in, nonce).encode(), mac.encode())
+
+
+async def csrf_token(request: Request) -> str:
+    """This page's token: the browser's own when it was made for this sign-in, else a new one."""
     cached = getattr(request.state, "csrf", None)
     if isinstance(cached, str):
         return cached
-    token = secrets.token_urlsafe(32)
+    sign_in = await _sign_in(request)
+    token = request.cookies.get(CSRF_COOKIE, "")
+    if not _valid(request, token, sign_in):
+        nonce = secrets.token_urlsafe(18)
+        token = f"{nonce}.{_mac(request, sign_in, nonce)}"
     request.state.csrf = token
     return token
 
 
-def _set_csrf(request: Request, response: Response, token: str) -> None:
+def set_csrf(request: Request, response: Response, token: str) -> None:
+    """Keep `token` in the browser's cookie (when it does not hold it already)."""
     if request.cookies.get(CSRF_COOKIE) != token:
         response.set_cookie(
             CSRF_COOKIE,
@@ -120,10 +173,17 @@ def _set_csrf(request: Request, response: Response, token: str) -> None:
 
 
 async def check_csrf(request: Request) -> dict[str, str]:
+    """The posted form's fields, once its token and the cookie's were both made for this
+    sign-in (they may differ: two tabs loaded at once each got their own)."""
     form = await request.form()
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
     cookie = request.cookies.get(CSRF_COOKIE, "")
     sent = request.headers.get("x-csrf-token") or fields.get("csrf", "")
-    if not cookie or not sent or not hmac.compare_digest(cookie.encode(), sent.encode()):
-        raise ApiError(403, "csrf_failed", "the form's CSRF token is missing or does not match")
+    sign_in = await _sign_in(request)
+    if not _valid(request, cookie, sign_in) or not _valid(request, sent, sign_in):
+        raise ApiError(
+            403,
+            "csrf_failed",
+            "the form's CSRF token is missing, or not the one for this sign-in: reload the page",
+        )
     return fields

@@ -64,12 +64,14 @@ def serve(
     log_level: str = "info",
     channels: Sequence[Channel] = (),
     channel_state: str | Path | None = None,
+    secret: str | bytes | None = None,
 ) -> None:
     """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`.
 
     `channels` (Slack, webhooks, ...) follow the queue while the server runs, from one
     `ChannelHub` whose delivery positions live in `channel_state` (a SQLite file; in memory if
-    None, so a restart starts at the end of the queue).
+    None, so a restart starts at the end of the queue). `secret` keys the dashboard's CSRF
+    tokens (see `create_app`).
     """
     import uvicorn
 
@@ -81,7 +83,9 @@ def serve(
         from ..channels import ChannelHub
 
         hub = ChannelHub(runtime, channels, state=channel_state)
-    app = create_app(runtime, auth=auth, dev=auth is None, close_runtime=True, channels=hub)
+    app = create_app(
+        runtime, auth=auth, dev=auth is None, close_runtime=True, channels=hub, secret=secret
+    )
     if auth is None and not is_loopback(host):
         print(
             "signoff: dev mode accepts requests from localhost only; pass API tokens to serve "

@@ -1,0 +1,165 @@
+"""The dashboard's CSRF token: bound to the sign-in it was minted for, keyed by the server."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from signoff.server import TokenAuth, create_app
+
+from .test_dashboard import csrf_of, signed_in, start
+from .test_server_common import TOKENS, auth, make_runtime, running, served
+
+JSON = {"Accept": "application/json"}
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[str]:
+    with served(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
+def token_of(base: str, cookies: dict[str, str] | None = None) -> str:
+    """The CSRF token a page gives a browser with `cookies` (none: a visitor not signed in)."""
+    with httpx.Client(base_url=base, cookies=cookies, timeout=10) as c:
+        path = "/_signoff/" if cookies else "/_signoff/login"
+        return csrf_of(c.get(path).text)
+
+
+def post_as(
+    base: str, cookies: dict[str, str], path: str, token: str, data: dict[str, str]
+) -> httpx.Response:
+    """A browser holding `cookies` posting a form that carries `token`, in the field and the
+    header, as the dashboard's script does."""
+    with httpx.Client(base_url=base, cookies=cookies, timeout=10) as c:
+        return c.post(path, data={**data, "csrf": token}, headers={**JSON, "X-CSRF-Token": token})
+
+
+def forged_post(base: str, path: str, token: str, data: dict[str, str]) -> httpx.Response:
+    """Alice's browser, into which an attacker planted `token` as the CSRF cookie, posting a
+    form that carries the same token (a cookie-tossing attack from a sibling host)."""
+    return post_as(base, {"signoff_token": "alice-token", "signoff_csrf": token}, path, token, data)
+
+
+def waiting(base: str, body: dict[str, Any]) -> bool:
+    r = httpx.get(f"{base}/v1/sessions/{body['session_id']}", headers=auth("alice-token"))
+    return bool(r.json()["status"] == "waiting")
+
+
+def test_a_planted_token_of_another_sign_in_is_refused(base: str) -> None:
+    body = start(base)
+    path = f"/_signoff/requests/{body['pending'][0]['id']}/respond"
+    planted = {
+        "mallory's own": token_of(base, {"signoff_token": "mallory-token"}),
+        "a visitor's": token_of(base),
+        "made up": "x" * 43,
+        "made up, short": "x",
+    }
+    for name, token in planted.items():
+        r = forged_post(base, path, token, {"option": "approve"})
+        assert r.status_code == 403, (name, r.text)
+        assert r.json()["error"]["code"] == "csrf_failed", name
+    assert waiting(base, body)  # nothing was settled
+    # alice's own token, from her own page, works
+    mine = token_of(base, {"signoff_token": "alice-token"})
+    r = forged_post(base, path, mine, {"option": "approve"})
+    assert r.status_code == 200 and r.json()["outcome"] == "approved", r.text
+
+
+def test_switching_users_in_one_browser_refuses_the_old_pages_token(base: str) -> None:
+    """Alice signs out and Bob signs in in the same browser: a form left open from Alice's
+    sign-in no longer posts, as Bob or as anyone; Bob's fresh pages do."""
+    with signed_in(base, "alice-token") as browser:
+        old = csrf_of(browser.get("/_signoff/new").text)
+        r = browser.post("/_signoff/logout", data={"csrf": old})
+        assert r.status_code == 303
+        login = browser.get("/_signoff/login")
+        r = browser.post(
+            "/_signoff/login", data={"token": "bob-token", "csrf": csrf_of(login.text)}
+        )
+        assert r.status_code == 303
+        jar = browser.cookies.get("signoff_csrf") or ""
+        form = {"agent": "support", "message": "Refund 1042"}
+        for cookie in {jar, old}:  # the cookie the browser now holds, or the old page's own
+            me = {"signoff_token": "bob-token", "signoff_csrf": cookie}
+            r = post_as(base, me, "/_signoff/sessions", old, form)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed", r.text
+        fresh = csrf_of(browser.get("/_signoff/new").text)
+        assert fresh != old
+        r = browser.post("/_signoff/sessions", data={**form, "csrf": fresh}, headers=JSON)
+        assert r.status_code == 200 and r.json()["ok"] is True, r.text
+    sessions = httpx.get(f"{base}/v1/requests", headers=auth("admin-token")).json()["items"]
+    assert [s["requested_by"]["principal_id"] for s in sessions] == ["bob"]
+
+
+def test_tokens_are_keyed_by_the_servers_secret(tmp_path: Path) -> None:
+    """A token minted by a server with another secret is refused; processes given one secret
+    accept each other's forms. Without one, each app draws its own."""
+    store = f"sqlite:///{tmp_path}/s.db"
+
+    def app(**kwargs: Any) -> Any:
+        return create_app(make_runtime(store), auth=TokenAuth(TOKENS), sweep_every=None, **kwargs)
+
+    me = {"signoff_token": "alice-token"}
+    form = {"agent": "support", "message": "x"}
+    with running(app(secret="one")) as one, running(app(secret="two")) as two:
+        minted = token_of(one, me)
+        r = forged_post(two, "/_signoff/sessions", minted, form)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+        with running(app(secret="one")) as twin:
+            r = forged_post(
+                twin, "/_signoff/sessions", minted, {"agent": "support", "message": "x"}
+            )
+            assert r.status_code == 200, r.text
+    with running(app()) as first, running(app()) as second:
+        minted = token_of(first, me)
+        r = forged_post(second, "/_signoff/sessions", minted, form)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+    with pytest.raises(ValueError, match="secret"):
+        app(secret="")
+
+
+async def test_dev_mode_forms_still_work(tmp_path: Path) -> None:
+    runtime = make_runtime(f"sqlite:///{tmp_path}/dev.db")
+    app = create_app(runtime, dev=True, sweep_every=None)
+    transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8000") as c:
+        token = csrf_of((await c.get("/_signoff/new")).text)
+        form = {"agent": "support", "message": "Refund 1042"}
+        r = await c.post("/_signoff/sessions", data=form, headers=JSON)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+        r = await c.post("/_signoff/sessions", data={**form, "csrf": token}, headers=JSON)
+        assert r.status_code == 200 and r.json()["ok"] is True, r.text
+    await runtime.close()
+
+
+def test_bearer_clients_post_with_the_token_of_their_page(base: str) -> None:
+    """A client authenticating with a bearer header (no sign-in cookie) uses the token its page
+    gave it; another bearer's page token is refused."""
+    with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as alice:
+        token = csrf_of(alice.get("/_signoff/new").text)
+        form = {"agent": "support", "message": "Refund 1042", "csrf": token}
+        r = alice.post("/_signoff/sessions", data=form, headers=JSON)
+        assert r.status_code == 200, r.text
+        with httpx.Client(base_url=base, headers=auth("bob-token"), timeout=10) as bob:
+            bob.cookies.set("signoff_csrf", token)
+            r = bob.post("/_signoff/sessions", data=form, headers=JSON)
+            assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+
+
+def test_two_pages_loaded_at_once_both_post(base: str) -> None:
+    """Two tabs loaded at once, before the browser held a token, each got a fresh token and
+    the cookie kept the later one: the earlier tab's forms post too, both made for Alice."""
+    me = {"signoff_token": "alice-token"}
+    first, second = token_of(base, me), token_of(base, me)
+    assert first != second
+    form = {"agent": "support", "message": "Refund 1042"}
+    r = post_as(base, {**me, "signoff_csrf": second}, "/_signoff/sessions", first, form)
+    assert r.status_code == 200 and r.json()["ok"] is True, r.text
+    # the cookie must still be one made for this sign-in, not merely present
+    r = post_as(base, {**me, "signoff_csrf": "x" * 43}, "/_signoff/sessions", first, form)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
