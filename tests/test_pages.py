@@ -98,7 +98,7 @@ def test_switching_users_in_one_browser_refuses_the_old_pages_token(base: str) -
 
 def test_tokens_are_keyed_by_the_servers_secret(tmp_path: Path) -> None:
     """A token minted by a server with another secret is refused; processes given one secret
-    accept each other's forms. Without one, each app draws its own."""
+    accept each other's forms, and so do processes given none."""
     store = f"sqlite:///{tmp_path}/s.db"
 
     def app(**kwargs: Any) -> Any:
@@ -115,9 +115,14 @@ def test_tokens_are_keyed_by_the_servers_secret(tmp_path: Path) -> None:
                 twin, "/_signoff/sessions", minted, {"agent": "support", "message": "x"}
             )
             assert r.status_code == 200, r.text
+    # Without a secret, processes (or a restart) accept each other's tokens, and the sign-in's
+    # credential alone makes them unforgeable: a token minted for another one is refused.
     with running(app()) as first, running(app()) as second:
         minted = token_of(first, me)
         r = forged_post(second, "/_signoff/sessions", minted, form)
+        assert r.status_code == 200, r.text
+        other = token_of(first, {"signoff_token": "bob-token"})
+        r = forged_post(second, "/_signoff/sessions", other, form)
         assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
     with pytest.raises(ValueError, match="secret"):
         app(secret="")

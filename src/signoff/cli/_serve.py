@@ -72,8 +72,8 @@ def serve(
         typer.Option(
             "--secret",
             envvar="SIGNOFF_SECRET",
-            help="Keys the dashboard's CSRF tokens; give every process serving it the same one "
-            "(default: a random one per process).",
+            help="Keys the dashboard's CSRF tokens (the same in every process serving it); "
+            "without it they are bound to the sign-in's token alone.",
         ),
     ] = None,
     channel_state: Annotated[

@@ -78,8 +78,8 @@ def create_app(
     interactivity endpoint) are mounted on the app. Every `sweep_every` seconds the app applies
     passed request deadlines (`Runtime.expire_due`); None turns that off (workers do it too).
     A request body over `max_body_size` bytes is refused with 413 `payload_too_large`.
-    `secret` keys the dashboard's CSRF tokens: give every process serving one dashboard the same
-    one; None draws a random one, so this app alone (until it restarts) accepts its tokens.
+    `secret` keys the dashboard's CSRF tokens, which are bound to the sign-in's credential; set
+    one (the same in every process) when the authenticator's sign-ins carry no credential.
     """
     if auth is None:
         if not dev:

@@ -1,11 +1,11 @@
 """How a dashboard page is made: the Jinja environment over `templates/` with the dashboard's
 filters, and the CSRF token a page sets and every form posted back must carry.
 
-The token is `nonce.mac`, the mac an HMAC (keyed with the server's secret) of the nonce and the
-sign-in the page was made for: the principal and the credential it signed in with. It is kept
-in a cookie and sent back in the form (or header), and both must be made for the current sign-in:
-a token planted by another host (cookie tossing) or left from another sign-in in the same browser
-is refused, and a cross-site post carries no cookie at all."""
+The token is `nonce.mac`, the mac an HMAC (keyed with the server's secret, if it has one) of
+the nonce and the sign-in the page was made for: the principal and the credential it signed in
+with. It is kept in a cookie and sent back in the form (or header), and both must be made for
+the current sign-in: a token planted by another host (cookie tossing) or left from another
+sign-in in the same browser is refused, and a cross-site post carries no cookie at all."""
 
 from __future__ import annotations
 
@@ -114,9 +114,10 @@ async def render(name: str, request: Request, code: int = 200, **context: Any) -
 
 
 def csrf_key(secret: str | bytes | None) -> bytes:
-    """The key of the CSRF tokens: from `secret`, or random (this app's tokens only)."""
+    """The key of the CSRF tokens, from `secret`. Without one the key is fixed, so processes and
+    restarts agree, and a token is unforgeable only through the sign-in's credential it binds."""
     if secret is None:
-        return secrets.token_bytes(32)
+        return hashlib.sha256(b"signoff-csrf\0").digest()
     if isinstance(secret, str):
         secret = secret.encode()
     if not isinstance(secret, bytes) or not secret:
