@@ -1,0 +1,172 @@
+"""Several OS processes on one SQLite file, as `signoff serve`, workers, the CLI and scripts use
+it: opening a new file together, a writer elsewhere, the file deleted or replaced under an open
+store. Each failure is a named `StoreError`, never a raw `sqlite3` error or a silent loss.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.stores import Commit, SQLiteStore
+from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
+
+HOLD_WRITE_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("CREATE TABLE IF NOT EXISTS other (x)")  # a file in rollback-journal mode
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("INSERT INTO other VALUES (1)")
+print("holding", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+print("released", flush=True)
+"""
+
+
+def _event(sid: str, seq: int, type: str = "session.created") -> so.Event:
+    return so.Event(session_id=sid, seq=seq, type=type, at=float(seq), data={})  # type: ignore[arg-type]
+
+
+def test_opening_waits_for_a_writer_elsewhere_instead_of_failing(tmp_path: Path) -> None:
+    # Switching a file to WAL while another process writes to it makes SQLite answer "database
+    # is locked" at once, without its busy handler; the open must wait as a write would.
+    path = tmp_path / "state.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_WRITE_LOCK, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        store = SQLiteStore(f"sqlite:///{path}", busy_timeout=10)
+        errors: list[BaseException] = []
+
+        def open_it() -> None:
+            try:
+                store.open_sync()
+            except BaseException as exc:
+                errors.append(exc)
+
+        opener = threading.Thread(target=open_it)
+        opener.start()
+        opener.join(timeout=0.3)  # the writer still holds its lock meanwhile
+        assert errors == [] and opener.is_alive(), errors
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "released"
+        opener.join(timeout=10)
+        assert not opener.is_alive() and errors == [], errors
+        assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        store.conn.close()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(timeout=10)
+        holder.stdin.close()
+        holder.stdout.close()
+
+
+def _open_at(path: str, barrier: multiprocessing.synchronize.Barrier) -> None:
+    barrier.wait()
+    SQLiteStore(f"sqlite:///{path}", busy_timeout=10).open_sync()
+
+
+def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    # `signoff serve` and a few workers started together on a file that does not exist yet.
+    ctx = multiprocessing.get_context("fork")
+    n = 6
+    for trial in range(20):
+        path = str(tmp_path / f"state-{trial}.db")
+        barrier = ctx.Barrier(n)
+        procs = [ctx.Process(target=_open_at, args=(path, barrier)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=30)
+        assert [p.exitcode for p in procs] == [0] * n, f"trial {trial}"
+
+
+async def test_a_write_to_a_file_deleted_under_the_store_is_refused(tmp_path: Path) -> None:
+    # Once the file is unlinked, SQLite writes on to the orphaned inode in WAL mode: answers
+    # would be acknowledged, and tools run, on a file no other process will ever read.
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.acquire_lease("s1", "A", 10, 0)
+    assert not store.conn.in_transaction
+    await store.close()
+    assert not path.exists()  # nothing recreated it behind the caller's back
+
+
+async def test_a_file_replaced_under_the_store_is_not_written_to(tmp_path: Path) -> None:
+    # A backup moved into place over the live file: writing on to the old inode would lose it.
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    other = SQLiteStore(f"sqlite:///{tmp_path / 'backup.db'}")
+    await other.create_session("s1", "a", [_event("s1", 1)], None)
+    await other.close()
+    os.replace(tmp_path / "backup.db", path)
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.create_session("s2", "a", [_event("s2", 1)], None)
+    await store.close()
+    reopened = SQLiteStore(f"sqlite:///{path}")
+    assert await reopened.head("s1") == 1 and await reopened.head("s2") is None
+    await reopened.close()
+
+
+async def test_a_runtime_whose_file_was_deleted_does_not_run_the_approved_tool(
+    tmp_path: Path,
+) -> None:
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> dict[str, str]:
+        return {"refunded": order_id}
+
+    agent = scripted_agent(
+        "a", [call_tools(call("issue_refund", order_id="1")), reply("Done.")], tools=[issue_refund]
+    )
+    path = tmp_path / "state.db"
+    async with so.Runtime([agent], store=f"sqlite:///{path}") as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert r.status == "waiting"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        answer = so.InputResponse(request_id=r.pending[0].id, option_id="approve")
+        with pytest.raises(so.StoreError, match="deleted or replaced"):
+            await rt.respond(r.session_id, [answer])
+    assert log.count("issue_refund") == 0
+
+
+async def test_the_relative_path_of_an_open_store_survives_a_change_of_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore("sqlite:///state.db")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    await store.commit(
+        Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+    )
+    assert await store.head("s1") == 2
+    await store.close()
