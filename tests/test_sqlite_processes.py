@@ -170,3 +170,44 @@ async def test_the_relative_path_of_an_open_store_survives_a_change_of_directory
     )
     assert await store.head("s1") == 2
     await store.close()
+
+
+HOLD_STORE_WRITE_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("UPDATE sessions SET updated_at = updated_at")
+print("holding", flush=True)
+sys.stdin.readline()
+conn.execute("ROLLBACK")
+"""
+
+
+async def test_a_reader_opens_the_store_while_another_process_holds_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    # In WAL mode readers never wait for the writer: `signoff pending`, `events` or a dashboard
+    # starting while a worker holds the write lock (or stalls in a commit) must still read.
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    await store.close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_STORE_WRITE_LOCK, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        reader = SQLiteStore(f"sqlite:///{path}", busy_timeout=0.2)
+        await reader.open()
+        assert await reader.head("s1") == 1
+        with pytest.raises(so.StoreError, match="locked"):  # writing still waits, and says so
+            await reader.acquire_lease("s1", "A", 10, 0)
+        await reader.close()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+        holder.stdout.close()

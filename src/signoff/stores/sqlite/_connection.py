@@ -68,6 +68,16 @@ def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
+def _is_current(conn: sqlite3.Connection) -> bool:
+    """Whether the file already has this signoff's schema: opening it then writes nothing, so a
+    reader never waits for another process's write lock (in WAL mode readers need none)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    except sqlite3.Error:
+        return False  # a new file, or one the write transaction will name the fault of
+    return row is not None and row[0] == str(STORE_SCHEMA)
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """The device and inode of the file at `path`, or None if there is none."""
     try:
@@ -125,25 +135,8 @@ class Connection:
             if self.path != ":memory:":
                 where = os.path.abspath(self.path)
                 self._opened = (where, _identity(where))
-            with immediate(conn, self._same_file):
-                conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-                row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-                found = STORE_SCHEMA if row is None else _schema_version(self.path, row[0])
-                if found > STORE_SCHEMA:
-                    raise SchemaVersionError(
-                        f"{self.path} has store schema {row[0]}; this signoff knows up to "
-                        f"{STORE_SCHEMA}. Upgrade signoff."
-                    )
-                if found == 1:
-                    upgrade_from_1(conn)
-                for statement in SCHEMA.strip().split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema', ?) "
-                    "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
-                    (str(STORE_SCHEMA),),
-                )
+            if not _is_current(conn):
+                self._set_up(conn)
         except BaseException as exc:
             if conn is not None:
                 conn.close()
@@ -151,6 +144,28 @@ class Connection:
                 raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
             raise
         self._conn = conn
+
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        """Create the schema, or bring an older one up to date, in one write transaction."""
+        with immediate(conn, self._same_file):
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            found = STORE_SCHEMA if row is None else _schema_version(self.path, row[0])
+            if found > STORE_SCHEMA:
+                raise SchemaVersionError(
+                    f"{self.path} has store schema {row[0]}; this signoff knows up to "
+                    f"{STORE_SCHEMA}. Upgrade signoff."
+                )
+            if found == 1:
+                upgrade_from_1(conn)
+            for statement in SCHEMA.strip().split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                (str(STORE_SCHEMA),),
+            )
 
     async def close(self) -> None:
         if self._conn is not None:
