@@ -211,3 +211,93 @@ async def test_a_reader_opens_the_store_while_another_process_holds_the_write_lo
         holder.stdin.close()
         holder.wait(timeout=10)
         holder.stdout.close()
+
+
+STALL_INSIDE_COMMIT = """
+import asyncio, sys, time
+import signoff as so
+from signoff.stores import Commit, SQLiteStore
+
+def stall(*args, **kwargs):
+    print("inside", flush=True)  # the commit's rows are written, its transaction still open
+    time.sleep(3600)
+
+SQLiteStore._insert_session_audit = staticmethod(stall)
+event = so.Event(session_id="s1", seq=2, type="turn.waiting", at=2.0, data={})
+store = SQLiteStore(sys.argv[1])
+asyncio.run(store.commit(Commit(session_id="s1", expected_seq=1, events=[event])))
+"""
+
+
+async def test_a_process_killed_inside_a_commit_leaves_no_trace_and_no_lock(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = SQLiteStore(url, busy_timeout=5)
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    child = subprocess.Popen(
+        [sys.executable, "-c", STALL_INSIDE_COMMIT, url], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    try:
+        assert child.stdout.readline().strip() == "inside"
+        child.kill()  # SIGKILL: no rollback runs in the child
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+        child.stdout.close()
+    assert await store.head("s1") == 1 and len(await store.read_events("s1")) == 1
+    await store.commit(  # the lock died with the process: this write does not wait
+        Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+    )
+    assert [e.seq for e in await store.read_events("s1")] == [1, 2]
+    await store.close()
+
+
+def test_two_clis_answering_one_request_at_once_one_wins(tmp_path: Path) -> None:
+    # An approve and a deny typed at once in two terminals: one is recorded; the other exits 1
+    # naming ConflictingAnswer, and the store holds exactly one settlement.
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> dict[str, str]:
+        return {"refunded": order_id}
+
+    agent = scripted_agent(
+        "a", [call_tools(call("issue_refund", order_id="1")), reply("Done.")], tools=[issue_refund]
+    )
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    alice = so.Principal(authenticator="test", principal_id="alice")
+    rt = so.Runtime([agent], store=url)
+    try:
+        r = rt.generate_sync("a", prompt="refund order 1", auth=alice)
+    finally:
+        rt.close_sync()
+    request_id = r.pending[0].id
+    env = {**os.environ, "SIGNOFF_STORE": url, "SIGNOFF_PRINCIPAL": "test:alice"}
+    clis = [
+        subprocess.Popen(
+            [sys.executable, "-m", "signoff", command, request_id, "--reason", "why"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for command in ("approve", "deny")
+    ]
+    results = [(*cli.communicate(timeout=60), cli.returncode) for cli in clis]
+    assert sorted(code for _, _, code in results) == [0, 1], results
+    [(won, _, _)] = [res for res in results if res[2] == 0]
+    [(_, lost, _)] = [res for res in results if res[2] == 1]
+    assert lost.startswith("error: ConflictingAnswer:") and len(lost.strip().splitlines()) == 1
+    assert won.startswith(("approved ", "denied ")), won
+    rt = so.Runtime([agent], store=url)
+    try:
+        events = rt.events_sync(r.session_id)
+    finally:
+        rt.close_sync()
+    settled = [e.data["decision"] for e in events if e.type == "approval.settled"]
+    assert settled == ["approve" if won.startswith("approved") else "cancel"], settled
+    assert log.count() == 0  # recorded only: no runtime here drives the turn
