@@ -5,7 +5,9 @@ and writes."""
 from __future__ import annotations
 
 import functools
+import os
 import sqlite3
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -48,6 +50,43 @@ def _schema_version(path: str, value: object) -> int:
         raise StoreError(f"{path} is damaged: its store schema mark is {value!r}") from None
 
 
+def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """Put the file in WAL mode. SQLite refuses the switch at once while another connection
+    writes to a file not yet in WAL (two processes opening a new file together), without calling
+    its busy handler, so the switch is retried for up to the busy timeout as a write would wait."""
+    deadline = time.monotonic() + timeout
+    pause = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            busy = (exc.sqlite_errorcode & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+            if not busy or time.monotonic() + pause > deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+
+
+def _is_current(conn: sqlite3.Connection) -> bool:
+    """Whether the file already has this signoff's schema: opening it then writes nothing, so a
+    reader never waits for another process's write lock (in WAL mode readers need none)."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    except sqlite3.Error:
+        return False  # a new file, or one the write transaction will name the fault of
+    return row is not None and row[0] == str(STORE_SCHEMA)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    """The device and inode of the file at `path`, or None if there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 class Connection:
     """What every part of `SQLiteStore` stands on: its settings, its connection (opened, and the
     schema brought up to date, on first use), what it remembers of sessions and leases, and its
@@ -62,6 +101,7 @@ class Connection:
         self._sk: dict[str, int] = {}
         self._tails = Tails()
         self._leased: set[tuple[str, int]] = set()
+        self._opened: tuple[str, tuple[int, int] | None] | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -86,31 +126,17 @@ class Connection:
             )
             conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
             conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only; before WAL
-            conn.execute("PRAGMA journal_mode=WAL")
+            _switch_to_wal(conn, self.busy_timeout)
             conn.execute("PRAGMA synchronous=NORMAL")
             # Checkpoint every 256 pages (512 KB) and shrink the WAL back to that size after,
             # instead of SQLite's default of letting it reach and stay at about 4 MB.
             conn.execute(f"PRAGMA wal_autocheckpoint={WAL_CHECKPOINT_PAGES}")
             conn.execute(f"PRAGMA journal_size_limit={WAL_CHECKPOINT_PAGES * PAGE_SIZE}")
-            with immediate(conn):
-                conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-                row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-                found = STORE_SCHEMA if row is None else _schema_version(self.path, row[0])
-                if found > STORE_SCHEMA:
-                    raise SchemaVersionError(
-                        f"{self.path} has store schema {row[0]}; this signoff knows up to "
-                        f"{STORE_SCHEMA}. Upgrade signoff."
-                    )
-                if found == 1:
-                    upgrade_from_1(conn)
-                for statement in SCHEMA.strip().split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
-                conn.execute(
-                    "INSERT INTO meta (key, value) VALUES ('schema', ?) "
-                    "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
-                    (str(STORE_SCHEMA),),
-                )
+            if self.path != ":memory:":
+                where = os.path.abspath(self.path)
+                self._opened = (where, _identity(where))
+            if not _is_current(conn):
+                self._set_up(conn)
         except BaseException as exc:
             if conn is not None:
                 conn.close()
@@ -119,10 +145,45 @@ class Connection:
             raise
         self._conn = conn
 
+    def _set_up(self, conn: sqlite3.Connection) -> None:
+        """Create the schema, or bring an older one up to date, in one write transaction."""
+        with immediate(conn, self._same_file):
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
+            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            found = STORE_SCHEMA if row is None else _schema_version(self.path, row[0])
+            if found > STORE_SCHEMA:
+                raise SchemaVersionError(
+                    f"{self.path} has store schema {row[0]}; this signoff knows up to "
+                    f"{STORE_SCHEMA}. Upgrade signoff."
+                )
+            if found == 1:
+                upgrade_from_1(conn)
+            for statement in SCHEMA.strip().split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.execute(
+                "INSERT INTO meta (key, value) VALUES ('schema', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                (str(STORE_SCHEMA),),
+            )
+
     async def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+    def _same_file(self) -> None:
+        """Refuse to write when the file at the store's path is no longer the one this store
+        opened (deleted, or another moved over it): SQLite would write on to the orphaned file,
+        which no other process reads, and the answers it acknowledged would be lost."""
+        if self._opened is None:
+            return
+        where, identity = self._opened
+        if identity is None or _identity(where) != identity:
+            raise StoreError(
+                f"{self.path} was deleted or replaced after this store opened it; nothing was "
+                "written. Close the store (or restart the process) to open the file there now."
+            )
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:
         self._fault = hook
@@ -153,13 +214,15 @@ class Connection:
 
 
 @contextmanager
-def immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    """One `BEGIN IMMEDIATE` transaction. A failure of SQLite itself (the file locked past
-    busy_timeout, a full disk, a damaged file) is a `StoreError`; a constraint violation is left
-    to the caller, which knows what it means."""
+def immediate(conn: sqlite3.Connection, check: Callable[[], None] | None = None) -> Iterator[None]:
+    """One `BEGIN IMMEDIATE` transaction, after which `check` may still refuse it. A failure of
+    SQLite itself (the file locked past busy_timeout, a full disk, a damaged file) is a
+    `StoreError`; a constraint violation is left to the caller, which knows what it means."""
     try:
         conn.execute("BEGIN IMMEDIATE")
         try:
+            if check is not None:
+                check()
             yield
         except BaseException:
             if conn.in_transaction:  # SQLite rolls some failures back by itself

@@ -10,7 +10,9 @@ __all__ = ["PAGE_SIZE", "SCHEMA", "STORE_SCHEMA", "WAL_CHECKPOINT_PAGES", "upgra
 STORE_SCHEMA = 3
 """2: audit entries point at their events, chain heads in the session rows. 3: event rows hold a
 type code, a turn id only where it changes, and data that may be stored on the event before
-(`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file."""
+(`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file.
+A file already marked with this version is opened without running `SCHEMA` (so that opening
+writes nothing), so any change to `SCHEMA` needs a new version."""
 
 PAGE_SIZE = 2048
 """Bytes per page of a new file. Rows are small (event data is packed), and every table and

@@ -1,0 +1,303 @@
+"""Several OS processes on one SQLite file, as `signoff serve`, workers, the CLI and scripts use
+it: opening a new file together, a writer elsewhere, the file deleted or replaced under an open
+store. Each failure is a named `StoreError`, never a raw `sqlite3` error or a silent loss.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.stores import Commit, SQLiteStore
+from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
+
+HOLD_WRITE_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("CREATE TABLE IF NOT EXISTS other (x)")  # a file in rollback-journal mode
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("INSERT INTO other VALUES (1)")
+print("holding", flush=True)
+sys.stdin.readline()
+conn.execute("COMMIT")
+print("released", flush=True)
+"""
+
+
+def _event(sid: str, seq: int, type: str = "session.created") -> so.Event:
+    return so.Event(session_id=sid, seq=seq, type=type, at=float(seq), data={})  # type: ignore[arg-type]
+
+
+def test_opening_waits_for_a_writer_elsewhere_instead_of_failing(tmp_path: Path) -> None:
+    # Switching a file to WAL while another process writes to it makes SQLite answer "database
+    # is locked" at once, without its busy handler; the open must wait as a write would.
+    path = tmp_path / "state.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_WRITE_LOCK, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        store = SQLiteStore(f"sqlite:///{path}", busy_timeout=10)
+        errors: list[BaseException] = []
+
+        def open_it() -> None:
+            try:
+                store.open_sync()
+            except BaseException as exc:
+                errors.append(exc)
+
+        opener = threading.Thread(target=open_it)
+        opener.start()
+        opener.join(timeout=0.3)  # the writer still holds its lock meanwhile
+        assert errors == [] and opener.is_alive(), errors
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "released"
+        opener.join(timeout=10)
+        assert not opener.is_alive() and errors == [], errors
+        assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        store.conn.close()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(timeout=10)
+        holder.stdin.close()
+        holder.stdout.close()
+
+
+def _open_at(path: str, barrier: multiprocessing.synchronize.Barrier) -> None:
+    barrier.wait()
+    SQLiteStore(f"sqlite:///{path}", busy_timeout=10).open_sync()
+
+
+def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
+    # `signoff serve` and a few workers started together on a file that does not exist yet.
+    ctx = multiprocessing.get_context("fork")
+    n = 6
+    for trial in range(20):
+        path = str(tmp_path / f"state-{trial}.db")
+        barrier = ctx.Barrier(n)
+        procs = [ctx.Process(target=_open_at, args=(path, barrier)) for _ in range(n)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=30)
+        assert [p.exitcode for p in procs] == [0] * n, f"trial {trial}"
+
+
+async def test_a_write_to_a_file_deleted_under_the_store_is_refused(tmp_path: Path) -> None:
+    # Once the file is unlinked, SQLite writes on to the orphaned inode in WAL mode: answers
+    # would be acknowledged, and tools run, on a file no other process will ever read.
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.acquire_lease("s1", "A", 10, 0)
+    assert not store.conn.in_transaction
+    await store.close()
+    assert not path.exists()  # nothing recreated it behind the caller's back
+
+
+async def test_a_file_replaced_under_the_store_is_not_written_to(tmp_path: Path) -> None:
+    # A backup moved into place over the live file: writing on to the old inode would lose it.
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    other = SQLiteStore(f"sqlite:///{tmp_path / 'backup.db'}")
+    await other.create_session("s1", "a", [_event("s1", 1)], None)
+    await other.close()
+    os.replace(tmp_path / "backup.db", path)
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.create_session("s2", "a", [_event("s2", 1)], None)
+    await store.close()
+    reopened = SQLiteStore(f"sqlite:///{path}")
+    assert await reopened.head("s1") == 1 and await reopened.head("s2") is None
+    await reopened.close()
+
+
+async def test_a_runtime_whose_file_was_deleted_does_not_run_the_approved_tool(
+    tmp_path: Path,
+) -> None:
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> dict[str, str]:
+        return {"refunded": order_id}
+
+    agent = scripted_agent(
+        "a", [call_tools(call("issue_refund", order_id="1")), reply("Done.")], tools=[issue_refund]
+    )
+    path = tmp_path / "state.db"
+    async with so.Runtime([agent], store=f"sqlite:///{path}") as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert r.status == "waiting"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        answer = so.InputResponse(request_id=r.pending[0].id, option_id="approve")
+        with pytest.raises(so.StoreError, match="deleted or replaced"):
+            await rt.respond(r.session_id, [answer])
+    assert log.count("issue_refund") == 0
+
+
+async def test_the_relative_path_of_an_open_store_survives_a_change_of_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore("sqlite:///state.db")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    await store.commit(
+        Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+    )
+    assert await store.head("s1") == 2
+    await store.close()
+
+
+HOLD_STORE_WRITE_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+conn.execute("UPDATE sessions SET updated_at = updated_at")
+print("holding", flush=True)
+sys.stdin.readline()
+conn.execute("ROLLBACK")
+"""
+
+
+async def test_a_reader_opens_the_store_while_another_process_holds_the_write_lock(
+    tmp_path: Path,
+) -> None:
+    # In WAL mode readers never wait for the writer: `signoff pending`, `events` or a dashboard
+    # starting while a worker holds the write lock (or stalls in a commit) must still read.
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    await store.close()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_STORE_WRITE_LOCK, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        reader = SQLiteStore(f"sqlite:///{path}", busy_timeout=0.2)
+        await reader.open()
+        assert await reader.head("s1") == 1
+        with pytest.raises(so.StoreError, match="locked"):  # writing still waits, and says so
+            await reader.acquire_lease("s1", "A", 10, 0)
+        await reader.close()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=10)
+        holder.stdout.close()
+
+
+STALL_INSIDE_COMMIT = """
+import asyncio, sys, time
+import signoff as so
+from signoff.stores import Commit, SQLiteStore
+
+def stall(*args, **kwargs):
+    print("inside", flush=True)  # the commit's rows are written, its transaction still open
+    time.sleep(3600)
+
+SQLiteStore._insert_session_audit = staticmethod(stall)
+event = so.Event(session_id="s1", seq=2, type="turn.waiting", at=2.0, data={})
+store = SQLiteStore(sys.argv[1])
+asyncio.run(store.commit(Commit(session_id="s1", expected_seq=1, events=[event])))
+"""
+
+
+async def test_a_process_killed_inside_a_commit_leaves_no_trace_and_no_lock(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    store = SQLiteStore(url, busy_timeout=5)
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    child = subprocess.Popen(
+        [sys.executable, "-c", STALL_INSIDE_COMMIT, url], stdout=subprocess.PIPE, text=True
+    )
+    assert child.stdout is not None
+    try:
+        assert child.stdout.readline().strip() == "inside"
+        child.kill()  # SIGKILL: no rollback runs in the child
+        child.wait(timeout=10)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=10)
+        child.stdout.close()
+    assert await store.head("s1") == 1 and len(await store.read_events("s1")) == 1
+    await store.commit(  # the lock died with the process: this write does not wait
+        Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+    )
+    assert [e.seq for e in await store.read_events("s1")] == [1, 2]
+    await store.close()
+
+
+def test_two_clis_answering_one_request_at_once_one_wins(tmp_path: Path) -> None:
+    # An approve and a deny typed at once in two terminals: one is recorded; the other exits 1
+    # naming ConflictingAnswer, and the store holds exactly one settlement.
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> dict[str, str]:
+        return {"refunded": order_id}
+
+    agent = scripted_agent(
+        "a", [call_tools(call("issue_refund", order_id="1")), reply("Done.")], tools=[issue_refund]
+    )
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    alice = so.Principal(authenticator="test", principal_id="alice")
+    rt = so.Runtime([agent], store=url)
+    try:
+        r = rt.generate_sync("a", prompt="refund order 1", auth=alice)
+    finally:
+        rt.close_sync()
+    request_id = r.pending[0].id
+    env = {**os.environ, "SIGNOFF_STORE": url, "SIGNOFF_PRINCIPAL": "test:alice"}
+    clis = [
+        subprocess.Popen(
+            [sys.executable, "-m", "signoff", command, request_id, "--reason", "why"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for command in ("approve", "deny")
+    ]
+    results = [(*cli.communicate(timeout=60), cli.returncode) for cli in clis]
+    assert sorted(code for _, _, code in results) == [0, 1], results
+    [(won, _, _)] = [res for res in results if res[2] == 0]
+    [(_, lost, _)] = [res for res in results if res[2] == 1]
+    assert lost.startswith("error: ConflictingAnswer:") and len(lost.strip().splitlines()) == 1
+    assert won.startswith(("approved ", "denied ")), won
+    rt = so.Runtime([agent], store=url)
+    try:
+        events = rt.events_sync(r.session_id)
+    finally:
+        rt.close_sync()
+    settled = [e.data["decision"] for e in events if e.type == "approval.settled"]
+    assert settled == ["approve" if won.startswith("approved") else "cancel"], settled
+    assert log.count() == 0  # recorded only: no runtime here drives the turn
