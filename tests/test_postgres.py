@@ -813,3 +813,39 @@ async def test_server_gone_after_open_is_a_store_error() -> None:
         await store.close()
     finally:
         cluster.stop()
+
+
+async def _kill_all_but(observer: psycopg.AsyncConnection[Any]) -> int:
+    """Terminate every other client backend of this database (as a server restart would)."""
+    cur = await observer.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+        "current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+    )
+    return len(await cur.fetchall())
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+async def test_a_pool_of_connections_all_killed_while_idle_is_renewed(
+    pg_store_url: str, op: str
+) -> None:
+    """After a server restart every idle connection in the pool is dead: the next read or write
+    must not use them up one retry at a time and fail, but go on over fresh connections."""
+    store = PostgresStore(pg_store_url, min_size=4, max_size=4)
+    try:
+        sid = await new_session(store)
+
+        async def busy() -> None:
+            await store.read_events(sid)
+            await asyncio.sleep(0.05)
+
+        await asyncio.gather(*(busy() for _ in range(4)))  # four connections, all idle now
+        observer = await admin(pg_store_url)
+        async with observer:
+            assert await _kill_all_but(observer) >= 4
+        if op == "read":
+            assert [e.seq for e in await store.read_events(sid)] == [1]
+        else:
+            await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+            assert await store.head(sid) == 2
+    finally:
+        await store.close()

@@ -280,6 +280,7 @@ class Connections:
                 ) from exc
             except psycopg.OperationalError as exc:
                 if broken and attempt == 0:
+                    await self._after_loss(pool)
                     continue
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
             except psycopg.Error as exc:
@@ -365,6 +366,7 @@ class Connections:
             except psycopg.OperationalError as exc:
                 if not broken:  # the server answered: the transaction was rolled back
                     raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
+                await self._after_loss(pool)
                 if transaction and phase in ("commit", "done"):
                     # The server may or may not have committed before the connection dropped.
                     if committed is not None:
@@ -393,6 +395,12 @@ class Connections:
                     ) from None
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
+
+    async def _after_loss(self, pool: AsyncConnectionPool[Conn]) -> None:
+        """A connection was lost, so the others idle in the pool may be too (the server restarted):
+        test them now, so that the check and the retry that follow get a live one."""
+        with contextlib.suppress(psycopg.Error):
+            await pool.check()
 
     def _sync_setting(self, synchronous: bool) -> str | None:
         """The `synchronous_commit` a write's transaction needs, None for the server's."""
