@@ -11,17 +11,23 @@ import time
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreError
 from .._base import FaultHook
 from .._codec import Tails
 from ._schema import PAGE_SIZE, SCHEMA, STORE_SCHEMA, WAL_CHECKPOINT_PAGES, upgrade_from_1
 
-__all__ = ["Connection", "immediate", "reading"]
+__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "reading"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+C = TypeVar("C", bound="Connection")
+
+READ_CHECK_EVERY = 0.1
+"""Seconds a read may go without checking that the file is still the one opened. A `stat` costs
+about as much as the cheapest read; a read this soon after the file changed is no staler than
+one just before it, and writes and `wait_for_change`'s polls check every time."""
 
 
 def _path_from_url(url: str) -> str:
@@ -102,6 +108,7 @@ class Connection:
         self._tails = Tails()
         self._leased: set[tuple[str, int]] = set()
         self._opened: tuple[str, tuple[int, int] | None] | None = None
+        self._checked = -READ_CHECK_EVERY  # when a read last found the file the one opened
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -172,18 +179,26 @@ class Connection:
             self._conn.close()
             self._conn = None
 
-    def _same_file(self) -> None:
-        """Refuse to write when the file at the store's path is no longer the one this store
-        opened (deleted, or another moved over it): SQLite would write on to the orphaned file,
-        which no other process reads, and the answers it acknowledged would be lost."""
+    def _same_file(self, done: str = "written") -> None:
+        """Refuse to write, or read, when the file at the store's path is no longer the one this
+        store opened (deleted, or another moved over it): SQLite would go on with the orphaned
+        file, which no other process uses, so answers it acknowledged would be lost and readers
+        would never see another change. It costs one `stat` of the path."""
         if self._opened is None:
             return
         where, identity = self._opened
         if identity is None or _identity(where) != identity:
             raise StoreError(
                 f"{self.path} was deleted or replaced after this store opened it; nothing was "
-                "written. Close the store (or restart the process) to open the file there now."
+                f"{done}. Close the store (or restart the process) to open the file there now."
             )
+
+    def _same_file_lately(self) -> None:
+        """`_same_file` for a read: at most every `READ_CHECK_EVERY` seconds."""
+        now = time.monotonic()
+        if now - self._checked >= READ_CHECK_EVERY:
+            self._same_file("read")
+            self._checked = now
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:
         self._fault = hook
@@ -236,15 +251,17 @@ def immediate(conn: sqlite3.Connection, check: Callable[[], None] | None = None)
 
 
 def reading(
-    read: Callable[P, Coroutine[Any, Any, R]],
-) -> Callable[P, Coroutine[Any, Any, R]]:
-    """A read outside any transaction, whose failure of SQLite itself (a damaged file, an I/O
-    error) is a `StoreError`, as it is for writes (`immediate`)."""
+    read: Callable[Concatenate[C, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[C, P], Coroutine[Any, Any, R]]:
+    """A read outside any transaction, refused like a write once the file was deleted or
+    replaced under the store (within `READ_CHECK_EVERY`), and whose failure of SQLite itself (a
+    damaged file, an I/O error) is a `StoreError`, as it is for writes (`immediate`)."""
 
     @functools.wraps(read)
-    async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+    async def guarded(store: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return await read(*args, **kwargs)
+            store._same_file_lately()
+            return await read(store, *args, **kwargs)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite read failed: {exc}") from exc
 

@@ -288,6 +288,7 @@ class SQLiteStore(Reads, Leases):
         """
 
         def mark() -> tuple[int, int]:
+            self._same_file("read")  # a file deleted or replaced under us never changes again
             if session_id is None:
                 row = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
                 count, total = row.fetchone()
