@@ -5,6 +5,7 @@ store. Each failure is a named `StoreError`, never a raw `sqlite3` error or a si
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import subprocess
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 
 import signoff as so
-from signoff.stores import Commit, SQLiteStore
+from signoff.stores import Commit, PendingFilter, SQLiteStore
+from signoff.stores.sqlite._connection import READ_CHECK_EVERY
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
 HOLD_WRITE_LOCK = """
@@ -216,7 +218,8 @@ async def test_a_reader_opens_the_store_while_another_process_holds_the_write_lo
 STALL_INSIDE_COMMIT = """
 import asyncio, sys, time
 import signoff as so
-from signoff.stores import Commit, SQLiteStore
+from signoff.stores import Commit, PendingFilter, SQLiteStore
+from signoff.stores.sqlite._connection import READ_CHECK_EVERY
 
 def stall(*args, **kwargs):
     print("inside", flush=True)  # the commit's rows are written, its transaction still open
@@ -301,3 +304,64 @@ def test_two_clis_answering_one_request_at_once_one_wins(tmp_path: Path) -> None
     settled = [e.data["decision"] for e in events if e.type == "approval.settled"]
     assert settled == ["approve" if won.startswith("approved") else "cancel"], settled
     assert log.count() == 0  # recorded only: no runtime here drives the turn
+
+
+async def test_reads_of_a_file_deleted_under_the_store_are_refused(tmp_path: Path) -> None:
+    # The reader still holds the orphaned inode: it would answer from a file nobody writes to.
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    assert await store.head("s1") == 1
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    await asyncio.sleep(READ_CHECK_EVERY)  # reads check the file at most this often
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.head("s1")
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.read_events("s1")
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.load("s1")
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.pending(PendingFilter())
+    await store.close()
+    assert not path.exists()
+
+
+async def test_reads_of_a_file_replaced_under_the_store_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    other = SQLiteStore(f"sqlite:///{tmp_path / 'backup.db'}")
+    await other.create_session("s2", "a", [_event("s2", 1)], None)
+    await other.close()
+    os.replace(tmp_path / "backup.db", path)
+    await asyncio.sleep(READ_CHECK_EVERY)
+    with pytest.raises(so.StoreError, match="deleted or replaced"):
+        await store.sessions()
+    with pytest.raises(so.StoreError, match="nothing was read"):
+        await store.get_request("r1")
+    await store.close()
+
+
+async def test_waiting_for_a_change_to_a_deleted_file_fails_instead_of_waiting_for_ever(
+    tmp_path: Path,
+) -> None:
+    # `signoff events --follow`, the SSE stream and the dashboard poll the file: once it is gone
+    # no change can ever show up, so the wait ends with the error rather than at its timeout.
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.create_session("s1", "a", [_event("s1", 1)], None)
+    for session_id in ("s1", None):
+        waiting = asyncio.create_task(
+            store.wait_for_change(session_id, timeout=600, poll_interval=0.01)
+        )
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        with pytest.raises(so.StoreError, match="deleted or replaced"):
+            await asyncio.wait_for(waiting, timeout=30)
+        await store.close()
+        store = SQLiteStore(f"sqlite:///{path}")
+        await store.create_session("s1", "a", [_event("s1", 1)], None)
+    await store.close()

@@ -8,20 +8,27 @@ import functools
 import os
 import sqlite3
 import time
+import urllib.parse
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreError
 from .._base import FaultHook
 from .._codec import Tails
 from ._schema import PAGE_SIZE, SCHEMA, STORE_SCHEMA, WAL_CHECKPOINT_PAGES, upgrade_from_1
 
-__all__ = ["Connection", "immediate", "reading"]
+__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "reading"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
+C = TypeVar("C", bound="Connection")
+
+READ_CHECK_EVERY = 0.1
+"""Seconds a read may go without checking that the file is still the one opened. A `stat` costs
+about as much as the cheapest read; a read this soon after the file changed is no staler than
+one just before it, and writes and `wait_for_change`'s polls check every time."""
 
 
 def _path_from_url(url: str) -> str:
@@ -78,6 +85,27 @@ def _is_current(conn: sqlite3.Connection) -> bool:
     return row is not None and row[0] == str(STORE_SCHEMA)
 
 
+def _access(path: str) -> str:
+    """How to open the file at `path`: "rw" if this process may write it (and create its -wal
+    and -shm files if missing); else read-only, "ro" while its -wal exists (a writer has it open,
+    so SQLite reads the writer's -shm) or "immutable" when it has none: SQLite would have to
+    create both, which it may not, or which would then belong to this user and stop the owner's
+    writes."""
+    if path == ":memory:" or not os.path.exists(path):
+        return "rw"
+    wal = os.path.exists(path + "-wal")
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.access(path, os.W_OK) and (wal or os.access(folder, os.W_OK)):
+        return "rw"
+    return "ro" if wal else "immutable"
+
+
+def _denied(exc: sqlite3.Error) -> bool:
+    """Whether SQLite refused a write for want of permission (not for a file moved away)."""
+    code = exc.sqlite_errorcode
+    return (code & 0xFF) == sqlite3.SQLITE_READONLY and code != sqlite3.SQLITE_READONLY_DBMOVED
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """The device and inode of the file at `path`, or None if there is none."""
     try:
@@ -102,6 +130,8 @@ class Connection:
         self._tails = Tails()
         self._leased: set[tuple[str, int]] = set()
         self._opened: tuple[str, tuple[int, int] | None] | None = None
+        self._checked = -READ_CHECK_EVERY  # when a read last found the file the one opened
+        self._access = "rw"
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -117,16 +147,12 @@ class Connection:
             except OSError as exc:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
         conn: sqlite3.Connection | None = None
+        access = self._access = _access(self.path)
         try:
-            conn = sqlite3.connect(
-                self.path,
-                timeout=self.busy_timeout,
-                isolation_level=None,
-                check_same_thread=False,
-            )
-            conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
-            conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only; before WAL
-            _switch_to_wal(conn, self.busy_timeout)
+            conn = self._connect(access)
+            if access == "rw":
+                conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only; before WAL
+                _switch_to_wal(conn, self.busy_timeout)
             conn.execute("PRAGMA synchronous=NORMAL")
             # Checkpoint every 256 pages (512 KB) and shrink the WAL back to that size after,
             # instead of SQLite's default of letting it reach and stay at about 4 MB.
@@ -136,6 +162,11 @@ class Connection:
                 where = os.path.abspath(self.path)
                 self._opened = (where, _identity(where))
             if not _is_current(conn):
+                if access != "rw":
+                    raise StoreError(
+                        f"{self.path} is read-only to this process and has not this signoff's "
+                        "schema: open it once as a user who may write the file and its directory"
+                    )
                 self._set_up(conn)
         except BaseException as exc:
             if conn is not None:
@@ -145,9 +176,27 @@ class Connection:
             raise
         self._conn = conn
 
+    def _connect(self, access: str) -> sqlite3.Connection:
+        """A connection to the file; a read-only one by a `file:` URI that lets SQLite write
+        nothing, neither the file nor new -wal and -shm files."""
+        target, uri = self.path, False
+        if access != "rw":
+            target = f"file:{urllib.parse.quote(os.path.abspath(self._where()))}?mode=ro"
+            target += "&immutable=1" if access == "immutable" else ""
+            uri = True
+        conn = sqlite3.connect(
+            target,
+            timeout=self.busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+            uri=uri,
+        )
+        conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
+        return conn
+
     def _set_up(self, conn: sqlite3.Connection) -> None:
         """Create the schema, or bring an older one up to date, in one write transaction."""
-        with immediate(conn, self._same_file):
+        with immediate(conn, self._writable):
             conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             found = STORE_SCHEMA if row is None else _schema_version(self.path, row[0])
@@ -172,18 +221,58 @@ class Connection:
             self._conn.close()
             self._conn = None
 
-    def _same_file(self) -> None:
-        """Refuse to write when the file at the store's path is no longer the one this store
-        opened (deleted, or another moved over it): SQLite would write on to the orphaned file,
-        which no other process reads, and the answers it acknowledged would be lost."""
+    def _same_file(self, done: str = "written") -> None:
+        """Refuse to write, or read, when the file at the store's path is no longer the one this
+        store opened (deleted, or another moved over it): SQLite would go on with the orphaned
+        file, which no other process uses, so answers it acknowledged would be lost and readers
+        would never see another change. It costs one `stat` of the path."""
         if self._opened is None:
             return
         where, identity = self._opened
         if identity is None or _identity(where) != identity:
             raise StoreError(
                 f"{self.path} was deleted or replaced after this store opened it; nothing was "
-                "written. Close the store (or restart the process) to open the file there now."
+                f"{done}. Close the store (or restart the process) to open the file there now."
             )
+
+    def _writable(self) -> None:
+        """Refuse a write, naming why, to a store opened read-only or deleted or replaced."""
+        if self._access != "rw":
+            raise StoreError(
+                f"{self.path} is read-only to this process: it may not write the file, or create "
+                "its -wal and -shm files in its directory; nothing was written. Check their "
+                "owner and mode, or run as the user that owns the store."
+            )
+        self._same_file()
+
+    def _readable(self, every: float = READ_CHECK_EVERY) -> None:
+        """Before a read: `_same_file` (at most every `every` seconds); and once a writer has
+        opened a file this store reads as immutable (its -wal exists), read through the WAL."""
+        if self._access == "immutable" and os.path.exists(f"{self._where()}-wal"):
+            self._follow_writer()
+        now = time.monotonic()
+        if now - self._checked >= every:
+            self._same_file("read")
+            self._checked = now
+
+    def _where(self) -> str:
+        return self.path if self._opened is None else self._opened[0]
+
+    def _follow_writer(self) -> None:
+        """Swap the immutable connection, which sees no change, for one reading the writer's
+        -wal and -shm; until the writer has made its -shm too, keep reading the file as is."""
+        try:
+            conn = self._connect("ro")
+        except sqlite3.Error:
+            return
+        try:
+            conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        except sqlite3.Error:
+            conn.close()
+            return
+        old, self._conn, self._access = self._conn, conn, "ro"
+        if old is not None:
+            old.close()
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:
         self._fault = hook
@@ -232,19 +321,26 @@ def immediate(conn: sqlite3.Connection, check: Callable[[], None] | None = None)
     except sqlite3.IntegrityError:
         raise
     except sqlite3.Error as exc:
+        if _denied(exc):
+            raise StoreError(
+                "SQLite write failed: this process may read the store but not write it (check "
+                f"the owner and mode of the file, its -wal and -shm files and directory): {exc}"
+            ) from exc
         raise StoreError(f"SQLite write failed: {exc}") from exc
 
 
 def reading(
-    read: Callable[P, Coroutine[Any, Any, R]],
-) -> Callable[P, Coroutine[Any, Any, R]]:
-    """A read outside any transaction, whose failure of SQLite itself (a damaged file, an I/O
-    error) is a `StoreError`, as it is for writes (`immediate`)."""
+    read: Callable[Concatenate[C, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[C, P], Coroutine[Any, Any, R]]:
+    """A read outside any transaction, refused like a write once the file was deleted or
+    replaced under the store (within `READ_CHECK_EVERY`), and whose failure of SQLite itself (a
+    damaged file, an I/O error) is a `StoreError`, as it is for writes (`immediate`)."""
 
     @functools.wraps(read)
-    async def guarded(*args: P.args, **kwargs: P.kwargs) -> R:
+    async def guarded(store: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
-            return await read(*args, **kwargs)
+            store._readable()
+            return await read(store, *args, **kwargs)
         except sqlite3.Error as exc:
             raise StoreError(f"SQLite read failed: {exc}") from exc
 

@@ -21,7 +21,7 @@ class Leases(Connection):
         self, session_id: str, owner: str, ttl: float, now: float
     ) -> int | None:
         conn = self.conn
-        with immediate(conn, self._same_file):
+        with immediate(conn, self._writable):
             sk = self._session_key(session_id)
             if sk is None:
                 raise UnknownSession(session_id)
@@ -49,7 +49,7 @@ class Leases(Connection):
         self, session_id: str, owner: str, token: int, ttl: float, now: float
     ) -> bool:
         conn = self.conn
-        with immediate(conn, self._same_file):
+        with immediate(conn, self._writable):
             sk = self._session_key(session_id)
             cur = conn.execute(
                 "UPDATE leases SET expires_at=? WHERE sk=? AND owner=? AND token=?",
@@ -67,7 +67,7 @@ class Leases(Connection):
         conn = self.conn
         claimed: list[tuple[str, int]] = []
         only = "" if agents is None else f" AND s.agent IN ({','.join('?' * len(agents))})"
-        with immediate(conn, self._same_file):
+        with immediate(conn, self._writable):
             rows = conn.execute(
                 "SELECT s.sk, s.id, l.token FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < ?)"
@@ -88,7 +88,7 @@ class Leases(Connection):
 
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
         conn = self.conn
-        with immediate(conn, self._same_file):
+        with immediate(conn, self._writable):
             sk = self._session_key(session_id)
             conn.execute(
                 "UPDATE leases SET owner='', expires_at=0 WHERE sk=? AND owner=? AND token=?",

@@ -54,7 +54,7 @@ class SQLiteStore(Reads, Leases):
         at = events[0].at
         self._before("session.created")
         try:
-            with immediate(conn, self._same_file):
+            with immediate(conn, self._writable):
                 cur = conn.execute(
                     "INSERT INTO sessions (id, agent, head, status, created_at, updated_at, "
                     "expires_at) VALUES (?,?,?,?,?,?,?)",
@@ -76,7 +76,7 @@ class SQLiteStore(Reads, Leases):
             conn.execute("PRAGMA synchronous=FULL")
         sk, tail = -1, None
         try:
-            with immediate(conn, self._same_file):
+            with immediate(conn, self._writable):
                 row = conn.execute(
                     "SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash FROM sessions s "
                     "LEFT JOIN leases l ON l.sk = s.sk WHERE s.id=?",
@@ -188,7 +188,7 @@ class SQLiteStore(Reads, Leases):
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
         """Append entries that no event carries (tool setting changes)."""
         conn = self.conn
-        with immediate(conn, self._same_file):
+        with immediate(conn, self._writable):
             last: dict[str, tuple[int, str | None]] = {}
             for row in rows:
                 if row.stream not in last:
@@ -288,6 +288,7 @@ class SQLiteStore(Reads, Leases):
         """
 
         def mark() -> tuple[int, int]:
+            self._readable(every=0)  # a file deleted or replaced under us never changes again
             if session_id is None:
                 row = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
                 count, total = row.fetchone()

@@ -1,0 +1,236 @@
+"""A SQLite store this process may read but not write (another user's file, a directory it may
+not write, a shared directory): it reads, creates no file, and a write is a `StoreError` naming
+the permission problem. Each test reads in a forked child that dropped root for real uids."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app
+from signoff.stores import Commit, PendingFilter, SQLiteStore
+from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
+
+READER = 65534  # nobody
+OWNER = 65533  # an unprivileged uid of its own, that owns the store in a shared directory
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="needs root, to fork children that drop to unprivileged uids"
+)
+
+
+def as_user(uid: int, fn: Callable[[], Any]) -> Any:
+    """Run `fn` in a forked child as `uid` (no capabilities left); its result, or its error
+    re-raised here."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read_end)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            try:
+                outcome: tuple[str, Any] = ("ok", fn())
+            except BaseException as exc:
+                outcome = ("error", (type(exc).__name__, str(exc)))
+            with os.fdopen(write_end, "wb") as pipe:
+                pickle.dump(outcome, pipe)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    kind, value = pickle.loads(data)
+    if kind == "error":
+        raise AssertionError(f"in the child: {value[0]}: {value[1]}")
+    return value
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """A directory every uid can reach (pytest's tmp_path is root's alone)."""
+    made = Path(tempfile.mkdtemp(prefix="signoff-perm-", dir="/tmp"))
+    made.chmod(0o755)
+    yield made
+    shutil.rmtree(made)
+
+
+def _event(sid: str, seq: int, type: str = "session.created") -> so.Event:
+    return so.Event(session_id=sid, seq=seq, type=type, at=float(seq), data={})  # type: ignore[arg-type]
+
+
+def _store_with_a_session(path: Path) -> None:
+    async def go() -> None:
+        store = SQLiteStore(f"sqlite:///{path}")
+        await store.create_session("s1", "a", [_event("s1", 1)], None)
+        await store.close()
+
+    asyncio.run(go())
+
+
+def _read_then_write(path: Path) -> tuple[int | None, int, str]:
+    async def go() -> tuple[int | None, int, str]:
+        store = SQLiteStore(f"sqlite:///{path}", busy_timeout=2)
+        head = await store.head("s1")
+        queue = len(await store.pending(PendingFilter()))
+        try:
+            await store.commit(
+                Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+            )
+            refused = ""
+        except so.StoreError as exc:
+            refused = str(exc)
+        await store.close()
+        return head, queue, refused
+
+    return asyncio.run(go())
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {p.name: p.stat().st_uid for p in folder.iterdir()}
+
+
+def test_a_store_in_a_directory_the_reader_may_not_write_is_read(folder: Path) -> None:
+    # No writer has the file open, so it has no -wal and -shm, and SQLite may not create them:
+    # opening it as usual fails ("attempt to write a readonly database") before any read.
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    assert _files(folder) == {"state.db": 0}
+    head, queue, refused = as_user(READER, lambda: _read_then_write(path))
+    assert (head, queue) == (1, 0)
+    assert "read-only to this process" in refused and "nothing was written" in refused
+    assert _files(folder) == {"state.db": 0}
+    assert asyncio.run(SQLiteStore(f"sqlite:///{path}").head("s1")) == 1
+
+
+def test_a_store_a_writer_has_open_is_read_and_not_written(folder: Path) -> None:
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    writer = SQLiteStore(f"sqlite:///{path}")
+    asyncio.run(writer.acquire_lease("s1", "W", 60, 0))  # its -wal and -shm now exist
+    try:
+        head, _, refused = as_user(READER, lambda: _read_then_write(path))
+    finally:
+        writer.conn.close()
+    assert head == 1 and "read-only to this process" in refused
+
+
+def test_a_reader_in_a_shared_directory_leaves_nothing_that_stops_the_owner(
+    folder: Path,
+) -> None:
+    # In a sticky shared directory SQLite would create the -wal and -shm as the reader, and the
+    # owner could no longer write its own store ("attempt to write a readonly database").
+    folder.chmod(0o1777)
+    path = folder / "state.db"
+    as_user(OWNER, lambda: _store_with_a_session(path))
+    head, _, refused = as_user(READER, lambda: _read_then_write(path))
+    assert head == 1 and "read-only" in refused
+    assert _files(folder) == {"state.db": OWNER}
+    head, _, refused = as_user(OWNER, lambda: _read_then_write(path))
+    assert (head, refused) == (1, "")
+
+
+def test_a_reader_sees_what_a_writer_starting_later_commits(folder: Path) -> None:
+    # The reader opened the file before any writer (no -wal): it must still see later commits,
+    # as `signoff events --follow` and the dashboard do, not the file as it was for ever.
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    go_read, go_write = os.pipe()
+    go_wait, go_commit = os.pipe()
+
+    def follow() -> tuple[int | None, bool, int | None]:
+        async def go() -> tuple[int | None, bool, int | None]:
+            store = SQLiteStore(f"sqlite:///{path}")
+            before = await store.head("s1")
+            os.write(go_commit, b"x")
+            changed = await store.wait_for_change("s1", 60, after=1, poll_interval=0.01)
+            after = await store.head("s1")
+            await store.close()
+            return before, changed, after
+
+        return asyncio.run(go())
+
+    async def commit_when_told() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, os.read, go_wait, 1)
+        writer = SQLiteStore(f"sqlite:///{path}")
+        await writer.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+        os.write(go_write, b"x")
+
+    committer = threading.Thread(target=lambda: asyncio.run(commit_when_told()))
+    committer.start()
+    try:
+        assert as_user(READER, follow) == (1, True, 2)
+    finally:
+        committer.join(timeout=30)
+        for fd in (go_read, go_write, go_wait, go_commit):
+            os.close(fd)
+
+
+def test_signoff_pending_reads_a_store_it_may_not_write_and_approve_says_why_not(
+    folder: Path,
+) -> None:
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        return order_id
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="1")), reply("Done.")], tools=[refund]
+    )
+
+    url = f"sqlite:///{folder / 'state.db'}"
+    rt = so.Runtime([agent], store=url)
+    try:
+        request_id = rt.generate_sync("a", prompt="refund order 1").pending[0].id
+    finally:
+        rt.close_sync()
+    args = ["pending", "--json", "--store", url]
+    assert CliRunner().invoke(app, args).exit_code == 0  # imports what the child will need
+
+    def cli() -> tuple[int, str, int, str]:
+        listed = CliRunner().invoke(app, args)
+        approve = ["approve", request_id, "--store", url, "--as", "test:bob", "--reason", "ok"]
+        refused = CliRunner().invoke(app, approve)
+        return listed.exit_code, listed.output, refused.exit_code, refused.output
+
+    code, listed, refused_code, refused = as_user(READER, cli)
+    assert code == 0 and request_id in listed
+    assert refused_code == 1 and "StoreError" in refused and "read-only" in refused
+    rt = so.Runtime([agent], store=url)
+    try:
+        assert [r.id for r in rt.pending_sync()] == [request_id]  # still open: nothing written
+    finally:
+        rt.close_sync()
+
+
+def test_a_write_refused_by_a_wal_file_the_writer_may_not_write_names_why(folder: Path) -> None:
+    # The file itself is writable, so the store opens it for writing; SQLite refuses the write
+    # only then, and the error must still say it is a matter of permission.
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    path.chmod(0o666)
+    writer = SQLiteStore(f"sqlite:///{path}")
+    asyncio.run(writer.acquire_lease("s1", "W", 60, 0))
+    Path(f"{path}-wal").chmod(0o644)
+    Path(f"{path}-shm").chmod(0o644)
+    try:
+        head, _, refused = as_user(READER, lambda: _read_then_write(path))
+    finally:
+        writer.conn.close()
+    assert head == 1 and "may read the store but not write it" in refused, refused
