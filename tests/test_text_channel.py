@@ -1,0 +1,121 @@
+"""`TextChannel` at its edges: a message service that fails, quorums, questions, replies that
+steer the turn, and what a person is told about each way a request closes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import signoff as so
+from signoff.channels import ChannelHub, TextChannel
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+BOB = so.Principal(authenticator="sms", principal_id="sms:+15550100")
+CAROL = so.Principal(authenticator="sms", principal_id="sms:+15550199")
+
+
+class Texts(TextChannel):
+    """A text channel that keeps what it sends; its first `fail` sends fail (the SMS service
+    is down)."""
+
+    def __init__(self, fail: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail = fail
+        self.sent: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("SMS service down")
+        self.sent.append(text)
+
+
+@asynccontextmanager
+async def manual(hub: ChannelHub) -> AsyncIterator[ChannelHub]:
+    """A started hub that reads the trail only when the test calls `poll()`."""
+    await hub.start(follow=False)
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+
+
+def refunds(runs: list[str], *orders: str, **rules: Any) -> so.Agent:
+    @so.tool(approval=so.always(**rules))
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        runs.append(order_id)
+        return "refunded"
+
+    return scripted_agent(
+        "support",
+        [call_tools(*(call("issue_refund", order_id=o) for o in orders)), reply("Done.")],
+        tools=[issue_refund],
+    )
+
+
+def runtime(tmp_path: Path, *agents: so.Agent) -> so.Runtime:
+    return so.Runtime(list(agents), store=f"sqlite:///{tmp_path / 'state.db'}")
+
+
+async def status(rt: so.Runtime, rid: str) -> tuple[str, str | None]:
+    stored = await rt.store.get_request(rid)
+    assert stored is not None
+    return stored.status, stored.outcome
+
+
+async def test_a_request_whose_message_failed_is_shown_on_retry_not_answered_unseen(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1")) as rt:
+        sms = Texts(fail=1)
+        async with manual(ChannelHub(rt, [sms], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund A")
+            (a,) = r.pending
+            await hub.poll()  # the SMS service fails: the person sees nothing
+            assert sms.sent == []
+            # a "yes" meant for something else must not approve a refund nobody was shown
+            assert await sms.reply("yes", BOB) is None
+            assert await status(rt, a.id) == ("pending", None)
+            assert sms.sent == [sms.render(a)]  # it is shown now instead
+            await hub.poll()  # the hub's retry does not show it twice
+            assert sms.sent == [sms.render(a)]
+            assert (await sms.reply("yes", BOB)) is not None
+            assert await status(rt, a.id) == ("settled", "approved")
+        assert runs == ["A-1"]
+
+
+async def test_the_hubs_retry_shows_a_request_whose_message_failed(tmp_path: Path) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1")) as rt:
+        sms = Texts(fail=1)
+        async with manual(ChannelHub(rt, [sms], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund A")
+            (a,) = r.pending
+            await hub.poll()
+            assert sms.sent == []
+            await hub.poll()  # the entry is retried: this time the message goes out
+            assert sms.sent == [sms.render(a)]
+
+
+async def test_the_next_request_is_shown_when_the_closing_message_failed(tmp_path: Path) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1", "B-2")) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund A and B")
+            a, b = r.pending
+            await hub.poll()
+            assert sms.sent == [sms.render(a)]
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="cancel")])
+            sms.fail = 1
+            await hub.poll()  # "denied by the policy" fails to send
+            await hub.poll()  # retried: the person hears how A closed, then sees B
+            assert sms.sent[1].startswith("issue_refund was denied by the policy at ")
+            assert sms.sent[2:] == [sms.render(b)]
+            await sms.reply("yes", BOB)
+            assert await status(rt, b.id) == ("settled", "approved")
+        assert runs == ["B-2"]
