@@ -8,6 +8,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff.channels import ChannelHub, TextChannel
 from signoff.testing import call, call_tools, reply, scripted_agent
@@ -117,5 +119,30 @@ async def test_the_next_request_is_shown_when_the_closing_message_failed(tmp_pat
             assert sms.sent[1].startswith("issue_refund was denied by the policy at ")
             assert sms.sent[2:] == [sms.render(b)]
             await sms.reply("yes", BOB)
+            assert await status(rt, b.id) == ("settled", "approved")
+        assert runs == ["B-2"]
+
+
+@pytest.mark.parametrize("state", ["memory", "file"])
+async def test_a_restarted_hub_says_how_the_request_shown_closed_while_it_was_stopped(
+    tmp_path: Path, state: str
+) -> None:
+    # The same hub stopped and started again (a server's lifespan run twice): it goes on from
+    # where it stopped, with its positions and memos in memory as well as in a file.
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1", "B-2")) as rt:
+        r = await rt.generate("support", prompt="Refund A and B")
+        a, b = r.pending
+        sms = Texts()
+        hub = ChannelHub(rt, [sms], state=tmp_path / "channels.db" if state == "file" else None)
+        async with manual(hub):
+            assert sms.sent == [sms.render(a)]
+        await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="cancel")])
+        async with manual(hub):
+            assert sms.sent == [sms.render(a)]  # A is still the one shown: not sent again
+            await hub.poll()
+            assert sms.sent[1].startswith("issue_refund was denied by the policy at ")
+            assert sms.sent[2:] == [sms.render(b)]
+            await sms.reply("yes", BOB)  # answers B, the one shown, not the closed A
             assert await status(rt, b.id) == ("settled", "approved")
         assert runs == ["B-2"]
