@@ -146,3 +146,87 @@ async def test_a_restarted_hub_says_how_the_request_shown_closed_while_it_was_st
             await sms.reply("yes", BOB)  # answers B, the one shown, not the closed A
             assert await status(rt, b.id) == ("settled", "approved")
         assert runs == ["B-2"]
+
+
+async def test_a_quorum_is_counted_reply_by_reply(tmp_path: Path) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1", approvers=2, expires_in=3600)) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            r = await rt.generate("support", prompt="Refund A")
+            (a,) = r.pending
+            await hub.poll()
+            (shown,) = sms.sent
+            assert "\nNeeds 2 approvals (0 of 2 so far).\nExpires 2" in shown
+            assert await sms.reply("yes", BOB) is not None
+            assert sms.sent[-1] == "Counted (1 of 2); waiting for more approvals."
+            await hub.poll()  # the count reaches the channel's copy; nothing is sent again
+            assert sms.current is not None and sms.current.approved_by == [BOB.principal_id]
+            assert await sms.reply("ok", BOB) is not None
+            assert sms.sent[-1] == "You approved this request before (already counted: 1 of 2)."
+            assert await status(rt, a.id) == ("pending", None)
+            outcome = await sms.reply("approve", CAROL)
+            assert outcome is not None and (outcome.outcome, outcome.applied) == ("approved", True)
+            await hub.poll()
+            assert sms.current is None and len(sms.sent) == 3
+        assert runs == ["A-1"]
+
+
+async def test_who_may_not_answer_is_told_and_nothing_changes(tmp_path: Path) -> None:
+    alice = so.Principal(authenticator="sms", principal_id="sms:+15550111")
+    runs: list[str] = []
+
+    def managers_only(ctx: so.ResponseContext) -> so.Rejected:
+        return so.Rejected("managers only")
+
+    spec = so.ApprovalSpec(request=so.always(), response=managers_only)
+
+    @so.tool(approval=spec)
+    async def wire_money(to: str) -> str:
+        """Wire money."""
+        runs.append(to)
+        return "sent"
+
+    agent = scripted_agent(
+        "treasury",
+        [call_tools(call("wire_money", to="acme")), reply("Sent.")],
+        tools=[wire_money],
+    )
+    async with runtime(tmp_path, refunds(runs, "A-1"), agent) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            r = await rt.generate("support", prompt="Refund A", auth=alice)
+            await hub.poll()
+            assert await sms.reply("yes", BOB) is None  # only Alice, who asked, may answer
+            assert sms.sent[-1].startswith("You may not answer this request: request ")
+            assert await status(rt, r.pending[0].id) == ("pending", None)
+            await sms.reply("no", alice)
+            w = await rt.generate("treasury", prompt="Wire acme", auth=alice)
+            await hub.poll()
+            assert sms.sent[-1] == sms.render(w.pending[0])
+            outcome = await sms.reply("yes", alice)
+            assert outcome is not None and not outcome.applied
+            assert sms.sent[-1] == "Your answer was not accepted (rejected: managers only)."
+            assert sms.current is not None and sms.current.id == w.pending[0].id
+            assert await status(rt, w.pending[0].id) == ("pending", None)
+        assert runs == []
+
+
+async def test_an_unmatched_reply_steers_the_turn_with_send(tmp_path: Path) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1")) as rt:
+        sms = Texts(unmatched="send")
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            r = await rt.generate("support", prompt="Refund A")
+            (a,) = r.pending
+            await hub.poll()
+            # a message the runtime refuses (text that cannot be stored) is told, not raised
+            assert await sms.reply("check \ud800 first", BOB) is None
+            assert sms.sent[-1].startswith("Your message was not delivered: the message is not")
+            assert await status(rt, a.id) == ("pending", None)
+            assert await sms.reply("check with finance first", BOB) is None
+            assert await status(rt, a.id) == ("withdrawn", "ignored")
+            await hub.poll()
+            assert sms.sent[-1].startswith("issue_refund was withdrawn at ")
+            assert sms.current is None
+        assert runs == []

@@ -222,7 +222,10 @@ class TextChannel(Channel):
         response = parse_reply(request, text)
         if response is None:
             if self.unmatched == "send" and text.strip():
-                await self.runtime.send(request.session_id, text, principal=principal)
+                try:
+                    await self.runtime.send(request.session_id, text, principal=principal)
+                except SignoffError as exc:  # refused before it was recorded: say so, as answers do
+                    await self.send_text(f"Your message was not delivered: {exc}")
                 return None
             await self.send_text(self._hint(request))
             return None
