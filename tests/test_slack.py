@@ -56,6 +56,7 @@ class FakeSlack:
         self._ts = 0
         self.runner: web.AppRunner | None = None
         self.url = ""
+        self.deleted: set[str] = set()  # messages someone deleted in Slack
 
     async def start(self) -> None:
         app = web.Application()
@@ -89,6 +90,8 @@ class FakeSlack:
             return web.json_response(
                 {"ok": True, "channel": body["channel"], "ts": f"1700000000.{self._ts:06d}"}
             )
+        if method == "chat.update" and body["ts"] in self.deleted:
+            return web.json_response({"ok": False, "error": "message_not_found"})
         if method == "chat.update":
             return web.json_response({"ok": True, "channel": body["channel"], "ts": body["ts"]})
         if method == "chat.postEphemeral":
@@ -975,3 +978,31 @@ async def test_an_answer_the_runtime_refuses_is_told_to_the_person(
         (note,) = slack_api.of("chat.postEphemeral")
         assert note["text"].startswith("Your answer was not accepted: request ")
         assert "has no option '7'" in note["text"]
+
+
+async def test_a_message_deleted_in_slack_does_not_stall_the_channel(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    # Someone deletes a request's message in Slack: updating it can never succeed, and retrying
+    # for minutes must not hold back the requests that open meanwhile.
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], retry_backoff=3600)) as hub:
+            await hub.poll()
+            (posted,) = slack_api.of("chat.postMessage")
+            slack_api.deleted.add("1700000000.000001")
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="cancel")],
+                principal=slack_principal(TEAM, "U078JK9LM"),
+            )
+            other = await rt.generate("support", prompt="Refund order 1042 again", auth=ALICE)
+            await hub.poll()
+            assert len(slack_api.of("chat.update")) == 1  # tried once, not retried
+            assert slack.recall(f"msg:{req.id}") is None  # nothing left to update
+            second = slack_api.of("chat.postMessage")[1]
+            assert other.pending[0].id in json.dumps(second["blocks"])
+        assert posted["channel"] == "C42"

@@ -11,7 +11,8 @@ import json
 import logging
 import sqlite3
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import SignoffError, StoreError, UsageError
 from .._results import Outcome
 from .._types import InputRequest, InputResponse, Principal
+from ..stores.sqlite._connection import _switch_to_wal
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -107,19 +109,24 @@ class ChannelState:
     """Where channels keep what must survive a restart: feed positions and small memos.
 
     A SQLite file (stdlib `sqlite3`), or memory with `":memory:"` (the default). A memo is a
-    JSON value under `(channel, key)`, e.g. the Slack message that shows a request.
+    JSON value under `(channel, key)`, e.g. the Slack message that shows a request. A read or
+    write waits up to `busy_timeout` seconds for another process's lock; any failure of SQLite
+    (the file locked longer, a full disk) is a `StoreError`.
     """
 
-    def __init__(self, path: str | Path = ":memory:") -> None:
+    def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0) -> None:
         self.path = str(path)
+        self.busy_timeout = busy_timeout
         self._lock = threading.Lock()
         self.closed = False
         conn: sqlite3.Connection | None = None
         try:
             if self.path != ":memory:":
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
+            conn = sqlite3.connect(
+                self.path, timeout=busy_timeout, check_same_thread=False, isolation_level=None
+            )
+            _switch_to_wal(conn, busy_timeout)  # two processes may create the file together
             conn.execute(
                 "CREATE TABLE IF NOT EXISTS channel_positions "
                 "(name TEXT PRIMARY KEY, after_id INTEGER NOT NULL)"
@@ -134,42 +141,49 @@ class ChannelState:
             raise StoreError(f"cannot open the channel state {self.path}: {exc}") from exc
         self._conn = conn
 
+    @contextmanager
+    def _using(self, what: str) -> Iterator[sqlite3.Connection]:
+        """The connection, one caller at a time; a failure of SQLite is a `StoreError`."""
+        with self._lock:
+            try:
+                yield self._conn
+            except sqlite3.Error as exc:
+                raise StoreError(f"channel state {self.path}: cannot {what}: {exc}") from exc
+
     def position(self, name: str) -> int | None:
         """The last audit entry id `name` has handled, or None if it never ran."""
-        with self._lock:
-            row = self._conn.execute(
+        with self._using("read a position") as conn:
+            row = conn.execute(
                 "SELECT after_id FROM channel_positions WHERE name=?", (name,)
             ).fetchone()
         return None if row is None else int(row[0])
 
     def set_position(self, name: str, after_id: int) -> None:
-        with self._lock:
-            self._conn.execute(
+        with self._using("save a position") as conn:
+            conn.execute(
                 "INSERT INTO channel_positions (name, after_id) VALUES (?, ?) "
                 "ON CONFLICT(name) DO UPDATE SET after_id=excluded.after_id",
                 (name, after_id),
             )
 
     def recall(self, channel: str, key: str) -> Any:
-        with self._lock:
-            row = self._conn.execute(
+        with self._using("read a memo") as conn:
+            row = conn.execute(
                 "SELECT value FROM channel_memos WHERE channel=? AND key=?", (channel, key)
             ).fetchone()
         return None if row is None else json.loads(row[0])
 
     def remember(self, channel: str, key: str, value: Any) -> None:
-        with self._lock:
-            self._conn.execute(
+        with self._using("save a memo") as conn:
+            conn.execute(
                 "INSERT INTO channel_memos (channel, key, value) VALUES (?, ?, ?) "
                 "ON CONFLICT(channel, key) DO UPDATE SET value=excluded.value",
                 (channel, key, json.dumps(value, separators=(",", ":"))),
             )
 
     def forget(self, channel: str, key: str) -> None:
-        with self._lock:
-            self._conn.execute(
-                "DELETE FROM channel_memos WHERE channel=? AND key=?", (channel, key)
-            )
+        with self._using("delete a memo") as conn:
+            conn.execute("DELETE FROM channel_memos WHERE channel=? AND key=?", (channel, key))
 
     def close(self) -> None:
         with self._lock:

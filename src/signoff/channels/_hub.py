@@ -136,7 +136,10 @@ class ChannelHub:
             self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
 
     async def stop(self) -> None:
-        """Stop following and close the channels (and the state, if the hub opened it)."""
+        """Stop following and close the channels (and the state file, if the hub opened it).
+
+        A state the hub keeps in memory stays open: closing would lose its positions and memos,
+        and a restart of this hub would post the open requests again and miss what closed."""
         if not self._started:
             return
         task, self._task = self._task, None
@@ -152,7 +155,7 @@ class ChannelHub:
                 await ch.close()
             except Exception:
                 logger.exception("channel %s failed to close", ch.name)
-        if self._own_state:
+        if self._own_state and self.state.path != ":memory:":
             self.state.close()
         self._started = False
 

@@ -160,16 +160,14 @@ class TextChannel(Channel):
             for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
                 if r.id not in known:
                     self._queue.append(r)
-            if self._queue and self.recall("shown") != self._queue[0].id:
-                await self._show_current()
+            if self._queue:
+                await self._show_unseen()
 
     async def on_requested(self, request: InputRequest) -> None:
         async with self._lock:
-            if any(r.id == request.id for r in self._queue):
-                return
-            self._queue.append(request)
-            if len(self._queue) == 1:
-                await self._show_current()
+            if not any(r.id == request.id for r in self._queue):
+                self._queue.append(request)
+            await self._show_unseen()  # on the hub's retry too, if showing it failed before
 
     async def on_updated(self, request: InputRequest) -> None:
         async with self._lock:
@@ -180,12 +178,18 @@ class TextChannel(Channel):
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         async with self._lock:
             index = next((i for i, r in enumerate(self._queue) if r.id == request.id), None)
-            if index is None:
-                return
-            del self._queue[index]
-            if index == 0:
+            if index == 0:  # told before it leaves the queue, so the hub's retry tells it again
                 await self.send_text(self.render_resolution(request, resolution))
-                await self._show_current()
+            if index is not None:
+                del self._queue[index]
+            await self._show_unseen()
+
+    async def _show_unseen(self) -> None:
+        """Show the current request unless the person has seen it (its message may have failed:
+        the service was down)."""
+        current = self.current
+        if current is None or self.recall("shown") != current.id:
+            await self._show_current()
 
     async def _show_current(self) -> None:
         current = self.current
@@ -211,10 +215,17 @@ class TextChannel(Channel):
         if request is None:
             await self.send_text("Nothing is waiting for an answer.")
             return None
+        if self.recall("shown") != request.id:  # its message failed: never answer it unseen
+            async with self._lock:
+                await self._show_unseen()
+            return None
         response = parse_reply(request, text)
         if response is None:
             if self.unmatched == "send" and text.strip():
-                await self.runtime.send(request.session_id, text, principal=principal)
+                try:
+                    await self.runtime.send(request.session_id, text, principal=principal)
+                except SignoffError as exc:  # refused before it was recorded: say so, as answers do
+                    await self.send_text(f"Your message was not delivered: {exc}")
                 return None
             await self.send_text(self._hint(request))
             return None

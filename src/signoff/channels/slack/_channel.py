@@ -15,6 +15,7 @@ import urllib.parse
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
+from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
@@ -39,6 +40,9 @@ from ._blocks import (
 __all__ = ["SlackChannel", "SlackPayloadError", "slack_principal"]
 
 TOLERANCE = 300  # seconds: Slack's own advice for the request timestamp
+
+# chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
+_GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
 
 
 class SlackPayloadError(SignoffError):
@@ -127,24 +131,31 @@ class SlackChannel(Channel):
     async def on_updated(self, request: InputRequest) -> None:
         where = self.recall(_key(request.id))
         if where is not None:
-            await self.client.chat_update(
-                channel=where["channel"],
-                ts=where["ts"],
-                text=fallback_text(request),
-                blocks=request_blocks(request),
-            )
+            await self._update(request.id, where, request_blocks(request), fallback_text(request))
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         where = self.recall(_key(request.id))
         if where is None:
             return
-        await self.client.chat_update(
-            channel=where["channel"],
-            ts=where["ts"],
-            text=fallback_text(request),
-            blocks=request_blocks(request, resolution),
-        )
+        blocks = request_blocks(request, resolution)
+        await self._update(request.id, where, blocks, fallback_text(request))
         self.forget(_key(request.id))
+
+    async def _update(
+        self, request_id: str, where: dict[str, Any], blocks: list[Any], text: str
+    ) -> None:
+        """Rewrite a request's message; one deleted in Slack (or past editing) is forgotten, as
+        the hub's retries could never update it and would hold back the other requests."""
+        try:
+            await self.client.chat_update(
+                channel=where["channel"], ts=where["ts"], text=text, blocks=blocks
+            )
+        except SlackApiError as exc:
+            error = exc.response.get("error") if exc.response is not None else None
+            if error not in _GONE:
+                raise
+            logger.warning("slack: the message of %s cannot be updated (%s)", request_id, error)
+            self.forget(_key(request_id))
 
     async def close(self) -> None:
         await self.idle()

@@ -1,0 +1,232 @@
+"""`TextChannel` at its edges: a message service that fails, quorums, questions, replies that
+steer the turn, and what a person is told about each way a request closes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelHub, TextChannel
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+BOB = so.Principal(authenticator="sms", principal_id="sms:+15550100")
+CAROL = so.Principal(authenticator="sms", principal_id="sms:+15550199")
+
+
+class Texts(TextChannel):
+    """A text channel that keeps what it sends; its first `fail` sends fail (the SMS service
+    is down)."""
+
+    def __init__(self, fail: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail = fail
+        self.sent: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("SMS service down")
+        self.sent.append(text)
+
+
+@asynccontextmanager
+async def manual(hub: ChannelHub) -> AsyncIterator[ChannelHub]:
+    """A started hub that reads the trail only when the test calls `poll()`."""
+    await hub.start(follow=False)
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+
+
+def refunds(runs: list[str], *orders: str, **rules: Any) -> so.Agent:
+    @so.tool(approval=so.always(**rules))
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        runs.append(order_id)
+        return "refunded"
+
+    return scripted_agent(
+        "support",
+        [call_tools(*(call("issue_refund", order_id=o) for o in orders)), reply("Done.")],
+        tools=[issue_refund],
+    )
+
+
+def runtime(tmp_path: Path, *agents: so.Agent) -> so.Runtime:
+    return so.Runtime(list(agents), store=f"sqlite:///{tmp_path / 'state.db'}")
+
+
+async def status(rt: so.Runtime, rid: str) -> tuple[str, str | None]:
+    stored = await rt.store.get_request(rid)
+    assert stored is not None
+    return stored.status, stored.outcome
+
+
+async def test_a_request_whose_message_failed_is_shown_on_retry_not_answered_unseen(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1")) as rt:
+        sms = Texts(fail=1)
+        async with manual(ChannelHub(rt, [sms], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund A")
+            (a,) = r.pending
+            await hub.poll()  # the SMS service fails: the person sees nothing
+            assert sms.sent == []
+            # a "yes" meant for something else must not approve a refund nobody was shown
+            assert await sms.reply("yes", BOB) is None
+            assert await status(rt, a.id) == ("pending", None)
+            assert sms.sent == [sms.render(a)]  # it is shown now instead
+            await hub.poll()  # the hub's retry does not show it twice
+            assert sms.sent == [sms.render(a)]
+            assert (await sms.reply("yes", BOB)) is not None
+            assert await status(rt, a.id) == ("settled", "approved")
+        assert runs == ["A-1"]
+
+
+async def test_the_hubs_retry_shows_a_request_whose_message_failed(tmp_path: Path) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1")) as rt:
+        sms = Texts(fail=1)
+        async with manual(ChannelHub(rt, [sms], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund A")
+            (a,) = r.pending
+            await hub.poll()
+            assert sms.sent == []
+            await hub.poll()  # the entry is retried: this time the message goes out
+            assert sms.sent == [sms.render(a)]
+
+
+async def test_the_next_request_is_shown_when_the_closing_message_failed(tmp_path: Path) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1", "B-2")) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund A and B")
+            a, b = r.pending
+            await hub.poll()
+            assert sms.sent == [sms.render(a)]
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="cancel")])
+            sms.fail = 1
+            await hub.poll()  # "denied by the policy" fails to send
+            await hub.poll()  # retried: the person hears how A closed, then sees B
+            assert sms.sent[1].startswith("issue_refund was denied by the policy at ")
+            assert sms.sent[2:] == [sms.render(b)]
+            await sms.reply("yes", BOB)
+            assert await status(rt, b.id) == ("settled", "approved")
+        assert runs == ["B-2"]
+
+
+@pytest.mark.parametrize("state", ["memory", "file"])
+async def test_a_restarted_hub_says_how_the_request_shown_closed_while_it_was_stopped(
+    tmp_path: Path, state: str
+) -> None:
+    # The same hub stopped and started again (a server's lifespan run twice): it goes on from
+    # where it stopped, with its positions and memos in memory as well as in a file.
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1", "B-2")) as rt:
+        r = await rt.generate("support", prompt="Refund A and B")
+        a, b = r.pending
+        sms = Texts()
+        hub = ChannelHub(rt, [sms], state=tmp_path / "channels.db" if state == "file" else None)
+        async with manual(hub):
+            assert sms.sent == [sms.render(a)]
+        await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="cancel")])
+        async with manual(hub):
+            assert sms.sent == [sms.render(a)]  # A is still the one shown: not sent again
+            await hub.poll()
+            assert sms.sent[1].startswith("issue_refund was denied by the policy at ")
+            assert sms.sent[2:] == [sms.render(b)]
+            await sms.reply("yes", BOB)  # answers B, the one shown, not the closed A
+            assert await status(rt, b.id) == ("settled", "approved")
+        assert runs == ["B-2"]
+
+
+async def test_a_quorum_is_counted_reply_by_reply(tmp_path: Path) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1", approvers=2, expires_in=3600)) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            r = await rt.generate("support", prompt="Refund A")
+            (a,) = r.pending
+            await hub.poll()
+            (shown,) = sms.sent
+            assert "\nNeeds 2 approvals (0 of 2 so far).\nExpires 2" in shown
+            assert await sms.reply("yes", BOB) is not None
+            assert sms.sent[-1] == "Counted (1 of 2); waiting for more approvals."
+            await hub.poll()  # the count reaches the channel's copy; nothing is sent again
+            assert sms.current is not None and sms.current.approved_by == [BOB.principal_id]
+            assert await sms.reply("ok", BOB) is not None
+            assert sms.sent[-1] == "You approved this request before (already counted: 1 of 2)."
+            assert await status(rt, a.id) == ("pending", None)
+            outcome = await sms.reply("approve", CAROL)
+            assert outcome is not None and (outcome.outcome, outcome.applied) == ("approved", True)
+            await hub.poll()
+            assert sms.current is None and len(sms.sent) == 3
+        assert runs == ["A-1"]
+
+
+async def test_who_may_not_answer_is_told_and_nothing_changes(tmp_path: Path) -> None:
+    alice = so.Principal(authenticator="sms", principal_id="sms:+15550111")
+    runs: list[str] = []
+
+    def managers_only(ctx: so.ResponseContext) -> so.Rejected:
+        return so.Rejected("managers only")
+
+    spec = so.ApprovalSpec(request=so.always(), response=managers_only)
+
+    @so.tool(approval=spec)
+    async def wire_money(to: str) -> str:
+        """Wire money."""
+        runs.append(to)
+        return "sent"
+
+    agent = scripted_agent(
+        "treasury",
+        [call_tools(call("wire_money", to="acme")), reply("Sent.")],
+        tools=[wire_money],
+    )
+    async with runtime(tmp_path, refunds(runs, "A-1"), agent) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            r = await rt.generate("support", prompt="Refund A", auth=alice)
+            await hub.poll()
+            assert await sms.reply("yes", BOB) is None  # only Alice, who asked, may answer
+            assert sms.sent[-1].startswith("You may not answer this request: request ")
+            assert await status(rt, r.pending[0].id) == ("pending", None)
+            await sms.reply("no", alice)
+            w = await rt.generate("treasury", prompt="Wire acme", auth=alice)
+            await hub.poll()
+            assert sms.sent[-1] == sms.render(w.pending[0])
+            outcome = await sms.reply("yes", alice)
+            assert outcome is not None and not outcome.applied
+            assert sms.sent[-1] == "Your answer was not accepted (rejected: managers only)."
+            assert sms.current is not None and sms.current.id == w.pending[0].id
+            assert await status(rt, w.pending[0].id) == ("pending", None)
+        assert runs == []
+
+
+async def test_an_unmatched_reply_steers_the_turn_with_send(tmp_path: Path) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1")) as rt:
+        sms = Texts(unmatched="send")
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            r = await rt.generate("support", prompt="Refund A")
+            (a,) = r.pending
+            await hub.poll()
+            # a message the runtime refuses (text that cannot be stored) is told, not raised
+            assert await sms.reply("check \ud800 first", BOB) is None
+            assert sms.sent[-1].startswith("Your message was not delivered: the message is not")
+            assert await status(rt, a.id) == ("pending", None)
+            assert await sms.reply("check with finance first", BOB) is None
+            assert await status(rt, a.id) == ("withdrawn", "ignored")
+            await hub.poll()
+            assert sms.sent[-1].startswith("issue_refund was withdrawn at ")
+            assert sms.current is None
+        assert runs == []
