@@ -717,3 +717,87 @@ def race_store(request: pytest.FixtureRequest, tmp_path: Path, store_kind: str) 
     if store_kind == "postgres":
         return str(request.getfixturevalue("pg_store_url"))
     return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+
+def mixed_agents(ran: list[str]) -> tuple[so.Agent, so.Agent]:
+    """A parent whose one response delegates a gated refund and asks its own question."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(f"refund {order_id}")
+        return "refunded"
+
+    @so.tool
+    async def confirm(ctx: so.ToolContext, text: str) -> str:
+        """Ask the customer."""
+        answer = await ctx.ask(text, options=["yes", "no"])
+        ran.append(f"confirm {answer.option_id}")
+        return str(answer.option_id)
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Refund done.")],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [
+            call_tools(
+                call("billing", id="d1", message="Refund order 1042"),
+                call("confirm", id="c1", text="Email you?"),
+            ),
+            lambda conv: reply(" / ".join(str(r.content) for r in tool_results(conv))),
+        ],
+        tools=[so.delegate("billing"), confirm],
+    )
+    return parent, child
+
+
+async def test_answers_for_a_mirror_and_the_parents_own_request_settle_together(
+    tmp_path: Path,
+) -> None:
+    """`generate(approvals=...)` must answer every pending request, the mirrors of the child's
+    among them: one that leaves the parent's own request out changes no session; one call that
+    answers both settles each where it belongs and the turn completes."""
+    ran: list[str] = []
+    async with sqlite_runtime(tmp_path, *mixed_agents(ran)) as rt:
+        r = await rt.generate("support", prompt="Refund and tell them", auth=ALICE)
+        assert r.status == "waiting"
+        [mirror] = [p for p in r.pending if p.child is not None]
+        [own] = [p for p in r.pending if p.child is None]
+        assert mirror.child is not None
+        child_id = mirror.child.session_id
+        before = (
+            await store_contents(rt.store, r.session_id),
+            await store_contents(rt.store, child_id),
+        )
+        with pytest.raises(so.PartialAnswer) as partial:
+            await rt.generate(
+                session_id=r.session_id,
+                approvals=[so.Decision(id=mirror.id, approved=True)],
+                auth=ALICE,
+            )
+        assert partial.value.request_ids == [own.id]
+        after_partial = (
+            await store_contents(rt.store, r.session_id),
+            await store_contents(rt.store, child_id),
+        )
+        assert after_partial == before and ran == []
+        done = await rt.respond(
+            r.session_id,
+            [
+                so.InputResponse(request_id=mirror.id, option_id="approve"),
+                so.InputResponse(request_id=own.id, option_id="yes"),
+            ],
+            principal=ALICE,
+        )
+        assert done.status == "completed"
+        assert sorted(ran) == ["confirm yes", "refund 1042"]
+        assert done.text == "Refund done. / yes"
+        assert {o.request_id: o.outcome for o in done.outcomes} == {
+            mirror.id: "approved",
+            own.id: "answered",
+        }
+        assert await rt.pending() == []
