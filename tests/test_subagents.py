@@ -719,7 +719,6 @@ def race_store(request: pytest.FixtureRequest, tmp_path: Path, store_kind: str) 
     return f"sqlite:///{tmp_path / 'state.db'}"
 
 
-
 def mixed_agents(ran: list[str]) -> tuple[so.Agent, so.Agent]:
     """A parent whose one response delegates a gated refund and asks its own question."""
 
@@ -801,3 +800,62 @@ async def test_answers_for_a_mirror_and_the_parents_own_request_settle_together(
             own.id: "answered",
         }
         assert await rt.pending() == []
+
+
+async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path) -> None:
+    """The child's request is answered directly and its approved tool is still running when
+    the same answer comes through the parent: the parent's delegate call must wait for that
+    drive (longer than `lease_wait`) and return the child's text, not fail as busy, which told
+    the parent's model that a refund that ran had failed."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order, slowly."""
+        entered.set()
+        await release.wait()
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Refund done.")],
+        tools=[issue_refund],
+    )
+    after = Counted("unused")
+    after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        tools=[so.delegate("billing")],
+    )
+    async with sqlite_runtime(tmp_path, parent, child, lease_wait=0.2) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        direct = asyncio.create_task(
+            rt.respond(
+                mirror.child.session_id,
+                [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+                principal=ALICE,
+            )
+        )
+        await entered.wait()
+        through_parent = asyncio.create_task(
+            rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=mirror.id, option_id="approve")],
+                principal=ALICE,
+            )
+        )
+        await asyncio.sleep(0.6)  # past lease_wait, the child's tool still running
+        release.set()
+        done = await through_parent
+        assert (await direct).status == "completed"
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "completed"
+        assert state.turn.text == "parent saw: Refund done."
+        assert done.outcomes[0].outcome == "approved"
+        assert ran == ["1042"] and after.calls == 1

@@ -194,13 +194,19 @@ class RuntimeHost:
         return True
 
     async def drive_child(self, child: str) -> GenerateResult:
-        """Run the child's turn here (even when workers run turns) until it ends or waits."""
+        """Run the child's turn here (even when workers run turns) until it ends or waits.
+
+        While another drive holds the child (an answer given to it directly, a worker), this
+        waits for that drive to end: the child's result is this call's, never a busy error.
+        """
         rt = self.runtime
         owner = f"{rt.owner}:{new_id('sub')}"
         token = await rt._acquire(child, owner)
-        if token is None:
+        while token is None:
             state = await rt.state(child)
-            return rt._result(state, busy=True)
+            if not runnable(state):  # the other drive ended or parked the turn
+                return rt._result(state)
+            token = await rt._acquire(child, owner)
         reset = _delegating.set(_delegating.get() | {child})
         try:
             return await rt._drive(child, claimed=(owner, token))
