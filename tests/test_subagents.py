@@ -296,6 +296,59 @@ async def test_cancelling_the_parent_withdraws_the_child_too(tmp_path: Path) -> 
     await rt.close()
 
 
+async def test_cancelling_the_parent_while_its_child_runs_cancels_the_child(
+    tmp_path: Path,
+) -> None:
+    """The parent is cancelled while the child's turn is still running (no request mirrored
+    yet): the child's turn is cancelled too, and the approval it would have asked next never
+    reaches the queue, where approving it would run a refund for a cancelled task."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look an order up, slowly."""
+        entered.set()
+        await release.wait()
+        return "found"
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("lookup", order_id="1042")),
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+        ],
+        tools=[lookup, issue_refund],
+    )
+    after = Counted("unused")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        tools=[so.delegate("billing")],
+    )
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="Refund", auth=ALICE))
+        await entered.wait()
+        cancelled = await rt.cancel(sid, "changed my mind")
+        assert cancelled.status == "cancelled"
+        release.set()
+        assert (await running).status == "cancelled"
+        assert await rt.pending() == []
+        [child_id] = [s.id for s in await rt.sessions(agent="billing")]
+        child_state = await rt.state(child_id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        assert ran == [] and after.calls == 0
+
+
 async def test_a_message_that_answers_nothing_stops_the_child(tmp_path: Path) -> None:
     ran: list[dict[str, Any]] = []
     after = Counted("Okay, dropped it.")

@@ -45,6 +45,7 @@ __all__ = [
     "after_drive",
     "children",
     "delegate",
+    "delegated",
     "routed",
     "settle_routed",
 ]
@@ -252,6 +253,26 @@ def children(requests: Iterable[InputRequest]) -> list[str]:
     for r in requests:
         if r.child is not None and r.child.session_id not in out:
             out.append(r.child.session_id)
+    return out
+
+
+def delegated(state: SessionState) -> list[str]:
+    """The child sessions of the turn's delegate calls that have no result yet: cancelling the
+    turn cancels them too, whether or not they wait on a person yet."""
+    turn = state.turn
+    out: list[str] = []
+    for c in [] if turn is None else turn.calls.values():
+        if c.status == "done":
+            continue
+        for entry in c.journal:
+            child = None if entry is None else entry.get("result")
+            if (
+                entry is not None
+                and entry.get("name") == "subagent.session"
+                and isinstance(child, str)
+                and child not in out
+            ):
+                out.append(child)
     return out
 
 
