@@ -124,3 +124,22 @@ def test_limits_that_cannot_work_are_usage_errors(bad: dict[str, Any]) -> None:
     # A negative TTL would create a session that is expired before its first turn.
     with pytest.raises(so.UsageError):
         so.Limits(**bad)
+
+
+async def test_max_steps_ends_the_turn_and_a_retry_cannot_lift_it(tmp_path: Path) -> None:
+    """A turn that keeps calling tools fails with `session_limit_reached` at `max_steps` model
+    responses, not retryable; the next message starts a turn with a fresh count."""
+    async with so.Runtime([agent(max_steps=2)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert r.status == "failed" and not r.retryable
+        assert r.error is not None and r.error["code"] == "session_limit_reached"
+        assert "max_steps=2" in r.error["message"]
+        lines = timeline([e async for e in rt.events(r.session_id, follow=False)])
+        assert lines.count("model.completed") == 2
+        assert lines.count("tool.completed lookup ok") == 2
+        again = await rt.generate(session_id=r.session_id, prompt="go on", auth=ALICE)
+        assert again.status == "failed"  # two more steps, then the same bound
+        lines = timeline([e async for e in rt.events(r.session_id, follow=False)])
+        assert lines.count("model.completed") == 4
+        with pytest.raises(so.SessionLimitReached, match="max_steps=2"):
+            await rt.schedule("a", "nightly")  # a scheduled turn raises it, like a budget

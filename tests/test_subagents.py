@@ -296,6 +296,59 @@ async def test_cancelling_the_parent_withdraws_the_child_too(tmp_path: Path) -> 
     await rt.close()
 
 
+async def test_cancelling_the_parent_while_its_child_runs_cancels_the_child(
+    tmp_path: Path,
+) -> None:
+    """The parent is cancelled while the child's turn is still running (no request mirrored
+    yet): the child's turn is cancelled too, and the approval it would have asked next never
+    reaches the queue, where approving it would run a refund for a cancelled task."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look an order up, slowly."""
+        entered.set()
+        await release.wait()
+        return "found"
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("lookup", order_id="1042")),
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+        ],
+        tools=[lookup, issue_refund],
+    )
+    after = Counted("unused")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        tools=[so.delegate("billing")],
+    )
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="Refund", auth=ALICE))
+        await entered.wait()
+        cancelled = await rt.cancel(sid, "changed my mind")
+        assert cancelled.status == "cancelled"
+        release.set()
+        assert (await running).status == "cancelled"
+        assert await rt.pending() == []
+        [child_id] = [s.id for s in await rt.sessions(agent="billing")]
+        child_state = await rt.state(child_id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        assert ran == [] and after.calls == 0
+
+
 async def test_a_message_that_answers_nothing_stops_the_child(tmp_path: Path) -> None:
     ran: list[dict[str, Any]] = []
     after = Counted("Okay, dropped it.")
@@ -717,3 +770,145 @@ def race_store(request: pytest.FixtureRequest, tmp_path: Path, store_kind: str) 
     if store_kind == "postgres":
         return str(request.getfixturevalue("pg_store_url"))
     return f"sqlite:///{tmp_path / 'state.db'}"
+
+
+def mixed_agents(ran: list[str]) -> tuple[so.Agent, so.Agent]:
+    """A parent whose one response delegates a gated refund and asks its own question."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(f"refund {order_id}")
+        return "refunded"
+
+    @so.tool
+    async def confirm(ctx: so.ToolContext, text: str) -> str:
+        """Ask the customer."""
+        answer = await ctx.ask(text, options=["yes", "no"])
+        ran.append(f"confirm {answer.option_id}")
+        return str(answer.option_id)
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Refund done.")],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [
+            call_tools(
+                call("billing", id="d1", message="Refund order 1042"),
+                call("confirm", id="c1", text="Email you?"),
+            ),
+            lambda conv: reply(" / ".join(str(r.content) for r in tool_results(conv))),
+        ],
+        tools=[so.delegate("billing"), confirm],
+    )
+    return parent, child
+
+
+async def test_answers_for_a_mirror_and_the_parents_own_request_settle_together(
+    tmp_path: Path,
+) -> None:
+    """`generate(approvals=...)` must answer every pending request, the mirrors of the child's
+    among them: one that leaves the parent's own request out changes no session; one call that
+    answers both settles each where it belongs and the turn completes."""
+    ran: list[str] = []
+    async with sqlite_runtime(tmp_path, *mixed_agents(ran)) as rt:
+        r = await rt.generate("support", prompt="Refund and tell them", auth=ALICE)
+        assert r.status == "waiting"
+        [mirror] = [p for p in r.pending if p.child is not None]
+        [own] = [p for p in r.pending if p.child is None]
+        assert mirror.child is not None
+        child_id = mirror.child.session_id
+        before = (
+            await store_contents(rt.store, r.session_id),
+            await store_contents(rt.store, child_id),
+        )
+        with pytest.raises(so.PartialAnswer) as partial:
+            await rt.generate(
+                session_id=r.session_id,
+                approvals=[so.Decision(id=mirror.id, approved=True)],
+                auth=ALICE,
+            )
+        assert partial.value.request_ids == [own.id]
+        after_partial = (
+            await store_contents(rt.store, r.session_id),
+            await store_contents(rt.store, child_id),
+        )
+        assert after_partial == before and ran == []
+        done = await rt.respond(
+            r.session_id,
+            [
+                so.InputResponse(request_id=mirror.id, option_id="approve"),
+                so.InputResponse(request_id=own.id, option_id="yes"),
+            ],
+            principal=ALICE,
+        )
+        assert done.status == "completed"
+        assert sorted(ran) == ["confirm yes", "refund 1042"]
+        assert done.text == "Refund done. / yes"
+        assert {o.request_id: o.outcome for o in done.outcomes} == {
+            mirror.id: "approved",
+            own.id: "answered",
+        }
+        assert await rt.pending() == []
+
+
+async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path) -> None:
+    """The child's request is answered directly and its approved tool is still running when
+    the same answer comes through the parent: the parent's delegate call must wait for that
+    drive (longer than `lease_wait`) and return the child's text, not fail as busy, which told
+    the parent's model that a refund that ran had failed."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order, slowly."""
+        entered.set()
+        await release.wait()
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Refund done.")],
+        tools=[issue_refund],
+    )
+    after = Counted("unused")
+    after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        tools=[so.delegate("billing")],
+    )
+    async with sqlite_runtime(tmp_path, parent, child, lease_wait=0.2) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        direct = asyncio.create_task(
+            rt.respond(
+                mirror.child.session_id,
+                [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+                principal=ALICE,
+            )
+        )
+        await entered.wait()
+        through_parent = asyncio.create_task(
+            rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=mirror.id, option_id="approve")],
+                principal=ALICE,
+            )
+        )
+        await asyncio.sleep(0.6)  # past lease_wait, the child's tool still running
+        release.set()
+        done = await through_parent
+        assert (await direct).status == "completed"
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "completed"
+        assert state.turn.text == "parent saw: Refund done."
+        assert done.outcomes[0].outcome == "approved"
+        assert ran == ["1042"] and after.calls == 1

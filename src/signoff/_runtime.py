@@ -414,9 +414,13 @@ class Runtime(Messages):
             if abort is not None:
                 abort.set()
             withdrawn: list[InputRequest] = []
+            delegated: list[str] = []
 
             def build(
-                current: SessionState, tid: str = turn.id, withdrawn: list[InputRequest] = withdrawn
+                current: SessionState,
+                tid: str = turn.id,
+                withdrawn: list[InputRequest] = withdrawn,
+                delegated: list[str] = delegated,
             ) -> Batch:
                 # Built from the state it is committed on: after a concurrent append the turn
                 # may have ended (nothing to cancel) or opened other requests (withdrawn too).
@@ -424,6 +428,7 @@ class Runtime(Messages):
                 if now is None or now.id != tid or now.status in ended:
                     return Batch(specs=[])
                 withdrawn[:] = current.pending_requests()
+                delegated[:] = _subagents.delegated(current)
                 return Batch(
                     specs=_cancel_specs(withdrawn, reason, by),
                     resolve=[_withdraw(r.id, by) for r in withdrawn],
@@ -440,7 +445,8 @@ class Runtime(Messages):
                 continue
             self._remember(driver.state)
             self._aborts.pop(session_id, None)
-            for child in _subagents.children(withdrawn):  # subagents waiting under this turn
+            # Subagents under this turn: waiting on a person, or still running.
+            for child in dict.fromkeys([*_subagents.children(withdrawn), *delegated]):
                 with contextlib.suppress(UnknownSession):
                     await self.cancel(child, reason, principal=principal)
             return self._result(driver.state)

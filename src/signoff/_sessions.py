@@ -64,6 +64,13 @@ def positive_seconds(value: object) -> bool:
     )
 
 
+def _unfinished(state: SessionState) -> bool:
+    """Whether the session's turn still has work to do: running, or waiting on nothing but
+    answers already accepted (`respond(resume=False)`)."""
+    turn = state.turn
+    return turn is not None and turn.status in ("running", "waiting") and runnable(state)
+
+
 class _Changed(Exception):
     """Internal: the session moved on between the checks that start a turn and its append."""
 
@@ -287,18 +294,28 @@ class SessionRunner:
         for _ in range(10):
             state = await self._checked(session_id, trust_cache=not fresh)
             pending = state.pending_requests()
-            running = state.turn is not None and state.turn.status == "running"
-            if (pending or running) and not fresh:
+            unfinished = _unfinished(state)
+            if (pending or unfinished) and not fresh:
                 fresh = True
                 continue
             if pending:
                 raise PartialAnswer(session_id, [r.id for r in pending])
-            if running:
+            if unfinished:
+                # Its calls (approved ones, one a dead process was running) must not be left
+                # without results: the turn is finished first, never started over.
                 if await self._busy(session_id):
                     raise SessionBusy(
                         f"session {session_id!r} is running a turn in another process",
                         session_id,
                     )
+                if not self.inline:
+                    raise SessionBusy(
+                        f"session {session_id!r} has a turn a worker has yet to run; "
+                        "send() a message to steer it",
+                        session_id,
+                    )
+                await self._drive(session_id)
+                continue
             driver = self._driver(state, None)
             turn_id = new_id("trn")
             checked = state.seq

@@ -45,6 +45,7 @@ __all__ = [
     "after_drive",
     "children",
     "delegate",
+    "delegated",
     "routed",
     "settle_routed",
 ]
@@ -194,13 +195,19 @@ class RuntimeHost:
         return True
 
     async def drive_child(self, child: str) -> GenerateResult:
-        """Run the child's turn here (even when workers run turns) until it ends or waits."""
+        """Run the child's turn here (even when workers run turns) until it ends or waits.
+
+        While another drive holds the child (an answer given to it directly, a worker), this
+        waits for that drive to end: the child's result is this call's, never a busy error.
+        """
         rt = self.runtime
         owner = f"{rt.owner}:{new_id('sub')}"
         token = await rt._acquire(child, owner)
-        if token is None:
+        while token is None:
             state = await rt.state(child)
-            return rt._result(state, busy=True)
+            if not runnable(state):  # the other drive ended or parked the turn
+                return rt._result(state)
+            token = await rt._acquire(child, owner)
         reset = _delegating.set(_delegating.get() | {child})
         try:
             return await rt._drive(child, claimed=(owner, token))
@@ -246,6 +253,26 @@ def children(requests: Iterable[InputRequest]) -> list[str]:
     for r in requests:
         if r.child is not None and r.child.session_id not in out:
             out.append(r.child.session_id)
+    return out
+
+
+def delegated(state: SessionState) -> list[str]:
+    """The child sessions of the turn's delegate calls that have no result yet: cancelling the
+    turn cancels them too, whether or not they wait on a person yet."""
+    turn = state.turn
+    out: list[str] = []
+    for c in [] if turn is None else turn.calls.values():
+        if c.status == "done":
+            continue
+        for entry in c.journal:
+            child = None if entry is None else entry.get("result")
+            if (
+                entry is not None
+                and entry.get("name") == "subagent.session"
+                and isinstance(child, str)
+                and child not in out
+            ):
+                out.append(child)
     return out
 
 

@@ -1,0 +1,70 @@
+"""`Answering`: settling answers when the store fails around the settling commit: the answer is
+either recorded once or not at all, and answering again finishes the turn with the tool run
+once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.stores import Commit
+from signoff.stores.sqlite import SQLiteStore
+from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
+
+
+class SettleFails(SQLiteStore):
+    """SQLite whose first commit that settles a request fails, before or after writing it."""
+
+    def __init__(self, url: str, *, after_write: bool) -> None:
+        super().__init__(url)
+        self.after_write = after_write
+        self.failed = False
+
+    async def commit(self, commit: Commit) -> None:
+        if commit.resolve and not self.failed:
+            self.failed = True
+            if self.after_write:
+                await super().commit(commit)  # written, but the caller hears of a failure
+            raise so.StoreError("the connection dropped")
+        await super().commit(commit)
+
+
+def refund_agent(ran: list[str]) -> so.Agent:
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, float]:
+        """Refund an order."""
+        ran.append(order_id)
+        return {"refunded": amount}
+
+    return scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042", amount=180)), reply("Refunded.")],
+        tools=[issue_refund],
+    )
+
+
+@pytest.mark.parametrize("after_write", [False, True], ids=["lost", "written"])
+async def test_a_store_failure_while_settling_is_retryable(
+    tmp_path: Path, after_write: bool
+) -> None:
+    ran: list[str] = []
+    store = SettleFails(f"sqlite:///{tmp_path}/s.db", after_write=after_write)
+    async with so.Runtime([refund_agent(ran)], store=store) as rt:
+        parked = await rt.generate("support", prompt="refund 1042")
+        [request] = parked.pending
+        before = await store_contents(rt.store, parked.session_id)
+        answer = [so.InputResponse(request_id=request.id, option_id="approve")]
+        with pytest.raises(so.StoreError):
+            await rt.respond(parked.session_id, answer)
+        if not after_write:
+            assert await store_contents(rt.store, parked.session_id) == before
+        assert ran == []
+        done = await rt.respond(parked.session_id, answer)  # the same answer again
+        assert done.status == "completed" and done.text == "Refunded."
+        [outcome] = done.outcomes
+        assert (outcome.outcome, outcome.applied) == ("approved", not after_write)
+        assert ran == ["1042"]
+        types = [e.type async for e in rt.events(parked.session_id, follow=False)]
+        assert types.count("approval.settled") == 1

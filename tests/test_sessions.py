@@ -1,0 +1,160 @@
+"""`SessionRunner`: a prompt never starts a turn over one that still has work to do (answers
+accepted but not resumed, or a turn a dead process left); it finishes that turn first, or is
+refused while a live process runs it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    store_contents,
+    timeline,
+    tool_results,
+)
+
+
+async def events(rt: so.Runtime, session_id: str) -> list[so.Event]:
+    return [e async for e in rt.events(session_id, follow=False)]
+
+
+def refund_agent(ran: list[int], after: Capture) -> so.Agent:
+    @so.tool(approval=so.always())
+    async def refund(amount: int) -> dict[str, int]:
+        """Refund an amount."""
+        ran.append(amount)
+        return {"refunded": amount}
+
+    return scripted_agent(
+        "a",
+        [call_tools(call("refund", amount=180)), after, reply("second turn")],
+        tools=[refund],
+    )
+
+
+async def test_a_prompt_after_answers_accepted_without_resuming_runs_the_approved_call_first(
+    tmp_path: Path,
+) -> None:
+    """`respond(resume=False)` leaves the turn waiting with its answers in: a new prompt must
+    run the approved call (and let the model read its result) before its own turn starts."""
+    ran: list[int] = []
+    after = Capture(lambda conv: reply(f"result: {tool_results(conv)[-1].content}"))
+    async with sqlite_runtime(tmp_path, refund_agent(ran, after)) as rt:
+        parked = await rt.generate("a", prompt="refund it")
+        [request] = parked.pending
+        answered = await rt.respond(
+            parked.session_id,
+            [so.InputResponse(request_id=request.id, option_id="approve")],
+            resume=False,
+        )
+        assert answered.pending == []
+        assert ran == []
+        done = await rt.generate(session_id=parked.session_id, prompt="and now?")
+        assert done.status == "completed"
+        assert done.text == "second turn"
+        assert ran == [180]  # the approved call ran, once
+        assert after.last[-1] == tool_results(after.last)[-1]  # the model read its result
+        assert timeline(await events(rt, parked.session_id)).count("turn.started") == 2
+        assert "tool.completed refund ok" in timeline(await events(rt, parked.session_id))
+
+
+async def test_a_prompt_to_a_turn_a_dead_process_left_finishes_that_turn_first(
+    tmp_path: Path,
+) -> None:
+    """A turn whose process died inside a tool (its lease lapsed) is resumed from the log,
+    the call run again with the same key, before the prompt's own turn starts: no call is left
+    without a result, which a model provider would refuse in every later turn."""
+    clock = ManualClock()
+    entered = asyncio.Event()
+    hang = asyncio.Event()
+    keys: list[str] = []
+
+    @so.tool
+    async def slow(ctx: so.ToolContext, x: int) -> int:
+        """A call the first process never finishes."""
+        keys.append(ctx.idempotency_key())
+        if len(keys) == 1:
+            entered.set()
+            await hang.wait()
+        return x
+
+    def agent(after: Capture) -> so.Agent:
+        return scripted_agent(
+            "a", [call_tools(call("slow", x=7)), after, reply("second turn")], tools=[slow]
+        )
+
+    first = sqlite_runtime(tmp_path, agent(Capture(reply("first turn"))), clock=clock)
+    sid = await first.create_session("a")
+    stuck = asyncio.create_task(first.generate(session_id=sid, prompt="go"))
+    await entered.wait()
+    clock.advance(120)  # the first process is gone: its lease lapses
+    after = Capture(lambda conv: reply(f"got {tool_results(conv)[-1].content}"))
+    async with sqlite_runtime(tmp_path, agent(after), clock=clock) as rt:
+        done = await rt.generate(session_id=sid, prompt="are you there?")
+        assert done.status == "completed"
+        assert done.text == "second turn"
+        assert keys == [keys[0], keys[0]]  # run again, with the same idempotency key
+        assert tool_results(after.last)[-1].content == 7
+        lines = timeline(await events(rt, sid))
+        assert lines.count("tool.started slow") == 1
+        assert lines.count("tool.completed slow ok") == 1
+        assert (
+            lines.index("tool.completed slow ok")
+            < [i for i, line in enumerate(lines) if line == "turn.started"][1]
+        )
+    hang.set()
+    await stuck  # fenced: it writes nothing after losing its lease
+    await first.close()
+
+
+async def test_a_prompt_while_another_process_runs_the_turn_is_refused(tmp_path: Path) -> None:
+    entered = asyncio.Event()
+    hang = asyncio.Event()
+
+    @so.tool
+    async def slow(x: int) -> int:
+        """A call that runs while the prompt arrives."""
+        entered.set()
+        await hang.wait()
+        return x
+
+    def agent() -> so.Agent:
+        return scripted_agent("a", [call_tools(call("slow", x=1)), reply("done")], tools=[slow])
+
+    first = sqlite_runtime(tmp_path, agent())
+    sid = await first.create_session("a")
+    running = asyncio.create_task(first.generate(session_id=sid, prompt="go"))
+    await entered.wait()
+    async with sqlite_runtime(tmp_path, agent()) as rt:
+        before = await store_contents(rt.store, sid)
+        with pytest.raises(so.SessionBusy) as caught:
+            await rt.generate(session_id=sid, prompt="hurry up")
+        assert caught.value.session_id == sid
+        assert await store_contents(rt.store, sid) == before
+    hang.set()
+    assert (await running).status == "completed"
+    await first.close()
+
+
+async def test_a_prompt_to_a_turn_workers_have_yet_to_run_is_refused(tmp_path: Path) -> None:
+    """With `inline=False` a started turn waits for a worker: a second prompt must not start a
+    turn over it (its message would be answered by nobody)."""
+    kw: dict[str, Any] = {"inline": False}
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [reply("one")]), **kw) as rt:
+        started = await rt.generate("a", prompt="first")
+        assert started.status == "running"
+        before = await store_contents(rt.store, started.session_id)
+        with pytest.raises(so.SessionBusy):
+            await rt.generate(session_id=started.session_id, prompt="second")
+        assert await store_contents(rt.store, started.session_id) == before
