@@ -94,6 +94,11 @@ class Runtime(Messages):
         await _subagents.after_drive(self, session_id)  # a subagent's parent may go on now
         return result
 
+    async def _recover(self, state: SessionState) -> bool:
+        recovered = await super()._recover(state)
+        # A child whose parent's turn ended meanwhile is cancelled, not run (by a worker, say).
+        return await _subagents.cancel_orphan(self, state) or recovered
+
     async def expire_due(self) -> int:
         """Apply every passed request deadline across sessions and resume their turns.
 
