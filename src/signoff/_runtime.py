@@ -245,7 +245,8 @@ class Runtime(Messages):
 
         With `approvals`, settle every pending approval of the session in one call (no prompt
         beside them) and continue. With neither, resume the session's turn (a retry after a
-        failure, or picking up a turn another process left).
+        failure, or picking up a turn another process left); a turn that failed for good
+        (`retryable` false: `max_steps`, a budget nobody can raise) is returned as it is.
         """
         await self.open()
         if approvals is not None:
