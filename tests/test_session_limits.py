@@ -143,3 +143,43 @@ async def test_max_steps_ends_the_turn_and_a_retry_cannot_lift_it(tmp_path: Path
         assert lines.count("model.completed") == 4
         with pytest.raises(so.SessionLimitReached, match="max_steps=2"):
             await rt.schedule("a", "nightly")  # a scheduled turn raises it, like a budget
+
+
+async def _seqs(rt: so.Runtime, session_id: str) -> list[int]:
+    return [e.seq async for e in rt.events(session_id, follow=False)]
+
+
+async def test_retrying_a_turn_failed_at_max_steps_changes_nothing(tmp_path: Path) -> None:
+    """A retry (`generate(session_id=...)` with no prompt) cannot lift `max_steps`: it returns
+    the same failure and appends nothing, rather than another `turn.failed` each time."""
+    url = f"sqlite:///{tmp_path}/s.db"
+    async with so.Runtime([agent(max_steps=2)], store=url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert r.status == "failed" and not r.retryable
+        before = await _seqs(rt, r.session_id)
+        for _ in range(2):
+            again = await rt.generate(session_id=r.session_id, auth=ALICE)
+            assert (again.status, again.error, again.retryable) == ("failed", r.error, False)
+            assert again.turn_id == r.turn_id
+        assert await _seqs(rt, r.session_id) == before
+    async with so.Runtime([agent(max_steps=2)], store=url, inline=False) as front:
+        # Not `running`: no worker can do anything with it either.
+        again = await front.generate(session_id=r.session_id, auth=ALICE)
+        assert (again.status, again.retryable) == ("failed", False)
+        assert [s.status for s in await front.sessions()] == ["failed"]
+        assert await _seqs(front, r.session_id) == before
+
+
+async def test_retrying_a_scheduled_turn_over_its_budget_changes_nothing(tmp_path: Path) -> None:
+    """A scheduled turn whose budget nobody can raise fails for good: retrying it appends
+    nothing and returns the same failure."""
+    async with so.Runtime([agent(max_tokens=100)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        with pytest.raises(so.SessionLimitReached) as info:
+            await rt.schedule("a", "nightly run")
+        [session] = await rt.sessions()
+        assert info.value.session_id == session.id
+        before = await _seqs(rt, session.id)
+        again = await rt.generate(session_id=session.id)
+        assert again.status == "failed" and not again.retryable
+        assert "nobody can raise the budget" in str((again.error or {}).get("message"))
+        assert await _seqs(rt, session.id) == before

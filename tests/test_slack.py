@@ -11,6 +11,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import socket
 import time
 import urllib.parse
@@ -24,7 +25,7 @@ import pytest
 from aiohttp import web
 
 import signoff as so
-from signoff.channels import ChannelHub, InvalidSignature
+from signoff.channels import Channel, ChannelHub, InvalidSignature
 from signoff.channels.slack import SlackChannel, slack_principal
 from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
@@ -57,6 +58,9 @@ class FakeSlack:
         self.runner: web.AppRunner | None = None
         self.url = ""
         self.deleted: set[str] = set()  # messages someone deleted in Slack
+        self.limited: dict[str, int] = {}  # method -> how many calls to answer with 429
+        self.retry_after = "1"
+        self.failing: dict[str, str] = {}  # method -> the error it answers with
 
     async def start(self) -> None:
         app = web.Application()
@@ -85,6 +89,15 @@ class FakeSlack:
                     body[key] = json.loads(body[key])
         self.calls.append((method, body))
         self.tokens.append(request.headers.get("Authorization"))
+        if self.limited.get(method, 0) > 0:
+            self.limited[method] -= 1
+            return web.json_response(
+                {"ok": False, "error": "ratelimited"},
+                status=429,
+                headers={"Retry-After": self.retry_after},
+            )
+        if method in self.failing:
+            return web.json_response({"ok": False, "error": self.failing[method]})
         if method == "chat.postMessage":
             self._ts += 1
             return web.json_response(
@@ -1006,3 +1019,103 @@ async def test_a_message_deleted_in_slack_does_not_stall_the_channel(
             second = slack_api.of("chat.postMessage")[1]
             assert other.pending[0].id in json.dumps(second["blocks"])
         assert posted["channel"] == "C42"
+
+
+class Recorder(Channel):
+    """A channel that only notes the requests it is told about."""
+
+    name = "recorder"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: list[str] = []
+
+    async def on_requested(self, request: so.InputRequest) -> None:
+        self.opened.append(request.id)
+
+
+async def test_slack_rate_limits_wait_retry_after_without_holding_other_channels(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A 429 is retried after Slack's Retry-After (not the hub's backoff, here an hour) and a
+    burst of them never makes the hub give up the post; the other channels go on meanwhile."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack, recorder = channel(slack_api), Recorder()
+        hub = ChannelHub(rt, [slack, recorder], retry_backoff=3600, max_attempts=1)
+        async with manual(hub):
+            slack_api.limited["chat.postMessage"] = 2
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            await hub.poll()
+            assert recorder.opened == [req.id]  # not held back by Slack's limit
+            assert len(slack_api.of("chat.postMessage")) == 1
+            await hub.poll()  # before Retry-After: Slack is not called again
+            assert len(slack_api.of("chat.postMessage")) == 1
+            for _ in range(2):
+                await asyncio.sleep(1.05)
+                await hub.poll()
+            assert len(slack_api.of("chat.postMessage")) == 3
+            assert slack.recall(f"msg:{req.id}") is not None
+            await hub.poll()
+            assert len(slack_api.of("chat.postMessage")) == 3 and recorder.opened == [req.id]
+
+
+async def test_slack_rate_limited_at_start_posts_the_open_requests_later(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Requests open when the hub starts are posted once Slack's Retry-After has passed, not
+    left unposted until the next start because the first post was rate limited."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack_api.limited["chat.postMessage"] = 1
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            assert (
+                len(slack_api.of("chat.postMessage")) == 1 and slack.recall(f"msg:{req.id}") is None
+            )
+            await hub.poll()
+            assert len(slack_api.of("chat.postMessage")) == 1
+            await asyncio.sleep(1.05)
+            await hub.poll()
+            assert len(slack_api.of("chat.postMessage")) == 2
+            assert slack.recall(f"msg:{req.id}") is not None
+
+
+async def test_an_entry_the_hub_gave_up_on_is_logged_and_retried_on_the_next_start(
+    tmp_path: Path, slack_api: FakeSlack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Slack failing on an update past `max_attempts`: the hub logs it at error level and
+    delivers it again when it next starts, so the message stops offering Approve / Deny."""
+    log: list[Any] = []
+    state = tmp_path / "hub.db"
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        async with manual(ChannelHub(rt, [channel(slack_api)], state=state, max_attempts=1)) as hub:
+            await hub.poll()
+            slack_api.failing["chat.update"] = "internal_error"
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=slack_principal(TEAM, "U045EF6GH"),
+            )
+            with caplog.at_level(logging.ERROR, logger="signoff.channels"):
+                await hub.poll()
+            assert any(
+                rec.levelno == logging.ERROR and "gave up" in rec.getMessage()
+                for rec in caplog.records
+            )
+            await hub.poll()
+            assert len(slack_api.of("chat.update")) == 1  # given up for this run
+        del slack_api.failing["chat.update"]
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], state=state)) as hub:
+            (_, update) = slack_api.of("chat.update")
+            assert update["blocks"][-1]["block_id"] == "signoff.resolution"
+            assert slack.recall(f"msg:{req.id}") is None
+            await hub.poll()
+        async with manual(ChannelHub(rt, [channel(slack_api)], state=state)):
+            assert len(slack_api.of("chat.update")) == 2  # delivered once, then forgotten

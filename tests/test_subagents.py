@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff import _subagents
 from signoff.testing import (
     Capture,
     ManualClock,
@@ -912,3 +913,103 @@ async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path
         assert state.turn.text == "parent saw: Refund done."
         assert done.outcomes[0].outcome == "approved"
         assert ran == ["1042"] and after.calls == 1
+
+
+def _cancel_then_start(
+    monkeypatch: pytest.MonkeyPatch, rt: so.Runtime, parent_id: list[str], *, check: bool
+) -> None:
+    """Cancel the parent right before its delegate call starts the child's turn: the cancel's
+    sweep of children finds the child without a turn. Without `check` the child's turn is
+    started as a process that died at once after it would leave it (no check of the parent)."""
+    original = _subagents.RuntimeHost.start_child
+
+    async def start_child(
+        host: _subagents.RuntimeHost,
+        child: str,
+        message: str,
+        principal: dict[str, Any] | None,
+        source: str,
+    ) -> bool:
+        cancelled = await rt.cancel(parent_id[0], "changed my mind")
+        assert cancelled.status == "cancelled"
+        if check:
+            return await original(host, child, message, principal, source)
+        who = None if principal is None else so.Principal.model_validate(principal)
+        await rt._start_turn(child, message, who, source=source)
+        return True
+
+    monkeypatch.setattr(_subagents.RuntimeHost, "start_child", start_child)
+
+
+def _lookup_agents(looked: list[str]) -> tuple[so.Agent, so.Agent]:
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    def first(conversation: list[so.Message]) -> so.ModelResponse:
+        looked.append("child model")
+        return call_tools(call("issue_refund", order_id="1042"))
+
+    child = scripted_agent("billing", [first, reply("Refund done.")], tools=[issue_refund])
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("unused")],
+        tools=[so.delegate("billing")],
+    )
+    return parent, child
+
+
+async def test_a_parent_cancelled_as_its_child_starts_leaves_no_live_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent is cancelled after its delegate call created the child but before the child's
+    turn started: the cancel finds no turn to cancel, so the child's turn, started next, must
+    see its parent's turn ended and cancel itself rather than stay `running` for a worker."""
+    looked: list[str] = []
+    parent, child = _lookup_agents(looked)
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        _cancel_then_start(monkeypatch, rt, [sid], check=True)
+        r = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        assert r.status == "cancelled"
+        [child_id] = [s.id for s in await rt.sessions(agent="billing")]
+        child_state = await rt.state(child_id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        assert [s.status for s in await rt.sessions(agent="billing")] == ["cancelled"]
+        assert await rt.pending() == [] and looked == []
+
+
+async def test_a_worker_cancels_a_child_whose_parent_turn_ended(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child's turn left running for a cancelled parent (its starter died before checking
+    the parent) is cancelled by the worker that claims it: its model never runs and no
+    approval for the cancelled task reaches the queue."""
+    looked: list[str] = []
+    parent, child = _lookup_agents(looked)
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([parent, child], store=url) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        _cancel_then_start(monkeypatch, rt, [sid], check=False)
+        assert (await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)).status == (
+            "cancelled"
+        )
+        [orphan] = await rt.sessions(agent="billing")
+        assert orphan.status == "running"
+    monkeypatch.undo()
+    async with so.Runtime([parent, child], store=url, inline=False) as worker:
+        stop = asyncio.Event()
+        working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
+        try:
+            for _ in range(250):
+                turn = (await worker.state(orphan.id)).turn
+                if turn is not None and turn.status != "running":
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, 10)
+        turn = (await worker.state(orphan.id)).turn
+        assert turn is not None and turn.status == "cancelled"
+        assert await worker.pending() == [] and looked == []

@@ -165,8 +165,8 @@ class Driver(ToolCalls, ModelStep):
                     continue
                 if turn is None or turn.status in ("completed", "cancelled"):
                     return self.state
-                if turn.status == "failed" and not retry:
-                    return self.state
+                if turn.status == "failed" and not (retry and turn.retryable):
+                    return self.state  # a retry cannot lift max_steps or an unraisable budget
                 retry = False
                 calls = list(turn.calls.values())
                 proposed = [c for c in calls if c.status == "proposed"]

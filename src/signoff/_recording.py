@@ -152,7 +152,7 @@ def runnable(state: SessionState, *, retry: bool = False) -> bool:
     if turn.status in ("completed", "cancelled"):
         return bool(state.queued)  # messages that waited for the turn's end start now
     if turn.status == "failed":
-        return retry
+        return retry and turn.retryable  # a limit no retry can lift ends the turn for good
     if turn.status == "waiting":
         statuses = {c.status for c in turn.calls.values()}
         if statuses & {"approved", "denied", "decided", "running"}:

@@ -94,6 +94,11 @@ class Runtime(Messages):
         await _subagents.after_drive(self, session_id)  # a subagent's parent may go on now
         return result
 
+    async def _recover(self, state: SessionState) -> bool:
+        recovered = await super()._recover(state)
+        # A child whose parent's turn ended meanwhile is cancelled, not run (by a worker, say).
+        return await _subagents.cancel_orphan(self, state) or recovered
+
     async def expire_due(self) -> int:
         """Apply every passed request deadline across sessions and resume their turns.
 
@@ -240,7 +245,8 @@ class Runtime(Messages):
 
         With `approvals`, settle every pending approval of the session in one call (no prompt
         beside them) and continue. With neither, resume the session's turn (a retry after a
-        failure, or picking up a turn another process left).
+        failure, or picking up a turn another process left); a turn that failed for good
+        (`retryable` false: `max_steps`, a budget nobody can raise) is returned as it is.
         """
         await self.open()
         if approvals is not None:

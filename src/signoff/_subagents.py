@@ -25,6 +25,7 @@ from ._exceptions import (
     PartialAnswer,
     SessionBusy,
     StoreError,
+    UnknownSession,
     UsageError,
 )
 from ._recording import Batch, EventSpec, new_id, runnable
@@ -43,6 +44,7 @@ __all__ = [
     "RuntimeHost",
     "SubagentFailed",
     "after_drive",
+    "cancel_orphan",
     "children",
     "delegate",
     "delegated",
@@ -192,6 +194,8 @@ class RuntimeHost:
             return False
         who = None if principal is None else Principal.model_validate(principal)
         await rt._start_turn(child, message, who, source=source)
+        # The parent's cancel may have swept its children just before this turn started.
+        await cancel_orphan(rt, await rt.state(child))
         return True
 
     async def drive_child(self, child: str) -> GenerateResult:
@@ -259,10 +263,38 @@ def children(requests: Iterable[InputRequest]) -> list[str]:
 def delegated(state: SessionState) -> list[str]:
     """The child sessions of the turn's delegate calls that have no result yet: cancelling the
     turn cancels them too, whether or not they wait on a person yet."""
+    return _journaled(state, done=False)
+
+
+async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
+    """Cancel a child's live turn that its parent no longer waits on (the parent's turn was
+    cancelled, completed or replaced), so no one runs it or asks for a cancelled task.
+
+    Checked after the child's turn starts and before any drive of it: a cancel of the parent
+    that swept its children just before the turn started, or a starter that died before this
+    check, still leaves no live child. Returns whether it cancelled.
+    """
+    turn = state.turn
+    if state.parent is None or turn is None or turn.status not in ("running", "waiting"):
+        return False
+    try:
+        parent = await rt.state(state.parent)
+    except UnknownSession:
+        return False
+    live = parent.turn is not None and parent.turn.status not in ("completed", "cancelled")
+    if live and state.id in _journaled(parent, done=True):
+        return False
+    await rt.cancel(state.id, "the parent turn ended")
+    return True
+
+
+def _journaled(state: SessionState, *, done: bool) -> list[str]:
+    """The child sessions the turn's delegate calls journaled (`done`: calls with a result
+    too), once each."""
     turn = state.turn
     out: list[str] = []
     for c in [] if turn is None else turn.calls.values():
-        if c.status == "done":
+        if c.status == "done" and not done:
             continue
         for entry in c.journal:
             child = None if entry is None else entry.get("result")

@@ -6,7 +6,7 @@ Slack (`signoff.channels.slack`, the `slack` extra), webhooks and text channels 
 
 from __future__ import annotations
 
-from ._base import Channel, ChannelState, InvalidSignature, Resolution
+from ._base import Channel, ChannelState, InvalidSignature, RateLimited, Resolution
 from ._hub import ChannelHub
 from .terminal import TerminalChannel, compact_json, duration
 from .text import TerminalTextChannel, TextChannel, parse_reply
@@ -17,6 +17,7 @@ __all__ = [
     "ChannelHub",
     "ChannelState",
     "InvalidSignature",
+    "RateLimited",
     "Resolution",
     "TerminalChannel",
     "TerminalTextChannel",

@@ -29,6 +29,7 @@ __all__ = [
     "Channel",
     "ChannelState",
     "InvalidSignature",
+    "RateLimited",
     "Resolution",
     "describe_principal",
 ]
@@ -40,6 +41,20 @@ class InvalidSignature(SignoffError):
     """A signed request (from Slack, or a webhook) failed verification: nothing was done."""
 
     code = "invalid_signature"
+
+
+class RateLimited(SignoffError):
+    """The channel's service asked to be called again later (an HTTP 429 with Retry-After).
+
+    A channel raises it from a hook to have the hub try that entry again after `retry_after`
+    seconds instead of its backoff; such tries do not count towards the hub's `max_attempts`.
+    """
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

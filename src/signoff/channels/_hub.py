@@ -22,7 +22,7 @@ from .._exceptions import UsageError
 from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
-from ._base import Channel, ChannelState, Resolution
+from ._base import Channel, ChannelState, RateLimited, Resolution
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -32,6 +32,8 @@ __all__ = ["ChannelHub"]
 logger = logging.getLogger("signoff.channels")
 
 _PAGE = 500
+_MAX_WAIT = 3600.0  # seconds: the longest a rate limit holds a channel back before it retries
+_SKIPPED = "skipped"  # the memo (under the hub's key for a channel) of entries it gave up on
 
 
 class ChannelHub:
@@ -41,7 +43,10 @@ class ChannelHub:
     then lost on restart, so it starts at the end). Run one hub per set of channels: two hubs
     with the same channels would post everything twice. A channel that fails on an entry is
     retried from there after `retry_backoff * 2**n` seconds, `max_attempts` times in all
-    (about two minutes by default), before the entry is skipped for it.
+    (about two minutes by default), before the entry is skipped for it: that is logged as an
+    error, and the entry is delivered to it again when the hub next starts on the same `state`.
+    A channel that raises `RateLimited` is retried after the delay it names (at most an hour),
+    without spending an attempt, so a service that throttles is never given up on.
     """
 
     def __init__(
@@ -131,6 +136,7 @@ class ChannelHub:
                     await ch.start([r for r in open_requests if ch.accepts(r)])
                 except Exception:  # a service that is down must not keep the server from starting
                     logger.exception("channel %s failed to start", ch.name)
+                await self._redeliver(ch)
         if follow:
             self._stopping = False
             self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
@@ -270,6 +276,18 @@ class ChannelHub:
                 continue
             try:
                 await self._deliver(ch, entry)
+            except RateLimited as exc:
+                # The service says when to come back: no attempt is spent, nothing given up.
+                wait = min(max(0.0, exc.retry_after), _MAX_WAIT)  # NaN: max() keeps the 0
+                self._retry_at[ch.name] = time.monotonic() + wait
+                logger.warning(
+                    "channel %s is rate limited on audit entry %s; retrying in %.1fs",
+                    ch.name,
+                    entry.id,
+                    wait,
+                )
+                blocked.add(ch.name)
+                continue
             except Exception:
                 key = (ch.name, entry.id)
                 self._failures[key] = self._failures.get(key, 0) + 1
@@ -286,11 +304,13 @@ class ChannelHub:
                     blocked.add(ch.name)
                     continue
                 logger.exception(
-                    "channel %s gave up on audit entry %s after %s attempts",
+                    "channel %s gave up on audit entry %s after %s attempts; "
+                    "it is delivered again when the hub next starts",
                     ch.name,
                     entry.id,
                     self._failures[key],
                 )
+                self._skip(ch, entry.id)
             self._failures.pop((ch.name, entry.id), None)
             self._retry_at.pop(ch.name, None)
             seen.add(entry.id)
@@ -323,6 +343,37 @@ class ChannelHub:
             stored = await store.get_request(str(entry.data.get("request_id")))
             if stored is not None and stored.request.child is None and ch.accepts(stored.request):
                 await ch.on_resolved(stored.request, Resolution.from_event(entry.data, entry.at))
+
+    def _skip(self, ch: Channel, entry_id: int) -> None:
+        """Note an entry the channel was given up on, for the next start to deliver again."""
+        skipped = [int(i) for i in self.state.recall(self._key(ch), _SKIPPED) or []]
+        if entry_id not in skipped:
+            self.state.remember(self._key(ch), _SKIPPED, [*skipped, entry_id])
+
+    async def _redeliver(self, ch: Channel) -> None:
+        """Deliver again the entries a previous run gave up on; those failing again are kept
+        (and logged as errors) for the start after."""
+        skipped = [int(i) for i in self.state.recall(self._key(ch), _SKIPPED) or []]
+        if not skipped:
+            return
+        left: list[int] = []
+        for entry_id in skipped:
+            found = await self.runtime.store.audit(after_id=entry_id - 1, limit=1)
+            if not found or found[0].id != entry_id:
+                continue  # no longer in the trail: nothing to deliver
+            try:
+                await self._deliver(ch, found[0])
+            except Exception:
+                logger.exception(
+                    "channel %s failed again on audit entry %s; retried on the next start",
+                    ch.name,
+                    entry_id,
+                )
+                left.append(entry_id)
+        if left:
+            self.state.remember(self._key(ch), _SKIPPED, left)
+        else:
+            self.state.forget(self._key(ch), _SKIPPED)
 
     # -- helpers ------------------------------------------------------------------------------
 

@@ -9,7 +9,9 @@ pressed (`slack:<team_id>:<user_id>`, authenticator "slack").
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import math
 import time
 import urllib.parse
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -21,7 +23,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from ..._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from ..._types import InputRequest, InputResponse, Principal
-from .._base import Channel, InvalidSignature, Resolution, logger, settled_as
+from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, settled_as
 from ._blocks import (
     ANSWER_BLOCK,
     APPROVE,
@@ -113,19 +115,49 @@ class SlackChannel(Channel):
         self._seen: dict[str, float] = {}  # signature -> when it can be forgotten
         self._tasks: set[asyncio.Task[None]] = set()
         self._router: Any = None
+        self._backlog: list[InputRequest] = []  # open at start, not posted yet
+        self._backlog_at = 0.0  # monotonic time Slack lets the backlog be posted again
 
     # -- what the hub tells it ----------------------------------------------------------------
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
-        for request in open_requests:  # those never posted (e.g. opened before the first start)
-            await self.on_requested(request)
+        # Those never posted (e.g. opened before the first start); what Slack's rate limit
+        # holds back is posted on the hub's ticks once its Retry-After has passed.
+        self._backlog = list(open_requests)
+        self._backlog_at = 0.0
+        await self._post_backlog()
+
+    async def tick(self, now: float) -> None:
+        await self._post_backlog()
+
+    async def _post_backlog(self) -> None:
+        """Post the requests open at start that are still open, until Slack rate-limits."""
+        while self._backlog and time.monotonic() >= self._backlog_at:
+            request = self._backlog[0]
+            try:
+                stored = await self.runtime.store.get_request(request.id)
+                if stored is not None and stored.status == "pending":
+                    await self.on_requested(request)
+            except RateLimited as exc:
+                self._backlog_at = time.monotonic() + min(max(0.0, exc.retry_after), 3600.0)
+                logger.warning("slack: rate limited; posting %s again later", request.id)
+                return
+            except Exception:
+                logger.exception(
+                    "slack: posting %s failed; it is posted when the hub next starts", request.id
+                )
+            self._backlog.pop(0)
 
     async def on_requested(self, request: InputRequest) -> None:
         if self.recall(_key(request.id)) is not None:
             return  # already posted
-        reply = await self.client.chat_postMessage(
-            channel=self.channel, text=fallback_text(request), blocks=request_blocks(request)
-        )
+        try:
+            reply = await self.client.chat_postMessage(
+                channel=self.channel, text=fallback_text(request), blocks=request_blocks(request)
+            )
+        except SlackApiError as exc:
+            _raise_if_limited(exc, "chat.postMessage")
+            raise
         self.remember(_key(request.id), {"channel": reply["channel"], "ts": reply["ts"]})
 
     async def on_updated(self, request: InputRequest) -> None:
@@ -151,6 +183,7 @@ class SlackChannel(Channel):
                 channel=where["channel"], ts=where["ts"], text=text, blocks=blocks
             )
         except SlackApiError as exc:
+            _raise_if_limited(exc, "chat.update")
             error = exc.response.get("error") if exc.response is not None else None
             if error not in _GONE:
                 raise
@@ -369,6 +402,23 @@ class SlackChannel(Channel):
         await self.client.chat_postEphemeral(
             channel=where["channel"], user=where["user"], text=text
         )
+
+
+def _raise_if_limited(exc: SlackApiError, method: str) -> None:
+    """Raise `RateLimited` with Slack's Retry-After (1 s if it names none) for a 429, so the
+    hub retries when Slack allows rather than on its backoff."""
+    response = exc.response
+    if response is None or getattr(response, "status_code", None) != 429:
+        return
+    wait = 1.0
+    headers = getattr(response, "headers", None) or {}
+    for name, value in headers.items():
+        if str(name).lower() == "retry-after":
+            with contextlib.suppress(TypeError, ValueError):
+                seconds = float(value[0] if isinstance(value, (list, tuple)) else value)
+                if math.isfinite(seconds) and seconds >= 0:
+                    wait = seconds
+    raise RateLimited(f"slack: {method} is rate limited; retry in {wait:g}s", wait) from exc
 
 
 def _key(request_id: str) -> str:
