@@ -818,3 +818,22 @@ def test_serve_keys_the_dashboards_csrf_tokens_with_its_secret(
     result = invoke(*args)
     assert result.exit_code == 0, result.output
     assert served[0].state.signoff.secret == csrf_key("shared")
+
+
+bracketed = so.Agent(
+    name="ops [eu] [/x]",
+    model=so.models.Scripted([so.ModelResponse(text="done [/] here")], repeat_last=True),
+)
+
+
+def test_names_with_brackets_are_printed_as_they_are(url: str) -> None:
+    """An agent's name is not Rich markup: `sessions` and `chat` print `ops [eu] [/x]` as it is
+    instead of failing with a MarkupError traceback."""
+    result = CliRunner().invoke(
+        app, ["chat", "tests.test_cli:bracketed", "--store", url], input="hello\n"
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "ops [eu] [/x]: done [/] here" in result.output
+    listed = invoke("sessions", "--store", url)
+    assert listed.exit_code == 0, (listed.output, listed.exception)
+    assert "ops [eu] [/x]" in listed.output

@@ -59,7 +59,7 @@ class _Chat:
             if not line:
                 continue
             try:
-                with self.console.status(f"{self.agent.name} is working..."):
+                with self.console.status(f"{escape(self.agent.name)} is working..."):
                     if line == "/retry" and self.session_id is not None:
                         result = await self.runtime.generate(session_id=self.session_id)
                     elif self.session_id is None:
@@ -107,7 +107,7 @@ class _Chat:
         if turn.status == "failed" and not turn.retryable:
             self.console.print(f"[red]the last turn failed: {escape(error_text(turn.error))}[/]")
             return True
-        with self.console.status(f"{self.agent.name} is working..."):
+        with self.console.status(f"{escape(self.agent.name)} is working..."):
             result = await self.runtime.generate(session_id=session_id)
         return await self.follow(result)
 
@@ -140,7 +140,7 @@ class _Chat:
                 return False
             answered.add(request.id)
             try:
-                with self.console.status(f"{self.agent.name} is working..."):
+                with self.console.status(f"{escape(self.agent.name)} is working..."):
                     result = await self.runtime.respond(
                         result.session_id, [answer], principal=self.principal
                     )

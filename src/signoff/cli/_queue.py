@@ -117,7 +117,7 @@ def sessions(
             table.add_column(column, no_wrap=True)
         for r in rows:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
-            table.add_row(r.id, r.agent, r.status, str(r.head), when)
+            table.add_row(escape(r.id), escape(r.agent), r.status, str(r.head), when)
         console.print(table)
 
     run(go())
@@ -147,7 +147,7 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
         asker = r.requested_by.principal_id if r.requested_by else "-"
         expiry = "" if r.expires_at is None else f"\nexpires in {duration(r.expires_at - now)}"
         table.add_row(
-            f"{r.id}\n[dim]{r.session_id}[/]",
+            f"{escape(r.id)}\n[dim]{escape(r.session_id)}[/]",
             f"{escape(r.agent)}\n[dim]{escape(asker)}[/]",
             f"{escape(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
             escape(clip(readable, 200)),
