@@ -837,3 +837,30 @@ def test_names_with_brackets_are_printed_as_they_are(url: str) -> None:
     listed = invoke("sessions", "--store", url)
     assert listed.exit_code == 0, (listed.output, listed.exception)
     assert "ops [eu] [/x]" in listed.output
+
+
+def offline_runtime() -> so.Runtime:
+    """A runtime that leaves its turns to workers, with settings of its own."""
+    clock = time.time
+    return so.Runtime(
+        [agent],
+        store="sqlite:///:memory:",
+        clock=clock,
+        inline=False,
+        lease_ttl=7.0,
+        lease_wait=3.0,
+        poll_interval=0.3,
+    )
+
+
+def test_store_option_replaces_only_the_store(url: str) -> None:
+    """`--store` (or SIGNOFF_STORE) moves the runtime to another store and keeps the rest: a
+    runtime that leaves its turns to workers (`inline=False`) still does under `signoff serve`."""
+    from signoff.cli._app import load_runtime
+
+    moved = load_runtime("tests.test_cli:offline_runtime", url)
+    assert moved.store.url == url
+    assert moved.inline is False
+    assert (moved.lease_ttl, moved.lease_wait, moved.poll_interval) == (7.0, 3.0, 0.3)
+    assert moved.clock is time.time
+    assert load_runtime("tests.test_cli:offline_runtime").inline is False
