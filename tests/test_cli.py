@@ -864,3 +864,23 @@ def test_store_option_replaces_only_the_store(url: str) -> None:
     assert (moved.lease_ttl, moved.lease_wait, moved.poll_interval) == (7.0, 3.0, 0.3)
     assert moved.clock is time.time
     assert load_runtime("tests.test_cli:offline_runtime").inline is False
+
+
+def test_the_store_password_is_never_printed(pg_store_url: str) -> None:
+    """A PostgreSQL password, in the user part or as `?password=`, stays out of what the CLI
+    prints (an unknown request's error, chat's header) and of the worker's log line."""
+    host = pg_store_url.split("@", 1)[1]
+    for store in (f"postgresql://postgres:s3cret@{host}", f"{pg_store_url}?password=s3cret"):
+        result = invoke("approve", "req_nope", "--store", store)
+        assert result.exit_code == 1, result.output
+        assert "UnknownRequest: no request 'req_nope' in postgresql://" in result.stderr
+        assert "s3cret" not in result.output, result.output
+        chat = CliRunner().invoke(app, ["chat", TARGET, "--store", store], input="/exit\n")
+        assert chat.exit_code == 0, chat.output
+        assert "store postgresql://postgres@" in chat.output
+        assert "s3cret" not in chat.output, chat.output
+    from signoff.cli._app import shown_store  # what the worker logs
+
+    for store in (f"postgresql://postgres:s3cret@{host}", f"{pg_store_url}?password=s3cret"):
+        assert "s3cret" not in shown_store(store) and host.split("/")[0] in shown_store(store)
+    assert shown_store("sqlite:///x/state.db") == "sqlite:///x/state.db"

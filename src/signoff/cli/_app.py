@@ -63,6 +63,16 @@ def existing_store(store: str | None) -> str:
     return url
 
 
+def shown_store(url: str) -> str:
+    """The store URL as the CLI prints or logs it: a PostgreSQL URL without its password,
+    whether in the user part or a `?password=` parameter."""
+    if url.startswith(("postgresql://", "postgres://")):
+        from ..stores.postgres._url import describe
+
+        return describe(url)
+    return url
+
+
 def out() -> Console:
     return Console(highlight=False)
 

@@ -28,6 +28,7 @@ from ._app import (
     parse_principal,
     pick_agent,
     run,
+    shown_store,
     tool_line,
 )
 
@@ -78,7 +79,8 @@ class _Chat:
                 self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
 
     def header(self) -> None:
-        store = getattr(self.runtime.store, "url", type(self.runtime.store).__name__)
+        url = getattr(self.runtime.store, "url", None)
+        store = shown_store(url) if isinstance(url, str) else type(self.runtime.store).__name__
         self.console.print(
             f"[bold]signoff chat[/] · agent [bold cyan]{escape(self.agent.name)}[/] · "
             f"store {escape(store)}"

@@ -40,6 +40,7 @@ from ._app import (
     out,
     parse_principal,
     run,
+    shown_store,
     tool_line,
 )
 
@@ -190,7 +191,7 @@ async def _settle(
     async with loaded or Runtime([], store=existing_store(store)) as runtime:
         stored = await runtime.store.get_request(request_id)
         if stored is None:
-            raise _unknown_request(request_id, runtime.store.url)
+            raise _unknown_request(request_id, shown_store(runtime.store.url))
         request = stored.request
         if loaded is None and (
             request.response_policy or await _response_policy_recorded(runtime, request)
