@@ -818,3 +818,69 @@ def test_serve_keys_the_dashboards_csrf_tokens_with_its_secret(
     result = invoke(*args)
     assert result.exit_code == 0, result.output
     assert served[0].state.signoff.secret == csrf_key("shared")
+
+
+bracketed = so.Agent(
+    name="ops [eu] [/x]",
+    model=so.models.Scripted([so.ModelResponse(text="done [/] here")], repeat_last=True),
+)
+
+
+def test_names_with_brackets_are_printed_as_they_are(url: str) -> None:
+    """An agent's name is not Rich markup: `sessions` and `chat` print `ops [eu] [/x]` as it is
+    instead of failing with a MarkupError traceback."""
+    result = CliRunner().invoke(
+        app, ["chat", "tests.test_cli:bracketed", "--store", url], input="hello\n"
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "ops [eu] [/x]: done [/] here" in result.output
+    listed = invoke("sessions", "--store", url)
+    assert listed.exit_code == 0, (listed.output, listed.exception)
+    assert "ops [eu] [/x]" in listed.output
+
+
+def offline_runtime() -> so.Runtime:
+    """A runtime that leaves its turns to workers, with settings of its own."""
+    clock = time.time
+    return so.Runtime(
+        [agent],
+        store="sqlite:///:memory:",
+        clock=clock,
+        inline=False,
+        lease_ttl=7.0,
+        lease_wait=3.0,
+        poll_interval=0.3,
+    )
+
+
+def test_store_option_replaces_only_the_store(url: str) -> None:
+    """`--store` (or SIGNOFF_STORE) moves the runtime to another store and keeps the rest: a
+    runtime that leaves its turns to workers (`inline=False`) still does under `signoff serve`."""
+    from signoff.cli._app import load_runtime
+
+    moved = load_runtime("tests.test_cli:offline_runtime", url)
+    assert moved.store.url == url
+    assert moved.inline is False
+    assert (moved.lease_ttl, moved.lease_wait, moved.poll_interval) == (7.0, 3.0, 0.3)
+    assert moved.clock is time.time
+    assert load_runtime("tests.test_cli:offline_runtime").inline is False
+
+
+def test_the_store_password_is_never_printed(pg_store_url: str) -> None:
+    """A PostgreSQL password, in the user part or as `?password=`, stays out of what the CLI
+    prints (an unknown request's error, chat's header) and of the worker's log line."""
+    host = pg_store_url.split("@", 1)[1]
+    for store in (f"postgresql://postgres:s3cret@{host}", f"{pg_store_url}?password=s3cret"):
+        result = invoke("approve", "req_nope", "--store", store)
+        assert result.exit_code == 1, result.output
+        assert "UnknownRequest: no request 'req_nope' in postgresql://" in result.stderr
+        assert "s3cret" not in result.output, result.output
+        chat = CliRunner().invoke(app, ["chat", TARGET, "--store", store], input="/exit\n")
+        assert chat.exit_code == 0, chat.output
+        assert "store postgresql://postgres@" in chat.output
+        assert "s3cret" not in chat.output, chat.output
+    from signoff.cli._app import shown_store  # what the worker logs
+
+    for store in (f"postgresql://postgres:s3cret@{host}", f"{pg_store_url}?password=s3cret"):
+        assert "s3cret" not in shown_store(store) and host.split("/")[0] in shown_store(store)
+    assert shown_store("sqlite:///x/state.db") == "sqlite:///x/state.db"

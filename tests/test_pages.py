@@ -8,6 +8,8 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from signoff.server import TokenAuth, create_app
 
@@ -168,3 +170,79 @@ def test_two_pages_loaded_at_once_both_post(base: str) -> None:
     # the cookie must still be one made for this sign-in, not merely present
     r = post_as(base, {**me, "signoff_csrf": "x" * 43}, "/_signoff/sessions", first, form)
     assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+
+
+def _fields(count: int) -> bytes:
+    return "&".join(f"f{i}=1" for i in range(count)).encode()
+
+
+def _parts(count: int) -> bytes:
+    part = b'--x\r\nContent-Disposition: form-data; name="f%d"\r\n\r\n1\r\n'
+    return b"".join(part % i for i in range(count)) + b"--x--\r\n"
+
+
+MULTIPART = "multipart/form-data; boundary=x"
+URLENCODED = "application/x-www-form-urlencoded"
+MALFORMED = {
+    "no boundary": ("multipart/form-data", b"csrf=x"),
+    "garbage multipart": (MULTIPART, b"garbage--x\r\n"),
+    "a part without a name": (
+        MULTIPART,
+        b"--x\r\nContent-Disposition: form-data\r\n\r\n1\r\n--x--\r\n",
+    ),
+    "a header without a colon": (MULTIPART, b"--x\r\nNoColon\r\n\r\n1\r\n--x--\r\n"),
+    "too many urlencoded fields": (URLENCODED, _fields(1001)),
+    "too many parts": (MULTIPART, _parts(1001)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED))
+def test_a_form_body_that_cannot_be_read_is_malformed_form(base: str, name: str) -> None:
+    """A form the server cannot parse is 400 `malformed_form`: JSON for the page's script, a
+    page for a plain browser post; nothing is settled or started."""
+    body = start(base)
+    content_type, raw = MALFORMED[name]
+    me = {"signoff_token": "alice-token"}
+    paths = [
+        f"/_signoff/requests/{body['pending'][0]['id']}/respond",
+        "/_signoff/sessions",
+        f"/_signoff/sessions/{body['session_id']}/messages",
+        "/_signoff/login",
+        "/_signoff/logout",
+    ]
+    with httpx.Client(base_url=base, cookies=me, timeout=10) as c:
+        for path in paths:
+            headers = {"Content-Type": content_type}
+            r = c.post(path, content=raw, headers={**headers, **JSON})
+            assert r.status_code == 400, (name, path, r.text)
+            assert r.json()["error"]["code"] == "malformed_form", (name, path)
+            assert r.json()["ok"] is False
+            page = c.post(path, content=raw, headers={**headers, "Accept": "text/html"})
+            assert page.status_code == 400, (name, path, page.text)
+            assert page.headers["content-type"].startswith("text/html"), (name, path)
+            assert "could not be read" in page.text, (name, path)
+    assert waiting(base, body)
+    listed = httpx.get(f"{base}/v1/requests", headers=auth("alice-token")).json()
+    assert listed["total"] == 1
+
+
+async def test_a_route_mounted_on_the_app_gets_malformed_form_too(tmp_path: Path) -> None:
+    """Any route added to the app (a channel's, or the application's own) that reads a form
+    gets the same stable code for one it cannot parse, not Starlette's bare 400."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/s.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+
+    async def hook(request: Request) -> Response:
+        form = await request.form()
+        return JSONResponse({"fields": len(form)})
+
+    app.add_route("/hooks/form", hook, methods=["POST"])
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        r = await c.post("/hooks/form", content=_fields(3), headers={"Content-Type": URLENCODED})
+        assert r.json() == {"fields": 3}
+        for name, (content_type, raw) in sorted(MALFORMED.items()):
+            r = await c.post("/hooks/form", content=raw, headers={"Content-Type": content_type})
+            assert r.status_code == 400, (name, r.text)
+            assert r.json()["error"]["code"] == "malformed_form", (name, r.text)
+    await runtime.close()

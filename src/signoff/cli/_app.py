@@ -63,6 +63,16 @@ def existing_store(store: str | None) -> str:
     return url
 
 
+def shown_store(url: str) -> str:
+    """The store URL as the CLI prints or logs it: a PostgreSQL URL without its password,
+    whether in the user part or a `?password=` parameter."""
+    if url.startswith(("postgresql://", "postgres://")):
+        from ..stores.postgres._url import describe
+
+        return describe(url)
+    return url
+
+
 def out() -> Console:
     return Console(highlight=False)
 
@@ -186,17 +196,22 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
     if isinstance(obj, Agent):
         return Runtime([obj], store=store)
     if isinstance(obj, Runtime):
-        if store is None:
-            return obj
-        return Runtime(
-            list(obj.agents.values()),
-            store=store,
-            clock=obj.clock,
-            lease_ttl=obj.lease_ttl,
-            lease_wait=obj.lease_wait,
-            poll_interval=obj.poll_interval,
-        )
+        return obj if store is None else on_store(obj, store)
     raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime or Agent")
+
+
+def on_store(runtime: Runtime, store: str) -> Runtime:
+    """`runtime` on another store: `--store` replaces the store only, so a runtime that leaves
+    its turns to workers (`inline=False`) still does, and its clock and leases are kept."""
+    return Runtime(
+        list(runtime.agents.values()),
+        store=store,
+        clock=runtime.clock,
+        lease_ttl=runtime.lease_ttl,
+        lease_wait=runtime.lease_wait,
+        poll_interval=runtime.poll_interval,
+        inline=runtime.inline,
+    )
 
 
 def pick_agent(runtime: Runtime, name: str | None) -> Agent:

@@ -28,6 +28,7 @@ from ._app import (
     parse_principal,
     pick_agent,
     run,
+    shown_store,
     tool_line,
 )
 
@@ -59,7 +60,7 @@ class _Chat:
             if not line:
                 continue
             try:
-                with self.console.status(f"{self.agent.name} is working..."):
+                with self.console.status(f"{escape(self.agent.name)} is working..."):
                     if line == "/retry" and self.session_id is not None:
                         result = await self.runtime.generate(session_id=self.session_id)
                     elif self.session_id is None:
@@ -78,7 +79,8 @@ class _Chat:
                 self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
 
     def header(self) -> None:
-        store = getattr(self.runtime.store, "url", type(self.runtime.store).__name__)
+        url = getattr(self.runtime.store, "url", None)
+        store = shown_store(url) if isinstance(url, str) else type(self.runtime.store).__name__
         self.console.print(
             f"[bold]signoff chat[/] · agent [bold cyan]{escape(self.agent.name)}[/] · "
             f"store {escape(store)}"
@@ -107,7 +109,7 @@ class _Chat:
         if turn.status == "failed" and not turn.retryable:
             self.console.print(f"[red]the last turn failed: {escape(error_text(turn.error))}[/]")
             return True
-        with self.console.status(f"{self.agent.name} is working..."):
+        with self.console.status(f"{escape(self.agent.name)} is working..."):
             result = await self.runtime.generate(session_id=session_id)
         return await self.follow(result)
 
@@ -140,7 +142,7 @@ class _Chat:
                 return False
             answered.add(request.id)
             try:
-                with self.console.status(f"{self.agent.name} is working..."):
+                with self.console.status(f"{escape(self.agent.name)} is working..."):
                     result = await self.runtime.respond(
                         result.session_id, [answer], principal=self.principal
                     )

@@ -40,6 +40,7 @@ from ._app import (
     out,
     parse_principal,
     run,
+    shown_store,
     tool_line,
 )
 
@@ -117,7 +118,7 @@ def sessions(
             table.add_column(column, no_wrap=True)
         for r in rows:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
-            table.add_row(r.id, r.agent, r.status, str(r.head), when)
+            table.add_row(escape(r.id), escape(r.agent), r.status, str(r.head), when)
         console.print(table)
 
     run(go())
@@ -147,7 +148,7 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
         asker = r.requested_by.principal_id if r.requested_by else "-"
         expiry = "" if r.expires_at is None else f"\nexpires in {duration(r.expires_at - now)}"
         table.add_row(
-            f"{r.id}\n[dim]{r.session_id}[/]",
+            f"{escape(r.id)}\n[dim]{escape(r.session_id)}[/]",
             f"{escape(r.agent)}\n[dim]{escape(asker)}[/]",
             f"{escape(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
             escape(clip(readable, 200)),
@@ -190,7 +191,7 @@ async def _settle(
     async with loaded or Runtime([], store=existing_store(store)) as runtime:
         stored = await runtime.store.get_request(request_id)
         if stored is None:
-            raise _unknown_request(request_id, runtime.store.url)
+            raise _unknown_request(request_id, shown_store(runtime.store.url))
         request = stored.request
         if loaded is None and (
             request.response_policy or await _response_policy_recorded(runtime, request)

@@ -13,7 +13,7 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from ..stores import DEFAULT_URL
-from ._app import StoreOption, app, load_runtime, run
+from ._app import StoreOption, app, load_runtime, run, shown_store
 
 
 @app.command()
@@ -56,7 +56,6 @@ def worker(
     stops at once, leaving the leases to expire).
     """
     import logging
-    import re
     import signal
 
     handler = logging.StreamHandler(sys.stderr)
@@ -98,7 +97,7 @@ def worker(
             log.info(
                 "worker %s on %s, concurrency %d, lease %.1fs",
                 runtime.owner,
-                re.sub(r"//([^:/@]*):[^@/]*@", r"//\1:***@", runtime.store.url),
+                shown_store(runtime.store.url),
                 concurrency,
                 runtime.lease_ttl,
             )

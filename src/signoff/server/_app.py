@@ -30,6 +30,7 @@ from ._context import ServerContext
 from ._dashboard import SignIn, dashboard_error, sign_in_redirect
 from ._dashboard import router as dashboard_router
 from ._errors import ApiError, error_response, install_error_handlers
+from ._head import HeadAsGet
 from ._headers import SecurityHeaders
 from ._limits import BodyLimit
 from ._links import add_links
@@ -133,6 +134,7 @@ def create_app(
     )
     app.add_middleware(BodyLimit, max_bytes=max_body_size)
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(HeadAsGet)  # outermost: HEAD gets every header GET would
     app.state.signoff = ServerContext(
         runtime=runtime,
         auth=auth,

@@ -38,6 +38,7 @@ __all__ = [
     "ErrorDetail",
     "error_response",
     "install_error_handlers",
+    "malformed_form",
     "public_message",
     "status_for",
 ]
@@ -111,6 +112,15 @@ def public_message(exc: SignoffError) -> str:
     return str(exc)
 
 
+FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+def malformed_form(detail: object) -> str:
+    """The message of a 400 `malformed_form`: the parser's own words on what it could not read."""
+    why = detail if isinstance(detail, str) and detail else "it is not a valid form"
+    return f"the form body could not be read: {why}"
+
+
 def error_response(status: int, code: str, message: str, **extra: Any) -> JSONResponse:
     detail: dict[str, Any] = {"code": code, "message": message}
     detail.update({k: v for k, v in extra.items() if v is not None})
@@ -166,9 +176,13 @@ def install_error_handlers(app: FastAPI) -> None:
         }
         code = codes.get(exc.status_code, f"http_{exc.status_code}")
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
-        if exc.status_code == 400 and "json" in request.headers.get("content-type", ""):
+        content_type = request.headers.get("content-type", "").strip().lower()
+        if exc.status_code == 400 and "json" in content_type:
             # The body could not even be decoded: not UTF-8, or nested too deeply to parse.
             code, message = "malformed_json", "the request body is not valid JSON"
+        elif exc.status_code == 400 and content_type.startswith(FORM_TYPES):
+            # Starlette could not parse the form: broken multipart, or too many fields or parts.
+            code, message = "malformed_form", malformed_form(exc.detail)
         response = error_response(exc.status_code, code, message)
         for key, value in (exc.headers or {}).items():
             response.headers[key] = value
@@ -193,7 +207,7 @@ def _doc(description: str) -> dict[str, Any]:
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    400: _doc("Malformed body or a misuse (`malformed_json`, `usage_error`)"),
+    400: _doc("Malformed body or a misuse (`malformed_json`, `malformed_form`, `usage_error`)"),
     401: _doc("Not authenticated (`unauthenticated`)"),
     403: _doc("Not allowed to settle (`not_allowed`)"),
     404: _doc("Unknown session or request (`unknown_session`, `unknown_request`)"),

@@ -20,12 +20,13 @@ from typing import Any
 
 from fastapi import Request
 from jinja2 import Environment, PackageLoader, select_autoescape
+from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, Response
 
 from .._types import Principal
 from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, bearer_token
 from ._context import get_context
-from ._errors import ApiError
+from ._errors import ApiError, malformed_form
 
 __all__ = [
     "CSRF_COOKIE",
@@ -175,8 +176,14 @@ def set_csrf(request: Request, response: Response, token: str) -> None:
 
 async def check_csrf(request: Request) -> dict[str, str]:
     """The posted form's fields, once its token and the cookie's were both made for this
-    sign-in (they may differ: two tabs loaded at once each got their own)."""
-    form = await request.form()
+    sign-in (they may differ: two tabs loaded at once each got their own). A body that is
+    not a readable form is 400 `malformed_form`."""
+    try:
+        form = await request.form()
+    except HTTPException as exc:
+        if exc.status_code != 400:
+            raise
+        raise ApiError(400, "malformed_form", malformed_form(exc.detail)) from None
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
     cookie = request.cookies.get(CSRF_COOKIE, "")
     sent = request.headers.get("x-csrf-token") or fields.get("csrf", "")

@@ -48,10 +48,21 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
             raise UsageError(f"{target}() failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, Runtime):
         raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime")
-    runtime: Runtime = obj
-    if store is not None:
-        runtime = Runtime(list(runtime.agents.values()), store=store)
-    return runtime
+    return obj if store is None else _on_store(obj, store)
+
+
+def _on_store(runtime: Runtime, store: str) -> Runtime:
+    """`runtime`'s agents and settings on `store`: only the store is replaced, so a runtime that
+    leaves its turns to workers (`inline=False`) still does, and its clock and leases are kept."""
+    return Runtime(
+        list(runtime.agents.values()),
+        store=store,
+        clock=runtime.clock,
+        lease_ttl=runtime.lease_ttl,
+        lease_wait=runtime.lease_wait,
+        poll_interval=runtime.poll_interval,
+        inline=runtime.inline,
+    )
 
 
 def serve(
@@ -67,6 +78,7 @@ def serve(
     secret: str | bytes | None = None,
 ) -> None:
     """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`.
+    With `store`, the runtime's agents are served from that store instead.
 
     `channels` (Slack, webhooks, ...) follow the queue while the server runs, from one
     `ChannelHub` whose delivery positions live in `channel_state` (a SQLite file; in memory if
@@ -77,7 +89,10 @@ def serve(
 
     from ._app import create_app
 
-    runtime = target if isinstance(target, Runtime) else load_runtime(target, store)
+    if isinstance(target, Runtime):
+        runtime = target if store is None else _on_store(target, store)
+    else:
+        runtime = load_runtime(target, store)
     hub = None
     if channels:
         from ..channels import ChannelHub

@@ -1,0 +1,37 @@
+"""`HeadAsGet`: HEAD is answered for every GET route, with GET's status and headers only."""
+
+from __future__ import annotations
+
+import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+__all__ = ["HeadAsGet"]
+
+
+class HeadAsGet:
+    """ASGI middleware: a HEAD request runs as the GET of its URL, and the response ends with
+    the headers (probes and proxies check pages with `curl -I`).
+
+    Once the headers are sent the GET is cancelled, so a HEAD on an event stream returns at
+    once instead of following it. A route without GET still answers 405.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "HEAD":
+            await self.app(scope, receive, send)
+            return
+        get = {**scope, "method": "GET"}  # a copy: the server keeps its own scope's HEAD
+        with anyio.CancelScope() as scope_of_get:
+
+            async def headers_only(message: Message) -> None:
+                if scope_of_get.cancel_called:
+                    return
+                if message["type"] == "http.response.start":
+                    await send(message)
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+                    scope_of_get.cancel()
+
+            await self.app(get, receive, headers_only)

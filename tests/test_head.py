@@ -1,0 +1,101 @@
+"""HEAD on every GET route: GET's status and headers, no body, nothing changed, no hang."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from .test_server_common import auth, served
+
+ALICE = auth("alice-token")
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[str]:
+    with served(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
+def started(base: str) -> dict[str, str]:
+    r = httpx.post(
+        f"{base}/v1/sessions",
+        json={"agent": "support", "message": "Refund 1042"},
+        headers=ALICE,
+        timeout=10,
+    )
+    assert r.status_code == 201, r.text
+    body = r.json()
+    return {"sid": body["session_id"], "rid": body["pending"][0]["id"]}
+
+
+def test_head_answers_like_get_without_a_body(base: str) -> None:
+    ids = started(base)
+    paths = [
+        "/v1/requests",
+        f"/v1/requests/{ids['rid']}",
+        f"/v1/sessions/{ids['sid']}",
+        "/v1/openapi.json",
+        "/_signoff/",
+        "/_signoff",
+        "/_signoff/login",
+        "/_signoff/tools",
+        "/_signoff/audit",
+        "/_signoff/audit/tools",
+        "/_signoff/new",
+        f"/_signoff/sessions/{ids['sid']}",
+        f"/_signoff/fragments/sessions/{ids['sid']}",
+        "/_signoff/fragments/queue",
+        "/_signoff/static/app.js",
+        "/",
+    ]
+    with httpx.Client(base_url=base, headers=ALICE, timeout=10) as c:
+        for path in paths:
+            get = c.get(path)
+            head = c.head(path)
+            assert head.status_code == get.status_code, (path, head.status_code, head.text)
+            assert head.content == b"", path
+            for name in ("content-type", "content-length", "location", "x-frame-options"):
+                assert head.headers.get(name) == get.headers.get(name), (path, name)
+        # an unknown session or one not signed in: the same answer as GET's, without its body
+        assert c.head("/v1/sessions/ses_nope").status_code == 404
+        assert httpx.head(f"{base}/v1/requests").status_code == 401
+        r = httpx.head(f"{base}/_signoff/tools")
+        assert (r.status_code, r.headers["location"]) == (303, "/_signoff/login")
+
+
+def test_head_on_a_route_without_get_is_still_405(base: str) -> None:
+    ids = started(base)
+    with httpx.Client(base_url=base, headers=ALICE, timeout=10) as c:
+        for path in (
+            "/v1/sessions",
+            f"/v1/sessions/{ids['sid']}/cancel",
+            f"/v1/sessions/{ids['sid']}/responses",
+            f"/_signoff/requests/{ids['rid']}/respond",
+            "/_signoff/logout",
+        ):
+            r = c.head(path)
+            assert r.status_code == 405, (path, r.status_code)
+            assert "HEAD" not in r.headers.get("allow", ""), path
+        # nothing was settled, cancelled or started by them
+        state = c.get(f"/v1/sessions/{ids['sid']}").json()
+        assert state["status"] == "waiting"
+        assert c.get("/v1/requests").json()["total"] == 1
+
+
+def test_head_on_the_streams_returns_at_once(base: str) -> None:
+    ids = started(base)
+    with httpx.Client(base_url=base, headers=ALICE, timeout=5) as c:
+        seq = c.get(f"/v1/sessions/{ids['sid']}").json()["seq"]
+        for path in (f"/v1/sessions/{ids['sid']}/events", "/_signoff/stream"):
+            began = time.monotonic()
+            r = c.head(path)
+            assert time.monotonic() - began < 3, path
+            assert r.status_code == 200, (path, r.text)
+            assert r.headers["content-type"].startswith("text/event-stream"), path
+            assert r.content == b""
+        # the connection is still usable, and the session is as it was
+        assert c.get(f"/v1/sessions/{ids['sid']}").json()["seq"] == seq
