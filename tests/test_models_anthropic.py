@@ -30,7 +30,7 @@ def tool_use(call_id: str, name: str, input: object) -> dict[str, object]:
 
 @pytest.fixture
 def fake() -> Iterator[FakeLLM]:
-    with FakeLLM("anthropic") as server:
+    with FakeLLM("anthropic", strict=True) as server:
         yield server
 
 
