@@ -448,6 +448,32 @@ async def test_parallel_tool_uses_come_back_as_one_user_message(
     assert len(fake.bodies[1]["messages"]) == 3
 
 
+async def test_a_call_left_open_by_a_cancelled_turn_gets_a_result_before_the_next_prompt(
+    fake: FakeLLM, model: so.models.Anthropic, tmp_path: Path
+) -> None:
+    # A tool_use with no tool_result makes the API refuse every later request of the session.
+    fake.queue(
+        anthropic_message(
+            tool_use("toolu_look", "lookup_order", {"order_id": "1042"}),
+            tool_use("toolu_pay", "issue_refund", {"order_id": "1042", "amount": 180}),
+        ),
+        anthropic_message("Hello again."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[lookup_order, issue_refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        r = await rt.cancel(r.session_id, "changed my mind")
+        r = await rt.generate(session_id=r.session_id, prompt="hello")
+        assert (r.status, r.error, r.text) == ("completed", None, "Hello again.")
+    last = fake.bodies[1]["messages"][-1]
+    assert [(b["type"], b.get("tool_use_id"), b.get("is_error")) for b in last["content"]] == [
+        ("tool_result", "toolu_look", None),
+        ("tool_result", "toolu_pay", True),
+        ("text", None, None),
+    ]
+    assert '"cancelled": true' in last["content"][1]["content"]
+
+
 # -- replies a real server can send that are not what the API promises ------------------------
 
 

@@ -647,6 +647,33 @@ async def test_parallel_tool_calls_each_get_their_tool_message(
     assert json.loads(results[0]["content"]) == {"order_id": "1042", "total": 180.0}
 
 
+async def test_a_call_left_open_by_a_cancelled_turn_gets_a_result_before_the_next_prompt(
+    fake: FakeLLM, model: so.models.OpenAIChat, tmp_path: Path
+) -> None:
+    # A call with no tool message makes the API refuse every later request of the session.
+    fake.queue(
+        openai_completion(
+            None,
+            [
+                openai_tool_call("call_look", "lookup_order", {"order_id": "1042"}),
+                openai_tool_call("call_pay", "issue_refund", {"order_id": "1042", "amount": 180}),
+            ],
+        ),
+        openai_completion("Hello again."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[lookup_order, issue_refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        r = await rt.cancel(r.session_id, "changed my mind")
+        assert r.status == "cancelled"
+        r = await rt.generate(session_id=r.session_id, prompt="hello")
+        assert (r.status, r.error, r.text) == ("completed", None, "Hello again.")
+    look, pay, prompt = fake.bodies[1]["messages"][2:]
+    assert (look["tool_call_id"], pay["tool_call_id"]) == ("call_look", "call_pay")
+    assert pay["content"].startswith("CANCELLED: the call to issue_refund has no result.")
+    assert prompt == {"role": "user", "content": "hello"}
+
+
 # -- replies a real server can send that are not what the API promises ------------------------
 
 

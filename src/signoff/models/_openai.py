@@ -211,6 +211,8 @@ def tool_text(m: ToolResultMessage) -> str:
         return body
     if isinstance(m.content, dict) and m.content.get("denied"):
         return f"DENIED: the call to {m.tool_name} was not run. {body}"
+    if isinstance(m.content, dict) and m.content.get("cancelled"):
+        return f"CANCELLED: the call to {m.tool_name} has no result. {body}"
     return f"ERROR: the call to {m.tool_name} failed. {body}"
 
 
