@@ -580,3 +580,28 @@ async def test_a_lone_surrogate_in_the_conversation_is_sent_as_a_replacement(fak
     assert body["system"] == "\ufffd"
     assert body["messages"][0]["content"] == [{"type": "text", "text": "caf\ufffd"}]
     assert body["messages"][1]["content"] == [{"type": "text", "text": "bad \ufffd"}]
+
+
+@so.tool
+async def blank() -> str:
+    """Return nothing but whitespace."""
+    return "\n"
+
+
+async def test_blank_text_never_reaches_the_api(fake, model, tmp_path: Path) -> None:
+    # The API refuses a text block of whitespace alone with a 400, so one blank prompt or a
+    # model's blank text before a tool_use made every later request of the session fail.
+    fake.queue(
+        anthropic_message("\n\n", tool_use("toolu_b", "blank", {})),
+        anthropic_message("Nothing there."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[blank])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="  ")
+        assert (r.status, r.error) == ("completed", None)
+        assert r.text.endswith("Nothing there.")
+    assert fake.bodies[1]["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "(empty message)"}]},
+        {"role": "assistant", "content": [tool_use("toolu_b", "blank", {})]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_b"}]},
+    ]

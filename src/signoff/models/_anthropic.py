@@ -188,7 +188,8 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
     """The conversation as alternating user/assistant messages of content blocks.
 
     Tool results become `tool_result` blocks of the next user message (before any text, as the
-    API requires); consecutive messages of one role are merged; empty ones are left out.
+    API requires); consecutive messages of one role are merged; empty ones are left out. The API
+    refuses text of whitespace alone: the model's is left out, a person's says it was empty.
     """
     out: list[dict[str, Any]] = []
 
@@ -209,7 +210,7 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
     for m in messages:
         if isinstance(m, AssistantMessage):
             blocks: list[dict[str, Any]] = []
-            if m.text:
+            if m.text.strip():
                 blocks.append({"type": "text", "text": m.text})
             for c in m.tool_calls:
                 tool_input = c.input if isinstance(c.input, dict) else {"input": c.input}
@@ -218,13 +219,14 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
         elif isinstance(m, ToolResultMessage):
             block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.call_id}
             text = encode_tool_result(m.content)
-            if text:  # an empty text is refused; no content at all is allowed
+            if text.strip():  # a blank text is refused; no content at all is allowed
                 block["content"] = text
             if m.is_error:
                 block["is_error"] = True
             add("user", [block])
         elif m.text:
-            add("user", [{"type": "text", "text": m.text}])
+            text = m.text if m.text.strip() else "(empty message)"
+            add("user", [{"type": "text", "text": text}])
     if out and out[0]["role"] == "assistant":
         # The window cut the conversation after a user message; the API must start with one.
         out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continued)"}]})
