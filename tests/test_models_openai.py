@@ -677,6 +677,51 @@ async def test_a_call_left_open_by_a_cancelled_turn_gets_a_result_before_the_nex
 # -- replies a real server can send that are not what the API promises ------------------------
 
 
+async def test_a_tool_call_cut_off_at_the_token_limit_is_a_model_error(fake, model) -> None:
+    # the arguments of the call the limit cut are incomplete; none of the response's calls run
+    body = openai_completion(
+        None,
+        [
+            openai_tool_call("call_1", "issue_refund", {"order_id": "10", "amount": 5}),
+            openai_tool_call("call_2", "issue_refund", '{"order_id": "11", "amo'),
+        ],
+    )
+    body["choices"][0]["finish_reason"] = "length"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="cut off at the token limit in a tool call"):
+        await model.complete(request())
+
+
+async def test_text_cut_off_at_the_token_limit_is_returned(fake, model) -> None:
+    body = openai_completion("A long answer that")
+    body["choices"][0]["finish_reason"] = "length"
+    fake.queue(body)
+    assert (await model.complete(request())).text == "A long answer that"
+
+
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [(None, None), ("", None), ("Sure:", [openai_tool_call("call_1", "x", {"a": 1})])],
+    ids=["null", "empty", "a tool call"],
+)
+async def test_a_filtered_reply_with_no_text_or_with_a_tool_call_is_a_model_error(
+    fake, model, text, calls
+) -> None:
+    # an empty answer would pass for the model's own; half a call would run
+    body = openai_completion(text, calls)
+    body["choices"][0]["finish_reason"] = "content_filter"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=r"was filtered \(finish_reason content_filter\)"):
+        await model.complete(request())
+
+
+async def test_a_filtered_reply_with_text_is_returned_as_text(fake, model) -> None:
+    body = openai_completion("Here is the start of")
+    body["choices"][0]["finish_reason"] = "content_filter"
+    fake.queue(body)
+    assert (await model.complete(request())).text == "Here is the start of"
+
+
 async def test_choices_that_are_not_a_list_are_a_model_error(fake, model) -> None:
     body = openai_completion("x")
     body["choices"] = {"0": body["choices"][0]}
