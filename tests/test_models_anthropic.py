@@ -605,3 +605,33 @@ async def test_blank_text_never_reaches_the_api(fake, model, tmp_path: Path) -> 
         {"role": "assistant", "content": [tool_use("toolu_b", "blank", {})]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_b"}]},
     ]
+
+
+async def test_thinking_blocks_go_back_with_their_tool_use(fake, tmp_path: Path) -> None:
+    # With thinking on, the API refuses a tool_result whose tool_use message lost its thinking
+    # block, so every turn that used a tool failed at its second call.
+    thinking = {"type": "thinking", "thinking": "The order is 1042.", "signature": "sig=="}
+    redacted = {"type": "redacted_thinking", "data": "opaque=="}
+    fake.queue(
+        anthropic_message(
+            thinking, redacted, tool_use("toolu_l", "lookup_order", {"order_id": "1"})
+        ),
+        anthropic_message(thinking, "It costs 180."),
+    )
+    model = so.models.Anthropic(
+        "claude-haiku-4-5",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        max_tokens=4096,
+        params={"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    )
+    agent = so.Agent(name="support", model=model, tools=[lookup_order])
+    async with model, so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="What did order 1 cost?")
+        assert (r.status, r.error, r.text) == ("completed", None, "It costs 180.")
+    assistant = fake.bodies[1]["messages"][1]
+    assert assistant == {
+        "role": "assistant",
+        "content": [thinking, redacted, tool_use("toolu_l", "lookup_order", {"order_id": "1"})],
+    }

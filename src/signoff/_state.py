@@ -302,7 +302,10 @@ class Conversation:
                 self._say(UserMessage(text=d["message"]))
         elif event.type == "model.completed":
             calls = [ToolCall(**c) for c in d.get("tool_calls", [])]
-            self.messages.append(AssistantMessage(text=d.get("text", ""), tool_calls=calls))
+            reasoning = d.get("reasoning") or []
+            self.messages.append(
+                AssistantMessage(text=d.get("text", ""), tool_calls=calls, reasoning=reasoning)
+            )
             self.open_calls = {c.id: c.name for c in calls if c.id}
         elif event.type == "tool.completed":
             self.messages.append(

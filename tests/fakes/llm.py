@@ -180,6 +180,17 @@ def wire_problem(flavor: str, body: Any) -> str | None:
         return "messages: at least one message is required"
     if flavor == "openai":
         return _openai_problem(messages)
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        last = [m for m in messages if m.get("role") == "assistant"][-1:]
+        blocks = last[0]["content"] if last else []
+        uses = isinstance(blocks, list) and any(b.get("type") == "tool_use" for b in blocks)
+        if uses and blocks[0].get("type") not in ("thinking", "redacted_thinking"):
+            return (
+                "Expected `thinking` or `redacted_thinking`, but found "
+                f"`{blocks[0].get('type')}`. When `thinking` is enabled, a final `assistant` "
+                "message must start with a thinking block"
+            )
     return _anthropic_problem(messages)
 
 

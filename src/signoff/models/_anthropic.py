@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Anthropic"]
 
+# The reasoning blocks of a response and their fields, sent back as they came.
+_REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
+
 # Anthropic bills cache writes at 1.25x and cache reads at 0.1x the input price.
 _CACHE_WRITE = 1.25
 _CACHE_READ = 0.1
@@ -130,6 +133,7 @@ class Anthropic(SdkModel):
                 )
         texts: list[str] = []
         calls: list[ToolCall] = []
+        reasoning: list[dict[str, Any]] = []
         for block in content:
             kind = getattr(block, "type", None)
             if kind == "text":
@@ -151,7 +155,12 @@ class Anthropic(SdkModel):
                         id=call_id if isinstance(call_id, str) and call_id else None,
                     )
                 )
-            # thinking and server-tool blocks are not part of signoff's conversation
+            elif kind in _REASONING:
+                # With thinking on, the API wants these back, unchanged, with the tool_use.
+                block_data = {k: getattr(block, k, None) for k in _REASONING[kind]}
+                if all(isinstance(v, str) for v in block_data.values()):
+                    reasoning.append({"type": kind, **block_data})
+            # server-tool blocks are not part of signoff's conversation
         usage = getattr(message, "usage", None)
         plain = plain_int(getattr(usage, "input_tokens", 0))
         written = plain_int(getattr(usage, "cache_creation_input_tokens", 0))
@@ -170,6 +179,7 @@ class Anthropic(SdkModel):
             text="".join(texts),
             tool_calls=calls,
             usage=Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost),
+            reasoning=reasoning,
         )
 
 
@@ -209,7 +219,8 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
 
     for m in messages:
         if isinstance(m, AssistantMessage):
-            blocks: list[dict[str, Any]] = []
+            # thinking first, as the API requires of the message holding the tool_use blocks
+            blocks: list[dict[str, Any]] = list(m.reasoning) if m.tool_calls else []
             if m.text.strip():
                 blocks.append({"type": "text", "text": m.text})
             for c in m.tool_calls:
