@@ -568,6 +568,15 @@ async def test_negative_or_missing_usage_counts_nothing(fake, model) -> None:
     assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (0, 0, 0.0)
 
 
+async def test_absurd_usage_counts_nothing(fake, model) -> None:
+    # a count past a float's range made computing the cost raise a bare OverflowError
+    usage_body = {"input_tokens": 10**320, "output_tokens": 3, "cache_read_input_tokens": 2**60}
+    fake.queue(anthropic_message("x", usage=usage_body))
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens) == (0, 3)
+    assert usage.cost_usd == pytest.approx(3 * 5.0 / 1e6)
+
+
 async def test_a_lone_surrogate_in_the_conversation_is_sent_as_a_replacement(fake, model) -> None:
     fake.queue(anthropic_message("ok"))
     conversation: list[so.Message] = [

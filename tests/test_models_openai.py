@@ -814,6 +814,25 @@ async def test_negative_usage_counts_nothing(fake, model) -> None:
     assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (0, 0, 0.0)
 
 
+async def test_absurd_usage_counts_nothing(fake, model) -> None:
+    # more tokens than any model reads (and than JSON readers hold exactly); a count past a
+    # float's range made computing the cost raise a bare OverflowError
+    body = openai_completion("x")
+    body["usage"] = {"prompt_tokens": 10**320, "completion_tokens": 2**53}
+    fake.queue(body)
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (0, 0, 0.0)
+
+
+async def test_a_number_too_long_to_read_is_a_model_error(fake, model) -> None:
+    body = json.dumps(openai_completion("x")).replace(
+        '"prompt_tokens": 10', '"prompt_tokens": 1' + "0" * 5000
+    )
+    fake.queue(Reply(body.encode()))
+    with pytest.raises(so.ModelError, match="returned a body that cannot be read: ValueError"):
+        await model.complete(request())
+
+
 @so.tool
 async def garbled() -> str:
     """Return text holding a lone surrogate, as a badly decoded file can."""
