@@ -300,6 +300,20 @@ def test_bad_arguments_are_usage_errors(kwargs, match) -> None:
         so.models.Anthropic("claude-haiku-4-5", api_key="x", **kwargs)
 
 
+async def test_a_missing_key_is_a_usage_error_unless_a_base_url_is_given(fake, monkeypatch) -> None:
+    # as OpenAIChat: said when the model is made, not as an SDK complaint at every turn
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(so.UsageError, match="no API key; set ANTHROPIC_API_KEY"):
+        so.models.Anthropic("claude-haiku-4-5")
+    with pytest.raises(so.UsageError, match="ANTHROPIC_API_KEY"):
+        so.models.from_env(env={"SIGNOFF_MODEL": "claude-haiku-4-5"})
+    # a gateway on base_url may need none: the request is sent, and the fake wants a key
+    async with so.models.Anthropic("claude-haiku-4-5", base_url=fake.base_url, max_retries=0) as m:
+        with pytest.raises(so.ModelError, match="HTTP 401"):
+            await m.complete(request())
+
+
 def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)
     with pytest.raises(so.UsageError, match=r"pip install 'signoff\[anthropic\]'"):

@@ -580,9 +580,10 @@ def test_from_env_picks_the_provider() -> None:
     assert isinstance(m, so.models.OpenAIChat) and m.model == "gpt-4.1-mini"
     m = pick(fallback, env={"ANTHROPIC_API_KEY": "k", "OPENAI_API_KEY": "k"})
     assert isinstance(m, so.models.Anthropic) and m.model == "claude-haiku-4-5"
-    m = pick(env={"SIGNOFF_MODEL": "claude-opus-4-1"})
+    # Anthropic, like OpenAI, wants a key (a model made without one fails at construction)
+    m = pick(env={"SIGNOFF_MODEL": "claude-opus-4-1", "ANTHROPIC_API_KEY": "k"})
     assert isinstance(m, so.models.Anthropic) and m.model == "claude-opus-4-1"
-    m = pick(env={"SIGNOFF_MODEL": "anthropic:my-claude-proxy"})
+    m = pick(env={"SIGNOFF_MODEL": "anthropic:my-claude-proxy", "ANTHROPIC_API_KEY": "k"})
     assert isinstance(m, so.models.Anthropic) and m.model == "my-claude-proxy"
     m = pick(env={"SIGNOFF_MODEL": "openai:gpt-4o", "OPENAI_API_KEY": "k"})
     assert isinstance(m, so.models.OpenAIChat) and m.model == "gpt-4o"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -77,6 +78,16 @@ class Anthropic(SdkModel):
             model, ANTHROPIC_PRICES
         )
         self._base_url = base_url
+        env = os.environ
+        if client is None and api_key is None:
+            if not (env.get("ANTHROPIC_API_KEY") or env.get("ANTHROPIC_AUTH_TOKEN")):
+                if base_url is None and not env.get("ANTHROPIC_BASE_URL"):
+                    # Said now: the SDK would only refuse each request, as bad arguments.
+                    raise UsageError(
+                        f"{owner}: no API key; set ANTHROPIC_API_KEY or pass api_key= "
+                        "(or base_url= for a gateway that needs none)"
+                    )
+                api_key = "unused"  # a gateway that checks none; the SDK wants one
 
         self._use_clients(
             lambda: self._sdk.AsyncAnthropic(
