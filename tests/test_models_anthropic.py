@@ -30,7 +30,7 @@ def tool_use(call_id: str, name: str, input: object) -> dict[str, object]:
 
 @pytest.fixture
 def fake() -> Iterator[FakeLLM]:
-    with FakeLLM("anthropic") as server:
+    with FakeLLM("anthropic", strict=True) as server:
         yield server
 
 
@@ -300,6 +300,20 @@ def test_bad_arguments_are_usage_errors(kwargs, match) -> None:
         so.models.Anthropic("claude-haiku-4-5", api_key="x", **kwargs)
 
 
+async def test_a_missing_key_is_a_usage_error_unless_a_base_url_is_given(fake, monkeypatch) -> None:
+    # as OpenAIChat: said when the model is made, not as an SDK complaint at every turn
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(so.UsageError, match="no API key; set ANTHROPIC_API_KEY"):
+        so.models.Anthropic("claude-haiku-4-5")
+    with pytest.raises(so.UsageError, match="ANTHROPIC_API_KEY"):
+        so.models.from_env(env={"SIGNOFF_MODEL": "claude-haiku-4-5"})
+    # a gateway on base_url may need none: the request is sent, and the fake wants a key
+    async with so.models.Anthropic("claude-haiku-4-5", base_url=fake.base_url, max_retries=0) as m:
+        with pytest.raises(so.ModelError, match="HTTP 401"):
+            await m.complete(request())
+
+
 def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)
     with pytest.raises(so.UsageError, match=r"pip install 'signoff\[anthropic\]'"):
@@ -448,6 +462,32 @@ async def test_parallel_tool_uses_come_back_as_one_user_message(
     assert len(fake.bodies[1]["messages"]) == 3
 
 
+async def test_a_call_left_open_by_a_cancelled_turn_gets_a_result_before_the_next_prompt(
+    fake: FakeLLM, model: so.models.Anthropic, tmp_path: Path
+) -> None:
+    # A tool_use with no tool_result makes the API refuse every later request of the session.
+    fake.queue(
+        anthropic_message(
+            tool_use("toolu_look", "lookup_order", {"order_id": "1042"}),
+            tool_use("toolu_pay", "issue_refund", {"order_id": "1042", "amount": 180}),
+        ),
+        anthropic_message("Hello again."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[lookup_order, issue_refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        r = await rt.cancel(r.session_id, "changed my mind")
+        r = await rt.generate(session_id=r.session_id, prompt="hello")
+        assert (r.status, r.error, r.text) == ("completed", None, "Hello again.")
+    last = fake.bodies[1]["messages"][-1]
+    assert [(b["type"], b.get("tool_use_id"), b.get("is_error")) for b in last["content"]] == [
+        ("tool_result", "toolu_look", None),
+        ("tool_result", "toolu_pay", True),
+        ("text", None, None),
+    ]
+    assert '"cancelled": true' in last["content"][1]["content"]
+
+
 # -- replies a real server can send that are not what the API promises ------------------------
 
 
@@ -542,6 +582,15 @@ async def test_negative_or_missing_usage_counts_nothing(fake, model) -> None:
     assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (0, 0, 0.0)
 
 
+async def test_absurd_usage_counts_nothing(fake, model) -> None:
+    # a count past a float's range made computing the cost raise a bare OverflowError
+    usage_body = {"input_tokens": 10**320, "output_tokens": 3, "cache_read_input_tokens": 2**60}
+    fake.queue(anthropic_message("x", usage=usage_body))
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens) == (0, 3)
+    assert usage.cost_usd == pytest.approx(3 * 5.0 / 1e6)
+
+
 async def test_a_lone_surrogate_in_the_conversation_is_sent_as_a_replacement(fake, model) -> None:
     fake.queue(anthropic_message("ok"))
     conversation: list[so.Message] = [
@@ -554,3 +603,58 @@ async def test_a_lone_surrogate_in_the_conversation_is_sent_as_a_replacement(fak
     assert body["system"] == "\ufffd"
     assert body["messages"][0]["content"] == [{"type": "text", "text": "caf\ufffd"}]
     assert body["messages"][1]["content"] == [{"type": "text", "text": "bad \ufffd"}]
+
+
+@so.tool
+async def blank() -> str:
+    """Return nothing but whitespace."""
+    return "\n"
+
+
+async def test_blank_text_never_reaches_the_api(fake, model, tmp_path: Path) -> None:
+    # The API refuses a text block of whitespace alone with a 400, so one blank prompt or a
+    # model's blank text before a tool_use made every later request of the session fail.
+    fake.queue(
+        anthropic_message("\n\n", tool_use("toolu_b", "blank", {})),
+        anthropic_message("Nothing there."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[blank])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="  ")
+        assert (r.status, r.error) == ("completed", None)
+        assert r.text.endswith("Nothing there.")
+    assert fake.bodies[1]["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "(empty message)"}]},
+        {"role": "assistant", "content": [tool_use("toolu_b", "blank", {})]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_b"}]},
+    ]
+
+
+async def test_thinking_blocks_go_back_with_their_tool_use(fake, tmp_path: Path) -> None:
+    # With thinking on, the API refuses a tool_result whose tool_use message lost its thinking
+    # block, so every turn that used a tool failed at its second call.
+    thinking = {"type": "thinking", "thinking": "The order is 1042.", "signature": "sig=="}
+    redacted = {"type": "redacted_thinking", "data": "opaque=="}
+    fake.queue(
+        anthropic_message(
+            thinking, redacted, tool_use("toolu_l", "lookup_order", {"order_id": "1"})
+        ),
+        anthropic_message(thinking, "It costs 180."),
+    )
+    model = so.models.Anthropic(
+        "claude-haiku-4-5",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        max_tokens=4096,
+        params={"thinking": {"type": "enabled", "budget_tokens": 1024}},
+    )
+    agent = so.Agent(name="support", model=model, tools=[lookup_order])
+    async with model, so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="What did order 1 cost?")
+        assert (r.status, r.error, r.text) == ("completed", None, "It costs 180.")
+    assistant = fake.bodies[1]["messages"][1]
+    assert assistant == {
+        "role": "assistant",
+        "content": [thinking, redacted, tool_use("toolu_l", "lookup_order", {"order_id": "1"})],
+    }

@@ -30,7 +30,7 @@ REFUND_SCHEMA = {
 
 @pytest.fixture
 def fake() -> Iterator[FakeLLM]:
-    with FakeLLM("openai") as server:
+    with FakeLLM("openai", strict=True) as server:
         yield server
 
 
@@ -56,6 +56,7 @@ def request(*messages: so.Message, instructions: str = "", tools: list[ToolSpec]
 
 
 async def test_conversation_and_tools_reach_the_server_in_chat_format(fake, model) -> None:
+    fake.strict = False  # the formatting of a conversation no real one has (call_d answers nothing)
     fake.queue(openai_completion("ok"))
     refund = ToolSpec(
         name="issue_refund", description="Refund an order.", input_schema=REFUND_SCHEMA
@@ -393,6 +394,7 @@ def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:
 
 
 async def test_a_client_passed_in_is_used_and_left_open(fake) -> None:
+    fake.strict = False  # the last call sends no messages at all
     client = openai.AsyncOpenAI(api_key=API_KEY, base_url=fake.base_url, max_retries=0)
     fake.queue(openai_completion("one"), openai_completion("two"))
     m = so.models.OpenAIChat("m", client=client)
@@ -578,9 +580,10 @@ def test_from_env_picks_the_provider() -> None:
     assert isinstance(m, so.models.OpenAIChat) and m.model == "gpt-4.1-mini"
     m = pick(fallback, env={"ANTHROPIC_API_KEY": "k", "OPENAI_API_KEY": "k"})
     assert isinstance(m, so.models.Anthropic) and m.model == "claude-haiku-4-5"
-    m = pick(env={"SIGNOFF_MODEL": "claude-opus-4-1"})
+    # Anthropic, like OpenAI, wants a key (a model made without one fails at construction)
+    m = pick(env={"SIGNOFF_MODEL": "claude-opus-4-1", "ANTHROPIC_API_KEY": "k"})
     assert isinstance(m, so.models.Anthropic) and m.model == "claude-opus-4-1"
-    m = pick(env={"SIGNOFF_MODEL": "anthropic:my-claude-proxy"})
+    m = pick(env={"SIGNOFF_MODEL": "anthropic:my-claude-proxy", "ANTHROPIC_API_KEY": "k"})
     assert isinstance(m, so.models.Anthropic) and m.model == "my-claude-proxy"
     m = pick(env={"SIGNOFF_MODEL": "openai:gpt-4o", "OPENAI_API_KEY": "k"})
     assert isinstance(m, so.models.OpenAIChat) and m.model == "gpt-4o"
@@ -645,7 +648,79 @@ async def test_parallel_tool_calls_each_get_their_tool_message(
     assert json.loads(results[0]["content"]) == {"order_id": "1042", "total": 180.0}
 
 
+async def test_a_call_left_open_by_a_cancelled_turn_gets_a_result_before_the_next_prompt(
+    fake: FakeLLM, model: so.models.OpenAIChat, tmp_path: Path
+) -> None:
+    # A call with no tool message makes the API refuse every later request of the session.
+    fake.queue(
+        openai_completion(
+            None,
+            [
+                openai_tool_call("call_look", "lookup_order", {"order_id": "1042"}),
+                openai_tool_call("call_pay", "issue_refund", {"order_id": "1042", "amount": 180}),
+            ],
+        ),
+        openai_completion("Hello again."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[lookup_order, issue_refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        r = await rt.cancel(r.session_id, "changed my mind")
+        assert r.status == "cancelled"
+        r = await rt.generate(session_id=r.session_id, prompt="hello")
+        assert (r.status, r.error, r.text) == ("completed", None, "Hello again.")
+    look, pay, prompt = fake.bodies[1]["messages"][2:]
+    assert (look["tool_call_id"], pay["tool_call_id"]) == ("call_look", "call_pay")
+    assert pay["content"].startswith("CANCELLED: the call to issue_refund has no result.")
+    assert prompt == {"role": "user", "content": "hello"}
+
+
 # -- replies a real server can send that are not what the API promises ------------------------
+
+
+async def test_a_tool_call_cut_off_at_the_token_limit_is_a_model_error(fake, model) -> None:
+    # the arguments of the call the limit cut are incomplete; none of the response's calls run
+    body = openai_completion(
+        None,
+        [
+            openai_tool_call("call_1", "issue_refund", {"order_id": "10", "amount": 5}),
+            openai_tool_call("call_2", "issue_refund", '{"order_id": "11", "amo'),
+        ],
+    )
+    body["choices"][0]["finish_reason"] = "length"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="cut off at the token limit in a tool call"):
+        await model.complete(request())
+
+
+async def test_text_cut_off_at_the_token_limit_is_returned(fake, model) -> None:
+    body = openai_completion("A long answer that")
+    body["choices"][0]["finish_reason"] = "length"
+    fake.queue(body)
+    assert (await model.complete(request())).text == "A long answer that"
+
+
+@pytest.mark.parametrize(
+    ("text", "calls"),
+    [(None, None), ("", None), ("Sure:", [openai_tool_call("call_1", "x", {"a": 1})])],
+    ids=["null", "empty", "a tool call"],
+)
+async def test_a_filtered_reply_with_no_text_or_with_a_tool_call_is_a_model_error(
+    fake, model, text, calls
+) -> None:
+    # an empty answer would pass for the model's own; half a call would run
+    body = openai_completion(text, calls)
+    body["choices"][0]["finish_reason"] = "content_filter"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=r"was filtered \(finish_reason content_filter\)"):
+        await model.complete(request())
+
+
+async def test_a_filtered_reply_with_text_is_returned_as_text(fake, model) -> None:
+    body = openai_completion("Here is the start of")
+    body["choices"][0]["finish_reason"] = "content_filter"
+    fake.queue(body)
+    assert (await model.complete(request())).text == "Here is the start of"
 
 
 async def test_choices_that_are_not_a_list_are_a_model_error(fake, model) -> None:
@@ -738,6 +813,25 @@ async def test_negative_usage_counts_nothing(fake, model) -> None:
     fake.queue(body)
     usage = (await model.complete(request())).usage
     assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (0, 0, 0.0)
+
+
+async def test_absurd_usage_counts_nothing(fake, model) -> None:
+    # more tokens than any model reads (and than JSON readers hold exactly); a count past a
+    # float's range made computing the cost raise a bare OverflowError
+    body = openai_completion("x")
+    body["usage"] = {"prompt_tokens": 10**320, "completion_tokens": 2**53}
+    fake.queue(body)
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (0, 0, 0.0)
+
+
+async def test_a_number_too_long_to_read_is_a_model_error(fake, model) -> None:
+    body = json.dumps(openai_completion("x")).replace(
+        '"prompt_tokens": 10', '"prompt_tokens": 1' + "0" * 5000
+    )
+    fake.queue(Reply(body.encode()))
+    with pytest.raises(so.ModelError, match="returned a body that cannot be read: ValueError"):
+        await model.complete(request())
 
 
 @so.tool

@@ -10,6 +10,7 @@ import pytest
 
 import signoff as so
 from signoff.testing import (
+    Capture,
     ExecutionLog,
     Flaky,
     ManualClock,
@@ -232,3 +233,30 @@ async def test_snapshot_leaves_the_conversation_out(tmp_path: Path) -> None:
         assert len(repr(snap)) < small + 2_000
         restored = so.SessionState.from_snapshot(snap)
         assert dataclasses.replace(restored).seq == snap["seq"]
+
+
+@pytest.mark.parametrize("max_messages", [None, 3])
+async def test_calls_a_cancelled_turn_left_open_get_a_result_in_the_next_turn(
+    tmp_path: Path, max_messages: int | None
+) -> None:
+    # A call with no result makes the OpenAI and Anthropic APIs refuse every later request.
+    capture = Capture(reply("hello again"))
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("ask_question", id="call_q", question="Which order?")), capture],
+        tools=[so.ask_question()],
+        limits=so.Limits(max_messages=max_messages),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="refund my order")
+        assert r.status == "waiting"
+        await rt.cancel(r.session_id)
+        r = await rt.generate(session_id=r.session_id, prompt="hello")
+        assert r.status == "completed"
+    *_, assistant, result, prompt = capture.last
+    assert isinstance(assistant, so.AssistantMessage)
+    assert [c.id for c in assistant.tool_calls] == ["call_q"]
+    assert isinstance(result, so.ToolResultMessage) and result.is_error
+    assert (result.call_id, result.tool_name) == ("call_q", "ask_question")
+    assert isinstance(result.content, dict) and result.content["cancelled"] is True
+    assert prompt == so.UserMessage(text="hello")

@@ -123,10 +123,10 @@ class ModelStep(DriverPart):
                 taken.add(cid)
             seen.add(cid)
             calls.append({"id": cid, "name": c.name, "input": c.input})
-        completed: EventSpec = (
-            "model.completed",
-            {"text": response.text, "tool_calls": calls, "usage": response.usage.model_dump()},
-        )
+        data = {"text": response.text, "tool_calls": calls, "usage": response.usage.model_dump()}
+        if response.reasoning and calls:  # only a response with calls needs its reasoning back
+            data["reasoning"] = response.reasoning
+        completed: EventSpec = ("model.completed", data)
 
         def specs(state: SessionState) -> list[EventSpec]:
             # A message that arrived while the model was thinking keeps the turn open.

@@ -39,6 +39,9 @@ __all__ = ["CallState", "CallStatus", "RequestState", "SessionState", "TurnState
 # ValidationError is a ValueError); it reaches callers as a StoreError.
 _MALFORMED = (KeyError, TypeError, ValueError, AttributeError, IndexError)
 
+# What the model reads for a call its turn ended without a result for.
+_UNFINISHED = {"cancelled": True, "reason": "the turn ended before this call had a result"}
+
 MESSAGE_EVENT_TYPES = ("turn.started", "turn.message", "model.completed", "tool.completed")
 
 
@@ -268,7 +271,7 @@ class Conversation:
         self.partial = partial
         self.turn_start = 0
         self.messages: list[Message] = []
-        self.open_calls: set[str] = set()
+        self.open_calls: dict[str, str] = {}  # call id -> tool name, for calls with no result
         self.deferred: list[Message] = []
 
     def _say(self, message: Message) -> None:
@@ -280,6 +283,14 @@ class Conversation:
     def add(self, event: Event) -> None:
         d = event.data
         if event.type == "turn.started":
+            # A turn cancelled (or otherwise ended) with calls open left them without a result;
+            # each gets one, as a call with none makes the providers refuse the conversation.
+            self.messages.extend(
+                ToolResultMessage(
+                    call_id=call_id, tool_name=name, content=_UNFINISHED, is_error=True
+                )
+                for call_id, name in self.open_calls.items()
+            )
             self.open_calls.clear()
             self.messages.extend(self.deferred)
             self.deferred.clear()
@@ -291,8 +302,11 @@ class Conversation:
                 self._say(UserMessage(text=d["message"]))
         elif event.type == "model.completed":
             calls = [ToolCall(**c) for c in d.get("tool_calls", [])]
-            self.messages.append(AssistantMessage(text=d.get("text", ""), tool_calls=calls))
-            self.open_calls = {c.id for c in calls if c.id}
+            reasoning = d.get("reasoning") or []
+            self.messages.append(
+                AssistantMessage(text=d.get("text", ""), tool_calls=calls, reasoning=reasoning)
+            )
+            self.open_calls = {c.id: c.name for c in calls if c.id}
         elif event.type == "tool.completed":
             self.messages.append(
                 ToolResultMessage(
@@ -302,7 +316,7 @@ class Conversation:
                     is_error=d.get("status") not in ("ok", "decided"),
                 )
             )
-            self.open_calls.discard(d["call_id"])
+            self.open_calls.pop(d["call_id"], None)
             if not self.open_calls and self.deferred:
                 self.messages.extend(self.deferred)
                 self.deferred.clear()

@@ -90,11 +90,13 @@ class ToolCall(_Model):
 
 
 class ModelResponse(_Model):
-    """What a model returns for one step: text and/or tool calls, with usage."""
+    """What a model returns for one step: text and/or tool calls, with usage. `reasoning` holds
+    provider blocks the provider wants back as they came with the calls (Anthropic's thinking)."""
 
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
     usage: Usage = Field(default_factory=Usage)
+    reasoning: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class UserMessage(_Model):
@@ -106,6 +108,7 @@ class AssistantMessage(_Model):
     kind: Literal["assistant"] = "assistant"
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
+    reasoning: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class ToolResultMessage(_Model):

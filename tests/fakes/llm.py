@@ -7,6 +7,7 @@ check the API key like the real ones and answer 500 with a clear message once th
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 from collections import deque
@@ -23,6 +24,7 @@ __all__ = [
     "anthropic_message",
     "openai_completion",
     "openai_tool_call",
+    "wire_problem",
 ]
 
 API_KEY = "sk-fake-test-key"
@@ -55,10 +57,12 @@ Step = Reply | Callable[[Received], Reply]
 class FakeLLM:
     """A tiny HTTP server on 127.0.0.1 that plays scripted replies to POSTs on `path`."""
 
-    def __init__(self, flavor: str) -> None:
+    def __init__(self, flavor: str, *, strict: bool = False) -> None:
         if flavor not in ("openai", "anthropic"):
             raise ValueError(flavor)
         self.flavor = flavor
+        # strict: refuse a conversation the real API would refuse, with a 400 as it does
+        self.strict = strict
         self.path = "/v1/chat/completions" if flavor == "openai" else "/v1/messages"
         self.received: list[Received] = []
         self.script: deque[Step] = deque()
@@ -136,6 +140,9 @@ class FakeLLM:
             if not self._authorized(got):
                 kind = "authentication_error"
                 return Reply({"error": {"type": kind, "message": "invalid x-api-key"}}, 401)
+            problem = wire_problem(self.flavor, got.body) if self.strict else None
+            if problem is not None:
+                return Reply({"error": {"type": "invalid_request_error", "message": problem}}, 400)
             if not self.script:
                 return Reply({"error": {"message": "fake server: script exhausted"}}, 500)
             step = self.script.popleft()
@@ -158,6 +165,108 @@ class _Server(ThreadingHTTPServer):
         # A client that gave up (a timeout test) leaves a broken pipe: expected, not news.
         if not isinstance(sys.exc_info()[1], ConnectionError):
             super().handle_error(request, client_address)
+
+
+# -- what the real APIs refuse -------------------------------------------------------------------
+
+_TOOL_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")
+
+
+def wire_problem(flavor: str, body: Any) -> str | None:
+    """Why the real API would refuse this request's conversation with a 400, or None: each
+    tool call answered by exactly one result right after it, roles in order, no blank text."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages:
+        return "messages: at least one message is required"
+    if flavor == "openai":
+        return _openai_problem(messages)
+    thinking = body.get("thinking")
+    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
+        last = [m for m in messages if m.get("role") == "assistant"][-1:]
+        blocks = last[0]["content"] if last else []
+        uses = isinstance(blocks, list) and any(b.get("type") == "tool_use" for b in blocks)
+        if uses and blocks[0].get("type") not in ("thinking", "redacted_thinking"):
+            return (
+                "Expected `thinking` or `redacted_thinking`, but found "
+                f"`{blocks[0].get('type')}`. When `thinking` is enabled, a final `assistant` "
+                "message must start with a thinking block"
+            )
+    return _anthropic_problem(messages)
+
+
+def _openai_problem(messages: list[Any]) -> str | None:
+    i = 0
+    while i < len(messages):
+        m = messages[i]
+        role = m.get("role")
+        if role == "tool":
+            return f"messages.[{i}]: a 'tool' message must answer a preceding 'tool_calls'"
+        i += 1
+        if role != "assistant" or not m.get("tool_calls"):
+            continue
+        ids = [c.get("id") for c in m["tool_calls"]]
+        if not all(isinstance(c, str) and c for c in ids) or len(set(ids)) != len(ids):
+            return f"messages.[{i - 1}].tool_calls: ids must be distinct non-empty strings"
+        answered: list[Any] = []
+        while i < len(messages) and messages[i].get("role") == "tool":
+            answered.append(messages[i].get("tool_call_id"))
+            i += 1
+        if sorted(answered) != sorted(ids):
+            return (
+                f"An assistant message with 'tool_calls' must be followed by tool messages "
+                f"responding to each 'tool_call_id': expected {ids}, got {answered}"
+            )
+    return None
+
+
+def _anthropic_problem(messages: list[Any]) -> str | None:
+    seen: set[str] = set()
+    for i, m in enumerate(messages):
+        role = m.get("role")
+        if role != ("user" if i % 2 == 0 else "assistant"):
+            return f"messages.{i}: roles must alternate, starting with 'user'"
+        blocks = m.get("content")
+        if isinstance(blocks, str):
+            blocks = [{"type": "text", "text": blocks}]
+        if not isinstance(blocks, list) or not blocks:
+            return f"messages.{i}: all messages must have non-empty content"
+        for j, b in enumerate(blocks):
+            if b.get("type") == "text" and not str(b.get("text", "")).strip():
+                blank = "text content blocks must contain non-whitespace text"
+                return f"messages.{i}.content.{j}: {blank}"
+            if b.get("type") == "tool_use":
+                if not isinstance(b.get("id"), str) or not _TOOL_USE_ID.fullmatch(b["id"]):
+                    return f"messages.{i}.content.{j}.id: String should match pattern"
+                if b["id"] in seen:
+                    return f"messages.{i}.content.{j}: `tool_use` ids must be unique"
+                seen.add(b["id"])
+                if not isinstance(b.get("input"), dict):
+                    return f"messages.{i}.content.{j}.input: Input should be a valid dictionary"
+        uses = [b["id"] for b in blocks if b.get("type") == "tool_use"]
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        if results:
+            before = messages[i - 1]["content"] if i else []
+            asked = [
+                b.get("id") for b in before if isinstance(b, dict) and b.get("type") == "tool_use"
+            ]
+            if blocks[: len(results)] != results or any(
+                r.get("tool_use_id") not in asked for r in results
+            ):
+                return (
+                    f"messages.{i}.content: unexpected `tool_use_id` found in `tool_result` "
+                    "blocks: each must answer a `tool_use` of the previous message, first"
+                )
+        if uses:
+            following = messages[i + 1]["content"] if i + 1 < len(messages) else []
+            if isinstance(following, str):
+                following = []
+            answered = [b.get("tool_use_id") for b in following if b.get("type") == "tool_result"]
+            if sorted(answered) != sorted(uses):
+                return (
+                    f"messages.{i}: `tool_use` ids were found without `tool_result` blocks "
+                    f"immediately after: expected {uses}, got {answered}"
+                )
+    return None
 
 
 # -- response builders --------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
 
 __all__ = ["Anthropic"]
+
+# The reasoning blocks of a response and their fields, sent back as they came.
+_REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
 
 # Anthropic bills cache writes at 1.25x and cache reads at 0.1x the input price.
 _CACHE_WRITE = 1.25
@@ -74,6 +78,16 @@ class Anthropic(SdkModel):
             model, ANTHROPIC_PRICES
         )
         self._base_url = base_url
+        env = os.environ
+        if client is None and api_key is None:
+            if not (env.get("ANTHROPIC_API_KEY") or env.get("ANTHROPIC_AUTH_TOKEN")):
+                if base_url is None and not env.get("ANTHROPIC_BASE_URL"):
+                    # Said now: the SDK would only refuse each request, as bad arguments.
+                    raise UsageError(
+                        f"{owner}: no API key; set ANTHROPIC_API_KEY or pass api_key= "
+                        "(or base_url= for a gateway that needs none)"
+                    )
+                api_key = "unused"  # a gateway that checks none; the SDK wants one
 
         self._use_clients(
             lambda: self._sdk.AsyncAnthropic(
@@ -130,6 +144,7 @@ class Anthropic(SdkModel):
                 )
         texts: list[str] = []
         calls: list[ToolCall] = []
+        reasoning: list[dict[str, Any]] = []
         for block in content:
             kind = getattr(block, "type", None)
             if kind == "text":
@@ -151,7 +166,12 @@ class Anthropic(SdkModel):
                         id=call_id if isinstance(call_id, str) and call_id else None,
                     )
                 )
-            # thinking and server-tool blocks are not part of signoff's conversation
+            elif kind in _REASONING:
+                # With thinking on, the API wants these back, unchanged, with the tool_use.
+                block_data = {k: getattr(block, k, None) for k in _REASONING[kind]}
+                if all(isinstance(v, str) for v in block_data.values()):
+                    reasoning.append({"type": kind, **block_data})
+            # server-tool blocks are not part of signoff's conversation
         usage = getattr(message, "usage", None)
         plain = plain_int(getattr(usage, "input_tokens", 0))
         written = plain_int(getattr(usage, "cache_creation_input_tokens", 0))
@@ -170,6 +190,7 @@ class Anthropic(SdkModel):
             text="".join(texts),
             tool_calls=calls,
             usage=Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost),
+            reasoning=reasoning,
         )
 
 
@@ -188,7 +209,8 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
     """The conversation as alternating user/assistant messages of content blocks.
 
     Tool results become `tool_result` blocks of the next user message (before any text, as the
-    API requires); consecutive messages of one role are merged; empty ones are left out.
+    API requires); consecutive messages of one role are merged; empty ones are left out. The API
+    refuses text of whitespace alone: the model's is left out, a person's says it was empty.
     """
     out: list[dict[str, Any]] = []
 
@@ -208,8 +230,9 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
 
     for m in messages:
         if isinstance(m, AssistantMessage):
-            blocks: list[dict[str, Any]] = []
-            if m.text:
+            # thinking first, as the API requires of the message holding the tool_use blocks
+            blocks: list[dict[str, Any]] = list(m.reasoning) if m.tool_calls else []
+            if m.text.strip():
                 blocks.append({"type": "text", "text": m.text})
             for c in m.tool_calls:
                 tool_input = c.input if isinstance(c.input, dict) else {"input": c.input}
@@ -218,13 +241,14 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
         elif isinstance(m, ToolResultMessage):
             block: dict[str, Any] = {"type": "tool_result", "tool_use_id": m.call_id}
             text = encode_tool_result(m.content)
-            if text:  # an empty text is refused; no content at all is allowed
+            if text.strip():  # a blank text is refused; no content at all is allowed
                 block["content"] = text
             if m.is_error:
                 block["is_error"] = True
             add("user", [block])
         elif m.text:
-            add("user", [{"type": "text", "text": m.text}])
+            text = m.text if m.text.strip() else "(empty message)"
+            add("user", [{"type": "text", "text": text}])
     if out and out[0]["role"] == "assistant":
         # The window cut the conversation after a user message; the API must start with one.
         out.insert(0, {"role": "user", "content": [{"type": "text", "text": "(continued)"}]})

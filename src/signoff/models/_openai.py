@@ -132,8 +132,22 @@ class OpenAIChat(SdkModel):
         refusal = getattr(message, "refusal", None)
         if not text and isinstance(refusal, str):
             text = refusal
+        raw_calls = getattr(message, "tool_calls", None) or []
+        finish = getattr(choices[0], "finish_reason", None)
+        if finish == "content_filter" and (not text or raw_calls):
+            # Filtered, perhaps mid-call: an empty answer or half a tool call would pass for a
+            # real one, so the turn fails and says why.
+            raise ModelError(
+                f"OpenAI chat completion for {where} was filtered (finish_reason content_filter)"
+            )
+        if finish == "length" and raw_calls:
+            # The limit cut the last call's arguments short: running any would act on half a reply.
+            raise ModelError(
+                f"OpenAI chat completion for {where} was cut off at the token limit in a tool "
+                "call (finish_reason length); raise max_tokens"
+            )
         calls = []
-        for raw in getattr(message, "tool_calls", None) or []:
+        for raw in raw_calls:
             function = getattr(raw, "function", None)
             name = getattr(function, "name", None)
             if not isinstance(name, str) or not name:
@@ -211,6 +225,8 @@ def tool_text(m: ToolResultMessage) -> str:
         return body
     if isinstance(m.content, dict) and m.content.get("denied"):
         return f"DENIED: the call to {m.tool_name} was not run. {body}"
+    if isinstance(m.content, dict) and m.content.get("cancelled"):
+        return f"CANCELLED: the call to {m.tool_name} has no result. {body}"
     return f"ERROR: the call to {m.tool_name} failed. {body}"
 
 

@@ -156,9 +156,14 @@ def plain_input(value: Any) -> Any:
     return value
 
 
+# More tokens than any model reads or writes in a call, and than JSON readers hold exactly.
+_MAX_TOKENS = 2**53 - 1
+
+
 def plain_int(value: Any) -> int:
-    """A token count from a reply: a non-negative int, anything else counts as 0."""
-    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    """A token count from a reply: an int from 0 to 2**53 - 1, anything else counts as 0 (a
+    count past a float's range cannot even be priced)."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_TOKENS
     return value if ok else 0
 
 
@@ -287,6 +292,12 @@ class SdkModel:
             # The SDKs parse a 200's body unguarded: a proxy's truncated or garbled reply.
             raise ModelError(
                 f"{what} for {where} returned a body that is not JSON: {type(exc).__name__}: {exc}"
+            ) from exc
+        except ValueError as exc:
+            # JSON the parser will not read, such as a number of more than 4,300 digits.
+            raise ModelError(
+                f"{what} for {where} returned a body that cannot be read: "
+                f"{type(exc).__name__}: {exc}"
             ) from exc
 
     async def aclose(self) -> None:
