@@ -712,3 +712,44 @@ async def test_the_answer_names_the_responder_without_channel_attributes(tmp_pat
         log = await events(rt, r.session_id)
         resolved = next(e.data for e in log if e.type == "input.resolved")
         assert resolved["by"]["attributes"] == {"channel": "C42", "thread_ts": "1700000000.1"}
+
+
+async def test_a_question_a_gather_branch_asks_as_its_sibling_fails_is_withdrawn(
+    tmp_path: Path,
+) -> None:
+    """One branch of a gather fails while its sibling asks: the call ends with the error, and
+    the sibling's question is withdrawn with it instead of staying open in a finished turn
+    (where it blocked every later message with PartialAnswer)."""
+
+    @so.tool
+    async def reserve(ctx: so.ToolContext) -> list[str]:
+        """Check stock and ask for a colour at once."""
+
+        async def stock() -> str:
+            raise ValueError("out of stock")
+
+        async def colour() -> str:
+            return (await ctx.ask("Which colour?")).value
+
+        return list(await asyncio.gather(stock(), colour()))
+
+    seen = Capture(reply("Sorry, it is out of stock."))
+    agent = scripted_agent(
+        "shop", [call_tools(call("reserve", id="r1")), seen, reply("Hello.")], tools=[reserve]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="reserve a shirt", auth=ALICE)
+        assert r.status == "completed"
+        assert r.pending == []
+        assert await rt.pending() == []
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content == {"error": "ValueError: out of stock"}
+        log = await events(rt, r.session_id)
+        tl = timeline(log)
+        assert tl.index("input.resolved cancelled") < tl.index("tool.completed reserve error")
+        resolved = next(e.data for e in log if e.type == "input.resolved")
+        assert resolved["status"] == "withdrawn"
+        r = await rt.send(r.session_id, "hi", principal=ALICE)  # the session is not stuck
+        assert r.status == "completed"
+        assert r.text == "Hello."
