@@ -753,3 +753,50 @@ async def test_a_question_a_gather_branch_asks_as_its_sibling_fails_is_withdrawn
         r = await rt.send(r.session_id, "hi", principal=ALICE)  # the session is not stuck
         assert r.status == "completed"
         assert r.text == "Hello."
+
+
+async def test_gather_branches_that_go_on_after_a_replayed_ask_replay_in_order(
+    tmp_path: Path,
+) -> None:
+    """A branch whose answered ask replays goes on (here to a step) only after its siblings
+    reached their own asks, as on the first run: it must not take a sibling's journal place."""
+    sent: list[str] = []
+
+    def send(value: str) -> str:
+        sent.append(value)
+        return "sent"
+
+    @so.tool
+    async def transfer(ctx: so.ToolContext) -> dict[str, str]:
+        """Confirm and send, while asking for a memo."""
+
+        async def confirm_and_send() -> str:
+            answer = await ctx.ask("Send it?", options=["yes", "no"])
+            return str(await ctx.step("send", send, answer.value))
+
+        async def memo() -> str:
+            return (await ctx.ask("Memo?")).value
+
+        done, note = await asyncio.gather(confirm_and_send(), memo())
+        return {"send": done, "memo": note}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("bank", [call_tools(call("transfer", id="t1")), seen], tools=[transfer])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bank", prompt="pay rent", auth=ALICE)
+        confirm, memo = r.pending
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=confirm.id, option_id="yes")],
+            principal=ALICE,
+        )
+        assert [p.id for p in r.pending] == [memo.id]
+        r = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=memo.id, text="rent")], principal=ALICE
+        )
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert result.is_error is False
+        assert result.content == {"send": "sent", "memo": "rent"}
+        assert sent == ["yes"]
+        assert await rt.pending() == []
