@@ -465,8 +465,28 @@ async def test_cancelling_sets_the_abort_signal_and_calls_no_model(tmp_path: Pat
         ({"question": "Pick", "options": [], "allow_text": False}, "must allow free text"),
         ({"question": "Pick", "options": ["a", "a"]}, "option ids must be distinct"),
         ({"question": "Pick", "options": [42]}, "option #1 must be"),
+        # a string is not a list of options: it was split into one option per character
+        ({"question": "Pick", "options": "yes"}, "options must be a list"),
+        ({"question": "Pick", "options": {"yes": "Yes"}}, "options must be a list"),
+        # a blank option cannot be picked on the dashboard, and Slack refuses its menu
+        ({"question": "Pick", "options": ["", "b"]}, "option #1 has a blank label"),
+        ({"question": "Pick", "options": ["a", {"label": "  "}]}, "option #2 has a blank label"),
+        (
+            {"question": "Pick", "options": [so.Option(id=" ", label="A"), "b"]},
+            "option #1 has a blank id",
+        ),
     ],
-    ids=["blank-question", "no-way-to-answer", "duplicate-options", "bad-option"],
+    ids=[
+        "blank-question",
+        "no-way-to-answer",
+        "duplicate-options",
+        "bad-option",
+        "string-options",
+        "mapping-options",
+        "blank-label",
+        "blank-dict-label",
+        "blank-id",
+    ],
 )
 async def test_a_malformed_ask_is_a_tool_error_and_asks_nobody(
     tmp_path: Path, kwargs: dict[str, Any], words: str
