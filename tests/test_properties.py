@@ -577,6 +577,9 @@ class OneQuestion:
     async def park(self) -> NoReturn:
         raise Parked
 
+    async def settle(self) -> None:
+        pass
+
 
 option_specs = st.lists(
     st.one_of(labels, st.fixed_dictionaries({"label": labels}), json_values), max_size=5

@@ -465,8 +465,28 @@ async def test_cancelling_sets_the_abort_signal_and_calls_no_model(tmp_path: Pat
         ({"question": "Pick", "options": [], "allow_text": False}, "must allow free text"),
         ({"question": "Pick", "options": ["a", "a"]}, "option ids must be distinct"),
         ({"question": "Pick", "options": [42]}, "option #1 must be"),
+        # a string is not a list of options: it was split into one option per character
+        ({"question": "Pick", "options": "yes"}, "options must be a list"),
+        ({"question": "Pick", "options": {"yes": "Yes"}}, "options must be a list"),
+        # a blank option cannot be picked on the dashboard, and Slack refuses its menu
+        ({"question": "Pick", "options": ["", "b"]}, "option #1 has a blank label"),
+        ({"question": "Pick", "options": ["a", {"label": "  "}]}, "option #2 has a blank label"),
+        (
+            {"question": "Pick", "options": [so.Option(id=" ", label="A"), "b"]},
+            "option #1 has a blank id",
+        ),
     ],
-    ids=["blank-question", "no-way-to-answer", "duplicate-options", "bad-option"],
+    ids=[
+        "blank-question",
+        "no-way-to-answer",
+        "duplicate-options",
+        "bad-option",
+        "string-options",
+        "mapping-options",
+        "blank-label",
+        "blank-dict-label",
+        "blank-id",
+    ],
 )
 async def test_a_malformed_ask_is_a_tool_error_and_asks_nobody(
     tmp_path: Path, kwargs: dict[str, Any], words: str
@@ -712,3 +732,91 @@ async def test_the_answer_names_the_responder_without_channel_attributes(tmp_pat
         log = await events(rt, r.session_id)
         resolved = next(e.data for e in log if e.type == "input.resolved")
         assert resolved["by"]["attributes"] == {"channel": "C42", "thread_ts": "1700000000.1"}
+
+
+async def test_a_question_a_gather_branch_asks_as_its_sibling_fails_is_withdrawn(
+    tmp_path: Path,
+) -> None:
+    """One branch of a gather fails while its sibling asks: the call ends with the error, and
+    the sibling's question is withdrawn with it instead of staying open in a finished turn
+    (where it blocked every later message with PartialAnswer)."""
+
+    @so.tool
+    async def reserve(ctx: so.ToolContext) -> list[str]:
+        """Check stock and ask for a colour at once."""
+
+        async def stock() -> str:
+            raise ValueError("out of stock")
+
+        async def colour() -> str:
+            return (await ctx.ask("Which colour?")).value
+
+        return list(await asyncio.gather(stock(), colour()))
+
+    seen = Capture(reply("Sorry, it is out of stock."))
+    agent = scripted_agent(
+        "shop", [call_tools(call("reserve", id="r1")), seen, reply("Hello.")], tools=[reserve]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="reserve a shirt", auth=ALICE)
+        assert r.status == "completed"
+        assert r.pending == []
+        assert await rt.pending() == []
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content == {"error": "ValueError: out of stock"}
+        log = await events(rt, r.session_id)
+        tl = timeline(log)
+        assert tl.index("input.resolved cancelled") < tl.index("tool.completed reserve error")
+        resolved = next(e.data for e in log if e.type == "input.resolved")
+        assert resolved["status"] == "withdrawn"
+        r = await rt.send(r.session_id, "hi", principal=ALICE)  # the session is not stuck
+        assert r.status == "completed"
+        assert r.text == "Hello."
+
+
+async def test_gather_branches_that_go_on_after_a_replayed_ask_replay_in_order(
+    tmp_path: Path,
+) -> None:
+    """A branch whose answered ask replays goes on (here to a step) only after its siblings
+    reached their own asks, as on the first run: it must not take a sibling's journal place."""
+    sent: list[str] = []
+
+    def send(value: str) -> str:
+        sent.append(value)
+        return "sent"
+
+    @so.tool
+    async def transfer(ctx: so.ToolContext) -> dict[str, str]:
+        """Confirm and send, while asking for a memo."""
+
+        async def confirm_and_send() -> str:
+            answer = await ctx.ask("Send it?", options=["yes", "no"])
+            return str(await ctx.step("send", send, answer.value))
+
+        async def memo() -> str:
+            return (await ctx.ask("Memo?")).value
+
+        done, note = await asyncio.gather(confirm_and_send(), memo())
+        return {"send": done, "memo": note}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("bank", [call_tools(call("transfer", id="t1")), seen], tools=[transfer])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("bank", prompt="pay rent", auth=ALICE)
+        confirm, memo = r.pending
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=confirm.id, option_id="yes")],
+            principal=ALICE,
+        )
+        assert [p.id for p in r.pending] == [memo.id]
+        r = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=memo.id, text="rent")], principal=ALICE
+        )
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert result.is_error is False
+        assert result.content == {"send": "sent", "memo": "rent"}
+        assert sent == ["yes"]
+        assert await rt.pending() == []

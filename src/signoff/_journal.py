@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._tools import QuestionWithdrawn
 from ._types import Action, ChildRef, InputRequest, Option, Principal
+from .stores import Resolve
 
 if TYPE_CHECKING:
     from ._tool_calls import ToolCalls
@@ -24,6 +25,7 @@ class CallJournal:
         self.driver = driver
         self.call_id = call_id
         self.parked = asyncio.Event()
+        self.closed = asyncio.Event()  # the body ended: a stray branch may ask no more
         self.inflight = 0
         turn = driver.state.turn
         self.can_ask = not (
@@ -84,8 +86,9 @@ class CallJournal:
 
             def specs(state: SessionState) -> list[EventSpec]:
                 # Steered while the body ran: its question is withdrawn before it is asked,
-                # so the call settles and the model reads the message.
-                if state.turn is not None and state.turn.steered:
+                # so the call settles and the model reads the message. A branch still asking
+                # after the body ended (its gather failed) asks nothing either.
+                if self.closed.is_set() or (state.turn is not None and state.turn.steered):
                     raise QuestionWithdrawn(request.id, "cancelled")
                 return [("input.requested", {"requests": [dump_request(request)]})]
 
@@ -152,8 +155,47 @@ class CallJournal:
 
     async def park(self) -> NoReturn:
         self.parked.set()
-        await asyncio.Future()  # never resolves: the engine cancels the body
-        raise AssertionError("unreachable")
+        await self.closed.wait()  # the engine cancels the body, unless it already ended
+        raise QuestionWithdrawn("", "cancelled")
+
+    def ending(
+        self, specs: Sequence[EventSpec], new_requests: Sequence[InputRequest] = ()
+    ) -> Callable[[SessionState], Batch]:
+        """`specs` that end the call, first withdrawing any question its body left open: a
+        gather branch that asked as its sibling failed leaves one nobody waits for."""
+        self.closed.set()
+
+        def batch(state: SessionState) -> Batch:
+            reason = "the tool call ended before the question was answered"
+            left = [
+                r
+                for r in state.pending_requests()
+                if r.source == "ask" and r.action is not None and r.action.call_id == self.call_id
+            ]
+            withdrawn: list[EventSpec] = [
+                (
+                    "input.resolved",
+                    {
+                        "request_id": r.id,
+                        "outcome": "cancelled",
+                        "status": "withdrawn",
+                        "reason": reason,
+                    },
+                )
+                for r in left
+            ]
+            resolves = [
+                Resolve(
+                    request_id=r.id,
+                    status="withdrawn",
+                    outcome="cancelled",
+                    resolution={"outcome": "cancelled", "reason": reason},
+                )
+                for r in left
+            ]
+            return Batch(specs=[*withdrawn, *specs], resolve=resolves, new_requests=new_requests)
+
+        return batch
 
     async def settle(self) -> None:
         """Let sibling branches of the body (asyncio.gather) reach their own asks."""

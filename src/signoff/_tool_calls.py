@@ -295,19 +295,25 @@ class ToolCalls(DriverPart):
         try:
             result = task.result()
         except ApprovalRequired as signal:
-            await self.request_from_tool(call, signal.payload)
+            await self.request_from_tool(call, signal.payload, journal)
             return
         except QuestionWithdrawn as exc:
             await self.record(
-                [tool_result(call, "cancelled", {"cancelled": True, "reason": str(exc)})]
+                journal.ending(
+                    [tool_result(call, "cancelled", {"cancelled": True, "reason": str(exc)})]
+                )
             )
             return
         except InputUnavailable as exc:
-            await self.record([tool_result(call, "error", {"error": f"unavailable: {exc}"})])
+            await self.record(
+                journal.ending([tool_result(call, "error", {"error": f"unavailable: {exc}"})])
+            )
             return
         except Exception as exc:
             await self.record(
-                [tool_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})]
+                journal.ending(
+                    [tool_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})]
+                )
             )
             return
         if call.edited_input is not None or approval is not None:
@@ -322,18 +328,17 @@ class ToolCalls(DriverPart):
             if approval is not None:
                 wrapped["approval"] = approval  # the reason given for approving reaches the model
             result = wrapped
-        await self.record([tool_result(call, "ok", result)])
+        await self.record(journal.ending([tool_result(call, "ok", result)]))
 
-    async def request_from_tool(self, call: CallState, payload: Any) -> None:
+    async def request_from_tool(self, call: CallState, payload: Any, journal: CallJournal) -> None:
         s = self.state
         turn = s.turn
         assert turn is not None
         try:
             payload = jsonable(payload)
         except Exception as exc:
-            await self.record(
-                [tool_result(call, "error", {"error": f"approval payload is not JSON-able: {exc}"})]
-            )
+            error = {"error": f"approval payload is not JSON-able: {exc}"}
+            await self.record(journal.ending([tool_result(call, "error", error)]))
             return
         request = InputRequest(
             kind="tool-approval",
@@ -352,5 +357,5 @@ class ToolCalls(DriverPart):
             is not None,
         )
         await self.record(
-            [("input.requested", {"requests": [dump_request(request)]})], new_requests=[request]
+            journal.ending([("input.requested", {"requests": [dump_request(request)]})], [request])
         )

@@ -68,6 +68,8 @@ class Journal(Protocol):
 
     async def park(self) -> NoReturn: ...
 
+    async def settle(self) -> None: ...
+
 
 class ApprovalRequired(Exception):
     """Raised inside a tool to park the turn until a person decides; not a failure.
@@ -159,6 +161,9 @@ class ToolContext:
         status, resolution = journal.lookup(request_id)
         if status == "pending":
             await journal.park()
+        # When first asked, this branch parked while sibling branches (asyncio.gather) went on
+        # to their own asks: on replay they go first too, so each takes its recorded position.
+        await journal.settle()
         resolution = resolution or {}
         if resolution.get("outcome") != "answered":
             raise QuestionWithdrawn(request_id, str(resolution.get("outcome")))

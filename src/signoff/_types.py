@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
@@ -232,7 +233,12 @@ APPROVAL_OPTIONS = [
 
 
 def make_options(options: Any) -> list[Option]:
-    """Options from strings, dicts (`label`, optional `id` and `description`) or `Option`s."""
+    """Options from strings, dicts (`label`, optional `id` and `description`) or `Option`s.
+
+    Each needs a label and an id that are not blank: a blank one cannot be picked everywhere.
+    """
+    if isinstance(options, (str, bytes, Mapping)):
+        raise ValueError(f"options must be a list, not {type(options).__name__}")
     out: list[Option] = []
     for i, raw in enumerate(options or ()):
         if isinstance(raw, Option):
@@ -249,6 +255,10 @@ def make_options(options: Any) -> list[Option]:
             )
         else:
             raise ValueError(f"option #{i + 1} must be a string, an Option or a dict with a label")
+        if not out[-1].label.strip():
+            raise ValueError(f"option #{i + 1} has a blank label")
+        if not out[-1].id.strip():
+            raise ValueError(f"option #{i + 1} has a blank id")
     ids = [o.id for o in out]
     if len(set(ids)) != len(ids):
         raise ValueError(f"option ids must be distinct: {ids}")
