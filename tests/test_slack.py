@@ -1119,3 +1119,53 @@ async def test_an_entry_the_hub_gave_up_on_is_logged_and_retried_on_the_next_sta
             await hub.poll()
         async with manual(ChannelHub(rt, [channel(slack_api)], state=state)):
             assert len(slack_api.of("chat.update")) == 2  # delivered once, then forgotten
+
+
+async def test_options_longer_than_slack_allows_are_chosen_by_position(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Slack refuses a select option whose value is over 150 characters (and text over 75): an
+    option id that long is sent as its position, and choosing it answers with the real id."""
+    plan = "Enterprise plan with " + "dedicated support, " * 10
+    assert len(plan) > 150
+
+    @so.tool
+    async def choose_plan(ctx: so.ToolContext) -> str:
+        """Ask which plan to buy."""
+        answer = await ctx.ask("Which plan?", options=[plan, "Basic"], allow_text=False)
+        return str(answer.option_id)
+
+    agent = scripted_agent(
+        "shop", [call_tools(call("choose_plan")), reply("Bought.")], tools=[choose_plan]
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="Buy a plan")
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            (posted,) = slack_api.of("chat.postMessage")
+            (select,) = [
+                e
+                for b in posted["blocks"]
+                if b["type"] == "actions"
+                for e in b["elements"]
+                if e["type"] == "static_select"
+            ]
+            for o in select["options"]:
+                assert len(o["value"]) <= 150 and len(o["text"]["text"]) <= 75, o
+            long_one = select["options"][0]
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{req.id}",
+                    "selected_option": long_one,
+                },
+                user="U5",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["answer"]["option_id"] == plan

@@ -20,6 +20,7 @@ __all__ = [
     "OPTION",
     "TEXT",
     "TEXT_VIEW",
+    "chosen_option",
     "deny_view",
     "fallback_text",
     "request_blocks",
@@ -37,6 +38,8 @@ REASON_BLOCK = "signoff.reason"
 ANSWER_BLOCK = "signoff.answer"
 
 _MAX_TEXT = 3000  # Slack's limit for a section's text
+_MAX_VALUE = 150  # Slack's limit for a select option's value
+_BY_POSITION = "signoff.option#"
 
 
 def _plain(text: str, limit: int = 75) -> dict[str, Any]:
@@ -171,7 +174,8 @@ def _controls(request: InputRequest) -> dict[str, Any]:
                 "action_id": OPTION,
                 "placeholder": _plain("Choose an answer"),
                 "options": [
-                    {"text": _plain(o.label), "value": o.id} for o in request.options[:100]
+                    {"text": _plain(o.label), "value": _option_value(i, o.id)}
+                    for i, o in enumerate(request.options[:100])
                 ],
             }
         )
@@ -185,6 +189,22 @@ def _controls(request: InputRequest) -> dict[str, Any]:
             }
         )
     return {"type": "actions", "block_id": block_id, "elements": elements}
+
+
+def _option_value(position: int, option_id: str) -> str:
+    """What a select option carries: its id, or its position when the id is longer than the
+    150 characters Slack allows (Slack would refuse the whole message)."""
+    return option_id if len(option_id) <= _MAX_VALUE else f"{_BY_POSITION}{position}"
+
+
+def chosen_option(request: InputRequest, value: str) -> str:
+    """The id of the option a select's `value` names (see `_option_value`)."""
+    if any(o.id == value for o in request.options) or not value.startswith(_BY_POSITION):
+        return value
+    position = value[len(_BY_POSITION) :]
+    if position.isdecimal() and int(position) < len(request.options):
+        return request.options[int(position)].id
+    return value
 
 
 def describe(request: InputRequest, resolution: Resolution) -> str:

@@ -33,6 +33,7 @@ from ._blocks import (
     REASON_BLOCK,
     TEXT,
     TEXT_VIEW,
+    chosen_option,
     deny_view,
     fallback_text,
     request_blocks,
@@ -351,6 +352,9 @@ class SlackChannel(Channel):
             if stored is None:
                 await self._tell(where, f"Unknown request {response.request_id}.")
                 return
+            if response.option_id is not None:
+                option = chosen_option(stored.request, response.option_id)
+                response = response.model_copy(update={"option_id": option})
             try:
                 outcome = await self.submit(stored.request, response, principal)
             except NotAllowed as exc:
