@@ -133,7 +133,7 @@ async def test_altering_the_log_or_the_trail_is_named(tmp_path: Path) -> None:
         # rewriting an entry of the trail itself (a tool setting change) is named too
         with sqlite3.connect(db) as conn:
             tool_entry = conn.execute(
-                "SELECT id, data FROM audit WHERE stream='tools:support.wipe'"
+                "SELECT id, data FROM audit WHERE stream='tools:support.wipe' AND n > 0"
             ).fetchone()
             changed = json.loads(tool_entry[1]) | {"new": "Never"}
             conn.execute("UPDATE audit SET data=? WHERE id=?", (json.dumps(changed), tool_entry[0]))
@@ -338,3 +338,31 @@ async def test_an_entry_expecting_its_stream_elsewhere_is_skipped(store_url: str
         entries = await store.audit(stream="tools:a.t")
         assert [(e.n, e.data["new"]) for e in entries] == [(1, "A"), (2, "C"), (3, "D")]
         assert await rt.verify_audit() == []
+
+
+async def test_entries_removed_from_the_end_of_a_tool_setting_stream_are_named(
+    store_url: str,
+) -> None:
+    """A tool-setting stream has no session row: the store keeps its head all the same, so its
+    last entries removed are named with the stream, as a session's are."""
+    loose = so.tool(approval=so.never())(wipe.fn)
+    for tools in ([wipe], [loose]):
+        async with so.Runtime(
+            [scripted_agent("support", [reply("hi")], tools=tools)], store=store_url
+        ):
+            pass  # each opening records the tool's setting
+    stream = "tools:support.wipe"
+    async with so.Runtime([], store=store_url) as rt:
+        entries = await rt.audit(stream=stream)
+        assert [e.n for e in entries] == [1, 2] and await rt.verify_audit() == []
+        # the heads kept leave no gap in the ids readers page through (a ChannelHub waits on one)
+        ids = [e.id for e in await rt.audit()]
+        assert ids == list(range(1, len(ids) + 1))
+    alter(store_url, "DELETE FROM {t}audit WHERE id={p}", entries[-1].id)
+    async with so.Runtime([], store=store_url) as rt:
+        for problems in (await rt.verify_audit(stream), await rt.verify_audit()):
+            assert [(p.id, p.stream, p.n) for p in problems] == [(entries[0].id, stream, 2)]
+            assert "missing" in problems[0].reason
+        alter(store_url, "DELETE FROM {t}audit WHERE stream={p} AND n>0", stream)
+        problems = await rt.verify_audit()
+        assert [(p.id, p.stream, p.n) for p in problems] == [(0, stream, 1)]

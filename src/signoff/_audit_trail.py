@@ -14,13 +14,14 @@ from .stores._audit import AuditEntry, AuditRow, chain_hash
 __all__ = ["AuditProblem", "entries", "record_tool_settings", "tool_setting", "verify"]
 
 TOOL_SETTING = "tool.approval_changed"
+TOOLS_STREAM = "tools:"  # the streams of tool setting changes: tools:<agent>.<tool>
 RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditProblem:
     """An entry whose hash does not follow from its stream's chain: altered, removed or moved;
-    for entries missing from the end of a session's chain, `n` is the first missing and `id` the
+    for entries missing from the end of a stream's chain, `n` is the first missing and `id` the
     last entry left (0 if none is)."""
 
     id: int
@@ -43,8 +44,8 @@ async def entries(
 
 
 async def verify(store: Store, *, stream: str | None = None) -> list[AuditProblem]:
-    """Recompute every chain; each entry that does not match is named, and so is a session's
-    chain that stops short of the head its session row keeps (its last entries removed)."""
+    """Recompute every chain; each entry that does not match is named, and so is a chain that
+    stops short of the head the store keeps for it (its last entries removed)."""
     # Read before the entries: a commit meanwhile only adds entries past these heads.
     heads = await store.audit_heads(stream=stream)
     last: dict[str, tuple[int, str | None]] = {}
@@ -72,11 +73,12 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
         last_id[e.stream] = e.id
     for sid, (n, digest) in heads.items():
         seen, seen_hash = last.get(sid, (0, None))
+        keeper = "stream" if sid.startswith(TOOLS_STREAM) else "session"
         if seen < n:
             missing = f"entry {n} is" if seen + 1 == n else f"entries {seen + 1} to {n} are"
-            reason = f"{missing} missing from the end of the session's chain"
+            reason = f"{missing} missing from the end of the {keeper}'s chain"
         elif seen == n and seen_hash != digest:
-            reason = "the chain does not end with the hash its session keeps"
+            reason = f"the chain does not end with the hash its {keeper} keeps"
         else:
             continue
         problems.append(AuditProblem(id=last_id.get(sid, 0), stream=sid, n=seen + 1, reason=reason))
@@ -115,7 +117,7 @@ async def record_tool_settings(store: Store, agents: Iterable[Agent], now: float
         rows = []
         for agent in agents:
             for name in agent.tools:
-                stream = f"tools:{agent.name}.{name}"
+                stream = f"{TOOLS_STREAM}{agent.name}.{name}"
                 new = tool_setting(agent, name)
                 old, n = None, 0
                 async for e in entries(store, stream=stream):
