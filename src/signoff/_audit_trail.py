@@ -45,17 +45,22 @@ async def entries(
 
 async def verify(store: Store, *, stream: str | None = None) -> list[AuditProblem]:
     """Recompute every chain; each entry that does not match is named, and so is a chain that
-    stops short of the head the store keeps for it (its last entries removed)."""
+    stops short of the head the store keeps for it (its last entries removed) or goes past it
+    (entries added after its last), and a session entry pointing at an event an earlier entry
+    of its session stands for (a step shown twice)."""
     # Read before the entries: a commit meanwhile only adds entries past these heads.
     heads = await store.audit_heads(stream=stream)
     last: dict[str, tuple[int, str | None]] = {}
     last_id: dict[str, int] = {}
+    last_seq: dict[str, int] = {}
+    past: dict[str, None] = {}  # streams with entries past the head read above, in order
     problems: list[AuditProblem] = []
     async for e in entries(store, stream=stream):
         n, prev = last.get(e.stream, (0, None))
         expected = chain_hash(
             prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
         )
+        before = last_seq.get(e.stream)
         if e.n != n + 1:
             problems.append(
                 AuditProblem(id=e.id, stream=e.stream, n=e.n, reason=f"expected entry {n + 1}")
@@ -68,9 +73,16 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
             problems.append(
                 AuditProblem(id=e.id, stream=e.stream, n=e.n, reason="content does not match")
             )
+        elif e.seq is not None and before is not None and e.seq <= before:
+            reason = f"event {e.seq} is not after event {before} of the entry before"
+            problems.append(AuditProblem(id=e.id, stream=e.stream, n=e.n, reason=reason))
         # Continue from the stored hash, so one altered entry is named once.
         last[e.stream] = (e.n, e.hash)
         last_id[e.stream] = e.id
+        if e.seq is not None:
+            last_seq[e.stream] = max(e.seq, before or 0)
+        if e.n > heads.get(e.stream, (0, None))[0]:
+            past[e.stream] = None
     for sid, (n, digest) in heads.items():
         seen, seen_hash = last.get(sid, (0, None))
         keeper = "stream" if sid.startswith(TOOLS_STREAM) else "session"
@@ -82,6 +94,17 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
         else:
             continue
         problems.append(AuditProblem(id=last_id.get(sid, 0), stream=sid, n=seen + 1, reason=reason))
+    if past:
+        # Heads only move forward: entries still past them now were not written with them.
+        now = await store.audit_heads(stream=stream)
+        for sid in past:
+            n = now.get(sid, (0, None))[0]
+            seen = last[sid][0]
+            if seen > n:
+                keeper = "stream" if sid.startswith(TOOLS_STREAM) else "session"
+                extra = f"entry {seen} is" if seen == n + 1 else f"entries {n + 1} to {seen} are"
+                reason = f"{extra} past the end of the chain its {keeper} keeps"
+                problems.append(AuditProblem(id=last_id[sid], stream=sid, n=n + 1, reason=reason))
     return problems
 
 
