@@ -499,3 +499,22 @@ async def test_entries_committed_while_verifying_are_not_named() -> None:
     assert [(p.id, p.n, p.reason) for p in problems] == [
         (2, 2, "entry 2 is past the end of the chain its session keeps")
     ]
+
+
+async def test_export_to_a_utf8_file_keeps_text_no_encoding_can_hold(tmp_path: Path) -> None:
+    """Recorded data may hold a lone surrogate (a model's text): the export still writes every
+    entry to a UTF-8 file, that one escaped as JSON allows."""
+    a = scripted_agent(
+        "support", [call_tools(call("wipe", disk="sd\ud800a")), reply("ok")], tools=[wipe]
+    )
+    async with so.Runtime([a], store=f"sqlite:///{tmp_path}/a.db") as rt:
+        r = await rt.generate("support", prompt="wipe")
+        assert r.pending
+        out = tmp_path / "trail.jsonl"
+        with out.open("w", encoding="utf-8") as f:
+            count = await rt.export_audit(f)
+        listed = await rt.audit()
+    text = out.read_text(encoding="utf-8")
+    assert count == len(listed) == len(text.splitlines())
+    assert [json.loads(line) for line in text.splitlines()] == [e.to_dict() for e in listed]
+    assert "\\ud800" in text

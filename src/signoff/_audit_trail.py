@@ -109,10 +109,17 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
 
 
 async def export(store: Store, out: IO[str], *, stream: str | None = None) -> int:
-    """Write the trail as JSON lines; returns how many entries."""
+    """Write the trail as JSON lines; returns how many entries. Text is written as it is,
+    except in an entry holding a lone surrogate, which no encoding of `out` could hold: that
+    entry is written with its non-ASCII text escaped, as JSON allows."""
     count = 0
     async for e in entries(store, stream=stream):
-        out.write(json.dumps(e.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
+        line = json.dumps(e.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            line = json.dumps(e.to_dict(), separators=(",", ":"))
+        out.write(line + "\n")
         count += 1
     return count
 
