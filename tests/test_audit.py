@@ -133,7 +133,7 @@ async def test_altering_the_log_or_the_trail_is_named(tmp_path: Path) -> None:
         # rewriting an entry of the trail itself (a tool setting change) is named too
         with sqlite3.connect(db) as conn:
             tool_entry = conn.execute(
-                "SELECT id, data FROM audit WHERE stream='tools:support.wipe'"
+                "SELECT id, data FROM audit WHERE stream='tools:support.wipe' AND n > 0"
             ).fetchone()
             changed = json.loads(tool_entry[1]) | {"new": "Never"}
             conn.execute("UPDATE audit SET data=? WHERE id=?", (json.dumps(changed), tool_entry[0]))
@@ -338,3 +338,183 @@ async def test_an_entry_expecting_its_stream_elsewhere_is_skipped(store_url: str
         entries = await store.audit(stream="tools:a.t")
         assert [(e.n, e.data["new"]) for e in entries] == [(1, "A"), (2, "C"), (3, "D")]
         assert await rt.verify_audit() == []
+
+
+async def test_entries_removed_from_the_end_of_a_tool_setting_stream_are_named(
+    store_url: str,
+) -> None:
+    """A tool-setting stream has no session row: the store keeps its head all the same, so its
+    last entries removed are named with the stream, as a session's are."""
+    loose = so.tool(approval=so.never())(wipe.fn)
+    for tools in ([wipe], [loose]):
+        async with so.Runtime(
+            [scripted_agent("support", [reply("hi")], tools=tools)], store=store_url
+        ):
+            pass  # each opening records the tool's setting
+    stream = "tools:support.wipe"
+    async with so.Runtime([], store=store_url) as rt:
+        entries = await rt.audit(stream=stream)
+        assert [e.n for e in entries] == [1, 2] and await rt.verify_audit() == []
+        # the heads kept leave no gap in the ids readers page through (a ChannelHub waits on one)
+        ids = [e.id for e in await rt.audit()]
+        assert ids == list(range(1, len(ids) + 1))
+    alter(store_url, "DELETE FROM {t}audit WHERE id={p}", entries[-1].id)
+    async with so.Runtime([], store=store_url) as rt:
+        for problems in (await rt.verify_audit(stream), await rt.verify_audit()):
+            assert [(p.id, p.stream, p.n) for p in problems] == [(entries[0].id, stream, 2)]
+            assert "missing" in problems[0].reason
+        alter(store_url, "DELETE FROM {t}audit WHERE stream={p} AND n>0", stream)
+        problems = await rt.verify_audit()
+        assert [(p.id, p.stream, p.n) for p in problems] == [(0, stream, 1)]
+
+
+async def test_a_forged_entry_appended_past_a_chains_head_is_named(store_url: str) -> None:
+    """An entry added after the last one with a hash that checks out (anyone can compute one)
+    goes past the head the store keeps for its stream: named, for a session and a tool stream."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        last = (await rt.audit(sid))[-1]
+        (tool,) = await rt.audit(stream="tools:support.wipe")
+        events = [e async for e in rt.events(sid, follow=False)]
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    later = events[-1]  # not audited: an entry for it claims a step that is not in the trail
+    assert last.seq is not None and later.seq > last.seq
+    digest = chain_hash(
+        last.hash,
+        stream=sid,
+        n=last.n + 1,
+        type=later.type,
+        at=later.at,
+        seq=later.seq,
+        data=later.data,
+    )
+    alter(
+        store_url,
+        "INSERT INTO {t}audit (sk, n, seq, hash) VALUES ({p},{p},{p},{p})",
+        sk,
+        last.n + 1,
+        later.seq,
+        bytes.fromhex(digest),
+    )
+    data = {"agent": "support", "tool": "wipe", "old": "Always", "new": "Never"}
+    forged = chain_hash(
+        tool.hash, stream=tool.stream, n=2, type=tool.type, at=tool.at, seq=None, data=data
+    )
+    alter(
+        store_url,
+        "INSERT INTO {t}audit (stream, n, type, at, data, hash) VALUES ({p},2,{p},{p},{p},{p})",
+        tool.stream,
+        tool.type,
+        tool.at,
+        json.dumps(data),
+        bytes.fromhex(forged),
+    )
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        listed = await rt2.audit()
+        assert listed[-2].seq == later.seq and listed[-1].data == data  # both read back
+        problems = await rt2.verify_audit()
+        assert [(p.id, p.stream, p.n) for p in problems] == [
+            (listed[-2].id, sid, last.n + 1),
+            (listed[-1].id, tool.stream, 2),
+        ]
+        assert all("past the end" in p.reason for p in problems)
+        assert [(p.stream, p.n) for p in await rt2.verify_audit(sid)] == [(sid, last.n + 1)]
+
+
+async def test_an_entry_pointing_at_an_event_again_is_named(store_url: str) -> None:
+    """An entry whose hash checks out but points at an event an earlier entry of its session
+    already stands for (a step shown twice) is named."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        entries = await rt.audit(sid)
+    first, second = entries[0], entries[1]
+    assert first.seq is not None
+    # the second entry rewritten to stand for the first's event again, its hash recomputed, and
+    # every later hash after it too, up to the head its session keeps
+    prev = first.hash
+    for e in entries[1:]:
+        seq, type_, at, data = (
+            (first.seq, first.type, first.at, first.data)
+            if e is second
+            else (e.seq, e.type, e.at, e.data)
+        )
+        prev = chain_hash(prev, stream=sid, n=e.n, type=type_, at=at, seq=seq, data=data)
+        alter(
+            store_url,
+            "UPDATE {t}audit SET seq={p}, hash={p} WHERE id={p}",
+            seq,
+            bytes.fromhex(prev),
+            e.id,
+        )
+    alter(
+        store_url,
+        "UPDATE {t}sessions SET audit_hash={p} WHERE id={p}",
+        bytes.fromhex(prev),
+        sid,
+    )
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit(sid)
+        assert [(p.id, p.stream, p.n) for p in problems] == [(second.id, sid, second.n)]
+        assert "event" in problems[0].reason
+
+
+async def test_entries_committed_while_verifying_are_not_named() -> None:
+    """Entries a commit adds between reading the heads and reading the entries go past the
+    heads first read; the heads read again then cover them, so only a real excess is named."""
+
+    def entry(n: int, prev: str | None) -> AuditEntry:
+        digest = chain_hash(prev, stream="s", n=n, type="turn.started", at=1.0, seq=n, data={})
+        return AuditEntry(
+            id=n,
+            stream="s",
+            n=n,
+            type="turn.started",
+            at=1.0,
+            seq=n,
+            data={},
+            prev=prev,
+            hash=digest,
+        )
+
+    first = entry(1, None)
+    second = entry(2, first.hash)
+
+    class Committing:
+        def __init__(self, later: int) -> None:
+            self.reads = [(1, first.hash), (later, second.hash)]
+
+        async def audit(
+            self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+        ) -> list[AuditEntry]:
+            return [e for e in (first, second) if e.id > after_id][:limit]
+
+        async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str]]:
+            n, digest = self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+            return {"s": (n, digest)}
+
+    assert await verify_trail(cast(Store, Committing(later=2))) == []
+    problems = await verify_trail(cast(Store, Committing(later=1)))
+    assert [(p.id, p.n, p.reason) for p in problems] == [
+        (2, 2, "entry 2 is past the end of the chain its session keeps")
+    ]
+
+
+async def test_export_to_a_utf8_file_keeps_text_no_encoding_can_hold(tmp_path: Path) -> None:
+    """Recorded data may hold a lone surrogate (a model's text): the export still writes every
+    entry to a UTF-8 file, that one escaped as JSON allows."""
+    a = scripted_agent(
+        "support", [call_tools(call("wipe", disk="sd\ud800a")), reply("ok")], tools=[wipe]
+    )
+    async with so.Runtime([a], store=f"sqlite:///{tmp_path}/a.db") as rt:
+        r = await rt.generate("support", prompt="wipe")
+        assert r.pending
+        out = tmp_path / "trail.jsonl"
+        with out.open("w", encoding="utf-8") as f:
+            count = await rt.export_audit(f)
+        listed = await rt.audit()
+    text = out.read_text(encoding="utf-8")
+    assert count == len(listed) == len(text.splitlines())
+    assert [json.loads(line) for line in text.splitlines()] == [e.to_dict() for e in listed]
+    assert "\\ud800" in text

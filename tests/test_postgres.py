@@ -20,6 +20,7 @@ import signoff as so
 from signoff._events import Event, dumps
 from signoff._exceptions import SchemaVersionError, StoreError, UsageError
 from signoff.stores import Commit, PendingFilter, Resolve, open_store
+from signoff.stores._audit import AuditRow
 from signoff.stores.postgres import MIGRATIONS, STORE_SCHEMA, PostgresStore
 
 from .conftest import PgCluster, _free_port
@@ -179,6 +180,43 @@ async def test_an_older_schema_is_upgraded_in_place(
         await newer.close()
 
 
+async def test_a_schema_4_database_learns_its_tool_setting_chain_heads(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Schema 4 kept no head for a tool-setting stream: migration 5 takes each one's last entry
+    as its head, so entries removed from its end afterwards are named."""
+    import signoff.stores.postgres._schema as module
+
+    monkeypatch.setattr(module, "MIGRATIONS", [m for m in MIGRATIONS if m[0] <= 4])
+    monkeypatch.setattr(module, "STORE_SCHEMA", 4)
+    older = PostgresStore(pg_url)
+    await older.open()
+    try:
+        for new in ("Always", "Never"):
+            row = AuditRow(stream="tools:a.t", type="t", at=T0, seq=None, data={"new": new})
+            await older.record_audit([row])
+        entries = await older.audit(stream="tools:a.t")
+    finally:
+        await older.close()
+    monkeypatch.undo()
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute("DELETE FROM signoff.audit WHERE n = 0")  # as schema 4 wrote it
+    store = PostgresStore(pg_url, migrate=False)
+    assert await store.migrate() == (4, STORE_SCHEMA)
+    await store.open()
+    try:
+        assert await store.audit_heads() == {"tools:a.t": (2, entries[-1].hash)}
+    finally:
+        await store.close()
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute("DELETE FROM signoff.audit WHERE id = %s", (entries[-1].id,))
+    async with so.Runtime([], store=pg_url) as rt:
+        problems = await rt.verify_audit()
+        assert [(p.id, p.stream, p.n) for p in problems] == [(entries[0].id, "tools:a.t", 2)]
+
+
 async def test_rows_written_at_schema_2_read_back_the_same_after_the_upgrade(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -282,11 +320,13 @@ async def test_rows_written_at_schema_2_read_back_the_same_after_the_upgrade(
                     None if stored.resolution is None else dumps(stored.resolution),
                 ),
             )
+        # with the reference's ids (the head rows it keeps leave gaps between them)
         for entry in entries:
             await conn.execute(
-                "INSERT INTO signoff.audit (stream, n, type, at, seq, data, prev, hash) "
-                "VALUES (%s,%s,%s,%s,%s,%s::json,%s,%s)",
+                "INSERT INTO signoff.audit (id, stream, n, type, at, seq, data, prev, hash) "
+                "OVERRIDING SYSTEM VALUE VALUES (%s,%s,%s,%s,%s,%s,%s::json,%s,%s)",
                 (
+                    entry.id,
                     entry.stream,
                     entry.n,
                     entry.type,
@@ -297,6 +337,10 @@ async def test_rows_written_at_schema_2_read_back_the_same_after_the_upgrade(
                     entry.hash,
                 ),
             )
+        await conn.execute(
+            "SELECT setval(pg_get_serial_sequence('signoff.audit', 'id'), MAX(id)) "
+            "FROM signoff.audit"
+        )
 
     # `signoff db upgrade`, then everything reads back as the reference does.
     store = PostgresStore(pg_url, migrate=False)

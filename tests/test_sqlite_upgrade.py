@@ -223,7 +223,8 @@ async def test_a_schema_1_file_upgrades_in_place_and_resumes(tmp_path: Path) -> 
 
 async def test_a_schema_2_file_is_taken_as_is_and_a_newer_one_refused(tmp_path: Path) -> None:
     """Schema 3 only adds row formats that schema 2 files do not have: such a file reads back
-    and is marked 3; a file from a newer signoff is refused before anything is read or written."""
+    and is marked current; a file from a newer signoff is refused before anything is read or
+    written."""
     db = tmp_path / "s.db"
     agent = scripted_agent("a", [reply("hello")])
     async with so.Runtime([agent], store=f"sqlite:///{db}") as rt:
@@ -234,7 +235,9 @@ async def test_a_schema_2_file_is_taken_as_is_and_a_newer_one_refused(tmp_path: 
         events = [e async for e in rt.events(done.session_id, follow=False)]
         assert events[-1].type == "session.waiting" and await rt.verify_audit() == []
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("3",)
+        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == (
+            str(STORE_SCHEMA),
+        )
         conn.execute("UPDATE meta SET value=? WHERE key='schema'", (str(STORE_SCHEMA + 1),))
     with pytest.raises(so.SchemaVersionError, match="Upgrade signoff"):
         async with so.Runtime([agent], store=f"sqlite:///{db}") as rt:
@@ -255,3 +258,36 @@ async def test_a_damaged_schema_mark_is_a_store_error_and_changes_nothing(tmp_pa
         await store.open()
     with sqlite3.connect(db) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("abc",)
+
+
+async def test_a_schema_3_file_learns_its_tool_setting_chain_heads(tmp_path: Path) -> None:
+    """Schema 3 kept no head for a tool-setting stream: the upgrade takes each one's last entry
+    as its head, so entries removed from its end afterwards are named."""
+    db = tmp_path / "s.db"
+    url = f"sqlite:///{db}"
+    for approval in (so.always(), so.never()):
+
+        @so.tool(approval=approval)
+        async def wipe(disk: str) -> str:
+            """Wipe a disk."""
+            return disk
+
+        async with so.Runtime([scripted_agent("a", [reply("hi")], tools=[wipe])], store=url):
+            pass  # each opening records the tool's setting
+    with sqlite3.connect(db) as conn:
+        heads = conn.execute("SELECT stream, seq, hash FROM audit WHERE n = 0").fetchall()
+        conn.execute("DELETE FROM audit WHERE n = 0")  # as schema 3 wrote the file
+        conn.execute("UPDATE meta SET value='3' WHERE key='schema'")
+    async with so.Runtime([], store=url) as rt:
+        assert await rt.verify_audit() == []
+        entries = await rt.audit(stream="tools:a.wipe")
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == (
+            str(STORE_SCHEMA),
+        )
+        assert conn.execute("SELECT stream, seq, hash FROM audit WHERE n = 0").fetchall() == heads
+        assert heads and heads[0][1] == 2
+        conn.execute("DELETE FROM audit WHERE id=?", (entries[-1].id,))
+    async with so.Runtime([], store=url) as rt:
+        problems = await rt.verify_audit()
+        assert [(p.stream, p.n) for p in problems] == [("tools:a.wipe", 2)]

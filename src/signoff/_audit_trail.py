@@ -14,13 +14,14 @@ from .stores._audit import AuditEntry, AuditRow, chain_hash
 __all__ = ["AuditProblem", "entries", "record_tool_settings", "tool_setting", "verify"]
 
 TOOL_SETTING = "tool.approval_changed"
+TOOLS_STREAM = "tools:"  # the streams of tool setting changes: tools:<agent>.<tool>
 RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AuditProblem:
     """An entry whose hash does not follow from its stream's chain: altered, removed or moved;
-    for entries missing from the end of a session's chain, `n` is the first missing and `id` the
+    for entries missing from the end of a stream's chain, `n` is the first missing and `id` the
     last entry left (0 if none is)."""
 
     id: int
@@ -43,18 +44,23 @@ async def entries(
 
 
 async def verify(store: Store, *, stream: str | None = None) -> list[AuditProblem]:
-    """Recompute every chain; each entry that does not match is named, and so is a session's
-    chain that stops short of the head its session row keeps (its last entries removed)."""
+    """Recompute every chain; each entry that does not match is named, and so is a chain that
+    stops short of the head the store keeps for it (its last entries removed) or goes past it
+    (entries added after its last), and a session entry pointing at an event an earlier entry
+    of its session stands for (a step shown twice)."""
     # Read before the entries: a commit meanwhile only adds entries past these heads.
     heads = await store.audit_heads(stream=stream)
     last: dict[str, tuple[int, str | None]] = {}
     last_id: dict[str, int] = {}
+    last_seq: dict[str, int] = {}
+    past: dict[str, None] = {}  # streams with entries past the head read above, in order
     problems: list[AuditProblem] = []
     async for e in entries(store, stream=stream):
         n, prev = last.get(e.stream, (0, None))
         expected = chain_hash(
             prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
         )
+        before = last_seq.get(e.stream)
         if e.n != n + 1:
             problems.append(
                 AuditProblem(id=e.id, stream=e.stream, n=e.n, reason=f"expected entry {n + 1}")
@@ -67,27 +73,53 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
             problems.append(
                 AuditProblem(id=e.id, stream=e.stream, n=e.n, reason="content does not match")
             )
+        elif e.seq is not None and before is not None and e.seq <= before:
+            reason = f"event {e.seq} is not after event {before} of the entry before"
+            problems.append(AuditProblem(id=e.id, stream=e.stream, n=e.n, reason=reason))
         # Continue from the stored hash, so one altered entry is named once.
         last[e.stream] = (e.n, e.hash)
         last_id[e.stream] = e.id
+        if e.seq is not None:
+            last_seq[e.stream] = max(e.seq, before or 0)
+        if e.n > heads.get(e.stream, (0, None))[0]:
+            past[e.stream] = None
     for sid, (n, digest) in heads.items():
         seen, seen_hash = last.get(sid, (0, None))
+        keeper = "stream" if sid.startswith(TOOLS_STREAM) else "session"
         if seen < n:
             missing = f"entry {n} is" if seen + 1 == n else f"entries {seen + 1} to {n} are"
-            reason = f"{missing} missing from the end of the session's chain"
+            reason = f"{missing} missing from the end of the {keeper}'s chain"
         elif seen == n and seen_hash != digest:
-            reason = "the chain does not end with the hash its session keeps"
+            reason = f"the chain does not end with the hash its {keeper} keeps"
         else:
             continue
         problems.append(AuditProblem(id=last_id.get(sid, 0), stream=sid, n=seen + 1, reason=reason))
+    if past:
+        # Heads only move forward: entries still past them now were not written with them.
+        now = await store.audit_heads(stream=stream)
+        for sid in past:
+            n = now.get(sid, (0, None))[0]
+            seen = last[sid][0]
+            if seen > n:
+                keeper = "stream" if sid.startswith(TOOLS_STREAM) else "session"
+                extra = f"entry {seen} is" if seen == n + 1 else f"entries {n + 1} to {seen} are"
+                reason = f"{extra} past the end of the chain its {keeper} keeps"
+                problems.append(AuditProblem(id=last_id[sid], stream=sid, n=n + 1, reason=reason))
     return problems
 
 
 async def export(store: Store, out: IO[str], *, stream: str | None = None) -> int:
-    """Write the trail as JSON lines; returns how many entries."""
+    """Write the trail as JSON lines; returns how many entries. Text is written as it is,
+    except in an entry holding a lone surrogate, which no encoding of `out` could hold: that
+    entry is written with its non-ASCII text escaped, as JSON allows."""
     count = 0
     async for e in entries(store, stream=stream):
-        out.write(json.dumps(e.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
+        line = json.dumps(e.to_dict(), ensure_ascii=False, separators=(",", ":"))
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            line = json.dumps(e.to_dict(), separators=(",", ":"))
+        out.write(line + "\n")
         count += 1
     return count
 
@@ -115,7 +147,7 @@ async def record_tool_settings(store: Store, agents: Iterable[Agent], now: float
         rows = []
         for agent in agents:
             for name in agent.tools:
-                stream = f"tools:{agent.name}.{name}"
+                stream = f"{TOOLS_STREAM}{agent.name}.{name}"
                 new = tool_setting(agent, name)
                 old, n = None, 0
                 async for e in entries(store, stream=stream):

@@ -255,7 +255,7 @@ class Reads(Connections):
                 f"{EARLIER_JOIN.format(s=s)} "
                 f"LEFT JOIN {s}.audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
                 f"LEFT JOIN {s}.audit q ON a.stream IS NOT NULL AND q.stream = a.stream "
-                "AND q.n = a.n - 1 WHERE a.id>%s"
+                "AND q.n = a.n - 1 AND q.n > 0 WHERE a.id>%s AND a.n>0"
             )
             params: list[Any] = [after_id]
             if stream is not None:
@@ -285,11 +285,17 @@ class Reads(Connections):
         return await self._read(body, "reading the audit trail")
 
     async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
-        sql = f"SELECT id, audit_n, audit_hash FROM {self._s}.sessions WHERE audit_n > 0"
+        # Sessions keep theirs in the session row, other streams in their head row (n = 0).
+        sessions = f"SELECT id, audit_n, audit_hash FROM {self._s}.sessions WHERE audit_n > 0"
+        streams = (
+            f"SELECT stream, seq, hash FROM {self._s}.audit WHERE stream IS NOT NULL AND n = 0"
+        )
         params: list[Any] = []
         if stream is not None:
-            sql += " AND id=%s" if storable(stream) else " AND false"
-            params += [stream] if storable(stream) else []
+            sessions += " AND id=%s" if storable(stream) else " AND false"
+            streams += " AND stream=%s" if storable(stream) else " AND false"
+            params += [stream, stream] if storable(stream) else []
+        sql = f"{sessions} UNION ALL {streams}"
 
         async def body(conn: Conn) -> dict[str, tuple[int, str | None]]:
             cur = await conn.execute(sql, params)

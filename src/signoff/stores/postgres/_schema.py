@@ -138,6 +138,16 @@ COMMENT ON TABLE {s}.events IS 'type: a one-letter code; turn: only where it cha
     'be deflated on the event before (signoff stores/_codec.py)';
 """,
     ),
+    (
+        5,
+        "each tool-setting stream's audit chain head in an audit row of its own (n = 0, the last "
+        "entry's number in seq, a negative id), so entries removed from its end are noticed",
+        """
+INSERT INTO {s}.audit (id, stream, n, seq, hash) OVERRIDING SYSTEM VALUE
+    SELECT DISTINCT ON (stream) -id, stream, 0, n, hash FROM {s}.audit
+    WHERE stream IS NOT NULL ORDER BY stream, n DESC;
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit."""
 

@@ -277,7 +277,8 @@ class PostgresStore(Reads, Leases):
         self._after(label)
 
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
-        """Append entries that no event carries (tool setting changes)."""
+        """Append entries that no event carries (tool setting changes), and keep each stream's
+        chain head in its head row (`n = 0`), so entries removed from its end are noticed."""
         s = self._s
 
         async def body(conn: Conn) -> None:
@@ -285,8 +286,10 @@ class PostgresStore(Reads, Leases):
             for stream in sorted({row.stream for row in rows}):
                 # No session row serializes these streams: lock each one for this transaction.
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (stream,))
+                # The head row first; if it went missing, the last entry.
                 cur = await conn.execute(
-                    f"SELECT n, hash FROM {s}.audit WHERE stream=%s ORDER BY n DESC LIMIT 1",
+                    f"SELECT CASE WHEN n = 0 THEN seq ELSE n END, hash FROM {s}.audit "
+                    "WHERE stream=%s ORDER BY n = 0 DESC, n DESC LIMIT 1",
                     (stream,),
                 )
                 found = await cur.fetchone()
@@ -301,12 +304,21 @@ class PostgresStore(Reads, Leases):
                 digest = chain_hash(
                     prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
                 )
-                await conn.execute(
+                cur = await conn.execute(
                     f"INSERT INTO {s}.audit (stream, n, type, at, data, hash) "
-                    "VALUES (%s,%s,%s,%s,%s::json,%s)",
+                    "VALUES (%s,%s,%s,%s,%s::json,%s) RETURNING id",
                     (row.stream, n, row.type, row.at, dumps(row.data), bytes.fromhex(digest)),
                 )
+                (added,) = await cur.fetchone() or (0,)
                 last[row.stream] = (n, digest)
+                # A negative id, taking no identity value: no gap among the ids readers page
+                # through (a ChannelHub waits on one).
+                await conn.execute(
+                    f"INSERT INTO {s}.audit (id, stream, n, seq, hash) OVERRIDING SYSTEM VALUE "
+                    "VALUES (%s,%s,0,%s,%s) ON CONFLICT (stream, n) WHERE stream IS NOT NULL "
+                    "DO UPDATE SET seq=excluded.seq, hash=excluded.hash",
+                    (-int(added), row.stream, n, bytes.fromhex(digest)),
+                )
 
         await self._write(body, "recording audit entries")
 

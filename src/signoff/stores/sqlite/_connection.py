@@ -17,7 +17,14 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 from ..._exceptions import SchemaVersionError, StoreError
 from .._base import FaultHook
 from .._codec import Tails
-from ._schema import PAGE_SIZE, SCHEMA, STORE_SCHEMA, WAL_CHECKPOINT_PAGES, upgrade_from_1
+from ._schema import (
+    PAGE_SIZE,
+    SCHEMA,
+    STORE_SCHEMA,
+    WAL_CHECKPOINT_PAGES,
+    keep_stream_heads,
+    upgrade_from_1,
+)
 
 __all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "reading"]
 
@@ -207,6 +214,8 @@ class Connection:
                 )
             if found == 1:
                 upgrade_from_1(conn)
+            if 1 <= found < 4:
+                keep_stream_heads(conn)
             for statement in SCHEMA.strip().split(";"):
                 if statement.strip():
                     conn.execute(statement)

@@ -230,7 +230,8 @@ class Reads(Connection):
             "LEFT JOIN events e ON e.sk = a.sk AND e.seq = a.seq" + _EARLIER_JOIN + " "
             "LEFT JOIN audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
             "LEFT JOIN audit q ON a.stream IS NOT NULL AND q.stream = a.stream AND q.n = a.n - 1 "
-            "WHERE a.id>?"
+            "AND q.n > 0 "
+            "WHERE a.id>? AND a.n>0"
         )
         params: list[Any] = [after_id]
         if stream is not None:
@@ -258,11 +259,15 @@ class Reads(Connection):
 
     @reading
     async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
-        sql = "SELECT id, audit_n, audit_hash FROM sessions WHERE audit_n > 0"
+        # Sessions keep theirs in the session row, other streams in their head row (n = 0).
+        sessions = "SELECT id, audit_n, audit_hash FROM sessions WHERE audit_n > 0"
+        streams = "SELECT stream, seq, hash FROM audit WHERE stream IS NOT NULL AND n = 0"
         params: list[Any] = []
         if stream is not None:
-            sql += " AND id=?"
-            params.append(stream)
+            sessions += " AND id=?"
+            streams += " AND stream=?"
+            params += [stream, stream]
+        sql = f"{sessions} UNION ALL {streams}"
         return {
             i: (int(n), None if h is None else bytes(h).hex())
             for i, n, h in self.conn.execute(sql, params)

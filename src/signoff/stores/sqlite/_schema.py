@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["PAGE_SIZE", "SCHEMA", "STORE_SCHEMA", "WAL_CHECKPOINT_PAGES", "upgrade_from_1"]
+__all__ = [
+    "PAGE_SIZE",
+    "SCHEMA",
+    "STORE_SCHEMA",
+    "WAL_CHECKPOINT_PAGES",
+    "keep_stream_heads",
+    "upgrade_from_1",
+]
 
-STORE_SCHEMA = 3
+STORE_SCHEMA = 4
 """2: audit entries point at their events, chain heads in the session rows. 3: event rows hold a
 type code, a turn id only where it changes, and data that may be stored on the event before
 (`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file.
+4: each tool-setting stream's chain head is kept in an audit row of its own (`n = 0`, the last
+entry's number in `seq`, and a negative id, the negated id of an entry of its stream, so the ids
+readers page through have no gaps), which an older signoff would list as an entry.
 A file already marked with this version is opened without running `SCHEMA` (so that opening
 writes nothing), so any change to `SCHEMA` needs a new version."""
 
@@ -122,4 +132,13 @@ def upgrade_from_1(conn: sqlite3.Connection) -> None:
         "UPDATE sessions SET audit_n = a.n, audit_hash = a.hash FROM "
         "(SELECT sk, n, hash FROM audit WHERE sk IS NOT NULL AND n = "
         "(SELECT MAX(n) FROM audit b WHERE b.sk = audit.sk)) a WHERE a.sk = sessions.sk"
+    )
+
+
+def keep_stream_heads(conn: sqlite3.Connection) -> None:
+    """Schema 3 (or older, upgraded) to 4, in the opening transaction: each tool-setting stream
+    gets the row keeping its chain head, from its last entry."""
+    conn.execute(
+        "INSERT INTO audit (id, stream, n, seq, hash) SELECT -id, stream, 0, n, hash FROM audit a "
+        "WHERE stream IS NOT NULL AND n = (SELECT MAX(n) FROM audit b WHERE b.stream = a.stream)"
     )

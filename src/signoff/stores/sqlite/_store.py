@@ -186,14 +186,17 @@ class SQLiteStore(Reads, Leases):
         return n, digest
 
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
-        """Append entries that no event carries (tool setting changes)."""
+        """Append entries that no event carries (tool setting changes), and keep each stream's
+        chain head in its head row (`n = 0`), so entries removed from its end are noticed."""
         conn = self.conn
         with immediate(conn, self._writable):
             last: dict[str, tuple[int, str | None]] = {}
             for row in rows:
                 if row.stream not in last:
+                    # The head row first; if it went missing, the last entry.
                     found = conn.execute(
-                        "SELECT n, hash FROM audit WHERE stream=? ORDER BY n DESC LIMIT 1",
+                        "SELECT CASE WHEN n = 0 THEN seq ELSE n END, hash FROM audit "
+                        "WHERE stream=? ORDER BY n = 0 DESC, n DESC LIMIT 1",
                         (row.stream,),
                     ).fetchone()
                     last[row.stream] = (0, None) if found is None else (found[0], found[1].hex())
@@ -204,11 +207,18 @@ class SQLiteStore(Reads, Leases):
                 digest = chain_hash(
                     prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
                 )
-                conn.execute(
+                cur = conn.execute(
                     "INSERT INTO audit (stream, n, type, at, data, hash) VALUES (?,?,?,?,?,?)",
                     (row.stream, n, row.type, row.at, dumps(row.data), bytes.fromhex(digest)),
                 )
                 last[row.stream] = (n, digest)
+                # A negative id: no gap among the ids readers page through (a ChannelHub waits).
+                conn.execute(
+                    "INSERT INTO audit (id, stream, n, seq, hash) VALUES (?,?,0,?,?) "
+                    "ON CONFLICT (stream, n) WHERE stream IS NOT NULL "
+                    "DO UPDATE SET seq=excluded.seq, hash=excluded.hash",
+                    (-int(cur.lastrowid or 0), row.stream, n, bytes.fromhex(digest)),
+                )
 
     def _turn_at(self, sk: int, head: int) -> tuple[str, int] | None:
         """The turn of the session's event `head` and how many events back a row names it."""
