@@ -31,6 +31,9 @@ class ServerContext:
     secret: bytes
     poll_interval: float = 0.25
     heartbeat: float = 15.0
+    # Set when the server begins to stop: open streams end at their next poll instead of
+    # holding the shutdown, which waits for every response to finish.
+    closing: bool = False
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
         """The caller, or `None` when the authenticator does not recognise it (asked once per
