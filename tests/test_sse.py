@@ -87,3 +87,39 @@ def test_last_event_id_is_plain_digits(store: str) -> None:
             assert r.json()["error"]["code"] == "invalid_request"
         with c.stream("GET", url, params={"follow": "false"}, headers={"Last-Event-ID": "2"}) as s:
             assert [e["id"] for e in read_sse(s)] == ["3", "4", "5"]
+
+
+def test_an_idle_dashboard_stream_does_not_rescan_the_queue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reviewer without `admin` sees the queue through the access rule, which means reading
+    every open request and its session; each open dashboard did that at every poll (20 tabs
+    over 200 open requests kept 40% of a core busy). It is redone only when the queue changed."""
+    from signoff.server import TokenAuth, create_app
+    from signoff.server._context import ServerContext
+
+    from .test_server_common import TOKENS, make_runtime, running
+
+    scans = [0]
+    scan = ServerContext.visible_requests
+
+    async def counted(self: ServerContext, *args: object, **kwargs: object) -> object:
+        scans[0] += 1
+        return await scan(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ServerContext, "visible_requests", counted)
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, sweep_every=None)
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        for _ in range(3):
+            c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"})
+        with c.stream("GET", "/_signoff/stream") as s:
+            lines = s.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            before = scans[0]
+            time.sleep(0.5)  # some 25 polls with nothing new
+            idle = scans[0] - before
+            c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"})
+            data = next(line for line in lines if line.startswith("data:"))
+            assert '"total":4' in data
+    assert idle <= 1, f"{idle} scans of an unchanged queue"

@@ -68,10 +68,18 @@ async def queue_stream(request: Request) -> Response:
 
     async def changes() -> AsyncIterator[str]:
         last = None
+        everything: tuple[int, str] | None = None
         beat = time.monotonic()
         yield "retry: 1000\n\n"
         while True:
-            total, digest = await ctx.queue_version(viewer)
+            if ctx.sees_every_request(viewer):
+                total, digest = await ctx.open_requests_version()
+            else:
+                # The viewer's queue is a scan; it can only change when the whole queue did.
+                now = await ctx.open_requests_version()
+                if now != everything:
+                    everything = now
+                    total, digest = await ctx.queue_version(viewer)
             if digest != last:
                 last = digest
                 beat = time.monotonic()
