@@ -917,6 +917,22 @@ async def test_events_follow_live(tmp_path: Path) -> None:
         assert seen[-1].type == "session.waiting"
 
 
+@pytest.mark.parametrize("after", [-1, 2**63, None, float("nan"), "3", True, 1.5])
+async def test_events_refuse_a_start_that_is_not_a_seq(tmp_path: Path, after: Any) -> None:
+    """A bad `after` was a bare OverflowError from SQLite (2**63), or matched nothing, so a
+    followed stream (None, NaN, "3") waited for ever without a word."""
+    import asyncio
+
+    log = ExecutionLog()
+    async with sqlite_runtime(tmp_path, refund_agent(log)) as rt:
+        r = await waiting_session(rt)
+        for follow in (False, True):
+            with pytest.raises(so.UsageError, match="after"):
+                async with asyncio.timeout(5):
+                    async for _ in rt.events(r.session_id, after, follow=follow):
+                        pass
+
+
 # -- sync twins -----------------------------------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ def test_serve_a_runtime_on_the_store_given(
     import uvicorn
 
     served: list[Any] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
     url = f"sqlite:///{tmp_path}/s.db"
     for target in (offline_runtime(), "tests.test_cli:offline_runtime"):
         serve(target, store=url)

@@ -209,7 +209,9 @@ def spawn_serve(
     store: str, tokens: Sequence[str], log: IO[bytes], port: int | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start `signoff serve` on `store`; returns once *this* process has bound its port."""
-    env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": str(ROOT)}
+    # This tree's code, not whichever checkout the virtualenv's editable install points at.
+    path = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    env = {**os.environ, "SIGNOFF_TEST_STORE": store, "PYTHONPATH": path}
     for _ in range(1 if port is not None else 5):
         chosen = port or free_port()
         args = ["serve", "tests.test_server_common:make_runtime", "--port", str(chosen)]

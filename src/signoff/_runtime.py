@@ -380,6 +380,10 @@ class Runtime(Messages):
         self, session_id: str, after: int = 0, *, follow: bool = True
     ) -> AsyncIterator[Event]:
         """The session's events after `seq`; with `follow`, keeps waiting for new ones."""
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
+            # Anything else matched no event (a followed stream then waited for ever in
+            # silence) or overflowed the store's integers.
+            raise UsageError(f"after must be an event seq, a whole number from 0, not {after!r}")
         await self.open()
         if await self.store.head(session_id) is None:
             raise UnknownSession(session_id)

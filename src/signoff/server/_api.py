@@ -26,7 +26,7 @@ from ._models import (
     session_view,
     turn_result,
 )
-from ._sse import event_stream
+from ._sse import event_stream, parse_last_event_id, stream_response
 
 __all__ = ["router"]
 
@@ -158,28 +158,15 @@ async def events(
     await ctx.session(session_id, caller)
     start = after
     if last_event_id is not None and last_event_id.strip():
-        try:
-            start = int(last_event_id.strip())
-        except ValueError:
+        parsed = parse_last_event_id(last_event_id)
+        if parsed is None:
             raise ApiError(
                 422, "invalid_request", f"Last-Event-ID must be an event seq, not {last_event_id!r}"
-            ) from None
-        if not 0 <= start <= MAX_SEQ:
+            )
+        if parsed > MAX_SEQ:
             raise ApiError(422, "invalid_request", f"Last-Event-ID must be in 0..{MAX_SEQ}")
-    stream = event_stream(
-        request,
-        ctx.runtime,
-        session_id,
-        start,
-        follow=follow,
-        poll_interval=ctx.poll_interval,
-        heartbeat=ctx.heartbeat,
-    )
-    return StreamingResponse(
-        stream,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
-    )
+        start = parsed
+    return stream_response(event_stream(request, ctx, session_id, start, follow=follow))
 
 
 @router.get("/requests", tags=["requests"])

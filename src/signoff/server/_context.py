@@ -31,6 +31,9 @@ class ServerContext:
     secret: bytes
     poll_interval: float = 0.25
     heartbeat: float = 15.0
+    # Set when the server begins to stop: open streams end at their next poll instead of
+    # holding the shutdown, which waits for every response to finish.
+    closing: bool = False
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
         """The caller, or `None` when the authenticator does not recognise it (asked once per
@@ -118,23 +121,33 @@ class ServerContext:
 
         For admins it costs three indexed queries (count, oldest, newest), not a scan.
         """
+        if self.sees_every_request(caller):
+            return await self.open_requests_version()
+        items, total = await self.visible_requests(caller, PendingFilter(limit=1_000_000))
+        return total, _digest(total, [r.id for r in items])
+
+    def sees_every_request(self, caller: Principal) -> bool:
+        """Whether the caller's queue is every open request (an admin under the default rule)."""
+        return caller.attributes.get("admin") is True and self._default_access()
+
+    async def open_requests_version(self) -> tuple[int, str]:
+        """The count and fingerprint of every open request, from three indexed queries: a
+        caller's own queue can only have changed when this did."""
         store = self.runtime.store
-        if caller.attributes.get("admin") is True and self._default_access():
-            live = PendingFilter(live_at=self.runtime.clock())
-            total = await store.count_pending(live)
-            ends = []
-            if total:
-                ends += await store.pending(replace(live, limit=1))
-                ends += await store.pending(replace(live, limit=1, offset=total - 1))
-            ids = [r.id for r in ends]
-        else:
-            items, total = await self.visible_requests(caller, PendingFilter(limit=1_000_000))
-            ids = [r.id for r in items]
-        digest = hashlib.sha256(f"{total} {' '.join(ids)}".encode()).hexdigest()[:16]
-        return total, digest
+        live = PendingFilter(live_at=self.runtime.clock())
+        total = await store.count_pending(live)
+        ends = []
+        if total:
+            ends += await store.pending(replace(live, limit=1))
+            ends += await store.pending(replace(live, limit=1, offset=total - 1))
+        return total, _digest(total, [r.id for r in ends])
 
     def _default_access(self) -> bool:
         return self.access is default_access
+
+
+def _digest(total: int, ids: list[str]) -> str:
+    return hashlib.sha256(f"{total} {' '.join(ids)}".encode()).hexdigest()[:16]
 
 
 def _page(flt: PendingFilter, limit: int, offset: int) -> PendingFilter:

@@ -16,7 +16,6 @@ from starlette.responses import (
     JSONResponse,
     RedirectResponse,
     Response,
-    StreamingResponse,
 )
 
 from .._exceptions import SignoffError, UnknownRequest, UnknownSession
@@ -37,7 +36,7 @@ from ._page_data import (
     tool_rows,
 )
 from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, render, set_csrf
-from ._sse import sse
+from ._sse import sse, stream_response
 
 __all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redirect"]
 
@@ -69,10 +68,18 @@ async def queue_stream(request: Request) -> Response:
 
     async def changes() -> AsyncIterator[str]:
         last = None
+        everything: tuple[int, str] | None = None
         beat = time.monotonic()
         yield "retry: 1000\n\n"
         while True:
-            total, digest = await ctx.queue_version(viewer)
+            if ctx.sees_every_request(viewer):
+                total, digest = await ctx.open_requests_version()
+            else:
+                # The viewer's queue is a scan; it can only change when the whole queue did.
+                now = await ctx.open_requests_version()
+                if now != everything:
+                    everything = now
+                    total, digest = await ctx.queue_version(viewer)
             if digest != last:
                 last = digest
                 beat = time.monotonic()
@@ -80,13 +87,11 @@ async def queue_stream(request: Request) -> Response:
             elif time.monotonic() - beat >= ctx.heartbeat:
                 beat = time.monotonic()
                 yield ": keep-alive\n\n"
-            if await request.is_disconnected():
+            if ctx.closing or await request.is_disconnected():
                 return
             await asyncio.sleep(ctx.poll_interval)
 
-    return StreamingResponse(
-        changes(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
-    )
+    return stream_response(changes())
 
 
 @router.post("/requests/{request_id}/respond")

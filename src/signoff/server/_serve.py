@@ -109,4 +109,15 @@ def serve(
         )
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     print(f"signoff: dashboard at http://{shown}:{port}/_signoff  (API: /v1, docs: /v1/docs)")
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    context = app.state.signoff
+
+    class Server(uvicorn.Server):
+        """Uvicorn, which ends the open event streams when it begins to stop: its graceful
+        shutdown waits for every response to finish, and a followed stream never does."""
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            context.closing = True
+            await super().shutdown(sockets)
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
+    Server(config).run()

@@ -9,11 +9,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
 
 from .._events import Event
-from .._runtime import Runtime
+from ._context import ServerContext
 
-__all__ = ["event_stream", "sse"]
+__all__ = ["STREAM_HEADERS", "event_stream", "parse_last_event_id", "sse", "stream_response"]
+
+STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
+"""Sent with every stream: no cache may keep it, and no proxy (nginx) may buffer it."""
 
 
 def sse(data: Any, *, event: str | None = None, id: str | int | None = None) -> str:
@@ -32,25 +36,39 @@ def frame(event: Event) -> str:
     return sse(event.to_dict(), event=event.type, id=event.seq)
 
 
+def stream_response(stream: AsyncIterator[str]) -> StreamingResponse:
+    """An event stream as a response, with the headers that keep proxies from holding it."""
+    return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
+
+
+def parse_last_event_id(raw: str) -> int | None:
+    """The seq a `Last-Event-ID` names: plain ASCII digits, or None when it is not one (`int()`
+    would also read `1_0` as 10 and `+2` as 2, ids this server never sends)."""
+    text = raw.strip()
+    if not text or not text.isascii() or not text.isdigit() or len(text) > 20:
+        return None
+    return int(text)
+
+
 async def event_stream(
     request: Request,
-    runtime: Runtime,
+    ctx: ServerContext,
     session_id: str,
     after: int,
     *,
     follow: bool,
-    poll_interval: float,
-    heartbeat: float,
 ) -> AsyncIterator[str]:
-    """Everything after `after`, then (when following) new events as the store gains them.
+    """Everything after `after`, then (when following) new events as the store gains them,
+    until the client goes or the server stops (`ctx.closing`).
 
     It polls the store rather than an in-process signal, so any server process can serve any
     session, whoever writes to it.
     """
+    poll_interval, heartbeat = ctx.poll_interval, ctx.heartbeat
     yield f"retry: {int(max(poll_interval, 0.5) * 1000)}\n\n"
     last_sent = time.monotonic()
     while True:
-        batch = await runtime.store.read_events(session_id, after=after, limit=500)
+        batch = await ctx.runtime.store.read_events(session_id, after=after, limit=500)
         for event in batch:
             yield frame(event)
             after = event.seq
@@ -64,6 +82,6 @@ async def event_stream(
         elif now - last_sent >= heartbeat:
             yield ": keep-alive\n\n"
             last_sent = now
-        if await request.is_disconnected():
+        if ctx.closing or await request.is_disconnected():
             return
         await asyncio.sleep(poll_interval)
