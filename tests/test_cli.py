@@ -809,7 +809,7 @@ def test_serve_keys_the_dashboards_csrf_tokens_with_its_secret(
     from signoff.server._pages import csrf_key
 
     served: list[Any] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kwargs: served.append(app))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
     args = ["serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db"]
     if how == "option":
         args += ["--secret", "shared"]
