@@ -48,6 +48,7 @@ class PgCluster:
         self.ours = directory is not None
         self._template: str | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._pg_ctl: list[str] = []
 
     @classmethod
     def start(cls) -> PgCluster:
@@ -116,6 +117,18 @@ class PgCluster:
                     text=True,
                 )
                 if started.returncode == 0:
+                    cluster._pg_ctl = [
+                        *as_pg,
+                        str(PG_BIN / "pg_ctl"),
+                        "-D",
+                        str(data),
+                        "-l",
+                        str(directory / "server.log"),
+                        "-w",
+                        "-s",
+                        "-o",
+                        options,
+                    ]
                     cluster.admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
                     cluster._watch(as_pg)
                     return cluster
@@ -144,6 +157,17 @@ class PgCluster:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+
+    def halt(self) -> None:
+        """Stop the server as an operator would (`pg_ctl stop -m fast`), keeping its data, so that
+        `resume()` starts it again on the same port: a restart or an outage."""
+        assert self.ours and self._pg_ctl, "only a cluster these tests started can be halted"
+        self._run([*self._pg_ctl, "-m", "fast", "stop"])
+
+    def resume(self) -> None:
+        """Start again the server `halt()` stopped."""
+        assert self.ours and self._pg_ctl, "only a cluster these tests started can be resumed"
+        self._run([*self._pg_ctl, "start"])
 
     def _run(self, args: list[str]) -> None:
         result = subprocess.run(args, cwd=self.directory, capture_output=True, text=True)

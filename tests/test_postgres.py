@@ -849,3 +849,28 @@ async def test_a_pool_of_connections_all_killed_while_idle_is_renewed(
             assert await store.head(sid) == 2
     finally:
         await store.close()
+
+
+async def test_the_pool_reconnects_soon_after_an_outage() -> None:
+    """psycopg_pool retries a lost connection backing off up to minutes apart, so a database back
+    after an outage went unused, every call failing, for up to as long again as it was down:
+    reconnecting starts over within seconds instead."""
+    cluster = PgCluster.start()
+    try:
+        store = PostgresStore(cluster.admin_url, min_size=2, max_size=2, timeout=2)
+        sid = await new_session(store)
+        cluster.halt()
+        with pytest.raises(StoreError):
+            await store.head(sid)  # the pool finds its connections dead, and reconnects
+        # Its reconnections fail, each waiting longer (psycopg_pool: 1, 2, 4, 8 s...): about 8 s
+        # after the loss, the next would come only 6 to 8 s later.
+        await asyncio.sleep(5.5)
+        cluster.resume()
+        await asyncio.sleep(0.3)
+        # The server is back: a call now gets a connection within its wait (2 s here).
+        assert await store.head(sid) == 1
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        assert await store.head(sid) == 2
+        await store.close()
+    finally:
+        cluster.stop()

@@ -141,6 +141,8 @@ class Connections:
                 kwargs={"autocommit": True, "connect_timeout": max(1, int(self.connect_timeout))},
                 open=False,
                 name=f"signoff-{self.schema}",
+                reconnect_timeout=RECONNECT_WITHIN,
+                reconnect_failed=_reconnect_again,
             )
             try:
                 await pool.open(wait=True, timeout=self.timeout)
@@ -436,6 +438,20 @@ class Connections:
     def _after(self, label: str) -> None:
         if self._fault is not None:
             self._fault("after", label)
+
+
+RECONNECT_WITHIN = 5.0
+"""Seconds the pool retries a lost connection, each wait longer, before starting over at once:
+psycopg_pool's own 5 minutes let the waits grow so long that a database back after an outage
+went unused, every call failing, for up to as long again as it had been down."""
+
+
+async def _reconnect_again(pool: AsyncConnectionPool[Conn]) -> None:
+    """The pool gave up reconnecting: with calls waiting for a connection, start again now
+    (`check()` grows an empty pool); without, the next call starts it."""
+    if not pool.closed and pool.get_stats().get("requests_waiting", 0):
+        with contextlib.suppress(psycopg.Error):
+            await pool.check()
 
 
 _OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
