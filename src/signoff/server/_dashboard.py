@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,7 +20,7 @@ from starlette.responses import (
     StreamingResponse,
 )
 
-from .._exceptions import SignoffError, UnknownRequest, UnknownSession
+from .._exceptions import SignoffError, StoreError, UnknownRequest, UnknownSession
 from .._types import InputRequest, InputResponse
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth, is_dashboard
@@ -40,6 +41,8 @@ from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, render, set_csrf
 from ._sse import sse
 
 __all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redirect"]
+
+log = logging.getLogger("signoff.server")
 
 router = APIRouter(prefix=DASHBOARD_PREFIX, include_in_schema=False)
 
@@ -70,13 +73,22 @@ async def queue_stream(request: Request) -> Response:
     async def changes() -> AsyncIterator[str]:
         last = None
         beat = time.monotonic()
+        failing = False
         yield "retry: 1000\n\n"
         while True:
-            total, digest = await ctx.queue_version(viewer)
-            if digest != last:
-                last = digest
+            found: tuple[int, str] | None = None
+            try:
+                found = await ctx.queue_version(viewer)
+            except StoreError as exc:
+                # The database restarting, say: keep the stream (keep-alives go on); the page's
+                # EventSource, reconnecting meanwhile, would get a 503 and give up for good.
+                if not failing:
+                    log.warning("the queue's stream waits for the store: %s", exc)
+            failing = found is None
+            if found is not None and found[1] != last:
+                total, last = found
                 beat = time.monotonic()
-                yield sse({"total": total, "version": digest}, event="queue")
+                yield sse({"total": total, "version": last}, event="queue")
             elif time.monotonic() - beat >= ctx.heartbeat:
                 beat = time.monotonic()
                 yield ": keep-alive\n\n"

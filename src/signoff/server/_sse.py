@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -11,9 +12,12 @@ from typing import Any
 from starlette.requests import Request
 
 from .._events import Event
+from .._exceptions import StoreError
 from .._runtime import Runtime
 
 __all__ = ["event_stream", "sse"]
+
+log = logging.getLogger("signoff.server")
 
 
 def sse(data: Any, *, event: str | None = None, id: str | int | None = None) -> str:
@@ -45,12 +49,24 @@ async def event_stream(
     """Everything after `after`, then (when following) new events as the store gains them.
 
     It polls the store rather than an in-process signal, so any server process can serve any
-    session, whoever writes to it.
+    session, whoever writes to it. A following stream outlives a store failing for a while (the
+    database restarting): a client reconnecting then would get a 503, which ends an EventSource.
     """
     yield f"retry: {int(max(poll_interval, 0.5) * 1000)}\n\n"
     last_sent = time.monotonic()
+    failing = False
     while True:
-        batch = await runtime.store.read_events(session_id, after=after, limit=500)
+        try:
+            batch = await runtime.store.read_events(session_id, after=after, limit=500)
+        except StoreError as exc:
+            if not follow:
+                raise
+            if not failing:
+                log.warning("session %s's event stream waits for the store: %s", session_id, exc)
+            failing = True
+            batch = []
+        else:
+            failing = False
         for event in batch:
             yield frame(event)
             after = event.seq
