@@ -169,6 +169,36 @@ class PgCluster:
         assert self.ours and self._pg_ctl, "only a cluster these tests started can be resumed"
         self._run([*self._pg_ctl, "start"])
 
+    def standby(self) -> PgCluster:
+        """A hot standby of this cluster (`pg_basebackup -R`, streaming), on a port of its own:
+        read-only, as a database is after a failover to it. Stop it with its `stop()`."""
+        assert self.ours and self.directory is not None, "only a cluster these tests started"
+        as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        directory = Path(tempfile.mkdtemp(prefix="signoff-pg-standby-"))
+        standby = PgCluster("", directory)
+        try:
+            directory.chmod(0o755)
+            if as_pg:
+                shutil.chown(directory, "postgres")
+            data = directory / "data"
+            base = [str(PG_BIN / "pg_basebackup"), "-d", self.admin_url, "-D", str(data), "-R"]
+            standby._run([*as_pg, *base, "-X", "stream", "-c", "fast", "--no-sync"])
+            port = _free_port()
+            options = (
+                f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c max_connections=200"
+            )
+            log = str(directory / "server.log")
+            standby._run(
+                [*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", log, "-w", "-s"]
+                + ["-o", options, "start"]
+            )
+        except BaseException:
+            standby.stop()
+            raise
+        standby.admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        return standby
+
     def _run(self, args: list[str]) -> None:
         result = subprocess.run(args, cwd=self.directory, capture_output=True, text=True)
         if result.returncode != 0:

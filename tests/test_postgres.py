@@ -874,3 +874,44 @@ async def test_the_pool_reconnects_soon_after_an_outage() -> None:
         await store.close()
     finally:
         cluster.stop()
+
+
+async def test_a_hot_standby_is_read_and_refuses_writes_clearly() -> None:
+    """After a failover to a hot standby (read-only): reads work, writes are a `StoreError` that
+    says so and write nothing, a wait ends at its timeout though the listener cannot subscribe
+    there, and the listener retries backing off rather than reconnecting ten times a second."""
+    cluster = PgCluster.start()
+    standby: PgCluster | None = None
+    try:
+        name = cluster.create_database()
+        primary = PostgresStore(cluster.url(name))
+        sid = await new_session(primary)
+        await primary.close()
+        standby = cluster.standby()
+        store = PostgresStore(standby.url(name), timeout=2)
+        assert await store.head(sid) == 1
+        with pytest.raises(StoreError, match="read-only"):
+            await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        with pytest.raises(StoreError, match="read-only"):
+            await new_session(store)
+        with pytest.raises(StoreError, match="read-only"):
+            await store.claim("w", 10, T0, 10)
+        assert [e.seq for e in await store.read_events(sid)] == [1]
+        real_connect = store._changes._connect
+        connects: list[float] = []
+
+        async def counted() -> Any:
+            connects.append(asyncio.get_running_loop().time())
+            return await real_connect()
+
+        store._changes._connect = counted
+        started = asyncio.get_running_loop().time()
+        assert await store.wait_for_change(sid, 1.5) is False
+        assert asyncio.get_running_loop().time() - started < 2.0
+        await asyncio.sleep(2.0)
+        assert 1 <= len(connects) <= 8, f"{len(connects)} LISTEN connections in 3.5 s"
+        await store.close()
+    finally:
+        if standby is not None:
+            standby.stop()
+        cluster.stop()
