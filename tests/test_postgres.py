@@ -412,6 +412,40 @@ async def test_newer_schema_version_is_refused(pg_url: str) -> None:
     await rt.close()
 
 
+async def test_a_user_that_may_not_create_the_schema(pg_url: str) -> None:
+    """A user without CREATE on the database is told to have the schema migrated by one that
+    may; once it is (and this one granted its use), it opens, writes, and `signoff db upgrade`
+    as this user says the schema is up to date rather than failing on the CREATE it skips."""
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    params = conninfo_to_dict(pg_url)
+    app_url = f"postgresql://{role}@{params['host']}:{params['port']}/{params['dbname']}"
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        try:
+            for attempt in (PostgresStore(app_url).open, PostgresStore(app_url).migrate):
+                with pytest.raises(StoreError, match="may not create") as info:
+                    await attempt()
+                assert "signoff db upgrade" in str(info.value)
+            assert await PostgresStore(pg_url).migrate() == (0, STORE_SCHEMA)
+            await conn.execute(
+                f'GRANT USAGE ON SCHEMA signoff TO "{role}"; '
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA signoff "
+                f'TO "{role}"; '
+                f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA signoff TO "{role}"'
+            )
+            assert await PostgresStore(app_url).migrate() == (STORE_SCHEMA, STORE_SCHEMA)
+            store = PostgresStore(app_url)
+            try:
+                sid = await new_session(store)
+                await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+                assert [e.seq for e in await store.read_events(sid)] == [1, 2]
+            finally:
+                await store.close()
+        finally:
+            await conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
+
+
 async def test_without_auto_migrate_an_old_schema_is_refused(pg_url: str) -> None:
     store = PostgresStore(pg_url, migrate=False)
     with pytest.raises(StoreError, match="signoff db upgrade"):

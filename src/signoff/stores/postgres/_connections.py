@@ -200,9 +200,14 @@ class Connections:
             await conn.close()
 
     async def migrate(self) -> tuple[int, int]:
-        """Bring the database's schema up to `STORE_SCHEMA`; returns (before, after)."""
+        """Bring the database's schema up to `STORE_SCHEMA`; returns (before, after). A schema
+        already there needs nothing created, so a user that may only use it can run this too."""
         conn = await self._connect()
         try:
+            version = await self._read_version(conn)
+            self._refuse_newer(version)
+            if version == _schema.STORE_SCHEMA:
+                return version, version
             return await self._migrate(conn)
         finally:
             await conn.close()
@@ -254,6 +259,13 @@ class Connections:
                         f"INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
                         (version, description),
                     )
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise StoreError(
+                f"cannot migrate PostgreSQL store {self._where}: {exc}. This user may not create "
+                f"or change schema {self.schema!r}: run `signoff db upgrade` as one that may, then "
+                "grant this one USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on its "
+                "tables and USAGE on its sequences"
+            ) from exc
         except psycopg.Error as exc:
             raise StoreError(f"cannot migrate PostgreSQL store {self._where}: {exc}") from exc
         return before, _schema.STORE_SCHEMA
