@@ -143,6 +143,7 @@ class Connections:
                 name=f"signoff-{self.schema}",
                 reconnect_timeout=RECONNECT_WITHIN,
                 reconnect_failed=_reconnect_again,
+                configure=_read_committed,
             )
             try:
                 await pool.open(wait=True, timeout=self.timeout)
@@ -450,6 +451,13 @@ class Connections:
     def _after(self, label: str) -> None:
         if self._fault is not None:
             self._fault("after", label)
+
+
+async def _read_committed(conn: Conn) -> None:
+    """Each pooled connection runs READ COMMITTED whatever the database's default: a commit or
+    a claim that waited for a row lock goes on with the row's newest version, where a stricter
+    default set by a DBA made it fail with "could not serialize access"."""
+    await conn.execute("SET default_transaction_isolation = 'read committed'")
 
 
 RECONNECT_WITHIN = 5.0
