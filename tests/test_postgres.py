@@ -446,6 +446,30 @@ async def test_a_user_that_may_not_create_the_schema(pg_url: str) -> None:
             await conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
 
 
+async def test_a_client_encoding_set_by_a_dba_does_not_limit_the_text_stored(
+    pg_store_url: str,
+) -> None:
+    """A database (or role) whose client_encoding is LATIN1 made any id, agent or filter outside
+    Latin-1 a raw UnicodeEncodeError (a 500 over HTTP); signoff's connections speak UTF-8."""
+    conn = await admin(pg_store_url)
+    async with conn:
+        await conn.execute(
+            f"ALTER DATABASE \"{conn.info.dbname}\" SET client_encoding = 'LATIN1'".encode()
+        )
+    store = PostgresStore(pg_store_url)
+    try:
+        assert await store.head("ses_\u4e2d\U0001f600") is None
+        sid = f"ses_{uuid.uuid4().hex[:8]}_\u4e2d"
+        await store.create_session(sid, "agent_\u4e2d", [ev(sid, 1, "session.created")], None)
+        assert await store.head(sid) == 1
+        loaded = await store.load(sid)
+        assert loaded is not None and loaded.agent == "agent_\u4e2d"
+        assert await store.pending(PendingFilter(agent="\u4e2d")) == []
+        assert await store.wait_for_change(sid, 0.05) is False  # the listener connects too
+    finally:
+        await store.close()
+
+
 async def test_without_auto_migrate_an_old_schema_is_refused(pg_url: str) -> None:
     store = PostgresStore(pg_url, migrate=False)
     with pytest.raises(StoreError, match="signoff db upgrade"):

@@ -138,7 +138,11 @@ class Connections:
                 min_size=self.min_size,
                 max_size=self.max_size,
                 timeout=self.timeout,
-                kwargs={"autocommit": True, "connect_timeout": max(1, int(self.connect_timeout))},
+                kwargs={
+                    "autocommit": True,
+                    "connect_timeout": max(1, int(self.connect_timeout)),
+                    "client_encoding": "utf8",  # whatever the role's or database's default
+                },
                 open=False,
                 name=f"signoff-{self.schema}",
                 reconnect_timeout=RECONNECT_WITHIN,
@@ -172,6 +176,9 @@ class Connections:
                 self._dsn,
                 autocommit=True,
                 connect_timeout=max(1, int(self.connect_timeout)),
+                # A role's or database's LATIN1, say, would make any text outside it a raw
+                # UnicodeEncodeError.
+                client_encoding="utf8",
             )
         except psycopg.Error as exc:
             detail = str(exc).strip() or type(exc).__name__
