@@ -470,6 +470,28 @@ async def test_a_client_encoding_set_by_a_dba_does_not_limit_the_text_stored(
         await store.close()
 
 
+async def test_float_digits_set_by_a_dba_do_not_round_the_times_read_back(
+    pg_store_url: str,
+) -> None:
+    """With `extra_float_digits = 0` (a role's or database's), PostgreSQL sends doubles rounded
+    to 15 digits: events read back differed from those written (`time.time()` has 16 or 17),
+    and a commit whose acknowledgement was lost was not recognised as committed."""
+    conn = await admin(pg_store_url)
+    async with conn:
+        await conn.execute(
+            f'ALTER DATABASE "{conn.info.dbname}" SET extra_float_digits = 0'.encode()
+        )
+    store = PostgresStore(pg_store_url)
+    try:
+        sid = await new_session(store)
+        written = Event(session_id=sid, seq=2, type="turn.started", at=1764522615.1234567)
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[written]))
+        assert (await store.read_events(sid))[1] == written
+        assert await store._has_events(sid, [written])  # how a lost COMMIT is checked
+    finally:
+        await store.close()
+
+
 async def test_without_auto_migrate_an_old_schema_is_refused(pg_url: str) -> None:
     store = PostgresStore(pg_url, migrate=False)
     with pytest.raises(StoreError, match="signoff db upgrade"):

@@ -147,7 +147,7 @@ class Connections:
                 name=f"signoff-{self.schema}",
                 reconnect_timeout=RECONNECT_WITHIN,
                 reconnect_failed=_reconnect_again,
-                configure=_read_committed,
+                configure=_configure,
             )
             try:
                 await pool.open(wait=True, timeout=self.timeout)
@@ -460,11 +460,14 @@ class Connections:
             self._fault("after", label)
 
 
-async def _read_committed(conn: Conn) -> None:
-    """Each pooled connection runs READ COMMITTED whatever the database's default: a commit or
-    a claim that waited for a row lock goes on with the row's newest version, where a stricter
-    default set by a DBA made it fail with "could not serialize access"."""
-    await conn.execute("SET default_transaction_isolation = 'read committed'")
+async def _configure(conn: Conn) -> None:
+    """Settings each pooled connection needs whatever a DBA set for the role or database: READ
+    COMMITTED, so a commit or claim that waited for a row lock goes on with the row's newest
+    version (a stricter default made it fail with "could not serialize access"); doubles sent in
+    full, not rounded to 15 digits (`extra_float_digits = 0`: times read back differed)."""
+    await conn.execute(
+        "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3"
+    )
 
 
 RECONNECT_WITHIN = 5.0
