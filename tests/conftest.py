@@ -48,6 +48,7 @@ class PgCluster:
         self.ours = directory is not None
         self._template: str | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
+        self._pg_ctl: list[str] = []
 
     @classmethod
     def start(cls) -> PgCluster:
@@ -116,6 +117,18 @@ class PgCluster:
                     text=True,
                 )
                 if started.returncode == 0:
+                    cluster._pg_ctl = [
+                        *as_pg,
+                        str(PG_BIN / "pg_ctl"),
+                        "-D",
+                        str(data),
+                        "-l",
+                        str(directory / "server.log"),
+                        "-w",
+                        "-s",
+                        "-o",
+                        options,
+                    ]
                     cluster.admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
                     cluster._watch(as_pg)
                     return cluster
@@ -144,6 +157,47 @@ class PgCluster:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+
+    def halt(self) -> None:
+        """Stop the server as an operator would (`pg_ctl stop -m fast`), keeping its data, so that
+        `resume()` starts it again on the same port: a restart or an outage."""
+        assert self.ours and self._pg_ctl, "only a cluster these tests started can be halted"
+        self._run([*self._pg_ctl, "-m", "fast", "stop"])
+
+    def resume(self) -> None:
+        """Start again the server `halt()` stopped."""
+        assert self.ours and self._pg_ctl, "only a cluster these tests started can be resumed"
+        self._run([*self._pg_ctl, "start"])
+
+    def standby(self) -> PgCluster:
+        """A hot standby of this cluster (`pg_basebackup -R`, streaming), on a port of its own:
+        read-only, as a database is after a failover to it. Stop it with its `stop()`."""
+        assert self.ours and self.directory is not None, "only a cluster these tests started"
+        as_pg = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        directory = Path(tempfile.mkdtemp(prefix="signoff-pg-standby-"))
+        standby = PgCluster("", directory)
+        try:
+            directory.chmod(0o755)
+            if as_pg:
+                shutil.chown(directory, "postgres")
+            data = directory / "data"
+            base = [str(PG_BIN / "pg_basebackup"), "-d", self.admin_url, "-D", str(data), "-R"]
+            standby._run([*as_pg, *base, "-X", "stream", "-c", "fast", "--no-sync"])
+            port = _free_port()
+            options = (
+                f"-p {port} -k {directory} -c listen_addresses=127.0.0.1 -c fsync=off "
+                "-c max_connections=200"
+            )
+            log = str(directory / "server.log")
+            standby._run(
+                [*as_pg, str(PG_BIN / "pg_ctl"), "-D", str(data), "-l", log, "-w", "-s"]
+                + ["-o", options, "start"]
+            )
+        except BaseException:
+            standby.stop()
+            raise
+        standby.admin_url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        return standby
 
     def _run(self, args: list[str]) -> None:
         result = subprocess.run(args, cwd=self.directory, capture_output=True, text=True)

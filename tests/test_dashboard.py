@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_server_common import TOKENS, auth, running, served
+from .test_server_common import TOKENS, auth, make_runtime, running, served
 
 
 @pytest.fixture
@@ -195,6 +195,33 @@ def test_queue_stream_announces_changes(base: str, token: str) -> None:
             while totals[-1] != 2:
                 totals.append(_next_data(lines)["total"])
             assert totals in ([2], [1, 2])
+
+
+def test_the_queue_stream_outlives_a_store_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store failing for a while (the database restarting) must not end the queue's stream:
+    the page's EventSource, reconnecting meanwhile, would get a 503 and give up for good."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05, heartbeat=0.1)
+    real = runtime.store.count_pending
+    calls = [0]
+
+    async def down_a_while(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if 2 <= calls[0] <= 6:  # after the first look, the database goes away for a while
+            raise so.StoreError("counting failed: the database is restarting")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.store, "count_pending", down_a_while)
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("admin-token")) as c:
+        with c.stream("GET", "/_signoff/stream") as s:
+            lines = s.iter_lines()
+            assert _next_data(lines)["total"] == 0
+            while calls[0] <= 6:
+                next(lines)  # keep-alives while the store is away
+            start(base)
+            assert _next_data(lines)["total"] == 1
 
 
 def test_an_admin_sees_every_tenant(base: str) -> None:

@@ -9,15 +9,20 @@ its idempotency key, so we can count how often each body really ran across proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
+import httpx
+
 import signoff as so
 
-from ._procs import is_type, query
+from ._procs import ROOT, is_type, query
 from ._worker_procs import (
     AGENT,
     Worker,
@@ -27,6 +32,8 @@ from ._worker_procs import (
     settled_counts,
     start_worker,
 )
+from .conftest import PgCluster
+from .test_server_common import auth, free_port
 
 LEASE_TTL = 2.0
 CONCURRENCY = 20  # with a pool as large: a renewal never waits for a connection
@@ -182,3 +189,84 @@ async def test_three_postgres_workers_survive_a_sigkill_and_a_sigterm(
 async def test_two_sqlite_workers_survive_a_sigkill(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'state.db'}"
     await _run(url, tmp_path, workers=2, sessions=30, sigterm=False)
+
+
+async def test_a_database_restart_under_serve_and_a_worker_loses_nothing(tmp_path: Path) -> None:
+    """PostgreSQL stops and starts again under `signoff serve` and `signoff worker`: the API
+    answers 503 `store_error` while it is down and 2xx after, an open event stream goes on, the
+    approval given after the restart is applied once and the tool runs once."""
+    cluster = PgCluster.start()
+    records = tmp_path / "runs.jsonl"
+    url = cluster.admin_url
+    procs: list[subprocess.Popen[bytes]] = []
+    worker: Worker | None = None
+    log = (tmp_path / "serve.log").open("wb")
+    try:
+        port = free_port()
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+            "SIGNOFF_TEST_RECORDS": str(records),
+        }
+        argv = ["serve", "tests._worker_procs:runtime", "--port", str(port)]
+        argv += ["--store", f"{url}?pool_timeout=2", "--token", "alice-token=alice"]
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "signoff", *argv], cwd=ROOT, env=env, stdout=log, stderr=log
+            )
+        )
+        worker = start_worker(url, tmp_path, "w", records, lease_ttl=2, idle_wait=0.2)
+        base = f"http://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=base, headers=auth("alice-token"), timeout=30) as c:
+            for _ in range(300):
+                with contextlib.suppress(httpx.TransportError):
+                    if (await c.get("/v1/docs")).status_code == 200:
+                        break
+                await asyncio.sleep(0.05)
+            r = await c.post("/v1/sessions", json={"agent": AGENT, "message": "Refund 1042"})
+            assert r.status_code == 201, r.text
+            sid = r.json()["session_id"]
+            for _ in range(200):
+                session = (await c.get(f"/v1/sessions/{sid}")).json()
+                if session["pending"]:
+                    break
+                await asyncio.sleep(0.05)
+            rid = session["pending"][0]["id"]
+
+            async def stream() -> list[str]:
+                types: list[str] = []
+                async with c.stream("GET", f"/v1/sessions/{sid}/events") as s:
+                    async for line in s.aiter_lines():
+                        if line.startswith("event: "):
+                            types.append(line[7:])
+                            if types[-1] == "turn.completed":
+                                return types
+                return types
+
+            following = asyncio.create_task(stream())
+            await asyncio.sleep(0.3)
+            await asyncio.to_thread(cluster.halt)
+            r = await c.get(f"/v1/sessions/{sid}")
+            assert r.status_code == 503 and r.json()["error"]["code"] == "store_error"
+            await asyncio.to_thread(cluster.resume)
+            r = await c.post(
+                f"/v1/sessions/{sid}/responses",
+                json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["outcomes"][0]["applied"] is True
+            types = await asyncio.wait_for(following, 15)
+            assert types[-1] == "turn.completed" and types.count("approval.settled") == 1
+        runs = [what for what, _, _ in read_records(records)]
+        assert runs == ["start", "done"]
+        assert check_logs(url) == {sid: check_logs(url)[sid]}
+        events, rows = settled_counts(url)
+        assert events == rows == Counter({sid: 1})
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=10)
+        if worker is not None:
+            worker.close()
+        log.close()
+        cluster.stop()

@@ -456,6 +456,86 @@ async def test_newer_schema_version_is_refused(pg_url: str) -> None:
     await rt.close()
 
 
+async def test_a_user_that_may_not_create_the_schema(pg_url: str) -> None:
+    """A user without CREATE on the database is told to have the schema migrated by one that
+    may; once it is (and this one granted its use), it opens, writes, and `signoff db upgrade`
+    as this user says the schema is up to date rather than failing on the CREATE it skips."""
+    role = f"app_{uuid.uuid4().hex[:8]}"
+    params = conninfo_to_dict(pg_url)
+    app_url = f"postgresql://{role}@{params['host']}:{params['port']}/{params['dbname']}"
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute(f'CREATE ROLE "{role}" LOGIN')
+        try:
+            for attempt in (PostgresStore(app_url).open, PostgresStore(app_url).migrate):
+                with pytest.raises(StoreError, match="may not create") as info:
+                    await attempt()
+                assert "signoff db upgrade" in str(info.value)
+            assert await PostgresStore(pg_url).migrate() == (0, STORE_SCHEMA)
+            await conn.execute(
+                f'GRANT USAGE ON SCHEMA signoff TO "{role}"; '
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA signoff "
+                f'TO "{role}"; '
+                f'GRANT USAGE ON ALL SEQUENCES IN SCHEMA signoff TO "{role}"'
+            )
+            assert await PostgresStore(app_url).migrate() == (STORE_SCHEMA, STORE_SCHEMA)
+            store = PostgresStore(app_url)
+            try:
+                sid = await new_session(store)
+                await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+                assert [e.seq for e in await store.read_events(sid)] == [1, 2]
+            finally:
+                await store.close()
+        finally:
+            await conn.execute(f'DROP OWNED BY "{role}"; DROP ROLE "{role}"')
+
+
+async def test_a_client_encoding_set_by_a_dba_does_not_limit_the_text_stored(
+    pg_store_url: str,
+) -> None:
+    """A database (or role) whose client_encoding is LATIN1 made any id, agent or filter outside
+    Latin-1 a raw UnicodeEncodeError (a 500 over HTTP); signoff's connections speak UTF-8."""
+    conn = await admin(pg_store_url)
+    async with conn:
+        await conn.execute(
+            f"ALTER DATABASE \"{conn.info.dbname}\" SET client_encoding = 'LATIN1'".encode()
+        )
+    store = PostgresStore(pg_store_url)
+    try:
+        assert await store.head("ses_\u4e2d\U0001f600") is None
+        sid = f"ses_{uuid.uuid4().hex[:8]}_\u4e2d"
+        await store.create_session(sid, "agent_\u4e2d", [ev(sid, 1, "session.created")], None)
+        assert await store.head(sid) == 1
+        loaded = await store.load(sid)
+        assert loaded is not None and loaded.agent == "agent_\u4e2d"
+        assert await store.pending(PendingFilter(agent="\u4e2d")) == []
+        assert await store.wait_for_change(sid, 0.05) is False  # the listener connects too
+    finally:
+        await store.close()
+
+
+async def test_float_digits_set_by_a_dba_do_not_round_the_times_read_back(
+    pg_store_url: str,
+) -> None:
+    """With `extra_float_digits = 0` (a role's or database's), PostgreSQL sends doubles rounded
+    to 15 digits: events read back differed from those written (`time.time()` has 16 or 17),
+    and a commit whose acknowledgement was lost was not recognised as committed."""
+    conn = await admin(pg_store_url)
+    async with conn:
+        await conn.execute(
+            f'ALTER DATABASE "{conn.info.dbname}" SET extra_float_digits = 0'.encode()
+        )
+    store = PostgresStore(pg_store_url)
+    try:
+        sid = await new_session(store)
+        written = Event(session_id=sid, seq=2, type="turn.started", at=1764522615.1234567)
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[written]))
+        assert (await store.read_events(sid))[1] == written
+        assert await store._has_events(sid, [written])  # how a lost COMMIT is checked
+    finally:
+        await store.close()
+
+
 async def test_without_auto_migrate_an_old_schema_is_refused(pg_url: str) -> None:
     store = PostgresStore(pg_url, migrate=False)
     with pytest.raises(StoreError, match="signoff db upgrade"):
@@ -893,3 +973,69 @@ async def test_a_pool_of_connections_all_killed_while_idle_is_renewed(
             assert await store.head(sid) == 2
     finally:
         await store.close()
+
+
+async def test_the_pool_reconnects_soon_after_an_outage() -> None:
+    """psycopg_pool retries a lost connection backing off up to minutes apart, so a database back
+    after an outage went unused, every call failing, for up to as long again as it was down:
+    reconnecting starts over within seconds instead."""
+    cluster = PgCluster.start()
+    try:
+        store = PostgresStore(cluster.admin_url, min_size=2, max_size=2, timeout=2)
+        sid = await new_session(store)
+        cluster.halt()
+        with pytest.raises(StoreError):
+            await store.head(sid)  # the pool finds its connections dead, and reconnects
+        # Its reconnections fail, each waiting longer (psycopg_pool: 1, 2, 4, 8 s...): about 8 s
+        # after the loss, the next would come only 6 to 8 s later.
+        await asyncio.sleep(5.5)
+        cluster.resume()
+        await asyncio.sleep(0.3)
+        # The server is back: a call now gets a connection within its wait (2 s here).
+        assert await store.head(sid) == 1
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        assert await store.head(sid) == 2
+        await store.close()
+    finally:
+        cluster.stop()
+
+
+async def test_a_hot_standby_is_read_and_refuses_writes_clearly() -> None:
+    """After a failover to a hot standby (read-only): reads work, writes are a `StoreError` that
+    says so and write nothing, a wait ends at its timeout though the listener cannot subscribe
+    there, and the listener retries backing off rather than reconnecting ten times a second."""
+    cluster = PgCluster.start()
+    standby: PgCluster | None = None
+    try:
+        name = cluster.create_database()
+        primary = PostgresStore(cluster.url(name))
+        sid = await new_session(primary)
+        await primary.close()
+        standby = cluster.standby()
+        store = PostgresStore(standby.url(name), timeout=2)
+        assert await store.head(sid) == 1
+        with pytest.raises(StoreError, match="read-only"):
+            await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        with pytest.raises(StoreError, match="read-only"):
+            await new_session(store)
+        with pytest.raises(StoreError, match="read-only"):
+            await store.claim("w", 10, T0, 10)
+        assert [e.seq for e in await store.read_events(sid)] == [1]
+        real_connect = store._changes._connect
+        connects: list[float] = []
+
+        async def counted() -> Any:
+            connects.append(asyncio.get_running_loop().time())
+            return await real_connect()
+
+        store._changes._connect = counted
+        started = asyncio.get_running_loop().time()
+        assert await store.wait_for_change(sid, 1.5) is False
+        assert asyncio.get_running_loop().time() - started < 2.0
+        await asyncio.sleep(2.0)
+        assert 1 <= len(connects) <= 8, f"{len(connects)} LISTEN connections in 3.5 s"
+        await store.close()
+    finally:
+        if standby is not None:
+            standby.stop()
+        cluster.stop()

@@ -323,6 +323,48 @@ async def test_commit_waits_for_a_row_updated_elsewhere_then_applies(
     assert await verify(pg, stream=sid) == []
 
 
+@pytest.mark.parametrize("level", ["repeatable read", "serializable"])
+async def test_a_stricter_default_isolation_set_by_a_dba_changes_nothing(
+    pg_store_url: str, level: str
+) -> None:
+    """The commits and claims rely on READ COMMITTED (a statement that waited for a row lock goes
+    on with the row's newest version): a database whose default isolation is stricter made them
+    fail with "could not serialize access" instead; signoff's connections keep READ COMMITTED."""
+    admin = await psycopg.AsyncConnection.connect(pg_store_url, autocommit=True)
+    async with admin:
+        await admin.execute(
+            f"ALTER DATABASE \"{admin.info.dbname}\" SET default_transaction_isolation = '{level}'"
+        )
+    store = PostgresStore(pg_store_url)
+    try:
+        sid = await new_session(store)
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        holder = await psycopg.AsyncConnection.connect(pg_store_url, autocommit=True)
+        async with holder:
+            await holder.execute("BEGIN")
+            await holder.execute("UPDATE signoff.sessions SET expires_at = 5 WHERE id=%s", (sid,))
+            commit = asyncio.create_task(
+                store.commit(
+                    Commit(
+                        session_id=sid,
+                        expected_seq=2,
+                        events=[ev(sid, 3, "tool.started")],
+                        status="running",
+                    )
+                )
+            )
+            claim = asyncio.create_task(store.claim("w1", 10, T0, 10))
+            await asyncio.sleep(0.3)  # both wait for the row lock
+            assert not commit.done()
+            await holder.execute("COMMIT")
+            await asyncio.wait_for(commit, 10)
+            await asyncio.wait_for(claim, 10)
+        assert await store.head(sid) == 3
+        assert [s for s, _ in await store.claim("w2", 10, T0, 10)] in ([], [sid])
+    finally:
+        await store.close()
+
+
 async def test_a_guessed_commit_is_one_statement_between_begin_and_commit(
     pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:

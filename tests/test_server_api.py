@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -659,6 +660,47 @@ def test_sse_without_follow_ends_after_catching_up(alice: httpx.Client) -> None:
     ) as s:
         events = read_sse(s, 100)
     assert [e["id"] for e in events] == ["3", "4", "5"]
+
+
+def test_a_following_stream_outlives_a_store_outage(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store failing for a while (the database restarting) must not end a following stream:
+    a browser's EventSource reconnecting meanwhile gets a 503 and gives up for good. The
+    stream keeps its connection (with keep-alives), and sends what the store gains once back."""
+    runtime = make_runtime(store)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05, heartbeat=0.1)
+    with running(app) as base, client(base, "alice-token") as alice:
+        body = start(alice)
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        real = runtime.store.read_events
+        calls = [0]
+
+        async def down_a_while(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            if 2 <= calls[0] <= 6:  # after the first read, the database goes away for a while
+                raise so.StoreError("reading events failed: the database is restarting")
+            return await real(*args, **kwargs)
+
+        def answer_once_back() -> None:
+            while calls[0] <= 6:
+                time.sleep(0.02)
+            with client(base, "alice-token") as other:
+                r = other.post(
+                    f"/v1/sessions/{sid}/responses",
+                    json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+                )
+                assert r.json()["status"] == "completed"
+
+        monkeypatch.setattr(runtime.store, "read_events", down_a_while)
+        answering = threading.Thread(target=answer_once_back)
+        with alice.stream("GET", f"/v1/sessions/{sid}/events") as s:
+            answering.start()
+            events = read_sse(s, until="turn.completed")
+        answering.join(timeout=10)
+        seqs = [int(e["id"]) for e in events]
+        assert seqs == list(range(1, seqs[-1] + 1)) and seqs[-1] > 3
+        assert events[-1]["event"] == "turn.completed"
 
 
 def test_two_server_processes_share_one_sqlite_file(store: str) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -18,7 +19,7 @@ from starlette.responses import (
     Response,
 )
 
-from .._exceptions import SignoffError, UnknownRequest, UnknownSession
+from .._exceptions import SignoffError, StoreError, UnknownRequest, UnknownSession
 from .._types import InputRequest, InputResponse
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth, is_dashboard
@@ -39,6 +40,8 @@ from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, render, set_csrf
 from ._sse import sse, stream_response
 
 __all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redirect"]
+
+log = logging.getLogger("signoff.server")
 
 router = APIRouter(prefix=DASHBOARD_PREFIX, include_in_schema=False)
 
@@ -70,20 +73,31 @@ async def queue_stream(request: Request) -> Response:
         last = None
         everything: tuple[int, str] | None = None
         beat = time.monotonic()
+        failing = False
         yield "retry: 1000\n\n"
         while True:
-            if ctx.sees_every_request(viewer):
-                total, digest = await ctx.open_requests_version()
+            found: tuple[int, str] | None = None
+            try:
+                if ctx.sees_every_request(viewer):
+                    found = await ctx.open_requests_version()
+                else:
+                    # The viewer's queue is a scan; it can only change when the whole queue did.
+                    now = await ctx.open_requests_version()
+                    if now != everything:
+                        found = await ctx.queue_version(viewer)
+                        everything = now
+            except StoreError as exc:
+                # The database restarting, say: keep the stream (keep-alives go on); the page's
+                # EventSource, reconnecting meanwhile, would get a 503 and give up for good.
+                if not failing:
+                    log.warning("the queue's stream waits for the store: %s", exc)
+                failing = True
             else:
-                # The viewer's queue is a scan; it can only change when the whole queue did.
-                now = await ctx.open_requests_version()
-                if now != everything:
-                    everything = now
-                    total, digest = await ctx.queue_version(viewer)
-            if digest != last:
-                last = digest
+                failing = False
+            if found is not None and found[1] != last:
+                total, last = found
                 beat = time.monotonic()
-                yield sse({"total": total, "version": digest}, event="queue")
+                yield sse({"total": total, "version": last}, event="queue")
             elif time.monotonic() - beat >= ctx.heartbeat:
                 beat = time.monotonic()
                 yield ": keep-alive\n\n"

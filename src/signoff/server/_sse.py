@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -12,12 +13,15 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from .._events import Event
+from .._exceptions import StoreError
 from ._context import ServerContext
 
 __all__ = ["STREAM_HEADERS", "event_stream", "parse_last_event_id", "sse", "stream_response"]
 
 STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 """Sent with every stream: no cache may keep it, and no proxy (nginx) may buffer it."""
+
+log = logging.getLogger("signoff.server")
 
 
 def sse(data: Any, *, event: str | None = None, id: str | int | None = None) -> str:
@@ -62,13 +66,25 @@ async def event_stream(
     until the client goes or the server stops (`ctx.closing`).
 
     It polls the store rather than an in-process signal, so any server process can serve any
-    session, whoever writes to it.
+    session, whoever writes to it. A following stream outlives a store failing for a while (the
+    database restarting): a client reconnecting then would get a 503, which ends an EventSource.
     """
     poll_interval, heartbeat = ctx.poll_interval, ctx.heartbeat
     yield f"retry: {int(max(poll_interval, 0.5) * 1000)}\n\n"
     last_sent = time.monotonic()
+    failing = False
     while True:
-        batch = await ctx.runtime.store.read_events(session_id, after=after, limit=500)
+        try:
+            batch = await ctx.runtime.store.read_events(session_id, after=after, limit=500)
+        except StoreError as exc:
+            if not follow:
+                raise
+            if not failing:
+                log.warning("session %s's event stream waits for the store: %s", session_id, exc)
+            failing = True
+            batch = []
+        else:
+            failing = False
         for event in batch:
             yield frame(event)
             after = event.seq

@@ -54,6 +54,7 @@ class Listener:
         first wait lets the listener take to subscribe, and how often to re-check the head;
         with `since` (a `seen` read earlier), it returns at once if anything was announced
         since then."""
+        deadline = time.monotonic() + timeout  # the first wait's subscribing counts in it too
         self._ensure_listener()
         if not self._listening.is_set():
             # The first wait: let the listener subscribe first, so no change slips past it.
@@ -66,7 +67,6 @@ class Listener:
         fut: asyncio.Future[None] = loop.create_future()
         waiters = self._waiters.setdefault(session_id, set())
         waiters.add(fut)
-        deadline = time.monotonic() + timeout
         try:
             if since is not None and self.seen != since:
                 return True  # announced while the caller was busy: no wait, nothing missed
@@ -136,7 +136,10 @@ class Listener:
                 self._listening.clear()
                 with contextlib.suppress(Exception):
                     await conn.close()
+            # Backing off here too: a server that refuses LISTEN (a hot standby) would otherwise
+            # get a new connection ten times a second from every process.
             await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     @staticmethod
     async def _notes(conn: Conn) -> AsyncIterator[str]:

@@ -138,9 +138,16 @@ class Connections:
                 min_size=self.min_size,
                 max_size=self.max_size,
                 timeout=self.timeout,
-                kwargs={"autocommit": True, "connect_timeout": max(1, int(self.connect_timeout))},
+                kwargs={
+                    "autocommit": True,
+                    "connect_timeout": max(1, int(self.connect_timeout)),
+                    "client_encoding": "utf8",  # whatever the role's or database's default
+                },
                 open=False,
                 name=f"signoff-{self.schema}",
+                reconnect_timeout=RECONNECT_WITHIN,
+                reconnect_failed=_reconnect_again,
+                configure=_configure,
             )
             try:
                 await pool.open(wait=True, timeout=self.timeout)
@@ -169,6 +176,9 @@ class Connections:
                 self._dsn,
                 autocommit=True,
                 connect_timeout=max(1, int(self.connect_timeout)),
+                # A role's or database's LATIN1, say, would make any text outside it a raw
+                # UnicodeEncodeError.
+                client_encoding="utf8",
             )
         except psycopg.Error as exc:
             detail = str(exc).strip() or type(exc).__name__
@@ -198,9 +208,14 @@ class Connections:
             await conn.close()
 
     async def migrate(self) -> tuple[int, int]:
-        """Bring the database's schema up to `STORE_SCHEMA`; returns (before, after)."""
+        """Bring the database's schema up to `STORE_SCHEMA`; returns (before, after). A schema
+        already there needs nothing created, so a user that may only use it can run this too."""
         conn = await self._connect()
         try:
+            version = await self._read_version(conn)
+            self._refuse_newer(version)
+            if version == _schema.STORE_SCHEMA:
+                return version, version
             return await self._migrate(conn)
         finally:
             await conn.close()
@@ -252,6 +267,13 @@ class Connections:
                         f"INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
                         (version, description),
                     )
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise StoreError(
+                f"cannot migrate PostgreSQL store {self._where}: {exc}. This user may not create "
+                f"or change schema {self.schema!r}: run `signoff db upgrade` as one that may, then "
+                "grant this one USAGE on the schema, SELECT, INSERT, UPDATE and DELETE on its "
+                "tables and USAGE on its sequences"
+            ) from exc
         except psycopg.Error as exc:
             raise StoreError(f"cannot migrate PostgreSQL store {self._where}: {exc}") from exc
         return before, _schema.STORE_SCHEMA
@@ -436,6 +458,30 @@ class Connections:
     def _after(self, label: str) -> None:
         if self._fault is not None:
             self._fault("after", label)
+
+
+async def _configure(conn: Conn) -> None:
+    """Settings each pooled connection needs whatever a DBA set for the role or database: READ
+    COMMITTED, so a commit or claim that waited for a row lock goes on with the row's newest
+    version (a stricter default made it fail with "could not serialize access"); doubles sent in
+    full, not rounded to 15 digits (`extra_float_digits = 0`: times read back differed)."""
+    await conn.execute(
+        "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3"
+    )
+
+
+RECONNECT_WITHIN = 5.0
+"""Seconds the pool retries a lost connection, each wait longer, before starting over at once:
+psycopg_pool's own 5 minutes let the waits grow so long that a database back after an outage
+went unused, every call failing, for up to as long again as it had been down."""
+
+
+async def _reconnect_again(pool: AsyncConnectionPool[Conn]) -> None:
+    """The pool gave up reconnecting: with calls waiting for a connection, start again now
+    (`check()` grows an empty pool); without, the next call starts it."""
+    if not pool.closed and pool.get_stats().get("requests_waiting", 0):
+        with contextlib.suppress(psycopg.Error):
+            await pool.check()
 
 
 _OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
