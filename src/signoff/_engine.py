@@ -197,7 +197,7 @@ class Driver(ToolCalls, ModelStep):
             {
                 "message": queued["message"],
                 "principal": queued.get("principal"),
-                "source": "message",
+                "source": queued.get("source", "message"),
                 "dequeued": True,
             },
         )
