@@ -11,7 +11,16 @@ import pytest
 
 import signoff as so
 from signoff._engine import Driver
-from signoff.testing import Capture, Flaky, call, call_tools, reply, scripted_agent, sqlite_runtime
+from signoff.testing import (
+    Capture,
+    Flaky,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+)
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
 BOB = so.Principal(authenticator="okta", principal_id="bob")
@@ -160,3 +169,39 @@ async def test_a_worker_runs_queued_messages_before_a_later_prompt(tmp_path: Pat
             "bob here",
             "hello again",
         ]
+
+
+async def expired_sessions_claimed(url: str, agent: so.Agent, clock: ManualClock, sid: str) -> int:
+    """How many claims workers make on `sid` once its TTL has passed."""
+    clock.advance(120)
+    async with so.Runtime([agent], store=url, clock=clock, inline=False) as worker:
+        with pytest.raises(so.SessionExpired):
+            await worker.send(sid, "still there?", principal=ALICE)
+        claims = await worker._claim("w1", 10)
+        for claimed, token in claims:
+            await worker.store.release_lease(claimed, "w1", token)
+        return sum(1 for claimed, _ in claims if claimed == sid)
+
+
+async def test_workers_leave_a_session_that_expired_with_a_message_queued(store_url: str) -> None:
+    """A cancelled turn with a message waiting is work for the workers, until the session's TTL
+    passes: then nobody can run it, and a claim would only fail (and be retried) forever."""
+    clock = ManualClock(1000.0)
+    agent = plan_agent(reply("Hi Bob."))
+    agent.limits = so.Limits(ttl=60)
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        sid = await parked_with_bob_queued(rt)
+        await rt.cancel(sid)
+    assert await expired_sessions_claimed(store_url, agent, clock, sid) == 0
+
+
+async def test_workers_leave_a_session_that_expired_waiting_with_a_message_queued(
+    store_url: str,
+) -> None:
+    """Its question is expired with the session; that commit must not make it claimable."""
+    clock = ManualClock(1000.0)
+    agent = plan_agent(reply("Hi Bob."))
+    agent.limits = so.Limits(ttl=60)
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        sid = await parked_with_bob_queued(rt)
+    assert await expired_sessions_claimed(store_url, agent, clock, sid) == 0
