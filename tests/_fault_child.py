@@ -3,7 +3,8 @@
 `python -m tests._fault_child STORE_URL RECORDS SESSION_FILE [--kill-at N --when before|after]`
 The scenario is one turn in which the model calls two gated tools (one with a long input) and a
 workflow tool (a journaled step, then a question); the child plays the people, answering
-whatever is pending.
+whatever is pending. While that turn waits, Bob sends a message, which is queued for the turn's
+end and then answered in a turn of its own.
 With `--kill-at N` the store's fault hook SIGKILLs this process at the N-th commit point.
 It prints one JSON line at the end: the turn's final text and how many commit points it saw.
 """
@@ -22,7 +23,9 @@ from typing import Any
 import signoff as so
 
 PEOPLE = so.Principal(authenticator="test", principal_id="alice")
+BOB = so.Principal(authenticator="test", principal_id="bob")
 PROMPT = "order 7 arrived broken"
+BOB_MESSAGE = "bob here: where is my parcel?"
 NOTE = " ".join(
     f"the {i}th box of order 7 came crushed, item {i * 7 % 13} broken" for i in range(20)
 )
@@ -76,6 +79,11 @@ def make_agent(records: str) -> so.Agent:
         )
         return so.ModelResponse(text="done: " + " | ".join(results))
 
+    def answer_bob(conversation: list[so.Message]) -> so.ModelResponse:
+        last = conversation[-1]
+        assert isinstance(last, so.UserMessage), last
+        return so.ModelResponse(text=f"to bob: {last.text}")
+
     model = so.models.Scripted(
         [
             so.ModelResponse(
@@ -86,6 +94,7 @@ def make_agent(records: str) -> so.Agent:
                 ]
             ),
             finish,
+            answer_bob,
         ]
     )
     return so.Agent(name="support", model=model, tools=[refund, ship, plan])
@@ -115,21 +124,51 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             sid = await rt.create_session("support", auth=PEOPLE)
             session_file.write_text(sid)
             r = await rt.generate(session_id=sid, prompt=PROMPT, auth=PEOPLE)
-        for _ in range(20):
-            if r.status == "completed":
+        for _ in range(40):
+            if r.status == "completed" and not (await rt.state(sid)).queued:
                 break
-            if r.status == "running":  # the dead process's lease has not expired yet
+            if r.status in ("running", "completed"):  # the dead process's lease is still live
                 await asyncio.sleep(0.1)
                 r = await rt.generate(session_id=sid)
                 continue
             assert r.status == "waiting", r
+            if not await sent(rt, sid):  # resent only when the store does not hold it
+                r = await rt.send(sid, BOB_MESSAGE, principal=BOB)
+                continue
             first = r.pending[0]
             if first.kind == "question":
                 reply = so.InputResponse(request_id=first.id, option_id="yes")
             else:
                 reply = so.InputResponse(request_id=first.id, option_id="approve")
             r = await rt.respond(sid, [reply], principal=PEOPLE)
-        return {"status": r.status, "text": r.text, "points": points, "session": sid}
+        turns = [
+            (e.data.get("message"), e.data.get("principal", {}).get("principal_id"))
+            async for e in rt.events(sid, follow=False)
+            if e.type == "turn.started"
+        ]
+        texts = [
+            e.data.get("text", "")
+            async for e in rt.events(sid, follow=False)
+            if e.type == "model.completed"
+        ]
+        return {
+            "status": r.status,
+            "text": r.text,
+            "turns": turns,
+            "texts": texts,
+            "points": points,
+            "session": sid,
+        }
+
+
+async def sent(rt: so.Runtime, sid: str) -> bool:
+    """Whether Bob's message is in the session's log."""
+    return any(
+        [
+            e.type == "turn.message" and e.data.get("message") == BOB_MESSAGE
+            async for e in rt.events(sid, follow=False)
+        ]
+    )
 
 
 def main() -> None:

@@ -1,5 +1,6 @@
 """Crash at every persistence point: SIGKILL right before and right after each commit of a turn
-with two approvals, a question and a journaled step; restart; the result must not change."""
+with two approvals, a question, a journaled step and a message queued for the turn's end;
+restart; the result must not change."""
 
 from __future__ import annotations
 
@@ -66,7 +67,12 @@ def check_log(url: str, session_id: str) -> list[str]:
     assert sorted(resolved) == sorted(statuses), "a request was lost"
     assert set(resolved.values()) == {1}, "an answer was applied twice"
     assert set(statuses.values()) == {"settled"}
-    assert Counter(e.type for e in events)["model.completed"] == 2
+    assert Counter(e.type for e in events)["model.completed"] == 3
+    # Bob's message was queued once and answered once, in a turn after Alice's
+    queued = [e for e in events if e.type == "turn.message" and e.data.get("queued")]
+    assert len(queued) == 1, "the queued message was lost or recorded twice"
+    started = [e.data["message"] for e in events if e.type == "turn.started"]
+    assert started == ["order 7 arrived broken", queued[0].data["message"]]
     return [e.type for e in events]
 
 
@@ -114,7 +120,9 @@ def baseline(tmp_path_factory: pytest.TempPathFactory, target: Target) -> dict[s
 def test_the_scenario_has_many_commit_points(baseline: dict[str, Any]) -> None:
     # session, turn, model, the step, the question, its answer, two approvals, four results...
     assert baseline["points"] >= 14
-    assert baseline["text"].startswith("done: ")
+    assert baseline["text"] == "to bob: bob here: where is my parcel?"
+    assert [who for _, who in baseline["turns"]] == ["alice", "bob"]
+    assert baseline["texts"][1].startswith("done: ")  # Alice's turn saw every tool result
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
@@ -136,6 +144,8 @@ def test_sigkill_at_every_commit_point(
         result = json.loads(finished.stdout)
         assert result["status"] == "completed", (point, result)
         assert result["text"] == baseline["text"], point
+        assert result["turns"] == baseline["turns"], point
+        assert result["texts"] == baseline["texts"], point
         check_log(url, result["session"])
         by_kind: dict[str, Counter[str]] = {}
         for r in runs(tmp):

@@ -134,7 +134,7 @@ class Driver(ToolCalls, ModelStep):
                             else None,
                             durable=durable,
                             status=None if after is None else stored_status(after),
-                            expires_at=None if state.ttl is None else now + state.ttl,
+                            expires_at=self._expires_at(state, after, now),
                             release_lease=release,
                         )
                     )
@@ -147,6 +147,16 @@ class Driver(ToolCalls, ModelStep):
                 self.released = release
                 return events
         raise AppendConflict(f"session {self.state.id!r}: too many concurrent appends")
+
+    @staticmethod
+    def _expires_at(state: SessionState, after: SessionState | None, now: float) -> float | None:
+        """When the session expires after this commit: its TTL from now, unless the commit
+        records its expiry (it stays expired, and no worker is to claim it)."""
+        if state.ttl is None:
+            return None
+        if state.lapsed or (after is not None and after.lapsed):
+            return now  # passed by the time anyone looks again
+        return now + state.ttl
 
     async def reload(self) -> None:
         """Rebuild the state from the store (snapshot plus tail) after a failed append."""
@@ -197,7 +207,7 @@ class Driver(ToolCalls, ModelStep):
             {
                 "message": queued["message"],
                 "principal": queued.get("principal"),
-                "source": "message",
+                "source": queued.get("source", "message"),
                 "dequeued": True,
             },
         )

@@ -82,7 +82,10 @@ def _tool_step(s: SessionState, e: Event) -> None:
 def _turn_message(s: SessionState, e: Event) -> None:
     d = e.data
     if d.get("queued"):
-        s.queued.append({"message": d["message"], "principal": d.get("principal")})
+        entry = {"message": d["message"], "principal": d.get("principal")}
+        if d.get("source"):  # a scheduled prompt queued behind messages stays scheduled
+            entry["source"] = d["source"]
+        s.queued.append(entry)
         return
     if s.turn is not None and s.turn.id == e.turn_id:
         s.turn.last_message_seq = e.seq

@@ -71,6 +71,32 @@ def _unfinished(state: SessionState) -> bool:
     return turn is not None and turn.status in ("running", "waiting") and runnable(state)
 
 
+def _next_turn(
+    state: SessionState, prompt: str, who: dict[str, Any] | None, source: str
+) -> list[EventSpec]:
+    """The events that start the session's next turn: the prompt's, or, when messages still
+    wait from an earlier turn (it was cancelled, failed or its process died), the first of them,
+    with the prompt queued behind the rest, so messages are answered in the order sent."""
+    if not state.queued:
+        return [("turn.started", {"message": prompt, "principal": who, "source": source})]
+    first = state.queued[0]
+    queued: dict[str, Any] = {"message": prompt, "principal": who, "queued": True}
+    if source != "message":
+        queued["source"] = source
+    return [
+        (
+            "turn.started",
+            {
+                "message": first["message"],
+                "principal": first.get("principal"),
+                "source": first.get("source", "message"),
+                "dequeued": True,
+            },
+        ),
+        ("turn.message", queued),
+    ]
+
+
 class _Changed(Exception):
     """Internal: the session moved on between the checks that start a turn and its append."""
 
@@ -319,23 +345,16 @@ class SessionRunner:
             driver = self._driver(state, None)
             turn_id = new_id("trn")
             checked = state.seq
-            started: EventSpec = (
-                "turn.started",
-                {
-                    "message": prompt,
-                    "principal": None if auth is None else auth.model_dump(),
-                    "source": source,
-                },
-            )
+            specs = _next_turn(state, prompt, None if auth is None else auth.model_dump(), source)
 
             def start(
-                current: SessionState, checked: int = checked, started: EventSpec = started
+                current: SessionState, checked: int = checked, specs: list[EventSpec] = specs
             ) -> list[EventSpec]:
                 # Someone appended since the checks above (a turn, an open request): check again
                 # rather than start a turn over theirs.
                 if current.seq != checked:
                     raise _Changed
-                return [started]
+                return specs
 
             try:
                 await driver.record(start, turn_id=turn_id)

@@ -31,6 +31,8 @@ class Leases(Connections):
                 f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' "
                 "AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < %s) "
+                # a session whose TTL passed can never run again: no worker is to claim it
+                "AND (s.expires_at IS NULL OR s.expires_at > %s) "
                 f"{only}ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED) "
                 f"INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
                 "SELECT sk, %s, 1, %s FROM c ON CONFLICT (sk) DO UPDATE "
@@ -38,7 +40,8 @@ class Leases(Connections):
                 # re-checked on the latest row: an acquire_lease may have won meanwhile
                 "WHERE l.owner = '' OR l.expires_at < %s "
                 f"RETURNING (SELECT x.id FROM {s}.sessions x WHERE x.sk = l.sk), l.token",
-                (now, *([] if agents is None else [list(agents)]), limit, owner, now + ttl, now),
+                (now, now, *([] if agents is None else [list(agents)]))
+                + (limit, owner, now + ttl, now),
             )
             return [(str(i), int(t)) for i, t in await cur.fetchall()]
 

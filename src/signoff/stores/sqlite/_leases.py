@@ -71,8 +71,10 @@ class Leases(Connection):
             rows = conn.execute(
                 "SELECT s.sk, s.id, l.token FROM sessions s LEFT JOIN leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < ?)"
+                # a session whose TTL passed can never run again: no worker is to claim it
+                " AND (s.expires_at IS NULL OR s.expires_at > ?)"
                 f"{only} ORDER BY s.updated_at LIMIT ?",
-                (now, *(agents or ()), limit),
+                (now, now, *(agents or ()), limit),
             ).fetchall()
             for sk, session_id, token in rows:
                 new = 1 if token is None else int(token) + 1

@@ -1,0 +1,207 @@
+"""Queued follow-up messages (`send` while a turn runs): they are answered in the order they were
+sent, before any prompt that arrives after them, however the next turn is started."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._engine import Driver
+from signoff.testing import (
+    Capture,
+    Flaky,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+)
+
+ALICE = so.Principal(authenticator="okta", principal_id="alice")
+BOB = so.Principal(authenticator="okta", principal_id="bob")
+CAROL = so.Principal(authenticator="okta", principal_id="carol")
+
+
+def plan_agent(*steps: Any) -> so.Agent:
+    """A turn that waits on a question (options only) until someone picks a plan."""
+
+    @so.tool
+    async def pick_plan(ctx: so.ToolContext) -> str:
+        """Choose a plan (options only)."""
+        a = await ctx.ask("Which plan?", options=["basic", "pro"], allow_text=False)
+        return a.value
+
+    return scripted_agent(
+        "sales", [call_tools(call("pick_plan", id="p1")), *steps], tools=[pick_plan]
+    )
+
+
+async def started(rt: so.Runtime, session_id: str) -> list[tuple[Any, Any, Any]]:
+    """(message, principal id, source) of each turn the session started, in order."""
+    out = []
+    async for e in rt.events(session_id, follow=False):
+        if e.type == "turn.started":
+            who = e.data.get("principal") or {}
+            out.append((e.data["message"], who.get("principal_id"), e.data.get("source")))
+    return out
+
+
+async def parked_with_bob_queued(rt: so.Runtime) -> str:
+    """Alice's turn waits on a question; Bob's message waits for its end."""
+    r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+    assert r.status == "waiting"
+    b = await rt.send(r.session_id, "bob here", principal=BOB)
+    assert b.status == "waiting"
+    return r.session_id
+
+
+async def test_a_prompt_after_a_cancelled_turn_goes_after_the_queued_message(
+    tmp_path: Path,
+) -> None:
+    async with sqlite_runtime(tmp_path, plan_agent(reply("Hi Bob."), reply("Hi Alice."))) as rt:
+        sid = await parked_with_bob_queued(rt)
+        await rt.cancel(sid)
+        r = await rt.generate(session_id=sid, prompt="hello again", auth=ALICE)
+        assert r.status == "completed" and r.text == "Hi Alice."
+        assert await started(rt, sid) == [
+            ("upgrade me", "alice", "message"),
+            ("bob here", "bob", "message"),
+            ("hello again", "alice", "message"),
+        ]
+        assert (await rt.state(sid)).queued == []
+
+
+async def test_a_prompt_after_a_crash_between_a_turn_end_and_its_queued_turn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process died after the turn completed and before the queued message's turn started:
+    a new prompt still waits for it."""
+    bob = Capture(reply("Hi Bob."))
+    alice = Capture(reply("Hi Alice."))
+    async with sqlite_runtime(tmp_path, plan_agent(reply("Pro it is."), bob, alice)) as rt:
+        sid = await parked_with_bob_queued(rt)
+        original = Driver.start_queued
+
+        async def crash(self: Driver) -> None:
+            raise KeyboardInterrupt  # a dead process records nothing more
+
+        monkeypatch.setattr(Driver, "start_queued", crash)
+        with pytest.raises(KeyboardInterrupt):
+            await rt.send(sid, "pro", principal=ALICE)
+        monkeypatch.setattr(Driver, "start_queued", original)
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.status == "completed"
+        assert len(state.queued) == 1
+        r = await rt.generate(session_id=sid, prompt="hello again", auth=ALICE)
+        assert r.status == "completed" and r.text == "Hi Alice."
+        assert [m for m, _, _ in await started(rt, sid)] == [
+            "upgrade me",
+            "bob here",
+            "hello again",
+        ]
+        users = [m.text for m in bob.last if isinstance(m, so.UserMessage)]
+        assert users[-1] == "bob here" and "hello again" not in users
+
+
+async def test_a_scheduled_turn_waits_for_the_queued_messages_and_stays_scheduled(
+    tmp_path: Path,
+) -> None:
+    agent = plan_agent(reply("Hi Bob."), reply("Hi Carol."), reply("Report sent."))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await parked_with_bob_queued(rt)
+        await rt.send(sid, "carol here", principal=CAROL)
+        await rt.cancel(sid)
+        r = await rt.schedule("sales", "nightly report", session_id=sid)
+        assert r.status == "completed" and r.text == "Report sent."
+        assert await started(rt, sid) == [
+            ("upgrade me", "alice", "message"),
+            ("bob here", "bob", "message"),
+            ("carol here", "carol", "message"),
+            ("nightly report", so.APP_PRINCIPAL.principal_id, "schedule"),
+        ]
+
+
+async def test_a_message_after_a_failed_turn_goes_after_the_queued_one(tmp_path: Path) -> None:
+    """A turn that failed with a message waiting: the next message does not jump the queue."""
+    flaky = Flaky(reply("Hi Bob."), error=ValueError("the model broke"))
+    agent = plan_agent(flaky, reply("Hi Alice."))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await parked_with_bob_queued(rt)
+        r = await rt.send(sid, "pro", principal=ALICE)
+        assert r.status == "failed"
+        assert len((await rt.state(sid)).queued) == 1
+        r = await rt.send(sid, "hello again", principal=ALICE)
+        assert r.status == "completed" and r.text == "Hi Alice."
+        assert [m for m, _, _ in await started(rt, sid)] == [
+            "upgrade me",
+            "bob here",
+            "hello again",
+        ]
+
+
+async def test_a_worker_runs_queued_messages_before_a_later_prompt(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    agent = plan_agent(reply("Hi Bob."), reply("Hi Alice."))
+    async with so.Runtime([agent], store=url) as rt:
+        sid = await parked_with_bob_queued(rt)
+        await rt.cancel(sid)
+    async with so.Runtime([agent], store=url, inline=False) as client:
+        r = await client.generate(session_id=sid, prompt="hello again", auth=ALICE)
+        assert r.status == "running"
+        stop = asyncio.Event()
+        working = asyncio.create_task(client.work(stop=stop, idle_wait=0.05))
+        try:
+            for _ in range(200):
+                state = await client.state(sid)
+                if state.turn is not None and state.turn.status == "completed" and not state.queued:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, timeout=10)
+        assert [m for m, _, _ in await started(client, sid)] == [
+            "upgrade me",
+            "bob here",
+            "hello again",
+        ]
+
+
+async def expired_sessions_claimed(url: str, agent: so.Agent, clock: ManualClock, sid: str) -> int:
+    """How many claims workers make on `sid` once its TTL has passed."""
+    clock.advance(120)
+    async with so.Runtime([agent], store=url, clock=clock, inline=False) as worker:
+        with pytest.raises(so.SessionExpired):
+            await worker.send(sid, "still there?", principal=ALICE)
+        claims = await worker._claim("w1", 10)
+        for claimed, token in claims:
+            await worker.store.release_lease(claimed, "w1", token)
+        return sum(1 for claimed, _ in claims if claimed == sid)
+
+
+async def test_workers_leave_a_session_that_expired_with_a_message_queued(store_url: str) -> None:
+    """A cancelled turn with a message waiting is work for the workers, until the session's TTL
+    passes: then nobody can run it, and a claim would only fail (and be retried) forever."""
+    clock = ManualClock(1000.0)
+    agent = plan_agent(reply("Hi Bob."))
+    agent.limits = so.Limits(ttl=60)
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        sid = await parked_with_bob_queued(rt)
+        await rt.cancel(sid)
+    assert await expired_sessions_claimed(store_url, agent, clock, sid) == 0
+
+
+async def test_workers_leave_a_session_that_expired_waiting_with_a_message_queued(
+    store_url: str,
+) -> None:
+    """Its question is expired with the session; that commit must not make it claimable."""
+    clock = ManualClock(1000.0)
+    agent = plan_agent(reply("Hi Bob."))
+    agent.limits = so.Limits(ttl=60)
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        sid = await parked_with_bob_queued(rt)
+    assert await expired_sessions_claimed(store_url, agent, clock, sid) == 0
