@@ -234,3 +234,38 @@ def test_a_write_refused_by_a_wal_file_the_writer_may_not_write_names_why(folder
     finally:
         writer.conn.close()
     assert head == 1 and "may read the store but not write it" in refused, refused
+
+
+def test_a_runtime_with_the_agent_lists_a_read_only_store_past_a_deadline(folder: Path) -> None:
+    # Listing the queue applies passed deadlines (a write) for the agents the runtime has; on a
+    # store this process may only read, the listing still answers, showing the request as its
+    # deadline leaves it (left out), and the store is left as it was.
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always(expires_in=60))
+    async def refund(order_id: str) -> str:
+        return order_id
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="1")), reply("Done.")], tools=[refund]
+    )
+    url = f"sqlite:///{folder / 'state.db'}"
+    rt = so.Runtime([agent], store=url, clock=lambda: 1000.0)
+    try:
+        rt.generate_sync("a", prompt="refund order 1")
+    finally:
+        rt.close_sync()
+
+    def listed() -> tuple[int, int]:
+        later = so.Runtime([agent], store=url, clock=lambda: 2000.0)
+        try:
+            return len(later.pending_sync()), len(later.pending_page_sync(PendingFilter())[0])
+        finally:
+            later.close_sync()
+
+    assert as_user(READER, listed) == (0, 0)
+    rt = so.Runtime([agent], store=url, clock=lambda: 1000.0)
+    try:
+        assert len(rt.pending_sync()) == 1  # nothing was written
+    finally:
+        rt.close_sync()
