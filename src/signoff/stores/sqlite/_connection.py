@@ -113,6 +113,16 @@ def _denied(exc: sqlite3.Error) -> bool:
     return (code & 0xFF) == sqlite3.SQLITE_READONLY and code != sqlite3.SQLITE_READONLY_DBMOVED
 
 
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """When the file at `path` last changed, and its size: what an immutable reader compares to
+    see that a writer came and went (checkpointing into the file) between two of its reads."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """The device and inode of the file at `path`, or None if there is none."""
     try:
@@ -139,6 +149,7 @@ class Connection:
         self._opened: tuple[str, tuple[int, int] | None] | None = None
         self._checked = -READ_CHECK_EVERY  # when a read last found the file the one opened
         self._access = "rw"
+        self._stamp: tuple[int, int, int] | None = None  # the file as an immutable read saw it
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -155,6 +166,8 @@ class Connection:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
         conn: sqlite3.Connection | None = None
         access = self._access = _access(self.path)
+        if access == "immutable":
+            self._stamp = _stamp(self.path)  # before opening: a change meanwhile reopens it
         try:
             conn = self._connect(access)
             if access == "rw":
@@ -256,9 +269,13 @@ class Connection:
 
     def _readable(self, every: float = READ_CHECK_EVERY) -> None:
         """Before a read: `_same_file` (at most every `every` seconds); and once a writer has
-        opened a file this store reads as immutable (its -wal exists), read through the WAL."""
-        if self._access == "immutable" and os.path.exists(f"{self._where()}-wal"):
-            self._follow_writer()
+        opened a file this store reads as immutable (its -wal exists), read through the WAL;
+        or, once one wrote and closed it since (it changed), read it anew."""
+        if self._access == "immutable":
+            if os.path.exists(f"{self._where()}-wal"):
+                self._follow_writer()
+            elif (stamp := _stamp(self._where())) is not None and stamp != self._stamp:
+                self._reread(stamp)
         now = time.monotonic()
         if now - self._checked >= every:
             self._same_file("read")
@@ -280,6 +297,20 @@ class Connection:
             conn.close()
             return
         old, self._conn, self._access = self._conn, conn, "ro"
+        if old is not None:
+            old.close()
+
+    def _reread(self, stamp: tuple[int, int, int]) -> None:
+        """Swap the immutable connection, which assumes the file never changes and so keeps what
+        it read, for a new one on the file as it is now (unless another file replaced it: that
+        is `_same_file`'s to refuse)."""
+        if self._opened is not None and _identity(self._where()) != self._opened[1]:
+            return
+        try:
+            conn = self._connect("immutable")
+        except sqlite3.Error:
+            return
+        old, self._conn, self._stamp = self._conn, conn, stamp
         if old is not None:
             old.close()
 
