@@ -311,3 +311,47 @@ def test_a_reader_sees_a_commit_by_a_writer_that_came_and_went(folder: Path) -> 
         for fd in (go_read, go_write, go_wait, go_commit):
             os.close(fd)
     assert _files(folder) == {"state.db": 0}
+
+
+def test_a_reader_sees_commits_after_the_writer_it_read_through_closed(folder: Path) -> None:
+    # The reader opened the file while a writer had it (reading through its -wal and -shm);
+    # that writer closes, deleting both, and another opens, commits and closes. The reader
+    # must see that commit, not the file as it was when the first writer went.
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    first = SQLiteStore(f"sqlite:///{path}")
+    asyncio.run(first.head("s1"))  # its -wal and -shm now exist
+    go_read, go_write = os.pipe()
+    go_wait, go_commit = os.pipe()
+
+    def follow() -> tuple[int | None, bool, int | None]:
+        async def go() -> tuple[int | None, bool, int | None]:
+            store = SQLiteStore(f"sqlite:///{path}")
+            before = await store.head("s1")
+            os.write(go_commit, b"x")
+            os.read(go_read, 1)  # the first writer closed; a second committed and closed
+            changed = await store.wait_for_change("s1", 2, after=1, poll_interval=0.01)
+            after = await store.head("s1")
+            await store.close()
+            return before, changed, after
+
+        return asyncio.run(go())
+
+    async def commit_when_told() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, os.read, go_wait, 1)
+        first.conn.close()
+        second = SQLiteStore(f"sqlite:///{path}")
+        await second.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+        await second.close()
+        os.write(go_write, b"x")
+
+    committer = threading.Thread(target=lambda: asyncio.run(commit_when_told()))
+    committer.start()
+    try:
+        assert as_user(READER, follow) == (1, True, 2)
+    finally:
+        committer.join(timeout=30)
+        for fd in (go_read, go_write, go_wait, go_commit):
+            os.close(fd)

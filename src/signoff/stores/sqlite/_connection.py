@@ -150,6 +150,7 @@ class Connection:
         self._checked = -READ_CHECK_EVERY  # when a read last found the file the one opened
         self._access = "rw"
         self._stamp: tuple[int, int, int] | None = None  # the file as an immutable read saw it
+        self._shm: tuple[int, int] | None = None  # the -shm a read-only connection reads through
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -168,6 +169,8 @@ class Connection:
         access = self._access = _access(self.path)
         if access == "immutable":
             self._stamp = _stamp(self.path)  # before opening: a change meanwhile reopens it
+        elif access == "ro":
+            self._shm = _identity(f"{self.path}-shm")
         try:
             conn = self._connect(access)
             if access == "rw":
@@ -270,12 +273,16 @@ class Connection:
     def _readable(self, every: float = READ_CHECK_EVERY) -> None:
         """Before a read: `_same_file` (at most every `every` seconds); and once a writer has
         opened a file this store reads as immutable (its -wal exists), read through the WAL;
-        or, once one wrote and closed it since (it changed), read it anew."""
-        if self._access == "immutable":
-            if os.path.exists(f"{self._where()}-wal"):
+        once one wrote and closed it since (it changed), or the writer read through closed (its
+        -shm is gone or new), open it anew: neither connection would ever see another commit."""
+        where = self._where()
+        if self._access == "ro" and _identity(f"{where}-shm") != self._shm:
+            self._reopen()
+        elif self._access == "immutable":
+            if os.path.exists(f"{where}-wal"):
                 self._follow_writer()
-            elif (stamp := _stamp(self._where())) is not None and stamp != self._stamp:
-                self._reread(stamp)
+            elif _stamp(where) != self._stamp:
+                self._reopen()
         now = time.monotonic()
         if now - self._checked >= every:
             self._same_file("read")
@@ -284,33 +291,38 @@ class Connection:
     def _where(self) -> str:
         return self.path if self._opened is None else self._opened[0]
 
-    def _follow_writer(self) -> None:
-        """Swap the immutable connection, which sees no change, for one reading the writer's
-        -wal and -shm; until the writer has made its -shm too, keep reading the file as is."""
+    def _follow_writer(self) -> bool:
+        """Swap the read-only connection for one reading the writer's -wal and -shm; until the
+        writer has made its -shm too, keep reading the file as is. Returns whether it did."""
+        shm = _identity(f"{self._where()}-shm")  # before opening: a change meanwhile reopens
         try:
             conn = self._connect("ro")
         except sqlite3.Error:
-            return
+            return False
         try:
             conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         except sqlite3.Error:
             conn.close()
-            return
-        old, self._conn, self._access = self._conn, conn, "ro"
+            return False
+        old, self._conn, self._access, self._shm = self._conn, conn, "ro", shm
         if old is not None:
             old.close()
+        return True
 
-    def _reread(self, stamp: tuple[int, int, int]) -> None:
-        """Swap the immutable connection, which assumes the file never changes and so keeps what
-        it read, for a new one on the file as it is now (unless another file replaced it: that
-        is `_same_file`'s to refuse)."""
-        if self._opened is not None and _identity(self._where()) != self._opened[1]:
+    def _reopen(self) -> None:
+        """Open the file anew, read-only: through the -wal of a writer that has it, else as
+        immutable as it is now. Not another file moved over it: `_same_file` refuses that."""
+        where = self._where()
+        if self._opened is not None and _identity(where) != self._opened[1]:
             return
+        if os.path.exists(f"{where}-wal") and self._follow_writer():
+            return
+        stamp = _stamp(where)
         try:
             conn = self._connect("immutable")
         except sqlite3.Error:
             return
-        old, self._conn, self._stamp = self._conn, conn, stamp
+        old, self._conn, self._access, self._stamp = self._conn, conn, "immutable", stamp
         if old is not None:
             old.close()
 
