@@ -8,6 +8,7 @@ import asyncio
 import os
 import pickle
 import shutil
+import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -355,3 +356,22 @@ def test_a_reader_sees_commits_after_the_writer_it_read_through_closed(folder: P
         committer.join(timeout=30)
         for fd in (go_read, go_write, go_wait, go_commit):
             os.close(fd)
+
+
+def test_a_read_only_store_of_a_newer_signoff_says_to_upgrade(folder: Path) -> None:
+    # Writing it as another user would not help: this signoff is too old for it.
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value='99' WHERE key='schema'")
+    db.close()
+
+    def opened() -> str:
+        try:
+            asyncio.run(SQLiteStore(f"sqlite:///{path}").head("s1"))
+        except so.StoreError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return ""
+
+    refused = as_user(READER, opened)
+    assert refused.startswith("SchemaVersionError") and "Upgrade signoff" in refused, refused

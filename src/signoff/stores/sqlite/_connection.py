@@ -82,6 +82,22 @@ def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
+def _refuse_newer(path: str, conn: sqlite3.Connection) -> int:
+    """The file's store schema (this signoff's when it has none yet); a newer one than this
+    signoff knows is a `SchemaVersionError`."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    except sqlite3.OperationalError:
+        row = None  # no meta table yet: a new file
+    found = STORE_SCHEMA if row is None else _schema_version(path, row[0])
+    if found > STORE_SCHEMA:
+        raise SchemaVersionError(
+            f"{path} has store schema {row[0]}; this signoff knows up to {STORE_SCHEMA}. "
+            "Upgrade signoff."
+        )
+    return found
+
+
 def _is_current(conn: sqlite3.Connection) -> bool:
     """Whether the file already has this signoff's schema: opening it then writes nothing, so a
     reader never waits for another process's write lock (in WAL mode readers need none)."""
@@ -186,6 +202,7 @@ class Connection:
                 self._opened = (where, _identity(where))
             if not _is_current(conn):
                 if access != "rw":
+                    _refuse_newer(self.path, conn)  # writing it would not help: too new
                     raise StoreError(
                         f"{self.path} is read-only to this process and has not this signoff's "
                         "schema: open it once as a user who may write the file and its directory"
@@ -221,13 +238,7 @@ class Connection:
         """Create the schema, or bring an older one up to date, in one write transaction."""
         with immediate(conn, self._writable):
             conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            found = STORE_SCHEMA if row is None else _schema_version(self.path, row[0])
-            if found > STORE_SCHEMA:
-                raise SchemaVersionError(
-                    f"{self.path} has store schema {row[0]}; this signoff knows up to "
-                    f"{STORE_SCHEMA}. Upgrade signoff."
-                )
+            found = _refuse_newer(self.path, conn)
             if found == 1:
                 upgrade_from_1(conn)
             if 1 <= found < 4:
