@@ -8,6 +8,7 @@ import asyncio
 import os
 import pickle
 import shutil
+import sqlite3
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -234,3 +235,143 @@ def test_a_write_refused_by_a_wal_file_the_writer_may_not_write_names_why(folder
     finally:
         writer.conn.close()
     assert head == 1 and "may read the store but not write it" in refused, refused
+
+
+def test_a_runtime_with_the_agent_lists_a_read_only_store_past_a_deadline(folder: Path) -> None:
+    # Listing the queue applies passed deadlines (a write) for the agents the runtime has; on a
+    # store this process may only read, the listing still answers, showing the request as its
+    # deadline leaves it (left out), and the store is left as it was.
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always(expires_in=60))
+    async def refund(order_id: str) -> str:
+        return order_id
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="1")), reply("Done.")], tools=[refund]
+    )
+    url = f"sqlite:///{folder / 'state.db'}"
+    rt = so.Runtime([agent], store=url, clock=lambda: 1000.0)
+    try:
+        rt.generate_sync("a", prompt="refund order 1")
+    finally:
+        rt.close_sync()
+
+    def listed() -> tuple[int, int]:
+        later = so.Runtime([agent], store=url, clock=lambda: 2000.0)
+        try:
+            return len(later.pending_sync()), len(later.pending_page_sync(PendingFilter())[0])
+        finally:
+            later.close_sync()
+
+    assert as_user(READER, listed) == (0, 0)
+    rt = so.Runtime([agent], store=url, clock=lambda: 1000.0)
+    try:
+        assert len(rt.pending_sync()) == 1  # nothing was written
+    finally:
+        rt.close_sync()
+
+
+def test_a_reader_sees_a_commit_by_a_writer_that_came_and_went(folder: Path) -> None:
+    # The reader opened the file as immutable (no writer had it); a writer then opens it,
+    # commits and closes, checkpointing into the file and deleting its -wal between two of the
+    # reader's polls. `signoff events --follow` must still see the commit.
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    go_read, go_write = os.pipe()
+    go_wait, go_commit = os.pipe()
+
+    def follow() -> tuple[int | None, bool, int | None]:
+        async def go() -> tuple[int | None, bool, int | None]:
+            store = SQLiteStore(f"sqlite:///{path}")
+            before = await store.head("s1")
+            os.write(go_commit, b"x")
+            os.read(go_read, 1)  # the writer has committed and closed
+            changed = await store.wait_for_change("s1", 2, after=1, poll_interval=0.01)
+            after = await store.head("s1")
+            await store.close()
+            return before, changed, after
+
+        return asyncio.run(go())
+
+    async def commit_and_close_when_told() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, os.read, go_wait, 1)
+        writer = SQLiteStore(f"sqlite:///{path}")
+        await writer.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+        await writer.close()
+        os.write(go_write, b"x")
+
+    committer = threading.Thread(target=lambda: asyncio.run(commit_and_close_when_told()))
+    committer.start()
+    try:
+        assert as_user(READER, follow) == (1, True, 2)
+    finally:
+        committer.join(timeout=30)
+        for fd in (go_read, go_write, go_wait, go_commit):
+            os.close(fd)
+    assert _files(folder) == {"state.db": 0}
+
+
+def test_a_reader_sees_commits_after_the_writer_it_read_through_closed(folder: Path) -> None:
+    # The reader opened the file while a writer had it (reading through its -wal and -shm);
+    # that writer closes, deleting both, and another opens, commits and closes. The reader
+    # must see that commit, not the file as it was when the first writer went.
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    first = SQLiteStore(f"sqlite:///{path}")
+    asyncio.run(first.head("s1"))  # its -wal and -shm now exist
+    go_read, go_write = os.pipe()
+    go_wait, go_commit = os.pipe()
+
+    def follow() -> tuple[int | None, bool, int | None]:
+        async def go() -> tuple[int | None, bool, int | None]:
+            store = SQLiteStore(f"sqlite:///{path}")
+            before = await store.head("s1")
+            os.write(go_commit, b"x")
+            os.read(go_read, 1)  # the first writer closed; a second committed and closed
+            changed = await store.wait_for_change("s1", 2, after=1, poll_interval=0.01)
+            after = await store.head("s1")
+            await store.close()
+            return before, changed, after
+
+        return asyncio.run(go())
+
+    async def commit_when_told() -> None:
+        await asyncio.get_running_loop().run_in_executor(None, os.read, go_wait, 1)
+        first.conn.close()
+        second = SQLiteStore(f"sqlite:///{path}")
+        await second.commit(
+            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
+        )
+        await second.close()
+        os.write(go_write, b"x")
+
+    committer = threading.Thread(target=lambda: asyncio.run(commit_when_told()))
+    committer.start()
+    try:
+        assert as_user(READER, follow) == (1, True, 2)
+    finally:
+        committer.join(timeout=30)
+        for fd in (go_read, go_write, go_wait, go_commit):
+            os.close(fd)
+
+
+def test_a_read_only_store_of_a_newer_signoff_says_to_upgrade(folder: Path) -> None:
+    # Writing it as another user would not help: this signoff is too old for it.
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    with sqlite3.connect(path) as db:
+        db.execute("UPDATE meta SET value='99' WHERE key='schema'")
+    db.close()
+
+    def opened() -> str:
+        try:
+            asyncio.run(SQLiteStore(f"sqlite:///{path}").head("s1"))
+        except so.StoreError as exc:
+            return f"{type(exc).__name__}: {exc}"
+        return ""
+
+    refused = as_user(READER, opened)
+    assert refused.startswith("SchemaVersionError") and "Upgrade signoff" in refused, refused

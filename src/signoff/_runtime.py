@@ -121,13 +121,19 @@ class Runtime(Messages):
         on with their turns; returns how many sessions that was. Each is recorded against the
         session's current state under a compare-and-set, so listings and sweeps racing in
         several processes apply one deadline once. Sessions of agents this runtime does not
-        have are left to a process that has them (it could not go on with their turns)."""
+        have are left to a process that has them (it could not go on with their turns). A
+        `listing` is a read: one that cannot record them (a read-only store) shows them instead."""
         sessions = list(dict.fromkeys(r.session_id for r in due if r.agent in self.agents))
         for sid in sessions:
             with contextlib.suppress(SessionExpired):
-                await self._checked(sid)  # records the expiries; the turn becomes runnable
                 if not listing:
+                    await self._checked(sid)  # records the expiries; the turn becomes runnable
                     await self._drive(sid)
+                    continue
+                try:
+                    await self._checked(sid)
+                except StoreError as exc:  # a store this process may only read, say
+                    log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
                     continue
                 try:
                     await self._drive(sid)

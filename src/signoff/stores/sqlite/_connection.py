@@ -82,6 +82,22 @@ def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> None:
         pause = min(pause * 2, 0.05)
 
 
+def _refuse_newer(path: str, conn: sqlite3.Connection) -> int:
+    """The file's store schema (this signoff's when it has none yet); a newer one than this
+    signoff knows is a `SchemaVersionError`."""
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    except sqlite3.OperationalError:
+        row = None  # no meta table yet: a new file
+    found = STORE_SCHEMA if row is None else _schema_version(path, row[0])
+    if found > STORE_SCHEMA:
+        raise SchemaVersionError(
+            f"{path} has store schema {row[0]}; this signoff knows up to {STORE_SCHEMA}. "
+            "Upgrade signoff."
+        )
+    return found
+
+
 def _is_current(conn: sqlite3.Connection) -> bool:
     """Whether the file already has this signoff's schema: opening it then writes nothing, so a
     reader never waits for another process's write lock (in WAL mode readers need none)."""
@@ -113,6 +129,16 @@ def _denied(exc: sqlite3.Error) -> bool:
     return (code & 0xFF) == sqlite3.SQLITE_READONLY and code != sqlite3.SQLITE_READONLY_DBMOVED
 
 
+def _stamp(path: str) -> tuple[int, int, int] | None:
+    """When the file at `path` last changed, and its size: what an immutable reader compares to
+    see that a writer came and went (checkpointing into the file) between two of its reads."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_ctime_ns, st.st_size
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     """The device and inode of the file at `path`, or None if there is none."""
     try:
@@ -139,6 +165,8 @@ class Connection:
         self._opened: tuple[str, tuple[int, int] | None] | None = None
         self._checked = -READ_CHECK_EVERY  # when a read last found the file the one opened
         self._access = "rw"
+        self._stamp: tuple[int, int, int] | None = None  # the file as an immutable read saw it
+        self._shm: tuple[int, int] | None = None  # the -shm a read-only connection reads through
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -155,6 +183,10 @@ class Connection:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
         conn: sqlite3.Connection | None = None
         access = self._access = _access(self.path)
+        if access == "immutable":
+            self._stamp = _stamp(self.path)  # before opening: a change meanwhile reopens it
+        elif access == "ro":
+            self._shm = _identity(f"{self.path}-shm")
         try:
             conn = self._connect(access)
             if access == "rw":
@@ -170,6 +202,7 @@ class Connection:
                 self._opened = (where, _identity(where))
             if not _is_current(conn):
                 if access != "rw":
+                    _refuse_newer(self.path, conn)  # writing it would not help: too new
                     raise StoreError(
                         f"{self.path} is read-only to this process and has not this signoff's "
                         "schema: open it once as a user who may write the file and its directory"
@@ -205,13 +238,7 @@ class Connection:
         """Create the schema, or bring an older one up to date, in one write transaction."""
         with immediate(conn, self._writable):
             conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
-            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            found = STORE_SCHEMA if row is None else _schema_version(self.path, row[0])
-            if found > STORE_SCHEMA:
-                raise SchemaVersionError(
-                    f"{self.path} has store schema {row[0]}; this signoff knows up to "
-                    f"{STORE_SCHEMA}. Upgrade signoff."
-                )
+            found = _refuse_newer(self.path, conn)
             if found == 1:
                 upgrade_from_1(conn)
             if 1 <= found < 4:
@@ -256,9 +283,17 @@ class Connection:
 
     def _readable(self, every: float = READ_CHECK_EVERY) -> None:
         """Before a read: `_same_file` (at most every `every` seconds); and once a writer has
-        opened a file this store reads as immutable (its -wal exists), read through the WAL."""
-        if self._access == "immutable" and os.path.exists(f"{self._where()}-wal"):
-            self._follow_writer()
+        opened a file this store reads as immutable (its -wal exists), read through the WAL;
+        once one wrote and closed it since (it changed), or the writer read through closed (its
+        -shm is gone or new), open it anew: neither connection would ever see another commit."""
+        where = self._where()
+        if self._access == "ro" and _identity(f"{where}-shm") != self._shm:
+            self._reopen()
+        elif self._access == "immutable":
+            if os.path.exists(f"{where}-wal"):
+                self._follow_writer()
+            elif _stamp(where) != self._stamp:
+                self._reopen()
         now = time.monotonic()
         if now - self._checked >= every:
             self._same_file("read")
@@ -267,19 +302,38 @@ class Connection:
     def _where(self) -> str:
         return self.path if self._opened is None else self._opened[0]
 
-    def _follow_writer(self) -> None:
-        """Swap the immutable connection, which sees no change, for one reading the writer's
-        -wal and -shm; until the writer has made its -shm too, keep reading the file as is."""
+    def _follow_writer(self) -> bool:
+        """Swap the read-only connection for one reading the writer's -wal and -shm; until the
+        writer has made its -shm too, keep reading the file as is. Returns whether it did."""
+        shm = _identity(f"{self._where()}-shm")  # before opening: a change meanwhile reopens
         try:
             conn = self._connect("ro")
         except sqlite3.Error:
-            return
+            return False
         try:
             conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         except sqlite3.Error:
             conn.close()
+            return False
+        old, self._conn, self._access, self._shm = self._conn, conn, "ro", shm
+        if old is not None:
+            old.close()
+        return True
+
+    def _reopen(self) -> None:
+        """Open the file anew, read-only: through the -wal of a writer that has it, else as
+        immutable as it is now. Not another file moved over it: `_same_file` refuses that."""
+        where = self._where()
+        if self._opened is not None and _identity(where) != self._opened[1]:
             return
-        old, self._conn, self._access = self._conn, conn, "ro"
+        if os.path.exists(f"{where}-wal") and self._follow_writer():
+            return
+        stamp = _stamp(where)
+        try:
+            conn = self._connect("immutable")
+        except sqlite3.Error:
+            return
+        old, self._conn, self._access, self._stamp = self._conn, conn, "immutable", stamp
         if old is not None:
             old.close()
 
