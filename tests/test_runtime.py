@@ -1155,3 +1155,32 @@ async def test_listing_pages_are_checked(tmp_path: Path, page: dict[str, Any]) -
             await rt.pending(**page)
         with pytest.raises(so.UsageError):
             await rt.sessions(**page)
+
+
+async def test_with_store_keeps_every_setting_but_the_store(tmp_path: Path) -> None:
+    """`--store` (CLI and server) goes through `with_store`: the same agents and settings,
+    including the state cache's size, on another store; the original runtime is unchanged."""
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")]))
+    clock = lambda: 1_000.0  # noqa: E731
+    first = so.Runtime(
+        [agent],
+        f"sqlite:///{tmp_path}/one.db",
+        clock=clock,
+        lease_ttl=7.0,
+        lease_wait=3.0,
+        cache_size=5,
+        poll_interval=0.5,
+        inline=False,
+    )
+    other = first.with_store(f"sqlite:///{tmp_path}/two.db")
+    assert other.agents == first.agents and other.store is not first.store
+    assert other.store.url.endswith("two.db") and first.store.url.endswith("one.db")
+    settings = ("clock", "lease_ttl", "lease_wait", "_cache_size", "poll_interval", "inline")
+    assert [getattr(other, s) for s in settings] == [getattr(first, s) for s in settings]
+    assert (other.lease_ttl, other._cache_size, other.inline) == (7.0, 5, False)
+    r = await other.generate("a", prompt="hello")
+    assert r.status == "running"  # inline=False: left to workers, on the other store
+    assert [s.id for s in await other.sessions()] == [r.session_id]
+    assert await first.sessions() == []
+    await first.close()
+    await other.close()

@@ -37,7 +37,7 @@ from ._results import GenerateResult
 from ._sessions import check_prompt, positive_seconds
 from ._state import SessionState
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal
-from .stores import PendingFilter, Resolve, SessionSummary
+from .stores import PendingFilter, Resolve, SessionSummary, Store
 from .stores._audit import AuditEntry
 
 __all__ = ["Runtime"]
@@ -83,6 +83,20 @@ def _check_page(limit: object, offset: object) -> None:
 class Runtime(Messages):
     """Runs agents' turns against a store; every call has a `*_sync` twin but `work`, a worker's
     loop (and `open`, which the first call does)."""
+
+    def with_store(self, store: str | Store) -> Runtime:
+        """This runtime's agents and settings on another store (`--store`): only the store is
+        replaced, so one that leaves its turns to workers (`inline=False`) still does."""
+        return Runtime(
+            list(self.agents.values()),
+            store,
+            clock=self.clock,
+            lease_ttl=self.lease_ttl,
+            lease_wait=self.lease_wait,
+            cache_size=self._cache_size,
+            poll_interval=self.poll_interval,
+            inline=self.inline,
+        )
 
     def _driver(self, state: SessionState, token: int | None) -> Driver:
         driver = super()._driver(state, token)

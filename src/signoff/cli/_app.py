@@ -196,22 +196,8 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
     if isinstance(obj, Agent):
         return Runtime([obj], store=store)
     if isinstance(obj, Runtime):
-        return obj if store is None else on_store(obj, store)
+        return obj if store is None else obj.with_store(store)
     raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime or Agent")
-
-
-def on_store(runtime: Runtime, store: str) -> Runtime:
-    """`runtime` on another store: `--store` replaces the store only, so a runtime that leaves
-    its turns to workers (`inline=False`) still does, and its clock and leases are kept."""
-    return Runtime(
-        list(runtime.agents.values()),
-        store=store,
-        clock=runtime.clock,
-        lease_ttl=runtime.lease_ttl,
-        lease_wait=runtime.lease_wait,
-        poll_interval=runtime.poll_interval,
-        inline=runtime.inline,
-    )
 
 
 def pick_agent(runtime: Runtime, name: str | None) -> Agent:

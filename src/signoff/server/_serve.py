@@ -48,21 +48,7 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
             raise UsageError(f"{target}() failed: {type(exc).__name__}: {exc}") from exc
     if not isinstance(obj, Runtime):
         raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime")
-    return obj if store is None else _on_store(obj, store)
-
-
-def _on_store(runtime: Runtime, store: str) -> Runtime:
-    """`runtime`'s agents and settings on `store`: only the store is replaced, so a runtime that
-    leaves its turns to workers (`inline=False`) still does, and its clock and leases are kept."""
-    return Runtime(
-        list(runtime.agents.values()),
-        store=store,
-        clock=runtime.clock,
-        lease_ttl=runtime.lease_ttl,
-        lease_wait=runtime.lease_wait,
-        poll_interval=runtime.poll_interval,
-        inline=runtime.inline,
-    )
+    return obj if store is None else obj.with_store(store)
 
 
 def serve(
@@ -90,7 +76,7 @@ def serve(
     from ._app import create_app
 
     if isinstance(target, Runtime):
-        runtime = target if store is None else _on_store(target, store)
+        runtime = target if store is None else target.with_store(store)
     else:
         runtime = load_runtime(target, store)
     hub = None
