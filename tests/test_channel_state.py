@@ -4,13 +4,7 @@ do: opening a new file together, and a lock held elsewhere. Each failure is a na
 
 from __future__ import annotations
 
-import multiprocessing
-import multiprocessing.synchronize
-import subprocess
-import sys
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,54 +12,7 @@ import pytest
 import signoff as so
 from signoff.channels import ChannelState
 
-# Holds the write lock of a file (made in rollback-journal mode if new) until told to let go.
-HOLD_WRITE_LOCK = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("CREATE TABLE IF NOT EXISTS other (x)")
-conn.execute("BEGIN IMMEDIATE")
-conn.execute("INSERT INTO other VALUES (1)")
-print("holding", flush=True)
-sys.stdin.readline()
-conn.execute("COMMIT")
-conn.close()
-print("released", flush=True)
-"""
-
-
-class Holder:
-    """Another process holding a lock on the file until `release()`."""
-
-    def __init__(self, path: Path) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", HOLD_WRITE_LOCK, str(path)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.proc.stdout is not None
-        assert self.proc.stdout.readline().strip() == "holding"
-
-    def release(self) -> None:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write("go\n")
-        self.proc.stdin.flush()
-        assert self.proc.stdout.readline().strip() == "released"
-
-
-@contextmanager
-def holding(path: Path) -> Iterator[Holder]:
-    holder = Holder(path)
-    try:
-        yield holder
-    finally:
-        proc = holder.proc
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        for stream in (proc.stdin, proc.stdout):
-            if stream is not None:
-                stream.close()
+from ._locks import holding, open_together
 
 
 def test_opening_waits_for_a_writer_elsewhere_instead_of_failing(tmp_path: Path) -> None:
@@ -95,8 +42,7 @@ def test_opening_waits_for_a_writer_elsewhere_instead_of_failing(tmp_path: Path)
     state.close()
 
 
-def _open_at(path: str, barrier: multiprocessing.synchronize.Barrier) -> None:
-    barrier.wait()
+def _open_at(path: str) -> None:
     state = ChannelState(path)
     state.remember("slack", "msg:r1", {"ts": "1.2"})
     state.close()
@@ -104,17 +50,7 @@ def _open_at(path: str, barrier: multiprocessing.synchronize.Barrier) -> None:
 
 def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
     # Two `signoff serve --channel-state` (and more) started together on a file not there yet.
-    ctx = multiprocessing.get_context("fork")
-    n = 6
-    for trial in range(40):
-        path = str(tmp_path / f"channels-{trial}.db")
-        barrier = ctx.Barrier(n)
-        procs = [ctx.Process(target=_open_at, args=(path, barrier)) for _ in range(n)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=30)
-        assert [p.exitcode for p in procs] == [0] * n, f"trial {trial}"
+    open_together(_open_at, [str(tmp_path / f"channels-{trial}.db") for trial in range(40)])
 
 
 def test_a_write_locked_elsewhere_past_the_timeout_is_a_store_error(tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ store. Each failure is a named `StoreError`, never a raw `sqlite3` error or a si
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -20,17 +19,7 @@ from signoff.stores import Commit, PendingFilter, SQLiteStore
 from signoff.stores.sqlite._connection import READ_CHECK_EVERY
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
-HOLD_WRITE_LOCK = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("CREATE TABLE IF NOT EXISTS other (x)")  # a file in rollback-journal mode
-conn.execute("BEGIN IMMEDIATE")
-conn.execute("INSERT INTO other VALUES (1)")
-print("holding", flush=True)
-sys.stdin.readline()
-conn.execute("COMMIT")
-print("released", flush=True)
-"""
+from ._locks import STORE_ROW, holding, open_together
 
 
 def _event(sid: str, seq: int, type: str = "session.created") -> so.Event:
@@ -41,15 +30,7 @@ def test_opening_waits_for_a_writer_elsewhere_instead_of_failing(tmp_path: Path)
     # Switching a file to WAL while another process writes to it makes SQLite answer "database
     # is locked" at once, without its busy handler; the open must wait as a write would.
     path = tmp_path / "state.db"
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_WRITE_LOCK, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdin is not None and holder.stdout is not None
-    try:
-        assert holder.stdout.readline().strip() == "holding"
+    with holding(path) as holder:
         store = SQLiteStore(f"sqlite:///{path}", busy_timeout=10)
         errors: list[BaseException] = []
 
@@ -63,39 +44,20 @@ def test_opening_waits_for_a_writer_elsewhere_instead_of_failing(tmp_path: Path)
         opener.start()
         opener.join(timeout=0.3)  # the writer still holds its lock meanwhile
         assert errors == [] and opener.is_alive(), errors
-        holder.stdin.write("go\n")
-        holder.stdin.flush()
-        assert holder.stdout.readline().strip() == "released"
+        holder.release()
         opener.join(timeout=10)
         assert not opener.is_alive() and errors == [], errors
         assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         store.conn.close()
-    finally:
-        if holder.poll() is None:
-            holder.kill()
-        holder.wait(timeout=10)
-        holder.stdin.close()
-        holder.stdout.close()
 
 
-def _open_at(path: str, barrier: multiprocessing.synchronize.Barrier) -> None:
-    barrier.wait()
+def _open_at(path: str) -> None:
     SQLiteStore(f"sqlite:///{path}", busy_timeout=10).open_sync()
 
 
 def test_processes_opening_a_new_file_at_once_all_open_it(tmp_path: Path) -> None:
     # `signoff serve` and a few workers started together on a file that does not exist yet.
-    ctx = multiprocessing.get_context("fork")
-    n = 6
-    for trial in range(20):
-        path = str(tmp_path / f"state-{trial}.db")
-        barrier = ctx.Barrier(n)
-        procs = [ctx.Process(target=_open_at, args=(path, barrier)) for _ in range(n)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=30)
-        assert [p.exitcode for p in procs] == [0] * n, f"trial {trial}"
+    open_together(_open_at, [str(tmp_path / f"state-{trial}.db") for trial in range(20)])
 
 
 async def test_a_write_to_a_file_deleted_under_the_store_is_refused(tmp_path: Path) -> None:
@@ -174,17 +136,6 @@ async def test_the_relative_path_of_an_open_store_survives_a_change_of_directory
     await store.close()
 
 
-HOLD_STORE_WRITE_LOCK = """
-import sqlite3, sys
-conn = sqlite3.connect(sys.argv[1], isolation_level=None)
-conn.execute("BEGIN IMMEDIATE")
-conn.execute("UPDATE sessions SET updated_at = updated_at")
-print("holding", flush=True)
-sys.stdin.readline()
-conn.execute("ROLLBACK")
-"""
-
-
 async def test_a_reader_opens_the_store_while_another_process_holds_the_write_lock(
     tmp_path: Path,
 ) -> None:
@@ -194,25 +145,13 @@ async def test_a_reader_opens_the_store_while_another_process_holds_the_write_lo
     store = SQLiteStore(f"sqlite:///{path}")
     await store.create_session("s1", "a", [_event("s1", 1)], None)
     await store.close()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_STORE_WRITE_LOCK, str(path)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdin is not None and holder.stdout is not None
-    try:
-        assert holder.stdout.readline().strip() == "holding"
+    with holding(path, STORE_ROW):
         reader = SQLiteStore(f"sqlite:///{path}", busy_timeout=0.2)
         await reader.open()
         assert await reader.head("s1") == 1
         with pytest.raises(so.StoreError, match="locked"):  # writing still waits, and says so
             await reader.acquire_lease("s1", "A", 10, 0)
         await reader.close()
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=10)
-        holder.stdout.close()
 
 
 STALL_INSIDE_COMMIT = """
