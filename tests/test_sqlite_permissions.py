@@ -272,12 +272,11 @@ def test_a_runtime_with_the_agent_lists_a_read_only_store_past_a_deadline(folder
         rt.close_sync()
 
 
-def test_a_reader_sees_a_commit_by_a_writer_that_came_and_went(folder: Path) -> None:
-    # The reader opened the file as immutable (no writer had it); a writer then opens it,
-    # commits and closes, checkpointing into the file and deleting its -wal between two of the
-    # reader's polls. `signoff events --follow` must still see the commit.
-    path = folder / "state.db"
-    _store_with_a_session(path)
+def _follow_while_another_commits(
+    path: Path, before_commit: Callable[[], None] = lambda: None
+) -> tuple[int | None, bool, int | None]:
+    """The reader (as `READER`) reads the session's head, then, after `before_commit` and
+    another store's commit and close as root, waits for the change and reads the head again."""
     go_read, go_write = os.pipe()
     go_wait, go_commit = os.pipe()
 
@@ -294,8 +293,9 @@ def test_a_reader_sees_a_commit_by_a_writer_that_came_and_went(folder: Path) -> 
 
         return asyncio.run(go())
 
-    async def commit_and_close_when_told() -> None:
+    async def commit_when_told() -> None:
         await asyncio.get_running_loop().run_in_executor(None, os.read, go_wait, 1)
+        before_commit()
         writer = SQLiteStore(f"sqlite:///{path}")
         await writer.commit(
             Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
@@ -303,14 +303,24 @@ def test_a_reader_sees_a_commit_by_a_writer_that_came_and_went(folder: Path) -> 
         await writer.close()
         os.write(go_write, b"x")
 
-    committer = threading.Thread(target=lambda: asyncio.run(commit_and_close_when_told()))
+    committer = threading.Thread(target=lambda: asyncio.run(commit_when_told()))
     committer.start()
     try:
-        assert as_user(READER, follow) == (1, True, 2)
+        seen: tuple[int | None, bool, int | None] = as_user(READER, follow)
+        return seen
     finally:
         committer.join(timeout=30)
         for fd in (go_read, go_write, go_wait, go_commit):
             os.close(fd)
+
+
+def test_a_reader_sees_a_commit_by_a_writer_that_came_and_went(folder: Path) -> None:
+    # The reader opened the file as immutable (no writer had it); a writer then opens it,
+    # commits and closes, checkpointing into the file and deleting its -wal between two of the
+    # reader's polls. `signoff events --follow` must still see the commit.
+    path = folder / "state.db"
+    _store_with_a_session(path)
+    assert _follow_while_another_commits(path) == (1, True, 2)
     assert _files(folder) == {"state.db": 0}
 
 
@@ -322,40 +332,7 @@ def test_a_reader_sees_commits_after_the_writer_it_read_through_closed(folder: P
     _store_with_a_session(path)
     first = SQLiteStore(f"sqlite:///{path}")
     asyncio.run(first.head("s1"))  # its -wal and -shm now exist
-    go_read, go_write = os.pipe()
-    go_wait, go_commit = os.pipe()
-
-    def follow() -> tuple[int | None, bool, int | None]:
-        async def go() -> tuple[int | None, bool, int | None]:
-            store = SQLiteStore(f"sqlite:///{path}")
-            before = await store.head("s1")
-            os.write(go_commit, b"x")
-            os.read(go_read, 1)  # the first writer closed; a second committed and closed
-            changed = await store.wait_for_change("s1", 2, after=1, poll_interval=0.01)
-            after = await store.head("s1")
-            await store.close()
-            return before, changed, after
-
-        return asyncio.run(go())
-
-    async def commit_when_told() -> None:
-        await asyncio.get_running_loop().run_in_executor(None, os.read, go_wait, 1)
-        first.conn.close()
-        second = SQLiteStore(f"sqlite:///{path}")
-        await second.commit(
-            Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
-        )
-        await second.close()
-        os.write(go_write, b"x")
-
-    committer = threading.Thread(target=lambda: asyncio.run(commit_when_told()))
-    committer.start()
-    try:
-        assert as_user(READER, follow) == (1, True, 2)
-    finally:
-        committer.join(timeout=30)
-        for fd in (go_read, go_write, go_wait, go_commit):
-            os.close(fd)
+    assert _follow_while_another_commits(path, first.conn.close) == (1, True, 2)
 
 
 def test_a_read_only_store_of_a_newer_signoff_says_to_upgrade(folder: Path) -> None:
