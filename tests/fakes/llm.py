@@ -207,6 +207,12 @@ def _openai_problem(messages: list[Any]) -> str | None:
         ids = [c.get("id") for c in m["tool_calls"]]
         if not all(isinstance(c, str) and c for c in ids) or len(set(ids)) != len(ids):
             return f"messages.[{i - 1}].tool_calls: ids must be distinct non-empty strings"
+        for j, call_id in enumerate(ids):
+            if len(call_id) > 40:
+                return (
+                    f"Invalid 'messages[{i - 1}].tool_calls[{j}].id': string too long. Expected "
+                    f"a string with maximum length 40, but got a string with length {len(call_id)}"
+                )
         answered: list[Any] = []
         while i < len(messages) and messages[i].get("role") == "tool":
             answered.append(messages[i].get("tool_call_id"))
