@@ -112,3 +112,22 @@ def test_the_mapping_keeps_fitting_ids_and_separates_the_rest() -> None:
         assert all(isinstance(i, str) and fits(i) for i in calls)
         assert calls[0] == "toolu_a"
     assert wire_ids(history, openai_id_fits)[2].call_id == "a.b"  # OpenAI takes it as it is
+
+
+async def test_a_tool_name_openai_refuses_does_not_poison_the_session(
+    openai_fake: FakeLLM, tmp_path: Path
+) -> None:
+    # Models call tools that do not exist, with names like "multi_tool_use.parallel": the call
+    # gets an error result, but OpenAI refuses such a name in the history with a 400, forever.
+    openai_fake.queue(
+        openai_completion(None, [openai_tool_call("call_p", "multi_tool_use.parallel", {})]),
+        openai_completion("Let me look it up properly."),
+    )
+    store = f"sqlite:///{tmp_path}/s.db"
+    async with openai_model(openai_fake) as m, so.Runtime([agent(m)], store=store) as rt:
+        r = await rt.generate("support", prompt="What did order 1 cost?")
+        assert (r.status, r.error) == ("completed", None)
+    assistant, result = openai_fake.bodies[1]["messages"][-2:]
+    [call] = assistant["tool_calls"]
+    assert (call["id"], call["function"]["name"]) == ("call_p", "multi_tool_use_parallel")
+    assert "unknown tool 'multi_tool_use.parallel'" in result["content"]

@@ -1,6 +1,7 @@
-"""Tool-call ids on the wire: each provider accepts only some ids (Anthropic's must match
-`[a-zA-Z0-9_-]+` and be unique in a request, OpenAI's are at most 40 characters), while a
-session's history holds whatever ids the models that served it chose."""
+"""Tool-call ids and names on the wire: each provider accepts only some ids (Anthropic's must
+match `[a-zA-Z0-9_-]+` and be unique in a request, OpenAI's are at most 40 characters) and
+names (`[a-zA-Z0-9_-]{1,64}`), while a session's history holds whatever ids the models that
+served it chose, and the names of tools they made up."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ from typing import Any
 
 from .._types import AssistantMessage, ToolResultMessage
 
-__all__ = ["anthropic_id_fits", "openai_id_fits", "wire_ids"]
+__all__ = ["anthropic_id_fits", "openai_id_fits", "wire_ids", "wire_name"]
 
 _ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
 _NOT_ID = re.compile(r"[^a-zA-Z0-9_-]")
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def anthropic_id_fits(call_id: str) -> bool:
@@ -27,6 +29,15 @@ def openai_id_fits(call_id: str) -> bool:
     return 0 < len(call_id) <= 40
 
 
+def wire_name(name: str) -> str:
+    """A tool name as the APIs take it in a conversation: a registered tool's always fits, and
+    one a model made up (`multi_tool_use.parallel`) is shown with its refused characters as `_`
+    (its error result still names it as called)."""
+    if _TOOL_NAME.fullmatch(name):
+        return name
+    return _NOT_ID.sub("_", name)[:64] or "unnamed_tool"
+
+
 def _derived(call_id: str | None) -> str:
     """An id that fits every provider, made from `call_id` alone: its safe characters (short)
     and a hash of it all, so two ids that differ only in refused characters stay apart."""
@@ -37,7 +48,8 @@ def _derived(call_id: str | None) -> str:
 
 
 def wire_ids(messages: Iterable[Any], fits: Callable[[str], bool]) -> list[Any]:
-    """The messages with every tool-call id one the provider accepts and no id used twice.
+    """The messages with every tool-call id one the provider accepts and no id used twice, and
+    every tool name one it accepts (`wire_name`).
 
     Ids that fit and are new are kept; the rest are derived from the id and its order in the
     conversation, so the same history always gives the same request. A result takes the id
@@ -53,7 +65,10 @@ def wire_ids(messages: Iterable[Any], fits: Callable[[str], bool]) -> list[Any]:
             for c in m.tool_calls:
                 wire = _unique(c.id, fits, used)
                 given.setdefault(c.id or "", []).append(wire)
-                calls.append(c if wire == c.id else c.model_copy(update={"id": wire}))
+                name = wire_name(c.name)
+                if (wire, name) != (c.id, c.name):
+                    c = c.model_copy(update={"id": wire, "name": name})
+                calls.append(c)
             out.append(m.model_copy(update={"tool_calls": calls}))
         elif isinstance(m, ToolResultMessage):
             waiting = given.get(m.call_id)
