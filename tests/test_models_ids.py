@@ -131,3 +131,76 @@ async def test_a_tool_name_openai_refuses_does_not_poison_the_session(
     [call] = assistant["tool_calls"]
     assert (call["id"], call["function"]["name"]) == ("call_p", "multi_tool_use_parallel")
     assert "unknown tool 'multi_tool_use.parallel'" in result["content"]
+
+
+@so.tool(approval=so.always())
+async def issue_refund(order_id: str, amount: float) -> dict[str, object]:
+    """Refund an order."""
+    return {"refunded": amount, "order_id": order_id}
+
+
+def tool_use(call_id: str, name: str, input: object) -> dict[str, object]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": input}
+
+
+async def test_a_parked_turn_moves_between_providers_with_parallel_calls_and_a_question(
+    openai_fake: FakeLLM, anthropic_fake: FakeLLM, tmp_path: Path
+) -> None:
+    cards = [{"label": c, "description": f"The {c} card."} for c in ("Visa", "Amex")]
+    ask = {"question": "Which card?", "options": cards}
+    openai_fake.queue(
+        openai_completion(
+            None,
+            [
+                openai_tool_call("functions.lookup_order:0", "lookup_order", {"order_id": "1"}),
+                openai_tool_call(
+                    "functions.issue_refund:1", "issue_refund", {"order_id": "1", "amount": 5}
+                ),
+                openai_tool_call("functions.ask_question:2", "ask_question", ask),
+            ],
+        ),
+        openai_completion("All refunded."),
+    )
+    anthropic_fake.queue(
+        anthropic_message(
+            "One more.", tool_use("toolu_2", "issue_refund", {"order_id": "2", "amount": 7})
+        )
+    )
+    tools = [lookup_order, issue_refund, so.ask_question()]
+    store = f"sqlite:///{tmp_path}/s.db"
+
+    def approve(request: so.InputRequest) -> so.Decision:
+        return so.Decision(id=request.id, approved=True)
+
+    def runtime(model: so.models.Model) -> so.Runtime:
+        return so.Runtime([so.Agent(name="support", model=model, tools=tools)], store=store)
+
+    async with openai_model(openai_fake) as m, runtime(m) as rt:
+        r = await rt.generate("support", prompt="Refund order 1")
+        assert [p.kind for p in r.pending] == ["question"]  # the approval is asked after it
+        sid = r.session_id
+    async with anthropic_model(anthropic_fake) as a, runtime(a) as rt:
+        r = await rt.send(sid, "Amex")
+        [approval] = r.pending
+        r = await rt.generate(session_id=sid, approvals=[approve(approval)])
+        assert (r.status, r.error) == ("waiting", None)
+        [approval] = r.pending
+        assert approval.call_id == "toolu_2"
+    async with openai_model(openai_fake) as m, runtime(m) as rt:
+        r = await rt.generate(session_id=sid, approvals=[approve(approval)])
+        assert (r.status, r.error, r.text.endswith("All refunded.")) == ("completed", None, True)
+    [sent] = anthropic_fake.bodies
+    results = [b for b in sent["messages"][-1]["content"] if b["type"] == "tool_result"]
+    assert len(results) == 3 and not any(b.get("is_error") for b in results)
+    assert any("Amex" in b["content"] for b in results)
+    history = openai_fake.bodies[-1]["messages"]
+    assert [m["role"] for m in history] == [
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+    ]
+    assert history[5]["tool_calls"][0]["id"] == history[6]["tool_call_id"] == "toolu_2"
