@@ -861,3 +861,33 @@ async def test_a_worker_starts_the_message_that_waited_on_a_cancelled_turn(
         state = await worker.state(sid)
         assert state.turn is not None and state.turn.status == "completed"
         assert state.queued == []
+
+
+async def test_a_message_sent_while_the_model_thinks_comes_after_the_reply_it_missed(
+    tmp_path: Path,
+) -> None:
+    # The reply that did not read the message came before it in the conversation sent next, so
+    # the request ended with the assistant's own reply: Anthropic takes that as a prefill to go
+    # on with, not as a message to answer.
+    seen: list[list[tuple[str, Any]]] = []
+    sent: list[asyncio.Task[so.GenerateResult]] = []
+
+    async def first(conversation: list[so.Message]) -> so.ModelResponse:
+        sent.append(asyncio.create_task(rt.send(sid, "also, in euros")))
+        while not (await events(rt, sid))[-1].type == "turn.message":
+            await asyncio.sleep(0.01)
+        return so.ModelResponse(text="It costs 180 dollars.")
+
+    def second(conversation: list[so.Message]) -> so.ModelResponse:
+        seen.append(texts(conversation))
+        return so.ModelResponse(text="160 euros.")
+
+    agent = so.Agent(name="a", model=so.models.Scripted([first, second]))
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        sid = await rt.create_session("a")
+        r = await rt.generate(session_id=sid, prompt="price?")
+        await sent[0]
+        assert (r.status, r.text.endswith("160 euros.")) == ("completed", True)
+    assert seen == [
+        [("user", "price?"), ("assistant", "It costs 180 dollars."), ("user", "also, in euros")]
+    ]

@@ -111,6 +111,21 @@ def test_bad_definitions_are_usage_errors() -> None:
         so.tool(run_as="root")(positional_only)
 
 
+def test_a_tool_name_the_model_apis_refuse_is_a_usage_error() -> None:
+    # OpenAI and Anthropic take tool names of [a-zA-Z0-9_-]{1,64} only: any other name made
+    # every model request of the agent fail with a 400, at run time.
+    def réserver(x: int) -> int:
+        """Book."""
+        return x
+
+    with pytest.raises(so.UsageError, match="name"):
+        so.tool(réserver)
+    for bad in ("x" * 65, "n²", "ｘ"):
+        with pytest.raises(so.UsageError, match="name"):
+            so.tool(name=bad)(réserver)
+    assert so.tool(name="x" * 64)(réserver).name == "x" * 64
+
+
 def test_agent_definition_errors() -> None:
     model = so.models.Scripted([reply("x")])
 

@@ -123,7 +123,13 @@ class ModelStep(DriverPart):
                 taken.add(cid)
             seen.add(cid)
             calls.append({"id": cid, "name": c.name, "input": c.input})
-        data = {"text": response.text, "tool_calls": calls, "usage": response.usage.model_dump()}
+        data = {
+            "text": response.text,
+            "tool_calls": calls,
+            "usage": response.usage.model_dump(),
+            # what the model read: a message recorded after this seq comes after the response
+            "read_through": read_through,
+        }
         if response.reasoning and calls:  # only a response with calls needs its reasoning back
             data["reasoning"] = response.reasoning
         completed: EventSpec = ("model.completed", data)

@@ -264,7 +264,7 @@ class Conversation:
     """Messages as the model sees them; a message that arrives while calls are still open is
     held back until their results are in, so results always follow their calls."""
 
-    __slots__ = ("deferred", "messages", "open_calls", "partial", "turn_start")
+    __slots__ = ("deferred", "messages", "open_calls", "partial", "turn_start", "unread")
 
     def __init__(self, *, partial: bool = False) -> None:
         # partial: built from a recent turn on (enough for a message window), not the whole log
@@ -273,12 +273,16 @@ class Conversation:
         self.messages: list[Message] = []
         self.open_calls: dict[str, str] = {}  # call id -> tool name, for calls with no result
         self.deferred: list[Message] = []
+        # messages said since the last response, with their seq: one the next response did not
+        # read (it came while the model was busy) goes after that response
+        self.unread: list[tuple[int, Message]] = []
 
-    def _say(self, message: Message) -> None:
+    def _say(self, message: Message, seq: int) -> None:
         if self.open_calls:
             self.deferred.append(message)
         else:
             self.messages.append(message)
+            self.unread.append((seq, message))
 
     def add(self, event: Event) -> None:
         d = event.data
@@ -295,18 +299,27 @@ class Conversation:
             self.messages.extend(self.deferred)
             self.deferred.clear()
             self.turn_start = len(self.messages)
+            self.unread.clear()
             if d.get("message") is not None:
                 self.messages.append(UserMessage(text=d["message"]))
         elif event.type == "turn.message":
             if not d.get("queued"):
-                self._say(UserMessage(text=d["message"]))
+                self._say(UserMessage(text=d["message"]), event.seq)
         elif event.type == "model.completed":
             calls = [ToolCall(**c) for c in d.get("tool_calls", [])]
             reasoning = d.get("reasoning") or []
+            read = d.get("read_through")  # absent from logs of older versions
+            missed = [m for seq, m in self.unread if isinstance(read, int) and seq > read]
+            self.unread.clear()
+            if missed:  # by identity: an equal message said earlier stays where it is
+                gone = {id(m) for m in missed}
+                self.messages[:] = [m for m in self.messages if id(m) not in gone]
             self.messages.append(
                 AssistantMessage(text=d.get("text", ""), tool_calls=calls, reasoning=reasoning)
             )
             self.open_calls = {c.id: c.name for c in calls if c.id}
+            for m in missed:
+                self._say(m, event.seq)
         elif event.type == "tool.completed":
             self.messages.append(
                 ToolResultMessage(

@@ -31,7 +31,7 @@ from ._exceptions import (
 from ._recording import Batch, EventSpec, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
-from ._tools import Tool, ToolContext
+from ._tools import TOOL_NAME, Tool, ToolContext
 from ._types import ChildRef, InputRequest, Principal
 from .stores import Resolve
 
@@ -88,10 +88,10 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
     if not isinstance(agent, str) or not agent:
         raise UsageError(f"delegate() needs the name of an agent, not {agent!r}")
     tool_name = name or agent
-    if not tool_name.replace("_", "").replace("-", "").isalnum():
+    if not TOOL_NAME.fullmatch(tool_name):
         raise UsageError(
-            f"delegate({agent!r}): {tool_name!r} is not a valid tool name (letters, digits, _ "
-            "or -); pass name="
+            f"delegate({agent!r}): {tool_name!r} is not a valid tool name (1 to 64 ASCII "
+            "letters, digits, _ or -); pass name="
         )
 
     async def run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
+import re
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn, Protocol, get_type_hints, overload
 
@@ -16,11 +17,15 @@ from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
 from ._types import Answer, Option, Principal, make_options
 
+# The tool names OpenAI and Anthropic take.
+TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
 __all__ = [
     "ApprovalRequired",
     "InputUnavailable",
     "Journal",
     "QuestionWithdrawn",
+    "TOOL_NAME",
     "ReplayError",
     "Tool",
     "ToolContext",
@@ -209,8 +214,11 @@ class Tool:
             raise UsageError(f"run_as must be 'requester' or 'approver', not {run_as!r}")
         self.fn = fn
         self.name = name or fn.__name__
-        if not self.name.replace("_", "").replace("-", "").isalnum():
-            raise UsageError(f"tool name {self.name!r} must be letters, digits, _ or -")
+        if not isinstance(self.name, str) or not TOOL_NAME.fullmatch(self.name):
+            # What OpenAI and Anthropic take: any other name fails every request with a 400.
+            raise UsageError(
+                f"tool name {self.name!r} must be 1 to 64 ASCII letters, digits, _ or -"
+            )
         self.description = description or _describe(fn)
         self.response_policy: ResponsePolicy | None = None
         self.response_timeout = 10.0

@@ -170,6 +170,7 @@ class _Server(ThreadingHTTPServer):
 # -- what the real APIs refuse -------------------------------------------------------------------
 
 _TOOL_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")
+_TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
 
 def wire_problem(flavor: str, body: Any) -> str | None:
@@ -207,6 +208,19 @@ def _openai_problem(messages: list[Any]) -> str | None:
         ids = [c.get("id") for c in m["tool_calls"]]
         if not all(isinstance(c, str) and c for c in ids) or len(set(ids)) != len(ids):
             return f"messages.[{i - 1}].tool_calls: ids must be distinct non-empty strings"
+        for j, call in enumerate(m["tool_calls"]):
+            name = (call.get("function") or {}).get("name")
+            if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+                return (
+                    f"Invalid 'messages[{i - 1}].tool_calls[{j}].function.name': string does not "
+                    "match pattern. Expected a string that matches the pattern '^[a-zA-Z0-9_-]+$'."
+                )
+        for j, call_id in enumerate(ids):
+            if len(call_id) > 40:
+                return (
+                    f"Invalid 'messages[{i - 1}].tool_calls[{j}].id': string too long. Expected "
+                    f"a string with maximum length 40, but got a string with length {len(call_id)}"
+                )
         answered: list[Any] = []
         while i < len(messages) and messages[i].get("role") == "tool":
             answered.append(messages[i].get("tool_call_id"))

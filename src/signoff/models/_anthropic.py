@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import ModelError, UsageError
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
+from ._ids import anthropic_id_fits, wire_ids
 from ._provider import (
     ANTHROPIC_PRICES,
     SdkModel,
@@ -211,6 +212,7 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
     Tool results become `tool_result` blocks of the next user message (before any text, as the
     API requires); consecutive messages of one role are merged; empty ones are left out. The API
     refuses text of whitespace alone: the model's is left out, a person's says it was empty.
+    Tool-call ids it refuses (another provider's, or repeated) are mapped to ones it takes.
     """
     out: list[dict[str, Any]] = []
 
@@ -228,7 +230,7 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
         else:
             out.append({"role": role, "content": blocks})
 
-    for m in messages:
+    for m in wire_ids(messages, anthropic_id_fits):
         if isinstance(m, AssistantMessage):
             # thinking first, as the API requires of the message holding the tool_use blocks
             blocks: list[dict[str, Any]] = list(m.reasoning) if m.tool_calls else []

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import ModelError, UsageError
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
+from ._ids import openai_id_fits, wire_ids
 from ._provider import (
     OPENAI_PRICES,
     UNPARSED_ARGUMENTS,
@@ -187,11 +188,12 @@ def to_openai_tool(spec: ToolSpec) -> dict[str, Any]:
 
 
 def to_openai_messages(instructions: str, messages: Any) -> list[dict[str, Any]]:
-    """The conversation as chat-completions messages, instructions first as the system message."""
+    """The conversation as chat-completions messages, instructions first as the system message;
+    tool-call ids the API refuses (too long, or repeated) are mapped to ones it takes."""
     out: list[dict[str, Any]] = []
     if instructions:
         out.append({"role": "system", "content": instructions})
-    for m in messages:
+    for m in wire_ids(messages, openai_id_fits):
         if isinstance(m, AssistantMessage):
             item: dict[str, Any] = {"role": "assistant", "content": m.text or None}
             if m.tool_calls:
