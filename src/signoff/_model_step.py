@@ -127,8 +127,6 @@ class ModelStep(DriverPart):
             "text": response.text,
             "tool_calls": calls,
             "usage": response.usage.model_dump(),
-            # what the model read: a message recorded after this seq comes after the response
-            "read_through": read_through,
         }
         if response.reasoning and calls:  # only a response with calls needs its reasoning back
             data["reasoning"] = response.reasoning
@@ -137,7 +135,11 @@ class ModelStep(DriverPart):
         def specs(state: SessionState) -> list[EventSpec]:
             # A message that arrived while the model was thinking keeps the turn open.
             unread = state.turn is not None and state.turn.last_message_seq > read_through
-            if calls or unread:
+            if unread:
+                # What the model read: the messages after it go after this response. Stored
+                # only then, as the conversation needs it only then (it saves bytes per turn).
+                return [("model.completed", {**data, "read_through": read_through})]
+            if calls:
                 return [completed]
             # The answer is the `model.completed` just before: `turn.completed` does not repeat it.
             return [completed, ("turn.completed", {}), ("session.waiting", {})]
