@@ -1016,3 +1016,59 @@ async def test_a_step_under_way_when_a_sibling_parks_finishes_and_is_journaled(
         assert r.status == "completed"
         assert tool_results(seen.last)[0].content == ["charged", "morning"]
         assert ran == ["charge"]
+
+
+async def test_the_same_step_and_question_twice_replay_each_in_turn(tmp_path: Path) -> None:
+    """A step name and a question asked again later in the call are told apart by occurrence:
+    each replay returns the right one's result and answer, and no step runs twice."""
+    rolls = iter(["4", "6"])
+    ran: list[str] = []
+
+    def roll() -> str:
+        ran.append("roll")
+        return next(rolls)
+
+    @so.tool
+    async def dice(ctx: so.ToolContext) -> list[str]:
+        """Roll, ask whether to roll again, twice."""
+        seen: list[str] = []
+        for _ in range(2):
+            seen.append(await ctx.step("roll", roll))
+            seen.append((await ctx.ask("Again?", options=["yes", "no"])).value)
+        return seen
+
+    seen = Capture(reply("Rolled."))
+    agent = scripted_agent("game", [call_tools(call("dice", id="d1")), seen], tools=[dice])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("game", prompt="roll", auth=ALICE)
+        r = await rt.send(r.session_id, "yes", principal=ALICE)
+        assert [p.question for p in r.pending] == ["Again?"]
+        r = await rt.send(r.session_id, "no", principal=ALICE)
+        assert r.status == "completed"
+        assert tool_results(seen.last)[0].content == ["4", "yes", "6", "no"]
+        assert ran == ["roll", "roll"]
+
+
+async def test_a_snapshot_keeps_a_calls_journal_keyed(tmp_path: Path) -> None:
+    """A session resumed from a snapshot taken while a call waits on its question still finds
+    the call's entries by key (read as positional, they would replay as a different tool)."""
+
+    @so.tool
+    async def book(ctx: so.ToolContext) -> list[str]:
+        """Hold a table and ask for a time."""
+        held = await ctx.step("hold", lambda: "held")
+        return [held, (await ctx.ask("What time?")).value]
+
+    agent = scripted_agent("host", [call_tools(call("book", id="b1")), reply("ok")], tools=[book])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("host", prompt="book", auth=ALICE)
+        state = await rt.state(r.session_id)
+    restored = so.SessionState.from_snapshot(state.to_snapshot())
+    assert restored.turn is not None and state.turn is not None
+    call_state = restored.turn.calls["b1"]
+    assert call_state.keyed is True
+    assert call_state.journal == state.turn.calls["b1"].journal
+    assert [(e["kind"], e["name"], e["n"]) for e in call_state.journal if e] == [
+        ("step", "hold", 0),
+        ("ask", "What time?", 0),
+    ]
