@@ -11,7 +11,7 @@ import asyncio
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, NoReturn, TypeVar
 
@@ -555,6 +555,7 @@ class OneQuestion:
     """A journal that records the question `ctx.ask()` opens, then parks."""
 
     can_ask = True
+    keyed = True
 
     def __init__(self) -> None:
         self.options: list[Option] | None = None
@@ -565,7 +566,7 @@ class OneQuestion:
     def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]:
         return "pending", None
 
-    async def record_step(self, index: int, name: str, result: Any) -> None:
+    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
         raise AssertionError("no steps here")
 
     async def open_question(

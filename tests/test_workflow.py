@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import signoff as so
+from signoff.stores import Commit, SQLiteStore
 from signoff.testing import (
     Capture,
     call,
@@ -820,3 +822,253 @@ async def test_gather_branches_that_go_on_after_a_replayed_ask_replay_in_order(
         assert result.content == {"send": "sent", "memo": "rent"}
         assert sent == ["yes"]
         assert await rt.pending() == []
+
+
+@pytest.mark.parametrize("pauses", [0, 3])
+async def test_gather_branches_replay_whatever_order_they_reach_the_journal(
+    store_url: str, pauses: int
+) -> None:
+    """A branch that steps while its sibling asks may reach the journal in another order on
+    replay (a step's function yields the first time, not when replayed; a PostgreSQL commit
+    yields, a SQLite one does not): each branch still gets its own entries, nothing re-runs."""
+    ran: list[str] = []
+
+    async def lookup() -> str:
+        for _ in range(pauses):
+            await asyncio.sleep(0)  # a first run yields here; a replay does not run it
+        ran.append("lookup")
+        return "sku-1"
+
+    def reserve(sku: str) -> str:
+        ran.append("reserve")
+        return f"reserved {sku}"
+
+    @so.tool
+    async def order(ctx: so.ToolContext) -> dict[str, str]:
+        """Look up and reserve the item while asking for a colour."""
+
+        async def stock() -> str:
+            sku = await ctx.step("lookup", lookup)
+            return str(await ctx.step("reserve", reserve, sku))
+
+        async def colour() -> str:
+            await asyncio.sleep(0)
+            return (await ctx.ask("Which colour?")).value
+
+        reserved, picked = await asyncio.gather(stock(), colour())
+        return {"reserved": reserved, "colour": picked}
+
+    seen = Capture(reply("Ordered."))
+    agent = scripted_agent("shop", [call_tools(call("order", id="o1")), seen], tools=[order])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="order a shirt", auth=ALICE)
+        assert r.status == "waiting"
+        r = await rt.send(r.session_id, "red", principal=ALICE)
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert result.is_error is False, result.content
+        assert result.content == {"reserved": "reserved sku-1", "colour": "red"}
+        assert sorted(ran) == ["lookup", "reserve"]  # each ran once, on the first run
+
+
+class PositionalWriter(SQLiteStore):
+    """Stores calls as a signoff before keyed journals did: no `keyed` mark on `tool.started`,
+    and each step or question's `index` its position in the call's journal."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.positions: dict[str, int] = {}
+
+    def _position(self, call_id: str) -> int:
+        at = self.positions.get(call_id, 0)
+        self.positions[call_id] = at + 1
+        return at
+
+    async def commit(self, commit: Commit) -> None:
+        events, requests = [], {r.id: r for r in commit.new_requests}
+        for e in commit.events:
+            data = dict(e.data)
+            if e.type == "tool.started":
+                data.pop("keyed", None)
+            elif e.type == "tool.step":
+                data["index"] = self._position(data["call_id"])
+            elif e.type == "input.requested":
+                asked = []
+                for raw in data["requests"]:
+                    if raw.get("source") == "ask":
+                        raw = {**raw, "index": self._position(raw["action"]["call_id"])}
+                        requests[raw["id"]] = so.InputRequest.model_validate(raw)
+                    asked.append(raw)
+                data["requests"] = asked
+            events.append(dataclasses.replace(e, data=data))
+        await super().commit(
+            dataclasses.replace(
+                commit, events=events, new_requests=list(requests.values()), snapshot=None
+            )
+        )
+
+
+async def test_a_call_journaled_by_position_replays_by_position(tmp_path: Path) -> None:
+    """Entries stored before journals were keyed (by position, no `keyed` mark) still replay:
+    the call goes on by position, and what it journals next is positional too."""
+    ran: list[str] = []
+
+    def run(what: str, result: str) -> str:
+        ran.append(what)
+        return result
+
+    @so.tool
+    async def transfer(ctx: so.ToolContext) -> dict[str, str]:
+        """Quote, confirm, send, ask for a memo."""
+        fee = await ctx.step("quote", run, "quote", "2.5%")
+        proceed = await ctx.ask(f"Fee is {fee}. Proceed?", options=["yes", "no"])
+        sent = await ctx.step("send", run, "send", "sent")
+        memo = await ctx.ask("Memo?")
+        return {"proceed": proceed.value, "sent": sent, "memo": memo.value}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("bank", [call_tools(call("transfer", id="t1")), seen], tools=[transfer])
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([agent], store=PositionalWriter(url)) as old:
+        r = await old.generate("bank", prompt="pay", auth=ALICE)
+        assert [p.question for p in r.pending] == ["Fee is 2.5%. Proceed?"]
+    async with so.Runtime([agent], store=url) as rt:
+        assert [p.index for p in await rt.pending()] == [1]  # stored by position
+        r = await rt.send(r.session_id, "yes", principal=ALICE)
+        assert [(p.question, p.index) for p in r.pending] == [("Memo?", 3)]
+        r = await rt.send(r.session_id, "rent", principal=ALICE)
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert result.content == {"proceed": "yes", "sent": "sent", "memo": "rent"}
+        assert ran == ["quote", "send"]
+        log = await events(rt, r.session_id)
+        assert [e.data["index"] for e in log if e.type == "tool.step"] == [0, 2]
+
+
+async def test_a_gather_branch_that_changed_between_runs_is_a_replay_error(
+    tmp_path: Path,
+) -> None:
+    """Keyed replay forgives another interleaving, not another tool: a branch that steps under
+    another name on replay, leaving its recorded step unreached, is a ReplayError."""
+    bodies = 0
+    ran: list[str] = []
+
+    @so.tool
+    async def order(ctx: so.ToolContext) -> list[str]:
+        """Reserve while asking for a colour; the step is renamed on the second run."""
+        nonlocal bodies
+        bodies += 1
+        name = "reserve" if bodies == 1 else "hold"
+
+        async def stock() -> str:
+            return str(await ctx.step(name, ran.append, name))
+
+        async def colour() -> str:
+            return (await ctx.ask("Which colour?")).value
+
+        return list(await asyncio.gather(stock(), colour()))
+
+    seen = Capture(reply("Failed."))
+    agent = scripted_agent("shop", [call_tools(call("order", id="o1")), seen], tools=[order])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="order", auth=ALICE)
+        r = await rt.send(r.session_id, "red", principal=ALICE)
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        assert result.content["error"].startswith("ReplayError: ")
+        assert "replayed step 'hold'" in result.content["error"]
+        assert "recorded step 'reserve'" in result.content["error"]
+        assert ran == ["reserve"]  # the renamed step never ran
+
+
+async def test_a_step_under_way_when_a_sibling_parks_finishes_and_is_journaled(
+    store_url: str,
+) -> None:
+    """A gather branch's step still running when its sibling's question parks the turn is not
+    cancelled halfway (its effect done, its record not): it ends, is journaled, and a replay
+    returns it instead of running it again."""
+    ran: list[str] = []
+
+    async def charge() -> str:
+        await asyncio.sleep(0.05)  # an HTTP call, say
+        ran.append("charge")
+        return "charged"
+
+    @so.tool
+    async def checkout(ctx: so.ToolContext) -> list[str]:
+        """Charge while asking for a delivery slot."""
+
+        async def slot() -> str:
+            return (await ctx.ask("Which slot?")).value
+
+        return list(await asyncio.gather(ctx.step("charge", charge), slot()))
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("shop", [call_tools(call("checkout", id="c1")), seen], tools=[checkout])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="checkout", auth=ALICE)
+        assert r.status == "waiting"
+        assert ran == ["charge"]
+        log = await events(rt, r.session_id)
+        assert "tool.step checkout:charge" in timeline(log)
+        r = await rt.send(r.session_id, "morning", principal=ALICE)
+        assert r.status == "completed"
+        assert tool_results(seen.last)[0].content == ["charged", "morning"]
+        assert ran == ["charge"]
+
+
+async def test_the_same_step_and_question_twice_replay_each_in_turn(tmp_path: Path) -> None:
+    """A step name and a question asked again later in the call are told apart by occurrence:
+    each replay returns the right one's result and answer, and no step runs twice."""
+    rolls = iter(["4", "6"])
+    ran: list[str] = []
+
+    def roll() -> str:
+        ran.append("roll")
+        return next(rolls)
+
+    @so.tool
+    async def dice(ctx: so.ToolContext) -> list[str]:
+        """Roll, ask whether to roll again, twice."""
+        seen: list[str] = []
+        for _ in range(2):
+            seen.append(await ctx.step("roll", roll))
+            seen.append((await ctx.ask("Again?", options=["yes", "no"])).value)
+        return seen
+
+    seen = Capture(reply("Rolled."))
+    agent = scripted_agent("game", [call_tools(call("dice", id="d1")), seen], tools=[dice])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("game", prompt="roll", auth=ALICE)
+        r = await rt.send(r.session_id, "yes", principal=ALICE)
+        assert [p.question for p in r.pending] == ["Again?"]
+        r = await rt.send(r.session_id, "no", principal=ALICE)
+        assert r.status == "completed"
+        assert tool_results(seen.last)[0].content == ["4", "yes", "6", "no"]
+        assert ran == ["roll", "roll"]
+
+
+async def test_a_snapshot_keeps_a_calls_journal_keyed(tmp_path: Path) -> None:
+    """A session resumed from a snapshot taken while a call waits on its question still finds
+    the call's entries by key (read as positional, they would replay as a different tool)."""
+
+    @so.tool
+    async def book(ctx: so.ToolContext) -> list[str]:
+        """Hold a table and ask for a time."""
+        held = await ctx.step("hold", lambda: "held")
+        return [held, (await ctx.ask("What time?")).value]
+
+    agent = scripted_agent("host", [call_tools(call("book", id="b1")), reply("ok")], tools=[book])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("host", prompt="book", auth=ALICE)
+        state = await rt.state(r.session_id)
+    restored = so.SessionState.from_snapshot(state.to_snapshot())
+    assert restored.turn is not None and state.turn is not None
+    call_state = restored.turn.calls["b1"]
+    assert call_state.keyed is True
+    assert call_state.journal == state.turn.calls["b1"].journal
+    assert [(e["kind"], e["name"], e["n"]) for e in call_state.journal if e] == [
+        ("step", "hold", 0),
+        ("ask", "What time?", 0),
+    ]

@@ -72,6 +72,7 @@ def _tool_started(s: SessionState, e: Event) -> None:
     call.status = "running"
     _revive(_turn(s, e))
     call.idempotency_key = e.data.get("idempotency_key")
+    call.keyed = bool(e.data.get("keyed"))  # calls started before keyed journals lack it
 
 
 def _tool_step(s: SessionState, e: Event) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
@@ -26,7 +26,9 @@ class CallJournal:
         self.call_id = call_id
         self.parked = asyncio.Event()
         self.closed = asyncio.Event()  # the body ended: a stray branch may ask no more
-        self.inflight = 0
+        self.inflight = 0  # questions being opened and steps under way
+        self.quiet = asyncio.Event()  # set while nothing is in flight
+        self.quiet.set()
         turn = driver.state.turn
         self.can_ask = not (
             principal is not None and principal.principal_type == "runtime"
@@ -47,21 +49,41 @@ class CallJournal:
             return "withdrawn", {"outcome": "cancelled"}
         return r.status, r.resolution
 
-    async def record_step(self, index: int, name: str, result: Any) -> None:
-        call = self._call()
-        data = {
-            "call_id": call.id,
-            "tool_name": call.tool_name,
-            "index": index,
-            "name": name,
-            "result": result,
-        }
-        await self.driver.record([("tool.step", data)])
+    @property
+    def keyed(self) -> bool:
+        return self._call().keyed
+
+    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
+        """Run a step's function and journal its result. It counts as in flight meanwhile, so
+        a body that parks waits for it instead of cancelling it between its effect and its
+        record (a cancelled step runs again on replay)."""
+        self._busy(1)
+        try:
+            result = await run()
+            call = self._call()
+            data = {
+                "call_id": call.id,
+                "tool_name": call.tool_name,
+                "index": index,
+                "name": name,
+                "result": result,
+            }
+            await self.driver.record([("tool.step", data)])
+            return result
+        finally:
+            self._busy(-1)
+
+    def _busy(self, change: int) -> None:
+        self.inflight += change
+        if self.inflight:
+            self.quiet.clear()
+        else:
+            self.quiet.set()
 
     async def open_question(
         self, index: int, question: str, options: list[Option], allow_text: bool
     ) -> str:
-        self.inflight += 1
+        self._busy(1)
         try:
             call = self._call()
             s = self.driver.state
@@ -95,7 +117,7 @@ class CallJournal:
             await self.driver.record(specs, new_requests=[request])
             return request.id
         finally:
-            self.inflight -= 1
+            self._busy(-1)
 
     @property
     def host(self) -> Any:
@@ -198,8 +220,13 @@ class CallJournal:
         return batch
 
     async def settle(self) -> None:
-        """Let sibling branches of the body (asyncio.gather) reach their own asks."""
+        """Let sibling branches of the body (asyncio.gather) reach their own asks, and steps
+        under way finish and be journaled."""
         idle = 0
         while idle < 5:
+            if self.inflight:
+                await self.quiet.wait()
+                idle = 0
+                continue
             await asyncio.sleep(0)
-            idle = idle + 1 if self.inflight == 0 else 0
+            idle += 1

@@ -169,6 +169,7 @@ class SessionState:
                         "idempotency_key": c.idempotency_key,
                         "edited_input": c.edited_input,
                         "journal": c.journal,
+                        "keyed": c.keyed,
                     }
                     for c in turn.calls.values()
                 ],

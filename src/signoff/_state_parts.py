@@ -45,8 +45,20 @@ class CallState:
     idempotency_key: str | None = None
     edited_input: Any = None
     journal: list[dict[str, Any] | None] = field(default_factory=list)
+    keyed: bool = False  # the journal's `index` is the occurrence of a name, not a position
 
     def record(self, index: int, entry: dict[str, Any]) -> None:
+        """Journal `entry`: in a keyed journal as occurrence `index` of its kind and name (in
+        the order recorded), in an older positional one at position `index`."""
+        if self.keyed:
+            entry = {**entry, "n": index}
+            key = (entry["kind"], entry["name"], index)
+            for i, e in enumerate(self.journal):
+                if e is not None and (e["kind"], e["name"], e.get("n")) == key:
+                    self.journal[i] = entry
+                    return
+            self.journal.append(entry)
+            return
         while len(self.journal) <= index:
             self.journal.append(None)
         self.journal[index] = entry

@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, Protocol, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -61,11 +61,16 @@ class Journal(Protocol):
 
     can_ask: bool
 
+    @property
+    def keyed(self) -> bool:
+        """Entries are keyed by kind, name and occurrence (else by position: older calls)."""
+        ...
+
     def entries(self) -> Sequence[dict[str, Any] | None]: ...
 
     def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]: ...
 
-    async def record_step(self, index: int, name: str, result: Any) -> None: ...
+    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
 
     async def open_question(
         self, index: int, question: str, options: list[Option], allow_text: bool
@@ -109,35 +114,89 @@ class ToolContext:
         self._key = idempotency_key
         self.abort_signal = abort_signal or asyncio.Event()
         self._journal = journal
-        self._cursor = 0
+        self._cursor = 0  # places claimed this run (the position of entries journaled by one)
+        self._seen: dict[tuple[str, str], int] = {}  # (kind, name): occurrences claimed this run
 
     def _next(self, kind: str, name: str) -> tuple[int, dict[str, Any] | None]:
+        """Claim the journal place of this `kind`/`name` and return it with what it recorded.
+
+        A call's entries are keyed by kind, name and occurrence (the nth step of that name), so
+        concurrent branches (asyncio.gather) find their own entries in whatever order they get
+        there. Calls journaled before keys existed (`Journal.keyed` false) replay by position,
+        as they were recorded.
+        """
         if self._journal is None:
             raise UsageError(f"ctx.{kind}() needs a context given by the signoff engine")
-        index = self._cursor
+        position = self._cursor
         self._cursor += 1
         entries = self._journal.entries()
-        entry = entries[index] if index < len(entries) else None
+        if self._journal.keyed:
+            n = self._seen.get((kind, name), 0)
+            self._seen[(kind, name)] = n + 1
+            found = [
+                e
+                for e in entries
+                if e is not None and (e["kind"], e["name"], e.get("n")) == (kind, name, n)
+            ]
+            return n, found[0] if found else None
+        entry = entries[position] if position < len(entries) else None
         if entry is not None and (entry["kind"] != kind or entry["name"] != name):
-            raise ReplayError(
-                f"tool {self.tool_name!r} (call {self.call_id}) replayed {kind} {name!r} at "
-                f"position {index + 1}, but recorded {entry['kind']} {entry['name']!r} there; "
-                "a workflow tool must ask and step in the same order on every run"
-            )
-        return index, entry
+            raise self._diverged(kind, name, position, entry)
+        return position, entry
+
+    def _diverged(
+        self, kind: str, name: str, position: int, recorded: dict[str, Any]
+    ) -> ReplayError:
+        return ReplayError(
+            f"tool {self.tool_name!r} (call {self.call_id}) replayed {kind} {name!r} at "
+            f"position {position + 1}, but recorded {recorded['kind']} {recorded['name']!r} "
+            "there; a workflow tool must ask and step in the same order on every run"
+        )
+
+    def _unreplayed(self) -> list[dict[str, Any]]:
+        """Recorded entries no branch of this run has reached yet."""
+        assert self._journal is not None
+        return [
+            e
+            for e in self._journal.entries()
+            if e is not None and self._seen.get((e["kind"], e["name"]), 0) <= e.get("n", 0)
+        ]
+
+    async def _replayed_first(self, kind: str, name: str) -> None:
+        """Before a new entry, let sibling branches replay what they recorded (they may be
+        behind this one now); one that no branch reaches means the tool changed: ReplayError."""
+        assert self._journal is not None
+        if not self._journal.keyed:
+            return
+        position = self._cursor - 1  # claimed just before this is called, with no await between
+        left, idle = self._unreplayed(), 0
+        while left:
+            if idle == 20:
+                raise self._diverged(kind, name, position, left[0])
+            await asyncio.sleep(0)
+            now = self._unreplayed()
+            idle = 0 if len(now) < len(left) else idle + 1
+            left = now
 
     async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run a side effect once and journal its result; a replay returns the recorded result."""
+        """Run a side effect once and journal its result; a replay returns the recorded result.
+
+        Replay finds a step by its name and occurrence: concurrent branches that step under the
+        same name must reach it in the same order on every run, so give each its own name.
+        """
         index, entry = self._next("step", name)
         if entry is not None:
             return entry["result"]
+        await self._replayed_first("step", name)
         assert self._journal is not None
-        result = fn(*args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        result = jsonable(result)
-        await self._journal.record_step(index, name, result)
-        return result
+
+        async def run() -> Any:
+            result = fn(*args, **kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            return jsonable(result)
+
+        return await self._journal.run_step(index, name, run)
 
     async def ask(
         self,
@@ -160,15 +219,17 @@ class ToolContext:
         if entry is None:
             if not journal.can_ask:
                 raise InputUnavailable("this session has no person to ask")
+            await self._replayed_first("ask", question)
             await journal.open_question(index, question, opts, allow_text)
             await journal.park()
         request_id = entry["request_id"] if entry else ""
         status, resolution = journal.lookup(request_id)
         if status == "pending":
             await journal.park()
-        # When first asked, this branch parked while sibling branches (asyncio.gather) went on
-        # to their own asks: on replay they go first too, so each takes its recorded position.
-        await journal.settle()
+        if not journal.keyed:
+            # When first asked, this branch parked while sibling branches (asyncio.gather) went
+            # on to their own asks: on replay they go first too, so each takes its position.
+            await journal.settle()
         resolution = resolution or {}
         if resolution.get("outcome") != "answered":
             raise QuestionWithdrawn(request_id, str(resolution.get("outcome")))
