@@ -872,7 +872,7 @@ async def test_gather_branches_replay_whatever_order_they_reach_the_journal(
 
 
 class PositionalWriter(SQLiteStore):
-    """Stores calls as a signoff before keyed journals did: no `keyed` mark on `tool.started`,
+    """Stores calls as a signoff before keyed journals did: no `keyed` mark on a call's entries,
     and each step or question's `index` its position in the call's journal."""
 
     def __init__(self, url: str) -> None:
@@ -888,11 +888,11 @@ class PositionalWriter(SQLiteStore):
         events, requests = [], {r.id: r for r in commit.new_requests}
         for e in commit.events:
             data = dict(e.data)
-            if e.type == "tool.started":
+            if e.type == "tool.step":
                 data.pop("keyed", None)
-            elif e.type == "tool.step":
                 data["index"] = self._position(data["call_id"])
             elif e.type == "input.requested":
+                data.pop("keyed", None)
                 asked = []
                 for raw in data["requests"]:
                     if raw.get("source") == "ask":

@@ -4,7 +4,7 @@ and the fold."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ._events import Event
 from ._exceptions import SchemaVersionError, StoreError
@@ -72,12 +72,20 @@ def _tool_started(s: SessionState, e: Event) -> None:
     call.status = "running"
     _revive(_turn(s, e))
     call.idempotency_key = e.data.get("idempotency_key")
-    call.keyed = bool(e.data.get("keyed"))  # calls started before keyed journals lack it
 
 
 def _tool_step(s: SessionState, e: Event) -> None:
     d = e.data
-    _call(s, e).record(d["index"], {"kind": "step", "name": d["name"], "result": d.get("result")})
+    call = _call(s, e)
+    _key_journal(call, d)
+    call.record(d["index"], {"kind": "step", "name": d["name"], "result": d.get("result")})
+
+
+def _key_journal(call: CallState, data: dict[str, Any]) -> None:
+    """A call's first entry says how its journal is keyed: entries journaled before keys
+    existed have no `keyed` mark, and their call goes on by position."""
+    if not any(call.journal):
+        call.keyed = bool(data.get("keyed"))
 
 
 def _turn_message(s: SessionState, e: Event) -> None:
@@ -116,6 +124,7 @@ def _input_requested(s: SessionState, e: Event) -> None:
         call = turn.calls[request.action.call_id]
         if request.source == "ask":
             entry = {"kind": "ask", "name": request.question, "request_id": request.id}
+            _key_journal(call, e.data)
             call.record(request.index or 0, entry)
             call.status = "asking"
         else:

@@ -51,12 +51,15 @@ class CallJournal:
 
     @property
     def keyed(self) -> bool:
-        return self._call().keyed
+        """A call journals by key unless it began journaling by position (an older version)."""
+        call = self._call()
+        return call.keyed or not any(call.journal)
 
     async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
         """Run a step's function and journal its result. It counts as in flight meanwhile, so
         a body that parks waits for it instead of cancelling it between its effect and its
         record (a cancelled step runs again on replay)."""
+        keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
         self._busy(1)
         try:
             result = await run()
@@ -68,6 +71,8 @@ class CallJournal:
                 "name": name,
                 "result": result,
             }
+            if keyed:
+                data["keyed"] = True
             await self.driver.record([("tool.step", data)])
             return result
         finally:
@@ -86,6 +91,7 @@ class CallJournal:
         self._busy(1)
         try:
             call = self._call()
+            keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
             s = self.driver.state
             turn = s.turn
             assert turn is not None
@@ -112,7 +118,10 @@ class CallJournal:
                 # after the body ended (its gather failed) asks nothing either.
                 if self.closed.is_set() or (state.turn is not None and state.turn.steered):
                     raise QuestionWithdrawn(request.id, "cancelled")
-                return [("input.requested", {"requests": [dump_request(request)]})]
+                data: dict[str, Any] = {"requests": [dump_request(request)]}
+                if keyed:
+                    data["keyed"] = True
+                return [("input.requested", data)]
 
             await self.driver.record(specs, new_requests=[request])
             return request.id

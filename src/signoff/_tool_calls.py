@@ -267,8 +267,6 @@ class ToolCalls(DriverPart):
                             "tool_name": call.tool_name,
                             "idempotency_key": key,
                             "principal": None if principal is None else principal.model_dump(),
-                            # A call that journaled by position before goes on by position.
-                            "keyed": call.keyed or not any(call.journal),
                         },
                     )
                 ]
