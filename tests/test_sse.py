@@ -3,11 +3,15 @@ proxies, resuming, and what happens to an open stream when the server stops."""
 
 from __future__ import annotations
 
+import json
 import signal
+import sqlite3
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -123,3 +127,145 @@ def test_an_idle_dashboard_stream_does_not_rescan_the_queue(
             data = next(line for line in lines if line.startswith("data:"))
             assert '"total":4' in data
     assert idle <= 1, f"{idle} scans of an unchanged queue"
+
+
+def _follow_until_closed(
+    response: httpx.Response, when_seen: str, act: Callable[[], None], timeout: float = 10.0
+) -> list[str]:
+    """Every line of a followed stream until the server closes it; `act` runs once `when_seen`
+    has arrived. Fails when the stream is still open after `timeout` (keep-alives only)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    for line in response.iter_lines():
+        seen.append(line)
+        if line == when_seen:
+            act()
+        if time.monotonic() > deadline:
+            pytest.fail(f"the stream stayed open; last lines: {seen[-5:]}")
+    return seen
+
+
+def _end_event(lines: list[str]) -> dict[str, Any]:
+    """The data of the stream's final `stream.end` event, which carries no id."""
+    at = lines.index("event: stream.end")
+    assert not lines[at - 1].startswith("id:"), lines[at - 3 : at + 2]
+    assert all(not line.startswith(("id:", "data:")) for line in lines[at + 2 :]), lines[at:]
+    data: dict[str, Any] = json.loads(lines[at + 1].removeprefix("data: "))
+    return data
+
+
+def test_a_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Path) -> None:
+    """A store file deleted under the server never comes back: the stream used to wait for it
+    with keep-alives for ever. It ends with a `stream.end` event naming why, and a reconnect
+    is refused (503), which makes an EventSource stop."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, make_runtime, running
+
+    path = tmp_path / "state.db"
+    runtime = make_runtime(f"sqlite:///{path}")
+    app = create_app(
+        runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
+    )
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
+
+        def delete() -> None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+        with c.stream("GET", f"/v1/sessions/{sid}/events") as s:
+            lines = _follow_until_closed(s, "id: 1", delete)
+        end = _end_event(lines)
+        assert end["status"] == 503 and end["error"]["code"] == "store_gone", end
+        assert str(path) not in end["error"]["message"]  # the server's log names the file
+        r = c.get(f"/v1/sessions/{sid}/events")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "store_gone", r.text
+
+
+def test_the_dashboard_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Path) -> None:
+    """The queue's stream waited with keep-alives for a deleted store file; it ends with
+    `stream.end`, and the page's EventSource reconnecting gets a 503, which stops it."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, make_runtime, running
+
+    path = tmp_path / "state.db"
+    runtime = make_runtime(f"sqlite:///{path}")
+    app = create_app(
+        runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
+    )
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"})
+
+        def delete() -> None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+        with c.stream("GET", "/_signoff/stream") as s:
+            lines = _follow_until_closed(s, "event: queue", delete)
+        end = _end_event(lines)
+        assert end["status"] == 503 and end["error"]["code"] == "store_gone", end
+        r = c.get("/_signoff/stream")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "store_gone", r.text
+
+
+def test_a_stream_of_a_session_that_expires_ends_and_a_reconnect_is_410(tmp_path: Path) -> None:
+    """A session whose TTL passed takes no more events: its stream used to stay open with
+    keep-alives for ever. It ends with `stream.end` (`session_expired`, naming the requests
+    the expiry closes); an EventSource reconnecting with the last id gets 410 and stops, one
+    that missed events first gets them and the end again; reading it without following works."""
+    from .test_server_common import running, ttl_app
+
+    now = [1_000_000.0]
+    _, app = ttl_app(tmp_path, now)
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        body = c.post("/v1/sessions", json={"agent": "desk", "message": "reset"}).json()
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        head = c.get(f"/v1/sessions/{sid}").json()["seq"]
+        url = f"/v1/sessions/{sid}/events"
+
+        def expire() -> None:
+            now[0] += 120
+
+        with c.stream("GET", url) as s:
+            lines = _follow_until_closed(s, f"id: {head}", expire)
+        end = _end_event(lines)
+        assert end["status"] == 410, end
+        assert end["error"]["code"] == "session_expired" and end["error"]["session_id"] == sid
+        assert end["error"]["request_ids"] == [rid]
+
+        r = c.get(url, headers={"Last-Event-ID": str(head)})
+        assert r.status_code == 410 and r.json()["error"]["code"] == "session_expired", r.text
+        with c.stream("GET", url, headers={"Last-Event-ID": str(head - 2)}) as s:
+            lines = _follow_until_closed(s, "", lambda: None)
+        assert [x for x in lines if x.startswith("id:")] == [f"id: {head - 1}", f"id: {head}"]
+        assert _end_event(lines)["error"]["code"] == "session_expired"
+        history = c.get(url, params={"follow": "false"})
+        assert history.status_code == 200 and f"id: {head}" in history.text
+        assert "stream.end" not in history.text
+
+
+def test_a_stream_of_a_session_deleted_from_the_store_ends(tmp_path: Path) -> None:
+    """An operator deleting a session's rows: its stream waited for ever; it ends with
+    `stream.end` (`unknown_session`), and a reconnect is a 404."""
+    from .test_server_common import running, ttl_app
+
+    now = [1_000_000.0]
+    _, app = ttl_app(tmp_path, now)
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        sid = c.post("/v1/sessions", json={"agent": "desk"}).json()["session_id"]
+
+        def delete() -> None:
+            with sqlite3.connect(tmp_path / "ttl.db") as db:
+                (sk,) = db.execute("SELECT sk FROM sessions WHERE id=?", (sid,)).fetchone()
+                for table in ("events", "snapshots", "requests", "leases", "sessions"):
+                    db.execute(f"DELETE FROM {table} WHERE sk=?", (sk,))
+            db.close()
+
+        with c.stream("GET", f"/v1/sessions/{sid}/events") as s:
+            lines = _follow_until_closed(s, "id: 1", delete)
+        end = _end_event(lines)
+        assert end["status"] == 404 and end["error"]["code"] == "unknown_session", end
+        r = c.get(f"/v1/sessions/{sid}/events")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session"
