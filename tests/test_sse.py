@@ -269,3 +269,42 @@ def test_a_stream_of_a_session_deleted_from_the_store_ends(tmp_path: Path) -> No
         assert end["status"] == 404 and end["error"]["code"] == "unknown_session", end
         r = c.get(f"/v1/sessions/{sid}/events")
         assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session"
+
+
+def test_signoff_serve_stops_with_a_stream_whose_client_never_reads(tmp_path: Path) -> None:
+    """A client that opens a stream and never reads fills the socket's buffers: the stream then
+    waits to write (memory stays bounded) and never sees the server stopping, and uvicorn waited
+    for it for ever. The server drops such a connection once it has begun to stop."""
+    import socket
+    import subprocess
+
+    store = f"sqlite:///{tmp_path}/state.db"
+    with tempfile.TemporaryFile() as log:
+        proc, base = spawn_serve(store, ["alice-token=alice"], log)
+        try:
+            c = httpx.Client(base_url=base, headers=auth("alice-token"), timeout=60)
+            sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
+            for _ in range(4):  # some 24 MB of events: more than any socket buffers
+                r = c.post(f"/v1/sessions/{sid}/messages", json={"text": "x" * 3_000_000})
+                assert r.status_code == 200, r.text[:200]
+            port = int(base.rsplit(":", 1)[1])
+            stalled = socket.socket()
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.connect(("127.0.0.1", port))
+            stalled.sendall(
+                f"GET /v1/sessions/{sid}/events HTTP/1.1\r\nHost: t\r\n"
+                "Authorization: Bearer alice-token\r\n\r\n".encode()
+            )
+            time.sleep(1.5)  # the server has filled the buffers and waits to write
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                log.seek(0)
+                pytest.fail(f"the server did not stop:\n{log.read().decode(errors='replace')}")
+            stalled.close()
+            c.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
