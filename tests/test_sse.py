@@ -308,3 +308,23 @@ def test_signoff_serve_stops_with_a_stream_whose_client_never_reads(tmp_path: Pa
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_last_event_id_past_the_session_is_refused(store: str) -> None:
+    """An id this session never reached (a store restored from an older backup, a client mixing
+    sessions) made a followed stream wait in silence until the session caught up, skipping every
+    event before it. It is refused, as any id the server never sent; garbage too, whatever it is."""
+    with served(store) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
+        url = f"/v1/sessions/{sid}/events"
+        ids = [b"2", b"999999", b"%d" % 2**53, b"-1", b"%d" % 2**64, b"9" * 5000, b"1 2"]
+        for bad in [*ids, b"\xb3"]:  # "³" in latin-1: a digit to str.isdigit()
+            r = c.get(url, params={"follow": "false"}, headers={b"Last-Event-ID": bad})
+            assert r.status_code == 422, (bad, r.text)
+            assert r.json()["error"]["code"] == "invalid_request"
+        r = c.get(url, headers={"Last-Event-ID": "999999"})  # following: refused, not held
+        assert r.status_code == 422, r.text
+        r = c.get(url, params={"after": 5})
+        assert r.status_code == 422 and "past" in r.json()["error"]["message"], r.text
+        with c.stream("GET", url, params={"follow": "false"}, headers={"Last-Event-ID": "1"}) as s:
+            assert read_sse(s) == []

@@ -167,6 +167,14 @@ async def events(
         if parsed > MAX_SEQ:
             raise ApiError(422, "invalid_request", f"Last-Event-ID must be in 0..{MAX_SEQ}")
         start = parsed
+    if start > state.seq:
+        # Not an id this session has sent: a followed stream would wait, silent, until the
+        # session caught up, and skip every event before it.
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{start} is past the session's last event ({state.seq}); resume from an id it sent",
+        )
     if follow and start >= state.seq and state.expired(ctx.runtime.clock()):
         # Nothing more will come: a 410 stops a reconnecting EventSource, which a stream that
         # merely ends again would not.
