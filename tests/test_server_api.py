@@ -887,3 +887,56 @@ async def test_a_store_failure_is_a_503_that_names_no_database(
                 assert {"500", "503"} <= set(responses), (path, sorted(responses))
                 assert "store_error" in responses["503"]["description"]
     await runtime.close()
+
+
+def test_a_request_past_its_deadline_reads_as_the_list_shows_it_when_not_recorded(
+    tmp_path: Path,
+) -> None:
+    """A server whose runtime cannot record a passed deadline (the session is another agent's)
+    leaves the request out of the queue; reading it alone said it was still pending."""
+    now = [1_000_000.0]
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    @so.tool(approval=so.always(expires_in=60, on_timeout="escalate", escalate_to="security"))
+    async def unlock_account(email: str) -> str:
+        """Unlock an account."""
+        return "unlocked"
+
+    def agent(name: str, tool: str) -> so.Agent:
+        call = so.ToolCall(name=tool, input={"email": "a@example.com"})
+        return so.Agent(
+            name=name,
+            model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
+            tools=[reset_password, unlock_account],
+        )
+
+    url = f"sqlite:///{tmp_path}/due.db"
+    asking = so.Runtime(
+        [agent("desk", "reset_password"), agent("locks", "unlock_account")],
+        store=url,
+        clock=lambda: now[0],
+    )
+    alice_p = TOKENS["alice-token"]
+    ids = [
+        asking.generate_sync(name, "help", auth=alice_p).pending[0].id for name in ("desk", "locks")
+    ]
+    asking.close_sync()
+    other = so.Runtime([agent("other", "reset_password")], store=url, clock=lambda: now[0])
+    app = create_app(other, auth=TokenAuth(TOKENS), sweep_every=None)
+    with running(app) as base, client(base, "alice-token") as alice:
+        now[0] += 60
+        listed = alice.get("/v1/requests").json()
+        assert [(i["id"], i["escalated_to"]) for i in listed["items"]] == [(ids[1], "security")]
+        record = alice.get(f"/v1/requests/{ids[0]}").json()
+        assert (record["status"], record["outcome"]) == ("expired", "expired"), record
+        assert record["request"]["status"] == "expired"
+        record = alice.get(f"/v1/requests/{ids[1]}").json()
+        assert record["status"] == "pending"
+        assert (record["request"]["escalated_to"], record["request"]["expires_at"]) == (
+            "security",
+            None,
+        )

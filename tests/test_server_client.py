@@ -231,3 +231,34 @@ async def test_events_survive_a_server_restart(tmp_path: Path) -> None:
                 proc.terminate()
                 proc.wait(timeout=10)
         log.close()
+
+
+async def test_following_a_session_that_expires_raises_session_expired(tmp_path: Path) -> None:
+    """The server ends the stream of an expired session with `stream.end`: the client yields
+    every event, then raises `SessionExpired` instead of reconnecting (or parsing the end as an
+    event); following it again raises at once."""
+    import asyncio
+
+    from .test_server_common import running, ttl_app
+
+    now = [1_000_000.0]
+    _, app = ttl_app(tmp_path, now)
+    with running(app) as base:
+        async with AsyncClient(base, token="alice-token") as c:
+            r = await c.generate("desk", "reset")
+            received: list[so.Event] = []
+
+            async def follow() -> None:
+                async for event in c.events(r.session_id):
+                    received.append(event)
+                    if event.type == "turn.waiting":
+                        now[0] += 120
+
+            with pytest.raises(so.SessionExpired) as expired:
+                await asyncio.wait_for(follow(), 10)
+            assert expired.value.session_id == r.session_id
+            assert expired.value.pending == [r.pending[0].id]
+            assert [e.seq for e in received] == list(range(1, len(received) + 1))
+            head = received[-1].seq
+            with pytest.raises(so.SessionExpired):  # a 410: nothing more will come
+                await asyncio.wait_for(anext(aiter(c.events(r.session_id, head))), 10)

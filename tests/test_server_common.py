@@ -300,3 +300,26 @@ def read_sse(
         elif field in ("id", "event", "retry"):
             current[field] = value
     return out
+
+
+def ttl_app(tmp_path: Path, now: list[float]) -> tuple[Any, Any]:
+    """A server for one agent whose sessions expire 60 s after their last event, on a clock
+    the test moves."""
+
+    @so.tool(approval=so.always())
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    call = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
+    agent = so.Agent(
+        name="desk",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
+        tools=[reset_password],
+        limits=so.Limits(ttl=60),
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/ttl.db", clock=lambda: now[0])
+    app = create_app(
+        runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
+    )
+    return runtime, app

@@ -3,11 +3,15 @@ proxies, resuming, and what happens to an open stream when the server stops."""
 
 from __future__ import annotations
 
+import json
 import signal
+import sqlite3
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -123,3 +127,204 @@ def test_an_idle_dashboard_stream_does_not_rescan_the_queue(
             data = next(line for line in lines if line.startswith("data:"))
             assert '"total":4' in data
     assert idle <= 1, f"{idle} scans of an unchanged queue"
+
+
+def _follow_until_closed(
+    response: httpx.Response, when_seen: str, act: Callable[[], None], timeout: float = 10.0
+) -> list[str]:
+    """Every line of a followed stream until the server closes it; `act` runs once `when_seen`
+    has arrived. Fails when the stream is still open after `timeout` (keep-alives only)."""
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout
+    for line in response.iter_lines():
+        seen.append(line)
+        if line == when_seen:
+            act()
+        if time.monotonic() > deadline:
+            pytest.fail(f"the stream stayed open; last lines: {seen[-5:]}")
+    return seen
+
+
+def _end_event(lines: list[str]) -> dict[str, Any]:
+    """The data of the stream's final `stream.end` event, which carries no id."""
+    at = lines.index("event: stream.end")
+    assert not lines[at - 1].startswith("id:"), lines[at - 3 : at + 2]
+    assert all(not line.startswith(("id:", "data:")) for line in lines[at + 2 :]), lines[at:]
+    data: dict[str, Any] = json.loads(lines[at + 1].removeprefix("data: "))
+    return data
+
+
+def test_a_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Path) -> None:
+    """A store file deleted under the server never comes back: the stream used to wait for it
+    with keep-alives for ever. It ends with a `stream.end` event naming why, and a reconnect
+    is refused (503), which makes an EventSource stop."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, make_runtime, running
+
+    path = tmp_path / "state.db"
+    runtime = make_runtime(f"sqlite:///{path}")
+    app = create_app(
+        runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
+    )
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
+
+        def delete() -> None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+        with c.stream("GET", f"/v1/sessions/{sid}/events") as s:
+            lines = _follow_until_closed(s, "id: 1", delete)
+        end = _end_event(lines)
+        assert end["status"] == 503 and end["error"]["code"] == "store_gone", end
+        assert str(path) not in end["error"]["message"]  # the server's log names the file
+        r = c.get(f"/v1/sessions/{sid}/events")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "store_gone", r.text
+
+
+def test_the_dashboard_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Path) -> None:
+    """The queue's stream waited with keep-alives for a deleted store file; it ends with
+    `stream.end`, and the page's EventSource reconnecting gets a 503, which stops it."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, make_runtime, running
+
+    path = tmp_path / "state.db"
+    runtime = make_runtime(f"sqlite:///{path}")
+    app = create_app(
+        runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
+    )
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"})
+
+        def delete() -> None:
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+        with c.stream("GET", "/_signoff/stream") as s:
+            lines = _follow_until_closed(s, "event: queue", delete)
+        end = _end_event(lines)
+        assert end["status"] == 503 and end["error"]["code"] == "store_gone", end
+        r = c.get("/_signoff/stream")
+        assert r.status_code == 503 and r.json()["error"]["code"] == "store_gone", r.text
+
+
+def test_a_stream_of_a_session_that_expires_ends_and_a_reconnect_is_410(tmp_path: Path) -> None:
+    """A session whose TTL passed takes no more events: its stream used to stay open with
+    keep-alives for ever. It ends with `stream.end` (`session_expired`, naming the requests
+    the expiry closes); an EventSource reconnecting with the last id gets 410 and stops, one
+    that missed events first gets them and the end again; reading it without following works."""
+    from .test_server_common import running, ttl_app
+
+    now = [1_000_000.0]
+    _, app = ttl_app(tmp_path, now)
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        body = c.post("/v1/sessions", json={"agent": "desk", "message": "reset"}).json()
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        head = c.get(f"/v1/sessions/{sid}").json()["seq"]
+        url = f"/v1/sessions/{sid}/events"
+
+        def expire() -> None:
+            now[0] += 120
+
+        with c.stream("GET", url) as s:
+            lines = _follow_until_closed(s, f"id: {head}", expire)
+        end = _end_event(lines)
+        assert end["status"] == 410, end
+        assert end["error"]["code"] == "session_expired" and end["error"]["session_id"] == sid
+        assert end["error"]["request_ids"] == [rid]
+
+        r = c.get(url, headers={"Last-Event-ID": str(head)})
+        assert r.status_code == 410 and r.json()["error"]["code"] == "session_expired", r.text
+        with c.stream("GET", url, headers={"Last-Event-ID": str(head - 2)}) as s:
+            lines = _follow_until_closed(s, "", lambda: None)
+        assert [x for x in lines if x.startswith("id:")] == [f"id: {head - 1}", f"id: {head}"]
+        assert _end_event(lines)["error"]["code"] == "session_expired"
+        history = c.get(url, params={"follow": "false"})
+        assert history.status_code == 200 and f"id: {head}" in history.text
+        assert "stream.end" not in history.text
+
+
+def test_a_stream_of_a_session_deleted_from_the_store_ends(tmp_path: Path) -> None:
+    """An operator deleting a session's rows: its stream waited for ever; it ends with
+    `stream.end` (`unknown_session`), and a reconnect is a 404."""
+    from .test_server_common import running, ttl_app
+
+    now = [1_000_000.0]
+    _, app = ttl_app(tmp_path, now)
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        sid = c.post("/v1/sessions", json={"agent": "desk"}).json()["session_id"]
+
+        def delete() -> None:
+            with sqlite3.connect(tmp_path / "ttl.db") as db:
+                (sk,) = db.execute("SELECT sk FROM sessions WHERE id=?", (sid,)).fetchone()
+                for table in ("events", "snapshots", "requests", "leases", "sessions"):
+                    db.execute(f"DELETE FROM {table} WHERE sk=?", (sk,))
+            db.close()
+
+        with c.stream("GET", f"/v1/sessions/{sid}/events") as s:
+            lines = _follow_until_closed(s, "id: 1", delete)
+        end = _end_event(lines)
+        assert end["status"] == 404 and end["error"]["code"] == "unknown_session", end
+        r = c.get(f"/v1/sessions/{sid}/events")
+        assert r.status_code == 404 and r.json()["error"]["code"] == "unknown_session"
+
+
+def test_signoff_serve_stops_with_a_stream_whose_client_never_reads(tmp_path: Path) -> None:
+    """A client that opens a stream and never reads fills the socket's buffers: the stream then
+    waits to write (memory stays bounded) and never sees the server stopping, and uvicorn waited
+    for it for ever. The server drops such a connection once it has begun to stop."""
+    import socket
+    import subprocess
+
+    store = f"sqlite:///{tmp_path}/state.db"
+    with tempfile.TemporaryFile() as log:
+        proc, base = spawn_serve(store, ["alice-token=alice"], log)
+        try:
+            c = httpx.Client(base_url=base, headers=auth("alice-token"), timeout=60)
+            sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
+            for _ in range(4):  # some 24 MB of events: more than any socket buffers
+                r = c.post(f"/v1/sessions/{sid}/messages", json={"text": "x" * 3_000_000})
+                assert r.status_code == 200, r.text[:200]
+            port = int(base.rsplit(":", 1)[1])
+            stalled = socket.socket()
+            stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            stalled.connect(("127.0.0.1", port))
+            stalled.sendall(
+                f"GET /v1/sessions/{sid}/events HTTP/1.1\r\nHost: t\r\n"
+                "Authorization: Bearer alice-token\r\n\r\n".encode()
+            )
+            time.sleep(1.5)  # the server has filled the buffers and waits to write
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                log.seek(0)
+                pytest.fail(f"the server did not stop:\n{log.read().decode(errors='replace')}")
+            stalled.close()
+            c.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_a_last_event_id_past_the_session_is_refused(store: str) -> None:
+    """An id this session never reached (a store restored from an older backup, a client mixing
+    sessions) made a followed stream wait in silence until the session caught up, skipping every
+    event before it. It is refused, as any id the server never sent; garbage too, whatever it is."""
+    with served(store) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        sid = c.post("/v1/sessions", json={"agent": "support"}).json()["session_id"]
+        url = f"/v1/sessions/{sid}/events"
+        ids = [b"2", b"999999", b"%d" % 2**53, b"-1", b"%d" % 2**64, b"9" * 5000, b"1 2"]
+        for bad in [*ids, b"\xb3"]:  # "³" in latin-1: a digit to str.isdigit()
+            r = c.get(url, params={"follow": "false"}, headers={b"Last-Event-ID": bad})
+            assert r.status_code == 422, (bad, r.text)
+            assert r.json()["error"]["code"] == "invalid_request"
+        r = c.get(url, headers={"Last-Event-ID": "999999"})  # following: refused, not held
+        assert r.status_code == 422, r.text
+        r = c.get(url, params={"after": 5})
+        assert r.status_code == 422 and "past" in r.json()["error"]["message"], r.text
+        with c.stream("GET", url, params={"follow": "false"}, headers={"Last-Event-ID": "1"}) as s:
+            assert read_sse(s) == []

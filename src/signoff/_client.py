@@ -46,6 +46,7 @@ _ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.NotAllowed,
         errors.ModelError,
         errors.StoreError,
+        errors.StoreGone,
     )
 }
 
@@ -57,19 +58,24 @@ def _raise_for(response: httpx.Response) -> None:
     if response.is_success:
         return
     try:
-        detail = response.json()["error"]
-        code, message = str(detail["code"]), str(detail["message"])
+        exc = _error(response.json()["error"], response.status_code)
     except Exception:
         raise RemoteError(
             f"HTTP {response.status_code}: {response.text[:200]}",
             "http_error",
             response.status_code,
         ) from None
+    raise exc
+
+
+def _error(detail: Mapping[str, Any], status: int) -> errors.SignoffError:
+    """The exception an error body (`{"code", "message", ...}`) names, as a local class."""
+    code, message = str(detail["code"]), str(detail["message"])
     cls = _ERRORS.get(code)
     if code == "unknown_agent":
         cls = errors.UsageError
     if cls is None:
-        raise RemoteError(message, code, response.status_code)
+        return RemoteError(message, code, status)
     exc = cls.__new__(cls)
     Exception.__init__(exc, message)  # the server's message, the local class
     if issubclass(cls, (errors.AnswerError, errors.InvalidAnswer)):
@@ -78,7 +84,7 @@ def _raise_for(response: httpx.Response) -> None:
         exc.session_id = detail.get("session_id") or ""  # type: ignore[attr-defined]
     if issubclass(cls, errors.SessionExpired):
         exc.pending = list(detail.get("request_ids") or [])  # type: ignore[attr-defined]
-    raise exc
+    return exc
 
 
 def _not_signoff(response: httpx.Response, wanted: str) -> RemoteError:
@@ -314,7 +320,9 @@ class AsyncClient:
                     if not kind.startswith("text/event-stream"):
                         await response.aread()
                         raise _not_signoff(response, "an event-stream")
-                    async for data in _sse_data(response.aiter_lines()):
+                    async for kind, data in _sse_data(response.aiter_lines()):
+                        if kind == "stream.end":  # the session can have no more events
+                            raise _error(data["error"], int(data["status"]))
                         event = _event(data)
                         last = event.seq
                         failures = 0
@@ -335,15 +343,19 @@ class AsyncClient:
         return live
 
 
-async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[dict[str, Any]]:
+async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+    """Each message's event type (`message` if it names none) and its JSON data."""
     data: list[str] = []
+    kind = "message"
     async for line in lines:
         if line == "":
             if data:
-                yield json.loads("\n".join(data))
-            data = []
+                yield kind, json.loads("\n".join(data))
+            data, kind = [], "message"
         elif line.startswith("data:"):
             data.append(line[5:].removeprefix(" "))
+        elif line.startswith("event:"):
+            kind = line[6:].removeprefix(" ")
 
 
 @dataclass(slots=True, kw_only=True)

@@ -7,14 +7,15 @@ named group (the response policy sees `request.escalated_to`) and lifts the dead
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ._recording import Batch, EventSpec
 from ._state import SessionState
 from ._types import InputRequest
-from .stores import Resolve
+from .stores import Resolve, StoredRequest
 
-__all__ = ["TIMED_OUT", "after_deadline", "due_batch", "is_due"]
+__all__ = ["TIMED_OUT", "after_deadline", "due_batch", "is_due", "stored_after_deadline"]
 
 TIMED_OUT = "no one decided before the deadline"
 
@@ -37,6 +38,25 @@ def after_deadline(request: InputRequest, now: float) -> InputRequest | None:
     if request.on_timeout == "escalate" and request.escalated_to is None:
         return request.model_copy(update={"escalated_to": request.escalate_to, "expires_at": None})
     return None
+
+
+def stored_after_deadline(stored: StoredRequest, now: float) -> StoredRequest:
+    """A stored request as its passed deadline leaves it before anyone has recorded that, as
+    `after_deadline` shows it in the queue: escalated, or closed as `expired`."""
+    if not is_due(stored.request, now):
+        return stored
+    shown = after_deadline(stored.request, now)
+    if shown is not None:
+        return replace(stored, request=shown)
+    request = stored.request
+    resolution = {"outcome": "expired", "reason": TIMED_OUT, "on_timeout": request.on_timeout}
+    return replace(
+        stored,
+        request=request.model_copy(update={"status": "expired"}),
+        status="expired",
+        outcome="expired",
+        resolution=resolution,
+    )
 
 
 def due_batch(state: SessionState, now: float) -> Batch | None:

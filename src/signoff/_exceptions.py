@@ -19,6 +19,7 @@
     ├── RemoteError                a signoff server reported an error this client cannot name
     └── StoreError                 the store failed or holds something unusable
         ├── SchemaVersionError     data written by a newer signoff
+        ├── StoreGone              the store's file was deleted or replaced under the process
         ├── AppendConflict         someone else appended to the session first
         └── LeaseLost              our lease on the session was taken over
 
@@ -49,6 +50,7 @@ __all__ = [
     "SignoffError",
     "StaleAnswer",
     "StoreError",
+    "StoreGone",
     "UnknownRequest",
     "UnknownSession",
     "UsageError",
@@ -193,6 +195,13 @@ class SchemaVersionError(StoreError):
     """Stored data was written by a newer schema version; it is refused, not guessed at."""
 
     code = "schema_version"
+
+
+class StoreGone(StoreError):
+    """The store's file was deleted or replaced after this process opened it: waiting does not
+    help, only opening it anew (restarting the process)."""
+
+    code = "store_gone"
 
 
 class AppendConflict(StoreError):

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Header, Path, Query, Request
 from starlette.responses import StreamingResponse
 
-from .._exceptions import UnknownRequest
+from .._exceptions import SessionExpired, UnknownRequest
 from .._types import Decision, InputResponse
 from ..stores import PendingFilter
 from ._context import ServerContext, get_context
@@ -153,9 +153,10 @@ async def events(
         Header(description="Set by a reconnecting client; takes precedence over `after`."),
     ] = None,
 ) -> StreamingResponse:
-    """The session's events as Server-Sent Events, from the store; resumable."""
+    """The session's events as Server-Sent Events, from the store; resumable. A followed
+    stream ends with a `stream.end` event when the session can have no more events."""
     ctx, caller = await _caller(request)
-    await ctx.session(session_id, caller)
+    state = await ctx.session(session_id, caller)
     start = after
     if last_event_id is not None and last_event_id.strip():
         parsed = parse_last_event_id(last_event_id)
@@ -166,6 +167,18 @@ async def events(
         if parsed > MAX_SEQ:
             raise ApiError(422, "invalid_request", f"Last-Event-ID must be in 0..{MAX_SEQ}")
         start = parsed
+    if start > state.seq:
+        # Not an id this session has sent: a followed stream would wait, silent, until the
+        # session caught up, and skip every event before it.
+        raise ApiError(
+            422,
+            "invalid_request",
+            f"{start} is past the session's last event ({state.seq}); resume from an id it sent",
+        )
+    if follow and start >= state.seq and state.expired(ctx.runtime.clock()):
+        # Nothing more will come: a 410 stops a reconnecting EventSource, which a stream that
+        # merely ends again would not.
+        raise SessionExpired(session_id, [r.id for r in state.pending_requests()])
     return stream_response(event_stream(request, ctx, session_id, start, follow=follow))
 
 

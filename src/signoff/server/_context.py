@@ -9,7 +9,7 @@ from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import is_due
+from .._deadlines import is_due, stored_after_deadline
 from .._exceptions import UnknownRequest, UnknownSession
 from .._runtime import Runtime
 from .._state import SessionState
@@ -79,6 +79,9 @@ class ServerContext:
             flt = PendingFilter(session_id=stored.request.session_id, limit=10_000)
             await self.runtime.pending_page(flt)
             stored = await self.runtime.store.get_request(request_id) or stored
+            # What this runtime could not record (another agent's session, a store it may only
+            # read) reads as the queue shows it.
+            stored = stored_after_deadline(stored, self.runtime.clock())
         return stored
 
     async def visible_requests(

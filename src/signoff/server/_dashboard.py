@@ -37,7 +37,7 @@ from ._page_data import (
     tool_rows,
 )
 from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, render, set_csrf
-from ._sse import sse, stream_response
+from ._sse import LASTING, end_event, sse, stream_response
 
 __all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redirect"]
 
@@ -68,6 +68,12 @@ async def queue_fragment(request: Request) -> Response:
 async def queue_stream(request: Request) -> Response:
     """Server-wide SSE: a `queue` event whenever the set of visible open requests changes."""
     ctx, viewer = await signed_in(request)
+    try:
+        await ctx.open_requests_version()
+    except LASTING:
+        raise  # a 503 stops the page's EventSource: there is nothing to wait for
+    except StoreError:
+        pass  # the stream waits this out
 
     async def changes() -> AsyncIterator[str]:
         last = None
@@ -86,6 +92,9 @@ async def queue_stream(request: Request) -> Response:
                     if now != everything:
                         found = await ctx.queue_version(viewer)
                         everything = now
+            except LASTING as exc:  # the store's file deleted or replaced: it never comes back
+                yield end_event(exc)
+                return
             except StoreError as exc:
                 # The database restarting, say: keep the stream (keep-alives go on); the page's
                 # EventSource, reconnecting meanwhile, would get a 503 and give up for good.

@@ -223,5 +223,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     ),
     500: _doc("The server failed (`internal_error`); the details are in its log"),
     502: _doc("The model provider failed or answered something unusable (`model_error`)"),
-    503: _doc("The store failed (`store_error`); the details are in the server's log"),
+    503: _doc(
+        "The store failed (`store_error`, `schema_version`, `store_gone`); the details are in "
+        "the server's log"
+    ),
 }

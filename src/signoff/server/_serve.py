@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import os
 import sys
@@ -19,6 +20,9 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_STORE", "load_runtime", "serve"]
 
 DEFAULT_STORE = "sqlite:///.signoff/state.db"
+
+STALLED_GRACE = 2.0
+"""Seconds a stopping server waits for a client that has stopped reading before dropping it."""
 
 
 def load_runtime(target: str, store: str | None = None) -> Runtime:
@@ -103,7 +107,24 @@ def serve(
 
         async def shutdown(self, sockets: Any = None) -> None:
             context.closing = True
-            await super().shutdown(sockets)
+            dropping = asyncio.create_task(self.drop_stalled())
+            try:
+                await super().shutdown(sockets)
+            finally:
+                dropping.cancel()
+
+        async def drop_stalled(self) -> None:
+            """Abort, after a grace, the connections whose client has stopped reading: their
+            response waits to write (a stream cannot see the server stopping), and the
+            shutdown would wait for them for ever, even once the app has finished."""
+            await asyncio.sleep(STALLED_GRACE)
+            while True:
+                for connection in list(self.server_state.connections):
+                    flow = getattr(connection, "flow", None)
+                    transport = getattr(connection, "transport", None)
+                    if transport is not None and getattr(flow, "write_paused", False):
+                        transport.abort()
+                await asyncio.sleep(0.25)
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
     Server(config).run()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -13,10 +14,28 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
 from .._events import Event
-from .._exceptions import StoreError
+from .._exceptions import (
+    SchemaVersionError,
+    SessionError,
+    SessionExpired,
+    SignoffError,
+    StoreError,
+    StoreGone,
+    UnknownSession,
+)
 from ._context import ServerContext
+from ._errors import public_message, status_for
 
-__all__ = ["STREAM_HEADERS", "event_stream", "parse_last_event_id", "sse", "stream_response"]
+__all__ = [
+    "LASTING",
+    "STREAM_HEADERS",
+    "end_event",
+    "event_stream",
+    "parse_last_event_id",
+    "session_end",
+    "sse",
+    "stream_response",
+]
 
 STREAM_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 """Sent with every stream: no cache may keep it, and no proxy (nginx) may buffer it."""
@@ -54,6 +73,35 @@ def parse_last_event_id(raw: str) -> int | None:
     return int(text)
 
 
+LASTING = (StoreGone, SchemaVersionError)
+"""Store failures that waiting does not mend (the file deleted or replaced, data of a newer
+signoff): a followed stream ends on them instead of waiting them out."""
+
+
+def end_event(exc: SignoffError) -> str:
+    """The final `stream.end` event: why the stream ended, as the error body a reconnect would
+    get (`status`, `error`). It carries no id, so a reconnect resumes after the last event."""
+    body: dict[str, Any] = {"code": exc.code, "message": public_message(exc)}
+    if isinstance(exc, SessionError):
+        body["session_id"] = exc.session_id
+    if isinstance(exc, SessionExpired):
+        body["request_ids"] = exc.pending
+    return sse({"status": status_for(exc), "error": body}, event="stream.end")
+
+
+async def session_end(ctx: ServerContext, session_id: str) -> tuple[SignoffError | None, float]:
+    """Why the session's stream must end (it expired, or is gone from the store), or None and
+    the time of the runtime's clock at which it expires (inf if never)."""
+    try:
+        state = await ctx.runtime.state(session_id)
+    except UnknownSession as exc:
+        return exc, 0.0
+    if state.expired(ctx.runtime.clock()):
+        return SessionExpired(session_id, [r.id for r in state.pending_requests()]), 0.0
+    expires = state.expires_at
+    return None, math.inf if expires is None else expires
+
+
 async def event_stream(
     request: Request,
     ctx: ServerContext,
@@ -63,7 +111,8 @@ async def event_stream(
     follow: bool,
 ) -> AsyncIterator[str]:
     """Everything after `after`, then (when following) new events as the store gains them,
-    until the client goes or the server stops (`ctx.closing`).
+    until the client goes, the server stops (`ctx.closing`), or the session can have no more
+    (it expired, was deleted, or its store is gone for good): then a final `stream.end`.
 
     It polls the store rather than an in-process signal, so any server process can serve any
     session, whoever writes to it. A following stream outlives a store failing for a while (the
@@ -73,21 +122,41 @@ async def event_stream(
     yield f"retry: {int(max(poll_interval, 0.5) * 1000)}\n\n"
     last_sent = time.monotonic()
     failing = False
+    expires_at = 0.0  # by the runtime's clock; 0 until the session's state is read
+    check_at = 0.0  # monotonic: when to read the state again (was the session deleted?)
     while True:
+        ended: SignoffError | None = None
+        batch: list[Event] = []
         try:
             batch = await ctx.runtime.store.read_events(session_id, after=after, limit=500)
+            if (
+                follow
+                and not batch
+                and (ctx.runtime.clock() >= expires_at or time.monotonic() >= check_at)
+            ):
+                ended, expires_at = await session_end(ctx, session_id)
+                check_at = time.monotonic() + heartbeat
         except StoreError as exc:
             if not follow:
                 raise
-            if not failing:
-                log.warning("session %s's event stream waits for the store: %s", session_id, exc)
-            failing = True
-            batch = []
+            if isinstance(exc, LASTING):
+                ended = exc
+            else:
+                if not failing:
+                    log.warning(
+                        "session %s's event stream waits for the store: %s", session_id, exc
+                    )
+                failing = True
         else:
             failing = False
+        if ended is not None:
+            yield end_event(ended)
+            return
         for event in batch:
             yield frame(event)
             after = event.seq
+        if batch:
+            expires_at = 0.0  # the session's expiry moved with its new events: read it again
         if len(batch) == 500:
             continue  # more is waiting: no pause while catching up
         if not follow:

@@ -62,6 +62,8 @@
     const es = new EventSource(url);
     es.onopen = () => dot && dot.classList.add("on");
     es.onerror = () => dot && dot.classList.remove("on");
+    // The server ended the stream for good (the session expired, the store is gone): no retry.
+    es.addEventListener("stream.end", () => { es.close(); if (dot) dot.classList.remove("on"); });
     (types || []).forEach((t) => es.addEventListener(t, handlers.any));
     Object.keys(handlers).forEach((t) => { if (t !== "any") es.addEventListener(t, handlers[t]); });
     return es;

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ..._exceptions import SchemaVersionError, StoreError
+from ..._exceptions import SchemaVersionError, StoreError, StoreGone
 from .._base import FaultHook
 from .._codec import Tails
 from ._schema import (
@@ -266,7 +266,7 @@ class Connection:
             return
         where, identity = self._opened
         if identity is None or _identity(where) != identity:
-            raise StoreError(
+            raise StoreGone(
                 f"{self.path} was deleted or replaced after this store opened it; nothing was "
                 f"{done}. Close the store (or restart the process) to open the file there now."
             )
