@@ -459,7 +459,7 @@ def test_a_multi_line_error_is_still_one_red_line() -> None:
     store = f"postgresql://nobody@127.0.0.1:{_free_port()}/x"  # nothing listens there
     result = invoke("pending", "--store", store)
     assert result.exit_code == 1, result.output
-    assert result.stderr.startswith("error: StoreError: cannot connect to PostgreSQL")
+    assert result.stderr.startswith("error: StoreUnavailable: cannot connect to PostgreSQL")
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 

@@ -260,7 +260,7 @@ def test_db_upgrade_migrates_once_and_names_a_bad_store(pg_url: str) -> None:
     again = _signoff("db", "upgrade", "--store", pg_url)
     assert again.returncode == 0 and again.stdout.startswith("schema is up to date")
     bad = _signoff("db", "upgrade", "--store", "postgresql://postgres@127.0.0.1:1/nowhere")
-    assert bad.returncode == 1 and "StoreError" in bad.stderr
+    assert bad.returncode == 1 and "StoreUnavailable: cannot connect" in bad.stderr
 
 
 def test_worker_command_stops_gracefully_on_sigint(tmp_path: Path) -> None:

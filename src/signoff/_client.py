@@ -46,6 +46,7 @@ _ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.NotAllowed,
         errors.ModelError,
         errors.StoreError,
+        errors.StoreUnavailable,
     )
 }
 
