@@ -1022,8 +1022,20 @@ async def test_a_long_outage_fails_fast_and_the_store_recovers() -> None:
             with pytest.raises(StoreUnavailable):
                 await call()
             assert loop.time() - started < 1
-        cluster.resume()
+        stop = asyncio.Event()
+
+        async def hammer() -> None:  # calls failing all along, up to the moment it is back
+            while not stop.is_set():
+                with contextlib.suppress(StoreUnavailable):
+                    await store.head(sid)
+                await asyncio.sleep(0.02)
+
+        hammering = asyncio.ensure_future(hammer())
+        await asyncio.to_thread(cluster.resume)
+        # the first call after the server is back finds it, not an earlier call's finding
         assert await store.head(sid) == 1  # nothing was written while it was down
+        stop.set()
+        await hammering
         await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
         assert [e.seq for e in await store.read_events(sid)] == [1, 2]
         await store.close()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -30,9 +29,6 @@ longer than a `pg_ctl restart` or a crash recovery of a small database takes."""
 PROBE_AFTER = 0.5
 """Seconds a call waits for a pooled connection before the server is probed: a busy pool
 hands one over sooner than that."""
-
-PROBE_EVERY = 0.5
-"""Seconds a probe's finding that the server is down holds for every call that asks."""
 
 _STARTING = ("the database system is",)
 """What PostgreSQL says when it refuses connections while starting, stopping or recovering
@@ -62,7 +58,6 @@ class Outage:
         self.grace = grace
         self.since: float | None = None
         self.error = ""
-        self._checked = -math.inf
         self._probing: asyncio.Future[None] | None = None
 
     def _now(self) -> float:
@@ -87,21 +82,19 @@ class Outage:
     async def probe(self) -> Conn | None:
         """Check the server. Returns a live connection only when this call found it back after
         a known outage (the caller uses it, then closes it); otherwise None, with `since`
-        telling whether it is down. Calls at the same time share one connection attempt."""
+        telling whether it is down. Calls at the same time share one connection attempt; a
+        finding is not reused after it, so a call right after the server is back finds it."""
         if self._probing is not None:
             await asyncio.shield(self._probing)
             return None
-        if self.since is not None and self._now() - self._checked < PROBE_EVERY:
-            return None  # found down just now: no need to knock again
         self._probing = asyncio.get_running_loop().create_future()
         try:
             try:
                 conn = await self._connect()
             except psycopg.Error as exc:
-                self._checked = self._now()
                 if is_down(exc):
                     if self.since is None:
-                        self.since = self._checked
+                        self.since = self._now()
                     self.error = " ".join(str(exc).split()) or type(exc).__name__
                 else:
                     self.since = None  # it answered: up, for whatever reason it refused us
