@@ -459,7 +459,7 @@ def test_a_multi_line_error_is_still_one_red_line() -> None:
     store = f"postgresql://nobody@127.0.0.1:{_free_port()}/x"  # nothing listens there
     result = invoke("pending", "--store", store)
     assert result.exit_code == 1, result.output
-    assert result.stderr.startswith("error: StoreError: cannot connect to PostgreSQL")
+    assert result.stderr.startswith("error: StoreUnavailable: cannot connect to PostgreSQL")
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
@@ -884,3 +884,59 @@ def test_the_store_password_is_never_printed(pg_store_url: str) -> None:
     for store in (f"postgresql://postgres:s3cret@{host}", f"{pg_store_url}?password=s3cret"):
         assert "s3cret" not in shown_store(store) and host.split("/")[0] in shown_store(store)
     assert shown_store("sqlite:///x/state.db") == "sqlite:///x/state.db"
+
+
+def test_serve_started_while_postgres_is_down_waits_for_it(tmp_path: Path) -> None:
+    """`signoff serve` started before its database waits for it, saying so on stderr (no
+    traceback), then serves; SIGTERM while it waits ends it at once, with status 0."""
+    import os
+    import signal
+
+    from .conftest import PgCluster
+
+    cluster = PgCluster.start()
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    try:
+        cluster.halt()
+        ports = [_free_port(), _free_port()]
+        for i, port in enumerate(ports):
+            out = tmp_path / f"serve-{i}.log"
+            with out.open("wb") as f:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "signoff", "serve", TARGET, "--port", str(port)]
+                    + ["--store", cluster.admin_url],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                )
+            procs.append((proc, out))
+        for proc, out in procs:
+            deadline = time.monotonic() + 30
+            while "waiting for the store" not in out.read_text():
+                assert proc.poll() is None, out.read_text()
+                assert time.monotonic() < deadline, out.read_text()
+                time.sleep(0.05)
+        stopped, stopped_out = procs[1]
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(timeout=5) == 0, stopped_out.read_text()
+        cluster.resume()
+        proc, out = procs[0]
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, out.read_text()
+            try:
+                httpx.get(f"http://127.0.0.1:{ports[0]}/v1/openapi.json", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, out.read_text()
+                time.sleep(0.05)
+        assert "the store is up" in out.read_text()
+        assert "Traceback" not in out.read_text()
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(timeout=10)
+        cluster.stop()

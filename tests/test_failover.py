@@ -193,8 +193,9 @@ async def test_two_sqlite_workers_survive_a_sigkill(tmp_path: Path) -> None:
 
 async def test_a_database_restart_under_serve_and_a_worker_loses_nothing(tmp_path: Path) -> None:
     """PostgreSQL stops and starts again under `signoff serve` and `signoff worker`: the API
-    answers 503 `store_error` while it is down and 2xx after, an open event stream goes on, the
-    approval given after the restart is applied once and the tool runs once."""
+    answers 503 `store_unavailable` (with Retry-After) while it is down and 2xx after, an open
+    event stream goes on, the approval given after the restart is applied once and the tool
+    runs once."""
     cluster = PgCluster.start()
     records = tmp_path / "runs.jsonl"
     url = cluster.admin_url
@@ -247,7 +248,8 @@ async def test_a_database_restart_under_serve_and_a_worker_loses_nothing(tmp_pat
             await asyncio.sleep(0.3)
             await asyncio.to_thread(cluster.halt)
             r = await c.get(f"/v1/sessions/{sid}")
-            assert r.status_code == 503 and r.json()["error"]["code"] == "store_error"
+            assert r.status_code == 503 and r.json()["error"]["code"] == "store_unavailable"
+            assert r.headers["Retry-After"] == str(so.StoreUnavailable.retry_after)
             await asyncio.to_thread(cluster.resume)
             r = await c.post(
                 f"/v1/sessions/{sid}/responses",

@@ -18,7 +18,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
 from signoff._events import Event, dumps
-from signoff._exceptions import SchemaVersionError, StoreError, UsageError
+from signoff._exceptions import SchemaVersionError, StoreError, StoreUnavailable, UsageError
 from signoff.stores import Commit, PendingFilter, Resolve, open_store
 from signoff.stores._audit import AuditRow
 from signoff.stores.postgres import MIGRATIONS, STORE_SCHEMA, PostgresStore
@@ -998,6 +998,80 @@ async def test_the_pool_reconnects_soon_after_an_outage() -> None:
         await store.close()
     finally:
         cluster.stop()
+
+
+async def test_a_long_outage_fails_fast_and_the_store_recovers() -> None:
+    """With PostgreSQL down, a call waits for it only as long as the outage grace (not the
+    pool's whole timeout), then fails with `StoreUnavailable`; once the outage outlasts the
+    grace, calls fail at once; when the server is back, the next call goes through."""
+    cluster = PgCluster.start()
+    try:
+        store = PostgresStore(cluster.admin_url, min_size=2, max_size=2, timeout=30, grace=1.5)
+        sid = await new_session(store)
+        cluster.halt()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(StoreUnavailable, match="PostgreSQL unavailable"):
+            await store.head(sid)
+        assert loop.time() - started < 5  # the grace and a probe, not the 30 s pool timeout
+        for call in (
+            lambda: store.head(sid),
+            lambda: store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)])),
+        ):
+            started = loop.time()
+            with pytest.raises(StoreUnavailable):
+                await call()
+            assert loop.time() - started < 1
+        stop = asyncio.Event()
+
+        async def hammer() -> None:  # calls failing all along, up to the moment it is back
+            while not stop.is_set():
+                with contextlib.suppress(StoreUnavailable):
+                    await store.head(sid)
+                await asyncio.sleep(0.02)
+
+        hammering = asyncio.ensure_future(hammer())
+        await asyncio.to_thread(cluster.resume)
+        # the first call after the server is back finds it, not an earlier call's finding
+        assert await store.head(sid) == 1  # nothing was written while it was down
+        stop.set()
+        await hammering
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        assert [e.seq for e in await store.read_events(sid)] == [1, 2]
+        await store.close()
+    finally:
+        cluster.stop()
+
+
+async def test_calls_during_a_brief_restart_go_through_once() -> None:
+    """A restart shorter than the outage grace is ridden out: a read and a write made while
+    the server is down both succeed once it is back, and the write is applied once."""
+    cluster = PgCluster.start()
+    try:
+        store = PostgresStore(cluster.admin_url, min_size=2, max_size=2, timeout=30, grace=8)
+        sid = await new_session(store)
+        await asyncio.to_thread(cluster.halt)
+        reading = asyncio.ensure_future(store.head(sid))
+        writing = asyncio.ensure_future(
+            store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        )
+        await asyncio.sleep(1.5)
+        assert not reading.done() and not writing.done()
+        await asyncio.to_thread(cluster.resume)
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reading, 10) in (1, 2)
+        await asyncio.wait_for(writing, 10)
+        assert asyncio.get_running_loop().time() - started < 3  # soon after it is back
+        assert [e.seq for e in await store.read_events(sid)] == [1, 2]
+        await store.close()
+    finally:
+        cluster.stop()
+
+
+def test_the_outage_grace_url_option() -> None:
+    assert PostgresStore("postgresql://u@h/db?outage_grace=2.5")._outage.grace == 2.5
+    with pytest.raises(StoreError, match="outage_grace"):
+        PostgresStore("postgresql://u@h/db?outage_grace=0")
 
 
 async def test_a_hot_standby_is_read_and_refuses_writes_clearly() -> None:

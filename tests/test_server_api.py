@@ -940,3 +940,33 @@ def test_a_request_past_its_deadline_reads_as_the_list_shows_it_when_not_recorde
             "security",
             None,
         )
+
+
+async def test_a_database_down_is_a_503_store_unavailable_with_retry_after(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A database that is down (`StoreUnavailable`) is a 503 `store_unavailable` telling the
+    client when to try again (`Retry-After`), naming no database; the log keeps the address."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    where = "postgresql://signoff@db.internal.example:5432/prod"
+
+    async def down(session_id: str) -> so.SessionState:
+        raise so.StoreUnavailable(f"PostgreSQL unavailable at {where}: connection refused")
+
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        runtime.state = down  # type: ignore[method-assign]
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c:
+            with caplog.at_level("WARNING", logger="signoff.server"):
+                r = await c.get("/v1/sessions/ses_x")
+            detail = error(r, 503, "store_unavailable")
+            assert r.headers["Retry-After"] == str(so.StoreUnavailable.retry_after)
+            assert "db.internal" not in detail["message"] and "refused" not in detail["message"]
+            assert where in caplog.text
+            doc = (await c.get("/v1/openapi.json")).json()
+            responses = doc["paths"]["/v1/sessions/{session_id}"]["get"]["responses"]
+            assert "store_unavailable" in responses["503"]["description"]
+    await runtime.close()

@@ -260,7 +260,7 @@ def test_db_upgrade_migrates_once_and_names_a_bad_store(pg_url: str) -> None:
     again = _signoff("db", "upgrade", "--store", pg_url)
     assert again.returncode == 0 and again.stdout.startswith("schema is up to date")
     bad = _signoff("db", "upgrade", "--store", "postgresql://postgres@127.0.0.1:1/nowhere")
-    assert bad.returncode == 1 and "StoreError" in bad.stderr
+    assert bad.returncode == 1 and "StoreUnavailable: cannot connect" in bad.stderr
 
 
 def test_worker_command_stops_gracefully_on_sigint(tmp_path: Path) -> None:
@@ -555,3 +555,59 @@ async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_u
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
+
+
+# -- started while the database is down ----------------------------------------------------
+
+
+def _wait_for_log(worker: Any, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in worker.log():
+        assert worker.proc.poll() is None, f"the worker exited:\n{worker.log()}"
+        assert time.monotonic() < deadline, f"no {text!r} in the log:\n{worker.log()}"
+        time.sleep(0.05)
+
+
+async def test_a_worker_started_while_postgres_is_down_waits_for_it(tmp_path: Path) -> None:
+    """`signoff worker` started before its database (as when both start together) waits for
+    it, saying so, and then runs the turns; SIGTERM still stops it promptly while it waits."""
+    from ._worker_procs import AGENT, Worker, make_agent
+    from .conftest import PgCluster
+
+    cluster = PgCluster.start()
+    records = tmp_path / "runs.jsonl"
+    workers: list[Worker] = []
+    try:
+        url = cluster.admin_url
+        async with so.Runtime([make_agent(str(records))], store=url, inline=False) as front:
+            r = await front.generate(AGENT, prompt="Refund order 1042")
+            assert r.status == "running"
+        await asyncio.to_thread(cluster.halt)
+
+        waiting = Worker(url, tmp_path, "waiting", records, delay=0.0, idle_wait=0.2)
+        workers.append(waiting)
+        stopped = Worker(url, tmp_path, "stopped", records, delay=0.0)
+        workers.append(stopped)
+        for w in (waiting, stopped):
+            _wait_for_log(w, "waiting for the store")
+        assert "Traceback" not in waiting.log()
+
+        stopped.proc.send_signal(signal.SIGTERM)
+        assert stopped.proc.wait(timeout=5) == 0, stopped.log()
+        assert "worker stopped" in stopped.log()
+
+        await asyncio.to_thread(cluster.resume)
+        _wait_for_log(waiting, "the store is up")
+        async with so.Runtime([make_agent(str(records))], store=url, inline=False) as front:
+            deadline = time.monotonic() + 30
+            while (await front.state(r.session_id)).status != "waiting":
+                assert time.monotonic() < deadline, waiting.log()
+                await asyncio.sleep(0.1)
+            assert [p.tool_name for p in await front.pending()] == ["issue_refund"]
+        assert f"claimed session {r.session_id}" in waiting.log()
+        waiting.proc.send_signal(signal.SIGTERM)
+        assert waiting.proc.wait(timeout=10) == 0, waiting.log()
+    finally:
+        for w in workers:
+            w.close()
+        cluster.stop()

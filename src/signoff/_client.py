@@ -47,6 +47,7 @@ _ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.ModelError,
         errors.StoreError,
         errors.StoreGone,
+        errors.StoreUnavailable,
     )
 }
 

@@ -21,7 +21,8 @@
         ├── SchemaVersionError     data written by a newer signoff
         ├── StoreGone              the store's file was deleted or replaced under the process
         ├── AppendConflict         someone else appended to the session first
-        └── LeaseLost              our lease on the session was taken over
+        ├── LeaseLost              our lease on the session was taken over
+        └── StoreUnavailable       the database server is down or unreachable; retry later
 
 Every error that is about an answer leaves the store unchanged: nothing is claimed.
 `ApprovalRequired` is not here on purpose: it is a control-flow signal, not a failure.
@@ -51,6 +52,7 @@ __all__ = [
     "StaleAnswer",
     "StoreError",
     "StoreGone",
+    "StoreUnavailable",
     "UnknownRequest",
     "UnknownSession",
     "UsageError",
@@ -214,6 +216,14 @@ class LeaseLost(StoreError):
     """The lease under which we appended was taken over by another worker."""
 
     code = "lease_lost"
+
+
+class StoreUnavailable(StoreError):
+    """The database server has been down or unreachable longer than a restart takes: the call
+    failed at once instead of waiting; try again later (`retry_after` seconds is a hint)."""
+
+    code = "store_unavailable"
+    retry_after = 5
 
 
 class RemoteError(SignoffError):

@@ -171,9 +171,10 @@ class SessionRunner:
     async def open(self) -> None:
         if not self._opened:
             await self.store.open()
-            self._opened = True
-            # An admin can see when a tool stopped (or started) requiring approval.
+            # An admin can see when a tool stopped (or started) requiring approval. Opened only
+            # once they are recorded, so an open that failed here is retried whole.
             await record_tool_settings(self.store, self.agents.values(), self.clock())
+            self._opened = True
 
     async def close(self) -> None:
         await self.store.close()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import signal
 from typing import Annotated, Any
 
 import typer
@@ -13,6 +15,7 @@ from .._exceptions import (
 from .._runtime import Runtime
 from .._types import Principal
 from ._app import app, fail, load_runtime, run
+from ._waiting import open_when_up
 
 
 @app.command()
@@ -87,7 +90,8 @@ def serve(
 ) -> None:
     """Serve the runtime over HTTP: REST under /v1, live events, the dashboard at /_signoff.
 
-    With --webhook or --slack-channel the queue is also posted to those channels."""
+    With --webhook or --slack-channel the queue is also posted to those channels. Started
+    while its database is down, it waits for it before listening (SIGTERM ends the wait)."""
     try:
         from ..server import TokenAuth
         from ..server import serve as run_server
@@ -113,9 +117,13 @@ def serve(
         )
     except SignoffError as exc:
         fail(exc)
-    # Open the store once before the server starts: a store it cannot use (unreachable, a newer
-    # schema) is then one red line, not a traceback from the server's startup.
-    run(_check_store(runtime.store.url))
+    # Open the store once before the server starts: a store it cannot use (a newer schema, a
+    # wrong password) is then one red line, not a traceback from the server's startup; one whose
+    # database is down is waited for.
+    up = [False]
+    run(_check_store(runtime.store.url, up))
+    if not up[0]:
+        raise typer.Exit(0)  # SIGTERM while waiting for the database
     try:
         run_server(
             runtime,
@@ -130,11 +138,21 @@ def serve(
         fail(exc)
 
 
-async def _check_store(url: str) -> None:
-    """Open and close the store at `url` (SQLite or PostgreSQL; other stores are left alone)."""
-    if url.startswith(("sqlite://", "postgresql://", "postgres://")):
-        async with Runtime([], store=url):
-            pass
+async def _check_store(url: str, up: list[bool]) -> None:
+    """Open and close the store at `url` (SQLite or PostgreSQL; other stores are left alone),
+    waiting while its database is down; `up[0]` is False if SIGTERM came first."""
+    if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
+        up[0] = True
+        return
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    runtime = Runtime([], store=url)
+    try:
+        up[0] = await open_when_up(runtime, stop, lambda line: typer.echo(line, err=True))
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+        await runtime.close()
 
 
 def _serve_channels(

@@ -14,6 +14,7 @@ from .._exceptions import (
 from .._runtime import Runtime
 from ..stores import DEFAULT_URL
 from ._app import StoreOption, app, load_runtime, run, shown_store
+from ._waiting import open_when_up
 
 
 @app.command()
@@ -53,7 +54,8 @@ def worker(
     """Run turns only (no HTTP): claim sessions that have work under a lease and drive them.
 
     SIGTERM or Ctrl-C stops it gracefully (turns in flight finish or park; a second signal
-    stops at once, leaving the leases to expire).
+    stops at once, leaving the leases to expire). Started while its database is down, it waits
+    for it (logging each retry).
     """
     import logging
     import signal
@@ -93,6 +95,13 @@ def worker(
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            if not await open_when_up(runtime, stop, log.warning):
+                log.info("worker stopped")
+                return
+        except BaseException:
+            await runtime.close()
+            raise
         async with runtime:
             log.info(
                 "worker %s on %s, concurrency %d, lease %.1fs",

@@ -26,6 +26,7 @@ from .._exceptions import (
     SignoffError,
     StaleAnswer,
     StoreError,
+    StoreUnavailable,
     UnknownRequest,
     UnknownSession,
     UsageError,
@@ -106,6 +107,9 @@ def status_for(exc: SignoffError) -> int:
 def public_message(exc: SignoffError) -> str:
     """What a caller is told of `exc`: its message, except for a store failure, whose message
     names the database and the driver's error; that goes to the server's log instead."""
+    if isinstance(exc, StoreUnavailable):  # one line per call while the database is down
+        log.warning("the store is unavailable: %s", exc)
+        return "the store is unavailable (its database is down); try again later"
     if isinstance(exc, StoreError):
         log.error("the store failed: %s", exc, exc_info=exc)
         return f"the store failed ({type(exc).__name__}); see the server's log"
@@ -146,13 +150,16 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, SignoffError)
         # An expired session names the requests its expiry closed (`.pending`).
         ids = exc.pending if isinstance(exc, SessionExpired) else getattr(exc, "request_ids", None)
-        return error_response(
+        response = error_response(
             status_for(exc),
             exc.code,
             public_message(exc),
             request_ids=ids or None,
             session_id=getattr(exc, "session_id", None),
         )
+        if isinstance(exc, StoreUnavailable):  # the database is down: say when to try again
+            response.headers["Retry-After"] = str(exc.retry_after)
+        return response
 
     async def on_api(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
@@ -224,7 +231,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     500: _doc("The server failed (`internal_error`); the details are in its log"),
     502: _doc("The model provider failed or answered something unusable (`model_error`)"),
     503: _doc(
-        "The store failed (`store_error`, `schema_version`, `store_gone`); the details are in "
+        "The store failed (`store_error`, `schema_version`, `store_gone`), or its database has "
+        "been down for a while (`store_unavailable`, with `Retry-After`); the details are in "
         "the server's log"
     ),
 }

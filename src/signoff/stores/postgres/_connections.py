@@ -20,11 +20,18 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
         "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
     ) from exc
 
-from ..._exceptions import AppendConflict, RequestClosed, SchemaVersionError, StoreError
+from ..._exceptions import (
+    AppendConflict,
+    RequestClosed,
+    SchemaVersionError,
+    StoreError,
+    StoreUnavailable,
+)
 from .._base import FaultHook
 from .._codec import Tails
 from . import _schema
 from ._changes import Listener
+from ._outage import GRACE, PROBE_AFTER, Outage, is_down
 from ._url import SCHEMA_NAME, describe, number, split_options
 
 __all__ = ["Conn", "Connections", "Seen", "storable"]
@@ -65,6 +72,7 @@ class Connections:
         timeout: float | None = None,
         poll_interval: float = 1.0,
         migrate: bool = True,
+        grace: float | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
@@ -82,6 +90,7 @@ class Connections:
         self.connect_timeout = connect_timeout
         self.timeout = timeout or number(options, "pool_timeout", float, 30.0)
         self.poll_interval = poll_interval
+        grace = grace or number(options, "outage_grace", float, GRACE)
         self.auto_migrate = migrate
         self._dsn = dsn
         self._where = describe(dsn)
@@ -97,6 +106,7 @@ class Connections:
         self._state: dict[str, Seen] = {}
         self._tails = Tails()
         self._changes = Listener(self.channel, self._connect, f"signoff-listen-{schema}")
+        self._outage = Outage(self._probe_connect, self._where, grace)
         self._s = f'"{schema}"'
 
     # -- lifecycle ----------------------------------------------------------------------------
@@ -172,17 +182,31 @@ class Connections:
         except psycopg.Error as exc:
             raise StoreError(f"invalid PostgreSQL URL: {exc}".strip()) from exc
         try:
-            return await psycopg.AsyncConnection.connect(
-                self._dsn,
-                autocommit=True,
-                connect_timeout=max(1, int(self.connect_timeout)),
-                # A role's or database's LATIN1, say, would make any text outside it a raw
-                # UnicodeEncodeError.
-                client_encoding="utf8",
-            )
+            return await self._connect_raw()
         except psycopg.Error as exc:
             detail = str(exc).strip() or type(exc).__name__
-            raise StoreError(f"cannot connect to PostgreSQL at {self._where}: {detail}") from exc
+            error = StoreUnavailable if is_down(exc) else StoreError
+            raise error(f"cannot connect to PostgreSQL at {self._where}: {detail}") from exc
+
+    async def _connect_raw(self) -> Conn:
+        return await psycopg.AsyncConnection.connect(
+            self._dsn,
+            autocommit=True,
+            connect_timeout=max(1, int(self.connect_timeout)),
+            # A role's or database's LATIN1, say, would make any text outside it a raw
+            # UnicodeEncodeError.
+            client_encoding="utf8",
+        )
+
+    async def _probe_connect(self) -> Conn:
+        """A connection set up as the pool's are, for the outage probe to hand to a call."""
+        conn = await self._connect_raw()
+        try:
+            await _configure(conn)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
 
     async def close(self) -> None:
         if self._pool is not None and self._loop is not asyncio.get_running_loop():
@@ -286,7 +310,7 @@ class Connections:
         for attempt in range(2):
             broken = False
             try:
-                async with _Borrowed(pool) as conn:
+                async with _Borrowed(self, pool) as conn:
                     try:
                         return await body(conn)
                     except psycopg.OperationalError as exc:
@@ -337,7 +361,7 @@ class Connections:
             phase = "connect"
             broken = False
             try:
-                async with _Borrowed(pool) as conn:
+                async with _Borrowed(self, pool) as conn:
                     try:
                         phase = "body"
                         if not transaction:
@@ -418,6 +442,53 @@ class Connections:
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
 
+    async def _borrow(self, pool: AsyncConnectionPool[Conn]) -> tuple[Conn, bool]:
+        """A connection for one call, and whether it is the pool's. While the server is down
+        this fails with `StoreUnavailable` once the outage outlasts its grace, instead of
+        waiting the pool's whole timeout; a call waiting when the server comes back may get
+        the probe's connection (not the pool's) rather than wait for the pool to reconnect."""
+        outage = self._outage
+        if outage.since is None and pool.get_stats().get("pool_available", 0):
+            return await pool.getconn(), True  # the usual case: an idle connection
+        if outage.over_grace():
+            conn = await outage.probe()
+            if conn is not None:
+                return conn, False
+            if outage.over_grace():
+                raise outage.unavailable()
+        waiting = asyncio.ensure_future(pool.getconn())
+        handed = False
+        try:
+            wait = PROBE_AFTER if outage.since is None else 0.0
+            while True:
+                await asyncio.wait({waiting}, timeout=wait)
+                if waiting.done():
+                    try:
+                        conn = waiting.result()
+                    except PoolTimeout as exc:
+                        if outage.since is not None:
+                            raise outage.unavailable() from exc
+                        raise
+                    handed = True
+                    return conn, True
+                conn = await outage.probe()
+                if conn is not None:
+                    return conn, False
+                if outage.over_grace():
+                    raise outage.unavailable()
+                wait = (
+                    PROBE_AFTER if outage.since is None else min(PROBE_AFTER, outage.grace_left())
+                )
+        finally:
+            if not handed:
+                waiting.cancel()
+                try:
+                    conn = await waiting
+                except BaseException:  # cancelled, or it had failed: nothing borrowed
+                    pass
+                else:
+                    await pool.putconn(conn)
+
     async def _after_loss(self, pool: AsyncConnectionPool[Conn]) -> None:
         """A connection was lost, so the others idle in the pool may be too (the server restarted):
         test them now, so that the check and the retry that follow get a live one."""
@@ -492,19 +563,24 @@ _CLOSED = "SO409"
 
 
 class _Borrowed:
-    """A connection of the pool for one store call: `getconn()`, then `putconn()`. Lighter than
-    the pool's `connection()`, whose `async with conn` commits or rolls back an autocommit
-    connection (nothing to do: `_write` rolls back the transactions it opens, and the pool would
-    roll back any other it is handed)."""
+    """A connection for one store call: `_borrow()`, then back to the pool, or closed if it was
+    the outage probe's. Lighter than the pool's `connection()`, whose `async with conn` commits
+    or rolls back an autocommit connection (nothing to do: `_write` rolls back the transactions
+    it opens, and the pool would roll back any other it is handed)."""
 
-    __slots__ = ("conn", "pool")
+    __slots__ = ("conn", "owner", "pool", "pooled")
 
-    def __init__(self, pool: AsyncConnectionPool[Conn]) -> None:
+    def __init__(self, owner: Connections, pool: AsyncConnectionPool[Conn]) -> None:
+        self.owner = owner
         self.pool = pool
 
     async def __aenter__(self) -> Conn:
-        self.conn = await self.pool.getconn()
+        self.conn, self.pooled = await self.owner._borrow(self.pool)
         return self.conn
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.pool.putconn(self.conn)
+        if self.pooled:
+            await self.pool.putconn(self.conn)
+        elif not self.conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                await self.conn.close()

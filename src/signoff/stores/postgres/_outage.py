@@ -1,0 +1,110 @@
+"""Telling a PostgreSQL server that is down from a pool that is only busy, so that a call fails
+fast with `StoreUnavailable` once an outage has lasted longer than a restart takes, and a call
+made during a brief restart still goes through as soon as the server is back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from ..._exceptions import StoreUnavailable
+
+if TYPE_CHECKING:
+    from psycopg.rows import TupleRow
+
+    Conn = psycopg.AsyncConnection[TupleRow]
+else:
+    Conn = Any
+
+__all__ = ["GRACE", "PROBE_AFTER", "Outage", "is_down"]
+
+GRACE = 10.0
+"""Seconds an outage is ridden out (calls wait for the server) before calls fail at once:
+longer than a `pg_ctl restart` or a crash recovery of a small database takes."""
+
+PROBE_AFTER = 0.5
+"""Seconds a call waits for a pooled connection before the server is probed: a busy pool
+hands one over sooner than that."""
+
+_STARTING = ("the database system is",)
+"""What PostgreSQL says when it refuses connections while starting, stopping or recovering
+(SQLSTATE 57P03, which a failed connection does not carry in psycopg)."""
+
+
+def is_down(exc: psycopg.Error) -> bool:
+    """Whether a failed connection means the server is not there: no answer from it at all
+    (refused, unresolvable, timed out), or it is starting or stopping. A server that answered
+    with another refusal (a bad password, too many clients) is up, and not an outage."""
+    text = str(exc)
+    return "FATAL:" not in text or any(s in text for s in _STARTING)
+
+
+class Outage:
+    """What one store knows of its server being down: since when, and why. `probe()` connects
+    once for every caller asking at the same time, and records or clears the outage."""
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Conn]],
+        where: str,
+        grace: float = GRACE,
+    ) -> None:
+        self._connect = connect
+        self._where = where
+        self.grace = grace
+        self.since: float | None = None
+        self.error = ""
+        self._probing: asyncio.Future[None] | None = None
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    def over_grace(self) -> bool:
+        """Whether the server has been found down for longer than the grace period."""
+        return self.since is not None and self._now() - self.since >= self.grace
+
+    def grace_left(self) -> float:
+        """Seconds until the outage outlasts its grace (0 if it has, the grace if none)."""
+        if self.since is None:
+            return self.grace
+        return max(0.0, self.since + self.grace - self._now())
+
+    def unavailable(self) -> StoreUnavailable:
+        down = 0.0 if self.since is None else self._now() - self.since
+        return StoreUnavailable(
+            f"PostgreSQL unavailable at {self._where} for {down:.1f}s: {self.error}"
+        )
+
+    async def probe(self) -> Conn | None:
+        """Check the server. Returns a live connection only when this call found it back after
+        a known outage (the caller uses it, then closes it); otherwise None, with `since`
+        telling whether it is down. Calls at the same time share one connection attempt; a
+        finding is not reused after it, so a call right after the server is back finds it."""
+        if self._probing is not None:
+            await asyncio.shield(self._probing)
+            return None
+        self._probing = asyncio.get_running_loop().create_future()
+        try:
+            try:
+                conn = await self._connect()
+            except psycopg.Error as exc:
+                if is_down(exc):
+                    if self.since is None:
+                        self.since = self._now()
+                    self.error = " ".join(str(exc).split()) or type(exc).__name__
+                else:
+                    self.since = None  # it answered: up, for whatever reason it refused us
+                return None
+            was_down, self.since = self.since is not None, None
+            if was_down:
+                return conn
+            with contextlib.suppress(psycopg.Error):
+                await conn.close()
+            return None
+        finally:
+            done, self._probing = self._probing, None
+            done.set_result(None)
