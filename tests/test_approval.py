@@ -576,3 +576,47 @@ async def test_broken_guardrail_fails_closed(tmp_path: Path) -> None:
         )
         assert r.status == "completed"
         assert log.count() == 1
+
+
+@pytest.mark.parametrize("amount", ["NaN", "-Infinity", "inf", "1e400"])
+async def test_a_non_finite_number_is_invalid_input_and_reaches_no_policy(
+    tmp_path: Path, amount: str
+) -> None:
+    """A model's "NaN" parses as a float that slips past `amount > 100`, and infinity would show
+    the reviewer null: the call is refused as invalid input, before any policy sees it."""
+    log = ExecutionLog()
+    seen: list[Any] = []
+
+    def over_100(input: Any) -> bool:
+        seen.append(input.amount)
+        return bool(input.amount > 100)
+
+    @log.tool(approval=over_100)
+    async def refund(order_id: str, amount: float) -> str:
+        """Refund."""
+        return "refunded"
+
+    @log.tool(approval=so.always())
+    async def split(order_id: str, shares: list[float]) -> str:
+        """Split a refund."""
+        return "split"
+
+    result = Capture(reply("ok"))
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("refund", order_id="1", amount=amount),
+                call("split", order_id="2", shares=[1.0, amount]),
+            ),
+            result,
+        ],
+        tools=[refund, split],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert r.status == "completed" and r.pending == []
+        assert log.count() == 0 and seen == []
+        results = tool_results(result.last)
+        assert [t.is_error for t in results] == [True, True]
+        assert all("finite" in str(t.content) for t in results)
