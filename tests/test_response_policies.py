@@ -926,3 +926,25 @@ async def test_an_allowed_candidate_whose_request_closed_meanwhile_ends_stale(
         settled = [e.data["by"]["principal_id"] for e in events if e.type == "approval.settled"]
         assert settled == ["alice"]
         assert log.count() == (1 if alice_says == "approve" else 0)
+
+
+def test_approval_spec_keeps_the_request_policys_rules_it_does_not_override() -> None:
+    """Giving the spec `approvers=` kept nothing else of `request`'s rules (its deadline action
+    and requester exclusion fell back to defaults), and giving only `exclude_requester=`,
+    `distinct=` or `on_timeout=` changed nothing at all."""
+    base = so.always(
+        exclude_requester=True, expires_in=60, on_timeout="escalate", escalate_to="finance"
+    )
+    spec = so.ApprovalSpec(request=base, approvers=2)
+    rules = spec.request.rules
+    assert (rules.approvers, rules.distinct, rules.exclude_requester) == (2, True, True)
+    assert (rules.expires_in, rules.on_timeout, rules.escalate_to) == (60, "escalate", "finance")
+    assert base.rules.approvers == 1  # the shared policy itself is untouched
+    only = so.ApprovalSpec(request=so.always(expires_in=30), exclude_requester=True)
+    assert only.request.rules.exclude_requester is True
+    only = so.ApprovalSpec(request=so.always(approvers=3), distinct=False)
+    assert (only.request.rules.approvers, only.request.rules.distinct) == (3, False)
+    only = so.ApprovalSpec(request=so.always(expires_in=30), on_timeout="approve")
+    assert only.request.rules.on_timeout == "approve"
+    with pytest.raises(so.UsageError, match="needs escalate_to"):
+        so.ApprovalSpec(request=so.always(expires_in=30), on_timeout="escalate")
