@@ -349,3 +349,34 @@ async def test_votes_by_typed_message(tmp_path: Path) -> None:
             "input.resolved approved",
         ]
         assert log.count() == 1
+
+
+@pytest.mark.parametrize("with_policy", [False, True], ids=["default-rule", "response-policy"])
+async def test_exclude_requester_holds_for_a_single_approver(
+    tmp_path: Path, with_policy: bool
+) -> None:
+    """`exclude_requester=True` with one approver was ignored: the requester approved their own
+    call. It is four eyes: anyone identified but the requester may settle it."""
+    log = ExecutionLog()
+    approval: Any = so.always(exclude_requester=True)
+    if with_policy:
+        approval = so.ApprovalSpec(request=approval, response=lambda ctx: so.Allowed())
+    async with sqlite_runtime(tmp_path, deploy_agent(log, approval)) as rt:
+        sid, req, _ = await asked(rt)
+        assert (req.approvers, req.exclude_requester) == (1, True)
+        before = await store_contents(rt.store, sid)
+        for who in (ALICE, ALICE.model_copy(update={"attributes": {"role": "admin"}})):
+            for decision in ("approve", "cancel"):
+                with pytest.raises(so.NotAllowed, match="the requester may not") as info:
+                    await rt.respond(sid, vote(req.id, decision), principal=who)
+                assert info.value.request_ids == [req.id]
+        with pytest.raises(so.NotAllowed, match="identified approver"):
+            await rt.respond(sid, vote(req.id), principal=None)
+        with pytest.raises(so.NotAllowed, match="the requester may not"):
+            await rt.send(sid, "approve", principal=ALICE)
+        assert await store_contents(rt.store, sid) == before
+        assert log.count() == 0
+        r = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert r.status == "completed"
+        assert r.outcomes == [so.Outcome(request_id=req.id, outcome="approved", applied=True)]
+        assert [e.principal_id for e in log.executions] == ["alice"]
