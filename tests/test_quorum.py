@@ -380,3 +380,24 @@ async def test_exclude_requester_holds_for_a_single_approver(
         assert r.status == "completed"
         assert r.outcomes == [so.Outcome(request_id=req.id, outcome="approved", applied=True)]
         assert [e.principal_id for e in log.executions] == ["alice"]
+
+
+async def test_one_person_is_one_principal_id_across_authenticators(tmp_path: Path) -> None:
+    """Votes are counted per principal id, so the requester's exclusion is by principal id too:
+    the requester answering through another surface (the CLI's `local:alice`) was counted."""
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))
+    alice_cli = so.Principal(authenticator="local", principal_id="alice")
+    bob_cli = so.Principal(authenticator="local", principal_id="bob")
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, _ = await asked(rt)
+        before = await store_contents(rt.store, sid)
+        with pytest.raises(so.NotAllowed, match="the requester may not"):
+            await rt.respond(sid, vote(req.id), principal=alice_cli)
+        assert await store_contents(rt.store, sid) == before
+        await rt.respond(sid, vote(req.id), principal=BOB)
+        again = await rt.respond(sid, vote(req.id), principal=bob_cli)
+        assert again.outcomes[0].outcome == "counted" and again.outcomes[0].applied is False
+        assert log.count() == 0
+        r = await rt.respond(sid, vote(req.id), principal=CAROL)
+        assert r.status == "completed" and log.count() == 1

@@ -447,7 +447,8 @@ def _gated(request: InputRequest, tool: Tool | None) -> bool:
 
 
 def _check_quorum_eligibility(request: InputRequest, principal: Principal | None) -> None:
-    """Who may count toward a quorum: an identified principal, not the requester if excluded."""
+    """Who may count toward a quorum: an identified principal, not the requester if excluded
+    (compared by principal id, the key votes are counted by)."""
     if request.approvers <= 1 and not request.exclude_requester:
         return
     if principal is None:
@@ -456,7 +457,14 @@ def _check_quorum_eligibility(request: InputRequest, principal: Principal | None
             f"{'s' if request.approvers > 1 else ''}; an anonymous answer does not count",
             [request.id],
         )
-    if request.exclude_requester and principal.same_as(request.requested_by):
+    asker = request.requested_by
+    # The person key votes are counted by (principal id), not the full identity: the requester
+    # answering through another surface (`local:alice` for `sso:alice`) is still the requester.
+    if (
+        request.exclude_requester
+        and asker is not None
+        and principal.principal_id == asker.principal_id
+    ):
         raise NotAllowed(
             f"request {request.id}: the requester may not approve their own call", [request.id]
         )
