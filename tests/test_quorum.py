@@ -320,7 +320,7 @@ async def test_quorum_through_generate_approvals(tmp_path: Path) -> None:
         assert log.count() == 1
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
 def test_approvers_must_be_a_positive_integer(bad: Any) -> None:
     with pytest.raises(so.UsageError, match="approvers must be a positive integer"):
         so.always(approvers=bad)
