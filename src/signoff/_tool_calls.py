@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -195,8 +196,8 @@ class ToolCalls(DriverPart):
         for action in ("deny", "ask"):
             for v in verdicts:
                 if v.action == action:
-                    return v
-        return verdicts[0]
+                    return _with_text_reason(v)
+        return _with_text_reason(verdicts[0])
 
     # -- tools --------------------------------------------------------------------------------
 
@@ -359,3 +360,13 @@ class ToolCalls(DriverPart):
         await self.record(
             journal.ending([("input.requested", {"requests": [dump_request(request)]})], [request])
         )
+
+
+def _with_text_reason(verdict: Verdict) -> Verdict:
+    """The verdict with its reason as text the log can hold: a policy's `Denied(reason)` may
+    carry any object (written out with `str()`), NaN or a lone surrogate (replaced)."""
+    reason: Any = verdict.reason
+    if reason is None or (isinstance(reason, str) and reason.isascii()):
+        return verdict
+    text = reason if isinstance(reason, str) else str(reason)
+    return dataclasses.replace(verdict, reason=text.encode("utf-8", "replace").decode())
