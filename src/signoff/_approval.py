@@ -34,6 +34,7 @@ __all__ = [
     "once",
     "policy",
     "predicate",
+    "reason_text",
     "tool_policy",
 ]
 
@@ -216,6 +217,15 @@ def normalize(result: object) -> Verdict:
     if isinstance(result, dict) and result.get("type") in ("approved", "denied"):
         return Verdict("run" if result["type"] == "approved" else "deny", result.get("reason"))
     return Verdict("ask", error=f"approval policy returned an invalid status: {result!r}")
+
+
+def reason_text(reason: object) -> str | None:
+    """A policy's reason as text the log can hold: any object is written out with `str()`, and
+    what UTF-8 cannot encode (a lone surrogate) is replaced."""
+    if reason is None or (isinstance(reason, str) and reason.isascii()):
+        return reason
+    text = reason if isinstance(reason, str) else str(reason)
+    return text.encode("utf-8", "replace").decode()
 
 
 def never() -> ApprovalPolicy:

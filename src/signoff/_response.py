@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy
+from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy, reason_text
 from ._exceptions import UsageError
 from ._types import Principal
 
@@ -130,11 +130,11 @@ def _normalize(result: object) -> ResponseVerdict:
     if result == "allowed" or isinstance(result, Allowed):
         return ResponseVerdict("allowed")
     if isinstance(result, Rejected):
-        return ResponseVerdict("rejected", result.reason)
+        return ResponseVerdict("rejected", reason_text(result.reason))
     if result == "rejected":
         return ResponseVerdict("rejected")
     if isinstance(result, dict) and result.get("status") in ("allowed", "rejected"):
-        return ResponseVerdict(result["status"], result.get("reason"))
+        return ResponseVerdict(result["status"], reason_text(result.get("reason")))
     return ResponseVerdict("failed", f"response policy returned an invalid status: {result!r}")
 
 

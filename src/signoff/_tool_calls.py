@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
+from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
 from ._journal import CallJournal
 from ._recording import (
     Batch,
@@ -363,10 +363,6 @@ class ToolCalls(DriverPart):
 
 
 def _with_text_reason(verdict: Verdict) -> Verdict:
-    """The verdict with its reason as text the log can hold: a policy's `Denied(reason)` may
-    carry any object (written out with `str()`), NaN or a lone surrogate (replaced)."""
-    reason: Any = verdict.reason
-    if reason is None or (isinstance(reason, str) and reason.isascii()):
-        return verdict
-    text = reason if isinstance(reason, str) else str(reason)
-    return dataclasses.replace(verdict, reason=text.encode("utf-8", "replace").decode())
+    """The verdict with its reason as text: a policy's `Denied(reason)` may carry any object."""
+    reason = reason_text(verdict.reason)
+    return verdict if reason is verdict.reason else dataclasses.replace(verdict, reason=reason)
