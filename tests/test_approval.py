@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -576,3 +577,86 @@ async def test_broken_guardrail_fails_closed(tmp_path: Path) -> None:
         )
         assert r.status == "completed"
         assert log.count() == 1
+
+
+@pytest.mark.parametrize("amount", ["NaN", "-Infinity", "inf", "1e400"])
+async def test_a_non_finite_number_is_invalid_input_and_reaches_no_policy(
+    tmp_path: Path, amount: str
+) -> None:
+    """A model's "NaN" parses as a float that slips past `amount > 100`, and infinity would show
+    the reviewer null: the call is refused as invalid input, before any policy sees it."""
+    log = ExecutionLog()
+    seen: list[Any] = []
+
+    def over_100(input: Any) -> bool:
+        seen.append(input.amount)
+        return bool(input.amount > 100)
+
+    @log.tool(approval=over_100)
+    async def refund(order_id: str, amount: float) -> str:
+        """Refund."""
+        return "refunded"
+
+    @log.tool(approval=so.always())
+    async def split(order_id: str, shares: list[float]) -> str:
+        """Split a refund."""
+        return "split"
+
+    result = Capture(reply("ok"))
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("refund", order_id="1", amount=amount),
+                call("split", order_id="2", shares=[1.0, amount]),
+            ),
+            result,
+        ],
+        tools=[refund, split],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert r.status == "completed" and r.pending == []
+        assert log.count() == 0 and seen == []
+        results = tool_results(result.last)
+        assert [t.is_error for t in results] == [True, True]
+        assert all("finite" in str(t.content) for t in results)
+
+
+class _Opaque:
+    def __str__(self) -> str:
+        return "opaque reason"
+
+
+@pytest.mark.parametrize(
+    ("status", "expected", "reason"),
+    [
+        (so.Approved(_Opaque()), "run", "opaque reason"),  # type: ignore[arg-type]
+        (so.Denied(b"no"), "deny", "b'no'"),  # type: ignore[arg-type]
+        (so.Denied(float("nan")), "deny", "nan"),  # type: ignore[arg-type]
+        (so.Denied("bad \ud800 text"), "deny", "bad ? text"),
+        ({"type": "denied", "reason": _Opaque()}, "deny", "opaque reason"),
+    ],
+    ids=["approved-object", "denied-bytes", "denied-nan", "denied-surrogate", "dict-object"],
+)
+async def test_a_policy_reason_that_is_not_text_is_recorded_as_text(
+    tmp_path: Path, status: Any, expected: str, reason: str
+) -> None:
+    """An object or bytes reason made the turn raise a bare TypeError; NaN and a lone surrogate
+    were stored as no JSON reader can read them. The reason is written out as text."""
+    log = ExecutionLog()
+    seen = Capture(reply("finished"))
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", order_id="1")), seen],
+        tools=[refund_tool(log, so.policy(lambda ctx: status))],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+        (result,) = tool_results(seen.last)
+        note = result.content["approval"] if expected == "run" else result.content
+        assert note["reason"] == reason
+        assert log.count() == (1 if expected == "run" else 0)
+        events = [e async for e in rt.events(r.session_id, 0, follow=False)]
+        json.dumps([e.data for e in events], allow_nan=False).encode()

@@ -427,6 +427,11 @@ async def test_escalation_is_applied_when_the_session_is_touched(tmp_path: Path)
         ({"expires_in": -5}, "expires_in must be positive"),
         ({"expires_in": 5, "on_timeout": "ignore"}, "on_timeout must be"),
         ({"expires_in": 5, "on_timeout": "escalate"}, "needs escalate_to"),
+        # NaN never passes (and is not JSON), infinity is no deadline, a string compared badly
+        ({"expires_in": float("nan")}, "expires_in must be positive"),
+        ({"expires_in": float("inf")}, "expires_in must be positive"),
+        ({"expires_in": "5"}, "expires_in must be positive"),
+        ({"expires_in": True}, "expires_in must be positive"),
     ],
 )
 def test_deadline_usage_errors(kwargs: dict[str, Any], problem: str) -> None:

@@ -320,7 +320,7 @@ async def test_quorum_through_generate_approvals(tmp_path: Path) -> None:
         assert log.count() == 1
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
 def test_approvers_must_be_a_positive_integer(bad: Any) -> None:
     with pytest.raises(so.UsageError, match="approvers must be a positive integer"):
         so.always(approvers=bad)
@@ -349,3 +349,55 @@ async def test_votes_by_typed_message(tmp_path: Path) -> None:
             "input.resolved approved",
         ]
         assert log.count() == 1
+
+
+@pytest.mark.parametrize("with_policy", [False, True], ids=["default-rule", "response-policy"])
+async def test_exclude_requester_holds_for_a_single_approver(
+    tmp_path: Path, with_policy: bool
+) -> None:
+    """`exclude_requester=True` with one approver was ignored: the requester approved their own
+    call. It is four eyes: anyone identified but the requester may settle it."""
+    log = ExecutionLog()
+    approval: Any = so.always(exclude_requester=True)
+    if with_policy:
+        approval = so.ApprovalSpec(request=approval, response=lambda ctx: so.Allowed())
+    async with sqlite_runtime(tmp_path, deploy_agent(log, approval)) as rt:
+        sid, req, _ = await asked(rt)
+        assert (req.approvers, req.exclude_requester) == (1, True)
+        before = await store_contents(rt.store, sid)
+        for who in (ALICE, ALICE.model_copy(update={"attributes": {"role": "admin"}})):
+            for decision in ("approve", "cancel"):
+                with pytest.raises(so.NotAllowed, match="the requester may not") as info:
+                    await rt.respond(sid, vote(req.id, decision), principal=who)
+                assert info.value.request_ids == [req.id]
+        with pytest.raises(so.NotAllowed, match="identified approver"):
+            await rt.respond(sid, vote(req.id), principal=None)
+        with pytest.raises(so.NotAllowed, match="the requester may not"):
+            await rt.send(sid, "approve", principal=ALICE)
+        assert await store_contents(rt.store, sid) == before
+        assert log.count() == 0
+        r = await rt.respond(sid, vote(req.id), principal=BOB)
+        assert r.status == "completed"
+        assert r.outcomes == [so.Outcome(request_id=req.id, outcome="approved", applied=True)]
+        assert [e.principal_id for e in log.executions] == ["alice"]
+
+
+async def test_one_person_is_one_principal_id_across_authenticators(tmp_path: Path) -> None:
+    """Votes are counted per principal id, so the requester's exclusion is by principal id too:
+    the requester answering through another surface (the CLI's `local:alice`) was counted."""
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))
+    alice_cli = so.Principal(authenticator="local", principal_id="alice")
+    bob_cli = so.Principal(authenticator="local", principal_id="bob")
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid, req, _ = await asked(rt)
+        before = await store_contents(rt.store, sid)
+        with pytest.raises(so.NotAllowed, match="the requester may not"):
+            await rt.respond(sid, vote(req.id), principal=alice_cli)
+        assert await store_contents(rt.store, sid) == before
+        await rt.respond(sid, vote(req.id), principal=BOB)
+        again = await rt.respond(sid, vote(req.id), principal=bob_cli)
+        assert again.outcomes[0].outcome == "counted" and again.outcomes[0].applied is False
+        assert log.count() == 0
+        r = await rt.respond(sid, vote(req.id), principal=CAROL)
+        assert r.status == "completed" and log.count() == 1

@@ -8,6 +8,7 @@ response policy, and asserts the outcome and the exact events each answer record
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -926,3 +927,60 @@ async def test_an_allowed_candidate_whose_request_closed_meanwhile_ends_stale(
         settled = [e.data["by"]["principal_id"] for e in events if e.type == "approval.settled"]
         assert settled == ["alice"]
         assert log.count() == (1 if alice_says == "approve" else 0)
+
+
+def test_approval_spec_keeps_the_request_policys_rules_it_does_not_override() -> None:
+    """Giving the spec `approvers=` kept nothing else of `request`'s rules (its deadline action
+    and requester exclusion fell back to defaults), and giving only `exclude_requester=`,
+    `distinct=` or `on_timeout=` changed nothing at all."""
+    base = so.always(
+        exclude_requester=True, expires_in=60, on_timeout="escalate", escalate_to="finance"
+    )
+    spec = so.ApprovalSpec(request=base, approvers=2)
+    rules = spec.request.rules
+    assert (rules.approvers, rules.distinct, rules.exclude_requester) == (2, True, True)
+    assert (rules.expires_in, rules.on_timeout, rules.escalate_to) == (60, "escalate", "finance")
+    assert base.rules.approvers == 1  # the shared policy itself is untouched
+    only = so.ApprovalSpec(request=so.always(expires_in=30), exclude_requester=True)
+    assert only.request.rules.exclude_requester is True
+    only = so.ApprovalSpec(request=so.always(approvers=3), distinct=False)
+    assert (only.request.rules.approvers, only.request.rules.distinct) == (3, False)
+    only = so.ApprovalSpec(request=so.always(expires_in=30), on_timeout="approve")
+    assert only.request.rules.on_timeout == "approve"
+    with pytest.raises(so.UsageError, match="needs escalate_to"):
+        so.ApprovalSpec(request=so.always(expires_in=30), on_timeout="escalate")
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        (so.Rejected(b"not you"), "b'not you'"),  # type: ignore[arg-type]
+        ({"status": "rejected", "reason": ValueError("not a lead")}, "not a lead"),
+        (so.Rejected(float("nan")), "nan"),  # type: ignore[arg-type]
+    ],
+    ids=["bytes", "dict-object", "nan"],
+)
+async def test_a_refusal_reason_that_is_not_text_is_recorded_as_text(
+    tmp_path: Path, status: Any, reason: str
+) -> None:
+    """A response policy's non-text reason made `respond` raise a bare TypeError (a 500 over
+    HTTP) after its candidate was recorded; a NaN one was stored as non-JSON."""
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=lambda ctx: status)
+    async with sqlite_runtime(tmp_path, refund_agent(log, spec)) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=BOB
+        )
+        assert r.outcomes == [
+            so.Outcome(request_id=req.id, outcome="rejected", applied=False, reason=reason)
+        ]
+        events = await events_of(rt, sid, head)
+        assert lines(events) == [
+            "approval.candidate pending",
+            "approval.candidate rejected",
+            "turn.waiting",
+        ]
+        assert events[1].data["reason"] == reason
+        json.dumps([e.data for e in events], allow_nan=False)
+        assert log.count() == 0

@@ -135,9 +135,7 @@ class Answering(SessionRunner):
                 _check_policy_present(request, tool)
                 if wanted.get("edited_input") is not None and tool is not None:
                     await self._check_edit(state, tool, request, wanted["edited_input"])
-                if request.kind == "tool-approval" and (
-                    request.approvers > 1 or (tool is not None and tool.response_policy is not None)
-                ):
+                if _gated(request, tool):
                     gated.append((request, reply, wanted))
                     continue
                 self._authorize(request, principal)
@@ -298,7 +296,7 @@ class Answering(SessionRunner):
                 return Outcome(
                     request_id=rid, outcome=verdict.outcome, applied=False, reason=verdict.reason
                 )
-        elif request.approvers <= 1:
+        elif request.approvers <= 1 and not request.exclude_requester:
             self._authorize(request, principal)
         outcome: list[Outcome] = []
         refused: list[AnswerError] = []
@@ -405,9 +403,7 @@ class Answering(SessionRunner):
         tool = None if agent is None else agent.tools.get(request.tool_name or "")
         try:
             _check_policy_present(request, tool)
-            if request.kind == "tool-approval" and (
-                request.approvers > 1 or (tool is not None and tool.response_policy is not None)
-            ):
+            if _gated(request, tool):
                 _check_quorum_eligibility(request, principal)  # the policy or quorum decides
             else:
                 self._authorize(request, principal)
@@ -440,17 +436,35 @@ def _check_policy_present(request: InputRequest, tool: Tool | None) -> None:
         )
 
 
+def _gated(request: InputRequest, tool: Tool | None) -> bool:
+    """Whether a rule other than the default one decides who may settle this approval: a
+    response policy, a quorum, or the requester's exclusion (four eyes)."""
+    return request.kind == "tool-approval" and (
+        request.approvers > 1
+        or request.exclude_requester
+        or (tool is not None and tool.response_policy is not None)
+    )
+
+
 def _check_quorum_eligibility(request: InputRequest, principal: Principal | None) -> None:
-    """Who may count toward a quorum: an identified principal, not the requester if excluded."""
-    if request.approvers <= 1:
+    """Who may count toward a quorum: an identified principal, not the requester if excluded
+    (compared by principal id, the key votes are counted by)."""
+    if request.approvers <= 1 and not request.exclude_requester:
         return
     if principal is None:
         raise NotAllowed(
-            f"request {request.id} needs {request.approvers} identified approvers; "
-            "an anonymous answer does not count",
+            f"request {request.id} needs {request.approvers} identified approver"
+            f"{'s' if request.approvers > 1 else ''}; an anonymous answer does not count",
             [request.id],
         )
-    if request.exclude_requester and principal.same_as(request.requested_by):
+    asker = request.requested_by
+    # The person key votes are counted by (principal id), not the full identity: the requester
+    # answering through another surface (`local:alice` for `sso:alice`) is still the requester.
+    if (
+        request.exclude_requester
+        and asker is not None
+        and principal.principal_id == asker.principal_id
+    ):
         raise NotAllowed(
             f"request {request.id}: the requester may not approve their own call", [request.id]
         )

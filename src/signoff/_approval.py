@@ -9,6 +9,7 @@ be sync or async and may return any `ApprovalStatus`.
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
@@ -33,6 +34,7 @@ __all__ = [
     "once",
     "policy",
     "predicate",
+    "reason_text",
     "tool_policy",
 ]
 
@@ -116,10 +118,16 @@ class RequestRules:
     escalate_to: str | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.approvers, int) or self.approvers < 1:
-            raise UsageError(f"approvers must be a positive integer, not {self.approvers!r}")
-        if self.expires_in is not None and self.expires_in <= 0:
-            raise UsageError(f"expires_in must be positive seconds, not {self.expires_in!r}")
+        approvers = self.approvers
+        if isinstance(approvers, bool) or not isinstance(approvers, int) or approvers < 1:
+            raise UsageError(f"approvers must be a positive integer, not {approvers!r}")
+        expires_in = self.expires_in
+        if expires_in is not None and (
+            isinstance(expires_in, bool)
+            or not isinstance(expires_in, (int, float))
+            or not 0 < expires_in < math.inf  # NaN fails this too
+        ):
+            raise UsageError(f"expires_in must be positive seconds, not {expires_in!r}")
         if self.on_timeout not in ("deny", "approve", "escalate"):
             raise UsageError(
                 f"on_timeout must be 'deny', 'approve' or 'escalate', not {self.on_timeout!r}"
@@ -209,6 +217,15 @@ def normalize(result: object) -> Verdict:
     if isinstance(result, dict) and result.get("type") in ("approved", "denied"):
         return Verdict("run" if result["type"] == "approved" else "deny", result.get("reason"))
     return Verdict("ask", error=f"approval policy returned an invalid status: {result!r}")
+
+
+def reason_text(reason: object) -> str | None:
+    """A policy's reason as text the log can hold: any object is written out with `str()`, and
+    what UTF-8 cannot encode (a lone surrogate) is replaced."""
+    if reason is None or (isinstance(reason, str) and reason.isascii()):
+        return reason
+    text = reason if isinstance(reason, str) else str(reason)
+    return text.encode("utf-8", "replace").decode()
 
 
 def never() -> ApprovalPolicy:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
-from ._approval import ApprovalPolicy, OnTimeout, RequestRules, SessionInfo, as_policy
+from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy, reason_text
 from ._exceptions import UsageError
 from ._types import Principal
 
@@ -96,10 +97,10 @@ class ApprovalSpec:
         *,
         timeout: float = 10.0,
         approvers: int | None = None,
-        distinct: bool = True,
-        exclude_requester: bool = False,
+        distinct: bool | None = None,
+        exclude_requester: bool | None = None,
         expires_in: float | None = None,
-        on_timeout: OnTimeout = "deny",
+        on_timeout: OnTimeout | None = None,
         escalate_to: str | None = None,
     ) -> None:
         self.request: ApprovalPolicy = as_policy(request if request is not None else "always")
@@ -109,28 +110,31 @@ class ApprovalSpec:
             raise UsageError("the response policy timeout must be positive")
         self.response = response
         self.timeout = timeout
-        if approvers is not None or expires_in is not None:
+        # The rules given here override those of `request`; the others are kept as they are.
+        given: dict[str, Any] = {
+            "approvers": approvers,
+            "distinct": distinct,
+            "exclude_requester": exclude_requester,
+            "expires_in": expires_in,
+            "on_timeout": on_timeout,
+            "escalate_to": escalate_to,
+        }
+        overrides = {k: v for k, v in given.items() if v is not None}
+        if overrides:
             base = self.request.rules
             self.request = copy.copy(self.request)  # never change a policy shared elsewhere
-            self.request.rules = RequestRules(
-                approvers=approvers if approvers is not None else base.approvers,
-                distinct=distinct,
-                exclude_requester=exclude_requester,
-                expires_in=expires_in if expires_in is not None else base.expires_in,
-                on_timeout=on_timeout,
-                escalate_to=escalate_to,
-            )
+            self.request.rules = dataclasses.replace(base, **overrides)
 
 
 def _normalize(result: object) -> ResponseVerdict:
     if result == "allowed" or isinstance(result, Allowed):
         return ResponseVerdict("allowed")
     if isinstance(result, Rejected):
-        return ResponseVerdict("rejected", result.reason)
+        return ResponseVerdict("rejected", reason_text(result.reason))
     if result == "rejected":
         return ResponseVerdict("rejected")
     if isinstance(result, dict) and result.get("status") in ("allowed", "rejected"):
-        return ResponseVerdict(result["status"], result.get("reason"))
+        return ResponseVerdict(result["status"], reason_text(result.get("reason")))
     return ResponseVerdict("failed", f"response policy returned an invalid status: {result!r}")
 
 

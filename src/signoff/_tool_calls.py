@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict
+from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
 from ._journal import CallJournal
 from ._recording import (
     Batch,
@@ -195,8 +196,8 @@ class ToolCalls(DriverPart):
         for action in ("deny", "ask"):
             for v in verdicts:
                 if v.action == action:
-                    return v
-        return verdicts[0]
+                    return _with_text_reason(v)
+        return _with_text_reason(verdicts[0])
 
     # -- tools --------------------------------------------------------------------------------
 
@@ -359,3 +360,9 @@ class ToolCalls(DriverPart):
         await self.record(
             journal.ending([("input.requested", {"requests": [dump_request(request)]})], [request])
         )
+
+
+def _with_text_reason(verdict: Verdict) -> Verdict:
+    """The verdict with its reason as text: a policy's `Denied(reason)` may carry any object."""
+    reason = reason_text(verdict.reason)
+    return verdict if reason is verdict.reason else dataclasses.replace(verdict, reason=reason)

@@ -313,7 +313,15 @@ class Tool:
                 self.input_model.__name__,
                 [{"type": "model_type", "loc": (), "input": raw, "ctx": {"class_name": "dict"}}],
             )
-        return self.input_model.model_validate(raw)
+        validated = self.input_model.model_validate(raw)
+        bad = _non_finite(validated.model_dump(), ())
+        if bad is not None:
+            loc, value = bad
+            raise ValidationError.from_exception_data(
+                self.input_model.__name__,
+                [{"type": "finite_number", "loc": loc, "input": value}],
+            )
+        return validated
 
     async def invoke(self, ctx: ToolContext, validated: BaseModel) -> Any:
         """Run the body with validated input; returns its result as JSON-able data."""
@@ -342,6 +350,26 @@ def _finite(value: Any) -> Any:
     if isinstance(value, list):
         return [_finite(v) for v in value]
     return value
+
+
+def _non_finite(
+    value: Any, loc: tuple[str | int, ...]
+) -> tuple[tuple[str | int, ...], float] | None:
+    """Where validated input holds NaN or an infinity (pydantic parses "NaN" and "1e400" into
+    floats): such input would slip past `amount > 100` and reach the reviewer as null."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (loc, value)
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = _non_finite(item, (*loc, key if isinstance(key, (str, int)) else str(key)))
+        if found is not None:
+            return found
+    return None
 
 
 def _describe(fn: Callable[..., Any]) -> str:
