@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import signoff as so
+from signoff._steps import raise_recorded
 from signoff.stores import Commit, SQLiteStore
 from signoff.testing import (
     Capture,
@@ -1072,3 +1074,110 @@ async def test_a_snapshot_keeps_a_calls_journal_keyed(tmp_path: Path) -> None:
         ("step", "hold", 0),
         ("ask", "What time?", 0),
     ]
+
+
+class Declined(Exception):
+    """A card payment the bank declined (a step's own failure, caught by the tool)."""
+
+
+async def test_a_step_that_raises_is_journaled_and_raised_again_on_replay(store_url: str) -> None:
+    """A step that raised is not run again on replay: the same exception is raised again, so a
+    tool that catches it takes the same path (the card is charged once, not retried)."""
+    charges: list[str] = []
+
+    def charge(card: str) -> str:
+        charges.append(card)
+        raise Declined(f"card {card} declined")
+
+    @so.tool
+    async def pay(ctx: so.ToolContext) -> dict[str, str]:
+        """Charge the card on file; if declined, ask for another."""
+        try:
+            return {"paid": await ctx.step("charge", charge, "4242")}
+        except Declined as exc:
+            other = await ctx.ask(f"{exc}. Try another card?", options=["yes", "no"])
+            return {"declined": str(exc), "retry": other.value}
+
+    seen = Capture(reply("Done."))
+    agent = scripted_agent("shop", [call_tools(call("pay", id="p1")), seen], tools=[pay])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="pay", auth=ALICE)
+        assert [p.question for p in r.pending] == ["card 4242 declined. Try another card?"]
+        r = await rt.send(r.session_id, "no", principal=ALICE)
+        assert r.status == "completed"
+        [result] = tool_results(seen.last)
+        assert result.content == {"declined": "card 4242 declined", "retry": "no"}
+        assert charges == ["4242"]  # charged once, though the body ran twice
+        [step] = [e for e in await events(rt, r.session_id) if e.type == "tool.step"]
+        assert step.data["error"]["type"] == "Declined"
+        assert "result" not in step.data
+
+
+class NeedsTwo(Exception):
+    """An exception whose arguments are not what its constructor takes."""
+
+    def __init__(self, code: int, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+
+
+async def test_a_step_exception_that_cannot_be_rebuilt_replays_as_step_failed(
+    tmp_path: Path,
+) -> None:
+    """An exception signoff cannot build again as it was (its class is local to a function, or
+    its args are not what it takes) is raised on replay as `StepFailed`, naming it: never by
+    running the step again."""
+    ran: list[str] = []
+
+    class Local(Exception):
+        pass
+
+    def fail(kind: str) -> str:
+        ran.append(kind)
+        raise (Local("local failure") if kind == "local" else NeedsTwo(7, "two args"))
+
+    caught: list[tuple[str, str]] = []
+
+    @so.tool
+    async def flaky(ctx: so.ToolContext) -> list[str]:
+        """Two steps that fail, then a question."""
+        for kind in ("local", "two"):
+            try:
+                await ctx.step(kind, fail, kind)
+            except Exception as exc:
+                caught.append((type(exc).__name__, str(exc)))
+        return [(await ctx.ask("Go on?")).value]
+
+    agent = scripted_agent("ops", [call_tools(call("flaky", id="f1")), reply("ok")], tools=[flaky])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("ops", prompt="go", auth=ALICE)
+        r = await rt.send(r.session_id, "yes", principal=ALICE)
+        assert r.status == "completed"
+    assert ran == ["local", "two"]
+    qualname = "test_a_step_exception_that_cannot_be_rebuilt_replays_as_step_failed.<locals>.Local"
+    where = "tests.test_workflow"
+    assert caught == [
+        ("Local", "local failure"),
+        ("NeedsTwo", "7: two args"),
+        ("StepFailed", f"step 'local' raised {where}.{qualname}: local failure"),
+        ("StepFailed", f"step 'two' raised {where}.NeedsTwo: 7: two args"),
+    ]
+
+
+async def test_a_step_failure_is_never_built_from_a_class_not_already_imported(
+    tmp_path: Path,
+) -> None:
+    """The journal names an exception class by module; replay raises it only from a module
+    already imported, so a tampered journal cannot make signoff import code."""
+    error = {"module": "antigravity", "type": "Exception", "message": "boom", "args": ["boom"]}
+    assert "antigravity" not in sys.modules
+    with pytest.raises(so.StepFailed, match="antigravity.Exception: boom"):
+        raise_recorded("s", error)
+    assert "antigravity" not in sys.modules
+    with pytest.raises(ValueError, match="^bad$"):
+        raise_recorded(
+            "s", {"module": "builtins", "type": "ValueError", "message": "bad", "args": ["bad"]}
+        )
+    with pytest.raises(so.StepFailed, match="step 's' raised SystemExit: 3"):
+        raise_recorded(
+            "s", {"module": "builtins", "type": "SystemExit", "message": "3", "args": [3]}
+        )

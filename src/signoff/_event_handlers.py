@@ -78,7 +78,10 @@ def _tool_step(s: SessionState, e: Event) -> None:
     d = e.data
     call = _call(s, e)
     _key_journal(call, d)
-    call.record(d["index"], {"kind": "step", "name": d["name"], "result": d.get("result")})
+    entry = {"kind": "step", "name": d["name"], "result": d.get("result")}
+    if d.get("error") is not None:  # the step raised: its replay raises it again
+        entry["error"] = d["error"]
+    call.record(d["index"], entry)
 
 
 def _key_journal(call: CallState, data: dict[str, Any]) -> None:

@@ -16,6 +16,8 @@
     │   ├── StaleAnswer            the answer was given for another version of the call
     │   └── NotAllowed             the responder may not settle this request
     ├── ModelError                 the model failed or answered nonsense
+    ├── StepFailed                 a journaled step's exception, on replay, when it cannot be
+    │                              raised again as it was
     ├── RemoteError                a signoff server reported an error this client cannot name
     └── StoreError                 the store failed or holds something unusable
         ├── SchemaVersionError     data written by a newer signoff
@@ -31,6 +33,7 @@ Every error that is about an answer leaves the store unchanged: nothing is claim
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "AnswerError",
@@ -50,6 +53,7 @@ __all__ = [
     "SessionLimitReached",
     "SignoffError",
     "StaleAnswer",
+    "StepFailed",
     "StoreError",
     "StoreGone",
     "StoreUnavailable",
@@ -185,6 +189,22 @@ class ModelError(SignoffError):
     """The model call failed or returned something unusable."""
 
     code = "model_error"
+
+
+class StepFailed(SignoffError):
+    """Raised on replay of a journaled step that raised an exception signoff cannot raise
+    again as it was (its class is not loaded, or not rebuilt from its arguments)."""
+
+    code = "step_failed"
+
+    def __init__(self, step: str, error_type: str, message: str) -> None:
+        super().__init__(f"step {step!r} raised {error_type}: {message}")
+        self.step = step
+        self.error_type = error_type
+        self.error_message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.step, self.error_type, self.error_message))
 
 
 class StoreError(SignoffError):

@@ -6,9 +6,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ._exceptions import SignoffError
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
-from ._tools import QuestionWithdrawn
+from ._steps import failure_of
+from ._tools import ApprovalRequired, QuestionWithdrawn
 from ._types import Action, ChildRef, InputRequest, Option, Principal
 from .stores import Resolve
 
@@ -16,6 +18,10 @@ if TYPE_CHECKING:
     from ._tool_calls import ToolCalls
 
 __all__ = ["CallJournal"]
+
+_NOT_THE_STEPS = (SignoffError, TurnStopped, ApprovalRequired, QuestionWithdrawn)
+"""What a step may raise that is about the run, not the step's effect: never journaled, so the
+step runs again on replay (as after a crash)."""
 
 
 class CallJournal:
@@ -62,19 +68,27 @@ class CallJournal:
         keyed = self.keyed  # as when `index` was claimed: empty only ever turns keyed
         self._busy(1)
         try:
-            result = await run()
             call = self._call()
-            data = {
+            data: dict[str, Any] = {
                 "call_id": call.id,
                 "tool_name": call.tool_name,
                 "index": index,
                 "name": name,
-                "result": result,
             }
             if keyed:
                 data["keyed"] = True
+            try:
+                data["result"] = await run()
+            except Exception as exc:
+                if isinstance(exc, _NOT_THE_STEPS):
+                    raise
+                # The step's own failure, which the tool may catch and go on from: journaled,
+                # so a replay takes the same path instead of running the step again.
+                data["error"] = failure_of(exc)
+                await self.driver.record([("tool.step", data)])
+                raise
             await self.driver.record([("tool.step", data)])
-            return result
+            return data["result"]
         finally:
             self._busy(-1)
 

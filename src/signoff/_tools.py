@@ -15,6 +15,7 @@ from pydantic_core import to_jsonable_python
 from ._approval import ApprovalPolicy, SessionInfo, as_policy
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
+from ._steps import raise_recorded
 from ._types import Answer, Option, Principal, make_options
 
 # The tool names OpenAI and Anthropic take.
@@ -181,11 +182,15 @@ class ToolContext:
     async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run a side effect once and journal its result; a replay returns the recorded result.
 
-        Replay finds a step by its name and occurrence: concurrent branches that step under the
-        same name must reach it in the same order on every run, so give each its own name.
+        A step that raises is journaled too, and its replay raises the same exception again
+        (`StepFailed` when it cannot be rebuilt) instead of running the step again. Replay finds
+        a step by its name and occurrence: concurrent branches that step under the same name
+        must reach it in the same order on every run, so give each its own name.
         """
         index, entry = self._next("step", name)
         if entry is not None:
+            if entry.get("error") is not None:
+                raise_recorded(name, entry["error"])
             return entry["result"]
         await self._replayed_first("step", name)
         assert self._journal is not None

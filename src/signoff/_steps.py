@@ -1,0 +1,69 @@
+"""A journaled step that raised: what its exception was, written down when it raised, and the
+same exception raised again on replay, so a tool that catches it (`except Declined:`) takes the
+same path on every run without running the step again."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, NoReturn
+
+from ._exceptions import StepFailed
+
+__all__ = ["failure_of", "raise_recorded"]
+
+
+def failure_of(exc: Exception) -> dict[str, Any]:
+    """How `exc`, raised by a step, is journaled: its class by module and name, its message, and
+    its arguments when they are plain JSON (to build it again on replay)."""
+    cls = type(exc)
+    args = list(exc.args)
+    return {
+        "module": cls.__module__,
+        "type": cls.__qualname__,
+        "message": str(exc),
+        "args": args if _plain(args) else None,
+    }
+
+
+def raise_recorded(step: str, error: dict[str, Any]) -> NoReturn:
+    """Raise again the exception a step raised when it ran: the same class with the same
+    arguments when the class is loaded and they give the same message, else `StepFailed`."""
+    module, qualname = str(error.get("module")), str(error.get("type"))
+    message = str(error.get("message", ""))
+    cls = _loaded_class(module, qualname)
+    args = error.get("args")
+    if cls is not None and isinstance(args, list):
+        try:
+            again = cls(*args)
+        except Exception:  # a class whose arguments are not its args: rebuilt differently
+            again = None
+        if isinstance(again, cls) and str(again) == message:
+            raise again
+    name = qualname if module == "builtins" else f"{module}.{qualname}"
+    raise StepFailed(step, name, message)
+
+
+def _loaded_class(module: str, qualname: str) -> type[Exception] | None:
+    """The exception class by name, only from a module already imported: a journal never makes
+    signoff import code."""
+    found: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        if found is None or part == "<locals>":
+            return None
+        found = getattr(found, part, None)
+    if isinstance(found, type) and issubclass(found, Exception):
+        return found
+    return None
+
+
+def _plain(value: Any) -> bool:
+    """Whether `value` is JSON as it is (so it comes back from the log equal to itself)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return True
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
