@@ -58,3 +58,37 @@ def test_each_extra_the_docs_name_exists_and_brings_the_client_its_message_promi
     assert named and named <= set(extras), sorted(named - set(extras))
     # `so.Client` says "pip install 'signoff[server]'" when httpx is missing
     assert any(dep.startswith("httpx") for dep in extras["server"])
+
+
+def _own_doc(obj: object) -> str:
+    """The docstring `obj` carries itself: not its class's, nor a dataclass's generated one."""
+    import inspect
+
+    doc = inspect.getdoc(obj) or ""
+    name = getattr(obj, "__name__", "")
+    if not doc or doc.startswith(f"{name}(") or doc == inspect.getdoc(type(obj)):
+        return ""
+    if isinstance(obj, type) and any(doc == inspect.getdoc(base) for base in obj.__mro__[1:]):
+        return ""  # inherited from a base class, e.g. pydantic's BaseModel
+    return doc
+
+
+def test_every_public_class_and_function_says_what_it_is() -> None:
+    import inspect
+
+    import signoff as so
+
+    missing = [
+        name
+        for name in so.__all__
+        if (inspect.isclass(obj := getattr(so, name)) or inspect.isfunction(obj))
+        and not _own_doc(obj)
+    ]
+    methods = [
+        f"Runtime.{name}"
+        for cls in so.Runtime.__mro__[:-1]
+        for name, fn in vars(cls).items()
+        if not name.startswith("_") and not name.endswith("_sync") and inspect.isfunction(fn)
+        if not _own_doc(getattr(so.Runtime, name))
+    ]
+    assert missing + methods == [], missing + methods

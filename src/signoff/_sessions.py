@@ -169,6 +169,7 @@ class SessionRunner:
         self._sync = SyncBridge()
 
     async def open(self) -> None:
+        """Open the store; the first call does it, so only `async with` needs it named."""
         if not self._opened:
             await self.store.open()
             self._opened = True
@@ -176,6 +177,7 @@ class SessionRunner:
             await record_tool_settings(self.store, self.agents.values(), self.clock())
 
     async def close(self) -> None:
+        """Close the store; a later call opens it again."""
         await self.store.close()
         self._opened = False
         self._sync.close()
@@ -188,6 +190,7 @@ class SessionRunner:
         await self.close()
 
     def agent(self, name: str) -> Agent:
+        """The agent called `name`, or a `UsageError` naming the ones this runtime has."""
         try:
             return self.agents[name]
         except KeyError:
