@@ -92,3 +92,49 @@ def test_every_public_class_and_function_says_what_it_is() -> None:
         if not _own_doc(getattr(so.Runtime, name))
     ]
     assert missing + methods == [], missing + methods
+
+
+def test_a_policy_function_is_told_from_a_predicate_as_the_readme_says(tmp_path: Path) -> None:
+    """README: a function whose first parameter is annotated `so.ApprovalContext` or named `ctx`
+    / `context` (or wrapped in `so.policy`) gets the context; any other (or `so.predicate`) gets
+    the validated input."""
+    import signoff as so
+
+    row = " ".join(section("Approval policies").split())
+    assert "named `ctx` / `context`" in row and "`so.policy(fn)`" in row
+
+    def typed(c: so.ApprovalContext) -> so.ApprovalStatus:
+        return "user-approval" if c.tool_name == "refund" else "not-applicable"
+
+    def ctx(ctx: so.ApprovalContext) -> so.ApprovalStatus:
+        return typed(ctx)
+
+    def context(context: so.ApprovalContext) -> so.ApprovalStatus:
+        return typed(context)
+
+    def on_input(input: object) -> bool:
+        return getattr(input, "amount", 0) > 100
+
+    def on_c(c: object) -> bool:  # any other name: a predicate of the input
+        return getattr(c, "amount", 0) > 100
+
+    cases = [typed, ctx, context, so.policy(lambda c: typed(c)), on_input, on_c]
+    cases += [so.predicate(lambda ctx: getattr(ctx, "amount", 0) > 100)]
+    for n, approval in enumerate(cases):
+
+        @so.tool(name="refund", approval=approval)
+        async def refund(amount: float) -> float:
+            """Refund."""
+            return amount
+
+        call = so.ToolCall(name="refund", input={"amount": 180})
+        model = so.models.Scripted([so.ModelResponse(tool_calls=[call])])
+        rt = so.Runtime(
+            [so.Agent(name="a", model=model, tools=[refund])], store=f"sqlite:///{tmp_path}/{n}.db"
+        )
+        try:
+            r = rt.generate_sync("a", prompt="refund")
+            assert r.status == "waiting", n
+            assert [p.policy_error for p in r.pending] == [None], n
+        finally:
+            rt.close_sync()
