@@ -820,6 +820,22 @@ def test_serve_keys_the_dashboards_csrf_tokens_with_its_secret(
     assert served[0].state.signoff.secret == csrf_key("shared")
 
 
+def test_serve_refuses_an_empty_secret_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`--secret "$UNSET"` is an error like any other (one line, the class named), not a
+    traceback, and the server does not start."""
+    import uvicorn
+
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke("serve", "examples.support:runtime", "--store", store, "--secret", "")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: the server's secret"), result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and started == []
+
+
 bracketed = so.Agent(
     name="ops [eu] [/x]",
     model=so.models.Scripted([so.ModelResponse(text="done [/] here")], repeat_last=True),

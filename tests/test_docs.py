@@ -58,3 +58,83 @@ def test_each_extra_the_docs_name_exists_and_brings_the_client_its_message_promi
     assert named and named <= set(extras), sorted(named - set(extras))
     # `so.Client` says "pip install 'signoff[server]'" when httpx is missing
     assert any(dep.startswith("httpx") for dep in extras["server"])
+
+
+def _own_doc(obj: object) -> str:
+    """The docstring `obj` carries itself: not its class's, nor a dataclass's generated one."""
+    import inspect
+
+    doc = inspect.getdoc(obj) or ""
+    name = getattr(obj, "__name__", "")
+    if not doc or doc.startswith(f"{name}(") or doc == inspect.getdoc(type(obj)):
+        return ""
+    if isinstance(obj, type) and any(doc == inspect.getdoc(base) for base in obj.__mro__[1:]):
+        return ""  # inherited from a base class, e.g. pydantic's BaseModel
+    return doc
+
+
+def test_every_public_class_and_function_says_what_it_is() -> None:
+    import inspect
+
+    import signoff as so
+
+    missing = [
+        name
+        for name in so.__all__
+        if (inspect.isclass(obj := getattr(so, name)) or inspect.isfunction(obj))
+        and not _own_doc(obj)
+    ]
+    methods = [
+        f"Runtime.{name}"
+        for cls in so.Runtime.__mro__[:-1]
+        for name, fn in vars(cls).items()
+        if not name.startswith("_") and not name.endswith("_sync") and inspect.isfunction(fn)
+        if not _own_doc(getattr(so.Runtime, name))
+    ]
+    assert missing + methods == [], missing + methods
+
+
+def test_a_policy_function_is_told_from_a_predicate_as_the_readme_says(tmp_path: Path) -> None:
+    """README: a function whose first parameter is annotated `so.ApprovalContext` or named `ctx`
+    / `context` (or wrapped in `so.policy`) gets the context; any other (or `so.predicate`) gets
+    the validated input."""
+    import signoff as so
+
+    row = " ".join(section("Approval policies").split())
+    assert "named `ctx` / `context`" in row and "`so.policy(fn)`" in row
+
+    def typed(c: so.ApprovalContext) -> so.ApprovalStatus:
+        return "user-approval" if c.tool_name == "refund" else "not-applicable"
+
+    def ctx(ctx: so.ApprovalContext) -> so.ApprovalStatus:
+        return typed(ctx)
+
+    def context(context: so.ApprovalContext) -> so.ApprovalStatus:
+        return typed(context)
+
+    def on_input(input: object) -> bool:
+        return getattr(input, "amount", 0) > 100
+
+    def on_c(c: object) -> bool:  # any other name: a predicate of the input
+        return getattr(c, "amount", 0) > 100
+
+    cases = [typed, ctx, context, so.policy(lambda c: typed(c)), on_input, on_c]
+    cases += [so.predicate(lambda ctx: getattr(ctx, "amount", 0) > 100)]
+    for n, approval in enumerate(cases):
+
+        @so.tool(name="refund", approval=approval)
+        async def refund(amount: float) -> float:
+            """Refund."""
+            return amount
+
+        call = so.ToolCall(name="refund", input={"amount": 180})
+        model = so.models.Scripted([so.ModelResponse(tool_calls=[call])])
+        rt = so.Runtime(
+            [so.Agent(name="a", model=model, tools=[refund])], store=f"sqlite:///{tmp_path}/{n}.db"
+        )
+        try:
+            r = rt.generate_sync("a", prompt="refund")
+            assert r.status == "waiting", n
+            assert [p.policy_error for p in r.pending] == [None], n
+        finally:
+            rt.close_sync()

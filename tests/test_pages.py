@@ -11,6 +11,7 @@ import pytest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from .test_dashboard import csrf_of, signed_in, start
@@ -126,7 +127,7 @@ def test_tokens_are_keyed_by_the_servers_secret(tmp_path: Path) -> None:
         other = token_of(first, {"signoff_token": "bob-token"})
         r = forged_post(second, "/_signoff/sessions", other, form)
         assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
-    with pytest.raises(ValueError, match="secret"):
+    with pytest.raises(so.UsageError, match="secret"):
         app(secret="")
 
 

@@ -703,7 +703,7 @@ async def test_the_body_limit_is_configurable(world: World) -> None:
             )
             assert r.status_code == 200, r.text
     for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match="max_body_size"):
+        with pytest.raises(so.UsageError, match="max_body_size"):
             create_app(world.rt, auth=TokenAuth(TOKENS), max_body_size=bad)  # type: ignore[arg-type]
 
 

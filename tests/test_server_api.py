@@ -464,10 +464,19 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
             assert page.status_code == status
             assert ("Approval queue" in page.text) == (status == 200)
     await runtime.close()
-    with pytest.raises(ValueError, match="auth"):
+    # A misconfigured app is a UsageError, like every error signoff raises (README)
+    with pytest.raises(so.UsageError, match="auth"):
         create_app(runtime)
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(so.UsageError, match="not both"):
         create_app(runtime, auth=TokenAuth(TOKENS), dev=True)
+    with pytest.raises(so.UsageError, match="Runtime"):
+        create_app(object(), dev=True)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="positive"):
+        create_app(runtime, dev=True, poll_interval=0)
+    with pytest.raises(so.UsageError, match="non-empty"):
+        TokenAuth({"": so.Principal(authenticator="token", principal_id="a")})
+    with pytest.raises(so.UsageError, match="not a Principal"):
+        TokenAuth({"t0k3n": "alice"})  # type: ignore[dict-item]
     assert DevAuth().principal.principal_id == "dev"
 
 

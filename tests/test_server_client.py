@@ -181,7 +181,13 @@ def test_the_sync_client(base: str) -> None:
         done = c.respond(r.session_id, [{"request_id": rid, "option_id": "cancel", "text": "no"}])
         assert done.status == "completed"
         assert tool_output(done.text)["reason"] == "no"
-        assert [e.type for e in c.events(r.session_id)][-1] == "session.waiting"
+        events = c.events(r.session_id)  # docs/server.md: the events so far, like events_sync
+        assert isinstance(events, list) and events[-1].type == "session.waiting"
+        assert [e.seq for e in c.events(r.session_id, after=events[-3].seq)] == [
+            e.seq for e in events[-2:]
+        ]
+        with pytest.raises(so.UnknownSession):
+            c.events("ses_nobody")  # raised by the call itself, not on iteration
         assert c.pending(status="settled")[1] == 1
 
 

@@ -56,6 +56,7 @@ class Denied:
 ApprovalStatus: TypeAlias = (
     Literal["user-approval", "not-applicable", "approved", "denied"] | Approved | Denied | bool
 )
+"""What a policy function may return: ask a person, run, deny, or `True` / `False` (ask / run)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

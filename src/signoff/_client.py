@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -478,10 +478,10 @@ class Client:
     def pending(self, **kwargs: Any) -> tuple[list[InputRequest], int]:
         return self._bridge.run(self._async.pending(**kwargs))
 
-    def events(self, session_id: str, after: int = 0) -> Iterator[Event]:
-        """The session's events after `after`, without following."""
+    def events(self, session_id: str, after: int = 0) -> list[Event]:
+        """The session's events after `after`, without following (as `Runtime.events_sync`)."""
 
         async def collect() -> list[Event]:
             return [e async for e in self._async.events(session_id, after, follow=False)]
 
-        yield from self._bridge.run(collect())
+        return self._bridge.run(collect())

@@ -69,6 +69,8 @@ class ResponseInfo:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ResponseContext:
+    """What a response policy receives: the request, the answer to it, and the session."""
+
     request: RequestInfo
     response: ResponseInfo
     session: SessionInfo

@@ -169,6 +169,7 @@ class SessionRunner:
         self._sync = SyncBridge()
 
     async def open(self) -> None:
+        """Open the store; the first call does it, so only `async with` needs it named."""
         if not self._opened:
             await self.store.open()
             # An admin can see when a tool stopped (or started) requiring approval. Opened only
@@ -177,6 +178,7 @@ class SessionRunner:
             self._opened = True
 
     async def close(self) -> None:
+        """Close the store; a later call opens it again."""
         await self.store.close()
         self._opened = False
         self._sync.close()
@@ -189,6 +191,7 @@ class SessionRunner:
         await self.close()
 
     def agent(self, name: str) -> Agent:
+        """The agent called `name`, or a `UsageError` naming the ones this runtime has."""
         try:
             return self.agents[name]
         except KeyError:

@@ -47,6 +47,8 @@ MESSAGE_EVENT_TYPES = ("turn.started", "turn.message", "model.completed", "tool.
 
 @dataclass(slots=True, kw_only=True)
 class SessionState:
+    """A session as folded from its events: status, current turn, requests, usage."""
+
     id: str
     agent: str = ""
     seq: int = 0

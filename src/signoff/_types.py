@@ -61,6 +61,7 @@ class Principal(_Model):
 
 
 APP_PRINCIPAL = Principal(authenticator="app", principal_id="signoff:app", principal_type="runtime")
+"""The principal of the application itself, as opposed to a person who answers."""
 
 
 class Usage(_Model):
@@ -101,11 +102,15 @@ class ModelResponse(_Model):
 
 
 class UserMessage(_Model):
+    """A message from the person: the prompt that starts a turn, or one sent into it."""
+
     kind: Literal["user"] = "user"
     text: str
 
 
 class AssistantMessage(_Model):
+    """What the model said in one step: its text and the tool calls it proposed."""
+
     kind: Literal["assistant"] = "assistant"
     text: str = ""
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -123,6 +128,7 @@ class ToolResultMessage(_Model):
 
 
 Message = Annotated[UserMessage | AssistantMessage | ToolResultMessage, Field(discriminator="kind")]
+"""One entry of the conversation a model reads, told apart by its `kind`."""
 
 RequestKind = Literal["tool-approval", "question", "session-limit"]
 RequestStatus = Literal["pending", "settled", "expired", "withdrawn"]
@@ -140,6 +146,8 @@ def input_hash(value: Any, *, tool_name: str = "", call_id: str = "") -> str:
 
 
 class Option(_Model):
+    """One choice a request offers: its `id` answers it, its `label` is what a person sees."""
+
     id: str
     label: str
     description: str | None = None

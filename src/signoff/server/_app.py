@@ -16,6 +16,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from .. import __version__
+from .._exceptions import UsageError
 from .._runtime import Runtime
 from ._api import router as api_router
 from ._auth import (
@@ -84,16 +85,16 @@ def create_app(
     """
     if auth is None:
         if not dev:
-            raise ValueError("create_app() needs auth=... (e.g. TokenAuth) or dev=True")
+            raise UsageError("create_app() needs auth=... (e.g. TokenAuth) or dev=True")
         auth = DevAuth()
     elif dev:
-        raise ValueError("pass either auth=... or dev=True, not both")
+        raise UsageError("pass either auth=... or dev=True, not both")
     if not isinstance(runtime, Runtime):
-        raise TypeError(f"create_app() serves a signoff Runtime, not {runtime!r}")
+        raise UsageError(f"create_app() serves a signoff Runtime, not {runtime!r}")
     if poll_interval <= 0 or heartbeat <= 0:
-        raise ValueError("poll_interval and heartbeat must be positive seconds")
+        raise UsageError("poll_interval and heartbeat must be positive seconds")
     if isinstance(max_body_size, bool) or not isinstance(max_body_size, int) or max_body_size < 1:
-        raise ValueError(f"max_body_size must be a positive number of bytes, not {max_body_size!r}")
+        raise UsageError(f"max_body_size must be a positive number of bytes, not {max_body_size!r}")
 
     async def _sweep(every: float) -> None:
         while True:

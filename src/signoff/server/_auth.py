@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
+from .._exceptions import UsageError
 from .._types import Principal
 
 __all__ = [
@@ -59,9 +60,9 @@ class TokenAuth:
     def __init__(self, tokens: Mapping[str, Principal]) -> None:
         for token, principal in tokens.items():
             if not isinstance(token, str) or not token:
-                raise ValueError("API tokens must be non-empty strings")
+                raise UsageError("API tokens must be non-empty strings")
             if not isinstance(principal, Principal):
-                raise TypeError(f"token {token[:4]}…: {principal!r} is not a Principal")
+                raise UsageError(f"token {token[:4]}…: {principal!r} is not a Principal")
         self.tokens = dict(tokens)
 
     def __call__(self, request: HTTPConnection) -> Principal | None:

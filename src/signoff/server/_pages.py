@@ -23,6 +23,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, Response
 
+from .._exceptions import UsageError
 from .._types import Principal
 from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, bearer_token
 from ._context import get_context
@@ -122,7 +123,7 @@ def csrf_key(secret: str | bytes | None) -> bytes:
     if isinstance(secret, str):
         secret = secret.encode()
     if not isinstance(secret, bytes) or not secret:
-        raise ValueError("the server's secret must be a non-empty str or bytes")
+        raise UsageError("the server's secret must be a non-empty str or bytes")
     return hashlib.sha256(b"signoff-csrf\0" + secret).digest()
 
 
