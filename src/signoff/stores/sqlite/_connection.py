@@ -8,6 +8,7 @@ import functools
 import os
 import sqlite3
 import time
+import types
 import urllib.parse
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from ._schema import (
     upgrade_from_1,
 )
 
-__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "reading"]
+__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "kept", "reading"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -62,6 +63,14 @@ def _schema_version(path: str, value: object) -> int:
         return int(str(value))
     except ValueError:
         raise StoreError(f"{path} is damaged: its store schema mark is {value!r}") from None
+
+
+def kept(value: object, kind: type | types.UnionType, session_id: str, what: str) -> Any:
+    """A number or hash a session's row keeps, checked: SQLite keeps whatever a hand edit puts
+    in a column, and converting text would raise a bare ValueError or TypeError."""
+    if isinstance(value, kind) or (kind is bytes and value is None):
+        return value
+    raise StoreError(f"session {session_id!r} is damaged: its {what} is {value!r:.40}")
 
 
 def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> None:
