@@ -233,7 +233,9 @@ class Reads(Connection):
         # are read from the event, so the chain also covers the event log itself; `prev` is the
         # hash of the entry before it in its stream.
         sql = (
-            "SELECT a.id, COALESCE(s.id, a.stream), a.n, COALESCE(e.type, a.type), "
+            # No foreign keys stop a hand edit deleting a session's row: its entries are named.
+            "SELECT a.id, COALESCE(s.id, a.stream, 'session #' || a.sk || ' (its row is gone)'), "
+            "a.n, COALESCE(e.type, a.type), "
             "COALESCE(e.at, a.at), a.seq, CASE WHEN a.sk IS NULL THEN a.data ELSE e.data END, "
             "COALESCE(p.hash, q.hash), a.hash, p1.data, p2.data FROM audit a "
             "LEFT JOIN sessions s ON s.sk = a.sk "
