@@ -260,6 +260,40 @@ async def test_a_damaged_schema_mark_is_a_store_error_and_changes_nothing(tmp_pa
         assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("abc",)
 
 
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("UPDATE meta SET value='0' WHERE key='schema'", "store schema mark is '0'"),
+        ("UPDATE meta SET value='-1' WHERE key='schema'", "store schema mark is '-1'"),
+        ("DELETE FROM meta", "no store schema mark"),
+        ("DROP TABLE meta", "no store schema mark"),
+    ],
+)
+async def test_a_missing_or_impossible_schema_mark_is_refused(
+    tmp_path: Path, damage: str, named: str
+) -> None:
+    """No signoff wrote schema 0 or below, nor tables without a mark (both go in one
+    transaction): such a file is damaged, not taken as current and marked so, which would
+    leave an older file's tables unconverted for good."""
+    db = tmp_path / "s.db"
+    async with so.Runtime([scripted_agent("a", [reply("hi")])], store=f"sqlite:///{db}") as rt:
+        await rt.generate("a", prompt="hi")
+    with sqlite3.connect(db) as conn:
+        conn.execute(damage)
+    conn.close()
+    store = SQLiteStore(f"sqlite:///{db}")
+    with pytest.raises(so.StoreError, match=named):
+        await store.open()
+    with sqlite3.connect(db) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        marks = conn.execute("SELECT value FROM meta").fetchall() if "meta" in tables else None
+    conn.close()
+    if damage.startswith("UPDATE"):
+        assert marks == [(damage.split("'")[1],)]
+    else:
+        assert marks == ([] if damage.startswith("DELETE") else None)
+
+
 async def test_a_schema_3_file_learns_its_tool_setting_chain_heads(tmp_path: Path) -> None:
     """Schema 3 kept no head for a tool-setting stream: the upgrade takes each one's last entry
     as its head, so entries removed from its end afterwards are named."""
