@@ -247,6 +247,23 @@ async def test_entries_removed_from_the_end_of_a_session_chain_are_named(store_u
         assert [(p.stream, p.n) for p in problems] == [(sid, 1)]
 
 
+async def test_entries_of_a_deleted_session_row_are_named_not_raised(tmp_path: Path) -> None:
+    """SQLite has no foreign keys to stop a hand edit deleting a session's row: its entries are
+    then named as a gone session's, not an AttributeError from a stream of None."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        count = len(await rt.audit(sid))
+        (sk,) = query(url, "SELECT sk FROM sessions WHERE id=?", sid)[0]
+    alter(url, "DELETE FROM {t}sessions WHERE id={p}", sid)
+    gone = f"session #{sk} (its row is gone)"
+    async with so.Runtime([agent()], store=url, clock=clock) as rt2:
+        assert [e.stream for e in await rt2.audit()].count(gone) == count
+        problems = await rt2.verify_audit()
+        assert problems and {p.stream for p in problems} == {gone}
+
+
 async def test_a_rewritten_last_entry_is_named_by_the_head_its_session_keeps(
     store_url: str,
 ) -> None:

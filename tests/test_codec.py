@@ -83,6 +83,16 @@ def test_damaged_documents_raise_store_error(stored: str | bytes, message: str) 
         unpack(stored)
 
 
+@pytest.mark.parametrize("stored", [5, 2.5, None, ["a"]])
+def test_a_stored_value_that_is_neither_text_nor_bytes_is_a_store_error(stored: Any) -> None:
+    """SQLite keeps whatever a hand edit puts in a column (`UPDATE events SET data=5`): such a
+    value is named as unreadable, not a TypeError from indexing it."""
+    assert not needs_previous(stored)
+    for read in (unpack, unpack_event, lambda s: EventTexts(lambda seq: []).value(1, s)):
+        with pytest.raises(so.StoreError, match="neither text nor bytes"):
+            read(stored)
+
+
 async def test_lone_surrogates_from_tools_and_models_are_stored_exactly(store_url: str) -> None:
     """A tool result or model text holding a lone surrogate (text decoded with surrogateescape,
     a `\\ud800` escape in a model's JSON) is recorded, read back and audited unchanged."""

@@ -326,6 +326,52 @@ async def test_reads_of_a_file_damaged_under_an_open_store_are_store_errors(
         await store.close()
 
 
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("UPDATE sessions SET head = 'x'", "head is 'x'"),
+        ("UPDATE sessions SET audit_n = 'q'", "audit_n is 'q'"),
+        ("UPDATE sessions SET audit_hash = 'zz'", "audit_hash is 'zz'"),
+        ("INSERT OR REPLACE INTO leases SELECT sk, 'w', 'abc', 'zz' FROM sessions", "lease"),
+    ],
+)
+async def test_text_where_a_session_row_keeps_a_number_is_a_store_error(
+    tmp_path: Path, damage: str, named: str
+) -> None:
+    """SQLite keeps whatever a hand edit puts in a column: a session row or lease holding text
+    where a number or hash belongs is named, not a ValueError or TypeError from converting it,
+    and answering the session writes nothing (a damaged lease stops only the turn's run: the
+    answer, recorded before it, stays)."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return order_id
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="1")), reply("ok")], tools=[refund]
+    )
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([agent], store=url) as rt:
+        parked = await rt.generate("a", prompt="hi")
+    with sqlite3.connect(tmp_path / "state.db") as conn:
+        conn.execute(damage)
+    conn.close()
+    answer = so.InputResponse(request_id=parked.pending[0].id, option_id="approve")
+    async with so.Runtime([agent], store=url) as rt:
+        store = rt.store
+        assert isinstance(store, SQLiteStore)
+        before = await count(store, "events")
+        with pytest.raises(so.StoreError, match=named):
+            await rt.respond(parked.session_id, [answer])
+        try:
+            await rt.verify_audit()
+        except so.StoreError as exc:
+            assert named in str(exc)
+        if named != "lease":
+            assert await count(store, "events") == before
+
+
 # -- the queue ------------------------------------------------------------------------------------
 
 

@@ -4,7 +4,11 @@ chain still verifies, and parked sessions resume."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +264,40 @@ async def test_a_damaged_schema_mark_is_a_store_error_and_changes_nothing(tmp_pa
         assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("abc",)
 
 
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("UPDATE meta SET value='0' WHERE key='schema'", "store schema mark is '0'"),
+        ("UPDATE meta SET value='-1' WHERE key='schema'", "store schema mark is '-1'"),
+        ("DELETE FROM meta", "no store schema mark"),
+        ("DROP TABLE meta", "no store schema mark"),
+    ],
+)
+async def test_a_missing_or_impossible_schema_mark_is_refused(
+    tmp_path: Path, damage: str, named: str
+) -> None:
+    """No signoff wrote schema 0 or below, nor tables without a mark (both go in one
+    transaction): such a file is damaged, not taken as current and marked so, which would
+    leave an older file's tables unconverted for good."""
+    db = tmp_path / "s.db"
+    async with so.Runtime([scripted_agent("a", [reply("hi")])], store=f"sqlite:///{db}") as rt:
+        await rt.generate("a", prompt="hi")
+    with sqlite3.connect(db) as conn:
+        conn.execute(damage)
+    conn.close()
+    store = SQLiteStore(f"sqlite:///{db}")
+    with pytest.raises(so.StoreError, match=named):
+        await store.open()
+    with sqlite3.connect(db) as conn:
+        tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        marks = conn.execute("SELECT value FROM meta").fetchall() if "meta" in tables else None
+    conn.close()
+    if damage.startswith("UPDATE"):
+        assert marks == [(damage.split("'")[1],)]
+    else:
+        assert marks == ([] if damage.startswith("DELETE") else None)
+
+
 async def test_a_schema_3_file_learns_its_tool_setting_chain_heads(tmp_path: Path) -> None:
     """Schema 3 kept no head for a tool-setting stream: the upgrade takes each one's last entry
     as its head, so entries removed from its end afterwards are named."""
@@ -291,3 +329,57 @@ async def test_a_schema_3_file_learns_its_tool_setting_chain_heads(tmp_path: Pat
     async with so.Runtime([], store=url) as rt:
         problems = await rt.verify_audit()
         assert [(p.stream, p.n) for p in problems] == [("tools:a.wipe", 2)]
+
+
+_DIE_MID_UPGRADE = """
+import asyncio, os, signal, sys
+from signoff.stores.sqlite import _connection, SQLiteStore
+upgrade = _connection.keep_stream_heads
+def die(conn):
+    upgrade(conn)
+    os.kill(os.getpid(), signal.SIGKILL)  # every step of the upgrade done but its commit
+_connection.keep_stream_heads = die
+asyncio.run(SQLiteStore(sys.argv[1]).open())
+"""
+
+
+async def test_an_upgrade_killed_halfway_leaves_the_old_file_and_finishes_next_time(
+    tmp_path: Path,
+) -> None:
+    """The upgrade runs in the opening transaction: a process killed in it (SIGKILL, no
+    rollback) leaves the file at schema 1 as it was, and the next opening upgrades it, while
+    two processes opening it at once upgrade it once."""
+    modern = tmp_path / "modern.db"
+    async with so.Runtime([refund_agent()], store=f"sqlite:///{modern}") as rt:
+        parked = await rt.generate("support", prompt="first")
+        before = await public_view(rt, [parked.session_id])
+    old = tmp_path / "old.db"
+    write_schema_1(modern, old, before)
+    url = f"sqlite:///{old}"
+    child = subprocess.run(
+        [sys.executable, "-c", _DIE_MID_UPGRADE, url], env=_child_env(), capture_output=True
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    with sqlite3.connect(old) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("1",)
+        assert "prev" in {r[1] for r in conn.execute("PRAGMA table_info(audit)")}
+    conn.close()
+    opening = "import asyncio, sys; from signoff.stores.sqlite import SQLiteStore; "
+    opening += "asyncio.run(SQLiteStore(sys.argv[1]).open())"
+    racers = [
+        subprocess.Popen([sys.executable, "-c", opening, url], env=_child_env()) for _ in range(2)
+    ]
+    assert [r.wait(timeout=60) for r in racers] == [0, 0]
+    async with so.Runtime([refund_agent()], store=url) as rt:
+        assert await public_view(rt, [parked.session_id]) == before
+        assert await rt.verify_audit() == []
+        resumed = await rt.generate(
+            session_id=parked.session_id,
+            approvals=[so.Decision(id=parked.pending[0].id, approved=True)],
+        )
+        assert resumed.status == "completed"
+
+
+def _child_env() -> dict[str, str]:
+    src = str(Path(so.__file__).resolve().parent.parent)
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}

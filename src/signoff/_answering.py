@@ -22,6 +22,7 @@ from ._exceptions import (
     NotAllowed,
     PartialAnswer,
     RequestClosed,
+    StoreError,
     UnknownRequest,
 )
 from ._recording import Batch, EventSpec, new_id, runnable
@@ -170,6 +171,7 @@ class Answering(SessionRunner):
                     )
                 except RequestClosed:
                     self._cache.pop(session_id, None)
+                    await self._rows_agree(session_id, driver.state.seq, resolves)
                     continue  # someone settled first: re-read and report no-op or conflict
                 except Exception:
                     self._cache.pop(session_id, None)
@@ -180,6 +182,20 @@ class Answering(SessionRunner):
                 outcomes.append(outcome)
             return outcomes
         raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
+
+    async def _rows_agree(self, session_id: str, seq: int, resolves: Sequence[Resolve]) -> None:
+        """After a settlement found a request's row no longer pending: someone settling first
+        also appended to the log, so a log still at `seq` that holds the request pending means
+        its row was changed behind the runtime's back, which no retry can get past."""
+        state = await self.state(session_id)
+        if state.seq != seq:
+            return
+        ids = [r.request_id for r in resolves if _pending(state, r.request_id)]
+        if ids:
+            raise StoreError(
+                f"session {session_id!r} is damaged: request(s) {', '.join(ids)} are pending in "
+                "its log, but their rows in the store are not (or are gone)"
+            )
 
     async def _recover(self, state: SessionState) -> bool:
         """Evaluate again the responses whose policy verdict was never recorded: the process
@@ -489,3 +505,8 @@ def _session_info(state: SessionState, request: InputRequest) -> SessionInfo:
             current=None if turn is None else turn.principal, initiator=state.initiator
         ),
     )
+
+
+def _pending(state: SessionState, request_id: str) -> bool:
+    live = state.requests.get(request_id)
+    return live is not None and live.status == "pending"

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from ._events import Event, EventType
-from ._exceptions import UnknownSession
+from ._exceptions import StoreError, UnknownSession
 from ._state import CallState, SessionState, fold
 from ._types import InputRequest
 from .stores import Resolve, Store
@@ -133,11 +133,28 @@ async def load_state(store: Store, session_id: str) -> SessionState:
     if loaded is None:
         raise UnknownSession(session_id)
     state = None if loaded.snapshot is None else SessionState.from_snapshot(loaded.snapshot)
-    if state is None and not loaded.events:
-        raise UnknownSession(session_id)
+    if state is not None or loaded.events:
+        state = fold(loaded.events, state)
+    if loaded.head is not None and (0 if state is None else state.seq) != loaded.head:
+        await _check_head(store, session_id, 0 if state is None else state.seq, loaded.head)
     if state is None:
-        return fold(loaded.events)
-    return fold(loaded.events, state)
+        raise UnknownSession(session_id)
+    return state
+
+
+async def _check_head(store: Store, session_id: str, seq: int, head: int) -> None:
+    """Refuse a session whose log ends elsewhere than its row's head says (a hand edit, a
+    half-restored backup): its commits could never apply. A log past the head read before it
+    may be a commit made meanwhile, so the head is read again."""
+    if seq > head:
+        now = await store.head(session_id)
+        if now is not None and now >= seq:
+            return
+        head = head if now is None else now
+    raise StoreError(
+        f"session {session_id!r} is damaged: its snapshot and events end at event {seq}, "
+        f"but its session row's head is event {head}"
+    )
 
 
 class TurnStopped(Exception):

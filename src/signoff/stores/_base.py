@@ -65,12 +65,14 @@ class Commit:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Loaded:
-    """A session as stored: its latest snapshot (if any) and the events after it."""
+    """A session as stored: its latest snapshot (if any) and the events after it, and the head
+    its row kept when read (before the events), to tell a damaged log from a short one."""
 
     session_id: str
     agent: str
     snapshot: dict[str, Any] | None
     events: list[Event]
+    head: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

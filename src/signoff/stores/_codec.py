@@ -165,8 +165,8 @@ def pack_bytes(value: Any) -> bytes:
 
 def needs_previous(stored: Stored | None) -> bool:
     """Whether a stored event can only be read with the text of the event before it."""
-    if isinstance(stored, str | None) or not stored:
-        return False
+    if not isinstance(stored, bytes | memoryview) or not stored:
+        return False  # text, None, or a value a hand edit left (`unpack_text` names it)
     return stored[0] == DEFLATE_ON_PREVIOUS
 
 
@@ -175,6 +175,8 @@ def unpack_text(stored: str | bytes | memoryview, previous: str | None = None) -
     the event before it, needed only by an event stored on it."""
     if isinstance(stored, str):
         return stored
+    if not isinstance(stored, bytes | memoryview):  # SQLite keeps what a hand edit put there
+        raise StoreError(f"a stored document is neither text nor bytes: {stored!r:.40}")
     stored = bytes(stored)
     if not stored:
         raise StoreError("a stored document is empty")

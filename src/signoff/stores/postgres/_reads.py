@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._events import Event
-from ..._exceptions import UnknownSession
+from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
 from .._audit import AuditEntry, entry_type, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
@@ -46,7 +46,13 @@ class Reads(Connections):
             after = 0 if row[2] is None else int(row[2])
             snapshot = None if row[3] is None else unpack(row[3])
             events = await self._events(conn, session_id, sk, after, None, None)
-            return Loaded(session_id=session_id, agent=agent, snapshot=snapshot, events=events)
+            return Loaded(
+                session_id=session_id,
+                agent=agent,
+                snapshot=snapshot,
+                events=events,
+                head=int(row[4]),
+            )
 
         return await self._read(body, f"loading session {session_id!r}")
 
@@ -113,15 +119,19 @@ class Reads(Connections):
             if turn_id is None and not types:
                 turn_id = named
             named = turn_id
+            try:
+                type_, value = type_name(code), texts.value(int(seq), data)
+            except StoreError as exc:
+                raise StoreError(f"session {session_id!r}, event {seq}: {exc}") from exc
             events.append(
                 Event.from_row(
                     session_id=session_id,
                     seq=int(seq),
-                    type=type_name(code),
+                    type=type_,
                     turn_id=turn_id or None,
                     at=float(at),
                     v=int(v),
-                    data=texts.value(int(seq), data),
+                    data=value,
                 )
             )
         return events

@@ -8,6 +8,7 @@ import functools
 import os
 import sqlite3
 import time
+import types
 import urllib.parse
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
@@ -26,7 +27,7 @@ from ._schema import (
     upgrade_from_1,
 )
 
-__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "reading"]
+__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "kept", "reading"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -57,11 +58,23 @@ def _path_from_url(url: str) -> str:
 
 
 def _schema_version(path: str, value: object) -> int:
-    """The store schema a file is marked with; a mark that is not a number is a damaged file."""
+    """The store schema a file is marked with; a mark that is not a number, or not one any
+    signoff wrote (they start at 1), is a damaged file."""
     try:
-        return int(str(value))
+        found = int(str(value))
     except ValueError:
-        raise StoreError(f"{path} is damaged: its store schema mark is {value!r}") from None
+        found = 0
+    if found < 1:
+        raise StoreError(f"{path} is damaged: its store schema mark is {value!r}")
+    return found
+
+
+def kept(value: object, kind: type | types.UnionType, session_id: str, what: str) -> Any:
+    """A number or hash a session's row keeps, checked: SQLite keeps whatever a hand edit puts
+    in a column, and converting text would raise a bare ValueError or TypeError."""
+    if isinstance(value, kind) or (kind is bytes and value is None):
+        return value
+    raise StoreError(f"session {session_id!r} is damaged: its {what} is {value!r:.40}")
 
 
 def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> None:
@@ -89,6 +102,14 @@ def _refuse_newer(path: str, conn: sqlite3.Connection) -> int:
         row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
     except sqlite3.OperationalError:
         row = None  # no meta table yet: a new file
+    if (
+        row is None
+        and conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type='table' AND name='sessions'"
+        ).fetchone()
+    ):
+        # Every signoff writes its tables and their mark in one transaction.
+        raise StoreError(f"{path} is damaged: it has signoff's tables but no store schema mark")
     found = STORE_SCHEMA if row is None else _schema_version(path, row[0])
     if found > STORE_SCHEMA:
         raise SchemaVersionError(

@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from ..._exceptions import UnknownSession
-from ._connection import Connection, immediate
+from ._connection import Connection, immediate, kept
 
 __all__ = ["Leases"]
 
@@ -34,10 +34,12 @@ class Leases(Connection):
                 )
                 token = 1
             else:
-                held_by, token, expires_at = lease
+                held_by = lease[0]
+                token = kept(lease[1], int, session_id, "lease token")
+                expires_at = kept(lease[2], int | float, session_id, "lease expiry")
                 if held_by != "" and held_by != owner and expires_at > now:
                     return None
-                token = int(token) + 1
+                token += 1
                 conn.execute(
                     "UPDATE leases SET owner=?, token=?, expires_at=? WHERE sk=?",
                     (owner, token, now + ttl, sk),
@@ -77,7 +79,7 @@ class Leases(Connection):
                 (now, now, *(agents or ()), limit),
             ).fetchall()
             for sk, session_id, token in rows:
-                new = 1 if token is None else int(token) + 1
+                new = 1 if token is None else kept(token, int, session_id, "lease token") + 1
                 conn.execute(
                     "INSERT INTO leases (sk, owner, token, expires_at) VALUES (?,?,?,?) "
                     "ON CONFLICT (sk) DO UPDATE SET owner=excluded.owner, token=excluded.token, "

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._events import Event
-from ..._exceptions import UnknownSession
+from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
 from .._audit import AuditEntry, entry_type, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
@@ -22,7 +22,7 @@ from .._codec import (
     type_name,
     unpack,
 )
-from ._connection import Connection, reading
+from ._connection import Connection, kept, reading
 
 __all__ = ["Reads"]
 
@@ -52,10 +52,14 @@ class Reads(Connection):
     @reading
     async def load(self, session_id: str) -> Loaded | None:
         conn = self.conn
-        row = conn.execute("SELECT sk, agent FROM sessions WHERE id=?", (session_id,)).fetchone()
+        row = conn.execute(
+            "SELECT sk, agent, head FROM sessions WHERE id=?", (session_id,)
+        ).fetchone()
         if row is None:
             return None
-        sk, agent = int(row[0]), str(row[1])
+        sk, agent, head = int(row[0]), str(row[1]), row[2]
+        if not isinstance(head, int):  # SQLite keeps what a hand edit put there
+            raise StoreError(f"session {session_id!r} is damaged: its row's head is {head!r:.40}")
         self._sk[session_id] = sk
         snap_row = conn.execute("SELECT seq, data FROM snapshots WHERE sk=?", (sk,)).fetchone()
         after = 0
@@ -64,7 +68,9 @@ class Reads(Connection):
             after = int(snap_row[0])
             snapshot = unpack(snap_row[1])
         events = self._events(session_id, sk, after, None, None)
-        return Loaded(session_id=session_id, agent=agent, snapshot=snapshot, events=events)
+        return Loaded(
+            session_id=session_id, agent=agent, snapshot=snapshot, events=events, head=head
+        )
 
     @reading
     async def read_events(
@@ -115,15 +121,19 @@ class Reads(Connection):
             if named is None:
                 named = turn if events else self._turn_before(sk, seq)
             turn = named
+            try:
+                type_, value = type_name(code), texts.value(seq, data)
+            except StoreError as exc:
+                raise StoreError(f"session {session_id!r}, event {seq}: {exc}") from exc
             events.append(
                 Event.from_row(
                     session_id=session_id,
                     seq=seq,
-                    type=type_name(code),
+                    type=type_,
                     turn_id=named or None,
                     at=at,
                     v=v,
-                    data=texts.value(seq, data),
+                    data=value,
                 )
             )
         return events
@@ -223,7 +233,9 @@ class Reads(Connection):
         # are read from the event, so the chain also covers the event log itself; `prev` is the
         # hash of the entry before it in its stream.
         sql = (
-            "SELECT a.id, COALESCE(s.id, a.stream), a.n, COALESCE(e.type, a.type), "
+            # No foreign keys stop a hand edit deleting a session's row: its entries are named.
+            "SELECT a.id, COALESCE(s.id, a.stream, 'session #' || a.sk || ' (its row is gone)'), "
+            "a.n, COALESCE(e.type, a.type), "
             "COALESCE(e.at, a.at), a.seq, CASE WHEN a.sk IS NULL THEN a.data ELSE e.data END, "
             "COALESCE(p.hash, q.hash), a.hash, p1.data, p2.data FROM audit a "
             "LEFT JOIN sessions s ON s.sk = a.sk "
@@ -269,7 +281,10 @@ class Reads(Connection):
             params += [stream, stream]
         sql = f"{sessions} UNION ALL {streams}"
         return {
-            i: (int(n), None if h is None else bytes(h).hex())
+            i: (
+                kept(n, int, i, "audit_n"),
+                None if h is None else kept(h, bytes, i, "audit_hash").hex(),
+            )
             for i, n, h in self.conn.execute(sql, params)
         }
 

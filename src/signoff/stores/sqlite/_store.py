@@ -31,7 +31,7 @@ from .._codec import (
     stored_type,
     type_name,
 )
-from ._connection import immediate, reading
+from ._connection import immediate, kept, reading
 from ._leases import Leases
 from ._reads import Reads
 
@@ -84,13 +84,14 @@ class SQLiteStore(Reads, Leases):
                 ).fetchone()
                 if row is None:
                     raise UnknownSession(commit.session_id)
-                sk, head = int(row[0]), int(row[1])
+                sid = commit.session_id
+                sk, head = int(row[0]), kept(row[1], int, sid, "head")
                 if head != commit.expected_seq:
                     raise AppendConflict(
                         f"session {commit.session_id!r} is at seq {head}, not {commit.expected_seq}"
                     )
                 if commit.lease_token is not None and (
-                    row[2] is None or int(row[2]) != commit.lease_token
+                    row[2] is None or kept(row[2], int, sid, "lease token") != commit.lease_token
                 ):
                     raise LeaseLost(
                         f"lease {commit.lease_token} on session {commit.session_id!r} "
@@ -137,7 +138,8 @@ class SQLiteStore(Reads, Leases):
                         self._turn_at(sk, head),
                         self._previous(conn, sk, head),
                     )
-                    n, digest = int(row[3]), None if row[4] is None else bytes(row[4])
+                    n = kept(row[3], int, sid, "audit_n")
+                    digest = kept(row[4], bytes, sid, "audit_hash")
                     n, digest = self._insert_session_audit(conn, sk, n, digest, commit.events)
                     last = commit.events[-1]
                     conn.execute(
