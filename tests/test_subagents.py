@@ -462,6 +462,90 @@ async def test_answering_the_child_directly_lets_the_parent_go_on(tmp_path: Path
     await rt.close()
 
 
+async def test_cancelling_the_child_directly_closes_the_mirror_and_resumes_the_parent(
+    tmp_path: Path,
+) -> None:
+    # Documented: "a child cancelled on its own gives {"cancelled": true, ...}". The parent must
+    # not be left waiting for ever on a mirror of a request the cancel withdrew.
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing was stopped.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    cancelled = await rt.cancel(mirror.child.session_id, "not needed")
+    assert cancelled.status == "cancelled"
+    state = await rt.state(r.session_id)
+    assert state.status == "idle" and state.turn is not None
+    assert state.turn.text == "Billing was stopped."
+    assert state.requests[mirror.id].status == "withdrawn"
+    assert await rt.pending() == []
+    assert ran == [] and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert result.content == {
+        "cancelled": True,
+        "agent": "billing",
+        "session_id": mirror.child.session_id,
+    }
+    await rt.close()
+
+
+async def test_cancelling_the_middle_of_three_resumes_the_top(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    top_after = Counted("The desk was stopped.")
+    _, refunds = refund_agents(ran, Counted("unused"))
+    middle = scripted_agent(
+        "desk",
+        [call_tools(call("billing", message="refund 1042")), reply("unused")],
+        tools=[so.delegate("billing")],
+    )
+    top = scripted_agent(
+        "front",
+        [call_tools(call("desk", message="sort out 1042")), top_after],
+        tools=[so.delegate("desk")],
+    )
+    rt = sqlite_runtime(tmp_path, top, middle, refunds)
+    r = await rt.generate("front", prompt="sort out 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    await rt.cancel(mirror.child.session_id)
+    assert await rt.pending() == []  # the grandchild's request and both mirrors are closed
+    state = await rt.state(r.session_id)
+    assert state.status == "idle" and top_after.calls == 1 and ran == []
+    assert tool_results(top_after.capture.last)[0].content["cancelled"] is True
+    await rt.close()
+
+
+async def test_a_runtime_without_the_parents_agent_answers_the_child_and_leaves_the_parent(
+    tmp_path: Path,
+) -> None:
+    # Workers and apps can be split by agent: a process that has only the child's agent
+    # answers the child directly; the parent is left runnable for a process that has its agent.
+    ran: list[dict[str, Any]] = []
+    after = Counted("Refunded, says billing.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    billing_only = sqlite_runtime(tmp_path, child)
+    done = await billing_only.respond(
+        mirror.child.session_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    assert done.status == "completed" and ran == [{"order_id": "1042", "amount": 180.0}]
+    assert after.calls == 0 and await billing_only.pending() == []
+    [summary] = await billing_only.sessions(agent="support")
+    assert summary.status == "running"
+    await billing_only.close()
+    finished = await rt.generate(session_id=r.session_id)
+    assert (finished.status, finished.text) == ("completed", "Refunded, says billing.")
+    assert after.calls == 1 and len(ran) == 1
+    await rt.close()
+
+
 async def test_a_deadline_in_the_child_ends_the_mirror_and_resumes_the_parent(
     tmp_path: Path,
 ) -> None:

@@ -479,6 +479,8 @@ class Runtime(Messages):
             for child in dict.fromkeys([*_subagents.children(withdrawn), *delegated]):
                 with contextlib.suppress(UnknownSession):
                     await self.cancel(child, reason, principal=principal)
+            # A subagent cancelled on its own: its parent's delegate call goes on.
+            await _subagents.after_cancel(self, driver.state)
             return self._result(driver.state)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
 

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RuntimeHost",
     "SubagentFailed",
+    "after_cancel",
     "after_drive",
     "cancel_orphan",
     "children",
@@ -219,7 +220,12 @@ class RuntimeHost:
             _delegating.reset(reset)
 
     async def cancel_child(self, child: str, reason: str) -> None:
-        await self.runtime.cancel(child, reason)
+        """Cancel the child from its parent's drive: the parent goes on by itself."""
+        reset = _delegating.set(_delegating.get() | {child})
+        try:
+            await self.runtime.cancel(child, reason)
+        finally:
+            _delegating.reset(reset)
 
 
 _delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
@@ -233,22 +239,52 @@ async def after_drive(rt: Runtime, session_id: str) -> None:
     if state is None or state.parent is None or session_id in _delegating.get():
         return
     parent = await rt.state(state.parent)
-    turn = parent.turn
     # Mirrors closed already count too: an answer through the parent that lost to one given
     # here closes the mirror and raises, leaving the parent's turn for this drive to go on.
-    mirrors = [
-        live
-        for live in parent.requests.values()
-        if live.request.child is not None
-        and live.request.child.session_id == session_id
-        and turn is not None
-        and live.request.turn_id == turn.id
-    ]
+    mirrors = _mirrors(parent, session_id)
     for live in mirrors:
         if live.status == "pending":
             await _close_mirror(rt, parent.id, live.request)
-    if mirrors and runnable(await rt.state(parent.id)):
-        await rt._drive(parent.id)
+    if mirrors:
+        await _go_on(rt, parent.id)
+
+
+async def after_cancel(rt: Runtime, state: SessionState) -> None:
+    """A child's turn cancelled on its own (not by its parent's drive or cancel): close the
+    parent's mirrors of the requests it withdrew and let the parent's turn go on, so the
+    delegate call's result is `{"cancelled": true, ...}` instead of a wait that never ends."""
+    if state.parent is None or state.id in _delegating.get():
+        return
+    try:
+        parent = await rt.state(state.parent)
+    except UnknownSession:
+        return
+    open_ = [live for live in _mirrors(parent, state.id) if live.status == "pending"]
+    for live in open_:
+        await _close_mirror(rt, parent.id, live.request)
+    if open_:
+        await _go_on(rt, parent.id)
+
+
+def _mirrors(parent: SessionState, child: str) -> list[Any]:
+    """The parent's current turn's mirrors of `child`'s requests, open or closed."""
+    turn = parent.turn
+    return [
+        live
+        for live in parent.requests.values()
+        if live.request.child is not None
+        and live.request.child.session_id == child
+        and turn is not None
+        and live.request.turn_id == turn.id
+    ]
+
+
+async def _go_on(rt: Runtime, parent: str) -> None:
+    """Drive the parent's turn if it can go on and this runtime has its agent; otherwise it is
+    left runnable in the store for a process (a worker) that has it."""
+    state = await rt.state(parent)
+    if state.agent in rt.agents and runnable(state):
+        await rt._drive(parent)
 
 
 def children(requests: Iterable[InputRequest]) -> list[str]:
