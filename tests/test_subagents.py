@@ -546,6 +546,82 @@ async def test_a_runtime_without_the_parents_agent_answers_the_child_and_leaves_
     await rt.close()
 
 
+def expiring_agents(ran: list[dict[str, Any]], after: Counted) -> tuple[so.Agent, so.Agent]:
+    """`refund_agents`, with a child whose sessions expire after a minute."""
+    parent, child = refund_agents(ran, after)
+    child.limits = so.Limits(ttl=60)
+    return parent, child
+
+
+async def test_an_answer_to_an_expired_childs_mirror_fails_and_the_parent_goes_on(
+    tmp_path: Path,
+) -> None:
+    # The child's session expired while the parent waited: the answer is refused, and the
+    # parent is not left waiting for ever on a mirror nobody can answer any more.
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing timed out.")
+    clock = ManualClock()
+    rt = sqlite_runtime(tmp_path, *expiring_agents(ran, after), clock=clock)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    clock.advance(120)
+    with pytest.raises(so.SessionExpired) as info:
+        await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="approve")],
+            principal=ALICE,
+        )
+    assert info.value.session_id == mirror.child.session_id
+    state = await rt.state(r.session_id)
+    assert state.status == "idle" and state.requests[mirror.id].status == "expired"
+    assert ran == [] and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert result.is_error and "expired" in str(result.content)
+    assert await rt.pending() == []
+    await rt.close()
+
+
+async def test_resuming_a_parent_whose_child_expired_goes_on(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing timed out.")
+    clock = ManualClock()
+    rt = sqlite_runtime(tmp_path, *expiring_agents(ran, after), clock=clock)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    clock.advance(120)
+    again = sqlite_runtime(tmp_path, *expiring_agents(ran, after), clock=clock)
+    done = await again.generate(session_id=r.session_id)
+    assert (done.status, done.text, done.pending) == ("completed", "Billing timed out.", [])
+    assert ran == [] and after.calls == 1
+    await again.close()
+    await rt.close()
+
+
+async def test_resuming_the_parent_picks_up_a_child_answered_without_resuming(
+    tmp_path: Path,
+) -> None:
+    # The child's request was answered with resume=False (or its process died before closing
+    # the mirror): resuming the parent closes the mirror and runs the child's turn on.
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund went through.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    await rt.respond(
+        mirror.child.session_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+        resume=False,
+    )
+    done = await rt.generate(session_id=r.session_id)
+    assert (done.status, done.text) == ("completed", "The refund went through.")
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
+    assert (await rt.state(r.session_id)).requests[mirror.id].outcome == "approved"
+    await rt.close()
+
+
 async def test_a_deadline_in_the_child_ends_the_mirror_and_resumes_the_parent(
     tmp_path: Path,
 ) -> None:

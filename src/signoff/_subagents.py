@@ -24,6 +24,7 @@ from ._exceptions import (
     InvalidAnswer,
     PartialAnswer,
     SessionBusy,
+    SessionExpired,
     StoreError,
     UnknownSession,
     UsageError,
@@ -43,12 +44,13 @@ if TYPE_CHECKING:
 __all__ = [
     "RuntimeHost",
     "SubagentFailed",
-    "after_cancel",
+    "after_close",
     "after_drive",
     "cancel_orphan",
     "children",
     "delegate",
     "delegated",
+    "reconcile",
     "routed",
     "settle_routed",
 ]
@@ -229,7 +231,7 @@ class RuntimeHost:
 
 
 _delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
-"""Child sessions being driven by their parent's delegate call in this task."""
+"""Child sessions their parent's drive is handling in this task (it goes on by itself)."""
 
 
 async def after_drive(rt: Runtime, session_id: str) -> None:
@@ -249,10 +251,10 @@ async def after_drive(rt: Runtime, session_id: str) -> None:
         await _go_on(rt, parent.id)
 
 
-async def after_cancel(rt: Runtime, state: SessionState) -> None:
-    """A child's turn cancelled on its own (not by its parent's drive or cancel): close the
-    parent's mirrors of the requests it withdrew and let the parent's turn go on, so the
-    delegate call's result is `{"cancelled": true, ...}` instead of a wait that never ends."""
+async def after_close(rt: Runtime, state: SessionState) -> None:
+    """A child whose requests closed on their own (its turn cancelled, its session expired),
+    not from its parent's drive: close the parent's mirrors of them and let the parent's turn
+    go on, so the delegate call gets its result instead of a wait that never ends."""
     if state.parent is None or state.id in _delegating.get():
         return
     try:
@@ -264,6 +266,31 @@ async def after_cancel(rt: Runtime, state: SessionState) -> None:
         await _close_mirror(rt, parent.id, live.request)
     if open_:
         await _go_on(rt, parent.id)
+
+
+async def reconcile(rt: Runtime, state: SessionState) -> bool:
+    """Before the parent's turn is driven, close its open mirrors whose child requests closed
+    while nothing told it (an answer given with `resume=False`, a process that died, a child
+    session that expired); returns whether it closed any."""
+    turn = state.turn
+    mirrors = [
+        r
+        for r in state.pending_requests()
+        if r.child is not None and turn is not None and r.turn_id == turn.id
+    ]
+    if not mirrors:
+        return False
+    kids = children(mirrors)
+    reset = _delegating.set(_delegating.get() | set(kids))  # this drive goes on by itself
+    try:
+        for child in kids:
+            with contextlib.suppress(SessionExpired, UnknownSession):
+                await rt._checked(child)  # records the child's expiry and passed deadlines
+        for mirror in mirrors:
+            await _close_mirror(rt, state.id, mirror)
+    finally:
+        _delegating.reset(reset)
+    return (await rt.state(state.id)).seq != state.seq
 
 
 def _mirrors(parent: SessionState, child: str) -> list[Any]:
