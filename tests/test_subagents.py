@@ -622,6 +622,27 @@ async def test_resuming_the_parent_picks_up_a_child_answered_without_resuming(
     await rt.close()
 
 
+async def test_a_cancelled_or_expired_child_lets_its_parent_go_on_on_both_stores(
+    store_url: str,
+) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing stopped.")
+    clock = ManualClock()
+    async with so.Runtime(list(expiring_agents(ran, after)), store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        await rt.cancel(mirror.child.session_id)
+        assert (await rt.state(r.session_id)).status == "idle" and after.calls == 1
+
+        r = await rt.generate("support", prompt="Refund order 1043", auth=ALICE)
+        assert r.status == "waiting"
+        clock.advance(120)
+        done = await rt.generate(session_id=r.session_id)
+        assert (done.status, done.pending) == ("completed", []) and after.calls == 2
+        assert await rt.pending() == [] and ran == []
+
+
 async def test_a_deadline_in_the_child_ends_the_mirror_and_resumes_the_parent(
     tmp_path: Path,
 ) -> None:
