@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 import signoff as so
 from signoff.channels.webhooks import verify_webhook
 from signoff.cli import app, local_principal
+from signoff.testing import tool_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -330,6 +331,43 @@ def test_approve_without_runtime_records_the_decision_only(url: str) -> None:
     assert done.status == "completed", done.error
     assert done.text == "Refunded 180.00 (looks fine)."
     assert refunds_run(log(url, session_id)) == 1
+
+
+desk = so.Agent(
+    name="desk",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="support", input={"message": "1042"})]),
+            lambda conversation: so.ModelResponse(
+                text=f"desk: {tool_results(conversation)[-1].content}"
+            ),
+        ]
+    ),
+    tools=[so.delegate("support")],
+)
+
+
+def test_approve_without_runtime_records_an_answer_to_a_subagents_mirror(url: str) -> None:
+    # The request asked on the parent for its child: recorded in the child (where it belongs)
+    # and closed on the parent, with no runtime, like any other record-only answer.
+    rt = so.Runtime([desk, agent], store=url)
+    try:
+        r = rt.generate_sync("desk", "Refund order 1042")
+        [mirror] = r.pending
+        assert mirror.child is not None
+        result = invoke("approve", mirror.id, "--store", url, "--reason", "fine")
+        assert result.exit_code == 0, result.output
+        assert f"approved {mirror.id}" in result.output
+        child = log(url, mirror.child.session_id)
+        assert [e.data["decision"] for e in child if e.type == "approval.settled"] == ["approve"]
+        assert refunds_run(child) == 0  # recorded, not run
+        assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+        done = rt.generate_sync(session_id=r.session_id)  # a process with the agents goes on
+        assert done.status == "completed", done.error
+        assert done.text == "desk: Refunded 180.00 (fine)."
+        assert refunds_run(log(url, mirror.child.session_id)) == 1
+    finally:
+        rt.close_sync()
 
 
 def test_approve_with_runtime_continues_the_turn_here(url: str) -> None:

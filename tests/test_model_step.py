@@ -3,6 +3,7 @@ retryably, before anything of it is stored or run (any `Model`, not only the shi
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -55,3 +56,24 @@ async def test_a_response_that_cannot_be_recorded_fails_the_turn_retryably(
         r = await rt.generate(session_id=r.session_id)
         assert (r.status, r.text) == ("completed", "Sorry, which amount?")
     assert ran == []
+
+
+async def test_a_model_raising_cancelled_error_itself_fails_the_turn_retryably(
+    tmp_path: Path,
+) -> None:
+    # A model client that raises CancelledError without the turn being cancelled: the turn
+    # fails retryably like any model error instead of escaping with the session left running.
+    def cancelled(conversation: list[so.Message]) -> so.ModelResponse:
+        raise asyncio.CancelledError("the stream was cancelled")
+
+    model = so.models.Scripted([cancelled])
+    agent = so.Agent(name="a", model=model, tools=[refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and "CancelledError" in r.error["message"]
+        [summary] = await rt.sessions()
+        assert summary.status == "failed"
+        model.steps = [so.ModelResponse(text="Back again.")]
+        r = await rt.generate(session_id=r.session_id)
+        assert (r.status, r.text) == ("completed", "Back again.")

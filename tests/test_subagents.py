@@ -462,6 +462,187 @@ async def test_answering_the_child_directly_lets_the_parent_go_on(tmp_path: Path
     await rt.close()
 
 
+async def test_cancelling_the_child_directly_closes_the_mirror_and_resumes_the_parent(
+    tmp_path: Path,
+) -> None:
+    # Documented: "a child cancelled on its own gives {"cancelled": true, ...}". The parent must
+    # not be left waiting for ever on a mirror of a request the cancel withdrew.
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing was stopped.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    cancelled = await rt.cancel(mirror.child.session_id, "not needed")
+    assert cancelled.status == "cancelled"
+    state = await rt.state(r.session_id)
+    assert state.status == "idle" and state.turn is not None
+    assert state.turn.text == "Billing was stopped."
+    assert state.requests[mirror.id].status == "withdrawn"
+    assert await rt.pending() == []
+    assert ran == [] and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert result.content == {
+        "cancelled": True,
+        "agent": "billing",
+        "session_id": mirror.child.session_id,
+    }
+    await rt.close()
+
+
+async def test_cancelling_the_middle_of_three_resumes_the_top(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    top_after = Counted("The desk was stopped.")
+    _, refunds = refund_agents(ran, Counted("unused"))
+    middle = scripted_agent(
+        "desk",
+        [call_tools(call("billing", message="refund 1042")), reply("unused")],
+        tools=[so.delegate("billing")],
+    )
+    top = scripted_agent(
+        "front",
+        [call_tools(call("desk", message="sort out 1042")), top_after],
+        tools=[so.delegate("desk")],
+    )
+    rt = sqlite_runtime(tmp_path, top, middle, refunds)
+    r = await rt.generate("front", prompt="sort out 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    await rt.cancel(mirror.child.session_id)
+    assert await rt.pending() == []  # the grandchild's request and both mirrors are closed
+    state = await rt.state(r.session_id)
+    assert state.status == "idle" and top_after.calls == 1 and ran == []
+    assert tool_results(top_after.capture.last)[0].content["cancelled"] is True
+    await rt.close()
+
+
+async def test_a_runtime_without_the_parents_agent_answers_the_child_and_leaves_the_parent(
+    tmp_path: Path,
+) -> None:
+    # Workers and apps can be split by agent: a process that has only the child's agent
+    # answers the child directly; the parent is left runnable for a process that has its agent.
+    ran: list[dict[str, Any]] = []
+    after = Counted("Refunded, says billing.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    billing_only = sqlite_runtime(tmp_path, child)
+    done = await billing_only.respond(
+        mirror.child.session_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    assert done.status == "completed" and ran == [{"order_id": "1042", "amount": 180.0}]
+    assert after.calls == 0 and await billing_only.pending() == []
+    [summary] = await billing_only.sessions(agent="support")
+    assert summary.status == "running"
+    await billing_only.close()
+    finished = await rt.generate(session_id=r.session_id)
+    assert (finished.status, finished.text) == ("completed", "Refunded, says billing.")
+    assert after.calls == 1 and len(ran) == 1
+    await rt.close()
+
+
+def expiring_agents(ran: list[dict[str, Any]], after: Counted) -> tuple[so.Agent, so.Agent]:
+    """`refund_agents`, with a child whose sessions expire after a minute."""
+    parent, child = refund_agents(ran, after)
+    child.limits = so.Limits(ttl=60)
+    return parent, child
+
+
+async def test_an_answer_to_an_expired_childs_mirror_fails_and_the_parent_goes_on(
+    tmp_path: Path,
+) -> None:
+    # The child's session expired while the parent waited: the answer is refused, and the
+    # parent is not left waiting for ever on a mirror nobody can answer any more.
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing timed out.")
+    clock = ManualClock()
+    rt = sqlite_runtime(tmp_path, *expiring_agents(ran, after), clock=clock)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    clock.advance(120)
+    with pytest.raises(so.SessionExpired) as info:
+        await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="approve")],
+            principal=ALICE,
+        )
+    assert info.value.session_id == mirror.child.session_id
+    state = await rt.state(r.session_id)
+    assert state.status == "idle" and state.requests[mirror.id].status == "expired"
+    assert ran == [] and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert result.is_error and "expired" in str(result.content)
+    assert await rt.pending() == []
+    await rt.close()
+
+
+async def test_resuming_a_parent_whose_child_expired_goes_on(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing timed out.")
+    clock = ManualClock()
+    rt = sqlite_runtime(tmp_path, *expiring_agents(ran, after), clock=clock)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    clock.advance(120)
+    again = sqlite_runtime(tmp_path, *expiring_agents(ran, after), clock=clock)
+    done = await again.generate(session_id=r.session_id)
+    assert (done.status, done.text, done.pending) == ("completed", "Billing timed out.", [])
+    assert ran == [] and after.calls == 1
+    await again.close()
+    await rt.close()
+
+
+async def test_resuming_the_parent_picks_up_a_child_answered_without_resuming(
+    tmp_path: Path,
+) -> None:
+    # The child's request was answered with resume=False (or its process died before closing
+    # the mirror): resuming the parent closes the mirror and runs the child's turn on.
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund went through.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    await rt.respond(
+        mirror.child.session_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+        resume=False,
+    )
+    done = await rt.generate(session_id=r.session_id)
+    assert (done.status, done.text) == ("completed", "The refund went through.")
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
+    assert (await rt.state(r.session_id)).requests[mirror.id].outcome == "approved"
+    await rt.close()
+
+
+async def test_a_cancelled_or_expired_child_lets_its_parent_go_on_on_both_stores(
+    store_url: str,
+) -> None:
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing stopped.")
+    clock = ManualClock()
+    async with so.Runtime(list(expiring_agents(ran, after)), store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        await rt.cancel(mirror.child.session_id)
+        assert (await rt.state(r.session_id)).status == "idle" and after.calls == 1
+
+        r = await rt.generate("support", prompt="Refund order 1043", auth=ALICE)
+        assert r.status == "waiting"
+        clock.advance(120)
+        done = await rt.generate(session_id=r.session_id)
+        assert (done.status, done.pending) == ("completed", []) and after.calls == 2
+        assert await rt.pending() == [] and ran == []
+
+
 async def test_a_deadline_in_the_child_ends_the_mirror_and_resumes_the_parent(
     tmp_path: Path,
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import threading
@@ -300,6 +301,60 @@ async def test_tool_exception_becomes_an_error_result(tmp_path: Path) -> None:
     (result,) = tool_results(seen.last)
     assert result.is_error
     assert "payment provider timeout" in str(result.content)
+
+
+async def test_a_tool_raising_cancelled_error_itself_is_an_error_result(tmp_path: Path) -> None:
+    # Nothing cancelled the turn: the body raised CancelledError on its own (an inner task it
+    # awaited was cancelled, say). That is the call's error, not a turn left running for good.
+    @so.tool
+    async def inner(x: int) -> int:
+        """Awaits a task someone else cancelled."""
+        raise asyncio.CancelledError("the upload was cancelled")
+
+    seen = Capture(reply("the upload stopped"))
+    agent = scripted_agent("a", [call_tools(call("inner", x=1)), seen], tools=[inner])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert (r.status, r.text) == ("completed", "the upload stopped")
+        [summary] = await rt.sessions()
+        assert summary.status == "idle"
+    (result,) = tool_results(seen.last)
+    assert result.is_error
+    assert "CancelledError: the upload was cancelled" in str(result.content)
+
+
+async def test_a_caller_that_stops_waiting_stops_the_tool_body_too(tmp_path: Path) -> None:
+    # The task driving the turn is cancelled (a timeout around generate, a client gone): the
+    # body is cancelled with it, not left running unseen, journaling after its drive ended.
+    seen: list[str] = []
+    release = asyncio.Event()
+
+    @so.tool
+    async def upload(ctx: so.ToolContext) -> str:
+        """Uploads a file."""
+        seen.append("started")
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        seen.append(await ctx.step("send", lambda: "sent"))
+        return "uploaded"
+
+    agent = scripted_agent("a", [call_tools(call("upload")), reply("done")], tools=[upload])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("a")
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await rt.generate(session_id=sid, prompt="go")
+        assert seen == ["started", "cancelled"]
+        release.set()
+        await asyncio.sleep(0.05)
+        types = [e.type async for e in rt.events(sid, follow=False)]
+        assert types[-1] == "tool.started" and "tool.step" not in types
+        r = await rt.generate(session_id=sid)  # the interrupted call runs again, as after a crash
+        assert (r.status, r.text) == ("completed", "done")
+        assert seen == ["started", "cancelled", "started", "sent"]
 
 
 async def test_request_approval_payload_must_be_json_able(tmp_path: Path) -> None:

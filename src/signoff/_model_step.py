@@ -4,11 +4,12 @@ recorded, and the session's budgets (asking a person to raise one that is spent)
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from ._exceptions import ModelError, SignoffError
-from ._recording import DriverPart, EventSpec, dump_request, new_id
+from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
 from ._types import InputRequest, Message, ModelResponse, Option, ToolResultMessage
 from .models import ModelRequest, ToolSpec
@@ -96,7 +97,9 @@ class ModelStep(DriverPart):
             if not isinstance(response, ModelResponse):
                 raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
             _check_recordable(response)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            if not isinstance(exc, Exception) and not own_cancel(exc):
+                raise  # this drive is being cancelled, not failed by the model
             code = exc.code if isinstance(exc, SignoffError) else "model_error"
             await self.record(
                 [

@@ -33,6 +33,7 @@ __all__ = [
     "ends_drive",
     "invalid_input",
     "load_state",
+    "own_cancel",
     "new_id",
     "runnable",
     "shadow",
@@ -41,6 +42,14 @@ __all__ = [
     "tool_result",
     "waiting_after",
 ]
+
+
+def own_cancel(exc: BaseException) -> bool:
+    """Whether `exc` is a CancelledError that a tool or model raised on its own, rather than the
+    cancellation of the task driving the turn: the former is an error to record like any other."""
+    task = asyncio.current_task()
+    return isinstance(exc, asyncio.CancelledError) and not (task and task.cancelling())
+
 
 PARK_TYPES = frozenset({"turn.waiting", "turn.completed", "turn.failed", "turn.cancelled"})
 SNAPSHOT_EVERY = 64

@@ -110,8 +110,18 @@ class Runtime(Messages):
 
     async def _recover(self, state: SessionState) -> bool:
         recovered = await super()._recover(state)
+        # Mirrors of child requests that closed unseen are closed before the parent runs.
+        recovered = await _subagents.reconcile(self, state) or recovered
         # A child whose parent's turn ended meanwhile is cancelled, not run (by a worker, say).
         return await _subagents.cancel_orphan(self, state) or recovered
+
+    async def _expire(self, state: SessionState) -> None:
+        try:
+            await super()._expire(state)
+        except SessionExpired:
+            # A subagent's session expired: its parent's delegate call goes on without it.
+            await _subagents.after_close(self, state)
+            raise
 
     async def expire_due(self) -> int:
         """Apply every passed request deadline across sessions and resume their turns.
@@ -479,6 +489,8 @@ class Runtime(Messages):
             for child in dict.fromkeys([*_subagents.children(withdrawn), *delegated]):
                 with contextlib.suppress(UnknownSession):
                     await self.cancel(child, reason, principal=principal)
+            # A subagent cancelled on its own: its parent's delegate call goes on.
+            await _subagents.after_close(self, driver.state)
             return self._result(driver.state)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
 

@@ -26,6 +26,7 @@ from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
     LeaseLost,
+    ModelError,
     PartialAnswer,
     SessionBusy,
     SessionExpired,
@@ -37,7 +38,8 @@ from ._recording import Batch, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._sync import SyncBridge
-from ._types import Principal
+from ._types import ModelResponse, Principal
+from .models import ModelRequest
 from .stores import Resolve, Store, open_store
 
 __all__ = ["SessionRunner", "check_prompt", "positive_seconds", "unchanged"]
@@ -95,6 +97,16 @@ def _next_turn(
         ),
         ("turn.message", queued),
     ]
+
+
+class _NotRun:
+    """The model of an agent this runtime only appends events for; it is never called."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise ModelError(f"this runtime does not run agent {self.agent!r}")
 
 
 class _Changed(Exception):
@@ -540,7 +552,18 @@ class SessionRunner:
         self, session_id: str, build: Callable[[SessionState], Any], **kw: Any
     ) -> None:
         state = await self.state(session_id)
-        driver = self._driver(state, None)
+        if state.agent in self.agents:
+            driver = self._driver(state, None)
+        else:  # only recording (a subagent's mirror closed by a process without its parent)
+            stand_in = Agent(name=state.agent, model=_NotRun(state.agent))
+            driver = Driver(
+                store=self.store,
+                agent=stand_in,
+                state=state,
+                lease_token=None,
+                clock=self.clock,
+                lock=self._locks.setdefault(state.id, asyncio.Lock()),
+            )
         try:
             await driver.record(build, **kw)
         except Exception:

@@ -24,6 +24,7 @@ from ._exceptions import (
     InvalidAnswer,
     PartialAnswer,
     SessionBusy,
+    SessionExpired,
     StoreError,
     UnknownSession,
     UsageError,
@@ -43,11 +44,13 @@ if TYPE_CHECKING:
 __all__ = [
     "RuntimeHost",
     "SubagentFailed",
+    "after_close",
     "after_drive",
     "cancel_orphan",
     "children",
     "delegate",
     "delegated",
+    "reconcile",
     "routed",
     "settle_routed",
 ]
@@ -219,11 +222,16 @@ class RuntimeHost:
             _delegating.reset(reset)
 
     async def cancel_child(self, child: str, reason: str) -> None:
-        await self.runtime.cancel(child, reason)
+        """Cancel the child from its parent's drive: the parent goes on by itself."""
+        reset = _delegating.set(_delegating.get() | {child})
+        try:
+            await self.runtime.cancel(child, reason)
+        finally:
+            _delegating.reset(reset)
 
 
 _delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
-"""Child sessions being driven by their parent's delegate call in this task."""
+"""Child sessions their parent's drive is handling in this task (it goes on by itself)."""
 
 
 async def after_drive(rt: Runtime, session_id: str) -> None:
@@ -233,22 +241,77 @@ async def after_drive(rt: Runtime, session_id: str) -> None:
     if state is None or state.parent is None or session_id in _delegating.get():
         return
     parent = await rt.state(state.parent)
-    turn = parent.turn
     # Mirrors closed already count too: an answer through the parent that lost to one given
     # here closes the mirror and raises, leaving the parent's turn for this drive to go on.
-    mirrors = [
-        live
-        for live in parent.requests.values()
-        if live.request.child is not None
-        and live.request.child.session_id == session_id
-        and turn is not None
-        and live.request.turn_id == turn.id
-    ]
+    mirrors = _mirrors(parent, session_id)
     for live in mirrors:
         if live.status == "pending":
             await _close_mirror(rt, parent.id, live.request)
-    if mirrors and runnable(await rt.state(parent.id)):
-        await rt._drive(parent.id)
+    if mirrors:
+        await _go_on(rt, parent.id)
+
+
+async def after_close(rt: Runtime, state: SessionState) -> None:
+    """A child whose requests closed on their own (its turn cancelled, its session expired),
+    not from its parent's drive: close the parent's mirrors of them and let the parent's turn
+    go on, so the delegate call gets its result instead of a wait that never ends."""
+    if state.parent is None or state.id in _delegating.get():
+        return
+    try:
+        parent = await rt.state(state.parent)
+    except UnknownSession:
+        return
+    open_ = [live for live in _mirrors(parent, state.id) if live.status == "pending"]
+    for live in open_:
+        await _close_mirror(rt, parent.id, live.request)
+    if open_:
+        await _go_on(rt, parent.id)
+
+
+async def reconcile(rt: Runtime, state: SessionState) -> bool:
+    """Before the parent's turn is driven, close its open mirrors whose child requests closed
+    while nothing told it (an answer given with `resume=False`, a process that died, a child
+    session that expired); returns whether it closed any."""
+    turn = state.turn
+    mirrors = [
+        r
+        for r in state.pending_requests()
+        if r.child is not None and turn is not None and r.turn_id == turn.id
+    ]
+    if not mirrors:
+        return False
+    kids = children(mirrors)
+    reset = _delegating.set(_delegating.get() | set(kids))  # this drive goes on by itself
+    try:
+        for child in kids:
+            with contextlib.suppress(SessionExpired, UnknownSession):
+                await rt._checked(child)  # records the child's expiry and passed deadlines
+        for mirror in mirrors:
+            await _close_mirror(rt, state.id, mirror)
+    finally:
+        _delegating.reset(reset)
+    return (await rt.state(state.id)).seq != state.seq
+
+
+def _mirrors(parent: SessionState, child: str) -> list[Any]:
+    """The parent's current turn's mirrors of `child`'s requests, open or closed."""
+    turn = parent.turn
+    return [
+        live
+        for live in parent.requests.values()
+        if live.request.child is not None
+        and live.request.child.session_id == child
+        and turn is not None
+        and live.request.turn_id == turn.id
+    ]
+
+
+async def _go_on(rt: Runtime, parent: str) -> None:
+    """Drive the parent's turn if it can go on and this runtime has its agent; otherwise it is
+    left runnable in the store for a process (a worker) that has it."""
+    state = await rt.state(parent)
+    if state.agent in rt.agents and runnable(state):
+        await rt._drive(parent)
 
 
 def children(requests: Iterable[InputRequest]) -> list[str]:

@@ -21,6 +21,7 @@ from ._recording import (
     dump_request,
     invalid_input,
     new_id,
+    own_cancel,
     tool_result,
     waiting_after,
 )
@@ -291,6 +292,13 @@ class ToolCalls(DriverPart):
                 with contextlib.suppress(BaseException):
                     await task
                 return  # parked on ctx.ask(): the call is "asking" now
+        except BaseException:
+            # This drive is cancelled: the body stops with it rather than run on unseen and
+            # journal after the lease is given back (a resume runs the call again).
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise
         finally:
             parked.cancel()
         try:
@@ -310,7 +318,9 @@ class ToolCalls(DriverPart):
                 journal.ending([tool_result(call, "error", {"error": f"unavailable: {exc}"})])
             )
             return
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
+            if not isinstance(exc, Exception) and not own_cancel(exc):
+                raise  # this drive is being cancelled, not failed by the tool
             await self.record(
                 journal.ending(
                     [tool_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})]

@@ -201,10 +201,17 @@ async def _settle(
                 f"its runtime can run it: signoff {command} {request_id} MODULE:RUNTIME"
             )
         if loaded is None:
-            # Record only: a process running the agent continues the turn later.
-            settler = Runtime(
-                [Agent(name=request.agent, model=NoModel(request.agent))], store=runtime.store
-            )
+            # Record only: a process running the agent continues the turn later. A subagent's
+            # mirror is settled in the child session (and its child's): their agents too.
+            names = [request.agent]
+            ref, seen = request.child, set()
+            while ref is not None and ref.request_id not in seen:
+                seen.add(ref.request_id)
+                names.append(ref.agent)
+                down = await runtime.store.get_request(ref.request_id)
+                ref = None if down is None else down.request.child
+            agents = [Agent(name=n, model=NoModel(n)) for n in dict.fromkeys(names)]
+            settler = Runtime(agents, store=runtime.store)
             result = await settler.respond(
                 request.session_id, [answer], principal=principal, resume=False
             )
