@@ -884,3 +884,14 @@ def test_the_store_password_is_never_printed(pg_store_url: str) -> None:
     for store in (f"postgresql://postgres:s3cret@{host}", f"{pg_store_url}?password=s3cret"):
         assert "s3cret" not in shown_store(store) and host.split("/")[0] in shown_store(store)
     assert shown_store("sqlite:///x/state.db") == "sqlite:///x/state.db"
+
+
+@pytest.mark.parametrize("command", [["pending"], ["events", "ses_x"], ["db", "upgrade"]])
+def test_a_malformed_postgresql_url_is_one_line_without_its_password(command: list[str]) -> None:
+    """A URL the URL parser rejects (an unclosed IPv6 bracket) is a StoreError line, not a
+    ValueError traceback, and the password in it is not printed."""
+    result = invoke(*command, "--store", "postgresql://bob:s3cret@[::1:5432/x")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: invalid PostgreSQL URL"), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "s3cret" not in result.output
