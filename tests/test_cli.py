@@ -895,3 +895,27 @@ def test_a_malformed_postgresql_url_is_one_line_without_its_password(command: li
     assert result.stderr.startswith("error: StoreError: invalid PostgreSQL URL"), result.output
     assert len(result.stderr.strip().splitlines()) == 1
     assert "s3cret" not in result.output
+
+
+long_named = so.Agent(
+    name="customer-support-escalations-for-the-emea-region", model=agent.model, tools=[issue_refund]
+)
+
+
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_tables_print_ids_and_status_whole_at_any_width(url: str, columns: str) -> None:
+    """The ids a person copies into `approve` or `events`, and a session's status, are never
+    cut short by a long agent name or a narrow terminal (or the 80 columns of a pipe)."""
+    rt = so.Runtime([long_named], store=url)
+    try:
+        parked = rt.generate_sync(long_named.name, "Refund order 1042")
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    env = {"COLUMNS": columns}
+    listed = CliRunner().invoke(app, ["sessions", "--store", url], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert parked.session_id in listed.output and "waiting" in listed.output, listed.output
+    queue = CliRunner().invoke(app, ["pending", "--store", url], env=env)
+    assert queue.exit_code == 0, queue.output
+    assert request.id in queue.output and parked.session_id in queue.output, queue.output

@@ -11,7 +11,9 @@ from typing import Annotated
 
 import typer
 from rich import box
+from rich.console import Console
 from rich.markup import escape
+from rich.measure import Measurement
 from rich.table import Table
 
 from .._agent import Agent
@@ -78,7 +80,7 @@ def pending(
         if not requests:
             console.print("No pending requests.")
             return
-        console.print(_queue_table(requests, total))
+        _print_whole(console, _queue_table(requests, total))
 
     run(go())
 
@@ -113,15 +115,39 @@ def sessions(
         if not rows:
             console.print("No sessions.")
             return
-        table = Table(title="Sessions", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        table = Table(
+            title="Sessions",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            show_edge=False,
+        )
         for column in ("Session", "Agent", "Status", "Events", "Last active"):
-            table.add_column(column, no_wrap=True)
+            table.add_column(column, no_wrap=True, overflow="ellipsis")
         for r in rows:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
             table.add_row(escape(r.id), escape(r.agent), r.status, str(r.head), when)
-        console.print(table)
+        _print_whole(console, table, give_way=1)  # the agent's name
 
     run(go())
+
+
+def _print_whole(console: Console, table: Table, give_way: int | None = None) -> None:
+    """Print `table` without cutting its ids: when it is wider than the terminal (or a pipe's 80
+    columns), column `give_way` alone is shortened, to its header at most, where Rich would cut
+    every column evenly; what still does not fit is printed wider than the terminal."""
+    unbounded = console.options.update_width(1_000_000)
+    needed = Measurement.get(console, unbounded, table)
+    if give_way is not None and needed.maximum > console.width:
+        column = table.columns[give_way]
+        widest = Measurement.get(console, unbounded, column.header).maximum
+        for cell in column.cells:
+            widest = max(widest, Measurement.get(console, unbounded, cell).maximum)
+        header = len(str(column.header))
+        column.max_width = max(header, widest - (needed.maximum - console.width))
+        needed = Measurement.get(console, unbounded, table)
+    console.width = max(console.width, needed.maximum if give_way is not None else needed.minimum)
+    console.print(table)
 
 
 def _queue_table(requests: list[InputRequest], total: int) -> Table:
@@ -133,7 +159,8 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    table.add_column("Request / session", no_wrap=True)
+    ids = max(len(i) for r in requests for i in (r.id, r.session_id))
+    table.add_column("Request / session", no_wrap=True, min_width=ids)  # whole: people copy them
     table.add_column("Agent / asked by", no_wrap=True, max_width=22, overflow="ellipsis")
     table.add_column("Tool / age", no_wrap=True, max_width=24, overflow="ellipsis")
     table.add_column("Input", overflow="fold", ratio=1)
