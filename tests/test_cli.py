@@ -919,3 +919,59 @@ def test_tables_print_ids_and_status_whole_at_any_width(url: str, columns: str) 
     queue = CliRunner().invoke(app, ["pending", "--store", url], env=env)
     assert queue.exit_code == 0, queue.output
     assert request.id in queue.output and parked.session_id in queue.output, queue.output
+
+
+_STEERING = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"  # set the title, clear, C1 CSI, bidi override
+
+steering = so.Agent(
+    name="steering",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="ask_question",
+                        input={
+                            "question": f"Which?{_STEERING}",
+                            "options": [
+                                {"label": f"A{_STEERING}", "description": _STEERING},
+                                {"label": "B", "description": "b"},
+                            ],
+                        },
+                    )
+                ]
+            ),
+            so.ModelResponse(text=f"done{_STEERING}"),
+        ]
+    ),
+    tools=[so.ask_question()],
+)
+
+
+def test_text_from_a_model_cannot_steer_the_terminal(url: str) -> None:
+    """A model's (or reviewer's) text is printed with its control characters shown as escapes
+    (`\\x1b`): an escape sequence in it would otherwise retitle, clear or rewrite the terminal
+    of whoever runs `pending`, `events`, `answer` or `chat`."""
+    chat = CliRunner().invoke(
+        app, ["chat", "tests.test_cli:steering", "--store", url], input="hi\n1\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "done\\x1b]0;owned" in chat.output and "Which?\\x1b]0;owned" in chat.output
+    rt = so.Runtime([steering], store=url)
+    try:
+        parked = rt.generate_sync("steering", "again")
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    answered = invoke("answer", request.id, "--text", _STEERING, "--store", url)
+    shown = [
+        invoke("pending", "--store", url),
+        answered,
+        invoke("events", parked.session_id, "--store", url),
+    ]
+    for result in (chat, *shown):
+        assert result.exit_code == 0, result.output
+        for control in ("\x1b", "\x07", "\x9b", "\u202e"):
+            assert control not in result.output, (control, result.output)
+    as_json = invoke("events", parked.session_id, "--store", url, "--json")  # JSON escapes C0
+    assert "\x1b" not in as_json.output and "\x07" not in as_json.output

@@ -16,7 +16,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from .._agent import Agent
 from .._exceptions import (
@@ -26,7 +25,7 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from .._types import ModelResponse, Principal
-from ..channels.terminal import compact_json
+from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
 from ..stores import DEFAULT_URL, SQLiteStore, open_store
 
@@ -86,7 +85,7 @@ def fail(exc: BaseException) -> NoReturn:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     message = " ".join(lines) or "(no message)"
     err().print(
-        f"[bold red]error:[/] [red]{type(exc).__name__}: {escape(message)}[/]", soft_wrap=True
+        f"[bold red]error:[/] [red]{type(exc).__name__}: {printable(message)}[/]", soft_wrap=True
     )
     raise typer.Exit(1)
 

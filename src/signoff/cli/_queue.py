@@ -12,7 +12,6 @@ from typing import Annotated
 import typer
 from rich import box
 from rich.console import Console
-from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 
@@ -26,7 +25,7 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from .._types import InputRequest, InputResponse
-from ..channels.terminal import compact_json, duration
+from ..channels.terminal import compact_json, duration, printable
 from ..stores import PendingFilter
 from ._app import (
     AsOption,
@@ -126,7 +125,7 @@ def sessions(
             table.add_column(column, no_wrap=True, overflow="ellipsis")
         for r in rows:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
-            table.add_row(escape(r.id), escape(r.agent), r.status, str(r.head), when)
+            table.add_row(printable(r.id), printable(r.agent), r.status, str(r.head), when)
         _print_whole(console, table, give_way=1)  # the agent's name
 
     run(go())
@@ -175,10 +174,10 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
         asker = r.requested_by.principal_id if r.requested_by else "-"
         expiry = "" if r.expires_at is None else f"\nexpires in {duration(r.expires_at - now)}"
         table.add_row(
-            f"{escape(r.id)}\n[dim]{escape(r.session_id)}[/]",
-            f"{escape(r.agent)}\n[dim]{escape(asker)}[/]",
-            f"{escape(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
-            escape(clip(readable, 200)),
+            f"{printable(r.id)}\n[dim]{printable(r.session_id)}[/]",
+            f"{printable(r.agent)}\n[dim]{printable(asker)}[/]",
+            f"{printable(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
+            printable(clip(readable, 200)),
         )
     return table
 
@@ -240,7 +239,7 @@ async def _settle(
                 result = await runtime.respond(request.session_id, [answer], principal=principal)
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.question or request.kind
-    where = f"({escape(what)} in session {request.session_id})"
+    where = f"({printable(what)} in session {request.session_id})"
     if outcome is not None and outcome.outcome == "counted":
         if outcome.applied:
             console.print(f"[green]counted[/] your approval of {request_id} ({outcome.reason})")
@@ -252,7 +251,7 @@ async def _settle(
         why = f": {outcome.reason}" if outcome.reason else ""
         err().print(
             f"[bold red]error:[/] [red]{request_id}: your answer was not accepted "
-            f"({escape(outcome.outcome + why)}); it stays pending[/]",
+            f"({printable(outcome.outcome + why)}); it stays pending[/]",
             soft_wrap=True,
         )
         raise typer.Exit(1)
@@ -262,19 +261,19 @@ async def _settle(
         console.print(f"[red]denied[/] {request_id} {where}")
     else:
         given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
-        console.print(f"[green]answered[/] {request_id} with {escape(given)} {where}")
+        console.print(f"[green]answered[/] {request_id} with {printable(given)} {where}")
     if result.status == "waiting" and result.pending:
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
     elif loaded is None:
         console.print(
-            f"[dim]The turn continues when a process running agent {escape(request.agent)!r} "
+            f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
             f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}[/]"
         )
     elif result.status == "completed":
-        console.print(f"[bold cyan]{escape(request.agent)}:[/] {escape(result.text)}")
+        console.print(f"[bold cyan]{printable(request.agent)}:[/] {printable(result.text)}")
     elif result.status == "failed":
-        console.print(f"[red]the turn failed: {escape(error_text(result.error))}[/]")
+        console.print(f"[red]the turn failed: {printable(error_text(result.error))}[/]")
     elif result.status == "running":
         console.print("[yellow]another process is running this session's turn[/]")
 
@@ -407,7 +406,7 @@ def events(
                 at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
                 console.print(
                     f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
-                    f"{escape(clip(_summary(event), 160))}",
+                    f"{printable(clip(_summary(event), 160))}",
                     soft_wrap=True,
                 )
                 if follow:
