@@ -975,3 +975,13 @@ def test_text_from_a_model_cannot_steer_the_terminal(url: str) -> None:
             assert control not in result.output, (control, result.output)
     as_json = invoke("events", parked.session_id, "--store", url, "--json")  # JSON escapes C0
     assert "\x1b" not in as_json.output and "\x07" not in as_json.output
+
+
+def test_what_approve_prints_is_not_wrapped_into_a_pipe(url: str) -> None:
+    """A line naming a request and its session stays one line when stdout is a pipe (80
+    columns), so `grep` or a script finds the ids in it."""
+    session_id, request_id = park(url)
+    result = CliRunner().invoke(app, ["approve", request_id, "--store", url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert f"approved {request_id} (issue_refund in session {session_id})" in result.output
+    assert f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {session_id}" in result.output

@@ -73,7 +73,9 @@ def shown_store(url: str) -> str:
 
 
 def out() -> Console:
-    return Console(highlight=False)
+    """The console for what a command prints: a line is never wrapped at the terminal's width
+    (or a pipe's 80 columns), so the ids in it stay whole for a script; tables are laid out."""
+    return Console(highlight=False, soft_wrap=True)
 
 
 def err() -> Console:
