@@ -985,3 +985,19 @@ def test_what_approve_prints_is_not_wrapped_into_a_pipe(url: str) -> None:
     assert result.exit_code == 0, result.output
     assert f"approved {request_id} (issue_refund in session {session_id})" in result.output
     assert f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {session_id}" in result.output
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        "postgresql+psycopg://bob:s3cret@db.example/x",  # a SQLAlchemy URL
+        "mysql://bob:s3cret@db.example/x",
+        "pg://db.example/x?sslmode=require&password=s3cret",
+    ],
+)
+def test_an_unknown_store_url_is_named_without_its_password(store: str) -> None:
+    result = invoke("pending", "--store", store)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: unknown store URL"), result.stderr
+    assert "db.example" in result.stderr
+    assert "s3cret" not in result.output
