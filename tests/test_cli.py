@@ -1001,3 +1001,22 @@ def test_an_unknown_store_url_is_named_without_its_password(store: str) -> None:
     assert result.stderr.startswith("error: UsageError: unknown store URL"), result.stderr
     assert "db.example" in result.stderr
     assert "s3cret" not in result.output
+
+
+def test_reading_commands_leave_a_file_that_is_not_a_store_alone(tmp_path: Path) -> None:
+    """An empty file, or another program's SQLite database, is refused by the reading and
+    answering commands instead of getting signoff's tables written into it."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    other = tmp_path / "other.db"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    conn.commit()
+    conn.close()
+    for path in (empty, other):
+        before = path.read_bytes()
+        for args in (["pending"], ["sessions"], ["events", "ses_x"], ["approve", "req_x"]):
+            result = invoke(*args, "--store", f"sqlite:///{path}")
+            assert result.exit_code == 1, (args, result.output)
+            assert result.stderr.startswith(f"error: UsageError: {path} is not a signoff store")
+            assert path.read_bytes() == before, args

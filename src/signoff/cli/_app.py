@@ -10,7 +10,9 @@ import asyncio
 import getpass
 import importlib
 import os
+import sqlite3
 import sys
+import urllib.parse
 from collections.abc import Coroutine
 from typing import Annotated, Any, NoReturn
 
@@ -59,7 +61,32 @@ def existing_store(store: str | None) -> str:
                 f"no store at {found.path} (from {url}): pass --store or set SIGNOFF_STORE; "
                 "serve, worker and chat create one"
             )
+        if _not_a_store(found.path):
+            raise UsageError(
+                f"{found.path} is not a signoff store (it has no signoff schema): pass the "
+                "store's path with --store or SIGNOFF_STORE; serve, worker and chat create one"
+            )
     return url
+
+
+def _not_a_store(path: str) -> bool:
+    """Whether the SQLite file at `path` is plainly no signoff store: empty, or a database
+    without signoff's `meta` table, which opening it as a store would write into. Only when no
+    writer has it open (no -wal) and it reads as SQLite; otherwise the store itself decides."""
+    if os.path.exists(f"{path}-wal"):
+        return False
+    if os.path.getsize(path) == 0:
+        return True
+    uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro&immutable=1"
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            names = conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False  # not a database at all, or unreadable: the store names the fault
+    return ("meta",) not in names
 
 
 def shown_store(url: str) -> str:
