@@ -1020,3 +1020,12 @@ def test_reading_commands_leave_a_file_that_is_not_a_store_alone(tmp_path: Path)
             assert result.exit_code == 1, (args, result.output)
             assert result.stderr.startswith(f"error: UsageError: {path} is not a signoff store")
             assert path.read_bytes() == before, args
+
+
+def test_exit_statuses_are_the_documented_ones(url: str) -> None:
+    """0 done, 1 an error (one line), 2 a command line the parser rejects (README)."""
+    park(url)
+    assert invoke("pending", "--store", url).exit_code == 0
+    assert invoke("events", "ses_nope", "--store", url).exit_code == 1
+    for args in (["pending", "--limit", "0"], ["pending", "--nope"], ["approve"], ["nope"]):
+        assert invoke(*args, "--store", url).exit_code == 2, args
