@@ -1029,3 +1029,45 @@ def test_exit_statuses_are_the_documented_ones(url: str) -> None:
     assert invoke("events", "ses_nope", "--store", url).exit_code == 1
     for args in (["pending", "--limit", "0"], ["pending", "--nope"], ["approve"], ["nope"]):
         assert invoke(*args, "--store", url).exit_code == 2, args
+
+
+@so.tool(approval=so.always(expires_in=0.05))
+async def refund_soon(order_id: str) -> dict[str, str]:
+    """Refund an order, if someone decides soon."""
+    return {"refunded": order_id}
+
+
+hasty = so.Agent(
+    name="hasty",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="refund_soon", input={"order_id": "1"})]),
+            so.ModelResponse(text="Timed out."),
+        ]
+    ),
+    tools=[refund_soon],
+)
+
+
+def test_recording_an_answer_to_an_expired_request_leaves_the_turn_alone(url: str) -> None:
+    """`approve` without a runtime, on a request past its deadline, is refused and runs nothing
+    (the deadline is applied, as by any reader): it used to drive the turn with its stand-in
+    model, failing it with 'no model for agent'."""
+    rt = so.Runtime([hasty], store=url)
+    try:
+        parked = rt.generate_sync("hasty", "refund order 1")
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    before = log(url, parked.session_id)
+    time.sleep(0.1)
+    result = invoke("approve", request.id, "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: RequestClosed: "), result.stderr
+    after = log(url, parked.session_id)
+    assert [e.type for e in after[len(before) :]] == ["input.resolved"], after
+    rt = so.Runtime([hasty], store=url)  # a process running the agent continues the turn
+    try:
+        assert rt.generate_sync(session_id=parked.session_id).text == "Timed out."
+    finally:
+        rt.close_sync()
