@@ -1071,3 +1071,14 @@ def test_recording_an_answer_to_an_expired_request_leaves_the_turn_alone(url: st
         assert rt.generate_sync(session_id=parked.session_id).text == "Timed out."
     finally:
         rt.close_sync()
+
+
+def test_chat_retry_before_any_turn_is_not_sent_to_the_model(url: str) -> None:
+    """`/retry` with no session yet has nothing to resume: it is not a message to the agent."""
+    result = CliRunner().invoke(
+        app, ["chat", "tests.test_cli:sizer", "--store", url], input="/retry\n"
+    )
+    assert result.exit_code == 0, result.output
+    assert "nothing to retry" in result.output
+    assert "session " not in result.output.split("nothing to retry")[1]
+    assert json.loads(invoke("sessions", "--store", url, "--json").stdout) == []

@@ -58,6 +58,9 @@ class _Chat:
                 return
             if not line:
                 continue
+            if line == "/retry" and self.session_id is None:
+                self.console.print("[yellow]nothing to retry yet: type a message to begin[/]")
+                continue
             try:
                 with self.console.status(f"{printable(self.agent.name)} is working..."):
                     if line == "/retry" and self.session_id is not None:
