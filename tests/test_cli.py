@@ -1082,3 +1082,14 @@ def test_chat_retry_before_any_turn_is_not_sent_to_the_model(url: str) -> None:
     assert "nothing to retry" in result.output
     assert "session " not in result.output.split("nothing to retry")[1]
     assert json.loads(invoke("sessions", "--store", url, "--json").stdout) == []
+
+
+def test_answering_with_a_runtime_refuses_a_store_that_does_not_exist(tmp_path: Path) -> None:
+    """`approve REQUEST_ID MODULE:RUNTIME` with a mistyped --store is refused like the same
+    command without the runtime, instead of creating an empty store there."""
+    typo = tmp_path / "sate.db"
+    for args in (["approve", "req_x"], ["deny", "req_x"], ["answer", "req_x", "--text", "hi"]):
+        result = invoke(*args, TARGET, "--store", f"sqlite:///{typo}")
+        assert result.exit_code == 1, (args, result.output)
+        assert result.stderr.startswith(f"error: UsageError: no store at {typo}"), result.stderr
+        assert not typo.exists(), args

@@ -26,7 +26,7 @@ from .._exceptions import (
 from .._runtime import Runtime
 from .._types import InputRequest, InputResponse
 from ..channels.terminal import compact_json, duration, printable
-from ..stores import PendingFilter
+from ..stores import PendingFilter, SQLiteStore
 from ._app import (
     AsOption,
     NoModel,
@@ -213,6 +213,8 @@ async def _settle(
     """Answer one request by id: record it, and continue the turn here if a runtime is given."""
     principal = parse_principal(acting_as)
     loaded = load_runtime(target, store) if target else None
+    if loaded is not None and isinstance(loaded.store, SQLiteStore):
+        existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
     console = out()
     async with loaded or Runtime([], store=existing_store(store)) as runtime:
         stored = await runtime.store.get_request(request_id)
