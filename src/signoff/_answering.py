@@ -70,7 +70,9 @@ class Answering(SessionRunner):
             )
         if not answers:
             raise InvalidAnswer("no responses given")
-        outcomes = await self._settle(session_id, answers, principal, require_all=False)
+        outcomes = await self._settle(
+            session_id, answers, principal, require_all=False, drive_expired=resume
+        )
         if not resume:
             return self._result(await self.state(session_id), outcomes)
         return await self._drive(session_id, outcomes=outcomes)
@@ -84,9 +86,12 @@ class Answering(SessionRunner):
         require_all: bool,
         extra: Sequence[Any] = (),
         check_only: bool = False,
+        drive_expired: bool = True,
     ) -> list[Outcome]:
         """Validate every answer, then settle them all in one durable commit (or none);
-        `check_only` raises what settling would raise and records nothing."""
+        `check_only` raises what settling would raise and records nothing. An answer to a request
+        whose deadline just passed continues the turn without it, unless not `drive_expired`
+        (`respond(resume=False)`, which must not run the turn: a sweep or worker will)."""
         ids = [a.request_id for a in answers]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
@@ -128,7 +133,12 @@ class Answering(SessionRunner):
                     try:
                         outcomes.append(_repeat(request, status, resolution, wanted))
                     except RequestClosed:
-                        if status == "expired" and runnable(state) and not check_only:
+                        if (
+                            status == "expired"
+                            and runnable(state)
+                            and drive_expired
+                            and not check_only
+                        ):
                             # Its deadline closed it just now: the turn goes on without it.
                             await self._drive(session_id)
                         raise

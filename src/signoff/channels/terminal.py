@@ -7,6 +7,7 @@ question shows numbered choices and, when the request allows it, takes free text
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from rich.markup import escape
 
 from .._types import InputRequest, InputResponse
 
-__all__ = ["TerminalChannel", "compact_json", "duration"]
+__all__ = ["TerminalChannel", "compact_json", "duration", "printable"]
 
 _YES = frozenset({"y", "yes"})
 _NO = frozenset({"n", "no", ""})
@@ -25,6 +26,18 @@ _NO = frozenset({"n", "no", ""})
 def compact_json(value: Any) -> str:
     """One-line JSON as helix prints a call's input; whole-number floats read as integers."""
     return json.dumps(_tidy(value), separators=(",", ":"), ensure_ascii=False, default=str)
+
+
+# C0 and C1 controls but tab and newline (ESC starts the sequences that retitle, clear or rewrite
+# a terminal), DEL, and the bidirectional overrides that reorder what follows them.
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """`text` as Rich markup that prints it as it is and cannot steer the terminal: markup is
+    escaped and control characters (from a model, a reviewer, a store) show as `\\x1b` and
+    the like."""
+    return escape(_CONTROLS.sub(lambda m: ascii(m.group())[1:-1], text))
 
 
 def _tidy(value: Any) -> Any:
@@ -79,23 +92,25 @@ class TerminalChannel:
         if request.kind == "tool-approval":
             if request.payload is not None:
                 self.console.print(
-                    f"  [dim]{escape(request.tool_name or 'tool')} asks for approval:[/] "
-                    f"{escape(compact_json(request.payload))}"
+                    f"  [dim]{printable(request.tool_name or 'tool')} asks for approval:[/] "
+                    f"{printable(compact_json(request.payload))}"
                 )
             if request.source == "guardrail":
                 self.console.print("  [dim]required by the agent's tool policy[/]")
         if request.auto_verdict:
             why = f": {request.auto_reason}" if request.auto_reason else ""
-            self.console.print(f"  [dim]auto review said {escape(request.auto_verdict + why)}[/]")
+            self.console.print(
+                f"  [dim]auto review said {printable(request.auto_verdict + why)}[/]"
+            )
         if request.policy_error:
             self.console.print(
-                f"  [yellow]the approval policy failed ({escape(request.policy_error)}); "
+                f"  [yellow]the approval policy failed ({printable(request.policy_error)}); "
                 "asking you instead[/]"
             )
         if request.approvers > 1:
             so_far = ", ".join(request.approved_by) or "nobody yet"
             self.console.print(
-                f"  [dim]needs {request.approvers} approvals; approved by {escape(so_far)}[/]"
+                f"  [dim]needs {request.approvers} approvals; approved by {printable(so_far)}[/]"
             )
         if request.expires_at is not None:
             left = request.expires_at - self.clock()
@@ -112,7 +127,7 @@ class TerminalChannel:
         return self._ask_question(request)
 
     def _ask_approval(self, request: InputRequest) -> InputResponse | None:
-        prompt = f"[bold yellow]?[/] {escape(self.approval_prompt(request))} [dim](y/N)[/] "
+        prompt = f"[bold yellow]?[/] {printable(self.approval_prompt(request))} [dim](y/N)[/] "
         while True:
             answer = self.read(prompt)
             if answer is None:
@@ -127,10 +142,10 @@ class TerminalChannel:
 
     def _ask_question(self, request: InputRequest) -> InputResponse | None:
         question = request.question or f"{request.agent} asks for input"
-        self.console.print(f"[bold yellow]?[/] {escape(question)}")
+        self.console.print(f"[bold yellow]?[/] {printable(question)}")
         for i, option in enumerate(request.options, 1):
-            detail = f" [dim]- {escape(option.description)}[/]" if option.description else ""
-            self.console.print(f"  {i}. {escape(option.label)}{detail}")
+            detail = f" [dim]- {printable(option.description)}[/]" if option.description else ""
+            self.console.print(f"  {i}. {printable(option.label)}{detail}")
         if request.options and request.allow_text:
             hint = f"1-{len(request.options)} or your answer"
         elif request.options:

@@ -1,6 +1,7 @@
 """The `signoff` command: chat with an agent, work the approval queue, read a session's log.
 
-Every command reports a signoff error as one red line naming its class and exits with status 1.
+Every command reports a signoff error as one red line naming its class and exits with status 1;
+a command line Click rejects exits 2, Ctrl-C 130 (`worker` and `events --follow` stop on it, 0).
 """
 
 from __future__ import annotations

@@ -10,13 +10,14 @@ import asyncio
 import getpass
 import importlib
 import os
+import sqlite3
 import sys
+import urllib.parse
 from collections.abc import Coroutine
 from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from .._agent import Agent
 from .._exceptions import (
@@ -26,7 +27,7 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from .._types import ModelResponse, Principal
-from ..channels.terminal import compact_json
+from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
 from ..stores import DEFAULT_URL, SQLiteStore, open_store
 
@@ -60,7 +61,32 @@ def existing_store(store: str | None) -> str:
                 f"no store at {found.path} (from {url}): pass --store or set SIGNOFF_STORE; "
                 "serve, worker and chat create one"
             )
+        if _not_a_store(found.path):
+            raise UsageError(
+                f"{found.path} is not a signoff store (it has no signoff schema): pass the "
+                "store's path with --store or SIGNOFF_STORE; serve, worker and chat create one"
+            )
     return url
+
+
+def _not_a_store(path: str) -> bool:
+    """Whether the SQLite file at `path` is plainly no signoff store: empty, or a database
+    without signoff's `meta` table, which opening it as a store would write into. Only when no
+    writer has it open (no -wal) and it reads as SQLite; otherwise the store itself decides."""
+    if os.path.exists(f"{path}-wal"):
+        return False
+    if os.path.getsize(path) == 0:
+        return True
+    uri = f"file:{urllib.parse.quote(os.path.abspath(path))}?mode=ro&immutable=1"
+    try:
+        conn = sqlite3.connect(uri, uri=True)
+        try:
+            names = conn.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
+        finally:
+            conn.close()
+    except sqlite3.Error:
+        return False  # not a database at all, or unreadable: the store names the fault
+    return ("meta",) not in names
 
 
 def shown_store(url: str) -> str:
@@ -74,7 +100,9 @@ def shown_store(url: str) -> str:
 
 
 def out() -> Console:
-    return Console(highlight=False)
+    """The console for what a command prints: a line is never wrapped at the terminal's width
+    (or a pipe's 80 columns), so the ids in it stay whole for a script; tables are laid out."""
+    return Console(highlight=False, soft_wrap=True)
 
 
 def err() -> Console:
@@ -86,7 +114,7 @@ def fail(exc: BaseException) -> NoReturn:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     message = " ".join(lines) or "(no message)"
     err().print(
-        f"[bold red]error:[/] [red]{type(exc).__name__}: {escape(message)}[/]", soft_wrap=True
+        f"[bold red]error:[/] [red]{type(exc).__name__}: {printable(message)}[/]", soft_wrap=True
     )
     raise typer.Exit(1)
 

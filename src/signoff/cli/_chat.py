@@ -6,7 +6,6 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from .._agent import Agent
 from .._exceptions import (
@@ -18,7 +17,7 @@ from .._exceptions import (
 from .._results import GenerateResult
 from .._runtime import Runtime
 from .._types import Principal
-from ..channels.terminal import TerminalChannel
+from ..channels.terminal import TerminalChannel, printable
 from ..models import Scripted
 from ._app import (
     AsOption,
@@ -59,8 +58,11 @@ class _Chat:
                 return
             if not line:
                 continue
+            if line == "/retry" and self.session_id is None:
+                self.console.print("[yellow]nothing to retry yet: type a message to begin[/]")
+                continue
             try:
-                with self.console.status(f"{escape(self.agent.name)} is working..."):
+                with self.console.status(f"{printable(self.agent.name)} is working..."):
                     if line == "/retry" and self.session_id is not None:
                         result = await self.runtime.generate(session_id=self.session_id)
                     elif self.session_id is None:
@@ -76,21 +78,21 @@ class _Chat:
                 if not await self.follow(result):
                     return
             except SignoffError as exc:
-                self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
+                self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
 
     def header(self) -> None:
         url = getattr(self.runtime.store, "url", None)
         store = shown_store(url) if isinstance(url, str) else type(self.runtime.store).__name__
         self.console.print(
-            f"[bold]signoff chat[/] · agent [bold cyan]{escape(self.agent.name)}[/] · "
-            f"store {escape(store)}"
+            f"[bold]signoff chat[/] · agent [bold cyan]{printable(self.agent.name)}[/] · "
+            f"store {printable(store)}"
         )
         if isinstance(self.agent.model, Scripted):
             self.console.print(
                 "[yellow]demo model:[/] Scripted: offline, scripted replies (no LLM is called)"
             )
         else:
-            self.console.print(f"model: {escape(repr(self.agent.model))}")
+            self.console.print(f"model: {printable(repr(self.agent.model))}")
         self.console.print(
             "[dim]Type a message; /retry resumes a failed turn; Ctrl-D or /exit leaves.[/]"
         )
@@ -107,9 +109,9 @@ class _Chat:
         if turn is None or turn.status in ("completed", "cancelled"):
             return True
         if turn.status == "failed" and not turn.retryable:
-            self.console.print(f"[red]the last turn failed: {escape(error_text(turn.error))}[/]")
+            self.console.print(f"[red]the last turn failed: {printable(error_text(turn.error))}[/]")
             return True
-        with self.console.status(f"{escape(self.agent.name)} is working..."):
+        with self.console.status(f"{printable(self.agent.name)} is working..."):
             result = await self.runtime.generate(session_id=session_id)
         return await self.follow(result)
 
@@ -142,16 +144,16 @@ class _Chat:
                 return False
             answered.add(request.id)
             try:
-                with self.console.status(f"{escape(self.agent.name)} is working..."):
+                with self.console.status(f"{printable(self.agent.name)} is working..."):
                     result = await self.runtime.respond(
                         result.session_id, [answer], principal=self.principal
                     )
             except NotAllowed as exc:
-                self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
+                self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
                 self.console.print("[dim]answer as the asker with --as AUTHENTICATOR:ID[/]")
                 return False
             except AnswerError as exc:  # someone else answered first, or it closed meanwhile
-                self.console.print(f"[red]{type(exc).__name__}: {escape(str(exc))}[/]")
+                self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
                 result = await self.runtime.generate(session_id=result.session_id)
         self.report(result)
         return True
@@ -161,15 +163,17 @@ class _Chat:
         async for event in self.runtime.events(session_id, after=self.seen, follow=False):
             self.seen = event.seq
             if event.type == "tool.completed":
-                self.console.print(f"  [dim]{escape(tool_line(event.data))}[/]")
+                self.console.print(f"  [dim]{printable(tool_line(event.data))}[/]")
 
     def report(self, result: GenerateResult) -> None:
         if result.status == "completed":
-            self.console.print(f"[bold cyan]{escape(self.agent.name)}:[/] {escape(result.text)}")
+            self.console.print(
+                f"[bold cyan]{printable(self.agent.name)}:[/] {printable(result.text)}"
+            )
         elif result.status == "failed":
             retry = " (type /retry to resume it)" if result.retryable else ""
             self.console.print(
-                f"[red]the turn failed: {escape(error_text(result.error))}{retry}[/]"
+                f"[red]the turn failed: {printable(error_text(result.error))}{retry}[/]"
             )
         elif result.status == "running":
             self.console.print("[yellow]another process is running this session's turn[/]")

@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 from rich import box
-from rich.markup import escape
+from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from .._agent import Agent
@@ -24,8 +25,8 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from .._types import InputRequest, InputResponse
-from ..channels.terminal import compact_json, duration
-from ..stores import PendingFilter
+from ..channels.terminal import compact_json, duration, printable
+from ..stores import PendingFilter, SQLiteStore
 from ._app import (
     AsOption,
     NoModel,
@@ -78,7 +79,7 @@ def pending(
         if not requests:
             console.print("No pending requests.")
             return
-        console.print(_queue_table(requests, total))
+        _print_whole(console, _queue_table(requests, total))
 
     run(go())
 
@@ -113,15 +114,39 @@ def sessions(
         if not rows:
             console.print("No sessions.")
             return
-        table = Table(title="Sessions", title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+        table = Table(
+            title="Sessions",
+            title_justify="left",
+            box=box.SIMPLE_HEAD,
+            pad_edge=False,
+            show_edge=False,
+        )
         for column in ("Session", "Agent", "Status", "Events", "Last active"):
-            table.add_column(column, no_wrap=True)
+            table.add_column(column, no_wrap=True, overflow="ellipsis")
         for r in rows:
             when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.updated_at))
-            table.add_row(escape(r.id), escape(r.agent), r.status, str(r.head), when)
-        console.print(table)
+            table.add_row(printable(r.id), printable(r.agent), r.status, str(r.head), when)
+        _print_whole(console, table, give_way=1)  # the agent's name
 
     run(go())
+
+
+def _print_whole(console: Console, table: Table, give_way: int | None = None) -> None:
+    """Print `table` without cutting its ids: when it is wider than the terminal (or a pipe's 80
+    columns), column `give_way` alone is shortened, to its header at most, where Rich would cut
+    every column evenly; what still does not fit is printed wider than the terminal."""
+    unbounded = console.options.update_width(1_000_000)
+    needed = Measurement.get(console, unbounded, table)
+    if give_way is not None and needed.maximum > console.width:
+        column = table.columns[give_way]
+        widest = Measurement.get(console, unbounded, column.header).maximum
+        for cell in column.cells:
+            widest = max(widest, Measurement.get(console, unbounded, cell).maximum)
+        header = len(str(column.header))
+        column.max_width = max(header, widest - (needed.maximum - console.width))
+        needed = Measurement.get(console, unbounded, table)
+    console.width = max(console.width, needed.maximum if give_way is not None else needed.minimum)
+    console.print(table)
 
 
 def _queue_table(requests: list[InputRequest], total: int) -> Table:
@@ -133,7 +158,8 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
-    table.add_column("Request / session", no_wrap=True)
+    ids = max(len(i) for r in requests for i in (r.id, r.session_id))
+    table.add_column("Request / session", no_wrap=True, min_width=ids)  # whole: people copy them
     table.add_column("Agent / asked by", no_wrap=True, max_width=22, overflow="ellipsis")
     table.add_column("Tool / age", no_wrap=True, max_width=24, overflow="ellipsis")
     table.add_column("Input", overflow="fold", ratio=1)
@@ -148,10 +174,10 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
         asker = r.requested_by.principal_id if r.requested_by else "-"
         expiry = "" if r.expires_at is None else f"\nexpires in {duration(r.expires_at - now)}"
         table.add_row(
-            f"{escape(r.id)}\n[dim]{escape(r.session_id)}[/]",
-            f"{escape(r.agent)}\n[dim]{escape(asker)}[/]",
-            f"{escape(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
-            escape(clip(readable, 200)),
+            f"{printable(r.id)}\n[dim]{printable(r.session_id)}[/]",
+            f"{printable(r.agent)}\n[dim]{printable(asker)}[/]",
+            f"{printable(what)}\n[dim]{duration(now - r.created_at)} ago{expiry}[/]",
+            printable(clip(readable, 200)),
         )
     return table
 
@@ -187,6 +213,8 @@ async def _settle(
     """Answer one request by id: record it, and continue the turn here if a runtime is given."""
     principal = parse_principal(acting_as)
     loaded = load_runtime(target, store) if target else None
+    if loaded is not None and isinstance(loaded.store, SQLiteStore):
+        existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
     console = out()
     async with loaded or Runtime([], store=existing_store(store)) as runtime:
         stored = await runtime.store.get_request(request_id)
@@ -220,7 +248,7 @@ async def _settle(
                 result = await runtime.respond(request.session_id, [answer], principal=principal)
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.question or request.kind
-    where = f"({escape(what)} in session {request.session_id})"
+    where = f"({printable(what)} in session {request.session_id})"
     if outcome is not None and outcome.outcome == "counted":
         if outcome.applied:
             console.print(f"[green]counted[/] your approval of {request_id} ({outcome.reason})")
@@ -232,7 +260,7 @@ async def _settle(
         why = f": {outcome.reason}" if outcome.reason else ""
         err().print(
             f"[bold red]error:[/] [red]{request_id}: your answer was not accepted "
-            f"({escape(outcome.outcome + why)}); it stays pending[/]",
+            f"({printable(outcome.outcome + why)}); it stays pending[/]",
             soft_wrap=True,
         )
         raise typer.Exit(1)
@@ -242,19 +270,19 @@ async def _settle(
         console.print(f"[red]denied[/] {request_id} {where}")
     else:
         given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
-        console.print(f"[green]answered[/] {request_id} with {escape(given)} {where}")
+        console.print(f"[green]answered[/] {request_id} with {printable(given)} {where}")
     if result.status == "waiting" and result.pending:
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
     elif loaded is None:
         console.print(
-            f"[dim]The turn continues when a process running agent {escape(request.agent)!r} "
+            f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
             f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}[/]"
         )
     elif result.status == "completed":
-        console.print(f"[bold cyan]{escape(request.agent)}:[/] {escape(result.text)}")
+        console.print(f"[bold cyan]{printable(request.agent)}:[/] {printable(result.text)}")
     elif result.status == "failed":
-        console.print(f"[red]the turn failed: {escape(error_text(result.error))}[/]")
+        console.print(f"[red]the turn failed: {printable(error_text(result.error))}[/]")
     elif result.status == "running":
         console.print("[yellow]another process is running this session's turn[/]")
 
@@ -387,7 +415,7 @@ def events(
                 at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
                 console.print(
                     f"{event.seq:>4}  [dim]{at}[/]  [bold]{event.type:<18}[/] "
-                    f"{escape(clip(_summary(event), 160))}",
+                    f"{printable(clip(_summary(event), 160))}",
                     soft_wrap=True,
                 )
                 if follow:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ._base import (
     Commit,
     FaultHook,
@@ -48,4 +50,13 @@ def open_store(store: str | Store | None) -> Store:
                 "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
             ) from exc
         return PostgresStore(store)  # type: ignore[no-any-return,unused-ignore]
-    raise UsageError(f"unknown store URL {store!r}: use sqlite:///path or postgresql://…")
+    raise UsageError(
+        f"unknown store URL {_without_password(store)!r}: use sqlite:///path or postgresql://…"
+    )
+
+
+def _without_password(url: str) -> str:
+    """`url` with any password (`user:PASSWORD@`, `password=…`) masked: the URL of a store this
+    signoff does not know, e.g. a SQLAlchemy `postgresql+psycopg://`, is still named in errors."""
+    url = re.sub(r"(//[^/?#@:]*):[^/?#]*@", r"\1:***@", url)
+    return re.sub(r"(?i)(password=)[^&#]*", r"\1***", url)

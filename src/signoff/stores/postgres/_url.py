@@ -28,8 +28,13 @@ _OPTIONS = ("schema", "pool_min", "pool_max", "pool_timeout", "outage_grace")
 
 
 def split_options(url: str) -> tuple[str, dict[str, str]]:
-    """signoff's own query parameters (`?schema=…&pool_max=…`) apart from libpq's."""
-    parts = urlsplit(url)
+    """signoff's own query parameters (`?schema=…&pool_max=…`) apart from libpq's; a URL that
+    cannot be parsed (an unclosed `[` of an IPv6 host) is a `StoreError` naming it, not a
+    ValueError, and without the URL, which may hold a password."""
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise StoreError(f"invalid PostgreSQL URL: {exc}") from None
     if not parts.query:
         return url, {}
     ours: dict[str, str] = {}

@@ -1,0 +1,230 @@
+"""The CLI against bad input and awkward places: malformed or foreign store URLs, files that
+are no store, narrow terminals and pipes, text that would steer a terminal, expired requests."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app
+from tests.test_cli import TARGET, agent, invoke, issue_refund, log, park
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path}/state.db"
+
+
+@pytest.mark.parametrize("command", [["pending"], ["events", "ses_x"], ["db", "upgrade"]])
+def test_a_malformed_postgresql_url_is_one_line_without_its_password(command: list[str]) -> None:
+    """A URL the URL parser rejects (an unclosed IPv6 bracket) is a StoreError line, not a
+    ValueError traceback, and the password in it is not printed."""
+    result = invoke(*command, "--store", "postgresql://bob:s3cret@[::1:5432/x")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: invalid PostgreSQL URL"), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "s3cret" not in result.output
+
+
+long_named = so.Agent(
+    name="customer-support-escalations-for-the-emea-region", model=agent.model, tools=[issue_refund]
+)
+
+
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_tables_print_ids_and_status_whole_at_any_width(url: str, columns: str) -> None:
+    """The ids a person copies into `approve` or `events`, and a session's status, are never
+    cut short by a long agent name or a narrow terminal (or the 80 columns of a pipe)."""
+    rt = so.Runtime([long_named], store=url)
+    try:
+        parked = rt.generate_sync(long_named.name, "Refund order 1042")
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    env = {"COLUMNS": columns}
+    listed = CliRunner().invoke(app, ["sessions", "--store", url], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert parked.session_id in listed.output and "waiting" in listed.output, listed.output
+    queue = CliRunner().invoke(app, ["pending", "--store", url], env=env)
+    assert queue.exit_code == 0, queue.output
+    assert request.id in queue.output and parked.session_id in queue.output, queue.output
+
+
+_STEERING = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"  # set the title, clear, C1 CSI, bidi override
+
+steering = so.Agent(
+    name="steering",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="ask_question",
+                        input={
+                            "question": f"Which?{_STEERING}",
+                            "options": [
+                                {"label": f"A{_STEERING}", "description": _STEERING},
+                                {"label": "B", "description": "b"},
+                            ],
+                        },
+                    )
+                ]
+            ),
+            so.ModelResponse(text=f"done{_STEERING}"),
+        ]
+    ),
+    tools=[so.ask_question()],
+)
+
+
+def test_text_from_a_model_cannot_steer_the_terminal(url: str) -> None:
+    """A model's (or reviewer's) text is printed with its control characters shown as escapes
+    (`\\x1b`): an escape sequence in it would otherwise retitle, clear or rewrite the terminal
+    of whoever runs `pending`, `events`, `answer` or `chat`."""
+    chat = CliRunner().invoke(
+        app, ["chat", "tests.test_cli_edges:steering", "--store", url], input="hi\n1\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "done\\x1b]0;owned" in chat.output and "Which?\\x1b]0;owned" in chat.output
+    rt = so.Runtime([steering], store=url)
+    try:
+        parked = rt.generate_sync("steering", "again")
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    answered = invoke("answer", request.id, "--text", _STEERING, "--store", url)
+    shown = [
+        invoke("pending", "--store", url),
+        answered,
+        invoke("events", parked.session_id, "--store", url),
+    ]
+    for result in (chat, *shown):
+        assert result.exit_code == 0, result.output
+        for control in ("\x1b", "\x07", "\x9b", "\u202e"):
+            assert control not in result.output, (control, result.output)
+    as_json = invoke("events", parked.session_id, "--store", url, "--json")  # JSON escapes C0
+    assert "\x1b" not in as_json.output and "\x07" not in as_json.output
+
+
+def test_what_approve_prints_is_not_wrapped_into_a_pipe(url: str) -> None:
+    """A line naming a request and its session stays one line when stdout is a pipe (80
+    columns), so `grep` or a script finds the ids in it."""
+    session_id, request_id = park(url)
+    result = CliRunner().invoke(app, ["approve", request_id, "--store", url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert f"approved {request_id} (issue_refund in session {session_id})" in result.output
+    assert f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {session_id}" in result.output
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        "postgresql+psycopg://bob:s3cret@db.example/x",  # a SQLAlchemy URL
+        "mysql://bob:s3cret@db.example/x",
+        "pg://db.example/x?sslmode=require&password=s3cret",
+    ],
+)
+def test_an_unknown_store_url_is_named_without_its_password(store: str) -> None:
+    result = invoke("pending", "--store", store)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: unknown store URL"), result.stderr
+    assert "db.example" in result.stderr
+    assert "s3cret" not in result.output
+
+
+def test_reading_commands_leave_a_file_that_is_not_a_store_alone(tmp_path: Path) -> None:
+    """An empty file, or another program's SQLite database, is refused by the reading and
+    answering commands instead of getting signoff's tables written into it."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    other = tmp_path / "other.db"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    conn.commit()
+    conn.close()
+    for path in (empty, other):
+        before = path.read_bytes()
+        for args in (["pending"], ["sessions"], ["events", "ses_x"], ["approve", "req_x"]):
+            result = invoke(*args, "--store", f"sqlite:///{path}")
+            assert result.exit_code == 1, (args, result.output)
+            assert result.stderr.startswith(f"error: UsageError: {path} is not a signoff store")
+            assert path.read_bytes() == before, args
+
+
+def test_exit_statuses_are_the_documented_ones(url: str) -> None:
+    """0 done, 1 an error (one line), 2 a command line the parser rejects (README)."""
+    park(url)
+    assert invoke("pending", "--store", url).exit_code == 0
+    assert invoke("events", "ses_nope", "--store", url).exit_code == 1
+    for args in (["pending", "--limit", "0"], ["pending", "--nope"], ["approve"], ["nope"]):
+        assert invoke(*args, "--store", url).exit_code == 2, args
+
+
+@so.tool(approval=so.always(expires_in=0.05))
+async def refund_soon(order_id: str) -> dict[str, str]:
+    """Refund an order, if someone decides soon."""
+    return {"refunded": order_id}
+
+
+hasty = so.Agent(
+    name="hasty",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="refund_soon", input={"order_id": "1"})]),
+            so.ModelResponse(text="Timed out."),
+        ]
+    ),
+    tools=[refund_soon],
+)
+
+
+def test_recording_an_answer_to_an_expired_request_leaves_the_turn_alone(url: str) -> None:
+    """`approve` without a runtime, on a request past its deadline, is refused and runs nothing
+    (the deadline is applied, as by any reader): it used to drive the turn with its stand-in
+    model, failing it with 'no model for agent'."""
+    rt = so.Runtime([hasty], store=url)
+    try:
+        parked = rt.generate_sync("hasty", "refund order 1")
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    before = log(url, parked.session_id)
+    time.sleep(0.1)
+    result = invoke("approve", request.id, "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: RequestClosed: "), result.stderr
+    after = log(url, parked.session_id)
+    assert [e.type for e in after[len(before) :]] == ["input.resolved"], after
+    rt = so.Runtime([hasty], store=url)  # a process running the agent continues the turn
+    try:
+        assert rt.generate_sync(session_id=parked.session_id).text == "Timed out."
+    finally:
+        rt.close_sync()
+
+
+def test_chat_retry_before_any_turn_is_not_sent_to_the_model(url: str) -> None:
+    """`/retry` with no session yet has nothing to resume: it is not a message to the agent."""
+    result = CliRunner().invoke(
+        app, ["chat", "tests.test_cli:sizer", "--store", url], input="/retry\n"
+    )
+    assert result.exit_code == 0, result.output
+    assert "nothing to retry" in result.output
+    assert "session " not in result.output.split("nothing to retry")[1]
+    assert json.loads(invoke("sessions", "--store", url, "--json").stdout) == []
+
+
+def test_answering_with_a_runtime_refuses_a_store_that_does_not_exist(tmp_path: Path) -> None:
+    """`approve REQUEST_ID MODULE:RUNTIME` with a mistyped --store is refused like the same
+    command without the runtime, instead of creating an empty store there."""
+    typo = tmp_path / "sate.db"
+    for args in (["approve", "req_x"], ["deny", "req_x"], ["answer", "req_x", "--text", "hi"]):
+        result = invoke(*args, TARGET, "--store", f"sqlite:///{typo}")
+        assert result.exit_code == 1, (args, result.output)
+        assert result.stderr.startswith(f"error: UsageError: no store at {typo}"), result.stderr
+        assert not typo.exists(), args
