@@ -557,6 +557,36 @@ async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_u
             await asyncio.wait_for(task, 10)
 
 
+@pytest.mark.parametrize("skewed", ["ahead", "behind"])
+async def test_workers_whose_clocks_differ_keep_each_others_leases(
+    pg_store_url: str, skewed: str
+) -> None:
+    """Leases on PostgreSQL are timed by the database's clock, not each machine's: a worker
+    whose clock runs two minutes ahead must not take a live lease as lapsed, nor one whose
+    clock runs behind grant leases that others take as lapsed (either ran the tool twice)."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.never(), delay=1.0)
+    shift = 120.0 if skewed == "ahead" else -120.0
+
+    def off() -> float:
+        return time.time() + shift
+
+    async with (
+        so.Runtime([agent], store=pg_store_url, inline=False) as front,
+        so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=2.0) as right,
+        so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=2.0, clock=off) as wrong,
+    ):
+        # The one behind claims first (its lease is the one others misread); the one ahead
+        # second (it misreads the other's lease).
+        first, second = (right, wrong) if skewed == "ahead" else (wrong, right)
+        r = await front.generate("support", prompt="Refund order 1042")
+        async with working(first):
+            await until(lambda: asyncio.sleep(0, bool(runs)))  # its tool body is running
+            async with working(second):
+                await until(lambda: is_(front, r.session_id, "completed"))
+        assert runs == [f"{r.session_id}:1:call_refund"]
+
+
 # -- started while the database is down ----------------------------------------------------
 
 

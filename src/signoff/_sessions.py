@@ -159,6 +159,7 @@ class SessionRunner:
         self.lease_wait = lease_wait
         self.poll_interval = poll_interval
         self.inline = inline
+        self._lease_offset = 0.0  # the store's clock minus ours: see `_lease_now`
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
@@ -171,10 +172,26 @@ class SessionRunner:
     async def open(self) -> None:
         if not self._opened:
             await self.store.open()
+            await self._sync_lease_clock()
             # An admin can see when a tool stopped (or started) requiring approval. Opened only
             # once they are recorded, so an open that failed here is retried whole.
             await record_tool_settings(self.store, self.agents.values(), self.clock())
             self._opened = True
+
+    def _lease_now(self) -> float:
+        """The time leases are granted, renewed and checked by: the database's clock where the
+        store has one (PostgreSQL), so processes whose clocks differ agree on when one lapses."""
+        return self.clock() + self._lease_offset
+
+    async def _sync_lease_clock(self) -> None:
+        """Measure how far the store's clock is from ours (a worker does so again every sweep,
+        so a clock stepped since is caught up with)."""
+        server_time = getattr(self.store, "server_time", None)
+        if server_time is None:  # SQLite: every process shares this machine's clock
+            return
+        before = self.clock()
+        theirs = await server_time()
+        self._lease_offset = theirs - (before + self.clock()) / 2
 
     async def close(self) -> None:
         await self.store.close()
@@ -372,7 +389,7 @@ class SessionRunner:
         )
 
     async def _busy(self, session_id: str) -> bool:
-        token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.clock())
+        token = await self.store.acquire_lease(session_id, self.owner, 1.0, self._lease_now())
         if token is None:
             return True
         await self.store.release_lease(session_id, self.owner, token)
@@ -472,7 +489,7 @@ class SessionRunner:
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:
-            now = self.clock()
+            now = self._lease_now()
             token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
             if token is not None and not await self._still_held(session_id, owner, token, now):
                 token = None  # born expired, and another owner took it meanwhile
@@ -485,9 +502,10 @@ class SessionRunner:
     async def _still_held(self, session_id: str, owner: str, token: int, granted: float) -> bool:
         """Whether a lease granted with the time `granted` is ours and live: one whose grant
         waited long (for a pool connection, say) expires early, so it is renewed first."""
-        if self.clock() - granted < self.lease_ttl / 3:
+        now = self._lease_now()
+        if now - granted < self.lease_ttl / 3:
             return True
-        return await self.store.renew_lease(session_id, owner, token, self.lease_ttl, self.clock())
+        return await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now)
 
     async def _renew(self, session_id: str, owner: str, token: int, go_on: asyncio.Event) -> None:
         # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
@@ -499,7 +517,7 @@ class SessionRunner:
                 return
             try:
                 held = await self.store.renew_lease(
-                    session_id, owner, token, self.lease_ttl, self.clock()
+                    session_id, owner, token, self.lease_ttl, self._lease_now()
                 )
             except StoreError as exc:
                 # A dropped connection: try again soon, before the lease lapses.
