@@ -524,6 +524,47 @@ async def test_a_stalled_holder_is_fenced_and_its_caller_told_the_turn_moved_on(
         assert types.count("tool.completed") == 1 and types.count("turn.completed") == 1
 
 
+async def test_a_holder_that_stalled_before_a_tool_body_does_not_run_it_once_taken_over(
+    store_url: str,
+) -> None:
+    """A drive that stalls (a paused process: no renewal gets through) right after recording
+    `tool.started` and resumes once a worker has taken the turn over and run the call must not
+    run the tool body again: its lease is checked before the body, not only at its next write."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.never())
+    async with (
+        so.Runtime([agent], store=store_url, lease_ttl=0.4) as stalled,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=2.0) as worker,
+    ):
+        paused, resumed = asyncio.Event(), asyncio.Event()
+        commit, renew = stalled.store.commit, stalled.store.renew_lease
+
+        async def stalling_commit(c: Commit) -> None:
+            await commit(c)
+            if any(e.type == "tool.started" for e in c.events):
+                paused.set()
+                await resumed.wait()  # paused right after the commit, before the body
+
+        async def paused_renewal(*args: Any) -> bool:
+            await resumed.wait()  # nothing runs while paused
+            return await renew(*args)
+
+        stalled.store.commit = stalling_commit  # type: ignore[method-assign,assignment]
+        stalled.store.renew_lease = paused_renewal  # type: ignore[method-assign,assignment]
+        sid = await stalled.create_session("support")
+        first = asyncio.create_task(stalled.generate("support", "Refund", session_id=sid))
+        await asyncio.wait_for(paused.wait(), 10)
+        await asyncio.sleep(0.6)  # past the stalled drive's TTL
+        async with working(worker):
+            await until(lambda: is_(worker, sid, "completed"))
+        resumed.set()
+        result = await asyncio.wait_for(first, 10)
+        assert result.status == "completed" and result.text == "Done."
+        assert runs == [f"{sid}:1:call_refund"]  # by the worker only
+        types = [e.type async for e in worker.events(sid, follow=False)]
+        assert types.count("tool.started") == 1 and types.count("tool.completed") == 1
+
+
 async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_url: str) -> None:
     """A commit announced while an idle worker is busy claiming (or sweeping) wakes it as soon
     as it goes back to waiting, not only when its `idle_wait` poll comes round."""

@@ -16,6 +16,8 @@ import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Self
 
 from ._agent import Agent
@@ -125,6 +127,13 @@ def unchanged(
         return Batch(specs=specs, resolve=resolve)
 
     return build
+
+
+@dataclass(slots=True)
+class _Held:
+    """When this process last knew a drive's lease to be live (`time.monotonic()`)."""
+
+    at: float
 
 
 class SessionRunner:
@@ -428,7 +437,8 @@ class SessionRunner:
                 token = acquired
             renewing = asyncio.Event()
             renewing.set()
-            renew = asyncio.create_task(self._renew(session_id, owner, token, renewing))
+            held = _Held(time.monotonic())
+            renew = asyncio.create_task(self._renew(session_id, owner, token, renewing, held))
             driver: Driver | None = None
             failed = True
             lost = False
@@ -438,6 +448,7 @@ class SessionRunner:
                     state = await self._checked(session_id)
                 driver = self._driver(state, token)
                 driver.release_at_end = True
+                driver.lease_check = partial(self._confirm, session_id, owner, token, held)
                 state = await driver.drive(retry=retry)
                 failed = False
             except LeaseLost:
@@ -507,7 +518,20 @@ class SessionRunner:
             return True
         return await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now)
 
-    async def _renew(self, session_id: str, owner: str, token: int, go_on: asyncio.Event) -> None:
+    async def _confirm(self, session_id: str, owner: str, token: int, held: _Held) -> None:
+        """Before a tool body runs: a lease not known live for half its TTL (this process
+        stalled: paused, swapped out) is renewed first, so a drive that lost it meanwhile does
+        not run a call that the worker which took over may have run already."""
+        if time.monotonic() - held.at < self.lease_ttl / 2:
+            return
+        now = self._lease_now()
+        if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
+            raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
+        held.at = time.monotonic()
+
+    async def _renew(
+        self, session_id: str, owner: str, token: int, go_on: asyncio.Event, held: _Held
+    ) -> None:
         # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
         # can swallow a cancellation, so the loop also stops once `go_on` is cleared.
         pause = self.lease_ttl / 3
@@ -516,7 +540,7 @@ class SessionRunner:
             if not go_on.is_set():
                 return
             try:
-                held = await self.store.renew_lease(
+                live = await self.store.renew_lease(
                     session_id, owner, token, self.lease_ttl, self._lease_now()
                 )
             except StoreError as exc:
@@ -524,9 +548,10 @@ class SessionRunner:
                 log.warning("renewing the lease on session %s failed: %s", session_id, exc)
                 pause = self.lease_ttl / 10
                 continue
-            if not held:
+            if not live:
                 log.warning("session %s: lease %d was taken over", session_id, token)
                 return  # fenced: this drive can write nothing more
+            held.at = time.monotonic()
             pause = self.lease_ttl / 3
 
     def _result(
