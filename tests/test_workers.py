@@ -524,6 +524,47 @@ async def test_a_stalled_holder_is_fenced_and_its_caller_told_the_turn_moved_on(
         assert types.count("tool.completed") == 1 and types.count("turn.completed") == 1
 
 
+async def test_a_holder_that_stalled_before_a_tool_body_does_not_run_it_once_taken_over(
+    store_url: str,
+) -> None:
+    """A drive that stalls (a paused process: no renewal gets through) right after recording
+    `tool.started` and resumes once a worker has taken the turn over and run the call must not
+    run the tool body again: its lease is checked before the body, not only at its next write."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.never())
+    async with (
+        so.Runtime([agent], store=store_url, lease_ttl=0.4) as stalled,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=2.0) as worker,
+    ):
+        paused, resumed = asyncio.Event(), asyncio.Event()
+        commit, renew = stalled.store.commit, stalled.store.renew_lease
+
+        async def stalling_commit(c: Commit) -> None:
+            await commit(c)
+            if any(e.type == "tool.started" for e in c.events):
+                paused.set()
+                await resumed.wait()  # paused right after the commit, before the body
+
+        async def paused_renewal(*args: Any) -> bool:
+            await resumed.wait()  # nothing runs while paused
+            return await renew(*args)
+
+        stalled.store.commit = stalling_commit  # type: ignore[method-assign,assignment]
+        stalled.store.renew_lease = paused_renewal  # type: ignore[method-assign,assignment]
+        sid = await stalled.create_session("support")
+        first = asyncio.create_task(stalled.generate("support", "Refund", session_id=sid))
+        await asyncio.wait_for(paused.wait(), 10)
+        await asyncio.sleep(0.6)  # past the stalled drive's TTL
+        async with working(worker):
+            await until(lambda: is_(worker, sid, "completed"))
+        resumed.set()
+        result = await asyncio.wait_for(first, 10)
+        assert result.status == "completed" and result.text == "Done."
+        assert runs == [f"{sid}:1:call_refund"]  # by the worker only
+        types = [e.type async for e in worker.events(sid, follow=False)]
+        assert types.count("tool.started") == 1 and types.count("tool.completed") == 1
+
+
 async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_url: str) -> None:
     """A commit announced while an idle worker is busy claiming (or sweeping) wakes it as soon
     as it goes back to waiting, not only when its `idle_wait` poll comes round."""
@@ -555,6 +596,36 @@ async def test_a_change_announced_while_a_worker_claims_is_not_missed(pg_store_u
         finally:
             stop.set()
             await asyncio.wait_for(task, 10)
+
+
+@pytest.mark.parametrize("skewed", ["ahead", "behind"])
+async def test_workers_whose_clocks_differ_keep_each_others_leases(
+    pg_store_url: str, skewed: str
+) -> None:
+    """Leases on PostgreSQL are timed by the database's clock, not each machine's: a worker
+    whose clock runs two minutes ahead must not take a live lease as lapsed, nor one whose
+    clock runs behind grant leases that others take as lapsed (either ran the tool twice)."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.never(), delay=1.0)
+    shift = 120.0 if skewed == "ahead" else -120.0
+
+    def off() -> float:
+        return time.time() + shift
+
+    async with (
+        so.Runtime([agent], store=pg_store_url, inline=False) as front,
+        so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=2.0) as right,
+        so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=2.0, clock=off) as wrong,
+    ):
+        # The one behind claims first (its lease is the one others misread); the one ahead
+        # second (it misreads the other's lease).
+        first, second = (right, wrong) if skewed == "ahead" else (wrong, right)
+        r = await front.generate("support", prompt="Refund order 1042")
+        async with working(first):
+            await until(lambda: asyncio.sleep(0, bool(runs)))  # its tool body is running
+            async with working(second):
+                await until(lambda: is_(front, r.session_id, "completed"))
+        assert runs == [f"{r.session_id}:1:call_refund"]
 
 
 # -- started while the database is down ----------------------------------------------------

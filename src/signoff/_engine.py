@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ._agent import Agent
@@ -64,6 +64,9 @@ class Driver(ToolCalls, ModelStep):
         # also frees the lease (`released`), sparing a transaction; nothing is recorded after.
         self.release_at_end = False
         self.released = False
+        # Set with the lease: awaited before a tool body runs, it raises `LeaseLost` if the
+        # lease lapsed and was taken over while this process stalled.
+        self.lease_check: Callable[[], Awaitable[None]] | None = None
 
     # -- recording ----------------------------------------------------------------------------
 

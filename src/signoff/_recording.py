@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -250,6 +250,7 @@ class DriverPart:
     clock: Callable[[], float]
     abort_signal: asyncio.Event
     host: Any  # what delegate tools drive subagents through; read by a running call's journal
+    lease_check: Callable[[], Awaitable[None]] | None  # raises LeaseLost; before a tool body
 
     if TYPE_CHECKING:  # `Driver.record`
 

@@ -217,6 +217,8 @@ class Runtime(Messages):
                     task.add_done_callback(running.discard)
             if time.monotonic() - last_sweep >= sweep_every:
                 last_sweep = time.monotonic()
+                with contextlib.suppress(StoreError):  # kept as it was until the next sweep
+                    await self._sync_lease_clock()
                 try:
                     await self.expire_due()
                 except Exception:  # the next sweep tries again; the worker goes on
@@ -241,7 +243,7 @@ class Runtime(Messages):
     async def _claim(self, owner: str, limit: int) -> list[tuple[str, int]]:
         """Claim up to `limit` sessions, keeping only leases that are ours and live: a claim that
         waited long was granted expiring early, and is renewed before it is driven."""
-        now = self.clock()
+        now = self._lease_now()
         agents = list(self.agents)  # sessions of other agents are left to workers that have them
         claimed = await self.store.claim(owner, self.lease_ttl, now, limit, agents=agents)
         return [

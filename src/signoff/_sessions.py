@@ -16,6 +16,8 @@ import socket
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Self
 
 from ._agent import Agent
@@ -139,6 +141,13 @@ def unchanged(
     return build
 
 
+@dataclass(slots=True)
+class _Held:
+    """When this process last knew a drive's lease to be live (`time.monotonic()`)."""
+
+    at: float
+
+
 class SessionRunner:
     """Loads sessions, starts turns and drives them under a lease; `Runtime` builds on it."""
 
@@ -171,6 +180,7 @@ class SessionRunner:
         self.lease_wait = lease_wait
         self.poll_interval = poll_interval
         self.inline = inline
+        self._lease_offset = 0.0  # the store's clock minus ours: see `_lease_now`
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
@@ -184,10 +194,26 @@ class SessionRunner:
         """Open the store; the first call does it, so only `async with` needs it named."""
         if not self._opened:
             await self.store.open()
+            await self._sync_lease_clock()
             # An admin can see when a tool stopped (or started) requiring approval. Opened only
             # once they are recorded, so an open that failed here is retried whole.
             await record_tool_settings(self.store, self.agents.values(), self.clock())
             self._opened = True
+
+    def _lease_now(self) -> float:
+        """The time leases are granted, renewed and checked by: the database's clock where the
+        store has one (PostgreSQL), so processes whose clocks differ agree on when one lapses."""
+        return self.clock() + self._lease_offset
+
+    async def _sync_lease_clock(self) -> None:
+        """Measure how far the store's clock is from ours (a worker does so again every sweep,
+        so a clock stepped since is caught up with)."""
+        server_time = getattr(self.store, "server_time", None)
+        if server_time is None:  # SQLite: every process shares this machine's clock
+            return
+        before = self.clock()
+        theirs = await server_time()
+        self._lease_offset = theirs - (before + self.clock()) / 2
 
     async def close(self) -> None:
         """Close the store; a later call opens it again."""
@@ -387,7 +413,7 @@ class SessionRunner:
         )
 
     async def _busy(self, session_id: str) -> bool:
-        token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.clock())
+        token = await self.store.acquire_lease(session_id, self.owner, 1.0, self._lease_now())
         if token is None:
             return True
         await self.store.release_lease(session_id, self.owner, token)
@@ -426,7 +452,8 @@ class SessionRunner:
                 token = acquired
             renewing = asyncio.Event()
             renewing.set()
-            renew = asyncio.create_task(self._renew(session_id, owner, token, renewing))
+            held = _Held(time.monotonic())
+            renew = asyncio.create_task(self._renew(session_id, owner, token, renewing, held))
             driver: Driver | None = None
             failed = True
             lost = False
@@ -436,6 +463,7 @@ class SessionRunner:
                     state = await self._checked(session_id)
                 driver = self._driver(state, token)
                 driver.release_at_end = True
+                driver.lease_check = partial(self._confirm, session_id, owner, token, held)
                 state = await driver.drive(retry=retry)
                 failed = False
             except LeaseLost:
@@ -487,7 +515,7 @@ class SessionRunner:
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:
-            now = self.clock()
+            now = self._lease_now()
             token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
             if token is not None and not await self._still_held(session_id, owner, token, now):
                 token = None  # born expired, and another owner took it meanwhile
@@ -500,11 +528,25 @@ class SessionRunner:
     async def _still_held(self, session_id: str, owner: str, token: int, granted: float) -> bool:
         """Whether a lease granted with the time `granted` is ours and live: one whose grant
         waited long (for a pool connection, say) expires early, so it is renewed first."""
-        if self.clock() - granted < self.lease_ttl / 3:
+        now = self._lease_now()
+        if now - granted < self.lease_ttl / 3:
             return True
-        return await self.store.renew_lease(session_id, owner, token, self.lease_ttl, self.clock())
+        return await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now)
 
-    async def _renew(self, session_id: str, owner: str, token: int, go_on: asyncio.Event) -> None:
+    async def _confirm(self, session_id: str, owner: str, token: int, held: _Held) -> None:
+        """Before a tool body runs: a lease not known live for half its TTL (this process
+        stalled: paused, swapped out) is renewed first, so a drive that lost it meanwhile does
+        not run a call that the worker which took over may have run already."""
+        if time.monotonic() - held.at < self.lease_ttl / 2:
+            return
+        now = self._lease_now()
+        if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
+            raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
+        held.at = time.monotonic()
+
+    async def _renew(
+        self, session_id: str, owner: str, token: int, go_on: asyncio.Event, held: _Held
+    ) -> None:
         # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
         # can swallow a cancellation, so the loop also stops once `go_on` is cleared.
         pause = self.lease_ttl / 3
@@ -513,17 +555,18 @@ class SessionRunner:
             if not go_on.is_set():
                 return
             try:
-                held = await self.store.renew_lease(
-                    session_id, owner, token, self.lease_ttl, self.clock()
+                live = await self.store.renew_lease(
+                    session_id, owner, token, self.lease_ttl, self._lease_now()
                 )
             except StoreError as exc:
                 # A dropped connection: try again soon, before the lease lapses.
                 log.warning("renewing the lease on session %s failed: %s", session_id, exc)
                 pause = self.lease_ttl / 10
                 continue
-            if not held:
+            if not live:
                 log.warning("session %s: lease %d was taken over", session_id, token)
                 return  # fenced: this drive can write nothing more
+            held.at = time.monotonic()
             pause = self.lease_ttl / 3
 
     def _result(

@@ -282,6 +282,8 @@ class ToolCalls(DriverPart):
             abort_signal=self.abort_signal,
             journal=journal,
         )
+        if self.lease_check is not None:
+            await self.lease_check()  # a drive that stalled past its lease runs no body
         task = asyncio.ensure_future(tool.invoke(ctx, validated))
         parked = asyncio.ensure_future(journal.parked.wait())
         try:

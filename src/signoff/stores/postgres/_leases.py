@@ -14,6 +14,18 @@ __all__ = ["Leases"]
 class Leases(Connections):
     """`PostgresStore`'s leases: who works on a session, and the token that proves it."""
 
+    async def server_time(self) -> float:
+        """The database server's clock (seconds since the epoch): the runtime times leases by
+        it, so workers on machines whose clocks differ agree on when a lease lapses."""
+
+        async def body(conn: Conn) -> float:
+            cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
+            row = await cur.fetchone()
+            assert row is not None
+            return float(row[0])
+
+        return await self._read(body, "reading the database's clock")
+
     async def claim(
         self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
     ) -> list[tuple[str, int]]:
