@@ -4,37 +4,86 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import weakref
 from collections.abc import Coroutine
 from typing import Any, TypeVar
+
+from ._exceptions import UsageError
 
 __all__ = ["SyncBridge"]
 
 T = TypeVar("T")
+UNWIND = 5.0  # seconds an interrupted call is given to unwind (release its lease) on the loop
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The bridge thread: runs the loop until stopped, then closes it (so none is left open)."""
+    try:
+        loop.run_forever()
+    finally:
+        loop.close()
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stop the bridge's loop and wait for its thread, unless we are that thread."""
+    if loop.is_closed():
+        return
+    loop.call_soon_threadsafe(loop.stop)
+    if threading.current_thread() is not thread:
+        thread.join(timeout=5)
 
 
 class SyncBridge:
-    """One event loop in a daemon thread, started on first use; works inside a running loop."""
+    """One event loop in a daemon thread, started on first use; works inside a running loop.
+
+    A bridge that is garbage collected unclosed stops its loop and thread.
+    """
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._stopper: weakref.finalize[Any, SyncBridge] | None = None
         self._lock = threading.Lock()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            coro.close()
+            # Blocking this loop on a call that needs this loop would wait for ever.
+            raise UsageError(
+                "a *_sync call made from code the sync API is running (a tool, a model or a "
+                "policy): await the async method instead"
+            )
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="signoff-sync", daemon=True)
+                thread = threading.Thread(
+                    target=_serve, args=(loop,), name="signoff-sync", daemon=True
+                )
                 thread.start()
                 self._loop, self._thread = loop, thread
+                self._stopper = weakref.finalize(self, _stop, loop, thread)
             loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        started, finished = threading.Event(), threading.Event()
+
+        async def call() -> T:
+            started.set()
+            try:
+                return await coro
+            finally:
+                finished.set()
+
+        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        try:
+            return future.result()
+        except BaseException:
+            # Interrupted (Ctrl-C): cancel the call rather than leave it running unseen.
+            if future.cancel() and started.is_set():
+                finished.wait(UNWIND)
+            raise
 
     def close(self) -> None:
         with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=5)
-            loop.close()
+            stopper = self._stopper
+            self._loop = self._thread = self._stopper = None
+        if stopper is not None:
+            stopper()
