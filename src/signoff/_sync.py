@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import threading
 import weakref
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ._exceptions import UsageError
 
-__all__ = ["SyncBridge"]
+__all__ = ["SyncBridge", "twin"]
 
+P = ParamSpec("P")
 T = TypeVar("T")
 UNWIND = 5.0  # seconds an interrupted call is given to unwind (release its lease) on the loop
 
@@ -87,3 +90,22 @@ class SyncBridge:
             self._loop = self._thread = self._stopper = None
         if stopper is not None:
             stopper()
+
+
+def twin(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Any, P], T]:
+    """The blocking twin of an async method, for a class whose `_sync` is a `SyncBridge`: same
+    parameters and docstring, and the method is looked up by name, so an override is the one run."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def blocking(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        bridge: SyncBridge = self._sync
+        call: Coroutine[Any, Any, T] = getattr(self, name)(*args, **kwargs)
+        return bridge.run(call)
+
+    blocking.__name__ = f"{name}_sync"
+    blocking.__qualname__ = f"{method.__qualname__}_sync"
+    blocking.__doc__ = f"`{name}`, blocking until it returns.\n\n{inspect.getdoc(method) or ''}"
+    return blocking
