@@ -130,3 +130,31 @@ def test_sync_calls_from_several_threads_at_once(tmp_path: Path) -> None:
         assert len(rt.sessions_sync(limit=100)) == 12
     finally:
         rt.close_sync()
+
+
+def test_close_sync_during_another_threads_call_ends_that_call(tmp_path: Path) -> None:
+    """The call's task was left on a stopped loop: its caller waited for ever."""
+    started = threading.Event()
+
+    async def hangs(conversation: list[so.Message]) -> so.ModelResponse:
+        started.set()
+        await asyncio.sleep(3600)
+        return reply("never")  # pragma: no cover
+
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", [hangs]))
+    outcome: list[BaseException | so.GenerateResult] = []
+
+    def call() -> None:
+        try:
+            outcome.append(rt.generate_sync("a", prompt="x"))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert started.wait(10)
+    rt.close_sync()
+    caller.join(10)
+    assert not caller.is_alive(), "the call never returned"
+    (error,) = outcome
+    assert isinstance(error, so.UsageError) and "closed" in str(error)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import inspect
 import threading
@@ -20,9 +21,15 @@ UNWIND = 5.0  # seconds an interrupted call is given to unwind (release its leas
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
-    """The bridge thread: runs the loop until stopped, then closes it (so none is left open)."""
+    """The bridge thread: runs the loop until stopped, then cancels the calls still on it (their
+    callers would wait for ever) and closes it."""
     try:
         loop.run_forever()
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
     finally:
         loop.close()
 
@@ -78,6 +85,10 @@ class SyncBridge:
         future = asyncio.run_coroutine_threadsafe(call(), loop)
         try:
             return future.result()
+        except concurrent.futures.CancelledError:
+            if self._loop is loop:  # not cancelled by close()
+                raise
+            raise UsageError("the runtime or client was closed while this call ran") from None
         except BaseException:
             # Interrupted (Ctrl-C): cancel the call rather than leave it running unseen.
             if future.cancel() and started.is_set():
