@@ -83,6 +83,20 @@ def test_every_runtime_call_has_a_sync_twin() -> None:
     assert missing == []
 
 
+def test_each_sync_twin_takes_what_its_async_method_takes_and_says_what_it_does() -> None:
+    # A twin of `*args, **kwargs` let a misspelt argument pass the type checker and `help()`.
+    import inspect
+
+    for name in dir(so.Runtime):
+        if not name.endswith("_sync") or name in ("events_sync", "close_sync"):
+            continue
+        twin, method = getattr(so.Runtime, name), getattr(so.Runtime, name.removesuffix("_sync"))
+        assert inspect.signature(twin) == inspect.signature(method), name
+        assert twin.__name__ == name
+        doc = inspect.getdoc(method)
+        assert doc and doc in (inspect.getdoc(twin) or ""), name
+
+
 def _inherited(cls: type) -> set[tuple[str, object]]:
     return {(n, f) for base in cls.__mro__[1:] for n, f in vars(base).items()}
 

@@ -191,6 +191,27 @@ def test_the_sync_client(base: str) -> None:
         assert c.pending(status="settled")[1] == 1
 
 
+def test_the_sync_client_takes_what_the_async_client_takes() -> None:
+    """Its calls were `*args, **kwargs`: a misspelt argument passed the type checker."""
+    import inspect
+
+    for name in ("generate", "send", "respond", "cancel", "state", "pending"):
+        sync, method = getattr(Client, name), getattr(AsyncClient, name)
+        assert inspect.signature(sync) == inspect.signature(method), name
+        assert inspect.getdoc(sync) == inspect.getdoc(method), name
+
+
+def test_the_sync_clients_events_fail_at_the_call(base: str) -> None:
+    """Not later, when the result is first iterated (maybe after the client was closed)."""
+    with Client(base, token="alice-token") as c:
+        with pytest.raises(so.UnknownSession):
+            c.events("ses_nope")
+        r = c.generate("support", "Refund order 1042")
+        events = c.events(r.session_id)
+    seqs = [e.seq for e in events]  # read while the client was open
+    assert seqs and seqs == list(range(1, len(seqs) + 1))
+
+
 async def test_events_survive_a_server_restart(tmp_path: Path) -> None:
     """The stream is cut when its server dies; the client reconnects with Last-Event-ID to the
     next process on that address and misses nothing."""

@@ -8,10 +8,11 @@ request that is no longer open fails locally, without a server call.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -53,6 +54,8 @@ _ERRORS: dict[str, type[errors.SignoffError]] = {
 
 
 RemoteError = errors.RemoteError
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
 def _raise_for(response: httpx.Response) -> None:
@@ -441,6 +444,21 @@ class LiveSession:
         return result
 
 
+def _blocking(
+    method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Client, P], T]:
+    """`Client`'s twin of an `AsyncClient` method: same parameters and docstring, blocking."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def blocking(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        call: Coroutine[Any, Any, T] = getattr(self._async, name)(*args, **kwargs)
+        return self._bridge.run(call)
+
+    blocking.__qualname__ = f"Client.{name}"
+    return blocking
+
+
 class Client:
     """The synchronous twin of `AsyncClient` for scripts (each call runs on a private loop)."""
 
@@ -460,23 +478,12 @@ class Client:
         self._bridge.run(self._async.aclose())
         self._bridge.close()
 
-    def generate(self, *args: Any, **kwargs: Any) -> RemoteResult:
-        return self._bridge.run(self._async.generate(*args, **kwargs))
-
-    def send(self, *args: Any, **kwargs: Any) -> RemoteResult:
-        return self._bridge.run(self._async.send(*args, **kwargs))
-
-    def respond(self, *args: Any, **kwargs: Any) -> RemoteResult:
-        return self._bridge.run(self._async.respond(*args, **kwargs))
-
-    def cancel(self, *args: Any, **kwargs: Any) -> RemoteResult:
-        return self._bridge.run(self._async.cancel(*args, **kwargs))
-
-    def state(self, session_id: str) -> dict[str, Any]:
-        return self._bridge.run(self._async.state(session_id))
-
-    def pending(self, **kwargs: Any) -> tuple[list[InputRequest], int]:
-        return self._bridge.run(self._async.pending(**kwargs))
+    generate = _blocking(AsyncClient.generate)
+    send = _blocking(AsyncClient.send)
+    respond = _blocking(AsyncClient.respond)
+    cancel = _blocking(AsyncClient.cancel)
+    state = _blocking(AsyncClient.state)
+    pending = _blocking(AsyncClient.pending)
 
     def events(self, session_id: str, after: int = 0) -> list[Event]:
         """The session's events after `after`, without following (as `Runtime.events_sync`)."""

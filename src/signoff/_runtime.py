@@ -36,6 +36,7 @@ from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._sessions import check_prompt, positive_seconds
 from ._state import SessionState
+from ._sync import twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal
 from .stores import PendingFilter, Resolve, SessionSummary, Store
 from .stores._audit import AuditEntry
@@ -523,47 +524,20 @@ class Runtime(Messages):
 
     # -- sync twins ---------------------------------------------------------------------------
 
-    def generate_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
-        return self._sync.run(self.generate(*args, **kwargs))
-
-    def send_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
-        return self._sync.run(self.send(*args, **kwargs))
-
-    def respond_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
-        return self._sync.run(self.respond(*args, **kwargs))
-
-    def schedule_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
-        return self._sync.run(self.schedule(*args, **kwargs))
-
-    def expire_due_sync(self) -> int:
-        return self._sync.run(self.expire_due())
-
-    def pending_sync(self, *args: Any, **kwargs: Any) -> list[InputRequest]:
-        return self._sync.run(self.pending(*args, **kwargs))
-
-    def pending_page_sync(self, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
-        return self._sync.run(self.pending_page(flt))
-
-    def cancel_sync(self, *args: Any, **kwargs: Any) -> GenerateResult:
-        return self._sync.run(self.cancel(*args, **kwargs))
-
-    def state_sync(self, session_id: str) -> SessionState:
-        return self._sync.run(self.state(session_id))
-
-    def create_session_sync(self, agent: str, *, auth: Principal | None = None) -> str:
-        return self._sync.run(self.create_session(agent, auth=auth))
-
-    def sessions_sync(self, *args: Any, **kwargs: Any) -> list[SessionSummary]:
-        return self._sync.run(self.sessions(*args, **kwargs))
-
-    def audit_sync(self, *args: Any, **kwargs: Any) -> list[AuditEntry]:
-        return self._sync.run(self.audit(*args, **kwargs))
-
-    def verify_audit_sync(self, session_id: str | None = None) -> list[AuditProblem]:
-        return self._sync.run(self.verify_audit(session_id))
-
-    def export_audit_sync(self, out: IO[str], session_id: str | None = None) -> int:
-        return self._sync.run(self.export_audit(out, session_id))
+    generate_sync = twin(generate)
+    send_sync = twin(Messages.send)
+    respond_sync = twin(Messages.respond)
+    schedule_sync = twin(schedule)
+    expire_due_sync = twin(expire_due)
+    pending_sync = twin(pending)
+    pending_page_sync = twin(pending_page)
+    cancel_sync = twin(cancel)
+    state_sync = twin(Messages.state)
+    create_session_sync = twin(create_session)
+    sessions_sync = twin(sessions)
+    audit_sync = twin(audit)
+    verify_audit_sync = twin(verify_audit)
+    export_audit_sync = twin(export_audit)
 
     def events_sync(self, session_id: str, after: int = 0) -> list[Event]:
         """The session's events after `seq`, without following."""

@@ -3,38 +3,120 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
+import inspect
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+import weakref
+from collections.abc import Callable, Coroutine
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-__all__ = ["SyncBridge"]
+from ._exceptions import UsageError
 
+__all__ = ["SyncBridge", "twin"]
+
+P = ParamSpec("P")
 T = TypeVar("T")
+UNWIND = 5.0  # seconds an interrupted call is given to unwind (release its lease) on the loop
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    """The bridge thread: runs the loop until stopped, then cancels the calls still on it (their
+    callers would wait for ever) and closes it."""
+    try:
+        loop.run_forever()
+        left = asyncio.all_tasks(loop)
+        for task in left:
+            task.cancel()
+        if left:
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+    finally:
+        loop.close()
+
+
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
+    """Stop the bridge's loop and wait for its thread, unless we are that thread."""
+    if loop.is_closed():
+        return
+    loop.call_soon_threadsafe(loop.stop)
+    if threading.current_thread() is not thread:
+        thread.join(timeout=5)
 
 
 class SyncBridge:
-    """One event loop in a daemon thread, started on first use; works inside a running loop."""
+    """One event loop in a daemon thread, started on first use; works inside a running loop.
+
+    A bridge that is garbage collected unclosed stops its loop and thread.
+    """
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
+        self._stopper: weakref.finalize[Any, SyncBridge] | None = None
         self._lock = threading.Lock()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if self._thread is not None and threading.current_thread() is self._thread:
+            coro.close()
+            # Blocking this loop on a call that needs this loop would wait for ever.
+            raise UsageError(
+                "a *_sync call made from code the sync API is running (a tool, a model or a "
+                "policy): await the async method instead"
+            )
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="signoff-sync", daemon=True)
+                thread = threading.Thread(
+                    target=_serve, args=(loop,), name="signoff-sync", daemon=True
+                )
                 thread.start()
                 self._loop, self._thread = loop, thread
+                self._stopper = weakref.finalize(self, _stop, loop, thread)
             loop = self._loop
-        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+        started, finished = threading.Event(), threading.Event()
+
+        async def call() -> T:
+            started.set()
+            try:
+                return await coro
+            finally:
+                finished.set()
+
+        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            if self._loop is loop:  # not cancelled by close()
+                raise
+            raise UsageError("the runtime or client was closed while this call ran") from None
+        except BaseException:
+            # Interrupted (Ctrl-C): cancel the call rather than leave it running unseen.
+            if future.cancel() and started.is_set():
+                finished.wait(UNWIND)
+            raise
 
     def close(self) -> None:
         with self._lock:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout=5)
-            loop.close()
+            stopper = self._stopper
+            self._loop = self._thread = self._stopper = None
+        if stopper is not None:
+            stopper()
+
+
+def twin(
+    method: Callable[Concatenate[Any, P], Coroutine[Any, Any, T]],
+) -> Callable[Concatenate[Any, P], T]:
+    """The blocking twin of an async method, for a class whose `_sync` is a `SyncBridge`: same
+    parameters and docstring, and the method is looked up by name, so an override is the one run."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def blocking(self: Any, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        bridge: SyncBridge = self._sync
+        call: Coroutine[Any, Any, T] = getattr(self, name)(*args, **kwargs)
+        return bridge.run(call)
+
+    blocking.__name__ = f"{name}_sync"
+    blocking.__qualname__ = f"{method.__qualname__}_sync"
+    blocking.__doc__ = f"`{name}`, blocking until it returns.\n\n{inspect.getdoc(method) or ''}"
+    return blocking

@@ -16,6 +16,7 @@ assert log.count("issue_refund") == 1 and tool_results(seen.last)[0].content == 
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ from pydantic import BaseModel
 from ._agent import Agent, Limits
 from ._approval import Guardrail
 from ._events import Event
+from ._exceptions import UsageError
 from ._runtime import Runtime
 from ._tools import Tool, ToolContext
 from ._types import Message, ModelResponse, ToolCall, ToolResultMessage, Usage
@@ -192,6 +194,15 @@ def reply(text: str, *, usage: Usage | None = None) -> ModelResponse:
     return ModelResponse(text=text, usage=usage or Usage())
 
 
+def _respond(respond: object) -> None:
+    """A step's answer is a response or a function returning one; refused now, not mid-turn."""
+    if not (isinstance(respond, ModelResponse) or callable(respond)):
+        raise UsageError(
+            f"respond is a {type(respond).__name__}: pass a ModelResponse (e.g. reply(...)) "
+            "or a function of the conversation returning one"
+        )
+
+
 class Capture:
     """A scripted step that remembers every conversation it is shown, then answers.
 
@@ -203,6 +214,7 @@ class Capture:
         respond: ModelResponse | Callable[[list[Message]], ModelResponse] | None = None,
     ) -> None:
         self.respond = respond if respond is not None else reply("done")
+        _respond(self.respond)
         self.conversations: list[list[Message]] = []
 
     def __call__(self, conversation: list[Message]) -> ModelResponse:
@@ -229,6 +241,7 @@ class Flaky:
         failures: int = 1,
         error: Exception | None = None,
     ) -> None:
+        _respond(respond)
         self.respond = respond
         self.failures = failures
         self.error = error or ConnectionError("model unavailable")
@@ -273,15 +286,21 @@ def tool_results(messages: Sequence[Message]) -> list[ToolResultMessage]:
 
 
 class ManualClock:
-    """A clock for `Runtime(clock=...)` that only moves when told to."""
+    """A clock for `Runtime(clock=...)` that only moves forward, when told to."""
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
+        if not math.isfinite(start):
+            raise UsageError(f"start must be a finite time, not {start!r}")
         self.now = start
 
     def __call__(self) -> float:
         return self.now
 
     def advance(self, seconds: float) -> float:
+        """Move the clock `seconds` forward (0 or more) and return the new time."""
+        if not (math.isfinite(seconds) and seconds >= 0):
+            # Backwards or to NaN, deadlines and leases mean nothing (NaN: AppendConflict).
+            raise UsageError(f"seconds must be a finite number from 0, not {seconds!r}")
         self.now += seconds
         return self.now
 

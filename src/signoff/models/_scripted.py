@@ -6,7 +6,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TypeAlias
 
-from .._exceptions import ModelError
+from .._exceptions import ModelError, UsageError
 from .._types import Message, ModelResponse
 from ._base import ModelRequest
 
@@ -27,6 +27,13 @@ class Scripted:
 
     def __init__(self, steps: Sequence[Step], *, repeat_last: bool = False) -> None:
         self.steps = list(steps)
+        for i, step in enumerate(self.steps):
+            # Refused here: at the model call it was a TypeError inside a failed turn.
+            if not (isinstance(step, ModelResponse | Exception) or callable(step)):
+                raise UsageError(
+                    f"scripted step #{i + 1} is a {type(step).__name__}: a step is a "
+                    "ModelResponse, a function of the conversation returning one, or an exception"
+                )
         self.repeat_last = repeat_last
         self.calls = 0
 
@@ -36,8 +43,9 @@ class Scripted:
         if index >= len(self.steps):
             if not (self.repeat_last and self.steps):
                 raise ModelError(
-                    f"Scripted model has {len(self.steps)} response(s); session "
-                    f"{request.session_id!r} asked for response #{index + 1}"
+                    f"the Scripted model of agent {request.agent!r} has {len(self.steps)} "
+                    f"response(s); session {request.session_id!r} asked for response "
+                    f"#{index + 1} (script more, or pass repeat_last=True)"
                 )
             index = len(self.steps) - 1
         step = self.steps[index]

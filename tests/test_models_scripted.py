@@ -1,0 +1,59 @@
+"""`so.models.Scripted`: what a script may hold, and the error when a session runs past its end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import reply, scripted_agent, sqlite_runtime
+
+
+@pytest.mark.parametrize(
+    ("steps", "where"),
+    [
+        (["hello"], "#1"),
+        ([reply("ok"), {"text": "hi"}], "#2"),
+        ([reply("ok"), None], "#2"),
+    ],
+)
+def test_a_step_that_cannot_answer_is_refused_when_scripted(steps: list[Any], where: str) -> None:
+    """Not at the first model call, as a TypeError inside a failed turn."""
+    with pytest.raises(so.UsageError, match=where):
+        so.models.Scripted(steps)
+    with pytest.raises(so.UsageError, match=where):
+        scripted_agent("a", steps)
+
+
+async def test_a_session_past_the_end_of_its_script_names_the_agent_and_the_length(
+    tmp_path: Path,
+) -> None:
+    async with sqlite_runtime(tmp_path, scripted_agent("support", [reply("hi")])) as rt:
+        first = await rt.generate("support", prompt="x")
+        assert first.status == "completed"
+        second = await rt.generate(session_id=first.session_id, prompt="again")
+        assert second.status == "failed"
+        message = (second.error or {})["message"]
+        assert "ModelError" in message and "'support'" in message
+        assert "1 response(s)" in message and "#2" in message and "repeat_last" in message
+
+
+async def test_one_script_serves_two_sessions_and_two_runtimes_from_its_start(
+    tmp_path: Path,
+) -> None:
+    """Responses are counted per session: a shared script does not run out sooner."""
+    agent = scripted_agent("a", [reply("one"), reply("two")])
+    async with (
+        sqlite_runtime(tmp_path / "x", agent) as rt1,
+        sqlite_runtime(tmp_path / "y", agent) as rt2,
+    ):
+        for rt in (rt1, rt1, rt2):
+            r = await rt.generate("a", prompt="hi")
+            assert r.status == "completed"
+            r = await rt.generate(session_id=r.session_id, prompt="more")
+            assert r.status == "completed"
+            events = [e async for e in rt.events(r.session_id, follow=False)]
+            texts = [e.data["text"] for e in events if e.type == "model.completed"]
+            assert texts == ["one", "two"]

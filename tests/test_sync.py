@@ -1,0 +1,160 @@
+"""The `*_sync` twins and their private loop: reentrant calls, Ctrl-C, garbage collection."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+import signoff as so
+from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
+
+
+def _bridge_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "signoff-sync"}
+
+
+def test_a_sync_call_from_inside_the_sync_api_fails_instead_of_hanging(tmp_path: Path) -> None:
+    """A tool run by `generate_sync` that calls `pending_sync` would block the loop it needs."""
+    seen: list[object] = []
+    runtime: list[so.Runtime] = []
+
+    @so.tool
+    async def peek() -> int:
+        """Count the open requests."""
+        try:
+            return len(runtime[0].pending_sync())
+        except so.UsageError as exc:
+            seen.append(exc)
+            raise
+
+    agent = scripted_agent("a", [call_tools(call("peek")), reply("ok")], tools=[peek])
+    rt = sqlite_runtime(tmp_path, agent)
+    runtime.append(rt)
+    results: list[so.GenerateResult] = []
+    caller = threading.Thread(target=lambda: results.append(rt.generate_sync("a", prompt="x")))
+    caller.daemon = True
+    caller.start()
+    caller.join(10)
+    try:
+        assert not caller.is_alive(), "the nested *_sync call deadlocked the sync loop"
+        assert [r.status for r in results] == ["completed"]
+        assert len(seen) == 1 and "await" in str(seen[0])
+    finally:
+        if not caller.is_alive():
+            rt.close_sync()
+
+
+def test_ctrl_c_during_a_sync_call_cancels_it_and_the_runtime_stays_usable(
+    tmp_path: Path,
+) -> None:
+    """The interrupted turn is not left running unseen on the private loop, holding its lease."""
+    cancelled = threading.Event()
+
+    async def hangs(conversation: list[so.Message]) -> so.ModelResponse:
+        if cancelled.is_set():
+            return reply("resumed")  # the interrupted turn, driven again
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.2, os.kill, os.getpid(), signal.SIGINT)  # the caller is waiting now
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return reply("never")  # pragma: no cover
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    agent = scripted_agent("a", [hangs])
+    rt = sqlite_runtime(tmp_path, agent)
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        sid = rt.create_session_sync("a")
+        with pytest.raises(KeyboardInterrupt):
+            rt.generate_sync(session_id=sid, prompt="x")
+        assert cancelled.is_set()
+        # The lease was released: the next call resumes the interrupted turn at once.
+        assert rt.generate_sync(session_id=sid).status == "completed"
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        rt.close_sync()
+
+
+def test_an_unclosed_runtime_that_is_collected_stops_its_sync_thread(tmp_path: Path) -> None:
+    before = _bridge_threads()
+
+    def use() -> None:
+        rt = sqlite_runtime(tmp_path, scripted_agent("a", [reply("hi")]))
+        assert rt.generate_sync("a", prompt="x").status == "completed"
+        assert _bridge_threads() - before
+
+    use()
+    gc.collect()
+    assert _bridge_threads() - before == set()
+
+
+def test_close_sync_stops_the_thread_and_a_later_call_starts_another(tmp_path: Path) -> None:
+    before = _bridge_threads()
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", [reply("hi")], repeat_last=True))
+    rt.generate_sync("a", prompt="x")
+    rt.close_sync()
+    rt.close_sync()
+    assert _bridge_threads() - before == set()
+    assert rt.generate_sync("a", prompt="y").status == "completed"
+    rt.close_sync()
+    assert _bridge_threads() - before == set()
+
+
+def test_sync_calls_from_several_threads_at_once(tmp_path: Path) -> None:
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", [reply("hi")], repeat_last=True))
+    statuses: list[str] = []
+
+    def work() -> None:
+        for _ in range(3):
+            statuses.append(rt.generate_sync("a", prompt="x").status)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert statuses == ["completed"] * 12
+        assert len(rt.sessions_sync(limit=100)) == 12
+    finally:
+        rt.close_sync()
+
+
+def test_close_sync_during_another_threads_call_ends_that_call(tmp_path: Path) -> None:
+    """The call's task was left on a stopped loop: its caller waited for ever."""
+    started = threading.Event()
+
+    async def hangs(conversation: list[so.Message]) -> so.ModelResponse:
+        started.set()
+        await asyncio.sleep(3600)
+        return reply("never")  # pragma: no cover
+
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", [hangs]))
+    outcome: list[BaseException | so.GenerateResult] = []
+
+    def call() -> None:
+        try:
+            outcome.append(rt.generate_sync("a", prompt="x"))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert started.wait(10)
+    rt.close_sync()
+    caller.join(10)
+    assert not caller.is_alive(), "the call never returned"
+    (error,) = outcome
+    assert isinstance(error, so.UsageError) and "closed" in str(error)

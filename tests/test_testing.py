@@ -1,0 +1,73 @@
+"""`signoff.testing`, the helpers users write their own tests with: each does what it says."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff import testing
+from signoff.testing import Capture, Flaky, ManualClock, reply, scripted_agent, sqlite_runtime
+
+
+def test_every_exported_helper_exists_and_says_what_it_does() -> None:
+    for name in testing.__all__:
+        helper = getattr(testing, name)
+        assert (helper.__doc__ or "").strip(), name
+
+
+def test_the_module_docstring_example_runs(tmp_path: Path) -> None:
+    """The example at the top of `signoff.testing`, driven to its assertion."""
+    source = (testing.__doc__ or "").split("\n\n", 1)[1]
+    setup, check = source.split("...\n")
+    namespace: dict[str, Any] = {"so": so, **{n: getattr(testing, n) for n in testing.__all__}}
+    exec(setup, namespace)
+    rt = sqlite_runtime(tmp_path, namespace["agent"])
+    try:
+        r = rt.generate_sync("support", prompt="refund order 1")
+        (request,) = r.pending
+        answer = so.InputResponse(request_id=request.id, option_id="approve")
+        assert rt.respond_sync(r.session_id, [answer]).status == "completed"
+    finally:
+        rt.close_sync()
+    exec(check, namespace)
+
+
+@pytest.mark.parametrize("seconds", [-1.0, math.nan, math.inf])
+def test_a_manual_clock_only_moves_forward(seconds: float) -> None:
+    """Backwards or to NaN it made deadlines and leases meaningless (NaN: AppendConflict)."""
+    clock = ManualClock(1000.0)
+    with pytest.raises(so.UsageError, match="seconds"):
+        clock.advance(seconds)
+    assert clock() == 1000.0
+    assert clock.advance(0) == 1000.0 and clock.advance(2.5) == 1002.5
+
+
+def test_a_manual_clock_starts_at_a_finite_time() -> None:
+    with pytest.raises(so.UsageError, match="start"):
+        ManualClock(math.nan)
+
+
+@pytest.mark.parametrize("make", [Capture, Flaky])
+def test_capture_and_flaky_refuse_what_cannot_answer(make: Any) -> None:
+    """`Capture("Done.")` failed the turn later with "'str' object is not callable"."""
+    with pytest.raises(so.UsageError, match="ModelResponse"):
+        make("Done.")
+
+
+async def test_capture_records_each_conversation_and_answers_each_session(tmp_path: Path) -> None:
+    seen = Capture(lambda conversation: reply(f"{len(conversation)} message(s)"))
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [seen])) as rt:
+        for prompt in ("one", "two"):
+            r = await rt.generate("a", prompt=prompt)
+            assert r.status == "completed"
+    assert len(seen.conversations) == 2
+    assert seen.last == [so.UserMessage(text="two")]
+
+
+def test_capture_last_fails_clearly_before_any_call() -> None:
+    with pytest.raises(AssertionError, match="never called"):
+        assert Capture().last
