@@ -1184,3 +1184,72 @@ async def test_with_store_keeps_every_setting_but_the_store(tmp_path: Path) -> N
     assert await first.sessions() == []
     await first.close()
     await other.close()
+
+
+async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: Path) -> None:
+    """A followed session that can have no more events (its TTL passed, or its rows were
+    deleted) used to be waited on for ever: `rt.events(follow=True)` now yields every event,
+    then raises `SessionExpired` (naming the requests the expiry closes) or `UnknownSession`."""
+    import asyncio
+    import sqlite3
+
+    import signoff._runtime as runtime_module
+
+    now = [1_000_000.0]
+
+    @so.tool(approval=so.always())
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    call_ = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
+    agent = so.Agent(
+        name="desk",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[call_])], repeat_last=True),
+        tools=[reset_password],
+        limits=so.Limits(ttl=60),
+    )
+    path = tmp_path / "ttl.db"
+    async with so.Runtime(
+        [agent], store=f"sqlite:///{path}", clock=lambda: now[0], poll_interval=0.01
+    ) as rt:
+        r = await rt.generate("desk", prompt="reset")
+
+        first: list[int] = []
+
+        async def follow() -> None:
+            async for event in rt.events(r.session_id):
+                first.append(event.seq)
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.1)
+        assert not task.done()  # live: waiting for events
+        now[0] += 120
+        with pytest.raises(so.SessionExpired) as info:
+            await asyncio.wait_for(task, 5)
+        assert info.value.pending == [r.pending[0].id]
+        assert first == list(range(1, (await rt.state(r.session_id)).seq + 1))
+
+        other = await rt.generate("desk", prompt="reset again")
+        seen: list[int] = []
+
+        async def collect() -> None:
+            async for event in rt.events(other.session_id):
+                seen.append(event.seq)
+
+        runtime_module._RECHECK_FOLLOWED, before = 0.05, runtime_module._RECHECK_FOLLOWED
+        try:
+            task = asyncio.create_task(collect())
+            await asyncio.sleep(0.1)
+            with sqlite3.connect(path) as db:  # an operator removes the session
+                sk = db.execute(
+                    "SELECT sk FROM sessions WHERE id=?", (other.session_id,)
+                ).fetchone()[0]
+                for table in ("events", "snapshots", "requests", "leases", "audit"):
+                    db.execute(f"DELETE FROM {table} WHERE sk=?", (sk,))
+                db.execute("DELETE FROM sessions WHERE sk=?", (sk,))
+            with pytest.raises(so.UnknownSession):
+                await asyncio.wait_for(task, 5)
+        finally:
+            runtime_module._RECHECK_FOLLOWED = before
+        assert seen and seen == list(range(1, len(seen) + 1))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import IO, Any
@@ -44,6 +45,10 @@ from .stores._audit import AuditEntry
 __all__ = ["Runtime"]
 
 log = logging.getLogger("signoff.worker")
+
+_RECHECK_FOLLOWED = 30.0
+"""Seconds between checks that a followed session is still in the store (when idle, and until
+its expiry is due): one deleted under a follower would otherwise be waited on for ever."""
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
 
 
@@ -412,7 +417,9 @@ class Runtime(Messages):
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True
     ) -> AsyncIterator[Event]:
-        """The session's events after `seq`; with `follow`, keeps waiting for new ones."""
+        """The session's events after `seq`; with `follow`, keeps waiting for new ones until the
+        session can have no more: then, after its last event, it raises `SessionExpired` (its TTL
+        passed) or `UnknownSession` (it was deleted from the store)."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
@@ -420,16 +427,30 @@ class Runtime(Messages):
         await self.open()
         if await self.store.head(session_id) is None:
             raise UnknownSession(session_id)
+        expires_at = 0.0  # by self.clock(); 0 until read from the state, and after new events
+        checked = time.monotonic()  # when the session was last seen in the store
         while True:
             batch = await self.store.read_events(session_id, after=after, limit=500)
             for event in batch:
                 yield event
                 after = event.seq
+            if batch:
+                expires_at = 0.0
             if not batch and not follow:
                 return
             if len(batch) < 500:
                 if not follow:
                     return
+                if not batch and (
+                    self.clock() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED
+                ):
+                    state = await self.state(session_id)  # UnknownSession once deleted
+                    if state.seq == after and state.expired(self.clock()):
+                        raise SessionExpired(session_id, [r.id for r in state.pending_requests()])
+                    expires_at = math.inf if state.expires_at is None else state.expires_at
+                    checked = time.monotonic()
+                    if state.seq != after:
+                        continue  # events came meanwhile: read them first
                 wait = getattr(self.store, "wait_for_change", None)
                 if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
                     await wait(session_id, self.poll_interval * 10, after=after)
