@@ -25,6 +25,7 @@ from bench.compare_workload import (
     WINDOW,
     answer_text,
     current_rss_kb,
+    json_bytes,
     peak_rss_kb,
     refund_input,
     refund_result,
@@ -392,7 +393,7 @@ def _parked_result(
         "tables": stored["tables"],
         "content_bytes_per_session": (
             sum(len(user_text(i + 1).encode()) for i in range(n))
-            + sum(len(json.dumps(refund_input(i + 1)).encode()) for i in range(n))
+            + sum(json_bytes(refund_input(i + 1)) for i in range(n))
         )
         / n,
         "rss_before_kb": rss_before,
