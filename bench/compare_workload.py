@@ -12,6 +12,7 @@ __all__ = [
     "WINDOW",
     "answer_text",
     "current_rss_kb",
+    "json_bytes",
     "peak_rss_kb",
     "refund_input",
     "refund_result",
@@ -57,21 +58,27 @@ def refund_result(turn: int) -> dict[str, Any]:
     return {"refunded": 180.0, "order_id": str(100_000 + turn), "note": _text("note", turn, 350)}
 
 
+def json_bytes(value: Any) -> int:
+    """UTF-8 bytes of `value` as compact JSON: the separators' spaces are not content."""
+    return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
 def turn_content_bytes(turn: int) -> int:
     """Raw message content of one turn: user text, tool input, tool result, answer (UTF-8)."""
-    return sum(
-        len(s.encode())
-        for s in (
-            user_text(turn),
-            json.dumps(refund_input(turn)),
-            json.dumps(refund_result(turn)),
-            answer_text(turn),
-        )
-    )
+    texts = len(user_text(turn).encode()) + len(answer_text(turn).encode())
+    return texts + json_bytes(refund_input(turn)) + json_bytes(refund_result(turn))
 
 
 def peak_rss_kb() -> int:
-    """This process's peak resident set size so far, in KiB (Linux reports KiB)."""
+    """This process's own peak resident set size in KiB, from VmHWM: on Linux `ru_maxrss` keeps
+    the spawning parent's peak across exec, so a small child would report its parent's."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 

@@ -179,14 +179,12 @@ async def _resume_once(
     answer: Answer,
     profiler: cProfile.Profile | None = None,
 ) -> dict[str, float]:
-    """Seconds from the answering call to: the tool body starting (`call -> tool`); the same
-    minus the settlement's commit (`signoff's part`) and the CPU time of that part
-    (`signoff's CPU`);
-    the call returning with the turn completed (`call -> turn done`).
+    """Seconds from the answering call to the tool body (`call -> tool`, and its CPU time), the
+    same minus the settlement's commit (`signoff's part`, `signoff's CPU`), and to the turn done.
 
-    Signoff's part is its own work: reading the state, checking and recording the answer, and
-    driving to the tool; the commit it leaves out is SQLite writing and syncing. The CPU figure
-    is immune to the process being descheduled on a busy machine.
+    The commit left out is not only SQLite's write and fsync: it includes signoff's own CPU work
+    in it (packing the events, the audit hash, the statements), which only `call -> tool, CPU`
+    counts.
     """
     marks: dict[str, float] = {}
     cpu_marks: dict[str, float] = {}
@@ -218,6 +216,7 @@ async def _resume_once(
         "call -> tool": total,
         "signoff's part": total - (marks["after"] - marks["before"]),
         "signoff's CPU": CPU_ENTRIES[0] - c0 - (cpu_marks["after"] - cpu_marks["before"]),
+        "call -> tool, CPU": CPU_ENTRIES[0] - c0,
         "call -> turn done": done,
     }
 
@@ -379,8 +378,10 @@ async def run(samples: int, with_profile: bool, with_process: bool) -> None:
         print(line + f"{ratio:8.2f}")
     print(
         "call -> tool: from the answering call until the approved tool's body starts;\n"
-        "signoff's part: the same minus the settlement's commit (SQLite write + full fsync);\n"
+        "signoff's part: the same minus the settlement's commit (SQLite write + full fsync,\n"
+        "  and signoff's own work inside that commit: packing events, audit hash, statements);\n"
         "signoff's CPU: CPU time of signoff's part (immune to being descheduled);\n"
+        "call -> tool, CPU: all CPU time from the call to the tool body, the commit's included;\n"
         "call -> turn done: until the answering call returns with the turn completed."
     )
     if profile_text:
