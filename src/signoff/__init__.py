@@ -6,6 +6,7 @@ exactly where it stopped when someone answers, in any process.
 
 from . import models, stores
 from ._agent import Agent, Limits
+from ._answers import MAX_TEXT_BYTES
 from ._approval import (
     ApprovalContext,
     ApprovalPolicy,
@@ -115,6 +116,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "APP_PRINCIPAL",
+    "MAX_TEXT_BYTES",
     "SCHEMA_VERSION",
     "Action",
     "Agent",

@@ -16,6 +16,7 @@ from typing import IO, Any
 from . import _audit_trail as _audit
 from . import _subagents
 from ._answers import Reply as _Reply
+from ._answers import check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
 from ._deadlines import after_deadline, is_due
@@ -444,6 +445,8 @@ class Runtime(Messages):
         await self.open()
         if reason is not None and not isinstance(reason, str):
             raise UsageError(f"reason must be a string, not {type(reason).__name__}")
+        if reason is not None:
+            check_text(reason, "the reason")
         if principal is not None and not isinstance(principal, Principal):
             raise UsageError(f"principal must be a so.Principal, not {type(principal).__name__}")
         by = None if principal is None else principal.model_dump()
