@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import IO, Any
 
 from . import _audit_trail as _audit
-from . import _subagents
+from . import _subagents, stores
 from ._answers import Reply as _Reply
 from ._answers import check_text
 from ._answers import decisions as _decisions
@@ -422,20 +422,21 @@ class Runtime(Messages):
         if await self.store.head(session_id) is None:
             raise UnknownSession(session_id)
         while True:
-            batch = await self.store.read_events(session_id, after=after, limit=500)
+            batch = await self.store.read_events(
+                session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+            )
             for event in batch:
                 yield event
                 after = event.seq
-            if not batch and not follow:
+            if batch:
+                continue  # a read bounded by bytes may stop short of the log's end: read on
+            if not follow:
                 return
-            if len(batch) < 500:
-                if not follow:
-                    return
-                wait = getattr(self.store, "wait_for_change", None)
-                if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
-                    await wait(session_id, self.poll_interval * 10, after=after)
-                else:
-                    await asyncio.sleep(self.poll_interval)
+            wait = getattr(self.store, "wait_for_change", None)
+            if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
+                await wait(session_id, self.poll_interval * 10, after=after)
+            else:
+                await asyncio.sleep(self.poll_interval)
 
     async def cancel(
         self, session_id: str, reason: str | None = None, *, principal: Principal | None = None
