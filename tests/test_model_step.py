@@ -33,8 +33,19 @@ def call(**input: object) -> so.ModelResponse:
         (so.ModelResponse(text="x", usage=so.Usage(cost_usd=float("nan"))), "not plain JSON"),
         (so.ModelResponse(text="x", usage=so.Usage(input_tokens=-5)), "negative usage"),
         (so.ModelResponse(text="x", usage=so.Usage(cost_usd=-0.5)), "negative usage"),
+        (so.ModelResponse(text="x" * 2_000_000), "over the limit of 1048576 bytes"),
+        (call(order_id="1" * 2_000_000, amount=1), "over the limit of 1048576 bytes"),
     ],
-    ids=["nan", "infinity", "object", "nan-cost", "negative-tokens", "negative-cost"],
+    ids=[
+        "nan",
+        "infinity",
+        "object",
+        "nan-cost",
+        "negative-tokens",
+        "negative-cost",
+        "huge-text",
+        "huge-input",
+    ],
 )
 async def test_a_response_that_cannot_be_recorded_fails_the_turn_retryably(
     tmp_path: Path, bad: so.ModelResponse, match: str

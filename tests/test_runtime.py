@@ -1253,3 +1253,35 @@ async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: 
         finally:
             runtime_module._RECHECK_FOLLOWED = before
         assert seen and seen == list(range(1, len(seen) + 1))
+
+
+class BatchStore(SQLiteStore):
+    """Records how many events each bounded read returned."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.batches: list[int] = []
+
+    async def read_events(self, *args: Any, **kwargs: Any) -> list[so.Event]:
+        events = await super().read_events(*args, **kwargs)
+        if kwargs.get("limit") is not None:
+            self.batches.append(len(events))
+        return events
+
+
+async def test_following_events_holds_a_bounded_number_of_bytes_per_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`events()` reads at most `stores.READ_BYTES` of event JSON at once (500 events of
+    megabytes each were held per read), and still yields every event, in order."""
+    agent = scripted_agent("a", [reply("hello " * 50)] * 4, repeat_last=True)
+    store = BatchStore(f"sqlite:///{tmp_path}/s.db")
+    async with so.Runtime([agent], store=store) as rt:
+        r = await rt.generate("a", prompt="one")
+        for prompt in ("two", "three"):
+            await rt.generate(session_id=r.session_id, prompt=prompt)
+        head = await store.head(r.session_id)
+        monkeypatch.setattr(so.stores, "READ_BYTES", 1)
+        seqs = [e.seq async for e in rt.events(r.session_id, follow=False)]
+    assert head is not None and seqs == list(range(1, head + 1))
+    assert max(store.batches) == 1

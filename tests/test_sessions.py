@@ -158,3 +158,45 @@ async def test_a_prompt_to_a_turn_workers_have_yet_to_run_is_refused(tmp_path: P
         with pytest.raises(so.SessionBusy):
             await rt.generate(session_id=started.session_id, prompt="second")
         assert await store_contents(rt.store, started.session_id) == before
+
+
+async def test_text_over_the_input_limit_is_refused_and_changes_nothing(tmp_path: Path) -> None:
+    """A prompt, message, answer or reason of many megabytes through Python (HTTP bounds its
+    bodies) is refused with a named error, as over `MAX_TEXT_BYTES`, and nothing is stored."""
+    huge = "x" * (so.MAX_TEXT_BYTES + 1)
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "ok"
+
+    @so.tool
+    async def confirm(ctx: so.ToolContext, x: int) -> str:
+        """Confirm."""
+        return (await ctx.ask("Why?")).value
+
+    gated = scripted_agent(
+        "a", [call_tools(call("refund", order_id="1")), reply("done")], tools=[refund]
+    )
+    asking = scripted_agent("b", [call_tools(call("confirm", x=1)), reply("done")], tools=[confirm])
+    async with sqlite_runtime(tmp_path, gated, asking) as rt:
+        with pytest.raises(so.TooLarge, match="over the limit"):
+            await rt.generate("a", prompt=huge)
+        assert await rt.sessions() == []
+        for agent in ("a", "b"):
+            r = await rt.generate(agent, prompt="go")
+            sid, (request,) = r.session_id, r.pending
+            before = await store_contents(rt.store, sid)
+            with pytest.raises(so.TooLarge, match="over the limit"):
+                await rt.generate(session_id=sid, prompt=huge)
+            with pytest.raises(so.TooLarge, match="over the limit"):
+                await rt.send(sid, huge)
+            with pytest.raises(so.InvalidAnswer, match="over the limit"):
+                if agent == "a":
+                    decision = so.Decision(id=request.id, approved=False, reason=huge)
+                    await rt.generate(session_id=sid, approvals=[decision])
+                else:
+                    await rt.respond(sid, [so.InputResponse(request_id=request.id, text=huge)])
+            with pytest.raises(so.TooLarge, match="over the limit"):
+                await rt.cancel(sid, reason=huge)
+            assert await store_contents(rt.store, sid) == before

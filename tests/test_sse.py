@@ -328,3 +328,21 @@ def test_a_last_event_id_past_the_session_is_refused(store: str) -> None:
         assert r.status_code == 422 and "past" in r.json()["error"]["message"], r.text
         with c.stream("GET", url, params={"follow": "false"}, headers={"Last-Event-ID": "1"}) as s:
             assert read_sse(s) == []
+
+
+def test_a_stream_read_in_small_bounded_reads_loses_no_event(
+    store: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each read of a stream holds at most `stores.READ_BYTES` of events, so a read may stop
+    short of the log's end: the stream reads on from there, without and with following."""
+    import signoff.stores
+
+    monkeypatch.setattr(signoff.stores, "READ_BYTES", 1)  # one event per read
+    with served(store) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        body = c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"}).json()
+        url = f"/v1/sessions/{body['session_id']}/events"
+        with c.stream("GET", url, params={"follow": "false"}) as s:
+            ids = [int(e["id"]) for e in read_sse(s)]
+        assert ids == list(range(1, ids[-1] + 1)) and len(ids) >= 4
+        with c.stream("GET", url) as s:
+            assert [int(e["id"]) for e in read_sse(s, count=len(ids))] == ids

@@ -114,6 +114,34 @@ async def test_create_load_read_head(store: Store) -> None:
     assert newest == [got[3]]
 
 
+async def test_a_read_bounded_by_bytes_holds_no_more_than_that(store: Store) -> None:
+    """`max_bytes` stops a read after the event that brings it to that size (at least one
+    event), so a stream of large events never holds a whole batch of them; the rest is read
+    from where it stopped, in order, none lost."""
+    sid = await new_session(store)
+    blobs = [uuid.uuid4().hex * 3_000 for _ in range(10)]  # about 96 KB each, packs to ~half
+    events = [ev(sid, seq, "tool.completed", result=b) for seq, b in enumerate(blobs, start=2)]
+    events.append(ev(sid, 12, "turn.completed"))
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=events))
+    first = await store.read_events(sid, limit=500, max_bytes=250_000)
+    assert [e.seq for e in first] == [1, 2, 3, 4]  # ~288 KB of JSON: the fourth crossed
+    assert [e.data["result"] for e in first[1:]] == blobs[:3]
+    assert [e.seq for e in await store.read_events(sid, after=1, max_bytes=1)] == [2]
+    seqs: list[int] = []
+    after = 0
+    while batch := await store.read_events(sid, after=after, limit=3, max_bytes=150_000):
+        assert sum(len(str(e.data)) for e in batch[:-1]) < 150_000  # the last one crossed
+        seqs.extend(e.seq for e in batch)
+        after = batch[-1].seq
+    assert seqs == list(range(1, 13))
+    small = await store.read_events(sid, after=11, limit=500, max_bytes=250_000)
+    assert [e.seq for e in small] == [12]
+    got = await store.read_events(sid)
+    assert [e.turn_id for e in got] == [
+        e.turn_id for e in await store.read_events(sid, max_bytes=1 << 30)
+    ]
+
+
 async def test_unknown_session(store: Store) -> None:
     assert await store.head("ses_nope") is None
     assert await store.load("ses_nope") is None

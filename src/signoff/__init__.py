@@ -6,6 +6,7 @@ exactly where it stopped when someone answers, in any process.
 
 from . import models, stores
 from ._agent import Agent, Limits
+from ._answers import MAX_TEXT_BYTES
 from ._approval import (
     ApprovalContext,
     ApprovalPolicy,
@@ -48,6 +49,7 @@ from ._exceptions import (
     StoreError,
     StoreGone,
     StoreUnavailable,
+    TooLarge,
     UnknownRequest,
     UnknownSession,
     UsageError,
@@ -114,6 +116,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "APP_PRINCIPAL",
+    "MAX_TEXT_BYTES",
     "SCHEMA_VERSION",
     "Action",
     "Agent",
@@ -175,6 +178,7 @@ __all__ = [
     "SignoffError",
     "StaleAnswer",
     "StepFailed",
+    "TooLarge",
     "StoreError",
     "StoreGone",
     "StoreUnavailable",

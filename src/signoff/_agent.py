@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from ._approval import Guardrail
 from ._exceptions import UsageError
-from ._tools import Tool
+from ._tools import MAX_RESULT_BYTES, Tool
 
 if TYPE_CHECKING:
     from .models import Model
@@ -20,10 +20,14 @@ __all__ = ["Agent", "Limits"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Limits:
-    """Bounds on a session: tokens, cost, model steps per turn, messages sent, and TTL.
+    """Bounds on a session: tokens, cost, model steps per turn, messages sent, TTL and sizes.
 
     `max_messages` is the message window; the turn holding an open request is always sent whole.
     `ttl` (seconds or a timedelta) expires a session that has been idle that long.
+    `max_result_bytes` (1 MiB) bounds a tool's result, a step's result and an approval payload,
+    as JSON: one over it is a tool error the model reads (a step raises `TooLarge`), not stored.
+    `max_response_bytes` (1 MiB) bounds a model response as JSON: one over it fails the turn,
+    retryably, before anything of it is stored.
     """
 
     max_tokens: int | None = None
@@ -31,6 +35,8 @@ class Limits:
     max_steps: int = 50
     max_messages: int | None = None
     ttl: float | timedelta | None = None
+    max_result_bytes: int = MAX_RESULT_BYTES
+    max_response_bytes: int = MAX_RESULT_BYTES
 
     def __post_init__(self) -> None:
         # A bound that cannot work is refused here, before a session is made under it.
@@ -39,8 +45,10 @@ class Limits:
             ("max_cost_usd", self.max_cost_usd, False),
             ("max_steps", self.max_steps, True),
             ("max_messages", self.max_messages, True),
+            ("max_result_bytes", self.max_result_bytes, True),
+            ("max_response_bytes", self.max_response_bytes, True),
         ):
-            if value is None and name != "max_steps":
+            if value is None and name in ("max_tokens", "max_cost_usd", "max_messages"):
                 continue
             if not _positive(value, whole=whole):
                 kind = "whole number" if whole else "number"

@@ -10,12 +10,27 @@ from typing import Any
 from pydantic import ValidationError
 
 from ._events import EventType
-from ._exceptions import ConflictingAnswer, InvalidAnswer, RequestClosed, StaleAnswer, UsageError
+from ._exceptions import (
+    ConflictingAnswer,
+    InvalidAnswer,
+    RequestClosed,
+    StaleAnswer,
+    TooLarge,
+    UsageError,
+)
 from ._results import Outcome
 from ._tools import Tool
 from ._types import Decision, InputRequest, match_option
 
-__all__ = ["Reply", "decisions", "match", "repeat", "resolution", "settlement_events"]
+__all__ = [
+    "MAX_TEXT_BYTES",
+    "Reply",
+    "decisions",
+    "match",
+    "repeat",
+    "resolution",
+    "settlement_events",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,12 +139,20 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
     return out
 
 
+MAX_TEXT_BYTES = 4 << 20
+"""The most a person's text may take as UTF-8 (a prompt, a message, an answer with its reason):
+the HTTP server's default body limit, so Python and HTTP callers meet the same bound."""
+
+
 def check_text(text: str, what: str) -> None:
-    """Text is stored as UTF-8: a lone surrogate (`"\\ud800"`) cannot be, and is refused."""
+    """Text is stored as UTF-8: a lone surrogate (`"\\ud800"`) cannot be, and is refused, and
+    so is text over `MAX_TEXT_BYTES`."""
     try:
-        text.encode()
+        size = len(text.encode())
     except UnicodeEncodeError:
         raise UsageError(f"{what} is not valid Unicode text: it holds a lone surrogate") from None
+    if size > MAX_TEXT_BYTES:
+        raise TooLarge(f"{what} is {size} bytes, over the limit of {MAX_TEXT_BYTES} bytes")
 
 
 MAX_DEPTH = 100
@@ -151,11 +174,15 @@ def _check_json(rid: str, resolution: dict[str, Any]) -> None:
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
     try:
-        json.dumps(resolution, allow_nan=False, ensure_ascii=False).encode()
+        size = len(json.dumps(resolution, allow_nan=False, ensure_ascii=False).encode())
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is one
         raise InvalidAnswer(
             f"request {rid}: the answer is not plain JSON text: {exc}", [rid]
         ) from None
+    if size > MAX_TEXT_BYTES:
+        raise InvalidAnswer(
+            f"request {rid}: the answer is {size} bytes, over the limit of {MAX_TEXT_BYTES}", [rid]
+        )
 
 
 def repeat(

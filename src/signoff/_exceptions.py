@@ -2,7 +2,8 @@
 
     SignoffError
     ├── UsageError                 misuse by the developer: bad definitions or arguments
-    │   └── InvalidAnswer          an answer or decision of the wrong shape or type
+    │   ├── InvalidAnswer          an answer or decision of the wrong shape or type
+    │   └── TooLarge               text or data over a documented size limit
     ├── SessionError               about a session as a whole          (.session_id)
     │   ├── UnknownSession         no such session
     │   ├── SessionExpired         its TTL passed; reopening it fails loudly
@@ -57,6 +58,7 @@ __all__ = [
     "StoreError",
     "StoreGone",
     "StoreUnavailable",
+    "TooLarge",
     "UnknownRequest",
     "UnknownSession",
     "UsageError",
@@ -83,6 +85,13 @@ class InvalidAnswer(UsageError):
     def __init__(self, message: str, request_ids: Iterable[str] = ()) -> None:
         super().__init__(message)
         self.request_ids = list(request_ids)
+
+
+class TooLarge(UsageError):
+    """Text or data over a documented size limit (a prompt, a step's result): refused before
+    it is stored, as a store or a model could never take it back."""
+
+    code = "payload_too_large"
 
 
 class SessionError(SignoffError):

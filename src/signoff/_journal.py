@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ._exceptions import SignoffError
+from ._exceptions import SignoffError, TooLarge
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of
-from ._tools import ApprovalRequired, QuestionWithdrawn
+from ._tools import ApprovalRequired, QuestionWithdrawn, over_limit
 from ._types import Action, ChildRef, InputRequest, Option, Principal
 from .stores import Resolve
 
@@ -79,8 +79,12 @@ class CallJournal:
                 data["keyed"] = True
             try:
                 data["result"] = await run()
+                too_large = over_limit(f"step {name!r} returned", data["result"], self._limit())
+                if too_large is not None:
+                    del data["result"]  # its effect ran: journaled as its failure, never rerun
+                    raise TooLarge(too_large)
             except Exception as exc:
-                if isinstance(exc, _NOT_THE_STEPS):
+                if isinstance(exc, _NOT_THE_STEPS) and not isinstance(exc, TooLarge):
                     raise
                 # The step's own failure, which the tool may catch and go on from: journaled,
                 # so a replay takes the same path instead of running the step again.
@@ -91,6 +95,11 @@ class CallJournal:
             return data["result"]
         finally:
             self._busy(-1)
+
+    def _limit(self) -> int:
+        tool = self.driver.agent.tools.get(self._call().tool_name)
+        own = None if tool is None else tool.max_result_bytes
+        return own or self.driver.agent.limits.max_result_bytes
 
     def _busy(self, change: int) -> None:
         self.inflight += change

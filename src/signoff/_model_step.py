@@ -96,7 +96,7 @@ class ModelStep(DriverPart):
             response = await self.agent.model.complete(request)
             if not isinstance(response, ModelResponse):
                 raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
-            _check_recordable(response)
+            _check_recordable(response, limits.max_response_bytes)
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the model
@@ -222,15 +222,22 @@ def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None
     return None
 
 
-def _check_recordable(response: ModelResponse) -> None:
+def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
     """Refuse a response the log cannot hold faithfully: NaN, infinity or objects that are not
-    JSON (a NaN amount slips past `amount > 100`, infinity is read back as null), or negative
-    usage (which would give budget back)."""
+    JSON (a NaN amount slips past `amount > 100`, infinity is read back as null), negative
+    usage (which would give budget back), or JSON over `max_bytes`."""
     usage = response.usage
     if min(usage.input_tokens, usage.output_tokens, usage.cost_usd) < 0:
         raise ModelError(f"model response has negative usage: {usage!r}")
     data: Any = response.model_dump()
     try:
-        json.dumps(data, allow_nan=False)
+        text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise ModelError(f"model response is not plain JSON: {type(exc).__name__}: {exc}") from None
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        # Stored, it would be sent back on every later model call of the session, and fail it.
+        raise ModelError(
+            f"model response is {size} bytes, over the limit of {max_bytes} bytes "
+            "(max_response_bytes)"
+        )

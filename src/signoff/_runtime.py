@@ -15,8 +15,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import IO, Any
 
 from . import _audit_trail as _audit
-from . import _subagents
+from . import _subagents, stores
 from ._answers import Reply as _Reply
+from ._answers import check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
 from ._deadlines import after_deadline, is_due
@@ -430,32 +431,30 @@ class Runtime(Messages):
         expires_at = 0.0  # by self.clock(); 0 until read from the state, and after new events
         checked = time.monotonic()  # when the session was last seen in the store
         while True:
-            batch = await self.store.read_events(session_id, after=after, limit=500)
+            batch = await self.store.read_events(
+                session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+            )
             for event in batch:
                 yield event
                 after = event.seq
             if batch:
                 expires_at = 0.0
-            if not batch and not follow:
+                continue  # a read bounded by bytes may stop short of the log's end: read on
+            if not follow:
                 return
-            if len(batch) < 500:
-                if not follow:
-                    return
-                if not batch and (
-                    self.clock() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED
-                ):
-                    state = await self.state(session_id)  # UnknownSession once deleted
-                    if state.seq == after and state.expired(self.clock()):
-                        raise SessionExpired(session_id, [r.id for r in state.pending_requests()])
-                    expires_at = math.inf if state.expires_at is None else state.expires_at
-                    checked = time.monotonic()
-                    if state.seq != after:
-                        continue  # events came meanwhile: read them first
-                wait = getattr(self.store, "wait_for_change", None)
-                if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
-                    await wait(session_id, self.poll_interval * 10, after=after)
-                else:
-                    await asyncio.sleep(self.poll_interval)
+            if self.clock() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
+                state = await self.state(session_id)  # UnknownSession once deleted
+                if state.seq == after and state.expired(self.clock()):
+                    raise SessionExpired(session_id, [r.id for r in state.pending_requests()])
+                expires_at = math.inf if state.expires_at is None else state.expires_at
+                checked = time.monotonic()
+                if state.seq != after:
+                    continue  # events came meanwhile: read them first
+            wait = getattr(self.store, "wait_for_change", None)
+            if wait is not None:  # woken by the store (LISTEN/NOTIFY), polling as fallback
+                await wait(session_id, self.poll_interval * 10, after=after)
+            else:
+                await asyncio.sleep(self.poll_interval)
 
     async def cancel(
         self, session_id: str, reason: str | None = None, *, principal: Principal | None = None
@@ -465,6 +464,8 @@ class Runtime(Messages):
         await self.open()
         if reason is not None and not isinstance(reason, str):
             raise UsageError(f"reason must be a string, not {type(reason).__name__}")
+        if reason is not None:
+            check_text(reason, "the reason")
         if principal is not None and not isinstance(principal, Principal):
             raise UsageError(f"principal must be a so.Principal, not {type(principal).__name__}")
         by = None if principal is None else principal.model_dump()

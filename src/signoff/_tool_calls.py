@@ -33,6 +33,7 @@ from ._tools import (
     Tool,
     ToolContext,
     jsonable,
+    over_limit,
 )
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal
 
@@ -323,11 +324,15 @@ class ToolCalls(DriverPart):
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the tool
-            await self.record(
-                journal.ending(
-                    [tool_result(call, "error", {"error": f"{type(exc).__name__}: {exc}"})]
-                )
-            )
+            error = f"{type(exc).__name__}: {exc}"
+            limit = self.max_result_bytes(tool)
+            if len(error) > limit // 4:  # a message of megabytes is cut, not stored whole
+                error = error[: limit // 4] + " [cut]"
+            await self.record(journal.ending([tool_result(call, "error", {"error": error})]))
+            return
+        too_large = over_limit("the result is", result, self.max_result_bytes(tool))
+        if too_large is not None:
+            await self.record(journal.ending([tool_result(call, "error", {"error": too_large})]))
             return
         if call.edited_input is not None or approval is not None:
             wrapped: dict[str, Any] = {"result": result}
@@ -343,6 +348,10 @@ class ToolCalls(DriverPart):
             result = wrapped
         await self.record(journal.ending([tool_result(call, "ok", result)]))
 
+    def max_result_bytes(self, tool: Tool) -> int:
+        """The bound on `tool`'s results: its own, or its agent's `Limits.max_result_bytes`."""
+        return tool.max_result_bytes or self.agent.limits.max_result_bytes
+
     async def request_from_tool(self, call: CallState, payload: Any, journal: CallJournal) -> None:
         s = self.state
         turn = s.turn
@@ -352,6 +361,12 @@ class ToolCalls(DriverPart):
         except Exception as exc:
             error = {"error": f"approval payload is not JSON-able: {exc}"}
             await self.record(journal.ending([tool_result(call, "error", error)]))
+            return
+        tool = self.agent.tools.get(call.tool_name)
+        limit = self.max_result_bytes(tool) if tool else self.agent.limits.max_result_bytes
+        too_large = over_limit("the approval payload is", payload, limit)
+        if too_large is not None:
+            await self.record(journal.ending([tool_result(call, "error", {"error": too_large})]))
             return
         request = InputRequest(
             kind="tool-approval",

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from ._approval import ApprovalPolicy, SessionInfo, as_policy
+from ._events import dumps
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
 from ._steps import raise_recorded
@@ -21,16 +22,22 @@ from ._types import Answer, Option, Principal, make_options
 # The tool names OpenAI and Anthropic take.
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 
+MAX_RESULT_BYTES = 1 << 20
+"""The default bound on a tool's or step's result as JSON (`Limits.max_result_bytes`)."""
+
 __all__ = [
     "ApprovalRequired",
     "InputUnavailable",
     "Journal",
+    "MAX_RESULT_BYTES",
     "QuestionWithdrawn",
     "TOOL_NAME",
     "ReplayError",
     "Tool",
     "ToolContext",
+    "json_size",
     "jsonable",
+    "over_limit",
     "tool",
 ]
 
@@ -273,9 +280,20 @@ class Tool:
         approval: object = None,
         run_as: str = "requester",
         workflow: bool | None = None,
+        max_result_bytes: int | None = None,
     ) -> None:
         if not callable(fn):
             raise UsageError(f"a tool needs a function, not {fn!r}")
+        if max_result_bytes is not None and (
+            isinstance(max_result_bytes, bool)
+            or not isinstance(max_result_bytes, int)
+            or max_result_bytes < 1
+        ):
+            raise UsageError(
+                f"max_result_bytes must be a positive whole number, not {max_result_bytes!r}"
+            )
+        # None: the agent's `Limits.max_result_bytes` bounds this tool's results.
+        self.max_result_bytes = max_result_bytes
         if run_as not in ("requester", "approver"):
             raise UsageError(f"run_as must be 'requester' or 'approver', not {run_as!r}")
         self.fn = fn
@@ -345,6 +363,22 @@ def jsonable(value: Any) -> Any:
     """`value` as plain JSON data, with NaN and infinities as null (as pydantic writes them in
     JSON): what a tool hands back is stored and streamed, and strict JSON readers refuse them."""
     return _finite(to_jsonable_python(value))
+
+
+def json_size(value: Any) -> int:
+    """How many bytes `value` takes as stored JSON (UTF-8, compact)."""
+    text = dumps(value)
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def over_limit(what: str, value: Any, limit: int) -> str | None:
+    """Why `value` may not be stored (its JSON is over `limit` bytes), or None when it fits."""
+    if isinstance(value, str) and len(value) * 4 + 2 <= limit:
+        return None  # fits however it encodes: no need to measure
+    size = json_size(value)
+    if size <= limit:
+        return None
+    return f"{what} {size} bytes, over the limit of {limit} bytes (max_result_bytes); return less"
 
 
 def _finite(value: Any) -> Any:
@@ -419,6 +453,7 @@ def tool(
     description: str | None = None,
     approval: object = None,
     run_as: str = "requester",
+    max_result_bytes: int | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -430,12 +465,20 @@ def tool(
     description: str | None = None,
     approval: object = None,
     run_as: str = "requester",
+    max_result_bytes: int | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Turn a function into a `Tool`: hints give the schema, the docstring the description."""
     if fn is not None:
         return Tool(fn)
 
     def wrap(f: Callable[..., Any]) -> Tool:
-        return Tool(f, name=name, description=description, approval=approval, run_as=run_as)
+        return Tool(
+            f,
+            name=name,
+            description=description,
+            approval=approval,
+            run_as=run_as,
+            max_result_bytes=max_result_bytes,
+        )
 
     return wrap

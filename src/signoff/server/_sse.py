@@ -13,6 +13,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 
+from .. import stores
 from .._events import Event
 from .._exceptions import (
     SchemaVersionError,
@@ -128,7 +129,9 @@ async def event_stream(
         ended: SignoffError | None = None
         batch: list[Event] = []
         try:
-            batch = await ctx.runtime.store.read_events(session_id, after=after, limit=500)
+            batch = await ctx.runtime.store.read_events(
+                session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
+            )
             if (
                 follow
                 and not batch
@@ -157,14 +160,14 @@ async def event_stream(
             after = event.seq
         if batch:
             expires_at = 0.0  # the session's expiry moved with its new events: read it again
-        if len(batch) == 500:
-            continue  # more is waiting: no pause while catching up
+            last_sent = time.monotonic()
+            if ctx.closing:
+                return
+            continue  # more may wait (a read bounded by bytes stops short): no pause
         if not follow:
             return
         now = time.monotonic()
-        if batch:
-            last_sent = now
-        elif now - last_sent >= heartbeat:
+        if now - last_sent >= heartbeat:
             yield ": keep-alive\n\n"
             last_sent = now
         if ctx.closing or await request.is_disconnected():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from ._base import (
+    READ_BYTES,
     Commit,
     FaultHook,
     Loaded,
@@ -21,6 +22,7 @@ __all__ = [
     "FaultHook",
     "Loaded",
     "PendingFilter",
+    "READ_BYTES",
     "Resolve",
     "SQLiteStore",
     "SessionSummary",

@@ -19,6 +19,7 @@ __all__ = [
     "FaultHook",
     "Loaded",
     "PendingFilter",
+    "READ_BYTES",
     "Resolve",
     "Store",
     "SessionSummary",
@@ -26,6 +27,10 @@ __all__ = [
     "request_rows",
     "stored_request",
 ]
+
+READ_BYTES = 4 << 20
+"""How much event JSON one read of a followed stream holds (`read_events(max_bytes=...)`):
+500 events of megabytes each would otherwise be held at once, per stream."""
 
 FaultHook = Callable[[Literal["before", "after"], str], None]
 """Test-only: called right before and right after each commit, named by its first event type."""
@@ -163,9 +168,12 @@ class Store(Protocol):
         limit: int | None = None,
         types: Sequence[str] | None = None,
         newest: int | None = None,
+        max_bytes: int | None = None,
     ) -> list[Event]:
         """Events after `after` (of `types`, if given), oldest first: the first `limit` of them,
-        or the newest `newest`."""
+        or the newest `newest`. With `max_bytes` (not with `newest`) the read stops after the
+        event that brings their JSON to that size, so one read of large events holds a bounded
+        amount: fewer than `limit` then does not mean the log ends there."""
         ...
 
     async def head(self, session_id: str) -> int | None: ...

@@ -12,7 +12,7 @@ from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
 from .._audit import AuditEntry, entry_type, loaded_data
 from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
-from .._codec import EventTexts, stored_type, type_name, unpack
+from .._codec import EventTexts, parse, stored_type, type_name, unpack
 from ._connections import Conn, Connections, Seen, storable
 from ._sql import EARLIER_COLUMNS, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN, TURN, named_turn
 
@@ -64,12 +64,13 @@ class Reads(Connections):
         limit: int | None = None,
         types: Sequence[str] | None = None,
         newest: int | None = None,
+        max_bytes: int | None = None,
     ) -> list[Event]:
         async def body(conn: Conn) -> list[Event]:
             sk = await self._session_key(conn, session_id)
             if sk is None:
                 raise UnknownSession(session_id)
-            return await self._events(conn, session_id, sk, after, limit, types, newest)
+            return await self._events(conn, session_id, sk, after, limit, types, newest, max_bytes)
 
         return await self._read(body, f"reading events of session {session_id!r}")
 
@@ -82,6 +83,7 @@ class Reads(Connections):
         limit: int | None,
         types: Sequence[str] | None,
         newest: int | None = None,
+        max_bytes: int | None = None,
     ) -> list[Event]:
         s = self._s
         turn = TURN.format(s=s)
@@ -100,6 +102,16 @@ class Reads(Connections):
         if newest is not None:  # the newest `newest` of them, still oldest first
             rows = f"(SELECT * FROM {rows} ORDER BY e.seq DESC LIMIT %s) AS e"
             params.append(newest)
+        elif max_bytes is not None:
+            # Rows up to the one whose stored size brings them to `max_bytes` (stored data is
+            # at most its JSON's size): the database sends no more than that. octet_length
+            # reads a value's size without fetching it.
+            rows = (
+                "(SELECT * FROM (SELECT e.*, sum(octet_length(e.data)) OVER (ORDER BY e.seq) "
+                f"AS held FROM {rows} ORDER BY e.seq LIMIT %s) AS e "
+                "WHERE e.held - octet_length(e.data) < %s) AS e"
+            )
+            params.extend([limit, max_bytes])
         else:
             rows = f"(SELECT * FROM {rows}) AS e"
         sql = (
@@ -115,14 +127,19 @@ class Reads(Connections):
         found = await cur.fetchall()
         earlier = {int(row[0]): row[6:] for row in found}
         texts = EventTexts(lambda seq: earlier[seq])
+        held = 0
         for seq, code, turn_id, at, v, data, *_ in found:
+            if max_bytes is not None and held >= max_bytes:
+                break  # their JSON is larger than stored: the bound is kept on that too
             if turn_id is None and not types:
                 turn_id = named
             named = turn_id
             try:
-                type_, value = type_name(code), texts.value(int(seq), data)
+                type_, text = type_name(code), texts.text(int(seq), data)
+                value = parse(text)
             except StoreError as exc:
                 raise StoreError(f"session {session_id!r}, event {seq}: {exc}") from exc
+            held += len(text)
             events.append(
                 Event.from_row(
                     session_id=session_id,

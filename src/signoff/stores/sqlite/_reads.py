@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from contextlib import closing
 from typing import Any
 
 from ..._events import Event
@@ -18,6 +19,7 @@ from .._codec import (
     DEFLATE_ON_PREVIOUS,
     EventTexts,
     Stored,
+    parse,
     stored_type,
     type_name,
     unpack,
@@ -81,11 +83,12 @@ class Reads(Connection):
         limit: int | None = None,
         types: Sequence[str] | None = None,
         newest: int | None = None,
+        max_bytes: int | None = None,
     ) -> list[Event]:
         sk = self._session_key(session_id)
         if sk is None:
             raise UnknownSession(session_id)
-        return self._events(session_id, sk, after, limit, types, newest)
+        return self._events(session_id, sk, after, limit, types, newest, max_bytes)
 
     def _events(
         self,
@@ -95,6 +98,7 @@ class Reads(Connection):
         limit: int | None,
         types: Sequence[str] | None,
         newest: int | None = None,
+        max_bytes: int | None = None,
     ) -> list[Event]:
         # Without a type filter the rows are consecutive, so a NULL turn is the one before it
         # in the result; only the first row may need to look further back.
@@ -117,25 +121,33 @@ class Reads(Connection):
         events: list[Event] = []
         turn: str | None = None
         texts = EventTexts(lambda seq: self._stored_before(sk, seq))
-        for seq, code, named, at, v, data in self.conn.execute(sql, params).fetchall():
-            if named is None:
-                named = turn if events else self._turn_before(sk, seq)
-            turn = named
-            try:
-                type_, value = type_name(code), texts.value(seq, data)
-            except StoreError as exc:
-                raise StoreError(f"session {session_id!r}, event {seq}: {exc}") from exc
-            events.append(
-                Event.from_row(
-                    session_id=session_id,
-                    seq=seq,
-                    type=type_,
-                    turn_id=named or None,
-                    at=at,
-                    v=v,
-                    data=value,
+        with closing(self.conn.execute(sql, params)) as cursor:
+            # Bounded by bytes, rows are stepped one at a time: those past the bound are never read.
+            rows = cursor if max_bytes is not None else cursor.fetchall()
+            held = 0
+            for seq, code, named, at, v, data in rows:
+                if named is None:
+                    named = turn if events else self._turn_before(sk, seq)
+                turn = named
+                try:
+                    type_, text = type_name(code), texts.text(seq, data)
+                    value = parse(text)
+                except StoreError as exc:
+                    raise StoreError(f"session {session_id!r}, event {seq}: {exc}") from exc
+                held += len(text)
+                events.append(
+                    Event.from_row(
+                        session_id=session_id,
+                        seq=seq,
+                        type=type_,
+                        turn_id=named or None,
+                        at=at,
+                        v=v,
+                        data=value,
+                    )
                 )
-            )
+                if max_bytes is not None and held >= max_bytes:
+                    break
         return events
 
     def _turn_before(self, sk: int, seq: int) -> str | None:
