@@ -269,3 +269,39 @@ async def test_deliveries_to_one_url_keep_their_order() -> None:
         "request.expiring",
         "request.resolved",
     ]
+
+
+def test_verify_webhook_refuses_non_ascii_headers_by_name() -> None:
+    """A forged signature or timestamp with non-ASCII characters is an `InvalidSignature`, not a
+    TypeError from `hmac.compare_digest` (a 500 in the receiver)."""
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    with pytest.raises(InvalidSignature, match="does not match"):
+        verify_webhook(SECRET, {**good, "Signoff-Signature": "v1=\u00e9"}, body, now=stamp)
+    # int() reads other scripts' digits and underscores; the header is ASCII digits only
+    arabic = "\u0661\u0667\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660"
+    for odd in (arabic, "1_700_000_000", "9" * 5000):
+        with pytest.raises(InvalidSignature, match="not a Unix timestamp"):
+            verify_webhook(SECRET, {**good, "Signoff-Timestamp": odd}, body, now=stamp)
+
+
+async def test_a_request_with_a_lone_surrogate_is_still_delivered() -> None:
+    """A model can put an unpaired surrogate (`\\ud800`) in a tool's input and the store keeps
+    it; the delivery escapes it instead of failing on UTF-8 every time it is tried."""
+    async with Receiver([]) as receiver:
+        hooks = WebhookChannel(receiver.url, SECRET)
+        request = so.InputRequest(
+            kind="question",
+            id="req_9",
+            session_id="s",
+            turn_id="t",
+            agent="a",
+            created_at=0.0,
+            question="caf\u00e9 \ud800",
+        )
+        hooks.enqueue("request.opened", request)
+        await asyncio.wait_for(hooks.drain(), 10)
+        await hooks.close()
+    ((headers, body),) = receiver.accepted
+    assert verify_webhook(SECRET, headers, body)["request"]["question"] == "caf\u00e9 \ud800"

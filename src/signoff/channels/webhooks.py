@@ -69,9 +69,12 @@ def verify_webhook(
     if not stamp or not given:
         raise InvalidSignature(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
     try:
-        timestamp = int(stamp)
+        if not (stamp.isascii() and stamp.isdigit()):  # int() also reads "1_7", other digits
+            raise ValueError(stamp)
+        timestamp = int(stamp)  # a ValueError past 4300 digits too
     except ValueError:
-        raise InvalidSignature(f"{TIMESTAMP_HEADER} is not a Unix timestamp: {stamp!r}") from None
+        shown = stamp[:40]
+        raise InvalidSignature(f"{TIMESTAMP_HEADER} is not a Unix timestamp: {shown!r}") from None
     current = time.time() if now is None else now
     try:
         age = current - timestamp
@@ -79,9 +82,10 @@ def verify_webhook(
         raise InvalidSignature(f"{TIMESTAMP_HEADER} is more than {tolerance:g}s off") from None
     if abs(age) > tolerance:
         raise InvalidSignature(f"the delivery is {int(age)}s old; more than {tolerance:g}s off")
-    expected = sign_webhook(secret, timestamp, raw)
+    expected = sign_webhook(secret, timestamp, raw).encode()
     candidates = [s.strip() for s in given.split(",") if s.strip().startswith("v1=")]
-    if not any(hmac.compare_digest(expected, c) for c in candidates):
+    # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a no).
+    if not any(hmac.compare_digest(expected, _utf8(c)) for c in candidates):
         raise InvalidSignature("the signature does not match the body and timestamp")
     try:
         payload = json.loads(raw)
@@ -90,6 +94,20 @@ def verify_webhook(
     if not isinstance(payload, dict):
         raise InvalidSignature("the signed body is not a JSON object")
     return payload
+
+
+def _utf8(text: str) -> bytes:
+    """`text` as UTF-8, unpaired surrogates kept as they are (they then match nothing)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _json_bytes(body: Mapping[str, Any]) -> bytes:
+    """The delivery body as UTF-8 JSON; text with unpaired surrogates (which UTF-8 cannot hold)
+    is written with `\\u` escapes instead, so such a request is delivered rather than failing."""
+    try:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(body, separators=(",", ":")).encode()
 
 
 class WebhookChannel(Channel):
@@ -206,7 +224,7 @@ class WebhookChannel(Channel):
     ) -> None:
         """Queue one event for every URL (each URL gets them in order)."""
         body = self.payload(event, request, resolution)
-        raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        raw = _json_bytes(body)
         self._ensure_workers()
         for url in self.urls:
             self._queues[url].put_nowait((body["id"], event, raw))
