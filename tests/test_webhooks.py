@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -231,6 +232,9 @@ def test_configuration_errors_are_named() -> None:
         WebhookChannel("https://example.com/hook", "")
     with pytest.raises(so.UsageError, match="max_attempts"):
         WebhookChannel("https://example.com/hook", SECRET, max_attempts=0)
+    for timeout in (0, -1, float("nan")):
+        with pytest.raises(so.UsageError, match="timeout"):
+            WebhookChannel("https://example.com/hook", SECRET, timeout=timeout)
     # each URL once (twice would deliver every event twice), and one httpx can send to
     with pytest.raises(so.UsageError, match="twice"):
         WebhookChannel(["https://example.com/a", "https://example.com/a"], SECRET)
@@ -305,3 +309,87 @@ async def test_a_request_with_a_lone_surrogate_is_still_delivered() -> None:
         await hooks.close()
     ((headers, body),) = receiver.accepted
     assert verify_webhook(SECRET, headers, body)["request"]["question"] == "caf\u00e9 \ud800"
+
+
+@asynccontextmanager
+async def raw_receiver(answer: Any) -> AsyncIterator[str]:
+    """A loopback TCP server that reads a request's head and lets `answer(writer)` reply."""
+
+    handlers: set[asyncio.Task[Any]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        try:
+            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+                await reader.readuntil(b"\r\n\r\n")
+                await answer(writer)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/hook"
+    finally:
+        server.close()
+        for task in handlers:  # the endless answers
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
+
+
+async def test_a_receivers_endless_answer_is_not_read() -> None:
+    """Only the status matters: a 200 followed by an endless body neither hangs the URL's
+    queue nor grows memory, it counts as delivered."""
+
+    async def endless(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while True:
+            writer.write(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+            await writer.drain()
+
+    async with raw_receiver(endless) as url:
+        hooks = WebhookChannel(url, SECRET, timeout=2, max_attempts=1)
+        delivered = await asyncio.wait_for(hooks.deliver(url, "whd_1", "request.opened", b"{}"), 5)
+        await hooks.close()
+    assert delivered is True and (hooks.delivered, hooks.failed) == (1, 0)
+
+
+async def test_a_receiver_that_trickles_its_answer_times_out() -> None:
+    """`timeout` bounds a whole attempt: a receiver sending a byte now and then (each read
+    within httpx's own per-read timeout) does not hold the URL's deliveries forever."""
+
+    async def trickle(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        while True:
+            writer.write(b"X")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with raw_receiver(trickle) as url:
+        hooks = WebhookChannel(url, SECRET, timeout=0.5, max_attempts=1)
+        delivered = await asyncio.wait_for(hooks.deliver(url, "whd_1", "request.opened", b"{}"), 5)
+        await hooks.close()
+    assert delivered is False and (hooks.delivered, hooks.failed) == (0, 1)
+
+
+async def test_a_redirect_is_a_refusal_and_is_not_followed() -> None:
+    """The signed body goes only to the configured URL: a 301 elsewhere is final, not retried."""
+    async with Receiver([]) as elsewhere:
+
+        async def moved(writer: asyncio.StreamWriter) -> None:
+            writer.write(
+                f"HTTP/1.1 301 Moved\r\nLocation: {elsewhere.url}\r\n"
+                "Content-Length: 0\r\n\r\n".encode()
+            )
+            await writer.drain()
+
+        async with raw_receiver(moved) as url:
+            hooks = WebhookChannel(url, SECRET, max_attempts=3)
+            assert await hooks.deliver(url, "whd_1", "request.opened", b"{}") is False
+            await hooks.close()
+    assert elsewhere.attempts == [] and (hooks.delivered, hooks.failed) == (0, 1)

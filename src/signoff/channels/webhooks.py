@@ -7,6 +7,11 @@ exponential backoff; `Signoff-Delivery` stays the same across retries so receive
 Deliveries wait in an in-memory queue per URL (so a slow receiver holds up no other channel):
 those still queued or being retried when the process dies are lost, and an entry the hub
 re-reads after a restart can be sent twice (same delivery id).
+
+Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
+its body. Redirects are not followed (a 3xx is a refusal: the signed body goes only where it was
+configured to). URLs are the operator's own configuration, so loopback and private addresses are
+allowed (e.g. a receiver on the same host); never build them from untrusted input.
 """
 
 from __future__ import annotations
@@ -156,6 +161,8 @@ class WebhookChannel(Channel):
             raise UsageError("WebhookChannel needs a non-empty signing secret")
         if max_attempts < 1:
             raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        if not timeout > 0:  # also NaN; 0 would fail every attempt at once
+            raise UsageError(f"timeout must be positive, not {timeout!r}")
         if backoff < 0 or max_backoff < 0 or expiring_within < 0:
             raise UsageError("backoff, max_backoff and expiring_within must not be negative")
         self.urls = url_list
@@ -267,15 +274,15 @@ class WebhookChannel(Channel):
                 DELIVERY_HEADER: delivery,
             }
             try:
-                response = await client.post(url, content=raw, headers=headers)
-            except httpx.HTTPError as exc:
+                status = await self._post(client, url, raw, headers)
+            except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
             else:
-                if response.is_success:
+                if 200 <= status < 300:
                     self.delivered += 1
                     return True
-                problem = f"HTTP {response.status_code}"
-                if response.status_code < 500 and response.status_code not in _RETRY_STATUSES:
+                problem = f"HTTP {status}"
+                if status < 500 and status not in _RETRY_STATUSES:
                     logger.error("webhook %s refused %s (%s); not retried", url, delivery, problem)
                     self.failed += 1
                     return False
@@ -293,6 +300,18 @@ class WebhookChannel(Channel):
         logger.error("webhook %s: gave up on %s after %s attempts", url, delivery, attempt)
         self.failed += 1
         return False
+
+    async def _post(
+        self, client: httpx.AsyncClient, url: str, raw: bytes, headers: dict[str, str]
+    ) -> int:
+        """One POST's status. The whole attempt is bounded by `timeout` (httpx bounds each read
+        only) and the receiver's body is never read, so a trickling or endless answer costs
+        neither time nor memory."""
+        async with (
+            asyncio.timeout(self.timeout),
+            client.stream("POST", url, content=raw, headers=headers) as response,
+        ):
+            return response.status_code
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
