@@ -393,3 +393,51 @@ async def test_a_redirect_is_a_refusal_and_is_not_followed() -> None:
             assert await hooks.deliver(url, "whd_1", "request.opened", b"{}") is False
             await hooks.close()
     assert elsewhere.attempts == [] and (hooks.delivered, hooks.failed) == (0, 1)
+
+
+async def test_a_delivery_given_up_on_is_sent_again_when_the_hub_next_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Like Slack's posts: a delivery that ran out of attempts is logged as an error and kept in
+    the hub's state, sent again (same delivery id) on the next start, and then forgotten."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([503, 503]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=2, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        assert (hooks.delivered, hooks.failed, receiver.accepted) == (0, 1, [])
+        assert "gave up on" in caplog.text
+        for _ in range(2):  # sent on the first start after, not again on the second
+            again = WebhookChannel(receiver.url, SECRET, sleep=sleep)
+            async with manual(ChannelHub(rt, [again], state=state)):
+                await asyncio.wait_for(again.drain(), 10)
+        ((headers, body),) = receiver.accepted
+        payload = verify_webhook(SECRET, headers, body)
+        assert payload["request"]["id"] == r.pending[0].id
+        assert {h["Signoff-Delivery"] for h, _ in receiver.attempts} == {payload["id"]}
+
+
+async def test_a_refused_delivery_is_not_kept(tmp_path: Path) -> None:
+    """A 4xx is the receiver's final word: it is not sent again on the next start."""
+    async with (
+        Receiver([400]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db")) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        again = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [again], state=tmp_path / "hub.db")):
+            await asyncio.wait_for(again.drain(), 10)
+        assert len(receiver.attempts) == 1 and receiver.accepted == []
