@@ -95,3 +95,15 @@ def test_a_closed_state_is_a_store_error() -> None:
     state.close()
     with pytest.raises(so.StoreError, match="channel state"):
         state.position("hub:slack")
+
+
+def test_memos_are_listed_by_literal_prefix_oldest_first() -> None:
+    state = ChannelState()
+    state.remember("hooks", "outbox:b", 1)
+    state.remember("hooks", "outbox:a", 2)
+    state.remember("hooks", "outbox%", 3)  # no LIKE wildcards: % and _ are plain characters
+    state.remember("hooks", "outbox_x", 4)
+    state.remember("other", "outbox:c", 5)
+    state.remember("hooks", "outbox:b", 6)  # an update keeps its place
+    assert state.memos("hooks", "outbox:") == [("outbox:b", 6), ("outbox:a", 2)]
+    assert [k for k, _ in state.memos("hooks")] == ["outbox:b", "outbox:a", "outbox%", "outbox_x"]

@@ -823,17 +823,42 @@ def test_serve_then_approve_from_the_command_line(
         (["--webhook", "ftp://example/hook", "--webhook-secret", "s"], "must be http(s)"),
         (["--slack-channel", "C0123"], "--slack-channel needs --slack-token"),
         (["--slack-channel", "C0123", "--slack-token", "xoxb-1"], "--slack-signing-secret"),
+        (["--slack-token", "xoxb-1"], "--slack-token is given but no --slack-channel"),
+        (["--slack-signing-secret", "s"], "--slack-signing-secret is given but no --slack-channel"),
+        (["--channel-state", "hub.db"], "--channel-state is given but no --webhook or --slack"),
     ],
 )
 def test_serve_refuses_incomplete_channel_options(
     args: list[str], message: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    import uvicorn
+
     for name in ("SIGNOFF_WEBHOOK_SECRET", "SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET"):
         monkeypatch.delenv(name, raising=False)
+    started: list[Any] = []  # a server wrongly started must not listen until the test times out
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
     store = f"sqlite:///{tmp_path}/state.db"
     result = invoke("serve", "examples.support:runtime", "--store", store, *args)
     assert result.exit_code == 1, result.output
     assert "UsageError" in result.output and message in " ".join(result.output.split())
+    assert started == []
+
+
+def test_serve_ignores_channel_secrets_exported_for_channels_it_does_not_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A secret exported in the environment (for another command, or a later run) is not an
+    error without its channel; the same secret given on the command line is (see above)."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
+    monkeypatch.setenv("SIGNOFF_WEBHOOK_SECRET", "s3cret")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-1")
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", "s")
+    result = invoke("serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db")
+    assert result.exit_code == 0, result.output
+    assert len(served) == 1
 
 
 @pytest.mark.parametrize("how", ["option", "env"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -231,6 +232,9 @@ def test_configuration_errors_are_named() -> None:
         WebhookChannel("https://example.com/hook", "")
     with pytest.raises(so.UsageError, match="max_attempts"):
         WebhookChannel("https://example.com/hook", SECRET, max_attempts=0)
+    for timeout in (0, -1, float("nan")):
+        with pytest.raises(so.UsageError, match="timeout"):
+            WebhookChannel("https://example.com/hook", SECRET, timeout=timeout)
     # each URL once (twice would deliver every event twice), and one httpx can send to
     with pytest.raises(so.UsageError, match="twice"):
         WebhookChannel(["https://example.com/a", "https://example.com/a"], SECRET)
@@ -269,3 +273,171 @@ async def test_deliveries_to_one_url_keep_their_order() -> None:
         "request.expiring",
         "request.resolved",
     ]
+
+
+def test_verify_webhook_refuses_non_ascii_headers_by_name() -> None:
+    """A forged signature or timestamp with non-ASCII characters is an `InvalidSignature`, not a
+    TypeError from `hmac.compare_digest` (a 500 in the receiver)."""
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    with pytest.raises(InvalidSignature, match="does not match"):
+        verify_webhook(SECRET, {**good, "Signoff-Signature": "v1=\u00e9"}, body, now=stamp)
+    # int() reads other scripts' digits and underscores; the header is ASCII digits only
+    arabic = "\u0661\u0667\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660"
+    for odd in (arabic, "1_700_000_000", "9" * 5000):
+        with pytest.raises(InvalidSignature, match="not a Unix timestamp"):
+            verify_webhook(SECRET, {**good, "Signoff-Timestamp": odd}, body, now=stamp)
+
+
+async def test_a_request_with_a_lone_surrogate_is_still_delivered() -> None:
+    """A model can put an unpaired surrogate (`\\ud800`) in a tool's input and the store keeps
+    it; the delivery escapes it instead of failing on UTF-8 every time it is tried."""
+    async with Receiver([]) as receiver:
+        hooks = WebhookChannel(receiver.url, SECRET)
+        request = so.InputRequest(
+            kind="question",
+            id="req_9",
+            session_id="s",
+            turn_id="t",
+            agent="a",
+            created_at=0.0,
+            question="caf\u00e9 \ud800",
+        )
+        hooks.enqueue("request.opened", request)
+        await asyncio.wait_for(hooks.drain(), 10)
+        await hooks.close()
+    ((headers, body),) = receiver.accepted
+    assert verify_webhook(SECRET, headers, body)["request"]["question"] == "caf\u00e9 \ud800"
+
+
+@asynccontextmanager
+async def raw_receiver(answer: Any) -> AsyncIterator[str]:
+    """A loopback TCP server that reads a request's head and lets `answer(writer)` reply."""
+
+    handlers: set[asyncio.Task[Any]] = set()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        try:
+            with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):
+                await reader.readuntil(b"\r\n\r\n")
+                await answer(writer)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await writer.wait_closed()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/hook"
+    finally:
+        server.close()
+        for task in handlers:  # the endless answers
+            task.cancel()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        await server.wait_closed()
+
+
+async def test_a_receivers_endless_answer_is_not_read() -> None:
+    """Only the status matters: a 200 followed by an endless body neither hangs the URL's
+    queue nor grows memory, it counts as delivered."""
+
+    async def endless(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        while True:
+            writer.write(b"10000\r\n" + b"x" * 0x10000 + b"\r\n")
+            await writer.drain()
+
+    async with raw_receiver(endless) as url:
+        hooks = WebhookChannel(url, SECRET, timeout=2, max_attempts=1)
+        delivered = await asyncio.wait_for(hooks.deliver(url, "whd_1", "request.opened", b"{}"), 5)
+        await hooks.close()
+    assert delivered is True and (hooks.delivered, hooks.failed) == (1, 0)
+
+
+async def test_a_receiver_that_trickles_its_answer_times_out() -> None:
+    """`timeout` bounds a whole attempt: a receiver sending a byte now and then (each read
+    within httpx's own per-read timeout) does not hold the URL's deliveries forever."""
+
+    async def trickle(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        while True:
+            writer.write(b"X")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    async with raw_receiver(trickle) as url:
+        hooks = WebhookChannel(url, SECRET, timeout=0.5, max_attempts=1)
+        delivered = await asyncio.wait_for(hooks.deliver(url, "whd_1", "request.opened", b"{}"), 5)
+        await hooks.close()
+    assert delivered is False and (hooks.delivered, hooks.failed) == (0, 1)
+
+
+async def test_a_redirect_is_a_refusal_and_is_not_followed() -> None:
+    """The signed body goes only to the configured URL: a 301 elsewhere is final, not retried."""
+    async with Receiver([]) as elsewhere:
+
+        async def moved(writer: asyncio.StreamWriter) -> None:
+            writer.write(
+                f"HTTP/1.1 301 Moved\r\nLocation: {elsewhere.url}\r\n"
+                "Content-Length: 0\r\n\r\n".encode()
+            )
+            await writer.drain()
+
+        async with raw_receiver(moved) as url:
+            hooks = WebhookChannel(url, SECRET, max_attempts=3)
+            assert await hooks.deliver(url, "whd_1", "request.opened", b"{}") is False
+            await hooks.close()
+    assert elsewhere.attempts == [] and (hooks.delivered, hooks.failed) == (0, 1)
+
+
+async def test_a_delivery_given_up_on_is_sent_again_when_the_hub_next_starts(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Like Slack's posts: a delivery that ran out of attempts is logged as an error and kept in
+    the hub's state, sent again (same delivery id) on the next start, and then forgotten."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([503, 503]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=2, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        assert (hooks.delivered, hooks.failed, receiver.accepted) == (0, 1, [])
+        assert "gave up on" in caplog.text
+        for _ in range(2):  # sent on the first start after, not again on the second
+            again = WebhookChannel(receiver.url, SECRET, sleep=sleep)
+            async with manual(ChannelHub(rt, [again], state=state)):
+                await asyncio.wait_for(again.drain(), 10)
+        ((headers, body),) = receiver.accepted
+        payload = verify_webhook(SECRET, headers, body)
+        assert payload["request"]["id"] == r.pending[0].id
+        assert {h["Signoff-Delivery"] for h, _ in receiver.attempts} == {payload["id"]}
+
+
+async def test_a_refused_delivery_is_not_kept(tmp_path: Path) -> None:
+    """A 4xx is the receiver's final word: it is not sent again on the next start."""
+    async with (
+        Receiver([400]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db")) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        again = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [again], state=tmp_path / "hub.db")):
+            await asyncio.wait_for(again.drain(), 10)
+        assert len(receiver.attempts) == 1 and receiver.accepted == []

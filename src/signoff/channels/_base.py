@@ -196,6 +196,16 @@ class ChannelState:
                 (channel, key, json.dumps(value, separators=(",", ":"))),
             )
 
+    def memos(self, channel: str, prefix: str = "") -> list[tuple[str, Any]]:
+        """A channel's memos whose key starts with `prefix`, oldest first."""
+        with self._using("read memos") as conn:
+            rows = conn.execute(
+                "SELECT key, value FROM channel_memos WHERE channel=? "
+                "AND substr(key, 1, length(?))=? ORDER BY rowid",
+                (channel, prefix, prefix),
+            ).fetchall()
+        return [(str(key), json.loads(value)) for key, value in rows]
+
     def forget(self, channel: str, key: str) -> None:
         with self._using("delete a memo") as conn:
             conn.execute("DELETE FROM channel_memos WHERE channel=? AND key=?", (channel, key))

@@ -3,10 +3,17 @@
 Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
 (`v1=` + hex HMAC-SHA256 of `{timestamp}.{body}` with the shared secret); receivers check both
 with `verify_webhook`. Failed deliveries (network errors, 408, 429 and 5xx) are retried with
-exponential backoff; `Signoff-Delivery` stays the same across retries so receivers can dedupe.
-Deliveries wait in an in-memory queue per URL (so a slow receiver holds up no other channel):
-those still queued or being retried when the process dies are lost, and an entry the hub
-re-reads after a restart can be sent twice (same delivery id).
+exponential backoff; `Signoff-Delivery` (and the payload's `id`) stays the same across retries
+and restarts so receivers can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a
+replay within its window. Deliveries wait in a queue per URL (so a slow receiver holds up no
+other channel) and are kept in the hub's state until sent: one given up on after `max_attempts`
+(logged as an error), or still unsent when the process stops, is sent again when the hub next
+starts on the same state (with an in-memory state, it is lost). A 4xx refusal is final.
+
+Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
+its body. Redirects are not followed (a 3xx is a refusal: the signed body goes only where it was
+configured to). URLs are the operator's own configuration, so loopback and private addresses are
+allowed (e.g. a receiver on the same host); never build them from untrusted input.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ EVENT_HEADER = "Signoff-Event"
 DELIVERY_HEADER = "Signoff-Delivery"
 
 _RETRY_STATUSES = frozenset({408, 425, 429})
+_OUTBOX = "outbox:"  # memo key prefix of a delivery not yet sent: "outbox:{url} {delivery}"
 
 
 def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
@@ -69,9 +77,12 @@ def verify_webhook(
     if not stamp or not given:
         raise InvalidSignature(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
     try:
-        timestamp = int(stamp)
+        if not (stamp.isascii() and stamp.isdigit()):  # int() also reads "1_7", other digits
+            raise ValueError(stamp)
+        timestamp = int(stamp)  # a ValueError past 4300 digits too
     except ValueError:
-        raise InvalidSignature(f"{TIMESTAMP_HEADER} is not a Unix timestamp: {stamp!r}") from None
+        shown = stamp[:40]
+        raise InvalidSignature(f"{TIMESTAMP_HEADER} is not a Unix timestamp: {shown!r}") from None
     current = time.time() if now is None else now
     try:
         age = current - timestamp
@@ -79,9 +90,10 @@ def verify_webhook(
         raise InvalidSignature(f"{TIMESTAMP_HEADER} is more than {tolerance:g}s off") from None
     if abs(age) > tolerance:
         raise InvalidSignature(f"the delivery is {int(age)}s old; more than {tolerance:g}s off")
-    expected = sign_webhook(secret, timestamp, raw)
+    expected = sign_webhook(secret, timestamp, raw).encode()
     candidates = [s.strip() for s in given.split(",") if s.strip().startswith("v1=")]
-    if not any(hmac.compare_digest(expected, c) for c in candidates):
+    # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a no).
+    if not any(hmac.compare_digest(expected, _utf8(c)) for c in candidates):
         raise InvalidSignature("the signature does not match the body and timestamp")
     try:
         payload = json.loads(raw)
@@ -90,6 +102,20 @@ def verify_webhook(
     if not isinstance(payload, dict):
         raise InvalidSignature("the signed body is not a JSON object")
     return payload
+
+
+def _utf8(text: str) -> bytes:
+    """`text` as UTF-8, unpaired surrogates kept as they are (they then match nothing)."""
+    return text.encode("utf-8", "surrogatepass")
+
+
+def _json_bytes(body: Mapping[str, Any]) -> bytes:
+    """The delivery body as UTF-8 JSON; text with unpaired surrogates (which UTF-8 cannot hold)
+    is written with `\\u` escapes instead, so such a request is delivered rather than failing."""
+    try:
+        return json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(body, separators=(",", ":")).encode()
 
 
 class WebhookChannel(Channel):
@@ -138,6 +164,8 @@ class WebhookChannel(Channel):
             raise UsageError("WebhookChannel needs a non-empty signing secret")
         if max_attempts < 1:
             raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        if not timeout > 0:  # also NaN; 0 would fail every attempt at once
+            raise UsageError(f"timeout must be positive, not {timeout!r}")
         if backoff < 0 or max_backoff < 0 or expiring_within < 0:
             raise UsageError("backoff, max_backoff and expiring_within must not be negative")
         self.urls = url_list
@@ -155,6 +183,7 @@ class WebhookChannel(Channel):
         self._workers: list[asyncio.Task[None]] = []
         self._deadlines: dict[str, InputRequest] = {}
         self._sending: set[str] = set()  # deliveries being sent now
+        self._queued: set[str] = set()  # "url delivery" queued or being sent: never twice at once
         self.delivered = 0
         self.failed = 0
 
@@ -162,6 +191,14 @@ class WebhookChannel(Channel):
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
         self._ensure_workers()
+        for key, kept in self.state.memos(self.name, _OUTBOX):  # unsent by an earlier run
+            url, _, delivery = key.removeprefix(_OUTBOX).partition(" ")
+            if url not in self.urls:
+                logger.warning("webhook %s is no longer configured; dropping %s", url, delivery)
+                self.forget(key)
+            elif f"{url} {delivery}" not in self._queued:
+                self._queued.add(f"{url} {delivery}")
+                self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
         for r in open_requests:
             if r.expires_at is not None:
                 self._deadlines[r.id] = r
@@ -206,9 +243,15 @@ class WebhookChannel(Channel):
     ) -> None:
         """Queue one event for every URL (each URL gets them in order)."""
         body = self.payload(event, request, resolution)
-        raw = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode()
+        raw = _json_bytes(body)
         self._ensure_workers()
         for url in self.urls:
+            if f"{url} {body['id']}" in self._queued:
+                continue  # an entry the hub read again while its delivery still waits
+            self._queued.add(f"{url} {body['id']}")
+            if self._state is not None:
+                body_text = raw.decode()
+                self.remember(f"{_OUTBOX}{url} {body['id']}", {"event": event, "body": body_text})
             self._queues[url].put_nowait((body["id"], event, raw))
 
     def _ensure_workers(self) -> None:
@@ -226,15 +269,26 @@ class WebhookChannel(Channel):
             delivery, event, raw = await queue.get()
             self._sending.add(f"{url} {delivery}")
             try:
-                await self.deliver(url, delivery, event, raw)
+                if await self._send(url, delivery, event, raw) != "gave up":
+                    if self._state is not None:
+                        self.forget(f"{_OUTBOX}{url} {delivery}")
+                elif self._state is not None:
+                    logger.error(
+                        "webhook %s: %s is sent again when the hub next starts", url, delivery
+                    )
             except Exception:
                 logger.exception("webhook %s: delivering %s failed", url, delivery)
             finally:
                 self._sending.discard(f"{url} {delivery}")
+                self._queued.discard(f"{url} {delivery}")
                 queue.task_done()
 
     async def deliver(self, url: str, delivery: str, event: str, raw: bytes) -> bool:
         """POST one delivery, retrying with backoff; True once a 2xx answered."""
+        return await self._send(url, delivery, event, raw) == "delivered"
+
+    async def _send(self, url: str, delivery: str, event: str, raw: bytes) -> str:
+        """`deliver`'s attempts; `delivered`, `refused` (a final 4xx) or `gave up`."""
         import httpx
 
         client = self._http()
@@ -249,18 +303,18 @@ class WebhookChannel(Channel):
                 DELIVERY_HEADER: delivery,
             }
             try:
-                response = await client.post(url, content=raw, headers=headers)
-            except httpx.HTTPError as exc:
+                status = await self._post(client, url, raw, headers)
+            except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
             else:
-                if response.is_success:
+                if 200 <= status < 300:
                     self.delivered += 1
-                    return True
-                problem = f"HTTP {response.status_code}"
-                if response.status_code < 500 and response.status_code not in _RETRY_STATUSES:
+                    return "delivered"
+                problem = f"HTTP {status}"
+                if status < 500 and status not in _RETRY_STATUSES:
                     logger.error("webhook %s refused %s (%s); not retried", url, delivery, problem)
                     self.failed += 1
-                    return False
+                    return "refused"
             if attempt < self.max_attempts:
                 delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
                 logger.warning(
@@ -274,7 +328,19 @@ class WebhookChannel(Channel):
                 await self._sleep(delay)
         logger.error("webhook %s: gave up on %s after %s attempts", url, delivery, attempt)
         self.failed += 1
-        return False
+        return "gave up"
+
+    async def _post(
+        self, client: httpx.AsyncClient, url: str, raw: bytes, headers: dict[str, str]
+    ) -> int:
+        """One POST's status. The whole attempt is bounded by `timeout` (httpx bounds each read
+        only) and the receiver's body is never read, so a trickling or endless answer costs
+        neither time nor memory."""
+        async with (
+            asyncio.timeout(self.timeout),
+            client.stream("POST", url, content=raw, headers=headers) as response,
+        ):
+            return response.status_code
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -288,17 +354,20 @@ class WebhookChannel(Channel):
 
     async def close(self) -> None:
         """Send what is queued (for up to `timeout` seconds), then stop. Deliveries still unsent
-        are lost, counted in `failed` and logged as an error (they live only in this process)."""
+        are counted in `failed` and logged as an error: the hub's state keeps them for its next
+        start (an in-memory state, or no hub, loses them)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.timeout):
                 await self.drain()
         lost = len(self._sending) + sum(q.qsize() for q in self._queues.values())
         if lost:
             self.failed += lost
+            kept = self._state is not None and self._state.path != ":memory:"
             logger.error(
-                "webhooks: %s deliveries were not sent within %ss of closing and are lost",
+                "webhooks: %s deliveries were not sent within %ss of closing and %s",
                 lost,
                 self.timeout,
+                "are sent when the hub next starts" if kept else "are lost",
             )
         for task in self._workers:
             task.cancel()
@@ -307,6 +376,8 @@ class WebhookChannel(Channel):
                 await task
         self._workers.clear()
         self._queues.clear()
+        self._queued.clear()
+        self._sending.clear()
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None

@@ -20,6 +20,7 @@ from ._waiting import open_when_up
 
 @app.command()
 def serve(
+    ctx: typer.Context,
     target: Annotated[
         str, typer.Argument(metavar="MODULE:RUNTIME", help="A Runtime or Agent to serve.")
     ],
@@ -112,8 +113,13 @@ def serve(
                     raise UsageError(f"--token takes SECRET=PRINCIPAL_ID, not {item!r}")
                 principals[secret] = Principal(authenticator="token", principal_id=who)
             auth = TokenAuth(principals)
+        _refuse_stray_channel_options(ctx, bool(webhook), bool(slack_channel))
         channels = _serve_channels(
-            webhook, webhook_secret, slack_channel, slack_token, slack_signing_secret
+            webhook,
+            webhook_secret if webhook else None,
+            slack_channel,
+            slack_token if slack_channel else None,
+            slack_signing_secret if slack_channel else None,
         )
     except SignoffError as exc:
         fail(exc)
@@ -155,6 +161,29 @@ async def _check_store(url: str, up: list[bool]) -> None:
         await runtime.close()
 
 
+def _refuse_stray_channel_options(ctx: typer.Context, webhooks: bool, slack: bool) -> None:
+    """Refuse a channel option typed on the command line without its channel (a mistake), while
+    the same secret exported in the environment alone is left unused (it may serve another run)."""
+
+    def typed(param: str) -> bool:
+        # By name: newer Typer vendors Click, so its ParameterSource is not click's own enum.
+        return getattr(ctx.get_parameter_source(param), "name", None) == "COMMANDLINE"
+
+    if not webhooks and typed("webhook_secret"):
+        raise UsageError("--webhook-secret is given but no --webhook URL")
+    if not slack:
+        for param, flag in (
+            ("slack_token", "--slack-token"),
+            ("slack_signing_secret", "--slack-signing-secret"),
+        ):
+            if typed(param):
+                raise UsageError(f"{flag} is given but no --slack-channel")
+    if not webhooks and not slack and typed("channel_state"):
+        raise UsageError(
+            "--channel-state is given but no --webhook or --slack-channel: it would keep nothing"
+        )
+
+
 def _serve_channels(
     webhooks: list[str] | None,
     webhook_secret: str | None,
@@ -170,8 +199,6 @@ def _serve_channels(
         from ..channels.webhooks import WebhookChannel
 
         channels.append(WebhookChannel(webhooks, webhook_secret))
-    elif webhook_secret:
-        raise UsageError("--webhook-secret is given but no --webhook URL")
     if slack_channel:
         if not slack_token or not slack_signing_secret:
             raise UsageError(
