@@ -181,18 +181,50 @@ def wire_problem(flavor: str, body: Any) -> str | None:
         return "messages: at least one message is required"
     if flavor == "openai":
         return _openai_problem(messages)
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
-        last = [m for m in messages if m.get("role") == "assistant"][-1:]
-        blocks = last[0]["content"] if last else []
-        uses = isinstance(blocks, list) and any(b.get("type") == "tool_use" for b in blocks)
-        if uses and blocks[0].get("type") not in ("thinking", "redacted_thinking"):
+    return _thinking_problem(body.get("thinking"), messages) or _anthropic_problem(messages)
+
+
+_THINKING = ("thinking", "redacted_thinking")
+
+
+def _thinking_problem(thinking: Any, messages: list[Any]) -> str | None:
+    """The API keeps one thinking mode per assistant turn, and a tool-use loop is part of the
+    turn (it ends at the next user message that is not only tool results): with thinking on, a
+    last turn that uses tools must start with a thinking block; with it off, none may hold one."""
+    start = 0
+    for i, m in enumerate(messages):
+        blocks = m.get("content")
+        if m.get("role") == "user" and not (
+            isinstance(blocks, list) and all(b.get("type") == "tool_result" for b in blocks)
+        ):
+            start = i + 1
+    turn = [
+        (i, m["content"])
+        for i, m in enumerate(messages[start:], start)
+        if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+    ]
+    on = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+    if on:
+        uses = any(b.get("type") == "tool_use" for _, blocks in turn for b in blocks)
+        i, blocks = turn[0] if turn else (0, [])
+        first = blocks[0].get("type") if blocks else None
+        if uses and first not in _THINKING:
             return (
-                "Expected `thinking` or `redacted_thinking`, but found "
-                f"`{blocks[0].get('type')}`. When `thinking` is enabled, a final `assistant` "
-                "message must start with a thinking block"
+                f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+                f"found `{first}`. When `thinking` is enabled, a final "
+                "`assistant` message must start with a thinking block (preceeding the lastmost "
+                "set of `tool_use` and `tool_result` blocks)"
             )
-    return _anthropic_problem(messages)
+        return None
+    for i, blocks in turn:
+        for j, b in enumerate(blocks):
+            if b.get("type") in _THINKING:
+                return (
+                    f"messages.{i}.content.{j}: When thinking is disabled, an `assistant` message "
+                    "in the final position cannot contain `thinking`. To use thinking blocks, "
+                    "enable `thinking` in your request."
+                )
+    return None
 
 
 def _openai_problem(messages: list[Any]) -> str | None:

@@ -101,16 +101,28 @@ class Anthropic(SdkModel):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         client = self._clients.get()
+        thinking = thinking_on(self.params)
+        messages = to_anthropic_messages(request.messages, thinking=thinking)
+        if thinking and not last_turn_thinks(messages):
+            # The last turn's tool calls came without thinking (another model made them): the
+            # API keeps one thinking mode per turn, so this request goes without thinking.
+            thinking = False
+            messages = to_anthropic_messages(request.messages, thinking=False)
         kwargs: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
-            "messages": scrub(to_anthropic_messages(request.messages)),
+            "messages": scrub(messages),
         }
         if request.instructions:
             kwargs["system"] = scrub(request.instructions)
         if request.tools:
             kwargs["tools"] = scrub([to_anthropic_tool(t) for t in request.tools])
         kwargs.update(self.params)
+        if not thinking and thinking_on(self.params):
+            kwargs.pop("thinking", None)
+            extra = kwargs.get("extra_body")
+            if isinstance(extra, Mapping) and "thinking" in extra:
+                kwargs["extra_body"] = {k: v for k, v in extra.items() if k != "thinking"}
         sdk = self._sdk
         where = f"{self.model!r} at {client.base_url}"
         message = await self._request(
@@ -206,13 +218,38 @@ def to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:
     return tool
 
 
-def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
+def thinking_on(params: Mapping[str, Any]) -> bool:
+    """Whether `params` turn thinking on (`thinking`, or `extra_body`'s `thinking`)."""
+    extra = params.get("extra_body")
+    for where in (params, extra if isinstance(extra, Mapping) else {}):
+        thinking = where.get("thinking")
+        if isinstance(thinking, Mapping) and thinking.get("type") != "disabled":
+            return True
+    return False
+
+
+def last_turn_thinks(messages: list[dict[str, Any]]) -> bool:
+    """Whether the API takes these messages with thinking on: the last turn (from the last user
+    message that is not only tool results; a tool-use loop is one turn) uses no tools, or its
+    first assistant message starts with a thinking block."""
+    start = 0
+    for i, m in enumerate(messages):
+        if m["role"] == "user" and any(b["type"] != "tool_result" for b in m["content"]):
+            start = i + 1
+    turn = [m["content"] for m in messages[start:] if m["role"] == "assistant"]
+    if not any(b["type"] == "tool_use" for blocks in turn for b in blocks):
+        return True
+    return turn[0][0]["type"] in _REASONING
+
+
+def to_anthropic_messages(messages: Any, *, thinking: bool = True) -> list[dict[str, Any]]:
     """The conversation as alternating user/assistant messages of content blocks.
 
     Tool results become `tool_result` blocks of the next user message (before any text, as the
     API requires); consecutive messages of one role are merged; empty ones are left out. The API
     refuses text of whitespace alone: the model's is left out, a person's says it was empty.
     Tool-call ids it refuses (another provider's, or repeated) are mapped to ones it takes.
+    Thinking blocks go back only with `thinking` on: with it off the API refuses them.
     """
     out: list[dict[str, Any]] = []
 
@@ -233,7 +270,8 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
     for m in wire_ids(messages, anthropic_id_fits):
         if isinstance(m, AssistantMessage):
             # thinking first, as the API requires of the message holding the tool_use blocks
-            blocks: list[dict[str, Any]] = list(m.reasoning) if m.tool_calls else []
+            reasoning = m.reasoning if thinking and m.tool_calls else []
+            blocks: list[dict[str, Any]] = list(reasoning)
             if m.text.strip():
                 blocks.append({"type": "text", "text": m.text})
             for c in m.tool_calls:
