@@ -36,6 +36,9 @@ def tool_use(call_id: str, name: str, input: object) -> dict[str, object]:
     return {"type": "tool_use", "id": call_id, "name": name, "input": input}
 
 
+THOUGHT = {"type": "thinking", "thinking": "Look the order up.", "signature": "sig=="}
+
+
 @pytest.fixture
 def fake() -> Iterator[FakeLLM]:
     with FakeLLM("anthropic", strict=True) as server:
@@ -530,6 +533,39 @@ async def test_a_refusal_that_explains_itself_is_returned_as_text(fake, model) -
     assert (await model.complete(request())).text == "I can't help with that."
 
 
+async def test_a_tool_use_cut_off_by_the_context_window_is_a_model_error(fake, model) -> None:
+    body = anthropic_message(tool_use("toolu_1", "issue_refund", {"order_id": "10"}))
+    body["stop_reason"] = "model_context_window_exceeded"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="cut off .*model_context_window_exceeded"):
+        await model.complete(request())
+
+
+@pytest.mark.parametrize(
+    ("stop", "blocks", "match"),
+    [
+        ("max_tokens", [THOUGHT], r"stopped before any answer \(stop_reason max_tokens\)"),
+        ("model_context_window_exceeded", [], r"\(stop_reason model_context_window_exceeded\)"),
+        ("tool_use", [], r"stopped before any answer \(stop_reason tool_use\)"),
+        ("pause_turn", [], r"stopped before any answer \(stop_reason pause_turn\)"),
+    ],
+)
+async def test_a_reply_that_stopped_early_with_nothing_in_it_is_a_model_error(
+    fake, model, stop, blocks, match
+) -> None:
+    # Thinking can spend all of max_tokens: the empty text passed for the answer.
+    body = anthropic_message(*blocks)
+    body["stop_reason"] = stop
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=match):
+        await model.complete(request())
+
+
+async def test_an_empty_reply_that_ended_its_turn_is_returned(fake, model) -> None:
+    fake.queue(anthropic_message())
+    assert (await model.complete(request())).text == ""
+
+
 async def test_text_cut_off_at_max_tokens_is_returned(fake, model) -> None:
     body = anthropic_message("A long answer that")
     body["stop_reason"] = "max_tokens"
@@ -678,9 +714,6 @@ def thinking_model(fake: FakeLLM, thinking: bool = True) -> so.models.Anthropic:
         max_tokens=4096,
         params=params,
     )
-
-
-THOUGHT = {"type": "thinking", "thinking": "Look the order up.", "signature": "sig=="}
 
 
 def tool_turn(call_id: str, *, reasoning: bool) -> list[so.Message]:

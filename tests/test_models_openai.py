@@ -701,6 +701,30 @@ async def test_text_cut_off_at_the_token_limit_is_returned(fake, model) -> None:
 
 
 @pytest.mark.parametrize(
+    ("finish", "match"),
+    [
+        ("length", r"cut off at the token limit before any answer \(finish_reason length\)"),
+        ("tool_calls", r"ended for tool calls \(finish_reason tool_calls\) but sent none"),
+    ],
+)
+async def test_a_reply_that_stopped_early_with_nothing_in_it_is_a_model_error(
+    fake, model, finish, match
+) -> None:
+    # A reasoning model can spend max_tokens on reasoning alone, and a compatible server whose
+    # tool parser failed sends tool_calls with no calls: the empty text passed for the answer.
+    body = openai_completion("")
+    body["choices"][0]["finish_reason"] = finish
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=match):
+        await model.complete(request())
+
+
+async def test_an_empty_reply_that_stopped_normally_is_returned(fake, model) -> None:
+    fake.queue(openai_completion(""))
+    assert (await model.complete(request())).text == ""
+
+
+@pytest.mark.parametrize(
     ("text", "calls"),
     [(None, None), ("", None), ("Sure:", [openai_tool_call("call_1", "x", {"a": 1})])],
     ids=["null", "empty", "a tool call"],

@@ -32,6 +32,10 @@ __all__ = ["Anthropic"]
 # The reasoning blocks of a response and their fields, sent back as they came.
 _REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
 
+# The stop reasons that cut a reply short, and those that mean an empty one is no answer.
+_CUT = ("max_tokens", "model_context_window_exceeded")
+_EARLY = (*_CUT, "tool_use", "pause_turn")
+
 # Anthropic bills cache writes at 1.25x and cache reads at 0.1x the input price.
 _CACHE_WRITE = 1.25
 _CACHE_READ = 0.1
@@ -148,13 +152,13 @@ class Anthropic(SdkModel):
             raise ModelError(
                 f"Anthropic messages call for {where} was refused (stop_reason refusal)"
             )
-        if stop == "max_tokens" and content:
-            if getattr(content[-1], "type", None) == "tool_use":
-                # The limit cut the block's input short: running it would act on half a call.
-                raise ModelError(
-                    f"Anthropic messages call for {where} was cut off at "
-                    f"max_tokens={self.max_tokens} in a tool call; raise max_tokens"
-                )
+        if stop in _CUT and content and getattr(content[-1], "type", None) == "tool_use":
+            # The limit cut the block's input short: running it would act on half a call.
+            limit = f"at max_tokens={self.max_tokens}" if stop == "max_tokens" else f"({stop})"
+            raise ModelError(
+                f"Anthropic messages call for {where} was cut off {limit} in a tool call"
+                + ("; raise max_tokens" if stop == "max_tokens" else "")
+            )
         texts: list[str] = []
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
@@ -185,6 +189,13 @@ class Anthropic(SdkModel):
                 if all(isinstance(v, str) for v in block_data.values()):
                     reasoning.append({"type": kind, **block_data})
             # server-tool blocks are not part of signoff's conversation
+        if not "".join(texts).strip() and not calls and stop in _EARLY:
+            # Thinking that spent max_tokens, a paused server tool: the empty text would pass
+            # for the model's answer.
+            raise ModelError(
+                f"Anthropic messages call for {where} stopped before any answer "
+                f"(stop_reason {stop})" + ("; raise max_tokens" if stop == "max_tokens" else "")
+            )
         usage = getattr(message, "usage", None)
         plain = plain_int(getattr(usage, "input_tokens", 0))
         written = plain_int(getattr(usage, "cache_creation_input_tokens", 0))

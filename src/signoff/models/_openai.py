@@ -32,6 +32,15 @@ if TYPE_CHECKING:
 __all__ = ["OpenAIChat"]
 
 
+# Why a reply that stopped this way with no text and no call is no answer.
+_EARLY = {
+    "length": "was cut off at the token limit before any answer (finish_reason length); "
+    "raise max_tokens",
+    "tool_calls": "ended for tool calls (finish_reason tool_calls) but sent none",
+    "function_call": "ended for a function call (finish_reason function_call) but sent none",
+}
+
+
 class OpenAIChat(SdkModel):
     """A model behind the chat-completions API of OpenAI or a compatible server.
 
@@ -147,6 +156,10 @@ class OpenAIChat(SdkModel):
                 f"OpenAI chat completion for {where} was cut off at the token limit in a tool "
                 "call (finish_reason length); raise max_tokens"
             )
+        if not text.strip() and not raw_calls and finish in _EARLY:
+            # A reasoning model that spent max_tokens thinking, or a compatible server whose
+            # tool-call parser failed: the empty text would pass for the model's answer.
+            raise ModelError(f"OpenAI chat completion for {where} {_EARLY[finish]}")
         calls = []
         for raw in raw_calls:
             function = getattr(raw, "function", None)
