@@ -315,6 +315,19 @@ async def test_a_slow_server_times_out_as_a_model_error(fake) -> None:
     assert isinstance(info.value.__cause__, openai.APITimeoutError)
 
 
+async def test_a_server_that_trickles_its_answer_times_out_as_a_model_error(fake) -> None:
+    # Each byte comes in time for the SDK's read timeout, so without a bound on the whole call
+    # the turn (and its session's lease) was held for as long as the server kept trickling.
+    fake.queue(Reply(openai_completion("late " * 200), trickle=0.05))
+    async with so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, timeout=0.3
+    ) as m:
+        started = time.monotonic()
+        with pytest.raises(so.ModelError, match=r"gave up after 0.6 s \(timeout=0.3, max_retr"):
+            await m.complete(request())
+    assert time.monotonic() - started < 3
+
+
 async def test_transient_errors_are_retried_with_backoff(fake) -> None:
     # retry-after-ms keeps the SDK's backoff short; 503 and 429 are both transient
     fast = {"retry-after-ms": "5"}

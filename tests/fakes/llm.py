@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,12 +44,14 @@ class Received:
 @dataclass
 class Reply:
     """A scripted HTTP answer: `body` is sent as JSON, or as is when it is bytes; `cut_at`
-    sends only that many bytes of it (announcing them all) and drops the connection."""
+    sends only that many bytes of it (announcing them all) and drops the connection; `trickle`
+    sends it one byte every that many seconds, each in time for a read timeout."""
 
     body: Any
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     cut_at: int | None = None
+    trickle: float | None = None
 
 
 Step = Reply | Callable[[Received], Reply]
@@ -94,6 +97,12 @@ class FakeLLM:
                 if reply.cut_at is not None:
                     self.wfile.write(data[: reply.cut_at])
                     self.close_connection = True
+                    return
+                if reply.trickle is not None:
+                    for i in range(len(data)):
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(reply.trickle)
                     return
                 self.wfile.write(data)
 

@@ -46,9 +46,11 @@ class Anthropic(SdkModel):
 
     Transient failures (connection errors, timeouts, 408/409/429/5xx, overloaded) are retried
     `max_retries` times with exponential backoff by the SDK; what still fails raises
-    `ModelError`. `params` are passed to `messages.create` as they are (`thinking`,
-    `stop_sequences`, `extra_body`, ...). Cost uses `price_per_mtok=(input, output)` in USD
-    per million tokens, or a built-in list price for well-known models, else 0.
+    `ModelError`. `timeout` bounds each wait on the server, and a whole call gives up after
+    `(3 * max_retries + 2) * timeout` (the SDK waits as long as a Retry-After says). `params`
+    are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
+    ...). Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
+    list price for well-known models, else 0.
     """
 
     def __init__(

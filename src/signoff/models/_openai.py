@@ -46,7 +46,8 @@ class OpenAIChat(SdkModel):
 
     Ollama, vLLM and llama.cpp servers work through `base_url`. Transient failures (connection
     errors, timeouts, 408/409/429/5xx) are retried `max_retries` times with exponential backoff
-    by the SDK; what still fails raises `ModelError`. `params` are passed to
+    by the SDK; what still fails raises `ModelError`. `timeout` bounds each wait on the server,
+    and a whole call gives up after `(3 * max_retries + 2) * timeout`. `params` are passed to
     `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...).
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
     price for well-known models, else 0.
