@@ -316,6 +316,7 @@ async def test_transient_errors_are_retried(fake) -> None:
         ({"max_tokens": None}, "max_tokens is required"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"params": {"system": "x"}}, "params may not set system"),
+        ({"params": {"stream": True}}, "params may not set stream"),
         ({"params": ["seed"]}, "params must be a mapping"),
         ({"price_per_mtok": "cheap"}, "price_per_mtok"),
         ({"max_retries": 1.5}, "max_retries"),

@@ -625,6 +625,13 @@ async def test_params_the_sdk_does_not_know_are_a_usage_error(fake: FakeLLM) -> 
         so.models.OpenAIChat("m", api_key="k", params={"messages": []})
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_params_may_not_ask_for_a_stream(stream) -> None:
+    # A streamed reply was parsed as a whole one: every turn failed with "returned no choices".
+    with pytest.raises(so.UsageError, match="params may not set stream"):
+        so.models.OpenAIChat("m", api_key="k", params={"stream": stream})
+
+
 @so.tool
 async def lookup_order(order_id: str) -> dict[str, object]:
     """Look an order up."""

@@ -80,7 +80,9 @@ class Anthropic(SdkModel):
         self._sdk = load_sdk("anthropic", "anthropic", "Anthropic")
         self.model = model
         self.max_tokens = max_tokens
-        self.params = check_params(owner, params, {"model", "messages", "tools", "system"})
+        self.params = check_params(
+            owner, params, {"model", "messages", "tools", "system", "stream"}
+        )
         self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
             model, ANTHROPIC_PRICES
         )

@@ -86,7 +86,7 @@ class OpenAIChat(SdkModel):
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self.params = check_params(owner, params, {"model", "messages", "tools"})
+        self.params = check_params(owner, params, {"model", "messages", "tools", "stream"})
         self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
             model, OPENAI_PRICES
         )

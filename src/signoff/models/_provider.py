@@ -109,14 +109,18 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
 
 
 def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, Any]:
-    """Validate `params=`: extra SDK arguments that may not replace what signoff sends."""
+    """Validate `params=`: extra SDK arguments that may not replace what signoff sends or ask
+    for a stream (the reply is read whole)."""
     if params is None:
         return {}
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise UsageError(f"{owner}: params must be a mapping of argument names, not {params!r}")
     taken = sorted(reserved & set(params))
     if taken:
-        raise UsageError(f"{owner}: params may not set {', '.join(taken)}; signoff sends those")
+        raise UsageError(
+            f"{owner}: params may not set {', '.join(taken)}; signoff decides those "
+            "(it reads whole replies, not streams)"
+        )
     return dict(params)
 
 
