@@ -15,7 +15,15 @@ import signoff as so
 from signoff.models import ModelRequest, ToolSpec
 from signoff.models._provider import ANTHROPIC_PRICES, lookup_price
 
-from .fakes.llm import API_KEY, FakeLLM, Received, Reply, anthropic_message
+from .fakes.llm import (
+    API_KEY,
+    FakeLLM,
+    Received,
+    Reply,
+    anthropic_message,
+    openai_completion,
+    openai_tool_call,
+)
 
 REFUND_SCHEMA = {
     "type": "object",
@@ -26,6 +34,9 @@ REFUND_SCHEMA = {
 
 def tool_use(call_id: str, name: str, input: object) -> dict[str, object]:
     return {"type": "tool_use", "id": call_id, "name": name, "input": input}
+
+
+THOUGHT = {"type": "thinking", "thinking": "Look the order up.", "signature": "sig=="}
 
 
 @pytest.fixture
@@ -270,6 +281,21 @@ async def test_connection_refused_and_timeouts_are_model_errors(fake) -> None:
     assert isinstance(timed_out.value.__cause__, anthropic.APITimeoutError)
 
 
+async def test_a_long_retry_after_is_not_waited_for_longer_than_the_call_may_take(fake) -> None:
+    # The SDK waits as long as Retry-After says (up to 49 days): an overloaded API holding the
+    # turn, and its session, for an hour. The call gives up at its bound, retryably.
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+    fake.queue(Reply(overloaded, 529, {"retry-after": "3600"}), anthropic_message("late"))
+    async with so.models.Anthropic(
+        "claude-haiku-4-5", base_url=fake.base_url, api_key=API_KEY, max_retries=1, timeout=0.3
+    ) as m:
+        started = time.monotonic()
+        with pytest.raises(so.ModelError, match=r"gave up after 1.5 s \(timeout=0.3, max_r"):
+            await m.complete(request())
+    assert time.monotonic() - started < 4
+    assert len(fake.received) == 1
+
+
 async def test_transient_errors_are_retried(fake) -> None:
     fast = {"retry-after-ms": "5"}
     overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
@@ -290,6 +316,7 @@ async def test_transient_errors_are_retried(fake) -> None:
         ({"max_tokens": None}, "max_tokens is required"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"params": {"system": "x"}}, "params may not set system"),
+        ({"params": {"stream": True}}, "params may not set stream"),
         ({"params": ["seed"]}, "params must be a mapping"),
         ({"price_per_mtok": "cheap"}, "price_per_mtok"),
         ({"max_retries": 1.5}, "max_retries"),
@@ -329,7 +356,7 @@ async def issue_refund(order_id: str, amount: float) -> dict[str, object]:
     return {"refunded": amount, "order_id": order_id}
 
 
-def support_agent(model: so.models.Anthropic) -> so.Agent:
+def support_agent(model: so.models.Model) -> so.Agent:
     return so.Agent(
         name="support", model=model, instructions="You help customers.", tools=[issue_refund]
     )
@@ -522,6 +549,39 @@ async def test_a_refusal_that_explains_itself_is_returned_as_text(fake, model) -
     assert (await model.complete(request())).text == "I can't help with that."
 
 
+async def test_a_tool_use_cut_off_by_the_context_window_is_a_model_error(fake, model) -> None:
+    body = anthropic_message(tool_use("toolu_1", "issue_refund", {"order_id": "10"}))
+    body["stop_reason"] = "model_context_window_exceeded"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="cut off .*model_context_window_exceeded"):
+        await model.complete(request())
+
+
+@pytest.mark.parametrize(
+    ("stop", "blocks", "match"),
+    [
+        ("max_tokens", [THOUGHT], r"stopped before any answer \(stop_reason max_tokens\)"),
+        ("model_context_window_exceeded", [], r"\(stop_reason model_context_window_exceeded\)"),
+        ("tool_use", [], r"stopped before any answer \(stop_reason tool_use\)"),
+        ("pause_turn", [], r"stopped before any answer \(stop_reason pause_turn\)"),
+    ],
+)
+async def test_a_reply_that_stopped_early_with_nothing_in_it_is_a_model_error(
+    fake, model, stop, blocks, match
+) -> None:
+    # Thinking can spend all of max_tokens: the empty text passed for the answer.
+    body = anthropic_message(*blocks)
+    body["stop_reason"] = stop
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=match):
+        await model.complete(request())
+
+
+async def test_an_empty_reply_that_ended_its_turn_is_returned(fake, model) -> None:
+    fake.queue(anthropic_message())
+    assert (await model.complete(request())).text == ""
+
+
 async def test_text_cut_off_at_max_tokens_is_returned(fake, model) -> None:
     body = anthropic_message("A long answer that")
     body["stop_reason"] = "max_tokens"
@@ -658,3 +718,98 @@ async def test_thinking_blocks_go_back_with_their_tool_use(fake, tmp_path: Path)
         "role": "assistant",
         "content": [thinking, redacted, tool_use("toolu_l", "lookup_order", {"order_id": "1"})],
     }
+
+
+def thinking_model(fake: FakeLLM, thinking: bool = True) -> so.models.Anthropic:
+    params = {"thinking": {"type": "enabled", "budget_tokens": 1024}} if thinking else None
+    return so.models.Anthropic(
+        "claude-haiku-4-5",
+        base_url=fake.base_url,
+        api_key=API_KEY,
+        max_retries=0,
+        max_tokens=4096,
+        params=params,
+    )
+
+
+def tool_turn(call_id: str, *, reasoning: bool) -> list[so.Message]:
+    """A user's prompt, the model's call (with or without its thinking) and the call's result."""
+    call = so.ToolCall(name="lookup_order", input={"order_id": "1"}, id=call_id)
+    return [
+        so.UserMessage(text="What did order 1 cost?"),
+        so.AssistantMessage(tool_calls=[call], reasoning=[THOUGHT] if reasoning else []),
+        so.ToolResultMessage(call_id=call_id, tool_name="lookup_order", content={"total": 180}),
+    ]
+
+
+async def test_a_tool_turn_without_thinking_continues_with_thinking_turned_off(fake) -> None:
+    # A turn parked by another model (OpenAI, or Claude without thinking) and resumed here with
+    # thinking on: the API refuses its tool_use message, which has no thinking block to start
+    # with, so every later request of the turn failed with a 400. It is sent without thinking.
+    fake.queue(anthropic_message("It costs 180."))
+    async with thinking_model(fake) as model:
+        r = await model.complete(request(*tool_turn("call_1", reasoning=False)))
+    assert r.text == "It costs 180."
+    [body] = fake.bodies
+    assert "thinking" not in body
+    assert body["messages"][1]["content"] == [tool_use("call_1", "lookup_order", {"order_id": "1"})]
+
+
+async def test_thinking_blocks_are_left_out_when_thinking_is_off(fake) -> None:
+    # A turn parked by Claude with thinking on and resumed by a model without it: the API
+    # refuses thinking blocks in the last turn when thinking is off (earlier ones are dropped
+    # too, as the API ignores them).
+    fake.queue(anthropic_message("It costs 180."))
+    conversation = [*tool_turn("toolu_0", reasoning=True), *tool_turn("toolu_1", reasoning=True)]
+    async with thinking_model(fake, thinking=False) as model:
+        await model.complete(request(*conversation))
+    [body] = fake.bodies
+    sent = [b["type"] for m in body["messages"] for b in m["content"]]
+    assert "thinking" not in sent and sent.count("tool_use") == 2
+
+
+async def test_thinking_stays_on_through_a_tool_loop_that_thinks_only_first(fake) -> None:
+    # Without interleaved thinking Claude thinks once per turn: the later calls of its tool loop
+    # come without thinking blocks, which the API accepts as the turn starts with one.
+    fake.queue(anthropic_message("It costs 180."))
+    again = so.ToolCall(name="lookup_order", input={"order_id": "2"}, id="toolu_2")
+    conversation = [
+        *tool_turn("toolu_1", reasoning=True),
+        so.AssistantMessage(tool_calls=[again]),
+        so.ToolResultMessage(call_id="toolu_2", tool_name="lookup_order", content={"total": 1}),
+    ]
+    async with thinking_model(fake) as model:
+        await model.complete(request(*tool_turn("toolu_0", reasoning=False), *conversation))
+    [body] = fake.bodies
+    assert body["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    assert body["messages"][3]["content"][0] == THOUGHT
+
+
+async def test_a_turn_parked_on_openai_is_approved_on_claude_with_thinking(
+    fake, tmp_path: Path
+) -> None:
+    # The approved call was proposed by OpenAI, so its message has no thinking block: that
+    # request goes without thinking, and the next turn, a new one, thinks again.
+    store = f"sqlite:///{tmp_path}/s.db"
+    with FakeLLM("openai", strict=True) as openai_fake:
+        call = openai_tool_call("call_r", "issue_refund", {"order_id": "1", "amount": 5})
+        openai_fake.queue(openai_completion(None, [call]))
+        openai = so.models.OpenAIChat(
+            "gpt-4.1-mini", base_url=openai_fake.base_url, api_key=API_KEY
+        )
+        async with openai, so.Runtime([support_agent(openai)], store=store) as rt:
+            r = await rt.generate("support", prompt="Refund order 1")
+            [approval] = r.pending
+    fake.queue(anthropic_message("Refunded."), anthropic_message(THOUGHT, "Anything else?"))
+    async with (
+        thinking_model(fake) as claude,
+        so.Runtime([support_agent(claude)], store=store) as rt,
+    ):
+        decision = so.Decision(id=approval.id, approved=True)
+        r = await rt.generate(session_id=r.session_id, approvals=[decision])
+        assert (r.status, r.error, r.text) == ("completed", None, "Refunded.")
+        r = await rt.generate(session_id=r.session_id, prompt="Thanks")
+        assert (r.status, r.error, r.text) == ("completed", None, "Anything else?")
+    resumed, next_turn = fake.bodies
+    assert "thinking" not in resumed
+    assert next_turn["thinking"] == {"type": "enabled", "budget_tokens": 1024}

@@ -315,6 +315,19 @@ async def test_a_slow_server_times_out_as_a_model_error(fake) -> None:
     assert isinstance(info.value.__cause__, openai.APITimeoutError)
 
 
+async def test_a_server_that_trickles_its_answer_times_out_as_a_model_error(fake) -> None:
+    # Each byte comes in time for the SDK's read timeout, so without a bound on the whole call
+    # the turn (and its session's lease) was held for as long as the server kept trickling.
+    fake.queue(Reply(openai_completion("late " * 200), trickle=0.05))
+    async with so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, timeout=0.3
+    ) as m:
+        started = time.monotonic()
+        with pytest.raises(so.ModelError, match=r"gave up after 0.6 s \(timeout=0.3, max_retr"):
+            await m.complete(request())
+    assert time.monotonic() - started < 3
+
+
 async def test_transient_errors_are_retried_with_backoff(fake) -> None:
     # retry-after-ms keeps the SDK's backoff short; 503 and 429 are both transient
     fast = {"retry-after-ms": "5"}
@@ -612,6 +625,13 @@ async def test_params_the_sdk_does_not_know_are_a_usage_error(fake: FakeLLM) -> 
         so.models.OpenAIChat("m", api_key="k", params={"messages": []})
 
 
+@pytest.mark.parametrize("stream", [True, False])
+def test_params_may_not_ask_for_a_stream(stream) -> None:
+    # A streamed reply was parsed as a whole one: every turn failed with "returned no choices".
+    with pytest.raises(so.UsageError, match="params may not set stream"):
+        so.models.OpenAIChat("m", api_key="k", params={"stream": stream})
+
+
 @so.tool
 async def lookup_order(order_id: str) -> dict[str, object]:
     """Look an order up."""
@@ -698,6 +718,30 @@ async def test_text_cut_off_at_the_token_limit_is_returned(fake, model) -> None:
     body["choices"][0]["finish_reason"] = "length"
     fake.queue(body)
     assert (await model.complete(request())).text == "A long answer that"
+
+
+@pytest.mark.parametrize(
+    ("finish", "match"),
+    [
+        ("length", r"cut off at the token limit before any answer \(finish_reason length\)"),
+        ("tool_calls", r"ended for tool calls \(finish_reason tool_calls\) but sent none"),
+    ],
+)
+async def test_a_reply_that_stopped_early_with_nothing_in_it_is_a_model_error(
+    fake, model, finish, match
+) -> None:
+    # A reasoning model can spend max_tokens on reasoning alone, and a compatible server whose
+    # tool parser failed sends tool_calls with no calls: the empty text passed for the answer.
+    body = openai_completion("")
+    body["choices"][0]["finish_reason"] = finish
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=match):
+        await model.complete(request())
+
+
+async def test_an_empty_reply_that_stopped_normally_is_returned(fake, model) -> None:
+    fake.queue(openai_completion(""))
+    assert (await model.complete(request())).text == ""
 
 
 @pytest.mark.parametrize(

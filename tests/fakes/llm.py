@@ -10,6 +10,7 @@ import json
 import re
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,12 +44,14 @@ class Received:
 @dataclass
 class Reply:
     """A scripted HTTP answer: `body` is sent as JSON, or as is when it is bytes; `cut_at`
-    sends only that many bytes of it (announcing them all) and drops the connection."""
+    sends only that many bytes of it (announcing them all) and drops the connection; `trickle`
+    sends it one byte every that many seconds, each in time for a read timeout."""
 
     body: Any
     status: int = 200
     headers: dict[str, str] = field(default_factory=dict)
     cut_at: int | None = None
+    trickle: float | None = None
 
 
 Step = Reply | Callable[[Received], Reply]
@@ -94,6 +97,12 @@ class FakeLLM:
                 if reply.cut_at is not None:
                     self.wfile.write(data[: reply.cut_at])
                     self.close_connection = True
+                    return
+                if reply.trickle is not None:
+                    for i in range(len(data)):
+                        self.wfile.write(data[i : i + 1])
+                        self.wfile.flush()
+                        time.sleep(reply.trickle)
                     return
                 self.wfile.write(data)
 
@@ -181,18 +190,50 @@ def wire_problem(flavor: str, body: Any) -> str | None:
         return "messages: at least one message is required"
     if flavor == "openai":
         return _openai_problem(messages)
-    thinking = body.get("thinking")
-    if isinstance(thinking, dict) and thinking.get("type") == "enabled":
-        last = [m for m in messages if m.get("role") == "assistant"][-1:]
-        blocks = last[0]["content"] if last else []
-        uses = isinstance(blocks, list) and any(b.get("type") == "tool_use" for b in blocks)
-        if uses and blocks[0].get("type") not in ("thinking", "redacted_thinking"):
+    return _thinking_problem(body.get("thinking"), messages) or _anthropic_problem(messages)
+
+
+_THINKING = ("thinking", "redacted_thinking")
+
+
+def _thinking_problem(thinking: Any, messages: list[Any]) -> str | None:
+    """The API keeps one thinking mode per assistant turn, and a tool-use loop is part of the
+    turn (it ends at the next user message that is not only tool results): with thinking on, a
+    last turn that uses tools must start with a thinking block; with it off, none may hold one."""
+    start = 0
+    for i, m in enumerate(messages):
+        blocks = m.get("content")
+        if m.get("role") == "user" and not (
+            isinstance(blocks, list) and all(b.get("type") == "tool_result" for b in blocks)
+        ):
+            start = i + 1
+    turn = [
+        (i, m["content"])
+        for i, m in enumerate(messages[start:], start)
+        if m.get("role") == "assistant" and isinstance(m.get("content"), list)
+    ]
+    on = isinstance(thinking, dict) and thinking.get("type") in ("enabled", "adaptive")
+    if on:
+        uses = any(b.get("type") == "tool_use" for _, blocks in turn for b in blocks)
+        i, blocks = turn[0] if turn else (0, [])
+        first = blocks[0].get("type") if blocks else None
+        if uses and first not in _THINKING:
             return (
-                "Expected `thinking` or `redacted_thinking`, but found "
-                f"`{blocks[0].get('type')}`. When `thinking` is enabled, a final `assistant` "
-                "message must start with a thinking block"
+                f"messages.{i}.content.0.type: Expected `thinking` or `redacted_thinking`, but "
+                f"found `{first}`. When `thinking` is enabled, a final "
+                "`assistant` message must start with a thinking block (preceeding the lastmost "
+                "set of `tool_use` and `tool_result` blocks)"
             )
-    return _anthropic_problem(messages)
+        return None
+    for i, blocks in turn:
+        for j, b in enumerate(blocks):
+            if b.get("type") in _THINKING:
+                return (
+                    f"messages.{i}.content.{j}: When thinking is disabled, an `assistant` message "
+                    "in the final position cannot contain `thinking`. To use thinking blocks, "
+                    "enable `thinking` in your request."
+                )
+    return None
 
 
 def _openai_problem(messages: list[Any]) -> str | None:

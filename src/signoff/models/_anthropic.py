@@ -32,6 +32,10 @@ __all__ = ["Anthropic"]
 # The reasoning blocks of a response and their fields, sent back as they came.
 _REASONING = {"thinking": ("thinking", "signature"), "redacted_thinking": ("data",)}
 
+# The stop reasons that cut a reply short, and those that mean an empty one is no answer.
+_CUT = ("max_tokens", "model_context_window_exceeded")
+_EARLY = (*_CUT, "tool_use", "pause_turn")
+
 # Anthropic bills cache writes at 1.25x and cache reads at 0.1x the input price.
 _CACHE_WRITE = 1.25
 _CACHE_READ = 0.1
@@ -42,9 +46,11 @@ class Anthropic(SdkModel):
 
     Transient failures (connection errors, timeouts, 408/409/429/5xx, overloaded) are retried
     `max_retries` times with exponential backoff by the SDK; what still fails raises
-    `ModelError`. `params` are passed to `messages.create` as they are (`thinking`,
-    `stop_sequences`, `extra_body`, ...). Cost uses `price_per_mtok=(input, output)` in USD
-    per million tokens, or a built-in list price for well-known models, else 0.
+    `ModelError`. `timeout` bounds each wait on the server, and a whole call gives up after
+    `(3 * max_retries + 2) * timeout` (the SDK waits as long as a Retry-After says). `params`
+    are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
+    ...). Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
+    list price for well-known models, else 0.
     """
 
     def __init__(
@@ -74,7 +80,9 @@ class Anthropic(SdkModel):
         self._sdk = load_sdk("anthropic", "anthropic", "Anthropic")
         self.model = model
         self.max_tokens = max_tokens
-        self.params = check_params(owner, params, {"model", "messages", "tools", "system"})
+        self.params = check_params(
+            owner, params, {"model", "messages", "tools", "system", "stream"}
+        )
         self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
             model, ANTHROPIC_PRICES
         )
@@ -101,16 +109,28 @@ class Anthropic(SdkModel):
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         client = self._clients.get()
+        thinking = thinking_on(self.params)
+        messages = to_anthropic_messages(request.messages, thinking=thinking)
+        if thinking and not last_turn_thinks(messages):
+            # The last turn's tool calls came without thinking (another model made them): the
+            # API keeps one thinking mode per turn, so this request goes without thinking.
+            thinking = False
+            messages = to_anthropic_messages(request.messages, thinking=False)
         kwargs: dict[str, Any] = {
             "model": self.model,
             "max_tokens": self.max_tokens,
-            "messages": scrub(to_anthropic_messages(request.messages)),
+            "messages": scrub(messages),
         }
         if request.instructions:
             kwargs["system"] = scrub(request.instructions)
         if request.tools:
             kwargs["tools"] = scrub([to_anthropic_tool(t) for t in request.tools])
         kwargs.update(self.params)
+        if not thinking and thinking_on(self.params):
+            kwargs.pop("thinking", None)
+            extra = kwargs.get("extra_body")
+            if isinstance(extra, Mapping) and "thinking" in extra:
+                kwargs["extra_body"] = {k: v for k, v in extra.items() if k != "thinking"}
         sdk = self._sdk
         where = f"{self.model!r} at {client.base_url}"
         message = await self._request(
@@ -136,13 +156,13 @@ class Anthropic(SdkModel):
             raise ModelError(
                 f"Anthropic messages call for {where} was refused (stop_reason refusal)"
             )
-        if stop == "max_tokens" and content:
-            if getattr(content[-1], "type", None) == "tool_use":
-                # The limit cut the block's input short: running it would act on half a call.
-                raise ModelError(
-                    f"Anthropic messages call for {where} was cut off at "
-                    f"max_tokens={self.max_tokens} in a tool call; raise max_tokens"
-                )
+        if stop in _CUT and content and getattr(content[-1], "type", None) == "tool_use":
+            # The limit cut the block's input short: running it would act on half a call.
+            limit = f"at max_tokens={self.max_tokens}" if stop == "max_tokens" else f"({stop})"
+            raise ModelError(
+                f"Anthropic messages call for {where} was cut off {limit} in a tool call"
+                + ("; raise max_tokens" if stop == "max_tokens" else "")
+            )
         texts: list[str] = []
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
@@ -173,6 +193,13 @@ class Anthropic(SdkModel):
                 if all(isinstance(v, str) for v in block_data.values()):
                     reasoning.append({"type": kind, **block_data})
             # server-tool blocks are not part of signoff's conversation
+        if not "".join(texts).strip() and not calls and stop in _EARLY:
+            # Thinking that spent max_tokens, a paused server tool: the empty text would pass
+            # for the model's answer.
+            raise ModelError(
+                f"Anthropic messages call for {where} stopped before any answer "
+                f"(stop_reason {stop})" + ("; raise max_tokens" if stop == "max_tokens" else "")
+            )
         usage = getattr(message, "usage", None)
         plain = plain_int(getattr(usage, "input_tokens", 0))
         written = plain_int(getattr(usage, "cache_creation_input_tokens", 0))
@@ -206,13 +233,38 @@ def to_anthropic_tool(spec: ToolSpec) -> dict[str, Any]:
     return tool
 
 
-def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
+def thinking_on(params: Mapping[str, Any]) -> bool:
+    """Whether `params` turn thinking on (`thinking`, or `extra_body`'s `thinking`)."""
+    extra = params.get("extra_body")
+    for where in (params, extra if isinstance(extra, Mapping) else {}):
+        thinking = where.get("thinking")
+        if isinstance(thinking, Mapping) and thinking.get("type") != "disabled":
+            return True
+    return False
+
+
+def last_turn_thinks(messages: list[dict[str, Any]]) -> bool:
+    """Whether the API takes these messages with thinking on: the last turn (from the last user
+    message that is not only tool results; a tool-use loop is one turn) uses no tools, or its
+    first assistant message starts with a thinking block."""
+    start = 0
+    for i, m in enumerate(messages):
+        if m["role"] == "user" and any(b["type"] != "tool_result" for b in m["content"]):
+            start = i + 1
+    turn = [m["content"] for m in messages[start:] if m["role"] == "assistant"]
+    if not any(b["type"] == "tool_use" for blocks in turn for b in blocks):
+        return True
+    return turn[0][0]["type"] in _REASONING
+
+
+def to_anthropic_messages(messages: Any, *, thinking: bool = True) -> list[dict[str, Any]]:
     """The conversation as alternating user/assistant messages of content blocks.
 
     Tool results become `tool_result` blocks of the next user message (before any text, as the
     API requires); consecutive messages of one role are merged; empty ones are left out. The API
     refuses text of whitespace alone: the model's is left out, a person's says it was empty.
     Tool-call ids it refuses (another provider's, or repeated) are mapped to ones it takes.
+    Thinking blocks go back only with `thinking` on: with it off the API refuses them.
     """
     out: list[dict[str, Any]] = []
 
@@ -233,7 +285,8 @@ def to_anthropic_messages(messages: Any) -> list[dict[str, Any]]:
     for m in wire_ids(messages, anthropic_id_fits):
         if isinstance(m, AssistantMessage):
             # thinking first, as the API requires of the message holding the tool_use blocks
-            blocks: list[dict[str, Any]] = list(m.reasoning) if m.tool_calls else []
+            reasoning = m.reasoning if thinking and m.tool_calls else []
+            blocks: list[dict[str, Any]] = list(reasoning)
             if m.text.strip():
                 blocks.append({"type": "text", "text": m.text})
             for c in m.tool_calls:

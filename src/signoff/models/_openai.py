@@ -32,12 +32,22 @@ if TYPE_CHECKING:
 __all__ = ["OpenAIChat"]
 
 
+# Why a reply that stopped this way with no text and no call is no answer.
+_EARLY = {
+    "length": "was cut off at the token limit before any answer (finish_reason length); "
+    "raise max_tokens",
+    "tool_calls": "ended for tool calls (finish_reason tool_calls) but sent none",
+    "function_call": "ended for a function call (finish_reason function_call) but sent none",
+}
+
+
 class OpenAIChat(SdkModel):
     """A model behind the chat-completions API of OpenAI or a compatible server.
 
     Ollama, vLLM and llama.cpp servers work through `base_url`. Transient failures (connection
     errors, timeouts, 408/409/429/5xx) are retried `max_retries` times with exponential backoff
-    by the SDK; what still fails raises `ModelError`. `params` are passed to
+    by the SDK; what still fails raises `ModelError`. `timeout` bounds each wait on the server,
+    and a whole call gives up after `(3 * max_retries + 2) * timeout`. `params` are passed to
     `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...).
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
     price for well-known models, else 0.
@@ -76,7 +86,7 @@ class OpenAIChat(SdkModel):
         self.model = model
         self.temperature = temperature
         self.max_tokens = max_tokens
-        self.params = check_params(owner, params, {"model", "messages", "tools"})
+        self.params = check_params(owner, params, {"model", "messages", "tools", "stream"})
         self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
             model, OPENAI_PRICES
         )
@@ -147,6 +157,10 @@ class OpenAIChat(SdkModel):
                 f"OpenAI chat completion for {where} was cut off at the token limit in a tool "
                 "call (finish_reason length); raise max_tokens"
             )
+        if not text.strip() and not raw_calls and finish in _EARLY:
+            # A reasoning model that spent max_tokens thinking, or a compatible server whose
+            # tool-call parser failed: the empty text would pass for the model's answer.
+            raise ModelError(f"OpenAI chat completion for {where} {_EARLY[finish]}")
         calls = []
         for raw in raw_calls:
             function = getattr(raw, "function", None)

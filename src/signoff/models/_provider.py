@@ -21,6 +21,7 @@ __all__ = [
     "LoopClients",
     "check_price",
     "cause_of",
+    "call_bound",
     "check_params",
     "check_positive",
     "encode_tool_result",
@@ -108,14 +109,18 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
 
 
 def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, Any]:
-    """Validate `params=`: extra SDK arguments that may not replace what signoff sends."""
+    """Validate `params=`: extra SDK arguments that may not replace what signoff sends or ask
+    for a stream (the reply is read whole)."""
     if params is None:
         return {}
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise UsageError(f"{owner}: params must be a mapping of argument names, not {params!r}")
     taken = sorted(reserved & set(params))
     if taken:
-        raise UsageError(f"{owner}: params may not set {', '.join(taken)}; signoff sends those")
+        raise UsageError(
+            f"{owner}: params may not set {', '.join(taken)}; signoff decides those "
+            "(it reads whole replies, not streams)"
+        )
     return dict(params)
 
 
@@ -214,6 +219,21 @@ def connection_problem(exc: BaseException) -> str:
     return f"{'the connection broke' if broke else 'cannot connect'} ({cause_of(exc)})"
 
 
+def call_bound(client: Any) -> float | None:
+    """How long one model call may take, retries and the waits between them included: twice
+    the client's timeout per attempt and its timeout per wait, so a server that trickles its
+    answer (each byte in time for the SDK's read timeout) or asks to wait an hour before a retry
+    cannot hold a turn and its session. None when the client has no timeout."""
+    timeout = getattr(client, "timeout", None)
+    if timeout is not None and not isinstance(timeout, int | float):
+        parts = [getattr(timeout, k, None) for k in ("connect", "read", "write", "pool")]
+        timeout = max((p for p in parts if isinstance(p, int | float)), default=None)
+    retries = getattr(client, "max_retries", 0)
+    if timeout is None or isinstance(retries, bool) or not isinstance(retries, int):
+        return None
+    return (3 * max(retries, 0) + 2) * float(timeout)
+
+
 C = TypeVar("C")
 
 
@@ -271,10 +291,24 @@ class SdkModel:
         what: str,
         where: str,
     ) -> Any:
-        """Await one SDK call, turning each SDK failure into a `ModelError` that says what
-        failed and where (or a `UsageError` when the SDK refuses the arguments)."""
+        """Await one SDK call, within `call_bound` of its client, turning each SDK failure into
+        a `ModelError` that says what failed and where (or a `UsageError` when the SDK refuses
+        the arguments)."""
+        client = self._clients.get()
+        bound = call_bound(client)
+        deadline = asyncio.timeout(bound)
         try:
-            return await call()
+            async with deadline:
+                return await call()
+        except TimeoutError as exc:
+            if not deadline.expired():
+                raise ModelError(f"{what} for {where} timed out: {exc}") from exc
+            raise ModelError(
+                f"{what} for {where} gave up after {bound:g} s (timeout="
+                f"{getattr(client, 'timeout', None)}, max_retries="
+                f"{getattr(client, 'max_retries', None)}): the server answered too slowly or "
+                "asked to wait longer before a retry"
+            ) from exc
         except TypeError as exc:
             raise UsageError(f"{self!r}: the SDK refused the request's arguments: {exc}") from exc
         except sdk.APIStatusError as exc:
