@@ -22,6 +22,7 @@ import signoff as so
 from signoff._events import Event
 from signoff._exceptions import LeaseLost
 from signoff.stores import Commit
+from signoff.testing import ManualClock
 
 from ._procs import ROOT
 
@@ -405,6 +406,47 @@ async def test_a_failed_renewal_is_retried_and_does_not_fail_the_turn(store_url:
             result = await asyncio.wait_for(task, 10)
         assert result.status == "completed" and calls >= 2
         assert runs == [f"{sid}:1:call_refund"]
+
+
+async def test_a_renewal_failing_in_a_claim_gives_back_only_what_it_could_not_confirm(
+    store_url: str,
+) -> None:
+    """A claim that took long renews each lease before driving it; one renewal failing (a
+    dropped connection) must not drop the whole claim, leaving every session leased to this
+    worker and driven by nobody until the TTL lapses: that one is given back, the rest driven."""
+    clock = ManualClock(time.time())
+    agent = refund_agent([])
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, clock=clock, lease_ttl=30) as worker,
+    ):
+        first = await front.generate("support", prompt="Refund order 1042")
+        second = await front.generate("support", prompt="Refund order 1042")
+        claim, renew = worker.store.claim, worker.store.renew_lease
+        slow, failing = [True], [True]
+
+        async def slow_claim(
+            owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+        ) -> list[tuple[str, int]]:
+            claimed = await claim(owner, ttl, now, limit, agents)
+            if slow:  # as if it waited half the TTL: each lease is renewed before it is driven
+                slow.clear()
+                assert len(claimed) == 2
+                clock.advance(15)
+            return claimed
+
+        async def flaky_renew(*args: Any) -> bool:
+            if failing:
+                failing.clear()
+                raise so.StoreError("renewing the lease: connection lost (test)")
+            return await renew(*args)
+
+        worker.store.claim = slow_claim  # type: ignore[method-assign]
+        worker.store.renew_lease = flaky_renew  # type: ignore[method-assign,assignment]
+        async with working(worker):
+            for r in (first, second):  # long before the 30 s lease could lapse
+                await until(lambda r=r: is_(front, r.session_id, "waiting"))  # type: ignore[misc]
+        assert not slow and not failing
 
 
 async def test_a_worker_leaves_sessions_of_agents_it_does_not_have(store_url: str) -> None:

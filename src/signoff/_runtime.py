@@ -248,15 +248,24 @@ class Runtime(Messages):
 
     async def _claim(self, owner: str, limit: int) -> list[tuple[str, int]]:
         """Claim up to `limit` sessions, keeping only leases that are ours and live: a claim that
-        waited long was granted expiring early, and is renewed before it is driven."""
+        waited long was granted expiring early, and is renewed before it is driven. A lease that
+        could not be confirmed (the store failing) is given back, so the next claim here or in
+        another worker takes it at once, not once its TTL lapses; the others are still driven."""
         now = self._lease_now()
         agents = list(self.agents)  # sessions of other agents are left to workers that have them
         claimed = await self.store.claim(owner, self.lease_ttl, now, limit, agents=agents)
-        return [
-            (session_id, token)
-            for session_id, token in claimed
-            if await self._still_held(session_id, owner, token, now)
-        ]
+        held: list[tuple[str, int]] = []
+        for session_id, token in claimed:
+            try:
+                if await self._still_held(session_id, owner, token, now):
+                    held.append((session_id, token))
+            except StoreError as exc:
+                log.warning(
+                    "session %s: claimed but not confirmed, giving it back: %s", session_id, exc
+                )
+                with contextlib.suppress(StoreError):  # else it lapses: claimed after the TTL
+                    await self.store.release_lease(session_id, owner, token)
+        return held
 
     async def _work_on(self, session_id: str, owner: str, token: int) -> None:
         try:
