@@ -511,6 +511,45 @@ async def test_a_commit_can_free_its_lease(store: Store) -> None:
     assert await store.acquire_lease(sid, "w3", 10, T0 + 2) is None
 
 
+async def test_a_released_lease_token_never_writes_again(store: Store) -> None:
+    """A token given back (by `release_lease` or by the commit that releases it) is fenced at
+    once, not only once someone else takes the lease; the next grant still gets a larger one."""
+    sid = await new_session(store)
+    t1 = await store.acquire_lease(sid, "w1", 10, T0)
+    assert t1 is not None
+    await store.release_lease(sid, "w1", t1)
+    for stale in (
+        Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=t1),
+        Commit(session_id=sid, expected_seq=1, events=[], lease_token=t1, snapshot={"seq": 1}),
+    ):
+        with pytest.raises(LeaseLost):
+            await store.commit(stale)
+    assert await store.head(sid) == 1
+    assert (await store.load(sid)).snapshot is None  # type: ignore[union-attr]
+    assert not await store.renew_lease(sid, "w1", t1, 10, T0 + 1)
+    t2 = await store.acquire_lease(sid, "w1", 10, T0 + 1)
+    assert t2 is not None and t2 > t1
+    # A worker stopping gives back a session that still has work: another claims it at once.
+    released = Commit(
+        session_id=sid,
+        expected_seq=1,
+        events=[ev(sid, 2)],
+        lease_token=t2,
+        status="running",
+        release_lease=True,
+    )
+    await store.commit(released)
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], lease_token=t2)
+        )
+    assert await store.head(sid) == 2
+    [(claimed, t3)] = await store.claim("w2", 10, T0 + 2, 10)
+    assert claimed == sid and t3 > t2
+    await store.commit(Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], lease_token=t3))
+    assert await store.head(sid) == 3
+
+
 async def test_lease_token_on_a_never_leased_session_is_lost(store: Store) -> None:
     sid = await new_session(store)
     with pytest.raises(LeaseLost):

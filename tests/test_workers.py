@@ -22,6 +22,7 @@ import signoff as so
 from signoff._events import Event
 from signoff._exceptions import LeaseLost
 from signoff.stores import Commit
+from signoff.testing import ManualClock
 
 from ._procs import ROOT
 
@@ -34,6 +35,7 @@ def refund_agent(
     approval: Any = None,
     delay: float = 0.0,
     first: Callable[[list[so.Message]], Awaitable[so.ModelResponse]] | None = None,
+    ttl: float | None = None,
 ) -> so.Agent:
     """One refund call that needs approval (by default), then a text; the tool logs its key."""
 
@@ -48,7 +50,12 @@ def refund_agent(
         tool_calls=[so.ToolCall(id="call_refund", name="issue_refund", input=dict(ORDER))]
     )
     steps: list[Any] = [first or call, so.ModelResponse(text="Done.")]
-    return so.Agent(name="support", model=so.models.Scripted(steps), tools=[issue_refund])
+    return so.Agent(
+        name="support",
+        model=so.models.Scripted(steps),
+        tools=[issue_refund],
+        limits=so.Limits(ttl=ttl),
+    )
 
 
 @contextlib.asynccontextmanager
@@ -405,6 +412,94 @@ async def test_a_failed_renewal_is_retried_and_does_not_fail_the_turn(store_url:
             result = await asyncio.wait_for(task, 10)
         assert result.status == "completed" and calls >= 2
         assert runs == [f"{sid}:1:call_refund"]
+
+
+async def test_a_renewal_failing_in_a_claim_gives_back_only_what_it_could_not_confirm(
+    store_url: str,
+) -> None:
+    """A claim that took long renews each lease before driving it; one renewal failing (a
+    dropped connection) must not drop the whole claim, leaving every session leased to this
+    worker and driven by nobody until the TTL lapses: that one is given back, the rest driven."""
+    clock = ManualClock(time.time())
+    agent = refund_agent([])
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, clock=clock, lease_ttl=30) as worker,
+    ):
+        first = await front.generate("support", prompt="Refund order 1042")
+        second = await front.generate("support", prompt="Refund order 1042")
+        claim, renew = worker.store.claim, worker.store.renew_lease
+        slow, failing = [True], [True]
+
+        async def slow_claim(
+            owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
+        ) -> list[tuple[str, int]]:
+            claimed = await claim(owner, ttl, now, limit, agents)
+            if slow:  # as if it waited half the TTL: each lease is renewed before it is driven
+                slow.clear()
+                assert len(claimed) == 2
+                clock.advance(15)
+            return claimed
+
+        async def flaky_renew(*args: Any) -> bool:
+            if failing:
+                failing.clear()
+                raise so.StoreError("renewing the lease: connection lost (test)")
+            return await renew(*args)
+
+        worker.store.claim = slow_claim  # type: ignore[method-assign]
+        worker.store.renew_lease = flaky_renew  # type: ignore[method-assign,assignment]
+        async with working(worker):
+            for r in (first, second):  # long before the 30 s lease could lapse
+                await until(lambda r=r: is_(front, r.session_id, "waiting"))  # type: ignore[misc]
+        assert not slow and not failing
+
+
+@pytest.mark.parametrize("pending", [False, True])
+async def test_a_session_that_expires_with_its_turn_unfinished_is_recorded_expired(
+    store_url: str, pending: bool
+) -> None:
+    """A session whose TTL passes while its turn is unfinished (no worker ran it, or one died;
+    or its open requests expire with it) can never run again: claims skip it. The sweep records
+    that, so the store stops listing it as `running` for ever, and it stays expired after."""
+    clock = ManualClock(time.time())
+    runs: list[str] = []
+    approval = so.always() if pending else so.never()
+    agent = refund_agent(runs, approval=approval, ttl=60)
+    async with so.Runtime([agent], store=store_url, inline=pending, clock=clock) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        # waiting for a person, or recorded for a worker that never comes
+        assert r.status == ("waiting" if pending else "running")
+        clock.advance(61)
+        await rt.expire_due()
+        assert await rt.store.sessions(status="running") == []
+        assert await rt.store.claim("other", 10, time.time(), 10) == []
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "failed"
+        assert not state.turn.retryable and state.expired(clock())
+        [summary] = await rt.sessions()
+        assert summary.status == "failed"
+        with pytest.raises(so.SessionExpired):
+            await rt.generate(session_id=r.session_id, prompt="hello again")
+        clock.advance(3600)
+        await rt.expire_due()  # recorded once
+        types = [e.type async for e in rt.events(r.session_id, follow=False)]
+        assert types.count("turn.failed") == 1
+        assert runs == []
+
+
+async def test_the_listing_records_a_running_session_whose_ttl_passed(store_url: str) -> None:
+    """Like a request whose deadline passed, a session that expired running is never listed
+    as running, even before any sweep has run: the listing records its expiry first."""
+    clock = ManualClock(time.time())
+    agent = refund_agent([], ttl=60)
+    async with so.Runtime([agent], store=store_url, inline=False, clock=clock) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        [summary] = await rt.sessions(status="running")
+        assert summary.id == r.session_id
+        clock.advance(61)
+        assert await rt.sessions(status="running") == []
+        assert [s.status for s in await rt.sessions()] == ["failed"]
 
 
 async def test_a_worker_leaves_sessions_of_agents_it_does_not_have(store_url: str) -> None:

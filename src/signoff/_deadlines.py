@@ -15,9 +15,17 @@ from ._state import SessionState
 from ._types import InputRequest
 from .stores import Resolve, StoredRequest
 
-__all__ = ["TIMED_OUT", "after_deadline", "due_batch", "is_due", "stored_after_deadline"]
+__all__ = [
+    "TIMED_OUT",
+    "after_deadline",
+    "due_batch",
+    "expiry_specs",
+    "is_due",
+    "stored_after_deadline",
+]
 
 TIMED_OUT = "no one decided before the deadline"
+EXPIRED = "session expired"  # the reason that marks a session lapsed when folded
 
 
 def is_due(request: InputRequest, now: float) -> bool:
@@ -116,3 +124,21 @@ def due_batch(state: SessionState, now: float) -> Batch | None:
     if not specs:
         return None
     return Batch(specs=specs, resolve=resolves, updated_requests=updated)
+
+
+def expiry_specs(state: SessionState) -> list[EventSpec]:
+    """What records a session's passed TTL: its open requests expire, and its unfinished turn
+    fails for good, so the store no longer lists it `running` (or `waiting`) with no one to
+    run it; the failure's reason keeps the session expired after the events move it on."""
+    specs: list[EventSpec] = [
+        (
+            "input.resolved",
+            {"request_id": r.id, "outcome": "expired", "status": "expired", "reason": EXPIRED},
+        )
+        for r in state.pending_requests()
+    ]
+    turn = state.turn
+    if turn is not None and turn.status in ("running", "waiting"):
+        error = {"code": "session_expired", "message": "the session's TTL passed"}
+        specs.append(("turn.failed", {"error": error, "retryable": False, "reason": EXPIRED}))
+    return specs

@@ -259,6 +259,8 @@ def _turn_failed(s: SessionState, e: Event) -> None:
     turn.status = "failed"
     turn.retryable = bool(e.data.get("retryable"))
     turn.error = e.data.get("error")
+    if e.data.get("reason") == "session expired":
+        s.lapsed = True  # it ended because the TTL passed: the session stays expired
 
 
 def _turn_resumed(s: SessionState, e: Event) -> None:

@@ -145,7 +145,33 @@ class Runtime(Messages):
             if len(page) < 500:
                 break
             offset += 500
-        return await self._apply_deadlines(due)
+        lapsed: list[SessionSummary] = []
+        for status in ("running", "waiting"):  # claims skip these: nothing else records them
+            offset = 0
+            while True:
+                rows = await self.store.sessions(status=status, limit=500, offset=offset)
+                lapsed += rows
+                if len(rows) < 500:
+                    break
+                offset += 500
+        expired = await self._record_lapsed(lapsed, now)
+        return await self._apply_deadlines(due) + expired
+
+    async def _record_lapsed(self, rows: Sequence[SessionSummary], now: float) -> int:
+        """Record the expiry of the sessions of `rows` (of agents this runtime has) whose TTL
+        passed with their turn unfinished; returns how many there were."""
+        ids = [
+            r.id
+            for r in rows
+            if r.status in ("running", "waiting")
+            and r.expires_at is not None
+            and r.expires_at <= now
+            and r.agent in self.agents
+        ]
+        for sid in ids:
+            with contextlib.suppress(SessionExpired):
+                await self._checked(sid)
+        return len(ids)
 
     async def _apply_deadlines(self, due: Sequence[InputRequest], *, listing: bool = False) -> int:
         """Record the passed deadlines of the sessions of `due` that this runtime runs, and go
@@ -249,15 +275,24 @@ class Runtime(Messages):
 
     async def _claim(self, owner: str, limit: int) -> list[tuple[str, int]]:
         """Claim up to `limit` sessions, keeping only leases that are ours and live: a claim that
-        waited long was granted expiring early, and is renewed before it is driven."""
+        waited long was granted expiring early, and is renewed before it is driven. A lease that
+        could not be confirmed (the store failing) is given back, so the next claim here or in
+        another worker takes it at once, not once its TTL lapses; the others are still driven."""
         now = self._lease_now()
         agents = list(self.agents)  # sessions of other agents are left to workers that have them
         claimed = await self.store.claim(owner, self.lease_ttl, now, limit, agents=agents)
-        return [
-            (session_id, token)
-            for session_id, token in claimed
-            if await self._still_held(session_id, owner, token, now)
-        ]
+        held: list[tuple[str, int]] = []
+        for session_id, token in claimed:
+            try:
+                if await self._still_held(session_id, owner, token, now):
+                    held.append((session_id, token))
+            except StoreError as exc:
+                log.warning(
+                    "session %s: claimed but not confirmed, giving it back: %s", session_id, exc
+                )
+                with contextlib.suppress(StoreError):  # else it lapses: claimed after the TTL
+                    await self.store.release_lease(session_id, owner, token)
+        return held
 
     async def _work_on(self, session_id: str, owner: str, token: int) -> None:
         try:
@@ -413,7 +448,15 @@ class Runtime(Messages):
         cancelled)."""
         await self.open()
         _check_page(limit, offset)
-        return await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
+        page = await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
+        try:  # like passed deadlines: a session whose TTL passed is never listed as running
+            if await self._record_lapsed(page, self.clock()):
+                page = await self.store.sessions(
+                    agent=agent, status=status, limit=limit, offset=offset
+                )
+        except StoreError as exc:  # a store this process may only read, say
+            log.warning("sessions whose TTL passed not recorded: %s", exc)
+        return page
 
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True

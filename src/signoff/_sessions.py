@@ -23,7 +23,7 @@ from typing import Any, Self
 from ._agent import Agent
 from ._answers import check_text
 from ._audit_trail import record_tool_settings
-from ._deadlines import due_batch
+from ._deadlines import due_batch, expiry_specs
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -288,23 +288,16 @@ class SessionRunner:
         return state
 
     async def _expire(self, state: SessionState) -> None:
+        """Record that the session's TTL passed (its open requests expire, its unfinished turn
+        fails), so the store lists it as it is, then raise `SessionExpired`. A turn without open
+        requests that some drive holds a lease on is left to the next look."""
         pending = state.pending_requests()
-        if pending:
+        specs = expiry_specs(state)
+        if specs and (pending or not await self._busy(state.id)):
             driver = self._driver(state, None)
             with contextlib.suppress(Exception):
                 await driver.record(
-                    [
-                        (
-                            "input.resolved",
-                            {
-                                "request_id": r.id,
-                                "outcome": "expired",
-                                "status": "expired",
-                                "reason": "session expired",
-                            },
-                        )
-                        for r in pending
-                    ],
+                    specs,
                     resolve=[
                         Resolve(
                             request_id=r.id,

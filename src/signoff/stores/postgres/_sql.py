@@ -189,7 +189,11 @@ def commit_sql(
             " AND (SELECT turn FROM t) IS NOT DISTINCT FROM %s::text"
         )
     if lease:
-        parts.append(f"l AS (SELECT token FROM {s}.leases WHERE sk = (SELECT sk FROM c) FOR SHARE)")
+        # A released lease (no owner) keeps its token for the next grant, but fences it.
+        parts.append(
+            f"l AS (SELECT CASE WHEN owner <> '' THEN token END AS token FROM {s}.leases "
+            "WHERE sk = (SELECT sk FROM c) FOR SHARE)"
+        )
         check += " AND (SELECT token FROM l) = %s::bigint"
     parts.append(f"g AS (SELECT c.sk FROM c WHERE {check})")
     if resolve:

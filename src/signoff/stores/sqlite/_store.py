@@ -77,9 +77,10 @@ class SQLiteStore(Reads, Leases):
         sk, tail = -1, None
         try:
             with immediate(conn, self._writable):
+                # A released lease (no owner) keeps its token for the next grant, but fences it.
                 row = conn.execute(
-                    "SELECT s.sk, s.head, l.token, s.audit_n, s.audit_hash FROM sessions s "
-                    "LEFT JOIN leases l ON l.sk = s.sk WHERE s.id=?",
+                    "SELECT s.sk, s.head, CASE WHEN l.owner <> '' THEN l.token END, s.audit_n, "
+                    "s.audit_hash FROM sessions s LEFT JOIN leases l ON l.sk = s.sk WHERE s.id=?",
                     (commit.session_id,),
                 ).fetchone()
                 if row is None:
