@@ -351,6 +351,23 @@ def test_a_refused_reviewer_is_told_why(base: str) -> None:
         assert rid in c.get("/_signoff/").text  # still in the queue
 
 
+def test_a_refused_reviewer_without_javascript_is_told_why(base: str) -> None:
+    """The plain form post of an answer a response policy refuses shows the refusal, instead of
+    redirecting to the queue as if the request had been settled."""
+    body = start(base, "finance")
+    rid = body["pending"][0]["id"]
+    with signed_in(base, "alice-token") as c:
+        token = csrf_of(c.get("/_signoff/").text)
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={"option": "approve", "csrf": token, "next": "/_signoff/"},
+        )
+        assert r.status_code == 409, (r.status_code, r.headers.get("location"))
+        assert "only a manager may approve invoices" in r.text
+        assert "Not accepted" in r.text
+        assert rid in c.get("/_signoff/").text  # still in the queue
+
+
 def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
     with signed_in(base) as c:
         token = csrf_of(c.get("/_signoff/new").text)

@@ -46,6 +46,10 @@ log = logging.getLogger("signoff.server")
 router = APIRouter(prefix=DASHBOARD_PREFIX, include_in_schema=False)
 
 
+# What a form's answer may become and still count as taken (the script's wording follows these).
+_ACCEPTED = frozenset({"approved", "cancelled", "answered", "counted"})
+
+
 def _wants_json(request: Request) -> bool:
     return "application/json" in request.headers.get("accept", "")
 
@@ -178,6 +182,15 @@ async def respond(request: Request, request_id: str) -> Response:
                 "text": result.text,
                 "edited": edited is not None,
             }
+        )
+    if outcome not in _ACCEPTED:  # a response policy refused it: the request stays open
+        why = f": {mine.reason}" if mine is not None and mine.reason else ""
+        return await render(
+            "message.html",
+            request,
+            409,
+            title="Not accepted",
+            message=f"Not accepted ({outcome}){why}. The request stays open for someone else.",
         )
     back = fields.get("next") or DASHBOARD_PREFIX
     if not is_dashboard(back):
