@@ -503,3 +503,58 @@ def test_the_sign_in_cookie_is_not_honoured_beside_the_dashboard(tmp_path: Path)
         assert c.post("/_signoff-admin").json() == {"who": None}
         assert c.post("/_signoff/whoami").json() == {"who": "alice"}
         assert c.get("/_signoff/").status_code == 200
+
+
+def test_a_huge_input_is_shown_clipped_with_a_link_to_all_of_it(tmp_path: Path) -> None:
+    """A 1 MB tool input keeps the pages small (the Approve button near the top): each shows the
+    start of it and links to the whole, which only a reviewer who may see the request reads."""
+    blob = "<b>" + "x" * 1_000_000 + "</b>"
+
+    @so.tool(approval=so.always())
+    async def upload(blob: str) -> str:
+        """Upload a file."""
+        return "stored"
+
+    script = [so.ModelResponse(tool_calls=[so.ToolCall(name="upload", input={"blob": blob})])]
+    agent = so.Agent(name="files", model=so.models.Scripted(script), tools=[upload])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/big.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        r = httpx.post(
+            f"{base}/v1/sessions",
+            json={"agent": "files", "message": "store it"},
+            headers=auth("alice-token"),
+            timeout=30,
+        )
+        sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
+        with signed_in(base) as c:
+            queue = c.get("/_signoff/")
+            assert len(queue.content) < 100_000
+            assert "Approve</button>" in queue.text
+            assert "edited_input" not in queue.text  # too large to edit in a text box
+            link = f"/_signoff/requests/{rid}/input"
+            assert f'href="{link}"' in queue.text
+            whole = c.get(link)
+            assert whole.status_code == 200
+            assert whole.headers["content-type"].startswith("text/plain")
+            assert json.loads(whole.text) == {"blob": blob}
+            page = c.get(f"/_signoff/sessions/{sid}")
+            assert len(page.content) < 200_000
+            links = re.findall(rf'href="(/_signoff/sessions/{sid}/events/\d+)"', page.text)
+            assert links, "no link to a clipped event"
+            assert blob in c.get(links[0]).text
+            for seq in ("999", "0", "x", "-1"):
+                assert c.get(f"/_signoff/sessions/{sid}/events/{seq}").status_code == 404
+            fragment = c.get(f"/_signoff/fragments/sessions/{sid}?after=0")
+            assert len(fragment.content) < 200_000
+            # the clipped input still approves
+            r = c.post(
+                f"/_signoff/requests/{rid}/respond",
+                data={"option": "approve", "csrf": csrf_of(queue.text)},
+                headers={"Accept": "application/json"},
+            )
+            assert r.json()["outcome"] == "approved"
+        with signed_in(base, "mallory-token") as m:
+            assert m.get(link).status_code == 404
+            assert m.get(links[0]).status_code == 404
+            assert m.get("/_signoff/requests/req_nope/input").status_code == 404
+            assert m.get(f"/_signoff/sessions/{sid}/events/999").status_code == 404

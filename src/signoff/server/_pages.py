@@ -30,17 +30,23 @@ from ._context import get_context
 from ._errors import ApiError, malformed_form
 
 __all__ = [
+    "CLIP",
     "CSRF_COOKIE",
     "check_csrf",
     "csrf_key",
     "csrf_token",
     "env",
+    "pretty",
     "render",
     "set_csrf",
     "who",
 ]
 
 CSRF_COOKIE = "signoff_csrf"
+
+# How much of a JSON value (a tool input, an event's data) a page shows; a link gives the rest,
+# so a huge input neither bloats the page nor pushes its buttons out of reach.
+CLIP = 10_000
 
 env = Environment(
     loader=PackageLoader("signoff.server", "templates"),
@@ -77,7 +83,8 @@ def _iso(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _pretty(value: Any) -> str:
+def pretty(value: Any) -> str:
+    """`value` as indented JSON, as the pages show it."""
     return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
 
 
@@ -99,7 +106,8 @@ def _usd(value: float) -> str:
     return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
 
 
-env.filters.update(ago=_ago, iso=_iso, pretty=_pretty, who=who, usd=_usd)
+env.globals.update(clip_at=CLIP)
+env.filters.update(ago=_ago, iso=_iso, pretty=pretty, who=who, usd=_usd)
 
 
 async def render(name: str, request: Request, code: int = 200, **context: Any) -> HTMLResponse:
