@@ -289,6 +289,16 @@ def test_odd_query_strings_are_not_server_errors(base: str) -> None:
     assert r["seq"] == 5 and r["rows"].count("<li") == 3
 
 
+@pytest.mark.parametrize("token", ["alice-token", "admin-token"])
+def test_a_page_past_the_end_of_the_queue_shows_its_last_page(base: str, token: str) -> None:
+    """A reviewer left on page 2 after the queue shrank (or following an old link) sees the
+    last page, not "All caught up" beside a count of open requests."""
+    rid = start(base)["pending"][0]["id"]
+    for path in ("/_signoff/?page=2", "/_signoff/fragments/queue?page=7"):
+        page = httpx.get(base + path, headers=auth(token)).text
+        assert rid in page and "All caught up" not in page, path
+
+
 def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
     start(base)
     page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
