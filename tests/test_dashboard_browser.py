@@ -419,3 +419,45 @@ def test_long_unbroken_text_keeps_the_buttons_in_reach(browser: Browser, tmp_pat
                     box,
                 )
         context.close()
+
+
+def test_a_huge_input_leaves_approve_on_the_first_screen(browser: Browser, tmp_path: Path) -> None:
+    """A 1 MB tool input is shown clipped in a box of its own: the Approve button stays on the
+    first screen, and a link opens the whole input."""
+    blob = "x" * 1_000_000
+
+    @so.tool(approval=so.always())
+    async def upload(blob: str) -> str:
+        """Upload a file."""
+        return "stored"
+
+    script = [so.ModelResponse(tool_calls=[so.ToolCall(name="upload", input={"blob": blob})])]
+    agent = so.Agent(name="files", model=so.models.Scripted(script), tools=[upload])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/big.db", poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
+        r = httpx.post(
+            f"{url}/v1/sessions",
+            json={"agent": "files", "message": "store it"},
+            headers=auth("alice-token"),
+            timeout=30,
+        )
+        rid = r.json()["pending"][0]["id"]
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{rid}']")
+        approve = card.get_by_role("button", name="Approve")
+        box = approve.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 900, box
+        whole = card.get_by_role("link", name="See all of it")
+        with context.expect_page() as opened:
+            whole.click()
+        assert opened.value.locator("body").inner_text().count("x") == 1_000_000
+        approve.click()
+        expect(card.locator(".result-note")).to_contain_text("Approved")
+        context.close()
