@@ -289,6 +289,16 @@ def test_odd_query_strings_are_not_server_errors(base: str) -> None:
     assert r["seq"] == 5 and r["rows"].count("<li") == 3
 
 
+@pytest.mark.parametrize("token", ["alice-token", "admin-token"])
+def test_a_page_past_the_end_of_the_queue_shows_its_last_page(base: str, token: str) -> None:
+    """A reviewer left on page 2 after the queue shrank (or following an old link) sees the
+    last page, not "All caught up" beside a count of open requests."""
+    rid = start(base)["pending"][0]["id"]
+    for path in ("/_signoff/?page=2", "/_signoff/fragments/queue?page=7"):
+        page = httpx.get(base + path, headers=auth(token)).text
+        assert rid in page and "All caught up" not in page, path
+
+
 def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
     start(base)
     page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
@@ -348,6 +358,23 @@ def test_a_refused_reviewer_is_told_why(base: str) -> None:
         assert r.status_code == 200
         assert r.json()["outcome"] == "rejected"
         assert r.json()["reason"] == "only a manager may approve invoices"
+        assert rid in c.get("/_signoff/").text  # still in the queue
+
+
+def test_a_refused_reviewer_without_javascript_is_told_why(base: str) -> None:
+    """The plain form post of an answer a response policy refuses shows the refusal, instead of
+    redirecting to the queue as if the request had been settled."""
+    body = start(base, "finance")
+    rid = body["pending"][0]["id"]
+    with signed_in(base, "alice-token") as c:
+        token = csrf_of(c.get("/_signoff/").text)
+        r = c.post(
+            f"/_signoff/requests/{rid}/respond",
+            data={"option": "approve", "csrf": token, "next": "/_signoff/"},
+        )
+        assert r.status_code == 409, (r.status_code, r.headers.get("location"))
+        assert "only a manager may approve invoices" in r.text
+        assert "Not accepted" in r.text
         assert rid in c.get("/_signoff/").text  # still in the queue
 
 

@@ -372,3 +372,92 @@ def test_a_page_left_from_another_sign_in_does_not_post(page: Page, base: str) -
     fresh = page.locator(f"[data-request-id='{rid}']")
     fresh.get_by_role("button", name="Approve").click()  # Bob's own page posts (as Bob)
     expect(fresh.locator(".form-error")).to_contain_text("bob may not settle it")
+
+
+def test_long_unbroken_text_keeps_the_buttons_in_reach(browser: Browser, tmp_path: Path) -> None:
+    """A model's 3,000-character word in a question, an option or a reply, and a long agent name,
+    wrap inside the page: nothing scrolls sideways and every button is on screen."""
+    word = "W" * 3000
+
+    @so.tool(name="ask")
+    async def ask(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
+        options = [{"id": "a", "label": "A" + word, "description": "D" + word}]
+        answer = await ctx.ask("Q" + word, options=options, allow_text=True)
+        return {"answer": answer.value}
+
+    call = so.ToolCall(name="ask", input={"topic": "size"})
+    script = [so.ModelResponse(text="T" + word, tool_calls=[call])]
+    agent = so.Agent(name="n" * 300, model=so.models.Scripted(script), tools=[ask])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/long.db", poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
+        r = httpx.post(
+            f"{url}/v1/sessions",
+            json={"agent": agent.name, "message": "M" + word},
+            headers=auth("alice-token"),
+            timeout=10,
+        )
+        sid = r.json()["session_id"]
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        for path in ("/_signoff/", f"/_signoff/sessions/{sid}", "/_signoff/new"):
+            p.goto(path)
+            if path != "/_signoff/new":
+                expect(p.locator("main [data-kind=question] button")).to_have_count(2)
+            p.locator("details").evaluate_all("els => els.forEach(e => { e.open = true; })")
+            wide = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+            assert wide <= 0, (path, wide)
+            for button in p.locator("main button").all():
+                box = button.bounding_box()
+                assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 1280, (
+                    path,
+                    button.inner_text()[:20],
+                    box,
+                )
+        context.close()
+
+
+def test_a_huge_input_leaves_approve_on_the_first_screen(browser: Browser, tmp_path: Path) -> None:
+    """A 1 MB tool input is shown clipped in a box of its own: the Approve button stays on the
+    first screen, and a link opens the whole input."""
+    blob = "x" * 1_000_000
+
+    @so.tool(approval=so.always())
+    async def upload(blob: str) -> str:
+        """Upload a file."""
+        return "stored"
+
+    script = [so.ModelResponse(tool_calls=[so.ToolCall(name="upload", input={"blob": blob})])]
+    agent = so.Agent(name="files", model=so.models.Scripted(script), tools=[upload])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/big.db", poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
+        r = httpx.post(
+            f"{url}/v1/sessions",
+            json={"agent": "files", "message": "store it"},
+            headers=auth("alice-token"),
+            timeout=30,
+        )
+        rid = r.json()["pending"][0]["id"]
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{rid}']")
+        approve = card.get_by_role("button", name="Approve")
+        box = approve.bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 900, box
+        whole = card.get_by_role("link", name="See all of it")
+        with context.expect_page() as opened:
+            whole.click()
+        assert opened.value.locator("body").inner_text().count("x") == 1_000_000
+        approve.click()
+        expect(card.locator(".result-note")).to_contain_text("Approved")
+        context.close()

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import (
     HTMLResponse,
     JSONResponse,
+    PlainTextResponse,
     RedirectResponse,
     Response,
 )
@@ -36,7 +37,7 @@ from ._page_data import (
     signed_in,
     tool_rows,
 )
-from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, render, set_csrf
+from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, pretty, render, set_csrf
 from ._sse import LASTING, end_event, sse, stream_response
 
 __all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redirect"]
@@ -44,6 +45,10 @@ __all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redire
 log = logging.getLogger("signoff.server")
 
 router = APIRouter(prefix=DASHBOARD_PREFIX, include_in_schema=False)
+
+
+# What a form's answer may become and still count as taken (the script's wording follows these).
+_ACCEPTED = frozenset({"approved", "cancelled", "answered", "counted"})
 
 
 def _wants_json(request: Request) -> bool:
@@ -179,10 +184,33 @@ async def respond(request: Request, request_id: str) -> Response:
                 "edited": edited is not None,
             }
         )
+    if outcome not in _ACCEPTED:  # a response policy refused it: the request stays open
+        why = f": {mine.reason}" if mine is not None and mine.reason else ""
+        return await render(
+            "message.html",
+            request,
+            409,
+            title="Not accepted",
+            message=f"Not accepted ({outcome}){why}. The request stays open for someone else.",
+        )
     back = fields.get("next") or DASHBOARD_PREFIX
     if not is_dashboard(back):
         back = DASHBOARD_PREFIX
     return RedirectResponse(back, status_code=303)
+
+
+@router.get("/requests/{request_id}/input")
+async def request_input(request: Request, request_id: str) -> Response:
+    """All of a request's tool input (or payload) as text: a page shows only the start of it."""
+    ctx, viewer = await signed_in(request)
+    try:
+        stored = await ctx.request(request_id, viewer)
+    except UnknownRequest:
+        return await dashboard_error(
+            request, 404, "unknown_request", f"unknown request {request_id!r}"
+        )
+    asked = stored.request
+    return PlainTextResponse(pretty(asked.payload if asked.action is None else asked.action.input))
 
 
 async def dashboard_error(request: Request, status: int, code: str, message: str) -> Response:
@@ -204,6 +232,26 @@ async def session_page(request: Request, session_id: str) -> Response:
             "message.html", request, 404, title="No such session", message=session_id
         )
     return await render("session.html", request, **context)
+
+
+@router.get("/sessions/{session_id}/events/{seq}")
+async def session_event(request: Request, session_id: str, seq: str) -> Response:
+    """All of one event's data as text: the trace shows only the start of it."""
+    ctx, viewer = await signed_in(request)
+    number = query_number(seq, 0, 1, 2**53)
+    events = []
+    try:
+        await ctx.session(session_id, viewer)
+    except UnknownSession:
+        pass  # a foreign session's events do not exist for this viewer either
+    else:
+        if number:
+            events = await ctx.runtime.store.read_events(session_id, after=number - 1, limit=1)
+    if not events or events[0].seq != number:
+        return await dashboard_error(
+            request, 404, "not_found", f"no event {seq!r} in session {session_id!r}"
+        )
+    return PlainTextResponse(pretty(events[0].data))
 
 
 @router.get("/new", response_class=HTMLResponse)

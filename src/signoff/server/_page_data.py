@@ -3,6 +3,7 @@ the queue, trace and tool rows read from the runtime for the templates."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlencode
 
@@ -89,6 +90,12 @@ async def queue_context(request: Request) -> dict[str, Any]:
     ctx, viewer = await signed_in(request)
     flt, picked, page = _queue_filter(request)
     items, total = await ctx.visible_requests(viewer, flt)
+    pages = max(1, -(-total // PAGE_SIZE))
+    if page > pages:  # the queue shrank below this page (or an old link): show its last page
+        page = pages
+        flt = replace(flt, offset=(page - 1) * PAGE_SIZE)
+        items, total = await ctx.visible_requests(viewer, flt)
+        pages = max(1, -(-total // PAGE_SIZE))
     tools = sorted({t for a in ctx.runtime.agents.values() for t in a.tools})
     return base(
         ctx,
@@ -96,7 +103,7 @@ async def queue_context(request: Request) -> dict[str, Any]:
         items=items,
         total=total,
         page=page,
-        pages=max(1, -(-total // PAGE_SIZE)),
+        pages=pages,
         picked=picked,
         tool_names=tools,
         query=urlencode({**picked, **({"page": page} if page > 1 else {})}),

@@ -13,6 +13,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from datetime import UTC, datetime
@@ -30,17 +31,23 @@ from ._context import get_context
 from ._errors import ApiError, malformed_form
 
 __all__ = [
+    "CLIP",
     "CSRF_COOKIE",
     "check_csrf",
     "csrf_key",
     "csrf_token",
     "env",
+    "pretty",
     "render",
     "set_csrf",
     "who",
 ]
 
 CSRF_COOKIE = "signoff_csrf"
+
+# How much of a JSON value (a tool input, an event's data) a page shows; a link gives the rest,
+# so a huge input neither bloats the page nor pushes its buttons out of reach.
+CLIP = 10_000
 
 env = Environment(
     loader=PackageLoader("signoff.server", "templates"),
@@ -77,8 +84,28 @@ def _iso(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def _pretty(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+# Characters that are invisible or reorder the text around them (C1 controls, zero-width and
+# bidirectional formatting, line separators, tag characters): in JSON they are escaped, so an
+# input cannot read differently from what runs.
+_HIDDEN = re.compile(
+    "[\x7f-\x9f\xad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb\U000e0000-\U000e0fff]"
+)
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code > 0xFFFF:  # a surrogate pair, as JSON writes it
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
+
+
+def pretty(value: Any) -> str:
+    """`value` as indented JSON, as the pages show it, with hidden characters escaped (they can
+    only be in its strings, so the text still parses to `value`)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+    return _HIDDEN.sub(_escape, text)
 
 
 def who(p: Principal | dict[str, Any] | str | None) -> str:
@@ -99,7 +126,8 @@ def _usd(value: float) -> str:
     return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
 
 
-env.filters.update(ago=_ago, iso=_iso, pretty=_pretty, who=who, usd=_usd)
+env.globals.update(clip_at=CLIP)
+env.filters.update(ago=_ago, iso=_iso, pretty=pretty, who=who, usd=_usd)
 
 
 async def render(name: str, request: Request, code: int = 200, **context: Any) -> HTMLResponse:

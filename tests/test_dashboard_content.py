@@ -1,0 +1,115 @@
+"""What the dashboard shows of untrusted content: huge inputs clipped with a way to see them
+whole, and invisible or reordering characters made visible."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import httpx
+
+import signoff as so
+from signoff.server import TokenAuth, create_app
+
+from .test_dashboard import csrf_of, signed_in
+from .test_server_common import TOKENS, auth, running
+
+
+def test_a_huge_input_is_shown_clipped_with_a_link_to_all_of_it(tmp_path: Path) -> None:
+    """A 1 MB tool input keeps the pages small (the Approve button near the top): each shows the
+    start of it and links to the whole, which only a reviewer who may see the request reads."""
+    blob = "<b>" + "x" * 1_000_000 + "</b>"
+
+    @so.tool(approval=so.always())
+    async def upload(blob: str) -> str:
+        """Upload a file."""
+        return "stored"
+
+    script = [so.ModelResponse(tool_calls=[so.ToolCall(name="upload", input={"blob": blob})])]
+    agent = so.Agent(name="files", model=so.models.Scripted(script), tools=[upload])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/big.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        r = httpx.post(
+            f"{base}/v1/sessions",
+            json={"agent": "files", "message": "store it"},
+            headers=auth("alice-token"),
+            timeout=30,
+        )
+        sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
+        with signed_in(base) as c:
+            queue = c.get("/_signoff/")
+            assert len(queue.content) < 100_000
+            assert "Approve</button>" in queue.text
+            assert "edited_input" not in queue.text  # too large to edit in a text box
+            link = f"/_signoff/requests/{rid}/input"
+            assert f'href="{link}"' in queue.text
+            whole = c.get(link)
+            assert whole.status_code == 200
+            assert whole.headers["content-type"].startswith("text/plain")
+            assert json.loads(whole.text) == {"blob": blob}
+            page = c.get(f"/_signoff/sessions/{sid}")
+            assert len(page.content) < 200_000
+            links = re.findall(rf'href="(/_signoff/sessions/{sid}/events/\d+)"', page.text)
+            assert links, "no link to a clipped event"
+            assert blob in c.get(links[0]).text
+            for seq in ("999", "0", "x", "-1"):
+                assert c.get(f"/_signoff/sessions/{sid}/events/{seq}").status_code == 404
+            fragment = c.get(f"/_signoff/fragments/sessions/{sid}?after=0")
+            assert len(fragment.content) < 200_000
+            # the clipped input still approves
+            r = c.post(
+                f"/_signoff/requests/{rid}/respond",
+                data={"option": "approve", "csrf": csrf_of(queue.text)},
+                headers={"Accept": "application/json"},
+            )
+            assert r.json()["outcome"] == "approved"
+        with signed_in(base, "mallory-token") as m:
+            assert m.get(link).status_code == 404
+            assert m.get(links[0]).status_code == 404
+            assert m.get("/_signoff/requests/req_nope/input").status_code == 404
+            assert m.get(f"/_signoff/sessions/{sid}/events/999").status_code == 404
+
+
+def test_invisible_and_bidi_characters_in_an_input_are_shown_escaped(tmp_path: Path) -> None:
+    """A right-to-left override or a zero-width character in a tool input cannot make the input
+    read differently from what runs: the page shows them as JSON escapes, and the edit box's text
+    still parses to the same arguments (approving it unchanged is not an edit)."""
+    sneaky = {
+        "to": "ACME \u202eHbmG\u202c",
+        "memo": "pay\u200bnow\u2066x\u2069",
+        "tag": "\U000e0041\ufeff\u0085\u2028",
+    }
+
+    @so.tool(approval=so.always())
+    async def wire(to: str, memo: str, tag: str) -> str:
+        """Wire money."""
+        return "sent"
+
+    script = [so.ModelResponse(tool_calls=[so.ToolCall(name="wire", input=sneaky)])]
+    agent = so.Agent(name="bank", model=so.models.Scripted(script), tools=[wire])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/bidi.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        r = httpx.post(
+            f"{base}/v1/sessions",
+            json={"agent": "bank", "message": "pay"},
+            headers=auth("alice-token"),
+            timeout=10,
+        )
+        sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
+        with signed_in(base) as c:
+            queue = c.get("/_signoff/").text
+            for page in (queue, c.get(f"/_signoff/sessions/{sid}").text):
+                for char in "\u202e\u202c\u200b\u2066\u2069\U000e0041\ufeff\u0085\u2028":
+                    assert char not in page, hex(ord(char))
+            assert "ACME \\u202eHbmG\\u202c" in queue
+            box = re.search(r'name="edited_input"[^>]*>([^<]*)</textarea>', queue)
+            assert box, "no edit box"
+            shown = box.group(1).replace("&#34;", '"').replace("&quot;", '"')
+            assert json.loads(shown) == sneaky
+            r = c.post(
+                f"/_signoff/requests/{rid}/respond",
+                data={"option": "approve", "edited_input": shown, "csrf": csrf_of(queue)},
+                headers={"Accept": "application/json"},
+            )
+            assert r.json()["outcome"] == "approved" and r.json()["edited"] is False
