@@ -26,6 +26,7 @@ LAYERS: list[set[str]] = [
     {"_sessions"},
     {"_answering"},
     {"_messages"},
+    {"_work"},
     {"_runtime", "_client"},
     {"__init__"},
     {"channels"},

@@ -1,0 +1,203 @@
+"""The worker's side of `Runtime`: claiming sessions under a lease, driving them, and applying
+passed deadlines and expiries across sessions (`signoff worker`, `rt.work()`, `rt.expire_due()`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+
+from ._deadlines import is_due
+from ._exceptions import SessionExpired, StoreError, UsageError
+from ._messages import Messages
+from ._sessions import positive_seconds
+from ._types import InputRequest
+from .stores import PendingFilter, SessionSummary
+
+__all__ = ["Workers"]
+
+log = logging.getLogger("signoff.worker")
+
+CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
+
+
+class Workers(Messages):
+    """Runs any process's turns: claims sessions with work, drives them, sweeps deadlines."""
+
+    async def expire_due(self) -> int:
+        """Apply every passed request deadline across sessions and resume their turns.
+
+        Run it periodically (a worker does); returns how many sessions it touched.
+        """
+        await self.open()
+        now = self.clock()
+        due: list[InputRequest] = []
+        offset = 0
+        while True:
+            page = await self.store.pending(PendingFilter(limit=500, offset=offset))
+            due += [r for r in page if is_due(r, now)]
+            if len(page) < 500:
+                break
+            offset += 500
+        lapsed: list[SessionSummary] = []
+        for status in ("running", "waiting"):  # claims skip these: nothing else records them
+            offset = 0
+            while True:
+                rows = await self.store.sessions(status=status, limit=500, offset=offset)
+                lapsed += rows
+                if len(rows) < 500:
+                    break
+                offset += 500
+        expired = await self._record_lapsed(lapsed, now)
+        return await self._apply_deadlines(due) + expired
+
+    async def _record_lapsed(self, rows: Sequence[SessionSummary], now: float) -> int:
+        """Record the expiry of the sessions of `rows` (of agents this runtime has) whose TTL
+        passed with their turn unfinished; returns how many there were."""
+        ids = [
+            r.id
+            for r in rows
+            if r.status in ("running", "waiting")
+            and r.expires_at is not None
+            and r.expires_at <= now
+            and r.agent in self.agents
+        ]
+        for sid in ids:
+            with contextlib.suppress(SessionExpired):
+                await self._checked(sid)
+        return len(ids)
+
+    async def _apply_deadlines(self, due: Sequence[InputRequest], *, listing: bool = False) -> int:
+        """Record the passed deadlines of the sessions of `due` that this runtime runs, and go
+        on with their turns; returns how many sessions that was. Each is recorded against the
+        session's current state under a compare-and-set, so listings and sweeps racing in
+        several processes apply one deadline once. Sessions of agents this runtime does not
+        have are left to a process that has them (it could not go on with their turns). A
+        `listing` is a read: one that cannot record them (a read-only store) shows them instead."""
+        sessions = list(dict.fromkeys(r.session_id for r in due if r.agent in self.agents))
+        for sid in sessions:
+            with contextlib.suppress(SessionExpired):
+                if not listing:
+                    await self._checked(sid)  # records the expiries; the turn becomes runnable
+                    await self._drive(sid)
+                    continue
+                try:
+                    await self._checked(sid)
+                except StoreError as exc:  # a store this process may only read, say
+                    log.warning("session %s: its passed deadlines not recorded: %s", sid, exc)
+                    continue
+                try:
+                    await self._drive(sid)
+                except Exception:  # the deadline is recorded; the turn is retried later
+                    log.exception("session %s: continuing after its deadline failed", sid)
+        return len(sessions)
+
+    async def work(
+        self,
+        *,
+        concurrency: int = 4,
+        stop: asyncio.Event | None = None,
+        idle_wait: float = 0.5,
+        sweep_every: float = 5.0,
+    ) -> None:
+        """Run turns for any process (`signoff worker`): claim sessions that have work under a
+        lease, drive them, and apply passed deadlines; returns once `stop` is set and the turns
+        it was running have finished or parked."""
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise UsageError(f"concurrency must be a whole number from 1, not {concurrency!r}")
+        for name, value in (("idle_wait", idle_wait), ("sweep_every", sweep_every)):
+            # Zero or less would claim (or sweep) in a busy loop.
+            if not positive_seconds(value):
+                raise UsageError(f"{name} must be a number of seconds above 0, not {value!r}")
+        await self.open()
+        stop = stop or asyncio.Event()
+        running: set[asyncio.Task[None]] = set()
+        owner = f"{self.owner}:worker"
+        last_sweep = 0.0
+        wait = getattr(self.store, "wait_for_change", None)
+        last_empty = -1.0  # monotonic time of the last claim that found nothing
+        mark: int | None = None
+        while not stop.is_set():
+            free = concurrency - len(running)
+            if free > 0:
+                # Every commit anywhere wakes every idle worker: a burst of notifications is
+                # coalesced into one claim per CLAIM_GAP instead of one claim per commit.
+                gap = last_empty + CLAIM_GAP - time.monotonic()
+                if gap > 0:
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(gap):
+                            await stop.wait()
+                    if stop.is_set():
+                        break
+                # Changes announced from here on (while this claims and sweeps) end the wait.
+                mark = getattr(self.store, "changes_seen", None)
+                try:
+                    claimed = await self._claim(owner, free)
+                except StoreError as exc:  # the database restarting, say: try again later
+                    log.warning("claiming sessions failed, retrying: %s", exc)
+                    claimed = []
+                last_empty = -1.0 if claimed else time.monotonic()
+                for session_id, token in claimed:
+                    log.info("claimed session %s (lease %d)", session_id, token)
+                    task = asyncio.create_task(self._work_on(session_id, owner, token))
+                    running.add(task)
+                    task.add_done_callback(running.discard)
+            if time.monotonic() - last_sweep >= sweep_every:
+                last_sweep = time.monotonic()
+                with contextlib.suppress(StoreError):  # kept as it was until the next sweep
+                    await self._sync_lease_clock()
+                try:
+                    await self.expire_due()
+                except Exception:  # the next sweep tries again; the worker goes on
+                    log.exception("applying passed deadlines failed")
+            if len(running) >= concurrency:
+                await asyncio.wait(running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED)
+            elif wait is not None:
+                since = {} if mark is None else {"since": mark}
+                waiter = asyncio.ensure_future(wait(None, idle_wait, **since))
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                for f in (waiter, stopper):
+                    f.cancel()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(idle_wait):
+                        await stop.wait()
+        if running:
+            log.info("stopping: waiting for %d running turn(s)", len(running))
+            await asyncio.gather(*running, return_exceptions=True)
+
+    async def _claim(self, owner: str, limit: int) -> list[tuple[str, int]]:
+        """Claim up to `limit` sessions, keeping only leases that are ours and live: a claim that
+        waited long was granted expiring early, and is renewed before it is driven. A lease that
+        could not be confirmed (the store failing) is given back, so the next claim here or in
+        another worker takes it at once, not once its TTL lapses; the others are still driven."""
+        now = self._lease_now()
+        agents = list(self.agents)  # sessions of other agents are left to workers that have them
+        claimed = await self.store.claim(owner, self.lease_ttl, now, limit, agents=agents)
+        held: list[tuple[str, int]] = []
+        for session_id, token in claimed:
+            try:
+                if await self._still_held(session_id, owner, token, now):
+                    held.append((session_id, token))
+            except StoreError as exc:
+                log.warning(
+                    "session %s: claimed but not confirmed, giving it back: %s", session_id, exc
+                )
+                with contextlib.suppress(StoreError):  # else it lapses: claimed after the TTL
+                    await self.store.release_lease(session_id, owner, token)
+        return held
+
+    async def _work_on(self, session_id: str, owner: str, token: int) -> None:
+        try:
+            result = await self._drive(session_id, claimed=(owner, token))
+            log.info("session %s: %s", session_id, result.status)
+        except Exception:
+            # The lease is kept until it lapses: any worker retries the session after the TTL.
+            log.exception(
+                "session %s: the turn failed in the worker; retried once its lease expires (%.1fs)",
+                session_id,
+                self.lease_ttl,
+            )
