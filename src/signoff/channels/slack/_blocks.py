@@ -55,6 +55,8 @@ _HIDDEN = re.compile(
     "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e0fff]"
 )
 
+_FENCE = re.compile("`{3,}")
+
 
 def _json_escape(match: re.Match[str]) -> str:
     code = ord(match.group())
@@ -95,6 +97,8 @@ def escape(text: str) -> str:
 def _code(value: Any) -> str:
     dumped = json.dumps(value, indent=2, ensure_ascii=False, default=str)
     dumped = escape(_HIDDEN.sub(_json_escape, dumped))
+    # Backticks (only in JSON strings) that would end the code block are written as escapes.
+    dumped = _FENCE.sub(lambda m: "\\u0060" * len(m.group()), dumped)
     if len(dumped) > _MAX_TEXT - 40:
         dumped = _clip(dumped, _MAX_TEXT - 60) + "\n… (truncated)"
     return f"```{dumped}```"
