@@ -215,3 +215,33 @@ async def test_an_input_cannot_close_its_code_block_and_write_its_own_message(
         (shown,) = [b["text"]["text"] for b in posted["blocks"] if b["block_id"] == "signoff.input"]
         assert shown.count("```") == 2 and shown.startswith("```") and shown.endswith("```")
         assert json.loads(shown[3:-3]) == {"cmd": forged}
+
+
+async def test_the_notes_only_the_responder_sees_are_escaped_too(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A response policy's reason (or any text in an error) told back to the person who acted
+    reaches Slack with `&`, `<` and `>` escaped, so it reads as written and mentions no one."""
+
+    async def refuse(ctx: so.ResponseContext) -> so.Rejected:
+        return so.Rejected(reason="over 100 & <!channel> must approve")
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=refuse))
+    async def run(cmd: str) -> str:
+        """Run a command."""
+        return "ran"
+
+    agent = scripted_agent("ops", [call_tools(call("run", cmd="ls")), reply("ok")], tools=[run])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (req,) = (await rt.generate("ops", prompt="go")).pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            approve = {"action_id": "signoff.approve", "block_id": "b", "value": req.id}
+            body = click(approve, user="U5")
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+        (told,) = slack_api.of("chat.postEphemeral")
+        assert told["text"] == (
+            "Your answer was not accepted (rejected: over 100 &amp; &lt;!channel&gt; must approve)."
+        )
