@@ -89,6 +89,11 @@ class FakeSlack:
                     body[key] = json.loads(body[key])
         self.calls.append((method, body))
         self.tokens.append(request.headers.get("Authorization"))
+        refused = (
+            refusal(body.get("blocks")) if method in ("chat.postMessage", "chat.update") else None
+        )
+        if refused is not None:
+            return web.json_response({"ok": False, "error": "invalid_blocks", "why": refused})
         if self.limited.get(method, 0) > 0:
             self.limited[method] -= 1
             return web.json_response(
@@ -115,6 +120,40 @@ class FakeSlack:
 
     def of(self, method: str) -> list[dict[str, Any]]:
         return [body for m, body in self.calls if m == method]
+
+
+def refusal(blocks: Any) -> str | None:
+    """Why Slack would refuse these blocks (`invalid_blocks`), or None: Block Kit's documented
+    limits, and text that is not valid Unicode (a lone surrogate JSON escaped)."""
+    if blocks is None:
+        return None
+    if len(blocks) > 50:
+        return "more than 50 blocks"
+    try:
+        json.dumps(blocks, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return "text that is not valid Unicode"
+    for block in blocks:
+        texts = [block["text"]] if "text" in block else []
+        texts += [e for e in block.get("elements", []) if e.get("type") in ("mrkdwn", "plain_text")]
+        for text in texts:
+            if not text["text"] or len(text["text"]) > 3000:
+                return f"a text of {len(text['text'])} characters in {block['block_id']}"
+        for element in block.get("elements", []) if block["type"] == "actions" else []:
+            if element["type"] == "button" and (
+                len(element["text"]["text"]) > 75 or len(element["value"]) > 2000
+            ):
+                return "a button's text over 75 or value over 2000 characters"
+            groups = element.get("option_groups", [])
+            if len(groups) > 100 or any(len(g["options"]) > 100 for g in groups):
+                return "more than 100 option groups or options in a group"
+            options = element.get("options", []) + [o for g in groups for o in g["options"]]
+            if "options" in element and len(element["options"]) > 100:
+                return "more than 100 options"
+            for o in options:
+                if not o["text"]["text"] or len(o["text"]["text"]) > 75 or len(o["value"]) > 150:
+                    return f"an option's text over 75 or value over 150 characters: {o}"
+    return None
 
 
 @pytest.fixture

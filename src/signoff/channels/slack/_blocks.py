@@ -7,6 +7,7 @@ Action ids are signoff's own (`signoff.approve`, `signoff.deny`, `signoff.option
 from __future__ import annotations
 
 import json
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,28 +38,69 @@ TEXT_VIEW = "signoff.text"
 REASON_BLOCK = "signoff.reason"
 ANSWER_BLOCK = "signoff.answer"
 
-_MAX_TEXT = 3000  # Slack's limit for a section's text
+_MAX_TEXT = 3000  # Slack's limit for a section's (and a context element's) text
+_MAX_SHOWN = 1000  # an answer or a reason in the closing line, so the line stays under it
 _MAX_VALUE = 150  # Slack's limit for a select option's value
+_MAX_OPTIONS = 100  # Slack's limit for a select's options, and for its option groups
 _BY_POSITION = "signoff.option#"
+
+# Lone surrogates (JSON carries them from a model, UTF-8 cannot hold them) and C0 controls but
+# tab and newline: replaced in prose. Bidirectional controls reorder the text around them.
+_UNSENDABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
+_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# What an input shows escaped, so it reads as what runs: the above, and the characters that
+# are invisible (C1 controls, zero-width, tag characters); JSON escapes the rest.
+_HIDDEN = re.compile(
+    "[\x7f-\x9f\xad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e0fff]"
+)
+
+_FENCE = re.compile("`{3,}")
+
+
+def _json_escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    if code > 0xFFFF:  # a surrogate pair, as JSON writes it
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
+
+
+def sendable(text: str) -> str:
+    """`text` as Slack can take and show it: what UTF-8 cannot hold and control characters
+    become U+FFFD, bidirectional controls show as `\\u202e` and the like."""
+    return _BIDI.sub(_json_escape, _UNSENDABLE.sub("\ufffd", text))
+
+
+def _clip(text: str, limit: int) -> str:
+    """Escaped text cut to `limit` characters (Slack refuses longer), never mid-entity."""
+    if len(text) <= limit:
+        return text
+    return re.sub("&[a-z]*$", "", text[: limit - 1]) + "…"
 
 
 def _plain(text: str, limit: int = 75) -> dict[str, Any]:
+    text = sendable(text) if text.strip() else "(blank)"  # Slack refuses an empty text
     return {"type": "plain_text", "text": text if len(text) <= limit else text[: limit - 1] + "…"}
 
 
 def _mrkdwn(text: str) -> dict[str, Any]:
-    return {"type": "mrkdwn", "text": text}
+    return {"type": "mrkdwn", "text": _clip(text, _MAX_TEXT)}
 
 
 def escape(text: str) -> str:
-    """Escape the three characters Slack's mrkdwn reserves."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """`text` made sendable, with the three characters Slack's mrkdwn reserves escaped (so no
+    text of a request can mention `<!channel>` or forge a link)."""
+    return sendable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 def _code(value: Any) -> str:
-    dumped = escape(json.dumps(value, indent=2, ensure_ascii=False, default=str))
+    dumped = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    dumped = escape(_HIDDEN.sub(_json_escape, dumped))
+    # Backticks (only in JSON strings) that would end the code block are written as escapes.
+    dumped = _FENCE.sub(lambda m: "\\u0060" * len(m.group()), dumped)
     if len(dumped) > _MAX_TEXT - 40:
-        dumped = dumped[: _MAX_TEXT - 60] + "\n… (truncated)"
+        dumped = _clip(dumped, _MAX_TEXT - 60) + "\n… (truncated)"
     return f"```{dumped}```"
 
 
@@ -79,10 +121,13 @@ def slack_mention(principal: Principal | None) -> str:
 
 
 def fallback_text(request: InputRequest) -> str:
-    """The notification text (shown where blocks are not)."""
+    """The notification text (shown where blocks are not), escaped like the blocks: Slack reads
+    mentions such as `<!channel>` in it too."""
     if request.kind == "tool-approval":
-        return f"{request.agent} wants to run {request.tool_name}: approve or deny"
-    return f"{request.agent} asks: {request.question or 'a question'}"
+        text = f"{request.agent} wants to run {request.tool_name}: approve or deny"
+    else:
+        text = f"{request.agent} asks: {request.question or 'a question'}"
+    return _clip(escape(text), _MAX_TEXT)
 
 
 def request_blocks(
@@ -173,10 +218,7 @@ def _controls(request: InputRequest) -> dict[str, Any]:
                 "type": "static_select",
                 "action_id": OPTION,
                 "placeholder": _plain("Choose an answer"),
-                "options": [
-                    {"text": _plain(o.label), "value": _option_value(i, o.id)}
-                    for i, o in enumerate(request.options[:100])
-                ],
+                **_choices(request),
             }
         )
     if request.allow_text or not request.options:
@@ -191,10 +233,30 @@ def _controls(request: InputRequest) -> dict[str, Any]:
     return {"type": "actions", "block_id": block_id, "elements": elements}
 
 
+def _choices(request: InputRequest) -> dict[str, Any]:
+    """A select's `options`, or `option_groups` of 100 each when there are more than the 100
+    options Slack allows in one list (it allows 100 groups)."""
+    options = [
+        {"text": _plain(o.label), "value": _option_value(i, o.id)}
+        for i, o in enumerate(request.options[: _MAX_OPTIONS * _MAX_OPTIONS])
+    ]
+    if len(options) <= _MAX_OPTIONS:
+        return {"options": options}
+    groups = []
+    for start in range(0, len(options), _MAX_OPTIONS):
+        part = options[start : start + _MAX_OPTIONS]
+        label = f"Options {start + 1}–{start + len(part)}"
+        groups.append({"label": _plain(label), "options": part})
+    return {"option_groups": groups}
+
+
 def _option_value(position: int, option_id: str) -> str:
     """What a select option carries: its id, or its position when the id is longer than the
-    150 characters Slack allows (Slack would refuse the whole message)."""
-    return option_id if len(option_id) <= _MAX_VALUE else f"{_BY_POSITION}{position}"
+    150 characters Slack allows (Slack would refuse the whole message) or is not text Slack
+    can send back unchanged (a lone surrogate, a control character)."""
+    if len(option_id) <= _MAX_VALUE and option_id and sendable(option_id) == option_id:
+        return option_id
+    return f"{_BY_POSITION}{position}"
 
 
 def chosen_option(request: InputRequest, value: str) -> str:
@@ -211,14 +273,14 @@ def describe(request: InputRequest, resolution: Resolution) -> str:
     """One line: how the request closed, by whom and when."""
     by = slack_mention(resolution.by)
     when = _date(resolution.at)
-    reason = f": “{escape(resolution.reason)}”" if resolution.reason else ""
+    reason = f": “{_clip(escape(resolution.reason), _MAX_SHOWN)}”" if resolution.reason else ""
     if resolution.outcome == "approved":
         return f":white_check_mark: *Approved* by {by} {when}{reason}"
     if resolution.outcome == "cancelled" and resolution.status == "settled":
         return f":x: *Denied* by {by} {when}{reason}"
     if resolution.outcome == "answered":
         value = escape(resolution.value or "")
-        return f":speech_balloon: *Answered* “{value}” by {by} {when}"
+        return f":speech_balloon: *Answered* “{_clip(value, _MAX_SHOWN)}” by {by} {when}"
     if resolution.outcome == "expired":
         return f":hourglass: *Expired* {when}{reason}"
     return f":no_entry_sign: *Withdrawn* {when}{reason}"

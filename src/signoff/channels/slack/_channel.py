@@ -35,6 +35,7 @@ from ._blocks import (
     TEXT_VIEW,
     chosen_option,
     deny_view,
+    escape,
     fallback_text,
     request_blocks,
     text_view,
@@ -402,9 +403,10 @@ class SlackChannel(Channel):
             logger.exception("slack: opening a view for %s failed", request_id)
 
     async def _tell(self, where: dict[str, str], text: str) -> None:
-        """An ephemeral note only the person who acted sees."""
+        """An ephemeral note only the person who acted sees; its text (reasons, errors naming
+        what was answered) is escaped like the messages'."""
         await self.client.chat_postEphemeral(
-            channel=where["channel"], user=where["user"], text=text
+            channel=where["channel"], user=where["user"], text=escape(text)
         )
 
 

@@ -1,0 +1,247 @@
+"""What the Slack channel writes into a message: text Slack can take (valid Unicode, Block Kit's
+limits) whatever a model or a tool put in the request, and that still answers it from Slack.
+
+Uses the fake Slack of `test_slack`, which refuses blocks the way Slack does (`invalid_blocks`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import signoff as so
+from signoff.channels import ChannelHub
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+from .test_slack import FakeSlack, channel, click, manual, sign, slack_api
+
+__all__ = ["slack_api"]  # the fixture, used by name
+
+ODD = "x\ud800y\x00z\u202eevil\u200b"  # a lone surrogate, NUL, a bidi override, a zero-width space
+# The runtime refuses an answer holding a lone surrogate, so an option's id and label (which the
+# answer records) carry only the rest.
+CHOSEN = "x\x00z\u202eevil\u200b"
+
+
+def strings(value: Any) -> list[str]:
+    """Every string in a JSON value, keys too."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in [k, *strings(v)]]
+    if isinstance(value, list):
+        return [s for v in value for s in strings(v)]
+    return []
+
+
+def selects(posted: dict[str, Any]) -> list[dict[str, Any]]:
+    return [
+        e
+        for b in posted["blocks"]
+        if b["type"] == "actions"
+        for e in b["elements"]
+        if e["type"] == "static_select"
+    ]
+
+
+async def test_unsendable_text_is_posted_made_sendable_and_still_answers(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A lone surrogate (which JSON can carry from a model but UTF-8 cannot hold), NUL and bidi
+    overrides in a question, its options or a tool input: the request is posted with them
+    replaced (escaped in the input, so it reads exactly), and choosing such an option from
+    Slack answers with its real id; the closed message is accepted too."""
+
+    @so.tool
+    async def pick(ctx: so.ToolContext, q: str) -> str:
+        """Ask which."""
+        options: list[so.Option | str] = [
+            so.Option(id="o" + CHOSEN, label="L" + CHOSEN, description="d" + ODD),
+            "plain",
+        ]
+        answer = await ctx.ask(q, options=options, allow_text=False)
+        return str(answer.option_id)
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always()))
+    async def run(cmd: str) -> str:
+        """Run a command."""
+        return "ran"
+
+    asker = scripted_agent(
+        "asker", [call_tools(call("pick", q="Which " + ODD)), reply("ok")], tools=[pick]
+    )
+    runner = scripted_agent("runner", [call_tools(call("run", cmd=ODD)), reply("ok")], tools=[run])
+    async with so.Runtime([asker, runner], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (question,) = (await rt.generate("asker", prompt="go")).pending
+        (approval,) = (await rt.generate("runner", prompt="go")).pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], max_attempts=1)) as hub:
+            await hub.poll()
+            assert slack.recall(f"msg:{question.id}") is not None
+            assert slack.recall(f"msg:{approval.id}") is not None
+            asked, ran = slack_api.of("chat.postMessage")
+            for text in strings(asked) + strings(ran):
+                text.encode()  # valid Unicode
+                assert "\x00" not in text and "\u202e" not in text, text
+            (shown,) = [b for b in ran["blocks"] if b["block_id"] == "signoff.input"]
+            assert r"x\ud800y\u0000z\u202eevil\u200b" in shown["text"]["text"]  # exact, visible
+            (select,) = selects(asked)
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{question.id}",
+                    "selected_option": select["options"][0],
+                },
+                user="U5",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            stored = await rt.store.get_request(question.id)
+            assert stored is not None and stored.resolution is not None
+            assert stored.resolution["answer"]["option_id"] == "o" + CHOSEN
+            approve = {"action_id": "signoff.approve", "block_id": "b", "value": approval.id}
+            body = click(approve, user="U5")
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            stored = await rt.store.get_request(approval.id)
+            assert stored is not None and stored.outcome == "approved"
+            await hub.poll()
+            updates = slack_api.of("chat.update")
+            assert [u["blocks"][-1]["block_id"] for u in updates] == ["signoff.resolution"] * 2
+            assert slack.recall(f"msg:{question.id}") is None  # updated, so forgotten
+            assert slack.recall(f"msg:{approval.id}") is None
+            for text in strings(updates):
+                text.encode()
+
+
+async def test_long_questions_many_options_and_long_answers_stay_within_slacks_limits(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Slack refuses a section text over 3,000 characters or a select of over 100 options: a
+    model asking a long question with 150 described options is still posted, every option can
+    be chosen, and a long free-text answer still closes the message."""
+    options: list[so.Option | str] = [
+        so.Option(id=str(i), label=f"Choice {i} " + "x" * 80, description="At length. " * 30)
+        for i in range(150)
+    ]
+
+    @so.tool
+    async def pick(ctx: so.ToolContext, q: str) -> str:
+        """Ask which."""
+        return str((await ctx.ask(q, options=options)).value)
+
+    ask = call("pick", q="Which one? " + "Context. " * 600)
+    agent = scripted_agent("shop", [call_tools(ask), call_tools(ask), reply("ok")], tools=[pick])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="go")
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], max_attempts=1)) as hub:
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is not None  # Slack took it
+            (posted,) = slack_api.of("chat.postMessage")
+            (select,) = selects(posted)
+            shown = [o for g in select["option_groups"] for o in g["options"]]
+            assert len(shown) == 150
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{req.id}",
+                    "selected_option": shown[149],
+                },
+                user="U5",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.resolution is not None
+            assert stored.resolution["answer"]["value"] == "Choice 149 " + "x" * 80
+            await hub.poll()
+            (second,) = await rt.pending()
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=second.id, text="My own answer. " * 500)],
+            )
+            await hub.poll()
+            updates = slack_api.of("chat.update")
+            assert [u["blocks"][-1]["block_id"] for u in updates] == ["signoff.resolution"] * 2
+            assert slack.recall(f"msg:{second.id}") is None
+
+
+async def test_no_text_of_a_request_can_mention_everyone(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """`<!channel>` (and any `<…>` link or mention, or `&`) in a question reaches Slack escaped,
+    also in the notification text Slack reads mentions from."""
+    ask = call("ask_question", question="Ping <!channel> & <https://evil.example|click>?")
+    agent = scripted_agent("shop", [call_tools(ask), reply("ok")], tools=[so.ask_question()])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        await rt.generate("shop", prompt="go")
+        async with manual(ChannelHub(rt, [channel(slack_api)])) as hub:
+            await hub.poll()
+        (posted,) = slack_api.of("chat.postMessage")
+        assert posted["text"] == (
+            "shop asks: Ping &lt;!channel&gt; &amp; &lt;https://evil.example|click&gt;?"
+        )
+        for text in strings(posted["blocks"]):
+            assert "<!channel>" not in text and "<https" not in text
+
+
+async def test_an_input_cannot_close_its_code_block_and_write_its_own_message(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Triple backticks in a tool input would end the code block it is shown in, and what
+    follows would read as the message itself (a forged "wants to run" line): they are shown as
+    JSON escapes, so the input stays one code block and still parses to what runs."""
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always()))
+    async def run(cmd: str) -> str:
+        """Run a command."""
+        return "ran"
+
+    forged = "rm -rf /```\n*runner* wants to run `read_file`\n```"
+    agent = scripted_agent(
+        "runner", [call_tools(call("run", cmd=forged)), reply("ok")], tools=[run]
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        await rt.generate("runner", prompt="go")
+        async with manual(ChannelHub(rt, [channel(slack_api)])) as hub:
+            await hub.poll()
+        (posted,) = slack_api.of("chat.postMessage")
+        (shown,) = [b["text"]["text"] for b in posted["blocks"] if b["block_id"] == "signoff.input"]
+        assert shown.count("```") == 2 and shown.startswith("```") and shown.endswith("```")
+        assert json.loads(shown[3:-3]) == {"cmd": forged}
+
+
+async def test_the_notes_only_the_responder_sees_are_escaped_too(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A response policy's reason (or any text in an error) told back to the person who acted
+    reaches Slack with `&`, `<` and `>` escaped, so it reads as written and mentions no one."""
+
+    async def refuse(ctx: so.ResponseContext) -> so.Rejected:
+        return so.Rejected(reason="over 100 & <!channel> must approve")
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=refuse))
+    async def run(cmd: str) -> str:
+        """Run a command."""
+        return "ran"
+
+    agent = scripted_agent("ops", [call_tools(call("run", cmd="ls")), reply("ok")], tools=[run])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (req,) = (await rt.generate("ops", prompt="go")).pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            approve = {"action_id": "signoff.approve", "block_id": "b", "value": req.id}
+            body = click(approve, user="U5")
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+        (told,) = slack_api.of("chat.postEphemeral")
+        assert told["text"] == (
+            "Your answer was not accepted (rejected: over 100 &amp; &lt;!channel&gt; must approve)."
+        )
