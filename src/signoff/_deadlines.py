@@ -19,6 +19,7 @@ __all__ = [
     "TIMED_OUT",
     "after_deadline",
     "due_batch",
+    "expiry_resolves",
     "expiry_specs",
     "is_due",
     "stored_after_deadline",
@@ -142,3 +143,16 @@ def expiry_specs(state: SessionState) -> list[EventSpec]:
         error = {"code": "session_expired", "message": "the session's TTL passed"}
         specs.append(("turn.failed", {"error": error, "retryable": False, "reason": EXPIRED}))
     return specs
+
+
+def expiry_resolves(state: SessionState) -> list[Resolve]:
+    """The store's side of `expiry_specs`: each open request closes as `expired`."""
+    return [
+        Resolve(
+            request_id=r.id,
+            status="expired",
+            outcome="expired",
+            resolution={"outcome": "expired"},
+        )
+        for r in state.pending_requests()
+    ]

@@ -121,9 +121,9 @@ class Runtime(Workers):
         # A child whose parent's turn ended meanwhile is cancelled, not run (by a worker, say).
         return await _subagents.cancel_orphan(self, state) or recovered
 
-    async def _expire(self, state: SessionState) -> None:
+    async def _expire(self, state: SessionState, lease: int | None = None) -> None:
         try:
-            await super()._expire(state)
+            await super()._expire(state, lease)
         except SessionExpired:
             # A subagent's session expired: its parent's delegate call goes on without it.
             await _subagents.after_close(self, state)
