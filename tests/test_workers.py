@@ -526,6 +526,22 @@ async def test_resuming_a_session_that_expired_running_records_its_expiry(store_
         assert (await rt.state(held.session_id)).turn.status == "running"  # type: ignore[union-attr]
 
 
+async def test_a_listing_that_cannot_record_an_expiry_shows_it(store_url: str) -> None:
+    """A runtime without the session's agent (as `signoff sessions` is) cannot record that
+    its TTL passed running; like a passed deadline, it lists it as the expiry leaves it:
+    failed, and not among the running ones."""
+    clock = ManualClock(time.time())
+    agent = refund_agent([], ttl=60)
+    async with so.Runtime([agent], store=store_url, inline=False, clock=clock) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+    clock.advance(61)
+    async with so.Runtime([], store=store_url, clock=clock) as rt:
+        assert await rt.sessions(status="running") == []
+        [summary] = await rt.sessions()
+        assert (summary.id, summary.status) == (r.session_id, "failed")
+        assert [s.id for s in await rt.store.sessions(status="running")] == [r.session_id]
+
+
 async def test_a_worker_leaves_sessions_of_agents_it_does_not_have(store_url: str) -> None:
     """A worker claims only sessions of its own agents (as in a rolling deploy, or workers
     split by agent), so those wait for a worker that can drive them rather than its lease."""
