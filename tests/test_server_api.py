@@ -791,6 +791,36 @@ def test_expired_sessions_leave_the_queue_and_answers_are_410(tmp_path: Path) ->
             assert error(r, 410, "session_expired")["session_id"] == sid
 
 
+def test_an_expired_session_reads_failed_with_nothing_to_answer(tmp_path: Path) -> None:
+    """Before any sweep or listing, reading a session whose TTL passed while it waited records
+    that: it is failed (`session_expired`) with no open request, and its page offers none."""
+    now = [1_000_000.0]
+
+    @so.tool(approval=so.always())
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    call = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
+    agent = so.Agent(
+        name="desk",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
+        tools=[reset_password],
+        limits=so.Limits(ttl=60),
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/ttl.db", clock=lambda: now[0])
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as base:
+        with client(base, "alice-token") as alice:
+            body = alice.post("/v1/sessions", json={"agent": "desk", "message": "reset"}).json()
+            sid, rid = body["session_id"], body["pending"][0]["id"]
+            now[0] += 120
+            view = alice.get(f"/v1/sessions/{sid}").json()
+            assert (view["status"], view["pending"]) == ("failed", [])
+            assert view["turn"]["error"]["code"] == "session_expired"
+            assert not view["turn"]["retryable"]
+            assert rid not in alice.get("/_signoff/").text
+
+
 def test_requests_past_their_deadline_leave_the_queue_before_any_sweep(tmp_path: Path) -> None:
     """With the sweep off, the queue still never offers a request that cannot be answered, and
     offers an escalated one as escalated."""

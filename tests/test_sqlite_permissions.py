@@ -272,6 +272,36 @@ def test_a_runtime_with_the_agent_lists_a_read_only_store_past_a_deadline(folder
         rt.close_sync()
 
 
+def test_a_runtime_with_the_agent_lists_a_read_only_store_past_a_session_ttl(
+    folder: Path,
+) -> None:
+    # Listing sessions records the expiry of one whose TTL passed running (a write); on a store
+    # this process may only read, the listing still answers, showing the session as its expiry
+    # leaves it (failed, not running), and the store is left as it was.
+    agent = scripted_agent("a", [reply("Done.")], limits=so.Limits(ttl=60))
+    url = f"sqlite:///{folder / 'state.db'}"
+    rt = so.Runtime([agent], store=url, clock=lambda: 1000.0, inline=False)
+    try:
+        rt.generate_sync("a", prompt="hello")
+    finally:
+        rt.close_sync()
+
+    def listed() -> tuple[list[str], list[str]]:
+        later = so.Runtime([agent], store=url, clock=lambda: 2000.0)
+        try:
+            running = [s.status for s in later.sessions_sync(status="running")]
+            return running, [s.status for s in later.sessions_sync()]
+        finally:
+            later.close_sync()
+
+    assert as_user(READER, listed) == ([], ["failed"])
+    rt = so.Runtime([agent], store=url, clock=lambda: 1000.0)
+    try:
+        assert [s.status for s in rt.sessions_sync()] == ["running"]  # nothing was written
+    finally:
+        rt.close_sync()
+
+
 def _follow_while_another_commits(
     path: Path, before_commit: Callable[[], None] = lambda: None
 ) -> tuple[int | None, bool, int | None]:

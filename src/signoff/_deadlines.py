@@ -13,15 +13,18 @@ from typing import Any
 from ._recording import Batch, EventSpec
 from ._state import SessionState
 from ._types import InputRequest
-from .stores import Resolve, StoredRequest
+from .stores import Resolve, SessionSummary, StoredRequest
 
 __all__ = [
     "TIMED_OUT",
     "after_deadline",
     "due_batch",
+    "expiry_resolves",
     "expiry_specs",
     "is_due",
+    "is_lapsed",
     "stored_after_deadline",
+    "summary_after_expiry",
 ]
 
 TIMED_OUT = "no one decided before the deadline"
@@ -142,3 +145,32 @@ def expiry_specs(state: SessionState) -> list[EventSpec]:
         error = {"code": "session_expired", "message": "the session's TTL passed"}
         specs.append(("turn.failed", {"error": error, "retryable": False, "reason": EXPIRED}))
     return specs
+
+
+def expiry_resolves(state: SessionState) -> list[Resolve]:
+    """The store's side of `expiry_specs`: each open request closes as `expired`."""
+    return [
+        Resolve(
+            request_id=r.id,
+            status="expired",
+            outcome="expired",
+            resolution={"outcome": "expired"},
+        )
+        for r in state.pending_requests()
+    ]
+
+
+def is_lapsed(row: SessionSummary, now: float) -> bool:
+    """Whether a listed session's TTL passed with its turn unfinished, so the next touch of it
+    records the expiry (`expiry_specs`)."""
+    return (
+        row.status in ("running", "waiting")
+        and row.expires_at is not None
+        and (row.expires_at <= now)
+    )
+
+
+def summary_after_expiry(row: SessionSummary, now: float) -> SessionSummary:
+    """A listed session as its passed TTL leaves it before anyone has recorded that (a store
+    this process may only read, another agent's session): its turn failed."""
+    return replace(row, status="failed") if is_lapsed(row, now) else row

@@ -20,7 +20,7 @@ from ._answers import Reply as _Reply
 from ._answers import check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
-from ._deadlines import after_deadline, is_due
+from ._deadlines import after_deadline, is_due, summary_after_expiry
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -121,9 +121,9 @@ class Runtime(Workers):
         # A child whose parent's turn ended meanwhile is cancelled, not run (by a worker, say).
         return await _subagents.cancel_orphan(self, state) or recovered
 
-    async def _expire(self, state: SessionState) -> None:
+    async def _expire(self, state: SessionState, lease: int | None = None) -> None:
         try:
-            await super()._expire(state)
+            await super()._expire(state, lease)
         except SessionExpired:
             # A subagent's session expired: its parent's delegate call goes on without it.
             await _subagents.after_close(self, state)
@@ -268,18 +268,21 @@ class Runtime(Workers):
         offset: int = 0,
     ) -> list[SessionSummary]:
         """Sessions, most recently active first (`status`: idle, running, waiting, failed,
-        cancelled)."""
+        cancelled). Like a passed deadline, a TTL that passed with the turn unfinished is
+        recorded first (the turn fails), or else shown so: the page may then come back short."""
         await self.open()
         _check_page(limit, offset)
+        now = self.clock()
         page = await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
-        try:  # like passed deadlines: a session whose TTL passed is never listed as running
-            if await self._record_lapsed(page, self.clock()):
+        try:
+            if await self._record_lapsed(page, now):
                 page = await self.store.sessions(
                     agent=agent, status=status, limit=limit, offset=offset
                 )
         except StoreError as exc:  # a store this process may only read, say
             log.warning("sessions whose TTL passed not recorded: %s", exc)
-        return page
+        shown = [summary_after_expiry(r, now) for r in page]
+        return [r for r in shown if status is None or r.status == status]
 
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True

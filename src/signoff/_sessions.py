@@ -23,7 +23,7 @@ from typing import Any, Self
 from ._agent import Agent
 from ._answers import check_text
 from ._audit_trail import record_tool_settings
-from ._deadlines import due_batch, expiry_specs
+from ._deadlines import due_batch, expiry_resolves, expiry_specs
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -266,17 +266,19 @@ class SessionRunner:
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
 
-    async def _checked(self, session_id: str, *, trust_cache: bool = False) -> SessionState:
-        """The session's state with its lapsed TTL and passed deadlines applied. `trust_cache`
-        skips the store's head when nothing is due on the cached state: a stale cache then
-        makes the caller's append conflict; expiring or applying deadlines never acts on it."""
+    async def _checked(
+        self, session_id: str, *, trust_cache: bool = False, lease: int | None = None
+    ) -> SessionState:
+        """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
+        caller's token on it, if any. `trust_cache` skips the store's head when nothing is due
+        on the cached state: a stale cache makes the caller's append conflict instead."""
         now = self.clock()
         cached = self._cache.get(session_id) if trust_cache else None
         if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
             return cached
         state = await self.state(session_id)
         if state.expired(now):
-            await self._expire(state)
+            await self._expire(state, lease)
         if due_batch(state, now) is not None:
             await self._append(
                 session_id,
@@ -287,27 +289,16 @@ class SessionRunner:
             state = await self.state(session_id)
         return state
 
-    async def _expire(self, state: SessionState) -> None:
+    async def _expire(self, state: SessionState, lease: int | None = None) -> None:
         """Record that the session's TTL passed (its open requests expire, its unfinished turn
-        fails), so the store lists it as it is, then raise `SessionExpired`. A turn without open
-        requests that some drive holds a lease on is left to the next look."""
+        fails), then raise `SessionExpired`. A turn without open requests that another drive
+        holds is left to the next look; the caller's own `lease` fences the record instead."""
         pending = state.pending_requests()
         specs = expiry_specs(state)
-        if specs and (pending or not await self._busy(state.id)):
-            driver = self._driver(state, None)
-            with contextlib.suppress(Exception):
-                await driver.record(
-                    specs,
-                    resolve=[
-                        Resolve(
-                            request_id=r.id,
-                            status="expired",
-                            outcome="expired",
-                            resolution={"outcome": "expired"},
-                        )
-                        for r in pending
-                    ],
-                )
+        if specs and (pending or lease is not None or not await self._busy(state.id)):
+            driver = self._driver(state, lease)
+            with contextlib.suppress(Exception):  # LeaseLost: another drive took it over
+                await driver.record(specs, resolve=expiry_resolves(state))
             self._cache.pop(state.id, None)
         raise SessionExpired(state.id, [r.id for r in pending])
 
@@ -451,9 +442,9 @@ class SessionRunner:
             failed = True
             lost = False
             try:
-                state = await self._checked(session_id)
+                state = await self._checked(session_id, lease=token)
                 if await self._recover(state):  # under the lease, its renewals running
-                    state = await self._checked(session_id)
+                    state = await self._checked(session_id, lease=token)
                 driver = self._driver(state, token)
                 driver.release_at_end = True
                 driver.lease_check = partial(self._confirm, session_id, owner, token, held)

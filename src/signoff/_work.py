@@ -9,7 +9,7 @@ import logging
 import time
 from collections.abc import Sequence
 
-from ._deadlines import is_due
+from ._deadlines import is_due, is_lapsed
 from ._exceptions import SessionExpired, StoreError, UsageError
 from ._messages import Messages
 from ._sessions import positive_seconds
@@ -56,14 +56,7 @@ class Workers(Messages):
     async def _record_lapsed(self, rows: Sequence[SessionSummary], now: float) -> int:
         """Record the expiry of the sessions of `rows` (of agents this runtime has) whose TTL
         passed with their turn unfinished; returns how many there were."""
-        ids = [
-            r.id
-            for r in rows
-            if r.status in ("running", "waiting")
-            and r.expires_at is not None
-            and r.expires_at <= now
-            and r.agent in self.agents
-        ]
+        ids = [r.id for r in rows if is_lapsed(r, now) and r.agent in self.agents]
         for sid in ids:
             with contextlib.suppress(SessionExpired):
                 await self._checked(sid)

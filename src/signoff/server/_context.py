@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 from dataclasses import dataclass, replace
@@ -9,8 +10,8 @@ from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import is_due, stored_after_deadline
-from .._exceptions import UnknownRequest, UnknownSession
+from .._deadlines import expiry_specs, is_due, stored_after_deadline
+from .._exceptions import SessionExpired, StoreError, UnknownRequest, UnknownSession
 from .._runtime import Runtime
 from .._state import SessionState
 from .._types import InputRequest, Principal
@@ -62,6 +63,13 @@ class ServerContext:
         state = await self.runtime.state(session_id)
         if not self.access(caller, state.initiator):
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
+        now = self.runtime.clock()
+        if state.expired(now) and expiry_specs(state) and state.agent in self.runtime.agents:
+            # Its TTL passed and no sweep recorded it yet: record it (its turn fails, its
+            # requests expire), so it never reads as waiting on answers no one can give.
+            with contextlib.suppress(SessionExpired, StoreError):
+                await self.runtime._checked(session_id)
+            state = await self.runtime.state(session_id)
         return state
 
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
