@@ -23,6 +23,7 @@ from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
 from ._base import Channel, ChannelState, RateLimited, Resolution
+from ._lease import HubLease
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -40,11 +41,16 @@ class ChannelHub:
     """Dispatches request openings, updates and resolutions to channels, in commit order.
 
     `state` is a `ChannelState` or the path of its SQLite file (memory by default: positions are
-    then lost on restart, so it starts at the end). Run one hub per set of channels: two hubs
-    with the same channels would post everything twice. A channel that fails on an entry is
-    retried from there after `retry_backoff * 2**n` seconds, `max_attempts` times in all
-    (about two minutes by default), before the entry is skipped for it: that is logged as an
-    error, and the entry is delivered to it again when the hub next starts on the same `state`.
+    then lost on restart, so it starts at the end). On a file, one hub of a `name` delivers at
+    a time: it holds an OS lock next to the file while it runs, and another started on the same
+    file (in this or another process on the machine) stands by, its channels still answering
+    (e.g. Slack's clicks), and takes over at its next poll when the first stops or dies. Hubs
+    on memory share nothing: each delivers everything, so run one per set of channels.
+
+    A channel that fails on an entry is retried from there after `retry_backoff * 2**n`
+    seconds, `max_attempts` times in all (about two minutes by default), before the entry is
+    skipped for it: that is logged as an error, and the entry is delivered to it again when the
+    hub next starts on the same `state`.
     A channel that raises `RateLimited` is retried after the delay it names (at most an hour),
     without spending an attempt, so a service that throttles is never given up on.
     """
@@ -86,6 +92,8 @@ class ChannelHub:
         self.retry_backoff = retry_backoff
         self.gap_timeout = gap_timeout
         self.clock = clock
+        self._lease = None if self.state.path == ":memory:" else HubLease(self.state.path, name)
+        self._active = False
         self._positions: dict[str, int] = {}
         self._failures: dict[tuple[str, int], int] = {}
         self._retry_at: dict[str, float] = {}
@@ -101,6 +109,11 @@ class ChannelHub:
         """The channels' HTTP routers, for `signoff.server.create_app(..., channels=hub)`."""
         return [r for ch in self.channels for r in ch.routers]
 
+    @property
+    def active(self) -> bool:
+        """Whether this hub delivers now (it holds its state file's lock), not standing by."""
+        return self._active
+
     def position(self, channel: Channel | str) -> int:
         """The last audit entry id a channel has handled."""
         name = channel if isinstance(channel, str) else channel.name
@@ -112,16 +125,34 @@ class ChannelHub:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self, *, follow: bool = True) -> None:
-        """Load positions, hand each channel the open requests, then (with `follow`) poll."""
+        """Take the state's lock or stand by, then (with `follow`) poll; see `_activate`."""
         if self._started:
             raise UsageError("this ChannelHub is already started")
         await self.runtime.open()
         if self.state.closed and self._own_state:
             self.state = ChannelState(self.state.path)
+        for ch in self.channels:  # a standby's channels answer too (e.g. Slack's clicks)
+            ch.bind(self.runtime, self.state)
+        active = self._lease is None or self._lease.acquire()
         self._started = True
+        if active:
+            await self._activate()
+        else:
+            logger.warning(
+                "channel hub %s: another process delivers from %s; this one stands by and "
+                "takes over when it stops",
+                self.name,
+                self.state.path,
+            )
+        if follow:
+            self._stopping = False
+            self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
+
+    async def _activate(self) -> None:
+        """Load positions, hand each channel the open requests and deliver what an earlier run
+        gave up on: the start of delivering, once the hub holds the state's lock."""
         end: int | None = None
         for ch in self.channels:
-            ch.bind(self.runtime, self.state)
             saved = self.state.position(self._key(ch))
             if saved is None:
                 if end is None:
@@ -129,6 +160,7 @@ class ChannelHub:
                 saved = end
                 self.state.set_position(self._key(ch), saved)
             self._positions[ch.name] = saved
+        self._active = True
         if self.channels:
             open_requests = await self._open_requests()
             for ch in self.channels:
@@ -137,9 +169,20 @@ class ChannelHub:
                 except Exception:  # a service that is down must not keep the server from starting
                     logger.exception("channel %s failed to start", ch.name)
                 await self._redeliver(ch)
-        if follow:
-            self._stopping = False
-            self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
+
+    async def _take_over(self) -> bool:
+        """For a standby: deliver from now on if the lock is free; False while it is held."""
+        assert self._lease is not None
+        if not self._lease.acquire():
+            return False
+        logger.warning("channel hub %s: took over delivery from %s", self.name, self.state.path)
+        try:
+            await self._activate()
+        except BaseException:  # e.g. the store is down: stand by again and retry on a poll
+            self._active = False
+            self._lease.release()
+            raise
+        return True
 
     async def stop(self) -> None:
         """Stop following and close the channels (and the state file, if the hub opened it).
@@ -161,6 +204,9 @@ class ChannelHub:
                 await ch.close()
             except Exception:
                 logger.exception("channel %s failed to close", ch.name)
+        if self._lease is not None:
+            self._lease.release()  # after the channels' last writes: the standby goes on from them
+        self._active = False
         if self._own_state and self.state.path != ":memory:":
             self.state.close()
         self._started = False
@@ -211,6 +257,8 @@ class ChannelHub:
         if not self._started:
             raise UsageError("start the ChannelHub first (await hub.start() or `async with`)")
         async with self._lock:
+            if not self._active and not await self._take_over():
+                return 0  # another hub delivers: nothing to do, not even the channels' ticks
             total = 0
             if self.channels:
                 cursor = min(self._positions.values())
