@@ -122,10 +122,8 @@ def test_memos_are_listed_by_literal_prefix_oldest_first() -> None:
 class Seen(Channel):
     """Records the requests it is told opened."""
 
-    name = "seen"
-
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, name: str = "seen") -> None:
+        super().__init__(name=name)
         self.opened: list[str] = []
 
     async def on_requested(self, request: so.InputRequest) -> None:
@@ -178,11 +176,26 @@ async def test_two_hubs_on_one_state_file_deliver_each_request_once(
             await one.start(follow=False)  # back again, it is now the standby
             await one.poll()
             assert not one.active and first.opened == [r1]
-            # another name is another set of channels: its own position, its own lease
+            # another hub name, or another channel, has its own position and its own lock
             other = ChannelHub(rt, [Seen()], state=state, name="other")
             await other.start(follow=False)
             assert other.active
             await other.stop()
+            hooks, again = Seen("hooks"), Seen()
+            both = ChannelHub(rt, [again, hooks], state=state)
+            await both.start(follow=False)
+            r3 = await open_one(rt)
+            await both.poll()
+            await two.poll()
+            assert not both.active  # it delivers to hooks, and stands by for seen
+            assert hooks.opened == [r3] and again.opened == [] and second.opened == [r2, r3]
+            await two.stop()
+            await both.poll()
+            assert both.active and again.opened == []  # r3 was delivered already
+            r4 = await open_one(rt)
+            await both.poll()
+            assert again.opened == hooks.opened[1:] == [r4]
+            await both.stop()
         finally:
             await one.stop()
             await two.stop()

@@ -1,8 +1,8 @@
-"""`HubLease`: the OS file lock that lets one `ChannelHub` at a time deliver from a state file.
+"""`HubLease`: the OS file lock that lets one `ChannelHub` at a time deliver to a channel.
 
-The lock is taken on a file next to the state (`<state>-<hub name>.lock`, never deleted: a
-waiter could otherwise lock a file no longer there) and held while the hub runs. The OS lets go
-of it when the process ends, however it ends, so a standby hub takes over without any timeout.
+The lock is taken on a file next to the state (`<state>-<hub name>.<channel name>.lock`, never
+deleted: a waiter could otherwise lock a file no longer there) and held while the hub runs. The
+OS lets go of it when the process ends, however it ends, so a standby takes over at once.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ __all__ = ["HubLease"]
 
 
 class HubLease:
-    """An exclusive, non-blocking lock for the hub `name` on the channel state at `state_path`.
+    """An exclusive, non-blocking lock named `name` (the hub's and the channel's) on the channel
+    state at `state_path`.
 
     `flock` locks belong to one open file, so two hubs in one process exclude each other too.
     """
