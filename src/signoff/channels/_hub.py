@@ -23,6 +23,7 @@ from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
 from ._base import Channel, ChannelState, RateLimited, Resolution
+from ._lease import HubLease
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -40,11 +41,17 @@ class ChannelHub:
     """Dispatches request openings, updates and resolutions to channels, in commit order.
 
     `state` is a `ChannelState` or the path of its SQLite file (memory by default: positions are
-    then lost on restart, so it starts at the end). Run one hub per set of channels: two hubs
-    with the same channels would post everything twice. A channel that fails on an entry is
-    retried from there after `retry_backoff * 2**n` seconds, `max_attempts` times in all
-    (about two minutes by default), before the entry is skipped for it: that is logged as an
-    error, and the entry is delivered to it again when the hub next starts on the same `state`.
+    then lost on restart, so it starts at the end). On a file, one hub at a time delivers to a
+    channel (by hub `name` and channel name): it holds an OS lock next to the file while it
+    runs, and another started on the same file (in this or another process on the machine)
+    stands by for that channel, which still answers (e.g. Slack's clicks), and takes over at its
+    next poll when the first stops or dies. Hubs on memory share nothing: each delivers
+    everything, so run one per set of channels.
+
+    A channel that fails on an entry is retried from there after `retry_backoff * 2**n`
+    seconds, `max_attempts` times in all (about two minutes by default), before the entry is
+    skipped for it: that is logged as an error, and the entry is delivered to it again when the
+    hub next starts on the same `state`.
     A channel that raises `RateLimited` is retried after the delay it names (at most an hour),
     without spending an attempt, so a service that throttles is never given up on.
     """
@@ -86,6 +93,12 @@ class ChannelHub:
         self.retry_backoff = retry_backoff
         self.gap_timeout = gap_timeout
         self.clock = clock
+        self._leases = {
+            ch.name: HubLease(self.state.path, f"{name}.{ch.name}")
+            for ch in channels
+            if self.state.path != ":memory:"
+        }
+        self._active: set[str] = set()  # the channels this hub delivers to (holding their locks)
         self._positions: dict[str, int] = {}
         self._failures: dict[tuple[str, int], int] = {}
         self._retry_at: dict[str, float] = {}
@@ -101,6 +114,11 @@ class ChannelHub:
         """The channels' HTTP routers, for `signoff.server.create_app(..., channels=hub)`."""
         return [r for ch in self.channels for r in ch.routers]
 
+    @property
+    def active(self) -> bool:
+        """Whether this hub delivers to all its channels now (none stands by for another hub)."""
+        return len(self._active) == len(self.channels)
+
     def position(self, channel: Channel | str) -> int:
         """The last audit entry id a channel has handled."""
         name = channel if isinstance(channel, str) else channel.name
@@ -112,16 +130,42 @@ class ChannelHub:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self, *, follow: bool = True) -> None:
-        """Load positions, hand each channel the open requests, then (with `follow`) poll."""
+        """Deliver to the channels whose lock is free (standing by for the others), then (with
+        `follow`) poll; see `_activate`."""
         if self._started:
             raise UsageError("this ChannelHub is already started")
         await self.runtime.open()
         if self.state.closed and self._own_state:
             self.state = ChannelState(self.state.path)
-        self._started = True
-        end: int | None = None
-        for ch in self.channels:
+        for ch in self.channels:  # a standby's channels answer too (e.g. Slack's clicks)
             ch.bind(self.runtime, self.state)
+        free = self._lock_free()
+        self._started = True
+        await self._activate(free)
+        if len(free) < len(self.channels):
+            logger.warning(
+                "channel hub %s: another process delivers to %s from %s; this one stands by "
+                "and takes over when it stops",
+                self.name,
+                ", ".join(ch.name for ch in self.channels if ch.name not in self._active),
+                self.state.path,
+            )
+        if follow:
+            self._stopping = False
+            self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
+
+    def _lock_free(self) -> list[Channel]:
+        """The channels not delivered to yet whose lock this hub could take (all, in memory)."""
+        waiting = [ch for ch in self.channels if ch.name not in self._active]
+        return [
+            ch for ch in waiting if ch.name not in self._leases or self._leases[ch.name].acquire()
+        ]
+
+    async def _activate(self, channels: list[Channel]) -> None:
+        """Start delivering to `channels`, whose locks this hub holds: load their positions, hand
+        them the open requests and deliver what an earlier run gave up on."""
+        end: int | None = None
+        for ch in channels:
             saved = self.state.position(self._key(ch))
             if saved is None:
                 if end is None:
@@ -129,17 +173,30 @@ class ChannelHub:
                 saved = end
                 self.state.set_position(self._key(ch), saved)
             self._positions[ch.name] = saved
-        if self.channels:
+        self._active.update(ch.name for ch in channels)
+        if channels:
             open_requests = await self._open_requests()
-            for ch in self.channels:
+            for ch in channels:
                 try:
                     await ch.start([r for r in open_requests if ch.accepts(r)])
                 except Exception:  # a service that is down must not keep the server from starting
                     logger.exception("channel %s failed to start", ch.name)
                 await self._redeliver(ch)
-        if follow:
-            self._stopping = False
-            self._task = asyncio.create_task(self._follow(), name=f"signoff-hub-{self.name}")
+
+    async def _take_over(self) -> None:
+        """For a standby: deliver to the channels whose lock another hub let go of."""
+        free = self._lock_free()
+        if not free:
+            return
+        names = ", ".join(ch.name for ch in free)
+        logger.warning("channel hub %s: took over delivery to %s", self.name, names)
+        try:
+            await self._activate(free)
+        except BaseException:  # e.g. the store is down: stand by again and retry on a poll
+            for ch in free:
+                self._active.discard(ch.name)
+                self._leases[ch.name].release()
+            raise
 
     async def stop(self) -> None:
         """Stop following and close the channels (and the state file, if the hub opened it).
@@ -161,6 +218,9 @@ class ChannelHub:
                 await ch.close()
             except Exception:
                 logger.exception("channel %s failed to close", ch.name)
+        for lease in self._leases.values():
+            lease.release()  # after the channels' last writes: a standby goes on from them
+        self._active.clear()
         if self._own_state and self.state.path != ":memory:":
             self.state.close()
         self._started = False
@@ -211,12 +271,17 @@ class ChannelHub:
         if not self._started:
             raise UsageError("start the ChannelHub first (await hub.start() or `async with`)")
         async with self._lock:
+            if len(self._active) < len(self.channels):
+                await self._take_over()
+            live = [ch for ch in self.channels if ch.name in self._active]
             total = 0
-            if self.channels:
-                cursor = min(self._positions.values())
-                # Channels that failed and wait for their retry: they go on from there later.
+            if live:
+                cursor = min(self._positions[ch.name] for ch in live)
+                # Channels that failed and wait for their retry: they go on from there later;
+                # those another hub delivers to are never told anything here.
                 clock = time.monotonic()
                 blocked = {n for n, at in self._retry_at.items() if at > clock}
+                blocked.update(ch.name for ch in self.channels if ch.name not in self._active)
                 top = cursor
                 present: set[int] = set()
                 while True:
@@ -228,10 +293,10 @@ class ChannelHub:
                         cursor = top = entries[-1].id
                     if len(entries) < _PAGE:
                         break
-                for ch in self.channels:
+                for ch in live:
                     self._advance(ch, top, present)
             now = self.clock()
-            for ch in self.channels:
+            for ch in live:
                 try:
                     await ch.tick(now)
                 except Exception:
@@ -262,14 +327,15 @@ class ChannelHub:
         if pos != self._positions[ch.name]:
             self._positions[ch.name] = pos
             self.state.set_position(self._key(ch), pos)
-            for gap in [g for g in self._gaps if g <= min(self._positions.values())]:
+            low = min(self._positions[n] for n in self._active)
+            for gap in [g for g in self._gaps if g <= low]:
                 del self._gaps[gap]
 
     async def _dispatch(self, entry: AuditEntry, blocked: set[str]) -> int:
         """Deliver one entry to every channel that has not had it; 1 if any handled it."""
         handled = 0
         for ch in self.channels:
-            if self._positions[ch.name] >= entry.id or ch.name in blocked:
+            if ch.name in blocked or self._positions[ch.name] >= entry.id:
                 continue
             seen = self._seen.setdefault(ch.name, set())
             if entry.id in seen:

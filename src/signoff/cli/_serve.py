@@ -84,8 +84,10 @@ def serve(
         str | None,
         typer.Option(
             "--channel-state",
-            help="SQLite file keeping channel delivery positions across restarts "
-            "(default: in memory, a restart starts at the end of the queue).",
+            help="SQLite file keeping channel delivery positions across restarts; processes "
+            "sharing it deliver once: one posts, the others stand by to take over (default: in "
+            "memory, shared with no other process, so each posts everything, and a restart "
+            "starts at the end of the queue).",
         ),
     ] = None,
 ) -> None:

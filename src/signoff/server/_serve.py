@@ -72,8 +72,9 @@ def serve(
 
     `channels` (Slack, webhooks, ...) follow the queue while the server runs, from one
     `ChannelHub` whose delivery positions live in `channel_state` (a SQLite file; in memory if
-    None, so a restart starts at the end of the queue). `secret` keys the dashboard's CSRF
-    tokens (see `create_app`).
+    None, so a restart starts at the end of the queue). Of the processes on one file one
+    delivers and the others stand by; in memory, every process delivers everything. `secret`
+    keys the dashboard's CSRF tokens (see `create_app`).
     """
     import uvicorn
 
