@@ -115,7 +115,7 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
 async def get_session(request: Request, session_id: SessionId) -> SessionView:
     """The session's state and its pending requests."""
     ctx, caller = await _caller(request)
-    return session_view(await ctx.session(session_id, caller))
+    return session_view(await ctx.session(session_id, caller, shown=True))
 
 
 @router.post("/sessions/{session_id}/cancel", tags=["sessions"])

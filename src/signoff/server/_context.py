@@ -58,13 +58,23 @@ class ServerContext:
             )
         return principal
 
-    async def session(self, session_id: str, caller: Principal) -> SessionState:
-        """The session's state, if the caller may see it; otherwise it does not exist for them."""
+    async def session(
+        self, session_id: str, caller: Principal, *, shown: bool = False
+    ) -> SessionState:
+        """The session's state, if the caller may see it; otherwise it does not exist for them.
+        A state `shown` to a person (the session's read, its dashboard page) has a passed TTL
+        recorded first; an answer or a stream leaves that to the runtime's own checks, which
+        report what the expiry closes."""
         state = await self.runtime.state(session_id)
         if not self.access(caller, state.initiator):
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
         now = self.runtime.clock()
-        if state.expired(now) and expiry_specs(state) and state.agent in self.runtime.agents:
+        if (
+            shown
+            and state.expired(now)
+            and expiry_specs(state)
+            and state.agent in self.runtime.agents
+        ):
             # Its TTL passed and no sweep recorded it yet: record it (its turn fails, its
             # requests expire), so it never reads as waiting on answers no one can give.
             with contextlib.suppress(SessionExpired, StoreError):

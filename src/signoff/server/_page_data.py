@@ -189,7 +189,7 @@ def _rows(events: list[Event]) -> list[dict[str, Any]]:
 
 async def session_context(request: Request, session_id: str, after: int) -> dict[str, Any]:
     ctx, viewer = await signed_in(request)
-    state = await ctx.session(session_id, viewer)
+    state = await ctx.session(session_id, viewer, shown=True)
     events = await ctx.runtime.store.read_events(session_id, after=after)
     seq = events[-1].seq if events else after
     return base(
