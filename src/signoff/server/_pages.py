@@ -13,7 +13,6 @@ import base64
 import hashlib
 import hmac
 import json
-import re
 import secrets
 import time
 from datetime import UTC, datetime
@@ -25,6 +24,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, Response
 
 from .._exceptions import UsageError
+from .._text import HIDDEN, escape_as_json
 from .._types import Principal
 from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, bearer_token
 from ._context import get_context
@@ -84,28 +84,11 @@ def _iso(ts: float | None) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-# Characters that are invisible or reorder the text around them (C1 controls, zero-width and
-# bidirectional formatting, line separators, tag characters): in JSON they are escaped, so an
-# input cannot read differently from what runs.
-_HIDDEN = re.compile(
-    "[\x7f-\x9f\xad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e"
-    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb\U000e0000-\U000e0fff]"
-)
-
-
-def _escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    if code > 0xFFFF:  # a surrogate pair, as JSON writes it
-        code -= 0x10000
-        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
-    return f"\\u{code:04x}"
-
-
 def pretty(value: Any) -> str:
     """`value` as indented JSON, as the pages show it, with hidden characters escaped (they can
     only be in its strings, so the text still parses to `value`)."""
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
-    return _HIDDEN.sub(_escape, text)
+    return HIDDEN.sub(escape_as_json, text)
 
 
 def who(p: Principal | dict[str, Any] | str | None) -> str:

@@ -11,6 +11,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+from ..._text import BIDI, HIDDEN, escape_as_json
 from ..._types import InputRequest, Principal
 from .._base import Resolution
 
@@ -45,31 +46,15 @@ _MAX_OPTIONS = 100  # Slack's limit for a select's options, and for its option g
 _BY_POSITION = "signoff.option#"
 
 # Lone surrogates (JSON carries them from a model, UTF-8 cannot hold them) and C0 controls but
-# tab and newline: replaced in prose. Bidirectional controls reorder the text around them.
+# tab and newline: replaced in prose.
 _UNSENDABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
-_BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
-# What an input shows escaped, so it reads as what runs: the above, and the characters that
-# are invisible (C1 controls, zero-width, tag characters); JSON escapes the rest.
-_HIDDEN = re.compile(
-    "[\x7f-\x9f\xad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e"
-    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e0fff]"
-)
-
 _FENCE = re.compile("`{3,}")
-
-
-def _json_escape(match: re.Match[str]) -> str:
-    code = ord(match.group())
-    if code > 0xFFFF:  # a surrogate pair, as JSON writes it
-        code -= 0x10000
-        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
-    return f"\\u{code:04x}"
 
 
 def sendable(text: str) -> str:
     """`text` as Slack can take and show it: what UTF-8 cannot hold and control characters
     become U+FFFD, bidirectional controls show as `\\u202e` and the like."""
-    return _BIDI.sub(_json_escape, _UNSENDABLE.sub("\ufffd", text))
+    return BIDI.sub(escape_as_json, _UNSENDABLE.sub("\ufffd", text))
 
 
 def _clip(text: str, limit: int) -> str:
@@ -96,7 +81,7 @@ def escape(text: str) -> str:
 
 def _code(value: Any) -> str:
     dumped = json.dumps(value, indent=2, ensure_ascii=False, default=str)
-    dumped = escape(_HIDDEN.sub(_json_escape, dumped))
+    dumped = escape(HIDDEN.sub(escape_as_json, dumped))
     # Backticks (only in JSON strings) that would end the code block are written as escapes.
     dumped = _FENCE.sub(lambda m: "\\u0060" * len(m.group()), dumped)
     if len(dumped) > _MAX_TEXT - 40:

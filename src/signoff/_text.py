@@ -1,0 +1,29 @@
+"""Text shown to people (a page, a Slack message): the characters that are invisible or reorder
+what is around them, written as JSON-style escapes, so what a reviewer reads is what runs."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["BIDI", "HIDDEN", "escape_as_json"]
+
+BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Bidirectional controls: they make the text around them read in another order."""
+
+HIDDEN = re.compile(
+    "[\x7f-\x9f\xad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e0fff]"
+)
+"""The above and what is invisible: C1 controls, zero-width and formatting characters, line
+separators, variation selectors, tag characters, and lone surrogates (which UTF-8 cannot hold).
+Inside a JSON string they can be escaped and the text still parses to the same value."""
+
+
+def escape_as_json(match: re.Match[str]) -> str:
+    """The matched character as JSON writes it escaped (`\\u202e`; a surrogate pair above the
+    basic plane): a substitution for `BIDI.sub` and `HIDDEN.sub`."""
+    code = ord(match.group())
+    if code > 0xFFFF:
+        code -= 0x10000
+        return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+    return f"\\u{code:04x}"
