@@ -24,6 +24,8 @@ from signoff.testing import (
     tool_results,
 )
 
+from ._ttl import ttl_agent
+
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 BOB = so.Principal(authenticator="test", principal_id="bob")
 
@@ -1197,18 +1199,7 @@ async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: 
 
     now = [1_000_000.0]
 
-    @so.tool(approval=so.always())
-    async def reset_password(email: str) -> str:
-        """Reset a password."""
-        return "reset"
-
-    call_ = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
-    agent = so.Agent(
-        name="desk",
-        model=so.models.Scripted([so.ModelResponse(tool_calls=[call_])], repeat_last=True),
-        tools=[reset_password],
-        limits=so.Limits(ttl=60),
-    )
+    agent = ttl_agent(repeat_last=True)
     path = tmp_path / "ttl.db"
     async with so.Runtime(
         [agent], store=f"sqlite:///{path}", clock=lambda: now[0], poll_interval=0.01

@@ -15,6 +15,7 @@ import pytest
 import signoff as so
 from signoff.server import DevAuth, TokenAuth, create_app, default_access
 
+from ._ttl import ttl_agent
 from .test_server_common import (
     TOKENS,
     auth,
@@ -763,18 +764,7 @@ def test_api_accepts_so_types() -> None:
 def test_expired_sessions_leave_the_queue_and_answers_are_410(tmp_path: Path) -> None:
     now = [1_000_000.0]
 
-    @so.tool(approval=so.always())
-    async def reset_password(email: str) -> str:
-        """Reset a password."""
-        return "reset"
-
-    call = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
-    agent = so.Agent(
-        name="desk",
-        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
-        tools=[reset_password],
-        limits=so.Limits(ttl=60),
-    )
+    agent = ttl_agent()
     runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/ttl.db", clock=lambda: now[0])
     with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
         with client(base, "alice-token") as alice:
@@ -796,18 +786,7 @@ def test_an_expired_session_reads_failed_with_nothing_to_answer(tmp_path: Path) 
     that: it is failed (`session_expired`) with no open request, and its page offers none."""
     now = [1_000_000.0]
 
-    @so.tool(approval=so.always())
-    async def reset_password(email: str) -> str:
-        """Reset a password."""
-        return "reset"
-
-    call = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
-    agent = so.Agent(
-        name="desk",
-        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
-        tools=[reset_password],
-        limits=so.Limits(ttl=60),
-    )
+    agent = ttl_agent()
     runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/ttl.db", clock=lambda: now[0])
     with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as base:
         with client(base, "alice-token") as alice:

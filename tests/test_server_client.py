@@ -11,6 +11,7 @@ import pytest
 import signoff as so
 from signoff.server import AsyncClient, Client
 
+from ._ttl import ttl_agent
 from .test_server_common import served, tool_output
 
 
@@ -118,18 +119,7 @@ async def test_an_expired_session_comes_back_whole(tmp_path: Path) -> None:
 
     from .test_server_common import TOKENS
 
-    @so.tool(approval=so.always())
-    async def reset_password(email: str) -> str:
-        """Reset a password."""
-        return "reset"
-
-    call = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
-    agent = so.Agent(
-        name="desk",
-        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
-        tools=[reset_password],
-        limits=so.Limits(ttl=60),
-    )
+    agent = ttl_agent()
     clock = ManualClock()
     runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/ttl.db", clock=clock)
     app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)

@@ -25,6 +25,8 @@ import uvicorn
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
+from ._ttl import ttl_agent
+
 ROOT = Path(__file__).resolve().parent.parent
 
 ALICE = so.Principal(
@@ -306,18 +308,7 @@ def ttl_app(tmp_path: Path, now: list[float]) -> tuple[Any, Any]:
     """A server for one agent whose sessions expire 60 s after their last event, on a clock
     the test moves."""
 
-    @so.tool(approval=so.always())
-    async def reset_password(email: str) -> str:
-        """Reset a password."""
-        return "reset"
-
-    call = so.ToolCall(name="reset_password", input={"email": "a@example.com"})
-    agent = so.Agent(
-        name="desk",
-        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
-        tools=[reset_password],
-        limits=so.Limits(ttl=60),
-    )
+    agent = ttl_agent()
     runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/ttl.db", clock=lambda: now[0])
     app = create_app(
         runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
