@@ -526,6 +526,27 @@ async def test_resuming_a_session_that_expired_running_records_its_expiry(store_
         assert (await rt.state(held.session_id)).turn.status == "running"  # type: ignore[union-attr]
 
 
+async def test_a_worker_whose_claimed_session_expired_logs_it_without_a_traceback(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session whose TTL passes between a worker's claim and its drive: the drive records the
+    expiry, and the worker said "the turn failed in the worker" with a traceback."""
+    clock = ManualClock(time.time())
+    agent = refund_agent([], ttl=60)
+    async with so.Runtime([agent], store=store_url, inline=False, clock=clock) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        owner = f"{rt.owner}:worker"
+        token = await rt.store.acquire_lease(r.session_id, owner, 60, rt._lease_now())
+        assert token is not None
+        clock.advance(61)
+        with caplog.at_level(logging.INFO, logger="signoff.worker"):
+            await rt._work_on(r.session_id, owner, token)
+        assert [x for x in caplog.records if x.levelno >= logging.WARNING] == []
+        assert f"session {r.session_id}: expired" in caplog.text
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and (state.turn.error or {}).get("code") == "session_expired"
+
+
 async def test_a_listing_that_cannot_record_an_expiry_shows_it(store_url: str) -> None:
     """A runtime without the session's agent (as `signoff sessions` is) cannot record that
     its TTL passed running; like a passed deadline, it lists it as the expiry leaves it:

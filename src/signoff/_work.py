@@ -187,6 +187,9 @@ class Workers(Messages):
         try:
             result = await self._drive(session_id, claimed=(owner, token))
             log.info("session %s: %s", session_id, result.status)
+        except SessionExpired:
+            # Its TTL passed between the claim and the drive, which recorded that: not a failure.
+            log.info("session %s: expired; its expiry is recorded", session_id)
         except Exception:
             # The lease is kept until it lapses: any worker retries the session after the TTL.
             log.exception(
