@@ -309,6 +309,31 @@ async def test_ask_question_option_without_a_description_is_a_tool_error(tmp_pat
         assert r.pending == []
 
 
+async def test_an_option_that_is_not_valid_unicode_is_a_tool_error_not_a_stuck_question(
+    tmp_path: Path,
+) -> None:
+    """A tool asking with a label that holds a lone surrogate (taken from data a model wrote,
+    say) made a question no answer could be recorded for ("not plain JSON text"): `ctx.ask`
+    refuses it with a UsageError the tool's result reports, and nothing is asked."""
+
+    @so.tool
+    async def pick_carrier(ctx: so.ToolContext) -> str:
+        """Ask which carrier to use."""
+        return (await ctx.ask("Which carrier?", options=["Fast\ud800", "Slow"])).value
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent(
+        "shop", [call_tools(call("pick_carrier", id="c1")), seen], tools=[pick_carrier]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="ship my order", auth=ALICE)
+        assert (r.status, r.pending) == ("completed", [])
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        assert "option #1's id is not valid Unicode text" in str(result.content)
+        assert await rt.pending() == []
+
+
 # -- bad answers: a clear error, and nothing changes ---------------------------------------------
 
 

@@ -267,10 +267,23 @@ def make_options(options: Any) -> list[Option]:
             raise ValueError(f"option #{i + 1} has a blank label")
         if not out[-1].id.strip():
             raise ValueError(f"option #{i + 1} has a blank id")
+        for field in ("id", "label"):
+            if not _is_text(getattr(out[-1], field)):
+                # An answer naming it could never be recorded (it must be valid JSON text).
+                raise ValueError(f"option #{i + 1}'s {field} is not valid Unicode text")
     ids = [o.id for o in out]
     if len(set(ids)) != len(ids):
         raise ValueError(f"option ids must be distinct: {ids}")
     return out
+
+
+def _is_text(value: str | None) -> bool:
+    """Whether `value` can be written as UTF-8 (a lone surrogate cannot)."""
+    try:
+        (value or "").encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _slug(label: str) -> str:
