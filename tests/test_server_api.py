@@ -800,10 +800,9 @@ def test_an_expired_session_reads_failed_with_nothing_to_answer(tmp_path: Path) 
             assert rid not in alice.get("/_signoff/").text
 
 
-def test_requests_past_their_deadline_leave_the_queue_before_any_sweep(tmp_path: Path) -> None:
-    """With the sweep off, the queue still never offers a request that cannot be answered, and
-    offers an escalated one as escalated."""
-    now = [1_000_000.0]
+def deadline_agent(name: str, tool: str) -> so.Agent:
+    """An agent whose turn calls `tool`: `reset_password` (approval within 60 s, denied after)
+    or `unlock_account` (approval within 60 s, escalated to `security` after)."""
 
     @so.tool(approval=so.always(expires_in=60))
     async def reset_password(email: str) -> str:
@@ -815,15 +814,20 @@ def test_requests_past_their_deadline_leave_the_queue_before_any_sweep(tmp_path:
         """Unlock an account."""
         return "unlocked"
 
-    def agent(name: str, tool: str) -> so.Agent:
-        call = so.ToolCall(name=tool, input={"email": "a@example.com"})
-        return so.Agent(
-            name=name,
-            model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
-            tools=[reset_password, unlock_account],
-        )
+    call = so.ToolCall(name=tool, input={"email": "a@example.com"})
+    return so.Agent(
+        name=name,
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
+        tools=[reset_password, unlock_account],
+    )
 
-    agents = [agent("desk", "reset_password"), agent("locks", "unlock_account")]
+
+def test_requests_past_their_deadline_leave_the_queue_before_any_sweep(tmp_path: Path) -> None:
+    """With the sweep off, the queue still never offers a request that cannot be answered, and
+    offers an escalated one as escalated."""
+    now = [1_000_000.0]
+
+    agents = [deadline_agent("desk", "reset_password"), deadline_agent("locks", "unlock_account")]
     runtime = so.Runtime(agents, store=f"sqlite:///{tmp_path}/due.db", clock=lambda: now[0])
     app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
     with running(app) as base, client(base, "alice-token") as alice:
@@ -914,27 +918,9 @@ def test_a_request_past_its_deadline_reads_as_the_list_shows_it_when_not_recorde
     leaves the request out of the queue; reading it alone said it was still pending."""
     now = [1_000_000.0]
 
-    @so.tool(approval=so.always(expires_in=60))
-    async def reset_password(email: str) -> str:
-        """Reset a password."""
-        return "reset"
-
-    @so.tool(approval=so.always(expires_in=60, on_timeout="escalate", escalate_to="security"))
-    async def unlock_account(email: str) -> str:
-        """Unlock an account."""
-        return "unlocked"
-
-    def agent(name: str, tool: str) -> so.Agent:
-        call = so.ToolCall(name=tool, input={"email": "a@example.com"})
-        return so.Agent(
-            name=name,
-            model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]),
-            tools=[reset_password, unlock_account],
-        )
-
     url = f"sqlite:///{tmp_path}/due.db"
     asking = so.Runtime(
-        [agent("desk", "reset_password"), agent("locks", "unlock_account")],
+        [deadline_agent("desk", "reset_password"), deadline_agent("locks", "unlock_account")],
         store=url,
         clock=lambda: now[0],
     )
@@ -943,7 +929,7 @@ def test_a_request_past_its_deadline_reads_as_the_list_shows_it_when_not_recorde
         asking.generate_sync(name, "help", auth=alice_p).pending[0].id for name in ("desk", "locks")
     ]
     asking.close_sync()
-    other = so.Runtime([agent("other", "reset_password")], store=url, clock=lambda: now[0])
+    other = so.Runtime([deadline_agent("other", "reset_password")], store=url, clock=lambda: now[0])
     app = create_app(other, auth=TokenAuth(TOKENS), sweep_every=None)
     with running(app) as base, client(base, "alice-token") as alice:
         now[0] += 60
