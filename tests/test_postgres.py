@@ -106,6 +106,24 @@ async def test_missing_database_is_a_store_error(pg_cluster: PgCluster) -> None:
         await store.open()
 
 
+async def test_a_pooled_connection_prepares_a_statement_the_first_time_it_runs(
+    pg_store_url: str,
+) -> None:
+    # psycopg's default prepares a statement on its 6th run per connection, so the first turns
+    # on each connection of the pool paid for parsing and planning every statement again.
+    store = PostgresStore(pg_store_url, min_size=1, max_size=1)
+    await store.open()
+    try:
+        await new_session(store)
+        pool = await store._get_pool()
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT statement FROM pg_prepared_statements")
+            prepared = [str(row[0]) for row in await cur.fetchall()]
+    finally:
+        await store.close()
+    assert any("INSERT INTO" in sql and ".events" in sql for sql in prepared), prepared
+
+
 # -- schema and migrations -------------------------------------------------------------------
 
 
