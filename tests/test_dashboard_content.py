@@ -13,7 +13,7 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 
 from .test_dashboard import csrf_of, signed_in
-from .test_server_common import TOKENS, auth, running
+from .test_server_common import ALICE, TOKENS, auth, running
 
 
 def test_a_huge_input_is_shown_clipped_with_a_link_to_all_of_it(tmp_path: Path) -> None:
@@ -113,3 +113,44 @@ def test_invisible_and_bidi_characters_in_an_input_are_shown_escaped(tmp_path: P
                 headers={"Accept": "application/json"},
             )
             assert r.json()["outcome"] == "approved" and r.json()["edited"] is False
+
+
+def test_a_long_session_shows_its_newest_events_with_a_way_back(tmp_path: Path) -> None:
+    """A session of thousands of events made a page of megabytes: the page shows the newest
+    `TRACE_ROWS`, links to the ones before, and each older page links on, back and forward."""
+    from signoff.server._page_data import TRACE_ROWS
+
+    agent = so.Agent(
+        name="chat",
+        model=so.models.Scripted([so.ModelResponse(text="noted")], repeat_last=True),
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/long.db")
+    first = runtime.generate_sync("chat", "message 0", auth=ALICE)
+    sid = first.session_id
+    while runtime.state_sync(sid).seq < 2 * TRACE_ROWS + 20:
+        runtime.generate_sync(session_id=sid, prompt="again", auth=ALICE)
+    head = runtime.state_sync(sid).seq
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base, signed_in(base) as c:
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        shown = [int(s) for s in re.findall(r'data-seq="(\d+)"', page) if s != str(head)]
+        assert sorted(set(shown)) == list(range(head - TRACE_ROWS + 1, head))
+        assert f'data-live-session="{sid}"' in page
+        earlier = head - TRACE_ROWS
+        assert f"{earlier} earlier events not shown" in page
+        assert f'href="/_signoff/sessions/{sid}?upto={earlier}"' in page
+
+        older = c.get(f"/_signoff/sessions/{sid}?upto={earlier}").text
+        seqs = [int(s) for s in re.findall(r'<li class="event[^"]*" data-seq="(\d+)"', older)]
+        assert seqs == list(range(earlier - TRACE_ROWS + 1, earlier + 1))
+        assert "data-live-session" not in older  # a page of the past is not followed live
+        assert f"Events {earlier + 1} to {head} not shown" in older
+        assert f'?upto={earlier + TRACE_ROWS}"' in older
+
+        oldest = c.get(f"/_signoff/sessions/{sid}?upto={earlier - TRACE_ROWS}").text
+        seqs = [int(s) for s in re.findall(r'<li class="event[^"]*" data-seq="(\d+)"', oldest)]
+        assert seqs == list(range(1, earlier - TRACE_ROWS + 1))
+        assert "earlier event" not in oldest
+
+        live = c.get(f"/_signoff/fragments/sessions/{sid}?after=1").json()
+        assert live["seq"] == 1 + TRACE_ROWS and live["more"] is True
+        assert c.get(f"/_signoff/fragments/sessions/{sid}?after={head - 1}").json()["more"] is False

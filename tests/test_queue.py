@@ -83,3 +83,43 @@ def test_signoff_sessions_command(tmp_path: Path) -> None:
     assert [(r["id"], r["agent"], r["status"]) for r in rows] == [(sid, "ops", "waiting")]
     table = CliRunner().invoke(cli.app, ["sessions", "--store", url])
     assert sid in table.output and "waiting" in table.output
+
+
+async def test_a_reviewer_queue_does_not_load_every_parked_session(tmp_path: Path) -> None:
+    """A non-admin's queue is filtered by each session's initiator: it loaded the whole state of
+    every parked session for every page (seconds at 10,000); now the first event, once."""
+    from signoff.server import TokenAuth
+    from signoff.server._auth import default_access
+    from signoff.server._context import ServerContext
+    from signoff.stores import PendingFilter
+
+    agent = scripted_agent("ops", [call_tools(call("wipe", disk="sda"))], tools=[wipe])
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/q.db")
+    acme = so.Principal(authenticator="token", principal_id="alice", attributes={"tenant": "acme"})
+    evil = so.Principal(
+        authenticator="token", principal_id="mallory", attributes={"tenant": "evil"}
+    )
+    async with rt:
+        for i in range(30):
+            await rt.generate("ops", prompt=f"wipe {i}", auth=acme if i % 3 else evil)
+        ctx = ServerContext(runtime=rt, auth=TokenAuth({}), access=default_access, secret=b"k" * 32)
+        first, total = await ctx.visible_requests(acme, PendingFilter(limit=100))
+        assert total == len(first) == 20
+        loads: list[str] = []
+        real_state, real_read = rt.state, rt.store.read_events
+
+        async def state(session_id: str) -> so.SessionState:
+            loads.append(session_id)
+            return await real_state(session_id)
+
+        async def read_events(session_id: str, *args: object, **kw: object) -> list[so.Event]:
+            loads.append(session_id)
+            return await real_read(session_id, *args, **kw)  # type: ignore[arg-type]
+
+        rt.state = state  # type: ignore[method-assign]
+        rt.store.read_events = read_events  # type: ignore[method-assign]
+        again, total = await ctx.visible_requests(acme, PendingFilter(limit=100))
+        assert [r.id for r in again] == [r.id for r in first] and total == 20
+        assert loads == []
+        seen, total = await ctx.visible_requests(evil, PendingFilter(limit=100))
+        assert total == 10 and {r.session_id for r in seen}.isdisjoint(r.session_id for r in first)

@@ -225,8 +225,9 @@ async def dashboard_error(request: Request, status: int, code: str, message: str
 
 @router.get("/sessions/{session_id}", response_class=HTMLResponse)
 async def session_page(request: Request, session_id: str) -> Response:
+    upto = query_number(request.query_params.get("upto", ""), 0, 1, 2**53) or None
     try:
-        context = await session_context(request, session_id, 0)
+        context = await session_context(request, session_id, 0, upto=upto)
     except UnknownSession:
         return await render(
             "message.html", request, 404, title="No such session", message=session_id
@@ -318,6 +319,7 @@ async def session_fragment(request: Request, session_id: str) -> Response:
     response = JSONResponse(
         {
             "seq": context["seq"],
+            "more": context["more"],
             "rows": env.get_template("_trace_rows.html").render(**common),
             "header": env.get_template("_session_header.html").render(**common),
             "pending": env.get_template("_queue_items.html").render(**common, compact=True),

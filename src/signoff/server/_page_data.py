@@ -21,6 +21,7 @@ from ._pages import who
 
 __all__ = [
     "PAGE_SIZE",
+    "TRACE_ROWS",
     "SignIn",
     "base",
     "query_number",
@@ -187,10 +188,27 @@ def _rows(events: list[Event]) -> list[dict[str, Any]]:
     ]
 
 
-async def session_context(request: Request, session_id: str, after: int) -> dict[str, Any]:
+TRACE_ROWS = 300
+"""Events a session page shows at once: a long conversation's whole trace, thousands of events,
+made pages of megabytes; earlier ones are a link away."""
+
+
+async def session_context(
+    request: Request, session_id: str, after: int, *, upto: int | None = None
+) -> dict[str, Any]:
+    """A session page's data: with `after`, the events since (at most `TRACE_ROWS`, `more` says
+    whether others follow); else the newest `TRACE_ROWS` events, or those ending at `upto`."""
     ctx, viewer = await signed_in(request)
     state = await ctx.session(session_id, viewer, shown=True)
-    events = await ctx.runtime.store.read_events(session_id, after=after)
+    store = ctx.runtime.store
+    if after or (upto is None and state.seq <= TRACE_ROWS):
+        events = await store.read_events(session_id, after=after, limit=TRACE_ROWS)
+    elif upto is None or upto >= state.seq:
+        upto = None
+        events = await store.read_events(session_id, newest=TRACE_ROWS)
+    else:
+        start = max(0, upto - TRACE_ROWS)
+        events = await store.read_events(session_id, after=start, limit=upto - start)
     seq = events[-1].seq if events else after
     return base(
         ctx,
@@ -198,6 +216,10 @@ async def session_context(request: Request, session_id: str, after: int) -> dict
         session=state,
         rows=_rows(events),
         seq=seq,
+        more=seq < state.seq,
+        earlier=events[0].seq - 1 if events and not after else 0,
+        live=upto is None,
+        trace_rows=TRACE_ROWS,
         items=state.pending_requests(),
         schemas=_schemas(ctx, state.pending_requests()),
         event_types=sorted(EVENT_TYPES),

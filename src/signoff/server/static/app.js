@@ -126,6 +126,7 @@
         trace.appendChild(rows);
         document.getElementById("session-header").innerHTML = data.header;
         mergeCards(document.getElementById("session-pending"), data.pending);
+        if (data.more) { clearTimeout(timer); timer = setTimeout(refresh, 0); }
       } finally { busy = false; }
     };
     const types = (sessionEl.dataset.eventTypes || "").split(" ").filter(Boolean);
