@@ -17,7 +17,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreError, StoreGone
 from .._base import FaultHook
-from .._codec import Tails
+from .._codec import PerSession, Tails
 from ._schema import (
     PAGE_SIZE,
     SCHEMA,
@@ -180,7 +180,7 @@ class Connection:
         self.busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
         self._fault: FaultHook | None = None
-        self._sk: dict[str, int] = {}
+        self._sk: PerSession[int] = PerSession()
         self._tails = Tails()
         self._leased: set[tuple[str, int]] = set()
         self._opened: tuple[str, tuple[int, int] | None] | None = None
