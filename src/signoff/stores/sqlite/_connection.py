@@ -182,7 +182,10 @@ class Connection:
         self._fault: FaultHook | None = None
         self._sk: PerSession[int] = PerSession()
         self._tails = Tails()
-        self._leased: set[tuple[str, int]] = set()
+        # Leases this store granted and not yet given back: session -> (token, expiry); and
+        # the latest time a lease call gave, past which an unreleased one has lapsed.
+        self._leased: dict[str, tuple[int, float]] = {}
+        self._lease_now = 0.0
         self._opened: tuple[str, tuple[int, int] | None] | None = None
         self._checked = -READ_CHECK_EVERY  # when a read last found the file the one opened
         self._access = "rw"
