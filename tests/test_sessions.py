@@ -5,6 +5,7 @@ refused while a live process runs it."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +201,30 @@ async def test_text_over_the_input_limit_is_refused_and_changes_nothing(tmp_path
             with pytest.raises(so.TooLarge, match="over the limit"):
                 await rt.cancel(sid, reason=huge)
             assert await store_contents(rt.store, sid) == before
+
+
+async def test_per_session_locks_and_abort_signals_are_dropped_once_unused(tmp_path: Path) -> None:
+    """A long-running process drives, steers, cancels and reads many sessions: the lock and
+    abort signal it keeps per session must not outlive their use, or memory grows for ever."""
+    ran: list[int] = []
+    async with sqlite_runtime(tmp_path, refund_agent(ran, Capture(reply("ok")))) as rt:
+
+        async def serve(i: int) -> None:
+            r = await rt.generate("a", prompt="refund")
+            sid = r.session_id
+            if i % 3 == 0:
+                decision = so.Decision(id=r.pending[0].id, approved=True)
+                await rt.generate(session_id=sid, approvals=[decision])
+            elif i % 3 == 1:
+                await rt.send(sid, "never mind")
+            else:
+                await rt.cancel(sid)
+            await rt.state(sid)
+
+        # Each in a task of its own, as a server serves requests: what a finished task handled
+        # last is gone with it.
+        for i in range(60):
+            await asyncio.create_task(serve(i))
+        gc.collect()
+        assert len(ran) == 20
+        assert (len(rt._locks), len(rt._aborts)) == (0, 0)

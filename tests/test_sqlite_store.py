@@ -580,6 +580,25 @@ async def test_the_wal_stays_while_another_lease_is_held(
     assert len(await store.read_events("s1")) == 31
 
 
+async def test_leases_that_lapsed_unreleased_neither_keep_the_wal_nor_pile_up(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    """A worker's failed drive keeps its lease until it lapses, and a stalled one may lose it to
+    another process: neither is given back here, yet neither may stop every later park from
+    folding the WAL, nor be remembered for ever."""
+    await new_session(store, "s1")
+    await new_session(store, "s2")
+    failed = await store.acquire_lease("s1", "A", 10, now=1)  # kept: it lapses at 11
+    lost = await store.acquire_lease("s2", "A", 10, now=1)  # taken over elsewhere at 12
+    assert failed == lost == 1
+    await fill_wal(store, "s1", 30)
+    token = await store.acquire_lease("s1", "B", 10, now=20)  # the retry, after it lapsed
+    assert token == 2
+    await store.commit(park("s1", 31, token))
+    assert wal_bytes(tmp_path / "state.db") == 0
+    assert len(store._leased) == 0
+
+
 async def test_a_reader_elsewhere_keeps_the_wal_and_nobody_waits(tmp_path: Path) -> None:
     # The fold never waits on another connection: a reader in another process would otherwise
     # stall the drive that gave its lease back for the whole busy timeout.

@@ -1185,3 +1185,24 @@ async def test_a_request_row_that_disagrees_with_the_log_is_a_store_error(
         assert session_rows(store_url, one.session_id) == before
         answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
         assert (await rt.respond(two.session_id, [answer])).status == "completed"
+
+
+async def test_what_a_store_remembers_of_sessions_stays_bounded(store: Store) -> None:
+    """A store serving for weeks must not remember something of every session it touched: past
+    its bound (`keep`, lowered here) it forgets, and reads what it needs again."""
+    # The row keys of sessions, and (PostgreSQL) the state a commit guesses from.
+    kept: list[Any] = [getattr(store, name) for name in ("_sk", "_state") if hasattr(store, name)]
+    for memory in kept:
+        memory.keep = 8
+    sids = [await new_session(store) for _ in range(30)]
+    for sid in sids:
+        loaded = await store.load(sid)
+        assert loaded is not None and loaded.agent == "support"
+        token = await store.acquire_lease(sid, "w", 30.0, T0)
+        assert token is not None
+        await store.release_lease(sid, "w", token)
+        assert await store.head(sid) == 1
+    for sid in sids:  # what was forgotten is read again
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        assert await store.head(sid) == 2
+    assert [len(memory) <= 8 for memory in kept] == [True] * len(kept)

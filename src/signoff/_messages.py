@@ -141,7 +141,9 @@ class Messages(Answering):
         except Exception:
             self._cache.pop(state.id, None)
             raise
-        # The calls the turn waits on see it (the engine clears it once the model reads).
-        self._aborts.setdefault(state.id, asyncio.Event()).set()
+        # The calls the turn waits on see it, and so does the drive below, which holds it
+        # meanwhile (the engine clears it once the model reads).
+        abort = self._aborts.setdefault(state.id, asyncio.Event())
+        abort.set()
         self._remember(driver.state)
         return await self._drive(state.id)

@@ -14,6 +14,7 @@ import os
 import random
 import socket
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -184,9 +185,12 @@ class SessionRunner:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
-        self._aborts: dict[str, asyncio.Event] = {}
-        # Serializes this process's appends to one session: commit, then apply to the state.
-        self._locks: dict[str, asyncio.Lock] = {}
+        # Per session, only while in use (weak: none is kept for the sessions a process is done
+        # with). A lock serializes this process's appends to one session: commit, then apply.
+        self._aborts: weakref.WeakValueDictionary[str, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         self._opened = False
         self._sync = SyncBridge()
 

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 from .._events import dumps, loads
 from .._exceptions import StoreError
 
 __all__ = [
     "CHAIN_MAX",
+    "PerSession",
     "DEFLATE_ON_PREVIOUS",
     "EventTexts",
     "Previous",
@@ -242,6 +243,22 @@ def event_text(stored: str | bytes | memoryview, earlier: Sequence[Stored | None
 def unpack_event(stored: str | bytes | memoryview, *earlier: Stored | None) -> Any:
     """The value of a stored event (`earlier` as for `event_text`)."""
     return parse(event_text(stored, earlier))
+
+
+V = TypeVar("V")
+
+
+class PerSession(dict[str, V]):
+    """What a store remembers of each session it touched to save a round trip (its row key, its
+    last-seen state): past `keep` sessions it forgets them all and reads again what it needs, so a
+    process serving for weeks does not grow with every session."""
+
+    keep = 100_000
+
+    def __setitem__(self, session_id: str, value: V) -> None:
+        if session_id not in self and len(self) >= self.keep:
+            self.clear()
+        super().__setitem__(session_id, value)
 
 
 class Tails:

@@ -28,7 +28,7 @@ from ..._exceptions import (
     StoreUnavailable,
 )
 from .._base import FaultHook
-from .._codec import Tails
+from .._codec import PerSession, Tails
 from . import _schema
 from ._changes import Listener
 from ._outage import GRACE, PROBE_AFTER, Outage, is_down
@@ -99,11 +99,11 @@ class Connections:
         self._server_async = False
         self._open_lock: asyncio.Lock | None = None
         self._fault: FaultHook | None = None
-        self._sk: dict[str, int] = {}
+        self._sk: PerSession[int] = PerSession()
         # A commit guesses the session's state from what this store last saw of it, so it needs
         # no round trip to read it first; the guess is checked in the statement that writes,
         # under the session's row lock.
-        self._state: dict[str, Seen] = {}
+        self._state: PerSession[Seen] = PerSession()
         self._tails = Tails()
         self._changes = Listener(self.channel, self._connect, f"signoff-listen-{schema}")
         self._outage = Outage(self._probe_connect, self._where, grace)
@@ -502,8 +502,6 @@ class Connections:
         return "on" if self._server_async else None  # the server skips flushes: not for us
 
     def _remember(self, session_id: str, state: Seen) -> None:
-        if len(self._state) > 100_000:
-            self._state.clear()
         self._state[session_id] = state
 
     async def _session_key(self, conn: Conn, session_id: str) -> int | None:
@@ -517,8 +515,6 @@ class Connections:
             row = await cur.fetchone()
             if row is None:
                 return None
-            if len(self._sk) > 100_000:
-                self._sk.clear()
             sk = self._sk[session_id] = int(row[0])
         return sk
 

@@ -17,7 +17,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreError, StoreGone
 from .._base import FaultHook
-from .._codec import Tails
+from .._codec import PerSession, Tails
 from ._schema import (
     PAGE_SIZE,
     SCHEMA,
@@ -180,9 +180,12 @@ class Connection:
         self.busy_timeout = busy_timeout
         self._conn: sqlite3.Connection | None = None
         self._fault: FaultHook | None = None
-        self._sk: dict[str, int] = {}
+        self._sk: PerSession[int] = PerSession()
         self._tails = Tails()
-        self._leased: set[tuple[str, int]] = set()
+        # Leases this store granted and not yet given back: session -> (token, expiry); and
+        # the latest time a lease call gave, past which an unreleased one has lapsed.
+        self._leased: dict[str, tuple[int, float]] = {}
+        self._lease_now = 0.0
         self._opened: tuple[str, tuple[int, int] | None] | None = None
         self._checked = -READ_CHECK_EVERY  # when a read last found the file the one opened
         self._access = "rw"

@@ -44,7 +44,7 @@ class Leases(Connection):
                     "UPDATE leases SET owner=?, token=?, expires_at=? WHERE sk=?",
                     (owner, token, now + ttl, sk),
                 )
-        self._leased.add((session_id, token))
+        self._granted(session_id, token, now, ttl)
         return token
 
     async def renew_lease(
@@ -57,7 +57,10 @@ class Leases(Connection):
                 "UPDATE leases SET expires_at=? WHERE sk=? AND owner=? AND token=?",
                 (now + ttl, sk, owner, token),
             )
-            return cur.rowcount == 1
+        if cur.rowcount != 1:
+            return False
+        self._granted(session_id, token, now, ttl)
+        return True
 
     async def claim(
         self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
@@ -87,7 +90,8 @@ class Leases(Connection):
                     (sk, owner, new, now + ttl),
                 )
                 claimed.append((str(session_id), new))
-        self._leased.update(claimed)
+        for session_id, token in claimed:
+            self._granted(session_id, token, now, ttl)
         return claimed
 
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
@@ -107,9 +111,20 @@ class Leases(Connection):
         cache, which a park can afford and back-to-back turns without a person should not pay:
         when a turn ends without parking, `wal_autocheckpoint` and `journal_size_limit` bound
         the WAL."""
-        self._leased.discard((session_id, token))
-        if parked and not self._leased:
-            self._checkpoint_if_quiet()
+        if self._leased.get(session_id, (None,))[0] == token:
+            del self._leased[session_id]
+        if parked:
+            # One that lapsed unreleased (a failed drive keeps its lease; a stalled one loses
+            # it) is forgotten: it must not keep the WAL for ever.
+            now = self._lease_now
+            self._leased = {sid: held for sid, held in self._leased.items() if held[1] > now}
+            if not self._leased:
+                self._checkpoint_if_quiet()
+
+    def _granted(self, session_id: str, token: int, now: float, ttl: float) -> None:
+        """Note a lease granted or renewed: the session's newest token replaces any older one."""
+        self._leased[session_id] = (token, now + ttl)
+        self._lease_now = max(self._lease_now, now)
 
     def _checkpoint_if_quiet(self) -> None:
         """Copy the WAL into the database file and truncate it, unless it is empty or another
