@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
-from signoff.server import load_runtime, serve
+import signoff as so
+from signoff.server import create_app, load_runtime, serve
 from signoff.server._context import ServerContext
 
 from .test_cli import offline_runtime
+from .test_server_common import auth, make_runtime, server_processes
 
 
 def test_load_runtime_keeps_the_runtimes_settings_on_another_store(tmp_path: Path) -> None:
@@ -44,3 +48,38 @@ def test_serve_a_runtime_on_the_store_given(
     runtime = offline_runtime()
     serve(runtime)
     assert served.pop().state.signoff.runtime is runtime
+
+
+def test_signoff_serve_runs_a_turn_answered_from_another_process(tmp_path: Path) -> None:
+    """`signoff serve` has in-process workers (DESIGN, Execution): a turn whose answer was only
+    recorded elsewhere (`respond(resume=False)`, as `signoff approve` without a runtime does) is
+    run by the server, not left unfinished until someone else touches the session."""
+    store = f"sqlite:///{tmp_path}/state.db"
+    with server_processes(store, 1, "alice-token=alice") as (base,):
+        with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as c:
+            r = c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"})
+            assert r.status_code == 201, r.text
+            sid = r.json()["session_id"]
+            (request,) = r.json()["pending"]
+            alice = so.Principal(authenticator="token", principal_id="alice")
+
+            async def record() -> None:
+                async with make_runtime(store) as rt:
+                    answer = so.InputResponse(request_id=request["id"], option_id="approve")
+                    await rt.respond(sid, [answer], principal=alice, resume=False)
+
+            asyncio.run(record())
+            deadline = time.monotonic() + 20
+            turn: dict[str, Any] = {"status": "waiting"}
+            while turn["status"] == "waiting" and time.monotonic() < deadline:
+                time.sleep(0.1)
+                turn = c.get(f"/v1/sessions/{sid}").json()["turn"]
+            assert turn["status"] == "completed", turn
+            events = c.get(f"/v1/sessions/{sid}/events", params={"follow": "false"}).text
+            assert events.count("event: tool.completed") == 1
+
+
+@pytest.mark.parametrize("workers", [-1, 1.5, True, "2"])
+def test_create_app_refuses_a_worker_count_that_is_not_a_whole_number(workers: Any) -> None:
+    with pytest.raises(so.UsageError, match="workers"):
+        create_app(offline_runtime(), dev=True, workers=workers)

@@ -80,6 +80,16 @@ def serve(
             "without it they are bound to the sign-in's token alone.",
         ),
     ] = None,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            min=0,
+            help="Turns run at a time in this process for sessions with work no request is "
+            "running (answered from elsewhere, or left by a process that died); 0 for none "
+            "(default: 4, or 0 for a runtime that leaves its turns to workers).",
+        ),
+    ] = None,
     channel_state: Annotated[
         str | None,
         typer.Option(
@@ -141,6 +151,7 @@ def serve(
             channels=channels,
             channel_state=channel_state,
             secret=secret,
+            workers=workers,
         )
     except SignoffError as exc:  # e.g. a channel state file that cannot be opened
         fail(exc)

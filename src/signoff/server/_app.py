@@ -46,6 +46,12 @@ MAX_BODY_SIZE = 4 * 1024 * 1024
 log = logging.getLogger("signoff.server")
 
 
+def _log_failure(task: asyncio.Task[None]) -> None:
+    """Log the in-process workers' loop ending with an error, when it does, not at shutdown."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("the in-process workers stopped", exc_info=task.exception())
+
+
 class AppChannels(Protocol):
     """What `create_app(channels=...)` takes: a `signoff.channels.ChannelHub`."""
 
@@ -70,6 +76,7 @@ def create_app(
     sweep_every: float | None = 5.0,
     max_body_size: int = MAX_BODY_SIZE,
     secret: str | bytes | None = None,
+    workers: int = 0,
 ) -> FastAPI:
     """Build the app serving `runtime`.
 
@@ -82,6 +89,10 @@ def create_app(
     A request body over `max_body_size` bytes is refused with 413 `payload_too_large`.
     `secret` keys the dashboard's CSRF tokens, which are bound to the sign-in's credential; set
     one (the same in every process) when the authenticator's sign-ins carry no credential.
+    `workers` runs that many turns at a time in this process for any session with work
+    (`Runtime.work`): one answered from elsewhere (`signoff approve` without a runtime) or left
+    running by a process that died. Workers apply passed deadlines too, every `sweep_every`
+    seconds (5 if None), in place of the app's own sweep.
     """
     if auth is None:
         if not dev:
@@ -95,6 +106,8 @@ def create_app(
         raise UsageError("poll_interval and heartbeat must be positive seconds")
     if isinstance(max_body_size, bool) or not isinstance(max_body_size, int) or max_body_size < 1:
         raise UsageError(f"max_body_size must be a positive number of bytes, not {max_body_size!r}")
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
+        raise UsageError(f"workers must be a whole number from 0, not {workers!r}")
 
     async def _sweep(every: float) -> None:
         while True:
@@ -109,7 +122,17 @@ def create_app(
         await runtime.open()
         if channels is not None:
             await channels.start()
-        sweeper = None if sweep_every is None else asyncio.create_task(_sweep(sweep_every))
+        stop = asyncio.Event()
+        if workers:
+            every = 5.0 if sweep_every is None else sweep_every
+            working = asyncio.create_task(
+                runtime.work(concurrency=workers, stop=stop, sweep_every=every)
+            )
+            working.add_done_callback(_log_failure)
+            sweeper = None
+        else:
+            working = None
+            sweeper = None if sweep_every is None else asyncio.create_task(_sweep(sweep_every))
         try:
             yield
         finally:
@@ -117,6 +140,10 @@ def create_app(
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sweeper
+            if working is not None:
+                stop.set()  # turns in flight finish or park, and their leases are released
+                with contextlib.suppress(Exception):  # logged when it failed
+                    await working
             if channels is not None:
                 await channels.stop()
             if close_runtime:

@@ -21,6 +21,9 @@ __all__ = ["DEFAULT_STORE", "load_runtime", "serve"]
 
 DEFAULT_STORE = "sqlite:///.signoff/state.db"
 
+DEFAULT_WORKERS = 4
+"""Turns a served runtime that runs its turns in process drives at a time outside requests."""
+
 STALLED_GRACE = 2.0
 """Seconds a stopping server waits for a client that has stopped reading before dropping it."""
 
@@ -66,6 +69,7 @@ def serve(
     channels: Sequence[Channel] = (),
     channel_state: str | Path | None = None,
     secret: str | bytes | None = None,
+    workers: int | None = None,
 ) -> None:
     """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`.
     With `store`, the runtime's agents are served from that store instead.
@@ -74,7 +78,9 @@ def serve(
     `ChannelHub` whose delivery positions live in `channel_state` (a SQLite file; in memory if
     None, so a restart starts at the end of the queue). Of the processes on one file one
     delivers and the others stand by; in memory, every process delivers everything. `secret`
-    keys the dashboard's CSRF tokens (see `create_app`).
+    keys the dashboard's CSRF tokens (see `create_app`). `workers` turns at a time run in this
+    process for sessions with work no request is running (see `create_app`); by default 4 for a
+    runtime that runs its turns in process, 0 for one that leaves them to workers (`inline=False`).
     """
     import uvicorn
 
@@ -89,8 +95,16 @@ def serve(
         from ..channels import ChannelHub
 
         hub = ChannelHub(runtime, channels, state=channel_state)
+    if workers is None:
+        workers = DEFAULT_WORKERS if runtime.inline else 0
     app = create_app(
-        runtime, auth=auth, dev=auth is None, close_runtime=True, channels=hub, secret=secret
+        runtime,
+        auth=auth,
+        dev=auth is None,
+        close_runtime=True,
+        channels=hub,
+        secret=secret,
+        workers=workers,
     )
     if auth is None and not is_loopback(host):
         print(
