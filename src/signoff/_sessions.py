@@ -187,6 +187,8 @@ class SessionRunner:
         self._aborts: dict[str, asyncio.Event] = {}
         # Serializes this process's appends to one session: commit, then apply to the state.
         self._locks: dict[str, asyncio.Lock] = {}
+        # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
+        self._unrecorded: dict[str, list[EventSpec]] = {}
         self._opened = False
         self._sync = SyncBridge()
 
@@ -311,6 +313,7 @@ class SessionRunner:
             clock=self.clock,
             abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
             lock=self._locks.setdefault(state.id, asyncio.Lock()),
+            unrecorded=self._unrecorded,
         )
 
     async def _create(self, agent: Agent, auth: Principal | None) -> str:
