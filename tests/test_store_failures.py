@@ -5,15 +5,18 @@ approved tool having run once."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import psycopg
 import pytest
 
 import signoff as so
+from signoff.stores import FaultHook
 
 from ._procs import ROOT, read_executions
 
@@ -97,3 +100,92 @@ async def test_a_failed_postgres_commit_of_a_tool_result_does_not_run_the_tool_a
         events = [e async for e in rt.events(r.session_id, follow=False)]
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert Counter(e.type for e in events)["tool.completed"] == 1
+
+
+def _workflow(
+    steps: list[str], fill: Callable[[], None], unfill: Callable[[], None]
+) -> tuple[so.Agent, FaultHook]:
+    """A tool whose journaled step fills the disk, so the step's record fails; the store's fault
+    hook frees it before the next commit (the tool's end). Returns the agent and the hook."""
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> str:
+        """Plan a remedy with a journaled quote."""
+
+        def quote() -> str:
+            steps.append(ctx.idempotency_key("quote"))
+            if len(steps) == 1:
+                fill()
+            return os.urandom(32 * 1024).hex()  # a result that needs new pages
+
+        await ctx.step("quote", quote)
+        return f"planned {order_id}"
+
+    def hook(when: str, label: str) -> None:
+        if when == "before" and label == "tool.completed":
+            unfill()
+
+    def echo(conversation: list[so.Message]) -> so.ModelResponse:
+        last = conversation[-1]
+        assert isinstance(last, so.ToolResultMessage)
+        return so.ModelResponse(text=json.dumps(last.content))
+
+    model = so.models.Scripted(
+        [so.ModelResponse(tool_calls=[so.ToolCall(name="plan", input={"order_id": "7"})]), echo]
+    )
+    return so.Agent(name="support", model=model, tools=[plan]), hook
+
+
+async def _run_workflow(
+    rt: so.Runtime, steps: list[str], hook: FaultHook, unfill: Callable[[], None]
+) -> None:
+    """The step's record fails: the call is not recorded as failed by a store error; run again
+    once there is room, it ends as an uninterrupted run would."""
+    rt.store.set_fault_hook(hook)
+    sid = await rt.create_session("support")
+    with pytest.raises(so.StoreError):
+        await rt.generate(session_id=sid, prompt="plan order 7")
+    unfill()
+    done = await rt.generate(session_id=sid)
+    assert (done.status, done.text) == ("completed", '"planned 7"'), done
+    events = [e async for e in rt.events(sid, follow=False)]
+    ended = [e.data["status"] for e in events if e.type == "tool.completed"]
+    assert ended == ["ok"]
+    assert len(steps) == 2  # the step's result was never recorded: it ran again
+
+
+async def test_a_step_whose_record_fails_on_sqlite_does_not_fail_its_tool(tmp_path: Path) -> None:
+    steps: list[str] = []
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path / 'state.db'}")
+
+    def fill() -> None:
+        conn = rt.store.conn  # type: ignore[attr-defined]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count={pages}")
+
+    def unfill() -> None:
+        rt.store.conn.execute("PRAGMA max_page_count=1073741823")  # type: ignore[attr-defined]
+
+    agent, hook = _workflow(steps, fill, unfill)
+    rt.agents["support"] = agent
+    async with rt:
+        await _run_workflow(rt, steps, hook, unfill)
+
+
+async def test_a_step_whose_record_fails_on_postgres_does_not_fail_its_tool(
+    pg_store_url: str,
+) -> None:
+    admin = pg_store_url.split("?")[0]
+    steps: list[str] = []
+
+    def fill() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(FAIL_INSERTS)
+
+    def unfill() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER IF EXISTS disk_full ON signoff.events")
+
+    agent, hook = _workflow(steps, fill, unfill)
+    async with so.Runtime([agent], store=pg_store_url) as rt:
+        await _run_workflow(rt, steps, hook, unfill)

@@ -328,6 +328,8 @@ class ToolCalls(DriverPart):
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the tool
+            if journal.failed is not None:  # the store refused a step or question: not the tool
+                raise journal.failed from None
             error = f"{type(exc).__name__}: {exc}"
             limit = self.max_result_bytes(tool)
             if len(error) > limit // 4:  # a message of megabytes is cut, not stored whole
