@@ -50,6 +50,7 @@ class Driver(ToolCalls, ModelStep):
         clock: Callable[[], float] = time.time,
         abort_signal: asyncio.Event | None = None,
         lock: asyncio.Lock | None = None,
+        unrecorded: dict[str, list[EventSpec]] | None = None,
     ) -> None:
         self.lock = lock or asyncio.Lock()
         self.store = store
@@ -67,6 +68,9 @@ class Driver(ToolCalls, ModelStep):
         # Set with the lease: awaited before a tool body runs, it raises `LeaseLost` if the
         # lease lapsed and was taken over while this process stalled.
         self.lease_check: Callable[[], Awaitable[None]] | None = None
+        # Shared by the runtime's drivers: a call whose body ran but whose outcome the store
+        # failed to take (a full disk) is recorded from here, not run again, by a later drive.
+        self.unrecorded = {} if unrecorded is None else unrecorded
 
     # -- recording ----------------------------------------------------------------------------
 

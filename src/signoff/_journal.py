@@ -6,7 +6,8 @@ import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from ._exceptions import SignoffError, TooLarge
+from ._events import Event
+from ._exceptions import SignoffError, StoreError, TooLarge
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of
@@ -35,6 +36,7 @@ class CallJournal:
         self.inflight = 0  # questions being opened and steps under way
         self.quiet = asyncio.Event()  # set while nothing is in flight
         self.quiet.set()
+        self.failed: StoreError | None = None  # a record of the body's that the store refused
         turn = driver.state.turn
         self.can_ask = not (
             principal is not None and principal.principal_type == "runtime"
@@ -45,6 +47,15 @@ class CallJournal:
         if turn is None or self.call_id not in turn.calls:
             raise TurnStopped
         return turn.calls[self.call_id]
+
+    async def _record(self, specs: Any, **kwargs: Any) -> list[Event]:
+        """`Driver.record`, remembering a failure of the store: what the body raises after it
+        is not the call's outcome (`ToolCalls.run_tool`), the drive failed."""
+        try:
+            return await self.driver.record(specs, **kwargs)
+        except StoreError as exc:
+            self.failed = exc
+            raise
 
     def entries(self) -> Sequence[dict[str, Any] | None]:
         return self._call().journal
@@ -89,9 +100,9 @@ class CallJournal:
                 # The step's own failure, which the tool may catch and go on from: journaled,
                 # so a replay takes the same path instead of running the step again.
                 data["error"] = failure_of(exc)
-                await self.driver.record([("tool.step", data)])
+                await self._record([("tool.step", data)])
                 raise
-            await self.driver.record([("tool.step", data)])
+            await self._record([("tool.step", data)])
             return data["result"]
         finally:
             self._busy(-1)
@@ -146,7 +157,7 @@ class CallJournal:
                     data["keyed"] = True
                 return [("input.requested", data)]
 
-            await self.driver.record(specs, new_requests=[request])
+            await self._record(specs, new_requests=[request])
             return request.id
         finally:
             self._busy(-1)
@@ -204,7 +215,7 @@ class CallJournal:
             asked = {"requests": [dump_request(c) for c in copies]}
             return Batch(specs=[("input.requested", asked)], new_requests=copies)
 
-        recorded = await self.driver.record(specs)
+        recorded = await self._record(specs)
         return len(copies) if recorded else 0
 
     async def park(self) -> NoReturn:

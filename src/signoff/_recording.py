@@ -251,6 +251,8 @@ class DriverPart:
     abort_signal: asyncio.Event
     host: Any  # what delegate tools drive subagents through; read by a running call's journal
     lease_check: Callable[[], Awaitable[None]] | None  # raises LeaseLost; before a tool body
+    # Outcomes of tool bodies that ran but the store failed to record, by idempotency key.
+    unrecorded: dict[str, list[EventSpec]]
 
     if TYPE_CHECKING:  # `Driver.record`
 

@@ -191,6 +191,8 @@ class SessionRunner:
             weakref.WeakValueDictionary()
         )
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
+        self._unrecorded: dict[str, list[EventSpec]] = {}
         self._opened = False
         self._sync = SyncBridge()
 
@@ -315,6 +317,7 @@ class SessionRunner:
             clock=self.clock,
             abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
             lock=self._locks.setdefault(state.id, asyncio.Lock()),
+            unrecorded=self._unrecorded,
         )
 
     async def _create(self, agent: Agent, auth: Principal | None) -> str:

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
+from ._exceptions import StoreError
 from ._journal import CallJournal
 from ._recording import (
     Batch,
@@ -37,7 +38,10 @@ from ._tools import (
 )
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal
 
-__all__ = ["ToolCalls"]
+__all__ = ["UNRECORDED_KEPT", "ToolCalls"]
+
+UNRECORDED_KEPT = 1024
+"""How many calls' unrecorded outcomes a runtime keeps (the oldest go first)."""
 
 
 class ToolCalls(DriverPart):
@@ -275,6 +279,10 @@ class ToolCalls(DriverPart):
                 ]
             )
         journal = CallJournal(self, call.id, principal)
+        held = self.unrecorded.pop(key, None)
+        if held is not None:  # the body ran in this process; only recording its outcome failed
+            await self.end_call(key, journal, held)
+            return
         ctx = ToolContext(
             session=self.session_info(principal),
             call_id=call.id,
@@ -310,29 +318,27 @@ class ToolCalls(DriverPart):
             await self.request_from_tool(call, signal.payload, journal)
             return
         except QuestionWithdrawn as exc:
-            await self.record(
-                journal.ending(
-                    [tool_result(call, "cancelled", {"cancelled": True, "reason": str(exc)})]
-                )
-            )
+            cancelled = {"cancelled": True, "reason": str(exc)}
+            await self.end_call(key, journal, [tool_result(call, "cancelled", cancelled)])
             return
         except InputUnavailable as exc:
-            await self.record(
-                journal.ending([tool_result(call, "error", {"error": f"unavailable: {exc}"})])
-            )
+            unavailable = {"error": f"unavailable: {exc}"}
+            await self.end_call(key, journal, [tool_result(call, "error", unavailable)])
             return
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the tool
+            if journal.failed is not None:  # the store refused a step or question: not the tool
+                raise journal.failed from None
             error = f"{type(exc).__name__}: {exc}"
             limit = self.max_result_bytes(tool)
             if len(error) > limit // 4:  # a message of megabytes is cut, not stored whole
                 error = error[: limit // 4] + " [cut]"
-            await self.record(journal.ending([tool_result(call, "error", {"error": error})]))
+            await self.end_call(key, journal, [tool_result(call, "error", {"error": error})])
             return
         too_large = over_limit("the result is", result, self.max_result_bytes(tool))
         if too_large is not None:
-            await self.record(journal.ending([tool_result(call, "error", {"error": too_large})]))
+            await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
             return
         if call.edited_input is not None or approval is not None:
             wrapped: dict[str, Any] = {"result": result}
@@ -346,7 +352,19 @@ class ToolCalls(DriverPart):
             if approval is not None:
                 wrapped["approval"] = approval  # the reason given for approving reaches the model
             result = wrapped
-        await self.record(journal.ending([tool_result(call, "ok", result)]))
+        await self.end_call(key, journal, [tool_result(call, "ok", result)])
+
+    async def end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
+        """Record the outcome of a call whose body ran. If the store fails to take it (a full
+        disk, a lost database), keep it: a later drive in this process records it instead of
+        running the body, and its side effects, again."""
+        try:
+            await self.record(journal.ending(specs))
+        except StoreError:
+            while len(self.unrecorded) >= UNRECORDED_KEPT:
+                del self.unrecorded[next(iter(self.unrecorded))]  # the oldest
+            self.unrecorded[key] = specs
+            raise
 
     def max_result_bytes(self, tool: Tool) -> int:
         """The bound on `tool`'s results: its own, or its agent's `Limits.max_result_bytes`."""

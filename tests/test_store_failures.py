@@ -1,0 +1,191 @@
+"""The store failing a write (a full disk): the caller gets a `StoreError`, nothing is half
+written, and once the store takes writes again the turn finishes as it would have, each
+approved tool having run once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import psycopg
+import pytest
+
+import signoff as so
+from signoff.stores import FaultHook
+
+from ._procs import ROOT, read_executions
+
+
+def _events(url: str, session_id: str) -> list[so.Event]:
+    rt = so.Runtime([], store=url)
+    try:
+        return rt.events_sync(session_id)
+    finally:
+        rt.close_sync()
+
+
+def test_a_disk_full_when_a_tool_ends_keeps_its_result_and_does_not_run_it_again(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    records = tmp_path / "runs.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests._full_child", url, str(records)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    failed, result = (json.loads(line) for line in done.stdout.splitlines())
+    # The commit of the tool's result failed as on a full disk: a named store error.
+    assert failed["type"] == "StoreError", failed
+    assert "full" in failed["message"] or "I/O" in failed["message"], failed
+    # Space again: the turn ends as an uninterrupted one would, the tool having run once.
+    assert result["status"] == "completed" and result["text"] == "Report sent.", result
+    runs = read_executions(records)
+    assert [r["key"] for r in runs] == [f"{result['session_id']}:1:call_1"], runs
+    events = _events(url, result["session_id"])
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    types = Counter(e.type for e in events)
+    assert types["tool.completed"] == 1 and types["turn.completed"] == 1, types
+
+
+FAIL_INSERTS = """
+CREATE FUNCTION signoff.disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
+END $$;
+CREATE TRIGGER disk_full BEFORE INSERT ON signoff.events
+FOR EACH ROW EXECUTE FUNCTION signoff.disk_full();
+"""
+
+
+async def test_a_failed_postgres_commit_of_a_tool_result_does_not_run_the_tool_again(
+    pg_store_url: str,
+) -> None:
+    admin = pg_store_url.split("?")[0]
+    runs: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def ship(ctx: so.ToolContext, order_id: str) -> str:
+        """Ship an order: a side effect."""
+        runs.append(ctx.idempotency_key())
+        if len(runs) == 1:  # the database refuses every insert from now on
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(FAIL_INSERTS)
+        return f"shipped {order_id}"
+
+    model = so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="ship", input={"order_id": "7"})]),
+            so.ModelResponse(text="Shipped."),
+        ]
+    )
+    agent = so.Agent(name="support", model=model, tools=[ship])
+    async with so.Runtime([agent], store=pg_store_url) as rt:
+        r = await rt.generate("support", prompt="ship order 7")
+        answer = [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+        with pytest.raises(so.StoreError, match="No space left"):
+            await rt.respond(r.session_id, answer)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER disk_full ON signoff.events")
+        done = await rt.respond(r.session_id, answer)
+        assert (done.status, done.text) == ("completed", "Shipped.")
+        assert len(runs) == 1
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert Counter(e.type for e in events)["tool.completed"] == 1
+
+
+def _workflow(
+    steps: list[str], fill: Callable[[], None], unfill: Callable[[], None]
+) -> tuple[so.Agent, FaultHook]:
+    """A tool whose journaled step fills the disk, so the step's record fails; the store's fault
+    hook frees it before the next commit (the tool's end). Returns the agent and the hook."""
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> str:
+        """Plan a remedy with a journaled quote."""
+
+        def quote() -> str:
+            steps.append(ctx.idempotency_key("quote"))
+            if len(steps) == 1:
+                fill()
+            return os.urandom(32 * 1024).hex()  # a result that needs new pages
+
+        await ctx.step("quote", quote)
+        return f"planned {order_id}"
+
+    def hook(when: str, label: str) -> None:
+        if when == "before" and label == "tool.completed":
+            unfill()
+
+    def echo(conversation: list[so.Message]) -> so.ModelResponse:
+        last = conversation[-1]
+        assert isinstance(last, so.ToolResultMessage)
+        return so.ModelResponse(text=json.dumps(last.content))
+
+    model = so.models.Scripted(
+        [so.ModelResponse(tool_calls=[so.ToolCall(name="plan", input={"order_id": "7"})]), echo]
+    )
+    return so.Agent(name="support", model=model, tools=[plan]), hook
+
+
+async def _run_workflow(
+    rt: so.Runtime, steps: list[str], hook: FaultHook, unfill: Callable[[], None]
+) -> None:
+    """The step's record fails: the call is not recorded as failed by a store error; run again
+    once there is room, it ends as an uninterrupted run would."""
+    rt.store.set_fault_hook(hook)
+    sid = await rt.create_session("support")
+    with pytest.raises(so.StoreError):
+        await rt.generate(session_id=sid, prompt="plan order 7")
+    unfill()
+    done = await rt.generate(session_id=sid)
+    assert (done.status, done.text) == ("completed", '"planned 7"'), done
+    events = [e async for e in rt.events(sid, follow=False)]
+    ended = [e.data["status"] for e in events if e.type == "tool.completed"]
+    assert ended == ["ok"]
+    assert len(steps) == 2  # the step's result was never recorded: it ran again
+
+
+async def test_a_step_whose_record_fails_on_sqlite_does_not_fail_its_tool(tmp_path: Path) -> None:
+    steps: list[str] = []
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path / 'state.db'}")
+
+    def fill() -> None:
+        conn = rt.store.conn  # type: ignore[attr-defined]
+        pages = conn.execute("PRAGMA page_count").fetchone()[0]
+        conn.execute(f"PRAGMA max_page_count={pages}")
+
+    def unfill() -> None:
+        rt.store.conn.execute("PRAGMA max_page_count=1073741823")  # type: ignore[attr-defined]
+
+    agent, hook = _workflow(steps, fill, unfill)
+    rt.agents["support"] = agent
+    async with rt:
+        await _run_workflow(rt, steps, hook, unfill)
+
+
+async def test_a_step_whose_record_fails_on_postgres_does_not_fail_its_tool(
+    pg_store_url: str,
+) -> None:
+    admin = pg_store_url.split("?")[0]
+    steps: list[str] = []
+
+    def fill() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(FAIL_INSERTS)
+
+    def unfill() -> None:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute("DROP TRIGGER IF EXISTS disk_full ON signoff.events")
+
+    agent, hook = _workflow(steps, fill, unfill)
+    async with so.Runtime([agent], store=pg_store_url) as rt:
+        await _run_workflow(rt, steps, hook, unfill)
