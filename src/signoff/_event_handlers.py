@@ -72,6 +72,8 @@ def _tool_started(s: SessionState, e: Event) -> None:
     call.status = "running"
     _revive(_turn(s, e))
     call.idempotency_key = e.data.get("idempotency_key")
+    if e.data.get("keyed"):  # signoff 0c4a186 marked keyed journals here, not on their entries
+        call.keyed = True
 
 
 def _tool_step(s: SessionState, e: Event) -> None:
@@ -86,9 +88,10 @@ def _tool_step(s: SessionState, e: Event) -> None:
 
 def _key_journal(call: CallState, data: dict[str, Any]) -> None:
     """A call's first entry says how its journal is keyed: entries journaled before keys
-    existed have no `keyed` mark, and their call goes on by position."""
-    if not any(call.journal):
-        call.keyed = bool(data.get("keyed"))
+    existed have no `keyed` mark, and their call goes on by position (unless its `tool.started`
+    said it was keyed, as signoff wrote it for a while)."""
+    if not any(call.journal) and data.get("keyed"):
+        call.keyed = True
 
 
 def _turn_message(s: SessionState, e: Event) -> None:
