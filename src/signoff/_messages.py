@@ -11,9 +11,8 @@ from ._answering import Answering
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._exceptions import RequestClosed, SessionBusy, UsageError
-from ._recording import TurnStopped
+from ._recording import Changed, TurnStopped, unchanged
 from ._results import GenerateResult
-from ._sessions import _Changed, unchanged
 from ._state import SessionState
 from ._types import Principal
 from .stores import Resolve
@@ -60,7 +59,7 @@ class Messages(Answering):
                             unchanged(state, [("turn.message", {**data, "queued": True})]),
                             turn_id=turn.id,
                         )
-                    except _Changed:
+                    except Changed:
                         continue  # a turn started or ended meanwhile: decide again
                     except Exception:
                         self._cache.pop(session_id, None)
@@ -92,7 +91,7 @@ class Messages(Answering):
                     await driver.record(
                         unchanged(state, [("turn.message", {**data, "queued": True})])
                     )
-                except (_Changed, TurnStopped):
+                except (Changed, TurnStopped):
                     continue  # the turn ended or its requests changed meanwhile: decide again
                 except Exception:
                     self._cache.pop(session_id, None)
@@ -101,7 +100,7 @@ class Messages(Answering):
                 return self._result(driver.state)
             try:
                 return await self._steer(state, message, who)
-            except (_Changed, TurnStopped):
+            except (Changed, TurnStopped):
                 continue  # the turn ended or its requests changed meanwhile: decide again
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
 

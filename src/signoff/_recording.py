@@ -25,6 +25,7 @@ __all__ = [
     "SNAPSHOT_EVERY",
     "STATUS_TYPES",
     "Batch",
+    "Changed",
     "DriverPart",
     "EventSpec",
     "TurnStopped",
@@ -40,6 +41,7 @@ __all__ = [
     "snapshot_due",
     "stored_status",
     "tool_result",
+    "unchanged",
     "waiting_after",
 ]
 
@@ -265,3 +267,37 @@ class DriverPart:
             durable: bool = False,
             turn_id: str | None = None,
         ) -> list[Event]: ...
+
+
+_TURN_ENDED = ("completed", "failed", "cancelled")
+
+
+class Changed(Exception):
+    """Internal (`unchanged`): the session moved on between the checks that decided a batch
+    and its append."""
+
+
+def unchanged(
+    checked: SessionState, specs: Sequence[EventSpec], resolve: Sequence[Resolve] = ()
+) -> Callable[[SessionState], Batch]:
+    """`specs` for `Driver.record`, refused (`Changed`) when the state they are committed on
+    differs from the `checked` one in what decided them: the turn, whether it ended, and its
+    open requests. A message decided on a running turn must not land after it ended."""
+    turn = checked.turn
+    pending = [r.id for r in checked.pending_requests()]
+
+    def build(current: SessionState) -> Batch:
+        now = current.turn
+        if (
+            (now is None) != (turn is None)
+            or (
+                now is not None
+                and turn is not None
+                and (now.id, now.status in _TURN_ENDED) != (turn.id, turn.status in _TURN_ENDED)
+            )
+            or [r.id for r in current.pending_requests()] != pending
+        ):
+            raise Changed
+        return Batch(specs=specs, resolve=resolve)
+
+    return build

@@ -37,17 +37,15 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._recording import Batch, EventSpec, load_state, new_id, runnable
+from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._sync import SyncBridge
 from ._types import ModelResponse, Principal
 from .models import ModelRequest
-from .stores import Resolve, Store, open_store
+from .stores import Store, open_store
 
-__all__ = ["SessionRunner", "check_prompt", "positive_seconds", "unchanged"]
-
-_ENDED = ("completed", "failed", "cancelled")
+__all__ = ["SessionRunner", "check_prompt", "positive_seconds"]
 
 log = logging.getLogger("signoff.runtime")
 
@@ -110,36 +108,6 @@ class _NotRun:
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
         raise ModelError(f"this runtime does not run agent {self.agent!r}")
-
-
-class _Changed(Exception):
-    """Internal: the session moved on between the checks that start a turn and its append."""
-
-
-def unchanged(
-    checked: SessionState, specs: Sequence[EventSpec], resolve: Sequence[Resolve] = ()
-) -> Callable[[SessionState], Batch]:
-    """`specs` for `Driver.record`, refused (`_Changed`) when the state they are committed on
-    differs from the `checked` one in what decided them: the turn, whether it ended, and its
-    open requests. A message decided on a running turn must not land after it ended."""
-    turn = checked.turn
-    pending = [r.id for r in checked.pending_requests()]
-
-    def build(current: SessionState) -> Batch:
-        now = current.turn
-        if (
-            (now is None) != (turn is None)
-            or (
-                now is not None
-                and turn is not None
-                and (now.id, now.status in _ENDED) != (turn.id, turn.status in _ENDED)
-            )
-            or [r.id for r in current.pending_requests()] != pending
-        ):
-            raise _Changed
-        return Batch(specs=specs, resolve=resolve)
-
-    return build
 
 
 @dataclass(slots=True)
@@ -386,12 +354,12 @@ class SessionRunner:
                 # Someone appended since the checks above (a turn, an open request): check again
                 # rather than start a turn over theirs.
                 if current.seq != checked:
-                    raise _Changed
+                    raise Changed
                 return specs
 
             try:
                 await driver.record(start, turn_id=turn_id)
-            except _Changed:
+            except Changed:
                 fresh = True
                 continue
             except Exception:
