@@ -4,6 +4,8 @@ are no store, narrow terminals and pipes, text that would steer a terminal, expi
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import sqlite3
 import time
 from pathlib import Path
@@ -228,3 +230,31 @@ def test_answering_with_a_runtime_refuses_a_store_that_does_not_exist(tmp_path: 
         assert result.exit_code == 1, (args, result.output)
         assert result.stderr.startswith(f"error: UsageError: no store at {typo}"), result.stderr
         assert not typo.exists(), args
+
+
+def test_the_command_chat_prints_for_a_request_left_pending_runs_as_printed(url: str) -> None:
+    """Leaving a prompt with Ctrl-D prints how to answer later; that command carries the store
+    and the principal the chat used (and the runtime a response policy needs), so it works."""
+    chat = CliRunner().invoke(
+        app, ["chat", TARGET, "--store", url, "--as", "web:alice"], input="Refund order 1042\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    later = re.search(r"answer it later with `signoff (approve [^`]+)`", chat.output)
+    assert later, chat.output
+    approved = invoke(*shlex.split(later.group(1)))
+    assert approved.exit_code == 0, approved.output
+    assert approved.output.startswith("approved req_"), approved.output
+    # and so does the command approve prints to continue the turn, given the runtime
+    resume = re.search(r"e\.g\. signoff (chat MODULE:RUNTIME [^\n]+)", approved.output)
+    assert resume, approved.output
+    args = [TARGET if a == "MODULE:RUNTIME" else a for a in shlex.split(resume.group(1))]
+    resumed = CliRunner().invoke(app, args, input="")
+    assert resumed.exit_code == 0, resumed.output
+    assert "support: Refunded 180.00." in resumed.output, resumed.output
+
+    gated = CliRunner().invoke(
+        app, ["chat", "tests.test_cli:deployer", "--store", url], input="Deploy prod\n"
+    )
+    assert gated.exit_code == 0, gated.output
+    later = re.search(r"answer it later with `signoff (approve [^`]+)`", gated.output)
+    assert later and "tests.test_cli:deployer" in shlex.split(later.group(1)), gated.output

@@ -1,4 +1,4 @@
-"""The README's examples run as written, so the documentation cannot silently rot."""
+"""The examples in the README and docs/ run as written, so the documentation cannot silently rot."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -138,3 +139,155 @@ def test_a_policy_function_is_told_from_a_predicate_as_the_readme_says(tmp_path:
             assert [p.policy_error for p in r.pending] == [None], n
         finally:
             rt.close_sync()
+
+
+def blocks(doc: str, lang: str) -> list[str]:
+    """The fenced code blocks of `doc` (a path under the repository) in language `lang`."""
+    return [str(b) for b in re.findall(rf"```{lang}\n(.*?)```", (ROOT / doc).read_text(), re.S)]
+
+
+def test_every_command_and_option_the_docs_show_is_one_the_cli_takes() -> None:
+    """Each `signoff ...` line of a shell block in the README and docs/ names a command the CLI
+    has and only options that command takes, so a command copied from the docs is not refused."""
+    import typer.main
+
+    from signoff.cli import app
+
+    root: Any = typer.main.get_command(app)
+    shown = 0
+    for doc in ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]:
+        text = "\n".join(b for lang in ("bash", "sh", "") for b in blocks(doc, lang))
+        for line in re.sub(r"\\\n\s*", " ", text).splitlines():
+            words = line.strip().removeprefix("$ ").split()
+            if words[:1] != ["signoff"]:
+                continue
+            command = root
+            for word in words[1:]:
+                if word not in getattr(command, "commands", {}):
+                    break
+                command = command.commands[word]
+            assert not hasattr(command, "commands"), (doc, line)  # a command, not a group
+            taken = {o for p in command.params for o in p.opts}
+            used = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", line.split("#")[0]))
+            assert used <= taken, (doc, line, sorted(used - taken))
+            shown += 1
+    assert shown >= 10, shown
+
+
+def test_the_api_table_names_the_routes_the_server_has(tmp_path: Path) -> None:
+    """Every `METHOD /v1/...` docs/server.md names is a route of the app, and the table lists
+    every route of the API."""
+    import signoff as so
+    from signoff.server import create_app
+
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/state.db")
+    paths = create_app(rt, dev=True).openapi()["paths"]
+    served = {
+        (method.upper(), re.sub(r"\{\w+\}", "{id}", path))
+        for path, ops in paths.items()
+        for method in ops
+    }
+    named = set(re.findall(r"`(GET|POST|PUT|PATCH|DELETE) (/v1/[^`?]*)`", blocks_text("server")))
+    assert named == served, (sorted(named - served), sorted(served - named))
+
+
+def blocks_text(name: str) -> str:
+    return (ROOT / "docs" / f"{name}.md").read_text()
+
+
+def test_the_server_examples_run_as_written(tmp_path: Path) -> None:
+    """docs/server.md's `create_app` example serves the example agent, and its Python client
+    example (in an async function, its `...` loop body stopping at the end of the turn)
+    approves the refund through it."""
+    import asyncio
+
+    import examples.support as support
+
+    import signoff as so
+
+    from .test_server_common import running
+
+    demo = so.Agent(
+        name="support",
+        model=so.models.Scripted([support.demo_model], repeat_last=True),
+        tools=list(support.agent.tools.values()),
+    )
+    app_code, client_code = blocks("docs/server.md", "python")
+    scope: dict[str, object] = {"runtime": so.Runtime([demo], store=f"sqlite:///{tmp_path}/s.db")}
+    exec(app_code, scope)
+    with running(scope["app"]) as base:
+        client_code = client_code.replace("http://127.0.0.1:8000", base)
+        client_code, found = re.subn(
+            r"^( *)(async for event in live\.follow\(\)): \.\.\.",
+            r'\1\2:\n\1    if event.type == "turn.completed":\n\1        break',
+            client_code,
+            flags=re.M,
+        )
+        assert found == 1, client_code
+        body = "".join(f"    {line}\n" for line in client_code.splitlines())
+        scope = {}
+        exec(f"async def main():\n{body}    return r, live\n", scope)
+        r, live = asyncio.run(asyncio.wait_for(scope["main"](), 30))  # type: ignore[operator]
+    assert r.pending[0].action.tool_name == "issue_refund"
+    assert r.pending[0].requested_by.principal_id == "alice"
+    assert live.open_requests() == []
+    assert [v.status for v in live.requests.values()] == ["settled"]
+
+
+def test_the_subagents_example_runs_and_parks_as_its_comments_say(tmp_path: Path) -> None:
+    """docs/subagents.md's example, with scripted models for its `model=...` and inside an async
+    function: the child's approval is asked on the support session, and answering it there
+    (by `respond`, or by the `send` the comment offers) completes the parent's turn."""
+    import asyncio
+
+    import signoff as so
+
+    [code] = blocks("docs/subagents.md", "python")
+    assert code.count("model=...") == 2
+    respond, send = re.findall(
+        r"^(?:# or: )?(await rt\.(?:respond|send)\(.*?\))$", code, re.M | re.S
+    )
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, float]:
+        """Refund an order."""
+        return {"refunded": amount}
+
+    def scripted(call: so.ToolCall, text: str) -> so.models.Scripted:
+        return so.models.Scripted(
+            [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text=text)]
+        )
+
+    for n, answer in enumerate((respond, send)):
+        models = iter(
+            [
+                scripted(
+                    so.ToolCall(name="issue_refund", input={"order_id": "1042", "amount": 5}),
+                    "refunded",
+                ),
+                scripted(
+                    so.ToolCall(name="billing", input={"message": "refund 1042"}),
+                    "billing: refunded",
+                ),
+            ]
+        )
+        source = code[: code.index("await rt.respond(")]
+        source = source.replace("model=...", "model=next(models)")
+        source = source.replace('"sqlite:///state.db"', f'"sqlite:///{tmp_path}/{n}.db"')
+        source += f"done = {answer}\nawait rt.close()\nreturn r, done\n"
+        scope: dict[str, object] = {
+            "models": models,
+            "issue_refund": issue_refund,
+            "alice": so.Principal(authenticator="token", principal_id="alice"),
+        }
+        body = "".join(f"    {line}\n" for line in source.splitlines())
+        exec(f"async def main():\n{body}", scope)
+        parked, done = asyncio.run(asyncio.wait_for(scope["main"](), 30))  # type: ignore[operator]
+        assert parked.status == "waiting", n
+        (mirror,) = parked.pending
+        assert mirror.source == "child" and mirror.child is not None, n
+        assert (mirror.child.agent, mirror.action and mirror.action.tool_name) == (
+            "billing",
+            "issue_refund",
+        ), n
+        assert (done.status, done.text) == ("completed", "billing: refunded"), n

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Annotated
 
 import typer
@@ -16,9 +17,10 @@ from .._exceptions import (
 )
 from .._results import GenerateResult
 from .._runtime import Runtime
-from .._types import Principal
+from .._types import InputRequest, Principal
 from ..channels.terminal import TerminalChannel, printable
 from ..models import Scripted
+from ..stores import DEFAULT_URL
 from ._app import (
     AsOption,
     app,
@@ -36,9 +38,18 @@ class _Chat:
     """One terminal conversation with one agent: messages in, inline prompts, answers out."""
 
     def __init__(
-        self, runtime: Runtime, agent: Agent, console: Console, principal: Principal
+        self,
+        runtime: Runtime,
+        agent: Agent,
+        console: Console,
+        principal: Principal,
+        *,
+        target: str,
+        acting_as: str | None = None,
     ) -> None:
         self.runtime = runtime
+        self.target = target
+        self.acting_as = acting_as
         self.agent = agent
         self.console = console
         self.channel = TerminalChannel(console)
@@ -79,6 +90,19 @@ class _Chat:
                     return
             except SignoffError as exc:
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
+
+    def answer_args(self, request: InputRequest) -> str:
+        """The arguments that answer `request` from another terminal as this chat would: its
+        store and principal, and the runtime when only the tool's response policy can decide."""
+        args = [request.id]
+        if request.response_policy:
+            args.append(self.target)
+        url = getattr(self.runtime.store, "url", None)
+        if isinstance(url, str) and url != DEFAULT_URL:
+            args += ["--store", shown_store(url)]
+        if self.acting_as is not None:
+            args += ["--as", self.acting_as]
+        return printable(shlex.join(args))
 
     def header(self) -> None:
         url = getattr(self.runtime.store, "url", None)
@@ -133,10 +157,11 @@ class _Chat:
             request = open_requests[0]
             answer = self.channel.ask(request)
             if answer is None:
+                where = self.answer_args(request)
                 later = (
-                    f"`signoff approve {request.id}` or `signoff deny {request.id}`"
+                    f"`signoff approve {where}` or `signoff deny {where}`"
                     if request.kind == "tool-approval"
-                    else f"`signoff answer {request.id} --option ID` or `--text TEXT`"
+                    else f"`signoff answer {where} --option ID` or `--text TEXT`"
                 )
                 self.console.print(
                     f"\n[yellow]left {request.id} pending[/]; answer it later with {later}"
@@ -210,6 +235,7 @@ def chat(
         picked = pick_agent(runtime, agent)
         console = Console(highlight=False, soft_wrap=True)
         async with runtime:
-            await _Chat(runtime, picked, console, principal).run(session)
+            chat = _Chat(runtime, picked, console, principal, target=target, acting_as=acting_as)
+            await chat.run(session)
 
     run(go())

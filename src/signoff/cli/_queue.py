@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shlex
 import sys
 import time
 from datetime import datetime
@@ -26,7 +27,7 @@ from .._exceptions import (
 from .._runtime import Runtime
 from .._types import InputRequest, InputResponse
 from ..channels.terminal import compact_json, duration, printable
-from ..stores import PendingFilter, SQLiteStore
+from ..stores import DEFAULT_URL, PendingFilter, SQLiteStore
 from ._app import (
     AsOption,
     NoModel,
@@ -275,9 +276,12 @@ async def _settle(
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
     elif loaded is None:
+        url = runtime.store.url
+        on = "" if url == DEFAULT_URL else f" --store {shlex.quote(shown_store(url))}"
         console.print(
             f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
-            f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}[/]"
+            f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}"
+            f"{printable(on)}[/]"
         )
     elif result.status == "completed":
         console.print(f"[bold cyan]{printable(request.agent)}:[/] {printable(result.text)}")
