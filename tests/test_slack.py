@@ -1208,3 +1208,59 @@ async def test_options_longer_than_slack_allows_are_chosen_by_position(
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.resolution is not None
         assert stored.resolution["answer"]["option_id"] == plan
+
+
+async def test_a_delivery_slack_retries_is_acknowledged_once_and_acted_on_once(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Slack re-sends an interaction it got no timely answer for: the same body, signed anew
+    with `X-Slack-Retry-Num`. The retry gets the first answer and does nothing: no second
+    candidate, no second modal, no "already closed" note to the person who clicked."""
+    log: list[Any] = []
+    gate = asyncio.Event()
+    async with refund_runtime(tmp_path, log, gate) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        async with app.router.lifespan_context(app):
+            await hub.poll()
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+
+                async def deliver(body: bytes) -> list[httpx.Response]:
+                    now = int(time.time())
+                    responses = [await http.post(PATH, content=body, headers=sign(body, now))]
+                    for retry in (1, 2):
+                        headers = {
+                            **sign(body, now + retry),
+                            "X-Slack-Retry-Num": str(retry),
+                            "X-Slack-Retry-Reason": "http_timeout",
+                        }
+                        responses.append(await http.post(PATH, content=body, headers=headers))
+                    return responses
+
+                deny = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+                for response in await deliver(deny):
+                    assert (response.status_code, response.content) == (200, b"")
+                await slack.idle()
+                assert len(slack_api.of("views.open")) == 1
+                meta = {"request_id": req.id, "channel": "C42", "user": "U045EF6GH"}
+                empty = submission("signoff.text", meta, {"signoff.answer": {"answer": {}}})
+                for response in await deliver(empty):
+                    assert response.json() == {
+                        "response_action": "errors",
+                        "errors": {"signoff.answer": "Write an answer"},
+                    }
+                approve = click({"action_id": "signoff.approve", "value": req.id, "type": "button"})
+                for response in await deliver(approve):  # while the policy still decides
+                    assert (response.status_code, response.content) == (200, b"")
+                gate.set()
+                await slack.idle()
+            await hub.poll()
+        assert len(log) == 1
+        candidates = [e for e in await rt.audit() if e.type == "approval.candidate"]
+        assert len(candidates) == 1
+        assert slack_api.of("chat.postEphemeral") == []
+        assert len(slack_api.of("chat.update")) == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import math
 import time
@@ -44,6 +45,7 @@ from ._blocks import (
 __all__ = ["SlackChannel", "SlackPayloadError", "slack_principal"]
 
 TOLERANCE = 300  # seconds: Slack's own advice for the request timestamp
+RETRY_WINDOW = 3600  # seconds a delivery's answer is kept for Slack's retries of it
 
 # chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
 _GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
@@ -115,6 +117,8 @@ class SlackChannel(Channel):
         self.clock = clock
         self._verifier = SignatureVerifier(signing_secret, clock=_Clock(clock))
         self._seen: dict[str, float] = {}  # signature -> when it can be forgotten
+        # sha256 of a body acted on -> (when it can be forgotten, the answer Slack was given)
+        self._delivered: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._router: Any = None
         self._backlog: list[InputRequest] = []  # open at start, not posted yet
@@ -272,9 +276,22 @@ class SlackChannel(Channel):
         """Verify and act on one interaction; the JSON to answer Slack with (None: empty 200).
 
         Settling happens in the background, so Slack hears back well within three seconds.
+        A body acted on before (Slack's retry of a delivery, signed anew) gets the same answer
+        and does nothing again; like replays, this is remembered per process.
         """
         self.verify(body, headers)
-        payload = _payload(body)
+        now = self.clock()
+        for old in [d for d, (until, _) in self._delivered.items() if until < now]:
+            del self._delivered[old]
+        digest = hashlib.sha256(body).hexdigest()
+        if digest in self._delivered:
+            return self._delivered[digest][1]
+        answer = self._act(_payload(body))
+        self._delivered[digest] = (now + RETRY_WINDOW, answer)
+        return answer
+
+    def _act(self, payload: dict[str, Any]) -> dict[str, Any] | None:
+        """Act on a verified interaction; the JSON to answer Slack with (None: empty 200)."""
         try:
             kind = payload["type"]
             user = payload["user"]["id"]
