@@ -61,6 +61,7 @@ class FakeSlack:
         self.limited: dict[str, int] = {}  # method -> how many calls to answer with 429
         self.retry_after = "1"
         self.failing: dict[str, str] = {}  # method -> the error it answers with
+        self.slow: dict[str, float] = {}  # method -> seconds it takes to answer (once recorded)
 
     async def start(self) -> None:
         app = web.Application()
@@ -89,6 +90,8 @@ class FakeSlack:
                     body[key] = json.loads(body[key])
         self.calls.append((method, body))
         self.tokens.append(request.headers.get("Authorization"))
+        if method in self.slow:
+            await asyncio.sleep(self.slow[method])
         refused = (
             refusal(body.get("blocks")) if method in ("chat.postMessage", "chat.update") else None
         )
@@ -1264,3 +1267,30 @@ async def test_a_delivery_slack_retries_is_acknowledged_once_and_acted_on_once(
         assert len(candidates) == 1
         assert slack_api.of("chat.postEphemeral") == []
         assert len(slack_api.of("chat.update")) == 1
+
+
+async def test_a_hub_stopped_while_slack_posts_does_not_post_again_when_it_restarts(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A server shutting down while Slack is answering a post (the message is in the channel,
+    its ts not yet saved): the post is let finish and saved, so the next start does not post
+    the request a second time."""
+    log: list[Any] = []
+    state = tmp_path / "hub.db"
+    async with refund_runtime(tmp_path, log) as rt:
+        hub = ChannelHub(rt, [channel(slack_api)], state=state, poll_interval=0.01)
+        await hub.start()
+        slack_api.slow["chat.postMessage"] = 0.3
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        for _ in range(200):
+            if slack_api.of("chat.postMessage"):
+                break
+            await asyncio.sleep(0.01)
+        await hub.stop()  # Slack has the post, its answer is on the way
+        del slack_api.slow["chat.postMessage"]
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], state=state)) as again:
+            await again.poll()
+            assert slack.recall(f"msg:{req.id}") is not None
+        assert len(slack_api.of("chat.postMessage")) == 1

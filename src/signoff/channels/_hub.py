@@ -34,6 +34,7 @@ logger = logging.getLogger("signoff.channels")
 
 _PAGE = 500
 _MAX_WAIT = 3600.0  # seconds: the longest a rate limit holds a channel back before it retries
+_STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish its deliveries
 _SKIPPED = "skipped"  # the memo (under the hub's key for a channel) of entries it gave up on
 
 
@@ -210,6 +211,7 @@ class ChannelHub:
             # The flag as well as the cancel: Python 3.11's asyncio.wait_for (inside
             # psycopg_pool) can swallow a cancellation, and the loop must end all the same.
             self._stopping = True
+            await self._finish_poll()
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -224,6 +226,18 @@ class ChannelHub:
         if self._own_state and self.state.path != ":memory:":
             self.state.close()
         self._started = False
+
+    async def _finish_poll(self) -> None:
+        """Wait (at most `_STOP_GRACE` seconds) for a poll in progress to end, so a delivery the
+        service already has (a Slack post) is saved rather than cut off and made again later."""
+        if not self._lock.locked():
+            return
+        waiter = asyncio.ensure_future(self._lock.acquire())
+        await asyncio.wait({waiter}, timeout=_STOP_GRACE)
+        if not waiter.cancel():  # it took the lock: no await follows until the task is cancelled
+            self._lock.release()
+        else:
+            logger.warning("channel hub %s: stopping in the middle of a delivery", self.name)
 
     async def __aenter__(self) -> ChannelHub:
         await self.start()
