@@ -62,6 +62,7 @@ class FakeSlack:
         self.retry_after = "1"
         self.failing: dict[str, str] = {}  # method -> the error it answers with
         self.slow: dict[str, float] = {}  # method -> seconds it takes to answer (once recorded)
+        self.down: dict[str, int] = {}  # method -> how many calls to answer with an HTTP 503
 
     async def start(self) -> None:
         app = web.Application()
@@ -104,6 +105,9 @@ class FakeSlack:
                 status=429,
                 headers={"Retry-After": self.retry_after},
             )
+        if self.down.get(method, 0) > 0:
+            self.down[method] -= 1
+            return web.Response(status=503, text="<html>upstream unavailable</html>")
         if method in self.failing:
             return web.json_response({"ok": False, "error": self.failing[method]})
         if method == "chat.postMessage":
@@ -1294,3 +1298,62 @@ async def test_a_hub_stopped_while_slack_posts_does_not_post_again_when_it_resta
             await again.poll()
             assert slack.recall(f"msg:{req.id}") is not None
         assert len(slack_api.of("chat.postMessage")) == 1
+
+
+async def test_slack_down_at_start_posts_the_open_requests_once_it_is_back(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A 5xx from Slack while the hub posts the requests open at start: they are posted again
+    after a backoff (not left unposted until the next start), once each."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack_api.down["chat.postMessage"] = 2
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            assert len(slack_api.calls) == 1 and slack.recall(f"msg:{req.id}") is None
+            await hub.poll()  # before the backoff: Slack is not called again
+            assert len(slack_api.calls) == 1
+            for _ in range(2):
+                await asyncio.sleep(2.05)
+                await hub.poll()
+            assert slack.recall(f"msg:{req.id}") is not None
+            await hub.poll()
+        # two 503s, then the post (Slack's first "ts"), and nothing more
+        assert [m for m, _ in slack_api.calls] == ["chat.postMessage"] * 3
+        assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": "1700000000.000001"}
+
+
+async def test_a_request_posted_late_shows_the_approvals_counted_meanwhile(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """An open request Slack's rate limit held back at start is posted as it is then, with
+    the approvals counted while it waited, not as it was when the hub started."""
+
+    @so.tool(approval=so.always(approvers=2))
+    async def delete_account(account_id: str) -> str:
+        """Delete an account."""
+        return "deleted"
+
+    agent = scripted_agent(
+        "admin",
+        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
+        tools=[delete_account],
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("admin", prompt="Delete acct_7", auth=ALICE)
+        (req,) = r.pending
+        slack_api.limited["chat.postMessage"] = 1
+        async with manual(ChannelHub(rt, [channel(slack_api)])) as hub:
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=slack_principal(TEAM, "U1"),
+            )
+            await asyncio.sleep(1.05)
+            await hub.poll()
+        _, posted = slack_api.of("chat.postMessage")
+        assert posted["blocks"][-2]["elements"][0]["text"].endswith(
+            "needs 2 approvals (1 of 2: slack:T012AB3CD:U1)"
+        )

@@ -46,6 +46,7 @@ __all__ = ["SlackChannel", "SlackPayloadError", "slack_principal"]
 
 TOLERANCE = 300  # seconds: Slack's own advice for the request timestamp
 RETRY_WINDOW = 3600  # seconds a delivery's answer is kept for Slack's retries of it
+_BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (about 2 min)
 
 # chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
 _GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
@@ -123,6 +124,7 @@ class SlackChannel(Channel):
         self._router: Any = None
         self._backlog: list[InputRequest] = []  # open at start, not posted yet
         self._backlog_at = 0.0  # monotonic time Slack lets the backlog be posted again
+        self._backlog_failures = 0  # failed posts of the backlog's first request
 
     # -- what the hub tells it ----------------------------------------------------------------
 
@@ -131,27 +133,43 @@ class SlackChannel(Channel):
         # holds back is posted on the hub's ticks once its Retry-After has passed.
         self._backlog = list(open_requests)
         self._backlog_at = 0.0
+        self._backlog_failures = 0
         await self._post_backlog()
 
     async def tick(self, now: float) -> None:
         await self._post_backlog()
 
     async def _post_backlog(self) -> None:
-        """Post the requests open at start that are still open, until Slack rate-limits."""
+        """Post the requests open at start that are still open, as they are now, until Slack
+        rate-limits (retried after its Retry-After) or fails (retried with a backoff)."""
         while self._backlog and time.monotonic() >= self._backlog_at:
             request = self._backlog[0]
             try:
                 stored = await self.runtime.store.get_request(request.id)
                 if stored is not None and stored.status == "pending":
-                    await self.on_requested(request)
+                    await self.on_requested(stored.request)
             except RateLimited as exc:
                 self._backlog_at = time.monotonic() + min(max(0.0, exc.retry_after), 3600.0)
                 logger.warning("slack: rate limited; posting %s again later", request.id)
                 return
             except Exception:
+                self._backlog_failures += 1
+                if self._backlog_failures < _BACKLOG_ATTEMPTS:
+                    delay = 2.0 ** (self._backlog_failures - 1)
+                    self._backlog_at = time.monotonic() + delay
+                    logger.warning(
+                        "slack: posting %s failed; retrying in %gs",
+                        request.id,
+                        delay,
+                        exc_info=True,
+                    )
+                    return
                 logger.exception(
-                    "slack: posting %s failed; it is posted when the hub next starts", request.id
+                    "slack: posting %s failed %s times; it is posted when the hub next starts",
+                    request.id,
+                    self._backlog_failures,
                 )
+            self._backlog_failures = 0
             self._backlog.pop(0)
 
     async def on_requested(self, request: InputRequest) -> None:
