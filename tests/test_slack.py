@@ -1357,3 +1357,31 @@ async def test_a_request_posted_late_shows_the_approvals_counted_meanwhile(
         assert posted["blocks"][-2]["elements"][0]["text"].endswith(
             "needs 2 approvals (1 of 2: slack:T012AB3CD:U1)"
         )
+
+
+async def test_a_modal_slack_will_not_open_is_told_to_the_person_who_clicked(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Deny's reason modal not opened (the click's trigger expired, say): the person is told to
+    press again rather than the click doing nothing at all; the request stays open."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            slack_api.failing["views.open"] = "expired_trigger_id"
+            body = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+        assert slack_api.of("chat.postEphemeral") == [
+            {
+                "channel": "C42",
+                "user": "U045EF6GH",
+                "text": "Slack could not open the form (expired_trigger_id): press the button "
+                "again.",
+            }
+        ]
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"

@@ -433,7 +433,17 @@ class SlackChannel(Channel):
             if stored is None or stored.status != "pending":
                 await self._tell(where, f"Request {request_id} is no longer open.")
                 return
-            await self.client.views_open(trigger_id=trigger_id, view=build(stored.request, meta))
+            try:
+                await self.client.views_open(
+                    trigger_id=trigger_id, view=build(stored.request, meta)
+                )
+            except SlackApiError as exc:  # e.g. the trigger expired: the click must not vanish
+                logger.warning("slack: opening a view for %s failed", request_id, exc_info=True)
+                error = exc.response.get("error") if exc.response is not None else None
+                shown = f" ({error})" if isinstance(error, str) and error else ""
+                await self._tell(
+                    where, f"Slack could not open the form{shown}: press the button again."
+                )
         except Exception:
             logger.exception("slack: opening a view for %s failed", request_id)
 
