@@ -1385,3 +1385,38 @@ async def test_a_modal_slack_will_not_open_is_told_to_the_person_who_clicked(
         ]
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.status == "pending"
+
+
+async def test_an_approval_with_edited_input_from_elsewhere_shows_the_input_that_ran(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Approved elsewhere (the API, the dashboard) with edited input: the closed message shows
+    the input the call ran with beside the proposed one, not only the proposal."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        async with manual(ChannelHub(rt, [channel(slack_api)])) as hub:
+            await hub.poll()
+            edit = {"order_id": "1042", "amount": 150, "reason": "arrived broken"}
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve", edited_input=edit)],
+                principal=slack_principal(TEAM, "U078JK9LM"),
+            )
+            await hub.poll()
+        assert log == [("1042", 150.0)]
+        (update,) = slack_api.of("chat.update")
+        assert update["blocks"][:2] == approval_blocks(req)[:2]  # the proposal stays readable
+        assert update["blocks"][3] == {
+            "type": "section",
+            "block_id": "signoff.edited",
+            "text": {
+                "type": "mrkdwn",
+                "text": 'Approved with edited input:\n```{\n  "order_id": "1042",\n'
+                '  "amount": 150.0,\n  "reason": "arrived broken"\n}```',
+            },
+        }
+        assert update["blocks"][-1]["elements"][0]["text"].startswith(
+            ":white_check_mark: *Approved* by <@U078JK9LM> "
+        )

@@ -116,9 +116,10 @@ def fallback_text(request: InputRequest) -> str:
 
 
 def request_blocks(
-    request: InputRequest, resolution: Resolution | None = None
+    request: InputRequest, resolution: Resolution | None = None, *, edited_input: Any = None
 ) -> list[dict[str, Any]]:
-    """The message for a request: open (with its controls) or closed (with who, when, how)."""
+    """The message for a request: open (with its controls) or closed (with who, when, how, and
+    the `edited_input` an approver ran the call with instead of the proposed input)."""
     agent = escape(request.agent)
     blocks: list[dict[str, Any]] = []
     if request.kind == "tool-approval":
@@ -163,6 +164,9 @@ def request_blocks(
     if resolution is None:
         blocks.append(_controls(request))
     else:
+        if edited_input is not None:
+            text = "Approved with edited input:\n" + _code(edited_input)
+            blocks.append({"type": "section", "block_id": "signoff.edited", "text": _mrkdwn(text)})
         blocks.append(
             {
                 "type": "context",

@@ -193,7 +193,11 @@ class SlackChannel(Channel):
         where = self.recall(_key(request.id))
         if where is None:
             return
-        blocks = request_blocks(request, resolution)
+        edited = None
+        if resolution.outcome == "approved":  # the input.resolved entry does not carry an edit
+            stored = await self.runtime.store.get_request(request.id)
+            edited = ((stored.resolution if stored else None) or {}).get("edited_input")
+        blocks = request_blocks(request, resolution, edited_input=edited)
         await self._update(request.id, where, blocks, fallback_text(request))
         self.forget(_key(request.id))
 
