@@ -1420,3 +1420,39 @@ async def test_an_approval_with_edited_input_from_elsewhere_shows_the_input_that
         assert update["blocks"][-1]["elements"][0]["text"].startswith(
             ":white_check_mark: *Approved* by <@U078JK9LM> "
         )
+
+
+async def test_a_late_answer_that_differs_from_the_decision_made_elsewhere_is_told_who_decided(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Deny's modal submitted after someone approved elsewhere: the person is told the request
+    is closed, how and by whom (as for a late Approve), and nothing changes."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=slack_principal(TEAM, "U078JK9LM"),
+            )
+            await hub.poll()
+            audit = len(await rt.audit())
+            meta = {"request_id": req.id, "channel": "C42", "user": "U045EF6GH"}
+            values = {"signoff.reason": {"reason": {"value": "too much"}}}
+            body = submission("signoff.deny", meta, values)
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+            assert len(await rt.audit()) == audit
+        assert slack_api.of("chat.postEphemeral") == [
+            {
+                "channel": "C42",
+                "user": "U045EF6GH",
+                "text": f"Request {req.id} is already closed: "
+                "approved by slack:T012AB3CD:U078JK9LM.",
+            }
+        ]
+        assert log == [("1042", 180.0)]

@@ -22,7 +22,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from ..._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
+from ..._exceptions import AnswerError, ConflictingAnswer, NotAllowed, SignoffError, UsageError
 from ..._types import InputRequest, InputResponse, Principal
 from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, settled_as
 from ._blocks import (
@@ -399,6 +399,9 @@ class SlackChannel(Channel):
                 outcome = await self.submit(stored.request, response, principal)
             except NotAllowed as exc:
                 await self._tell(where, f"You may not answer this request: {exc}")
+                return
+            except ConflictingAnswer:  # decided otherwise (elsewhere): say how and by whom
+                await self._tell(where, await self._closed_note(response.request_id))
                 return
             except AnswerError as exc:
                 await self._tell(where, f"This request can no longer be answered: {exc}")
