@@ -1456,3 +1456,37 @@ async def test_a_late_answer_that_differs_from_the_decision_made_elsewhere_is_to
             }
         ]
         assert log == [("1042", 180.0)]
+
+
+async def test_a_post_whose_memo_cannot_be_saved_is_not_posted_again_on_retry(
+    tmp_path: Path, slack_api: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The channel state refusing the memo of a message just posted (its file locked, a full
+    disk): the hub retries, which saves the memo instead of posting the request again."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            remember = hub.state.remember
+            refusals = [so.StoreError("channel state: cannot save a memo: database is locked")]
+
+            def flaky(channel_name: str, key: str, value: Any) -> None:
+                if refusals:
+                    raise refusals.pop()
+                remember(channel_name, key, value)
+
+            monkeypatch.setattr(hub.state, "remember", flaky)
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            await hub.poll()
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": "1700000000.000001"}
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=slack_principal(TEAM, "U045EF6GH"),
+            )
+            await hub.poll()
+        assert len(slack_api.of("chat.postMessage")) == 1
+        (update,) = slack_api.of("chat.update")
+        assert update["ts"] == "1700000000.000001"

@@ -125,6 +125,7 @@ class SlackChannel(Channel):
         self._backlog: list[InputRequest] = []  # open at start, not posted yet
         self._backlog_at = 0.0  # monotonic time Slack lets the backlog be posted again
         self._backlog_failures = 0  # failed posts of the backlog's first request
+        self._unsaved: dict[str, dict[str, Any]] = {}  # request id -> a post whose memo failed
 
     # -- what the hub tells it ----------------------------------------------------------------
 
@@ -173,24 +174,37 @@ class SlackChannel(Channel):
             self._backlog.pop(0)
 
     async def on_requested(self, request: InputRequest) -> None:
-        if self.recall(_key(request.id)) is not None:
-            return  # already posted
-        try:
-            reply = await self.client.chat_postMessage(
-                channel=self.channel, text=fallback_text(request), blocks=request_blocks(request)
-            )
-        except SlackApiError as exc:
-            _raise_if_limited(exc, "chat.postMessage")
-            raise
-        self.remember(_key(request.id), {"channel": reply["channel"], "ts": reply["ts"]})
+        where = self._unsaved.get(request.id)
+        if where is None:
+            if self.recall(_key(request.id)) is not None:
+                return  # already posted
+            try:
+                reply = await self.client.chat_postMessage(
+                    channel=self.channel,
+                    text=fallback_text(request),
+                    blocks=request_blocks(request),
+                )
+            except SlackApiError as exc:
+                _raise_if_limited(exc, "chat.postMessage")
+                raise
+            where = {"channel": reply["channel"], "ts": reply["ts"]}
+            # Kept until the memo is saved: the hub's retry of a failed save must not post again.
+            self._unsaved[request.id] = where
+        self.remember(_key(request.id), where)
+        del self._unsaved[request.id]
+
+    def _where(self, request_id: str) -> dict[str, Any] | None:
+        """Where a request's message is: its memo, or a post whose memo is not saved yet."""
+        unsaved = self._unsaved.get(request_id)
+        return unsaved if unsaved is not None else self.recall(_key(request_id))
 
     async def on_updated(self, request: InputRequest) -> None:
-        where = self.recall(_key(request.id))
+        where = self._where(request.id)
         if where is not None:
             await self._update(request.id, where, request_blocks(request), fallback_text(request))
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
-        where = self.recall(_key(request.id))
+        where = self._where(request.id)
         if where is None:
             return
         edited = None
@@ -200,6 +214,7 @@ class SlackChannel(Channel):
         blocks = request_blocks(request, resolution, edited_input=edited)
         await self._update(request.id, where, blocks, fallback_text(request))
         self.forget(_key(request.id))
+        self._unsaved.pop(request.id, None)
 
     async def _update(
         self, request_id: str, where: dict[str, Any], blocks: list[Any], text: str
@@ -217,6 +232,7 @@ class SlackChannel(Channel):
                 raise
             logger.warning("slack: the message of %s cannot be updated (%s)", request_id, error)
             self.forget(_key(request_id))
+            self._unsaved.pop(request_id, None)
 
     async def close(self) -> None:
         await self.idle()
