@@ -228,3 +228,36 @@ def test_answering_with_a_runtime_refuses_a_store_that_does_not_exist(tmp_path: 
         assert result.exit_code == 1, (args, result.output)
         assert result.stderr.startswith(f"error: UsageError: no store at {typo}"), result.stderr
         assert not typo.exists(), args
+
+
+UNDECODABLE = "\udcff"  # how Python hands over a command-line byte that is not UTF-8 (0xff)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["approve", f"req_{UNDECODABLE}"],
+        ["deny", f"req_{UNDECODABLE}"],
+        ["answer", f"req_{UNDECODABLE}", "--text", "hi"],
+        ["answer", "req_x", "--option", UNDECODABLE],
+        ["events", f"ses_{UNDECODABLE}"],
+        ["pending", "--agent", UNDECODABLE],
+        ["pending", "--tool", UNDECODABLE],
+        ["pending", "--session", UNDECODABLE],
+        ["sessions", "--agent", UNDECODABLE],
+        ["approve", "REQUEST", "--as", f"local:{UNDECODABLE}"],
+        ["chat", "tests.test_cli:agent", "--session", f"ses_{UNDECODABLE}"],
+    ],
+)
+def test_a_command_line_value_that_is_not_utf8_is_one_line(url: str, args: list[str]) -> None:
+    """An id, filter or principal holding a byte that is not UTF-8 (a mistyped or mis-encoded
+    argument) is refused as one UsageError line naming it, not a UnicodeEncodeError traceback
+    from the store, and nothing is recorded under it."""
+    session_id, request_id = park(url)
+    before = log(url, session_id)
+    result = invoke(*[request_id if a == "REQUEST" else a for a in args], "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: "), result.output
+    assert "not valid UTF-8" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert log(url, session_id) == before

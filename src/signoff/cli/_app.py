@@ -89,6 +89,16 @@ def _not_a_store(path: str) -> bool:
     return ("meta",) not in names
 
 
+def refuse_undecodable(values: dict[str, str | None]) -> None:
+    """Refuse a command-line value holding a byte that is not UTF-8 (Python passes it on as a
+    lone surrogate): no id or name can hold one, and the store cannot even look it up."""
+    for what, value in values.items():
+        try:
+            (value or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{what} {value!r} is not valid UTF-8 text") from None
+
+
 def shown_store(url: str) -> str:
     """The store URL as the CLI prints or logs it: a PostgreSQL URL without its password,
     whether in the user part or a `?password=` parameter."""
@@ -164,6 +174,7 @@ def parse_principal(value: str | None) -> Principal:
     """`AUTHENTICATOR:ID` (or just `ID`, as a `local` principal); None means the local user."""
     if value is None:
         return local_principal()
+    refuse_undecodable({"--as": value})
     authenticator, sep, principal_id = value.partition(":")
     if not sep:
         authenticator, principal_id = "local", value

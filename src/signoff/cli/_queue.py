@@ -40,6 +40,7 @@ from ._app import (
     load_runtime,
     out,
     parse_principal,
+    refuse_undecodable,
     run,
     shown_store,
     tool_line,
@@ -60,6 +61,7 @@ def pending(
     """List the open requests across sessions, oldest first."""
 
     async def go() -> None:
+        refuse_undecodable({"--agent": agent, "--tool": tool, "--session": session})
         async with Runtime([], store=existing_store(store)) as runtime:
             # Like `Runtime.pending`: what can no longer be answered (a session past its TTL, a
             # request past its deadline) is left out, and so is it from the total.
@@ -105,6 +107,7 @@ def sessions(
         fail(UsageError(f"--status takes one of {', '.join(SESSION_STATUSES)}, not {status!r}"))
 
     async def go() -> None:
+        refuse_undecodable({"--agent": agent})
         async with Runtime([], store=existing_store(store)) as runtime:
             rows = await runtime.sessions(agent=agent, status=status, limit=limit)
         if as_json:
@@ -211,6 +214,7 @@ async def _settle(
     acting_as: str | None,
 ) -> None:
     """Answer one request by id: record it, and continue the turn here if a runtime is given."""
+    refuse_undecodable({"REQUEST_ID": request_id, "--option": answer.option_id})
     principal = parse_principal(acting_as)
     loaded = load_runtime(target, store) if target else None
     if loaded is not None and isinstance(loaded.store, SQLiteStore):
@@ -406,6 +410,7 @@ def events(
     """Print a session's event log."""
 
     async def go() -> None:
+        refuse_undecodable({"SESSION_ID": session_id})
         console = out()
         async with Runtime([], store=existing_store(store)) as runtime:
             async for event in runtime.events(session_id, after, follow=follow):
