@@ -4,7 +4,10 @@ are no store, narrow terminals and pipes, text that would steer a terminal, expi
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -261,3 +264,54 @@ def test_a_command_line_value_that_is_not_utf8_is_one_line(url: str, args: list[
     assert "not valid UTF-8" in result.stderr, result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert log(url, session_id) == before
+
+
+unpaired = so.Agent(
+    name="unpaired",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="issue_refund",
+                        input={"order_id": "1042", "amount": 180, "reason": f"bad{UNDECODABLE}"},
+                    )
+                ]
+            ),
+            so.ModelResponse(text=f"done {UNDECODABLE}"),
+        ]
+    ),
+    tools=[issue_refund],
+)
+
+
+def _printed(url: str, *args: str) -> str:
+    """What `python -m signoff ARGS --store URL` prints where stdout is strict UTF-8 (as on a
+    terminal of a UTF-8 locale), read as UTF-8: it fails on any byte that is not."""
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", *args, "--store", url],
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return done.stdout.decode("utf-8")
+
+
+def test_text_holding_a_lone_surrogate_prints_as_utf8(url: str) -> None:
+    """A model's text may hold a lone surrogate (the store keeps it exactly): `pending`,
+    `events` and `events --json` show it escaped, as valid UTF-8, instead of failing on a UTF-8
+    terminal with a UnicodeEncodeError or writing a byte that is not UTF-8 into a pipe."""
+    rt = so.Runtime([unpaired], store=url)
+    try:
+        parked = rt.generate_sync("unpaired", "refund")
+        (request,) = parked.pending
+        assert "bad\\udcff" in _printed(url, "pending")
+        rt.respond_sync(
+            parked.session_id, [so.InputResponse(request_id=request.id, option_id="approve")]
+        )
+    finally:
+        rt.close_sync()
+    assert "done \\udcff" in _printed(url, "events", parked.session_id)
+    lines = _printed(url, "events", parked.session_id, "--json").splitlines()
+    assert f"done {UNDECODABLE}" in [json.loads(line)["data"].get("text") for line in lines]

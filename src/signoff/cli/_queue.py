@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import sys
 import time
 from datetime import datetime
@@ -24,6 +25,7 @@ from .._exceptions import (
     UsageError,
 )
 from .._runtime import Runtime
+from .._text import escape_as_json
 from .._types import InputRequest, InputResponse
 from ..channels.terminal import compact_json, duration, printable
 from ..stores import PendingFilter, SQLiteStore
@@ -395,6 +397,10 @@ def _summary(event: Event) -> str:
     return ""
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate (a model can produce one): JSON escapes it, as UTF-8 cannot hold it."""
+
+
 @app.command()
 def events(
     session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
@@ -415,7 +421,8 @@ def events(
         async with Runtime([], store=existing_store(store)) as runtime:
             async for event in runtime.events(session_id, after, follow=follow):
                 if as_json:
-                    typer.echo(json.dumps(event.to_dict(), ensure_ascii=False))
+                    line = json.dumps(event.to_dict(), ensure_ascii=False)
+                    typer.echo(_SURROGATE.sub(escape_as_json, line))
                     continue
                 at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
                 console.print(
