@@ -35,6 +35,17 @@ def test_a_malformed_postgresql_url_is_one_line_without_its_password(command: li
     assert "s3cret" not in result.output
 
 
+@pytest.mark.parametrize("command", [["pending"], ["events", "ses_x"], ["db", "upgrade"]])
+def test_a_postgresql_url_that_is_not_utf8_is_one_line(command: list[str]) -> None:
+    """A URL holding a byte that is not UTF-8 (a lone surrogate once Python decodes argv) is a
+    StoreError line, not a UnicodeEncodeError traceback from the driver, without its password."""
+    result = invoke(*command, "--store", "postgresql://bob:s3cret@db\udcff.example/x")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: invalid PostgreSQL URL"), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "s3cret" not in result.output
+
+
 long_named = so.Agent(
     name="customer-support-escalations-for-the-emea-region", model=agent.model, tools=[issue_refund]
 )
