@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -326,3 +327,16 @@ def test_text_holding_a_lone_surrogate_prints_as_utf8(url: str) -> None:
     assert "done \\udcff" in _printed(url, "events", parked.session_id)
     lines = _printed(url, "events", parked.session_id, "--json").splitlines()
     assert f"done {UNDECODABLE}" in [json.loads(line)["data"].get("text") for line in lines]
+
+
+def test_serve_on_a_port_in_use_is_one_line(url: str) -> None:
+    """A port another process listens on is one UsageError line naming the address, exit 1,
+    before anything starts: not uvicorn's log of a failed startup and its exit status 3."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("serve", TARGET, "--store", url, "--port", str(port))
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: UsageError: cannot listen on 127.0.0.1:{port}: ")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
