@@ -340,3 +340,17 @@ def test_serve_on_a_port_in_use_is_one_line(url: str) -> None:
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith(f"error: UsageError: cannot listen on 127.0.0.1:{port}: ")
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["pending"], ["approve", "req_x"]])
+def test_an_empty_store_option_is_refused_not_the_default(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--store "$DATABASE_URL"` with the variable unset is refused, as by chat, worker and
+    serve: `db upgrade` used to create and migrate .signoff/state.db here instead, reporting
+    success while the intended database stayed unmigrated."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*command, "--store", "")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: unknown store URL ''"), result.output
+    assert not (tmp_path / ".signoff").exists()

@@ -53,7 +53,7 @@ StoreOption = Annotated[
 def existing_store(store: str | None) -> str:
     """The store URL a reading command uses; a SQLite file that does not exist is a mistyped
     path (or the wrong directory), refused rather than created empty and reported as empty."""
-    url = store or DEFAULT_URL
+    url = DEFAULT_URL if store is None else store  # "" (an unset variable) is refused
     found = open_store(url)
     if isinstance(found, SQLiteStore) and found.path != ":memory:":
         if not os.path.exists(found.path):

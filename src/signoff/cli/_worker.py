@@ -130,7 +130,7 @@ def db_upgrade(store: StoreOption = None) -> None:
     """Create or migrate the store's schema to this signoff's version (PostgreSQL or SQLite)."""
 
     async def go() -> None:
-        url = store or DEFAULT_URL
+        url = DEFAULT_URL if store is None else store  # "" (an unset variable) is refused
         if url.startswith(("postgresql://", "postgres://")):
             try:
                 from ..stores.postgres import PostgresStore
