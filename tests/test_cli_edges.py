@@ -354,3 +354,26 @@ def test_an_empty_store_option_is_refused_not_the_default(
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("error: UsageError: unknown store URL ''"), result.output
     assert not (tmp_path / ".signoff").exists()
+
+
+@pytest.mark.parametrize(
+    ("tokens", "error"),
+    [
+        (["s3cret-1=alice", "s3cret-1=bob"], "--token gives one secret to two principals"),
+        (["s3cret-1"], "--token takes SECRET=PRINCIPAL_ID"),
+    ],
+)
+def test_serve_refuses_a_token_it_would_misread_without_printing_it(
+    tokens: list[str], error: str, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One secret given to two principals (alice's token would act as bob) is refused rather
+    than the last one silently winning, and no refusal prints the secret into a log."""
+    import uvicorn
+
+    started: list[object] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    args = [a for token in tokens for a in ("--token", token)]
+    result = invoke("serve", TARGET, "--store", url, "--port", "0", *args)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: UsageError: {error}"), result.output
+    assert "s3cret" not in result.output and started == []

@@ -110,10 +110,20 @@ def serve(
         auth = None
         if token:
             principals: dict[str, Principal] = {}
-            for item in token:
+            for n, item in enumerate(token, 1):
+                # The value is never shown: a mistyped one may be the bare secret.
                 secret, sep, who = item.partition("=")
                 if not sep or not secret or not who:
-                    raise UsageError(f"--token takes SECRET=PRINCIPAL_ID, not {item!r}")
+                    raise UsageError(
+                        f"--token takes SECRET=PRINCIPAL_ID, and token #{n} is not one "
+                        "(not shown, as it may hold a secret)"
+                    )
+                known = principals.get(secret)
+                if known is not None and known.principal_id != who:
+                    raise UsageError(
+                        f"--token gives one secret to two principals ({known.principal_id!r} "
+                        f"and {who!r}): give each its own"
+                    )
                 principals[secret] = Principal(authenticator="token", principal_id=who)
             auth = TokenAuth(principals)
         _refuse_stray_channel_options(ctx, bool(webhook), bool(slack_channel))
