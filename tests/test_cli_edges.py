@@ -4,9 +4,13 @@ are no store, narrow terminals and pipes, text that would steer a terminal, expi
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -28,6 +32,17 @@ def test_a_malformed_postgresql_url_is_one_line_without_its_password(command: li
     """A URL the URL parser rejects (an unclosed IPv6 bracket) is a StoreError line, not a
     ValueError traceback, and the password in it is not printed."""
     result = invoke(*command, "--store", "postgresql://bob:s3cret@[::1:5432/x")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: invalid PostgreSQL URL"), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "s3cret" not in result.output
+
+
+@pytest.mark.parametrize("command", [["pending"], ["events", "ses_x"], ["db", "upgrade"]])
+def test_a_postgresql_url_that_is_not_utf8_is_one_line(command: list[str]) -> None:
+    """A URL holding a byte that is not UTF-8 (a lone surrogate once Python decodes argv) is a
+    StoreError line, not a UnicodeEncodeError traceback from the driver, without its password."""
+    result = invoke(*command, "--store", "postgresql://bob:s3cret@db\udcff.example/x")
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("error: StoreError: invalid PostgreSQL URL"), result.output
     assert len(result.stderr.strip().splitlines()) == 1
@@ -258,3 +273,145 @@ def test_the_command_chat_prints_for_a_request_left_pending_runs_as_printed(url:
     assert gated.exit_code == 0, gated.output
     later = re.search(r"answer it later with `signoff (approve [^`]+)`", gated.output)
     assert later and "tests.test_cli:deployer" in shlex.split(later.group(1)), gated.output
+
+
+UNDECODABLE = "\udcff"  # how Python hands over a command-line byte that is not UTF-8 (0xff)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["approve", f"req_{UNDECODABLE}"],
+        ["deny", f"req_{UNDECODABLE}"],
+        ["answer", f"req_{UNDECODABLE}", "--text", "hi"],
+        ["answer", "req_x", "--option", UNDECODABLE],
+        ["events", f"ses_{UNDECODABLE}"],
+        ["pending", "--agent", UNDECODABLE],
+        ["pending", "--tool", UNDECODABLE],
+        ["pending", "--session", UNDECODABLE],
+        ["sessions", "--agent", UNDECODABLE],
+        ["approve", "REQUEST", "--as", f"local:{UNDECODABLE}"],
+        ["chat", "tests.test_cli:agent", "--session", f"ses_{UNDECODABLE}"],
+    ],
+)
+def test_a_command_line_value_that_is_not_utf8_is_one_line(url: str, args: list[str]) -> None:
+    """An id, filter or principal holding a byte that is not UTF-8 (a mistyped or mis-encoded
+    argument) is refused as one UsageError line naming it, not a UnicodeEncodeError traceback
+    from the store, and nothing is recorded under it."""
+    session_id, request_id = park(url)
+    before = log(url, session_id)
+    result = invoke(*[request_id if a == "REQUEST" else a for a in args], "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: "), result.output
+    assert "not valid UTF-8" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert log(url, session_id) == before
+
+
+unpaired = so.Agent(
+    name="unpaired",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="issue_refund",
+                        input={"order_id": "1042", "amount": 180, "reason": f"bad{UNDECODABLE}"},
+                    )
+                ]
+            ),
+            so.ModelResponse(text=f"done {UNDECODABLE}"),
+        ]
+    ),
+    tools=[issue_refund],
+)
+
+
+def _printed(url: str, *args: str) -> str:
+    """What `python -m signoff ARGS --store URL` prints where stdout is strict UTF-8 (as on a
+    terminal of a UTF-8 locale), read as UTF-8: it fails on any byte that is not."""
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", *args, "--store", url],
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return done.stdout.decode("utf-8")
+
+
+def test_text_holding_a_lone_surrogate_prints_as_utf8(url: str) -> None:
+    """A model's text may hold a lone surrogate (the store keeps it exactly): `pending`,
+    `events` and `events --json` show it escaped, as valid UTF-8, instead of failing on a UTF-8
+    terminal with a UnicodeEncodeError or writing a byte that is not UTF-8 into a pipe."""
+    rt = so.Runtime([unpaired], store=url)
+    try:
+        parked = rt.generate_sync("unpaired", "refund")
+        (request,) = parked.pending
+        assert "bad\\udcff" in _printed(url, "pending")
+        rt.respond_sync(
+            parked.session_id, [so.InputResponse(request_id=request.id, option_id="approve")]
+        )
+    finally:
+        rt.close_sync()
+    assert "done \\udcff" in _printed(url, "events", parked.session_id)
+    lines = _printed(url, "events", parked.session_id, "--json").splitlines()
+    assert f"done {UNDECODABLE}" in [json.loads(line)["data"].get("text") for line in lines]
+
+
+def test_serve_on_a_port_in_use_is_one_line(url: str) -> None:
+    """A port another process listens on is one UsageError line naming the address, exit 1,
+    before anything starts: not uvicorn's log of a failed startup and its exit status 3."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = invoke("serve", TARGET, "--store", url, "--port", str(port))
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: UsageError: cannot listen on 127.0.0.1:{port}: ")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["pending"], ["approve", "req_x"]])
+def test_an_empty_store_option_is_refused_not_the_default(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--store "$DATABASE_URL"` with the variable unset is refused, as by chat, worker and
+    serve: `db upgrade` used to create and migrate .signoff/state.db here instead, reporting
+    success while the intended database stayed unmigrated."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*command, "--store", "")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: unknown store URL ''"), result.output
+    assert not (tmp_path / ".signoff").exists()
+
+
+@pytest.mark.parametrize(
+    ("tokens", "error"),
+    [
+        (["s3cret-1=alice", "s3cret-1=bob"], "--token gives one secret to two principals"),
+        (["s3cret-1"], "--token takes SECRET=PRINCIPAL_ID"),
+    ],
+)
+def test_serve_refuses_a_token_it_would_misread_without_printing_it(
+    tokens: list[str], error: str, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One secret given to two principals (alice's token would act as bob) is refused rather
+    than the last one silently winning, and no refusal prints the secret into a log."""
+    import uvicorn
+
+    started: list[object] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    args = [a for token in tokens for a in ("--token", token)]
+    result = invoke("serve", TARGET, "--store", url, "--port", "0", *args)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith(f"error: UsageError: {error}"), result.output
+    assert "s3cret" not in result.output and started == []
+
+
+def test_db_upgrade_reports_a_path_that_is_not_utf8(tmp_path: Path) -> None:
+    """A store path holding a byte that is not UTF-8 is a real file name: `db upgrade` creates
+    the store there and says so, escaped, instead of a traceback after the work is done."""
+    printed = _printed(f"sqlite:///{tmp_path}/{UNDECODABLE}.db", "db", "upgrade")
+    assert printed.startswith("schema is up to date") and "\\udcff.db" in printed, printed
+    assert (tmp_path / f"{UNDECODABLE}.db").exists()

@@ -59,3 +59,21 @@ def test_a_failing_runtime_factory_is_one_clear_usage_error(tmp_path: Path) -> N
             load_runtime("broken_factory:make")
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_an_async_runtime_factory_is_refused_without_a_stray_warning(tmp_path: Path) -> None:
+    import sys
+
+    from signoff.server import load_runtime
+
+    (tmp_path / "async_factory.py").write_text("async def make():\n    return None\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        # filterwarnings = error: a coroutine left unawaited would fail the test at collection.
+        with pytest.raises(so.UsageError, match=r"async_factory:make\(\) is a coroutine"):
+            load_runtime("async_factory:make")
+        import gc
+
+        gc.collect()
+    finally:
+        sys.path.remove(str(tmp_path))

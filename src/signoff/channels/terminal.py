@@ -29,14 +29,17 @@ def compact_json(value: Any) -> str:
 
 
 # C0 and C1 controls but tab and newline (ESC starts the sequences that retitle, clear or rewrite
-# a terminal), DEL, and the bidirectional overrides that reorder what follows them.
-_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# a terminal), DEL, the bidirectional overrides that reorder what follows them, and lone
+# surrogates (a model can produce one; a UTF-8 terminal or pipe cannot take it).
+_CONTROLS = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 
 
 def printable(text: str) -> str:
     """`text` as Rich markup that prints it as it is and cannot steer the terminal: markup is
     escaped and control characters (from a model, a reviewer, a store) show as `\\x1b` and
-    the like."""
+    the like, a lone surrogate as `\\udcff`."""
     return escape(_CONTROLS.sub(lambda m: ascii(m.group())[1:-1], text))
 
 

@@ -53,7 +53,7 @@ StoreOption = Annotated[
 def existing_store(store: str | None) -> str:
     """The store URL a reading command uses; a SQLite file that does not exist is a mistyped
     path (or the wrong directory), refused rather than created empty and reported as empty."""
-    url = store or DEFAULT_URL
+    url = DEFAULT_URL if store is None else store  # "" (an unset variable) is refused
     found = open_store(url)
     if isinstance(found, SQLiteStore) and found.path != ":memory:":
         if not os.path.exists(found.path):
@@ -87,6 +87,16 @@ def _not_a_store(path: str) -> bool:
     except sqlite3.Error:
         return False  # not a database at all, or unreadable: the store names the fault
     return ("meta",) not in names
+
+
+def refuse_undecodable(values: dict[str, str | None]) -> None:
+    """Refuse a command-line value holding a byte that is not UTF-8 (Python passes it on as a
+    lone surrogate): no id or name can hold one, and the store cannot even look it up."""
+    for what, value in values.items():
+        try:
+            (value or "").encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"{what} {value!r} is not valid UTF-8 text") from None
 
 
 def shown_store(url: str) -> str:
@@ -164,6 +174,7 @@ def parse_principal(value: str | None) -> Principal:
     """`AUTHENTICATOR:ID` (or just `ID`, as a `local` principal); None means the local user."""
     if value is None:
         return local_principal()
+    refuse_undecodable({"--as": value})
     authenticator, sep, principal_id = value.partition(":")
     if not sep:
         authenticator, principal_id = "local", value

@@ -28,6 +28,7 @@ from ._app import (
     load_runtime,
     parse_principal,
     pick_agent,
+    refuse_undecodable,
     run,
     shown_store,
     tool_line,
@@ -230,6 +231,7 @@ def chat(
     """Talk to an agent in the terminal; approvals are asked inline as `(y/N)` prompts."""
 
     async def go() -> None:
+        refuse_undecodable({"--agent": agent, "--session": session})
         principal = parse_principal(acting_as)
         runtime = load_runtime(target, store)
         picked = pick_agent(runtime, agent)

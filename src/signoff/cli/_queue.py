@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import shlex
 import sys
 import time
@@ -25,6 +26,7 @@ from .._exceptions import (
     UsageError,
 )
 from .._runtime import Runtime
+from .._text import escape_as_json
 from .._types import InputRequest, InputResponse
 from ..channels.terminal import compact_json, duration, printable
 from ..stores import DEFAULT_URL, PendingFilter, SQLiteStore
@@ -41,6 +43,7 @@ from ._app import (
     load_runtime,
     out,
     parse_principal,
+    refuse_undecodable,
     run,
     shown_store,
     tool_line,
@@ -61,6 +64,7 @@ def pending(
     """List the open requests across sessions, oldest first."""
 
     async def go() -> None:
+        refuse_undecodable({"--agent": agent, "--tool": tool, "--session": session})
         async with Runtime([], store=existing_store(store)) as runtime:
             # Like `Runtime.pending`: what can no longer be answered (a session past its TTL, a
             # request past its deadline) is left out, and so is it from the total.
@@ -106,6 +110,7 @@ def sessions(
         fail(UsageError(f"--status takes one of {', '.join(SESSION_STATUSES)}, not {status!r}"))
 
     async def go() -> None:
+        refuse_undecodable({"--agent": agent})
         async with Runtime([], store=existing_store(store)) as runtime:
             rows = await runtime.sessions(agent=agent, status=status, limit=limit)
         if as_json:
@@ -212,6 +217,7 @@ async def _settle(
     acting_as: str | None,
 ) -> None:
     """Answer one request by id: record it, and continue the turn here if a runtime is given."""
+    refuse_undecodable({"REQUEST_ID": request_id, "--option": answer.option_id})
     principal = parse_principal(acting_as)
     loaded = load_runtime(target, store) if target else None
     if loaded is not None and isinstance(loaded.store, SQLiteStore):
@@ -395,6 +401,10 @@ def _summary(event: Event) -> str:
     return ""
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+"""A lone surrogate (a model can produce one): JSON escapes it, as UTF-8 cannot hold it."""
+
+
 @app.command()
 def events(
     session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
@@ -410,11 +420,13 @@ def events(
     """Print a session's event log."""
 
     async def go() -> None:
+        refuse_undecodable({"SESSION_ID": session_id})
         console = out()
         async with Runtime([], store=existing_store(store)) as runtime:
             async for event in runtime.events(session_id, after, follow=follow):
                 if as_json:
-                    typer.echo(json.dumps(event.to_dict(), ensure_ascii=False))
+                    line = json.dumps(event.to_dict(), ensure_ascii=False)
+                    typer.echo(_SURROGATE.sub(escape_as_json, line))
                     continue
                 at = datetime.fromtimestamp(event.at).strftime("%H:%M:%S")
                 console.print(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 from typing import Annotated, Any
 
 import typer
@@ -119,10 +120,20 @@ def serve(
         auth = None
         if token:
             principals: dict[str, Principal] = {}
-            for item in token:
+            for n, item in enumerate(token, 1):
+                # The value is never shown: a mistyped one may be the bare secret.
                 secret, sep, who = item.partition("=")
                 if not sep or not secret or not who:
-                    raise UsageError(f"--token takes SECRET=PRINCIPAL_ID, not {item!r}")
+                    raise UsageError(
+                        f"--token takes SECRET=PRINCIPAL_ID, and token #{n} is not one "
+                        "(not shown, as it may hold a secret)"
+                    )
+                known = principals.get(secret)
+                if known is not None and known.principal_id != who:
+                    raise UsageError(
+                        f"--token gives one secret to two principals ({known.principal_id!r} "
+                        f"and {who!r}): give each its own"
+                    )
                 principals[secret] = Principal(authenticator="token", principal_id=who)
             auth = TokenAuth(principals)
         _refuse_stray_channel_options(ctx, bool(webhook), bool(slack_channel))
@@ -133,6 +144,7 @@ def serve(
             slack_token if slack_channel else None,
             slack_signing_secret if slack_channel else None,
         )
+        _check_address(host, port)
     except SignoffError as exc:
         fail(exc)
     # Open the store once before the server starts: a store it cannot use (a newer schema, a
@@ -155,6 +167,32 @@ def serve(
         )
     except SignoffError as exc:  # e.g. a channel state file that cannot be opened
         fail(exc)
+
+
+def _check_address(host: str, port: int) -> None:
+    """Bind `host`:`port` as the server will (every address it resolves to, reusing one in
+    TIME_WAIT) and let go: a port in use or a host that is not this machine's is then one line,
+    not uvicorn's log of a failed startup and its exit status 3."""
+    try:
+        found = socket.getaddrinfo(
+            host or None,  # "" is every interface, as for the server's own bind
+            port,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE,
+        )
+    except (socket.gaierror, UnicodeError) as exc:
+        raise UsageError(f"cannot listen on {host}:{port}: no such host ({exc})") from None
+    for family, kind, proto, _, address in found:
+        try:
+            probe = socket.socket(family, kind, proto)
+        except OSError:
+            continue  # a family this machine lacks (IPv6): the server skips it too
+        with probe:
+            try:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(address)
+            except OSError as exc:
+                raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
 async def _check_store(url: str, up: list[bool]) -> None:

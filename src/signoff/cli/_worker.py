@@ -12,8 +12,9 @@ from .._exceptions import (
     UsageError,
 )
 from .._runtime import Runtime
+from ..channels.terminal import printable
 from ..stores import DEFAULT_URL
-from ._app import StoreOption, app, load_runtime, run, shown_store
+from ._app import StoreOption, app, load_runtime, out, run, shown_store
 from ._waiting import open_when_up
 
 
@@ -130,7 +131,7 @@ def db_upgrade(store: StoreOption = None) -> None:
     """Create or migrate the store's schema to this signoff's version (PostgreSQL or SQLite)."""
 
     async def go() -> None:
-        url = store or DEFAULT_URL
+        url = DEFAULT_URL if store is None else store  # "" (an unset variable) is refused
         if url.startswith(("postgresql://", "postgres://")):
             try:
                 from ..stores.postgres import PostgresStore
@@ -145,6 +146,7 @@ def db_upgrade(store: StoreOption = None) -> None:
                 typer.echo(f"schema upgraded from version {before} to {after}")
             return
         async with Runtime([], store=url) as runtime:  # SQLite creates its schema on open
-            typer.echo(f"schema is up to date ({runtime.store.url})")
+            # printable: a path may hold a byte that is not UTF-8, which a terminal cannot take
+            out().print(f"schema is up to date ({printable(runtime.store.url)})")
 
     run(go())

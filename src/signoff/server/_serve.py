@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import inspect
 import os
 import sys
 from collections.abc import Sequence
@@ -53,6 +54,12 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
             raise
         except Exception as exc:  # the factory's own failure, named in one line
             raise UsageError(f"{target}() failed: {type(exc).__name__}: {exc}") from exc
+        if inspect.iscoroutine(obj):
+            obj.close()  # never run: no "was never awaited" warning beside the error
+            raise UsageError(
+                f"{target}() is a coroutine: a runtime factory must be a plain function "
+                "returning a signoff Runtime"
+            )
     if not isinstance(obj, Runtime):
         raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime")
     return obj if store is None else obj.with_store(store)

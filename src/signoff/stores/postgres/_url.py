@@ -30,7 +30,12 @@ _OPTIONS = ("schema", "pool_min", "pool_max", "pool_timeout", "outage_grace")
 def split_options(url: str) -> tuple[str, dict[str, str]]:
     """signoff's own query parameters (`?schema=…&pool_max=…`) apart from libpq's; a URL that
     cannot be parsed (an unclosed `[` of an IPv6 host) is a `StoreError` naming it, not a
-    ValueError, and without the URL, which may hold a password."""
+    ValueError, and without the URL, which may hold a password; so is one holding a lone
+    surrogate (a byte of a command line that is not UTF-8), which libpq cannot be given."""
+    try:
+        url.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StoreError("invalid PostgreSQL URL: it is not valid UTF-8 text") from None
     try:
         parts = urlsplit(url)
     except ValueError as exc:
