@@ -333,6 +333,21 @@ def test_approve_without_runtime_records_the_decision_only(url: str) -> None:
     assert refunds_run(log(url, session_id)) == 1
 
 
+def test_approve_without_runtime_of_one_of_two_requests_names_the_one_left(url: str) -> None:
+    """With one call approved and one still asked, the turn has work (`running`: a worker can
+    run the approved call) and still waits on a person: the command names the request left."""
+    rt = so.Runtime([double], store=url)
+    try:
+        r = rt.generate_sync("double", "Refund both")
+    finally:
+        rt.close_sync()
+    first, second = (p.id for p in r.pending)
+    result = invoke("approve", first, "--store", url)
+    assert result.exit_code == 0, result.output
+    assert f"approved {first}" in result.output
+    assert f"the turn still waits on: {second}" in result.output
+
+
 desk = so.Agent(
     name="desk",
     model=so.models.Scripted(

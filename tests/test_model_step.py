@@ -59,7 +59,7 @@ async def test_a_response_that_cannot_be_recorded_fails_the_turn_retryably(
         assert r.error is not None and r.error["code"] == "model_error"
         assert match in r.error["message"]
         types = [e.type async for e in rt.events(r.session_id, follow=False)]
-        assert "model.completed" not in types and types[-1] == "turn.failed"
+        assert "model.completed" not in types and types[-2:] == ["turn.failed", "session.waiting"]
         state = await rt.state(r.session_id)
         assert (state.usage.input_tokens, state.usage.cost_usd) == (0, 0.0)
 

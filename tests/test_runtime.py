@@ -866,7 +866,7 @@ async def test_respond_one_request_at_a_time(tmp_path: Path) -> None:
         r1 = await rt.respond(
             r.session_id, [so.InputResponse(request_id=b, option_id="approve")], resume=False
         )
-        assert r1.status == "waiting"
+        assert r1.status == "running"  # the approved call has work to do now
         assert [p.id for p in r1.pending] == [a]
         assert log.count() == 0  # resume=False: only the answer was recorded
         assert [p.id for p in await rt.pending(session_id=r.session_id)] == [a]

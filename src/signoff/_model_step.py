@@ -109,7 +109,9 @@ class ModelStep(DriverPart):
                             "error": {"code": code, "message": f"{type(exc).__name__}: {exc}"},
                             "retryable": True,
                         },
-                    )
+                    ),
+                    # Idle until a retry or the next message, as after any other end of a turn.
+                    ("session.waiting", {}),
                 ]
             )
             return True

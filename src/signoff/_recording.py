@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from ._events import Event, EventType
 from ._exceptions import StoreError, UnknownSession
-from ._state import CallState, SessionState, fold
+from ._state import CallState, SessionState, fold, runnable
 from ._types import InputRequest
 from .stores import Resolve, Store
 
@@ -69,13 +69,9 @@ STATUS_TYPES = PARK_TYPES | {
 
 
 def stored_status(state: SessionState) -> str:
-    """The status workers look for: `running` means a turn has work to do (or is doing it)."""
-    status = state.status
-    if (status == "waiting" and runnable(state)) or (
-        status in ("idle", "cancelled") and state.queued  # messages that waited start now
-    ):
-        return "running"
-    return status
+    """The status workers look for: `running` means a turn has work to do (or is doing it).
+    It is `SessionState.status`, so the store's listings and every other surface agree."""
+    return state.status
 
 
 def snapshot_due(before: int, count: int) -> bool:
@@ -170,24 +166,6 @@ async def _check_head(store: Store, session_id: str, seq: int, head: int) -> Non
 
 class TurnStopped(Exception):
     """Internal: the turn ended under us (cancelled elsewhere); stop driving."""
-
-
-def runnable(state: SessionState, *, retry: bool = False) -> bool:
-    """Whether the session's turn has something to do now (as opposed to waiting or over)."""
-    turn = state.turn
-    if turn is None:
-        return False
-    if turn.status in ("completed", "cancelled"):
-        return bool(state.queued)  # messages that waited for the turn's end start now
-    if turn.status == "failed":
-        return retry and turn.retryable  # a limit no retry can lift ends the turn for good
-    if turn.status == "waiting":
-        statuses = {c.status for c in turn.calls.values()}
-        if statuses & {"approved", "denied", "decided", "running"}:
-            return True
-        # everything answered (a session-limit prompt, say) and no call left waiting
-        return not state.pending_requests() and not (statuses & {"requested", "awaiting", "asking"})
-    return True
 
 
 EventSpec = tuple[EventType, dict[str, Any]]

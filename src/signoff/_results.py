@@ -24,7 +24,9 @@ class Outcome:
 class GenerateResult:
     """Where a turn stands after a call: completed, waiting for people, failed, or other.
 
-    `running` means another process holds the session and is running the turn right now.
+    `running` means the turn has work it can do without anyone: another process (or a worker)
+    is running it, or will (its answers were accepted with `respond(resume=False)`); `waiting`
+    means it can go on only once a person answers `pending`.
     """
 
     status: Literal["completed", "waiting", "failed", "cancelled", "running", "idle"]

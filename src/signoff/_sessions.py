@@ -535,10 +535,8 @@ class SessionRunner:
         status: Any
         if busy:
             status = "running"
-        elif turn is None:
-            status = "idle"
         else:
-            status = turn.status
+            status = state.turn_status or "idle"
         return GenerateResult(
             status=status,
             session_id=state.id,

@@ -33,7 +33,15 @@ from ._types import (
     UserMessage,
 )
 
-__all__ = ["CallState", "CallStatus", "RequestState", "SessionState", "TurnState", "fold"]
+__all__ = [
+    "CallState",
+    "CallStatus",
+    "RequestState",
+    "SessionState",
+    "TurnState",
+    "fold",
+    "runnable",
+]
 
 # What a handler or the snapshot loader raises on data of the wrong shape (pydantic's
 # ValidationError is a ValueError); it reaches callers as a StoreError.
@@ -81,10 +89,25 @@ class SessionState:
 
     @property
     def status(self) -> str:
-        """`idle` | `running` | `waiting` | `failed` | `cancelled`."""
-        if self.turn is None or self.turn.status == "completed":
+        """`idle` | `running` | `waiting` | `failed` | `cancelled`: the one status every surface
+        shows (the store's summary too). `running` means there is work to do now, whether or not
+        a process is doing it (answers accepted but not resumed, messages that waited); `waiting`
+        only that nothing can go on until a person acts."""
+        turn = self.turn
+        if turn is None:
             return "idle"
-        return self.turn.status
+        if runnable(self):
+            return "running"
+        return "idle" if turn.status == "completed" else turn.status
+
+    @property
+    def turn_status(self) -> str | None:
+        """The current turn's status as shown: `running`, not `waiting`, once the answers it
+        waited on are in and it has work to do (`respond(resume=False)`)."""
+        turn = self.turn
+        if turn is None:
+            return None
+        return "running" if turn.status == "waiting" and runnable(self) else turn.status
 
     def pending_requests(self) -> list[InputRequest]:
         """Open requests in the order they were asked."""
@@ -240,6 +263,24 @@ class SessionState:
             turn=turn,
             conversation=None,
         )
+
+
+def runnable(state: SessionState, *, retry: bool = False) -> bool:
+    """Whether the session's turn has something to do now (as opposed to waiting or over)."""
+    turn = state.turn
+    if turn is None:
+        return False
+    if turn.status in ("completed", "cancelled"):
+        return bool(state.queued)  # messages that waited for the turn's end start now
+    if turn.status == "failed":
+        return retry and turn.retryable  # a limit no retry can lift ends the turn for good
+    if turn.status == "waiting":
+        statuses = {c.status for c in turn.calls.values()}
+        if statuses & {"approved", "denied", "decided", "running"}:
+            return True
+        # everything answered (a session-limit prompt, say) and no call left waiting
+        return not state.pending_requests() and not (statuses & {"requested", "awaiting", "asking"})
+    return True
 
 
 def fold(events: Iterable[Event], state: SessionState | None = None) -> SessionState:

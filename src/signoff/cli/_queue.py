@@ -278,7 +278,7 @@ async def _settle(
     else:
         given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
         console.print(f"[green]answered[/] {request_id} with {printable(given)} {where}")
-    if result.status == "waiting" and result.pending:
+    if result.pending:  # `running` too: an approved call can run while another still waits
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
     elif loaded is None:

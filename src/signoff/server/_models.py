@@ -232,7 +232,7 @@ def session_view(s: SessionState) -> SessionView:
         if t is None
         else TurnView(
             id=t.id,
-            status=t.status,
+            status=s.turn_status or t.status,
             text=t.text,
             steps=t.steps,
             started_at=t.started_at,
