@@ -34,6 +34,13 @@ def lines() -> list[str]:
         )
         detail = f" (points/kills per store: {each})" if each else ""
         out.append(f"crash suite: {_fmt(points)} commit points, {_fmt(kills)} kills{detail}")
+    if tally["chaos:kills"]:
+        each = ", ".join(
+            f"{s} {_fmt(tally[f'chaos:{s}:kills'])}"
+            for s in ("sqlite", "postgres")
+            if tally[f"chaos:{s}:kills"]
+        )
+        out.append(f"chaos: {_fmt(tally['chaos:kills'])} random kills (per store: {each})")
     tests = sorted({k.split(":")[1] for k in tally if k.startswith("hypothesis:")})
     for test in tests:
         examples = tally[f"hypothesis:{test}:examples"]

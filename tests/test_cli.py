@@ -1034,3 +1034,14 @@ def test_serve_started_while_postgres_is_down_waits_for_it(tmp_path: Path) -> No
                 proc.terminate()
             proc.wait(timeout=10)
         cluster.stop()
+
+
+def test_a_store_url_with_signoffs_own_options_is_shown_with_them() -> None:
+    """`?schema=` and `?pool_max=` are signoff's, not libpq's: the worker's log line and the
+    `--store` of a printed command show the store with them (a schema names another store),
+    not as an unparsable URL, and still without the password."""
+    from signoff.cli._app import shown_store
+
+    url = "postgresql://app:s3cret@db.example:5433/prod?schema=tenant_a&pool_max=12"
+    assert shown_store(url) == "postgresql://app@db.example:5433/prod?schema=tenant_a&pool_max=12"
+    assert shown_store(f"{url}&password=s3cret") == shown_store(url)

@@ -1490,3 +1490,48 @@ async def test_a_post_whose_memo_cannot_be_saved_is_not_posted_again_on_retry(
         assert len(slack_api.of("chat.postMessage")) == 1
         (update,) = slack_api.of("chat.update")
         assert update["ts"] == "1700000000.000001"
+
+
+async def test_a_person_from_another_workspace_answers_as_a_member_of_their_own(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """In a Slack Connect channel `team` is the workspace the click came from, the host's; the
+    principal names the person's own workspace (`user.team_id`), so a policy admitting the
+    host's members does not admit a guest from another organization."""
+    seen: list[str] = []
+
+    def members_of_acme(ctx: so.ResponseContext) -> Literal["allowed", "rejected"]:
+        who = ctx.response.principal
+        seen.append(who.principal_id if who is not None else "")
+        ok = who is not None and who.principal_id.startswith(f"slack:{TEAM}:")
+        return "allowed" if ok else "rejected"
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=members_of_acme))
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    agent = scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Done.")],
+        tools=[issue_refund],
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        (req,) = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            payload = json.loads(
+                urllib.parse.parse_qs(
+                    click(
+                        {"action_id": "signoff.approve", "value": req.id}, user="U0GUEST"
+                    ).decode()
+                )["payload"][0]
+            )
+            payload["user"]["team_id"] = "T0OTHERORG"  # a guest; `team` stays the host's
+            body = form(payload)
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "pending"
+            assert seen == ["slack:T0OTHERORG:U0GUEST"]

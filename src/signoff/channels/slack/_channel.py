@@ -333,7 +333,10 @@ class SlackChannel(Channel):
         try:
             kind = payload["type"]
             user = payload["user"]["id"]
-            team = (payload.get("team") or {}).get("id") or payload["user"].get("team_id")
+            # The user's own workspace first: `team` is the one the click came from, which for
+            # someone from another organization in a Slack Connect channel is not theirs.
+            host = (payload.get("team") or {}).get("id")
+            team = payload["user"].get("team_id") or host
             if not isinstance(user, str) or not isinstance(team, str):
                 raise TypeError("user and team ids must be strings")
             principal = slack_principal(team, user)

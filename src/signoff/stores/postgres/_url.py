@@ -67,13 +67,16 @@ def number(options: dict[str, str], key: str, kind: type[N], default: N) -> N:
 
 
 def describe(url: str) -> str:
-    """The URL without its password, for error messages."""
+    """The URL without its password, for error messages and logs; signoff's own options
+    (`?schema=…`) are kept, as libpq cannot parse them and a schema names another store."""
     try:
-        params = _conninfo.conninfo_to_dict(url)
-    except psycopg.Error:
+        dsn, ours = split_options(url)
+        params = _conninfo.conninfo_to_dict(dsn)
+    except (psycopg.Error, StoreError):
         return "<unparsable PostgreSQL URL>"
     host = params.get("host") or params.get("hostaddr") or "localhost"
     port = params.get("port") or "5432"
     user = f"{params['user']}@" if params.get("user") else ""
     db = params.get("dbname") or ""
-    return f"postgresql://{user}{host}:{port}/{db}"
+    query = f"?{urlencode(ours)}" if ours else ""
+    return f"postgresql://{user}{host}:{port}/{db}{query}"

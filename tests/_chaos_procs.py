@@ -1,0 +1,89 @@
+"""The runtime the chaos test's `signoff worker` and `signoff serve` processes load.
+
+`runtime()` is the MODULE:RUNTIME target: one agent whose turn calls one or two gated tools
+(`refund`, and `ship` when the prompt says "two") and a workflow tool (`plan`: a journaled
+step, then a question); later messages get a text. Every tool body and the step write a
+`start` record (with their idempotency key and pid) before they sleep and a `done` record
+after, fsync'd, to the file named by `SIGNOFF_TEST_RECORDS`, so the parent can count how often
+each really ran.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+import signoff as so
+
+from ._procs import record_execution
+
+__all__ = ["AGENT", "ALICE", "make_agent", "runtime"]
+
+AGENT = "chaos"
+ALICE = so.Principal(authenticator="token", principal_id="alice")
+"""Who starts and answers every session: `signoff serve --token alice-token=alice` maps the
+HTTP token to this principal, so answers from Python and over HTTP come from the same person."""
+
+
+def make_agent(records: str, delay: float = 0.1) -> so.Agent:
+    """The chaos agent; each tool body (and the step) takes `delay` seconds."""
+
+    async def body(key: str) -> None:
+        record_execution(records, f"start {key}", os.getpid())
+        await asyncio.sleep(delay)
+        record_execution(records, f"done {key}", os.getpid())
+
+    @so.tool(approval=so.always())
+    async def refund(ctx: so.ToolContext, order_id: str) -> str:
+        """Refund an order."""
+        await body(ctx.idempotency_key())
+        return f"refunded {order_id}"
+
+    @so.tool(approval=so.always())
+    async def ship(ctx: so.ToolContext, order_id: str) -> str:
+        """Ship a replacement."""
+        await body(ctx.idempotency_key())
+        return f"shipped {order_id}"
+
+    @so.tool
+    async def plan(ctx: so.ToolContext, order_id: str) -> str:
+        """Quote a fee (a journaled step), then ask the customer."""
+
+        async def quote() -> float:
+            await body(ctx.idempotency_key("quote"))
+            return 12.5
+
+        fee = await ctx.step("quote", quote)
+        answer = await ctx.ask(f"A fee of {fee} applies. Proceed?", options=["yes", "no"])
+        return f"plan {order_id}: {answer.value}"
+
+    def first(conversation: list[so.Message]) -> so.ModelResponse:
+        prompt = next(m.text for m in conversation if isinstance(m, so.UserMessage))
+        order = {"order_id": prompt.split()[1]}
+        calls = [so.ToolCall(id="call_refund", name="refund", input=order)]
+        if "two" in prompt:
+            calls.append(so.ToolCall(id="call_ship", name="ship", input=order))
+        calls.append(so.ToolCall(id="call_plan", name="plan", input=order))
+        return so.ModelResponse(tool_calls=calls)
+
+    def finish(conversation: list[so.Message]) -> so.ModelResponse:
+        results = sorted(
+            json.dumps(m.content, sort_keys=True)
+            for m in conversation
+            if isinstance(m, so.ToolResultMessage)
+        )
+        return so.ModelResponse(text="done: " + " | ".join(results))
+
+    def reply(conversation: list[so.Message]) -> so.ModelResponse:
+        said = [m.text for m in conversation if isinstance(m, so.UserMessage)]
+        return so.ModelResponse(text=f"noted: {said[-1]}")
+
+    model = so.models.Scripted([first, finish, *[reply] * 100])
+    return so.Agent(name=AGENT, model=model, tools=[refund, ship, plan])
+
+
+def runtime() -> so.Runtime:
+    """The factory `signoff worker` and `signoff serve` load; the store comes from `--store`."""
+    records = os.environ["SIGNOFF_TEST_RECORDS"]
+    return so.Runtime([make_agent(records)], store="sqlite:///:memory:", lease_ttl=2.0)
