@@ -430,11 +430,18 @@ async def _check(
             for e in events
             if (e.type == "turn.message" and not e.data.get("queued")) or e.type == "turn.started"
         )
+        # A message sent while `plan` asks its question is the answer (the question takes free
+        # text): it is delivered as that answer.
+        delivered.update(
+            str(e.data["answer"].get("text"))
+            for e in events
+            if e.type == "input.resolved" and isinstance(e.data.get("answer"), dict)
+        )
         for text, acked in ledger.messages.items():
             if text.endswith(f" for {s.id}"):
-                # Never twice. (Once if acknowledged: one run of ~12 saw an acknowledged message
-                # missing from the log, not reproduced since; see the branch's report.)
-                assert delivered[text] <= 1, (seed, text, acked, delivered[text])
+                # An acknowledged message exactly once; one whose reply was lost at most once.
+                want = 1 if acked else delivered[text]
+                assert delivered[text] == want <= 1, (seed, text, acked, delivered[text])
         state = await front.state(s.id)
         assert state.queued == [], (seed, s.id, state.queued)
         if s.id in ledger.cancelled:  # later messages may have started turns since
