@@ -829,3 +829,27 @@ async def test_a_reviewer_the_policy_refuses_settles_nothing(world: World) -> No
     assert after["events"][sid][: len(before["events"][sid])] == before["events"][sid]
     assert {e["type"] for e in added} <= {"approval.candidate", "turn.waiting"}, added
     assert not any(e["type"].startswith("tool.") for e in added)
+
+
+# -- the HTTP surface: headers on every response, the sign-in, the tokens ------------------------
+
+
+def _failing_auth(request: Any) -> None:
+    raise RuntimeError("the authenticator broke")
+
+
+async def test_a_server_failure_carries_the_security_headers(world: World) -> None:
+    """A 500 is a response like any other: it may not be framed or sniffed, and on the
+    dashboard it carries the page policy and is not cached."""
+    app = create_app(world.rt, auth=_failing_auth, sweep_every=None)
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as c:
+        for path in ("/v1/requests", "/_signoff/"):
+            r = await c.get(path)
+            assert r.status_code == 500, path
+            assert r.json()["error"]["code"] == "internal_error"
+            assert r.headers.get("x-content-type-options") == "nosniff", path
+            assert r.headers.get("x-frame-options") == "DENY", path
+            assert r.headers.get("referrer-policy") == "same-origin", path
+        assert "frame-ancestors 'none'" in r.headers.get("content-security-policy", "")
+        assert r.headers.get("cache-control") == "no-store"
