@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -375,6 +376,7 @@ async def served(world: World) -> AsyncIterator[Served]:
 
 
 JSON = {"Content-Type": "application/json"}
+JSON_REPLY = {"Accept": "application/json"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -853,3 +855,56 @@ async def test_a_server_failure_carries_the_security_headers(world: World) -> No
             assert r.headers.get("referrer-policy") == "same-origin", path
         assert "frame-ancestors 'none'" in r.headers.get("content-security-policy", "")
         assert r.headers.get("cache-control") == "no-store"
+
+
+def _csrf_in(html: str) -> str:
+    match = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert match, html[:500]
+    return match.group(1)
+
+
+async def test_a_sign_in_posted_from_another_site_is_refused(served: Served) -> None:
+    """Login CSRF: an anonymous visitor's CSRF token is valid for every anonymous browser, so a
+    page of a sibling subdomain (or of another port) could plant one in the victim's cookie and
+    post the attacker's token, signing the victim in as the attacker. The browser names such a
+    post `Sec-Fetch-Site: same-site` (or `cross-site`): it is refused, and signs nobody in."""
+    c = served.client
+    token = _csrf_in((await c.get("/_signoff/login")).text)  # the attacker's own visit
+    async with httpx.AsyncClient(transport=served.transport, base_url="http://signoff.test") as v:
+        v.cookies.set("signoff_csrf", token, domain="signoff.test", path="/_signoff")
+        for site in ("same-site", "cross-site"):
+            r = await v.post(
+                "/_signoff/login",
+                data={"csrf": token, "token": "mallory-token"},
+                headers={"Sec-Fetch-Site": site, "Accept": "application/json"},
+            )
+            assert r.status_code == 403, r.text[:300]
+            assert r.json()["error"]["code"] == "csrf_failed"
+            assert "signoff_token" not in r.headers.get("set-cookie", "")
+    # The dashboard's own form (same-origin), and a client that sends no such header, sign in.
+    for headers in ({"Sec-Fetch-Site": "same-origin"}, {}):
+        async with httpx.AsyncClient(
+            transport=served.transport, base_url="http://signoff.test"
+        ) as b:
+            token = _csrf_in((await b.get("/_signoff/login")).text)
+            r = await b.post(
+                "/_signoff/login", data={"csrf": token, "token": "alice-token"}, headers=headers
+            )
+            assert r.status_code == 303 and "signoff_token=alice-token" in r.headers["set-cookie"]
+
+
+async def test_a_signed_in_form_posted_from_another_site_is_refused(served: Served) -> None:
+    """Every dashboard form, not only the sign-in, refuses a post the browser says came from
+    another site, even with a valid token and cookie; nothing changes."""
+    w = served.world
+    c = served.client
+    page = await c.get("/_signoff/", headers=auth("alice-token"))
+    token = _csrf_in(page.text)
+    before = await snapshot(w.rt)
+    r = await c.post(
+        f"/_signoff/requests/{w.ra}/respond",
+        data={"csrf": token, "option": "approve"},
+        headers={**auth("alice-token"), "Sec-Fetch-Site": "cross-site", **JSON_REPLY},
+    )
+    assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed", r.text[:300]
+    assert await snapshot(w.rt) == before
