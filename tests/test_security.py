@@ -10,6 +10,7 @@ check and the cases those tests do not reach.
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import math
 import re
@@ -908,3 +909,39 @@ async def test_a_signed_in_form_posted_from_another_site_is_refused(served: Serv
     )
     assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed", r.text[:300]
     assert await snapshot(w.rt) == before
+
+
+@pytest.mark.parametrize("token", ["tök€n-1234", " padded ", "tab\there", "new\nline", "\x00"])
+def test_a_token_no_request_can_carry_is_refused_up_front(token: str) -> None:
+    """A token a header cannot carry as given (not ASCII, a control character, spaces around
+    it, which the server strips) could never sign anyone in, and made the dashboard's sign-in a
+    500: `TokenAuth` refuses it, without naming it."""
+    with pytest.raises(so.UsageError, match="printable ASCII") as caught:
+        TokenAuth({token: ALICE})
+    assert token.strip() not in str(caught.value)
+
+
+def test_a_token_auth_error_names_no_part_of_the_token() -> None:
+    """Configuration errors end up in logs: they say which token is wrong by position, not by
+    any of its characters."""
+    with pytest.raises(so.UsageError, match="not a Principal") as caught:
+        TokenAuth({"alice-token": ALICE, "s3cret-value": "bob"})  # type: ignore[dict-item]
+    assert "s3cr" not in str(caught.value) and "#2" in str(caught.value)
+
+
+def test_tokens_are_compared_at_one_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`compare_digest` may return early on a length mismatch, which would time how long each
+    configured token is: what it compares is always the same length."""
+    lengths: set[tuple[int, int]] = set()
+    real = hmac.compare_digest
+
+    def recording(a: bytes, b: bytes) -> bool:
+        lengths.add((len(a), len(b)))
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", recording)
+    tokens = TokenAuth(TOKENS)
+    assert tokens.lookup("alice-token") == ALICE
+    assert tokens.lookup("x") is None and tokens.lookup("y" * 500) is None
+    assert tokens.lookup("") is None
+    assert len(lengths) == 1 and len({*next(iter(lengths))}) == 1, lengths

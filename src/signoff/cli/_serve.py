@@ -119,10 +119,10 @@ def serve(
         auth = None
         if token:
             principals: dict[str, Principal] = {}
-            for item in token:
+            for number, item in enumerate(token, 1):
                 secret, sep, who = item.partition("=")
-                if not sep or not secret or not who:
-                    raise UsageError(f"--token takes SECRET=PRINCIPAL_ID, not {item!r}")
+                if not sep or not secret or not who:  # not repeated: it holds a secret
+                    raise UsageError(f"--token #{number} is not SECRET=PRINCIPAL_ID")
                 principals[secret] = Principal(authenticator="token", principal_id=who)
             auth = TokenAuth(principals)
         _refuse_stray_channel_options(ctx, bool(webhook), bool(slack_channel))
