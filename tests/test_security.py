@@ -560,6 +560,46 @@ HTTP_ATTACKS: dict[str, Call] = {
     "truncated": Call(
         raw(to_responses, b'{"inputResponses": [{"requestId": '), 400, "malformed_json"
     ),
+    # a key named twice: JSON parsers disagree on which one counts (Python's takes the last, a
+    # gateway checking the body may take the first), so the body is refused
+    "duplicate-approved": Call(
+        raw(
+            lambda w: f"/v1/sessions/{w.a}/approvals",
+            lambda w: (
+                b'{"approvals": [{"id": "%s", "approved": false, "approved": true}]}'
+                % w.ra.encode()
+            ),
+        ),
+        422,
+        "invalid_request",
+    ),
+    "duplicate-option": Call(
+        raw(
+            to_responses,
+            lambda w: (
+                b'{"inputResponses": [{"requestId": "%s", "optionId": "deny", '
+                b'"optionId": "approve"}]}' % w.ra.encode()
+            ),
+        ),
+        422,
+        "invalid_request",
+    ),
+    "duplicate-top-level": Call(
+        raw(
+            to_responses,
+            lambda w: (
+                b'{"inputResponses": [], "inputResponses": [{"requestId": "%s", '
+                b'"optionId": "approve"}]}' % w.ra.encode()
+            ),
+        ),
+        422,
+        "invalid_request",
+    ),
+    "duplicate-in-value": Call(
+        raw(to_responses, answer_json(b'{"amount": 1, "amount": 1000000}')),
+        422,
+        "invalid_request",
+    ),
     "nan-value": Call(raw(to_responses, answer_json(b"NaN")), 422, "invalid_answer"),
     "infinity-value": Call(raw(to_responses, answer_json(b"[Infinity]")), 422, "invalid_answer"),
     "minus-infinity-value": Call(
