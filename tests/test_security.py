@@ -985,3 +985,22 @@ def test_tokens_are_compared_at_one_length(monkeypatch: pytest.MonkeyPatch) -> N
     assert tokens.lookup("x") is None and tokens.lookup("y" * 500) is None
     assert tokens.lookup("") is None
     assert len(lengths) == 1 and len({*next(iter(lengths))}) == 1, lengths
+
+
+async def test_edited_arguments_naming_a_key_twice_are_refused(served: Served) -> None:
+    """A reviewer who types a new `"amount": 50` above the old line and approves means 50, but
+    JSON parsing keeps the last one (180): the edit is refused, and nothing is approved."""
+    w = served.world
+    c = served.client
+    token = _csrf_in((await c.get("/_signoff/", headers=auth("alice-token"))).text)
+    before = await snapshot(w.rt)
+    edited = '{"amount": 50, "order_id": "1042", "amount": 180, "reason": "arrived broken"}'
+    r = await c.post(
+        f"/_signoff/requests/{w.ra}/respond",
+        data={"csrf": token, "option": "approve", "edited_input": edited},
+        headers={**auth("alice-token"), **JSON_REPLY},
+    )
+    assert r.status_code == 422, r.text[:300]
+    assert r.json()["error"]["code"] == "invalid_answer"
+    assert "'amount'" in r.json()["error"]["message"]
+    assert await snapshot(w.rt) == before

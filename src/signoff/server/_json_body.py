@@ -18,20 +18,23 @@ from starlette.responses import Response
 
 from ._errors import ApiError
 
-__all__ = ["UniqueKeysRoute"]
+__all__ = ["RepeatedKey", "UniqueKeysRoute", "unique_keys"]
 
 
-class _Twice(Exception):
+class RepeatedKey(ValueError):
+    """Raised by `unique_keys` for a JSON object naming `key` twice."""
+
     def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
+        self.key = key if len(key) <= 100 else key[:100] + "…"
+        super().__init__(f"the key {self.key!r} is named twice in one object")
 
 
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s `object_pairs_hook` that refuses an object naming a key twice."""
     seen: set[str] = set()
     for key, _ in pairs:
         if key in seen:
-            raise _Twice(key)
+            raise RepeatedKey(key)
         seen.add(key)
     return dict(pairs)
 
@@ -57,8 +60,8 @@ async def repeated_key(request: Request) -> str | None:
     if not body:
         return None
     try:
-        json.loads(body, object_pairs_hook=_unique)
-    except _Twice as twice:
+        json.loads(body, object_pairs_hook=unique_keys)
+    except RepeatedKey as twice:
         return twice.key
     except (ValueError, RecursionError):
         return None
@@ -74,7 +77,6 @@ class UniqueKeysRoute(APIRoute):
         async def unique_keys(request: Request) -> Response:
             key = await repeated_key(request)
             if key is not None:
-                key = key if len(key) <= 100 else key[:100] + "…"
                 raise ApiError(
                     422,
                     "invalid_request",
