@@ -1045,3 +1045,23 @@ def test_a_store_url_with_signoffs_own_options_is_shown_with_them() -> None:
     url = "postgresql://app:s3cret@db.example:5433/prod?schema=tenant_a&pool_max=12"
     assert shown_store(url) == "postgresql://app@db.example:5433/prod?schema=tenant_a&pool_max=12"
     assert shown_store(f"{url}&password=s3cret") == shown_store(url)
+
+
+@pytest.mark.parametrize("item", ["s3cret-without-a-principal", "s3cret-value=", "tök€n=alice"])
+def test_serve_names_no_secret_in_a_token_error(
+    item: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A mistyped `--token` is refused by its position: the error (in a terminal's scrollback, a
+    service's log) does not repeat the secret, and the server does not start."""
+    import uvicorn
+
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    store = f"sqlite:///{tmp_path}/s.db"
+    args = ["--token", "alice-token=alice", "--token", item]
+    result = invoke("serve", "examples.support:runtime", "--store", store, *args)
+    assert result.exit_code == 1, result.output
+    assert "UsageError" in result.output and "#2" in result.output, result.output
+    secret = item.partition("=")[0]
+    assert secret not in result.output and "alice-token" not in result.output
+    assert started == []

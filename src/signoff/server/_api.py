@@ -12,6 +12,7 @@ from .._types import Decision, InputResponse
 from ..stores import PendingFilter
 from ._context import ServerContext, get_context
 from ._errors import ERROR_RESPONSES, ApiError
+from ._json_body import UniqueKeysRoute
 from ._models import (
     Approvals,
     CancelBody,
@@ -30,7 +31,7 @@ from ._sse import event_stream, parse_last_event_id, stream_response
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES, route_class=UniqueKeysRoute)
 
 MAX_SEQ = 2**53  # bounds numbers a store (and JSON) can hold exactly
 

@@ -12,6 +12,7 @@ tenant: only callers without a `tenant` attribute, or admins, see them.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 from collections.abc import Awaitable, Callable, Mapping
@@ -58,11 +59,17 @@ class TokenAuth:
     """
 
     def __init__(self, tokens: Mapping[str, Principal]) -> None:
-        for token, principal in tokens.items():
+        # Errors name a token by its position: they end up in logs, and a token is a secret.
+        for number, (token, principal) in enumerate(tokens.items(), 1):
             if not isinstance(token, str) or not token:
                 raise UsageError("API tokens must be non-empty strings")
+            if not _carried(token):
+                raise UsageError(
+                    f"API token #{number} is not printable ASCII without spaces around it, "
+                    "so no request could carry it"
+                )
             if not isinstance(principal, Principal):
-                raise UsageError(f"token {token[:4]}…: {principal!r} is not a Principal")
+                raise UsageError(f"API token #{number}: {principal!r} is not a Principal")
         self.tokens = dict(tokens)
 
     def __call__(self, request: HTTPConnection) -> Principal | None:
@@ -74,12 +81,23 @@ class TokenAuth:
         return self.lookup(token)
 
     def lookup(self, token: str) -> Principal | None:
-        """The principal of `token`, compared in constant time."""
+        """The principal of `token`, compared in constant time: digests are compared, so the
+        time taken does not tell how long a configured token is either."""
+        sent = _digest(token)
         found = None
         for known, principal in self.tokens.items():
-            if hmac.compare_digest(known.encode(), token.encode()):
+            if hmac.compare_digest(_digest(known), sent):
                 found = principal
         return found
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def _carried(token: str) -> bool:
+    """Whether an `Authorization` header and the sign-in's cookie can carry `token` as is."""
+    return token.isascii() and token.isprintable() and token == token.strip()
 
 
 class DevAuth:

@@ -26,6 +26,7 @@ from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth, is_dashboard
 from ._context import get_context
 from ._errors import public_message, status_for
+from ._json_body import RepeatedKey, unique_keys
 from ._page_data import (
     PAGE_SIZE,
     SignIn,
@@ -146,8 +147,12 @@ async def respond(request: Request, request_id: str) -> Response:
         input_hash = fields.get("input_hash") or None
         raw = (fields.get("edited_input") or "").strip()
         if option == "approve" and raw and action is not None:
-            try:
-                parsed = json.loads(raw)
+            try:  # a key typed twice would silently mean its last value: refused
+                parsed = json.loads(raw, object_pairs_hook=unique_keys)
+            except RepeatedKey as exc:
+                return await dashboard_error(
+                    request, 422, "invalid_answer", f"the edited arguments are ambiguous: {exc}"
+                )
             except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
                 return await dashboard_error(
                     request, 422, "invalid_answer", f"the edited arguments are not JSON: {exc}"

@@ -32,6 +32,7 @@ from .._exceptions import (
     UnknownSession,
     UsageError,
 )
+from ._headers import add_security_headers
 
 __all__ = [
     "ERROR_RESPONSES",
@@ -199,10 +200,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:
         # Not a client mistake: the server failed. Say so in the usual shape; the traceback is
-        # logged by the server.
-        return error_response(
+        # logged by the server. Starlette sends this response from outside every middleware of
+        # the app, `SecurityHeaders` too, so it gets their headers here.
+        response = error_response(
             500, "internal_error", f"the server failed: {type(exc).__name__}; see its log"
         )
+        add_security_headers(response.headers, request.url.path)
+        return response
 
     app.add_exception_handler(Exception, on_bug)
     app.add_exception_handler(SignoffError, on_signoff)

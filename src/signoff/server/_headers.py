@@ -13,7 +13,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ._auth import DASHBOARD_PREFIX, is_dashboard
 
-__all__ = ["DASHBOARD_POLICY", "SecurityHeaders"]
+__all__ = ["DASHBOARD_POLICY", "SecurityHeaders", "add_security_headers"]
 
 DASHBOARD_POLICY = (
     "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -22,8 +22,23 @@ DASHBOARD_POLICY = (
 )
 
 
+def add_security_headers(headers: MutableHeaders, path: str) -> None:
+    """Add the headers above to a response for `path`, keeping any it already sets."""
+    headers.setdefault("X-Content-Type-Options", "nosniff")
+    headers.setdefault("X-Frame-Options", "DENY")
+    headers.setdefault("Referrer-Policy", "same-origin")
+    if is_dashboard(path):
+        headers.setdefault("Content-Security-Policy", DASHBOARD_POLICY)
+        if not path.startswith(DASHBOARD_PREFIX + "/static/"):
+            headers.setdefault("Cache-Control", "no-store")
+
+
 class SecurityHeaders:
-    """ASGI middleware adding the headers above to each HTTP response (set ones are kept)."""
+    """ASGI middleware adding the headers above to each HTTP response (set ones are kept).
+
+    A 500 is sent by Starlette's outermost middleware, outside this one: its handler
+    (`_errors.install_error_handlers`) adds them with `add_security_headers`.
+    """
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -33,19 +48,10 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
         path: str = scope.get("path", "")
-        dashboard = is_dashboard(path)
-        static = path.startswith(DASHBOARD_PREFIX + "/static/")
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = MutableHeaders(scope=message)
-                headers.setdefault("X-Content-Type-Options", "nosniff")
-                headers.setdefault("X-Frame-Options", "DENY")
-                headers.setdefault("Referrer-Policy", "same-origin")
-                if dashboard:
-                    headers.setdefault("Content-Security-Policy", DASHBOARD_POLICY)
-                    if not static:
-                        headers.setdefault("Cache-Control", "no-store")
+                add_security_headers(MutableHeaders(scope=message), path)
             await send(message)
 
         await self.app(scope, receive, with_headers)

@@ -5,7 +5,9 @@ The token is `nonce.mac`, the mac an HMAC (keyed with the server's secret, if it
 the nonce and the sign-in the page was made for: the principal and the credential it signed in
 with. It is kept in a cookie and sent back in the form (or header), and both must be made for
 the current sign-in: a token planted by another host (cookie tossing) or left from another
-sign-in in the same browser is refused, and a cross-site post carries no cookie at all."""
+sign-in in the same browser is refused, and a cross-site post carries no cookie at all. The
+sign-in form's token is made for no one, so it is valid in every anonymous browser: a post that
+the browser's `Sec-Fetch-Site` says another site made is refused as well."""
 
 from __future__ import annotations
 
@@ -186,10 +188,17 @@ def set_csrf(request: Request, response: Response, token: str) -> None:
         )
 
 
+# What a browser's `Sec-Fetch-Site` names a post that no page of this origin made. A sibling
+# subdomain or another port is "same-site": it could plant a CSRF cookie, and an anonymous
+# visitor's token (the sign-in form's) is valid for every anonymous browser.
+_OTHER_SITES = frozenset({"same-site", "cross-site"})
+
+
 async def check_csrf(request: Request) -> dict[str, str]:
     """The posted form's fields, once its token and the cookie's were both made for this
-    sign-in (they may differ: two tabs loaded at once each got their own). A body that is
-    not a readable form is 400 `malformed_form`."""
+    sign-in (they may differ: two tabs loaded at once each got their own), and the browser
+    does not say another site posted it. A body that is not a readable form is 400
+    `malformed_form`."""
     try:
         form = await request.form()
     except HTTPException as exc:
@@ -197,6 +206,10 @@ async def check_csrf(request: Request) -> dict[str, str]:
             raise
         raise ApiError(400, "malformed_form", malformed_form(exc.detail)) from None
     fields = {k: v for k, v in form.items() if isinstance(v, str)}
+    if request.headers.get("sec-fetch-site", "same-origin").strip().lower() in _OTHER_SITES:
+        raise ApiError(
+            403, "csrf_failed", "the form was posted from another site: use the dashboard's own"
+        )
     cookie = request.cookies.get(CSRF_COOKIE, "")
     sent = request.headers.get("x-csrf-token") or fields.get("csrf", "")
     sign_in = await _sign_in(request)
