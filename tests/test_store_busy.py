@@ -1,13 +1,15 @@
 """A busy store: a call made for an HTTP request waits for a PostgreSQL connection only
-`?request_pool_timeout=` seconds, then fails with `StoreBusy` (503 `store_busy`, Retry-After),
-while workers, background work and the rest of a request that has written keep the store's
-whole wait (`?pool_timeout=`)."""
+`?request_pool_timeout=` seconds (for SQLite's file lock, as long), then fails with `StoreBusy`
+(503 `store_busy`, Retry-After), while workers, background work and the rest of a request that
+has written keep the store's whole wait (`?pool_timeout=`, SQLite's busy timeout)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -16,7 +18,7 @@ import signoff as so
 from signoff._client import _error
 from signoff._events import Event
 from signoff.server import TokenAuth, create_app
-from signoff.stores import promptly
+from signoff.stores import SQLiteStore, promptly
 from signoff.stores.postgres import PostgresStore
 
 from .test_server_common import TOKENS, auth, make_runtime
@@ -165,3 +167,35 @@ def test_the_request_pool_timeout_url_option() -> None:
 def test_the_client_raises_store_busy() -> None:
     exc = _error({"code": "store_busy", "message": "the store is busy"}, 503)
     assert isinstance(exc, so.StoreBusy)
+
+
+async def test_sqlite_a_prompt_write_on_a_locked_file_is_store_busy(tmp_path: Path) -> None:
+    """SQLite has no pool, but a write waits for the file's lock (another process writing, an
+    open `sqlite3` shell): made for an HTTP request it waits only briefly, then `StoreBusy`,
+    instead of holding the server (its calls run on the event loop) for the 30 s busy timeout;
+    outside a request it keeps the whole timeout and its plain `StoreError`."""
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.open()
+    locker = sqlite3.connect(path, isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with promptly(), pytest.raises(so.StoreBusy, match="locked"):
+            await store.create_session("ses_busy1", "support", [_created("ses_busy1")], None)
+        assert loop.time() - started < BOUND
+        assert store._conn is not None
+        assert store._conn.execute("PRAGMA busy_timeout").fetchone() == (30_000,)
+        patient = SQLiteStore(f"sqlite:///{path}", busy_timeout=0.5)
+        with pytest.raises(so.StoreError, match="locked") as info:
+            await patient.create_session("ses_busy2", "support", [_created("ses_busy2")], None)
+        assert not isinstance(info.value, so.StoreBusy)
+        await patient.close()
+        locker.execute("ROLLBACK")
+        with promptly():
+            await store.create_session("ses_busy1", "support", [_created("ses_busy1")], None)
+        assert await store.head("ses_busy1") == 1
+    finally:
+        locker.close()
+        await store.close()
