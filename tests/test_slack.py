@@ -28,6 +28,8 @@ import signoff as so
 from signoff.channels import Channel, ChannelHub, InvalidSignature
 from signoff.channels.slack import SlackChannel, slack_principal
 from signoff.server import create_app
+from signoff.stores import promptly
+from signoff.stores._prompt import is_prompt
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 
@@ -1535,3 +1537,19 @@ async def test_a_person_from_another_workspace_answers_as_a_member_of_their_own(
             stored = await rt.store.get_request(req.id)
             assert stored is not None and stored.status == "pending"
             assert seen == ["slack:T0OTHERORG:U0GUEST"]
+
+
+async def test_answers_settled_in_the_background_wait_for_a_busy_store_as_workers_do() -> None:
+    """The endpoint settles an answer after Slack has had its reply: no one waits on that work,
+    so its store calls keep the store's whole wait instead of the HTTP request's brief one
+    (failing it soon would lose the person's click)."""
+    slack = SlackChannel("C42", token="xoxb-test", signing_secret=SECRET)
+    seen: list[bool] = []
+
+    async def work() -> None:
+        seen.append(is_prompt())
+
+    with promptly():
+        slack._spawn(work())
+    await slack.idle()
+    assert seen == [False]

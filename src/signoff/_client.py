@@ -49,6 +49,7 @@ _ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.StoreError,
         errors.StoreGone,
         errors.StoreUnavailable,
+        errors.StoreBusy,
     )
 }
 

@@ -25,7 +25,8 @@
         ├── StoreGone              the store's file was deleted or replaced under the process
         ├── AppendConflict         someone else appended to the session first
         ├── LeaseLost              our lease on the session was taken over
-        └── StoreUnavailable       the database server is down or unreachable; retry later
+        ├── StoreUnavailable       the database server is down or unreachable; retry later
+        └── StoreBusy              no free connection to the database in time; retry soon
 
 Every error that is about an answer leaves the store unchanged: nothing is claimed.
 `ApprovalRequired` is not here on purpose: it is a control-flow signal, not a failure.
@@ -55,6 +56,7 @@ __all__ = [
     "SignoffError",
     "StaleAnswer",
     "StepFailed",
+    "StoreBusy",
     "StoreError",
     "StoreGone",
     "StoreUnavailable",
@@ -253,6 +255,15 @@ class StoreUnavailable(StoreError):
 
     code = "store_unavailable"
     retry_after = 5
+
+
+class StoreBusy(StoreError):
+    """Every connection to the database stayed in use for as long as a call made for an HTTP
+    request waits (`stores.promptly()`), before the request wrote anything: nothing was written;
+    try again soon (`retry_after` seconds is a hint)."""
+
+    code = "store_busy"
+    retry_after = 1
 
 
 class RemoteError(SignoffError):

@@ -36,6 +36,7 @@ from ._headers import SecurityHeaders
 from ._limits import BodyLimit
 from ._links import add_links
 from ._pages import csrf_key
+from ._prompt import PromptStore
 
 __all__ = ["MAX_BODY_SIZE", "AppChannels", "create_app"]
 
@@ -160,6 +161,7 @@ def create_app(
         docs_url="/v1/docs",
         redoc_url=None,
     )
+    app.add_middleware(PromptStore)
     app.add_middleware(BodyLimit, max_bytes=max_body_size)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(HeadAsGet)  # outermost: HEAD gets every header GET would

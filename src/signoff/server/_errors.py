@@ -25,6 +25,7 @@ from .._exceptions import (
     SessionLimitReached,
     SignoffError,
     StaleAnswer,
+    StoreBusy,
     StoreError,
     StoreUnavailable,
     TooLarge,
@@ -113,6 +114,9 @@ def public_message(exc: SignoffError) -> str:
     if isinstance(exc, StoreUnavailable):  # one line per call while the database is down
         log.warning("the store is unavailable: %s", exc)
         return "the store is unavailable (its database is down); try again later"
+    if isinstance(exc, StoreBusy):  # one line per call while the server is overloaded
+        log.warning("the store is busy: %s", exc)
+        return "the store is busy (every connection to its database is in use); try again soon"
     if isinstance(exc, StoreError):
         log.error("the store failed: %s", exc, exc_info=exc)
         return f"the store failed ({type(exc).__name__}); see the server's log"
@@ -160,7 +164,7 @@ def install_error_handlers(app: FastAPI) -> None:
             request_ids=ids or None,
             session_id=getattr(exc, "session_id", None),
         )
-        if isinstance(exc, StoreUnavailable):  # the database is down: say when to try again
+        if isinstance(exc, (StoreUnavailable, StoreBusy)):  # say when to try again
             response.headers["Retry-After"] = str(exc.retry_after)
         return response
 
@@ -237,8 +241,9 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     500: _doc("The server failed (`internal_error`); the details are in its log"),
     502: _doc("The model provider failed or answered something unusable (`model_error`)"),
     503: _doc(
-        "The store failed (`store_error`, `schema_version`, `store_gone`), or its database has "
-        "been down for a while (`store_unavailable`, with `Retry-After`); the details are in "
-        "the server's log"
+        "The store failed (`store_error`, `schema_version`, `store_gone`), its database has "
+        "been down for a while (`store_unavailable`, with `Retry-After`), or every connection "
+        "to it stayed busy (`store_busy`, with `Retry-After`); the details are in the server's "
+        "log"
     ),
 }

@@ -15,6 +15,7 @@ from ._base import (
     Store,
     StoredRequest,
 )
+from ._prompt import promptly
 from .sqlite import SQLiteStore
 
 __all__ = [
@@ -29,6 +30,7 @@ __all__ = [
     "Store",
     "StoredRequest",
     "open_store",
+    "promptly",
 ]
 
 DEFAULT_URL = "sqlite:///.signoff/state.db"

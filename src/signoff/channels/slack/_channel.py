@@ -24,6 +24,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from ..._exceptions import AnswerError, ConflictingAnswer, NotAllowed, SignoffError, UsageError
 from ..._types import InputRequest, InputResponse, Principal
+from ...stores import promptly
 from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, settled_as
 from ._blocks import (
     ANSWER_BLOCK,
@@ -399,7 +400,10 @@ class SlackChannel(Channel):
     # -- background work ----------------------------------------------------------------------
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(work)
+        # Started from the endpoint, but no one waits on it: its store calls wait as long as the
+        # store allows, not an HTTP request's brief while (which would lose the person's click).
+        with promptly(False):
+            task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -29,9 +29,10 @@ from ..._exceptions import (
 )
 from .._base import FaultHook
 from .._codec import PerSession, Tails
+from .._prompt import REQUEST_WAIT, is_prompt, wrote
 from . import _schema
 from ._changes import Listener
-from ._outage import GRACE, PROBE_AFTER, Outage, is_down
+from ._outage import GRACE, Outage, is_down
 from ._url import SCHEMA_NAME, describe, number, split_options
 
 __all__ = ["Conn", "Connections", "Seen", "storable"]
@@ -73,6 +74,7 @@ class Connections:
         poll_interval: float = 1.0,
         migrate: bool = True,
         grace: float | None = None,
+        request_timeout: float | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
@@ -89,6 +91,10 @@ class Connections:
             raise StoreError(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
         self.connect_timeout = connect_timeout
         self.timeout = timeout or number(options, "pool_timeout", float, 30.0)
+        # How long a call made for an HTTP request (`promptly()`) waits for a busy pool.
+        self.request_timeout = request_timeout or number(
+            options, "request_pool_timeout", float, REQUEST_WAIT
+        )
         self.poll_interval = poll_interval
         grace = grace or number(options, "outage_grace", float, GRACE)
         self.auto_migrate = migrate
@@ -310,7 +316,7 @@ class Connections:
         for attempt in range(2):
             broken = False
             try:
-                async with _Borrowed(self, pool) as conn:
+                async with _Borrowed(self, pool, is_prompt() and attempt == 0) as conn:
                     try:
                         return await body(conn)
                     except psycopg.OperationalError as exc:
@@ -320,10 +326,6 @@ class Connections:
                         if broken and not conn.closed:
                             await conn.close()
                         raise
-            except PoolTimeout as exc:
-                raise StoreError(
-                    f"{what}: no PostgreSQL connection at {self._where}: {exc}"
-                ) from exc
             except psycopg.OperationalError as exc:
                 if broken and attempt == 0:
                     await self._after_loss(pool)
@@ -361,11 +363,14 @@ class Connections:
             phase = "connect"
             broken = False
             try:
-                async with _Borrowed(self, pool) as conn:
+                # Only a first attempt may fail soon: a retry's statement may have run already.
+                async with _Borrowed(self, pool, is_prompt() and attempt == 0) as conn:
                     try:
                         phase = "body"
                         if not transaction:
-                            return await body(conn)
+                            result = await body(conn)
+                            wrote()
+                            return result
                         # BEGIN and COMMIT are sent by hand: what `body` does not wait for
                         # goes out with the COMMIT in one round trip, where psycopg's
                         # `transaction()` in a pipeline would add three syncs.
@@ -391,6 +396,7 @@ class Connections:
                                         await pipeline.sync()
                                 raise
                         phase = "done"
+                        wrote()
                         return result
                     except Exception as exc:
                         if isinstance(exc, psycopg.OperationalError):
@@ -405,10 +411,6 @@ class Connections:
                             with contextlib.suppress(psycopg.Error):
                                 await conn.rollback()
                         raise
-            except PoolTimeout as exc:
-                raise StoreError(
-                    f"{what}: no PostgreSQL connection at {self._where}: {exc}"
-                ) from exc
             except psycopg.OperationalError as exc:
                 if not broken:  # the server answered: the transaction was rolled back
                     raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
@@ -418,6 +420,7 @@ class Connections:
                     if committed is not None:
                         try:
                             if await committed():
+                                wrote()
                                 return None
                         except StoreError:
                             pass
@@ -441,53 +444,6 @@ class Connections:
                     ) from None
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise StoreError(f"{what}: connection to {self._where} kept failing")
-
-    async def _borrow(self, pool: AsyncConnectionPool[Conn]) -> tuple[Conn, bool]:
-        """A connection for one call, and whether it is the pool's. While the server is down
-        this fails with `StoreUnavailable` once the outage outlasts its grace, instead of
-        waiting the pool's whole timeout; a call waiting when the server comes back may get
-        the probe's connection (not the pool's) rather than wait for the pool to reconnect."""
-        outage = self._outage
-        if outage.since is None and pool.get_stats().get("pool_available", 0):
-            return await pool.getconn(), True  # the usual case: an idle connection
-        if outage.over_grace():
-            conn = await outage.probe()
-            if conn is not None:
-                return conn, False
-            if outage.over_grace():
-                raise outage.unavailable()
-        waiting = asyncio.ensure_future(pool.getconn())
-        handed = False
-        try:
-            wait = PROBE_AFTER if outage.since is None else 0.0
-            while True:
-                await asyncio.wait({waiting}, timeout=wait)
-                if waiting.done():
-                    try:
-                        conn = waiting.result()
-                    except PoolTimeout as exc:
-                        if outage.since is not None:
-                            raise outage.unavailable() from exc
-                        raise
-                    handed = True
-                    return conn, True
-                conn = await outage.probe()
-                if conn is not None:
-                    return conn, False
-                if outage.over_grace():
-                    raise outage.unavailable()
-                wait = (
-                    PROBE_AFTER if outage.since is None else min(PROBE_AFTER, outage.grace_left())
-                )
-        finally:
-            if not handed:
-                waiting.cancel()
-                try:
-                    conn = await waiting
-                except BaseException:  # cancelled, or it had failed: nothing borrowed
-                    pass
-                else:
-                    await pool.putconn(conn)
 
     async def _after_loss(self, pool: AsyncConnectionPool[Conn]) -> None:
         """A connection was lost, so the others idle in the pool may be too (the server restarted):
@@ -562,19 +518,22 @@ _CLOSED = "SO409"
 
 
 class _Borrowed:
-    """A connection for one store call: `_borrow()`, then back to the pool, or closed if it was
-    the outage probe's. Lighter than the pool's `connection()`, whose `async with conn` commits
-    or rolls back an autocommit connection (nothing to do: `_write` rolls back the transactions
-    it opens, and the pool would roll back any other it is handed)."""
+    """A connection for one store call (`Outage.borrow`, briefly if `prompt`: for an HTTP
+    request), then back to the pool, or closed if it was the outage probe's. Lighter than the
+    pool's `connection()`, whose `async with conn` commits or rolls back an autocommit connection
+    (nothing to do: `_write` rolls back the transactions it opens, and the pool would roll back
+    any other it is handed)."""
 
-    __slots__ = ("conn", "owner", "pool", "pooled")
+    __slots__ = ("conn", "owner", "pool", "pooled", "prompt")
 
-    def __init__(self, owner: Connections, pool: AsyncConnectionPool[Conn]) -> None:
+    def __init__(self, owner: Connections, pool: AsyncConnectionPool[Conn], prompt: bool) -> None:
         self.owner = owner
         self.pool = pool
+        self.prompt = prompt
 
     async def __aenter__(self) -> Conn:
-        self.conn, self.pooled = await self.owner._borrow(self.pool)
+        wait = self.owner.request_timeout if self.prompt else None
+        self.conn, self.pooled = await self.owner._outage.borrow(self.pool, wait)
         return self.conn
 
     async def __aexit__(self, *exc: object) -> None:

@@ -1,6 +1,7 @@
 """Telling a PostgreSQL server that is down from a pool that is only busy, so that a call fails
 fast with `StoreUnavailable` once an outage has lasted longer than a restart takes, and a call
-made during a brief restart still goes through as soon as the server is back."""
+made during a brief restart still goes through as soon as the server is back; a call made for an
+HTTP request that finds the pool busy (the server up) fails soon with `StoreBusy`."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from ..._exceptions import StoreUnavailable
+from ..._exceptions import StoreBusy, StoreError, StoreUnavailable
 
 if TYPE_CHECKING:
     from psycopg.rows import TupleRow
@@ -78,6 +80,77 @@ class Outage:
         return StoreUnavailable(
             f"PostgreSQL unavailable at {self._where} for {down:.1f}s: {self.error}"
         )
+
+    def busy(self, pool: AsyncConnectionPool[Conn], busy_after: float | None) -> StoreError:
+        """No connection came in time, the server up: `StoreBusy` for a call that was to wait
+        only briefly (so a 503 `store_busy` always means the request wrote nothing), otherwise a
+        `StoreError` after the pool's whole timeout, as before."""
+        waited = pool.timeout if busy_after is None else min(busy_after, pool.timeout)
+        message = (
+            f"no free PostgreSQL connection at {self._where} within {waited:g}s: all "
+            f"{pool.max_size} of the pool's (`pool_max`) are in use"
+        )
+        return StoreError(message) if busy_after is None else StoreBusy(message)
+
+    async def borrow(
+        self, pool: AsyncConnectionPool[Conn], busy_after: float | None
+    ) -> tuple[Conn, bool]:
+        """A connection for one call, and whether it is the pool's. While the server is down
+        this fails with `StoreUnavailable` once the outage outlasts its grace, instead of
+        waiting the pool's whole timeout; a call waiting when the server comes back may get
+        the probe's connection (not the pool's) rather than wait for the pool to reconnect.
+        The server up, a call waits `busy_after` seconds if given (else the pool's timeout),
+        then fails (`busy`)."""
+        if self.since is None and pool.get_stats().get("pool_available", 0):
+            try:  # the usual case: an idle connection
+                return await pool.getconn(busy_after), True
+            except PoolTimeout as exc:  # another call took it first, and no other came
+                raise self.busy(pool, busy_after) from exc
+        if self.over_grace():
+            conn = await self.probe()
+            if conn is not None:
+                return conn, False
+            if self.over_grace():
+                raise self.unavailable()
+        started = self._now()
+        waiting = asyncio.ensure_future(pool.getconn())
+        handed = False
+        try:
+            wait = PROBE_AFTER if self.since is None else 0.0
+            while True:
+                if busy_after is not None and self.since is None:
+                    wait = min(wait, max(0.0, started + busy_after - self._now()))
+                await asyncio.wait({waiting}, timeout=wait)
+                if waiting.done():
+                    try:
+                        conn = waiting.result()
+                    except PoolTimeout as exc:
+                        if self.since is not None:
+                            raise self.unavailable() from exc
+                        raise self.busy(pool, busy_after) from exc
+                    handed = True
+                    return conn, True
+                conn = await self.probe()
+                if conn is not None:
+                    return conn, False
+                if self.over_grace():
+                    raise self.unavailable()
+                if (
+                    busy_after is not None
+                    and self.since is None
+                    and self._now() - started >= busy_after
+                ):
+                    raise self.busy(pool, busy_after)  # up, and no connection came: busy
+                wait = PROBE_AFTER if self.since is None else min(PROBE_AFTER, self.grace_left())
+        finally:
+            if not handed:
+                waiting.cancel()
+                try:
+                    conn = await waiting
+                except BaseException:  # cancelled, or it had failed: nothing borrowed
+                    pass
+                else:
+                    await pool.putconn(conn)
 
     async def probe(self) -> Conn | None:
         """Check the server. Returns a live connection only when this call found it back after

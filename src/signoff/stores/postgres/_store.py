@@ -51,7 +51,8 @@ class PostgresStore(Reads, Leases):
 
     `schema` names the PostgreSQL schema holding signoff's tables. With `migrate=False`, `open()`
     refuses an older schema instead of upgrading it (run `signoff db upgrade`). The URL may carry
-    `schema`, `pool_min`, `pool_max` and `pool_timeout` beside libpq's own parameters.
+    `schema`, `pool_min`, `pool_max`, `pool_timeout`, `request_pool_timeout` and `outage_grace`
+    beside libpq's own parameters.
     """
 
     def __repr__(self) -> str:

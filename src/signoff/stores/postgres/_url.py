@@ -24,7 +24,14 @@ N = TypeVar("N", int, float)
 SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
 
-_OPTIONS = ("schema", "pool_min", "pool_max", "pool_timeout", "outage_grace")
+_OPTIONS = (
+    "schema",
+    "pool_min",
+    "pool_max",
+    "pool_timeout",
+    "request_pool_timeout",
+    "outage_grace",
+)
 
 
 def split_options(url: str) -> tuple[str, dict[str, str]]:

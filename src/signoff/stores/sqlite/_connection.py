@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from ..._exceptions import SchemaVersionError, StoreError, StoreGone
+from ..._exceptions import SchemaVersionError, StoreBusy, StoreError, StoreGone
 from .._base import FaultHook
 from .._codec import PerSession, Tails
+from .._prompt import REQUEST_WAIT, is_prompt, wrote
 from ._schema import (
     PAGE_SIZE,
     SCHEMA,
@@ -393,9 +394,14 @@ class Connection:
 def immediate(conn: sqlite3.Connection, check: Callable[[], None] | None = None) -> Iterator[None]:
     """One `BEGIN IMMEDIATE` transaction, after which `check` may still refuse it. A failure of
     SQLite itself (the file locked past busy_timeout, a full disk, a damaged file) is a
-    `StoreError`; a constraint violation is left to the caller, which knows what it means."""
+    `StoreError`; a constraint violation is left to the caller, which knows what it means. Made
+    for an HTTP request (`promptly()`), it waits for the file's lock only `REQUEST_WAIT` seconds,
+    then fails with `StoreBusy`, rather than hold the server's event loop the whole timeout."""
+    prompt = is_prompt()
+    begun = False
     try:
-        conn.execute("BEGIN IMMEDIATE")
+        _begin(conn, prompt)
+        begun = True
         try:
             if check is not None:
                 check()
@@ -413,7 +419,33 @@ def immediate(conn: sqlite3.Connection, check: Callable[[], None] | None = None)
                 "SQLite write failed: this process may read the store but not write it (check "
                 f"the owner and mode of the file, its -wal and -shm files and directory): {exc}"
             ) from exc
+        if prompt and not begun and _busy(exc):
+            raise StoreBusy(
+                f"SQLite write failed: {exc} (another connection held the file's lock for "
+                f"{REQUEST_WAIT:g}s)"
+            ) from exc
         raise StoreError(f"SQLite write failed: {exc}") from exc
+    wrote()
+
+
+def _begin(conn: sqlite3.Connection, prompt: bool) -> None:
+    """`BEGIN IMMEDIATE`, which waits for the file's write lock: briefly if `prompt`, with the
+    connection's own busy timeout restored after."""
+    if not prompt:
+        conn.execute("BEGIN IMMEDIATE")
+        return
+    (patient,) = conn.execute("PRAGMA busy_timeout").fetchone()
+    conn.execute(f"PRAGMA busy_timeout={min(int(patient), int(REQUEST_WAIT * 1000))}")
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+    finally:
+        conn.execute(f"PRAGMA busy_timeout={int(patient)}")
+
+
+def _busy(exc: sqlite3.Error) -> bool:
+    """Whether SQLite gave up waiting for a lock another connection held."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return code is not None and (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
 
 def reading(

@@ -1,0 +1,201 @@
+"""A busy store: a call made for an HTTP request waits for a PostgreSQL connection only
+`?request_pool_timeout=` seconds (for SQLite's file lock, as long), then fails with `StoreBusy`
+(503 `store_busy`, Retry-After), while workers, background work and the rest of a request that
+has written keep the store's whole wait (`?pool_timeout=`, SQLite's busy timeout)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sqlite3
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff._client import _error
+from signoff._events import Event
+from signoff.server import TokenAuth, create_app
+from signoff.stores import SQLiteStore, promptly
+from signoff.stores.postgres import PostgresStore
+
+from .test_server_common import TOKENS, auth, make_runtime
+
+BOUND = 10.0
+"""A generous bound on a prompt failure with a 1 s wait: far below the pool's 30 s."""
+
+
+@contextlib.asynccontextmanager
+async def held(store: PostgresStore, n: int) -> AsyncIterator[None]:
+    """Every connection of the store's pool (`n` of them) borrowed for the block's duration."""
+    pool = await store._get_pool()
+    conns = [await pool.getconn() for _ in range(n)]
+    try:
+        yield
+    finally:
+        for conn in conns:
+            await pool.putconn(conn)
+
+
+async def _answer_later(runtime: so.Runtime) -> tuple[str, str]:
+    result = await runtime.generate("support", "Refund order 1042, it broke", auth=_alice())
+    assert result.status == "waiting"
+    return result.session_id, result.pending[0].id
+
+
+def _alice() -> so.Principal:
+    return TOKENS["alice-token"]
+
+
+async def test_an_http_call_on_a_busy_pool_is_a_prompt_503_store_busy(pg_store_url: str) -> None:
+    """With every pooled connection held, the API answers 503 `store_busy` with Retry-After in
+    about the configured second, not after the pool's 30 s, and the answer it refused was not
+    recorded; once connections are free again, the same call succeeds."""
+    runtime = make_runtime(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=1")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        sid, rid = await _answer_later(runtime)
+        store = runtime.store
+        assert isinstance(store, PostgresStore)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c:
+            body = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+            loop = asyncio.get_running_loop()
+            async with held(store, 2):
+                for method, path, payload in (
+                    ("GET", "/v1/requests", None),
+                    ("POST", f"/v1/sessions/{sid}/responses", body),
+                ):
+                    started = loop.time()
+                    r = await asyncio.wait_for(c.request(method, path, json=payload), BOUND)
+                    assert loop.time() - started < BOUND
+                    assert r.status_code == 503, r.text
+                    detail = r.json()["error"]
+                    assert detail["code"] == "store_busy"
+                    assert r.headers["Retry-After"] == str(so.StoreBusy.retry_after)
+                    assert "127.0.0.1" not in detail["message"]
+            stored = await store.get_request(rid)
+            assert stored is not None and stored.status == "pending"  # nothing was recorded
+            r = await c.post(f"/v1/sessions/{sid}/responses", json=body)
+            assert r.status_code == 200, r.text
+    await runtime.close()
+
+
+async def test_calls_outside_a_request_keep_the_pools_whole_wait(pg_store_url: str) -> None:
+    """A worker's or a script's call is not made for an HTTP request: it still waits for a
+    connection (up to `pool_timeout`) and goes through once one is free."""
+    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=1")
+    await store.open()
+    try:
+        async with held(store, 2):
+            reading = asyncio.ensure_future(store.count_pending(so.stores.PendingFilter()))
+            await asyncio.sleep(2.5)
+            assert not reading.done()
+        assert await asyncio.wait_for(reading, BOUND) == 0
+    finally:
+        await store.close()
+
+
+async def test_a_patient_call_that_finds_no_connection_is_a_plain_store_error(
+    pg_store_url: str,
+) -> None:
+    """Past the pool's whole timeout a call outside a request fails as it always did: a
+    `StoreError`, not `StoreBusy`, which promises that the HTTP request wrote nothing."""
+    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&pool_timeout=1")
+    await store.open()
+    try:
+        async with held(store, 2):
+            with pytest.raises(so.StoreError, match="no free PostgreSQL connection") as info:
+                await asyncio.wait_for(store.count_pending(so.stores.PendingFilter()), BOUND)
+            assert not isinstance(info.value, so.StoreBusy)
+    finally:
+        await store.close()
+
+
+async def test_a_prompt_call_fails_with_store_busy(pg_store_url: str) -> None:
+    """Inside `promptly()` a read fails with `StoreBusy`, a `StoreError`, after the short wait."""
+    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=1")
+    await store.open()
+    try:
+        loop = asyncio.get_running_loop()
+        async with held(store, 2):
+            started = loop.time()
+            with promptly(), pytest.raises(so.StoreBusy, match="no free PostgreSQL connection"):
+                await asyncio.wait_for(store.count_pending(so.stores.PendingFilter()), BOUND)
+            assert 0.9 < loop.time() - started < BOUND
+        assert issubclass(so.StoreBusy, so.StoreError)
+    finally:
+        await store.close()
+
+
+async def test_after_a_write_the_rest_of_the_request_waits(pg_store_url: str) -> None:
+    """Once a call made for a request has written, the rest of that request waits as workers
+    do: failing it now would leave half of what the request does recorded (an answer whose
+    turn never runs) behind a 503 that says to retry."""
+    store = PostgresStore(f"{pg_store_url}?pool_min=2&pool_max=2&request_pool_timeout=1")
+    await store.open()
+    try:
+        with promptly():
+            await store.create_session(
+                "ses_busy1", "support", [_created("ses_busy1")], expires_at=None
+            )
+            async with held(store, 2):
+                reading = asyncio.ensure_future(store.head("ses_busy1"))
+                await asyncio.sleep(2.5)
+                assert not reading.done()
+            assert await asyncio.wait_for(reading, BOUND) == 1
+    finally:
+        await store.close()
+
+
+def _created(sid: str) -> Event:
+    return Event(session_id=sid, seq=1, type="session.created", at=1_700_000_000.0, data={})
+
+
+def test_the_request_pool_timeout_url_option() -> None:
+    store = PostgresStore("postgresql://u@h/db?request_pool_timeout=2.5")
+    assert store.request_timeout == 2.5
+    assert PostgresStore("postgresql://u@h/db").request_timeout == 3.0
+    with pytest.raises(so.StoreError, match="request_pool_timeout"):
+        PostgresStore("postgresql://u@h/db?request_pool_timeout=0")
+
+
+def test_the_client_raises_store_busy() -> None:
+    exc = _error({"code": "store_busy", "message": "the store is busy"}, 503)
+    assert isinstance(exc, so.StoreBusy)
+
+
+async def test_sqlite_a_prompt_write_on_a_locked_file_is_store_busy(tmp_path: Path) -> None:
+    """SQLite has no pool, but a write waits for the file's lock (another process writing, an
+    open `sqlite3` shell): made for an HTTP request it waits only briefly, then `StoreBusy`,
+    instead of holding the server (its calls run on the event loop) for the 30 s busy timeout;
+    outside a request it keeps the whole timeout and its plain `StoreError`."""
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.open()
+    locker = sqlite3.connect(path, isolation_level=None)
+    try:
+        locker.execute("BEGIN IMMEDIATE")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with promptly(), pytest.raises(so.StoreBusy, match="locked"):
+            await store.create_session("ses_busy1", "support", [_created("ses_busy1")], None)
+        assert loop.time() - started < BOUND
+        assert store._conn is not None
+        assert store._conn.execute("PRAGMA busy_timeout").fetchone() == (30_000,)
+        patient = SQLiteStore(f"sqlite:///{path}", busy_timeout=0.5)
+        with pytest.raises(so.StoreError, match="locked") as info:
+            await patient.create_session("ses_busy2", "support", [_created("ses_busy2")], None)
+        assert not isinstance(info.value, so.StoreBusy)
+        await patient.close()
+        locker.execute("ROLLBACK")
+        with promptly():
+            await store.create_session("ses_busy1", "support", [_created("ses_busy1")], None)
+        assert await store.head("ses_busy1") == 1
+    finally:
+        locker.close()
+        await store.close()
