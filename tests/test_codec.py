@@ -209,7 +209,7 @@ def test_a_text_too_long_to_be_a_dictionary_is_not_handed_on() -> None:
 
 
 def test_tails_answer_only_for_the_head_they_saw_and_keep_the_most_recent() -> None:
-    tails = Tails(keep=2)
+    tails: Tails[tuple[str, int] | None] = Tails(keep=2)
     tails.put("a", 5, ("text a", 0))
     assert tails.knows("a", 5) and tails.get("a", 5) == ("text a", 0)
     assert not tails.knows("a", 6) and tails.get("a", 6) is None  # someone else wrote since

@@ -668,6 +668,41 @@ async def test_turn_ids_read_back_exactly_though_rows_name_them_once(store: SQLi
     )
 
 
+async def test_a_commit_names_turns_from_what_this_store_wrote_without_reading_them(
+    tmp_path: Path,
+) -> None:
+    """The turn at the head is remembered from the store's own last commit, not read back;
+    commits that alternate between two stores on one file (each reading it) name the same
+    rows as those of one store."""
+    turns = ["trn_a", "trn_a", None, "trn_b"] + ["trn_c"] * (sqlite_store.TURN_NAMED_EVERY + 7)
+    one = SQLiteStore(f"sqlite:///{tmp_path / 'one.db'}")
+    first = SQLiteStore(f"sqlite:///{tmp_path / 'two.db'}")
+    second = SQLiteStore(f"sqlite:///{tmp_path / 'two.db'}")
+    for s in (one, first, second):
+        await s.open()
+    reads: list[str] = []
+    one.conn.set_trace_callback(
+        lambda sql: reads.append(sql) if "turn IS NOT NULL" in sql else None
+    )
+    try:
+        for s in (one, first):
+            await new_session(s, "s1")
+        seq = 1
+        for i in range(0, len(turns), 2):
+            batch = [turn_event("s1", seq + 1 + j, t) for j, t in enumerate(turns[i : i + 2])]
+            await one.commit(Commit(session_id="s1", expected_seq=seq, events=batch))
+            other = first if i % 4 == 0 else second
+            await other.commit(Commit(session_id="s1", expected_seq=seq, events=batch))
+            seq += len(batch)
+        assert reads == []
+        rows = "SELECT seq, turn FROM events ORDER BY seq"
+        assert one.conn.execute(rows).fetchall() == first.conn.execute(rows).fetchall()
+        assert [e.turn_id for e in (await one.read_events("s1"))[1:]] == turns
+    finally:
+        for s in (one, first, second):
+            await s.close()
+
+
 async def test_a_request_repeating_the_proposed_call_is_stored_once(tmp_path: Path) -> None:
     """The approval request repeats the tool input the model proposed one event earlier: its
     row keeps only what is new. An audited event is never what another is stored on."""

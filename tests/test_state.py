@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._state import CallState, TurnState
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -121,6 +122,41 @@ async def test_snapshot_round_trips_at_every_point(tmp_path: Path) -> None:
         for e in events[n:]:
             restored.apply(e)
         assert restored.to_snapshot() == final, f"resumed from event {n}"
+
+
+async def test_copy_is_the_snapshot_round_trip_and_leaves_the_original_alone(
+    tmp_path: Path,
+) -> None:
+    log = ExecutionLog()
+    rt, sid = await rich_session(tmp_path, log)
+    async with rt:
+        events = await events_of(rt, sid)
+    final = fold(events).to_snapshot()
+    for n in range(1, len(events) + 1):
+        prefix = fold(events[:n])
+        snap = prefix.to_snapshot()
+        copy = prefix.copy()
+        assert copy.to_snapshot() == so.SessionState.from_snapshot(snap).to_snapshot() == snap
+        assert copy.conversation is None
+        assert copy.status == prefix.status
+        for e in events[n:]:
+            copy.apply(e)
+        assert copy.to_snapshot() == final, f"resumed from event {n}"
+        assert prefix.to_snapshot() == snap, f"the copy changed the original at event {n}"
+
+
+def test_copy_does_not_share_a_calls_journal() -> None:
+    state = so.SessionState(id="ses_1")
+    state.turn = TurnState(id="trn_1")
+    state.turn.calls["c1"] = CallState(id="c1", tool_name="t", input={})
+    copy = state.copy()
+    assert copy.turn is not None
+    copy.turn.calls["c1"].record(0, {"kind": "step", "name": "s", "result": 1})
+    copy.turn.calls["c1"].status = "running"
+    copy.turn.steps = 3
+    assert state.turn.calls["c1"].journal == []
+    assert state.turn.calls["c1"].status == "proposed"
+    assert state.turn.steps == 0
 
 
 async def test_status_follows_the_turn(tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def shadow(state: SessionState, events: Sequence[Event], before: int) -> Session
     due = any(e.type in STATUS_TYPES for e in events) or snapshot_due(before, len(events))
     if not due:
         return None
-    copy = SessionState.from_snapshot(state.to_snapshot())
+    copy = state.copy()
     for e in events:
         copy.apply(e)
     return copy
@@ -105,7 +105,7 @@ def waiting_after(state: SessionState, specs: Sequence[EventSpec]) -> list[Event
     """`turn.waiting`, when the turn would park right after `specs`: nothing left to decide or
     run, something waiting for a person. Recorded with them, it saves the park a commit; the
     drive loop records it otherwise, on the same condition."""
-    copy = SessionState.from_snapshot(state.to_snapshot())
+    copy = state.copy()
     for i, (type_, data) in enumerate(specs):
         copy.apply(
             Event(

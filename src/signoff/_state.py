@@ -201,6 +201,67 @@ class SessionState:
             },
         }
 
+    def copy(self) -> SessionState:
+        """What `from_snapshot(self.to_snapshot())` gives, without the JSON round trip: a state
+        to apply events to that leaves this one untouched (the conversation left out)."""
+        t = self.turn
+        turn = None
+        if t is not None:
+            turn = TurnState(
+                id=t.id,
+                status=t.status,
+                principal=t.principal,
+                started_at=t.started_at,
+                steps=t.steps,
+                text=t.text,
+                retryable=t.retryable,
+                error=t.error,
+                first_seq=t.first_seq,
+                last_message_seq=t.last_message_seq,
+                model_seq=t.model_seq,
+                source=t.source,
+                calls={
+                    k: CallState(
+                        id=c.id,
+                        tool_name=c.tool_name,
+                        input=c.input,
+                        status=c.status,
+                        request_id=c.request_id,
+                        decision=c.decision,
+                        idempotency_key=c.idempotency_key,
+                        edited_input=c.edited_input,
+                        journal=list(c.journal),
+                        keyed=c.keyed,
+                    )
+                    for k, c in t.calls.items()
+                },
+            )
+        return SessionState(
+            id=self.id,
+            agent=self.agent,
+            seq=self.seq,
+            created_at=self.created_at,
+            updated_at=self.updated_at,
+            ttl=self.ttl,
+            initiator=self.initiator,
+            parent=self.parent,
+            turn=turn,
+            requests={
+                k: RequestState(
+                    request=r.request, status=r.status, outcome=r.outcome, resolution=r.resolution
+                )
+                for k, r in self.requests.items()
+            },
+            approved_tools=set(self.approved_tools),
+            model_responses=self.model_responses,
+            usage=self.usage,
+            queued=list(self.queued),
+            lapsed=self.lapsed,
+            limit_grants=self.limit_grants,
+            candidates=dict(self.candidates),
+            conversation=None,
+        )
+
     @classmethod
     def from_snapshot(cls, data: dict[str, Any]) -> SessionState:
         """Rebuild a state from `to_snapshot()`; a malformed snapshot is a `StoreError`."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import zlib
 from collections.abc import Callable, Sequence
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from .._events import dumps, loads
 from .._exceptions import StoreError
@@ -261,15 +261,16 @@ class PerSession(dict[str, V]):
         super().__setitem__(session_id, value)
 
 
-class Tails:
+class Tails(Generic[V]):
     """What the last event a store wrote to each of its recent sessions can give the next one
-    to be stored on, keyed by session; valid only while that event is the session's head."""
+    to be stored on (`Previous | None`, or what else a store keeps of that event), keyed by
+    session; valid only while that event is the session's head."""
 
     def __init__(self, keep: int = 1024) -> None:
         self._keep = keep
-        self._tails: dict[Any, tuple[int, Previous | None]] = {}
+        self._tails: dict[Any, tuple[int, V]] = {}
 
-    def get(self, key: Any, head: int) -> Previous | None:
+    def get(self, key: Any, head: int) -> V | None:
         known = self._tails.get(key)
         return known[1] if known is not None and known[0] == head else None
 
@@ -277,7 +278,7 @@ class Tails:
         known = self._tails.get(key)
         return known is not None and known[0] == head
 
-    def put(self, key: Any, seq: int, previous: Previous | None) -> None:
+    def put(self, key: Any, seq: int, previous: V) -> None:
         """Remember that event `seq`, now the head, gives `previous` (None: nothing)."""
         self._tails.pop(key, None)
         if len(self._tails) >= self._keep:

@@ -28,7 +28,7 @@ from ..._exceptions import (
     StoreUnavailable,
 )
 from .._base import FaultHook
-from .._codec import PerSession, Tails
+from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
 from . import _schema
 from ._changes import Listener
@@ -110,7 +110,7 @@ class Connections:
         # no round trip to read it first; the guess is checked in the statement that writes,
         # under the session's row lock.
         self._state: PerSession[Seen] = PerSession()
-        self._tails = Tails()
+        self._tails: Tails[Previous | None] = Tails()
         self._changes = Listener(self.channel, self._connect, f"signoff-listen-{schema}")
         self._outage = Outage(self._probe_connect, self._where, grace)
         self._s = f'"{schema}"'

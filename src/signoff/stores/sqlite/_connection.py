@@ -17,7 +17,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreBusy, StoreError, StoreGone
 from .._base import FaultHook
-from .._codec import PerSession, Tails
+from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
 from ._schema import (
     PAGE_SIZE,
@@ -182,7 +182,10 @@ class Connection:
         self._conn: sqlite3.Connection | None = None
         self._fault: FaultHook | None = None
         self._sk: PerSession[int] = PerSession()
-        self._tails = Tails()
+        self._tails: Tails[Previous | None] = Tails()
+        # The turn each recent session's head event is in and how many rows back a row names it
+        # (what `_turn_at` reads), as this store wrote it; valid while that event is the head.
+        self._named: Tails[tuple[str, int]] = Tails()
         # Leases this store granted and not yet given back: session -> (token, expiry); and
         # the latest time a lease call gave, past which an unreleased one has lapsed.
         self._leased: dict[str, tuple[int, float]] = {}

@@ -61,11 +61,12 @@ class SQLiteStore(Reads, Leases):
                     (session_id, agent, events[-1].seq, "idle", at, at, expires_at),
                 )
                 sk = int(cur.lastrowid or 0)
-                tail = self._insert_events(conn, sk, events, None, None)
+                tail, named = self._insert_events(conn, sk, events, None, None)
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"session {session_id!r} already exists") from exc
         self._sk[session_id] = sk
         self._tails.put(sk, events[-1].seq, tail)
+        self._named.put(sk, events[-1].seq, named)
         self._after("session.created")
 
     async def commit(self, commit: Commit) -> None:
@@ -74,7 +75,7 @@ class SQLiteStore(Reads, Leases):
         self._before(label)
         if commit.durable:
             conn.execute("PRAGMA synchronous=FULL")
-        sk, tail = -1, None
+        sk, tail, named = -1, None, ("", 0)
         try:
             with immediate(conn, self._writable):
                 # A released lease (no owner) keeps its token for the next grant, but fences it.
@@ -132,11 +133,11 @@ class SQLiteStore(Reads, Leases):
                         (pack(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
                     )
                 if commit.events:
-                    tail = self._insert_events(
+                    tail, named = self._insert_events(
                         conn,
                         sk,
                         commit.events,
-                        self._turn_at(sk, head),
+                        self._named.get(sk, head) or self._turn_at(sk, head),
                         self._previous(conn, sk, head),
                     )
                     n = kept(row[3], int, sid, "audit_n")
@@ -168,6 +169,7 @@ class SQLiteStore(Reads, Leases):
                 conn.execute("PRAGMA synchronous=NORMAL")
         if commit.events:
             self._tails.put(sk, commit.events[-1].seq, tail)
+            self._named.put(sk, commit.events[-1].seq, named)
         self._after(label)
         if commit.release_lease and commit.lease_token is not None:
             parked = any(e.type == "turn.waiting" for e in commit.events)
@@ -239,9 +241,11 @@ class SQLiteStore(Reads, Leases):
         events: Sequence[Event],
         turn_before: tuple[str, int] | None,
         previous: Previous | None,
-    ) -> Previous | None:
-        """Insert a commit's events; returns what the next event may be stored on. An audited
-        event is never stored on, so altering one in the log is reported at its entry alone."""
+    ) -> tuple[Previous | None, tuple[str, int]]:
+        """Insert a commit's events; returns what the next event may be stored on, and the
+        turn of the last one with how many rows back a row names it (`_turn_at` of it). An
+        audited event is never stored on, so altering one in the log is reported at its entry
+        alone."""
         # `turn` is NULL when the event belongs to the turn of the event before it: only a
         # turn's first event names it ('' for none), and one in every TURN_NAMED_EVERY again.
         rows = []
@@ -258,7 +262,7 @@ class SQLiteStore(Reads, Leases):
         conn.executemany(
             "INSERT INTO events (sk, seq, type, turn, at, v, data) VALUES (?,?,?,?,?,?,?)", rows
         )
-        return previous
+        return previous, (turn or "", since)
 
     def _previous(self, conn: sqlite3.Connection, sk: int, head: int) -> Previous | None:
         """The text of the session's event `head` and how many events reading it needs, for the
