@@ -3,6 +3,7 @@ never the API token itself, and over https not plantable from a sibling domain."
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
@@ -10,13 +11,15 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from starlette.testclient import TestClient
 
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_server_common import ALICE, TOKENS, make_agents
+from .test_server_common import ALICE, TOKENS, make_agents, running
+from .test_sse import _follow_until_closed
 
 JSON = {"Accept": "application/json"}
 HTTP = "http://signoff.test"
@@ -271,3 +274,52 @@ def test_sign_out_without_a_valid_sign_in_still_clears_the_cookie(tmp_path: Path
             for h in r.headers.get_list("set-cookie")
         )
         assert app.state.signoff.runtime.audit_sync(stream="dashboard:sign-outs") == []
+
+
+@pytest.mark.parametrize("how", ["signed out", "expired"])
+@pytest.mark.parametrize("stream", ["queue", "session"])
+def test_a_stream_opened_with_a_sign_in_ends_when_it_is_signed_out(
+    tmp_path: Path, stream: str, how: str
+) -> None:
+    """A stream authenticates once, when it opens: one opened with a copied cookie used to go
+    on for ever after the sign-out. It ends (`stream.end`, 401 `unauthenticated`) within a
+    heartbeat, and so does one whose sign-in expires."""
+    now = [1_000_000.0]
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db", clock=lambda: now[0])
+    app = create_app(
+        runtime,
+        auth=TokenAuth(TOKENS),
+        poll_interval=0.02,
+        heartbeat=0.1,
+        sweep_every=None,
+        sign_in_lifetime=3600,
+    )
+    with running(app) as base, httpx.Client(base_url=base, timeout=10) as browser:
+        page = browser.get("/_signoff/login")
+        browser.post("/_signoff/login", data={"token": "alice-token", "csrf": _csrf(page.text)})
+        copied = {"signoff_token": browser.cookies["signoff_token"]}
+        body = browser.post(
+            "/v1/sessions",
+            json={"agent": "support", "message": "Refund 1042"},
+            headers={"Authorization": "Bearer alice-token"},
+        ).json()
+        path = (
+            "/_signoff/stream" if stream == "queue" else f"/v1/sessions/{body['session_id']}/events"
+        )
+        seen = "event: queue" if stream == "queue" else "id: 1"
+
+        def sign_out() -> None:
+            if how == "expired":
+                now[0] += 3600
+                return
+            csrf = _csrf(browser.get("/_signoff/").text)
+            assert browser.post("/_signoff/logout", data={"csrf": csrf}).status_code == 303
+
+        with (
+            httpx.Client(base_url=base, cookies=copied, timeout=10) as thief,
+            thief.stream("GET", path) as s,
+        ):
+            lines = _follow_until_closed(s, seen, sign_out)
+    end = lines.index("event: stream.end")
+    data = json.loads(lines[end + 1].removeprefix("data: "))
+    assert data["status"] == 401 and data["error"]["code"] == "unauthenticated", data

@@ -78,7 +78,23 @@ class ServerContext:
         await self.runtime.open()
         if await self.sign_outs.revoked(self.runtime.store, grant, now):
             return None
+        request.state.signoff_sign_in = grant
         return grant
+
+    async def sign_in_ended(self, request: HTTPConnection) -> bool:
+        """Whether the sign-in that authenticated this request (a stream, which lasts) has
+        expired or been signed out since. A store failure reads as not yet: the stream's own
+        reads wait for the store, and this is asked again."""
+        grant = getattr(request.state, "signoff_sign_in", None)
+        if not isinstance(grant, Grant):
+            return False
+        now = self.runtime.clock()
+        if grant.issued <= now - self.sign_in_lifetime:
+            return True
+        try:
+            return await self.sign_outs.revoked(self.runtime.store, grant, now)
+        except StoreError:
+            return False
 
     async def sign_out(self, grant: Grant) -> None:
         """Revoke a sign-in for every process serving the store."""

@@ -40,7 +40,7 @@ from ._page_data import (
 )
 from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, pretty, render, set_csrf
 from ._sign_ins import issue
-from ._sse import LASTING, end_event, sse, stream_response
+from ._sse import LASTING, SIGNED_OUT_END, end_event, sse, stream_response
 
 __all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redirect"]
 
@@ -73,7 +73,8 @@ async def queue_fragment(request: Request) -> Response:
 
 @router.get("/stream")
 async def queue_stream(request: Request) -> Response:
-    """Server-wide SSE: a `queue` event whenever the set of visible open requests changes."""
+    """Server-wide SSE: a `queue` event whenever the set of visible open requests changes,
+    until the viewer's sign-in cookie ends (checked every heartbeat)."""
     ctx, viewer = await signed_in(request)
     try:
         await ctx.open_requests_version()
@@ -86,6 +87,7 @@ async def queue_stream(request: Request) -> Response:
         last = None
         everything: tuple[int, str] | None = None
         beat = time.monotonic()
+        signed_at = beat + ctx.heartbeat  # when to check the viewer's sign-in again
         failing = False
         yield "retry: 1000\n\n"
         while True:
@@ -117,6 +119,11 @@ async def queue_stream(request: Request) -> Response:
             elif time.monotonic() - beat >= ctx.heartbeat:
                 beat = time.monotonic()
                 yield ": keep-alive\n\n"
+            if time.monotonic() >= signed_at:
+                signed_at = time.monotonic() + ctx.heartbeat
+                if await ctx.sign_in_ended(request):
+                    yield SIGNED_OUT_END
+                    return
             if ctx.closing or await request.is_disconnected():
                 return
             await asyncio.sleep(ctx.poll_interval)
