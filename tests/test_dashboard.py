@@ -36,6 +36,12 @@ def signed_in(base: str, token: str = "alice-token") -> Iterator[httpx.Client]:
         yield c
 
 
+def cookie_of(base: str, token: str = "alice-token") -> dict[str, str]:
+    """The sign-in cookie a browser gets for `token` from the login form (a new sign-in)."""
+    with signed_in(base, token) as c:
+        return {"signoff_token": c.cookies["signoff_token"]}
+
+
 def csrf_of(html: str) -> str:
     match = re.search(r'name="csrf-token" content="([^"]+)"', html)
     assert match, "no CSRF token in the page"
@@ -508,7 +514,10 @@ def test_the_sign_in_cookie_is_not_honoured_beside_the_dashboard(tmp_path: Path)
 
     for path in ("/_signoffs/delete", "/_signoff-admin", "/_signoff/whoami"):
         app.add_api_route(path, whoami, methods=["POST"])
-    with TestClient(app, cookies={"signoff_token": "alice-token"}) as c:
+    with TestClient(app) as c:
+        page = c.get("/_signoff/login")
+        c.post("/_signoff/login", data={"token": "alice-token", "csrf": csrf_of(page.text)})
+        assert c.cookies["signoff_token"]
         assert c.post("/_signoffs/delete").json() == {"who": None}
         assert c.post("/_signoff-admin").json() == {"who": None}
         assert c.post("/_signoff/whoami").json() == {"who": "alice"}

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_dashboard import csrf_of, signed_in, start
+from .test_dashboard import cookie_of, csrf_of, signed_in, start
 from .test_server_common import TOKENS, auth, make_runtime, running, served
 
 JSON = {"Accept": "application/json"}
@@ -42,10 +42,13 @@ def post_as(
         return c.post(path, data={**data, "csrf": token}, headers={**JSON, "X-CSRF-Token": token})
 
 
-def forged_post(base: str, path: str, token: str, data: dict[str, str]) -> httpx.Response:
-    """Alice's browser, into which an attacker planted `token` as the CSRF cookie, posting a
-    form that carries the same token (a cookie-tossing attack from a sibling host)."""
-    return post_as(base, {"signoff_token": "alice-token", "signoff_csrf": token}, path, token, data)
+def forged_post(
+    base: str, me: dict[str, str], path: str, token: str, data: dict[str, str]
+) -> httpx.Response:
+    """Alice's browser (signed in with the cookies `me`), into which an attacker planted `token`
+    as the CSRF cookie, posting a form that carries the same token (a cookie-tossing attack
+    from a sibling host)."""
+    return post_as(base, {**me, "signoff_csrf": token}, path, token, data)
 
 
 def waiting(base: str, body: dict[str, Any]) -> bool:
@@ -56,20 +59,22 @@ def waiting(base: str, body: dict[str, Any]) -> bool:
 def test_a_planted_token_of_another_sign_in_is_refused(base: str) -> None:
     body = start(base)
     path = f"/_signoff/requests/{body['pending'][0]['id']}/respond"
+    me = cookie_of(base, "alice-token")
     planted = {
-        "mallory's own": token_of(base, {"signoff_token": "mallory-token"}),
+        "mallory's own": token_of(base, cookie_of(base, "mallory-token")),
+        "alice's other sign-in's": token_of(base, cookie_of(base, "alice-token")),
         "a visitor's": token_of(base),
         "made up": "x" * 43,
         "made up, short": "x",
     }
     for name, token in planted.items():
-        r = forged_post(base, path, token, {"option": "approve"})
+        r = forged_post(base, me, path, token, {"option": "approve"})
         assert r.status_code == 403, (name, r.text)
         assert r.json()["error"]["code"] == "csrf_failed", name
     assert waiting(base, body)  # nothing was settled
     # alice's own token, from her own page, works
-    mine = token_of(base, {"signoff_token": "alice-token"})
-    r = forged_post(base, path, mine, {"option": "approve"})
+    mine = token_of(base, me)
+    r = forged_post(base, me, path, mine, {"option": "approve"})
     assert r.status_code == 200 and r.json()["outcome"] == "approved", r.text
 
 
@@ -86,9 +91,10 @@ def test_switching_users_in_one_browser_refuses_the_old_pages_token(base: str) -
         )
         assert r.status_code == 303
         jar = browser.cookies.get("signoff_csrf") or ""
+        bob = browser.cookies.get("signoff_token") or ""
         form = {"agent": "support", "message": "Refund 1042"}
         for cookie in {jar, old}:  # the cookie the browser now holds, or the old page's own
-            me = {"signoff_token": "bob-token", "signoff_csrf": cookie}
+            me = {"signoff_token": bob, "signoff_csrf": cookie}
             r = post_as(base, me, "/_signoff/sessions", old, form)
             assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed", r.text
         fresh = csrf_of(browser.get("/_signoff/new").text)
@@ -107,26 +113,40 @@ def test_tokens_are_keyed_by_the_servers_secret(tmp_path: Path) -> None:
     def app(**kwargs: Any) -> Any:
         return create_app(make_runtime(store), auth=TokenAuth(TOKENS), sweep_every=None, **kwargs)
 
-    me = {"signoff_token": "alice-token"}
+    def bearer_post(base: str, token: str, data: dict[str, str]) -> httpx.Response:
+        """Alice posting with her bearer token, the CSRF cookie and field set to `token`."""
+        with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as c:
+            c.cookies.set("signoff_csrf", token)
+            return c.post("/_signoff/sessions", data={**data, "csrf": token}, headers=JSON)
+
+    def bearer_token_of(base: str) -> str:
+        with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as c:
+            return csrf_of(c.get("/_signoff/new").text)
+
     form = {"agent": "support", "message": "x"}
     with running(app(secret="one")) as one, running(app(secret="two")) as two:
-        minted = token_of(one, me)
-        r = forged_post(two, "/_signoff/sessions", minted, form)
+        minted = bearer_token_of(one)
+        r = bearer_post(two, minted, form)
         assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+        me = cookie_of(one)  # a sign-in and its page's token, made by the first process
+        signed = token_of(one, me)
         with running(app(secret="one")) as twin:
-            r = forged_post(
-                twin, "/_signoff/sessions", minted, {"agent": "support", "message": "x"}
-            )
+            r = bearer_post(twin, minted, form)
+            assert r.status_code == 200, r.text
+            r = forged_post(twin, me, "/_signoff/sessions", signed, form)
             assert r.status_code == 200, r.text
     # Without a secret, processes (or a restart) accept each other's tokens, and the sign-in's
     # credential alone makes them unforgeable: a token minted for another one is refused.
     with running(app()) as first, running(app()) as second:
+        me = cookie_of(first)
         minted = token_of(first, me)
-        r = forged_post(second, "/_signoff/sessions", minted, form)
+        r = forged_post(second, me, "/_signoff/sessions", minted, form)
         assert r.status_code == 200, r.text
-        other = token_of(first, {"signoff_token": "bob-token"})
-        r = forged_post(second, "/_signoff/sessions", other, form)
+        other = token_of(first, cookie_of(first, "bob-token"))
+        r = forged_post(second, me, "/_signoff/sessions", other, form)
         assert r.status_code == 403 and r.json()["error"]["code"] == "csrf_failed"
+        r = bearer_post(second, bearer_token_of(first), form)
+        assert r.status_code == 200, r.text
     with pytest.raises(so.UsageError, match="secret"):
         app(secret="")
 
@@ -162,7 +182,7 @@ def test_bearer_clients_post_with_the_token_of_their_page(base: str) -> None:
 def test_two_pages_loaded_at_once_both_post(base: str) -> None:
     """Two tabs loaded at once, before the browser held a token, each got a fresh token and
     the cookie kept the later one: the earlier tab's forms post too, both made for Alice."""
-    me = {"signoff_token": "alice-token"}
+    me = cookie_of(base)
     first, second = token_of(base, me), token_of(base, me)
     assert first != second
     form = {"agent": "support", "message": "Refund 1042"}
@@ -203,7 +223,7 @@ def test_a_form_body_that_cannot_be_read_is_malformed_form(base: str, name: str)
     page for a plain browser post; nothing is settled or started."""
     body = start(base)
     content_type, raw = MALFORMED[name]
-    me = {"signoff_token": "alice-token"}
+    me = cookie_of(base)
     paths = [
         f"/_signoff/requests/{body['pending'][0]['id']}/respond",
         "/_signoff/sessions",

@@ -31,6 +31,8 @@ from signoff._client import AsyncClient
 from signoff.server import TokenAuth, create_app
 from signoff.server._app import MAX_BODY_SIZE
 from signoff.server._limits import BodyLimit
+from signoff.server._pages import csrf_key
+from signoff.server._sign_ins import issue
 from signoff.testing import ManualClock
 
 from .test_server_common import ALICE, BOB, MALLORY, TOKENS, _echo, auth, make_agents
@@ -441,6 +443,11 @@ def answer_json(value: bytes) -> Callable[[World], bytes]:
 BIG = MAX_BODY_SIZE + 1024
 
 
+def alice_sign_in(w: World) -> str:
+    """A valid dashboard sign-in of Alice's (the served app has no secret), as her cookie holds."""
+    return issue(csrf_key(None), "alice-token", w.clock())
+
+
 HTTP_ATTACKS: dict[str, Call] = {
     # forged ids
     "forged-id": Call(responses(A, lambda w: forged()), 404, "unknown_request"),
@@ -667,14 +674,15 @@ HTTP_ATTACKS: dict[str, Call] = {
         "unauthenticated",
         token=None,
     ),
-    # the dashboard's cookie carries no authority for the API's writes (no CSRF from a page)
+    # the dashboard's cookie (a valid sign-in) carries no authority for the API's writes (no
+    # CSRF from a page)
     "cookie-on-api-post": Call(
         lambda w: (
             "POST",
             to_responses(w),
             {
                 "json": {"inputResponses": [{"requestId": w.ra, "optionId": "approve"}]},
-                "headers": {"Cookie": "signoff_token=alice-token"},
+                "headers": {"Cookie": f"signoff_token={alice_sign_in(w)}"},
             },
         ),
         401,
@@ -682,6 +690,13 @@ HTTP_ATTACKS: dict[str, Call] = {
         token=None,
     ),
 }
+
+
+async def test_the_sign_in_refused_for_api_writes_is_valid_for_reads(served: Served) -> None:
+    """`cookie-on-api-post` is refused for what it is, a cookie on an API write: the same
+    sign-in is honoured for a read."""
+    cookie = {"Cookie": f"signoff_token={alice_sign_in(served.world)}"}
+    assert (await served.client.get("/v1/requests", headers=cookie)).status_code == 200
 
 
 @pytest.mark.parametrize("name", sorted(HTTP_ATTACKS))
@@ -931,7 +946,8 @@ async def test_a_sign_in_posted_from_another_site_is_refused(served: Served) -> 
             r = await b.post(
                 "/_signoff/login", data={"csrf": token, "token": "alice-token"}, headers=headers
             )
-            assert r.status_code == 303 and "signoff_token=alice-token" in r.headers["set-cookie"]
+            assert r.status_code == 303 and "signoff_token=" in r.headers["set-cookie"]
+            assert "alice-token" not in r.headers["set-cookie"]  # a sign-in, never the token
 
 
 async def test_a_signed_in_form_posted_from_another_site_is_refused(served: Served) -> None:

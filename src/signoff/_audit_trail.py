@@ -15,6 +15,8 @@ __all__ = ["AuditProblem", "entries", "record_tool_settings", "tool_setting", "v
 
 TOOL_SETTING = "tool.approval_changed"
 TOOLS_STREAM = "tools:"  # the streams of tool setting changes: tools:<agent>.<tool>
+SIGN_OUTS_STREAM = "dashboard:sign-outs"  # the dashboard's sign-ins signed out (server)
+_OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM)  # streams no session keeps the head of
 RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
 
 
@@ -85,7 +87,7 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
             past[e.stream] = None
     for sid, (n, digest) in heads.items():
         seen, seen_hash = last.get(sid, (0, None))
-        keeper = "stream" if sid.startswith(TOOLS_STREAM) else "session"
+        keeper = "stream" if sid.startswith(_OWN_STREAMS) else "session"
         if seen < n:
             missing = f"entry {n} is" if seen + 1 == n else f"entries {seen + 1} to {n} are"
             reason = f"{missing} missing from the end of the {keeper}'s chain"
@@ -101,7 +103,7 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
             n = now.get(sid, (0, None))[0]
             seen = last[sid][0]
             if seen > n:
-                keeper = "stream" if sid.startswith(TOOLS_STREAM) else "session"
+                keeper = "stream" if sid.startswith(_OWN_STREAMS) else "session"
                 extra = f"entry {seen} is" if seen == n + 1 else f"entries {n + 1} to {seen} are"
                 reason = f"{extra} past the end of the chain its {keeper} keeps"
                 problems.append(AuditProblem(id=last_id[sid], stream=sid, n=n + 1, reason=reason))

@@ -37,6 +37,7 @@ from ._limits import BodyLimit
 from ._links import add_links
 from ._pages import csrf_key
 from ._prompt import PromptStore
+from ._sign_ins import SIGN_IN_LIFETIME, lifetime_of
 
 __all__ = ["MAX_BODY_SIZE", "AppChannels", "create_app"]
 
@@ -78,6 +79,7 @@ def create_app(
     max_body_size: int = MAX_BODY_SIZE,
     secret: str | bytes | None = None,
     workers: int = 0,
+    sign_in_lifetime: float = SIGN_IN_LIFETIME,
 ) -> FastAPI:
     """Build the app serving `runtime`.
 
@@ -88,8 +90,10 @@ def create_app(
     interactivity endpoint) are mounted on the app. Every `sweep_every` seconds the app applies
     passed request deadlines (`Runtime.expire_due`); None turns that off (workers do it too).
     A request body over `max_body_size` bytes is refused with 413 `payload_too_large`.
-    `secret` keys the dashboard's CSRF tokens, which are bound to the sign-in's credential; set
-    one (the same in every process) when the authenticator's sign-ins carry no credential.
+    `secret` keys the dashboard's CSRF tokens, which are bound to the sign-in's credential, and
+    its sign-in cookies; set one (the same in every process), above all when the
+    authenticator's sign-ins carry no credential. A dashboard sign-in lasts `sign_in_lifetime`
+    seconds (12 hours by default) unless signed out first.
     `workers` runs that many turns at a time in this process for any session with work
     (`Runtime.work`): one answered from elsewhere (`signoff approve` without a runtime) or left
     running by a process that died. Workers apply passed deadlines too, every `sweep_every`
@@ -109,6 +113,7 @@ def create_app(
         raise UsageError(f"max_body_size must be a positive number of bytes, not {max_body_size!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise UsageError(f"workers must be a whole number from 0, not {workers!r}")
+    sign_in_lifetime = lifetime_of(sign_in_lifetime)
 
     async def _sweep(every: float) -> None:
         while True:
@@ -172,6 +177,7 @@ def create_app(
         secret=csrf_key(secret),
         poll_interval=poll_interval,
         heartbeat=heartbeat,
+        sign_in_lifetime=sign_in_lifetime,
     )
     install_error_handlers(app)
 

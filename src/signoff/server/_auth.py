@@ -1,8 +1,8 @@
 """Who is calling: pluggable authenticators, and the rule for who may see a session.
 
 An authenticator turns a request into a `Principal` (or `None`: not authenticated). Built in:
-`TokenAuth` (bearer API tokens, or the same token in the dashboard's cookie) and `DevAuth`
-(localhost only, everyone is one dev principal).
+`TokenAuth` (bearer API tokens; the server also honours the dashboard's sign-in cookie, made
+from one of them, see `_sign_ins`) and `DevAuth` (localhost only, everyone is one dev principal).
 
 Visibility rule (`default_access`): a caller may see a session when the caller is its
 initiator, or both carry the same `tenant` attribute, or the caller has `admin: true`.
@@ -26,6 +26,7 @@ from .._types import Principal
 
 __all__ = [
     "DASHBOARD_PREFIX",
+    "HOST_TOKEN_COOKIE",
     "TOKEN_COOKIE",
     "AccessRule",
     "Authenticator",
@@ -35,6 +36,9 @@ __all__ = [
 ]
 
 TOKEN_COOKIE = "signoff_token"
+HOST_TOKEN_COOKIE = "__Host-signoff_token"
+"""The sign-in cookie over https: a browser takes a `__Host-` cookie only from this very host
+(`Secure`, `Path=/`, no `Domain`), so a page of a sibling domain cannot plant one."""
 DASHBOARD_PREFIX = "/_signoff"
 
 AccessRule = Callable[[Principal, Principal | None], bool]
@@ -53,9 +57,10 @@ class Authenticator(Protocol):
 class TokenAuth:
     """Bearer API tokens from configuration, each mapped to a principal.
 
-    The token is read from `Authorization: Bearer <token>`, or from the dashboard's
-    `signoff_token` cookie (set by its sign-in form). The cookie is `SameSite=Strict` and is
-    honoured only for reads and for the dashboard, whose forms carry a CSRF token.
+    The token is read from `Authorization: Bearer <token>`. The dashboard's sign-in form trades
+    a token for a signed, expiring sign-in cookie (never the token itself), which the server
+    honours for this authenticator's tokens, only for reads and for the dashboard, whose forms
+    carry a CSRF token (`sign_in_cookie`).
     """
 
     def __init__(self, tokens: Mapping[str, Principal]) -> None:
@@ -74,9 +79,7 @@ class TokenAuth:
 
     def __call__(self, request: HTTPConnection) -> Principal | None:
         token = bearer_token(request)
-        if token is None and _cookie_allowed(request):
-            token = request.cookies.get(TOKEN_COOKIE)
-        if not token:
+        if token is None:
             return None
         return self.lookup(token)
 
@@ -136,6 +139,19 @@ def _netloc(origin: str) -> str | None:
         return urlsplit(origin.strip()).netloc.lower() or None
     except ValueError:  # e.g. an unclosed IPv6 bracket
         return None
+
+
+def token_cookie(request: HTTPConnection) -> str:
+    """The name of the sign-in cookie for this request: the `__Host-` one over https."""
+    return HOST_TOKEN_COOKIE if request.url.scheme == "https" else TOKEN_COOKIE
+
+
+def sign_in_cookie(request: HTTPConnection) -> str | None:
+    """The sign-in cookie's value, where it may stand for the caller: not beside a bearer token,
+    and only for reads and the dashboard's own paths. Over https only the `__Host-` cookie."""
+    if bearer_token(request) is not None or not _cookie_allowed(request):
+        return None
+    return request.cookies.get(token_cookie(request)) or None
 
 
 def _cookie_allowed(request: HTTPConnection) -> bool:

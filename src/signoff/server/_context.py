@@ -18,8 +18,9 @@ from .._state import SessionState
 from .._state_parts import load_principal
 from .._types import InputRequest, Principal
 from ..stores import PendingFilter, StoredRequest
-from ._auth import AccessRule, Authenticator, default_access
+from ._auth import AccessRule, Authenticator, TokenAuth, default_access, sign_in_cookie
 from ._errors import ApiError
+from ._sign_ins import SIGN_IN_LIFETIME, Grant, SignOuts, read
 
 __all__ = ["ServerContext", "get_context"]
 
@@ -34,11 +35,16 @@ class ServerContext:
     secret: bytes
     poll_interval: float = 0.25
     heartbeat: float = 15.0
+    sign_in_lifetime: float = SIGN_IN_LIFETIME
     # Set when the server begins to stop: open streams end at their next poll instead of
     # holding the shutdown, which waits for every response to finish.
     closing: bool = False
     # A session's initiator never changes (`initiator`).
     _initiators: dict[str, Principal | None] = field(default_factory=dict, repr=False)
+    sign_outs: SignOuts = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.sign_outs = SignOuts(self.sign_in_lifetime)
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
         """The caller, or `None` when the authenticator does not recognise it (asked once per
@@ -51,8 +57,49 @@ class ServerContext:
             result = await result
         if result is not None and not isinstance(result, Principal):
             raise TypeError(f"the authenticator returned {result!r}, not a Principal or None")
-        request.state.signoff_principal = result
-        return result
+        found: Principal | None = result
+        if found is None:
+            grant = await self.sign_in(request)
+            found = None if grant is None else grant.principal
+        request.state.signoff_principal = found
+        return found
+
+    async def sign_in(self, request: HTTPConnection) -> Grant | None:
+        """The dashboard sign-in the request's cookie holds, if it is valid (made by this
+        server for a `TokenAuth` token still configured, within its lifetime) and was not
+        signed out in any process serving the store."""
+        value = sign_in_cookie(request)
+        if value is None or not isinstance(self.auth, TokenAuth):
+            return None
+        now = self.runtime.clock()
+        grant = read(self.secret, self.auth, value, now, self.sign_in_lifetime)
+        if grant is None:
+            return None
+        await self.runtime.open()
+        if await self.sign_outs.revoked(self.runtime.store, grant, now):
+            return None
+        request.state.signoff_sign_in = grant
+        return grant
+
+    async def sign_in_ended(self, request: HTTPConnection) -> bool:
+        """Whether the sign-in that authenticated this request (a stream, which lasts) has
+        expired or been signed out since. A store failure reads as not yet: the stream's own
+        reads wait for the store, and this is asked again."""
+        grant = getattr(request.state, "signoff_sign_in", None)
+        if not isinstance(grant, Grant):
+            return False
+        now = self.runtime.clock()
+        if grant.issued <= now - self.sign_in_lifetime:
+            return True
+        try:
+            return await self.sign_outs.revoked(self.runtime.store, grant, now)
+        except StoreError:
+            return False
+
+    async def sign_out(self, grant: Grant) -> None:
+        """Revoke a sign-in for every process serving the store."""
+        await self.runtime.open()
+        await self.sign_outs.revoke(self.runtime.store, grant, self.runtime.clock())
 
     async def require(self, request: HTTPConnection) -> Principal:
         principal = await self.principal(request)

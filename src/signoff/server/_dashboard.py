@@ -23,7 +23,7 @@ from starlette.responses import (
 from .._exceptions import SignoffError, StoreError, UnknownRequest, UnknownSession
 from .._types import InputRequest, InputResponse
 from ..stores import PendingFilter
-from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, TokenAuth, is_dashboard
+from ._auth import DASHBOARD_PREFIX, TokenAuth, is_dashboard, token_cookie
 from ._context import get_context
 from ._errors import public_message, status_for
 from ._json_body import RepeatedKey, unique_keys
@@ -39,7 +39,8 @@ from ._page_data import (
     tool_rows,
 )
 from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, pretty, render, set_csrf
-from ._sse import LASTING, end_event, sse, stream_response
+from ._sign_ins import issue
+from ._sse import LASTING, SIGNED_OUT_END, end_event, sse, stream_response
 
 __all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redirect"]
 
@@ -72,7 +73,8 @@ async def queue_fragment(request: Request) -> Response:
 
 @router.get("/stream")
 async def queue_stream(request: Request) -> Response:
-    """Server-wide SSE: a `queue` event whenever the set of visible open requests changes."""
+    """Server-wide SSE: a `queue` event whenever the set of visible open requests changes,
+    until the viewer's sign-in cookie ends (checked every heartbeat)."""
     ctx, viewer = await signed_in(request)
     try:
         await ctx.open_requests_version()
@@ -85,6 +87,7 @@ async def queue_stream(request: Request) -> Response:
         last = None
         everything: tuple[int, str] | None = None
         beat = time.monotonic()
+        signed_at = beat + ctx.heartbeat  # when to check the viewer's sign-in again
         failing = False
         yield "retry: 1000\n\n"
         while True:
@@ -116,6 +119,11 @@ async def queue_stream(request: Request) -> Response:
             elif time.monotonic() - beat >= ctx.heartbeat:
                 beat = time.monotonic()
                 yield ": keep-alive\n\n"
+            if time.monotonic() >= signed_at:
+                signed_at = time.monotonic() + ctx.heartbeat
+                if await ctx.sign_in_ended(request):
+                    yield SIGNED_OUT_END
+                    return
             if ctx.closing or await request.is_disconnected():
                 return
             await asyncio.sleep(ctx.poll_interval)
@@ -439,18 +447,37 @@ async def login(request: Request) -> Response:
             "login.html", request, 401, viewer=None, error="That token is not recognised."
         )
     response = RedirectResponse(DASHBOARD_PREFIX, status_code=303)
-    secure = request.url.scheme == "https"
+    # A signed, expiring sign-in, never the token; over https a `__Host-` cookie (Secure,
+    # Path=/, no Domain), which a page of a sibling domain cannot plant.
     response.set_cookie(
-        TOKEN_COOKIE, token, httponly=True, samesite="strict", secure=secure, path="/"
+        token_cookie(request),
+        issue(ctx.secret, token, ctx.runtime.clock()),
+        max_age=max(1, int(ctx.sign_in_lifetime)),
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+        path="/",
     )
     return response
 
 
 @router.post("/logout")
 async def logout(request: Request) -> Response:
+    """Sign out: the sign-in is revoked in the store, so a copy of the cookie stops working in
+    every process too, and the browser is told to drop the cookie."""
     await check_csrf(request)
+    ctx = get_context(request)
+    grant = await ctx.sign_in(request)
+    if grant is not None:
+        await ctx.sign_out(grant)
     response = RedirectResponse(f"{DASHBOARD_PREFIX}/login", status_code=303)
-    response.delete_cookie(TOKEN_COOKIE, path="/")
+    response.delete_cookie(
+        token_cookie(request),
+        path="/",
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
     return response
 
 

@@ -28,7 +28,7 @@ from starlette.responses import HTMLResponse, Response
 from .._exceptions import UsageError
 from .._text import HIDDEN, escape_as_json
 from .._types import Principal
-from ._auth import DASHBOARD_PREFIX, TOKEN_COOKIE, bearer_token
+from ._auth import DASHBOARD_PREFIX, bearer_token, token_cookie
 from ._context import get_context
 from ._errors import ApiError, malformed_form
 
@@ -144,7 +144,7 @@ async def _sign_in(request: Request) -> bytes:
     """Who the request is signed in as: the principal (None if none) and its credential."""
     principal = await get_context(request).principal(request)
     who = None if principal is None else [principal.authenticator, principal.principal_id]
-    credential = bearer_token(request) or request.cookies.get(TOKEN_COOKIE, "")
+    credential = bearer_token(request) or request.cookies.get(token_cookie(request), "")
     return json.dumps([who, credential]).encode()
 
 

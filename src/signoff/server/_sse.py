@@ -29,6 +29,7 @@ from ._errors import public_message, status_for
 
 __all__ = [
     "LASTING",
+    "SIGNED_OUT_END",
     "STREAM_HEADERS",
     "end_event",
     "event_stream",
@@ -90,6 +91,19 @@ def end_event(exc: SignoffError) -> str:
     return sse({"status": status_for(exc), "error": body}, event="stream.end")
 
 
+SIGNED_OUT_END = sse(
+    {
+        "status": 401,
+        "error": {
+            "code": "unauthenticated",
+            "message": "the sign-in ended (signed out, or expired): sign in again",
+        },
+    },
+    event="stream.end",
+)
+"""The end of a stream whose sign-in cookie has expired or been signed out since it opened."""
+
+
 async def session_end(ctx: ServerContext, session_id: str) -> tuple[SignoffError | None, float]:
     """Why the session's stream must end (it expired, or is gone from the store), or None and
     the time of the runtime's clock at which it expires (inf if never)."""
@@ -112,8 +126,9 @@ async def event_stream(
     follow: bool,
 ) -> AsyncIterator[str]:
     """Everything after `after`, then (when following) new events as the store gains them,
-    until the client goes, the server stops (`ctx.closing`), or the session can have no more
-    (it expired, was deleted, or its store is gone for good): then a final `stream.end`.
+    until the client goes, the server stops (`ctx.closing`), the session can have no more
+    (it expired, was deleted, or its store is gone for good), or the sign-in cookie that opened
+    it ended (checked every `heartbeat`): then a final `stream.end`.
 
     It polls the store rather than an in-process signal, so any server process can serve any
     session, whoever writes to it. A following stream outlives a store failing for a while (the
@@ -125,6 +140,7 @@ async def event_stream(
     failing = False
     expires_at = 0.0  # by the runtime's clock; 0 until the session's state is read
     check_at = 0.0  # monotonic: when to read the state again (was the session deleted?)
+    signed_at = time.monotonic() + heartbeat  # when to check the caller's sign-in again
     while True:
         ended: SignoffError | None = None
         batch: list[Event] = []
@@ -167,6 +183,11 @@ async def event_stream(
         if not follow:
             return
         now = time.monotonic()
+        if now >= signed_at:
+            signed_at = now + heartbeat
+            if await ctx.sign_in_ended(request):
+                yield SIGNED_OUT_END
+                return
         if now - last_sent >= heartbeat:
             yield ": keep-alive\n\n"
             last_sent = now
