@@ -1,0 +1,138 @@
+"""What a user installs: the wheel's files and metadata, the sdist, and the install hints.
+
+The wheel and sdist are built offline with hatchling's PEP 517 hooks (the `dev` extra has it),
+as pip would build them; a missing extra is simulated by blocking its modules in a subprocess.
+"""
+
+from __future__ import annotations
+
+import email
+import subprocess
+import sys
+import tarfile
+import tomllib
+import zipfile
+from collections.abc import Iterator
+from email.message import Message
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "signoff"
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+VERSION = PYPROJECT["project"]["version"]
+
+
+def _build(kind: str, source: Path, out: Path) -> Path:
+    """Build a wheel or sdist of `source` into `out` with the build backend, offline."""
+    out.mkdir(parents=True, exist_ok=True)
+    code = f"import sys, hatchling.build as b; print(b.build_{kind}(sys.argv[1]))"
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        cwd=source,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return out / done.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Iterator[zipfile.ZipFile]:
+    path = _build("wheel", ROOT, tmp_path_factory.mktemp("wheel"))
+    with zipfile.ZipFile(path) as zf:
+        yield zf
+
+
+def _metadata(zf: zipfile.ZipFile) -> Message:
+    return email.message_from_string(zf.read(f"signoff-{VERSION}.dist-info/METADATA").decode())
+
+
+def _source_files() -> set[str]:
+    return {
+        f"signoff/{p.relative_to(SRC).as_posix()}"
+        for p in SRC.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def test_the_wheel_holds_the_package_with_its_data_and_nothing_else(wheel) -> None:
+    names = set(wheel.namelist())
+    dist_info = f"signoff-{VERSION}.dist-info/"
+    assert {n for n in names if not n.startswith(dist_info)} == _source_files()
+    for needed in (
+        "signoff/py.typed",
+        "signoff/server/static/app.css",
+        "signoff/server/static/app.js",
+        "signoff/server/templates/base.html",
+        "signoff/server/templates/login.html",
+    ):
+        assert needed in names, needed
+    assert len([n for n in names if n.startswith("signoff/server/templates/")]) == len(
+        list((SRC / "server" / "templates").glob("*.html"))
+    )
+    stray = [n for n in names if n.split("/")[0] in {"tests", "bench", "examples", "scripts"}]
+    assert stray == [] and not any("fixtures" in n for n in names)
+
+
+def test_the_wheel_metadata_names_version_license_readme_and_entry_point(wheel) -> None:
+    import signoff
+
+    meta = _metadata(wheel)
+    assert (
+        (meta["Name"], meta["Version"]) == ("signoff", VERSION) == ("signoff", signoff.__version__)
+    )
+    assert meta["Requires-Python"] == ">=3.11"
+    assert meta["License-Expression"] == "MIT"
+    # MIT asks for its notice to travel with every copy: the wheel carries the file
+    assert meta["License-File"] == "LICENSE"
+    licence = wheel.read(f"signoff-{VERSION}.dist-info/licenses/LICENSE").decode()
+    assert licence == (ROOT / "LICENSE").read_text() and "MIT License" in licence
+    assert meta["Description-Content-Type"] == "text/markdown"
+    assert str(meta.get_payload()).strip() == (ROOT / "README.md").read_text().strip()
+    extras = set(meta.get_all("Provides-Extra") or [])
+    assert {"postgres", "openai", "anthropic", "slack", "server", "webhooks"} <= extras
+    entry_points = wheel.read(f"signoff-{VERSION}.dist-info/entry_points.txt").decode()
+    assert "[console_scripts]\nsignoff = signoff.cli:main" in entry_points
+    from signoff.cli import main
+
+    assert callable(main)
+
+
+def test_the_sdist_builds_the_same_wheel(wheel, tmp_path: Path) -> None:
+    sdist = _build("sdist", ROOT, tmp_path / "sdist")
+    with tarfile.open(sdist) as tf:
+        tf.extractall(tmp_path / "unpacked", filter="data")
+    again = _build("wheel", tmp_path / "unpacked" / f"signoff-{VERSION}", tmp_path / "again")
+    with zipfile.ZipFile(again) as rebuilt:
+        assert sorted(rebuilt.namelist()) == sorted(wheel.namelist())
+        changed = [n for n in wheel.namelist() if wheel.read(n) != rebuilt.read(n)]
+        assert changed == []
+
+
+# Lowest versions the code is known to work with; a lower floor lets pip keep an older one.
+FLOORS = {
+    # typer < 0.12.4 rejects `str | None` options, and 0.12.4 to 0.15.3 break with click >= 8.2
+    # (which they allow): `signoff --help` fails either way.
+    "typer": "0.16",
+    # `thinking=`, which `so.models.Anthropic` passes through, arrived in anthropic 0.47.
+    "anthropic": "0.47",
+}
+
+
+def test_dependency_floors_are_versions_the_code_works_with() -> None:
+    declared = [*PYPROJECT["project"]["dependencies"]]
+    for deps in PYPROJECT["project"]["optional-dependencies"].values():
+        declared += deps
+    floors: dict[str, list[Version]] = {}
+    for line in declared:
+        req = Requirement(line)
+        mins = [Version(s.version) for s in req.specifier if s.operator == ">="]
+        floors.setdefault(req.name, []).extend(mins)
+    for name, least in FLOORS.items():
+        assert floors.get(name), f"{name} has no lower bound"
+        assert min(floors[name]) >= Version(least), (name, floors[name])
