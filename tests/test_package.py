@@ -136,3 +136,58 @@ def test_dependency_floors_are_versions_the_code_works_with() -> None:
     for name, least in FLOORS.items():
         assert floors.get(name), f"{name} has no lower bound"
         assert min(floors[name]) >= Version(least), (name, floors[name])
+
+
+def _blocked(modules: str, code: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter in which importing any of `modules` fails."""
+    prelude = f"import sys\nsys.modules.update(dict.fromkeys({modules.split(',')!r}))\n"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + code],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("modules", "code", "hint"),
+    [
+        ("fastapi", "import signoff.server", "signoff[server]"),
+        ("uvicorn", "from signoff.server import create_app", "signoff[server]"),
+        ("python_multipart,multipart", "import signoff.server", "signoff[server]"),
+        ("jinja2", "import signoff.server", "signoff[server]"),
+        ("httpx", "import signoff as so; so.Client", "signoff[server]"),
+        (
+            "psycopg,psycopg_pool",
+            "import signoff as so; so.Runtime([], store='postgresql://u@h/db').open_sync()",
+            "signoff[postgres]",
+        ),
+        ("openai", "import signoff as so; so.models.OpenAIChat('m', api_key='k')", "[openai]"),
+        ("anthropic", "import signoff as so; so.models.Anthropic('m', api_key='k')", "[anthropic]"),
+        ("slack_sdk", "import signoff.channels.slack", "signoff[slack]"),
+        ("aiohttp", "import signoff.channels.slack", "signoff[slack]"),
+        (
+            "httpx",
+            "from signoff.channels import WebhookChannel; WebhookChannel('http://h/x', secret='s')",
+            "signoff[webhooks]",
+        ),
+    ],
+)
+def test_a_missing_extra_fails_with_its_install_hint(modules: str, code: str, hint: str) -> None:
+    done = _blocked(modules, code)
+    assert done.returncode == 1
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("signoff._exceptions.UsageError: ") and hint in last, done.stderr
+
+
+@pytest.mark.parametrize("modules", ["fastapi", "uvicorn"])
+def test_serve_without_the_server_extra_is_one_line_with_the_hint(
+    modules: str, tmp_path: Path
+) -> None:
+    argv = ["signoff", "serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db"]
+    code = f"from signoff.cli import main\nsys.argv = {argv!r}\nmain()"
+    done = _blocked(modules, code, cwd=ROOT)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: UsageError: ") and "signoff[server]" in done.stderr
+    assert "Traceback" not in done.stderr
