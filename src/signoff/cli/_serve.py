@@ -109,6 +109,8 @@ def serve(
     try:
         from ..server import TokenAuth
         from ..server import serve as run_server
+    except UsageError as exc:  # the server extra is missing: its install hint
+        fail(exc)
     except ImportError as exc:
         fail(
             UsageError(

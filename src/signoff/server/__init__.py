@@ -6,6 +6,9 @@
 Needs the `server` extra: `pip install 'signoff[server]'`.
 """
 
+from . import _extra  # noqa: F401  (first: a UsageError naming what the extra lacks)
+
+# isort: split
 from .._client import AsyncClient, Client, LiveSession, RemoteError, RemoteResult, RequestView
 from ._app import create_app
 from ._auth import AccessRule, Authenticator, DevAuth, TokenAuth, default_access
