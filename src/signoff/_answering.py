@@ -16,6 +16,7 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, SessionAuth, SessionInfo
+from ._deadlines import due_batch, is_due
 from ._exceptions import (
     AnswerError,
     InvalidAnswer,
@@ -37,6 +38,8 @@ from .stores import Resolve
 __all__ = ["Answering"]
 
 log = logging.getLogger("signoff.runtime")
+
+LATE = "the deadline passed before this response could settle it"
 
 RECOVERY_GRACE = 5.0
 """Seconds beyond a response policy's timeout after which a pending candidate counts as lost."""
@@ -188,7 +191,13 @@ class Answering(SessionRunner):
                     raise
                 self._remember(driver.state)
             for request, reply, wanted in gated:
-                outcome = await self._candidate(session_id, request, reply, wanted, principal)
+                try:
+                    outcome = await self._candidate(session_id, request, reply, wanted, principal)
+                except RequestClosed:
+                    # Its deadline may have closed it just now: the turn goes on without it.
+                    if drive_expired and runnable(await self.state(session_id)):
+                        await self._drive(session_id)
+                    raise
                 outcomes.append(outcome)
             return outcomes
         raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
@@ -326,9 +335,11 @@ class Answering(SessionRunner):
             self._authorize(request, principal)
         outcome: list[Outcome] = []
         refused: list[AnswerError] = []
+        late: list[InputRequest] = []
         evaluated = tool is not None and tool.response_policy is not None
 
         def settle_or_count(st: SessionState) -> Batch:
+            late.clear()
             live = st.requests.get(rid)
             if live is None or live.status != "pending":
                 refused.clear()
@@ -350,6 +361,19 @@ class Answering(SessionRunner):
                 stale = {**base, "outcome": "stale", "reason": why}
                 return Batch(specs=[("approval.candidate", stale)])
             current = live.request
+            now = self.clock()
+            due = due_batch(st, now) if is_due(current, now) else None
+            if due is not None:
+                # Its deadline passed while the response was decided (a slow policy): the
+                # deadline wins, as it would have had anyone looked, and this answer is spent.
+                late.append(current)
+                spent = {**base, "outcome": "stale", "reason": f"{LATE} (request {rid})"}
+                first: list[EventSpec] = [("approval.candidate", spent)] if evaluated else []
+                return Batch(
+                    specs=[*first, *due.specs],
+                    resolve=due.resolve,
+                    updated_requests=due.updated_requests,
+                )
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
                 if current.distinct and me in current.approved_by:
@@ -399,6 +423,17 @@ class Answering(SessionRunner):
             )
 
         await self._append(session_id, settle_or_count, durable=True, turn_id=tid)
+        if late:
+            why = f"{LATE} (request {rid})"
+            if late[-1].on_timeout == "escalate" and late[-1].escalated_to is None:
+                group = late[-1].escalate_to
+                return Outcome(
+                    request_id=rid,
+                    outcome="stale",
+                    applied=False,
+                    reason=f"{why}; it was escalated to {group!r}",
+                )
+            raise RequestClosed(f"request {rid} expired: {why}", [rid])
         if refused:
             raise refused[-1]
         return outcome[-1]

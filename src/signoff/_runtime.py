@@ -329,7 +329,8 @@ class Runtime(Workers):
         self, session_id: str, reason: str | None = None, *, principal: Principal | None = None
     ) -> GenerateResult:
         """Cancel the running or waiting turn; its open requests are withdrawn. `principal`,
-        who cancels, is recorded with the cancellation (in the audited `turn.cancelled`)."""
+        who cancels, is recorded with the cancellation (in the audited `turn.cancelled`). A
+        session past its TTL raises `SessionExpired`, as every call does: nothing revives it."""
         await self.open()
         if reason is not None and not isinstance(reason, str):
             raise UsageError(f"reason must be a string, not {type(reason).__name__}")
@@ -341,6 +342,8 @@ class Runtime(Workers):
         ended = ("completed", "cancelled", "failed")
         for _ in range(20):
             state = await self.state(session_id)
+            if state.expired(self.clock()):
+                await self._expire(state)  # records what the TTL left unfinished, and raises
             turn = state.turn
             if turn is None or turn.status in ended:
                 return self._result(state)
@@ -381,7 +384,7 @@ class Runtime(Workers):
             self._aborts.pop(session_id, None)
             # Subagents under this turn: waiting on a person, or still running.
             for child in dict.fromkeys([*_subagents.children(withdrawn), *delegated]):
-                with contextlib.suppress(UnknownSession):
+                with contextlib.suppress(UnknownSession, SessionExpired):
                     await self.cancel(child, reason, principal=principal)
             # A subagent cancelled on its own: its parent's delegate call goes on.
             await _subagents.after_close(self, driver.state)

@@ -225,7 +225,8 @@ class RuntimeHost:
         """Cancel the child from its parent's drive: the parent goes on by itself."""
         reset = _delegating.set(_delegating.get() | {child})
         try:
-            await self.runtime.cancel(child, reason)
+            with contextlib.suppress(SessionExpired):  # its expiry is recorded: nothing to stop
+                await self.runtime.cancel(child, reason)
         finally:
             _delegating.reset(reset)
 
@@ -347,7 +348,8 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     live = parent.turn is not None and parent.turn.status not in ("completed", "cancelled")
     if live and state.id in _journaled(parent, done=True):
         return False
-    await rt.cancel(state.id, "the parent turn ended")
+    with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
+        await rt.cancel(state.id, "the parent turn ended")
     return True
 
 
