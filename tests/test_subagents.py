@@ -462,6 +462,44 @@ async def test_answering_the_child_directly_lets_the_parent_go_on(tmp_path: Path
     await rt.close()
 
 
+async def test_an_edited_approval_given_on_the_child_repeats_on_the_mirror(tmp_path: Path) -> None:
+    """The child's approval is given directly, with edited input: the mirror closes the same
+    way, so the same answer given on the mirror later is a no-op (not a conflicting answer),
+    and the mirror's stored resolution names the decision and the edit as the child's does."""
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("Refunded less."))
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        edited = {"order_id": "1042", "amount": 90.0}
+        await rt.respond(
+            mirror.child.session_id,
+            [
+                so.InputResponse(
+                    request_id=mirror.child.request_id, option_id="approve", edited_input=edited
+                )
+            ],
+            principal=ALICE,
+        )
+        assert ran == [edited]
+        again = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)],
+            principal=ALICE,
+        )
+        assert again.outcomes == [
+            so.Outcome(request_id=mirror.id, outcome="approved", applied=False)
+        ]
+        assert ran == [edited]
+        original = await rt.store.get_request(mirror.child.request_id)
+        copy = await rt.store.get_request(mirror.id)
+        assert original is not None and copy is not None
+        assert original.resolution is not None and copy.resolution is not None
+        for field in ("decision", "edited_input", "outcome"):
+            assert copy.resolution.get(field) == original.resolution.get(field), field
+
+
 async def test_cancelling_the_child_directly_closes_the_mirror_and_resumes_the_parent(
     tmp_path: Path,
 ) -> None:

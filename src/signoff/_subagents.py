@@ -372,12 +372,18 @@ def _journaled(state: SessionState, *, done: bool) -> list[str]:
 
 
 def routed(state: SessionState, answers: Sequence[Reply]) -> bool:
-    """Whether any answer is for an open request mirrored from a child session."""
-    for a in answers:
-        live = state.requests.get(a.request_id)
-        if live is not None and live.status == "pending" and live.request.child is not None:
-            return True
-    return False
+    """Whether any answer is for a request mirrored from a child session that is open, or
+    settled (a repeat is judged by the child's request, under the child's tool)."""
+    return any(_routed_ref(state, a) is not None for a in answers)
+
+
+def _routed_ref(state: SessionState, answer: Reply) -> ChildRef | None:
+    """The child request an answer to a mirror goes to; None for an answer settled here (one to
+    a request of this session's own, or to a mirror withdrawn or expired: those take none)."""
+    live = state.requests.get(answer.request_id)
+    if live is None or live.status not in ("pending", "settled"):
+        return None
+    return live.request.child
 
 
 async def settle_routed(
@@ -402,12 +408,11 @@ async def settle_routed(
     mirrored: list[tuple[Reply, InputRequest, ChildRef]] = []
     rest: list[Reply] = []
     for a in answers:
-        live = state.requests.get(a.request_id)
-        ref = None if live is None or live.status != "pending" else live.request.child
-        if live is None or ref is None:
+        ref = _routed_ref(state, a)
+        if ref is None:
             rest.append(a)
         else:
-            mirrored.append((a, live.request, ref))
+            mirrored.append((a, state.requests[a.request_id].request, ref))
     for a, _, ref in mirrored:
         with _naming(a, ref):
             await rt._settle(
@@ -449,18 +454,24 @@ def _naming(answer: Reply, ref: ChildRef) -> Iterator[None]:
 
 
 async def _close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None:
-    """Resolve the mirror as its child request was resolved; nothing while that is open."""
+    """Resolve the mirror as its child request was resolved; nothing while that is open.
+
+    The resolution is the child's stored one, which holds the decision, value and edited input
+    the session's fold leaves out, so the mirror reads (and is repeated) as the child's does.
+    """
     ref = mirror.child
     assert ref is not None
     child = await rt.state(ref.session_id)
     live = child.requests.get(ref.request_id)
-    if live is not None:
+    if live is not None and live.status == "pending":
+        return
+    stored = await rt.store.get_request(ref.request_id)
+    if stored is not None and stored.status != "pending":
+        status, resolution = stored.status, stored.resolution
+    elif live is not None:
         status, resolution = live.status, live.resolution
     else:
-        stored = await rt.store.get_request(ref.request_id)
-        if stored is None:
-            return
-        status, resolution = stored.status, stored.resolution
+        return
     if status == "pending":
         return
     data = {
