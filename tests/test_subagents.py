@@ -584,6 +584,86 @@ async def test_a_runtime_without_the_parents_agent_answers_the_child_and_leaves_
     await rt.close()
 
 
+async def test_a_later_turn_of_the_child_is_not_the_delegate_calls_result(tmp_path: Path) -> None:
+    """A message sent to the child after its delegated turn completed (here before a process
+    with the parent's agent went on) starts another turn of the child: the delegate call's
+    result is still the delegated turn's text, not the answer to that later message."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+            reply("Noted, thanks."),
+        ],
+        tools=[issue_refund],
+    )
+    after = Counted("unused")
+    after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    billing_only = sqlite_runtime(tmp_path, child)
+    child_id = mirror.child.session_id
+    await billing_only.respond(
+        child_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    later = await billing_only.send(child_id, "thanks!", principal=ALICE)
+    assert (later.status, later.text) == ("completed", "Noted, thanks.")
+    await billing_only.close()
+    finished = await rt.generate(session_id=r.session_id)
+    assert (finished.status, finished.text) == ("completed", "parent saw: Refund done.")
+    assert ran == ["1042"] and after.calls == 1
+    await rt.close()
+
+
+async def test_a_message_to_the_parent_after_its_child_finished_keeps_the_childs_text(
+    tmp_path: Path,
+) -> None:
+    """The child's request is answered on the child by a process without the parent's agent,
+    and the child's turn completes; a message then steers the parent before it went on. The
+    child's turn can no longer be cancelled and its refund ran: the delegate call's result is
+    the child's text, not `interrupted`, which told the parent's model nothing was done."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("Noted.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    billing_only = sqlite_runtime(tmp_path, child)
+    await billing_only.respond(
+        mirror.child.session_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    await billing_only.close()
+    assert ran == [{"order_id": "1042", "amount": 180.0}]
+    done = await rt.send(r.session_id, "is it done?", principal=ALICE)
+    assert (done.status, done.text) == ("completed", "Noted.")
+    [result] = tool_results(after.capture.last)
+    assert result.content == "Refunded: {'refunded': 180.0}"
+    child_state = await rt.state(mirror.child.session_id)
+    assert child_state.turn is not None and child_state.turn.status == "completed"
+    assert after.calls == 1 and len(ran) == 1
+    await rt.close()
+
+
 def expiring_agents(ran: list[dict[str, Any]], after: Counted) -> tuple[so.Agent, so.Agent]:
     """`refund_agents`, with a child whose sessions expire after a minute."""
     parent, child = refund_agents(ran, after)

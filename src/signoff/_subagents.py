@@ -121,16 +121,21 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     child = await ctx.step("subagent.session", host.create_child, agent, journal.session_id, key)
     await ctx.step("subagent.turn", host.start_child, child, message, who, source)
     if journal.steered():
-        return await _interrupted(host, child)
+        return await _interrupted(host, agent, child)
     result = await host.drive_child(child)
-    if result.status == "completed":
-        return result.text
     if result.status == "waiting":
         if await journal.mirror(child, agent, result.pending):
             await journal.park()
         if journal.steered():
-            return await _interrupted(host, child)
+            return await _interrupted(host, agent, child)
         raise SubagentFailed(f"agent {agent!r} (session {child}) waits on nothing to ask")
+    return _ended(result, agent, child)
+
+
+def _ended(result: GenerateResult, agent: str, child: str) -> Any:
+    """The delegate call's result for the child's turn as it is now (not waiting)."""
+    if result.status == "completed":
+        return result.text
     if result.status == "cancelled":
         return {"cancelled": True, "agent": agent, "session_id": child}
     if result.status == "running":
@@ -141,9 +146,12 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     )
 
 
-async def _interrupted(host: RuntimeHost, child: str) -> dict[str, Any]:
-    """The person wrote to the parent instead of answering: the child's turn is cancelled."""
-    await host.cancel_child(child, "the parent turn was steered by a new message")
+async def _interrupted(host: RuntimeHost, agent: str, child: str) -> Any:
+    """The person wrote to the parent instead of answering: the child's turn is cancelled. A
+    turn that ended first (answered on the child meanwhile) keeps its result: its tools ran."""
+    result = await host.cancel_child(child, "the parent turn was steered by a new message")
+    if result.status in ("completed", "failed"):
+        return _ended(result, agent, child)
     return {"interrupted": True, "session_id": child}
 
 
@@ -208,26 +216,56 @@ class RuntimeHost:
         waits for that drive to end: the child's result is this call's, never a busy error.
         """
         rt = self.runtime
+        ended = await self._delegated_turn(child)
+        if ended is not None:
+            return ended
         owner = f"{rt.owner}:{new_id('sub')}"
         token = await rt._acquire(child, owner)
         while token is None:
             state = await rt.state(child)
             if not runnable(state):  # the other drive ended or parked the turn
-                return rt._result(state)
+                return await self._delegated_turn(child) or rt._result(state)
             token = await rt._acquire(child, owner)
         reset = _delegating.set(_delegating.get() | {child})
         try:
-            return await rt._drive(child, claimed=(owner, token))
+            result = await rt._drive(child, claimed=(owner, token))
         finally:
             _delegating.reset(reset)
+        return await self._delegated_turn(child) or result
 
-    async def cancel_child(self, child: str, reason: str) -> None:
-        """Cancel the child from its parent's drive: the parent goes on by itself."""
+    async def cancel_child(self, child: str, reason: str) -> GenerateResult:
+        """Cancel the child's delegated turn from its parent's drive (the parent goes on by
+        itself); returns that turn's result, which may have ended otherwise first."""
+        ended = await self._delegated_turn(child)
+        if ended is not None:
+            return ended
         reset = _delegating.set(_delegating.get() | {child})
         try:
-            await self.runtime.cancel(child, reason)
+            result = await self.runtime.cancel(child, reason)
         finally:
             _delegating.reset(reset)
+        return await self._delegated_turn(child) or result
+
+    async def _delegated_turn(self, child: str) -> GenerateResult | None:
+        """The result of the child's first turn, the one its delegate call started, once a
+        later turn (a message sent to the child afterwards) followed it; None while it is the
+        child's current turn. The later turn's text is not the delegate call's result."""
+        rt = self.runtime
+        state = await rt.state(child)
+        if state.turn is None or state.turn.first_seq <= 2:  # 1: session.created
+            return None
+        events: list[Event] = []
+        started = False
+        async for e in rt.events(child, follow=False):
+            if e.type == "turn.started":
+                if started:
+                    break
+                started = True
+            events.append(e)
+        first = fold(events)
+        if first.turn is None or first.turn.id == state.turn.id:
+            return None
+        return rt._result(first)
 
 
 _delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
