@@ -664,6 +664,49 @@ async def test_a_message_to_the_parent_after_its_child_finished_keeps_the_childs
     await rt.close()
 
 
+async def test_a_message_to_a_child_after_its_parent_finished_gets_a_reply(
+    tmp_path: Path,
+) -> None:
+    """The child is an ordinary session: a message sent to it after its delegated turn and its
+    parent's turn completed starts a turn that runs, not one cancelled as an orphan of a
+    parent turn that ended long ago (only the delegated turn belongs to the parent's)."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+            reply("Noted, thanks."),
+        ],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("Done.")],
+        tools=[so.delegate("billing")],
+    )
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        done = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="approve")],
+            principal=ALICE,
+        )
+        assert (done.status, done.text) == ("completed", "Done.")
+        later = await rt.send(mirror.child.session_id, "thanks!", principal=ALICE)
+        assert (later.status, later.text) == ("completed", "Noted, thanks.")
+        assert ran == ["1042"]
+
+
 def expiring_agents(ran: list[dict[str, Any]], after: Counted) -> tuple[so.Agent, so.Agent]:
     """`refund_agents`, with a child whose sessions expire after a minute."""
     parent, child = refund_agents(ran, after)

@@ -252,18 +252,8 @@ class RuntimeHost:
         child's current turn. The later turn's text is not the delegate call's result."""
         rt = self.runtime
         state = await rt.state(child)
-        if state.turn is None or state.turn.first_seq <= 2:  # 1: session.created
-            return None
-        events: list[Event] = []
-        started = False
-        async for e in rt.events(child, follow=False):
-            if e.type == "turn.started":
-                if started:
-                    break
-                started = True
-            events.append(e)
-        first = fold(events)
-        if first.turn is None or first.turn.id == state.turn.id:
+        first = await _first_turn(rt, state)
+        if first.turn is None or state.turn is None or first.turn.id == state.turn.id:
             return None
         return rt._result(first)
 
@@ -368,8 +358,8 @@ def delegated(state: SessionState) -> list[str]:
 
 
 async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
-    """Cancel a child's live turn that its parent no longer waits on (the parent's turn was
-    cancelled, completed or replaced), so no one runs it or asks for a cancelled task.
+    """Cancel a child's live delegated turn that its parent no longer waits on (the parent's
+    turn was cancelled, completed or replaced), so no one runs it or asks for a cancelled task.
 
     Checked after the child's turn starts and before any drive of it: a cancel of the parent
     that swept its children just before the turn started, or a starter that died before this
@@ -377,6 +367,9 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     """
     turn = state.turn
     if state.parent is None or turn is None or turn.status not in ("running", "waiting"):
+        return False
+    first = (await _first_turn(rt, state)).turn
+    if first is None or first.id != turn.id:  # a turn a message to the child started: its own
         return False
     try:
         parent = await rt.state(state.parent)
@@ -387,6 +380,22 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
         return False
     await rt.cancel(state.id, "the parent turn ended")
     return True
+
+
+async def _first_turn(rt: Runtime, state: SessionState) -> SessionState:
+    """The child session as it was up to its first turn's end: that turn is the one its
+    delegate call started; a later one was started by a message sent to the child."""
+    if state.turn is None or state.turn.first_seq <= 2:  # 1: session.created, 2: the first
+        return state
+    events: list[Event] = []
+    started = False
+    async for e in rt.events(state.id, follow=False):
+        if e.type == "turn.started":
+            if started:
+                break
+            started = True
+        events.append(e)
+    return fold(events)
 
 
 def _journaled(state: SessionState, *, done: bool) -> list[str]:
