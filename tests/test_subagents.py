@@ -1356,3 +1356,35 @@ async def test_a_worker_cancels_a_child_whose_parent_turn_ended(
         turn = (await worker.state(orphan.id)).turn
         assert turn is not None and turn.status == "cancelled"
         assert await worker.pending() == [] and looked == []
+
+
+async def test_an_answer_to_a_child_its_parents_cancel_missed_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process cancelling the parent died after recording the parent's cancel and before
+    cancelling the child, which still waits on its approval: an answer given to that request
+    must not be applied to a task no one waits for; the orphan is cancelled and the answer
+    refused as for any withdrawn request."""
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("unused"))
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        with monkeypatch.context() as m:  # the cancel reaches no child: as if it died there
+            m.setattr(_subagents, "children", lambda requests: [])
+            m.setattr(_subagents, "delegated", lambda state: [])
+            assert (await rt.cancel(r.session_id, principal=ALICE)).status == "cancelled"
+        [orphan] = await rt.pending()
+        assert orphan.id == mirror.child.request_id
+        with pytest.raises(so.RequestClosed):
+            await rt.respond(
+                mirror.child.session_id,
+                [so.InputResponse(request_id=orphan.id, option_id="approve")],
+                principal=ALICE,
+            )
+        child_state = await rt.state(mirror.child.session_id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        row = await rt.store.get_request(orphan.id)
+        assert row is not None and row.status == "withdrawn"
+        assert await rt.pending() == [] and ran == []

@@ -121,6 +121,10 @@ class Runtime(Workers):
         # A child whose parent's turn ended meanwhile is cancelled, not run (by a worker, say).
         return await _subagents.cancel_orphan(self, state) or recovered
 
+    async def _orphaned(self, state: SessionState) -> bool:
+        # A child its parent's cancel missed (that process died): no answer is applied to it.
+        return await _subagents.cancel_orphan(self, state)
+
     async def _expire(self, state: SessionState, lease: int | None = None) -> None:
         try:
             await super()._expire(state, lease)
