@@ -1388,3 +1388,27 @@ async def test_an_answer_to_a_child_its_parents_cancel_missed_is_refused(
         row = await rt.store.get_request(orphan.id)
         assert row is not None and row.status == "withdrawn"
         assert await rt.pending() == [] and ran == []
+
+
+async def test_the_sweep_cancels_a_child_its_parents_cancel_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but no one answers: the periodic sweep (`expire_due`, run by workers) finds
+    the child still waiting for a cancelled parent and cancels it, so its approval leaves the
+    queue instead of waiting there for ever."""
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("unused"))
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        with monkeypatch.context() as m:
+            m.setattr(_subagents, "children", lambda requests: [])
+            m.setattr(_subagents, "delegated", lambda state: [])
+            await rt.cancel(r.session_id, principal=ALICE)
+        assert len(await rt.pending()) == 1
+        assert await rt.expire_due() == 1
+        child_state = await rt.state(mirror.child.session_id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        assert await rt.pending() == [] and ran == []
+        assert await rt.expire_due() == 0

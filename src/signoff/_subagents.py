@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_checkable
@@ -34,7 +35,7 @@ from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._tools import TOOL_NAME, Tool, ToolContext
 from ._types import ChildRef, InputRequest, Principal
-from .stores import Resolve
+from .stores import Resolve, SessionSummary
 
 if TYPE_CHECKING:
     from ._answering import Answering
@@ -53,6 +54,7 @@ __all__ = [
     "reconcile",
     "routed",
     "settle_routed",
+    "sweep_orphans",
 ]
 
 
@@ -106,7 +108,13 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
     about = description or (
         f"Delegate a task to the {agent!r} agent: send it a message; returns its final answer."
     )
-    return Tool(run, name=tool_name, description=about, workflow=True)
+    tool = Tool(run, name=tool_name, description=about, workflow=True)
+    _targets[tool] = agent
+    return tool
+
+
+_targets: weakref.WeakKeyDictionary[Tool, str] = weakref.WeakKeyDictionary()
+"""The agent each `delegate()` tool hands its calls to."""
 
 
 async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
@@ -396,6 +404,24 @@ async def _first_turn(rt: Runtime, state: SessionState) -> SessionState:
             started = True
         events.append(e)
     return fold(events)
+
+
+async def sweep_orphans(rt: Runtime, rows: Sequence[SessionSummary]) -> int:
+    """Cancel the live delegated turns among `rows` (running or waiting sessions) whose
+    parent's turn ended: the process that cancelled the parent died before cancelling them,
+    and a waiting one is never driven to find out. Returns how many it cancelled."""
+    targets = {
+        _targets[tool]
+        for spec in rt.agents.values()
+        for tool in spec.tools.values()
+        if tool in _targets
+    }
+    cancelled = 0
+    for row in rows:
+        if row.agent in targets and row.agent in rt.agents:
+            with contextlib.suppress(SessionExpired, UnknownSession):
+                cancelled += await cancel_orphan(rt, await rt.state(row.id))
+    return cancelled
 
 
 def _journaled(state: SessionState, *, done: bool) -> list[str]:
