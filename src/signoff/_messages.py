@@ -66,7 +66,13 @@ class Messages(Answering):
                         raise
                     self._remember(driver.state)
                     return await self._drive(session_id)
-                await self._start_turn(session_id, message, principal)
+                try:
+                    await self._start_turn(session_id, message, principal)
+                except SessionBusy:
+                    now = (await self.state(session_id)).turn
+                    if now is not None and (turn is None or now.id != turn.id):
+                        continue  # another message started a turn first: steer or queue on it
+                    raise
                 return await self._drive(session_id)
             pending = state.pending_requests()
             serves = turn.principal
