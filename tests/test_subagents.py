@@ -1412,3 +1412,27 @@ async def test_the_sweep_cancels_a_child_its_parents_cancel_missed(
         assert child_state.turn is not None and child_state.turn.status == "cancelled"
         assert await rt.pending() == [] and ran == []
         assert await rt.expire_due() == 0
+
+
+async def test_cancelling_a_cancelled_parent_again_cancels_the_child_it_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first cancel of the parent died before reaching its child: cancelling the parent
+    again (the caller never heard back, so it retries) must finish the job, not return at once
+    because the parent's turn is cancelled already."""
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("unused"))
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        with monkeypatch.context() as m:
+            m.setattr(_subagents, "children", lambda requests: [])
+            m.setattr(_subagents, "delegated", lambda state: [])
+            await rt.cancel(r.session_id, principal=ALICE)
+        assert len(await rt.pending()) == 1
+        again = await rt.cancel(r.session_id, principal=ALICE)
+        assert again.status == "cancelled"
+        child_state = await rt.state(mirror.child.session_id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        assert await rt.pending() == [] and ran == []

@@ -351,6 +351,11 @@ class Runtime(Workers):
             state = await self.state(session_id)
             turn = state.turn
             if turn is None or turn.status in ended:
+                if turn is not None and turn.status == "cancelled":
+                    # A cancel that died before reaching the turn's subagents: finish it.
+                    for child in _subagents.delegated(state):
+                        with contextlib.suppress(UnknownSession):
+                            await _subagents.cancel_orphan(self, await self.state(child))
                 return self._result(state)
             abort = self._aborts.get(session_id)
             if abort is not None:
