@@ -240,3 +240,37 @@ async def test_a_message_that_loses_the_race_to_start_a_turn_steers_it(
             if e.type in ("turn.started", "turn.message")
         ]
         assert said == [("turn.started", "first"), ("turn.message", "second")]
+
+
+async def test_a_message_for_a_question_answered_meanwhile_is_delivered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message that would answer the open question, but someone else answers it first with
+    another option: the message is still delivered to the turn (as any message is), not lost
+    with `ConflictingAnswer` for an answer its sender never gave."""
+    async with sqlite_runtime(tmp_path, plan_agent(reply("ok"), reply("noted"))) as rt:
+        r = await rt.generate("sales", prompt="Sign me up", auth=ALICE)
+        [question] = r.pending
+        settle = so.Runtime._settle
+        raced: list[bool] = []
+
+        async def racing(runtime: so.Runtime, session_id: str, answers: Any, *a: Any, **k: Any):
+            if not raced:  # the other answer lands between the message's check and its answer
+                raced.append(True)
+                await rt.respond(
+                    session_id,
+                    [so.InputResponse(request_id=question.id, option_id="basic")],
+                    principal=ALICE,
+                    resume=False,
+                )
+            return await settle(runtime, session_id, answers, *a, **k)
+
+        monkeypatch.setattr(so.Runtime, "_settle", racing)
+        done = await rt.send(r.session_id, "pro", principal=ALICE)
+        assert done.status == "completed"
+        said = [
+            e.data["message"]
+            async for e in rt.events(r.session_id, follow=False)
+            if e.type in ("turn.message", "turn.started")
+        ]
+        assert said == ["Sign me up", "pro"]
