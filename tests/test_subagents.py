@@ -1436,3 +1436,58 @@ async def test_cancelling_a_cancelled_parent_again_cancels_the_child_it_missed(
         child_state = await rt.state(mirror.child.session_id)
         assert child_state.turn is not None and child_state.turn.status == "cancelled"
         assert await rt.pending() == [] and ran == []
+
+
+async def test_cancelling_the_parent_leaves_a_later_turn_of_the_child_alone(
+    tmp_path: Path,
+) -> None:
+    """The child's delegated turn completed (answered on the child) and a message to the child
+    started a turn of its own, waiting on an approval, before the parent went on: cancelling
+    the parent cancels nothing of the child's, whose later turn is not the parent's task."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+            call_tools(call("issue_refund", id="again", order_id="1043")),
+            reply("Second refund done."),
+        ],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("unused")],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    child_id = mirror.child.session_id
+    billing_only = sqlite_runtime(tmp_path, child)
+    await billing_only.respond(
+        child_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    later = await billing_only.send(child_id, "refund 1043 too", principal=ALICE)
+    assert later.status == "waiting"
+    await billing_only.close()
+    assert (await rt.cancel(r.session_id, principal=ALICE)).status == "cancelled"
+    child_state = await rt.state(child_id)
+    assert child_state.turn is not None and child_state.turn.status == "waiting"
+    [own] = await rt.pending(session_id=child_id)
+    done = await rt.respond(
+        child_id, [so.InputResponse(request_id=own.id, option_id="approve")], principal=ALICE
+    )
+    assert (done.status, done.text) == ("completed", "Second refund done.")
+    assert ran == ["1042", "1043"]
+    await rt.close()

@@ -395,7 +395,7 @@ class Runtime(Workers):
             # Subagents under this turn: waiting on a person, or still running.
             for child in dict.fromkeys([*_subagents.children(withdrawn), *delegated]):
                 with contextlib.suppress(UnknownSession):
-                    await self.cancel(child, reason, principal=principal)
+                    await _subagents.cancel_delegated(self, child, reason, principal)
             # A subagent cancelled on its own: its parent's delegate call goes on.
             await _subagents.after_close(self, driver.state)
             return self._result(driver.state)

@@ -47,6 +47,7 @@ __all__ = [
     "SubagentFailed",
     "after_close",
     "after_drive",
+    "cancel_delegated",
     "cancel_orphan",
     "children",
     "delegate",
@@ -388,6 +389,17 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
         return False
     await rt.cancel(state.id, "the parent turn ended")
     return True
+
+
+async def cancel_delegated(
+    rt: Runtime, child: str, reason: str | None, principal: Principal | None
+) -> None:
+    """Cancel the child's delegated turn for its parent's cancel; a later turn, which a message
+    sent to the child started, is the child's own and is left alone."""
+    state = await rt.state(child)
+    first = (await _first_turn(rt, state)).turn
+    if state.turn is not None and first is not None and first.id == state.turn.id:
+        await rt.cancel(child, reason, principal=principal)
 
 
 async def _first_turn(rt: Runtime, state: SessionState) -> SessionState:
