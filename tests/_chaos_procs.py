@@ -2,10 +2,11 @@
 
 `runtime()` is the MODULE:RUNTIME target: one agent whose turn calls one or two gated tools
 (`refund`, and `ship` when the prompt says "two") and a workflow tool (`plan`: a journaled
-step, then a question); later messages get a text. Every tool body and the step write a
-`start` record (with their idempotency key and pid) before they sleep and a `done` record
-after, fsync'd, to the file named by `SIGNOFF_TEST_RECORDS`, so the parent can count how often
-each really ran.
+step, then a question); later messages get a text. A parent agent hands its prompt to a child
+agent (the same tools and script as the first) with `so.delegate`. Every tool body and the step
+write a `start` record (with their idempotency key and pid) before they sleep and a `done`
+record after, fsync'd, to the file named by `SIGNOFF_TEST_RECORDS`, so the parent can count how
+often each really ran.
 """
 
 from __future__ import annotations
@@ -18,16 +19,28 @@ import signoff as so
 
 from ._procs import record_execution
 
-__all__ = ["AGENT", "ALICE", "make_agent", "runtime"]
+__all__ = [
+    "AGENT",
+    "ALICE",
+    "CHILD",
+    "PARENT",
+    "make_agent",
+    "make_agents",
+    "make_parent",
+    "runtime",
+]
 
 AGENT = "chaos"
+PARENT = "boss"
+CHILD = "clerk"
 ALICE = so.Principal(authenticator="token", principal_id="alice")
 """Who starts and answers every session: `signoff serve --token alice-token=alice` maps the
 HTTP token to this principal, so answers from Python and over HTTP come from the same person."""
 
 
-def make_agent(records: str, delay: float = 0.1) -> so.Agent:
-    """The chaos agent; each tool body (and the step) takes `delay` seconds."""
+def make_agent(records: str, delay: float = 0.1, name: str = AGENT) -> so.Agent:
+    """The chaos agent (or, named `CHILD`, the child agent); each tool body (and the step)
+    takes `delay` seconds."""
 
     async def body(key: str) -> None:
         record_execution(records, f"start {key}", os.getpid())
@@ -80,10 +93,36 @@ def make_agent(records: str, delay: float = 0.1) -> so.Agent:
         return so.ModelResponse(text=f"noted: {said[-1]}")
 
     model = so.models.Scripted([first, finish, *[reply] * 100])
-    return so.Agent(name=AGENT, model=model, tools=[refund, ship, plan])
+    return so.Agent(name=name, model=model, tools=[refund, ship, plan])
+
+
+def make_parent() -> so.Agent:
+    """The parent agent: one delegate call hands its prompt to the child agent; then a text
+    with the call's result; later messages get a text."""
+
+    def first(conversation: list[so.Message]) -> so.ModelResponse:
+        prompt = next(m.text for m in conversation if isinstance(m, so.UserMessage))
+        call = so.ToolCall(id="call_delegate", name=CHILD, input={"message": prompt})
+        return so.ModelResponse(tool_calls=[call])
+
+    def finish(conversation: list[so.Message]) -> so.ModelResponse:
+        results = [m.content for m in conversation if isinstance(m, so.ToolResultMessage)]
+        return so.ModelResponse(text=f"delegated: {json.dumps(results, sort_keys=True)}")
+
+    def reply(conversation: list[so.Message]) -> so.ModelResponse:
+        said = [m.text for m in conversation if isinstance(m, so.UserMessage)]
+        return so.ModelResponse(text=f"noted: {said[-1]}")
+
+    model = so.models.Scripted([first, finish, *[reply] * 100])
+    return so.Agent(name=PARENT, model=model, tools=[so.delegate(CHILD)])
+
+
+def make_agents(records: str) -> list[so.Agent]:
+    """The chaos agent, the parent agent and its child agent."""
+    return [make_agent(records), make_parent(), make_agent(records, name=CHILD)]
 
 
 def runtime() -> so.Runtime:
     """The factory `signoff worker` and `signoff serve` load; the store comes from `--store`."""
     records = os.environ["SIGNOFF_TEST_RECORDS"]
-    return so.Runtime([make_agent(records)], store="sqlite:///:memory:", lease_ttl=2.0)
+    return so.Runtime(make_agents(records), store="sqlite:///:memory:", lease_ttl=2.0)

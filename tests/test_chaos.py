@@ -3,11 +3,16 @@ SIGKILLs one of them at random every few hundred milliseconds and starts it agai
 
 Sessions whose turn needs one or two approvals and answers to a question are started over HTTP
 and from Python at random moments; their requests are answered over HTTP and with `respond`,
-some twice, some with a conflicting second answer, and a few sessions are cancelled. Once the
+some twice, some with a conflicting second answer, and a few sessions are cancelled. Other
+sessions delegate the same work to a child agent (`so.delegate`): the child's requests are
+answered on the parent's mirror, on the child, or on both; some parents are cancelled while
+their child runs or waits; messages steer or queue on parents and children alike. Once the
 killing stops every session must finish, and the store must show what issue 8 asks: each
 approved tool ran once (again, with the same idempotency key, only in place of a run a kill
-interrupted), no request lost, no answer applied twice, `seq` gap-free, the audit chain intact.
-The seed (`SIGNOFF_CHAOS_SEED` replays one) and the number of kills are printed.
+interrupted), no request lost, no answer applied twice, `seq` gap-free, the audit chain intact;
+and for subagents: parent and child agree on each request's outcome and on the delegate call's
+result, and no child runs or waits once its parent's turn ended. The seed
+(`SIGNOFF_CHAOS_SEED` replays one), the number of kills and the subagent counts are printed.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ import httpx
 import pytest
 
 import signoff as so
+from signoff.stores import StoredRequest
 
 from . import _proof
-from ._chaos_procs import AGENT, ALICE, make_agent
+from ._chaos_procs import AGENT, ALICE, CHILD, PARENT, make_agents
+from ._chaos_subagents import check_subagents
 from ._procs import ROOT
 from ._worker_procs import check_logs, read_records
 from .test_server_common import auth, free_port
@@ -41,11 +48,15 @@ CHAOS_SECONDS = 12.0
 SETTLE_SECONDS = 40.0
 """How long every session has to finish once the killing stops."""
 SESSIONS = 20
+PARENT_SESSIONS = 10
+"""Sessions of the parent agent, each delegating to a child session."""
+PARENT_CANCELS = 3
 KILL_EVERY = (0.2, 0.6)
 UP_AT_LEAST = 1.5
 """A process is killed only once it has run this long: one that never got past its imports
 would test nothing."""
 FINISHED = ("completed", "cancelled")
+LIVE = ("running", "waiting")
 _OTHER = {"approve": "cancel", "cancel": "approve", "yes": "no", "no": "yes"}
 
 
@@ -92,6 +103,12 @@ class Ledger:
     acknowledged: dict[str, so.InputRequest] = field(default_factory=dict)  # answer acknowledged
     cancelled: dict[str, str | None] = field(default_factory=dict)  # session -> turn cancelled
     messages: dict[str, bool] = field(default_factory=dict)  # text -> acknowledged
+    routes: dict[str, str] = field(default_factory=dict)  # child request -> answered on
+    swept: dict[str, float] = field(default_factory=dict)  # child of a cancelled parent -> when
+    via: Counter[str] = field(default_factory=Counter)  # answers sent on a mirror, on a child
+    beaten_by_text: set[str] = field(default_factory=set)  # refused: a message answered
+    raced: set[str] = field(default_factory=set)  # answered both ways at once, mirror and child
+    acked_options: dict[str, set[str]] = field(default_factory=dict)  # request -> acknowledged
     conflicts: int = 0
     duplicates: int = 0
     lost_transport: int = 0
@@ -107,6 +124,8 @@ class Chaos:
     ) -> None:
         self.rng, self.front, self.http, self.ledger = rng, front, http, ledger
         self.started = 0
+        self.cancels = self.parent_cancels = 0
+        self._roots: dict[str, str] = {}  # request id -> the request it stands for
 
     def _http_error(self, where: str, r: httpx.Response, allowed: tuple[str, ...]) -> str | None:
         """The error code of a refused request; a code not in `allowed` is a surprise."""
@@ -117,17 +136,17 @@ class Chaos:
             self.ledger.surprises.append(f"{where}: HTTP {r.status_code} {r.text[:300]}")
         return code
 
-    async def start_session(self) -> None:
+    async def start_session(self, agent: str) -> None:
         i = self.started
         self.started += 1
         prompt = f"order {1000 + i}" + (" two" if self.rng.random() < 0.5 else "")
         try:
             if self.rng.random() < 0.5:
-                r = await self.http.post("/v1/sessions", json={"agent": AGENT, "message": prompt})
+                r = await self.http.post("/v1/sessions", json={"agent": agent, "message": prompt})
                 if r.status_code != 201:
                     self._http_error("create", r, ())
             else:
-                await self.front.generate(AGENT, prompt=prompt, auth=ALICE)
+                await self.front.generate(agent, prompt=prompt, auth=ALICE)
         except httpx.TransportError:
             self.ledger.lost_transport += 1  # serve died: the session may or may not exist
         except so.StoreError as exc:
@@ -135,7 +154,10 @@ class Chaos:
 
     async def answer(self, req: so.InputRequest, option: str, note: str) -> None:
         """Send one answer over HTTP or with `respond`; a reply must be what the rules say."""
-        mine = self.ledger.decisions[req.id]
+        mine = self.ledger.decisions[_root(req)]
+        self._roots[req.id] = _root(req)
+        if req.child is not None or req.agent == CHILD:
+            self.ledger.via["mirror" if req.child is not None else "child"] += 1
         try:
             if self.rng.random() < 0.5:
                 body = {"inputResponses": [{"requestId": req.id, "optionId": option}]}
@@ -164,16 +186,20 @@ class Chaos:
         self, req: so.InputRequest, option: str, mine: str, applied: bool, note: str
     ) -> None:
         rid = req.id
-        if option != mine:
+        self.ledger.acked_options.setdefault(_root(req), set()).add(option)
+        if note == "race" and option != mine:  # it won: later answers repeat it (checked later)
+            self.ledger.decisions[_root(req)] = option
+        elif option != mine:
             self.ledger.surprises.append(f"{note} {rid}: a conflicting answer was accepted")
         self.ledger.acknowledged[rid] = req
-        if applied:
-            self.ledger.applied[rid] += 1
+        if applied:  # once for a child's request and its mirror together
+            self.ledger.applied[_root(req)] += 1
 
     def _refused(self, rid: str, option: str, mine: str, code: str | None, note: str) -> None:
         if code == "conflicting_answer":
-            if option == mine:
-                self.ledger.surprises.append(f"{note} {rid}: the same answer was a conflict")
+            if option == mine and self._roots.get(rid, rid) not in self.ledger.raced:
+                # only if a message answered the question first: checked later
+                self.ledger.beaten_by_text.add(rid)
             self.ledger.conflicts += 1
         # request_closed: the session was cancelled (or its turn moved on) meanwhile
 
@@ -196,6 +222,12 @@ class Chaos:
             return
         if status == "cancelled":
             self.ledger.cancelled[session_id] = turn_id
+            returned = time.time()
+            with contextlib.suppress(so.StoreError):  # the children its cancelled turn delegated
+                async for e in self.front.events(session_id, follow=False):
+                    if e.turn_id == turn_id and e.type == "tool.step":
+                        if e.data["name"] == "subagent.session":
+                            self.ledger.swept[str(e.data["result"])] = returned
 
     async def message(self, session_id: str) -> None:
         """Send a message that names no option: it steers the turn or waits for its end."""
@@ -227,23 +259,40 @@ class Chaos:
             self.ledger.surprises.append(f"pending: {type(exc).__name__}: {exc}")
             return
         sends = []
+        sides: dict[str, list[so.InputRequest]] = {}  # child requests and their mirrors
         for req in pending:
-            if req.id not in self.ledger.decisions:
+            root = _root(req)
+            if req.child is not None or req.agent == CHILD:
+                sides.setdefault(root, []).append(req)
+            if req.session_id in self.ledger.swept and req.child is None:
+                self.ledger.surprises.append(f"{req.id}: a child asks after its parent's cancel")
+            if root not in self.ledger.decisions:
                 if req.kind == "question":
                     option = self.rng.choice(["yes", "no"])
                 else:
                     option = "approve" if self.rng.random() < 0.75 else "cancel"
-                self.ledger.decisions[req.id] = option
+                self.ledger.decisions[root] = option
+                if req.child is not None or req.agent == CHILD:
+                    self.ledger.routes[root] = self.rng.choice(["mirror", "child", "both"])
             elif self.rng.random() < 0.5:
                 continue  # answered already, perhaps not yet applied: later
-            option = self.ledger.decisions[req.id]
+            route = self.ledger.routes.get(root, "both")
+            side = "mirror" if req.child is not None else "child"
+            if may_cancel and route not in (side, "both"):
+                continue  # answered on the other side (once the killing stops: on either)
+            option = self.ledger.decisions[root]
             sends.append(self.answer(req, option, "answer"))
             if self.rng.random() < 0.3:
                 self.ledger.duplicates += 1
                 sends.append(self.answer(req, option, "duplicate"))
+        for root, reqs in sides.items():  # the other answer on one side at once: one wins
+            if len(reqs) == 2 and may_cancel and self.rng.random() < 0.4:
+                self.ledger.raced.add(root)
+                other = _OTHER[self.ledger.decisions[root]]
+                sends.append(self.answer(self.rng.choice(reqs), other, "race"))
         if self.ledger.acknowledged and self.rng.random() < 0.3:  # long after, maybe
             req = self.ledger.acknowledged[self.rng.choice(list(self.ledger.acknowledged))]
-            option = self.ledger.decisions[req.id]
+            option = self.ledger.decisions[_root(req)]
             if self.rng.random() < 0.5:
                 self.ledger.duplicates += 1
                 sends.append(self.answer(req, option, "late duplicate"))
@@ -253,10 +302,25 @@ class Chaos:
             sessions = await self.front.sessions(limit=1000)
             if sessions:
                 sends.append(self.message(self.rng.choice(sessions).id))
+        if may_cancel and self.rng.random() < 0.08:  # a parent or a child, running or waiting
+            agent = self.rng.choice([PARENT, CHILD])
+            live = [
+                s for s in await self.front.sessions(agent=agent, limit=1000) if s.status in LIVE
+            ]
+            if live:
+                sends.append(self.message(self.rng.choice(live).id))
         self.rng.shuffle(sends)
         await asyncio.gather(*sends)
-        if may_cancel and pending and self.rng.random() < 0.04 and len(self.ledger.cancelled) < 3:
+        if may_cancel and pending and self.rng.random() < 0.04 and self.cancels < 3:
+            self.cancels += 1
             await self.cancel(self.rng.choice(pending).session_id)
+        if may_cancel and self.rng.random() < 0.05 and self.parent_cancels < PARENT_CANCELS:
+            live = [
+                s for s in await self.front.sessions(agent=PARENT, limit=1000) if s.status in LIVE
+            ]
+            if live:  # its child runs its turn or waits on a person
+                self.parent_cancels += 1
+                await self.cancel(self.rng.choice(live).id)
 
 
 async def _killer(rng: random.Random, slots: list[Slot], stop: asyncio.Event) -> int:
@@ -305,9 +369,17 @@ async def _all_finished(front: so.Runtime) -> list[str]:
     for s in await front.sessions(limit=1000):
         state = await front.state(s.id)
         turn = state.turn
+        if turn is None and state.parent is not None and await _ended(front, state.parent):
+            continue  # a child created as its parent's turn was cancelled: it never started
         if turn is None or turn.status not in FINISHED or state.status not in ("idle", "cancelled"):
             out.append(f"{s.id}: {state.status}/{turn.status if turn else None}")
     return out
+
+
+async def _ended(front: so.Runtime, session_id: str) -> bool:
+    """Whether the session's turn completed or was cancelled."""
+    turn = (await front.state(session_id)).turn
+    return turn is not None and turn.status in FINISHED
 
 
 async def _run(url: str, tmp: Path, kind: str) -> None:
@@ -320,7 +392,7 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
     ledger = Ledger()
     kills = 0
     try:
-        front = so.Runtime([make_agent(str(records))], store=url, inline=False)
+        front = so.Runtime(make_agents(str(records)), store=url, inline=False)
         base = f"http://127.0.0.1:{port}"
         async with (
             front,
@@ -331,11 +403,11 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
             stop = asyncio.Event()
             killing = asyncio.create_task(_killer(rng, slots, stop))
             began = time.monotonic()
-            starts = sorted(rng.uniform(0, CHAOS_SECONDS / 2) for _ in range(SESSIONS))
+            agents = [AGENT] * SESSIONS + [PARENT] * PARENT_SESSIONS
+            starts = sorted((rng.uniform(0, CHAOS_SECONDS / 2), a) for a in agents)
             while time.monotonic() - began < CHAOS_SECONDS:
-                while starts and time.monotonic() - began >= starts[0]:
-                    starts.pop(0)
-                    await chaos.start_session()
+                while starts and time.monotonic() - began >= starts[0][0]:
+                    await chaos.start_session(starts.pop(0)[1])
                 await chaos.round(may_cancel=True)
                 await asyncio.sleep(rng.uniform(0.0, 0.1))
             stop.set()
@@ -354,6 +426,18 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
                 f"{ledger.conflicts} conflicts refused, {len(ledger.cancelled)} cancels, "
                 f"{sum(ledger.messages.values())} messages, "
                 f"{ledger.lost_transport} replies lost with serve, {ledger.unavailable} 503s"
+            )
+            sides: dict[str, set[bool]] = {}
+            for req in ledger.acknowledged.values():
+                sides.setdefault(_root(req), set()).add(req.child is None)
+            print(
+                f"chaos {kind} subagents: {PARENT_SESSIONS} parents, "
+                f"{len(await front.sessions(agent=CHILD, limit=1000))} children, "
+                f"{len(ledger.routes)} child requests, {ledger.via['mirror']} answers on a "
+                f"mirror, {ledger.via['child']} on a child, "
+                f"{sum(len(v) == 2 for v in sides.values())} acknowledged on both, "
+                f"{len(ledger.raced)} raced both ways, "
+                f"{chaos.parent_cancels} parents cancelled ({len(ledger.swept)} children swept)"
             )
             _proof.record("chaos:kills", kills)
             _proof.record(f"chaos:{kind}:kills", kills)
@@ -386,6 +470,7 @@ async def _check(
     for what, key, pid in read_records(records):
         runs.setdefault(key, []).append((what, pid))
     must_run: set[str] = set()  # keys of calls whose result says their body ran
+    acked_roots = {_root(req) for req in ledger.acknowledged.values()}
     for s in sessions:
         events = [e async for e in front.events(s.id, follow=False)]
         requested = [r for e in events if e.type == "input.requested" for r in e.data["requests"]]
@@ -398,20 +483,33 @@ async def _check(
         }
         for r in requested:
             rid = r["id"]
+            root = r["child"]["request_id"] if r.get("child") else rid
             assert resolved[rid] == 1, (seed, s.id, rid, "lost or resolved twice")
             assert settled[rid] <= 1, (seed, s.id, rid, "applied twice")
-            assert ledger.applied[rid] <= 1, (seed, rid, "two answers were told applied")
-            row = await front.store.get_request(rid)
-            assert row is not None and row.status != "pending", (seed, rid, row)
-            resolution = row.resolution or {}
-            chosen = resolution.get("decision") or (resolution.get("answer") or {}).get("option_id")
-            if rid in ledger.acknowledged:  # an acknowledged answer is the one that counts
-                assert row.status == "settled" and chosen == ledger.decisions[rid], (
+            assert ledger.applied[root] <= 1, (seed, rid, "two answers were told applied")
+            row, chosen = await _closed(front, rid, seed)
+            # An acknowledged answer is the one that counts: on the child's request, and on a
+            # mirror unless a steer or cancel of the parent withdrew that first.
+            if root in acked_roots and (rid == root or row.status != "withdrawn"):
+                assert row.status == "settled" and chosen == ledger.decisions[root], (
                     seed,
                     rid,
                     row.status,
-                    resolution,
+                    row.resolution,
                 )
+            if rid != root:  # a mirror: settled as the child's request was
+                child_row, child_chosen = await _closed(front, root, seed)
+                if row.status == "settled":
+                    assert (row.outcome, chosen) == (child_row.outcome, child_chosen), (
+                        seed,
+                        rid,
+                        row,
+                        child_row,
+                    )
+                    assert child_row.status == "settled", (seed, rid, row, child_row)
+                # Withdrawn by a steer or cancel of the parent, the child's request with it
+                # (or answered on the child just before: the call's result says, see below).
+                continue
             if r["kind"] == "tool-approval" and chosen != "approve":
                 key = f"{s.id}:{_turn_number(events, r['turn_id'])}:{r['action']['call_id']}"
                 assert key not in runs, (seed, key, "a call not approved ran", runs[key])
@@ -422,7 +520,7 @@ async def _check(
             if e.data["status"] == "ok" and e.data["tool_name"] in ("refund", "ship"):
                 must_run.add(keys[(e.turn_id, e.data["call_id"])])
         for e in events:
-            if e.type == "tool.step":
+            if e.type == "tool.step" and e.data["name"] == "quote":
                 key = keys[(e.turn_id, e.data["call_id"])]
                 must_run.add(f"{key}:{e.data['name']}")
         delivered = Counter(
@@ -449,6 +547,13 @@ async def _check(
             assert ledger.cancelled[s.id] in ended, (seed, s.id, ended)
     assert await front.verify_audit() == [], seed
     assert await front.pending(limit=1000) == []
+    await check_subagents(front, sessions, ledger.swept, seed)
+    for root, options in ledger.acked_options.items():  # mirror and child told the same
+        assert len(options) == 1, (seed, root, options)
+    for rid in ledger.beaten_by_text:  # a message sent while the question was open answered it
+        row, chosen = await _closed(front, rid, seed)
+        said = ((row.resolution or {}).get("answer") or {}).get("text")
+        assert chosen is None and said in ledger.messages, (seed, rid, "the same answer refused")
     for key in must_run:
         assert any(what == "done" for what, _ in runs.get(key, [])), (seed, key, "never ran")
     # Each body ran once; more only in place of runs a SIGKILL interrupted (same key).
@@ -460,6 +565,20 @@ async def _check(
         assert len([p for p in done if p not in killed]) <= 1, (seed, key, entries)
         reruns += len(starts) - 1
     return reruns
+
+
+async def _closed(front: so.Runtime, rid: str, seed: int) -> tuple[StoredRequest, str | None]:
+    """The request's stored row, which must be closed, and the option it was closed with."""
+    row = await front.store.get_request(rid)
+    assert row is not None and row.status != "pending", (seed, rid, row)
+    resolution = row.resolution or {}
+    chosen = resolution.get("decision") or (resolution.get("answer") or {}).get("option_id")
+    return row, chosen
+
+
+def _root(req: so.InputRequest) -> str:
+    """The request a mirror stands for (the child's); a request that is no mirror itself."""
+    return req.id if req.child is None else req.child.request_id
 
 
 def _turn_number(events: list[so.Event], turn_id: str) -> int:

@@ -205,3 +205,72 @@ async def test_workers_leave_a_session_that_expired_waiting_with_a_message_queue
     async with so.Runtime([agent], store=store_url, clock=clock) as rt:
         sid = await parked_with_bob_queued(rt)
     assert await expired_sessions_claimed(store_url, agent, clock, sid) == 0
+
+
+async def test_a_message_that_loses_the_race_to_start_a_turn_steers_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two messages reach an idle session at once: the first starts a turn that a worker
+    claims at once; the second, whose own start lost the race, is delivered to that turn (as
+    a message to a running turn is) instead of being refused as `SessionBusy`."""
+    agent = scripted_agent("sales", [reply("one"), reply("two")])
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with (
+        so.Runtime([agent], store=url, inline=False) as first,
+        so.Runtime([agent], store=url, inline=False) as second,
+    ):
+        sid = await first.create_session("sales", auth=ALICE)
+        start_turn = so.Runtime._start_turn
+
+        async def racing(
+            rt: so.Runtime, session_id: str, prompt: str, auth: Any, **kw: Any
+        ) -> None:
+            if rt is second:  # the other message lands first, and a worker claims its turn
+                await first.send(sid, "first", principal=ALICE)
+                now = first._lease_now()
+                assert await first.store.acquire_lease(sid, "worker", 30.0, now) is not None
+            await start_turn(rt, session_id, prompt, auth, **kw)
+
+        monkeypatch.setattr(so.Runtime, "_start_turn", racing)
+        r = await second.send(sid, "second", principal=ALICE)
+        assert r.status == "running"
+        said = [
+            (e.type, e.data["message"])
+            async for e in second.events(sid, follow=False)
+            if e.type in ("turn.started", "turn.message")
+        ]
+        assert said == [("turn.started", "first"), ("turn.message", "second")]
+
+
+async def test_a_message_for_a_question_answered_meanwhile_is_delivered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message that would answer the open question, but someone else answers it first with
+    another option: the message is still delivered to the turn (as any message is), not lost
+    with `ConflictingAnswer` for an answer its sender never gave."""
+    async with sqlite_runtime(tmp_path, plan_agent(reply("ok"), reply("noted"))) as rt:
+        r = await rt.generate("sales", prompt="Sign me up", auth=ALICE)
+        [question] = r.pending
+        settle = so.Runtime._settle
+        raced: list[bool] = []
+
+        async def racing(runtime: so.Runtime, session_id: str, answers: Any, *a: Any, **k: Any):
+            if not raced:  # the other answer lands between the message's check and its answer
+                raced.append(True)
+                await rt.respond(
+                    session_id,
+                    [so.InputResponse(request_id=question.id, option_id="basic")],
+                    principal=ALICE,
+                    resume=False,
+                )
+            return await settle(runtime, session_id, answers, *a, **k)
+
+        monkeypatch.setattr(so.Runtime, "_settle", racing)
+        done = await rt.send(r.session_id, "pro", principal=ALICE)
+        assert done.status == "completed"
+        said = [
+            e.data["message"]
+            async for e in rt.events(r.session_id, follow=False)
+            if e.type in ("turn.message", "turn.started")
+        ]
+        assert said == ["Sign me up", "pro"]

@@ -225,9 +225,12 @@ class ClockMachine(RuleBasedStateMachine):
                 self.requests[r.id] = Request(r.id, sid, r.tool_name)
 
     def nothing_due(self, sid: str) -> bool:
-        """Whether no deadline or TTL of the session waits to be recorded at this moment."""
+        """Whether no deadline or TTL of the session waits to be recorded at this moment, nor
+        work an expiry already recorded left to its turn (a denied call's result: `running`)."""
         state = self.state(sid)
         now = self.clock.now
+        if state.status == "running":  # nothing runs between the rules: that work waits
+            return False
         if state.expired(now):
             return state.lapsed or not state.pending_requests()
         return not any(is_due(r, now) for r in state.pending_requests())

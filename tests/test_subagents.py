@@ -462,6 +462,44 @@ async def test_answering_the_child_directly_lets_the_parent_go_on(tmp_path: Path
     await rt.close()
 
 
+async def test_an_edited_approval_given_on_the_child_repeats_on_the_mirror(tmp_path: Path) -> None:
+    """The child's approval is given directly, with edited input: the mirror closes the same
+    way, so the same answer given on the mirror later is a no-op (not a conflicting answer),
+    and the mirror's stored resolution names the decision and the edit as the child's does."""
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("Refunded less."))
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        edited = {"order_id": "1042", "amount": 90.0}
+        await rt.respond(
+            mirror.child.session_id,
+            [
+                so.InputResponse(
+                    request_id=mirror.child.request_id, option_id="approve", edited_input=edited
+                )
+            ],
+            principal=ALICE,
+        )
+        assert ran == [edited]
+        again = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="approve", edited_input=edited)],
+            principal=ALICE,
+        )
+        assert again.outcomes == [
+            so.Outcome(request_id=mirror.id, outcome="approved", applied=False)
+        ]
+        assert ran == [edited]
+        original = await rt.store.get_request(mirror.child.request_id)
+        copy = await rt.store.get_request(mirror.id)
+        assert original is not None and copy is not None
+        assert original.resolution is not None and copy.resolution is not None
+        for field in ("decision", "edited_input", "outcome"):
+            assert copy.resolution.get(field) == original.resolution.get(field), field
+
+
 async def test_cancelling_the_child_directly_closes_the_mirror_and_resumes_the_parent(
     tmp_path: Path,
 ) -> None:
@@ -544,6 +582,129 @@ async def test_a_runtime_without_the_parents_agent_answers_the_child_and_leaves_
     assert (finished.status, finished.text) == ("completed", "Refunded, says billing.")
     assert after.calls == 1 and len(ran) == 1
     await rt.close()
+
+
+async def test_a_later_turn_of_the_child_is_not_the_delegate_calls_result(tmp_path: Path) -> None:
+    """A message sent to the child after its delegated turn completed (here before a process
+    with the parent's agent went on) starts another turn of the child: the delegate call's
+    result is still the delegated turn's text, not the answer to that later message."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+            reply("Noted, thanks."),
+        ],
+        tools=[issue_refund],
+    )
+    after = Counted("unused")
+    after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    billing_only = sqlite_runtime(tmp_path, child)
+    child_id = mirror.child.session_id
+    await billing_only.respond(
+        child_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    later = await billing_only.send(child_id, "thanks!", principal=ALICE)
+    assert (later.status, later.text) == ("completed", "Noted, thanks.")
+    await billing_only.close()
+    finished = await rt.generate(session_id=r.session_id)
+    assert (finished.status, finished.text) == ("completed", "parent saw: Refund done.")
+    assert ran == ["1042"] and after.calls == 1
+    await rt.close()
+
+
+async def test_a_message_to_the_parent_after_its_child_finished_keeps_the_childs_text(
+    tmp_path: Path,
+) -> None:
+    """The child's request is answered on the child by a process without the parent's agent,
+    and the child's turn completes; a message then steers the parent before it went on. The
+    child's turn can no longer be cancelled and its refund ran: the delegate call's result is
+    the child's text, not `interrupted`, which told the parent's model nothing was done."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("Noted.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    billing_only = sqlite_runtime(tmp_path, child)
+    await billing_only.respond(
+        mirror.child.session_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    await billing_only.close()
+    assert ran == [{"order_id": "1042", "amount": 180.0}]
+    done = await rt.send(r.session_id, "is it done?", principal=ALICE)
+    assert (done.status, done.text) == ("completed", "Noted.")
+    [result] = tool_results(after.capture.last)
+    assert result.content == "Refunded: {'refunded': 180.0}"
+    child_state = await rt.state(mirror.child.session_id)
+    assert child_state.turn is not None and child_state.turn.status == "completed"
+    assert after.calls == 1 and len(ran) == 1
+    await rt.close()
+
+
+async def test_a_message_to_a_child_after_its_parent_finished_gets_a_reply(
+    tmp_path: Path,
+) -> None:
+    """The child is an ordinary session: a message sent to it after its delegated turn and its
+    parent's turn completed starts a turn that runs, not one cancelled as an orphan of a
+    parent turn that ended long ago (only the delegated turn belongs to the parent's)."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+            reply("Noted, thanks."),
+        ],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("Done.")],
+        tools=[so.delegate("billing")],
+    )
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        done = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="approve")],
+            principal=ALICE,
+        )
+        assert (done.status, done.text) == ("completed", "Done.")
+        later = await rt.send(mirror.child.session_id, "thanks!", principal=ALICE)
+        assert (later.status, later.text) == ("completed", "Noted, thanks.")
+        assert ran == ["1042"]
 
 
 def expiring_agents(ran: list[dict[str, Any]], after: Counted) -> tuple[so.Agent, so.Agent]:
@@ -1195,3 +1356,138 @@ async def test_a_worker_cancels_a_child_whose_parent_turn_ended(
         turn = (await worker.state(orphan.id)).turn
         assert turn is not None and turn.status == "cancelled"
         assert await worker.pending() == [] and looked == []
+
+
+async def test_an_answer_to_a_child_its_parents_cancel_missed_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process cancelling the parent died after recording the parent's cancel and before
+    cancelling the child, which still waits on its approval: an answer given to that request
+    must not be applied to a task no one waits for; the orphan is cancelled and the answer
+    refused as for any withdrawn request."""
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("unused"))
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        with monkeypatch.context() as m:  # the cancel reaches no child: as if it died there
+            m.setattr(_subagents, "children", lambda requests: [])
+            m.setattr(_subagents, "delegated", lambda state: [])
+            assert (await rt.cancel(r.session_id, principal=ALICE)).status == "cancelled"
+        [orphan] = await rt.pending()
+        assert orphan.id == mirror.child.request_id
+        with pytest.raises(so.RequestClosed):
+            await rt.respond(
+                mirror.child.session_id,
+                [so.InputResponse(request_id=orphan.id, option_id="approve")],
+                principal=ALICE,
+            )
+        child_state = await rt.state(mirror.child.session_id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        row = await rt.store.get_request(orphan.id)
+        assert row is not None and row.status == "withdrawn"
+        assert await rt.pending() == [] and ran == []
+
+
+async def test_the_sweep_cancels_a_child_its_parents_cancel_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, but no one answers: the periodic sweep (`expire_due`, run by workers) finds
+    the child still waiting for a cancelled parent and cancels it, so its approval leaves the
+    queue instead of waiting there for ever."""
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("unused"))
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        with monkeypatch.context() as m:
+            m.setattr(_subagents, "children", lambda requests: [])
+            m.setattr(_subagents, "delegated", lambda state: [])
+            await rt.cancel(r.session_id, principal=ALICE)
+        assert len(await rt.pending()) == 1
+        assert await rt.expire_due() == 1
+        child_state = await rt.state(mirror.child.session_id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        assert await rt.pending() == [] and ran == []
+        assert await rt.expire_due() == 0
+
+
+async def test_cancelling_a_cancelled_parent_again_cancels_the_child_it_missed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first cancel of the parent died before reaching its child: cancelling the parent
+    again (the caller never heard back, so it retries) must finish the job, not return at once
+    because the parent's turn is cancelled already."""
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("unused"))
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        with monkeypatch.context() as m:
+            m.setattr(_subagents, "children", lambda requests: [])
+            m.setattr(_subagents, "delegated", lambda state: [])
+            await rt.cancel(r.session_id, principal=ALICE)
+        assert len(await rt.pending()) == 1
+        again = await rt.cancel(r.session_id, principal=ALICE)
+        assert again.status == "cancelled"
+        child_state = await rt.state(mirror.child.session_id)
+        assert child_state.turn is not None and child_state.turn.status == "cancelled"
+        assert await rt.pending() == [] and ran == []
+
+
+async def test_cancelling_the_parent_leaves_a_later_turn_of_the_child_alone(
+    tmp_path: Path,
+) -> None:
+    """The child's delegated turn completed (answered on the child) and a message to the child
+    started a turn of its own, waiting on an approval, before the parent went on: cancelling
+    the parent cancels nothing of the child's, whose later turn is not the parent's task."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+            call_tools(call("issue_refund", id="again", order_id="1043")),
+            reply("Second refund done."),
+        ],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("unused")],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    child_id = mirror.child.session_id
+    billing_only = sqlite_runtime(tmp_path, child)
+    await billing_only.respond(
+        child_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    later = await billing_only.send(child_id, "refund 1043 too", principal=ALICE)
+    assert later.status == "waiting"
+    await billing_only.close()
+    assert (await rt.cancel(r.session_id, principal=ALICE)).status == "cancelled"
+    child_state = await rt.state(child_id)
+    assert child_state.turn is not None and child_state.turn.status == "waiting"
+    [own] = await rt.pending(session_id=child_id)
+    done = await rt.respond(
+        child_id, [so.InputResponse(request_id=own.id, option_id="approve")], principal=ALICE
+    )
+    assert (done.status, done.text) == ("completed", "Second refund done.")
+    assert ran == ["1042", "1043"]
+    await rt.close()

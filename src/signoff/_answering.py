@@ -103,6 +103,8 @@ class Answering(SessionRunner):
             )
         for _ in range(20):
             state = await self._checked(session_id)
+            if await self._orphaned(state):
+                continue  # its requests are withdrawn now: the answers are refused below
             if _subagents.routed(state, answers):  # mirrored from a subagent: settle it there
                 return await _subagents.settle_routed(
                     self, state, answers, principal, require_all=require_all, check_only=check_only
@@ -215,6 +217,11 @@ class Answering(SessionRunner):
                 f"session {session_id!r} is damaged: request(s) {', '.join(ids)} are pending in "
                 "its log, but their rows in the store are not (or are gone)"
             )
+
+    async def _orphaned(self, state: SessionState) -> bool:
+        """Cancel the session's turn if it is a subagent's that its parent no longer waits on
+        (the runtime knows subagents); returns whether it did."""
+        return False
 
     async def _recover(self, state: SessionState) -> bool:
         """Evaluate again the responses whose policy verdict was never recorded: the process

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from ._answering import Answering
 from ._answers import check_text as _check_text
 from ._answers import match as _match
-from ._exceptions import RequestClosed, SessionBusy, UsageError
+from ._exceptions import ConflictingAnswer, RequestClosed, SessionBusy, UsageError
 from ._recording import Changed, TurnStopped, unchanged
 from ._results import GenerateResult
 from ._state import SessionState
@@ -66,7 +66,13 @@ class Messages(Answering):
                         raise
                     self._remember(driver.state)
                     return await self._drive(session_id)
-                await self._start_turn(session_id, message, principal)
+                try:
+                    await self._start_turn(session_id, message, principal)
+                except SessionBusy:
+                    now = (await self.state(session_id)).turn
+                    if now is not None and (turn is None or now.id != turn.id):
+                        continue  # another message started a turn first: steer or queue on it
+                    raise
                 return await self._drive(session_id)
             pending = state.pending_requests()
             serves = turn.principal
@@ -79,8 +85,8 @@ class Messages(Answering):
                         outcomes = await self._settle(
                             session_id, [reply], principal, require_all=False
                         )
-                    except RequestClosed:
-                        continue
+                    except (RequestClosed, ConflictingAnswer):
+                        continue  # answered or closed meanwhile: the message is delivered anew
                     return await self._drive(session_id, outcomes=outcomes)
             held_on_approval = any(r.kind == "tool-approval" for r in pending)
             who = None if principal is None else principal.model_dump()

