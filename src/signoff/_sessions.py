@@ -161,6 +161,9 @@ class SessionRunner:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
         self._unrecorded: dict[str, list[EventSpec]] = {}
+        # Leases of this process's ended drives that the store refused to release (full, down):
+        # given back before the session's next drive here, which would otherwise wait their TTL.
+        self._unreleased: dict[str, tuple[str, int]] = {}
         self._opened = False
         self._sync = SyncBridge()
 
@@ -191,6 +194,9 @@ class SessionRunner:
 
     async def close(self) -> None:
         """Close the store; a later call opens it again."""
+        for session_id, (owner, token) in list(self._unreleased.items()):
+            with contextlib.suppress(StoreError):  # else it lapses after its TTL
+                await self._release(session_id, owner, token)
         await self.store.close()
         self._opened = False
         self._sync.close()
@@ -440,7 +446,7 @@ class SessionRunner:
                 if driver is not None:
                     self._remember(driver.state)
                 if (driver is None or not driver.released) and not (failed and keep_on_error):
-                    await self.store.release_lease(session_id, owner, token)
+                    await self._release(session_id, owner, token)
             retry = False
             state = await self.state(session_id)
             if lost:
@@ -470,7 +476,19 @@ class SessionRunner:
             turn_id=turn.id,
         )
 
+    async def _release(self, session_id: str, owner: str, token: int) -> None:
+        """Give a drive's lease back; one the store refuses is kept for the next try."""
+        self._unreleased.pop(session_id, None)
+        try:
+            await self.store.release_lease(session_id, owner, token)
+        except StoreError:
+            self._unreleased[session_id] = (owner, token)
+            raise
+
     async def _acquire(self, session_id: str, owner: str) -> int | None:
+        stale = self._unreleased.get(session_id)
+        if stale is not None:  # this process's own dead drive: not a holder to wait for
+            await self._release(session_id, *stale)
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:
