@@ -161,10 +161,10 @@ class SessionRunner:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
         self._unrecorded: dict[str, list[EventSpec]] = {}
-        # Leases of this process's ended drives that the store refused to release (full, down):
-        # given back before the session's next drive here, which would otherwise wait their TTL.
+        # Leases of ended drives the store refused to release: given back by the next drive here.
         self._unreleased: dict[str, tuple[str, int]] = {}
         self._opened = False
+        self._settings_due = self._settings_warned = False  # see `_record_settings`
         self._sync = SyncBridge()
 
     async def open(self) -> None:
@@ -172,10 +172,23 @@ class SessionRunner:
         if not self._opened:
             await self.store.open()
             await self._sync_lease_clock()
-            # An admin can see when a tool stopped (or started) requiring approval. Opened only
-            # once they are recorded, so an open that failed here is retried whole.
-            await record_tool_settings(self.store, self.agents.values(), self.clock())
+            self._settings_due = True
             self._opened = True
+        if self._settings_due:
+            await self._record_settings()
+
+    async def _record_settings(self) -> None:
+        """Record tool setting changes, so an admin can see when a tool stopped (or started)
+        requiring approval. A store refusing writes (read-only, full) still opens, to be read:
+        each call tries again first, so the change is recorded before any write made under it."""
+        try:
+            await record_tool_settings(self.store, self.agents.values(), self.clock())
+        except StoreError as exc:
+            if not self._settings_warned:
+                log.warning("tool settings not recorded yet (tried again at each call): %s", exc)
+                self._settings_warned = True
+            return
+        self._settings_due = False
 
     def _lease_now(self) -> float:
         """The time leases are granted, renewed and checked by: the database's clock where the
