@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import cast
 from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
+import pytest
+
 import signoff as so
 from signoff._audit_trail import verify as verify_trail
 from signoff.stores import Store
@@ -158,6 +160,40 @@ async def test_tool_setting_changes_are_recorded_once(tmp_path: Path) -> None:
         (None, "Always"),
         ("Always", "Never"),
     ]
+
+
+async def test_a_runtime_opens_on_a_store_refusing_writes_and_records_its_settings_later(
+    tmp_path: Path,
+) -> None:
+    """A tool's setting changed while the store refuses writes (full): opening the runtime must
+    not fail for it, so the store can still be read (the queue, a session); the change is
+    recorded by the first call once the store takes writes again, before that call's writes."""
+    url = f"sqlite:///{tmp_path}/a.db"
+    gated = scripted_agent("support", [reply("hi")], tools=[wipe])
+    async with so.Runtime([gated], store=url) as rt:
+        r = await rt.generate("support", prompt="hello")
+    never = so.tool(approval=so.never())(wipe.fn)
+    loose = scripted_agent("support", [reply("hi")], tools=[never], repeat_last=True)
+    rt = so.Runtime([loose], store=url)
+    await rt.store.open()
+    conn = rt.store.conn  # type: ignore[attr-defined]
+    conn.execute("PRAGMA query_only=1")  # every write refused from now on
+    try:
+        assert await rt.pending() == []
+        assert (await rt.state(r.session_id)).status == "idle"
+        assert len(await rt.audit(stream="tools:support.wipe")) == 1
+        with pytest.raises(so.StoreError):
+            await rt.generate(session_id=r.session_id, prompt="again")
+        conn.execute("PRAGMA query_only=0")
+        again = await rt.generate(session_id=r.session_id, prompt="again")
+        assert again.status == "completed"
+        history = await rt.audit(stream="tools:support.wipe")
+        assert [(e.data["old"], e.data["new"]) for e in history] == [
+            (None, "Always"),
+            ("Always", "Never"),
+        ]
+    finally:
+        await rt.close()
 
 
 async def test_export_writes_json_lines(tmp_path: Path) -> None:

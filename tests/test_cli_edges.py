@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -415,3 +416,43 @@ def test_db_upgrade_reports_a_path_that_is_not_utf8(tmp_path: Path) -> None:
     printed = _printed(f"sqlite:///{tmp_path}/{UNDECODABLE}.db", "db", "upgrade")
     assert printed.startswith("schema is up to date") and "\\udcff.db" in printed, printed
     assert (tmp_path / f"{UNDECODABLE}.db").exists()
+
+
+def test_serve_sets_the_dashboards_sign_in_lifetime(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--sign-in-lifetime SECONDS` is `create_app(sign_in_lifetime=)`; without it the default
+    (12 hours) holds."""
+    import uvicorn
+
+    from signoff.server._sign_ins import SIGN_IN_LIFETIME
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
+    for args, lifetime in (([], SIGN_IN_LIFETIME), (["--sign-in-lifetime", "900"], 900.0)):
+        result = invoke("serve", TARGET, "--store", url, "--port", "0", *args)
+        assert result.exit_code == 0, result.output
+        assert served.pop().state.signoff.sign_in_lifetime == lifetime
+
+
+@pytest.mark.parametrize("bad", ["0", "-5", "inf", "nan"])
+def test_serve_refuses_a_sign_in_lifetime_that_is_not_positive_and_finite(
+    bad: str, url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lifetime `create_app` would refuse is one UsageError line naming the option, before the
+    server starts (not a traceback from building the app)."""
+    import uvicorn
+
+    started: list[object] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    result = invoke("serve", TARGET, "--store", url, "--port", "0", "--sign-in-lifetime", bad)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: --sign-in-lifetime must be"), result.output
+    assert len(result.stderr.strip().splitlines()) == 1 and started == []
+
+
+def test_serve_refuses_a_sign_in_lifetime_that_is_not_a_number(url: str) -> None:
+    """A word where the seconds go is refused by the option's own parsing (exit 2)."""
+    result = invoke("serve", TARGET, "--store", url, "--sign-in-lifetime", "12h")
+    assert result.exit_code == 2, result.output
+    assert "--sign-in-lifetime" in result.output

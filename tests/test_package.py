@@ -7,6 +7,7 @@ as pip would build them; a missing extra is simulated by blocking its modules in
 from __future__ import annotations
 
 import email
+import re
 import subprocess
 import sys
 import tarfile
@@ -202,3 +203,39 @@ def test_serve_without_the_server_extra_is_one_line_with_the_hint(
     assert done.returncode == 1, done.stderr
     assert done.stderr.startswith("error: UsageError: ") and "signoff[server]" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_the_wheel_metadata_classifies_the_package_truthfully(wheel) -> None:
+    """Trove classifiers a package index shows: each a known one; the Python versions those
+    `requires-python` admits, from its floor up; typed (the wheel has `py.typed`); no licence
+    classifier beside the SPDX `License-Expression` (PEP 639 forbids both)."""
+    import trove_classifiers
+
+    meta = _metadata(wheel)
+    classifiers = meta.get_all("Classifier") or []
+    assert classifiers, "no classifiers"
+    assert [c for c in classifiers if c not in trove_classifiers.classifiers] == []
+    floor = Version(meta["Requires-Python"].removeprefix(">="))
+    versions = sorted(
+        Version(c.rsplit(" :: ", 1)[1])
+        for c in classifiers
+        if c.startswith("Programming Language :: Python :: 3.")
+    )
+    assert versions and versions[0] == floor, versions
+    assert [v.minor for v in versions] == list(range(floor.minor, floor.minor + len(versions)))
+    assert "Programming Language :: Python :: 3 :: Only" in classifiers
+    assert "Typing :: Typed" in classifiers and "signoff/py.typed" in wheel.namelist()
+    assert not any(c.startswith("License ::") for c in classifiers)
+    # FastAPI is the server extra's framework; the runtime is asyncio and pydantic 2
+    assert {"Framework :: FastAPI", "Framework :: AsyncIO", "Framework :: Pydantic :: 2"} <= set(
+        classifiers
+    )
+
+
+def test_the_readme_links_nothing_a_package_index_cannot_resolve() -> None:
+    """The README is the long description on PyPI, which resolves no path relative to the
+    repository: an image or link to `docs/...` there is broken. Only absolute URLs and anchors."""
+    text = (ROOT / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)\s]+)", text) + re.findall(r"<img[^>]+src=\"([^\"]+)", text)
+    relative = [t for t in targets if not t.startswith(("https://", "http://", "#", "mailto:"))]
+    assert relative == [], relative

@@ -220,6 +220,49 @@ def test_signoff_pending_reads_a_store_it_may_not_write_and_approve_says_why_not
         rt.close_sync()
 
 
+def test_a_runtime_whose_tool_settings_changed_reads_a_store_it_may_not_write(
+    folder: Path,
+) -> None:
+    # Opening a runtime records tool setting changes (a write): on a store this process may
+    # only read, a runtime whose tool became ungated must still open and read the queue and the
+    # session; the change is left for a process that may write, and nothing is written here.
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        return order_id
+
+    steps = [call_tools(call("refund", order_id="1")), reply("Done.")]
+    url = f"sqlite:///{folder / 'state.db'}"
+    rt = so.Runtime([scripted_agent("a", steps, tools=[refund])], store=url)
+    try:
+        parked = rt.generate_sync("a", prompt="refund order 1")
+    finally:
+        rt.close_sync()
+    loose = so.tool(approval=so.never())(refund.fn)
+    changed = scripted_agent("a", steps, tools=[loose])
+
+    def read() -> tuple[list[str], str, int]:
+        reader = so.Runtime([changed], store=url)
+        try:
+            pending = [r.id for r in reader.pending_sync()]
+            status = reader.state_sync(parked.session_id).status
+            return pending, status, len(reader.audit_sync(stream="tools:a.refund"))
+        finally:
+            reader.close_sync()
+
+    assert as_user(READER, read) == ([parked.pending[0].id], "waiting", 1)
+    rt = so.Runtime([changed], store=url)
+    try:  # a process that may write records the change when it opens
+        history = rt.audit_sync(stream="tools:a.refund")
+        assert [(e.data["old"], e.data["new"]) for e in history] == [
+            (None, "Always"),
+            ("Always", "Never"),
+        ]
+    finally:
+        rt.close_sync()
+
+
 def test_a_write_refused_by_a_wal_file_the_writer_may_not_write_names_why(folder: Path) -> None:
     # The file itself is writable, so the store opens it for writing; SQLite refuses the write
     # only then, and the error must still say it is a matter of permission.

@@ -189,3 +189,41 @@ async def test_a_step_whose_record_fails_on_postgres_does_not_fail_its_tool(
     agent, hook = _workflow(steps, fill, unfill)
     async with so.Runtime([agent], store=pg_store_url) as rt:
         await _run_workflow(rt, steps, hook, unfill)
+
+
+async def test_a_lease_whose_release_failed_is_given_back_by_the_next_drive_here(
+    tmp_path: Path,
+) -> None:
+    """The store refuses every write (full) when a tool's result is committed: the drive's
+    release of its lease fails too. Once the store takes writes again, the next call in this
+    process must not wait out the lease's TTL (30 s) behind its own dead drive: it gives that
+    lease back first and goes on at once."""
+    runs: list[str] = []
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path / 'state.db'}", lease_wait=0.5)
+
+    def refuse_writes(on: bool) -> None:
+        rt.store.conn.execute(f"PRAGMA query_only={int(on)}")  # type: ignore[attr-defined]
+
+    @so.tool(approval=so.always())
+    async def ship(ctx: so.ToolContext, order_id: str) -> str:
+        """Ship an order: a side effect."""
+        runs.append(ctx.idempotency_key())
+        refuse_writes(True)
+        return f"shipped {order_id}"
+
+    model = so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="ship", input={"order_id": "7"})]),
+            so.ModelResponse(text="Shipped."),
+        ]
+    )
+    rt.agents["support"] = so.Agent(name="support", model=model, tools=[ship])
+    async with rt:
+        r = await rt.generate("support", prompt="ship order 7")
+        answer = [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+        with pytest.raises(so.StoreError):
+            await rt.respond(r.session_id, answer)
+        refuse_writes(False)
+        done = await rt.respond(r.session_id, answer)
+        assert (done.status, done.text) == ("completed", "Shipped."), done
+        assert len(runs) == 1

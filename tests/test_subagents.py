@@ -1491,3 +1491,43 @@ async def test_cancelling_the_parent_leaves_a_later_turn_of_the_child_alone(
     assert (done.status, done.text) == ("completed", "Second refund done.")
     assert ran == ["1042", "1043"]
     await rt.close()
+
+
+async def test_a_parent_cancelled_just_after_its_child_was_created_leaves_it_cancelled(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent is cancelled right after its delegate call created the child session, before
+    the call's `subagent.session` step was recorded: the parent's drive stops there, before it
+    starts the child's turn. The child must not be left an empty `idle` session that looks like
+    one a person opened: it reads as cancelled, with nothing to run or answer."""
+    looked: list[str] = []
+    parent, child = _lookup_agents(looked)
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        original = _subagents.RuntimeHost.create_child
+
+        async def create_child(
+            host: _subagents.RuntimeHost, agent: str, parent_id: str, key: str
+        ) -> str:
+            child_id = await original(host, agent, parent_id, key)
+            assert (await rt.cancel(sid, "changed my mind")).status == "cancelled"
+            return child_id
+
+        monkeypatch.setattr(_subagents.RuntimeHost, "create_child", create_child)
+        r = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        assert r.status == "cancelled"
+        monkeypatch.undo()
+        [row] = await rt.sessions(agent="billing")
+        assert row.status == "cancelled", row
+        child_state = await rt.state(row.id)
+        assert child_state.parent == sid and child_state.turn is not None
+        assert child_state.turn.status == "cancelled"
+        assert timeline(await events(rt, row.id)) == [
+            "session.created",
+            "turn.started",
+            "turn.cancelled",
+            "session.waiting",
+        ]
+        assert (await rt.cancel(sid)).status == "cancelled"
+        assert await rt.pending() == [] and looked == []
+        assert await rt.expire_due() == 0

@@ -161,7 +161,10 @@ class SessionRunner:
         self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
         # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
         self._unrecorded: dict[str, list[EventSpec]] = {}
+        # Leases of ended drives the store refused to release: given back by the next drive here.
+        self._unreleased: dict[str, tuple[str, int]] = {}
         self._opened = False
+        self._settings_due = self._settings_warned = False  # see `_record_settings`
         self._sync = SyncBridge()
 
     async def open(self) -> None:
@@ -169,10 +172,23 @@ class SessionRunner:
         if not self._opened:
             await self.store.open()
             await self._sync_lease_clock()
-            # An admin can see when a tool stopped (or started) requiring approval. Opened only
-            # once they are recorded, so an open that failed here is retried whole.
-            await record_tool_settings(self.store, self.agents.values(), self.clock())
+            self._settings_due = True
             self._opened = True
+        if self._settings_due:
+            await self._record_settings()
+
+    async def _record_settings(self) -> None:
+        """Record tool setting changes, so an admin can see when a tool stopped (or started)
+        requiring approval. A store refusing writes (read-only, full) still opens, to be read:
+        each call tries again first, so the change is recorded before any write made under it."""
+        try:
+            await record_tool_settings(self.store, self.agents.values(), self.clock())
+        except StoreError as exc:
+            if not self._settings_warned:
+                log.warning("tool settings not recorded yet (tried again at each call): %s", exc)
+                self._settings_warned = True
+            return
+        self._settings_due = False
 
     def _lease_now(self) -> float:
         """The time leases are granted, renewed and checked by: the database's clock where the
@@ -191,6 +207,9 @@ class SessionRunner:
 
     async def close(self) -> None:
         """Close the store; a later call opens it again."""
+        for session_id, (owner, token) in list(self._unreleased.items()):
+            with contextlib.suppress(StoreError):  # else it lapses after its TTL
+                await self._release(session_id, owner, token)
         await self.store.close()
         self._opened = False
         self._sync.close()
@@ -440,7 +459,7 @@ class SessionRunner:
                 if driver is not None:
                     self._remember(driver.state)
                 if (driver is None or not driver.released) and not (failed and keep_on_error):
-                    await self.store.release_lease(session_id, owner, token)
+                    await self._release(session_id, owner, token)
             retry = False
             state = await self.state(session_id)
             if lost:
@@ -470,7 +489,19 @@ class SessionRunner:
             turn_id=turn.id,
         )
 
+    async def _release(self, session_id: str, owner: str, token: int) -> None:
+        """Give a drive's lease back; one the store refuses is kept for the next try."""
+        self._unreleased.pop(session_id, None)
+        try:
+            await self.store.release_lease(session_id, owner, token)
+        except StoreError:
+            self._unreleased[session_id] = (owner, token)
+            raise
+
     async def _acquire(self, session_id: str, owner: str) -> int | None:
+        stale = self._unreleased.get(session_id)
+        if stale is not None:  # this process's own dead drive: not a holder to wait for
+            await self._release(session_id, *stale)
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:

@@ -30,7 +30,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._recording import Batch, EventSpec, new_id, runnable
+from ._recording import Batch, EventSpec, TurnStopped, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._tools import TOOL_NAME, Tool, ToolContext
@@ -127,7 +127,13 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     who = None if principal is None else principal.model_dump(mode="json")
     source = "message" if journal.can_ask else "schedule"
     key = ctx.idempotency_key("subagent")
-    child = await ctx.step("subagent.session", host.create_child, agent, journal.session_id, key)
+    try:
+        child = await ctx.step(
+            "subagent.session", host.create_child, agent, journal.session_id, key
+        )
+    except TurnStopped:  # the parent's turn ended after the child's creation, before its record
+        await host.abandon_child(_child_id(key), message, who, source)
+        raise
     await ctx.step("subagent.turn", host.start_child, child, message, who, source)
     if journal.steered():
         return await _interrupted(host, agent, child)
@@ -165,7 +171,7 @@ async def _interrupted(host: RuntimeHost, agent: str, child: str) -> Any:
 
 
 class RuntimeHost:
-    """What the engine drives child sessions through: the runtime, behind four methods."""
+    """What the engine drives child sessions through: the runtime, behind a few methods."""
 
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
@@ -174,7 +180,7 @@ class RuntimeHost:
         """Create the child session once: its id derives from the call's idempotency key."""
         rt = self.runtime
         spec = rt.agent(agent)
-        child = "ses_" + hashlib.sha256(key.encode()).hexdigest()[:20]
+        child = _child_id(key)
         if await rt.store.head(child) is not None:
             return child
         parent_state = await rt.state(parent)
@@ -217,6 +223,23 @@ class RuntimeHost:
         # The parent's cancel may have swept its children just before this turn started.
         await cancel_orphan(rt, await rt.state(child))
         return True
+
+    async def abandon_child(
+        self, child: str, message: str, principal: dict[str, Any] | None, source: str
+    ) -> None:
+        """The parent's turn ended before its delegate call recorded the child it had created:
+        start the child's turn, which cancels itself, so the child reads as cancelled rather than
+        as an empty session no one will use. Nothing while the parent's turn goes on elsewhere."""
+        rt = self.runtime
+        if await rt.store.head(child) is None:
+            return
+        state = await rt.state(child)
+        if state.turn is not None or state.parent is None:
+            return
+        parent = (await rt.state(state.parent)).turn
+        if parent is not None and parent.status in ("running", "waiting"):
+            return  # another drive took the turn over: its replay reuses the child
+        await self.start_child(child, message, principal, source)
 
     async def drive_child(self, child: str) -> GenerateResult:
         """Run the child's turn here (even when workers run turns) until it ends or waits.
@@ -268,6 +291,11 @@ class RuntimeHost:
         if first.turn is None or state.turn is None or first.turn.id == state.turn.id:
             return None
         return rt._result(first)
+
+
+def _child_id(key: str) -> str:
+    """The child session of the delegate call whose idempotency key is `key`."""
+    return "ses_" + hashlib.sha256(key.encode()).hexdigest()[:20]
 
 
 _delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())

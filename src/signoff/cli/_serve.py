@@ -91,6 +91,14 @@ def serve(
             "(default: 4, or 0 for a runtime that leaves its turns to workers).",
         ),
     ] = None,
+    sign_in_lifetime: Annotated[
+        float | None,
+        typer.Option(
+            "--sign-in-lifetime",
+            metavar="SECONDS",
+            help="How long a dashboard sign-in lasts (default: 43200, 12 hours).",
+        ),
+    ] = None,
     channel_state: Annotated[
         str | None,
         typer.Option(
@@ -109,6 +117,7 @@ def serve(
     try:
         from ..server import TokenAuth
         from ..server import serve as run_server
+        from ..server._sign_ins import SIGN_IN_LIFETIME, lifetime_of
     except UsageError as exc:  # the server extra is missing: its install hint
         fail(exc)
     except ImportError as exc:
@@ -146,6 +155,15 @@ def serve(
             slack_token if slack_channel else None,
             slack_signing_secret if slack_channel else None,
         )
+        lifetime = SIGN_IN_LIFETIME
+        if sign_in_lifetime is not None:
+            try:
+                lifetime = lifetime_of(sign_in_lifetime)
+            except UsageError:
+                raise UsageError(
+                    "--sign-in-lifetime must be a positive, finite number of seconds, "
+                    f"not {sign_in_lifetime:g}"
+                ) from None
         _check_address(host, port)
     except SignoffError as exc:
         fail(exc)
@@ -166,6 +184,7 @@ def serve(
             channel_state=channel_state,
             secret=secret,
             workers=workers,
+            sign_in_lifetime=lifetime,
         )
     except SignoffError as exc:  # e.g. a channel state file that cannot be opened
         fail(exc)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import SignoffError, UsageError
 from .._runtime import Runtime
 from ._auth import Authenticator, is_loopback
+from ._sign_ins import SIGN_IN_LIFETIME
 
 if TYPE_CHECKING:
     from ..channels import Channel
@@ -77,6 +78,7 @@ def serve(
     channel_state: str | Path | None = None,
     secret: str | bytes | None = None,
     workers: int | None = None,
+    sign_in_lifetime: float = SIGN_IN_LIFETIME,
 ) -> None:
     """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`.
     With `store`, the runtime's agents are served from that store instead.
@@ -88,6 +90,7 @@ def serve(
     keys the dashboard's CSRF tokens (see `create_app`). `workers` turns at a time run in this
     process for sessions with work no request is running (see `create_app`); by default 4 for a
     runtime that runs its turns in process, 0 for one that leaves them to workers (`inline=False`).
+    A dashboard sign-in lasts `sign_in_lifetime` seconds (see `create_app`).
     """
     import uvicorn
 
@@ -112,6 +115,7 @@ def serve(
         channels=hub,
         secret=secret,
         workers=workers,
+        sign_in_lifetime=sign_in_lifetime,
     )
     if auth is None and not is_loopback(host):
         print(
