@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from . import _subagents
+from . import _mirrors
 from ._answers import Reply as _Reply
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
@@ -105,8 +105,8 @@ class Answering(SessionRunner):
             state = await self._checked(session_id)
             if await self._orphaned(state):
                 continue  # its requests are withdrawn now: the answers are refused below
-            if _subagents.routed(state, answers):  # mirrored from a subagent: settle it there
-                return await _subagents.settle_routed(
+            if _mirrors.routed(state, answers):  # mirrored from a subagent: settle it there
+                return await _mirrors.settle_routed(
                     self, state, answers, principal, require_all=require_all, check_only=check_only
                 )
             agent = self.agent(state.agent)

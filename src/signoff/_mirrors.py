@@ -1,0 +1,147 @@
+"""Mirrored requests: a child session's requests asked again in its parent (`ChildRef`), and
+the answers given through the parent, settled in the child under the child's own policies."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._exceptions import AnswerError, InvalidAnswer, PartialAnswer
+from ._recording import Batch, EventSpec
+from ._results import Outcome
+from ._state import SessionState
+from ._types import ChildRef, InputRequest, Principal
+from .stores import Resolve
+
+if TYPE_CHECKING:
+    from ._answering import Answering
+    from ._answers import Reply
+
+__all__ = ["close_mirror", "routed", "settle_routed"]
+
+
+def routed(state: SessionState, answers: Sequence[Reply]) -> bool:
+    """Whether any answer is for a request mirrored from a child session that is open, or
+    settled (a repeat is judged by the child's request, under the child's tool)."""
+    return any(_routed_ref(state, a) is not None for a in answers)
+
+
+def _routed_ref(state: SessionState, answer: Reply) -> ChildRef | None:
+    """The child request an answer to a mirror goes to; None for an answer settled here (one to
+    a request of this session's own, or to a mirror withdrawn or expired: those take none)."""
+    live = state.requests.get(answer.request_id)
+    if live is None or live.status not in ("pending", "settled"):
+        return None
+    return live.request.child
+
+
+async def settle_routed(
+    rt: Answering,
+    state: SessionState,
+    answers: Sequence[Reply],
+    principal: Principal | None,
+    *,
+    require_all: bool,
+    check_only: bool = False,
+) -> list[Outcome]:
+    """Settle answers to mirrored requests in their child sessions (each under the child's own
+    policies), close the mirrors the children closed, and settle the rest here.
+
+    Every answer is checked before any is settled: a bad one leaves every session unchanged.
+    """
+    if require_all:
+        ids = {a.request_id for a in answers}
+        missing = [r.id for r in state.pending_requests() if r.id not in ids]
+        if missing:
+            raise PartialAnswer(state.id, missing)
+    mirrored: list[tuple[Reply, InputRequest, ChildRef]] = []
+    rest: list[Reply] = []
+    for a in answers:
+        ref = _routed_ref(state, a)
+        if ref is None:
+            rest.append(a)
+        else:
+            mirrored.append((a, state.requests[a.request_id].request, ref))
+    for a, _, ref in mirrored:
+        with _naming(a, ref):
+            await rt._settle(
+                ref.session_id, [_for_child(a, ref)], principal, require_all=False, check_only=True
+            )
+    if rest:
+        await rt._settle(state.id, rest, principal, require_all=False, check_only=True)
+    if check_only:
+        return []
+    outcomes: list[Outcome] = []
+    for a, mirror, ref in mirrored:
+        try:
+            with _naming(a, ref):
+                got = await rt._settle(
+                    ref.session_id, [_for_child(a, ref)], principal, require_all=False
+                )
+        finally:
+            await close_mirror(rt, state.id, mirror)  # whatever the child now says
+        outcomes.extend(dataclasses.replace(o, request_id=a.request_id) for o in got)
+    if rest:
+        outcomes.extend(await rt._settle(state.id, rest, principal, require_all=False))
+    return outcomes
+
+
+def _for_child(answer: Reply, ref: ChildRef) -> Reply:
+    return dataclasses.replace(answer, request_id=ref.request_id)
+
+
+@contextlib.contextmanager
+def _naming(answer: Reply, ref: ChildRef) -> Iterator[None]:
+    """Name the request the caller answered in an error, beside the child's it stands for."""
+    try:
+        yield
+    except (AnswerError, InvalidAnswer) as exc:
+        exc.request_ids = [answer.request_id if i == ref.request_id else i for i in exc.request_ids]
+        named = f"{answer.request_id} (asked for {ref.agent}'s {ref.request_id})"
+        exc.args = (str(exc).replace(ref.request_id, named), *exc.args[1:])
+        raise
+
+
+async def close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None:
+    """Resolve the mirror as its child request was resolved; nothing while that is open.
+
+    The resolution is the child's stored one, which holds the decision, value and edited input
+    the session's fold leaves out, so the mirror reads (and is repeated) as the child's does.
+    """
+    ref = mirror.child
+    assert ref is not None
+    child = await rt.state(ref.session_id)
+    live = child.requests.get(ref.request_id)
+    if live is not None and live.status == "pending":
+        return
+    stored = await rt.store.get_request(ref.request_id)
+    if stored is not None and stored.status != "pending":
+        status, resolution = stored.status, stored.resolution
+    elif live is not None:
+        status, resolution = live.status, live.resolution
+    else:
+        return
+    if status == "pending":
+        return
+    data = {
+        **(resolution or {}),
+        "request_id": mirror.id,
+        "status": status,
+        "child_request_id": ref.request_id,
+    }
+    data.setdefault("outcome", "cancelled")
+    closed_as: Any = status
+
+    def build(st: SessionState) -> Batch:
+        now = st.requests.get(mirror.id)
+        if now is None or now.status != "pending":
+            return Batch(specs=[])
+        spec: EventSpec = ("input.resolved", data)
+        resolve = Resolve(
+            request_id=mirror.id, status=closed_as, outcome=data["outcome"], resolution=data
+        )
+        return Batch(specs=[spec], resolve=[resolve])
+
+    await rt._append(parent, build, durable=True, turn_id=mirror.turn_id)
