@@ -441,3 +441,98 @@ async def test_a_refused_delivery_is_not_kept(tmp_path: Path) -> None:
         async with manual(ChannelHub(rt, [again], state=tmp_path / "hub.db")):
             await asyncio.wait_for(again.drain(), 10)
         assert len(receiver.attempts) == 1 and receiver.accepted == []
+
+
+async def test_a_client_that_follows_redirects_still_sends_only_to_the_configured_url() -> None:
+    """The signed body never leaves for another URL, also with a client the caller configured
+    to follow redirects: a 307 (which would carry the body on) is a refusal."""
+    import httpx
+
+    async with Receiver([]) as elsewhere:
+
+        async def moved(writer: asyncio.StreamWriter) -> None:
+            writer.write(
+                f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {elsewhere.url}\r\n"
+                "Content-Length: 0\r\n\r\n".encode()
+            )
+            await writer.drain()
+
+        async with (
+            raw_receiver(moved) as url,
+            httpx.AsyncClient(follow_redirects=True) as client,
+        ):
+            hooks = WebhookChannel(url, SECRET, max_attempts=3, client=client)
+            assert await hooks.deliver(url, "whd_1", "request.opened", b"{}") is False
+            await hooks.close()
+    assert elsewhere.attempts == [] and (hooks.delivered, hooks.failed) == (0, 1)
+
+
+async def test_an_unsent_delivery_to_a_url_with_a_space_is_sent_on_the_next_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A URL may hold a space (in its query, say): the kept delivery still names that URL, so
+    the next start sends it rather than dropping it as no longer configured."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([503]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        url = receiver.url + "?team=ops desk"
+        hooks = WebhookChannel(url, SECRET, max_attempts=1, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        assert receiver.accepted == []
+        again = WebhookChannel(url, SECRET, sleep=sleep)
+        async with manual(ChannelHub(rt, [again], state=state)):
+            await asyncio.wait_for(again.drain(), 10)
+    assert "no longer configured" not in caplog.text
+    ((headers, body),) = receiver.accepted
+    assert verify_webhook(SECRET, headers, body)["type"] == "request.opened"
+
+
+def test_verify_webhook_refuses_a_tolerance_or_clock_that_checks_nothing() -> None:
+    """A NaN tolerance or `now` compares false with every age: replays of any age would pass."""
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    for tolerance in (float("nan"), -1.0):
+        with pytest.raises(so.UsageError, match="tolerance"):
+            verify_webhook(SECRET, good, body, now=stamp, tolerance=tolerance)
+    for now in (float("nan"), float("inf")):
+        with pytest.raises(so.UsageError, match="now"):
+            verify_webhook(SECRET, good, body, now=now)
+
+
+def test_verify_webhook_refuses_delivery_headers_that_contradict_the_signed_body() -> None:
+    """`Signoff-Delivery` and `Signoff-Event` are not signed: a replay that changes them (so a
+    receiver deduping on the header takes it as new) is refused rather than believed."""
+    body = b'{"id":"whd_1","type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {
+        "Signoff-Timestamp": str(stamp),
+        "Signoff-Signature": sign_webhook(SECRET, stamp, body),
+        "Signoff-Delivery": "whd_1",
+        "Signoff-Event": "request.opened",
+    }
+    assert verify_webhook(SECRET, good, body, now=stamp)["id"] == "whd_1"
+    with pytest.raises(InvalidSignature, match="Signoff-Delivery"):
+        verify_webhook(SECRET, {**good, "Signoff-Delivery": "whd_2"}, body, now=stamp)
+    with pytest.raises(InvalidSignature, match="Signoff-Event"):
+        verify_webhook(SECRET, {**good, "Signoff-Event": "request.resolved"}, body, now=stamp)
+
+
+def test_verify_webhook_refuses_a_signed_body_nested_too_deeply_by_name() -> None:
+    body = b"[" * 100_000 + b"]" * 100_000
+    stamp = 1_700_000_000
+    signed = {
+        "Signoff-Timestamp": str(stamp),
+        "Signoff-Signature": sign_webhook(SECRET, stamp, body),
+    }
+    with pytest.raises(InvalidSignature, match="not JSON"):
+        verify_webhook(SECRET, signed, body, now=stamp)

@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -63,13 +64,18 @@ def verify_webhook(
     """Check a delivery's signature and age; returns the parsed JSON payload.
 
     Raises `InvalidSignature` when a header is missing, the timestamp is more than `tolerance`
-    seconds away from `now`, or no `v1=` signature (comma-separated, for secret rotation)
-    matches; the comparison is constant-time.
+    seconds away from `now`, no `v1=` signature (comma-separated, for secret rotation)
+    matches (the comparison is constant-time), or the unsigned `Signoff-Delivery` or
+    `Signoff-Event` header, when present, differs from the signed body's `id` or `type`.
 
         payload = verify_webhook(SECRET, request.headers, await request.body())
     """
     if not secret:
         raise UsageError("verify_webhook() needs the shared secret")
+    if not tolerance >= 0:  # NaN compares false with every age: it would let any replay in
+        raise UsageError(f"tolerance must be a number of seconds >= 0, not {tolerance!r}")
+    if now is not None and not math.isfinite(now):
+        raise UsageError(f"now must be a finite Unix time, not {now!r}")
     raw = body.encode() if isinstance(body, str) else bytes(body)
     lowered = {k.lower(): v for k, v in headers.items()}
     stamp = lowered.get(TIMESTAMP_HEADER.lower())
@@ -97,10 +103,16 @@ def verify_webhook(
         raise InvalidSignature("the signature does not match the body and timestamp")
     try:
         payload = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can read
         raise InvalidSignature("the signed body is not JSON") from None
     if not isinstance(payload, dict):
         raise InvalidSignature("the signed body is not a JSON object")
+    # Headers are not signed: a receiver deduping on Signoff-Delivery must not be told a replay
+    # is another delivery.
+    for header, key in ((DELIVERY_HEADER, "id"), (EVENT_HEADER, "type")):
+        claimed = lowered.get(header.lower())
+        if claimed is not None and claimed != payload.get(key):
+            raise InvalidSignature(f"the {header} header does not match the signed body's {key}")
     return payload
 
 
@@ -192,7 +204,7 @@ class WebhookChannel(Channel):
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
         self._ensure_workers()
         for key, kept in self.state.memos(self.name, _OUTBOX):  # unsent by an earlier run
-            url, _, delivery = key.removeprefix(_OUTBOX).partition(" ")
+            url, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
             if url not in self.urls:
                 logger.warning("webhook %s is no longer configured; dropping %s", url, delivery)
                 self.forget(key)
@@ -338,7 +350,10 @@ class WebhookChannel(Channel):
         neither time nor memory."""
         async with (
             asyncio.timeout(self.timeout),
-            client.stream("POST", url, content=raw, headers=headers) as response,
+            # Never followed, also by a client the caller made to: the body goes only to `url`.
+            client.stream(
+                "POST", url, content=raw, headers=headers, follow_redirects=False
+            ) as response,
         ):
             return response.status_code
 
