@@ -556,3 +556,42 @@ async def test_a_subagents_request_is_shown_once_and_answering_it_resumes_both(
         final = await rt.state(r.session_id)
         assert final.turn is not None and final.turn.status == "completed"
         assert await status(rt, mirror.id) == ("settled", "approved")
+
+
+def test_parse_reply_takes_no_number_or_hyphenated_word_for_yes_or_no() -> None:
+    """`1.5` is a number, not `1` (approve) with the reason `5`; `no-brainer` is not `no`."""
+    approval = so.InputRequest(
+        kind="tool-approval", id="req_1", session_id="s", turn_id="t", agent="a", created_at=0.0
+    )
+    for text in ("1.5", "1,000", "2.0", "no-brainer", "yes-ish", "2-3"):
+        assert parse_reply(approval, text) is None, text
+    assert parse_reply(approval, "no - too big") == so.InputResponse(
+        request_id="req_1", option_id="cancel", text="too big"
+    )
+    assert parse_reply(approval, "2. too big") == so.InputResponse(
+        request_id="req_1", option_id="cancel", text="too big"
+    )
+    assert parse_reply(approval, "yes, go ahead") == so.InputResponse(
+        request_id="req_1", option_id="approve", text="go ahead"
+    )
+
+
+def test_parse_reply_takes_neither_invisible_nor_ambiguous_text_as_an_answer() -> None:
+    """Text with nothing visible (controls, zero-width characters) is as empty as blank text,
+    and a reply naming two options is not taken as free text the person did not mean."""
+    question = so.InputRequest(
+        kind="question",
+        id="req_1",
+        session_id="s",
+        turn_id="t",
+        agent="a",
+        created_at=0.0,
+        options=[so.Option(id="a", label="2"), so.Option(id="b", label="x")],
+        allow_text=True,
+    )
+    for text in ("\u200b", "\x00", "\x1b", "\ufeff", " \u2060 ", "\x07\x7f"):
+        assert parse_reply(question, text) is None, repr(text)
+    assert parse_reply(question, "2") is None  # option a's label, option b's number
+    assert parse_reply(question, "1") == so.InputResponse(request_id="req_1", option_id="a")
+    assert parse_reply(question, "X") == so.InputResponse(request_id="req_1", option_id="b")
+    assert parse_reply(question, "3") == so.InputResponse(request_id="req_1", text="3")
