@@ -536,3 +536,18 @@ def test_verify_webhook_refuses_a_signed_body_nested_too_deeply_by_name() -> Non
     }
     with pytest.raises(InvalidSignature, match="not JSON"):
         verify_webhook(SECRET, signed, body, now=stamp)
+
+
+def test_a_nan_backoff_or_warning_window_and_a_fractional_max_attempts_are_refused() -> None:
+    """NaN passes a `< 0` check: a NaN `max_backoff` would have a retry sleep forever and a NaN
+    `expiring_within` would warn at once; `max_attempts=2.5` would fail each delivery later."""
+    nan = float("nan")
+    with pytest.raises(so.UsageError, match="backoff"):
+        WebhookChannel("https://example.com/hook", SECRET, backoff=nan)
+    with pytest.raises(so.UsageError, match="max_backoff"):
+        WebhookChannel("https://example.com/hook", SECRET, max_backoff=nan)
+    with pytest.raises(so.UsageError, match="expiring_within"):
+        WebhookChannel("https://example.com/hook", SECRET, expiring_within=nan)
+    for attempts in (2.5, "3", True):
+        with pytest.raises(so.UsageError, match="max_attempts"):
+            WebhookChannel("https://example.com/hook", SECRET, max_attempts=attempts)  # type: ignore[arg-type]

@@ -174,12 +174,18 @@ class WebhookChannel(Channel):
                 raise UsageError(f"the webhook URL {url!r} is given twice")
         if not isinstance(secret, str) or not secret:
             raise UsageError("WebhookChannel needs a non-empty signing secret")
-        if max_attempts < 1:
-            raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        if type(max_attempts) is not int or max_attempts < 1:  # 2.5 would fail each delivery
+            raise UsageError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
         if not timeout > 0:  # also NaN; 0 would fail every attempt at once
             raise UsageError(f"timeout must be positive, not {timeout!r}")
-        if backoff < 0 or max_backoff < 0 or expiring_within < 0:
-            raise UsageError("backoff, max_backoff and expiring_within must not be negative")
+        # `not >= 0` refuses NaN too: a NaN max_backoff would sleep forever between attempts.
+        for field, value in (
+            ("backoff", backoff),
+            ("max_backoff", max_backoff),
+            ("expiring_within", expiring_within),
+        ):
+            if not value >= 0:
+                raise UsageError(f"{field} must be a number of seconds >= 0, not {value!r}")
         self.urls = url_list
         self.secret = secret
         self.expiring_within = expiring_within
