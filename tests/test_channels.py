@@ -595,3 +595,31 @@ def test_parse_reply_takes_neither_invisible_nor_ambiguous_text_as_an_answer() -
     assert parse_reply(question, "1") == so.InputResponse(request_id="req_1", option_id="a")
     assert parse_reply(question, "X") == so.InputResponse(request_id="req_1", option_id="b")
     assert parse_reply(question, "3") == so.InputResponse(request_id="req_1", text="3")
+
+
+async def test_the_terminal_text_channel_prints_others_text_without_steering_the_terminal() -> None:
+    """How a request closed elsewhere carries another reviewer's reason or answer: printed on
+    the terminal, its escape sequences and bidi overrides show as escapes, not act."""
+    out = io.StringIO()
+    prompts = TerminalTextChannel(TerminalChannel(Console(file=out, width=200, highlight=False)))
+    request = so.InputRequest(
+        kind="tool-approval",
+        id="req_1",
+        session_id="s",
+        turn_id="t",
+        agent="a",
+        created_at=0.0,
+        action=so.Action(call_id="c", tool_name="issue_refund", input={}, input_hash="h"),
+    )
+    resolution = Resolution(
+        request_id="req_1",
+        outcome="cancelled",
+        status="settled",
+        at=0.0,
+        by=BOB,
+        reason="no [b]way[/b] \x1b]0;pwned\x07\x1b[2J\u202eevil",
+    )
+    await prompts.send_text(prompts.render_resolution(request, resolution))
+    shown = out.getvalue()
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\u202eevil" in shown and "[b]way[/b]" in shown

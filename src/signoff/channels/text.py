@@ -13,14 +13,12 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
-from rich.markup import escape
-
 from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from .._results import Outcome
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, Principal, how_to_choose, named_options
 from ._base import Channel, Resolution, describe_principal, logger, settled_as
-from .terminal import TerminalChannel, compact_json
+from .terminal import TerminalChannel, compact_json, printable
 
 __all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
 
@@ -304,7 +302,8 @@ class TerminalTextChannel(TextChannel):
         self._asking: asyncio.Task[None] | None = None
 
     async def send_text(self, text: str) -> None:
-        self.terminal.console.print(escape(text))
+        # printable: another reviewer's reason or answer must not steer the terminal
+        self.terminal.console.print(printable(text))
 
     async def show(self, request: InputRequest) -> None:
         # Asked in a task: the hub goes on while the person types.
