@@ -551,3 +551,11 @@ def test_a_nan_backoff_or_warning_window_and_a_fractional_max_attempts_are_refus
     for attempts in (2.5, "3", True):
         with pytest.raises(so.UsageError, match="max_attempts"):
             WebhookChannel("https://example.com/hook", SECRET, max_attempts=attempts)  # type: ignore[arg-type]
+
+
+def test_a_url_no_connection_can_use_is_refused_when_configured() -> None:
+    """A port past 65535 made every send raise (an ExceptionGroup, not a failed attempt) and
+    a malformed IDNA host raised a UnicodeError: both are configuration errors, by name."""
+    for bad in ("http://127.0.0.1:99999/hook", "http://127.0.0.1:0/hook", "http://xn--/hook"):
+        with pytest.raises(so.UsageError, match="URL"):
+            WebhookChannel(bad, SECRET)

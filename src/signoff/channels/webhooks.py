@@ -165,11 +165,14 @@ class WebhookChannel(Channel):
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise UsageError(f"a webhook URL must be http(s)://..., not {url!r}")
             try:
-                host = httpx.URL(url).host
-            except httpx.InvalidURL as exc:
+                parsed = httpx.URL(url)
+                host, port = parsed.host, parsed.port  # .host decodes IDNA
+            except (httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
                 raise UsageError(f"not a usable webhook URL: {url!r} ({exc})") from None
             if not host:
                 raise UsageError(f"the webhook URL {url!r} names no host")
+            if port is not None and not 0 < port < 65536:  # else each send raises
+                raise UsageError(f"the webhook URL {url!r} names no usable port")
             if url_list.count(url) > 1:  # one queue per URL: twice would deliver twice
                 raise UsageError(f"the webhook URL {url!r} is given twice")
         if not isinstance(secret, str) or not secret:
