@@ -559,3 +559,25 @@ def test_a_url_no_connection_can_use_is_refused_when_configured() -> None:
     for bad in ("http://127.0.0.1:99999/hook", "http://127.0.0.1:0/hook", "http://xn--/hook"):
         with pytest.raises(so.UsageError, match="URL"):
             WebhookChannel(bad, SECRET)
+
+
+async def test_secret_rotation_signs_with_each_secret_and_verifies_with_any() -> None:
+    """Rotating the secret: the channel signs with the new and the old one at once, so
+    receivers that still check the old secret accept every delivery (a refusal is final,
+    so a rotation without this drops deliveries), and a receiver may check both."""
+    async with Receiver([]) as receiver:
+        hooks = WebhookChannel(receiver.url, ["whsec_new", SECRET])
+        sent = b'{"id":"whd_1","type":"request.opened"}'
+        assert await hooks.deliver(receiver.url, "whd_1", "request.opened", sent) is True
+        await hooks.close()
+    ((headers, body),) = receiver.accepted
+    assert verify_webhook(SECRET, headers, body)["id"] == "whd_1"
+    assert verify_webhook("whsec_new", headers, body)["id"] == "whd_1"
+    assert verify_webhook(["whsec_newer", "whsec_new"], headers, body)["id"] == "whd_1"
+    with pytest.raises(InvalidSignature, match="does not match"):
+        verify_webhook(["whsec_other", "whsec_newer"], headers, body)
+    for bad in ([], [""], ["ok", 7]):
+        with pytest.raises(so.UsageError, match="secret"):
+            WebhookChannel(receiver.url, bad)  # type: ignore[arg-type]
+        with pytest.raises(so.UsageError, match="secret"):
+            verify_webhook(bad, headers, body)  # type: ignore[arg-type]

@@ -2,13 +2,15 @@
 
 Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
 (`v1=` + hex HMAC-SHA256 of `{timestamp}.{body}` with the shared secret); receivers check both
-with `verify_webhook`. Failed deliveries (network errors, 408, 429 and 5xx) are retried with
-exponential backoff; `Signoff-Delivery` (and the payload's `id`) stays the same across retries
-and restarts so receivers can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a
-replay within its window. Deliveries wait in a queue per URL (so a slow receiver holds up no
-other channel) and are kept in the hub's state until sent: one given up on after `max_attempts`
-(logged as an error), or still unsent when the process stops, is sent again when the hub next
-starts on the same state (with an in-memory state, it is lost). A 4xx refusal is final.
+with `verify_webhook`. To rotate the secret, give the channel the new and the old one: it signs
+with each (comma-separated), so receivers still on the old secret accept every delivery.
+Failed deliveries (network errors, 408, 429 and 5xx) are retried with exponential backoff;
+`Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
+can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
+Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
+the hub's state until sent: one given up on after `max_attempts` (logged as an error), or still
+unsent when the process stops, is sent again when the hub next starts on the same state (with an
+in-memory state, it is lost). A 4xx refusal is final.
 
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
 its body. Redirects are not followed (a 3xx is a refusal: the signed body goes only where it was
@@ -54,7 +56,7 @@ def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
 
 
 def verify_webhook(
-    secret: str,
+    secret: str | Sequence[str],
     headers: Mapping[str, str],
     body: bytes | str,
     *,
@@ -63,6 +65,7 @@ def verify_webhook(
 ) -> dict[str, Any]:
     """Check a delivery's signature and age; returns the parsed JSON payload.
 
+    `secret` may be several (while rotating): a signature by any of them is accepted.
     Raises `InvalidSignature` when a header is missing, the timestamp is more than `tolerance`
     seconds away from `now`, no `v1=` signature (comma-separated, for secret rotation)
     matches (the comparison is constant-time), or the unsigned `Signoff-Delivery` or
@@ -70,8 +73,7 @@ def verify_webhook(
 
         payload = verify_webhook(SECRET, request.headers, await request.body())
     """
-    if not secret:
-        raise UsageError("verify_webhook() needs the shared secret")
+    secrets = _secrets(secret, "verify_webhook()")
     if not tolerance >= 0:  # NaN compares false with every age: it would let any replay in
         raise UsageError(f"tolerance must be a number of seconds >= 0, not {tolerance!r}")
     if now is not None and not math.isfinite(now):
@@ -96,10 +98,10 @@ def verify_webhook(
         raise InvalidSignature(f"{TIMESTAMP_HEADER} is more than {tolerance:g}s off") from None
     if abs(age) > tolerance:
         raise InvalidSignature(f"the delivery is {int(age)}s old; more than {tolerance:g}s off")
-    expected = sign_webhook(secret, timestamp, raw).encode()
+    expected = [sign_webhook(s, timestamp, raw).encode() for s in secrets]
     candidates = [s.strip() for s in given.split(",") if s.strip().startswith("v1=")]
     # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a no).
-    if not any(hmac.compare_digest(expected, _utf8(c)) for c in candidates):
+    if not any(hmac.compare_digest(e, _utf8(c)) for e in expected for c in candidates):
         raise InvalidSignature("the signature does not match the body and timestamp")
     try:
         payload = json.loads(raw)
@@ -114,6 +116,14 @@ def verify_webhook(
         if claimed is not None and claimed != payload.get(key):
             raise InvalidSignature(f"the {header} header does not match the signed body's {key}")
     return payload
+
+
+def _secrets(secret: str | Sequence[str], who: str) -> list[str]:
+    """The signing secrets as a list: one, or several while rotating, none of them empty."""
+    secrets = [secret] if isinstance(secret, str) else list(secret)
+    if not secrets or not all(isinstance(s, str) and s for s in secrets):
+        raise UsageError(f"{who} needs the shared secret (non-empty strings), not {secret!r}")
+    return secrets
 
 
 def _utf8(text: str) -> bytes:
@@ -133,6 +143,8 @@ def _json_bytes(body: Mapping[str, Any]) -> bytes:
 class WebhookChannel(Channel):
     """Posts `request.opened`, `request.resolved` and `request.expiring` to every URL.
 
+    `secret` signs each delivery; several (the new one and the old, while rotating) each sign.
+
     `expiring_within`: warn this many seconds before a request's `expires_at`. Retries:
     `max_attempts` in all, waiting `backoff * 2**n` seconds (at most `max_backoff`) between.
     """
@@ -143,7 +155,7 @@ class WebhookChannel(Channel):
     def __init__(
         self,
         urls: str | Sequence[str],
-        secret: str,
+        secret: str | Sequence[str],
         *,
         name: str | None = None,
         accepts: Callable[[InputRequest], bool] | None = None,
@@ -175,8 +187,7 @@ class WebhookChannel(Channel):
                 raise UsageError(f"the webhook URL {url!r} names no usable port")
             if url_list.count(url) > 1:  # one queue per URL: twice would deliver twice
                 raise UsageError(f"the webhook URL {url!r} is given twice")
-        if not isinstance(secret, str) or not secret:
-            raise UsageError("WebhookChannel needs a non-empty signing secret")
+        secrets = _secrets(secret, "WebhookChannel")
         if type(max_attempts) is not int or max_attempts < 1:  # 2.5 would fail each delivery
             raise UsageError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
         if not timeout > 0:  # also NaN; 0 would fail every attempt at once
@@ -190,7 +201,8 @@ class WebhookChannel(Channel):
             if not value >= 0:
                 raise UsageError(f"{field} must be a number of seconds >= 0, not {value!r}")
         self.urls = url_list
-        self.secret = secret
+        self.secrets = secrets
+        self.secret = secrets[0]
         self.expiring_within = expiring_within
         self.max_attempts = max_attempts
         self.backoff = backoff
@@ -319,7 +331,7 @@ class WebhookChannel(Channel):
                 "Content-Type": "application/json",
                 "User-Agent": f"signoff/{__version__}",
                 TIMESTAMP_HEADER: str(stamp),
-                SIGNATURE_HEADER: sign_webhook(self.secret, stamp, raw),
+                SIGNATURE_HEADER: ", ".join(sign_webhook(s, stamp, raw) for s in self.secrets),
                 EVENT_HEADER: event,
                 DELIVERY_HEADER: delivery,
             }
