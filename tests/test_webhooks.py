@@ -581,3 +581,73 @@ async def test_secret_rotation_signs_with_each_secret_and_verifies_with_any() ->
             WebhookChannel(receiver.url, bad)  # type: ignore[arg-type]
         with pytest.raises(so.UsageError, match="secret"):
             verify_webhook(bad, headers, body)  # type: ignore[arg-type]
+
+
+async def test_an_expiry_warning_the_state_could_not_keep_is_sent_on_the_next_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel state that fails once (locked too long) while a warning is queued: the
+    warning was marked sent and its deadline dropped first, so it was never sent."""
+    clock = ManualClock()
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime(
+            [refund_agent(expires_in=3600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db", clock=clock)) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            clock.advance(3100)
+            keep = hooks.state.remember
+            failed: list[str] = []
+
+            def remember(channel: str, key: str, value: Any) -> None:
+                if key.startswith("outbox:") and not failed:
+                    failed.append(key)
+                    raise so.StoreError("channel state: database is locked")
+                keep(channel, key, value)
+
+            monkeypatch.setattr(hooks.state, "remember", remember)
+            await hub.poll()  # the tick fails (logged by the hub)
+            assert failed
+            await hub.poll()
+            await hooks.drain()
+        payloads = [
+            verify_webhook(SECRET, h, b, now=clock.now, tolerance=4000)
+            for h, b in receiver.accepted
+        ]
+        assert [p["type"] for p in payloads] == ["request.opened", "request.expiring"]
+
+
+async def test_an_opening_the_state_could_not_keep_is_sent_when_the_hub_retries_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delivery was marked queued before it was kept: when keeping it failed, the hub's
+    retry of the entry found it "already queued", and the receiver never heard of it."""
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET)
+        hub = ChannelHub(rt, [hooks], state=tmp_path / "hub.db", retry_backoff=0)
+        async with manual(hub):
+            keep = hooks.state.remember
+            failed: list[str] = []
+
+            def remember(channel: str, key: str, value: Any) -> None:
+                if key.startswith("outbox:") and not failed:
+                    failed.append(key)
+                    raise so.StoreError("channel state: database is locked")
+                keep(channel, key, value)
+
+            monkeypatch.setattr(hooks.state, "remember", remember)
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()  # on_requested fails: the hub retries the entry
+            assert failed
+            await hub.poll()
+            await asyncio.wait_for(hooks.drain(), 10)
+        ((headers, body),) = receiver.accepted
+        assert verify_webhook(SECRET, headers, body)["type"] == "request.opened"

@@ -251,10 +251,12 @@ class WebhookChannel(Channel):
             assert r.expires_at is not None
             if now < r.expires_at - self.expiring_within:
                 continue
-            del self._deadlines[rid]
             if now < r.expires_at and not self.recall(f"warned:{rid}"):
-                self.remember(f"warned:{rid}", True)
+                # Queued (and kept) before it counts as warned: a state that fails in between
+                # leaves it for the next tick instead of losing it.
                 self.enqueue("request.expiring", r)
+                self.remember(f"warned:{rid}", True)
+            del self._deadlines[rid]
 
     # -- delivery -----------------------------------------------------------------------------
 
@@ -281,10 +283,10 @@ class WebhookChannel(Channel):
         for url in self.urls:
             if f"{url} {body['id']}" in self._queued:
                 continue  # an entry the hub read again while its delivery still waits
-            self._queued.add(f"{url} {body['id']}")
-            if self._state is not None:
+            if self._state is not None:  # kept first: a failure here leaves it not queued
                 body_text = raw.decode()
                 self.remember(f"{_OUTBOX}{url} {body['id']}", {"event": event, "body": body_text})
+            self._queued.add(f"{url} {body['id']}")
             self._queues[url].put_nowait((body["id"], event, raw))
 
     def _ensure_workers(self) -> None:
