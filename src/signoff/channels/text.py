@@ -225,7 +225,7 @@ class TextChannel(Channel):
             return None
         response = parse_reply(request, text)
         if response is None:
-            named = named_options(request.options, text) if request.kind == "question" else []
+            named = [] if request.kind == "tool-approval" else named_options(request.options, text)
             if len(named) > 1:  # never sent on as a message: the runtime would take it as text
                 await self.send_text(how_to_choose(request.options, named))
                 return None
