@@ -651,3 +651,13 @@ async def test_an_opening_the_state_could_not_keep_is_sent_when_the_hub_retries_
             await asyncio.wait_for(hooks.drain(), 10)
         ((headers, body),) = receiver.accepted
         assert verify_webhook(SECRET, headers, body)["type"] == "request.opened"
+
+
+def test_a_secret_that_is_not_valid_unicode_is_refused_when_configured() -> None:
+    """A secret read from an environment holding invalid UTF-8 has lone surrogates: signing
+    raised UnicodeEncodeError on every send (never a failed attempt, kept forever)."""
+    for bad in ("whsec_\udcff", ["whsec_new", "\ud800"]):
+        with pytest.raises(so.UsageError, match="secret"):
+            WebhookChannel("https://example.com/hook", bad)
+        with pytest.raises(so.UsageError, match="secret"):
+            verify_webhook(bad, {}, b"{}")

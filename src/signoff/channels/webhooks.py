@@ -122,7 +122,12 @@ def _secrets(secret: str | Sequence[str], who: str) -> list[str]:
     """The signing secrets as a list: one, or several while rotating, none of them empty."""
     secrets = [secret] if isinstance(secret, str) else list(secret)
     if not secrets or not all(isinstance(s, str) and s for s in secrets):
-        raise UsageError(f"{who} needs the shared secret (non-empty strings), not {secret!r}")
+        raise UsageError(f"{who} needs the shared secret: a non-empty string, or several")
+    for s in secrets:
+        try:
+            s.encode()
+        except UnicodeEncodeError:  # e.g. from an environment holding invalid UTF-8
+            raise UsageError(f"{who}: a secret is not valid Unicode (a lone surrogate)") from None
     return secrets
 
 
