@@ -31,10 +31,10 @@ __all__ = [
     "ToolResultMessage",
     "Usage",
     "UserMessage",
+    "how_to_choose",
     "input_hash",
     "make_options",
     "match_option",
-    "how_to_choose",
     "named_options",
     "unique_name",
 ]
