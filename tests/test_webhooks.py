@@ -15,7 +15,13 @@ import pytest
 from aiohttp import web
 
 import signoff as so
-from signoff.channels import ChannelHub, InvalidSignature, WebhookChannel, verify_webhook
+from signoff.channels import (
+    ChannelHub,
+    ChannelState,
+    InvalidSignature,
+    WebhookChannel,
+    verify_webhook,
+)
 from signoff.channels.webhooks import sign_webhook
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
@@ -661,3 +667,40 @@ def test_a_secret_that_is_not_valid_unicode_is_refused_when_configured() -> None
             WebhookChannel("https://example.com/hook", bad)
         with pytest.raises(so.UsageError, match="secret"):
             verify_webhook(bad, {}, b"{}")
+
+
+async def test_a_delivery_posted_but_not_recorded_is_posted_again_with_the_same_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between the receiver's 2xx and forgetting the kept delivery (here: forgetting
+    fails) posts it again on the next start: the same `Signoff-Delivery` and payload `id`, a
+    body that verifies, so the receiver can drop the duplicate."""
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            keep = hooks.state.forget
+
+            def forget(channel: str, key: str) -> None:
+                if key.startswith("outbox:"):
+                    raise so.StoreError("channel state: disk I/O error")
+                keep(channel, key)
+
+            monkeypatch.setattr(hooks.state, "forget", forget)
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        monkeypatch.undo()
+        again = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [again], state=state)):
+            await asyncio.wait_for(again.drain(), 10)
+    kept = ChannelState(state)
+    assert kept.memos("webhooks", "outbox:") == []  # sent the second time, and forgotten
+    kept.close()
+    first, second = receiver.accepted
+    assert first[0]["Signoff-Delivery"] == second[0]["Signoff-Delivery"]
+    ids = {verify_webhook(SECRET, h, b)["id"] for h, b in receiver.accepted}
+    assert ids == {first[0]["Signoff-Delivery"]}
