@@ -704,3 +704,12 @@ async def test_a_delivery_posted_but_not_recorded_is_posted_again_with_the_same_
     assert first[0]["Signoff-Delivery"] == second[0]["Signoff-Delivery"]
     ids = {verify_webhook(SECRET, h, b)["id"] for h, b in receiver.accepted}
     assert ids == {first[0]["Signoff-Delivery"]}
+
+
+def test_verify_webhook_refuses_a_text_body_utf8_cannot_hold_by_name() -> None:
+    """A body passed as text with a lone surrogate (a framework that decoded invalid UTF-8
+    with surrogateescape) is an `InvalidSignature`, not a UnicodeEncodeError (a 500)."""
+    stamp = 1_700_000_000
+    headers = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": "v1=00"}
+    with pytest.raises(InvalidSignature, match="raw bytes"):
+        verify_webhook(SECRET, headers, '{"a":"caf\udce9"}', now=stamp)

@@ -78,7 +78,10 @@ def verify_webhook(
         raise UsageError(f"tolerance must be a number of seconds >= 0, not {tolerance!r}")
     if now is not None and not math.isfinite(now):
         raise UsageError(f"now must be a finite Unix time, not {now!r}")
-    raw = body.encode() if isinstance(body, str) else bytes(body)
+    try:
+        raw = body.encode() if isinstance(body, str) else bytes(body)
+    except UnicodeEncodeError:  # text decoded from invalid UTF-8: the bytes signed are gone
+        raise InvalidSignature("the body is not valid UTF-8 text: pass the raw bytes") from None
     lowered = {k.lower(): v for k, v in headers.items()}
     stamp = lowered.get(TIMESTAMP_HEADER.lower())
     given = lowered.get(SIGNATURE_HEADER.lower())
