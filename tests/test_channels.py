@@ -556,3 +556,70 @@ async def test_a_subagents_request_is_shown_once_and_answering_it_resumes_both(
         final = await rt.state(r.session_id)
         assert final.turn is not None and final.turn.status == "completed"
         assert await status(rt, mirror.id) == ("settled", "approved")
+
+
+def test_parse_reply_takes_no_number_or_hyphenated_word_for_yes_or_no() -> None:
+    """`1.5` is a number, not `1` (approve) with the reason `5`; `no-brainer` is not `no`."""
+    approval = so.InputRequest(
+        kind="tool-approval", id="req_1", session_id="s", turn_id="t", agent="a", created_at=0.0
+    )
+    for text in ("1.5", "1,000", "2.0", "no-brainer", "yes-ish", "2-3"):
+        assert parse_reply(approval, text) is None, text
+    assert parse_reply(approval, "no - too big") == so.InputResponse(
+        request_id="req_1", option_id="cancel", text="too big"
+    )
+    assert parse_reply(approval, "2. too big") == so.InputResponse(
+        request_id="req_1", option_id="cancel", text="too big"
+    )
+    assert parse_reply(approval, "yes, go ahead") == so.InputResponse(
+        request_id="req_1", option_id="approve", text="go ahead"
+    )
+
+
+def test_parse_reply_takes_neither_invisible_nor_ambiguous_text_as_an_answer() -> None:
+    """Text with nothing visible (controls, zero-width characters) is as empty as blank text,
+    and a reply naming two options is not taken as free text the person did not mean."""
+    question = so.InputRequest(
+        kind="question",
+        id="req_1",
+        session_id="s",
+        turn_id="t",
+        agent="a",
+        created_at=0.0,
+        options=[so.Option(id="a", label="2"), so.Option(id="b", label="x")],
+        allow_text=True,
+    )
+    for text in ("\u200b", "\x00", "\x1b", "\ufeff", " \u2060 ", "\x07\x7f"):
+        assert parse_reply(question, text) is None, repr(text)
+    assert parse_reply(question, "2") is None  # option a's label, option b's number
+    assert parse_reply(question, "1") == so.InputResponse(request_id="req_1", option_id="a")
+    assert parse_reply(question, "X") == so.InputResponse(request_id="req_1", option_id="b")
+    assert parse_reply(question, "3") == so.InputResponse(request_id="req_1", text="3")
+
+
+async def test_the_terminal_text_channel_prints_others_text_without_steering_the_terminal() -> None:
+    """How a request closed elsewhere carries another reviewer's reason or answer: printed on
+    the terminal, its escape sequences and bidi overrides show as escapes, not act."""
+    out = io.StringIO()
+    prompts = TerminalTextChannel(TerminalChannel(Console(file=out, width=200, highlight=False)))
+    request = so.InputRequest(
+        kind="tool-approval",
+        id="req_1",
+        session_id="s",
+        turn_id="t",
+        agent="a",
+        created_at=0.0,
+        action=so.Action(call_id="c", tool_name="issue_refund", input={}, input_hash="h"),
+    )
+    resolution = Resolution(
+        request_id="req_1",
+        outcome="cancelled",
+        status="settled",
+        at=0.0,
+        by=BOB,
+        reason="no [b]way[/b] \x1b]0;pwned\x07\x1b[2J\u202eevil",
+    )
+    await prompts.send_text(prompts.render_resolution(request, resolution))
+    shown = out.getvalue()
+    assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
+    assert "\\x1b]0;pwned\\x07\\x1b[2J\\u202eevil" in shown and "[b]way[/b]" in shown

@@ -438,3 +438,22 @@ def test_channel_takes_odd_digits_as_text_not_a_crash() -> None:
             assert channel.ask(question) == so.InputResponse(request_id="req_1", text=typed)
         finally:
             console.file.close()
+
+
+def test_channel_refuses_an_ambiguous_or_invisible_answer() -> None:
+    """`2` names option a by label and option b by number: the terminal picks neither (as the
+    text channels do) and asks again; a zero-width space is no answer either."""
+    question = _request(
+        kind="question",
+        action=None,
+        question="Which?",
+        options=[so.Option(id="a", label="2"), so.Option(id="b", label="x")],
+        allow_text=True,
+    )
+    channel, prompts, console = _channel(["2", "\u200b", "b"])
+    try:
+        assert channel.ask(question) == so.InputResponse(request_id="req_1", option_id="b")
+        assert "more than one option" in console.export_text()
+        assert len(prompts) == 3
+    finally:
+        console.file.close()

@@ -230,3 +230,30 @@ async def test_an_unmatched_reply_steers_the_turn_with_send(tmp_path: Path) -> N
             assert sms.sent[-1].startswith("issue_refund was withdrawn at ")
             assert sms.current is None
         assert runs == []
+
+
+async def test_a_reply_naming_two_options_is_told_so_and_answers_nothing(tmp_path: Path) -> None:
+    """`2` is option one's label and option two's number: it is neither taken as free text nor
+    sent on (with unmatched="send" the runtime would take it as the answer); the person is
+    told how to name each alone."""
+    options = [{"label": "2", "description": "Two."}, {"label": "x", "description": "Ten."}]
+    ask = call("ask_question", question="How many?", options=options)
+    agent = scripted_agent("shop", [call_tools(ask), reply("ok")], tools=[so.ask_question()])
+    async with runtime(tmp_path, agent) as rt:
+        r = await rt.generate("shop", prompt="Reorder")
+        (q,) = r.pending
+        sms = Texts(unmatched="send")
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            assert await sms.reply(" 2 ", BOB) is None
+            assert sms.sent[-1] == (
+                "That could mean more than one option: to choose 2, reply 1; to choose x, reply x."
+            )
+            assert await status(rt, q.id) == ("pending", None)
+            assert await sms.reply("\u200b", BOB) is None  # shows nothing: not sent on either
+            assert await status(rt, q.id) == ("pending", None)
+            outcome = await sms.reply("1", BOB)
+            assert outcome is not None and outcome.outcome == "answered"
+            stored = await rt.store.get_request(q.id)
+            assert stored is not None and stored.resolution is not None
+            assert stored.resolution["answer"]["value"] == "2"

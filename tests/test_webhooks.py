@@ -15,7 +15,13 @@ import pytest
 from aiohttp import web
 
 import signoff as so
-from signoff.channels import ChannelHub, InvalidSignature, WebhookChannel, verify_webhook
+from signoff.channels import (
+    ChannelHub,
+    ChannelState,
+    InvalidSignature,
+    WebhookChannel,
+    verify_webhook,
+)
 from signoff.channels.webhooks import sign_webhook
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
@@ -441,3 +447,269 @@ async def test_a_refused_delivery_is_not_kept(tmp_path: Path) -> None:
         async with manual(ChannelHub(rt, [again], state=tmp_path / "hub.db")):
             await asyncio.wait_for(again.drain(), 10)
         assert len(receiver.attempts) == 1 and receiver.accepted == []
+
+
+async def test_a_client_that_follows_redirects_still_sends_only_to_the_configured_url() -> None:
+    """The signed body never leaves for another URL, also with a client the caller configured
+    to follow redirects: a 307 (which would carry the body on) is a refusal."""
+    import httpx
+
+    async with Receiver([]) as elsewhere:
+
+        async def moved(writer: asyncio.StreamWriter) -> None:
+            writer.write(
+                f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {elsewhere.url}\r\n"
+                "Content-Length: 0\r\n\r\n".encode()
+            )
+            await writer.drain()
+
+        async with (
+            raw_receiver(moved) as url,
+            httpx.AsyncClient(follow_redirects=True) as client,
+        ):
+            hooks = WebhookChannel(url, SECRET, max_attempts=3, client=client)
+            assert await hooks.deliver(url, "whd_1", "request.opened", b"{}") is False
+            await hooks.close()
+    assert elsewhere.attempts == [] and (hooks.delivered, hooks.failed) == (0, 1)
+
+
+async def test_an_unsent_delivery_to_a_url_with_a_space_is_sent_on_the_next_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A URL may hold a space (in its query, say): the kept delivery still names that URL, so
+    the next start sends it rather than dropping it as no longer configured."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([503]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        url = receiver.url + "?team=ops desk"
+        hooks = WebhookChannel(url, SECRET, max_attempts=1, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        assert receiver.accepted == []
+        again = WebhookChannel(url, SECRET, sleep=sleep)
+        async with manual(ChannelHub(rt, [again], state=state)):
+            await asyncio.wait_for(again.drain(), 10)
+    assert "no longer configured" not in caplog.text
+    ((headers, body),) = receiver.accepted
+    assert verify_webhook(SECRET, headers, body)["type"] == "request.opened"
+
+
+def test_verify_webhook_refuses_a_tolerance_or_clock_that_checks_nothing() -> None:
+    """A NaN tolerance or `now` compares false with every age: replays of any age would pass."""
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    for tolerance in (float("nan"), -1.0):
+        with pytest.raises(so.UsageError, match="tolerance"):
+            verify_webhook(SECRET, good, body, now=stamp, tolerance=tolerance)
+    for now in (float("nan"), float("inf")):
+        with pytest.raises(so.UsageError, match="now"):
+            verify_webhook(SECRET, good, body, now=now)
+
+
+def test_verify_webhook_refuses_delivery_headers_that_contradict_the_signed_body() -> None:
+    """`Signoff-Delivery` and `Signoff-Event` are not signed: a replay that changes them (so a
+    receiver deduping on the header takes it as new) is refused rather than believed."""
+    body = b'{"id":"whd_1","type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {
+        "Signoff-Timestamp": str(stamp),
+        "Signoff-Signature": sign_webhook(SECRET, stamp, body),
+        "Signoff-Delivery": "whd_1",
+        "Signoff-Event": "request.opened",
+    }
+    assert verify_webhook(SECRET, good, body, now=stamp)["id"] == "whd_1"
+    with pytest.raises(InvalidSignature, match="Signoff-Delivery"):
+        verify_webhook(SECRET, {**good, "Signoff-Delivery": "whd_2"}, body, now=stamp)
+    with pytest.raises(InvalidSignature, match="Signoff-Event"):
+        verify_webhook(SECRET, {**good, "Signoff-Event": "request.resolved"}, body, now=stamp)
+
+
+def test_verify_webhook_refuses_a_signed_body_nested_too_deeply_by_name() -> None:
+    body = b"[" * 100_000 + b"]" * 100_000
+    stamp = 1_700_000_000
+    signed = {
+        "Signoff-Timestamp": str(stamp),
+        "Signoff-Signature": sign_webhook(SECRET, stamp, body),
+    }
+    with pytest.raises(InvalidSignature, match="not JSON"):
+        verify_webhook(SECRET, signed, body, now=stamp)
+
+
+def test_a_nan_backoff_or_warning_window_and_a_fractional_max_attempts_are_refused() -> None:
+    """NaN passes a `< 0` check: a NaN `max_backoff` would have a retry sleep forever and a NaN
+    `expiring_within` would warn at once; `max_attempts=2.5` would fail each delivery later."""
+    nan = float("nan")
+    with pytest.raises(so.UsageError, match="backoff"):
+        WebhookChannel("https://example.com/hook", SECRET, backoff=nan)
+    with pytest.raises(so.UsageError, match="max_backoff"):
+        WebhookChannel("https://example.com/hook", SECRET, max_backoff=nan)
+    with pytest.raises(so.UsageError, match="expiring_within"):
+        WebhookChannel("https://example.com/hook", SECRET, expiring_within=nan)
+    for attempts in (2.5, "3", True):
+        with pytest.raises(so.UsageError, match="max_attempts"):
+            WebhookChannel("https://example.com/hook", SECRET, max_attempts=attempts)  # type: ignore[arg-type]
+
+
+def test_a_url_no_connection_can_use_is_refused_when_configured() -> None:
+    """A port past 65535 made every send raise (an ExceptionGroup, not a failed attempt) and
+    a malformed IDNA host raised a UnicodeError: both are configuration errors, by name."""
+    for bad in ("http://127.0.0.1:99999/hook", "http://127.0.0.1:0/hook", "http://xn--/hook"):
+        with pytest.raises(so.UsageError, match="URL"):
+            WebhookChannel(bad, SECRET)
+
+
+async def test_secret_rotation_signs_with_each_secret_and_verifies_with_any() -> None:
+    """Rotating the secret: the channel signs with the new and the old one at once, so
+    receivers that still check the old secret accept every delivery (a refusal is final,
+    so a rotation without this drops deliveries), and a receiver may check both."""
+    async with Receiver([]) as receiver:
+        hooks = WebhookChannel(receiver.url, ["whsec_new", SECRET])
+        sent = b'{"id":"whd_1","type":"request.opened"}'
+        assert await hooks.deliver(receiver.url, "whd_1", "request.opened", sent) is True
+        await hooks.close()
+    ((headers, body),) = receiver.accepted
+    assert verify_webhook(SECRET, headers, body)["id"] == "whd_1"
+    assert verify_webhook("whsec_new", headers, body)["id"] == "whd_1"
+    assert verify_webhook(["whsec_newer", "whsec_new"], headers, body)["id"] == "whd_1"
+    with pytest.raises(InvalidSignature, match="does not match"):
+        verify_webhook(["whsec_other", "whsec_newer"], headers, body)
+    for bad in ([], [""], ["ok", 7]):
+        with pytest.raises(so.UsageError, match="secret"):
+            WebhookChannel(receiver.url, bad)  # type: ignore[arg-type]
+        with pytest.raises(so.UsageError, match="secret"):
+            verify_webhook(bad, headers, body)  # type: ignore[arg-type]
+
+
+async def test_an_expiry_warning_the_state_could_not_keep_is_sent_on_the_next_tick(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A channel state that fails once (locked too long) while a warning is queued: the
+    warning was marked sent and its deadline dropped first, so it was never sent."""
+    clock = ManualClock()
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime(
+            [refund_agent(expires_in=3600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock)
+        async with manual(ChannelHub(rt, [hooks], state=tmp_path / "hub.db", clock=clock)) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+            clock.advance(3100)
+            keep = hooks.state.remember
+            failed: list[str] = []
+
+            def remember(channel: str, key: str, value: Any) -> None:
+                if key.startswith("outbox:") and not failed:
+                    failed.append(key)
+                    raise so.StoreError("channel state: database is locked")
+                keep(channel, key, value)
+
+            monkeypatch.setattr(hooks.state, "remember", remember)
+            await hub.poll()  # the tick fails (logged by the hub)
+            assert failed
+            await hub.poll()
+            await hooks.drain()
+        payloads = [
+            verify_webhook(SECRET, h, b, now=clock.now, tolerance=4000)
+            for h, b in receiver.accepted
+        ]
+        assert [p["type"] for p in payloads] == ["request.opened", "request.expiring"]
+
+
+async def test_an_opening_the_state_could_not_keep_is_sent_when_the_hub_retries_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The delivery was marked queued before it was kept: when keeping it failed, the hub's
+    retry of the entry found it "already queued", and the receiver never heard of it."""
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET)
+        hub = ChannelHub(rt, [hooks], state=tmp_path / "hub.db", retry_backoff=0)
+        async with manual(hub):
+            keep = hooks.state.remember
+            failed: list[str] = []
+
+            def remember(channel: str, key: str, value: Any) -> None:
+                if key.startswith("outbox:") and not failed:
+                    failed.append(key)
+                    raise so.StoreError("channel state: database is locked")
+                keep(channel, key, value)
+
+            monkeypatch.setattr(hooks.state, "remember", remember)
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()  # on_requested fails: the hub retries the entry
+            assert failed
+            await hub.poll()
+            await asyncio.wait_for(hooks.drain(), 10)
+        ((headers, body),) = receiver.accepted
+        assert verify_webhook(SECRET, headers, body)["type"] == "request.opened"
+
+
+def test_a_secret_that_is_not_valid_unicode_is_refused_when_configured() -> None:
+    """A secret read from an environment holding invalid UTF-8 has lone surrogates: signing
+    raised UnicodeEncodeError on every send (never a failed attempt, kept forever)."""
+    for bad in ("whsec_\udcff", ["whsec_new", "\ud800"]):
+        with pytest.raises(so.UsageError, match="secret"):
+            WebhookChannel("https://example.com/hook", bad)
+        with pytest.raises(so.UsageError, match="secret"):
+            verify_webhook(bad, {}, b"{}")
+
+
+async def test_a_delivery_posted_but_not_recorded_is_posted_again_with_the_same_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between the receiver's 2xx and forgetting the kept delivery (here: forgetting
+    fails) posts it again on the next start: the same `Signoff-Delivery` and payload `id`, a
+    body that verifies, so the receiver can drop the duplicate."""
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
+            keep = hooks.state.forget
+
+            def forget(channel: str, key: str) -> None:
+                if key.startswith("outbox:"):
+                    raise so.StoreError("channel state: disk I/O error")
+                keep(channel, key)
+
+            monkeypatch.setattr(hooks.state, "forget", forget)
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        monkeypatch.undo()
+        again = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [again], state=state)):
+            await asyncio.wait_for(again.drain(), 10)
+    kept = ChannelState(state)
+    assert kept.memos("webhooks", "outbox:") == []  # sent the second time, and forgotten
+    kept.close()
+    first, second = receiver.accepted
+    assert first[0]["Signoff-Delivery"] == second[0]["Signoff-Delivery"]
+    ids = {verify_webhook(SECRET, h, b)["id"] for h, b in receiver.accepted}
+    assert ids == {first[0]["Signoff-Delivery"]}
+
+
+def test_verify_webhook_refuses_a_text_body_utf8_cannot_hold_by_name() -> None:
+    """A body passed as text with a lone surrogate (a framework that decoded invalid UTF-8
+    with surrogateescape) is an `InvalidSignature`, not a UnicodeEncodeError (a 500)."""
+    stamp = 1_700_000_000
+    headers = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": "v1=00"}
+    with pytest.raises(InvalidSignature, match="raw bytes"):
+        verify_webhook(SECRET, headers, '{"a":"caf\udce9"}', now=stamp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["BIDI", "HIDDEN", "escape_as_json"]
+__all__ = ["BIDI", "HIDDEN", "escape_as_json", "is_blank"]
 
 BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """Bidirectional controls: they make the text around them read in another order."""
@@ -17,6 +17,15 @@ HIDDEN = re.compile(
 """The above and what is invisible: C1 controls, zero-width and formatting characters, line
 separators, variation selectors, tag characters, and lone surrogates (which UTF-8 cannot hold).
 Inside a JSON string they can be escaped and the text still parses to the same value."""
+
+
+_C0 = re.compile("[\x00-\x1f]")
+
+
+def is_blank(text: str) -> bool:
+    """Whether `text` shows nothing: only whitespace, controls and invisible characters. A
+    typed reply like that is no answer, as an empty one is not."""
+    return not HIDDEN.sub("", _C0.sub("", text)).strip()
 
 
 def escape_as_json(match: re.Match[str]) -> str:

@@ -31,9 +31,12 @@ __all__ = [
     "ToolResultMessage",
     "Usage",
     "UserMessage",
+    "how_to_choose",
     "input_hash",
     "make_options",
     "match_option",
+    "named_options",
+    "unique_name",
 ]
 
 
@@ -296,13 +299,39 @@ def match_option(options: list[Option], text: str) -> Option | None:
     A reply naming two different options (one's label, another's id or index) names none:
     picking either would guess what the person meant.
     """
+    named = named_options(options, text)
+    return named[0] if len(named) == 1 else None
+
+
+def named_options(options: list[Option], text: str) -> list[Option]:
+    """Every option a typed reply names by id, label or 1-based index, each once: two or more
+    means the reply is ambiguous, which a channel should say rather than guess or take as text."""
     t = text.strip().casefold()
     named = [o for o in options if t in (o.id.strip().casefold(), o.label.strip().casefold())]
     # A bounded length: int() refuses thousands of digits, and no list has that many options.
     if t.isdecimal() and len(t) <= 9 and 1 <= int(t) <= len(options):
         named.append(options[int(t) - 1])
-    distinct = {o.id for o in named}
-    return named[0] if len(distinct) == 1 else None
+    return list({o.id: o for o in named}.values())
+
+
+def unique_name(options: list[Option], option: Option) -> str | None:
+    """A reply that names `option` and no other (its number, label or id), if one does."""
+    number = next(i for i, o in enumerate(options, 1) if o.id == option.id)
+    for name in (str(number), option.label.strip(), option.id.strip()):
+        if [o.id for o in named_options(options, name)] == [option.id]:
+            return name
+    return None
+
+
+def how_to_choose(options: list[Option], named: list[Option]) -> str:
+    """What a person is told when a reply names several options (a label that is another's
+    number): for each, a reply that names it alone."""
+    names = [(o, unique_name(options, o)) for o in named]
+    ways = [f"to choose {o.label}, reply {name}" for o, name in names if name is not None]
+    said = "That could mean more than one option"
+    if not ways:
+        return f"{said}, and no reply names one alone: answer it elsewhere."
+    return f"{said}: " + "; ".join(ways) + "."
 
 
 class Answer(_Model):

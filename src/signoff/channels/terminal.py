@@ -15,7 +15,8 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from .._types import InputRequest, InputResponse
+from .._text import is_blank
+from .._types import InputRequest, InputResponse, how_to_choose, named_options
 
 __all__ = ["TerminalChannel", "compact_json", "duration", "printable"]
 
@@ -159,10 +160,13 @@ class TerminalChannel:
             answer = self.read(f"  [dim]({hint}):[/] ")
             if answer is None:
                 return None
-            chosen = _match_option(request, answer)
-            if chosen is not None:
-                return InputResponse(request_id=request.id, option_id=chosen)
-            if request.allow_text and answer:
+            named = named_options(request.options, answer)
+            if len(named) == 1:
+                return InputResponse(request_id=request.id, option_id=named[0].id)
+            if len(named) > 1:  # a label that is another option's number: never guessed
+                self.console.print(f"  [red]{printable(how_to_choose(request.options, named))}[/]")
+                continue
+            if request.allow_text and not is_blank(answer):
                 return InputResponse(request_id=request.id, text=answer)
             self.console.print(f"  [red]choose {hint}[/]")
 
@@ -174,16 +178,3 @@ def duration(seconds: float) -> str:
         if seconds >= size:
             return f"{seconds // size}{unit}"
     return f"{seconds}s"
-
-
-def _match_option(request: InputRequest, answer: str) -> str | None:
-    """An option id from a number, an id or a label (case-insensitive)."""
-    # ASCII and short: int() refuses "²" and thousands of digits, which are then plain text.
-    if answer.isascii() and answer.isdigit() and len(answer) <= 9:
-        if 1 <= int(answer) <= len(request.options):
-            return request.options[int(answer) - 1].id
-    folded = answer.casefold()
-    for option in request.options:
-        if folded in (option.id.casefold(), option.label.casefold()):
-            return option.id
-    return None

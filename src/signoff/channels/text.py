@@ -13,19 +13,20 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Literal
 
-from rich.markup import escape
-
 from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from .._results import Outcome
-from .._types import InputRequest, InputResponse, Principal, match_option
+from .._text import is_blank
+from .._types import InputRequest, InputResponse, Principal, how_to_choose, named_options
 from ._base import Channel, Resolution, describe_principal, logger, settled_as
-from .terminal import TerminalChannel, compact_json
+from .terminal import TerminalChannel, compact_json, printable
 
 __all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
 
 _APPROVE = frozenset({"y", "yes", "approve", "approved", "ok", "1"})
 _DENY = frozenset({"n", "no", "deny", "denied", "reject", "cancel", "2"})
 _WORD = re.compile(r"^\s*([^\s:,.!-]+)[\s:,.!-]*(.*)$", re.DOTALL)
+# A word joined on without a space is one word: `no-brainer`, `1.5` and `1,000` say no yes or no.
+_JOINED = re.compile(r"^\s*[^\s:,.!-]+(?:-\w|[.,]\d)")
 
 
 def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
@@ -33,13 +34,14 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
 
     Approvals take `yes` / `no` (or approve / deny, 1 / 2), optionally followed by a reason
     (`no: too large`); questions take an option's id, label or number, or free text if allowed.
+    Text that shows nothing, or names two options at once, answers nothing.
     """
     text = text.strip()
-    if not text:
+    if is_blank(text):
         return None
     if request.kind == "tool-approval":
         m = _WORD.match(text)
-        if m is None:
+        if m is None or _JOINED.match(text):
             return None
         word, rest = m.group(1).casefold(), m.group(2).strip() or None
         if word in _APPROVE:
@@ -47,9 +49,11 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
         if word in _DENY:
             return InputResponse(request_id=request.id, option_id="cancel", text=rest)
         return None
-    option = match_option(request.options, text)
-    if option is not None:
-        return InputResponse(request_id=request.id, option_id=option.id)
+    named = named_options(request.options, text)
+    if len(named) == 1:
+        return InputResponse(request_id=request.id, option_id=named[0].id)
+    if named:  # ambiguous: taken as text, the person would think they chose an option
+        return None
     if request.allow_text:
         return InputResponse(request_id=request.id, text=text)
     return None
@@ -221,7 +225,11 @@ class TextChannel(Channel):
             return None
         response = parse_reply(request, text)
         if response is None:
-            if self.unmatched == "send" and text.strip():
+            named = [] if request.kind == "tool-approval" else named_options(request.options, text)
+            if len(named) > 1:  # never sent on as a message: the runtime would take it as text
+                await self.send_text(how_to_choose(request.options, named))
+                return None
+            if self.unmatched == "send" and not is_blank(text):
                 try:
                     await self.runtime.send(request.session_id, text, principal=principal)
                 except SignoffError as exc:  # refused before it was recorded: say so, as answers do
@@ -294,7 +302,8 @@ class TerminalTextChannel(TextChannel):
         self._asking: asyncio.Task[None] | None = None
 
     async def send_text(self, text: str) -> None:
-        self.terminal.console.print(escape(text))
+        # printable: another reviewer's reason or answer must not steer the terminal
+        self.terminal.console.print(printable(text))
 
     async def show(self, request: InputRequest) -> None:
         # Asked in a task: the hub goes on while the person types.

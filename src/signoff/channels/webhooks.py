@@ -2,13 +2,15 @@
 
 Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
 (`v1=` + hex HMAC-SHA256 of `{timestamp}.{body}` with the shared secret); receivers check both
-with `verify_webhook`. Failed deliveries (network errors, 408, 429 and 5xx) are retried with
-exponential backoff; `Signoff-Delivery` (and the payload's `id`) stays the same across retries
-and restarts so receivers can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a
-replay within its window. Deliveries wait in a queue per URL (so a slow receiver holds up no
-other channel) and are kept in the hub's state until sent: one given up on after `max_attempts`
-(logged as an error), or still unsent when the process stops, is sent again when the hub next
-starts on the same state (with an in-memory state, it is lost). A 4xx refusal is final.
+with `verify_webhook`. To rotate the secret, give the channel the new and the old one: it signs
+with each (comma-separated), so receivers still on the old secret accept every delivery.
+Failed deliveries (network errors, 408, 429 and 5xx) are retried with exponential backoff;
+`Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
+can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
+Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
+the hub's state until sent: one given up on after `max_attempts` (logged as an error), or still
+unsent when the process stops, is sent again when the hub next starts on the same state (with an
+in-memory state, it is lost). A 4xx refusal is final.
 
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
 its body. Redirects are not followed (a 3xx is a refusal: the signed body goes only where it was
@@ -23,6 +25,7 @@ import contextlib
 import hashlib
 import hmac
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -53,7 +56,7 @@ def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
 
 
 def verify_webhook(
-    secret: str,
+    secret: str | Sequence[str],
     headers: Mapping[str, str],
     body: bytes | str,
     *,
@@ -62,15 +65,23 @@ def verify_webhook(
 ) -> dict[str, Any]:
     """Check a delivery's signature and age; returns the parsed JSON payload.
 
+    `secret` may be several (while rotating): a signature by any of them is accepted.
     Raises `InvalidSignature` when a header is missing, the timestamp is more than `tolerance`
-    seconds away from `now`, or no `v1=` signature (comma-separated, for secret rotation)
-    matches; the comparison is constant-time.
+    seconds away from `now`, no `v1=` signature (comma-separated, for secret rotation)
+    matches (the comparison is constant-time), or the unsigned `Signoff-Delivery` or
+    `Signoff-Event` header, when present, differs from the signed body's `id` or `type`.
 
         payload = verify_webhook(SECRET, request.headers, await request.body())
     """
-    if not secret:
-        raise UsageError("verify_webhook() needs the shared secret")
-    raw = body.encode() if isinstance(body, str) else bytes(body)
+    secrets = _secrets(secret, "verify_webhook()")
+    if not tolerance >= 0:  # NaN compares false with every age: it would let any replay in
+        raise UsageError(f"tolerance must be a number of seconds >= 0, not {tolerance!r}")
+    if now is not None and not math.isfinite(now):
+        raise UsageError(f"now must be a finite Unix time, not {now!r}")
+    try:
+        raw = body.encode() if isinstance(body, str) else bytes(body)
+    except UnicodeEncodeError:  # text decoded from invalid UTF-8: the bytes signed are gone
+        raise InvalidSignature("the body is not valid UTF-8 text: pass the raw bytes") from None
     lowered = {k.lower(): v for k, v in headers.items()}
     stamp = lowered.get(TIMESTAMP_HEADER.lower())
     given = lowered.get(SIGNATURE_HEADER.lower())
@@ -90,18 +101,37 @@ def verify_webhook(
         raise InvalidSignature(f"{TIMESTAMP_HEADER} is more than {tolerance:g}s off") from None
     if abs(age) > tolerance:
         raise InvalidSignature(f"the delivery is {int(age)}s old; more than {tolerance:g}s off")
-    expected = sign_webhook(secret, timestamp, raw).encode()
+    expected = [sign_webhook(s, timestamp, raw).encode() for s in secrets]
     candidates = [s.strip() for s in given.split(",") if s.strip().startswith("v1=")]
     # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a no).
-    if not any(hmac.compare_digest(expected, _utf8(c)) for c in candidates):
+    if not any(hmac.compare_digest(e, _utf8(c)) for e in expected for c in candidates):
         raise InvalidSignature("the signature does not match the body and timestamp")
     try:
         payload = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can read
         raise InvalidSignature("the signed body is not JSON") from None
     if not isinstance(payload, dict):
         raise InvalidSignature("the signed body is not a JSON object")
+    # Headers are not signed: a receiver deduping on Signoff-Delivery must not be told a replay
+    # is another delivery.
+    for header, key in ((DELIVERY_HEADER, "id"), (EVENT_HEADER, "type")):
+        claimed = lowered.get(header.lower())
+        if claimed is not None and claimed != payload.get(key):
+            raise InvalidSignature(f"the {header} header does not match the signed body's {key}")
     return payload
+
+
+def _secrets(secret: str | Sequence[str], who: str) -> list[str]:
+    """The signing secrets as a list: one, or several while rotating, none of them empty."""
+    secrets = [secret] if isinstance(secret, str) else list(secret)
+    if not secrets or not all(isinstance(s, str) and s for s in secrets):
+        raise UsageError(f"{who} needs the shared secret: a non-empty string, or several")
+    for s in secrets:
+        try:
+            s.encode()
+        except UnicodeEncodeError:  # e.g. from an environment holding invalid UTF-8
+            raise UsageError(f"{who}: a secret is not valid Unicode (a lone surrogate)") from None
+    return secrets
 
 
 def _utf8(text: str) -> bytes:
@@ -121,6 +151,8 @@ def _json_bytes(body: Mapping[str, Any]) -> bytes:
 class WebhookChannel(Channel):
     """Posts `request.opened`, `request.resolved` and `request.expiring` to every URL.
 
+    `secret` signs each delivery; several (the new one and the old, while rotating) each sign.
+
     `expiring_within`: warn this many seconds before a request's `expires_at`. Retries:
     `max_attempts` in all, waiting `backoff * 2**n` seconds (at most `max_backoff`) between.
     """
@@ -131,7 +163,7 @@ class WebhookChannel(Channel):
     def __init__(
         self,
         urls: str | Sequence[str],
-        secret: str,
+        secret: str | Sequence[str],
         *,
         name: str | None = None,
         accepts: Callable[[InputRequest], bool] | None = None,
@@ -153,23 +185,32 @@ class WebhookChannel(Channel):
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise UsageError(f"a webhook URL must be http(s)://..., not {url!r}")
             try:
-                host = httpx.URL(url).host
-            except httpx.InvalidURL as exc:
+                parsed = httpx.URL(url)
+                host, port = parsed.host, parsed.port  # .host decodes IDNA
+            except (httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
                 raise UsageError(f"not a usable webhook URL: {url!r} ({exc})") from None
             if not host:
                 raise UsageError(f"the webhook URL {url!r} names no host")
+            if port is not None and not 0 < port < 65536:  # else each send raises
+                raise UsageError(f"the webhook URL {url!r} names no usable port")
             if url_list.count(url) > 1:  # one queue per URL: twice would deliver twice
                 raise UsageError(f"the webhook URL {url!r} is given twice")
-        if not isinstance(secret, str) or not secret:
-            raise UsageError("WebhookChannel needs a non-empty signing secret")
-        if max_attempts < 1:
-            raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        secrets = _secrets(secret, "WebhookChannel")
+        if type(max_attempts) is not int or max_attempts < 1:  # 2.5 would fail each delivery
+            raise UsageError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
         if not timeout > 0:  # also NaN; 0 would fail every attempt at once
             raise UsageError(f"timeout must be positive, not {timeout!r}")
-        if backoff < 0 or max_backoff < 0 or expiring_within < 0:
-            raise UsageError("backoff, max_backoff and expiring_within must not be negative")
+        # `not >= 0` refuses NaN too: a NaN max_backoff would sleep forever between attempts.
+        for field, value in (
+            ("backoff", backoff),
+            ("max_backoff", max_backoff),
+            ("expiring_within", expiring_within),
+        ):
+            if not value >= 0:
+                raise UsageError(f"{field} must be a number of seconds >= 0, not {value!r}")
         self.urls = url_list
-        self.secret = secret
+        self.secrets = secrets
+        self.secret = secrets[0]
         self.expiring_within = expiring_within
         self.max_attempts = max_attempts
         self.backoff = backoff
@@ -192,7 +233,7 @@ class WebhookChannel(Channel):
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
         self._ensure_workers()
         for key, kept in self.state.memos(self.name, _OUTBOX):  # unsent by an earlier run
-            url, _, delivery = key.removeprefix(_OUTBOX).partition(" ")
+            url, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
             if url not in self.urls:
                 logger.warning("webhook %s is no longer configured; dropping %s", url, delivery)
                 self.forget(key)
@@ -218,10 +259,12 @@ class WebhookChannel(Channel):
             assert r.expires_at is not None
             if now < r.expires_at - self.expiring_within:
                 continue
-            del self._deadlines[rid]
             if now < r.expires_at and not self.recall(f"warned:{rid}"):
-                self.remember(f"warned:{rid}", True)
+                # Queued (and kept) before it counts as warned: a state that fails in between
+                # leaves it for the next tick instead of losing it.
                 self.enqueue("request.expiring", r)
+                self.remember(f"warned:{rid}", True)
+            del self._deadlines[rid]
 
     # -- delivery -----------------------------------------------------------------------------
 
@@ -248,10 +291,10 @@ class WebhookChannel(Channel):
         for url in self.urls:
             if f"{url} {body['id']}" in self._queued:
                 continue  # an entry the hub read again while its delivery still waits
-            self._queued.add(f"{url} {body['id']}")
-            if self._state is not None:
+            if self._state is not None:  # kept first: a failure here leaves it not queued
                 body_text = raw.decode()
                 self.remember(f"{_OUTBOX}{url} {body['id']}", {"event": event, "body": body_text})
+            self._queued.add(f"{url} {body['id']}")
             self._queues[url].put_nowait((body["id"], event, raw))
 
     def _ensure_workers(self) -> None:
@@ -298,7 +341,7 @@ class WebhookChannel(Channel):
                 "Content-Type": "application/json",
                 "User-Agent": f"signoff/{__version__}",
                 TIMESTAMP_HEADER: str(stamp),
-                SIGNATURE_HEADER: sign_webhook(self.secret, stamp, raw),
+                SIGNATURE_HEADER: ", ".join(sign_webhook(s, stamp, raw) for s in self.secrets),
                 EVENT_HEADER: event,
                 DELIVERY_HEADER: delivery,
             }
@@ -338,7 +381,10 @@ class WebhookChannel(Channel):
         neither time nor memory."""
         async with (
             asyncio.timeout(self.timeout),
-            client.stream("POST", url, content=raw, headers=headers) as response,
+            # Never followed, also by a client the caller made to: the body goes only to `url`.
+            client.stream(
+                "POST", url, content=raw, headers=headers, follow_redirects=False
+            ) as response,
         ):
             return response.status_code
 
