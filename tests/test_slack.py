@@ -776,6 +776,12 @@ async def test_bad_payloads_and_configuration_are_named(
         SlackChannel("C1", signing_secret=SECRET)
     with pytest.raises(so.UsageError, match="signing secret"):
         SlackChannel("C1", signing_secret=" ", token="xoxb")
+    # From an environment holding invalid UTF-8: refused now, not at every request.
+    with pytest.raises(so.UsageError, match="signing secret is not ASCII") as caught:
+        SlackChannel("C1", signing_secret="abc\udcff", token="xoxb")
+    assert "abc" not in str(caught.value)
+    with pytest.raises(so.UsageError, match="bot token is not ASCII"):
+        SlackChannel("C1", signing_secret=SECRET, token="xoxb-\u00e9")
     with pytest.raises(so.UsageError, match="add it to a ChannelHub"):
         await slack.on_requested(
             so.InputRequest(

@@ -102,6 +102,11 @@ class SlackChannel(Channel):
             raise UsageError("SlackChannel needs the id of the Slack channel to post in")
         if not isinstance(signing_secret, str) or not signing_secret.strip():
             raise UsageError("SlackChannel needs the Slack app's signing secret")
+        for what, secret in (("signing secret", signing_secret), ("bot token", token)):
+            try:
+                (secret or "").encode("ascii")
+            except UnicodeEncodeError:  # else every request fails to verify, or to send
+                raise UsageError(f"SlackChannel: the {what} is not ASCII (Slack's are)") from None
         if client is None:
             if not token:
                 raise UsageError("SlackChannel needs a bot token (token=...) or a client")
