@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -31,7 +32,7 @@ SECRET = "whsec_test_4f1a"
 class Receiver:
     """An HTTP endpoint on loopback that answers with the statuses it is given, then 204."""
 
-    def __init__(self, statuses: list[int]) -> None:
+    def __init__(self, statuses: list[int | tuple[int, dict[str, str]]]) -> None:
         self.statuses = list(statuses)
         self.attempts: list[tuple[dict[str, str], bytes]] = []
         self.accepted: list[tuple[dict[str, str], bytes]] = []
@@ -58,7 +59,9 @@ class Receiver:
         headers = dict(request.headers)
         self.attempts.append((headers, body))
         if self.statuses:
-            return web.Response(status=self.statuses.pop(0))
+            answer = self.statuses.pop(0)
+            status, extra = answer if isinstance(answer, tuple) else (answer, {})
+            return web.Response(status=status, headers=extra)
         self.accepted.append((headers, body))
         return web.Response(status=204)
 
@@ -713,3 +716,34 @@ def test_verify_webhook_refuses_a_text_body_utf8_cannot_hold_by_name() -> None:
     headers = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": "v1=00"}
     with pytest.raises(InvalidSignature, match="raw bytes"):
         verify_webhook(SECRET, headers, '{"a":"caf\udce9"}', now=stamp)
+
+
+async def test_a_receiver_asking_to_retry_later_is_waited_for_up_to_max_backoff() -> None:
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    now = 1_800_000_000.0
+    later = email.utils.formatdate(now + 20, usegmt=True)
+    answers: list[int | tuple[int, dict[str, str]]] = [
+        (429, {"Retry-After": "5"}),  # longer than the backoff's 1 s: waited for
+        (503, {"Retry-After": later}),  # an HTTP date, 20 s on
+        (429, {"Retry-After": "3600"}),  # an hour: no longer than max_backoff
+        (503, {"Retry-After": "soon"}),  # unreadable: the backoff's own 8 s
+        (429, {"Retry-After": "0"}),  # shorter than the backoff: the backoff's 16 s
+    ]
+    async with Receiver(answers) as receiver:
+        hooks = WebhookChannel(
+            receiver.url,
+            SECRET,
+            max_attempts=6,
+            backoff=1,
+            max_backoff=30,
+            sleep=sleep,
+            clock=lambda: now,
+        )
+        assert await hooks.deliver(receiver.url, "whd_1", "request.opened", b"{}") is True
+        assert slept == [5, 20, 30, 8, 16]
+        assert len(receiver.accepted) == 1
+        await hooks.close()

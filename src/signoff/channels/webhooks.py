@@ -4,7 +4,8 @@ Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
 (`v1=` + hex HMAC-SHA256 of `{timestamp}.{body}` with the shared secret); receivers check both
 with `verify_webhook`. To rotate the secret, give the channel the new and the old one: it signs
 with each (comma-separated), so receivers still on the old secret accept every delivery.
-Failed deliveries (network errors, 408, 429 and 5xx) are retried with exponential backoff;
+Failed deliveries (network errors, 408, 429 and 5xx) are retried with exponential backoff, or
+after the receiver's `Retry-After` when it asks for longer (both at most `max_backoff`);
 `Signoff-Delivery` (and the payload's `id`) stays the same across retries and restarts so receivers
 can dedupe: a delivery can arrive twice, and `verify_webhook` accepts a replay within its window.
 Deliveries wait in a queue per URL (so a slow receiver holds up no other channel) and are kept in
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import hashlib
 import hmac
 import json
@@ -154,7 +156,8 @@ class WebhookChannel(Channel):
     `secret` signs each delivery; several (the new one and the old, while rotating) each sign.
 
     `expiring_within`: warn this many seconds before a request's `expires_at`. Retries:
-    `max_attempts` in all, waiting `backoff * 2**n` seconds (at most `max_backoff`) between.
+    `max_attempts` in all, waiting `backoff * 2**n` seconds, or the receiver's `Retry-After` if
+    longer, between them (at most `max_backoff`).
     """
 
     name = "webhooks"
@@ -345,8 +348,9 @@ class WebhookChannel(Channel):
                 EVENT_HEADER: event,
                 DELIVERY_HEADER: delivery,
             }
+            asked: float | None = None
             try:
-                status = await self._post(client, url, raw, headers)
+                status, asked = await self._post(client, url, raw, headers)
             except (httpx.HTTPError, TimeoutError) as exc:
                 problem = repr(exc)
             else:
@@ -359,7 +363,7 @@ class WebhookChannel(Channel):
                     self.failed += 1
                     return "refused"
             if attempt < self.max_attempts:
-                delay = min(self.max_backoff, self.backoff * 2 ** (attempt - 1))
+                delay = min(self.max_backoff, max(self.backoff * 2 ** (attempt - 1), asked or 0))
                 logger.warning(
                     "webhook %s: %s on attempt %s for %s; retrying in %.2fs",
                     url,
@@ -375,10 +379,10 @@ class WebhookChannel(Channel):
 
     async def _post(
         self, client: httpx.AsyncClient, url: str, raw: bytes, headers: dict[str, str]
-    ) -> int:
-        """One POST's status. The whole attempt is bounded by `timeout` (httpx bounds each read
-        only) and the receiver's body is never read, so a trickling or endless answer costs
-        neither time nor memory."""
+    ) -> tuple[int, float | None]:
+        """One POST's status, and the seconds its `Retry-After` asks to wait. The whole attempt
+        is bounded by `timeout` (httpx bounds each read only) and the receiver's body is never
+        read, so a trickling or endless answer costs neither time nor memory."""
         async with (
             asyncio.timeout(self.timeout),
             # Never followed, also by a client the caller made to: the body goes only to `url`.
@@ -386,7 +390,7 @@ class WebhookChannel(Channel):
                 "POST", url, content=raw, headers=headers, follow_redirects=False
             ) as response,
         ):
-            return response.status_code
+            return response.status_code, _retry_after(response.headers, self.clock())
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
@@ -435,3 +439,18 @@ def _httpx() -> Any:
     except ImportError as exc:  # pragma: no cover - depends on the extras installed
         raise UsageError("webhooks need httpx: pip install 'signoff[webhooks]'") from exc
     return httpx
+
+
+def _retry_after(headers: httpx.Headers, now: float) -> float | None:
+    """The seconds a `Retry-After` header asks to wait (a number of seconds or an HTTP date);
+    None without one or with one that is neither."""
+    value = headers.get("retry-after", "").strip()
+    if value.isascii() and value.isdigit() and len(value) <= 9:
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT
+        return None
+    return max(0.0, when.timestamp() - now)
