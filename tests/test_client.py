@@ -1,0 +1,315 @@
+"""`AsyncClient` / `Client` against servers that misbehave: error bodies of every code, bodies
+that are not what a signoff server sends, streams cut mid-event, bad arguments, closed clients.
+
+A tiny raw HTTP server on loopback (`Canned`) sends exactly the bytes a test gives it, as a
+proxy or a broken server would; the real server is used where its own answers matter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.server import AsyncClient, Client
+
+from .test_server_common import served
+
+Reply = bytes | Callable[[asyncio.StreamWriter], Awaitable[None]]
+
+
+def http(status: str, body: str | bytes, kind: str = "application/json", extra: str = "") -> bytes:
+    """A whole HTTP/1.1 response, closing the connection."""
+    raw = body.encode() if isinstance(body, str) else body
+    head = (
+        f"HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {len(raw)}\r\n"
+        f"Connection: close\r\n{extra}\r\n"
+    )
+    return head.encode() + raw
+
+
+def error(status: str, code: str, extra: str = "", **detail: Any) -> bytes:
+    return http(
+        status, json.dumps({"error": {"code": code, "message": "m", **detail}}), extra=extra
+    )
+
+
+def event(seq: int, sid: str = "ses_x") -> str:
+    data = {"session_id": sid, "seq": seq, "type": "turn.started", "at": 1.0, "data": {}}
+    return f"id: {seq}\nevent: turn.started\ndata: {json.dumps(data)}\n\n"
+
+
+def stream(body: str) -> bytes:
+    """An event stream the server ends by closing the connection (no Content-Length)."""
+    head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+    return (head + body).encode()
+
+
+class Canned:
+    """A loopback HTTP server that answers each request to a path with the next canned reply
+    queued for it (the last one repeats), and records the requests' heads."""
+
+    def __init__(self) -> None:
+        self.replies: dict[str, list[Reply]] = {}
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        self.base = ""
+        self._server: asyncio.Server | None = None
+
+    def on(self, path: str, *replies: Reply) -> None:
+        self.replies[path] = list(replies)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+            target = head[0].split()[1]
+            path = target.split("?")[0]
+            headers = {
+                k.strip().lower(): v.strip()
+                for k, _, v in (h.partition(":") for h in head[1:] if h)
+            }
+            size = int(headers.get("content-length", "0"))
+            if size:
+                await reader.readexactly(size)
+            self.seen.append((target, headers))
+            queue = self.replies.get(path) or [http("404 Not Found", "")]
+            reply = queue.pop(0) if len(queue) > 1 else queue[0]
+            if isinstance(reply, bytes):
+                writer.write(reply)
+            else:
+                await reply(writer)
+            await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def __aenter__(self) -> Canned:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        self.base = f"http://127.0.0.1:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+
+@pytest.fixture
+async def canned() -> AsyncIterator[Canned]:
+    async with Canned() as server:
+        yield server
+
+
+CANCEL = "/v1/sessions/ses_x/cancel"
+EVENTS = "/v1/sessions/ses_x/events"
+
+# Every error body the server sends for a signoff error, and the class the client raises.
+MAPPED: dict[str, tuple[bytes, type[so.SignoffError]]] = {
+    "payload_too_large": (error("413 Payload Too Large", "payload_too_large"), so.TooLarge),
+    "schema_version": (error("503 Service Unavailable", "schema_version"), so.SchemaVersionError),
+    "store_gone": (error("503 Service Unavailable", "store_gone"), so.StoreGone),
+    "store_error": (error("503 Service Unavailable", "store_error"), so.StoreError),
+    "model_error": (error("502 Bad Gateway", "model_error"), so.ModelError),
+    "unknown_agent": (error("422 Unprocessable Entity", "unknown_agent"), so.UsageError),
+    "invalid_request": (error("422 Unprocessable Entity", "invalid_request"), so.UsageError),
+    "session_busy": (error("409 Conflict", "session_busy", session_id="ses_x"), so.SessionBusy),
+}
+
+
+@pytest.mark.parametrize("code", sorted(MAPPED))
+async def test_each_error_code_is_its_named_class(canned: Canned, code: str) -> None:
+    body, cls = MAPPED[code]
+    canned.on(CANCEL, body)
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.SignoffError) as caught:
+            await c.cancel("ses_x")
+    assert type(caught.value) is cls, type(caught.value).__name__
+
+
+def test_every_error_class_the_server_can_name_comes_back_as_itself() -> None:
+    """A class added to the hierarchy with a code must not come back as a bare `RemoteError`."""
+    from signoff import _exceptions
+    from signoff._wire import error as _error
+
+    for name in _exceptions.__all__:
+        cls = getattr(_exceptions, name)
+        if cls in (so.RemoteError, so.StepFailed) or "code" not in vars(cls):
+            continue  # no code of its own to send, or never sent by a server
+        got = _error({"code": cls.code, "message": "m"}, 400)
+        assert type(got) is cls, name
+
+
+async def test_an_invalid_request_on_an_answer_is_an_invalid_answer(canned: Canned) -> None:
+    canned.on("/v1/sessions/ses_x/responses", error("422 Unprocessable Entity", "invalid_request"))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.InvalidAnswer):
+            await c.respond("ses_x", [{"request_id": "req_1", "option_id": "approve"}])
+
+
+async def test_retry_after_is_the_servers(canned: Canned) -> None:
+    canned.on(CANCEL, error("503 Service Unavailable", "store_busy", extra="Retry-After: 7\r\n"))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.StoreBusy) as busy:
+            await c.cancel("ses_x")
+        assert busy.value.retry_after == 7
+        canned.on(
+            CANCEL,
+            error("503 Service Unavailable", "store_unavailable", extra="Retry-After: x\r\n"),
+        )
+        with pytest.raises(so.StoreUnavailable) as down:
+            await c.cancel("ses_x")
+        assert down.value.retry_after == so.StoreUnavailable.retry_after  # unreadable: the hint
+
+
+async def test_request_ids_that_are_not_a_list_are_not_split_into_characters(
+    canned: Canned,
+) -> None:
+    canned.on(CANCEL, error("409 Conflict", "conflicting_answer", request_ids="req_1"))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.ConflictingAnswer) as caught:
+            await c.cancel("ses_x")
+    assert caught.value.request_ids == []
+
+
+BAD_BODIES = {
+    "empty-object": "{}",
+    "array": "[1]",
+    "null": "null",
+    "pending-not-requests": '{"session_id": "a", "status": "waiting", "pending": [{"id": 1}]}',
+    "outcomes-not-a-list": '{"session_id": "a", "status": "waiting", "outcomes": 5}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_BODIES))
+async def test_a_json_body_of_the_wrong_shape_is_a_remote_error(canned: Canned, name: str) -> None:
+    canned.on(CANCEL, http("200 OK", BAD_BODIES[name]))
+    canned.on("/v1/sessions/ses_x", http("200 OK", "[]"))
+    canned.on("/v1/requests", http("200 OK", BAD_BODIES[name]))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError, match="not a turn's result"):
+            await c.cancel("ses_x")
+        with pytest.raises(so.RemoteError, match="not a session"):
+            await c.state("ses_x")
+        with pytest.raises(so.RemoteError, match="not a page of requests"):
+            await c.pending()
+
+
+BAD_STREAMS = {
+    "not-json": "id: 1\nevent: x\ndata: {not json\n\n",
+    "no-session": 'data: {"seq": 1}\n\n',
+    "seq-not-a-number": 'data: {"session_id": "s", "seq": "abc", "type": "t", "at": 1}\n\n',
+    "an-array": "data: [1]\n\n",
+    "end-without-error": 'event: stream.end\ndata: {"nope": 1}\n\n',
+    "end-of-an-array": "event: stream.end\ndata: []\n\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_STREAMS))
+async def test_an_event_stream_that_is_not_signoffs_is_a_remote_error(
+    canned: Canned, name: str
+) -> None:
+    canned.on(EVENTS, stream(event(1) + BAD_STREAMS[name]))
+    async with AsyncClient(canned.base) as c:
+        seen: list[int] = []
+        with pytest.raises(so.RemoteError, match="event"):
+            async for e in c.events("ses_x", follow=False):
+                seen.append(e.seq)
+    assert seen == [1]
+
+
+@pytest.mark.parametrize("token", ["tök", "a\nb", "trailing ", " leading", "nul\x00", ""])
+def test_a_token_no_header_can_carry_is_refused_at_once(token: str) -> None:
+    """Not later, as a `UnicodeEncodeError` or an httpx protocol error from the first call."""
+    if token == "":
+        AsyncClient("http://127.0.0.1:9", token=token)  # no token: anonymous, as before
+        return
+    with pytest.raises(so.UsageError, match="token"):
+        AsyncClient("http://127.0.0.1:9", token=token)
+    with pytest.raises(so.UsageError, match="token"):
+        Client("http://127.0.0.1:9", token=token)
+
+
+async def test_a_closed_async_client_says_so(canned: Canned) -> None:
+    canned.on(CANCEL, http("200 OK", '{"session_id": "ses_x", "status": "idle"}'))
+    c = AsyncClient(canned.base)
+    await c.aclose()
+    with pytest.raises(so.UsageError, match="closed"):
+        await c.cancel("ses_x")
+    with pytest.raises(so.UsageError, match="closed"):
+        await anext(aiter(c.events("ses_x")))
+    await c.aclose()  # twice is fine
+    assert canned.seen == []
+
+
+def test_a_closed_sync_client_says_so() -> None:
+    import threading
+
+    c = Client("http://127.0.0.1:9")
+    c.close()
+    threads = threading.active_count()
+    with pytest.raises(so.UsageError, match="closed"):
+        c.state("ses_x")
+    with pytest.raises(so.UsageError, match="closed"):
+        c.events("ses_x")
+    c.close()
+    assert threading.active_count() == threads  # no new loop thread started for nothing
+
+
+MALFORMED_ANSWERS: dict[str, Callable[[AsyncClient], Awaitable[Any]]] = {
+    "responses-a-mapping": lambda c: c.respond(
+        "ses_x",
+        {"request_id": "req_1", "option_id": "approve"},  # type: ignore[arg-type]
+    ),
+    "response-id-not-text": lambda c: c.respond("ses_x", [{"request_id": 5}]),
+    "responses-empty": lambda c: c.respond("ses_x", []),
+    "decision-without-id": lambda c: c.generate(session_id="ses_x", approvals=[{"idx": 1}]),
+    "decisions-a-string": lambda c: c.generate(session_id="ses_x", approvals="yes"),  # type: ignore[arg-type]
+    "decisions-empty": lambda c: c.generate(session_id="ses_x", approvals=[]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MALFORMED_ANSWERS))
+async def test_a_malformed_answer_is_an_invalid_answer_without_a_call(
+    canned: Canned, name: str
+) -> None:
+    """As `Runtime.respond` / `generate(approvals=...)` raise in process, not a pydantic error."""
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.InvalidAnswer):
+            await MALFORMED_ANSWERS[name](c)
+    assert canned.seen == []
+
+
+def test_every_call_of_the_async_client_has_its_blocking_twin() -> None:
+    """Same name, parameters and docstring; the documented exceptions are listed here."""
+    only_async = {"session", "aclose"}  # LiveSession is async only; `close` is the twin
+    differ = {"events"}  # the blocking one returns the events so far, without following
+    calls = inspect.getmembers(
+        AsyncClient, lambda m: inspect.iscoroutinefunction(m) or inspect.isasyncgenfunction(m)
+    )
+    for name, method in calls:
+        if name.startswith("_") or name in only_async:
+            continue
+        assert hasattr(Client, name), name
+        if name not in differ:
+            sync = getattr(Client, name)
+            assert inspect.signature(sync) == inspect.signature(method), name
+            assert inspect.getdoc(sync) == inspect.getdoc(method), name
+    assert set(inspect.signature(Client.__init__).parameters) == set(
+        inspect.signature(AsyncClient.__init__).parameters
+    )
+
+
+async def test_a_real_servers_too_large_prompt_is_too_large(tmp_path: Path) -> None:
+    with served(f"sqlite:///{tmp_path}/state.db") as base:
+        async with AsyncClient(base, token="alice-token") as c:
+            with pytest.raises(so.TooLarge):
+                await c.generate("support", "x" * (5 << 20))
+            with pytest.raises(so.UsageError, match="turnPolicy"):
+                r = await c.generate("support", "Refund order 1042")
+                await c.send(r.session_id, "hi", turn_policy="bogus")
