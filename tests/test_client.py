@@ -313,3 +313,67 @@ async def test_a_real_servers_too_large_prompt_is_too_large(tmp_path: Path) -> N
             with pytest.raises(so.UsageError, match="turnPolicy"):
                 r = await c.generate("support", "Refund order 1042")
                 await c.send(r.session_id, "hi", turn_policy="bogus")
+
+
+async def test_a_stream_cut_mid_event_resumes_after_the_last_whole_one(canned: Canned) -> None:
+    """A proxy closes the connection in the middle of event 2: the half of it is dropped, and
+    the client asks again from event 1 (`Last-Event-ID: 1`), missing and repeating nothing."""
+    whole = event(2)
+    canned.on(EVENTS, stream(event(1) + whole[: len(whole) // 2]), stream(event(2) + event(3)))
+    async with AsyncClient(canned.base) as c:
+        seqs = []
+        async for e in c.events("ses_x"):
+            seqs.append(e.seq)
+            if e.seq == 3:
+                break
+    assert seqs == [1, 2, 3]
+    assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "1"]
+
+
+async def test_a_stream_refused_by_a_restarting_servers_proxy_is_asked_again(
+    canned: Canned,
+) -> None:
+    """While the server behind it restarts, a proxy answers 502/504 with its own page, or the
+    server a 503 `store_unavailable`: the stream is asked for again, not given up."""
+    canned.on(
+        EVENTS,
+        stream(event(1)),
+        http("502 Bad Gateway", "<html>bad gateway</html>", "text/html"),
+        http("504 Gateway Timeout", "<html>timeout</html>", "text/html"),
+        error("503 Service Unavailable", "store_unavailable", extra="Retry-After: 0\r\n"),
+        stream(event(2)),
+    )
+    async with AsyncClient(canned.base) as c:
+        seqs = []
+        async for e in c.events("ses_x"):
+            seqs.append(e.seq)
+            if e.seq == 2:
+                break
+    assert seqs == [1, 2]
+    assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "1", "1", "1", "1"]
+
+
+async def test_a_stream_refused_for_good_is_raised_after_the_retries(canned: Canned) -> None:
+    canned.on(EVENTS, http("502 Bad Gateway", "<html>bad gateway</html>", "text/html"))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=2))), 10)
+    assert caught.value.status == 502
+    assert len(canned.seen) == 3
+    canned.on(EVENTS, error("409 Conflict", "session_busy", session_id="ses_x"))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.SessionBusy):  # not a gateway's error: raised at once
+            await anext(aiter(c.events("ses_x")))
+    assert len(canned.seen) == 4
+
+
+async def test_events_sent_again_are_not_yielded_again(canned: Canned) -> None:
+    """A server (or cache) that ignores `Last-Event-ID` and sends the log from the start again."""
+    canned.on(EVENTS, stream(event(1) + event(2)), stream(event(1) + event(2) + event(3)))
+    async with AsyncClient(canned.base) as c:
+        seqs = []
+        async for e in c.events("ses_x"):
+            seqs.append(e.seq)
+            if e.seq == 3:
+                break
+    assert seqs == [1, 2, 3]
