@@ -59,6 +59,7 @@ class Canned:
         self.replies: dict[str, list[Reply]] = {}
         self.seen: list[tuple[str, dict[str, str]]] = []
         self.base = ""
+        self.done = asyncio.Event()  # set when the test is over: replies that hang may end
         self._server: asyncio.Server | None = None
 
     def on(self, path: str, *replies: Reply) -> None:
@@ -97,6 +98,7 @@ class Canned:
 
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
+        self.done.set()
         self._server.close()
 
 
@@ -377,3 +379,44 @@ async def test_events_sent_again_are_not_yielded_again(canned: Canned) -> None:
             if e.seq == 3:
                 break
     assert seqs == [1, 2, 3]
+
+
+async def test_a_stream_gone_silent_is_reconnected_after_the_timeout(canned: Canned) -> None:
+    """A server that vanished without closing the connection (its host lost, a NAT's entry
+    dropped) sends not even keep-alives: after `timeout` seconds the client reconnects instead
+    of waiting for ever."""
+
+    async def silent(writer: asyncio.StreamWriter) -> None:
+        writer.write(stream(event(1)))
+        await writer.drain()
+        await canned.done.wait()
+
+    canned.on(EVENTS, silent, stream(event(2)))
+    async with AsyncClient(canned.base, timeout=0.5) as c:
+        seqs = []
+
+        async def follow() -> None:
+            async for e in c.events("ses_x"):
+                seqs.append(e.seq)
+                if e.seq == 2:
+                    return
+
+        await asyncio.wait_for(follow(), 10)
+    assert seqs == [1, 2]
+
+
+@pytest.mark.parametrize("sent", [": keep-alive\n\n", ""])
+async def test_a_quiet_stream_does_not_give_up(canned: Canned, sent: str) -> None:
+    """A stream quiet for longer than `timeout` (the client's timeout shorter than the server's
+    heartbeat, or a proxy cutting idle streams after a keep-alive) is asked for again as often as
+    it takes: only failing to reach the server counts against `retries`."""
+
+    async def quiet(writer: asyncio.StreamWriter) -> None:
+        writer.write(stream(sent))
+        await writer.drain()
+        await asyncio.sleep(0.4)  # longer than the client's timeout: it reconnects
+
+    canned.on(EVENTS, quiet, quiet, quiet, stream(event(1)))
+    async with AsyncClient(canned.base, timeout=0.2) as c:
+        first = await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=1))), 10)
+    assert first.seq == 1

@@ -277,13 +277,16 @@ class AsyncClient:
             params = {"after": last, "follow": "true" if follow else "false"}
             headers = {"Last-Event-ID": str(last), "Accept": "text/event-stream"}
             pause = 0.0
+            streaming = False
             try:
                 async with self.http.stream(
                     "GET",
                     path,
                     params=params,
                     headers=headers,
-                    timeout=httpx.Timeout(self.http.timeout.connect, read=None),
+                    # `timeout` bounds each read too, so a stream gone silent (its server
+                    # vanished without closing it) is asked for again, not waited on for ever.
+                    timeout=self.http.timeout,
                 ) as response:
                     if not response.is_success:
                         await response.aread()
@@ -297,7 +300,11 @@ class AsyncClient:
                         await response.aread()
                         raise wire.not_signoff(response, "an event-stream")
                     else:
+                        streaming = True
                         async for kind, data in wire.sse_data(response.aiter_lines()):
+                            if kind == ":":  # a keep-alive: the server is alive
+                                failures = 0
+                                continue
                             event = wire.streamed(kind, data)
                             if event.seq <= last:
                                 continue  # sent again by a server that ignored Last-Event-ID
@@ -310,7 +317,9 @@ class AsyncClient:
                 if not follow:
                     return
                 await asyncio.sleep(0.1)  # the server closed a followed stream: reconnect
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
+                if streaming and isinstance(exc, httpx.ReadTimeout):
+                    continue  # quiet, or dead: a reconnect tells; a dead server fails it
                 failures += 1
                 if failures > retries:
                     raise

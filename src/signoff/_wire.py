@@ -190,7 +190,8 @@ def streamed(kind: str, data: Any) -> Event:
 
 
 async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
-    """Each message's event type (`message` if it names none) and its JSON data."""
+    """Each message's event type (`message` if it names none) and its JSON data; a comment
+    (the server's keep-alive) as `(":", None)`, which says the server is still there."""
     data: list[str] = []
     kind = "message"
     async for line in lines:
@@ -211,3 +212,5 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
             data.append(line[5:].removeprefix(" "))
         elif line.startswith("event:"):
             kind = line[6:].removeprefix(" ")
+        elif line.startswith(":"):
+            yield ":", None
