@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import signoff as so
@@ -420,3 +421,53 @@ async def test_a_quiet_stream_does_not_give_up(canned: Canned, sent: str) -> Non
     async with AsyncClient(canned.base, timeout=0.2) as c:
         first = await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=1))), 10)
     assert first.seq == 1
+
+
+async def test_a_connection_lost_before_the_answer_is_a_named_error(canned: Canned) -> None:
+    """The server dies while it runs the turn (or a proxy drops the call): the call may or may
+    not have been applied, and the error says so, not a bare httpx exception."""
+
+    async def dropped(writer: asyncio.StreamWriter) -> None:
+        writer.transport.abort()
+
+    canned.on("/v1/sessions/ses_x/responses", dropped)
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError, match="may or may not") as caught:
+            await c.respond("ses_x", [{"request_id": "req_1", "option_id": "approve"}])
+    assert (caught.value.code, caught.value.status) == ("connection_lost", 0)
+    assert isinstance(caught.value.__cause__, httpx.TransportError)
+
+
+async def test_no_answer_within_the_timeout_is_a_named_error(canned: Canned) -> None:
+    async def hung(writer: asyncio.StreamWriter) -> None:
+        await canned.done.wait()
+
+    canned.on(CANCEL, hung)
+    async with AsyncClient(canned.base, timeout=0.3) as c:
+        with pytest.raises(so.RemoteError, match="may or may not") as caught:
+            await c.cancel("ses_x")
+    assert (caught.value.code, caught.value.status) == ("timeout", 0)
+
+
+async def test_a_server_not_there_is_a_named_error() -> None:
+    from .test_server_common import free_port
+
+    base = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    async with AsyncClient(base) as c:
+        with pytest.raises(so.RemoteError, match="not sent") as caught:
+            await c.state("ses_x")
+        assert (caught.value.code, caught.value.status) == ("unreachable", 0)
+        with pytest.raises(so.RemoteError) as gave_up:
+            await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=1))), 10)
+        assert gave_up.value.code == "unreachable"
+    with Client(base) as sync:
+        with pytest.raises(so.RemoteError):
+            sync.pending()
+
+
+@pytest.mark.parametrize(
+    "base", ["localhost:8000", "ftp://example.com", "", "//host", "http://[::1"]
+)
+def test_a_base_url_that_is_not_http_is_refused_at_once(base: str) -> None:
+    with pytest.raises(so.UsageError, match="base URL"):
+        AsyncClient(base)

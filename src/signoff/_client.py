@@ -151,6 +151,12 @@ class AsyncClient:
                 "the token is not printable ASCII without spaces around it: "
                 "no Authorization header can carry it"
             )
+        try:
+            scheme = httpx.URL(base_url).scheme
+        except httpx.InvalidURL:
+            scheme = ""
+        if scheme not in ("http", "https"):
+            raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {base_url!r}")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
@@ -178,7 +184,10 @@ class AsyncClient:
         if "json" in kwargs:
             kwargs["content"] = _encode(path, kwargs.pop("json"))
             kwargs["headers"] = {"Content-Type": "application/json"}
-        response = await self.http.request(method, path, **kwargs)
+        try:
+            response = await self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise wire.transport_error(exc, f"{self.http.base_url}{path[1:]}") from exc
         wire.raise_for(response)
         try:
             data = response.json()
@@ -322,7 +331,7 @@ class AsyncClient:
                     continue  # quiet, or dead: a reconnect tells; a dead server fails it
                 failures += 1
                 if failures > retries:
-                    raise
+                    raise wire.transport_error(exc, f"{self.http.base_url}{path[1:]}") from exc
                 await asyncio.sleep(wire.backoff(failures))
 
     async def session(self, session_id: str) -> LiveSession:

@@ -28,6 +28,7 @@ __all__ = [
     "sse_data",
     "streamed",
     "transient",
+    "transport_error",
 ]
 
 ERRORS: dict[str, type[errors.SignoffError]] = {
@@ -214,3 +215,17 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
             kind = line[6:].removeprefix(" ")
         elif line.startswith(":"):
             yield ":", None
+
+
+def transport_error(exc: httpx.TransportError, url: object) -> errors.RemoteError:
+    """A call that got no answer, as a `RemoteError` (status 0) saying whether it was sent:
+    `unreachable` (it was not), `timeout` or `connection_lost` (it may have been applied)."""
+    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+        code, what = "unreachable", "could not reach the server; the call was not sent"
+    elif isinstance(exc, httpx.TimeoutException):
+        code, what = "timeout", "the server did not answer within the client's timeout"
+    else:
+        code, what = "connection_lost", "the connection was lost before the server answered"
+    if code != "unreachable":
+        what += "; the call may or may not have been applied"
+    return errors.RemoteError(f"{url}: {what} ({type(exc).__name__}: {exc})", code, 0)
