@@ -471,3 +471,63 @@ async def test_a_server_not_there_is_a_named_error() -> None:
 def test_a_base_url_that_is_not_http_is_refused_at_once(base: str) -> None:
     with pytest.raises(so.UsageError, match="base URL"):
         AsyncClient(base)
+
+
+async def test_a_server_stopping_mid_turn_then_the_answer_repeated_on_the_next(
+    tmp_path: Path,
+) -> None:
+    """The client waits for the turn its answer resumed; the server stops meanwhile (the tool
+    still running): a `RemoteError`. The same answer sent to the next server on the store
+    is safe, as docs/server.md says: it is recorded once, and the turn completes."""
+    import threading
+
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, running
+
+    running_tool = threading.Event()
+    first_time = [True]
+
+    @so.tool(approval=True)
+    async def wire(amount: float) -> dict[str, Any]:
+        """Wire money."""
+        if first_time[0]:
+            first_time[0] = False
+            running_tool.set()
+            await asyncio.sleep(60)  # cut off by the server's stop
+        return {"wired": amount}
+
+    def runtime() -> so.Runtime:
+        call = so.ModelResponse(tool_calls=[so.ToolCall(name="wire", input={"amount": 5})])
+        agent = so.Agent(
+            name="wirer",
+            model=so.models.Scripted([call, so.ModelResponse(text="done")], repeat_last=True),
+            tools=[wire],
+        )
+        return so.Runtime([agent], store=f"sqlite:///{tmp_path}/state.db")
+
+    answer = [{"request_id": "", "option_id": "approve"}]
+    with running(create_app(runtime(), auth=TokenAuth(TOKENS), poll_interval=0.05)) as base:
+        first = AsyncClient(base, token="alice-token")
+        r = await first.generate("wirer", "pay")
+        answer[0]["request_id"] = r.pending[0].id
+        waiting = asyncio.create_task(first.respond(r.session_id, answer))
+        await asyncio.to_thread(running_tool.wait, 10)
+    with pytest.raises(so.RemoteError) as lost:  # the server stopped, not the client
+        await waiting
+    await first.aclose()
+    # uvicorn cancels the call at its graceful-shutdown timeout and answers a bare 500 of its
+    # own (no signoff body) when it still can, or the connection is just lost: both say
+    # nothing of whether the answer was recorded.
+    assert (lost.value.code, lost.value.status) in (("connection_lost", 0), ("http_error", 500))
+    with running(create_app(runtime(), auth=TokenAuth(TOKENS), poll_interval=0.05)) as base:
+        async with AsyncClient(base, token="alice-token") as c:
+            again = await c.respond(r.session_id, answer)
+            assert [(o["outcome"], o["applied"]) for o in again.outcomes] == [("approved", False)]
+            for _ in range(100):
+                if (await c.state(r.session_id))["status"] != "running":
+                    break
+                await asyncio.sleep(0.1)
+            events = [e.type async for e in c.events(r.session_id, follow=False)]
+    assert events.count("approval.settled") == 1
+    assert events[-2:] == ["turn.completed", "session.waiting"]
