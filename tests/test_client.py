@@ -531,3 +531,60 @@ async def test_a_server_stopping_mid_turn_then_the_answer_repeated_on_the_next(
             events = [e.type async for e in c.events(r.session_id, follow=False)]
     assert events.count("approval.settled") == 1
     assert events[-2:] == ["turn.completed", "session.waiting"]
+
+
+async def test_a_proxy_cutting_a_real_stream_mid_event_loses_and_repeats_nothing(
+    tmp_path: Path,
+) -> None:
+    """A TCP proxy in front of a real server cuts each of the first streams after a few hundred
+    bytes, mid-event: the client resumes each time from the last whole event, and reads the
+    session's log exactly once, in order."""
+    cuts = [700, 1500, 2600]  # bytes of response each cut stream gets through
+
+    async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, budget: int) -> None:
+        sent = 0
+        while chunk := await src.read(64):
+            if budget and sent + len(chunk) >= budget:
+                dst.write(chunk[: budget - sent])
+                await dst.drain()
+                dst.transport.abort()  # the proxy drops the connection mid-event
+                return
+            sent += len(chunk)
+            dst.write(chunk)
+            await dst.drain()
+        dst.close()
+
+    with served(f"sqlite:///{tmp_path}/state.db") as upstream:
+        host, port = upstream.removeprefix("http://").split(":")
+
+        async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            up_reader, up_writer = await asyncio.open_connection(host, int(port))
+            head = await reader.readuntil(b"\r\n\r\n")
+            budget = cuts.pop(0) if b"/events" in head.split(b"\r\n")[0] and cuts else 0
+            up_writer.write(head)
+            back = asyncio.create_task(pipe(up_reader, writer, budget))
+            forth = asyncio.create_task(pipe(reader, up_writer, 0))
+            await back
+            forth.cancel()
+            up_writer.close()
+
+        server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        try:
+            async with AsyncClient(upstream, token="alice-token") as direct:
+                r = await direct.generate("batch", "refund both")
+                for req in r.pending:
+                    await direct.respond(
+                        r.session_id, [{"request_id": req.id, "option_id": "approve"}]
+                    )
+                log = [e async for e in direct.events(r.session_id, follow=False)]
+            async with AsyncClient(base, token="alice-token") as c:
+                got = []
+                async for e in c.events(r.session_id):
+                    got.append(e)
+                    if e.seq == log[-1].seq:
+                        break
+        finally:
+            server.close()
+    assert cuts == []  # every cut happened
+    assert [(e.seq, e.type, e.data) for e in got] == [(e.seq, e.type, e.data) for e in log]
