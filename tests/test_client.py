@@ -62,11 +62,15 @@ class Canned:
         self.base = ""
         self.done = asyncio.Event()  # set when the test is over: replies that hang may end
         self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task[Any]] = set()
 
     def on(self, path: str, *replies: Reply) -> None:
         self.replies[path] = list(replies)
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
         try:
             head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
             target = head[0].split()[1]
@@ -90,6 +94,7 @@ class Canned:
             pass
         finally:
             writer.close()
+            self._handlers.discard(task)
 
     async def __aenter__(self) -> Canned:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
@@ -101,6 +106,7 @@ class Canned:
         assert self._server is not None
         self.done.set()
         self._server.close()
+        await asyncio.wait_for(asyncio.gather(*self._handlers, return_exceptions=True), 10)
 
 
 @pytest.fixture
@@ -559,14 +565,21 @@ async def test_a_proxy_cutting_a_real_stream_mid_event_loses_and_repeats_nothing
 
         async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             up_reader, up_writer = await asyncio.open_connection(host, int(port))
-            head = await reader.readuntil(b"\r\n\r\n")
-            budget = cuts.pop(0) if b"/events" in head.split(b"\r\n")[0] and cuts else 0
-            up_writer.write(head)
-            back = asyncio.create_task(pipe(up_reader, writer, budget))
-            forth = asyncio.create_task(pipe(reader, up_writer, 0))
-            await back
-            forth.cancel()
-            up_writer.close()
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+                budget = cuts.pop(0) if b"/events" in head.split(b"\r\n")[0] and cuts else 0
+                up_writer.write(head)
+                forth = asyncio.create_task(pipe(reader, up_writer, 0))
+                try:
+                    await pipe(up_reader, writer, budget)
+                finally:
+                    forth.cancel()
+                    await asyncio.gather(forth, return_exceptions=True)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                pass
+            finally:
+                up_writer.close()
+                writer.close()
 
         server = await asyncio.start_server(proxy, "127.0.0.1", 0)
         base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
@@ -588,3 +601,103 @@ async def test_a_proxy_cutting_a_real_stream_mid_event_loses_and_repeats_nothing
             server.close()
     assert cuts == []  # every cut happened
     assert [(e.seq, e.type, e.data) for e in got] == [(e.seq, e.type, e.data) for e in log]
+
+
+async def test_a_bad_call_raises_the_same_class_over_http_as_in_process(tmp_path: Path) -> None:
+    """docs/server.md: server errors come back as the in-process exception classes. Each bad
+    call is made on the runtime and, through the client, on a server of that same runtime."""
+    import httpx
+
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import ALICE, TOKENS, make_runtime
+
+    rt = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            one = await c.generate("support", "Refund order 1042")
+            two = await c.generate("batch", "refund both")
+            settled = await c.generate("support", "Refund order 1042")
+            rid = settled.pending[0].id
+            await c.respond(settled.session_id, [{"request_id": rid, "option_id": "approve"}])
+            sid, first = two.session_id, two.pending[0].id
+            approve = [{"request_id": one.pending[0].id, "option_id": "approve"}]
+            calls: dict[str, tuple[Callable[[], Awaitable[Any]], Callable[[], Awaitable[Any]]]] = {
+                "unknown-session": (lambda: rt.state("ses_nope"), lambda: c.state("ses_nope")),
+                "unknown-request": (
+                    lambda: rt.respond(sid, [{"request_id": "req_nope", "option_id": "approve"}]),
+                    lambda: c.respond(sid, [{"request_id": "req_nope", "option_id": "approve"}]),
+                ),
+                "conflicting": (
+                    lambda: rt.respond(
+                        settled.session_id,
+                        [{"request_id": rid, "option_id": "cancel"}],
+                        principal=ALICE,
+                    ),
+                    lambda: c.respond(
+                        settled.session_id, [{"request_id": rid, "option_id": "cancel"}]
+                    ),
+                ),
+                "partial": (
+                    lambda: rt.generate(
+                        session_id=sid,
+                        approvals=[so.Decision(id=first, approved=True)],
+                        auth=ALICE,
+                    ),
+                    lambda: c.generate(
+                        session_id=sid, approvals=[so.Decision(id=first, approved=True)]
+                    ),
+                ),
+                "approvals-and-a-prompt": (
+                    lambda: rt.generate(
+                        prompt="hi",
+                        session_id=sid,
+                        approvals=[so.Decision(id=first, approved=True)],
+                    ),
+                    lambda: c.generate(
+                        prompt="hi",
+                        session_id=sid,
+                        approvals=[so.Decision(id=first, approved=True)],
+                    ),
+                ),
+                "approvals-empty": (
+                    lambda: rt.generate(session_id=sid, approvals=[]),
+                    lambda: c.generate(session_id=sid, approvals=[]),
+                ),
+                "responses-empty": (lambda: rt.respond(sid, []), lambda: c.respond(sid, [])),
+                "response-malformed": (
+                    lambda: rt.respond(sid, [{"request_id": 5}]),
+                    lambda: c.respond(sid, [{"request_id": 5}]),
+                ),
+                "answer-of-the-wrong-kind": (
+                    lambda: rt.respond(one.session_id, [{**approve[0], "option_id": "maybe"}]),
+                    lambda: c.respond(one.session_id, [{**approve[0], "option_id": "maybe"}]),
+                ),
+                "unknown-agent": (
+                    lambda: rt.generate("nobody", prompt="hi"),
+                    lambda: c.generate("nobody", "hi"),
+                ),
+                "prompt-too-large": (
+                    lambda: rt.generate("support", prompt="x" * (5 << 20)),
+                    lambda: c.generate("support", "x" * (5 << 20)),
+                ),
+                "turn-policy": (
+                    lambda: rt.send(sid, "hi", turn_policy="bogus"),  # type: ignore[arg-type]
+                    lambda: c.send(sid, "hi", turn_policy="bogus"),
+                ),
+            }
+            got = {}
+            for name, (local, remote) in calls.items():
+                kinds = []
+                for call in (local, remote):
+                    try:
+                        await call()
+                        kinds.append("no error")
+                    except so.SignoffError as exc:
+                        kinds.append(type(exc).__name__)
+                got[name] = tuple(kinds)
+    await rt.close()
+    assert {k: v for k, v in got.items() if v[0] != v[1]} == {}
+    assert all(v[0] != "no error" for v in got.values()), got

@@ -212,8 +212,13 @@ class AsyncClient:
         """Start a session (agent + prompt), continue one (session_id + prompt), or settle all of
         its approvals at once (session_id + approvals)."""
         if approvals is not None:
-            if session_id is None or prompt is not None:
-                raise errors.UsageError("approvals need a session_id and no prompt")
+            if prompt is not None:  # as `Runtime.generate` refuses them
+                raise errors.InvalidAnswer(
+                    "approvals must be sent on their own: this call carries a prompt too; "
+                    "send the prompt in the next call"
+                )
+            if session_id is None:
+                raise errors.UsageError("approvals need the session_id they belong to")
             given = decisions(approvals)
             if not given:
                 raise errors.InvalidAnswer(
