@@ -342,14 +342,16 @@ async def test_a_stream_cut_mid_event_resumes_after_the_last_whole_one(canned: C
 async def test_a_stream_refused_by_a_restarting_servers_proxy_is_asked_again(
     canned: Canned,
 ) -> None:
-    """While the server behind it restarts, a proxy answers 502/504 with its own page, or the
-    server a 503 `store_unavailable`: the stream is asked for again, not given up."""
+    """While the server behind it restarts, a proxy answers 502/504 with its own page (or 429,
+    its rate limit), or the server a 503 `store_unavailable`: the stream is asked for again,
+    not given up."""
     canned.on(
         EVENTS,
         stream(event(1)),
         http("502 Bad Gateway", "<html>bad gateway</html>", "text/html"),
         http("504 Gateway Timeout", "<html>timeout</html>", "text/html"),
         error("503 Service Unavailable", "store_unavailable", extra="Retry-After: 0\r\n"),
+        http("429 Too Many Requests", "slow down", "text/plain", extra="Retry-After: 0\r\n"),
         stream(event(2)),
     )
     async with AsyncClient(canned.base) as c:
@@ -359,7 +361,7 @@ async def test_a_stream_refused_by_a_restarting_servers_proxy_is_asked_again(
             if e.seq == 2:
                 break
     assert seqs == [1, 2]
-    assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "1", "1", "1", "1"]
+    assert [h.get("last-event-id") for _, h in canned.seen] == ["0", "1", "1", "1", "1", "1"]
 
 
 async def test_a_stream_refused_for_good_is_raised_after_the_retries(canned: Canned) -> None:
@@ -701,3 +703,35 @@ async def test_a_bad_call_raises_the_same_class_over_http_as_in_process(tmp_path
     await rt.close()
     assert {k: v for k, v in got.items() if v[0] != v[1]} == {}
     assert all(v[0] != "no error" for v in got.values()), got
+
+
+async def test_a_client_out_of_connections_says_so() -> None:
+    """Each followed stream holds one of the client's 100 connections: a call that finds none
+    free within `timeout` is told why, not that the server is unreachable."""
+    canned_streams = 100
+
+    async with Canned() as canned:
+
+        async def held(writer: asyncio.StreamWriter) -> None:
+            writer.write(stream(""))
+            while not canned.done.is_set():
+                writer.write(b": keep-alive\n\n")
+                await writer.drain()
+                await asyncio.sleep(0.2)
+
+        canned.on(EVENTS, held)
+        async with AsyncClient(canned.base, timeout=1.0) as c:
+
+            async def follow() -> None:
+                async for _ in c.events("ses_x"):
+                    pass
+
+            followers = [asyncio.create_task(follow()) for _ in range(canned_streams)]
+            while len(canned.seen) < canned_streams:
+                await asyncio.sleep(0.05)
+            with pytest.raises(so.RemoteError, match="stayed in use") as caught:
+                await c.state("ses_x")
+            assert caught.value.code == "unreachable"
+            for task in followers:
+                task.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)

@@ -154,8 +154,8 @@ def page(data: Any) -> tuple[list[InputRequest], int]:
 
 def transient(response: httpx.Response) -> bool:
     """Whether a refused stream is worth asking for again: a gateway's error while the server
-    behind it restarts, or a store that is busy or down for a while."""
-    if response.status_code not in (502, 503, 504):
+    behind it restarts (or its rate limit), or a store that is busy or down for a while."""
+    if response.status_code not in (429, 502, 503, 504):
         return False
     try:
         code = response.json()["error"]["code"]
@@ -220,7 +220,11 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
 def transport_error(exc: httpx.TransportError, url: object) -> errors.RemoteError:
     """A call that got no answer, as a `RemoteError` (status 0) saying whether it was sent:
     `unreachable` (it was not), `timeout` or `connection_lost` (it may have been applied)."""
-    if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)):
+    if isinstance(exc, httpx.PoolTimeout):  # e.g. 100 streams followed on one client
+        code = "unreachable"
+        what = "every connection of the client stayed in use (100, followed streams included)"
+        what += "; the call was not sent"
+    elif isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
         code, what = "unreachable", "could not reach the server; the call was not sent"
     elif isinstance(exc, httpx.TimeoutException):
         code, what = "timeout", "the server did not answer within the client's timeout"
