@@ -161,6 +161,7 @@ class AsyncClient:
         self.http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
         )
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -172,8 +173,18 @@ class AsyncClient:
         await self.http.aclose()
 
     def _check_open(self) -> None:
+        """Refuse a call on a closed client, or from another event loop than the first call's
+        (its pooled connections belong to that loop: httpx would fail, `Event loop is closed`)."""
         if self.http.is_closed:
             raise errors.UsageError("the client is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise errors.UsageError(
+                "this AsyncClient was first used on another event loop (an earlier asyncio.run?)"
+                ": make one per loop, or use the blocking Client"
+            )
 
     async def _call(
         self, method: str, path: str, parse: Callable[[Any], T], wanted: str, **kwargs: Any
