@@ -293,7 +293,8 @@ class AsyncClient:
         self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
     ) -> AsyncIterator[Event]:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
-        refused for a while (a proxy's 502-504 while the server restarts, a busy store)."""
+        refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
+        up to `retries` failures in a row."""
         self._check_open()
         path = _session_path(session_id, "/events")
         last = after
