@@ -759,3 +759,20 @@ def test_an_async_client_used_on_a_second_event_loop_says_so(tmp_path: Path) -> 
             warnings.simplefilter("ignore", ResourceWarning)
             del c, first_event
             gc.collect()
+
+
+def test_a_token_of_odd_printable_characters_authenticates(tmp_path: Path) -> None:
+    """Any token a server can be configured with (printable ASCII, inner spaces and quotes
+    included) is carried as it is, by both clients."""
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import make_runtime, running
+
+    odd = "a b=\"c\";%20\\d,'e'~^`{|}"
+    auth = TokenAuth({odd: so.Principal(authenticator="token", principal_id="odd")})
+    with running(create_app(make_runtime(f"sqlite:///{tmp_path}/s.db"), auth=auth)) as base:
+        with Client(base, token=odd) as c:
+            assert c.pending() == ([], 0)
+        with Client(base, token=odd + "x") as wrong, pytest.raises(so.RemoteError) as denied:
+            wrong.pending()
+    assert (denied.value.code, denied.value.status) == ("unauthenticated", 401)
