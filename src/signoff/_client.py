@@ -8,6 +8,7 @@ request that is no longer open fails locally, without a server call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
@@ -424,10 +425,15 @@ class LiveSession:
             self.requests[a.request_id].status = "responded"
         try:
             result = await self.client.respond(self.session_id, answers)
-        except BaseException:
+        except BaseException as exc:
             for a in answers:
                 if self.requests[a.request_id].status == "responded":
                     self.requests[a.request_id].status = "pending"
+            if isinstance(exc, (errors.ConflictingAnswer, errors.RequestClosed)):
+                # Closed on the server meanwhile: learn how from the stream, so the request
+                # is not shown open (and answered again) when it is not.
+                with contextlib.suppress(errors.SignoffError):
+                    await self.sync()
             raise
         for o in result.outcomes:
             view = self.requests.get(o.get("request_id", ""))
