@@ -28,6 +28,7 @@ LAYERS: list[set[str]] = [
     {"_answering"},
     {"_messages"},
     {"_work"},
+    {"_wire"},
     {"_runtime", "_client"},
     {"__init__"},
     {"channels"},

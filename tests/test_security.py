@@ -26,7 +26,6 @@ from starlette.responses import PlainTextResponse
 from starlette.types import Receive, Scope, Send
 
 import signoff as so
-from signoff import RemoteError
 from signoff._client import AsyncClient
 from signoff.server import TokenAuth, create_app
 from signoff.server._app import MAX_BODY_SIZE
@@ -847,7 +846,8 @@ CLIENT_ATTACKS: dict[
     ),
     "session-id-dot-dot": (lambda c, w: c.cancel(".."), so.UnknownSession),
     "session-id-empty": (lambda c, w: c.send("", "approve"), so.UnknownSession),
-    "huge-prompt": (lambda c, w: c.generate("support", "x" * BIG), RemoteError),
+    # as in process (the runtime refuses such a prompt with `TooLarge` too)
+    "huge-prompt": (lambda c, w: c.generate("support", "x" * BIG), so.TooLarge),
 }
 
 
@@ -861,8 +861,8 @@ async def test_the_client_raises_named_errors(served: Served, name: str) -> None
         with pytest.raises(error) as caught:
             await attack(client, served.world)
         assert type(caught.value) is error, f"{name}: {type(caught.value).__name__}"
-        if isinstance(caught.value, RemoteError):
-            assert (caught.value.code, caught.value.status) == ("payload_too_large", 413)
+        if isinstance(caught.value, so.TooLarge):
+            assert caught.value.code == "payload_too_large"
         assert await snapshot(served.world.rt) == before, f"{name} changed the store"
 
 

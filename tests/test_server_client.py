@@ -279,3 +279,21 @@ async def test_following_a_session_that_expires_raises_session_expired(tmp_path:
             head = received[-1].seq
             with pytest.raises(so.SessionExpired):  # a 410: nothing more will come
                 await asyncio.wait_for(anext(aiter(c.events(r.session_id, head))), 10)
+
+
+async def test_a_live_session_learns_a_request_closed_elsewhere_from_its_refusal(
+    base: str,
+) -> None:
+    """Someone else settled the request since the live session last read: the server refuses
+    its answer (`ConflictingAnswer`), and the request no longer shows as open."""
+    async with AsyncClient(base, token="alice-token") as c:
+        r = await c.generate("support", "Refund order 1042")
+        live = await c.session(r.session_id)
+        (rid,) = live.requests
+        await c.respond(r.session_id, [{"request_id": rid, "option_id": "cancel"}])
+        with pytest.raises(so.ConflictingAnswer):
+            await live.respond([{"request_id": rid, "option_id": "approve"}])
+        assert (live.requests[rid].status, live.requests[rid].outcome) == ("settled", "cancelled")
+        assert live.open_requests() == []
+        with pytest.raises(so.RequestClosed):  # now refused locally
+            await live.respond([{"request_id": rid, "option_id": "approve"}])

@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 import signoff as so
-from signoff._client import _error
 from signoff._events import Event
+from signoff._wire import error as _error
 from signoff.server import TokenAuth, create_app
 from signoff.stores import SQLiteStore, promptly
 from signoff.stores.postgres import PostgresStore

@@ -8,16 +8,20 @@ request that is no longer open fails locally, without a server call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import ValidationError
 
 from . import _exceptions as errors
+from . import _wire as wire
+from ._answers import decisions
 from ._events import Event
 from ._types import Decision, InputRequest, InputResponse
 
@@ -30,76 +34,10 @@ __all__ = [
     "RequestView",
 ]
 
-_ERRORS: dict[str, type[errors.SignoffError]] = {
-    cls.code: cls
-    for cls in (
-        errors.UsageError,
-        errors.InvalidAnswer,
-        errors.UnknownSession,
-        errors.SessionExpired,
-        errors.SessionBusy,
-        errors.SessionLimitReached,
-        errors.UnknownRequest,
-        errors.PartialAnswer,
-        errors.ConflictingAnswer,
-        errors.RequestClosed,
-        errors.StaleAnswer,
-        errors.NotAllowed,
-        errors.ModelError,
-        errors.StoreError,
-        errors.StoreGone,
-        errors.StoreUnavailable,
-        errors.StoreBusy,
-    )
-}
-
 
 RemoteError = errors.RemoteError
 P = ParamSpec("P")
 T = TypeVar("T")
-
-
-def _raise_for(response: httpx.Response) -> None:
-    if response.is_success:
-        return
-    try:
-        exc = _error(response.json()["error"], response.status_code)
-    except Exception:
-        raise RemoteError(
-            f"HTTP {response.status_code}: {response.text[:200]}",
-            "http_error",
-            response.status_code,
-        ) from None
-    raise exc
-
-
-def _error(detail: Mapping[str, Any], status: int) -> errors.SignoffError:
-    """The exception an error body (`{"code", "message", ...}`) names, as a local class."""
-    code, message = str(detail["code"]), str(detail["message"])
-    cls = _ERRORS.get(code)
-    if code == "unknown_agent":
-        cls = errors.UsageError
-    if cls is None:
-        return RemoteError(message, code, status)
-    exc = cls.__new__(cls)
-    Exception.__init__(exc, message)  # the server's message, the local class
-    if issubclass(cls, (errors.AnswerError, errors.InvalidAnswer)):
-        exc.request_ids = list(detail.get("request_ids") or [])  # type: ignore[attr-defined]
-    if issubclass(cls, errors.SessionError):
-        exc.session_id = detail.get("session_id") or ""  # type: ignore[attr-defined]
-    if issubclass(cls, errors.SessionExpired):
-        exc.pending = list(detail.get("request_ids") or [])  # type: ignore[attr-defined]
-    return exc
-
-
-def _not_signoff(response: httpx.Response, wanted: str) -> RemoteError:
-    """A successful response that is not what a signoff server sends (another web server)."""
-    return RemoteError(
-        f"HTTP {response.status_code} from {response.request.url} is not {wanted}: "
-        f"{response.text[:200]}",
-        "http_error",
-        response.status_code,
-    )
 
 
 def _session_path(session_id: str, tail: str = "") -> str:
@@ -138,20 +76,40 @@ class RemoteResult:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
+        if not isinstance(data.get("session_id"), str) or not isinstance(data.get("status"), str):
+            raise ValueError("it has no session_id and status")
         return cls(
             session_id=data["session_id"],
             status=data["status"],
             turn_id=data.get("turn_id"),
             text=data.get("text", ""),
             pending=[InputRequest.model_validate(r) for r in data.get("pending", [])],
-            outcomes=list(data.get("outcomes", [])),
+            outcomes=[dict(o) for o in data.get("outcomes", [])],
             error=data.get("error"),
             retryable=bool(data.get("retryable")),
         )
 
 
-def _response_body(r: InputResponse | Mapping[str, Any]) -> dict[str, Any]:
-    resp = r if isinstance(r, InputResponse) else InputResponse.model_validate(r)
+def _answers(responses: Sequence[InputResponse | Mapping[str, Any]]) -> list[InputResponse]:
+    """The responses as `InputResponse`s, refused as `Runtime.respond` refuses them."""
+    if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
+        responses, Iterable
+    ):
+        raise errors.InvalidAnswer("responses must be a list of InputResponse")
+    answers = []
+    for i, raw in enumerate(responses):
+        try:
+            answers.append(
+                raw if isinstance(raw, InputResponse) else InputResponse.model_validate(raw)
+            )
+        except ValidationError as exc:
+            raise errors.InvalidAnswer(f"response #{i + 1} is malformed: {exc}") from None
+    if not answers:
+        raise errors.InvalidAnswer("no responses given")
+    return answers
+
+
+def _response_body(resp: InputResponse) -> dict[str, Any]:
     body: dict[str, Any] = {"requestId": resp.request_id}
     for key, name in (
         ("optionId", resp.option_id),
@@ -165,8 +123,7 @@ def _response_body(r: InputResponse | Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
-def _decision_body(d: Decision | Mapping[str, Any]) -> dict[str, Any]:
-    dec = d if isinstance(d, Decision) else Decision.model_validate(d)
+def _decision_body(dec: Decision) -> dict[str, Any]:
     body: dict[str, Any] = {"id": dec.id, "approved": dec.approved}
     for key, value in (
         ("reason", dec.reason),
@@ -177,18 +134,6 @@ def _decision_body(d: Decision | Mapping[str, Any]) -> dict[str, Any]:
         if value is not None:
             body[key] = value
     return body
-
-
-def _event(data: Mapping[str, Any]) -> Event:
-    return Event.from_row(
-        session_id=data["session_id"],
-        seq=int(data["seq"]),
-        type=data["type"],
-        at=float(data["at"]),
-        turn_id=data.get("turn_id"),
-        data=dict(data.get("data") or {}),
-        v=int(data.get("v", 1)),
-    )
 
 
 class AsyncClient:
@@ -202,10 +147,22 @@ class AsyncClient:
         timeout: float = 60.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        if token and not (token.isascii() and token.isprintable() and token == token.strip()):
+            raise errors.UsageError(
+                "the token is not printable ASCII without spaces around it: "
+                "no Authorization header can carry it"
+            )
+        try:
+            scheme = httpx.URL(base_url).scheme
+        except httpx.InvalidURL:
+            scheme = ""
+        if scheme not in ("http", "https"):
+            raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {base_url!r}")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
         )
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -216,16 +173,45 @@ class AsyncClient:
     async def aclose(self) -> None:
         await self.http.aclose()
 
-    async def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+    def _check_open(self) -> None:
+        """Refuse a call on a closed client, or from another event loop than the first call's
+        (its pooled connections belong to that loop: httpx would fail, `Event loop is closed`)."""
+        if self.http.is_closed:
+            raise errors.UsageError("the client is closed")
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            raise errors.UsageError(
+                "this AsyncClient was first used on another event loop (an earlier asyncio.run?)"
+                ": make one per loop, or use the blocking Client"
+            )
+
+    async def _call(
+        self, method: str, path: str, parse: Callable[[Any], T], wanted: str, **kwargs: Any
+    ) -> T:
+        """Send a request and read its JSON answer with `parse`: an answer `parse` cannot read
+        (another server, a proxy's page) is a `RemoteError` naming what was `wanted`."""
+        self._check_open()
         if "json" in kwargs:
             kwargs["content"] = _encode(path, kwargs.pop("json"))
             kwargs["headers"] = {"Content-Type": "application/json"}
-        response = await self.http.request(method, path, **kwargs)
-        _raise_for(response)
         try:
-            return response.json()
+            response = await self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise wire.transport_error(exc, f"{self.http.base_url}{path[1:]}") from exc
+        wire.raise_for(response)
+        try:
+            data = response.json()
         except ValueError:  # not JSON: the base URL is not a signoff server
-            raise _not_signoff(response, "JSON") from None
+            raise wire.not_signoff(response, "JSON") from None
+        try:
+            return parse(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise wire.malformed(response, wanted, exc) from None
+
+    async def _turn(self, path: str, body: Any) -> RemoteResult:
+        return await self._call("POST", path, RemoteResult.from_json, "a turn's result", json=body)
 
     async def generate(
         self,
@@ -238,18 +224,27 @@ class AsyncClient:
         """Start a session (agent + prompt), continue one (session_id + prompt), or settle all of
         its approvals at once (session_id + approvals)."""
         if approvals is not None:
-            if session_id is None or prompt is not None:
-                raise errors.UsageError("approvals need a session_id and no prompt")
-            body = {"approvals": [_decision_body(d) for d in approvals]}
-            path = _session_path(session_id, "/approvals")
-            return RemoteResult.from_json(await self._call("POST", path, json=body))
+            if prompt is not None:  # as `Runtime.generate` refuses them
+                raise errors.InvalidAnswer(
+                    "approvals must be sent on their own: this call carries a prompt too; "
+                    "send the prompt in the next call"
+                )
+            if session_id is None:
+                raise errors.UsageError("approvals need the session_id they belong to")
+            given = decisions(approvals)
+            if not given:
+                raise errors.InvalidAnswer(
+                    "approvals is empty: answer the session's pending requests"
+                )
+            body = {"approvals": [_decision_body(d) for d in given]}
+            return await self._turn(_session_path(session_id, "/approvals"), body)
         if session_id is None:
             if agent is None:
                 raise errors.UsageError("generate() needs an agent name for a new session")
             payload: dict[str, Any] = {"agent": agent}
             if prompt is not None:
                 payload["message"] = prompt
-            return RemoteResult.from_json(await self._call("POST", "/v1/sessions", json=payload))
+            return await self._turn("/v1/sessions", payload)
         if prompt is None:
             raise errors.UsageError("generate(session_id=...) needs a prompt or approvals")
         return await self.send(session_id, prompt)
@@ -258,26 +253,20 @@ class AsyncClient:
         self, session_id: str, message: str, *, turn_policy: str = "steer"
     ) -> RemoteResult:
         body = {"text": message, "turnPolicy": turn_policy}
-        data = await self._call("POST", _session_path(session_id, "/messages"), json=body)
-        return RemoteResult.from_json(data)
+        return await self._turn(_session_path(session_id, "/messages"), body)
 
     async def respond(
         self, session_id: str, responses: Sequence[InputResponse | Mapping[str, Any]]
     ) -> RemoteResult:
-        body = {"inputResponses": [_response_body(r) for r in responses]}
-        data = await self._call("POST", _session_path(session_id, "/responses"), json=body)
-        return RemoteResult.from_json(data)
+        body = {"inputResponses": [_response_body(r) for r in _answers(responses)]}
+        return await self._turn(_session_path(session_id, "/responses"), body)
 
     async def cancel(self, session_id: str, reason: str | None = None) -> RemoteResult:
-        data = await self._call(
-            "POST", _session_path(session_id, "/cancel"), json={"reason": reason}
-        )
-        return RemoteResult.from_json(data)
+        return await self._turn(_session_path(session_id, "/cancel"), {"reason": reason})
 
     async def state(self, session_id: str) -> dict[str, Any]:
         """The session as the server shows it (status, turn, usage, pending)."""
-        data: dict[str, Any] = await self._call("GET", _session_path(session_id))
-        return data
+        return await self._call("GET", _session_path(session_id), wire.session_view, "a session")
 
     async def pending(
         self,
@@ -297,70 +286,77 @@ class AsyncClient:
                 params[key] = value
         if older_than is not None:
             params["older_than"] = older_than
-        data = await self._call("GET", "/v1/requests", params=params)
-        return [InputRequest.model_validate(r) for r in data["items"]], int(data["total"])
+        return await self._call(
+            "GET", "/v1/requests", wire.page, "a page of requests", params=params
+        )
 
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
     ) -> AsyncIterator[Event]:
-        """The session's events after `after`; reconnects with `Last-Event-ID` if cut off."""
+        """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
+        refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
+        up to `retries` failures in a row."""
+        self._check_open()
         path = _session_path(session_id, "/events")
         last = after
         failures = 0
         while True:
             params = {"after": last, "follow": "true" if follow else "false"}
             headers = {"Last-Event-ID": str(last), "Accept": "text/event-stream"}
+            pause = 0.0
+            streaming = False
             try:
                 async with self.http.stream(
                     "GET",
                     path,
                     params=params,
                     headers=headers,
-                    timeout=httpx.Timeout(self.http.timeout.connect, read=None),
+                    # `timeout` bounds each read too, so a stream gone silent (its server
+                    # vanished without closing it) is asked for again, not waited on for ever.
+                    timeout=self.http.timeout,
                 ) as response:
                     if not response.is_success:
                         await response.aread()
-                        _raise_for(response)
-                    kind = response.headers.get("content-type", "")
-                    if not kind.startswith("text/event-stream"):
+                        if failures >= retries or not wire.transient(response):
+                            wire.raise_for(response)
+                        failures += 1
+                        pause = wire.backoff(failures, response)
+                    elif not response.headers.get("content-type", "").startswith(
+                        "text/event-stream"
+                    ):
                         await response.aread()
-                        raise _not_signoff(response, "an event-stream")
-                    async for kind, data in _sse_data(response.aiter_lines()):
-                        if kind == "stream.end":  # the session can have no more events
-                            raise _error(data["error"], int(data["status"]))
-                        event = _event(data)
-                        last = event.seq
-                        failures = 0
-                        yield event
+                        raise wire.not_signoff(response, "an event-stream")
+                    else:
+                        streaming = True
+                        async for kind, data in wire.sse_data(response.aiter_lines()):
+                            if kind == ":":  # a keep-alive: the server is alive
+                                failures = 0
+                                continue
+                            event = wire.streamed(kind, data)
+                            if event.seq <= last:
+                                continue  # sent again by a server that ignored Last-Event-ID
+                            last = event.seq
+                            failures = 0
+                            yield event
+                if pause:
+                    await asyncio.sleep(pause)
+                    continue
                 if not follow:
                     return
                 await asyncio.sleep(0.1)  # the server closed a followed stream: reconnect
-            except httpx.TransportError:
+            except httpx.TransportError as exc:
+                if streaming and isinstance(exc, httpx.ReadTimeout):
+                    continue  # quiet, or dead: a reconnect tells; a dead server fails it
                 failures += 1
                 if failures > retries:
-                    raise
-                await asyncio.sleep(min(0.1 * 2**failures, 2.0))
+                    raise wire.transport_error(exc, f"{self.http.base_url}{path[1:]}") from exc
+                await asyncio.sleep(wire.backoff(failures))
 
     async def session(self, session_id: str) -> LiveSession:
         """A `LiveSession` caught up with the session's events."""
         live = LiveSession(self, session_id)
         await live.sync()
         return live
-
-
-async def _sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-    """Each message's event type (`message` if it names none) and its JSON data."""
-    data: list[str] = []
-    kind = "message"
-    async for line in lines:
-        if line == "":
-            if data:
-                yield kind, json.loads("\n".join(data))
-            data, kind = [], "message"
-        elif line.startswith("data:"):
-            data.append(line[5:].removeprefix(" "))
-        elif line.startswith("event:"):
-            kind = line[6:].removeprefix(" ")
 
 
 @dataclass(slots=True, kw_only=True)
@@ -413,10 +409,7 @@ class LiveSession:
 
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
         """Answer requests; a request that is no longer open fails here, with no server call."""
-        answers = [
-            r if isinstance(r, InputResponse) else InputResponse.model_validate(r)
-            for r in responses
-        ]
+        answers = _answers(responses)
         for a in answers:
             view = self.requests.get(a.request_id)
             if view is None:
@@ -432,10 +425,15 @@ class LiveSession:
             self.requests[a.request_id].status = "responded"
         try:
             result = await self.client.respond(self.session_id, answers)
-        except BaseException:
+        except BaseException as exc:
             for a in answers:
                 if self.requests[a.request_id].status == "responded":
                     self.requests[a.request_id].status = "pending"
+            if isinstance(exc, (errors.ConflictingAnswer, errors.RequestClosed)):
+                # Closed on the server meanwhile: learn how from the stream, so the request
+                # is not shown open (and answered again) when it is not.
+                with contextlib.suppress(errors.SignoffError):
+                    await self.sync()
             raise
         for o in result.outcomes:
             view = self.requests.get(o.get("request_id", ""))
@@ -453,7 +451,7 @@ def _blocking(
 
     @functools.wraps(method)
     def blocking(self: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
-        call: Coroutine[Any, Any, T] = getattr(self._async, name)(*args, **kwargs)
+        call: Coroutine[Any, Any, T] = getattr(self._opened(), name)(*args, **kwargs)
         return self._bridge.run(call)
 
     blocking.__qualname__ = f"Client.{name}"
@@ -463,11 +461,19 @@ def _blocking(
 class Client:
     """The synchronous twin of `AsyncClient` for scripts (each call runs on a private loop)."""
 
-    def __init__(self, base_url: str, *, token: str | None = None, timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 60.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         from ._sync import SyncBridge
 
+        self._async = AsyncClient(base_url, token=token, timeout=timeout, transport=transport)
         self._bridge = SyncBridge()
-        self._async = AsyncClient(base_url, token=token, timeout=timeout)
+        self._closed = False
 
     def __enter__(self) -> Client:
         return self
@@ -475,7 +481,16 @@ class Client:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    def _opened(self) -> AsyncClient:
+        """The async client, unless this one is closed (its bridge would start a loop anew)."""
+        if self._closed:
+            raise errors.UsageError("the client is closed")
+        return self._async
+
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self._bridge.run(self._async.aclose())
         self._bridge.close()
 
@@ -489,7 +504,9 @@ class Client:
     def events(self, session_id: str, after: int = 0) -> list[Event]:
         """The session's events after `after`, without following (as `Runtime.events_sync`)."""
 
+        client = self._opened()
+
         async def collect() -> list[Event]:
-            return [e async for e in self._async.events(session_id, after, follow=False)]
+            return [e async for e in client.events(session_id, after, follow=False)]
 
         return self._bridge.run(collect())

@@ -268,7 +268,9 @@ class StoreBusy(StoreError):
 
 class RemoteError(SignoffError):
     """An error a signoff server reported with a code the client does not know (`.code`, the
-    server's stable error code, and `.status`, the HTTP status)."""
+    server's stable error code, and `.status`, the HTTP status), an answer that is not a signoff
+    server's (`http_error`), or no answer at all (status 0: `unreachable`, `timeout`,
+    `connection_lost`)."""
 
     def __init__(self, message: str, code: str, status: int) -> None:
         super().__init__(message)

@@ -1,0 +1,235 @@
+"""What a signoff server sends, as the client reads it: error bodies as the named exceptions,
+the JSON of results, and the event stream's messages; anything else is a `RemoteError`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import httpx
+
+from . import _exceptions as errors
+from ._events import Event
+from ._types import InputRequest
+
+__all__ = [
+    "ERRORS",
+    "REFUSED",
+    "backoff",
+    "error",
+    "event",
+    "malformed",
+    "not_signoff",
+    "page",
+    "raise_for",
+    "request_ids",
+    "session_view",
+    "sse_data",
+    "streamed",
+    "transient",
+    "transport_error",
+]
+
+ERRORS: dict[str, type[errors.SignoffError]] = {
+    cls.code: cls
+    for cls in (
+        errors.SignoffError,
+        errors.UsageError,
+        errors.InvalidAnswer,
+        errors.TooLarge,
+        errors.SessionError,
+        errors.UnknownSession,
+        errors.SessionExpired,
+        errors.SessionBusy,
+        errors.SessionLimitReached,
+        errors.AnswerError,
+        errors.UnknownRequest,
+        errors.PartialAnswer,
+        errors.ConflictingAnswer,
+        errors.RequestClosed,
+        errors.StaleAnswer,
+        errors.NotAllowed,
+        errors.ModelError,
+        errors.StoreError,
+        errors.SchemaVersionError,
+        errors.StoreGone,
+        errors.AppendConflict,
+        errors.LeaseLost,
+        errors.StoreUnavailable,
+        errors.StoreBusy,
+    )
+}
+REFUSED = ("invalid_request", "unknown_agent")
+"""Codes of a request the server refused as malformed: a misuse, as it would be in process."""
+
+
+def raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    try:
+        exc = error(response.json()["error"], response.status_code, response.request.url.path)
+    except Exception:
+        raise errors.RemoteError(
+            f"HTTP {response.status_code}: {response.text[:200]}",
+            "http_error",
+            response.status_code,
+        ) from None
+    if isinstance(exc, (errors.StoreBusy, errors.StoreUnavailable)):
+        hint = response.headers.get("retry-after", "").strip()
+        if hint.isascii() and hint.isdigit() and len(hint) < 10:
+            exc.retry_after = int(hint)  # the server's, rather than the class's default
+    raise exc
+
+
+def request_ids(value: Any) -> list[str]:
+    """The `request_ids` of an error body: a list of ids, or none (never a string's letters)."""
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.SignoffError:
+    """The exception an error body (`{"code", "message", ...}`) names, as a local class; a
+    request refused as malformed is an `InvalidAnswer` when it carried answers."""
+    code, message = str(detail["code"]), str(detail["message"])
+    cls = ERRORS.get(code)
+    if code in REFUSED:
+        answering = path.endswith(("/responses", "/approvals"))
+        cls = errors.InvalidAnswer if answering else errors.UsageError
+    if cls is None:
+        return errors.RemoteError(message, code, status)
+    exc = cls.__new__(cls)
+    Exception.__init__(exc, message)  # the server's message, the local class
+    if issubclass(cls, (errors.AnswerError, errors.InvalidAnswer)):
+        exc.request_ids = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
+    if issubclass(cls, errors.SessionError):
+        exc.session_id = str(detail.get("session_id") or "")  # type: ignore[attr-defined]
+    if issubclass(cls, errors.SessionExpired):
+        exc.pending = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
+    return exc
+
+
+def malformed(response: httpx.Response, wanted: str, exc: Exception) -> errors.RemoteError:
+    """A body that is JSON but not the shape a signoff server sends for this call."""
+    return errors.RemoteError(
+        f"HTTP {response.status_code} from {response.request.url} is not {wanted} "
+        f"({type(exc).__name__}: {str(exc)[:200]})",
+        "http_error",
+        response.status_code,
+    )
+
+
+def not_signoff(response: httpx.Response, wanted: str) -> errors.RemoteError:
+    """A successful response that is not what a signoff server sends (another web server)."""
+    return errors.RemoteError(
+        f"HTTP {response.status_code} from {response.request.url} is not {wanted}: "
+        f"{response.text[:200]}",
+        "http_error",
+        response.status_code,
+    )
+
+
+def event(data: Mapping[str, Any]) -> Event:
+    if not isinstance(data.get("session_id"), str) or not isinstance(data.get("type"), str):
+        raise ValueError("it has no session_id and type")
+    return Event.from_row(
+        session_id=data["session_id"],
+        seq=int(data["seq"]),
+        type=data["type"],
+        at=float(data["at"]),
+        turn_id=data.get("turn_id"),
+        data=dict(data.get("data") or {}),
+        v=int(data.get("v", 1)),
+    )
+
+
+def session_view(data: Any) -> dict[str, Any]:
+    if not isinstance(data, dict) or not isinstance(data.get("status"), str):
+        raise ValueError("it has no status")
+    return data
+
+
+def page(data: Any) -> tuple[list[InputRequest], int]:
+    return [InputRequest.model_validate(r) for r in data["items"]], int(data["total"])
+
+
+def transient(response: httpx.Response) -> bool:
+    """Whether a refused stream is worth asking for again: a gateway's error while the server
+    behind it restarts (or its rate limit), or a store that is busy or down for a while."""
+    if response.status_code not in (429, 502, 503, 504):
+        return False
+    try:
+        code = response.json()["error"]["code"]
+    except Exception:
+        return True  # not a signoff error body: the proxy's own page
+    return code in (errors.StoreBusy.code, errors.StoreUnavailable.code)
+
+
+def backoff(failures: int, response: httpx.Response | None = None) -> float:
+    """Seconds to wait before attempt `failures + 1`: doubling up to 2 s, or the server's
+    `Retry-After` (up to 30 s) when it names a longer wait."""
+    pause = min(0.1 * 2.0**failures, 2.0)
+    hint = "" if response is None else response.headers.get("retry-after", "").strip()
+    if hint.isascii() and hint.isdigit() and len(hint) < 10:
+        pause = max(pause, min(float(hint), 30.0))
+    return pause
+
+
+def streamed(kind: str, data: Any) -> Event:
+    """The event a stream's message carries; a `stream.end` raises the error it names."""
+    try:
+        if kind != "stream.end":
+            return event(data)
+        end = error(data["error"], int(data["status"]))  # the session can have no more events
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise errors.RemoteError(
+            f"the event stream sent a {kind!r} message that is not a signoff event "
+            f"({type(exc).__name__}: {str(exc)[:200]})",
+            "http_error",
+            200,
+        ) from None
+    raise end
+
+
+async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
+    """Each message's event type (`message` if it names none) and its JSON data; a comment
+    (the server's keep-alive) as `(":", None)`, which says the server is still there."""
+    data: list[str] = []
+    kind = "message"
+    async for line in lines:
+        if line == "":
+            if data:
+                text = "\n".join(data)
+                try:
+                    value = json.loads(text)
+                except ValueError:
+                    raise errors.RemoteError(
+                        f"the event stream sent data that is not JSON: {text[:200]}",
+                        "http_error",
+                        200,
+                    ) from None
+                yield kind, value
+            data, kind = [], "message"
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+        elif line.startswith("event:"):
+            kind = line[6:].removeprefix(" ")
+        elif line.startswith(":"):
+            yield ":", None
+
+
+def transport_error(exc: httpx.TransportError, url: object) -> errors.RemoteError:
+    """A call that got no answer, as a `RemoteError` (status 0) saying whether it was sent:
+    `unreachable` (it was not), `timeout` or `connection_lost` (it may have been applied)."""
+    if isinstance(exc, httpx.PoolTimeout):  # e.g. 100 streams followed on one client
+        code = "unreachable"
+        what = "every connection of the client stayed in use (100, followed streams included)"
+        what += "; the call was not sent"
+    elif isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+        code, what = "unreachable", "could not reach the server; the call was not sent"
+    elif isinstance(exc, httpx.TimeoutException):
+        code, what = "timeout", "the server did not answer within the client's timeout"
+    else:
+        code, what = "connection_lost", "the connection was lost before the server answered"
+    if code != "unreachable":
+        what += "; the call may or may not have been applied"
+    return errors.RemoteError(f"{url}: {what} ({type(exc).__name__}: {exc})", code, 0)
