@@ -194,6 +194,11 @@ BAD_BODIES = {
     "null": "null",
     "pending-not-requests": '{"session_id": "a", "status": "waiting", "pending": [{"id": 1}]}',
     "outcomes-not-a-list": '{"session_id": "a", "status": "waiting", "outcomes": 5}',
+    "outcome-not-an-object": '{"session_id": "a", "status": "waiting", "outcomes": [5]}',
+    "outcome-without-applied": (
+        '{"session_id": "a", "status": "waiting", '
+        '"outcomes": [{"request_id": "req_1", "outcome": "approved"}]}'
+    ),
 }
 
 
@@ -533,7 +538,7 @@ async def test_a_server_stopping_mid_turn_then_the_answer_repeated_on_the_next(
     with running(create_app(runtime(), auth=TokenAuth(TOKENS), poll_interval=0.05)) as base:
         async with AsyncClient(base, token="alice-token") as c:
             again = await c.respond(r.session_id, answer)
-            assert [(o["outcome"], o["applied"]) for o in again.outcomes] == [("approved", False)]
+            assert [(o.outcome, o.applied) for o in again.outcomes] == [("approved", False)]
             for _ in range(100):
                 if (await c.state(r.session_id))["status"] != "running":
                     break

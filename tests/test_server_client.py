@@ -104,7 +104,9 @@ async def test_a_refused_answer_stays_open_locally(base: str) -> None:
         live = await c.session(r.session_id)
         (rid,) = live.requests
         result = await live.respond([{"request_id": rid, "option_id": "approve"}])
-        assert result.outcomes[0]["outcome"] == "rejected"
+        (outcome,) = result.outcomes
+        assert isinstance(outcome, so.Outcome)  # the same type as the runtime's, not a dict
+        assert (outcome.request_id, outcome.outcome, outcome.applied) == (rid, "rejected", False)
         assert live.requests[rid].status == "pending"  # someone else may still answer
     async with AsyncClient(base, token="bob-token") as manager:
         done = await manager.respond(r.session_id, [{"request_id": rid, "option_id": "approve"}])

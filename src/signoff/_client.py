@@ -23,6 +23,7 @@ from . import _exceptions as errors
 from . import _wire as wire
 from ._answers import decisions
 from ._events import Event
+from ._results import Outcome
 from ._types import Decision, InputRequest, InputResponse
 
 __all__ = [
@@ -70,7 +71,7 @@ class RemoteResult:
     turn_id: str | None
     text: str
     pending: list[InputRequest]
-    outcomes: list[dict[str, Any]]
+    outcomes: list[Outcome]
     error: dict[str, Any] | None = None
     retryable: bool = False
 
@@ -84,10 +85,28 @@ class RemoteResult:
             turn_id=data.get("turn_id"),
             text=data.get("text", ""),
             pending=[InputRequest.model_validate(r) for r in data.get("pending", [])],
-            outcomes=[dict(o) for o in data.get("outcomes", [])],
+            outcomes=[_outcome(o) for o in data.get("outcomes", [])],
             error=data.get("error"),
             retryable=bool(data.get("retryable")),
         )
+
+
+def _outcome(data: Any) -> Outcome:
+    """One answer's `Outcome`, as the runtime returns it in process."""
+    reason = data.get("reason") if isinstance(data, Mapping) else None
+    if not isinstance(data, Mapping) or not (
+        isinstance(data.get("request_id"), str)
+        and isinstance(data.get("outcome"), str)
+        and isinstance(data.get("applied"), bool)
+        and (reason is None or isinstance(reason, str))
+    ):
+        raise ValueError(f"an outcome is not {{request_id, outcome, applied, reason}}: {data!r}")
+    return Outcome(
+        request_id=data["request_id"],
+        outcome=data["outcome"],
+        applied=data["applied"],
+        reason=reason,
+    )
 
 
 def _answers(responses: Sequence[InputResponse | Mapping[str, Any]]) -> list[InputResponse]:
@@ -436,9 +455,9 @@ class LiveSession:
                     await self.sync()
             raise
         for o in result.outcomes:
-            view = self.requests.get(o.get("request_id", ""))
-            if view is not None and view.status == "responded" and o.get("applied") is False:
-                if o.get("outcome") not in ("approved", "cancelled", "answered"):
+            view = self.requests.get(o.request_id)
+            if view is not None and view.status == "responded" and not o.applied:
+                if o.outcome not in ("approved", "cancelled", "answered"):
                     view.status = "pending"  # refused or counted: still open
         return result
 
