@@ -231,6 +231,26 @@ async def test_a_body_without_content_is_a_model_error(fake, model) -> None:
         await model.complete(request())
 
 
+async def test_a_200_carrying_an_error_is_a_retryable_turn_failure_that_says_it(
+    fake, model, tmp_path: Path
+) -> None:
+    # A gateway passing on an upstream failure with status 200: the turn said only "returned
+    # no content list", hiding what went wrong.
+    body = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    fake.queue(body)
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and r.error["code"] == "model_error"
+        assert (
+            "returned an error instead of a message: overloaded_error: Overloaded"
+            in (r.error["message"])
+        )
+        fake.queue(anthropic_message("Hello!"))
+        r = await rt.generate(session_id=r.session_id)
+        assert (r.status, r.text) == ("completed", "Hello!")
+
+
 # -- failures -------------------------------------------------------------------------------
 
 

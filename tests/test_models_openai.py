@@ -260,6 +260,27 @@ async def test_a_response_without_choices_is_a_model_error(fake, model) -> None:
         await model.complete(request())
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        # a gateway passing on an upstream failure with status 200
+        ({"error": {"message": "upstream timed out", "type": "server_error"}}, "server_error: "),
+        ({"error": "no healthy upstream"}, ""),
+        # vLLM and other compatible servers' own error shape
+        ({"object": "error", "message": "upstream timed out", "code": 500}, ""),
+    ],
+)
+async def test_a_200_carrying_an_error_is_a_model_error_that_says_it(
+    fake, model, body, said
+) -> None:
+    # It said only "returned no choices", hiding what the server said went wrong.
+    fake.queue(body)
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    detail = body["error"] if isinstance(body.get("error"), str) else "upstream timed out"
+    assert f"returned an error instead of a completion: {said}{detail}" in str(info.value)
+
+
 async def test_a_tool_call_without_a_name_is_a_model_error(fake, model) -> None:
     fake.queue(openai_completion(None, [openai_tool_call("call_1", "", "{}")]))
     with pytest.raises(so.ModelError, match="tool call with no name"):

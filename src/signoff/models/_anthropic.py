@@ -13,6 +13,7 @@ from ._ids import anthropic_id_fits, wire_ids
 from ._provider import (
     ANTHROPIC_PRICES,
     SdkModel,
+    body_error,
     check_params,
     check_positive,
     check_price,
@@ -145,6 +146,12 @@ class Anthropic(SdkModel):
     def _parse(self, message: Any, where: str) -> ModelResponse:
         content = getattr(message, "content", None)
         if not isinstance(content, list):
+            error = body_error(message)
+            if error is not None:
+                raise ModelError(
+                    f"Anthropic messages call for {where} returned an error instead of a "
+                    f"message: {error}"
+                )
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
         stop = getattr(message, "stop_reason", None)
         if stop == "refusal" and (

@@ -15,6 +15,7 @@ from ._provider import (
     OPENAI_PRICES,
     UNPARSED_ARGUMENTS,
     SdkModel,
+    body_error,
     check_params,
     check_positive,
     check_price,
@@ -135,6 +136,12 @@ class OpenAIChat(SdkModel):
     def _parse(self, completion: Any, where: str) -> ModelResponse:
         choices = getattr(completion, "choices", None)
         if not isinstance(choices, list) or not choices:
+            error = body_error(completion)
+            if error is not None:
+                raise ModelError(
+                    f"OpenAI chat completion for {where} returned an error instead of a "
+                    f"completion: {error}"
+                )
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
         message = getattr(choices[0], "message", None)
         if message is None:

@@ -196,6 +196,25 @@ def status_detail(exc: BaseException) -> str:
     return str(getattr(exc, "message", exc))
 
 
+def body_error(body: Any) -> str | None:
+    """The error a 200 reply carries in place of a result (a gateway passing on an upstream
+    failure, or a compatible server's `{"object": "error", ...}`), as `type: message`; else None."""
+
+    def field(value: Any, key: str) -> Any:
+        return value.get(key) if isinstance(value, dict) else getattr(value, key, None)
+
+    error = field(body, "error")
+    if error is None and "error" in (field(body, "object"), field(body, "type")):
+        error = body
+    if isinstance(error, str) and error:
+        return error
+    message = field(error, "message")
+    if not isinstance(message, str):
+        return None
+    kind = field(error, "type")
+    return (f"{kind}: " if isinstance(kind, str) and kind and kind != "error" else "") + message
+
+
 def status_hint(status: int) -> str:
     """What to check for a status that retrying will not fix."""
     if status in (401, 403):
