@@ -602,6 +602,18 @@ async def test_an_empty_reply_that_ended_its_turn_is_returned(fake, model) -> No
     assert (await model.complete(request())).text == ""
 
 
+@pytest.mark.parametrize("odd", [[], {}, ["text"]])
+async def test_a_block_type_or_stop_reason_that_is_not_text_is_ignored(fake, model, odd) -> None:
+    # A list or an object there raised a bare TypeError (unhashable) from the adapter.
+    body = anthropic_message("Hello", tool_use("toolu_1", "issue_refund", {"order_id": "1"}))
+    body["content"].insert(0, {"type": odd, "text": "hidden"})
+    body["stop_reason"] = odd
+    fake.queue(body)
+    response = await model.complete(request())
+    assert response.text == "Hello"
+    assert [(c.id, c.name) for c in response.tool_calls] == [("toolu_1", "issue_refund")]
+
+
 async def test_text_cut_off_at_max_tokens_is_returned(fake, model) -> None:
     body = anthropic_message("A long answer that")
     body["stop_reason"] = "max_tokens"

@@ -765,6 +765,15 @@ async def test_an_empty_reply_that_stopped_normally_is_returned(fake, model) -> 
     assert (await model.complete(request())).text == ""
 
 
+@pytest.mark.parametrize("finish", [[], {}, ["length"]])
+async def test_a_finish_reason_that_is_not_text_is_ignored(fake, model, finish) -> None:
+    # A list or an object as finish_reason raised a bare TypeError (unhashable) from the adapter.
+    body = openai_completion("")
+    body["choices"][0]["finish_reason"] = finish
+    fake.queue(body)
+    assert (await model.complete(request())).text == ""
+
+
 @pytest.mark.parametrize(
     ("text", "calls"),
     [(None, None), ("", None), ("Sure:", [openai_tool_call("call_1", "x", {"a": 1})])],

@@ -22,6 +22,7 @@ from ._provider import (
     lookup_price,
     plain_input,
     plain_int,
+    plain_str,
     scrub,
 )
 
@@ -153,7 +154,7 @@ class Anthropic(SdkModel):
                     f"message: {error}"
                 )
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
-        stop = getattr(message, "stop_reason", None)
+        stop = plain_str(getattr(message, "stop_reason", None))
         if stop == "refusal" and (
             not any(getattr(b, "type", None) == "text" and getattr(b, "text", "") for b in content)
             or any(getattr(b, "type", None) == "tool_use" for b in content)
@@ -174,7 +175,7 @@ class Anthropic(SdkModel):
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
         for block in content:
-            kind = getattr(block, "type", None)
+            kind = plain_str(getattr(block, "type", None))
             if kind == "text":
                 text = getattr(block, "text", None)
                 if isinstance(text, str):

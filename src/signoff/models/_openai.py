@@ -24,6 +24,7 @@ from ._provider import (
     lookup_price,
     plain_input,
     plain_int,
+    plain_str,
     scrub,
 )
 
@@ -151,7 +152,7 @@ class OpenAIChat(SdkModel):
         if not text and isinstance(refusal, str):
             text = refusal
         raw_calls = getattr(message, "tool_calls", None) or []
-        finish = getattr(choices[0], "finish_reason", None)
+        finish = plain_str(getattr(choices[0], "finish_reason", None))
         if finish == "content_filter" and (not text or raw_calls):
             # Filtered, perhaps mid-call: an empty answer or half a tool call would pass for a
             # real one, so the turn fails and says why.

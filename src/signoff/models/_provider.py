@@ -161,6 +161,12 @@ def plain_input(value: Any) -> Any:
     return value
 
 
+def plain_str(value: Any) -> str | None:
+    """A string field of a reply (a finish or stop reason, a block type), or None when the
+    server sent something else: a list there is not even a key to look up."""
+    return value if isinstance(value, str) else None
+
+
 # More tokens than any model reads or writes in a call, and than JSON readers hold exactly.
 _MAX_TOKENS = 2**53 - 1
 
