@@ -657,6 +657,16 @@ async def test_a_body_that_is_not_json_is_a_model_error(fake, model, body: bytes
         await model.complete(request())
 
 
+async def test_a_page_that_is_not_json_is_a_model_error_showing_it(fake, model) -> None:
+    # A proxy's error page with status 200: the SDK hands back its text, which said only
+    # "returned no content list".
+    page = b"<html><body>Gateway Timeout</body></html>"
+    fake.queue(Reply(page, headers={"Content-Type": "text/html"}))
+    with pytest.raises(so.ModelError, match="returned a body that is not JSON") as info:
+        await model.complete(request())
+    assert "Gateway Timeout" in str(info.value)
+
+
 async def test_a_body_cut_short_is_a_model_error_saying_so(fake, model) -> None:
     fake.queue(Reply(anthropic_message("a long answer"), cut_at=40))
     with pytest.raises(so.ModelError, match="the connection broke") as info:

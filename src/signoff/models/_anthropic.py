@@ -145,6 +145,11 @@ class Anthropic(SdkModel):
         return self._parse(message, where)
 
     def _parse(self, message: Any, where: str) -> ModelResponse:
+        if isinstance(message, str):  # the SDK's answer to a Content-Type other than JSON
+            raise ModelError(
+                f"Anthropic messages call for {where} returned a body that is not JSON: "
+                f"{message[:200]!r}"
+            )
         content = getattr(message, "content", None)
         if not isinstance(content, list):
             error = body_error(message)

@@ -135,6 +135,11 @@ class OpenAIChat(SdkModel):
         return self._parse(completion, where)
 
     def _parse(self, completion: Any, where: str) -> ModelResponse:
+        if isinstance(completion, str):  # the SDK's answer to a Content-Type other than JSON
+            raise ModelError(
+                f"OpenAI chat completion for {where} returned a body that is not JSON: "
+                f"{completion[:200]!r}"
+            )
         choices = getattr(completion, "choices", None)
         if not isinstance(choices, list) or not choices:
             error = body_error(completion)
