@@ -819,8 +819,10 @@ async def test_a_refusal_that_is_not_text_is_ignored(fake, model) -> None:
         '{"order_id": "1", "amount": Infinity}',
         '{"order_id": "1", "amount": -Infinity}',
         '{"order_id": "1", "amount": 1, "x": ' + "[" * 5000 + "]" * 5000 + "}",
+        '{"order_id": "1", "amount": 1e400}',
+        '{"order_id": "1", "amount": -1e400}',
     ],
-    ids=["nan", "infinity", "-infinity", "too-deep"],
+    ids=["nan", "infinity", "-infinity", "too-deep", "overflow", "-overflow"],
 )
 async def test_arguments_that_are_not_plain_json_are_passed_on_unparsed(fake, model, raw) -> None:
     fake.queue(openai_completion(None, [openai_tool_call("call_1", "f", raw)]))
@@ -853,6 +855,24 @@ async def test_a_nan_amount_cannot_slip_past_an_approval_predicate(
     assistant, tool_message = fake.bodies[1]["messages"][-2:]
     assert assistant["tool_calls"][0]["function"]["arguments"] == raw  # as the model wrote it
     assert tool_message["content"].startswith("ERROR: the call to refund failed.")
+
+
+async def test_a_number_too_large_for_a_float_is_a_tool_error_not_a_failed_turn(
+    fake, model, tmp_path: Path
+) -> None:
+    # 1e400 was read as infinity, which the log refuses: the whole turn failed, and every retry
+    # of a model that writes it again failed too, instead of the model being told.
+    raw = '{"order_id": "1042", "amount": 1e400}'
+    fake.queue(
+        openai_completion(None, [openai_tool_call("call_big", "issue_refund", raw)]),
+        openai_completion("Let me try again."),
+    )
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        assert (r.status, r.error, r.pending) == ("completed", None, [])
+    assistant, tool_message = fake.bodies[1]["messages"][-2:]
+    assert assistant["tool_calls"][0]["function"]["arguments"] == raw  # as the model wrote it
+    assert tool_message["content"].startswith("ERROR: the call to issue_refund failed.")
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -261,19 +262,27 @@ def tool_text(m: ToolResultMessage) -> str:
 
 def parse_arguments(arguments: Any) -> Any:
     """Tool-call arguments as data; text that is not plain JSON (NaN and Infinity are not, and
-    would slip past checks like `amount > 100`) is passed on to fail validation."""
+    would slip past checks like `amount > 100`; nor is 1e400, read as infinity) is passed on to
+    fail validation."""
     if arguments is None or arguments == "":
         return {}
     if not isinstance(arguments, str):
         return plain_input(arguments)  # some compatible servers send an object, not a string
     try:
-        return json.loads(arguments, parse_constant=_not_json)
+        return json.loads(arguments, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, RecursionError):
         return {UNPARSED_ARGUMENTS: arguments}
 
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if math.isinf(value):
+        raise ValueError(f"{number} is too large for a float")
+    return value
 
 
 def format_arguments(value: Any) -> str:
