@@ -674,6 +674,17 @@ async def test_a_body_cut_short_is_a_model_error_saying_so(fake, model) -> None:
     assert isinstance(info.value.__cause__, anthropic.APIConnectionError)
 
 
+async def test_a_body_that_cannot_be_decoded_is_not_called_a_connection_failure(
+    fake, model
+) -> None:
+    # A proxy that labels a plain body gzip: the server answered, so "cannot connect" (check
+    # the address) sent people the wrong way.
+    fake.queue(Reply(anthropic_message("hi"), headers={"Content-Encoding": "gzip"}))
+    with pytest.raises(so.ModelError, match="the body could not be decoded") as info:
+        await model.complete(request())
+    assert "cannot connect" not in str(info.value)
+
+
 async def test_negative_or_missing_usage_counts_nothing(fake, model) -> None:
     body = anthropic_message("x", usage={"input_tokens": -1_000_000, "output_tokens": 3})
     fake.queue(body, {**anthropic_message("y"), "usage": None})

@@ -903,6 +903,17 @@ async def test_a_body_cut_short_is_a_model_error_saying_so(fake, model) -> None:
     assert isinstance(info.value.__cause__, openai.APIConnectionError)
 
 
+async def test_a_body_that_cannot_be_decoded_is_not_called_a_connection_failure(
+    fake, model
+) -> None:
+    # A proxy that labels a plain body gzip: the server answered, so "cannot connect" (check
+    # the address) sent people the wrong way.
+    fake.queue(Reply(openai_completion("hi"), headers={"Content-Encoding": "gzip"}))
+    with pytest.raises(so.ModelError, match="the body could not be decoded") as info:
+        await model.complete(request())
+    assert "cannot connect" not in str(info.value)
+
+
 async def test_a_body_cut_short_is_retried_like_other_transient_failures(fake) -> None:
     fake.queue(Reply(openai_completion("lost"), cut_at=40), openai_completion("whole"))
     async with so.models.OpenAIChat(

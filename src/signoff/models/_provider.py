@@ -237,10 +237,14 @@ def cause_of(exc: BaseException) -> str:
 
 
 def connection_problem(exc: BaseException) -> str:
-    """Whether a connection error happened before the server was reached or in the middle of its
-    answer (a body cut short), so the message does not send anyone to check the address."""
+    """Whether a connection error happened before the server was reached, in the middle of its
+    answer (a body cut short), or after it (a body labelled with an encoding it does not have),
+    so the message does not send anyone to check the address."""
     cause = exc.__cause__ or exc.__context__
-    broke = type(cause).__name__ in ("RemoteProtocolError", "ReadError", "WriteError")
+    kind = type(cause).__name__
+    if kind == "DecodingError":
+        return f"the body could not be decoded ({cause_of(exc)})"
+    broke = kind in ("RemoteProtocolError", "ReadError", "WriteError")
     return f"{'the connection broke' if broke else 'cannot connect'} ({cause_of(exc)})"
 
 
