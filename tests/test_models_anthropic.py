@@ -266,6 +266,30 @@ async def test_overloaded_becomes_a_model_error_naming_the_error_type(fake, mode
     assert len(fake.received) == 1
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(
+            ("<html>" + "x" * 3_000_000 + "</html>").encode(), 502, {"Content-Type": "text/html"}
+        ),
+        Reply({"type": "error", "error": {"type": "api_error", "message": "x" * 3_000_000}}, 500),
+        Reply({"type": "error", "error": {"type": "api_error", "message": "x" * 3_000_000}}),
+    ],
+    ids=["html-page", "status-error", "200-error"],
+)
+async def test_an_error_of_megabytes_is_cut_not_stored_whole(
+    fake, model, tmp_path: Path, reply: Reply
+) -> None:
+    # The server's text went whole into the turn's failure: megabytes in the log per retry,
+    # past the bound max_response_bytes puts on what a model's reply may store.
+    fake.queue(reply)
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and r.error["code"] == "model_error"
+        assert len(r.error["message"]) < 3000 and r.error["message"].endswith("[cut]")
+
+
 async def test_a_bad_key_is_a_model_error(fake) -> None:
     async with so.models.Anthropic(
         "claude-haiku-4-5", base_url=fake.base_url, api_key="wrong", max_retries=0

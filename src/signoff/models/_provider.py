@@ -188,8 +188,22 @@ def load_sdk(module: str, extra: str, owner: str) -> ModuleType:
         ) from exc
 
 
+# How much of a server's own error text a message keeps: a page of megabytes helps nobody, and
+# would be stored whole in the turn's failure on every retry.
+_DETAIL_CHARS = 2000
+
+
+def cut(text: str) -> str:
+    """`text` as an error message shows it: at most `_DETAIL_CHARS` characters, then `[cut]`."""
+    return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + " [cut]"
+
+
 def status_detail(exc: BaseException) -> str:
     """The error an API returned, from the body of an SDK status error: `type: message`."""
+    return cut(_status_detail(exc))
+
+
+def _status_detail(exc: BaseException) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         error = body.get("error", body)
@@ -213,12 +227,13 @@ def body_error(body: Any) -> str | None:
     if error is None and "error" in (field(body, "object"), field(body, "type")):
         error = body
     if isinstance(error, str) and error:
-        return error
+        return cut(error)
     message = field(error, "message")
     if not isinstance(message, str):
         return None
     kind = field(error, "type")
-    return (f"{kind}: " if isinstance(kind, str) and kind and kind != "error" else "") + message
+    prefix = f"{kind}: " if isinstance(kind, str) and kind and kind != "error" else ""
+    return cut(prefix + message)
 
 
 def status_hint(status: int) -> str:
