@@ -290,6 +290,21 @@ async def test_an_error_of_megabytes_is_cut_not_stored_whole(
         assert len(r.error["message"]) < 3000 and r.error["message"].endswith("[cut]")
 
 
+async def test_a_request_the_sdk_refuses_to_send_is_a_usage_error(fake) -> None:
+    # With a client of the SDK's default timeout, it refuses a max_tokens it expects to take over
+    # ten minutes (some models: over 8192) before sending anything; that failed every turn as
+    # "returned a body that cannot be read".
+    client = anthropic.AsyncAnthropic(api_key=API_KEY, base_url=fake.base_url, max_retries=0)
+    try:
+        model = so.models.Anthropic("claude-opus-4-0", client=client, max_tokens=10_000)
+        with pytest.raises(so.UsageError, match="the SDK refused the request") as info:
+            await model.complete(request())
+        assert "body" not in str(info.value)
+    finally:
+        await client.close()
+    assert fake.received == []
+
+
 async def test_a_bad_key_is_a_model_error(fake) -> None:
     async with so.models.Anthropic(
         "claude-haiku-4-5", base_url=fake.base_url, api_key="wrong", max_retries=0

@@ -278,6 +278,17 @@ def call_bound(client: Any) -> float | None:
     return (3 * max(retries, 0) + 2) * float(timeout)
 
 
+def _reading_reply(exc: BaseException) -> bool:
+    """Whether `exc` was raised while the SDK read a reply (in its `_response` module), rather
+    than while it checked and built the request."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).endswith("._response"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 C = TypeVar("C")
 
 
@@ -372,6 +383,10 @@ class SdkModel:
                 f"{what} for {where} returned a body that is not JSON: {type(exc).__name__}: {exc}"
             ) from exc
         except ValueError as exc:
+            if not _reading_reply(exc):
+                # The SDK's own check of the request, before sending it (a max_tokens it
+                # expects to take longer than a non-streamed call may): no retry will pass it.
+                raise UsageError(f"{self!r}: the SDK refused the request: {exc}") from exc
             # JSON the parser will not read, such as a number of more than 4,300 digits.
             raise ModelError(
                 f"{what} for {where} returned a body that cannot be read: "
