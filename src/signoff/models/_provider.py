@@ -172,8 +172,10 @@ _MAX_TOKENS = 2**53 - 1
 
 
 def plain_int(value: Any) -> int:
-    """A token count from a reply: an int from 0 to 2**53 - 1, anything else counts as 0 (a
-    count past a float's range cannot even be priced)."""
+    """A token count from a reply: a whole number from 0 to 2**53 - 1 (`120.0` from some
+    gateways too), anything else counts as 0 (a count past a float's range cannot be priced)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_TOKENS
     return value if ok else 0
 
