@@ -790,6 +790,31 @@ async def test_a_filtered_reply_with_no_text_or_with_a_tool_call_is_a_model_erro
         await model.complete(request())
 
 
+@pytest.mark.parametrize(
+    ("text", "calls", "error"),
+    [
+        ("", None, {"code": 502, "message": "Upstream provider error"}),
+        ("The refund is", None, {"code": 502, "message": "Upstream provider error"}),
+        (None, [openai_tool_call("call_1", "x", '{"a": 1')], None),
+    ],
+    ids=["empty", "partial-text", "partial-call"],
+)
+async def test_a_choice_that_ended_in_an_error_is_a_model_error(
+    fake, model, text, calls, error
+) -> None:
+    # A gateway (OpenRouter) reports a generation that failed midway as finish_reason "error",
+    # with the error on the choice: its empty or partial text passed for the model's answer.
+    body = openai_completion(text, calls)
+    body["choices"][0]["finish_reason"] = "error"
+    if error is not None:
+        body["choices"][0]["error"] = error
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=r"ended in an error \(finish_reason error\)") as info:
+        await model.complete(request())
+    if error is not None:
+        assert "Upstream provider error" in str(info.value)
+
+
 async def test_a_filtered_reply_with_text_is_returned_as_text(fake, model) -> None:
     body = openai_completion("Here is the start of")
     body["choices"][0]["finish_reason"] = "content_filter"

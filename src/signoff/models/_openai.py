@@ -159,6 +159,14 @@ class OpenAIChat(SdkModel):
             text = refusal
         raw_calls = getattr(message, "tool_calls", None) or []
         finish = plain_str(getattr(choices[0], "finish_reason", None))
+        if finish == "error":
+            # A gateway's word that the generation failed midway (OpenRouter puts the error on
+            # the choice): its partial text or calls would pass for the model's answer.
+            error = body_error(choices[0])
+            raise ModelError(
+                f"OpenAI chat completion for {where} ended in an error (finish_reason error)"
+                + (f": {error}" if error else "")
+            )
         if finish == "content_filter" and (not text or raw_calls):
             # Filtered, perhaps mid-call: an empty answer or half a tool call would pass for a
             # real one, so the turn fails and says why.
