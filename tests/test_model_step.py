@@ -88,3 +88,16 @@ async def test_a_model_raising_cancelled_error_itself_fails_the_turn_retryably(
         model.steps = [so.ModelResponse(text="Back again.")]
         r = await rt.generate(session_id=r.session_id)
         assert (r.status, r.text) == ("completed", "Back again.")
+
+
+async def test_a_model_error_of_megabytes_is_cut_not_stored_whole(tmp_path: Path) -> None:
+    # Any model's exception went whole into the turn's failure: megabytes in the log per retry.
+    model = so.models.Scripted([so.ModelError("x" * 3_000_000)])
+    agent = so.Agent(name="a", model=model, tools=[refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and r.error["code"] == "model_error"
+        message = r.error["message"]
+        assert message.startswith("ModelError: xxx") and message.endswith(" [cut]")
+        assert len(message) <= agent.limits.max_response_bytes // 4 + len(" [cut]")

@@ -231,6 +231,26 @@ async def test_a_body_without_content_is_a_model_error(fake, model) -> None:
         await model.complete(request())
 
 
+async def test_a_200_carrying_an_error_is_a_retryable_turn_failure_that_says_it(
+    fake, model, tmp_path: Path
+) -> None:
+    # A gateway passing on an upstream failure with status 200: the turn said only "returned
+    # no content list", hiding what went wrong.
+    body = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    fake.queue(body)
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and r.error["code"] == "model_error"
+        assert (
+            "returned an error instead of a message: overloaded_error: Overloaded"
+            in (r.error["message"])
+        )
+        fake.queue(anthropic_message("Hello!"))
+        r = await rt.generate(session_id=r.session_id)
+        assert (r.status, r.text) == ("completed", "Hello!")
+
+
 # -- failures -------------------------------------------------------------------------------
 
 
@@ -244,6 +264,45 @@ async def test_overloaded_becomes_a_model_error_naming_the_error_type(fake, mode
     assert "'claude-haiku-4-5'" in message and fake.base_url in message
     assert isinstance(info.value.__cause__, anthropic.APIStatusError)
     assert len(fake.received) == 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(
+            ("<html>" + "x" * 3_000_000 + "</html>").encode(), 502, {"Content-Type": "text/html"}
+        ),
+        Reply({"type": "error", "error": {"type": "api_error", "message": "x" * 3_000_000}}, 500),
+        Reply({"type": "error", "error": {"type": "api_error", "message": "x" * 3_000_000}}),
+    ],
+    ids=["html-page", "status-error", "200-error"],
+)
+async def test_an_error_of_megabytes_is_cut_not_stored_whole(
+    fake, model, tmp_path: Path, reply: Reply
+) -> None:
+    # The server's text went whole into the turn's failure: megabytes in the log per retry,
+    # past the bound max_response_bytes puts on what a model's reply may store.
+    fake.queue(reply)
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and r.error["code"] == "model_error"
+        assert len(r.error["message"]) < 3000 and r.error["message"].endswith("[cut]")
+
+
+async def test_a_request_the_sdk_refuses_to_send_is_a_usage_error(fake) -> None:
+    # With a client of the SDK's default timeout, it refuses a max_tokens it expects to take over
+    # ten minutes (some models: over 8192) before sending anything; that failed every turn as
+    # "returned a body that cannot be read".
+    client = anthropic.AsyncAnthropic(api_key=API_KEY, base_url=fake.base_url, max_retries=0)
+    try:
+        model = so.models.Anthropic("claude-opus-4-0", client=client, max_tokens=10_000)
+        with pytest.raises(so.UsageError, match="the SDK refused the request") as info:
+            await model.complete(request())
+        assert "body" not in str(info.value)
+    finally:
+        await client.close()
+    assert fake.received == []
 
 
 async def test_a_bad_key_is_a_model_error(fake) -> None:
@@ -582,6 +641,18 @@ async def test_an_empty_reply_that_ended_its_turn_is_returned(fake, model) -> No
     assert (await model.complete(request())).text == ""
 
 
+@pytest.mark.parametrize("odd", [[], {}, ["text"]])
+async def test_a_block_type_or_stop_reason_that_is_not_text_is_ignored(fake, model, odd) -> None:
+    # A list or an object there raised a bare TypeError (unhashable) from the adapter.
+    body = anthropic_message("Hello", tool_use("toolu_1", "issue_refund", {"order_id": "1"}))
+    body["content"].insert(0, {"type": odd, "text": "hidden"})
+    body["stop_reason"] = odd
+    fake.queue(body)
+    response = await model.complete(request())
+    assert response.text == "Hello"
+    assert [(c.id, c.name) for c in response.tool_calls] == [("toolu_1", "issue_refund")]
+
+
 async def test_text_cut_off_at_max_tokens_is_returned(fake, model) -> None:
     body = anthropic_message("A long answer that")
     body["stop_reason"] = "max_tokens"
@@ -625,11 +696,32 @@ async def test_a_body_that_is_not_json_is_a_model_error(fake, model, body: bytes
         await model.complete(request())
 
 
+async def test_a_page_that_is_not_json_is_a_model_error_showing_it(fake, model) -> None:
+    # A proxy's error page with status 200: the SDK hands back its text, which said only
+    # "returned no content list".
+    page = b"<html><body>Gateway Timeout</body></html>"
+    fake.queue(Reply(page, headers={"Content-Type": "text/html"}))
+    with pytest.raises(so.ModelError, match="returned a body that is not JSON") as info:
+        await model.complete(request())
+    assert "Gateway Timeout" in str(info.value)
+
+
 async def test_a_body_cut_short_is_a_model_error_saying_so(fake, model) -> None:
     fake.queue(Reply(anthropic_message("a long answer"), cut_at=40))
     with pytest.raises(so.ModelError, match="the connection broke") as info:
         await model.complete(request())
     assert isinstance(info.value.__cause__, anthropic.APIConnectionError)
+
+
+async def test_a_body_that_cannot_be_decoded_is_not_called_a_connection_failure(
+    fake, model
+) -> None:
+    # A proxy that labels a plain body gzip: the server answered, so "cannot connect" (check
+    # the address) sent people the wrong way.
+    fake.queue(Reply(anthropic_message("hi"), headers={"Content-Encoding": "gzip"}))
+    with pytest.raises(so.ModelError, match="the body could not be decoded") as info:
+        await model.complete(request())
+    assert "cannot connect" not in str(info.value)
 
 
 async def test_negative_or_missing_usage_counts_nothing(fake, model) -> None:
@@ -649,6 +741,16 @@ async def test_absurd_usage_counts_nothing(fake, model) -> None:
     usage = (await model.complete(request())).usage
     assert (usage.input_tokens, usage.output_tokens) == (0, 3)
     assert usage.cost_usd == pytest.approx(3 * 5.0 / 1e6)
+
+
+async def test_counts_written_as_whole_floats_are_counted(fake, model) -> None:
+    # A gateway writing 120.0 had its usage counted as 0, so the session's token and cost
+    # budgets were never spent (the OpenAI SDK reads such counts; Anthropic's leaves floats).
+    usage_body = {"input_tokens": 120.0, "output_tokens": 30.0, "cache_read_input_tokens": 0.5}
+    fake.queue(anthropic_message("x", usage=usage_body))  # type: ignore[arg-type]
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens) == (120, 30)
+    assert isinstance(usage.input_tokens, int) and isinstance(usage.output_tokens, int)
 
 
 async def test_a_lone_surrogate_in_the_conversation_is_sent_as_a_replacement(fake, model) -> None:

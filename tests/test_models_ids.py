@@ -204,3 +204,28 @@ async def test_a_parked_turn_moves_between_providers_with_parallel_calls_and_a_q
         "tool",
     ]
     assert history[5]["tool_calls"][0]["id"] == history[6]["tool_call_id"] == "toolu_2"
+
+
+async def test_ids_that_differ_only_in_lone_surrogates_stay_apart_on_openai(
+    openai_fake: FakeLLM, tmp_path: Path
+) -> None:
+    # A request cannot carry a lone surrogate, so each became U+FFFD on the way out: two calls
+    # "\ud800" and "\udc00" were sent with one id, refused with a 400 on every later request.
+    openai_fake.queue(
+        openai_completion(
+            None,
+            [
+                openai_tool_call("\ud800", "lookup_order", {"order_id": "1"}),
+                openai_tool_call("\udc00", "lookup_order", {"order_id": "2"}),
+            ],
+        ),
+        openai_completion("Both cost 180."),
+    )
+    store = f"sqlite:///{tmp_path}/s.db"
+    async with openai_model(openai_fake) as m, so.Runtime([agent(m)], store=store) as rt:
+        r = await rt.generate("support", prompt="What did orders 1 and 2 cost?")
+        assert (r.status, r.error, r.text) == ("completed", None, "Both cost 180.")
+    assistant, *results = openai_fake.bodies[1]["messages"][-3:]
+    ids = [c["id"] for c in assistant["tool_calls"]]
+    assert len(set(ids)) == 2 and [m["tool_call_id"] for m in results] == ids
+    assert "\ufffd" not in "".join(ids)

@@ -260,6 +260,27 @@ async def test_a_response_without_choices_is_a_model_error(fake, model) -> None:
         await model.complete(request())
 
 
+@pytest.mark.parametrize(
+    ("body", "said"),
+    [
+        # a gateway passing on an upstream failure with status 200
+        ({"error": {"message": "upstream timed out", "type": "server_error"}}, "server_error: "),
+        ({"error": "no healthy upstream"}, ""),
+        # vLLM and other compatible servers' own error shape
+        ({"object": "error", "message": "upstream timed out", "code": 500}, ""),
+    ],
+)
+async def test_a_200_carrying_an_error_is_a_model_error_that_says_it(
+    fake, model, body, said
+) -> None:
+    # It said only "returned no choices", hiding what the server said went wrong.
+    fake.queue(body)
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    detail = body["error"] if isinstance(body.get("error"), str) else "upstream timed out"
+    assert f"returned an error instead of a completion: {said}{detail}" in str(info.value)
+
+
 async def test_a_tool_call_without_a_name_is_a_model_error(fake, model) -> None:
     fake.queue(openai_completion(None, [openai_tool_call("call_1", "", "{}")]))
     with pytest.raises(so.ModelError, match="tool call with no name"):
@@ -744,6 +765,15 @@ async def test_an_empty_reply_that_stopped_normally_is_returned(fake, model) -> 
     assert (await model.complete(request())).text == ""
 
 
+@pytest.mark.parametrize("finish", [[], {}, ["length"]])
+async def test_a_finish_reason_that_is_not_text_is_ignored(fake, model, finish) -> None:
+    # A list or an object as finish_reason raised a bare TypeError (unhashable) from the adapter.
+    body = openai_completion("")
+    body["choices"][0]["finish_reason"] = finish
+    fake.queue(body)
+    assert (await model.complete(request())).text == ""
+
+
 @pytest.mark.parametrize(
     ("text", "calls"),
     [(None, None), ("", None), ("Sure:", [openai_tool_call("call_1", "x", {"a": 1})])],
@@ -758,6 +788,31 @@ async def test_a_filtered_reply_with_no_text_or_with_a_tool_call_is_a_model_erro
     fake.queue(body)
     with pytest.raises(so.ModelError, match=r"was filtered \(finish_reason content_filter\)"):
         await model.complete(request())
+
+
+@pytest.mark.parametrize(
+    ("text", "calls", "error"),
+    [
+        ("", None, {"code": 502, "message": "Upstream provider error"}),
+        ("The refund is", None, {"code": 502, "message": "Upstream provider error"}),
+        (None, [openai_tool_call("call_1", "x", '{"a": 1')], None),
+    ],
+    ids=["empty", "partial-text", "partial-call"],
+)
+async def test_a_choice_that_ended_in_an_error_is_a_model_error(
+    fake, model, text, calls, error
+) -> None:
+    # A gateway (OpenRouter) reports a generation that failed midway as finish_reason "error",
+    # with the error on the choice: its empty or partial text passed for the model's answer.
+    body = openai_completion(text, calls)
+    body["choices"][0]["finish_reason"] = "error"
+    if error is not None:
+        body["choices"][0]["error"] = error
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=r"ended in an error \(finish_reason error\)") as info:
+        await model.complete(request())
+    if error is not None:
+        assert "Upstream provider error" in str(info.value)
 
 
 async def test_a_filtered_reply_with_text_is_returned_as_text(fake, model) -> None:
@@ -789,8 +844,10 @@ async def test_a_refusal_that_is_not_text_is_ignored(fake, model) -> None:
         '{"order_id": "1", "amount": Infinity}',
         '{"order_id": "1", "amount": -Infinity}',
         '{"order_id": "1", "amount": 1, "x": ' + "[" * 5000 + "]" * 5000 + "}",
+        '{"order_id": "1", "amount": 1e400}',
+        '{"order_id": "1", "amount": -1e400}',
     ],
-    ids=["nan", "infinity", "-infinity", "too-deep"],
+    ids=["nan", "infinity", "-infinity", "too-deep", "overflow", "-overflow"],
 )
 async def test_arguments_that_are_not_plain_json_are_passed_on_unparsed(fake, model, raw) -> None:
     fake.queue(openai_completion(None, [openai_tool_call("call_1", "f", raw)]))
@@ -825,6 +882,24 @@ async def test_a_nan_amount_cannot_slip_past_an_approval_predicate(
     assert tool_message["content"].startswith("ERROR: the call to refund failed.")
 
 
+async def test_a_number_too_large_for_a_float_is_a_tool_error_not_a_failed_turn(
+    fake, model, tmp_path: Path
+) -> None:
+    # 1e400 was read as infinity, which the log refuses: the whole turn failed, and every retry
+    # of a model that writes it again failed too, instead of the model being told.
+    raw = '{"order_id": "1042", "amount": 1e400}'
+    fake.queue(
+        openai_completion(None, [openai_tool_call("call_big", "issue_refund", raw)]),
+        openai_completion("Let me try again."),
+    )
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        assert (r.status, r.error, r.pending) == ("completed", None, [])
+    assistant, tool_message = fake.bodies[1]["messages"][-2:]
+    assert assistant["tool_calls"][0]["function"]["arguments"] == raw  # as the model wrote it
+    assert tool_message["content"].startswith("ERROR: the call to issue_refund failed.")
+
+
 @pytest.mark.parametrize(
     "body",
     [b"{not json", b"", b"[" * 100_000 + b"]" * 100_000, b'{"choices": "\xff\xfe"}'],
@@ -836,11 +911,32 @@ async def test_a_body_that_is_not_json_is_a_model_error(fake, model, body: bytes
         await model.complete(request())
 
 
+async def test_a_page_that_is_not_json_is_a_model_error_showing_it(fake, model) -> None:
+    # A proxy's error page with status 200: the SDK hands back its text, which said only
+    # "returned no choices".
+    page = b"<html><body>Gateway Timeout</body></html>"
+    fake.queue(Reply(page, headers={"Content-Type": "text/html"}))
+    with pytest.raises(so.ModelError, match="returned a body that is not JSON") as info:
+        await model.complete(request())
+    assert "Gateway Timeout" in str(info.value)
+
+
 async def test_a_body_cut_short_is_a_model_error_saying_so(fake, model) -> None:
     fake.queue(Reply(openai_completion("a long answer"), cut_at=40))
     with pytest.raises(so.ModelError, match="the connection broke") as info:
         await model.complete(request())
     assert isinstance(info.value.__cause__, openai.APIConnectionError)
+
+
+async def test_a_body_that_cannot_be_decoded_is_not_called_a_connection_failure(
+    fake, model
+) -> None:
+    # A proxy that labels a plain body gzip: the server answered, so "cannot connect" (check
+    # the address) sent people the wrong way.
+    fake.queue(Reply(openai_completion("hi"), headers={"Content-Encoding": "gzip"}))
+    with pytest.raises(so.ModelError, match="the body could not be decoded") as info:
+        await model.complete(request())
+    assert "cannot connect" not in str(info.value)
 
 
 async def test_a_body_cut_short_is_retried_like_other_transient_failures(fake) -> None:

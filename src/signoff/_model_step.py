@@ -101,12 +101,16 @@ class ModelStep(DriverPart):
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the model
             code = exc.code if isinstance(exc, SignoffError) else "model_error"
+            message = f"{type(exc).__name__}: {exc}"
+            cap = limits.max_response_bytes // 4
+            if len(message) > cap:  # a message of megabytes is cut, not stored on every retry
+                message = message[:cap] + " [cut]"
             await self.record(
                 [
                     (
                         "turn.failed",
                         {
-                            "error": {"code": code, "message": f"{type(exc).__name__}: {exc}"},
+                            "error": {"code": code, "message": message},
                             "retryable": True,
                         },
                     ),

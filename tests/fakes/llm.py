@@ -43,7 +43,8 @@ class Received:
 
 @dataclass
 class Reply:
-    """A scripted HTTP answer: `body` is sent as JSON, or as is when it is bytes; `cut_at`
+    """A scripted HTTP answer: `body` is sent as JSON (or with the Content-Type in `headers`),
+    or as is when it is bytes; `cut_at`
     sends only that many bytes of it (announcing them all) and drops the connection; `trickle`
     sends it one byte every that many seconds, each in time for a read timeout."""
 
@@ -89,7 +90,8 @@ class FakeLLM:
                 data = reply.body if isinstance(reply.body, bytes) else json.dumps(reply.body)
                 data = data if isinstance(data, bytes) else data.encode()
                 self.send_response(reply.status)
-                self.send_header("Content-Type", "application/json")
+                if "content-type" not in {k.lower() for k in reply.headers}:
+                    self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
                 for k, v in reply.headers.items():
                     self.send_header(k, v)

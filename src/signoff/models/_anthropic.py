@@ -13,6 +13,7 @@ from ._ids import anthropic_id_fits, wire_ids
 from ._provider import (
     ANTHROPIC_PRICES,
     SdkModel,
+    body_error,
     check_params,
     check_positive,
     check_price,
@@ -21,6 +22,7 @@ from ._provider import (
     lookup_price,
     plain_input,
     plain_int,
+    plain_str,
     scrub,
 )
 
@@ -143,10 +145,21 @@ class Anthropic(SdkModel):
         return self._parse(message, where)
 
     def _parse(self, message: Any, where: str) -> ModelResponse:
+        if isinstance(message, str):  # the SDK's answer to a Content-Type other than JSON
+            raise ModelError(
+                f"Anthropic messages call for {where} returned a body that is not JSON: "
+                f"{message[:200]!r}"
+            )
         content = getattr(message, "content", None)
         if not isinstance(content, list):
+            error = body_error(message)
+            if error is not None:
+                raise ModelError(
+                    f"Anthropic messages call for {where} returned an error instead of a "
+                    f"message: {error}"
+                )
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
-        stop = getattr(message, "stop_reason", None)
+        stop = plain_str(getattr(message, "stop_reason", None))
         if stop == "refusal" and (
             not any(getattr(b, "type", None) == "text" and getattr(b, "text", "") for b in content)
             or any(getattr(b, "type", None) == "tool_use" for b in content)
@@ -167,7 +180,7 @@ class Anthropic(SdkModel):
         calls: list[ToolCall] = []
         reasoning: list[dict[str, Any]] = []
         for block in content:
-            kind = getattr(block, "type", None)
+            kind = plain_str(getattr(block, "type", None))
             if kind == "text":
                 text = getattr(block, "text", None)
                 if isinstance(text, str):

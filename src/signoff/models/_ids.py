@@ -17,6 +17,7 @@ __all__ = ["anthropic_id_fits", "openai_id_fits", "wire_ids", "wire_name"]
 _ANTHROPIC_ID = re.compile(r"[a-zA-Z0-9_-]+")
 _NOT_ID = re.compile(r"[^a-zA-Z0-9_-]")
 _TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def anthropic_id_fits(call_id: str) -> bool:
@@ -25,8 +26,9 @@ def anthropic_id_fits(call_id: str) -> bool:
 
 
 def openai_id_fits(call_id: str) -> bool:
-    """Whether the chat-completions API takes `call_id` as a tool call id."""
-    return 0 < len(call_id) <= 40
+    """Whether the chat-completions API takes `call_id` as a tool call id: a lone surrogate
+    cannot be sent (it would go as U+FFFD, and two ids could become one)."""
+    return 0 < len(call_id) <= 40 and _SURROGATE.search(call_id) is None
 
 
 def wire_name(name: str) -> str:

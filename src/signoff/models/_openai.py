@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ from ._provider import (
     OPENAI_PRICES,
     UNPARSED_ARGUMENTS,
     SdkModel,
+    body_error,
     check_params,
     check_positive,
     check_price,
@@ -23,6 +25,7 @@ from ._provider import (
     lookup_price,
     plain_input,
     plain_int,
+    plain_str,
     scrub,
 )
 
@@ -133,8 +136,19 @@ class OpenAIChat(SdkModel):
         return self._parse(completion, where)
 
     def _parse(self, completion: Any, where: str) -> ModelResponse:
+        if isinstance(completion, str):  # the SDK's answer to a Content-Type other than JSON
+            raise ModelError(
+                f"OpenAI chat completion for {where} returned a body that is not JSON: "
+                f"{completion[:200]!r}"
+            )
         choices = getattr(completion, "choices", None)
         if not isinstance(choices, list) or not choices:
+            error = body_error(completion)
+            if error is not None:
+                raise ModelError(
+                    f"OpenAI chat completion for {where} returned an error instead of a "
+                    f"completion: {error}"
+                )
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
         message = getattr(choices[0], "message", None)
         if message is None:
@@ -144,7 +158,15 @@ class OpenAIChat(SdkModel):
         if not text and isinstance(refusal, str):
             text = refusal
         raw_calls = getattr(message, "tool_calls", None) or []
-        finish = getattr(choices[0], "finish_reason", None)
+        finish = plain_str(getattr(choices[0], "finish_reason", None))
+        if finish == "error":
+            # A gateway's word that the generation failed midway (OpenRouter puts the error on
+            # the choice): its partial text or calls would pass for the model's answer.
+            error = body_error(choices[0])
+            raise ModelError(
+                f"OpenAI chat completion for {where} ended in an error (finish_reason error)"
+                + (f": {error}" if error else "")
+            )
         if finish == "content_filter" and (not text or raw_calls):
             # Filtered, perhaps mid-call: an empty answer or half a tool call would pass for a
             # real one, so the turn fails and says why.
@@ -248,19 +270,27 @@ def tool_text(m: ToolResultMessage) -> str:
 
 def parse_arguments(arguments: Any) -> Any:
     """Tool-call arguments as data; text that is not plain JSON (NaN and Infinity are not, and
-    would slip past checks like `amount > 100`) is passed on to fail validation."""
+    would slip past checks like `amount > 100`; nor is 1e400, read as infinity) is passed on to
+    fail validation."""
     if arguments is None or arguments == "":
         return {}
     if not isinstance(arguments, str):
         return plain_input(arguments)  # some compatible servers send an object, not a string
     try:
-        return json.loads(arguments, parse_constant=_not_json)
+        return json.loads(arguments, parse_constant=_not_json, parse_float=_finite)
     except (ValueError, RecursionError):
         return {UNPARSED_ARGUMENTS: arguments}
 
 
 def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
+
+
+def _finite(number: str) -> float:
+    value = float(number)
+    if math.isinf(value):
+        raise ValueError(f"{number} is too large for a float")
+    return value
 
 
 def format_arguments(value: Any) -> str:

@@ -161,13 +161,21 @@ def plain_input(value: Any) -> Any:
     return value
 
 
+def plain_str(value: Any) -> str | None:
+    """A string field of a reply (a finish or stop reason, a block type), or None when the
+    server sent something else: a list there is not even a key to look up."""
+    return value if isinstance(value, str) else None
+
+
 # More tokens than any model reads or writes in a call, and than JSON readers hold exactly.
 _MAX_TOKENS = 2**53 - 1
 
 
 def plain_int(value: Any) -> int:
-    """A token count from a reply: an int from 0 to 2**53 - 1, anything else counts as 0 (a
-    count past a float's range cannot even be priced)."""
+    """A token count from a reply: a whole number from 0 to 2**53 - 1 (`120.0` from some
+    gateways too), anything else counts as 0 (a count past a float's range cannot be priced)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_TOKENS
     return value if ok else 0
 
@@ -182,8 +190,22 @@ def load_sdk(module: str, extra: str, owner: str) -> ModuleType:
         ) from exc
 
 
+# How much of a server's own error text a message keeps: a page of megabytes helps nobody, and
+# would be stored whole in the turn's failure on every retry.
+_DETAIL_CHARS = 2000
+
+
+def cut(text: str) -> str:
+    """`text` as an error message shows it: at most `_DETAIL_CHARS` characters, then `[cut]`."""
+    return text if len(text) <= _DETAIL_CHARS else text[:_DETAIL_CHARS] + " [cut]"
+
+
 def status_detail(exc: BaseException) -> str:
     """The error an API returned, from the body of an SDK status error: `type: message`."""
+    return cut(_status_detail(exc))
+
+
+def _status_detail(exc: BaseException) -> str:
     body = getattr(exc, "body", None)
     if isinstance(body, dict):
         error = body.get("error", body)
@@ -194,6 +216,26 @@ def status_detail(exc: BaseException) -> str:
         if isinstance(error, str):
             return error
     return str(getattr(exc, "message", exc))
+
+
+def body_error(body: Any) -> str | None:
+    """The error a 200 reply carries in place of a result (a gateway passing on an upstream
+    failure, or a compatible server's `{"object": "error", ...}`), as `type: message`; else None."""
+
+    def field(value: Any, key: str) -> Any:
+        return value.get(key) if isinstance(value, dict) else getattr(value, key, None)
+
+    error = field(body, "error")
+    if error is None and "error" in (field(body, "object"), field(body, "type")):
+        error = body
+    if isinstance(error, str) and error:
+        return cut(error)
+    message = field(error, "message")
+    if not isinstance(message, str):
+        return None
+    kind = field(error, "type")
+    prefix = f"{kind}: " if isinstance(kind, str) and kind and kind != "error" else ""
+    return cut(prefix + message)
 
 
 def status_hint(status: int) -> str:
@@ -212,10 +254,14 @@ def cause_of(exc: BaseException) -> str:
 
 
 def connection_problem(exc: BaseException) -> str:
-    """Whether a connection error happened before the server was reached or in the middle of its
-    answer (a body cut short), so the message does not send anyone to check the address."""
+    """Whether a connection error happened before the server was reached, in the middle of its
+    answer (a body cut short), or after it (a body labelled with an encoding it does not have),
+    so the message does not send anyone to check the address."""
     cause = exc.__cause__ or exc.__context__
-    broke = type(cause).__name__ in ("RemoteProtocolError", "ReadError", "WriteError")
+    kind = type(cause).__name__
+    if kind == "DecodingError":
+        return f"the body could not be decoded ({cause_of(exc)})"
+    broke = kind in ("RemoteProtocolError", "ReadError", "WriteError")
     return f"{'the connection broke' if broke else 'cannot connect'} ({cause_of(exc)})"
 
 
@@ -232,6 +278,17 @@ def call_bound(client: Any) -> float | None:
     if timeout is None or isinstance(retries, bool) or not isinstance(retries, int):
         return None
     return (3 * max(retries, 0) + 2) * float(timeout)
+
+
+def _reading_reply(exc: BaseException) -> bool:
+    """Whether `exc` was raised while the SDK read a reply (in its `_response` module), rather
+    than while it checked and built the request."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).endswith("._response"):
+            return True
+        tb = tb.tb_next
+    return False
 
 
 C = TypeVar("C")
@@ -328,6 +385,10 @@ class SdkModel:
                 f"{what} for {where} returned a body that is not JSON: {type(exc).__name__}: {exc}"
             ) from exc
         except ValueError as exc:
+            if not _reading_reply(exc):
+                # The SDK's own check of the request, before sending it (a max_tokens it
+                # expects to take longer than a non-streamed call may): no retry will pass it.
+                raise UsageError(f"{self!r}: the SDK refused the request: {exc}") from exc
             # JSON the parser will not read, such as a number of more than 4,300 digits.
             raise ModelError(
                 f"{what} for {where} returned a body that cannot be read: "
