@@ -1769,3 +1769,26 @@ async def test_a_post_that_timed_out_after_slack_took_it_is_adopted_on_retry(
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
     assert len(slack_api.of("chat.postMessage")) == 1
     assert len(slack_api.of(HISTORY)) == 1
+
+
+async def test_a_request_closed_while_the_killed_hub_was_down_updates_its_unsaved_post(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """The same crash, then the request is answered elsewhere before the hub restarts: the
+    message Slack took is found and shows the decision, rather than keeping live buttons."""
+    rid = await crash_while_slack_posts(tmp_path, slack_api)
+    (message,) = slack_api.messages["C42"]
+    async with so.Runtime([make_agent(str(tmp_path / "r"))], store=sqlite_url(tmp_path)) as rt:
+        (session,) = {r.session_id for r in await rt.pending()}
+        await rt.respond(
+            session, [so.InputResponse(request_id=rid, option_id="approve")], principal=ALICE
+        )
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+            await hub.poll()
+            assert slack.recall(f"posting:{rid}") is None
+            assert slack.recall(f"msg:{rid}") is None  # closed: nothing left to update
+    assert len(slack_api.of("chat.postMessage")) == 1
+    (update,) = slack_api.of("chat.update")
+    assert update["ts"] == message["ts"]
+    assert update["blocks"][-1]["block_id"] == "signoff.resolution"
