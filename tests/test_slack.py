@@ -1792,3 +1792,31 @@ async def test_a_request_closed_while_the_killed_hub_was_down_updates_its_unsave
     (update,) = slack_api.of("chat.update")
     assert update["ts"] == message["ts"]
     assert update["blocks"][-1]["block_id"] == "signoff.resolution"
+
+
+async def test_an_unsaved_post_is_found_with_a_client_that_has_no_timeout(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A client built without a timeout (`timeout=None`): the history is read up to now instead
+    of failing on the window's end, so the message is adopted rather than never posted."""
+    slack_api.real_ts = True
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        payload = {"request_id": req.id, "delivery": "a" * 32}
+        meta = {"event_type": "signoff_request", "event_payload": payload}
+        ts = f"{time.time():.6f}"
+        slack_api.messages["C42"] = [{"type": "message", "ts": ts, "text": "x", "metadata": meta}]
+        client = AsyncWebClient(token="xoxb-test", base_url=slack_api.url)
+        client.timeout = None  # type: ignore[assignment]
+        slack = SlackChannel("C42", client=client, signing_secret=SECRET)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
+        at = time.time() - 1
+        hub.state.remember(slack.name, f"posting:{req.id}", {"delivery": "a" * 32, "at": at})
+        async with manual(hub):
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": ts}
+    assert slack_api.of("chat.postMessage") == []
+    (lookup,) = slack_api.of(HISTORY)
+    assert "latest" not in lookup

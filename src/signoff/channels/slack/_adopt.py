@@ -10,6 +10,7 @@ that delivery id.
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 from typing import Any
@@ -44,18 +45,22 @@ async def find_post(
     client: AsyncWebClient, channel: str, request_id: str, attempt: Any
 ) -> dict[str, Any] | None:
     """Where the message of an unsaved `attempt` is (`{"channel", "ts"}`), or None: not in the
-    channel's history from the attempt's time to its post's timeout (plus clock skew), or the
+    channel's history from the attempt's time to the client's timeout (plus clock skew), or the
     history cannot be read (e.g. the bot lacks `channels:history`), which is logged.
 
     A rate limit (HTTP 429) is raised as the `SlackApiError` it is, to be waited out."""
     try:
         delivery = str(attempt["delivery"])
         at = float(attempt["at"])
+        if not math.isfinite(at):
+            raise ValueError(at)
     except (KeyError, TypeError, ValueError):
         logger.warning("slack: the saved post attempt of %s is unreadable: %r", request_id, attempt)
         return None
-    timeout = getattr(client, "timeout", 30)
-    oldest, latest = f"{at - SKEW:.6f}", f"{at + float(timeout) + SKEW:.6f}"
+    oldest, latest = f"{at - SKEW:.6f}", None
+    timeout = getattr(client, "timeout", None)
+    if isinstance(timeout, (int, float)) and math.isfinite(timeout):  # else: up to now
+        latest = f"{at + timeout + SKEW:.6f}"
     cursor: str | None = None
     for _ in range(_PAGES):
         try:
