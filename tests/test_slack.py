@@ -1820,3 +1820,31 @@ async def test_an_unsaved_post_is_found_with_a_client_that_has_no_timeout(
     assert slack_api.of("chat.postMessage") == []
     (lookup,) = slack_api.of(HISTORY)
     assert "latest" not in lookup
+
+
+async def test_a_rate_limited_history_read_is_waited_out_not_answered_by_posting_again(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Slack's 429 on conversations.history (new apps get one call a minute): the lookup is
+    retried after Retry-After and the message adopted; the request is not posted meanwhile."""
+    slack_api.real_ts = True
+    slack_api.limited[HISTORY] = 1
+    slack_api.retry_after = "0"
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        payload = {"request_id": req.id, "delivery": "b" * 32}
+        meta = {"event_type": "signoff_request", "event_payload": payload}
+        ts = f"{time.time():.6f}"
+        slack_api.messages["C42"] = [{"type": "message", "ts": ts, "text": "x", "metadata": meta}]
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
+        at = time.time() - 1
+        hub.state.remember(slack.name, f"posting:{req.id}", {"delivery": "b" * 32, "at": at})
+        async with manual(hub):
+            assert slack.recall(f"msg:{req.id}") is None  # limited at start
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": ts}
+    assert slack_api.of("chat.postMessage") == []
+    assert len(slack_api.of(HISTORY)) == 2
