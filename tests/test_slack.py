@@ -12,10 +12,14 @@ import hashlib
 import hmac
 import json
 import logging
+import os
+import re
+import signal
 import socket
+import sys
 import time
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +27,7 @@ from typing import Any, Literal
 import httpx
 import pytest
 from aiohttp import web
+from slack_sdk.web.async_client import AsyncWebClient
 
 import signoff as so
 from signoff.channels import Channel, ChannelHub, InvalidSignature
@@ -31,6 +36,8 @@ from signoff.server import create_app
 from signoff.stores import promptly
 from signoff.stores._prompt import is_prompt
 from signoff.testing import call, call_tools, reply, scripted_agent
+
+from ._procs import ROOT, make_agent, sqlite_url
 
 
 @asynccontextmanager
@@ -65,10 +72,15 @@ class FakeSlack:
         self.failing: dict[str, str] = {}  # method -> the error it answers with
         self.slow: dict[str, float] = {}  # method -> seconds it takes to answer (once recorded)
         self.down: dict[str, int] = {}  # method -> how many calls to answer with an HTTP 503
+        # channel -> its messages, oldest first, as conversations.history returns them
+        self.messages: dict[str, list[dict[str, Any]]] = {}
+        self.real_ts = False  # message ts from the wall clock, as Slack's (else 1700000000.n)
+        self.on_post: Callable[[dict[str, Any]], None] | None = None  # once Slack has a post
 
     async def start(self) -> None:
         app = web.Application()
         app.router.add_post("/api/{method}", self.handle)
+        app.router.add_get("/api/{method}", self.handle)  # e.g. conversations.history
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         sock = socket.socket()
@@ -84,7 +96,9 @@ class FakeSlack:
     async def handle(self, request: web.Request) -> web.Response:
         method = request.match_info["method"]
         raw = await request.read()
-        if request.content_type == "application/json":
+        if request.method == "GET":
+            body = dict(request.query)
+        elif request.content_type == "application/json":
             body = json.loads(raw)
         else:
             body = {k: v[0] for k, v in urllib.parse.parse_qs(raw.decode()).items()}
@@ -111,16 +125,28 @@ class FakeSlack:
             self.down[method] -= 1
             return web.Response(status=503, text="<html>upstream unavailable</html>")
         if method in self.failing:
-            return web.json_response({"ok": False, "error": self.failing[method]})
+            error = self.failing[method]
+            needed = {"needed": HISTORY_SCOPE, "provided": "chat:write"}
+            extra = needed if error == "missing_scope" and method == HISTORY else {}
+            return web.json_response({"ok": False, "error": error, **extra})
         if method == "chat.postMessage":
             self._ts += 1
-            return web.json_response(
-                {"ok": True, "channel": body["channel"], "ts": f"1700000000.{self._ts:06d}"}
-            )
+            ts = f"{time.time():.6f}" if self.real_ts else f"1700000000.{self._ts:06d}"
+            message: dict[str, Any] = {"type": "message", "ts": ts, "text": body["text"]}
+            message.update({k: body[k] for k in ("blocks", "metadata") if k in body})
+            self.messages.setdefault(body["channel"], []).append(message)
+            if self.on_post is not None:
+                self.on_post(message)
+            return web.json_response({"ok": True, "channel": body["channel"], "ts": ts})
         if method == "chat.update" and body["ts"] in self.deleted:
             return web.json_response({"ok": False, "error": "message_not_found"})
         if method == "chat.update":
+            for message in self.messages.get(body["channel"], []):
+                if message["ts"] == body["ts"]:
+                    message["text"], message["blocks"] = body["text"], body.get("blocks")
             return web.json_response({"ok": True, "channel": body["channel"], "ts": body["ts"]})
+        if method == HISTORY:
+            return web.json_response(self.history(body))
         if method == "chat.postEphemeral":
             return web.json_response({"ok": True, "message_ts": "1700000099.000001"})
         if method == "views.open":
@@ -129,6 +155,41 @@ class FakeSlack:
 
     def of(self, method: str) -> list[dict[str, Any]]:
         return [body for m, body in self.calls if m == method]
+
+    def history(self, query: dict[str, str]) -> dict[str, Any]:
+        """conversations.history as Slack answers it: newest first, between `oldest` and
+        `latest` (exclusive unless `inclusive`), `limit` a page with a cursor to the next, and
+        message metadata only with `include_all_metadata`."""
+        if query["channel"] not in self.messages:
+            return {"ok": False, "error": "channel_not_found"}
+        inclusive = query.get("inclusive") in ("1", "true")
+        oldest, latest = float(query.get("oldest", 0)), float(query.get("latest", 1e11))
+        found = [
+            m
+            for m in reversed(self.messages[query["channel"]])
+            if m["ts"] not in self.deleted
+            and (
+                oldest <= float(m["ts"]) <= latest
+                if inclusive
+                else oldest < float(m["ts"]) < latest
+            )
+        ]
+        start = int(query.get("cursor") or 0)
+        limit = int(query.get("limit", 100))
+        page = found[start : start + limit]
+        if query.get("include_all_metadata") not in ("1", "true"):
+            page = [{k: v for k, v in m.items() if k != "metadata"} for m in page]
+        more = start + limit < len(found)
+        return {
+            "ok": True,
+            "messages": page,
+            "has_more": more,
+            "response_metadata": {"next_cursor": str(start + limit) if more else ""},
+        }
+
+
+HISTORY = "conversations.history"
+HISTORY_SCOPE = "channels:history,groups:history,mpim:history,im:history"
 
 
 def refusal(blocks: Any) -> str | None:
@@ -325,6 +386,9 @@ async def test_approval_posted_approved_from_slack_and_updated_in_place(
         app = create_app(rt, dev=True, channels=hub)
         async with app.router.lifespan_context(app):  # the app starts and stops the hub
             await hub.poll()
+            # the metadata names the request and this post's delivery (see the crash tests)
+            delivery = slack_api.of("chat.postMessage")[0]["metadata"]["event_payload"]["delivery"]
+            assert re.fullmatch(r"[0-9a-f]{32}", delivery)
             assert slack_api.calls == [
                 (
                     "chat.postMessage",
@@ -332,6 +396,10 @@ async def test_approval_posted_approved_from_slack_and_updated_in_place(
                         "channel": "C42",
                         "text": "support wants to run issue_refund: approve or deny",
                         "blocks": approval_blocks(req),
+                        "metadata": {
+                            "event_type": "signoff_request",
+                            "event_payload": {"request_id": req.id, "delivery": delivery},
+                        },
                     },
                 )
             ]
@@ -628,6 +696,7 @@ async def test_questions_use_a_select_menu_and_a_free_text_modal(
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
             (posted,) = slack_api.of("chat.postMessage")
+            assert posted.pop("metadata")["event_payload"]["request_id"] == req.id
             assert posted == {
                 "channel": "C42",
                 "text": "shop asks: Which size should I reorder?",
@@ -1479,7 +1548,7 @@ async def test_a_post_whose_memo_cannot_be_saved_is_not_posted_again_on_retry(
             refusals = [so.StoreError("channel state: cannot save a memo: database is locked")]
 
             def flaky(channel_name: str, key: str, value: Any) -> None:
-                if refusals:
+                if refusals and key.startswith("msg:"):  # the memo of the message posted
                     raise refusals.pop()
                 remember(channel_name, key, value)
 
@@ -1487,6 +1556,7 @@ async def test_a_post_whose_memo_cannot_be_saved_is_not_posted_again_on_retry(
             r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
             (req,) = r.pending
             await hub.poll()
+            assert refusals == []  # the message was posted, its memo refused
             await hub.poll()
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": "1700000000.000001"}
             await rt.respond(
@@ -1559,3 +1629,222 @@ async def test_answers_settled_in_the_background_wait_for_a_busy_store_as_worker
         slack._spawn(work())
     await slack.idle()
     assert seen == [False]
+
+
+async def crash_while_slack_posts(tmp_path: Path, slack_api: FakeSlack) -> str:
+    """Open a request, then SIGKILL a hub process once Slack has its post and before the hub
+    saves where the message is; the request's id."""
+    slack_api.real_ts = True
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=sqlite_url(tmp_path)) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+    argv = [sqlite_url(tmp_path), records, str(tmp_path / "hub.db"), slack_api.url]
+    with (tmp_path / "child.err").open("w") as err:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests._slack_child",
+            *argv,
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
+        )
+        slack_api.on_post = lambda message: os.kill(child.pid, signal.SIGKILL)
+        out, _ = await asyncio.wait_for(child.communicate(), 60)
+    slack_api.on_post = None
+    assert child.returncode == -signal.SIGKILL, (out, (tmp_path / "child.err").read_text())
+    assert out == b""  # it died before saving anything
+    (posted,) = slack_api.of("chat.postMessage")
+    assert posted["metadata"]["event_payload"]["request_id"] == req.id
+    return req.id
+
+
+async def test_a_hub_killed_after_slack_took_the_post_adopts_it_when_it_restarts(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A SIGKILL between Slack accepting chat.postMessage and the hub saving the message: the
+    restarted hub finds the message in the channel's history by its metadata and adopts it
+    (updating it when the request closes) instead of posting the request a second time."""
+    rid = await crash_while_slack_posts(tmp_path, slack_api)
+    (message,) = slack_api.messages["C42"]
+    async with so.Runtime([make_agent(str(tmp_path / "r"))], store=sqlite_url(tmp_path)) as rt:
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+            await hub.poll()
+            assert slack.recall(f"msg:{rid}") == {"channel": "C42", "ts": message["ts"]}
+            assert slack.recall(f"posting:{rid}") is None
+            (session,) = {r.session_id for r in await rt.pending()}
+            await rt.respond(
+                session,
+                [so.InputResponse(request_id=rid, option_id="approve")],
+                principal=ALICE,
+            )
+            await hub.poll()
+    assert len(slack_api.of("chat.postMessage")) == 1
+    assert len(slack_api.messages["C42"]) == 1
+    (lookup,) = slack_api.of(HISTORY)
+    assert lookup["channel"] == "C42" and lookup["include_all_metadata"] == "1"
+    assert float(lookup["oldest"]) < float(message["ts"]) < float(lookup["latest"])
+    (update,) = slack_api.of("chat.update")
+    assert update["ts"] == message["ts"]
+    assert update["blocks"][-1]["block_id"] == "signoff.resolution"
+
+
+async def test_a_restarted_hub_that_cannot_read_the_history_posts_again_and_says_why(
+    tmp_path: Path, slack_api: FakeSlack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same crash with a bot that lacks the history scope: the request is posted again, as
+    before message metadata, and the warning names Slack's error and the scope it needs."""
+    rid = await crash_while_slack_posts(tmp_path, slack_api)
+    slack_api.failing[HISTORY] = "missing_scope"
+    async with so.Runtime([make_agent(str(tmp_path / "r"))], store=sqlite_url(tmp_path)) as rt:
+        slack = channel(slack_api)
+        with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+            async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+                await hub.poll()
+                second = slack_api.messages["C42"][-1]
+                assert slack.recall(f"msg:{rid}") == {"channel": "C42", "ts": second["ts"]}
+    assert len(slack_api.of("chat.postMessage")) == 2
+    (warning,) = [r.getMessage() for r in caplog.records if "history" in r.getMessage()]
+    assert "missing_scope" in warning and "channels:history" in warning
+    assert rid in warning and "posting it again" in warning
+
+
+async def test_an_unsaved_attempt_slack_never_got_or_another_delivery_is_not_adopted(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A saved attempt whose post never reached Slack, while the channel holds an older message
+    of the same request from another delivery (one given up on): that message is not adopted,
+    the request is posted once, and only messages near the attempt's time were read."""
+    slack_api.real_ts = True
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        payload = {"request_id": req.id, "delivery": "0" * 32}
+        old = {"event_type": "signoff_request", "event_payload": payload}
+        slack_api.messages["C42"] = [
+            {"type": "message", "ts": f"{time.time() - 3:.6f}", "text": "x", "metadata": old}
+        ]
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
+        at = time.time() - 1
+        hub.state.remember(slack.name, f"posting:{req.id}", {"delivery": "f" * 32, "at": at})
+        async with manual(hub):
+            await hub.poll()
+            posted = slack_api.messages["C42"][-1]
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": posted["ts"]}
+        assert len(slack_api.of("chat.postMessage")) == 1
+        (lookup,) = slack_api.of(HISTORY)
+        assert lookup["include_all_metadata"] == "1"  # the old message's metadata was read
+        assert float(lookup["latest"]) < at + 3600  # the attempt's window only
+        # a delivery of its own: the old message's is not reused
+        delivery = posted["metadata"]["event_payload"]["delivery"]
+        assert delivery not in ("0" * 32, "f" * 32)
+
+
+async def test_a_post_that_timed_out_after_slack_took_it_is_adopted_on_retry(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """chat.postMessage timing out while Slack still posts the message: the hub's retry finds
+    the message by its metadata and saves it instead of posting the request a second time."""
+    slack_api.real_ts = True
+    slack_api.slow["chat.postMessage"] = 1.3
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        client = AsyncWebClient(token="xoxb-test", base_url=slack_api.url, timeout=1)
+        slack = SlackChannel("C42", client=client, signing_secret=SECRET)
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            await hub.poll()  # times out
+            assert slack.recall(f"msg:{req.id}") is None
+            for _ in range(200):
+                if "C42" in slack_api.messages:
+                    break
+                await asyncio.sleep(0.01)
+            (message,) = slack_api.messages["C42"]
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+    assert len(slack_api.of("chat.postMessage")) == 1
+    assert len(slack_api.of(HISTORY)) == 1
+
+
+async def test_a_request_closed_while_the_killed_hub_was_down_updates_its_unsaved_post(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """The same crash, then the request is answered elsewhere before the hub restarts: the
+    message Slack took is found and shows the decision, rather than keeping live buttons."""
+    rid = await crash_while_slack_posts(tmp_path, slack_api)
+    (message,) = slack_api.messages["C42"]
+    async with so.Runtime([make_agent(str(tmp_path / "r"))], store=sqlite_url(tmp_path)) as rt:
+        (session,) = {r.session_id for r in await rt.pending()}
+        await rt.respond(
+            session, [so.InputResponse(request_id=rid, option_id="approve")], principal=ALICE
+        )
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+            await hub.poll()
+            assert slack.recall(f"posting:{rid}") is None
+            assert slack.recall(f"msg:{rid}") is None  # closed: nothing left to update
+    assert len(slack_api.of("chat.postMessage")) == 1
+    (update,) = slack_api.of("chat.update")
+    assert update["ts"] == message["ts"]
+    assert update["blocks"][-1]["block_id"] == "signoff.resolution"
+
+
+async def test_an_unsaved_post_is_found_with_a_client_that_has_no_timeout(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A client built without a timeout (`timeout=None`): the history is read up to now instead
+    of failing on the window's end, so the message is adopted rather than never posted."""
+    slack_api.real_ts = True
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        payload = {"request_id": req.id, "delivery": "a" * 32}
+        meta = {"event_type": "signoff_request", "event_payload": payload}
+        ts = f"{time.time():.6f}"
+        slack_api.messages["C42"] = [{"type": "message", "ts": ts, "text": "x", "metadata": meta}]
+        client = AsyncWebClient(token="xoxb-test", base_url=slack_api.url)
+        client.timeout = None  # type: ignore[assignment]
+        slack = SlackChannel("C42", client=client, signing_secret=SECRET)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
+        at = time.time() - 1
+        hub.state.remember(slack.name, f"posting:{req.id}", {"delivery": "a" * 32, "at": at})
+        async with manual(hub):
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": ts}
+    assert slack_api.of("chat.postMessage") == []
+    (lookup,) = slack_api.of(HISTORY)
+    assert "latest" not in lookup
+
+
+async def test_a_rate_limited_history_read_is_waited_out_not_answered_by_posting_again(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Slack's 429 on conversations.history (new apps get one call a minute): the lookup is
+    retried after Retry-After and the message adopted; the request is not posted meanwhile."""
+    slack_api.real_ts = True
+    slack_api.limited[HISTORY] = 1
+    slack_api.retry_after = "0"
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        payload = {"request_id": req.id, "delivery": "b" * 32}
+        meta = {"event_type": "signoff_request", "event_payload": payload}
+        ts = f"{time.time():.6f}"
+        slack_api.messages["C42"] = [{"type": "message", "ts": ts, "text": "x", "metadata": meta}]
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
+        at = time.time() - 1
+        hub.state.remember(slack.name, f"posting:{req.id}", {"delivery": "b" * 32, "at": at})
+        async with manual(hub):
+            assert slack.recall(f"msg:{req.id}") is None  # limited at start
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": ts}
+    assert slack_api.of("chat.postMessage") == []
+    assert len(slack_api.of(HISTORY)) == 2

@@ -26,6 +26,7 @@ from ..._exceptions import AnswerError, ConflictingAnswer, NotAllowed, SignoffEr
 from ..._types import InputRequest, InputResponse, Principal
 from ...stores import promptly
 from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, settled_as
+from ._adopt import find_post, metadata, new_attempt
 from ._blocks import (
     ANSWER_BLOCK,
     APPROVE,
@@ -79,7 +80,9 @@ class SlackChannel(Channel):
 
     Give a bot `token` (and optionally `base_url`) or a ready `client` (`AsyncWebClient`), the
     conversation id `channel` to post in, and the app's `signing_secret`. Point the Slack app's
-    Interactivity Request URL at `https://<your server><path>`.
+    Interactivity Request URL at `https://<your server><path>`. The bot needs `chat:write` and
+    the channel's history scope (`channels:history`), which a restart after a crash uses to
+    find a post it never saved rather than post it again.
     """
 
     name = "slack"
@@ -184,20 +187,47 @@ class SlackChannel(Channel):
         if where is None:
             if self.recall(_key(request.id)) is not None:
                 return  # already posted
-            try:
-                reply = await self.client.chat_postMessage(
-                    channel=self.channel,
-                    text=fallback_text(request),
-                    blocks=request_blocks(request),
-                )
-            except SlackApiError as exc:
-                _raise_if_limited(exc, "chat.postMessage")
-                raise
-            where = {"channel": reply["channel"], "ts": reply["ts"]}
+            where = await self._find_unsaved(request.id)
+            if where is None:
+                where = await self._post(request)
             # Kept until the memo is saved: the hub's retry of a failed save must not post again.
             self._unsaved[request.id] = where
         self.remember(_key(request.id), where)
         del self._unsaved[request.id]
+        self.forget(_attempt_key(request.id))
+
+    async def _post(self, request: InputRequest) -> dict[str, Any]:
+        """Post a request's message; the attempt is saved first, so that a restart after a
+        crash before the message's memo is saved finds the message instead of posting again."""
+        attempt = new_attempt()
+        self.remember(_attempt_key(request.id), attempt)
+        try:
+            reply = await self.client.chat_postMessage(
+                channel=self.channel,
+                text=fallback_text(request),
+                blocks=request_blocks(request),
+                metadata=metadata(request.id, attempt),
+            )
+        except SlackApiError as exc:  # Slack answered and posted nothing: no message to find
+            with contextlib.suppress(SignoffError):
+                self.forget(_attempt_key(request.id))
+            _raise_if_limited(exc, "chat.postMessage")
+            raise
+        return {"channel": reply["channel"], "ts": reply["ts"]}
+
+    async def _find_unsaved(self, request_id: str) -> dict[str, Any] | None:
+        """The message of a post sent before a crash and never saved, if Slack has it."""
+        attempt = self.recall(_attempt_key(request_id))
+        if attempt is None:
+            return None
+        try:
+            where = await find_post(self.client, self.channel, request_id, attempt)
+        except SlackApiError as exc:
+            _raise_if_limited(exc, "conversations.history")
+            raise
+        if where is not None:
+            logger.info("slack: adopted the unsaved post of %s (%s)", request_id, where)
+        return where
 
     def _where(self, request_id: str) -> dict[str, Any] | None:
         """Where a request's message is: its memo, or a post whose memo is not saved yet."""
@@ -210,8 +240,9 @@ class SlackChannel(Channel):
             await self._update(request.id, where, request_blocks(request), fallback_text(request))
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
-        where = self._where(request.id)
+        where = self._where(request.id) or await self._find_unsaved(request.id)
         if where is None:
+            self.forget(_attempt_key(request.id))
             return
         edited = None
         if resolution.outcome == "approved":  # the input.resolved entry does not carry an edit
@@ -220,6 +251,7 @@ class SlackChannel(Channel):
         blocks = request_blocks(request, resolution, edited_input=edited)
         await self._update(request.id, where, blocks, fallback_text(request))
         self.forget(_key(request.id))
+        self.forget(_attempt_key(request.id))
         self._unsaved.pop(request.id, None)
 
     async def _update(
@@ -509,6 +541,11 @@ def _raise_if_limited(exc: SlackApiError, method: str) -> None:
 
 def _key(request_id: str) -> str:
     return f"msg:{request_id}"
+
+
+def _attempt_key(request_id: str) -> str:
+    """The memo of a post sent and not yet saved under `_key` (see `_adopt`)."""
+    return f"posting:{request_id}"
 
 
 def _request_id(block_id: str) -> str:

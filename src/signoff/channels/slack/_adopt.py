@@ -1,0 +1,129 @@
+"""Finding a request's message that Slack accepted but signoff never saved (a crash between the
+two), so a restarted hub adopts it instead of posting the request a second time.
+
+`chat.postMessage` has no idempotency key. Each post therefore carries message metadata naming
+the request and a fresh delivery id, which is saved (with the time) before the post is sent; a
+channel that finds such a saved attempt without a saved message reads the channel's history
+around that time (`conversations.history` with `include_all_metadata`) for a message carrying
+that delivery id.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from typing import Any
+
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+from .._base import logger
+
+__all__ = ["EVENT_TYPE", "find_post", "metadata", "new_attempt"]
+
+EVENT_TYPE = "signoff_request"
+SKEW = 60.0  # seconds: how far this host's clock may be off Slack's
+_PAGE = 200  # messages per history page (Slack may return fewer)
+_PAGES = 5  # history pages read at most: the window is short, so this is rarely reached
+
+
+def new_attempt() -> dict[str, Any]:
+    """The record of a post about to be sent: its delivery id and when (this host's clock)."""
+    return {"delivery": uuid.uuid4().hex, "at": time.time()}
+
+
+def metadata(request_id: str, attempt: dict[str, Any]) -> dict[str, Any]:
+    """The message metadata a post carries, naming its request and delivery."""
+    return {
+        "event_type": EVENT_TYPE,
+        "event_payload": {"request_id": request_id, "delivery": str(attempt["delivery"])},
+    }
+
+
+async def find_post(
+    client: AsyncWebClient, channel: str, request_id: str, attempt: Any
+) -> dict[str, Any] | None:
+    """Where the message of an unsaved `attempt` is (`{"channel", "ts"}`), or None: not in the
+    channel's history from the attempt's time to the client's timeout (plus clock skew), or the
+    history cannot be read (e.g. the bot lacks `channels:history`), which is logged.
+
+    A rate limit (HTTP 429) is raised as the `SlackApiError` it is, to be waited out."""
+    try:
+        delivery = str(attempt["delivery"])
+        at = float(attempt["at"])
+        if not math.isfinite(at):
+            raise ValueError(at)
+    except (KeyError, TypeError, ValueError):
+        logger.warning("slack: the saved post attempt of %s is unreadable: %r", request_id, attempt)
+        return None
+    oldest, latest = f"{at - SKEW:.6f}", None
+    timeout = getattr(client, "timeout", None)
+    if isinstance(timeout, (int, float)) and math.isfinite(timeout):  # else: up to now
+        latest = f"{at + timeout + SKEW:.6f}"
+    cursor: str | None = None
+    for _ in range(_PAGES):
+        try:
+            page = await client.conversations_history(
+                channel=channel,
+                include_all_metadata=True,
+                limit=_PAGE,
+                cursor=cursor,
+                oldest=oldest,
+                latest=latest,
+                inclusive=True,
+            )
+        except SlackApiError as exc:
+            response = exc.response
+            if response is not None and getattr(response, "status_code", None) == 429:
+                raise
+            error = response.get("error") if response is not None else None
+            needed = response.get("needed") if response is not None else None
+            logger.warning(
+                "slack: cannot read the history of %s to find the unsaved post of %s (%s%s); "
+                "posting it again",
+                channel,
+                request_id,
+                error,
+                f", needs {needed}" if needed else "",
+            )
+            return None
+        except Exception:
+            logger.warning(
+                "slack: reading the history of %s to find the unsaved post of %s failed; "
+                "posting it again",
+                channel,
+                request_id,
+                exc_info=True,
+            )
+            return None
+        messages = page.get("messages")
+        for message in messages if isinstance(messages, list) else []:
+            if _carries(message, request_id, delivery):
+                return {"channel": channel, "ts": str(message["ts"])}
+        meta = page.get("response_metadata")
+        cursor = meta.get("next_cursor") if isinstance(meta, dict) else None
+        if not page.get("has_more") or not cursor:
+            return None
+    logger.warning(
+        "slack: the post of %s was not found in %s messages of %s; posting it again",
+        request_id,
+        _PAGE * _PAGES,
+        channel,
+    )
+    return None
+
+
+def _carries(message: Any, request_id: str, delivery: str) -> bool:
+    """Whether a history message is the post of this request's delivery."""
+    if not isinstance(message, dict) or not isinstance(message.get("ts"), str):
+        return False
+    meta = message.get("metadata")
+    if not isinstance(meta, dict) or meta.get("event_type") != EVENT_TYPE:
+        return False
+    payload = meta.get("event_payload")
+    return (
+        isinstance(payload, dict)
+        and payload.get("request_id") == request_id
+        and payload.get("delivery") == delivery
+    )

@@ -1,0 +1,51 @@
+"""Child process for the Slack crash tests: a channel hub that posts the open requests to Slack.
+
+`python -m tests._slack_child STORE_URL RECORDS STATE SLACK_URL` starts a `ChannelHub` with one
+`SlackChannel` (channel C42 of the fake Slack at SLACK_URL) on the channel state file STATE,
+which posts the requests open in the store, polls once and prints one JSON line with the
+messages it saved. The parent SIGKILLs it while Slack answers a post, to leave a post that
+Slack has and the state does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+import signoff as so
+from signoff.channels import ChannelHub
+from signoff.channels.slack import SlackChannel
+
+from ._procs import make_agent
+
+SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+
+
+async def run(args: argparse.Namespace) -> None:
+    async with so.Runtime([make_agent(args.records)], store=args.store) as rt:
+        slack = SlackChannel(
+            "C42", token="xoxb-test", base_url=args.slack_url, signing_secret=SECRET
+        )
+        hub = ChannelHub(rt, [slack], state=args.state)
+        await hub.start(follow=False)
+        try:
+            await hub.poll()
+            saved = dict(hub.state.memos(slack.name, "msg:"))
+        finally:
+            await hub.stop()
+    sys.stdout.write(json.dumps({"event": "posted", "memos": saved}) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests._slack_child")
+    parser.add_argument("store")
+    parser.add_argument("records")
+    parser.add_argument("state")
+    parser.add_argument("slack_url")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()
