@@ -8,10 +8,20 @@ from dataclasses import dataclass
 from typing import IO
 
 from ._agent import Agent
+from ._answers import check_text
+from ._exceptions import UsageError
 from .stores import Store
 from .stores._audit import AuditEntry, AuditRow, chain_hash
 
-__all__ = ["AuditProblem", "entries", "record_tool_settings", "tool_setting", "verify"]
+__all__ = [
+    "AuditProblem",
+    "check_stream",
+    "check_writable",
+    "entries",
+    "record_tool_settings",
+    "tool_setting",
+    "verify",
+]
 
 TOOL_SETTING = "tool.approval_changed"
 TOOLS_STREAM = "tools:"  # the streams of tool setting changes: tools:<agent>.<tool>
@@ -30,6 +40,24 @@ class AuditProblem:
     stream: str
     n: int
     reason: str
+
+
+def check_stream(stream: object, what: str = "stream") -> str | None:
+    """A stream or session id to read the trail of: text a store can hold, or None for all."""
+    if stream is None:
+        return None
+    if not isinstance(stream, str):
+        raise UsageError(f"{what} must be text or None, not {type(stream).__name__}")
+    check_text(stream, what)
+    return stream
+
+
+def check_writable(out: object) -> None:
+    """An export's target must take text: refused before any entry is read, not mid-way."""
+    try:
+        out.write("")  # type: ignore[attr-defined]
+    except (AttributeError, TypeError) as exc:
+        raise UsageError(f"export_audit writes text: {type(out).__name__} takes none") from exc
 
 
 async def entries(
