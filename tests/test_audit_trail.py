@@ -2,13 +2,22 @@
 while commits land, and malformed arguments."""
 
 import io
+import json
 from pathlib import Path
+from typing import cast
 
 import pytest
 
 import signoff as so
+from signoff import _audit_trail as audit_trail
+from signoff._audit_trail import entries as trail_entries
+from signoff._audit_trail import export as export_trail
+from signoff._audit_trail import verify as verify_trail
+from signoff.stores import Store
+from signoff.stores._audit import AuditEntry, chain_hash
 from signoff.testing import ManualClock
 
+from ._procs import query
 from .test_audit import agent, run_scenario
 
 
@@ -35,3 +44,104 @@ async def test_malformed_audit_arguments_are_usage_errors(tmp_path: Path) -> Non
         for out in (None, io.BytesIO()):
             with pytest.raises(so.UsageError, match="text"):
                 await rt.export_audit(out)  # type: ignore[arg-type]
+
+
+def chained(stream: str, n: int, entry_id: int, prev: str | None) -> AuditEntry:
+    digest = chain_hash(prev, stream=stream, n=n, type="turn.started", at=1.0, seq=n, data={})
+    return AuditEntry(
+        id=entry_id,
+        stream=stream,
+        n=n,
+        type="turn.started",
+        at=1.0,
+        seq=n,
+        data={},
+        prev=prev,
+        hash=digest,
+    )
+
+
+class LateCommits:
+    """A store whose ids are taken before commit, as PostgreSQL's are: entry 3 (stream a's
+    second) commits only after entry 4 has been read, together with entry 5 (a's third)."""
+
+    def __init__(self) -> None:
+        a1 = chained("a", 1, 1, None)
+        a2 = chained("a", 2, 3, a1.hash)
+        a3 = chained("a", 3, 5, a2.hash)
+        b1 = chained("b", 1, 2, None)
+        b2 = chained("b", 2, 4, b1.hash)
+        self.all = [a1, b1, a2, b2, a3]
+        self.visible = {1, 2, 4}
+        self.heads = {"a": (1, a1.hash), "b": (2, b2.hash)}
+
+    async def audit(
+        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[AuditEntry]:
+        found = [
+            e
+            for e in self.all
+            if e.id > after_id and e.id in self.visible and stream in (None, e.stream)
+        ][:limit]
+        if 4 in {e.id for e in found}:  # the late commit lands after this read
+            self.visible |= {3, 5}
+            self.heads["a"] = (3, self.all[-1].hash)
+        return found
+
+    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str]]:
+        return {s: h for s, h in self.heads.items() if stream in (None, s)}
+
+
+async def test_paging_does_not_skip_an_entry_committed_after_a_higher_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On PostgreSQL an entry's id is taken before its commit, so a page can hold id 4 while id 3
+    is still uncommitted; a later page then shows its stream's next entry after a hole. Paging
+    fetches the stream's missing entries then, so nothing is skipped and nothing is misnamed."""
+    for page in (1, 2, 3):
+        store = cast(Store, LateCommits())
+        listed = [(e.stream, e.n) async for e in trail_entries(store, page=page)]
+        for name in ("a", "b"):  # each stream read up to some entry, none skipped before it
+            ns = [n for s, n in listed if s == name]
+            assert ns == list(range(1, len(ns) + 1)), (page, listed)
+        if page == 1:
+            assert len(listed) == 5
+    monkeypatch.setattr(audit_trail, "PAGE", 1)
+    assert await verify_trail(cast(Store, LateCommits())) == []
+    out = io.StringIO()
+    assert await export_trail(cast(Store, LateCommits()), out) == 5
+    assert [json.loads(line)["n"] for line in out.getvalue().splitlines()] == [1, 1, 2, 2, 3]
+
+
+async def test_paging_on_postgres_does_not_skip_a_late_committed_lower_id(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two transactions on PostgreSQL: one takes an id for session a's next entry and commits
+    only after a reader has paged past a higher id of session b; a's entry after it is then
+    read, and the late one with it, not skipped."""
+    import psycopg
+
+    monkeypatch.setattr(audit_trail, "PAGE", 1)
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=pg_store_url, clock=clock) as rt:
+        a = await run_scenario(rt, clock)
+        b = await run_scenario(rt, clock)
+        n_a = len(await rt.audit(a))
+        ((sk_a,), (sk_b,)) = [
+            query(pg_store_url, "SELECT sk FROM {t}sessions WHERE id={p}", s)[0] for s in (a, b)
+        ]
+        insert = 'INSERT INTO "signoff".audit (sk, n, seq, hash) VALUES (%s, %s, 0, %s)'
+        libpq = pg_store_url.split("?")[0]
+        with psycopg.connect(libpq) as late, psycopg.connect(libpq, autocommit=True) as other:
+            late.execute(insert, (sk_a, n_a + 1, b"\\0" * 32))  # id taken, not committed
+            other.execute(insert, (sk_b, 100, b"\\1" * 32))
+            reader = trail_entries(rt.store)
+            read = [await anext(reader)]
+            while read[-1].stream != b:  # up to and past b's new entry
+                read.append(await anext(reader))
+            while read[-1].n != 100:
+                read.append(await anext(reader))
+            late.commit()
+            other.execute(insert, (sk_a, n_a + 2, b"\\2" * 32))
+            read += [e async for e in reader]
+        assert [e.n for e in read if e.stream == a] == list(range(1, n_a + 3))

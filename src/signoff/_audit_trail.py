@@ -60,15 +60,31 @@ def check_writable(out: object) -> None:
         raise UsageError(f"export_audit writes text: {type(out).__name__} takes none") from exc
 
 
+PAGE = 1000  # entries read at once
+
+
 async def entries(
-    store: Store, *, stream: str | None = None, page: int = 1000
+    store: Store, *, stream: str | None = None, page: int | None = None
 ) -> AsyncIterator[AuditEntry]:
+    """Every entry, each stream's in order. A store may take an entry's id before its commit
+    (PostgreSQL), so across streams a page can miss a lower id still uncommitted: when a later
+    entry of its stream then shows a hole, the stream's entries before it are read again."""
+    page = page or PAGE
     after = 0
+    last: dict[str, tuple[int, int]] = {}  # stream -> (n, id) of the last entry given
     while True:
         batch = await store.audit(stream=stream, after_id=after, limit=page)
         for entry in batch:
+            n, last_id = last.get(entry.stream, (0, 0))
+            if stream is None and entry.n > n + 1:
+                async for missed in entries(store, stream=entry.stream, page=page):
+                    if last_id < missed.id < entry.id:
+                        yield missed
+                    elif missed.id >= entry.id:
+                        break
             yield entry
-            after = entry.id
+            last[entry.stream] = (entry.n, entry.id)
+            after = max(after, entry.id)
         if len(batch) < page:
             return
 
