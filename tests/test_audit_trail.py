@@ -15,10 +15,10 @@ from signoff._audit_trail import export as export_trail
 from signoff._audit_trail import verify as verify_trail
 from signoff.stores import Store
 from signoff.stores._audit import AuditEntry, chain_hash
-from signoff.testing import ManualClock
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._procs import query
-from .test_audit import agent, run_scenario
+from .test_audit import agent, run_scenario, wipe
 
 
 async def test_malformed_audit_arguments_are_usage_errors(tmp_path: Path) -> None:
@@ -145,3 +145,44 @@ async def test_paging_on_postgres_does_not_skip_a_late_committed_lower_id(
             other.execute(insert, (sk_a, n_a + 2, b"\\2" * 32))
             read += [e async for e in reader]
         assert [e.n for e in read if e.stream == a] == list(range(1, n_a + 3))
+
+
+async def test_an_export_is_verified_without_the_database(store_url: str, tmp_path: Path) -> None:
+    """An export checks out offline; an entry altered, removed or swapped in the file, or a line
+    that is not an entry, is named as `verify_audit` names it in the store."""
+    clock = ManualClock()
+    a = scripted_agent(
+        "ops",
+        [call_tools(call("wipe", disk="sd\ud800a")), reply("ok")],
+        tools=[wipe],
+    )
+    async with so.Runtime([agent(), a], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        await rt.generate("ops", prompt="wipe")
+        out = tmp_path / "trail.jsonl"
+        with out.open("w", encoding="utf-8") as f:
+            count = await rt.export_audit(f)
+        again = io.StringIO()
+        await rt.export_audit(again)
+    text = out.read_text(encoding="utf-8")
+    assert again.getvalue() == text  # stable: the same trail exports the same bytes
+    lines = text.splitlines()
+    assert count == len(lines) and so.verify_audit_export(lines) == []
+    rows = [json.loads(line) for line in lines]
+    settled = next(i for i, r in enumerate(rows) if r["type"] == "approval.settled")
+    assert rows[settled]["stream"] == sid
+    forged = dict(rows[settled], data={**rows[settled]["data"], "by": None})
+    altered = [*lines[:settled], json.dumps(forged), *lines[settled + 1 :]]
+    assert [(p.id, p.stream, p.reason) for p in so.verify_audit_export(altered)] == [
+        (rows[settled]["id"], sid, "content does not match")
+    ]
+    removed = lines[:settled] + lines[settled + 1 :]
+    assert [(p.stream, p.n) for p in so.verify_audit_export(removed)] == [
+        (sid, rows[settled]["n"] + 1)
+    ]
+    swapped = [*lines[:settled], lines[settled + 1], lines[settled], *lines[settled + 2 :]]
+    assert so.verify_audit_export(swapped)[0].n == rows[settled]["n"] + 1
+    broken = [*lines, "{nope", json.dumps({**rows[0], "n": "1"}), ""]
+    problems = so.verify_audit_export(broken)
+    assert [(p.id, p.n) for p in problems] == [(len(lines) + 1, 0), (len(lines) + 2, 0)]
+    assert all("not an audit entry" in p.reason for p in problems)
