@@ -18,7 +18,7 @@ from signoff.stores._audit import AuditEntry, chain_hash
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._procs import query
-from .test_audit import agent, run_scenario, wipe
+from .test_audit import agent, alter, run_scenario, wipe
 
 
 async def test_malformed_audit_arguments_are_usage_errors(tmp_path: Path) -> None:
@@ -186,3 +186,34 @@ async def test_an_export_is_verified_without_the_database(store_url: str, tmp_pa
     problems = so.verify_audit_export(broken)
     assert [(p.id, p.n) for p in problems] == [(len(lines) + 1, 0), (len(lines) + 2, 0)]
     assert all("not an audit entry" in p.reason for p in problems)
+
+
+async def test_an_events_time_changed_or_entries_copied_to_another_session_are_named(
+    store_url: str,
+) -> None:
+    """Two insider edits docs/audit.md says are detected: an audited event's `at` moved, and a
+    session's entries copied onto another session's chain."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        a = await run_scenario(rt, clock)
+        b = await run_scenario(rt, clock)
+        settled = next(e for e in await rt.audit(a) if e.type == "approval.settled")
+        last_b = (await rt.audit(b))[-1]
+    ((sk_a,), (sk_b,)) = [
+        query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", s)[0] for s in (a, b)
+    ]
+    alter(store_url, "UPDATE {t}events SET at=at+1 WHERE sk={p} AND seq={p}", sk_a, settled.seq)
+    alter(
+        store_url,
+        "INSERT INTO {t}audit (sk, n, seq, hash) SELECT {p}, n + {p}, seq, hash FROM {t}audit "
+        "WHERE sk={p}",
+        sk_b,
+        last_b.n,
+        sk_a,
+    )
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit()
+        assert (settled.id, a, settled.n, "content does not match") in [
+            (p.id, p.stream, p.n, p.reason) for p in problems
+        ]
+        assert [(p.stream, p.n) for p in problems if p.stream == b][0] == (b, last_b.n + 1)
