@@ -25,6 +25,7 @@ from ._approval import (
 )
 from ._ask import ask_question
 from ._audit_trail import AuditProblem
+from ._audit_trail import verify_export as verify_audit_export
 from ._auto import Criteria, auto
 from ._events import SCHEMA_VERSION, Event
 from ._exceptions import (
@@ -206,4 +207,5 @@ __all__ = [
     "stores",
     "tool",
     "tool_policy",
+    "verify_audit_export",
 ]

@@ -5,13 +5,24 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
-from typing import IO
+from typing import IO, Any
 
 from ._agent import Agent
+from ._answers import check_text
+from ._exceptions import UsageError
 from .stores import Store
 from .stores._audit import AuditEntry, AuditRow, chain_hash
 
-__all__ = ["AuditProblem", "entries", "record_tool_settings", "tool_setting", "verify"]
+__all__ = [
+    "AuditProblem",
+    "check_stream",
+    "check_writable",
+    "entries",
+    "record_tool_settings",
+    "tool_setting",
+    "verify",
+    "verify_export",
+]
 
 TOOL_SETTING = "tool.approval_changed"
 TOOLS_STREAM = "tools:"  # the streams of tool setting changes: tools:<agent>.<tool>
@@ -32,17 +43,85 @@ class AuditProblem:
     reason: str
 
 
+def check_stream(stream: object, what: str = "stream") -> str | None:
+    """A stream or session id to read the trail of: text a store can hold, or None for all."""
+    if stream is None:
+        return None
+    if not isinstance(stream, str):
+        raise UsageError(f"{what} must be text or None, not {type(stream).__name__}")
+    check_text(stream, what)
+    return stream
+
+
+def check_writable(out: object) -> None:
+    """An export's target must take text: refused before any entry is read, not mid-way."""
+    try:
+        out.write("")  # type: ignore[attr-defined]
+    except (AttributeError, TypeError) as exc:
+        raise UsageError(f"export_audit writes text: {type(out).__name__} takes none") from exc
+
+
+PAGE = 1000  # entries read at once
+
+
 async def entries(
-    store: Store, *, stream: str | None = None, page: int = 1000
+    store: Store, *, stream: str | None = None, page: int | None = None
 ) -> AsyncIterator[AuditEntry]:
+    """Every entry, each stream's in order. A store may take an entry's id before its commit
+    (PostgreSQL), so across streams a page can miss a lower id still uncommitted: when a later
+    entry of its stream then shows a hole, the stream's entries before it are read again."""
+    page = page or PAGE
     after = 0
+    last: dict[str, tuple[int, int]] = {}  # stream -> (n, id) of the last entry given
     while True:
         batch = await store.audit(stream=stream, after_id=after, limit=page)
         for entry in batch:
+            n, last_id = last.get(entry.stream, (0, 0))
+            if stream is None and entry.n > n + 1:
+                async for missed in entries(store, stream=entry.stream, page=page):
+                    if last_id < missed.id < entry.id:
+                        yield missed
+                    elif missed.id >= entry.id:
+                        break
             yield entry
-            after = entry.id
+            last[entry.stream] = (entry.n, entry.id)
+            after = max(after, entry.id)
         if len(batch) < page:
             return
+
+
+class _Chains:
+    """Each stream's chain as checked so far, entry by entry in its order."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[int, str | None]] = {}
+        self.last_id: dict[str, int] = {}
+        self.last_seq: dict[str, int] = {}
+
+    def check(self, e: AuditEntry) -> AuditProblem | None:
+        """The problem with `e` following its stream's entries checked before, if any."""
+        n, prev = self.last.get(e.stream, (0, None))
+        expected = chain_hash(
+            prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
+        )
+        before = self.last_seq.get(e.stream)
+        reason = None
+        if e.n != n + 1:
+            reason = f"expected entry {n + 1}"
+        elif e.prev != prev:
+            reason = "previous hash differs"
+        elif e.hash != expected:
+            reason = "content does not match"
+        elif e.seq is not None and before is not None and e.seq <= before:
+            reason = f"event {e.seq} is not after event {before} of the entry before"
+        # Continue from the stored hash, so one altered entry is named once.
+        self.last[e.stream] = (e.n, e.hash)
+        self.last_id[e.stream] = e.id
+        if e.seq is not None:
+            self.last_seq[e.stream] = max(e.seq, before or 0)
+        if reason is None:
+            return None
+        return AuditProblem(id=e.id, stream=e.stream, n=e.n, reason=reason)
 
 
 async def verify(store: Store, *, stream: str | None = None) -> list[AuditProblem]:
@@ -52,39 +131,16 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
     of its session stands for (a step shown twice)."""
     # Read before the entries: a commit meanwhile only adds entries past these heads.
     heads = await store.audit_heads(stream=stream)
-    last: dict[str, tuple[int, str | None]] = {}
-    last_id: dict[str, int] = {}
-    last_seq: dict[str, int] = {}
+    chains = _Chains()
     past: dict[str, None] = {}  # streams with entries past the head read above, in order
     problems: list[AuditProblem] = []
     async for e in entries(store, stream=stream):
-        n, prev = last.get(e.stream, (0, None))
-        expected = chain_hash(
-            prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
-        )
-        before = last_seq.get(e.stream)
-        if e.n != n + 1:
-            problems.append(
-                AuditProblem(id=e.id, stream=e.stream, n=e.n, reason=f"expected entry {n + 1}")
-            )
-        elif e.prev != prev:
-            problems.append(
-                AuditProblem(id=e.id, stream=e.stream, n=e.n, reason="previous hash differs")
-            )
-        elif e.hash != expected:
-            problems.append(
-                AuditProblem(id=e.id, stream=e.stream, n=e.n, reason="content does not match")
-            )
-        elif e.seq is not None and before is not None and e.seq <= before:
-            reason = f"event {e.seq} is not after event {before} of the entry before"
-            problems.append(AuditProblem(id=e.id, stream=e.stream, n=e.n, reason=reason))
-        # Continue from the stored hash, so one altered entry is named once.
-        last[e.stream] = (e.n, e.hash)
-        last_id[e.stream] = e.id
-        if e.seq is not None:
-            last_seq[e.stream] = max(e.seq, before or 0)
+        problem = chains.check(e)
+        if problem is not None:
+            problems.append(problem)
         if e.n > heads.get(e.stream, (0, None))[0]:
             past[e.stream] = None
+    last, last_id = chains.last, chains.last_id
     for sid, (n, digest) in heads.items():
         seen, seen_hash = last.get(sid, (0, None))
         keeper = "stream" if sid.startswith(_OWN_STREAMS) else "session"
@@ -124,6 +180,46 @@ async def export(store: Store, out: IO[str], *, stream: str | None = None) -> in
         out.write(line + "\n")
         count += 1
     return count
+
+
+def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
+    """Check an export (`Runtime.export_audit`, JSON lines) without the database: each stream's
+    chain is recomputed from its first entry as `verify` does. A line that is not an entry is
+    named with `n = 0` and its line number as `id`. Without the chain heads the store keeps, an
+    export cut short at a stream's end, or rewritten whole, cannot be told apart."""
+    chains = _Chains()
+    problems: list[AuditProblem] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            e = _entry(json.loads(line))
+        except (ValueError, TypeError, KeyError) as exc:
+            reason = f"line {number} is not an audit entry: {exc}"
+            problems.append(AuditProblem(id=number, stream="", n=0, reason=reason))
+            continue
+        problem = chains.check(e)
+        if problem is not None:
+            problems.append(problem)
+    return problems
+
+
+def _entry(d: dict[str, Any]) -> AuditEntry:
+    """An exported entry read back; a field of the wrong kind is a ValueError or TypeError."""
+    ints = {k: d[k] for k in ("id", "n")}
+    texts = {k: d[k] for k in ("stream", "type", "hash")}
+    if any(isinstance(v, bool) or not isinstance(v, int) for v in ints.values()):
+        raise TypeError("id and n must be whole numbers")
+    if not all(isinstance(v, str) for v in texts.values()):
+        raise TypeError("stream, type and hash must be text")
+    seq, prev, at, data = d["seq"], d["prev"], d["at"], d["data"]
+    if not (seq is None or (isinstance(seq, int) and not isinstance(seq, bool))):
+        raise TypeError("seq must be a whole number or null")
+    if not (prev is None or isinstance(prev, str)):
+        raise TypeError("prev must be text or null")
+    if isinstance(at, bool) or not isinstance(at, (int, float)) or not isinstance(data, dict):
+        raise TypeError("at must be a number and data an object")
+    return AuditEntry(**ints, **texts, seq=seq, prev=prev, at=float(at), data=data)
 
 
 def tool_setting(agent: Agent, name: str) -> str:

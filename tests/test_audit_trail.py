@@ -1,0 +1,219 @@
+"""The audit trail at its edges: tampering on both stores, exports checked offline, paging
+while commits land, and malformed arguments."""
+
+import io
+import json
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+import signoff as so
+from signoff import _audit_trail as audit_trail
+from signoff._audit_trail import entries as trail_entries
+from signoff._audit_trail import export as export_trail
+from signoff._audit_trail import verify as verify_trail
+from signoff.stores import Store
+from signoff.stores._audit import AuditEntry, chain_hash
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from ._procs import query
+from .test_audit import agent, alter, run_scenario, wipe
+
+
+async def test_malformed_audit_arguments_are_usage_errors(tmp_path: Path) -> None:
+    """A limit that is not a whole number from 0, a stream that is not text or holds a lone
+    surrogate, and an export target that takes no text are refused by name, not failed on."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=f"sqlite:///{tmp_path}/a.db", clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        assert await rt.audit(sid, limit=0) == []
+        assert len(await rt.audit(sid, limit=2)) == 2
+        for limit in (-1, "3", 2.5, True, 2**63):
+            with pytest.raises(so.UsageError, match="limit"):
+                await rt.audit(sid, limit=limit)  # type: ignore[arg-type]
+        for bad in (123, b"ses", "ses\ud800"):
+            with pytest.raises(so.UsageError):
+                await rt.audit(bad)  # type: ignore[arg-type]
+            with pytest.raises(so.UsageError):
+                await rt.audit(stream=bad)  # type: ignore[arg-type]
+            with pytest.raises(so.UsageError):
+                await rt.verify_audit(bad)  # type: ignore[arg-type]
+            with pytest.raises(so.UsageError):
+                await rt.export_audit(io.StringIO(), bad)  # type: ignore[arg-type]
+        for out in (None, io.BytesIO()):
+            with pytest.raises(so.UsageError, match="text"):
+                await rt.export_audit(out)  # type: ignore[arg-type]
+
+
+def chained(stream: str, n: int, entry_id: int, prev: str | None) -> AuditEntry:
+    digest = chain_hash(prev, stream=stream, n=n, type="turn.started", at=1.0, seq=n, data={})
+    return AuditEntry(
+        id=entry_id,
+        stream=stream,
+        n=n,
+        type="turn.started",
+        at=1.0,
+        seq=n,
+        data={},
+        prev=prev,
+        hash=digest,
+    )
+
+
+class LateCommits:
+    """A store whose ids are taken before commit, as PostgreSQL's are: entry 3 (stream a's
+    second) commits only after entry 4 has been read, together with entry 5 (a's third)."""
+
+    def __init__(self) -> None:
+        a1 = chained("a", 1, 1, None)
+        a2 = chained("a", 2, 3, a1.hash)
+        a3 = chained("a", 3, 5, a2.hash)
+        b1 = chained("b", 1, 2, None)
+        b2 = chained("b", 2, 4, b1.hash)
+        self.all = [a1, b1, a2, b2, a3]
+        self.visible = {1, 2, 4}
+        self.heads = {"a": (1, a1.hash), "b": (2, b2.hash)}
+
+    async def audit(
+        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+    ) -> list[AuditEntry]:
+        found = [
+            e
+            for e in self.all
+            if e.id > after_id and e.id in self.visible and stream in (None, e.stream)
+        ][:limit]
+        if 4 in {e.id for e in found}:  # the late commit lands after this read
+            self.visible |= {3, 5}
+            self.heads["a"] = (3, self.all[-1].hash)
+        return found
+
+    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str]]:
+        return {s: h for s, h in self.heads.items() if stream in (None, s)}
+
+
+async def test_paging_does_not_skip_an_entry_committed_after_a_higher_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On PostgreSQL an entry's id is taken before its commit, so a page can hold id 4 while id 3
+    is still uncommitted; a later page then shows its stream's next entry after a hole. Paging
+    fetches the stream's missing entries then, so nothing is skipped and nothing is misnamed."""
+    for page in (1, 2, 3):
+        store = cast(Store, LateCommits())
+        listed = [(e.stream, e.n) async for e in trail_entries(store, page=page)]
+        for name in ("a", "b"):  # each stream read up to some entry, none skipped before it
+            ns = [n for s, n in listed if s == name]
+            assert ns == list(range(1, len(ns) + 1)), (page, listed)
+        if page == 1:
+            assert len(listed) == 5
+    monkeypatch.setattr(audit_trail, "PAGE", 1)
+    assert await verify_trail(cast(Store, LateCommits())) == []
+    out = io.StringIO()
+    assert await export_trail(cast(Store, LateCommits()), out) == 5
+    assert [json.loads(line)["n"] for line in out.getvalue().splitlines()] == [1, 1, 2, 2, 3]
+
+
+async def test_paging_on_postgres_does_not_skip_a_late_committed_lower_id(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two transactions on PostgreSQL: one takes an id for session a's next entry and commits
+    only after a reader has paged past a higher id of session b; a's entry after it is then
+    read, and the late one with it, not skipped."""
+    import psycopg
+
+    monkeypatch.setattr(audit_trail, "PAGE", 1)
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=pg_store_url, clock=clock) as rt:
+        a = await run_scenario(rt, clock)
+        b = await run_scenario(rt, clock)
+        n_a = len(await rt.audit(a))
+        ((sk_a,), (sk_b,)) = [
+            query(pg_store_url, "SELECT sk FROM {t}sessions WHERE id={p}", s)[0] for s in (a, b)
+        ]
+        insert = 'INSERT INTO "signoff".audit (sk, n, seq, hash) VALUES (%s, %s, 0, %s)'
+        libpq = pg_store_url.split("?")[0]
+        with psycopg.connect(libpq) as late, psycopg.connect(libpq, autocommit=True) as other:
+            late.execute(insert, (sk_a, n_a + 1, b"\\0" * 32))  # id taken, not committed
+            other.execute(insert, (sk_b, 100, b"\\1" * 32))
+            reader = trail_entries(rt.store)
+            read = [await anext(reader)]
+            while read[-1].stream != b:  # up to and past b's new entry
+                read.append(await anext(reader))
+            while read[-1].n != 100:
+                read.append(await anext(reader))
+            late.commit()
+            other.execute(insert, (sk_a, n_a + 2, b"\\2" * 32))
+            read += [e async for e in reader]
+        assert [e.n for e in read if e.stream == a] == list(range(1, n_a + 3))
+
+
+async def test_an_export_is_verified_without_the_database(store_url: str, tmp_path: Path) -> None:
+    """An export checks out offline; an entry altered, removed or swapped in the file, or a line
+    that is not an entry, is named as `verify_audit` names it in the store."""
+    clock = ManualClock()
+    a = scripted_agent(
+        "ops",
+        [call_tools(call("wipe", disk="sd\ud800a")), reply("ok")],
+        tools=[wipe],
+    )
+    async with so.Runtime([agent(), a], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        await rt.generate("ops", prompt="wipe")
+        out = tmp_path / "trail.jsonl"
+        with out.open("w", encoding="utf-8") as f:
+            count = await rt.export_audit(f)
+        again = io.StringIO()
+        await rt.export_audit(again)
+    text = out.read_text(encoding="utf-8")
+    assert again.getvalue() == text  # stable: the same trail exports the same bytes
+    lines = text.splitlines()
+    assert count == len(lines) and so.verify_audit_export(lines) == []
+    rows = [json.loads(line) for line in lines]
+    settled = next(i for i, r in enumerate(rows) if r["type"] == "approval.settled")
+    assert rows[settled]["stream"] == sid
+    forged = dict(rows[settled], data={**rows[settled]["data"], "by": None})
+    altered = [*lines[:settled], json.dumps(forged), *lines[settled + 1 :]]
+    assert [(p.id, p.stream, p.reason) for p in so.verify_audit_export(altered)] == [
+        (rows[settled]["id"], sid, "content does not match")
+    ]
+    removed = lines[:settled] + lines[settled + 1 :]
+    assert [(p.stream, p.n) for p in so.verify_audit_export(removed)] == [
+        (sid, rows[settled]["n"] + 1)
+    ]
+    swapped = [*lines[:settled], lines[settled + 1], lines[settled], *lines[settled + 2 :]]
+    assert so.verify_audit_export(swapped)[0].n == rows[settled]["n"] + 1
+    broken = [*lines, "{nope", json.dumps({**rows[0], "n": "1"}), ""]
+    problems = so.verify_audit_export(broken)
+    assert [(p.id, p.n) for p in problems] == [(len(lines) + 1, 0), (len(lines) + 2, 0)]
+    assert all("not an audit entry" in p.reason for p in problems)
+
+
+async def test_an_events_time_changed_or_entries_copied_to_another_session_are_named(
+    store_url: str,
+) -> None:
+    """Two insider edits docs/audit.md says are detected: an audited event's `at` moved, and a
+    session's entries copied onto another session's chain."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        a = await run_scenario(rt, clock)
+        b = await run_scenario(rt, clock)
+        settled = next(e for e in await rt.audit(a) if e.type == "approval.settled")
+        last_b = (await rt.audit(b))[-1]
+    ((sk_a,), (sk_b,)) = [
+        query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", s)[0] for s in (a, b)
+    ]
+    alter(store_url, "UPDATE {t}events SET at=at+1 WHERE sk={p} AND seq={p}", sk_a, settled.seq)
+    alter(
+        store_url,
+        "INSERT INTO {t}audit (sk, n, seq, hash) SELECT {p}, n + {p}, seq, hash FROM {t}audit "
+        "WHERE sk={p}",
+        sk_b,
+        last_b.n,
+        sk_a,
+    )
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit()
+        assert (settled.id, a, settled.n, "content does not match") in [
+            (p.id, p.stream, p.n, p.reason) for p in problems
+        ]
+        assert [(p.stream, p.n) for p in problems if p.stream == b][0] == (b, last_b.n + 1)
