@@ -866,6 +866,60 @@ async def test_claim_does_not_steal_a_lease_taken_while_it_ran(
     assert await pg.acquire_lease(sid, "w2", 10, T0 + 5) is None
 
 
+async def test_a_lease_is_granted_with_the_head_of_a_commit_it_waited_for(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    """The head read with a lease is the newest: an acquire that waits for a drive's last
+    commit (which moves the head and frees the lease) answers the head that commit left, not
+    the one its statement's snapshot saw."""
+    sid = await new_session(pg)
+    held = await pg.acquire_lease(sid, "w0", 10, T0)
+    assert held is not None
+    assert await pg.acquire_lease_with_head(sid, "w1", 10, T0) == (None, 1)  # live: not granted
+    holder = await admin(pg_store_url)
+    async with holder:
+        # A commit in flight, as `commit_sql` runs it: the session row, then the lease row.
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM signoff.sessions WHERE id=%s FOR UPDATE", (sid,))
+        await holder.execute("UPDATE signoff.sessions SET head=2 WHERE id=%s", (sid,))
+        await holder.execute("UPDATE signoff.leases SET owner='', expires_at=0")
+        acquire = asyncio.create_task(pg.acquire_lease_with_head(sid, "w1", 10, T0))
+        observer = await admin(pg_store_url)
+        async with observer:
+            await _backend_waiting(observer, "%INSERT INTO%leases%")
+        await holder.execute("COMMIT")
+        assert await asyncio.wait_for(acquire, 10) == (held + 1, 2)
+    assert await pg.head(sid) == 2
+
+
+async def test_a_drive_reads_the_head_with_its_lease_not_after_it(pg_store_url: str) -> None:
+    """On PostgreSQL the lease's statement answers the session's head, so a drive whose state
+    is cached reads the head only once more: after it, to see whether work was left."""
+    agent = so.Agent(
+        name="a", model=so.models.Scripted([so.ModelResponse(text="hi")] * 3), tools=[]
+    )
+    rt = so.Runtime([agent], store=pg_store_url)
+    try:
+        r = await rt.generate("a", prompt="one")
+        assert r.status == "completed"
+        store = rt.store
+        assert isinstance(store, PostgresStore)
+        heads: list[str] = []
+        real_head = store.head
+
+        async def head(session_id: str) -> int | None:
+            heads.append(session_id)
+            return await real_head(session_id)
+
+        store.head = head  # type: ignore[method-assign]
+        r = await rt.generate(session_id=r.session_id, prompt="two")
+        assert r.status == "completed" and r.text == "hi"
+        assert heads == [r.session_id]
+        assert [e.type for e in await store.read_events(r.session_id)].count("turn.completed") == 2
+    finally:
+        await rt.close()
+
+
 # -- LISTEN/NOTIFY ---------------------------------------------------------------------------
 
 

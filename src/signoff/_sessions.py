@@ -212,10 +212,15 @@ class SessionRunner:
 
     async def state(self, session_id: str) -> SessionState:
         """The session's current state, checked against the store's head."""
+        return await self._state_at(session_id, None)
+
+    async def _state_at(self, session_id: str, head: int | None) -> SessionState:
+        """`state`, checked against `head` if the caller just read it (with a lease) instead."""
         await self.open()
         cached = self._cache.get(session_id)
         if cached is not None:
-            head = await self.store.head(session_id)
+            if head is None:
+                head = await self.store.head(session_id)
             if head is None:
                 raise UnknownSession(session_id)
             if head == cached.seq:
@@ -241,16 +246,22 @@ class SessionRunner:
             self._cache.popitem(last=False)
 
     async def _checked(
-        self, session_id: str, *, trust_cache: bool = False, lease: int | None = None
+        self,
+        session_id: str,
+        *,
+        trust_cache: bool = False,
+        lease: int | None = None,
+        head: int | None = None,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
-        caller's token on it, if any. `trust_cache` skips the store's head when nothing is due
-        on the cached state: a stale cache makes the caller's append conflict instead."""
+        caller's token on it, if any, and `head` the session's head read with it. `trust_cache`
+        skips the store's head when nothing is due on the cached state: a stale cache makes the
+        caller's append conflict instead."""
         now = self.clock()
         cached = self._cache.get(session_id) if trust_cache else None
         if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
             return cached
-        state = await self.state(session_id)
+        state = await (self.state(session_id) if head is None else self._state_at(session_id, head))
         if state.expired(now):
             await self._expire(state, lease)
         if due_batch(state, now) is not None:
@@ -398,13 +409,14 @@ class SessionRunner:
         # once per TTL, not claimed again at once by every worker in a loop.
         keep_on_error = claimed is not None
         for _ in range(100):
+            head: int | None = None  # the session's head when the lease was granted, if known
             if claimed is not None:
                 (owner, token), claimed = claimed, None
             else:
                 # One owner per drive, not per runtime: two tasks of this runtime must not
                 # share (and so steal) the session's lease.
                 owner = f"{self.owner}:{new_id('drv')}"
-                acquired = await self._acquire(session_id, owner)
+                acquired, head = await self._acquire_with_head(session_id, owner)
                 if acquired is None:
                     state = await self.state(session_id)
                     return self._result(state, outcomes, busy=True)
@@ -417,7 +429,7 @@ class SessionRunner:
             failed = True
             lost = False
             try:
-                state = await self._checked(session_id, lease=token)
+                state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running
                     state = await self._checked(session_id, lease=token)
                 driver = self._driver(state, token)
@@ -471,15 +483,29 @@ class SessionRunner:
         )
 
     async def _acquire(self, session_id: str, owner: str) -> int | None:
+        token, _ = await self._acquire_with_head(session_id, owner)
+        return token
+
+    async def _acquire_with_head(
+        self, session_id: str, owner: str
+    ) -> tuple[int | None, int | None]:
+        """The lease's token (None if another drive kept it for `lease_wait`) and, from a store
+        that reads it in the same statement (PostgreSQL), the session's head when it was
+        granted, which saves the drive a round trip; None from the others."""
+        with_head = getattr(self.store, "acquire_lease_with_head", None)
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:
             now = self._lease_now()
-            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
+            head: int | None = None
+            if with_head is not None:
+                token, head = await with_head(session_id, owner, self.lease_ttl, now)
+            else:
+                token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
             if token is not None and not await self._still_held(session_id, owner, token, now):
                 token = None  # born expired, and another owner took it meanwhile
             if token is not None or time.monotonic() >= deadline:
-                return token
+                return token, head
             # Jitter: waiters that started together must not all retry in lockstep.
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.2)

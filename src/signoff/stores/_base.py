@@ -146,7 +146,11 @@ class PendingFilter:
 
 @runtime_checkable
 class Store(Protocol):
-    """Durable home of sessions: the event log plus tables derived from it in the same commit."""
+    """Durable home of sessions: the event log plus tables derived from it in the same commit.
+
+    A store may also offer `server_time()` (the clock leases are timed by) and
+    `acquire_lease_with_head()` (`(token, head)`: the head read with the lease, a round trip
+    saved per drive); the runtime uses them when present, as PostgreSQL's store has them."""
 
     url: str
 

@@ -62,30 +62,42 @@ class Leases(Connections):
     async def acquire_lease(
         self, session_id: str, owner: str, ttl: float, now: float
     ) -> int | None:
+        token, _ = await self.acquire_lease_with_head(session_id, owner, ttl, now)
+        return token
+
+    async def acquire_lease_with_head(
+        self, session_id: str, owner: str, ttl: float, now: float
+    ) -> tuple[int | None, int]:
+        """`acquire_lease`, and the session's head when it was granted: the runtime needs no
+        second round trip to read it before it drives the turn."""
         s = self._s
         if not storable(session_id):
             raise UnknownSession(session_id)
 
-        async def body(conn: Conn) -> int | None:
+        async def body(conn: Conn) -> tuple[int | None, int]:
             # One statement: no row if the session is unknown, a NULL token if the lease is live.
+            # The session row is locked first (as a commit and `claim` lock it, then the lease),
+            # so the head is the newest: a commit running meanwhile is waited for, not missed.
             cur = await conn.execute(
-                f"WITH x AS (SELECT sk FROM {s}.sessions WHERE id=%s), "
+                f"WITH x AS (SELECT sk, head FROM {s}.sessions WHERE id=%s FOR KEY SHARE), "
                 f"i AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
                 "SELECT sk, %s, 1, %s FROM x ON CONFLICT (sk) DO UPDATE "
                 "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
                 "WHERE l.owner = '' OR l.owner = excluded.owner OR l.expires_at <= %s "
                 "RETURNING token) "
-                "SELECT (SELECT token FROM i) FROM x",
+                "SELECT (SELECT token FROM i), head FROM x",
                 (session_id, owner, now + ttl, now),
             )
             row = await cur.fetchone()
             if row is None:
                 raise UnknownSession(session_id)
-            return None if row[0] is None else int(row[0])
+            return None if row[0] is None else int(row[0]), int(row[1])
 
-        return await self._write(
+        acquired = await self._write(
             body, f"acquiring the lease on session {session_id!r}", transaction=False
         )
+        assert acquired is not None  # only a transaction's write may answer None
+        return acquired
 
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float
