@@ -254,9 +254,9 @@ class SessionRunner:
         head: int | None = None,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
-        caller's token on it, if any, and `head` the session's head read with it. `trust_cache`
-        skips the store's head when nothing is due on the cached state: a stale cache makes the
-        caller's append conflict instead."""
+        caller's token on it, if any, and `head` the session's head when it was granted.
+        `trust_cache` skips the store's head when nothing is due on the cached state: a stale
+        cache makes the caller's append conflict instead."""
         now = self.clock()
         cached = self._cache.get(session_id) if trust_cache else None
         if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
@@ -408,19 +408,21 @@ class SessionRunner:
         # A worker's drive that fails keeps its lease until it lapses: the session is retried
         # once per TTL, not claimed again at once by every worker in a loop.
         keep_on_error = claimed is not None
+        granted = getattr(self.store, "granted_head", None)
         for _ in range(100):
-            head: int | None = None  # the session's head when the lease was granted, if known
             if claimed is not None:
                 (owner, token), claimed = claimed, None
             else:
                 # One owner per drive, not per runtime: two tasks of this runtime must not
                 # share (and so steal) the session's lease.
                 owner = f"{self.owner}:{new_id('drv')}"
-                acquired, head = await self._acquire_with_head(session_id, owner)
+                acquired = await self._acquire(session_id, owner)
                 if acquired is None:
                     state = await self.state(session_id)
                     return self._result(state, outcomes, busy=True)
                 token = acquired
+            # The session's head when this lease was granted, if the store read it then.
+            head: int | None = None if granted is None else granted(session_id, token)
             renewing = asyncio.Event()
             renewing.set()
             held = _Held(time.monotonic())
@@ -483,29 +485,15 @@ class SessionRunner:
         )
 
     async def _acquire(self, session_id: str, owner: str) -> int | None:
-        token, _ = await self._acquire_with_head(session_id, owner)
-        return token
-
-    async def _acquire_with_head(
-        self, session_id: str, owner: str
-    ) -> tuple[int | None, int | None]:
-        """The lease's token (None if another drive kept it for `lease_wait`) and, from a store
-        that reads it in the same statement (PostgreSQL), the session's head when it was
-        granted, which saves the drive a round trip; None from the others."""
-        with_head = getattr(self.store, "acquire_lease_with_head", None)
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:
             now = self._lease_now()
-            head: int | None = None
-            if with_head is not None:
-                token, head = await with_head(session_id, owner, self.lease_ttl, now)
-            else:
-                token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
+            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
             if token is not None and not await self._still_held(session_id, owner, token, now):
                 token = None  # born expired, and another owner took it meanwhile
             if token is not None or time.monotonic() >= deadline:
-                return token, head
+                return token
             # Jitter: waiters that started together must not all retry in lockstep.
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.2)

@@ -149,8 +149,8 @@ class Store(Protocol):
     """Durable home of sessions: the event log plus tables derived from it in the same commit.
 
     A store may also offer `server_time()` (the clock leases are timed by) and
-    `acquire_lease_with_head()` (`(token, head)`: the head read with the lease, a round trip
-    saved per drive); the runtime uses them when present, as PostgreSQL's store has them."""
+    `granted_head(session_id, token)` (the head it read when it granted that lease, which saves
+    a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them."""
 
     url: str
 

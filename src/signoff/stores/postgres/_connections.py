@@ -111,6 +111,9 @@ class Connections:
         # under the session's row lock.
         self._state: PerSession[Seen] = PerSession()
         self._tails: Tails[Previous | None] = Tails()
+        # The head each session had when this store granted a lease on it, by token
+        # (`granted_head`): the drive under that lease needs no round trip to read it.
+        self._granted: PerSession[tuple[int, int]] = PerSession()
         self._changes = Listener(self.channel, self._connect, f"signoff-listen-{schema}")
         self._outage = Outage(self._probe_connect, self._where, grace)
         self._s = f'"{schema}"'

@@ -26,6 +26,13 @@ class Leases(Connections):
 
         return await self._read(body, "reading the database's clock")
 
+    def granted_head(self, session_id: str, token: int) -> int | None:
+        """The session's head when this store granted it lease `token` (by `claim` or
+        `acquire_lease`), once; None if it granted no such lease. A token names one grant, so
+        the drive holding it reads the head it began at without another round trip."""
+        granted = self._granted.pop(session_id, None)
+        return granted[1] if granted is not None and granted[0] == token else None
+
     async def claim(
         self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
     ) -> list[tuple[str, int]]:
@@ -37,39 +44,37 @@ class Leases(Connections):
             return []
         only = "" if agents is None else "AND s.agent = ANY(%s) "
 
-        async def body(conn: Conn) -> list[tuple[str, int]]:
+        async def body(conn: Conn) -> list[tuple[str, int, int]]:
+            # The session rows stay locked to the statement's end, and a row lock reads a row's
+            # newest version: the heads answered are those the leases were granted at.
             cur = await conn.execute(
-                f"WITH c AS (SELECT s.sk FROM {s}.sessions s "
+                f"WITH c AS (SELECT s.sk, s.id, s.head, s.updated_at FROM {s}.sessions s "
                 f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' "
                 "AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < %s) "
                 # a session whose TTL passed can never run again: no worker is to claim it
                 "AND (s.expires_at IS NULL OR s.expires_at > %s) "
-                f"{only}ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED) "
-                f"INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
+                f"{only}ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED), "
+                f"i AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
                 "SELECT sk, %s, 1, %s FROM c ON CONFLICT (sk) DO UPDATE "
                 "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
                 # re-checked on the latest row: an acquire_lease may have won meanwhile
                 "WHERE l.owner = '' OR l.expires_at < %s "
-                f"RETURNING (SELECT x.id FROM {s}.sessions x WHERE x.sk = l.sk), l.token",
+                "RETURNING l.sk, l.token) "
+                "SELECT c.id, i.token, c.head FROM i JOIN c ON c.sk = i.sk ORDER BY c.updated_at",
                 (now, now, *([] if agents is None else [list(agents)]))
                 + (limit, owner, now + ttl, now),
             )
-            return [(str(i), int(t)) for i, t in await cur.fetchall()]
+            return [(str(i), int(t), int(h)) for i, t, h in await cur.fetchall()]
 
-        return await self._write(body, "claiming runnable sessions") or []
+        claimed = await self._write(body, "claiming runnable sessions") or []
+        for session_id, token, head in claimed:
+            self._granted[session_id] = (token, head)
+        return [(session_id, token) for session_id, token, _ in claimed]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl: float, now: float
     ) -> int | None:
-        token, _ = await self.acquire_lease_with_head(session_id, owner, ttl, now)
-        return token
-
-    async def acquire_lease_with_head(
-        self, session_id: str, owner: str, ttl: float, now: float
-    ) -> tuple[int | None, int]:
-        """`acquire_lease`, and the session's head when it was granted: the runtime needs no
-        second round trip to read it before it drives the turn."""
         s = self._s
         if not storable(session_id):
             raise UnknownSession(session_id)
@@ -77,7 +82,8 @@ class Leases(Connections):
         async def body(conn: Conn) -> tuple[int | None, int]:
             # One statement: no row if the session is unknown, a NULL token if the lease is live.
             # The session row is locked first (as a commit and `claim` lock it, then the lease),
-            # so the head is the newest: a commit running meanwhile is waited for, not missed.
+            # so the head read is the newest: a commit running meanwhile is waited for, not
+            # missed by the statement's snapshot.
             cur = await conn.execute(
                 f"WITH x AS (SELECT sk, head FROM {s}.sessions WHERE id=%s FOR KEY SHARE), "
                 f"i AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
@@ -97,7 +103,10 @@ class Leases(Connections):
             body, f"acquiring the lease on session {session_id!r}", transaction=False
         )
         assert acquired is not None  # only a transaction's write may answer None
-        return acquired
+        token, head = acquired
+        if token is not None:
+            self._granted[session_id] = (token, head)
+        return token
 
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float
