@@ -866,6 +866,117 @@ async def test_claim_does_not_steal_a_lease_taken_while_it_ran(
     assert await pg.acquire_lease(sid, "w2", 10, T0 + 5) is None
 
 
+async def test_a_lease_is_granted_with_the_head_of_a_commit_it_waited_for(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    """The head kept with a lease is the newest: an acquire that waits for a drive's last
+    commit (which moves the head and frees the lease) keeps the head that commit left, not the
+    one its statement's snapshot saw."""
+    sid = await new_session(pg)
+    held = await pg.acquire_lease(sid, "w0", 10, T0)
+    assert held is not None
+    assert await pg.acquire_lease(sid, "w1", 10, T0) is None  # live: not granted
+    holder = await admin(pg_store_url)
+    async with holder:
+        # A commit in flight, as `commit_sql` runs it: the session row, then the lease row.
+        await holder.execute("BEGIN")
+        await holder.execute("SELECT 1 FROM signoff.sessions WHERE id=%s FOR UPDATE", (sid,))
+        await holder.execute("UPDATE signoff.sessions SET head=2 WHERE id=%s", (sid,))
+        await holder.execute("UPDATE signoff.leases SET owner='', expires_at=0")
+        acquire = asyncio.create_task(pg.acquire_lease(sid, "w1", 10, T0))
+        observer = await admin(pg_store_url)
+        async with observer:
+            await _backend_waiting(observer, "%INSERT INTO%leases%")
+        await holder.execute("COMMIT")
+        assert await asyncio.wait_for(acquire, 10) == held + 1
+    assert pg.granted_head(sid, held + 1) == 2 == await pg.head(sid)
+
+
+async def test_the_head_at_a_grant_is_given_once_and_only_for_its_token(
+    pg: PostgresStore,
+) -> None:
+    sid = await new_session(pg)
+    await pg.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running"))
+    ((got, token),) = await pg.claim("w1", 10, T0, 10)
+    assert got == sid
+    assert pg.granted_head(sid, token + 1) is None  # not this grant's: forgotten too
+    assert pg.granted_head(sid, token) is None
+    await pg.release_lease(sid, "w1", token)
+    ((_, token),) = await pg.claim("w1", 10, T0, 10)
+    assert pg.granted_head(sid, token) == 2
+    assert pg.granted_head(sid, token) is None  # once
+    assert await pg.acquire_lease(sid, "w2", 10, T0) is None  # held: nothing kept
+    assert pg.granted_head(sid, token + 1) is None
+    assert pg.granted_head("ses_unknown", 1) is None
+
+
+async def test_a_drive_reads_the_head_with_its_lease_not_after_it(pg_store_url: str) -> None:
+    """On PostgreSQL the lease's statement answers the session's head, so a drive whose state
+    is cached reads the head only once more: after it, to see whether work was left."""
+    agent = so.Agent(
+        name="a", model=so.models.Scripted([so.ModelResponse(text="hi")] * 3), tools=[]
+    )
+    rt = so.Runtime([agent], store=pg_store_url)
+    try:
+        r = await rt.generate("a", prompt="one")
+        assert r.status == "completed"
+        store = rt.store
+        assert isinstance(store, PostgresStore)
+        heads: list[str] = []
+        real_head = store.head
+
+        async def head(session_id: str) -> int | None:
+            heads.append(session_id)
+            return await real_head(session_id)
+
+        store.head = head  # type: ignore[method-assign]
+        r = await rt.generate(session_id=r.session_id, prompt="two")
+        assert r.status == "completed" and r.text == "hi"
+        assert heads == [r.session_id]
+        assert [e.type for e in await store.read_events(r.session_id)].count("turn.completed") == 2
+    finally:
+        await rt.close()
+
+
+async def test_a_worker_drive_reads_the_head_with_its_claim_not_after_it(
+    pg_store_url: str,
+) -> None:
+    """A worker's claim keeps each session's head, so its drive reads the head only once more:
+    after it, to see whether work was left."""
+    agent = so.Agent(
+        name="a", model=so.models.Scripted([so.ModelResponse(text="hi")] * 3), tools=[]
+    )
+    async with (
+        so.Runtime([agent], store=pg_store_url, inline=False) as front,
+        so.Runtime([agent], store=pg_store_url, inline=False) as worker,
+    ):
+        sid = await front.create_session("a")
+        heads: list[str] = []
+        real_head = worker.store.head
+
+        async def head(session_id: str) -> int | None:
+            heads.append(session_id)
+            return await real_head(session_id)
+
+        worker.store.head = head  # type: ignore[method-assign]
+        stop = asyncio.Event()
+        working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05, sweep_every=3600))
+        try:
+            for turns, prompt in enumerate(("one", "two"), 1):
+                await front.generate(session_id=sid, prompt=prompt)
+                for _ in range(1000):
+                    events = [e.type for e in await front.store.read_events(sid)]
+                    if events.count("turn.completed") == turns:
+                        break
+                    await asyncio.sleep(0.01)
+                assert events.count("turn.completed") == turns
+                await asyncio.sleep(0.1)  # the drive's last look at the head
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, 30)
+        assert heads == [sid, sid]  # one per drive: the first loaded it, the second was cached
+
+
 # -- LISTEN/NOTIFY ---------------------------------------------------------------------------
 
 

@@ -462,6 +462,63 @@ async def reads_every_way(store: PostgresStore, sid: str, events: list[Event]) -
     assert loaded is not None and loaded.events == events
 
 
+async def test_a_commit_after_another_process_s_is_one_statement_once_its_head_was_read(
+    two: tuple[PostgresStore, PostgresStore], pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`head`, `claim` and `acquire_lease` read the state a commit guesses with the head, so a
+    store's commit after another process's (once it has looked at the session) needs no read
+    first, and writes the rows one store alone would."""
+    a, b = two
+    sent: list[str] = []
+    real = psycopg.AsyncConnection.execute
+
+    async def execute(self: psycopg.AsyncConnection[Any], query: Any, *x: Any, **k: Any) -> Any:
+        sent.append(str(query).split(" ", 1)[0])
+        return await real(self, query, *x, **k)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
+    sid = f"ses_{uuid.uuid4().hex[:20]}"
+    events = [turn_ev(sid, 1, None, "session.created")]
+    await a.create_session(sid, "support", events, None)
+
+    async def claim() -> int | None:
+        ((got, token),) = await a.claim("w", 10, T0, 10)
+        assert got == sid
+        return token
+
+    looks = [
+        lambda: a.head(sid),
+        claim,
+        lambda: a.acquire_lease(sid, "w", 10, T0),
+        lambda: a.head(sid),
+    ]
+    for i, look in enumerate(looks):
+        # The other process moves the session on, into a new turn, then leaves it runnable.
+        head = len(events)
+        moved = [turn_ev(sid, head + 1, f"trn_{i}"), turn_ev(sid, head + 2, f"trn_{i}")]
+        await b.commit(Commit(session_id=sid, expected_seq=head, events=moved, status="running"))
+        events += moved
+        token = await look()
+        sent.clear()
+        event = turn_ev(sid, len(events) + 1, f"trn_{i}" if i % 2 else None)
+        await a.commit(
+            Commit(
+                session_id=sid,
+                expected_seq=len(events),
+                events=[event],
+                status="idle",
+                lease_token=token if i in (1, 2) else None,
+                release_lease=i in (1, 2),
+            )
+        )
+        events.append(event)
+        assert sent == ["BEGIN", "WITH", "COMMIT"], look
+    rows = await rows_of(pg_store_url, sid)
+    assert [turn for _, _, turn in rows] == named_where_it_changes([e.turn_id for e in events])
+    await reads_every_way(a, sid, events)
+    assert await verify(a, stream=sid) == []
+
+
 async def test_rows_keep_type_codes_and_name_a_turn_where_it_changes(
     pg: PostgresStore, pg_store_url: str
 ) -> None:

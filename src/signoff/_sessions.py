@@ -231,10 +231,15 @@ class SessionRunner:
 
     async def state(self, session_id: str) -> SessionState:
         """The session's current state, checked against the store's head."""
+        return await self._state_at(session_id, None)
+
+    async def _state_at(self, session_id: str, head: int | None) -> SessionState:
+        """`state`, checked against `head` if the caller just read it (with a lease) instead."""
         await self.open()
         cached = self._cache.get(session_id)
         if cached is not None:
-            head = await self.store.head(session_id)
+            if head is None:
+                head = await self.store.head(session_id)
             if head is None:
                 raise UnknownSession(session_id)
             if head == cached.seq:
@@ -260,16 +265,22 @@ class SessionRunner:
             self._cache.popitem(last=False)
 
     async def _checked(
-        self, session_id: str, *, trust_cache: bool = False, lease: int | None = None
+        self,
+        session_id: str,
+        *,
+        trust_cache: bool = False,
+        lease: int | None = None,
+        head: int | None = None,
     ) -> SessionState:
         """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
-        caller's token on it, if any. `trust_cache` skips the store's head when nothing is due
-        on the cached state: a stale cache makes the caller's append conflict instead."""
+        caller's token on it, if any, and `head` the session's head when it was granted.
+        `trust_cache` skips the store's head when nothing is due on the cached state: a stale
+        cache makes the caller's append conflict instead."""
         now = self.clock()
         cached = self._cache.get(session_id) if trust_cache else None
         if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
             return cached
-        state = await self.state(session_id)
+        state = await (self.state(session_id) if head is None else self._state_at(session_id, head))
         if state.expired(now):
             await self._expire(state, lease)
         if due_batch(state, now) is not None:
@@ -416,6 +427,7 @@ class SessionRunner:
         # A worker's drive that fails keeps its lease until it lapses: the session is retried
         # once per TTL, not claimed again at once by every worker in a loop.
         keep_on_error = claimed is not None
+        granted = getattr(self.store, "granted_head", None)
         for _ in range(100):
             if claimed is not None:
                 (owner, token), claimed = claimed, None
@@ -428,6 +440,8 @@ class SessionRunner:
                     state = await self.state(session_id)
                     return self._result(state, outcomes, busy=True)
                 token = acquired
+            # The session's head when this lease was granted, if the store read it then.
+            head: int | None = None if granted is None else granted(session_id, token)
             renewing = asyncio.Event()
             renewing.set()
             held = _Held(time.monotonic())
@@ -436,7 +450,7 @@ class SessionRunner:
             failed = True
             lost = False
             try:
-                state = await self._checked(session_id, lease=token)
+                state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running
                     state = await self._checked(session_id, lease=token)
                 driver = self._driver(state, token)

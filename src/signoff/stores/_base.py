@@ -146,7 +146,11 @@ class PendingFilter:
 
 @runtime_checkable
 class Store(Protocol):
-    """Durable home of sessions: the event log plus tables derived from it in the same commit."""
+    """Durable home of sessions: the event log plus tables derived from it in the same commit.
+
+    A store may also offer `server_time()` (the clock leases are timed by) and
+    `granted_head(session_id, token)` (the head it read when it granted that lease, which saves
+    a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them."""
 
     url: str
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from typing import NamedTuple, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NamedTuple, TypeVar
 
 try:
     import psycopg
@@ -111,6 +111,9 @@ class Connections:
         # under the session's row lock.
         self._state: PerSession[Seen] = PerSession()
         self._tails: Tails[Previous | None] = Tails()
+        # The head each session had when this store granted a lease on it, by token
+        # (`granted_head`): the drive under that lease needs no round trip to read it.
+        self._granted: PerSession[tuple[int, int]] = PerSession()
         self._changes = Listener(self.channel, self._connect, f"signoff-listen-{schema}")
         self._outage = Outage(self._probe_connect, self._where, grace)
         self._s = f'"{schema}"'
@@ -459,6 +462,18 @@ class Connections:
 
     def _remember(self, session_id: str, state: Seen) -> None:
         self._state[session_id] = state
+
+    def _moved(self, session_id: str, row: Sequence[Any]) -> int:
+        """The head of a session row read as `head, audit_n, audit_hash, turn seq, turn`: the
+        guess a commit makes of a session this store works on is kept up with it, so a commit
+        after another process's needs no round trip to read its state first."""
+        head = int(row[0])
+        guess = self._state.get(session_id)
+        if guess is not None and guess.head != head:
+            digest = None if row[2] is None else bytes(row[2])
+            turn_seq = None if row[3] is None else int(row[3])
+            self._remember(session_id, Seen(head, int(row[1]), digest, turn_seq, row[4]))
+        return head
 
     async def _session_key(self, conn: Conn, session_id: str) -> int | None:
         sk = self._sk.get(session_id)

@@ -4,9 +4,11 @@ releases the lease on one; each is one autocommit statement or one short transac
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from ..._exceptions import UnknownSession
 from ._connections import Conn, Connections, storable
+from ._sql import named_turn
 
 __all__ = ["Leases"]
 
@@ -26,6 +28,13 @@ class Leases(Connections):
 
         return await self._read(body, "reading the database's clock")
 
+    def granted_head(self, session_id: str, token: int) -> int | None:
+        """The session's head when this store granted it lease `token` (by `claim` or
+        `acquire_lease`), once; None if it granted no such lease. A token names one grant, so
+        the drive holding it reads the head it began at without another round trip."""
+        granted = self._granted.pop(session_id, None)
+        return granted[1] if granted is not None and granted[0] == token else None
+
     async def claim(
         self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
     ) -> list[tuple[str, int]]:
@@ -37,27 +46,38 @@ class Leases(Connections):
             return []
         only = "" if agents is None else "AND s.agent = ANY(%s) "
 
-        async def body(conn: Conn) -> list[tuple[str, int]]:
+        async def body(conn: Conn) -> list[tuple[str, int, tuple[Any, ...]]]:
+            # The session rows stay locked to the statement's end, and a row lock reads a row's
+            # newest version: the heads answered are those the leases were granted at. (The
+            # turn is read as of the statement's start: a guess, which the commit checks.)
             cur = await conn.execute(
-                f"WITH c AS (SELECT s.sk FROM {s}.sessions s "
+                f"WITH c AS (SELECT s.sk, s.id, s.head, s.audit_n, s.audit_hash, s.updated_at "
+                f"FROM {s}.sessions s "
                 f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
                 "WHERE s.status = 'running' "
                 "AND (l.sk IS NULL OR l.owner = '' OR l.expires_at < %s) "
                 # a session whose TTL passed can never run again: no worker is to claim it
                 "AND (s.expires_at IS NULL OR s.expires_at > %s) "
-                f"{only}ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED) "
-                f"INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
+                f"{only}ORDER BY s.updated_at LIMIT %s FOR UPDATE OF s SKIP LOCKED), "
+                f"i AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
                 "SELECT sk, %s, 1, %s FROM c ON CONFLICT (sk) DO UPDATE "
                 "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
                 # re-checked on the latest row: an acquire_lease may have won meanwhile
                 "WHERE l.owner = '' OR l.expires_at < %s "
-                f"RETURNING (SELECT x.id FROM {s}.sessions x WHERE x.sk = l.sk), l.token",
+                "RETURNING l.sk, l.token) "
+                "SELECT c.id, i.token, c.head, c.audit_n, c.audit_hash, t.seq, t.turn "
+                "FROM i JOIN c ON c.sk = i.sk "
+                f"LEFT JOIN LATERAL ({named_turn(s, 'c.sk', 'c.head')}) t ON true "
+                "ORDER BY c.updated_at",
                 (now, now, *([] if agents is None else [list(agents)]))
                 + (limit, owner, now + ttl, now),
             )
-            return [(str(i), int(t)) for i, t in await cur.fetchall()]
+            return [(str(row[0]), int(row[1]), row[2:]) for row in await cur.fetchall()]
 
-        return await self._write(body, "claiming runnable sessions") or []
+        claimed = await self._write(body, "claiming runnable sessions") or []
+        for session_id, token, row in claimed:
+            self._granted[session_id] = (token, self._moved(session_id, row))
+        return [(session_id, token) for session_id, token, _ in claimed]
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl: float, now: float
@@ -66,26 +86,37 @@ class Leases(Connections):
         if not storable(session_id):
             raise UnknownSession(session_id)
 
-        async def body(conn: Conn) -> int | None:
+        async def body(conn: Conn) -> tuple[int | None, tuple[Any, ...]]:
             # One statement: no row if the session is unknown, a NULL token if the lease is live.
+            # The session row is locked first (as a commit and `claim` lock it, then the lease),
+            # so the head read is the newest: a commit running meanwhile is waited for, not
+            # missed by the statement's snapshot.
             cur = await conn.execute(
-                f"WITH x AS (SELECT sk FROM {s}.sessions WHERE id=%s), "
+                f"WITH x AS (SELECT sk, head, audit_n, audit_hash FROM {s}.sessions "
+                "WHERE id=%s FOR KEY SHARE), "
                 f"i AS (INSERT INTO {s}.leases AS l (sk, owner, token, expires_at) "
                 "SELECT sk, %s, 1, %s FROM x ON CONFLICT (sk) DO UPDATE "
                 "SET owner=excluded.owner, token=l.token + 1, expires_at=excluded.expires_at "
                 "WHERE l.owner = '' OR l.owner = excluded.owner OR l.expires_at <= %s "
                 "RETURNING token) "
-                "SELECT (SELECT token FROM i) FROM x",
+                "SELECT (SELECT token FROM i), x.head, x.audit_n, x.audit_hash, t.seq, t.turn "
+                f"FROM x LEFT JOIN LATERAL ({named_turn(s, 'x.sk', 'x.head')}) t ON true",
                 (session_id, owner, now + ttl, now),
             )
             row = await cur.fetchone()
             if row is None:
                 raise UnknownSession(session_id)
-            return None if row[0] is None else int(row[0])
+            return None if row[0] is None else int(row[0]), row[1:]
 
-        return await self._write(
+        acquired = await self._write(
             body, f"acquiring the lease on session {session_id!r}", transaction=False
         )
+        assert acquired is not None  # only a transaction's write may answer None
+        token, row = acquired
+        head = self._moved(session_id, row)
+        if token is not None:
+            self._granted[session_id] = (token, head)
+        return token
 
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float
