@@ -159,3 +159,11 @@ def test_the_worker_command_exits_with_one_line_when_its_store_file_is_deleted(
             proc.communicate()
     assert proc.returncode == 1, rest
     assert "error: StoreGone: " in rest and "Traceback" not in rest, rest
+
+
+async def test_work_refuses_a_runtime_without_agents(tmp_path: Path) -> None:
+    """A worker of no agents claims nothing and sweeps nothing (both are left to processes that
+    have the sessions' agents): it ran silently for ever, as though it were working."""
+    async with so.Runtime([], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        with pytest.raises(so.UsageError, match="no agents"):
+            await asyncio.wait_for(rt.work(), 2)

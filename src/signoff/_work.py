@@ -135,6 +135,8 @@ class Workers(Messages):
         it was running have finished or parked."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UsageError(f"concurrency must be a whole number from 1, not {concurrency!r}")
+        if not self.agents:  # it would claim and sweep only sessions of agents it has: none
+            raise UsageError("this runtime has no agents: a worker of it would run no turns")
         for name, value in (("idle_wait", idle_wait), ("sweep_every", sweep_every)):
             # Zero or less would claim (or sweep) in a busy loop.
             if not positive_seconds(value):
