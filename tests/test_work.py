@@ -167,3 +167,43 @@ async def test_work_refuses_a_runtime_without_agents(tmp_path: Path) -> None:
     async with so.Runtime([], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
         with pytest.raises(so.UsageError, match="no agents"):
             await asyncio.wait_for(rt.work(), 2)
+
+
+async def test_concurrency_bounds_the_turns_in_flight_and_sessions_run_in_order(
+    store_url: str,
+) -> None:
+    """`concurrency` turns at a time, never more (nor fewer while more wait), taken oldest
+    first, so a session made runnable later is not passed over for ever."""
+    live: list[str] = []
+    peak = [0]
+    started: list[str] = []
+
+    @so.tool(approval=so.never())
+    async def slow(ctx: so.ToolContext) -> str:
+        """Work a while."""
+        started.append(ctx.session.id)
+        live.append(ctx.session.id)
+        peak[0] = max(peak[0], len(live))
+        await asyncio.sleep(0.3)
+        live.remove(ctx.session.id)
+        return "ok"
+
+    def agent() -> so.Agent:
+        call = so.ModelResponse(tool_calls=[so.ToolCall(id="c1", name="slow", input={})])
+        model = so.models.Scripted([call, so.ModelResponse(text="Done.")])
+        return so.Agent(name="support", model=model, tools=[slow])
+
+    async with (
+        so.Runtime([agent()], store=store_url, inline=False) as front,
+        so.Runtime([agent()], store=store_url, inline=False) as worker,
+    ):
+        ids = []
+        for _ in range(5):
+            ids.append((await front.generate("support", prompt="go")).session_id)
+            await asyncio.sleep(0.01)  # each later than the one before
+        async with working(worker, concurrency=2):
+            for sid in ids:
+                await until(lambda sid=sid: is_(front, sid, "completed"))  # type: ignore[misc]
+    assert peak[0] == 2
+    assert set(started[:2]) == set(ids[:2])  # the two oldest first
+    assert sorted(started) == sorted(ids)  # each once, the later ones too
