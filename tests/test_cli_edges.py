@@ -456,3 +456,24 @@ def test_serve_refuses_a_sign_in_lifetime_that_is_not_a_number(url: str) -> None
     result = invoke("serve", TARGET, "--store", url, "--sign-in-lifetime", "12h")
     assert result.exit_code == 2, result.output
     assert "--sign-in-lifetime" in result.output
+
+
+def test_an_async_runtime_factory_is_refused_by_the_commands_without_a_stray_warning(
+    tmp_path: Path,
+) -> None:
+    """`signoff worker` (and chat, pending, serve) load their target with the CLI's own loader,
+    which called an async factory and reported the coroutine as the wrong type, leaving it
+    unawaited ("coroutine 'make' was never awaited" beside the error)."""
+    from signoff.cli import load_runtime
+
+    (tmp_path / "async_worker_factory.py").write_text("async def make():\n    return None\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        # filterwarnings = error: a coroutine left unawaited would fail the test at collection.
+        with pytest.raises(so.UsageError, match=r"async_worker_factory:make\(\) is a coroutine"):
+            load_runtime("async_worker_factory:make")
+        import gc
+
+        gc.collect()
+    finally:
+        sys.path.remove(str(tmp_path))

@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 
 from ._deadlines import is_due, is_lapsed
-from ._exceptions import SessionExpired, StoreError, UsageError
+from ._exceptions import SessionExpired, StoreError, StoreGone, UsageError
 from ._messages import Messages
 from ._sessions import positive_seconds
 from ._types import InputRequest
@@ -21,6 +21,35 @@ __all__ = ["Workers"]
 log = logging.getLogger("signoff.worker")
 
 CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing before the next
+LONGEST_RETRY = 5.0  # seconds: the longest a worker waits between claims while they fail
+
+
+class _Failing:
+    """A call the worker repeats (claims, sweeps) while the store fails it: logged when it starts
+    failing and when it works again, not at every try, and retried less and less often."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None  # `time.monotonic()` of the first failure in a row
+        self.backoff = 0.0
+
+    def failed(self, exc: StoreError, first_wait: float) -> float:
+        """Note a failure; returns the seconds to wait before the next try."""
+        if self.since is None:
+            self.since = time.monotonic()
+            log.warning("%s failed, retrying (logged again once it works): %s", self.what, exc)
+        else:
+            log.debug("%s failed again: %s", self.what, exc)
+        self.backoff = min(max(first_wait, self.backoff * 2), LONGEST_RETRY)
+        return self.backoff
+
+    def worked(self) -> None:
+        if self.since is not None:
+            log.info(
+                "%s works again (it failed for %.1fs)", self.what, time.monotonic() - self.since
+            )
+        self.since = None
+        self.backoff = 0.0
 
 
 class Workers(Messages):
@@ -106,6 +135,8 @@ class Workers(Messages):
         it was running have finished or parked."""
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise UsageError(f"concurrency must be a whole number from 1, not {concurrency!r}")
+        if not self.agents:  # it would claim and sweep only sessions of agents it has: none
+            raise UsageError("this runtime has no agents: a worker of it would run no turns")
         for name, value in (("idle_wait", idle_wait), ("sweep_every", sweep_every)):
             # Zero or less would claim (or sweep) in a busy loop.
             if not positive_seconds(value):
@@ -118,9 +149,12 @@ class Workers(Messages):
         wait = getattr(self.store, "wait_for_change", None)
         last_empty = -1.0  # monotonic time of the last claim that found nothing
         mark: int | None = None
-        while not stop.is_set():
+        claims, sweeps = _Failing("claiming sessions"), _Failing("applying passed deadlines")
+        retry_at = 0.0  # monotonic time before which claims that failed are not tried again
+        gone: StoreGone | None = None  # the store's file replaced: only a restart mends it
+        while not stop.is_set() and gone is None:
             free = concurrency - len(running)
-            if free > 0:
+            if free > 0 and time.monotonic() >= retry_at:
                 # Every commit anywhere wakes every idle worker: a burst of notifications is
                 # coalesced into one claim per CLAIM_GAP instead of one claim per commit.
                 gap = last_empty + CLAIM_GAP - time.monotonic()
@@ -134,9 +168,14 @@ class Workers(Messages):
                 mark = getattr(self.store, "changes_seen", None)
                 try:
                     claimed = await self._claim(owner, free)
+                except StoreGone as exc:
+                    gone = exc
+                    break
                 except StoreError as exc:  # the database restarting, say: try again later
-                    log.warning("claiming sessions failed, retrying: %s", exc)
+                    retry_at = time.monotonic() + claims.failed(exc, idle_wait)
                     claimed = []
+                else:
+                    claims.worked()
                 last_empty = -1.0 if claimed else time.monotonic()
                 for session_id, token in claimed:
                     log.info("claimed session %s (lease %d)", session_id, token)
@@ -149,24 +188,36 @@ class Workers(Messages):
                     await self._sync_lease_clock()
                 try:
                     await self.expire_due()
-                except Exception:  # the next sweep tries again; the worker goes on
+                except StoreGone as exc:
+                    gone = exc
+                    break
+                except StoreError as exc:  # the next sweep tries again; the worker goes on
+                    sweeps.failed(exc, sweep_every)
+                except Exception:
                     log.exception("applying passed deadlines failed")
+                else:
+                    sweeps.worked()
             if len(running) >= concurrency:
                 await asyncio.wait(running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED)
-            elif wait is not None:
+            elif wait is not None and claims.since is None:
                 since = {} if mark is None else {"since": mark}
                 waiter = asyncio.ensure_future(wait(None, idle_wait, **since))
                 stopper = asyncio.ensure_future(stop.wait())
                 await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
                 for f in (waiter, stopper):
                     f.cancel()
-            else:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(idle_wait):
-                        await stop.wait()
+                if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
+                    # Changes cannot be waited for (the store failing): sleep, do not spin.
+                    await _sleep(stop, idle_wait)
+            else:  # or until claims that failed are tried again
+                await _sleep(stop, max(idle_wait, retry_at - time.monotonic()))
+        if gone is not None:
+            log.error("stopping: %s", gone)
         if running:
             log.info("stopping: waiting for %d running turn(s)", len(running))
             await asyncio.gather(*running, return_exceptions=True)
+        if gone is not None:
+            raise gone
 
     async def _claim(self, owner: str, limit: int) -> list[tuple[str, int]]:
         """Claim up to `limit` sessions, keeping only leases that are ours and live: a claim that
@@ -203,3 +254,10 @@ class Workers(Messages):
                 session_id,
                 self.lease_ttl,
             )
+
+
+async def _sleep(stop: asyncio.Event, seconds: float) -> None:
+    """Wait `seconds`, or less if `stop` is set meanwhile."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(seconds):
+            await stop.wait()

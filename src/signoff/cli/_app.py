@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import importlib
+import inspect
 import os
 import sqlite3
 import sys
@@ -232,6 +233,12 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
             raise
         except Exception as exc:
             raise UsageError(f"{target}() failed: {type(exc).__name__}: {exc}") from exc
+        if inspect.iscoroutine(obj):
+            obj.close()  # never run: no "was never awaited" warning beside the error
+            raise UsageError(
+                f"{target}() is a coroutine: a runtime factory must be a plain function "
+                "returning a signoff Runtime or Agent"
+            )
     if isinstance(obj, Agent):
         return Runtime([obj], store=store)
     if isinstance(obj, Runtime):

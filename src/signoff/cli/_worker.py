@@ -56,7 +56,8 @@ def worker(
 
     SIGTERM or Ctrl-C stops it gracefully (turns in flight finish or park; a second signal
     stops at once, leaving the leases to expire). Started while its database is down, it waits
-    for it (logging each retry).
+    for it (logging each retry); a store failing later is logged once and retried, one whose
+    file was deleted or replaced (`StoreGone`) ends it with exit status 1.
     """
     import logging
     import signal

@@ -129,7 +129,7 @@ def create_app(
         if channels is not None:
             await channels.start()
         stop = asyncio.Event()
-        if workers:
+        if workers and runtime.agents:  # a runtime of no agents has no turns to work on
             every = 5.0 if sweep_every is None else sweep_every
             working = asyncio.create_task(
                 runtime.work(concurrency=workers, stop=stop, sweep_every=every)

@@ -1,0 +1,209 @@
+"""`Runtime.work()` while its store fails: a failure that lasts a while is logged when it starts
+and when it ends, not at every try, and retried less and less often; one that waiting cannot
+mend (the store's file deleted) stops the worker with that error instead of a retry loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+
+from ._procs import ROOT
+from .test_workers import is_, refund_agent, until, working
+
+
+def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING and text in r.getMessage()]
+
+
+async def test_claims_failing_for_a_while_are_logged_once_and_backed_off(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker claiming every `idle_wait` against a database that is down logged a warning at
+    every try (twice a second by default) for as long as the outage lasted."""
+    runs: list[str] = []
+    agent = refund_agent(runs)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False) as front,
+        so.Runtime([agent], store=store_url, inline=False, lease_ttl=2.0) as worker,
+    ):
+        claim = worker.store.claim
+        down = [True]
+        tries: list[float] = []
+
+        async def down_claim(*args: Any, **kwargs: Any) -> list[tuple[str, int]]:
+            if down:
+                tries.append(time.monotonic())
+                raise so.StoreError("claiming runnable sessions: no connection (test)")
+            return await claim(*args, **kwargs)
+
+        worker.store.claim = down_claim  # type: ignore[method-assign]
+        r = await front.generate("support", prompt="Refund order 1042")
+        with caplog.at_level(logging.INFO, logger="signoff.worker"):
+            async with working(worker):  # idle_wait=0.05: 30 tries in 1.5 s without a backoff
+                await asyncio.sleep(1.5)
+                down.clear()
+                await until(lambda: is_(front, r.session_id, "waiting"))
+        assert 2 <= len(tries) <= 8, len(tries)
+        assert len(_warnings(caplog, "claiming sessions failed")) == 1
+        assert "claiming sessions works again" in caplog.text
+
+
+async def test_a_sweep_failing_for_a_while_is_logged_once_without_a_traceback(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The deadline sweep failing because the store is down logged a whole traceback at every
+    sweep, though an outage is no bug."""
+    async with so.Runtime([refund_agent([])], store=store_url, inline=False) as worker:
+        pending = worker.store.pending
+        failures = [0]
+
+        async def down_pending(*args: Any) -> list[so.InputRequest]:
+            if failures[0] < 5:
+                failures[0] += 1
+                raise so.StoreUnavailable("listing requests: the database is down (test)")
+            return await pending(*args)
+
+        worker.store.pending = down_pending  # type: ignore[method-assign,assignment]
+        with caplog.at_level(logging.INFO, logger="signoff.worker"):
+            async with working(worker, sweep_every=0.01):
+                await until(lambda: asyncio.sleep(0.05, failures[0] == 5))
+                await asyncio.sleep(0.2)  # a sweep that works
+        (warning,) = _warnings(caplog, "applying passed deadlines failed")
+        assert warning.exc_info is None and "database is down" in warning.getMessage()
+        assert "applying passed deadlines works again" in caplog.text
+
+
+async def test_changes_that_cannot_be_waited_for_do_not_spin_the_claims(
+    store_url: str,
+) -> None:
+    """A store whose change wait fails at once (its file gone, its listener down) made the
+    worker claim again after only the 20 ms claim gap: a busy loop of claims."""
+    async with so.Runtime([refund_agent([])], store=store_url, inline=False) as worker:
+        claim = worker.store.claim
+        tries = [0]
+
+        async def counted(*args: Any, **kwargs: Any) -> list[tuple[str, int]]:
+            tries[0] += 1
+            return await claim(*args, **kwargs)
+
+        async def broken_wait(*args: Any, **kwargs: Any) -> bool:
+            raise so.StoreError("waiting for changes: no listener (test)")
+
+        worker.store.claim = counted  # type: ignore[method-assign]
+        worker.store.wait_for_change = broken_wait  # type: ignore[attr-defined]
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.work(stop=stop, idle_wait=0.2))
+        await asyncio.sleep(1.0)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert tries[0] <= 8, tries[0]  # one per idle_wait, not one per 20 ms
+
+
+async def test_a_deleted_store_file_stops_the_worker_with_store_gone(tmp_path: Path) -> None:
+    """`StoreGone` is mended only by opening the store again: a worker retrying it looped
+    for ever, claiming and warning 50 times a second. It stops, raising it, once its running
+    turns are over."""
+    path = tmp_path / "state.db"
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.never(), delay=0.5)
+    async with (
+        so.Runtime([agent], store=f"sqlite:///{path}", inline=False) as front,
+        so.Runtime([agent], store=f"sqlite:///{path}", inline=False) as worker,
+    ):
+        await front.generate("support", prompt="Refund order 1042")
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
+        await until(lambda: asyncio.sleep(0, bool(runs)))  # the tool body is running
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        try:
+            with pytest.raises(so.StoreGone):
+                await asyncio.wait_for(task, 10)
+        finally:
+            stop.set()
+        assert len(runs) == 1  # the tool body in flight was let finish, and run only once
+
+
+def test_the_worker_command_exits_with_one_line_when_its_store_file_is_deleted(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "worker", "tests._worker_procs:runtime"]
+        + ["--store", f"sqlite:///{path}", "--idle-wait", "0.05"],
+        cwd=ROOT,
+        env={**os.environ, "SIGNOFF_TEST_RECORDS": str(tmp_path / "runs.jsonl")},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        assert "worker " in proc.stderr.readline()
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        _, rest = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 1, rest
+    assert "error: StoreGone: " in rest and "Traceback" not in rest, rest
+
+
+async def test_work_refuses_a_runtime_without_agents(tmp_path: Path) -> None:
+    """A worker of no agents claims nothing and sweeps nothing (both are left to processes that
+    have the sessions' agents): it ran silently for ever, as though it were working."""
+    async with so.Runtime([], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        with pytest.raises(so.UsageError, match="no agents"):
+            await asyncio.wait_for(rt.work(), 2)
+
+
+async def test_concurrency_bounds_the_turns_in_flight_and_sessions_run_in_order(
+    store_url: str,
+) -> None:
+    """`concurrency` turns at a time, never more (nor fewer while more wait), taken oldest
+    first, so a session made runnable later is not passed over for ever."""
+    live: list[str] = []
+    peak = [0]
+    started: list[str] = []
+
+    @so.tool(approval=so.never())
+    async def slow(ctx: so.ToolContext) -> str:
+        """Work a while."""
+        started.append(ctx.session.id)
+        live.append(ctx.session.id)
+        peak[0] = max(peak[0], len(live))
+        await asyncio.sleep(0.3)
+        live.remove(ctx.session.id)
+        return "ok"
+
+    def agent() -> so.Agent:
+        call = so.ModelResponse(tool_calls=[so.ToolCall(id="c1", name="slow", input={})])
+        model = so.models.Scripted([call, so.ModelResponse(text="Done.")])
+        return so.Agent(name="support", model=model, tools=[slow])
+
+    async with (
+        so.Runtime([agent()], store=store_url, inline=False) as front,
+        so.Runtime([agent()], store=store_url, inline=False) as worker,
+    ):
+        ids = []
+        for _ in range(5):
+            ids.append((await front.generate("support", prompt="go")).session_id)
+            await asyncio.sleep(0.01)  # each later than the one before
+        async with working(worker, concurrency=2):
+            for sid in ids:
+                await until(lambda sid=sid: is_(front, sid, "completed"))  # type: ignore[misc]
+    assert peak[0] == 2
+    assert set(started[:2]) == set(ids[:2])  # the two oldest first
+    assert sorted(started) == sorted(ids)  # each once, the later ones too
