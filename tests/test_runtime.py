@@ -1276,3 +1276,39 @@ async def test_following_events_holds_a_bounded_number_of_bytes_per_read(
         seqs = [e.seq async for e in rt.events(r.session_id, follow=False)]
     assert head is not None and seqs == list(range(1, head + 1))
     assert max(store.batches) == 1
+
+
+def test_a_replaced_runtime_keeps_every_setting_it_is_not_given(tmp_path: Path) -> None:
+    """`signoff worker` and `--store` rebuild the runtime a module made: a setting left out of
+    the copy (the worker once dropped `cache_size`) would silently change how it runs."""
+    import inspect
+
+    from signoff._sessions import SessionRunner
+
+    clock = so.testing.ManualClock(1_000.0)
+    original = so.Runtime(
+        [so.Agent(name="a", model=so.models.Scripted([]))],
+        f"sqlite:///{tmp_path / 'a.db'}",
+        clock=clock,
+        lease_ttl=11.0,
+        lease_wait=3.0,
+        cache_size=7,
+        poll_interval=0.5,
+        inline=True,
+    )
+    copy = original._replaced(lease_ttl=2.0, inline=False)
+    settings = {
+        "clock": "clock",
+        "lease_wait": "lease_wait",
+        "cache_size": "_cache_size",
+        "poll_interval": "poll_interval",
+    }
+    given = {"agents", "store", "lease_ttl", "inline"}
+    params = set(inspect.signature(SessionRunner.__init__).parameters) - {"self"}
+    assert params == given | set(settings), "a new setting: carry it in Runtime._replaced"
+    for attribute in settings.values():
+        assert getattr(copy, attribute) == getattr(original, attribute), attribute
+    assert (copy.lease_ttl, copy.inline, copy.store) == (2.0, False, original.store)
+    assert list(copy.agents) == ["a"]
+    moved = original.with_store(f"sqlite:///{tmp_path / 'b.db'}")
+    assert (moved.lease_ttl, moved.inline, moved._cache_size) == (11.0, True, 7)

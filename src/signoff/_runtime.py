@@ -93,15 +93,26 @@ class Runtime(Workers):
     def with_store(self, store: str | Store) -> Runtime:
         """This runtime's agents and settings on another store (`--store`): only the store is
         replaced, so one that leaves its turns to workers (`inline=False`) still does."""
+        return self._replaced(store=store)
+
+    def _replaced(
+        self,
+        *,
+        store: str | Store | None = None,
+        lease_ttl: float | None = None,
+        inline: bool | None = None,
+    ) -> Runtime:
+        """A new runtime with this one's agents and every setting but those given (for the
+        commands that run a runtime a module built: `signoff worker` leaves turns to claims)."""
         return Runtime(
             list(self.agents.values()),
-            store,
+            self.store if store is None else store,
             clock=self.clock,
-            lease_ttl=self.lease_ttl,
+            lease_ttl=self.lease_ttl if lease_ttl is None else lease_ttl,
             lease_wait=self.lease_wait,
             cache_size=self._cache_size,
             poll_interval=self.poll_interval,
-            inline=self.inline,
+            inline=self.inline if inline is None else inline,
         )
 
     def _driver(self, state: SessionState, token: int | None) -> Driver:

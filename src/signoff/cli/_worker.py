@@ -70,16 +70,8 @@ def worker(
     log = logging.getLogger("signoff.worker")
 
     async def go() -> None:
-        loaded = load_runtime(target, store)
-        runtime = Runtime(
-            list(loaded.agents.values()),
-            store=loaded.store,
-            clock=loaded.clock,
-            lease_ttl=loaded.lease_ttl if lease_ttl is None else lease_ttl,
-            lease_wait=loaded.lease_wait,
-            poll_interval=loaded.poll_interval,
-            inline=False,  # expired deadlines only make sessions runnable; claims drive them
-        )
+        # inline=False: expired deadlines only make sessions runnable; claims drive them
+        runtime = load_runtime(target, store)._replaced(lease_ttl=lease_ttl, inline=False)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         main = asyncio.current_task()
