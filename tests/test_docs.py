@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -291,3 +293,131 @@ def test_the_subagents_example_runs_and_parks_as_its_comments_say(tmp_path: Path
             "issue_refund",
         ), n
         assert (done.status, done.text) == ("completed", "billing: refunded"), n
+
+
+def test_the_channels_example_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's Channels example, with its secrets defined and `auth=...` filled in, builds
+    a hub whose state file is where it says and an app that serves Slack's endpoint."""
+    import httpx
+
+    import signoff as so
+
+    from .test_server_common import running
+
+    [code] = re.findall(r"```python\n(.*?)```", section("Channels"), re.S)
+    assert code.count("auth=...") == 1
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, object] = {
+        "runtime": so.Runtime([], store=f"sqlite:///{tmp_path}/s.db"),
+        "BOT_TOKEN": "xoxb-test",
+        "SIGNING_SECRET": "signing-secret",
+        "WEBHOOK_SECRET": "webhook-secret",
+    }
+    exec(code.replace("auth=...", "dev=True"), scope)
+    with running(scope["app"]) as base:
+        unsigned = httpx.post(f"{base}/channels/slack/interactivity", content=b"payload=%7B%7D")
+    assert unsigned.status_code == 401, unsigned.text  # mounted, and checks Slack's signature
+    assert (tmp_path / ".signoff" / "channels.db").exists()
+
+
+def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -> None:
+    """The README's `./scripts/chat` session, typed into `signoff chat examples.support:runtime`
+    (what the script runs), prints its lines in its order; only the session id differs."""
+    [transcript] = re.findall(r"```\n(\$ \./scripts/chat\n.*?)```", section("Quick start"), re.S)
+    lines = transcript.splitlines()[1:]
+    typed = [m for line in lines for m in re.findall(r"(?:\? you: |\(y/N\) )(.+)$", line)]
+    assert typed == ["refund order 1042, it arrived broken", "y"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    for name in ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY"):
+        env.pop(name, None)  # the example's offline demo model, as on a machine with no provider
+    store = f"sqlite:///{tmp_path}/s.db"
+    out = subprocess.run(
+        [sys.executable, "-m", "signoff", "chat", "examples.support:runtime", "--store", store],
+        input="".join(f"{t}\n" for t in typed),
+        cwd=ROOT,
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout
+    for line in lines:
+        expected = re.sub(r"(\? you: |\(y/N\) ).+$", r"\1", line).strip()
+        expected = re.sub(r"ses_\w+", "ses_", expected)
+        at = re.sub(r"ses_\w+", "ses_", printed).find(expected)
+        assert at >= 0, (expected, printed)
+        printed = re.sub(r"ses_\w+", "ses_", printed)[at + len(expected) :]
+
+
+DOCS = ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
+
+PYTHON_BLOCKS = {
+    # a line of each fenced python block in the docs -> the test of this module that runs it
+    "async with so.Runtime([agent]": (
+        test_the_in_python_example_runs_and_prints_what_its_comments_say
+    ),
+    "hub = ChannelHub(runtime": test_the_channels_example_runs_as_written,
+    "app = create_app(runtime, auth=TokenAuth(": test_the_server_examples_run_as_written,
+    "async with AsyncClient(": test_the_server_examples_run_as_written,
+    "support = so.Agent(name=": test_the_subagents_example_runs_and_parks_as_its_comments_say,
+}
+
+
+def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
+    """Each fenced python block of the README and docs/ is one a test above runs, so a new
+    example cannot go unchecked: it needs an entry in `PYTHON_BLOCKS` and a test."""
+    found = [(doc, block) for doc in DOCS for block in blocks(doc, "python")]
+    assert found
+    for doc, block in found:
+        runs = [marker for marker in PYTHON_BLOCKS if marker in block]
+        assert len(runs) == 1, (doc, block[:200], runs)
+    unused = [m for m in PYTHON_BLOCKS if not any(m in block for _, block in found)]
+    assert unused == [], unused
+
+
+def test_docs_api_lists_every_public_name_and_only_those() -> None:
+    """docs/api.md's tables name each of `signoff.__all__` once, and nothing else."""
+    import signoff as so
+
+    api = (ROOT / "docs" / "api.md").read_text()
+    rows = re.findall(r"^\| ((?:`[\w.]+`(?:, )?)+) \|", api, re.M)
+    listed = [name for row in rows for name in re.findall(r"`([\w.]+)`", row)]
+    assert sorted(listed) == sorted(set(listed)), "listed twice"
+    assert sorted(listed) == sorted(so.__all__), (
+        sorted(set(so.__all__) - set(listed)),
+        sorted(set(listed) - set(so.__all__)),
+    )
+
+
+def test_every_signoff_name_the_docs_use_exists() -> None:
+    """Each `so.X`, `signoff.X.Y` and `from signoff.X import Y` of the README and docs/ (text
+    and code) names something the package has, so a documented name is never an AttributeError."""
+    import importlib
+
+    def resolve(dotted: str) -> object:
+        parts = dotted.split(".")
+        obj: object = importlib.import_module(parts[0])
+        for n, part in enumerate(parts[1:], 2):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:  # a subpackage not imported by its parent
+                obj = importlib.import_module(".".join(parts[:n]))
+        return obj
+
+    checked = 0
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        names = {f"signoff.{n}" for n in re.findall(r"\bso\.([A-Za-z_][\w.]*\w)", text)}
+        names |= {f"signoff.{n}" for n in re.findall(r"\bsignoff\.([a-z_][\w.]*\w)", text)}
+        for module, imported in re.findall(r"from (signoff[\w.]*) import ([\w, ]+)", text):
+            names |= {f"{module}.{n.strip()}" for n in imported.split(",")}
+        for name in sorted(names):
+            try:
+                resolve(name)
+            except (AttributeError, ImportError) as exc:
+                raise AssertionError(f"{doc} names {name}, which does not exist") from exc
+            checked += 1
+    assert checked >= 40, checked
