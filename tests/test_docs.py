@@ -421,3 +421,53 @@ def test_every_signoff_name_the_docs_use_exists() -> None:
                 raise AssertionError(f"{doc} names {name}, which does not exist") from exc
             checked += 1
     assert checked >= 40, checked
+
+
+def test_the_client_calls_are_the_ones_docs_server_md_names(tmp_path: Path) -> None:
+    """docs/server.md: `Client` has the calls it lists with `AsyncClient`'s parameters (its
+    `events` without following), `session()` is `AsyncClient`'s only, turn calls return the
+    runtime's types, and `pending()` / `state()` return a page with its total and a dict."""
+    import inspect
+
+    import examples.support as support
+
+    import signoff as so
+    from signoff.server import AsyncClient, Client, create_app
+
+    from .test_server_common import running
+
+    text = " ".join(blocks_text("server").split())
+    calls = ["generate", "send", "respond", "cancel", "state", "pending", "events"]
+    assert f"(`{'`, `'.join(calls)}`, which returns the events so far" in text
+    for name in calls:
+        sync = inspect.signature(getattr(Client, name)).parameters
+        async_ = dict(inspect.signature(getattr(AsyncClient, name)).parameters)
+        if name == "events":
+            del async_["follow"], async_["retries"]
+        assert list(sync) == list(async_), name
+    assert hasattr(AsyncClient, "session") and not hasattr(Client, "session")
+    for cls in (Client, AsyncClient):
+        assert list(inspect.signature(cls).parameters) == [
+            "base_url",
+            "token",
+            "timeout",
+            "transport",
+        ]
+    assert '`(requests, total)` (50 a page, `status="pending"` by default' in text
+
+    demo = so.Agent(
+        name="support",
+        model=so.models.Scripted([support.demo_model], repeat_last=True),
+        tools=list(support.agent.tools.values()),
+    )
+    rt = so.Runtime([demo], store=f"sqlite:///{tmp_path}/s.db")
+    with running(create_app(rt, dev=True)) as base, Client(base) as c:
+        r = c.generate("support", "refund order 1042, it arrived broken")
+        assert r.status == "waiting" and isinstance(r.pending[0], so.InputRequest)
+        page, total = c.pending()
+        assert ([p.id for p in page], total) == ([r.pending[0].id], 1)
+        state = c.state(r.session_id)
+        assert isinstance(state, dict) and state["status"] == "waiting"
+        done = c.respond(r.session_id, [{"request_id": r.pending[0].id, "option_id": "approve"}])
+        assert done.status == "completed" and isinstance(done.outcomes[0], so.Outcome)
+    rt.close_sync()
