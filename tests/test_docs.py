@@ -471,3 +471,38 @@ def test_the_client_calls_are_the_ones_docs_server_md_names(tmp_path: Path) -> N
         done = c.respond(r.session_id, [{"request_id": r.pending[0].id, "option_id": "approve"}])
         assert done.status == "completed" and isinstance(done.outcomes[0], so.Outcome)
     rt.close_sync()
+
+
+def test_every_command_and_option_the_docs_name_in_their_text_exists() -> None:
+    """The `signoff ...` code spans of the README's and docs/' prose name commands with options
+    those commands take, and every `--option` the text names is one some command takes (but
+    `--quick`, a benchmark's, and `--strict`, mypy's)."""
+    import typer.main
+
+    from signoff.cli import app
+
+    root: Any = typer.main.get_command(app)
+    every: set[str] = set()
+
+    def collect(command: Any) -> None:
+        every.update(o for p in command.params for o in p.opts)
+        for sub in getattr(command, "commands", {}).values():
+            collect(sub)
+
+    collect(root)
+    spans = 0
+    for doc in DOCS:
+        prose = re.sub(r"```.*?```", "", (ROOT / doc).read_text(), flags=re.S)
+        for span in re.findall(r"`(signoff [^`]*)`", prose):
+            command = root
+            for word in span.split()[1:]:
+                if word not in getattr(command, "commands", {}):
+                    break
+                command = command.commands[word]
+            assert not hasattr(command, "commands"), (doc, span)
+            used = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", span))
+            assert used <= {o for p in command.params for o in p.opts}, (doc, span)
+            spans += 1
+        named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", prose)) - {"--quick", "--strict"}
+        assert named <= every, (doc, sorted(named - every))
+    assert spans >= 20, spans
