@@ -1188,6 +1188,37 @@ async def test_with_store_keeps_every_setting_but_the_store(tmp_path: Path) -> N
     await other.close()
 
 
+async def test_a_follower_reads_the_expiry_it_meets_before_it_raises(tmp_path: Path) -> None:
+    """README: a followed session raises `SessionExpired` after its last event, and an expiry
+    that caught the turn unfinished is in the log. The follower that meets the expiry records
+    it and yields it (the request expired, the turn failed for good) before raising, instead of
+    raising on a log that still shows the turn waiting."""
+    import asyncio
+
+    now = [1_000_000.0]
+    async with so.Runtime(
+        [ttl_agent()], store=f"sqlite:///{tmp_path}/s.db", clock=lambda: now[0], poll_interval=0.01
+    ) as rt:
+        r = await rt.generate("desk", prompt="reset")
+        seen: list[so.Event] = []
+
+        async def follow() -> None:
+            async for event in rt.events(r.session_id):
+                seen.append(event)
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.1)
+        now[0] += 120
+        with pytest.raises(so.SessionExpired) as info:
+            await asyncio.wait_for(task, 5)
+        assert info.value.pending == [r.pending[0].id]
+        assert [(e.type, e.data.get("status")) for e in seen[-2:]] == [
+            ("input.resolved", "expired"),
+            ("turn.failed", None),
+        ]
+        assert seen[-1].data["error"]["code"] == "session_expired"
+
+
 async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: Path) -> None:
     """A followed session that can have no more events (its TTL passed, or its rows were
     deleted) used to be waited on for ever: `rt.events(follow=True)` now yields every event,

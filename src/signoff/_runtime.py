@@ -20,7 +20,7 @@ from ._answers import Reply as _Reply
 from ._answers import check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
-from ._deadlines import after_deadline, is_due, summary_after_expiry
+from ._deadlines import after_deadline, expiry_specs, is_due, summary_after_expiry
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -186,7 +186,7 @@ class Runtime(Workers):
             check_prompt(prompt)  # before the session is created
             session_id = await self._create(self.agent(agent), auth)
         elif agent is not None:
-            state = await self.state(session_id)
+            state = await self._state(session_id)
             if state.agent != agent:
                 raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
         if prompt is None:
@@ -292,12 +292,24 @@ class Runtime(Workers):
         shown = [summary_after_expiry(r, now) for r in page]
         return [r for r in shown if status is None or r.status == status]
 
+    async def state(self, session_id: str) -> SessionState:
+        """The session's current state. Like a listing, it records a TTL that passed with the
+        turn unfinished first (the turn fails, its requests expire), so it never reads as
+        waiting on answers no one can give; a store that refuses the write shows it unrecorded."""
+        state = await self._state(session_id)
+        if state.expired(self.clock()) and expiry_specs(state) and state.agent in self.agents:
+            with contextlib.suppress(SessionExpired, StoreError):
+                await self._checked(session_id)
+            state = await self._state(session_id)
+        return state
+
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True
     ) -> AsyncIterator[Event]:
         """The session's events after `seq`; with `follow`, keeps waiting for new ones until the
         session can have no more: then, after its last event, it raises `SessionExpired` (its TTL
-        passed) or `UnknownSession` (it was deleted from the store)."""
+        passed; a turn it caught unfinished is recorded and read first) or `UnknownSession` (it
+        was deleted from the store)."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
@@ -307,6 +319,7 @@ class Runtime(Workers):
             raise UnknownSession(session_id)
         expires_at = 0.0  # by self.clock(); 0 until read from the state, and after new events
         checked = time.monotonic()  # when the session was last seen in the store
+        expired: SessionExpired | None = None  # raised once the events its record wrote are read
         while True:
             batch = await self.store.read_events(
                 session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
@@ -317,12 +330,20 @@ class Runtime(Workers):
             if batch:
                 expires_at = 0.0
                 continue  # a read bounded by bytes may stop short of the log's end: read on
+            if expired is not None:
+                raise expired
             if not follow:
                 return
             if self.clock() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
-                state = await self.state(session_id)  # UnknownSession once deleted
+                state = await self._state(session_id)  # UnknownSession once deleted
                 if state.seq == after and state.expired(self.clock()):
-                    raise SessionExpired(session_id, [r.id for r in state.pending_requests()])
+                    expired = SessionExpired(session_id, [r.id for r in state.pending_requests()])
+                    if expiry_specs(state) and state.agent in self.agents:
+                        # Record it as a listing would (its requests expire, its turn fails),
+                        # then yield those events before raising.
+                        with contextlib.suppress(SessionExpired, StoreError):
+                            await self._checked(session_id)
+                    continue
                 expires_at = math.inf if state.expires_at is None else state.expires_at
                 checked = time.monotonic()
                 if state.seq != after:
@@ -349,7 +370,7 @@ class Runtime(Workers):
         by = None if principal is None else principal.model_dump()
         ended = ("completed", "cancelled", "failed")
         for _ in range(20):
-            state = await self.state(session_id)
+            state = await self._state(session_id)
             if state.expired(self.clock()):
                 await self._expire(state)  # records what the TTL left unfinished, and raises
             turn = state.turn
@@ -358,7 +379,7 @@ class Runtime(Workers):
                     # A cancel that died before reaching the turn's subagents: finish it.
                     for child in _subagents.delegated(state):
                         with contextlib.suppress(UnknownSession):
-                            await _subagents.cancel_orphan(self, await self.state(child))
+                            await _subagents.cancel_orphan(self, await self._state(child))
                 return self._result(state)
             abort = self._aborts.get(session_id)
             if abort is not None:
@@ -439,7 +460,7 @@ class Runtime(Workers):
     pending_sync = twin(pending)
     pending_page_sync = twin(pending_page)
     cancel_sync = twin(cancel)
-    state_sync = twin(Workers.state)
+    state_sync = twin(state)
     create_session_sync = twin(create_session)
     sessions_sync = twin(sessions)
     audit_sync = twin(audit)

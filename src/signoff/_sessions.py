@@ -229,8 +229,9 @@ class SessionRunner:
             known = ", ".join(self.agents) or "none"
             raise UsageError(f"unknown agent {name!r}; this runtime has: {known}") from None
 
-    async def state(self, session_id: str) -> SessionState:
-        """The session's current state, checked against the store's head."""
+    async def _state(self, session_id: str) -> SessionState:
+        """The session as its events fold it, checked against the store's head (a passed TTL
+        not yet recorded is not applied: `Runtime.state` records it)."""
         await self.open()
         cached = self._cache.get(session_id)
         if cached is not None:
@@ -269,7 +270,7 @@ class SessionRunner:
         cached = self._cache.get(session_id) if trust_cache else None
         if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
             return cached
-        state = await self.state(session_id)
+        state = await self._state(session_id)
         if state.expired(now):
             await self._expire(state, lease)
         if due_batch(state, now) is not None:
@@ -279,7 +280,7 @@ class SessionRunner:
                 durable=True,
                 turn_id=state.turn.id if state.turn else None,
             )
-            state = await self.state(session_id)
+            state = await self._state(session_id)
         return state
 
     async def _expire(self, state: SessionState, lease: int | None = None) -> None:
@@ -408,9 +409,9 @@ class SessionRunner:
         if not self.inline and claimed is None:
             if retry:
                 await self._mark_runnable(session_id)
-            state = await self.state(session_id)
+            state = await self._state(session_id)
             if await self._recover(state):  # a waiting turn is no worker's to claim
-                state = await self.state(session_id)
+                state = await self._state(session_id)
             busy = runnable(state, retry=retry)
             return self._result(state, outcomes, busy=busy)  # a worker runs it
         # A worker's drive that fails keeps its lease until it lapses: the session is retried
@@ -425,7 +426,7 @@ class SessionRunner:
                 owner = f"{self.owner}:{new_id('drv')}"
                 acquired = await self._acquire(session_id, owner)
                 if acquired is None:
-                    state = await self.state(session_id)
+                    state = await self._state(session_id)
                     return self._result(state, outcomes, busy=True)
                 token = acquired
             renewing = asyncio.Event()
@@ -461,7 +462,7 @@ class SessionRunner:
                 if (driver is None or not driver.released) and not (failed and keep_on_error):
                     await self._release(session_id, owner, token)
             retry = False
-            state = await self.state(session_id)
+            state = await self._state(session_id)
             if lost:
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
@@ -582,7 +583,7 @@ class SessionRunner:
     async def _append(
         self, session_id: str, build: Callable[[SessionState], Any], **kw: Any
     ) -> None:
-        state = await self.state(session_id)
+        state = await self._state(session_id)
         if state.agent in self.agents:
             driver = self._driver(state, None)
         else:  # only recording (a subagent's mirror closed by a process without its parent)
