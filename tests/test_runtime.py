@@ -1188,6 +1188,35 @@ async def test_with_store_keeps_every_setting_but_the_store(tmp_path: Path) -> N
     await other.close()
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"lease_wait": float("nan")},
+        {"lease_wait": -1},
+        {"lease_wait": "10"},
+        {"cache_size": -1},
+        {"cache_size": 2.5},
+        {"cache_size": True},
+    ],
+)
+def test_runtime_refuses_a_lease_wait_or_cache_size_it_cannot_use(
+    tmp_path: Path, setting: dict[str, Any]
+) -> None:
+    """`lease_wait=nan` waited for a busy session for ever (never `SessionBusy`), and
+    `cache_size=-1` made the first call a bare KeyError; both are refused when constructed."""
+    with pytest.raises(so.UsageError, match=next(iter(setting))):
+        so.Runtime([], store=f"sqlite:///{tmp_path}/s.db", **setting)
+
+
+def test_runtime_takes_a_lease_wait_of_0_and_a_cache_of_0(tmp_path: Path) -> None:
+    agent = scripted_agent("a", [reply("hi")], repeat_last=True)
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db", lease_wait=0, cache_size=0)
+    try:
+        assert rt.generate_sync("a", prompt="hello").text == "hi"
+    finally:
+        rt.close_sync()
+
+
 async def test_a_follower_reads_the_expiry_it_meets_before_it_raises(tmp_path: Path) -> None:
     """README: a followed session raises `SessionExpired` after its last event, and an expiry
     that caught the turn unfinished is in the log. The follower that meets the expiry records

@@ -138,6 +138,11 @@ class SessionRunner:
             # A lease of 0 s is expired when granted: every worker could claim it at once.
             if not positive_seconds(value):
                 raise UsageError(f"{name} must be a number of seconds above 0, not {value!r}")
+        # 0 gives up on a busy session at once; NaN never gave up, nor raised SessionBusy.
+        if type(lease_wait) not in (int, float) or not 0 <= lease_wait < math.inf:
+            raise UsageError(f"lease_wait must be a number of seconds from 0, not {lease_wait!r}")
+        if type(cache_size) is not int or cache_size < 0:  # -1 emptied it, then a KeyError
+            raise UsageError(f"cache_size must be a whole number from 0, not {cache_size!r}")
         self.agents: dict[str, Agent] = {}
         for agent in agents:
             if agent.name in self.agents:
