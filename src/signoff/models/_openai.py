@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -75,7 +76,7 @@ class OpenAIChat(SdkModel):
         if temperature is not None and (
             isinstance(temperature, bool)
             or not isinstance(temperature, int | float)
-            or temperature < 0
+            or not 0 <= temperature < math.inf  # also NaN
         ):
             raise UsageError(f"{owner}: temperature must be a number >= 0, not {temperature!r}")
         check_positive(owner, "max_tokens", max_tokens, integer=True)
