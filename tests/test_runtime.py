@@ -1208,6 +1208,49 @@ def test_runtime_refuses_a_lease_wait_or_cache_size_it_cannot_use(
         so.Runtime([], store=f"sqlite:///{tmp_path}/s.db", **setting)
 
 
+@pytest.mark.parametrize(
+    ("listing", "message"),
+    [
+        (lambda rt: rt.sessions_sync(status="wait"), "status must be one of idle, running"),
+        (lambda rt: rt.pending_sync(kind="approval"), "kind must be one of tool-approval"),
+        (lambda rt: rt.pending_sync(older_than=float("nan")), "older_than must be seconds"),
+        (lambda rt: rt.pending_sync(older_than=-5), "older_than must be seconds"),
+        (lambda rt: rt.audit_sync(limit=0), "limit must be a whole number from 1"),
+        (lambda rt: rt.audit_sync(limit=-1), "limit must be a whole number from 1"),
+        (lambda rt: rt.audit_sync(limit="5"), "limit must be a whole number from 1"),
+    ],
+)
+def test_a_listing_refuses_a_filter_that_can_match_nothing(
+    tmp_path: Path, listing: Any, message: str
+) -> None:
+    """A misspelt status or kind, or a NaN age, listed nothing, as if the queue were empty (the
+    CLI refused them; Python did not), and `audit(limit=0)` returned an entry."""
+    agent = scripted_agent("a", [call_tools(call_of_refund()), reply("done")], tools=[refund()])
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+    try:
+        assert rt.generate_sync("a", prompt="go").status == "waiting"
+        with pytest.raises(so.UsageError, match=message):
+            listing(rt)
+        assert len(rt.pending_sync(kind="tool-approval", older_than=0)) == 1
+        assert [s.status for s in rt.sessions_sync(status="waiting")] == ["waiting"]
+        assert len(rt.audit_sync(limit=1)) == 1
+    finally:
+        rt.close_sync()
+
+
+def call_of_refund() -> so.ToolCall:
+    return call("refund", amount=5)
+
+
+def refund() -> so.Tool:
+    @so.tool(approval=so.always())
+    async def refund(amount: int) -> int:
+        """Refund."""
+        return amount
+
+    return refund
+
+
 def test_runtime_takes_a_lease_wait_of_0_and_a_cache_of_0(tmp_path: Path) -> None:
     agent = scripted_agent("a", [reply("hi")], repeat_last=True)
     rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db", lease_wait=0, cache_size=0)

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, get_args
 
 from . import _audit_trail as _audit
 from . import _subagents, stores
@@ -38,7 +38,7 @@ from ._results import GenerateResult
 from ._sessions import check_prompt
 from ._state import SessionState
 from ._sync import twin
-from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal
+from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
 from .stores import PendingFilter, Resolve, SessionSummary, Store
 from .stores._audit import AuditEntry
@@ -84,6 +84,9 @@ def _check_page(limit: object, offset: object) -> None:
     for name, value in (("limit", limit), ("offset", offset)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
             raise UsageError(f"{name} must be a whole number from 0, not {value!r}")
+
+
+_SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
 
 
 class Runtime(Workers):
@@ -234,6 +237,16 @@ class Runtime(Workers):
     ) -> list[InputRequest]:
         """Open requests across sessions, oldest first."""
         await self.open()
+        if kind is not None and kind not in get_args(RequestKind):  # else silently nothing
+            raise UsageError(
+                f"kind must be one of {', '.join(get_args(RequestKind))}, not {kind!r}"
+            )
+        if older_than is not None and (
+            isinstance(older_than, bool)
+            or not isinstance(older_than, int | float)
+            or not 0 <= older_than < math.inf  # NaN matched no request
+        ):
+            raise UsageError(f"older_than must be seconds from 0, not {older_than!r}")
         if flt is None:
             flt = PendingFilter(
                 agent=agent,
@@ -280,6 +293,10 @@ class Runtime(Workers):
         recorded first (the turn fails), or else shown so: the page may then come back short."""
         await self.open()
         _check_page(limit, offset)
+        if status is not None and status not in _SESSION_STATUSES:  # else silently nothing
+            raise UsageError(
+                f"status must be one of {', '.join(_SESSION_STATUSES)}, not {status!r}"
+            )
         now = self.clock()
         page = await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
         try:
@@ -432,6 +449,9 @@ class Runtime(Workers):
     ) -> list[AuditEntry]:
         """Audit entries (requests, evaluations, decisions, edits, expiries, executions and tool
         setting changes), oldest first; for one session or across all."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            # 0 or -1 returned one entry; a string was a TypeError once there was one
+            raise UsageError(f"limit must be a whole number from 1, not {limit!r}")
         await self.open()
         out: list[AuditEntry] = []
         async for e in _audit.entries(self.store, stream=session_id or stream):
