@@ -506,3 +506,34 @@ def test_every_command_and_option_the_docs_name_in_their_text_exists() -> None:
         named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", prose)) - {"--quick", "--strict"}
         assert named <= every, (doc, sorted(named - every))
     assert spans >= 20, spans
+
+
+def test_the_errors_the_readme_says_a_wrong_typed_answer_raises(tmp_path: Path) -> None:
+    """README: a pydantic type built with a wrong field raises pydantic's ValidationError, and
+    the same answer passed to a call as a dict is `so.InvalidAnswer`."""
+    import pydantic
+
+    import signoff as so
+
+    assert "`so.InputResponse(request_id=5)`, raises pydantic's `ValidationError`" in " ".join(
+        section("Guarantees").split()
+    )
+    with pytest.raises(pydantic.ValidationError):
+        so.InputResponse(request_id=5, option_id="approve")
+
+    @so.tool(approval=so.always())
+    async def refund(amount: int) -> int:
+        """Refund."""
+        return amount
+
+    call = so.ToolCall(name="refund", input={"amount": 5})
+    agent = so.Agent(
+        name="a", model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]), tools=[refund]
+    )
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+    try:
+        r = rt.generate_sync("a", prompt="go")
+        with pytest.raises(so.InvalidAnswer):
+            rt.respond_sync(r.session_id, [{"request_id": 5, "option_id": "approve"}])
+    finally:
+        rt.close_sync()
