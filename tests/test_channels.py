@@ -623,3 +623,28 @@ async def test_the_terminal_text_channel_prints_others_text_without_steering_the
     shown = out.getvalue()
     assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\u202eevil" in shown and "[b]way[/b]" in shown
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"poll_interval": float("nan")}, "poll_interval must be positive"),
+        ({"retry_backoff": float("nan")}, "retry_backoff and gap_timeout"),
+        ({"gap_timeout": float("nan")}, "retry_backoff and gap_timeout"),
+        ({"gap_timeout": float("inf")}, "retry_backoff and gap_timeout"),
+        ({"retry_backoff": -1}, "retry_backoff and gap_timeout"),
+    ],
+)
+def test_a_hub_refuses_seconds_that_are_not_finite(
+    tmp_path: Path, setting: dict[str, Any], message: str
+) -> None:
+    """NaN passed the hub's `<= 0` / `< 0` checks, and its loops then slept or waited NaN."""
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match=message):
+        ChannelHub(rt, [], **setting)
+
+
+@pytest.mark.parametrize("busy_timeout", [float("nan"), float("inf"), -1, "5", True])
+def test_channel_state_refuses_a_busy_timeout_that_is_not_seconds(busy_timeout: Any) -> None:
+    with pytest.raises(so.UsageError, match="busy_timeout must be seconds from 0"):
+        ChannelState(":memory:", busy_timeout=busy_timeout)

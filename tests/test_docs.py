@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -291,3 +294,300 @@ def test_the_subagents_example_runs_and_parks_as_its_comments_say(tmp_path: Path
             "issue_refund",
         ), n
         assert (done.status, done.text) == ("completed", "billing: refunded"), n
+
+
+def test_the_channels_example_runs_as_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The README's Channels example, with its secrets defined and `auth=...` filled in, builds
+    a hub whose state file is where it says and an app that serves Slack's endpoint."""
+    import httpx
+
+    import signoff as so
+
+    from .test_server_common import running
+
+    [code] = re.findall(r"```python\n(.*?)```", section("Channels"), re.S)
+    assert code.count("auth=...") == 1
+    monkeypatch.chdir(tmp_path)
+    scope: dict[str, object] = {
+        "runtime": so.Runtime([], store=f"sqlite:///{tmp_path}/s.db"),
+        "BOT_TOKEN": "xoxb-test",
+        "SIGNING_SECRET": "signing-secret",
+        "WEBHOOK_SECRET": "webhook-secret",
+    }
+    exec(code.replace("auth=...", "dev=True"), scope)
+    with running(scope["app"]) as base:
+        unsigned = httpx.post(f"{base}/channels/slack/interactivity", content=b"payload=%7B%7D")
+    assert unsigned.status_code == 401, unsigned.text  # mounted, and checks Slack's signature
+    assert (tmp_path / ".signoff" / "channels.db").exists()
+
+
+def test_the_chat_transcript_in_the_readme_is_what_chat_prints(tmp_path: Path) -> None:
+    """The README's `./scripts/chat` session, typed into `signoff chat examples.support:runtime`
+    (what the script runs), prints its lines in its order; only the session id differs."""
+    [transcript] = re.findall(r"```\n(\$ \./scripts/chat\n.*?)```", section("Quick start"), re.S)
+    lines = transcript.splitlines()[1:]
+    typed = [m for line in lines for m in re.findall(r"(?:\? you: |\(y/N\) )(.+)$", line)]
+    assert typed == ["refund order 1042, it arrived broken", "y"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    for name in ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY"):
+        env.pop(name, None)  # the example's offline demo model, as on a machine with no provider
+    store = f"sqlite:///{tmp_path}/s.db"
+    out = subprocess.run(
+        [sys.executable, "-m", "signoff", "chat", "examples.support:runtime", "--store", store],
+        input="".join(f"{t}\n" for t in typed),
+        cwd=ROOT,
+        env={**env, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    printed = out.stdout
+    for line in lines:
+        expected = re.sub(r"(\? you: |\(y/N\) ).+$", r"\1", line).strip()
+        expected = re.sub(r"ses_\w+", "ses_", expected)
+        at = re.sub(r"ses_\w+", "ses_", printed).find(expected)
+        assert at >= 0, (expected, printed)
+        printed = re.sub(r"ses_\w+", "ses_", printed)[at + len(expected) :]
+
+
+DOCS = ["README.md", *(f"docs/{p.name}" for p in sorted((ROOT / "docs").glob("*.md")))]
+
+
+def test_the_audit_example_runs_and_checks_out(tmp_path: Path) -> None:
+    """docs/audit.md's example, in an async function over a parked session: the trail reads,
+    verifies with no problem, exports, and the export verifies offline; an altered export
+    does not."""
+    import asyncio
+
+    import signoff as so
+    from signoff.testing import call_tools, reply, scripted_agent
+
+    [code] = blocks("docs/audit.md", "python")
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "ok"
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(so.ToolCall(name="refund", input={"order_id": "1"})), reply("done")],
+        tools=[refund],
+    )
+
+    async def main() -> dict[str, Any]:
+        async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/a.db") as rt:
+            parked = await rt.generate("a", prompt="refund 1")
+            assert parked.status == "waiting"
+            scope: dict[str, Any] = {"rt": rt, "so": so, "session_id": parked.session_id}
+            body = "".join(f"    {line}\n" for line in code.splitlines())
+            exec(f"async def example():\n{body}    return locals()\n", scope)
+            found: dict[str, Any] = await scope["example"]()
+            return found
+
+    cwd = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        found = asyncio.run(main())
+    finally:
+        os.chdir(cwd)
+    assert [e.type for e in found["entries"]][:1] == ["input.requested"]
+    assert found["problems"] == []
+    lines = (tmp_path / "trail.jsonl").read_text(encoding="utf-8").splitlines()
+    assert len(lines) >= len(found["entries"])
+    assert so.verify_audit_export(lines) == []
+    first = json.loads(lines[0])
+    first["data"] = {**first["data"], "forged": True}
+    problems = so.verify_audit_export([json.dumps(first), *lines[1:]])
+    assert [(p.stream, p.n, p.reason) for p in problems][:1] == [
+        (first["stream"], 1, "content does not match")
+    ]
+
+
+PYTHON_BLOCKS = {
+    # a line of each fenced python block in the docs -> the test of this module that runs it
+    "async with so.Runtime([agent]": (
+        test_the_in_python_example_runs_and_prints_what_its_comments_say
+    ),
+    "hub = ChannelHub(runtime": test_the_channels_example_runs_as_written,
+    "app = create_app(runtime, auth=TokenAuth(": test_the_server_examples_run_as_written,
+    "async with AsyncClient(": test_the_server_examples_run_as_written,
+    "support = so.Agent(name=": test_the_subagents_example_runs_and_parks_as_its_comments_say,
+    "problems = await rt.verify_audit()": test_the_audit_example_runs_and_checks_out,
+}
+
+
+def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
+    """Each fenced python block of the README and docs/ is one a test above runs, so a new
+    example cannot go unchecked: it needs an entry in `PYTHON_BLOCKS` and a test."""
+    found = [(doc, block) for doc in DOCS for block in blocks(doc, "python")]
+    assert found
+    for doc, block in found:
+        runs = [marker for marker in PYTHON_BLOCKS if marker in block]
+        assert len(runs) == 1, (doc, block[:200], runs)
+    unused = [m for m in PYTHON_BLOCKS if not any(m in block for _, block in found)]
+    assert unused == [], unused
+
+
+def test_docs_api_lists_every_public_name_and_only_those() -> None:
+    """docs/api.md's tables name each of `signoff.__all__` once, and nothing else."""
+    import signoff as so
+
+    api = (ROOT / "docs" / "api.md").read_text()
+    rows = re.findall(r"^\| ((?:`[\w.]+`(?:, )?)+) \|", api, re.M)
+    listed = [name for row in rows for name in re.findall(r"`([\w.]+)`", row)]
+    assert sorted(listed) == sorted(set(listed)), "listed twice"
+    assert sorted(listed) == sorted(so.__all__), (
+        sorted(set(so.__all__) - set(listed)),
+        sorted(set(listed) - set(so.__all__)),
+    )
+
+
+def test_every_signoff_name_the_docs_use_exists() -> None:
+    """Each `so.X`, `signoff.X.Y` and `from signoff.X import Y` of the README and docs/ (text
+    and code) names something the package has, so a documented name is never an AttributeError."""
+    import importlib
+
+    def resolve(dotted: str) -> object:
+        parts = dotted.split(".")
+        obj: object = importlib.import_module(parts[0])
+        for n, part in enumerate(parts[1:], 2):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:  # a subpackage not imported by its parent
+                obj = importlib.import_module(".".join(parts[:n]))
+        return obj
+
+    checked = 0
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        names = {f"signoff.{n}" for n in re.findall(r"\bso\.([A-Za-z_][\w.]*\w)", text)}
+        names |= {f"signoff.{n}" for n in re.findall(r"\bsignoff\.([a-z_][\w.]*\w)", text)}
+        for module, imported in re.findall(r"from (signoff[\w.]*) import ([\w, ]+)", text):
+            names |= {f"{module}.{n.strip()}" for n in imported.split(",")}
+        for name in sorted(names):
+            try:
+                resolve(name)
+            except (AttributeError, ImportError) as exc:
+                raise AssertionError(f"{doc} names {name}, which does not exist") from exc
+            checked += 1
+    assert checked >= 40, checked
+
+
+def test_the_client_calls_are_the_ones_docs_server_md_names(tmp_path: Path) -> None:
+    """docs/server.md: `Client` has the calls it lists with `AsyncClient`'s parameters (its
+    `events` without following), `session()` is `AsyncClient`'s only, turn calls return the
+    runtime's types, and `pending()` / `state()` return a page with its total and a dict."""
+    import inspect
+
+    import examples.support as support
+
+    import signoff as so
+    from signoff.server import AsyncClient, Client, create_app
+
+    from .test_server_common import running
+
+    text = " ".join(blocks_text("server").split())
+    calls = ["generate", "send", "respond", "cancel", "state", "pending", "events"]
+    assert f"(`{'`, `'.join(calls)}`, which returns the events so far" in text
+    for name in calls:
+        sync = inspect.signature(getattr(Client, name)).parameters
+        async_ = dict(inspect.signature(getattr(AsyncClient, name)).parameters)
+        if name == "events":
+            del async_["follow"], async_["retries"]
+        assert list(sync) == list(async_), name
+    assert hasattr(AsyncClient, "session") and not hasattr(Client, "session")
+    for cls in (Client, AsyncClient):
+        assert list(inspect.signature(cls).parameters) == [
+            "base_url",
+            "token",
+            "timeout",
+            "transport",
+        ]
+    assert '`(requests, total)` (50 a page, `status="pending"` by default' in text
+
+    demo = so.Agent(
+        name="support",
+        model=so.models.Scripted([support.demo_model], repeat_last=True),
+        tools=list(support.agent.tools.values()),
+    )
+    rt = so.Runtime([demo], store=f"sqlite:///{tmp_path}/s.db")
+    with running(create_app(rt, dev=True)) as base, Client(base) as c:
+        r = c.generate("support", "refund order 1042, it arrived broken")
+        assert r.status == "waiting" and isinstance(r.pending[0], so.InputRequest)
+        page, total = c.pending()
+        assert ([p.id for p in page], total) == ([r.pending[0].id], 1)
+        state = c.state(r.session_id)
+        assert isinstance(state, dict) and state["status"] == "waiting"
+        done = c.respond(r.session_id, [{"request_id": r.pending[0].id, "option_id": "approve"}])
+        assert done.status == "completed" and isinstance(done.outcomes[0], so.Outcome)
+    rt.close_sync()
+
+
+def test_every_command_and_option_the_docs_name_in_their_text_exists() -> None:
+    """The `signoff ...` code spans of the README's and docs/' prose name commands with options
+    those commands take, and every `--option` the text names is one some command takes (but
+    `--quick`, a benchmark's, and `--strict`, mypy's)."""
+    import typer.main
+
+    from signoff.cli import app
+
+    root: Any = typer.main.get_command(app)
+    every: set[str] = set()
+
+    def collect(command: Any) -> None:
+        every.update(o for p in command.params for o in p.opts)
+        for sub in getattr(command, "commands", {}).values():
+            collect(sub)
+
+    collect(root)
+    spans = 0
+    for doc in DOCS:
+        prose = re.sub(r"```.*?```", "", (ROOT / doc).read_text(), flags=re.S)
+        for span in re.findall(r"`(signoff [^`]*)`", prose):
+            command = root
+            for word in span.split()[1:]:
+                if word not in getattr(command, "commands", {}):
+                    break
+                command = command.commands[word]
+            assert not hasattr(command, "commands"), (doc, span)
+            used = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", span))
+            assert used <= {o for p in command.params for o in p.opts}, (doc, span)
+            spans += 1
+        named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", prose)) - {"--quick", "--strict"}
+        assert named <= every, (doc, sorted(named - every))
+    assert spans >= 20, spans
+
+
+def test_the_errors_the_readme_says_a_wrong_typed_answer_raises(tmp_path: Path) -> None:
+    """README: a pydantic type built with a wrong field raises pydantic's ValidationError, and
+    the same answer passed to a call as a dict is `so.InvalidAnswer`."""
+    import pydantic
+
+    import signoff as so
+
+    assert "`so.InputResponse(request_id=5)`, raises pydantic's `ValidationError`" in " ".join(
+        section("Guarantees").split()
+    )
+    with pytest.raises(pydantic.ValidationError):
+        so.InputResponse(request_id=5, option_id="approve")
+
+    @so.tool(approval=so.always())
+    async def refund(amount: int) -> int:
+        """Refund."""
+        return amount
+
+    call = so.ToolCall(name="refund", input={"amount": 5})
+    agent = so.Agent(
+        name="a", model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]), tools=[refund]
+    )
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+    try:
+        r = rt.generate_sync("a", prompt="go")
+        with pytest.raises(so.InvalidAnswer):
+            rt.respond_sync(r.session_id, [{"request_id": 5, "option_id": "approve"}])
+    finally:
+        rt.close_sync()

@@ -379,6 +379,8 @@ async def test_transient_errors_are_retried(fake) -> None:
         ({"params": ["seed"]}, "params must be a mapping"),
         ({"price_per_mtok": "cheap"}, "price_per_mtok"),
         ({"max_retries": 1.5}, "max_retries"),
+        ({"timeout": float("nan")}, "timeout"),  # passed `<= 0`: no bound on the call
+        ({"timeout": float("inf")}, "timeout"),
     ],
 )
 def test_bad_arguments_are_usage_errors(kwargs, match) -> None:

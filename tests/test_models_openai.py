@@ -390,6 +390,9 @@ async def test_client_errors_are_not_retried(fake) -> None:
         ({"price_per_mtok": (1.0, -2.0)}, "price_per_mtok"),
         ({"max_retries": -1}, "max_retries"),
         ({"timeout": 0}, "timeout"),
+        ({"timeout": float("nan")}, "timeout"),  # passed `<= 0`: no bound on the call
+        ({"timeout": float("inf")}, "timeout"),
+        ({"temperature": float("nan")}, "temperature"),  # sent to the provider as NaN
     ],
 )
 def test_bad_arguments_are_usage_errors(kwargs, match) -> None:

@@ -447,6 +447,15 @@ def test_bad_url_options() -> None:
         PostgresStore("postgresql://u@h/db?schema=Bad-Name")
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "infinity"])
+@pytest.mark.parametrize("option", ["pool_timeout", "request_pool_timeout", "outage_grace"])
+def test_url_options_in_seconds_must_be_finite(option: str, value: str) -> None:
+    """`?pool_timeout=nan` was taken as a number of seconds (NaN is not <= 0), leaving every
+    wait for the pool or the outage grace to compare against NaN; it is a named StoreError."""
+    with pytest.raises(StoreError, match=f"{option} must be a positive, finite number"):
+        PostgresStore(f"postgresql://u@h/db?{option}={value}")
+
+
 async def test_newer_schema_version_is_refused(pg_url: str) -> None:
     store = PostgresStore(pg_url)
     await store.open()

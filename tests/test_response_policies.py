@@ -812,6 +812,16 @@ async def test_a_typed_message_answer_goes_through_the_response_policy(tmp_path:
         assert [e.principal_id for e in log.executions] == ["alice"]
 
 
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "5", None, True])
+def test_approval_spec_refuses_a_timeout_that_is_not_positive_finite_seconds(
+    timeout: Any,
+) -> None:
+    """A NaN response-policy timeout passed the `<= 0` check and bounded nothing; a string or
+    None was a bare TypeError."""
+    with pytest.raises(so.UsageError, match="timeout must be positive and finite"):
+        so.ApprovalSpec(request=so.always(), response=tenant_guard, timeout=timeout)
+
+
 def test_approval_spec_usage_errors() -> None:
     with pytest.raises(so.UsageError, match="response policy must be a function"):
         so.ApprovalSpec(request=so.always(), response="admins")  # type: ignore[arg-type]

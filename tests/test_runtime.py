@@ -1188,6 +1188,109 @@ async def test_with_store_keeps_every_setting_but_the_store(tmp_path: Path) -> N
     await other.close()
 
 
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"lease_wait": float("nan")},
+        {"lease_wait": -1},
+        {"lease_wait": "10"},
+        {"cache_size": -1},
+        {"cache_size": 2.5},
+        {"cache_size": True},
+    ],
+)
+def test_runtime_refuses_a_lease_wait_or_cache_size_it_cannot_use(
+    tmp_path: Path, setting: dict[str, Any]
+) -> None:
+    """`lease_wait=nan` waited for a busy session for ever (never `SessionBusy`), and
+    `cache_size=-1` made the first call a bare KeyError; both are refused when constructed."""
+    with pytest.raises(so.UsageError, match=next(iter(setting))):
+        so.Runtime([], store=f"sqlite:///{tmp_path}/s.db", **setting)
+
+
+@pytest.mark.parametrize(
+    ("listing", "message"),
+    [
+        (lambda rt: rt.sessions_sync(status="wait"), "status must be one of idle, running"),
+        (lambda rt: rt.pending_sync(kind="approval"), "kind must be one of tool-approval"),
+        (lambda rt: rt.pending_sync(older_than=float("nan")), "older_than must be seconds"),
+        (lambda rt: rt.pending_sync(older_than=-5), "older_than must be seconds"),
+        # limit=0 lists nothing, as for sessions and pending (tests/test_audit_trail.py)
+        (lambda rt: rt.audit_sync(limit=-1), "limit must be a whole number from 0"),
+        (lambda rt: rt.audit_sync(limit="5"), "limit must be a whole number from 0"),
+    ],
+)
+def test_a_listing_refuses_a_filter_that_can_match_nothing(
+    tmp_path: Path, listing: Any, message: str
+) -> None:
+    """A misspelt status or kind, or a NaN age, listed nothing, as if the queue were empty (the
+    CLI refused them; Python did not), and `audit(limit=-1)` returned an entry."""
+    agent = scripted_agent("a", [call_tools(call_of_refund()), reply("done")], tools=[refund()])
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+    try:
+        assert rt.generate_sync("a", prompt="go").status == "waiting"
+        with pytest.raises(so.UsageError, match=message):
+            listing(rt)
+        assert len(rt.pending_sync(kind="tool-approval", older_than=0)) == 1
+        assert [s.status for s in rt.sessions_sync(status="waiting")] == ["waiting"]
+        assert len(rt.audit_sync(limit=1)) == 1
+    finally:
+        rt.close_sync()
+
+
+def call_of_refund() -> so.ToolCall:
+    return call("refund", amount=5)
+
+
+def refund() -> so.Tool:
+    @so.tool(approval=so.always())
+    async def refund(amount: int) -> int:
+        """Refund."""
+        return amount
+
+    return refund
+
+
+def test_runtime_takes_a_lease_wait_of_0_and_a_cache_of_0(tmp_path: Path) -> None:
+    agent = scripted_agent("a", [reply("hi")], repeat_last=True)
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db", lease_wait=0, cache_size=0)
+    try:
+        assert rt.generate_sync("a", prompt="hello").text == "hi"
+    finally:
+        rt.close_sync()
+
+
+async def test_a_follower_reads_the_expiry_it_meets_before_it_raises(tmp_path: Path) -> None:
+    """README: a followed session raises `SessionExpired` after its last event, and an expiry
+    that caught the turn unfinished is in the log. The follower that meets the expiry records
+    it and yields it (the request expired, the turn failed for good) before raising, instead of
+    raising on a log that still shows the turn waiting."""
+    import asyncio
+
+    now = [1_000_000.0]
+    async with so.Runtime(
+        [ttl_agent()], store=f"sqlite:///{tmp_path}/s.db", clock=lambda: now[0], poll_interval=0.01
+    ) as rt:
+        r = await rt.generate("desk", prompt="reset")
+        seen: list[so.Event] = []
+
+        async def follow() -> None:
+            async for event in rt.events(r.session_id):
+                seen.append(event)
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.1)
+        now[0] += 120
+        with pytest.raises(so.SessionExpired) as info:
+            await asyncio.wait_for(task, 5)
+        assert info.value.pending == [r.pending[0].id]
+        assert [(e.type, e.data.get("status")) for e in seen[-2:]] == [
+            ("input.resolved", "expired"),
+            ("turn.failed", None),
+        ]
+        assert seen[-1].data["error"]["code"] == "session_expired"
+
+
 async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: Path) -> None:
     """A followed session that can have no more events (its TTL passed, or its rows were
     deleted) used to be waited on for ever: `rt.events(follow=True)` now yields every event,

@@ -481,6 +481,30 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
     assert DevAuth().principal.principal_id == "dev"
 
 
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"auth": ...},  # the README's Channels example copied as it is
+        {"auth": "s3cret"},
+        {"dev": True, "access": "tenant"},
+        {"dev": True, "poll_interval": float("nan")},
+        {"dev": True, "heartbeat": float("nan")},
+        {"dev": True, "heartbeat": float("inf")},
+        {"dev": True, "sweep_every": float("nan")},
+        {"dev": True, "sweep_every": 0},
+    ],
+)
+def test_create_app_refuses_settings_it_cannot_run_with(
+    tmp_path: Path, settings: dict[str, Any]
+) -> None:
+    """An `auth` or `access` that is not a function was accepted, and then every request was a
+    500 (`auth=...`, as the README's example shows it, included); NaN seconds passed the
+    `<= 0` check. Each is now a `UsageError` when the app is made."""
+    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match=next(k for k in settings if k != "dev")):
+        create_app(runtime, **settings)
+
+
 def test_only_the_bearer_scheme_carries_an_api_token(base: str) -> None:
     """A token under another scheme (`Basic`, `Token`) or bare is not a bearer token: 401.
     The scheme's name is case-insensitive (RFC 9110)."""

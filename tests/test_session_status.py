@@ -54,6 +54,12 @@ def agents() -> list[so.Agent]:
         ),
         scripted_agent("broken", [_down], tools=[]),
         scripted_agent(
+            "fleeting",
+            [call_tools(call("refund", amount=5))],
+            tools=[refund],
+            limits=so.Limits(ttl=60),
+        ),
+        scripted_agent(
             "spender",
             [_costly(), _costly(), reply("finished")],
             tools=[lookup],
@@ -238,3 +244,23 @@ async def test_a_cancelled_turn_with_a_message_waiting_is_running_everywhere(
         done = await w.rt.generate(session_id=sid)  # the next call starts Bob's turn
         assert (done.status, done.text) == ("completed", "done")
         assert (await w.statuses(sid))["store"] == "idle"
+
+
+async def test_a_turn_its_ttl_caught_is_failed_everywhere_first_of_all_in_the_state(
+    store_url: str,
+) -> None:
+    """A session whose TTL passed while it waited on a person: `rt.state` read before any
+    listing records the expiry as listings do (its request expires, its turn fails for good)
+    instead of showing it `waiting` on a request no one can answer any more."""
+    now = [1_000_000.0]
+    async with world(store_url, clock=lambda: now[0]) as w:
+        r = await w.rt.generate("fleeting", prompt="refund", auth=ALICE)
+        assert r.status == "waiting"
+        now[0] += 61
+        state = await w.rt.state(r.session_id)  # before anything else has looked
+        assert (state.status, state.pending_requests()) == ("failed", [])
+        assert state.turn is not None and state.turn.error is not None
+        assert state.turn.error["code"] == "session_expired"
+        await w.agree(r.session_id, "failed")
+        types = [e.type async for e in w.rt.events(r.session_id, follow=False)]
+        assert types[-2:] == ["input.resolved", "turn.failed"]

@@ -147,6 +147,27 @@ def test_agent_definition_errors() -> None:
         so.Runtime([so.Agent(name="a", model=model), so.Agent(name="a", model=model)])
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"model": "gpt-4o"}, "model must be a signoff model"),
+        ({"model": None}, "model must be a signoff model"),
+        ({"instructions": 5}, "instructions must be text"),
+        ({"limits": {"max_steps": 3}}, "limits must be a so.Limits"),
+        ({"name": 5}, "name"),
+    ],
+)
+def test_an_agent_refuses_a_model_instructions_or_limits_it_cannot_use(
+    setting: dict[str, Any], message: str
+) -> None:
+    """`Agent(model="gpt-4o")` was accepted and then every turn failed with a model_error naming
+    an AttributeError; `limits={...}` made `generate` a bare AttributeError. Both, and
+    instructions that are not text, are refused where the agent is defined."""
+    kwargs: dict[str, Any] = {"name": "a", "model": so.models.Scripted([reply("x")]), **setting}
+    with pytest.raises(so.UsageError, match=message):
+        so.Agent(**kwargs)
+
+
 async def test_unknown_agent_name(tmp_path: Path) -> None:
     async with sqlite_runtime(tmp_path, scripted_agent("a", [reply("x")])) as rt:
         with pytest.raises(so.UsageError, match="unknown agent 'b'"):

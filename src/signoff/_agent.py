@@ -83,8 +83,18 @@ class Agent:
         guardrails: Sequence[Guardrail] = (),
         limits: Limits | None = None,
     ) -> None:
-        if not name:
-            raise UsageError("an agent needs a name")
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"an agent needs a name, not {name!r}")
+        # Else every turn failed with an AttributeError, or `generate` raised one.
+        if not callable(getattr(model, "complete", None)):
+            raise UsageError(
+                f"agent {name!r}: model must be a signoff model (e.g. "
+                f"so.models.OpenAIChat('gpt-4o') or so.models.from_env()), not {model!r}"
+            )
+        if not isinstance(instructions, str):
+            raise UsageError(f"agent {name!r}: instructions must be text, not {instructions!r}")
+        if limits is not None and not isinstance(limits, Limits):
+            raise UsageError(f"agent {name!r}: limits must be a so.Limits, not {limits!r}")
         self.name = name
         self.model = model
         self.instructions = instructions

@@ -77,7 +77,7 @@ class Answering(SessionRunner):
             session_id, answers, principal, require_all=False, drive_expired=resume
         )
         if not resume:
-            return self._result(await self.state(session_id), outcomes)
+            return self._result(await self._state(session_id), outcomes)
         return await self._drive(session_id, outcomes=outcomes)
 
     async def _settle(
@@ -197,7 +197,7 @@ class Answering(SessionRunner):
                     outcome = await self._candidate(session_id, request, reply, wanted, principal)
                 except RequestClosed:
                     # Its deadline may have closed it just now: the turn goes on without it.
-                    if drive_expired and runnable(await self.state(session_id)):
+                    if drive_expired and runnable(await self._state(session_id)):
                         await self._drive(session_id)
                     raise
                 outcomes.append(outcome)
@@ -208,7 +208,7 @@ class Answering(SessionRunner):
         """After a settlement found a request's row no longer pending: someone settling first
         also appended to the log, so a log still at `seq` that holds the request pending means
         its row was changed behind the runtime's back, which no retry can get past."""
-        state = await self.state(session_id)
+        state = await self._state(session_id)
         if state.seq != seq:
             return
         ids = [r.request_id for r in resolves if _pending(state, r.request_id)]
@@ -272,7 +272,7 @@ class Answering(SessionRunner):
         process died): it is evaluated again without being recorded again.
         """
         rid = request.id
-        state = await self.state(session_id)
+        state = await self._state(session_id)
         tool = self.agent(state.agent).tools.get(request.tool_name or "")
         by = None if principal is None else principal.model_dump()
         base = {

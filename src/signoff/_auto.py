@@ -10,6 +10,7 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass
+from math import inf
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -126,6 +127,7 @@ def auto(
         if unknown:
             raise UsageError(f"auto() criteria take 'clear' and 'caution', not {sorted(unknown)}")
         criteria = Criteria(**criteria)
-    if timeout <= 0:
-        raise UsageError("auto() timeout must be positive")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < inf:
+        # NaN passed `<= 0` and then bounded nothing; a string was a TypeError
+        raise UsageError(f"auto() timeout must be positive and finite (seconds), not {timeout!r}")
     return _Auto(model, instructions or DEFAULT_INSTRUCTIONS, criteria or Criteria(), timeout)

@@ -69,7 +69,7 @@ class Messages(Answering):
                 try:
                     await self._start_turn(session_id, message, principal)
                 except SessionBusy:
-                    now = (await self.state(session_id)).turn
+                    now = (await self._state(session_id)).turn
                     if now is not None and (turn is None or now.id != turn.id):
                         continue  # another message started a turn first: steer or queue on it
                     raise

@@ -112,7 +112,7 @@ async def close_mirror(rt: Answering, parent: str, mirror: InputRequest) -> None
     """
     ref = mirror.child
     assert ref is not None
-    child = await rt.state(ref.session_id)
+    child = await rt._state(ref.session_id)
     live = child.requests.get(ref.request_id)
     if live is not None and live.status == "pending":
         return

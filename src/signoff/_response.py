@@ -12,6 +12,7 @@ import dataclasses
 import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from math import inf
 from typing import Any, Literal, TypeAlias
 
 from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy, reason_text
@@ -108,8 +109,16 @@ class ApprovalSpec:
         self.request: ApprovalPolicy = as_policy(request if request is not None else "always")
         if response is not None and not callable(response):
             raise UsageError(f"response policy must be a function, not {response!r}")
-        if timeout <= 0:
-            raise UsageError("the response policy timeout must be positive")
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not 0 < timeout < inf
+        ):
+            # NaN passed `<= 0` and then bounded nothing; a string was a TypeError
+            raise UsageError(
+                "the response policy timeout must be positive and finite (seconds), "
+                f"not {timeout!r}"
+            )
         self.response = response
         self.timeout = timeout
         # The rules given here override those of `request`; the others are kept as they are.

@@ -12,7 +12,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import IO, Any
+from typing import IO, Any, get_args
 
 from . import _audit_trail as _audit
 from . import _subagents, stores
@@ -20,7 +20,7 @@ from ._answers import Reply as _Reply
 from ._answers import check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
-from ._deadlines import after_deadline, is_due, summary_after_expiry
+from ._deadlines import after_deadline, expiry_specs, is_due, summary_after_expiry
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -38,7 +38,7 @@ from ._results import GenerateResult
 from ._sessions import check_prompt
 from ._state import SessionState
 from ._sync import twin
-from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal
+from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
 from .stores import PendingFilter, Resolve, SessionSummary, Store
 from .stores._audit import AuditEntry
@@ -84,6 +84,9 @@ def _check_page(limit: object, offset: object) -> None:
     for name, value in (("limit", limit), ("offset", offset)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
             raise UsageError(f"{name} must be a whole number from 0, not {value!r}")
+
+
+_SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
 
 
 class Runtime(Workers):
@@ -197,7 +200,7 @@ class Runtime(Workers):
             check_prompt(prompt)  # before the session is created
             session_id = await self._create(self.agent(agent), auth)
         elif agent is not None:
-            state = await self.state(session_id)
+            state = await self._state(session_id)
             if state.agent != agent:
                 raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
         if prompt is None:
@@ -245,6 +248,16 @@ class Runtime(Workers):
     ) -> list[InputRequest]:
         """Open requests across sessions, oldest first."""
         await self.open()
+        if kind is not None and kind not in get_args(RequestKind):  # else silently nothing
+            raise UsageError(
+                f"kind must be one of {', '.join(get_args(RequestKind))}, not {kind!r}"
+            )
+        if older_than is not None and (
+            isinstance(older_than, bool)
+            or not isinstance(older_than, int | float)
+            or not 0 <= older_than < math.inf  # NaN matched no request
+        ):
+            raise UsageError(f"older_than must be seconds from 0, not {older_than!r}")
         if flt is None:
             flt = PendingFilter(
                 agent=agent,
@@ -291,6 +304,10 @@ class Runtime(Workers):
         recorded first (the turn fails), or else shown so: the page may then come back short."""
         await self.open()
         _check_page(limit, offset)
+        if status is not None and status not in _SESSION_STATUSES:  # else silently nothing
+            raise UsageError(
+                f"status must be one of {', '.join(_SESSION_STATUSES)}, not {status!r}"
+            )
         now = self.clock()
         page = await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
         try:
@@ -303,12 +320,24 @@ class Runtime(Workers):
         shown = [summary_after_expiry(r, now) for r in page]
         return [r for r in shown if status is None or r.status == status]
 
+    async def state(self, session_id: str) -> SessionState:
+        """The session's current state. Like a listing, it records a TTL that passed with the
+        turn unfinished first (the turn fails, its requests expire), so it never reads as
+        waiting on answers no one can give; a store that refuses the write shows it unrecorded."""
+        state = await self._state(session_id)
+        if state.expired(self.clock()) and expiry_specs(state) and state.agent in self.agents:
+            with contextlib.suppress(SessionExpired, StoreError):
+                await self._checked(session_id)
+            state = await self._state(session_id)
+        return state
+
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True
     ) -> AsyncIterator[Event]:
         """The session's events after `seq`; with `follow`, keeps waiting for new ones until the
         session can have no more: then, after its last event, it raises `SessionExpired` (its TTL
-        passed) or `UnknownSession` (it was deleted from the store)."""
+        passed; a turn it caught unfinished is recorded and read first) or `UnknownSession` (it
+        was deleted from the store)."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
@@ -318,6 +347,7 @@ class Runtime(Workers):
             raise UnknownSession(session_id)
         expires_at = 0.0  # by self.clock(); 0 until read from the state, and after new events
         checked = time.monotonic()  # when the session was last seen in the store
+        expired: SessionExpired | None = None  # raised once the events its record wrote are read
         while True:
             batch = await self.store.read_events(
                 session_id, after=after, limit=500, max_bytes=stores.READ_BYTES
@@ -328,12 +358,20 @@ class Runtime(Workers):
             if batch:
                 expires_at = 0.0
                 continue  # a read bounded by bytes may stop short of the log's end: read on
+            if expired is not None:
+                raise expired
             if not follow:
                 return
             if self.clock() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
-                state = await self.state(session_id)  # UnknownSession once deleted
+                state = await self._state(session_id)  # UnknownSession once deleted
                 if state.seq == after and state.expired(self.clock()):
-                    raise SessionExpired(session_id, [r.id for r in state.pending_requests()])
+                    expired = SessionExpired(session_id, [r.id for r in state.pending_requests()])
+                    if expiry_specs(state) and state.agent in self.agents:
+                        # Record it as a listing would (its requests expire, its turn fails),
+                        # then yield those events before raising.
+                        with contextlib.suppress(SessionExpired, StoreError):
+                            await self._checked(session_id)
+                    continue
                 expires_at = math.inf if state.expires_at is None else state.expires_at
                 checked = time.monotonic()
                 if state.seq != after:
@@ -360,7 +398,7 @@ class Runtime(Workers):
         by = None if principal is None else principal.model_dump()
         ended = ("completed", "cancelled", "failed")
         for _ in range(20):
-            state = await self.state(session_id)
+            state = await self._state(session_id)
             if state.expired(self.clock()):
                 await self._expire(state)  # records what the TTL left unfinished, and raises
             turn = state.turn
@@ -369,7 +407,7 @@ class Runtime(Workers):
                     # A cancel that died before reaching the turn's subagents: finish it.
                     for child in _subagents.delegated(state):
                         with contextlib.suppress(UnknownSession):
-                            await _subagents.cancel_orphan(self, await self.state(child))
+                            await _subagents.cancel_orphan(self, await self._state(child))
                 return self._result(state)
             abort = self._aborts.get(session_id)
             if abort is not None:
@@ -460,7 +498,7 @@ class Runtime(Workers):
     pending_sync = twin(pending)
     pending_page_sync = twin(pending_page)
     cancel_sync = twin(cancel)
-    state_sync = twin(Workers.state)
+    state_sync = twin(state)
     create_session_sync = twin(create_session)
     sessions_sync = twin(sessions)
     audit_sync = twin(audit)

@@ -138,6 +138,11 @@ class SessionRunner:
             # A lease of 0 s is expired when granted: every worker could claim it at once.
             if not positive_seconds(value):
                 raise UsageError(f"{name} must be a number of seconds above 0, not {value!r}")
+        # 0 gives up on a busy session at once; NaN never gave up, nor raised SessionBusy.
+        if type(lease_wait) not in (int, float) or not 0 <= lease_wait < math.inf:
+            raise UsageError(f"lease_wait must be a number of seconds from 0, not {lease_wait!r}")
+        if type(cache_size) is not int or cache_size < 0:  # -1 emptied it, then a KeyError
+            raise UsageError(f"cache_size must be a whole number from 0, not {cache_size!r}")
         self.agents: dict[str, Agent] = {}
         for agent in agents:
             if agent.name in self.agents:
@@ -229,12 +234,13 @@ class SessionRunner:
             known = ", ".join(self.agents) or "none"
             raise UsageError(f"unknown agent {name!r}; this runtime has: {known}") from None
 
-    async def state(self, session_id: str) -> SessionState:
-        """The session's current state, checked against the store's head."""
+    async def _state(self, session_id: str) -> SessionState:
+        """The session as its events fold it, checked against the store's head (a passed TTL
+        not yet recorded is not applied: `Runtime.state` records it)."""
         return await self._state_at(session_id, None)
 
     async def _state_at(self, session_id: str, head: int | None) -> SessionState:
-        """`state`, checked against `head` if the caller just read it (with a lease) instead."""
+        """`_state`, checked against `head` if the caller just read it (with a lease) instead."""
         await self.open()
         cached = self._cache.get(session_id)
         if cached is not None:
@@ -280,7 +286,7 @@ class SessionRunner:
         cached = self._cache.get(session_id) if trust_cache else None
         if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
             return cached
-        state = await (self.state(session_id) if head is None else self._state_at(session_id, head))
+        state = await self._state_at(session_id, head)
         if state.expired(now):
             await self._expire(state, lease)
         if due_batch(state, now) is not None:
@@ -290,7 +296,7 @@ class SessionRunner:
                 durable=True,
                 turn_id=state.turn.id if state.turn else None,
             )
-            state = await self.state(session_id)
+            state = await self._state(session_id)
         return state
 
     async def _expire(self, state: SessionState, lease: int | None = None) -> None:
@@ -419,9 +425,9 @@ class SessionRunner:
         if not self.inline and claimed is None:
             if retry:
                 await self._mark_runnable(session_id)
-            state = await self.state(session_id)
+            state = await self._state(session_id)
             if await self._recover(state):  # a waiting turn is no worker's to claim
-                state = await self.state(session_id)
+                state = await self._state(session_id)
             busy = runnable(state, retry=retry)
             return self._result(state, outcomes, busy=busy)  # a worker runs it
         # A worker's drive that fails keeps its lease until it lapses: the session is retried
@@ -437,7 +443,7 @@ class SessionRunner:
                 owner = f"{self.owner}:{new_id('drv')}"
                 acquired = await self._acquire(session_id, owner)
                 if acquired is None:
-                    state = await self.state(session_id)
+                    state = await self._state(session_id)
                     return self._result(state, outcomes, busy=True)
                 token = acquired
             # The session's head when this lease was granted, if the store read it then.
@@ -475,7 +481,7 @@ class SessionRunner:
                 if (driver is None or not driver.released) and not (failed and keep_on_error):
                     await self._release(session_id, owner, token)
             retry = False
-            state = await self.state(session_id)
+            state = await self._state(session_id)
             if lost:
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
@@ -596,7 +602,7 @@ class SessionRunner:
     async def _append(
         self, session_id: str, build: Callable[[SessionState], Any], **kw: Any
     ) -> None:
-        state = await self.state(session_id)
+        state = await self._state(session_id)
         if state.agent in self.agents:
             driver = self._driver(state, None)
         else:  # only recording (a subagent's mirror closed by a process without its parent)

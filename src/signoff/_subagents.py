@@ -176,7 +176,7 @@ class RuntimeHost:
         child = _child_id(key)
         if await rt.store.head(child) is not None:
             return child
-        parent_state = await rt.state(parent)
+        parent_state = await rt._state(parent)
         now = rt.clock()
         ttl = spec.limits.ttl_seconds
         initiator = parent_state.initiator
@@ -208,13 +208,13 @@ class RuntimeHost:
     ) -> bool:
         """Start the child's one turn, unless a run that died before journaling it did."""
         rt = self.runtime
-        state = await rt.state(child)
+        state = await rt._state(child)
         if state.turn is not None:
             return False
         who = None if principal is None else Principal.model_validate(principal)
         await rt._start_turn(child, message, who, source=source)
         # The parent's cancel may have swept its children just before this turn started.
-        await cancel_orphan(rt, await rt.state(child))
+        await cancel_orphan(rt, await rt._state(child))
         return True
 
     async def abandon_child(
@@ -226,10 +226,10 @@ class RuntimeHost:
         rt = self.runtime
         if await rt.store.head(child) is None:
             return
-        state = await rt.state(child)
+        state = await rt._state(child)
         if state.turn is not None or state.parent is None:
             return
-        parent = (await rt.state(state.parent)).turn
+        parent = (await rt._state(state.parent)).turn
         if parent is not None and parent.status in ("running", "waiting"):
             return  # another drive took the turn over: its replay reuses the child
         await self.start_child(child, message, principal, source)
@@ -247,7 +247,7 @@ class RuntimeHost:
         owner = f"{rt.owner}:{new_id('sub')}"
         token = await rt._acquire(child, owner)
         while token is None:
-            state = await rt.state(child)
+            state = await rt._state(child)
             if not runnable(state):  # the other drive ended or parked the turn
                 return await self._delegated_turn(child) or rt._result(state)
             token = await rt._acquire(child, owner)
@@ -269,7 +269,7 @@ class RuntimeHost:
             try:
                 result = await self.runtime.cancel(child, reason)
             except SessionExpired:  # its expiry is recorded: nothing to stop
-                result = self.runtime._result(await self.runtime.state(child))
+                result = self.runtime._result(await self.runtime._state(child))
         finally:
             _delegating.reset(reset)
         return await self._delegated_turn(child) or result
@@ -279,7 +279,7 @@ class RuntimeHost:
         later turn (a message sent to the child afterwards) followed it; None while it is the
         child's current turn. The later turn's text is not the delegate call's result."""
         rt = self.runtime
-        state = await rt.state(child)
+        state = await rt._state(child)
         first = await _first_turn(rt, state)
         if first.turn is None or state.turn is None or first.turn.id == state.turn.id:
             return None
@@ -301,7 +301,7 @@ async def after_drive(rt: Runtime, session_id: str) -> None:
     state = rt._cache.get(session_id)
     if state is None or state.parent is None or session_id in _delegating.get():
         return
-    parent = await rt.state(state.parent)
+    parent = await rt._state(state.parent)
     # Mirrors closed already count too: an answer through the parent that lost to one given
     # here closes the mirror and raises, leaving the parent's turn for this drive to go on.
     mirrors = _mirrors(parent, session_id)
@@ -319,7 +319,7 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
     if state.parent is None or state.id in _delegating.get():
         return
     try:
-        parent = await rt.state(state.parent)
+        parent = await rt._state(state.parent)
     except UnknownSession:
         return
     open_ = [live for live in _mirrors(parent, state.id) if live.status == "pending"]
@@ -351,7 +351,7 @@ async def reconcile(rt: Runtime, state: SessionState) -> bool:
             await close_mirror(rt, state.id, mirror)
     finally:
         _delegating.reset(reset)
-    return (await rt.state(state.id)).seq != state.seq
+    return (await rt._state(state.id)).seq != state.seq
 
 
 def _mirrors(parent: SessionState, child: str) -> list[Any]:
@@ -370,7 +370,7 @@ def _mirrors(parent: SessionState, child: str) -> list[Any]:
 async def _go_on(rt: Runtime, parent: str) -> None:
     """Drive the parent's turn if it can go on and this runtime has its agent; otherwise it is
     left runnable in the store for a process (a worker) that has it."""
-    state = await rt.state(parent)
+    state = await rt._state(parent)
     if state.agent in rt.agents and runnable(state):
         await rt._drive(parent)
 
@@ -405,7 +405,7 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     if first is None or first.id != turn.id:  # a turn a message to the child started: its own
         return False
     try:
-        parent = await rt.state(state.parent)
+        parent = await rt._state(state.parent)
     except UnknownSession:
         return False
     live = parent.turn is not None and parent.turn.status not in ("completed", "cancelled")
@@ -421,7 +421,7 @@ async def cancel_delegated(
 ) -> None:
     """Cancel the child's delegated turn for its parent's cancel; a later turn, which a message
     sent to the child started, is the child's own and is left alone."""
-    state = await rt.state(child)
+    state = await rt._state(child)
     first = (await _first_turn(rt, state)).turn
     if state.turn is not None and first is not None and first.id == state.turn.id:
         await rt.cancel(child, reason, principal=principal)
@@ -457,7 +457,7 @@ async def sweep_orphans(rt: Runtime, rows: Sequence[SessionSummary]) -> int:
     for row in rows:
         if row.agent in targets and row.agent in rt.agents:
             with contextlib.suppress(SessionExpired, UnknownSession):
-                cancelled += await cancel_orphan(rt, await rt.state(row.id))
+                cancelled += await cancel_orphan(rt, await rt._state(row.id))
     return cancelled
 
 

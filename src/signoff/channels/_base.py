@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -130,6 +131,12 @@ class ChannelState:
     """
 
     def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0) -> None:
+        if (
+            isinstance(busy_timeout, bool)
+            or not isinstance(busy_timeout, int | float)
+            or not 0 <= busy_timeout < math.inf  # NaN passed to SQLite as a wait
+        ):
+            raise UsageError(f"busy_timeout must be seconds from 0, not {busy_timeout!r}")
         self.path = str(path)
         self.busy_timeout = busy_timeout
         self._lock = threading.Lock()

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import UsageError
+from .._sessions import positive_seconds
 from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
@@ -78,12 +79,18 @@ class ChannelHub:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise UsageError(f"channel names must be distinct: {', '.join(dupes)}")
-        if poll_interval <= 0:
+        if not positive_seconds(poll_interval):  # NaN passed `<= 0`, and a loop slept NaN
             raise UsageError(f"poll_interval must be positive, not {poll_interval!r}")
         if max_attempts < 1:
             raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
-        if retry_backoff < 0 or gap_timeout < 0:
-            raise UsageError("retry_backoff and gap_timeout must not be negative")
+        if not all(
+            positive_seconds(v) or (v == 0 and not isinstance(v, bool))
+            for v in (retry_backoff, gap_timeout)
+        ):
+            raise UsageError(
+                "retry_backoff and gap_timeout must not be negative (finite seconds), not "
+                f"{retry_backoff!r} and {gap_timeout!r}"
+            )
         self.runtime = runtime
         self.channels = channels
         self._own_state = not isinstance(state, ChannelState)

@@ -124,7 +124,7 @@ class _Chat:
 
     async def reopen(self, session_id: str) -> bool:
         """Pick up an existing session where it stands; False if the person left."""
-        state = await self.runtime.state(session_id)
+        state = await self.runtime._state(session_id)
         if state.agent != self.agent.name:
             raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
         self.session_id = session_id

@@ -78,7 +78,7 @@ class OpenAIChat(SdkModel):
         if temperature is not None and (
             isinstance(temperature, bool)
             or not isinstance(temperature, int | float)
-            or temperature < 0
+            or not 0 <= temperature < math.inf  # also NaN
         ):
             raise UsageError(f"{owner}: temperature must be a number >= 0, not {temperature!r}")
         check_positive(owner, "max_tokens", max_tokens, integer=True)

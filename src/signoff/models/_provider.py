@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import math
 import re
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
@@ -102,10 +103,10 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
         isinstance(value, bool)
         or not isinstance(value, int | float)
         or (integer and not isinstance(value, int))
-        or value <= 0
+        or not 0 < value < math.inf  # NaN passed `<= 0`
     ):
         kind = "integer" if integer else "number"
-        raise UsageError(f"{owner}: {name} must be a positive {kind}, not {value!r}")
+        raise UsageError(f"{owner}: {name} must be a positive, finite {kind}, not {value!r}")
 
 
 def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, Any]:

@@ -56,7 +56,7 @@ async def create_session(request: Request, body: CreateSession) -> TurnResult:
         )
     if body.message is None:
         sid = await rt.create_session(body.agent, auth=caller)
-        return idle_result(await rt.state(sid))
+        return idle_result(await rt._state(sid))
     return turn_result(await rt.generate(body.agent, prompt=body.message, auth=caller))
 
 

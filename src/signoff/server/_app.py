@@ -18,6 +18,7 @@ from starlette.staticfiles import StaticFiles
 from .. import __version__
 from .._exceptions import UsageError
 from .._runtime import Runtime
+from .._sessions import positive_seconds
 from ._api import router as api_router
 from ._auth import (
     DASHBOARD_PREFIX,
@@ -105,10 +106,16 @@ def create_app(
         auth = DevAuth()
     elif dev:
         raise UsageError("pass either auth=... or dev=True, not both")
+    elif not callable(auth):  # else every request was a 500 (`auth=...` copied as it is, say)
+        raise UsageError(f"auth must be an authenticator (e.g. TokenAuth), not {auth!r}")
+    if not callable(access):
+        raise UsageError(f"access must be a function (caller, initiator) -> bool, not {access!r}")
     if not isinstance(runtime, Runtime):
         raise UsageError(f"create_app() serves a signoff Runtime, not {runtime!r}")
-    if poll_interval <= 0 or heartbeat <= 0:
+    if not (positive_seconds(poll_interval) and positive_seconds(heartbeat)):  # also NaN
         raise UsageError("poll_interval and heartbeat must be positive seconds")
+    if sweep_every is not None and not positive_seconds(sweep_every):
+        raise UsageError(f"sweep_every must be positive seconds or None, not {sweep_every!r}")
     if isinstance(max_body_size, bool) or not isinstance(max_body_size, int) or max_body_size < 1:
         raise UsageError(f"max_body_size must be a positive number of bytes, not {max_body_size!r}")
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 from dataclasses import dataclass, field, replace
@@ -10,9 +9,9 @@ from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import expiry_specs, is_due, stored_after_deadline
+from .._deadlines import is_due, stored_after_deadline
 from .._events import Event
-from .._exceptions import SessionExpired, StoreError, UnknownRequest, UnknownSession
+from .._exceptions import StoreError, UnknownRequest, UnknownSession
 from .._runtime import Runtime
 from .._state import SessionState
 from .._state_parts import load_principal
@@ -116,21 +115,11 @@ class ServerContext:
         A state `shown` to a person (the session's read, its dashboard page) has a passed TTL
         recorded first; an answer or a stream leaves that to the runtime's own checks, which
         report what the expiry closes."""
-        state = await self.runtime.state(session_id)
+        # `Runtime.state` records a passed TTL first, so it never reads as waiting on answers
+        # no one can give.
+        state = await (self.runtime.state if shown else self.runtime._state)(session_id)
         if not self.access(caller, state.initiator):
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
-        now = self.runtime.clock()
-        if (
-            shown
-            and state.expired(now)
-            and expiry_specs(state)
-            and state.agent in self.runtime.agents
-        ):
-            # Its TTL passed and no sweep recorded it yet: record it (its turn fails, its
-            # requests expire), so it never reads as waiting on answers no one can give.
-            with contextlib.suppress(SessionExpired, StoreError):
-                await self.runtime._checked(session_id)
-            state = await self.runtime.state(session_id)
         return state
 
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
@@ -195,7 +184,7 @@ class ServerContext:
         first = await self.runtime.store.read_events(session_id, limit=1)
         known, initiator = _created_by(first)
         if not known:  # a damaged log: the state's own checks name what is wrong
-            initiator = (await self.runtime.state(session_id)).initiator
+            initiator = (await self.runtime._state(session_id)).initiator
         if len(self._initiators) >= 100_000:
             self._initiators.clear()
         self._initiators[session_id] = initiator

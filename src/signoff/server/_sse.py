@@ -108,7 +108,7 @@ async def session_end(ctx: ServerContext, session_id: str) -> tuple[SignoffError
     """Why the session's stream must end (it expired, or is gone from the store), or None and
     the time of the runtime's clock at which it expires (inf if never)."""
     try:
-        state = await ctx.runtime.state(session_id)
+        state = await ctx.runtime._state(session_id)
     except UnknownSession as exc:
         return exc, 0.0
     if state.expired(ctx.runtime.clock()):

@@ -3,6 +3,7 @@ messages show it."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -68,8 +69,10 @@ def number(options: dict[str, str], key: str, kind: type[N], default: N) -> N:
         value = kind(options[key])
     except ValueError:
         raise StoreError(f"URL option {key}={options[key]!r} is not a number") from None
-    if value <= 0:
-        raise StoreError(f"URL option {key} must be positive, not {options[key]!r}")
+    if not 0 < value < math.inf:  # also NaN, which no comparison is true of
+        raise StoreError(
+            f"URL option {key} must be a positive, finite number, not {options[key]!r}"
+        )
     return value
 
 
