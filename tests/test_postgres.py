@@ -814,6 +814,74 @@ async def test_commit_whose_acknowledgement_is_lost_is_found_committed(
     assert await pg.read_events(sid) == [ev(sid, 1, "session.created"), *events]
 
 
+def _drop_after_pipeline(monkeypatch: pytest.MonkeyPatch, times: int) -> list[str]:
+    """Make the next `times` pipelines lose their connection just after the COMMIT was
+    answered: the server committed, the client never heard so."""
+    real_pipeline = psycopg.AsyncConnection.pipeline
+    lost: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def pipeline_then_drop(
+        self: psycopg.AsyncConnection[Any],
+    ) -> AsyncIterator[psycopg.AsyncPipeline]:
+        async with real_pipeline(self) as pipeline:
+            yield pipeline
+        if len(lost) < times:
+            lost.append("dropped")
+            self.pgconn.finish()
+            raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "pipeline", pipeline_then_drop)
+    return lost
+
+
+async def test_a_claim_whose_acknowledgement_is_lost_returns_what_it_claimed(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim committed, then its connection dropped before the worker heard so: the worker
+    gets the sessions it leased, rather than a `StoreError` that left them leased to it,
+    unworked, until the lease lapsed (30 s by default) and any worker claimed them again."""
+    sids = [await new_session(pg) for _ in range(2)]
+    for sid in sids:
+        await pg.commit(
+            Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running")
+        )
+    lost = _drop_after_pipeline(monkeypatch, 1)
+    claimed = await pg.claim("w1", 30, T0, 10)
+    monkeypatch.undo()
+    assert lost == ["dropped"]
+    assert sorted(claimed) == sorted((sid, 1) for sid in sids)
+    assert await pg.claim("w2", 30, T0 + 1, 10) == []  # leased once, to w1
+    for sid in sids:  # its tokens are the live ones
+        assert await pg.renew_lease(sid, "w1", 1, 30, T0 + 1) is True
+
+
+async def test_a_claim_lost_before_it_committed_is_retried(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing leased to it at the time it set, a claim whose outcome was unknown did not
+    commit: it is sent again, and claims the session once."""
+    sid = await new_session(pg)
+    await pg.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running"))
+    real_execute = psycopg.AsyncConnection.execute
+    dropped: list[str] = []
+
+    async def drop_the_commit(
+        self: psycopg.AsyncConnection[Any], query: Any, *a: Any, **k: Any
+    ) -> Any:
+        if query == "COMMIT" and not dropped:  # lost as COMMIT is sent: it never arrives
+            dropped.append("dropped")
+            self.pgconn.finish()
+            raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
+        return await real_execute(self, query, *a, **k)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", drop_the_commit)
+    claimed = await pg.claim("w1", 30, T0, 10)
+    monkeypatch.undo()
+    assert dropped == ["dropped"]
+    assert claimed == [(sid, 1)]
+
+
 async def test_refused_commits_leave_their_connection_clean(pg_store_url: str) -> None:
     """Commits refused by the server (a request no longer pending, raised inside the pipeline)
     or by the store (a stale head) roll back and leave the connection usable: many of each, past
