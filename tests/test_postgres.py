@@ -1009,6 +1009,79 @@ async def test_waiters_survive_a_killed_listener(pg: PostgresStore, pg_store_url
         raise AssertionError("the listener never came back")
 
 
+class _SilentProxy:
+    """A TCP relay to PostgreSQL whose connections can be made to go silent, as a dropped route
+    or a NAT that forgot them does: no reset, no answer, the socket still open."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.relays: list[asyncio.Task[None]] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self.writers += [writer, up_writer]
+        self.relays += [
+            asyncio.create_task(self._relay(reader, up_writer)),
+            asyncio.create_task(self._relay(up_reader, writer)),
+        ]
+
+    @staticmethod
+    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def silence(self) -> None:
+        """Stop relaying on every connection open now; later ones relay as before."""
+        for relay in self.relays:
+            relay.cancel()
+        self.relays = []
+
+    async def close(self) -> None:
+        self.silence()
+        for writer in self.writers:
+            writer.close()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_a_listen_connection_gone_silent_is_given_up_and_listening_resumes(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    """A LISTEN connection whose network went silent waits for ever for notifications that no
+    longer come (nothing is sent on it, so nothing fails): the listener checks a connection
+    quiet for a while, gives it up when it does not answer, and listens on a new one, so waits
+    are woken by commits again."""
+    params = conninfo_to_dict(pg_store_url)
+    proxy = _SilentProxy(str(params["host"]), int(str(params["port"])))
+    port = await proxy.start()
+    store = PostgresStore(pg_store_url.replace(f":{params['port']}/", f":{port}/"))
+    store._changes.check_every = 0.3
+    store._changes.check_within = 0.3
+    try:
+        sid = await new_session(pg)
+        assert await store.wait_for_change(sid, 0.05) is False  # starts the listener
+        proxy.silence()
+        await asyncio.sleep(1.5)  # quiet past `check_every`, no answer within `check_within`
+        for head in range(1, 4):
+            waiting = asyncio.create_task(store.wait_for_change(sid, 5))
+            await asyncio.sleep(0.1)
+            await pg.commit(Commit(session_id=sid, expected_seq=head, events=[ev(sid, head + 1)]))
+            assert await asyncio.wait_for(waiting, 10) is True
+    finally:
+        await store.close()
+        await proxy.close()
+
+
 async def test_server_gone_after_open_is_a_store_error() -> None:
     cluster = PgCluster.start()
     try:
