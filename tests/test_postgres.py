@@ -1070,6 +1070,10 @@ async def test_a_listen_connection_gone_silent_is_given_up_and_listening_resumes
     try:
         sid = await new_session(pg)
         assert await store.wait_for_change(sid, 0.05) is False  # starts the listener
+        for _ in range(1000):  # subscribed: its connection is up (not mid-handshake) when silenced
+            if store._changes._listening.is_set():
+                break
+            await asyncio.sleep(0.01)
         proxy.silence()
         await asyncio.sleep(1.5)  # quiet past `check_every`, no answer within `check_within`
         for head in range(1, 4):
