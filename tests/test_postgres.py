@@ -823,6 +823,74 @@ async def test_commit_whose_acknowledgement_is_lost_is_found_committed(
     assert await pg.read_events(sid) == [ev(sid, 1, "session.created"), *events]
 
 
+def _drop_after_pipeline(monkeypatch: pytest.MonkeyPatch, times: int) -> list[str]:
+    """Make the next `times` pipelines lose their connection just after the COMMIT was
+    answered: the server committed, the client never heard so."""
+    real_pipeline = psycopg.AsyncConnection.pipeline
+    lost: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def pipeline_then_drop(
+        self: psycopg.AsyncConnection[Any],
+    ) -> AsyncIterator[psycopg.AsyncPipeline]:
+        async with real_pipeline(self) as pipeline:
+            yield pipeline
+        if len(lost) < times:
+            lost.append("dropped")
+            self.pgconn.finish()
+            raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "pipeline", pipeline_then_drop)
+    return lost
+
+
+async def test_a_claim_whose_acknowledgement_is_lost_returns_what_it_claimed(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim committed, then its connection dropped before the worker heard so: the worker
+    gets the sessions it leased, rather than a `StoreError` that left them leased to it,
+    unworked, until the lease lapsed (30 s by default) and any worker claimed them again."""
+    sids = [await new_session(pg) for _ in range(2)]
+    for sid in sids:
+        await pg.commit(
+            Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running")
+        )
+    lost = _drop_after_pipeline(monkeypatch, 1)
+    claimed = await pg.claim("w1", 30, T0, 10)
+    monkeypatch.undo()
+    assert lost == ["dropped"]
+    assert sorted(claimed) == sorted((sid, 1) for sid in sids)
+    assert await pg.claim("w2", 30, T0 + 1, 10) == []  # leased once, to w1
+    for sid in sids:  # its tokens are the live ones
+        assert await pg.renew_lease(sid, "w1", 1, 30, T0 + 1) is True
+
+
+async def test_a_claim_lost_before_it_committed_is_retried(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With nothing leased to it at the time it set, a claim whose outcome was unknown did not
+    commit: it is sent again, and claims the session once."""
+    sid = await new_session(pg)
+    await pg.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running"))
+    real_execute = psycopg.AsyncConnection.execute
+    dropped: list[str] = []
+
+    async def drop_the_commit(
+        self: psycopg.AsyncConnection[Any], query: Any, *a: Any, **k: Any
+    ) -> Any:
+        if query == "COMMIT" and not dropped:  # lost as COMMIT is sent: it never arrives
+            dropped.append("dropped")
+            self.pgconn.finish()
+            raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
+        return await real_execute(self, query, *a, **k)
+
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", drop_the_commit)
+    claimed = await pg.claim("w1", 30, T0, 10)
+    monkeypatch.undo()
+    assert dropped == ["dropped"]
+    assert claimed == [(sid, 1)]
+
+
 async def test_refused_commits_leave_their_connection_clean(pg_store_url: str) -> None:
     """Commits refused by the server (a request no longer pending, raised inside the pipeline)
     or by the store (a stale head) roll back and leave the connection usable: many of each, past
@@ -1059,6 +1127,83 @@ async def test_waiters_survive_a_killed_listener(pg: PostgresStore, pg_store_url
         break
     else:
         raise AssertionError("the listener never came back")
+
+
+class _SilentProxy:
+    """A TCP relay to PostgreSQL whose connections can be made to go silent, as a dropped route
+    or a NAT that forgot them does: no reset, no answer, the socket still open."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.relays: list[asyncio.Task[None]] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self.writers += [writer, up_writer]
+        self.relays += [
+            asyncio.create_task(self._relay(reader, up_writer)),
+            asyncio.create_task(self._relay(up_reader, writer)),
+        ]
+
+    @staticmethod
+    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def silence(self) -> None:
+        """Stop relaying on every connection open now; later ones relay as before."""
+        for relay in self.relays:
+            relay.cancel()
+        self.relays = []
+
+    async def close(self) -> None:
+        self.silence()
+        for writer in self.writers:
+            writer.close()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_a_listen_connection_gone_silent_is_given_up_and_listening_resumes(
+    pg: PostgresStore, pg_store_url: str
+) -> None:
+    """A LISTEN connection whose network went silent waits for ever for notifications that no
+    longer come (nothing is sent on it, so nothing fails): the listener checks a connection
+    quiet for a while, gives it up when it does not answer, and listens on a new one, so waits
+    are woken by commits again."""
+    params = conninfo_to_dict(pg_store_url)
+    proxy = _SilentProxy(str(params["host"]), int(str(params["port"])))
+    port = await proxy.start()
+    store = PostgresStore(pg_store_url.replace(f":{params['port']}/", f":{port}/"))
+    store._changes.check_every = 0.3
+    store._changes.check_within = 0.3
+    try:
+        sid = await new_session(pg)
+        assert await store.wait_for_change(sid, 0.05) is False  # starts the listener
+        for _ in range(1000):  # subscribed: its connection is up (not mid-handshake) when silenced
+            if store._changes._listening.is_set():
+                break
+            await asyncio.sleep(0.01)
+        proxy.silence()
+        await asyncio.sleep(1.5)  # quiet past `check_every`, no answer within `check_within`
+        for head in range(1, 4):
+            waiting = asyncio.create_task(store.wait_for_change(sid, 5))
+            await asyncio.sleep(0.1)
+            await pg.commit(Commit(session_id=sid, expected_seq=head, events=[ev(sid, head + 1)]))
+            assert await asyncio.wait_for(waiting, 10) is True
+    finally:
+        await store.close()
+        await proxy.close()
 
 
 async def test_server_gone_after_open_is_a_store_error() -> None:

@@ -21,7 +21,14 @@ from ..._exceptions import StoreError, UnknownSession
 if TYPE_CHECKING:
     from ._connections import Conn
 
-__all__ = ["Listener"]
+__all__ = ["CHECK_EVERY", "CHECK_WITHIN", "Listener"]
+
+CHECK_EVERY = 10.0
+"""Seconds between checks that the LISTEN connection still answers. A check also keeps it from
+being ended by an `idle_session_timeout` longer than this."""
+
+CHECK_WITHIN = 5.0
+"""Seconds the LISTEN connection has to answer a check before it is given up for a new one."""
 
 
 class Listener:
@@ -38,6 +45,8 @@ class Listener:
         # Changes announced so far (and reconnects, which may have missed some): a caller that
         # read it before its last look at the store waits only if nothing was announced since.
         self.seen = 0
+        self.check_every = CHECK_EVERY
+        self.check_within = CHECK_WITHIN
 
     async def wait(
         self,
@@ -130,7 +139,7 @@ class Listener:
                 async for note in self._notes(conn):
                     sid, _, _seq = note.rpartition(" ")
                     self._wake(sid)
-            except psycopg.Error:
+            except (psycopg.Error, TimeoutError):  # lost, or gone silent
                 pass
             finally:
                 self._listening.clear()
@@ -141,10 +150,15 @@ class Listener:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
-    @staticmethod
-    async def _notes(conn: Conn) -> AsyncIterator[str]:
-        async for note in conn.notifies():
-            yield note.payload
+    async def _notes(self, conn: Conn) -> AsyncIterator[str]:
+        """The notifications `conn` receives. Every `check_every` seconds it must answer a
+        query within `check_within` (else `TimeoutError`): a connection whose network went
+        silent fails no read, and would leave every wait on it unwoken for ever."""
+        while True:
+            async for note in conn.notifies(timeout=self.check_every):
+                yield note.payload
+            async with asyncio.timeout(self.check_within):
+                await conn.execute("SELECT 1")
 
     def _wake(self, session_id: str) -> None:
         self.seen += 1

@@ -74,10 +74,35 @@ class Leases(Connections):
             )
             return [(str(row[0]), int(row[1]), row[2:]) for row in await cur.fetchall()]
 
-        claimed = await self._write(body, "claiming runnable sessions") or []
+        found: list[tuple[str, int]] = []
+
+        async def committed() -> bool:
+            # Its leases are the ones this owner holds until exactly the time it set: none
+            # means it did not commit (or claimed nothing), so sending it again is safe.
+            found[:] = await self._leased_until(owner, now + ttl)
+            return bool(found)
+
+        claimed = await self._write(body, "claiming runnable sessions", committed=committed)
+        if claimed is None:  # committed, its acknowledgement lost: no heads (drives read them)
+            return found
         for session_id, token, row in claimed:
             self._granted[session_id] = (token, self._moved(session_id, row))
         return [(session_id, token) for session_id, token, _ in claimed]
+
+    async def _leased_until(self, owner: str, expires_at: float) -> list[tuple[str, int]]:
+        """The sessions `owner` holds a lease on expiring at `expires_at`, with their tokens:
+        what a claim that set that time took, after its acknowledgement was lost."""
+        s = self._s
+
+        async def body(conn: Conn) -> list[tuple[str, int]]:
+            cur = await conn.execute(
+                f"SELECT x.id, l.token FROM {s}.leases l JOIN {s}.sessions x ON x.sk = l.sk "
+                "WHERE l.owner = %s AND l.expires_at = %s",
+                (owner, expires_at),
+            )
+            return [(str(i), int(t)) for i, t in await cur.fetchall()]
+
+        return await self._read(body, "checking a claim")
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl: float, now: float
