@@ -1,0 +1,123 @@
+"""`Leasing`: how a runtime holds a session's lease while it drives it: acquired (waiting a
+while for another holder), confirmed before a tool body runs, renewed in the background, and
+released, all timed by the store's clock where it has one (PostgreSQL)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ._exceptions import LeaseLost, StoreError
+from .stores import Store
+
+__all__ = ["Held", "Leasing"]
+
+log = logging.getLogger("signoff.runtime")
+
+
+@dataclass(slots=True)
+class Held:
+    """When this process last knew a drive's lease to be live (`time.monotonic()`)."""
+
+    at: float
+
+
+class Leasing:
+    """The lease half of `SessionRunner`, which sets these attributes."""
+
+    store: Store
+    clock: Callable[[], float]
+    lease_ttl: float
+    lease_wait: float
+    _lease_offset: float  # the store's clock minus ours: see `_lease_now`
+    # Leases of ended drives the store refused to release: given back by the next drive here.
+    _unreleased: dict[str, tuple[str, int]]
+
+    def _lease_now(self) -> float:
+        """The time leases are granted, renewed and checked by: the database's clock where the
+        store has one (PostgreSQL), so processes whose clocks differ agree on when one lapses."""
+        return self.clock() + self._lease_offset
+
+    async def _sync_lease_clock(self) -> None:
+        """Measure how far the store's clock is from ours (a worker does so again every sweep,
+        so a clock stepped since is caught up with)."""
+        server_time = getattr(self.store, "server_time", None)
+        if server_time is None:  # SQLite: every process shares this machine's clock
+            return
+        before = self.clock()
+        theirs = await server_time()
+        self._lease_offset = theirs - (before + self.clock()) / 2
+
+    async def _release(self, session_id: str, owner: str, token: int) -> None:
+        """Give a drive's lease back; one the store refuses is kept for the next try."""
+        self._unreleased.pop(session_id, None)
+        try:
+            await self.store.release_lease(session_id, owner, token)
+        except StoreError:
+            self._unreleased[session_id] = (owner, token)
+            raise
+
+    async def _acquire(self, session_id: str, owner: str) -> int | None:
+        stale = self._unreleased.get(session_id)
+        if stale is not None:  # this process's own dead drive: not a holder to wait for
+            await self._release(session_id, *stale)
+        deadline = time.monotonic() + self.lease_wait
+        delay = 0.005
+        while True:
+            now = self._lease_now()
+            token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
+            if token is not None and not await self._still_held(session_id, owner, token, now):
+                token = None  # born expired, and another owner took it meanwhile
+            if token is not None or time.monotonic() >= deadline:
+                return token
+            # Jitter: waiters that started together must not all retry in lockstep.
+            await asyncio.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 0.2)
+
+    async def _still_held(self, session_id: str, owner: str, token: int, granted: float) -> bool:
+        """Whether a lease granted with the time `granted` is ours and live: one whose grant
+        waited long (for a pool connection, say) expires early, so it is renewed first."""
+        now = self._lease_now()
+        if now - granted < self.lease_ttl / 3:
+            return True
+        return await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now)
+
+    async def _confirm(self, session_id: str, owner: str, token: int, held: Held) -> None:
+        """Before a tool body runs: a lease not known live for half its TTL (this process
+        stalled: paused, swapped out) is renewed first, so a drive that lost it meanwhile does
+        not run a call that the worker which took over may have run already."""
+        if time.monotonic() - held.at < self.lease_ttl / 2:
+            return
+        now = self._lease_now()
+        if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
+            raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
+        held.at = time.monotonic()
+
+    async def _renew(
+        self, session_id: str, owner: str, token: int, go_on: asyncio.Event, held: Held
+    ) -> None:
+        # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
+        # can swallow a cancellation, so the loop also stops once `go_on` is cleared.
+        pause = self.lease_ttl / 3
+        while go_on.is_set():
+            await asyncio.sleep(pause)
+            if not go_on.is_set():
+                return
+            try:
+                live = await self.store.renew_lease(
+                    session_id, owner, token, self.lease_ttl, self._lease_now()
+                )
+            except StoreError as exc:
+                # A dropped connection: try again soon, before the lease lapses.
+                log.warning("renewing the lease on session %s failed: %s", session_id, exc)
+                pause = self.lease_ttl / 10
+                continue
+            if not live:
+                log.warning("session %s: lease %d was taken over", session_id, token)
+                return  # fenced: this drive can write nothing more
+            held.at = time.monotonic()
+            pause = self.lease_ttl / 3
