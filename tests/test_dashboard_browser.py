@@ -461,3 +461,22 @@ def test_a_huge_input_leaves_approve_on_the_first_screen(browser: Browser, tmp_p
         approve.click()
         expect(card.locator(".result-note")).to_contain_text("Approved")
         context.close()
+
+
+def test_a_filtered_queue_counts_its_own_requests_live(page: Page, base: str) -> None:
+    """A queue filtered to one agent says how many of *its* requests are open, also after live
+    updates; the navigation's badge counts the whole queue."""
+    start(base)
+    start(base, "batch")  # two more requests, of another agent
+    page.goto("/_signoff/?agent=support")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    heading = page.locator(".page-head .sub")
+    expect(page.locator("#queue-count")).to_have_text("3")
+    expect(heading).to_have_text("1 open request · updates live")
+    start(base, "batch")  # the filter hides these: the count stays
+    expect(page.locator("#queue-count")).to_have_text("5")
+    expect(heading).to_have_text("1 open request · updates live")
+    start(base)  # one more of the filter's: the count follows, in the plural
+    expect(page.locator("#queue [data-request-id]")).to_have_count(2)
+    expect(heading).to_have_text("2 open requests · updates live")
+    expect(page.locator("#queue-count")).to_have_text("6")

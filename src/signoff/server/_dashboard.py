@@ -68,7 +68,11 @@ async def queue_page(request: Request) -> Response:
 
 @router.get("/fragments/queue", response_class=HTMLResponse)
 async def queue_fragment(request: Request) -> Response:
-    return await render("_queue_items.html", request, **await queue_context(request))
+    """The queue's cards as the page's filters pick them, and their count in `X-Total-Count`."""
+    context = await queue_context(request)
+    response = await render("_queue_items.html", request, **context)
+    response.headers["X-Total-Count"] = str(context["total"])
+    return response
 
 
 @router.get("/stream")

@@ -52,10 +52,18 @@
     }
   }
 
+  // The navigation's badge counts the whole queue; a page's heading counts what it lists (a
+  // filtered queue: its own requests, which the fragment's X-Total-Count header gives).
   function setTotal(total) {
-    document.querySelectorAll("[data-live-total]").forEach((el) => { el.textContent = String(total); });
     const count = document.getElementById("queue-count");
     if (count) count.textContent = total ? String(total) : "";
+  }
+
+  function setShown(total) {
+    document.querySelectorAll("[data-live-total]").forEach((el) => { el.textContent = String(total); });
+    document.querySelectorAll("[data-live-noun]").forEach((el) => {
+      el.textContent = total === 1 ? "open request" : "open requests";
+    });
   }
 
   function live(url, handlers, types) {
@@ -95,11 +103,16 @@
       queue: async (ev) => {
         const data = JSON.parse(ev.data);
         setTotal(data.total);
+        const filtered = queue.hasAttribute("data-filtered");
+        if (!filtered) setShown(data.total);
         if (version === null) { version = data.version; return; }
         version = data.version;
         const q = queue.dataset.query;
         const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
-        if (res.ok) mergeCards(queue, await res.text());
+        if (!res.ok) return;
+        const shown = Number(res.headers.get("X-Total-Count"));
+        if (filtered && Number.isInteger(shown)) setShown(shown);
+        mergeCards(queue, await res.text());
       },
     });
   }
