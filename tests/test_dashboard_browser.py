@@ -407,11 +407,11 @@ def test_long_unbroken_text_keeps_the_buttons_in_reach(browser: Browser, tmp_pat
         for path in ("/_signoff/", f"/_signoff/sessions/{sid}", "/_signoff/new"):
             p.goto(path)
             if path != "/_signoff/new":
-                expect(p.locator("main [data-kind=question] button")).to_have_count(2)
+                expect(p.locator("main [data-kind=question] button:visible")).to_have_count(2)
             p.locator("details").evaluate_all("els => els.forEach(e => { e.open = true; })")
             wide = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
             assert wide <= 0, (path, wide)
-            for button in p.locator("main button").all():
+            for button in p.locator("main button:visible").all():
                 box = button.bounding_box()
                 assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 1280, (
                     path,
@@ -480,3 +480,55 @@ def test_a_filtered_queue_counts_its_own_requests_live(page: Page, base: str) ->
     expect(page.locator("#queue [data-request-id]")).to_have_count(2)
     expect(heading).to_have_text("2 open requests · updates live")
     expect(page.locator("#queue-count")).to_have_text("6")
+
+
+def request_record(base: str, rid: str) -> dict[str, Any]:
+    r = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("alice-token"), timeout=10)
+    body: dict[str, Any] = r.json()
+    return body
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "no-js"])
+def test_enter_in_a_text_box_never_picks_an_action(
+    browser: Browser, base: str, javascript: bool
+) -> None:
+    """Enter in a form's text box submits it with its first button: a reason typed to deny with
+    approved the call, and a typed answer was dropped for the first option. Now Enter in a
+    reason does nothing (Approve and Deny are a Tab away), and in an answer it sends the text."""
+    context = browser.new_context(base_url=base, java_script_enabled=javascript)
+    p = context.new_page()
+    p.set_default_timeout(10_000)
+    p.goto("/_signoff/login")
+    p.fill("input[name=token]", "alice-token")
+    p.click("button[type=submit]")
+    expect(p.locator("h1")).to_have_text("Approval queue")
+    rid = start(base)["pending"][0]["id"]
+    qid = start(base, "helper")["pending"][0]["id"]
+    p.goto("/_signoff/")
+    reason = p.locator(f"[data-request-id='{rid}'] input[name=text]")
+    reason.fill("Refunds over 100 need a manager")
+    reason.press("Enter")
+    answer = p.locator(f"[data-request-id='{qid}'] input[name=text]")
+    answer.fill("Medium, please")
+    answer.press("Enter")
+    expect(p.locator(f"[data-request-id='{qid}']")).to_have_count(0)  # answered, gone
+    assert request_record(base, qid)["resolution"]["answer"]["value"] == "Medium, please"
+    assert request_record(base, rid)["status"] == "pending"  # not approved
+    if javascript:
+        expect(reason).to_have_value("Refunds over 100 need a manager")  # still typed
+        card = p.locator(f"[data-request-id='{rid}']")
+        card.get_by_text("Edit arguments before approving").click()
+        card.locator("textarea[name=edited_input]").fill("{")
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".form-error")).to_contain_text("not JSON")
+        expect(card.locator("button[hidden]")).to_be_disabled()  # the buttons came back, not it
+        reason.press("Enter")
+        reason.press("Tab")
+        p.keyboard.press("Tab")  # past Approve, to Deny
+        expect(p.get_by_role("button", name="Deny")).to_be_focused()
+        p.keyboard.press("Enter")
+        expect(p.locator(f"[data-request-id='{rid}'] .result-note")).to_contain_text("Denied")
+        assert request_record(base, rid)["resolution"]["reason"] == (
+            "Refunds over 100 need a manager"
+        )
+    context.close()

@@ -182,7 +182,7 @@
     const card = form.closest("[data-request-id]");
     const body = new FormData(form);
     if (ev.submitter && ev.submitter.name) body.set(ev.submitter.name, ev.submitter.value);
-    const buttons = form.querySelectorAll("button");
+    const buttons = Array.from(form.querySelectorAll("button:enabled"));  // not Enter's inert one
     buttons.forEach((b) => { b.disabled = true; });
     const error = form.querySelector(".form-error");
     if (error) error.hidden = true;
