@@ -618,3 +618,34 @@ async def test_an_edit_nested_too_deeply_is_an_invalid_answer(tmp_path: Path, de
                 principal=ALICE,
             )
         assert await store_contents(rt.store, r.session_id) == before
+
+
+async def test_an_edit_with_a_lone_surrogate_in_a_key_is_refused(tmp_path: Path) -> None:
+    """A key no UTF-8 text can hold was quietly replaced by pydantic (U+FFFD) and the call ran
+    with a key the reviewer never typed; it is refused, as such a value is."""
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def upload(data: dict[str, Any]) -> str:
+        """Upload a document."""
+        return "stored"
+
+    agent = scripted_agent(
+        "support", [call_tools(call("upload", data={})), reply("ok")], tools=[upload]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="store it", auth=ALICE)
+        (req,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer, match="not plain JSON text"):
+            await rt.respond(
+                r.session_id,
+                [
+                    so.InputResponse(
+                        request_id=req.id, option_id="approve", edited_input={"data": {"\ud800": 1}}
+                    )
+                ],
+                principal=ALICE,
+            )
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0

@@ -92,7 +92,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                     "as proposed: it takes no edited input",
                     [rid],
                 )
-            _check_depth(rid, reply.edited_input)  # before pydantic, whose own limit is unnamed
+            _check_edit_as_given(rid, reply.edited_input)
             try:
                 edited = tool.validate(reply.edited_input).model_dump(mode="json")
             except ValidationError as exc:
@@ -172,6 +172,18 @@ def _check_depth(rid: str, value: Any) -> None:
                 )
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
+
+
+def _check_edit_as_given(rid: str, edited: Any) -> None:
+    """Refuse an edit pydantic would not refuse by name: one nested too deeply (its serializer
+    raises a bare ValueError) or holding a lone surrogate (it turns a key's into U+FFFD)."""
+    _check_depth(rid, edited)
+    try:
+        json.dumps(edited, ensure_ascii=False, default=str).encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidAnswer(
+            f"request {rid}: the answer is not plain JSON text: {exc}", [rid]
+        ) from None
 
 
 def _check_json(rid: str, resolution: dict[str, Any]) -> None:
