@@ -305,6 +305,20 @@ def test_a_page_past_the_end_of_the_queue_shows_its_last_page(base: str, token: 
         assert rid in page and "All caught up" not in page, path
 
 
+def test_a_page_past_the_end_of_the_audit_shows_its_last_page(base: str) -> None:
+    """An old link to page 5 of a one-page audit showed "Nothing here yet" beside a count of
+    settled requests, and no pager to go back: it shows the last page, as the queue does."""
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    httpx.post(
+        f"{base}/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+        headers=auth("alice-token"),
+    )
+    page = httpx.get(f"{base}/_signoff/audit?page=5", headers=auth("alice-token")).text
+    assert rid in page and "Nothing here yet" not in page
+
+
 def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
     start(base)
     page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text

@@ -394,6 +394,8 @@ async def audit_page(request: Request) -> Response:
     page = query_number(page_raw, 1, 1, 1_000_000)
     # oldest first in the store: the newest page is at the end
     _, total = await ctx.visible_requests(viewer, PendingFilter(status=status, limit=1))
+    pages = max(1, -(-total // PAGE_SIZE))
+    page = min(page, pages)  # past the end (an old link): the last page, as the queue does
     end = max(0, total - (page - 1) * PAGE_SIZE)
     begin = max(0, end - PAGE_SIZE)
     chunk: list[InputRequest] = []
@@ -427,7 +429,7 @@ async def audit_page(request: Request) -> Response:
             total=total,
             status=status,
             page=page,
-            pages=max(1, -(-total // PAGE_SIZE)),
+            pages=pages,
         ),
     )
 
