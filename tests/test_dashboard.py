@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -428,6 +429,20 @@ def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
         token = csrf_of(m.get("/_signoff/").text)
         r = m.post(f"/_signoff/sessions/{sid}/messages", data={"message": "hi", "csrf": token})
         assert r.status_code == 404
+
+
+def test_pages_name_their_script_and_style_by_content(base: str) -> None:
+    """The script and style are served without a lifetime, so a browser may keep an old copy
+    for days: an upgraded page ran the previous script. Their URLs carry a hash of them."""
+    page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
+    static = Path(so.__file__).parent / "server" / "static"
+    for name in ("app.js", "app.css"):
+        url = re.search(rf'"(/_signoff/static/{re.escape(name)}[^"]*)"', page)
+        assert url, name
+        version = url.group(1).partition("?v=")[2]
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(static.iterdir())))
+        assert version == digest.hexdigest()[:12], url.group(1)
+        assert httpx.get(base + url.group(1)).status_code == 200
 
 
 def test_pages_carry_security_headers(base: str) -> None:

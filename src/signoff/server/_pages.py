@@ -18,6 +18,7 @@ import json
 import secrets
 import time
 from datetime import UTC, datetime
+from importlib.resources import files
 from typing import Any
 
 from fastapi import Request
@@ -111,7 +112,17 @@ def _usd(value: float) -> str:
     return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
 
 
-env.globals.update(clip_at=CLIP)
+def _asset_version() -> str:
+    """A hash of the static files, in their URLs: they are served without a lifetime, so a
+    browser may keep an old copy for days, and an upgraded page would run the old script."""
+    digest = hashlib.sha256()
+    static = files("signoff.server").joinpath("static")
+    for item in sorted(static.iterdir(), key=lambda f: f.name):
+        digest.update(item.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+env.globals.update(clip_at=CLIP, asset_version=_asset_version())
 env.filters.update(ago=_ago, iso=_iso, pretty=pretty, who=who, usd=_usd)
 
 
