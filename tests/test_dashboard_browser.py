@@ -532,3 +532,21 @@ def test_enter_in_a_text_box_never_picks_an_action(
             "Refunds over 100 need a manager"
         )
     context.close()
+
+
+def test_approving_what_another_tab_denied_says_it_is_closed(page: Page, base: str) -> None:
+    """Two tabs show one request (their live updates lost): one denies, then the other approves.
+    The second is told the request is closed and offered no more buttons; nothing changes."""
+    rid = start(base)["pending"][0]["id"]
+    page.route("**/_signoff/stream", lambda route: route.abort())  # no live removal
+    page.reload()
+    other = page.context.new_page()
+    other.route("**/_signoff/stream", lambda route: route.abort())
+    other.goto("/_signoff/")
+    other.locator(f"[data-request-id='{rid}']").get_by_role("button", name="Deny").click()
+    expect(other.locator(f"[data-request-id='{rid}'] .result-note")).to_contain_text("Denied")
+    card = page.locator(f"[data-request-id='{rid}']")
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".result-note")).to_contain_text("already settled")
+    expect(card.get_by_role("button")).to_have_count(0)
+    assert request_record(base, rid)["outcome"] == "cancelled"

@@ -192,7 +192,11 @@
         headers: { "Accept": "application/json", "X-CSRF-Token": csrf },
       });
       const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
-      if (!data.ok) throw new Error(data.error && data.error.message || "Request failed");
+      if (!data.ok) {
+        const failed = new Error(data.error && data.error.message || "Request failed");
+        failed.code = data.error && data.error.code;
+        throw failed;
+      }
       const settled = { approved: "Approved", cancelled: "Denied", answered: "Answered" };
       form.remove();
       const note = document.createElement("p");
@@ -213,6 +217,17 @@
         note.textContent = "Not accepted (" + data.outcome + ")" + (data.reason ? ": " + data.reason : "") + ". The request stays open for someone else.";
       }
     } catch (err) {
+      if (err.code === "conflicting_answer" || err.code === "request_closed") {
+        // Someone else (another tab) closed it first: say so, and offer no more buttons; the
+        // card goes with the queue's next live update.
+        form.remove();
+        const note = document.createElement("p");
+        note.className = "result-note bad";
+        note.textContent = err.message + ". Nothing was changed.";
+        card.appendChild(note);
+        toast(err.message, true);
+        return;
+      }
       buttons.forEach((b) => { b.disabled = false; });
       if (error) { error.textContent = err.message; error.hidden = false; }
       toast(err.message, true);
