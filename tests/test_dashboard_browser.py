@@ -550,3 +550,42 @@ def test_approving_what_another_tab_denied_says_it_is_closed(page: Page, base: s
     expect(card.locator(".result-note")).to_contain_text("already settled")
     expect(card.get_by_role("button")).to_have_count(0)
     assert request_record(base, rid)["outcome"] == "cancelled"
+
+
+@pytest.mark.parametrize("width", [1280, 375])
+@pytest.mark.parametrize("name", ["Alice", "Alice " * 60])
+def test_the_top_bar_fits_a_phone(browser: Browser, tmp_path: Path, width: int, name: str) -> None:
+    """At 375px the top bar's links broke letter by letter ("Q u e u e"), taller than the bar:
+    they spilled over the page and above the screen. Each stays on one line, inside the bar,
+    and a long name of the reviewer does not push Sign out off the screen."""
+    viewer = so.Principal(authenticator="token", principal_id="alice", attributes={"name": name})
+    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/bar.db")
+    app = create_app(runtime, auth=TokenAuth({"alice-token": viewer}))
+    with running(app) as url:
+        context = browser.new_context(
+            viewport={"width": width, "height": 800},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        expect(p.get_by_role("button", name="Sign out")).to_be_visible()
+        top_bar_fits(p, width)
+        context.close()
+
+
+def top_bar_fits(p: Page, width: int) -> None:
+    """Each link and button of the page's top bar is on one line, inside the bar and screen."""
+    bar = p.locator("header.topbar").bounding_box()
+    assert bar is not None
+    for item in p.locator("header.topbar a, header.topbar button").all():
+        box = item.bounding_box()
+        name = item.inner_text().split()[0]
+        assert box is not None, name
+        assert 0 <= box["x"] and box["x"] + box["width"] <= width, (name, box)
+        assert bar["y"] <= box["y"] and box["y"] + box["height"] <= bar["y"] + bar["height"], (
+            name,
+            box,
+            bar,
+        )
+        assert box["height"] <= 40, (name, box)  # one line
