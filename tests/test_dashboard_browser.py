@@ -589,3 +589,42 @@ def top_bar_fits(p: Page, width: int) -> None:
             bar,
         )
         assert box["height"] <= 40, (name, box)  # one line
+
+
+def test_tables_and_tabs_keep_their_words_whole_on_a_phone(browser: Browser, base: str) -> None:
+    """At 375px the audit's and tools' tables squeezed their columns to a letter or two, so
+    "When asked" or "Settled" read a letter per line: a table scrolls sideways in its own box,
+    and the page itself does not."""
+    body = start(base)
+    httpx.post(
+        f"{base}/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": body["pending"][0]["id"], "optionId": "approve"}]},
+        headers=auth("alice-token"),
+        timeout=10,
+    )
+    context = browser.new_context(
+        viewport={"width": 375, "height": 800},
+        base_url=base,
+        extra_http_headers=auth("alice-token"),
+    )
+    p = context.new_page()
+    for path in ("/_signoff/audit", "/_signoff/tools", "/_signoff/audit/tools"):
+        p.goto(path)
+        broken = p.locator("main th, main .tabs a, #audit td:first-child").evaluate_all(
+            """els => els.filter((el) => {
+                 const range = document.createRange();
+                 range.selectNodeContents(el);
+                 const tops = Array.from(range.getClientRects(), (r) => Math.round(r.top));
+                 const lines = new Set(tops);
+                 return lines.size > el.textContent.trim().split(/\\s+/).length;
+               }).map((el) => el.textContent.trim())"""
+        )
+        assert broken == [], (path, broken)
+        clipped = p.locator("main table").evaluate_all(
+            """els => els.filter((t) => t.parentElement.scrollWidth > t.parentElement.clientWidth
+                                 && getComputedStyle(t.parentElement).overflowX !== "auto")"""
+        )
+        assert clipped == [], path  # a wide table scrolls: none of it is cut off
+        wide = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        assert wide <= 0, (path, wide)
+    context.close()
