@@ -628,3 +628,65 @@ def test_tables_and_tabs_keep_their_words_whole_on_a_phone(browser: Browser, bas
         wide = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
         assert wide <= 0, (path, wide)
     context.close()
+
+
+@pytest.mark.parametrize("width", [1280, 375])
+def test_long_model_text_leaves_the_buttons_near_the_top(
+    browser: Browser, tmp_path: Path, width: int
+) -> None:
+    """A model's 60 KB question, or 60 KB said before a tool call, was shown in full above the
+    buttons: they sat tens of thousands of pixels down. The text scrolls in a box of its own
+    and the trace's one-line summaries are cut; the buttons stay within two screens."""
+    text = "lorem ipsum dolor sit amet " * 2400
+
+    @so.tool(approval=so.always())
+    async def upload(note: str) -> str:
+        """Upload a note."""
+        return "stored"
+
+    question = so.ToolCall(
+        name="ask_question",
+        input={
+            "question": text,
+            "options": [
+                {"label": "Yes", "description": "Go ahead."},
+                {"label": "No", "description": "Stop."},
+            ],
+        },
+    )
+    asker = so.Agent(
+        name="asker",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[question])]),
+        tools=[so.ask_question()],
+    )
+    said = so.ModelResponse(text=text, tool_calls=[so.ToolCall(name="upload", input={"note": "n"})])
+    talker = so.Agent(name="talker", model=so.models.Scripted([said]), tools=[upload])
+    runtime = so.Runtime([asker, talker], store=f"sqlite:///{tmp_path}/long.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        sessions = []
+        for agent, message in (("asker", "hi"), ("talker", text)):
+            r = httpx.post(
+                f"{url}/v1/sessions",
+                json={"agent": agent, "message": message},
+                headers=auth("alice-token"),
+                timeout=30,
+            )
+            sessions.append(r.json()["session_id"])
+        context = browser.new_context(
+            viewport={"width": width, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        paths = ["/_signoff/?agent=asker", "/_signoff/?agent=talker"]
+        paths += [f"/_signoff/sessions/{sid}" for sid in sessions]
+        for path in paths:
+            p.goto(path)
+            buttons = p.locator("main .request button:visible, #send button").all()
+            assert len(buttons) >= 2, path
+            for button in buttons:
+                box = button.bounding_box()
+                assert box is not None and box["y"] + box["height"] <= 1800, (path, box)
+            height = p.evaluate("() => document.documentElement.scrollHeight")
+            assert height <= 6000, (path, height)
+        context.close()
