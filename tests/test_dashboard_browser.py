@@ -690,3 +690,44 @@ def test_long_model_text_leaves_the_buttons_near_the_top(
             height = p.evaluate("() => document.documentElement.scrollHeight")
             assert height <= 6000, (path, height)
         context.close()
+
+
+def test_an_edit_a_response_policy_refuses_keeps_the_form(browser: Browser, tmp_path: Path) -> None:
+    """A response policy refusing an edit removed the whole form: what the reviewer typed was
+    lost and there was no way to correct it without a reload. The form stays, with the reason,
+    and the corrected edit is then approved."""
+
+    def no_bigger_edits(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        edit = ctx.response.edited_input
+        if edit is not None and edit.amount > ctx.request.tool_input.amount:
+            return so.Rejected("an edit may only lower the amount")
+        return so.Allowed()
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=no_bigger_edits))
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        return {"refunded": amount}
+
+    call = so.ToolCall(name="issue_refund", input={"order_id": "1042", "amount": 180})
+    script = [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")]
+    agent = so.Agent(name="support", model=so.models.Scripted(script), tools=[issue_refund])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/edit.db", poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
+        rid = start(url)["pending"][0]["id"]
+        context = browser.new_context(base_url=url, extra_http_headers=auth("alice-token"))
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{rid}']")
+        card.get_by_text("Edit arguments before approving").click()
+        box = card.locator("textarea[name=edited_input]")
+        typed = box.input_value().replace("180.0", "900")
+        box.fill(typed)
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".form-error")).to_contain_text("an edit may only lower the amount")
+        expect(box).to_have_value(typed)
+        assert request_record(url, rid)["status"] == "pending"
+        box.fill(typed.replace("900", "120"))
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".result-note")).to_contain_text("Approved with edited arguments")
+        context.close()

@@ -198,6 +198,11 @@
         throw failed;
       }
       const settled = { approved: "Approved", cancelled: "Denied", answered: "Answered" };
+      if (!settled[data.outcome] && data.outcome !== "counted") {
+        // A response policy refused it: the request stays open, and the form keeps what was
+        // typed, to be corrected (an edit) or left for someone else.
+        throw new Error("Not accepted (" + data.outcome + ")" + (data.reason ? ": " + data.reason : "") + ". The request stays open.");
+      }
       form.remove();
       const note = document.createElement("p");
       card.appendChild(note);
@@ -209,12 +214,9 @@
         note.textContent = verb + " — the run is now " + data.status + ".";
         toast(verb + " " + card.querySelector(".tool-name").textContent.trim());
         setTimeout(() => { card.classList.add("leaving"); setTimeout(() => card.remove(), 300); }, 2500);
-      } else if (data.outcome === "counted") {
+      } else {
         note.className = "result-note ok";
         note.textContent = "Your approval is counted (" + (data.reason || "") + "); waiting for more approvers.";
-      } else {
-        note.className = "result-note bad";
-        note.textContent = "Not accepted (" + data.outcome + ")" + (data.reason ? ": " + data.reason : "") + ". The request stays open for someone else.";
       }
     } catch (err) {
       if (err.code === "conflicting_answer" || err.code === "request_closed") {
