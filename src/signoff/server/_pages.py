@@ -15,6 +15,7 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from datetime import UTC, datetime
@@ -23,11 +24,12 @@ from typing import Any
 
 from fastapi import Request
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
 from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, Response
 
 from .._exceptions import UsageError
-from .._text import HIDDEN, escape_as_json
+from .._text import BIDI, HIDDEN, escape_as_json
 from .._types import Principal
 from ._auth import DASHBOARD_PREFIX, bearer_token, token_cookie
 from ._context import get_context
@@ -52,11 +54,25 @@ CSRF_COOKIE = "signoff_csrf"
 # so a huge input neither bloats the page nor pushes its buttons out of reach.
 CLIP = 10_000
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _shown(value: Any) -> Any:
+    """What a page shows of a value: in text, a lone surrogate (a model's JSON can carry one;
+    UTF-8 cannot, and the page failed) becomes U+FFFD and a character that reorders the text
+    around it shows as its escape (`\\u202e`), as in Slack."""
+    if not isinstance(value, str):
+        return value
+    text = BIDI.sub(escape_as_json, _SURROGATE.sub("\ufffd", value))
+    return Markup(text) if isinstance(value, Markup) else text
+
+
 env = Environment(
     loader=PackageLoader("signoff.server", "templates"),
     autoescape=select_autoescape(["html"]),
     trim_blocks=True,
     lstrip_blocks=True,
+    finalize=_shown,
 )
 
 
