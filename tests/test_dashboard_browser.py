@@ -731,3 +731,36 @@ def test_an_edit_a_response_policy_refuses_keeps_the_form(browser: Browser, tmp_
         card.get_by_role("button", name="Approve").click()
         expect(card.locator(".result-note")).to_contain_text("Approved with edited arguments")
         context.close()
+
+
+def test_opening_the_edit_box_of_a_long_input_keeps_approve_in_reach(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The edit box was as tall as the input has lines: 1,000 of them put Approve some 20,000
+    pixels down once it was opened. The box's height is capped; it scrolls and can be resized."""
+
+    @so.tool(approval=so.always())
+    async def tag(ids: list[int]) -> str:
+        """Tag records."""
+        return "tagged"
+
+    call = so.ToolCall(name="tag", input={"ids": list(range(1000))})
+    agent = so.Agent(
+        name="tags", model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]), tools=[tag]
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/rows.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        rid = start(url, "tags")["pending"][0]["id"]
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{rid}']")
+        card.get_by_text("Edit arguments before approving").click()
+        expect(card.locator("textarea[name=edited_input]")).to_be_visible()
+        box = card.get_by_role("button", name="Approve").bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 1800, box
+        context.close()
