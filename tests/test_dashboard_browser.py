@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -763,4 +765,32 @@ def test_opening_the_edit_box_of_a_long_input_keeps_approve_in_reach(
         expect(card.locator("textarea[name=edited_input]")).to_be_visible()
         box = card.get_by_role("button", name="Approve").bounding_box()
         assert box is not None and box["y"] + box["height"] <= 1800, box
+        context.close()
+
+
+def test_double_clicking_start_starts_one_conversation(browser: Browser, tmp_path: Path) -> None:
+    """The new-conversation form posted once per click: a double click on Start started the
+    conversation twice (two runs, each free to call its tools). The second click is ignored."""
+
+    def slow(conversation: list[so.Message]) -> so.ModelResponse:
+        time.sleep(0.5)  # the first post is still being answered when the second click comes
+        return so.ModelResponse(text="hello")
+
+    agent = so.Agent(name="greeter", model=so.models.Scripted([slow], repeat_last=True))
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/start.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        context = browser.new_context(base_url=url, extra_http_headers=auth("alice-token"))
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto("/_signoff/new")
+        p.fill("textarea[name=message]", "hi")
+        box = p.get_by_role("button", name="Start").bounding_box()
+        assert box is not None
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        p.mouse.click(x, y)
+        p.mouse.click(x, y, delay=100)  # again, the page still showing while the first is sent
+        expect(p).to_have_url(re.compile(r"/_signoff/sessions/ses_\w+$"))
+        p.wait_for_timeout(1500)  # a second post would have been answered by now
+        with sqlite3.connect(tmp_path / "start.db") as db:
+            assert db.execute("select count(*) from sessions").fetchone() == (1,)
         context.close()

@@ -148,6 +148,21 @@
     }, types);
   }
 
+  // -- starting a conversation: once, however often Start is clicked --------------------------
+  const started = document.getElementById("new-session");
+  if (started) {
+    started.addEventListener("submit", (ev) => {
+      if (started.dataset.sent) { ev.preventDefault(); return; }
+      started.dataset.sent = "1";
+      started.querySelector("button[type=submit]").disabled = true;
+    });
+    // A page shown again from the back/forward cache may start another one.
+    window.addEventListener("pageshow", () => {
+      delete started.dataset.sent;
+      started.querySelector("button[type=submit]").disabled = false;
+    });
+  }
+
   // -- sending a message from a session page (the trace follows over SSE) ----------------------
   const send = document.getElementById("send");
   if (send) {
