@@ -794,3 +794,31 @@ def test_double_clicking_start_starts_one_conversation(browser: Browser, tmp_pat
         with sqlite3.connect(tmp_path / "start.db") as db:
             assert db.execute("select count(*) from sessions").fetchone() == (1,)
         context.close()
+
+
+def test_the_toast_after_answering_a_long_question_stays_small(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The toast named the request by its whole text: a 20 KB question made a toast taller than
+    the screen, covering the page's buttons for five seconds. Its text is cut."""
+    ask = so.ToolCall(name="ask_question", input={"question": "Which one? " * 2000})
+    script = [so.ModelResponse(tool_calls=[ask]), so.ModelResponse(text="ok")]
+    agent = so.Agent(name="asker", model=so.models.Scripted(script), tools=[so.ask_question()])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/toast.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        rid = start(url, "asker")["pending"][0]["id"]
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{rid}']")
+        card.locator("input[name=text]").fill("The second")
+        card.get_by_role("button", name="Send answer").click()
+        toast = p.locator(".toast").first
+        expect(toast).to_contain_text("Answered")
+        box = toast.bounding_box()
+        assert box is not None and box["height"] <= 200, box
+        context.close()

@@ -10,7 +10,8 @@
     if (!box) return;
     const el = document.createElement("div");
     el.className = "toast" + (bad ? " bad" : "");
-    el.textContent = text;
+    // cut: a request named by a model's long question made a toast taller than the screen
+    el.textContent = text.length > 200 ? text.slice(0, 200) + "…" : text;
     box.appendChild(el);
     setTimeout(() => el.remove(), 5000);
   }
