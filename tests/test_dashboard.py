@@ -399,6 +399,41 @@ def test_a_refused_reviewer_without_javascript_is_told_why(base: str) -> None:
         assert rid in c.get("/_signoff/").text  # still in the queue
 
 
+def test_a_reply_with_a_lone_surrogate_does_not_fail_the_answer(tmp_path: Path) -> None:
+    """The model's reply after an approval held a lone surrogate (JSON carries one, UTF-8
+    cannot): the answer was recorded but the form's JSON answer was a 500, so the reviewer was
+    told it failed. It is a success, the surrogate shown as U+FFFD."""
+
+    @so.tool(approval=so.always())
+    async def upload(note: str) -> str:
+        """Upload a note."""
+        return "stored"
+
+    call = so.ToolCall(name="upload", input={"note": "n"})
+    script = [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done \ud800")]
+    agent = so.Agent(
+        name="files", model=so.models.Scripted(script, repeat_last=True), tools=[upload]
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/reply.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base, signed_in(base) as c:
+        body = start(base, "files")
+        token = csrf_of(c.get("/_signoff/").text)
+        r = c.post(
+            f"/_signoff/requests/{body['pending'][0]['id']}/respond",
+            data={"option": "approve", "csrf": token},
+            headers={"Accept": "application/json"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["outcome"] == "approved" and r.json()["text"] == "done \ufffd"
+        r = c.post(
+            f"/_signoff/sessions/{body['session_id']}/messages",
+            data={"message": "again", "csrf": token},
+            headers={"Accept": "application/json"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == "done \ufffd"
+
+
 def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
     with signed_in(base) as c:
         token = csrf_of(c.get("/_signoff/new").text)

@@ -38,7 +38,7 @@ from ._page_data import (
     signed_in,
     tool_rows,
 )
-from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, pretty, render, set_csrf
+from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, pretty, render, set_csrf, utf8
 from ._sign_ins import issue
 from ._sse import LASTING, SIGNED_OUT_END, end_event, sse, stream_response
 
@@ -51,6 +51,12 @@ router = APIRouter(prefix=DASHBOARD_PREFIX, include_in_schema=False)
 
 # What a form's answer may become and still count as taken (the script's wording follows these).
 _ACCEPTED = frozenset({"approved", "cancelled", "answered", "counted"})
+
+
+def _utf8(text: str | None) -> str | None:
+    """A model's text for a JSON answer: one holding a lone surrogate failed as a 500 after
+    the answer or message had been taken."""
+    return None if text is None else utf8(text)
 
 
 def _wants_json(request: Request) -> bool:
@@ -194,10 +200,10 @@ async def respond(request: Request, request_id: str) -> Response:
                 "ok": True,
                 "request_id": request_id,
                 "outcome": outcome,
-                "reason": None if mine is None else mine.reason,
+                "reason": None if mine is None else _utf8(mine.reason),
                 "session_id": session_id,
                 "status": result.status,
-                "text": result.text,
+                "text": _utf8(result.text),
                 "edited": edited is not None,
             }
         )
@@ -321,7 +327,7 @@ async def send_message(request: Request, session_id: str) -> Response:
     except SignoffError as exc:
         return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
     if _wants_json(request):
-        return JSONResponse({"ok": True, "status": result.status, "text": result.text})
+        return JSONResponse({"ok": True, "status": result.status, "text": _utf8(result.text)})
     return RedirectResponse(f"{DASHBOARD_PREFIX}/sessions/{session_id}", status_code=303)
 
 

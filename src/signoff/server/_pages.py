@@ -45,6 +45,7 @@ __all__ = [
     "pretty",
     "render",
     "set_csrf",
+    "utf8",
     "who",
 ]
 
@@ -57,13 +58,19 @@ CLIP = 10_000
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def utf8(text: str) -> str:
+    """`text` with any lone surrogate (a model's JSON can carry one; UTF-8 cannot, and a page
+    or JSON answer holding one failed as a 500) as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def _shown(value: Any) -> Any:
     """What a page shows of a value: in text, a lone surrogate (a model's JSON can carry one;
     UTF-8 cannot, and the page failed) becomes U+FFFD and a character that reorders the text
     around it shows as its escape (`\\u202e`), as in Slack."""
     if not isinstance(value, str):
         return value
-    text = BIDI.sub(escape_as_json, _SURROGATE.sub("\ufffd", value))
+    text = BIDI.sub(escape_as_json, utf8(value))
     return Markup(text) if isinstance(value, Markup) else text
 
 
