@@ -822,3 +822,38 @@ def test_the_toast_after_answering_a_long_question_stays_small(
         box = toast.bounding_box()
         assert box is not None and box["height"] <= 200, box
         context.close()
+
+
+def test_long_option_descriptions_leave_the_buttons_near_the_top(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """`ctx.ask` takes options of any length: 30 options described in 10 KB each made a list
+    50,000 pixels tall above the buttons. The list scrolls in a box of its own."""
+
+    @so.tool(name="pick")
+    async def pick(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
+        """Pick a plan."""
+        options = [
+            {"id": f"o{i}", "label": f"Plan {i}", "description": "details " * 1200}
+            for i in range(30)
+        ]
+        answer = await ctx.ask("Which plan?", options=options)
+        return {"plan": answer.value}
+
+    call = so.ToolCall(name="pick", input={"topic": "plans"})
+    agent = so.Agent(
+        name="picker", model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]), tools=[pick]
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/options.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        start(url, "picker")
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        first = p.get_by_role("button", name="Plan 0").bounding_box()
+        assert first is not None and first["y"] + first["height"] <= 1800, first
+        context.close()
