@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterator
@@ -305,6 +306,20 @@ def test_a_page_past_the_end_of_the_queue_shows_its_last_page(base: str, token: 
         assert rid in page and "All caught up" not in page, path
 
 
+def test_a_page_past_the_end_of_the_audit_shows_its_last_page(base: str) -> None:
+    """An old link to page 5 of a one-page audit showed "Nothing here yet" beside a count of
+    settled requests, and no pager to go back: it shows the last page, as the queue does."""
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    httpx.post(
+        f"{base}/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+        headers=auth("alice-token"),
+    )
+    page = httpx.get(f"{base}/_signoff/audit?page=5", headers=auth("alice-token")).text
+    assert rid in page and "Nothing here yet" not in page
+
+
 def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
     start(base)
     page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
@@ -384,6 +399,41 @@ def test_a_refused_reviewer_without_javascript_is_told_why(base: str) -> None:
         assert rid in c.get("/_signoff/").text  # still in the queue
 
 
+def test_a_reply_with_a_lone_surrogate_does_not_fail_the_answer(tmp_path: Path) -> None:
+    """The model's reply after an approval held a lone surrogate (JSON carries one, UTF-8
+    cannot): the answer was recorded but the form's JSON answer was a 500, so the reviewer was
+    told it failed. It is a success, the surrogate shown as U+FFFD."""
+
+    @so.tool(approval=so.always())
+    async def upload(note: str) -> str:
+        """Upload a note."""
+        return "stored"
+
+    call = so.ToolCall(name="upload", input={"note": "n"})
+    script = [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done \ud800")]
+    agent = so.Agent(
+        name="files", model=so.models.Scripted(script, repeat_last=True), tools=[upload]
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/reply.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base, signed_in(base) as c:
+        body = start(base, "files")
+        token = csrf_of(c.get("/_signoff/").text)
+        r = c.post(
+            f"/_signoff/requests/{body['pending'][0]['id']}/respond",
+            data={"option": "approve", "csrf": token},
+            headers={"Accept": "application/json"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["outcome"] == "approved" and r.json()["text"] == "done \ufffd"
+        r = c.post(
+            f"/_signoff/sessions/{body['session_id']}/messages",
+            data={"message": "again", "csrf": token},
+            headers={"Accept": "application/json"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == "done \ufffd"
+
+
 def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
     with signed_in(base) as c:
         token = csrf_of(c.get("/_signoff/new").text)
@@ -414,6 +464,20 @@ def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
         token = csrf_of(m.get("/_signoff/").text)
         r = m.post(f"/_signoff/sessions/{sid}/messages", data={"message": "hi", "csrf": token})
         assert r.status_code == 404
+
+
+def test_pages_name_their_script_and_style_by_content(base: str) -> None:
+    """The script and style are served without a lifetime, so a browser may keep an old copy
+    for days: an upgraded page ran the previous script. Their URLs carry a hash of them."""
+    page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
+    static = Path(so.__file__).parent / "server" / "static"
+    for name in ("app.js", "app.css"):
+        url = re.search(rf'"(/_signoff/static/{re.escape(name)}[^"]*)"', page)
+        assert url, name
+        version = url.group(1).partition("?v=")[2]
+        digest = hashlib.sha256(b"".join(p.read_bytes() for p in sorted(static.iterdir())))
+        assert version == digest.hexdigest()[:12], url.group(1)
+        assert httpx.get(base + url.group(1)).status_code == 200
 
 
 def test_pages_carry_security_headers(base: str) -> None:

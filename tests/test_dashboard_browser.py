@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -407,11 +409,11 @@ def test_long_unbroken_text_keeps_the_buttons_in_reach(browser: Browser, tmp_pat
         for path in ("/_signoff/", f"/_signoff/sessions/{sid}", "/_signoff/new"):
             p.goto(path)
             if path != "/_signoff/new":
-                expect(p.locator("main [data-kind=question] button")).to_have_count(2)
+                expect(p.locator("main [data-kind=question] button:visible")).to_have_count(2)
             p.locator("details").evaluate_all("els => els.forEach(e => { e.open = true; })")
             wide = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
             assert wide <= 0, (path, wide)
-            for button in p.locator("main button").all():
+            for button in p.locator("main button:visible").all():
                 box = button.bounding_box()
                 assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 1280, (
                     path,
@@ -460,4 +462,398 @@ def test_a_huge_input_leaves_approve_on_the_first_screen(browser: Browser, tmp_p
         assert opened.value.locator("body").inner_text().count("x") == 1_000_000
         approve.click()
         expect(card.locator(".result-note")).to_contain_text("Approved")
+        context.close()
+
+
+def test_a_filtered_queue_counts_its_own_requests_live(page: Page, base: str) -> None:
+    """A queue filtered to one agent says how many of *its* requests are open, also after live
+    updates; the navigation's badge counts the whole queue."""
+    start(base)
+    start(base, "batch")  # two more requests, of another agent
+    page.goto("/_signoff/?agent=support")
+    expect(page.locator("#live-dot.on")).to_be_attached()
+    heading = page.locator(".page-head .sub")
+    expect(page.locator("#queue-count")).to_have_text("3")
+    expect(heading).to_have_text("1 open request · updates live")
+    start(base, "batch")  # the filter hides these: the count stays
+    expect(page.locator("#queue-count")).to_have_text("5")
+    expect(heading).to_have_text("1 open request · updates live")
+    start(base)  # one more of the filter's: the count follows, in the plural
+    expect(page.locator("#queue [data-request-id]")).to_have_count(2)
+    expect(heading).to_have_text("2 open requests · updates live")
+    expect(page.locator("#queue-count")).to_have_text("6")
+
+
+def request_record(base: str, rid: str) -> dict[str, Any]:
+    r = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("alice-token"), timeout=10)
+    body: dict[str, Any] = r.json()
+    return body
+
+
+@pytest.mark.parametrize("javascript", [True, False], ids=["js", "no-js"])
+def test_enter_in_a_text_box_never_picks_an_action(
+    browser: Browser, base: str, javascript: bool
+) -> None:
+    """Enter in a form's text box submits it with its first button: a reason typed to deny with
+    approved the call, and a typed answer was dropped for the first option. Now Enter in a
+    reason does nothing (Approve and Deny are a Tab away), and in an answer it sends the text."""
+    context = browser.new_context(base_url=base, java_script_enabled=javascript)
+    p = context.new_page()
+    p.set_default_timeout(10_000)
+    p.goto("/_signoff/login")
+    p.fill("input[name=token]", "alice-token")
+    p.click("button[type=submit]")
+    expect(p.locator("h1")).to_have_text("Approval queue")
+    rid = start(base)["pending"][0]["id"]
+    qid = start(base, "helper")["pending"][0]["id"]
+    p.goto("/_signoff/")
+    reason = p.locator(f"[data-request-id='{rid}'] input[name=text]")
+    reason.fill("Refunds over 100 need a manager")
+    reason.press("Enter")
+    answer = p.locator(f"[data-request-id='{qid}'] input[name=text]")
+    answer.fill("Medium, please")
+    answer.press("Enter")
+    expect(p.locator(f"[data-request-id='{qid}']")).to_have_count(0)  # answered, gone
+    assert request_record(base, qid)["resolution"]["answer"]["value"] == "Medium, please"
+    assert request_record(base, rid)["status"] == "pending"  # not approved
+    if javascript:
+        expect(reason).to_have_value("Refunds over 100 need a manager")  # still typed
+        card = p.locator(f"[data-request-id='{rid}']")
+        card.get_by_text("Edit arguments before approving").click()
+        card.locator("textarea[name=edited_input]").fill("{")
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".form-error")).to_contain_text("not JSON")
+        expect(card.locator("button[hidden]")).to_be_disabled()  # the buttons came back, not it
+        reason.press("Enter")
+        reason.press("Tab")
+        p.keyboard.press("Tab")  # past Approve, to Deny
+        expect(p.get_by_role("button", name="Deny")).to_be_focused()
+        p.keyboard.press("Enter")
+        expect(p.locator(f"[data-request-id='{rid}'] .result-note")).to_contain_text("Denied")
+        assert request_record(base, rid)["resolution"]["reason"] == (
+            "Refunds over 100 need a manager"
+        )
+    context.close()
+
+
+def test_approving_what_another_tab_denied_says_it_is_closed(page: Page, base: str) -> None:
+    """Two tabs show one request (their live updates lost): one denies, then the other approves.
+    The second is told the request is closed and offered no more buttons; nothing changes."""
+    rid = start(base)["pending"][0]["id"]
+    page.route("**/_signoff/stream", lambda route: route.abort())  # no live removal
+    page.reload()
+    other = page.context.new_page()
+    other.route("**/_signoff/stream", lambda route: route.abort())
+    other.goto("/_signoff/")
+    other.locator(f"[data-request-id='{rid}']").get_by_role("button", name="Deny").click()
+    expect(other.locator(f"[data-request-id='{rid}'] .result-note")).to_contain_text("Denied")
+    card = page.locator(f"[data-request-id='{rid}']")
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".result-note")).to_contain_text("already settled")
+    expect(card.get_by_role("button")).to_have_count(0)
+    assert request_record(base, rid)["outcome"] == "cancelled"
+
+
+@pytest.mark.parametrize("width", [1280, 375])
+@pytest.mark.parametrize("name", ["Alice", "Alice " * 60])
+def test_the_top_bar_fits_a_phone(browser: Browser, tmp_path: Path, width: int, name: str) -> None:
+    """At 375px the top bar's links broke letter by letter ("Q u e u e"), taller than the bar:
+    they spilled over the page and above the screen. Each stays on one line, inside the bar,
+    and a long name of the reviewer does not push Sign out off the screen."""
+    viewer = so.Principal(authenticator="token", principal_id="alice", attributes={"name": name})
+    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/bar.db")
+    app = create_app(runtime, auth=TokenAuth({"alice-token": viewer}))
+    with running(app) as url:
+        context = browser.new_context(
+            viewport={"width": width, "height": 800},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        expect(p.get_by_role("button", name="Sign out")).to_be_visible()
+        top_bar_fits(p, width)
+        context.close()
+
+
+def top_bar_fits(p: Page, width: int) -> None:
+    """Each link and button of the page's top bar is on one line, inside the bar and screen."""
+    bar = p.locator("header.topbar").bounding_box()
+    assert bar is not None
+    for item in p.locator("header.topbar a, header.topbar button").all():
+        box = item.bounding_box()
+        name = item.inner_text().split()[0]
+        assert box is not None, name
+        assert 0 <= box["x"] and box["x"] + box["width"] <= width, (name, box)
+        assert bar["y"] <= box["y"] and box["y"] + box["height"] <= bar["y"] + bar["height"], (
+            name,
+            box,
+            bar,
+        )
+        assert box["height"] <= 40, (name, box)  # one line
+
+
+def test_tables_and_tabs_keep_their_words_whole_on_a_phone(browser: Browser, base: str) -> None:
+    """At 375px the audit's and tools' tables squeezed their columns to a letter or two, so
+    "When asked" or "Settled" read a letter per line: a table scrolls sideways in its own box,
+    and the page itself does not."""
+    body = start(base)
+    httpx.post(
+        f"{base}/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": body["pending"][0]["id"], "optionId": "approve"}]},
+        headers=auth("alice-token"),
+        timeout=10,
+    )
+    context = browser.new_context(
+        viewport={"width": 375, "height": 800},
+        base_url=base,
+        extra_http_headers=auth("alice-token"),
+    )
+    p = context.new_page()
+    for path in ("/_signoff/audit", "/_signoff/tools", "/_signoff/audit/tools"):
+        p.goto(path)
+        broken = p.locator("main th, main .tabs a, #audit td:first-child").evaluate_all(
+            """els => els.filter((el) => {
+                 const range = document.createRange();
+                 range.selectNodeContents(el);
+                 const tops = Array.from(range.getClientRects(), (r) => Math.round(r.top));
+                 const lines = new Set(tops);
+                 return lines.size > el.textContent.trim().split(/\\s+/).length;
+               }).map((el) => el.textContent.trim())"""
+        )
+        assert broken == [], (path, broken)
+        clipped = p.locator("main table").evaluate_all(
+            """els => els.filter((t) => t.parentElement.scrollWidth > t.parentElement.clientWidth
+                                 && getComputedStyle(t.parentElement).overflowX !== "auto")"""
+        )
+        assert clipped == [], path  # a wide table scrolls: none of it is cut off
+        wide = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
+        assert wide <= 0, (path, wide)
+    context.close()
+
+
+@pytest.mark.parametrize("width", [1280, 375])
+def test_long_model_text_leaves_the_buttons_near_the_top(
+    browser: Browser, tmp_path: Path, width: int
+) -> None:
+    """A model's 60 KB question, or 60 KB said before a tool call, was shown in full above the
+    buttons: they sat tens of thousands of pixels down. The text scrolls in a box of its own
+    and the trace's one-line summaries are cut; the buttons stay within two screens."""
+    text = "lorem ipsum dolor sit amet " * 2400
+
+    @so.tool(approval=so.always())
+    async def upload(note: str) -> str:
+        """Upload a note."""
+        return "stored"
+
+    question = so.ToolCall(
+        name="ask_question",
+        input={
+            "question": text,
+            "options": [
+                {"label": "Yes", "description": "Go ahead."},
+                {"label": "No", "description": "Stop."},
+            ],
+        },
+    )
+    asker = so.Agent(
+        name="asker",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[question])]),
+        tools=[so.ask_question()],
+    )
+    said = so.ModelResponse(text=text, tool_calls=[so.ToolCall(name="upload", input={"note": "n"})])
+    talker = so.Agent(name="talker", model=so.models.Scripted([said]), tools=[upload])
+    runtime = so.Runtime([asker, talker], store=f"sqlite:///{tmp_path}/long.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        sessions = []
+        for agent, message in (("asker", "hi"), ("talker", text)):
+            r = httpx.post(
+                f"{url}/v1/sessions",
+                json={"agent": agent, "message": message},
+                headers=auth("alice-token"),
+                timeout=30,
+            )
+            sessions.append(r.json()["session_id"])
+        context = browser.new_context(
+            viewport={"width": width, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        paths = ["/_signoff/?agent=asker", "/_signoff/?agent=talker"]
+        paths += [f"/_signoff/sessions/{sid}" for sid in sessions]
+        for path in paths:
+            p.goto(path)
+            buttons = p.locator("main .request button:visible, #send button").all()
+            assert len(buttons) >= 2, path
+            for button in buttons:
+                box = button.bounding_box()
+                assert box is not None and box["y"] + box["height"] <= 1800, (path, box)
+            height = p.evaluate("() => document.documentElement.scrollHeight")
+            assert height <= 6000, (path, height)
+        context.close()
+
+
+def test_an_edit_a_response_policy_refuses_keeps_the_form(browser: Browser, tmp_path: Path) -> None:
+    """A response policy refusing an edit removed the whole form: what the reviewer typed was
+    lost and there was no way to correct it without a reload. The form stays, with the reason,
+    and the corrected edit is then approved."""
+
+    def no_bigger_edits(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        edit = ctx.response.edited_input
+        if edit is not None and edit.amount > ctx.request.tool_input.amount:
+            return so.Rejected("an edit may only lower the amount")
+        return so.Allowed()
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=no_bigger_edits))
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        return {"refunded": amount}
+
+    call = so.ToolCall(name="issue_refund", input={"order_id": "1042", "amount": 180})
+    script = [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")]
+    agent = so.Agent(name="support", model=so.models.Scripted(script), tools=[issue_refund])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/edit.db", poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
+        rid = start(url)["pending"][0]["id"]
+        context = browser.new_context(base_url=url, extra_http_headers=auth("alice-token"))
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{rid}']")
+        card.get_by_text("Edit arguments before approving").click()
+        box = card.locator("textarea[name=edited_input]")
+        typed = box.input_value().replace("180.0", "900")
+        box.fill(typed)
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".form-error")).to_contain_text("an edit may only lower the amount")
+        expect(box).to_have_value(typed)
+        assert request_record(url, rid)["status"] == "pending"
+        box.fill(typed.replace("900", "120"))
+        card.get_by_role("button", name="Approve").click()
+        expect(card.locator(".result-note")).to_contain_text("Approved with edited arguments")
+        context.close()
+
+
+def test_opening_the_edit_box_of_a_long_input_keeps_approve_in_reach(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The edit box was as tall as the input has lines: 1,000 of them put Approve some 20,000
+    pixels down once it was opened. The box's height is capped; it scrolls and can be resized."""
+
+    @so.tool(approval=so.always())
+    async def tag(ids: list[int]) -> str:
+        """Tag records."""
+        return "tagged"
+
+    call = so.ToolCall(name="tag", input={"ids": list(range(1000))})
+    agent = so.Agent(
+        name="tags", model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]), tools=[tag]
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/rows.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        rid = start(url, "tags")["pending"][0]["id"]
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{rid}']")
+        card.get_by_text("Edit arguments before approving").click()
+        expect(card.locator("textarea[name=edited_input]")).to_be_visible()
+        box = card.get_by_role("button", name="Approve").bounding_box()
+        assert box is not None and box["y"] + box["height"] <= 1800, box
+        context.close()
+
+
+def test_double_clicking_start_starts_one_conversation(browser: Browser, tmp_path: Path) -> None:
+    """The new-conversation form posted once per click: a double click on Start started the
+    conversation twice (two runs, each free to call its tools). The second click is ignored."""
+
+    def slow(conversation: list[so.Message]) -> so.ModelResponse:
+        time.sleep(0.5)  # the first post is still being answered when the second click comes
+        return so.ModelResponse(text="hello")
+
+    agent = so.Agent(name="greeter", model=so.models.Scripted([slow], repeat_last=True))
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/start.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        context = browser.new_context(base_url=url, extra_http_headers=auth("alice-token"))
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto("/_signoff/new")
+        p.fill("textarea[name=message]", "hi")
+        box = p.get_by_role("button", name="Start").bounding_box()
+        assert box is not None
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        p.mouse.click(x, y)
+        p.mouse.click(x, y, delay=100)  # again, the page still showing while the first is sent
+        expect(p).to_have_url(re.compile(r"/_signoff/sessions/ses_\w+$"))
+        p.wait_for_timeout(1500)  # a second post would have been answered by now
+        with sqlite3.connect(tmp_path / "start.db") as db:
+            assert db.execute("select count(*) from sessions").fetchone() == (1,)
+        context.close()
+
+
+def test_the_toast_after_answering_a_long_question_stays_small(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """The toast named the request by its whole text: a 20 KB question made a toast taller than
+    the screen, covering the page's buttons for five seconds. Its text is cut."""
+    ask = so.ToolCall(name="ask_question", input={"question": "Which one? " * 2000})
+    script = [so.ModelResponse(tool_calls=[ask]), so.ModelResponse(text="ok")]
+    agent = so.Agent(name="asker", model=so.models.Scripted(script), tools=[so.ask_question()])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/toast.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        rid = start(url, "asker")["pending"][0]["id"]
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        card = p.locator(f"[data-request-id='{rid}']")
+        card.locator("input[name=text]").fill("The second")
+        card.get_by_role("button", name="Send answer").click()
+        toast = p.locator(".toast").first
+        expect(toast).to_contain_text("Answered")
+        box = toast.bounding_box()
+        assert box is not None and box["height"] <= 200, box
+        context.close()
+
+
+def test_long_option_descriptions_leave_the_buttons_near_the_top(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """`ctx.ask` takes options of any length: 30 options described in 10 KB each made a list
+    50,000 pixels tall above the buttons. The list scrolls in a box of its own."""
+
+    @so.tool(name="pick")
+    async def pick(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
+        """Pick a plan."""
+        options = [
+            {"id": f"o{i}", "label": f"Plan {i}", "description": "details " * 1200}
+            for i in range(30)
+        ]
+        answer = await ctx.ask("Which plan?", options=options)
+        return {"plan": answer.value}
+
+    call = so.ToolCall(name="pick", input={"topic": "plans"})
+    agent = so.Agent(
+        name="picker", model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]), tools=[pick]
+    )
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/options.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
+        start(url, "picker")
+        context = browser.new_context(
+            viewport={"width": 1280, "height": 900},
+            base_url=url,
+            extra_http_headers=auth("alice-token"),
+        )
+        p = context.new_page()
+        p.goto("/_signoff/")
+        first = p.get_by_role("button", name="Plan 0").bounding_box()
+        assert first is not None and first["y"] + first["height"] <= 1800, first
         context.close()

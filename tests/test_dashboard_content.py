@@ -3,6 +3,7 @@ whole, and invisible or reordering characters made visible."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from pathlib import Path
@@ -154,3 +155,35 @@ def test_a_long_session_shows_its_newest_events_with_a_way_back(tmp_path: Path) 
         live = c.get(f"/_signoff/fragments/sessions/{sid}?after=1").json()
         assert live["seq"] == 1 + TRACE_ROWS and live["more"] is True
         assert c.get(f"/_signoff/fragments/sessions/{sid}?after={head - 1}").json()["more"] is False
+
+
+def test_a_models_text_with_a_lone_surrogate_or_bidi_override_is_shown(tmp_path: Path) -> None:
+    """A model's text (JSON carries a lone surrogate; UTF-8 cannot) made the session page and
+    its live fragment a 500, and a right-to-left override in a question read backwards. Prose
+    shows a surrogate as U+FFFD and reordering characters as escapes, as Slack does."""
+    ask = so.ToolCall(
+        name="ask_question",
+        input={
+            "question": "Refund \u202e0001$\u202c to order 42?",
+            "options": [
+                {"label": "Yes \u202eon", "description": "Go \u2067ahead\u2069."},
+                {"label": "No", "description": "Stop."},
+            ],
+        },
+    )
+    said = so.ModelResponse(text="I will ask\ud800 first \u202eksa", tool_calls=[ask])
+    agent = so.Agent(name="asker", model=so.models.Scripted([said]), tools=[so.ask_question()])
+    store = f"sqlite:///{tmp_path}/prose.db"
+    state = asyncio.run(so.Runtime([agent], store=store).generate("asker", prompt="hi", auth=ALICE))
+    assert state.status == "waiting"
+    runtime = so.Runtime([agent], store=store)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base, signed_in(base) as c:
+        for path in ("/_signoff/", f"/_signoff/sessions/{state.session_id}"):
+            r = c.get(path)
+            assert r.status_code == 200, path
+            for char in "\u202e\u202c\u2067\u2069\ud800":
+                assert char not in r.text, (path, hex(ord(char)))
+            assert "Refund \\u202e0001$\\u202c to order 42?" in r.text, path
+        assert "I will ask\ufffd first \\u202eksa" in r.text
+        r = c.get(f"/_signoff/fragments/sessions/{state.session_id}")
+        assert r.status_code == 200 and "\\\\u202eksa" in r.text

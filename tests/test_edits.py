@@ -583,3 +583,69 @@ async def test_a_question_takes_no_edited_input(tmp_path: Path) -> None:
                 principal=ALICE,
             )
         assert await store_contents(rt.store, r.session_id) == before
+
+
+@pytest.mark.parametrize("depth", [150, 900])
+async def test_an_edit_nested_too_deeply_is_an_invalid_answer(tmp_path: Path, depth: int) -> None:
+    """An edit nested past the limit is refused by name before it is validated: 900 levels
+    made pydantic's serializer raise a bare ValueError (a 500 from the dashboard's form)."""
+
+    @so.tool(approval=so.always())
+    async def upload(note: str, data: dict[str, Any]) -> str:
+        """Upload a document."""
+        return "stored"
+
+    agent = scripted_agent(
+        "support", [call_tools(call("upload", note="n", data={})), reply("ok")], tools=[upload]
+    )
+    edited: Any = 1
+    for _ in range(depth):
+        edited = {"k": edited}
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="store it", auth=ALICE)
+        (req,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer, match="nests deeper than 100 levels"):
+            await rt.respond(
+                r.session_id,
+                [
+                    so.InputResponse(
+                        request_id=req.id,
+                        option_id="approve",
+                        edited_input={"note": "n", "data": edited},
+                    )
+                ],
+                principal=ALICE,
+            )
+        assert await store_contents(rt.store, r.session_id) == before
+
+
+async def test_an_edit_with_a_lone_surrogate_in_a_key_is_refused(tmp_path: Path) -> None:
+    """A key no UTF-8 text can hold was quietly replaced by pydantic (U+FFFD) and the call ran
+    with a key the reviewer never typed; it is refused, as such a value is."""
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def upload(data: dict[str, Any]) -> str:
+        """Upload a document."""
+        return "stored"
+
+    agent = scripted_agent(
+        "support", [call_tools(call("upload", data={})), reply("ok")], tools=[upload]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("support", prompt="store it", auth=ALICE)
+        (req,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer, match="not plain JSON text"):
+            await rt.respond(
+                r.session_id,
+                [
+                    so.InputResponse(
+                        request_id=req.id, option_id="approve", edited_input={"data": {"\ud800": 1}}
+                    )
+                ],
+                principal=ALICE,
+            )
+        assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0

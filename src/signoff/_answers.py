@@ -92,6 +92,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                     "as proposed: it takes no edited input",
                     [rid],
                 )
+            _check_edit_as_given(rid, reply.edited_input)
             try:
                 edited = tool.validate(reply.edited_input).model_dump(mode="json")
             except ValidationError as exc:
@@ -159,11 +160,9 @@ MAX_DEPTH = 100
 """How deeply an answer's value or edited input may nest (lists and objects)."""
 
 
-def _check_json(rid: str, resolution: dict[str, Any]) -> None:
-    """What is recorded must be plain JSON: no NaN or infinity, nothing unserialisable, text
-    that is valid Unicode, nested at most `MAX_DEPTH` levels, so every reader can parse it."""
-    stack: list[tuple[Any, int]] = [(resolution.get("value"), 1)]
-    stack.append((resolution.get("edited_input"), 1))
+def _check_depth(rid: str, value: Any) -> None:
+    """Refuse `value` (an answer's value, an edit) if it nests deeper than `MAX_DEPTH` levels."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
         if isinstance(item, (list, tuple, dict)):
@@ -173,6 +172,25 @@ def _check_json(rid: str, resolution: dict[str, Any]) -> None:
                 )
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
+
+
+def _check_edit_as_given(rid: str, edited: Any) -> None:
+    """Refuse an edit pydantic would not refuse by name: one nested too deeply (its serializer
+    raises a bare ValueError) or holding a lone surrogate (it turns a key's into U+FFFD)."""
+    _check_depth(rid, edited)
+    try:
+        json.dumps(edited, ensure_ascii=False, default=str).encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidAnswer(
+            f"request {rid}: the answer is not plain JSON text: {exc}", [rid]
+        ) from None
+
+
+def _check_json(rid: str, resolution: dict[str, Any]) -> None:
+    """What is recorded must be plain JSON: no NaN or infinity, nothing unserialisable, text
+    that is valid Unicode, nested at most `MAX_DEPTH` levels, so every reader can parse it."""
+    _check_depth(rid, resolution.get("value"))
+    _check_depth(rid, resolution.get("edited_input"))
     try:
         size = len(json.dumps(resolution, allow_nan=False, ensure_ascii=False).encode())
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError (a lone surrogate) is one

@@ -38,7 +38,7 @@ from ._page_data import (
     signed_in,
     tool_rows,
 )
-from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, pretty, render, set_csrf
+from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, pretty, render, set_csrf, utf8
 from ._sign_ins import issue
 from ._sse import LASTING, SIGNED_OUT_END, end_event, sse, stream_response
 
@@ -51,6 +51,12 @@ router = APIRouter(prefix=DASHBOARD_PREFIX, include_in_schema=False)
 
 # What a form's answer may become and still count as taken (the script's wording follows these).
 _ACCEPTED = frozenset({"approved", "cancelled", "answered", "counted"})
+
+
+def _utf8(text: str | None) -> str | None:
+    """A model's text for a JSON answer: one holding a lone surrogate failed as a 500 after
+    the answer or message had been taken."""
+    return None if text is None else utf8(text)
 
 
 def _wants_json(request: Request) -> bool:
@@ -68,7 +74,11 @@ async def queue_page(request: Request) -> Response:
 
 @router.get("/fragments/queue", response_class=HTMLResponse)
 async def queue_fragment(request: Request) -> Response:
-    return await render("_queue_items.html", request, **await queue_context(request))
+    """The queue's cards as the page's filters pick them, and their count in `X-Total-Count`."""
+    context = await queue_context(request)
+    response = await render("_queue_items.html", request, **context)
+    response.headers["X-Total-Count"] = str(context["total"])
+    return response
 
 
 @router.get("/stream")
@@ -190,10 +200,10 @@ async def respond(request: Request, request_id: str) -> Response:
                 "ok": True,
                 "request_id": request_id,
                 "outcome": outcome,
-                "reason": None if mine is None else mine.reason,
+                "reason": None if mine is None else _utf8(mine.reason),
                 "session_id": session_id,
                 "status": result.status,
-                "text": result.text,
+                "text": _utf8(result.text),
                 "edited": edited is not None,
             }
         )
@@ -317,7 +327,7 @@ async def send_message(request: Request, session_id: str) -> Response:
     except SignoffError as exc:
         return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
     if _wants_json(request):
-        return JSONResponse({"ok": True, "status": result.status, "text": result.text})
+        return JSONResponse({"ok": True, "status": result.status, "text": _utf8(result.text)})
     return RedirectResponse(f"{DASHBOARD_PREFIX}/sessions/{session_id}", status_code=303)
 
 
@@ -390,6 +400,8 @@ async def audit_page(request: Request) -> Response:
     page = query_number(page_raw, 1, 1, 1_000_000)
     # oldest first in the store: the newest page is at the end
     _, total = await ctx.visible_requests(viewer, PendingFilter(status=status, limit=1))
+    pages = max(1, -(-total // PAGE_SIZE))
+    page = min(page, pages)  # past the end (an old link): the last page, as the queue does
     end = max(0, total - (page - 1) * PAGE_SIZE)
     begin = max(0, end - PAGE_SIZE)
     chunk: list[InputRequest] = []
@@ -423,7 +435,7 @@ async def audit_page(request: Request) -> Response:
             total=total,
             status=status,
             page=page,
-            pages=max(1, -(-total // PAGE_SIZE)),
+            pages=pages,
         ),
     )
 

@@ -174,6 +174,14 @@ def _summary(e: Event) -> str:
     return ""
 
 
+SUMMARY_CHARS = 300
+"""How much of an event a trace row's one-line summary shows; the row's details hold it all."""
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= SUMMARY_CHARS else text[:SUMMARY_CHARS] + "…"
+
+
 def _rows(events: list[Event]) -> list[dict[str, Any]]:
     return [
         {
@@ -181,7 +189,7 @@ def _rows(events: list[Event]) -> list[dict[str, Any]]:
             "type": e.type,
             "family": e.type.split(".")[0],
             "at": e.at,
-            "summary": _summary(e),
+            "summary": _cut(_summary(e)),
             "data": e.data,
         }
         for e in events

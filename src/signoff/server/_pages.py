@@ -15,18 +15,21 @@ import base64
 import hashlib
 import hmac
 import json
+import re
 import secrets
 import time
 from datetime import UTC, datetime
+from importlib.resources import files
 from typing import Any
 
 from fastapi import Request
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
 from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, Response
 
 from .._exceptions import UsageError
-from .._text import HIDDEN, escape_as_json
+from .._text import BIDI, HIDDEN, escape_as_json
 from .._types import Principal
 from ._auth import DASHBOARD_PREFIX, bearer_token, token_cookie
 from ._context import get_context
@@ -42,6 +45,7 @@ __all__ = [
     "pretty",
     "render",
     "set_csrf",
+    "utf8",
     "who",
 ]
 
@@ -51,11 +55,31 @@ CSRF_COOKIE = "signoff_csrf"
 # so a huge input neither bloats the page nor pushes its buttons out of reach.
 CLIP = 10_000
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def utf8(text: str) -> str:
+    """`text` with any lone surrogate (a model's JSON can carry one; UTF-8 cannot, and a page
+    or JSON answer holding one failed as a 500) as U+FFFD."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
+def _shown(value: Any) -> Any:
+    """What a page shows of a value: in text, a lone surrogate (a model's JSON can carry one;
+    UTF-8 cannot, and the page failed) becomes U+FFFD and a character that reorders the text
+    around it shows as its escape (`\\u202e`), as in Slack."""
+    if not isinstance(value, str):
+        return value
+    text = BIDI.sub(escape_as_json, utf8(value))
+    return Markup(text) if isinstance(value, Markup) else text
+
+
 env = Environment(
     loader=PackageLoader("signoff.server", "templates"),
     autoescape=select_autoescape(["html"]),
     trim_blocks=True,
     lstrip_blocks=True,
+    finalize=_shown,
 )
 
 
@@ -111,7 +135,17 @@ def _usd(value: float) -> str:
     return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
 
 
-env.globals.update(clip_at=CLIP)
+def _asset_version() -> str:
+    """A hash of the static files, in their URLs: they are served without a lifetime, so a
+    browser may keep an old copy for days, and an upgraded page would run the old script."""
+    digest = hashlib.sha256()
+    static = files("signoff.server").joinpath("static")
+    for item in sorted(static.iterdir(), key=lambda f: f.name):
+        digest.update(item.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+env.globals.update(clip_at=CLIP, asset_version=_asset_version())
 env.filters.update(ago=_ago, iso=_iso, pretty=pretty, who=who, usd=_usd)
 
 

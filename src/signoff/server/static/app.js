@@ -10,7 +10,8 @@
     if (!box) return;
     const el = document.createElement("div");
     el.className = "toast" + (bad ? " bad" : "");
-    el.textContent = text;
+    // cut: a request named by a model's long question made a toast taller than the screen
+    el.textContent = text.length > 200 ? text.slice(0, 200) + "…" : text;
     box.appendChild(el);
     setTimeout(() => el.remove(), 5000);
   }
@@ -52,10 +53,18 @@
     }
   }
 
+  // The navigation's badge counts the whole queue; a page's heading counts what it lists (a
+  // filtered queue: its own requests, which the fragment's X-Total-Count header gives).
   function setTotal(total) {
-    document.querySelectorAll("[data-live-total]").forEach((el) => { el.textContent = String(total); });
     const count = document.getElementById("queue-count");
     if (count) count.textContent = total ? String(total) : "";
+  }
+
+  function setShown(total) {
+    document.querySelectorAll("[data-live-total]").forEach((el) => { el.textContent = String(total); });
+    document.querySelectorAll("[data-live-noun]").forEach((el) => {
+      el.textContent = total === 1 ? "open request" : "open requests";
+    });
   }
 
   function live(url, handlers, types) {
@@ -95,11 +104,16 @@
       queue: async (ev) => {
         const data = JSON.parse(ev.data);
         setTotal(data.total);
+        const filtered = queue.hasAttribute("data-filtered");
+        if (!filtered) setShown(data.total);
         if (version === null) { version = data.version; return; }
         version = data.version;
         const q = queue.dataset.query;
         const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
-        if (res.ok) mergeCards(queue, await res.text());
+        if (!res.ok) return;
+        const shown = Number(res.headers.get("X-Total-Count"));
+        if (filtered && Number.isInteger(shown)) setShown(shown);
+        mergeCards(queue, await res.text());
       },
     });
   }
@@ -133,6 +147,21 @@
     live("/v1/sessions/" + encodeURIComponent(sid) + "/events?after=" + seq, {
       any: () => { clearTimeout(timer); timer = setTimeout(refresh, 60); },
     }, types);
+  }
+
+  // -- starting a conversation: once, however often Start is clicked --------------------------
+  const started = document.getElementById("new-session");
+  if (started) {
+    started.addEventListener("submit", (ev) => {
+      if (started.dataset.sent) { ev.preventDefault(); return; }
+      started.dataset.sent = "1";
+      started.querySelector("button[type=submit]").disabled = true;
+    });
+    // A page shown again from the back/forward cache may start another one.
+    window.addEventListener("pageshow", () => {
+      delete started.dataset.sent;
+      started.querySelector("button[type=submit]").disabled = false;
+    });
   }
 
   // -- sending a message from a session page (the trace follows over SSE) ----------------------
@@ -169,7 +198,7 @@
     const card = form.closest("[data-request-id]");
     const body = new FormData(form);
     if (ev.submitter && ev.submitter.name) body.set(ev.submitter.name, ev.submitter.value);
-    const buttons = form.querySelectorAll("button");
+    const buttons = Array.from(form.querySelectorAll("button:enabled"));  // not Enter's inert one
     buttons.forEach((b) => { b.disabled = true; });
     const error = form.querySelector(".form-error");
     if (error) error.hidden = true;
@@ -179,8 +208,17 @@
         headers: { "Accept": "application/json", "X-CSRF-Token": csrf },
       });
       const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
-      if (!data.ok) throw new Error(data.error && data.error.message || "Request failed");
+      if (!data.ok) {
+        const failed = new Error(data.error && data.error.message || "Request failed");
+        failed.code = data.error && data.error.code;
+        throw failed;
+      }
       const settled = { approved: "Approved", cancelled: "Denied", answered: "Answered" };
+      if (!settled[data.outcome] && data.outcome !== "counted") {
+        // A response policy refused it: the request stays open, and the form keeps what was
+        // typed, to be corrected (an edit) or left for someone else.
+        throw new Error("Not accepted (" + data.outcome + ")" + (data.reason ? ": " + data.reason : "") + ". The request stays open.");
+      }
       form.remove();
       const note = document.createElement("p");
       card.appendChild(note);
@@ -192,14 +230,22 @@
         note.textContent = verb + " — the run is now " + data.status + ".";
         toast(verb + " " + card.querySelector(".tool-name").textContent.trim());
         setTimeout(() => { card.classList.add("leaving"); setTimeout(() => card.remove(), 300); }, 2500);
-      } else if (data.outcome === "counted") {
+      } else {
         note.className = "result-note ok";
         note.textContent = "Your approval is counted (" + (data.reason || "") + "); waiting for more approvers.";
-      } else {
-        note.className = "result-note bad";
-        note.textContent = "Not accepted (" + data.outcome + ")" + (data.reason ? ": " + data.reason : "") + ". The request stays open for someone else.";
       }
     } catch (err) {
+      if (err.code === "conflicting_answer" || err.code === "request_closed") {
+        // Someone else (another tab) closed it first: say so, and offer no more buttons; the
+        // card goes with the queue's next live update.
+        form.remove();
+        const note = document.createElement("p");
+        note.className = "result-note bad";
+        note.textContent = err.message + ". Nothing was changed.";
+        card.appendChild(note);
+        toast(err.message, true);
+        return;
+      }
       buttons.forEach((b) => { b.disabled = false; });
       if (error) { error.textContent = err.message; error.hidden = false; }
       toast(err.message, true);
