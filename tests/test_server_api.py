@@ -998,3 +998,45 @@ async def test_a_database_down_is_a_503_store_unavailable_with_retry_after(
             responses = doc["paths"]["/v1/sessions/{session_id}"]["get"]["responses"]
             assert "store_unavailable" in responses["503"]["description"]
     await runtime.close()
+
+
+def test_a_lone_surrogate_a_model_wrote_is_served_escaped_not_a_500(tmp_path: Path) -> None:
+    """A model's text may hold a lone surrogate, which the store keeps and UTF-8 cannot: the
+    answer that resumed the turn was recorded, then answered with a 500, and so was every
+    later read of the session. It is served as a JSON escape, as the event stream does."""
+    import asyncio
+
+    from signoff.testing import call_tools, reply, scripted_agent
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "ok"
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(so.ToolCall(name="refund", input={"order_id": "1"})), reply("done \ud800")],
+        tools=[refund],
+    )
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+
+    async def main() -> None:
+        app = create_app(rt, auth=DevAuth())
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            r = await c.post("/v1/sessions", json={"agent": "a", "message": "go"})
+            assert r.status_code == 201, r.text
+            sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
+            r = await c.post(
+                f"/v1/sessions/{sid}/approvals", json={"approvals": [{"id": rid, "approved": True}]}
+            )
+            assert r.status_code == 200, r.text
+            assert b'"done \\ud800"' in r.content and r.json()["text"] == "done \ud800"
+            r = await c.get(f"/v1/sessions/{sid}")
+            assert r.status_code == 200, r.text
+            assert r.json()["status"] == "idle"
+            r = await c.get("/v1/requests", params={"session_id": sid})
+            assert r.status_code == 200, r.text
+        await rt.close()
+
+    asyncio.run(main())

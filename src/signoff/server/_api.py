@@ -13,6 +13,7 @@ from ..stores import PendingFilter
 from ._context import ServerContext, get_context
 from ._errors import ERROR_RESPONSES, ApiError
 from ._json_body import UniqueKeysRoute
+from ._json_response import JSONText
 from ._models import (
     Approvals,
     CancelBody,
@@ -31,7 +32,13 @@ from ._sse import event_stream, parse_last_event_id, stream_response
 
 __all__ = ["router"]
 
-router = APIRouter(prefix="/v1", responses=ERROR_RESPONSES, route_class=UniqueKeysRoute)
+# JSONText: a stored lone surrogate is escaped, not a 500 (FastAPI's own JSON path refuses it).
+router = APIRouter(
+    prefix="/v1",
+    responses=ERROR_RESPONSES,
+    route_class=UniqueKeysRoute,
+    default_response_class=JSONText,
+)
 
 MAX_SEQ = 2**53  # bounds numbers a store (and JSON) can hold exactly
 

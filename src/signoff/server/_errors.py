@@ -34,6 +34,7 @@ from .._exceptions import (
     UsageError,
 )
 from ._headers import add_security_headers
+from ._json_response import JSONText
 
 __all__ = [
     "ERROR_RESPONSES",
@@ -136,7 +137,7 @@ def error_response(status: int, code: str, message: str, **extra: Any) -> JSONRe
     detail: dict[str, Any] = {"code": code, "message": message}
     detail.update({k: v for k, v in extra.items() if v is not None})
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse({"error": detail}, status_code=status, headers=headers)
+    return JSONText({"error": detail}, status_code=status, headers=headers)
 
 
 def _describe(errors: list[Any]) -> tuple[str, list[dict[str, Any]]]:
