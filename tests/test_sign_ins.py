@@ -71,7 +71,7 @@ def who(client: TestClient, cookies: dict[str, str] | None = None) -> str | None
     assert r.status_code == 200, r.text
     page = client.get("/_signoff/", follow_redirects=False)
     assert page.status_code == 200, page.status_code
-    match = re.search(r'class="viewer-name">([^<]*)<', page.text)
+    match = re.search(r'class="viewer-name"[^>]*>([^<]*)<', page.text)
     assert match, page.text[:300]
     return match.group(1).strip()
 
