@@ -18,13 +18,14 @@ from signoff.channels import (
     Channel,
     ChannelHub,
     ChannelState,
+    Escalation,
     Resolution,
     TerminalChannel,
     TerminalTextChannel,
     TextChannel,
     parse_reply,
 )
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 
 @asynccontextmanager
@@ -335,6 +336,99 @@ async def test_a_failing_channel_retries_from_its_position_while_others_go_on(
             await hub.poll()
             assert flaky.seen[-1] == steady.seen[-1] == ("approved", a.id)
             assert hub.position(flaky) == hub.position(steady)
+
+
+class Watcher(Channel):
+    """Notes what the hub tells it; `on_escalated` is the base class's unless `escalations`."""
+
+    def __init__(self, *, escalations: bool = False, live_only: bool = True, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.live_only = live_only
+        self.escalations = escalations
+        self.seen: list[tuple[Any, ...]] = []
+
+    async def on_updated(self, request: so.InputRequest) -> None:
+        self.seen.append(("updated", request.id, request.escalated_to, request.expires_at))
+
+    async def on_escalated(self, request: so.InputRequest, escalation: Escalation) -> None:
+        if not self.escalations:
+            return await super().on_escalated(request, escalation)
+        self.seen.append(("escalated", request.id, request.status, escalation))
+
+    async def on_resolved(self, request: so.InputRequest, resolution: Resolution) -> None:
+        self.seen.append((resolution.outcome, request.id))
+
+
+def escalating_refund() -> so.Agent:
+    def finance(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        allowed = ctx.request.escalated_to == "finance" and who is not None and who == BOB
+        return so.Allowed() if allowed else so.Rejected("not finance")
+
+    spec = so.ApprovalSpec(
+        request=so.always(),
+        response=finance,
+        expires_in=60,
+        on_timeout="escalate",
+        escalate_to="finance",
+    )
+
+    @so.tool(approval=spec)
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
+        tools=[issue_refund],
+        repeat_last=True,
+    )
+
+
+async def test_an_escalation_reaches_each_channel_once_as_the_request_now_stands(
+    store_url: str,
+) -> None:
+    """By default a channel shows the escalated request anew (`on_updated`: no deadline, the
+    group named); one that overrides `on_escalated` is told the group, when and why. A request
+    answered before the hub read its escalation is not shown again by a `live_only` channel."""
+    clock = ManualClock()
+    async with so.Runtime([escalating_refund()], store=store_url, clock=clock) as rt:
+        shows = Watcher(name="shows")
+        hears = Watcher(name="hears", escalations=True, live_only=False)
+        async with manual(ChannelHub(rt, [shows, hears], clock=clock)) as hub:
+            first = await rt.generate("support", prompt="Refund A-1")
+            second = await rt.generate("support", prompt="Refund A-1 again")
+            (a,), (b,) = first.pending, second.pending
+            await hub.poll()
+            clock.advance(61)
+            assert await rt.expire_due() == 2
+            answer = so.InputResponse(request_id=b.id, option_id="approve")
+            await rt.respond(second.session_id, [answer], principal=BOB)
+            await hub.poll()
+            await hub.poll()
+        at = {
+            e.data["request_id"]: e.at
+            for e in await rt.audit()
+            if e.type == "approval.candidate" and e.data["outcome"] == "escalated"
+        }
+        assert shows.seen == [("updated", a.id, "finance", None), ("approved", b.id)]
+
+        def told(request: so.InputRequest, session: str) -> Escalation:
+            return Escalation(
+                request_id=request.id,
+                session_id=session,
+                to="finance",
+                at=at[request.id],
+                reason="no one decided before the deadline",
+            )
+
+        *escalations, last = hears.seen  # the sweep escalates the two in either order
+        assert sorted(escalations, key=lambda e: e[1] != a.id) == [
+            ("escalated", a.id, "pending", told(a, first.session_id)),
+            ("escalated", b.id, "settled", told(b, second.session_id)),
+        ]
+        assert last == ("approved", b.id)
 
 
 async def test_a_new_hub_starts_at_the_end_and_hands_over_the_open_requests(

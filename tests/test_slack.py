@@ -998,6 +998,78 @@ async def test_expired_and_withdrawn_requests_stay_visible_as_records(
         assert first_update["blocks"][1] == posted[1]  # the exact input is still shown
 
 
+async def test_an_escalated_request_says_where_it_went_and_its_group_answers_from_slack(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """The deadline passed and a worker escalated the request: its message is updated in place
+    (the group instead of the passed deadline, the buttons kept), and a click by a member of the
+    group settles it; the closed message still says it was escalated."""
+    from signoff.testing import ManualClock
+
+    def finance_once_escalated(ctx: so.ResponseContext) -> Literal["allowed", "rejected"]:
+        who = ctx.response.principal
+        member = who is not None and who.principal_id in APPROVERS
+        return "allowed" if ctx.request.escalated_to == "finance" and member else "rejected"
+
+    spec = so.ApprovalSpec(
+        request=so.always(),
+        response=finance_once_escalated,
+        expires_in=60,
+        on_timeout="escalate",
+        escalate_to="finance",
+    )
+
+    @so.tool(approval=spec)
+    async def wipe_cache(region: str) -> str:
+        """Wipe a cache."""
+        return "wiped"
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("wipe_cache", region="eu")), reply("Done.")], tools=[wipe_cache]
+    )
+    clock = ManualClock()
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        r = await rt.generate("ops", prompt="Wipe eu", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            (posted,) = slack_api.of("chat.postMessage")
+            facts = f"request `{req.id}` · session `{req.session_id}`"
+            assert posted["blocks"][2]["elements"][0]["text"] == (
+                f"{facts} · expires {date(req.expires_at or 0)}"
+            )
+            clock.advance(61)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+            await hub.poll()
+            (escalated,) = slack_api.of("chat.update")
+            assert (escalated["channel"], escalated["ts"]) == ("C42", "1700000000.000001")
+            assert escalated["blocks"][2]["elements"][0]["text"] == (
+                f"{facts} · :arrow_up: escalated to *finance*: no one decided before the deadline"
+            )
+            assert escalated["blocks"][:2] == posted["blocks"][:2]
+            assert escalated["blocks"][3] == posted["blocks"][3]  # Approve / Deny stay
+            body = click(
+                {
+                    "action_id": "signoff.approve",
+                    "block_id": f"signoff:{req.id}",
+                    "value": req.id,
+                    "type": "button",
+                }
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+        _, closed = slack_api.of("chat.update")
+        assert closed["blocks"][2] == escalated["blocks"][2]
+        assert closed["blocks"][3]["elements"][0]["text"].startswith(
+            ":white_check_mark: *Approved* by <@U045EF6GH> "
+        )
+
+
 async def test_wrongly_typed_fields_and_absurd_timestamps_are_named_not_500(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:

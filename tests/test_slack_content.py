@@ -191,6 +191,23 @@ async def test_no_text_of_a_request_can_mention_everyone(
             assert "<!channel>" not in text and "<https" not in text
 
 
+def test_the_group_an_escalation_names_is_escaped_and_kept_within_limits() -> None:
+    """A group name is configuration, not a mention: `<!channel>` in it is shown escaped, and a
+    very long one is clipped so the facts line stays within Slack's limit."""
+    from signoff.channels.slack._blocks import request_blocks
+
+    base = {"kind": "question", "id": "req_1", "session_id": "s", "turn_id": "t"}
+    request = so.InputRequest(**base, agent="a", created_at=0.0, escalated_to="<!channel> & co")
+    (facts,) = [b for b in request_blocks(request) if b["block_id"] == "signoff.facts"]
+    assert facts["elements"][0]["text"].endswith(
+        "escalated to *&lt;!channel&gt; &amp; co*: no one decided before the deadline"
+    )
+    long = request.model_copy(update={"escalated_to": "g" * 5000})
+    (facts,) = [b for b in request_blocks(long) if b["block_id"] == "signoff.facts"]
+    text = facts["elements"][0]["text"]
+    assert len(text) < 400 and "g" * 199 + "…*" in text
+
+
 async def test_an_input_cannot_close_its_code_block_and_write_its_own_message(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:

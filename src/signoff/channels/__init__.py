@@ -1,12 +1,20 @@
 """Channels: where people see requests and answer them. The terminal channel is built in.
 
-A `ChannelHub` follows the audit trail and tells each `Channel` when requests open and close;
-Slack (`signoff.channels.slack`, the `slack` extra), webhooks and text channels build on it.
+A `ChannelHub` follows the audit trail and tells each `Channel` when requests open, are
+escalated and close; Slack (`signoff.channels.slack`, the `slack` extra), webhooks and text
+channels build on it.
 """
 
 from __future__ import annotations
 
-from ._base import Channel, ChannelState, InvalidSignature, RateLimited, Resolution
+from ._base import (
+    Channel,
+    ChannelState,
+    Escalation,
+    InvalidSignature,
+    RateLimited,
+    Resolution,
+)
 from ._hub import ChannelHub
 from .terminal import TerminalChannel, compact_json, duration
 from .text import TerminalTextChannel, TextChannel, parse_reply
@@ -16,6 +24,7 @@ __all__ = [
     "Channel",
     "ChannelHub",
     "ChannelState",
+    "Escalation",
     "InvalidSignature",
     "RateLimited",
     "Resolution",

@@ -1,8 +1,9 @@
 """`Channel`: where people see open requests and answer them, and what a channel is told.
 
-A `ChannelHub` follows the audit trail and calls `on_requested`, `on_updated` and `on_resolved`;
-a channel answers through `submit`, which settles through `Runtime.respond` with the responder's
-principal, so response policies decide exactly as they do for any other caller.
+A `ChannelHub` follows the audit trail and calls `on_requested`, `on_updated`, `on_escalated`
+and `on_resolved`; a channel answers through `submit`, which settles through `Runtime.respond`
+with the responder's principal, so response policies decide exactly as they do for any other
+caller.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Channel",
     "ChannelState",
+    "Escalation",
     "InvalidSignature",
     "RateLimited",
     "Resolution",
@@ -104,6 +106,40 @@ class Resolution:
             return None
         value = self.answer.get("value")
         return None if value is None else str(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Escalation:
+    """How a request no one decided in time was handed on: to which group, when that was
+    recorded, and why. Its deadline is lifted and it stays open for the group to answer."""
+
+    request_id: str
+    session_id: str
+    to: str
+    at: float
+    reason: str | None = None
+
+    @classmethod
+    def from_event(cls, data: Mapping[str, Any], request: InputRequest, at: float) -> Escalation:
+        """Read the data of an `approval.candidate` event (or audit entry) whose outcome is
+        `escalated`, for `request` (the escalated request as stored)."""
+        reason = data.get("reason")
+        return cls(
+            request_id=str(data["request_id"]),
+            session_id=request.session_id,
+            to=str(data.get("to") or request.escalated_to or ""),
+            at=at,
+            reason=reason if isinstance(reason, str) else None,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "request_id": self.request_id,
+            "session_id": self.session_id,
+            "to": self.to,
+            "at": self.at,
+            "reason": self.reason,
+        }
 
 
 def describe_principal(principal: Principal | None) -> str:
@@ -295,6 +331,15 @@ class Channel:
 
     async def on_updated(self, request: InputRequest) -> None:
         """An open request changed (a quorum approval was counted)."""
+
+    async def on_escalated(self, request: InputRequest, escalation: Escalation) -> None:
+        """A request's deadline passed and it was handed to `escalation.to` (its deadline lifted).
+
+        `request` is as stored now: a channel that is not `live_only` is told also when it has
+        closed since. By default an open one is shown anew, as by `on_updated`.
+        """
+        if request.status == "pending":
+            await self.on_updated(request)
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         """A request closed: answered, approved, denied, expired or withdrawn."""

@@ -23,7 +23,7 @@ from .._sessions import positive_seconds
 from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
-from ._base import Channel, ChannelState, RateLimited, Resolution
+from ._base import Channel, ChannelState, Escalation, RateLimited, Resolution
 from ._lease import HubLease
 
 if TYPE_CHECKING:
@@ -40,7 +40,8 @@ _SKIPPED = "skipped"  # the memo (under the hub's key for a channel) of entries 
 
 
 class ChannelHub:
-    """Dispatches request openings, updates and resolutions to channels, in commit order.
+    """Dispatches request openings, updates, escalations and resolutions to channels, in commit
+    order.
 
     `state` is a `ChannelState` or the path of its SQLite file (memory by default: positions are
     then lost on restart, so it starts at the end). On a file, one hub at a time delivers to a
@@ -426,6 +427,16 @@ class ChannelHub:
                 and ch.accepts(stored.request)
             ):
                 await ch.on_updated(stored.request)
+        elif entry.type == "approval.candidate" and entry.data.get("outcome") == "escalated":
+            stored = await store.get_request(str(entry.data.get("request_id")))
+            if (
+                stored is not None
+                and stored.request.child is None
+                and ch.accepts(stored.request)
+                and not (ch.live_only and stored.status != "pending")
+            ):
+                escalation = Escalation.from_event(entry.data, stored.request, entry.at)
+                await ch.on_escalated(stored.request, escalation)
         elif entry.type == "input.resolved":
             stored = await store.get_request(str(entry.data.get("request_id")))
             if stored is not None and stored.request.child is None and ch.accepts(stored.request):

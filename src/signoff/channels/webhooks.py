@@ -1,4 +1,5 @@
-"""`WebhookChannel`: a signed JSON POST to your URLs when a request opens, closes or nears expiry.
+"""`WebhookChannel`: a signed JSON POST to your URLs when a request opens, is escalated, closes
+or nears expiry.
 
 Each delivery carries `Signoff-Timestamp` (Unix seconds) and `Signoff-Signature`
 (`v1=` + hex HMAC-SHA256 of `{timestamp}.{body}` with the shared secret); receivers check both
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from .._exceptions import UsageError
 from .._types import InputRequest
-from ._base import Channel, InvalidSignature, Resolution, logger
+from ._base import Channel, Escalation, InvalidSignature, Resolution, logger
 
 if TYPE_CHECKING:
     import httpx
@@ -151,7 +152,8 @@ def _json_bytes(body: Mapping[str, Any]) -> bytes:
 
 
 class WebhookChannel(Channel):
-    """Posts `request.opened`, `request.resolved` and `request.expiring` to every URL.
+    """Posts `request.opened`, `request.escalated`, `request.resolved` and `request.expiring` to
+    every URL.
 
     `secret` signs each delivery; several (the new one and the old, while rotating) each sign.
 
@@ -252,6 +254,10 @@ class WebhookChannel(Channel):
             self._deadlines[request.id] = request
         self.enqueue("request.opened", request)
 
+    async def on_escalated(self, request: InputRequest, escalation: Escalation) -> None:
+        self._deadlines.pop(request.id, None)  # the deadline is lifted: nothing to warn of
+        self.enqueue("request.escalated", request, escalation=escalation)
+
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         self._deadlines.pop(request.id, None)
         self.forget(f"warned:{request.id}")  # a closed request is never warned about again
@@ -272,9 +278,15 @@ class WebhookChannel(Channel):
     # -- delivery -----------------------------------------------------------------------------
 
     def payload(
-        self, event: str, request: InputRequest, resolution: Resolution | None = None
+        self,
+        event: str,
+        request: InputRequest,
+        resolution: Resolution | None = None,
+        *,
+        escalation: Escalation | None = None,
     ) -> dict[str, Any]:
-        """The JSON body of a delivery; `id` is stable for the same event of the same request."""
+        """The JSON body of a delivery; `id` is stable for the same event of the same request
+        (a request is escalated at most once, so that event has one id too)."""
         digest = hashlib.sha256(f"{event}:{request.id}".encode()).hexdigest()[:24]
         return {
             "id": f"whd_{digest}",
@@ -282,13 +294,19 @@ class WebhookChannel(Channel):
             "at": self.clock(),
             "request": request.model_dump(mode="json"),
             "resolution": None if resolution is None else resolution.to_dict(),
+            "escalation": None if escalation is None else escalation.to_dict(),
         }
 
     def enqueue(
-        self, event: str, request: InputRequest, resolution: Resolution | None = None
+        self,
+        event: str,
+        request: InputRequest,
+        resolution: Resolution | None = None,
+        *,
+        escalation: Escalation | None = None,
     ) -> None:
         """Queue one event for every URL (each URL gets them in order)."""
-        body = self.payload(event, request, resolution)
+        body = self.payload(event, request, resolution, escalation=escalation)
         raw = _json_bytes(body)
         self._ensure_workers()
         for url in self.urls:

@@ -41,6 +41,7 @@ ANSWER_BLOCK = "signoff.answer"
 
 _MAX_TEXT = 3000  # Slack's limit for a section's (and a context element's) text
 _MAX_SHOWN = 1000  # an answer or a reason in the closing line, so the line stays under it
+_MAX_GROUP = 200  # a group's name in the facts line, which Slack limits as a whole
 _MAX_VALUE = 150  # Slack's limit for a select option's value
 _MAX_OPTIONS = 100  # Slack's limit for a select's options, and for its option groups
 _BY_POSITION = "signoff.option#"
@@ -119,7 +120,8 @@ def request_blocks(
     request: InputRequest, resolution: Resolution | None = None, *, edited_input: Any = None
 ) -> list[dict[str, Any]]:
     """The message for a request: open (with its controls) or closed (with who, when, how, and
-    the `edited_input` an approver ran the call with instead of the proposed input)."""
+    the `edited_input` an approver ran the call with instead of the proposed input); one whose
+    deadline escalated it names the group it went to."""
     agent = escape(request.agent)
     blocks: list[dict[str, Any]] = []
     if request.kind == "tool-approval":
@@ -158,6 +160,9 @@ def request_blocks(
         facts.append(f"needs {request.approvers} approvals ({request.progress}: {so_far})")
     if request.expires_at is not None and resolution is None:
         facts.append(f"expires {_date(request.expires_at)}")
+    if request.escalated_to is not None:
+        group = _clip(escape(request.escalated_to), _MAX_GROUP)
+        facts.append(f":arrow_up: escalated to *{group}*: no one decided before the deadline")
     blocks.append(
         {"type": "context", "block_id": "signoff.facts", "elements": [_mrkdwn(" · ".join(facts))]}
     )

@@ -1,4 +1,5 @@
-"""`SlackChannel`: every open request as a Slack message with buttons, updated once it closes.
+"""`SlackChannel`: every open request as a Slack message with buttons, updated as it changes (a
+quorum's count, an escalation to a group) and once it closes.
 
 People answer with the message's controls; Slack posts the interaction to the endpoint this
 channel adds to the signoff server (`create_app(..., channels=hub)`), which checks Slack's
