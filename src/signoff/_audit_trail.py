@@ -27,7 +27,9 @@ __all__ = [
 TOOL_SETTING = "tool.approval_changed"
 TOOLS_STREAM = "tools:"  # the streams of tool setting changes: tools:<agent>.<tool>
 SIGN_OUTS_STREAM = "dashboard:sign-outs"  # the dashboard's sign-ins signed out (server)
-_OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM)  # streams no session keeps the head of
+FORMS_STREAM = "dashboard:forms"  # the dashboard's forms sent, so none acts twice (server)
+# the streams no session keeps the head of
+_OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM, FORMS_STREAM)
 RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
 
 

@@ -20,12 +20,15 @@ from starlette.responses import (
     Response,
 )
 
+from .._answers import check_text
 from .._exceptions import SignoffError, StoreError, UnknownRequest, UnknownSession
+from .._sessions import check_prompt
 from .._types import InputRequest, InputResponse
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX, TokenAuth, is_dashboard, token_cookie
 from ._context import get_context
 from ._errors import public_message, status_for
+from ._forms import FormSending, Refusal, form_token
 from ._json_body import RepeatedKey, unique_keys
 from ._page_data import (
     PAGE_SIZE,
@@ -255,7 +258,9 @@ async def session_page(request: Request, session_id: str) -> Response:
         return await render(
             "message.html", request, 404, title="No such session", message=session_id
         )
-    return await render("session.html", request, **context)
+    ctx, viewer = await signed_in(request)
+    form = form_token(ctx.secret, viewer, ctx.runtime.clock())
+    return await render("session.html", request, **context, form=form)
 
 
 @router.get("/sessions/{session_id}/events/{seq}")
@@ -282,12 +287,26 @@ async def session_event(request: Request, session_id: str, seq: str) -> Response
 async def new_session_page(request: Request) -> Response:
     ctx, viewer = await signed_in(request)
     picked = request.query_params.get("agent")
-    return await render("new.html", request, **base(ctx, viewer, picked=picked))
+    form = form_token(ctx.secret, viewer, ctx.runtime.clock())
+    return await render("new.html", request, **base(ctx, viewer, picked=picked, form=form))
+
+
+async def _repeated(request: Request, form: FormSending, target: str | None) -> Response | None:
+    """None when this is the form's first sending; else where the first one led, or why not."""
+    found = await form.first(target)
+    if found is None:
+        return None
+    if isinstance(found, Refusal):
+        return await dashboard_error(request, found.status, found.code, found.message)
+    if _wants_json(request):  # with the token for the form's next message, as a first sending
+        fresh = form_token(form.ctx.secret, form.viewer, form.ctx.runtime.clock())
+        return JSONResponse({"ok": True, "repeated": True, "url": found, "form": fresh})
+    return RedirectResponse(found, status_code=303)
 
 
 @router.post("/sessions")
 async def start_session(request: Request) -> Response:
-    """Start a conversation from the dashboard, as the signed-in person."""
+    """Start a conversation from the dashboard, as the signed-in person: once per form."""
     ctx, viewer = await signed_in(request)
     fields = await check_csrf(request)
     agent = fields.get("agent", "")
@@ -298,11 +317,25 @@ async def start_session(request: Request) -> Response:
         return await dashboard_error(
             request, 422, "invalid_request", "write a message to start with"
         )
+    form = FormSending(ctx, viewer, fields.get("form"))
     try:
-        result = await ctx.runtime.generate(agent, prompt=message, auth=viewer)
+        check_prompt(message)  # before anything is recorded
+        repeated = await _repeated(request, form, None)
+        if repeated is not None:
+            return repeated
+        try:
+            session_id = await ctx.runtime.create_session(agent, auth=viewer)
+        except BaseException as exc:
+            await form.failed(exc)
+            raise
+        where = f"{DASHBOARD_PREFIX}/sessions/{session_id}"
+        await form.led(where)
+        # The session is there now: a failed turn is shown on its page, not sent again.
+        result = await ctx.runtime.generate(session_id=session_id, prompt=message, auth=viewer)
     except SignoffError as exc:
         return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
-    where = f"{DASHBOARD_PREFIX}/sessions/{result.session_id}"
+    finally:
+        form.close()
     if _wants_json(request):
         return JSONResponse({"ok": True, "session_id": result.session_id, "url": where})
     return RedirectResponse(where, status_code=303)
@@ -310,7 +343,8 @@ async def start_session(request: Request) -> Response:
 
 @router.post("/sessions/{session_id}/messages")
 async def send_message(request: Request, session_id: str) -> Response:
-    """Send a message to a session (it answers, steers or queues, as `Runtime.send` decides)."""
+    """Send a message to a session (it answers, steers or queues, as `Runtime.send` decides),
+    once per form. A JSON answer carries the token for the form's next message."""
     ctx, viewer = await signed_in(request)
     fields = await check_csrf(request)
     text = fields.get("message", "").strip()
@@ -322,13 +356,28 @@ async def send_message(request: Request, session_id: str) -> Response:
         )
     if not text:
         return await dashboard_error(request, 422, "invalid_request", "the message is empty")
+    form = FormSending(ctx, viewer, fields.get("form"))
+    where = f"{DASHBOARD_PREFIX}/sessions/{session_id}"
     try:
-        result = await ctx.runtime.send(session_id, text, principal=viewer)
+        check_text(text, "the message")
+        repeated = await _repeated(request, form, where)
+        if repeated is not None:
+            return repeated
+        try:
+            result = await ctx.runtime.send(session_id, text, principal=viewer)
+        except BaseException as exc:
+            await form.failed(exc)
+            raise
     except SignoffError as exc:
         return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
+    finally:
+        form.close()
     if _wants_json(request):
-        return JSONResponse({"ok": True, "status": result.status, "text": _utf8(result.text)})
-    return RedirectResponse(f"{DASHBOARD_PREFIX}/sessions/{session_id}", status_code=303)
+        fresh = form_token(ctx.secret, viewer, ctx.runtime.clock())
+        return JSONResponse(
+            {"ok": True, "status": result.status, "text": _utf8(result.text), "form": fresh}
+        )
+    return RedirectResponse(where, status_code=303)
 
 
 @router.get("/fragments/sessions/{session_id}")

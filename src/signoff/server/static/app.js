@@ -181,6 +181,9 @@
         const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
         if (!data.ok) throw new Error(data.error && data.error.message || "Sending failed");
         send.querySelector("textarea").value = "";
+        // The form's token was spent on this message: the next one needs its own.
+        const once = send.querySelector("input[name=form]");
+        if (once && data.form) once.value = data.form;
       } catch (err) {
         error.textContent = err.message;
         error.hidden = false;

@@ -1,0 +1,257 @@
+"""The dashboard's one-time form tokens: a form that starts a conversation or sends a message
+acts once, however often it is posted (a double click, a browser sending it again, a restart
+between the two posts, two processes), and a forged token is a clear 400."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+
+from signoff._audit_trail import FORMS_STREAM
+from signoff.server._forms import Forms, check_form, form_token
+from signoff.stores import SessionSummary, Store
+
+from .test_dashboard import csrf_of, signed_in, start
+from .test_server_common import ALICE, BOB, auth, make_runtime, served
+
+SECRET = "forms-test-secret"
+
+
+def form_of(html: str) -> str:
+    match = re.search(r'name="form" value="([^"]+)"', html)
+    assert match, "no form token in the page"
+    return match.group(1)
+
+
+def sessions_of(url: str) -> list[SessionSummary]:
+    async def read() -> list[SessionSummary]:
+        rt = make_runtime(url)
+        try:
+            return await rt.sessions(limit=1000)
+        finally:
+            await rt.close()
+
+    return asyncio.run(read())
+
+
+def messages_in(base: str, sid: str) -> list[str]:
+    r = httpx.get(
+        f"{base}/v1/sessions/{sid}/events?follow=false", headers=auth("alice-token"), timeout=10
+    )
+    assert r.status_code == 200, r.text
+    found = []
+    for line in r.text.splitlines():
+        if line.startswith("data: "):
+            event = json.loads(line[6:])
+            if event.get("type") in ("turn.started", "turn.message"):
+                found.append(event["data"]["message"])
+    return found
+
+
+def test_a_new_conversation_form_sent_twice_starts_one(store_url: str) -> None:
+    with served(store_url, secret=SECRET) as base, signed_in(base) as c:
+        page = c.get("/_signoff/new").text
+        form = {"agent": "support", "message": "Refund 1042", "csrf": csrf_of(page)}
+        form["form"] = form_of(page)
+        first = c.post("/_signoff/sessions", data=form)
+        second = c.post("/_signoff/sessions", data=form)
+        assert first.status_code == second.status_code == 303
+        assert first.headers["location"] == second.headers["location"]
+        # as a script sees it too: the same session, and no second one
+        again = c.post("/_signoff/sessions", data=form, headers={"Accept": "application/json"})
+        assert again.json()["repeated"] is True
+        assert again.json()["url"] == first.headers["location"]
+        # a fresh page is a fresh form: it starts another conversation
+        page = c.get("/_signoff/new").text
+        other = c.post(
+            "/_signoff/sessions", data={**form, "form": form_of(page), "csrf": csrf_of(page)}
+        )
+        assert other.status_code == 303 and other.headers["location"] != first.headers["location"]
+    assert len(sessions_of(store_url)) == 2
+
+
+def test_a_message_form_sent_twice_sends_one(store_url: str) -> None:
+    with served(store_url, secret=SECRET) as base, signed_in(base) as c:
+        sid = start(base)["session_id"]
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        form = {"message": "actually, never mind", "csrf": csrf_of(page), "form": form_of(page)}
+        first = c.post(f"/_signoff/sessions/{sid}/messages", data=form)
+        second = c.post(f"/_signoff/sessions/{sid}/messages", data=form)
+        assert first.status_code == second.status_code == 303
+        assert second.headers["location"] == f"/_signoff/sessions/{sid}"
+        assert messages_in(base, sid) == ["Refund 1042", "actually, never mind"]
+
+
+def test_a_restart_between_the_two_posts_does_not_act_again(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    with served(url, secret=SECRET) as base, signed_in(base) as c:
+        page = c.get("/_signoff/new").text
+        form = {"agent": "support", "message": "Refund 1042", "form": form_of(page)}
+        first = c.post("/_signoff/sessions", data={**form, "csrf": csrf_of(page)})
+        assert first.status_code == 303
+    with served(url, secret=SECRET) as base, signed_in(base) as c:
+        token = csrf_of(c.get("/_signoff/").text)
+        second = c.post("/_signoff/sessions", data={**form, "csrf": token})
+        assert second.status_code == 303
+        assert second.headers["location"] == first.headers["location"]
+    assert len(sessions_of(url)) == 1
+
+
+def test_a_double_click_racing_itself_acts_once(store_url: str) -> None:
+    with served(store_url, secret=SECRET) as base, signed_in(base) as c:
+        page = c.get("/_signoff/new").text
+        form = {"agent": "support", "message": "Refund 1042", "csrf": csrf_of(page)}
+        form["form"] = form_of(page)
+
+        async def both() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=base, cookies=c.cookies, timeout=10) as a:
+                return list(
+                    await asyncio.gather(*(a.post("/_signoff/sessions", data=form) for _ in "ab"))
+                )
+
+        answers = asyncio.run(both())
+        assert [r.status_code for r in answers] == [303, 303]
+        assert answers[0].headers["location"] == answers[1].headers["location"]
+    assert len(sessions_of(store_url)) == 1
+
+
+@pytest.mark.parametrize(
+    "token", ["", "nonsense", "1.2.3", "9" * 16 + ".x.y", "\u00e9" * 3, "1" * 300]
+)
+def test_a_forged_or_broken_token_is_a_400_and_acts_not(tmp_path: Path, token: str) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    with served(url, secret=SECRET) as base, signed_in(base) as c:
+        page = c.get("/_signoff/new").text
+        form = {"agent": "support", "message": "Refund 1042", "csrf": csrf_of(page)}
+        r = c.post("/_signoff/sessions", data={**form, "form": token})
+        assert r.status_code == 400 and "reload the page" in r.text
+        j = c.post(
+            "/_signoff/sessions",
+            data={**form, "form": token},
+            headers={"Accept": "application/json"},
+        )
+        assert j.status_code == 400 and j.json()["error"]["code"] == "invalid_form"
+    assert sessions_of(url) == []
+
+
+def test_another_viewers_or_an_old_token_is_refused(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    key = SECRET.encode()
+    with served(url, secret=SECRET) as base, signed_in(base) as c:
+        sid = start(base)["session_id"]
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        form = {"message": "hello", "csrf": csrf_of(page)}
+        now = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+        bobs = form_token(key, BOB, now["created_at"])
+        r = c.post(f"/_signoff/sessions/{sid}/messages", data={**form, "form": bobs})
+        assert r.status_code == 400
+        old = form_token(key, ALICE, now["created_at"] - 13 * 3600)
+        r = c.post(f"/_signoff/sessions/{sid}/messages", data={**form, "form": old})
+        assert r.status_code == 400
+        assert messages_in(base, sid) == ["Refund 1042"]
+
+
+def test_the_scripts_message_form_gets_a_new_token_each_time(store_url: str) -> None:
+    with served(store_url, secret=SECRET) as base, signed_in(base) as c:
+        sid = start(base)["session_id"]
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        j = {"Accept": "application/json"}
+        form = {"csrf": csrf_of(page), "form": form_of(page)}
+        r = c.post(f"/_signoff/sessions/{sid}/messages", data={**form, "message": "one"}, headers=j)
+        assert r.status_code == 200 and r.json()["ok"] is True
+        spent, form["form"] = form["form"], r.json()["form"]
+        r = c.post(f"/_signoff/sessions/{sid}/messages", data={**form, "message": "two"}, headers=j)
+        assert r.status_code == 200 and "repeated" not in r.json()
+        r = c.post(
+            f"/_signoff/sessions/{sid}/messages",
+            data={**form, "form": spent, "message": "one"},
+            headers=j,
+        )
+        assert r.json()["repeated"] is True and r.json()["form"] != spent
+        assert messages_in(base, sid) == ["Refund 1042", "one", "two"]
+
+
+def test_a_form_the_runtime_refused_may_be_sent_again(tmp_path: Path) -> None:
+    """A refusal (here a session whose time is up) does nothing, so it is not remembered."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    with served(url, secret=SECRET) as base, signed_in(base) as c:
+        sid = start(base)["session_id"]
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        form = {"message": "hello", "csrf": csrf_of(page), "form": form_of(page)}
+        r = c.post(f"/_signoff/sessions/{sid}/messages", data={**form, "message": " "})
+        assert r.status_code == 422  # refused before the token is spent
+        first = c.post(f"/_signoff/sessions/{sid}/messages", data=form)
+        assert first.status_code == 303
+        assert messages_in(base, sid) == ["Refund 1042", "hello"]
+
+
+def test_answering_a_request_twice_settles_it_once(store_url: str) -> None:
+    """The runtime takes the same answer again as the one already given (no token needed);
+    a different one is refused as already settled."""
+    with served(store_url, secret=SECRET) as base, signed_in(base) as c:
+        body = start(base)
+        rid = body["pending"][0]["id"]
+        page = c.get("/_signoff/").text
+        form = {"option": "approve", "next": "/_signoff/", "csrf": csrf_of(page)}
+        first = c.post(f"/_signoff/requests/{rid}/respond", data=form)
+        second = c.post(f"/_signoff/requests/{rid}/respond", data=form)
+        assert first.status_code == second.status_code == 303
+        assert second.headers["location"] == "/_signoff/"
+        other = c.post(f"/_signoff/requests/{rid}/respond", data={**form, "option": "cancel"})
+        assert other.status_code == 409 and "already settled" in other.text
+        r = httpx.get(
+            f"{base}/v1/sessions/{body['session_id']}/events?follow=false",
+            headers=auth("alice-token"),
+            timeout=10,
+        )
+        assert (
+            r.text.count('"type":"input.resolved"') + r.text.count('"type": "input.resolved"') == 1
+        )
+
+
+# -- the record in the store, as every process reads it ---------------------------------------
+
+
+async def test_the_first_sending_of_a_form_wins_across_processes(store: Store) -> None:
+    one, two = Forms(3600.0), Forms(3600.0)  # two processes on one store
+    claim, where = await one.claim(store, "n1", 100, ALICE, None, 100.0)
+    assert claim is not None and where is None
+    waiting = asyncio.create_task(two.claim(store, "n1", 100, ALICE, None, 101.0, wait=5.0))
+    await asyncio.sleep(0.2)
+    assert not waiting.done()  # where the first one led is not known yet
+    await one.led(store, "n1", claim, "/_signoff/sessions/ses_1", 102.0)
+    one.release("n1")
+    assert await waiting == (None, "/_signoff/sessions/ses_1")
+    # a third process, started later, reads it from the stream
+    assert await Forms(3600.0).claim(store, "n1", 100, ALICE, "x", 103.0) == (
+        None,
+        "/_signoff/sessions/ses_1",
+    )
+    types = [e.type for e in await store.audit(stream=FORMS_STREAM)]
+    assert types == ["dashboard.form_sent", "dashboard.form_led"]
+
+
+async def test_a_failed_sending_can_be_sent_again(store: Store) -> None:
+    one = Forms(3600.0)
+    claim, _ = await one.claim(store, "n2", 100, ALICE, "/_signoff/sessions/ses_2", 100.0)
+    assert claim is not None
+    await one.failed(store, "n2", claim, 101.0)
+    again, where = await Forms(3600.0).claim(store, "n2", 100, ALICE, None, 102.0)
+    assert again is not None and again != claim and where is None
+
+
+async def test_sendings_past_the_lifetime_are_forgotten(store: Store) -> None:
+    forms = Forms(100.0)
+    claim, _ = await forms.claim(store, "old", 10, ALICE, "/_signoff/sessions/ses_3", 10.0)
+    assert claim is not None
+    await forms.claim(store, "new", 200, ALICE, "/_signoff/sessions/ses_4", 200.0)
+    assert "old" not in forms._sent and "new" in forms._sent
+    # and the token itself is refused by then, so the sending cannot be repeated
+    token = form_token(b"k", ALICE, 10.0)
+    assert check_form(b"k", ALICE, token, 109.0, 100.0) is not None
+    assert check_form(b"k", ALICE, token, 110.0, 100.0) is None
