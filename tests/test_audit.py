@@ -15,6 +15,7 @@ import signoff as so
 from signoff._audit_trail import verify as verify_trail
 from signoff.stores import Store
 from signoff.stores._audit import AuditEntry, AuditRow, chain_hash
+from signoff.stores._base import RequestRow
 from signoff.stores._codec import pack, pack_bytes, unpack_event
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
@@ -361,6 +362,11 @@ async def test_an_entry_naming_another_predecessor_is_named() -> None:
         async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str]]:
             return {"s": (2, second.hash)}
 
+        async def stored_requests(
+            self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+        ) -> list[RequestRow]:
+            return []  # no requests: only the chains are checked
+
     problems = await verify_trail(cast(Store, Listed()))
     assert [(p.id, p.n, p.reason) for p in problems] == [(2, 2, "previous hash differs")]
 
@@ -546,6 +552,11 @@ async def test_entries_committed_while_verifying_are_not_named() -> None:
         async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str]]:
             n, digest = self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
             return {"s": (n, digest)}
+
+        async def stored_requests(
+            self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+        ) -> list[RequestRow]:
+            return []  # no requests: only the chains are checked
 
     assert await verify_trail(cast(Store, Committing(later=2))) == []
     problems = await verify_trail(cast(Store, Committing(later=1)))

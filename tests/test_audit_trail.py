@@ -15,6 +15,7 @@ from signoff._audit_trail import export as export_trail
 from signoff._audit_trail import verify as verify_trail
 from signoff.stores import Store
 from signoff.stores._audit import AuditEntry, chain_hash
+from signoff.stores._base import RequestRow
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._procs import query
@@ -90,6 +91,11 @@ class LateCommits:
 
     async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str]]:
         return {s: h for s, h in self.heads.items() if stream in (None, s)}
+
+    async def stored_requests(
+        self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+    ) -> list[RequestRow]:
+        return []  # no requests: only the chains are checked
 
 
 async def test_paging_does_not_skip_an_entry_committed_after_a_higher_id(

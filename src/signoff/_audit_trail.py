@@ -9,6 +9,7 @@ from typing import IO, Any
 
 from ._agent import Agent
 from ._answers import check_text
+from ._audit_requests import RequestTrail, request_rows
 from ._exceptions import UsageError
 from .stores import Store
 from .stores._audit import AuditEntry, AuditRow, chain_hash
@@ -37,7 +38,9 @@ RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a
 class AuditProblem:
     """An entry whose hash does not follow from its stream's chain: altered, removed or moved;
     for entries missing from the end of a stream's chain, `n` is the first missing and `id` the
-    last entry left (0 if none is)."""
+    last entry left (0 if none is). A request row that does not say what the trail recorded of
+    its request is named by the request's last entry it was read with (`id` and `n` 0 if no
+    entry asks that request), its `reason` naming the request."""
 
     id: int
     stream: str
@@ -129,17 +132,23 @@ class _Chains:
 async def verify(store: Store, *, stream: str | None = None) -> list[AuditProblem]:
     """Recompute every chain; each entry that does not match is named, and so is a chain that
     stops short of the head the store keeps for it (its last entries removed) or goes past it
-    (entries added after its last), and a session entry pointing at an event an earlier entry
-    of its session stands for (a step shown twice)."""
-    # Read before the entries: a commit meanwhile only adds entries past these heads.
+    (entries added after its last), a session entry pointing at an event an earlier entry
+    of its session stands for (a step shown twice), and a request row that says other than the
+    entries of its request (`_audit_requests`)."""
+    # Read before the entries: a commit meanwhile only adds entries past these heads, and
+    # each request row comes with the length its session's chain had when it was read.
     heads = await store.audit_heads(stream=stream)
+    own = stream is not None and stream.startswith(_OWN_STREAMS)  # no requests in its stream
+    rows = [] if own else await request_rows(store, session_id=stream)
     chains = _Chains()
+    requests = RequestTrail()
     past: dict[str, None] = {}  # streams with entries past the head read above, in order
     problems: list[AuditProblem] = []
     async for e in entries(store, stream=stream):
         problem = chains.check(e)
         if problem is not None:
             problems.append(problem)
+        requests.see(e)
         if e.n > heads.get(e.stream, (0, None))[0]:
             past[e.stream] = None
     last, last_id = chains.last, chains.last_id
@@ -165,6 +174,9 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
                 extra = f"entry {seen} is" if seen == n + 1 else f"entries {n + 1} to {seen} are"
                 reason = f"{extra} past the end of the chain its {keeper} keeps"
                 problems.append(AuditProblem(id=last_id[sid], stream=sid, n=n + 1, reason=reason))
+    broken = {p.stream for p in problems}
+    for entry_id, sid, n, reason in requests.check(rows, heads, broken):
+        problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
     return problems
 
 

@@ -20,10 +20,13 @@ __all__ = [
     "Loaded",
     "PendingFilter",
     "READ_BYTES",
+    "REQUEST_ROW_COLUMNS",
+    "RequestRow",
     "Resolve",
     "Store",
     "SessionSummary",
     "StoredRequest",
+    "request_row",
     "request_rows",
     "stored_request",
 ]
@@ -99,6 +102,26 @@ class StoredRequest:
     status: str
     outcome: str | None
     resolution: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestRow:
+    """A request's row as `Store.stored_requests` reads it for verification: its columns as
+    stored, the request and resolution read back (None, and `damage` saying why, if they cannot
+    be), and how many audit entries its session's chain had when the row was read."""
+
+    id: str
+    session_id: str
+    audit_n: int
+    agent: object
+    kind: object
+    tool: object
+    created_at: object
+    status: object
+    outcome: object
+    request: InputRequest | None
+    resolution: dict[str, Any] | None
+    damage: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -229,6 +252,13 @@ class Store(Protocol):
         as the session's row keeps it, so entries removed from a chain's end are noticed too."""
         ...
 
+    async def stored_requests(
+        self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+    ) -> list[RequestRow]:
+        """Request rows (of one session, if given) with ids after `after`, in id order, each
+        read in one statement with its session's `audit_n`, for checking against the trail."""
+        ...
+
 
 def request_rows(
     commit: Commit, pack: Callable[[Any], Any]
@@ -249,6 +279,47 @@ def request_rows(
         else:
             rows.append((req, (None, None), pack(dumped)))
     return rows
+
+
+REQUEST_ROW_COLUMNS = (
+    "r.id, s.id, s.audit_n, r.agent, r.kind, r.tool, r.created_at, r.status, r.outcome, "
+    "r.resolution"
+)
+"""What `request_row` reads before a store's request columns (data, event data, index, status,
+earlier events)."""
+
+
+def request_row(row: Sequence[Any], unpack: Callable[[Any], Any]) -> RequestRow:
+    """A row of `REQUEST_ROW_COLUMNS` and the request columns read back; what cannot be read
+    (damaged by hand) is named in `damage` rather than raised, so verification reports it."""
+    damage = []
+    request = resolution = None
+    try:
+        request = stored_request(*row[10:14], unpack, *row[14:])
+    except StoreError as exc:
+        damage.append(f"its request: {exc}")
+    if row[9] is not None:
+        try:
+            resolution = unpack(row[9])
+        except StoreError as exc:
+            damage.append(f"its resolution: {exc}")
+        if resolution is not None and not isinstance(resolution, dict):
+            damage.append("its resolution is not an object")
+            resolution = None
+    return RequestRow(
+        id=str(row[0]),
+        session_id=str(row[1]),
+        audit_n=int(row[2]),
+        agent=row[3],
+        kind=row[4],
+        tool=row[5],
+        created_at=row[6],
+        status=row[7],
+        outcome=row[8],
+        request=request,
+        resolution=resolution,
+        damage="; ".join(damage) or None,
+    )
 
 
 def stored_request(

@@ -11,7 +11,16 @@ from ..._events import Event
 from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
 from .._audit import AuditEntry, entry_type, loaded_data
-from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
+from .._base import (
+    REQUEST_ROW_COLUMNS,
+    Loaded,
+    PendingFilter,
+    RequestRow,
+    SessionSummary,
+    StoredRequest,
+    request_row,
+    stored_request,
+)
 from .._codec import EventTexts, parse, stored_type, type_name, unpack
 from ._connections import Conn, Connections, Seen, storable
 from ._sql import EARLIER_COLUMNS, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN, TURN, named_turn
@@ -192,6 +201,28 @@ class Reads(Connections):
             )
 
         return await self._read(body, f"reading request {request_id!r}")
+
+    async def stored_requests(
+        self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+    ) -> list[RequestRow]:
+        s = self._s
+        if not storable(session_id, after):
+            return []
+        # The primary key's own collation, so each page is an index range after the last.
+        where, params = "r.id > %s", [after]
+        if session_id is not None:
+            where += " AND s.id = %s"
+            params.append(session_id)
+
+        async def body(conn: Conn) -> list[RequestRow]:
+            cur = await conn.execute(
+                f"SELECT {REQUEST_ROW_COLUMNS}, {REQUEST_COLUMNS} FROM {s}.requests r "
+                f"{REQUEST_JOIN.format(s=s)} WHERE {where} ORDER BY r.id LIMIT %s",
+                [*params, limit],
+            )
+            return [request_row(row, unpack) for row in await cur.fetchall()]
+
+        return await self._read(body, "reading request rows")
 
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
         if not storable(flt.status, flt.agent, flt.tool_name, flt.kind, flt.session_id):

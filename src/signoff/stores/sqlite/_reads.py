@@ -13,7 +13,16 @@ from ..._events import Event
 from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
 from .._audit import AuditEntry, entry_type, loaded_data
-from .._base import Loaded, PendingFilter, SessionSummary, StoredRequest, stored_request
+from .._base import (
+    REQUEST_ROW_COLUMNS,
+    Loaded,
+    PendingFilter,
+    RequestRow,
+    SessionSummary,
+    StoredRequest,
+    request_row,
+    stored_request,
+)
 from .._codec import (
     CHAIN_MAX,
     DEFLATE_ON_PREVIOUS,
@@ -189,6 +198,21 @@ class Reads(Connection):
             outcome=row[0],
             resolution=None if row[1] is None else unpack(row[1]),
         )
+
+    @reading
+    async def stored_requests(
+        self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+    ) -> list[RequestRow]:
+        where, params = "r.id > ?", [after]
+        if session_id is not None:
+            where += " AND s.id = ?"
+            params.append(session_id)
+        rows = self.conn.execute(
+            f"SELECT {REQUEST_ROW_COLUMNS}, {_REQUEST_COLUMNS} FROM requests r {_REQUEST_JOIN} "
+            f"WHERE {where} ORDER BY r.id LIMIT ?",
+            [*params, limit],
+        ).fetchall()
+        return [request_row(row, unpack) for row in rows]
 
     def _filter_sql(self, flt: PendingFilter) -> tuple[str, list[Any]]:
         return flt.where("?")

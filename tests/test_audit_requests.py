@@ -1,0 +1,247 @@
+"""Request rows checked against the audit trail: a settled request's status, outcome or
+resolution, or a pending one's data, changed in its row behind signoff's back is named by
+`verify_audit`, on both stores; rows that only follow the trail are not."""
+
+import sqlite3
+from pathlib import Path
+
+import signoff as so
+from signoff.stores._codec import pack_bytes
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from ._procs import query
+from .test_audit import ALICE, BOB, agent, alter, run_scenario, wipe
+
+
+def set_resolution(url: str, request_id: str, resolution: dict[str, object]) -> None:
+    alter(
+        url,
+        "UPDATE {t}requests SET resolution={p} WHERE id={p}",
+        pack_bytes(resolution),
+        request_id,
+    )
+
+
+async def settled_ids(rt: so.Runtime, sid: str) -> tuple[str, str]:
+    """The refund request (approved by bob with an edit) and the wipe request (expired)."""
+    entries = await rt.audit(sid)
+    refund = next(e.data["request_id"] for e in entries if e.type == "approval.settled")
+    wiped = next(
+        e.data["request_id"]
+        for e in entries
+        if e.type == "input.resolved" and e.data["outcome"] == "expired"
+    )
+    return refund, wiped
+
+
+async def problems_of(url: str, clock: ManualClock, sid: str | None = None) -> list[str]:
+    async with so.Runtime([agent()], store=url, clock=clock) as rt:
+        problems = await rt.verify_audit(sid)
+    assert all(p.n == 0 or p.reason for p in problems)
+    return [p.reason for p in problems]
+
+
+async def test_a_settled_requests_row_rewritten_is_named(store_url: str) -> None:
+    """Who approved, the edited input, the status and the outcome of a settled request are kept
+    in its row, which the dashboard and a repeated answer read; the trail's own settlement
+    entries say otherwise once the row is rewritten, and verification names the request."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        refund, wiped = await settled_ids(rt, sid)
+        assert await rt.verify_audit() == []
+        stored = await rt.store.get_request(refund)
+    assert stored is not None and stored.resolution is not None
+    assert stored.resolution["by"]["principal_id"] == "bob"
+    forged = {**stored.resolution, "by": {**stored.resolution["by"], "principal_id": "mallory"}}
+    alter(
+        store_url, "UPDATE {t}requests SET resolution={p} WHERE id={p}", pack_bytes(forged), refund
+    )
+    reasons = await problems_of(store_url, clock)
+    assert len(reasons) == 1 and refund in reasons[0] and "by" in reasons[0]
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        (problem,) = await rt.verify_audit(sid)
+        assert problem.stream == sid and problem.n > 0 and problem.id > 0
+
+    # the edited input dropped: the trail's settlement still holds it
+    no_edit = {k: v for k, v in stored.resolution.items() if k != "edited_input"}
+    alter(
+        store_url, "UPDATE {t}requests SET resolution={p} WHERE id={p}", pack_bytes(no_edit), refund
+    )
+    (reason,) = await problems_of(store_url, clock, sid)
+    assert refund in reason and "edited_input" in reason
+
+    # a key the trail never recorded added
+    extra = {**stored.resolution, "note": "approved by the board"}
+    alter(
+        store_url, "UPDATE {t}requests SET resolution={p} WHERE id={p}", pack_bytes(extra), refund
+    )
+    (reason,) = await problems_of(store_url, clock, sid)
+    assert refund in reason and "note" in reason
+
+    # put back: nothing left to name
+    set_resolution(store_url, refund, stored.resolution)
+    assert await problems_of(store_url, clock) == []
+
+    # the expired wipe turned into an approval, then reopened for anyone to approve
+    alter(
+        store_url,
+        "UPDATE {t}requests SET status='settled', outcome='approved' WHERE id={p}",
+        wiped,
+    )
+    reasons = await problems_of(store_url, clock)
+    assert len(reasons) == 1 and wiped in reasons[0]
+    assert "settled" in reasons[0] and "expired" in reasons[0]
+    alter(
+        store_url,
+        "UPDATE {t}requests SET status='pending', outcome=NULL, resolution=NULL WHERE id={p}",
+        wiped,
+    )
+    reasons = await problems_of(store_url, clock)
+    assert len(reasons) == 1 and wiped in reasons[0] and "pending" in reasons[0]
+
+
+async def parked(rt: so.Runtime) -> tuple[str, str]:
+    """A session waiting on one approval of `wipe`: its id and the request's."""
+    r = await rt.generate("support", prompt="refund and wipe", auth=ALICE)
+    await rt.respond(
+        r.session_id,
+        [so.InputResponse(request_id=p.id, option_id="cancel") for p in r.pending[:1]],
+        principal=BOB,
+    )
+    (pending,) = await rt.pending(session_id=r.session_id)
+    return r.session_id, pending.id
+
+
+async def test_a_pending_requests_row_rewritten_is_named(store_url: str) -> None:
+    """What a reviewer sees of a pending request (the call's input, who asked, how many must
+    approve) is recorded by its `input.requested` entry: a row holding other data, moved to
+    another session, relabelled for the queue's filters, deleted or forged is named."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid, rid = await parked(rt)
+        other, _ = await parked(rt)
+        assert await rt.verify_audit() == []
+        shown = await rt.store.get_request(rid)
+    assert shown is not None and shown.request.action is not None
+    ((sk_other,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", other)
+    original = query(
+        store_url, "SELECT sk, seq, idx, agent, kind, tool, data FROM {t}requests WHERE id={p}", rid
+    )[0]
+
+    def restore() -> None:
+        alter(
+            store_url,
+            "UPDATE {t}requests SET sk={p}, seq={p}, idx={p}, agent={p}, kind={p}, tool={p}, "
+            "data={p} WHERE id={p}",
+            *original,
+            rid,
+        )
+
+    dumped = shown.request.model_dump(mode="json", exclude_defaults=True)
+    for change, word in (
+        ({"action": {**dumped["action"], "input": {"disk": "sdb"}}}, "data"),
+        ({"approvers": 2, "options": dumped["options"][:1]}, "approvers, options"),
+        ({"expires_at": None}, "data"),
+    ):
+        copy = pack_bytes({**dumped, **change})
+        alter(store_url, "UPDATE {t}requests SET data={p} WHERE id={p}", copy, rid)
+        (reason,) = await problems_of(store_url, clock)
+        assert rid in reason and word in reason, reason
+        restore()
+        assert await problems_of(store_url, clock) == []
+
+    # the columns the queue filters on
+    alter(store_url, "UPDATE {t}requests SET agent='other', tool='refund' WHERE id={p}", rid)
+    (reason,) = await problems_of(store_url, clock)
+    assert rid in reason and "agent" in reason and "tool" in reason
+    restore()
+    # moved into another session
+    alter(store_url, "UPDATE {t}requests SET sk={p} WHERE id={p}", sk_other, rid)
+    reasons = await problems_of(store_url, clock)
+    assert len(reasons) == 1 and rid in reasons[0] and other in reasons[0]
+    restore()
+    assert await problems_of(store_url, clock) == []
+    # deleted: the trail still asks it
+    alter(store_url, "DELETE FROM {t}requests WHERE id={p}", rid)
+    (reason,) = await problems_of(store_url, clock, sid)
+    assert rid in reason and "no row" in reason
+    # forged: a row the trail never asked, copied from the real one under another id
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    alter(
+        store_url,
+        "INSERT INTO {t}requests (id, sk, seq, idx, agent, kind, tool, status, created_at, data) "
+        "VALUES ({p},{p},NULL,NULL,{p},{p},{p},'pending',{p},{p})",
+        "req_forged",
+        sk,
+        "support",
+        "tool-approval",
+        "wipe",
+        shown.request.created_at,
+        pack_bytes({**dumped, "id": "req_forged"}),
+    )
+    reasons = await problems_of(store_url, clock, sid)
+    assert len(reasons) == 2 and any("req_forged" in r and "no entry" in r for r in reasons)
+
+
+async def test_an_unreadable_request_row_is_named_not_raised(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/a.db"
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        refund, wiped = await settled_ids(rt, sid)
+    with sqlite3.connect(url[len("sqlite:///") :]) as conn:
+        conn.execute("UPDATE requests SET resolution=? WHERE id=?", (b"\x01garbage", refund))
+        conn.execute("UPDATE requests SET data=?, seq=NULL WHERE id=?", (b"{nope", wiped))
+    reasons = await problems_of(url, clock)
+    assert sorted(r.split(" ")[1].removesuffix("'s") for r in reasons) == sorted([refund, wiped])
+    assert all("cannot be read" in r for r in reasons)
+
+
+async def test_rows_that_follow_the_trail_check_out(store_url: str) -> None:
+    """Rows the runtime itself keeps apart from the request as first asked (quorum votes counted,
+    a deadline escalated, auto-approval at a deadline, a withdrawn question) are not named."""
+    clock = ManualClock()
+
+    @so.tool(approval=so.always(approvers=2))
+    async def deploy(env: str) -> str:
+        """Deploy."""
+        return f"deployed {env}"
+
+    @so.tool(approval=so.always(expires_in=10, on_timeout="escalate", escalate_to="leads"))
+    async def purge(table: str) -> str:
+        """Purge."""
+        return f"purged {table}"
+
+    @so.tool(approval=so.always(expires_in=10, on_timeout="approve"))
+    async def rotate(key: str) -> str:
+        """Rotate."""
+        return f"rotated {key}"
+
+    a = scripted_agent(
+        "ops",
+        [
+            call_tools(
+                call("deploy", env="prod"), call("purge", table="t"), call("rotate", key="k")
+            ),
+            reply("done"),
+        ],
+        tools=[deploy, purge, rotate, wipe],
+    )
+    async with so.Runtime([a], store=store_url, clock=clock) as rt:
+        r = await rt.generate("ops", prompt="go", auth=ALICE)
+        deploy_req = next(p for p in r.pending if p.tool_name == "deploy")
+        await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=deploy_req.id, option_id="approve")],
+            principal=BOB,
+        )
+        clock.advance(11)
+        await rt.expire_due()  # purge escalates, rotate is approved
+        still = {p.tool_name: p for p in await rt.pending(session_id=r.session_id)}
+        assert set(still) == {"deploy", "purge"}
+        assert still["deploy"].approved_by == ["bob"] and still["purge"].escalated_to == "leads"
+        assert await rt.verify_audit() == []
+        await rt.cancel(r.session_id)
+        assert await rt.pending(session_id=r.session_id) == []
+        assert await rt.verify_audit() == []
