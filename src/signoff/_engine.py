@@ -13,7 +13,8 @@ from typing import Any
 
 from ._agent import Agent
 from ._events import Event
-from ._exceptions import AppendConflict
+from ._exceptions import AppendConflict, LeaseLost
+from ._leasing import Held
 from ._model_step import ModelStep
 from ._recording import (
     Batch,
@@ -68,6 +69,9 @@ class Driver(ToolCalls, ModelStep):
         # Set with the lease: awaited before a tool body runs, it raises `LeaseLost` if the
         # lease lapsed and was taken over while this process stalled.
         self.lease_check: Callable[[], Awaitable[None]] | None = None
+        # Set with the lease: once its renewals find it lost, nothing more is recorded and the
+        # tool body running (`ToolCalls.run_tool`) is cancelled.
+        self.held: Held | None = None
         # Shared by the runtime's drivers: a call whose body ran but whose outcome the store
         # failed to take (a full disk) is recorded from here, not run again, by a later drive.
         self.unrecorded = {} if unrecorded is None else unrecorded
@@ -91,6 +95,8 @@ class Driver(ToolCalls, ModelStep):
         async with self.lock:
             if self.released:
                 raise TurnStopped  # this drive gave its lease back with its last commit
+            if self.held is not None and self.held.lost:
+                raise LeaseLost(f"the lease on session {self.state.id!r} was lost")
             for _ in range(20):
                 state = self.state
                 turn = state.turn

@@ -244,7 +244,8 @@ class AppendConflict(StoreError):
 
 
 class LeaseLost(StoreError):
-    """The lease under which we appended was taken over by another worker."""
+    """The lease under which we appended (or ran a tool body) was taken over by another
+    worker, or lapsed with no renewal getting through."""
 
     code = "lease_lost"
 

@@ -1,6 +1,7 @@
 """`Leasing`: how a runtime holds a session's lease while it drives it: acquired (waiting a
-while for another holder), confirmed before a tool body runs, renewed in the background, and
-released, all timed by the store's clock where it has one (PostgreSQL)."""
+while for another holder), confirmed before a tool body runs, renewed in the background (a
+lease found lost stops the tool body running under it), and released, all timed by the store's
+clock where it has one (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ._exceptions import LeaseLost, StoreError
 from .stores import Store
@@ -21,9 +23,19 @@ log = logging.getLogger("signoff.runtime")
 
 @dataclass(slots=True)
 class Held:
-    """When this process last knew a drive's lease to be live (`time.monotonic()`)."""
+    """A drive's lease as this process knows it. Once it is lost (taken over, or lapsed with no
+    renewal getting through), another process may run the call this one is running: the tool
+    body running under it (`body`) is cancelled, and the drive records nothing more."""
 
-    at: float
+    at: float  # when it was last known live (`time.monotonic()`)
+    expires: float  # when it lapses unless renewed, by the lease clock (`Leasing._lease_now`)
+    lost: bool = False
+    body: asyncio.Future[Any] | None = None  # the tool body running under it, if any
+
+    def lose(self) -> None:
+        self.lost = True
+        if self.body is not None:
+            self.body.cancel()  # a sync body's thread runs on: its result is discarded
 
 
 class Leasing:
@@ -36,6 +48,9 @@ class Leasing:
     _lease_offset: float  # the store's clock minus ours: see `_lease_now`
     # Leases of ended drives the store refused to release: given back by the next drive here.
     _unreleased: dict[str, tuple[str, int]]
+    # When each lease this process was just granted (and confirmed) lapses, by session:
+    # `(token, expiry)`, taken by the drive that holds it (`_hold`).
+    _expiries: dict[str, tuple[int, float]]
 
     def _lease_now(self) -> float:
         """The time leases are granted, renewed and checked by: the database's clock where the
@@ -82,24 +97,45 @@ class Leasing:
         """Whether a lease granted with the time `granted` is ours and live: one whose grant
         waited long (for a pool connection, say) expires early, so it is renewed first."""
         now = self._lease_now()
-        if now - granted < self.lease_ttl / 3:
-            return True
-        return await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now)
+        if now - granted >= self.lease_ttl / 3:
+            if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
+                return False
+            granted = now
+        self._expiries[session_id] = (token, granted + self.lease_ttl)
+        return True
+
+    def _hold(self, session_id: str, token: int) -> Held:
+        """The lease `token` on the session, which this process was just granted, as its drive
+        holds it."""
+        known = self._expiries.pop(session_id, None)
+        if known is not None and known[0] == token:
+            expires = known[1]
+        else:  # not confirmed here (`_still_held`): granted at most a third of the TTL ago
+            expires = self._lease_now() + self.lease_ttl * 2 / 3
+        return Held(time.monotonic(), expires)
 
     async def _confirm(self, session_id: str, owner: str, token: int, held: Held) -> None:
         """Before a tool body runs: a lease not known live for half its TTL (this process
         stalled: paused, swapped out) is renewed first, so a drive that lost it meanwhile does
         not run a call that the worker which took over may have run already."""
+        if held.lost:
+            raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
         if time.monotonic() - held.at < self.lease_ttl / 2:
             return
         now = self._lease_now()
         if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
+            held.lose()
             raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
         held.at = time.monotonic()
+        held.expires = now + self.lease_ttl
 
     async def _renew(
         self, session_id: str, owner: str, token: int, go_on: asyncio.Event, held: Held
     ) -> None:
+        """Renew a drive's lease every third of its TTL until the drive ends (`go_on` cleared).
+        A lease found taken over is lost for sure; one that failed to renew (the store
+        unreachable) may still be live, and is retried, until its expiry passes: then this
+        process can no longer claim it either. Either way `held.lose()` stops the drive."""
         # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
         # can swallow a cancellation, so the loop also stops once `go_on` is cleared.
         pause = self.lease_ttl / 3
@@ -107,17 +143,36 @@ class Leasing:
             await asyncio.sleep(pause)
             if not go_on.is_set():
                 return
+            now = self._lease_now()
             try:
-                live = await self.store.renew_lease(
-                    session_id, owner, token, self.lease_ttl, self._lease_now()
-                )
-            except StoreError as exc:
+                # A renewal that hangs past the expiry is given up; one tried after it (the
+                # last failed just before) gets a short while: if no one took the lease over
+                # meanwhile, it is still ours.
+                async with asyncio.timeout(max(held.expires - now, self.lease_ttl / 10)):
+                    live = await self.store.renew_lease(
+                        session_id, owner, token, self.lease_ttl, now
+                    )
+            except (StoreError, TimeoutError) as exc:
+                why = str(exc) or "it timed out"
+                left = held.expires - self._lease_now()
+                if left <= 0:
+                    log.warning(
+                        "session %s: lease %d lapsed, no renewal getting through (%s); "
+                        "stopping its drive",
+                        session_id,
+                        token,
+                        why,
+                    )
+                    held.lose()
+                    return
                 # A dropped connection: try again soon, before the lease lapses.
-                log.warning("renewing the lease on session %s failed: %s", session_id, exc)
-                pause = self.lease_ttl / 10
+                log.warning("renewing the lease on session %s failed: %s", session_id, why)
+                pause = min(self.lease_ttl / 10, left)
                 continue
             if not live:
                 log.warning("session %s: lease %d was taken over", session_id, token)
-                return  # fenced: this drive can write nothing more
+                held.lose()  # fenced: this drive can write nothing more
+                return
             held.at = time.monotonic()
+            held.expires = now + self.lease_ttl
             pause = self.lease_ttl / 3

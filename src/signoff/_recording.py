@@ -19,6 +19,7 @@ from .stores import Resolve, Store
 
 if TYPE_CHECKING:
     from ._agent import Agent
+    from ._leasing import Held
 
 __all__ = [
     "PARK_TYPES",
@@ -231,6 +232,7 @@ class DriverPart:
     abort_signal: asyncio.Event
     host: Any  # what delegate tools drive subagents through; read by a running call's journal
     lease_check: Callable[[], Awaitable[None]] | None  # raises LeaseLost; before a tool body
+    held: Held | None  # the drive's lease: a tool body runs as its `body`
     # Outcomes of tool bodies that ran but the store failed to record, by idempotency key.
     unrecorded: dict[str, list[EventSpec]]
 

@@ -35,7 +35,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._leasing import Held, Leasing
+from ._leasing import Leasing
 from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
@@ -160,6 +160,7 @@ class SessionRunner(Leasing):
         self._unrecorded: dict[str, list[EventSpec]] = {}
         # Leases of ended drives the store refused to release: given back by the next drive here.
         self._unreleased: dict[str, tuple[str, int]] = {}
+        self._expiries: dict[str, tuple[int, float]] = {}  # see `Leasing._hold`
         self._opened = False
         self._settings_due = self._settings_warned = False  # see `_record_settings`
         self._sync = SyncBridge()
@@ -427,7 +428,7 @@ class SessionRunner(Leasing):
             head: int | None = None if granted is None else granted(session_id, token)
             renewing = asyncio.Event()
             renewing.set()
-            held = Held(time.monotonic())
+            held = self._hold(session_id, token)
             renew = asyncio.create_task(self._renew(session_id, owner, token, renewing, held))
             driver: Driver | None = None
             failed = True
@@ -438,15 +439,15 @@ class SessionRunner(Leasing):
                     state = await self._checked(session_id, lease=token)
                 driver = self._driver(state, token)
                 driver.release_at_end = True
+                driver.held = held
                 driver.lease_check = partial(self._confirm, session_id, owner, token, held)
                 state = await driver.drive(retry=retry)
                 failed = False
             except LeaseLost:
-                # It stalled past its lease and another worker took the turn over: that one
-                # drives it now; this one wrote nothing after losing it (fencing).
-                log.warning(
-                    "session %s: lease %d was taken over; leaving the turn", session_id, token
-                )
+                # It stalled past its lease, or its renewals found it taken over or could not
+                # get through before it lapsed (its tool body is cancelled then): another
+                # worker drives the turn; this one wrote nothing after losing it (fencing).
+                log.warning("session %s: lease %d was lost; leaving the turn", session_id, token)
                 lost = True
             finally:
                 renewing.clear()  # ends the loop even if the cancel below is swallowed

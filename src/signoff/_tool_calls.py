@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
-from ._exceptions import StoreError
+from ._exceptions import LeaseLost, StoreError
 from ._journal import CallJournal
 from ._recording import (
     Batch,
@@ -295,8 +295,15 @@ class ToolCalls(DriverPart):
             await self.lease_check()  # a drive that stalled past its lease runs no body
         task = asyncio.ensure_future(tool.invoke(ctx, validated))
         parked = asyncio.ensure_future(journal.parked.wait())
+        lease = self.held
+        if lease is not None:
+            lease.body = task  # cancelled if the lease is lost while it runs
         try:
             await asyncio.wait({task, parked}, return_when=asyncio.FIRST_COMPLETED)
+            if lease is not None and lease.lost:
+                # Another process may be running this call now: this body's result (if it
+                # ended anyway, or runs on in a thread) is discarded, and nothing is recorded.
+                raise LeaseLost(f"the lease on session {s.id!r} was lost while {call.id} ran")
             if not task.done():
                 await journal.settle()
                 task.cancel()
@@ -312,6 +319,8 @@ class ToolCalls(DriverPart):
             raise
         finally:
             parked.cancel()
+            if lease is not None:
+                lease.body = None
         try:
             result = task.result()
         except ApprovalRequired as signal:

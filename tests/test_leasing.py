@@ -1,0 +1,246 @@
+"""A drive's lease lost while a tool body runs: the body is cancelled (or, run in a thread, its
+result discarded), the losing process records nothing more, and the process that takes the
+turn over runs the call again with the same idempotency key. Run on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import signoff as so
+from signoff.stores import Store
+from signoff.testing import ManualClock
+
+ORDER = {"order_id": "1042", "amount": 180.0}
+
+
+def refund_agent(tool: so.Tool) -> so.Agent:
+    call = so.ModelResponse(
+        tool_calls=[so.ToolCall(id="call_refund", name="issue_refund", input=dict(ORDER))]
+    )
+    steps = [call, so.ModelResponse(text="Done.")]
+    return so.Agent(name="support", model=so.models.Scripted(steps), tools=[tool])
+
+
+class SlowRefund:
+    """A tool whose first run awaits a long sleep (noting how many of `renewals` were made when
+    it is cancelled) and whose later runs return at once; every run logs its idempotency key."""
+
+    def __init__(self) -> None:
+        self.renewals: list[int] = []
+        self.runs: list[str] = []
+        self.cancelled = asyncio.Event()
+        self.renewals_at_cancel: int | None = None
+        runs, cancelled = self.runs, self.cancelled
+
+        @so.tool(approval=so.never())
+        async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
+            """Refund an order."""
+            runs.append(ctx.idempotency_key())
+            if len(runs) == 1:
+                try:
+                    await asyncio.sleep(600)
+                except asyncio.CancelledError:
+                    self.renewals_at_cancel = len(self.renewals)
+                    cancelled.set()
+                    raise
+            return {"refunded": amount}
+
+        self.tool = issue_refund
+
+
+def counting_renewals(store: Store, failing: Callable[[], bool] = lambda: False) -> list[int]:
+    """Count `store`'s lease renewals (one entry each, as it starts); each fails (the store
+    unreachable) while `failing()` says so."""
+    renew = store.renew_lease
+    made: list[int] = []
+
+    async def counted(*args: Any) -> bool:
+        made.append(1)
+        if failing():
+            raise so.StoreError("renewing the lease: connection lost (test)")
+        return await renew(*args)
+
+    store.renew_lease = counted  # type: ignore[method-assign,assignment]
+    return made
+
+
+async def take_over(store: Store, session_id: str) -> None:
+    """Another process takes the session's lease over, as it may once the lease lapsed, then
+    gives it back for a worker to claim."""
+    server_time = getattr(store, "server_time", None)
+    now = time.time() if server_time is None else await server_time()
+    token = await store.acquire_lease(session_id, "elsewhere", 1.0, now + 3600)
+    assert token is not None
+    await store.release_lease(session_id, "elsewhere", token)
+
+
+async def until(check: Callable[[], Awaitable[bool]] | Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        got = check()
+        if not isinstance(got, bool):
+            got = await got
+        if got:
+            return
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+async def event_types(rt: so.Runtime, session_id: str) -> list[str]:
+    return [e.type async for e in rt.events(session_id, follow=False)]
+
+
+@contextlib.asynccontextmanager
+async def working(rt: so.Runtime) -> AsyncIterator[None]:
+    stop = asyncio.Event()
+    task = asyncio.create_task(rt.work(stop=stop, idle_wait=0.05))
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+
+
+async def finished_by_a_worker(store_url: str, tool: so.Tool, session_id: str) -> list[str]:
+    """Let a worker take the turn over and finish it; the session's event types after."""
+    async with so.Runtime([refund_agent(tool)], store=store_url, inline=False) as worker:
+        async with working(worker):
+
+            async def completed() -> bool:
+                turn = (await worker.state(session_id)).turn
+                return turn is not None and turn.status == "completed"
+
+            await until(completed)
+        return await event_types(worker, session_id)
+
+
+def once_each(types: list[str]) -> bool:
+    return all(types.count(t) == 1 for t in ("tool.started", "tool.completed", "turn.completed"))
+
+
+async def test_a_lease_taken_over_cancels_the_tool_body_running_under_it(store_url: str) -> None:
+    """The first renewal that finds the lease taken over cancels the body, which sees
+    `CancelledError`; the drive ends recording nothing, and the worker that takes the turn over
+    runs the call once more, with the same key."""
+    slow = SlowRefund()
+    async with so.Runtime([refund_agent(slow.tool)], store=store_url, lease_ttl=0.3) as rt:
+        slow.renewals = counting_renewals(rt.store)
+        sid = await rt.create_session("support")
+        drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
+        await until(lambda: bool(slow.runs))
+        before = await event_types(rt, sid)
+        await take_over(rt.store, sid)
+        made = len(slow.renewals)
+        result = await asyncio.wait_for(drive, 10)
+        assert slow.cancelled.is_set() and slow.renewals_at_cancel is not None
+        assert slow.renewals_at_cancel - made <= 1  # the first renewal after found it lost
+        assert result.status == "running"  # the turn goes on elsewhere
+        assert await event_types(rt, sid) == before  # nothing recorded after the loss
+        assert before[-1] == "tool.started"
+    types = await finished_by_a_worker(store_url, slow.tool, sid)
+    assert slow.runs == [f"{sid}:1:call_refund"] * 2
+    assert once_each(types)
+
+
+async def test_a_lease_that_lapses_unrenewed_cancels_the_tool_body_only_then(
+    store_url: str,
+) -> None:
+    """Renewals that fail (the store unreachable) leave the body running while the lease may
+    still be live; once its expiry passes with none getting through, this process cannot claim
+    it any more: the body is cancelled at the next attempt and nothing more is recorded."""
+    clock = ManualClock(time.time())  # the lease lapses only when the test says
+    slow = SlowRefund()
+    agent = refund_agent(slow.tool)
+    async with so.Runtime([agent], store=store_url, lease_ttl=0.3, clock=clock) as rt:
+        slow.renewals = counting_renewals(rt.store, failing=lambda: bool(slow.runs))
+        sid = await rt.create_session("support")
+        drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
+        await until(lambda: bool(slow.runs))
+        before = await event_types(rt, sid)
+        failed = len(slow.renewals)
+        await until(lambda: len(slow.renewals) >= failed + 3)  # they fail, and are retried
+        assert not slow.cancelled.is_set() and not drive.done()
+        clock.advance(1.0)  # past the lease's expiry
+        made = len(slow.renewals)
+        result = await asyncio.wait_for(drive, 10)
+        assert slow.cancelled.is_set() and slow.renewals_at_cancel is not None
+        assert slow.renewals_at_cancel - made <= 1
+        assert result.status == "running"
+        assert await event_types(rt, sid) == before and before[-1] == "tool.started"
+    types = await finished_by_a_worker(store_url, slow.tool, sid)
+    assert slow.runs == [f"{sid}:1:call_refund"] * 2
+    assert once_each(types)
+
+
+async def test_a_sync_tool_whose_lease_is_lost_has_its_result_discarded(store_url: str) -> None:
+    """A body run in a thread cannot be cancelled: the drive ends at once all the same, and
+    what the body returns once it finishes is recorded nowhere."""
+    runs: list[str] = []
+    go_on, returned = threading.Event(), threading.Event()
+
+    @so.tool(approval=so.never())
+    def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        runs.append(ctx.idempotency_key())
+        if len(runs) == 1:
+            go_on.wait(30)
+            returned.set()
+        return {"refunded": amount}
+
+    async with so.Runtime([refund_agent(issue_refund)], store=store_url, lease_ttl=0.3) as rt:
+        sid = await rt.create_session("support")
+        drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
+        await until(lambda: bool(runs))
+        before = await event_types(rt, sid)
+        await take_over(rt.store, sid)
+        try:
+            result = await asyncio.wait_for(drive, 10)
+            assert result.status == "running" and not returned.is_set()
+        finally:
+            go_on.set()
+        await until(returned.is_set)
+        assert await event_types(rt, sid) == before and before[-1] == "tool.started"
+    types = await finished_by_a_worker(store_url, issue_refund, sid)
+    assert runs == [f"{sid}:1:call_refund"] * 2
+    assert once_each(types)
+
+
+async def test_a_renewal_that_hangs_past_the_expiry_is_given_up_and_the_body_cancelled(
+    store_url: str,
+) -> None:
+    """A renewal that never answers (a connection gone silent) is given up when the lease's
+    expiry comes, not awaited for ever: it is retried while the lease may be live, and once the
+    expiry has passed the body is cancelled."""
+    clock = ManualClock(time.time())
+    slow = SlowRefund()
+    agent = refund_agent(slow.tool)
+    async with so.Runtime([agent], store=store_url, lease_ttl=0.3, clock=clock) as rt:
+        renew = rt.store.renew_lease
+        silent = asyncio.Event()  # never set
+
+        async def hanging(*args: Any) -> bool:
+            slow.renewals.append(1)
+            if slow.runs:
+                await silent.wait()
+            return await renew(*args)
+
+        rt.store.renew_lease = hanging  # type: ignore[method-assign,assignment]
+        sid = await rt.create_session("support")
+        drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
+        await until(lambda: bool(slow.runs))
+        before = await event_types(rt, sid)
+        hung = len(slow.renewals)
+        await until(lambda: len(slow.renewals) >= hung + 2)  # one given up, then tried again
+        assert not slow.cancelled.is_set() and not drive.done()
+        clock.advance(1.0)
+        result = await asyncio.wait_for(drive, 10)
+        assert slow.cancelled.is_set() and result.status == "running"
+        assert await event_types(rt, sid) == before and before[-1] == "tool.started"
+    types = await finished_by_a_worker(store_url, slow.tool, sid)
+    assert slow.runs == [f"{sid}:1:call_refund"] * 2
+    assert once_each(types)
