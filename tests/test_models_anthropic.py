@@ -402,6 +402,48 @@ async def test_a_missing_key_is_a_usage_error_unless_a_base_url_is_given(fake, m
             await m.complete(request())
 
 
+async def test_from_env_with_env_reads_nothing_from_the_process(fake, monkeypatch) -> None:
+    # ANTHROPIC_BASE_URL of the process was read by the SDK, past an explicit env=
+    with FakeLLM("anthropic") as elsewhere:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", elsewhere.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-the-process-key")
+        monkeypatch.setenv("ANTHROPIC_CUSTOM_HEADERS", "X-Process: yes")
+        env = {
+            "SIGNOFF_MODEL": "claude-haiku-4-5",
+            "ANTHROPIC_BASE_URL": fake.base_url,
+            "ANTHROPIC_API_KEY": API_KEY,
+            "ANTHROPIC_CUSTOM_HEADERS": "X-Given: yes",
+        }
+        fake.queue(anthropic_message("from the given server"))
+        m = so.models.from_env(env=env)
+        assert isinstance(m, so.models.Anthropic)
+        try:
+            assert (await m.complete(request())).text == "from the given server"
+        finally:
+            await m.aclose()
+        # without a base URL in env, the SDK's default, not the process's
+        m = so.models.from_env(env={"ANTHROPIC_API_KEY": API_KEY})
+        assert isinstance(m, so.models.Anthropic)
+        assert "api.anthropic.com" in str(m._clients.get().base_url)
+        await m.aclose()
+        # no key in env is no key, whatever the process has
+        with pytest.raises(so.UsageError, match="no API key"):
+            so.models.from_env(env={"SIGNOFF_MODEL": "claude-haiku-4-5"})
+        assert elsewhere.received == []
+    [got] = fake.received
+    assert API_KEY in (got.headers.get("x-api-key"), got.headers.get("authorization", "")[7:])
+    assert got.headers["x-given"] == "yes"
+    assert "x-process" not in got.headers
+
+
+async def test_an_auth_token_in_env_is_sent_as_a_bearer_token(fake) -> None:
+    env = {"ANTHROPIC_AUTH_TOKEN": API_KEY, "ANTHROPIC_BASE_URL": fake.base_url}
+    fake.queue(anthropic_message("ok"))
+    async with so.models.Anthropic("claude-haiku-4-5", env=env, max_retries=0) as m:
+        assert (await m.complete(request())).text == "ok"
+    assert fake.received[0].headers["authorization"] == f"Bearer {API_KEY}"
+
+
 def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "anthropic", None)
     with pytest.raises(so.UsageError, match=r"pip install 'signoff\[anthropic\]'"):

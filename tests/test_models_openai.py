@@ -609,6 +609,49 @@ async def test_from_env_reaches_a_compatible_server_by_name(fake: FakeLLM) -> No
     assert fake.bodies[0]["model"] == "qwen3:8b"
 
 
+async def test_from_env_with_env_reads_nothing_from_the_process(fake, monkeypatch) -> None:
+    # The process points elsewhere, with an organization, a project and a header of its own:
+    # none of it may reach a model made from an explicit env.
+    with FakeLLM("openai") as elsewhere:
+        monkeypatch.setenv("OPENAI_BASE_URL", elsewhere.base_url)
+        monkeypatch.setenv("OPENAI_API_KEY", "sk-the-process-key")
+        monkeypatch.setenv("OPENAI_ORG_ID", "org-of-the-process")
+        monkeypatch.setenv("OPENAI_PROJECT_ID", "proj-of-the-process")
+        monkeypatch.setenv("OPENAI_CUSTOM_HEADERS", "X-Process: yes\nX-Both: process")
+        env = {
+            "SIGNOFF_MODEL": "qwen3:8b",
+            "OPENAI_BASE_URL": fake.base_url,
+            "OPENAI_API_KEY": API_KEY,
+            "OPENAI_PROJECT_ID": "proj-given",
+            "OPENAI_CUSTOM_HEADERS": "X-Both: given",
+        }
+        fake.queue(openai_completion("from the given server"))
+        m = so.models.from_env(env=env)
+        assert isinstance(m, so.models.OpenAIChat)
+        try:
+            assert (await m.complete(request())).text == "from the given server"
+        finally:
+            await m.aclose()
+        # and without a base URL in env, the SDK's default, not the process's
+        m = so.models.from_env(env={"OPENAI_API_KEY": API_KEY})
+        assert isinstance(m, so.models.OpenAIChat)
+        assert "api.openai.com" in str(m._clients.get().base_url)
+        await m.aclose()
+        assert elsewhere.received == []
+    [got] = fake.received
+    assert got.headers["authorization"] == f"Bearer {API_KEY}"
+    assert "openai-organization" not in got.headers
+    assert got.headers["openai-project"] == "proj-given"
+    assert got.headers["x-both"] == "given"
+    assert "x-process" not in got.headers
+
+
+def test_a_model_made_with_a_client_takes_no_env() -> None:
+    client = openai.AsyncOpenAI(api_key="k")
+    with pytest.raises(so.UsageError, match="either client= or"):
+        so.models.OpenAIChat("m", client=client, env={})
+
+
 def test_from_env_picks_the_provider() -> None:
     fallback = so.models.Scripted([so.ModelResponse(text="demo")])
     pick = so.models.from_env

@@ -560,7 +560,11 @@ async def test_approvals_with_a_prompt_are_rejected(tmp_path: Path) -> None:
         assert await store_contents(rt.store, r.session_id) == before
 
 
-@pytest.mark.parametrize("prompt", [123, b"refund", "\ud800"], ids=["int", "bytes", "surrogate"])
+@pytest.mark.parametrize(
+    "prompt",
+    [123, b"refund", "\ud800", "", " \n\t"],
+    ids=["int", "bytes", "surrogate", "empty", "whitespace"],
+)
 @pytest.mark.parametrize("entry", ["generate", "schedule"])
 async def test_a_bad_prompt_is_refused_before_a_session_is_created(
     tmp_path: Path, entry: str, prompt: Any

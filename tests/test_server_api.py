@@ -14,6 +14,7 @@ import pytest
 
 import signoff as so
 from signoff.server import DevAuth, TokenAuth, create_app, default_access
+from signoff.testing import store_contents
 
 from ._ttl import ttl_agent
 from .test_server_common import (
@@ -350,6 +351,38 @@ async def test_ids_and_filters_with_a_nul_are_unknown_on_every_store(store_url: 
             assert page.status_code == 404, page.text
             assert (await c.get(f"/v1/sessions/{sid}")).json()["status"] == "waiting"
     await runtime.close()
+
+
+@pytest.mark.parametrize("blank", ["", " ", "\n\t "])
+async def test_a_blank_message_is_refused_everywhere_and_stores_nothing(
+    store_url: str, blank: str
+) -> None:
+    """An empty or whitespace-only prompt is 422 invalid_request over HTTP and a UsageError in
+    Python, on every store, before a session is made or an event appended."""
+    runtime = make_runtime(store_url)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c:
+            created = await c.post("/v1/sessions", json={"agent": "support"})
+            sid = created.json()["session_id"]
+            before = await store_contents(runtime.store, sid)
+            r = await c.post("/v1/sessions", json={"agent": "support", "message": blank})
+            assert "message" in error(r, 422, "invalid_request")["message"]
+            r = await c.post(f"/v1/sessions/{sid}/messages", json={"text": blank})
+            assert "text" in error(r, 422, "invalid_request")["message"]
+            with pytest.raises(so.UsageError, match="empty"):
+                await runtime.generate("support", prompt=blank)
+            with pytest.raises(so.UsageError, match="empty"):
+                await runtime.generate(session_id=sid, prompt=blank)
+            with pytest.raises(so.UsageError, match="empty"):
+                await runtime.schedule("support", blank, session_id=sid)
+            with pytest.raises(so.UsageError, match="empty"):
+                await runtime.send(sid, blank)
+            assert [s.id for s in await runtime.sessions()] == [sid]
+            assert await store_contents(runtime.store, sid) == before
 
 
 def test_conflicting_and_repeated_answers(alice: httpx.Client) -> None:

@@ -433,6 +433,24 @@ async def test_delegating_to_an_unknown_agent_is_a_tool_error(tmp_path: Path) ->
     await rt.close()
 
 
+async def test_a_blank_task_is_a_tool_error_and_makes_no_child(tmp_path: Path) -> None:
+    # the child's turn would refuse the prompt after its session was made, left without a turn
+    after = Counted("sorry")
+    child = scripted_agent("billing", [reply("never")])
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message=" \n ")), after],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="hi")
+    assert r.status == "completed"
+    [result] = tool_results(after.capture.last)
+    assert result.is_error and "whitespace" in str(result.content)
+    assert [s.id for s in await rt.sessions()] == [r.session_id]
+    await rt.close()
+
+
 async def test_answering_the_child_directly_lets_the_parent_go_on(tmp_path: Path) -> None:
     ran: list[dict[str, Any]] = []
     after = Counted("Handled in the billing session.")

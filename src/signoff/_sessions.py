@@ -50,9 +50,12 @@ log = logging.getLogger("signoff.runtime")
 
 
 def check_prompt(prompt: object) -> None:
-    """A prompt is text that can be stored; checked before anything (a session) is created."""
+    """A prompt is text that can be stored and says something (as a message to `send` must);
+    checked before anything (a session) is created."""
     if not isinstance(prompt, str):
         raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
+    if not prompt or prompt.isspace():
+        raise UsageError("the prompt is empty: write something for the agent to read")
     check_text(prompt, "the prompt")
 
 

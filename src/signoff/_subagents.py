@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_checkable
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from ._events import Event
 from ._exceptions import (
@@ -95,7 +95,11 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
 
     async def run(
         ctx: ToolContext,
-        message: Annotated[str, Field(min_length=1, description="The task for the agent.")],
+        message: Annotated[
+            str,
+            Field(min_length=1, description="The task for the agent."),
+            AfterValidator(_said),
+        ],
     ) -> Any:
         return await _run(ctx, agent, message)
 
@@ -105,6 +109,14 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
     tool = Tool(run, name=tool_name, description=about, workflow=True)
     _targets[tool] = agent
     return tool
+
+
+def _said(message: str) -> str:
+    """The task must say something: a prompt of whitespace is refused before the child session
+    is created, so the model is told and no session is left without a turn."""
+    if message.isspace():
+        raise ValueError("the message is only whitespace: write the task for the agent")
+    return message
 
 
 _targets: weakref.WeakKeyDictionary[Tool, str] = weakref.WeakKeyDictionary()

@@ -13,7 +13,7 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from ..channels.terminal import printable
-from ..stores import DEFAULT_URL
+from ..stores import DEFAULT_URL, SQLiteStore
 from ._app import StoreOption, app, load_runtime, out, run, shown_store
 from ._waiting import open_when_up
 
@@ -133,13 +133,22 @@ def db_upgrade(store: StoreOption = None) -> None:
                     "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
                 ) from exc
             before, after = await PostgresStore(url, migrate=False).migrate()
-            if before == after:
-                typer.echo(f"schema is up to date (version {after})")
-            else:
-                typer.echo(f"schema upgraded from version {before} to {after}")
+            typer.echo(_migrated(before, after))
             return
-        async with Runtime([], store=url) as runtime:  # SQLite creates its schema on open
+        async with Runtime([], store=url) as runtime:
+            sqlite = runtime.store
+            assert isinstance(sqlite, SQLiteStore)  # a URL of neither kind was refused
+            before, after = await sqlite.migrate()
             # printable: a path may hold a byte that is not UTF-8, which a terminal cannot take
-            out().print(f"schema is up to date ({printable(runtime.store.url)})")
+            out().print(f"{_migrated(before, after)} ({printable(sqlite.url)})")
 
     run(go())
+
+
+def _migrated(before: int, after: int) -> str:
+    """What `db upgrade` did, from the schema versions before and after it."""
+    if before == 0:
+        return f"schema created (version {after})"
+    if before == after:
+        return f"schema is up to date (version {after})"
+    return f"schema upgraded from version {before} to {after}"

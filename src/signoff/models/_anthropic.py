@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import ModelError, UsageError
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
+from ._environment import anthropic_client
 from ._ids import anthropic_id_fits, wire_ids
 from ._provider import (
     ANTHROPIC_PRICES,
@@ -52,7 +53,9 @@ class Anthropic(SdkModel):
     `(3 * max_retries + 2) * timeout` (the SDK waits as long as a Retry-After says). `params`
     are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
     ...). Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
-    list price for well-known models, else 0.
+    list price for well-known models, else 0. `env` replaces the process environment as the
+    source of `ANTHROPIC_*` settings (key or token, base URL, custom headers): none is then read
+    from `os.environ`.
     """
 
     def __init__(
@@ -67,12 +70,13 @@ class Anthropic(SdkModel):
         max_retries: int = 2,
         timeout: float = 120.0,
         params: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         owner = f"Anthropic({model!r})"
         if not isinstance(model, str) or not model:
             raise UsageError(f"Anthropic needs a model name, not {model!r}")
-        if client is not None and (base_url is not None or api_key is not None):
-            raise UsageError(f"{owner}: pass either client= or base_url=/api_key=, not both")
+        if client is not None and (base_url, api_key, env) != (None, None, None):
+            raise UsageError(f"{owner}: pass either client= or base_url=/api_key=/env=, not both")
         if max_tokens is None:
             raise UsageError(f"{owner}: max_tokens is required by the messages API")
         check_positive(owner, "max_tokens", max_tokens, integer=True)
@@ -88,11 +92,16 @@ class Anthropic(SdkModel):
         self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
             model, ANTHROPIC_PRICES
         )
+        source = os.environ if env is None else env
+        if env is not None:
+            base_url = base_url or env.get("ANTHROPIC_BASE_URL") or None
         self._base_url = base_url
-        env = os.environ
+        auth_token = None
         if client is None and api_key is None:
-            if not (env.get("ANTHROPIC_API_KEY") or env.get("ANTHROPIC_AUTH_TOKEN")):
-                if base_url is None and not env.get("ANTHROPIC_BASE_URL"):
+            api_key = source.get("ANTHROPIC_API_KEY") or None
+            auth_token = None if api_key else source.get("ANTHROPIC_AUTH_TOKEN") or None
+            if api_key is None and auth_token is None:
+                if base_url is None and not source.get("ANTHROPIC_BASE_URL"):
                     # Said now: the SDK would only refuse each request, as bad arguments.
                     raise UsageError(
                         f"{owner}: no API key; set ANTHROPIC_API_KEY or pass api_key= "
@@ -100,12 +109,26 @@ class Anthropic(SdkModel):
                     )
                 api_key = "unused"  # a gateway that checks none; the SDK wants one
 
-        self._use_clients(
-            lambda: self._sdk.AsyncAnthropic(
-                api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
-            ),
-            client,
-        )
+        def make() -> Any:
+            if env is None:
+                return self._sdk.AsyncAnthropic(
+                    api_key=api_key,
+                    auth_token=auth_token,
+                    base_url=base_url,
+                    max_retries=max_retries,
+                    timeout=timeout,
+                )
+            return anthropic_client(
+                self._sdk,
+                env,
+                api_key=api_key,
+                auth_token=auth_token,
+                base_url=base_url,
+                max_retries=max_retries,
+                timeout=timeout,
+            )
+
+        self._use_clients(make, client)
 
     # -- the call -----------------------------------------------------------------------------
 

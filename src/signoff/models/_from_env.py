@@ -22,8 +22,10 @@ def from_env(fallback: Model | None = None, *, env: Mapping[str, str] | None = N
     `SIGNOFF_MODEL` names it, as `openai:NAME`, `anthropic:NAME` or a bare name (`claude-*` is
     Anthropic's, anything else goes to the OpenAI-compatible endpoint, e.g. `qwen3:8b` on an
     Ollama server at `OPENAI_BASE_URL`). Without it, `ANTHROPIC_API_KEY` selects Anthropic's
-    default model, and `OPENAI_API_KEY` or `OPENAI_BASE_URL` OpenAI's.
+    default model, and `OPENAI_API_KEY` or `OPENAI_BASE_URL` OpenAI's. With `env` given, every
+    setting comes from it (the model passes it on as `env=`): nothing is read from `os.environ`.
     """
+    given = env
     env = os.environ if env is None else env
     wanted = env.get("SIGNOFF_MODEL", "").strip()
     base_url = env.get("OPENAI_BASE_URL") or None
@@ -37,12 +39,12 @@ def from_env(fallback: Model | None = None, *, env: Mapping[str, str] | None = N
         if not name:
             raise UsageError(f"SIGNOFF_MODEL={wanted!r} names no model")
         if provider == "anthropic":
-            return Anthropic(name, api_key=anthropic_key)
-        return OpenAIChat(name, base_url=base_url, api_key=openai_key)
+            return Anthropic(name, api_key=anthropic_key, env=given)
+        return OpenAIChat(name, base_url=base_url, api_key=openai_key, env=given)
     if anthropic_key:
-        return Anthropic(DEFAULT_ANTHROPIC_MODEL, api_key=anthropic_key)
+        return Anthropic(DEFAULT_ANTHROPIC_MODEL, api_key=anthropic_key, env=given)
     if openai_key or base_url:
-        return OpenAIChat(DEFAULT_OPENAI_MODEL, base_url=base_url, api_key=openai_key)
+        return OpenAIChat(DEFAULT_OPENAI_MODEL, base_url=base_url, api_key=openai_key, env=given)
     if fallback is None:
         raise UsageError(
             "no model configured: set SIGNOFF_MODEL, ANTHROPIC_API_KEY, OPENAI_API_KEY or "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import ModelError, UsageError
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
+from ._environment import openai_client
 from ._ids import openai_id_fits, wire_ids
 from ._provider import (
     OPENAI_PRICES,
@@ -53,7 +54,9 @@ class OpenAIChat(SdkModel):
     and a whole call gives up after `(3 * max_retries + 2) * timeout`. `params` are passed to
     `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...).
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
-    price for well-known models, else 0.
+    price for well-known models, else 0. `env` replaces the process environment as the source
+    of `OPENAI_*` settings (key, base URL, organization, project, custom headers): none is then
+    read from `os.environ`.
     """
 
     def __init__(
@@ -69,12 +72,13 @@ class OpenAIChat(SdkModel):
         max_retries: int = 2,
         timeout: float = 120.0,
         params: Mapping[str, Any] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         owner = f"OpenAIChat({model!r})"
         if not isinstance(model, str) or not model:
             raise UsageError(f"OpenAIChat needs a model name, not {model!r}")
-        if client is not None and (base_url is not None or api_key is not None):
-            raise UsageError(f"{owner}: pass either client= or base_url=/api_key=, not both")
+        if client is not None and (base_url, api_key, env) != (None, None, None):
+            raise UsageError(f"{owner}: pass either client= or base_url=/api_key=/env=, not both")
         if temperature is not None and (
             isinstance(temperature, bool)
             or not isinstance(temperature, int | float)
@@ -93,21 +97,34 @@ class OpenAIChat(SdkModel):
         self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
             model, OPENAI_PRICES
         )
-        self._base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
-        if client is None and api_key is None and not os.environ.get("OPENAI_API_KEY"):
-            if self._base_url is None:
-                raise UsageError(
-                    f"{owner}: no API key; set OPENAI_API_KEY or pass api_key= "
-                    "(or base_url= for a local OpenAI-compatible server)"
-                )
-            api_key = "unused"  # local compatible servers rarely check it; the SDK wants one
+        source = os.environ if env is None else env
+        self._base_url = base_url or source.get("OPENAI_BASE_URL") or None
+        if client is None and api_key is None:
+            api_key = source.get("OPENAI_API_KEY") or None
+            if api_key is None:
+                if self._base_url is None:
+                    raise UsageError(
+                        f"{owner}: no API key; set OPENAI_API_KEY or pass api_key= "
+                        "(or base_url= for a local OpenAI-compatible server)"
+                    )
+                api_key = "unused"  # local compatible servers rarely check it; the SDK wants one
 
-        self._use_clients(
-            lambda: self._sdk.AsyncOpenAI(
-                api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
-            ),
-            client,
-        )
+        def make() -> Any:
+            if env is None:
+                return self._sdk.AsyncOpenAI(
+                    api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
+                )
+            assert api_key is not None
+            return openai_client(
+                self._sdk,
+                env,
+                api_key=api_key,
+                base_url=self._base_url,
+                max_retries=max_retries,
+                timeout=timeout,
+            )
+
+        self._use_clients(make, client)
 
     # -- the call -----------------------------------------------------------------------------
 

@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from .._results import GenerateResult
@@ -56,17 +64,28 @@ class _Body(BaseModel):
         return data
 
 
+def _said(text: str) -> str:
+    """A message must say something: whitespace alone is refused, as `Runtime` refuses it."""
+    if text.isspace():
+        raise ValueError("the message is only whitespace: write something for the agent to read")
+    return text
+
+
+# A message: not empty, not whitespace alone.
+_Said = Annotated[StrictStr, AfterValidator(_said)]
+
+
 class CreateSession(_Body):
     agent: StrictStr = Field(min_length=1, description="Name of the agent to talk to.")
-    message: StrictStr | None = Field(
+    message: _Said | None = Field(
         default=None,
         min_length=1,
-        description="First message; without it the session is only opened.",
+        description="First message; without it the session is only opened. Not blank.",
     )
 
 
 class SendMessage(_Body):
-    text: StrictStr = Field(min_length=1)
+    text: _Said = Field(min_length=1, description="The message. Not blank.")
     turn_policy: Literal["steer", "queue"] = "steer"
 
 

@@ -195,11 +195,21 @@ class Connection:
         self._access = "rw"
         self._stamp: tuple[int, int, int] | None = None  # the file as an immutable read saw it
         self._shm: tuple[int, int] | None = None  # the -shm a read-only connection reads through
+        # The store schema the file had when this store opened it: 0 for a new file.
+        self.schema_found: int | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def open(self) -> None:
         self.open_sync()
+
+    async def migrate(self) -> tuple[int, int]:
+        """Open the file, creating or upgrading its schema; returns (before, after) as
+        `PostgresStore.migrate` does: the schema it had when this store opened it (0 for a
+        new file) and this signoff's."""
+        self.open_sync()
+        assert self.schema_found is not None
+        return self.schema_found, STORE_SCHEMA
 
     def open_sync(self) -> None:
         if self._conn is not None:
@@ -228,6 +238,7 @@ class Connection:
             if self.path != ":memory:":
                 where = os.path.abspath(self.path)
                 self._opened = (where, _identity(where))
+            found = STORE_SCHEMA
             if not _is_current(conn):
                 if access != "rw":
                     _refuse_newer(self.path, conn)  # writing it would not help: too new
@@ -235,7 +246,7 @@ class Connection:
                         f"{self.path} is read-only to this process and has not this signoff's "
                         "schema: open it once as a user who may write the file and its directory"
                     )
-                self._set_up(conn)
+                found = self._set_up(conn)
         except BaseException as exc:
             if conn is not None:
                 conn.close()
@@ -243,6 +254,7 @@ class Connection:
                 raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
             raise
         self._conn = conn
+        self.schema_found = found
 
     def _connect(self, access: str) -> sqlite3.Connection:
         """A connection to the file; a read-only one by a `file:` URI that lets SQLite write
@@ -262,9 +274,13 @@ class Connection:
         conn.execute(f"PRAGMA busy_timeout={int(self.busy_timeout * 1000)}")
         return conn
 
-    def _set_up(self, conn: sqlite3.Connection) -> None:
-        """Create the schema, or bring an older one up to date, in one write transaction."""
+    def _set_up(self, conn: sqlite3.Connection) -> int:
+        """Create the schema, or bring an older one up to date, in one write transaction;
+        returns the schema the file had (0 for a new one, or one another process set up)."""
         with immediate(conn, self._writable):
+            new = not conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='meta'"
+            ).fetchone()
             conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT)")
             found = _refuse_newer(self.path, conn)
             if found == 1:
@@ -279,6 +295,7 @@ class Connection:
                 "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
                 (str(STORE_SCHEMA),),
             )
+        return 0 if new else found
 
     async def close(self) -> None:
         if self._conn is not None:
