@@ -33,7 +33,7 @@ from .._prompt import REQUEST_WAIT, is_prompt, wrote
 from . import _schema
 from ._changes import Listener
 from ._outage import GRACE, Outage, is_down
-from ._url import SCHEMA_NAME, describe, number, split_options
+from ._url import SCHEMA_NAME, describe, number, split_options, with_libpq_defaults
 
 __all__ = ["Conn", "Connections", "Seen", "storable"]
 
@@ -69,7 +69,7 @@ class Connections:
         schema: str | None = None,
         min_size: int | None = None,
         max_size: int | None = None,
-        connect_timeout: float = 5.0,
+        connect_timeout: float | None = None,
         timeout: float | None = None,
         poll_interval: float = 1.0,
         migrate: bool = True,
@@ -89,7 +89,8 @@ class Connections:
         self.max_size = max_size or number(options, "pool_max", int, 10)
         if not 1 <= self.min_size <= self.max_size:
             raise StoreError(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
-        self.connect_timeout = connect_timeout
+        # Every connection gets these, the pool's, the LISTEN one and the outage probe's alike.
+        dsn, self.connect_timeout = with_libpq_defaults(dsn, connect_timeout)
         self.timeout = timeout or number(options, "pool_timeout", float, 30.0)
         # How long a call made for an HTTP request (`promptly()`) waits for a busy pool.
         self.request_timeout = request_timeout or number(
@@ -159,7 +160,6 @@ class Connections:
                 timeout=self.timeout,
                 kwargs={
                     "autocommit": True,
-                    "connect_timeout": max(1, int(self.connect_timeout)),
                     "client_encoding": "utf8",  # whatever the role's or database's default
                 },
                 open=False,
@@ -201,7 +201,6 @@ class Connections:
         return await psycopg.AsyncConnection.connect(
             self._dsn,
             autocommit=True,
-            connect_timeout=max(1, int(self.connect_timeout)),
             # A role's or database's LATIN1, say, would make any text outside it a raw
             # UnicodeEncodeError.
             client_encoding="utf8",

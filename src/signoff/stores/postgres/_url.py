@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import re
 from typing import TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, unquote_plus, urlencode, urlsplit, urlunsplit
 
 try:
     import psycopg
     from psycopg import conninfo as _conninfo
+    from psycopg import pq
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
@@ -18,7 +19,15 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 
 from ..._exceptions import StoreError
 
-__all__ = ["SCHEMA_NAME", "describe", "number", "split_options"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "SCHEMA_NAME",
+    "TCP_DEFAULTS",
+    "describe",
+    "number",
+    "split_options",
+    "with_libpq_defaults",
+]
 
 N = TypeVar("N", int, float)
 
@@ -36,10 +45,11 @@ _OPTIONS = (
 
 
 def split_options(url: str) -> tuple[str, dict[str, str]]:
-    """signoff's own query parameters (`?schema=…&pool_max=…`) apart from libpq's; a URL that
-    cannot be parsed (an unclosed `[` of an IPv6 host) is a `StoreError` naming it, not a
-    ValueError, and without the URL, which may hold a password; so is one holding a lone
-    surrogate (a byte of a command line that is not UTF-8), which libpq cannot be given."""
+    """signoff's own query parameters (`?schema=…&pool_max=…`) apart from libpq's, which are
+    kept as written (libpq does not read `+` as a space); a URL that cannot be parsed (an
+    unclosed `[` of an IPv6 host) is a `StoreError` naming it, not a ValueError, and without the
+    URL, which may hold a password; so is one holding a lone surrogate (a byte of a command line
+    that is not UTF-8), which libpq cannot be given."""
     try:
         url.encode("utf-8")
     except UnicodeEncodeError:
@@ -51,15 +61,75 @@ def split_options(url: str) -> tuple[str, dict[str, str]]:
     if not parts.query:
         return url, {}
     ours: dict[str, str] = {}
-    theirs: list[tuple[str, str]] = []
-    for key, value in parse_qsl(parts.query, keep_blank_values=True):
-        if key in _OPTIONS:
-            ours[key] = value
-        else:
-            theirs.append((key, value))
+    theirs: list[str] = []
+    for piece in parts.query.split("&"):
+        key, _, value = piece.partition("=")
+        if unquote_plus(key) in _OPTIONS:
+            ours[unquote_plus(key)] = unquote_plus(value)
+        elif piece:
+            theirs.append(piece)
     if not ours:
         return url, {}
-    return urlunsplit(parts._replace(query=urlencode(theirs))), ours
+    return urlunsplit(parts._replace(query="&".join(theirs))), ours
+
+
+CONNECT_TIMEOUT = 5
+"""Seconds libpq may take to connect (per host of the URL) unless the URL says otherwise: a
+server that accepts the connection and never answers would otherwise hold `open()` for
+psycopg's 130 s."""
+
+TCP_DEFAULTS = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 20_000,
+}
+"""libpq's TCP settings unless the URL sets them: a connection quiet for 10 s is probed every
+5 s, and one whose probes or data the server's machine has not acknowledged for 20 s
+(milliseconds here) is ended (after 3 unanswered probes where `tcp_user_timeout` is missing),
+so a connection a NAT or firewall dropped fails in about 20 s, not after the kernel's 15
+minutes of retransmissions. A slow query is not cut short: the server's kernel acknowledges
+while it runs. The probes also keep a NAT's mapping of an idle pooled connection alive."""
+
+_WHOLE = ("connect_timeout", *TCP_DEFAULTS)
+
+
+def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, int]:
+    """`dsn` (a libpq URL) with `CONNECT_TIMEOUT` and `TCP_DEFAULTS` added where it sets none,
+    and the connect timeout it ends up with; a `connect_timeout` given here wins over the URL's.
+    A value of these the URL sets must be a whole number, as libpq would refuse it only when
+    connecting, and then as if the server were down."""
+    parts = urlsplit(dsn)
+    pieces = [piece for piece in parts.query.split("&") if piece]
+    given: dict[str, str] = {}
+    for piece in pieces:
+        key, _, value = piece.partition("=")
+        given[unquote(key)] = unquote(value)
+    for key in _WHOLE:
+        if key in given and not _DIGITS.fullmatch(given[key]):
+            raise StoreError(f"URL option {key}={given[key]!r} must be a whole number, 0 or more")
+    if connect_timeout is not None:
+        if not 0 < connect_timeout < math.inf:
+            raise StoreError(
+                f"connect_timeout must be a positive, finite number, not {connect_timeout!r}"
+            )
+        seconds = max(1, int(connect_timeout))
+        pieces = [p for p in pieces if unquote(p.partition("=")[0]) != "connect_timeout"]
+        pieces.append(f"connect_timeout={seconds}")
+    elif "connect_timeout" in given:
+        seconds = int(given["connect_timeout"])
+    else:
+        seconds = CONNECT_TIMEOUT
+        pieces.append(f"connect_timeout={seconds}")
+    for key, default in TCP_DEFAULTS.items():
+        if key in given or (key == "tcp_user_timeout" and pq.version() < 120000):
+            continue  # set by the user, or a libpq older than 12, which lacks it
+        pieces.append(f"{key}={default}")
+    return urlunsplit(parts._replace(query="&".join(pieces))), seconds
+
+
+_DIGITS = re.compile("[0-9]{1,9}")
 
 
 def number(options: dict[str, str], key: str, kind: type[N], default: N) -> N:

@@ -1,0 +1,299 @@
+"""What the PostgreSQL store puts in the libpq URL it connects with: signoff's own options taken
+out, libpq's kept as written, and its connect timeout and TCP keepalive defaults, which must
+reach the socket of every kind of connection the store opens, unless the URL sets them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import platform
+import re
+import secrets
+import socket
+import sys
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+from signoff._events import Event
+from signoff._exceptions import StoreError, StoreUnavailable
+from signoff.stores import Commit
+from signoff.stores.postgres import PostgresStore
+from signoff.stores.postgres._url import CONNECT_TIMEOUT, TCP_DEFAULTS
+
+Conn = psycopg.AsyncConnection[Any]
+
+LINUX = sys.platform == "linux"
+ZERO_WINDOW_TIMEOUT = LINUX and tuple(
+    int(n) for n in re.findall(r"[0-9]+", platform.release())[:2]
+) >= (5, 11)
+"""Whether the kernel ends a connection whose window stayed closed past TCP_USER_TIMEOUT."""
+
+
+def _query(store: PostgresStore) -> dict[str, str]:
+    return {k: str(v) for k, v in conninfo_to_dict(store._dsn).items()}
+
+
+# -- the URL ---------------------------------------------------------------------------------
+
+
+def test_defaults_are_added_where_the_url_sets_none() -> None:
+    store = PostgresStore("postgresql://u:pw@db.internal/app?schema=tenant&pool_max=3")
+    params = _query(store)
+    assert params["connect_timeout"] == str(CONNECT_TIMEOUT) == str(store.connect_timeout)
+    for key, value in TCP_DEFAULTS.items():
+        assert params[key] == str(value)
+    assert "schema" not in params and "pool_max" not in params  # signoff's own, taken out
+    assert (params["host"], params["dbname"], params["password"]) == ("db.internal", "app", "pw")
+
+
+def test_a_value_in_the_url_wins_over_the_default() -> None:
+    store = PostgresStore(
+        "postgresql://u@h/db?keepalives=0&keepalives_idle=60&tcp_user_timeout=0&connect_timeout=9"
+    )
+    params = _query(store)
+    assert (params["keepalives"], params["keepalives_idle"]) == ("0", "60")
+    assert (params["tcp_user_timeout"], params["connect_timeout"]) == ("0", "9")
+    assert store.connect_timeout == 9
+    assert params["keepalives_count"] == str(TCP_DEFAULTS["keepalives_count"])
+    assert store._dsn.count("keepalives_idle") == 1
+
+
+def test_a_connect_timeout_argument_wins_over_the_url() -> None:
+    store = PostgresStore("postgresql://u@h/db?connect_timeout=9", connect_timeout=2.5)
+    assert _query(store)["connect_timeout"] == "2" and store.connect_timeout == 2
+    assert store._dsn.count("connect_timeout") == 1
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval", "tcp_user_timeout"],
+)
+@pytest.mark.parametrize("value", ["abc", "-1", "1.5", "", "1e3", "9999999999"])
+def test_a_tcp_setting_that_is_not_a_whole_number_is_refused(option: str, value: str) -> None:
+    """libpq would refuse it only when connecting, and psycopg's error reads as a server that is
+    down (`StoreUnavailable`, retried by a worker for ever): it is refused when the store is
+    made, naming the option."""
+    with pytest.raises(StoreError, match=f"URL option {option}=.* must be a whole number"):
+        PostgresStore(f"postgresql://u@h/db?{option}={value}")
+
+
+@pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf")])
+def test_a_connect_timeout_argument_must_be_positive(value: float) -> None:
+    with pytest.raises(StoreError, match="connect_timeout must be a positive"):
+        PostgresStore("postgresql://u@h/db", connect_timeout=value)
+
+
+def test_libpq_parameters_are_passed_on_as_written() -> None:
+    """libpq decodes only `%XX` in a URL's query, not `+`: the parameters signoff passes on,
+    with its own taken out, must not be re-encoded (a space became a `+`, which libpq keeps)."""
+    store = PostgresStore(
+        "postgresql://u@h/db?application_name=a%20b+c&schema=tenant&options=-c%20x%3Dy"
+    )
+    params = _query(store)
+    assert (params["application_name"], params["options"]) == ("a b+c", "-c x=y")
+    assert store.schema == "tenant"
+
+
+# -- the live connections --------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _socket_of(conn: Conn) -> Iterator[socket.socket]:
+    sock = socket.socket(fileno=os.dup(conn.pgconn.socket))
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            pytest.skip("the test server is reached over a Unix socket: no TCP settings")
+        yield sock
+    finally:
+        sock.close()
+
+
+def _tcp_settings(conn: Conn) -> dict[str, int]:
+    """The TCP settings the kernel has for `conn`'s socket, by libpq's names for them."""
+    with _socket_of(conn) as sock:
+        return {
+            "keepalives": sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE),
+            "keepalives_idle": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+            "keepalives_interval": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+            "keepalives_count": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+            "tcp_user_timeout": sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT),
+        }
+
+
+def _settings(conn: Conn) -> tuple[dict[str, int], dict[str, int]]:
+    """`conn`'s TCP settings as the kernel has them, and as libpq was given them."""
+    params = conn.info.get_parameters()
+    return _tcp_settings(conn), {k: int(params[k]) for k in TCP_DEFAULTS}
+
+
+def _record_connections(store: PostgresStore) -> list[tuple[dict[str, int], dict[str, int]]]:
+    """The settings of every connection the store opens outside its pool (the one `open()`
+    reads the schema version on, the LISTEN connection, the outage probe's), as it opens them."""
+    opened: list[tuple[dict[str, int], dict[str, int]]] = []
+    connect = store._connect_raw
+
+    async def recording() -> Conn:
+        conn = await connect()
+        opened.append(_settings(conn))
+        return conn
+
+    store._connect_raw = recording  # type: ignore[method-assign]
+    return opened
+
+
+def _expected(url_settings: dict[str, int]) -> dict[str, int]:
+    return {**TCP_DEFAULTS, **url_settings}
+
+
+@pytest.mark.skipif(not LINUX, reason="reads the socket's settings with Linux's names")
+@pytest.mark.parametrize(
+    "url_settings", [{}, {"keepalives_idle": 7, "keepalives_count": 2, "tcp_user_timeout": 9000}]
+)
+async def test_every_kind_of_connection_gets_the_tcp_settings(
+    pg_store_url: str, url_settings: dict[str, int]
+) -> None:
+    """The pooled connections (every read and write, claims and leases among them), the one
+    `open()` uses, the LISTEN connection and the outage probe's all get the defaults, or the
+    URL's values where it sets them, from libpq to the kernel's socket."""
+    query = "".join(f"&{k}={v}" for k, v in url_settings.items())
+    store = PostgresStore(f"{pg_store_url}?pool_max=2{query}")
+    opened = _record_connections(store)
+    want = _expected(url_settings)
+    try:
+        await store.open()
+        assert store._pool is not None
+        async with store._pool.connection() as pooled:
+            assert _settings(pooled) == (want, want)
+            assert pooled.info.get_parameters()["connect_timeout"] == str(CONNECT_TIMEOUT)
+        # The LISTEN connection, started by a first wait.
+        assert await store.wait_for_change(f"ses_{uuid.uuid4().hex}", 0.05) is False
+        probe = await store._probe_connect()
+        try:
+            assert opened == [(want, want)] * 3  # open()'s, the listener's, the probe's
+        finally:
+            await probe.close()
+    finally:
+        await store.close()
+
+
+async def test_a_server_that_accepts_and_never_answers_fails_open_with_the_default_timeout() -> (
+    None
+):
+    """A port whose listener never answers (a hung server, a half-open load balancer) accepts
+    the TCP connection and then says nothing: `open()` gives up after the default connect
+    timeout (psycopg alone waits 130 s) with `StoreUnavailable`, which a worker starting up
+    waits out."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # the kernel completes the handshakes; nothing ever reads or writes
+        port = silent.getsockname()[1]
+        store = PostgresStore(f"postgresql://alice:pw@127.0.0.1:{port}/db")
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT * 6):
+                with pytest.raises(StoreUnavailable, match="timeout expired") as info:
+                    await store.open()
+        finally:
+            await store.close()
+    assert f"cannot connect to PostgreSQL at postgresql://alice@127.0.0.1:{port}/db" in str(
+        info.value
+    )
+
+
+# -- a peer that stops taking what is sent ---------------------------------------------------
+
+
+class _StallingProxy:
+    """A TCP relay to PostgreSQL that can be made to stop reading what its clients send, with a
+    receive buffer small enough for them to fill: the connection's window closes and what a
+    client sends next stays unsent, as when the far side's network stops taking data."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.relays: list[asyncio.Task[None]] = []
+        self.clients: list[asyncio.StreamWriter] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        listening = socket.socket()
+        # Accepted sockets inherit it; set before listen() it also fixes the window offered.
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        listening.bind(("127.0.0.1", 0))
+        self.server = await asyncio.start_server(self._accept, sock=listening)
+        return int(listening.getsockname()[1])
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self.clients.append(writer)
+        self.writers += [writer, up_writer]
+        self.relays += [
+            asyncio.create_task(self._relay(reader, up_writer)),
+            asyncio.create_task(self._relay(up_reader, writer)),
+        ]
+
+    @staticmethod
+    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def stall(self) -> None:
+        """Stop relaying, and reading from clients, on every connection open now; later ones
+        relay as before."""
+        for relay in self.relays:
+            relay.cancel()
+        self.relays = []
+        for client in self.clients:
+            transport = client.transport
+            assert isinstance(transport, asyncio.Transport)
+            transport.pause_reading()
+        self.clients = []
+
+    async def close(self) -> None:
+        self.stall()
+        for writer in self.writers:
+            writer.close()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+@pytest.mark.skipif(
+    not ZERO_WINDOW_TIMEOUT, reason="Linux 5.11 and later apply TCP_USER_TIMEOUT here"
+)
+async def test_a_connection_that_stops_taking_data_is_given_up_and_the_commit_goes_through(
+    pg_store_url: str,
+) -> None:
+    """A commit whose connection stops taking data (its window closed, what is left of it never
+    sent) fails its connection after `tcp_user_timeout` instead of waiting for ever, and is
+    retried on a fresh connection: stored once. A relay that stops forwarding but whose kernel
+    still acknowledges what it is sent (a frozen proxy or server process) is not caught by any
+    TCP setting; only a connection whose sent data goes unacknowledged is, as here."""
+    params = conninfo_to_dict(pg_store_url)
+    proxy = _StallingProxy(str(params["host"]), int(str(params["port"])))
+    port = await proxy.start()
+    url = pg_store_url.replace(f":{params['port']}/", f":{port}/")
+    store = PostgresStore(f"{url}?tcp_user_timeout=1000", min_size=1, max_size=1)
+    try:
+        sid = f"ses_{uuid.uuid4().hex[:20]}"
+        first = Event(session_id=sid, seq=1, type="session.created", at=1.0)
+        await store.create_session(sid, "support", [first], None)
+        proxy.stall()  # the pool's one connection, idle now, stops taking data
+        big = Event(
+            session_id=sid, seq=2, type="turn.started", at=2.0, data={"x": secrets.token_hex(2**20)}
+        )
+        async with asyncio.timeout(60):  # the kernel's own retransmissions would take minutes
+            await store.commit(Commit(session_id=sid, expected_seq=1, events=[big]))
+        assert [e.seq for e in await store.read_events(sid)] == [1, 2]
+        assert (await store.read_events(sid))[1].data == big.data
+    finally:
+        await store.close()
+        await proxy.close()
