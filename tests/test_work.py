@@ -300,3 +300,20 @@ async def test_a_store_upgraded_with_pending_deadlines_still_sweeps_them(store_u
         with psycopg.connect(store_url) as conn:
             found = conn.execute("SELECT MAX(version) FROM signoff.schema_version").fetchone()
             assert found == (6,)
+
+
+async def test_a_store_that_cannot_tell_lapsed_sessions_is_swept_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`lapsed_sessions` is optional for a store: without it the sweep lists every running or
+    waiting session, and still records the expiry of those whose TTL passed."""
+    clock = ManualClock()
+    async with so.Runtime([ttl_agent()], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        parked = await rt.generate("desk", prompt="reset it")
+        monkeypatch.setattr(rt.store, "lapsed_sessions", None)
+        clock.advance(59)
+        assert await rt.expire_due() == 0
+        clock.advance(1)
+        assert await rt.expire_due() == 1
+        state = await rt.state(parked.session_id)
+        assert state.turn is not None and state.turn.status == "failed"
