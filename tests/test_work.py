@@ -7,17 +7,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sqlite3
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 import signoff as so
+from signoff.stores import PendingFilter
+from signoff.testing import ExecutionLog, ManualClock
 
 from ._procs import ROOT
+from ._ttl import ttl_agent
+from .test_deadlines import asked, escalating_spec, payout_agent
 from .test_workers import is_, refund_agent, until, working
 
 
@@ -207,3 +213,107 @@ async def test_concurrency_bounds_the_turns_in_flight_and_sessions_run_in_order(
     assert peak[0] == 2
     assert set(started[:2]) == set(ids[:2])  # the two oldest first
     assert sorted(started) == sorted(ids)  # each once, the later ones too
+
+
+# -- the deadline sweep reads only what is due ---------------------------------------------------
+
+
+async def _due(store: Any, at: float) -> tuple[list[str], list[str]]:
+    """The ids of the requests and of the sessions the store answers a sweep at `at` with."""
+    requests = await store.pending(PendingFilter(due_by=at))
+    return [r.id for r in requests], [r.id for r in await store.lapsed_sessions(at)]
+
+
+async def test_a_sweep_reads_only_what_is_due_and_applies_it(store_url: str) -> None:
+    """The store answers a sweep with the due requests and lapsed sessions alone, from their
+    deadlines kept in its rows (an escalation lifts one), and the sweep applies each."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    agents = [
+        payout_agent(log, so.always(expires_in=60), name="deny"),
+        payout_agent(log, escalating_spec()),
+        payout_agent(log, so.always(), name="never"),
+        ttl_agent(),
+    ]
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        _, r1, _ = await asked(rt, "deny")
+        _, r2, _ = await asked(rt)
+        _, r3, _ = await asked(rt, "never")
+        parked = await rt.generate("desk", prompt="reset it")
+        start = clock()
+        assert await _due(rt.store, start + 59.9) == ([], [])
+        requests, sessions = await _due(rt.store, start + 60)  # the deadline itself counts
+        assert sorted(requests) == sorted([r1.id, r2.id]) and sessions == [parked.session_id]
+        clock.advance(60)
+        assert await rt.expire_due() == 3
+        assert await _due(rt.store, start + 10**6) == ([], [])  # the escalation lifted r2's
+        assert sorted(r.id for r in await rt.pending()) == sorted([r2.id, r3.id])
+        stored = await rt.store.get_request(r1.id)
+        assert stored is not None and stored.status == "expired"
+        state = await rt.state(parked.session_id)
+        assert state.turn is not None and state.turn.status == "failed"
+        assert log.count() == 0
+
+
+def _as_schema_before_deadline_columns(url: str) -> None:
+    """Make the store at `url` what the schema before request rows kept their deadlines was:
+    no such column, no index on it, and the older version marked."""
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            conn.execute("DROP INDEX requests_due")
+            conn.execute("ALTER TABLE requests DROP COLUMN expires_at")
+            conn.execute("UPDATE meta SET value='4' WHERE key='schema'")
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP INDEX signoff.requests_due")
+        conn.execute("ALTER TABLE signoff.requests DROP COLUMN expires_at")
+        conn.execute("DELETE FROM signoff.schema_version WHERE version = 6")
+
+
+async def test_a_store_upgraded_with_pending_deadlines_still_sweeps_them(store_url: str) -> None:
+    """Requests parked with deadlines before the store kept them in their rows get them when
+    the store is upgraded, so the sweep applies them on time."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    agents = [
+        payout_agent(log, so.always(expires_in=60), name="deny"),
+        payout_agent(log, so.always(), name="never"),
+    ]
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        _, r1, _ = await asked(rt, "deny")
+        _, r2, _ = await asked(rt, "never")
+    start = clock()
+    _as_schema_before_deadline_columns(store_url)
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        await rt.open()
+        assert await _due(rt.store, start + 59.9) == ([], [])
+        assert await _due(rt.store, start + 60) == ([r1.id], [])
+        clock.advance(60)
+        assert await rt.expire_due() == 1
+        stored = await rt.store.get_request(r1.id)
+        assert stored is not None and stored.status == "expired"
+        assert [r.id for r in await rt.pending()] == [r2.id]
+    if store_url.startswith("sqlite:///"):
+        with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
+            assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("5",)
+    else:
+        with psycopg.connect(store_url) as conn:
+            found = conn.execute("SELECT MAX(version) FROM signoff.schema_version").fetchone()
+            assert found == (6,)
+
+
+async def test_a_store_that_cannot_tell_lapsed_sessions_is_swept_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`lapsed_sessions` is optional for a store: without it the sweep lists every running or
+    waiting session, and still records the expiry of those whose TTL passed."""
+    clock = ManualClock()
+    async with so.Runtime([ttl_agent()], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        parked = await rt.generate("desk", prompt="reset it")
+        monkeypatch.setattr(rt.store, "lapsed_sessions", None)
+        clock.advance(59)
+        assert await rt.expire_due() == 0
+        clock.advance(1)
+        assert await rt.expire_due() == 1
+        state = await rt.state(parked.session_id)
+        assert state.turn is not None and state.turn.status == "failed"

@@ -139,9 +139,9 @@ class Runtime(Workers):
         # A child its parent's cancel missed (that process died): no answer is applied to it.
         return await _subagents.cancel_orphan(self, state)
 
-    async def _sweep_orphans(self, rows: Sequence[SessionSummary]) -> int:
+    async def _sweep_orphans(self) -> int:
         # Children a parent's cancel missed (that process died): a sweep cancels them.
-        return await _subagents.sweep_orphans(self, rows)
+        return await _subagents.sweep_orphans(self)
 
     async def _expire(self, state: SessionState, lease: int | None = None) -> None:
         try:

@@ -455,21 +455,31 @@ async def _first_turn(rt: Runtime, state: SessionState) -> SessionState:
     return fold(events)
 
 
-async def sweep_orphans(rt: Runtime, rows: Sequence[SessionSummary]) -> int:
-    """Cancel the live delegated turns among `rows` (running or waiting sessions) whose
-    parent's turn ended: the process that cancelled the parent died before cancelling them,
-    and a waiting one is never driven to find out. Returns how many it cancelled."""
+async def sweep_orphans(rt: Runtime) -> int:
+    """Cancel the live (running or waiting) delegated turns whose parent's turn ended: the
+    process that cancelled the parent died before cancelling them, and a waiting one is never
+    driven to find out. Only sessions of this runtime's subagents are read. Returns how many
+    it cancelled."""
     targets = {
         _targets[tool]
         for spec in rt.agents.values()
         for tool in spec.tools.values()
         if tool in _targets
     }
+    rows: list[SessionSummary] = []
+    for agent in sorted(targets & rt.agents.keys()):
+        for status in ("running", "waiting"):
+            offset = 0
+            while True:  # all listed before any is cancelled, which would move the pages
+                page = await rt.store.sessions(agent=agent, status=status, limit=500, offset=offset)
+                rows += page
+                if len(page) < 500:
+                    break
+                offset += 500
     cancelled = 0
     for row in rows:
-        if row.agent in targets and row.agent in rt.agents:
-            with contextlib.suppress(SessionExpired, UnknownSession):
-                cancelled += await cancel_orphan(rt, await rt._state(row.id))
+        with contextlib.suppress(SessionExpired, UnknownSession):
+            cancelled += await cancel_orphan(rt, await rt._state(row.id))
     return cancelled
 
 

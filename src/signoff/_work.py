@@ -64,28 +64,37 @@ class Workers(Messages):
         now = self.clock()
         due: list[InputRequest] = []
         offset = 0
-        while True:
-            page = await self.store.pending(PendingFilter(limit=500, offset=offset))
+        while True:  # only the due ones, from an index, where the store can tell them
+            page = await self.store.pending(PendingFilter(limit=500, offset=offset, due_by=now))
             due += [r for r in page if is_due(r, now)]
             if len(page) < 500:
                 break
             offset += 500
+        expired = await self._record_lapsed(await self._lapsed(now), now)
+        orphans = await self._sweep_orphans()
+        return await self._apply_deadlines(due) + expired + orphans
+
+    async def _lapsed(self, now: float) -> list[SessionSummary]:
+        """The running or waiting sessions whose TTL passed by `now` (claims skip those: nothing
+        else records them): only those where the store can tell them, else every one."""
         lapsed: list[SessionSummary] = []
-        for status in ("running", "waiting"):  # claims skip these: nothing else records them
+        query = getattr(self.store, "lapsed_sessions", None)
+        for status in ("running", "waiting") if query is None else ("",):
             offset = 0
             while True:
-                rows = await self.store.sessions(status=status, limit=500, offset=offset)
+                if query is None:
+                    rows = await self.store.sessions(status=status, limit=500, offset=offset)
+                else:
+                    rows = await query(now, limit=500, offset=offset)
                 lapsed += rows
                 if len(rows) < 500:
                     break
                 offset += 500
-        expired = await self._record_lapsed(lapsed, now)
-        orphans = await self._sweep_orphans(lapsed)
-        return await self._apply_deadlines(due) + expired + orphans
+        return lapsed
 
-    async def _sweep_orphans(self, rows: Sequence[SessionSummary]) -> int:
-        """Cancel subagent turns among `rows` whose parent no longer waits (the runtime knows
-        subagents); returns how many."""
+    async def _sweep_orphans(self) -> int:
+        """Cancel subagent turns whose parent no longer waits (the runtime knows subagents);
+        returns how many."""
         return 0
 
     async def _record_lapsed(self, rows: Sequence[SessionSummary], now: float) -> int:

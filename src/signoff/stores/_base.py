@@ -136,6 +136,7 @@ class PendingFilter:
     created_before: float | None = None
     created_after: float | None = None
     live_at: float | None = None  # leave out requests of sessions whose TTL passed by then
+    due_by: float | None = None  # only requests whose deadline passed by then (at it counts)
 
     def where(self, ph: str) -> tuple[str, list[Any]]:
         """The SQL `WHERE` clause (over `requests r JOIN sessions s`) and its parameters, with
@@ -149,13 +150,17 @@ class PendingFilter:
             ("r.kind", self.kind),
             ("s.id", self.session_id),
         ):
-            if value is not None:
+            if column == "r.status" and value == "pending":
+                # Written out, so the planner may use the indexes of pending requests only.
+                where.append("r.status='pending'")
+            elif value is not None:
                 where.append(f"{column}={ph}")
                 params.append(value)
         for condition, moment in (
             (f"r.created_at<{ph}", self.created_before),
             (f"r.created_at>{ph}", self.created_after),
             (f"(s.expires_at IS NULL OR s.expires_at>{ph})", self.live_at),
+            (f"r.expires_at<={ph}", self.due_by),
         ):
             if moment is not None:
                 where.append(condition)
@@ -173,7 +178,10 @@ class Store(Protocol):
 
     A store may also offer `server_time()` (the clock leases are timed by) and
     `granted_head(session_id, token)` (the head it read when it granted that lease, which saves
-    a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them."""
+    a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them.
+    Likewise `lapsed_sessions(now, limit=, offset=)`, the running or waiting sessions whose TTL
+    passed by `now` (both stores have it: a sweep then reads only those, not every session);
+    and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str
 

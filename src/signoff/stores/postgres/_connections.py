@@ -295,6 +295,9 @@ class Connections:
                     if version <= before:
                         continue
                     await conn.execute(ddl.replace("{s}", s))
+                    fill = _schema.FILLS.get(version)
+                    if fill is not None:
+                        await fill(conn, s)
                     await conn.execute(
                         f"INSERT INTO {s}.schema_version (version, description) VALUES (%s, %s)",
                         (version, description),

@@ -300,6 +300,34 @@ class Reads(Connections):
 
         return await self._read(body, "listing sessions")
 
+    async def lapsed_sessions(
+        self, now: float, *, limit: int = 100, offset: int = 0
+    ) -> list[SessionSummary]:
+        """Running or waiting sessions whose TTL passed by `now`, soonest expired first."""
+        s = self._s
+
+        async def body(conn: Conn) -> list[SessionSummary]:
+            cur = await conn.execute(
+                "SELECT id, agent, status, head, created_at, updated_at, expires_at "
+                f"FROM {s}.sessions WHERE status IN ('running', 'waiting') AND expires_at <= %s "
+                "ORDER BY expires_at, sk LIMIT %s OFFSET %s",
+                (now, limit, offset),
+            )
+            return [
+                SessionSummary(
+                    id=i,
+                    agent=a,
+                    status=st,
+                    head=int(h),
+                    created_at=float(c),
+                    updated_at=float(u),
+                    expires_at=float(x),
+                )
+                for i, a, st, h, c, u, x in await cur.fetchall()
+            ]
+
+        return await self._read(body, "listing sessions whose TTL passed")
+
     async def audit(
         self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[AuditEntry]:

@@ -3,9 +3,18 @@ lock by `PostgresStore.migrate`."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Final
 
-__all__ = ["MIGRATIONS", "STORE_SCHEMA"]
+import psycopg
+from psycopg.rows import TupleRow
+
+from ..._exceptions import StoreError
+from .._base import stored_request
+from .._codec import unpack
+from ._sql import REQUEST_COLUMNS, REQUEST_JOIN
+
+__all__ = ["FILLS", "MIGRATIONS", "STORE_SCHEMA"]
 
 MIGRATIONS: Final[list[tuple[int, str, str]]] = [
     (
@@ -148,8 +157,45 @@ INSERT INTO {s}.audit (id, stream, n, seq, hash) OVERRIDING SYSTEM VALUE
     WHERE stream IS NOT NULL ORDER BY stream, n DESC;
 """,
     ),
+    (
+        6,
+        "request rows keep their deadline, indexed while pending, so a sweep reads only the "
+        "requests that are due (filled for the open ones from the requests they hold)",
+        """
+ALTER TABLE {s}.requests ADD COLUMN expires_at DOUBLE PRECISION;
+CREATE INDEX requests_due ON {s}.requests (expires_at)
+    WHERE status = 'pending' AND expires_at IS NOT NULL;
+""",
+    ),
 ]
-"""Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit."""
+"""Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
+A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the
+same transaction."""
+
+
+async def _fill_request_deadlines(conn: psycopg.AsyncConnection[TupleRow], s: str) -> None:
+    """Migration 6: each open request row gets the deadline of the request it holds."""
+    cur = await conn.execute(
+        f"SELECT r.id, r.created_at, {REQUEST_COLUMNS} FROM {s}.requests r "
+        f"{REQUEST_JOIN.format(s=s)} WHERE r.status = 'pending'"
+    )
+    deadlines = []
+    for row in await cur.fetchall():
+        try:
+            deadline = stored_request(*row[2:6], unpack, *row[6:]).expires_at
+        except StoreError:
+            # Unreadable: a due one, so sweeps read it and report it, as they did before.
+            deadline = row[1]
+        if deadline is not None:
+            deadlines.append((deadline, row[0]))
+    async with conn.cursor() as update:
+        await update.executemany(f"UPDATE {s}.requests SET expires_at=%s WHERE id=%s", deadlines)
+
+
+FILLS: Final[dict[int, Callable[[psycopg.AsyncConnection[TupleRow], str], Awaitable[None]]]] = {
+    6: _fill_request_deadlines,
+}
+"""Steps in Python of the migrations of these versions, given the connection and `{s}`."""
 
 STORE_SCHEMA: Final = MIGRATIONS[-1][0]
 """The store schema version this signoff creates and the newest it accepts."""

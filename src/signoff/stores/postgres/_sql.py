@@ -62,14 +62,14 @@ _EVENT_COLUMNS: Final = (
 )
 _AUDIT_COLUMNS: Final = (("bigint", "bigint", "bytea"), "x(n, seq, hash)")
 _NEW_REQUEST_COLUMNS: Final = (
-    ("text", "bigint", "int", "text", "text", "text", "float8", "bytea"),
-    "x(id, seq, idx, agent, kind, tool, created_at, data)",
+    ("text", "bigint", "int", "text", "text", "text", "float8", "bytea", "float8"),
+    "x(id, seq, idx, agent, kind, tool, created_at, data, expires_at)",
 )
 _RESOLVE_COLUMNS: Final = (
     ("text", "text", "text", "bytea", "bytea", "int", "boolean"),
     "x(id, status, outcome, resolution, data, i, dup)",
 )
-_UPDATED_COLUMNS: Final = (("text", "bytea"), "x(id, data)")
+_UPDATED_COLUMNS: Final = (("text", "bytea", "float8"), "x(id, data, expires_at)")
 
 
 @functools.lru_cache(maxsize=512)
@@ -207,12 +207,13 @@ def commit_sql(
     if new:
         parts.append(
             f"n AS (INSERT INTO {s}.requests (id, sk, seq, idx, agent, kind, tool, status, "
-            "created_at, data) SELECT x.id, g.sk, x.seq, x.idx, x.agent, x.kind, x.tool, "
-            f"'pending', x.created_at, x.data FROM g, {rows_sql(new, _NEW_REQUEST_COLUMNS)})"
+            "created_at, data, expires_at) SELECT x.id, g.sk, x.seq, x.idx, x.agent, x.kind, "
+            f"x.tool, 'pending', x.created_at, x.data, x.expires_at "
+            f"FROM g, {rows_sql(new, _NEW_REQUEST_COLUMNS)})"
         )
     if updated:
         parts.append(
-            f"w AS (UPDATE {s}.requests q SET data=x.data FROM g, "
+            f"w AS (UPDATE {s}.requests q SET data=x.data, expires_at=x.expires_at FROM g, "
             f"{rows_sql(updated, _UPDATED_COLUMNS)} WHERE q.id = x.id AND q.sk = g.sk)"
         )
     if events:

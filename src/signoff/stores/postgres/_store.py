@@ -116,7 +116,7 @@ class PostgresStore(Reads, Leases):
         token = commit.lease_token
         events = commit.events
         updated = {
-            req.id: pack_bytes(req.model_dump(mode="json", exclude_defaults=True))
+            req.id: (pack_bytes(req.model_dump(mode="json", exclude_defaults=True)), req.expires_at)
             for req in commit.updated_requests
         }  # a request updated twice keeps the last
         new_rows: list[tuple[Any, ...]] = []
@@ -124,9 +124,19 @@ class PostgresStore(Reads, Leases):
             request_rows(commit, pack_bytes) if commit.new_requests else ()
         ):
             # A new request updated in the same commit is stored with its update.
-            data = updated.pop(req.id) if req.id in updated else copy
+            data, deadline = updated.pop(req.id) if req.id in updated else (copy, req.expires_at)
             new_rows.append(
-                (req.id, seq, idx, req.agent, req.kind, req.tool_name, req.created_at, data)
+                (
+                    req.id,
+                    seq,
+                    idx,
+                    req.agent,
+                    req.kind,
+                    req.tool_name,
+                    req.created_at,
+                    data,
+                    deadline,
+                )
             )
         resolve_rows: list[tuple[Any, ...]] = []
         seen: set[str] = set()
@@ -135,10 +145,10 @@ class PostgresStore(Reads, Leases):
             # gets both.
             dup = r.request_id in seen
             seen.add(r.request_id)
-            data = None if dup else updated.pop(r.request_id, None)
+            data = None if dup else updated.pop(r.request_id, (None, None))[0]
             resolution = pack_bytes(r.resolution)
             resolve_rows.append((r.request_id, r.status, r.outcome, resolution, data, i, dup))
-        updated_rows = list(updated.items())
+        updated_rows = [(rid, data, deadline) for rid, (data, deadline) in updated.items()]
         sync = self._sync_setting(commit.durable)
         ambiguous = False
         guess = self._state.get(sid)

@@ -24,6 +24,7 @@ from ._schema import (
     SCHEMA,
     STORE_SCHEMA,
     WAL_CHECKPOINT_PAGES,
+    keep_request_deadlines,
     keep_stream_heads,
     upgrade_from_1,
 )
@@ -287,6 +288,8 @@ class Connection:
                 upgrade_from_1(conn)
             if 1 <= found < 4:
                 keep_stream_heads(conn)
+            if 1 <= found < 5:
+                keep_request_deadlines(conn)
             for statement in SCHEMA.strip().split(";"):
                 if statement.strip():
                     conn.execute(statement)

@@ -25,7 +25,6 @@ from .._base import (
 )
 from .._codec import (
     CHAIN_MAX,
-    DEFLATE_ON_PREVIOUS,
     EventTexts,
     Stored,
     parse,
@@ -34,6 +33,7 @@ from .._codec import (
     unpack,
 )
 from ._connection import Connection, kept, reading
+from ._schema import EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
 
 __all__ = ["Reads"]
 
@@ -42,19 +42,6 @@ _TURN = (
     "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1))"
 )
 """An event's turn id: its own, or that of the nearest event before it that names one."""
-
-_EARLIER_JOIN = "".join(
-    f" LEFT JOIN events p{i} ON substr(e.data, 1, 1) = x'{DEFLATE_ON_PREVIOUS:02x}' "
-    f"AND p{i}.sk = e.sk AND p{i}.seq = e.seq - {i}"
-    for i in range(1, CHAIN_MAX + 1)
-)
-"""The stored events an event `e` may be kept on (`p1.data`, `p2.data`), joined only if it is."""
-
-_REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status, p1.data, p2.data"
-_REQUEST_JOIN = (
-    "JOIN sessions s ON s.sk = r.sk LEFT JOIN events e ON r.data IS NULL AND e.sk = r.sk "
-    "AND e.seq = r.seq" + _EARLIER_JOIN
-)
 
 
 class Reads(Connection):
@@ -186,8 +173,8 @@ class Reads(Connection):
     @reading
     async def get_request(self, request_id: str) -> StoredRequest | None:
         row = self.conn.execute(
-            f"SELECT r.outcome, r.resolution, {_REQUEST_COLUMNS} FROM requests r "
-            f"{_REQUEST_JOIN} WHERE r.id=?",
+            f"SELECT r.outcome, r.resolution, {REQUEST_COLUMNS} FROM requests r "
+            f"{REQUEST_JOIN} WHERE r.id=?",
             (request_id,),
         ).fetchone()
         if row is None:
@@ -220,8 +207,11 @@ class Reads(Connection):
     @reading
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
+        # Else SQLite scans every pending request in the order asked for, to skip sorting.
+        due = flt.due_by is not None and flt.status == "pending"
         rows = self.conn.execute(
-            f"SELECT {_REQUEST_COLUMNS} FROM requests r {_REQUEST_JOIN}"
+            f"SELECT {REQUEST_COLUMNS} FROM requests r "
+            f"{'INDEXED BY requests_due ' if due else ''}{REQUEST_JOIN}"
             f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
             [*params, flt.limit, flt.offset],
         ).fetchall()
@@ -262,6 +252,23 @@ class Reads(Connection):
         ]
 
     @reading
+    async def lapsed_sessions(
+        self, now: float, *, limit: int = 100, offset: int = 0
+    ) -> list[SessionSummary]:
+        """Running or waiting sessions whose TTL passed by `now`, soonest expired first."""
+        sql = (
+            "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions "
+            "WHERE status IN ('running', 'waiting') AND expires_at <= ? "
+            "ORDER BY expires_at, sk LIMIT ? OFFSET ?"
+        )
+        return [
+            SessionSummary(
+                id=i, agent=a, status=st, head=h, created_at=c, updated_at=u, expires_at=x
+            )
+            for i, a, st, h, c, u, x in self.conn.execute(sql, (now, limit, offset))
+        ]
+
+    @reading
     async def audit(
         self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
     ) -> list[AuditEntry]:
@@ -275,7 +282,7 @@ class Reads(Connection):
             "COALESCE(e.at, a.at), a.seq, CASE WHEN a.sk IS NULL THEN a.data ELSE e.data END, "
             "COALESCE(p.hash, q.hash), a.hash, p1.data, p2.data FROM audit a "
             "LEFT JOIN sessions s ON s.sk = a.sk "
-            "LEFT JOIN events e ON e.sk = a.sk AND e.seq = a.seq" + _EARLIER_JOIN + " "
+            "LEFT JOIN events e ON e.sk = a.sk AND e.seq = a.seq" + EARLIER_JOIN + " "
             "LEFT JOIN audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
             "LEFT JOIN audit q ON a.stream IS NOT NULL AND q.stream = a.stream AND q.n = a.n - 1 "
             "AND q.n > 0 "

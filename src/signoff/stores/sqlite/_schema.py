@@ -5,22 +5,32 @@ from __future__ import annotations
 
 import sqlite3
 
+from ..._exceptions import StoreError
+from .._base import stored_request
+from .._codec import CHAIN_MAX, DEFLATE_ON_PREVIOUS, unpack
+
 __all__ = [
+    "EARLIER_JOIN",
     "PAGE_SIZE",
+    "REQUEST_COLUMNS",
+    "REQUEST_JOIN",
     "SCHEMA",
     "STORE_SCHEMA",
     "WAL_CHECKPOINT_PAGES",
+    "keep_request_deadlines",
     "keep_stream_heads",
     "upgrade_from_1",
 ]
 
-STORE_SCHEMA = 4
+STORE_SCHEMA = 5
 """2: audit entries point at their events, chain heads in the session rows. 3: event rows hold a
 type code, a turn id only where it changes, and data that may be stored on the event before
 (`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file.
 4: each tool-setting stream's chain head is kept in an audit row of its own (`n = 0`, the last
 entry's number in `seq`, and a negative id, the negated id of an entry of its stream, so the ids
 readers page through have no gaps), which an older signoff would list as an entry.
+5: request rows keep their deadline (`expires_at`, indexed while pending), so a sweep reads only
+the requests that are due; an older signoff would leave it stale.
 A file already marked with this version is opened without running `SCHEMA` (so that opening
 writes nothing), so any change to `SCHEMA` needs a new version."""
 
@@ -29,6 +39,20 @@ PAGE_SIZE = 2048
 index costs at least a page, and each commit writes whole pages to the WAL."""
 
 WAL_CHECKPOINT_PAGES = 256
+
+EARLIER_JOIN = "".join(
+    f" LEFT JOIN events p{i} ON substr(e.data, 1, 1) = x'{DEFLATE_ON_PREVIOUS:02x}' "
+    f"AND p{i}.sk = e.sk AND p{i}.seq = e.seq - {i}"
+    for i in range(1, CHAIN_MAX + 1)
+)
+"""The stored events an event `e` may be kept on (`p1.data`, `p2.data`), joined only if it is."""
+
+REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status, p1.data, p2.data"
+REQUEST_JOIN = (
+    "JOIN sessions s ON s.sk = r.sk LEFT JOIN events e ON r.data IS NULL AND e.sk = r.sk "
+    "AND e.seq = r.seq" + EARLIER_JOIN
+)
+"""What reads a request row back (`stored_request`): its own copy, or the event holding it."""
 
 
 SCHEMA = """
@@ -72,9 +96,12 @@ CREATE TABLE IF NOT EXISTS requests (
     created_at REAL NOT NULL,
     outcome TEXT,
     data BLOB,
-    resolution BLOB
+    resolution BLOB,
+    expires_at REAL
 );
 CREATE INDEX IF NOT EXISTS requests_pending ON requests (created_at) WHERE status = 'pending';
+CREATE INDEX IF NOT EXISTS requests_due ON requests (expires_at)
+    WHERE status = 'pending' AND expires_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS requests_by_session ON requests (sk, status);
 CREATE TABLE IF NOT EXISTS audit (
     id INTEGER PRIMARY KEY,
@@ -142,3 +169,25 @@ def keep_stream_heads(conn: sqlite3.Connection) -> None:
         "INSERT INTO audit (id, stream, n, seq, hash) SELECT -id, stream, 0, n, hash FROM audit a "
         "WHERE stream IS NOT NULL AND n = (SELECT MAX(n) FROM audit b WHERE b.stream = a.stream)"
     )
+
+
+def keep_request_deadlines(conn: sqlite3.Connection) -> None:
+    """Schema 4 (or older, upgraded) to 5, in the opening transaction: request rows get their
+    deadline column, filled for the open ones from the request each row holds."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(requests)")}
+    if "expires_at" not in columns:  # a file marked older than it is may have it already
+        conn.execute("ALTER TABLE requests ADD COLUMN expires_at REAL")
+    rows = conn.execute(
+        f"SELECT r.id, r.created_at, {REQUEST_COLUMNS} FROM requests r {REQUEST_JOIN} "
+        "WHERE r.status = 'pending'"
+    ).fetchall()
+    deadlines = []
+    for row in rows:
+        try:
+            deadline = stored_request(*row[2:6], unpack, *row[6:]).expires_at
+        except StoreError:
+            # Unreadable: a due one, so sweeps read it and report it, as they did before.
+            deadline = row[1]
+        if deadline is not None:
+            deadlines.append((deadline, row[0]))
+    conn.executemany("UPDATE requests SET expires_at=? WHERE id=?", deadlines)

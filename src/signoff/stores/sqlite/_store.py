@@ -112,7 +112,7 @@ class SQLiteStore(Reads, Leases):
                 if commit.new_requests:
                     conn.executemany(
                         "INSERT INTO requests (id, sk, seq, idx, agent, kind, tool, status, "
-                        "created_at, data) VALUES (?,?,?,?,?,?,?,'pending',?,?)",
+                        "created_at, data, expires_at) VALUES (?,?,?,?,?,?,?,'pending',?,?,?)",
                         [
                             (
                                 req.id,
@@ -123,14 +123,20 @@ class SQLiteStore(Reads, Leases):
                                 req.tool_name,
                                 req.created_at,
                                 copy,
+                                req.expires_at,
                             )
                             for req, where, copy in request_rows(commit, pack)
                         ],
                     )
                 for req in commit.updated_requests:
                     conn.execute(
-                        "UPDATE requests SET data=? WHERE id=? AND sk=?",
-                        (pack(req.model_dump(mode="json", exclude_defaults=True)), req.id, sk),
+                        "UPDATE requests SET data=?, expires_at=? WHERE id=? AND sk=?",
+                        (
+                            pack(req.model_dump(mode="json", exclude_defaults=True)),
+                            req.expires_at,
+                            req.id,
+                            sk,
+                        ),
                     )
                 if commit.events:
                     tail, named = self._insert_events(
