@@ -818,21 +818,28 @@ async def blank() -> str:
 
 
 async def test_blank_text_never_reaches_the_api(fake, model, tmp_path: Path) -> None:
-    # The API refuses a text block of whitespace alone with a 400, so one blank prompt or a
-    # model's blank text before a tool_use made every later request of the session fail.
+    # The API refuses a text block of whitespace alone with a 400, so one blank user message or
+    # a model's blank text before a tool_use made every later request of the session fail.
+    # (A blank prompt is refused before any model sees it; a blank user message can still come
+    # from a history written before that, or a custom message source.)
     fake.queue(
         anthropic_message("\n\n", tool_use("toolu_b", "blank", {})),
         anthropic_message("Nothing there."),
+        anthropic_message("Still here."),
     )
     agent = so.Agent(name="support", model=model, tools=[blank])
     async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
-        r = await rt.generate("support", prompt="  ")
+        r = await rt.generate("support", prompt="look")
         assert (r.status, r.error) == ("completed", None)
         assert r.text.endswith("Nothing there.")
     assert fake.bodies[1]["messages"] == [
-        {"role": "user", "content": [{"type": "text", "text": "(empty message)"}]},
+        {"role": "user", "content": [{"type": "text", "text": "look"}]},
         {"role": "assistant", "content": [tool_use("toolu_b", "blank", {})]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_b"}]},
+    ]
+    assert (await model.complete(request(so.UserMessage(text="  ")))).text == "Still here."
+    assert fake.bodies[2]["messages"] == [
+        {"role": "user", "content": [{"type": "text", "text": "(empty message)"}]},
     ]
 
 

@@ -26,6 +26,7 @@ from ._provider import (
     plain_str,
     scrub,
 )
+from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
 
 if TYPE_CHECKING:
     from anthropic import AsyncAnthropic
@@ -56,7 +57,10 @@ class Anthropic(SdkModel):
     list price for well-known models, else 0. `env` replaces the process environment as the
     source of `ANTHROPIC_*` settings (key or token, base URL, custom headers): none is then read
     from `os.environ`.
+    A reply body past `max_reply_bytes` (as inflated) fails the call while it is read.
     """
+
+    _sdk_error = "AnthropicError"
 
     def __init__(
         self,
@@ -71,6 +75,7 @@ class Anthropic(SdkModel):
         timeout: float = 120.0,
         params: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         owner = f"Anthropic({model!r})"
         if not isinstance(model, str) or not model:
@@ -83,6 +88,7 @@ class Anthropic(SdkModel):
         check_positive(owner, "timeout", timeout)
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise UsageError(f"{owner}: max_retries must be an integer >= 0, not {max_retries!r}")
+        self.max_reply_bytes = check_reply_cap(owner, max_reply_bytes)
         self._sdk = load_sdk("anthropic", "anthropic", "Anthropic")
         self.model = model
         self.max_tokens = max_tokens
@@ -117,6 +123,7 @@ class Anthropic(SdkModel):
                     base_url=base_url,
                     max_retries=max_retries,
                     timeout=timeout,
+                    http_client=self._http_client(),
                 )
             return anthropic_client(
                 self._sdk,
@@ -126,6 +133,7 @@ class Anthropic(SdkModel):
                 base_url=base_url,
                 max_retries=max_retries,
                 timeout=timeout,
+                http_client=self._http_client(),
             )
 
         self._use_clients(make, client)

@@ -45,6 +45,7 @@ def openai_client(
     base_url: str | None,
     max_retries: int,
     timeout: float,
+    http_client: Any,
 ) -> Any:
     """An `AsyncOpenAI` whose settings all come from the arguments and `env`."""
     client = sdk.AsyncOpenAI(
@@ -52,6 +53,7 @@ def openai_client(
         base_url=base_url or OPENAI_BASE_URL,
         max_retries=max_retries,
         timeout=timeout,
+        http_client=http_client,
         default_headers=_headers(sdk, env, "OPENAI_CUSTOM_HEADERS"),
     )
     # None means "read the process environment" to the constructor: set after it instead.
@@ -71,6 +73,7 @@ def anthropic_client(
     base_url: str | None,
     max_retries: int,
     timeout: float,
+    http_client: Any,
 ) -> Any:
     """An `AsyncAnthropic` whose settings all come from the arguments and `env` (an explicit key
     or token also keeps the SDK from looking for profiles and federation settings)."""
@@ -80,6 +83,7 @@ def anthropic_client(
         base_url=base_url or ANTHROPIC_BASE_URL,
         max_retries=max_retries,
         timeout=timeout,
+        http_client=http_client,
         default_headers=_headers(sdk, env, "ANTHROPIC_CUSTOM_HEADERS"),
     )
     client.webhook_key = env.get("ANTHROPIC_WEBHOOK_SIGNING_KEY") or None

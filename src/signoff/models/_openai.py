@@ -29,6 +29,7 @@ from ._provider import (
     plain_str,
     scrub,
 )
+from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
 
 if TYPE_CHECKING:
     from openai import AsyncOpenAI
@@ -56,8 +57,11 @@ class OpenAIChat(SdkModel):
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
     price for well-known models, else 0. `env` replaces the process environment as the source
     of `OPENAI_*` settings (key, base URL, organization, project, custom headers): none is then
-    read from `os.environ`.
+    read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails the call
+    while it is read.
     """
+
+    _sdk_error = "OpenAIError"
 
     def __init__(
         self,
@@ -73,6 +77,7 @@ class OpenAIChat(SdkModel):
         timeout: float = 120.0,
         params: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
+        max_reply_bytes: int = DEFAULT_MAX_REPLY_BYTES,
     ) -> None:
         owner = f"OpenAIChat({model!r})"
         if not isinstance(model, str) or not model:
@@ -89,6 +94,7 @@ class OpenAIChat(SdkModel):
         check_positive(owner, "timeout", timeout)
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise UsageError(f"{owner}: max_retries must be an integer >= 0, not {max_retries!r}")
+        self.max_reply_bytes = check_reply_cap(owner, max_reply_bytes)
         self._sdk = load_sdk("openai", "openai", "OpenAIChat")
         self.model = model
         self.temperature = temperature
@@ -112,7 +118,11 @@ class OpenAIChat(SdkModel):
         def make() -> Any:
             if env is None:
                 return self._sdk.AsyncOpenAI(
-                    api_key=api_key, base_url=base_url, max_retries=max_retries, timeout=timeout
+                    api_key=api_key,
+                    base_url=base_url,
+                    max_retries=max_retries,
+                    timeout=timeout,
+                    http_client=self._http_client(),
                 )
             assert api_key is not None
             return openai_client(
@@ -122,6 +132,7 @@ class OpenAIChat(SdkModel):
                 base_url=self._base_url,
                 max_retries=max_retries,
                 timeout=timeout,
+                http_client=self._http_client(),
             )
 
         self._use_clients(make, client)

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
 from .._exceptions import ModelError, UsageError
+from ._reply_cap import ReplyTooLarge, capped_http_client
 
 __all__ = [
     "SdkModel",
@@ -324,8 +325,17 @@ class SdkModel:
     used as is and never closed), `aclose`, `async with`, and a short repr."""
 
     model: str
+    max_reply_bytes: int
     _base_url: str | None
     _clients: LoopClients[Any]
+    _sdk: ModuleType
+    _sdk_error: str  # the name of the SDK's base exception class
+
+    def _http_client(self) -> Any:
+        """The HTTP client of an SDK client made here: the SDK's defaults, replies capped at
+        `max_reply_bytes` (a client passed in is used as it is)."""
+        error: type[Exception] = getattr(self._sdk, self._sdk_error)
+        return capped_http_client(self._sdk, error, self.max_reply_bytes)
 
     def _use_clients(self, factory: Callable[[], Any], client: Any | None) -> None:
         def make() -> Any:
@@ -367,6 +377,8 @@ class SdkModel:
                 f"{getattr(client, 'max_retries', None)}): the server answered too slowly or "
                 "asked to wait longer before a retry"
             ) from exc
+        except ReplyTooLarge as exc:
+            raise ModelError(f"{what} for {where} failed: {exc}") from exc
         except TypeError as exc:
             raise UsageError(f"{self!r}: the SDK refused the request's arguments: {exc}") from exc
         except sdk.APIStatusError as exc:

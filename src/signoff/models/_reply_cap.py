@@ -1,0 +1,159 @@
+"""A cap on the size of a provider's reply, applied while the body is read: a broken or hostile
+server sending an endless body (or a small gzip bomb) fails the call after about the cap, instead
+of filling the process's memory before `max_response_bytes` could look at the parsed reply.
+
+The SDK clients get an HTTP client whose response hook wraps each body's stream; gzip and
+deflate bodies are inflated here, counted as they are inflated, so the cap bounds the text the
+SDK would parse, not just the bytes on the wire.
+"""
+
+from __future__ import annotations
+
+import importlib
+import zlib
+from collections.abc import AsyncIterator
+from types import ModuleType
+from typing import Any
+
+__all__ = ["DEFAULT_MAX_REPLY_BYTES", "ReplyTooLarge", "capped_http_client", "check_reply_cap"]
+
+DEFAULT_MAX_REPLY_BYTES = 16 * 1024 * 1024
+"""A reply body (as inflated) longer than this fails the call: far over any real completion."""
+
+_ERRORS: dict[type[Exception], type[ReplyTooLarge]] = {}
+_STREAMS: dict[str, type[_CappedStream]] = {}
+
+
+class ReplyTooLarge(Exception):
+    """A reply body passed the cap while it was read (or announced a length over it)."""
+
+
+def _error_for(sdk_error: type[Exception]) -> type[ReplyTooLarge]:
+    """`ReplyTooLarge` as the SDK's own error type too, so the SDK neither retries it (the next
+    reply would be as large) nor wraps it as a connection failure."""
+    known = _ERRORS.get(sdk_error)
+    if known is None:
+        known = _ERRORS[sdk_error] = type("ReplyTooLarge", (ReplyTooLarge, sdk_error), {})
+    return known
+
+
+def check_reply_cap(owner: str, value: object) -> int:
+    """`max_reply_bytes` as given to a model adapter: a whole number of bytes, at least 1 KiB."""
+    from .._exceptions import UsageError
+
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1024:
+        raise UsageError(f"{owner}: max_reply_bytes must be an integer >= 1024, not {value!r}")
+    return value
+
+
+class _Inflater:
+    """gzip or deflate (zlib-wrapped, or raw as some servers send it) inflated piece by piece,
+    never producing more than it is asked for at once."""
+
+    def __init__(self, encoding: str) -> None:
+        self._raw_fallback = encoding == "deflate"
+        wbits = zlib.MAX_WBITS | 16 if encoding == "gzip" else zlib.MAX_WBITS
+        self._z = zlib.decompressobj(wbits)
+        self._started = False
+
+    def inflate(self, data: bytes, most: int) -> bytes:
+        try:
+            out = self._z.decompress(data, most)
+        except zlib.error:
+            if not self._raw_fallback or self._started:
+                raise
+            self._z = zlib.decompressobj(-zlib.MAX_WBITS)  # a deflate body without its header
+            out = self._z.decompress(data, most)
+        self._started = True
+        return out
+
+    @property
+    def tail(self) -> bytes:
+        return self._z.unconsumed_tail
+
+    def flush(self) -> bytes:
+        return self._z.flush()
+
+
+class _CappedStream:
+    """A response body stream that stops with `error` once more than `cap` bytes came out of it
+    (inflated, when `encoding` is gzip or deflate)."""
+
+    def __init__(
+        self, inner: Any, cap: int, encoding: str | None, error: type[ReplyTooLarge], url: str
+    ) -> None:
+        self._inner, self._cap, self._error, self._url = inner, cap, error, url
+        self._inflater = _Inflater(encoding) if encoding else None
+        self._seen = 0
+
+    def _count(self, data: bytes) -> bytes:
+        self._seen += len(data)
+        if self._seen > self._cap:
+            raise self._error(
+                f"the reply from {self._url} passed {self._cap:,} bytes (max_reply_bytes); "
+                "it was cut off there"
+            )
+        return data
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        inflater = self._inflater
+        try:
+            async for chunk in self._inner:
+                if inflater is None:
+                    yield self._count(chunk)
+                    continue
+                data = chunk
+                while data:
+                    out = inflater.inflate(data, self._cap - self._seen + 1)
+                    yield self._count(out)
+                    data = inflater.tail
+            if inflater is not None:
+                yield self._count(inflater.flush())
+        except zlib.error as exc:
+            raise self._error(
+                f"the reply from {self._url} is labelled compressed, but the body could not be "
+                f"decoded: {exc}"
+            ) from exc
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _stream_type(response: Any) -> type[_CappedStream]:
+    """`_CappedStream` as an async byte stream of the HTTP package the SDK uses (`httpx`, or
+    the `httpx2` of newer SDKs), which its responses check the type of."""
+    package = type(response).__module__.partition(".")[0]
+    known = _STREAMS.get(package)
+    if known is None:
+        base = importlib.import_module(package).AsyncByteStream
+        known = _STREAMS[package] = type("CappedStream", (_CappedStream, base), {})
+    return known
+
+
+def capped_http_client(sdk: ModuleType, sdk_error: type[Exception], cap: int) -> Any:
+    """The SDK's default async HTTP client (its timeouts, connection limits and redirects), with
+    every reply body capped at `cap` bytes."""
+    error = _error_for(sdk_error)
+
+    async def cap_reply(response: Any) -> None:
+        url = str(response.request.url.copy_with(query=None))
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) > cap:
+            raise error(
+                f"the reply from {url} announced {int(length):,} bytes, over max_reply_bytes "
+                f"({cap:,})"
+            )
+        encoding = response.headers.get("content-encoding", "").strip().lower()
+        if encoding in ("gzip", "deflate"):
+            del response.headers["content-encoding"]  # inflated here, counted as it inflates
+        elif encoding not in ("", "identity"):
+            encoding = ""  # asked for only gzip or deflate: any other is capped as it came
+        capped = _stream_type(response)
+        response.stream = capped(response.stream, cap, encoding or None, error, url)
+
+    async def ask_for_known_encodings(request: Any) -> None:
+        request.headers["Accept-Encoding"] = "gzip, deflate"
+
+    return sdk.DefaultAsyncHttpxClient(
+        event_hooks={"request": [ask_for_known_encodings], "response": [cap_reply]}
+    )
