@@ -195,7 +195,7 @@ class Reads(Connection):
             where += " AND s.id = ?"
             params.append(session_id)
         rows = self.conn.execute(
-            f"SELECT {REQUEST_ROW_COLUMNS}, {_REQUEST_COLUMNS} FROM requests r {_REQUEST_JOIN} "
+            f"SELECT {REQUEST_ROW_COLUMNS}, {REQUEST_COLUMNS} FROM requests r {REQUEST_JOIN} "
             f"WHERE {where} ORDER BY r.id LIMIT ?",
             [*params, limit],
         ).fetchall()
