@@ -35,6 +35,14 @@ def ev(sid: str, seq: int, type_: Any = "turn.started", **data: Any) -> Event:
     return Event(session_id=sid, seq=seq, type=type_, at=T0 + seq, turn_id="trn_1", data=data)
 
 
+async def chain_problems(pg: PostgresStore, sid: str) -> list[Any]:
+    """`verify`'s findings about the session's hash chain. The requests these tests commit are
+    asked by stand-in events, not real `input.requested` ones, so the check of request rows
+    against their entries (`_audit_requests`, tested in test_audit_requests.py) finds them all
+    unasked: that half of `verify` is left out here."""
+    return [p for p in await verify(pg, stream=sid) if not p.reason.startswith("request ")]
+
+
 def approval(sid: str, rid: str) -> InputRequest:
     return InputRequest(
         kind="tool-approval",
@@ -194,7 +202,7 @@ async def test_long_batches_go_as_arrays(pg: PostgresStore) -> None:
         assert stored.request.question == (f"q{rid}" if i >= 10 else None)
     assert await pg.head(sid) == 69
     assert len(await pg.audit(stream=sid)) == 20 + 18 + 1
-    assert await verify(pg, stream=sid) == []
+    assert await chain_problems(pg, sid) == []
     loaded = await pg.load(sid)
     assert loaded is not None and loaded.snapshot == {"seq": 51} and len(loaded.events) == 18
 
@@ -408,7 +416,7 @@ async def test_a_guessed_commit_is_one_statement_between_begin_and_commit(
     pg._state.clear()
     await pg.commit(Commit(session_id=sid, expected_seq=4, events=[ev(sid, 5)], lease_token=token))
     assert sent == ["BEGIN", "SELECT", "SELECT", "(wait)", "WITH", "COMMIT"]
-    assert await verify(pg, stream=sid) == []
+    assert await chain_problems(pg, sid) == []
 
 
 # -- event rows: type codes, turn ids where they change ------------------------------------------
