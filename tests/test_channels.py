@@ -359,7 +359,7 @@ class Watcher(Channel):
         self.seen.append((resolution.outcome, request.id))
 
 
-def escalating_refund() -> so.Agent:
+def escalating_refund(name: str = "support") -> so.Agent:
     def finance(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
         who = ctx.response.principal
         allowed = ctx.request.escalated_to == "finance" and who is not None and who == BOB
@@ -379,7 +379,7 @@ def escalating_refund() -> so.Agent:
         return "refunded"
 
     return scripted_agent(
-        "support",
+        name,
         [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
         tools=[issue_refund],
         repeat_last=True,
@@ -429,6 +429,93 @@ async def test_an_escalation_reaches_each_channel_once_as_the_request_now_stands
             ("escalated", b.id, "settled", told(b, second.session_id)),
         ]
         assert last == ("approved", b.id)
+
+
+class Opener(Watcher):
+    """A `Watcher` that notes the requests it is told opened, too."""
+
+    async def on_requested(self, request: so.InputRequest) -> None:
+        self.seen.append(("requested", request.id, request.escalated_to))
+
+
+async def test_an_escalation_moves_a_request_between_channels_routed_by_group(
+    store_url: str,
+) -> None:
+    """A channel that takes only escalated requests for its group is handed the request as it
+    opens for it there; the first-line channel that showed it is told of the escalation and of
+    its close, though it no longer takes the request as it stands."""
+    clock = ManualClock()
+    async with so.Runtime([escalating_refund()], store=store_url, clock=clock) as rt:
+        first = Opener(name="first", escalations=True, accepts=lambda r: r.escalated_to is None)
+        finance = Opener(name="finance", accepts=lambda r: r.escalated_to == "finance")
+        hooks = Opener(
+            name="hooks",
+            escalations=True,
+            live_only=False,
+            accepts=lambda r: r.escalated_to == "finance",
+        )
+        async with manual(ChannelHub(rt, [first, finance, hooks], clock=clock)) as hub:
+            result = await rt.generate("support", prompt="Refund A-1")
+            (a,) = result.pending
+            await hub.poll()
+            clock.advance(61)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+            answer = so.InputResponse(request_id=a.id, option_id="approve")
+            await rt.respond(result.session_id, [answer], principal=BOB)
+            await hub.poll()
+        (escalation,) = [
+            Escalation.from_event(e.data, a.model_copy(update={"escalated_to": "finance"}), e.at)
+            for e in await rt.audit()
+            if e.type == "approval.candidate" and e.data["outcome"] == "escalated"
+        ]
+        assert first.seen == [
+            ("requested", a.id, None),
+            ("escalated", a.id, "pending", escalation),
+            ("approved", a.id),
+        ]
+        assert finance.seen == [("requested", a.id, "finance"), ("approved", a.id)]
+        # not live_only: told of the escalation itself, as a receiver routing by group needs
+        assert hooks.seen == [("escalated", a.id, "pending", escalation), ("approved", a.id)]
+
+
+async def test_a_text_channel_says_where_the_request_it_shows_was_escalated(
+    store_url: str,
+) -> None:
+    """The person reading texts learns the request they see went to the group; a channel that
+    still takes it keeps it (a member of the group answers it there), one routed away from the
+    group drops it and shows the next."""
+    clock = ManualClock()
+    runs: list[str] = []
+    agents = [escalating_refund("billing"), three_refunds(runs)]
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        everyone = Texts(name="everyone")
+        first_line = Texts(name="first", accepts=lambda r: r.escalated_to is None)
+        async with manual(ChannelHub(rt, [everyone, first_line], clock=clock)) as hub:
+            result = await rt.generate("billing", prompt="Refund A-1")
+            (a,) = result.pending
+            await hub.poll()
+            clock.advance(1)
+            others = await rt.generate("support", prompt="Refund A, B and C")
+            await hub.poll()
+            assert everyone.sent == first_line.sent == [everyone.render(a)]
+            clock.advance(60)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+            said = "issue_refund was escalated to finance (no one decided before the deadline)"
+            assert everyone.sent[-1] == f"{said}."
+            assert everyone.current is not None and everyone.current.id == a.id
+            assert everyone.current.escalated_to == "finance"
+            assert first_line.sent[-2:] == [
+                f"{said}; it is no longer shown here.",
+                first_line.render(others.pending[0]),
+            ]
+            assert "Escalated to finance" in everyone.render(everyone.current)
+            outcome = await everyone.reply("yes", BOB)  # Bob answers for finance
+            assert outcome is not None and outcome.outcome == "approved"
+            assert everyone.sent[-1] == everyone.render(others.pending[0])
+            await hub.poll()
+            assert first_line.sent[-1] == first_line.render(others.pending[0])
 
 
 async def test_a_new_hub_starts_at_the_end_and_hands_over_the_open_requests(

@@ -168,11 +168,15 @@ async def test_a_reply_announcing_too_many_bytes_is_refused_before_reading(
     assert server.requests == 1
 
 
-@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+# Spellings HTTP allows for one gzip coding: a list with identity, any case, the x- alias.
+GZIP_SPELLINGS = ["gzip, identity", "identity, gzip", "GZip", "x-gzip"]
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", *GZIP_SPELLINGS])
 async def test_a_compressed_reply_is_capped_as_it_inflates(flavor, server_for, encoding) -> None:
     # 100 MB of spaces compress to about 100 KB: the cap counts what the SDK would parse.
     raw = reply_json(flavor, "ok")[:-1] + b" " * 100_000_000 + b"}"
-    packed = gzip.compress(raw, 9) if encoding == "gzip" else zlib.compress(raw, 9)
+    packed = zlib.compress(raw, 9) if encoding == "deflate" else gzip.compress(raw, 9)
     assert len(packed) < 2 * CAP * 16
 
     def bomb(conn: socket.socket) -> None:
@@ -183,10 +187,12 @@ async def test_a_compressed_reply_is_capped_as_it_inflates(flavor, server_for, e
         await complete(make_model(flavor, server.base_url, max_reply_bytes=10 * CAP))
 
 
-@pytest.mark.parametrize("encoding", ["gzip", "deflate", "raw deflate", None])
+@pytest.mark.parametrize(
+    "encoding", ["gzip", "deflate", "raw deflate", "identity", None, *GZIP_SPELLINGS]
+)
 async def test_replies_under_the_cap_are_read_whole(flavor, server_for, encoding) -> None:
     raw = reply_json(flavor, "fine " * 2000)
-    if encoding == "gzip":
+    if encoding in ("gzip", *GZIP_SPELLINGS):
         packed = gzip.compress(raw)
     elif encoding == "deflate":
         packed = zlib.compress(raw)
@@ -203,6 +209,23 @@ async def test_replies_under_the_cap_are_read_whole(flavor, server_for, encoding
     server = server_for(fine)
     response = await complete(make_model(flavor, server.base_url, max_reply_bytes=CAP))
     assert response.text == "fine " * 2000
+
+
+@pytest.mark.parametrize("encoding", ["gzip, gzip", "br", "zstd", "compress"])
+async def test_a_reply_in_an_encoding_not_asked_for_is_refused(
+    flavor, server_for, encoding
+) -> None:
+    """Only one gzip or deflate coding is asked for and inflated under the cap: any other (which
+    the HTTP package might inflate past it, or could not read) fails the call, once."""
+    packed = gzip.compress(gzip.compress(reply_json(flavor, "ok")))
+
+    def other(conn: socket.socket) -> None:
+        server.send(conn, head(len(packed), encoding) + packed)
+
+    server = server_for(other)
+    with pytest.raises(so.ModelError, match=f"is encoded as '{encoding}', not asked for"):
+        await complete(make_model(flavor, server.base_url, max_reply_bytes=CAP))
+    assert server.requests == 1
 
 
 async def test_corrupt_compressed_data_is_a_model_error(flavor, server_for) -> None:

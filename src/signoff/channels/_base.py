@@ -336,7 +336,8 @@ class Channel:
         """A request's deadline passed and it was handed to `escalation.to` (its deadline lifted).
 
         `request` is as stored now: a channel that is not `live_only` is told also when it has
-        closed since. By default an open one is shown anew, as by `on_updated`.
+        closed since. By default an open one is shown anew, as by `on_updated`. A `live_only`
+        channel whose `accepts` takes the request only as escalated gets `on_requested` instead.
         """
         if request.status == "pending":
             await self.on_updated(request)

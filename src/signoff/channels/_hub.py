@@ -5,6 +5,9 @@ instead of posting everything again, and a channel whose service is down retries
 missed while the others go on. Without a saved position a channel starts at the end of the trail.
 A subagent's request is shown once, as the child's own request (with its deadline): its mirror
 on the parent session is skipped, and answering the child's request also closes the mirror.
+An escalated request is shown by the channels that take it as it now stands: one whose `accepts`
+takes it only once escalated (the group's) is told it opened, one that took it only before (the
+first line's) is still told of the escalation, of updates and of its close.
 """
 
 from __future__ import annotations
@@ -424,22 +427,24 @@ class ChannelHub:
                 stored is not None
                 and stored.status == "pending"
                 and stored.request.child is None
-                and ch.accepts(stored.request)
+                and _shows(ch, stored.request)
             ):
                 await ch.on_updated(stored.request)
         elif entry.type == "approval.candidate" and entry.data.get("outcome") == "escalated":
             stored = await store.get_request(str(entry.data.get("request_id")))
-            if (
-                stored is not None
-                and stored.request.child is None
-                and ch.accepts(stored.request)
-                and not (ch.live_only and stored.status != "pending")
-            ):
-                escalation = Escalation.from_event(entry.data, stored.request, entry.at)
-                await ch.on_escalated(stored.request, escalation)
+            if stored is None or stored.request.child is not None:
+                return
+            request = stored.request
+            before, now = ch.accepts(_unescalated(request)), ch.accepts(request)
+            if not (before or now) or (ch.live_only and stored.status != "pending"):
+                return
+            if now and not before and ch.live_only:
+                await ch.on_requested(request)  # a channel of the group: it opens there now
+            else:
+                await ch.on_escalated(request, Escalation.from_event(entry.data, request, entry.at))
         elif entry.type == "input.resolved":
             stored = await store.get_request(str(entry.data.get("request_id")))
-            if stored is not None and stored.request.child is None and ch.accepts(stored.request):
+            if stored is not None and stored.request.child is None and _shows(ch, stored.request):
                 await ch.on_resolved(stored.request, Resolution.from_event(entry.data, entry.at))
 
     def _skip(self, ch: Channel, entry_id: int) -> None:
@@ -495,3 +500,16 @@ class ChannelHub:
             if not more:
                 return out
             offset += _PAGE
+
+
+def _unescalated(request: InputRequest) -> InputRequest:
+    """`request` as it stood before its escalation, as channels were first shown it."""
+    return request.model_copy(update={"escalated_to": None})
+
+
+def _shows(ch: Channel, request: InputRequest) -> bool:
+    """Whether `ch` shows `request`: it takes it as it stands, or took it before its escalation
+    (a first-line channel hears how the request it showed goes on in the group)."""
+    if ch.accepts(request):
+        return True
+    return request.escalated_to is not None and ch.accepts(_unescalated(request))

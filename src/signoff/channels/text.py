@@ -17,7 +17,7 @@ from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from .._results import Outcome
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, Principal, how_to_choose, named_options
-from ._base import Channel, Resolution, describe_principal, logger, settled_as
+from ._base import Channel, Escalation, Resolution, describe_principal, logger, settled_as
 from .terminal import TerminalChannel, compact_json, printable
 
 __all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
@@ -61,6 +61,13 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
 
 def _when(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _deadline(request: InputRequest) -> list[str]:
+    """The line on a request's deadline: when it expires, or the group it was escalated to."""
+    if request.escalated_to is not None:
+        return [f"Escalated to {request.escalated_to}: no one decided before the deadline."]
+    return [] if request.expires_at is None else [f"Expires {_when(request.expires_at)}."]
 
 
 class TextChannel(Channel):
@@ -113,8 +120,7 @@ class TextChannel(Channel):
                 lines.append(f"It asks for approval of: {compact_json(request.payload)}")
             if request.approvers > 1:
                 lines.append(f"Needs {request.approvers} approvals ({request.progress} so far).")
-            if request.expires_at is not None:
-                lines.append(f"Expires {_when(request.expires_at)}.")
+            lines += _deadline(request)
             lines.append("Reply yes to approve or no to deny (a reason may follow: no: why).")
             return "\n".join(lines)
         lines = [request.question or f"{request.agent} asks for input"]
@@ -122,8 +128,7 @@ class TextChannel(Channel):
             f"{i}. {o.label}" + (f" - {o.description}" if o.description else "")
             for i, o in enumerate(request.options, 1)
         ]
-        if request.expires_at is not None:
-            lines.append(f"Expires {_when(request.expires_at)}.")
+        lines += _deadline(request)
         lines.append(self._hint(request))
         return "\n".join(lines)
 
@@ -156,6 +161,15 @@ class TextChannel(Channel):
             text += f" ({resolution.reason})"
         return text + "."
 
+    def render_escalation(self, request: InputRequest, escalation: Escalation, kept: bool) -> str:
+        """The text that says the request shown was handed to a group (and, unless `kept`, that
+        this channel no longer shows it)."""
+        what = request.tool_name if request.kind == "tool-approval" else "the question"
+        text = f"{what} was escalated to {escalation.to}"
+        if escalation.reason:
+            text += f" ({escalation.reason})"
+        return text + ("." if kept else "; it is no longer shown here.")
+
     # -- what the hub tells it ----------------------------------------------------------------
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
@@ -178,6 +192,21 @@ class TextChannel(Channel):
             for i, r in enumerate(self._queue):
                 if r.id == request.id:
                     self._queue[i] = request
+
+    async def on_escalated(self, request: InputRequest, escalation: Escalation) -> None:
+        """The person is told if it is the request they see; one this channel no longer takes
+        as escalated (`accepts`) leaves the queue and the next is shown."""
+        async with self._lock:
+            index = next((i for i, r in enumerate(self._queue) if r.id == request.id), None)
+            if index is not None and request.status == "pending":
+                kept = self.accepts(request)
+                if index == 0:  # told before the queue changes, so the hub's retry tells it again
+                    await self.send_text(self.render_escalation(request, escalation, kept))
+                if kept:
+                    self._queue[index] = request
+                else:
+                    del self._queue[index]
+            await self._show_unseen()
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         async with self._lock:

@@ -4,7 +4,8 @@ of filling the process's memory before `max_response_bytes` could look at the pa
 
 The SDK clients get an HTTP client whose response hook wraps each body's stream; gzip and
 deflate bodies are inflated here, counted as they are inflated, so the cap bounds the text the
-SDK would parse, not just the bytes on the wire.
+SDK would parse, not just the bytes on the wire. Only those two are asked for: a reply in any
+other encoding (or two at once) fails the call.
 """
 
 from __future__ import annotations
@@ -130,6 +131,22 @@ def _stream_type(response: Any) -> type[_CappedStream]:
     return known
 
 
+def _coding(header: str, url: str, error: type[ReplyTooLarge]) -> str | None:
+    """The one compression (`gzip` or `deflate`) a `Content-Encoding` header names, or None for
+    none; any other (two codings, `br`, ...) the HTTP package might inflate past the cap, or
+    could not read at all, so it fails the call."""
+    codings = [c.strip().lower() for c in header.split(",")]
+    codings = ["gzip" if c == "x-gzip" else c for c in codings if c not in ("", "identity")]
+    if not codings:
+        return None
+    if len(codings) > 1 or codings[0] not in ("gzip", "deflate"):
+        raise error(
+            f"the reply from {url} is encoded as {header!r}, not asked for: only one gzip or "
+            "deflate coding is read (within max_reply_bytes)"
+        )
+    return codings[0]
+
+
 def capped_http_client(sdk: ModuleType, sdk_error: type[Exception], cap: int) -> Any:
     """The SDK's default async HTTP client (its timeouts, connection limits and redirects), with
     every reply body capped at `cap` bytes."""
@@ -143,13 +160,11 @@ def capped_http_client(sdk: ModuleType, sdk_error: type[Exception], cap: int) ->
                 f"the reply from {url} announced {int(length):,} bytes, over max_reply_bytes "
                 f"({cap:,})"
             )
-        encoding = response.headers.get("content-encoding", "").strip().lower()
-        if encoding in ("gzip", "deflate"):
+        encoding = _coding(response.headers.get("content-encoding", ""), url, error)
+        if encoding is not None:
             del response.headers["content-encoding"]  # inflated here, counted as it inflates
-        elif encoding not in ("", "identity"):
-            encoding = ""  # asked for only gzip or deflate: any other is capped as it came
         capped = _stream_type(response)
-        response.stream = capped(response.stream, cap, encoding or None, error, url)
+        response.stream = capped(response.stream, cap, encoding, error, url)
 
     async def ask_for_known_encodings(request: Any) -> None:
         request.headers["Accept-Encoding"] = "gzip, deflate"
