@@ -184,6 +184,24 @@ async def test_a_pending_requests_row_rewritten_is_named(store_url: str) -> None
     assert len(reasons) == 2 and any("req_forged" in r and "no entry" in r for r in reasons)
 
 
+async def test_a_pending_requests_deadline_column_changed_is_named(store_url: str) -> None:
+    """The sweep finds due requests by their rows' `expires_at` column, a copy of the deadline in
+    the request's data: a column cleared, made earlier or later (a deadline the sweep would miss,
+    or read too soon) is named, as a change to the data is."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        _, rid = await parked(rt)
+        shown = await rt.store.get_request(rid)
+    assert shown is not None and shown.request.expires_at is not None
+    deadline = shown.request.expires_at
+    for value in (None, deadline - 5, deadline + 3600):
+        alter(store_url, "UPDATE {t}requests SET expires_at={p} WHERE id={p}", value, rid)
+        (reason,) = await problems_of(store_url, clock)
+        assert rid in reason and "expires_at column" in reason, reason
+    alter(store_url, "UPDATE {t}requests SET expires_at={p} WHERE id={p}", deadline, rid)
+    assert await problems_of(store_url, clock) == []
+
+
 async def test_an_unreadable_request_row_is_named_not_raised(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/a.db"
     clock = ManualClock()

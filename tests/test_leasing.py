@@ -244,3 +244,51 @@ async def test_a_renewal_that_hangs_past_the_expiry_is_given_up_and_the_body_can
     types = await finished_by_a_worker(store_url, slow.tool, sid)
     assert slow.runs == [f"{sid}:1:call_refund"] * 2
     assert once_each(types)
+
+
+async def test_a_given_up_renewal_slow_to_stop_does_not_delay_the_bodys_cancel(
+    store_url: str,
+) -> None:
+    """A hanging renewal that, once given up, takes a while to stop (psycopg, cancelled, asks
+    the server to cancel the query and waits for that, up to 5 s twice on a connection gone
+    silent) does not hold the lease's loss back: the body is cancelled when the expiry passes,
+    while that renewal is still stopping, not after."""
+    clock = ManualClock(time.time())
+    slow = SlowRefund()
+    agent = refund_agent(slow.tool)
+    stopping = asyncio.Event()  # lets the given-up renewal end; set once the body is cancelled
+    async with so.Runtime([agent], store=store_url, lease_ttl=0.3, clock=clock) as rt:
+        renew = rt.store.renew_lease
+        silent = asyncio.Event()  # never set
+        given_up: list[int] = []
+
+        async def hanging(*args: Any) -> bool:
+            slow.renewals.append(1)
+            if slow.runs:
+                try:
+                    await silent.wait()
+                except asyncio.CancelledError:
+                    given_up.append(1)
+                    await stopping.wait()
+                    raise
+            return await renew(*args)
+
+        rt.store.renew_lease = hanging  # type: ignore[method-assign,assignment]
+        sid = await rt.create_session("support")
+        drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
+        try:
+            await until(lambda: bool(slow.runs))
+            before = await event_types(rt, sid)
+            await until(lambda: bool(given_up))
+            assert not slow.cancelled.is_set() and not drive.done()
+            clock.advance(1.0)
+            await until(slow.cancelled.is_set)
+            assert not stopping.is_set() and len(given_up) >= 1
+        finally:
+            stopping.set()
+        result = await asyncio.wait_for(drive, 10)
+        assert result.status == "running"
+        assert await event_types(rt, sid) == before and before[-1] == "tool.started"
+    types = await finished_by_a_worker(store_url, slow.tool, sid)
+    assert slow.runs == [f"{sid}:1:call_refund"] * 2
+    assert once_each(types)

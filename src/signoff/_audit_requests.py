@@ -158,6 +158,9 @@ def _said(row: RequestRow, entries: list[tuple[int, int, str, dict[str, Any]]]) 
     keys = [k for k, v in columns.items() if getattr(row, k) != v]
     if keys:
         said.append(f"its {', '.join(keys)} column{'s' if len(keys) > 1 else ''} differ")
+    if row.status == "pending" and row.deadline != row.request.expires_at:
+        # What the sweep reads: another value there applies the deadline early, late or never.
+        said.append("its expires_at column is not its request's deadline")
     if (row.status, row.outcome) != (status, outcome):
         said.append(
             f"it is {row.status} ({row.outcome}), but the trail has it {status} ({outcome})"

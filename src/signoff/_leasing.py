@@ -139,40 +139,59 @@ class Leasing:
         # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
         # can swallow a cancellation, so the loop also stops once `go_on` is cleared.
         pause = self.lease_ttl / 3
-        while go_on.is_set():
-            await asyncio.sleep(pause)
-            if not go_on.is_set():
-                return
-            now = self._lease_now()
-            try:
+        renewal: asyncio.Future[bool] | None = None
+        asked = 0.0  # the lease clock's time `renewal` renews from
+        try:
+            while go_on.is_set():
+                await asyncio.sleep(pause)
+                if not go_on.is_set():
+                    return
+                now = self._lease_now()
+                if renewal is None or renewal.done():
+                    asked = now
+                    renewal = asyncio.ensure_future(
+                        self.store.renew_lease(session_id, owner, token, self.lease_ttl, now)
+                    )
+                # else one given up is still stopping: waited on again, no second one started.
                 # A renewal that hangs past the expiry is given up; one tried after it (the
                 # last failed just before) gets a short while: if no one took the lease over
-                # meanwhile, it is still ours.
-                async with asyncio.timeout(max(held.expires - now, self.lease_ttl / 10)):
-                    live = await self.store.renew_lease(
-                        session_id, owner, token, self.lease_ttl, now
-                    )
-            except (StoreError, TimeoutError) as exc:
-                why = str(exc) or "it timed out"
-                left = held.expires - self._lease_now()
-                if left <= 0:
-                    log.warning(
-                        "session %s: lease %d lapsed, no renewal getting through (%s); "
-                        "stopping its drive",
-                        session_id,
-                        token,
-                        why,
-                    )
-                    held.lose()
+                # meanwhile, it is still ours. One given up is cancelled but not awaited: a
+                # psycopg query cancelled on a connection gone silent takes up to 10 s to stop,
+                # and the body must not run on that long past the expiry.
+                await asyncio.wait({renewal}, timeout=max(held.expires - now, self.lease_ttl / 10))
+                try:
+                    if not renewal.done():
+                        renewal.cancel()
+                        raise TimeoutError
+                    live = renewal.result()  # CancelledError: one given up before has stopped
+                except (StoreError, TimeoutError, asyncio.CancelledError) as exc:
+                    why = str(exc) or "it timed out"
+                    left = held.expires - self._lease_now()
+                    if left <= 0:
+                        log.warning(
+                            "session %s: lease %d lapsed, no renewal getting through (%s); "
+                            "stopping its drive",
+                            session_id,
+                            token,
+                            why,
+                        )
+                        held.lose()
+                        return
+                    # A dropped connection: try again soon, before the lease lapses.
+                    log.warning("renewing the lease on session %s failed: %s", session_id, why)
+                    pause = min(self.lease_ttl / 10, left)
+                    continue
+                if not live:
+                    log.warning("session %s: lease %d was taken over", session_id, token)
+                    held.lose()  # fenced: this drive can write nothing more
                     return
-                # A dropped connection: try again soon, before the lease lapses.
-                log.warning("renewing the lease on session %s failed: %s", session_id, why)
-                pause = min(self.lease_ttl / 10, left)
-                continue
-            if not live:
-                log.warning("session %s: lease %d was taken over", session_id, token)
-                held.lose()  # fenced: this drive can write nothing more
-                return
-            held.at = time.monotonic()
-            held.expires = now + self.lease_ttl
-            pause = self.lease_ttl / 3
+                held.at = time.monotonic()
+                held.expires = asked + self.lease_ttl
+                pause = self.lease_ttl / 3
+        finally:
+            if renewal is not None:
+                # Stopped before the drive's lease is released, its connection back in the pool.
+                renewal.cancel()
+                await asyncio.wait({renewal})
+                if not renewal.cancelled():
+                    renewal.exception()  # seen: a failure is only that it failed

@@ -121,6 +121,7 @@ class RequestRow:
     outcome: object
     request: InputRequest | None
     resolution: dict[str, Any] | None
+    deadline: object  # the `expires_at` column the sweep finds due requests by
     damage: str | None = None
 
 
@@ -291,7 +292,7 @@ def request_rows(
 
 REQUEST_ROW_COLUMNS = (
     "r.id, s.id, s.audit_n, r.agent, r.kind, r.tool, r.created_at, r.status, r.outcome, "
-    "r.resolution"
+    "r.resolution, r.expires_at"
 )
 """What `request_row` reads before a store's request columns (data, event data, index, status,
 earlier events)."""
@@ -303,7 +304,7 @@ def request_row(row: Sequence[Any], unpack: Callable[[Any], Any]) -> RequestRow:
     damage = []
     request = resolution = None
     try:
-        request = stored_request(*row[10:14], unpack, *row[14:])
+        request = stored_request(*row[11:15], unpack, *row[15:])
     except StoreError as exc:
         damage.append(f"its request: {exc}")
     if row[9] is not None:
@@ -326,6 +327,7 @@ def request_row(row: Sequence[Any], unpack: Callable[[Any], Any]) -> RequestRow:
         outcome=row[8],
         request=request,
         resolution=resolution,
+        deadline=row[10],
         damage="; ".join(damage) or None,
     )
 
