@@ -5,10 +5,12 @@ sessions, on SQLite and on PostgreSQL (a script, not a test).
     scripts/pg run -- .venv/bin/python -m bench.sweep --sessions 10000  # both stores
 
 N sessions are parked waiting on an approval: 5% with a request deadline an hour away, 5% with a
-session TTL of an hour, the rest with neither, so no deadline is due and a sweep finds nothing to
-do. A sweep is timed `--repeat` times on a runtime that parked nothing (a cold state cache, as in
-a worker process); the median and the fastest are reported, with the sweep's CPU time. PostgreSQL
-runs when `SIGNOFF_PG_URL` is set, in a schema of its own that is dropped afterwards.
+session TTL of an hour, 10% through a subagent (a parent waiting on a child session that waits
+on the approval), the rest with neither, so no deadline is due, no child is orphaned and a
+sweep finds nothing to do. A sweep is timed `--repeat` times on a runtime that parked nothing (a
+cold state cache, as in a worker process); the median and the fastest are reported, with the
+sweep's CPU time. PostgreSQL runs when `SIGNOFF_PG_URL` is set, in a schema of its own that is
+dropped afterwards.
 """
 
 from __future__ import annotations
@@ -41,18 +43,27 @@ def agents() -> list[so.Agent]:
         model = so.models.Scripted([so.ModelResponse(tool_calls=[call])], repeat_last=True)
         return so.Agent(name=name, model=model, tools=[refund], limits=limits or so.Limits())
 
+    delegating = so.ToolCall(name="child", input={"message": "refund A1"})
+    boss = so.Agent(
+        name="boss",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[delegating])], repeat_last=True),
+        tools=[so.delegate("plain", name="child")],
+    )
     return [
         agent("plain", so.always()),
         agent("timed", so.always(expires_in=3600)),
         agent("ttl", so.always(), so.Limits(ttl=3600)),
+        boss,
     ]
 
 
 async def park(url: str, sessions: int) -> None:
-    """Park `sessions` sessions on the store at `url`, 5% `timed`, 5% `ttl`, the rest `plain`."""
+    """Park `sessions` sessions on the store at `url`, 5% `timed`, 5% `ttl`, 10% `boss` (each
+    waiting on a `plain` child it delegated to: the orphan sweep's business), the rest `plain`."""
     async with so.Runtime(agents(), store=url) as rt:
         names = [
-            "timed" if i % 20 == 0 else "ttl" if i % 20 == 1 else "plain" for i in range(sessions)
+            "timed" if i % 20 == 0 else "ttl" if i % 20 == 1 else "boss" if i % 10 == 2 else "plain"
+            for i in range(sessions)
         ]
         for start in range(0, sessions, 50):
             batch = names[start : start + 50]

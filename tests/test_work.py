@@ -18,12 +18,16 @@ import psycopg
 import pytest
 
 import signoff as so
+from signoff import _subagents
 from signoff.stores import PendingFilter
-from signoff.testing import ExecutionLog, ManualClock
+from signoff.stores.postgres import STORE_SCHEMA as PG_SCHEMA
+from signoff.stores.sqlite._schema import STORE_SCHEMA as SQLITE_SCHEMA
+from signoff.testing import ExecutionLog, ManualClock, call, call_tools, reply, scripted_agent
 
 from ._procs import ROOT
 from ._ttl import ttl_agent
 from .test_deadlines import asked, escalating_spec, payout_agent
+from .test_subagents import ALICE, Counted, refund_agents
 from .test_workers import is_, refund_agent, until, working
 
 
@@ -257,7 +261,9 @@ async def test_a_sweep_reads_only_what_is_due_and_applies_it(store_url: str) -> 
 
 def _as_schema_before_deadline_columns(url: str) -> None:
     """Make the store at `url` what the schema before request rows kept their deadlines was:
-    no such column, no index on it, and the older version marked."""
+    no such column, no index on it, nor what later schemas added, and the older version
+    marked."""
+    _as_schema_before_session_parents(url)
     if url.startswith("sqlite:///"):
         with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
             conn.execute("DROP INDEX requests_due")
@@ -268,6 +274,22 @@ def _as_schema_before_deadline_columns(url: str) -> None:
         conn.execute("DROP INDEX signoff.requests_due")
         conn.execute("ALTER TABLE signoff.requests DROP COLUMN expires_at")
         conn.execute("DELETE FROM signoff.schema_version WHERE version = 6")
+
+
+def _as_schema_before_session_parents(url: str) -> None:
+    """Make the store at `url` what the schema before session rows named their parent was: no
+    such columns, no index on them, and the older version marked."""
+    if url.startswith("sqlite:///"):
+        with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+            conn.execute("DROP INDEX sessions_children")
+            conn.execute("ALTER TABLE sessions DROP COLUMN parent")
+            conn.execute("ALTER TABLE sessions DROP COLUMN parent_turn")
+            conn.execute("UPDATE meta SET value='5' WHERE key='schema'")
+        return
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("DROP INDEX signoff.sessions_children")
+        conn.execute("ALTER TABLE signoff.sessions DROP COLUMN parent, DROP COLUMN parent_turn")
+        conn.execute("DELETE FROM signoff.schema_version WHERE version = 7")
 
 
 async def test_a_store_upgraded_with_pending_deadlines_still_sweeps_them(store_url: str) -> None:
@@ -295,11 +317,12 @@ async def test_a_store_upgraded_with_pending_deadlines_still_sweeps_them(store_u
         assert [r.id for r in await rt.pending()] == [r2.id]
     if store_url.startswith("sqlite:///"):
         with sqlite3.connect(store_url.removeprefix("sqlite:///")) as conn:
-            assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("5",)
+            found = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            assert found == (str(SQLITE_SCHEMA),)
     else:
         with psycopg.connect(store_url) as conn:
             found = conn.execute("SELECT MAX(version) FROM signoff.schema_version").fetchone()
-            assert found == (6,)
+            assert found == (PG_SCHEMA,)
 
 
 async def test_a_store_that_cannot_tell_lapsed_sessions_is_swept_as_before(
@@ -317,3 +340,75 @@ async def test_a_store_that_cannot_tell_lapsed_sessions_is_swept_as_before(
         assert await rt.expire_due() == 1
         state = await rt.state(parked.session_id)
         assert state.turn is not None and state.turn.status == "failed"
+
+
+async def _orphans(store: Any, agents: list[str]) -> list[Any]:
+    return list(await store.orphaned_children(agents))
+
+
+async def _children_of_three_parents(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[list[so.Agent], set[str], set[str]]:
+    """Three parents each delegate to a child that waits on an approval; one keeps waiting,
+    one is cancelled and one cancelled then sent a new message (a new turn, waiting on a new
+    child), both cancels missing their children (as if their process died there). Returns the
+    agents, the orphaned children and those whose parent still waits for them."""
+    _, child = refund_agents([], Counted("unused"))
+    delegating = call_tools(call("billing", id="d1", message="Refund order 1042"))
+    parent = scripted_agent(
+        "support", [delegating, delegating, reply("unused")], tools=[so.delegate("billing")]
+    )
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        kept, ended, replaced = [
+            await rt.generate("support", prompt="Refund", auth=ALICE) for _ in range(3)
+        ]
+        with monkeypatch.context() as m:
+            m.setattr(_subagents, "children", lambda requests: [])
+            m.setattr(_subagents, "delegated", lambda state: [])
+            await rt.cancel(ended.session_id)
+            await rt.cancel(replaced.session_id)
+        again = await rt.generate(session_id=replaced.session_id, prompt="Again", auth=ALICE)
+    children = {
+        r.session_id: r.pending[0].child.session_id  # type: ignore[union-attr]
+        for r in (kept, ended, again)
+    }
+    orphans = {children[ended.session_id], replaced.pending[0].child.session_id}  # type: ignore[union-attr]
+    return [parent, child], orphans, {children[kept.session_id], children[again.session_id]}
+
+
+async def test_the_orphan_sweep_reads_only_children_no_parent_waits_for(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store lists the children whose parent's turn ended or was replaced, not those a
+    parent waits for: the sweep cancels the former without loading the latter."""
+    agents, orphans, live = await _children_of_three_parents(store_url, monkeypatch)
+    async with so.Runtime(agents, store=store_url) as rt:
+        await rt.open()
+        assert {r.id for r in await _orphans(rt.store, ["billing"])} == orphans
+        assert await _orphans(rt.store, ["support"]) == []
+        loaded: list[str] = []
+        load = rt.store.load
+
+        async def counted(session_id: str) -> Any:
+            loaded.append(session_id)
+            return await load(session_id)
+
+        monkeypatch.setattr(rt.store, "load", counted)
+        assert await rt.expire_due() == 2
+        assert not live & set(loaded)
+        assert {s.id for s in await rt.sessions(agent="billing", status="cancelled")} == orphans
+        assert {s.id for s in await rt.sessions(agent="billing", status="waiting")} == live
+        assert await _orphans(rt.store, ["billing"]) == []
+
+
+async def test_a_store_upgraded_with_parked_children_names_their_parents(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Children created before session rows named their parent get it (and the parent's turn)
+    when the store is upgraded: the sweep lists the same orphans as if they were new."""
+    agents, orphans, _ = await _children_of_three_parents(store_url, monkeypatch)
+    _as_schema_before_session_parents(store_url)
+    async with so.Runtime(agents, store=store_url) as rt:
+        await rt.open()
+        assert {r.id for r in await _orphans(rt.store, ["billing"])} == orphans
+        assert await rt.expire_due() == 2

@@ -1,7 +1,7 @@
 """`Leasing`: how a runtime holds a session's lease while it drives it: acquired (waiting a
 while for another holder), confirmed before a tool body runs, renewed in the background (a
-lease found lost stops the tool body running under it), and released, all timed by the store's
-clock where it has one (PostgreSQL)."""
+lease found lost stops the tool body or model call running under it), and released, all timed
+by the store's clock where it has one (PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -25,12 +25,13 @@ log = logging.getLogger("signoff.runtime")
 class Held:
     """A drive's lease as this process knows it. Once it is lost (taken over, or lapsed with no
     renewal getting through), another process may run the call this one is running: the tool
-    body running under it (`body`) is cancelled, and the drive records nothing more."""
+    body or model call running under it (`body`) is cancelled, and the drive records nothing
+    more (a model's response could not be recorded: waiting for it only costs)."""
 
     at: float  # when it was last known live (`time.monotonic()`)
     expires: float  # when it lapses unless renewed, by the lease clock (`Leasing._lease_now`)
     lost: bool = False
-    body: asyncio.Future[Any] | None = None  # the tool body running under it, if any
+    body: asyncio.Future[Any] | None = None  # the tool body or model call running, if any
 
     def lose(self) -> None:
         self.lost = True

@@ -8,7 +8,7 @@ import asyncio
 import json
 from typing import Any
 
-from ._exceptions import ModelError, SignoffError
+from ._exceptions import LeaseLost, ModelError, SignoffError
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
 from ._types import InputRequest, Message, ModelResponse, Option, ToolResultMessage
@@ -93,13 +93,15 @@ class ModelStep(DriverPart):
         # The model reads every message now: the calls it proposes start un-aborted.
         self.abort_signal.clear()
         try:
-            response = await self.agent.model.complete(request)
+            response = await self._complete(request)
             if not isinstance(response, ModelResponse):
                 raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
             _check_recordable(response, limits.max_response_bytes)
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the model
+            if isinstance(exc, LeaseLost) and self.held is not None and self.held.lost:
+                raise  # another process drives the turn now: nothing is recorded here
             code = exc.code if isinstance(exc, SignoffError) else "model_error"
             message = f"{type(exc).__name__}: {exc}"
             cap = limits.max_response_bytes // 4
@@ -155,6 +157,30 @@ class ModelStep(DriverPart):
 
         await self.record(specs)
         return False
+
+    async def _complete(self, request: ModelRequest) -> Any:
+        """The model's response to `request`, the call run as the lease's `body`: a lease lost
+        meanwhile cancels it and raises `LeaseLost` (its response could not be recorded)."""
+        lease = self.held
+        if lease is None:
+            return await self.agent.model.complete(request)
+        lost = LeaseLost(f"the lease on session {self.state.id!r} was lost")
+        if lease.lost:
+            raise lost
+        call = asyncio.ensure_future(self.agent.model.complete(request))
+        lease.body = call
+        try:
+            # Awaiting the task: a cancel of this drive cancels the model call with it.
+            response = await call
+        except (Exception, asyncio.CancelledError) as exc:
+            if lease.lost and (isinstance(exc, Exception) or own_cancel(exc)):
+                raise lost from None
+            raise
+        finally:
+            lease.body = None
+        if lease.lost:  # a model that ignored the cancel: its response is discarded
+            raise lost
+        return response
 
     async def _fail_limit(self, problem: str) -> None:
         error = {"code": "session_limit_reached", "message": problem}

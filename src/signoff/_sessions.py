@@ -435,7 +435,7 @@ class SessionRunner(Leasing):
             renew = asyncio.create_task(self._renew(session_id, owner, token, renewing, held))
             driver: Driver | None = None
             failed = True
-            lost = False
+            lost = cancelled = False
             try:
                 state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running
@@ -452,6 +452,11 @@ class SessionRunner(Leasing):
                 # worker drives the turn; this one wrote nothing after losing it (fencing).
                 log.warning("session %s: lease %d was lost; leaving the turn", session_id, token)
                 lost = True
+            except asyncio.CancelledError:
+                # Stopped from outside (a delegate call whose parent lost its lease, say), not
+                # failed: the lease is given back, so the next drive need not wait out its TTL.
+                cancelled = True
+                raise
             finally:
                 renewing.clear()  # ends the loop even if the cancel below is swallowed
                 renew.cancel()
@@ -459,7 +464,12 @@ class SessionRunner(Leasing):
                     await renew
                 if driver is not None:
                     self._remember(driver.state)
-                if (driver is None or not driver.released) and not (failed and keep_on_error):
+                if driver is not None and driver.released:
+                    pass
+                elif cancelled:
+                    with contextlib.suppress(StoreError):  # kept in `_unreleased` for later
+                        await self._release(session_id, owner, token)
+                elif not (failed and keep_on_error):
                     await self._release(session_id, owner, token)
             retry = False
             state = await self._state(session_id)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextvars import ContextVar
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_checkable
 
 from pydantic import AfterValidator, Field
@@ -458,29 +459,48 @@ async def _first_turn(rt: Runtime, state: SessionState) -> SessionState:
 async def sweep_orphans(rt: Runtime) -> int:
     """Cancel the live (running or waiting) delegated turns whose parent's turn ended: the
     process that cancelled the parent died before cancelling them, and a waiting one is never
-    driven to find out. Only sessions of this runtime's subagents are read. Returns how many
-    it cancelled."""
+    driven to find out. Only sessions of this runtime's subagents are read: those the store
+    lists as orphaned where it can tell them (a child whose parent waits for it costs
+    nothing), else every running or waiting one. Returns how many it cancelled."""
     targets = {
         _targets[tool]
         for spec in rt.agents.values()
         for tool in spec.tools.values()
         if tool in _targets
     }
+    agents = sorted(targets & rt.agents.keys())
+    query = getattr(rt.store, "orphaned_children", None)
     rows: list[SessionSummary] = []
-    for agent in sorted(targets & rt.agents.keys()):
-        for status in ("running", "waiting"):
-            offset = 0
-            while True:  # all listed before any is cancelled, which would move the pages
-                page = await rt.store.sessions(agent=agent, status=status, limit=500, offset=offset)
-                rows += page
-                if len(page) < 500:
-                    break
-                offset += 500
+    if query is not None and agents:
+        rows = await _all(lambda offset: query(agents, limit=500, offset=offset))
+    elif query is None:
+        for agent in agents:
+            for status in ("running", "waiting"):
+                rows += await _all(partial(_listed, rt, agent, status))
     cancelled = 0
     for row in rows:
         with contextlib.suppress(SessionExpired, UnknownSession):
             cancelled += await cancel_orphan(rt, await rt._state(row.id))
     return cancelled
+
+
+async def _listed(rt: Runtime, agent: str, status: str, offset: int) -> list[SessionSummary]:
+    return await rt.store.sessions(agent=agent, status=status, limit=500, offset=offset)
+
+
+async def _all(
+    page: Callable[[int], Awaitable[list[SessionSummary]]],
+) -> list[SessionSummary]:
+    """Every row of a listing, 500 at a time: all listed before any is cancelled, which would
+    move the pages."""
+    rows: list[SessionSummary] = []
+    offset = 0
+    while True:
+        got = await page(offset)
+        rows += got
+        if len(got) < 500:
+            return rows
+        offset += 500
 
 
 def _journaled(state: SessionState, *, done: bool) -> list[str]:

@@ -26,6 +26,7 @@ __all__ = [
     "Store",
     "SessionSummary",
     "StoredRequest",
+    "parent_of",
     "request_row",
     "request_rows",
     "stored_request",
@@ -182,6 +183,9 @@ class Store(Protocol):
     a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them.
     Likewise `lapsed_sessions(now, limit=, offset=)`, the running or waiting sessions whose TTL
     passed by `now` (both stores have it: a sweep then reads only those, not every session);
+    `orphaned_children(agents, limit=, offset=)`, the running or waiting sessions of `agents`
+    created for a parent (`parent_of`) whose turn that created them ended or was replaced
+    (both stores have it: the orphan sweep then reads only those, not every child);
     and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str
@@ -267,6 +271,15 @@ class Store(Protocol):
         """Request rows (of one session, if given) with ids after `after`, in id order, each
         read in one statement with its session's `audit_n`, for checking against the trail."""
         ...
+
+
+def parent_of(events: Sequence[Event]) -> str | None:
+    """The parent session a new session's `session.created` names (a subagent's), if any."""
+    first = events[0] if events else None
+    if first is None or first.type != "session.created":
+        return None
+    parent = first.data.get("parent")
+    return parent if isinstance(parent, str) else None
 
 
 def request_rows(

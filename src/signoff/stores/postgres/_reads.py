@@ -23,7 +23,15 @@ from .._base import (
 )
 from .._codec import EventTexts, parse, stored_type, type_name, unpack
 from ._connections import Conn, Connections, Seen, storable
-from ._sql import EARLIER_COLUMNS, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN, TURN, named_turn
+from ._sql import (
+    CURRENT_TURN,
+    EARLIER_COLUMNS,
+    EARLIER_JOIN,
+    REQUEST_COLUMNS,
+    REQUEST_JOIN,
+    TURN,
+    named_turn,
+)
 
 __all__ = ["Reads"]
 
@@ -327,6 +335,42 @@ class Reads(Connections):
             ]
 
         return await self._read(body, "listing sessions whose TTL passed")
+
+    async def orphaned_children(
+        self, agents: Sequence[str], *, limit: int = 100, offset: int = 0
+    ) -> list[SessionSummary]:
+        """Running or waiting sessions of `agents` created for a parent whose turn that created
+        them is over: the parent gone, idle or cancelled, or on a later turn (see
+        `cancel_orphan`, which decides on each). From the index of children by status."""
+        s = self._s
+        if not agents:
+            return []
+
+        async def body(conn: Conn) -> list[SessionSummary]:
+            cur = await conn.execute(
+                "SELECT c.id, c.agent, c.status, c.head, c.created_at, c.updated_at, "
+                f"c.expires_at FROM {s}.sessions c LEFT JOIN {s}.sessions p ON p.sk = c.parent "
+                "WHERE c.parent IS NOT NULL AND c.status IN ('running', 'waiting') "
+                "AND c.agent = ANY(%s) AND (p.sk IS NULL "
+                "OR p.status NOT IN ('running', 'waiting', 'failed') OR c.parent_turn IS NULL "
+                "OR c.parent_turn IS DISTINCT FROM "
+                f"{CURRENT_TURN.format(s=s, sk='p.sk')}) ORDER BY c.sk LIMIT %s OFFSET %s",
+                (list(agents), limit, offset),
+            )
+            return [
+                SessionSummary(
+                    id=i,
+                    agent=a,
+                    status=st,
+                    head=int(h),
+                    created_at=float(c),
+                    updated_at=float(u),
+                    expires_at=None if x is None else float(x),
+                )
+                for i, a, st, h, c, u, x in await cur.fetchall()
+            ]
+
+        return await self._read(body, "listing orphaned subagent sessions")
 
     async def audit(
         self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000

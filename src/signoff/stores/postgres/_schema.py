@@ -11,7 +11,7 @@ from psycopg.rows import TupleRow
 
 from ..._exceptions import StoreError
 from .._base import stored_request
-from .._codec import unpack
+from .._codec import stored_type, unpack, unpack_event
 from ._sql import REQUEST_COLUMNS, REQUEST_JOIN
 
 __all__ = ["FILLS", "MIGRATIONS", "STORE_SCHEMA"]
@@ -167,6 +167,15 @@ CREATE INDEX requests_due ON {s}.requests (expires_at)
     WHERE status = 'pending' AND expires_at IS NOT NULL;
 """,
     ),
+    (
+        7,
+        "subagent session rows name their parent and the parent's turn that delegated to them, "
+        "indexed by status, so the orphan sweep lists only children no parent waits for",
+        """
+ALTER TABLE {s}.sessions ADD COLUMN parent BIGINT, ADD COLUMN parent_turn TEXT;
+CREATE INDEX sessions_children ON {s}.sessions (status) WHERE parent IS NOT NULL;
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
 A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the
@@ -192,8 +201,36 @@ async def _fill_request_deadlines(conn: psycopg.AsyncConnection[TupleRow], s: st
         await update.executemany(f"UPDATE {s}.requests SET expires_at=%s WHERE id=%s", deadlines)
 
 
+async def _fill_session_parents(conn: psycopg.AsyncConnection[TupleRow], s: str) -> None:
+    """Migration 7: each subagent's session row gets its parent, from the `session.created`
+    event naming it, and the parent's turn current when the child was created."""
+    cur = await conn.execute(f"SELECT id, sk FROM {s}.sessions")
+    keys: dict[str, int] = {str(i): int(k) for i, k in await cur.fetchall()}
+    cur = await conn.execute(
+        f"SELECT sk, data FROM {s}.events WHERE seq = 1 AND type IN (%s, 'session.created')",
+        (stored_type("session.created"),),
+    )
+    parents = []
+    for sk, data in await cur.fetchall():
+        try:
+            parent = unpack_event(data).get("parent")
+        except (StoreError, AttributeError):
+            continue  # unreadable: as a session of no parent, as sweeps read none of these
+        if isinstance(parent, str) and parent in keys:
+            parents.append((keys[parent], sk))
+    async with conn.cursor() as update:
+        await update.executemany(f"UPDATE {s}.sessions SET parent=%s WHERE sk=%s", parents)
+    await conn.execute(
+        f"UPDATE {s}.sessions c SET parent_turn = (SELECT t.turn FROM {s}.events t "
+        "WHERE t.sk = c.parent AND t.type IN (%s, 'turn.started') AND t.at <= c.created_at "
+        "ORDER BY t.seq DESC LIMIT 1) WHERE c.parent IS NOT NULL",
+        (stored_type("turn.started"),),
+    )
+
+
 FILLS: Final[dict[int, Callable[[psycopg.AsyncConnection[TupleRow], str], Awaitable[None]]]] = {
     6: _fill_request_deadlines,
+    7: _fill_session_parents,
 }
 """Steps in Python of the migrations of these versions, given the connection and `{s}`."""
 

@@ -12,6 +12,7 @@ from .._audit import AUDIT_TYPES
 from .._codec import CHAIN_MAX, DEFLATE_ON_PREVIOUS, Previous, pack_event, stored_type
 
 __all__ = [
+    "CURRENT_TURN",
     "EARLIER_COLUMNS",
     "EARLIER_JOIN",
     "REQUEST_COLUMNS",
@@ -31,6 +32,13 @@ TURN = (
     "AND p.turn IS NOT NULL ORDER BY p.seq DESC LIMIT 1))"
 )
 """An event's turn id: its own, or that of the nearest event before it that names one."""
+
+CURRENT_TURN = (
+    "(SELECT t.turn FROM {s}.events t WHERE t.sk = {sk} AND t.type IN "
+    f"('{stored_type('turn.started')}', 'turn.started') ORDER BY t.seq DESC LIMIT 1)"
+)
+"""The id of the current turn of the session whose `sk` is `{sk}`: that its last
+`turn.started` row names (a row names its turn where the turn changes), NULL before one."""
 
 TURN_NAMED_EVERY: Final = 64
 """An event row names its turn where the turn changes, and at least every 64 rows, so finding
@@ -140,7 +148,9 @@ def create_sql(s: str, events: int, sync: bool) -> str:
     """`create_session`'s statement: the session row, its first events, the announcement."""
     return (
         f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
-        "expires_at) VALUES (%s,%s,%s,'idle',%s,%s,%s) RETURNING sk), "
+        "expires_at, parent, parent_turn) SELECT %s,%s,%s,'idle',%s,%s,%s, p.sk, "
+        + CURRENT_TURN.format(s=s, sk="p.sk")
+        + f" FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s RETURNING sk), "
         f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
         f"SELECT i.sk, x.* FROM i, {rows_sql(events, _EVENT_COLUMNS)}) "
         "SELECT pg_notify(%s, %s)"

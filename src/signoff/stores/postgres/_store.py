@@ -27,7 +27,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession
 from .._audit import AuditRow, chain_hash, chain_session
-from .._base import Commit, request_rows
+from .._base import Commit, parent_of, request_rows
 from .._codec import EventTexts, Previous, pack_bytes, type_name
 from ._connections import Conn, Seen, storable
 from ._leases import Leases
@@ -71,7 +71,8 @@ class PostgresStore(Reads, Leases):
         rows, named, tail = event_rows(events, (None, None), None)
         # One statement: the session row, its first events and the announcement.
         sql = create_sql(s, len(rows), sync is not None)
-        params: list[Any] = [session_id, agent, last, at, at, expires_at]
+        # A subagent's row names its parent and the parent's turn (`orphaned_children`).
+        params: list[Any] = [session_id, agent, last, at, at, expires_at, parent_of(events)]
         params += rows_params(rows)
         params += [self.channel, f"{session_id} {last}"]
         if sync is not None:

@@ -25,6 +25,7 @@ from ._schema import (
     STORE_SCHEMA,
     WAL_CHECKPOINT_PAGES,
     keep_request_deadlines,
+    keep_session_parents,
     keep_stream_heads,
     upgrade_from_1,
 )
@@ -290,6 +291,8 @@ class Connection:
                 keep_stream_heads(conn)
             if 1 <= found < 5:
                 keep_request_deadlines(conn)
+            if 1 <= found < 6:
+                keep_session_parents(conn)
             for statement in SCHEMA.strip().split(";"):
                 if statement.strip():
                     conn.execute(statement)

@@ -33,7 +33,7 @@ from .._codec import (
     unpack,
 )
 from ._connection import Connection, kept, reading
-from ._schema import EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
+from ._schema import CURRENT_TURN, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
 
 __all__ = ["Reads"]
 
@@ -249,6 +249,31 @@ class Reads(Connection):
                 id=i, agent=a, status=st, head=h, created_at=c, updated_at=u, expires_at=x
             )
             for i, a, st, h, c, u, x in self.conn.execute(sql, [*params, limit, offset])
+        ]
+
+    @reading
+    async def orphaned_children(
+        self, agents: Sequence[str], *, limit: int = 100, offset: int = 0
+    ) -> list[SessionSummary]:
+        """Running or waiting sessions of `agents` created for a parent whose turn that created
+        them is over: the parent gone, idle or cancelled, or on a later turn (see
+        `cancel_orphan`, which decides on each). From the index of children by status."""
+        if not agents:
+            return []
+        sql = (
+            "SELECT c.id, c.agent, c.status, c.head, c.created_at, c.updated_at, c.expires_at "
+            "FROM sessions c LEFT JOIN sessions p ON p.sk = c.parent "
+            "WHERE c.parent IS NOT NULL AND c.status IN ('running', 'waiting') "
+            f"AND c.agent IN ({','.join('?' * len(agents))}) AND (p.sk IS NULL "
+            "OR p.status NOT IN ('running', 'waiting', 'failed') OR c.parent_turn IS NULL "
+            f"OR c.parent_turn IS NOT {CURRENT_TURN.format(sk='p.sk')}) "
+            "ORDER BY c.sk LIMIT ? OFFSET ?"
+        )
+        return [
+            SessionSummary(
+                id=i, agent=a, status=st, head=h, created_at=c, updated_at=u, expires_at=x
+            )
+            for i, a, st, h, c, u, x in self.conn.execute(sql, [*agents, limit, offset])
         ]
 
     @reading

@@ -1,5 +1,6 @@
-"""The SQLite store's schema: its tables, the version a file records in `meta`, the upgrade
-from schema 1, and the page and WAL sizes a new file gets; `Connection.open_sync` applies them."""
+"""The SQLite store's schema: its tables, the version a file records in `meta`, the upgrades
+from older schemas, and the page and WAL sizes a new file gets; `Connection.open_sync` applies
+them."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import sqlite3
 
 from ..._exceptions import StoreError
 from .._base import stored_request
-from .._codec import CHAIN_MAX, DEFLATE_ON_PREVIOUS, unpack
+from .._codec import CHAIN_MAX, DEFLATE_ON_PREVIOUS, stored_type, unpack, unpack_event
 
 __all__ = [
+    "CURRENT_TURN",
     "EARLIER_JOIN",
     "PAGE_SIZE",
     "REQUEST_COLUMNS",
@@ -18,11 +20,12 @@ __all__ = [
     "STORE_SCHEMA",
     "WAL_CHECKPOINT_PAGES",
     "keep_request_deadlines",
+    "keep_session_parents",
     "keep_stream_heads",
     "upgrade_from_1",
 ]
 
-STORE_SCHEMA = 5
+STORE_SCHEMA = 6
 """2: audit entries point at their events, chain heads in the session rows. 3: event rows hold a
 type code, a turn id only where it changes, and data that may be stored on the event before
 (`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file.
@@ -31,6 +34,9 @@ entry's number in `seq`, and a negative id, the negated id of an entry of its st
 readers page through have no gaps), which an older signoff would list as an entry.
 5: request rows keep their deadline (`expires_at`, indexed while pending), so a sweep reads only
 the requests that are due; an older signoff would leave it stale.
+6: session rows of subagents name their parent session (`parent`, its `sk`) and the parent's
+turn that delegated to them (`parent_turn`), indexed by status, so a sweep lists only children
+whose parent no longer waits for them; an older signoff would create children without them.
 A file already marked with this version is opened without running `SCHEMA` (so that opening
 writes nothing), so any change to `SCHEMA` needs a new version."""
 
@@ -54,6 +60,13 @@ REQUEST_JOIN = (
 )
 """What reads a request row back (`stored_request`): its own copy, or the event holding it."""
 
+CURRENT_TURN = (
+    "(SELECT t.turn FROM events t WHERE t.sk = {sk} AND t.type IN "
+    f"('{stored_type('turn.started')}', 'turn.started') ORDER BY t.seq DESC LIMIT 1)"
+)
+"""The id of the current turn of the session whose `sk` is `{sk}`: that its last
+`turn.started` row names (a row names its turn where the turn changes), NULL before one."""
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -66,9 +79,12 @@ CREATE TABLE IF NOT EXISTS sessions (
     updated_at REAL NOT NULL,
     expires_at REAL,
     audit_n INTEGER NOT NULL DEFAULT 0,
-    audit_hash BLOB
+    audit_hash BLOB,
+    parent INTEGER,
+    parent_turn TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, updated_at);
+CREATE INDEX IF NOT EXISTS sessions_children ON sessions (status) WHERE parent IS NOT NULL;
 CREATE TABLE IF NOT EXISTS events (
     sk INTEGER NOT NULL,
     seq INTEGER NOT NULL,
@@ -191,3 +207,33 @@ def keep_request_deadlines(conn: sqlite3.Connection) -> None:
         if deadline is not None:
             deadlines.append((deadline, row[0]))
     conn.executemany("UPDATE requests SET expires_at=? WHERE id=?", deadlines)
+
+
+def keep_session_parents(conn: sqlite3.Connection) -> None:
+    """Schema 5 (or older, upgraded) to 6, in the opening transaction: each subagent's session
+    row gets its parent, from the `session.created` event naming it, and the parent's turn
+    current when the child was created (its last `turn.started` up to then)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
+    if "parent" not in columns:  # a file marked older than it is may have them already
+        conn.execute("ALTER TABLE sessions ADD COLUMN parent INTEGER")
+        conn.execute("ALTER TABLE sessions ADD COLUMN parent_turn TEXT")
+    keys = dict(conn.execute("SELECT id, sk FROM sessions").fetchall())
+    rows = conn.execute(
+        "SELECT e.sk, e.data FROM events e WHERE e.seq = 1 AND e.type IN (?, 'session.created')",
+        (stored_type("session.created"),),
+    ).fetchall()
+    parents = []
+    for sk, data in rows:
+        try:
+            parent = unpack_event(data).get("parent")
+        except (StoreError, AttributeError):
+            continue  # unreadable: as a session of no parent, as sweeps read none of these
+        if isinstance(parent, str) and parent in keys:
+            parents.append((keys[parent], sk))
+    conn.executemany("UPDATE sessions SET parent=? WHERE sk=?", parents)
+    conn.execute(
+        "UPDATE sessions SET parent_turn = (SELECT t.turn FROM events t WHERE t.sk = "
+        "sessions.parent AND t.type IN (?, 'turn.started') AND t.at <= sessions.created_at "
+        "ORDER BY t.seq DESC LIMIT 1) WHERE parent IS NOT NULL",
+        (stored_type("turn.started"),),
+    )

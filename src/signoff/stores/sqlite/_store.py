@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, RequestClosed, StoreError, UnknownSession
 from .._audit import AUDIT_TYPES, AuditRow, chain_hash, chain_session
-from .._base import Commit, request_rows
+from .._base import Commit, parent_of, request_rows
 from .._codec import (
     CHAIN_MAX,
     Previous,
@@ -34,6 +34,7 @@ from .._codec import (
 from ._connection import immediate, kept, reading
 from ._leases import Leases
 from ._reads import Reads
+from ._schema import CURRENT_TURN
 
 __all__ = ["SQLiteStore", "TURN_NAMED_EVERY"]
 
@@ -52,13 +53,16 @@ class SQLiteStore(Reads, Leases):
     ) -> None:
         conn = self.conn
         at = events[0].at
+        parent = parent_of(events)  # a subagent's: its row names the parent and its turn
         self._before("session.created")
         try:
             with immediate(conn, self._writable):
                 cur = conn.execute(
                     "INSERT INTO sessions (id, agent, head, status, created_at, updated_at, "
-                    "expires_at) VALUES (?,?,?,?,?,?,?)",
-                    (session_id, agent, events[-1].seq, "idle", at, at, expires_at),
+                    "expires_at, parent, parent_turn) SELECT ?,?,?,?,?,?,?, p.sk, "
+                    + CURRENT_TURN.format(sk="p.sk")
+                    + " FROM (SELECT 1) LEFT JOIN sessions p ON p.id = ?",
+                    (session_id, agent, events[-1].seq, "idle", at, at, expires_at, parent),
                 )
                 sk = int(cur.lastrowid or 0)
                 tail, named = self._insert_events(conn, sk, events, None, None)
