@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from signoff._audit_trail import FORMS_STREAM
-from signoff.server._forms import Forms, check_form, form_token
-from signoff.stores import SessionSummary, Store
+from signoff.server._forms import check_form, form_token
+from signoff.stores import SessionSummary
+from signoff.stores._audit import AuditRow
 
 from .test_dashboard import csrf_of, signed_in, start
 from .test_server_common import ALICE, BOB, auth, make_runtime, served
@@ -214,44 +214,67 @@ def test_answering_a_request_twice_settles_it_once(store_url: str) -> None:
         )
 
 
-# -- the record in the store, as every process reads it ---------------------------------------
+# -- across processes, and what the store keeps ---------------------------------------------
 
 
-async def test_the_first_sending_of_a_form_wins_across_processes(store: Store) -> None:
-    one, two = Forms(3600.0), Forms(3600.0)  # two processes on one store
-    claim, where = await one.claim(store, "n1", 100, ALICE, None, 100.0)
-    assert claim is not None and where is None
-    waiting = asyncio.create_task(two.claim(store, "n1", 100, ALICE, None, 101.0, wait=5.0))
-    await asyncio.sleep(0.2)
-    assert not waiting.done()  # where the first one led is not known yet
-    await one.led(store, "n1", claim, "/_signoff/sessions/ses_1", 102.0)
-    one.release("n1")
-    assert await waiting == (None, "/_signoff/sessions/ses_1")
-    # a third process, started later, reads it from the stream
-    assert await Forms(3600.0).claim(store, "n1", 100, ALICE, "x", 103.0) == (
-        None,
-        "/_signoff/sessions/ses_1",
-    )
-    types = [e.type for e in await store.audit(stream=FORMS_STREAM)]
-    assert types == ["dashboard.form_sent", "dashboard.form_led"]
+def test_a_form_sent_to_two_servers_on_one_store_acts_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/state.db"
+    with (
+        served(url, secret=SECRET) as one,
+        served(url, secret=SECRET) as two,
+        signed_in(one) as c,
+        signed_in(two) as d,
+    ):
+        page = c.get("/_signoff/new").text
+        form = {"agent": "support", "message": "Refund 1042", "form": form_of(page)}
+        first = c.post("/_signoff/sessions", data={**form, "csrf": csrf_of(page)})
+        token = csrf_of(d.get("/_signoff/").text)
+        second = d.post("/_signoff/sessions", data={**form, "csrf": token})
+        assert first.status_code == second.status_code == 303
+        assert second.headers["location"] == first.headers["location"]
+    assert len(sessions_of(url)) == 1
 
 
-async def test_a_failed_sending_can_be_sent_again(store: Store) -> None:
-    one = Forms(3600.0)
-    claim, _ = await one.claim(store, "n2", 100, ALICE, "/_signoff/sessions/ses_2", 100.0)
-    assert claim is not None
-    await one.failed(store, "n2", claim, 101.0)
-    again, where = await Forms(3600.0).claim(store, "n2", 100, ALICE, None, 102.0)
-    assert again is not None and again != claim and where is None
+def test_a_form_sent_again_with_another_message_is_refused(store_url: str) -> None:
+    with served(store_url, secret=SECRET) as base, signed_in(base) as c:
+        sid = start(base)["session_id"]
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        form = {"message": "one", "csrf": csrf_of(page), "form": form_of(page)}
+        assert c.post(f"/_signoff/sessions/{sid}/messages", data=form).status_code == 303
+        r = c.post(
+            f"/_signoff/sessions/{sid}/messages",
+            data={**form, "message": "two"},
+            headers={"Accept": "application/json"},
+        )
+        assert r.status_code == 409 and r.json()["error"]["code"] == "form_already_sent"
+        assert "reload the page" in r.json()["error"]["message"]
+        assert messages_in(base, sid) == ["Refund 1042", "one"]
 
 
-async def test_sendings_past_the_lifetime_are_forgotten(store: Store) -> None:
-    forms = Forms(100.0)
-    claim, _ = await forms.claim(store, "old", 10, ALICE, "/_signoff/sessions/ses_3", 10.0)
-    assert claim is not None
-    await forms.claim(store, "new", 200, ALICE, "/_signoff/sessions/ses_4", 200.0)
-    assert "old" not in forms._sent and "new" in forms._sent
-    # and the token itself is refused by then, so the sending cannot be repeated
+async def test_forms_write_no_audit_stream_and_old_entries_still_verify(store_url: str) -> None:
+    """Forms sent once wrote a `dashboard:forms` audit stream: an old store's entries of it
+    still verify, and forms sent now add none (the key is in the message's event)."""
+    rt = make_runtime(store_url)
+    try:
+        await rt.open()
+        old = {"form": "n1", "claim": "c1", "issued": 100, "target": None}
+        row = AuditRow(
+            stream="dashboard:forms", type="dashboard.form_sent", at=100.0, seq=None, data=old
+        )
+        await rt.store.record_audit([row])
+        assert await rt.verify_audit() == []
+        key = "form:n2"
+        first = await rt.generate("support", prompt="Refund", auth=ALICE, idempotency_key=key)
+        again = await rt.generate("support", prompt="Refund", auth=ALICE, idempotency_key=key)
+        assert again.replayed and again.session_id == first.session_id
+        assert len(await rt.store.audit(stream="dashboard:forms")) == 1
+        assert await rt.verify_audit() == []
+    finally:
+        await rt.close()
+
+
+def test_a_token_past_its_lifetime_is_refused() -> None:
     token = form_token(b"k", ALICE, 10.0)
     assert check_form(b"k", ALICE, token, 109.0, 100.0) is not None
     assert check_form(b"k", ALICE, token, 110.0, 100.0) is None
+    assert check_form(b"k", BOB, token, 50.0, 100.0) is None

@@ -1073,3 +1073,50 @@ def test_a_lone_surrogate_a_model_wrote_is_served_escaped_not_a_500(tmp_path: Pa
         await rt.close()
 
     asyncio.run(main())
+
+
+def _stored(store: str) -> list[tuple[str, int]]:
+    """Each session in the store with the number of its events."""
+    rt = make_runtime(store)
+    try:
+        sessions = rt.sessions_sync()
+        return sorted((s.id, len(rt.events_sync(s.id))) for s in sessions)
+    finally:
+        rt.close_sync()
+
+
+def test_an_idempotency_key_makes_a_retried_post_act_once(alice: httpx.Client, store: str) -> None:
+    body = {"agent": "support", "message": "Refund order 1042"}
+    key = {"Idempotency-Key": "order-1042-try"}
+    first = alice.post("/v1/sessions", json=body, headers=key)
+    again = alice.post("/v1/sessions", json=body, headers=key)
+    assert first.status_code == again.status_code == 201
+    assert set(first.json()) == set(again.json())
+    assert first.json()["replayed"] is False and again.json()["replayed"] is True
+    sid = first.json()["session_id"]
+    assert again.json()["session_id"] == sid
+    before = _stored(store)
+    other = alice.post("/v1/sessions", json={**body, "message": "Refund 9"}, headers=key)
+    assert other.status_code == 409 and other.json()["error"]["code"] == "idempotency_key_reused"
+    assert other.json()["error"]["session_id"] == sid
+    for bad in ("", "x" * 201):
+        r = alice.post("/v1/sessions", json=body, headers={"Idempotency-Key": bad})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request"
+    msg = {"text": "never mind", "turnPolicy": "queue"}
+    sent = alice.post(f"/v1/sessions/{sid}/messages", json=msg, headers={"Idempotency-Key": "m"})
+    assert sent.status_code == 200 and sent.json()["replayed"] is False
+    after_send = _stored(store)
+    assert after_send != before
+    repeat = alice.post(f"/v1/sessions/{sid}/messages", json=msg, headers={"Idempotency-Key": "m"})
+    assert repeat.status_code == 200 and repeat.json()["replayed"] is True
+    assert set(repeat.json()) == set(sent.json())
+    assert _stored(store) == after_send
+
+
+def test_the_idempotency_key_is_in_the_openapi_document(base: str) -> None:
+    doc = httpx.get(f"{base}/v1/openapi.json").json()
+    for path in ("/v1/sessions", "/v1/sessions/{session_id}/messages"):
+        params = doc["paths"][path]["post"]["parameters"]
+        header = next(p for p in params if p["name"] == "Idempotency-Key")
+        assert header["in"] == "header" and not header.get("required")
+        assert header["schema"]["anyOf"][0]["maxLength"] == 200

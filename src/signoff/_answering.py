@@ -26,6 +26,7 @@ from ._exceptions import (
     StoreError,
     UnknownRequest,
 )
+from ._idempotency import Keyed
 from ._recording import Batch, EventSpec, new_id, runnable
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import GenerateResult, Outcome
@@ -90,11 +91,14 @@ class Answering(SessionRunner):
         extra: Sequence[Any] = (),
         check_only: bool = False,
         drive_expired: bool = True,
+        mark: Keyed | None = None,
     ) -> list[Outcome]:
         """Validate every answer, then settle them all in one durable commit (or none);
         `check_only` raises what settling would raise and records nothing. An answer to a request
         whose deadline just passed continues the turn without it, unless not `drive_expired`
-        (`respond(resume=False)`, which must not run the turn: a sweep or worker will)."""
+        (`respond(resume=False)`, which must not run the turn: a sweep or worker will).
+        `mark` is the idempotency key of the message that gave the answers: the settlement's
+        first event records it."""
         ids = [a.request_id for a in answers]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
@@ -179,6 +183,9 @@ class Answering(SessionRunner):
             if check_only:
                 return []
             if resolves:
+                if mark is not None:
+                    kind, data = specs[0]
+                    specs[0] = (kind, {**data, "idem": list(mark)})
                 driver = self._driver(state, None)
                 try:
                     await driver.record(

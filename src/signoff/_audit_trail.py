@@ -28,9 +28,11 @@ __all__ = [
 TOOL_SETTING = "tool.approval_changed"
 TOOLS_STREAM = "tools:"  # the streams of tool setting changes: tools:<agent>.<tool>
 SIGN_OUTS_STREAM = "dashboard:sign-outs"  # the dashboard's sign-ins signed out (server)
-FORMS_STREAM = "dashboard:forms"  # the dashboard's forms sent, so none acts twice (server)
+# The dashboard's forms sent, as signoff recorded them for a while (idempotency keys do now):
+# old stores may hold this stream, which no session keeps the head of either.
+_OLD_FORMS_STREAM = "dashboard:forms"
 # the streams no session keeps the head of
-_OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM, FORMS_STREAM)
+_OWN_STREAMS = (TOOLS_STREAM, SIGN_OUTS_STREAM, _OLD_FORMS_STREAM)
 RESPONSE_POLICY_NOTE = " + response policy"  # ends the setting of a tool with a response policy
 
 

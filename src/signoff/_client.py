@@ -1,5 +1,9 @@
 """`AsyncClient` and `Client`: the HTTP API from Python, with the method names of `Runtime`.
 
+The calls that start a conversation or send a message carry an idempotency key (the caller's,
+or a new one per call): one that got no answer (a timeout, a dropped connection) is sent once
+more with the same key, which the server applies once.
+
 `LiveSession` is the client-side reducer: it folds a session's stream into its requests; an
 answer it submits marks the request `responded` until the stream confirms it, and answering a
 request that is no longer open fails locally, without a server call.
@@ -11,6 +15,7 @@ import asyncio
 import contextlib
 import functools
 import json
+import secrets
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -23,6 +28,7 @@ from . import _exceptions as errors
 from . import _wire as wire
 from ._answers import decisions
 from ._events import Event
+from ._idempotency import check_key
 from ._results import Outcome
 from ._types import Decision, InputRequest, InputResponse
 
@@ -47,6 +53,11 @@ def _session_path(session_id: str, tail: str = "") -> str:
     if not session_id or "/" in session_id or session_id in (".", ".."):
         raise errors.UnknownSession(session_id)
     return f"/v1/sessions/{quote(session_id, safe='')}{tail}"
+
+
+def _unanswered(exc: errors.RemoteError) -> bool:
+    """A call that was sent but got no answer: it may or may not have been applied."""
+    return exc.status == 0 and exc.code in ("timeout", "connection_lost")
 
 
 def _encode(path: str, body: Any) -> bytes:
@@ -74,6 +85,7 @@ class RemoteResult:
     outcomes: list[Outcome]
     error: dict[str, Any] | None = None
     retryable: bool = False
+    replayed: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
@@ -88,6 +100,7 @@ class RemoteResult:
             outcomes=[_outcome(o) for o in data.get("outcomes", [])],
             error=data.get("error"),
             retryable=bool(data.get("retryable")),
+            replayed=data.get("replayed") is True,
         )
 
 
@@ -214,7 +227,7 @@ class AsyncClient:
         self._check_open()
         if "json" in kwargs:
             kwargs["content"] = _encode(path, kwargs.pop("json"))
-            kwargs["headers"] = {"Content-Type": "application/json"}
+            kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
         try:
             response = await self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
@@ -232,6 +245,31 @@ class AsyncClient:
     async def _turn(self, path: str, body: Any) -> RemoteResult:
         return await self._call("POST", path, RemoteResult.from_json, "a turn's result", json=body)
 
+    async def _keyed_turn(self, path: str, body: Any, key: str | None) -> RemoteResult:
+        """A call that starts a conversation or sends a message, under its idempotency key (a
+        new one if none is given): if it gets no answer, it is sent once more with the key, and
+        if that gets none either, the error names the key to retry it with."""
+        key = secrets.token_urlsafe(24) if key is None else check_key(key)
+        headers = {"Idempotency-Key": key}
+        parse, wanted = RemoteResult.from_json, "a turn's result"
+        try:
+            return await self._call("POST", path, parse, wanted, json=body, headers=headers)
+        except errors.RemoteError as exc:
+            if not _unanswered(exc):
+                raise
+        try:
+            return await self._call("POST", path, parse, wanted, json=body, headers=headers)
+        except errors.RemoteError as exc:
+            if not _unanswered(exc):
+                raise
+            raise errors.RemoteError(
+                f"{exc} (sent twice with idempotency_key={key!r}: call again with it, and the "
+                "server acts once)",
+                exc.code,
+                0,
+                idempotency_key=key,
+            ) from exc
+
     async def generate(
         self,
         agent: str | None = None,
@@ -239,9 +277,15 @@ class AsyncClient:
         *,
         session_id: str | None = None,
         approvals: Sequence[Decision | Mapping[str, Any]] | None = None,
+        idempotency_key: str | None = None,
     ) -> RemoteResult:
         """Start a session (agent + prompt), continue one (session_id + prompt), or settle all of
-        its approvals at once (session_id + approvals)."""
+        its approvals at once (session_id + approvals). A prompt goes with an idempotency key,
+        `idempotency_key` or a new one (see `send`)."""
+        if idempotency_key is not None and prompt is None:
+            raise errors.UsageError(
+                "idempotency_key goes with a prompt: it keys the message it sends"
+            )
         if approvals is not None:
             if prompt is not None:  # as `Runtime.generate` refuses them
                 raise errors.InvalidAnswer(
@@ -261,18 +305,28 @@ class AsyncClient:
             if agent is None:
                 raise errors.UsageError("generate() needs an agent name for a new session")
             payload: dict[str, Any] = {"agent": agent}
-            if prompt is not None:
-                payload["message"] = prompt
-            return await self._turn("/v1/sessions", payload)
+            if prompt is None:
+                return await self._turn("/v1/sessions", payload)
+            payload["message"] = prompt
+            return await self._keyed_turn("/v1/sessions", payload, idempotency_key)
         if prompt is None:
             raise errors.UsageError("generate(session_id=...) needs a prompt or approvals")
-        return await self.send(session_id, prompt)
+        return await self.send(session_id, prompt, idempotency_key=idempotency_key)
 
     async def send(
-        self, session_id: str, message: str, *, turn_policy: str = "steer"
+        self,
+        session_id: str,
+        message: str,
+        *,
+        turn_policy: str = "steer",
+        idempotency_key: str | None = None,
     ) -> RemoteResult:
+        """Send a message under `idempotency_key` (a new one per call if none is given): a call
+        that gets no answer is sent once more with it, and the server delivers it once; pass
+        your own key to retry a call yourself later (`RemoteError.idempotency_key`)."""
         body = {"text": message, "turnPolicy": turn_policy}
-        return await self._turn(_session_path(session_id, "/messages"), body)
+        path = _session_path(session_id, "/messages")
+        return await self._keyed_turn(path, body, idempotency_key)
 
     async def respond(
         self, session_id: str, responses: Sequence[InputResponse | Mapping[str, Any]]

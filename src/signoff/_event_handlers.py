@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._events import Event
 from ._exceptions import SchemaVersionError, StoreError
+from ._idempotency import KEPT
 from ._state_parts import CallState, RequestState, TurnState, load_principal
 from ._types import InputRequest, Usage
 
@@ -26,6 +27,19 @@ def _session_created(s: SessionState, e: Event) -> None:
     s.ttl = e.data.get("ttl")
     s.initiator = load_principal(e.data.get("initiator"))
     s.parent = e.data.get("parent")
+    _keyed(s, e, None)
+
+
+def _keyed(s: SessionState, e: Event, turn_id: str | None) -> None:
+    """Remember the idempotency key the event recorded a message (or a session) under."""
+    idem = e.data.get("idem")
+    if idem is None:
+        return
+    key, asked = idem
+    s.keys.pop(key, None)  # to the end: the newest are kept
+    s.keys[key] = [asked, turn_id]
+    while len(s.keys) > KEPT:
+        del s.keys[next(iter(s.keys))]
 
 
 def _turn_started(s: SessionState, e: Event) -> None:
@@ -40,6 +54,7 @@ def _turn_started(s: SessionState, e: Event) -> None:
         first_seq=e.seq,
         source=e.data.get("source", "message"),
     )
+    _keyed(s, e, e.turn_id)
     # Requests of earlier turns are all closed by now; keep the state small.
     s.requests = {k: r for k, r in s.requests.items() if r.status == "pending"}
     if s.conversation is not None:
@@ -96,6 +111,7 @@ def _key_journal(call: CallState, data: dict[str, Any]) -> None:
 
 def _turn_message(s: SessionState, e: Event) -> None:
     d = e.data
+    _keyed(s, e, e.turn_id or "")
     if d.get("queued"):
         entry = {"message": d["message"], "principal": d.get("principal")}
         if d.get("source"):  # a scheduled prompt queued behind messages stays scheduled
@@ -171,6 +187,7 @@ def _approval_candidate(s: SessionState, e: Event) -> None:
 
 def _approval_settled(s: SessionState, e: Event) -> None:
     d = e.data
+    _keyed(s, e, e.turn_id or "")
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     approve = d["decision"] == "approve"
@@ -198,6 +215,7 @@ def _approval_settled(s: SessionState, e: Event) -> None:
 
 def _input_resolved(s: SessionState, e: Event) -> None:
     d = e.data
+    _keyed(s, e, e.turn_id or "")
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     if req is None:

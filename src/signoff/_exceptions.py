@@ -2,6 +2,7 @@
 
     SignoffError
     ├── UsageError                 misuse by the developer: bad definitions or arguments
+    │   ├── IdempotencyKeyReused   an idempotency key given again for another call
     │   ├── InvalidAnswer          an answer or decision of the wrong shape or type
     │   └── TooLarge               text or data over a documented size limit
     ├── SessionError               about a session as a whole          (.session_id)
@@ -41,6 +42,7 @@ __all__ = [
     "AnswerError",
     "AppendConflict",
     "ConflictingAnswer",
+    "IdempotencyKeyReused",
     "InvalidAnswer",
     "LeaseLost",
     "ModelError",
@@ -77,6 +79,17 @@ class UsageError(SignoffError):
     """The developer used signoff wrongly: a bad definition, argument or combination."""
 
     code = "usage_error"
+
+
+class IdempotencyKeyReused(UsageError):
+    """An idempotency key given again for another call (another agent, prompt or message) than
+    the one it was first given for: nothing was recorded."""
+
+    code = "idempotency_key_reused"
+
+    def __init__(self, message: str, session_id: str) -> None:
+        super().__init__(message)
+        self.session_id = session_id
 
 
 class InvalidAnswer(UsageError):
@@ -271,9 +284,13 @@ class RemoteError(SignoffError):
     """An error a signoff server reported with a code the client does not know (`.code`, the
     server's stable error code, and `.status`, the HTTP status), an answer that is not a signoff
     server's (`http_error`), or no answer at all (status 0: `unreachable`, `timeout`,
-    `connection_lost`)."""
+    `connection_lost`; a call that starts a conversation or sends a message then carries the
+    `.idempotency_key` to send it again with, which the server applies once)."""
 
-    def __init__(self, message: str, code: str, status: int) -> None:
+    def __init__(
+        self, message: str, code: str, status: int, *, idempotency_key: str | None = None
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.status = status
+        self.idempotency_key = idempotency_key  # to retry a call that got no answer with

@@ -11,6 +11,7 @@ from ._answering import Answering
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._exceptions import ConflictingAnswer, RequestClosed, SessionBusy, UsageError
+from ._idempotency import Keyed, keyed, seen
 from ._recording import Changed, TurnStopped, unchanged
 from ._results import GenerateResult
 from ._state import SessionState
@@ -30,6 +31,7 @@ class Messages(Answering):
         *,
         principal: Principal | None = None,
         turn_policy: Literal["steer", "queue"] = "steer",
+        idempotency_key: str | None = None,
     ) -> GenerateResult:
         """Send a message to a session (eve style).
 
@@ -38,6 +40,9 @@ class Messages(Answering):
         open approvals are ignored, open questions withdrawn and the model reads the message;
         with `queue` it waits for the end of the turn, unless the turn is held on an approval.
         A message from someone other than the person the turn serves waits for the turn's end.
+        With an `idempotency_key`, a message sent again with the same key (by the same
+        `principal`) is not delivered again: the call returns the session as it stands
+        (`replayed`), or raises `IdempotencyKeyReused` if the key came with another message.
         """
         await self.open()
         if not isinstance(message, str) or not message.strip():
@@ -45,14 +50,18 @@ class Messages(Answering):
         _check_text(message, "the message")
         if turn_policy not in ("steer", "queue"):
             raise UsageError(f"turn_policy must be 'steer' or 'queue', not {turn_policy!r}")
+        idem = keyed(idempotency_key, principal, "message", message)
+        key = {} if idem is None else {"idem": list(idem)}
         for _ in range(20):
             state = await self._checked(session_id)
+            if seen(state.keys, idem, session_id):
+                return await self._replay(session_id)
             turn = state.turn
             if turn is None or turn.status in ("completed", "failed", "cancelled"):
                 if state.queued and turn is not None and turn.status != "failed":
                     # Messages that waited for the turn's end go first: this one queues too.
                     who = None if principal is None else principal.model_dump()
-                    data = {"message": message, "principal": who, "policy": turn_policy}
+                    data = {"message": message, "principal": who, "policy": turn_policy, **key}
                     driver = self._driver(state, None)
                     try:
                         await driver.record(
@@ -67,7 +76,8 @@ class Messages(Answering):
                     self._remember(driver.state)
                     return await self._drive(session_id)
                 try:
-                    await self._start_turn(session_id, message, principal)
+                    if not await self._start_turn(session_id, message, principal, idem=idem):
+                        return await self._replay(session_id)
                 except SessionBusy:
                     now = (await self._state(session_id)).turn
                     if now is not None and (turn is None or now.id != turn.id):
@@ -83,7 +93,7 @@ class Messages(Answering):
                 if reply is not None and (same_person or self._may_answer(first, principal)):
                     try:
                         outcomes = await self._settle(
-                            session_id, [reply], principal, require_all=False
+                            session_id, [reply], principal, require_all=False, mark=idem
                         )
                     except (RequestClosed, ConflictingAnswer):
                         continue  # answered or closed meanwhile: the message is delivered anew
@@ -91,7 +101,7 @@ class Messages(Answering):
             held_on_approval = any(r.kind == "tool-approval" for r in pending)
             who = None if principal is None else principal.model_dump()
             if not same_person or (turn_policy == "queue" and not held_on_approval):
-                data = {"message": message, "principal": who, "policy": turn_policy}
+                data = {"message": message, "principal": who, "policy": turn_policy, **key}
                 driver = self._driver(state, None)
                 try:
                     await driver.record(
@@ -105,13 +115,13 @@ class Messages(Answering):
                 self._remember(driver.state)
                 return self._result(driver.state)
             try:
-                return await self._steer(state, message, who)
+                return await self._steer(state, message, who, idem)
             except (Changed, TurnStopped):
                 continue  # the turn ended or its requests changed meanwhile: decide again
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
 
     async def _steer(
-        self, state: SessionState, message: str, who: dict[str, Any] | None
+        self, state: SessionState, message: str, who: dict[str, Any] | None, idem: Keyed | None
     ) -> GenerateResult:
         """Withdraw what the turn waits on and put the message in front of the model."""
         pending = state.pending_requests()
@@ -139,7 +149,8 @@ class Messages(Answering):
                     resolution={"outcome": outcome, "reason": reason},
                 )
             )
-        specs.append(("turn.message", {"message": message, "principal": who, "policy": "steer"}))
+        data = {"message": message, "principal": who, "policy": "steer"}
+        specs.append(("turn.message", data if idem is None else {**data, "idem": list(idem)}))
         driver = self._driver(state, None)
         try:
             await driver.record(unchanged(state, specs, resolves), durable=bool(resolves))

@@ -26,7 +26,8 @@ class GenerateResult:
 
     `running` means the turn has work it can do without anyone: another process (or a worker)
     is running it, or will (its answers were accepted with `respond(resume=False)`); `waiting`
-    means it can go on only once a person answers `pending`.
+    means it can go on only once a person answers `pending`. `replayed` is True when the call
+    repeated an earlier one with its idempotency key: it started or sent nothing.
     """
 
     status: Literal["completed", "waiting", "failed", "cancelled", "running", "idle"]
@@ -37,3 +38,4 @@ class GenerateResult:
     error: dict[str, Any] | None = None
     retryable: bool = False
     outcomes: list[Outcome] = field(default_factory=list)
+    replayed: bool = False

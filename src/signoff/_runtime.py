@@ -33,6 +33,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
+from ._idempotency import keyed
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._sessions import check_prompt
@@ -159,6 +160,7 @@ class Runtime(Workers):
         session_id: str | None = None,
         approvals: Sequence[Decision | Mapping[str, Any]] | None = None,
         auth: Principal | None = None,
+        idempotency_key: str | None = None,
     ) -> GenerateResult:
         """Run a turn until it completes, fails or waits (helix style).
 
@@ -166,8 +168,13 @@ class Runtime(Workers):
         beside them) and continue. With neither, resume the session's turn (a retry after a
         failure, or picking up a turn another process left); a turn that failed for good
         (`retryable` false: `max_steps`, a budget nobody can raise) is returned as it is.
+        With an `idempotency_key`, a call repeated with the same key (by the same `auth`) starts
+        nothing: it returns the session as it stands (`replayed`), or raises
+        `IdempotencyKeyReused` if the key was given for another agent, prompt or message.
         """
         await self.open()
+        if idempotency_key is not None and prompt is None:
+            raise UsageError("idempotency_key goes with a prompt: it keys the message it sends")
         if approvals is not None:
             if prompt is not None:
                 raise InvalidAnswer(
@@ -198,36 +205,70 @@ class Runtime(Workers):
             if prompt is None:
                 raise UsageError("generate() needs a prompt to start a session")
             check_prompt(prompt)  # before the session is created
-            session_id = await self._create(self.agent(agent), auth)
-        elif agent is not None:
-            state = await self._state(session_id)
-            if state.agent != agent:
-                raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
+            spec = self.agent(agent)
+            idem = keyed(idempotency_key, auth, "start", agent, prompt)
+            if idem is None:
+                session_id = await self._create(spec, auth)
+            else:
+                session_id, repeat = await self._open_keyed(spec, auth, idem)
+                if repeat:
+                    return await self._replay(session_id)
+        else:
+            idem = keyed(idempotency_key, auth, "message", prompt or "")
+            if agent is not None:
+                state = await self._state(session_id)
+                if state.agent != agent:
+                    raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
         if prompt is None:
             return await self._drive(session_id, retry=True)
-        await self._start_turn(session_id, prompt, auth)
+        if not await self._start_turn(session_id, prompt, auth, idem=idem):
+            return await self._replay(session_id)
         return await self._drive(session_id)
 
-    async def create_session(self, agent: str, *, auth: Principal | None = None) -> str:
-        """Open an empty session for `agent` and return its id."""
+    async def create_session(
+        self, agent: str, *, auth: Principal | None = None, idempotency_key: str | None = None
+    ) -> str:
+        """Open an empty session for `agent` and return its id; with an `idempotency_key`, a
+        call repeated with it (by the same `auth`) returns the session the first one opened."""
         await self.open()
-        return await self._create(self.agent(agent), auth)
+        spec = self.agent(agent)
+        idem = keyed(idempotency_key, auth, "open", agent)
+        if idem is None:
+            return await self._create(spec, auth)
+        return (await self._open_keyed(spec, auth, idem))[0]
 
     async def schedule(
-        self, agent: str, prompt: str, *, session_id: str | None = None
+        self,
+        agent: str,
+        prompt: str,
+        *,
+        session_id: str | None = None,
+        idempotency_key: str | None = None,
     ) -> GenerateResult:
         """Run a turn with no person behind it, as the app principal (`APP_PRINCIPAL`).
 
         Policies can skip approval for such turns (see `session.auth.current`), and
         `ask_question` answers `{"status": "unavailable"}` since nobody can answer, and a spent
-        budget raises `SessionLimitReached` (there is nobody to raise it).
+        budget raises `SessionLimitReached` (there is nobody to raise it). An `idempotency_key`
+        (a job's run, say) makes a repeated call start nothing, as with `generate`.
         """
         await self.open()
         if session_id is None:
             check_prompt(prompt)  # before the session is created
-            session_id = await self._create(self.agent(agent), APP_PRINCIPAL)
-        await self._start_turn(session_id, prompt, APP_PRINCIPAL, source="schedule")
-        result = await self._drive(session_id)
+            idem = keyed(idempotency_key, APP_PRINCIPAL, "start", agent, prompt)
+            spec = self.agent(agent)
+            if idem is None:
+                session_id = await self._create(spec, APP_PRINCIPAL)
+            else:
+                session_id, repeat = await self._open_keyed(spec, APP_PRINCIPAL, idem)
+                if repeat:
+                    return await self._replay(session_id)
+        else:
+            idem = keyed(idempotency_key, APP_PRINCIPAL, "message", prompt)
+        started = await self._start_turn(
+            session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem
+        )
+        result = await (self._drive(session_id) if started else self._replay(session_id))
         if result.status == "failed" and (result.error or {}).get("code") == (
             SessionLimitReached.code
         ):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -26,6 +27,7 @@ from ._deadlines import due_batch, expiry_resolves, expiry_specs
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
+    IdempotencyKeyReused,
     LeaseLost,
     ModelError,
     PartialAnswer,
@@ -35,6 +37,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
+from ._idempotency import Keyed, seen, session_for
 from ._leasing import Leasing
 from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
@@ -77,15 +80,21 @@ def _unfinished(state: SessionState) -> bool:
 
 
 def _next_turn(
-    state: SessionState, prompt: str, who: dict[str, Any] | None, source: str
+    state: SessionState,
+    prompt: str,
+    who: dict[str, Any] | None,
+    source: str,
+    idem: Keyed | None = None,
 ) -> list[EventSpec]:
     """The events that start the session's next turn: the prompt's, or, when messages still
     wait from an earlier turn (it was cancelled, failed or its process died), the first of them,
-    with the prompt queued behind the rest, so messages are answered in the order sent."""
+    with the prompt queued behind the rest, so messages are answered in the order sent. The
+    prompt's event carries its idempotency key, if it has one."""
+    key = {} if idem is None else {"idem": list(idem)}
     if not state.queued:
-        return [("turn.started", {"message": prompt, "principal": who, "source": source})]
+        return [("turn.started", {"message": prompt, "principal": who, "source": source, **key})]
     first = state.queued[0]
-    queued: dict[str, Any] = {"message": prompt, "principal": who, "queued": True}
+    queued: dict[str, Any] = {"message": prompt, "principal": who, "queued": True, **key}
     if source != "message":
         queued["source"] = source
     return [
@@ -305,31 +314,62 @@ class SessionRunner(Leasing):
             unrecorded=self._unrecorded,
         )
 
-    async def _create(self, agent: Agent, auth: Principal | None) -> str:
-        session_id = new_id("ses")
+    async def _create(self, agent: Agent, auth: Principal | None, idem: Keyed | None = None) -> str:
+        """Create a session; with an idempotency key, the one its id derives from, unless a call
+        with the same key created it first (`_open_keyed` then checks it)."""
+        session_id = new_id("ses") if idem is None else session_for(idem)
         now = self.clock()
         ttl = agent.limits.ttl_seconds
-        event = Event(
-            session_id=session_id,
-            seq=1,
-            type="session.created",
-            at=now,
-            data={
-                "agent": agent.name,
-                "initiator": None if auth is None else auth.model_dump(),
-                "parent": None,
-                "ttl": ttl,
-            },
-        )
-        await self.store.create_session(
-            session_id, agent.name, [event], None if ttl is None else now + ttl
-        )
+        data: dict[str, Any] = {
+            "agent": agent.name,
+            "initiator": None if auth is None else auth.model_dump(),
+            "parent": None,
+            "ttl": ttl,
+        }
+        if idem is not None:
+            data["idem"] = list(idem)
+        event = Event(session_id=session_id, seq=1, type="session.created", at=now, data=data)
+        try:
+            await self.store.create_session(
+                session_id, agent.name, [event], None if ttl is None else now + ttl
+            )
+        except StoreError:
+            if idem is None or await self.store.head(session_id) is None:
+                raise
+            return session_id
         self._remember(fold([event]))
         return session_id
 
+    async def _open_keyed(
+        self, agent: Agent, auth: Principal | None, idem: Keyed
+    ) -> tuple[str, bool]:
+        """The session a call with this idempotency key starts, created if it is not there yet,
+        and whether the key recorded its first message already (the call is a repeat)."""
+        session_id = await self._create(agent, auth, idem)
+        state = await self._state(session_id)
+        if idem[0] in state.keys:
+            return session_id, seen(state.keys, idem, session_id)
+        # Newer keys pushed it out of the state: the session's first event holds it.
+        first = await self.store.read_events(session_id, after=0, limit=1)
+        if not first or first[0].data.get("idem") != list(idem):
+            raise IdempotencyKeyReused(
+                f"this idempotency key started session {session_id!r} for another agent or "
+                "prompt: use a new key for a new call",
+                session_id,
+            )
+        return session_id, True
+
     async def _start_turn(
-        self, session_id: str, prompt: str, auth: Principal | None, *, source: str = "message"
-    ) -> None:
+        self,
+        session_id: str,
+        prompt: str,
+        auth: Principal | None,
+        *,
+        source: str = "message",
+        idem: Keyed | None = None,
+    ) -> bool:
+        """Start a turn with `prompt`; False (nothing recorded) when its idempotency key
+        recorded it already."""
         check_prompt(prompt)
         # The cached state is trusted at first (a stale one makes the append below conflict,
         # and `start` then asks for a fresh look); it is checked against the store before a
@@ -337,6 +377,8 @@ class SessionRunner(Leasing):
         fresh = False
         for _ in range(10):
             state = await self._checked(session_id, trust_cache=not fresh)
+            if seen(state.keys, idem, session_id):
+                return False
             pending = state.pending_requests()
             unfinished = _unfinished(state)
             if (pending or unfinished) and not fresh:
@@ -363,7 +405,8 @@ class SessionRunner(Leasing):
             driver = self._driver(state, None)
             turn_id = new_id("trn")
             checked = state.seq
-            specs = _next_turn(state, prompt, None if auth is None else auth.model_dump(), source)
+            who = None if auth is None else auth.model_dump()
+            specs = _next_turn(state, prompt, who, source, idem)
 
             def start(
                 current: SessionState, checked: int = checked, specs: list[EventSpec] = specs
@@ -383,7 +426,7 @@ class SessionRunner(Leasing):
                 self._cache.pop(session_id, None)
                 raise
             self._remember(driver.state)
-            return
+            return True
         raise SessionBusy(
             f"session {session_id!r} kept changing under a new turn; try again", session_id
         )
@@ -478,6 +521,12 @@ class SessionRunner(Leasing):
             if not runnable(state):
                 return self._result(state, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
+
+    async def _replay(self, session_id: str) -> GenerateResult:
+        """What a call repeated with its idempotency key returns: the session as it stands now,
+        its turn driven as a first call would have (left to its process if one runs it)."""
+        result = await self._drive(session_id)
+        return dataclasses.replace(result, replayed=True)
 
     async def _recover(self, state: SessionState) -> bool:
         """Finish what a dead process left half done before the turn is driven; True if that

@@ -73,6 +73,9 @@ class SessionState:
     queued: list[dict[str, Any]] = field(default_factory=list)
     lapsed: bool = False  # its TTL passed and its requests were expired: it stays expired
     limit_grants: int = 0  # `continue` answers to session-limit prompts: each raises budgets
+    # The newest idempotency keys recorded (`_idempotency`): key digest -> [digest of what it
+    # asked, the turn its message was recorded in, or None while only its session is created].
+    keys: dict[str, list[Any]] = field(default_factory=dict)
     # Responses recorded as `approval.candidate` pending whose policy verdict is not recorded
     # yet (the process may have died while the policy ran): candidate id -> its data and time.
     candidates: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -158,6 +161,7 @@ class SessionState:
             "queued": self.queued,
             "lapsed": self.lapsed,
             "limit_grants": self.limit_grants,
+            "keys": self.keys,
             "candidates": self.candidates,
             "requests": [
                 {
@@ -258,6 +262,7 @@ class SessionState:
             queued=list(self.queued),
             lapsed=self.lapsed,
             limit_grants=self.limit_grants,
+            keys=dict(self.keys),
             candidates=dict(self.candidates),
             conversation=None,
         )
@@ -311,6 +316,7 @@ class SessionState:
             queued=list(data.get("queued", [])),
             lapsed=bool(data.get("lapsed", False)),
             limit_grants=int(data.get("limit_grants", 0)),
+            keys={str(k): list(v) for k, v in data.get("keys", {}).items()},
             candidates=dict(data.get("candidates", {})),
             requests={
                 r["request"]["id"]: RequestState(

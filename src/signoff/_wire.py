@@ -38,6 +38,7 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.UsageError,
         errors.InvalidAnswer,
         errors.TooLarge,
+        errors.IdempotencyKeyReused,
         errors.SessionError,
         errors.UnknownSession,
         errors.SessionExpired,
@@ -101,7 +102,7 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
     Exception.__init__(exc, message)  # the server's message, the local class
     if issubclass(cls, (errors.AnswerError, errors.InvalidAnswer)):
         exc.request_ids = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
-    if issubclass(cls, errors.SessionError):
+    if issubclass(cls, (errors.SessionError, errors.IdempotencyKeyReused)):
         exc.session_id = str(detail.get("session_id") or "")  # type: ignore[attr-defined]
     if issubclass(cls, errors.SessionExpired):
         exc.pending = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]

@@ -43,6 +43,19 @@ router = APIRouter(
 MAX_SEQ = 2**53  # bounds numbers a store (and JSON) can hold exactly
 
 SessionId = Annotated[str, Path(description="The session's id (`ses_…`).")]
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=200,
+        pattern=r"^[ -~]+$",
+        description="Makes the call safe to retry: a repeat with the same key (by the same "
+        "caller) starts or sends nothing and answers as the first call did (`replayed` true, "
+        "the session as it stands now); the same key with another agent or message is a 409 "
+        "`idempotency_key_reused`. 1 to 200 printable ASCII characters.",
+    ),
+]
 
 
 async def _caller(request: Request) -> tuple[ServerContext, Any]:
@@ -51,7 +64,9 @@ async def _caller(request: Request) -> tuple[ServerContext, Any]:
 
 
 @router.post("/sessions", status_code=201, tags=["sessions"])
-async def create_session(request: Request, body: CreateSession) -> TurnResult:
+async def create_session(
+    request: Request, body: CreateSession, idempotency_key: IdempotencyKey = None
+) -> TurnResult:
     """Open a session with an agent; with a `message`, run its first turn until it completes
     or waits for a person."""
     ctx, caller = await _caller(request)
@@ -62,19 +77,32 @@ async def create_session(request: Request, body: CreateSession) -> TurnResult:
             422, "unknown_agent", f"unknown agent {body.agent!r}; this server has: {known}"
         )
     if body.message is None:
-        sid = await rt.create_session(body.agent, auth=caller)
+        sid = await rt.create_session(body.agent, auth=caller, idempotency_key=idempotency_key)
         return idle_result(await rt._state(sid))
-    return turn_result(await rt.generate(body.agent, prompt=body.message, auth=caller))
+    return turn_result(
+        await rt.generate(
+            body.agent, prompt=body.message, auth=caller, idempotency_key=idempotency_key
+        )
+    )
 
 
 @router.post("/sessions/{session_id}/messages", tags=["sessions"])
-async def send_message(request: Request, session_id: SessionId, body: SendMessage) -> TurnResult:
+async def send_message(
+    request: Request,
+    session_id: SessionId,
+    body: SendMessage,
+    idempotency_key: IdempotencyKey = None,
+) -> TurnResult:
     """Send a message: it answers the open request it matches, steers the turn (`steer`), or
     waits for the turn to end (`queue`)."""
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
     result = await ctx.runtime.send(
-        session_id, body.text, principal=caller, turn_policy=body.turn_policy
+        session_id,
+        body.text,
+        principal=caller,
+        turn_policy=body.turn_policy,
+        idempotency_key=idempotency_key,
     )
     return turn_result(result)
 

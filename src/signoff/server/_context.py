@@ -19,7 +19,6 @@ from .._types import InputRequest, Principal
 from ..stores import PendingFilter, StoredRequest
 from ._auth import AccessRule, Authenticator, TokenAuth, default_access, sign_in_cookie
 from ._errors import ApiError
-from ._forms import Forms
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, SignOuts, read
 
 __all__ = ["ServerContext", "get_context"]
@@ -42,11 +41,9 @@ class ServerContext:
     # A session's initiator never changes (`initiator`).
     _initiators: dict[str, Principal | None] = field(default_factory=dict, repr=False)
     sign_outs: SignOuts = field(init=False, repr=False)
-    forms: Forms = field(init=False, repr=False)  # the dashboard's forms sent, so none acts twice
 
     def __post_init__(self) -> None:
         self.sign_outs = SignOuts(self.sign_in_lifetime)
-        self.forms = Forms(self.sign_in_lifetime)
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
         """The caller, or `None` when the authenticator does not recognise it (asked once per

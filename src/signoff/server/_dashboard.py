@@ -21,14 +21,20 @@ from starlette.responses import (
 )
 
 from .._answers import check_text
-from .._exceptions import SignoffError, StoreError, UnknownRequest, UnknownSession
+from .._exceptions import (
+    IdempotencyKeyReused,
+    SignoffError,
+    StoreError,
+    UnknownRequest,
+    UnknownSession,
+)
 from .._sessions import check_prompt
-from .._types import InputRequest, InputResponse
+from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX, TokenAuth, is_dashboard, token_cookie
 from ._context import get_context
 from ._errors import public_message, status_for
-from ._forms import FormSending, Refusal, form_token
+from ._forms import Refusal, form_key, form_token
 from ._json_body import RepeatedKey, unique_keys
 from ._page_data import (
     PAGE_SIZE,
@@ -291,22 +297,32 @@ async def new_session_page(request: Request) -> Response:
     return await render("new.html", request, **base(ctx, viewer, picked=picked, form=form))
 
 
-async def _repeated(request: Request, form: FormSending, target: str | None) -> Response | None:
-    """None when this is the form's first sending; else where the first one led, or why not."""
-    found = await form.first(target)
-    if found is None:
-        return None
-    if isinstance(found, Refusal):
-        return await dashboard_error(request, found.status, found.code, found.message)
-    if _wants_json(request):  # with the token for the form's next message, as a first sending
-        fresh = form_token(form.ctx.secret, form.viewer, form.ctx.runtime.clock())
-        return JSONResponse({"ok": True, "repeated": True, "url": found, "form": fresh})
-    return RedirectResponse(found, status_code=303)
+_RESENT = "this form was sent already with other content: reload the page to send a new message"
+
+
+async def _refused(request: Request, exc: SignoffError) -> Response:
+    """The runtime refused what a form asked (nothing was done: sending it again may try again);
+    a form sent again with other content is told to reload, not about keys."""
+    if isinstance(exc, IdempotencyKeyReused):
+        return await dashboard_error(request, 409, "form_already_sent", _RESENT)
+    return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
+
+
+def _repeated(
+    request: Request, secret: bytes, viewer: Principal, now: float, where: str
+) -> Response:
+    """A form's second sending, sent where the first one led: with the token for the form's
+    next message, for a script, as a first sending."""
+    if _wants_json(request):
+        fresh = form_token(secret, viewer, now)
+        return JSONResponse({"ok": True, "repeated": True, "url": where, "form": fresh})
+    return RedirectResponse(where, status_code=303)
 
 
 @router.post("/sessions")
 async def start_session(request: Request) -> Response:
-    """Start a conversation from the dashboard, as the signed-in person: once per form."""
+    """Start a conversation from the dashboard, as the signed-in person: once per form (its
+    token's nonce is the call's idempotency key)."""
     ctx, viewer = await signed_in(request)
     fields = await check_csrf(request)
     agent = fields.get("agent", "")
@@ -317,25 +333,18 @@ async def start_session(request: Request) -> Response:
         return await dashboard_error(
             request, 422, "invalid_request", "write a message to start with"
         )
-    form = FormSending(ctx, viewer, fields.get("form"))
+    now = ctx.runtime.clock()
+    key = form_key(ctx.secret, viewer, fields.get("form"), now, ctx.sign_in_lifetime)
+    if isinstance(key, Refusal):
+        return await dashboard_error(request, key.status, key.code, key.message)
     try:
         check_prompt(message)  # before anything is recorded
-        repeated = await _repeated(request, form, None)
-        if repeated is not None:
-            return repeated
-        try:
-            session_id = await ctx.runtime.create_session(agent, auth=viewer)
-        except BaseException as exc:
-            await form.failed(exc)
-            raise
-        where = f"{DASHBOARD_PREFIX}/sessions/{session_id}"
-        await form.led(where)
-        # The session is there now: a failed turn is shown on its page, not sent again.
-        result = await ctx.runtime.generate(session_id=session_id, prompt=message, auth=viewer)
+        result = await ctx.runtime.generate(agent, prompt=message, auth=viewer, idempotency_key=key)
     except SignoffError as exc:
-        return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
-    finally:
-        form.close()
+        return await _refused(request, exc)
+    where = f"{DASHBOARD_PREFIX}/sessions/{result.session_id}"
+    if result.replayed:
+        return _repeated(request, ctx.secret, viewer, now, where)
     if _wants_json(request):
         return JSONResponse({"ok": True, "session_id": result.session_id, "url": where})
     return RedirectResponse(where, status_code=303)
@@ -356,22 +365,18 @@ async def send_message(request: Request, session_id: str) -> Response:
         )
     if not text:
         return await dashboard_error(request, 422, "invalid_request", "the message is empty")
-    form = FormSending(ctx, viewer, fields.get("form"))
+    now = ctx.runtime.clock()
+    key = form_key(ctx.secret, viewer, fields.get("form"), now, ctx.sign_in_lifetime)
+    if isinstance(key, Refusal):
+        return await dashboard_error(request, key.status, key.code, key.message)
     where = f"{DASHBOARD_PREFIX}/sessions/{session_id}"
     try:
         check_text(text, "the message")
-        repeated = await _repeated(request, form, where)
-        if repeated is not None:
-            return repeated
-        try:
-            result = await ctx.runtime.send(session_id, text, principal=viewer)
-        except BaseException as exc:
-            await form.failed(exc)
-            raise
+        result = await ctx.runtime.send(session_id, text, principal=viewer, idempotency_key=key)
     except SignoffError as exc:
-        return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
-    finally:
-        form.close()
+        return await _refused(request, exc)
+    if result.replayed:
+        return _repeated(request, ctx.secret, viewer, now, where)
     if _wants_json(request):
         fresh = form_token(ctx.secret, viewer, ctx.runtime.clock())
         return JSONResponse(

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse
 from .._exceptions import (
     AnswerError,
     ConflictingAnswer,
+    IdempotencyKeyReused,
     InvalidAnswer,
     ModelError,
     NotAllowed,
@@ -85,6 +86,7 @@ _STATUS: list[tuple[type[SignoffError], int]] = [
     (UnknownSession, 404),
     (UnknownRequest, 404),
     (ConflictingAnswer, 409),
+    (IdempotencyKeyReused, 409),
     (RequestClosed, 409),
     (StaleAnswer, 409),
     (SessionBusy, 409),

@@ -163,6 +163,11 @@ class TurnResult(_View):
     outcomes: list[OutcomeView]
     error: dict[str, Any] | None
     retryable: bool
+    replayed: bool = Field(
+        default=False,
+        description="True when the call repeated an earlier one with its `Idempotency-Key`: "
+        "it started or sent nothing, and this is the session as it stands now.",
+    )
 
 
 class TurnView(_View):
@@ -218,6 +223,7 @@ def turn_result(r: GenerateResult) -> TurnResult:
         ],
         error=r.error,
         retryable=r.retryable,
+        replayed=r.replayed,
     )
 
 

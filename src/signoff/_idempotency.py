@@ -1,0 +1,85 @@
+"""Idempotency keys of the calls that start a conversation or send a message: a caller that got
+no answer sends the same call again with the same key, and it acts once.
+
+A key is scoped to the principal that gives it (two people's keys never collide). What is
+recorded is a digest of the scoped key and one of what it asked for (the agent and prompt, or
+the message), in the data of the event that recorded the message (`idem`), in the same commit;
+the session state keeps the last `KEPT` of them, so a repeat is recognised without reading
+the log. A new session's id derives from the scoped key, so a repeat finds it instead of making
+another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from ._exceptions import IdempotencyKeyReused, UsageError
+from ._types import Principal
+
+__all__ = ["KEPT", "MAX_KEY", "Keyed", "check_key", "keyed", "seen", "session_for"]
+
+KEPT = 32
+"""Keys a session state remembers (the newest ones): a repeat of an older one is not known."""
+
+MAX_KEY = 200
+"""The longest key taken, in characters."""
+
+Keyed = tuple[str, str]
+"""A scoped key's digest and the digest of what the call asked for, as recorded (`idem`)."""
+
+
+def check_key(key: object) -> str:
+    """`key`, if it is printable ASCII text of 1 to `MAX_KEY` characters; else a `UsageError`."""
+    if not isinstance(key, str):
+        raise UsageError(f"idempotency_key must be a string, not {type(key).__name__}")
+    if not 0 < len(key) <= MAX_KEY or not key.isascii() or not key.isprintable():
+        raise UsageError(
+            f"idempotency_key must be 1 to {MAX_KEY} printable ASCII characters, not {key!r:.240}"
+        )
+    return key
+
+
+def _digest(*parts: str) -> str:
+    return hashlib.sha256("\0".join(parts).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def keyed(key: str | None, principal: Principal | None, *asked: str) -> Keyed | None:
+    """The record of `key` given by `principal` for a call that asked `asked`; None without a
+    key (checked here)."""
+    if key is None:
+        return None
+    check_key(key)
+    who = (
+        ()
+        if principal is None
+        else (
+            principal.authenticator,
+            principal.issuer or "",
+            principal.principal_type,
+            principal.principal_id,
+        )
+    )
+    return _digest("signoff-key", *who, key), _digest("signoff-asked", *asked)
+
+
+def session_for(idem: Keyed) -> str:
+    """The id of the session a call with this key starts (the format of `new_id("ses")`)."""
+    return "ses_" + _digest("signoff-session", idem[0])[:20]
+
+
+def seen(keys: dict[str, Any], idem: Keyed | None, session_id: str) -> bool:
+    """Whether the key of `idem` recorded a message in the session already (a repeat); raises
+    `IdempotencyKeyReused` if it was recorded for something else."""
+    if idem is None:
+        return False
+    known = keys.get(idem[0])
+    if known is None:
+        return False
+    if known[0] != idem[1]:
+        raise IdempotencyKeyReused(
+            f"this idempotency key was used in session {session_id!r} for another "
+            "agent, prompt or message: use a new key for a new call",
+            session_id,
+        )
+    return known[1] is not None
