@@ -5,7 +5,10 @@ resolution, or a pending one's data, changed in its row behind signoff's back is
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 import signoff as so
+from signoff import _audit_trail as audit_trail
 from signoff.stores._codec import pack_bytes
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
@@ -263,3 +266,53 @@ async def test_rows_that_follow_the_trail_check_out(store_url: str) -> None:
         await rt.cancel(r.session_id)
         assert await rt.pending(session_id=r.session_id) == []
         assert await rt.verify_audit() == []
+
+
+async def test_rows_and_requests_are_paired_across_pages_of_sessions(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A whole store is verified a page of sessions at a time: a row moved to a session on
+    another page, a row deleted and a row forged are named as they are when every session is
+    read at once; a row moved out of, or into, a session whose chain is broken is not named."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        parked_ = [await parked(rt) for _ in range(4)]
+    (a, moved), (b, deleted), (_, into_a), (d, _) = parked_  # each on a page of its own below
+    sk = {s: query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", s)[0][0] for s in (a, d)}
+    alter(store_url, "UPDATE {t}requests SET sk={p} WHERE id={p}", sk[d], moved)
+    alter(store_url, "DELETE FROM {t}requests WHERE id={p}", deleted)
+    alter(
+        store_url,
+        "INSERT INTO {t}requests (id, sk, seq, idx, agent, kind, tool, status, created_at) "
+        "VALUES ('req_forged', {p}, NULL, NULL, 'support', 'tool-approval', 'wipe', 'pending', 1)",
+        sk[a],
+    )
+
+    async def found() -> list[list[tuple[str, int, int, str]]]:
+        runs = []
+        for page in (1000, 1):
+            monkeypatch.setattr(audit_trail, "SESSIONS_PAGE", page)
+            async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+                problems = await rt.verify_audit()
+            runs.append(sorted((p.stream, p.id, p.n, p.reason) for p in problems))
+        return runs
+
+    whole, paged = await found()
+    assert whole == paged
+    reasons = {s: r for s, _, _, r in paged}
+    assert len(paged) == 3 and moved in reasons[a] and d in reasons[a]
+    assert deleted in reasons[b] and "no row" in reasons[b]
+    assert [r for s, i, n, r in paged if (i, n) == (0, 0)] == [
+        "request req_forged has a row, but no entry of its session's trail asks it"
+    ]
+    # a's chain broken: its rows, the one moved out of it and one moved into it are not checked
+    alter(store_url, "UPDATE {t}requests SET sk={p} WHERE id={p}", sk[a], into_a)
+    alter(
+        store_url,
+        "DELETE FROM {t}audit WHERE sk={p} AND n=(SELECT audit_n FROM {t}sessions WHERE sk={p})",
+        sk[a],
+        sk[a],
+    )
+    whole, paged = await found()
+    assert whole == paged and {s for s, *_ in paged} == {a, b}
+    assert all(moved not in r and into_a not in r for *_, r in paged)

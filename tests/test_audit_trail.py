@@ -4,7 +4,7 @@ while commits land, and malformed arguments."""
 import io
 import json
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 
@@ -223,3 +223,63 @@ async def test_an_events_time_changed_or_entries_copied_to_another_session_are_n
             (p.id, p.stream, p.n, p.reason) for p in problems
         ]
         assert [(p.stream, p.n) for p in problems if p.stream == b][0] == (b, last_b.n + 1)
+
+
+class Counting:
+    """A store that counts what verification asks of it: each read's scope, and the most
+    request rows and sessions one read returned."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.unscoped: list[str] = []
+        self.most_rows = self.most_sessions = 0
+        self.sessions: list[str] = []
+
+    async def audit(self, **kw: Any) -> list[AuditEntry]:
+        if kw.get("stream") is None and not kw.get("sessions") and not kw.get("others"):
+            self.unscoped.append("audit")
+        return await self.store.audit(**kw)
+
+    async def audit_heads(self, **kw: Any) -> dict[str, tuple[int, str | None]]:
+        if kw.get("stream") is None and not kw.get("others"):
+            self.unscoped.append("audit_heads")
+        return await self.store.audit_heads(**kw)
+
+    async def audit_sessions(self, **kw: Any) -> dict[str, tuple[int, str | None]]:
+        heads = await self.store.audit_sessions(**kw)
+        self.most_sessions = max(self.most_sessions, len(heads))
+        self.sessions += heads
+        return heads
+
+    async def stored_requests(self, **kw: Any) -> list[RequestRow]:
+        if kw.get("session_id") is None and kw.get("sessions") is None:
+            self.unscoped.append("stored_requests")
+        rows = await self.store.stored_requests(**kw)
+        self.most_rows = max(self.most_rows, len(rows))
+        return rows
+
+
+async def test_a_whole_store_is_verified_a_page_of_sessions_at_a_time(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verifying a whole store never reads every session's heads, rows or entries at once: a
+    page of sessions at a time, then the other streams, so what it holds does not grow with
+    the store; and it finds what it finds reading them all at once."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sids = [await run_scenario(rt, clock) for _ in range(7)]
+        for page in (1000, 2):
+            monkeypatch.setattr(audit_trail, "SESSIONS_PAGE", page)
+            counted = Counting(rt.store)
+            assert await verify_trail(cast(Store, counted)) == []
+            assert counted.unscoped == [] and sorted(counted.sessions) == sorted(sids)
+        assert counted.most_sessions == 2 and counted.most_rows == 2 * 2  # two requests each
+        settled = next(e for e in await rt.audit(sids[-1]) if e.type == "approval.settled")
+    alter(store_url, "UPDATE {t}events SET at=at+1 WHERE seq={p}", settled.seq)  # every session
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        found = []
+        for page in (1000, 2):
+            monkeypatch.setattr(audit_trail, "SESSIONS_PAGE", page)
+            problems = await verify_trail(rt.store)
+            found.append(sorted((p.stream, p.id, p.n, p.reason) for p in problems))
+        assert found[0] == found[1] and {p[0] for p in found[0]} == set(sids)

@@ -179,6 +179,10 @@ async def test_ids_and_filters_with_a_nul_name_nothing(store: Store) -> None:
     assert await store.sessions(status="idle\x00") == []
     assert await store.audit(stream=bad) == []
     assert await store.audit_heads(stream=bad) == {}
+    assert await store.audit_sessions(after=bad) == {}
+    assert await store.audit(sessions=[bad]) == []
+    assert await store.stored_requests(sessions=[bad]) == []
+    assert [r.id for r in await store.stored_requests(sessions=[bad, sid])] == ["req_1"]
     assert [r.id for r in await store.pending(PendingFilter())] == ["req_1"]
 
 

@@ -3,7 +3,7 @@ and a repeated answer read) must say what its session's chained entries recorded
 
 from __future__ import annotations
 
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +14,7 @@ from .stores import Store
 from .stores._audit import AuditEntry
 from .stores._base import RequestRow
 
-__all__ = ["Found", "RequestTrail", "request_rows"]
+__all__ = ["Found", "Leftovers", "RequestTrail", "request_rows"]
 
 PAGE = 1000  # rows read at once
 
@@ -38,16 +38,78 @@ class _Asked:
     entries: list[tuple[int, int, str, dict[str, Any]]] = field(default_factory=list)
 
 
-async def request_rows(store: Store, *, session_id: str | None = None) -> list[RequestRow]:
-    """Every request row (of one session, if given), page by page in id order."""
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """A request asked by a session checked earlier without its row among that session's: its
+    entries as `(n, id, type)`, and whether its session's chain is broken."""
+
+    stream: str
+    entries: tuple[tuple[int, int, str], ...]
+    broken: bool
+
+
+async def request_rows(
+    store: Store, *, session_id: str | None = None, sessions: list[str] | None = None
+) -> list[RequestRow]:
+    """Every request row (of one session, or of `sessions`, if given), page by page in id
+    order."""
     rows: list[RequestRow] = []
     after = ""
+    scope: dict[str, Any] = {"session_id": session_id}
+    if sessions is not None:
+        scope["sessions"] = sessions
     while True:
-        page = await store.stored_requests(session_id=session_id, after=after, limit=PAGE)
+        page = await store.stored_requests(**scope, after=after, limit=PAGE)
         rows += page
         if len(page) < PAGE:
             return rows
         after = page[-1].id
+
+
+class Leftovers:
+    """Rows and requests that sessions checked a page at a time could not pair with each other:
+    a row whose session's trail does not ask it, a request asked without its row in its
+    session. Healthy stores leave none; each left is named unless a later page pairs it (a row
+    moved to another session, named once, as the request's)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[str, tuple[str, int]] = {}  # request id -> (session, its audit_n)
+        self.asks: dict[str, _Ask] = {}
+
+    def paired(self) -> list[Found]:
+        """The rows no entry asks, or that are asked in another session; the requests left
+        after are those asked within their session's head whose row was not found."""
+        problems: list[Found] = []
+        for rid, (sid, audit_n) in self.rows.items():
+            ask = self.asks.pop(rid, None)
+            if ask is not None and ask.broken:
+                continue
+            entries = [] if ask is None else [x for x in ask.entries if x[0] <= audit_n]
+            if ask is None or not entries or entries[0][2] != "input.requested":
+                reason = f"request {rid} has a row, but no entry of its session's trail asks it"
+                problems.append((0, sid, 0, reason))
+                continue
+            n, entry_id = entries[-1][:2]
+            reason = f"request {rid} has its row in session {sid}, not in this one"
+            problems.append((entry_id, ask.stream, n, reason))
+        self.rows.clear()
+        self.asks = {rid: ask for rid, ask in self.asks.items() if not ask.broken}
+        return problems
+
+    def found(self, ids: Iterable[str]) -> None:
+        """Rows found elsewhere (in a session whose rows were not checked) for requests left."""
+        for rid in ids:
+            self.asks.pop(rid, None)
+
+    def missing(self) -> list[Found]:
+        """The requests still left: asked by an entry, with no row in the store."""
+        problems: list[Found] = []
+        for rid, ask in self.asks.items():
+            n, entry_id = ask.entries[0][:2]
+            reason = f"request {rid} is asked by this entry but has no row in the store"
+            problems.append((entry_id, ask.stream, n, reason))
+        self.asks.clear()
+        return problems
 
 
 class RequestTrail:
@@ -77,34 +139,38 @@ class RequestTrail:
         self,
         rows: list[RequestRow],
         heads: dict[str, tuple[int, str | None]],
-        broken: Container[str] = (),
+        broken: Container[str],
+        left: Leftovers,
     ) -> list[Found]:
         """Each row that says other than the trail up to the entry its session's chain had when
-        the row was read, and each request asked by an entry within `heads` (read before the
-        rows) that has no row. Sessions whose chain is `broken` (named already) are left out:
+        the row was read. A row no entry seen asks, and a request asked by an entry within
+        `heads` (read before the rows) that has no row among `rows`, are `left` to pair with
+        the other sessions'. Sessions whose chain is `broken` (named already) are left out:
         their entries no longer say what was recorded, so their rows cannot be checked."""
-        problems = [
-            p
-            for row in rows
-            if row.session_id not in broken and (p := self._row(row, broken)) is not None
-        ]
-        seen = {row.id for row in rows}
-        for rid, asked in self.asked.items():
-            n, entry_id = asked.entries[0][:2]
-            if asked.stream in broken:
+        problems = []
+        seen = set()
+        for row in rows:
+            seen.add(row.id)
+            if row.session_id in broken:
                 continue
+            if row.id not in self.asked:
+                left.rows[row.id] = (row.session_id, row.audit_n)
+            elif (p := self._row(row, broken)) is not None:
+                problems.append(p)
+        for rid, asked in self.asked.items():
+            n = asked.entries[0][0]
             if rid not in seen and n <= heads.get(asked.stream, (0, None))[0]:
-                reason = f"request {rid} is asked by this entry but has no row in the store"
-                problems.append((entry_id, asked.stream, n, reason))
+                entries = tuple(x[:3] for x in asked.entries)
+                left.asks[rid] = _Ask(asked.stream, entries, asked.stream in broken)
         return problems
 
     def _row(self, row: RequestRow, broken: Container[str]) -> Found | None:
         rid = row.id
-        asked = self.asked.get(rid)
-        if asked is not None and asked.stream in broken:
+        asked = self.asked[rid]
+        if asked.stream in broken:
             return None
-        entries = [] if asked is None else [x for x in asked.entries if x[0] <= row.audit_n]
-        if asked is None or not entries or entries[0][2] != "input.requested":
+        entries = [x for x in asked.entries if x[0] <= row.audit_n]
+        if not entries or entries[0][2] != "input.requested":
             reason = f"request {rid} has a row, but no entry of its session's trail asks it"
             return (0, row.session_id, 0, reason)
         n, entry_id = entries[-1][:2]

@@ -9,10 +9,12 @@ from typing import IO, Any
 
 from ._agent import Agent
 from ._answers import check_text
-from ._audit_requests import RequestTrail, request_rows
+from ._audit_requests import PAGE as REQUESTS_PAGE
+from ._audit_requests import Leftovers, RequestTrail, request_rows
 from ._exceptions import UsageError
 from .stores import Store
 from .stores._audit import AuditEntry, AuditRow, chain_hash
+from .stores._base import RequestRow
 
 __all__ = [
     "AuditProblem",
@@ -69,19 +71,31 @@ def check_writable(out: object) -> None:
 
 
 PAGE = 1000  # entries read at once
+SESSIONS_PAGE = 200  # sessions verified at once: their heads, request rows and entries
 
 
 async def entries(
-    store: Store, *, stream: str | None = None, page: int | None = None
+    store: Store,
+    *,
+    stream: str | None = None,
+    page: int | None = None,
+    sessions: list[str] | None = None,
+    others: bool = False,
 ) -> AsyncIterator[AuditEntry]:
-    """Every entry, each stream's in order. A store may take an entry's id before its commit
-    (PostgreSQL), so across streams a page can miss a lower id still uncommitted: when a later
-    entry of its stream then shows a hole, the stream's entries before it are read again."""
+    """Every entry (of `stream`, of `sessions`, or of no session with `others`), each stream's
+    in order. A store may take an entry's id before its commit (PostgreSQL), so across streams
+    a page can miss a lower id still uncommitted: when a later entry of its stream then shows
+    a hole, the stream's entries before it are read again."""
     page = page or PAGE
     after = 0
     last: dict[str, tuple[int, int]] = {}  # stream -> (n, id) of the last entry given
+    scope: dict[str, Any] = {"stream": stream}
+    if sessions is not None:
+        scope["sessions"] = sessions
+    if others:
+        scope["others"] = True
     while True:
-        batch = await store.audit(stream=stream, after_id=after, limit=page)
+        batch = await store.audit(**scope, after_id=after, limit=page)
         for entry in batch:
             n, last_id = last.get(entry.stream, (0, 0))
             if stream is None and entry.n > n + 1:
@@ -136,17 +150,77 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
     stops short of the head the store keeps for it (its last entries removed) or goes past it
     (entries added after its last), a session entry pointing at an event an earlier entry
     of its session stands for (a step shown twice), and a request row that says other than the
-    entries of its request (`_audit_requests`)."""
-    # Read before the entries: a commit meanwhile only adds entries past these heads, and
-    # each request row comes with the length its session's chain had when it was read.
-    heads = await store.audit_heads(stream=stream)
-    own = stream is not None and stream.startswith(_OWN_STREAMS)  # no requests in its stream
-    rows = [] if own else await request_rows(store, session_id=stream)
+    entries of its request (`_audit_requests`). A whole store is checked a page of sessions at
+    a time, then the other streams, so what is held does not grow with the store."""
+    left = Leftovers()
+    problems: list[AuditProblem] = []
+    async for heads, rows, found in _groups(store, stream):
+        problems += await _check(store, heads, rows, found, left)
+    named = left.paired()
+    after = ""
+    while left.asks and stream is None:
+        # Asked without a row in their session: named unless the row is in another session
+        # whose rows were not checked (its chain broken), which only all the rows can tell.
+        page = await store.stored_requests(after=after, limit=REQUESTS_PAGE)
+        left.found(row.id for row in page)
+        if len(page) < REQUESTS_PAGE:
+            break
+        after = page[-1].id
+    for entry_id, sid, n, reason in named + left.missing():
+        problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
+    return problems
+
+
+_Group = tuple[dict[str, tuple[int, str | None]], list[RequestRow], AsyncIterator[AuditEntry]]
+
+
+async def _groups(store: Store, stream: str | None) -> AsyncIterator[_Group]:
+    """The streams to verify, a group at a time, as their heads, request rows and entries. Each
+    group's heads are read before its rows, and its rows before its entries: a commit meanwhile
+    only adds entries past these heads, and each row comes with the length its session's
+    chain had when it was read."""
+    if stream is not None:
+        heads = await store.audit_heads(stream=stream)
+        own = stream.startswith(_OWN_STREAMS)  # no requests in its stream
+        rows = [] if own else await request_rows(store, session_id=stream)
+        yield heads, rows, entries(store, stream=stream)
+        return
+    if not hasattr(store, "audit_sessions"):
+        # A store that cannot page its sessions (written for an earlier signoff): each stream
+        # it keeps a head for, one at a time.
+        heads = await store.audit_heads()
+        for sid, head in heads.items():
+            own = sid.startswith(_OWN_STREAMS)
+            rows = [] if own else await request_rows(store, session_id=sid)
+            yield {sid: head}, rows, entries(store, stream=sid)
+        return
+    after = ""
+    while True:
+        heads = await store.audit_sessions(after=after, limit=SESSIONS_PAGE)
+        if heads:
+            sessions = list(heads)
+            rows = await request_rows(store, sessions=sessions)
+            yield heads, rows, entries(store, sessions=sessions)
+        if len(heads) < SESSIONS_PAGE:
+            break
+        after = sessions[-1]
+    yield await store.audit_heads(others=True), [], entries(store, others=True)
+
+
+async def _check(
+    store: Store,
+    heads: dict[str, tuple[int, str | None]],
+    rows: list[RequestRow],
+    found: AsyncIterator[AuditEntry],
+    left: Leftovers,
+) -> list[AuditProblem]:
+    """The problems of one group of streams, all of whose entries are `found`; the rows and
+    requests that only another group can pair are `left` to it."""
     chains = _Chains()
     requests = RequestTrail()
     past: dict[str, None] = {}  # streams with entries past the head read above, in order
     problems: list[AuditProblem] = []
-    async for e in entries(store, stream=stream):
+    async for e in found:
         problem = chains.check(e)
         if problem is not None:
             problems.append(problem)
@@ -165,19 +239,17 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
         else:
             continue
         problems.append(AuditProblem(id=last_id.get(sid, 0), stream=sid, n=seen + 1, reason=reason))
-    if past:
+    for sid in past:
         # Heads only move forward: entries still past them now were not written with them.
-        now = await store.audit_heads(stream=stream)
-        for sid in past:
-            n = now.get(sid, (0, None))[0]
-            seen = last[sid][0]
-            if seen > n:
-                keeper = "stream" if sid.startswith(_OWN_STREAMS) else "session"
-                extra = f"entry {seen} is" if seen == n + 1 else f"entries {n + 1} to {seen} are"
-                reason = f"{extra} past the end of the chain its {keeper} keeps"
-                problems.append(AuditProblem(id=last_id[sid], stream=sid, n=n + 1, reason=reason))
+        n = (await store.audit_heads(stream=sid)).get(sid, (0, None))[0]
+        seen = last[sid][0]
+        if seen > n:
+            keeper = "stream" if sid.startswith(_OWN_STREAMS) else "session"
+            extra = f"entry {seen} is" if seen == n + 1 else f"entries {n + 1} to {seen} are"
+            reason = f"{extra} past the end of the chain its {keeper} keeps"
+            problems.append(AuditProblem(id=last_id[sid], stream=sid, n=n + 1, reason=reason))
     broken = {p.stream for p in problems}
-    for entry_id, sid, n, reason in requests.check(rows, heads, broken):
+    for entry_id, sid, n, reason in requests.check(rows, heads, broken, left):
         problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
     return problems
 

@@ -257,19 +257,47 @@ class Store(Protocol):
     async def record_audit(self, rows: Sequence[AuditRow]) -> None: ...
 
     async def audit(
-        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
-    ) -> list[AuditEntry]: ...
+        self,
+        *,
+        stream: str | None = None,
+        after_id: int = 0,
+        limit: int = 1000,
+        sessions: Sequence[str] | None = None,
+        others: bool = False,
+    ) -> list[AuditEntry]:
+        """Entries after `after_id` in id order: of `stream`, of the `sessions` listed, or with
+        `others` of no session row (tool-setting and dashboard streams, and the entries of a
+        session whose row is gone); of every stream if none is given."""
+        ...
 
-    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
-        """The last entry `(n, hash)` of each session's audit chain (of `stream` only, if given)
-        as the session's row keeps it, so entries removed from a chain's end are noticed too."""
+    async def audit_heads(
+        self, *, stream: str | None = None, others: bool = False
+    ) -> dict[str, tuple[int, str | None]]:
+        """The last entry `(n, hash)` of each audit chain (of `stream` only, if given; of the
+        streams other than sessions only, with `others`) as the store keeps it apart from the
+        entries, in the session's row or the stream's head row, so entries removed from a
+        chain's end are noticed too."""
+        ...
+
+    async def audit_sessions(
+        self, *, after: str = "", limit: int = 100
+    ) -> dict[str, tuple[int, str | None]]:
+        """The chain heads of the first `limit` sessions with ids after `after`, in id order,
+        `(0, None)` for a session with no entry: verification goes through a store this way,
+        a page of sessions at a time."""
         ...
 
     async def stored_requests(
-        self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+        self,
+        *,
+        session_id: str | None = None,
+        after: str = "",
+        limit: int = 1000,
+        sessions: Sequence[str] | None = None,
     ) -> list[RequestRow]:
-        """Request rows (of one session, if given) with ids after `after`, in id order, each
-        read in one statement with its session's `audit_n`, for checking against the trail."""
+        """Request rows (of one session, or of the `sessions` listed, if given) with ids after
+        `after`, in id order, each read in one statement with its session's `audit_n`, for
+        checking against the trail."""
         ...
 
 

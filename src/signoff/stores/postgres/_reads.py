@@ -211,16 +211,24 @@ class Reads(Connections):
         return await self._read(body, f"reading request {request_id!r}")
 
     async def stored_requests(
-        self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+        self,
+        *,
+        session_id: str | None = None,
+        after: str = "",
+        limit: int = 1000,
+        sessions: Sequence[str] | None = None,
     ) -> list[RequestRow]:
         s = self._s
         if not storable(session_id, after):
             return []
         # The primary key's own collation, so each page is an index range after the last.
-        where, params = "r.id > %s", [after]
+        where, params = "r.id > %s", list[Any]([after])
         if session_id is not None:
             where += " AND s.id = %s"
             params.append(session_id)
+        if sessions is not None:
+            where += " AND s.id = ANY(%s)"
+            params.append([i for i in sessions if storable(i)])
 
         async def body(conn: Conn) -> list[RequestRow]:
             cur = await conn.execute(
@@ -373,7 +381,13 @@ class Reads(Connections):
         return await self._read(body, "listing orphaned subagent sessions")
 
     async def audit(
-        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+        self,
+        *,
+        stream: str | None = None,
+        after_id: int = 0,
+        limit: int = 1000,
+        sessions: Sequence[str] | None = None,
+        others: bool = False,
     ) -> list[AuditEntry]:
         s = self._s
 
@@ -399,6 +413,16 @@ class Reads(Connections):
                 sk = await self._session_key(conn, stream)
                 sql += " AND a.stream=%s" if sk is None else " AND a.sk=%s"
                 params.append(stream if sk is None else sk)
+            if sessions is not None:
+                # Their keys first: a plan for an unknown list of ids scans every entry.
+                cur = await conn.execute(
+                    f"SELECT sk FROM {s}.sessions WHERE id = ANY(%s)",
+                    [[i for i in sessions if storable(i)]],
+                )
+                sql += " AND a.sk = ANY(%s)"
+                params.append([int(sk) for (sk,) in await cur.fetchall()])
+            if others:
+                sql += " AND x.sk IS NULL"  # of no session row: another stream's
             sql += " ORDER BY a.id LIMIT %s"
             params.append(limit)
             cur = await conn.execute(sql, params)
@@ -419,19 +443,34 @@ class Reads(Connections):
 
         return await self._read(body, "reading the audit trail")
 
-    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
+    async def audit_heads(
+        self, *, stream: str | None = None, others: bool = False
+    ) -> dict[str, tuple[int, str | None]]:
         # Sessions keep theirs in the session row, other streams in their head row (n = 0).
         sessions = f"SELECT id, audit_n, audit_hash FROM {self._s}.sessions WHERE audit_n > 0"
         streams = (
             f"SELECT stream, seq, hash FROM {self._s}.audit WHERE stream IS NOT NULL AND n = 0"
         )
-        params: list[Any] = []
         if stream is not None:
-            sessions += " AND id=%s" if storable(stream) else " AND false"
-            streams += " AND stream=%s" if storable(stream) else " AND false"
-            params += [stream, stream] if storable(stream) else []
-        sql = f"{sessions} UNION ALL {streams}"
+            sessions += " AND id=%(stream)s" if storable(stream) else " AND false"
+            streams += " AND stream=%(stream)s" if storable(stream) else " AND false"
+        sql = streams if others else f"{sessions} UNION ALL {streams}"
+        return await self._heads(sql, {"stream": stream})
 
+    async def audit_sessions(
+        self, *, after: str = "", limit: int = 100
+    ) -> dict[str, tuple[int, str | None]]:
+        if not storable(after):
+            return {}
+        sql = (
+            # A hash kept with no entry counted is no head, as `audit_heads` reads it.
+            "SELECT id, audit_n, CASE WHEN audit_n > 0 THEN audit_hash END "
+            f"FROM {self._s}.sessions "
+            "WHERE id > %(after)s ORDER BY id LIMIT %(limit)s"
+        )
+        return await self._heads(sql, {"after": after, "limit": limit})
+
+    async def _heads(self, sql: str, params: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
         async def body(conn: Conn) -> dict[str, tuple[int, str | None]]:
             cur = await conn.execute(sql, params)
             return {

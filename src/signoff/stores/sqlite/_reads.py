@@ -5,7 +5,7 @@ outside any `BEGIN`."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import closing
 from typing import Any
 
@@ -188,12 +188,20 @@ class Reads(Connection):
 
     @reading
     async def stored_requests(
-        self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+        self,
+        *,
+        session_id: str | None = None,
+        after: str = "",
+        limit: int = 1000,
+        sessions: Sequence[str] | None = None,
     ) -> list[RequestRow]:
         where, params = "r.id > ?", [after]
         if session_id is not None:
             where += " AND s.id = ?"
             params.append(session_id)
+        if sessions is not None:
+            where += f" AND s.id IN ({','.join('?' * len(sessions))})"
+            params += sessions
         rows = self.conn.execute(
             f"SELECT {REQUEST_ROW_COLUMNS}, {REQUEST_COLUMNS} FROM requests r {REQUEST_JOIN} "
             f"WHERE {where} ORDER BY r.id LIMIT ?",
@@ -295,7 +303,13 @@ class Reads(Connection):
 
     @reading
     async def audit(
-        self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+        self,
+        *,
+        stream: str | None = None,
+        after_id: int = 0,
+        limit: int = 1000,
+        sessions: Sequence[str] | None = None,
+        others: bool = False,
     ) -> list[AuditEntry]:
         # An entry of a session's event keeps only its place and hash: its type, time and data
         # are read from the event, so the chain also covers the event log itself; `prev` is the
@@ -318,6 +332,14 @@ class Reads(Connection):
             sk = self._session_key(stream)
             sql += " AND a.stream=?" if sk is None else " AND a.sk=?"
             params.append(stream if sk is None else sk)
+        if sessions is not None:
+            sql += (
+                " AND a.sk IS NOT NULL AND a.sk IN (SELECT sk FROM sessions WHERE id IN "
+                f"({','.join('?' * len(sessions))}))"
+            )
+            params += sessions
+        if others:
+            sql += " AND s.sk IS NULL"  # no session row: another stream's, or its row is gone
         sql += " ORDER BY a.id LIMIT ?"
         params.append(limit)
         entries = []
@@ -338,23 +360,28 @@ class Reads(Connection):
         return entries
 
     @reading
-    async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str | None]]:
+    async def audit_heads(
+        self, *, stream: str | None = None, others: bool = False
+    ) -> dict[str, tuple[int, str | None]]:
         # Sessions keep theirs in the session row, other streams in their head row (n = 0).
         sessions = "SELECT id, audit_n, audit_hash FROM sessions WHERE audit_n > 0"
         streams = "SELECT stream, seq, hash FROM audit WHERE stream IS NOT NULL AND n = 0"
-        params: list[Any] = []
         if stream is not None:
-            sessions += " AND id=?"
-            streams += " AND stream=?"
-            params += [stream, stream]
-        sql = f"{sessions} UNION ALL {streams}"
-        return {
-            i: (
-                kept(n, int, i, "audit_n"),
-                None if h is None else kept(h, bytes, i, "audit_hash").hex(),
-            )
-            for i, n, h in self.conn.execute(sql, params)
-        }
+            sessions += " AND id=:stream"
+            streams += " AND stream=:stream"
+        sql = streams if others else f"{sessions} UNION ALL {streams}"
+        return _heads(self.conn.execute(sql, {"stream": stream}))
+
+    @reading
+    async def audit_sessions(
+        self, *, after: str = "", limit: int = 100
+    ) -> dict[str, tuple[int, str | None]]:
+        # A hash kept with no entry counted is no head, as `audit_heads` reads it.
+        sql = (
+            "SELECT id, audit_n, CASE WHEN audit_n > 0 THEN audit_hash END FROM sessions "
+            "WHERE id > ? ORDER BY id LIMIT ?"
+        )
+        return _heads(self.conn.execute(sql, (after, limit)))
 
     # -- sizes (benchmarks, dashboard) --------------------------------------------------------
 
@@ -367,3 +394,14 @@ class Reads(Connection):
             for p in (self.path, self.path + "-wal", self.path + "-shm")
             if os.path.exists(p)
         )
+
+
+def _heads(rows: Iterable[tuple[Any, Any, Any]]) -> dict[str, tuple[int, str | None]]:
+    """Chain heads `(n, hash)` by stream, checked as a session row keeps them."""
+    return {
+        i: (
+            kept(n, int, i, "audit_n"),
+            None if h is None else kept(h, bytes, i, "audit_hash").hex(),
+        )
+        for i, n, h in rows
+    }
