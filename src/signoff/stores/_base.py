@@ -97,6 +97,20 @@ class SessionSummary:
     expires_at: float | None
 
 
+def session_summary(row: Sequence[Any]) -> SessionSummary:
+    """A listing row read as `(id, agent, status, head, created_at, updated_at, expires_at)`."""
+    i, a, st, h, c, u, x = row
+    return SessionSummary(
+        id=i,
+        agent=a,
+        status=st,
+        head=int(h),
+        created_at=float(c),
+        updated_at=float(u),
+        expires_at=None if x is None else float(x),
+    )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoredRequest:
     request: InputRequest

@@ -19,6 +19,7 @@ from .._base import (
     SessionSummary,
     StoredRequest,
     request_row,
+    session_summary,
     stored_request,
 )
 from .._codec import EventTexts, parse, stored_type, type_name, unpack
@@ -301,18 +302,7 @@ class Reads(Connections):
                 f"FROM {s}.sessions{clause} ORDER BY updated_at DESC, sk DESC LIMIT %s OFFSET %s",
                 [*params, limit, offset],
             )
-            return [
-                SessionSummary(
-                    id=i,
-                    agent=a,
-                    status=st,
-                    head=int(h),
-                    created_at=float(c),
-                    updated_at=float(u),
-                    expires_at=None if x is None else float(x),
-                )
-                for i, a, st, h, c, u, x in await cur.fetchall()
-            ]
+            return [session_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, "listing sessions")
 
@@ -329,18 +319,7 @@ class Reads(Connections):
                 "ORDER BY expires_at, sk LIMIT %s OFFSET %s",
                 (now, limit, offset),
             )
-            return [
-                SessionSummary(
-                    id=i,
-                    agent=a,
-                    status=st,
-                    head=int(h),
-                    created_at=float(c),
-                    updated_at=float(u),
-                    expires_at=float(x),
-                )
-                for i, a, st, h, c, u, x in await cur.fetchall()
-            ]
+            return [session_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, "listing sessions whose TTL passed")
 
@@ -365,18 +344,7 @@ class Reads(Connections):
                 f"{CURRENT_TURN.format(s=s, sk='p.sk')}) ORDER BY c.sk LIMIT %s OFFSET %s",
                 (list(agents), limit, offset),
             )
-            return [
-                SessionSummary(
-                    id=i,
-                    agent=a,
-                    status=st,
-                    head=int(h),
-                    created_at=float(c),
-                    updated_at=float(u),
-                    expires_at=None if x is None else float(x),
-                )
-                for i, a, st, h, c, u, x in await cur.fetchall()
-            ]
+            return [session_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, "listing orphaned subagent sessions")
 

@@ -21,6 +21,7 @@ from .._base import (
     SessionSummary,
     StoredRequest,
     request_row,
+    session_summary,
     stored_request,
 )
 from .._codec import (
@@ -252,12 +253,7 @@ class Reads(Connection):
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY updated_at DESC, sk DESC LIMIT ? OFFSET ?"
-        return [
-            SessionSummary(
-                id=i, agent=a, status=st, head=h, created_at=c, updated_at=u, expires_at=x
-            )
-            for i, a, st, h, c, u, x in self.conn.execute(sql, [*params, limit, offset])
-        ]
+        return [session_summary(row) for row in self.conn.execute(sql, [*params, limit, offset])]
 
     @reading
     async def orphaned_children(
@@ -277,12 +273,7 @@ class Reads(Connection):
             f"OR c.parent_turn IS NOT {CURRENT_TURN.format(sk='p.sk')}) "
             "ORDER BY c.sk LIMIT ? OFFSET ?"
         )
-        return [
-            SessionSummary(
-                id=i, agent=a, status=st, head=h, created_at=c, updated_at=u, expires_at=x
-            )
-            for i, a, st, h, c, u, x in self.conn.execute(sql, [*agents, limit, offset])
-        ]
+        return [session_summary(row) for row in self.conn.execute(sql, [*agents, limit, offset])]
 
     @reading
     async def lapsed_sessions(
@@ -294,12 +285,7 @@ class Reads(Connection):
             "WHERE status IN ('running', 'waiting') AND expires_at <= ? "
             "ORDER BY expires_at, sk LIMIT ? OFFSET ?"
         )
-        return [
-            SessionSummary(
-                id=i, agent=a, status=st, head=h, created_at=c, updated_at=u, expires_at=x
-            )
-            for i, a, st, h, c, u, x in self.conn.execute(sql, (now, limit, offset))
-        ]
+        return [session_summary(row) for row in self.conn.execute(sql, (now, limit, offset))]
 
     @reading
     async def audit(
