@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -410,3 +411,82 @@ async def test_a_subagent_stopped_by_its_parents_lost_lease_gives_the_childs_lea
         (kid,) = await rt.store.sessions(agent="billing")
         token = await rt.store.acquire_lease(kid.id, "probe", 60.0, rt._lease_now())
         assert token is not None  # free: no lease of the cancelled drive left on it
+
+
+class _Lapsed(logging.Handler):
+    """Notes when a drive's renewals give its lease up as lapsed (`held.lose()` follows at once)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "lapsed, no renewal getting through" in record.getMessage():
+            self.seen = True
+
+
+async def test_a_lease_lost_while_confirming_it_before_the_body_runs_no_body(
+    store_url: str,
+) -> None:
+    """A drive that stalled renews its lease before the tool body runs; if its background
+    renewals give the lease up as lapsed while that renewal is on its way, the drive has lost
+    it (it records nothing more), so the body must not run, even if that late renewal then
+    gets through: its result would be discarded and the worker taking over would run it again."""
+    clock = ManualClock(time.time())
+    runs: list[str] = []
+    failing = False
+
+    @so.tool(approval=so.never())
+    async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        runs.append(ctx.idempotency_key())
+        return {"refunded": amount}
+
+    class Stalling:
+        """Proposes the refund after a stall longer than half the lease (renewals failing
+        meanwhile, so the drive no longer knows its lease live), then answers."""
+
+        calls = 0
+
+        async def complete(self, request: so.models.ModelRequest) -> so.ModelResponse:
+            nonlocal failing
+            self.calls += 1
+            if self.calls > 1:
+                return so.ModelResponse(text="Done.")
+            failing = True
+            await asyncio.sleep(0.3)
+            call = so.ToolCall(id="call_refund", name="issue_refund", input=dict(ORDER))
+            return so.ModelResponse(tool_calls=[call])
+
+    agent = so.Agent(name="support", model=Stalling(), tools=[issue_refund])
+    lapsed = _Lapsed()
+    logging.getLogger("signoff.runtime").addHandler(lapsed)
+    try:
+        async with so.Runtime([agent], store=store_url, lease_ttl=0.3, clock=clock) as rt:
+            renew = rt.store.renew_lease
+            confirming: list[int] = []
+
+            async def renewing(*args: Any) -> bool:
+                if asyncio.current_task() is drive:  # the drive confirming before the body
+                    confirming.append(1)
+                    clock.advance(1.0)  # the lease's expiry passes while this is on its way
+                    await until(lambda: lapsed.seen)
+                    return await renew(*args)  # no one took it over: it gets through
+                if failing:
+                    raise so.StoreError("renewing the lease: connection lost (test)")
+                return await renew(*args)
+
+            rt.store.renew_lease = renewing  # type: ignore[method-assign,assignment]
+            sid = await rt.create_session("support")
+            drive = asyncio.create_task(rt.generate("support", "Refund", session_id=sid))
+            result = await asyncio.wait_for(drive, 10)
+            assert confirming and lapsed.seen
+            assert runs == []  # the body never ran under the lost lease
+            assert result.status == "running"
+            types = await event_types(rt, sid)
+            assert types[-1] == "tool.started"
+    finally:
+        logging.getLogger("signoff.runtime").removeHandler(lapsed)
+    types = await finished_by_a_worker(store_url, agent, sid)
+    assert runs == [f"{sid}:1:call_refund"]  # run once, by the worker that took over
+    assert once_each(types)

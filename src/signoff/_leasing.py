@@ -127,6 +127,8 @@ class Leasing:
         if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
             held.lose()
             raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
+        if held.lost:  # given up by the renewals meanwhile: the drive records nothing more
+            raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
         held.at = time.monotonic()
         held.expires = now + self.lease_ttl
 
