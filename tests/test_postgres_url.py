@@ -14,6 +14,7 @@ import socket
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -24,7 +25,7 @@ from signoff._events import Event
 from signoff._exceptions import StoreError, StoreUnavailable
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
-from signoff.stores.postgres._url import CONNECT_TIMEOUT, TCP_DEFAULTS
+from signoff.stores.postgres._url import CONNECT_TIMEOUT, TCP_DEFAULTS, resolved_settings
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -68,6 +69,22 @@ def test_a_connect_timeout_argument_wins_over_the_url() -> None:
     store = PostgresStore("postgresql://u@h/db?connect_timeout=9", connect_timeout=2.5)
     assert _query(store)["connect_timeout"] == "2" and store.connect_timeout == 2
     assert store._dsn.count("connect_timeout") == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "start"),
+    [
+        ("postgresql:///app?host=/run/postgresql&schema=tenant", "postgresql:///app?host="),
+        ("postgresql://?service=name", "postgresql://?service=name&"),
+        ("postgresql://", "postgresql://?connect_timeout="),
+    ],
+)
+def test_a_url_without_a_host_keeps_its_slashes(url: str, start: str) -> None:
+    """libpq's forms for the default Unix socket or a service: rebuilt without their `//`
+    (as `urlunsplit` does), libpq could not parse them."""
+    store = PostgresStore(url)
+    assert store._dsn.startswith(start)
+    assert conninfo_to_dict(store._dsn)["keepalives"] == "1"
 
 
 @pytest.mark.parametrize(
@@ -297,3 +314,128 @@ async def test_a_connection_that_stops_taking_data_is_given_up_and_the_commit_go
     finally:
         await store.close()
         await proxy.close()
+
+
+# -- a service file or the environment sets them ---------------------------------------------
+
+SERVICE_SETTINGS = {"connect_timeout": "2", "keepalives_idle": "7"}
+
+
+@pytest.fixture(autouse=True)
+def no_libpq_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No service or connect timeout of the machine running the tests: each test sets its own."""
+    for name in ("PGSERVICE", "PGSERVICEFILE", "PGSYSCONFDIR", "PGCONNECT_TIMEOUT"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _service_file(path: Path, lines: dict[str, str], name: str = "signoff_svc") -> Path:
+    body = "".join(f"{key}={value}\n" for key, value in lines.items())
+    path.write_text(f"# a comment\n[other]\nkeepalives_idle=99\n\n[{name}]\n{body}")
+    return path
+
+
+def _without_settings_of(settings: dict[str, str], store: PostgresStore) -> None:
+    """The store added none of `settings`' parameters (libpq takes them from elsewhere), and
+    every other default."""
+    params = _query(store)
+    for key in settings:
+        assert key not in params
+    for key, value in TCP_DEFAULTS.items():
+        if key not in settings:
+            assert params[key] == str(value)
+    resolved = resolved_settings(store._dsn)  # what libpq connects with
+    assert {key: resolved[key] for key in settings} == settings
+
+
+@pytest.mark.parametrize("named_by", ["url", "PGSERVICE"])
+def test_a_service_file_setting_is_not_overridden(
+    named_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGSERVICEFILE", str(_service_file(tmp_path / "svc", SERVICE_SETTINGS)))
+    if named_by == "url":
+        store = PostgresStore("postgresql://u@h/db?service=signoff_svc")
+    else:
+        monkeypatch.setenv("PGSERVICE", "signoff_svc")
+        store = PostgresStore("postgresql://u@h/db")
+    _without_settings_of(SERVICE_SETTINGS, store)
+    assert store.connect_timeout == 2
+
+
+def test_the_system_service_file_counts_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq's other place for services: `pg_service.conf` in PGSYSCONFDIR."""
+    _service_file(tmp_path / "pg_service.conf", {"tcp_user_timeout": "0"})
+    monkeypatch.setenv("PGSYSCONFDIR", str(tmp_path))
+    monkeypatch.setenv("HOME", str(tmp_path / "nobody"))  # no ~/.pg_service.conf before it
+    store = PostgresStore("postgresql://u@h/db?service=signoff_svc")
+    _without_settings_of({"tcp_user_timeout": "0"}, store)
+
+
+def test_pgconnect_timeout_is_not_overridden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGCONNECT_TIMEOUT", "3")
+    store = PostgresStore("postgresql://u@h/db")
+    _without_settings_of({"connect_timeout": "3"}, store)
+    assert store.connect_timeout == 3
+    # The URL's own value and a connect_timeout argument still win, as before.
+    assert PostgresStore("postgresql://u@h/db?connect_timeout=9").connect_timeout == 9
+    store = PostgresStore("postgresql://u@h/db", connect_timeout=4)
+    assert _query(store)["connect_timeout"] == "4" and store.connect_timeout == 4
+
+
+def test_the_url_still_wins_over_the_service(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGSERVICEFILE", str(_service_file(tmp_path / "svc", SERVICE_SETTINGS)))
+    store = PostgresStore("postgresql://u@h/db?service=signoff_svc&keepalives_idle=60")
+    assert _query(store)["keepalives_idle"] == "60" and store._dsn.count("keepalives_idle") == 1
+    assert resolved_settings(store._dsn)["connect_timeout"] == "2"
+    assert resolved_settings(store._dsn)["keepalives_idle"] == "60"
+
+
+def test_a_service_setting_that_is_not_a_whole_number_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PGSERVICEFILE", str(_service_file(tmp_path / "svc", {"keepalives": "x"})))
+    with pytest.raises(StoreError, match="keepalives='x' .from the service file"):
+        PostgresStore("postgresql://u@h/db?service=signoff_svc")
+
+
+def test_a_service_that_is_not_defined_changes_nothing_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """libpq refuses it when connecting, naming it; until then the defaults are added."""
+    monkeypatch.setenv("PGSERVICEFILE", str(_service_file(tmp_path / "svc", SERVICE_SETTINGS)))
+    store = PostgresStore("postgresql://u@h/db?service=missing")
+    assert _query(store)["keepalives_idle"] == str(TCP_DEFAULTS["keepalives_idle"])
+
+
+@pytest.mark.skipif(not LINUX, reason="reads the socket's settings with Linux's names")
+@pytest.mark.parametrize("named_by", ["url", "PGSERVICE"])
+async def test_a_store_connects_through_a_service_with_its_settings(
+    pg_store_url: str, named_by: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole connection comes from the service: the server, and the settings signoff leaves
+    to it, which reach the connection's socket."""
+    server = conninfo_to_dict(pg_store_url)
+    where = {k: str(server[k]) for k in ("host", "port", "user", "dbname")}
+    path = _service_file(tmp_path / "svc", {**where, **SERVICE_SETTINGS})
+    monkeypatch.setenv("PGSERVICEFILE", str(path))
+    if named_by == "url":
+        url = "postgresql://?service=signoff_svc&pool_max=1"
+    else:
+        monkeypatch.setenv("PGSERVICE", "signoff_svc")
+        url = "postgresql://?pool_max=1"
+    store = PostgresStore(url)
+    want = {**TCP_DEFAULTS, "keepalives_idle": 7}
+    try:
+        await store.open()
+        assert store._pool is not None
+        async with store._pool.connection() as pooled:
+            params = pooled.info.get_parameters()
+            assert (params["connect_timeout"], params["dbname"]) == ("2", where["dbname"])
+            assert _settings(pooled) == (want, want)
+            cursor = await pooled.execute("SELECT current_database()")
+            assert await cursor.fetchone() == (where["dbname"],)
+    finally:
+        await store.close()

@@ -10,6 +10,7 @@ from .._exceptions import ModelError, UsageError
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import anthropic_client
+from ._http_env import HttpEnv
 from ._ids import anthropic_id_fits, wire_ids
 from ._provider import (
     ANTHROPIC_PRICES,
@@ -55,9 +56,10 @@ class Anthropic(SdkModel):
     are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
     ...). Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
     list price for well-known models, else 0. `env` replaces the process environment as the
-    source of `ANTHROPIC_*` settings (key or token, base URL, custom headers): none is then read
-    from `os.environ`.
-    A reply body past `max_reply_bytes` (as inflated) fails the call while it is read.
+    source of `ANTHROPIC_*` settings (key or token, base URL, custom headers) and of the HTTP
+    client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none is
+    then read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails the
+    call while it is read.
     """
 
     _sdk_error = "AnthropicError"
@@ -98,6 +100,8 @@ class Anthropic(SdkModel):
         self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
             model, ANTHROPIC_PRICES
         )
+        if env is not None:
+            self._http_env = HttpEnv(owner, self._sdk, env)
         source = os.environ if env is None else env
         if env is not None:
             base_url = base_url or env.get("ANTHROPIC_BASE_URL") or None

@@ -12,6 +12,7 @@ from .._exceptions import ModelError, UsageError
 from .._types import AssistantMessage, ModelResponse, ToolCall, ToolResultMessage, Usage
 from ._base import ModelRequest, ToolSpec
 from ._environment import openai_client
+from ._http_env import HttpEnv
 from ._ids import openai_id_fits, wire_ids
 from ._provider import (
     OPENAI_PRICES,
@@ -56,9 +57,10 @@ class OpenAIChat(SdkModel):
     `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...).
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
     price for well-known models, else 0. `env` replaces the process environment as the source
-    of `OPENAI_*` settings (key, base URL, organization, project, custom headers): none is then
-    read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails the call
-    while it is read.
+    of `OPENAI_*` settings (key, base URL, organization, project, custom headers) and of the
+    HTTP client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none
+    is then read from `os.environ`. A reply body past `max_reply_bytes` (as inflated) fails
+    the call while it is read.
     """
 
     _sdk_error = "OpenAIError"
@@ -103,6 +105,8 @@ class OpenAIChat(SdkModel):
         self.price_per_mtok = check_price(owner, price_per_mtok) or lookup_price(
             model, OPENAI_PRICES
         )
+        if env is not None:
+            self._http_env = HttpEnv(owner, self._sdk, env)
         source = os.environ if env is None else env
         self._base_url = base_url or source.get("OPENAI_BASE_URL") or None
         if client is None and api_key is None:

@@ -13,6 +13,7 @@ from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
 
 from .._exceptions import ModelError, UsageError
+from ._http_env import HttpEnv
 from ._reply_cap import ReplyTooLarge, capped_http_client
 
 __all__ = [
@@ -330,12 +331,15 @@ class SdkModel:
     _clients: LoopClients[Any]
     _sdk: ModuleType
     _sdk_error: str  # the name of the SDK's base exception class
+    _http_env: HttpEnv | None = None  # the proxies and CA bundle of a model made with env=
 
     def _http_client(self) -> Any:
         """The HTTP client of an SDK client made here: the SDK's defaults, replies capped at
-        `max_reply_bytes` (a client passed in is used as it is)."""
+        `max_reply_bytes`, and with `env=` its proxies and CA bundle in place of the process's
+        (a client passed in is used as it is)."""
         error: type[Exception] = getattr(self._sdk, self._sdk_error)
-        return capped_http_client(self._sdk, error, self.max_reply_bytes)
+        options = None if self._http_env is None else self._http_env.client_options()
+        return capped_http_client(self._sdk, error, self.max_reply_bytes, options)
 
     def _use_clients(self, factory: Callable[[], Any], client: Any | None) -> None:
         def make() -> Any:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -147,9 +147,11 @@ def _coding(header: str, url: str, error: type[ReplyTooLarge]) -> str | None:
     return codings[0]
 
 
-def capped_http_client(sdk: ModuleType, sdk_error: type[Exception], cap: int) -> Any:
+def capped_http_client(
+    sdk: ModuleType, sdk_error: type[Exception], cap: int, options: Mapping[str, Any] | None = None
+) -> Any:
     """The SDK's default async HTTP client (its timeouts, connection limits and redirects), with
-    every reply body capped at `cap` bytes."""
+    every reply body capped at `cap` bytes; `options` are further arguments for it."""
     error = _error_for(sdk_error)
 
     async def cap_reply(response: Any) -> None:
@@ -170,5 +172,6 @@ def capped_http_client(sdk: ModuleType, sdk_error: type[Exception], cap: int) ->
         request.headers["Accept-Encoding"] = "gzip, deflate"
 
     return sdk.DefaultAsyncHttpxClient(
-        event_hooks={"request": [ask_for_known_encodings], "response": [cap_reply]}
+        event_hooks={"request": [ask_for_known_encodings], "response": [cap_reply]},
+        **(options or {}),
     )

@@ -53,7 +53,8 @@ class PostgresStore(Reads, Leases):
     refuses an older schema instead of upgrading it (run `signoff db upgrade`). The URL may carry
     `schema`, `pool_min`, `pool_max`, `pool_timeout`, `request_pool_timeout` and `outage_grace`
     beside libpq's own parameters; signoff adds libpq's `connect_timeout` and TCP keepalive
-    settings where it sets none (`_url.TCP_DEFAULTS`), so a connection gone silent fails soon.
+    settings where nothing sets them, not the URL, its service (pg_service.conf) or
+    `PGCONNECT_TIMEOUT` (`_url.TCP_DEFAULTS`), so a connection gone silent fails soon.
     """
 
     def __repr__(self) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 from typing import TypeVar
-from urllib.parse import unquote, unquote_plus, urlencode, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, unquote_plus, urlencode, urlsplit
 
 try:
     import psycopg
@@ -25,6 +25,7 @@ __all__ = [
     "TCP_DEFAULTS",
     "describe",
     "number",
+    "resolved_settings",
     "split_options",
     "with_libpq_defaults",
 ]
@@ -42,6 +43,14 @@ _OPTIONS = (
     "request_pool_timeout",
     "outage_grace",
 )
+
+
+def _unsplit(parts: SplitResult, query: list[str]) -> str:
+    """The URL again with `query`, keeping its `//` when it names no host (`postgresql:///db`,
+    `postgresql://?service=name`): `urlunsplit` drops it, and libpq then refuses the URL."""
+    tail = f"?{'&'.join(query)}" if query else ""
+    tail += f"#{parts.fragment}" if parts.fragment else ""
+    return f"{parts.scheme}://{parts.netloc}{parts.path}{tail}"
 
 
 def split_options(url: str) -> tuple[str, dict[str, str]]:
@@ -70,11 +79,11 @@ def split_options(url: str) -> tuple[str, dict[str, str]]:
             theirs.append(piece)
     if not ours:
         return url, {}
-    return urlunsplit(parts._replace(query="&".join(theirs))), ours
+    return _unsplit(parts, theirs), ours
 
 
 CONNECT_TIMEOUT = 5
-"""Seconds libpq may take to connect (per host of the URL) unless the URL says otherwise: a
+"""Seconds libpq may take to connect (per host of the URL) unless something else sets it: a
 server that accepts the connection and never answers would otherwise hold `open()` for
 psycopg's 130 s."""
 
@@ -85,7 +94,7 @@ TCP_DEFAULTS = {
     "keepalives_count": 3,
     "tcp_user_timeout": 20_000,
 }
-"""libpq's TCP settings unless the URL sets them: a connection quiet for 10 s is probed every
+"""libpq's TCP settings unless something else sets them: a connection quiet for 10 s is probed every
 5 s, and one whose probes or data the server's machine has not acknowledged for 20 s
 (milliseconds here) is ended (after 3 unanswered probes where `tcp_user_timeout` is missing),
 so a connection a NAT or firewall dropped fails in about 20 s, not after the kernel's 15
@@ -95,11 +104,33 @@ while it runs. The probes also keep a NAT's mapping of an idle pooled connection
 _WHOLE = ("connect_timeout", *TCP_DEFAULTS)
 
 
+def resolved_settings(dsn: str) -> dict[str, str]:
+    """The values of `connect_timeout` and `TCP_DEFAULTS`' parameters libpq connects with for
+    `dsn`: the URL's, else the service's (`service=`, else `PGSERVICE`, looked up in
+    `PGSERVICEFILE` or `~/.pg_service.conf`, then `pg_service.conf` in `PGSYSCONFDIR`), else
+    the environment's (`PGCONNECT_TIMEOUT`). Only libpq knows all of that, and it works it out
+    when it starts connecting: a connection is started with an `sslmode` it refuses, so it
+    stops right after, before any socket (toward a Unix socket path that does not exist,
+    besides)."""
+    try:
+        params = _conninfo.conninfo_to_dict(dsn)
+    except psycopg.Error:
+        return {}  # libpq says what is wrong with it when connecting
+    params.update(host="/nonexistent/signoff-probe", hostaddr="", sslmode="signoff-probe")
+    probe = pq.PGconn.connect_start(_conninfo.make_conninfo("", **params).encode())
+    try:
+        resolved = {o.keyword.decode(): o.val for o in probe.info if o.val is not None}
+    finally:
+        probe.finish()
+    return {key: resolved[key].decode() for key in _WHOLE if key in resolved}
+
+
 def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, int]:
-    """`dsn` (a libpq URL) with `CONNECT_TIMEOUT` and `TCP_DEFAULTS` added where it sets none,
-    and the connect timeout it ends up with; a `connect_timeout` given here wins over the URL's.
-    A value of these the URL sets must be a whole number, as libpq would refuse it only when
-    connecting, and then as if the server were down."""
+    """`dsn` (a libpq URL) with `CONNECT_TIMEOUT` and `TCP_DEFAULTS` added where nothing sets
+    them (not the URL, nor its service, nor `PGCONNECT_TIMEOUT`: libpq would let the URL's
+    value win over those), and the connect timeout it ends up with; a `connect_timeout` given
+    here wins over all of them. A value of these that is set must be a whole number, as libpq
+    would refuse it only when connecting, and then as if the server were down."""
     parts = urlsplit(dsn)
     pieces = [piece for piece in parts.query.split("&") if piece]
     given: dict[str, str] = {}
@@ -109,6 +140,13 @@ def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, i
     for key in _WHOLE:
         if key in given and not _DIGITS.fullmatch(given[key]):
             raise StoreError(f"URL option {key}={given[key]!r} must be a whole number, 0 or more")
+    elsewhere = {k: v for k, v in resolved_settings(dsn).items() if k not in given}
+    for key, value in elsewhere.items():
+        if not _DIGITS.fullmatch(value.strip()):
+            raise StoreError(
+                f"libpq option {key}={value!r} (from the service file or PGCONNECT_TIMEOUT) "
+                "must be a whole number, 0 or more"
+            )
     if connect_timeout is not None:
         if not 0 < connect_timeout < math.inf:
             raise StoreError(
@@ -119,14 +157,20 @@ def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, i
         pieces.append(f"connect_timeout={seconds}")
     elif "connect_timeout" in given:
         seconds = int(given["connect_timeout"])
+    elif "connect_timeout" in elsewhere:
+        seconds = int(elsewhere["connect_timeout"])
     else:
         seconds = CONNECT_TIMEOUT
         pieces.append(f"connect_timeout={seconds}")
     for key, default in TCP_DEFAULTS.items():
-        if key in given or (key == "tcp_user_timeout" and pq.version() < 120000):
+        if (
+            key in given
+            or key in elsewhere
+            or (key == "tcp_user_timeout" and pq.version() < 120000)
+        ):
             continue  # set by the user, or a libpq older than 12, which lacks it
         pieces.append(f"{key}={default}")
-    return urlunsplit(parts._replace(query="&".join(pieces))), seconds
+    return _unsplit(parts, pieces), seconds
 
 
 _DIGITS = re.compile("[0-9]{1,9}")
