@@ -17,6 +17,7 @@ import pytest
 
 import signoff as so
 from signoff._idempotency import KEPT, keyed, session_for, turn_of
+from signoff._recording import load_turn
 from signoff._state import fold
 from signoff.stores import Commit
 from signoff.testing import call, call_tools, reply, scripted_agent
@@ -528,3 +529,21 @@ def test_a_queue_entry_without_its_key_leaves_the_key_as_recorded() -> None:
     after = fold([started], state)
     assert after.keys == {"k": ["asked", "trn_1"]} and after.queued == []
     assert turn_of(after.keys, ("k", "asked")) is None
+
+
+async def test_an_earlier_turn_is_folded_from_its_own_events_or_refused(store_url: str) -> None:
+    """`load_turn` reads one turn's events up to the next turn; a seq that does not start the
+    named turn is a damaged log, a `StoreError`."""
+    async with so.Runtime([two_answers()], store=store_url) as rt:
+        a = await rt.generate("chat", prompt="A", auth=ALICE)
+        b = await rt.send(a.session_id, "B", principal=ALICE)
+        assert a.turn_id is not None and b.turn_id is not None
+        turn = await load_turn(rt.store, a.session_id, a.turn_id, 2)
+        assert turn.turn is not None and (turn.turn.status, turn.turn.text) == (
+            "completed",
+            "answer A",
+        )
+        assert turn.seq < (await rt.state(a.session_id)).seq  # it stopped at turn B
+        for turn_id, seq in ((a.turn_id, 3), (b.turn_id, 2), (a.turn_id, 999)):
+            with pytest.raises(so.StoreError, match="damaged"):
+                await load_turn(rt.store, a.session_id, turn_id, seq)
