@@ -872,3 +872,29 @@ async def test_a_key_repeated_against_a_real_server_acts_once(tmp_path: Path) ->
             if e.type in ("turn.started", "turn.message")
         ]
         assert messages == ["Refund order 1042", "never mind"]
+
+
+async def test_a_key_repeated_after_a_later_message_answers_with_its_own_turn(
+    tmp_path: Path,
+) -> None:
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, make_runtime
+
+    rt = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            one = await c.generate("support", "Refund order 1042", idempotency_key="k-1")
+            assert one.status == "waiting"
+            await c.respond(
+                one.session_id,
+                [{"request_id": one.pending[0].id, "option_id": "approve"}],
+            )
+            later = await c.send(one.session_id, "and order 7?", idempotency_key="m-1")
+            assert later.turn_id != one.turn_id
+            again = await c.generate("support", "Refund order 1042", idempotency_key="k-1")
+            assert again.replayed and again.turn_id == one.turn_id
+            assert again.status == "completed" and again.text.startswith("tool ok: ")
+            assert again.pending == []

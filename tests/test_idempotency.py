@@ -16,7 +16,10 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._idempotency import KEPT, keyed, session_for
+from signoff._idempotency import KEPT, keyed, session_for, turn_of
+from signoff._recording import load_turn
+from signoff._state import fold
+from signoff.stores import Commit
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
@@ -303,3 +306,244 @@ def test_a_call_killed_after_its_commit_is_retried_with_its_key_once(tmp_path: P
         assert len(rt.sessions_sync()) == 1
     finally:
         rt.close_sync()
+
+
+# -- what a repeat answers ---------------------------------------------------------------------
+
+
+def two_answers() -> so.Agent:
+    """Each turn answers differently, so a repeat shows which turn it read."""
+    return scripted_agent("chat", [reply("answer A"), reply("answer B"), reply("answer C")])
+
+
+def approving_agent() -> so.Agent:
+    """The first turn parks on an approval; later turns just answer."""
+
+    @so.tool(approval=so.always())
+    async def refund(amount: int) -> str:
+        """Refund an amount."""
+        return f"refunded {amount}"
+
+    return scripted_agent(
+        "shop",
+        [call_tools(call("refund", amount=5)), reply("refund done"), reply("anything else?")],
+        tools=[refund],
+        repeat_last=True,
+    )
+
+
+async def turn_ids(rt: so.Runtime, session_id: str) -> list[str]:
+    return [
+        e.turn_id or ""
+        async for e in rt.events(session_id, follow=False)
+        if e.type == "turn.started"
+    ]
+
+
+async def test_a_repeat_answers_with_its_own_turn_not_a_later_one(store_url: str) -> None:
+    """Message A ran turn 1, message B turn 2: A repeated reads turn 1's answer, not B's."""
+    async with so.Runtime([two_answers()], store=store_url) as rt:
+        a = await rt.generate("chat", prompt="A", auth=ALICE, idempotency_key="a")
+        b = await rt.send(a.session_id, "B", principal=ALICE, idempotency_key="b")
+        assert (a.text, b.text) == ("answer A", "answer B") and a.turn_id != b.turn_id
+        before = await counts(rt)
+        again = await rt.generate("chat", prompt="A", auth=ALICE, idempotency_key="a")
+        assert again.replayed and again.session_id == a.session_id
+        assert (again.turn_id, again.status, again.text) == (a.turn_id, "completed", "answer A")
+        assert again.pending == [] and again.error is None
+        assert await counts(rt) == before
+        c = await rt.send(a.session_id, "C", principal=ALICE, idempotency_key="c")
+        assert c.text == "answer C"
+        before = await counts(rt)
+        b_again = await rt.send(a.session_id, "B", principal=ALICE, idempotency_key="b")
+        assert b_again.replayed and (b_again.turn_id, b_again.text) == (b.turn_id, "answer B")
+        same = await rt.generate(
+            session_id=a.session_id, prompt="B", auth=ALICE, idempotency_key="b"
+        )
+        assert same.replayed and same.turn_id == b.turn_id
+        assert await counts(rt) == before
+
+
+async def test_a_scheduled_run_repeated_answers_with_its_own_turn(store_url: str) -> None:
+    async with so.Runtime([two_answers()], store=store_url) as rt:
+        job = await rt.schedule("chat", "report", idempotency_key="run-1")
+        later = await rt.schedule("chat", "report 2", session_id=job.session_id)
+        again = await rt.schedule("chat", "report", idempotency_key="run-1")
+        assert again.replayed and (again.turn_id, again.text) == (job.turn_id, "answer A")
+        assert later.turn_id != job.turn_id
+
+
+async def test_a_repeat_while_its_turn_waits_on_an_approval_returns_the_request(
+    store_url: str,
+) -> None:
+    async with so.Runtime([approving_agent()], store=store_url) as rt:
+        first = await rt.generate("shop", prompt="refund me", auth=ALICE, idempotency_key="r")
+        assert first.status == "waiting" and len(first.pending) == 1
+        before = await counts(rt)
+        again = await rt.generate("shop", prompt="refund me", auth=ALICE, idempotency_key="r")
+        assert again.replayed and (again.status, again.turn_id) == ("waiting", first.turn_id)
+        assert [p.id for p in again.pending] == [first.pending[0].id]
+        assert await counts(rt) == before
+        done = await rt.generate(
+            session_id=first.session_id,
+            approvals=[{"id": first.pending[0].id, "approved": True}],
+            auth=ALICE,
+        )
+        assert done.status == "completed" and done.text == "refund done"
+        after = await rt.send(first.session_id, "thanks", principal=ALICE, idempotency_key="t")
+        assert after.turn_id != first.turn_id
+        settled = await rt.generate("shop", prompt="refund me", auth=ALICE, idempotency_key="r")
+        assert settled.replayed and settled.turn_id == first.turn_id
+        assert (settled.status, settled.text, settled.pending) == ("completed", "refund done", [])
+
+
+async def test_a_keyed_queued_or_steered_message_repeats_its_turn(store_url: str) -> None:
+    """A message that waited in the queue and one steered into the turn: each repeat answers
+    with the turn the message went to, also once later turns followed."""
+    async with so.Runtime([asking_agent()], store=store_url) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        sid = r.session_id
+        queued = await rt.send(sid, "bob here", principal=BOB, idempotency_key="q")
+        assert queued.turn_id == r.turn_id and queued.status == "waiting"
+        # still in the queue: what its first call answered, the turn it waits behind
+        waiting = await rt.send(sid, "bob here", principal=BOB, idempotency_key="q")
+        assert waiting.replayed and (waiting.turn_id, waiting.status) == (r.turn_id, "waiting")
+        # steering ends the turn, and bob's message then runs as the next one
+        await rt.send(sid, "hold on", principal=ALICE, idempotency_key="s")
+        first, bobs = await turn_ids(rt, sid)
+        assert first == r.turn_id
+        later = await rt.send(sid, "thanks", principal=ALICE, idempotency_key="later")
+        assert later.turn_id not in (first, bobs)
+        before = await counts(rt)
+        q = await rt.send(sid, "bob here", principal=BOB, idempotency_key="q")
+        assert q.replayed and (q.turn_id, q.status, q.text) == (bobs, "completed", "done")
+        s = await rt.send(sid, "hold on", principal=ALICE, idempotency_key="s")
+        assert s.replayed and (s.turn_id, s.status, s.text) == (first, "completed", "done")
+        assert await counts(rt) == before
+
+
+async def test_a_keyed_answer_repeats_the_turn_it_answered(store_url: str) -> None:
+    async with so.Runtime([asking_agent()], store=store_url) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        answered = await rt.send(r.session_id, "pro", principal=ALICE, idempotency_key="a")
+        assert (answered.turn_id, answered.status) == (r.turn_id, "completed")
+        later = await rt.send(r.session_id, "thanks", principal=ALICE)
+        assert later.turn_id != r.turn_id
+        again = await rt.send(r.session_id, "pro", principal=ALICE, idempotency_key="a")
+        assert again.replayed and (again.turn_id, again.status) == (r.turn_id, "completed")
+        assert again.text == answered.text and again.pending == []
+
+
+async def test_a_repeat_after_a_restart_answers_with_its_own_turn(store_url: str) -> None:
+    async with so.Runtime([two_answers()], store=store_url) as rt:
+        a = await rt.generate("chat", prompt="A", auth=ALICE, idempotency_key="a")
+        b = await rt.send(a.session_id, "B", principal=ALICE, idempotency_key="b")
+    async with so.Runtime([two_answers()], store=store_url) as rt:
+        again = await rt.generate("chat", prompt="A", auth=ALICE, idempotency_key="a")
+        assert again.replayed and (again.turn_id, again.text) == (a.turn_id, "answer A")
+        b_again = await rt.send(a.session_id, "B", principal=ALICE, idempotency_key="b")
+        assert b_again.replayed and (b_again.turn_id, b_again.text) == (b.turn_id, "answer B")
+
+
+async def test_a_creation_key_pushed_out_of_the_state_repeats_the_first_turn(
+    store_url: str,
+) -> None:
+    async with so.Runtime([chat_agent()], store=store_url) as rt:
+        first = await rt.generate("chat", prompt="hello", auth=ALICE, idempotency_key="start")
+        for i in range(KEPT):
+            await rt.send(first.session_id, f"m{i}", principal=ALICE, idempotency_key=f"m{i}")
+        again = await rt.generate("chat", prompt="hello", auth=ALICE, idempotency_key="start")
+        assert again.replayed and again.turn_id == first.turn_id
+
+
+async def test_a_repeat_while_another_process_runs_its_turn_says_so(store_url: str) -> None:
+    """The turn is still running in another runtime: the repeat answers with its state now."""
+    called, release = asyncio.Event(), asyncio.Event()
+
+    class Slow:
+        async def complete(self, request: so.models.ModelRequest) -> so.ModelResponse:
+            called.set()
+            await release.wait()
+            return so.ModelResponse(text="slow answer")
+
+    async with (
+        so.Runtime([so.Agent(name="chat", model=Slow())], store=store_url) as one,
+        so.Runtime([chat_agent()], store=store_url) as two,
+    ):
+        task = asyncio.create_task(
+            one.generate("chat", prompt="hello", auth=ALICE, idempotency_key="slow")
+        )
+        await called.wait()
+        running = await two.generate("chat", prompt="hello", auth=ALICE, idempotency_key="slow")
+        release.set()
+        first = await task
+        assert running.replayed and running.status == "running" and running.text == ""
+        assert running.turn_id == first.turn_id and first.text == "slow answer"
+        done = await two.generate("chat", prompt="hello", auth=ALICE, idempotency_key="slow")
+        assert done.replayed and (done.status, done.text) == ("completed", "slow answer")
+
+
+async def test_keys_recorded_before_turns_were_kept_repeat_the_session(store_url: str) -> None:
+    """A state written before keys kept their turn's first event ([asked, turn id]) and queue
+    entries without a key: its repeats answer with the session as it stands, as they did."""
+    async with so.Runtime([two_answers()], store=store_url) as rt:
+        a = await rt.generate("chat", prompt="A", auth=ALICE, idempotency_key="a")
+        b = await rt.send(a.session_id, "B", principal=ALICE, idempotency_key="b")
+        state = await rt.state(a.session_id)
+        mark = so.Event(
+            session_id=a.session_id, seq=state.seq + 1, type="session.waiting", at=state.updated_at
+        )
+        old = fold([mark], state.copy()).to_snapshot()
+        old["keys"] = {k: v[:2] for k, v in old["keys"].items()}
+        assert old["keys"] and all(len(v) == 2 and v[1] for v in old["keys"].values())
+        await rt.store.commit(
+            Commit(session_id=a.session_id, expected_seq=state.seq, events=[mark], snapshot=old)
+        )
+    async with so.Runtime([two_answers()], store=store_url) as rt:
+        before = await counts(rt)
+        again = await rt.generate("chat", prompt="A", auth=ALICE, idempotency_key="a")
+        assert again.replayed and (again.turn_id, again.text) == (b.turn_id, "answer B")
+        with pytest.raises(so.IdempotencyKeyReused):
+            await rt.send(a.session_id, "not B", principal=ALICE, idempotency_key="b")
+        assert await counts(rt) == before
+        c = await rt.send(a.session_id, "C", principal=ALICE, idempotency_key="c")
+        await rt.send(a.session_id, "D", principal=ALICE)
+        c_again = await rt.send(a.session_id, "C", principal=ALICE, idempotency_key="c")
+        assert c_again.replayed and (c_again.turn_id, c_again.text) == (c.turn_id, "answer C")
+
+
+def test_a_queue_entry_without_its_key_leaves_the_key_as_recorded() -> None:
+    """An old snapshot's queued message (no key on its entry): the turn that takes it does not
+    claim the key, whose repeat then answers with the session as it stands."""
+    state = so.SessionState(id="ses_x", seq=3)
+    state.queued = [{"message": "later", "principal": None}]
+    state.keys = {"k": ["asked", "trn_1"]}
+    started = so.Event(
+        session_id="ses_x",
+        seq=4,
+        type="turn.started",
+        at=1.0,
+        turn_id="trn_2",
+        data={"message": "later", "principal": None, "dequeued": True},
+    )
+    after = fold([started], state)
+    assert after.keys == {"k": ["asked", "trn_1"]} and after.queued == []
+    assert turn_of(after.keys, ("k", "asked")) is None
+
+
+async def test_an_earlier_turn_is_folded_from_its_own_events_or_refused(store_url: str) -> None:
+    """`load_turn` reads one turn's events up to the next turn; a seq that does not start the
+    named turn is a damaged log, a `StoreError`."""
+    async with so.Runtime([two_answers()], store=store_url) as rt:
+        a = await rt.generate("chat", prompt="A", auth=ALICE)
+        b = await rt.send(a.session_id, "B", principal=ALICE)
+        assert a.turn_id is not None and b.turn_id is not None
+        turn = await load_turn(rt.store, a.session_id, a.turn_id, 2)
+        assert turn.turn is not None and (turn.turn.status, turn.turn.text) == (
+            "completed",
+            "answer A",
+        )
+        assert turn.seq < (await rt.state(a.session_id)).seq  # it stopped at turn B
+        for turn_id, seq in ((a.turn_id, 3), (b.turn_id, 2), (a.turn_id, 999)):
+            with pytest.raises(so.StoreError, match="damaged"):
+                await load_turn(rt.store, a.session_id, turn_id, seq)

@@ -1113,6 +1113,38 @@ def test_an_idempotency_key_makes_a_retried_post_act_once(alice: httpx.Client, s
     assert _stored(store) == after_send
 
 
+def test_a_repeated_post_answers_with_the_turn_its_message_went_to(store_url: str) -> None:
+    """Message A parks on an approval (a repeat shows the request), is approved, then message B
+    runs a turn of its own: A repeated still answers with A's turn, on both stores."""
+    with served(store_url) as base, client(base, "alice-token") as alice:
+        body = {"agent": "support", "message": "Refund order 1042"}
+        key_a, key_b = {"Idempotency-Key": "refund-a"}, {"Idempotency-Key": "ask-b"}
+        a = alice.post("/v1/sessions", json=body, headers=key_a).json()
+        sid, (req,) = a["session_id"], a["pending"]
+        parked = alice.post("/v1/sessions", json=body, headers=key_a)
+        assert parked.status_code == 201 and parked.json() == {**a, "replayed": True}
+        done = alice.post(
+            f"/v1/sessions/{sid}/responses",
+            json={"inputResponses": [{"requestId": req["id"], "optionId": "approve"}]},
+        ).json()
+        assert done["status"] == "completed" and done["text"].startswith("tool ok: ")
+        url = f"/v1/sessions/{sid}/messages"
+        b = alice.post(url, json={"text": "and order 7?"}, headers=key_b).json()
+        assert b["turn_id"] != a["turn_id"] and b["text"] == "nothing to report"
+        before = _stored(store_url)
+        again = alice.post("/v1/sessions", json=body, headers=key_a)
+        assert again.status_code == 201
+        assert again.json() == {**done, "outcomes": [], "replayed": True}
+        b_again = alice.post(url, json={"text": "and order 7?"}, headers=key_b)
+        assert b_again.status_code == 200 and b_again.json() == {**b, "replayed": True}
+        opened = alice.post("/v1/sessions", json={"agent": "support"}, headers=key_b)
+        opened_again = alice.post("/v1/sessions", json={"agent": "support"}, headers=key_b)
+        assert opened.status_code == opened_again.status_code == 201
+        assert opened_again.json() == {**opened.json(), "replayed": True}
+        assert opened.json()["replayed"] is False and opened.json()["status"] == "idle"
+        assert len(_stored(store_url)) == len(before) + 1
+
+
 def test_the_idempotency_key_is_in_the_openapi_document(base: str) -> None:
     doc = httpx.get(f"{base}/v1/openapi.json").json()
     for path in ("/v1/sessions", "/v1/sessions/{session_id}/messages"):

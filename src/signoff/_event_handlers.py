@@ -27,25 +27,35 @@ def _session_created(s: SessionState, e: Event) -> None:
     s.ttl = e.data.get("ttl")
     s.initiator = load_principal(e.data.get("initiator"))
     s.parent = e.data.get("parent")
-    _keyed(s, e, None)
+    _keyed(s, e, [None])
 
 
-def _keyed(s: SessionState, e: Event, turn_id: str | None) -> None:
-    """Remember the idempotency key the event recorded a message (or a session) under."""
+def _keyed(s: SessionState, e: Event, went: list[Any]) -> None:
+    """Remember the idempotency key the event recorded a message (or a session) under, and
+    where the message went (`went`, in the forms `_idempotency` lists)."""
     idem = e.data.get("idem")
     if idem is None:
         return
     key, asked = idem
     s.keys.pop(key, None)  # to the end: the newest are kept
-    s.keys[key] = [asked, turn_id]
+    s.keys[key] = [asked, *went]
     while len(s.keys) > KEPT:
         del s.keys[next(iter(s.keys))]
+
+
+def _in_turn(s: SessionState, e: Event) -> list[Any]:
+    """Where a message recorded in the open turn went: that turn and its first event."""
+    if s.turn is not None and s.turn.id == e.turn_id:
+        return [e.turn_id, s.turn.first_seq]
+    return [e.turn_id or ""]
 
 
 def _turn_started(s: SessionState, e: Event) -> None:
     if e.turn_id is None:
         raise StoreError(f"event {e.id} (turn.started) has no turn id")
+    taken = None
     if e.data.get("dequeued"):
+        taken = s.queued[0].get("idem") if s.queued else None
         s.queued = s.queued[1:]
     s.turn = TurnState(
         id=e.turn_id,
@@ -54,7 +64,10 @@ def _turn_started(s: SessionState, e: Event) -> None:
         first_seq=e.seq,
         source=e.data.get("source", "message"),
     )
-    _keyed(s, e, e.turn_id)
+    _keyed(s, e, [e.turn_id, e.seq])
+    known = None if taken is None else s.keys.get(taken)
+    if taken is not None and known is not None and known[1:] == ["", None]:
+        s.keys[taken] = [known[0], e.turn_id, e.seq]  # its queued message's turn, at last
     # Requests of earlier turns are all closed by now; keep the state small.
     s.requests = {k: r for k, r in s.requests.items() if r.status == "pending"}
     if s.conversation is not None:
@@ -111,13 +124,16 @@ def _key_journal(call: CallState, data: dict[str, Any]) -> None:
 
 def _turn_message(s: SessionState, e: Event) -> None:
     d = e.data
-    _keyed(s, e, e.turn_id or "")
     if d.get("queued"):
+        _keyed(s, e, ["", None])
         entry = {"message": d["message"], "principal": d.get("principal")}
         if d.get("source"):  # a scheduled prompt queued behind messages stays scheduled
             entry["source"] = d["source"]
+        if d.get("idem"):  # so the turn that takes it is kept with its key
+            entry["idem"] = d["idem"][0]
         s.queued.append(entry)
         return
+    _keyed(s, e, _in_turn(s, e))
     if s.turn is not None and s.turn.id == e.turn_id:
         s.turn.last_message_seq = e.seq
     if s.conversation is not None:
@@ -187,7 +203,7 @@ def _approval_candidate(s: SessionState, e: Event) -> None:
 
 def _approval_settled(s: SessionState, e: Event) -> None:
     d = e.data
-    _keyed(s, e, e.turn_id or "")
+    _keyed(s, e, _in_turn(s, e))
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     approve = d["decision"] == "approve"
@@ -215,7 +231,7 @@ def _approval_settled(s: SessionState, e: Event) -> None:
 
 def _input_resolved(s: SessionState, e: Event) -> None:
     d = e.data
-    _keyed(s, e, e.turn_id or "")
+    _keyed(s, e, _in_turn(s, e))
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     if req is None:

@@ -4,9 +4,9 @@ no answer sends the same call again with the same key, and it acts once.
 A key is scoped to the principal that gives it (two people's keys never collide). What is
 recorded is a digest of the scoped key and one of what it asked for (the agent and prompt, or
 the message), in the data of the event that recorded the message (`idem`), in the same commit;
-the session state keeps the last `KEPT` of them, so a repeat is recognised without reading
-the log. A new session's id derives from the scoped key, so a repeat finds it instead of making
-another.
+the session state keeps the last `KEPT` of them, with the turn the message went to, so a repeat
+is recognised, and answered with that turn, without reading the log. A new session's id derives
+from the scoped key, so a repeat finds it instead of making another.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 from ._exceptions import IdempotencyKeyReused, UsageError
 from ._types import Principal
 
-__all__ = ["KEPT", "MAX_KEY", "Keyed", "check_key", "keyed", "seen", "session_for"]
+__all__ = ["KEPT", "MAX_KEY", "Keyed", "check_key", "keyed", "seen", "session_for", "turn_of"]
 
 KEPT = 32
 """Keys a session state remembers (the newest ones): a repeat of an older one is not known."""
@@ -27,6 +27,13 @@ MAX_KEY = 200
 
 Keyed = tuple[str, str]
 """A scoped key's digest and the digest of what the call asked for, as recorded (`idem`)."""
+
+# What the session state keeps per key digest (`SessionState.keys`):
+#   [asked, None]                only the session is created, no message recorded yet;
+#   [asked, turn_id, first_seq]  the turn the message started, steered or answered in, or that
+#                                took it from the queue, and the seq of that turn's first event;
+#   [asked, "", None]            the message waits in the queue for a turn to take it;
+#   [asked, turn_id or ""]       a message recorded before signoff kept where it went.
 
 
 def check_key(key: object) -> str:
@@ -83,3 +90,12 @@ def seen(keys: dict[str, Any], idem: Keyed | None, session_id: str) -> bool:
             session_id,
         )
     return known[1] is not None
+
+
+def turn_of(keys: dict[str, Any], idem: Keyed) -> tuple[str, int] | None:
+    """The turn the message recorded under `idem`'s key went to (its id and the seq of its
+    first event); None while the message waits in the queue, or if that was not recorded."""
+    known = keys.get(idem[0])
+    if known is None or len(known) < 3 or not known[1] or known[2] is None:
+        return None
+    return str(known[1]), int(known[2])

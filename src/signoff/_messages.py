@@ -5,14 +5,15 @@ its end. Built on `Answering`, which settles what a message answers."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any, Literal
 
 from ._answering import Answering
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._exceptions import ConflictingAnswer, RequestClosed, SessionBusy, UsageError
-from ._idempotency import Keyed, keyed, seen
-from ._recording import Changed, TurnStopped, unchanged
+from ._idempotency import Keyed, keyed, seen, session_for, turn_of
+from ._recording import Changed, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._state import SessionState
 from ._types import Principal
@@ -41,8 +42,9 @@ class Messages(Answering):
         with `queue` it waits for the end of the turn, unless the turn is held on an approval.
         A message from someone other than the person the turn serves waits for the turn's end.
         With an `idempotency_key`, a message sent again with the same key (by the same
-        `principal`) is not delivered again: the call returns the session as it stands
-        (`replayed`), or raises `IdempotencyKeyReused` if the key came with another message.
+        `principal`) is not delivered again: the call returns the turn the message went to, as
+        it stands (`replayed`, see `_replay`), or raises `IdempotencyKeyReused` if the key came
+        with another message.
         """
         await self.open()
         if not isinstance(message, str) or not message.strip():
@@ -55,7 +57,7 @@ class Messages(Answering):
         for _ in range(20):
             state = await self._checked(session_id)
             if seen(state.keys, idem, session_id):
-                return await self._replay(session_id)
+                return await self._replay(session_id, idem)
             turn = state.turn
             if turn is None or turn.status in ("completed", "failed", "cancelled"):
                 if state.queued and turn is not None and turn.status != "failed":
@@ -77,7 +79,7 @@ class Messages(Answering):
                     return await self._drive(session_id)
                 try:
                     if not await self._start_turn(session_id, message, principal, idem=idem):
-                        return await self._replay(session_id)
+                        return await self._replay(session_id, idem)
                 except SessionBusy:
                     now = (await self._state(session_id)).turn
                     if now is not None and (turn is None or now.id != turn.id):
@@ -163,3 +165,41 @@ class Messages(Answering):
         abort.set()
         self._remember(driver.state)
         return await self._drive(state.id)
+
+    async def _replay(self, session_id: str, idem: Keyed | None) -> GenerateResult:
+        """What a call repeated with its idempotency key returns: the result of the turn its
+        message started, steered, answered in or was taken from the queue by, as it stands (the
+        session's turn driven as a first call would have, left to its process if one runs it).
+        A message still in the queue gets what its first call got: the turn it waits behind;
+        a key recorded before signoff kept its turn, the session as it stands."""
+        state = await self._state(session_id)
+        at = None if idem is None else turn_of(state.keys, idem) or await self._first(state, idem)
+        if at is not None and (state.turn is None or state.turn.id != at[0]):
+            result = await self._earlier(state, *at)
+        else:
+            result = await self._drive(session_id)
+            if idem is not None and result.turn_id != (None if at is None else at[0]):
+                state = await self._state(session_id)  # a turn took it, or one followed it
+                at = turn_of(state.keys, idem) or at
+                if at is not None and at[0] != result.turn_id:
+                    result = await self._earlier(state, *at)
+        return dataclasses.replace(result, replayed=True)
+
+    async def _first(self, state: SessionState, idem: Keyed) -> tuple[str, int] | None:
+        """The first turn of a session its key created, when newer keys pushed the key out of
+        the state: the turn that event 2 starts, if it recorded the key."""
+        if idem[0] in state.keys or state.id != session_for(idem):
+            return None
+        second = await self.store.read_events(state.id, after=1, limit=1)
+        if not second or second[0].type != "turn.started" or second[0].turn_id is None:
+            return None
+        if second[0].data.get("idem") != list(idem):
+            return None
+        return second[0].turn_id, second[0].seq
+
+    async def _earlier(self, state: SessionState, turn_id: str, first_seq: int) -> GenerateResult:
+        """The result of a turn other than the session's current one, from its events; its
+        requests still open are the ones pending now."""
+        result = self._result(await load_turn(self.store, state.id, turn_id, first_seq))
+        open_now = {r.id for r in state.pending_requests()}
+        return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])

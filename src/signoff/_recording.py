@@ -35,6 +35,7 @@ __all__ = [
     "ends_drive",
     "invalid_input",
     "load_state",
+    "load_turn",
     "own_cancel",
     "new_id",
     "runnable",
@@ -148,6 +149,34 @@ async def load_state(store: Store, session_id: str) -> SessionState:
     if state is None:
         raise UnknownSession(session_id)
     return state
+
+
+async def load_turn(store: Store, session_id: str, turn_id: str, first_seq: int) -> SessionState:
+    """A state folded from one earlier turn's events alone, from its `turn.started` at
+    `first_seq` to the next turn's, read a page at a time: what that turn came to."""
+    damaged = StoreError(
+        f"session {session_id!r} is damaged: event {first_seq} does not start turn {turn_id!r}"
+    )
+    state = SessionState(id=session_id, seq=first_seq - 1)
+    while True:
+        events = await store.read_events(
+            session_id, after=state.seq, limit=_TURN_PAGE, max_bytes=_TURN_PAGE_BYTES
+        )
+        for event in events:
+            if event.seq == first_seq and (event.type, event.turn_id) != ("turn.started", turn_id):
+                raise damaged
+            if event.type == "turn.started" and event.seq != first_seq:
+                return state  # the next turn: this one ended before it
+            state.apply(event)
+        if not events:
+            break
+    if state.turn is None:
+        raise damaged
+    return state
+
+
+_TURN_PAGE = 256
+_TURN_PAGE_BYTES = 1 << 20
 
 
 async def _check_head(store: Store, session_id: str, seq: int, head: int) -> None:

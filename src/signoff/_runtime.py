@@ -169,8 +169,9 @@ class Runtime(Workers):
         failure, or picking up a turn another process left); a turn that failed for good
         (`retryable` false: `max_steps`, a budget nobody can raise) is returned as it is.
         With an `idempotency_key`, a call repeated with the same key (by the same `auth`) starts
-        nothing: it returns the session as it stands (`replayed`), or raises
-        `IdempotencyKeyReused` if the key was given for another agent, prompt or message.
+        nothing: it returns the turn its prompt went to, as that turn stands now (`replayed`),
+        or raises `IdempotencyKeyReused` if the key was given for another agent, prompt or
+        message.
         """
         await self.open()
         if idempotency_key is not None and prompt is None:
@@ -212,7 +213,7 @@ class Runtime(Workers):
             else:
                 session_id, repeat = await self._open_keyed(spec, auth, idem)
                 if repeat:
-                    return await self._replay(session_id)
+                    return await self._replay(session_id, idem)
         else:
             idem = keyed(idempotency_key, auth, "message", prompt or "")
             if agent is not None:
@@ -222,7 +223,7 @@ class Runtime(Workers):
         if prompt is None:
             return await self._drive(session_id, retry=True)
         if not await self._start_turn(session_id, prompt, auth, idem=idem):
-            return await self._replay(session_id)
+            return await self._replay(session_id, idem)
         return await self._drive(session_id)
 
     async def create_session(
@@ -230,12 +231,18 @@ class Runtime(Workers):
     ) -> str:
         """Open an empty session for `agent` and return its id; with an `idempotency_key`, a
         call repeated with it (by the same `auth`) returns the session the first one opened."""
+        return (await self._open(agent, auth, idempotency_key))[0]
+
+    async def _open(
+        self, agent: str, auth: Principal | None, idempotency_key: str | None
+    ) -> tuple[str, bool]:
+        """`create_session`, and whether the call repeated one with its key (it opened none)."""
         await self.open()
         spec = self.agent(agent)
         idem = keyed(idempotency_key, auth, "open", agent)
         if idem is None:
-            return await self._create(spec, auth)
-        return (await self._open_keyed(spec, auth, idem))[0]
+            return await self._create(spec, auth), False
+        return await self._open_keyed(spec, auth, idem, opens=True)
 
     async def schedule(
         self,
@@ -262,13 +269,13 @@ class Runtime(Workers):
             else:
                 session_id, repeat = await self._open_keyed(spec, APP_PRINCIPAL, idem)
                 if repeat:
-                    return await self._replay(session_id)
+                    return await self._replay(session_id, idem)
         else:
             idem = keyed(idempotency_key, APP_PRINCIPAL, "message", prompt)
         started = await self._start_turn(
             session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem
         )
-        result = await (self._drive(session_id) if started else self._replay(session_id))
+        result = await (self._drive(session_id) if started else self._replay(session_id, idem))
         if result.status == "failed" and (result.error or {}).get("code") == (
             SessionLimitReached.code
         ):

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import os
@@ -317,6 +316,12 @@ class SessionRunner(Leasing):
     async def _create(self, agent: Agent, auth: Principal | None, idem: Keyed | None = None) -> str:
         """Create a session; with an idempotency key, the one its id derives from, unless a call
         with the same key created it first (`_open_keyed` then checks it)."""
+        return (await self._made(agent, auth, idem))[0]
+
+    async def _made(
+        self, agent: Agent, auth: Principal | None, idem: Keyed | None
+    ) -> tuple[str, bool]:
+        """`_create`, and whether this call created the session (not one with its key first)."""
         session_id = new_id("ses") if idem is None else session_for(idem)
         now = self.clock()
         ttl = agent.limits.ttl_seconds
@@ -336,19 +341,20 @@ class SessionRunner(Leasing):
         except StoreError:
             if idem is None or await self.store.head(session_id) is None:
                 raise
-            return session_id
+            return session_id, False
         self._remember(fold([event]))
-        return session_id
+        return session_id, True
 
     async def _open_keyed(
-        self, agent: Agent, auth: Principal | None, idem: Keyed
+        self, agent: Agent, auth: Principal | None, idem: Keyed, *, opens: bool = False
     ) -> tuple[str, bool]:
         """The session a call with this idempotency key starts, created if it is not there yet,
-        and whether the key recorded its first message already (the call is a repeat)."""
-        session_id = await self._create(agent, auth, idem)
+        and whether the key recorded its first message already (the call is a repeat); a call
+        that only `opens` the session repeats one that created it."""
+        session_id, created = await self._made(agent, auth, idem)
         state = await self._state(session_id)
         if idem[0] in state.keys:
-            return session_id, seen(state.keys, idem, session_id)
+            return session_id, seen(state.keys, idem, session_id) or (opens and not created)
         # Newer keys pushed it out of the state: the session's first event holds it.
         first = await self.store.read_events(session_id, after=0, limit=1)
         if not first or first[0].data.get("idem") != list(idem):
@@ -521,12 +527,6 @@ class SessionRunner(Leasing):
             if not runnable(state):
                 return self._result(state, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
-
-    async def _replay(self, session_id: str) -> GenerateResult:
-        """What a call repeated with its idempotency key returns: the session as it stands now,
-        its turn driven as a first call would have (left to its process if one runs it)."""
-        result = await self._drive(session_id)
-        return dataclasses.replace(result, replayed=True)
 
     async def _recover(self, state: SessionState) -> bool:
         """Finish what a dead process left half done before the turn is driven; True if that

@@ -51,9 +51,9 @@ IdempotencyKey = Annotated[
         max_length=200,
         pattern=r"^[ -~]+$",
         description="Makes the call safe to retry: a repeat with the same key (by the same "
-        "caller) starts or sends nothing and answers as the first call did (`replayed` true, "
-        "the session as it stands now); the same key with another agent or message is a 409 "
-        "`idempotency_key_reused`. 1 to 200 printable ASCII characters.",
+        "caller) starts or sends nothing and answers with the turn the first call's message "
+        "went to, as that turn stands now (`replayed` true); the same key with another agent "
+        "or message is a 409 `idempotency_key_reused`. 1 to 200 printable ASCII characters.",
     ),
 ]
 
@@ -77,8 +77,8 @@ async def create_session(
             422, "unknown_agent", f"unknown agent {body.agent!r}; this server has: {known}"
         )
     if body.message is None:
-        sid = await rt.create_session(body.agent, auth=caller, idempotency_key=idempotency_key)
-        return idle_result(await rt._state(sid))
+        sid, replayed = await rt._open(body.agent, caller, idempotency_key)
+        return idle_result(await rt._state(sid), replayed=replayed)
     return turn_result(
         await rt.generate(
             body.agent, prompt=body.message, auth=caller, idempotency_key=idempotency_key

@@ -166,7 +166,8 @@ class TurnResult(_View):
     replayed: bool = Field(
         default=False,
         description="True when the call repeated an earlier one with its `Idempotency-Key`: "
-        "it started or sent nothing, and this is the session as it stands now.",
+        "it started or sent nothing, and this is the turn the first call's message went to, "
+        "as it stands now.",
     )
 
 
@@ -227,8 +228,8 @@ def turn_result(r: GenerateResult) -> TurnResult:
     )
 
 
-def idle_result(s: SessionState) -> TurnResult:
-    """The result for a session that has no turn yet."""
+def idle_result(s: SessionState, *, replayed: bool = False) -> TurnResult:
+    """The result for a session that has no turn yet (or for a repeat of the call opening it)."""
     return TurnResult(
         session_id=s.id,
         status="idle",
@@ -238,6 +239,7 @@ def idle_result(s: SessionState) -> TurnResult:
         outcomes=[],
         error=None,
         retryable=False,
+        replayed=replayed,
     )
 
 
