@@ -17,6 +17,7 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
+import signoff as so
 from signoff._events import Event
 from signoff._exceptions import StoreError, StoreUnavailable, UsageError
 from signoff.stores import Commit
@@ -147,6 +148,7 @@ async def test_a_read_on_a_frozen_connection_fails_and_the_store_goes_on(
         message = str(info.value)
         assert f"reading the head of session {sid!r}" in message
         assert "did not answer within 1s (`operation_timeout`)" in message
+        assert one._pool is not None and one._pool.get_stats().get("returns_bad") == 1
         # The frozen connection was dropped, not pooled again: the next call gets a new one.
         assert await asyncio.wait_for(one.head(sid), GENEROUS) == 1
         assert await backend_pid(one) != pid
@@ -204,6 +206,25 @@ async def test_a_session_created_unanswered_is_checked_then_created_once(
     assert [e.seq for e in await one.read_events(sid)] == [1]
 
 
+async def test_a_connection_cut_as_its_call_ended_is_not_pooled_again(pg_store_url: str) -> None:
+    """The deadline passed while the call needed the server no more: its answer stands, and its
+    connection, cut, is closed rather than handed to the next call."""
+    store = PostgresStore(pg_store_url, min_size=1, max_size=1, operation_timeout=0.05)
+    await store.open()
+    try:
+        pid = await backend_pid(store)
+
+        async def slow(conn: psycopg.AsyncConnection[Any]) -> str:
+            await asyncio.sleep(0.3)
+            return "done"
+
+        assert await store._read(slow, "thinking") == "done"
+        assert store._pool is not None and store._pool.get_stats().get("returns_bad") == 1
+        assert await backend_pid(store) != pid
+    finally:
+        await store.close()
+
+
 def _postmaster(cluster: PgCluster) -> int:
     assert cluster.directory is not None
     return int((cluster.directory / "data" / "postmaster.pid").read_text().split()[0])
@@ -240,3 +261,51 @@ async def test_a_commit_whose_outcome_cannot_be_checked_is_a_store_error(
         assert await store.head(sid) == 2
     finally:
         await store.close()
+
+
+async def test_a_runtime_call_on_a_frozen_server_fails_and_can_be_repeated(
+    cluster: PgCluster, pg_store_url: str
+) -> None:
+    """Through the runtime: an approval sent while the server process does not answer fails
+    with `StoreUnavailable` and records nothing; sent again once it answers, it runs the tool
+    once."""
+    runs: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def ship(order_id: str) -> str:
+        """Ship an order."""
+        runs.append(order_id)
+        return "shipped"
+
+    agent = so.Agent(
+        name="a",
+        model=so.models.Scripted(
+            [
+                so.ModelResponse(tool_calls=[so.ToolCall(name="ship", input={"order_id": "7"})]),
+                so.ModelResponse(text="Shipped."),
+            ]
+        ),
+        tools=[ship],
+    )
+    rt = so.Runtime([agent], store=f"{pg_store_url}?operation_timeout=1&pool_min=1&pool_max=1")
+    try:
+        r = await rt.generate("a", prompt="ship 7")
+        assert r.status == "waiting"
+        store = rt.store
+        assert isinstance(store, PostgresStore)
+        pid = await backend_pid(store)
+        approval = [so.Decision(id=r.pending[0].id, approved=True)]
+        with frozen(pid):
+            with pytest.raises(StoreUnavailable, match="within 1s"):
+                await asyncio.wait_for(
+                    rt.generate(session_id=r.session_id, approvals=approval), GENEROUS
+                )
+        await gone(pg_store_url, pid)
+        assert runs == []
+        r = await asyncio.wait_for(
+            rt.generate(session_id=r.session_id, approvals=approval), GENEROUS
+        )
+        assert r.status == "completed" and r.text == "Shipped."
+        assert runs == ["7"]
+    finally:
+        await rt.close()
