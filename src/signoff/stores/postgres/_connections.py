@@ -474,7 +474,7 @@ class Connections:
                     raise StoreError(
                         f"{what}: {lost} during COMMIT; the outcome is unknown: {exc}"
                     ) from exc
-                if expired:  # the server rolls back what it did not commit, if it ever wakes
+                if expired:  # not sent again: the server is not answering
                     raise self._timed_out(what) from exc
                 if attempt < 2:
                     continue  # lost before COMMIT (the server rolled back) or idempotent
