@@ -448,7 +448,9 @@ def test_bad_url_options() -> None:
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-inf", "NaN", "infinity"])
-@pytest.mark.parametrize("option", ["pool_timeout", "request_pool_timeout", "outage_grace"])
+@pytest.mark.parametrize(
+    "option", ["pool_timeout", "request_pool_timeout", "outage_grace", "operation_timeout"]
+)
 def test_url_options_in_seconds_must_be_finite(option: str, value: str) -> None:
     """`?pool_timeout=nan` was taken as a number of seconds (NaN is not <= 0), leaving every
     wait for the pool or the outage grace to compare against NaN; it is a named StoreError."""

@@ -26,7 +26,7 @@
         ├── StoreGone              the store's file was deleted or replaced under the process
         ├── AppendConflict         someone else appended to the session first
         ├── LeaseLost              our lease on the session was taken over
-        ├── StoreUnavailable       the database server is down or unreachable; retry later
+        ├── StoreUnavailable       the database server is down, unreachable or not answering
         └── StoreBusy              no free connection to the database in time; retry soon
 
 Every error that is about an answer leaves the store unchanged: nothing is claimed.
@@ -264,8 +264,10 @@ class LeaseLost(StoreError):
 
 
 class StoreUnavailable(StoreError):
-    """The database server has been down or unreachable longer than a restart takes: the call
-    failed at once instead of waiting; try again later (`retry_after` seconds is a hint)."""
+    """The database server has been down or unreachable longer than a restart takes (the call
+    failed at once instead of waiting), or did not answer a call on its connection within the
+    store's `operation_timeout` (the connection was dropped); try again later (`retry_after`
+    seconds is a hint)."""
 
     code = "store_unavailable"
     retry_after = 5

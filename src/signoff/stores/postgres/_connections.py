@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -26,11 +27,13 @@ from ..._exceptions import (
     SchemaVersionError,
     StoreError,
     StoreUnavailable,
+    UsageError,
 )
 from .._base import FaultHook
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
 from . import _schema
+from ._borrowed import OPERATION_TIMEOUT, Borrowed
 from ._changes import Listener
 from ._outage import GRACE, Outage, is_down
 from ._url import SCHEMA_NAME, describe, number, split_options, with_libpq_defaults
@@ -75,6 +78,7 @@ class Connections:
         migrate: bool = True,
         grace: float | None = None,
         request_timeout: float | None = None,
+        operation_timeout: float | None = None,
     ) -> None:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
@@ -95,6 +99,19 @@ class Connections:
         # How long a call made for an HTTP request (`promptly()`) waits for a busy pool.
         self.request_timeout = request_timeout or number(
             options, "request_pool_timeout", float, REQUEST_WAIT
+        )
+        if operation_timeout is not None and (
+            isinstance(operation_timeout, bool)
+            or not isinstance(operation_timeout, (int, float))
+            or not 0 < operation_timeout < math.inf
+        ):
+            raise UsageError(
+                "operation_timeout must be a positive, finite number of seconds, "
+                f"not {operation_timeout!r}"
+            )
+        # How long a call may wait on its connection before it is cut (`Borrowed`).
+        self.operation_timeout = operation_timeout or number(
+            options, "operation_timeout", float, OPERATION_TIMEOUT
         )
         self.poll_interval = poll_interval
         grace = grace or number(options, "outage_grace", float, GRACE)
@@ -316,12 +333,14 @@ class Connections:
     # -- running statements -------------------------------------------------------------------
 
     async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
-        """Run a read-only `body`; a lost connection is retried once on a fresh one."""
+        """Run a read-only `body`; a lost connection is retried once on a fresh one, one cut for
+        passing `operation_timeout` is not (the server is not answering)."""
         pool = await self._get_pool()
         for attempt in range(2):
             broken = False
+            borrowed = self._borrow(pool, attempt)
             try:
-                async with _Borrowed(self, pool, is_prompt() and attempt == 0) as conn:
+                async with borrowed as conn:
                     try:
                         return await body(conn)
                     except psycopg.OperationalError as exc:
@@ -331,14 +350,26 @@ class Connections:
                         if broken and not conn.closed:
                             await conn.close()
                         raise
-            except psycopg.OperationalError as exc:
-                if broken and attempt == 0:
+            except psycopg.Error as exc:
+                if borrowed.expired:
+                    raise self._timed_out(what) from exc
+                if isinstance(exc, psycopg.OperationalError) and broken and attempt == 0:
                     await self._after_loss(pool)
                     continue
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
-            except psycopg.Error as exc:
-                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
         raise AssertionError("unreachable")  # pragma: no cover
+
+    def _borrow(self, pool: AsyncConnectionPool[Conn], attempt: int) -> Borrowed:
+        """A connection for an attempt of a call: only a first attempt may fail soon for want of
+        one (`promptly()`), as a retry's statement may have run already."""
+        busy_after = self.request_timeout if attempt == 0 and is_prompt() else None
+        return Borrowed(pool, self._outage, busy_after, self.operation_timeout)
+
+    def _timed_out(self, what: str) -> StoreUnavailable:
+        return StoreUnavailable(
+            f"{what}: PostgreSQL at {self._where} did not answer within "
+            f"{self.operation_timeout:g}s (`operation_timeout`); the connection was dropped"
+        )
 
     async def _write(
         self,
@@ -367,9 +398,9 @@ class Connections:
         for attempt in range(3):
             phase = "connect"
             broken = False
+            borrowed = self._borrow(pool, attempt)
             try:
-                # Only a first attempt may fail soon: a retry's statement may have run already.
-                async with _Borrowed(self, pool, is_prompt() and attempt == 0) as conn:
+                async with borrowed as conn:
                     try:
                         phase = "body"
                         if not transaction:
@@ -417,9 +448,11 @@ class Connections:
                                 await conn.rollback()
                         raise
             except psycopg.OperationalError as exc:
-                if not broken:  # the server answered: the transaction was rolled back
+                expired = borrowed.expired
+                if not broken and not expired:  # the server answered: it rolled back
                     raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
-                await self._after_loss(pool)
+                if not expired:  # a server not answering would hold the check as long
+                    await self._after_loss(pool)
                 if transaction and phase in ("commit", "done"):
                     # The server may or may not have committed before the connection dropped.
                     if committed is not None:
@@ -432,16 +465,25 @@ class Connections:
                         else:
                             if attempt < 2:
                                 continue  # not committed: safe to try again
+                    lost = (
+                        f"no answer from {self._where} within {self.operation_timeout:g}s "
+                        "(`operation_timeout`)"
+                        if expired
+                        else f"connection to {self._where} lost"
+                    )
                     raise StoreError(
-                        f"{what}: connection to {self._where} lost during COMMIT; the outcome "
-                        f"is unknown: {exc}"
+                        f"{what}: {lost} during COMMIT; the outcome is unknown: {exc}"
                     ) from exc
+                if expired:  # not sent again: the server is not answering
+                    raise self._timed_out(what) from exc
                 if attempt < 2:
                     continue  # lost before COMMIT (the server rolled back) or idempotent
                 raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
             except psycopg.IntegrityError as exc:
                 raise AppendConflict(f"{what}: {exc}") from exc
             except psycopg.Error as exc:
+                if borrowed.expired:
+                    raise self._timed_out(what) from exc
                 if exc.sqlstate == _CLOSED:
                     request_id = exc.diag.message_detail or ""
                     raise RequestClosed(
@@ -532,30 +574,3 @@ _OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
 
 _CLOSED = "SO409"
 """SQLSTATE of `request_closed()`: a resolved request was no longer pending."""
-
-
-class _Borrowed:
-    """A connection for one store call (`Outage.borrow`, briefly if `prompt`: for an HTTP
-    request), then back to the pool, or closed if it was the outage probe's. Lighter than the
-    pool's `connection()`, whose `async with conn` commits or rolls back an autocommit connection
-    (nothing to do: `_write` rolls back the transactions it opens, and the pool would roll back
-    any other it is handed)."""
-
-    __slots__ = ("conn", "owner", "pool", "pooled", "prompt")
-
-    def __init__(self, owner: Connections, pool: AsyncConnectionPool[Conn], prompt: bool) -> None:
-        self.owner = owner
-        self.pool = pool
-        self.prompt = prompt
-
-    async def __aenter__(self) -> Conn:
-        wait = self.owner.request_timeout if self.prompt else None
-        self.conn, self.pooled = await self.owner._outage.borrow(self.pool, wait)
-        return self.conn
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self.pooled:
-            await self.pool.putconn(self.conn)
-        elif not self.conn.closed:
-            with contextlib.suppress(psycopg.Error):
-                await self.conn.close()

@@ -51,10 +51,12 @@ class PostgresStore(Reads, Leases):
 
     `schema` names the PostgreSQL schema holding signoff's tables. With `migrate=False`, `open()`
     refuses an older schema instead of upgrading it (run `signoff db upgrade`). The URL may carry
-    `schema`, `pool_min`, `pool_max`, `pool_timeout`, `request_pool_timeout` and `outage_grace`
-    beside libpq's own parameters; signoff adds libpq's `connect_timeout` and TCP keepalive
-    settings where nothing sets them, not the URL, its service (pg_service.conf) or
-    `PGCONNECT_TIMEOUT` (`_url.TCP_DEFAULTS`), so a connection gone silent fails soon.
+    `schema`, `pool_min`, `pool_max`, `pool_timeout`, `request_pool_timeout`, `outage_grace` and
+    `operation_timeout` beside libpq's own parameters; signoff adds libpq's `connect_timeout` and
+    TCP keepalive settings where nothing sets them, not the URL, its service (pg_service.conf) or
+    `PGCONNECT_TIMEOUT` (`_url.TCP_DEFAULTS`), so a connection gone silent fails soon, and cuts a
+    connection a call waited on for `operation_timeout` seconds (30 by default), so a server
+    that stopped answering fails the call with `StoreUnavailable`.
     """
 
     def __repr__(self) -> str:

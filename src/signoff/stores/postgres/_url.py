@@ -42,6 +42,7 @@ _OPTIONS = (
     "pool_timeout",
     "request_pool_timeout",
     "outage_grace",
+    "operation_timeout",
 )
 
 

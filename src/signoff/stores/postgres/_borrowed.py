@@ -1,0 +1,89 @@
+"""A connection lent to one store call, and the deadline the call is held to on it. A server
+that stops answering while its kernel still acknowledges (a stopped process, a hung machine or
+disk) trips no TCP setting and cannot enforce its own `statement_timeout`, so past
+`operation_timeout` the connection's socket is shut down under the waiting call, which then
+fails as over a lost connection, and the connection is never pooled again."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+if TYPE_CHECKING:
+    from psycopg.rows import TupleRow
+
+    from ._outage import Outage
+
+    Conn = psycopg.AsyncConnection[TupleRow]
+else:
+    Conn = Any
+
+__all__ = ["OPERATION_TIMEOUT", "Borrowed", "sever"]
+
+OPERATION_TIMEOUT = 30.0
+"""Seconds a store call may spend on its connection (each attempt of it) unless the URL
+(`?operation_timeout=`) or the store's argument says otherwise: as long as the pool's wait for
+a connection, and far longer than any statement signoff sends takes on a live server."""
+
+
+def sever(conn: Conn) -> None:
+    """Cut `conn` under whatever waits on it: its socket is shut down (not closed, so its file
+    descriptor is not reused while the event loop still watches it), so libpq reads an end of
+    file, fails the call and marks the connection broken, as if the server had dropped it."""
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.Error:  # closed already
+        return
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class Borrowed:
+    """A connection for one attempt of a store call (`Outage.borrow`, waiting `busy_after`
+    seconds at most if given: for an HTTP request), held to `timeout` seconds (`expired` once
+    it was cut for passing them), then back to the pool, or closed if it was the outage probe's
+    or was cut. Lighter than the pool's `connection()`, whose `async with conn` commits or rolls
+    back an autocommit connection (nothing to do: `_write` rolls back the transactions it
+    opens, and the pool would roll back any other it is handed). The deadline is one timer on
+    the event loop, cancelled when the call is done."""
+
+    __slots__ = ("busy_after", "conn", "expired", "outage", "pool", "pooled", "timeout", "timer")
+
+    def __init__(
+        self,
+        pool: AsyncConnectionPool[Conn],
+        outage: Outage,
+        busy_after: float | None,
+        timeout: float,
+    ) -> None:
+        self.pool = pool
+        self.outage = outage
+        self.busy_after = busy_after
+        self.timeout = timeout
+        self.expired = False
+
+    async def __aenter__(self) -> Conn:
+        self.conn, self.pooled = await self.outage.borrow(self.pool, self.busy_after)
+        self.timer = asyncio.get_running_loop().call_later(self.timeout, self._expire)
+        return self.conn
+
+    def _expire(self) -> None:
+        self.expired = True
+        sever(self.conn)
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.timer.cancel()
+        if self.expired and not self.conn.closed:  # cut just as the call was done
+            with contextlib.suppress(psycopg.Error):
+                await self.conn.close()
+        if self.pooled:
+            await self.pool.putconn(self.conn)  # the pool replaces one that is closed
+        elif not self.conn.closed:
+            with contextlib.suppress(psycopg.Error):
+                await self.conn.close()
