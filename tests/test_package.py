@@ -175,6 +175,9 @@ def _blocked(modules: str, code: str, cwd: Path | None = None) -> subprocess.Com
             "import signoff as so; so.Runtime([], store='postgresql://u@h/db').open_sync()",
             "signoff[postgres]",
         ),
+        # the store's own package, imported directly, and one package of the extra missing
+        ("psycopg", "import signoff.stores.postgres", "signoff[postgres]"),
+        ("psycopg_pool", "from signoff.stores.postgres import PostgresStore", "signoff[postgres]"),
         ("openai", "import signoff as so; so.models.OpenAIChat('m', api_key='k')", "[openai]"),
         ("anthropic", "import signoff as so; so.models.Anthropic('m', api_key='k')", "[anthropic]"),
         ("slack_sdk", "import signoff.channels.slack", "signoff[slack]"),
