@@ -790,7 +790,7 @@ def test_serve_then_approve_from_the_command_line(
     port = _free_port()
     hooks = WebhookReceiver()
     server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/signoff"), "serve", "examples.support:runtime"]
+        [str(Path(sys.executable).with_name("signoff")), "serve", "examples.support:runtime"]
         + ["--port", str(port), "--store", url]
         + ["--webhook", hooks.url, "--webhook-secret", "s3cret"],
         cwd=ROOT,
