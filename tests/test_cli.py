@@ -628,6 +628,28 @@ def test_python_dash_m_runs_the_cli() -> None:
     assert done.stdout.strip() == f"signoff {so.__version__}"
 
 
+@pytest.mark.parametrize("command", ["chat", "serve", "worker", "db upgrade"])
+def test_help_keeps_each_paragraph_of_a_docstring_whole(command: str) -> None:
+    """`--help` rewraps a command's description to the terminal: the docstring's own line
+    breaks are not kept, so no line ends mid-sentence, however wide the terminal."""
+    import inspect
+
+    from signoff.cli import _chat, _serve, _worker
+
+    callback = {
+        "chat": _chat.chat,
+        "serve": _serve.serve,
+        "worker": _worker.worker,
+        "db upgrade": _worker.db_upgrade,
+    }[command]
+    paragraphs = [" ".join(p.split()) for p in (inspect.getdoc(callback) or "").split("\n\n")]
+    shown = CliRunner().invoke(app, [*command.split(), "--help"], env={"COLUMNS": "1000"})
+    assert shown.exit_code == 0, shown.output
+    lines = [line.strip() for line in shown.output.splitlines()]
+    for paragraph in paragraphs:
+        assert paragraph in lines, (paragraph, shown.output)
+
+
 def test_acting_as_the_asker_settles(url: str) -> None:
     alice = so.Principal(authenticator="web", principal_id="alice")
     session_id, request_id = park(url, auth=alice)
@@ -768,7 +790,7 @@ def test_serve_then_approve_from_the_command_line(
     port = _free_port()
     hooks = WebhookReceiver()
     server = subprocess.Popen(
-        [str(ROOT / ".venv/bin/signoff"), "serve", "examples.support:runtime"]
+        [str(Path(sys.executable).with_name("signoff")), "serve", "examples.support:runtime"]
         + ["--port", str(port), "--store", url]
         + ["--webhook", hooks.url, "--webhook-secret", "s3cret"],
         cwd=ROOT,

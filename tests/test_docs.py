@@ -432,6 +432,25 @@ def test_every_python_block_in_the_docs_is_run_by_a_test() -> None:
     assert unused == [], unused
 
 
+def test_every_table_in_the_docs_is_one_table() -> None:
+    """A Markdown table ends at the first line that is not a row: rows after a paragraph that
+    cuts a table show as plain text with pipes. So each run of rows starts with a header row
+    and its `|---|` separator, outside code blocks."""
+    cut = []
+    for doc in DOCS:
+        lines = (ROOT / doc).read_text().splitlines()
+        fenced = False
+        for i, line in enumerate(lines):
+            if line.startswith("```"):
+                fenced = not fenced
+            starts = line.startswith("|") and not (i and lines[i - 1].startswith("|"))
+            if starts and not fenced:
+                following = lines[i + 1] if i + 1 < len(lines) else ""
+                if not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", following):
+                    cut.append((doc, i + 1, line[:60]))
+    assert cut == []
+
+
 def test_docs_api_lists_every_public_name_and_only_those() -> None:
     """docs/api.md's tables name each of `signoff.__all__` once, and nothing else."""
     import signoff as so

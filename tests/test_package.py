@@ -175,6 +175,9 @@ def _blocked(modules: str, code: str, cwd: Path | None = None) -> subprocess.Com
             "import signoff as so; so.Runtime([], store='postgresql://u@h/db').open_sync()",
             "signoff[postgres]",
         ),
+        # the store's own package, imported directly, and one package of the extra missing
+        ("psycopg", "import signoff.stores.postgres", "signoff[postgres]"),
+        ("psycopg_pool", "from signoff.stores.postgres import PostgresStore", "signoff[postgres]"),
         ("openai", "import signoff as so; so.models.OpenAIChat('m', api_key='k')", "[openai]"),
         ("anthropic", "import signoff as so; so.models.Anthropic('m', api_key='k')", "[anthropic]"),
         ("slack_sdk", "import signoff.channels.slack", "signoff[slack]"),
@@ -239,3 +242,23 @@ def test_the_readme_links_nothing_a_package_index_cannot_resolve() -> None:
     targets = re.findall(r"\]\(([^)\s]+)", text) + re.findall(r"<img[^>]+src=\"([^\"]+)", text)
     relative = [t for t in targets if not t.startswith(("https://", "http://", "#", "mailto:"))]
     assert relative == [], relative
+
+
+def test_import_signoff_is_quiet_and_loads_no_extra_nor_the_cli() -> None:
+    """`import signoff` under `-W error` warns about nothing and imports none of the extras'
+    packages, nor the command line's Typer and Rich: a runtime in a script or web app pays for
+    what it uses only (the HTTP client, a provider, PostgreSQL load on first use)."""
+    heavy = [
+        *("fastapi", "starlette", "uvicorn", "jinja2", "multipart", "python_multipart", "httpx"),
+        *("psycopg", "psycopg_pool", "openai", "anthropic", "slack_sdk", "aiohttp"),
+        *("typer", "click", "rich"),
+    ]
+    code = (
+        "import sys, signoff\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout.strip() == "[]"

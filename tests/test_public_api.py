@@ -68,6 +68,20 @@ def test_the_http_client_is_importable_lazily_from_the_top() -> None:
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_type_checkers_see_the_lazy_client_classes_and_no_catch_all() -> None:
+    """The lazy `so.Client` is typed as the class itself, and a misspelt name is an error to
+    mypy rather than an `object` (mypy checks this file: were `__getattr__` visible to it, the
+    `type: ignore` below would be unused, which strict mode reports)."""
+    import pytest
+
+    client: so.Client = so.Client("http://127.0.0.1:9", token="t")
+    live: type[so.LiveSession] = so.LiveSession
+    client.close()
+    assert isinstance(client, so.Client) and live.__name__ == "LiveSession"
+    with pytest.raises(AttributeError, match="no attribute 'Clinet'"):
+        so.Clinet  # type: ignore[attr-defined]  # noqa: B018
+
+
 def test_every_runtime_call_has_a_sync_twin() -> None:
     # README: every async method has a `*_sync` twin, but `work` (a worker's loop) and `open`
     # (done by the first call).

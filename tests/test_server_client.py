@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,6 +98,31 @@ async def test_live_session_marks_answers_until_the_stream_confirms(base: str) -
         assert live.requests[second].status == "settled"
         assert live.requests[second].outcome == "cancelled"
         assert live.open_requests() == []
+
+
+def test_leaving_a_followed_live_session_leaves_nothing_to_close_at_exit(base: str) -> None:
+    """A script that breaks out of `live.follow()` and ends: the stream closes with the loop
+    it was followed in, without asyncio's `aclose(): ... already running` error at exit."""
+    script = f"""
+import asyncio
+from signoff.server import AsyncClient
+
+async def main():
+    async with AsyncClient({base!r}, token="alice-token") as c:
+        r = await c.generate("support", "Refund order 1042")
+        live = await c.session(r.session_id)
+        await live.respond([{{"request_id": r.pending[0].id, "option_id": "approve"}}])
+        async for event in live.follow():
+            if event.type == "turn.completed":
+                break
+
+asyncio.run(main())
+print("done")
+"""
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "done\n", "")
 
 
 async def test_a_refused_answer_stays_open_locally(base: str) -> None:

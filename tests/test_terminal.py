@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +22,8 @@ from signoff.cli import app
 from .fakes.llm import API_KEY, FakeLLM, openai_completion, openai_tool_call
 
 ROOT = Path(__file__).resolve().parents[1]
-SIGNOFF = str(ROOT / ".venv" / "bin" / "signoff")
+# the console script installed beside the interpreter running the tests (any venv, any checkout)
+SIGNOFF = str(Path(sys.executable).with_name("signoff"))
 TIMEOUT = 30
 REFUND_PROMPT = re.escape(
     'Run issue_refund({"order_id":"1042","amount":180,"reason":"It arrived broken"})?'

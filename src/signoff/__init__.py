@@ -4,6 +4,8 @@ Tool calls can be gated by approval policies; the turn parks durably in the stor
 exactly where it stopped when someone answers, in any process.
 """
 
+from typing import TYPE_CHECKING
+
 from . import models, stores
 from ._agent import Agent, Limits
 from ._answers import MAX_TEXT_BYTES
@@ -102,19 +104,24 @@ __version__ = "0.1.0"
 
 _CLIENT_NAMES = ("AsyncClient", "Client", "LiveSession")
 
+if TYPE_CHECKING:
+    # Type checkers see the client's classes as they are, and no `__getattr__`, which would make
+    # every name of the module, a misspelt one too, pass as `object`.
+    from ._client import AsyncClient, Client, LiveSession
+else:
 
-def __getattr__(name: str) -> object:
-    """`so.Client`, `so.AsyncClient`, `so.LiveSession`: the HTTP client, imported on first use
-    (it needs httpx, which the `server` extra brings)."""
-    if name in _CLIENT_NAMES:
-        try:
-            from . import _client
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise UsageError(
-                "the signoff HTTP client needs httpx: pip install 'signoff[server]'"
-            ) from exc
-        return getattr(_client, name)
-    raise AttributeError(f"module 'signoff' has no attribute {name!r}")
+    def __getattr__(name: str) -> object:
+        """`so.Client`, `so.AsyncClient`, `so.LiveSession`: the HTTP client, imported on first
+        use (it needs httpx, which the `server` extra brings)."""
+        if name in _CLIENT_NAMES:
+            try:
+                from . import _client
+            except ImportError as exc:  # pragma: no cover - depends on the environment
+                raise UsageError(
+                    "the signoff HTTP client needs httpx: pip install 'signoff[server]'"
+                ) from exc
+            return getattr(_client, name)
+        raise AttributeError(f"module 'signoff' has no attribute {name!r}")
 
 
 __all__ = [

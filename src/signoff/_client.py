@@ -16,7 +16,15 @@ import contextlib
 import functools
 import json
 import secrets
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
@@ -365,7 +373,7 @@ class AsyncClient:
 
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
         refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
         up to `retries` failures in a row."""
@@ -473,9 +481,12 @@ class LiveSession:
 
     async def follow(self) -> AsyncIterator[Event]:
         """Fold and yield live events until the caller stops."""
-        async for event in self.client.events(self.session_id, self.seq):
-            self.apply(event)
-            yield event
+        # closed with this generator: left to the garbage collector, the stream's close would
+        # race the event loop's shutdown (an `aclose(): ... already running` error at exit)
+        async with contextlib.aclosing(self.client.events(self.session_id, self.seq)) as events:
+            async for event in events:
+                self.apply(event)
+                yield event
 
     def open_requests(self) -> list[InputRequest]:
         return [v.request for v in self.requests.values() if v.status == "pending"]

@@ -7,9 +7,11 @@ a command line Click rejects exits 2, Ctrl-C 130 (`worker` and `events --follow`
 from __future__ import annotations
 
 from . import _chat, _queue, _serve, _worker  # noqa: F401  (each registers its commands)
-from ._app import app, load_runtime, local_principal, parse_principal
+from ._app import app, load_runtime, local_principal, parse_principal, unwrap_help
 
 __all__ = ["app", "load_runtime", "local_principal", "main", "parse_principal"]
+
+unwrap_help(app)
 
 
 def main() -> None:

@@ -40,6 +40,19 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
+def unwrap_help(typer_app: typer.Typer) -> None:
+    """Give each command of `typer_app` its docstring as help with every paragraph on one line:
+    Typer's rich help keeps a docstring's line breaks, which then cut the terminal's wrapping."""
+    for command in typer_app.registered_commands:
+        if command.help is None and command.callback is not None:
+            doc = inspect.getdoc(command.callback) or ""
+            command.help = "\n\n".join(" ".join(part.split()) for part in doc.split("\n\n"))
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            unwrap_help(group.typer_instance)
+
+
 StoreOption = Annotated[
     str | None,
     typer.Option(

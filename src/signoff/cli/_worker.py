@@ -8,9 +8,6 @@ from typing import Annotated
 
 import typer
 
-from .._exceptions import (
-    UsageError,
-)
 from .._runtime import Runtime
 from ..channels.terminal import printable
 from ..stores import DEFAULT_URL, SQLiteStore
@@ -126,12 +123,8 @@ def db_upgrade(store: StoreOption = None) -> None:
     async def go() -> None:
         url = DEFAULT_URL if store is None else store  # "" (an unset variable) is refused
         if url.startswith(("postgresql://", "postgres://")):
-            try:
-                from ..stores.postgres import PostgresStore
-            except ImportError as exc:
-                raise UsageError(
-                    "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
-                ) from exc
+            from ..stores.postgres import PostgresStore  # a UsageError without the extra
+
             before, after = await PostgresStore(url, migrate=False).migrate()
             typer.echo(_migrated(before, after))
             return

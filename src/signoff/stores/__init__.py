@@ -47,12 +47,9 @@ def open_store(store: str | Store | None) -> Store:
     if store.startswith("sqlite://"):
         return SQLiteStore(store)
     if store.startswith(("postgresql://", "postgres://")):
-        try:
-            from .postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
-        except ImportError as exc:
-            raise UsageError(
-                "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
-            ) from exc
+        # without the extra, a UsageError naming `pip install 'signoff[postgres]'`
+        from .postgres import PostgresStore  # type: ignore[import-not-found,unused-ignore]
+
         return PostgresStore(store)  # type: ignore[no-any-return,unused-ignore]
     raise UsageError(
         f"unknown store URL {_without_password(store)!r}: use sqlite:///path or postgresql://…"

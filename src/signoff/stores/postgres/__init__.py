@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from . import _extra  # noqa: F401  (first: a UsageError naming the extra when it is missing)
+
+# isort: split
 from ._schema import MIGRATIONS, STORE_SCHEMA
 from ._store import PostgresStore
 
