@@ -498,6 +498,19 @@ async def test_leases_and_fencing(store: Store) -> None:
     assert await store.head(sid) == 3
 
 
+async def test_a_late_renewal_never_shortens_a_lease(store: Store) -> None:
+    """A renewal sent earlier but applied later (a PostgreSQL server process frozen with it
+    buffered, woken after the call timed out and a newer renewal went through) keeps the
+    later expiry: the lease is never shortened under its owner."""
+    sid = await new_session(store)
+    token = await store.acquire_lease(sid, "w1", 10, T0)
+    assert token is not None
+    assert await store.renew_lease(sid, "w1", token, 10, T0 + 8)  # until T0 + 18
+    assert await store.renew_lease(sid, "w1", token, 10, T0 + 2)  # the late one: until T0 + 12
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 15) is None  # still w1's to T0 + 18
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 18.5) is not None
+
+
 async def test_a_commit_can_free_its_lease(store: Store) -> None:
     sid = await new_session(store)
     t1 = await store.acquire_lease(sid, "w1", 10, T0)

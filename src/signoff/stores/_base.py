@@ -246,7 +246,10 @@ class Store(Protocol):
 
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float
-    ) -> bool: ...
+    ) -> bool:
+        """Extend lease `token` of `owner` to `now + ttl`, never earlier than it already runs
+        (a renewal applied late must not shorten it); False if that lease is no longer held."""
+        ...
 
     async def release_lease(self, session_id: str, owner: str, token: int) -> None: ...
 

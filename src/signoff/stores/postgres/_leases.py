@@ -150,8 +150,11 @@ class Leases(Connections):
             sk = await self._session_key(conn, session_id)
             if sk is None:
                 return False
+            # Never earlier than it is: a renewal a frozen server process applies after the call
+            # timed out, and a newer one went through, must not shorten the lease.
             cur = await conn.execute(
-                f"UPDATE {self._s}.leases SET expires_at=%s WHERE sk=%s AND owner=%s AND token=%s",
+                f"UPDATE {self._s}.leases SET expires_at=GREATEST(expires_at, %s) "
+                "WHERE sk=%s AND owner=%s AND token=%s",
                 (now + ttl, sk, owner, token),
             )
             return cur.rowcount == 1

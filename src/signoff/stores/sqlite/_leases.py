@@ -54,7 +54,9 @@ class Leases(Connection):
         with immediate(conn, self._writable):
             sk = self._session_key(session_id)
             cur = conn.execute(
-                "UPDATE leases SET expires_at=? WHERE sk=? AND owner=? AND token=?",
+                # never earlier than it is: a renewal applied late must not shorten the lease
+                "UPDATE leases SET expires_at=MAX(expires_at, ?) "
+                "WHERE sk=? AND owner=? AND token=?",
                 (now + ttl, sk, owner, token),
             )
         if cur.rowcount != 1:
