@@ -9,12 +9,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
-try:
-    import psycopg
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
-    ) from exc
+import psycopg
 
 from ..._exceptions import StoreError, UnknownSession
 

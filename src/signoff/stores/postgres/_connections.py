@@ -10,16 +10,11 @@ import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
-try:
-    import psycopg
-    from psycopg import conninfo as _conninfo
-    from psycopg import pq
-    from psycopg.rows import TupleRow
-    from psycopg_pool import AsyncConnectionPool, PoolTimeout
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
-    ) from exc
+import psycopg
+from psycopg import conninfo as _conninfo
+from psycopg import pq
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..._exceptions import (
     AppendConflict,

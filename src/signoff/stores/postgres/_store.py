@@ -16,13 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-try:
-    import psycopg
-    from psycopg.rows import TupleRow
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
-    ) from exc
+import psycopg
+from psycopg.rows import TupleRow
 
 from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession

@@ -8,14 +8,9 @@ import re
 from typing import TypeVar
 from urllib.parse import SplitResult, unquote, unquote_plus, urlencode, urlsplit
 
-try:
-    import psycopg
-    from psycopg import conninfo as _conninfo
-    from psycopg import pq
-except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "PostgreSQL support needs the extra: pip install 'signoff[postgres]'"
-    ) from exc
+import psycopg
+from psycopg import conninfo as _conninfo
+from psycopg import pq
 
 from ..._exceptions import StoreError
 
