@@ -1525,9 +1525,9 @@ async def test_a_parent_cancelled_just_after_its_child_was_created_leaves_it_can
         original = _subagents.RuntimeHost.create_child
 
         async def create_child(
-            host: _subagents.RuntimeHost, agent: str, parent_id: str, key: str
+            host: _subagents.RuntimeHost, agent: str, parent_id: str, key: str, **kw: Any
         ) -> str:
-            child_id = await original(host, agent, parent_id, key)
+            child_id = await original(host, agent, parent_id, key, **kw)
             assert (await rt.cancel(sid, "changed my mind")).status == "cancelled"
             return child_id
 

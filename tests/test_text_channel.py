@@ -12,7 +12,9 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, TextChannel
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+from .test_channels import escalating_refund
 
 BOB = so.Principal(authenticator="sms", principal_id="sms:+15550100")
 CAROL = so.Principal(authenticator="sms", principal_id="sms:+15550199")
@@ -257,3 +259,52 @@ async def test_a_reply_naming_two_options_is_told_so_and_answers_nothing(tmp_pat
             stored = await rt.store.get_request(q.id)
             assert stored is not None and stored.resolution is not None
             assert stored.resolution["answer"]["value"] == "2"
+
+
+class Flaky(Texts):
+    """A `Texts` whose sends fail as `failing` says, one entry per attempt (then none fail)."""
+
+    def __init__(self, *failing: bool) -> None:
+        super().__init__()
+        self.failing = list(failing)
+
+    async def send_text(self, text: str) -> None:
+        if self.failing and self.failing.pop(0):
+            raise ConnectionError("SMS service down")
+        self.sent.append(text)
+
+
+@pytest.mark.parametrize("then", ["retry", "restart"])
+async def test_an_escalation_is_told_once_though_showing_the_request_after_it_failed(
+    tmp_path: Path, then: str
+) -> None:
+    """The request shown was never seen (the service was down as the hub started). Its
+    escalation is told, then showing the request fails: the hub's retry, or a hub started
+    again on the same state, shows the request but does not tell the escalation twice."""
+    clock = ManualClock()
+    state = tmp_path / "channels.db"
+    async with so.Runtime(
+        [escalating_refund()], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+    ) as rt:
+        (a,) = (await rt.generate("support", prompt="Refund A-1")).pending
+        sms = Flaky(True, False, True)  # showing it fails, the escalation goes, showing fails
+        async with manual(ChannelHub(rt, [sms], retry_backoff=0, clock=clock, state=state)) as hub:
+            assert sms.sent == []
+            clock.advance(61)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+            (told,) = sms.sent
+            assert (
+                told
+                == "issue_refund was escalated to finance (no one decided before the deadline)."
+            )
+            if then == "retry":
+                await hub.poll()
+        if then == "restart":
+            sms = Flaky()
+            async with manual(ChannelHub(rt, [sms], clock=clock, state=state)) as hub:
+                await hub.poll()
+            sms.sent.insert(0, told)
+        stored = await rt.store.get_request(a.id)
+        assert stored is not None
+        assert sms.sent == [told, sms.render(stored.request)]

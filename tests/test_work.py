@@ -5,8 +5,10 @@ mend (the store's file deleted) stops the worker with that error instead of a re
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -24,6 +26,7 @@ from signoff.stores.postgres import STORE_SCHEMA as PG_SCHEMA
 from signoff.stores.sqlite._schema import STORE_SCHEMA as SQLITE_SCHEMA
 from signoff.testing import ExecutionLog, ManualClock, call, call_tools, reply, scripted_agent
 
+from . import _orphan_child as orphan_child
 from ._procs import ROOT
 from ._ttl import ttl_agent
 from .test_deadlines import asked, escalating_spec, payout_agent
@@ -399,6 +402,36 @@ async def test_the_orphan_sweep_reads_only_children_no_parent_waits_for(
         assert {s.id for s in await rt.sessions(agent="billing", status="cancelled")} == orphans
         assert {s.id for s in await rt.sessions(agent="billing", status="waiting")} == live
         assert await _orphans(rt.store, ["billing"]) == []
+
+
+async def test_the_sweep_cancels_a_child_created_as_its_parent_moved_to_a_new_turn(
+    store_url: str,
+) -> None:
+    """A delegate call creates its child just after another process cancelled the parent's turn
+    and ran a new one (which failed), and its process is killed right after starting the
+    child's turn to have it cancel itself. The child's row names the turn that delegated to it,
+    not the new one current as it was created, so the store lists it and the sweep cancels it."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests._orphan_child", store_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
+    ids = json.loads(proc.stdout.splitlines()[0])
+    async with so.Runtime(orphan_child.agents(), store=store_url) as rt:
+        parent = await rt.state(ids["parent"])
+        assert parent.turn is not None and parent.turn.status == "failed"
+        child = await rt.state(ids["child"])
+        assert child.parent == ids["parent"]
+        assert child.turn is not None and child.turn.status == "running"  # left by the kill
+        assert [r.id for r in await _orphans(rt.store, ["billing"])] == [ids["child"]]
+        assert await rt.expire_due() == 1
+        child = await rt.state(ids["child"])
+        assert child.turn is not None and child.turn.status == "cancelled"
+        assert await _orphans(rt.store, ["billing"]) == []
+        assert await rt.expire_due() == 0
 
 
 async def test_a_store_upgraded_with_parked_children_names_their_parents(

@@ -38,6 +38,8 @@ class CallJournal:
         self.quiet.set()
         self.failed: StoreError | None = None  # a record of the body's that the store refused
         turn = driver.state.turn
+        # The turn running the call: a reload after a concurrent append may show a later one.
+        self.turn_id = None if turn is None else turn.id
         self.can_ask = not (
             principal is not None and principal.principal_type == "runtime"
         ) and not (turn is not None and turn.source == "schedule")

@@ -62,6 +62,7 @@ class _DelegateJournal(Protocol):
     """The parts of the engine's call journal a delegate call needs (see `_CallJournal`)."""
 
     can_ask: bool
+    turn_id: str | None
 
     @property
     def host(self) -> Any: ...
@@ -134,9 +135,8 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     source = "message" if journal.can_ask else "schedule"
     key = ctx.idempotency_key("subagent")
     try:
-        child = await ctx.step(
-            "subagent.session", host.create_child, agent, journal.session_id, key
-        )
+        create = partial(host.create_child, turn=journal.turn_id)
+        child = await ctx.step("subagent.session", create, agent, journal.session_id, key)
     except TurnStopped:  # the parent's turn ended after the child's creation, before its record
         await host.abandon_child(_child_id(key), message, who, source)
         raise
@@ -182,8 +182,12 @@ class RuntimeHost:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
 
-    async def create_child(self, agent: str, parent: str, key: str) -> str:
-        """Create the child session once: its id derives from the call's idempotency key."""
+    async def create_child(
+        self, agent: str, parent: str, key: str, *, turn: str | None = None
+    ) -> str:
+        """Create the child session once: its id derives from the call's idempotency key. Its
+        `session.created` names the parent and the parent's `turn` that delegated to it, which
+        may have ended as the child is created (the orphan sweep then lists the child)."""
         rt = self.runtime
         spec = rt.agent(agent)
         child = _child_id(key)
@@ -202,6 +206,7 @@ class RuntimeHost:
                 "agent": spec.name,
                 "initiator": None if initiator is None else initiator.model_dump(),
                 "parent": parent,
+                "parent_turn": turn,
                 "ttl": ttl,
             },
         )

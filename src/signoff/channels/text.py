@@ -27,6 +27,8 @@ _DENY = frozenset({"n", "no", "deny", "denied", "reject", "cancel", "2"})
 _WORD = re.compile(r"^\s*([^\s:,.!-]+)[\s:,.!-]*(.*)$", re.DOTALL)
 # A word joined on without a space is one word: `no-brainer`, `1.5` and `1,000` say no yes or no.
 _JOINED = re.compile(r"^\s*[^\s:,.!-]+(?:-\w|[.,]\d)")
+_ESCALATED = "escalated:"
+"""The memo, per request, of the group the person was told it was escalated to."""
 
 
 def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
@@ -194,18 +196,24 @@ class TextChannel(Channel):
                     self._queue[i] = request
 
     async def on_escalated(self, request: InputRequest, escalation: Escalation) -> None:
-        """The person is told if it is the request they see; one this channel no longer takes
-        as escalated (`accepts`) leaves the queue and the next is shown."""
+        """The person is told if it is the request they see, once per group it went to (the
+        hub's retry after a later send failed, or a hub started again, does not repeat it); one
+        this channel no longer takes as escalated (`accepts`) leaves the queue and the next is
+        shown."""
         async with self._lock:
             index = next((i for i, r in enumerate(self._queue) if r.id == request.id), None)
             if index is not None and request.status == "pending":
                 kept = self.accepts(request)
-                if index == 0:  # told before the queue changes, so the hub's retry tells it again
+                told = f"{_ESCALATED}{request.id}"
+                if index == 0 and self.recall(told) != escalation.to:
+                    # told before the queue changes, so the hub's retry of a failed send tells it
                     await self.send_text(self.render_escalation(request, escalation, kept))
+                    self.remember(told, escalation.to)
                 if kept:
                     self._queue[index] = request
                 else:
                     del self._queue[index]
+                    self.forget(told)  # it is not shown here again
             await self._show_unseen()
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
@@ -215,6 +223,8 @@ class TextChannel(Channel):
                 await self.send_text(self.render_resolution(request, resolution))
             if index is not None:
                 del self._queue[index]
+            if request.escalated_to is not None:
+                self.forget(f"{_ESCALATED}{request.id}")
             await self._show_unseen()
 
     async def _show_unseen(self) -> None:

@@ -318,13 +318,17 @@ class Store(Protocol):
         ...
 
 
-def parent_of(events: Sequence[Event]) -> str | None:
-    """The parent session a new session's `session.created` names (a subagent's), if any."""
+def parent_of(events: Sequence[Event]) -> tuple[str | None, str | None]:
+    """The parent session a new session's `session.created` names (a subagent's), if any, and
+    the parent's turn that delegated to it where it names one (else the store takes the
+    parent's current turn)."""
     first = events[0] if events else None
     if first is None or first.type != "session.created":
-        return None
-    parent = first.data.get("parent")
-    return parent if isinstance(parent, str) else None
+        return None, None
+    parent, turn = first.data.get("parent"), first.data.get("parent_turn")
+    if not isinstance(parent, str):
+        return None, None
+    return parent, turn if isinstance(turn, str) else None
 
 
 def request_rows(

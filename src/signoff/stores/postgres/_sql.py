@@ -149,8 +149,9 @@ def create_sql(s: str, events: int, sync: bool) -> str:
     return (
         f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
         "expires_at, parent, parent_turn) SELECT %s,%s,%s,'idle',%s,%s,%s, p.sk, "
+        "CASE WHEN p.sk IS NOT NULL THEN COALESCE(%s::text, "
         + CURRENT_TURN.format(s=s, sk="p.sk")
-        + f" FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s RETURNING sk), "
+        + f") END FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s RETURNING sk), "
         f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
         f"SELECT i.sk, x.* FROM i, {rows_sql(events, _EVENT_COLUMNS)}) "
         "SELECT pg_notify(%s, %s)"

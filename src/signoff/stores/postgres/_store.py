@@ -69,8 +69,10 @@ class PostgresStore(Reads, Leases):
         rows, named, tail = event_rows(events, (None, None), None)
         # One statement: the session row, its first events and the announcement.
         sql = create_sql(s, len(rows), sync is not None)
-        # A subagent's row names its parent and the parent's turn (`orphaned_children`).
-        params: list[Any] = [session_id, agent, last, at, at, expires_at, parent_of(events)]
+        # A subagent's row names its parent and the parent's turn that delegated to it (or its
+        # current one if the event names none), for `orphaned_children`.
+        parent, turn = parent_of(events)
+        params: list[Any] = [session_id, agent, last, at, at, expires_at, turn, parent]
         params += rows_params(rows)
         params += [self.channel, f"{session_id} {last}"]
         if sync is not None:

@@ -53,16 +53,18 @@ class SQLiteStore(Reads, Leases):
     ) -> None:
         conn = self.conn
         at = events[0].at
-        parent = parent_of(events)  # a subagent's: its row names the parent and its turn
+        # A subagent's: its row names the parent and the parent's turn that delegated to it.
+        parent, turn = parent_of(events)
         self._before("session.created")
         try:
             with immediate(conn, self._writable):
                 cur = conn.execute(
                     "INSERT INTO sessions (id, agent, head, status, created_at, updated_at, "
                     "expires_at, parent, parent_turn) SELECT ?,?,?,?,?,?,?, p.sk, "
+                    "CASE WHEN p.sk IS NOT NULL THEN COALESCE(?, "
                     + CURRENT_TURN.format(sk="p.sk")
-                    + " FROM (SELECT 1) LEFT JOIN sessions p ON p.id = ?",
-                    (session_id, agent, events[-1].seq, "idle", at, at, expires_at, parent),
+                    + ") END FROM (SELECT 1) LEFT JOIN sessions p ON p.id = ?",
+                    (session_id, agent, events[-1].seq, "idle", at, at, expires_at, turn, parent),
                 )
                 sk = int(cur.lastrowid or 0)
                 tail, named = self._insert_events(conn, sk, events, None, None)

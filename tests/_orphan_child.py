@@ -1,0 +1,97 @@
+"""Child for the orphan-sweep crash test: a child session created as its parent moved to a new
+turn, and this process killed while it cleans that child up.
+
+`python -m tests._orphan_child STORE_URL`: the parent's delegate call stalls before it creates
+the child session; meanwhile its lease lapses and another runtime cancels the parent's turn and
+runs a new one, which fails. The call then creates the child (its row made as the new turn is
+the parent's current one), finds its own turn stopped and starts the child's turn to have it
+cancel itself (`abandon_child`): the store's fault hook SIGKILLs this process right after that
+turn's start is committed. It prints the parent's and the child's ids first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+import signoff as so
+from signoff import _subagents
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+
+
+def agents() -> list[so.Agent]:
+    """A parent that delegates a refund (then its model fails), and the billing agent."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    def down(conversation: list[so.Message]) -> so.ModelResponse:
+        raise RuntimeError("the model is down")
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Refund done.")],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), down],
+        tools=[so.delegate("billing")],
+    )
+    return [parent, child]
+
+
+async def main(url: str) -> None:
+    async with so.Runtime(agents(), store=url) as rt, so.Runtime(agents(), store=url) as other:
+        sid = await rt.create_session("support", auth=ALICE)
+        held: dict[str, tuple[str, int]] = {}
+        acquire = rt._acquire
+
+        async def acquired(session_id: str, owner: str) -> int | None:
+            token = await acquire(session_id, owner)
+            if token is not None:
+                held[session_id] = (owner, token)
+            return token
+
+        rt._acquire = acquired  # type: ignore[method-assign]
+        create = _subagents.RuntimeHost.create_child
+
+        async def create_child(
+            host: _subagents.RuntimeHost,
+            agent: str,
+            parent: str,
+            key: str,
+            *,
+            turn: str | None = None,
+        ) -> str:
+            # This process stalls here: its lease lapses (given back, as the store would let
+            # another take it), and another process cancels the turn and runs a new one.
+            await rt.store.release_lease(sid, *held[sid])
+            await other.cancel(sid, "changed my mind")
+            again = await other.generate(session_id=sid, prompt="Try again", auth=ALICE)
+            assert again.status == "failed", again
+            child = _subagents._child_id(key)
+            print(json.dumps({"parent": sid, "child": child}), flush=True)
+
+            def kill(when: str, label: str) -> None:
+                if (when, label) == ("after", "turn.started"):  # the child's turn started
+                    os.kill(os.getpid(), signal.SIGKILL)
+
+            rt.store.set_fault_hook(kill)
+            return await create(host, agent, parent, key, turn=turn)
+
+        setattr(_subagents.RuntimeHost, "create_child", create_child)  # noqa: B010 (a method)
+        result: Any = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        print(json.dumps({"survived": result.status}), flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1]))
