@@ -42,7 +42,7 @@ from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._sync import SyncBridge
-from ._tracing import Tracing, tracing_for
+from ._tracing import tracing_for
 from ._types import ModelResponse, Principal
 from .models import ModelRequest
 from .stores import Store, open_store
@@ -139,9 +139,8 @@ class SessionRunner(Leasing):
         trace_content: bool = False,
     ) -> None:
         """`inline=False` leaves running turns to workers (`Runtime.work`, `signoff worker`):
-        calls return as soon as what they were given is recorded. Drives, model calls and tool
-        bodies are traced with OpenTelemetry when it is installed: to `tracer_provider`, else
-        the global one; `trace_content` adds messages, tool input and results to the spans."""
+        calls return as soon as what they were given is recorded. OpenTelemetry spans go to
+        `tracer_provider` or the global one, with content if `trace_content` (`_tracing`)."""
         for name, value in (("lease_ttl", lease_ttl), ("poll_interval", poll_interval)):
             # A lease of 0 s is expired when granted: every worker could claim it at once.
             if not positive_seconds(value):
@@ -151,8 +150,6 @@ class SessionRunner(Leasing):
             raise UsageError(f"lease_wait must be a number of seconds from 0, not {lease_wait!r}")
         if type(cache_size) is not int or cache_size < 0:  # -1 emptied it, then a KeyError
             raise UsageError(f"cache_size must be a whole number from 0, not {cache_size!r}")
-        if type(trace_content) is not bool:
-            raise UsageError(f"trace_content must be True or False, not {trace_content!r}")
         self.agents: dict[str, Agent] = {}
         for agent in agents:
             if agent.name in self.agents:
@@ -166,11 +163,7 @@ class SessionRunner(Leasing):
         self.inline = inline
         self.tracer_provider = tracer_provider
         self.trace_content = trace_content
-        # Found on the first drive (OpenTelemetry is imported then, if at all), or now when a
-        # provider is given, so a wrong one is refused at once.
-        self._tracing: Tracing | None = (
-            None if tracer_provider is None else tracing_for(tracer_provider, trace_content)
-        )
+        self._tracing = tracing_for(tracer_provider, trace_content)
         self._lease_offset = 0.0  # the store's clock minus ours: see `_lease_now`
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
@@ -315,12 +308,6 @@ class SessionRunner(Leasing):
             self._cache.pop(state.id, None)
         raise SessionExpired(state.id, [r.id for r in pending])
 
-    def _tracer(self) -> Tracing:
-        tracing = self._tracing
-        if tracing is None:
-            tracing = self._tracing = tracing_for(self.tracer_provider, self.trace_content)
-        return tracing
-
     def _driver(self, state: SessionState, token: int | None) -> Driver:
         return Driver(
             store=self.store,
@@ -331,7 +318,7 @@ class SessionRunner(Leasing):
             abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
             lock=self._locks.setdefault(state.id, asyncio.Lock()),
             unrecorded=self._unrecorded,
-            tracing=self._tracer(),
+            tracing=self._tracing,
         )
 
     async def _create(self, agent: Agent, auth: Principal | None, idem: Keyed | None = None) -> str:
@@ -506,7 +493,7 @@ class SessionRunner(Leasing):
             driver: Driver | None = None
             failed = True
             lost = cancelled = False
-            span = self._tracer().drive(session_id)
+            span = self._tracing.drive(session_id)
             try:
                 state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running

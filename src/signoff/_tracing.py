@@ -28,26 +28,38 @@ _trace: Any = None
 _context: Any = None
 
 
-def tracing_for(provider: Any, content: bool) -> Tracing:
-    """The `Tracing` of a runtime: from `provider` (a `TracerProvider`), else from the global
-    one, or `OFF` when `opentelemetry` is not installed (and no provider was given)."""
-    global _trace, _context
-    try:
-        from opentelemetry import context, trace
-    except ImportError:
-        if provider is not None:
-            raise UsageError(
-                "tracer_provider needs OpenTelemetry: pip install 'signoff[otel]'"
-            ) from None
-        return OFF
-    if provider is not None and not isinstance(provider, trace.TracerProvider):
+def tracing_for(provider: Any, content: object) -> Tracing:
+    """The `Tracing` of a runtime: to `provider` (a `TracerProvider`), else to the global one
+    once a drive finds one set; OpenTelemetry is imported then, if it is installed at all."""
+    if type(content) is not bool:
+        raise UsageError(f"trace_content must be True or False, not {content!r}")
+    if provider is None:
+        return Tracing(None, content, lazy=True)
+    if not _load():
+        raise UsageError("tracer_provider needs OpenTelemetry: pip install 'signoff[otel]'")
+    if not isinstance(provider, _trace.TracerProvider):
         raise UsageError(
             "tracer_provider must be an opentelemetry TracerProvider, "
             f"not {type(provider).__name__}"
         )
-    _trace, _context = trace, context
+    return Tracing(_tracer(provider), content)
+
+
+def _load() -> bool:
+    """Import OpenTelemetry's API; False if it is not installed."""
+    global _trace, _context
+    if _trace is None:
+        try:
+            from opentelemetry import context, trace
+        except ImportError:
+            return False
+        _trace, _context = trace, context
+    return True
+
+
+def _tracer(provider: Any) -> Tracer:
     version = getattr(sys.modules.get("signoff"), "__version__", None)
-    return Tracing(trace.get_tracer("signoff", version, tracer_provider=provider), content)
+    return cast("Tracer", _trace.get_tracer("signoff", version, tracer_provider=provider))
 
 
 def _error_type(exc: BaseException) -> str:
@@ -262,20 +274,30 @@ class Tracing:
     """Starts the spans of a runtime's drives; `content` puts messages, tool input and tool
     results on them (off by default: they may hold personal data)."""
 
-    def __init__(self, tracer: Tracer | None, content: bool = False) -> None:
+    def __init__(self, tracer: Tracer | None, content: bool = False, *, lazy: bool = False) -> None:
         self.tracer = tracer
         self.content = content
         # The global provider's tracer records nothing until a provider is set, and a no-op
         # provider's never does: no span is started then, which saves most of the cost. Once
         # set, a global provider stays; each drive looks whether it is set yet (`drive`).
-        self._unset = tracer is not None and isinstance(tracer, _trace.ProxyTracer)
-        self.on = not (tracer is None or self._unset or isinstance(tracer, _trace.NoOpTracer))
+        self._unset = lazy
+        self.on = tracer is not None and not isinstance(tracer, _trace.NoOpTracer)
+
+    def _look(self) -> None:
+        """Whether the global provider is set now (OpenTelemetry imported the first time)."""
+        if self.tracer is None:
+            if not _load():
+                self._unset = False  # not installed: off for good
+                return
+            self.tracer = _tracer(None)
+        if not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+            self._unset = False
+            self.on = True
 
     def drive(self, session_id: str) -> DriveSpan:
         """Start a drive of `session_id`'s turn: a child of the caller's current span."""
-        if self._unset and not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
-            self._unset = False
-            self.on = True
+        if self._unset:
+            self._look()
         if not self.on:
             return cast(DriveSpan, _OFF_SPAN)
         assert self.tracer is not None
