@@ -96,7 +96,7 @@ def test_the_wheel_metadata_names_version_license_readme_and_entry_point(wheel) 
     assert meta["Description-Content-Type"] == "text/markdown"
     assert str(meta.get_payload()).strip() == (ROOT / "README.md").read_text().strip()
     extras = set(meta.get_all("Provides-Extra") or [])
-    assert {"postgres", "openai", "anthropic", "slack", "server", "webhooks"} <= extras
+    assert {"postgres", "openai", "anthropic", "slack", "server", "webhooks", "otel"} <= extras
     entry_points = wheel.read(f"signoff-{VERSION}.dist-info/entry_points.txt").decode()
     assert "[console_scripts]\nsignoff = signoff.cli:main" in entry_points
     from signoff.cli import main
@@ -170,6 +170,11 @@ def _blocked(modules: str, code: str, cwd: Path | None = None) -> subprocess.Com
         ("python_multipart,multipart", "import signoff.server", "signoff[server]"),
         ("jinja2", "import signoff.server", "signoff[server]"),
         ("httpx", "import signoff as so; so.Client", "signoff[server]"),
+        (
+            "opentelemetry",
+            "import signoff as so; so.Runtime([], tracer_provider=1)",
+            "signoff[otel]",
+        ),
         (
             "psycopg,psycopg_pool",
             "import signoff as so; so.Runtime([], store='postgresql://u@h/db').open_sync()",
@@ -251,7 +256,7 @@ def test_import_signoff_is_quiet_and_loads_no_extra_nor_the_cli() -> None:
     heavy = [
         *("fastapi", "starlette", "uvicorn", "jinja2", "multipart", "python_multipart", "httpx"),
         *("psycopg", "psycopg_pool", "openai", "anthropic", "slack_sdk", "aiohttp"),
-        *("typer", "click", "rich"),
+        *("typer", "click", "rich", "opentelemetry"),
     ]
     code = (
         "import sys, signoff\n"

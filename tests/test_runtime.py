@@ -1390,6 +1390,8 @@ def test_a_replaced_runtime_keeps_every_setting_it_is_not_given(tmp_path: Path) 
     the copy (the worker once dropped `cache_size`) would silently change how it runs."""
     import inspect
 
+    from opentelemetry.sdk.trace import TracerProvider
+
     from signoff._sessions import SessionRunner
 
     clock = so.testing.ManualClock(1_000.0)
@@ -1402,6 +1404,8 @@ def test_a_replaced_runtime_keeps_every_setting_it_is_not_given(tmp_path: Path) 
         cache_size=7,
         poll_interval=0.5,
         inline=True,
+        tracer_provider=TracerProvider(),
+        trace_content=True,
     )
     copy = original._replaced(lease_ttl=2.0, inline=False)
     settings = {
@@ -1409,6 +1413,8 @@ def test_a_replaced_runtime_keeps_every_setting_it_is_not_given(tmp_path: Path) 
         "lease_wait": "lease_wait",
         "cache_size": "_cache_size",
         "poll_interval": "poll_interval",
+        "tracer_provider": "tracer_provider",
+        "trace_content": "trace_content",
     }
     given = {"agents", "store", "lease_ttl", "inline"}
     params = set(inspect.signature(SessionRunner.__init__).parameters) - {"self"}

@@ -29,6 +29,7 @@ from ._recording import (
 )
 from ._state import SessionState
 from ._tool_calls import ToolCalls
+from ._tracing import OFF, Tracing
 from ._types import InputRequest
 from .stores import Commit, Resolve, Store
 
@@ -52,6 +53,7 @@ class Driver(ToolCalls, ModelStep):
         abort_signal: asyncio.Event | None = None,
         lock: asyncio.Lock | None = None,
         unrecorded: dict[str, list[EventSpec]] | None = None,
+        tracing: Tracing = OFF,
     ) -> None:
         self.lock = lock or asyncio.Lock()
         self.store = store
@@ -75,6 +77,7 @@ class Driver(ToolCalls, ModelStep):
         # Shared by the runtime's drivers: a call whose body ran but whose outcome the store
         # failed to take (a full disk) is recorded from here, not run again, by a later drive.
         self.unrecorded = {} if unrecorded is None else unrecorded
+        self.tracing = tracing  # spans of model calls and tool bodies (`_tracing`)
 
     # -- recording ----------------------------------------------------------------------------
 

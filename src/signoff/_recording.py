@@ -20,6 +20,7 @@ from .stores import Resolve, Store
 if TYPE_CHECKING:
     from ._agent import Agent
     from ._leasing import Held
+    from ._tracing import Tracing
 
 __all__ = [
     "PARK_TYPES",
@@ -264,6 +265,7 @@ class DriverPart:
     held: Held | None  # the drive's lease: a tool body runs as its `body`
     # Outcomes of tool bodies that ran but the store failed to record, by idempotency key.
     unrecorded: dict[str, list[EventSpec]]
+    tracing: Tracing  # starts the spans of model calls and tool bodies
 
     if TYPE_CHECKING:  # `Driver.record`
 

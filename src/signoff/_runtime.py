@@ -117,6 +117,8 @@ class Runtime(Workers):
             cache_size=self._cache_size,
             poll_interval=self.poll_interval,
             inline=self.inline if inline is None else inline,
+            tracer_provider=self.tracer_provider,
+            trace_content=self.trace_content,
         )
 
     def _driver(self, state: SessionState, token: int | None) -> Driver:

@@ -42,6 +42,7 @@ from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
 from ._sync import SyncBridge
+from ._tracing import tracing_for
 from ._types import ModelResponse, Principal
 from .models import ModelRequest
 from .stores import Store, open_store
@@ -134,9 +135,12 @@ class SessionRunner(Leasing):
         cache_size: int = 1024,
         poll_interval: float = 0.2,
         inline: bool = True,
+        tracer_provider: Any = None,
+        trace_content: bool = False,
     ) -> None:
         """`inline=False` leaves running turns to workers (`Runtime.work`, `signoff worker`):
-        calls return as soon as what they were given is recorded."""
+        calls return as soon as what they were given is recorded. OpenTelemetry spans go to
+        `tracer_provider` or the global one, with content if `trace_content` (`_tracing`)."""
         for name, value in (("lease_ttl", lease_ttl), ("poll_interval", poll_interval)):
             # A lease of 0 s is expired when granted: every worker could claim it at once.
             if not positive_seconds(value):
@@ -157,6 +161,9 @@ class SessionRunner(Leasing):
         self.lease_wait = lease_wait
         self.poll_interval = poll_interval
         self.inline = inline
+        self.tracer_provider = tracer_provider
+        self.trace_content = trace_content
+        self._tracing = tracing_for(tracer_provider, trace_content)
         self._lease_offset = 0.0  # the store's clock minus ours: see `_lease_now`
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
@@ -311,6 +318,7 @@ class SessionRunner(Leasing):
             abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
             lock=self._locks.setdefault(state.id, asyncio.Lock()),
             unrecorded=self._unrecorded,
+            tracing=self._tracing,
         )
 
     async def _create(self, agent: Agent, auth: Principal | None, idem: Keyed | None = None) -> str:
@@ -485,28 +493,37 @@ class SessionRunner(Leasing):
             driver: Driver | None = None
             failed = True
             lost = cancelled = False
+            span = self._tracing.drive(session_id)
             try:
                 state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running
                     state = await self._checked(session_id, lease=token)
+                span.begin(state, self.clock())
                 driver = self._driver(state, token)
                 driver.release_at_end = True
                 driver.held = held
                 driver.lease_check = partial(self._confirm, session_id, owner, token, held)
                 state = await driver.drive(retry=retry)
                 failed = False
-            except LeaseLost:
+            except LeaseLost as exc:
                 # It stalled past its lease, or its renewals found it taken over or could not
                 # get through before it lapsed (its tool body is cancelled then): another
                 # worker drives the turn; this one wrote nothing after losing it (fencing).
                 log.warning("session %s: lease %d was lost; leaving the turn", session_id, token)
                 lost = True
+                span.fail(exc)
             except asyncio.CancelledError:
                 # Stopped from outside (a delegate call whose parent lost its lease, say), not
                 # failed: the lease is given back, so the next drive need not wait out its TTL.
                 cancelled = True
                 raise
+            except Exception as exc:
+                span.fail(exc)
+                raise
             finally:
+                if not (failed or lost or cancelled) and driver is not None:
+                    span.finish(driver.state)
+                span.end()
                 renewing.clear()  # ends the loop even if the cancel below is swallowed
                 renew.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

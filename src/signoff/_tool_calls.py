@@ -36,6 +36,7 @@ from ._tools import (
     jsonable,
     over_limit,
 )
+from ._tracing import ToolSpan
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal
 
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
@@ -291,36 +292,19 @@ class ToolCalls(DriverPart):
             abort_signal=self.abort_signal,
             journal=journal,
         )
-        if self.lease_check is not None:
-            await self.lease_check()  # a drive that stalled past its lease runs no body
-        task = asyncio.ensure_future(tool.invoke(ctx, validated))
-        parked = asyncio.ensure_future(journal.parked.wait())
-        lease = self.held
-        if lease is not None:
-            lease.body = task  # cancelled if the lease is lost while it runs
+        span = self.tracing.tool(s, call.id, call.tool_name, validated)
         try:
-            await asyncio.wait({task, parked}, return_when=asyncio.FIRST_COMPLETED)
-            if lease is not None and lease.lost:
-                # Another process may be running this call now: this body's result (if it
-                # ended anyway, or runs on in a thread) is discarded, and nothing is recorded.
-                raise LeaseLost(f"the lease on session {s.id!r} was lost while {call.id} ran")
-            if not task.done():
-                await journal.settle()
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-                return  # parked on ctx.ask(): the call is "asking" now
-        except BaseException:
-            # This drive is cancelled: the body stops with it rather than run on unseen and
-            # journal after the lease is given back (a resume runs the call again).
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+            if self.lease_check is not None:
+                await self.lease_check()  # a drive that stalled past its lease runs no body
+            task = await self._run_body(tool, ctx, validated, journal)
+            _traced(span, task)
+        except BaseException as exc:
+            span.fail(exc)
             raise
         finally:
-            parked.cancel()
-            if lease is not None:
-                lease.body = None
+            span.end()
+        if task is None:
+            return  # parked on ctx.ask(): the call is "asking" now
         try:
             result = task.result()
         except ApprovalRequired as signal:
@@ -362,6 +346,43 @@ class ToolCalls(DriverPart):
                 wrapped["approval"] = approval  # the reason given for approving reaches the model
             result = wrapped
         await self.end_call(key, journal, [tool_result(call, "ok", result)])
+
+    async def _run_body(
+        self, tool: Tool, ctx: ToolContext, validated: BaseModel, journal: CallJournal
+    ) -> asyncio.Future[Any] | None:
+        """Run the tool's body as the lease's `body`: its finished task, or None if it parked
+        on `ctx.ask()` (the body is stopped then; it replays its journal once answered)."""
+        task = asyncio.ensure_future(tool.invoke(ctx, validated))
+        parked = asyncio.ensure_future(journal.parked.wait())
+        lease = self.held
+        if lease is not None:
+            lease.body = task  # cancelled if the lease is lost while it runs
+        try:
+            await asyncio.wait({task, parked}, return_when=asyncio.FIRST_COMPLETED)
+            if lease is not None and lease.lost:
+                # Another process may be running this call now: this body's result (if it
+                # ended anyway, or runs on in a thread) is discarded, and nothing is recorded.
+                raise LeaseLost(
+                    f"the lease on session {ctx.session.id!r} was lost while {ctx.call_id} ran"
+                )
+            if not task.done():
+                await journal.settle()
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                return None
+        except BaseException:
+            # This drive is cancelled: the body stops with it rather than run on unseen and
+            # journal after the lease is given back (a resume runs the call again).
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            raise
+        finally:
+            parked.cancel()
+            if lease is not None:
+                lease.body = None
+        return task
 
     async def end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
         """Record the outcome of a call whose body ran. If the store fails to take it (a full
@@ -414,6 +435,26 @@ class ToolCalls(DriverPart):
         await self.record(
             journal.ending([("input.requested", {"requests": [dump_request(request)]})], [request])
         )
+
+
+def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:
+    """Tell `span` how the body ended: a tool's error fails it; a question or approval it
+    parks on, or a question withdrawn, is an outcome."""
+    if task is None:
+        span.outcome("asking")
+        return
+    if task.cancelled():
+        span.fail(asyncio.CancelledError("the tool body was cancelled"))
+        return
+    exc = task.exception()
+    if exc is None:
+        span.outcome("ok", task.result())
+    elif isinstance(exc, ApprovalRequired):
+        span.outcome("approval_required")
+    elif isinstance(exc, QuestionWithdrawn):
+        span.outcome("withdrawn")
+    else:
+        span.fail(exc)
 
 
 def _with_text_reason(verdict: Verdict) -> Verdict:

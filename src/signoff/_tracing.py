@@ -1,0 +1,356 @@
+"""OpenTelemetry traces of drives, model calls and tool bodies (the `signoff[otel]` extra).
+
+The engine starts and ends spans through a `Tracing`; without `opentelemetry` installed it gets
+`OFF`, whose spans do nothing, and `opentelemetry` is never imported. Attributes follow the
+OpenTelemetry GenAI semantic conventions where they apply, `signoff.*` for the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import TYPE_CHECKING, Any, cast
+
+from ._exceptions import SignoffError, UsageError
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
+
+    from ._state import SessionState
+
+__all__ = ["OFF", "DriveSpan", "ModelSpan", "ToolSpan", "Tracing", "tracing_for"]
+
+# Set on model spans for the providers signoff knows; other models get none.
+_PROVIDERS = {"OpenAIChat": "openai", "Anthropic": "anthropic"}
+
+# `opentelemetry.trace` and `opentelemetry.context`, once a runtime found them installed.
+_trace: Any = None
+_context: Any = None
+
+
+def tracing_for(provider: Any, content: object) -> Tracing:
+    """The `Tracing` of a runtime: to `provider` (a `TracerProvider`), else to the global one
+    once a drive finds one set; OpenTelemetry is imported then, if it is installed at all."""
+    if type(content) is not bool:
+        raise UsageError(f"trace_content must be True or False, not {content!r}")
+    if provider is None:
+        return Tracing(None, content, lazy=True)
+    if not _load():
+        raise UsageError("tracer_provider needs OpenTelemetry: pip install 'signoff[otel]'")
+    if not isinstance(provider, _trace.TracerProvider):
+        raise UsageError(
+            "tracer_provider must be an opentelemetry TracerProvider, "
+            f"not {type(provider).__name__}"
+        )
+    return Tracing(_tracer(provider), content)
+
+
+def _load() -> bool:
+    """Import OpenTelemetry's API; False if it is not installed."""
+    global _trace, _context
+    if _trace is None:
+        try:
+            from opentelemetry import context, trace
+        except ImportError:
+            return False
+        _trace, _context = trace, context
+    return True
+
+
+def _tracer(provider: Any) -> Tracer:
+    version = getattr(sys.modules.get("signoff"), "__version__", None)
+    return cast("Tracer", _trace.get_tracer("signoff", version, tracer_provider=provider))
+
+
+def _error_type(exc: BaseException) -> str:
+    """`error.type`: signoff's stable code for its own errors, else the exception's class."""
+    return exc.code if isinstance(exc, SignoffError) else type(exc).__qualname__
+
+
+def _json(value: Any) -> str:
+    """`value` as JSON text for an attribute: pydantic models by their JSON form."""
+    return json.dumps(value, ensure_ascii=False, default=_plain)
+
+
+def _plain(value: Any) -> Any:
+    dump = getattr(value, "model_dump", None)
+    return dump(mode="json") if callable(dump) else str(value)
+
+
+class _Span:
+    """One span, current (its children's parent) from creation until `end`."""
+
+    __slots__ = ("_token", "span")
+
+    def __init__(self, tracer: Tracer, name: str, kind: Any, attributes: dict[str, Any]) -> None:
+        span = tracer.start_span(name, kind=kind, attributes=attributes)
+        self.span: Span = span
+        self._token: object | None = None
+        # The no-op tracer hands back the current span: nothing to make current then.
+        if span.is_recording() or span.get_span_context().is_valid:
+            self._token = _context.attach(_trace.set_span_in_context(span))
+
+    def fail(self, exc: BaseException, description: str | None = None) -> None:
+        span = self.span
+        if span.is_recording():
+            span.record_exception(exc)
+            span.set_attribute("error.type", _error_type(exc))
+            why = description or f"{type(exc).__name__}: {exc}"
+            span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
+
+    def end(self) -> None:
+        if self._token is not None:
+            _context.detach(self._token)
+            self._token = None
+        self.span.end()
+
+
+class DriveSpan(_Span):
+    """`invoke_agent {agent}`: one process driving one turn until it completes, fails or parks."""
+
+    __slots__ = ()
+
+    def begin(self, state: SessionState, now: float) -> None:
+        """Name the turn; a resumed one also names the answers it goes on with and how long
+        the first of them waited for its person."""
+        span = self.span
+        if not span.is_recording():
+            return
+        turn = state.turn
+        span.update_name(f"invoke_agent {state.agent}")
+        span.set_attribute("gen_ai.agent.name", state.agent)
+        if turn is None:
+            return
+        span.set_attribute("signoff.turn_id", turn.id)
+        resumed = bool(turn.calls) or turn.steps > 0 or turn.status != "running"
+        span.set_attribute("signoff.drive.resumed", resumed)
+        answered = [r for r in _answered(state) if r.request.created_at]
+        if answered:
+            asked = min(r.request.created_at for r in answered)
+            span.set_attribute("signoff.waited_seconds", max(0.0, now - asked))
+            span.add_event(
+                "signoff.turn.resumed",
+                {
+                    "signoff.request_ids": [r.request.id for r in answered],
+                    "signoff.request_kinds": [r.request.kind for r in answered],
+                    "signoff.request_outcomes": [r.outcome or "" for r in answered],
+                },
+            )
+
+    def finish(self, state: SessionState | None) -> None:
+        """Say how the drive left the turn: parked on which requests, ended, or failed."""
+        span = self.span
+        turn = None if state is None else state.turn
+        if state is None or turn is None or not span.is_recording():
+            return
+        span.set_attribute("signoff.turn.status", turn.status)
+        span.set_attribute("signoff.turn_id", turn.id)  # a queued message may start another
+        if turn.status == "waiting":
+            pending = state.pending_requests()
+            span.add_event(
+                "signoff.turn.parked",
+                {
+                    "signoff.request_ids": [r.id for r in pending],
+                    "signoff.request_kinds": [r.kind for r in pending],
+                },
+            )
+        elif turn.status == "failed":
+            error = turn.error or {}
+            code = str(error.get("code") or "turn_failed")
+            span.set_attribute("error.type", code)
+            span.set_attribute("signoff.turn.retryable", turn.retryable)
+            why = str(error.get("message") or code)
+            span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
+
+
+def _answered(state: SessionState) -> list[Any]:
+    """The current turn's settled requests this drive goes on with: those of calls that have
+    yet to move (approved, denied, decided, or asking again), and a settled budget prompt the
+    turn still waits on."""
+    turn = state.turn
+    if turn is None:
+        return []
+    found = []
+    for r in reversed(state.requests.values()):  # newest first: stop at an earlier turn's
+        req = r.request
+        if req.turn_id != turn.id:
+            break
+        if r.status == "pending" or req.child is not None:
+            continue
+        action = req.action
+        if action is None:
+            if req.kind == "session-limit" and turn.status == "waiting":
+                found.append(r)
+            continue
+        call = turn.calls.get(action.call_id)
+        if call is not None and call.status in ("approved", "denied", "decided", "running"):
+            found.append(r)
+    return found[::-1]
+
+
+class ModelSpan(_Span):
+    """`chat {model}`: one call of the agent's model."""
+
+    __slots__ = ("content",)
+
+    def __init__(
+        self, tracer: Tracer, kind: Any, attributes: dict[str, Any], content: bool
+    ) -> None:
+        model = attributes.get("gen_ai.request.model")
+        super().__init__(tracer, f"chat {model}" if model else "chat", kind, attributes)
+        self.content = content
+
+    def responded(self, response: Any) -> None:
+        """Record the response's usage (and, with content on, its text and calls)."""
+        span = self.span
+        if not span.is_recording():
+            return
+        usage = response.usage
+        span.set_attribute("gen_ai.usage.input_tokens", usage.input_tokens)
+        span.set_attribute("gen_ai.usage.output_tokens", usage.output_tokens)
+        span.set_attribute("signoff.usage.cost_usd", usage.cost_usd)
+        span.set_attribute("signoff.tool_calls", len(response.tool_calls))
+        if self.content:
+            parts: list[dict[str, Any]] = []
+            if response.text:
+                parts.append({"type": "text", "content": response.text})
+            parts += [
+                {"type": "tool_call", "id": c.id, "name": c.name, "arguments": c.input}
+                for c in response.tool_calls
+            ]
+            output = [{"role": "assistant", "parts": parts}]
+            span.set_attribute("gen_ai.output.messages", _json(output))
+
+
+class ToolSpan(_Span):
+    """`execute_tool {tool}`: one run of a tool's body (a replay of its journal included)."""
+
+    __slots__ = ("content",)
+
+    def __init__(
+        self, tracer: Tracer, name: str, kind: Any, attributes: dict[str, Any], content: bool
+    ) -> None:
+        super().__init__(tracer, f"execute_tool {name}", kind, attributes)
+        self.content = content
+
+    def outcome(self, outcome: str, result: Any = None) -> None:
+        """How the body ended without an error: `ok` (with its result, content on), `asking`
+        (parked on a question), `approval_required`, `withdrawn`."""
+        span = self.span
+        if span.is_recording():
+            span.set_attribute("signoff.tool.outcome", outcome)
+            if self.content and outcome == "ok":
+                span.set_attribute("gen_ai.tool.call.result", _json(result))
+
+
+class _Off:
+    """A span that records nothing, for `OFF`."""
+
+    __slots__ = ()
+
+    def begin(self, state: SessionState, now: float) -> None:
+        pass
+
+    def finish(self, state: SessionState | None) -> None:
+        pass
+
+    def responded(self, response: Any) -> None:
+        pass
+
+    def outcome(self, outcome: str, result: Any = None) -> None:
+        pass
+
+    def fail(self, exc: BaseException, description: str | None = None) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+_OFF_SPAN = _Off()
+
+
+class Tracing:
+    """Starts the spans of a runtime's drives; `content` puts messages, tool input and tool
+    results on them (off by default: they may hold personal data)."""
+
+    def __init__(self, tracer: Tracer | None, content: bool = False, *, lazy: bool = False) -> None:
+        self.tracer = tracer
+        self.content = content
+        # The global provider's tracer records nothing until a provider is set, and a no-op
+        # provider's never does: no span is started then, which saves most of the cost. Once
+        # set, a global provider stays; each drive looks whether it is set yet (`drive`).
+        self._unset = lazy
+        self.on = tracer is not None and not isinstance(tracer, _trace.NoOpTracer)
+
+    def _look(self) -> None:
+        """Whether the global provider is set now (OpenTelemetry imported the first time)."""
+        if self.tracer is None:
+            if not _load():
+                self._unset = False  # not installed: off for good
+                return
+            self.tracer = _tracer(None)
+        if not isinstance(_trace.get_tracer_provider(), _trace.ProxyTracerProvider):
+            self._unset = False
+            self.on = True
+
+    def drive(self, session_id: str) -> DriveSpan:
+        """Start a drive of `session_id`'s turn: a child of the caller's current span."""
+        if self._unset:
+            self._look()
+        if not self.on:
+            return cast(DriveSpan, _OFF_SPAN)
+        assert self.tracer is not None
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.conversation.id": session_id,
+            "signoff.session_id": session_id,
+        }
+        return DriveSpan(self.tracer, "invoke_agent", _trace.SpanKind.INTERNAL, attributes)
+
+    def model(self, state: SessionState, model: object, request: Any) -> ModelSpan:
+        """Start a call of `model` with `request`."""
+        if not self.on:
+            return cast(ModelSpan, _OFF_SPAN)
+        assert self.tracer is not None
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.agent.name": state.agent,
+            "gen_ai.conversation.id": state.id,
+            "signoff.session_id": state.id,
+            "signoff.turn_id": "" if state.turn is None else state.turn.id,
+        }
+        name = getattr(model, "model", None)
+        if isinstance(name, str):
+            attributes["gen_ai.request.model"] = name
+        provider = _PROVIDERS.get(type(model).__name__)
+        if provider is not None:
+            attributes["gen_ai.provider.name"] = provider
+        if self.content:
+            if request.instructions:
+                instructions = [{"type": "text", "content": request.instructions}]
+                attributes["gen_ai.system_instructions"] = _json(instructions)
+            attributes["gen_ai.input.messages"] = _json(request.messages)
+        return ModelSpan(self.tracer, _trace.SpanKind.CLIENT, attributes, self.content)
+
+    def tool(self, state: SessionState, call_id: str, name: str, arguments: Any) -> ToolSpan:
+        """Start a run of tool `name`'s body for call `call_id`."""
+        if not self.on:
+            return cast(ToolSpan, _OFF_SPAN)
+        assert self.tracer is not None
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": name,
+            "gen_ai.tool.call.id": call_id,
+            "gen_ai.tool.type": "function",
+            "gen_ai.conversation.id": state.id,
+            "signoff.session_id": state.id,
+            "signoff.turn_id": "" if state.turn is None else state.turn.id,
+        }
+        if self.content:
+            attributes["gen_ai.tool.call.arguments"] = _json(arguments)
+        return ToolSpan(self.tracer, name, _trace.SpanKind.INTERNAL, attributes, self.content)
+
+
+OFF = Tracing(None)
+"""No tracing: OpenTelemetry is not installed."""

@@ -1,0 +1,381 @@
+"""OpenTelemetry traces (`_tracing`): the spans of drives, model calls and tool bodies, read
+back from the SDK's in-memory exporter; and signoff unchanged without OpenTelemetry."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+
+import signoff as so
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, sqlite_runtime
+
+SECRET = "card 4111-1111-1111-1111"
+
+
+@pytest.fixture
+def exporter() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def provider(exporter: InMemorySpanExporter) -> TracerProvider:
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider
+
+
+@so.tool(approval=so.always())
+async def refund(order: str, amount: float) -> str:
+    """Refund an order."""
+    return f"refunded {amount} on {order} for {SECRET}"
+
+
+@so.tool
+async def lookup(order: str) -> str:
+    """Look an order up."""
+    return f"order {order}: {SECRET}"
+
+
+@so.tool
+async def broken(order: str) -> str:
+    """Always fails."""
+    raise RuntimeError("the bank is down")
+
+
+def _agent() -> so.Agent:
+    usage = so.Usage(input_tokens=120, output_tokens=30, cost_usd=0.002)
+    return scripted_agent(
+        "support",
+        [
+            call_tools(
+                call("lookup", order="A1"), call("refund", order="A1", amount=5.0), usage=usage
+            ),
+            reply("done", usage=so.Usage(input_tokens=200, output_tokens=5)),
+        ],
+        tools=[lookup, refund],
+        instructions="Be kind.",
+    )
+
+
+def _by_name(spans: tuple[ReadableSpan, ...] | list[ReadableSpan]) -> dict[str, list[ReadableSpan]]:
+    found: dict[str, list[ReadableSpan]] = {}
+    for span in spans:
+        found.setdefault(span.name, []).append(span)
+    return found
+
+
+def _parent(span: ReadableSpan) -> int | None:
+    return None if span.parent is None else span.parent.span_id
+
+
+def _id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return int(span.context.span_id)
+
+
+def _text_of(spans: tuple[ReadableSpan, ...] | list[ReadableSpan]) -> str:
+    """Everything the spans carry, as text: names, attributes, events."""
+    parts = []
+    for s in spans:
+        parts.append(s.name)
+        parts.append(json.dumps(dict(s.attributes or {}), default=str))
+        for e in s.events:
+            parts.append(e.name + json.dumps(dict(e.attributes or {}), default=str))
+    return "\n".join(parts)
+
+
+async def test_a_parked_turn_resumed_by_a_new_runtime_is_two_drives_with_their_spans(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    clock = ManualClock(1_000.0)
+    rt = sqlite_runtime(tmp_path, _agent(), tracer_provider=provider, clock=clock)
+    r = await rt.generate("support", "refund A1")
+    assert r.status == "waiting"
+    await rt.close()
+    first = _by_name(exporter.get_finished_spans())
+    assert sorted(first) == ["chat", "execute_tool lookup", "invoke_agent support"]
+    drive = first["invoke_agent support"][0]
+    model = first["chat"][0]
+    tool = first["execute_tool lookup"][0]
+    assert drive.kind == SpanKind.INTERNAL and model.kind == SpanKind.CLIENT
+    assert drive.parent is None  # no span of the caller's was current
+    assert _parent(model) == _id(drive) and _parent(tool) == _id(drive)
+    turn_id = r.turn_id
+    assert turn_id is not None
+    for span in (drive, model, tool):
+        attrs = span.attributes or {}
+        assert attrs["signoff.session_id"] == r.session_id == attrs["gen_ai.conversation.id"]
+        assert attrs["signoff.turn_id"] == turn_id
+    d = drive.attributes or {}
+    assert d["gen_ai.operation.name"] == "invoke_agent" and d["gen_ai.agent.name"] == "support"
+    assert d["signoff.drive.resumed"] is False and d["signoff.turn.status"] == "waiting"
+    assert drive.status.status_code == StatusCode.UNSET
+    (parked,) = [e for e in drive.events if e.name == "signoff.turn.parked"]
+    assert parked.attributes is not None
+    assert list(parked.attributes["signoff.request_ids"]) == [r.pending[0].id]  # type: ignore[arg-type]
+    assert list(parked.attributes["signoff.request_kinds"]) == ["tool-approval"]  # type: ignore[arg-type]
+    m = model.attributes or {}
+    assert m["gen_ai.operation.name"] == "chat" and m["gen_ai.agent.name"] == "support"
+    assert (m["gen_ai.usage.input_tokens"], m["gen_ai.usage.output_tokens"]) == (120, 30)
+    assert m["signoff.usage.cost_usd"] == pytest.approx(0.002)
+    t = tool.attributes or {}
+    assert t["gen_ai.operation.name"] == "execute_tool" and t["gen_ai.tool.name"] == "lookup"
+    assert t["gen_ai.tool.call.id"] and t["signoff.tool.outcome"] == "ok"
+
+    # Days later, another process (a new Runtime on the same file) takes the approval.
+    exporter.clear()
+    three_days = 3 * 86_400.0
+    clock.advance(three_days)
+    later = sqlite_runtime(tmp_path, _agent(), tracer_provider=provider, clock=clock)
+    done = await later.generate(
+        session_id=r.session_id, approvals=[so.Decision(id=r.pending[0].id, approved=True)]
+    )
+    assert done.status == "completed" and done.turn_id == turn_id
+    await later.close()
+    second = _by_name(exporter.get_finished_spans())
+    assert sorted(second) == ["chat", "execute_tool refund", "invoke_agent support"]
+    (drive2,) = second["invoke_agent support"]
+    d2 = drive2.attributes or {}
+    assert d2["signoff.turn_id"] == turn_id and d2["signoff.drive.resumed"] is True
+    assert d2["signoff.turn.status"] == "completed" and d2["signoff.waited_seconds"] == three_days
+    (resumed,) = [e for e in drive2.events if e.name == "signoff.turn.resumed"]
+    assert resumed.attributes is not None
+    assert list(resumed.attributes["signoff.request_ids"]) == [r.pending[0].id]  # type: ignore[arg-type]
+    assert list(resumed.attributes["signoff.request_outcomes"]) == ["approved"]  # type: ignore[arg-type]
+    assert not [e for e in drive2.events if e.name == "signoff.turn.parked"]
+    assert _parent(second["execute_tool refund"][0]) == _id(drive2)
+    assert _parent(second["chat"][0]) == _id(drive2)
+
+
+async def test_spans_carry_no_message_text_tool_input_or_result_by_default(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    rt = sqlite_runtime(tmp_path, _agent(), tracer_provider=provider)
+    await rt.generate("support", f"refund A1, paid with {SECRET}")
+    await rt.close()
+    text = _text_of(exporter.get_finished_spans())
+    assert SECRET not in text and "Be kind" not in text and "amount" not in text
+    assert "gen_ai.input.messages" not in text and "gen_ai.tool.call.result" not in text
+
+
+async def test_trace_content_puts_messages_tool_input_and_results_on_the_spans(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    rt = sqlite_runtime(tmp_path, _agent(), tracer_provider=provider, trace_content=True)
+    await rt.generate("support", "refund A1 please")
+    await rt.close()
+    spans = _by_name(exporter.get_finished_spans())
+    m = spans["chat"][0].attributes or {}
+    sent = json.loads(str(m["gen_ai.input.messages"]))
+    assert any("refund A1 please" in json.dumps(message) for message in sent)
+    assert "Be kind." in str(m["gen_ai.system_instructions"])
+    output = json.loads(str(m["gen_ai.output.messages"]))
+    names = [p["name"] for p in output[0]["parts"] if p["type"] == "tool_call"]
+    assert names == ["lookup", "refund"]
+    t = spans["execute_tool lookup"][0].attributes or {}
+    assert json.loads(str(t["gen_ai.tool.call.arguments"])) == {"order": "A1"}
+    assert SECRET in json.loads(str(t["gen_ai.tool.call.result"]))
+
+
+async def test_a_failing_tool_fails_its_span_and_the_turn_goes_on(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    agent = scripted_agent(
+        "support", [call_tools(call("broken", order="A1")), reply("sorry")], tools=[broken]
+    )
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider)
+    r = await rt.generate("support", "go")
+    await rt.close()
+    assert r.status == "completed"
+    spans = _by_name(exporter.get_finished_spans())
+    (tool,) = spans["execute_tool broken"]
+    assert tool.status.status_code == StatusCode.ERROR
+    assert "the bank is down" in str(tool.status.description)
+    assert (tool.attributes or {})["error.type"] == "RuntimeError"
+    (exc,) = [e for e in tool.events if e.name == "exception"]
+    assert (exc.attributes or {})["exception.type"] == "RuntimeError"
+    drive = spans["invoke_agent support"][0]
+    assert drive.status.status_code == StatusCode.UNSET  # the model reads the error and goes on
+
+
+async def test_a_failing_model_fails_its_span_and_the_drive(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    agent = scripted_agent("support", [ConnectionError("model unavailable")])
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider)
+    r = await rt.generate("support", "go")
+    await rt.close()
+    assert r.status == "failed" and r.retryable
+    spans = _by_name(exporter.get_finished_spans())
+    (model,) = spans["chat"]
+    assert model.status.status_code == StatusCode.ERROR
+    assert (model.attributes or {})["error.type"] == "ConnectionError"
+    assert [e.name for e in model.events] == ["exception"]
+    (drive,) = spans["invoke_agent support"]
+    d = drive.attributes or {}
+    assert drive.status.status_code == StatusCode.ERROR
+    assert d["signoff.turn.status"] == "failed" and d["error.type"] == "model_error"
+    assert d["signoff.turn.retryable"] is True
+
+
+async def test_a_store_error_fails_the_drive_span(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    rt = sqlite_runtime(tmp_path, _agent(), tracer_provider=provider)
+    await rt.open()
+    commit = rt.store.commit
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        if exporter.get_finished_spans():  # once the model has answered: its record fails
+            raise so.StoreError("disk full")
+        return await commit(*args, **kwargs)
+
+    rt.store.commit = refuse  # type: ignore[method-assign]
+    with pytest.raises(so.StoreError, match="disk full"):
+        await rt.generate("support", "go")
+    rt.store.commit = commit  # type: ignore[method-assign]
+    await rt.close()
+    (drive,) = _by_name(exporter.get_finished_spans())["invoke_agent support"]
+    assert drive.status.status_code == StatusCode.ERROR
+    assert (drive.attributes or {})["error.type"] == "store_error"
+    assert [e.name for e in drive.events] == ["exception"]
+
+
+async def test_a_lost_lease_fails_the_drive_span(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    rt = sqlite_runtime(tmp_path, _agent(), tracer_provider=provider)
+    await rt.open()
+    commit = rt.store.commit
+
+    async def taken_over(*args: Any, **kwargs: Any) -> Any:
+        if exporter.get_finished_spans():  # another process took the lease meanwhile
+            raise so.LeaseLost("the lease is held by another owner")
+        return await commit(*args, **kwargs)
+
+    rt.store.commit = taken_over  # type: ignore[method-assign]
+    r = await rt.generate("support", "go")
+    rt.store.commit = commit  # type: ignore[method-assign]
+    await rt.close()
+    assert r.status == "running"  # another process drives the turn now
+    (drive,) = _by_name(exporter.get_finished_spans())["invoke_agent support"]
+    assert drive.status.status_code == StatusCode.ERROR
+    assert (drive.attributes or {})["error.type"] == "lease_lost"
+    assert "signoff.turn.status" not in (drive.attributes or {})
+
+
+async def test_a_drive_started_in_the_callers_span_is_its_child(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    rt = sqlite_runtime(tmp_path, _agent(), tracer_provider=provider)
+    caller = provider.get_tracer("app")
+    with caller.start_as_current_span("POST /tickets") as outer:
+        await rt.generate("support", "refund A1")
+        assert trace.get_current_span() is outer  # the drive made its own span current only
+    await rt.close()
+    spans = _by_name(exporter.get_finished_spans())
+    (request,) = spans["POST /tickets"]
+    (drive,) = spans["invoke_agent support"]
+    assert _parent(drive) == _id(request)
+    assert drive.context is not None and request.context is not None
+    assert drive.context.trace_id == request.context.trace_id
+
+
+async def test_the_global_tracer_provider_is_used_by_default(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider, monkeypatch
+) -> None:
+    rt = sqlite_runtime(tmp_path, scripted_agent("support", [reply("hi")], repeat_last=True))
+    assert (await rt.generate("support", "before any provider is set")).status == "completed"
+    # As `trace.set_tracer_provider(provider)` would, for this test only (it sets it once),
+    # after the runtime was made and ran its first drive with no provider.
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    await rt.generate("support", "hello")
+    await rt.close()
+    spans = _by_name(exporter.get_finished_spans())
+    assert sorted(spans) == ["chat", "invoke_agent support"]
+    (drive,) = spans["invoke_agent support"]
+    assert drive.instrumentation_scope is not None
+    assert (drive.instrumentation_scope.name, drive.instrumentation_scope.version) == (
+        "signoff",
+        so.__version__,
+    )
+
+
+def test_a_wrong_tracer_provider_or_trace_content_is_refused(tmp_path: Path) -> None:
+    agent = scripted_agent("support", [reply("hi")])
+    with pytest.raises(so.UsageError, match="TracerProvider, not str"):
+        sqlite_runtime(tmp_path, agent, tracer_provider="jaeger")
+    with pytest.raises(so.UsageError, match="trace_content must be True or False"):
+        sqlite_runtime(tmp_path, agent, trace_content="yes")
+
+
+def test_without_opentelemetry_a_turn_runs_and_nothing_of_it_is_imported(tmp_path: Path) -> None:
+    code = f"""
+import sys
+
+class Blocked:
+    def find_spec(self, name, path=None, target=None):
+        if name == "opentelemetry" or name.startswith("opentelemetry."):
+            raise ImportError(f"{{name}} is blocked")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+import signoff as so
+from signoff.testing import reply, scripted_agent, sqlite_runtime
+
+rt = sqlite_runtime({str(tmp_path)!r}, scripted_agent("a", [reply("hi")]))
+r = rt.generate_sync("a", "hello")
+assert r.status == "completed" and r.text == "hi", r
+rt.close_sync()
+assert not [m for m in sys.modules if m.startswith("opentelemetry")]
+try:
+    so.Runtime([], tracer_provider=object())
+except so.UsageError as exc:
+    print(exc)
+"""
+    done = subprocess.run(
+        [sys.executable, "-W", "error", "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "pip install 'signoff[otel]'" in done.stdout
+
+
+async def test_a_tool_parked_on_a_question_and_its_answer_are_on_the_spans(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    @so.tool
+    async def transfer(ctx: so.ToolContext, amount: float) -> str:
+        """Move money, once the customer agrees to the fee."""
+        answer = await ctx.ask("Fee is 2.5%. Proceed?", options=["yes", "no"])
+        return f"sent {amount}" if answer.value == "yes" else "cancelled"
+
+    agent = scripted_agent(
+        "bank", [call_tools(call("transfer", amount=10.0)), reply("ok")], tools=[transfer]
+    )
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider)
+    r = await rt.generate("bank", "send 10")
+    assert r.status == "waiting" and r.pending[0].kind == "question"
+    first = _by_name(exporter.get_finished_spans())
+    (tool,) = first["execute_tool transfer"]
+    assert (tool.attributes or {})["signoff.tool.outcome"] == "asking"
+    assert tool.status.status_code == StatusCode.UNSET
+    (parked,) = [e for e in first["invoke_agent bank"][0].events if e.name == "signoff.turn.parked"]
+    assert list((parked.attributes or {})["signoff.request_kinds"]) == ["question"]  # type: ignore[arg-type]
+    exporter.clear()
+    await rt.respond(r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="yes")])
+    await rt.close()
+    second = _by_name(exporter.get_finished_spans())
+    (drive,) = second["invoke_agent bank"]
+    (resumed,) = [e for e in drive.events if e.name == "signoff.turn.resumed"]
+    assert list((resumed.attributes or {})["signoff.request_ids"]) == [r.pending[0].id]  # type: ignore[arg-type]
+    assert (second["execute_tool transfer"][0].attributes or {})["signoff.tool.outcome"] == "ok"
