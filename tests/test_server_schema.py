@@ -124,11 +124,6 @@ class Chains:
     keyed: list[str] = []
 
 
-# A repeated `POST /v1/sessions` without a message opens nothing, but main answers it with
-# `replayed` false (the runtime's `create_session` does not say it was a repeat); branch
-# h11-idemrepeat makes it true. Asserted as it is, so the fix trips this: then set it to True.
-REPEATED_OPEN_SAYS_REPLAYED = False
-
 _reads = TestClient(stateful_app)
 
 
@@ -209,9 +204,7 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         self.validate_response(response, again, **kwargs)
         assert response.status_code == status, (label, response.text)
         body = response.json()
-        opens = case.operation.path == "/v1/sessions" and case.body.get("message") is None
-        replayed = REPEATED_OPEN_SAYS_REPLAYED if opens else True
-        assert body["replayed"] is replayed and body["session_id"] == session_id, (label, body)
+        assert body["replayed"] is True and body["session_id"] == session_id, (label, body)
         assert _seq(session_id) == before, label
         other = case.derive()
         other.body = _other_body(case)
@@ -221,6 +214,7 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         error = response.json()["error"]
         assert error["code"] == "idempotency_key_reused" and error["session_id"] == session_id
         assert _seq(session_id) == before, label
+        opens = case.operation.path == "/v1/sessions" and case.body.get("message") is None
         self.trace.append(f"REPLAY {label} {status}{' open' if opens else ''}")
         Chains.replays.append(label)
 
