@@ -10,6 +10,8 @@ import pytest
 
 import signoff as so
 
+from ._replaced import ALICE, assert_only_the_new_turn, replace_turn
+
 ran: list[object] = []
 
 
@@ -101,3 +103,33 @@ async def test_a_model_error_of_megabytes_is_cut_not_stored_whole(tmp_path: Path
         message = r.error["message"]
         assert message.startswith("ModelError: xxx") and message.endswith(" [cut]")
         assert len(message) <= agent.limits.max_response_bytes // 4 + len(" [cut]")
+
+
+async def test_a_response_whose_turn_was_replaced_meanwhile_is_not_recorded(
+    store_url: str,
+) -> None:
+    """While the model answers, another process cancels the turn and starts a new one (left
+    running: this process holds the lease). The response is not recorded, nothing of the old
+    turn lands in the new one, and the new turn runs normally."""
+    new_turn: list[str] = []
+    sid = ""
+
+    async def answer(conversation: list[so.Message]) -> so.ModelResponse:
+        if not new_turn:
+            new_turn.append(await replace_turn(other, sid))
+            return so.ModelResponse(text="The old answer.")
+        return so.ModelResponse(text="Tried again.")
+
+    def agent() -> so.Agent:
+        return so.Agent(name="desk", model=so.models.Scripted([answer]))
+
+    async with (
+        so.Runtime([agent()], store=store_url) as rt,
+        so.Runtime([agent()], store=store_url, lease_wait=0) as other,
+    ):
+        sid = await rt.create_session("desk", auth=ALICE)
+        first = await rt.generate(session_id=sid, prompt="Hello", auth=ALICE)
+        assert (first.status, first.turn_id, first.text) == ("completed", *new_turn, "Tried again.")
+        await assert_only_the_new_turn(rt, sid, new_turn[0])
+        texts = [e.data.get("text") async for e in rt.events(sid, follow=False)]
+        assert "The old answer." not in texts

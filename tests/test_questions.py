@@ -22,6 +22,8 @@ from signoff.testing import (
     tool_results,
 )
 
+from ._replaced import assert_only_the_new_turn, replace_turn
+
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
 MALLORY = so.Principal(authenticator="okta", principal_id="mallory")
 
@@ -476,3 +478,32 @@ async def test_same_answer_twice_is_a_no_op_and_a_different_one_conflicts(
             )
         assert rid in str(conflict.value)
         assert await store_contents(rt.store, sid) == before
+
+
+async def test_a_question_whose_turn_was_replaced_meanwhile_is_not_asked(store_url: str) -> None:
+    """A tool body is about to ask when another process cancels its turn and starts a new one
+    (left running: this process holds the lease). The question is not asked, nothing of the
+    old turn lands in the new one, and the new turn runs normally."""
+    new_turn: list[str] = []
+    sid = ""
+
+    @so.tool
+    async def pick_size(ctx: so.ToolContext) -> str:
+        """Pick a size."""
+        new_turn.append(await replace_turn(other, sid))
+        return (await ctx.ask("Which size?", options=["S", "M", "L"])).value
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("pick_size", id="c1")), reply("Tried again.")]
+        return scripted_agent("shop", script, tools=[pick_size])
+
+    async with (
+        so.Runtime([agent()], store=store_url) as rt,
+        so.Runtime([agent()], store=store_url, lease_wait=0) as other,
+    ):
+        sid = await rt.create_session("shop", auth=ALICE)
+        first = await rt.generate(session_id=sid, prompt="Pick one", auth=ALICE)
+        assert (first.status, first.turn_id, first.text) == ("completed", *new_turn, "Tried again.")
+        await assert_only_the_new_turn(rt, sid, new_turn[0])
+        assert await rt.pending(session_id=sid) == []
+        assert "input.requested" not in timeline(await events(rt, sid))

@@ -25,6 +25,8 @@ from signoff.testing import (
     tool_results,
 )
 
+from ._replaced import assert_only_the_new_turn, replace_turn
+
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
 SHIPPING = [
     {"label": "Standard", "description": "Arrives in five working days."},
@@ -1549,3 +1551,42 @@ async def test_a_parent_cancelled_just_after_its_child_was_created_leaves_it_can
         assert (await rt.cancel(sid)).status == "cancelled"
         assert await rt.pending() == [] and looked == []
         assert await rt.expire_due() == 0
+
+
+async def test_a_delegate_call_whose_parent_turn_was_replaced_records_nothing_into_the_new_one(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a delegate call creates its child, another process cancels the parent's turn and
+    starts a new one (left running: this process holds the lease). The call then finds its own
+    turn stopped: the child is cancelled, nothing of the old turn lands in the new one (its
+    `tool.completed` there made the parent unloadable), and the new turn runs normally."""
+
+    def agents(script: list[Any]) -> list[so.Agent]:
+        parent = scripted_agent("support", script, tools=[so.delegate("billing")])
+        return [parent, scripted_agent("billing", [reply("Refund done.")])]
+
+    delegate = call_tools(call("billing", id="d1", message="Refund order 1042"))
+    async with (
+        so.Runtime(agents([delegate, reply("Tried again.")]), store=store_url) as rt,
+        so.Runtime(agents([reply("Tried again.")]), store=store_url, lease_wait=0) as other,
+    ):
+        sid = await rt.create_session("support", auth=ALICE)
+        original = _subagents.RuntimeHost.create_child
+        new_turn: list[str] = []
+
+        async def create_child(
+            host: _subagents.RuntimeHost, agent: str, parent_id: str, key: str, **kw: Any
+        ) -> str:
+            new_turn.append(await replace_turn(other, sid))
+            return await original(host, agent, parent_id, key, **kw)
+
+        monkeypatch.setattr(_subagents.RuntimeHost, "create_child", create_child)
+        first = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        monkeypatch.undo()
+        # This process drove the new turn once its own stopped: it is the session's turn now.
+        assert (first.status, first.turn_id, first.text) == ("completed", *new_turn, "Tried again.")
+        started = await assert_only_the_new_turn(rt, sid, new_turn[0])
+        assert started.data["message"] == "Try again"
+        [row] = await rt.sessions(agent="billing")
+        assert row.status == "cancelled", row
+        assert await rt.verify_audit() == []

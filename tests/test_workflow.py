@@ -25,6 +25,8 @@ from signoff.testing import (
     tool_results,
 )
 
+from ._replaced import assert_only_the_new_turn, replace_turn
+
 ALICE = so.Principal(authenticator="okta", principal_id="alice", principal_type="user")
 BOB = so.Principal(authenticator="sso", principal_id="bob", principal_type="service")
 
@@ -1181,3 +1183,88 @@ async def test_a_step_failure_is_never_built_from_a_class_not_already_imported(
         raise_recorded(
             "s", {"module": "builtins", "type": "SystemExit", "message": "3", "args": [3]}
         )
+
+
+async def test_a_step_whose_turn_was_replaced_meanwhile_records_nothing_into_the_new_one(
+    store_url: str,
+) -> None:
+    """While a step's function runs, another process cancels the turn and starts a new one
+    (left running: this process holds the lease). The step's record finds its turn replaced:
+    nothing of it lands in the new turn, a body that catches that runs no further step, and
+    the new turn runs normally."""
+    charged: list[str] = []
+    sent: list[str] = []
+    caught: list[str] = []
+    new_turn: list[str] = []
+    sid = ""
+
+    @so.tool
+    async def checkout(ctx: so.ToolContext) -> str:
+        """Charge, then send the receipt."""
+
+        async def charge() -> str:
+            new_turn.append(await replace_turn(other, sid))
+            charged.append("card")
+            return "charged"
+
+        try:
+            await ctx.step("charge", charge)
+        except Exception as exc:  # a body that catches too much goes on
+            caught.append(type(exc).__name__)
+        await ctx.step("receipt", sent.append, "receipt")
+        return "done"
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("checkout", id="c1")), reply("Tried again.")]
+        return scripted_agent("shop", script, tools=[checkout])
+
+    async with (
+        so.Runtime([agent()], store=store_url) as rt,
+        so.Runtime([agent()], store=store_url, lease_wait=0) as other,
+    ):
+        sid = await rt.create_session("shop", auth=ALICE)
+        first = await rt.generate(session_id=sid, prompt="Check out", auth=ALICE)
+        # This process drove the new turn once its own stopped: it is the session's turn now.
+        assert (first.status, first.turn_id, first.text) == ("completed", *new_turn, "Tried again.")
+        assert (charged, caught, sent) == (["card"], ["TurnStopped"], [])
+        await assert_only_the_new_turn(rt, sid, new_turn[0])
+        assert "tool.step checkout:charge" not in timeline(await events(rt, sid))
+
+
+async def test_a_body_that_goes_on_after_its_turn_was_cancelled_runs_no_further_step(
+    store_url: str,
+) -> None:
+    """Another process cancels the turn while a step's function runs; the body catches what its
+    step raises and goes on to the next step. That step's function never runs: its effect could
+    not be recorded on a cancelled turn, and would be run again by nobody."""
+    sent: list[str] = []
+    caught: list[str] = []
+    sid = ""
+
+    @so.tool
+    async def checkout(ctx: so.ToolContext) -> str:
+        """Charge, then send the receipt."""
+
+        async def charge() -> str:
+            assert (await other.cancel(sid, "changed my mind")).status == "cancelled"
+            return "charged"
+
+        try:
+            await ctx.step("charge", charge)
+        except Exception as exc:  # a body that catches too much goes on
+            caught.append(type(exc).__name__)
+        await ctx.step("receipt", sent.append, "receipt")
+        return "done"
+
+    agent = scripted_agent("shop", [call_tools(call("checkout", id="c1"))], tools=[checkout])
+    async with (
+        so.Runtime([agent], store=store_url) as rt,
+        so.Runtime([agent], store=store_url, lease_wait=0) as other,
+    ):
+        sid = await rt.create_session("shop", auth=ALICE)
+        first = await rt.generate(session_id=sid, prompt="Check out", auth=ALICE)
+        assert first.status == "cancelled"
+        assert (caught, sent) == (["TurnStopped"], [])
+        log = timeline(await events(rt, sid))
+        assert log[-2:] == ["turn.cancelled", "session.waiting"], log
+        assert await rt.verify_audit(sid) == []

@@ -59,6 +59,10 @@ class Driver(ToolCalls, ModelStep):
         self.store = store
         self.agent = agent
         self.state = state
+        # The turn this drive runs; what it records without naming a turn goes there. A reload
+        # after a concurrent append may show another turn (one a person cancelled this one for
+        # and started): never this drive's, so it records nothing into it.
+        self.own_turn = None if state.turn is None else state.turn.id
         self.lease_token = lease_token
         self.clock = clock
         self.abort_signal = abort_signal or asyncio.Event()
@@ -90,11 +94,12 @@ class Driver(ToolCalls, ModelStep):
         durable: bool = False,
         turn_id: str | None = None,
     ) -> list[Event]:
-        """Append events for the current turn, retrying on a concurrent append by someone else.
+        """Append events for this drive's turn (or `turn_id`'s), retrying on a concurrent append
+        by someone else; `TurnStopped` if that turn is no longer the session's current one.
 
         `specs` may be a function of the state, re-evaluated after a concurrent append.
         """
-        tid = turn_id or (self.state.turn.id if self.state.turn else None)
+        tid = turn_id or self.own_turn
         async with self.lock:
             if self.released:
                 raise TurnStopped  # this drive gave its lease back with its last commit
@@ -160,6 +165,8 @@ class Driver(ToolCalls, ModelStep):
                 # Applied only once committed, so a state object is never ahead of the store.
                 for e in events:
                     state.apply(e)
+                if any(e.type == "turn.started" for e in events):
+                    self.own_turn = tid  # this drive goes on with the turn it started
                 self.released = release
                 return events
         raise AppendConflict(f"session {self.state.id!r}: too many concurrent appends")
@@ -185,6 +192,8 @@ class Driver(ToolCalls, ModelStep):
         try:
             while True:
                 turn = self.state.turn
+                if turn is not None and turn.id != self.own_turn:
+                    return self.state  # replaced under this drive: not its turn to run
                 ended = turn is not None and turn.status in ("completed", "cancelled")
                 if ended and self.state.queued:
                     await self.start_queued()

@@ -39,14 +39,21 @@ class CallJournal:
         self.failed: StoreError | None = None  # a record of the body's that the store refused
         turn = driver.state.turn
         # The turn running the call: a reload after a concurrent append may show a later one.
-        self.turn_id = None if turn is None else turn.id
+        self.turn_id = driver.own_turn
         self.can_ask = not (
             principal is not None and principal.principal_type == "runtime"
         ) and not (turn is not None and turn.source == "schedule")
 
     def _call(self) -> CallState:
+        """The call as the state shows it; `TurnStopped` once its turn was cancelled or replaced
+        (a reload showed it): the body then runs no further step, of another turn's call least."""
         turn = self.driver.state.turn
-        if turn is None or self.call_id not in turn.calls:
+        if (
+            turn is None
+            or turn.id != self.turn_id
+            or turn.status == "cancelled"
+            or self.call_id not in turn.calls
+        ):
             raise TurnStopped
         return turn.calls[self.call_id]
 

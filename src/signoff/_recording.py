@@ -258,6 +258,7 @@ class DriverPart:
     store: Store
     agent: Agent
     state: SessionState
+    own_turn: str | None  # the turn this drive runs: `record` writes to no other unless told
     clock: Callable[[], float]
     abort_signal: asyncio.Event
     host: Any  # what delegate tools drive subagents through; read by a running call's journal

@@ -138,7 +138,7 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
         create = partial(host.create_child, turn=journal.turn_id)
         child = await ctx.step("subagent.session", create, agent, journal.session_id, key)
     except TurnStopped:  # the parent's turn ended after the child's creation, before its record
-        await host.abandon_child(_child_id(key), message, who, source)
+        await host.abandon_child(_child_id(key), message, who, source, journal.turn_id)
         raise
     await ctx.step("subagent.turn", host.start_child, child, message, who, source)
     if journal.steered():
@@ -236,11 +236,17 @@ class RuntimeHost:
         return True
 
     async def abandon_child(
-        self, child: str, message: str, principal: dict[str, Any] | None, source: str
+        self,
+        child: str,
+        message: str,
+        principal: dict[str, Any] | None,
+        source: str,
+        turn: str | None,
     ) -> None:
-        """The parent's turn ended before its delegate call recorded the child it had created:
-        start the child's turn, which cancels itself, so the child reads as cancelled rather than
-        as an empty session no one will use. Nothing while the parent's turn goes on elsewhere."""
+        """The parent's `turn` ended (or was replaced) before its delegate call recorded the
+        child it had created: start the child's turn, which cancels itself, so the child reads
+        as cancelled rather than as an empty session no one will use. Nothing while that turn
+        goes on elsewhere."""
         rt = self.runtime
         if await rt.store.head(child) is None:
             return
@@ -248,7 +254,7 @@ class RuntimeHost:
         if state.turn is not None or state.parent is None:
             return
         parent = (await rt._state(state.parent)).turn
-        if parent is not None and parent.status in ("running", "waiting"):
+        if parent is not None and parent.id == turn and parent.status in ("running", "waiting"):
             return  # another drive took the turn over: its replay reuses the child
         await self.start_child(child, message, principal, source)
 

@@ -18,6 +18,7 @@ from ._recording import (
     Batch,
     DriverPart,
     EventSpec,
+    TurnStopped,
     denial,
     dump_request,
     invalid_input,
@@ -321,6 +322,8 @@ class ToolCalls(DriverPart):
         except (Exception, asyncio.CancelledError) as exc:
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the tool
+            if isinstance(exc, TurnStopped):
+                raise  # a step or question found the turn cancelled or replaced: not the tool's
             if journal.failed is not None:  # the store refused a step or question: not the tool
                 raise journal.failed from None
             error = f"{type(exc).__name__}: {exc}"
