@@ -20,6 +20,7 @@ LAYERS: list[set[str]] = [
     {"_tools"},
     {"_agent", "_ask", "_auto", "_answers"},
     {"_recording", "_audit_trail"},
+    {"_prompts"},
     {"_mirrors", "_leasing"},
     {"_deadlines", "_journal", "_subagents"},
     {"_model_step", "_tool_calls"},

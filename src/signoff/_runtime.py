@@ -34,9 +34,9 @@ from ._exceptions import (
     UsageError,
 )
 from ._idempotency import keyed
+from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
-from ._sessions import check_prompt
 from ._state import SessionState
 from ._sync import twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind

@@ -20,7 +20,6 @@ from functools import partial
 from typing import Any, Self
 
 from ._agent import Agent
-from ._answers import check_text
 from ._audit_trail import record_tool_settings
 from ._deadlines import due_batch, expiry_resolves, expiry_specs
 from ._engine import Driver
@@ -38,6 +37,7 @@ from ._exceptions import (
 )
 from ._idempotency import Keyed, seen, session_for
 from ._leasing import Leasing
+from ._prompts import check_prompt, next_turn
 from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState, fold
@@ -47,19 +47,9 @@ from ._types import ModelResponse, Principal
 from .models import ModelRequest
 from .stores import Store, open_store
 
-__all__ = ["SessionRunner", "check_prompt", "positive_seconds"]
+__all__ = ["SessionRunner", "positive_seconds"]
 
 log = logging.getLogger("signoff.runtime")
-
-
-def check_prompt(prompt: object) -> None:
-    """A prompt is text that can be stored and says something (as a message to `send` must);
-    checked before anything (a session) is created."""
-    if not isinstance(prompt, str):
-        raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
-    if not prompt or prompt.isspace():
-        raise UsageError("the prompt is empty: write something for the agent to read")
-    check_text(prompt, "the prompt")
 
 
 def positive_seconds(value: object) -> bool:
@@ -77,38 +67,6 @@ def _unfinished(state: SessionState) -> bool:
     answers already accepted (`respond(resume=False)`)."""
     turn = state.turn
     return turn is not None and turn.status in ("running", "waiting") and runnable(state)
-
-
-def _next_turn(
-    state: SessionState,
-    prompt: str,
-    who: dict[str, Any] | None,
-    source: str,
-    idem: Keyed | None = None,
-) -> list[EventSpec]:
-    """The events that start the session's next turn: the prompt's, or, when messages still
-    wait from an earlier turn (it was cancelled, failed or its process died), the first of them,
-    with the prompt queued behind the rest, so messages are answered in the order sent. The
-    prompt's event carries its idempotency key, if it has one."""
-    key = {} if idem is None else {"idem": list(idem)}
-    if not state.queued:
-        return [("turn.started", {"message": prompt, "principal": who, "source": source, **key})]
-    first = state.queued[0]
-    queued: dict[str, Any] = {"message": prompt, "principal": who, "queued": True, **key}
-    if source != "message":
-        queued["source"] = source
-    return [
-        (
-            "turn.started",
-            {
-                "message": first["message"],
-                "principal": first.get("principal"),
-                "source": first.get("source", "message"),
-                "dequeued": True,
-            },
-        ),
-        ("turn.message", queued),
-    ]
 
 
 class _NotRun:
@@ -420,7 +378,7 @@ class SessionRunner(Leasing):
             turn_id = new_id("trn")
             checked = state.seq
             who = None if auth is None else auth.model_dump()
-            specs = _next_turn(state, prompt, who, source, idem)
+            specs = next_turn(state, prompt, who, source, idem)
 
             def start(
                 current: SessionState, checked: int = checked, specs: list[EventSpec] = specs

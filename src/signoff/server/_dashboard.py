@@ -28,7 +28,7 @@ from .._exceptions import (
     UnknownRequest,
     UnknownSession,
 )
-from .._sessions import check_prompt
+from .._prompts import check_prompt
 from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX, TokenAuth, is_dashboard, token_cookie
