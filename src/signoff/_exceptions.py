@@ -258,7 +258,7 @@ class AppendConflict(StoreError):
 
 class LeaseLost(StoreError):
     """The lease under which we appended (or ran a tool body) was taken over by another
-    worker, or lapsed with no renewal getting through."""
+    worker, or given up just before it lapsed, no renewal getting through."""
 
     code = "lease_lost"
 

@@ -23,9 +23,9 @@ log = logging.getLogger("signoff.runtime")
 
 @dataclass(slots=True)
 class Held:
-    """A drive's lease as this process knows it. Once it is lost (taken over, or lapsed with no
-    renewal getting through), another process may run the call this one is running: the tool
-    body or model call running under it (`body`) is cancelled, and the drive records nothing
+    """A drive's lease as this process knows it. Once it is lost (taken over, or about to lapse
+    with no renewal getting through), another process may run the call this one is running: the
+    tool body or model call running under it (`body`) is cancelled, and the drive records nothing
     more (a model's response could not be recorded: waiting for it only costs)."""
 
     at: float  # when it was last known live (`time.monotonic()`)
@@ -130,18 +130,21 @@ class Leasing:
         if held.lost:  # given up by the renewals meanwhile: the drive records nothing more
             raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
         held.at = time.monotonic()
-        held.expires = now + self.lease_ttl
+        held.expires = max(held.expires, now + self.lease_ttl)
 
     async def _renew(
         self, session_id: str, owner: str, token: int, go_on: asyncio.Event, held: Held
     ) -> None:
         """Renew a drive's lease every third of its TTL until the drive ends (`go_on` cleared).
         A lease found taken over is lost for sure; one that failed to renew (the store
-        unreachable) may still be live, and is retried, until its expiry passes: then this
-        process can no longer claim it either. Either way `held.lose()` stops the drive."""
+        unreachable) may still be live, and is retried until a margin (a tenth of the TTL)
+        before its expiry: then it is given up, so the body running under it is stopped before
+        any other process can claim the lease. Either way `held.lose()` stops the drive."""
         # Python 3.11's asyncio.wait_for (used by psycopg_pool while waiting for a connection)
         # can swallow a cancellation, so the loop also stops once `go_on` is cleared.
+        margin = self.lease_ttl / 10
         pause = self.lease_ttl / 3
+        failing = False  # the last renewal did not get through: the deadline below holds
         renewal: asyncio.Future[bool] | None = None
         asked = 0.0  # the lease clock's time `renewal` renews from
         try:
@@ -150,18 +153,27 @@ class Leasing:
                 if not go_on.is_set():
                     return
                 now = self._lease_now()
+                # When the lease is given up unless a renewal got through: `margin` before
+                # its expiry, the time another process may claim it from.
+                deadline = held.expires - margin
+                if failing and now >= deadline:
+                    self._lapsing(session_id, token, "no renewal got through in time", held)
+                    return
                 if renewal is None or renewal.done():
                     asked = now
                     renewal = asyncio.ensure_future(
                         self.store.renew_lease(session_id, owner, token, self.lease_ttl, now)
                     )
                 # else one given up is still stopping: waited on again, no second one started.
-                # A renewal that hangs past the expiry is given up; one tried after it (the
-                # last failed just before) gets a short while: if no one took the lease over
-                # meanwhile, it is still ours. One given up is cancelled but not awaited: a
-                # psycopg query cancelled on a connection gone silent takes up to 10 s to stop,
-                # and the body must not run on that long past the expiry.
-                await asyncio.wait({renewal}, timeout=max(held.expires - now, self.lease_ttl / 10))
+                # A renewal that hangs is given up at the deadline. One on schedule found past
+                # it (this process stalled, its body with it) gets a short while: if no one
+                # took the lease over meanwhile, it is still ours. One given up is cancelled
+                # but not awaited: a psycopg query cancelled on a connection gone silent takes
+                # up to 10 s to stop, and the body must not run on that long.
+                wait = deadline - now
+                if wait <= 0:
+                    wait = self.lease_ttl / 10
+                await asyncio.wait({renewal}, timeout=wait)
                 try:
                     if not renewal.done():
                         renewal.cancel()
@@ -169,19 +181,14 @@ class Leasing:
                     live = renewal.result()  # CancelledError: one given up before has stopped
                 except (StoreError, TimeoutError, asyncio.CancelledError) as exc:
                     why = str(exc) or "it timed out"
-                    left = held.expires - self._lease_now()
+                    left = held.expires - margin - self._lease_now()
                     if left <= 0:
-                        log.warning(
-                            "session %s: lease %d lapsed, no renewal getting through (%s); "
-                            "stopping its drive",
-                            session_id,
-                            token,
-                            why,
-                        )
-                        held.lose()
+                        self._lapsing(session_id, token, why, held)
                         return
-                    # A dropped connection: try again soon, before the lease lapses.
+                    # A dropped connection: try again soon, and wake at the deadline at the
+                    # latest, whatever the retries' pace.
                     log.warning("renewing the lease on session %s failed: %s", session_id, why)
+                    failing = True
                     pause = min(self.lease_ttl / 10, left)
                     continue
                 if not live:
@@ -189,7 +196,8 @@ class Leasing:
                     held.lose()  # fenced: this drive can write nothing more
                     return
                 held.at = time.monotonic()
-                held.expires = asked + self.lease_ttl
+                held.expires = max(held.expires, asked + self.lease_ttl)
+                failing = False
                 pause = self.lease_ttl / 3
         finally:
             if renewal is not None:
@@ -198,3 +206,15 @@ class Leasing:
                 await asyncio.wait({renewal})
                 if not renewal.cancelled():
                     renewal.exception()  # seen: a failure is only that it failed
+
+    def _lapsing(self, session_id: str, token: int, why: str, held: Held) -> None:
+        """Give up a lease about to lapse with no renewal getting through: its drive stops
+        while no other process can claim the lease yet."""
+        log.warning(
+            "session %s: lease %d about to lapse, no renewal getting through (%s); stopping "
+            "its drive before another process may claim it",
+            session_id,
+            token,
+            why,
+        )
+        held.lose()
