@@ -596,7 +596,7 @@ def _alice_only(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
     return so.Rejected("Only Alice may settle refunds.")
 
 
-async def test_eve_a_refused_response_keeps_the_turn_held_on_input(tmp_path: Path) -> None:
+async def test_eve_a_refused_response_keeps_the_turn_held_on_input(store_url: str) -> None:
     """ "When the policy refuses a response ... `approval.candidate` with `outcome: "pending"`,
     then ... `"rejected"` and the policy's `reason`, then `turn.waiting` with `on: "input"` for
     the same `turnId`. It does not emit `session.waiting`"; an allowed one then settles."""
@@ -607,7 +607,7 @@ async def test_eve_a_refused_response_keeps_the_turn_held_on_input(tmp_path: Pat
         [call_tools(call("refund_charge", tenant_id="t1", charge_id="c", amount=5)), reply("ok")],
         tools=[refund_charge_tool(log, spec)],
     )
-    async with sqlite_runtime(tmp_path, agent) as rt:
+    async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("billing", prompt="refund", auth=ALICE)
         (req,) = r.pending
         head = await rt.store.head(r.session_id) or 0
@@ -679,7 +679,7 @@ async def test_eve_cancelling_the_turn_stops_a_policys_async_work(tmp_path: Path
 
 
 async def test_eve_a_message_answers_a_runtime_limit_prompt_before_earlier_requests(
-    tmp_path: Path,
+    store_url: str,
 ) -> None:
     """ "A follow-up message answers only the first open request: a runtime limit continuation
     prompt if one is open, and otherwise the request eve asked for first"."""
@@ -719,7 +719,7 @@ async def test_eve_a_message_answers_a_runtime_limit_prompt_before_earlier_reque
         tools=[so.delegate("billing"), so.delegate("orders")],
         limits=so.Limits(max_tokens=1000),
     )
-    async with sqlite_runtime(tmp_path, parent, billing, orders) as rt:
+    async with so.Runtime([parent, billing, orders], store=store_url) as rt:
         r = await rt.generate("support", prompt="refund 1, and where is 3?", auth=ALICE)
         assert r.status == "waiting"
         approval, limit = r.pending  # in the order they were asked
@@ -807,11 +807,13 @@ async def test_eve_a_policy_sees_the_session_a_tool_body_sees(tmp_path: Path) ->
     assert seen_by_policy.parent is None
 
 
+@pytest.mark.parametrize("resume", [False, True])
 async def test_eve_the_next_approval_of_a_batch_is_answerable_while_the_first_runs(
-    tmp_path: Path,
+    tmp_path: Path, resume: bool
 ) -> None:
     """ "You can answer while a turn is running, such as the second approval of a batch while
-    the first answer is still settling"."""
+    the first answer is still settling": the answer is accepted at once; a call that would also
+    drive the turn gives up waiting for the busy drive after `lease_wait` and says `running`."""
     running = asyncio.Event()
     release = asyncio.Event()
     ran: list[str] = []
@@ -831,7 +833,7 @@ async def test_eve_the_next_approval_of_a_batch_is_answerable_while_the_first_ru
         [call_tools(call("refund", order_id="1"), call("refund", order_id="2")), seen],
         tools=[refund],
     )
-    async with sqlite_runtime(tmp_path, agent) as rt:
+    async with sqlite_runtime(tmp_path, agent, lease_wait=0.2) as rt:
         r = await rt.generate("billing", prompt="refund 1 and 2", auth=ALICE)
         first, second = r.pending
         sid = r.session_id
@@ -846,10 +848,12 @@ async def test_eve_the_next_approval_of_a_batch_is_answerable_while_the_first_ru
                 sid,
                 [so.InputResponse(request_id=second.id, option_id="approve")],
                 principal=ALICE,
-                resume=False,
+                resume=resume,
             ),
             timeout=5,
         )
+        assert answered.status == "running"  # the first approved call is still running
+        assert (await rt.state(sid)).pending_requests() == []
         assert answered.outcomes == [
             so.Outcome(request_id=second.id, outcome="approved", applied=True)
         ]
