@@ -586,3 +586,16 @@ def test_the_sign_in_cookie_is_not_honoured_beside_the_dashboard(tmp_path: Path)
         assert c.post("/_signoff-admin").json() == {"who": None}
         assert c.post("/_signoff/whoami").json() == {"who": "alice"}
         assert c.get("/_signoff/").status_code == 200
+
+
+def test_a_parked_turns_trace_row_names_what_it_awaits(base: str) -> None:
+    """The `turn.waiting` row says what the turn awaits: an approval of which tool, an answer to
+    which question (helix: a run waiting on approval shows as awaiting approval)."""
+    refund = start(base)
+    question = start(base, "helper", "My mug arrived broken")
+    with signed_in(base) as c:
+        page = c.get(f"/_signoff/sessions/{refund['session_id']}").text
+        assert "Awaiting approval: issue_refund" in page
+        page = c.get(f"/_signoff/sessions/{question['session_id']}").text
+        assert "Awaiting an answer: Which size should the replacement be?" in page
+        assert "Awaiting approval" not in page

@@ -12,6 +12,7 @@ from fastapi import Request
 from .._agent import Agent
 from .._audit_trail import TOOL_SETTING
 from .._events import EVENT_TYPES, Event
+from .._state_parts import RequestState
 from .._types import InputRequest, Principal
 from ..models import Scripted
 from ..stores import PendingFilter
@@ -127,7 +128,22 @@ def _schemas(ctx: ServerContext, items: list[InputRequest]) -> dict[str, Any]:
 # -- a session's trace -----------------------------------------------------------------------
 
 
-def _summary(e: Event) -> str:
+def _waiting(d: dict[str, Any], requests: dict[str, RequestState]) -> str:
+    """A parked turn's row names what it awaits: the approval of which tools, the answer to
+    which questions (a spent budget's too), so a run waiting on approval reads as such."""
+    ids = d.get("request_ids") or ()
+    asked = [requests[i].request for i in ids if isinstance(i, str) and i in requests]
+    if d.get("on", "input") != "input" or not asked:
+        return f"Waiting on {d.get('on', 'input')}"
+    tools = [r.tool_name or "?" for r in asked if r.kind == "tool-approval"]
+    questions = [r.question or "?" for r in asked if r.kind != "tool-approval"]
+    parts = ["approval: " + ", ".join(tools)] if tools else []
+    if questions:
+        parts.append("an answer: " + ", ".join(questions))
+    return "Awaiting " + "; ".join(parts)
+
+
+def _summary(e: Event, requests: dict[str, RequestState]) -> str:
     d = e.data
     t = e.type
     if t == "session.created":
@@ -164,7 +180,7 @@ def _summary(e: Event) -> str:
     if t == "turn.completed":
         return "Turn completed"
     if t == "turn.waiting":
-        return f"Waiting on {d.get('on', 'input')}"
+        return _waiting(d, requests)
     if t == "session.waiting":
         return "Idle: waiting for the next message"
     if t == "turn.cancelled":
@@ -182,14 +198,14 @@ def _cut(text: str) -> str:
     return text if len(text) <= SUMMARY_CHARS else text[:SUMMARY_CHARS] + "…"
 
 
-def _rows(events: list[Event]) -> list[dict[str, Any]]:
+def _rows(events: list[Event], requests: dict[str, RequestState]) -> list[dict[str, Any]]:
     return [
         {
             "seq": e.seq,
             "type": e.type,
             "family": e.type.split(".")[0],
             "at": e.at,
-            "summary": _cut(_summary(e)),
+            "summary": _cut(_summary(e, requests)),
             "data": e.data,
         }
         for e in events
@@ -222,7 +238,7 @@ async def session_context(
         ctx,
         viewer,
         session=state,
-        rows=_rows(events),
+        rows=_rows(events, state.requests),
         seq=seq,
         more=seq < state.seq,
         earlier=events[0].seq - 1 if events and not after else 0,
