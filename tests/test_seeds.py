@@ -828,3 +828,81 @@ async def test_anvil_dashboard_queue_shows_the_suspended_run(tmp_path: Path) -> 
     assert result.content["approved"] is True
     assert result.content["reason"] == "Proceed."
     assert log.count() == 1
+
+
+async def test_anvil_payload_is_what_the_approval_handler_receives(tmp_path: Path) -> None:
+    """Seed: the payload "is what appears in the /_anvil dashboard and what your approval
+    handler receives to make its decision"; the handler resumes the run with its decision."""
+    from signoff.channels import ChannelHub, WebhookChannel, verify_webhook
+
+    from .test_webhooks import SECRET, Receiver, manual
+
+    log = ExecutionLog()
+    seen = Capture(reply("Refund issued."))
+    async with (
+        Receiver([]) as receiver,
+        sqlite_runtime(tmp_path, anvil_agent(anvil_refund(log), done=seen)) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [hooks])) as hub:
+            r = await rt.generate("anvil", prompt="refund order-99")
+            await hub.poll()
+            await hooks.drain()
+        ((headers, body),) = receiver.accepted
+        delivered = verify_webhook(SECRET, headers, body)["request"]
+        assert delivered["source"] == "tool"
+        assert delivered["payload"] == {"action": "refund", "order_id": "order-99", "amount": 42.5}
+        approve = delivered["payload"]["amount"] < 100  # the handler decides from the payload
+        resumed = await rt.generate(
+            session_id=r.session_id,
+            approvals=[so.Decision(id=delivered["id"], approved=approve, reason="under 100")],
+        )
+        assert resumed.status == "completed"
+        assert tool_results(seen.last)[0].content["approved"] is True
+
+
+async def test_anvil_resume_needs_the_same_store_and_run(tmp_path: Path) -> None:
+    """Seed: resumeAgent's "checkpoint.store: The same StateStore used when the run was
+    originally started" and "checkpoint.runId: ... used to locate the saved checkpoint":
+    another store or an unknown id is refused by name and nothing is stored."""
+    log = ExecutionLog()
+    agent = anvil_agent(anvil_refund(log))
+    async with sqlite_runtime(tmp_path / "a", agent) as rt:
+        r = await rt.generate("anvil", prompt="refund order-99")
+        (req,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.UnknownSession) as info:
+            await rt.generate(
+                session_id="ses_nope", approvals=[so.Decision(id=req.id, approved=True)]
+            )
+        assert "ses_nope" in str(info.value)
+        assert await store_contents(rt.store, r.session_id) == before
+    async with sqlite_runtime(tmp_path / "b", agent) as other:
+        with pytest.raises(so.UnknownSession):
+            await other.generate(
+                session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
+            )
+        assert await other.pending() == []
+    assert log.count() == 1
+
+
+async def test_anvil_callers_run_id_locates_the_suspended_run(tmp_path: Path) -> None:
+    """Seed: `runId = refund:${orderId}:${Date.now()}`, "the stable run identifier used to
+    locate the saved checkpoint". In signoff the caller's id is the `idempotency_key`: the
+    session id derives from it, and a repeat finds the suspended run without running it."""
+    log = ExecutionLog()
+    run_id = "refund:order-99:1718000000"
+    async with sqlite_runtime(tmp_path, anvil_agent(anvil_refund(log))) as rt:
+        first = await rt.generate("anvil", prompt="refund order-99", idempotency_key=run_id)
+        assert first.status == "waiting"
+    async with sqlite_runtime(tmp_path, anvil_agent(anvil_refund(log))) as rt:
+        again = await rt.generate("anvil", prompt="refund order-99", idempotency_key=run_id)
+        assert again.replayed
+        assert (again.session_id, again.status) == (first.session_id, "waiting")
+        assert [p.id for p in again.pending] == [p.id for p in first.pending]
+        assert log.count() == 1
+        resumed = await rt.generate(
+            session_id=again.session_id,
+            approvals=[so.Decision(id=again.pending[0].id, approved=True)],
+        )
+        assert resumed.status == "completed"
