@@ -72,6 +72,50 @@ def test_a_huge_input_is_shown_clipped_with_a_link_to_all_of_it(tmp_path: Path) 
             assert m.get(f"/_signoff/sessions/{sid}/events/999").status_code == 404
 
 
+def test_a_tools_payload_is_shown_beside_its_input_and_whole_behind_a_link(
+    tmp_path: Path,
+) -> None:
+    """What `ctx.request_approval(payload)` asks about is the reviewer's main signal: the card
+    shows it above the call's input, clipped when long, with a link to all of it that only a
+    reviewer who may see the request reads."""
+    note = "<i>" + "y" * 20_000 + "</i>"
+
+    @so.tool
+    async def issue_refund(ctx: so.ToolContext, order_id: str) -> str:
+        """Issue a refund for an order."""
+        ctx.request_approval({"action": "refund", "note": note})
+
+    script = [
+        so.ModelResponse(tool_calls=[so.ToolCall(name="issue_refund", input={"order_id": "o9"})])
+    ]
+    agent = so.Agent(name="shop", model=so.models.Scripted(script), tools=[issue_refund])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/payload.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        r = httpx.post(
+            f"{base}/v1/sessions",
+            json={"agent": "shop", "message": "refund o9"},
+            headers=auth("alice-token"),
+            timeout=10,
+        )
+        sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
+        with signed_in(base) as c:
+            for page in (c.get("/_signoff/").text, c.get(f"/_signoff/sessions/{sid}").text):
+                card = page[page.index(f'id="{rid}"') :]
+                card = card[: card.index("</article>")]
+                assert card.index('aria-label="Payload"') < card.index('aria-label="Tool input"')
+                assert "&#34;o9&#34;" in card and "<i>" not in card
+                link = f"/_signoff/requests/{rid}/payload"
+                assert f'href="{link}"' in card
+            whole = c.get(link)
+            assert whole.status_code == 200
+            assert whole.headers["content-type"].startswith("text/plain")
+            assert json.loads(whole.text) == {"action": "refund", "note": note}
+            assert json.loads(c.get(f"/_signoff/requests/{rid}/input").text) == {"order_id": "o9"}
+        with signed_in(base, "mallory-token") as m:
+            assert m.get(link).status_code == 404
+            assert m.get("/_signoff/requests/req_nope/payload").status_code == 404
+
+
 def test_invisible_and_bidi_characters_in_an_input_are_shown_escaped(tmp_path: Path) -> None:
     """A right-to-left override or a zero-width character in a tool input cannot make the input
     read differently from what runs: the page shows them as JSON escapes, and the edit box's text

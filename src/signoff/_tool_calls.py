@@ -309,7 +309,7 @@ class ToolCalls(DriverPart):
         try:
             result = task.result()
         except ApprovalRequired as signal:
-            await self.request_from_tool(call, signal.payload, journal)
+            await self.request_from_tool(call, signal, journal)
             return
         except QuestionWithdrawn as exc:
             cancelled = {"cancelled": True, "reason": str(exc)}
@@ -403,12 +403,22 @@ class ToolCalls(DriverPart):
         """The bound on `tool`'s results: its own, or its agent's `Limits.max_result_bytes`."""
         return tool.max_result_bytes or self.agent.limits.max_result_bytes
 
-    async def request_from_tool(self, call: CallState, payload: Any, journal: CallJournal) -> None:
+    async def request_from_tool(
+        self, call: CallState, signal: ApprovalRequired, journal: CallJournal
+    ) -> None:
         s = self.state
         turn = s.turn
         assert turn is not None
+        if signal.call_id is not None and signal.call_id != call.id:
+            named = signal.call_id if len(signal.call_id) <= 200 else signal.call_id[:200] + "…"
+            error = {
+                "error": f"ApprovalRequired names call {named!r}, not this call {call.id!r}: "
+                "an approval is bound to the call that asks for it"
+            }
+            await self.record(journal.ending([tool_result(call, "error", error)]))
+            return
         try:
-            payload = jsonable(payload)
+            payload = jsonable(signal.payload)
         except Exception as exc:
             error = {"error": f"approval payload is not JSON-able: {exc}"}
             await self.record(journal.ending([tool_result(call, "error", error)]))

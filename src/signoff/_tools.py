@@ -93,14 +93,24 @@ class ApprovalRequired(Exception):
     """Raised inside a tool to park the turn until a person decides; not a failure.
 
     The reviewer's decision becomes the call's result; the tool body does not run again.
+    `call_id` names the call that asks (`ctx.request_approval` fills it in); a signal naming
+    another call opens no request, since an approval is bound to the exact call.
     """
 
-    def __init__(self, payload: Any = None) -> None:
+    def __init__(self, payload: Any = None, *, call_id: str | None = None) -> None:
+        if call_id is not None and not isinstance(call_id, str):
+            raise UsageError(f"call_id must be the call's id (a str), not {call_id!r}")
         super().__init__(payload)
         self.payload = payload
+        self.call_id = call_id
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.payload,))
+        return (_rebuild_signal, (self.payload, self.call_id))
+
+
+def _rebuild_signal(payload: Any, call_id: str | None) -> ApprovalRequired:
+    """Unpickle an `ApprovalRequired` (its `call_id` is keyword-only)."""
+    return ApprovalRequired(payload, call_id=call_id)
 
 
 class ToolContext:
@@ -261,7 +271,7 @@ class ToolContext:
 
     def request_approval(self, payload: Any = None) -> NoReturn:
         """Park the turn until a person decides; the decision becomes this call's result."""
-        raise ApprovalRequired(payload)
+        raise ApprovalRequired(payload, call_id=self.call_id)
 
 
 class _Input(BaseModel):

@@ -234,6 +234,17 @@ async def respond(request: Request, request_id: str) -> Response:
 @router.get("/requests/{request_id}/input")
 async def request_input(request: Request, request_id: str) -> Response:
     """All of a request's tool input (or payload) as text: a page shows only the start of it."""
+    return await _whole(request, request_id, payload=False)
+
+
+@router.get("/requests/{request_id}/payload")
+async def request_payload(request: Request, request_id: str) -> Response:
+    """All of the payload a tool asked for approval with, as text."""
+    return await _whole(request, request_id, payload=True)
+
+
+async def _whole(request: Request, request_id: str, *, payload: bool) -> Response:
+    """A request's payload (`payload`) or tool input as text, for a reviewer who may see it."""
     ctx, viewer = await signed_in(request)
     try:
         stored = await ctx.request(request_id, viewer)
@@ -242,7 +253,9 @@ async def request_input(request: Request, request_id: str) -> Response:
             request, 404, "unknown_request", f"unknown request {request_id!r}"
         )
     asked = stored.request
-    return PlainTextResponse(pretty(asked.payload if asked.action is None else asked.action.input))
+    if payload or asked.action is None:
+        return PlainTextResponse(pretty(asked.payload))
+    return PlainTextResponse(pretty(asked.action.input))
 
 
 async def dashboard_error(request: Request, status: int, code: str, message: str) -> Response:
