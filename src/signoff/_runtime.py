@@ -166,10 +166,12 @@ class Runtime(Workers):
     ) -> GenerateResult:
         """Run a turn until it completes, fails or waits (helix style).
 
-        With `approvals`, settle every pending approval of the session in one call (no prompt
-        beside them) and continue. With neither, resume the session's turn (a retry after a
-        failure, or picking up a turn another process left); a turn that failed for good
-        (`retryable` false: `max_steps`, a budget nobody can raise) is returned as it is.
+        With `approvals`, settle every pending request of the session in one call (no prompt
+        beside them) and continue; a decision answers no question, so one open raises
+        `PartialAnswer` (answer it with `respond`). With neither, resume the session's turn
+        (a retry after a failure, or picking up a turn another process left); a turn that
+        failed for good (`retryable` false: `max_steps`, a budget nobody can raise) is returned
+        as it is.
         With an `idempotency_key`, a call repeated with the same key (by the same `auth`) starts
         nothing: it returns the turn its prompt went to, as that turn stands now (`replayed`),
         or raises `IdempotencyKeyReused` if the key was given for another agent, prompt or
