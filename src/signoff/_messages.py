@@ -16,10 +16,16 @@ from ._idempotency import Keyed, keyed, seen, session_for, turn_of
 from ._recording import Changed, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._state import SessionState
-from ._types import Principal
+from ._types import InputRequest, Principal
 from .stores import Resolve
 
-__all__ = ["Messages"]
+__all__ = ["Messages", "first_open"]
+
+
+def first_open(pending: list[InputRequest]) -> InputRequest | None:
+    """The open request a follow-up message answers, if it answers one: a session-limit prompt
+    if one is open, else the request asked first."""
+    return sorted(pending, key=lambda r: r.kind != "session-limit")[0] if pending else None
 
 
 class Messages(Answering):
@@ -89,8 +95,8 @@ class Messages(Answering):
             pending = state.pending_requests()
             serves = turn.principal
             same_person = serves is None or (principal is not None and principal.same_as(serves))
-            if pending:
-                first = sorted(pending, key=lambda r: r.kind != "session-limit")[0]
+            first = first_open(pending)
+            if first is not None:
                 reply = _match(first, message)
                 if reply is not None and (same_person or self._may_answer(first, principal)):
                     try:

@@ -19,7 +19,8 @@ except ImportError as exc:  # pragma: no cover - depends on the extras installed
     ) from exc
 
 from ._blocks import request_blocks, slack_mention
-from ._channel import SlackChannel, SlackPayloadError, slack_principal
+from ._channel import SlackChannel
+from ._payloads import SlackPayloadError, slack_principal
 
 __all__ = [
     "SlackChannel",

@@ -4,7 +4,9 @@ quorum's count, an escalation to a group) and once it closes.
 People answer with the message's controls; Slack posts the interaction to the endpoint this
 channel adds to the signoff server (`create_app(..., channels=hub)`), which checks Slack's
 signature, acknowledges at once and settles the answer in the background as the person who
-pressed (`slack:<team_id>:<user_id>`, authenticator "slack").
+pressed (`slack:<team_id>:<user_id>`, authenticator "slack"). A reply typed in the thread of a
+request's message reaches the channel's Events API endpoint and goes to the request's session
+as a follow-up message from that person (see `_replies`).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import hashlib
 import json
 import math
 import time
-import urllib.parse
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
@@ -44,6 +45,9 @@ from ._blocks import (
     request_blocks,
     text_view,
 )
+from ._payloads import SlackPayloadError, interaction_of, slack_principal
+from ._replies import ThreadReplies, outcome_note, thread_key
+from ._routes import routes
 
 __all__ = ["SlackChannel", "SlackPayloadError", "slack_principal"]
 
@@ -55,19 +59,6 @@ _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (a
 _GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
 
 
-class SlackPayloadError(SignoffError):
-    """A correctly signed interaction whose payload signoff cannot read."""
-
-    code = "invalid_payload"
-
-
-def slack_principal(team_id: str, user_id: str) -> Principal:
-    """The principal of a Slack user: `slack:<team_id>:<user_id>`, authenticator "slack"."""
-    return Principal(
-        authenticator="slack", principal_id=f"slack:{team_id}:{user_id}", principal_type="user"
-    )
-
-
 class _Clock(Clock):
     def __init__(self, now: Callable[[], float]) -> None:
         self._now = now
@@ -77,13 +68,15 @@ class _Clock(Clock):
 
 
 class SlackChannel(Channel):
-    """Posts requests to one Slack channel; answers arrive at the interactivity endpoint.
+    """Posts requests to one Slack channel; answers arrive at the interactivity endpoint, and
+    replies typed in a request's thread at the Events API endpoint.
 
     Give a bot `token` (and optionally `base_url`) or a ready `client` (`AsyncWebClient`), the
     conversation id `channel` to post in, and the app's `signing_secret`. Point the Slack app's
-    Interactivity Request URL at `https://<your server><path>`. The bot needs `chat:write` and
-    the channel's history scope (`channels:history`), which a restart after a crash uses to
-    find a post it never saved rather than post it again.
+    Interactivity Request URL at `https://<your server><path>` and its Event Subscriptions
+    Request URL at `https://<your server><events_path>` (None: typed replies are not read).
+    The bot needs `chat:write` and the channel's history scope (`channels:history`), which a
+    restart after a crash uses to find a post it never saved rather than post it again.
     """
 
     name = "slack"
@@ -99,6 +92,7 @@ class SlackChannel(Channel):
         name: str | None = None,
         accepts: Callable[[InputRequest], bool] | None = None,
         path: str = "/channels/slack/interactivity",
+        events_path: str | None = "/channels/slack/events",
         clock: Callable[[], float] = time.time,
     ) -> None:
         super().__init__(name=name, accepts=accepts)
@@ -120,11 +114,18 @@ class SlackChannel(Channel):
             client = AsyncWebClient(**kwargs)
         elif token is not None or base_url is not None:
             raise UsageError("pass either client=... or token=/base_url=, not both")
-        if not path.startswith("/"):
+        if not isinstance(path, str) or not path.startswith("/"):
             raise UsageError(f"the interactivity path must start with '/', not {path!r}")
+        if events_path is not None and (
+            not isinstance(events_path, str) or not events_path.startswith("/")
+        ):
+            raise UsageError(f"the events path must start with '/', not {events_path!r}")
+        if events_path == path:
+            raise UsageError(f"the events path and the interactivity path are both {path!r}")
         self.channel = channel
         self.client = client
         self.path = path
+        self.events_path = events_path
         self.clock = clock
         self._verifier = SignatureVerifier(signing_secret, clock=_Clock(clock))
         self._seen: dict[str, float] = {}  # signature -> when it can be forgotten
@@ -136,6 +137,7 @@ class SlackChannel(Channel):
         self._backlog_at = 0.0  # monotonic time Slack lets the backlog be posted again
         self._backlog_failures = 0  # failed posts of the backlog's first request
         self._unsaved: dict[str, dict[str, Any]] = {}  # request id -> a post whose memo failed
+        self.replies = ThreadReplies(self)
 
     # -- what the hub tells it ----------------------------------------------------------------
 
@@ -145,9 +147,11 @@ class SlackChannel(Channel):
         self._backlog = list(open_requests)
         self._backlog_at = 0.0
         self._backlog_failures = 0
+        self.replies.resume()  # replies acknowledged and not sent before a crash
         await self._post_backlog()
 
     async def tick(self, now: float) -> None:
+        self.replies.tick()
         await self._post_backlog()
 
     async def _post_backlog(self) -> None:
@@ -193,6 +197,7 @@ class SlackChannel(Channel):
                 where = await self._post(request)
             # Kept until the memo is saved: the hub's retry of a failed save must not post again.
             self._unsaved[request.id] = where
+        self.remember(thread_key(where["channel"], where["ts"]), {"request_id": request.id})
         self.remember(_key(request.id), where)
         del self._unsaved[request.id]
         self.forget(_attempt_key(request.id))
@@ -250,6 +255,9 @@ class SlackChannel(Channel):
             stored = await self.runtime.store.get_request(request.id)
             edited = ((stored.resolution if stored else None) or {}).get("edited_input")
         blocks = request_blocks(request, resolution, edited_input=edited)
+        # Replies in its thread still reach the session for a while (`_replies`).
+        closed = {"request_id": request.id, "closed_at": resolution.at}
+        self.remember(thread_key(where["channel"], where["ts"]), closed)
         await self._update(request.id, where, blocks, fallback_text(request))
         self.forget(_key(request.id))
         self.forget(_attempt_key(request.id))
@@ -270,6 +278,7 @@ class SlackChannel(Channel):
             if error not in _GONE:
                 raise
             logger.warning("slack: the message of %s cannot be updated (%s)", request_id, error)
+            self.forget(thread_key(where["channel"], where["ts"]))
             self.forget(_key(request_id))
             self._unsaved.pop(request_id, None)
 
@@ -281,41 +290,18 @@ class SlackChannel(Channel):
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    # -- the interactivity endpoint -----------------------------------------------------------
+    # -- the endpoints -------------------------------------------------------------------------
 
     @property
     def routers(self) -> Sequence[Any]:
         return [self.router()]
 
     def router(self) -> Any:
-        """A FastAPI router with `POST {path}` (mounted by `create_app(..., channels=hub)`)."""
-        if self._router is not None:
-            return self._router
-        try:
-            from fastapi import APIRouter, Request
-            from starlette.responses import JSONResponse, Response
-        except ImportError as exc:  # pragma: no cover - depends on the extras installed
-            raise UsageError(
-                "the Slack endpoint needs the server extra: pip install 'signoff[server,slack]'"
-            ) from exc
-        router = APIRouter()
-
-        async def interactivity(request: Request) -> Response:
-            body = await request.body()
-            try:
-                answer = await self.handle(body, request.headers)
-            except InvalidSignature as exc:
-                return JSONResponse(_error(exc), status_code=401)
-            except SlackPayloadError as exc:
-                return JSONResponse(_error(exc), status_code=400)
-            if answer is None:
-                return Response(status_code=200)
-            return JSONResponse(answer)
-
-        # A plain Starlette route: the raw body must reach the signature check untouched.
-        router.add_route(self.path, interactivity, methods=["POST"], include_in_schema=False)
-        self._router = router
-        return router
+        """A FastAPI router with `POST {path}` and `POST {events_path}` (mounted by
+        `create_app(..., channels=hub)`)."""
+        if self._router is None:
+            self._router = routes(self)
+        return self._router
 
     def verify(self, body: bytes, headers: Mapping[str, str]) -> None:
         """Check Slack's signature (v0 HMAC-SHA256 of `v0:{timestamp}:{body}`), its age (five
@@ -363,9 +349,14 @@ class SlackChannel(Channel):
         digest = hashlib.sha256(body).hexdigest()
         if digest in self._delivered:
             return self._delivered[digest][1]
-        answer = self._act(_payload(body))
+        answer = self._act(interaction_of(body))
         self._delivered[digest] = (now + RETRY_WINDOW, answer)
         return answer
+
+    async def handle_event(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
+        """Verify and take one Events API request (see `ThreadReplies.handle`); the JSON to
+        answer Slack with (None: empty 200)."""
+        return self.replies.handle(body, headers)
 
     def _act(self, payload: dict[str, Any]) -> dict[str, Any] | None:
         """Act on a verified interaction; the JSON to answer Slack with (None: empty 200)."""
@@ -470,13 +461,9 @@ class SlackChannel(Channel):
             except SignoffError as exc:  # an answer of the wrong shape, an expired session, ...
                 await self._tell(where, f"Your answer was not accepted: {exc}")
                 return
-            if outcome.outcome == "counted" and outcome.applied:
-                await self._tell(where, f"Your approval was counted ({outcome.reason}).")
-            elif outcome.outcome == "counted":
-                await self._tell(where, f"You approved this request before ({outcome.reason}).")
-            elif not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
-                why = f": {outcome.reason}" if outcome.reason else ""
-                await self._tell(where, f"Your answer was not accepted ({outcome.outcome}{why}).")
+            note = outcome_note(outcome)
+            if note is not None:
+                await self._tell(where, note)
             elif not outcome.applied:  # settled before (elsewhere, or a second click)
                 await self._tell(where, await self._closed_note(response.request_id))
         except Exception:
@@ -516,10 +503,14 @@ class SlackChannel(Channel):
             logger.exception("slack: opening a view for %s failed", request_id)
 
     async def _tell(self, where: dict[str, str], text: str) -> None:
-        """An ephemeral note only the person who acted sees; its text (reasons, errors naming
-        what was answered) is escaped like the messages'."""
+        """An ephemeral note only the person who acted sees (in the thread they typed in, if
+        they typed); its text (reasons, errors naming what was answered) is escaped like the
+        messages'."""
         await self.client.chat_postEphemeral(
-            channel=where["channel"], user=where["user"], text=escape(text)
+            channel=where["channel"],
+            user=where["user"],
+            text=escape(text),
+            thread_ts=where.get("thread_ts"),
         )
 
 
@@ -554,18 +545,3 @@ def _request_id(block_id: str) -> str:
     if prefix != "signoff" or not sep or not rid:
         raise ValueError(f"not a signoff block: {block_id!r}")
     return rid
-
-
-def _payload(body: bytes) -> dict[str, Any]:
-    try:
-        form = urllib.parse.parse_qs(body.decode(), strict_parsing=True)
-        payload = json.loads(form["payload"][0])
-    except (UnicodeDecodeError, ValueError, KeyError) as exc:
-        raise SlackPayloadError(f"expected a form with a JSON payload field: {exc}") from None
-    if not isinstance(payload, dict):
-        raise SlackPayloadError("the payload is not a JSON object")
-    return payload
-
-
-def _error(exc: SignoffError) -> dict[str, Any]:
-    return {"error": {"code": exc.code, "message": str(exc)}}

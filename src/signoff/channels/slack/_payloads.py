@@ -1,0 +1,49 @@
+"""Reading what Slack sends: an interaction's form, an Events API request's JSON, and the
+principal of the Slack user behind either."""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from typing import Any
+
+from ..._exceptions import SignoffError
+from ..._types import Principal
+
+__all__ = ["SlackPayloadError", "envelope_of", "interaction_of", "slack_principal"]
+
+
+class SlackPayloadError(SignoffError):
+    """A correctly signed interaction or event whose payload signoff cannot read."""
+
+    code = "invalid_payload"
+
+
+def slack_principal(team_id: str, user_id: str) -> Principal:
+    """The principal of a Slack user: `slack:<team_id>:<user_id>`, authenticator "slack"."""
+    return Principal(
+        authenticator="slack", principal_id=f"slack:{team_id}:{user_id}", principal_type="user"
+    )
+
+
+def interaction_of(body: bytes) -> dict[str, Any]:
+    """The JSON `payload` field of an interaction's form."""
+    try:
+        form = urllib.parse.parse_qs(body.decode(), strict_parsing=True)
+        payload = json.loads(form["payload"][0])
+    except (UnicodeDecodeError, ValueError, KeyError) as exc:
+        raise SlackPayloadError(f"expected a form with a JSON payload field: {exc}") from None
+    if not isinstance(payload, dict):
+        raise SlackPayloadError("the payload is not a JSON object")
+    return payload
+
+
+def envelope_of(body: bytes) -> dict[str, Any]:
+    """The JSON object of an Events API request (a challenge or an event callback)."""
+    try:
+        envelope = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise SlackPayloadError(f"expected a JSON Events API request: {exc}") from None
+    if not isinstance(envelope, dict):
+        raise SlackPayloadError("the event is not a JSON object")
+    return envelope

@@ -1,0 +1,278 @@
+"""Typed replies in the thread of a request's Slack message, read from Slack's Events API.
+
+A reply goes to the request's session as a follow-up message from the person who typed it
+(`Runtime.send`), so it answers the session's first open request when it names one of its
+options or the request takes free text, and otherwise steers the turn or waits for its end, as
+any follow-up message does. Each event is saved in the channel state before Slack is
+acknowledged and is sent with its event id as the idempotency key: one acknowledged and then
+lost to a crash is sent by the next start, and one handled twice is delivered once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..._answers import match
+from ..._exceptions import SignoffError, StoreError
+from ..._messages import first_open
+from ..._results import Outcome
+from .._base import logger
+from ._payloads import SlackPayloadError, envelope_of, slack_principal
+
+if TYPE_CHECKING:
+    from ._channel import SlackChannel
+
+__all__ = ["KEEP_THREADS", "ThreadReplies", "outcome_note", "thread_key"]
+
+KEEP_THREADS = 7 * 86400.0  # seconds the thread of a closed request still takes replies
+RETRY_WINDOW = 3600.0  # seconds a handled event is remembered, for Slack's retries of it
+_RESUME_AFTER = 600.0  # seconds after which a pending event is taken for one a process lost
+_TRIES = 5  # sends of one event at most (a store down for a while, say)
+_TIDY_EVERY = 300.0  # seconds between the scans that resume lost events and drop old memos
+_EVENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it becomes part of an idempotency key
+_LEADING_MENTION = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>[\s:,]*")
+
+
+@dataclass(frozen=True, slots=True)
+class TypedReply:
+    """One message a person typed in a request's thread, as the Events API delivered it."""
+
+    event_id: str
+    request_id: str
+    team: str
+    user: str
+    channel: str
+    thread: str
+    text: str
+
+
+def thread_key(channel: str, ts: str) -> str:
+    """The memo naming the request whose message is `ts` in `channel`."""
+    return f"thread:{channel}:{ts}"
+
+
+def _event_key(event_id: str) -> str:
+    return f"event:{event_id}"
+
+
+def outcome_note(outcome: Outcome) -> str | None:
+    """What a person is told about an answer that did not settle its request as given."""
+    if outcome.outcome == "counted" and outcome.applied:
+        return f"Your approval was counted ({outcome.reason})."
+    if outcome.outcome == "counted":
+        return f"You approved this request before ({outcome.reason})."
+    if not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
+        why = f": {outcome.reason}" if outcome.reason else ""
+        return f"Your answer was not accepted ({outcome.outcome}{why})."
+    return None
+
+
+class ThreadReplies:
+    """The Events API side of a `SlackChannel`: verifies, saves and sends typed replies."""
+
+    def __init__(self, channel: SlackChannel) -> None:
+        self.channel = channel
+        self._busy: set[str] = set()  # event ids being sent by this process
+        self._tidied_at: float | None = None
+
+    def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
+        """Verify and take one Events API request; the JSON to answer with (None: empty 200).
+
+        A reply is saved before Slack hears back and sent in the background. What is not a
+        person's reply in the thread of a request this channel posted is acknowledged and
+        ignored, and so is an event seen before (Slack's retry, `X-Slack-Retry-Num`)."""
+        ch = self.channel
+        ch.verify(body, headers)
+        envelope = envelope_of(body)
+        kind = envelope.get("type")
+        if kind == "url_verification":
+            challenge = envelope.get("challenge")
+            if not isinstance(challenge, str):
+                raise SlackPayloadError("the url_verification challenge is not a string")
+            return {"challenge": challenge}
+        if kind != "event_callback":
+            return None
+        found = self._reply(envelope)
+        if found is None:
+            return None
+        key = _event_key(found.event_id)
+        if ch.recall(key) is not None:
+            logger.debug("slack: event %s was handled before", found.event_id)
+            return None
+        ch.remember(key, {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(found)})
+        self._start(found)
+        return None
+
+    def _reply(self, envelope: dict[str, Any]) -> TypedReply | None:
+        """The typed reply an `event_callback` carries, or None if it carries none of ours."""
+        try:
+            event = envelope["event"]
+            event_id = envelope["event_id"]
+            if not isinstance(event, dict) or not _EVENT_ID.fullmatch(str(event_id)):
+                raise TypeError("event must be an object and event_id Slack's kind of id")
+            if event.get("type") != "message":
+                return None
+            # thread_broadcast: a reply also sent to the channel; others are edits, deletions,
+            # joins, files and bots' posts.
+            if event.get("subtype") not in (None, "thread_broadcast") or event.get("bot_id"):
+                return None
+            bots = {
+                a.get("user_id")
+                for a in envelope.get("authorizations") or []
+                if isinstance(a, dict) and a.get("is_bot")
+            }
+            user, text = event.get("user"), event.get("text")
+            thread, ts, where = event.get("thread_ts"), event.get("ts"), event.get("channel")
+            if not isinstance(user, str) or not user or user in bots:
+                return None
+            if not isinstance(thread, str) or thread == ts or not isinstance(where, str):
+                return None  # not a reply in a thread
+            team = event.get("user_team") or event.get("team") or envelope.get("team_id")
+            if not isinstance(team, str) or not isinstance(text, str):
+                raise TypeError("team and text must be strings")
+        except (KeyError, TypeError) as exc:
+            raise SlackPayloadError(f"unreadable Slack event: {exc!r}") from None
+        request_id = self._request_of(where, thread)
+        text = _plain(text, bots)
+        if request_id is None or not text:
+            return None
+        return TypedReply(event_id, request_id, team, user, where, thread, text)
+
+    def _request_of(self, channel: str, ts: str) -> str | None:
+        """The request whose message is `ts`: its thread memo, or (posted before these memos
+        were kept) the message memo of a request still open."""
+        ch = self.channel
+        memo = ch.recall(thread_key(channel, ts))
+        if isinstance(memo, dict) and isinstance(memo.get("request_id"), str):
+            return str(memo["request_id"])
+        for key, where in ch.state.memos(ch.name, "msg:"):
+            if (
+                isinstance(where, dict)
+                and where.get("channel") == channel
+                and where.get("ts") == ts
+            ):
+                return key.removeprefix("msg:")
+        return None
+
+    # -- sending --------------------------------------------------------------------------------
+
+    def _start(self, reply: TypedReply) -> None:
+        if reply.event_id in self._busy:
+            return
+        self._busy.add(reply.event_id)
+        self.channel._spawn(self._deliver(reply))
+
+    def resume(self, *, older_than: float | None = None) -> None:
+        """Send the saved replies no process finished (all of them, or those saved more than
+        `older_than` seconds ago), and drop the memos of handled events and old threads."""
+        ch = self.channel
+        now = ch.clock()
+        for key, memo in ch.state.memos(ch.name, "event:"):
+            if not isinstance(memo, dict):
+                ch.forget(key)
+            elif memo.get("state") == "done":
+                if not _seconds(memo.get("until")) > now:
+                    ch.forget(key)
+            elif older_than is None or _seconds(memo.get("at")) < now - older_than:
+                try:
+                    fields = {f: memo[f] for f in TypedReply.__dataclass_fields__}
+                    self._start(TypedReply(**fields))
+                except (KeyError, TypeError):
+                    logger.warning("slack: the saved event %s is unreadable: %r", key, memo)
+                    ch.forget(key)
+        for key, memo in ch.state.memos(ch.name, "thread:"):
+            closed = memo.get("closed_at") if isinstance(memo, dict) else 0  # None: open
+            if closed is not None and not _seconds(closed) > now - KEEP_THREADS:
+                ch.forget(key)
+
+    def tick(self) -> None:
+        """Now and then: resume replies a process that died left, and drop old memos."""
+        now = self.channel.clock()
+        if self._tidied_at is not None and now - self._tidied_at < _TIDY_EVERY:
+            return
+        self._tidied_at = now
+        self.resume(older_than=_RESUME_AFTER)
+
+    async def _deliver(self, reply: TypedReply) -> None:
+        """Send a saved reply and mark its event handled; a failure of the store (or anything
+        unforeseen) leaves it saved, to be sent again later, up to `_TRIES` times."""
+        ch = self.channel
+        key = _event_key(reply.event_id)
+        try:
+            memo = ch.recall(key)
+            if not isinstance(memo, dict) or memo.get("state") != "pending":
+                return  # handled meanwhile (another process)
+            tries = int(memo.get("tries") or 0) + 1
+            ch.remember(key, {**memo, "tries": tries})
+            try:
+                await self._send(reply)
+            except (StoreError, OSError):
+                if tries < _TRIES:
+                    logger.warning(
+                        "slack: sending the reply of event %s failed; it is sent again later",
+                        reply.event_id,
+                        exc_info=True,
+                    )
+                    return
+                logger.exception("slack: sending the reply of event %s failed", reply.event_id)
+            except Exception:
+                logger.exception("slack: sending the reply of event %s failed", reply.event_id)
+            ch.remember(key, {"state": "done", "until": ch.clock() + RETRY_WINDOW})
+        except Exception:
+            logger.exception("slack: the reply of event %s could not be saved", reply.event_id)
+        finally:
+            self._busy.discard(reply.event_id)
+
+    async def _send(self, reply: TypedReply) -> None:
+        """Deliver a reply to its request's session as its author, if they may answer."""
+        ch = self.channel
+        rt = ch.runtime
+        where = {"channel": reply.channel, "user": reply.user, "thread_ts": reply.thread}
+        stored = await rt.store.get_request(reply.request_id)
+        if stored is None:
+            logger.warning("slack: a reply in the thread of unknown request %s", reply.request_id)
+            return
+        principal = slack_principal(reply.team, reply.user)
+        state = await rt.state(stored.request.session_id)
+        first = first_open(state.pending_requests())
+        serves = None if state.turn is None else state.turn.principal
+        same_person = serves is None or principal.same_as(serves)
+        refused = None if rt._may_answer(stored.request, principal) else stored.request
+        if refused is None and first is not None and match(first, reply.text) is not None:
+            # It would answer `first`: without the right to, it must not become a message.
+            refused = None if same_person or rt._may_answer(first, principal) else first
+        if refused is not None:
+            await ch._tell(where, f"You may not answer request {refused.id}: nothing was sent.")
+            return
+        try:
+            result = await rt.send(
+                state.id,
+                reply.text,
+                principal=principal,
+                idempotency_key=f"slack-event:{reply.event_id}",
+            )
+        except StoreError:
+            raise
+        except SignoffError as exc:  # an expired session, a message too long, ...
+            await ch._tell(where, f"Your reply was not delivered: {exc}")
+            return
+        for outcome in result.outcomes:
+            note = outcome_note(outcome)
+            if note is not None:
+                await ch._tell(where, note)
+
+
+def _seconds(value: Any) -> float:
+    """A saved time, or 0 for one that is not a number (so its memo is dropped)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
+
+
+def _plain(text: str, bots: set[Any]) -> str:
+    """A message's text as typed: Slack's escapes undone, a leading mention of the bot dropped."""
+    mention = _LEADING_MENTION.match(text)
+    if mention is not None and mention.group(1) in bots:
+        text = text[mention.end() :]
+    return text.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&").strip()
