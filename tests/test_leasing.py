@@ -12,11 +12,13 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 import signoff as so
+from signoff import _leasing
 from signoff.stores import Store
 from signoff.testing import ManualClock
 
@@ -654,3 +656,92 @@ async def test_a_body_running_many_times_the_ttl_keeps_its_lease_while_renewals_
         assert result.status == "completed" and len(made) >= 3
         assert once_each(await event_types(rt, sid))
     assert runs == [f"{sid}:1:call_refund"]
+
+
+async def test_a_renewal_cut_just_before_the_deadline_is_tried_again_in_time(
+    store_url: str,
+) -> None:
+    """A renewal that fails with little time left before the deadline (on PostgreSQL, one that
+    hung until `operation_timeout` cut it, with a TTL above that timeout) is tried again before
+    the deadline, not given up untried: the store answering again by then keeps the lease, and
+    the body runs on to complete once."""
+    ttl = 3.0
+    skew = [0.0]
+    runs: list[str] = []
+    renewed_after_the_cut = asyncio.Event()
+
+    def clock() -> float:
+        return time.time() + skew[0]
+
+    @so.tool(approval=so.never())
+    async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        runs.append(ctx.idempotency_key())
+        await renewed_after_the_cut.wait()
+        return {"refunded": amount}
+
+    agent = refund_agent(issue_refund)
+    async with so.Runtime([agent], store=store_url, lease_ttl=ttl, clock=clock) as rt:
+        expiry = noting_expiry(rt.store)
+        renew = rt.store.renew_lease
+        cuts: list[float] = []
+
+        async def cut_once(*args: Any) -> bool:
+            if runs and not cuts:
+                # It hung until the timeout cut it: a quarter second is left before the
+                # deadline (a tenth of the TTL before the expiry), less than the TTL's tenth.
+                cuts.append(1.0)
+                skew[0] += expiry() - ttl / 10 - 0.25 - rt._lease_now()
+                raise so.StoreError("renewing the lease: the operation timed out (test)")
+            live = await renew(*args)
+            if cuts and live:
+                renewed_after_the_cut.set()
+            return live
+
+        rt.store.renew_lease = cut_once  # type: ignore[method-assign,assignment]
+        sid = await rt.create_session("support")
+        result = await asyncio.wait_for(rt.generate("support", "Refund", session_id=sid), 10)
+        assert cuts and renewed_after_the_cut.is_set()
+        assert result.status == "completed"
+        assert once_each(await event_types(rt, sid))
+    assert runs == [f"{sid}:1:call_refund"]
+
+
+@pytest.mark.parametrize("renewed_by", ["confirming", "renewals"])
+async def test_a_slow_renewal_keeps_the_lease_known_live_from_when_it_was_sent(
+    store_url: str, renewed_by: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal renews the lease from when it was sent, however late its answer: the lease is
+    known live from then. So a drive about to run a tool body renews it first once half the
+    TTL has passed since the renewal was sent, not since it answered: after a slow renewal and
+    a stall of the process, the lease may have lapsed and another worker run the call."""
+    ttl = 0.3
+    monotonic = [1000.0]
+    monkeypatch.setattr(_leasing, "time", SimpleNamespace(monotonic=lambda: monotonic[0]))
+    async with so.Runtime([refund_agent(SlowRefund().tool)], store=store_url, lease_ttl=ttl) as rt:
+        sid = await rt.create_session("support")
+        owner = "test-owner"
+        token = await rt.store.acquire_lease(sid, owner, ttl, rt._lease_now())
+        assert token is not None
+        held = _leasing.Held(monotonic[0] - 0.6 * ttl, rt._lease_now() + ttl)
+        renew = rt.store.renew_lease
+        made: list[int] = []
+        go_on = asyncio.Event()
+        go_on.set()
+
+        async def slow(*args: Any) -> bool:
+            made.append(1)
+            live = await renew(*args)
+            monotonic[0] += 0.45 * ttl  # answered long after it was sent
+            go_on.clear()  # the renewals stop after this one
+            return live
+
+        rt.store.renew_lease = slow  # type: ignore[method-assign,assignment]
+        if renewed_by == "confirming":
+            await rt._confirm(sid, owner, token, held)
+        else:
+            await asyncio.wait_for(rt._renew(sid, owner, token, go_on, held), 10)
+        assert made == [1] and not held.lost
+        monotonic[0] += 0.1 * ttl  # a stall: 0.55 of the TTL since the renewal was sent
+        await rt._confirm(sid, owner, token, held)
+        assert made == [1, 1]

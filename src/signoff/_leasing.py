@@ -33,6 +33,12 @@ class Held:
     lost: bool = False
     body: asyncio.Future[Any] | None = None  # the tool body or model call running, if any
 
+    def renewed(self, asked_at: float, expires: float) -> None:
+        """A renewal asked at `asked_at` (`time.monotonic()`) got through: the lease is known
+        live from then, not from its slow answer, and its expiry never moves earlier."""
+        self.at = max(self.at, asked_at)
+        self.expires = max(self.expires, expires)
+
     def lose(self) -> None:
         self.lost = True
         if self.body is not None:
@@ -123,14 +129,13 @@ class Leasing:
             raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
         if time.monotonic() - held.at < self.lease_ttl / 2:
             return
-        now = self._lease_now()
+        now, asked_at = self._lease_now(), time.monotonic()
         if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
             held.lose()
             raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
         if held.lost:  # given up by the renewals meanwhile: the drive records nothing more
             raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
-        held.at = time.monotonic()
-        held.expires = max(held.expires, now + self.lease_ttl)
+        held.renewed(asked_at, now + self.lease_ttl)
 
     async def _renew(
         self, session_id: str, owner: str, token: int, go_on: asyncio.Event, held: Held
@@ -146,7 +151,7 @@ class Leasing:
         pause = self.lease_ttl / 3
         failing = False  # the last renewal did not get through: the deadline below holds
         renewal: asyncio.Future[bool] | None = None
-        asked = 0.0  # the lease clock's time `renewal` renews from
+        asked = asked_at = 0.0  # the lease clock's (and monotonic) time `renewal` renews from
         try:
             while go_on.is_set():
                 await asyncio.sleep(pause)
@@ -160,7 +165,7 @@ class Leasing:
                     self._lapsing(session_id, token, "no renewal got through in time", held)
                     return
                 if renewal is None or renewal.done():
-                    asked = now
+                    asked, asked_at = now, time.monotonic()
                     renewal = asyncio.ensure_future(
                         self.store.renew_lease(session_id, owner, token, self.lease_ttl, now)
                     )
@@ -185,18 +190,19 @@ class Leasing:
                     if left <= 0:
                         self._lapsing(session_id, token, why, held)
                         return
-                    # A dropped connection: try again soon, and wake at the deadline at the
-                    # latest, whatever the retries' pace.
+                    # A dropped connection: try again soon, halfway to the deadline if it is
+                    # near (a retry waking only at it gives the lease up untried: a renewal cut
+                    # by operation_timeout just before it, say), and wake at it at the latest.
                     log.warning("renewing the lease on session %s failed: %s", session_id, why)
                     failing = True
-                    pause = min(self.lease_ttl / 10, left)
+                    ttl = self.lease_ttl
+                    pause = min(ttl / 10, left / 2 if left >= ttl / 50 else left)
                     continue
                 if not live:
                     log.warning("session %s: lease %d was taken over", session_id, token)
                     held.lose()  # fenced: this drive can write nothing more
                     return
-                held.at = time.monotonic()
-                held.expires = max(held.expires, asked + self.lease_ttl)
+                held.renewed(asked_at, asked + self.lease_ttl)
                 failing = False
                 pause = self.lease_ttl / 3
         finally:
