@@ -5,14 +5,25 @@
 which posts the requests open in the store, polls once and prints one JSON line with the
 messages it saved. The parent SIGKILLs it while Slack answers a post, to leave a post that
 Slack has and the state does not.
+
+With `--interaction BODY_FILE` it then hands the interaction in BODY_FILE (signed now, as Slack
+signs) to the channel's endpoint, prints the answer Slack would get (`acknowledged`) and
+SIGKILLs itself before the event loop runs anything else: a process dying right after Slack
+had its 200, before the settling it started in the background.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
+import hmac
 import json
+import os
+import signal
 import sys
+import time
+from pathlib import Path
 
 import signoff as so
 from signoff.channels import ChannelHub
@@ -33,9 +44,23 @@ async def run(args: argparse.Namespace) -> None:
         try:
             await hub.poll()
             saved = dict(hub.state.memos(slack.name, "msg:"))
+            if args.interaction is not None:
+                body = Path(args.interaction).read_bytes()
+                answer = await slack.handle(body, signed(body))
+                sys.stdout.write(json.dumps({"event": "acknowledged", "answer": answer}) + "\n")
+                sys.stdout.flush()
+                os.kill(os.getpid(), signal.SIGKILL)
         finally:
             await hub.stop()
     sys.stdout.write(json.dumps({"event": "posted", "memos": saved}) + "\n")
+
+
+def signed(body: bytes) -> dict[str, str]:
+    """Slack's signature headers for `body`, timestamped now."""
+    stamp = str(int(time.time()))
+    base = f"v0:{stamp}:".encode() + body
+    digest = hmac.new(SECRET.encode(), base, hashlib.sha256).hexdigest()
+    return {"X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={digest}"}
 
 
 def main() -> None:
@@ -44,6 +69,7 @@ def main() -> None:
     parser.add_argument("records")
     parser.add_argument("state")
     parser.add_argument("slack_url")
+    parser.add_argument("--interaction", help="a file with an interaction's form body")
     asyncio.run(run(parser.parse_args()))
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -102,6 +103,26 @@ def test_a_closed_state_is_a_store_error() -> None:
     state.close()
     with pytest.raises(so.StoreError, match="channel state"):
         state.position("hub:slack")
+
+
+def test_every_write_is_synced_whatever_the_sqlite_build_defaults_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A memo saved before Slack is told 200 must survive a power cut: in WAL mode only
+    # synchronous=FULL syncs each commit, and some builds default to NORMAL (as here).
+    connect = sqlite3.connect
+
+    def normal_by_default(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn: sqlite3.Connection = connect(*args, **kwargs)
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", normal_by_default)
+    state = ChannelState(tmp_path / "channels.db")
+    try:
+        assert state._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+    finally:
+        state.close()
 
 
 def test_memos_are_listed_by_literal_prefix_oldest_first() -> None:

@@ -3,18 +3,16 @@ quorum's count, an escalation to a group) and once it closes.
 
 People answer with the message's controls; Slack posts the interaction to the endpoint this
 channel adds to the signoff server (`create_app(..., channels=hub)`), which checks Slack's
-signature, acknowledges at once and settles the answer in the background as the person who
-pressed (`slack:<team_id>:<user_id>`, authenticator "slack"). A reply typed in the thread of a
-request's message reaches the channel's Events API endpoint and goes to the request's session
-as a follow-up message from that person (see `_replies`).
+signature, saves the interaction, acknowledges it and settles the answer in the background as
+the person who pressed (`slack:<team_id>:<user_id>`, authenticator "slack"; see `_clicks`). A
+reply typed in the thread of a request's message reaches the channel's Events API endpoint and
+goes to the request's session as a follow-up message from that person (see `_replies`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import json
 import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -24,35 +22,24 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock, SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
-from ..._exceptions import AnswerError, ConflictingAnswer, NotAllowed, SignoffError, UsageError
-from ..._types import InputRequest, InputResponse, Principal
+from ..._exceptions import SignoffError, UsageError
+from ..._types import InputRequest
 from ...stores import promptly
-from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, settled_as
+from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger
 from ._adopt import find_post, metadata, new_attempt
 from ._blocks import (
-    ANSWER_BLOCK,
-    APPROVE,
-    DENY,
-    DENY_VIEW,
-    OPTION,
-    REASON_BLOCK,
-    TEXT,
-    TEXT_VIEW,
-    chosen_option,
-    deny_view,
     escape,
     fallback_text,
     request_blocks,
-    text_view,
 )
-from ._payloads import SlackPayloadError, interaction_of, slack_principal
-from ._replies import ThreadReplies, outcome_note, thread_key
+from ._clicks import Clicks
+from ._payloads import SlackPayloadError, slack_principal
+from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
 __all__ = ["SlackChannel", "SlackPayloadError", "slack_principal"]
 
 TOLERANCE = 300  # seconds: Slack's own advice for the request timestamp
-RETRY_WINDOW = 3600  # seconds a delivery's answer is kept for Slack's retries of it
 _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (about 2 min)
 
 # chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
@@ -129,8 +116,6 @@ class SlackChannel(Channel):
         self.clock = clock
         self._verifier = SignatureVerifier(signing_secret, clock=_Clock(clock))
         self._seen: dict[str, float] = {}  # signature -> when it can be forgotten
-        # sha256 of a body acted on -> (when it can be forgotten, the answer Slack was given)
-        self._delivered: dict[str, tuple[float, dict[str, Any] | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._router: Any = None
         self._backlog: list[InputRequest] = []  # open at start, not posted yet
@@ -138,6 +123,7 @@ class SlackChannel(Channel):
         self._backlog_failures = 0  # failed posts of the backlog's first request
         self._unsaved: dict[str, dict[str, Any]] = {}  # request id -> a post whose memo failed
         self.replies = ThreadReplies(self)
+        self.clicks = Clicks(self)
 
     # -- what the hub tells it ----------------------------------------------------------------
 
@@ -147,10 +133,13 @@ class SlackChannel(Channel):
         self._backlog = list(open_requests)
         self._backlog_at = 0.0
         self._backlog_failures = 0
-        self.replies.resume()  # replies acknowledged and not sent before a crash
+        # Answers acknowledged and not settled (or sent) before a crash.
+        self.clicks.resume()
+        self.replies.resume()
         await self._post_backlog()
 
     async def tick(self, now: float) -> None:
+        self.clicks.tick()
         self.replies.tick()
         await self._post_backlog()
 
@@ -336,95 +325,15 @@ class SlackChannel(Channel):
         self._seen[signature] = sent + TOLERANCE + 1
 
     async def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
-        """Verify and act on one interaction; the JSON to answer Slack with (None: empty 200).
-
-        Settling happens in the background, so Slack hears back well within three seconds.
-        A body acted on before (Slack's retry of a delivery, signed anew) gets the same answer
-        and does nothing again; like replays, this is remembered per process.
-        """
-        self.verify(body, headers)
-        now = self.clock()
-        for old in [d for d, (until, _) in self._delivered.items() if until < now]:
-            del self._delivered[old]
-        digest = hashlib.sha256(body).hexdigest()
-        if digest in self._delivered:
-            return self._delivered[digest][1]
-        answer = self._act(interaction_of(body))
-        self._delivered[digest] = (now + RETRY_WINDOW, answer)
-        return answer
+        """Verify and take one interaction (see `Clicks.handle`); the JSON to answer Slack with
+        (None: empty 200). It is saved before this returns and settled in the background, so
+        Slack hears back well within three seconds and a crash after that loses nothing."""
+        return self.clicks.handle(body, headers)
 
     async def handle_event(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """Verify and take one Events API request (see `ThreadReplies.handle`); the JSON to
         answer Slack with (None: empty 200)."""
         return self.replies.handle(body, headers)
-
-    def _act(self, payload: dict[str, Any]) -> dict[str, Any] | None:
-        """Act on a verified interaction; the JSON to answer Slack with (None: empty 200)."""
-        try:
-            kind = payload["type"]
-            user = payload["user"]["id"]
-            # The user's own workspace first: `team` is the one the click came from, which for
-            # someone from another organization in a Slack Connect channel is not theirs.
-            host = (payload.get("team") or {}).get("id")
-            team = payload["user"].get("team_id") or host
-            if not isinstance(user, str) or not isinstance(team, str):
-                raise TypeError("user and team ids must be strings")
-            principal = slack_principal(team, user)
-            if kind == "block_actions":
-                self._on_action(payload, principal, user)
-                return None
-            if kind == "view_submission":
-                return self._on_submission(payload, principal, user)
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-            # AttributeError: a field of the wrong type (a string where an object belongs)
-            raise SlackPayloadError(f"unreadable Slack interaction: {exc!r}") from None
-        return None  # other interactions are not ours
-
-    def _on_action(self, payload: dict[str, Any], principal: Principal, user: str) -> None:
-        action = payload["actions"][0]
-        action_id = action["action_id"]
-        channel = (payload.get("channel") or {}).get("id") or payload["container"]["channel_id"]
-        where = {"channel": channel, "user": user}
-        if action_id == APPROVE:
-            rid = str(action["value"])
-            self._spawn(
-                self._settle(InputResponse(request_id=rid, option_id="approve"), principal, where)
-            )
-        elif action_id == OPTION:
-            rid = _request_id(action["block_id"])
-            option = str(action["selected_option"]["value"])
-            self._spawn(
-                self._settle(InputResponse(request_id=rid, option_id=option), principal, where)
-            )
-        elif action_id in (DENY, TEXT):
-            rid = str(action["value"])
-            meta = {"request_id": rid, **where}
-            view = deny_view if action_id == DENY else text_view
-            self._spawn(self._open_view(rid, str(payload["trigger_id"]), view, meta, where))
-
-    def _on_submission(
-        self, payload: dict[str, Any], principal: Principal, user: str
-    ) -> dict[str, Any] | None:
-        view = payload["view"]
-        callback = view["callback_id"]
-        if callback not in (DENY_VIEW, TEXT_VIEW):
-            return None
-        meta = json.loads(view["private_metadata"])
-        rid = str(meta["request_id"])
-        where = {"channel": str(meta["channel"]), "user": user}
-        values = view["state"]["values"]
-        if callback == DENY_VIEW:
-            reason = (values.get(REASON_BLOCK, {}).get("reason") or {}).get("value") or ""
-            response = InputResponse(
-                request_id=rid, option_id="cancel", text=reason.strip() or None
-            )
-        else:
-            text = ((values.get(ANSWER_BLOCK, {}).get("answer") or {}).get("value") or "").strip()
-            if not text:
-                return {"response_action": "errors", "errors": {ANSWER_BLOCK: "Write an answer"}}
-            response = InputResponse(request_id=rid, text=text)
-        self._spawn(self._settle(response, principal, where))
-        return None  # an empty 200 closes the modal
 
     # -- background work ----------------------------------------------------------------------
 
@@ -435,72 +344,6 @@ class SlackChannel(Channel):
             task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def _settle(
-        self, response: InputResponse, principal: Principal, where: dict[str, str]
-    ) -> None:
-        try:
-            stored = await self.runtime.store.get_request(response.request_id)
-            if stored is None:
-                await self._tell(where, f"Unknown request {response.request_id}.")
-                return
-            if response.option_id is not None:
-                option = chosen_option(stored.request, response.option_id)
-                response = response.model_copy(update={"option_id": option})
-            try:
-                outcome = await self.submit(stored.request, response, principal)
-            except NotAllowed as exc:
-                await self._tell(where, f"You may not answer this request: {exc}")
-                return
-            except ConflictingAnswer:  # decided otherwise (elsewhere): say how and by whom
-                await self._tell(where, await self._closed_note(response.request_id))
-                return
-            except AnswerError as exc:
-                await self._tell(where, f"This request can no longer be answered: {exc}")
-                return
-            except SignoffError as exc:  # an answer of the wrong shape, an expired session, ...
-                await self._tell(where, f"Your answer was not accepted: {exc}")
-                return
-            note = outcome_note(outcome)
-            if note is not None:
-                await self._tell(where, note)
-            elif not outcome.applied:  # settled before (elsewhere, or a second click)
-                await self._tell(where, await self._closed_note(response.request_id))
-        except Exception:
-            logger.exception("slack: settling %s failed", response.request_id)
-
-    async def _closed_note(self, request_id: str) -> str:
-        """Tell a late responder how the request closed, and by whom."""
-        stored = await self.runtime.store.get_request(request_id)
-        shown, who = settled_as(stored.resolution if stored is not None else None)
-        return f"Request {request_id} is already closed: {shown} by {who}."
-
-    async def _open_view(
-        self,
-        request_id: str,
-        trigger_id: str,
-        build: Callable[[InputRequest, dict[str, Any]], dict[str, Any]],
-        meta: dict[str, Any],
-        where: dict[str, str],
-    ) -> None:
-        try:
-            stored = await self.runtime.store.get_request(request_id)
-            if stored is None or stored.status != "pending":
-                await self._tell(where, f"Request {request_id} is no longer open.")
-                return
-            try:
-                await self.client.views_open(
-                    trigger_id=trigger_id, view=build(stored.request, meta)
-                )
-            except SlackApiError as exc:  # e.g. the trigger expired: the click must not vanish
-                logger.warning("slack: opening a view for %s failed", request_id, exc_info=True)
-                error = exc.response.get("error") if exc.response is not None else None
-                shown = f" ({error})" if isinstance(error, str) and error else ""
-                await self._tell(
-                    where, f"Slack could not open the form{shown}: press the button again."
-                )
-        except Exception:
-            logger.exception("slack: opening a view for %s failed", request_id)
 
     async def _tell(self, where: dict[str, str], text: str) -> None:
         """An ephemeral note only the person who acted sees (in the thread they typed in, if
@@ -538,10 +381,3 @@ def _key(request_id: str) -> str:
 def _attempt_key(request_id: str) -> str:
     """The memo of a post sent and not yet saved under `_key` (see `_adopt`)."""
     return f"posting:{request_id}"
-
-
-def _request_id(block_id: str) -> str:
-    prefix, sep, rid = str(block_id).partition(":")
-    if prefix != "signoff" or not sep or not rid:
-        raise ValueError(f"not a signoff block: {block_id!r}")
-    return rid

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._answers import match
@@ -20,18 +20,15 @@ from ..._exceptions import SignoffError, StoreError
 from ..._messages import first_open
 from ..._results import Outcome
 from .._base import logger
+from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
 from ._payloads import SlackPayloadError, envelope_of, slack_principal
 
 if TYPE_CHECKING:
     from ._channel import SlackChannel
 
-__all__ = ["KEEP_THREADS", "ThreadReplies", "outcome_note", "thread_key"]
+__all__ = ["KEEP_THREADS", "RETRY_WINDOW", "ThreadReplies", "outcome_note", "thread_key"]
 
 KEEP_THREADS = 7 * 86400.0  # seconds the thread of a closed request still takes replies
-RETRY_WINDOW = 3600.0  # seconds a handled event is remembered, for Slack's retries of it
-_RESUME_AFTER = 600.0  # seconds after which a pending event is taken for one a process lost
-_TRIES = 5  # sends of one event at most (a store down for a while, say)
-_TIDY_EVERY = 300.0  # seconds between the scans that resume lost events and drop old memos
 _EVENT_ID = re.compile(r"[A-Za-z0-9_.-]{1,100}")  # it becomes part of an idempotency key
 _LEADING_MENTION = re.compile(r"^\s*<@([A-Z0-9]+)(?:\|[^>]*)?>[\s:,]*")
 
@@ -54,10 +51,6 @@ def thread_key(channel: str, ts: str) -> str:
     return f"thread:{channel}:{ts}"
 
 
-def _event_key(event_id: str) -> str:
-    return f"event:{event_id}"
-
-
 def outcome_note(outcome: Outcome) -> str | None:
     """What a person is told about an answer that did not settle its request as given."""
     if outcome.outcome == "counted" and outcome.applied:
@@ -75,8 +68,7 @@ class ThreadReplies:
 
     def __init__(self, channel: SlackChannel) -> None:
         self.channel = channel
-        self._busy: set[str] = set()  # event ids being sent by this process
-        self._tidied_at: float | None = None
+        self.inbox = Inbox(channel, "event:", TypedReply, self._send, "reply of event")
 
     def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """Verify and take one Events API request; the JSON to answer with (None: empty 200).
@@ -98,12 +90,10 @@ class ThreadReplies:
         found = self._reply(envelope)
         if found is None:
             return None
-        key = _event_key(found.event_id)
-        if ch.recall(key) is not None:
+        if self.inbox.seen(found.event_id):
             logger.debug("slack: event %s was handled before", found.event_id)
             return None
-        ch.remember(key, {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(found)})
-        self._start(found)
+        self.inbox.take(found.event_id, found)
         return None
 
     def _reply(self, envelope: dict[str, Any]) -> TypedReply | None:
@@ -159,75 +149,25 @@ class ThreadReplies:
 
     # -- sending --------------------------------------------------------------------------------
 
-    def _start(self, reply: TypedReply) -> None:
-        if reply.event_id in self._busy:
-            return
-        self._busy.add(reply.event_id)
-        self.channel._spawn(self._deliver(reply))
-
     def resume(self, *, older_than: float | None = None) -> None:
         """Send the saved replies no process finished (all of them, or those saved more than
         `older_than` seconds ago), and drop the memos of handled events and old threads."""
         ch = self.channel
+        self.inbox.resume(older_than=older_than)
         now = ch.clock()
-        for key, memo in ch.state.memos(ch.name, "event:"):
-            if not isinstance(memo, dict):
-                ch.forget(key)
-            elif memo.get("state") == "done":
-                if not _seconds(memo.get("until")) > now:
-                    ch.forget(key)
-            elif older_than is None or _seconds(memo.get("at")) < now - older_than:
-                try:
-                    fields = {f: memo[f] for f in TypedReply.__dataclass_fields__}
-                    self._start(TypedReply(**fields))
-                except (KeyError, TypeError):
-                    logger.warning("slack: the saved event %s is unreadable: %r", key, memo)
-                    ch.forget(key)
         for key, memo in ch.state.memos(ch.name, "thread:"):
             closed = memo.get("closed_at") if isinstance(memo, dict) else 0  # None: open
-            if closed is not None and not _seconds(closed) > now - KEEP_THREADS:
+            if closed is not None and not seconds(closed) > now - KEEP_THREADS:
                 ch.forget(key)
 
     def tick(self) -> None:
         """Now and then: resume replies a process that died left, and drop old memos."""
-        now = self.channel.clock()
-        if self._tidied_at is not None and now - self._tidied_at < _TIDY_EVERY:
-            return
-        self._tidied_at = now
-        self.resume(older_than=_RESUME_AFTER)
+        if self.inbox.due():
+            self.resume(older_than=RESUME_AFTER)
 
-    async def _deliver(self, reply: TypedReply) -> None:
-        """Send a saved reply and mark its event handled; a failure of the store (or anything
-        unforeseen) leaves it saved, to be sent again later, up to `_TRIES` times."""
-        ch = self.channel
-        key = _event_key(reply.event_id)
-        try:
-            memo = ch.recall(key)
-            if not isinstance(memo, dict) or memo.get("state") != "pending":
-                return  # handled meanwhile (another process)
-            tries = int(memo.get("tries") or 0) + 1
-            ch.remember(key, {**memo, "tries": tries})
-            try:
-                await self._send(reply)
-            except (StoreError, OSError):
-                if tries < _TRIES:
-                    logger.warning(
-                        "slack: sending the reply of event %s failed; it is sent again later",
-                        reply.event_id,
-                        exc_info=True,
-                    )
-                    return
-                logger.exception("slack: sending the reply of event %s failed", reply.event_id)
-            except Exception:
-                logger.exception("slack: sending the reply of event %s failed", reply.event_id)
-            ch.remember(key, {"state": "done", "until": ch.clock() + RETRY_WINDOW})
-        except Exception:
-            logger.exception("slack: the reply of event %s could not be saved", reply.event_id)
-        finally:
-            self._busy.discard(reply.event_id)
-
-    async def _send(self, reply: TypedReply) -> None:
-        """Deliver a reply to its request's session as its author, if they may answer."""
+    async def _send(self, reply: TypedReply, again: bool) -> None:
+        """Deliver a reply to its request's session as its author, if they may answer (once:
+        its event id is the idempotency key, so `again` needs no care)."""
         ch = self.channel
         rt = ch.runtime
         where = {"channel": reply.channel, "user": reply.user, "thread_ts": reply.thread}
@@ -263,11 +203,6 @@ class ThreadReplies:
             note = outcome_note(outcome)
             if note is not None:
                 await ch._tell(where, note)
-
-
-def _seconds(value: Any) -> float:
-    """A saved time, or 0 for one that is not a number (so its memo is dropped)."""
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else 0.0
 
 
 def _plain(text: str, bots: set[Any]) -> str:

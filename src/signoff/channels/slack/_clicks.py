@@ -1,0 +1,245 @@
+"""Interactions with a request's Slack message: button presses, select menus and modal
+submissions, posted by Slack to the channel's interactivity endpoint.
+
+Each interaction is read, saved in the channel state and only then acknowledged; it is settled
+in the background as the person who acted (`slack:<team_id>:<user_id>`, authenticator
+"slack"). Slack never sends again an interaction it had a 200 for, so one a process acknowledged
+and then died with is settled by the next start (see `_inbox`); one that cannot be saved gets a
+503, and Slack shows the person an error so they can act again. Settling is idempotent: an
+answer that repeats the one recorded changes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from slack_sdk.errors import SlackApiError
+
+from ..._exceptions import AnswerError, ConflictingAnswer, NotAllowed, SignoffError, StoreError
+from ..._types import InputRequest, InputResponse, Principal
+from .._base import logger, settled_as
+from ._blocks import (
+    ANSWER_BLOCK,
+    APPROVE,
+    DENY,
+    DENY_VIEW,
+    OPTION,
+    REASON_BLOCK,
+    TEXT,
+    TEXT_VIEW,
+    chosen_option,
+    deny_view,
+    text_view,
+)
+from ._inbox import Inbox
+from ._payloads import SlackPayloadError, interaction_of, slack_principal
+from ._replies import outcome_note
+
+if TYPE_CHECKING:
+    from ._channel import SlackChannel
+
+__all__ = ["Clicks", "Interaction"]
+
+ANSWER = "answer"  # what an interaction does: answer the request, or open one of its forms
+_FORMS: dict[str, Callable[[InputRequest, dict[str, Any]], dict[str, Any]]] = {
+    DENY: deny_view,
+    TEXT: text_view,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Interaction:
+    """What a person did with a request's message, as much of it as acting on it needs: an
+    answer (`does` is "answer"), or a press that opens Deny's or free text's form (`does` is
+    the button's action id, `trigger_id` Slack's handle for opening it)."""
+
+    does: str
+    request_id: str
+    team: str
+    user: str
+    channel: str
+    option_id: str | None = None
+    text: str | None = None
+    trigger_id: str | None = None
+
+
+class Clicks:
+    """The interactivity side of a `SlackChannel`: verifies, saves and settles interactions."""
+
+    def __init__(self, channel: SlackChannel) -> None:
+        self.channel = channel
+        self.inbox = Inbox(channel, "click:", Interaction, self._act, "interaction")
+
+    def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
+        """Verify and take one interaction; the JSON to answer Slack with (None: empty 200).
+
+        The interaction is saved before Slack hears back (a `StoreError` if it cannot be) and
+        acted on in the background. A body taken before (Slack's retry of a delivery, signed
+        anew, reaching any process that shares the channel state) does nothing again."""
+        self.channel.verify(body, headers)
+        found, answer = read(interaction_of(body))
+        if found is not None:
+            digest = hashlib.sha256(body).hexdigest()
+            if self.inbox.seen(digest):
+                logger.debug("slack: interaction %s was taken before", digest)
+            else:
+                self.inbox.take(digest, found)
+        return answer
+
+    def resume(self) -> None:
+        """Act on the interactions acknowledged and not finished before a crash."""
+        self.inbox.resume()
+
+    def tick(self) -> None:
+        self.inbox.tick()
+
+    # -- acting -------------------------------------------------------------------------------
+
+    async def _act(self, click: Interaction, again: bool) -> None:
+        if click.does == ANSWER:
+            await self._settle(click, again)
+        else:
+            await self._open_form(click)
+
+    async def _settle(self, click: Interaction, again: bool) -> None:
+        """Answer the request as the person who acted and tell them what only they need to
+        know: a refusal, a count, or that someone else decided first. `again`: an earlier run
+        may have settled it, which changes nothing and is not told."""
+        ch = self.channel
+        where = {"channel": click.channel, "user": click.user}
+        principal = slack_principal(click.team, click.user)
+        rid = click.request_id
+        stored = await ch.runtime.store.get_request(rid)
+        if stored is None:
+            await ch._tell(where, f"Unknown request {rid}.")
+            return
+        option = None if click.option_id is None else chosen_option(stored.request, click.option_id)
+        response = InputResponse(request_id=rid, option_id=option, text=click.text)
+        try:
+            outcome = await ch.submit(stored.request, response, principal)
+        except StoreError:
+            raise  # nothing was taken: tried again later
+        except NotAllowed as exc:
+            await ch._tell(where, f"You may not answer this request: {exc}")
+            return
+        except ConflictingAnswer:  # decided otherwise (elsewhere): say how and by whom
+            await ch._tell(where, (await self._closed(rid))[0])
+            return
+        except AnswerError as exc:
+            await ch._tell(where, f"This request can no longer be answered: {exc}")
+            return
+        except SignoffError as exc:  # an answer of the wrong shape, an expired session, ...
+            await ch._tell(where, f"Your answer was not accepted: {exc}")
+            return
+        told = outcome_note(outcome)
+        if told is not None:
+            if not (again and outcome.outcome == "counted" and not outcome.applied):
+                await ch._tell(where, told)
+        elif not outcome.applied:  # settled before: elsewhere, by a second press, or by this one
+            closed, decider = await self._closed(rid)
+            if not principal.same_as(decider):  # else their answer stands: nothing to tell
+                await ch._tell(where, closed)
+
+    async def _closed(self, request_id: str) -> tuple[str, Principal | None]:
+        """How a request closed, as a late responder is told it, and who decided it."""
+        stored = await self.channel.runtime.store.get_request(request_id)
+        resolution = stored.resolution if stored is not None else None
+        by = (resolution or {}).get("by")
+        shown, who = settled_as(resolution)
+        decider = Principal.model_validate(by) if isinstance(by, dict) else None
+        return f"Request {request_id} is already closed: {shown} by {who}.", decider
+
+    async def _open_form(self, click: Interaction) -> None:
+        """Open Deny's or free text's form for the person who pressed, or tell them why not
+        (a trigger that expired, say after a restart: they press again)."""
+        ch = self.channel
+        rid = click.request_id
+        where = {"channel": click.channel, "user": click.user}
+        stored = await ch.runtime.store.get_request(rid)
+        if stored is None or stored.status != "pending":
+            await ch._tell(where, f"Request {rid} is no longer open.")
+            return
+        meta = {"request_id": rid, **where}
+        try:
+            await ch.client.views_open(
+                trigger_id=str(click.trigger_id), view=_FORMS[click.does](stored.request, meta)
+            )
+        except SlackApiError as exc:  # e.g. the trigger expired: the click must not vanish
+            logger.warning("slack: opening a view for %s failed", rid, exc_info=True)
+            error = exc.response.get("error") if exc.response is not None else None
+            shown = f" ({error})" if isinstance(error, str) and error else ""
+            await ch._tell(where, f"Slack could not open the form{shown}: press the button again.")
+
+
+def read(payload: dict[str, Any]) -> tuple[Interaction | None, dict[str, Any] | None]:
+    """What a verified interaction asks for, if it is one of ours, and the JSON to answer Slack
+    with (None: an empty 200); a `SlackPayloadError` if it cannot be read."""
+    try:
+        kind = payload["type"]
+        user = payload["user"]["id"]
+        # The user's own workspace first: `team` is the one the click came from, which for
+        # someone from another organization in a Slack Connect channel is not theirs.
+        host = (payload.get("team") or {}).get("id")
+        team = payload["user"].get("team_id") or host
+        if not isinstance(user, str) or not isinstance(team, str):
+            raise TypeError("user and team ids must be strings")
+        if kind == "block_actions":
+            return _action(payload, team, user), None
+        if kind == "view_submission":
+            return _submission(payload, team, user)
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        # AttributeError: a field of the wrong type (a string where an object belongs)
+        raise SlackPayloadError(f"unreadable Slack interaction: {exc!r}") from None
+    return None, None  # other interactions are not ours
+
+
+def _action(payload: dict[str, Any], team: str, user: str) -> Interaction | None:
+    action = payload["actions"][0]
+    action_id = action["action_id"]
+    channel = (payload.get("channel") or {}).get("id") or payload["container"]["channel_id"]
+    if not isinstance(channel, str):
+        raise TypeError("the channel id must be a string")
+    if action_id == APPROVE:
+        rid = str(action["value"])
+        return Interaction(ANSWER, rid, team, user, channel, option_id="approve")
+    if action_id == OPTION:
+        rid = _request_id(action["block_id"])
+        option = str(action["selected_option"]["value"])
+        return Interaction(ANSWER, rid, team, user, channel, option_id=option)
+    if action_id in _FORMS:
+        rid = str(action["value"])
+        trigger = str(payload["trigger_id"])
+        return Interaction(action_id, rid, team, user, channel, trigger_id=trigger)
+    return None
+
+
+def _submission(
+    payload: dict[str, Any], team: str, user: str
+) -> tuple[Interaction | None, dict[str, Any] | None]:
+    view = payload["view"]
+    callback = view["callback_id"]
+    if callback not in (DENY_VIEW, TEXT_VIEW):
+        return None, None
+    meta = json.loads(view["private_metadata"])
+    rid = str(meta["request_id"])
+    channel = str(meta["channel"])
+    values = view["state"]["values"]
+    if callback == DENY_VIEW:
+        reason = (values.get(REASON_BLOCK, {}).get("reason") or {}).get("value") or ""
+        deny = Interaction(ANSWER, rid, team, user, channel, "cancel", reason.strip() or None)
+        return deny, None  # an empty 200 closes the modal
+    text = ((values.get(ANSWER_BLOCK, {}).get("answer") or {}).get("value") or "").strip()
+    if not text:
+        return None, {"response_action": "errors", "errors": {ANSWER_BLOCK: "Write an answer"}}
+    return Interaction(ANSWER, rid, team, user, channel, text=text), None
+
+
+def _request_id(block_id: str) -> str:
+    prefix, sep, rid = str(block_id).partition(":")
+    if prefix != "signoff" or not sep or not rid:
+        raise ValueError(f"not a signoff block: {block_id!r}")
+    return rid

@@ -1,0 +1,385 @@
+"""Interactions (button presses, select menus, modal submissions) are saved before Slack gets its
+200: one acknowledged and then lost to a crash is settled by the next start, once.
+
+Requests are posted to the loopback fake Slack of `test_slack` through the real `slack_sdk`
+client; interactions are signed like Slack signs them and handed to the channel's endpoint, in
+this process or in a child process that SIGKILLs itself right after acknowledging one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelHub
+from signoff.server import create_app
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+from ._procs import ROOT, make_agent, read_executions
+from .test_slack import (
+    ALICE,
+    PATH,
+    TEAM,
+    FakeSlack,
+    channel,
+    click,
+    manual,
+    question_agent,
+    sign,
+    submission,
+)
+
+FIRST_TS = "1700000000.000001"  # the fake's first post
+USER = "U045EF6GH"
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    slack = FakeSlack()
+    await slack.start()
+    try:
+        yield slack
+    finally:
+        await slack.stop()
+
+
+def approve(rid: str, user: str = USER, at: str = "1700000100.000001") -> bytes:
+    """A press of a request's Approve button (`at`: Slack's time of the press)."""
+    action = {"action_id": "signoff.approve", "value": rid, "type": "button", "action_ts": at}
+    return click(action, user=user)
+
+
+def deny(rid: str, reason: str = "over the limit", user: str = USER) -> bytes:
+    """The submission of Deny's reason modal."""
+    meta = {"request_id": rid, "channel": "C42", "user": user}
+    values = {"signoff.reason": {"reason": {"type": "plain_text_input", "value": reason}}}
+    return submission("signoff.deny", meta, values, user=user)
+
+
+def choose(rid: str, value: str = "2") -> bytes:
+    """A choice in a question's select menu."""
+    action = {
+        "type": "static_select",
+        "action_id": "signoff.option",
+        "block_id": f"signoff:{rid}",
+        "selected_option": {"value": value},
+    }
+    return click(action, user="U5")
+
+
+def typed(rid: str, text: str = "the 500 ml one") -> bytes:
+    """The submission of a question's free-text modal."""
+    meta = {"request_id": rid, "channel": "C42", "user": "U5"}
+    return submission("signoff.text", meta, {"signoff.answer": {"answer": {"value": text}}}, "U5")
+
+
+async def handed(slack: Any, body: bytes) -> dict[str, Any] | None:
+    """Hand a signed interaction to the channel's endpoint and wait for what it starts."""
+    answer: dict[str, Any] | None = await slack.handle(body, sign(body, int(time.time())))
+    await slack.idle()
+    return answer
+
+
+async def crash_after_acknowledging(
+    tmp_path: Path, fake: FakeSlack, store: str, body: bytes
+) -> None:
+    """Run a hub in a child process that posts the open request, takes the interaction `body`
+    and is SIGKILLed as soon as Slack would have its 200."""
+    (tmp_path / "click.form").write_bytes(body)
+    argv = [store, str(tmp_path / "runs.jsonl"), str(tmp_path / "hub.db"), fake.url]
+    with (tmp_path / "child.err").open("w") as err:
+        child = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests._slack_child",
+            *argv,
+            "--interaction",
+            str(tmp_path / "click.form"),
+            cwd=ROOT,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=err,
+        )
+        out, _ = await asyncio.wait_for(child.communicate(), 60)
+    assert child.returncode == -signal.SIGKILL, (out, (tmp_path / "child.err").read_text())
+    assert json.loads(out) == {"event": "acknowledged", "answer": None}
+
+
+@pytest.mark.parametrize("kind", ["approve", "deny"])
+async def test_a_click_acknowledged_before_a_crash_is_settled_by_the_next_start_once(
+    store_url: str, tmp_path: Path, fake: FakeSlack, kind: str
+) -> None:
+    """A process SIGKILLed right after acknowledging Approve (or Deny's modal): the restarted
+    hub settles it as the person who clicked, once, the call runs (or not) once and the message
+    shows the decision. Killed again after settling and before noting it, the next start
+    settles nothing twice and tells nobody anything."""
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")  # anyone may answer
+        (req,) = r.pending
+    body = approve(req.id) if kind == "approve" else deny(req.id)
+    await crash_after_acknowledging(tmp_path, fake, store_url, body)
+    assert len(fake.of("chat.postMessage")) == 1
+    state_file = tmp_path / "hub.db"
+    async with so.Runtime([make_agent(records)], store=store_url) as rt:
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"  # it never settled
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=state_file)) as hub:
+            ((key, saved),) = slack.state.memos(slack.name, "click:")
+            await slack.idle()  # the start settled it
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.status == "settled"
+            assert stored.resolution is not None
+            assert stored.resolution["by"]["principal_id"] == f"slack:{TEAM}:{USER}"
+            await hub.poll()
+            assert slack.recall(key)["state"] == "done"
+            # Killed after settling and before marking it done: run again, it changes nothing.
+            slack.remember(key, {**saved, "tries": 1})
+        again = channel(fake)
+        async with manual(ChannelHub(rt, [again], state=state_file)) as hub:
+            await again.idle()
+            await hub.poll()
+            assert again.recall(key)["state"] == "done"
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None
+        assert stored.outcome == ("approved" if kind == "approve" else "cancelled")
+        if kind == "deny":
+            assert stored.resolution is not None
+            assert stored.resolution["reason"] == "over the limit"
+        settled = [e for e in await rt.audit() if e.type == "approval.settled"]
+        assert len(settled) == 1
+    assert len(read_executions(records)) == (1 if kind == "approve" else 0)
+    (update,) = fake.of("chat.update")
+    assert update["ts"] == FIRST_TS
+    assert update["blocks"][-1]["block_id"] == "signoff.resolution"
+    assert fake.of("chat.postEphemeral") == []
+    assert len(fake.of("chat.postMessage")) == 1
+
+
+@pytest.mark.parametrize("kind", ["menu", "modal"])
+async def test_an_answer_acknowledged_before_its_task_ran_is_settled_by_the_next_start(
+    store_url: str, tmp_path: Path, fake: FakeSlack, kind: str
+) -> None:
+    """A question's select menu or free-text modal, acknowledged by a process that stopped
+    before settling it (its task cancelled): the next start answers it."""
+    async with so.Runtime([question_agent()], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="Reorder the soap")
+        (req,) = r.pending
+        state_file = tmp_path / "hub.db"
+        slack = channel(fake)
+        body = choose(req.id) if kind == "menu" else typed(req.id)
+        async with manual(ChannelHub(rt, [slack], state=state_file)) as hub:
+            await hub.poll()
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            for task in list(slack._tasks):
+                task.cancel()
+            await asyncio.gather(*slack._tasks, return_exceptions=True)
+            ((_, memo),) = slack.state.memos(slack.name, "click:")
+            assert memo["state"] == "pending" and memo["request_id"] == req.id
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        again = channel(fake)
+        async with manual(ChannelHub(rt, [again], state=state_file)) as hub:
+            await again.idle()
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.resolution is not None
+        if kind == "menu":
+            assert stored.resolution["answer"] == {"value": "Large", "option_id": "2", "text": None}
+        else:
+            assert stored.resolution["answer"]["text"] == "the 500 ml one"
+        assert stored.resolution["by"]["principal_id"] == f"slack:{TEAM}:U5"
+        assert len(fake.of("chat.update")) == 1
+        assert fake.of("chat.postEphemeral") == []
+
+
+async def test_a_click_that_cannot_be_saved_gets_a_503_and_settles_nothing(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The channel state refusing to save an interaction: Slack gets a 503 (and shows the
+    person an error, so they click again), nothing is settled, no form is opened, and the
+    click is not taken for done: once the state is back, the same click is acted on."""
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        (req,) = r.pending
+        slack = channel(fake)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
+        app = create_app(rt, dev=True, channels=hub)
+        async with app.router.lifespan_context(app):
+            await hub.poll()
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                remember = hub.state.remember
+                refusals: list[str] = []
+
+                def refusing(channel_name: str, key: str, value: Any) -> None:
+                    if key.startswith("click:"):
+                        refusals.append(key)
+                        raise so.StoreError("channel state: cannot save a memo: disk I/O error")
+                    remember(channel_name, key, value)
+
+                monkeypatch.setattr(hub.state, "remember", refusing)
+                press = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+                for body in (approve(req.id), deny(req.id), press):
+                    response = await http.post(
+                        PATH, content=body, headers=sign(body, int(time.time()))
+                    )
+                    assert response.status_code == 503
+                    assert response.json()["error"]["code"] == "store_error"
+                await slack.idle()
+                assert len(refusals) == 3
+                assert slack.state.memos(slack.name, "click:") == []
+                stored = await rt.store.get_request(req.id)
+                assert stored is not None and stored.status == "pending"
+                assert [e.type for e in await rt.audit()].count("approval.settled") == 0
+                assert fake.of("views.open") == []
+                # The same click sent again (signed anew) is taken once the state is back.
+                monkeypatch.setattr(hub.state, "remember", remember)
+                body = approve(req.id)
+                response = await http.post(
+                    PATH, content=body, headers=sign(body, int(time.time()) + 1)
+                )
+                assert (response.status_code, response.content) == (200, b"")
+                await slack.idle()
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+    assert len(read_executions(records)) == 1
+    assert fake.of("chat.postEphemeral") == []
+
+
+async def test_a_double_press_settles_once_and_tells_nobody_anything(
+    store_url: str, tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Approve pressed twice (two interactions, Slack's times apart): both are acknowledged, the
+    request settles once, the call runs once, and the second press is not answered with "already
+    closed" (the answer that stands is the presser's own). A press by someone else after the
+    decision is told who decided."""
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        (req,) = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+            await hub.poll()
+            first, second = approve(req.id), approve(req.id, at="1700000100.000002")
+            assert first != second
+            now = int(time.time())
+            assert await slack.handle(first, sign(first, now)) is None
+            assert await slack.handle(second, sign(second, now)) is None  # before the first ran
+            await slack.idle()
+            assert len(slack.state.memos(slack.name, "click:")) == 2
+            assert await handed(slack, approve(req.id, at="1700000100.000003")) is None
+            await hub.poll()
+            assert fake.of("chat.postEphemeral") == []
+            await handed(slack, approve(req.id, user="U078JK9LM"))
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+        assert stored.resolution is not None
+        assert stored.resolution["by"]["principal_id"] == f"slack:{TEAM}:{USER}"
+        assert [e.type for e in await rt.audit()].count("approval.settled") == 1
+    assert len(read_executions(records)) == 1
+    assert len(fake.of("chat.update")) == 1
+    (note,) = fake.of("chat.postEphemeral")
+    assert note["user"] == "U078JK9LM"
+    assert note["text"] == f"Request {req.id} is already closed: approved by slack:{TEAM}:{USER}."
+
+
+async def test_a_click_whose_settling_meets_a_store_failure_is_settled_on_a_later_tick(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store failing while a saved click is settled (down for a moment): the click stays
+    saved and a later scan settles it, instead of the person's answer being dropped."""
+    clock = [time.time()]
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        (req,) = r.pending
+        slack = channel(fake, clock=lambda: clock[0])
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            get_request = rt.store.get_request
+            failures = [so.StoreError("database is locked")]
+
+            async def flaky(request_id: str) -> Any:
+                if failures:
+                    raise failures.pop()
+                return await get_request(request_id)
+
+            monkeypatch.setattr(rt.store, "get_request", flaky)
+            body = approve(req.id)
+            assert await slack.handle(body, sign(body, int(clock[0]))) is None
+            await slack.idle()
+            assert failures == []
+            ((key, memo),) = slack.state.memos(slack.name, "click:")
+            assert (memo["state"], memo["tries"]) == ("pending", 1)
+            stored = await get_request(req.id)
+            assert stored is not None and stored.status == "pending"
+            await hub.poll()  # the first scan: it is not old enough to be another's lost click
+            await slack.idle()
+            clock[0] += 601
+            await hub.poll()
+            await slack.idle()
+            assert slack.recall(key)["state"] == "done"
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+    assert len(read_executions(records)) == 1
+    assert fake.of("chat.postEphemeral") == []
+
+
+async def test_a_counted_approval_run_again_after_a_crash_is_neither_counted_nor_told_twice(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """A quorum's approval counted, then the process died before noting the click done: the
+    next start runs it again, which counts nothing new and sends no second note."""
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(approvers=2))
+    async def delete_account(account_id: str) -> str:
+        """Delete an account."""
+        runs.append(account_id)
+        return "deleted"
+
+    agent = scripted_agent(
+        "admin",
+        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
+        tools=[delete_account],
+    )
+    state_file = tmp_path / "hub.db"
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("admin", prompt="Delete acct_7", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=state_file)) as hub:
+            await hub.poll()
+            body = approve(req.id, user="U1")
+            await slack.handle(body, sign(body, int(time.time())))
+            ((key, saved),) = slack.state.memos(slack.name, "click:")  # before its task ran
+            await slack.idle()
+            assert slack.recall(key)["state"] == "done"
+            slack.remember(key, {**saved, "tries": 1})  # as a process killed before that left it
+        again = channel(fake)
+        async with manual(ChannelHub(rt, [again], state=state_file)) as hub:
+            await again.idle()
+            await hub.poll()
+            assert again.recall(key)["state"] == "done"
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        candidates = [e for e in await rt.audit() if e.type == "approval.candidate"]
+        assert [c.data["outcome"] for c in candidates] == ["counted"]
+    assert runs == []
+    assert [e["text"] for e in fake.of("chat.postEphemeral")] == [
+        "Your approval was counted (1 of 2)."
+    ]
