@@ -2,7 +2,8 @@
 that stops answering while its kernel still acknowledges (a stopped process, a hung machine or
 disk) trips no TCP setting and cannot enforce its own `statement_timeout`, so past
 `operation_timeout` the connection's socket is shut down under the waiting call, which then
-fails as over a lost connection, and the connection is never pooled again."""
+fails as over a lost connection, and the connection is never pooled again. The pool's test of
+its idle connections (`Pool`) is held to the same deadline."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ if TYPE_CHECKING:
 else:
     Conn = Any
 
-__all__ = ["OPERATION_TIMEOUT", "Borrowed", "sever"]
+__all__ = ["OPERATION_TIMEOUT", "Borrowed", "Pool", "sever"]
 
 OPERATION_TIMEOUT = 30.0
 """Seconds a store call may spend on its connection (each attempt of it) unless the URL
@@ -42,6 +43,23 @@ def sever(conn: Conn) -> None:
         return
     with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
         sock.shutdown(socket.SHUT_RDWR)
+
+
+class Pool(AsyncConnectionPool[Conn]):
+    """The store's pool: `check()` (run after a connection was lost) tests each idle connection
+    within `operation_timeout`, as a call is held on one: a server process that stopped
+    answering would otherwise hold the test, and whatever waits for it, for ever."""
+
+    def __init__(self, *args: Any, operation_timeout: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.operation_timeout = operation_timeout
+
+    async def check_connection(self, conn: Conn) -> None:  # type: ignore[override]
+        timer = asyncio.get_running_loop().call_later(self.operation_timeout, sever, conn)
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        finally:
+            timer.cancel()
 
 
 class Borrowed:
