@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import uuid
@@ -152,6 +153,26 @@ async def test_a_read_on_a_frozen_connection_fails_and_the_store_goes_on(
         # The frozen connection was dropped, not pooled again: the next call gets a new one.
         assert await asyncio.wait_for(one.head(sid), GENEROUS) == 1
         assert await backend_pid(one) != pid
+    await gone(one.url, pid)
+    assert await one.head(sid) == 1
+
+
+async def test_a_frozen_connection_is_cut_with_no_file_descriptor_to_spare(
+    one: PostgresStore, pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cutting a connection takes no new file descriptor: a process that has run out of them
+    (EMFILE, under load, just when a server stops answering) still gets its call back."""
+    sid = await new_session(pg)
+    pid = await backend_pid(one)
+
+    def no_more(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    with frozen(pid):
+        monkeypatch.setattr(os, "dup", no_more)
+        with pytest.raises(StoreUnavailable, match="did not answer within 1s"):
+            await asyncio.wait_for(one.head(sid), GENEROUS)
+        monkeypatch.undo()
     await gone(one.url, pid)
     assert await one.head(sid) == 1
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -36,13 +35,18 @@ a connection, and far longer than any statement signoff sends takes on a live se
 def sever(conn: Conn) -> None:
     """Cut `conn` under whatever waits on it: its socket is shut down (not closed, so its file
     descriptor is not reused while the event loop still watches it), so libpq reads an end of
-    file, fails the call and marks the connection broken, as if the server had dropped it."""
+    file, fails the call and marks the connection broken, as if the server had dropped it. It
+    takes no file descriptor of its own, which a process that ran out of them has none of."""
     try:
         fd = conn.pgconn.socket
     except psycopg.Error:  # closed already
         return
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
-        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=fd)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.detach()  # the descriptor stays libpq's, open
 
 
 class Pool(AsyncConnectionPool[Conn]):
