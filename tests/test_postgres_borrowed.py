@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import uuid
@@ -156,6 +157,26 @@ async def test_a_read_on_a_frozen_connection_fails_and_the_store_goes_on(
     assert await one.head(sid) == 1
 
 
+async def test_a_frozen_connection_is_cut_with_no_file_descriptor_to_spare(
+    one: PostgresStore, pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cutting a connection takes no new file descriptor: a process that has run out of them
+    (EMFILE, under load, just when a server stops answering) still gets its call back."""
+    sid = await new_session(pg)
+    pid = await backend_pid(one)
+
+    def no_more(fd: int) -> int:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    with frozen(pid):
+        monkeypatch.setattr(os, "dup", no_more)
+        with pytest.raises(StoreUnavailable, match="did not answer within 1s"):
+            await asyncio.wait_for(one.head(sid), GENEROUS)
+        monkeypatch.undo()
+    await gone(one.url, pid)
+    assert await one.head(sid) == 1
+
+
 async def test_a_write_frozen_before_its_commit_fails_and_writes_nothing(
     one: PostgresStore, pg: PostgresStore, pg_store_url: str
 ) -> None:
@@ -221,6 +242,80 @@ async def test_a_connection_cut_as_its_call_ended_is_not_pooled_again(pg_store_u
         assert await store._read(slow, "thinking") == "done"
         assert store._pool is not None and store._pool.get_stats().get("returns_bad") == 1
         assert await backend_pid(store) != pid
+    finally:
+        await store.close()
+
+
+async def lost_beside_frozen(store: PostgresStore, url: str) -> tuple[int, int]:
+    """The store's two pooled connections idle, the one it lends next lost (its server process
+    ended), the other's server process to be frozen: their pids."""
+    pool = store._pool
+    assert pool is not None
+    lost, stuck = await pool.getconn(), await pool.getconn()
+    pids = []
+    for conn in (lost, stuck):
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        assert row is not None
+        pids.append(int(row[0]))
+    await pool.putconn(lost)  # the pool lends its longest idle connection first
+    await pool.putconn(stuck)
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+        await admin.execute("SELECT pg_terminate_backend(%s)", (pids[0],))
+    await gone(url, pids[0])
+    return pids[0], pids[1]
+
+
+async def test_a_lost_connection_beside_a_frozen_one_is_retried_in_time(
+    cluster: PgCluster, pg_store_url: str
+) -> None:
+    """A call whose connection was lost tests the connections idle in the pool before it tries
+    again: one whose server process stopped answering is held to the call's deadline too, and
+    dropped, rather than holding the test, and the call, for ever."""
+    store = PostgresStore(pg_store_url, min_size=2, max_size=2, operation_timeout=1)
+    await store.open()
+    try:
+        sid = await new_session(store)
+        lost, stuck = await lost_beside_frozen(store, pg_store_url)
+        with frozen(stuck):
+            call = asyncio.ensure_future(store.head(sid))
+            try:
+                await asyncio.wait({call}, timeout=GENEROUS)
+                assert call.done(), "the call hung on the pool's test of a frozen connection"
+            finally:
+                call.cancel()
+            assert call.result() == 1
+            assert await backend_pid(store) not in (lost, stuck)
+            # The test itself ends while the process is still frozen, its connection cut.
+            checking = store._checking
+            assert checking is not None
+            await asyncio.wait({checking}, timeout=GENEROUS)
+            assert checking.done()
+        await gone(pg_store_url, stuck)
+    finally:
+        await store.close()
+
+
+async def test_a_call_cancelled_while_the_pool_is_tested_is_cancelled(
+    cluster: PgCluster, pg_store_url: str
+) -> None:
+    """Cancelled while it waits for the test of the pool after a lost connection (psycopg_pool's
+    `check()` takes a cancellation for a broken connection), the call ends cancelled: it does
+    not go on to try again, as a tool body cancelled with its lost lease must not."""
+    store = PostgresStore(pg_store_url, min_size=2, max_size=2, operation_timeout=5)
+    await store.open()
+    try:
+        sid = await new_session(store)
+        _, stuck = await lost_beside_frozen(store, pg_store_url)
+        with frozen(stuck):
+            call = asyncio.ensure_future(store.head(sid))
+            await asyncio.sleep(0.5)  # its connection found lost, the frozen one under test
+            assert not call.done()
+            call.cancel()
+            await asyncio.wait({call}, timeout=GENEROUS)
+            assert call.cancelled()
+        # The test goes on without it: the resumed connection passes, and the store works on.
+        assert await asyncio.wait_for(store.head(sid), GENEROUS) == 1
     finally:
         await store.close()
 

@@ -2,13 +2,13 @@
 that stops answering while its kernel still acknowledges (a stopped process, a hung machine or
 disk) trips no TCP setting and cannot enforce its own `statement_timeout`, so past
 `operation_timeout` the connection's socket is shut down under the waiting call, which then
-fails as over a lost connection, and the connection is never pooled again."""
+fails as over a lost connection, and the connection is never pooled again. The pool's test of
+its idle connections (`Pool`) is held to the same deadline."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 else:
     Conn = Any
 
-__all__ = ["OPERATION_TIMEOUT", "Borrowed", "sever"]
+__all__ = ["OPERATION_TIMEOUT", "Borrowed", "Pool", "sever"]
 
 OPERATION_TIMEOUT = 30.0
 """Seconds a store call may spend on its connection (each attempt of it) unless the URL
@@ -35,13 +35,35 @@ a connection, and far longer than any statement signoff sends takes on a live se
 def sever(conn: Conn) -> None:
     """Cut `conn` under whatever waits on it: its socket is shut down (not closed, so its file
     descriptor is not reused while the event loop still watches it), so libpq reads an end of
-    file, fails the call and marks the connection broken, as if the server had dropped it."""
+    file, fails the call and marks the connection broken, as if the server had dropped it. It
+    takes no file descriptor of its own, which a process that ran out of them has none of."""
     try:
         fd = conn.pgconn.socket
     except psycopg.Error:  # closed already
         return
-    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
-        sock.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=fd)
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.detach()  # the descriptor stays libpq's, open
+
+
+class Pool(AsyncConnectionPool[Conn]):
+    """The store's pool: `check()` (run after a connection was lost) tests each idle connection
+    within `operation_timeout`, as a call is held on one: a server process that stopped
+    answering would otherwise hold the test, and whatever waits for it, for ever."""
+
+    def __init__(self, *args: Any, operation_timeout: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.operation_timeout = operation_timeout
+
+    async def check_connection(self, conn: Conn) -> None:  # type: ignore[override]
+        timer = asyncio.get_running_loop().call_later(self.operation_timeout, sever, conn)
+        try:
+            await AsyncConnectionPool.check_connection(conn)
+        finally:
+            timer.cancel()
 
 
 class Borrowed:

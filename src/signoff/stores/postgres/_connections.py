@@ -28,7 +28,7 @@ from .._base import FaultHook
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
 from . import _schema
-from ._borrowed import OPERATION_TIMEOUT, Borrowed
+from ._borrowed import OPERATION_TIMEOUT, Borrowed, Pool
 from ._changes import Listener
 from ._outage import GRACE, Outage, is_down
 from ._url import SCHEMA_NAME, describe, number, split_options, with_libpq_defaults
@@ -117,6 +117,7 @@ class Connections:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server_async = False
         self._open_lock: asyncio.Lock | None = None
+        self._checking: asyncio.Future[None] | None = None  # the pool's test (`_after_loss`)
         self._fault: FaultHook | None = None
         self._sk: PerSession[int] = PerSession()
         # A commit guesses the session's state from what this store last saw of it, so it needs
@@ -165,7 +166,7 @@ class Connections:
                 raise StoreError(f"cannot read settings at {self._where}: {exc}") from exc
             finally:
                 await conn.close()
-            pool: AsyncConnectionPool[Conn] = AsyncConnectionPool(
+            pool = Pool(
                 self._dsn,
                 min_size=self.min_size,
                 max_size=self.max_size,
@@ -179,6 +180,7 @@ class Connections:
                 reconnect_timeout=RECONNECT_WITHIN,
                 reconnect_failed=_reconnect_again,
                 configure=_configure,
+                operation_timeout=self.operation_timeout,
             )
             try:
                 await pool.open(wait=True, timeout=self.timeout)
@@ -194,6 +196,7 @@ class Connections:
         self._pool = None
         self._loop = None
         self._open_lock = None
+        self._checking = None
         self._changes.forget()
 
     async def _connect(self) -> Conn:
@@ -237,6 +240,9 @@ class Connections:
         self._loop = None
         if pool is not None:
             await pool.close()
+        checking, self._checking = self._checking, None
+        if checking is not None:
+            await asyncio.wait({checking})  # each connection it holds is cut at its deadline
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:
         self._fault = hook
@@ -489,9 +495,15 @@ class Connections:
 
     async def _after_loss(self, pool: AsyncConnectionPool[Conn]) -> None:
         """A connection was lost, so the others idle in the pool may be too (the server restarted):
-        test them now, so that the check and the retry that follow get a live one."""
-        with contextlib.suppress(psycopg.Error):
-            await pool.check()
+        test them now, so that the check and the retry that follow get a live one. Calls losing
+        theirs at once share one test and wait for it `operation_timeout` at most (it goes on
+        without them); the test runs as a task of its own, as `pool.check()` takes a
+        cancellation for a broken connection: the caller's must reach the caller."""
+        checking = self._checking
+        if checking is None or checking.done():
+            checking = self._checking = asyncio.ensure_future(pool.check())
+            checking.add_done_callback(_seen)
+        await asyncio.wait({checking}, timeout=self.operation_timeout)
 
     def _sync_setting(self, synchronous: bool) -> str | None:
         """The `synchronous_commit` a write's transaction needs, None for the server's."""
@@ -548,6 +560,12 @@ async def _configure(conn: Conn) -> None:
         "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3"
     )
     conn.prepare_threshold = 0  # after the SETs: a prepared statement holds one command only
+
+
+def _seen(checking: asyncio.Future[None]) -> None:
+    """A test of the pool has ended: its failure (the pool closed under it) only means that."""
+    if not checking.cancelled():
+        checking.exception()
 
 
 RECONNECT_WITHIN = 5.0
