@@ -94,13 +94,13 @@ class ModelStep(DriverPart):
         self.abort_signal.clear()
         span = self.tracing.model(s, self.agent.model, request)
         try:
-            response = await self._complete(request)
-            if not isinstance(response, ModelResponse):
-                raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
-            _check_recordable(response, limits.max_response_bytes)
+            with span:  # ended, and no longer current, however the call ends
+                response = await self._complete(request)
+                if not isinstance(response, ModelResponse):
+                    raise ModelError(f"model returned {type(response).__name__}, not ModelResponse")
+                _check_recordable(response, limits.max_response_bytes)
+                span.responded(response)
         except (Exception, asyncio.CancelledError) as exc:
-            span.fail(exc)
-            span.end()
             if not isinstance(exc, Exception) and not own_cancel(exc):
                 raise  # this drive is being cancelled, not failed by the model
             if isinstance(exc, LeaseLost) and self.held is not None and self.held.lost:
@@ -124,8 +124,6 @@ class ModelStep(DriverPart):
                 ]
             )
             return True
-        span.responded(response)
-        span.end()
         calls = []
         # A missing or repeated id is replaced by one no call of this response uses.
         taken = {c.id for c in response.tool_calls if c.id}

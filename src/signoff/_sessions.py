@@ -475,13 +475,15 @@ class SessionRunner(Leasing):
                 # failed: the lease is given back, so the next drive need not wait out its TTL.
                 cancelled = True
                 raise
-            except Exception as exc:
+            except BaseException as exc:
                 span.fail(exc)
                 raise
             finally:
-                if not (failed or lost or cancelled) and driver is not None:
-                    span.finish(driver.state)
-                span.end()
+                try:
+                    if not (failed or lost or cancelled) and driver is not None:
+                        span.finish(driver.state)
+                finally:
+                    span.end()
                 renewing.clear()  # ends the loop even if the cancel below is swallowed
                 renew.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -293,17 +293,11 @@ class ToolCalls(DriverPart):
             abort_signal=self.abort_signal,
             journal=journal,
         )
-        span = self.tracing.tool(s, call.id, call.tool_name, validated)
-        try:
+        with self.tracing.tool(s, call.id, call.tool_name, validated) as span:
             if self.lease_check is not None:
                 await self.lease_check()  # a drive that stalled past its lease runs no body
             task = await self._run_body(tool, ctx, validated, journal)
             _traced(span, task)
-        except BaseException as exc:
-            span.fail(exc)
-            raise
-        finally:
-            span.end()
         if task is None:
             return  # parked on ctx.ask(): the call is "asking" now
         try:

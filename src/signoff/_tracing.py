@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import TYPE_CHECKING, Any, cast
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self, cast
 
 from ._exceptions import SignoffError, UsageError
 
@@ -67,6 +68,20 @@ def _error_type(exc: BaseException) -> str:
     return exc.code if isinstance(exc, SignoffError) else type(exc).__qualname__
 
 
+def _exception_type(exc: BaseException) -> str:
+    """`exception.type`: the exception's class, qualified by its module as the SDK names it."""
+    kind = type(exc)
+    module = kind.__module__
+    return kind.__qualname__ if module in ("builtins", "") else f"{module}.{kind.__qualname__}"
+
+
+def _named(exc: BaseException) -> str:
+    """A span's error description without the exception's text: its class, and signoff's
+    error code if it has one."""
+    name = type(exc).__name__
+    return f"{name} ({exc.code})" if isinstance(exc, SignoffError) else name
+
+
 def _json(value: Any) -> str:
     """`value` as JSON text for an attribute: pydantic models by their JSON form."""
     return json.dumps(value, ensure_ascii=False, default=_plain)
@@ -78,31 +93,59 @@ def _plain(value: Any) -> Any:
 
 
 class _Span:
-    """One span, current (its children's parent) from creation until `end`."""
+    """One span, current (its children's parent) from creation until `end`; as a context
+    manager it ends on any exit, failed by any exception that leaves it."""
 
-    __slots__ = ("_token", "span")
+    __slots__ = ("_token", "content", "span")
 
-    def __init__(self, tracer: Tracer, name: str, kind: Any, attributes: dict[str, Any]) -> None:
+    def __init__(
+        self, tracer: Tracer, name: str, kind: Any, attributes: dict[str, Any], content: bool
+    ) -> None:
         span = tracer.start_span(name, kind=kind, attributes=attributes)
         self.span: Span = span
+        self.content = content
         self._token: object | None = None
         # The no-op tracer hands back the current span: nothing to make current then.
         if span.is_recording() or span.get_span_context().is_valid:
             self._token = _context.attach(_trace.set_span_in_context(span))
 
-    def fail(self, exc: BaseException, description: str | None = None) -> None:
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            if exc is not None:
+                self.fail(exc)
+        finally:
+            self.end()
+
+    def fail(self, exc: BaseException) -> None:
+        """Set the span's status to error. Its message and stack trace are recorded only with
+        content on: they may quote tool input or message text."""
         span = self.span
-        if span.is_recording():
+        if not span.is_recording():
+            return
+        span.set_attribute("error.type", _error_type(exc))
+        if self.content:
             span.record_exception(exc)
-            span.set_attribute("error.type", _error_type(exc))
-            why = description or f"{type(exc).__name__}: {exc}"
-            span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
+            why = f"{type(exc).__name__}: {exc}"
+        else:
+            span.add_event("exception", {"exception.type": _exception_type(exc)})
+            why = _named(exc)
+        span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
 
     def end(self) -> None:
-        if self._token is not None:
-            _context.detach(self._token)
-            self._token = None
-        self.span.end()
+        try:
+            if self._token is not None:
+                _context.detach(self._token)
+                self._token = None
+        finally:
+            self.span.end()
 
 
 class DriveSpan(_Span):
@@ -159,7 +202,8 @@ class DriveSpan(_Span):
             code = str(error.get("code") or "turn_failed")
             span.set_attribute("error.type", code)
             span.set_attribute("signoff.turn.retryable", turn.retryable)
-            why = str(error.get("message") or code)
+            # The turn's error message may quote the model's or a tool's text: content only.
+            why = str(error.get("message") or code) if self.content else code
             span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
 
 
@@ -191,14 +235,13 @@ def _answered(state: SessionState) -> list[Any]:
 class ModelSpan(_Span):
     """`chat {model}`: one call of the agent's model."""
 
-    __slots__ = ("content",)
+    __slots__ = ()
 
     def __init__(
         self, tracer: Tracer, kind: Any, attributes: dict[str, Any], content: bool
     ) -> None:
         model = attributes.get("gen_ai.request.model")
-        super().__init__(tracer, f"chat {model}" if model else "chat", kind, attributes)
-        self.content = content
+        super().__init__(tracer, f"chat {model}" if model else "chat", kind, attributes, content)
 
     def responded(self, response: Any) -> None:
         """Record the response's usage (and, with content on, its text and calls)."""
@@ -225,13 +268,12 @@ class ModelSpan(_Span):
 class ToolSpan(_Span):
     """`execute_tool {tool}`: one run of a tool's body (a replay of its journal included)."""
 
-    __slots__ = ("content",)
+    __slots__ = ()
 
     def __init__(
         self, tracer: Tracer, name: str, kind: Any, attributes: dict[str, Any], content: bool
     ) -> None:
-        super().__init__(tracer, f"execute_tool {name}", kind, attributes)
-        self.content = content
+        super().__init__(tracer, f"execute_tool {name}", kind, attributes, content)
 
     def outcome(self, outcome: str, result: Any = None) -> None:
         """How the body ended without an error: `ok` (with its result, content on), `asking`
@@ -248,6 +290,12 @@ class _Off:
 
     __slots__ = ()
 
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
     def begin(self, state: SessionState, now: float) -> None:
         pass
 
@@ -260,7 +308,7 @@ class _Off:
     def outcome(self, outcome: str, result: Any = None) -> None:
         pass
 
-    def fail(self, exc: BaseException, description: str | None = None) -> None:
+    def fail(self, exc: BaseException) -> None:
         pass
 
     def end(self) -> None:
@@ -306,7 +354,8 @@ class Tracing:
             "gen_ai.conversation.id": session_id,
             "signoff.session_id": session_id,
         }
-        return DriveSpan(self.tracer, "invoke_agent", _trace.SpanKind.INTERNAL, attributes)
+        kind = _trace.SpanKind.INTERNAL
+        return DriveSpan(self.tracer, "invoke_agent", kind, attributes, self.content)
 
     def model(self, state: SessionState, model: object, request: Any) -> ModelSpan:
         """Start a call of `model` with `request`."""
