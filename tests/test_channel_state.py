@@ -18,6 +18,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import Channel, ChannelHub, ChannelState
+from signoff.channels._base import waiting_until
 from signoff.testing import call, call_tools, scripted_agent
 
 from ._locks import holding, open_together
@@ -78,6 +79,39 @@ def test_a_write_locked_elsewhere_past_the_timeout_is_a_store_error(tmp_path: Pa
     state.set_position("hub:slack", 2)  # the lock is gone: it works again
     assert state.position("hub:slack") == 2
     assert state.recall("slack", "msg:r1") == {"ts": "1.2"}
+    state.close()
+
+
+def test_calls_given_a_deadline_wait_for_the_state_only_until_it(tmp_path: Path) -> None:
+    # What must answer Slack in time: neither another process's lock on the file nor another
+    # thread's call waiting for it holds such a call for the state's busy_timeout.
+    path = tmp_path / "channels.db"
+    state = ChannelState(path, busy_timeout=30)
+    state.remember("slack", "msg:r1", {"ts": "1.2"})
+    with holding(path) as holder:
+        began = time.monotonic()
+        with (
+            waiting_until(time.monotonic() + 0.3),
+            pytest.raises(so.StoreError, match=r"channel state .*save a memo.*locked"),
+        ):
+            state.remember("slack", "msg:r2", {"ts": "3.4"})
+        assert time.monotonic() - began < 10
+        assert state._conn.execute("PRAGMA busy_timeout").fetchone() == (30000,)  # restored
+        patient = threading.Thread(target=state.remember, args=("slack", "msg:r3", 3))
+        patient.start()  # holds the state's lock while it waits for the file's
+        time.sleep(0.2)
+        with (
+            waiting_until(time.monotonic() + 0.3),
+            pytest.raises(so.StoreError, match=r"read a memo: busy past the deadline"),
+        ):
+            state.recall("slack", "msg:r1")
+        holder.release()
+        patient.join(timeout=10)
+    with waiting_until(time.monotonic() + 0.3):  # free: it works as ever
+        state.remember("slack", "msg:r2", {"ts": "3.4"})
+    assert [key for key, _ in state.memos("slack")] == ["msg:r1", "msg:r3", "msg:r2"]
+    with waiting_until(time.monotonic() - 1):  # past: only what needs no wait
+        assert state.recall("slack", "msg:r2") == {"ts": "3.4"}
     state.close()
 
 

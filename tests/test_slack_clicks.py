@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub
+from signoff.channels.slack._inbox import ACK_WITHIN
 from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
 
@@ -255,6 +257,105 @@ async def test_a_click_that_cannot_be_saved_gets_a_503_and_settles_nothing(
             await hub.poll()
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.outcome == "approved"
+    assert len(read_executions(records)) == 1
+    assert fake.of("chat.postEphemeral") == []
+
+
+async def test_a_click_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls_nothing(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Another process holding the channel state's write lock: the click waits for it off the
+    event loop (another request is answered meanwhile) and gets a 503 before Slack's 3 s, with
+    nothing saved or settled; once the lock is gone, Slack's retry is taken, and settles once."""
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        (req,) = r.pending
+        slack = channel(fake)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
+        app = create_app(rt, dev=True, channels=hub)
+        async with app.router.lifespan_context(app):
+            await hub.poll()
+            assert slack.clicks.inbox.ack_within == ACK_WITHIN < 3
+            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+                other = sqlite3.connect(tmp_path / "hub.db", isolation_level=None)
+                other.execute("BEGIN IMMEDIATE")
+                body = approve(req.id)
+
+                async def press() -> tuple[httpx.Response, float]:
+                    began = time.monotonic()
+                    response = await http.post(
+                        PATH, content=body, headers=sign(body, int(time.time()))
+                    )
+                    return response, time.monotonic() - began
+
+                pressing = asyncio.create_task(press())
+                await asyncio.sleep(0.3)  # the click is waiting for the lock by now
+                looked = await http.get(f"/v1/requests/{req.id}")
+                assert looked.status_code == 200 and looked.json()["status"] == "pending"
+                assert not pressing.done()  # answered while the click waits
+                response, took = await pressing
+                assert response.status_code == 503
+                assert response.json()["error"]["code"] == "store_error"
+                assert took < 3.0
+                await slack.idle()
+                assert slack.state.memos(slack.name, "click:") == []
+                other.execute("ROLLBACK")
+                other.close()
+                stored = await rt.store.get_request(req.id)
+                assert stored is not None and stored.status == "pending"
+                for retry in (1, 2):  # Slack sends it again (signed anew), then once more
+                    response = await http.post(
+                        PATH, content=body, headers=sign(body, int(time.time()) + retry)
+                    )
+                    assert (response.status_code, response.content) == (200, b"")
+                    await slack.idle()
+                assert len(slack.state.memos(slack.name, "click:")) == 1
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+        assert [e.type for e in await rt.audit()].count("approval.settled") == 1
+    assert len(read_executions(records)) == 1
+    assert fake.of("chat.postEphemeral") == []
+
+
+async def test_a_click_saved_after_its_503_is_settled_once_and_its_retry_does_nothing(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A save that ends after Slack had its 503 (a slow disk, say) still starts its work, once;
+    Slack's retry of the click then finds it taken."""
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        (req,) = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+            await hub.poll()
+            slack.clicks.inbox.ack_within = 0.3
+            remember = hub.state.remember
+
+            def slow(channel_name: str, key: str, value: Any) -> None:
+                if key.startswith("click:"):
+                    time.sleep(0.6)  # in the save's thread: past the deadline
+                remember(channel_name, key, value)
+
+            monkeypatch.setattr(hub.state, "remember", slow)
+            body = approve(req.id)
+            with pytest.raises(so.StoreError, match="not saved within 0.3s"):
+                await slack.handle(body, sign(body, int(time.time())))
+            monkeypatch.setattr(hub.state, "remember", remember)
+            await slack.idle()  # the save ends, and its work runs
+            stored = await rt.store.get_request(req.id)
+            assert stored is not None and stored.outcome == "approved"
+            response = await slack.handle(body, sign(body, int(time.time()) + 1))
+            assert response is None
+            await slack.idle()
+            assert len(slack.state.memos(slack.name, "click:")) == 1
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+        assert [e.type for e in await rt.audit()].count("approval.settled") == 1
     assert len(read_executions(records)) == 1
     assert fake.of("chat.postEphemeral") == []
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -20,6 +21,7 @@ import pytest
 import signoff as so
 from signoff.channels import ChannelHub, InvalidSignature
 from signoff.channels.slack import SlackChannel, SlackPayloadError
+from signoff.channels.slack._inbox import ACK_WITHIN
 from signoff.channels.slack._replies import KEEP_THREADS, RETRY_WINDOW
 from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
@@ -340,6 +342,65 @@ async def test_a_delivery_slack_retries_acts_once(
         assert one.resolution["answer"]["value"] == "Large"
         assert two is not None and two.status == "pending"  # "Large" is no scent, but text
         assert sent == ["Large"]  # the retries were not even sent with the same key
+
+
+async def test_a_reply_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls_nothing(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holding the channel state's write lock: the event waits for it off the
+    event loop (another request is answered meanwhile) and gets a 503 before Slack's 3 s, with
+    nothing saved or sent; once the lock is gone, Slack's retry is sent, once."""
+    async with so.Runtime([shop_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="Reorder the soap")
+        sent: list[str] = []
+        send = rt.send
+
+        async def counted(session_id: str, message: str, **kwargs: Any) -> so.GenerateResult:
+            sent.append(message)
+            return await send(session_id, message, **kwargs)
+
+        monkeypatch.setattr(rt, "send", counted)
+        size, _ = r.pending
+        slack = channel(fake)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
+        app = create_app(rt, dev=True, channels=hub)
+        async with app.router.lifespan_context(app):
+            await hub.poll()
+            assert slack.replies.inbox.ack_within == ACK_WITHIN < 3
+            transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
+            async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
+                other = sqlite3.connect(tmp_path / "hub.db", isolation_level=None)
+                other.execute("BEGIN IMMEDIATE")
+                body = event("Large")
+
+                async def post() -> tuple[httpx.Response, float]:
+                    began = time.monotonic()
+                    response = await http.post(EVENTS, content=body, headers=signed(body))
+                    return response, time.monotonic() - began
+
+                posting = asyncio.create_task(post())
+                await asyncio.sleep(0.3)  # the event is waiting for the lock by now
+                looked = await http.get(f"/v1/requests/{size.id}")
+                assert looked.status_code == 200 and looked.json()["status"] == "pending"
+                assert not posting.done()  # answered while the event waits
+                response, took = await posting
+                assert response.status_code == 503
+                assert response.json()["error"]["code"] == "store_error"
+                assert took < 3.0
+                await slack.idle()
+                assert slack.state.memos(slack.name, "event:") == []
+                assert sent == []
+                other.execute("ROLLBACK")
+                other.close()
+                for retry in (1, 2):  # Slack's retries, signed anew
+                    headers = signed(body, time.time() + retry, **{"X-Slack-Retry-Num": str(retry)})
+                    response = await http.post(EVENTS, content=body, headers=headers)
+                    assert (response.status_code, response.content) == (200, b"")
+                    await slack.idle()
+        stored = await rt.store.get_request(size.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["answer"]["value"] == "Large"
+        assert sent == ["Large"]
 
 
 async def test_what_is_not_a_persons_reply_in_a_request_thread_is_ignored(

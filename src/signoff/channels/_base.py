@@ -13,8 +13,10 @@ import logging
 import math
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,9 +37,24 @@ __all__ = [
     "RateLimited",
     "Resolution",
     "describe_principal",
+    "waiting_until",
 ]
 
 logger = logging.getLogger("signoff.channels")
+
+_DEADLINE: ContextVar[float | None] = ContextVar("signoff_channel_state_deadline", default=None)
+
+
+@contextmanager
+def waiting_until(deadline: float) -> Iterator[None]:
+    """`ChannelState` calls made inside wait for the state (another thread's call, another
+    process's lock on the file) only until `deadline` (a `time.monotonic()` time), then fail
+    with a `StoreError`: what must answer in time (Slack's 3 s) is not held for `busy_timeout`."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
 
 
 class InvalidSignature(SignoffError):
@@ -204,12 +221,29 @@ class ChannelState:
 
     @contextmanager
     def _using(self, what: str) -> Iterator[sqlite3.Connection]:
-        """The connection, one caller at a time; a failure of SQLite is a `StoreError`."""
-        with self._lock:
+        """The connection, one caller at a time; a failure of SQLite is a `StoreError`. Inside
+        `waiting_until`, the waits for this lock and the file's end at its deadline."""
+        deadline = _DEADLINE.get()
+        if deadline is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise StoreError(f"channel state {self.path}: cannot {what}: busy past the deadline")
+        try:
+            conn = self._conn
+            if deadline is None:
+                yield conn
+                return
+            (patient,) = conn.execute("PRAGMA busy_timeout").fetchone()
+            wait = int(max(0.0, deadline - time.monotonic()) * 1000)
+            conn.execute(f"PRAGMA busy_timeout={min(int(patient), wait)}")
             try:
-                yield self._conn
-            except sqlite3.Error as exc:
-                raise StoreError(f"channel state {self.path}: cannot {what}: {exc}") from exc
+                yield conn
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={int(patient)}")
+        except sqlite3.Error as exc:
+            raise StoreError(f"channel state {self.path}: cannot {what}: {exc}") from exc
+        finally:
+            self._lock.release()
 
     def position(self, name: str) -> int | None:
         """The last audit entry id `name` has handled, or None if it never ran."""

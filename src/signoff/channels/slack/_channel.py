@@ -16,7 +16,7 @@ import contextlib
 import math
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from slack_sdk.errors import SlackApiError
 from slack_sdk.signature import Clock, SignatureVerifier
@@ -38,6 +38,8 @@ from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
 __all__ = ["SlackChannel", "SlackPayloadError", "slack_principal"]
+
+R = TypeVar("R")
 
 TOLERANCE = 300  # seconds: Slack's own advice for the request timestamp
 _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (about 2 min)
@@ -116,7 +118,7 @@ class SlackChannel(Channel):
         self.clock = clock
         self._verifier = SignatureVerifier(signing_secret, clock=_Clock(clock))
         self._seen: dict[str, float] = {}  # signature -> when it can be forgotten
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._router: Any = None
         self._backlog: list[InputRequest] = []  # open at start, not posted yet
         self._backlog_at = 0.0  # monotonic time Slack lets the backlog be posted again
@@ -328,22 +330,24 @@ class SlackChannel(Channel):
         """Verify and take one interaction (see `Clicks.handle`); the JSON to answer Slack with
         (None: empty 200). It is saved before this returns and settled in the background, so
         Slack hears back well within three seconds and a crash after that loses nothing."""
-        return self.clicks.handle(body, headers)
+        return await self.clicks.handle(body, headers)
 
     async def handle_event(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """Verify and take one Events API request (see `ThreadReplies.handle`); the JSON to
         answer Slack with (None: empty 200)."""
-        return self.replies.handle(body, headers)
+        return await self.replies.handle(body, headers)
 
     # -- background work ----------------------------------------------------------------------
 
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        # Started from the endpoint, but no one waits on it: its store calls wait as long as the
-        # store allows, not an HTTP request's brief while (which would lose the person's click).
+    def _spawn(self, work: Coroutine[Any, Any, R]) -> asyncio.Task[R]:
+        # Started from the endpoint, which does not wait for it to end: its store calls wait as
+        # long as the store allows, not an HTTP request's brief while (which would lose the
+        # person's click).
         with promptly(False):
             task = asyncio.create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _tell(self, where: dict[str, str], text: str) -> None:
         """An ephemeral note only the person who acted sees (in the thread they typed in, if

@@ -74,20 +74,18 @@ class Clicks:
         self.channel = channel
         self.inbox = Inbox(channel, "click:", Interaction, self._act, "interaction")
 
-    def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
+    async def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """Verify and take one interaction; the JSON to answer Slack with (None: empty 200).
 
-        The interaction is saved before Slack hears back (a `StoreError` if it cannot be) and
-        acted on in the background. A body taken before (Slack's retry of a delivery, signed
-        anew, reaching any process that shares the channel state) does nothing again."""
+        The interaction is saved before Slack hears back (a `StoreError` if it cannot be in
+        time, see `Inbox.admit`) and acted on in the background. A body taken before (Slack's
+        retry of a delivery, signed anew, reaching any process that shares the channel state)
+        does nothing again."""
         self.channel.verify(body, headers)
         found, answer = read(interaction_of(body))
         if found is not None:
-            digest = hashlib.sha256(body).hexdigest()
-            if self.inbox.seen(digest):
-                logger.debug("slack: interaction %s was taken before", digest)
-            else:
-                self.inbox.take(digest, found)
+            taken = (hashlib.sha256(body).hexdigest(), found)
+            await self.inbox.admit(lambda: taken)
         return answer
 
     def resume(self) -> None:

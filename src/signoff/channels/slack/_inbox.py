@@ -2,6 +2,9 @@
 Slack hears back, done in the background, and done again by the next start if the process died
 first (Slack never sends again what it had a 200 for).
 
+The save runs off the event loop (a lock on the state file must not stall the server) and is
+given `ACK_WITHIN` seconds; past them Slack gets a 503 and sends the delivery again.
+
 Each piece of work is a memo `<prefix><id>`: pending (with the work and how often it was
 tried), then done (kept for an hour, so a retry of the same delivery, in any process sharing
 the state, does nothing).
@@ -9,20 +12,23 @@ the state, does nothing).
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..._exceptions import StoreError
-from .._base import logger
+from .._base import logger, waiting_until
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
     from ._channel import SlackChannel
 
-__all__ = ["RESUME_AFTER", "RETRY_WINDOW", "Inbox", "seconds"]
+__all__ = ["ACK_WITHIN", "RESUME_AFTER", "RETRY_WINDOW", "Inbox", "seconds"]
 
+ACK_WITHIN = 2.0  # seconds to save a delivery, well inside Slack's 3 s; past them, a 503
 RETRY_WINDOW = 3600.0  # seconds a handled delivery is remembered, for Slack's retries of it
 RESUME_AFTER = 600.0  # seconds after which pending work is taken for work a process lost
 TRIES = 5  # runs of one piece of work at most (a store down for a while, say)
@@ -52,6 +58,7 @@ class Inbox(Generic[T]):
         self.run = run
         self.what = what  # how log lines name one piece of work: "reply of event", ...
         self._busy: set[str] = set()  # ids being run by this process
+        self.ack_within = ACK_WITHIN
         self._tidied_at: float | None = None
 
     def key(self, work_id: str) -> str:
@@ -61,14 +68,52 @@ class Inbox(Generic[T]):
         """Whether this work was taken before (by any process sharing the state)."""
         return self.channel.recall(self.key(work_id)) is not None
 
-    def take(self, work_id: str, work: T) -> None:
-        """Save the work as pending, then start it; a `StoreError` if it cannot be saved, so
-        that Slack is not told it was taken."""
+    async def admit(self, pick: Callable[[], tuple[str, T] | None]) -> None:
+        """Run `pick` (what a delivery asks for: its work's id and the work, or None) and save
+        that work as pending unless it was taken before, in a thread and within `ack_within`
+        seconds, then start it. A `StoreError` if it was not saved in time, so that Slack is not
+        told it was taken; a save that ends later starts its work all the same, and Slack's
+        retry finds it taken."""
+        deadline = time.monotonic() + self.ack_within
+        saving = self.channel._spawn(asyncio.to_thread(self._save, pick, deadline))
+        try:
+            taken = await asyncio.wait_for(asyncio.shield(saving), self.ack_within)
+        except TimeoutError:
+            saving.add_done_callback(self._late)
+            raise StoreError(
+                f"slack: the {self.what} was not saved within {self.ack_within:g}s"
+            ) from None
+        if taken is not None:
+            self._start(*taken)
+
+    def _late(self, saving: asyncio.Task[tuple[str, T] | None]) -> None:
+        """Start the work of a save that ended after Slack had a 503 for it, or log its failure
+        (nothing was taken: Slack sends it again)."""
+        if saving.cancelled():
+            return
+        exc = saving.exception()
+        if exc is not None:
+            logger.warning("slack: the %s Slack had a 503 for was not saved: %s", self.what, exc)
+            return
+        taken = saving.result()
+        if taken is not None:
+            self._start(*taken)
+
+    def _save(
+        self, pick: Callable[[], tuple[str, T] | None], deadline: float
+    ) -> tuple[str, T] | None:
         ch = self.channel
-        ch.remember(
-            self.key(work_id), {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(work)}
-        )
-        self._start(work_id, work)
+        with waiting_until(deadline):
+            found = pick()
+            if found is None:
+                return None
+            work_id, work = found
+            if self.seen(work_id):
+                logger.debug("slack: the %s %s was taken before", self.what, work_id)
+                return None
+            memo = {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(work)}
+            ch.remember(self.key(work_id), memo)
+        return found
 
     def _start(self, work_id: str, work: T) -> None:
         if work_id in self._busy:

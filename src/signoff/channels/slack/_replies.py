@@ -70,12 +70,13 @@ class ThreadReplies:
         self.channel = channel
         self.inbox = Inbox(channel, "event:", TypedReply, self._send, "reply of event")
 
-    def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
+    async def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """Verify and take one Events API request; the JSON to answer with (None: empty 200).
 
-        A reply is saved before Slack hears back and sent in the background. What is not a
-        person's reply in the thread of a request this channel posted is acknowledged and
-        ignored, and so is an event seen before (Slack's retry, `X-Slack-Retry-Num`)."""
+        A reply is saved before Slack hears back (a `StoreError` if it cannot be in time, see
+        `Inbox.admit`) and sent in the background. What is not a person's reply in the thread
+        of a request this channel posted is acknowledged and ignored, and so is an event seen
+        before (Slack's retry, `X-Slack-Retry-Num`)."""
         ch = self.channel
         ch.verify(body, headers)
         envelope = envelope_of(body)
@@ -87,13 +88,12 @@ class ThreadReplies:
             return {"challenge": challenge}
         if kind != "event_callback":
             return None
-        found = self._reply(envelope)
-        if found is None:
-            return None
-        if self.inbox.seen(found.event_id):
-            logger.debug("slack: event %s was handled before", found.event_id)
-            return None
-        self.inbox.take(found.event_id, found)
+
+        def pick() -> tuple[str, TypedReply] | None:  # reads the thread memos: in the thread
+            found = self._reply(envelope)
+            return None if found is None else (found.event_id, found)
+
+        await self.inbox.admit(pick)
         return None
 
     def _reply(self, envelope: dict[str, Any]) -> TypedReply | None:
