@@ -386,7 +386,7 @@ async def test_a_reply_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls
                 response, took = await posting
                 assert response.status_code == 503
                 assert response.json()["error"]["code"] == "store_error"
-                assert took < 3.0
+                assert took < 4.5  # the 2 s deadline, not the 5 s busy timeout (slack for load)
                 await slack.idle()
                 assert slack.state.memos(slack.name, "event:") == []
                 assert sent == []
