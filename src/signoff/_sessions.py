@@ -444,6 +444,7 @@ class SessionRunner(Leasing):
                 token = acquired
             # The session's head when this lease was granted, if the store read it then.
             head: int | None = None if granted is None else granted(session_id, token)
+            span = self._tracing.drive(session_id)  # before the renewals: nothing to leak
             renewing = asyncio.Event()
             renewing.set()
             held = self._hold(session_id, token)
@@ -451,7 +452,6 @@ class SessionRunner(Leasing):
             driver: Driver | None = None
             failed = True
             lost = cancelled = False
-            span = self._tracing.drive(session_id)
             try:
                 state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running
