@@ -20,59 +20,40 @@ import signoff as so
 from signoff.models import ModelRequest
 from signoff.models._http_env import proxy_routes
 
+from ._loopback import LoopbackServer, read_head
 from .fakes.llm import API_KEY, FakeLLM, anthropic_message, openai_completion
 
 FLAVORS = ["openai", "anthropic"]
 
 
-class ForwardProxy:
+class ForwardProxy(LoopbackServer):
     """A loopback HTTP proxy: each connection's request goes on, in origin form and with
     `Connection: close`, to the server its absolute URL names; the answer is relayed back."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.requests: list[str] = []
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._thread = threading.Thread(target=self._serve, daemon=True)
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        return f"http://127.0.0.1:{self.port}"
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._forward, args=(conn,), daemon=True).start()
-
-    def _forward(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, rest = data.partition(b"\r\n\r\n")
-            line, *headers = head.decode("latin-1").split("\r\n")
-            self.requests.append(line)
-            method, target, version = line.split(" ")
-            url = urlsplit(target)
-            kept = [h for h in headers if not h.lower().startswith(("connection:", "proxy-"))]
-            origin = url.path + (f"?{url.query}" if url.query else "")
-            out = "\r\n".join([f"{method} {origin} {version}", *kept, "Connection: close"])
-            with socket.create_connection((url.hostname or "", url.port or 80)) as upstream:
-                upstream.sendall(out.encode("latin-1") + b"\r\n\r\n" + rest)
-                threading.Thread(target=_pipe, args=(conn, upstream), daemon=True).start()
-                _pipe(upstream, conn)
-
-    def __enter__(self) -> ForwardProxy:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._sock.close()
+    def handle(self, conn: socket.socket) -> None:
+        read = read_head(conn)
+        if read is None:
+            return
+        head, rest = read
+        line, *headers = head.decode("latin-1").split("\r\n")
+        self.requests.append(line)
+        method, target, version = line.split(" ")
+        url = urlsplit(target)
+        kept = [h for h in headers if not h.lower().startswith(("connection:", "proxy-"))]
+        origin = url.path + (f"?{url.query}" if url.query else "")
+        out = "\r\n".join([f"{method} {origin} {version}", *kept, "Connection: close"])
+        with socket.create_connection((url.hostname or "", url.port or 80)) as upstream:
+            upstream.sendall(out.encode("latin-1") + b"\r\n\r\n" + rest)
+            threading.Thread(target=_pipe, args=(conn, upstream), daemon=True).start()
+            _pipe(upstream, conn)
 
 
 def _pipe(source: socket.socket, sink: socket.socket) -> None:

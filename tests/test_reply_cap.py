@@ -7,7 +7,6 @@ import asyncio
 import gzip
 import json
 import socket
-import threading
 import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,65 +17,46 @@ import signoff as so
 from signoff.models import ModelRequest
 from signoff.models._reply_cap import DEFAULT_MAX_REPLY_BYTES
 
+from ._loopback import LoopbackServer, read_head
 from .fakes.llm import API_KEY, anthropic_message, openai_completion
 
 CAP = 64 * 1024
 Body = Callable[[socket.socket], None]
 
 
-class RawServer:
+class RawServer(LoopbackServer):
     """Answers each connection's request with `body(conn)`, counting the bytes it got out."""
 
     def __init__(self, body: Body) -> None:
+        super().__init__()
         self.body = body
         self.sent = 0
         self.requests = 0
-        self._sock = socket.create_server(("127.0.0.1", 0))
-        self._thread = threading.Thread(target=self._serve, daemon=True)
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}/v1"
+        return f"http://127.0.0.1:{self.port}/v1"
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
-
-    def _answer(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head, _, rest = data.partition(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            while len(rest) < length:
-                rest += conn.recv(65536)
-            self.requests += 1
-            try:
-                self.body(conn)
-            except OSError:
-                pass  # the client hung up: what the cap is for
+    def handle(self, conn: socket.socket) -> None:
+        read = read_head(conn)
+        if read is None:
+            return
+        head, rest = read
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":")[1])
+        while len(rest) < length:
+            rest += conn.recv(65536)
+        self.requests += 1
+        try:
+            self.body(conn)
+        except OSError:
+            pass  # the client hung up: what the cap is for
 
     def send(self, conn: socket.socket, data: bytes) -> None:
         conn.sendall(data)
         self.sent += len(data)
-
-    def __enter__(self) -> RawServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._sock.close()
 
 
 def head(length: int | None, encoding: str | None = None) -> bytes:
