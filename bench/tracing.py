@@ -80,6 +80,7 @@ def _spans_of_a_turn(tracing: _tracing.Tracing, state: SessionState, request: ob
     """The tracing calls one turn of `_agent` makes: a drive, two model calls, one tool."""
     drive = tracing.drive(state.id)
     drive.begin(state, 0.0)
+    drive.traceparent()  # kept with the turn if it parks
     for _ in range(2):
         model = tracing.model(state, None, request)
         model.responded(RESPONSE)

@@ -159,6 +159,40 @@ def test_copy_does_not_share_a_calls_journal() -> None:
     assert state.turn.steps == 0
 
 
+PARKED_BY = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _waiting(seq: int, **data: Any) -> so.Event:
+    data = {"on": "input", "request_ids": [], **data}
+    return so.Event(
+        session_id="ses_1", seq=seq, type="turn.waiting", at=1.0, turn_id="trn_1", data=data
+    )
+
+
+def test_the_trace_context_of_the_drive_that_parked_a_turn_is_kept_by_snapshots() -> None:
+    state = so.SessionState(id="ses_1")
+    state.turn = TurnState(id="trn_1")
+    state.apply(_waiting(1))
+    assert state.turn.traceparent is None
+    assert "traceparent" not in state.to_snapshot()["turn"]  # untraced: the snapshot as before
+    state.apply(_waiting(2, traceparent=PARKED_BY))
+    state.apply(_waiting(3))  # a re-park by no traced drive (a rejected answer) keeps it
+    assert state.turn.traceparent == PARKED_BY
+    snap = state.to_snapshot()
+    assert snap["turn"]["traceparent"] == PARKED_BY
+    for restored in (so.SessionState.from_snapshot(snap), state.copy()):
+        assert restored.turn is not None and restored.turn.traceparent == PARKED_BY
+    state.apply(_waiting(4, traceparent=42))  # edited by hand: not a context, not kept
+    assert state.turn.traceparent == PARKED_BY
+    for value in (42, ["x"], None):
+        damaged = {**snap, "turn": {**snap["turn"], "traceparent": value}}
+        turn = so.SessionState.from_snapshot(damaged).turn
+        assert turn is not None and turn.traceparent is None
+    older = {**snap, "turn": {k: v for k, v in snap["turn"].items() if k != "traceparent"}}
+    turn = so.SessionState.from_snapshot(older).turn
+    assert turn is not None and turn.traceparent is None
+
+
 async def test_status_follows_the_turn(tmp_path: Path) -> None:
     log = ExecutionLog()
 

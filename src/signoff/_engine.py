@@ -29,7 +29,7 @@ from ._recording import (
 )
 from ._state import SessionState
 from ._tool_calls import ToolCalls
-from ._tracing import OFF, Tracing
+from ._tracing import OFF, Tracing, parked_by
 from ._types import InputRequest
 from .stores import Commit, Resolve, Store
 
@@ -82,6 +82,9 @@ class Driver(ToolCalls, ModelStep):
         # failed to take (a full disk) is recorded from here, not run again, by a later drive.
         self.unrecorded = {} if unrecorded is None else unrecorded
         self.tracing = tracing  # spans of model calls and tool bodies (`_tracing`)
+        # Set by a traced drive: its W3C trace context, kept with the `turn.waiting` that parks
+        # the turn, so the drive that resumes it links to this one.
+        self.traceparent: str | None = None
 
     # -- recording ----------------------------------------------------------------------------
 
@@ -121,6 +124,8 @@ class Driver(ToolCalls, ModelStep):
                     batch, updated = made, ()
                 if not batch:
                     return []
+                if self.traceparent is not None:
+                    batch = parked_by(batch, self.traceparent)
                 events = [
                     Event(
                         session_id=state.id,

@@ -171,7 +171,13 @@ def _input_requested(s: SessionState, e: Event) -> None:
 
 
 def _turn_waiting(s: SessionState, e: Event) -> None:
-    _turn(s, e).status = "waiting"
+    turn = _turn(s, e)
+    turn.status = "waiting"
+    # Only a traced drive stores its context; a re-park without one (a rejected answer, an
+    # untraced runtime) keeps the last: the drive that resumes links to it (`_tracing`).
+    traceparent = e.data.get("traceparent")
+    if isinstance(traceparent, str):
+        turn.traceparent = traceparent
 
 
 def _drop_candidates(s: SessionState, request_id: str) -> None:

@@ -458,6 +458,7 @@ class SessionRunner(Leasing):
                     state = await self._checked(session_id, lease=token)
                 span.begin(state, self.clock())
                 driver = self._driver(state, token)
+                driver.traceparent = span.traceparent()
                 driver.release_at_end = True
                 driver.held = held
                 driver.lease_check = partial(self._confirm, session_id, owner, token, held)

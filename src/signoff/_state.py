@@ -187,6 +187,7 @@ class SessionState:
                 "last_message_seq": turn.last_message_seq,
                 "model_seq": turn.model_seq,
                 "source": turn.source,
+                **({} if turn.traceparent is None else {"traceparent": turn.traceparent}),
                 "calls": [
                     {
                         "id": c.id,
@@ -224,6 +225,7 @@ class SessionState:
                 last_message_seq=t.last_message_seq,
                 model_seq=t.model_seq,
                 source=t.source,
+                traceparent=t.traceparent,
                 calls={
                     k: CallState(
                         id=c.id,
@@ -299,6 +301,7 @@ class SessionState:
                 last_message_seq=t.get("last_message_seq", 0),
                 model_seq=t.get("model_seq", t.get("last_message_seq", 0)),
                 source=t.get("source", "message"),
+                traceparent=p if isinstance(p := t.get("traceparent"), str) else None,
                 calls={c["id"]: CallState(**c) for c in t["calls"]},
             )
         return cls(

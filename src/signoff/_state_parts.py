@@ -87,6 +87,8 @@ class TurnState:
     last_message_seq: int = 0
     model_seq: int = 0  # the latest model.completed: a message after it is not read yet
     source: str = "message"
+    # The W3C trace context of the last traced drive that parked the turn (`_tracing`).
+    traceparent: str | None = None
 
     @property
     def steered(self) -> bool:

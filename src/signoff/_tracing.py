@@ -8,9 +8,11 @@ OpenTelemetry GenAI semantic conventions where they apply, `signoff.*` for the r
 from __future__ import annotations
 
 import json
+import re
 import sys
+from collections.abc import Sequence
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self, cast
+from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
 from ._exceptions import SignoffError, UsageError
 
@@ -19,10 +21,15 @@ if TYPE_CHECKING:
 
     from ._state import SessionState
 
-__all__ = ["OFF", "DriveSpan", "ModelSpan", "ToolSpan", "Tracing", "tracing_for"]
+__all__ = ["OFF", "DriveSpan", "ModelSpan", "ToolSpan", "Tracing", "parked_by", "tracing_for"]
 
 # Set on model spans for the providers signoff knows; other models get none.
 _PROVIDERS = {"OpenAIChat": "openai", "Anthropic": "anthropic"}
+
+_Type = TypeVar("_Type", bound=str)
+
+# A W3C `traceparent` of version 00: trace id, span id, trace flags, in lower-case hex.
+_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 
 # `opentelemetry.trace` and `opentelemetry.context`, once a runtime found them installed.
 _trace: Any = None
@@ -167,6 +174,8 @@ class DriveSpan(_Span):
         span.set_attribute("signoff.turn_id", turn.id)
         resumed = bool(turn.calls) or turn.steps > 0 or turn.status != "running"
         span.set_attribute("signoff.drive.resumed", resumed)
+        if turn.traceparent is not None and turn.status not in ("completed", "cancelled"):
+            self._link(turn.traceparent)
         answered = [r for r in _answered(state) if r.request.created_at]
         if answered:
             asked = min(r.request.created_at for r in answered)
@@ -179,6 +188,24 @@ class DriveSpan(_Span):
                     "signoff.request_outcomes": [r.outcome or "" for r in answered],
                 },
             )
+
+    def _link(self, traceparent: str) -> None:
+        """Link to the drive that last parked the turn, from its stored `traceparent`; one
+        that does not parse (edited by hand, say) is passed over."""
+        parent = _span_context(traceparent)
+        # Before 1.23 neither adds links to a started span: the API has no `add_link`, or its
+        # default (which an older SDK's spans inherit) only warns.
+        default = getattr(_trace.Span, "add_link", None)
+        if parent is None or default is None or type(self.span).add_link is default:
+            return
+        self.span.add_link(parent, {"signoff.link": "resumed_from"})
+
+    def traceparent(self) -> str | None:
+        """This drive's W3C trace context, for the turn it parks: the next drive links to it."""
+        context = self.span.get_span_context()
+        if not context.is_valid:
+            return None
+        return f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
 
     def finish(self, state: SessionState | None) -> None:
         """Say how the drive left the turn: parked on which requests, ended, or failed."""
@@ -205,6 +232,28 @@ class DriveSpan(_Span):
             # The turn's error message may quote the model's or a tool's text: content only.
             why = str(error.get("message") or code) if self.content else code
             span.set_status(_trace.Status(_trace.StatusCode.ERROR, why))
+
+
+def _span_context(traceparent: object) -> Any:
+    """The remote `SpanContext` a stored `traceparent` names, or None if it is not one."""
+    found = _TRACEPARENT.fullmatch(traceparent) if isinstance(traceparent, str) else None
+    if found is None:
+        return None
+    trace_id, span_id, flags = (int(part, 16) for part in found.groups())
+    context = _trace.SpanContext(
+        trace_id, span_id, is_remote=True, trace_flags=_trace.TraceFlags(flags)
+    )
+    return context if context.is_valid else None
+
+
+def parked_by(
+    specs: Sequence[tuple[_Type, dict[str, Any]]], traceparent: str
+) -> list[tuple[_Type, dict[str, Any]]]:
+    """`specs` with the parking drive's `traceparent` added to their `turn.waiting`."""
+    return [
+        (kind, {**data, "traceparent": traceparent} if kind == "turn.waiting" else data)
+        for kind, data in specs
+    ]
 
 
 def _answered(state: SessionState) -> list[Any]:
@@ -301,6 +350,9 @@ class _Off:
 
     def finish(self, state: SessionState | None) -> None:
         pass
+
+    def traceparent(self) -> str | None:
+        return None
 
     def responded(self, response: Any) -> None:
         pass
