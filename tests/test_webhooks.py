@@ -149,7 +149,11 @@ async def test_resolution_and_expiry_warnings_are_delivered(tmp_path: Path) -> N
             await hub.poll()
             await hooks.drain()
             assert hooks.recall(f"warned:{req.id}") is None  # the memo goes with the request
-        payloads = [verify_webhook(SECRET, h, b, now=clock.now) for h, b in receiver.accepted]
+        # each is signed when sent, which can be before the clock moved on
+        payloads = [
+            verify_webhook(SECRET, h, b, now=clock.now, tolerance=4000)
+            for h, b in receiver.accepted
+        ]
         assert [p["type"] for p in payloads] == [
             "request.opened",
             "request.expiring",
@@ -261,7 +265,7 @@ async def test_deliveries_unsent_at_close_are_counted_and_logged(
             kind="question", id="req_9", session_id="s", turn_id="t", agent="a", created_at=0.0
         )
         for event in ("request.opened", "request.expiring", "request.resolved"):
-            hooks.enqueue(event, request)
+            await hooks.enqueue(event, request)
         await hooks.close()
     assert (hooks.delivered, hooks.failed) == (0, 3)  # one waiting for a retry, two queued
     assert "3 deliveries were not sent within 0.3s of closing and are lost" in caplog.text
@@ -274,7 +278,7 @@ async def test_deliveries_to_one_url_keep_their_order() -> None:
             kind="question", id="req_9", session_id="s", turn_id="t", agent="a", created_at=0.0
         )
         for event in ("request.opened", "request.expiring", "request.resolved"):
-            hooks.enqueue(event, request)
+            await hooks.enqueue(event, request)
         await asyncio.wait_for(hooks.drain(), 10)
         await hooks.close()
     assert [json.loads(b)["type"] for _, b in receiver.accepted] == [
@@ -313,7 +317,7 @@ async def test_a_request_with_a_lone_surrogate_is_still_delivered() -> None:
             created_at=0.0,
             question="caf\u00e9 \ud800",
         )
-        hooks.enqueue("request.opened", request)
+        await hooks.enqueue("request.opened", request)
         await asyncio.wait_for(hooks.drain(), 10)
         await hooks.close()
     ((headers, body),) = receiver.accepted
@@ -929,3 +933,52 @@ async def test_an_escalation_given_up_on_is_sent_again_when_the_hub_next_starts(
     tried = [h for h, _ in receiver.attempts if h["Signoff-Event"] == "request.escalated"]
     assert len(tried) == 3  # two given up on, then the one the next start sent
     assert {h["Signoff-Delivery"] for h in tried} == {payloads[1]["id"]}
+
+
+class DownOnOpening(WebhookChannel):
+    """A webhook channel whose first `on_requested` fails (its state was locked, say)."""
+
+    def __init__(self, *args: Any, down: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.down = down
+
+    async def on_requested(self, request: so.InputRequest) -> None:
+        if self.down:
+            self.down = False
+            raise RuntimeError("down")
+        await super().on_requested(request)
+
+
+async def test_an_opening_delivered_again_after_the_close_is_not_warned_about(
+    tmp_path: Path, store_url: str
+) -> None:
+    """The hub gives up on a request's opening, and delivers it again at its next start, after
+    its close: no `request.expiring` for the closed request, and no `warned:` memo that nothing
+    would ever drop (the close was delivered before)."""
+    clock = ManualClock()
+    state = tmp_path / "channels.db"
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent(expires_in=3600)], store=store_url, clock=clock) as rt,
+    ):
+        hooks = DownOnOpening(receiver.url, SECRET, expiring_within=600, clock=clock, down=True)
+        hub = ChannelHub(rt, [hooks], state=state, clock=clock, max_attempts=1)
+        async with manual(hub):
+            r = await rt.generate("support", prompt="Refund 1042")
+            (req,) = r.pending
+            await hub.poll()  # the opening is given up on
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="cancel")],
+                principal=so.Principal(authenticator="web", principal_id="bob"),
+            )
+            await hub.poll()
+        clock.advance(3100)  # within `expiring_within` of the deadline the request had
+        again = DownOnOpening(receiver.url, SECRET, expiring_within=600, clock=clock, down=False)
+        async with manual(ChannelHub(rt, [again], state=state, clock=clock)) as hub:
+            await hub.poll()  # the opening again, then a tick
+            await hub.poll()
+            await again.drain()
+            assert again.recall(f"warned:{req.id}") is None
+    types = [json.loads(b)["type"] for _, b in receiver.accepted]
+    assert sorted(types) == ["request.opened", "request.resolved"]

@@ -8,6 +8,7 @@ caller.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -19,7 +20,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 from .._exceptions import SignoffError, StoreError, UsageError
 from .._results import Outcome
@@ -37,12 +38,38 @@ __all__ = [
     "RateLimited",
     "Resolution",
     "describe_principal",
+    "off_loop",
     "waiting_until",
 ]
 
 logger = logging.getLogger("signoff.channels")
 
 _DEADLINE: ContextVar[float | None] = ContextVar("signoff_channel_state_deadline", default=None)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+async def off_loop(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """`fn(*args, **kwargs)` (`ChannelState` calls) in a worker thread: waiting for another
+    process's lock on the state file must not stall the event loop (HTTP, SSE, leases).
+
+    A caller cancelled meanwhile still waits for the call to end before it sees the
+    cancellation, so nothing it wrote lands after what is written next (or after a hub's
+    lock is let go)."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    interrupted: asyncio.CancelledError | None = None
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError as exc:
+            interrupted = exc
+        except BaseException:
+            break
+    if interrupted is not None:
+        work.exception()  # retrieved: a failure the cancelled caller never sees is not logged
+        raise interrupted
+    return work.result()
 
 
 @contextmanager
@@ -350,6 +377,9 @@ class Channel:
         return True if self._accepts is None else bool(self._accepts(request))
 
     def recall(self, key: str) -> Any:
+        """This channel's memo under `key` (None if none). Memo calls wait while another
+        process holds the state file's lock: a coroutine makes them in a thread
+        (`await asyncio.to_thread(self.remember, key, value)`), so the event loop goes on."""
         return self.state.recall(self.name, key)
 
     def remember(self, key: str, value: Any) -> None:

@@ -26,7 +26,7 @@ from .._sessions import positive_seconds
 from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
-from ._base import Channel, ChannelState, Escalation, RateLimited, Resolution
+from ._base import Channel, ChannelState, Escalation, RateLimited, Resolution, off_loop
 from ._lease import HubLease
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class ChannelHub:
             raise UsageError("this ChannelHub is already started")
         await self.runtime.open()
         if self.state.closed and self._own_state:
-            self.state = ChannelState(self.state.path)
+            self.state = await off_loop(ChannelState, self.state.path)
         for ch in self.channels:  # a standby's channels answer too (e.g. Slack's clicks)
             ch.bind(self.runtime, self.state)
         free = self._lock_free()
@@ -178,12 +178,12 @@ class ChannelHub:
         them the open requests and deliver what an earlier run gave up on."""
         end: int | None = None
         for ch in channels:
-            saved = self.state.position(self._key(ch))
+            saved = await off_loop(self.state.position, self._key(ch))
             if saved is None:
                 if end is None:
                     end = await self._end()
                 saved = end
-                self.state.set_position(self._key(ch), saved)
+                await off_loop(self.state.set_position, self._key(ch), saved)
             self._positions[ch.name] = saved
         self._active.update(ch.name for ch in channels)
         if channels:
@@ -235,7 +235,7 @@ class ChannelHub:
             lease.release()  # after the channels' last writes: a standby goes on from them
         self._active.clear()
         if self._own_state and self.state.path != ":memory:":
-            self.state.close()
+            await off_loop(self.state.close)
         self._started = False
 
     async def _finish_poll(self) -> None:
@@ -319,7 +319,7 @@ class ChannelHub:
                     if len(entries) < _PAGE:
                         break
                 for ch in live:
-                    self._advance(ch, top, present)
+                    await self._advance(ch, top, present)
             now = self.clock()
             for ch in live:
                 try:
@@ -328,7 +328,7 @@ class ChannelHub:
                     logger.exception("channel %s failed on tick", ch.name)
             return total
 
-    def _advance(self, ch: Channel, top: int, present: set[int]) -> None:
+    async def _advance(self, ch: Channel, top: int, present: set[int]) -> None:
         """Move a channel's saved position over every id it handled, up to the first hole.
 
         Ids are assigned before commit, so on PostgreSQL a lower id can become visible after a
@@ -351,7 +351,7 @@ class ChannelHub:
             pos = nxt
         if pos != self._positions[ch.name]:
             self._positions[ch.name] = pos
-            self.state.set_position(self._key(ch), pos)
+            await off_loop(self.state.set_position, self._key(ch), pos)
             low = min(self._positions[n] for n in self._active)
             for gap in [g for g in self._gaps if g <= low]:
                 del self._gaps[gap]
@@ -401,7 +401,7 @@ class ChannelHub:
                     entry.id,
                     self._failures[key],
                 )
-                self._skip(ch, entry.id)
+                await self._skip(ch, entry.id)
             self._failures.pop((ch.name, entry.id), None)
             self._retry_at.pop(ch.name, None)
             seen.add(entry.id)
@@ -447,16 +447,19 @@ class ChannelHub:
             if stored is not None and stored.request.child is None and _shows(ch, stored.request):
                 await ch.on_resolved(stored.request, Resolution.from_event(entry.data, entry.at))
 
-    def _skip(self, ch: Channel, entry_id: int) -> None:
+    async def _skip(self, ch: Channel, entry_id: int) -> None:
         """Note an entry the channel was given up on, for the next start to deliver again."""
-        skipped = [int(i) for i in self.state.recall(self._key(ch), _SKIPPED) or []]
+        await off_loop(self._note_skipped, self._key(ch), entry_id)
+
+    def _note_skipped(self, key: str, entry_id: int) -> None:
+        skipped = [int(i) for i in self.state.recall(key, _SKIPPED) or []]
         if entry_id not in skipped:
-            self.state.remember(self._key(ch), _SKIPPED, [*skipped, entry_id])
+            self.state.remember(key, _SKIPPED, [*skipped, entry_id])
 
     async def _redeliver(self, ch: Channel) -> None:
         """Deliver again the entries a previous run gave up on; those failing again are kept
         (and logged as errors) for the start after."""
-        skipped = [int(i) for i in self.state.recall(self._key(ch), _SKIPPED) or []]
+        skipped = [int(i) for i in await off_loop(self.state.recall, self._key(ch), _SKIPPED) or []]
         if not skipped:
             return
         left: list[int] = []
@@ -474,9 +477,9 @@ class ChannelHub:
                 )
                 left.append(entry_id)
         if left:
-            self.state.remember(self._key(ch), _SKIPPED, left)
+            await off_loop(self.state.remember, self._key(ch), _SKIPPED, left)
         else:
-            self.state.forget(self._key(ch), _SKIPPED)
+            await off_loop(self.state.forget, self._key(ch), _SKIPPED)
 
     # -- helpers ------------------------------------------------------------------------------
 

@@ -17,7 +17,15 @@ from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from .._results import Outcome
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, Principal, how_to_choose, named_options
-from ._base import Channel, Escalation, Resolution, describe_principal, logger, settled_as
+from ._base import (
+    Channel,
+    Escalation,
+    Resolution,
+    describe_principal,
+    logger,
+    off_loop,
+    settled_as,
+)
 from .terminal import TerminalChannel, compact_json, printable
 
 __all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
@@ -205,15 +213,15 @@ class TextChannel(Channel):
             if index is not None and request.status == "pending":
                 kept = self.accepts(request)
                 told = f"{_ESCALATED}{request.id}"
-                if index == 0 and self.recall(told) != escalation.to:
+                if index == 0 and await off_loop(self.recall, told) != escalation.to:
                     # told before the queue changes, so the hub's retry of a failed send tells it
                     await self.send_text(self.render_escalation(request, escalation, kept))
-                    self.remember(told, escalation.to)
+                    await off_loop(self.remember, told, escalation.to)
                 if kept:
                     self._queue[index] = request
                 else:
                     del self._queue[index]
-                    self.forget(told)  # it is not shown here again
+                    await off_loop(self.forget, told)  # it is not shown here again
             await self._show_unseen()
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
@@ -224,23 +232,23 @@ class TextChannel(Channel):
             if index is not None:
                 del self._queue[index]
             if request.escalated_to is not None:
-                self.forget(f"{_ESCALATED}{request.id}")
+                await off_loop(self.forget, f"{_ESCALATED}{request.id}")
             await self._show_unseen()
 
     async def _show_unseen(self) -> None:
         """Show the current request unless the person has seen it (its message may have failed:
         the service was down)."""
         current = self.current
-        if current is None or self.recall("shown") != current.id:
+        if current is None or await off_loop(self.recall, "shown") != current.id:
             await self._show_current()
 
     async def _show_current(self) -> None:
         current = self.current
         if current is None:
-            self.forget("shown")
+            await off_loop(self.forget, "shown")
             return
         await self.show(current)
-        self.remember("shown", current.id)
+        await off_loop(self.remember, "shown", current.id)
 
     async def show(self, request: InputRequest) -> None:
         """Put `request` in front of the person (by default: `send_text(render(request))`)."""
@@ -258,7 +266,9 @@ class TextChannel(Channel):
         if request is None:
             await self.send_text("Nothing is waiting for an answer.")
             return None
-        if self.recall("shown") != request.id:  # its message failed: never answer it unseen
+        if (
+            await off_loop(self.recall, "shown") != request.id
+        ):  # its message failed: never answer it unseen
             async with self._lock:
                 await self._show_unseen()
             return None

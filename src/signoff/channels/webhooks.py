@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from .._exceptions import UsageError
 from .._types import InputRequest
-from ._base import Channel, Escalation, InvalidSignature, Resolution, logger
+from ._base import Channel, Escalation, InvalidSignature, Resolution, logger, off_loop
 
 if TYPE_CHECKING:
     import httpx
@@ -237,43 +237,71 @@ class WebhookChannel(Channel):
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
         self._ensure_workers()
-        for key, kept in self.state.memos(self.name, _OUTBOX):  # unsent by an earlier run
-            url, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
-            if url not in self.urls:
-                logger.warning("webhook %s is no longer configured; dropping %s", url, delivery)
-                self.forget(key)
-            elif f"{url} {delivery}" not in self._queued:
+        for url, delivery, kept in await off_loop(self._unsent):
+            if f"{url} {delivery}" not in self._queued:
                 self._queued.add(f"{url} {delivery}")
                 self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
         for r in open_requests:
             if r.expires_at is not None:
                 self._deadlines[r.id] = r
 
+    def _unsent(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
+        those of a URL no longer configured are dropped."""
+        unsent = []
+        for key, kept in self.state.memos(self.name, _OUTBOX):
+            url, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
+            if url not in self.urls:
+                logger.warning("webhook %s is no longer configured; dropping %s", url, delivery)
+                self.forget(key)
+            else:
+                unsent.append((url, delivery, kept))
+        return unsent
+
     async def on_requested(self, request: InputRequest) -> None:
         if request.expires_at is not None:
             self._deadlines[request.id] = request
-        self.enqueue("request.opened", request)
+        await self.enqueue("request.opened", request)
 
     async def on_escalated(self, request: InputRequest, escalation: Escalation) -> None:
         self._deadlines.pop(request.id, None)  # the deadline is lifted: nothing to warn of
-        self.enqueue("request.escalated", request, escalation=escalation)
+        await self.enqueue("request.escalated", request, escalation=escalation)
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         self._deadlines.pop(request.id, None)
-        self.forget(f"warned:{request.id}")  # a closed request is never warned about again
-        self.enqueue("request.resolved", request, resolution)
+        # a closed request is never warned about again
+        await off_loop(self.forget, f"warned:{request.id}")
+        await self.enqueue("request.resolved", request, resolution)
 
     async def tick(self, now: float) -> None:
         for rid, r in list(self._deadlines.items()):
             assert r.expires_at is not None
             if now < r.expires_at - self.expiring_within:
                 continue
-            if now < r.expires_at and not self.recall(f"warned:{rid}"):
+            if (
+                now < r.expires_at
+                and await self._still_expiring(r)
+                and not await off_loop(self.recall, f"warned:{rid}")
+            ):
                 # Queued (and kept) before it counts as warned: a state that fails in between
                 # leaves it for the next tick instead of losing it.
-                self.enqueue("request.expiring", r)
-                self.remember(f"warned:{rid}", True)
-            del self._deadlines[rid]
+                await self.enqueue("request.expiring", r)
+                await off_loop(self.remember, f"warned:{rid}", True)
+            self._deadlines.pop(rid, None)
+
+    async def _still_expiring(self, request: InputRequest) -> bool:
+        """Whether `request` is open with the deadline it was shown with, as stored now. An
+        opening delivered late (one the hub gave up on, delivered again at its next start) can
+        come after the request's close: it is not warned about, and no memo is left behind
+        that its close (already delivered) would have dropped."""
+        if self._runtime is None:
+            return True
+        stored = await self._runtime.store.get_request(request.id)
+        return (
+            stored is not None
+            and stored.status == "pending"
+            and stored.request.expires_at == request.expires_at
+        )
 
     # -- delivery -----------------------------------------------------------------------------
 
@@ -297,7 +325,7 @@ class WebhookChannel(Channel):
             "escalation": None if escalation is None else escalation.to_dict(),
         }
 
-    def enqueue(
+    async def enqueue(
         self,
         event: str,
         request: InputRequest,
@@ -305,18 +333,25 @@ class WebhookChannel(Channel):
         *,
         escalation: Escalation | None = None,
     ) -> None:
-        """Queue one event for every URL (each URL gets them in order)."""
+        """Queue one event for every URL (each URL gets them in order), kept in the hub's state
+        first: a failure to keep it queues it nowhere."""
         body = self.payload(event, request, resolution, escalation=escalation)
         raw = _json_bytes(body)
         self._ensure_workers()
-        for url in self.urls:
-            if f"{url} {body['id']}" in self._queued:
-                continue  # an entry the hub read again while its delivery still waits
-            if self._state is not None:  # kept first: a failure here leaves it not queued
-                body_text = raw.decode()
-                self.remember(f"{_OUTBOX}{url} {body['id']}", {"event": event, "body": body_text})
-            self._queued.add(f"{url} {body['id']}")
-            self._queues[url].put_nowait((body["id"], event, raw))
+        urls = [url for url in self.urls if f"{url} {body['id']}" not in self._queued]
+        if not urls:
+            return  # an entry the hub read again while its delivery still waits
+        if self._state is not None:
+            kept = {"event": event, "body": raw.decode()}
+            await off_loop(self._keep, [f"{_OUTBOX}{url} {body['id']}" for url in urls], kept)
+        for url in urls:
+            if f"{url} {body['id']}" not in self._queued:  # not queued while it was kept
+                self._queued.add(f"{url} {body['id']}")
+                self._queues[url].put_nowait((body["id"], event, raw))
+
+    def _keep(self, keys: list[str], kept: dict[str, Any]) -> None:
+        for key in keys:
+            self.remember(key, kept)
 
     def _ensure_workers(self) -> None:
         if self._workers:
@@ -335,7 +370,7 @@ class WebhookChannel(Channel):
             try:
                 if await self._send(url, delivery, event, raw) != "gave up":
                     if self._state is not None:
-                        self.forget(f"{_OUTBOX}{url} {delivery}")
+                        await off_loop(self.forget, f"{_OUTBOX}{url} {delivery}")
                 elif self._state is not None:
                     logger.error(
                         "webhook %s: %s is sent again when the hub next starts", url, delivery

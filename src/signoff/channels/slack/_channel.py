@@ -25,7 +25,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from ..._exceptions import SignoffError, UsageError
 from ..._types import InputRequest
 from ...stores import promptly
-from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger
+from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, off_loop
 from ._adopt import find_post, metadata, new_attempt
 from ._blocks import (
     escape,
@@ -136,13 +136,13 @@ class SlackChannel(Channel):
         self._backlog_at = 0.0
         self._backlog_failures = 0
         # Answers acknowledged and not settled (or sent) before a crash.
-        self.clicks.resume()
-        self.replies.resume()
+        await self.clicks.resume()
+        await self.replies.resume()
         await self._post_backlog()
 
     async def tick(self, now: float) -> None:
-        self.clicks.tick()
-        self.replies.tick()
+        await self.clicks.tick()
+        await self.replies.tick()
         await self._post_backlog()
 
     async def _post_backlog(self) -> None:
@@ -181,23 +181,27 @@ class SlackChannel(Channel):
     async def on_requested(self, request: InputRequest) -> None:
         where = self._unsaved.get(request.id)
         if where is None:
-            if self.recall(_key(request.id)) is not None:
+            if await off_loop(self.recall, _key(request.id)) is not None:
                 return  # already posted
             where = await self._find_unsaved(request.id)
             if where is None:
                 where = await self._post(request)
             # Kept until the memo is saved: the hub's retry of a failed save must not post again.
             self._unsaved[request.id] = where
-        self.remember(thread_key(where["channel"], where["ts"]), {"request_id": request.id})
-        self.remember(_key(request.id), where)
+        await off_loop(self._save_post, request.id, where)
         del self._unsaved[request.id]
-        self.forget(_attempt_key(request.id))
+
+    def _save_post(self, request_id: str, where: dict[str, Any]) -> None:
+        """Keep where a request's message is (and its thread's request), its attempt done."""
+        self.remember(thread_key(where["channel"], where["ts"]), {"request_id": request_id})
+        self.remember(_key(request_id), where)
+        self.forget(_attempt_key(request_id))
 
     async def _post(self, request: InputRequest) -> dict[str, Any]:
         """Post a request's message; the attempt is saved first, so that a restart after a
         crash before the message's memo is saved finds the message instead of posting again."""
         attempt = new_attempt()
-        self.remember(_attempt_key(request.id), attempt)
+        await off_loop(self.remember, _attempt_key(request.id), attempt)
         try:
             reply = await self.client.chat_postMessage(
                 channel=self.channel,
@@ -207,14 +211,14 @@ class SlackChannel(Channel):
             )
         except SlackApiError as exc:  # Slack answered and posted nothing: no message to find
             with contextlib.suppress(SignoffError):
-                self.forget(_attempt_key(request.id))
+                await off_loop(self.forget, _attempt_key(request.id))
             _raise_if_limited(exc, "chat.postMessage")
             raise
         return {"channel": reply["channel"], "ts": reply["ts"]}
 
     async def _find_unsaved(self, request_id: str) -> dict[str, Any] | None:
         """The message of a post sent before a crash and never saved, if Slack has it."""
-        attempt = self.recall(_attempt_key(request_id))
+        attempt = await off_loop(self.recall, _attempt_key(request_id))
         if attempt is None:
             return None
         try:
@@ -226,20 +230,20 @@ class SlackChannel(Channel):
             logger.info("slack: adopted the unsaved post of %s (%s)", request_id, where)
         return where
 
-    def _where(self, request_id: str) -> dict[str, Any] | None:
+    async def _where(self, request_id: str) -> dict[str, Any] | None:
         """Where a request's message is: its memo, or a post whose memo is not saved yet."""
         unsaved = self._unsaved.get(request_id)
-        return unsaved if unsaved is not None else self.recall(_key(request_id))
+        return unsaved if unsaved is not None else await off_loop(self.recall, _key(request_id))
 
     async def on_updated(self, request: InputRequest) -> None:
-        where = self._where(request.id)
+        where = await self._where(request.id)
         if where is not None:
             await self._update(request.id, where, request_blocks(request), fallback_text(request))
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
-        where = self._where(request.id) or await self._find_unsaved(request.id)
+        where = await self._where(request.id) or await self._find_unsaved(request.id)
         if where is None:
-            self.forget(_attempt_key(request.id))
+            await off_loop(self.forget, _attempt_key(request.id))
             return
         edited = None
         if resolution.outcome == "approved":  # the input.resolved entry does not carry an edit
@@ -248,11 +252,20 @@ class SlackChannel(Channel):
         blocks = request_blocks(request, resolution, edited_input=edited)
         # Replies in its thread still reach the session for a while (`_replies`).
         closed = {"request_id": request.id, "closed_at": resolution.at}
-        self.remember(thread_key(where["channel"], where["ts"]), closed)
+        await off_loop(self.remember, thread_key(where["channel"], where["ts"]), closed)
         await self._update(request.id, where, blocks, fallback_text(request))
-        self.forget(_key(request.id))
-        self.forget(_attempt_key(request.id))
+        await off_loop(self._forget_post, request.id)
         self._unsaved.pop(request.id, None)
+
+    def _forget_post(self, request_id: str) -> None:
+        """Drop the memos of a closed request's message (its thread's stays, for replies)."""
+        self.forget(_key(request_id))
+        self.forget(_attempt_key(request_id))
+
+    def _forget_gone(self, request_id: str, where: dict[str, Any]) -> None:
+        """Drop the memos of a message deleted in Slack, its thread's too."""
+        self.forget(thread_key(where["channel"], where["ts"]))
+        self.forget(_key(request_id))
 
     async def _update(
         self, request_id: str, where: dict[str, Any], blocks: list[Any], text: str
@@ -269,8 +282,7 @@ class SlackChannel(Channel):
             if error not in _GONE:
                 raise
             logger.warning("slack: the message of %s cannot be updated (%s)", request_id, error)
-            self.forget(thread_key(where["channel"], where["ts"]))
-            self.forget(_key(request_id))
+            await off_loop(self._forget_gone, request_id, where)
             self._unsaved.pop(request_id, None)
 
     async def close(self) -> None:

@@ -88,12 +88,12 @@ class Clicks:
             await self.inbox.admit(lambda: taken)
         return answer
 
-    def resume(self) -> None:
+    async def resume(self) -> None:
         """Act on the interactions acknowledged and not finished before a crash."""
-        self.inbox.resume()
+        await self.inbox.resume()
 
-    def tick(self) -> None:
-        self.inbox.tick()
+    async def tick(self) -> None:
+        await self.inbox.tick()
 
     # -- acting -------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from ..._exceptions import StoreError
-from .._base import logger, waiting_until
+from .._base import logger, off_loop, waiting_until
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -75,7 +75,7 @@ class Inbox(Generic[T]):
         told it was taken; a save that ends later starts its work all the same, and Slack's
         retry finds it taken."""
         deadline = time.monotonic() + self.ack_within
-        saving = self.channel._spawn(asyncio.to_thread(self._save, pick, deadline))
+        saving = self.channel._spawn(off_loop(self._save, pick, deadline))
         try:
             taken = await asyncio.wait_for(asyncio.shield(saving), self.ack_within)
         except TimeoutError:
@@ -121,12 +121,18 @@ class Inbox(Generic[T]):
         self._busy.add(work_id)
         self.channel._spawn(self._deliver(work_id, work))
 
-    def resume(self, *, older_than: float | None = None) -> None:
+    async def resume(self, *, older_than: float | None = None) -> None:
         """Start the saved work no process finished (all of it, or what was saved more than
         `older_than` seconds ago), and drop the memos of work done more than an hour ago."""
+        for work_id, work in await off_loop(self._unfinished, older_than):
+            self._start(work_id, work)
+
+    def _unfinished(self, older_than: float | None) -> list[tuple[str, T]]:
+        """`resume`'s reading of the memos (in a thread): the work to start again."""
         ch = self.channel
         now = ch.clock()
         names = self.kind.__dataclass_fields__
+        found: list[tuple[str, T]] = []
         for key, memo in ch.state.memos(ch.name, self.prefix):
             if not isinstance(memo, dict):
                 ch.forget(key)
@@ -140,7 +146,8 @@ class Inbox(Generic[T]):
                     logger.warning("slack: the saved %s %s is unreadable: %r", self.what, key, memo)
                     ch.forget(key)
                     continue
-                self._start(key.removeprefix(self.prefix), work)
+                found.append((key.removeprefix(self.prefix), work))
+        return found
 
     def due(self) -> bool:
         """Whether it is time for another scan (every `TIDY_EVERY` seconds); notes it is."""
@@ -150,10 +157,10 @@ class Inbox(Generic[T]):
         self._tidied_at = now
         return True
 
-    def tick(self) -> None:
+    async def tick(self) -> None:
         """Now and then: resume work a process that died left, and drop old memos."""
         if self.due():
-            self.resume(older_than=RESUME_AFTER)
+            await self.resume(older_than=RESUME_AFTER)
 
     async def _deliver(self, work_id: str, work: T) -> None:
         """Run saved work and mark it done; a failure of the store (or of the network) leaves
@@ -161,11 +168,9 @@ class Inbox(Generic[T]):
         ch = self.channel
         key = self.key(work_id)
         try:
-            memo = ch.recall(key)
-            if not isinstance(memo, dict) or memo.get("state") != "pending":
+            tries = await off_loop(self._try, key)
+            if tries is None:
                 return  # done meanwhile (another process)
-            tries = int(memo.get("tries") or 0) + 1
-            ch.remember(key, {**memo, "tries": tries})
             try:
                 await self.run(work, tries > 1)
             except (StoreError, OSError):
@@ -180,11 +185,22 @@ class Inbox(Generic[T]):
                 logger.exception("slack: the %s %s failed", self.what, work_id)
             except Exception:
                 logger.exception("slack: the %s %s failed", self.what, work_id)
-            ch.remember(key, {"state": "done", "until": ch.clock() + RETRY_WINDOW})
+            await off_loop(ch.remember, key, {"state": "done", "until": ch.clock() + RETRY_WINDOW})
         except Exception:
             logger.exception("slack: the %s %s could not be saved", self.what, work_id)
         finally:
             self._busy.discard(work_id)
+
+    def _try(self, key: str) -> int | None:
+        """Count one more run of the work saved under `key`: which run this is, or None if it
+        is no longer pending."""
+        ch = self.channel
+        memo = ch.recall(key)
+        if not isinstance(memo, dict) or memo.get("state") != "pending":
+            return None
+        tries = int(memo.get("tries") or 0) + 1
+        ch.remember(key, {**memo, "tries": tries})
+        return tries
 
 
 def seconds(value: Any) -> float:

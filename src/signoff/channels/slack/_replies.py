@@ -19,7 +19,7 @@ from ..._answers import match
 from ..._exceptions import SignoffError, StoreError
 from ..._messages import first_open
 from ..._results import Outcome
-from .._base import logger
+from .._base import logger, off_loop
 from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
 from ._payloads import SlackPayloadError, envelope_of, slack_principal
 
@@ -149,21 +149,25 @@ class ThreadReplies:
 
     # -- sending --------------------------------------------------------------------------------
 
-    def resume(self, *, older_than: float | None = None) -> None:
+    async def resume(self, *, older_than: float | None = None) -> None:
         """Send the saved replies no process finished (all of them, or those saved more than
         `older_than` seconds ago), and drop the memos of handled events and old threads."""
+        await self.inbox.resume(older_than=older_than)
+        await off_loop(self._tidy_threads)
+
+    def _tidy_threads(self) -> None:
+        """Drop the memos of threads closed more than `KEEP_THREADS` seconds ago."""
         ch = self.channel
-        self.inbox.resume(older_than=older_than)
         now = ch.clock()
         for key, memo in ch.state.memos(ch.name, "thread:"):
             closed = memo.get("closed_at") if isinstance(memo, dict) else 0  # None: open
             if closed is not None and not seconds(closed) > now - KEEP_THREADS:
                 ch.forget(key)
 
-    def tick(self) -> None:
+    async def tick(self) -> None:
         """Now and then: resume replies a process that died left, and drop old memos."""
         if self.inbox.due():
-            self.resume(older_than=RESUME_AFTER)
+            await self.resume(older_than=RESUME_AFTER)
 
     async def _send(self, reply: TypedReply, again: bool) -> None:
         """Deliver a reply to its request's session as its author, if they may answer (once:

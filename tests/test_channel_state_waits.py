@@ -1,0 +1,199 @@
+"""Channel-state calls wait for another process's lock on the state file off the event loop:
+while they wait, the loop goes on serving (HTTP, SSE, lease renewals), and what they write is
+saved once the lock is let go. Each test holds the lock from another process while a write
+path runs, and lets it go from the event loop: a write that blocked the loop would fail first
+(the lock held past its `busy_timeout`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+import signoff as so
+from signoff.channels import Channel, ChannelHub, ChannelState, WebhookChannel
+from signoff.channels._base import off_loop
+from signoff.testing import ManualClock
+
+from ._locks import holding
+from .test_channel_state import Seen, gated, open_one
+from .test_channels import Texts
+from .test_slack import FakeSlack, channel, manual, refund_runtime, sign
+from .test_slack_clicks import approve
+from .test_webhooks import SECRET, Receiver, refund_agent
+
+T = TypeVar("T")
+
+PATIENCE = 3.0  # the state's busy_timeout: a write that blocks the loop fails after it
+
+
+async def serves_while_locked(path: Path, action: Callable[[], Awaitable[T]]) -> T:
+    """Run `action` while another process holds the write lock of the state file at `path`;
+    the event loop ticks on while it waits, and lets the lock go after ten ticks."""
+    with holding(path) as holder:
+        task = asyncio.ensure_future(action())
+        ticks = 0
+        while ticks < 10:
+            await asyncio.sleep(0.01)
+            ticks += 1
+        if task.done():
+            error = task.exception()
+            pytest.fail(f"the state was written on the event loop (or not at all): {error!r}")
+        holder.release()
+    return await asyncio.wait_for(task, 10 * PATIENCE)
+
+
+def state_at(tmp_path: Path) -> tuple[Path, ChannelState]:
+    path = tmp_path / "channels.db"
+    return path, ChannelState(path, busy_timeout=PATIENCE)
+
+
+async def test_a_cancelled_caller_goes_on_only_once_its_write_ended(tmp_path: Path) -> None:
+    path, state = state_at(tmp_path)
+    with holding(path) as holder:
+        task = asyncio.ensure_future(off_loop(state.remember, "slack", "msg:r1", {"ts": "1.2"}))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        assert not task.done()  # still waiting for its write, which must not land later
+        holder.release()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert state.recall("slack", "msg:r1") == {"ts": "1.2"}  # saved before the caller went on
+    state.close()
+
+
+async def test_the_hubs_positions_and_skipped_entries_are_saved_off_the_loop(
+    tmp_path: Path,
+) -> None:
+    path, state = state_at(tmp_path)
+
+    class Down(Channel):
+        """Fails on every opening while `down`."""
+
+        def __init__(self) -> None:
+            super().__init__(name="down")
+            self.down = True
+            self.opened: list[str] = []
+
+        async def on_requested(self, request: so.InputRequest) -> None:
+            if self.down:
+                raise RuntimeError("the service is down")
+            self.opened.append(request.id)
+
+    async with gated(tmp_path) as rt:
+        seen, down = Seen(), Down()
+        hub = ChannelHub(rt, [seen, down], state=state, max_attempts=1, retry_backoff=0)
+        await serves_while_locked(path, lambda: hub.start(follow=False))  # the start positions
+        try:
+            rid = await open_one(rt)
+            await serves_while_locked(path, hub.poll)  # `down` gives up: kept for the next start
+            assert seen.opened == [rid] and down.opened == []
+            assert state.position(f"hub:{seen.name}") == hub.position(seen)
+            assert state.recall("hub:down", "skipped") is not None
+        finally:
+            await hub.stop()
+        down.down = False
+        again = ChannelHub(rt, [Seen(), down], state=state)
+        await serves_while_locked(path, lambda: again.start(follow=False))  # delivered again
+        await again.stop()
+        assert down.opened == [rid] and state.recall("hub:down", "skipped") is None
+    state.close()
+
+
+async def test_webhook_deliveries_and_warnings_are_kept_off_the_loop(tmp_path: Path) -> None:
+    path, state = state_at(tmp_path)
+    clock = ManualClock()
+    async with (
+        Receiver([503]) as receiver,
+        so.Runtime(
+            [refund_agent(expires_in=3600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        retry = asyncio.Event()
+
+        async def sleep(_: float) -> None:
+            await retry.wait()
+
+        async def retried() -> None:
+            retry.set()
+            await hooks.drain()
+
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600, clock=clock, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state, clock=clock)) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            (req,) = r.pending
+            await serves_while_locked(path, hub.poll)  # request.opened kept in the outbox
+            assert len(state.memos(hooks.name, "outbox:")) == 1  # a 503: waiting to retry
+            await serves_while_locked(path, retried)  # sent: dropped from the outbox
+            assert state.memos(hooks.name, "outbox:") == []
+            clock.advance(3100)
+            await serves_while_locked(path, hub.poll)  # request.expiring, and the warned: memo
+            assert hooks.recall(f"warned:{req.id}") is True
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="cancel")],
+                principal=so.Principal(authenticator="web", principal_id="bob"),
+            )
+            await serves_while_locked(path, hub.poll)  # the warned: memo goes
+            assert hooks.recall(f"warned:{req.id}") is None
+            await hooks.drain()
+        assert [json.loads(b)["type"] for _, b in receiver.accepted] == [
+            "request.opened",
+            "request.expiring",
+            "request.resolved",
+        ]
+    state.close()
+
+
+async def test_a_text_channel_keeps_what_it_showed_off_the_loop(tmp_path: Path) -> None:
+    path, state = state_at(tmp_path)
+    async with gated(tmp_path) as rt:
+        texts = Texts()
+        async with manual(ChannelHub(rt, [texts], state=state)) as hub:
+            rid = await open_one(rt)
+            await serves_while_locked(path, hub.poll)
+            assert texts.recall("shown") == rid and len(texts.sent) == 1
+    state.close()
+
+
+async def test_slack_memos_are_kept_off_the_loop(tmp_path: Path) -> None:
+    path, state = state_at(tmp_path)
+    fake = FakeSlack()
+    await fake.start()
+    try:
+        async with refund_runtime(tmp_path, []) as rt:
+            state.remember("slack", "click:old", {"state": "done", "until": 0})  # to drop
+            slack = channel(fake)
+            hub = ChannelHub(rt, [slack], state=state)
+            await serves_while_locked(path, lambda: hub.start(follow=False))
+            try:
+                assert slack.recall("click:old") is None
+                r = await rt.generate("support", prompt="Refund 1042")
+                (req,) = r.pending
+                await serves_while_locked(path, hub.poll)  # posted, where it is kept
+                assert slack.recall(f"msg:{req.id}") is not None
+                body = approve(req.id)
+                await slack.handle(body, sign(body, int(time.time())))  # saved, acknowledged
+                await serves_while_locked(path, slack.idle)  # settled in the background
+                await serves_while_locked(path, hub.poll)  # the message shows who decided
+                assert slack.recall(f"msg:{req.id}") is None
+                (update,) = fake.of("chat.update")
+                assert update["blocks"][-1]["block_id"] == "signoff.resolution"
+            finally:
+                await hub.stop()
+    finally:
+        await fake.stop()
+    state.close()
+
+
+async def test_off_loop_passes_on_what_the_call_raises(tmp_path: Path) -> None:
+    state = ChannelState(tmp_path / "channels.db")
+    state.close()
+    with pytest.raises(so.StoreError, match="channel state"):
+        await off_loop(state.recall, "slack", "msg:r1")
