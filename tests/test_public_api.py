@@ -133,3 +133,84 @@ def test_the_audit_and_session_twins_answer_like_their_async_methods(tmp_path) -
         assert rt.export_audit_sync(out, r.session_id) == len(entries)
     finally:
         rt.close_sync()
+
+
+def test_close_sync_gives_back_a_lease_the_store_refused_as_close_does(tmp_path) -> None:
+    """`close_sync` is `close`, blocking: it also gives back a drive's lease that the store
+    refused to release, so another process need not wait out the lease's TTL."""
+    import asyncio
+    import time
+
+    from signoff.stores import SQLiteStore
+
+    class RefusesOnce(SQLiteStore):
+        refuse = False
+
+        async def release_lease(self, session_id: str, owner: str, token: int) -> None:
+            if self.refuse:
+                self.refuse = False
+                raise so.StoreUnavailable("down for a moment")
+            await super().release_lease(session_id, owner, token)
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    store = RefusesOnce(url)
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")]))
+    rt = so.Runtime([agent], store=store)
+    sid = rt.generate_sync("a", prompt="hello").session_id
+    store.refuse = True
+    import pytest
+
+    with pytest.raises(so.StoreUnavailable):
+        rt.generate_sync(session_id=sid)  # a drive with nothing to do: its release is refused
+    rt.close_sync()
+
+    async def taken_at_once() -> bool:
+        other = SQLiteStore(url)
+        await other.open()
+        try:
+            return await other.acquire_lease(sid, "elsewhere", 30, time.time()) is not None
+        finally:
+            await other.close()
+
+    assert asyncio.run(taken_at_once())
+
+
+def test_close_sync_is_the_twin_of_close() -> None:
+    import inspect
+
+    assert inspect.signature(so.Runtime.close_sync) == inspect.signature(so.Runtime.close)
+    doc = inspect.getdoc(so.Runtime.close)
+    assert doc and doc in (inspect.getdoc(so.Runtime.close_sync) or "")
+
+
+def _public_members(cls: type) -> list[tuple[str, object]]:
+    out = []
+    for name, value in vars(cls).items():
+        if name.startswith("_") or name == "model_config":
+            continue
+        if isinstance(value, property | staticmethod | classmethod) or callable(value):
+            out.append((name, value))
+    return out
+
+
+def test_every_public_object_says_what_it_is() -> None:
+    """Every public class and function, and every public method and property of a public class,
+    of `signoff` and `signoff.models` has a docstring (its own, or the one it overrides)."""
+    import inspect
+
+    missing = []
+    for module in (so, so.models):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if not obj.__doc__:
+                missing.append(f"{module.__name__}.{name}")
+            if not inspect.isclass(obj):
+                continue
+            for member, value in _public_members(obj):
+                doc = value.__doc__ if isinstance(value, property) else None
+                doc = doc or inspect.getdoc(getattr(obj, member))
+                if not doc:
+                    missing.append(f"{module.__name__}.{name}.{member}")
+    assert missing == []

@@ -59,6 +59,7 @@ class Limits:
 
     @property
     def ttl_seconds(self) -> float | None:
+        """`ttl` in seconds, or None for sessions that never expire."""
         if isinstance(self.ttl, timedelta):
             return self.ttl.total_seconds()
         return None if self.ttl is None else float(self.ttl)

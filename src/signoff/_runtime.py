@@ -38,7 +38,7 @@ from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._state import SessionState
-from ._sync import twin
+from ._sync import blocking_doc, twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
 from .stores import PendingFilter, Resolve, SessionSummary, Store
@@ -566,6 +566,8 @@ class Runtime(Workers):
         return self._sync.run(collect())
 
     def close_sync(self) -> None:
-        self._sync.run(self.store.close())
-        self._opened = False
+        # Not a `twin`: `close` shuts down the bridge a twin would run it on.
+        self._sync.run(self._close_store())
         self._sync.close()
+
+    close_sync.__doc__ = blocking_doc(Workers.close)
