@@ -1,5 +1,7 @@
 """The curated public names of `signoff`."""
 
+from pathlib import Path
+
 import signoff as so
 
 
@@ -214,3 +216,79 @@ def test_every_public_object_says_what_it_is() -> None:
                 if not doc:
                     missing.append(f"{module.__name__}.{name}.{member}")
     assert missing == []
+
+
+def _waiting_runtime(tmp_path: Path) -> tuple[so.Runtime, str, str]:
+    """A runtime with one session waiting on the approval of a refund."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    call = so.ModelResponse(tool_calls=[so.ToolCall(name="refund", input={"order_id": "1"})])
+    model = so.models.Scripted([call, so.ModelResponse(text="done")], repeat_last=True)
+    rt = so.Runtime([so.Agent(name="a", model=model, tools=[refund])], f"sqlite:///{tmp_path}/s.db")
+    r = rt.generate_sync("a", prompt="refund order 1")
+    assert r.status == "waiting"
+    return rt, r.session_id, r.pending[0].id
+
+
+def test_a_principal_that_is_not_one_is_a_usage_error_and_changes_nothing(tmp_path) -> None:
+    """Every call that takes who acts (`auth`, `principal`) refuses a name or a dict by name,
+    before it records anything, the same from the async method and its twin."""
+    from typing import Any
+
+    import pytest
+
+    rt, sid, rid = _waiting_runtime(tmp_path)
+    approve = [so.InputResponse(request_id=rid, option_id="approve")]
+    decide = [so.Decision(id=rid, approved=True)]
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("generate", ("a", "hello"), {"auth": "alice"}),
+        ("generate", (), {"session_id": sid, "approvals": decide, "auth": {}}),
+        ("create_session", ("a",), {"auth": "alice"}),
+        ("send", (sid, "hello"), {"principal": "alice"}),
+        ("respond", (sid, approve), {"principal": "bob"}),
+        ("cancel", (sid,), {"principal": "bob"}),
+    ]
+
+    async def call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+        return await getattr(rt, name)(*args, **kwargs)
+
+    try:
+        before = (len(rt.sessions_sync()), rt.state_sync(sid).seq)
+        for name, args, kwargs in calls:
+            [(key, wrong)] = [(k, v) for k, v in kwargs.items() if k in ("auth", "principal")]
+            match = f"{key} must be a so.Principal, not {type(wrong).__name__}"
+            with pytest.raises(so.UsageError, match=match):
+                getattr(rt, f"{name}_sync")(*args, **kwargs)
+            with pytest.raises(so.UsageError, match=match):
+                rt._sync.run(call(name, args, kwargs))
+            assert (len(rt.sessions_sync()), rt.state_sync(sid).seq) == before, name
+    finally:
+        rt.close_sync()
+
+
+def test_flags_that_are_not_booleans_are_usage_errors(tmp_path) -> None:
+    """`respond(resume="no")` resumed the turn (a non-empty string is true): a flag must be a
+    bool, and a refused call records nothing."""
+    import pytest
+
+    rt, sid, rid = _waiting_runtime(tmp_path)
+    try:
+        seq = rt.state_sync(sid).seq
+        approve = [so.InputResponse(request_id=rid, option_id="approve")]
+        with pytest.raises(so.UsageError, match="resume must be True or False, not 'no'"):
+            rt.respond_sync(sid, approve, resume="no")  # type: ignore[arg-type]
+        assert rt.state_sync(sid).seq == seq
+
+        async def follow() -> None:
+            async for _ in rt.events(sid, follow="no"):  # type: ignore[arg-type]
+                pass
+
+        with pytest.raises(so.UsageError, match="follow must be True or False, not 'no'"):
+            rt._sync.run(follow())
+        assert rt.respond_sync(sid, approve, resume=False).status == "running"
+    finally:
+        rt.close_sync()
