@@ -212,7 +212,7 @@ class Answering(SessionRunner):
                     raise
                 outcomes.append(outcome)
             return outcomes
-        raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
+        raise RequestClosed(f"could not settle in session {session_id!r}: too much contention", ids)
 
     async def _rows_agree(self, session_id: str, seq: int, resolves: Sequence[Resolve]) -> None:
         """After a settlement found a request's row no longer pending: someone settling first
