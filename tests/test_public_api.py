@@ -104,7 +104,7 @@ def test_each_sync_twin_takes_what_its_async_method_takes_and_says_what_it_does(
     import inspect
 
     for name in dir(so.Runtime):
-        if not name.endswith("_sync") or name in ("events_sync", "close_sync"):
+        if not name.endswith("_sync") or name == "events_sync":
             continue
         twin, method = getattr(so.Runtime, name), getattr(so.Runtime, name.removesuffix("_sync"))
         assert inspect.signature(twin) == inspect.signature(method), name
@@ -175,14 +175,6 @@ def test_close_sync_gives_back_a_lease_the_store_refused_as_close_does(tmp_path)
             await other.close()
 
     assert asyncio.run(taken_at_once())
-
-
-def test_close_sync_is_the_twin_of_close() -> None:
-    import inspect
-
-    assert inspect.signature(so.Runtime.close_sync) == inspect.signature(so.Runtime.close)
-    doc = inspect.getdoc(so.Runtime.close)
-    assert doc and doc in (inspect.getdoc(so.Runtime.close_sync) or "")
 
 
 def _public_members(cls: type) -> list[tuple[str, object]]:
