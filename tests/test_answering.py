@@ -68,3 +68,27 @@ async def test_a_store_failure_while_settling_is_retryable(
         assert ran == ["1042"]
         types = [e.type async for e in rt.events(parked.session_id, follow=False)]
         assert types.count("approval.settled") == 1
+
+
+async def test_answers_given_up_on_for_contention_are_named(tmp_path: Path) -> None:
+    """A settlement that keeps finding the session changed under it gives up with
+    `RequestClosed` naming the requests it answered, as every answer error does, and records
+    nothing."""
+
+    class Contended(so.Runtime):
+        contended = False
+
+        async def _orphaned(self, state: object) -> bool:
+            return self.contended  # the session changed again: read it anew
+
+    rt = Contended([refund_agent([])], store=f"sqlite:///{tmp_path}/s.db")
+    async with rt:
+        parked = await rt.generate("support", prompt="refund 1042")
+        [request] = parked.pending
+        before = await store_contents(rt.store, parked.session_id)
+        rt.contended = True
+        answer = [so.InputResponse(request_id=request.id, option_id="approve")]
+        with pytest.raises(so.RequestClosed, match="too much contention") as caught:
+            await rt.respond(parked.session_id, answer)
+        assert caught.value.request_ids == [request.id]
+        assert await store_contents(rt.store, parked.session_id) == before

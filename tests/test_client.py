@@ -385,6 +385,23 @@ async def test_a_stream_refused_for_good_is_raised_after_the_retries(canned: Can
     assert len(canned.seen) == 4
 
 
+def test_the_blocking_events_take_what_the_async_ones_take_but_follow() -> None:
+    asynchronous = inspect.signature(AsyncClient.events).parameters
+    blocking = inspect.signature(Client.events).parameters
+    assert list(blocking) == [p for p in asynchronous if p != "follow"]
+    for name, param in blocking.items():
+        assert (param.kind, param.default) == (asynchronous[name].kind, asynchronous[name].default)
+
+
+async def test_the_blocking_events_give_up_after_their_retries(canned: Canned) -> None:
+    canned.on(EVENTS, http("502 Bad Gateway", "<html>bad gateway</html>", "text/html"))
+    with Client(canned.base) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await asyncio.to_thread(c.events, "ses_x", retries=1)
+    assert caught.value.status == 502
+    assert len(canned.seen) == 2
+
+
 async def test_events_sent_again_are_not_yielded_again(canned: Canned) -> None:
     """A server (or cache) that ignores `Last-Event-ID` and sends the log from the start again."""
     canned.on(EVENTS, stream(event(1) + event(2)), stream(event(1) + event(2) + event(3)))

@@ -1,5 +1,7 @@
 """The curated public names of `signoff`."""
 
+from pathlib import Path
+
 import signoff as so
 
 
@@ -102,7 +104,7 @@ def test_each_sync_twin_takes_what_its_async_method_takes_and_says_what_it_does(
     import inspect
 
     for name in dir(so.Runtime):
-        if not name.endswith("_sync") or name in ("events_sync", "close_sync"):
+        if not name.endswith("_sync") or name == "events_sync":
             continue
         twin, method = getattr(so.Runtime, name), getattr(so.Runtime, name.removesuffix("_sync"))
         assert inspect.signature(twin) == inspect.signature(method), name
@@ -131,5 +133,154 @@ def test_the_audit_and_session_twins_answer_like_their_async_methods(tmp_path) -
         entries = rt.audit_sync(r.session_id)
         out = io.StringIO()
         assert rt.export_audit_sync(out, r.session_id) == len(entries)
+    finally:
+        rt.close_sync()
+
+
+def test_close_sync_gives_back_a_lease_the_store_refused_as_close_does(tmp_path) -> None:
+    """`close_sync` is `close`, blocking: it also gives back a drive's lease that the store
+    refused to release, so another process need not wait out the lease's TTL."""
+    import asyncio
+    import time
+
+    from signoff.stores import SQLiteStore
+
+    class RefusesOnce(SQLiteStore):
+        refuse = False
+
+        async def release_lease(self, session_id: str, owner: str, token: int) -> None:
+            if self.refuse:
+                self.refuse = False
+                raise so.StoreUnavailable("down for a moment")
+            await super().release_lease(session_id, owner, token)
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    store = RefusesOnce(url)
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")]))
+    rt = so.Runtime([agent], store=store)
+    sid = rt.generate_sync("a", prompt="hello").session_id
+    store.refuse = True
+    import pytest
+
+    with pytest.raises(so.StoreUnavailable):
+        rt.generate_sync(session_id=sid)  # a drive with nothing to do: its release is refused
+    rt.close_sync()
+
+    async def taken_at_once() -> bool:
+        other = SQLiteStore(url)
+        await other.open()
+        try:
+            return await other.acquire_lease(sid, "elsewhere", 30, time.time()) is not None
+        finally:
+            await other.close()
+
+    assert asyncio.run(taken_at_once())
+
+
+def _public_members(cls: type) -> list[tuple[str, object]]:
+    out = []
+    for name, value in vars(cls).items():
+        if name.startswith("_") or name == "model_config":
+            continue
+        if isinstance(value, property | staticmethod | classmethod) or callable(value):
+            out.append((name, value))
+    return out
+
+
+def test_every_public_object_says_what_it_is() -> None:
+    """Every public class and function, and every public method and property of a public class,
+    of `signoff` and `signoff.models` has a docstring (its own, or the one it overrides)."""
+    import inspect
+
+    missing = []
+    for module in (so, so.models):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if not obj.__doc__:
+                missing.append(f"{module.__name__}.{name}")
+            if not inspect.isclass(obj):
+                continue
+            for member, value in _public_members(obj):
+                doc = value.__doc__ if isinstance(value, property) else None
+                doc = doc or inspect.getdoc(getattr(obj, member))
+                if not doc:
+                    missing.append(f"{module.__name__}.{name}.{member}")
+    assert missing == []
+
+
+def _waiting_runtime(tmp_path: Path) -> tuple[so.Runtime, str, str]:
+    """A runtime with one session waiting on the approval of a refund."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    call = so.ModelResponse(tool_calls=[so.ToolCall(name="refund", input={"order_id": "1"})])
+    model = so.models.Scripted([call, so.ModelResponse(text="done")], repeat_last=True)
+    rt = so.Runtime([so.Agent(name="a", model=model, tools=[refund])], f"sqlite:///{tmp_path}/s.db")
+    r = rt.generate_sync("a", prompt="refund order 1")
+    assert r.status == "waiting"
+    return rt, r.session_id, r.pending[0].id
+
+
+def test_a_principal_that_is_not_one_is_a_usage_error_and_changes_nothing(tmp_path) -> None:
+    """Every call that takes who acts (`auth`, `principal`) refuses a name or a dict by name,
+    before it records anything, the same from the async method and its twin."""
+    from typing import Any
+
+    import pytest
+
+    rt, sid, rid = _waiting_runtime(tmp_path)
+    approve = [so.InputResponse(request_id=rid, option_id="approve")]
+    decide = [so.Decision(id=rid, approved=True)]
+    calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
+        ("generate", ("a", "hello"), {"auth": "alice"}),
+        ("generate", (), {"session_id": sid, "approvals": decide, "auth": {}}),
+        ("create_session", ("a",), {"auth": "alice"}),
+        ("send", (sid, "hello"), {"principal": "alice"}),
+        ("respond", (sid, approve), {"principal": "bob"}),
+        ("cancel", (sid,), {"principal": "bob"}),
+    ]
+
+    async def call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> object:
+        return await getattr(rt, name)(*args, **kwargs)
+
+    try:
+        before = (len(rt.sessions_sync()), rt.state_sync(sid).seq)
+        for name, args, kwargs in calls:
+            [(key, wrong)] = [(k, v) for k, v in kwargs.items() if k in ("auth", "principal")]
+            match = f"{key} must be a so.Principal, not {type(wrong).__name__}"
+            with pytest.raises(so.UsageError, match=match):
+                getattr(rt, f"{name}_sync")(*args, **kwargs)
+            with pytest.raises(so.UsageError, match=match):
+                rt._sync.run(call(name, args, kwargs))
+            assert (len(rt.sessions_sync()), rt.state_sync(sid).seq) == before, name
+    finally:
+        rt.close_sync()
+
+
+def test_flags_that_are_not_booleans_are_usage_errors(tmp_path) -> None:
+    """`respond(resume="no")` resumed the turn (a non-empty string is true): a flag must be a
+    bool, and a refused call records nothing."""
+    import pytest
+
+    rt, sid, rid = _waiting_runtime(tmp_path)
+    try:
+        seq = rt.state_sync(sid).seq
+        approve = [so.InputResponse(request_id=rid, option_id="approve")]
+        with pytest.raises(so.UsageError, match="resume must be True or False, not 'no'"):
+            rt.respond_sync(sid, approve, resume="no")  # type: ignore[arg-type]
+        assert rt.state_sync(sid).seq == seq
+
+        async def follow() -> None:
+            async for _ in rt.events(sid, follow="no"):  # type: ignore[arg-type]
+                pass
+
+        with pytest.raises(so.UsageError, match="follow must be True or False, not 'no'"):
+            rt._sync.run(follow())
+        assert rt.respond_sync(sid, approve, resume=False).status == "running"
     finally:
         rt.close_sync()

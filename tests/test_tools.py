@@ -155,6 +155,8 @@ def test_agent_definition_errors() -> None:
         ({"instructions": 5}, "instructions must be text"),
         ({"limits": {"max_steps": 3}}, "limits must be a so.Limits"),
         ({"name": 5}, "name"),
+        ({"tools": so.ask_question()}, "tools must be a list of tools, not Tool"),
+        ({"guardrails": so.tool_policy(deny=["x"])}, "guardrails must be a list of guardrails"),
     ],
 )
 def test_an_agent_refuses_a_model_instructions_or_limits_it_cannot_use(

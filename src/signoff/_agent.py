@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING
@@ -59,6 +59,7 @@ class Limits:
 
     @property
     def ttl_seconds(self) -> float | None:
+        """`ttl` in seconds, or None for sessions that never expire."""
         if isinstance(self.ttl, timedelta):
             return self.ttl.total_seconds()
         return None if self.ttl is None else float(self.ttl)
@@ -95,6 +96,11 @@ class Agent:
             raise UsageError(f"agent {name!r}: instructions must be text, not {instructions!r}")
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"agent {name!r}: limits must be a so.Limits, not {limits!r}")
+        for what, given in (("tools", tools), ("guardrails", guardrails)):
+            if not isinstance(given, Iterable):  # one tool or guardrail given alone
+                raise UsageError(
+                    f"agent {name!r}: {what} must be a list of {what}, not {type(given).__name__}"
+                )
         self.name = name
         self.model = model
         self.instructions = instructions

@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from . import _mirrors
 from ._answers import Reply as _Reply
+from ._answers import check_flag, check_principal
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
@@ -58,6 +59,8 @@ class Answering(SessionRunner):
         resume: bool = True,
     ) -> GenerateResult:
         """Answer one or more requests by id (eve style), then continue the turn if it can."""
+        check_principal(principal, "principal")
+        check_flag(resume, "resume")
         await self.open()
         if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
             responses, Iterable
@@ -209,7 +212,7 @@ class Answering(SessionRunner):
                     raise
                 outcomes.append(outcome)
             return outcomes
-        raise RequestClosed(f"could not settle in session {session_id!r}: too much contention")
+        raise RequestClosed(f"could not settle in session {session_id!r}: too much contention", ids)
 
     async def _rows_agree(self, session_id: str, seq: int, resolves: Sequence[Resolve]) -> None:
         """After a settlement found a request's row no longer pending: someone settling first

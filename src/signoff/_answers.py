@@ -20,11 +20,13 @@ from ._exceptions import (
 )
 from ._results import Outcome
 from ._tools import Tool
-from ._types import Decision, InputRequest, match_option
+from ._types import Decision, InputRequest, Principal, match_option
 
 __all__ = [
     "MAX_TEXT_BYTES",
     "Reply",
+    "check_flag",
+    "check_principal",
     "decisions",
     "match",
     "repeat",
@@ -154,6 +156,19 @@ def check_text(text: str, what: str) -> None:
         raise UsageError(f"{what} is not valid Unicode text: it holds a lone surrogate") from None
     if size > MAX_TEXT_BYTES:
         raise TooLarge(f"{what} is {size} bytes, over the limit of {MAX_TEXT_BYTES} bytes")
+
+
+def check_principal(value: object, name: str) -> None:
+    """Who acts (`auth`, `principal`) is a `so.Principal` or None: a name or a dict failed
+    only where it was recorded, with an `AttributeError`."""
+    if value is not None and not isinstance(value, Principal):
+        raise UsageError(f"{name} must be a so.Principal, not {type(value).__name__}")
+
+
+def check_flag(value: object, name: str) -> None:
+    """A flag is a bool: any other value (`"no"`) was taken for its truth."""
+    if not isinstance(value, bool):
+        raise UsageError(f"{name} must be True or False, not {value!r}")
 
 
 MAX_DEPTH = 100

@@ -144,9 +144,11 @@ class ApprovalPolicy:
     rules = RequestRules()
 
     async def decide(self, ctx: ApprovalContext) -> Verdict:
+        """Whether this call runs, is denied, or waits for a person."""
         raise NotImplementedError
 
     def describe(self) -> str:
+        """What the dashboard and the audit trail say this policy is."""
         return self.label
 
 
@@ -315,9 +317,11 @@ class Guardrail:
     """Something an agent consults before each call, for tools it cannot modify."""
 
     async def decide(self, ctx: ApprovalContext) -> Verdict | None:
+        """A verdict on this call, or None to leave it to the tool's own policy."""
         raise NotImplementedError
 
     def tool_names(self) -> Iterable[str]:
+        """The tools this guardrail names, checked against the agent's tools when it is built."""
         return ()
 
 

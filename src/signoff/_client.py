@@ -211,6 +211,7 @@ class AsyncClient:
         await self.aclose()
 
     async def aclose(self) -> None:
+        """Close the client's connections; a later call raises `UsageError`."""
         await self.http.aclose()
 
     def _check_open(self) -> None:
@@ -339,10 +340,12 @@ class AsyncClient:
     async def respond(
         self, session_id: str, responses: Sequence[InputResponse | Mapping[str, Any]]
     ) -> RemoteResult:
+        """Answer one or more requests of the session by id, as `Runtime.respond` does."""
         body = {"inputResponses": [_response_body(r) for r in _answers(responses)]}
         return await self._turn(_session_path(session_id, "/responses"), body)
 
     async def cancel(self, session_id: str, reason: str | None = None) -> RemoteResult:
+        """Cancel the session's running or waiting turn; its open requests are withdrawn."""
         return await self._turn(_session_path(session_id, "/cancel"), {"reason": reason})
 
     async def state(self, session_id: str) -> dict[str, Any]:
@@ -460,6 +463,7 @@ class LiveSession:
     requests: dict[str, RequestView] = field(default_factory=dict)
 
     def apply(self, event: Event) -> None:
+        """Fold one event in; one at or before `seq` was already folded and is skipped."""
         if event.seq <= self.seq:
             return
         self.seq = event.seq
@@ -489,6 +493,7 @@ class LiveSession:
                 yield event
 
     def open_requests(self) -> list[InputRequest]:
+        """The requests still pending, as far as this session has read, in asked order."""
         return [v.request for v in self.requests.values() if v.status == "pending"]
 
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
@@ -572,6 +577,7 @@ class Client:
         return self._async
 
     def close(self) -> None:
+        """Close the client's connections and its loop; a later call raises `UsageError`."""
         if self._closed:
             return
         self._closed = True
@@ -585,12 +591,15 @@ class Client:
     state = _blocking(AsyncClient.state)
     pending = _blocking(AsyncClient.pending)
 
-    def events(self, session_id: str, after: int = 0) -> list[Event]:
-        """The session's events after `after`, without following (as `Runtime.events_sync`)."""
+    def events(self, session_id: str, after: int = 0, *, retries: int = 5) -> list[Event]:
+        """The session's events after `after`, without following (as `Runtime.events_sync`);
+        a stream cut off or refused for a while is asked for again, up to `retries` failures
+        in a row (see `AsyncClient.events`)."""
 
         client = self._opened()
 
         async def collect() -> list[Event]:
-            return [e async for e in client.events(session_id, after, follow=False)]
+            events = client.events(session_id, after, follow=False, retries=retries)
+            return [e async for e in events]
 
         return self._bridge.run(collect())

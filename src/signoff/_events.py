@@ -73,6 +73,7 @@ class Event:
         return f"{self.session_id}:{self.seq}"
 
     def to_dict(self) -> dict[str, Any]:
+        """The event's JSON form, `{id, session_id, seq, turn_id, type, at, data, v}`."""
         return {
             "id": self.id,
             "session_id": self.session_id,

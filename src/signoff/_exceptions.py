@@ -74,6 +74,19 @@ class SignoffError(Exception):
 
     code = "signoff_error"
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt without calling `__init__`: most subclasses take other arguments than the
+        # message their `args` hold, so `cls(*args)` failed or garbled the message.
+        return (_rebuild, (type(self), self.args, self.__dict__))
+
+
+def _rebuild(cls: type[SignoffError], args: tuple[Any, ...], state: dict[str, Any]) -> Any:
+    """Unpickle a `SignoffError`: its args and attributes as they were."""
+    error = cls.__new__(cls, *args)
+    error.args = args
+    error.__dict__.update(state)
+    return error
+
 
 class UsageError(SignoffError):
     """The developer used signoff wrongly: a bad definition, argument or combination."""
@@ -226,9 +239,6 @@ class StepFailed(SignoffError):
         self.step = step
         self.error_type = error_type
         self.error_message = message
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.step, self.error_type, self.error_message))
 
 
 class StoreError(SignoffError):

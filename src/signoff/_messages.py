@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, Literal
 
 from ._answering import Answering
+from ._answers import check_principal
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._exceptions import ConflictingAnswer, RequestClosed, SessionBusy, UsageError
@@ -52,6 +53,7 @@ class Messages(Answering):
         it stands (`replayed`, see `_replay`), or raises `IdempotencyKeyReused` if the key came
         with another message.
         """
+        check_principal(principal, "principal")
         await self.open()
         if not isinstance(message, str) or not message.strip():
             raise UsageError("send() needs a non-empty message")

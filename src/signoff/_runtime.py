@@ -17,7 +17,7 @@ from typing import IO, Any, get_args
 from . import _audit_trail as _audit
 from . import _subagents, stores
 from ._answers import Reply as _Reply
-from ._answers import check_text
+from ._answers import check_flag, check_principal, check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
 from ._deadlines import after_deadline, expiry_specs, is_due, summary_after_expiry
@@ -38,7 +38,7 @@ from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._state import SessionState
-from ._sync import twin
+from ._sync import blocking_doc, twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
 from .stores import PendingFilter, Resolve, SessionSummary, Store
@@ -177,6 +177,7 @@ class Runtime(Workers):
         or raises `IdempotencyKeyReused` if the key was given for another agent, prompt or
         message.
         """
+        check_principal(auth, "auth")
         await self.open()
         if idempotency_key is not None and prompt is None:
             raise UsageError("idempotency_key goes with a prompt: it keys the message it sends")
@@ -241,6 +242,7 @@ class Runtime(Workers):
         self, agent: str, auth: Principal | None, idempotency_key: str | None
     ) -> tuple[str, bool]:
         """`create_session`, and whether the call repeated one with its key (it opened none)."""
+        check_principal(auth, "auth")
         await self.open()
         spec = self.agent(agent)
         idem = keyed(idempotency_key, auth, "open", agent)
@@ -394,6 +396,7 @@ class Runtime(Workers):
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
             raise UsageError(f"after must be an event seq, a whole number from 0, not {after!r}")
+        check_flag(follow, "follow")
         await self.open()
         if await self.store.head(session_id) is None:
             raise UnknownSession(session_id)
@@ -445,8 +448,7 @@ class Runtime(Workers):
             raise UsageError(f"reason must be a string, not {type(reason).__name__}")
         if reason is not None:
             check_text(reason, "the reason")
-        if principal is not None and not isinstance(principal, Principal):
-            raise UsageError(f"principal must be a so.Principal, not {type(principal).__name__}")
+        check_principal(principal, "principal")
         by = None if principal is None else principal.model_dump()
         ended = ("completed", "cancelled", "failed")
         for _ in range(20):
@@ -566,6 +568,8 @@ class Runtime(Workers):
         return self._sync.run(collect())
 
     def close_sync(self) -> None:
-        self._sync.run(self.store.close())
-        self._opened = False
+        # Not a `twin`: `close` shuts down the bridge a twin would run it on.
+        self._sync.run(self._close_store())
         self._sync.close()
+
+    close_sync.__doc__ = blocking_doc(Workers.close)

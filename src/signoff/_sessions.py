@@ -166,12 +166,17 @@ class SessionRunner(Leasing):
 
     async def close(self) -> None:
         """Close the store; a later call opens it again."""
+        await self._close_store()
+        self._sync.close()
+
+    async def _close_store(self) -> None:
+        """`close` but for the sync bridge, which `close_sync` runs this on: leases the store
+        refused to take back are given back, then the store is closed."""
         for session_id, (owner, token) in list(self._unreleased.items()):
             with contextlib.suppress(StoreError):  # else it lapses after its TTL
                 await self._release(session_id, owner, token)
         await self.store.close()
         self._opened = False
-        self._sync.close()
 
     async def __aenter__(self) -> Self:
         await self.open()

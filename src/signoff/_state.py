@@ -118,9 +118,11 @@ class SessionState:
 
     @property
     def expires_at(self) -> float | None:
+        """When the session's TTL passes if nothing happens before (None: it never does)."""
         return None if self.ttl is None else self.updated_at + self.ttl
 
     def expired(self, now: float) -> bool:
+        """Whether the session's TTL has passed at `now` (or its lapse is recorded)."""
         if self.lapsed:
             return True
         expires = self.expires_at

@@ -13,7 +13,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ._exceptions import UsageError
 
-__all__ = ["SyncBridge", "twin"]
+__all__ = ["SyncBridge", "blocking_doc", "twin"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -118,5 +118,10 @@ def twin(
 
     blocking.__name__ = f"{name}_sync"
     blocking.__qualname__ = f"{method.__qualname__}_sync"
-    blocking.__doc__ = f"`{name}`, blocking until it returns.\n\n{inspect.getdoc(method) or ''}"
+    blocking.__doc__ = blocking_doc(method)
     return blocking
+
+
+def blocking_doc(method: Callable[..., Any]) -> str:
+    """The docstring of the blocking twin of `method`."""
+    return f"`{method.__name__}`, blocking until it returns.\n\n{inspect.getdoc(method) or ''}"

@@ -83,6 +83,7 @@ class Usage(_Model):
 
     @property
     def total_tokens(self) -> int:
+        """Input and output tokens together."""
         return self.input_tokens + self.output_tokens
 
 
@@ -226,14 +227,17 @@ class InputRequest(_Model):
 
     @property
     def tool_name(self) -> str | None:
+        """The gated call's tool (None for a question)."""
         return self.action.tool_name if self.action else None
 
     @property
     def call_id(self) -> str | None:
+        """The gated call's id (None for a question)."""
         return self.action.call_id if self.action else None
 
     @property
     def input(self) -> Any:
+        """The gated call's input as proposed (None for a question)."""
         return self.action.input if self.action else None
 
 
@@ -344,14 +348,17 @@ class Answer(_Model):
 
     @property
     def authenticator(self) -> str | None:
+        """The responder's authenticator, or None when nobody is recorded."""
         return self.responder.authenticator if self.responder else None
 
     @property
     def principal_id(self) -> str | None:
+        """The responder's principal id, or None when nobody is recorded."""
         return self.responder.principal_id if self.responder else None
 
     @property
     def principal_type(self) -> str | None:
+        """The responder's principal type, or None when nobody is recorded."""
         return self.responder.principal_type if self.responder else None
 
 

@@ -145,6 +145,7 @@ class Anthropic(SdkModel):
     # -- the call -----------------------------------------------------------------------------
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        """The next response from the Anthropic Messages API."""
         client = self._clients.get()
         thinking = thinking_on(self.params)
         messages = to_anthropic_messages(request.messages, thinking=thinking)

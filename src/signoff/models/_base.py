@@ -34,4 +34,6 @@ class ModelRequest:
 class Model(Protocol):
     """Anything that turns a conversation into the next response; raise to fail the step."""
 
-    async def complete(self, request: ModelRequest) -> ModelResponse: ...
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        """The next response to `request`'s conversation; raise to fail the step."""
+        ...

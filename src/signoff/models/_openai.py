@@ -144,6 +144,7 @@ class OpenAIChat(SdkModel):
     # -- the call -----------------------------------------------------------------------------
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        """The next response from the OpenAI-compatible Chat Completions API."""
         client = self._clients.get()
         kwargs: dict[str, Any] = {
             "model": self.model,

@@ -38,6 +38,7 @@ class Scripted:
         self.calls = 0
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
+        """The scripted step at the number of responses the session already has."""
         self.calls += 1
         index = request.response_index
         if index >= len(self.steps):

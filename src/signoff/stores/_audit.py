@@ -72,6 +72,7 @@ class AuditEntry:
     hash: str
 
     def to_dict(self) -> dict[str, Any]:
+        """The entry as the JSON object an export line holds."""
         return {
             "id": self.id,
             "stream": self.stream,
