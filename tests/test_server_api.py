@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -423,7 +424,7 @@ def test_bad_response_bodies_name_the_field(alice: httpx.Client) -> None:
     assert alice.get(f"/v1/sessions/{sid}").json()["status"] == "waiting"
 
 
-def test_bad_bodies_elsewhere(alice: httpx.Client) -> None:
+def test_bad_bodies_elsewhere(alice: httpx.Client, store: str) -> None:
     sid = start(alice)["session_id"]
     r = alice.post(
         f"/v1/sessions/{sid}/approvals", json={"approvals": [{"id": "r", "approved": "yes"}]}
@@ -437,10 +438,10 @@ def test_bad_bodies_elsewhere(alice: httpx.Client) -> None:
     error(r, 400, "malformed_json")
     error(alice.post("/v1/sessions", json={"agent": "nobody"}), 422, "unknown_agent")
     error(alice.post("/v1/sessions", json={"agent": 3}), 422, "invalid_request")
-    before = alice.get("/v1/sessions").json()
+    before = _stored(store)
     r = alice.post("/v1/sessions", json={"agent": "support", "message": ""})  # as /messages does
     assert "message" in error(r, 422, "invalid_request")["message"]
-    assert alice.get("/v1/sessions").json() == before
+    assert _stored(store) == before
     error(
         alice.post(f"/v1/sessions/{sid}/messages", json={"text": "x", "turnPolicy": "now"}),
         422,
@@ -670,6 +671,44 @@ def test_openapi_is_served(base: str) -> None:
     assert httpx.get(f"{base}/v1/docs").status_code == 200
     root = httpx.get(f"{base}/")
     assert root.status_code == 307 and root.headers["location"] == "/_signoff/"
+
+
+def _documented_errors() -> dict[int, str]:
+    """The rows of docs/server.md's error table: status -> the text naming its codes."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "server.md").read_text()
+    table = text.split("### Errors", 1)[1].split("###", 1)[0]
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| ")]
+    return {int(row[1]): row[2] for row in rows if row[1].strip().isdigit()}
+
+
+def _subclasses(cls: type[so.SignoffError]) -> list[type[so.SignoffError]]:
+    return [cls] + [sub for direct in cls.__subclasses__() for sub in _subclasses(direct)]
+
+
+def test_every_error_the_api_can_send_is_in_the_documented_table() -> None:
+    """Each error class a call can raise reaches the client with a status and code that
+    docs/server.md's table lists (append_conflict and lease_lost, from the store, were missing),
+    and the OpenAPI document's error responses name every code of the table."""
+    from signoff.server._errors import ERROR_RESPONSES, status_for
+
+    documented = _documented_errors()
+    # Bases never raised as such; the client's own error; errors raised inside a tool's body,
+    # which the turn records as that call's failure. The channels' errors (a Slack signature)
+    # are answered by their own routes; classes of other packages (tests) are not signoff's.
+    never_sent = {so.SignoffError, so.SessionError, so.AnswerError, so.RemoteError}
+    never_sent |= {so.ReplayError, so.StepFailed}
+    for cls in _subclasses(so.SignoffError):
+        module = cls.__module__
+        if cls in never_sent or not module.startswith("signoff.") or ".channels" in module:
+            continue
+        status = status_for(cls.__new__(cls))
+        assert f"`{cls.code}`" in documented.get(status, ""), (cls.__name__, status, cls.code)
+    for status, row in documented.items():
+        codes = {c for c in re.findall(r"`([a-z_]+)`", row) if c != "request_ids"}
+        if status == 405:  # any path's wrong method, not a route's own answer
+            continue
+        described = ERROR_RESPONSES[status]["description"]
+        assert {c for c in codes if f"`{c}`" not in described} == set(), status
 
 
 # -- the stream ------------------------------------------------------------------------------
@@ -1152,3 +1191,153 @@ def test_the_idempotency_key_is_in_the_openapi_document(base: str) -> None:
         header = next(p for p in params if p["name"] == "Idempotency-Key")
         assert header["in"] == "header" and not header.get("required")
         assert header["schema"]["anyOf"][0]["maxLength"] == 200
+
+
+# -- what a careless client sends ------------------------------------------------------------
+
+
+def test_a_caller_without_credentials_is_401_whatever_it_sent(base: str, store: str) -> None:
+    """Authentication comes first: a caller with no token (or a wrong one) is told so, not
+    that its body, query or headers are wrong, which fixing would only lead to a 401."""
+    with client(base, "alice-token") as alice:
+        sid = start(alice)["session_id"]
+    before = _stored(store)
+    json_type = {"Content-Type": "application/json"}
+    for headers in ({}, auth("wrong")):
+        with httpx.Client(base_url=base, headers=headers, timeout=10) as anon:
+            for r in (
+                anon.post("/v1/sessions", json={"agent": 1}),
+                anon.post("/v1/sessions", content=b"{not json", headers=json_type),
+                anon.post(
+                    "/v1/sessions", content=b'{"agent": "a", "agent": "b"}', headers=json_type
+                ),
+                anon.post(
+                    "/v1/sessions", json={"agent": "support"}, headers={"Idempotency-Key": ""}
+                ),
+                anon.post(f"/v1/sessions/{sid}/responses", json={}),
+                anon.post(f"/v1/sessions/{sid}/cancel", json=[]),
+                anon.get("/v1/requests", params={"limit": 0}),
+                anon.get(f"/v1/sessions/{sid}/events", params={"after": -1}),
+                anon.get(f"/v1/sessions/{sid}/events", headers={"Last-Event-ID": "x"}),
+            ):
+                assert (
+                    error(r, 401, "unauthenticated") and r.headers["www-authenticate"] == "Bearer"
+                )
+    assert _stored(store) == before
+
+
+def test_a_body_that_is_not_a_json_object_is_told_what_to_send(
+    alice: httpx.Client, store: str
+) -> None:
+    """JSON sent with another Content-Type (or none), a form, an array, `null` or no body at all
+    is 422 `invalid_request` saying what the body must be, not pydantic's "valid dictionary"."""
+    sid = start(alice)["session_id"]
+    before = _stored(store)
+    as_json = b'{"agent": "support"}'
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        r = alice.post("/v1/sessions", content=as_json, headers=headers)
+        detail = error(r, 422, "invalid_request")
+        assert "Content-Type: application/json" in detail["message"], detail
+        assert detail["fields"] == [{"field": "body", "problem": detail["message"]}]
+        if content_type is not None:
+            assert content_type in detail["message"]
+    for url in (f"/v1/sessions/{sid}/responses", f"/v1/sessions/{sid}/cancel"):
+        for payload in (b"[]", b'"approve"', b"7") + ((b"null",) if "responses" in url else ()):
+            r = alice.post(url, content=payload, headers={"Content-Type": "application/json"})
+            detail = error(r, 422, "invalid_request")
+            assert "must be a JSON object" in detail["message"], (url, payload)
+    r = alice.post(f"/v1/sessions/{sid}/responses")
+    assert "needs a JSON object body" in error(r, 422, "invalid_request")["message"]
+    r = alice.post("/v1/sessions", files={"agent": ("agent", b"support")})
+    assert "multipart/form-data" in error(r, 422, "invalid_request")["message"]
+    assert _stored(store) == before
+    assert alice.get(f"/v1/sessions/{sid}").json()["status"] == "waiting"
+
+
+def test_a_parameter_named_twice_is_refused_not_half_read(alice: httpx.Client, store: str) -> None:
+    """`?status=pending&status=settled` read only the last, so a client asking for both got one
+    silently; two `Idempotency-Key` headers (which a proxy may join or pick from) acted on one
+    of them. Each is 422 `invalid_request` naming the parameter, and nothing is stored."""
+    sid = start(alice)["session_id"]
+    before = _stored(store)
+    for query in ("status=pending&status=settled", "limit=1&limit=2", "agent=a&agent=b"):
+        r = alice.get(f"/v1/requests?{query}")
+        name = query.partition("=")[0]
+        detail = error(r, 422, "invalid_request")
+        assert detail["fields"] == [{"field": f"query.{name}", "problem": "given 2 times"}], detail
+    r = alice.get(f"/v1/sessions/{sid}/events?follow=false&after=1&after=2")
+    error(r, 422, "invalid_request")
+    r = alice.get(
+        f"/v1/sessions/{sid}/events?follow=false",
+        headers=[("Last-Event-ID", "1"), ("Last-Event-ID", "2")],
+    )
+    assert error(r, 422, "invalid_request")["fields"][0]["field"] == "header.last-event-id"
+    for url, body in (
+        ("/v1/sessions", {"agent": "support", "message": "Refund order 1042"}),
+        (f"/v1/sessions/{sid}/messages", {"text": "and order 7?"}),
+    ):
+        keys = [("Idempotency-Key", "a"), ("Idempotency-Key", "b")]
+        r = alice.post(url, json=body, headers=keys)
+        assert "Idempotency-Key" in error(r, 422, "invalid_request")["message"]
+    assert _stored(store) == before
+    # one of each is as before
+    assert alice.get("/v1/requests?status=pending&limit=1").json()["total"] == 1
+
+
+def test_numbers_in_the_query_are_plain_digits(alice: httpx.Client) -> None:
+    """`after`, `limit` and `offset` take plain digits, as `Last-Event-ID` does: `1_0` (read as
+    10), `+5` or ` 5` are refused, not read as some other number; `older_than` is a finite
+    number of seconds (`inf` is refused, as `Runtime.pending` refuses it)."""
+    sid = start(alice)["session_id"]
+    for param in ("limit", "offset"):
+        for raw in ("5_0", "+5", " 5", "5 ", "٥"):
+            r = alice.get("/v1/requests", params={param: raw})
+            detail = error(r, 422, "invalid_request")
+            assert detail["fields"][0]["field"] == f"query.{param}", (raw, detail)
+        assert alice.get("/v1/requests", params={param: "05"}).status_code == 200
+    for raw in ("1_0", "+1", " 1"):
+        r = alice.get(f"/v1/sessions/{sid}/events", params={"after": raw, "follow": "false"})
+        assert error(r, 422, "invalid_request")["fields"][0]["field"] == "query.after"
+    for raw in ("inf", "Infinity", "1e400", "nan", "-1"):
+        r = alice.get("/v1/requests", params={"older_than": raw})
+        assert error(r, 422, "invalid_request")["fields"][0]["field"] == "query.older_than", raw
+    assert alice.get("/v1/requests", params={"older_than": "1e3"}).json()["total"] == 0
+    assert alice.get("/v1/requests", params={"older_than": "0"}).json()["total"] == 1
+
+
+async def test_an_answer_value_that_is_not_plain_json_is_refused_for_a_question_too(
+    store_url: str,
+) -> None:
+    """A question's answer with a `value` of NaN, Infinity or nested over 100 levels was taken
+    (200) and the value dropped, where an approval's is 422 `invalid_answer`, as the docs say
+    of every answer; now both are refused and nothing is stored, on every store."""
+    runtime = make_runtime(store_url)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    json_type = {"Content-Type": "application/json"}
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c:
+            created = await c.post("/v1/sessions", json={"agent": "helper", "message": "hi"})
+            sid, rid = created.json()["session_id"], created.json()["pending"][0]["id"]
+            before = await store_contents(runtime.store, sid)
+            deep = "[" * 101 + "]" * 101
+            for value in ("NaN", "Infinity", "-Infinity", "1e400", deep):
+                for answer in ('"text": "Large"', '"optionId": "2"'):
+                    body = f'{{"inputResponses": [{{"requestId": "{rid}", {answer}, '
+                    body += f'"value": {value}}}]}}'
+                    r = await c.post(
+                        f"/v1/sessions/{sid}/responses", content=body, headers=json_type
+                    )
+                    assert error(r, 422, "invalid_answer")["request_ids"] == [rid], value
+            with pytest.raises(so.InvalidAnswer, match="plain JSON"):
+                await runtime.respond(
+                    sid, [so.InputResponse(request_id=rid, text="Large", value=float("nan"))]
+                )
+            assert await store_contents(runtime.store, sid) == before
+            ok = {"inputResponses": [{"requestId": rid, "text": "Large", "value": {"size": "L"}}]}
+            r = await c.post(f"/v1/sessions/{sid}/responses", json=ok)
+            assert r.status_code == 200 and r.json()["status"] == "completed", r.text
+    await runtime.close()

@@ -119,6 +119,8 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         return out
     if reply.edited_input is not None:
         raise InvalidAnswer(f"request {rid} is a {request.kind}: it takes no edited input", [rid])
+    # A question records no value, but one given is held to what every answer's value must be.
+    _check_json(rid, {"value": reply.value})
     if reply.option_id is not None and reply.text is not None:
         raise InvalidAnswer(f"request {rid}: give option_id or text, not both", [rid])
     if reply.option_id is not None:

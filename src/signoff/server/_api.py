@@ -12,7 +12,6 @@ from .._types import Decision, InputResponse
 from ..stores import PendingFilter
 from ._context import ServerContext, get_context
 from ._errors import ERROR_RESPONSES, ApiError
-from ._json_body import UniqueKeysRoute
 from ._json_response import JSONText
 from ._models import (
     Approvals,
@@ -28,6 +27,7 @@ from ._models import (
     session_view,
     turn_result,
 )
+from ._route import ApiRoute
 from ._sse import event_stream, parse_last_event_id, stream_response
 
 __all__ = ["router"]
@@ -36,7 +36,7 @@ __all__ = ["router"]
 router = APIRouter(
     prefix="/v1",
     responses=ERROR_RESPONSES,
-    route_class=UniqueKeysRoute,
+    route_class=ApiRoute,
     default_response_class=JSONText,
 )
 
@@ -227,7 +227,12 @@ async def list_requests(
     kind: Annotated[Literal["tool-approval", "question", "session-limit"] | None, Query()] = None,
     status: Annotated[Literal["pending", "settled", "expired", "withdrawn"], Query()] = "pending",
     older_than: Annotated[
-        float | None, Query(ge=0, description="Only requests at least this many seconds old.")
+        float | None,
+        Query(
+            ge=0,
+            allow_inf_nan=False,
+            description="Only requests at least this many seconds old.",
+        ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from email.message import Message
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -44,6 +45,7 @@ __all__ = [
     "ErrorDetail",
     "error_response",
     "install_error_handlers",
+    "is_json",
     "malformed_form",
     "public_message",
     "status_for",
@@ -142,6 +144,40 @@ def error_response(status: int, code: str, message: str, **extra: Any) -> JSONRe
     return JSONText({"error": detail}, status_code=status, headers=headers)
 
 
+def is_json(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this type as JSON (`application/json`, `...+json`)."""
+    if not content_type:
+        return False
+    message = Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+_NOT_AN_OBJECT = ("model_attributes_type", "model_type", "dict_type")
+_JSON_TYPES = {list: "an array", str: "a string", bool: "a boolean", int: "a number"}
+
+
+def _body_problem(errors: list[Any], content_type: str | None) -> str | None:
+    """What is wrong with a body that is no JSON object at all (none, or not sent as JSON), in
+    words a client can act on; None when the problem is inside the object."""
+    if len(errors) != 1 or tuple(errors[0].get("loc", ())) != ("body",):
+        return None
+    kind, given = errors[0].get("type"), errors[0].get("input")
+    if kind == "missing":
+        return "the request needs a JSON object body, sent with Content-Type: application/json"
+    if kind not in _NOT_AN_OBJECT:
+        return None
+    if not is_json(content_type):
+        sent = content_type.split(";")[0].strip() if content_type else ""
+        with_type = f"as {sent!r}" if sent else "without a Content-Type"
+        return f"the body must be JSON sent with Content-Type: application/json, not {with_type}"
+    found = "null" if given is None else _JSON_TYPES.get(type(given), "a number")
+    return f"the body must be a JSON object, not {found}"
+
+
 def _describe(errors: list[Any]) -> tuple[str, list[dict[str, Any]]]:
     fields = []
     parts = []
@@ -180,6 +216,10 @@ def install_error_handlers(app: FastAPI) -> None:
         errors = list(exc.errors())
         if any(e.get("type") == "json_invalid" for e in errors):
             return error_response(400, "malformed_json", "the request body is not valid JSON")
+        problem = _body_problem(errors, request.headers.get("content-type"))
+        if problem is not None:
+            fields = [{"field": "body", "problem": problem}]
+            return error_response(422, "invalid_request", problem, fields=fields)
         message, fields = _describe(errors)
         return error_response(422, "invalid_request", message, fields=fields)
 
@@ -230,10 +270,12 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _doc("Malformed body or a misuse (`malformed_json`, `malformed_form`, `usage_error`)"),
     401: _doc("Not authenticated (`unauthenticated`)"),
     403: _doc("Not allowed to settle (`not_allowed`)"),
-    404: _doc("Unknown session or request (`unknown_session`, `unknown_request`)"),
+    404: _doc(
+        "Unknown session or request (`unknown_session`, `unknown_request`), or path (`not_found`)"
+    ),
     409: _doc(
         "Conflict (`conflicting_answer`, `request_closed`, `stale_answer`, `session_busy`, "
-        "`session_limit_reached`)"
+        "`session_limit_reached`, `idempotency_key_reused`)"
     ),
     410: _doc("The session expired (`session_expired`)"),
     413: _doc("The request body is too large (`payload_too_large`)"),
@@ -246,7 +288,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     503: _doc(
         "The store failed (`store_error`, `schema_version`, `store_gone`), its database has "
         "been down for a while (`store_unavailable`, with `Retry-After`), or every connection "
-        "to it stayed busy (`store_busy`, with `Retry-After`); the details are in the server's "
-        "log"
+        "to it stayed busy (`store_busy`, with `Retry-After`), other writers kept appending to "
+        "the session first (`append_conflict`) or took its turn over (`lease_lost`); the "
+        "details are in the server's log"
     ),
 }

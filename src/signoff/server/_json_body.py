@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Coroutine
-from email.message import Message
 from typing import Any
 
 from fastapi.routing import APIRoute
 from starlette.requests import Request
 from starlette.responses import Response
 
-from ._errors import ApiError
+from ._errors import ApiError, is_json
 
 __all__ = ["RepeatedKey", "UniqueKeysRoute", "unique_keys"]
 
@@ -39,22 +38,10 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-def _is_json(content_type: str | None) -> bool:
-    """Whether FastAPI would read a body of this type as JSON."""
-    if not content_type:
-        return False
-    message = Message()
-    message["content-type"] = content_type
-    subtype = message.get_content_subtype()
-    return message.get_content_maintype() == "application" and (
-        subtype == "json" or subtype.endswith("+json")
-    )
-
-
 async def repeated_key(request: Request) -> str | None:
     """A key the request's JSON body names twice in one object, or None. A body that does not
     parse is left to FastAPI, which names what is wrong with it."""
-    if not _is_json(request.headers.get("content-type")):
+    if not is_json(request.headers.get("content-type")):
         return None
     body = await request.body()  # kept by the request: FastAPI reads it again from there
     if not body:
