@@ -825,6 +825,17 @@ def test_a_hub_refuses_seconds_that_are_not_finite(
         ChannelHub(rt, [], **setting)
 
 
+@pytest.mark.parametrize("attempts", [0, 2.5, float("nan"), True, "3"])
+def test_a_hub_refuses_max_attempts_that_is_not_a_whole_number_from_1(
+    tmp_path: Path, attempts: Any
+) -> None:
+    """NaN passed the hub's `< 1` check (no delivery was ever given up on), 2.5 and True were
+    taken as counts, and "3" raised a bare TypeError."""
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match=r"^max_attempts must be a whole number from 1, not "):
+        ChannelHub(rt, [], max_attempts=attempts)
+
+
 @pytest.mark.parametrize("busy_timeout", [float("nan"), float("inf"), -1, "5", True])
 def test_channel_state_refuses_a_busy_timeout_that_is_not_seconds(busy_timeout: Any) -> None:
     with pytest.raises(so.UsageError, match="busy_timeout must be seconds from 0"):

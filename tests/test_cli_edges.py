@@ -477,3 +477,29 @@ def test_an_async_runtime_factory_is_refused_by_the_commands_without_a_stray_war
         gc.collect()
     finally:
         sys.path.remove(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("ttl", "bound"), [("0.001", "0.1"), ("0.05", "0.1"), ("86401", "86400"), ("nan", "86400")]
+)
+def test_worker_refuses_a_lease_ttl_out_of_its_range_with_a_usage_error(
+    url: str, tmp_path: Path, ttl: str, bound: str
+) -> None:
+    """Exit status 2 naming the option and the bound passed, before the store is touched: a TTL
+    near one renewal's round trip would lose every lease on a store only a little slow."""
+    result = invoke("worker", TARGET, "--store", url, "--lease-ttl", ttl)
+    assert result.exit_code == 2, result.output
+    assert "--lease-ttl" in result.output and bound in result.output, result.output
+    assert not (tmp_path / "state.db").exists()
+
+
+def test_worker_help_names_the_lease_ttl_range() -> None:
+    result = invoke("worker", "--help")
+    assert result.exit_code == 0, result.output
+    assert "from 0.1 to 86400" in " ".join(result.output.split())
+
+
+def test_serve_refuses_more_workers_than_a_worker_runs(url: str) -> None:
+    result = invoke("serve", TARGET, "--store", url, "--workers", "100001")
+    assert result.exit_code == 2, result.output
+    assert "--workers" in result.output and "100000" in result.output, result.output

@@ -915,3 +915,12 @@ async def test_a_key_repeated_after_a_later_message_answers_with_its_own_turn(
             assert again.replayed and again.turn_id == one.turn_id
             assert again.status == "completed" and again.text.startswith("tool ok: ")
             assert again.pending == []
+
+
+@pytest.mark.parametrize("timeout", [0, -1, float("nan"), float("inf"), True, "5"])
+def test_a_client_refuses_a_timeout_that_is_not_positive_finite_seconds(timeout: Any) -> None:
+    """httpx took each of these, and every call then failed: 0 as if the server were down, the
+    others with a bare ValueError, OverflowError or TypeError."""
+    for make in (AsyncClient, Client):
+        with pytest.raises(so.UsageError, match="^timeout must be a positive, finite number"):
+            make("http://127.0.0.1:8000", token="t", timeout=timeout)

@@ -22,7 +22,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 from signoff._events import Event
-from signoff._exceptions import StoreError, StoreUnavailable
+from signoff._exceptions import StoreError, StoreUnavailable, UsageError
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._url import CONNECT_TIMEOUT, TCP_DEFAULTS, resolved_settings
@@ -104,6 +104,79 @@ def test_a_tcp_setting_that_is_not_a_whole_number_is_refused(option: str, value:
 def test_a_connect_timeout_argument_must_be_positive(value: float) -> None:
     with pytest.raises(StoreError, match="connect_timeout must be a positive"):
         PostgresStore("postgresql://u@h/db", connect_timeout=value)
+
+
+@pytest.mark.parametrize("option", ["pool_size", "Pool_max", "operation-timeout", "poolmax"])
+def test_an_option_neither_signoff_nor_libpq_knows_is_refused_when_the_store_is_made(
+    option: str,
+) -> None:
+    """A misspelt option of signoff's was passed on to libpq, which refused it only when
+    connecting; now the store is not made, and the error names signoff's own options."""
+    with pytest.raises(StoreError) as info:
+        PostgresStore(f"postgresql://u:s3cret@h/db?sslmode=disable&{option}=5")
+    message = str(info.value)
+    assert message.startswith("invalid PostgreSQL URL: invalid URI query parameter"), message
+    assert option in message and "pool_max" in message and "operation_timeout" in message
+    assert "s3cret" not in message
+
+
+def test_an_option_of_signoffs_given_twice_is_refused() -> None:
+    """The last one won silently: `?pool_max=2&...&pool_max=50` sized the pool at 50."""
+    with pytest.raises(StoreError, match="URL option pool_max is given twice"):
+        PostgresStore("postgresql://u@h/db?pool_max=2&schema=s&pool_max=50")
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("pool_min=0", "pool_min must be a whole number from 1, not '0'"),
+        ("pool_max=0", "pool_max must be a whole number from 1, not '0'"),
+        ("pool_max=2.5", "pool_max must be a whole number from 1, not '2.5'"),
+        ("pool_max=-3", "pool_max must be a whole number from 1, not '-3'"),
+        ("pool_timeout=0", "pool_timeout must be a positive, finite number of seconds"),
+        ("operation_timeout=-0.5", "operation_timeout must be a positive, finite number"),
+        ("outage_grace=ten", "outage_grace='ten' is not a number"),
+    ],
+)
+def test_a_url_option_out_of_its_range_is_refused_naming_it(query: str, message: str) -> None:
+    with pytest.raises(StoreError, match=f"^URL option {re.escape(message)}"):
+        PostgresStore(f"postgresql://u@h/db?{query}")
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [
+        ("min_size", 0),  # was taken as "unset": the URL's or the default size
+        ("max_size", 0),
+        ("max_size", 2.5),
+        ("max_size", True),
+        ("timeout", 0),
+        ("timeout", float("nan")),
+        ("request_timeout", -1),
+        ("grace", float("inf")),
+        ("grace", "10"),
+        ("operation_timeout", 0),
+        ("poll_interval", 0),
+        ("poll_interval", float("nan")),
+    ],
+)
+def test_a_setting_given_as_an_argument_is_refused_out_of_its_range(
+    argument: str, value: Any
+) -> None:
+    with pytest.raises(UsageError, match=f"^{argument} must be a "):
+        PostgresStore("postgresql://u@h/db", **{argument: value})
+
+
+def test_an_argument_wins_over_the_url_and_a_small_one_is_kept() -> None:
+    store = PostgresStore(
+        "postgresql://u@h/db?pool_max=50&pool_timeout=9", max_size=2, timeout=0.25, grace=0.5
+    )
+    assert (store.min_size, store.max_size, store.timeout, store._outage.grace) == (
+        1,
+        2,
+        0.25,
+        0.5,
+    )
 
 
 def test_libpq_parameters_are_passed_on_as_written() -> None:

@@ -50,6 +50,31 @@ def test_serve_a_runtime_on_the_store_given(
     assert served.pop().state.signoff.runtime is runtime
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"port": -1}, "port must be a whole number from 0 to 65535, not -1"),
+        ({"port": 65_536}, "port must be a whole number from 0 to 65535, not 65536"),
+        ({"port": "8000"}, "port must be a whole number from 0 to 65535, not '8000'"),
+        ({"port": True}, "port must be a whole number from 0 to 65535, not True"),
+        ({"host": None}, "host must be a host name or address, not None"),
+        ({"log_level": "loud"}, "log_level must be one of critical, error, warning, info,"),
+    ],
+)
+def test_serve_refuses_an_address_or_log_level_before_opening_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, setting: dict[str, Any], message: str
+) -> None:
+    """uvicorn refused these only once the app was built (a bare KeyError for the log level, a
+    failed start for the port); now they are refused first, and nothing is created."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self))
+    with pytest.raises(so.UsageError, match=f"^{message}"):
+        serve("tests.test_cli:offline_runtime", store=f"sqlite:///{tmp_path}/s.db", **setting)
+    assert served == [] and not (tmp_path / "s.db").exists()
+
+
 def test_signoff_serve_runs_a_turn_answered_from_another_process(tmp_path: Path) -> None:
     """`signoff serve` has in-process workers (DESIGN, Execution): a turn whose answer was only
     recorded elsewhere (`respond(resume=False)`, as `signoff approve` without a runtime does) is

@@ -228,3 +228,64 @@ async def test_per_session_locks_and_abort_signals_are_dropped_once_unused(tmp_p
         gc.collect()
         assert len(ran) == 20
         assert (len(rt._locks), len(rt._aborts)) == (0, 0)
+
+
+REFUSED_SETTINGS: list[tuple[str, Any]] = [
+    # A renewal gets about half the TTL to get through (every third of it, given up a tenth
+    # before it lapses): at 1 ms a healthy store just a little slow loses every lease.
+    ("lease_ttl", 0.001),
+    ("lease_ttl", 0.0999),
+    ("lease_ttl", 86_401),  # a dead worker's sessions would wait more than a day
+    ("lease_ttl", True),
+    ("poll_interval", True),
+    ("poll_interval", 0),
+    ("poll_interval", float("nan")),
+    ("clock", 1_700_000_000.0),  # a time, not a function: the first call failed, store open
+    ("inline", "no"),  # read as true: turns ran in process
+    ("inline", 0),
+    ("lease_wait", float("inf")),
+    ("lease_wait", True),
+    ("cache_size", 1.0),
+]
+
+
+async def test_a_runtime_refuses_settings_that_make_no_sense_and_the_store_is_unchanged(
+    store_url: str,
+) -> None:
+    agent = scripted_agent("support", [reply("hi")])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("support", prompt="hello")
+        before = await store_contents(rt.store, r.session_id)
+        for name, value in REFUSED_SETTINGS:
+            with pytest.raises(so.UsageError, match=f"^{name} must be "):
+                so.Runtime([agent], store=store_url, **{name: value})
+        assert await store_contents(rt.store, r.session_id) == before
+        assert [s.id for s in await rt.sessions()] == [r.session_id]
+
+
+def test_a_lease_ttl_error_names_the_range_and_the_bounds_themselves_are_taken(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    with pytest.raises(so.UsageError) as info:
+        so.Runtime([], store=url, lease_ttl=0.001)
+    assert str(info.value) == "lease_ttl must be a number of seconds, from 0.1 to 86400, not 0.001"
+    assert not (tmp_path / "state.db").exists()  # refused before the store is touched
+    for ttl in (0.1, 0.3, 30, 86_400):
+        assert so.Runtime([], store=url, lease_ttl=ttl).lease_ttl == ttl
+
+
+def test_agents_or_a_store_of_the_wrong_kind_are_refused_when_the_runtime_is_made(
+    tmp_path: Path,
+) -> None:
+    """A name or one agent where the list goes, or a path where the URL goes, failed with a bare
+    AttributeError, or only at the first call."""
+    agent = scripted_agent("support", [reply("hi")])
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    for agents in ("support", agent, [agent, "support"]):
+        with pytest.raises(so.UsageError, match="^agents must be a list of Agent objects"):
+            so.Runtime(agents, store=url)  # type: ignore[arg-type]
+    for store in (tmp_path / "state.db", 5, url.encode()):
+        with pytest.raises(so.UsageError, match=r"^store must be a URL \(sqlite:///path"):
+            so.Runtime([agent], store=store)  # type: ignore[arg-type]
+    assert not (tmp_path / "state.db").exists()

@@ -261,6 +261,20 @@ async def test_a_held_write_lock_is_a_store_error_not_a_hang(tmp_path: Path) -> 
         await store.close()
 
 
+@pytest.mark.parametrize("busy_timeout", [-1, float("nan"), float("inf"), 86_401, 1e12, True, "5"])
+def test_a_busy_timeout_out_of_its_range_is_refused_and_no_file_made(
+    tmp_path: Path, busy_timeout: Any
+) -> None:
+    """NaN or infinity failed at open (`int()` of it), a huge one overflowed SQLite's
+    millisecond count, and a negative one turned the wait off: each is a `UsageError` now."""
+    with pytest.raises(
+        so.UsageError, match=r"^busy_timeout must be a number of seconds, from 0 to 86400, not "
+    ):
+        SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=busy_timeout)
+    assert not (tmp_path / "state.db").exists()
+    assert SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=0).busy_timeout == 0
+
+
 async def test_every_write_held_up_past_busy_timeout_is_a_store_error(tmp_path: Path) -> None:
     store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=0.05)
     await new_session(store, "s1")

@@ -566,6 +566,28 @@ def test_a_nan_backoff_or_warning_window_and_a_fractional_max_attempts_are_refus
             WebhookChannel("https://example.com/hook", SECRET, max_attempts=attempts)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"timeout": float("inf")}, "timeout must be a positive, finite number of seconds"),
+        ({"timeout": "10"}, "timeout must be a positive, finite number of seconds"),
+        ({"timeout": True}, "timeout must be a positive, finite number of seconds"),
+        ({"backoff": float("inf")}, "backoff must be a finite number of seconds from 0"),
+        ({"max_backoff": -1}, "max_backoff must be a finite number of seconds from 0"),
+        ({"expiring_within": "300"}, "expiring_within must be a finite number of seconds"),
+        ({"max_attempts": 0}, "max_attempts must be a whole number from 1, not 0"),
+    ],
+)
+def test_webhook_settings_out_of_their_range_are_refused_naming_it(
+    setting: dict[str, Any], message: str
+) -> None:
+    """An infinite timeout or backoff hung a delivery for ever, and a string where the seconds
+    go was a bare TypeError; each is a `UsageError` naming the setting and its range."""
+    with pytest.raises(so.UsageError, match=f"^{message}"):
+        WebhookChannel("https://example.com/hook", SECRET, **setting)
+    assert WebhookChannel("https://example.com/hook", SECRET, backoff=0, max_backoff=0).backoff == 0
+
+
 def test_a_url_no_connection_can_use_is_refused_when_configured() -> None:
     """A port past 65535 made every send raise (an ExceptionGroup, not a failed attempt) and
     a malformed IDNA host raised a UnicodeError: both are configuration errors, by name."""

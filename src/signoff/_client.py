@@ -38,6 +38,7 @@ from ._answers import decisions
 from ._events import Event
 from ._idempotency import check_key
 from ._results import Outcome
+from ._settings import seconds
 from ._types import Decision, InputRequest, InputResponse
 
 __all__ = [
@@ -198,6 +199,7 @@ class AsyncClient:
             scheme = ""
         if scheme not in ("http", "https"):
             raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {base_url!r}")
+        seconds("timeout", timeout)  # httpx took 0, NaN or "5", and every call failed
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport

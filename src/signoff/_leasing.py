@@ -16,9 +16,19 @@ from typing import Any
 from ._exceptions import LeaseLost, StoreError
 from .stores import Store
 
-__all__ = ["Held", "Leasing"]
+__all__ = ["LEASE_TTL_MAX", "LEASE_TTL_MIN", "Held", "Leasing"]
 
 log = logging.getLogger("signoff.runtime")
+
+LEASE_TTL_MIN = 0.1
+"""The shortest lease TTL, in seconds. A drive renews its lease every third of the TTL and gives
+it up a tenth of the TTL before it lapses, so a renewal has about half the TTL to get through:
+57 ms at 0.1 s, a few local round trips; at 1 ms a healthy store just a little slow (an fsync, a
+pause of the event loop) would lose every lease."""
+
+LEASE_TTL_MAX = 86_400.0
+"""The longest lease TTL, in seconds (a day): a dead worker's sessions wait that long before
+another worker may resume them, so a longer one only delays recovery."""
 
 
 @dataclass(slots=True)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import socket
 import time
@@ -36,10 +35,11 @@ from ._exceptions import (
     UsageError,
 )
 from ._idempotency import Keyed, seen, session_for
-from ._leasing import Leasing
+from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN, Leasing
 from ._prompts import check_prompt, next_turn
 from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
+from ._settings import seconds, whole
 from ._state import SessionState, fold
 from ._sync import SyncBridge
 from ._tracing import tracing_for
@@ -47,19 +47,9 @@ from ._types import ModelResponse, Principal
 from .models import ModelRequest
 from .stores import Store, open_store
 
-__all__ = ["SessionRunner", "positive_seconds"]
+__all__ = ["SessionRunner"]
 
 log = logging.getLogger("signoff.runtime")
-
-
-def positive_seconds(value: object) -> bool:
-    """A finite number above 0 (not a bool): a duration a loop can wait between its rounds."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
 
 
 def _unfinished(state: SessionState) -> bool:
@@ -99,17 +89,22 @@ class SessionRunner(Leasing):
         """`inline=False` leaves running turns to workers (`Runtime.work`, `signoff worker`):
         calls return as soon as what they were given is recorded. OpenTelemetry spans go to
         `tracer_provider` or the global one, with content if `trace_content` (`_tracing`)."""
-        for name, value in (("lease_ttl", lease_ttl), ("poll_interval", poll_interval)):
-            # A lease of 0 s is expired when granted: every worker could claim it at once.
-            if not positive_seconds(value):
-                raise UsageError(f"{name} must be a number of seconds above 0, not {value!r}")
+        # A lease of 0 s is expired when granted: every worker could claim it at once.
+        seconds("lease_ttl", lease_ttl, least=LEASE_TTL_MIN, most=LEASE_TTL_MAX)
+        seconds("poll_interval", poll_interval)
+        if not callable(clock):  # else the first call failed, after the store was opened
+            raise UsageError(f"clock must be a function returning the time, not {clock!r}")
+        if not isinstance(inline, bool):  # "no" or 0 was read as true or false, unnoticed
+            raise UsageError(f"inline must be True or False, not {inline!r}")
         # 0 gives up on a busy session at once; NaN never gave up, nor raised SessionBusy.
-        if type(lease_wait) not in (int, float) or not 0 <= lease_wait < math.inf:
-            raise UsageError(f"lease_wait must be a number of seconds from 0, not {lease_wait!r}")
-        if type(cache_size) is not int or cache_size < 0:  # -1 emptied it, then a KeyError
-            raise UsageError(f"cache_size must be a whole number from 0, not {cache_size!r}")
+        seconds("lease_wait", lease_wait, zero=True)
+        whole("cache_size", cache_size, least=0)  # -1 emptied it, then a KeyError
+        if isinstance(agents, (str, Agent)):  # a name, or one agent, where a list goes
+            raise UsageError(f"agents must be a list of Agent objects, not {agents!r}")
         self.agents: dict[str, Agent] = {}
         for agent in agents:
+            if not isinstance(agent, Agent):  # else a bare AttributeError
+                raise UsageError(f"agents must be a list of Agent objects, not one of {agent!r}")
             if agent.name in self.agents:
                 raise UsageError(f"two agents are named {agent.name!r}")
             self.agents[agent.name] = agent

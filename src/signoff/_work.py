@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from ._deadlines import is_due, is_lapsed
 from ._exceptions import SessionExpired, StoreError, StoreGone, UsageError
 from ._messages import Messages
-from ._sessions import positive_seconds
+from ._settings import seconds, whole
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary
 
@@ -142,14 +142,12 @@ class Workers(Messages):
         """Run turns for any process (`signoff worker`): claim sessions that have work under a
         lease, drive them, and apply passed deadlines; returns once `stop` is set and the turns
         it was running have finished or parked."""
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise UsageError(f"concurrency must be a whole number from 1, not {concurrency!r}")
+        whole("concurrency", concurrency, least=1)
         if not self.agents:  # it would claim and sweep only sessions of agents it has: none
             raise UsageError("this runtime has no agents: a worker of it would run no turns")
-        for name, value in (("idle_wait", idle_wait), ("sweep_every", sweep_every)):
-            # Zero or less would claim (or sweep) in a busy loop.
-            if not positive_seconds(value):
-                raise UsageError(f"{name} must be a number of seconds above 0, not {value!r}")
+        # Zero or less would claim (or sweep) in a busy loop.
+        seconds("idle_wait", idle_wait)
+        seconds("sweep_every", sweep_every)
         await self.open()
         stop = stop or asyncio.Event()
         running: set[asyncio.Task[None]] = set()

@@ -22,7 +22,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import UsageError
-from .._sessions import positive_seconds
+from .._settings import positive_seconds, whole
 from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
@@ -85,8 +85,7 @@ class ChannelHub:
             raise UsageError(f"channel names must be distinct: {', '.join(dupes)}")
         if not positive_seconds(poll_interval):  # NaN passed `<= 0`, and a loop slept NaN
             raise UsageError(f"poll_interval must be positive, not {poll_interval!r}")
-        if max_attempts < 1:
-            raise UsageError(f"max_attempts must be at least 1, not {max_attempts!r}")
+        whole("max_attempts", max_attempts, least=1)  # NaN or 2.5 passed `< 1`
         if not all(
             positive_seconds(v) or (v == 0 and not isinstance(v, bool))
             for v in (retry_backoff, gap_timeout)

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from .._exceptions import UsageError
+from .._settings import seconds, whole
 from .._types import InputRequest
 from ._base import Channel, Escalation, InvalidSignature, Resolution, logger, off_loop
 
@@ -201,18 +202,12 @@ class WebhookChannel(Channel):
             if url_list.count(url) > 1:  # one queue per URL: twice would deliver twice
                 raise UsageError(f"the webhook URL {url!r} is given twice")
         secrets = _secrets(secret, "WebhookChannel")
-        if type(max_attempts) is not int or max_attempts < 1:  # 2.5 would fail each delivery
-            raise UsageError(f"max_attempts must be an integer >= 1, not {max_attempts!r}")
-        if not timeout > 0:  # also NaN; 0 would fail every attempt at once
-            raise UsageError(f"timeout must be positive, not {timeout!r}")
-        # `not >= 0` refuses NaN too: a NaN max_backoff would sleep forever between attempts.
-        for field, value in (
-            ("backoff", backoff),
-            ("max_backoff", max_backoff),
-            ("expiring_within", expiring_within),
-        ):
-            if not value >= 0:
-                raise UsageError(f"{field} must be a number of seconds >= 0, not {value!r}")
+        whole("max_attempts", max_attempts, least=1)  # 2.5 would fail each delivery
+        seconds("timeout", timeout)  # 0 would fail every attempt at once
+        # A NaN or infinite max_backoff would sleep forever between attempts.
+        seconds("backoff", backoff, zero=True)
+        seconds("max_backoff", max_backoff, zero=True)
+        seconds("expiring_within", expiring_within, zero=True)
         self.urls = url_list
         self.secrets = secrets
         self.secret = secrets[0]

@@ -86,6 +86,7 @@ def serve(
         typer.Option(
             "--workers",
             min=0,
+            max=100_000,
             help="Turns run at a time in this process for sessions with work no request is "
             "running (answered from elsewhere, or left by a process that died); 0 for none "
             "(default: 4, or 0 for a runtime that leaves its turns to workers).",

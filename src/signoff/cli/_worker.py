@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from .._runtime import Runtime
 from ..channels.terminal import printable
 from ..stores import DEFAULT_URL, SQLiteStore
@@ -34,9 +35,10 @@ def worker(
         float | None,
         typer.Option(
             "--lease-ttl",
-            min=0.1,
-            max=86_400,
-            help="Seconds a claimed session stays ours without renewal (default: the runtime's).",
+            min=LEASE_TTL_MIN,
+            max=LEASE_TTL_MAX,
+            help="Seconds a claimed session stays ours without renewal, from 0.1 to 86400 "
+            "(default: the runtime's).",
             show_default=False,
         ),
     ] = None,

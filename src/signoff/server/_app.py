@@ -18,7 +18,7 @@ from starlette.staticfiles import StaticFiles
 from .. import __version__
 from .._exceptions import UsageError
 from .._runtime import Runtime
-from .._sessions import positive_seconds
+from .._settings import positive_seconds
 from ._api import router as api_router
 from ._auth import (
     DASHBOARD_PREFIX,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._exceptions import SignoffError, UsageError
 from .._runtime import Runtime
+from .._settings import whole
 from ._auth import Authenticator, is_loopback
 from ._sign_ins import SIGN_IN_LIFETIME
 
@@ -25,6 +26,8 @@ DEFAULT_STORE = "sqlite:///.signoff/state.db"
 
 DEFAULT_WORKERS = 4
 """Turns a served runtime that runs its turns in process drives at a time outside requests."""
+
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 STALLED_GRACE = 2.0
 """Seconds a stopping server waits for a client that has stopped reading before dropping it."""
@@ -96,6 +99,12 @@ def serve(
 
     from ._app import create_app
 
+    # Checked before anything is opened: uvicorn would fail only once the app started.
+    whole("port", port, least=0, most=65_535)
+    if not isinstance(host, str):
+        raise UsageError(f"host must be a host name or address, not {host!r}")
+    if log_level not in _LOG_LEVELS:
+        raise UsageError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, not {log_level!r}")
     if isinstance(target, Runtime):
         runtime = target if store is None else target.with_store(store)
     else:

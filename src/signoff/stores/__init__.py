@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 from ._base import (
@@ -43,6 +44,11 @@ def open_store(store: str | Store | None) -> Store:
     if store is None:
         return SQLiteStore(DEFAULT_URL)
     if not isinstance(store, str):
+        # A Path (whose `open` is a file's) or a number failed only when first used.
+        if isinstance(store, (os.PathLike, bytes)) or not callable(getattr(store, "open", None)):
+            raise UsageError(
+                f"store must be a URL (sqlite:///path, postgresql://…) or a Store, not {store!r}"
+            )
         return store
     if store.startswith("sqlite://"):
         return SQLiteStore(store)

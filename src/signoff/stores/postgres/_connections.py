@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, TypeVar
 
@@ -22,8 +21,8 @@ from ..._exceptions import (
     SchemaVersionError,
     StoreError,
     StoreUnavailable,
-    UsageError,
 )
+from ..._settings import seconds, whole
 from .._base import FaultHook
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
@@ -31,7 +30,14 @@ from . import _schema
 from ._borrowed import OPERATION_TIMEOUT, Borrowed, Pool
 from ._changes import Listener
 from ._outage import GRACE, Outage, is_down
-from ._url import SCHEMA_NAME, describe, number, split_options, with_libpq_defaults
+from ._url import (
+    SCHEMA_NAME,
+    check_parameters,
+    describe,
+    number,
+    split_options,
+    with_libpq_defaults,
+)
 
 __all__ = ["Conn", "Connections", "Seen", "storable"]
 
@@ -78,38 +84,50 @@ class Connections:
         if not isinstance(url, str) or not url.startswith(("postgresql://", "postgres://")):
             raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
         dsn, options = split_options(url)
+        check_parameters(dsn)
         schema = schema or options.get("schema") or "signoff"
         if not SCHEMA_NAME.match(schema):
             raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
         self.url = url
         self.schema = schema
         self.channel = f"{schema}_changes"
-        self.min_size = min_size or number(options, "pool_min", int, 1)
-        self.max_size = max_size or number(options, "pool_max", int, 10)
+        # Given here, these win over the URL's: each is checked, as 0 no longer means "unset"
+        # (`connect_timeout` is, by `with_libpq_defaults`).
+        for name, size in (("min_size", min_size), ("max_size", max_size)):
+            if size is not None:
+                whole(name, size, least=1)
+        for name, value in (
+            ("timeout", timeout),
+            ("grace", grace),
+            ("request_timeout", request_timeout),
+            ("operation_timeout", operation_timeout),
+        ):
+            if value is not None:
+                seconds(name, value)
+        seconds("poll_interval", poll_interval)
+        self.min_size = min_size if min_size is not None else number(options, "pool_min", int, 1)
+        self.max_size = max_size if max_size is not None else number(options, "pool_max", int, 10)
         if not 1 <= self.min_size <= self.max_size:
             raise StoreError(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
         # Every connection gets these, the pool's, the LISTEN one and the outage probe's alike.
         dsn, self.connect_timeout = with_libpq_defaults(dsn, connect_timeout)
-        self.timeout = timeout or number(options, "pool_timeout", float, 30.0)
-        # How long a call made for an HTTP request (`promptly()`) waits for a busy pool.
-        self.request_timeout = request_timeout or number(
-            options, "request_pool_timeout", float, REQUEST_WAIT
+        self.timeout = (
+            timeout if timeout is not None else number(options, "pool_timeout", float, 30.0)
         )
-        if operation_timeout is not None and (
-            isinstance(operation_timeout, bool)
-            or not isinstance(operation_timeout, (int, float))
-            or not 0 < operation_timeout < math.inf
-        ):
-            raise UsageError(
-                "operation_timeout must be a positive, finite number of seconds, "
-                f"not {operation_timeout!r}"
-            )
+        # How long a call made for an HTTP request (`promptly()`) waits for a busy pool.
+        self.request_timeout = (
+            request_timeout
+            if request_timeout is not None
+            else number(options, "request_pool_timeout", float, REQUEST_WAIT)
+        )
         # How long a call may wait on its connection before it is cut (`Borrowed`).
-        self.operation_timeout = operation_timeout or number(
-            options, "operation_timeout", float, OPERATION_TIMEOUT
+        self.operation_timeout = (
+            operation_timeout
+            if operation_timeout is not None
+            else number(options, "operation_timeout", float, OPERATION_TIMEOUT)
         )
         self.poll_interval = poll_interval
-        grace = grace or number(options, "outage_grace", float, GRACE)
+        grace = grace if grace is not None else number(options, "outage_grace", float, GRACE)
         self.auto_migrate = migrate
         self._dsn = dsn
         self._where = describe(dsn)

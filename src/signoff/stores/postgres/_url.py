@@ -3,7 +3,6 @@ messages show it."""
 
 from __future__ import annotations
 
-import math
 import re
 from typing import TypeVar
 from urllib.parse import SplitResult, unquote, unquote_plus, urlencode, urlsplit
@@ -13,11 +12,13 @@ from psycopg import conninfo as _conninfo
 from psycopg import pq
 
 from ..._exceptions import StoreError
+from ..._settings import seconds, whole
 
 __all__ = [
     "CONNECT_TIMEOUT",
     "SCHEMA_NAME",
     "TCP_DEFAULTS",
+    "check_parameters",
     "describe",
     "number",
     "resolved_settings",
@@ -70,12 +71,27 @@ def split_options(url: str) -> tuple[str, dict[str, str]]:
     for piece in parts.query.split("&"):
         key, _, value = piece.partition("=")
         if unquote_plus(key) in _OPTIONS:
+            if unquote_plus(key) in ours:  # else the last one silently won
+                raise StoreError(f"URL option {unquote_plus(key)} is given twice")
             ours[unquote_plus(key)] = unquote_plus(value)
         elif piece:
             theirs.append(piece)
     if not ours:
         return url, {}
     return _unsplit(parts, theirs), ours
+
+
+def check_parameters(dsn: str) -> None:
+    """A `StoreError` for a query parameter libpq does not know, when the store is made: a
+    misspelt option of signoff's (`pool_size`) would otherwise fail every connection."""
+    try:
+        _conninfo.conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError as exc:
+        if "query parameter" in str(exc):  # else a bad port, say: said when connecting
+            raise StoreError(
+                f"invalid PostgreSQL URL: {exc}".strip()
+                + f" (signoff's own options are {', '.join(_OPTIONS)})"
+            ) from None
 
 
 CONNECT_TIMEOUT = 5
@@ -144,20 +160,17 @@ def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, i
                 "must be a whole number, 0 or more"
             )
     if connect_timeout is not None:
-        if not 0 < connect_timeout < math.inf:
-            raise StoreError(
-                f"connect_timeout must be a positive, finite number, not {connect_timeout!r}"
-            )
-        seconds = max(1, int(connect_timeout))
+        seconds("connect_timeout", connect_timeout, error=StoreError)
+        limit = max(1, int(connect_timeout))  # libpq counts whole seconds
         pieces = [p for p in pieces if unquote(p.partition("=")[0]) != "connect_timeout"]
-        pieces.append(f"connect_timeout={seconds}")
+        pieces.append(f"connect_timeout={limit}")
     elif "connect_timeout" in given:
-        seconds = int(given["connect_timeout"])
+        limit = int(given["connect_timeout"])
     elif "connect_timeout" in elsewhere:
-        seconds = int(elsewhere["connect_timeout"])
+        limit = int(elsewhere["connect_timeout"])
     else:
-        seconds = CONNECT_TIMEOUT
-        pieces.append(f"connect_timeout={seconds}")
+        limit = CONNECT_TIMEOUT
+        pieces.append(f"connect_timeout={limit}")
     for key, default in TCP_DEFAULTS.items():
         if (
             key in given
@@ -166,23 +179,28 @@ def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, i
         ):
             continue  # set by the user, or a libpq older than 12, which lacks it
         pieces.append(f"{key}={default}")
-    return _unsplit(parts, pieces), seconds
+    return _unsplit(parts, pieces), limit
 
 
 _DIGITS = re.compile("[0-9]{1,9}")
 
 
 def number(options: dict[str, str], key: str, kind: type[N], default: N) -> N:
+    """URL option `key` as a positive, finite number of `kind` (a whole one for `int`: a pool
+    size), or `default` if the URL does not set it; a `StoreError` naming it if it is not."""
     if key not in options:
         return default
+    text = options[key]
     try:
-        value = kind(options[key])
+        value = kind(text)
     except ValueError:
-        raise StoreError(f"URL option {key}={options[key]!r} is not a number") from None
-    if not 0 < value < math.inf:  # also NaN, which no comparison is true of
-        raise StoreError(
-            f"URL option {key} must be a positive, finite number, not {options[key]!r}"
-        )
+        if kind is int:  # "2.5" or "many" for a pool size
+            whole(f"URL option {key}", text, least=1, shown=repr(text), error=StoreError)
+        raise StoreError(f"URL option {key}={text!r} is not a number") from None
+    if kind is int:
+        return whole(f"URL option {key}", value, least=1, shown=repr(text), error=StoreError)
+    # NaN (no comparison is true of it) and inf are refused too
+    seconds(f"URL option {key}", value, shown=repr(text), error=StoreError)
     return value
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreBusy, StoreError, StoreGone
+from ..._settings import seconds
 from .._base import FaultHook
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
@@ -180,7 +181,8 @@ class Connection:
     def __init__(self, url: str = "sqlite:///.signoff/state.db", *, busy_timeout: float = 30.0):
         self.url = url
         self.path = _path_from_url(url)
-        self.busy_timeout = busy_timeout
+        # SQLite takes it in whole milliseconds, as a C int: a day is well within that.
+        self.busy_timeout = seconds("busy_timeout", busy_timeout, most=86_400, zero=True)
         self._conn: sqlite3.Connection | None = None
         self._fault: FaultHook | None = None
         self._sk: PerSession[int] = PerSession()

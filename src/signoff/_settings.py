@@ -1,0 +1,72 @@
+"""Checks of the settings a user passes (durations, counts), shared by the runtime, the stores,
+the server and the channels so that a bad value gets the same clear error wherever it is set."""
+
+from __future__ import annotations
+
+import math
+
+from ._exceptions import SignoffError, UsageError
+
+__all__ = ["positive_seconds", "seconds", "whole"]
+
+
+def positive_seconds(value: object) -> bool:
+    """A finite number above 0 (not a bool): a duration a loop can wait between its rounds."""
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and value > 0
+    )
+
+
+def seconds(
+    name: str,
+    value: object,
+    *,
+    least: float = 0.0,
+    most: float = math.inf,
+    zero: bool = False,
+    shown: str | None = None,
+    error: type[SignoffError] = UsageError,
+) -> float:
+    """`value` if it is a finite number of seconds above 0 (or 0 itself if `zero`) within
+    `least` and `most`, else `error` naming the setting and its allowed range; `shown` is the
+    value as the user wrote it (a URL's text)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if number and (positive_seconds(value) or (zero and value == 0)):
+        assert isinstance(value, (int, float))
+        if (value == 0 or least <= value) and value <= most:
+            return value
+    if least == 0 and most == math.inf:
+        allowed = "a finite number of seconds from 0" if zero else "a positive, finite number"
+        allowed += "" if zero else " of seconds"
+    else:
+        top = f"to {most:g}" if most < math.inf else "up"
+        if least > 0:
+            span = f"{'0 or ' if zero else ''}from {least:g} {top}"
+        else:
+            span = f"from 0 {top}" if zero else f"above 0, up {top}"
+        allowed = f"a number of seconds, {span}"
+    raise error(f"{name} must be {allowed}, not {shown if shown is not None else repr(value)}")
+
+
+def whole(
+    name: str,
+    value: object,
+    *,
+    least: int,
+    most: int | None = None,
+    shown: str | None = None,
+    error: type[SignoffError] = UsageError,
+) -> int:
+    """`value` if it is a whole number (an int, not a bool) from `least` (to `most`), else
+    `error` naming the setting and its allowed range."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= least:
+        if most is None or value <= most:
+            return value
+    allowed = f"from {least}" if most is None else f"from {least} to {most}"
+    raise error(
+        f"{name} must be a whole number {allowed}, not "
+        f"{shown if shown is not None else repr(value)}"
+    )
