@@ -139,7 +139,7 @@ async def test_create_session_and_schedule_take_a_key(store_url: str) -> None:
         assert len(await rt.sessions()) == 2
 
 
-@pytest.mark.parametrize("key", ["", " " * 0, "é", "a\nb", "x" * 201, 7, b"k"])
+@pytest.mark.parametrize("key", ["", " ", " k", "k ", "é", "a\nb", "x" * 201, 7, b"k"])
 async def test_a_bad_key_is_a_usage_error_and_nothing_is_stored(tmp_path: Path, key: Any) -> None:
     async with so.Runtime([chat_agent()], store=f"sqlite:///{tmp_path}/s.db") as rt:
         with pytest.raises(so.UsageError, match="idempotency_key"):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -1281,8 +1283,9 @@ def test_a_parameter_named_twice_is_refused_not_half_read(alice: httpx.Client, s
         r = alice.post(url, json=body, headers=keys)
         assert "Idempotency-Key" in error(r, 422, "invalid_request")["message"]
     assert _stored(store) == before
-    # one of each is as before
+    # one of each is as before; a parameter the route does not take is ignored (as documented)
     assert alice.get("/v1/requests?status=pending&limit=1").json()["total"] == 1
+    assert alice.get("/v1/requests?tenant=nobody&limit=1").json()["total"] == 1
 
 
 def test_numbers_in_the_query_are_plain_digits(alice: httpx.Client) -> None:
@@ -1304,6 +1307,135 @@ def test_numbers_in_the_query_are_plain_digits(alice: httpx.Client) -> None:
         assert error(r, 422, "invalid_request")["fields"][0]["field"] == "query.older_than", raw
     assert alice.get("/v1/requests", params={"older_than": "1e3"}).json()["total"] == 0
     assert alice.get("/v1/requests", params={"older_than": "0"}).json()["total"] == 1
+
+
+def test_a_trailing_slash_is_an_unknown_path_not_a_redirect(
+    alice: httpx.Client, store: str
+) -> None:
+    """`/v1/requests/` was a 307 to a Location built from the Host header, which behind a proxy
+    terminating TLS named plain `http://`. A path with a slash too many is now 404 `not_found`,
+    as any unknown path is, on the API and the dashboard alike, and a POST there stores nothing;
+    the dashboard's own paths and the root's relative redirect are as before."""
+    sid = start(alice)["session_id"]
+    before = _stored(store)
+    proxied = {"Host": "signoff.example", "X-Forwarded-Proto": "https"}
+    for path in (
+        "/v1/requests/",
+        "/v1/sessions/",
+        f"/v1/sessions/{sid}/",
+        f"/v1/sessions/{sid}/events/",
+        "/_signoff/tools/",
+        "/_signoff/audit/",
+        "/_signoff/static",
+    ):
+        r = alice.get(path, headers=proxied)
+        assert "location" not in r.headers, (path, r.headers)
+        error(r, 404, "not_found")
+    for path in ("/v1/sessions/", f"/v1/sessions/{sid}/messages/", f"/v1/sessions/{sid}/cancel/"):
+        r = alice.post(path, json={"agent": "support", "text": "hi"}, headers=proxied)
+        assert "location" not in r.headers, (path, r.headers)
+        error(r, 404, "not_found")
+    assert _stored(store) == before
+    for path in ("/_signoff", "/_signoff/", "/_signoff/tools", "/v1/requests"):
+        assert alice.get(path).status_code == 200, path
+    root = alice.get("/", headers=proxied)
+    assert root.status_code == 307 and root.headers["location"] == "/_signoff/"
+
+
+def _raw_post(base: str, path: str, body: bytes, *headers: str) -> tuple[int, Any]:
+    """POST over a bare socket, so header lines go out exactly as written (httpx refuses a
+    value with spaces around it)."""
+    host, port = base.removeprefix("http://").split(":")
+    head = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", "Connection: close"]
+    head += ["Content-Type: application/json", f"Content-Length: {len(body)}", *headers]
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status, _, rest = data.partition(b"\r\n\r\n")
+    return int(status.split()[1]), json.loads(rest)
+
+
+def test_spaces_around_an_idempotency_key_are_not_part_of_it(
+    alice: httpx.Client, base: str
+) -> None:
+    """Over HTTP, spaces and tabs around a header's value are no part of it (RFC 9110 5.5), and
+    uvicorn's parser strips them: `Idempotency-Key:  k-ows ` is the key `k-ows`."""
+    body = {"agent": "support", "message": "Refund order 1042"}
+    status, first = _raw_post(
+        base,
+        "/v1/sessions",
+        json.dumps(body).encode(),
+        "Authorization: Bearer alice-token",
+        "Idempotency-Key: \t k-ows  ",
+    )
+    assert status == 201 and first["replayed"] is False, first
+    again = alice.post("/v1/sessions", json=body, headers={"Idempotency-Key": "k-ows"})
+    assert again.status_code == 201 and again.json()["replayed"] is True
+    assert again.json()["session_id"] == first["session_id"]
+
+
+async def test_an_idempotency_key_with_spaces_around_it_is_refused(store: str) -> None:
+    """A server that hands the header's value on unstripped (an ASGI server other than uvicorn,
+    or the app called in process) could take ` k` as a key other than `k`; the rule is strict
+    instead, as `Runtime`'s and the client's are: 1 to 200 printable ASCII characters, no space
+    at either end, else 422 `invalid_request` naming the header, and nothing is stored."""
+    runtime = make_runtime(store)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    transport = httpx.ASGITransport(app=app)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://t", headers=auth("alice-token")
+        ) as c:
+            first = await c.post("/v1/sessions", json={"agent": "support"})
+            sid = first.json()["session_id"]
+            before = await store_contents(runtime.store, sid)
+            for key in (" k", "k ", " ", "  k  ", "k\t"):
+                for url, body in (
+                    ("/v1/sessions", {"agent": "support", "message": "hi"}),
+                    (f"/v1/sessions/{sid}/messages", {"text": "hi"}),
+                ):
+                    r = await c.post(url, json=body, headers={"Idempotency-Key": key})
+                    detail = error(r, 422, "invalid_request")
+                    assert detail["fields"][0]["field"] == "header.Idempotency-Key", detail
+            assert await store_contents(runtime.store, sid) == before
+            assert len(await runtime.sessions()) == 1
+            inner = await c.post(
+                f"/v1/sessions/{sid}/messages",
+                json={"text": "hi"},
+                headers={"Idempotency-Key": "a b"},
+            )
+            assert inner.status_code == 200, inner.text
+    await runtime.close()
+
+
+def test_an_integer_too_long_for_python_is_named_not_malformed(
+    alice: httpx.Client, store: str
+) -> None:
+    """JSON bounds no number's digits, but Python reads an integer of at most 4300 of them
+    (`sys.get_int_max_str_digits()`): a longer one was 400 `malformed_json`, though the body is
+    valid JSON. It is 422 `invalid_request` saying the number is too long; nothing is stored."""
+    body = start(alice)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    before = _stored(store)
+    limit = sys.get_int_max_str_digits()
+    long, json_type = "9" * (limit + 1), {"Content-Type": "application/json"}
+    answer = f'{{"requestId": "{rid}", "optionId": "approve", "value": -{long}}}'
+    for url, payload in (
+        ("/v1/sessions", f'{{"agent": "support", "message": "hi", "n": {long}}}'),
+        (f"/v1/sessions/{sid}/responses", f'{{"inputResponses": [{answer}]}}'),
+    ):
+        r = alice.post(url, content=payload, headers=json_type)
+        detail = error(r, 422, "invalid_request")
+        assert "too long" in detail["message"] and f"{limit} digits" in detail["message"], detail
+        assert detail["fields"] == [{"field": "body", "problem": detail["message"]}]
+    assert _stored(store) == before
+    # at the limit the number is read, and the field it is in judged as any other
+    r = alice.post(
+        "/v1/sessions", content=f'{{"agent": "support", "n": {"9" * limit}}}', headers=json_type
+    )
+    assert error(r, 422, "invalid_request")["fields"][0]["field"] == "n"
 
 
 async def test_an_answer_value_that_is_not_plain_json_is_refused_for_a_question_too(

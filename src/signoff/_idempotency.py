@@ -37,12 +37,20 @@ Keyed = tuple[str, str]
 
 
 def check_key(key: object) -> str:
-    """`key`, if it is printable ASCII text of 1 to `MAX_KEY` characters; else a `UsageError`."""
+    """`key`, if it is printable ASCII text of 1 to `MAX_KEY` characters with no space at either
+    end (HTTP strips those from a header, so over HTTP ` k` would be the key `k`); else a
+    `UsageError`."""
     if not isinstance(key, str):
         raise UsageError(f"idempotency_key must be a string, not {type(key).__name__}")
-    if not 0 < len(key) <= MAX_KEY or not key.isascii() or not key.isprintable():
+    if (
+        not 0 < len(key) <= MAX_KEY
+        or not key.isascii()
+        or not key.isprintable()
+        or key != key.strip(" ")
+    ):
         raise UsageError(
-            f"idempotency_key must be 1 to {MAX_KEY} printable ASCII characters, not {key!r:.240}"
+            f"idempotency_key must be 1 to {MAX_KEY} printable ASCII characters with no space "
+            f"at either end, not {key!r:.240}"
         )
     return key
 

@@ -49,11 +49,12 @@ IdempotencyKey = Annotated[
         alias="Idempotency-Key",
         min_length=1,
         max_length=200,
-        pattern=r"^[ -~]+$",
+        pattern=r"^[!-~](?:[ -~]*[!-~])?$",
         description="Makes the call safe to retry: a repeat with the same key (by the same "
         "caller) starts or sends nothing and answers with the turn the first call's message "
         "went to, as that turn stands now (`replayed` true); the same key with another agent "
-        "or message is a 409 `idempotency_key_reused`. 1 to 200 printable ASCII characters.",
+        "or message is a 409 `idempotency_key_reused`. 1 to 200 printable ASCII characters, "
+        "with no space at either end.",
     ),
 ]
 

@@ -172,6 +172,9 @@ def create_app(
         openapi_url="/v1/openapi.json",
         docs_url="/v1/docs",
         redoc_url=None,
+        # Starlette would answer `/v1/requests/` with a 307 to an absolute URL built from the
+        # Host header (plain http:// behind a proxy terminating TLS): it is an unknown path.
+        redirect_slashes=False,
     )
     app.add_middleware(PromptStore)
     app.add_middleware(BodyLimit, max_bytes=max_body_size)

@@ -2,12 +2,15 @@
 
 Parsers disagree on such a body: Python's keeps the last value, others keep the first, so a
 gateway or log that checked `{"approved": false, "approved": true}` would record one decision
-while signoff applied the other. The body is refused instead (422 `invalid_request`).
+while signoff applied the other. The body is refused instead (422 `invalid_request`), and so is
+one holding an integer longer than Python converts (`sys.get_int_max_str_digits()`, 4300 digits),
+which is valid JSON: FastAPI would call it a malformed body.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -17,7 +20,7 @@ from starlette.responses import Response
 
 from ._errors import ApiError, is_json
 
-__all__ = ["RepeatedKey", "UniqueKeysRoute", "unique_keys"]
+__all__ = ["RepeatedKey", "UniqueKeysRoute", "body_problem", "unique_keys"]
 
 
 class RepeatedKey(ValueError):
@@ -38,9 +41,14 @@ def unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
-async def repeated_key(request: Request) -> str | None:
-    """A key the request's JSON body names twice in one object, or None. A body that does not
-    parse is left to FastAPI, which names what is wrong with it."""
+def _refused(message: str, field: str, problem: str) -> ApiError:
+    return ApiError(422, "invalid_request", message, fields=[{"field": field, "problem": problem}])
+
+
+async def body_problem(request: Request) -> ApiError | None:
+    """The error for a JSON body naming a key twice in one object, or holding an integer too
+    long to convert; None for any other. A body that does not parse is left to FastAPI, which
+    names what is wrong with it."""
     if not is_json(request.headers.get("content-type")):
         return None
     body = await request.body()  # kept by the request: FastAPI reads it again from there
@@ -49,27 +57,30 @@ async def repeated_key(request: Request) -> str | None:
     try:
         json.loads(body, object_pairs_hook=unique_keys)
     except RepeatedKey as twice:
-        return twice.key
-    except (ValueError, RecursionError):
+        message = f"the body names the key {twice.key!r} twice in one object"
+        return _refused(message, twice.key, "named twice")
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         return None
+    except ValueError:  # the one other error of a parse: an integer past Python's digit limit
+        message = (
+            "the body holds a number too long to read: an integer of more than "
+            f"{sys.get_int_max_str_digits()} digits"
+        )
+        return _refused(message, "body", message)
     return None
 
 
 class UniqueKeysRoute(APIRoute):
-    """A route that refuses a JSON body naming a key twice, before FastAPI reads it."""
+    """A route that refuses a JSON body naming a key twice (or holding an integer too long to
+    read), before FastAPI reads it."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
 
         async def unique_keys(request: Request) -> Response:
-            key = await repeated_key(request)
-            if key is not None:
-                raise ApiError(
-                    422,
-                    "invalid_request",
-                    f"the body names the key {key!r} twice in one object",
-                    fields=[{"field": key, "problem": "named twice"}],
-                )
+            problem = await body_problem(request)
+            if problem is not None:
+                raise problem
             return await handler(request)
 
         return unique_keys
