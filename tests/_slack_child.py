@@ -43,7 +43,7 @@ async def run(args: argparse.Namespace) -> None:
         await hub.start(follow=False)
         try:
             await hub.poll()
-            saved = dict(hub.state.memos(slack.name, "msg:"))
+            saved = dict(slack.memos("msg:"))
             if args.interaction is not None:
                 body = Path(args.interaction).read_bytes()
                 answer = await slack.handle(body, signed(body))

@@ -5,6 +5,7 @@ do: opening a new file together, and a lock held elsewhere. Each failure is a na
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import sqlite3
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 import signoff as so
 from signoff.channels import Channel, ChannelHub, ChannelState
 from signoff.channels._base import waiting_until
+from signoff.channels._state import STATE_SCHEMA
 from signoff.testing import call, call_tools, scripted_agent
 
 from ._locks import holding, open_together
@@ -329,3 +331,134 @@ async def test_a_standby_hub_takes_over_when_the_delivering_process_is_killed(
             proc.wait()
             assert proc.stdout is not None
             proc.stdout.close()
+
+
+# -- the file's layout: older ones brought up to date in place, newer ones refused --------------
+
+OLD_LAYOUT = """
+CREATE TABLE channel_positions (name TEXT PRIMARY KEY, after_id INTEGER NOT NULL);
+CREATE TABLE channel_memos (channel TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (channel, key));
+"""
+"""The tables as signoff wrote them before memos were kept per hub (the file unmarked)."""
+
+
+def old_state_file(
+    path: Path, positions: dict[str, int], memos: list[tuple[str, str, Any]]
+) -> None:
+    """A state file in the old layout, as a process of that signoff left it."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(OLD_LAYOUT)
+    conn.executemany("INSERT INTO channel_positions VALUES (?, ?)", positions.items())
+    conn.executemany(
+        "INSERT INTO channel_memos VALUES (?, ?, ?)",
+        [(channel, key, json.dumps(value)) for channel, key, value in memos],
+    )
+    conn.close()
+
+
+def layout_of(path: Path) -> int:
+    conn = sqlite3.connect(path)
+    try:
+        return int(conn.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        conn.close()
+
+
+OLD_MEMOS: list[tuple[str, str, Any]] = [
+    ("webhooks", "outbox:https://a.example/h whd_1", {"event": "request.opened", "body": "{}"}),
+    ("slack", "msg:r1", {"channel": "C42", "ts": "1.2"}),
+    ("hub:slack", "skipped", [5]),  # the hub's own memo, under its position's name
+    ("webhooks", "warned:r1", True),
+    ("terminal", "seen", 3),  # a channel no hub ran (bound by hand)
+]
+
+
+def test_an_old_files_memos_go_to_each_hub_that_ran_the_channel(tmp_path: Path) -> None:
+    path = tmp_path / "channels.db"
+    positions = {"ops:webhooks": 9, "audit:webhooks": 8, "hub:slack": 7}
+    old_state_file(path, positions, OLD_MEMOS)
+    state = ChannelState(path)
+    assert layout_of(path) == STATE_SCHEMA == 1
+    outbox = ("outbox:https://a.example/h whd_1", {"event": "request.opened", "body": "{}"})
+    for hub in ("ops", "audit"):  # which of them queued the delivery, the old file cannot say
+        assert state.memos("webhooks", hub=hub) == [outbox, ("warned:r1", True)]  # in order
+    assert state.memos("webhooks") == []
+    assert state.recall("slack", "msg:r1", hub="hub") == {"channel": "C42", "ts": "1.2"}
+    assert state.recall("slack", "msg:r1") is None
+    assert state.recall("hub:slack", "skipped") == [5]
+    assert state.recall("terminal", "seen") == 3
+    assert {name: state.position(name) for name in positions} == positions
+    state.close()
+    again = ChannelState(path)  # brought up to date once: opening it again changes nothing
+    assert again.memos("webhooks", hub="ops") == [outbox, ("warned:r1", True)]
+    again.close()
+
+
+def test_memos_of_same_named_channels_of_two_hubs_are_kept_apart() -> None:
+    state = ChannelState()
+    state.remember("webhooks", "warned:r1", True, hub="ops")
+    state.remember("webhooks", "outbox:u d1", 1, hub="audit")
+    assert state.recall("webhooks", "warned:r1", hub="audit") is None
+    assert state.memos("webhooks", "outbox:", hub="ops") == []
+    state.forget("webhooks", "outbox:u d1", hub="ops")  # not the other hub's
+    assert state.memos("webhooks", hub="audit") == [("outbox:u d1", 1)]
+    state.close()
+
+
+def test_an_upgrade_that_fails_midway_leaves_the_old_file_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import signoff.channels._state as state_module
+
+    path = tmp_path / "channels.db"
+    old_state_file(path, {"ops:webhooks": 9}, OLD_MEMOS)
+    keep = state_module._keep_memos_per_hub
+
+    def crashing(conn: sqlite3.Connection) -> None:
+        keep(conn)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(state_module, "_keep_memos_per_hub", crashing)
+    with pytest.raises(so.StoreError, match="cannot open the channel state"):
+        ChannelState(path)
+    assert layout_of(path) == 0
+    conn = sqlite3.connect(path)
+    rows = conn.execute("SELECT channel, key FROM channel_memos ORDER BY rowid").fetchall()
+    conn.close()
+    assert rows == [(channel, key) for channel, key, _ in OLD_MEMOS]
+    monkeypatch.undo()
+    state = ChannelState(path)
+    assert state.recall("webhooks", "warned:r1", hub="ops") is True
+    state.close()
+
+
+def _open_old_at(path: str) -> None:
+    state = ChannelState(path, busy_timeout=10)
+    assert state.recall("webhooks", "warned:r1", hub="ops") is True
+    state.close()
+
+
+def test_processes_opening_an_old_file_at_once_bring_it_up_to_date_once(tmp_path: Path) -> None:
+    paths = [tmp_path / f"channels-{i}.db" for i in range(2)]
+    for path in paths:
+        old_state_file(path, {"ops:webhooks": 9}, OLD_MEMOS)
+    open_together(_open_old_at, [str(p) for p in paths])
+    for path in paths:
+        state = ChannelState(path)
+        assert state.memos("webhooks", hub="ops") == [
+            (key, value) for channel, key, value in OLD_MEMOS if channel == "webhooks"
+        ]
+        state.close()
+
+
+def test_a_file_of_a_newer_layout_is_refused_and_left_alone(tmp_path: Path) -> None:
+    path = tmp_path / "channels.db"
+    ChannelState(path).close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute(f"PRAGMA user_version={STATE_SCHEMA + 1}")
+    conn.close()
+    with pytest.raises(so.SchemaVersionError, match="layout 2; this signoff knows up to 1"):
+        ChannelState(path)
+    assert layout_of(path) == STATE_SCHEMA + 1

@@ -106,6 +106,31 @@ async def test_the_hubs_positions_and_skipped_entries_are_saved_off_the_loop(
     state.close()
 
 
+async def test_a_hub_made_on_the_event_loop_opens_its_state_file_when_it_starts(
+    tmp_path: Path,
+) -> None:
+    """Made inside a running loop while another process holds the lock of a new file (one to
+    set up): the hub's construction opened the file there and then, stalling the loop for the
+    file's whole busy timeout (and failing after it)."""
+    path = tmp_path / "channels.db"
+    async with gated(tmp_path) as rt:
+        seen = Seen()
+
+        async def made_and_started() -> ChannelHub:
+            hub = ChannelHub(rt, [seen], state=path)
+            await hub.start(follow=False)
+            return hub
+
+        hub = await serves_while_locked(path, made_and_started)
+        try:
+            rid = await open_one(rt)
+            await hub.poll()
+            assert seen.opened == [rid]
+            assert hub.state.position("hub:seen") == hub.position(seen)
+        finally:
+            await hub.stop()
+
+
 async def test_webhook_deliveries_and_warnings_are_kept_off_the_loop(tmp_path: Path) -> None:
     path, state = state_at(tmp_path)
     clock = ManualClock()
@@ -129,9 +154,9 @@ async def test_webhook_deliveries_and_warnings_are_kept_off_the_loop(tmp_path: P
             r = await rt.generate("support", prompt="Refund 1042")
             (req,) = r.pending
             await serves_while_locked(path, hub.poll)  # request.opened kept in the outbox
-            assert len(state.memos(hooks.name, "outbox:")) == 1  # a 503: waiting to retry
+            assert len(hooks.memos("outbox:")) == 1  # a 503: waiting to retry
             await serves_while_locked(path, retried)  # sent: dropped from the outbox
-            assert state.memos(hooks.name, "outbox:") == []
+            assert hooks.memos("outbox:") == []
             clock.advance(3100)
             await serves_while_locked(path, hub.poll)  # request.expiring, and the warned: memo
             assert hooks.recall(f"warned:{req.id}") is True
@@ -168,7 +193,8 @@ async def test_slack_memos_are_kept_off_the_loop(tmp_path: Path) -> None:
     await fake.start()
     try:
         async with refund_runtime(tmp_path, []) as rt:
-            state.remember("slack", "click:old", {"state": "done", "until": 0})  # to drop
+            # to drop: a click memo of the slack channel of the hub named "hub"
+            state.remember("slack", "click:old", {"state": "done", "until": 0}, hub="hub")
             slack = channel(fake)
             hub = ChannelHub(rt, [slack], state=state)
             await serves_while_locked(path, lambda: hub.start(follow=False))

@@ -543,6 +543,9 @@ async def test_misuse_is_named(tmp_path: Path) -> None:
             ChannelHub(rt, [Texts(), Texts()])
         with pytest.raises(so.UsageError, match="Channel objects"):
             ChannelHub(rt, ["slack"])  # type: ignore[list-item]
+        for name in ("", None):  # its name scopes what its channels keep
+            with pytest.raises(so.UsageError, match="hub name"):
+                ChannelHub(rt, [Texts()], name=name)  # type: ignore[arg-type]
         hub = ChannelHub(rt, [Texts()])
         with pytest.raises(so.UsageError, match="start the ChannelHub"):
             await hub.poll()
@@ -558,6 +561,10 @@ async def test_misuse_is_named(tmp_path: Path) -> None:
         (tmp_path / "dir").write_text("a file where a directory should be")
         with pytest.raises(so.StoreError, match="channel state"):
             ChannelHub(rt, [Texts()], state=tmp_path / "dir" / "hub.db")
+        (tmp_path / "junk-hub.db").write_bytes(b"not a database" * 100)
+        junk = ChannelHub(rt, [Texts()], state=tmp_path / "junk-hub.db")  # opened at its start
+        with pytest.raises(so.StoreError, match="channel state"):
+            await junk.start()
         (tmp_path / "junk.db").write_bytes(b"not a database" * 100)
         with pytest.raises(so.StoreError, match="channel state"):
             ChannelState(tmp_path / "junk.db")

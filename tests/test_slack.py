@@ -1619,10 +1619,10 @@ async def test_a_post_whose_memo_cannot_be_saved_is_not_posted_again_on_retry(
             remember = hub.state.remember
             refusals = [so.StoreError("channel state: cannot save a memo: database is locked")]
 
-            def flaky(channel_name: str, key: str, value: Any) -> None:
+            def flaky(channel_name: str, key: str, value: Any, **hub: str) -> None:
                 if refusals and key.startswith("msg:"):  # the memo of the message posted
                     raise refusals.pop()
-                remember(channel_name, key, value)
+                remember(channel_name, key, value, **hub)
 
             monkeypatch.setattr(hub.state, "remember", flaky)
             r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
@@ -1802,7 +1802,9 @@ async def test_an_unsaved_attempt_slack_never_got_or_another_delivery_is_not_ado
         slack = channel(slack_api)
         hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
         at = time.time() - 1
-        hub.state.remember(slack.name, f"posting:{req.id}", {"delivery": "f" * 32, "at": at})
+        hub.state.remember(
+            slack.name, f"posting:{req.id}", {"delivery": "f" * 32, "at": at}, hub=hub.name
+        )
         async with manual(hub):
             await hub.poll()
             posted = slack_api.messages["C42"][-1]
@@ -1885,7 +1887,9 @@ async def test_an_unsaved_post_is_found_with_a_client_that_has_no_timeout(
         slack = SlackChannel("C42", client=client, signing_secret=SECRET)
         hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
         at = time.time() - 1
-        hub.state.remember(slack.name, f"posting:{req.id}", {"delivery": "a" * 32, "at": at})
+        hub.state.remember(
+            slack.name, f"posting:{req.id}", {"delivery": "a" * 32, "at": at}, hub=hub.name
+        )
         async with manual(hub):
             await hub.poll()
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": ts}
@@ -1913,10 +1917,36 @@ async def test_a_rate_limited_history_read_is_waited_out_not_answered_by_posting
         slack = channel(slack_api)
         hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
         at = time.time() - 1
-        hub.state.remember(slack.name, f"posting:{req.id}", {"delivery": "b" * 32, "at": at})
+        hub.state.remember(
+            slack.name, f"posting:{req.id}", {"delivery": "b" * 32, "at": at}, hub=hub.name
+        )
         async with manual(hub):
             assert slack.recall(f"msg:{req.id}") is None  # limited at start
             await hub.poll()
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": ts}
     assert slack_api.of("chat.postMessage") == []
     assert len(slack_api.of(HISTORY)) == 2
+
+
+async def test_same_named_slack_channels_of_two_hubs_on_one_state_file_each_post(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Two hubs (different names) on one state file, each posting to its own Slack channel
+    through a channel named `slack`: the second took the first's `msg:` memo for its own post,
+    so its people never saw the request."""
+    state = tmp_path / "hub.db"
+    async with refund_runtime(tmp_path, []) as rt:
+        ours = SlackChannel("C1", token="xoxb-test", base_url=slack_api.url, signing_secret=SECRET)
+        theirs = SlackChannel(
+            "C2", token="xoxb-test", base_url=slack_api.url, signing_secret=SECRET
+        )
+        async with (
+            manual(ChannelHub(rt, [ours], state=state, name="ops")) as one,
+            manual(ChannelHub(rt, [theirs], state=state, name="finance")) as two,
+        ):
+            (req,) = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).pending
+            await one.poll()
+            await two.poll()
+            assert [p["channel"] for p in slack_api.of("chat.postMessage")] == ["C1", "C2"]
+            assert ours.recall(f"msg:{req.id}")["channel"] == "C1"
+            assert theirs.recall(f"msg:{req.id}")["channel"] == "C2"

@@ -137,7 +137,7 @@ async def test_a_click_acknowledged_before_a_crash_is_settled_by_the_next_start_
         assert stored is not None and stored.status == "pending"  # it never settled
         slack = channel(fake)
         async with manual(ChannelHub(rt, [slack], state=state_file)) as hub:
-            ((key, saved),) = slack.state.memos(slack.name, "click:")
+            ((key, saved),) = slack.memos("click:")
             await slack.idle()  # the start settled it
             stored = await rt.store.get_request(req.id)
             assert stored is not None and stored.status == "settled"
@@ -186,7 +186,7 @@ async def test_an_answer_acknowledged_before_its_task_ran_is_settled_by_the_next
             for task in list(slack._tasks):
                 task.cancel()
             await asyncio.gather(*slack._tasks, return_exceptions=True)
-            ((_, memo),) = slack.state.memos(slack.name, "click:")
+            ((_, memo),) = slack.memos("click:")
             assert memo["state"] == "pending" and memo["request_id"] == req.id
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.status == "pending"
@@ -225,11 +225,11 @@ async def test_a_click_that_cannot_be_saved_gets_a_503_and_settles_nothing(
                 remember = hub.state.remember
                 refusals: list[str] = []
 
-                def refusing(channel_name: str, key: str, value: Any) -> None:
+                def refusing(channel_name: str, key: str, value: Any, **hub: str) -> None:
                     if key.startswith("click:"):
                         refusals.append(key)
                         raise so.StoreError("channel state: cannot save a memo: disk I/O error")
-                    remember(channel_name, key, value)
+                    remember(channel_name, key, value, **hub)
 
                 monkeypatch.setattr(hub.state, "remember", refusing)
                 press = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
@@ -241,7 +241,7 @@ async def test_a_click_that_cannot_be_saved_gets_a_503_and_settles_nothing(
                     assert response.json()["error"]["code"] == "store_error"
                 await slack.idle()
                 assert len(refusals) == 3
-                assert slack.state.memos(slack.name, "click:") == []
+                assert slack.memos("click:") == []
                 stored = await rt.store.get_request(req.id)
                 assert stored is not None and stored.status == "pending"
                 assert [e.type for e in await rt.audit()].count("approval.settled") == 0
@@ -300,7 +300,7 @@ async def test_a_click_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls
                 assert response.json()["error"]["code"] == "store_error"
                 assert took < 4.5  # the 2 s deadline, not the 5 s busy timeout (slack for load)
                 await slack.idle()
-                assert slack.state.memos(slack.name, "click:") == []
+                assert slack.memos("click:") == []
                 other.execute("ROLLBACK")
                 other.close()
                 stored = await rt.store.get_request(req.id)
@@ -311,7 +311,7 @@ async def test_a_click_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls
                     )
                     assert (response.status_code, response.content) == (200, b"")
                     await slack.idle()
-                assert len(slack.state.memos(slack.name, "click:")) == 1
+                assert len(slack.memos("click:")) == 1
             await hub.poll()
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.outcome == "approved"
@@ -335,10 +335,10 @@ async def test_a_click_saved_after_its_503_is_settled_once_and_its_retry_does_no
             slack.clicks.inbox.ack_within = 0.3
             remember = hub.state.remember
 
-            def slow(channel_name: str, key: str, value: Any) -> None:
+            def slow(channel_name: str, key: str, value: Any, **hub: str) -> None:
                 if key.startswith("click:"):
                     time.sleep(0.6)  # in the save's thread: past the deadline
-                remember(channel_name, key, value)
+                remember(channel_name, key, value, **hub)
 
             monkeypatch.setattr(hub.state, "remember", slow)
             body = approve(req.id)
@@ -351,7 +351,7 @@ async def test_a_click_saved_after_its_503_is_settled_once_and_its_retry_does_no
             response = await slack.handle(body, sign(body, int(time.time()) + 1))
             assert response is None
             await slack.idle()
-            assert len(slack.state.memos(slack.name, "click:")) == 1
+            assert len(slack.memos("click:")) == 1
             await hub.poll()
         stored = await rt.store.get_request(req.id)
         assert stored is not None and stored.outcome == "approved"
@@ -380,7 +380,7 @@ async def test_a_double_press_settles_once_and_tells_nobody_anything(
             assert await slack.handle(first, sign(first, now)) is None
             assert await slack.handle(second, sign(second, now)) is None  # before the first ran
             await slack.idle()
-            assert len(slack.state.memos(slack.name, "click:")) == 2
+            assert len(slack.memos("click:")) == 2
             assert await handed(slack, approve(req.id, at="1700000100.000003")) is None
             await hub.poll()
             assert fake.of("chat.postEphemeral") == []
@@ -423,7 +423,7 @@ async def test_a_click_whose_settling_meets_a_store_failure_is_settled_on_a_late
             assert await slack.handle(body, sign(body, int(clock[0]))) is None
             await slack.idle()
             assert failures == []
-            ((key, memo),) = slack.state.memos(slack.name, "click:")
+            ((key, memo),) = slack.memos("click:")
             assert (memo["state"], memo["tries"]) == ("pending", 1)
             stored = await get_request(req.id)
             assert stored is not None and stored.status == "pending"
@@ -467,7 +467,7 @@ async def test_a_counted_approval_run_again_after_a_crash_is_neither_counted_nor
             await hub.poll()
             body = approve(req.id, user="U1")
             await slack.handle(body, sign(body, int(time.time())))
-            ((key, saved),) = slack.state.memos(slack.name, "click:")  # before its task ran
+            ((key, saved),) = slack.memos("click:")  # before its task ran
             await slack.idle()
             assert slack.recall(key)["state"] == "done"
             slack.remember(key, {**saved, "tries": 1})  # as a process killed before that left it

@@ -334,7 +334,7 @@ async def test_a_delivery_slack_retries_acts_once(
                 at = time.time() + retry
                 await deliver(slack, body, at=at, **{"X-Slack-Retry-Num": str(retry)})
             other = channel(fake)
-            other.bind(rt, hub.state)
+            other.bind(rt, hub.state, hub=hub.name)
             await deliver(other, body, at=time.time() + 3, **{"X-Slack-Retry-Num": "3"})
         one = await rt.store.get_request(size.id)
         two = await rt.store.get_request(scent.id)
@@ -388,7 +388,7 @@ async def test_a_reply_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls
                 assert response.json()["error"]["code"] == "store_error"
                 assert took < 4.5  # the 2 s deadline, not the 5 s busy timeout (slack for load)
                 await slack.idle()
-                assert slack.state.memos(slack.name, "event:") == []
+                assert slack.memos("event:") == []
                 assert sent == []
                 other.execute("ROLLBACK")
                 other.close()
@@ -431,7 +431,7 @@ async def test_what_is_not_a_persons_reply_in_a_request_thread_is_ignored(
             for n, body in enumerate(ignored):
                 body = body.replace(b'"Ev01"', f'"Ev{n:03d}"'.encode())
                 assert await deliver(slack, body) is None
-            assert slack.state.memos(slack.name, "event:") == []
+            assert slack.memos("event:") == []
             assert await events_of(rt, r.session_id) == before
         assert fake.of("chat.postEphemeral") == []
 
@@ -473,7 +473,7 @@ async def test_the_endpoint_answers_slacks_challenge_and_refuses_what_is_not_sig
                 for response in refused:
                     assert response.status_code == 401
                     assert response.json()["error"]["code"] == "invalid_signature"
-                assert slack.state.memos(slack.name, "event:") == []
+                assert slack.memos("event:") == []
                 assert await events_of(rt, r.session_id) == before
                 # signed but unreadable: named, nothing taken
                 for body in (
@@ -488,13 +488,13 @@ async def test_the_endpoint_answers_slacks_challenge_and_refuses_what_is_not_sig
                     response = await post(body, signed(body, now))
                     assert response.status_code == 400, body
                     assert response.json()["error"]["code"] == "invalid_payload"
-                assert slack.state.memos(slack.name, "event:") == []
+                assert slack.memos("event:") == []
                 assert await events_of(rt, r.session_id) == before
                 # a reply in the thread of a message this channel did not post: 200, ignored
                 stray = event("Large", thread="1699999999.000001", event_id="Ev00")
                 response = await post(stray, signed(stray, now))
                 assert (response.status_code, response.content) == (200, b"")
-                assert slack.state.memos(slack.name, "event:") == []
+                assert slack.memos("event:") == []
                 # the signed reply is taken; the same signed request again is a replay
                 headers = signed(answer, now)
                 assert (await post(answer, headers)).status_code == 200
@@ -527,14 +527,14 @@ async def test_a_reply_acknowledged_before_a_crash_is_sent_by_the_next_start_onc
             for task in list(slack._tasks):
                 task.cancel()
             await asyncio.gather(*slack._tasks, return_exceptions=True)
-            (saved,) = slack.state.memos(slack.name, "event:")
+            (saved,) = slack.memos("event:")
             assert saved[1]["state"] == "pending"
         stored = await rt.store.get_request(size.id)
         assert stored is not None and stored.status == "pending"
         again = channel(fake)
         async with manual(ChannelHub(rt, [again], state=state_file)):
             await again.idle()  # the start resumed it
-            ((_, memo),) = again.state.memos(again.name, "event:")
+            ((_, memo),) = again.memos("event:")
             assert memo["state"] == "done"
             # Killed after sending and before marking it done: the next start sends it again,
             # and its idempotency key (the event id) keeps it from answering twice.
@@ -561,14 +561,14 @@ async def test_old_events_and_threads_are_forgotten_and_lost_replies_resumed_on_
         slack = channel(fake, clock=lambda: clock[0])
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
-            threads = dict(slack.state.memos(slack.name, "thread:"))
+            threads = dict(slack.memos("thread:"))
             assert threads == {
                 "thread:C42:1700000000.000001": {"request_id": size.id},
                 "thread:C42:1700000000.000002": {"request_id": scent.id},
             }
             await deliver(slack, event("Large"), at=clock[0])
             await hub.poll()  # the first request closed: its thread is kept, marked closed
-            threads = dict(slack.state.memos(slack.name, "thread:"))
+            threads = dict(slack.memos("thread:"))
             assert threads["thread:C42:1700000000.000001"]["closed_at"] > 0
             # Another process took a reply and died (its memo is pending, its task gone).
             lost = {
@@ -588,7 +588,7 @@ async def test_old_events_and_threads_are_forgotten_and_lost_replies_resumed_on_
             await hub.poll()
             await slack.idle()
             # the handled event is forgotten; the lost one was sent
-            (memo,) = slack.state.memos(slack.name, "event:")
+            (memo,) = slack.memos("event:")
             assert memo[0] == "event:EvLost" and memo[1]["state"] == "done"
             stored = await rt.store.get_request(scent.id)
             assert stored is not None and stored.resolution is not None
@@ -596,10 +596,10 @@ async def test_old_events_and_threads_are_forgotten_and_lost_replies_resumed_on_
             await hub.poll()
             clock[0] += KEEP_THREADS
             await hub.poll()
-            assert slack.state.memos(slack.name, "thread:") == []
+            assert slack.memos("thread:") == []
             # a reply in a thread forgotten is ignored
             await deliver(slack, event("More", event_id="Ev09"), at=clock[0])
-            assert slack.state.memos(slack.name, "event:") == []
+            assert slack.memos("event:") == []
 
 
 async def test_a_request_posted_before_threads_were_remembered_still_takes_replies(
@@ -611,7 +611,7 @@ async def test_a_request_posted_before_threads_were_remembered_still_takes_repli
         slack = channel(fake)
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
-            for key, _ in slack.state.memos(slack.name, "thread:"):
+            for key, _ in slack.memos("thread:"):
                 slack.forget(key)
             await deliver(slack, event("Small"))
         stored = await rt.store.get_request(size.id)

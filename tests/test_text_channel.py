@@ -308,3 +308,28 @@ async def test_an_escalation_is_told_once_though_showing_the_request_after_it_fa
         stored = await rt.store.get_request(a.id)
         assert stored is not None
         assert sms.sent == [told, sms.render(stored.request)]
+
+
+async def test_same_named_text_channels_of_two_hubs_on_one_state_file_each_show_the_request(
+    tmp_path: Path,
+) -> None:
+    """Two hubs (different names) on one state file, each texting its own person through a
+    channel named `text`: the one that showed the request first left a `shown` memo the other
+    took for its own, so its person never saw the request and could not answer it."""
+    runs: list[str] = []
+    state = tmp_path / "channels.db"
+    async with runtime(tmp_path, refunds(runs, "A-1")) as rt:
+        bob, carol = Texts(), Texts()
+        async with (
+            manual(ChannelHub(rt, [bob], state=state, name="day")) as day,
+            manual(ChannelHub(rt, [carol], state=state, name="night")) as night,
+        ):
+            (a,) = (await rt.generate("support", prompt="Refund A")).pending
+            await day.poll()
+            await night.poll()
+            assert bob.sent == carol.sent == [bob.render(a)]
+            assert (await carol.reply("yes", CAROL)) is not None  # she answers what she sees
+            await day.poll()
+            await night.poll()
+            assert bob.recall("shown") is None and carol.recall("shown") is None
+        assert await status(rt, a.id) == ("settled", "approved") and runs == ["A-1"]

@@ -639,11 +639,11 @@ async def test_an_expiry_warning_the_state_could_not_keep_is_sent_on_the_next_ti
             keep = hooks.state.remember
             failed: list[str] = []
 
-            def remember(channel: str, key: str, value: Any) -> None:
+            def remember(channel: str, key: str, value: Any, **hub: str) -> None:
                 if key.startswith("outbox:") and not failed:
                     failed.append(key)
                     raise so.StoreError("channel state: database is locked")
-                keep(channel, key, value)
+                keep(channel, key, value, **hub)
 
             monkeypatch.setattr(hooks.state, "remember", remember)
             await hub.poll()  # the tick fails (logged by the hub)
@@ -672,11 +672,11 @@ async def test_an_opening_the_state_could_not_keep_is_sent_when_the_hub_retries_
             keep = hooks.state.remember
             failed: list[str] = []
 
-            def remember(channel: str, key: str, value: Any) -> None:
+            def remember(channel: str, key: str, value: Any, **hub: str) -> None:
                 if key.startswith("outbox:") and not failed:
                     failed.append(key)
                     raise so.StoreError("channel state: database is locked")
-                keep(channel, key, value)
+                keep(channel, key, value, **hub)
 
             monkeypatch.setattr(hooks.state, "remember", remember)
             await rt.generate("support", prompt="Refund 1042")
@@ -713,10 +713,10 @@ async def test_a_delivery_posted_but_not_recorded_is_posted_again_with_the_same_
         async with manual(ChannelHub(rt, [hooks], state=state)) as hub:
             keep = hooks.state.forget
 
-            def forget(channel: str, key: str) -> None:
+            def forget(channel: str, key: str, **hub: str) -> None:
                 if key.startswith("outbox:"):
                     raise so.StoreError("channel state: disk I/O error")
-                keep(channel, key)
+                keep(channel, key, **hub)
 
             monkeypatch.setattr(hooks.state, "forget", forget)
             await rt.generate("support", prompt="Refund 1042")
@@ -1004,3 +1004,115 @@ async def test_an_opening_delivered_again_after_the_close_is_not_warned_about(
             assert again.recall(f"warned:{req.id}") is None
     types = [json.loads(b)["type"] for _, b in receiver.accepted]
     assert sorted(types) == ["request.opened", "request.resolved"]
+
+
+# -- hubs of different names on one state file -------------------------------------------------
+
+
+async def test_a_hub_never_drops_the_unsent_deliveries_of_another_hub_sharing_its_state(
+    store_url: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two hubs (different names) on one file, each with a webhook channel named `webhooks`
+    posting to its own URL: the other's start dropped the first's kept delivery as "no longer
+    configured", and the first's next start had nothing left to send."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([503]) as ours,
+        Receiver([]) as theirs,
+        so.Runtime([refund_agent()], store=store_url) as rt,
+    ):
+        hooks = WebhookChannel(ours.url, SECRET, max_attempts=1, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state, name="ops")) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+        assert ours.accepted == []  # given up on: kept for the next start of `ops`
+        others = WebhookChannel(theirs.url, SECRET, sleep=sleep)
+        async with manual(ChannelHub(rt, [others], state=state, name="audit")) as hub:
+            assert others.memos("outbox:") == []  # `ops`'s delivery is not this hub's
+            await hub.poll()
+            await asyncio.wait_for(others.drain(), 10)
+        assert "no longer configured" not in caplog.text and theirs.attempts == []
+        again = WebhookChannel(ours.url, SECRET, sleep=sleep)
+        async with manual(ChannelHub(rt, [again], state=state, name="ops")):
+            await asyncio.wait_for(again.drain(), 10)
+            assert again.memos("outbox:") == []
+    ((headers, body),) = ours.accepted
+    payload = verify_webhook(SECRET, headers, body)
+    assert (payload["type"], payload["request"]["id"]) == ("request.opened", r.pending[0].id)
+
+
+async def test_same_named_webhook_channels_of_two_hubs_each_warn_their_receiver(
+    tmp_path: Path,
+) -> None:
+    """The `warned:` memo of one hub's channel kept the other's receiver from ever hearing that
+    the request was about to expire."""
+    clock = ManualClock()
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([]) as ours,
+        Receiver([]) as theirs,
+        so.Runtime(
+            [refund_agent(expires_in=3600)], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock
+        ) as rt,
+    ):
+        mine = WebhookChannel(ours.url, SECRET, expiring_within=600, clock=clock)
+        others = WebhookChannel(theirs.url, SECRET, expiring_within=600, clock=clock)
+        async with (
+            manual(ChannelHub(rt, [mine], state=state, name="ops", clock=clock)) as one,
+            manual(ChannelHub(rt, [others], state=state, name="audit", clock=clock)) as two,
+        ):
+            assert one.active and two.active  # each delivers to its own channel
+            (req,) = (await rt.generate("support", prompt="Refund 1042")).pending
+            await one.poll()
+            await two.poll()
+            clock.advance(3100)
+            await one.poll()
+            assert mine.recall(f"warned:{req.id}") is True
+            assert others.recall(f"warned:{req.id}") is None
+            await two.poll()
+            await mine.drain()
+            await others.drain()
+    for receiver in (ours, theirs):
+        types = [
+            verify_webhook(SECRET, h, b, now=clock.now, tolerance=4000)["type"]
+            for h, b in receiver.accepted
+        ]
+        assert types == ["request.opened", "request.expiring"]
+
+
+async def test_an_old_state_files_unsent_delivery_is_sent_after_the_upgrade(
+    tmp_path: Path,
+) -> None:
+    """A file the previous signoff wrote (memos under the channel's name alone) on which two
+    hubs ran a `webhooks` channel: the delivery it kept goes to both hubs, the one without its
+    URL drops only its own copy, and the one with it sends it."""
+    from .test_channel_state import old_state_file
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    state = tmp_path / "hub.db"
+    async with (
+        Receiver([]) as ours,
+        Receiver([]) as theirs,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        raw = json.dumps({"id": "whd_kept", "type": "request.opened"})
+        kept = {"event": "request.opened", "body": raw}
+        memos = [("webhooks", f"outbox:{ours.url} whd_kept", kept)]
+        old_state_file(state, {"ops:webhooks": 0, "audit:webhooks": 0}, memos)
+        others = WebhookChannel(theirs.url, SECRET, sleep=sleep)
+        async with manual(ChannelHub(rt, [others], state=state, name="audit")):
+            await asyncio.wait_for(others.drain(), 10)
+        hooks = WebhookChannel(ours.url, SECRET, sleep=sleep)
+        async with manual(ChannelHub(rt, [hooks], state=state, name="ops")):
+            await asyncio.wait_for(hooks.drain(), 10)
+            assert hooks.memos("outbox:") == []
+    assert theirs.attempts == []
+    ((headers, body),) = ours.accepted
+    assert body == raw.encode() and verify_webhook(SECRET, headers, body)["id"] == "whd_kept"

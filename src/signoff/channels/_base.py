@@ -8,24 +8,15 @@ caller.
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
-import math
-import sqlite3
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from .._exceptions import SignoffError, StoreError, UsageError
+from .._exceptions import SignoffError, UsageError
 from .._results import Outcome
 from .._types import InputRequest, InputResponse, Principal
-from ..stores.sqlite._connection import _switch_to_wal
+from ._state import ChannelState, off_loop, waiting_until
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -43,45 +34,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("signoff.channels")
-
-_DEADLINE: ContextVar[float | None] = ContextVar("signoff_channel_state_deadline", default=None)
-
-P = ParamSpec("P")
-R = TypeVar("R")
-
-
-async def off_loop(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
-    """`fn(*args, **kwargs)` (`ChannelState` calls) in a worker thread: waiting for another
-    process's lock on the state file must not stall the event loop (HTTP, SSE, leases).
-
-    A caller cancelled meanwhile still waits for the call to end before it sees the
-    cancellation, so nothing it wrote lands after what is written next (or after a hub's
-    lock is let go)."""
-    work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
-    interrupted: asyncio.CancelledError | None = None
-    while not work.done():
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError as exc:
-            interrupted = exc
-        except BaseException:
-            break
-    if interrupted is not None:
-        work.exception()  # retrieved: a failure the cancelled caller never sees is not logged
-        raise interrupted
-    return work.result()
-
-
-@contextmanager
-def waiting_until(deadline: float) -> Iterator[None]:
-    """`ChannelState` calls made inside wait for the state (another thread's call, another
-    process's lock on the file) only until `deadline` (a `time.monotonic()` time), then fail
-    with a `StoreError`: what must answer in time (Slack's 3 s) is not held for `busy_timeout`."""
-    token = _DEADLINE.set(deadline)
-    try:
-        yield
-    finally:
-        _DEADLINE.reset(token)
 
 
 class InvalidSignature(SignoffError):
@@ -201,128 +153,6 @@ def settled_as(resolution: Mapping[str, Any] | None) -> tuple[str, str]:
     return ("denied" if outcome == "cancelled" else outcome), who
 
 
-class ChannelState:
-    """Where channels keep what must survive a restart: feed positions and small memos.
-
-    A SQLite file (stdlib `sqlite3`), or memory with `":memory:"` (the default). A memo is a
-    JSON value under `(channel, key)`, e.g. the Slack message that shows a request; each write
-    is synced to disk before it returns. A read or write waits up to `busy_timeout` seconds for
-    another process's lock; any failure of SQLite (the file locked longer, a full disk) is a
-    `StoreError`.
-    """
-
-    def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0) -> None:
-        if (
-            isinstance(busy_timeout, bool)
-            or not isinstance(busy_timeout, int | float)
-            or not 0 <= busy_timeout < math.inf  # NaN passed to SQLite as a wait
-        ):
-            raise UsageError(f"busy_timeout must be seconds from 0, not {busy_timeout!r}")
-        self.path = str(path)
-        self.busy_timeout = busy_timeout
-        self._lock = threading.Lock()
-        self.closed = False
-        conn: sqlite3.Connection | None = None
-        try:
-            if self.path != ":memory:":
-                Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self.path, timeout=busy_timeout, check_same_thread=False, isolation_level=None
-            )
-            _switch_to_wal(conn, busy_timeout)  # two processes may create the file together
-            # Every commit synced: a memo saved before Slack hears back survives a power cut.
-            conn.execute("PRAGMA synchronous=FULL")
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS channel_positions "
-                "(name TEXT PRIMARY KEY, after_id INTEGER NOT NULL)"
-            )
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS channel_memos (channel TEXT NOT NULL, "
-                "key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (channel, key))"
-            )
-        except (OSError, sqlite3.Error) as exc:
-            if conn is not None:
-                conn.close()
-            raise StoreError(f"cannot open the channel state {self.path}: {exc}") from exc
-        self._conn = conn
-
-    @contextmanager
-    def _using(self, what: str) -> Iterator[sqlite3.Connection]:
-        """The connection, one caller at a time; a failure of SQLite is a `StoreError`. Inside
-        `waiting_until`, the waits for this lock and the file's end at its deadline."""
-        deadline = _DEADLINE.get()
-        if deadline is None:
-            self._lock.acquire()
-        elif not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            raise StoreError(f"channel state {self.path}: cannot {what}: busy past the deadline")
-        try:
-            conn = self._conn
-            if deadline is None:
-                yield conn
-                return
-            (patient,) = conn.execute("PRAGMA busy_timeout").fetchone()
-            wait = int(max(0.0, deadline - time.monotonic()) * 1000)
-            conn.execute(f"PRAGMA busy_timeout={min(int(patient), wait)}")
-            try:
-                yield conn
-            finally:
-                conn.execute(f"PRAGMA busy_timeout={int(patient)}")
-        except sqlite3.Error as exc:
-            raise StoreError(f"channel state {self.path}: cannot {what}: {exc}") from exc
-        finally:
-            self._lock.release()
-
-    def position(self, name: str) -> int | None:
-        """The last audit entry id `name` has handled, or None if it never ran."""
-        with self._using("read a position") as conn:
-            row = conn.execute(
-                "SELECT after_id FROM channel_positions WHERE name=?", (name,)
-            ).fetchone()
-        return None if row is None else int(row[0])
-
-    def set_position(self, name: str, after_id: int) -> None:
-        with self._using("save a position") as conn:
-            conn.execute(
-                "INSERT INTO channel_positions (name, after_id) VALUES (?, ?) "
-                "ON CONFLICT(name) DO UPDATE SET after_id=excluded.after_id",
-                (name, after_id),
-            )
-
-    def recall(self, channel: str, key: str) -> Any:
-        with self._using("read a memo") as conn:
-            row = conn.execute(
-                "SELECT value FROM channel_memos WHERE channel=? AND key=?", (channel, key)
-            ).fetchone()
-        return None if row is None else json.loads(row[0])
-
-    def remember(self, channel: str, key: str, value: Any) -> None:
-        with self._using("save a memo") as conn:
-            conn.execute(
-                "INSERT INTO channel_memos (channel, key, value) VALUES (?, ?, ?) "
-                "ON CONFLICT(channel, key) DO UPDATE SET value=excluded.value",
-                (channel, key, json.dumps(value, separators=(",", ":"))),
-            )
-
-    def memos(self, channel: str, prefix: str = "") -> list[tuple[str, Any]]:
-        """A channel's memos whose key starts with `prefix`, oldest first."""
-        with self._using("read memos") as conn:
-            rows = conn.execute(
-                "SELECT key, value FROM channel_memos WHERE channel=? "
-                "AND substr(key, 1, length(?))=? ORDER BY rowid",
-                (channel, prefix, prefix),
-            ).fetchall()
-        return [(str(key), json.loads(value)) for key, value in rows]
-
-    def forget(self, channel: str, key: str) -> None:
-        with self._using("delete a memo") as conn:
-            conn.execute("DELETE FROM channel_memos WHERE channel=? AND key=?", (channel, key))
-
-    def close(self) -> None:
-        with self._lock:
-            self._conn.close()
-            self.closed = True
-
-
 class Channel:
     """Base class of channels: told when requests open, change and close; answers via `submit`.
 
@@ -347,13 +177,16 @@ class Channel:
         self._accepts = accepts
         self._runtime: Runtime | None = None
         self._state: ChannelState | None = None
+        self._hub = ""
 
     # -- wiring -------------------------------------------------------------------------------
 
-    def bind(self, runtime: Runtime, state: ChannelState) -> None:
-        """Attach the runtime answers go to and the state memos live in (the hub does this)."""
+    def bind(self, runtime: Runtime, state: ChannelState, *, hub: str = "") -> None:
+        """Attach the runtime answers go to and the state memos live in, under the name of the
+        `hub` the channel runs in (the hub does this)."""
         self._runtime = runtime
         self._state = state
+        self._hub = hub
 
     @property
     def runtime(self) -> Runtime:
@@ -380,13 +213,17 @@ class Channel:
         """This channel's memo under `key` (None if none). Memo calls wait while another
         process holds the state file's lock: a coroutine makes them in a thread
         (`await asyncio.to_thread(self.remember, key, value)`), so the event loop goes on."""
-        return self.state.recall(self.name, key)
+        return self.state.recall(self.name, key, hub=self._hub)
 
     def remember(self, key: str, value: Any) -> None:
-        self.state.remember(self.name, key, value)
+        self.state.remember(self.name, key, value, hub=self._hub)
 
     def forget(self, key: str) -> None:
-        self.state.forget(self.name, key)
+        self.state.forget(self.name, key, hub=self._hub)
+
+    def memos(self, prefix: str = "") -> list[tuple[str, Any]]:
+        """This channel's memos whose key starts with `prefix`, oldest first."""
+        return self.state.memos(self.name, prefix, hub=self._hub)
 
     # -- what the hub tells a channel ---------------------------------------------------------
 

@@ -28,6 +28,7 @@ from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
 from ._base import Channel, ChannelState, Escalation, RateLimited, Resolution, off_loop
 from ._lease import HubLease
+from ._state import make_room
 
 if TYPE_CHECKING:
     from .._runtime import Runtime
@@ -47,11 +48,14 @@ class ChannelHub:
     order.
 
     `state` is a `ChannelState` or the path of its SQLite file (memory by default: positions are
-    then lost on restart, so it starts at the end). On a file, one hub at a time delivers to a
+    then lost on restart, so it starts at the end); a hub made inside a running event loop opens
+    its file when it starts, in a worker thread. On a file, one hub at a time delivers to a
     channel (by hub `name` and channel name): it holds an OS lock next to the file while it
     runs, and another started on the same file (in this or another process on the machine)
     stands by for that channel, which still answers (e.g. Slack's clicks), and takes over at its
-    next poll when the first stops or dies. Hubs on memory share nothing: each delivers
+    next poll when the first stops or dies. A channel's positions and memos (Slack's messages,
+    webhooks not yet sent) are the hub's own too: hubs of different names keep theirs apart on
+    one file, also for channels of the same name. Hubs on memory share nothing: each delivers
     everything, so run one per set of channels.
 
     A channel that fails on an entry is retried from there after `retry_backoff * 2**n`
@@ -83,6 +87,8 @@ class ChannelHub:
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise UsageError(f"channel names must be distinct: {', '.join(dupes)}")
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"a hub name must be a non-empty string, not {name!r}")
         if not positive_seconds(poll_interval):  # NaN passed `<= 0`, and a loop slept NaN
             raise UsageError(f"poll_interval must be positive, not {poll_interval!r}")
         whole("max_attempts", max_attempts, least=1)  # NaN or 2.5 passed `< 1`
@@ -97,7 +103,12 @@ class ChannelHub:
         self.runtime = runtime
         self.channels = channels
         self._own_state = not isinstance(state, ChannelState)
-        self.state = state if isinstance(state, ChannelState) else ChannelState(state or ":memory:")
+        self._state = state if isinstance(state, ChannelState) else None
+        self._path = state.path if isinstance(state, ChannelState) else str(state or ":memory:")
+        if self._state is None and (self._path == ":memory:" or not _in_event_loop()):
+            self._state = ChannelState(self._path)
+        elif self._state is None:
+            make_room(self._path)  # a path that cannot hold the file is refused here still
         self.name = name
         self.poll_interval = poll_interval
         self.max_attempts = max_attempts
@@ -105,9 +116,9 @@ class ChannelHub:
         self.gap_timeout = gap_timeout
         self.clock = clock
         self._leases = {
-            ch.name: HubLease(self.state.path, f"{name}.{ch.name}")
+            ch.name: HubLease(self._path, f"{name}.{ch.name}")
             for ch in channels
-            if self.state.path != ":memory:"
+            if self._path != ":memory:"
         }
         self._active: set[str] = set()  # the channels this hub delivers to (holding their locks)
         self._positions: dict[str, int] = {}
@@ -119,6 +130,14 @@ class ChannelHub:
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self._started = False
+
+    @property
+    def state(self) -> ChannelState:
+        """Where the channels' positions and memos are kept. A hub made inside a running event
+        loop opens its file when it starts; asked for before, it is opened here and now."""
+        if self._state is None:
+            self._state = ChannelState(self._path)
+        return self._state
 
     @property
     def routers(self) -> list[Any]:
@@ -146,10 +165,11 @@ class ChannelHub:
         if self._started:
             raise UsageError("this ChannelHub is already started")
         await self.runtime.open()
-        if self.state.closed and self._own_state:
-            self.state = await off_loop(ChannelState, self.state.path)
+        if self._state is None or (self._state.closed and self._own_state):
+            # In a worker thread: another process may hold the file's lock (or be setting it up).
+            self._state = await off_loop(ChannelState, self._path)
         for ch in self.channels:  # a standby's channels answer too (e.g. Slack's clicks)
-            ch.bind(self.runtime, self.state)
+            ch.bind(self.runtime, self._state, hub=self.name)
         free = self._lock_free()
         self._started = True
         await self._activate(free)
@@ -233,7 +253,7 @@ class ChannelHub:
         for lease in self._leases.values():
             lease.release()  # after the channels' last writes: a standby goes on from them
         self._active.clear()
-        if self._own_state and self.state.path != ":memory:":
+        if self._own_state and self._path != ":memory:":
             await off_loop(self.state.close)
         self._started = False
 
@@ -502,6 +522,15 @@ class ChannelHub:
             if not more:
                 return out
             offset += _PAGE
+
+
+def _in_event_loop() -> bool:
+    """Whether this thread runs an event loop now (where opening a file must not wait)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def _unescalated(request: InputRequest) -> InputRequest:

@@ -244,7 +244,7 @@ class WebhookChannel(Channel):
         """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
         those of a URL no longer configured are dropped."""
         unsent = []
-        for key, kept in self.state.memos(self.name, _OUTBOX):
+        for key, kept in self.memos(_OUTBOX):
             url, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
             if url not in self.urls:
                 logger.warning("webhook %s is no longer configured; dropping %s", url, delivery)

@@ -133,7 +133,7 @@ class Inbox(Generic[T]):
         now = ch.clock()
         names = self.kind.__dataclass_fields__
         found: list[tuple[str, T]] = []
-        for key, memo in ch.state.memos(ch.name, self.prefix):
+        for key, memo in ch.memos(self.prefix):
             if not isinstance(memo, dict):
                 ch.forget(key)
             elif memo.get("state") == "done":

@@ -138,7 +138,7 @@ class ThreadReplies:
         memo = ch.recall(thread_key(channel, ts))
         if isinstance(memo, dict) and isinstance(memo.get("request_id"), str):
             return str(memo["request_id"])
-        for key, where in ch.state.memos(ch.name, "msg:"):
+        for key, where in ch.memos("msg:"):
             if (
                 isinstance(where, dict)
                 and where.get("channel") == channel
@@ -159,7 +159,7 @@ class ThreadReplies:
         """Drop the memos of threads closed more than `KEEP_THREADS` seconds ago."""
         ch = self.channel
         now = ch.clock()
-        for key, memo in ch.state.memos(ch.name, "thread:"):
+        for key, memo in ch.memos("thread:"):
             closed = memo.get("closed_at") if isinstance(memo, dict) else 0  # None: open
             if closed is not None and not seconds(closed) > now - KEEP_THREADS:
                 ch.forget(key)

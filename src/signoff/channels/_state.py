@@ -1,0 +1,269 @@
+"""`ChannelState`: the SQLite file (or memory) where channels keep feed positions and memos,
+and `off_loop`, which reads and writes it without stalling the event loop.
+
+The file is marked with its layout (SQLite's `user_version`): a file of an older layout is
+brought up to date in place, in one transaction, when it is opened; a newer one is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+from .._exceptions import SchemaVersionError, StoreError, UsageError
+from ..stores.sqlite._connection import _switch_to_wal
+
+__all__ = ["STATE_SCHEMA", "ChannelState", "make_room", "off_loop", "waiting_until"]
+
+STATE_SCHEMA = 1
+"""The layout of the state file: 1 keeps a channel's memos under its hub's name and its own;
+0 (a file with no mark, written before) kept them under the channel's name alone, so two hubs
+with a channel of the same name shared them."""
+
+_POSITIONS = (
+    "CREATE TABLE IF NOT EXISTS channel_positions "
+    "(name TEXT PRIMARY KEY, after_id INTEGER NOT NULL)"
+)
+_MEMOS = (
+    "CREATE TABLE channel_memos (hub TEXT NOT NULL, channel TEXT NOT NULL, key TEXT NOT NULL, "
+    "value TEXT NOT NULL, PRIMARY KEY (hub, channel, key))"
+)
+
+_DEADLINE: ContextVar[float | None] = ContextVar("signoff_channel_state_deadline", default=None)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+async def off_loop(fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
+    """`fn(*args, **kwargs)` (`ChannelState` calls) in a worker thread: waiting for another
+    process's lock on the state file must not stall the event loop (HTTP, SSE, leases).
+
+    A caller cancelled meanwhile still waits for the call to end before it sees the
+    cancellation, so nothing it wrote lands after what is written next (or after a hub's
+    lock is let go)."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args, **kwargs))
+    interrupted: asyncio.CancelledError | None = None
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError as exc:
+            interrupted = exc
+        except BaseException:
+            break
+    if interrupted is not None:
+        work.exception()  # retrieved: a failure the cancelled caller never sees is not logged
+        raise interrupted
+    return work.result()
+
+
+@contextmanager
+def waiting_until(deadline: float) -> Iterator[None]:
+    """`ChannelState` calls made inside wait for the state (another thread's call, another
+    process's lock on the file) only until `deadline` (a `time.monotonic()` time), then fail
+    with a `StoreError`: what must answer in time (Slack's 3 s) is not held for `busy_timeout`."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+class ChannelState:
+    """Where channels keep what must survive a restart: feed positions and small memos.
+
+    A SQLite file (stdlib `sqlite3`), or memory with `":memory:"` (the default). A memo is a
+    JSON value under `(channel, key)` of a `hub` (the name of the `ChannelHub` the channel runs
+    in: same-named channels of differently named hubs sharing a file keep theirs apart; `""`
+    outside any hub), e.g. the Slack message that shows a request; each write is synced to disk
+    before it returns. A read or write waits up to `busy_timeout` seconds for another process's
+    lock; any failure of SQLite (the file locked longer, a full disk) is a `StoreError`, and a
+    file written by a newer signoff is a `SchemaVersionError`.
+    """
+
+    def __init__(self, path: str | Path = ":memory:", *, busy_timeout: float = 5.0) -> None:
+        if (
+            isinstance(busy_timeout, bool)
+            or not isinstance(busy_timeout, int | float)
+            or not 0 <= busy_timeout < math.inf  # NaN passed to SQLite as a wait
+        ):
+            raise UsageError(f"busy_timeout must be seconds from 0, not {busy_timeout!r}")
+        self.path = str(path)
+        self.busy_timeout = busy_timeout
+        self._lock = threading.Lock()
+        self.closed = False
+        conn: sqlite3.Connection | None = None
+        make_room(self.path)
+        try:
+            conn = sqlite3.connect(
+                self.path, timeout=busy_timeout, check_same_thread=False, isolation_level=None
+            )
+            _switch_to_wal(conn, busy_timeout)  # two processes may create the file together
+            # Every commit synced: a memo saved before Slack hears back survives a power cut.
+            conn.execute("PRAGMA synchronous=FULL")
+            _set_up(self.path, conn)
+        except BaseException as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, OSError | sqlite3.Error):
+                raise StoreError(f"cannot open the channel state {self.path}: {exc}") from exc
+            raise
+        self._conn = conn
+
+    @contextmanager
+    def _using(self, what: str) -> Iterator[sqlite3.Connection]:
+        """The connection, one caller at a time; a failure of SQLite is a `StoreError`. Inside
+        `waiting_until`, the waits for this lock and the file's end at its deadline."""
+        deadline = _DEADLINE.get()
+        if deadline is None:
+            self._lock.acquire()
+        elif not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise StoreError(f"channel state {self.path}: cannot {what}: busy past the deadline")
+        try:
+            conn = self._conn
+            if deadline is None:
+                yield conn
+                return
+            (patient,) = conn.execute("PRAGMA busy_timeout").fetchone()
+            wait = int(max(0.0, deadline - time.monotonic()) * 1000)
+            conn.execute(f"PRAGMA busy_timeout={min(int(patient), wait)}")
+            try:
+                yield conn
+            finally:
+                conn.execute(f"PRAGMA busy_timeout={int(patient)}")
+        except sqlite3.Error as exc:
+            raise StoreError(f"channel state {self.path}: cannot {what}: {exc}") from exc
+        finally:
+            self._lock.release()
+
+    def position(self, name: str) -> int | None:
+        """The last audit entry id `name` has handled, or None if it never ran."""
+        with self._using("read a position") as conn:
+            row = conn.execute(
+                "SELECT after_id FROM channel_positions WHERE name=?", (name,)
+            ).fetchone()
+        return None if row is None else int(row[0])
+
+    def set_position(self, name: str, after_id: int) -> None:
+        with self._using("save a position") as conn:
+            conn.execute(
+                "INSERT INTO channel_positions (name, after_id) VALUES (?, ?) "
+                "ON CONFLICT(name) DO UPDATE SET after_id=excluded.after_id",
+                (name, after_id),
+            )
+
+    def recall(self, channel: str, key: str, *, hub: str = "") -> Any:
+        with self._using("read a memo") as conn:
+            row = conn.execute(
+                "SELECT value FROM channel_memos WHERE hub=? AND channel=? AND key=?",
+                (hub, channel, key),
+            ).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def remember(self, channel: str, key: str, value: Any, *, hub: str = "") -> None:
+        with self._using("save a memo") as conn:
+            conn.execute(
+                "INSERT INTO channel_memos (hub, channel, key, value) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT(hub, channel, key) DO UPDATE SET value=excluded.value",
+                (hub, channel, key, json.dumps(value, separators=(",", ":"))),
+            )
+
+    def memos(self, channel: str, prefix: str = "", *, hub: str = "") -> list[tuple[str, Any]]:
+        """A channel's memos whose key starts with `prefix`, oldest first."""
+        with self._using("read memos") as conn:
+            rows = conn.execute(
+                "SELECT key, value FROM channel_memos WHERE hub=? AND channel=? "
+                "AND substr(key, 1, length(?))=? ORDER BY rowid",
+                (hub, channel, prefix, prefix),
+            ).fetchall()
+        return [(str(key), json.loads(value)) for key, value in rows]
+
+    def forget(self, channel: str, key: str, *, hub: str = "") -> None:
+        with self._using("delete a memo") as conn:
+            conn.execute(
+                "DELETE FROM channel_memos WHERE hub=? AND channel=? AND key=?",
+                (hub, channel, key),
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+            self.closed = True
+
+
+def make_room(path: str) -> None:
+    """Create the directory of the state file at `path`; one that cannot be made (a file in
+    the way, no permission) is a `StoreError`."""
+    if path == ":memory:":
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StoreError(f"cannot open the channel state {path}: {exc}") from exc
+
+
+def _set_up(path: str, conn: sqlite3.Connection) -> None:
+    """Create the tables of a new file, or bring an older layout up to date, in one write
+    transaction (a crash leaves the file as it was); a file already current is only read."""
+    if _layout(path, conn) == STATE_SCHEMA:
+        return
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        found = _layout(path, conn)  # another process may have set it up meanwhile
+        if found < STATE_SCHEMA:
+            old = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='channel_memos'"
+            ).fetchone()
+            conn.execute(_POSITIONS)
+            if old:
+                _keep_memos_per_hub(conn)
+            else:
+                conn.execute(_MEMOS)
+            conn.execute(f"PRAGMA user_version={STATE_SCHEMA}")
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+
+
+def _layout(path: str, conn: sqlite3.Connection) -> int:
+    """The file's layout mark; one newer than this signoff knows is refused."""
+    (found,) = conn.execute("PRAGMA user_version").fetchone()
+    if found > STATE_SCHEMA:
+        raise SchemaVersionError(
+            f"channel state {path} has layout {found}; this signoff knows up to "
+            f"{STATE_SCHEMA}. Upgrade signoff."
+        )
+    if found < 0:
+        raise StoreError(f"channel state {path} is damaged: its layout mark is {found}")
+    return int(found)
+
+
+def _keep_memos_per_hub(conn: sqlite3.Connection) -> None:
+    """Layout 0 to 1: a channel's memos go to each hub that ran a channel of that name (its
+    position `<hub>:<channel>` says so), in their order; a hub's own memos (under its position's
+    name) and those of a channel no hub ran stay outside any hub."""
+    conn.execute("ALTER TABLE channel_memos RENAME TO channel_memos_0")
+    conn.execute(_MEMOS)
+    names = [str(name) for (name,) in conn.execute("SELECT name FROM channel_positions")]
+    rows = conn.execute("SELECT channel, key, value FROM channel_memos_0 ORDER BY rowid")
+    for channel, key, value in rows.fetchall():
+        hubs = [""]
+        if channel not in names:
+            suffix = f":{channel}"
+            hubs = sorted({n[: -len(suffix)] for n in names if n.endswith(suffix)}) or [""]
+        conn.executemany(
+            "INSERT INTO channel_memos (hub, channel, key, value) VALUES (?, ?, ?, ?)",
+            [(hub, channel, key, value) for hub in hubs],
+        )
+    conn.execute("DROP TABLE channel_memos_0")
