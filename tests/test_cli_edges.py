@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
 import shlex
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -20,7 +23,7 @@ from typer.testing import CliRunner
 
 import signoff as so
 from signoff.cli import app
-from tests.test_cli import TARGET, agent, invoke, issue_refund, log, park
+from tests.test_cli import ROOT, TARGET, agent, invoke, issue_refund, log, park
 
 
 @pytest.fixture
@@ -477,3 +480,47 @@ def test_an_async_runtime_factory_is_refused_by_the_commands_without_a_stray_war
         gc.collect()
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def _read_until(fd: int, marker: bytes, timeout: float = 20) -> bytes:
+    """What was printed to `fd` up to `marker` (a prompt, which ends no line)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, seen
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 4096)
+            assert chunk, seen  # it ended before prompting
+            seen += chunk
+    return seen
+
+
+@pytest.mark.parametrize(("typed", "prompt"), [(b"", b"you:"), (b"refund order 1042\n", b"(y/N)")])
+def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: bytes) -> None:
+    """Ctrl-C at chat's prompt in a terminal, for a message or an approval, ends it at once with
+    130 and no traceback: asyncio's handler only cancelled the task, which the terminal's line
+    reading never sees, so the first Ctrl-C did nothing and a second one was needed."""
+    terminal, tty = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        stdin=tty,
+        stdout=tty,
+        stderr=subprocess.PIPE,
+        # As typed at a shell: a test runner started in the background ignores SIGINT.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    os.close(tty)
+    try:
+        os.write(terminal, typed)
+        _read_until(terminal, prompt)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(terminal)
+    assert proc.returncode == 130, stderr
+    assert stderr.decode().strip() == "interrupted"
