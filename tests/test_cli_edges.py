@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -524,3 +525,25 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: byt
         os.close(terminal)
     assert proc.returncode == 130, stderr
     assert stderr.decode().strip() == "interrupted"
+
+
+def test_serve_on_port_0_prints_the_port_it_listens_on(url: str) -> None:
+    """`--port 0` (any free port) prints the port the system chose once it listens, not
+    `http://127.0.0.1:0/_signoff`, which opens nothing."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "serve", TARGET, "--port", "0", "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()
+        found = re.search(r"dashboard at http://127\.0\.0\.1:(\d+)/_signoff ", banner)
+        assert found is not None and found[1] != "0", banner
+        reply = httpx.get(f"http://127.0.0.1:{found[1]}/v1/openapi.json", timeout=10)
+        assert reply.status_code == 200
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)

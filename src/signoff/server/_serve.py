@@ -123,13 +123,19 @@ def serve(
             "other machines",
             file=sys.stderr,
         )
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    print(f"signoff: dashboard at http://{shown}:{port}/_signoff  (API: /v1, docs: /v1/docs)")
+    if port != 0:  # else once listening, on the port the system chose
+        print(_banner(host, port))
     context = app.state.signoff
 
     class Server(uvicorn.Server):
         """Uvicorn, which ends the open event streams when it begins to stop: its graceful
         shutdown waits for every response to finish, and a followed stream never does."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if port == 0 and self.started:
+                bound = self.servers[0].sockets[0].getsockname()[1]
+                print(_banner(host, bound), flush=True)
 
         async def shutdown(self, sockets: Any = None) -> None:
             context.closing = True
@@ -154,3 +160,12 @@ def serve(
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
     Server(config).run()
+
+
+def _banner(host: str, port: int) -> str:
+    """The line naming where the dashboard is, as a URL a browser opens: every interface as
+    this machine's loopback address, an IPv6 address in brackets."""
+    shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"signoff: dashboard at http://{shown}:{port}/_signoff  (API: /v1, docs: /v1/docs)"
