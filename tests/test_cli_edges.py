@@ -547,3 +547,20 @@ def test_serve_on_port_0_prints_the_port_it_listens_on(url: str) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=20)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["pending"], ["events", "ses_x"], ["approve", "req_x"], ["db", "upgrade"], ["worker", TARGET]],
+)
+def test_a_store_path_that_is_a_directory_is_named_as_one(
+    command: list[str], tmp_path: Path
+) -> None:
+    """`--store sqlite:///DIR` (a folder where the file was meant) says the path is a directory,
+    not SQLite's "unable to open database file"; the folder is left as it was."""
+    result = invoke(*command, "--store", f"sqlite:///{tmp_path}")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: StoreError: cannot open SQLite store {tmp_path}: it is a directory, not a file\n"
+    )
+    assert list(tmp_path.iterdir()) == []
