@@ -3,6 +3,7 @@ are no store, narrow terminals and pipes, text that would steer a terminal, expi
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import pty
@@ -24,6 +25,7 @@ from typer.testing import CliRunner
 
 import signoff as so
 from signoff.cli import app
+from signoff.stores import SQLiteStore
 from tests.test_cli import ROOT, TARGET, agent, invoke, issue_refund, log, park
 
 
@@ -564,3 +566,67 @@ def test_a_store_path_that_is_a_directory_is_named_as_one(
         f"error: StoreError: cannot open SQLite store {tmp_path}: it is a directory, not a file\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@so.tool
+async def nap(seconds: float) -> str:
+    """Sleep a while."""
+    await asyncio.sleep(seconds)
+    return "rested"
+
+
+napper = so.Agent(
+    name="napper",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="nap", input={"seconds": 60})]),
+            so.ModelResponse(text="Rested."),
+        ]
+    ),
+    tools=[nap],
+)
+
+
+def test_a_second_ctrl_c_stops_a_worker_at_once_and_gives_its_lease_back(url: str) -> None:
+    """The first Ctrl-C waits for the turn in flight; a second stops the worker at once (130,
+    no traceback), and the session's lease is given back, so another worker can take the
+    session now rather than once the lease would have lapsed."""
+    rt = so.Runtime([napper], store=url, inline=False)
+    try:
+        session_id = rt.generate_sync("napper", "Take a nap").session_id
+    finally:
+        rt.close_sync()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "worker", "tests.test_cli_edges:napper"]
+        + ["--store", url, "--lease-ttl", "600"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 30
+        while "tool.started" not in [e.type for e in log(url, session_id)]:
+            assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        while "stopping after the running turns" not in proc.stderr.readline():
+            pass
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, rest
+    assert "SIGINT again: stopping now" in rest and "Traceback" not in rest, rest
+
+    async def take() -> int | None:
+        store = SQLiteStore(url)
+        try:
+            return await store.acquire_lease(session_id, "another-worker", 30.0, time.time())
+        finally:
+            await store.close()
+
+    assert asyncio.run(take()) is not None
