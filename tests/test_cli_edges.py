@@ -4,6 +4,7 @@ are no store, narrow terminals and pipes, text that would steer a terminal, expi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import pty
@@ -15,6 +16,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +28,7 @@ from typer.testing import CliRunner
 import signoff as so
 from signoff.cli import app
 from signoff.stores import SQLiteStore
-from tests.test_cli import ROOT, TARGET, agent, invoke, issue_refund, log, park
+from tests.test_cli import ROOT, TARGET, _free_port, agent, invoke, issue_refund, log, park
 
 
 @pytest.fixture
@@ -630,3 +632,70 @@ def test_a_second_ctrl_c_stops_a_worker_at_once_and_gives_its_lease_back(url: st
             await store.close()
 
     assert asyncio.run(take()) is not None
+
+
+def test_a_second_ctrl_c_stops_serve_at_once_without_a_traceback(url: str) -> None:
+    """Ctrl-C twice while a request runs a turn stops the server at once (130): the turn it cuts
+    short is no application error, so no traceback of its cancellation is printed, and the
+    session's lease is given back."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "serve", "tests.test_cli_edges:napper"]
+        + ["--port", str(port), "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        # As typed at a shell: a test runner started in the background ignores SIGINT.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+    def start_a_nap() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the server stops before it answers
+            body = {"agent": "napper", "message": "Take a nap"}
+            httpx.post(f"http://127.0.0.1:{port}/v1/sessions", json=body, timeout=30)
+
+    napping = threading.Thread(target=start_a_nap)
+    try:
+        assert proc.stderr is not None
+        while "Application startup complete" not in proc.stderr.readline():
+            assert proc.poll() is None, "the server did not start"
+        napping.start()
+        deadline = time.monotonic() + 30
+        while not _napping(url):
+            assert time.monotonic() < deadline, "the nap never began"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        while "Waiting for connections to close" not in proc.stderr.readline():
+            pass
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if napping.is_alive():
+            napping.join()
+    assert proc.returncode == 130, rest
+    assert "Traceback" not in rest and "CancelledError" not in rest, rest
+
+    async def take(session_id: str) -> int | None:
+        store = SQLiteStore(url)
+        try:
+            return await store.acquire_lease(session_id, "another-worker", 30.0, time.time())
+        finally:
+            await store.close()
+
+    assert asyncio.run(take(_napping(url) or "")) is not None
+
+
+def _napping(url: str) -> str | None:
+    """The session whose nap has begun, if one has."""
+    rt = so.Runtime([], store=url)
+    try:
+        for row in rt.sessions_sync():
+            if "tool.started" in [e.type for e in rt.events_sync(row.id)]:
+                return row.id
+        return None
+    finally:
+        rt.close_sync()

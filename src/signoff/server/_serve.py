@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -159,7 +160,33 @@ def serve(
                 await asyncio.sleep(0.25)
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
-    Server(config).run()
+    server = Server(config)
+    cut_short = _CutShort(server)
+    errors = logging.getLogger("uvicorn.error")
+    errors.addFilter(cut_short)
+    try:
+        server.run()
+    finally:
+        errors.removeFilter(cut_short)
+
+
+class _CutShort(logging.Filter):
+    """Leaves out uvicorn's tracebacks of what a forced stop (a second Ctrl-C) cancels, a turn
+    in flight or the app's lifespan: no application error, and the turn's lease is given back."""
+
+    def __init__(self, server: Any) -> None:
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.server.force_exit:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, asyncio.CancelledError):
+            return False
+        # The lifespan's, which Starlette hands uvicorn as text (a traceback's last line).
+        last = record.getMessage().rstrip().rpartition("\n")[2]
+        return last != "asyncio.exceptions.CancelledError"
 
 
 def _banner(host: str, port: int) -> str:
