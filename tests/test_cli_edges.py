@@ -28,7 +28,17 @@ from typer.testing import CliRunner
 import signoff as so
 from signoff.cli import app
 from signoff.stores import SQLiteStore
-from tests.test_cli import ROOT, TARGET, _free_port, agent, invoke, issue_refund, log, park
+from tests.test_cli import (
+    ROOT,
+    TARGET,
+    _free_port,
+    agent,
+    invoke,
+    issue_refund,
+    log,
+    park,
+    sizer,
+)
 
 
 @pytest.fixture
@@ -699,3 +709,22 @@ def _napping(url: str) -> str | None:
         return None
     finally:
         rt.close_sync()
+
+
+@pytest.mark.parametrize("command", ["approve", "deny"])
+def test_approving_or_denying_a_question_says_to_answer_it(url: str, command: str) -> None:
+    """`approve` or `deny` of a question names the command that answers it, not the option
+    ('approve', 'cancel') the question lacks; nothing is recorded."""
+    rt = so.Runtime([sizer], store=url)
+    try:
+        question = rt.generate_sync("sizer", "I want coffee").pending[0]
+    finally:
+        rt.close_sync()
+    before = len(log(url, question.session_id))
+    result = invoke(command, question.id, "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: InvalidAnswer: {question.id} is a question (Which size?), not an approval: "
+        f"signoff answer {question.id} --option ID or --text TEXT\n"
+    )
+    assert len(log(url, question.session_id)) == before
