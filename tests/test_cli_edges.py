@@ -580,6 +580,16 @@ def test_a_store_path_that_is_a_directory_is_named_as_one(
     assert list(tmp_path.iterdir()) == []
 
 
+def _wait_for_line(proc: subprocess.Popen[str], text: str) -> None:
+    """Read `proc`'s stderr up to a line holding `text`; it ending first fails the test."""
+    assert proc.stderr is not None
+    while True:
+        line = proc.stderr.readline()
+        assert line, f"it ended before printing {text!r}"
+        if text in line:
+            return
+
+
 @so.tool
 async def nap(seconds: float) -> str:
     """Sleep a while."""
@@ -623,8 +633,7 @@ def test_a_second_ctrl_c_stops_a_worker_at_once_and_gives_its_lease_back(url: st
             assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        while "stopping after the running turns" not in proc.stderr.readline():
-            pass
+        _wait_for_line(proc, "stopping after the running turns")
         proc.send_signal(signal.SIGINT)
         _, rest = proc.communicate(timeout=10)
     finally:
@@ -668,16 +677,14 @@ def test_a_second_ctrl_c_stops_serve_at_once_without_a_traceback(url: str) -> No
     napping = threading.Thread(target=start_a_nap)
     try:
         assert proc.stderr is not None
-        while "Application startup complete" not in proc.stderr.readline():
-            assert proc.poll() is None, "the server did not start"
+        _wait_for_line(proc, "Application startup complete")
         napping.start()
         deadline = time.monotonic() + 30
         while not _napping(url):
             assert time.monotonic() < deadline, "the nap never began"
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        while "Waiting for connections to close" not in proc.stderr.readline():
-            pass
+        _wait_for_line(proc, "Waiting for connections to close")
         proc.send_signal(signal.SIGINT)
         _, rest = proc.communicate(timeout=10)
     finally:
