@@ -3,24 +3,42 @@ are no store, narrow terminals and pipes, text that would steer a terminal, expi
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import os
+import pty
 import re
+import select
 import shlex
+import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
 import signoff as so
 from signoff.cli import app
-from tests.test_cli import TARGET, agent, invoke, issue_refund, log, park
+from signoff.stores import SQLiteStore
+from tests.test_cli import (
+    ROOT,
+    TARGET,
+    _free_port,
+    agent,
+    invoke,
+    issue_refund,
+    log,
+    park,
+    sizer,
+)
 
 
 @pytest.fixture
@@ -503,3 +521,243 @@ def test_serve_refuses_more_workers_than_a_worker_runs(url: str) -> None:
     result = invoke("serve", TARGET, "--store", url, "--workers", "100001")
     assert result.exit_code == 2, result.output
     assert "--workers" in result.output and "100000" in result.output, result.output
+
+
+def _read_until(fd: int, marker: bytes, timeout: float = 20) -> bytes:
+    """What was printed to `fd` up to `marker` (a prompt, which ends no line)."""
+    seen = b""
+    deadline = time.monotonic() + timeout
+    while marker not in seen:
+        left = deadline - time.monotonic()
+        assert left > 0, seen
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 4096)
+            assert chunk, seen  # it ended before prompting
+            seen += chunk
+    return seen
+
+
+@pytest.mark.parametrize(("typed", "prompt"), [(b"", b"you:"), (b"refund order 1042\n", b"(y/N)")])
+def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: bytes) -> None:
+    """Ctrl-C at chat's prompt in a terminal, for a message or an approval, ends it at once with
+    130 and no traceback: asyncio's handler only cancelled the task, which the terminal's line
+    reading never sees, so the first Ctrl-C did nothing and a second one was needed."""
+    terminal, tty = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        stdin=tty,
+        stdout=tty,
+        stderr=subprocess.PIPE,
+        # As typed at a shell: a test runner started in the background ignores SIGINT.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    os.close(tty)
+    try:
+        os.write(terminal, typed)
+        _read_until(terminal, prompt)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(terminal)
+    assert proc.returncode == 130, stderr
+    assert stderr.decode().strip() == "interrupted"
+
+
+def test_serve_on_port_0_prints_the_port_it_listens_on(url: str) -> None:
+    """`--port 0` (any free port) prints the port the system chose once it listens, not
+    `http://127.0.0.1:0/_signoff`, which opens nothing."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "serve", TARGET, "--port", "0", "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        banner = proc.stdout.readline()
+        found = re.search(r"dashboard at http://127\.0\.0\.1:(\d+)/_signoff ", banner)
+        assert found is not None and found[1] != "0", banner
+        reply = httpx.get(f"http://127.0.0.1:{found[1]}/v1/openapi.json", timeout=10)
+        assert reply.status_code == 200
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=20)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["pending"], ["events", "ses_x"], ["approve", "req_x"], ["db", "upgrade"], ["worker", TARGET]],
+)
+def test_a_store_path_that_is_a_directory_is_named_as_one(
+    command: list[str], tmp_path: Path
+) -> None:
+    """`--store sqlite:///DIR` (a folder where the file was meant) says the path is a directory,
+    not SQLite's "unable to open database file"; the folder is left as it was."""
+    result = invoke(*command, "--store", f"sqlite:///{tmp_path}")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: StoreError: cannot open SQLite store {tmp_path}: it is a directory, not a file\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def _wait_for_line(proc: subprocess.Popen[str], text: str) -> None:
+    """Read `proc`'s stderr up to a line holding `text`; it ending first fails the test."""
+    assert proc.stderr is not None
+    while True:
+        line = proc.stderr.readline()
+        assert line, f"it ended before printing {text!r}"
+        if text in line:
+            return
+
+
+@so.tool
+async def nap(seconds: float) -> str:
+    """Sleep a while."""
+    await asyncio.sleep(seconds)
+    return "rested"
+
+
+napper = so.Agent(
+    name="napper",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="nap", input={"seconds": 60})]),
+            so.ModelResponse(text="Rested."),
+        ]
+    ),
+    tools=[nap],
+)
+
+
+def test_a_second_ctrl_c_stops_a_worker_at_once_and_gives_its_lease_back(url: str) -> None:
+    """The first Ctrl-C waits for the turn in flight; a second stops the worker at once (130,
+    no traceback), and the session's lease is given back, so another worker can take the
+    session now rather than once the lease would have lapsed."""
+    rt = so.Runtime([napper], store=url, inline=False)
+    try:
+        session_id = rt.generate_sync("napper", "Take a nap").session_id
+    finally:
+        rt.close_sync()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "worker", "tests.test_cli_edges:napper"]
+        + ["--store", url, "--lease-ttl", "600"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 30
+        while "tool.started" not in [e.type for e in log(url, session_id)]:
+            assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _wait_for_line(proc, "stopping after the running turns")
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, rest
+    assert "SIGINT again: stopping now" in rest and "Traceback" not in rest, rest
+
+    async def take() -> int | None:
+        store = SQLiteStore(url)
+        try:
+            return await store.acquire_lease(session_id, "another-worker", 30.0, time.time())
+        finally:
+            await store.close()
+
+    assert asyncio.run(take()) is not None
+
+
+def test_a_second_ctrl_c_stops_serve_at_once_without_a_traceback(url: str) -> None:
+    """Ctrl-C twice while a request runs a turn stops the server at once (130): the turn it cuts
+    short is no application error, so no traceback of its cancellation is printed, and the
+    session's lease is given back."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "serve", "tests.test_cli_edges:napper"]
+        + ["--port", str(port), "--store", url],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        # As typed at a shell: a test runner started in the background ignores SIGINT.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+
+    def start_a_nap() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the server stops before it answers
+            body = {"agent": "napper", "message": "Take a nap"}
+            httpx.post(f"http://127.0.0.1:{port}/v1/sessions", json=body, timeout=30)
+
+    napping = threading.Thread(target=start_a_nap)
+    try:
+        assert proc.stderr is not None
+        _wait_for_line(proc, "Application startup complete")
+        napping.start()
+        deadline = time.monotonic() + 30
+        while not _napping(url):
+            assert time.monotonic() < deadline, "the nap never began"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _wait_for_line(proc, "Waiting for connections to close")
+        proc.send_signal(signal.SIGINT)
+        _, rest = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        if napping.is_alive():
+            napping.join()
+    assert proc.returncode == 130, rest
+    assert "Traceback" not in rest and "CancelledError" not in rest, rest
+
+    async def take(session_id: str) -> int | None:
+        store = SQLiteStore(url)
+        try:
+            return await store.acquire_lease(session_id, "another-worker", 30.0, time.time())
+        finally:
+            await store.close()
+
+    assert asyncio.run(take(_napping(url) or "")) is not None
+
+
+def _napping(url: str) -> str | None:
+    """The session whose nap has begun, if one has."""
+    rt = so.Runtime([], store=url)
+    try:
+        for row in rt.sessions_sync():
+            if "tool.started" in [e.type for e in rt.events_sync(row.id)]:
+                return row.id
+        return None
+    finally:
+        rt.close_sync()
+
+
+@pytest.mark.parametrize("command", ["approve", "deny"])
+def test_approving_or_denying_a_question_says_to_answer_it(url: str, command: str) -> None:
+    """`approve` or `deny` of a question names the command that answers it, not the option
+    ('approve', 'cancel') the question lacks; nothing is recorded."""
+    rt = so.Runtime([sizer], store=url)
+    try:
+        question = rt.generate_sync("sizer", "I want coffee").pending[0]
+    finally:
+        rt.close_sync()
+    before = len(log(url, question.session_id))
+    result = invoke(command, question.id, "--store", url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: InvalidAnswer: {question.id} is a question (Which size?), not an approval: "
+        f"signoff answer {question.id} --option ID or --text TEXT\n"
+    )
+    assert len(log(url, question.session_id)) == before

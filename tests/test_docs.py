@@ -177,6 +177,28 @@ def test_every_command_and_option_the_docs_show_is_one_the_cli_takes() -> None:
     assert shown >= 10, shown
 
 
+def test_the_readme_shows_every_command() -> None:
+    """Every command of the CLI is shown in a shell block of the README, where an operator
+    looks for what the command line can do (`signoff sessions` was only named in passing)."""
+    import typer.main
+
+    from signoff.cli import app
+
+    root: Any = typer.main.get_command(app)
+    every = {
+        " ".join([name, *([sub] if sub else [])])
+        for name, command in root.commands.items()
+        for sub in getattr(command, "commands", None) or [""]
+    }
+    text = "\n".join(b for lang in ("bash", "sh", "") for b in blocks("README.md", lang))
+    shown: set[str] = set()
+    for line in text.splitlines():
+        words = line.split()
+        if words[:1] == ["signoff"]:
+            shown |= {" ".join(words[1:2]), " ".join(words[1:3])}
+    assert every - shown == set()
+
+
 def test_the_api_table_names_the_routes_the_server_has(tmp_path: Path) -> None:
     """Every `METHOD /v1/...` docs/server.md names is a route of the app, and the table lists
     every route of the API."""

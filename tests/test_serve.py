@@ -75,6 +75,28 @@ def test_serve_refuses_an_address_or_log_level_before_opening_anything(
     assert served == [] and not (tmp_path / "s.db").exists()
 
 
+@pytest.mark.parametrize(
+    ("host", "shown"),
+    [
+        ("127.0.0.1", "127.0.0.1"),
+        ("0.0.0.0", "127.0.0.1"),
+        ("", "127.0.0.1"),  # every interface, as "0.0.0.0"
+        ("::1", "[::1]"),
+        ("localhost", "localhost"),
+    ],
+)
+def test_serve_prints_a_dashboard_url_that_opens(
+    host: str, shown: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The URL printed is one a browser opens: it was `http://:8123` for every interface and
+    `http://::1:8123` for an IPv6 address, which needs brackets."""
+    import uvicorn
+
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: None)
+    serve(offline_runtime(), host=host, port=8123)
+    assert f"dashboard at http://{shown}:8123/_signoff " in capsys.readouterr().out
+
+
 def test_signoff_serve_runs_a_turn_answered_from_another_process(tmp_path: Path) -> None:
     """`signoff serve` has in-process workers (DESIGN, Execution): a turn whose answer was only
     recorded elsewhere (`respond(resume=False)`, as `signoff approve` without a runtime does) is

@@ -220,6 +220,36 @@ def test_signoff_pending_reads_a_store_it_may_not_write_and_approve_says_why_not
         rt.close_sync()
 
 
+def test_signoff_names_a_store_it_may_not_read_or_create(folder: Path) -> None:
+    """A store file this user may not read, or a new one in a directory it may not write, is
+    named as a permission problem, not SQLite's "unable to open database file"; nothing is
+    created."""
+    secret = folder / "secret.db"
+    _store_with_a_session(secret)
+    secret.chmod(0o600)
+    closed = folder / "closed"
+    closed.mkdir(mode=0o755)
+    assert CliRunner().invoke(app, ["pending", "--store", "sqlite:///:memory:"]).exit_code == 0
+
+    def cli() -> list[tuple[int, str]]:
+        runs = [
+            ["pending", "--store", f"sqlite:///{secret}"],
+            ["db", "upgrade", "--store", f"sqlite:///{closed / 'new.db'}"],
+        ]
+        return [(r.exit_code, r.stderr) for r in (CliRunner().invoke(app, a) for a in runs)]
+
+    (read, read_error), (create, create_error) = as_user(READER, cli)
+    assert read == 1 and read_error == (
+        f"error: StoreError: cannot open SQLite store {secret}: this user may not read it "
+        "(permission denied)\n"
+    )
+    assert create == 1 and create_error == (
+        f"error: StoreError: cannot open SQLite store {closed / 'new.db'}: this user may not "
+        f"create files in {closed} (permission denied)\n"
+    )
+    assert list(closed.iterdir()) == []
+
+
 def test_a_runtime_whose_tool_settings_changed_reads_a_store_it_may_not_write(
     folder: Path,
 ) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import shlex
+import signal
+import threading
+from collections.abc import Iterator
 from typing import Annotated
 
 import typer
@@ -35,6 +39,24 @@ from ._app import (
 )
 
 
+@contextlib.contextmanager
+def _ctrl_c_interrupts() -> Iterator[None]:
+    """Let one Ctrl-C end a prompt: asyncio's own handler only cancels the task, which a
+    terminal's blocking line read never notices, so while it reads Python's handler is back."""
+    previous = signal.getsignal(signal.SIGINT)
+    swap = (
+        previous not in (None, signal.SIG_IGN)  # None: set outside Python, so not restorable
+        and threading.current_thread() is threading.main_thread()
+    )
+    if swap:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        if swap:
+            signal.signal(signal.SIGINT, previous)
+
+
 class _Chat:
     """One terminal conversation with one agent: messages in, inline prompts, answers out."""
 
@@ -63,7 +85,8 @@ class _Chat:
         if session_id is not None and not await self.reopen(session_id):
             return
         while True:
-            line = self.channel.read_message()
+            with _ctrl_c_interrupts():
+                line = self.channel.read_message()
             if line is None or line in ("/exit", "/quit"):
                 if line is None:
                     self.console.print()
@@ -156,7 +179,8 @@ class _Chat:
                 )
                 return False
             request = open_requests[0]
-            answer = self.channel.ask(request)
+            with _ctrl_c_interrupts():
+                answer = self.channel.ask(request)
             if answer is None:
                 where = self.answer_args(request)
                 later = (

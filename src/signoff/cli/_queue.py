@@ -22,6 +22,7 @@ from .._audit_trail import RESPONSE_POLICY_NOTE, entries
 from .._events import Event
 from .._exceptions import (
     AnswerError,
+    InvalidAnswer,
     UnknownRequest,
     UsageError,
 )
@@ -228,6 +229,17 @@ async def _settle(
         if stored is None:
             raise _unknown_request(request_id, shown_store(runtime.store.url))
         request = stored.request
+        if (
+            command in ("approve", "deny")
+            and request.kind != "tool-approval"
+            and answer.option_id not in {o.id for o in request.options}
+        ):
+            what = request.question or request.kind
+            raise InvalidAnswer(
+                f"{request_id} is a {request.kind} ({what}), not an approval: "
+                f"signoff answer {request_id} --option ID or --text TEXT",
+                [request_id],
+            )
         if loaded is None and (
             request.response_policy or await _response_policy_recorded(runtime, request)
         ):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
+import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -132,13 +133,19 @@ def serve(
             "other machines",
             file=sys.stderr,
         )
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    print(f"signoff: dashboard at http://{shown}:{port}/_signoff  (API: /v1, docs: /v1/docs)")
+    if port != 0:  # else once listening, on the port the system chose
+        print(_banner(host, port))
     context = app.state.signoff
 
     class Server(uvicorn.Server):
         """Uvicorn, which ends the open event streams when it begins to stop: its graceful
         shutdown waits for every response to finish, and a followed stream never does."""
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if port == 0 and self.started:
+                bound = self.servers[0].sockets[0].getsockname()[1]
+                print(_banner(host, bound), flush=True)
 
         async def shutdown(self, sockets: Any = None) -> None:
             context.closing = True
@@ -162,4 +169,39 @@ def serve(
                 await asyncio.sleep(0.25)
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
-    Server(config).run()
+    server = Server(config)
+    cut_short = _CutShort(server)
+    errors = logging.getLogger("uvicorn.error")
+    errors.addFilter(cut_short)
+    try:
+        server.run()
+    finally:
+        errors.removeFilter(cut_short)
+
+
+class _CutShort(logging.Filter):
+    """Leaves out uvicorn's tracebacks of what a forced stop (a second Ctrl-C) cancels, a turn
+    in flight or the app's lifespan: no application error, and the turn's lease is given back."""
+
+    def __init__(self, server: Any) -> None:
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not self.server.force_exit:
+            return True
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, asyncio.CancelledError):
+            return False
+        # The lifespan's, which Starlette hands uvicorn as text (a traceback's last line).
+        last = record.getMessage().rstrip().rpartition("\n")[2]
+        return last != "asyncio.exceptions.CancelledError"
+
+
+def _banner(host: str, port: int) -> str:
+    """The line naming where the dashboard is, as a URL a browser opens: every interface as
+    this machine's loopback address, an IPv6 address in brackets."""
+    shown = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+    if ":" in shown and not shown.startswith("["):
+        shown = f"[{shown}]"
+    return f"signoff: dashboard at http://{shown}:{port}/_signoff  (API: /v1, docs: /v1/docs)"

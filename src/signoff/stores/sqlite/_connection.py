@@ -148,6 +148,21 @@ def _access(path: str) -> str:
     return "ro" if wal else "immutable"
 
 
+def _unopenable(path: str) -> str | None:
+    """Why the file at `path` cannot be opened, where SQLite says only "unable to open database
+    file": a directory, or a file (or the directory of a new one) this user may not use."""
+    if path == ":memory:":
+        return None
+    if os.path.isdir(path):
+        return "it is a directory, not a file"
+    if os.path.exists(path):
+        return None if os.access(path, os.R_OK) else "this user may not read it (permission denied)"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"this user may not create files in {folder} (permission denied)"
+    return None
+
+
 def _denied(exc: sqlite3.Error) -> bool:
     """Whether SQLite refused a write for want of permission (not for a file moved away)."""
     code = exc.sqlite_errorcode
@@ -255,7 +270,8 @@ class Connection:
             if conn is not None:
                 conn.close()
             if isinstance(exc, sqlite3.Error):
-                raise StoreError(f"cannot open SQLite store {self.path}: {exc}") from exc
+                why = _unopenable(self.path) or exc
+                raise StoreError(f"cannot open SQLite store {self.path}: {why}") from exc
             raise
         self._conn = conn
         self.schema_found = found
