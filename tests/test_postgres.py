@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
+from signoff._audit_trail import entries as trail_entries
 from signoff._events import Event, dumps
 from signoff._exceptions import SchemaVersionError, StoreError, StoreUnavailable, UsageError
 from signoff.stores import Commit, PendingFilter, Resolve, open_store
@@ -1398,3 +1400,58 @@ async def test_a_hot_standby_is_read_and_refuses_writes_clearly() -> None:
         if standby is not None:
             standby.stop()
         cluster.stop()
+
+
+# -- reading the audit trail -----------------------------------------------------------------
+
+
+def _scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    return [plan, *(n for p in plan.get("Plans", []) for n in _scans(p))]
+
+
+async def test_the_audit_streams_of_no_session_are_read_by_index_on_a_large_trail(
+    pg: PostgresStore, pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verification reads the few entries of no session (tool settings) among 100,000 of
+    sessions window by window: each statement reaches the audit rows and the sessions through
+    an index condition, with the planner's statistics taken and no plan setting changed, so
+    none scans a table however large the trail grows."""
+    row = AuditRow(stream="tools:a.t", type="tool.approval_changed", at=T0, seq=None, data={})
+    await pg.record_audit([row])
+    conn = await admin(pg_store_url)
+    try:
+        await conn.execute(
+            "INSERT INTO signoff.sessions (id, agent, head, status, created_at, updated_at) "
+            "SELECT 'ses_' || g, 'a', 0, 'idle', 0, 0 FROM generate_series(1, 4000) g"
+        )
+        await conn.execute(
+            "INSERT INTO signoff.audit (sk, n, seq, hash) SELECT s.sk, g, g, '\\x00' "
+            "FROM signoff.sessions s, generate_series(1, 25) g"
+        )
+        await pg.record_audit([dataclasses.replace(row, data={"new": 1})])
+        await conn.execute("ANALYZE")
+        statements: list[tuple[str, Any]] = []
+        execute = psycopg.AsyncConnection.execute
+
+        async def traced(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            statements.append((str(query), params))
+            return await execute(self, query, params, **kw)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "execute", traced)
+        found = [(e.stream, e.n) async for e in trail_entries(pg, others=True)]
+        monkeypatch.undo()
+        assert found == [("tools:a.t", 1), ("tools:a.t", 2)]
+        reads = [(q, p) for q, p in statements if ".audit" in q]
+        windows = [(q, p) for q, p in reads if "max(id)" in q]
+        pages = [(q, p) for q, p in reads if "max(id)" not in q]
+        assert len(windows) == 100_002 // 1000 + 2 and len(pages) == len(windows) - 1
+        for q, p in (windows[len(windows) // 2], pages[len(pages) // 2]):
+            cur = await conn.execute("EXPLAIN (FORMAT JSON) " + q, p)
+            ((plan,),) = await cur.fetchall()
+            tables = [n for n in _scans(plan[0]["Plan"]) if n.get("Relation Name")]
+            for node in tables:
+                if node["Relation Name"] in ("audit", "sessions"):
+                    assert "Index Cond" in node, (q, tables)
+    finally:
+        await conn.close()
