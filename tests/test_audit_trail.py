@@ -14,11 +14,12 @@ from signoff._audit_trail import entries as trail_entries
 from signoff._audit_trail import export as export_trail
 from signoff._audit_trail import verify as verify_trail
 from signoff.stores import Store
-from signoff.stores._audit import AuditEntry, chain_hash
+from signoff.stores._audit import AuditEntry, AuditRow, chain_hash
 from signoff.stores._base import RequestRow
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._procs import query
+from .conftest import make_store
 from .test_audit import agent, alter, run_scenario, wipe
 
 
@@ -283,3 +284,110 @@ async def test_a_whole_store_is_verified_a_page_of_sessions_at_a_time(
             problems = await verify_trail(rt.store)
             found.append(sorted((p.stream, p.id, p.n, p.reason) for p in problems))
         assert found[0] == found[1] and {p[0] for p in found[0]} == set(sids)
+
+
+class Plain:
+    """A store as verification read it before windows: the same reads, no `audit_window`, so
+    the other streams are read a page of matching entries at a time, as they were."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def audit(self, **kw: Any) -> list[AuditEntry]:
+        return await self.store.audit(**kw)
+
+    async def audit_heads(self, **kw: Any) -> dict[str, tuple[int, str | None]]:
+        return await self.store.audit_heads(**kw)
+
+    async def audit_sessions(self, **kw: Any) -> dict[str, tuple[int, str | None]]:
+        return await self.store.audit_sessions(**kw)
+
+    async def stored_requests(self, **kw: Any) -> list[RequestRow]:
+        return await self.store.stored_requests(**kw)
+
+
+class Windows(Plain):
+    """Counts the reads of the other streams (those of no session): each one's bounds."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.reads: list[dict[str, Any]] = []
+
+    async def audit(self, **kw: Any) -> list[AuditEntry]:
+        found = await self.store.audit(**kw)
+        if kw.get("others"):
+            self.reads.append({**kw, "found": len(found)})
+        return found
+
+    async def audit_window(self, **kw: Any) -> int | None:
+        return await self.store.audit_window(**kw)
+
+
+async def sparse_trail(store_url: str) -> tuple[list[AuditEntry], list[AuditEntry], AuditEntry]:
+    """A trail whose few entries of no session (tool-setting streams) lie among many of sessions:
+    the whole trail in id order, those entries, and an approval settled in a session."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        for k in range(4):
+            sid = await run_scenario(rt, clock)
+            tool = f"t{k % 2}"
+            data = {"agent": "ops", "tool": tool, "old": None, "new": str(k)}
+            row = AuditRow(
+                stream=f"tools:ops.{tool}",
+                type="tool.approval_changed",
+                at=clock(),
+                seq=None,
+                data=data,
+            )
+            await rt.store.record_audit([row])
+        trail = await rt.audit()
+        settled = next(e for e in await rt.audit(sid) if e.type == "approval.settled")
+    others = [e for e in trail if e.stream.startswith("tools:")]
+    return trail, others, settled
+
+
+async def test_the_streams_of_no_session_are_verified_a_bounded_window_at_a_time(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entries of no session are few among all: each read of them looks at a window of at
+    most a page of entries by id, not at the whole trail to fill a page, and the windows follow
+    one another to the trail's end; it finds what reading them a page of matches at a time
+    found, altered entries in the second window and on a window's edge included."""
+    trail, others, settled = await sparse_trail(store_url)
+    ranks = {e.id: i for i, e in enumerate(trail, 1)}
+    edge, second = others[2], others[3]  # the first after session 1, the one after session 2
+    page = ranks[edge.id]  # `edge` ends the first window, `second` lies in the second
+    assert page < ranks[second.id] <= 2 * page < len(trail)
+    alter(store_url, "UPDATE {t}audit SET at=at+1 WHERE id={p}", edge.id)
+    alter(store_url, "UPDATE {t}audit SET at=at+2 WHERE id={p}", second.id)
+    alter(store_url, "UPDATE {t}events SET at=at+1 WHERE seq={p}", settled.seq)  # every session
+    store = make_store(store_url)
+    try:
+        before = await verify_trail(cast(Store, Plain(store)))
+        named = {(p.id, p.stream, p.n, p.reason) for p in before}
+        for e in (edge, second):
+            assert (e.id, e.stream, e.n, "content does not match") in named
+        assert (settled.id, settled.stream, settled.n, "content does not match") in named
+        for size in (1, 2, 3, page, 1000):
+            monkeypatch.setattr(audit_trail, "PAGE", size)
+            counted = Windows(store)
+            assert await verify_trail(cast(Store, counted)) == before, size
+            reads = counted.reads
+            assert len(reads) >= len(trail) // size
+            assert reads[0]["after_id"] == 0
+            for prev, read in zip(reads, reads[1:], strict=False):
+                assert read["after_id"] == prev["upto_id"]  # no entry between two windows
+            assert reads[-1]["upto_id"] == trail[-1].id
+            for read in reads:
+                ((scanned,),) = query(
+                    store_url,
+                    "SELECT count(*) FROM {t}audit WHERE id>{p} AND id<={p}",
+                    read["after_id"],
+                    read["upto_id"],
+                )
+                assert 0 < scanned <= size and read["found"] <= size
+            if size == page:
+                hit = [read["found"] for read in reads[:2]]
+                assert hit[0] >= 3 and hit[1] >= 1  # open's two, `edge`; `second`
+    finally:
+        await store.close()

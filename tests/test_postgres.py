@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -17,6 +18,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
+from signoff import _audit_trail as audit_trail
+from signoff._audit_requests import request_rows
+from signoff._audit_trail import entries as trail_entries
 from signoff._events import Event, dumps
 from signoff._exceptions import SchemaVersionError, StoreError, StoreUnavailable, UsageError
 from signoff.stores import Commit, PendingFilter, Resolve, open_store
@@ -1398,3 +1402,73 @@ async def test_a_hot_standby_is_read_and_refuses_writes_clearly() -> None:
         if standby is not None:
             standby.stop()
         cluster.stop()
+
+
+# -- reading the audit trail -----------------------------------------------------------------
+
+
+def _scans(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node of an EXPLAIN (FORMAT JSON) plan."""
+    return [plan, *(n for p in plan.get("Plans", []) for n in _scans(p))]
+
+
+async def test_verification_reads_a_large_trail_by_index(
+    pg: PostgresStore, pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Verification reads a trail of 100,000 entries of 20,000 sessions, with two of no session
+    (tool settings) among them, a bounded page per statement: the other streams window by
+    window, the sessions a page at a time. With the planner's statistics taken and no plan
+    setting changed, each of its statements reaches the audit rows and the sessions through an
+    index condition, so none scans a table however large the trail grows."""
+    row = AuditRow(stream="tools:a.t", type="tool.approval_changed", at=T0, seq=None, data={})
+    await pg.record_audit([row])
+    conn = await admin(pg_store_url)
+    try:
+        await conn.execute(
+            "INSERT INTO signoff.sessions (id, agent, head, status, created_at, updated_at) "
+            "SELECT 'ses_' || g, 'a', 0, 'idle', 0, 0 FROM generate_series(1, 20000) g"
+        )
+        await conn.execute(
+            "INSERT INTO signoff.audit (sk, n, seq, hash) SELECT s.sk, g, g, '\\x00' "
+            "FROM signoff.sessions s, generate_series(1, 5) g"
+        )
+        await pg.record_audit([dataclasses.replace(row, data={"new": 1})])
+        await conn.execute("ANALYZE")
+        statements: list[tuple[str, Any]] = []
+        execute = psycopg.AsyncConnection.execute
+
+        async def traced(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            statements.append((str(query), params))
+            return await execute(self, query, params, **kw)
+
+        monkeypatch.setattr(psycopg.AsyncConnection, "execute", traced)
+        found = [(e.stream, e.n) async for e in trail_entries(pg, others=True)]
+        reads = list(statements)
+        heads = await pg.audit_sessions(limit=audit_trail.SESSIONS_PAGE)
+        await pg.audit_heads(others=True)
+        await request_rows(pg, sessions=list(heads))
+        group = [e async for e in trail_entries(pg, sessions=list(heads))]
+        monkeypatch.undo()
+        assert found == [("tools:a.t", 1), ("tools:a.t", 2)]
+        assert len(group) == 5 * audit_trail.SESSIONS_PAGE
+        windows = [(q, p) for q, p in reads if "max(id)" in q]
+        pages = [(q, p) for q, p in reads if ".audit a " in q]
+        assert len(windows) == 100_002 // audit_trail.PAGE + 2 == len(pages) + 1
+        middle = [windows[len(windows) // 2], pages[len(pages) // 2]]
+        for q, p in middle + statements[len(reads) :]:
+            cur = await conn.execute("EXPLAIN (FORMAT JSON) " + q, p)
+            ((plan,),) = await cur.fetchall()
+            tables = [n for n in _scans(plan[0]["Plan"]) if n.get("Relation Name")]
+            # A page's 200 session keys alone may be looked up by a scan of the sessions
+            # while they are this few (the planner's cheaper choice); never with the entries.
+            # The events and requests hold a handful of rows here: a scan reads them fastest.
+            checked = ("audit", "sessions") if ".audit" in q else ("audit",)
+            for node in tables:
+                if node["Relation Name"] in checked:
+                    assert node["Node Type"] != "Seq Scan", (
+                        q,
+                        [(n["Node Type"], n["Relation Name"]) for n in tables],
+                    )
+                    assert "Index Cond" in node or "Recheck Cond" in node, (q, tables)
+    finally:
+        await conn.close()

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._audit_trail import entries as trail_entries
 from signoff.stores import Commit, PendingFilter, Resolve, SQLiteStore, open_store
 from signoff.stores import sqlite as sqlite_store
 from signoff.stores._audit import AUDIT_TYPES, AuditRow
@@ -753,3 +754,26 @@ async def test_a_request_repeating_the_proposed_call_is_stored_once(tmp_path: Pa
     for seq, (_, data) in rows.items():
         if seq - 1 in rows and rows[seq - 1][0] in audited:
             assert not needs_previous(data), f"event {seq} is stored on an audited event"
+
+
+async def test_the_audit_streams_of_no_session_are_read_by_primary_key(tmp_path: Path) -> None:
+    """Verification reads the entries of no session (tool settings) window by window: each
+    statement searches the trail by its ids and the sessions by their keys, none scans a table."""
+    store = SQLiteStore(f"sqlite:///{tmp_path}/a.db")
+    await store.open()
+    try:
+        row = AuditRow(stream="tools:a.t", type="tool.approval_changed", at=1.0, seq=None, data={})
+        await store.record_audit([row])
+        statements: list[str] = []
+        store.conn.set_trace_callback(statements.append)
+        found = [e async for e in trail_entries(store, others=True)]
+        store.conn.set_trace_callback(None)
+        assert [(e.stream, e.n) for e in found] == [("tools:a.t", 1)]
+        reads = [s for s in statements if s.startswith("SELECT") and " audit " in s]
+        assert len(reads) == 3  # the window, its entries, then no window left
+        plans = [[d for *_, d in store.conn.execute("EXPLAIN QUERY PLAN " + s)] for s in reads]
+        assert not [d for plan in plans for d in plan if d.startswith("SCAN")], plans
+        assert "SEARCH a USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)" in plans[1]
+        assert "SEARCH s USING INTEGER PRIMARY KEY (rowid=?) LEFT-JOIN" in plans[1]
+    finally:
+        await store.close()

@@ -26,6 +26,7 @@ from signoff._exceptions import (
 )
 from signoff._types import Action, InputRequest, input_hash
 from signoff.stores import Commit, PendingFilter, Resolve, Store
+from signoff.stores._audit import AuditRow
 from signoff.stores._codec import needs_previous, pack_bytes
 from signoff.testing import call, call_tools, reply, scripted_agent
 
@@ -1223,3 +1224,26 @@ async def test_what_a_store_remembers_of_sessions_stays_bounded(store: Store) ->
         await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
         assert await store.head(sid) == 2
     assert [len(memory) <= 8 for memory in kept] == [True] * len(kept)
+
+
+async def test_audit_windows_bound_a_read_by_id(store: Store) -> None:
+    """`audit_window` names the id a window of `limit` entries ends at (the last entry's if
+    fewer follow, None past the end), and `audit(upto_id=...)` reads up to it and no further,
+    in any scope."""
+    sid = await new_session(store)
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2, "tool.started")]))
+    rows = [
+        AuditRow(stream="tools:a.t", type="tool.approval_changed", at=T0, seq=None, data={"k": k})
+        for k in range(3)
+    ]
+    await store.record_audit(rows)
+    ids = [e.id for e in await store.audit()]
+    assert len(ids) == 4 and ids == sorted(ids)
+    assert await store.audit_window(limit=2) == ids[1]
+    assert await store.audit_window(after_id=ids[1], limit=10) == ids[3]
+    assert await store.audit_window(after_id=ids[3]) is None
+    upto = [e.id for e in await store.audit(after_id=ids[0], upto_id=ids[2])]
+    assert upto == ids[1:3]
+    others = await store.audit(others=True, upto_id=ids[2])
+    assert [(e.stream, e.n) for e in others] == [("tools:a.t", 1), ("tools:a.t", 2)]
+    assert [e.n for e in await store.audit(stream=sid, upto_id=ids[0])] == [1]

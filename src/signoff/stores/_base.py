@@ -281,10 +281,18 @@ class Store(Protocol):
         limit: int = 1000,
         sessions: Sequence[str] | None = None,
         others: bool = False,
+        upto_id: int | None = None,
     ) -> list[AuditEntry]:
-        """Entries after `after_id` in id order: of `stream`, of the `sessions` listed, or with
-        `others` of no session row (tool-setting and dashboard streams, and the entries of a
-        session whose row is gone); of every stream if none is given."""
+        """Entries after `after_id` (and up to `upto_id`, if given) in id order: of `stream`, of
+        the `sessions` listed, or with `others` of no session row (tool-setting and dashboard
+        streams, and the entries of a session whose row is gone); of every stream if none is
+        given."""
+        ...
+
+    async def audit_window(self, *, after_id: int = 0, limit: int = 1000) -> int | None:
+        """The id of the `limit`-th entry after `after_id` in id order, or of the last one if
+        fewer follow (None if none does): a read of few entries among all (`others`) up to it
+        looks at `limit` entries at most, not at the whole trail to fill a page."""
         ...
 
     async def audit_heads(

@@ -356,6 +356,7 @@ class Reads(Connections):
         limit: int = 1000,
         sessions: Sequence[str] | None = None,
         others: bool = False,
+        upto_id: int | None = None,
     ) -> list[AuditEntry]:
         s = self._s
 
@@ -363,18 +364,26 @@ class Reads(Connections):
             # An entry of a session's event keeps only its place and hash: its type, time and
             # data are read from the event, so the chain also covers the event log itself;
             # `prev` is the hash of the entry before it in its stream.
+            # Its session and the entry before it are looked up by key (`LATERAL ... LIMIT 1`):
+            # a join the planner may hash reads every session or entry for each page.
             sql = (
                 "SELECT a.id, COALESCE(x.id, a.stream), a.n, COALESCE(e.type, a.type), "
                 "COALESCE(e.at, a.at), a.seq, a.sk, a.data::text, e.data, "
                 f"COALESCE(p.hash, q.hash), a.hash, {EARLIER_COLUMNS} FROM {s}.audit a "
-                f"LEFT JOIN {s}.sessions x ON x.sk = a.sk "
+                f"LEFT JOIN LATERAL (SELECT y.sk, y.id FROM {s}.sessions y WHERE y.sk = a.sk "
+                "LIMIT 1) x ON true "
                 f"LEFT JOIN {s}.events e ON e.sk = a.sk AND e.seq = a.seq"
                 f"{EARLIER_JOIN.format(s=s)} "
-                f"LEFT JOIN {s}.audit p ON a.sk IS NOT NULL AND p.sk = a.sk AND p.n = a.n - 1 "
-                f"LEFT JOIN {s}.audit q ON a.stream IS NOT NULL AND q.stream = a.stream "
-                "AND q.n = a.n - 1 AND q.n > 0 WHERE a.id>%s AND a.n>0"
+                f"LEFT JOIN LATERAL (SELECT p.hash FROM {s}.audit p WHERE a.sk IS NOT NULL "
+                "AND p.sk = a.sk AND p.n = a.n - 1 LIMIT 1) p ON true "
+                f"LEFT JOIN LATERAL (SELECT q.hash FROM {s}.audit q WHERE a.stream IS NOT NULL "
+                "AND q.stream = a.stream AND q.n = a.n - 1 AND q.n > 0 LIMIT 1) q ON true "
+                "WHERE a.id>%s AND a.n>0"
             )
             params: list[Any] = [after_id]
+            if upto_id is not None:
+                sql += " AND a.id<=%s"
+                params.append(upto_id)
             if stream is not None:
                 if not storable(stream):
                     return []
@@ -408,6 +417,18 @@ class Reads(Connections):
                 )
                 for i, st, n, t, at, seq, ask, own, ev, prev, h, *earlier in await cur.fetchall()
             ]
+
+        return await self._read(body, "reading the audit trail")
+
+    async def audit_window(self, *, after_id: int = 0, limit: int = 1000) -> int | None:
+        async def body(conn: Conn) -> int | None:
+            cur = await conn.execute(
+                f"SELECT max(id) FROM (SELECT id FROM {self._s}.audit WHERE id>%s "
+                "ORDER BY id LIMIT %s) w",
+                (after_id, limit),
+            )
+            row = await cur.fetchone()
+            return None if row is None or row[0] is None else int(row[0])
 
         return await self._read(body, "reading the audit trail")
 

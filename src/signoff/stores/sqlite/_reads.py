@@ -296,6 +296,7 @@ class Reads(Connection):
         limit: int = 1000,
         sessions: Sequence[str] | None = None,
         others: bool = False,
+        upto_id: int | None = None,
     ) -> list[AuditEntry]:
         # An entry of a session's event keeps only its place and hash: its type, time and data
         # are read from the event, so the chain also covers the event log itself; `prev` is the
@@ -314,6 +315,9 @@ class Reads(Connection):
             "WHERE a.id>? AND a.n>0"
         )
         params: list[Any] = [after_id]
+        if upto_id is not None:
+            sql += " AND a.id<=?"
+            params.append(upto_id)
         if stream is not None:
             sk = self._session_key(stream)
             sql += " AND a.stream=?" if sk is None else " AND a.sk=?"
@@ -344,6 +348,14 @@ class Reads(Connection):
                 )
             )
         return entries
+
+    @reading
+    async def audit_window(self, *, after_id: int = 0, limit: int = 1000) -> int | None:
+        row = self.conn.execute(
+            "SELECT max(id) FROM (SELECT id FROM audit WHERE id>? ORDER BY id LIMIT ?)",
+            (after_id, limit),
+        ).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
 
     @reading
     async def audit_heads(
