@@ -28,6 +28,7 @@ __all__ = [
     "InvalidSignature",
     "RateLimited",
     "Resolution",
+    "check_name",
     "describe_principal",
     "off_loop",
     "waiting_until",
@@ -153,6 +154,16 @@ def settled_as(resolution: Mapping[str, Any] | None) -> tuple[str, str]:
     return ("denied" if outcome == "cancelled" else outcome), who
 
 
+def check_name(what: str, name: object) -> str:
+    """`name` if it can name a hub or a channel: a non-empty string without `:` or `.`, which
+    join the two in positions (`<hub>:<channel>`) and locks, so that no two pairs share one."""
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"{what} name must be a non-empty string, not {name!r}")
+    if ":" in name or "." in name:
+        raise UsageError(f"{what} name must not contain ':' or '.', not {name!r}")
+    return name
+
+
 class Channel:
     """Base class of channels: told when requests open, change and close; answers via `submit`.
 
@@ -171,9 +182,7 @@ class Channel:
         accepts: Callable[[InputRequest], bool] | None = None,
     ) -> None:
         if name is not None:
-            if not isinstance(name, str) or not name:
-                raise UsageError(f"a channel name must be a non-empty string, not {name!r}")
-            self.name = name
+            self.name = check_name("a channel", name)
         self._accepts = accepts
         self._runtime: Runtime | None = None
         self._state: ChannelState | None = None
