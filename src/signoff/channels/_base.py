@@ -183,6 +183,10 @@ class Channel:
     ) -> None:
         if name is not None:
             self.name = check_name("a channel", name)
+        if accepts is not None and not callable(accepts):
+            raise UsageError(
+                f"channel {self.name!r}: accepts must be a function of the request, not {accepts!r}"
+            )
         self._accepts = accepts
         self._runtime: Runtime | None = None
         self._state: ChannelState | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -9,7 +10,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import pydantic
 
 from .._events import SCHEMA_VERSION, Event
-from .._exceptions import SchemaVersionError, StoreError
+from .._exceptions import SchemaVersionError, StoreError, UsageError
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow
 from ._codec import unpack_event
@@ -186,6 +187,31 @@ class PendingFilter:
     limit: int = 100
     offset: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Refused here, not read differently by each store: SQLite matched `agent=5` as '5'
+        # where psycopg failed on it, and took a negative limit as none.
+        for name in ("agent", "tool_name", "kind", "status", "session_id"):
+            text = getattr(self, name)
+            if text is not None and not isinstance(text, str):
+                raise UsageError(f"PendingFilter({name}=...) must be text or None, not {text!r}")
+        for name in ("created_before", "created_after", "live_at", "due_by"):
+            moment = getattr(self, name)
+            if moment is not None and not (
+                isinstance(moment, int | float)
+                and not isinstance(moment, bool)
+                and math.isfinite(moment)
+            ):
+                raise UsageError(
+                    f"PendingFilter({name}=...) must be a finite time (seconds) or None, "
+                    f"not {moment!r}"
+                )
+        for name in ("limit", "offset"):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
+                raise UsageError(
+                    f"PendingFilter({name}=...) must be a whole number from 0, not {count!r}"
+                )
 
 
 @runtime_checkable
