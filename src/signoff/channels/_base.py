@@ -86,6 +86,7 @@ class Resolution:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The resolution as JSON-ready data (as webhook deliveries carry it)."""
         return {
             "request_id": self.request_id,
             "outcome": self.outcome,
@@ -130,6 +131,7 @@ class Escalation:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The escalation as JSON-ready data (as webhook deliveries carry it)."""
         return {
             "request_id": self.request_id,
             "session_id": self.session_id,
@@ -203,12 +205,14 @@ class Channel:
 
     @property
     def runtime(self) -> Runtime:
+        """The runtime this channel answers through; a `UsageError` before a hub attaches it."""
         if self._runtime is None:
             raise UsageError(f"channel {self.name!r} is not attached: add it to a ChannelHub")
         return self._runtime
 
     @property
     def state(self) -> ChannelState:
+        """The state this channel's memos live in; a `UsageError` before a hub attaches it."""
         if self._state is None:
             raise UsageError(f"channel {self.name!r} is not attached: add it to a ChannelHub")
         return self._state
@@ -229,9 +233,12 @@ class Channel:
         return self.state.recall(self.name, key, hub=self._hub)
 
     def remember(self, key: str, value: Any) -> None:
+        """Keep `value` (JSON) under `key` for this channel, synced to disk before it returns, so
+        it survives a restart (e.g. which message shows a request)."""
         self.state.remember(self.name, key, value, hub=self._hub)
 
     def forget(self, key: str) -> None:
+        """Drop this channel's memo under `key` (nothing if there is none)."""
         self.state.forget(self.name, key, hub=self._hub)
 
     def memos(self, prefix: str = "") -> list[tuple[str, Any]]:
