@@ -343,3 +343,37 @@ def test_auto_usage_errors() -> None:
     with pytest.raises(so.UsageError, match="timeout must be positive"):
         so.auto(timeout=0)
     assert isinstance(so.auto(criteria=so.Criteria(clear="ok")), so.ApprovalPolicy)
+
+
+@pytest.mark.parametrize(
+    ("criteria", "message"),
+    [
+        ({"clear": 5}, r"Criteria\(clear=...\) must be non-empty text, not 5"),
+        ({"clear": ""}, r"Criteria\(clear=...\) must be non-empty text, not ''"),
+        ({"caution": None}, r"Criteria\(caution=...\) must be non-empty text, not None"),
+        ({"caution": b"money"}, r"Criteria\(caution=...\) must be non-empty text"),
+    ],
+)
+def test_criteria_refuse_what_is_not_text(criteria: dict[str, Any], message: str) -> None:
+    """`Criteria(clear=5)` was taken, and the reviewer was then told `clear means: 5`."""
+    with pytest.raises(so.UsageError, match=message):
+        so.Criteria(**criteria)
+    with pytest.raises(so.UsageError, match=message):
+        so.auto(criteria=criteria)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"criteria": 5}, r"auto\(\) criteria must be a so.Criteria or a dict, not 5"),
+        ({"criteria": "be careful"}, r"auto\(\) criteria must be a so.Criteria or a dict"),
+        ({"instructions": 5}, r"auto\(\) instructions must be text, not 5"),
+        ({"instructions": ["review"]}, r"auto\(\) instructions must be text"),
+        ({"model": "gpt-4o"}, r"auto\(\) model must be a signoff model .*, not 'gpt-4o'"),
+    ],
+)
+def test_auto_refuses_options_of_the_wrong_kind(option: dict[str, Any], message: str) -> None:
+    """Each was taken, and every review then failed (a person was asked each time) or the
+    model was told nonsense."""
+    with pytest.raises(so.UsageError, match=message):
+        so.auto(**option)

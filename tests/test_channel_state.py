@@ -265,6 +265,38 @@ async def test_hubs_on_memory_states_share_nothing_and_each_delivers(tmp_path: P
             assert one.active and two.active
 
 
+async def test_names_that_would_share_a_position_or_a_lock_are_refused(tmp_path: Path) -> None:
+    """A channel's position is kept under `<hub>:<channel>` and its lock under `<hub>.<channel>`:
+    hub `a:b` with channel `c` and hub `a` with channel `b:c` would share a position, and one
+    hub would skip what it never delivered. Names with `:` or `.` are refused at once."""
+
+    class Dotted(Channel):
+        name = "b.c"  # a subclass's name set on the class, not through __init__
+
+    async with gated(tmp_path) as rt:
+        for hub, channel in (("a:b", "c"), ("a", "b:c"), ("a.b", "c"), ("a", "b.c")):
+            with pytest.raises(so.UsageError, match="':' or '.'"):
+                ChannelHub(rt, [Seen(channel)], state=tmp_path / "hub.db", name=hub)
+        with pytest.raises(so.UsageError, match="':' or '.'"):
+            ChannelHub(rt, [Dotted()], state=tmp_path / "hub.db", name="a")
+        assert not (tmp_path / "hub.db").exists()  # nothing was opened or written
+        # what the names keep apart still works: another hub's channel of the same name
+        first, second = Seen("c"), Seen("c")
+        one = ChannelHub(rt, [first], state=tmp_path / "hub.db", name="a-b")
+        two = ChannelHub(rt, [second], state=tmp_path / "hub.db", name="a_b")
+        await one.start(follow=False)
+        await two.start(follow=False)
+        try:
+            assert one.active and two.active
+            r1 = await open_one(rt)
+            await one.poll()
+            await two.poll()
+            assert first.opened == second.opened == [r1]
+        finally:
+            await one.stop()
+            await two.stop()
+
+
 _HUB = """
 import asyncio, sys
 import signoff as so

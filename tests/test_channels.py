@@ -847,3 +847,19 @@ def test_a_hub_refuses_max_attempts_that_is_not_a_whole_number_from_1(
 def test_channel_state_refuses_a_busy_timeout_that_is_not_seconds(busy_timeout: Any) -> None:
     with pytest.raises(so.UsageError, match="busy_timeout must be seconds from 0"):
         ChannelState(":memory:", busy_timeout=busy_timeout)
+
+
+def test_channel_options_of_the_wrong_kind_are_refused_when_made() -> None:
+    """Each was taken, and failed (or answered as nobody) only when the first request came."""
+    with pytest.raises(so.UsageError, match="accepts must be a function of the request"):
+        Texts(accepts="support")
+    with pytest.raises(so.UsageError, match="principal must be a so.Principal or None"):
+        TerminalTextChannel(principal="bob")  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="terminal must be a TerminalChannel or None"):
+        TerminalTextChannel(terminal=Console())  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="read must be a function"):
+        TerminalChannel(read="y")  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="clock must be a function"):
+        TerminalChannel(clock=5.0)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="console must be a rich Console or None"):
+        TerminalChannel(console=io.StringIO())  # type: ignore[arg-type]

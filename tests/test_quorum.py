@@ -401,3 +401,24 @@ async def test_one_person_is_one_principal_id_across_authenticators(tmp_path: Pa
         assert log.count() == 0
         r = await rt.respond(sid, vote(req.id), principal=CAROL)
         assert r.status == "completed" and log.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("rules", "message"),
+    [
+        ({"distinct": "no"}, r"distinct must be True or False, not 'no'"),
+        ({"distinct": 0}, r"distinct must be True or False, not 0"),
+        ({"exclude_requester": "yes"}, r"exclude_requester must be True or False, not 'yes'"),
+        ({"escalate_to": ""}, r"escalate_to must be a group's name \(non-empty text\), not ''"),
+        ({"escalate_to": 5}, r"escalate_to must be a group's name \(non-empty text\), not 5"),
+    ],
+)
+def test_approval_rules_refuse_flags_and_groups_of_the_wrong_kind(
+    rules: dict[str, Any], message: str
+) -> None:
+    """`distinct="no"` was taken as true (a non-empty string), and `escalate_to=""` or `5` as
+    a group no one could be part of."""
+    with pytest.raises(so.UsageError, match=message):
+        so.always(**rules)
+    with pytest.raises(so.UsageError, match=message):
+        so.ApprovalSpec(request=so.always(), **rules)

@@ -1247,3 +1247,32 @@ async def test_audit_windows_bound_a_read_by_id(store: Store) -> None:
     others = await store.audit(others=True, upto_id=ids[2])
     assert [(e.stream, e.n) for e in others] == [("tools:a.t", 1), ("tools:a.t", 2)]
     assert [e.n for e in await store.audit(stream=sid, upto_id=ids[0])] == [1]
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"agent": 5}, r"PendingFilter\(agent=...\) must be text or None, not 5"),
+        ({"tool_name": b"x"}, r"PendingFilter\(tool_name=...\) must be text or None"),
+        ({"status": 1}, r"PendingFilter\(status=...\) must be text or None, not 1"),
+        ({"session_id": ["s"]}, r"PendingFilter\(session_id=...\) must be text or None"),
+        ({"kind": 0}, r"PendingFilter\(kind=...\) must be text or None, not 0"),
+        ({"created_before": "1"}, r"PendingFilter\(created_before=...\) must be a finite"),
+        ({"live_at": float("nan")}, r"PendingFilter\(live_at=...\) must be a finite"),
+        ({"due_by": True}, r"PendingFilter\(due_by=...\) must be a finite"),
+        ({"created_after": float("inf")}, r"PendingFilter\(created_after=...\) must be a fin"),
+        ({"limit": -1}, r"PendingFilter\(limit=...\) must be a whole number from 0, not -1"),
+        ({"limit": "5"}, r"PendingFilter\(limit=...\) must be a whole number from 0"),
+        ({"offset": 2.0}, r"PendingFilter\(offset=...\) must be a whole number from 0"),
+        ({"offset": 2**63}, r"PendingFilter\(offset=...\) must be a whole number from 0"),
+    ],
+)
+def test_a_pending_filter_of_the_wrong_kind_is_refused_when_made(
+    given: dict[str, Any], message: str
+) -> None:
+    """SQLite matched `agent=5` as the text '5' where psycopg failed on it, and a negative
+    limit was "no limit" to SQLite: a filter the two stores would read differently is refused
+    before either sees it."""
+    with pytest.raises(so.UsageError, match=message):
+        PendingFilter(**given)
+    assert PendingFilter(agent="a", live_at=1, due_by=2.5, limit=0, offset=2**63 - 1).limit == 0

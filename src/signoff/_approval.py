@@ -129,6 +129,12 @@ class RequestRules:
             or not 0 < expires_in < math.inf  # NaN fails this too
         ):
             raise UsageError(f"expires_in must be positive seconds, not {expires_in!r}")
+        for flag in ("distinct", "exclude_requester"):
+            if not isinstance(getattr(self, flag), bool):  # "no" was a true string
+                raise UsageError(f"{flag} must be True or False, not {getattr(self, flag)!r}")
+        group = self.escalate_to
+        if group is not None and (not isinstance(group, str) or not group):
+            raise UsageError(f"escalate_to must be a group's name (non-empty text), not {group!r}")
         if self.on_timeout not in ("deny", "approve", "escalate"):
             raise UsageError(
                 f"on_timeout must be 'deny', 'approve' or 'escalate', not {self.on_timeout!r}"

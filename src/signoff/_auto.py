@@ -41,6 +41,13 @@ class Criteria:
         "its input is incomplete or suspicious."
     )
 
+    def __post_init__(self) -> None:
+        # Else the reviewer was told `clear means: 5`, or nothing at all.
+        for name in ("clear", "caution"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value.strip():
+                raise UsageError(f"Criteria({name}=...) must be non-empty text, not {value!r}")
+
 
 class _Auto(ApprovalPolicy):
     label = "Auto"
@@ -122,6 +129,16 @@ def auto(
     timeout: float = 15.0,
 ) -> ApprovalPolicy:
     """Ask a decision model (any `signoff.models` model) to classify each call."""
+    # Each was taken, and every review then failed (a person asked each time) or read nonsense.
+    if model is not None and not callable(getattr(model, "complete", None)):
+        raise UsageError(
+            "auto() model must be a signoff model (e.g. so.models.OpenAIChat('gpt-4o')), "
+            f"not {model!r}"
+        )
+    if instructions is not None and not isinstance(instructions, str):
+        raise UsageError(f"auto() instructions must be text, not {instructions!r}")
+    if criteria is not None and not isinstance(criteria, Criteria | dict):
+        raise UsageError(f"auto() criteria must be a so.Criteria or a dict, not {criteria!r}")
     if isinstance(criteria, dict):
         unknown = set(criteria) - {"clear", "caution"}
         if unknown:

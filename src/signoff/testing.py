@@ -82,6 +82,8 @@ class ExecutionLog:
         self._executions: list[Execution] = []
 
     def record(self, execution: Execution) -> None:
+        """Add one execution (the log's tools call this); a file-backed log appends its line
+        in one write, so processes sharing the file do not interleave."""
         if self.path is None:
             self._executions.append(execution)
             return
@@ -103,9 +105,11 @@ class ExecutionLog:
         return [Execution(**json.loads(line)) for line in lines if line.strip()]
 
     def of(self, tool_name: str) -> list[Execution]:
+        """The executions of one tool, oldest first."""
         return [e for e in self.executions if e.tool_name == tool_name]
 
     def count(self, tool_name: str | None = None) -> int:
+        """How many executions ran (of `tool_name`, if given): 1 proves exactly-once."""
         return len(self.executions if tool_name is None else self.of(tool_name))
 
     def keys(self, tool_name: str | None = None) -> list[str]:
@@ -114,6 +118,7 @@ class ExecutionLog:
         return [e.idempotency_key for e in runs]
 
     def clear(self) -> None:
+        """Forget every execution so far (a file-backed log deletes its file)."""
         self._executions.clear()
         if self.path is not None and self.path.exists():
             self.path.unlink()

@@ -28,6 +28,7 @@ __all__ = [
     "InvalidSignature",
     "RateLimited",
     "Resolution",
+    "check_name",
     "describe_principal",
     "off_loop",
     "waiting_until",
@@ -85,6 +86,7 @@ class Resolution:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The resolution as JSON-ready data (as webhook deliveries carry it)."""
         return {
             "request_id": self.request_id,
             "outcome": self.outcome,
@@ -129,6 +131,7 @@ class Escalation:
         )
 
     def to_dict(self) -> dict[str, Any]:
+        """The escalation as JSON-ready data (as webhook deliveries carry it)."""
         return {
             "request_id": self.request_id,
             "session_id": self.session_id,
@@ -153,6 +156,16 @@ def settled_as(resolution: Mapping[str, Any] | None) -> tuple[str, str]:
     return ("denied" if outcome == "cancelled" else outcome), who
 
 
+def check_name(what: str, name: object) -> str:
+    """`name` if it can name a hub or a channel: a non-empty string without `:` or `.`, which
+    join the two in positions (`<hub>:<channel>`) and locks, so that no two pairs share one."""
+    if not isinstance(name, str) or not name:
+        raise UsageError(f"{what} name must be a non-empty string, not {name!r}")
+    if ":" in name or "." in name:
+        raise UsageError(f"{what} name must not contain ':' or '.', not {name!r}")
+    return name
+
+
 class Channel:
     """Base class of channels: told when requests open, change and close; answers via `submit`.
 
@@ -171,9 +184,11 @@ class Channel:
         accepts: Callable[[InputRequest], bool] | None = None,
     ) -> None:
         if name is not None:
-            if not isinstance(name, str) or not name:
-                raise UsageError(f"a channel name must be a non-empty string, not {name!r}")
-            self.name = name
+            self.name = check_name("a channel", name)
+        if accepts is not None and not callable(accepts):
+            raise UsageError(
+                f"channel {self.name!r}: accepts must be a function of the request, not {accepts!r}"
+            )
         self._accepts = accepts
         self._runtime: Runtime | None = None
         self._state: ChannelState | None = None
@@ -190,12 +205,14 @@ class Channel:
 
     @property
     def runtime(self) -> Runtime:
+        """The runtime this channel answers through; a `UsageError` before a hub attaches it."""
         if self._runtime is None:
             raise UsageError(f"channel {self.name!r} is not attached: add it to a ChannelHub")
         return self._runtime
 
     @property
     def state(self) -> ChannelState:
+        """The state this channel's memos live in; a `UsageError` before a hub attaches it."""
         if self._state is None:
             raise UsageError(f"channel {self.name!r} is not attached: add it to a ChannelHub")
         return self._state
@@ -216,9 +233,12 @@ class Channel:
         return self.state.recall(self.name, key, hub=self._hub)
 
     def remember(self, key: str, value: Any) -> None:
+        """Keep `value` (JSON) under `key` for this channel, synced to disk before it returns, so
+        it survives a restart (e.g. which message shows a request)."""
         self.state.remember(self.name, key, value, hub=self._hub)
 
     def forget(self, key: str) -> None:
+        """Drop this channel's memo under `key` (nothing if there is none)."""
         self.state.forget(self.name, key, hub=self._hub)
 
     def memos(self, prefix: str = "") -> list[tuple[str, Any]]:

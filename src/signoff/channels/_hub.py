@@ -26,7 +26,15 @@ from .._settings import positive_seconds, whole
 from .._types import InputRequest
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
-from ._base import Channel, ChannelState, Escalation, RateLimited, Resolution, off_loop
+from ._base import (
+    Channel,
+    ChannelState,
+    Escalation,
+    RateLimited,
+    Resolution,
+    check_name,
+    off_loop,
+)
 from ._lease import HubLease
 from ._state import make_room
 
@@ -55,8 +63,9 @@ class ChannelHub:
     stands by for that channel, which still answers (e.g. Slack's clicks), and takes over at its
     next poll when the first stops or dies. A channel's positions and memos (Slack's messages,
     webhooks not yet sent) are the hub's own too: hubs of different names keep theirs apart on
-    one file, also for channels of the same name. Hubs on memory share nothing: each delivers
-    everything, so run one per set of channels.
+    one file, also for channels of the same name. Hub and channel names must not contain `:`
+    or `.`, which join them there. Hubs on memory share nothing: each delivers everything, so
+    run one per set of channels.
 
     A channel that fails on an entry is retried from there after `retry_backoff * 2**n`
     seconds, `max_attempts` times in all (about two minutes by default), before the entry is
@@ -83,12 +92,12 @@ class ChannelHub:
         for ch in channels:
             if not isinstance(ch, Channel):
                 raise UsageError(f"a ChannelHub takes Channel objects, not {ch!r}")
+            check_name("a channel", ch.name)  # a subclass may name itself on the class
         names = [ch.name for ch in channels]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise UsageError(f"channel names must be distinct: {', '.join(dupes)}")
-        if not isinstance(name, str) or not name:
-            raise UsageError(f"a hub name must be a non-empty string, not {name!r}")
+        check_name("a hub", name)
         if not positive_seconds(poll_interval):  # NaN passed `<= 0`, and a loop slept NaN
             raise UsageError(f"poll_interval must be positive, not {poll_interval!r}")
         whole("max_attempts", max_attempts, least=1)  # NaN or 2.5 passed `< 1`

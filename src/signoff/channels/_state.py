@@ -154,6 +154,7 @@ class ChannelState:
         return None if row is None else int(row[0])
 
     def set_position(self, name: str, after_id: int) -> None:
+        """Save that `name` has handled the audit trail up to entry `after_id`."""
         with self._using("save a position") as conn:
             conn.execute(
                 "INSERT INTO channel_positions (name, after_id) VALUES (?, ?) "
@@ -162,6 +163,7 @@ class ChannelState:
             )
 
     def recall(self, channel: str, key: str, *, hub: str = "") -> Any:
+        """The memo under `key` of `channel` (of `hub`), or None if there is none."""
         with self._using("read a memo") as conn:
             row = conn.execute(
                 "SELECT value FROM channel_memos WHERE hub=? AND channel=? AND key=?",
@@ -170,6 +172,7 @@ class ChannelState:
         return None if row is None else json.loads(row[0])
 
     def remember(self, channel: str, key: str, value: Any, *, hub: str = "") -> None:
+        """Keep `value` (JSON) under `key` of `channel` (of `hub`), replacing any memo there."""
         with self._using("save a memo") as conn:
             conn.execute(
                 "INSERT INTO channel_memos (hub, channel, key, value) VALUES (?, ?, ?, ?) "
@@ -188,6 +191,7 @@ class ChannelState:
         return [(str(key), json.loads(value)) for key, value in rows]
 
     def forget(self, channel: str, key: str, *, hub: str = "") -> None:
+        """Drop the memo under `key` of `channel` (of `hub`); nothing if there is none."""
         with self._using("delete a memo") as conn:
             conn.execute(
                 "DELETE FROM channel_memos WHERE hub=? AND channel=? AND key=?",
@@ -195,6 +199,7 @@ class ChannelState:
             )
 
     def close(self) -> None:
+        """Close the file; later calls are a `StoreError`."""
         with self._lock:
             self._conn.close()
             self.closed = True

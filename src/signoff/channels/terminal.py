@@ -15,6 +15,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
+from .._exceptions import UsageError
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, how_to_choose, named_options
 
@@ -68,6 +69,11 @@ class TerminalChannel:
         read: Callable[[str], str | None] | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        if console is not None and not isinstance(console, Console):
+            raise UsageError(f"console must be a rich Console or None, not {console!r}")
+        for what, given in (("read", read), ("clock", clock)):
+            if given is not None and not callable(given):
+                raise UsageError(f"{what} must be a function, not {given!r}")
         self.console = console or Console(highlight=False)
         self._read = read or self._console_read
         self.clock = clock

@@ -346,6 +346,10 @@ class TerminalTextChannel(TextChannel):
         accepts: Callable[[InputRequest], bool] | None = None,
     ) -> None:
         super().__init__(name=name, accepts=accepts)
+        if terminal is not None and not isinstance(terminal, TerminalChannel):
+            raise UsageError(f"terminal must be a TerminalChannel or None, not {terminal!r}")
+        if principal is not None and not isinstance(principal, Principal):
+            raise UsageError(f"principal must be a so.Principal or None, not {principal!r}")
         self.terminal = terminal or TerminalChannel()
         self.principal = principal
         self._asking: asyncio.Task[None] | None = None

@@ -13,6 +13,8 @@ __all__ = ["Model", "ModelRequest", "ToolSpec"]
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ToolSpec:
+    """A tool as a model is shown it: its name, what it does and the JSON schema of its input."""
+
     name: str
     description: str
     input_schema: dict[str, Any]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -9,7 +10,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 import pydantic
 
 from .._events import SCHEMA_VERSION, Event
-from .._exceptions import SchemaVersionError, StoreError
+from .._exceptions import SchemaVersionError, StoreError, UsageError
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow
 from ._codec import unpack_event
@@ -113,6 +114,9 @@ def session_summary(row: Sequence[Any]) -> SessionSummary:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoredRequest:
+    """A request as its row keeps it: the request, its status (`pending`, `settled`, `expired`
+    or `withdrawn`) and, once closed, its outcome and resolution."""
+
     request: InputRequest
     status: str
     outcome: str | None
@@ -187,6 +191,31 @@ class PendingFilter:
     offset: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Refused here, not read differently by each store: SQLite matched `agent=5` as '5'
+        # where psycopg failed on it, and took a negative limit as none.
+        for name in ("agent", "tool_name", "kind", "status", "session_id"):
+            text = getattr(self, name)
+            if text is not None and not isinstance(text, str):
+                raise UsageError(f"PendingFilter({name}=...) must be text or None, not {text!r}")
+        for name in ("created_before", "created_after", "live_at", "due_by"):
+            moment = getattr(self, name)
+            if moment is not None and not (
+                isinstance(moment, int | float)
+                and not isinstance(moment, bool)
+                and math.isfinite(moment)
+            ):
+                raise UsageError(
+                    f"PendingFilter({name}=...) must be a finite time (seconds) or None, "
+                    f"not {moment!r}"
+                )
+        for name in ("limit", "offset"):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
+                raise UsageError(
+                    f"PendingFilter({name}=...) must be a whole number from 0, not {count!r}"
+                )
+
 
 @runtime_checkable
 class Store(Protocol):
@@ -204,15 +233,26 @@ class Store(Protocol):
 
     url: str
 
-    async def open(self) -> None: ...
+    async def open(self) -> None:
+        """Connect and check the schema (creating or upgrading it where allowed); the store's
+        other calls open it first if need be."""
+        ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """Let go of the connections; a closed store can be opened again."""
+        ...
 
     async def create_session(
         self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
-    ) -> None: ...
+    ) -> None:
+        """Write a new session with its first events in one transaction; a `session_id`
+        already stored is a `StoreError` and writes nothing."""
+        ...
 
-    async def load(self, session_id: str) -> Loaded | None: ...
+    async def load(self, session_id: str) -> Loaded | None:
+        """The session's latest snapshot and the events after it, or None if there is no such
+        session: what the runtime rebuilds its state from."""
+        ...
 
     async def read_events(
         self,
@@ -230,19 +270,34 @@ class Store(Protocol):
         amount: fewer than `limit` then does not mean the log ends there."""
         ...
 
-    async def head(self, session_id: str) -> int | None: ...
+    async def head(self, session_id: str) -> int | None:
+        """The seq of the session's last event, or None if there is no such session."""
+        ...
 
-    async def commit(self, commit: Commit) -> None: ...
+    async def commit(self, commit: Commit) -> None:
+        """Apply `commit` in one transaction, or nothing of it: `AppendConflict` if the head
+        moved, `LeaseLost` if the lease was taken over, `RequestClosed` if a request it resolves
+        is no longer pending, `UnknownSession` if the session is gone."""
+        ...
 
-    async def get_request(self, request_id: str) -> StoredRequest | None: ...
+    async def get_request(self, request_id: str) -> StoredRequest | None:
+        """One request as stored, open or closed, or None if there is no such request."""
+        ...
 
-    async def pending(self, flt: PendingFilter) -> list[InputRequest]: ...
+    async def pending(self, flt: PendingFilter) -> list[InputRequest]:
+        """The requests `flt` picks, oldest first, one page (`flt.limit` from `flt.offset`)."""
+        ...
 
-    async def count_pending(self, flt: PendingFilter) -> int: ...
+    async def count_pending(self, flt: PendingFilter) -> int:
+        """How many requests `flt` picks, all pages together (for a listing's total)."""
+        ...
 
     async def acquire_lease(
         self, session_id: str, owner: str, ttl: float, now: float
-    ) -> int | None: ...
+    ) -> int | None:
+        """Lease the session to `owner` until `now + ttl` and return the new token (which fences
+        commits under older ones), or None while another owner's lease is live."""
+        ...
 
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float
@@ -251,7 +306,10 @@ class Store(Protocol):
         (a renewal applied late must not shorten it); False if that lease is no longer held."""
         ...
 
-    async def release_lease(self, session_id: str, owner: str, token: int) -> None: ...
+    async def release_lease(self, session_id: str, owner: str, token: int) -> None:
+        """Let go of lease `token` of `owner`, so another may drive the session at once; nothing
+        if that lease is no longer held."""
+        ...
 
     async def claim(
         self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
@@ -267,11 +325,19 @@ class Store(Protocol):
         status: str | None = None,
         limit: int = 100,
         offset: int = 0,
-    ) -> list[SessionSummary]: ...
+    ) -> list[SessionSummary]:
+        """Sessions (of `agent`, in `status`, if given), most recently active first."""
+        ...
 
-    def set_fault_hook(self, hook: FaultHook | None) -> None: ...
+    def set_fault_hook(self, hook: FaultHook | None) -> None:
+        """Test-only: call `hook` right before and after each commit (None removes it), to
+        inject a crash at either point."""
+        ...
 
-    async def record_audit(self, rows: Sequence[AuditRow]) -> None: ...
+    async def record_audit(self, rows: Sequence[AuditRow]) -> None:
+        """Append audit entries no event carries (tool setting changes) to their streams'
+        hash chains."""
+        ...
 
     async def audit(
         self,

@@ -51,6 +51,8 @@ class SQLiteStore(Reads, Leases):
     async def create_session(
         self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
     ) -> None:
+        """Write a new session with its first events in one transaction; a `session_id`
+        already stored is a `StoreError` and writes nothing."""
         conn = self.conn
         at = events[0].at
         # A subagent's: its row names the parent and the parent's turn that delegated to it.
@@ -76,6 +78,8 @@ class SQLiteStore(Reads, Leases):
         self._after("session.created")
 
     async def commit(self, commit: Commit) -> None:
+        """Apply `commit` in one transaction, or nothing of it (see `Store.commit`); synced to
+        disk before it returns when `commit.durable` (a park, an answer)."""
         conn = self.conn
         label = commit.events[0].type if commit.events else "commit"
         self._before(label)
