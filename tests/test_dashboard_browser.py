@@ -372,8 +372,17 @@ def test_a_page_left_from_another_sign_in_does_not_post(page: Page, base: str) -
     page.reload()
     expect(page.locator(".viewer-name")).to_contain_text("Bob")
     fresh = page.locator(f"[data-request-id='{rid}']")
-    fresh.get_by_role("button", name="Approve").click()  # Bob's own page posts (as Bob)
-    expect(fresh.locator(".form-error")).to_contain_text("bob may not settle it")
+    expect(fresh.locator("[data-not-allowed]")).to_contain_text("bob may not settle it")
+    expect(fresh.get_by_role("button")).to_have_count(0)  # Alice's request: not Bob's to answer
+    r = httpx.post(
+        f"{base}/v1/sessions",
+        json={"agent": "support", "message": "Refund order 7"},
+        headers=auth("bob-token"),
+        timeout=10,
+    )
+    mine = page.locator(f"[data-request-id='{r.json()['pending'][0]['id']}']")
+    mine.get_by_role("button", name="Approve").click()  # Bob's own page posts (as Bob)
+    expect(mine.locator(".result-note")).to_contain_text("Approved")
 
 
 def test_long_unbroken_text_keeps_the_buttons_in_reach(browser: Browser, tmp_path: Path) -> None:
@@ -857,3 +866,4 @@ def test_long_option_descriptions_leave_the_buttons_near_the_top(
         first = p.get_by_role("button", name="Plan 0").bounding_box()
         assert first is not None and first["y"] + first["height"] <= 1800, first
         context.close()
+

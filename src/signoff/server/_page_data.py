@@ -111,7 +111,19 @@ async def queue_context(request: Request) -> dict[str, Any]:
         query=urlencode({**picked, **({"page": page} if page > 1 else {})}),
         page_query=lambda n: urlencode({**picked, "page": n}),
         schemas=_schemas(ctx, items),
+        refusals=_refusals(ctx, viewer, items),
     )
+
+
+def _refusals(ctx: ServerContext, viewer: Principal, items: list[InputRequest]) -> dict[str, str]:
+    """Per request the viewer may see but not answer (another's question, their own call that
+    needs someone else), why: its card offers no buttons that could only fail."""
+    out: dict[str, str] = {}
+    for r in items:
+        refused = ctx.runtime._refusal(r, viewer)
+        if refused is not None:
+            out[r.id] = str(refused)
+    return out
 
 
 def _schemas(ctx: ServerContext, items: list[InputRequest]) -> dict[str, Any]:
@@ -234,6 +246,7 @@ async def session_context(
         start = max(0, upto - TRACE_ROWS)
         events = await store.read_events(session_id, after=start, limit=upto - start)
     seq = events[-1].seq if events else after
+    pending = state.pending_requests()
     return base(
         ctx,
         viewer,
@@ -244,8 +257,9 @@ async def session_context(
         earlier=events[0].seq - 1 if events and not after else 0,
         live=upto is None,
         trace_rows=TRACE_ROWS,
-        items=state.pending_requests(),
-        schemas=_schemas(ctx, state.pending_requests()),
+        items=pending,
+        schemas=_schemas(ctx, pending),
+        refusals=_refusals(ctx, viewer, pending),
         event_types=sorted(EVENT_TYPES),
     )
 
