@@ -867,3 +867,25 @@ def test_long_option_descriptions_leave_the_buttons_near_the_top(
         assert first is not None and first["y"] + first["height"] <= 1800, first
         context.close()
 
+
+def test_a_keyboard_reviewer_goes_on_from_the_card_they_answered(page: Page, base: str) -> None:
+    """Answering with the keyboard removed the focused button, then the card: the focus fell
+    to the page's start, and the next Tab went back through the top bar and the filters. It
+    stays in the queue: on the card's note, then on the card that follows."""
+    first = start(base)["pending"][0]["id"]
+    second = start(base)["pending"][0]["id"]
+    page.reload()
+    cards = page.locator("[data-request-id]")
+    expect(cards).to_have_count(2)
+    top = cards.first.get_attribute("data-request-id")
+    after = second if top == first else first
+    page.locator(f"[data-request-id='{top}']").get_by_role("button", name="Deny").focus()
+    page.keyboard.press("Enter")
+    note = page.locator(f"[data-request-id='{top}'] .result-note")
+    expect(note).to_contain_text("Denied")
+    expect(note).to_be_focused()
+    expect(page.locator(f"[data-request-id='{top}']")).to_have_count(0)
+    expect(page.locator(f"[data-request-id='{after}']")).to_be_focused()
+    page.keyboard.press("Tab")
+    inside = page.evaluate("() => document.activeElement.closest('[data-request-id]')?.id")
+    assert inside == after
