@@ -889,3 +889,48 @@ def test_a_keyboard_reviewer_goes_on_from_the_card_they_answered(page: Page, bas
     page.keyboard.press("Tab")
     inside = page.evaluate("() => document.activeElement.closest('[data-request-id]')?.id")
     assert inside == after
+
+
+def test_a_models_lines_and_right_to_left_text_read_as_written(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A model's multi-line question, option and reply ran together into one line ("refund? 1.
+    Order 1042 2. Order 1043"), and an Arabic question read left to right, its question mark at
+    the wrong end. Lines are kept, and each such text takes the direction of its first letter."""
+    question = "Which order should I refund?\n1. Order 1042\n2. Order 1043"
+    arabic = "أي طلب يجب أن أعيد؟"
+
+    @so.tool(name="ask")
+    async def ask(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
+        text = question if topic == "en" else arabic
+        options = [{"id": "a", "label": "نعم", "description": "first line\nsecond line"}]
+        answer = await ctx.ask(text, options=options, allow_text=True)
+        return {"answer": answer.value}
+
+    calls = [so.ToolCall(name="ask", input={"topic": t}) for t in ("en", "ar")]
+    reply = "Looking into it:\n- order 1042\n- order 1043"
+    script = [so.ModelResponse(text=reply, tool_calls=calls)]
+    agent = so.Agent(name="lines", model=so.models.Scripted(script), tools=[ask])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/lines.db", poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
+        r = httpx.post(
+            f"{url}/v1/sessions",
+            json={"agent": "lines", "message": "go"},
+            headers=auth("alice-token"),
+            timeout=10,
+        )
+        sid = r.json()["session_id"]
+        context = browser.new_context(base_url=url, extra_http_headers=auth("alice-token"))
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto(f"/_signoff/sessions/{sid}")
+        shown = p.locator(".question-text")
+        expect(shown).to_have_count(2)
+        assert shown.first.inner_text() == question
+        assert p.locator("blockquote.reply").inner_text() == reply
+        assert p.locator(".options li").first.inner_text().endswith("first line\nsecond line")
+        directions = shown.evaluate_all("els => els.map(e => getComputedStyle(e).direction)")
+        assert directions == ["ltr", "rtl"]
+        label = p.get_by_role("button", name="نعم").first
+        assert label.evaluate("e => getComputedStyle(e).direction") == "rtl"
+        context.close()
