@@ -11,8 +11,10 @@ import pytest
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_dashboard import signed_in, start
+from .test_dashboard import csrf_of, signed_in, start
 from .test_server_common import TOKENS, auth, running, served
+
+JSON = {"Accept": "application/json"}
 
 
 @pytest.fixture
@@ -57,3 +59,32 @@ def test_the_requester_of_a_four_eyes_call_is_told_someone_else_must_approve(
         assert "the requester may not approve their own call" in mine
         # another reviewer of the tenant may
         assert 'value="approve"' in httpx.get(f"{base}/_signoff/", headers=auth("admin-token")).text
+
+
+def test_the_same_answer_from_a_stale_page_names_who_gave_it_first(base: str) -> None:
+    """Bob's vote settled a two-person approval while the admin's page still showed it; the
+    admin's Approve was reported as "Approved", as if it had been theirs. It names who settled
+    it and that nothing changed; the same person sending their answer again is not told so."""
+    body = start(base, "treasury")
+    rid = body["pending"][0]["id"]
+    url = f"{base}/v1/sessions/{body['session_id']}/responses"
+    vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+    with signed_in(base, "admin-token") as admin:
+        token = csrf_of(admin.get("/_signoff/").text)  # the page, before the votes
+        for who in ("alice-token", "bob-token"):
+            assert httpx.post(url, json=vote, headers=auth(who)).status_code == 200
+        before = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("admin-token")).json()
+        form = {"option": "approve", "csrf": token}
+        r = admin.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
+        assert r.status_code == 200 and r.json()["outcome"] == "approved"
+        assert r.json()["already_by"] == "Bob (bob)"
+        r = admin.post(f"/_signoff/requests/{rid}/respond", data={**form, "next": "/_signoff/"})
+        assert r.status_code == 200 and "Already approved by Bob (bob)" in r.text
+        after = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("admin-token")).json()
+        assert after == before  # nothing changed
+    with signed_in(base, "bob-token") as bob:
+        form = {"option": "approve", "csrf": csrf_of(bob.get("/_signoff/").text)}
+        r = bob.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
+        assert r.status_code == 200 and r.json()["already_by"] is None
+        r = bob.post(f"/_signoff/requests/{rid}/respond", data={**form, "next": "/_signoff/"})
+        assert r.status_code == 303

@@ -934,3 +934,26 @@ def test_a_models_lines_and_right_to_left_text_read_as_written(
         label = p.get_by_role("button", name="نعم").first
         assert label.evaluate("e => getComputedStyle(e).direction") == "rtl"
         context.close()
+
+
+def test_approving_what_others_just_approved_says_it_was_theirs(page: Page, base: str) -> None:
+    """A two-person approval settled by others while this page was stale: Approve here repeated
+    their answer and the page said "Approved", as if it had been this reviewer's."""
+    body = start(base, "treasury")
+    rid = body["pending"][0]["id"]
+    page.route("**/_signoff/stream", lambda route: route.abort())  # no live removal
+    page.reload()
+    vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+    for who in ("alice-token", "bob-token"):
+        r = httpx.post(
+            f"{base}/v1/sessions/{body['session_id']}/responses",
+            json=vote,
+            headers=auth(who),
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+    card = page.locator(f"[data-request-id='{rid}']")
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".result-note")).to_have_text(
+        "Already approved by Bob (bob): your answer changed nothing."
+    )

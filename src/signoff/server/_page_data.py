@@ -24,6 +24,7 @@ __all__ = [
     "PAGE_SIZE",
     "TRACE_ROWS",
     "SignIn",
+    "answered_by_another",
     "base",
     "query_number",
     "queue_context",
@@ -124,6 +125,16 @@ def _refusals(ctx: ServerContext, viewer: Principal, items: list[InputRequest]) 
         if refused is not None:
             out[r.id] = str(refused)
     return out
+
+
+async def answered_by_another(ctx: ServerContext, request_id: str, viewer: Principal) -> str | None:
+    """Who gave the answer that the viewer's identical one repeated, if it was someone else: a
+    reviewer on a stale page is told their answer changed nothing, not that it was theirs."""
+    stored = await ctx.runtime.store.get_request(request_id)
+    by = ((stored.resolution if stored else None) or {}).get("by")
+    if isinstance(by, dict) and Principal.model_validate(by).same_as(viewer):
+        return None
+    return who(by)
 
 
 def _schemas(ctx: ServerContext, items: list[InputRequest]) -> dict[str, Any]:

@@ -249,7 +249,14 @@
         throw new Error("Not accepted (" + data.outcome + ")" + (data.reason ? ": " + data.reason : "") + ". The request stays open.");
       }
       form.remove();
-      if (settled[data.outcome]) {
+      if (settled[data.outcome] && data.already_by) {
+        // Someone else gave this very answer first (this page was stale): it was not this one.
+        const said = "Already " + settled[data.outcome].toLowerCase() + " by " + data.already_by;
+        card.classList.add("done");
+        noteFor(card, said + ": your answer changed nothing.", "barred");
+        toast(said);
+        setTimeout(() => leave(card), 2500);
+      } else if (settled[data.outcome]) {
         let verb = settled[data.outcome];
         if (data.edited) verb += " with edited arguments";
         card.classList.add("done");
