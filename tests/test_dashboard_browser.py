@@ -957,3 +957,24 @@ def test_approving_what_others_just_approved_says_it_was_theirs(page: Page, base
     expect(card.locator(".result-note")).to_have_text(
         "Already approved by Bob (bob): your answer changed nothing."
     )
+
+
+def test_live_changes_are_announced_to_a_screen_reader(page: Page, base: str) -> None:
+    """The queue's count and a session's status change while the page is open, silently for a
+    screen reader: neither was in a live region. The count is one, and a new status is said in
+    the page's announcements (the toasts, a polite live region)."""
+    expect(page.locator("[aria-live=polite] [data-live-total]")).to_have_text("0")
+    body = start(base)
+    expect(page.locator("[aria-live=polite] [data-live-total]")).to_have_text("1")
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    page.goto(f"/_signoff/sessions/{sid}")
+    expect(page.locator("[data-session-status]")).to_have_text("waiting")
+    r = httpx.post(
+        f"{base}/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+        headers=auth("alice-token"),
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    expect(page.locator("[data-session-status]")).to_have_text("idle")
+    expect(page.locator("#toasts[aria-live=polite]")).to_contain_text("The session is now idle")

@@ -164,7 +164,10 @@
         const rows = fragment(data.rows);
         rows.querySelectorAll("li").forEach((li) => li.classList.add("new"));
         trace.appendChild(rows);
+        const status = () => (document.querySelector("[data-session-status]") || {}).textContent;
+        const was = status();
         document.getElementById("session-header").innerHTML = data.header;
+        if (status() !== was) toast("The session is now " + status());  // read out, too
         mergeCards(document.getElementById("session-pending"), data.pending);
         if (data.more) { clearTimeout(timer); timer = setTimeout(refresh, 0); }
       } finally { busy = false; }
