@@ -222,12 +222,14 @@ def test_a_conversation_started_and_answered_from_the_browser(page: Page, base: 
     expect(pending.locator(".tool-name")).to_have_text("Which size should the replacement be?")
     # a typed message that names an option answers the question; the trace follows live
     page.fill("#send textarea[name=message]", "Large")
-    page.locator("#send").get_by_role("button", name="Send").click()
+    page.locator("#send").get_by_role("button", name="Send").focus()
+    page.keyboard.press("Enter")
     expect(page.locator("#trace li .badge.type", has_text="turn.completed")).to_be_visible()
     expect(page.locator("[data-session-status]")).to_have_text("idle")
     expect(pending).to_have_count(0)
     expect(page.locator("blockquote.reply")).to_contain_text('"answer": "Large"')
     expect(page.locator("#send textarea")).to_have_value("")
+    expect(page.locator("#send textarea")).to_be_focused()  # not lost with the disabled button
 
 
 # -- untrusted text in every field, through the server-rendered pages and the live JS path --
@@ -871,7 +873,8 @@ def test_long_option_descriptions_leave_the_buttons_near_the_top(
 def test_a_keyboard_reviewer_goes_on_from_the_card_they_answered(page: Page, base: str) -> None:
     """Answering with the keyboard removed the focused button, then the card: the focus fell
     to the page's start, and the next Tab went back through the top bar and the filters. It
-    stays in the queue: on the card's note, then on the card that follows."""
+    stays in the queue: on the card's note, then on the card that follows. An answer refused
+    (arguments that are not JSON) gave the focus back to no one either: the button has it."""
     first = start(base)["pending"][0]["id"]
     second = start(base)["pending"][0]["id"]
     page.reload()
@@ -879,7 +882,15 @@ def test_a_keyboard_reviewer_goes_on_from_the_card_they_answered(page: Page, bas
     expect(cards).to_have_count(2)
     top = cards.first.get_attribute("data-request-id")
     after = second if top == first else first
-    page.locator(f"[data-request-id='{top}']").get_by_role("button", name="Deny").focus()
+    card = page.locator(f"[data-request-id='{top}']")
+    card.get_by_text("Edit arguments before approving").click()
+    card.locator("textarea[name=edited_input]").fill("{")
+    card.get_by_role("button", name="Approve").focus()
+    page.keyboard.press("Enter")
+    expect(card.locator(".form-error")).to_contain_text("not JSON")
+    expect(card.get_by_role("button", name="Approve")).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(card.get_by_role("button", name="Deny")).to_be_focused()
     page.keyboard.press("Enter")
     note = page.locator(f"[data-request-id='{top}'] .result-note")
     expect(note).to_contain_text("Denied")

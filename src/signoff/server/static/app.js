@@ -218,6 +218,10 @@
         error.hidden = false;
       } finally {
         button.disabled = false;
+        // Disabling the button dropped the keyboard's focus: the message box takes it.
+        if (!document.activeElement || document.activeElement === document.body) {
+          send.querySelector("textarea").focus();
+        }
       }
     });
   }
@@ -279,6 +283,9 @@
         return;
       }
       buttons.forEach((b) => { b.disabled = false; });
+      // Disabling the pressed button dropped the keyboard's focus: it goes back there.
+      const lost = !document.activeElement || document.activeElement === document.body;
+      if (lost && ev.submitter && !ev.submitter.hidden) ev.submitter.focus();
       if (error) { error.textContent = err.message; error.hidden = false; }
       toast(err.message, true);
     }
