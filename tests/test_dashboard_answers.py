@@ -88,3 +88,16 @@ def test_the_same_answer_from_a_stale_page_names_who_gave_it_first(base: str) ->
         assert r.status_code == 200 and r.json()["already_by"] is None
         r = bob.post(f"/_signoff/requests/{rid}/respond", data={**form, "next": "/_signoff/"})
         assert r.status_code == 303
+
+
+def test_an_answer_without_javascript_returns_to_the_filtered_queue(base: str) -> None:
+    """A reviewer working through a filtered queue (no JavaScript) was sent back to the whole
+    queue after each answer: the form named the page's path without its filter."""
+    rid = start(base)["pending"][0]["id"]
+    start(base, "helper")
+    with signed_in(base) as c:
+        page = c.get("/_signoff/?kind=tool-approval").text
+        assert 'name="next" value="/_signoff/?kind=tool-approval"' in page
+        form = {"option": "approve", "csrf": csrf_of(page), "next": "/_signoff/?kind=tool-approval"}
+        r = c.post(f"/_signoff/requests/{rid}/respond", data=form)
+        assert r.status_code == 303 and r.headers["location"] == "/_signoff/?kind=tool-approval"
