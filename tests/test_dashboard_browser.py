@@ -222,12 +222,14 @@ def test_a_conversation_started_and_answered_from_the_browser(page: Page, base: 
     expect(pending.locator(".tool-name")).to_have_text("Which size should the replacement be?")
     # a typed message that names an option answers the question; the trace follows live
     page.fill("#send textarea[name=message]", "Large")
-    page.locator("#send").get_by_role("button", name="Send").click()
+    page.locator("#send").get_by_role("button", name="Send").focus()
+    page.keyboard.press("Enter")
     expect(page.locator("#trace li .badge.type", has_text="turn.completed")).to_be_visible()
     expect(page.locator("[data-session-status]")).to_have_text("idle")
     expect(pending).to_have_count(0)
     expect(page.locator("blockquote.reply")).to_contain_text('"answer": "Large"')
     expect(page.locator("#send textarea")).to_have_value("")
+    expect(page.locator("#send textarea")).to_be_focused()  # not lost with the disabled button
 
 
 # -- untrusted text in every field, through the server-rendered pages and the live JS path --
@@ -372,8 +374,17 @@ def test_a_page_left_from_another_sign_in_does_not_post(page: Page, base: str) -
     page.reload()
     expect(page.locator(".viewer-name")).to_contain_text("Bob")
     fresh = page.locator(f"[data-request-id='{rid}']")
-    fresh.get_by_role("button", name="Approve").click()  # Bob's own page posts (as Bob)
-    expect(fresh.locator(".form-error")).to_contain_text("bob may not settle it")
+    expect(fresh.locator("[data-not-allowed]")).to_contain_text("bob may not settle it")
+    expect(fresh.get_by_role("button")).to_have_count(0)  # Alice's request: not Bob's to answer
+    r = httpx.post(
+        f"{base}/v1/sessions",
+        json={"agent": "support", "message": "Refund order 7"},
+        headers=auth("bob-token"),
+        timeout=10,
+    )
+    mine = page.locator(f"[data-request-id='{r.json()['pending'][0]['id']}']")
+    mine.get_by_role("button", name="Approve").click()  # Bob's own page posts (as Bob)
+    expect(mine.locator(".result-note")).to_contain_text("Approved")
 
 
 def test_long_unbroken_text_keeps_the_buttons_in_reach(browser: Browser, tmp_path: Path) -> None:
@@ -857,3 +868,124 @@ def test_long_option_descriptions_leave_the_buttons_near_the_top(
         first = p.get_by_role("button", name="Plan 0").bounding_box()
         assert first is not None and first["y"] + first["height"] <= 1800, first
         context.close()
+
+
+def test_a_keyboard_reviewer_goes_on_from_the_card_they_answered(page: Page, base: str) -> None:
+    """Answering with the keyboard removed the focused button, then the card: the focus fell
+    to the page's start, and the next Tab went back through the top bar and the filters. It
+    stays in the queue: on the card's note, then on the card that follows. An answer refused
+    (arguments that are not JSON) gave the focus back to no one either: the button has it."""
+    first = start(base)["pending"][0]["id"]
+    second = start(base)["pending"][0]["id"]
+    page.reload()
+    cards = page.locator("[data-request-id]")
+    expect(cards).to_have_count(2)
+    top = cards.first.get_attribute("data-request-id")
+    after = second if top == first else first
+    card = page.locator(f"[data-request-id='{top}']")
+    card.get_by_text("Edit arguments before approving").click()
+    card.locator("textarea[name=edited_input]").fill("{")
+    card.get_by_role("button", name="Approve").focus()
+    page.keyboard.press("Enter")
+    expect(card.locator(".form-error")).to_contain_text("not JSON")
+    expect(card.get_by_role("button", name="Approve")).to_be_focused()
+    page.keyboard.press("Tab")
+    expect(card.get_by_role("button", name="Deny")).to_be_focused()
+    page.keyboard.press("Enter")
+    note = page.locator(f"[data-request-id='{top}'] .result-note")
+    expect(note).to_contain_text("Denied")
+    expect(note).to_be_focused()
+    expect(page.locator(f"[data-request-id='{top}']")).to_have_count(0)
+    expect(page.locator(f"[data-request-id='{after}']")).to_be_focused()
+    page.keyboard.press("Tab")
+    inside = page.evaluate("() => document.activeElement.closest('[data-request-id]')?.id")
+    assert inside == after
+
+
+def test_a_models_lines_and_right_to_left_text_read_as_written(
+    browser: Browser, tmp_path: Path
+) -> None:
+    """A model's multi-line question, option and reply ran together into one line ("refund? 1.
+    Order 1042 2. Order 1043"), and an Arabic question read left to right, its question mark at
+    the wrong end. Lines are kept, and each such text takes the direction of its first letter."""
+    question = "Which order should I refund?\n1. Order 1042\n2. Order 1043"
+    arabic = "أي طلب يجب أن أعيد؟"
+
+    @so.tool(name="ask")
+    async def ask(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
+        text = question if topic == "en" else arabic
+        options = [{"id": "a", "label": "نعم", "description": "first line\nsecond line"}]
+        answer = await ctx.ask(text, options=options, allow_text=True)
+        return {"answer": answer.value}
+
+    calls = [so.ToolCall(name="ask", input={"topic": t}) for t in ("en", "ar")]
+    reply = "Looking into it:\n- order 1042\n- order 1043"
+    script = [so.ModelResponse(text=reply, tool_calls=calls)]
+    agent = so.Agent(name="lines", model=so.models.Scripted(script), tools=[ask])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/lines.db", poll_interval=0.05)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
+        r = httpx.post(
+            f"{url}/v1/sessions",
+            json={"agent": "lines", "message": "go"},
+            headers=auth("alice-token"),
+            timeout=10,
+        )
+        sid = r.json()["session_id"]
+        context = browser.new_context(base_url=url, extra_http_headers=auth("alice-token"))
+        p = context.new_page()
+        p.set_default_timeout(10_000)
+        p.goto(f"/_signoff/sessions/{sid}")
+        shown = p.locator(".question-text")
+        expect(shown).to_have_count(2)
+        assert shown.first.inner_text() == question
+        assert p.locator("blockquote.reply").inner_text() == reply
+        assert p.locator(".options li").first.inner_text().endswith("first line\nsecond line")
+        directions = shown.evaluate_all("els => els.map(e => getComputedStyle(e).direction)")
+        assert directions == ["ltr", "rtl"]
+        label = p.get_by_role("button", name="نعم").first
+        assert label.evaluate("e => getComputedStyle(e).direction") == "rtl"
+        context.close()
+
+
+def test_approving_what_others_just_approved_says_it_was_theirs(page: Page, base: str) -> None:
+    """A two-person approval settled by others while this page was stale: Approve here repeated
+    their answer and the page said "Approved", as if it had been this reviewer's."""
+    body = start(base, "treasury")
+    rid = body["pending"][0]["id"]
+    page.route("**/_signoff/stream", lambda route: route.abort())  # no live removal
+    page.reload()
+    vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+    for who in ("alice-token", "bob-token"):
+        r = httpx.post(
+            f"{base}/v1/sessions/{body['session_id']}/responses",
+            json=vote,
+            headers=auth(who),
+            timeout=10,
+        )
+        assert r.status_code == 200, r.text
+    card = page.locator(f"[data-request-id='{rid}']")
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".result-note")).to_have_text(
+        "Already approved by Bob (bob): your answer changed nothing."
+    )
+
+
+def test_live_changes_are_announced_to_a_screen_reader(page: Page, base: str) -> None:
+    """The queue's count and a session's status change while the page is open, silently for a
+    screen reader: neither was in a live region. The count is one, and a new status is said in
+    the page's announcements (the toasts, a polite live region)."""
+    expect(page.locator("[aria-live=polite] [data-live-total]")).to_have_text("0")
+    body = start(base)
+    expect(page.locator("[aria-live=polite] [data-live-total]")).to_have_text("1")
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    page.goto(f"/_signoff/sessions/{sid}")
+    expect(page.locator("[data-session-status]")).to_have_text("waiting")
+    r = httpx.post(
+        f"{base}/v1/sessions/{sid}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+        headers=auth("alice-token"),
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    expect(page.locator("[data-session-status]")).to_have_text("idle")
+    expect(page.locator("#toasts[aria-live=polite]")).to_contain_text("The session is now idle")

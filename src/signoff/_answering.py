@@ -477,6 +477,11 @@ class Answering(SessionRunner):
             )
 
     def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
+        return self._refusal(request, principal) is None
+
+    def _refusal(self, request: InputRequest, principal: Principal | None) -> NotAllowed | None:
+        """Why `principal` may not answer `request` (`None` if they may, as far as can be told
+        before answering: a response policy decides only once it sees the answer)."""
         agent = self.agents.get(request.agent)
         tool = None if agent is None else agent.tools.get(request.tool_name or "")
         try:
@@ -485,9 +490,9 @@ class Answering(SessionRunner):
                 _check_quorum_eligibility(request, principal)  # the policy or quorum decides
             else:
                 self._authorize(request, principal)
-        except NotAllowed:
-            return False
-        return True
+        except NotAllowed as exc:
+            return exc
+        return None
 
     def _authorize(self, request: InputRequest, principal: Principal | None) -> None:
         """Default response policy: only the principal whose turn asked may settle."""

@@ -39,6 +39,7 @@ from ._json_body import RepeatedKey, unique_keys
 from ._page_data import (
     PAGE_SIZE,
     SignIn,
+    answered_by_another,
     base,
     query_number,
     queue_context,
@@ -60,6 +61,7 @@ router = APIRouter(prefix=DASHBOARD_PREFIX, include_in_schema=False)
 
 # What a form's answer may become and still count as taken (the script's wording follows these).
 _ACCEPTED = frozenset({"approved", "cancelled", "answered", "counted"})
+_SETTLED = {"approved": "approved", "cancelled": "denied", "answered": "answered"}
 
 
 def _utf8(text: str | None) -> str | None:
@@ -203,6 +205,9 @@ async def respond(request: Request, request_id: str) -> Response:
         return await dashboard_error(request, status_for(exc), exc.code, public_message(exc))
     mine = next((o for o in result.outcomes if o.request_id == request_id), None)
     outcome = None if mine is None else mine.outcome
+    already = None
+    if mine is not None and not mine.applied and outcome in _SETTLED:
+        already = await answered_by_another(ctx, request_id, viewer)
     if _wants_json(request):
         return JSONResponse(
             {
@@ -214,6 +219,7 @@ async def respond(request: Request, request_id: str) -> Response:
                 "status": result.status,
                 "text": _utf8(result.text),
                 "edited": edited is not None,
+                "already_by": already,
             }
         )
     if outcome not in _ACCEPTED:  # a response policy refused it: the request stays open
@@ -224,6 +230,13 @@ async def respond(request: Request, request_id: str) -> Response:
             409,
             title="Not accepted",
             message=f"Not accepted ({outcome}){why}. The request stays open for someone else.",
+        )
+    if already is not None:
+        return await render(
+            "message.html",
+            request,
+            title="Already answered",
+            message=f"Already {_SETTLED[str(outcome)]} by {already}: your answer changed nothing.",
         )
     back = fields.get("next") or DASHBOARD_PREFIX
     if not is_dashboard(back):

@@ -24,6 +24,7 @@ __all__ = [
     "PAGE_SIZE",
     "TRACE_ROWS",
     "SignIn",
+    "answered_by_another",
     "base",
     "query_number",
     "queue_context",
@@ -111,7 +112,29 @@ async def queue_context(request: Request) -> dict[str, Any]:
         query=urlencode({**picked, **({"page": page} if page > 1 else {})}),
         page_query=lambda n: urlencode({**picked, "page": n}),
         schemas=_schemas(ctx, items),
+        refusals=_refusals(ctx, viewer, items),
     )
+
+
+def _refusals(ctx: ServerContext, viewer: Principal, items: list[InputRequest]) -> dict[str, str]:
+    """Per request the viewer may see but not answer (another's question, their own call that
+    needs someone else), why: its card offers no buttons that could only fail."""
+    out: dict[str, str] = {}
+    for r in items:
+        refused = ctx.runtime._refusal(r, viewer)
+        if refused is not None:
+            out[r.id] = str(refused)
+    return out
+
+
+async def answered_by_another(ctx: ServerContext, request_id: str, viewer: Principal) -> str | None:
+    """Who gave the answer that the viewer's identical one repeated, if it was someone else: a
+    reviewer on a stale page is told their answer changed nothing, not that it was theirs."""
+    stored = await ctx.runtime.store.get_request(request_id)
+    by = ((stored.resolution if stored else None) or {}).get("by")
+    if isinstance(by, dict) and Principal.model_validate(by).same_as(viewer):
+        return None
+    return who(by)
 
 
 def _schemas(ctx: ServerContext, items: list[InputRequest]) -> dict[str, Any]:
@@ -234,6 +257,7 @@ async def session_context(
         start = max(0, upto - TRACE_ROWS)
         events = await store.read_events(session_id, after=start, limit=upto - start)
     seq = events[-1].seq if events else after
+    pending = state.pending_requests()
     return base(
         ctx,
         viewer,
@@ -244,8 +268,9 @@ async def session_context(
         earlier=events[0].seq - 1 if events and not after else 0,
         live=upto is None,
         trace_rows=TRACE_ROWS,
-        items=state.pending_requests(),
-        schemas=_schemas(ctx, state.pending_requests()),
+        items=pending,
+        schemas=_schemas(ctx, pending),
+        refusals=_refusals(ctx, viewer, pending),
         event_types=sorted(EVENT_TYPES),
     )
 

@@ -22,6 +22,35 @@
     return t.content;
   }
 
+  // A card leaves; the keyboard's focus in it goes on to the card after it (or before it, or
+  // its list), so a reviewer tabbing through the queue goes on from where they were.
+  function leave(card) {
+    card.classList.add("leaving");
+    setTimeout(() => {
+      if (card.contains(document.activeElement)) {
+        const staying = (el) => el && el.matches("[data-request-id]:not(.leaving)");
+        let next = card.nextElementSibling;
+        while (next && !staying(next)) next = next.nextElementSibling;
+        let before = card.previousElementSibling;
+        while (before && !staying(before)) before = before.previousElementSibling;
+        const target = next || before || card.parentElement;
+        if (target) { target.tabIndex = -1; target.focus(); }
+      }
+      card.remove();
+    }, 300);
+  }
+
+  // Where a removed form had the focus, its note takes it (and is read out): not the page's start.
+  function noteFor(card, text, kind) {
+    const note = document.createElement("p");
+    note.className = "result-note " + kind;
+    note.textContent = text;
+    note.tabIndex = -1;
+    card.appendChild(note);
+    note.focus();
+    return note;
+  }
+
   // Merge freshly rendered cards into a container without touching cards still present, so a
   // reviewer typing a reason does not lose it when another request arrives.
   function mergeCards(container, html) {
@@ -29,10 +58,7 @@
     const fresh = new Map();
     incoming.querySelectorAll("[data-request-id]").forEach((el) => fresh.set(el.dataset.requestId, el));
     container.querySelectorAll("[data-request-id]").forEach((el) => {
-      if (!fresh.has(el.dataset.requestId) && !el.classList.contains("done")) {
-        el.classList.add("leaving");
-        setTimeout(() => el.remove(), 300);
-      }
+      if (!fresh.has(el.dataset.requestId) && !el.classList.contains("done")) leave(el);
     });
     let previous = null;
     fresh.forEach((el, id) => {
@@ -138,7 +164,10 @@
         const rows = fragment(data.rows);
         rows.querySelectorAll("li").forEach((li) => li.classList.add("new"));
         trace.appendChild(rows);
+        const status = () => (document.querySelector("[data-session-status]") || {}).textContent;
+        const was = status();
         document.getElementById("session-header").innerHTML = data.header;
+        if (status() !== was) toast("The session is now " + status());  // read out, too
         mergeCards(document.getElementById("session-pending"), data.pending);
         if (data.more) { clearTimeout(timer); timer = setTimeout(refresh, 0); }
       } finally { busy = false; }
@@ -189,6 +218,10 @@
         error.hidden = false;
       } finally {
         button.disabled = false;
+        // Disabling the button dropped the keyboard's focus: the message box takes it.
+        if (!document.activeElement || document.activeElement === document.body) {
+          send.querySelector("textarea").focus();
+        }
       }
     });
   }
@@ -223,33 +256,36 @@
         throw new Error("Not accepted (" + data.outcome + ")" + (data.reason ? ": " + data.reason : "") + ". The request stays open.");
       }
       form.remove();
-      const note = document.createElement("p");
-      card.appendChild(note);
-      if (settled[data.outcome]) {
+      if (settled[data.outcome] && data.already_by) {
+        // Someone else gave this very answer first (this page was stale): it was not this one.
+        const said = "Already " + settled[data.outcome].toLowerCase() + " by " + data.already_by;
+        card.classList.add("done");
+        noteFor(card, said + ": your answer changed nothing.", "barred");
+        toast(said);
+        setTimeout(() => leave(card), 2500);
+      } else if (settled[data.outcome]) {
         let verb = settled[data.outcome];
         if (data.edited) verb += " with edited arguments";
         card.classList.add("done");
-        note.className = "result-note ok";
-        note.textContent = verb + " — the run is now " + data.status + ".";
+        noteFor(card, verb + " — the run is now " + data.status + ".", "ok");
         toast(verb + " " + card.querySelector(".tool-name").textContent.trim());
-        setTimeout(() => { card.classList.add("leaving"); setTimeout(() => card.remove(), 300); }, 2500);
+        setTimeout(() => leave(card), 2500);
       } else {
-        note.className = "result-note ok";
-        note.textContent = "Your approval is counted (" + (data.reason || "") + "); waiting for more approvers.";
+        noteFor(card, "Your approval is counted (" + (data.reason || "") + "); waiting for more approvers.", "ok");
       }
     } catch (err) {
       if (err.code === "conflicting_answer" || err.code === "request_closed") {
         // Someone else (another tab) closed it first: say so, and offer no more buttons; the
         // card goes with the queue's next live update.
         form.remove();
-        const note = document.createElement("p");
-        note.className = "result-note bad";
-        note.textContent = err.message + ". Nothing was changed.";
-        card.appendChild(note);
+        noteFor(card, err.message + ". Nothing was changed.", "bad");
         toast(err.message, true);
         return;
       }
       buttons.forEach((b) => { b.disabled = false; });
+      // Disabling the pressed button dropped the keyboard's focus: it goes back there.
+      const lost = !document.activeElement || document.activeElement === document.body;
+      if (lost && ev.submitter && !ev.submitter.hidden) ev.submitter.focus();
       if (error) { error.textContent = err.message; error.hidden = false; }
       toast(err.message, true);
     }
