@@ -590,6 +590,28 @@ def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> 
     )
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("error: StoreError: cannot open the channel state")
+    folder = tmp_path / "channels"
+    folder.mkdir()
+    result = invoke(
+        "serve",
+        TARGET,
+        "--store",
+        f"sqlite:///{tmp_path}/state.db",
+        "--port",
+        "0",
+        "--webhook",
+        "http://127.0.0.1:9/hook",
+        "--webhook-secret",
+        "s",
+        "--channel-state",
+        str(folder),
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: StoreError: cannot open the channel state {folder}: it is a directory, not a "
+        "file\n"
+    )
+    assert list(folder.iterdir()) == []
 
 
 def test_a_response_policy_is_not_bypassed_by_recording_only(url: str) -> None:
