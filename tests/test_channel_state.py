@@ -494,3 +494,14 @@ def test_a_file_of_a_newer_layout_is_refused_and_left_alone(tmp_path: Path) -> N
     with pytest.raises(so.SchemaVersionError, match="layout 2; this signoff knows up to 1"):
         ChannelState(path)
     assert layout_of(path) == STATE_SCHEMA + 1
+
+
+def test_a_state_path_that_is_a_directory_is_named_as_one(tmp_path: Path) -> None:
+    """A folder given where the state file was meant says so, as the SQLite store does, not
+    SQLite's "unable to open database file"; the folder is left as it was."""
+    with pytest.raises(so.StoreError) as info:
+        ChannelState(tmp_path)
+    assert str(info.value) == (
+        f"cannot open the channel state {tmp_path}: it is a directory, not a file"
+    )
+    assert list(tmp_path.iterdir()) == []

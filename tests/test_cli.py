@@ -244,6 +244,17 @@ def invoke(*args: str) -> Any:
     return CliRunner().invoke(app, list(args))
 
 
+def refused_usage(result: Any) -> str:
+    """The message of a command line refused as Click refuses one it parses (a misuse found
+    before anything ran): exit status 2, the command's usage, the message in an error box,
+    returned with its lines joined."""
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("Usage: "), result.stderr
+    assert "Traceback" not in result.output
+    boxed = [ln.strip("│ ") for ln in result.stderr.splitlines() if ln.startswith("│")]
+    return " ".join(boxed)
+
+
 def test_pending_lists_the_parked_request(url: str) -> None:
     session_id, request_id = park(url)
     result = invoke("pending", "--store", url)
@@ -456,8 +467,10 @@ def test_answer_a_question_by_option_or_text(url: str) -> None:
     assert "sizer: You chose both." in typed.output
 
     neither = invoke("answer", question.id, "--store", url)
-    assert neither.exit_code == 1
-    assert neither.stderr.startswith("error: UsageError: answer takes exactly one of")
+    expected = "Invalid value: answer takes exactly one of --option ID or --text TEXT"
+    assert refused_usage(neither) == expected
+    both = invoke("answer", question.id, "--store", url, "--option", "2", "--text", "x")
+    assert refused_usage(both) == expected
     approve_question = invoke("approve", second.pending[0].id, "--store", url)
     assert approve_question.exit_code == 1
     assert approve_question.stderr.startswith("error: InvalidAnswer: ")
@@ -490,14 +503,12 @@ def test_events_prints_the_log(url: str) -> None:
         (["approve", "req_nope"], "UnknownRequest: no request 'req_nope'"),
         (["deny", "req_nope", "--reason", "x"], "UnknownRequest: no request 'req_nope'"),
         (["events", "ses_nope"], "UnknownSession: unknown session 'ses_nope'"),
-        (["chat", "no-colon"], "UsageError: expected MODULE:ATTRIBUTE"),
         (["chat", "tests.no_such_module:runtime"], "UsageError: cannot import"),
         (["chat", "tests.test_cli:nothing"], "UsageError: module 'tests.test_cli' has no"),
         (["chat", "tests.test_cli:TARGET"], "UsageError: tests.test_cli:TARGET is a str"),
         (["chat", TARGET, "--agent", "billing"], "UsageError: unknown agent 'billing'"),
         (["approve", "req_nope", TARGET], "UnknownRequest: no request 'req_nope'"),
         (["chat", TARGET, "--session", "ses_nope"], "UnknownSession: unknown session 'ses_nope'"),
-        (["chat", "tests.test_cli:sizer", "--as", "a:"], "UsageError: --as takes"),
     ],
 )
 def test_errors_are_one_red_line(url: str, args: list[str], error: str) -> None:
@@ -507,6 +518,32 @@ def test_errors_are_one_red_line(url: str, args: list[str], error: str) -> None:
     assert result.stderr.startswith(f"error: {error}"), result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        (["chat", "no-colon"], "expected MODULE:ATTRIBUTE"),
+        (["worker", "no-colon"], "expected MODULE:ATTRIBUTE"),
+        (["serve", "no-colon"], "expected MODULE:ATTRIBUTE"),
+        (["approve", "req_nope", "no-colon"], "expected MODULE:ATTRIBUTE"),
+        (["chat", "tests.test_cli:sizer", "--as", "a:"], "--as takes"),
+        (["approve", "req_nope", "--as", "a:"], "--as takes"),
+        (["sessions", "--status", "bad"], "--status takes one of"),
+        (["answer", "req_nope"], "answer takes exactly one of"),
+    ],
+)
+def test_a_misused_command_line_is_its_usage_and_status_2(
+    url: str, args: list[str], error: str
+) -> None:
+    """A value of the wrong form, or options that do not go together, found before anything
+    runs, is refused as Click refuses a value out of range: the usage, the message, exit 2;
+    the store is left as it was."""
+    session_id, _ = park(url)
+    before = log(url, session_id)
+    result = invoke(*args, "--store", url)
+    assert refused_usage(result).startswith(f"Invalid value: {error}"), result.stderr
+    assert log(url, session_id) == before
 
 
 def test_a_multi_line_error_is_still_one_red_line() -> None:
@@ -520,8 +557,7 @@ def test_a_multi_line_error_is_still_one_red_line() -> None:
 def test_sessions_refuses_an_unknown_status(url: str) -> None:
     park(url)
     result = invoke("sessions", "--store", url, "--status", "waitin")
-    assert result.exit_code == 1, result.output
-    assert result.stderr.startswith("error: UsageError: --status takes one of idle, running, ")
+    assert refused_usage(result).startswith("Invalid value: --status takes one of idle, running, ")
     waiting = invoke("sessions", "--store", url, "--status", "waiting", "--json")
     assert [r["status"] for r in json.loads(waiting.stdout)] == ["waiting"]
 
@@ -554,6 +590,28 @@ def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> 
     )
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("error: StoreError: cannot open the channel state")
+    folder = tmp_path / "channels"
+    folder.mkdir()
+    result = invoke(
+        "serve",
+        TARGET,
+        "--store",
+        f"sqlite:///{tmp_path}/state.db",
+        "--port",
+        "0",
+        "--webhook",
+        "http://127.0.0.1:9/hook",
+        "--webhook-secret",
+        "s",
+        "--channel-state",
+        str(folder),
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: StoreError: cannot open the channel state {folder}: it is a directory, not a "
+        "file\n"
+    )
+    assert list(folder.iterdir()) == []
 
 
 def test_a_response_policy_is_not_bypassed_by_recording_only(url: str) -> None:
@@ -661,8 +719,7 @@ def test_acting_as_the_asker_settles(url: str) -> None:
     assert settled.data["by"]["principal_id"] == "alice"
 
     bad = invoke("deny", request_id, "--store", url, "--as", ":nobody")
-    assert bad.exit_code == 1
-    assert bad.stderr.startswith("error: UsageError: --as takes AUTHENTICATOR:ID")
+    assert refused_usage(bad).startswith("Invalid value: --as takes AUTHENTICATOR:ID")
 
 
 def test_chat_resumes_a_parked_session_and_checks_who_answers(url: str) -> None:
@@ -877,9 +934,8 @@ def test_serve_refuses_incomplete_channel_options(
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
     store = f"sqlite:///{tmp_path}/state.db"
     result = invoke("serve", "examples.support:runtime", "--store", store, *args)
-    assert result.exit_code == 1, result.output
-    assert "UsageError" in result.output and message in " ".join(result.output.split())
-    assert started == []
+    assert message in refused_usage(result)
+    assert started == [] and list(tmp_path.iterdir()) == []
 
 
 def test_serve_ignores_channel_secrets_exported_for_channels_it_does_not_run(
@@ -932,9 +988,8 @@ def test_serve_refuses_an_empty_secret_in_one_line(
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
     store = f"sqlite:///{tmp_path}/s.db"
     result = invoke("serve", "examples.support:runtime", "--store", store, "--secret", "")
-    assert result.exit_code == 1, result.output
-    assert result.stderr.startswith("error: UsageError: the server's secret"), result.output
-    assert len(result.stderr.strip().splitlines()) == 1 and started == []
+    assert refused_usage(result).startswith("Invalid value: the server's secret")
+    assert started == [] and list(tmp_path.iterdir()) == []
 
 
 bracketed = so.Agent(
@@ -1083,8 +1138,7 @@ def test_serve_names_no_secret_in_a_token_error(
     store = f"sqlite:///{tmp_path}/s.db"
     args = ["--token", "alice-token=alice", "--token", item]
     result = invoke("serve", "examples.support:runtime", "--store", store, *args)
-    assert result.exit_code == 1, result.output
-    assert "UsageError" in result.output and "#2" in result.output, result.output
+    assert "#2" in refused_usage(result), result.output
     secret = item.partition("=")[0]
     assert secret not in result.output and "alice-token" not in result.output
     assert started == []

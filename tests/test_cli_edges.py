@@ -37,6 +37,7 @@ from tests.test_cli import (
     issue_refund,
     log,
     park,
+    refused_usage,
     sizer,
 )
 
@@ -320,10 +321,8 @@ def test_a_command_line_value_that_is_not_utf8_is_one_line(url: str, args: list[
     session_id, request_id = park(url)
     before = log(url, session_id)
     result = invoke(*[request_id if a == "REQUEST" else a for a in args], "--store", url)
-    assert result.exit_code == 1, result.output
-    assert result.stderr.startswith("error: UsageError: "), result.output
-    assert "not valid UTF-8" in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    message = refused_usage(result)
+    assert message.startswith("Invalid value: ") and "not valid UTF-8" in message, message
     assert log(url, session_id) == before
 
 
@@ -423,8 +422,7 @@ def test_serve_refuses_a_token_it_would_misread_without_printing_it(
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
     args = [a for token in tokens for a in ("--token", token)]
     result = invoke("serve", TARGET, "--store", url, "--port", "0", *args)
-    assert result.exit_code == 1, result.output
-    assert result.stderr.startswith(f"error: UsageError: {error}"), result.output
+    assert refused_usage(result).startswith(f"Invalid value: {error}"), result.output
     assert "s3cret" not in result.output and started == []
 
 
@@ -464,9 +462,9 @@ def test_serve_refuses_a_sign_in_lifetime_that_is_not_positive_and_finite(
     started: list[object] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
     result = invoke("serve", TARGET, "--store", url, "--port", "0", "--sign-in-lifetime", bad)
-    assert result.exit_code == 1, result.output
-    assert result.stderr.startswith("error: UsageError: --sign-in-lifetime must be"), result.output
-    assert len(result.stderr.strip().splitlines()) == 1 and started == []
+    message = refused_usage(result)
+    assert message.startswith("Invalid value: --sign-in-lifetime must be"), result.output
+    assert started == []
 
 
 def test_serve_refuses_a_sign_in_lifetime_that_is_not_a_number(url: str) -> None:
@@ -761,3 +759,116 @@ def test_approving_or_denying_a_question_says_to_answer_it(url: str, command: st
         f"signoff answer {question.id} --option ID or --text TEXT\n"
     )
     assert len(log(url, question.session_id)) == before
+
+
+UPGRADE_FIXTURES = ROOT / "tests" / "fixtures" / "upgrade"
+OLDER = "0c4a186"  # store schema 4 on SQLite, migrations 1-5 on PostgreSQL
+READING = [["pending"], ["sessions"], ["events", "SESSION"]]
+"""Every command that only reads the store; `SESSION` stands for a session the store holds."""
+
+
+def _older_sqlite(tmp_path: Path) -> tuple[Path, str]:
+    """A copy of a store an older signoff wrote (schema 4), and one of its session ids."""
+    db = tmp_path / "state.db"
+    db.write_bytes((UPGRADE_FIXTURES / f"sqlite-{OLDER}.db").read_bytes())
+    manifest = json.loads((UPGRADE_FIXTURES / f"sqlite-{OLDER}.json").read_text())
+    return db, manifest["sessions"]["one"]
+
+
+def _sqlite_mark(db: Path) -> str:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return str(conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0])
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("command", READING)
+def test_a_reading_command_refuses_an_older_sqlite_store_and_changes_nothing(
+    command: list[str], tmp_path: Path
+) -> None:
+    """`pending`, `sessions` and `events` never upgrade a store (which would lock out the older
+    processes still using it): an older schema is one line saying what to run, and the file
+    keeps every byte; `db upgrade` then lets them read it."""
+    from signoff.stores.sqlite import STORE_SCHEMA
+
+    db, session = _older_sqlite(tmp_path)
+    before = db.read_bytes()
+    args = [session if a == "SESSION" else a for a in command]
+    result = invoke(*args, "--store", f"sqlite:///{db}")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: SchemaVersionError: {db} is at store schema 4, this signoff needs "
+        f"{STORE_SCHEMA}: run `signoff db upgrade` (once no older signoff uses it)\n"
+    )
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.db"]
+    assert invoke("db", "upgrade", "--store", f"sqlite:///{db}").exit_code == 0
+    assert _sqlite_mark(db) == str(STORE_SCHEMA)
+    result = invoke(*args, "--store", f"sqlite:///{db}")
+    assert result.exit_code == 0, result.output
+
+
+def test_a_writing_command_still_upgrades_an_older_sqlite_store(tmp_path: Path) -> None:
+    """`approve` (like `deny`, `answer`, `chat`, `worker`, `serve`) opens the store as a runtime
+    does: an older schema is upgraded, then the answer recorded."""
+    from signoff.stores.sqlite import STORE_SCHEMA
+
+    db, session = _older_sqlite(tmp_path)
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (request,) = conn.execute(
+            "SELECT r.id FROM requests r JOIN sessions s ON s.sk = r.sk "
+            "WHERE s.id = ? AND r.status = 'pending'",
+            (session,),
+        ).fetchone()
+    finally:
+        conn.close()
+    result = invoke("approve", request, "--store", f"sqlite:///{db}")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"approved {request}"), result.output
+    assert _sqlite_mark(db) == str(STORE_SCHEMA)
+
+
+def _pg_version(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT MAX(version) FROM signoff.schema_version").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("command", READING)
+def test_a_reading_command_refuses_an_older_postgres_store_and_changes_nothing(
+    command: list[str], pg_url: str
+) -> None:
+    """The same on PostgreSQL: the database stays at its migration, with its rows as they were."""
+    import psycopg
+
+    from signoff.stores.postgres._schema import STORE_SCHEMA
+    from signoff.stores.postgres._url import describe
+    from tests.conftest import PG_BIN
+
+    restore = [str(PG_BIN / "psql"), "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", pg_url]
+    dump = (UPGRADE_FIXTURES / f"postgres-{OLDER}.sql").read_bytes()
+    subprocess.run(restore, input=dump, check=True)
+    session = json.loads((UPGRADE_FIXTURES / f"postgres-{OLDER}.json").read_text())["sessions"]
+    tables = "SELECT table_name, column_name FROM information_schema.columns ORDER BY 1, 2"
+    with psycopg.connect(pg_url) as conn:
+        columns = conn.execute(tables).fetchall()
+    args = [session["one"] if a == "SESSION" else a for a in command]
+    result = invoke(*args, "--store", pg_url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: SchemaVersionError: PostgreSQL store {describe(pg_url)} is at store schema 5, "
+        f"this signoff needs {STORE_SCHEMA}: run `signoff db upgrade` (once no older signoff "
+        "uses it)\n"
+    )
+    assert _pg_version(pg_url) == 5
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute(tables).fetchall() == columns
+    assert invoke("db", "upgrade", "--store", pg_url).exit_code == 0
+    assert _pg_version(pg_url) == STORE_SCHEMA
+    result = invoke(*args, "--store", pg_url)
+    assert result.exit_code == 0, result.output

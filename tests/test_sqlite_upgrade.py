@@ -383,3 +383,39 @@ async def test_an_upgrade_killed_halfway_leaves_the_old_file_and_finishes_next_t
 def _child_env() -> dict[str, str]:
     src = str(Path(so.__file__).resolve().parent.parent)
     return {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
+
+
+async def test_with_migrate_false_an_older_or_missing_file_is_refused_untouched(
+    tmp_path: Path,
+) -> None:
+    """`SQLiteStore(url, migrate=False)`, as `PostgresStore`'s: an older schema is a
+    `SchemaVersionError` naming `signoff db upgrade` that leaves every byte of the file, a file
+    that is not there is not created, a current one opens, and `migrate()` still upgrades."""
+    db = tmp_path / "s.db"
+    agent = scripted_agent("a", [reply("hello")])
+    async with so.Runtime([agent], store=f"sqlite:///{db}") as rt:
+        done = await rt.generate("a", prompt="hi")
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE meta SET value='5' WHERE key='schema'")
+    conn.close()
+    before = db.read_bytes()
+    store = SQLiteStore(f"sqlite:///{db}", migrate=False)
+    with pytest.raises(so.SchemaVersionError) as info:
+        await store.open()
+    assert str(info.value) == (
+        f"{db} is at store schema 5, this signoff needs {STORE_SCHEMA}: run `signoff db upgrade` "
+        "(once no older signoff uses it)"
+    )
+    assert db.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["s.db"]
+    assert await store.migrate() == (5, STORE_SCHEMA)
+    await store.close()
+    current = SQLiteStore(f"sqlite:///{db}", migrate=False)
+    await current.open()
+    try:
+        assert len(await current.read_events(done.session_id)) > 2
+    finally:
+        await current.close()
+    missing = tmp_path / "new" / "s.db"
+    with pytest.raises(so.SchemaVersionError, match=r"has no signoff schema.*signoff db upgrade"):
+        await SQLiteStore(f"sqlite:///{missing}", migrate=False).open()
+    assert not missing.parent.exists()

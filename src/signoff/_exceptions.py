@@ -248,7 +248,8 @@ class StoreError(SignoffError):
 
 
 class SchemaVersionError(StoreError):
-    """Stored data was written by a newer schema version; it is refused, not guessed at."""
+    """Stored data was written by a newer schema version; it is refused, not guessed at. Also
+    a store of an older schema opened with `migrate=False`: `signoff db upgrade` upgrades it."""
 
     code = "schema_version"
 

@@ -1,7 +1,9 @@
 """The `signoff` command: chat with an agent, work the approval queue, read a session's log.
 
 Every command reports a signoff error as one red line naming its class and exits with status 1;
-a command line Click rejects exits 2, Ctrl-C 130 (`worker` and `events --follow` stop on it, 0).
+a command line Click rejects, or one found wrong before anything runs, exits 2, Ctrl-C 130
+(`worker` and `events --follow` stop on it, 0). The commands that only read (`pending`,
+`sessions`, `events`) never upgrade the store's schema; the others do, as a `Runtime` does.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The `signoff` Typer app and what every command shares: the store option, error output,
 loading a runtime and the local principal.
 
-Every command reports a signoff error as one red line naming its class and exits with status 1.
+Every command reports a signoff error as one red line naming its class and exits with status 1;
+a misuse of the command line found before anything runs is refused as Click refuses one it
+parses, with the command's usage and exit status 2.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ import os
 import sqlite3
 import sys
 import urllib.parse
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Iterator
+from contextlib import contextmanager
 from typing import Annotated, Any, NoReturn
 
 import typer
@@ -30,7 +33,7 @@ from .._runtime import Runtime
 from .._types import ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
-from ..stores import DEFAULT_URL, SQLiteStore, open_store
+from ..stores import DEFAULT_URL, SQLiteStore, Store, open_store
 
 app = typer.Typer(
     name="signoff",
@@ -83,6 +86,20 @@ def existing_store(store: str | None) -> str:
     return url
 
 
+def reading_store(store: str | None) -> Store:
+    """The store a command that only reads opens (`pending`, `sessions`, `events`): as
+    `existing_store`, and never upgraded, as that would lock out the older processes still
+    using it; an older schema is a `SchemaVersionError` saying to run `signoff db upgrade`."""
+    url = existing_store(store)
+    if url.startswith("sqlite://"):
+        return SQLiteStore(url, migrate=False)
+    if url.startswith(("postgresql://", "postgres://")):
+        from ..stores.postgres import PostgresStore  # a UsageError without the extra
+
+        return PostgresStore(url, migrate=False)
+    return open_store(url)  # a URL of neither kind: its UsageError
+
+
 def _not_a_store(path: str) -> bool:
     """Whether the SQLite file at `path` is plainly no signoff store: empty, or a database
     without signoff's `meta` table, which opening it as a store would write into. Only when no
@@ -111,6 +128,17 @@ def refuse_undecodable(values: dict[str, str | None]) -> None:
             (value or "").encode("utf-8")
         except UnicodeEncodeError:
             raise UsageError(f"{what} {value!r} is not valid UTF-8 text") from None
+
+
+@contextmanager
+def misuse() -> Iterator[None]:
+    """A `UsageError` raised inside is a mistake on the command line, found before anything ran
+    (a value of the wrong form, options that do not go together): it is refused as Click refuses
+    a value out of range, with the command's usage and exit status 2."""
+    try:
+        yield
+    except UsageError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 def shown_store(url: str) -> str:
@@ -209,13 +237,19 @@ AsOption = Annotated[
 ]
 
 
-def load_runtime(target: str, store: str | None = None) -> Runtime:
-    """Import `MODULE:ATTRIBUTE` (a `Runtime` or an `Agent`); `store` replaces its store URL."""
+def split_target(target: str) -> tuple[str, str]:
+    """`MODULE:ATTRIBUTE` as (module, attribute), checked before anything is imported."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise UsageError(
             f"expected MODULE:ATTRIBUTE such as examples.support:runtime, got {target!r}"
         )
+    return module_name, attribute
+
+
+def load_runtime(target: str, store: str | None = None) -> Runtime:
+    """Import `MODULE:ATTRIBUTE` (a `Runtime` or an `Agent`); `store` replaces its store URL."""
+    module_name, attribute = split_target(target)
     cwd = os.getcwd()
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # like `python -m`: modules of the current directory load

@@ -30,11 +30,13 @@ from ._app import (
     app,
     error_text,
     load_runtime,
+    misuse,
     parse_principal,
     pick_agent,
     refuse_undecodable,
     run,
     shown_store,
+    split_target,
     tool_line,
 )
 
@@ -255,8 +257,10 @@ def chat(
     """Talk to an agent in the terminal; approvals are asked inline as `(y/N)` prompts."""
 
     async def go() -> None:
-        refuse_undecodable({"--agent": agent, "--session": session})
-        principal = parse_principal(acting_as)
+        with misuse():
+            refuse_undecodable({"--agent": agent, "--session": session})
+            principal = parse_principal(acting_as)
+            split_target(target)
         runtime = load_runtime(target, store)
         picked = pick_agent(runtime, agent)
         console = Console(highlight=False, soft_wrap=True)

@@ -40,13 +40,15 @@ from ._app import (
     err,
     error_text,
     existing_store,
-    fail,
     load_runtime,
+    misuse,
     out,
     parse_principal,
+    reading_store,
     refuse_undecodable,
     run,
     shown_store,
+    split_target,
     tool_line,
 )
 
@@ -65,8 +67,9 @@ def pending(
     """List the open requests across sessions, oldest first."""
 
     async def go() -> None:
-        refuse_undecodable({"--agent": agent, "--tool": tool, "--session": session})
-        async with Runtime([], store=existing_store(store)) as runtime:
+        with misuse():
+            refuse_undecodable({"--agent": agent, "--tool": tool, "--session": session})
+        async with Runtime([], store=reading_store(store)) as runtime:
             # Like `Runtime.pending`: what can no longer be answered (a session past its TTL, a
             # request past its deadline) is left out, and so is it from the total.
             flt = PendingFilter(
@@ -107,12 +110,13 @@ def sessions(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """List sessions, most recently active first."""
-    if status is not None and status not in SESSION_STATUSES:
-        fail(UsageError(f"--status takes one of {', '.join(SESSION_STATUSES)}, not {status!r}"))
+    with misuse():
+        refuse_undecodable({"--agent": agent})
+        if status is not None and status not in SESSION_STATUSES:
+            raise UsageError(f"--status takes one of {', '.join(SESSION_STATUSES)}, not {status!r}")
 
     async def go() -> None:
-        refuse_undecodable({"--agent": agent})
-        async with Runtime([], store=existing_store(store)) as runtime:
+        async with Runtime([], store=reading_store(store)) as runtime:
             rows = await runtime.sessions(agent=agent, status=status, limit=limit)
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
@@ -218,8 +222,11 @@ async def _settle(
     acting_as: str | None,
 ) -> None:
     """Answer one request by id: record it, and continue the turn here if a runtime is given."""
-    refuse_undecodable({"REQUEST_ID": request_id, "--option": answer.option_id})
-    principal = parse_principal(acting_as)
+    with misuse():
+        refuse_undecodable({"REQUEST_ID": request_id, "--option": answer.option_id})
+        principal = parse_principal(acting_as)
+        if target:
+            split_target(target)
     loaded = load_runtime(target, store) if target else None
     if loaded is not None and isinstance(loaded.store, SQLiteStore):
         existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
@@ -359,7 +366,8 @@ def answer(
 ) -> None:
     """Answer a question: choose an option by id, or give free text."""
     if (option is None) == (text is None):
-        fail(UsageError("answer takes exactly one of --option ID or --text TEXT"))
+        with misuse():
+            raise UsageError("answer takes exactly one of --option ID or --text TEXT")
     response = InputResponse(request_id=request_id, option_id=option, text=text)
     run(_settle("answer", request_id, response, target, store, acting_as))
 
@@ -432,9 +440,10 @@ def events(
     """Print a session's event log."""
 
     async def go() -> None:
-        refuse_undecodable({"SESSION_ID": session_id})
+        with misuse():
+            refuse_undecodable({"SESSION_ID": session_id})
         console = out()
-        async with Runtime([], store=existing_store(store)) as runtime:
+        async with Runtime([], store=reading_store(store)) as runtime:
             async for event in runtime.events(session_id, after, follow=follow):
                 if as_json:
                     line = json.dumps(event.to_dict(), ensure_ascii=False)

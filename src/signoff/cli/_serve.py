@@ -15,7 +15,7 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from .._types import Principal
-from ._app import app, fail, load_runtime, run
+from ._app import app, fail, load_runtime, misuse, run, split_target
 from ._waiting import open_when_up
 
 
@@ -128,43 +128,31 @@ def serve(
             )
         )
     try:
+        with misuse():  # the command line's own mistakes, before the runtime is imported
+            split_target(target)
+            auth = None if not token else TokenAuth(_token_principals(token))
+            _refuse_stray_channel_options(ctx, bool(webhook), bool(slack_channel))
+            _refuse_missing_secrets(
+                bool(webhook), webhook_secret, slack_channel, slack_token, slack_signing_secret
+            )
+            channels = _webhook_channels(webhook, webhook_secret)
+            if secret is not None and not secret:  # `--secret "$UNSET"`
+                raise UsageError("the server's secret (--secret) must not be empty")
+            lifetime = SIGN_IN_LIFETIME
+            if sign_in_lifetime is not None:
+                try:
+                    lifetime = lifetime_of(sign_in_lifetime)
+                except UsageError:
+                    raise UsageError(
+                        "--sign-in-lifetime must be a positive, finite number of seconds, "
+                        f"not {sign_in_lifetime:g}"
+                    ) from None
         runtime = load_runtime(target, store)
-        auth = None
-        if token:
-            principals: dict[str, Principal] = {}
-            for n, item in enumerate(token, 1):
-                # The value is never shown: a mistyped one may be the bare secret.
-                secret, sep, who = item.partition("=")
-                if not sep or not secret or not who:
-                    raise UsageError(
-                        f"--token takes SECRET=PRINCIPAL_ID, and token #{n} is not one "
-                        "(not shown, as it may hold a secret)"
-                    )
-                known = principals.get(secret)
-                if known is not None and known.principal_id != who:
-                    raise UsageError(
-                        f"--token gives one secret to two principals ({known.principal_id!r} "
-                        f"and {who!r}): give each its own"
-                    )
-                principals[secret] = Principal(authenticator="token", principal_id=who)
-            auth = TokenAuth(principals)
-        _refuse_stray_channel_options(ctx, bool(webhook), bool(slack_channel))
-        channels = _serve_channels(
-            webhook,
-            webhook_secret if webhook else None,
+        channels += _slack_channels(
             slack_channel,
             slack_token if slack_channel else None,
             slack_signing_secret if slack_channel else None,
         )
-        lifetime = SIGN_IN_LIFETIME
-        if sign_in_lifetime is not None:
-            try:
-                lifetime = lifetime_of(sign_in_lifetime)
-            except UsageError:
-                raise UsageError(
-                    "--sign-in-lifetime must be a positive, finite number of seconds, "
-                    f"not {sign_in_lifetime:g}"
-                ) from None
         _check_address(host, port)
     except SignoffError as exc:
         fail(exc)
@@ -257,33 +245,62 @@ def _refuse_stray_channel_options(ctx: typer.Context, webhooks: bool, slack: boo
         )
 
 
-def _serve_channels(
-    webhooks: list[str] | None,
+def _token_principals(tokens: list[str]) -> dict[str, Principal]:
+    """The principal of each `--token SECRET=PRINCIPAL_ID`; the value is never shown in an
+    error, as a mistyped one may be the bare secret."""
+    principals: dict[str, Principal] = {}
+    for n, item in enumerate(tokens, 1):
+        secret, sep, who = item.partition("=")
+        if not sep or not secret or not who:
+            raise UsageError(
+                f"--token takes SECRET=PRINCIPAL_ID, and token #{n} is not one "
+                "(not shown, as it may hold a secret)"
+            )
+        known = principals.get(secret)
+        if known is not None and known.principal_id != who:
+            raise UsageError(
+                f"--token gives one secret to two principals ({known.principal_id!r} "
+                f"and {who!r}): give each its own"
+            )
+        principals[secret] = Principal(authenticator="token", principal_id=who)
+    return principals
+
+
+def _refuse_missing_secrets(
+    webhooks: bool,
     webhook_secret: str | None,
     slack_channel: str | None,
     slack_token: str | None,
     slack_signing_secret: str | None,
-) -> list[Any]:
-    """The channels `serve` was asked for, each checked before the server starts."""
-    channels: list[Any] = []
-    if webhooks:
-        if not webhook_secret:
-            raise UsageError("--webhook needs --webhook-secret (or SIGNOFF_WEBHOOK_SECRET)")
-        from ..channels.webhooks import WebhookChannel
-
-        channels.append(WebhookChannel(webhooks, webhook_secret))
-    if slack_channel:
-        if not slack_token or not slack_signing_secret:
-            raise UsageError(
-                "--slack-channel needs --slack-token and --slack-signing-secret "
-                "(or SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET)"
-            )
-        from ..channels.slack import SlackChannel  # a UsageError with the install hint if missing
-
-        channels.append(
-            SlackChannel(slack_channel, token=slack_token, signing_secret=slack_signing_secret)
+) -> None:
+    """Refuse a channel asked for without the secrets it needs."""
+    if webhooks and not webhook_secret:
+        raise UsageError("--webhook needs --webhook-secret (or SIGNOFF_WEBHOOK_SECRET)")
+    if slack_channel and (not slack_token or not slack_signing_secret):
+        raise UsageError(
+            "--slack-channel needs --slack-token and --slack-signing-secret "
+            "(or SLACK_BOT_TOKEN and SLACK_SIGNING_SECRET)"
         )
-    return channels
+
+
+def _webhook_channels(webhooks: list[str] | None, webhook_secret: str | None) -> list[Any]:
+    """The webhook channel `serve` was asked for, its URLs checked, before the server starts."""
+    if not webhooks or not webhook_secret:
+        return []
+    from ..channels.webhooks import WebhookChannel
+
+    return [WebhookChannel(webhooks, webhook_secret)]
+
+
+def _slack_channels(
+    slack_channel: str | None, slack_token: str | None, slack_signing_secret: str | None
+) -> list[Any]:
+    """The Slack channel `serve` was asked for, built before the server starts."""
+    if not slack_channel or not slack_token or not slack_signing_secret:
+        return []
+    from ..channels.slack import SlackChannel  # a UsageError with the install hint if missing
+
+    return [SlackChannel(slack_channel, token=slack_token, signing_secret=slack_signing_secret)]
 
 
 # -- the queue --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from .._runtime import Runtime
 from ..channels.terminal import printable
 from ..stores import DEFAULT_URL, SQLiteStore
-from ._app import StoreOption, app, load_runtime, out, run, shown_store
+from ._app import StoreOption, app, load_runtime, misuse, out, run, shown_store, split_target
 from ._waiting import open_when_up
 
 
@@ -61,6 +61,8 @@ def worker(
     import logging
     import signal
 
+    with misuse():
+        split_target(target)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logger = logging.getLogger("signoff")

@@ -27,6 +27,7 @@ __all__ = [
     "Store",
     "SessionSummary",
     "StoredRequest",
+    "older_schema",
     "parent_of",
     "request_row",
     "request_rows",
@@ -39,6 +40,21 @@ READ_BYTES = 4 << 20
 
 FaultHook = Callable[[Literal["before", "after"], str], None]
 """Test-only: called right before and right after each commit, named by its first event type."""
+
+
+def older_schema(where: str, found: int, needed: int) -> SchemaVersionError:
+    """The error of a store opened with `migrate=False` whose schema (`found`, 0 for none) is
+    older than this signoff's: upgrading is `signoff db upgrade`'s to do, once no process of
+    the older signoff still writes rows without what the new schema adds."""
+    if found == 0:
+        return SchemaVersionError(
+            f"{where} has no signoff schema (this signoff needs store schema {needed}): run "
+            "`signoff db upgrade` to create it"
+        )
+    return SchemaVersionError(
+        f"{where} is at store schema {found}, this signoff needs {needed}: run "
+        "`signoff db upgrade` (once no older signoff uses it)"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -23,7 +23,7 @@ from ..._exceptions import (
     StoreUnavailable,
 )
 from ..._settings import seconds, whole
-from .._base import FaultHook
+from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
 from . import _schema
@@ -171,11 +171,8 @@ class Connections:
                 self._refuse_newer(version)
                 if version < _schema.STORE_SCHEMA:
                     if not self.auto_migrate:
-                        raise StoreError(
-                            f"PostgreSQL store {self._where} is at store schema version "
-                            f"{version}, this signoff needs {_schema.STORE_SCHEMA}: "
-                            "run `signoff db upgrade`"
-                        )
+                        where = f"PostgreSQL store {self._where}"
+                        raise older_schema(where, version, _schema.STORE_SCHEMA)
                     await self._migrate(conn)
                 cur = await conn.execute("SELECT current_setting('synchronous_commit')")
                 row = await cur.fetchone()

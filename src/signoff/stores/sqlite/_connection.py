@@ -17,7 +17,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreBusy, StoreError, StoreGone
 from ..._settings import seconds
-from .._base import FaultHook
+from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
 from ._schema import (
@@ -100,8 +100,8 @@ def _switch_to_wal(conn: sqlite3.Connection, timeout: float) -> None:
 
 
 def _refuse_newer(path: str, conn: sqlite3.Connection) -> int:
-    """The file's store schema (this signoff's when it has none yet); a newer one than this
-    signoff knows is a `SchemaVersionError`."""
+    """The file's store schema (0 when it has none yet); a newer one than this signoff knows
+    is a `SchemaVersionError`."""
     try:
         row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
     except sqlite3.OperationalError:
@@ -114,7 +114,7 @@ def _refuse_newer(path: str, conn: sqlite3.Connection) -> int:
     ):
         # Every signoff writes its tables and their mark in one transaction.
         raise StoreError(f"{path} is damaged: it has signoff's tables but no store schema mark")
-    found = STORE_SCHEMA if row is None else _schema_version(path, row[0])
+    found = 0 if row is None else _schema_version(path, row[0])
     if found > STORE_SCHEMA:
         raise SchemaVersionError(
             f"{path} has store schema {row[0]}; this signoff knows up to {STORE_SCHEMA}. "
@@ -193,8 +193,15 @@ class Connection:
     schema brought up to date, on first use), what it remembers of sessions and leases, and its
     fault hook."""
 
-    def __init__(self, url: str = "sqlite:///.signoff/state.db", *, busy_timeout: float = 30.0):
+    def __init__(
+        self,
+        url: str = "sqlite:///.signoff/state.db",
+        *,
+        busy_timeout: float = 30.0,
+        migrate: bool = True,
+    ):
         self.url = url
+        self.auto_migrate = migrate
         self.path = _path_from_url(url)
         # SQLite takes it in whole milliseconds, as a C int: a day is well within that.
         self.busy_timeout = seconds("busy_timeout", busy_timeout, most=86_400, zero=True)
@@ -226,14 +233,20 @@ class Connection:
         """Open the file, creating or upgrading its schema; returns (before, after) as
         `PostgresStore.migrate` does: the schema it had when this store opened it (0 for a
         new file) and this signoff's."""
-        self.open_sync()
+        self.open_sync(upgrade=True)
         assert self.schema_found is not None
         return self.schema_found, STORE_SCHEMA
 
-    def open_sync(self) -> None:
+    def open_sync(self, *, upgrade: bool | None = None) -> None:
+        """Open the file; create or upgrade its schema if `upgrade` (default: the store's
+        `migrate`), else refuse an older or missing one before writing anything."""
         if self._conn is not None:
             return
+        upgrade = self.auto_migrate if upgrade is None else upgrade
+        upgrade = upgrade or self.path == ":memory:"  # always new: nothing else uses it
         if self.path != ":memory:":
+            if not upgrade and not os.path.lexists(self.path):
+                raise older_schema(self.path, 0, STORE_SCHEMA)  # and nothing is created
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
@@ -246,6 +259,10 @@ class Connection:
             self._shm = _identity(f"{self.path}-shm")
         try:
             conn = self._connect(access)
+            if not upgrade and not _is_current(conn):
+                found = _refuse_newer(self.path, conn)
+                if found < STORE_SCHEMA:  # checked before WAL mode is set: nothing is written
+                    raise older_schema(self.path, found, STORE_SCHEMA)
             if access == "rw":
                 conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # a new file only; before WAL
                 _switch_to_wal(conn, self.busy_timeout)
@@ -258,7 +275,7 @@ class Connection:
                 where = os.path.abspath(self.path)
                 self._opened = (where, _identity(where))
             found = STORE_SCHEMA
-            if not _is_current(conn):
+            if upgrade and not _is_current(conn):
                 if access != "rw":
                     _refuse_newer(self.path, conn)  # writing it would not help: too new
                     raise StoreError(

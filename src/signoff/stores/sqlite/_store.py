@@ -44,7 +44,11 @@ an event's turn never scans back further than that."""
 
 
 class SQLiteStore(Reads, Leases):
-    """`Store` on one SQLite file (`sqlite:///path`); `sqlite:///:memory:` for throwaway use."""
+    """`Store` on one SQLite file (`sqlite:///path`); `sqlite:///:memory:` for throwaway use.
+
+    With `migrate=False`, opening refuses a file of an older schema (or none) instead of
+    upgrading it, and writes nothing to it (run `signoff db upgrade`), as `PostgresStore` does.
+    """
 
     # -- writes -------------------------------------------------------------------------------
 
