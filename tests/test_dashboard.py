@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -62,9 +63,13 @@ def start(base: str, agent: str = "support", message: str = "Refund 1042") -> di
 
 
 def test_pages_need_a_signed_in_reviewer(base: str) -> None:
-    for path in ("/_signoff/", "/_signoff/tools", "/_signoff/audit", "/_signoff/sessions/x"):
+    r = httpx.get(base + "/_signoff/")
+    assert r.status_code == 303 and r.headers["location"] == "/_signoff/login"
+    for path in ("/_signoff/tools", "/_signoff/audit", "/_signoff/sessions/x"):
         r = httpx.get(base + path)
-        assert r.status_code == 303 and r.headers["location"] == "/_signoff/login", path
+        # back to the page once signed in
+        assert r.status_code == 303, path
+        assert r.headers["location"] == "/_signoff/login?" + urlencode({"next": path}), path
     r = httpx.get(base + "/_signoff/fragments/queue", headers={"Accept": "application/json"})
     assert r.status_code == 401
     with httpx.Client(base_url=base) as c:

@@ -101,3 +101,27 @@ def test_an_answer_without_javascript_returns_to_the_filtered_queue(base: str) -
         form = {"option": "approve", "csrf": csrf_of(page), "next": "/_signoff/?kind=tool-approval"}
         r = c.post(f"/_signoff/requests/{rid}/respond", data=form)
         assert r.status_code == 303 and r.headers["location"] == "/_signoff/?kind=tool-approval"
+
+
+def test_a_reviewer_who_voted_on_a_quorum_is_told_so_and_offered_no_buttons(base: str) -> None:
+    """Alice's approval counted toward a two-person approval; her card still offered Approve
+    and Deny, and Approve only said "already counted". It says she approved, and how far the
+    quorum is, by the runtime's own rule; Bob, who has not voted, still gets the buttons."""
+    body = start(base, "treasury")
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+    url = f"{base}/v1/sessions/{sid}/responses"
+    assert httpx.post(url, json=vote, headers=auth("alice-token")).json()["status"] == "waiting"
+    with signed_in(base, "alice-token") as c:
+        for path in ("/_signoff/", f"/_signoff/sessions/{sid}"):
+            page = c.get(path).text
+            card = page[page.index(f'data-request-id="{rid}"') :]
+            card = card[: card.index("</article>")]
+            assert "/respond" not in card and 'value="approve"' not in card, path
+            assert 'value="cancel"' not in card, path
+            assert "data-voted" in card and "You approved this (1 of 2)" in card, path
+        pending = c.get(f"/_signoff/fragments/sessions/{sid}").json()["pending"]
+        assert "data-voted" in pending and 'value="approve"' not in pending
+    bobs = httpx.get(f"{base}/_signoff/", headers=auth("bob-token")).text
+    card = bobs[bobs.index(f'data-request-id="{rid}"') :]
+    assert 'value="approve"' in card and "data-voted" not in card

@@ -989,3 +989,28 @@ def test_live_changes_are_announced_to_a_screen_reader(page: Page, base: str) ->
     assert r.status_code == 200, r.text
     expect(page.locator("[data-session-status]")).to_have_text("idle")
     expect(page.locator("#toasts[aria-live=polite]")).to_contain_text("The session is now idle")
+
+
+def test_an_answer_after_the_sign_in_expired_leads_to_signing_in_and_back(
+    page: Page, base: str
+) -> None:
+    """The browser dropped the sign-in cookie (its lifetime passed) while a session page was
+    open: Approve said only "sign in first". It says the sign-in expired, and its link signs in
+    and returns to the page."""
+    body = start(base)
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    page.goto(f"/_signoff/sessions/{sid}")
+    card = page.locator(f"[data-request-id='{rid}']")
+    expect(card).to_be_visible()
+    page.context.clear_cookies(name="signoff_token")
+    card.get_by_role("button", name="Approve").click()
+    note = page.locator("#signed-out")
+    expect(note).to_contain_text("Your sign-in has expired")
+    note.get_by_role("link", name="Sign in").click()
+    expect(page.locator("[data-expired]")).to_be_visible()
+    page.fill("input[name=token]", "alice-token")
+    page.click("button[type=submit]")
+    expect(page).to_have_url(f"{base}/_signoff/sessions/{sid}")
+    approve = page.locator(f"[data-request-id='{rid}']").get_by_role("button", name="Approve")
+    expect(approve).to_be_visible()
+    assert session(base, sid)["status"] == "waiting"  # the refused click changed nothing

@@ -64,7 +64,8 @@ def test_head_answers_like_get_without_a_body(base: str) -> None:
         assert c.head("/v1/sessions/ses_nope").status_code == 404
         assert httpx.head(f"{base}/v1/requests").status_code == 401
         r = httpx.head(f"{base}/_signoff/tools")
-        assert (r.status_code, r.headers["location"]) == (303, "/_signoff/login")
+        back = "/_signoff/login?next=%2F_signoff%2Ftools"
+        assert (r.status_code, r.headers["location"]) == (303, back)
 
 
 def test_head_on_a_route_without_get_is_still_405(base: str) -> None:

@@ -1116,3 +1116,17 @@ async def test_an_old_state_files_unsent_delivery_is_sent_after_the_upgrade(
     assert theirs.attempts == []
     ((headers, body),) = ours.accepted
     assert body == raw.encode() and verify_webhook(SECRET, headers, body)["id"] == "whd_kept"
+
+
+@pytest.mark.parametrize("bad", [5, None, 1.5, b"whsec_bytes", {"whsec_a": 1}, object()])
+def test_a_secret_of_the_wrong_type_is_a_usage_error_naming_it(bad: object) -> None:
+    """`WebhookChannel(url, secret=5)` failed with a bare TypeError (`list(5)`); bytes were
+    refused as "not a string" without saying which argument. Neither error echoes the value."""
+    for make in (
+        lambda: WebhookChannel("https://example.com/hook", bad),  # type: ignore[arg-type]
+        lambda: verify_webhook(bad, {}, b"{}"),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(so.UsageError, match=r"secret") as caught:
+            make()
+        assert type(bad).__name__ in str(caught.value), caught.value
+        assert "whsec_" not in str(caught.value)

@@ -37,7 +37,7 @@ from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
 
-__all__ = ["Answering"]
+__all__ = ["Answering", "voted"]
 
 log = logging.getLogger("signoff.runtime")
 
@@ -393,7 +393,7 @@ class Answering(SessionRunner):
                 )
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
-                if current.distinct and me in current.approved_by:
+                if voted(current, principal):
                     outcome.append(
                         Outcome(
                             request_id=rid,
@@ -505,6 +505,17 @@ class Answering(SessionRunner):
                 f"request {request.id} was asked by {asker.principal_id}; {who} may not settle it",
                 [request.id],
             )
+
+
+def voted(request: InputRequest, principal: Principal | None) -> bool:
+    """Whether `principal`'s approval already counts toward `request`'s quorum, so another
+    from them would count nothing (votes are counted by principal id)."""
+    return (
+        request.approvers > 1
+        and request.distinct
+        and principal is not None
+        and principal.principal_id in request.approved_by
+    )
 
 
 def _check_policy_present(request: InputRequest, tool: Tool | None) -> None:

@@ -30,7 +30,7 @@ import hmac
 import json
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
@@ -127,7 +127,15 @@ def verify_webhook(
 
 def _secrets(secret: str | Sequence[str], who: str) -> list[str]:
     """The signing secrets as a list: one, or several while rotating, none of them empty."""
-    secrets = [secret] if isinstance(secret, str) else list(secret)
+    if isinstance(secret, str):
+        secrets = [secret]
+    elif isinstance(secret, Iterable) and not isinstance(secret, bytes | bytearray | Mapping):
+        secrets = list(secret)
+    else:  # named by its type only: the value is a secret
+        raise UsageError(
+            f"{who}: secret must be a non-empty string, or a list of them while rotating, "
+            f"not {type(secret).__name__}"
+        )
     if not secrets or not all(isinstance(s, str) and s for s in secrets):
         raise UsageError(f"{who} needs the shared secret: a non-empty string, or several")
     for s in secrets:

@@ -29,13 +29,16 @@ from ._auth import (
     is_dashboard,
 )
 from ._context import ServerContext
-from ._dashboard import SignIn, dashboard_error, sign_in_redirect
+from ._dashboard import SignIn
 from ._dashboard import router as dashboard_router
 from ._errors import ApiError, error_response, install_error_handlers
 from ._head import HeadAsGet
 from ._headers import SecurityHeaders
 from ._limits import BodyLimit
 from ._links import add_links
+from ._login import router as login_router
+from ._login import sign_in_redirect
+from ._message_page import dashboard_error
 from ._pages import csrf_key
 from ._prompt import PromptStore
 from ._sign_ins import SIGN_IN_LIFETIME, lifetime_of
@@ -204,6 +207,7 @@ def create_app(
     app.add_exception_handler(ApiError, on_api_error)
     app.include_router(api_router)
     app.include_router(dashboard_router)
+    app.include_router(login_router)
     for channel_router in () if channels is None else channels.routers:
         app.include_router(channel_router)
     static = files("signoff.server").joinpath("static")

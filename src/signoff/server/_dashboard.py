@@ -1,6 +1,6 @@
 """The reviewer dashboard at `/_signoff`: server-rendered pages, a little JS, CSRF-safe forms.
-Its routes are here; `_pages` renders a page and checks a form's CSRF token, and `_page_data`
-reads and shapes what a page shows."""
+Its routes are here except signing in (`_login`); `_pages` renders a page and checks a form's CSRF
+token, `_page_data` reads and shapes what a page shows and `_message_page` shows an error."""
 
 from __future__ import annotations
 
@@ -31,11 +31,11 @@ from .._exceptions import (
 from .._prompts import check_prompt
 from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
-from ._auth import DASHBOARD_PREFIX, TokenAuth, is_dashboard, token_cookie
-from ._context import get_context
+from ._auth import DASHBOARD_PREFIX, is_dashboard
 from ._errors import public_message, status_for
 from ._forms import Refusal, form_key, form_token
 from ._json_body import RepeatedKey, unique_keys
+from ._message_page import dashboard_error, message_page, wants_json
 from ._page_data import (
     PAGE_SIZE,
     SignIn,
@@ -49,10 +49,9 @@ from ._page_data import (
     tool_rows,
 )
 from ._pages import CSRF_COOKIE, check_csrf, csrf_token, env, pretty, render, set_csrf, utf8
-from ._sign_ins import issue
 from ._sse import LASTING, SIGNED_OUT_END, end_event, sse, stream_response
 
-__all__ = ["CSRF_COOKIE", "SignIn", "dashboard_error", "router", "sign_in_redirect"]
+__all__ = ["CSRF_COOKIE", "SignIn", "router"]
 
 log = logging.getLogger("signoff.server")
 
@@ -68,10 +67,6 @@ def _utf8(text: str | None) -> str | None:
     """A model's text for a JSON answer: one holding a lone surrogate failed as a 500 after
     the answer or message had been taken."""
     return None if text is None else utf8(text)
-
-
-def _wants_json(request: Request) -> bool:
-    return "application/json" in request.headers.get("accept", "")
 
 
 # -- the queue -------------------------------------------------------------------------------
@@ -208,7 +203,7 @@ async def respond(request: Request, request_id: str) -> Response:
     already = None
     if mine is not None and not mine.applied and outcome in _SETTLED:
         already = await answered_by_another(ctx, request_id, viewer)
-    if _wants_json(request):
+    if wants_json(request):
         return JSONResponse(
             {
                 "ok": True,
@@ -224,20 +219,11 @@ async def respond(request: Request, request_id: str) -> Response:
         )
     if outcome not in _ACCEPTED:  # a response policy refused it: the request stays open
         why = f": {mine.reason}" if mine is not None and mine.reason else ""
-        return await render(
-            "message.html",
-            request,
-            409,
-            title="Not accepted",
-            message=f"Not accepted ({outcome}){why}. The request stays open for someone else.",
-        )
+        message = f"Not accepted ({outcome}){why}. The request stays open for someone else."
+        return await message_page(request, 409, "Not accepted", message)
     if already is not None:
-        return await render(
-            "message.html",
-            request,
-            title="Already answered",
-            message=f"Already {_SETTLED[str(outcome)]} by {already}: your answer changed nothing.",
-        )
+        message = f"Already {_SETTLED[str(outcome)]} by {already}: your answer changed nothing."
+        return await message_page(request, 200, "Already answered", message)
     back = fields.get("next") or DASHBOARD_PREFIX
     if not is_dashboard(back):
         back = DASHBOARD_PREFIX
@@ -271,13 +257,6 @@ async def _whole(request: Request, request_id: str, *, payload: bool) -> Respons
     return PlainTextResponse(pretty(asked.action.input))
 
 
-async def dashboard_error(request: Request, status: int, code: str, message: str) -> Response:
-    """An error on a dashboard route: JSON for its scripts, a page for a plain form post."""
-    if _wants_json(request):
-        return JSONResponse({"ok": False, "error": {"code": code, "message": message}}, status)
-    return await render("message.html", request, status, title="That did not work", message=message)
-
-
 # -- a session's trace -----------------------------------------------------------------------
 
 
@@ -287,9 +266,7 @@ async def session_page(request: Request, session_id: str) -> Response:
     try:
         context = await session_context(request, session_id, 0, upto=upto)
     except UnknownSession:
-        return await render(
-            "message.html", request, 404, title="No such session", message=session_id
-        )
+        return await message_page(request, 404, "No such session", session_id)
     ctx, viewer = await signed_in(request)
     form = form_token(ctx.secret, viewer, ctx.runtime.clock())
     return await render("session.html", request, **context, form=form)
@@ -339,7 +316,7 @@ def _repeated(
 ) -> Response:
     """A form's second sending, sent where the first one led: with the token for the form's
     next message, for a script, as a first sending."""
-    if _wants_json(request):
+    if wants_json(request):
         fresh = form_token(secret, viewer, now)
         return JSONResponse({"ok": True, "repeated": True, "url": where, "form": fresh})
     return RedirectResponse(where, status_code=303)
@@ -371,7 +348,7 @@ async def start_session(request: Request) -> Response:
     where = f"{DASHBOARD_PREFIX}/sessions/{result.session_id}"
     if result.replayed:
         return _repeated(request, ctx.secret, viewer, now, where)
-    if _wants_json(request):
+    if wants_json(request):
         return JSONResponse({"ok": True, "session_id": result.session_id, "url": where})
     return RedirectResponse(where, status_code=303)
 
@@ -403,7 +380,7 @@ async def send_message(request: Request, session_id: str) -> Response:
         return await _refused(request, exc)
     if result.replayed:
         return _repeated(request, ctx.secret, viewer, now, where)
-    if _wants_json(request):
+    if wants_json(request):
         fresh = form_token(ctx.secret, viewer, ctx.runtime.clock())
         return JSONResponse(
             {"ok": True, "status": result.status, "text": _utf8(result.text), "form": fresh}
@@ -517,76 +494,4 @@ async def audit_page(request: Request) -> Response:
             page=page,
             pages=pages,
         ),
-    )
-
-
-# -- signing in ------------------------------------------------------------------------------
-
-
-@router.get("/login", response_class=HTMLResponse)
-async def login_page(request: Request) -> Response:
-    return await render("login.html", request, viewer=None, error=None)
-
-
-@router.post("/login")
-async def login(request: Request) -> Response:
-    ctx = get_context(request)
-    fields = await check_csrf(request)
-    token = fields.get("token", "").strip()
-    auth = ctx.auth
-    if not isinstance(auth, TokenAuth) or not token or auth.lookup(token) is None:
-        return await render(
-            "login.html", request, 401, viewer=None, error="That token is not recognised."
-        )
-    response = RedirectResponse(DASHBOARD_PREFIX, status_code=303)
-    # A signed, expiring sign-in, never the token; over https a `__Host-` cookie (Secure,
-    # Path=/, no Domain), which a page of a sibling domain cannot plant.
-    response.set_cookie(
-        token_cookie(request),
-        issue(ctx.secret, token, ctx.runtime.clock()),
-        max_age=max(1, int(ctx.sign_in_lifetime)),
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-        path="/",
-    )
-    return response
-
-
-@router.post("/logout")
-async def logout(request: Request) -> Response:
-    """Sign out: the sign-in is revoked in the store, so a copy of the cookie stops working in
-    every process too, and the browser is told to drop the cookie."""
-    await check_csrf(request)
-    ctx = get_context(request)
-    grant = await ctx.sign_in(request)
-    if grant is not None:
-        await ctx.sign_out(grant)
-    response = RedirectResponse(f"{DASHBOARD_PREFIX}/login", status_code=303)
-    response.delete_cookie(
-        token_cookie(request),
-        path="/",
-        httponly=True,
-        samesite="strict",
-        secure=request.url.scheme == "https",
-    )
-    return response
-
-
-async def sign_in_redirect(request: Request) -> Response:
-    """What an unauthenticated visitor of a dashboard page gets."""
-    ctx = get_context(request)
-    if isinstance(ctx.auth, TokenAuth):
-        if request.url.path.startswith(f"{DASHBOARD_PREFIX}/fragments") or _wants_json(request):
-            return JSONResponse(
-                {"error": {"code": "unauthenticated", "message": "sign in first"}}, 401
-            )
-        return RedirectResponse(f"{DASHBOARD_PREFIX}/login", status_code=303)
-    return await render(
-        "message.html",
-        request,
-        401,
-        viewer=None,
-        title="Not signed in",
-        message="This server does not recognise you. In dev mode only localhost may connect.",
     )

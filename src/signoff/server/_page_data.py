@@ -10,6 +10,7 @@ from urllib.parse import urlencode
 from fastapi import Request
 
 from .._agent import Agent
+from .._answering import voted
 from .._audit_trail import TOOL_SETTING
 from .._events import EVENT_TYPES, Event
 from .._state_parts import RequestState
@@ -113,6 +114,7 @@ async def queue_context(request: Request) -> dict[str, Any]:
         page_query=lambda n: urlencode({**picked, "page": n}),
         schemas=_schemas(ctx, items),
         refusals=_refusals(ctx, viewer, items),
+        votes=_votes(viewer, items),
     )
 
 
@@ -125,6 +127,12 @@ def _refusals(ctx: ServerContext, viewer: Principal, items: list[InputRequest]) 
         if refused is not None:
             out[r.id] = str(refused)
     return out
+
+
+def _votes(viewer: Principal, items: list[InputRequest]) -> dict[str, str]:
+    """Per quorum the viewer's approval already counts toward, its progress ("1 of 2"): their
+    card says so instead of offering an Approve that would count nothing."""
+    return {r.id: r.progress for r in items if voted(r, viewer)}
 
 
 async def answered_by_another(ctx: ServerContext, request_id: str, viewer: Principal) -> str | None:
@@ -271,6 +279,7 @@ async def session_context(
         items=pending,
         schemas=_schemas(ctx, pending),
         refusals=_refusals(ctx, viewer, pending),
+        votes=_votes(viewer, pending),
         event_types=sorted(EVENT_TYPES),
     )
 

@@ -16,6 +16,32 @@
     setTimeout(() => el.remove(), 5000);
   }
 
+  // The sign-in ended (it expired, or was signed out in another tab): say so at the page's top,
+  // with a link to sign in again that comes back to this page.
+  function signInAgain(text) {
+    let note = document.getElementById("signed-out");
+    if (!note) {
+      note = document.createElement("p");
+      note.id = "signed-out";
+      note.className = "warning";
+      note.setAttribute("role", "alert");
+      (document.querySelector("main") || document.body).prepend(note);
+    }
+    note.textContent = text.charAt(0).toUpperCase() + text.slice(1) + ". ";
+    const link = document.createElement("a");
+    link.href = prefix + "/login?next=" + encodeURIComponent(location.pathname + location.search);
+    link.textContent = "Sign in";
+    note.appendChild(link);
+  }
+
+  // A script's fetch answered 401: the sign-in ended. True when it did (and said so).
+  async function signedOut(res) {
+    if (res.status !== 401) return false;
+    const data = await res.json().catch(() => ({}));
+    signInAgain((data.error && data.error.message) || "you are no longer signed in");
+    return true;
+  }
+
   function fragment(html) {
     const t = document.createElement("template");
     t.innerHTML = html;
@@ -98,7 +124,12 @@
     es.onopen = () => dot && dot.classList.add("on");
     es.onerror = () => dot && dot.classList.remove("on");
     // The server ended the stream for good (the session expired, the store is gone): no retry.
-    es.addEventListener("stream.end", () => { es.close(); if (dot) dot.classList.remove("on"); });
+    es.addEventListener("stream.end", (ev) => {
+      es.close();
+      if (dot) dot.classList.remove("on");
+      const end = JSON.parse(ev.data || "{}");
+      if (end.status === 401) signInAgain((end.error && end.error.message) || "you are no longer signed in");
+    });
     (types || []).forEach((t) => es.addEventListener(t, handlers.any));
     Object.keys(handlers).forEach((t) => { if (t !== "any") es.addEventListener(t, handlers[t]); });
     return es;
@@ -136,7 +167,7 @@
         version = data.version;
         const q = queue.dataset.query;
         const res = await fetch(prefix + "/fragments/queue" + (q ? "?" + q : ""), { credentials: "same-origin" });
-        if (!res.ok) return;
+        if (await signedOut(res) || !res.ok) return;
         const shown = Number(res.headers.get("X-Total-Count"));
         if (filtered && Number.isInteger(shown)) setShown(shown);
         mergeCards(queue, await res.text());
@@ -156,7 +187,7 @@
       busy = true;
       try {
         const res = await fetch(prefix + "/fragments/sessions/" + encodeURIComponent(sid) + "?after=" + seq, { credentials: "same-origin" });
-        if (!res.ok) return;
+        if (await signedOut(res) || !res.ok) return;
         const data = await res.json();
         if (data.seq <= seq) return;
         seq = data.seq;
@@ -208,6 +239,7 @@
           headers: { "Accept": "application/json", "X-CSRF-Token": csrf },
         });
         const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
+        if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
         if (!data.ok) throw new Error(data.error && data.error.message || "Sending failed");
         send.querySelector("textarea").value = "";
         // The form's token was spent on this message: the next one needs its own.
@@ -244,6 +276,7 @@
         headers: { "Accept": "application/json", "X-CSRF-Token": csrf },
       });
       const data = await res.json().catch(() => ({ ok: false, error: { message: "Unexpected response (" + res.status + ")" } }));
+      if (res.status === 401) signInAgain(data.error && data.error.message || "you are no longer signed in");
       if (!data.ok) {
         const failed = new Error(data.error && data.error.message || "Request failed");
         failed.code = data.error && data.error.code;

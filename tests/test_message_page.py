@@ -1,0 +1,73 @@
+"""The dashboard's message pages (errors, refused or repeated answers): a signed-in reviewer
+keeps the navigation every other page has; a visitor not signed in gets none."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from starlette.testclient import TestClient
+
+from signoff.server import create_app
+
+from .test_dashboard import csrf_of, signed_in, start
+from .test_server_common import auth, make_runtime, served
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[str]:
+    with served(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
+def _nav(html: str) -> str:
+    match = re.search(r'<nav class="nav">.*?</nav>', html, re.S)
+    assert match, "no navigation in the page"
+    return match.group(0)
+
+
+def test_error_pages_of_a_signed_in_reviewer_lead_back_to_the_queue(base: str) -> None:
+    """An error page (an unknown request, arguments that are not JSON, an unknown session, an
+    answer someone else gave first) showed no navigation: only the browser's Back button."""
+    body = start(base, "treasury")
+    sid, rid = body["session_id"], body["pending"][0]["id"]
+    with signed_in(base, "admin-token") as c:
+        page = c.get(f"/_signoff/sessions/{sid}")
+        nav, token = _nav(page.text), csrf_of(page.text)
+        assert 'href="/_signoff/"' in nav and 'href="/_signoff/audit"' in nav
+        failures = [
+            c.post("/_signoff/requests/req_nope/respond", data={"option": "x", "csrf": token}),
+            c.post(
+                f"/_signoff/requests/{rid}/respond",
+                data={"option": "approve", "edited_input": "{nope", "csrf": token},
+            ),
+            c.get("/_signoff/sessions/ses_nope"),
+            c.post("/_signoff/sessions", data={"agent": "nope", "message": "hi", "csrf": token}),
+        ]
+        for who in ("alice-token", "bob-token"):  # the quorum settles elsewhere
+            vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+            url = f"{base}/v1/sessions/{sid}/responses"
+            assert httpx.post(url, json=vote, headers=auth(who)).status_code == 200
+        failures.append(
+            c.post(f"/_signoff/requests/{rid}/respond", data={"option": "approve", "csrf": token})
+        )
+        statuses = [r.status_code for r in failures]
+        assert statuses == [404, 422, 404, 422, 200], statuses
+        assert "Already approved by Bob (bob)" in failures[-1].text
+        for r in failures:
+            assert _nav(r.text) == nav, r.url
+            assert 'class="viewer-name" title="root"' in r.text, r.url
+            assert "Back to the queue" in r.text
+
+
+def test_a_message_page_for_a_visitor_not_signed_in_has_no_navigation(tmp_path: Path) -> None:
+    """In dev mode a caller from elsewhere is not recognised: the page says so, and offers no
+    navigation of pages it may not see."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    with TestClient(create_app(runtime, dev=True), base_url="http://signoff.test") as c:
+        r = c.get("/_signoff/sessions/ses_nope")
+    assert r.status_code == 401 and "Not signed in" in r.text
+    assert '<nav class="nav">' not in r.text and 'class="viewer-name"' not in r.text
