@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -18,12 +19,13 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.channels import Channel, ChannelHub, ChannelState
+from signoff.channels import Channel, ChannelHub, ChannelState, WebhookChannel, verify_webhook
 from signoff.channels._base import waiting_until
 from signoff.channels._state import STATE_SCHEMA
 from signoff.testing import call, call_tools, scripted_agent
 
 from ._locks import holding, open_together
+from .test_sqlite_upgrade import _child_env
 
 
 def test_opening_waits_for_a_writer_elsewhere_instead_of_failing(tmp_path: Path) -> None:
@@ -505,3 +507,109 @@ def test_a_state_path_that_is_a_directory_is_named_as_one(tmp_path: Path) -> Non
         f"cannot open the channel state {tmp_path}: it is a directory, not a file"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+_DIE_IN_UPGRADE = """
+import functools, os, signal, sqlite3, sys
+from signoff.channels import _state
+
+def die():
+    # What the upgrade wrote so far must be on disk (uncommitted WAL frames), not only in memory.
+    print(os.path.getsize(sys.argv[1] + "-wal"), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+class Spilling(sqlite3.Connection):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        super().execute("PRAGMA cache_size=2")  # a transaction's pages go to disk as it runs
+
+    def execute(self, sql, *args):
+        if sql == "COMMIT" and sys.argv[2] == "commit":
+            assert super().execute("PRAGMA user_version").fetchone() == (_state.STATE_SCHEMA,)
+            die()  # every step of the upgrade done but its commit
+        return super().execute(sql, *args)
+
+sqlite3.connect = functools.partial(sqlite3.connect, factory=Spilling)
+keep = _state._keep_memos_per_hub
+
+def moved(conn):
+    keep(conn)
+    if sys.argv[2] == "moved":
+        die()  # memos moved and the old table dropped, the file not yet marked
+
+_state._keep_memos_per_hub = moved
+_state.ChannelState(sys.argv[1])
+sys.exit(3)  # not killed: the upgrade never reached the point
+"""
+
+_OPEN_STATE = """
+import sys
+from signoff.channels import ChannelState
+ChannelState(sys.argv[1], busy_timeout=10).close()
+"""
+
+
+def rows_of(path: Path) -> list[tuple[Any, ...]]:
+    """Every position and memo row of a state file, as stored."""
+    conn = sqlite3.connect(path)
+    try:
+        tables = [
+            name
+            for (name,) in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' ORDER BY name"
+            )
+        ]
+        return [(t, *row) for t in tables for row in conn.execute(f"SELECT * FROM {t}")]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("dies", ["moved", "commit"])
+async def test_an_upgrade_killed_halfway_leaves_the_old_file_and_its_outbox_is_sent_later(
+    tmp_path: Path, dies: str
+) -> None:
+    """A process killed (SIGKILL) inside the upgrade transaction, after the memos moved or
+    just before its commit, leaves the file at layout 0 with every memo, the unsent webhook
+    delivery among them; two processes opening it next bring it up to date once, and the
+    hub that ran the channel sends the delivery."""
+    from .test_webhooks import SECRET, Receiver, manual
+
+    path = tmp_path / "channels.db"
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        raw = json.dumps({"id": "whd_kept", "type": "request.opened"})
+        kept = {"event": "request.opened", "body": raw}
+        memos = [("webhooks", f"outbox:{receiver.url} whd_kept", kept)]
+        memos += [m for m in OLD_MEMOS if not m[1].startswith("outbox:")]
+        memos += [("slack", f"msg:r{i}", {"text": "x" * 2000}) for i in range(2, 40)]
+        old_state_file(path, {"ops:webhooks": 0, "hub:slack": 7}, memos)
+        before = rows_of(path)
+        child = subprocess.run(
+            [sys.executable, "-c", _DIE_IN_UPGRADE, str(path), dies],
+            env=_child_env(),
+            capture_output=True,
+        )
+        assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+        assert int(child.stdout) > 0  # the killed transaction had written to the WAL
+        assert layout_of(path) == 0 and rows_of(path) == before
+
+        racers = [
+            subprocess.Popen([sys.executable, "-c", _OPEN_STATE, str(path)], env=_child_env())
+            for _ in range(2)
+        ]
+        assert [r.wait(timeout=30) for r in racers] == [0, 0]
+        assert layout_of(path) == STATE_SCHEMA
+        state = ChannelState(path)
+        ops = [(key, value) for channel, key, value in memos if channel == "webhooks"]
+        assert state.memos("webhooks", hub="ops") == ops  # each once, in order
+        assert state.recall("slack", "msg:r1", hub="hub") == {"channel": "C42", "ts": "1.2"}
+        state.close()
+
+        hooks = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [hooks], state=path, name="ops")):
+            await asyncio.wait_for(hooks.drain(), 10)
+            assert hooks.memos("outbox:") == []
+    ((headers, body),) = receiver.accepted
+    assert body == raw.encode() and verify_webhook(SECRET, headers, body)["id"] == "whd_kept"
