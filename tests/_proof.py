@@ -44,7 +44,11 @@ def lines() -> list[str]:
     tests = sorted({k.split(":")[1] for k in tally if k.startswith("hypothesis:")})
     for test in tests:
         examples = tally[f"hypothesis:{test}:examples"]
-        steps = tally[f"hypothesis:{test}:steps"]
-        detail = f" ({_fmt(steps)} steps)" if steps else ""
+        counts = [
+            f"{_fmt(tally[f'hypothesis:{test}:{what}'])} {what}"
+            for what in ("steps", "restarts")
+            if tally[f"hypothesis:{test}:{what}"]
+        ]
+        detail = f" ({', '.join(counts)})" if counts else ""
         out.append(f"hypothesis: {test} {_fmt(examples)} examples{detail}")
     return out

@@ -1,8 +1,9 @@
 """Property tests: a Hypothesis state machine over the runtime API, and the reply matcher.
 
 The machine drives random interleavings of new sessions, messages, answers (by id, label and
-index), duplicate and forged answers, cancels and restarts on one SQLite file, keeps a model of
-what must be true, and checks the durable invariants after every step through the public API.
+index, or from a second runtime), duplicate and forged answers, cancels and restarts on one
+store (a SQLite file, or a fresh PostgreSQL schema), keeps a model of what must be true, and
+checks the durable invariants after every step through the public API.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from hypothesis.stateful import (
     invariant,
     precondition,
     rule,
+    run_state_machine_as_test,
 )
 
 import signoff as so
@@ -39,6 +41,16 @@ AGENT = "shop"
 TOOLS = ("refund", "ship", "note")
 SHIPPING = [{"id": "std", "label": "Standard"}, {"id": "exp", "label": "Express delivery"}]
 ANSWERED_ELSEWHERE = {"approved", "cancelled", "answered"}  # outcomes a person's answer records
+AUDITED = {
+    "input.requested",
+    "approval.candidate",
+    "approval.settled",
+    "input.resolved",
+    "tool.started",
+    "tool.completed",
+    "turn.cancelled",
+}
+"""The event types the audit trail records (docs/audit.md)."""
 
 
 # -- the agent: tools that count their runs, and a model that follows the user's plan ----------
@@ -135,41 +147,83 @@ class Session:
 
 
 class RuntimeMachine(RuleBasedStateMachine):
-    """Random interleavings of the runtime API on one SQLite file; a model checks the result."""
+    """Random interleavings of the runtime API on one fresh store per example (a SQLite file
+    here; `PostgresRuntimeMachine` runs the same on PostgreSQL); a model checks the result."""
+
+    proof = "test_runtime_machine"  # the name its examples and steps are counted under
 
     def __init__(self) -> None:
         super().__init__()
-        _proof.record("hypothesis:test_runtime_machine:examples")
-        self.dir = tempfile.mkdtemp(prefix="signoff-props-")
+        _proof.record(f"hypothesis:{self.proof}:examples")
         self.loop = asyncio.new_event_loop()
+        self.url = self.fresh_store()
         self.runs = Runs()
         self.agent = make_agent(self.runs)
         self.rt = self.open_runtime()
         self.sessions: dict[str, Session] = {}
         self.requests: dict[str, Request] = {}
         self.moved = False
+        self.other: so.Runtime | None = None  # a second process's runtime, once one answered
+        self.seen: dict[str, tuple[list[dict[str, Any]], so.SessionState]] = {}
 
     # -- plumbing ---------------------------------------------------------------------------
 
+    def fresh_store(self) -> str:
+        """The URL of an empty store of this example's own."""
+        self.dir = tempfile.mkdtemp(prefix="signoff-props-")
+        return f"sqlite:///{self.dir}/state.db"
+
+    def drop_store(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
     def open_runtime(self) -> so.Runtime:
-        return so.Runtime([self.agent], store=f"sqlite:///{self.dir}/state.db")
+        """A brand-new runtime on this example's store: nothing shared with the last one but
+        the agent's code, as in a process started again."""
+        return so.Runtime([self.agent], store=self.url)
+
+    def second(self) -> so.Runtime:
+        """Another runtime open on the same store at the same time, as in a second process: it
+        keeps its own caches between the calls it gets, while the first one writes too."""
+        if self.other is None:
+            self.other = self.open_runtime()
+        return self.other
+
+    def close_second(self) -> None:
+        other, self.other = self.other, None
+        if other is not None:
+            self.run(other.close())
 
     def step(self) -> None:
         self.moved = True  # something ran since the last restart: another one is worth it
-        _proof.record("hypothesis:test_runtime_machine:steps")
+        self.seen.clear()
+        _proof.record(f"hypothesis:{self.proof}:steps")
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         return self.loop.run_until_complete(coro)
 
     def teardown(self) -> None:
         try:
+            assert self.run(self.rt.verify_audit()) == [], "the audit trail's chain is broken"
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        try:
+            self.close_second()
             self.loop.run_until_complete(self.rt.close())
         finally:
             self.loop.close()
-            shutil.rmtree(self.dir, ignore_errors=True)
+            self.drop_store()
 
     async def _events(self, sid: str) -> list[dict[str, Any]]:
         return [e.to_dict() async for e in self.rt.events(sid, follow=False)]
+
+    def observed(self, sid: str) -> tuple[list[dict[str, Any]], so.SessionState]:
+        """A session's events and state as the store has them after the last step, read once
+        for all the invariants (a round trip each on PostgreSQL)."""
+        if sid not in self.seen:
+            self.seen[sid] = (self.run(self._events(sid)), self.run(self.rt.state(sid)))
+        return self.seen[sid]
 
     async def _everything(self) -> Any:
         """All the public API shows: events of every session, the queue, sessions, audit."""
@@ -298,11 +352,11 @@ class RuntimeMachine(RuleBasedStateMachine):
     @rule(
         i=st.integers(0, 99),
         yes=st.booleans(),
-        how=st.sampled_from(["respond", "generate", "id", "label", "index"]),
+        how=st.sampled_from(["respond", "generate", "elsewhere", "id", "label", "index"]),
     )
     def answer(self, i: int, yes: bool, how: str) -> None:
-        """Answer an open request: by id (respond, or helix-style approvals) or by a follow-up
-        message naming an option by id, label or index."""
+        """Answer an open request: by id (respond, helix-style approvals, or respond in a
+        second process) or by a follow-up message naming an option by id, label or index."""
         self.step()
         if how in ("id", "label", "index"):
             self.answer_by_message(i, yes, how)
@@ -312,11 +366,12 @@ class RuntimeMachine(RuleBasedStateMachine):
     def answer_by_id(self, i: int, yes: bool, how: str) -> None:
         req = self.pick(self.open_requests(), i)
         sid = req.session_id
+        rt = self.second() if how == "elsewhere" else self.rt
         if req.kind == "question":
             option = "exp" if yes else "std"
             answer: dict[str, Any] = {"option_id": option}
             result = self.run(
-                self.rt.respond(sid, [so.InputResponse(request_id=req.id, option_id=option)])
+                rt.respond(sid, [so.InputResponse(request_id=req.id, option_id=option)])
             )
             outcome = "answered"
         elif how == "generate":
@@ -332,7 +387,7 @@ class RuntimeMachine(RuleBasedStateMachine):
             outcome = "approved" if yes else "cancelled"
         else:
             answer = {"option_id": "approve" if yes else "cancel"}
-            result = self.run(self.rt.respond(sid, [so.InputResponse(request_id=req.id, **answer)]))
+            result = self.run(rt.respond(sid, [so.InputResponse(request_id=req.id, **answer)]))
             outcome = "approved" if yes else "cancelled"
         assert [(o.request_id, o.applied) for o in result.outcomes] == [(req.id, True)]
         req.answer, req.outcome = answer, outcome
@@ -438,21 +493,27 @@ class RuntimeMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.moved)
     @rule()
     def restart(self) -> None:
-        """Close the runtime and open a brand-new one on the same file."""
+        """Close the runtime and open a brand-new one on the same store: it shows the same."""
         self.step()
+        _proof.record(f"hypothesis:{self.proof}:restarts")
         self.moved = False
-        self.run(self.rt.close())
+        self.close_second()
+        before = self.run(self._everything())
+        old = self.rt
+        self.run(old.close())
         self.rt = self.open_runtime()
+        assert self.rt is not old and self.rt.store is not old.store
+        assert self.run(self._everything()) == before, "a restart changed what the store shows"
 
     # -- invariants ---------------------------------------------------------------------------
 
     @invariant()
     def the_log_is_gap_free_and_append_only(self) -> None:
         for sid, session in self.sessions.items():
-            events = self.run(self._events(sid))
+            events, state = self.observed(sid)
             assert [e["seq"] for e in events] == list(range(1, len(events) + 1)), sid
             assert events[: len(session.events)] == session.events, "the log was rewritten"
-            assert self.run(self.rt.state(sid)).seq == len(events)
+            assert state.seq == len(events)
             session.events = events
 
     @invariant()
@@ -460,7 +521,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         queue = {r.id for r in self.run(self.rt.pending(limit=10_000))}
         assert queue == {r.id for r in self.requests.values() if r.outcome is None}
         for sid in self.sessions:
-            log = self.run(self._events(sid))
+            log, state = self.observed(sid)
             requested = Counter(
                 r["id"]
                 for e in log
@@ -476,13 +537,45 @@ class RuntimeMachine(RuleBasedStateMachine):
             assert {d["request_id"]: d["outcome"] for d in resolved} == {
                 r.id: r.outcome for r in mine.values() if r.outcome is not None
             }
-            state = self.run(self.rt.state(sid))
             assert {r.id for r in state.pending_requests()} == set(requested) - set(once)
+
+    @invariant()
+    def each_decision_is_recorded_once_as_given(self) -> None:
+        """Every answered approval has one decision in the log, the one given; a request
+        withdrawn, ignored or still open has none."""
+        for sid in self.sessions:
+            log = self.observed(sid)[0]
+            settled = Counter(
+                e["data"]["request_id"] for e in log if e["type"] == "approval.settled"
+            )
+            assert set(settled.values()) <= {1}, f"a decision was applied twice: {settled}"
+            decided = {
+                e["data"]["request_id"]: e["data"]["decision"]
+                for e in log
+                if e["type"] == "approval.settled"
+            }
+            assert decided == {
+                r.id: r.answer["option_id"]
+                for r in self.requests.values()
+                if r.session_id == sid and r.kind == "tool-approval" and r.answer is not None
+            }
+
+    @invariant()
+    def the_audit_trail_mirrors_the_log(self) -> None:
+        """Each session's audit stream holds its requests, decisions and executions, each once,
+        in the order and with the data the log has."""
+        trail: dict[str, list[tuple[str, int | None, dict[str, Any]]]] = {}
+        for entry in self.run(self.rt.audit()):
+            trail.setdefault(entry.stream, []).append((entry.type, entry.seq, entry.data))
+        for sid in self.sessions:
+            log = self.observed(sid)[0]
+            expected = [(e["type"], e["seq"], e["data"]) for e in log if e["type"] in AUDITED]
+            assert trail.get(sid, []) == expected, sid
 
     @invariant()
     def status_follows_the_pending_requests(self) -> None:
         for sid, session in self.sessions.items():
-            state = self.run(self.rt.state(sid))
+            state = self.observed(sid)[1]
             assert state.status == session.status, (sid, state.status, session.status)
             assert (state.status == "waiting") == bool(self.pending_of(sid))
 
@@ -491,7 +584,7 @@ class RuntimeMachine(RuleBasedStateMachine):
         assert set(self.runs.count.values()) <= {1}, f"a tool body ran twice: {self.runs.count}"
         ran = {(sid, cid): key for key, (sid, cid, _) in self.runs.where.items()}
         for sid in self.sessions:
-            log = self.run(self._events(sid))
+            log = self.observed(sid)[0]
             started = {
                 e["data"]["call_id"]: e["data"].get("idempotency_key")
                 for e in log
@@ -526,13 +619,49 @@ class RuntimeMachine(RuleBasedStateMachine):
                 assert (sid, cid) not in ran, f"denied call {cid} ran"
 
 
-RuntimeMachine.TestCase.settings = settings(
-    max_examples=100,
-    stateful_step_count=30,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+def machine_settings(examples: int) -> settings:
+    """Both stores' runs: `examples` random programs of up to 30 steps each."""
+    return settings(
+        max_examples=examples,
+        stateful_step_count=30,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+
+
+RuntimeMachine.TestCase.settings = machine_settings(100)
 TestRuntimeMachine = RuntimeMachine.TestCase
+
+
+class PostgresRuntimeMachine(RuntimeMachine):
+    """The same machine on PostgreSQL: each example on a schema of its own in one database
+    (`?schema=`), which the example's first runtime creates as a new deployment's would."""
+
+    proof = "test_runtime_machine_postgres"
+    database = ""  # the URL of the database the test was given
+    examples = 0
+
+    def fresh_store(self) -> str:
+        assert self.database, "run by test_runtime_machine_on_postgres"
+        type(self).examples += 1
+        return f"{self.database}?schema=machine_{self.examples}"
+
+    def drop_store(self) -> None:
+        pass  # the database goes with the test, and every schema in it
+
+
+PG_EXAMPLES = 60
+"""Fewer than on SQLite: an example takes about twice as long there (0.5 s on two idle cores, as
+client and server share them), so about 30 s in all."""
+
+
+def test_runtime_machine_on_postgres(pg_store_url: str) -> None:
+    """Both stores must behave the same: the machine's rules and invariants, on PostgreSQL."""
+    PostgresRuntimeMachine.database = pg_store_url
+    try:
+        run_state_machine_as_test(PostgresRuntimeMachine, settings=machine_settings(PG_EXAMPLES))
+    finally:
+        PostgresRuntimeMachine.database = ""
 
 
 # -- the follow-up-message matcher and option matching ------------------------------------------
