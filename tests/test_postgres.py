@@ -625,13 +625,20 @@ async def test_durable_commits_flush_the_others_need_not(
 
 
 async def _backend_waiting(
-    conn: psycopg.AsyncConnection[Any], what: str, skip: set[int] | None = None
+    conn: psycopg.AsyncConnection[Any],
+    what: str,
+    skip: set[int] | None = None,
+    *,
+    sleeping: bool = False,
 ) -> int:
-    """The pid of the one backend (not ours, not in `skip`) whose current query matches `what`."""
+    """The pid of the one backend (not ours, not in `skip`) whose current query matches `what`;
+    with `sleeping`, only once it waits in `pg_sleep` (a COMMIT that only started may still
+    see the stall turned off and go through)."""
     for _ in range(500):
         cur = await conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE pid <> pg_backend_pid() "
-            "AND state = 'active' AND query LIKE %s",
+            "AND state = 'active' AND query LIKE %s"
+            + (" AND wait_event = 'PgSleep'" if sleeping else ""),
             (what,),
         )
         rows = [int(r[0]) for r in await cur.fetchall() if int(r[0]) not in (skip or set())]
@@ -706,7 +713,7 @@ async def _killer(url: str, times: int) -> int:
     killed: set[int] = set()
     async with conn:
         while len(killed) < times:
-            pid = await _backend_waiting(conn, "%COMMIT%", skip=killed)
+            pid = await _backend_waiting(conn, "%COMMIT%", skip=killed, sleeping=True)
             if len(killed) == times - 1:
                 await conn.execute("DELETE FROM public.stall")
             await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
