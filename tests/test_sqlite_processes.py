@@ -20,6 +20,7 @@ from signoff.stores.sqlite._connection import READ_CHECK_EVERY
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
 
 from ._locks import STORE_ROW, holding, open_together
+from ._wal import SPILL, uncommitted_frames
 
 
 def _event(sid: str, seq: int, type: str = "session.created") -> so.Event:
@@ -154,35 +155,46 @@ async def test_a_reader_opens_the_store_while_another_process_holds_the_write_lo
         await reader.close()
 
 
-STALL_INSIDE_COMMIT = """
-import asyncio, sys, time
+STALL_INSIDE_COMMIT = (
+    SPILL
+    + """
+import asyncio, os, secrets, sys, time
 import signoff as so
-from signoff.stores import Commit, PendingFilter, SQLiteStore
-from signoff.stores.sqlite._connection import READ_CHECK_EVERY
+from signoff.stores import Commit, SQLiteStore
 
 def stall(*args, **kwargs):
-    print("inside", flush=True)  # the commit's rows are written, its transaction still open
+    # The commit's rows are written (to the WAL, not committed), its transaction still open.
+    print(os.path.getsize(sys.argv[1] + "-wal"), flush=True)
     time.sleep(3600)
 
 SQLiteStore._insert_session_audit = staticmethod(stall)
-event = so.Event(session_id="s1", seq=2, type="turn.waiting", at=2.0, data={})
-store = SQLiteStore(sys.argv[1])
+data = {"x": secrets.token_hex(12000)}  # packs to more pages than the cache holds
+event = so.Event(session_id="s1", seq=2, type="turn.waiting", at=2.0, data=data)
+store = SQLiteStore("sqlite:///" + sys.argv[1])
 asyncio.run(store.commit(Commit(session_id="s1", expected_seq=1, events=[event])))
 """
+)
 
 
 async def test_a_process_killed_inside_a_commit_leaves_no_trace_and_no_lock(
     tmp_path: Path,
 ) -> None:
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    store = SQLiteStore(url, busy_timeout=5)
+    """A process killed (SIGKILL) inside a commit whose rows already reached the WAL leaves
+    them there uncommitted: readers see the session as it was, and the next write does not
+    wait for the dead process's lock."""
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}", busy_timeout=5)
     await store.create_session("s1", "a", [_event("s1", 1)], None)
+    wal = Path(f"{path}-wal")
+    committed = wal.stat().st_size
     child = subprocess.Popen(
-        [sys.executable, "-c", STALL_INSIDE_COMMIT, url], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", STALL_INSIDE_COMMIT, str(path)],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert child.stdout is not None
     try:
-        assert child.stdout.readline().strip() == "inside"
+        stalled = int(child.stdout.readline())
         child.kill()  # SIGKILL: no rollback runs in the child
         child.wait(timeout=10)
     finally:
@@ -190,7 +202,12 @@ async def test_a_process_killed_inside_a_commit_leaves_no_trace_and_no_lock(
             child.kill()
             child.wait(timeout=10)
         child.stdout.close()
+    assert wal.stat().st_size == stalled > committed
+    assert uncommitted_frames(wal, committed) > 2  # the killed commit's pages, on disk
     assert await store.head("s1") == 1 and len(await store.read_events("s1")) == 1
+    fresh = SQLiteStore(f"sqlite:///{path}")  # a connection opened after the kill
+    assert await fresh.head("s1") == 1 and len(await fresh.read_events("s1")) == 1
+    await fresh.close()
     await store.commit(  # the lock died with the process: this write does not wait
         Commit(session_id="s1", expected_seq=1, events=[_event("s1", 2, "turn.waiting")])
     )

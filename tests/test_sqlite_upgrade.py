@@ -19,6 +19,8 @@ from signoff.stores._codec import unpack_text
 from signoff.stores.sqlite import STORE_SCHEMA, SQLiteStore
 from signoff.testing import call, call_tools, reply, scripted_agent
 
+from ._wal import SPILL, uncommitted_frames
+
 # Schema 1 as the first version wrote it: JSON text everywhere, a full copy of each request, and
 # audit rows with their own stream, type, data, prev and hash (as hex text).
 SCHEMA_1 = """
@@ -331,39 +333,76 @@ async def test_a_schema_3_file_learns_its_tool_setting_chain_heads(tmp_path: Pat
         assert [(p.stream, p.n) for p in problems] == [("tools:a.wipe", 2)]
 
 
-_DIE_MID_UPGRADE = """
+_DIE_IN_UPGRADE = (
+    SPILL
+    + """
 import asyncio, os, signal, sys
 from signoff.stores.sqlite import _connection, SQLiteStore
-upgrade = _connection.keep_stream_heads
-def die(conn):
+
+def die():
+    # What the upgrade wrote so far, and that it is not committed, is checked on disk after.
+    print(os.path.getsize(sys.argv[1] + "-wal"), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+def at_commit(conn):
+    if sys.argv[2] == "commit":
+        found = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        assert found == (str(_connection.STORE_SCHEMA),), found
+        die()  # every step of the upgrade done but its commit
+
+upgrade = _connection.upgrade_from_1
+
+def moved(conn):
     upgrade(conn)
-    os.kill(os.getpid(), signal.SIGKILL)  # every step of the upgrade done but its commit
-_connection.keep_stream_heads = die
-asyncio.run(SQLiteStore(sys.argv[1]).open())
+    if sys.argv[2] == "moved":
+        die()  # audit entries moved to the new table and the old one dropped, nothing marked
+
+_connection.upgrade_from_1 = moved
+asyncio.run(SQLiteStore("sqlite:///" + sys.argv[1]).open())
+sys.exit(3)  # not killed: the upgrade never reached the point
 """
+)
 
 
+def dump(path: Path) -> list[str]:
+    """Every table, index and row of a SQLite file, as SQL."""
+    conn = sqlite3.connect(path)
+    try:
+        return list(conn.iterdump())
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("dies", ["moved", "commit"])
 async def test_an_upgrade_killed_halfway_leaves_the_old_file_and_finishes_next_time(
-    tmp_path: Path,
+    tmp_path: Path, dies: str
 ) -> None:
     """The upgrade runs in the opening transaction: a process killed in it (SIGKILL, no
-    rollback) leaves the file at schema 1 as it was, and the next opening upgrades it, while
-    two processes opening it at once upgrade it once."""
+    rollback), after the audit entries moved or just before its commit, with what it wrote in
+    the WAL but not committed, leaves the file at schema 1 as it was, and the next opening
+    upgrades it, while two processes opening it at once upgrade it once."""
     modern = tmp_path / "modern.db"
     async with so.Runtime([refund_agent()], store=f"sqlite:///{modern}") as rt:
         parked = await rt.generate("support", prompt="first")
         before = await public_view(rt, [parked.session_id])
     old = tmp_path / "old.db"
     write_schema_1(modern, old, before)
-    url = f"sqlite:///{old}"
+    schema_1 = dump(old)
     child = subprocess.run(
-        [sys.executable, "-c", _DIE_MID_UPGRADE, url], env=_child_env(), capture_output=True
+        [sys.executable, "-c", _DIE_IN_UPGRADE, str(old), dies],
+        env=_child_env(),
+        capture_output=True,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    wal = Path(f"{old}-wal")
+    assert wal.stat().st_size == int(child.stdout)  # as the killed upgrade left it
+    assert uncommitted_frames(wal) > 2  # its pages, on disk, no commit among them
+    assert dump(old) == schema_1  # every table and row of schema 1, nothing of the upgrade
     with sqlite3.connect(old) as conn:
         assert conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("1",)
         assert "prev" in {r[1] for r in conn.execute("PRAGMA table_info(audit)")}
     conn.close()
+    url = f"sqlite:///{old}"
     opening = "import asyncio, sys; from signoff.stores.sqlite import SQLiteStore; "
     opening += "asyncio.run(SQLiteStore(sys.argv[1]).open())"
     racers = [
