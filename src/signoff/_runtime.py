@@ -37,6 +37,7 @@ from ._idempotency import keyed
 from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
+from ._settings import finite
 from ._state import SessionState
 from ._sync import blocking_doc, twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
@@ -306,11 +307,8 @@ class Runtime(Workers):
             raise UsageError(
                 f"kind must be one of {', '.join(get_args(RequestKind))}, not {kind!r}"
             )
-        if older_than is not None and (
-            isinstance(older_than, bool)
-            or not isinstance(older_than, int | float)
-            or not 0 <= older_than < math.inf  # NaN matched no request
-        ):
+        # NaN matched no request; an int no float holds overflowed.
+        if older_than is not None and not (finite(older_than) and older_than >= 0):
             raise UsageError(f"older_than must be seconds from 0, not {older_than!r}")
         if flt is None:
             flt = PendingFilter(
