@@ -4,12 +4,13 @@ a duration or a count that makes no sense is refused with its name and its allow
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pytest
 
 import signoff as so
-from signoff._settings import positive_seconds, seconds, whole
+from signoff._settings import flag, positive_seconds, seconds, whole
 
 NOT_NUMBERS: list[Any] = [True, False, "5", None, [1], 1j]
 
@@ -100,3 +101,13 @@ def test_an_integer_too_long_to_print_is_named_by_its_size() -> None:
         whole("size", -(10**5000), least=0)
     with pytest.raises(so.UsageError, match=r"^wait must be a positive, finite number"):
         seconds("wait", 10**5000)
+
+
+def test_a_flag_is_true_or_false_and_nothing_else() -> None:
+    """`"no"` and `0` were taken for their truth: `"no"` as true."""
+    assert flag("migrate", True) is True and flag("migrate", False) is False
+    for value in ("no", "false", 0, 1, None, [True]):
+        with pytest.raises(
+            so.UsageError, match=f"^migrate must be True or False, not {re.escape(repr(value))}$"
+        ):
+            flag("migrate", value)

@@ -25,9 +25,10 @@ from signoff._exceptions import (
     UnknownSession,
 )
 from signoff._types import Action, InputRequest, input_hash
-from signoff.stores import Commit, PendingFilter, Resolve, Store
+from signoff.stores import Commit, PendingFilter, Resolve, SQLiteStore, Store
 from signoff.stores._audit import AuditRow
 from signoff.stores._codec import needs_previous, pack_bytes
+from signoff.stores.postgres import PostgresStore
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._procs import query
@@ -1281,3 +1282,16 @@ def test_a_pending_filter_of_the_wrong_kind_is_refused_when_made(
         PendingFilter(**given)
     assert PendingFilter(agent="a", live_at=1, due_by=2.5, limit=0, offset=2**63 - 1).limit == 0
     assert PendingFilter(created_before=2**63 - 1, created_after=-(2**63)).created_after == -(2**63)
+
+
+@pytest.mark.parametrize("migrate", ["no", "false", 0, None])
+def test_a_migrate_flag_that_is_not_a_bool_is_refused_and_nothing_is_touched(
+    store_url: str, migrate: Any
+) -> None:
+    """`migrate="no"` (read from an environment variable, say) was true: the store it was to
+    keep from upgrading was upgraded, or a missing one created."""
+    kind = SQLiteStore if store_url.startswith("sqlite") else PostgresStore
+    with pytest.raises(so.UsageError, match=f"^migrate must be True or False, not {migrate!r}$"):
+        kind(store_url, migrate=migrate)
+    if kind is SQLiteStore:  # a PostgreSQL store connects only when opened
+        assert not Path(store_url.removeprefix("sqlite:///")).exists()

@@ -7,7 +7,7 @@ import math
 
 from ._exceptions import SignoffError, UsageError
 
-__all__ = ["finite", "positive_seconds", "seconds", "whole"]
+__all__ = ["finite", "flag", "positive_seconds", "seconds", "whole"]
 
 
 def finite(value: object) -> bool:
@@ -83,3 +83,10 @@ def whole(
         f"{name} must be a whole number {allowed}, not "
         f"{shown if shown is not None else _shown(value)}"
     )
+
+
+def flag(name: str, value: object) -> bool:
+    """`value` if it is True or False: any other (`"no"`, `0`) was taken for its truth."""
+    if not isinstance(value, bool):
+        raise UsageError(f"{name} must be True or False, not {_shown(value)}")
+    return value
