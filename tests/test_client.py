@@ -924,3 +924,21 @@ def test_a_client_refuses_a_timeout_that_is_not_positive_finite_seconds(timeout:
     for make in (AsyncClient, Client):
         with pytest.raises(so.UsageError, match="^timeout must be a positive, finite number"):
             make("http://127.0.0.1:8000", token="t", timeout=timeout)
+
+
+@pytest.mark.parametrize("retries", [-1, 2.5, "5", None, True])
+async def test_events_refuse_retries_that_are_not_a_count_before_asking(
+    canned: Canned, retries: Any
+) -> None:
+    """`retries="5"` was taken, and the first refusal of the stream then raised a bare
+    TypeError (`-1` gave up on a stream that had not failed yet)."""
+    canned.on(EVENTS, stream(event(1)))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.UsageError, match="^retries must be a whole number from 0, not "):
+            _ = [e async for e in c.events("ses_x", follow=False, retries=retries)]
+        with pytest.raises(so.UsageError, match="^follow must be True or False, not 'no'$"):
+            _ = [e async for e in c.events("ses_x", follow="no")]  # type: ignore[arg-type]
+    with Client(canned.base) as blocking:
+        with pytest.raises(so.UsageError, match="^retries must be a whole number from 0"):
+            await asyncio.to_thread(blocking.events, "ses_x", retries=retries)
+    assert canned.seen == []

@@ -432,6 +432,8 @@ async def test_escalation_is_applied_when_the_session_is_touched(tmp_path: Path)
         ({"expires_in": float("inf")}, "expires_in must be positive"),
         ({"expires_in": "5"}, "expires_in must be positive"),
         ({"expires_in": True}, "expires_in must be positive"),
+        # No float holds it: the first request's deadline raised OverflowError mid-turn
+        ({"expires_in": 10**400}, "expires_in must be positive"),
     ],
 )
 def test_deadline_usage_errors(kwargs: dict[str, Any], problem: str) -> None:

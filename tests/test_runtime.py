@@ -1219,6 +1219,7 @@ def test_runtime_refuses_a_lease_wait_or_cache_size_it_cannot_use(
         (lambda rt: rt.pending_sync(kind="approval"), "kind must be one of tool-approval"),
         (lambda rt: rt.pending_sync(older_than=float("nan")), "older_than must be seconds"),
         (lambda rt: rt.pending_sync(older_than=-5), "older_than must be seconds"),
+        (lambda rt: rt.pending_sync(older_than=10**400), "older_than must be seconds"),
         # limit=0 lists nothing, as for sessions and pending (tests/test_audit_trail.py)
         (lambda rt: rt.audit_sync(limit=-1), "limit must be a whole number from 0"),
         (lambda rt: rt.audit_sync(limit="5"), "limit must be a whole number from 0"),

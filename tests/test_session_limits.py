@@ -126,6 +126,15 @@ def test_limits_that_cannot_work_are_usage_errors(bad: dict[str, Any]) -> None:
         so.Limits(**bad)
 
 
+def test_a_ttl_no_float_holds_is_a_usage_error() -> None:
+    """`Limits(ttl=10**400)` was taken, and every session under it failed with an
+    `OverflowError` when it was created."""
+    with pytest.raises(so.UsageError, match="ttl"):
+        so.Limits(ttl=10**400)
+    with pytest.raises(so.UsageError, match="max_cost_usd"):
+        so.Limits(max_cost_usd=10**400)
+
+
 async def test_max_steps_ends_the_turn_and_a_retry_cannot_lift_it(tmp_path: Path) -> None:
     """A turn that keeps calling tools fails with `session_limit_reached` at `max_steps` model
     responses, not retryable; the next message starts a turn with a fresh count."""

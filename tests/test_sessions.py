@@ -282,7 +282,7 @@ def test_agents_or_a_store_of_the_wrong_kind_are_refused_when_the_runtime_is_mad
     AttributeError, or only at the first call."""
     agent = scripted_agent("support", [reply("hi")])
     url = f"sqlite:///{tmp_path / 'state.db'}"
-    for agents in ("support", agent, [agent, "support"]):
+    for agents in ("support", agent, [agent, "support"], None, 5):  # None, 5: a TypeError
         with pytest.raises(so.UsageError, match="^agents must be a list of Agent objects"):
             so.Runtime(agents, store=url)  # type: ignore[arg-type]
     for store in (tmp_path / "state.db", 5, url.encode()):

@@ -4,12 +4,13 @@ a duration or a count that makes no sense is refused with its name and its allow
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import pytest
 
 import signoff as so
-from signoff._settings import positive_seconds, seconds, whole
+from signoff._settings import flag, positive_seconds, seconds, whole
 
 NOT_NUMBERS: list[Any] = [True, False, "5", None, [1], 1j]
 
@@ -80,3 +81,33 @@ def test_the_error_class_and_the_value_shown_can_be_the_callers() -> None:
         whole("URL option pool_max", 0, least=1, shown="'0'", error=so.StoreError)
     with pytest.raises(so.StoreError, match=r"not 'nan'$"):
         seconds("URL option pool_timeout", math.nan, shown="'nan'", error=so.StoreError)
+
+
+@pytest.mark.parametrize("value", [10**400, -(10**400)], ids=["huge", "-huge"])
+def test_seconds_refuses_an_integer_no_float_holds(value: int) -> None:
+    """`math.isfinite` raised `OverflowError` on it, and a sleep or deadline would have too."""
+    assert not positive_seconds(value)
+    with pytest.raises(so.UsageError, match=r"^wait must be a positive, finite number"):
+        seconds("wait", value)
+    with pytest.raises(so.UsageError, match=r"^wait must be a finite number of seconds from 0"):
+        seconds("wait", value, zero=True)
+    with pytest.raises(so.UsageError, match=r"^lease_ttl must be a number of seconds"):
+        so.Runtime([], store="sqlite:///:memory:", lease_ttl=value)
+
+
+def test_an_integer_too_long_to_print_is_named_by_its_size() -> None:
+    """Python refuses to print an int of over 4300 digits: the error said that instead."""
+    with pytest.raises(so.UsageError, match=r"^size must be a whole number from 0, not a "):
+        whole("size", -(10**5000), least=0)
+    with pytest.raises(so.UsageError, match=r"^wait must be a positive, finite number"):
+        seconds("wait", 10**5000)
+
+
+def test_a_flag_is_true_or_false_and_nothing_else() -> None:
+    """`"no"` and `0` were taken for their truth: `"no"` as true."""
+    assert flag("migrate", True) is True and flag("migrate", False) is False
+    for value in ("no", "false", 0, 1, None, [True]):
+        with pytest.raises(
+            so.UsageError, match=f"^migrate must be True or False, not {re.escape(repr(value))}$"
+        ):
+            flag("migrate", value)

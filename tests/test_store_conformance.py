@@ -25,9 +25,10 @@ from signoff._exceptions import (
     UnknownSession,
 )
 from signoff._types import Action, InputRequest, input_hash
-from signoff.stores import Commit, PendingFilter, Resolve, Store
+from signoff.stores import Commit, PendingFilter, Resolve, SQLiteStore, Store
 from signoff.stores._audit import AuditRow
 from signoff.stores._codec import needs_previous, pack_bytes
+from signoff.stores.postgres import PostgresStore
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._procs import query
@@ -1261,6 +1262,10 @@ async def test_audit_windows_bound_a_read_by_id(store: Store) -> None:
         ({"live_at": float("nan")}, r"PendingFilter\(live_at=...\) must be a finite"),
         ({"due_by": True}, r"PendingFilter\(due_by=...\) must be a finite"),
         ({"created_after": float("inf")}, r"PendingFilter\(created_after=...\) must be a fin"),
+        # No float holds it (an OverflowError), or SQLite cannot bind it where psycopg can.
+        ({"created_before": 10**400}, r"PendingFilter\(created_before=...\) must be a finite"),
+        ({"due_by": -(2**63) - 1}, r"PendingFilter\(due_by=...\) must be a finite"),
+        ({"live_at": 2**63}, r"PendingFilter\(live_at=...\) must be a finite time"),
         ({"limit": -1}, r"PendingFilter\(limit=...\) must be a whole number from 0, not -1"),
         ({"limit": "5"}, r"PendingFilter\(limit=...\) must be a whole number from 0"),
         ({"offset": 2.0}, r"PendingFilter\(offset=...\) must be a whole number from 0"),
@@ -1276,3 +1281,17 @@ def test_a_pending_filter_of_the_wrong_kind_is_refused_when_made(
     with pytest.raises(so.UsageError, match=message):
         PendingFilter(**given)
     assert PendingFilter(agent="a", live_at=1, due_by=2.5, limit=0, offset=2**63 - 1).limit == 0
+    assert PendingFilter(created_before=2**63 - 1, created_after=-(2**63)).created_after == -(2**63)
+
+
+@pytest.mark.parametrize("migrate", ["no", "false", 0, None])
+def test_a_migrate_flag_that_is_not_a_bool_is_refused_and_nothing_is_touched(
+    store_url: str, migrate: Any
+) -> None:
+    """`migrate="no"` (read from an environment variable, say) was true: the store it was to
+    keep from upgrading was upgraded, or a missing one created."""
+    kind = SQLiteStore if store_url.startswith("sqlite") else PostgresStore
+    with pytest.raises(so.UsageError, match=f"^migrate must be True or False, not {migrate!r}$"):
+        kind(store_url, migrate=migrate)
+    if kind is SQLiteStore:  # a PostgreSQL store connects only when opened
+        assert not Path(store_url.removeprefix("sqlite:///")).exists()

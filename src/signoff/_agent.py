@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -10,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ._approval import Guardrail
 from ._exceptions import UsageError
+from ._settings import positive_seconds
 from ._tools import MAX_RESULT_BYTES, Tool
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ class Limits:
 def _positive(value: object, *, whole: bool) -> bool:
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
         return False
-    return 0 < value < math.inf
+    return value > 0 if whole else positive_seconds(value)  # a float must hold it
 
 
 class Agent:

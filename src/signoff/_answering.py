@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from . import _mirrors
 from ._answers import Reply as _Reply
-from ._answers import check_flag, check_principal
+from ._answers import check_principal
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
@@ -32,6 +32,7 @@ from ._recording import Batch, EventSpec, new_id, runnable
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import GenerateResult, Outcome
 from ._sessions import SessionRunner
+from ._settings import flag
 from ._state import SessionState
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
@@ -60,7 +61,7 @@ class Answering(SessionRunner):
     ) -> GenerateResult:
         """Answer one or more requests by id (eve style), then continue the turn if it can."""
         check_principal(principal, "principal")
-        check_flag(resume, "resume")
+        flag("resume", resume)
         await self.open()
         if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
             responses, Iterable

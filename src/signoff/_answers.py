@@ -25,7 +25,6 @@ from ._types import Decision, InputRequest, Principal, match_option
 __all__ = [
     "MAX_TEXT_BYTES",
     "Reply",
-    "check_flag",
     "check_principal",
     "decisions",
     "match",
@@ -165,12 +164,6 @@ def check_principal(value: object, name: str) -> None:
     only where it was recorded, with an `AttributeError`."""
     if value is not None and not isinstance(value, Principal):
         raise UsageError(f"{name} must be a so.Principal, not {type(value).__name__}")
-
-
-def check_flag(value: object, name: str) -> None:
-    """A flag is a bool: any other value (`"no"`) was taken for its truth."""
-    if not isinstance(value, bool):
-        raise UsageError(f"{name} must be True or False, not {value!r}")
 
 
 MAX_DEPTH = 100

@@ -9,12 +9,12 @@ be sync or async and may return any `ApprovalStatus`.
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
 from ._exceptions import UsageError
+from ._settings import flag, positive_seconds
 from ._types import Principal
 
 __all__ = [
@@ -123,15 +123,11 @@ class RequestRules:
         if isinstance(approvers, bool) or not isinstance(approvers, int) or approvers < 1:
             raise UsageError(f"approvers must be a positive integer, not {approvers!r}")
         expires_in = self.expires_in
-        if expires_in is not None and (
-            isinstance(expires_in, bool)
-            or not isinstance(expires_in, (int, float))
-            or not 0 < expires_in < math.inf  # NaN fails this too
-        ):
+        # NaN fails this too, and an int no float holds (its deadline overflowed mid-turn).
+        if expires_in is not None and not positive_seconds(expires_in):
             raise UsageError(f"expires_in must be positive seconds, not {expires_in!r}")
-        for flag in ("distinct", "exclude_requester"):
-            if not isinstance(getattr(self, flag), bool):  # "no" was a true string
-                raise UsageError(f"{flag} must be True or False, not {getattr(self, flag)!r}")
+        flag("distinct", self.distinct)  # "no" was a true string
+        flag("exclude_requester", self.exclude_requester)
         group = self.escalate_to
         if group is not None and (not isinstance(group, str) or not group):
             raise UsageError(f"escalate_to must be a group's name (non-empty text), not {group!r}")

@@ -38,7 +38,7 @@ from ._answers import decisions
 from ._events import Event
 from ._idempotency import check_key
 from ._results import Outcome
-from ._settings import seconds
+from ._settings import flag, seconds, whole
 from ._types import Decision, InputRequest, InputResponse
 
 __all__ = [
@@ -382,6 +382,8 @@ class AsyncClient:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
         refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
         up to `retries` failures in a row."""
+        flag("follow", follow)
+        whole("retries", retries, least=0)  # "5" was a TypeError at the first refusal
         self._check_open()
         path = _session_path(session_id, "/events")
         last = after

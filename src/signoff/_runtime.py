@@ -17,7 +17,7 @@ from typing import IO, Any, get_args
 from . import _audit_trail as _audit
 from . import _subagents, stores
 from ._answers import Reply as _Reply
-from ._answers import check_flag, check_principal, check_text
+from ._answers import check_principal, check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
 from ._deadlines import after_deadline, expiry_specs, is_due, summary_after_expiry
@@ -37,6 +37,7 @@ from ._idempotency import keyed
 from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
+from ._settings import finite, flag
 from ._state import SessionState
 from ._sync import blocking_doc, twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
@@ -306,11 +307,8 @@ class Runtime(Workers):
             raise UsageError(
                 f"kind must be one of {', '.join(get_args(RequestKind))}, not {kind!r}"
             )
-        if older_than is not None and (
-            isinstance(older_than, bool)
-            or not isinstance(older_than, int | float)
-            or not 0 <= older_than < math.inf  # NaN matched no request
-        ):
+        # NaN matched no request; an int no float holds overflowed.
+        if older_than is not None and not (finite(older_than) and older_than >= 0):
             raise UsageError(f"older_than must be seconds from 0, not {older_than!r}")
         if flt is None:
             flt = PendingFilter(
@@ -396,7 +394,7 @@ class Runtime(Workers):
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
             raise UsageError(f"after must be an event seq, a whole number from 0, not {after!r}")
-        check_flag(follow, "follow")
+        flag("follow", follow)
         await self.open()
         if await self.store.head(session_id) is None:
             raise UnknownSession(session_id)

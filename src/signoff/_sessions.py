@@ -14,7 +14,7 @@ import socket
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Self
 
@@ -39,7 +39,7 @@ from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN, Leasing
 from ._prompts import check_prompt, next_turn
 from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
-from ._settings import seconds, whole
+from ._settings import flag, seconds, whole
 from ._state import SessionState, fold
 from ._sync import SyncBridge
 from ._tracing import tracing_for
@@ -94,12 +94,12 @@ class SessionRunner(Leasing):
         seconds("poll_interval", poll_interval)
         if not callable(clock):  # else the first call failed, after the store was opened
             raise UsageError(f"clock must be a function returning the time, not {clock!r}")
-        if not isinstance(inline, bool):  # "no" or 0 was read as true or false, unnoticed
-            raise UsageError(f"inline must be True or False, not {inline!r}")
+        flag("inline", inline)  # "no" or 0 was read as true or false, unnoticed
         # 0 gives up on a busy session at once; NaN never gave up, nor raised SessionBusy.
         seconds("lease_wait", lease_wait, zero=True)
         whole("cache_size", cache_size, least=0)  # -1 emptied it, then a KeyError
-        if isinstance(agents, (str, Agent)):  # a name, or one agent, where a list goes
+        # A name, or one agent, where a list goes; or no list at all (a bare TypeError).
+        if isinstance(agents, (str, Agent)) or not isinstance(agents, Iterable):
             raise UsageError(f"agents must be a list of Agent objects, not {agents!r}")
         self.agents: dict[str, Agent] = {}
         for agent in agents:

@@ -7,17 +7,31 @@ import math
 
 from ._exceptions import SignoffError, UsageError
 
-__all__ = ["positive_seconds", "seconds", "whole"]
+__all__ = ["finite", "flag", "positive_seconds", "seconds", "whole"]
+
+
+def finite(value: object) -> bool:
+    """A number (not a bool) that a float holds and is finite: an int too large for one
+    (`10**400`) made `math.isfinite`, or the arithmetic of a deadline, raise `OverflowError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def positive_seconds(value: object) -> bool:
     """A finite number above 0 (not a bool): a duration a loop can wait between its rounds."""
-    return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and math.isfinite(value)
-        and value > 0
-    )
+    return finite(value) and value > 0  # type: ignore[operator]
+
+
+def _shown(value: object) -> str:
+    """`value` as an error shows it; Python refuses to print an int of thousands of digits."""
+    try:
+        return repr(value)
+    except ValueError:
+        return f"a whole number of {value.bit_length()} bits"  # type: ignore[attr-defined]
 
 
 def seconds(
@@ -33,8 +47,7 @@ def seconds(
     """`value` if it is a finite number of seconds above 0 (or 0 itself if `zero`) within
     `least` and `most`, else `error` naming the setting and its allowed range; `shown` is the
     value as the user wrote it (a URL's text)."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if number and (positive_seconds(value) or (zero and value == 0)):
+    if positive_seconds(value) or (zero and finite(value) and value == 0):
         assert isinstance(value, (int, float))
         if (value == 0 or least <= value) and value <= most:
             return value
@@ -48,7 +61,7 @@ def seconds(
         else:
             span = f"from 0 {top}" if zero else f"above 0, up {top}"
         allowed = f"a number of seconds, {span}"
-    raise error(f"{name} must be {allowed}, not {shown if shown is not None else repr(value)}")
+    raise error(f"{name} must be {allowed}, not {shown if shown is not None else _shown(value)}")
 
 
 def whole(
@@ -68,5 +81,12 @@ def whole(
     allowed = f"from {least}" if most is None else f"from {least} to {most}"
     raise error(
         f"{name} must be a whole number {allowed}, not "
-        f"{shown if shown is not None else repr(value)}"
+        f"{shown if shown is not None else _shown(value)}"
     )
+
+
+def flag(name: str, value: object) -> bool:
+    """`value` if it is True or False: any other (`"no"`, `0`) was taken for its truth."""
+    if not isinstance(value, bool):
+        raise UsageError(f"{name} must be True or False, not {_shown(value)}")
+    return value

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -11,6 +10,7 @@ import pydantic
 
 from .._events import SCHEMA_VERSION, Event
 from .._exceptions import SchemaVersionError, StoreError, UsageError
+from .._settings import finite
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow
 from ._codec import unpack_event
@@ -216,11 +216,8 @@ class PendingFilter:
                 raise UsageError(f"PendingFilter({name}=...) must be text or None, not {text!r}")
         for name in ("created_before", "created_after", "live_at", "due_by"):
             moment = getattr(self, name)
-            if moment is not None and not (
-                isinstance(moment, int | float)
-                and not isinstance(moment, bool)
-                and math.isfinite(moment)
-            ):
+            # An int no float holds overflowed; one past 64 bits, SQLite's binding of it.
+            if moment is not None and not (finite(moment) and -(2**63) <= moment < 2**63):
                 raise UsageError(
                     f"PendingFilter({name}=...) must be a finite time (seconds) or None, "
                     f"not {moment!r}"

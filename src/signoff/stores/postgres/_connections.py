@@ -22,7 +22,7 @@ from ..._exceptions import (
     StoreError,
     StoreUnavailable,
 )
-from ..._settings import seconds, whole
+from ..._settings import flag, seconds, whole
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
@@ -128,7 +128,7 @@ class Connections:
         )
         self.poll_interval = poll_interval
         grace = grace if grace is not None else number(options, "outage_grace", float, GRACE)
-        self.auto_migrate = migrate
+        self.auto_migrate = flag("migrate", migrate)  # "no" upgraded the store it was to spare
         self._dsn = dsn
         self._where = describe(dsn)
         self._pool: AsyncConnectionPool[Conn] | None = None

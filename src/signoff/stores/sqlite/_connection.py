@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ..._exceptions import SchemaVersionError, StoreBusy, StoreError, StoreGone
-from ..._settings import seconds
+from ..._settings import flag, seconds
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
 from .._prompt import REQUEST_WAIT, is_prompt, wrote
@@ -201,7 +201,7 @@ class Connection:
         migrate: bool = True,
     ):
         self.url = url
-        self.auto_migrate = migrate
+        self.auto_migrate = flag("migrate", migrate)  # "no" upgraded the store it was to spare
         self.path = _path_from_url(url)
         # SQLite takes it in whole milliseconds, as a C int: a day is well within that.
         self.busy_timeout = seconds("busy_timeout", busy_timeout, most=86_400, zero=True)
