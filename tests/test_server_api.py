@@ -1225,6 +1225,11 @@ def test_a_caller_without_credentials_is_401_whatever_it_sent(base: str, store: 
                 assert (
                     error(r, 401, "unauthenticated") and r.headers["www-authenticate"] == "Bearer"
                 )
+            # What the API does not have is told before who asks, as the docs say: a path
+            # (404) or a method (405), which the public OpenAPI document lists anyway.
+            error(anon.get("/v1/nothing"), 404, "not_found")
+            error(anon.get("/v1/requests/"), 404, "not_found")
+            error(anon.delete("/v1/sessions"), 405, "method_not_allowed")
     assert _stored(store) == before
 
 
