@@ -312,6 +312,10 @@ UNDECODABLE = "\udcff"  # how Python hands over a command-line byte that is not 
         ["sessions", "--agent", UNDECODABLE],
         ["approve", "REQUEST", "--as", f"local:{UNDECODABLE}"],
         ["chat", "tests.test_cli:agent", "--session", f"ses_{UNDECODABLE}"],
+        # free text too: it was an InvalidAnswer from the runtime (exit 1), not the usage
+        ["approve", "REQUEST", "--reason", f"ok {UNDECODABLE}"],
+        ["deny", "REQUEST", "--reason", f"no {UNDECODABLE}"],
+        ["answer", "REQUEST", "--text", f"large {UNDECODABLE}"],
     ],
 )
 def test_a_command_line_value_that_is_not_utf8_is_one_line(url: str, args: list[str]) -> None:

@@ -528,6 +528,7 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
         {"dev": True, "heartbeat": float("inf")},
         {"dev": True, "sweep_every": float("nan")},
         {"dev": True, "sweep_every": 0},
+        {"dev": True, "secret": "s\udcff"},  # a byte of SIGNOFF_SECRET that is not UTF-8
     ],
 )
 def test_create_app_refuses_settings_it_cannot_run_with(
