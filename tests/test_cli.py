@@ -574,17 +574,14 @@ def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> 
     assert result.stderr.startswith("error: SchemaVersionError: "), result.output
     assert len(result.stderr.strip().splitlines()) == 1
     (tmp_path / "file").write_text("not a directory")
+    store = f"sqlite:///{tmp_path}/state.db"
+    with_channels = ("--port", "0", "--webhook", "http://127.0.0.1:9/hook", "--webhook-secret", "s")
     result = invoke(
         "serve",
         TARGET,
         "--store",
-        f"sqlite:///{tmp_path}/state.db",
-        "--port",
-        "0",
-        "--webhook",
-        "http://127.0.0.1:9/hook",
-        "--webhook-secret",
-        "s",
+        store,
+        *with_channels,
         "--channel-state",
         str(tmp_path / "file" / "hub.db"),
     )
@@ -593,18 +590,7 @@ def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> 
     folder = tmp_path / "channels"
     folder.mkdir()
     result = invoke(
-        "serve",
-        TARGET,
-        "--store",
-        f"sqlite:///{tmp_path}/state.db",
-        "--port",
-        "0",
-        "--webhook",
-        "http://127.0.0.1:9/hook",
-        "--webhook-secret",
-        "s",
-        "--channel-state",
-        str(folder),
+        "serve", TARGET, "--store", store, *with_channels, "--channel-state", str(folder)
     )
     assert result.exit_code == 1, result.output
     assert result.stderr == (
