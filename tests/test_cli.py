@@ -574,17 +574,14 @@ def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> 
     assert result.stderr.startswith("error: SchemaVersionError: "), result.output
     assert len(result.stderr.strip().splitlines()) == 1
     (tmp_path / "file").write_text("not a directory")
+    store = f"sqlite:///{tmp_path}/state.db"
+    with_channels = ("--port", "0", "--webhook", "http://127.0.0.1:9/hook", "--webhook-secret", "s")
     result = invoke(
         "serve",
         TARGET,
         "--store",
-        f"sqlite:///{tmp_path}/state.db",
-        "--port",
-        "0",
-        "--webhook",
-        "http://127.0.0.1:9/hook",
-        "--webhook-secret",
-        "s",
+        store,
+        *with_channels,
         "--channel-state",
         str(tmp_path / "file" / "hub.db"),
     )
@@ -593,18 +590,7 @@ def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> 
     folder = tmp_path / "channels"
     folder.mkdir()
     result = invoke(
-        "serve",
-        TARGET,
-        "--store",
-        f"sqlite:///{tmp_path}/state.db",
-        "--port",
-        "0",
-        "--webhook",
-        "http://127.0.0.1:9/hook",
-        "--webhook-secret",
-        "s",
-        "--channel-state",
-        str(folder),
+        "serve", TARGET, "--store", store, *with_channels, "--channel-state", str(folder)
     )
     assert result.exit_code == 1, result.output
     assert result.stderr == (
@@ -977,17 +963,18 @@ def test_serve_keys_the_dashboards_csrf_tokens_with_its_secret(
     assert served[0].state.signoff.secret == csrf_key("shared")
 
 
+@pytest.mark.parametrize("secret", ["", "s\udcff"])  # unset; a byte that is not UTF-8
 def test_serve_refuses_an_empty_secret_in_one_line(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, secret: str
 ) -> None:
-    """`--secret "$UNSET"` is an error like any other (one line, the class named), not a
-    traceback, and the server does not start."""
+    """`--secret "$UNSET"` (or one holding a byte that is not UTF-8, which was a
+    UnicodeEncodeError traceback) is a misused command line, and the server does not start."""
     import uvicorn
 
     started: list[Any] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
     store = f"sqlite:///{tmp_path}/s.db"
-    result = invoke("serve", "examples.support:runtime", "--store", store, "--secret", "")
+    result = invoke("serve", "examples.support:runtime", "--store", store, "--secret", secret)
     assert refused_usage(result).startswith("Invalid value: the server's secret")
     assert started == [] and list(tmp_path.iterdir()) == []
 

@@ -312,6 +312,10 @@ UNDECODABLE = "\udcff"  # how Python hands over a command-line byte that is not 
         ["sessions", "--agent", UNDECODABLE],
         ["approve", "REQUEST", "--as", f"local:{UNDECODABLE}"],
         ["chat", "tests.test_cli:agent", "--session", f"ses_{UNDECODABLE}"],
+        # free text too: it was an InvalidAnswer from the runtime (exit 1), not the usage
+        ["approve", "REQUEST", "--reason", f"ok {UNDECODABLE}"],
+        ["deny", "REQUEST", "--reason", f"no {UNDECODABLE}"],
+        ["answer", "REQUEST", "--text", f"large {UNDECODABLE}"],
     ],
 )
 def test_a_command_line_value_that_is_not_utf8_is_one_line(url: str, args: list[str]) -> None:
@@ -535,6 +539,22 @@ def _read_until(fd: int, marker: bytes, timeout: float = 20) -> bytes:
     return seen
 
 
+def _wait_until_blocked(pid: int, timeout: float = 20) -> None:
+    """Wait until the process's main thread sleeps (in its read of the terminal, once its prompt
+    is out). A signal that lands between the prompt and the read is Python's to handle only
+    when the read returns: a person's Ctrl-C never comes that fast, a test's did (~1 run in 6)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return  # no /proc here: sent at once, as before
+        if stat.rpartition(")")[2].split()[0] == "S":
+            return
+        assert time.monotonic() < deadline, stat
+        time.sleep(0.01)
+
+
 @pytest.mark.parametrize(("typed", "prompt"), [(b"", b"you:"), (b"refund order 1042\n", b"(y/N)")])
 def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: bytes) -> None:
     """Ctrl-C at chat's prompt in a terminal, for a message or an approval, ends it at once with
@@ -554,6 +574,7 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: byt
     try:
         os.write(terminal, typed)
         _read_until(terminal, prompt)
+        _wait_until_blocked(proc.pid)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=10)
     finally:
@@ -656,25 +677,14 @@ def test_a_second_ctrl_c_stops_a_worker_at_once_and_gives_its_lease_back(url: st
         while "tool.started" not in [e.type for e in log(url, session_id)]:
             assert time.monotonic() < deadline and proc.poll() is None, "the nap never began"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _wait_for_line(proc, "stopping after the running turns")
-        proc.send_signal(signal.SIGINT)
-        _, rest = proc.communicate(timeout=10)
+        rest = _ctrl_c_twice(proc, "stopping after the running turns")
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130, rest
     assert "SIGINT again: stopping now" in rest and "Traceback" not in rest, rest
-
-    async def take() -> int | None:
-        store = SQLiteStore(url)
-        try:
-            return await store.acquire_lease(session_id, "another-worker", 30.0, time.time())
-        finally:
-            await store.close()
-
-    assert asyncio.run(take()) is not None
+    assert _lease_taken(url, session_id)
 
 
 def test_a_second_ctrl_c_stops_serve_at_once_without_a_traceback(url: str) -> None:
@@ -707,10 +717,7 @@ def test_a_second_ctrl_c_stops_serve_at_once_without_a_traceback(url: str) -> No
         while not _napping(url):
             assert time.monotonic() < deadline, "the nap never began"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _wait_for_line(proc, "Waiting for connections to close")
-        proc.send_signal(signal.SIGINT)
-        _, rest = proc.communicate(timeout=10)
+        rest = _ctrl_c_twice(proc, "Waiting for connections to close")
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -719,15 +726,29 @@ def test_a_second_ctrl_c_stops_serve_at_once_without_a_traceback(url: str) -> No
             napping.join()
     assert proc.returncode == 130, rest
     assert "Traceback" not in rest and "CancelledError" not in rest, rest
+    assert _lease_taken(url, _napping(url) or "")
 
-    async def take(session_id: str) -> int | None:
+
+def _ctrl_c_twice(proc: subprocess.Popen[str], between: str) -> str:
+    """Ctrl-C, and once the process logs `between` (it has begun to stop) a second one: what
+    it then writes to stderr before it ends."""
+    proc.send_signal(signal.SIGINT)
+    _wait_for_line(proc, between)
+    proc.send_signal(signal.SIGINT)
+    return proc.communicate(timeout=10)[1]
+
+
+def _lease_taken(url: str, session_id: str) -> bool:
+    """Whether another worker can take the session's lease now (the last holder gave it back)."""
+
+    async def take() -> int | None:
         store = SQLiteStore(url)
         try:
             return await store.acquire_lease(session_id, "another-worker", 30.0, time.time())
         finally:
             await store.close()
 
-    assert asyncio.run(take(_napping(url) or "")) is not None
+    return asyncio.run(take()) is not None
 
 
 def _napping(url: str) -> str | None:

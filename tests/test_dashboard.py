@@ -557,6 +557,10 @@ def test_another_tenant_reaches_nothing_through_dashboard_urls(base: str) -> Non
         "javascript:alert(1)",
         "/v1",
         "/_signoff.evil.example",
+        # a path under the prefix that leaves the dashboard, or is no page to return to
+        "/_signoff/../v1/requests",
+        "/_signoff/%2e%2e/v1/requests",
+        "/_signoff/logout",
     ],
 )
 def test_after_a_form_post_the_redirect_stays_on_the_dashboard(base: str, target: str) -> None:

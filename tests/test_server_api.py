@@ -8,7 +8,8 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,21 @@ def alice(base: str) -> Iterator[httpx.Client]:
 
 def client(base: str, token: str) -> httpx.Client:
     return httpx.Client(base_url=base, headers=auth(token), timeout=10)
+
+
+@asynccontextmanager
+async def in_process(runtime: so.Runtime) -> AsyncIterator[httpx.AsyncClient]:
+    """An app serving `runtime`, running, and a client calling it in this process as alice."""
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app),
+            base_url="http://t",
+            headers=auth("alice-token"),
+        ) as c,
+    ):
+        yield c
 
 
 def start(c: httpx.Client, agent: str = "support") -> dict[str, Any]:
@@ -312,47 +328,38 @@ async def test_ids_and_filters_with_a_nul_are_unknown_on_every_store(store_url: 
     """No id or name holds a NUL, and PostgreSQL cannot even look one up: such a request is a 404
     (or an empty page) on every store, never a 503 `store_error` blaming the database."""
     runtime = make_runtime(store_url)
-    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
-    transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://t", headers=auth("alice-token")
-        ) as c:
-            created = await c.post("/v1/sessions", json={"agent": "support", "message": "hi"})
-            sid, rid = created.json()["session_id"], created.json()["pending"][0]["id"]
-            nul = "ses_%00"
-            error(await c.get(f"/v1/sessions/{nul}"), 404, "unknown_session")
-            error(await c.get(f"/v1/sessions/{nul}/events"), 404, "unknown_session")
-            error(await c.post(f"/v1/sessions/{nul}/cancel"), 404, "unknown_session")
-            message = {"text": "approve"}
-            error(
-                await c.post(f"/v1/sessions/{nul}/messages", json=message), 404, "unknown_session"
-            )
-            error(await c.get("/v1/requests/req_%00"), 404, "unknown_request")
-            answer = {"inputResponses": [{"requestId": "req_\x00", "optionId": "approve"}]}
-            r = await c.post(f"/v1/sessions/{sid}/responses", json=answer)
-            assert error(r, 404, "unknown_request")["request_ids"] == ["req_\x00"]
-            decisions = {
-                "approvals": [{"id": rid, "approved": True}, {"id": "\x00", "approved": True}]
-            }
-            r = await c.post(f"/v1/sessions/{sid}/approvals", json=decisions)
-            assert error(r, 404, "unknown_request")["request_ids"] == ["\x00"]
-            for query in ("agent=%00", "tool=issue%00refund", "agent=support%00"):
-                r = await c.get(f"/v1/requests?{query}")
-                assert r.status_code == 200, (query, r.text)
-                assert r.json()["items"] == [] and r.json()["total"] == 0
-            assert (await c.get("/v1/requests?agent=support")).json()["total"] == 1
-            page = await c.get(f"/_signoff/sessions/{nul}")
-            assert page.status_code == 404, page.text
-            page = await c.get("/_signoff/?agent=%00")
-            assert page.status_code == 200 and rid not in page.text
-            token = c.cookies["signoff_csrf"]
-            form = {"csrf": token, "option": "approve"}
-            page = await c.post("/_signoff/requests/req_%00/respond", data=form)
-            assert page.status_code == 404, page.text
-            page = await c.post(f"/_signoff/sessions/{nul}/messages", data={**form, "message": "x"})
-            assert page.status_code == 404, page.text
-            assert (await c.get(f"/v1/sessions/{sid}")).json()["status"] == "waiting"
+    async with in_process(runtime) as c:
+        created = await c.post("/v1/sessions", json={"agent": "support", "message": "hi"})
+        sid, rid = created.json()["session_id"], created.json()["pending"][0]["id"]
+        nul = "ses_%00"
+        error(await c.get(f"/v1/sessions/{nul}"), 404, "unknown_session")
+        error(await c.get(f"/v1/sessions/{nul}/events"), 404, "unknown_session")
+        error(await c.post(f"/v1/sessions/{nul}/cancel"), 404, "unknown_session")
+        message = {"text": "approve"}
+        error(await c.post(f"/v1/sessions/{nul}/messages", json=message), 404, "unknown_session")
+        error(await c.get("/v1/requests/req_%00"), 404, "unknown_request")
+        answer = {"inputResponses": [{"requestId": "req_\x00", "optionId": "approve"}]}
+        r = await c.post(f"/v1/sessions/{sid}/responses", json=answer)
+        assert error(r, 404, "unknown_request")["request_ids"] == ["req_\x00"]
+        decisions = {"approvals": [{"id": rid, "approved": True}, {"id": "\x00", "approved": True}]}
+        r = await c.post(f"/v1/sessions/{sid}/approvals", json=decisions)
+        assert error(r, 404, "unknown_request")["request_ids"] == ["\x00"]
+        for query in ("agent=%00", "tool=issue%00refund", "agent=support%00"):
+            r = await c.get(f"/v1/requests?{query}")
+            assert r.status_code == 200, (query, r.text)
+            assert r.json()["items"] == [] and r.json()["total"] == 0
+        assert (await c.get("/v1/requests?agent=support")).json()["total"] == 1
+        page = await c.get(f"/_signoff/sessions/{nul}")
+        assert page.status_code == 404, page.text
+        page = await c.get("/_signoff/?agent=%00")
+        assert page.status_code == 200 and rid not in page.text
+        token = c.cookies["signoff_csrf"]
+        form = {"csrf": token, "option": "approve"}
+        page = await c.post("/_signoff/requests/req_%00/respond", data=form)
+        assert page.status_code == 404, page.text
+        page = await c.post(f"/_signoff/sessions/{nul}/messages", data={**form, "message": "x"})
+        assert page.status_code == 404, page.text
+        assert (await c.get(f"/v1/sessions/{sid}")).json()["status"] == "waiting"
     await runtime.close()
 
 
@@ -363,29 +370,24 @@ async def test_a_blank_message_is_refused_everywhere_and_stores_nothing(
     """An empty or whitespace-only prompt is 422 invalid_request over HTTP and a UsageError in
     Python, on every store, before a session is made or an event appended."""
     runtime = make_runtime(store_url)
-    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
-    transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://t", headers=auth("alice-token")
-        ) as c:
-            created = await c.post("/v1/sessions", json={"agent": "support"})
-            sid = created.json()["session_id"]
-            before = await store_contents(runtime.store, sid)
-            r = await c.post("/v1/sessions", json={"agent": "support", "message": blank})
-            assert "message" in error(r, 422, "invalid_request")["message"]
-            r = await c.post(f"/v1/sessions/{sid}/messages", json={"text": blank})
-            assert "text" in error(r, 422, "invalid_request")["message"]
-            with pytest.raises(so.UsageError, match="empty"):
-                await runtime.generate("support", prompt=blank)
-            with pytest.raises(so.UsageError, match="empty"):
-                await runtime.generate(session_id=sid, prompt=blank)
-            with pytest.raises(so.UsageError, match="empty"):
-                await runtime.schedule("support", blank, session_id=sid)
-            with pytest.raises(so.UsageError, match="empty"):
-                await runtime.send(sid, blank)
-            assert [s.id for s in await runtime.sessions()] == [sid]
-            assert await store_contents(runtime.store, sid) == before
+    async with in_process(runtime) as c:
+        created = await c.post("/v1/sessions", json={"agent": "support"})
+        sid = created.json()["session_id"]
+        before = await store_contents(runtime.store, sid)
+        r = await c.post("/v1/sessions", json={"agent": "support", "message": blank})
+        assert "message" in error(r, 422, "invalid_request")["message"]
+        r = await c.post(f"/v1/sessions/{sid}/messages", json={"text": blank})
+        assert "text" in error(r, 422, "invalid_request")["message"]
+        with pytest.raises(so.UsageError, match="empty"):
+            await runtime.generate("support", prompt=blank)
+        with pytest.raises(so.UsageError, match="empty"):
+            await runtime.generate(session_id=sid, prompt=blank)
+        with pytest.raises(so.UsageError, match="empty"):
+            await runtime.schedule("support", blank, session_id=sid)
+        with pytest.raises(so.UsageError, match="empty"):
+            await runtime.send(sid, blank)
+        assert [s.id for s in await runtime.sessions()] == [sid]
+        assert await store_contents(runtime.store, sid) == before
 
 
 def test_conflicting_and_repeated_answers(alice: httpx.Client) -> None:
@@ -528,6 +530,7 @@ async def test_dev_mode_accepts_localhost_only(tmp_path: Path) -> None:
         {"dev": True, "heartbeat": float("inf")},
         {"dev": True, "sweep_every": float("nan")},
         {"dev": True, "sweep_every": 0},
+        {"dev": True, "secret": "s\udcff"},  # a byte of SIGNOFF_SECRET that is not UTF-8
     ],
 )
 def test_create_app_refuses_settings_it_cannot_run_with(
@@ -1225,6 +1228,11 @@ def test_a_caller_without_credentials_is_401_whatever_it_sent(base: str, store: 
                 assert (
                     error(r, 401, "unauthenticated") and r.headers["www-authenticate"] == "Bearer"
                 )
+            # What the API does not have is told before who asks, as the docs say: a path
+            # (404) or a method (405), which the public OpenAPI document lists anyway.
+            error(anon.get("/v1/nothing"), 404, "not_found")
+            error(anon.get("/v1/requests/"), 404, "not_found")
+            error(anon.delete("/v1/sessions"), 405, "method_not_allowed")
     assert _stored(store) == before
 
 
@@ -1382,31 +1390,26 @@ async def test_an_idempotency_key_with_spaces_around_it_is_refused(store: str) -
     instead, as `Runtime`'s and the client's are: 1 to 200 printable ASCII characters, no space
     at either end, else 422 `invalid_request` naming the header, and nothing is stored."""
     runtime = make_runtime(store)
-    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
-    transport = httpx.ASGITransport(app=app)
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://t", headers=auth("alice-token")
-        ) as c:
-            first = await c.post("/v1/sessions", json={"agent": "support"})
-            sid = first.json()["session_id"]
-            before = await store_contents(runtime.store, sid)
-            for key in (" k", "k ", " ", "  k  ", "k\t"):
-                for url, body in (
-                    ("/v1/sessions", {"agent": "support", "message": "hi"}),
-                    (f"/v1/sessions/{sid}/messages", {"text": "hi"}),
-                ):
-                    r = await c.post(url, json=body, headers={"Idempotency-Key": key})
-                    detail = error(r, 422, "invalid_request")
-                    assert detail["fields"][0]["field"] == "header.Idempotency-Key", detail
-            assert await store_contents(runtime.store, sid) == before
-            assert len(await runtime.sessions()) == 1
-            inner = await c.post(
-                f"/v1/sessions/{sid}/messages",
-                json={"text": "hi"},
-                headers={"Idempotency-Key": "a b"},
-            )
-            assert inner.status_code == 200, inner.text
+    async with in_process(runtime) as c:
+        first = await c.post("/v1/sessions", json={"agent": "support"})
+        sid = first.json()["session_id"]
+        before = await store_contents(runtime.store, sid)
+        for key in (" k", "k ", " ", "  k  ", "k\t"):
+            for url, body in (
+                ("/v1/sessions", {"agent": "support", "message": "hi"}),
+                (f"/v1/sessions/{sid}/messages", {"text": "hi"}),
+            ):
+                r = await c.post(url, json=body, headers={"Idempotency-Key": key})
+                detail = error(r, 422, "invalid_request")
+                assert detail["fields"][0]["field"] == "header.Idempotency-Key", detail
+        assert await store_contents(runtime.store, sid) == before
+        assert len(await runtime.sessions()) == 1
+        inner = await c.post(
+            f"/v1/sessions/{sid}/messages",
+            json={"text": "hi"},
+            headers={"Idempotency-Key": "a b"},
+        )
+        assert inner.status_code == 200, inner.text
     await runtime.close()
 
 
@@ -1445,31 +1448,24 @@ async def test_an_answer_value_that_is_not_plain_json_is_refused_for_a_question_
     (200) and the value dropped, where an approval's is 422 `invalid_answer`, as the docs say
     of every answer; now both are refused and nothing is stored, on every store."""
     runtime = make_runtime(store_url)
-    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
-    transport = httpx.ASGITransport(app=app)
     json_type = {"Content-Type": "application/json"}
-    async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(
-            transport=transport, base_url="http://t", headers=auth("alice-token")
-        ) as c:
-            created = await c.post("/v1/sessions", json={"agent": "helper", "message": "hi"})
-            sid, rid = created.json()["session_id"], created.json()["pending"][0]["id"]
-            before = await store_contents(runtime.store, sid)
-            deep = "[" * 101 + "]" * 101
-            for value in ("NaN", "Infinity", "-Infinity", "1e400", deep):
-                for answer in ('"text": "Large"', '"optionId": "2"'):
-                    body = f'{{"inputResponses": [{{"requestId": "{rid}", {answer}, '
-                    body += f'"value": {value}}}]}}'
-                    r = await c.post(
-                        f"/v1/sessions/{sid}/responses", content=body, headers=json_type
-                    )
-                    assert error(r, 422, "invalid_answer")["request_ids"] == [rid], value
-            with pytest.raises(so.InvalidAnswer, match="plain JSON"):
-                await runtime.respond(
-                    sid, [so.InputResponse(request_id=rid, text="Large", value=float("nan"))]
-                )
-            assert await store_contents(runtime.store, sid) == before
-            ok = {"inputResponses": [{"requestId": rid, "text": "Large", "value": {"size": "L"}}]}
-            r = await c.post(f"/v1/sessions/{sid}/responses", json=ok)
-            assert r.status_code == 200 and r.json()["status"] == "completed", r.text
+    async with in_process(runtime) as c:
+        created = await c.post("/v1/sessions", json={"agent": "helper", "message": "hi"})
+        sid, rid = created.json()["session_id"], created.json()["pending"][0]["id"]
+        before = await store_contents(runtime.store, sid)
+        deep = "[" * 101 + "]" * 101
+        for value in ("NaN", "Infinity", "-Infinity", "1e400", deep):
+            for answer in ('"text": "Large"', '"optionId": "2"'):
+                body = f'{{"inputResponses": [{{"requestId": "{rid}", {answer}, '
+                body += f'"value": {value}}}]}}'
+                r = await c.post(f"/v1/sessions/{sid}/responses", content=body, headers=json_type)
+                assert error(r, 422, "invalid_answer")["request_ids"] == [rid], value
+        with pytest.raises(so.InvalidAnswer, match="plain JSON"):
+            await runtime.respond(
+                sid, [so.InputResponse(request_id=rid, text="Large", value=float("nan"))]
+            )
+        assert await store_contents(runtime.store, sid) == before
+        ok = {"inputResponses": [{"requestId": rid, "text": "Large", "value": {"size": "L"}}]}
+        r = await c.post(f"/v1/sessions/{sid}/responses", json=ok)
+        assert r.status_code == 200 and r.json()["status"] == "completed", r.text
     await runtime.close()

@@ -120,14 +120,22 @@ def _not_a_store(path: str) -> bool:
     return ("meta",) not in names
 
 
+def is_utf8(text: str) -> bool:
+    """Whether a command-line value is UTF-8 text: Python passes a byte that is not on as a
+    lone surrogate."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def refuse_undecodable(values: dict[str, str | None]) -> None:
     """Refuse a command-line value holding a byte that is not UTF-8 (Python passes it on as a
     lone surrogate): no id or name can hold one, and the store cannot even look it up."""
     for what, value in values.items():
-        try:
-            (value or "").encode("utf-8")
-        except UnicodeEncodeError:
-            raise UsageError(f"{what} {value!r} is not valid UTF-8 text") from None
+        if not is_utf8(value or ""):
+            raise UsageError(f"{what} {value!r} is not valid UTF-8 text")
 
 
 @contextmanager

@@ -223,7 +223,10 @@ async def _settle(
 ) -> None:
     """Answer one request by id: record it, and continue the turn here if a runtime is given."""
     with misuse():
-        refuse_undecodable({"REQUEST_ID": request_id, "--option": answer.option_id})
+        text_option = "--text" if command == "answer" else "--reason"
+        refuse_undecodable(
+            {"REQUEST_ID": request_id, "--option": answer.option_id, text_option: answer.text}
+        )
         principal = parse_principal(acting_as)
         if target:
             split_target(target)

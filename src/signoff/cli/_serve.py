@@ -15,7 +15,7 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from .._types import Principal
-from ._app import app, fail, load_runtime, misuse, run, split_target
+from ._app import app, fail, is_utf8, load_runtime, misuse, run, split_target
 from ._waiting import open_when_up
 
 
@@ -138,6 +138,8 @@ def serve(
             channels = _webhook_channels(webhook, webhook_secret)
             if secret is not None and not secret:  # `--secret "$UNSET"`
                 raise UsageError("the server's secret (--secret) must not be empty")
+            if secret is not None and not is_utf8(secret):  # not shown: it is a secret
+                raise UsageError("the server's secret (--secret) is not valid UTF-8 text")
             lifetime = SIGN_IN_LIFETIME
             if sign_in_lifetime is not None:
                 try:

@@ -31,10 +31,11 @@ from .._exceptions import (
 from .._prompts import check_prompt
 from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
-from ._auth import DASHBOARD_PREFIX, is_dashboard
+from ._auth import DASHBOARD_PREFIX
 from ._errors import public_message, status_for
 from ._forms import Refusal, form_key, form_token
 from ._json_body import RepeatedKey, unique_keys
+from ._login import return_to
 from ._message_page import dashboard_error, message_page, wants_json
 from ._page_data import (
     PAGE_SIZE,
@@ -224,10 +225,8 @@ async def respond(request: Request, request_id: str) -> Response:
     if already is not None:
         message = f"Already {_SETTLED[str(outcome)]} by {already}: your answer changed nothing."
         return await message_page(request, 200, "Already answered", message)
-    back = fields.get("next") or DASHBOARD_PREFIX
-    if not is_dashboard(back):
-        back = DASHBOARD_PREFIX
-    return RedirectResponse(back, status_code=303)
+    # The page the form was on, by the sign-in form's rule: no path that leaves the dashboard.
+    return RedirectResponse(return_to(fields.get("next")) or DASHBOARD_PREFIX, status_code=303)
 
 
 @router.get("/requests/{request_id}/input")

@@ -168,7 +168,10 @@ def csrf_key(secret: str | bytes | None) -> bytes:
     if secret is None:
         return hashlib.sha256(b"signoff-csrf\0").digest()
     if isinstance(secret, str):
-        secret = secret.encode()
+        try:
+            secret = secret.encode()
+        except UnicodeEncodeError:  # a lone surrogate: a byte of the environment not UTF-8
+            raise UsageError("the server's secret is not valid Unicode text") from None
     if not isinstance(secret, bytes) or not secret:
         raise UsageError("the server's secret must be a non-empty str or bytes")
     return hashlib.sha256(b"signoff-csrf\0" + secret).digest()
