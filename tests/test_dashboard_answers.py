@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,7 +11,10 @@ import pytest
 
 import signoff as so
 from signoff.server import TokenAuth, create_app
+from signoff.stores._codec import unpack
 
+from ._procs import query
+from .test_audit import alter
 from .test_dashboard import csrf_of, signed_in, start
 from .test_server_common import TOKENS, auth, running, served
 
@@ -88,6 +92,35 @@ def test_the_same_answer_from_a_stale_page_names_who_gave_it_first(base: str) ->
         assert r.status_code == 200 and r.json()["already_by"] is None
         r = bob.post(f"/_signoff/requests/{rid}/respond", data={**form, "next": "/_signoff/"})
         assert r.status_code == 303
+
+
+@pytest.mark.parametrize("by", [{"principal_id": 7}, {"attributes": "bob"}, ["bob"], 42], ids=repr)
+def test_a_stale_answer_to_a_request_settled_by_a_damaged_principal_is_still_answered(
+    store_url: str, by: object
+) -> None:
+    """A settled request whose stored `by` is not a principal (an old or hand-edited store) made
+    a stale page's repeated answer a 500; it is reported as answered by someone unknown."""
+    with served(store_url) as base:
+        body = start(base, "treasury")
+        rid = body["pending"][0]["id"]
+        url = f"{base}/v1/sessions/{body['session_id']}/responses"
+        vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+        with signed_in(base, "admin-token") as admin:
+            token = csrf_of(admin.get("/_signoff/").text)  # the page, before the votes
+            for who in ("alice-token", "bob-token"):
+                assert httpx.post(url, json=vote, headers=auth(who)).status_code == 200
+            ((stored,),) = query(store_url, "SELECT resolution FROM {t}requests WHERE id={p}", rid)
+            resolution = {**unpack(stored), "by": by}
+            damaged = json.dumps(resolution).encode()
+            alter(store_url, "UPDATE {t}requests SET resolution={p} WHERE id={p}", damaged, rid)
+            form = {"option": "approve", "csrf": token}
+            r = admin.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
+            assert r.status_code == 200 and r.json()["outcome"] == "approved", r.text
+            assert r.json()["already_by"] == "unknown"
+            r = admin.post(f"/_signoff/requests/{rid}/respond", data={**form, "next": "/_signoff/"})
+            assert r.status_code == 200 and "Already approved by unknown" in r.text
+        ((after,),) = query(store_url, "SELECT resolution FROM {t}requests WHERE id={p}", rid)
+        assert unpack(after) == resolution  # nothing changed
 
 
 def test_an_answer_without_javascript_returns_to_the_filtered_queue(base: str) -> None:

@@ -19,7 +19,7 @@ from ..models import Scripted
 from ..stores import PendingFilter
 from ._auth import TokenAuth
 from ._context import ServerContext, get_context
-from ._pages import who
+from ._pages import principal_of, who
 
 __all__ = [
     "PAGE_SIZE",
@@ -140,7 +140,8 @@ async def answered_by_another(ctx: ServerContext, request_id: str, viewer: Princ
     reviewer on a stale page is told their answer changed nothing, not that it was theirs."""
     stored = await ctx.runtime.store.get_request(request_id)
     by = ((stored.resolution if stored else None) or {}).get("by")
-    if isinstance(by, dict) and Principal.model_validate(by).same_as(viewer):
+    principal = principal_of(by)
+    if principal is not None and principal.same_as(viewer):
         return None
     return who(by)
 

@@ -43,6 +43,7 @@ __all__ = [
     "csrf_token",
     "env",
     "pretty",
+    "principal_of",
     "render",
     "set_csrf",
     "utf8",
@@ -117,18 +118,31 @@ def pretty(value: Any) -> str:
     return HIDDEN.sub(escape_as_json, text)
 
 
-def who(p: Principal | dict[str, Any] | str | None) -> str:
+def principal_of(value: object) -> Principal | None:
+    """A stored principal as one, or None when it is not one (an old or hand-edited store):
+    pages name it "unknown" rather than fail."""
+    if isinstance(value, Principal):
+        return value
+    if not isinstance(value, dict):
+        return None
+    try:
+        return Principal.model_validate(value)
+    except Exception:
+        return None
+
+
+def who(p: object) -> str:
     if p is None:
         return "the application"
     if isinstance(p, str):
         return p
-    if isinstance(p, dict):
-        try:
-            p = Principal.model_validate(p)
-        except Exception:
-            return "unknown"
-    name = p.attributes.get("name")
-    return f"{name} ({p.principal_id})" if isinstance(name, str) and name else p.principal_id
+    principal = principal_of(p)
+    if principal is None:
+        return "unknown"
+    name = principal.attributes.get("name")
+    if isinstance(name, str) and name:
+        return f"{name} ({principal.principal_id})"
+    return principal.principal_id
 
 
 def _usd(value: float) -> str:
