@@ -70,7 +70,7 @@ def test_open_store_selects_postgres_by_url() -> None:
 def test_not_a_postgres_url_or_schema() -> None:
     with pytest.raises(StoreError, match="not a PostgreSQL URL"):
         PostgresStore("sqlite:///x.db")
-    with pytest.raises(StoreError, match="schema name"):
+    with pytest.raises(UsageError, match="schema name"):  # an argument: the developer's misuse
         PostgresStore("postgresql://u@h/db", schema="Robert'); DROP TABLE")
 
 

@@ -102,8 +102,44 @@ def test_a_tcp_setting_that_is_not_a_whole_number_is_refused(option: str, value:
 
 @pytest.mark.parametrize("value", [0, -1, float("nan"), float("inf")])
 def test_a_connect_timeout_argument_must_be_positive(value: float) -> None:
-    with pytest.raises(StoreError, match="connect_timeout must be a positive"):
+    """An argument is the developer's misuse (`UsageError`), as `timeout=0` is; the same value
+    in the URL is the store's data (`StoreError`, above)."""
+    with pytest.raises(UsageError, match="^connect_timeout must be a positive"):
         PostgresStore("postgresql://u@h/db", connect_timeout=value)
+
+
+@pytest.mark.parametrize(
+    ("url", "arguments", "message"),
+    [
+        ("", {"schema": "Bad-Name"}, "schema name must be lowercase"),
+        ("", {"schema": ""}, "schema name must be lowercase"),
+        ("?schema=tenant", {"schema": 5}, "schema name must be lowercase"),
+        ("", {"min_size": 5, "max_size": 2}, "pool sizes need 1 <= min <= max: 5, 2"),
+        ("", {"min_size": 20}, "pool sizes need 1 <= min <= max: 20, 10"),
+        ("?pool_max=2", {"min_size": 5}, "pool sizes need 1 <= min <= max: 5, 2"),
+        ("?pool_min=5", {"max_size": 2}, "pool sizes need 1 <= min <= max: 5, 2"),
+    ],
+)
+def test_an_argument_is_refused_as_misuse_where_the_urls_value_is_the_stores_error(
+    url: str, arguments: dict[str, Any], message: str
+) -> None:
+    """`schema=` and the pool sizes given as arguments were a `StoreError`, as if the store
+    held them; a pair that conflicts is misuse when an argument takes part in it."""
+    with pytest.raises(UsageError, match=f"^{re.escape(message)}"):
+        PostgresStore(f"postgresql://u@h/db{url}", **arguments)
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [
+        ("schema=Bad-Name", "schema name must be lowercase"),
+        ("pool_min=5&pool_max=2", "pool sizes need 1 <= min <= max: 5, 2"),
+        ("pool_min=20", "pool sizes need 1 <= min <= max: 20, 10"),
+    ],
+)
+def test_the_same_values_in_the_url_are_a_store_error(query: str, message: str) -> None:
+    with pytest.raises(StoreError, match=f"^{re.escape(message)}"):
+        PostgresStore(f"postgresql://u@h/db?{query}")
 
 
 @pytest.mark.parametrize("option", ["pool_size", "Pool_max", "operation-timeout", "poolmax"])

@@ -276,6 +276,20 @@ def test_a_busy_timeout_out_of_its_range_is_refused_and_no_file_made(
     assert SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=0).busy_timeout == 0
 
 
+@pytest.mark.parametrize("url", [5, None, b"sqlite:///state.db"])
+def test_a_url_that_is_not_text_is_a_store_error_as_for_postgres(url: Any) -> None:
+    """It raised AttributeError; `PostgresStore` says the same of one (the URL is data, its
+    keyword arguments are the developer's: `busy_timeout` above and `migrate` are UsageError)."""
+    with pytest.raises(so.StoreError, match="^not a SQLite URL"):
+        SQLiteStore(url)
+
+
+def test_a_migrate_argument_that_is_not_a_bool_is_misuse(tmp_path: Path) -> None:
+    with pytest.raises(so.UsageError, match="^migrate must be True or False, not 'no'"):
+        SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", migrate="no")  # type: ignore[arg-type]
+    assert not (tmp_path / "state.db").exists()
+
+
 async def test_every_write_held_up_past_busy_timeout_is_a_store_error(tmp_path: Path) -> None:
     store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=0.05)
     await new_session(store, "s1")

@@ -21,6 +21,7 @@ from ..._exceptions import (
     SchemaVersionError,
     StoreError,
     StoreUnavailable,
+    UsageError,
 )
 from ..._settings import flag, seconds, whole
 from .._base import FaultHook, older_schema
@@ -31,10 +32,10 @@ from ._borrowed import OPERATION_TIMEOUT, Borrowed, Pool
 from ._changes import Listener
 from ._outage import GRACE, Outage, is_down
 from ._url import (
-    SCHEMA_NAME,
     check_parameters,
     describe,
     number,
+    schema_name,
     split_options,
     with_libpq_defaults,
 )
@@ -85,9 +86,7 @@ class Connections:
             raise StoreError(f"not a PostgreSQL URL: {url!r} (expected postgresql://…)")
         dsn, options = split_options(url)
         check_parameters(dsn)
-        schema = schema or options.get("schema") or "signoff"
-        if not SCHEMA_NAME.match(schema):
-            raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
+        schema = schema_name(schema, options)
         self.url = url
         self.schema = schema
         self.channel = f"{schema}_changes"
@@ -108,7 +107,8 @@ class Connections:
         self.min_size = min_size if min_size is not None else number(options, "pool_min", int, 1)
         self.max_size = max_size if max_size is not None else number(options, "pool_max", int, 10)
         if not 1 <= self.min_size <= self.max_size:
-            raise StoreError(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
+            error = StoreError if min_size is None and max_size is None else UsageError
+            raise error(f"pool sizes need 1 <= min <= max: {self.min_size}, {self.max_size}")
         # Every connection gets these, the pool's, the LISTEN one and the outage probe's alike.
         dsn, self.connect_timeout = with_libpq_defaults(dsn, connect_timeout)
         self.timeout = (

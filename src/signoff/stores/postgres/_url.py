@@ -11,7 +11,7 @@ import psycopg
 from psycopg import conninfo as _conninfo
 from psycopg import pq
 
-from ..._exceptions import StoreError
+from ..._exceptions import StoreError, UsageError
 from ..._settings import seconds, whole
 
 __all__ = [
@@ -22,6 +22,7 @@ __all__ = [
     "describe",
     "number",
     "resolved_settings",
+    "schema_name",
     "split_options",
     "with_libpq_defaults",
 ]
@@ -29,6 +30,19 @@ __all__ = [
 N = TypeVar("N", int, float)
 
 SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
+
+
+def schema_name(argument: str | None, options: dict[str, str]) -> str:
+    """The store's schema: the `schema` argument, else the URL's `?schema=`, else "signoff". A
+    bad argument is the developer's misuse (`UsageError`); a bad URL value is a `StoreError`."""
+    if argument is not None:
+        if not isinstance(argument, str) or not SCHEMA_NAME.match(argument):
+            raise UsageError(f"schema name must be lowercase [a-z0-9_]: {argument!r}")
+        return argument
+    schema = options.get("schema") or "signoff"
+    if not SCHEMA_NAME.match(schema):
+        raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
+    return schema
 
 
 _OPTIONS = (
@@ -142,7 +156,8 @@ def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, i
     them (not the URL, nor its service, nor `PGCONNECT_TIMEOUT`: libpq would let the URL's
     value win over those), and the connect timeout it ends up with; a `connect_timeout` given
     here wins over all of them. A value of these that is set must be a whole number, as libpq
-    would refuse it only when connecting, and then as if the server were down."""
+    would refuse it only when connecting, and then as if the server were down (a `StoreError`;
+    a bad `connect_timeout` argument is a `UsageError`)."""
     parts = urlsplit(dsn)
     pieces = [piece for piece in parts.query.split("&") if piece]
     given: dict[str, str] = {}
@@ -160,7 +175,7 @@ def with_libpq_defaults(dsn: str, connect_timeout: float | None) -> tuple[str, i
                 "must be a whole number, 0 or more"
             )
     if connect_timeout is not None:
-        seconds("connect_timeout", connect_timeout, error=StoreError)
+        seconds("connect_timeout", connect_timeout)  # an argument: UsageError, as `timeout`'s
         limit = max(1, int(connect_timeout))  # libpq counts whole seconds
         pieces = [p for p in pieces if unquote(p.partition("=")[0]) != "connect_timeout"]
         pieces.append(f"connect_timeout={limit}")

@@ -44,7 +44,7 @@ one just before it, and writes and `wait_for_change`'s polls check every time.""
 
 
 def _path_from_url(url: str) -> str:
-    if not url.startswith("sqlite://"):
+    if not isinstance(url, str) or not url.startswith("sqlite://"):
         raise StoreError(f"not a SQLite URL: {url!r} (expected sqlite:///path/to/file.db)")
     rest = url[len("sqlite://") :]
     if not rest.startswith("/"):
