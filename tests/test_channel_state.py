@@ -25,6 +25,7 @@ from signoff.channels._state import STATE_SCHEMA
 from signoff.testing import call, call_tools, scripted_agent
 
 from ._locks import holding, open_together
+from ._wal import SPILL, uncommitted_frames
 from .test_sqlite_upgrade import _child_env
 
 
@@ -509,27 +510,22 @@ def test_a_state_path_that_is_a_directory_is_named_as_one(tmp_path: Path) -> Non
     assert list(tmp_path.iterdir()) == []
 
 
-_DIE_IN_UPGRADE = """
-import functools, os, signal, sqlite3, sys
+_DIE_IN_UPGRADE = (
+    SPILL
+    + """
+import os, signal, sys
 from signoff.channels import _state
 
 def die():
-    # What the upgrade wrote so far must be on disk (uncommitted WAL frames), not only in memory.
+    # What the upgrade wrote so far, and that it is not committed, is checked on disk after.
     print(os.path.getsize(sys.argv[1] + "-wal"), flush=True)
     os.kill(os.getpid(), signal.SIGKILL)
 
-class Spilling(sqlite3.Connection):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        super().execute("PRAGMA cache_size=2")  # a transaction's pages go to disk as it runs
+def at_commit(conn):
+    if sys.argv[2] == "commit":
+        assert conn.execute("PRAGMA user_version").fetchone() == (_state.STATE_SCHEMA,)
+        die()  # every step of the upgrade done but its commit
 
-    def execute(self, sql, *args):
-        if sql == "COMMIT" and sys.argv[2] == "commit":
-            assert super().execute("PRAGMA user_version").fetchone() == (_state.STATE_SCHEMA,)
-            die()  # every step of the upgrade done but its commit
-        return super().execute(sql, *args)
-
-sqlite3.connect = functools.partial(sqlite3.connect, factory=Spilling)
 keep = _state._keep_memos_per_hub
 
 def moved(conn):
@@ -541,6 +537,7 @@ _state._keep_memos_per_hub = moved
 _state.ChannelState(sys.argv[1])
 sys.exit(3)  # not killed: the upgrade never reached the point
 """
+)
 
 _OPEN_STATE = """
 import sys
@@ -592,7 +589,9 @@ async def test_an_upgrade_killed_halfway_leaves_the_old_file_and_its_outbox_is_s
             capture_output=True,
         )
         assert child.returncode == -signal.SIGKILL, child.stderr.decode()
-        assert int(child.stdout) > 0  # the killed transaction had written to the WAL
+        wal = Path(f"{path}-wal")
+        assert wal.stat().st_size == int(child.stdout)  # as the killed upgrade left it
+        assert uncommitted_frames(wal) > 2  # its pages, on disk, no commit among them
         assert layout_of(path) == 0 and rows_of(path) == before
 
         racers = [
