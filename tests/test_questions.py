@@ -311,6 +311,21 @@ async def test_ask_question_option_without_a_description_is_a_tool_error(tmp_pat
         assert r.pending == []
 
 
+async def test_ask_question_option_with_an_unknown_field_is_a_tool_error(tmp_path: Path) -> None:
+    """An option the schema does not describe (an `id` the model made up, say) is refused, not
+    silently dropped: the model learns its input was wrong and nothing is asked."""
+    seen = Capture(reply("ok"))
+    options = [{"label": "A", "description": "a", "id": "x"}, {"label": "B", "description": "b"}]
+    async with sqlite_runtime(tmp_path, shipping_agent(seen, options=options)) as rt:
+        r = await rt.generate("shop", prompt="ship my order", auth=ALICE)
+        [result] = tool_results(seen.last)
+        assert result.is_error is True
+        [detail] = result.content["details"]
+        assert (detail["loc"], detail["type"]) == (["options", 0, "id"], "extra_forbidden")
+        assert r.pending == []
+        assert "input.requested" not in timeline(await events(rt, r.session_id))
+
+
 async def test_an_option_that_is_not_valid_unicode_is_a_tool_error_not_a_stuck_question(
     tmp_path: Path,
 ) -> None:

@@ -165,6 +165,38 @@ async def test_one_cancel_denies(tmp_path: Path) -> None:
             await rt.respond(sid, vote(req.id), principal=ALICE.model_copy())
 
 
+async def test_a_cancel_before_the_quorum_is_reached_denies_at_once(store_url: str) -> None:
+    """A cancel is not a vote: the first one denies the call, even with no approval counted,
+    and no later approval can bring the quorum back (on both stores)."""
+    log = ExecutionLog()
+    seen = Capture(reply("not deployed"))
+    agent = deploy_agent(log, so.always(approvers=3, exclude_requester=True), seen)
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid, req, head = await asked(rt)
+        await rt.respond(sid, vote(req.id), principal=BOB)
+        r = await rt.respond(sid, vote(req.id, "cancel"), principal=CAROL)
+        assert r.status == "completed"
+        assert r.outcomes == [so.Outcome(request_id=req.id, outcome="cancelled", applied=True)]
+        events = await events_of(rt, sid, head)
+        assert lines(events)[:4] == [
+            "approval.candidate counted",
+            "turn.waiting",
+            "approval.settled cancel",
+            "input.resolved cancelled",
+        ]
+        settled = next(e for e in events if e.type == "approval.settled").data
+        assert settled["by"] == CAROL.model_dump()
+        assert settled["approved_by"] is None
+        assert log.count() == 0
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None
+        assert (stored.status, stored.outcome) == ("settled", "cancelled")
+        assert stored.request.approved_by == ["bob"]
+        with pytest.raises(so.ConflictingAnswer):
+            await rt.respond(sid, vote(req.id), principal=DAN)
+        assert log.count() == 0
+
+
 async def test_the_requester_is_not_eligible_when_excluded(tmp_path: Path) -> None:
     log = ExecutionLog()
     agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))

@@ -18,6 +18,7 @@ import signoff as so
 from signoff.testing import (
     Capture,
     ExecutionLog,
+    ManualClock,
     call,
     call_tools,
     reply,
@@ -937,6 +938,32 @@ async def test_an_allowed_candidate_whose_request_closed_meanwhile_ends_stale(
         settled = [e.data["by"]["principal_id"] for e in events if e.type == "approval.settled"]
         assert settled == ["alice"]
         assert log.count() == (1 if alice_says == "approve" else 0)
+
+
+async def test_a_deadline_that_passes_while_the_policy_decides_wins(store_url: str) -> None:
+    """The request's deadline passes while its response policy decides (a slow one): the
+    deadline wins, as it would have had anyone looked, and the allowed answer settles nothing."""
+    clock = ManualClock()
+
+    async def slow(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(61)
+        return so.Allowed()
+
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(expires_in=60), response=slow)
+    async with so.Runtime([refund_agent(log, spec)], store=store_url, clock=clock) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        with pytest.raises(so.RequestClosed, match="deadline passed before this response"):
+            await rt.respond(
+                sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=BOB
+            )
+        events = await events_of(rt, sid, head)
+        outcomes = [e.data["outcome"] for e in events if e.type == "approval.candidate"]
+        assert outcomes == ["pending", "stale"]
+        assert not any(e.type == "approval.settled" for e in events)
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "expired"
+        assert log.count() == 0
 
 
 def test_approval_spec_keeps_the_request_policys_rules_it_does_not_override() -> None:

@@ -667,6 +667,29 @@ async def test_session_ttl_expired_with_pending_requests(tmp_path: Path) -> None
         assert log.count() == 0
 
 
+async def test_cancel_of_a_session_past_its_ttl_is_session_expired(store_url: str) -> None:
+    """A cancel after the TTL passed does not withdraw the parked turn's requests as if the
+    session were live: it raises `SessionExpired`, and what is recorded is the expiry."""
+    log = ExecutionLog()
+    clock = ManualClock()
+    agent = refund_agent(log, limits=so.Limits(ttl=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        r = await waiting_session(rt)
+        rid = r.pending[0].id
+        clock.advance(61)
+        with pytest.raises(so.SessionExpired) as info:
+            await rt.cancel(r.session_id, "too late")
+        assert (info.value.session_id, info.value.pending) == (r.session_id, [rid])
+        types = await types_of(rt, r.session_id)
+        assert "turn.cancelled" not in types and types[-1] == "turn.failed"
+        stored = await rt.store.get_request(rid)
+        assert stored is not None and stored.status == "expired"
+        with pytest.raises(so.SessionExpired):
+            await rt.cancel(r.session_id)
+        assert await types_of(rt, r.session_id) == types
+        assert log.count() == 0
+
+
 async def test_session_ttl_timedelta_and_activity_keeps_it_alive(tmp_path: Path) -> None:
     from datetime import timedelta
 
