@@ -608,6 +608,40 @@ async def test_an_id_committed_late_is_not_skipped_and_a_lasting_hole_is_passed(
             assert hub.position(watcher) == newer[-1].id
 
 
+async def test_a_hole_below_entries_already_visible_holds_the_position(tmp_path: Path) -> None:
+    """The hole that matters on PostgreSQL: a lower id not visible yet while higher ones are.
+    The entries above it are delivered, the saved position stays below it, and the late entry
+    is delivered once it shows up, not skipped for good."""
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        watcher = Flaky(0)
+        state = ChannelState()
+        async with manual(ChannelHub(rt, [watcher], state=state, gap_timeout=60)) as hub:
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, c = r.pending
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            entries = await rt.store.audit()
+            (opened,) = [e.id for e in entries if e.type == "input.requested"]
+            assert entries[-1].id > opened  # entries above the hole are visible
+            real = rt.store.audit
+            hidden = {opened}
+
+            async def late(**kwargs: Any) -> list[Any]:
+                return [e for e in await real(**kwargs) if e.id not in hidden]
+
+            rt.store.audit = late  # type: ignore[method-assign]
+            await hub.poll()
+            assert watcher.seen == [("approved", a.id)]  # delivered: above the hole
+            assert hub.position(watcher) == opened - 1
+            assert state.position("hub:channel") == opened - 1
+            hidden.clear()
+            await hub.poll()
+            # the late entry, as it reads now (a is closed: only b and c are open), and nothing
+            # delivered twice
+            assert watcher.seen == [("approved", a.id), ("requested", b.id), ("requested", c.id)]
+            assert hub.position(watcher) == entries[-1].id
+
+
 async def until(check: Any, timeout: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import http.server
 import json
 import queue
@@ -630,6 +631,40 @@ def test_a_response_policy_is_not_bypassed_by_recording_only(url: str) -> None:
     )
     assert allowed.exit_code == 0, allowed.output
     assert "deployer: Deployed." in allowed.output
+
+
+def test_a_request_recorded_before_its_policy_flag_is_still_not_settled_by_recording_only(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request stored by a version before `InputRequest.response_policy` does not carry the
+    flag: the tool's setting in the audit trail still says a response policy decides, so the
+    record-only path refuses it all the same."""
+    from signoff.stores import SQLiteStore
+
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    rt = so.Runtime([deployer], store=url)
+    try:
+        parked = rt.generate_sync("deployer", "Deploy prod", auth=alice)
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    before = len(log(url, parked.session_id))
+    real = SQLiteStore.get_request
+
+    async def unflagged(self: SQLiteStore, request_id: str) -> Any:
+        stored = await real(self, request_id)
+        if stored is None:
+            return None
+        old = stored.request.model_copy(update={"response_policy": False})
+        return dataclasses.replace(stored, request=old)
+
+    monkeypatch.setattr(SQLiteStore, "get_request", unflagged)
+    alone = invoke("approve", request.id, "--store", url, "--as", "web:alice")
+    assert alone.exit_code == 1, alone.output
+    assert alone.stderr.startswith("error: UsageError: "), alone.stderr
+    assert "response policy" in alone.stderr and "MODULE:RUNTIME" in alone.stderr
+    monkeypatch.undo()
+    assert len(log(url, parked.session_id)) == before
 
 
 def test_bad_store_url_is_a_usage_error() -> None:

@@ -378,6 +378,7 @@ async def served(world: World) -> AsyncIterator[Served]:
 
 
 JSON = {"Content-Type": "application/json"}
+CHARSET = "application/json; charset=utf-8"
 JSON_REPLY = {"Accept": "application/json"}
 
 
@@ -541,6 +542,15 @@ HTTP_ATTACKS: dict[str, Call] = {
     ),
     "non-utf8": Call(
         raw(to_responses, b'{"inputResponses": "\xff\xfe\xfd"}'), 400, "malformed_json"
+    ),
+    # a JSON media type with parameters is JSON all the same: not a bare `http_400`
+    "non-utf8-charset": Call(
+        raw(to_responses, b'{"inputResponses": "\xff"}', **{"Content-Type": CHARSET}),
+        400,
+        "malformed_json",
+    ),
+    "deep-body-charset": Call(
+        raw(to_responses, deep_json(DEEP), **{"Content-Type": CHARSET}), 400, "malformed_json"
     ),
     "latin1-in-prompt": Call(
         raw(lambda w: "/v1/sessions", '{"agent": "support", "message": "café"}'.encode("latin-1")),
@@ -1000,7 +1010,7 @@ def test_tokens_are_compared_at_one_length(monkeypatch: pytest.MonkeyPatch) -> N
     assert tokens.lookup("alice-token") == ALICE
     assert tokens.lookup("x") is None and tokens.lookup("y" * 500) is None
     assert tokens.lookup("") is None
-    assert len(lengths) == 1 and len({*next(iter(lengths))}) == 1, lengths
+    assert lengths == {(32, 32)}, lengths  # whole SHA-256 digests: no prefix decides
 
 
 async def test_edited_arguments_naming_a_key_twice_are_refused(served: Served) -> None:
@@ -1019,4 +1029,22 @@ async def test_edited_arguments_naming_a_key_twice_are_refused(served: Served) -
     assert r.status_code == 422, r.text[:300]
     assert r.json()["error"]["code"] == "invalid_answer"
     assert "'amount'" in r.json()["error"]["message"]
+    assert await snapshot(w.rt) == before
+
+
+async def test_edited_arguments_nested_too_deeply_to_read_are_refused(served: Served) -> None:
+    """Edited arguments nested past what the JSON parser can read are not JSON to the server:
+    a 422 `invalid_answer` (not a 500 from the parser's `RecursionError`), and nothing changes."""
+    w = served.world
+    c = served.client
+    token = _csrf_in((await c.get("/_signoff/", headers=auth("alice-token"))).text)
+    before = await snapshot(w.rt)
+    r = await c.post(
+        f"/_signoff/requests/{w.ra}/respond",
+        data={"csrf": token, "option": "approve", "edited_input": deep_json(DEEP).decode()},
+        headers={**auth("alice-token"), **JSON_REPLY},
+    )
+    assert r.status_code == 422, r.text[:300]
+    assert r.json()["error"]["code"] == "invalid_answer"
+    assert "not JSON" in r.json()["error"]["message"]
     assert await snapshot(w.rt) == before

@@ -93,6 +93,18 @@ def test_last_event_id_is_plain_digits(store: str) -> None:
             assert [e["id"] for e in read_sse(s)] == ["3", "4", "5"]
 
 
+def test_last_event_id_takes_precedence_over_after(store: str) -> None:
+    """A reconnecting EventSource asks its first URL again (`?after=` included) with the id of
+    the last event it got: the header says where to resume, lower or higher than `after`."""
+    with served(store) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        body = c.post("/v1/sessions", json={"agent": "support", "message": "Refund 1042"}).json()
+        url = f"/v1/sessions/{body['session_id']}/events"
+        for after, last, ids in ((4, "2", ["3", "4", "5"]), (1, "4", ["5"])):
+            params = {"follow": "false", "after": str(after)}
+            with c.stream("GET", url, params=params, headers={"Last-Event-ID": last}) as s:
+                assert [e["id"] for e in read_sse(s)] == ids, (after, last)
+
+
 def test_an_idle_dashboard_stream_does_not_rescan_the_queue(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import email.utils
+import hashlib
+import hmac
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -120,6 +122,27 @@ async def test_a_receiver_that_fails_twice_gets_the_event_once_with_a_valid_sign
         assert {h["Signoff-Delivery"] for h, _ in receiver.attempts} == {payload["id"]}
         with pytest.raises(InvalidSignature, match="does not match"):
             verify_webhook("another secret", headers, body)
+
+
+async def test_a_delivery_is_signed_as_documented(tmp_path: Path) -> None:
+    """A receiver written without signoff checks `v1=` + hex HMAC-SHA256 of `{timestamp}.{body}`
+    with the shared secret: what is sent is exactly that, so `verify_webhook` agreeing with
+    `sign_webhook` is not all that holds."""
+    known = "v1=24ba2bb9ea0a9575f3f35509273afdc182462e1a23a57134207cf963590ceb07"
+    assert sign_webhook(SECRET, 1_700_000_000, b'{"id":"dlv_1"}') == known
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [hooks])) as hub:
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            await hooks.drain()
+    ((headers, body),) = receiver.accepted
+    signed = f"{headers['Signoff-Timestamp']}.".encode() + body
+    mac = hmac.new(SECRET.encode(), signed, hashlib.sha256).hexdigest()
+    assert headers["Signoff-Signature"] == f"v1={mac}"
 
 
 async def test_resolution_and_expiry_warnings_are_delivered(tmp_path: Path) -> None:
