@@ -918,6 +918,8 @@ async def test_pending_queue_across_sessions(tmp_path: Path) -> None:
         assert len(await rt.pending(tool_name="issue_refund", kind="tool-approval")) == 2
         assert [p.id for p in await rt.pending(older_than=50)] == [ra.pending[0].id]
         assert [p.id for p in await rt.pending(limit=1, offset=1)] == [rb.pending[0].id]
+        # An age older than any time a store holds is no request, not a refused filter.
+        assert await rt.pending(older_than=1.29e308) == []
 
 
 async def test_events_follow_live(tmp_path: Path) -> None:

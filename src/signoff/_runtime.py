@@ -44,6 +44,7 @@ from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKin
 from ._work import Workers
 from .stores import PendingFilter, Resolve, SessionSummary, Store
 from .stores._audit import AuditEntry
+from .stores._base import created_before
 
 __all__ = ["Runtime"]
 
@@ -316,7 +317,7 @@ class Runtime(Workers):
                 tool_name=tool_name,
                 kind=kind,
                 session_id=session_id,
-                created_before=None if older_than is None else self.clock() - older_than,
+                created_before=created_before(self.clock(), older_than),
                 live_at=self.clock(),  # requests of expired sessions can no longer be answered
                 limit=limit,
                 offset=offset,

@@ -10,6 +10,7 @@ from starlette.responses import StreamingResponse
 from .._exceptions import SessionExpired, UnknownRequest
 from .._types import Decision, InputResponse
 from ..stores import PendingFilter
+from ..stores._base import created_before
 from ._context import ServerContext, get_context
 from ._errors import ERROR_RESPONSES, ApiError
 from ._json_response import JSONText
@@ -246,7 +247,7 @@ async def list_requests(
         tool_name=tool,
         kind=kind,
         status=status,
-        created_before=None if older_than is None else rt.clock() - older_than,
+        created_before=created_before(rt.clock(), older_than),
         limit=limit,
         offset=offset,
     )

@@ -27,6 +27,7 @@ __all__ = [
     "Store",
     "SessionSummary",
     "StoredRequest",
+    "created_before",
     "older_schema",
     "parent_of",
     "request_row",
@@ -160,6 +161,10 @@ class RequestRow:
     damage: str | None = None
 
 
+TIME_LIMIT = 2**63
+"""A filter's times lie within ±`TIME_LIMIT` seconds: SQLite binds no integer past 64 bits."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PendingFilter:
     """Which requests `pending()` lists; all fields optional, newest last."""
@@ -217,7 +222,7 @@ class PendingFilter:
         for name in ("created_before", "created_after", "live_at", "due_by"):
             moment = getattr(self, name)
             # An int no float holds overflowed; one past 64 bits, SQLite's binding of it.
-            if moment is not None and not (finite(moment) and -(2**63) <= moment < 2**63):
+            if moment is not None and not (finite(moment) and -TIME_LIMIT <= moment < TIME_LIMIT):
                 raise UsageError(
                     f"PendingFilter({name}=...) must be a finite time (seconds) or None, "
                     f"not {moment!r}"
@@ -228,6 +233,14 @@ class PendingFilter:
                 raise UsageError(
                     f"PendingFilter({name}=...) must be a whole number from 0, not {count!r}"
                 )
+
+
+def created_before(now: float, older_than: float | None) -> float | None:
+    """`PendingFilter.created_before` for requests at least `older_than` seconds old; an age
+    reaching past the oldest time a filter takes matches no request there either."""
+    if older_than is None:
+        return None
+    return max(now - older_than, float(-TIME_LIMIT))
 
 
 @runtime_checkable
