@@ -608,12 +608,12 @@ async def test_an_id_committed_late_is_not_skipped_and_a_lasting_hole_is_passed(
             assert hub.position(watcher) == newer[-1].id
 
 
-async def test_a_hole_below_entries_already_visible_holds_the_position(tmp_path: Path) -> None:
+async def test_a_hole_below_entries_already_visible_holds_the_position(store_url: str) -> None:
     """The hole that matters on PostgreSQL: a lower id not visible yet while higher ones are.
     The entries above it are delivered, the saved position stays below it, and the late entry
-    is delivered once it shows up, not skipped for good."""
+    is delivered once it shows up, not skipped for good; the hub reads both stores alike."""
     runs: list[str] = []
-    async with runtime(tmp_path, three_refunds(runs)) as rt:
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
         watcher = Flaky(0)
         state = ChannelState()
         async with manual(ChannelHub(rt, [watcher], state=state, gap_timeout=60)) as hub:

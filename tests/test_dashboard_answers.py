@@ -94,12 +94,25 @@ def test_the_same_answer_from_a_stale_page_names_who_gave_it_first(base: str) ->
         assert r.status_code == 303
 
 
-@pytest.mark.parametrize("by", [{"principal_id": 7}, {"attributes": "bob"}, ["bob"], 42], ids=repr)
+@pytest.mark.parametrize(
+    ("part", "damaged"),
+    [
+        ("by", {"principal_id": 7}),
+        ("by", {"attributes": "bob"}),
+        ("by", ["bob"]),
+        ("by", 42),
+        ("resolution", ["approve"]),
+        ("resolution", 42),
+        ("resolution", "approved"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v in ("by", "resolution") else repr(v),
+)
 def test_a_stale_answer_to_a_request_settled_by_a_damaged_principal_is_still_answered(
-    store_url: str, by: object
+    store_url: str, part: str, damaged: object
 ) -> None:
-    """A settled request whose stored `by` is not a principal (an old or hand-edited store) made
-    a stale page's repeated answer a 500; it is reported as answered by someone unknown."""
+    """A settled request whose stored `by` is not a principal, or whose stored resolution is not
+    an object at all (an old or hand-edited store), made a stale page's repeated answer a 500;
+    it is reported as answered by someone unknown."""
     with served(store_url) as base:
         body = start(base, "treasury")
         rid = body["pending"][0]["id"]
@@ -110,9 +123,9 @@ def test_a_stale_answer_to_a_request_settled_by_a_damaged_principal_is_still_ans
             for who in ("alice-token", "bob-token"):
                 assert httpx.post(url, json=vote, headers=auth(who)).status_code == 200
             ((stored,),) = query(store_url, "SELECT resolution FROM {t}requests WHERE id={p}", rid)
-            resolution = {**unpack(stored), "by": by}
-            damaged = json.dumps(resolution).encode()
-            alter(store_url, "UPDATE {t}requests SET resolution={p} WHERE id={p}", damaged, rid)
+            resolution = damaged if part == "resolution" else {**unpack(stored), "by": damaged}
+            raw = json.dumps(resolution).encode()
+            alter(store_url, "UPDATE {t}requests SET resolution={p} WHERE id={p}", raw, rid)
             form = {"option": "approve", "csrf": token}
             r = admin.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
             assert r.status_code == 200 and r.json()["outcome"] == "approved", r.text

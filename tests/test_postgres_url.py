@@ -142,6 +142,14 @@ def test_the_same_values_in_the_url_are_a_store_error(query: str, message: str) 
         PostgresStore(f"postgresql://u@h/db?{query}")
 
 
+@pytest.mark.parametrize("query", ["schema=", "schema", "sslmode=disable&schema=&pool_max=2"])
+def test_an_empty_schema_in_the_url_is_refused(query: str) -> None:
+    """`?schema=` quietly meant the default schema, "signoff": a value left empty is a mistake
+    (a variable that was not set), and the store it names would be another's."""
+    with pytest.raises(StoreError, match="^URL option schema is empty"):
+        PostgresStore(f"postgresql://u@h/db?{query}")
+
+
 @pytest.mark.parametrize("option", ["pool_size", "Pool_max", "operation-timeout", "poolmax"])
 def test_an_option_neither_signoff_nor_libpq_knows_is_refused_when_the_store_is_made(
     option: str,

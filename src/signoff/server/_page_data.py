@@ -139,7 +139,9 @@ async def answered_by_another(ctx: ServerContext, request_id: str, viewer: Princ
     """Who gave the answer that the viewer's identical one repeated, if it was someone else: a
     reviewer on a stale page is told their answer changed nothing, not that it was theirs."""
     stored = await ctx.runtime.store.get_request(request_id)
-    by = ((stored.resolution if stored else None) or {}).get("by")
+    if stored is None or stored.resolution is None:  # settled, but its record was damaged
+        return "unknown"
+    by = stored.resolution.get("by")
     principal = principal_of(by)
     if principal is not None and principal.same_as(viewer):
         return None

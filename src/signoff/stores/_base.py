@@ -33,6 +33,7 @@ __all__ = [
     "request_row",
     "request_rows",
     "stored_request",
+    "stored_resolution",
 ]
 
 READ_BYTES = 4 << 20
@@ -492,6 +493,13 @@ def request_row(row: Sequence[Any], unpack: Callable[[Any], Any]) -> RequestRow:
         deadline=row[10],
         damage="; ".join(damage) or None,
     )
+
+
+def stored_resolution(raw: Any, unpack: Callable[[Any], Any]) -> dict[str, Any] | None:
+    """A request's stored resolution read back, or None if it is not an object (an old or
+    hand-edited store): every reader of `StoredRequest` then copes as with none recorded."""
+    resolution = None if raw is None else unpack(raw)
+    return resolution if isinstance(resolution, dict) else None
 
 
 def stored_request(

@@ -21,6 +21,7 @@ from .._base import (
     request_row,
     session_summary,
     stored_request,
+    stored_resolution,
 )
 from .._codec import EventTexts, parse, stored_type, type_name, unpack
 from ._connections import Conn, Connections, Seen, storable
@@ -206,7 +207,7 @@ class Reads(Connections):
                 request=stored_request(*row[2:6], unpack, *row[6:]),
                 status=row[5],
                 outcome=row[0],
-                resolution=None if row[1] is None else unpack(row[1]),
+                resolution=stored_resolution(row[1], unpack),
             )
 
         return await self._read(body, f"reading request {request_id!r}")

@@ -34,12 +34,17 @@ SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,50}$")
 
 def schema_name(argument: str | None, options: dict[str, str]) -> str:
     """The store's schema: the `schema` argument, else the URL's `?schema=`, else "signoff". A
-    bad argument is the developer's misuse (`UsageError`); a bad URL value is a `StoreError`."""
+    bad argument is the developer's misuse (`UsageError`); a bad URL value is a `StoreError`,
+    an empty one too (an unset variable, say), rather than quietly the default's store."""
     if argument is not None:
         if not isinstance(argument, str) or not SCHEMA_NAME.match(argument):
             raise UsageError(f"schema name must be lowercase [a-z0-9_]: {argument!r}")
         return argument
-    schema = options.get("schema") or "signoff"
+    schema = options.get("schema", "signoff")
+    if not schema:
+        raise StoreError(
+            'URL option schema is empty: name a schema, or leave the option out for "signoff"'
+        )
     if not SCHEMA_NAME.match(schema):
         raise StoreError(f"schema name must be lowercase [a-z0-9_]: {schema!r}")
     return schema

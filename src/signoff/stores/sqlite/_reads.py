@@ -23,6 +23,7 @@ from .._base import (
     request_row,
     session_summary,
     stored_request,
+    stored_resolution,
 )
 from .._codec import (
     CHAIN_MAX,
@@ -184,7 +185,7 @@ class Reads(Connection):
             request=stored_request(*row[2:6], unpack, *row[6:]),
             status=row[5],
             outcome=row[0],
-            resolution=None if row[1] is None else unpack(row[1]),
+            resolution=stored_resolution(row[1], unpack),
         )
 
     @reading
