@@ -10,7 +10,13 @@ from pathlib import Path
 __all__ = ["SPILL", "uncommitted_frames"]
 
 SPILL = '''
-import functools as _functools, sqlite3 as _sqlite3
+import functools as _functools, os as _os, signal as _signal, sqlite3 as _sqlite3, sys as _sys
+
+def die():
+    """Print the WAL's size (what the transaction wrote so far, checked on disk after), then
+    SIGKILL this process; the database file is `sys.argv[1]`."""
+    print(_os.path.getsize(_sys.argv[1] + "-wal"), flush=True)
+    _os.kill(_os.getpid(), _signal.SIGKILL)
 
 def at_commit(conn):
     """What the child does just before a COMMIT, inside the transaction; it may define its own."""
@@ -30,7 +36,8 @@ _sqlite3.connect = _functools.partial(_sqlite3.connect, factory=_Spilling)
 '''
 """Code a child process runs first: every `sqlite3` connection it opens after spills its pages
 (SQLite's default cache of about 2 MB keeps a small transaction in memory until it commits, so
-killing it would prove nothing), and calls `at_commit(conn)` before each `COMMIT`."""
+killing it would prove nothing), and calls `at_commit(conn)` before each `COMMIT`; `die()`
+prints the WAL's size and kills the child."""
 
 
 def uncommitted_frames(wal: Path, start: int = 0) -> int:

@@ -336,13 +336,8 @@ async def test_a_schema_3_file_learns_its_tool_setting_chain_heads(tmp_path: Pat
 _DIE_IN_UPGRADE = (
     SPILL
     + """
-import asyncio, os, signal, sys
+import asyncio, sys
 from signoff.stores.sqlite import _connection, SQLiteStore
-
-def die():
-    # What the upgrade wrote so far, and that it is not committed, is checked on disk after.
-    print(os.path.getsize(sys.argv[1] + "-wal"), flush=True)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 def at_commit(conn):
     if sys.argv[2] == "commit":
