@@ -1321,6 +1321,38 @@ async def test_a_follower_reads_the_expiry_it_meets_before_it_raises(tmp_path: P
         assert seen[-1].data["error"]["code"] == "session_expired"
 
 
+async def test_a_follower_waits_one_tick_before_the_expiry_and_raises_at_it(
+    tmp_path: Path,
+) -> None:
+    """The boundary of a followed session's expiry, on the runtime's clock: one tick before
+    its `expires_at` the follower keeps waiting for events; at it, it raises `SessionExpired`."""
+    import asyncio
+    import math
+
+    now = [1_000_000.0]
+    async with so.Runtime(
+        [ttl_agent()], store=f"sqlite:///{tmp_path}/s.db", clock=lambda: now[0], poll_interval=0.01
+    ) as rt:
+        r = await rt.generate("desk", prompt="reset")
+        state = await rt.state(r.session_id)
+        expires = state.expires_at
+        assert expires == now[0] + 60
+        now[0] = math.nextafter(expires, -math.inf)
+        seen: list[int] = []
+
+        async def follow() -> None:
+            async for event in rt.events(r.session_id):
+                seen.append(event.seq)
+
+        task = asyncio.create_task(follow())
+        await asyncio.sleep(0.1)  # ten polls, each finding the session live
+        assert not task.done() and seen == list(range(1, state.seq + 1))
+        now[0] = expires
+        with pytest.raises(so.SessionExpired) as info:
+            await asyncio.wait_for(task, 5)
+        assert info.value.pending == [r.pending[0].id]
+
+
 async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: Path) -> None:
     """A followed session that can have no more events (its TTL passed, or its rows were
     deleted) used to be waited on for ever: `rt.events(follow=True)` now yields every event,

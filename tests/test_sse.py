@@ -4,6 +4,7 @@ proxies, resuming, and what happens to an open stream when the server stops."""
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sqlite3
 import tempfile
@@ -358,3 +359,41 @@ def test_a_stream_read_in_small_bounded_reads_loses_no_event(
         assert ids == list(range(1, ids[-1] + 1)) and len(ids) >= 4
         with c.stream("GET", url) as s:
             assert [int(e["id"]) for e in read_sse(s, count=len(ids))] == ids
+
+
+def test_a_followed_stream_ends_exactly_when_the_session_ttl_passes(tmp_path: Path) -> None:
+    """The boundary of a session's expiry, on the runtime's clock: one tick before its
+    `expires_at` the stream stays open (keep-alives) and a reconnect is served; at it, the open
+    stream ends with `stream.end` (410) and a reconnect is refused, as it is after it."""
+    from .test_server_common import running, ttl_app
+
+    now = [1_000_000.0]
+    _, app = ttl_app(tmp_path, now)
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        sid = c.post("/v1/sessions", json={"agent": "desk", "message": "reset"}).json()[
+            "session_id"
+        ]
+        view = c.get(f"/v1/sessions/{sid}").json()
+        head, expires = view["seq"], view["expires_at"]
+        assert expires == now[0] + 60
+        url, resume = f"/v1/sessions/{sid}/events", {"Last-Event-ID": str(view["seq"])}
+        now[0] = math.nextafter(expires, -math.inf)
+        beats: list[float] = []
+
+        def tick() -> None:
+            beats.append(now[0])
+            if len(beats) == 3:  # open for three heartbeats one tick before: now it expires
+                now[0] = expires
+
+        with c.stream("GET", url, headers=resume) as s:
+            assert s.status_code == 200
+            lines = _follow_until_closed(s, ": keep-alive", tick, timeout=5)
+        assert beats[:3] == [math.nextafter(expires, -math.inf)] * 3
+        assert [x for x in lines if x.startswith("id:")] == []
+        end = _end_event(lines)
+        assert end["status"] == 410 and end["error"]["code"] == "session_expired", end
+        for at in (expires, math.nextafter(expires, math.inf)):
+            now[0] = at
+            r = c.get(url, headers=resume)
+            assert r.status_code == 410 and r.json()["error"]["code"] == "session_expired", at
+        assert c.get(url, params={"follow": "false"}).text.count(f"id: {head}\n") == 1
