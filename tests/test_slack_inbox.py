@@ -1,0 +1,80 @@
+"""The exact boundary of the Slack inbox's acknowledgement deadline (`ACK_WITHIN`), on an event
+loop whose clock the test moves: a delivery saved one tick before it is taken; one saved at or
+after it gets a `StoreError` (Slack's 503), and its work still runs, once, however often Slack
+sends it again."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelState
+from signoff.channels.slack import SlackChannel
+from signoff.channels.slack._inbox import ACK_WITHIN, Inbox
+
+TICK = 0.001  # well above the loop's clock resolution, which lets a timer fire that early
+
+
+@dataclass
+class Note:
+    text: str
+
+
+@contextmanager
+def loop_clock(loop: asyncio.AbstractEventLoop) -> Iterator[list[float]]:
+    """Freeze the loop's clock (its timers: `asyncio.wait_for`) where it is; the test moves it
+    by setting the list's one item."""
+    now = [loop.time()]
+    setattr(loop, "time", lambda: now[0])  # noqa: B010 (mypy refuses `loop.time = ...`)
+    try:
+        yield now
+    finally:
+        delattr(loop, "time")
+
+
+@pytest.mark.parametrize(
+    ("offset", "taken"), [(-TICK, True), (0.0, False), (TICK, False)], ids=["before", "at", "after"]
+)
+async def test_a_delivery_is_taken_only_if_saved_before_the_ack_deadline(
+    tmp_path: Path, offset: float, taken: bool
+) -> None:
+    ran: list[tuple[str, bool]] = []
+
+    async def run(note: Note, again: bool) -> None:
+        ran.append((note.text, again))
+
+    slack = SlackChannel("C42", token="xoxb-test", signing_secret="secret")
+    state = ChannelState(tmp_path / "hub.db")
+    async with so.Runtime([], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        slack.bind(rt, state)
+        inbox = Inbox(slack, "note:", Note, run, "note")
+        assert inbox.ack_within == ACK_WITHIN
+        loop = asyncio.get_running_loop()
+
+        def saved_at(now: list[float], at: float) -> Callable[[], tuple[str, Note]]:
+            def pick() -> tuple[str, Note]:
+                now[0] = at  # the save ends at this time of the loop's clock
+                return "n1", Note("hello")
+
+            return pick
+
+        with loop_clock(loop) as now:
+            deadline = now[0] + ACK_WITHIN
+            if taken:
+                await inbox.admit(saved_at(now, deadline + offset))
+            else:
+                with pytest.raises(so.StoreError, match=r"not saved within 2s"):
+                    await inbox.admit(saved_at(now, deadline + offset))
+        await slack.idle()
+        assert ran == [("hello", False)]  # a save that ended late starts its work all the same
+        assert inbox.seen("n1") and slack.recall("note:n1")["state"] == "done"
+        await inbox.admit(lambda: ("n1", Note("hello")))  # Slack sends it again: nothing runs
+        await slack.idle()
+        assert ran == [("hello", False)]
+    state.close()
