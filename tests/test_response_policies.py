@@ -1021,3 +1021,46 @@ async def test_a_refusal_reason_that_is_not_text_is_recorded_as_text(
         assert events[1].data["reason"] == reason
         json.dumps([e.data for e in events], allow_nan=False)
         assert log.count() == 0
+
+
+async def test_a_request_recorded_before_the_flag_is_still_decided_by_its_policy(
+    store_url: str,
+) -> None:
+    """A request parked by a signoff older than `InputRequest.response_policy` has no such key
+    (a false flag is stored as none, so writing it unflagged gives the old record exactly). It
+    loads on both stores; a runtime without the tool (a record-only settler) refuses it, from
+    the tool's recorded setting, changing nothing; the runtime with the policy lets only the
+    requester settle it, and the turn resumes and completes, the tool run once."""
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=requester_only)
+    agent = refund_agent(log, spec)
+    tool = agent.tools["refund_charge"]
+    async with so.Runtime([agent], store=store_url) as rt:
+        policy, tool.response_policy = tool.response_policy, None
+        try:
+            sid, req, head = await asked(rt, ALICE)  # as the older signoff recorded it
+        finally:
+            tool.response_policy = policy
+        (asking,) = [e for e in await events_of(rt, sid) if e.type == "input.requested"]
+        assert "response_policy" not in asking.data["requests"][0]
+    approve = [so.InputResponse(request_id=req.id, option_id="approve")]
+    async with so.Runtime([scripted_agent("billing", [])], store=store_url) as other:
+        (loaded,) = await other.pending(session_id=sid)
+        assert loaded.id == req.id and not loaded.response_policy
+        before = await store_contents(other.store, sid)
+        for who in (ALICE, BOB, None):
+            for resume in (True, False):
+                with pytest.raises(so.NotAllowed, match="response policy"):
+                    await other.respond(sid, approve, principal=who, resume=resume)
+            with pytest.raises(so.NotAllowed, match="response policy"):
+                await other.generate(
+                    session_id=sid, approvals=[so.Decision(id=req.id, approved=True)], auth=who
+                )
+        assert await store_contents(other.store, sid) == before
+    async with so.Runtime([refund_agent(log, spec)], store=store_url) as rt:
+        r = await rt.respond(sid, approve, principal=BOB)
+        (o,) = r.outcomes
+        assert (o.outcome, o.applied, r.status, log.count()) == ("rejected", False, "waiting", 0)
+        r = await rt.respond(sid, approve, principal=ALICE)
+        assert r.status == "completed" and r.text == "done" and log.count() == 1
+        assert lines(await events_of(rt, sid, head)) == REFUSED + CANDIDATE_THEN_RAN

@@ -17,6 +17,7 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, SessionAuth, SessionInfo
+from ._audit_trail import response_policy_recorded
 from ._deadlines import due_batch, is_due
 from ._exceptions import (
     AnswerError,
@@ -156,7 +157,13 @@ class Answering(SessionRunner):
                             await self._drive(session_id)
                         raise
                     continue
-                _check_policy_present(request, tool)
+                # A request recorded before requests carried the flag: the trail tells.
+                recorded = (
+                    tool is None
+                    and not request.response_policy
+                    and await response_policy_recorded(self.store, request)
+                )
+                _check_policy_present(request, tool, recorded=recorded)
                 if wanted.get("edited_input") is not None and tool is not None:
                     await self._check_edit(state, tool, request, wanted["edited_input"])
                 if _gated(request, tool):
@@ -519,10 +526,13 @@ def voted(request: InputRequest, principal: Principal | None) -> bool:
     )
 
 
-def _check_policy_present(request: InputRequest, tool: Tool | None) -> None:
-    """A request whose tool's response policy decides who may answer is settled only where that
-    policy runs; anywhere else (a runtime without the agent or the tool) no one may settle it."""
-    if request.response_policy and (tool is None or tool.response_policy is None):
+def _check_policy_present(
+    request: InputRequest, tool: Tool | None, *, recorded: bool = False
+) -> None:
+    """A request whose tool's response policy decides who may answer (its flag says so, or it
+    is `recorded` in the tool's setting) is settled only where that policy runs; anywhere else
+    (a runtime without the agent or the tool) no one may settle it."""
+    if (request.response_policy or recorded) and (tool is None or tool.response_policy is None):
         raise NotAllowed(
             f"request {request.id} is decided by the response policy of "
             f"{request.agent}.{request.tool_name}, which this runtime does not have: answer it "

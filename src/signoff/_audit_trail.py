@@ -12,6 +12,7 @@ from ._answers import check_text
 from ._audit_requests import PAGE as REQUESTS_PAGE
 from ._audit_requests import Leftovers, RequestTrail, request_rows
 from ._exceptions import UsageError
+from ._types import InputRequest
 from .stores import Store
 from .stores._audit import AuditEntry, AuditRow, chain_hash
 from .stores._base import RequestRow
@@ -22,6 +23,7 @@ __all__ = [
     "check_writable",
     "entries",
     "record_tool_settings",
+    "response_policy_recorded",
     "tool_setting",
     "verify",
     "verify_export",
@@ -332,6 +334,18 @@ def tool_setting(agent: Agent, name: str) -> str:
     if tool.response_policy is not None:
         setting += RESPONSE_POLICY_NOTE
     return setting
+
+
+async def response_policy_recorded(store: Store, request: InputRequest) -> bool:
+    """Whether the last recorded setting of the request's tool has a response policy (every
+    runtime records its tools' settings when it opens the store): what tells, for a request
+    recorded before requests carried `response_policy`, that a policy decides it."""
+    if request.kind != "tool-approval" or request.tool_name is None:
+        return False
+    setting = None
+    async for entry in entries(store, stream=f"{TOOLS_STREAM}{request.agent}.{request.tool_name}"):
+        setting = entry.data.get("new")
+    return isinstance(setting, str) and setting.endswith(RESPONSE_POLICY_NOTE)
 
 
 async def record_tool_settings(store: Store, agents: Iterable[Agent], now: float) -> None:

@@ -18,7 +18,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from .._agent import Agent
-from .._audit_trail import RESPONSE_POLICY_NOTE, entries
+from .._audit_trail import response_policy_recorded
 from .._events import Event
 from .._exceptions import (
     AnswerError,
@@ -202,17 +202,6 @@ def _unknown_request(request_id: str, where: str) -> UnknownRequest:
 _SETTLED = frozenset({"approved", "cancelled", "answered"})
 
 
-async def _response_policy_recorded(runtime: Runtime, request: InputRequest) -> bool:
-    """Whether the last recorded setting of the request's tool has a response policy (every
-    runtime records its tools' settings in the audit trail when it opens the store)."""
-    if request.kind != "tool-approval" or request.tool_name is None:
-        return False
-    setting = None
-    async for entry in entries(runtime.store, stream=f"tools:{request.agent}.{request.tool_name}"):
-        setting = entry.data.get("new")
-    return isinstance(setting, str) and setting.endswith(RESPONSE_POLICY_NOTE)
-
-
 async def _settle(
     command: str,
     request_id: str,
@@ -251,7 +240,7 @@ async def _settle(
                 [request_id],
             )
         if loaded is None and (
-            request.response_policy or await _response_policy_recorded(runtime, request)
+            request.response_policy or await response_policy_recorded(runtime.store, request)
         ):
             raise UsageError(
                 f"{request.tool_name} has a response policy that decides who may answer, and only "
