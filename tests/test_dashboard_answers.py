@@ -194,13 +194,16 @@ ASK = so.ToolCall(
         ],
     },
 )
-RULES: dict[str, so.ApprovalPolicy] = {
+RULES: dict[str, so.ApprovalPolicy | so.ApprovalSpec] = {
     "single": so.always(),
     "four-eyes": so.always(exclude_requester=True),
     "quorum": so.always(approvers=2),
     "quorum-excl": so.always(approvers=2, exclude_requester=True),
     "loose": so.always(approvers=2, distinct=False),
+    "open": so.ApprovalSpec(request=so.always(), response=lambda ctx: so.Allowed()),
 }
+DESKS = ("single", "quorum", "open")
+"""Agents a `desk-` agent delegates to: their requests are answered through the desk's mirror."""
 
 
 def _gate_agents() -> list[so.Agent]:
@@ -217,6 +220,12 @@ def _gate_agents() -> list[so.Agent]:
             [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")], repeat_last=True
         )
         agents.append(so.Agent(name=name, model=script, tools=[deploy]))
+    for name in DESKS:
+        call = so.ToolCall(name=name, input={"message": "deploy v1"})
+        script = so.models.Scripted(
+            [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")], repeat_last=True
+        )
+        agents.append(so.Agent(name=f"desk-{name}", model=script, tools=[so.delegate(name)]))
     script = so.models.Scripted(
         [so.ModelResponse(tool_calls=[ASK]), so.ModelResponse(text="ok")], repeat_last=True
     )
@@ -236,6 +245,10 @@ CASES: dict[tuple[str, tuple[str, ...]], dict[str, set[str]]] = {
     ("quorum-excl", ("bob",)): {"alice": set(), "bob": {DENY}, "admin": BOTH},
     ("loose", ("alice",)): {"alice": BOTH, "bob": BOTH, "admin": BOTH},
     ("ask", ()): {"alice": {"option", "text"}, "bob": set(), "admin": set()},
+    # a subagent's request, answered through its parent's mirror under the subagent's rules
+    ("desk-single", ()): {"alice": ALL, "bob": set(), "admin": set()},
+    ("desk-quorum", ("alice",)): {"alice": {DENY}, "bob": BOTH, "admin": BOTH},
+    ("desk-open", ()): {"alice": ALL, "bob": ALL, "admin": ALL},
 }
 
 
@@ -268,8 +281,10 @@ def test_every_answer_the_card_offers_is_taken_and_no_other(
     tmp_path: Path, agent: str, voted: tuple[str, ...]
 ) -> None:
     """A card offered buttons by a rule of its own (a quorum voter got none, though the runtime
-    takes their deny; a quorum's card offered an edit the runtime refuses). For each viewer,
-    each answer is tried on a fresh request: the runtime takes exactly those the card offers."""
+    takes their deny; a quorum's card offered an edit the runtime refuses; a subagent's request
+    mirrored on its parent was judged by the parent's tools, not the subagent's that settle it).
+    For each viewer, each answer is tried on a fresh request: the runtime takes exactly those
+    the card offers."""
     runtime = so.Runtime(_gate_agents(), store=f"sqlite:///{tmp_path}/gates.db")
     expected = CASES[(agent, voted)]
     actions = {"option", "text"} if agent == "ask" else ALL
