@@ -230,13 +230,26 @@ def _gate_agents() -> list[so.Agent]:
         [so.ModelResponse(tool_calls=[ASK]), so.ModelResponse(text="ok")], repeat_last=True
     )
     agents.append(so.Agent(name="ask", model=script, tools=[so.ask_question()]))
+
+    @so.tool
+    async def lookup(n: int) -> int:
+        """Look something up."""
+        return n
+
+    spend = so.ModelResponse(
+        tool_calls=[so.ToolCall(name="lookup", input={"n": 1})],
+        usage=so.Usage(input_tokens=60, output_tokens=0),
+    )
+    script = so.models.Scripted([spend, spend, so.ModelResponse(text="ok")], repeat_last=True)
+    limits = so.Limits(max_tokens=100)
+    agents.append(so.Agent(name="limit", model=script, tools=[lookup], limits=limits))
     return agents
 
 
 APPROVE, DENY, EDIT = "approve", "cancel", "edit"
 ALL = {APPROVE, DENY, EDIT}
 BOTH = {APPROVE, DENY}
-# (agent, who voted first) -> per viewer, what their card offers (for "ask": option ids and text)
+# (agent, who voted first) -> per viewer, what their card offers (a question: options, text)
 CASES: dict[tuple[str, tuple[str, ...]], dict[str, set[str]]] = {
     ("single", ()): {"alice": ALL, "bob": set(), "admin": set()},
     ("four-eyes", ()): {"alice": set(), "bob": ALL, "admin": ALL},
@@ -245,6 +258,7 @@ CASES: dict[tuple[str, tuple[str, ...]], dict[str, set[str]]] = {
     ("quorum-excl", ("bob",)): {"alice": set(), "bob": {DENY}, "admin": BOTH},
     ("loose", ("alice",)): {"alice": BOTH, "bob": BOTH, "admin": BOTH},
     ("ask", ()): {"alice": {"option", "text"}, "bob": set(), "admin": set()},
+    ("limit", ()): {"alice": {"option"}, "bob": set(), "admin": set()},
     # a subagent's request, answered through its parent's mirror under the subagent's rules
     ("desk-single", ()): {"alice": ALL, "bob": set(), "admin": set()},
     ("desk-quorum", ("alice",)): {"alice": {DENY}, "bob": BOTH, "admin": BOTH},
@@ -256,7 +270,7 @@ def _offered(card: str, request: dict[str, object], rid: str) -> set[str]:
     """The answers a request's card offers its viewer, read from its form."""
     if f"/requests/{rid}/respond" not in card:
         return set()
-    if request["kind"] == "question":
+    if request["kind"] != "tool-approval":
         options = [o["id"] for o in request["options"]]  # type: ignore[attr-defined]
         got = {"option"} if all(f'value="{o}"' in card for o in options) else set()
         return got | ({"text"} if 'aria-label="Answer"' in card else set())
@@ -287,7 +301,7 @@ def test_every_answer_the_card_offers_is_taken_and_no_other(
     the card offers."""
     runtime = so.Runtime(_gate_agents(), store=f"sqlite:///{tmp_path}/gates.db")
     expected = CASES[(agent, voted)]
-    actions = {"option", "text"} if agent == "ask" else ALL
+    actions = {"option", "text"} if agent in ("ask", "limit") else ALL
     with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
         for viewer, offers in expected.items():
             with signed_in(base, f"{viewer}-token") as c:
