@@ -149,10 +149,11 @@ def test_an_answer_without_javascript_returns_to_the_filtered_queue(base: str) -
         assert r.status_code == 303 and r.headers["location"] == "/_signoff/?kind=tool-approval"
 
 
-def test_a_reviewer_who_voted_on_a_quorum_is_told_so_and_offered_no_buttons(base: str) -> None:
-    """Alice's approval counted toward a two-person approval; her card still offered Approve
-    and Deny, and Approve only said "already counted". It says she approved, and how far the
-    quorum is, by the runtime's own rule; Bob, who has not voted, still gets the buttons."""
+def test_a_reviewer_who_voted_on_a_quorum_is_told_so_and_may_still_deny(base: str) -> None:
+    """Alice's approval counted toward a two-person approval. Her card offered no buttons at
+    all, though the runtime takes a deny from her (one deny closes a quorum: a deny is not a
+    vote). It says she approved, and how far the quorum is, and offers Deny but not an Approve
+    that would count nothing; Bob, who has not voted, still gets both."""
     body = start(base, "treasury")
     sid, rid = body["session_id"], body["pending"][0]["id"]
     vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
@@ -163,11 +164,170 @@ def test_a_reviewer_who_voted_on_a_quorum_is_told_so_and_offered_no_buttons(base
             page = c.get(path).text
             card = page[page.index(f'data-request-id="{rid}"') :]
             card = card[: card.index("</article>")]
-            assert "/respond" not in card and 'value="approve"' not in card, path
-            assert 'value="cancel"' not in card, path
+            assert 'value="approve"' not in card and 'name="edited_input"' not in card, path
+            assert f"/requests/{rid}/respond" in card and 'value="cancel"' in card, path
             assert "data-voted" in card and "You approved this (1 of 2)" in card, path
         pending = c.get(f"/_signoff/fragments/sessions/{sid}").json()["pending"]
         assert "data-voted" in pending and 'value="approve"' not in pending
+        assert 'value="cancel"' in pending
+        form = {"option": "cancel", "text": "wrong account", "csrf": csrf_of(page)}
+        r = c.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
+        assert r.status_code == 200 and r.json()["outcome"] == "cancelled", r.text
+    got = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("admin-token")).json()
+    assert (got["status"], got["outcome"]) == ("settled", "cancelled"), got
+    body = start(base, "treasury")
     bobs = httpx.get(f"{base}/_signoff/", headers=auth("bob-token")).text
-    card = bobs[bobs.index(f'data-request-id="{rid}"') :]
-    assert 'value="approve"' in card and "data-voted" not in card
+    card = bobs[bobs.index(f'data-request-id="{body["pending"][0]["id"]}"') :]
+    card = card[: card.index("</article>")]
+    assert 'value="approve"' in card and 'value="cancel"' in card and "data-voted" not in card
+
+
+# -- every button shown is one the runtime takes, and every answer it takes has its button -------
+
+ASK = so.ToolCall(
+    name="ask_question",
+    input={
+        "question": "Which size?",
+        "options": [
+            {"label": "Small", "description": "One size down."},
+            {"label": "Large", "description": "One size up."},
+        ],
+    },
+)
+RULES: dict[str, so.ApprovalPolicy | so.ApprovalSpec] = {
+    "single": so.always(),
+    "four-eyes": so.always(exclude_requester=True),
+    "quorum": so.always(approvers=2),
+    "quorum-excl": so.always(approvers=2, exclude_requester=True),
+    "loose": so.always(approvers=2, distinct=False),
+    "open": so.ApprovalSpec(request=so.always(), response=lambda ctx: so.Allowed()),
+}
+DESKS = ("single", "quorum", "open")
+"""Agents a `desk-` agent delegates to: their requests are answered through the desk's mirror."""
+
+
+def _gate_agents() -> list[so.Agent]:
+    agents = []
+    for name, rule in RULES.items():
+
+        @so.tool(approval=rule)
+        async def deploy(ref: str) -> str:
+            """Deploy a ref."""
+            return f"{ref} live"
+
+        call = so.ToolCall(name="deploy", input={"ref": "v1"})
+        script = so.models.Scripted(
+            [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")], repeat_last=True
+        )
+        agents.append(so.Agent(name=name, model=script, tools=[deploy]))
+    for name in DESKS:
+        call = so.ToolCall(name=name, input={"message": "deploy v1"})
+        script = so.models.Scripted(
+            [so.ModelResponse(tool_calls=[call]), so.ModelResponse(text="done")], repeat_last=True
+        )
+        agents.append(so.Agent(name=f"desk-{name}", model=script, tools=[so.delegate(name)]))
+    script = so.models.Scripted(
+        [so.ModelResponse(tool_calls=[ASK]), so.ModelResponse(text="ok")], repeat_last=True
+    )
+    agents.append(so.Agent(name="ask", model=script, tools=[so.ask_question()]))
+
+    @so.tool
+    async def lookup(n: int) -> int:
+        """Look something up."""
+        return n
+
+    spend = so.ModelResponse(
+        tool_calls=[so.ToolCall(name="lookup", input={"n": 1})],
+        usage=so.Usage(input_tokens=60, output_tokens=0),
+    )
+    script = so.models.Scripted([spend, spend, so.ModelResponse(text="ok")], repeat_last=True)
+    limits = so.Limits(max_tokens=100)
+    agents.append(so.Agent(name="limit", model=script, tools=[lookup], limits=limits))
+    return agents
+
+
+APPROVE, DENY, EDIT = "approve", "cancel", "edit"
+ALL = {APPROVE, DENY, EDIT}
+BOTH = {APPROVE, DENY}
+# (agent, who voted first) -> per viewer, what their card offers (a question: options, text)
+CASES: dict[tuple[str, tuple[str, ...]], dict[str, set[str]]] = {
+    ("single", ()): {"alice": ALL, "bob": set(), "admin": set()},
+    ("four-eyes", ()): {"alice": set(), "bob": ALL, "admin": ALL},
+    ("quorum", ()): {"alice": BOTH, "bob": BOTH, "admin": BOTH},
+    ("quorum", ("alice",)): {"alice": {DENY}, "bob": BOTH, "admin": BOTH},
+    ("quorum-excl", ("bob",)): {"alice": set(), "bob": {DENY}, "admin": BOTH},
+    ("loose", ("alice",)): {"alice": BOTH, "bob": BOTH, "admin": BOTH},
+    ("ask", ()): {"alice": {"option", "text"}, "bob": set(), "admin": set()},
+    ("limit", ()): {"alice": {"option"}, "bob": set(), "admin": set()},
+    # a subagent's request, answered through its parent's mirror under the subagent's rules
+    ("desk-single", ()): {"alice": ALL, "bob": set(), "admin": set()},
+    ("desk-quorum", ("alice",)): {"alice": {DENY}, "bob": BOTH, "admin": BOTH},
+    ("desk-open", ()): {"alice": ALL, "bob": ALL, "admin": ALL},
+}
+
+
+def _offered(card: str, request: dict[str, object], rid: str) -> set[str]:
+    """The answers a request's card offers its viewer, read from its form."""
+    if f"/requests/{rid}/respond" not in card:
+        return set()
+    if request["kind"] != "tool-approval":
+        options = [o["id"] for o in request["options"]]  # type: ignore[attr-defined]
+        got = {"option"} if all(f'value="{o}"' in card for o in options) else set()
+        return got | ({"text"} if 'aria-label="Answer"' in card else set())
+    shown = {APPROVE: 'value="approve"', DENY: 'value="cancel"', EDIT: 'name="edited_input"'}
+    return {action for action, mark in shown.items() if mark in card}
+
+
+def _answer(action: str, request: dict[str, object]) -> dict[str, str]:
+    if action == EDIT:
+        return {"option": "approve", "edited_input": '{"ref": "v2"}'}
+    if action == "option":
+        return {"option": request["options"][-1]["id"]}  # type: ignore[index]
+    if action == "text":
+        return {"text": "Medium"}
+    return {"option": action}
+
+
+@pytest.mark.parametrize(
+    ("agent", "voted"), list(CASES), ids=[f"{a}-voted-{'+'.join(v) or 'none'}" for a, v in CASES]
+)
+def test_every_answer_the_card_offers_is_taken_and_no_other(
+    tmp_path: Path, agent: str, voted: tuple[str, ...]
+) -> None:
+    """A card offered buttons by a rule of its own (a quorum voter got none, though the runtime
+    takes their deny; a quorum's card offered an edit the runtime refuses; a subagent's request
+    mirrored on its parent was judged by the parent's tools, not the subagent's that settle it).
+    For each viewer, each answer is tried on a fresh request: the runtime takes exactly those
+    the card offers."""
+    runtime = so.Runtime(_gate_agents(), store=f"sqlite:///{tmp_path}/gates.db")
+    expected = CASES[(agent, voted)]
+    actions = {"option", "text"} if agent in ("ask", "limit") else ALL
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
+        for viewer, offers in expected.items():
+            with signed_in(base, f"{viewer}-token") as c:
+                for action in sorted(actions):
+                    body = start(base, agent)
+                    sid, request = body["session_id"], body["pending"][0]
+                    rid = request["id"]
+                    for who in voted:
+                        vote = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+                        url = f"{base}/v1/sessions/{sid}/responses"
+                        r = httpx.post(url, json=vote, headers=auth(f"{who}-token"))
+                        assert r.json()["status"] == "waiting", r.text
+                    page = c.get(f"/_signoff/sessions/{sid}").text
+                    card = page[page.index(f'data-request-id="{rid}"') :]
+                    card = card[: card.index("</article>")]
+                    assert _offered(card, request, rid) == offers, (viewer, card)
+                    form = {**_answer(action, request), "csrf": csrf_of(page)}
+                    r = c.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
+                    data = r.json()
+                    took = r.status_code == 200 and (
+                        data["outcome"] in ("approved", "cancelled", "answered")
+                        or (
+                            data["outcome"] == "counted"
+                            and not data["reason"].startswith("already counted")
+                        )
+                    )
+                    assert took == (action in offers), (viewer, action, r.text)
+                    if not offers:
+                        assert "You may not answer this" in card, (viewer, card)

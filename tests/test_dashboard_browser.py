@@ -970,6 +970,23 @@ def test_approving_what_others_just_approved_says_it_was_theirs(page: Page, base
     )
 
 
+def test_a_counted_vote_leaves_deny_in_place(page: Page, base: str) -> None:
+    """Alice's Approve counted toward a two-person approval and her card lost its form: the
+    Deny the runtime still takes from her (one deny closes a quorum) was gone until a reload.
+    Only Approve goes; her Deny then closes the request."""
+    rid = start(base, "treasury")["pending"][0]["id"]
+    card = page.locator(f"[data-request-id='{rid}']")
+    card.get_by_role("button", name="Approve").click()
+    expect(card.locator(".result-note")).to_contain_text("Your approval is counted (1 of 2)")
+    expect(card.get_by_role("button", name="Approve")).to_have_count(0)
+    card.locator("input[name=text]").fill("wrong account")
+    card.get_by_role("button", name="Deny").click()
+    expect(card.locator(".result-note").last).to_contain_text("Denied")
+    got = httpx.get(f"{base}/v1/requests/{rid}", headers=auth("admin-token"), timeout=10).json()
+    assert (got["status"], got["outcome"]) == ("settled", "cancelled"), got
+    assert got["resolution"]["reason"] == "wrong account"
+
+
 def test_live_changes_are_announced_to_a_screen_reader(page: Page, base: str) -> None:
     """The queue's count and a session's status change while the page is open, silently for a
     screen reader: neither was in a live region. The count is one, and a new status is said in

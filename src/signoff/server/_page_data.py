@@ -36,6 +36,8 @@ __all__ = [
 ]
 
 PAGE_SIZE = 50
+MAX_HOPS = 100
+"""How far down a chain of subagents a mirrored request is followed to the one it stands for."""
 
 
 # -- who is looking --------------------------------------------------------------------------
@@ -112,27 +114,52 @@ async def queue_context(request: Request) -> dict[str, Any]:
         tool_names=tools,
         query=urlencode({**picked, **({"page": page} if page > 1 else {})}),
         page_query=lambda n: urlencode({**picked, "page": n}),
-        schemas=_schemas(ctx, items),
-        refusals=_refusals(ctx, viewer, items),
-        votes=_votes(viewer, items),
+        **await _offers(ctx, viewer, items),
     )
 
 
-def _refusals(ctx: ServerContext, viewer: Principal, items: list[InputRequest]) -> dict[str, str]:
+async def _offers(
+    ctx: ServerContext, viewer: Principal, items: list[InputRequest]
+) -> dict[str, Any]:
+    """What each card may offer the viewer, judged on the request an answer to it settles
+    (`deciding`), by the runtime's own rules: the tool to edit against (`schemas`), why the
+    viewer may not answer (`refusals`) and the quorum their approval already counts toward
+    (`votes`)."""
+    deciding: dict[str, InputRequest] = {}
+    for r in items:
+        deciding[r.id] = await _deciding(ctx, r)
+    return {
+        "deciding": deciding,
+        "schemas": _schemas(ctx, deciding),
+        "refusals": _refusals(ctx, viewer, deciding),
+        "votes": {i: d.progress for i, d in deciding.items() if voted(d, viewer)},
+    }
+
+
+async def _deciding(ctx: ServerContext, request: InputRequest) -> InputRequest:
+    """The request an answer to `request` settles: itself, or for a mirror the subagent's
+    request it stands for (hop by hop), whose tool, rules and votes decide."""
+    for _ in range(MAX_HOPS):
+        if request.child is None:
+            break
+        stored = await ctx.runtime.store.get_request(request.child.request_id)
+        if stored is None:
+            break
+        request = stored.request
+    return request
+
+
+def _refusals(
+    ctx: ServerContext, viewer: Principal, deciding: dict[str, InputRequest]
+) -> dict[str, str]:
     """Per request the viewer may see but not answer (another's question, their own call that
     needs someone else), why: its card offers no buttons that could only fail."""
     out: dict[str, str] = {}
-    for r in items:
+    for rid, r in deciding.items():
         refused = ctx.runtime._refusal(r, viewer)
         if refused is not None:
-            out[r.id] = str(refused)
+            out[rid] = str(refused)
     return out
-
-
-def _votes(viewer: Principal, items: list[InputRequest]) -> dict[str, str]:
-    """Per quorum the viewer's approval already counts toward, its progress ("1 of 2"): their
-    card says so instead of offering an Approve that would count nothing."""
-    return {r.id: r.progress for r in items if voted(r, viewer)}
 
 
 async def answered_by_another(ctx: ServerContext, request_id: str, viewer: Principal) -> str | None:
@@ -148,14 +175,14 @@ async def answered_by_another(ctx: ServerContext, request_id: str, viewer: Princ
     return who(by)
 
 
-def _schemas(ctx: ServerContext, items: list[InputRequest]) -> dict[str, Any]:
+def _schemas(ctx: ServerContext, deciding: dict[str, InputRequest]) -> dict[str, Any]:
     """Per request: the tool's description and input schema (for edit-then-approve)."""
     out: dict[str, Any] = {}
-    for r in items:
+    for rid, r in deciding.items():
         agent = ctx.runtime.agents.get(r.agent)
         if r.tool_name and agent is not None and r.tool_name in agent.tools:
             tool = agent.tools[r.tool_name]
-            out[r.id] = {"description": tool.description, "schema": tool.json_schema()}
+            out[rid] = {"description": tool.description, "schema": tool.json_schema()}
     return out
 
 
@@ -280,9 +307,7 @@ async def session_context(
         live=upto is None,
         trace_rows=TRACE_ROWS,
         items=pending,
-        schemas=_schemas(ctx, pending),
-        refusals=_refusals(ctx, viewer, pending),
-        votes=_votes(viewer, pending),
+        **await _offers(ctx, viewer, pending),
         event_types=sorted(EVENT_TYPES),
     )
 

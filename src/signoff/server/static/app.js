@@ -288,23 +288,35 @@
         // typed, to be corrected (an edit) or left for someone else.
         throw new Error("Not accepted (" + data.outcome + ")" + (data.reason ? ": " + data.reason : "") + ". The request stays open.");
       }
+      if (!settled[data.outcome]) {
+        // A quorum vote counted: the request stays open, and one deny still closes it (a deny
+        // is not a vote), so Deny stays; Approve goes where a person's vote counts once.
+        if (form.hasAttribute("data-votes-once")) {
+          form.querySelectorAll("button[value=approve]").forEach((b) => b.remove());
+        }
+        const reason = form.querySelector("input[name=text]");
+        if (reason) reason.value = "";
+        buttons.forEach((b) => { b.disabled = false; });
+        const note = noteFor(card, "Your approval is counted (" + (data.reason || "") + "); waiting for more approvers. You may still deny it.", "ok");
+        card.insertBefore(note, form);
+        note.focus();
+        return;
+      }
       form.remove();
-      if (settled[data.outcome] && data.already_by) {
+      if (data.already_by) {
         // Someone else gave this very answer first (this page was stale): it was not this one.
         const said = "Already " + settled[data.outcome].toLowerCase() + " by " + data.already_by;
         card.classList.add("done");
         noteFor(card, said + ": your answer changed nothing.", "barred");
         toast(said);
         setTimeout(() => leave(card), 2500);
-      } else if (settled[data.outcome]) {
+      } else {
         let verb = settled[data.outcome];
         if (data.edited) verb += " with edited arguments";
         card.classList.add("done");
         noteFor(card, verb + " — the run is now " + data.status + ".", "ok");
         toast(verb + " " + card.querySelector(".tool-name").textContent.trim());
         setTimeout(() => leave(card), 2500);
-      } else {
-        noteFor(card, "Your approval is counted (" + (data.reason || "") + "); waiting for more approvers.", "ok");
       }
     } catch (err) {
       if (err.code === "conflicting_answer" || err.code === "request_closed") {
