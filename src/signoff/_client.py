@@ -4,40 +4,34 @@ The calls that start a conversation or send a message carry an idempotency key (
 or a new one per call): one that got no answer (a timeout, a dropped connection) is sent once
 more with the same key, which the server applies once.
 
-`LiveSession` is the client-side reducer: it folds a session's stream into its requests; an
-answer it submits marks the request `responded` until the stream confirms it, and answering a
-request that is no longer open fails locally, without a server call.
+`LiveSession` (in `_live_session`) folds a session's stream; `RemoteResult` and the bodies the
+calls send are in `_payloads`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
-import json
 import secrets
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Callable,
     Coroutine,
-    Iterable,
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass, field
 from typing import Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 import httpx
-from pydantic import ValidationError
 
 from . import _exceptions as errors
 from . import _wire as wire
 from ._answers import decisions
 from ._events import Event
 from ._idempotency import check_key
-from ._results import Outcome
+from ._live_session import LiveSession, RequestView
+from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
 from ._settings import flag, seconds, whole
 from ._types import Decision, InputRequest, InputResponse
 
@@ -67,114 +61,6 @@ def _session_path(session_id: str, tail: str = "") -> str:
 def _unanswered(exc: errors.RemoteError) -> bool:
     """A call that was sent but got no answer: it may or may not have been applied."""
     return exc.status == 0 and exc.code in ("timeout", "connection_lost")
-
-
-def _encode(path: str, body: Any) -> bytes:
-    """The body as JSON, refused here (as the server would) when it is not plain JSON text."""
-    try:
-        return json.dumps(body, allow_nan=False, ensure_ascii=False).encode()
-    except (TypeError, ValueError, RecursionError) as exc:  # NaN, objects, surrogates, depth
-        kind = (
-            errors.InvalidAnswer
-            if path.endswith(("/responses", "/approvals"))
-            else errors.UsageError
-        )
-        raise kind(f"the request body is not plain JSON: {type(exc).__name__}: {exc}") from None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RemoteResult:
-    """What a call that runs a turn returns: like `GenerateResult`, read from JSON."""
-
-    session_id: str
-    status: str
-    turn_id: str | None
-    text: str
-    pending: list[InputRequest]
-    outcomes: list[Outcome]
-    error: dict[str, Any] | None = None
-    retryable: bool = False
-    replayed: bool = False
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
-        if not isinstance(data.get("session_id"), str) or not isinstance(data.get("status"), str):
-            raise ValueError("it has no session_id and status")
-        return cls(
-            session_id=data["session_id"],
-            status=data["status"],
-            turn_id=data.get("turn_id"),
-            text=data.get("text", ""),
-            pending=[InputRequest.model_validate(r) for r in data.get("pending", [])],
-            outcomes=[_outcome(o) for o in data.get("outcomes", [])],
-            error=data.get("error"),
-            retryable=bool(data.get("retryable")),
-            replayed=data.get("replayed") is True,
-        )
-
-
-def _outcome(data: Any) -> Outcome:
-    """One answer's `Outcome`, as the runtime returns it in process."""
-    reason = data.get("reason") if isinstance(data, Mapping) else None
-    if not isinstance(data, Mapping) or not (
-        isinstance(data.get("request_id"), str)
-        and isinstance(data.get("outcome"), str)
-        and isinstance(data.get("applied"), bool)
-        and (reason is None or isinstance(reason, str))
-    ):
-        raise ValueError(f"an outcome is not {{request_id, outcome, applied, reason}}: {data!r}")
-    return Outcome(
-        request_id=data["request_id"],
-        outcome=data["outcome"],
-        applied=data["applied"],
-        reason=reason,
-    )
-
-
-def _answers(responses: Sequence[InputResponse | Mapping[str, Any]]) -> list[InputResponse]:
-    """The responses as `InputResponse`s, refused as `Runtime.respond` refuses them."""
-    if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
-        responses, Iterable
-    ):
-        raise errors.InvalidAnswer("responses must be a list of InputResponse")
-    answers = []
-    for i, raw in enumerate(responses):
-        try:
-            answers.append(
-                raw if isinstance(raw, InputResponse) else InputResponse.model_validate(raw)
-            )
-        except ValidationError as exc:
-            raise errors.InvalidAnswer(f"response #{i + 1} is malformed: {exc}") from None
-    if not answers:
-        raise errors.InvalidAnswer("no responses given")
-    return answers
-
-
-def _response_body(resp: InputResponse) -> dict[str, Any]:
-    body: dict[str, Any] = {"requestId": resp.request_id}
-    for key, name in (
-        ("optionId", resp.option_id),
-        ("text", resp.text),
-        ("value", resp.value),
-        ("editedInput", resp.edited_input),
-        ("inputHash", resp.input_hash),
-    ):
-        if name is not None:
-            body[key] = name
-    return body
-
-
-def _decision_body(dec: Decision) -> dict[str, Any]:
-    body: dict[str, Any] = {"id": dec.id, "approved": dec.approved}
-    for key, value in (
-        ("reason", dec.reason),
-        ("value", dec.value),
-        ("editedInput", dec.edited_input),
-        ("inputHash", dec.input_hash),
-    ):
-        if value is not None:
-            body[key] = value
-    return body
 
 
 class AsyncClient:
@@ -237,7 +123,7 @@ class AsyncClient:
         (another server, a proxy's page) is a `RemoteError` naming what was `wanted`."""
         self._check_open()
         if "json" in kwargs:
-            kwargs["content"] = _encode(path, kwargs.pop("json"))
+            kwargs["content"] = encode(path, kwargs.pop("json"))
             kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
         try:
             response = await self.http.request(method, path, **kwargs)
@@ -310,7 +196,7 @@ class AsyncClient:
                 raise errors.InvalidAnswer(
                     "approvals is empty: answer the session's pending requests"
                 )
-            body = {"approvals": [_decision_body(d) for d in given]}
+            body = {"approvals": [decision_body(d) for d in given]}
             return await self._turn(_session_path(session_id, "/approvals"), body)
         if session_id is None:
             if agent is None:
@@ -343,7 +229,7 @@ class AsyncClient:
         self, session_id: str, responses: Sequence[InputResponse | Mapping[str, Any]]
     ) -> RemoteResult:
         """Answer one or more requests of the session by id, as `Runtime.respond` does."""
-        body = {"inputResponses": [_response_body(r) for r in _answers(responses)]}
+        body = {"inputResponses": [response_body(r) for r in input_responses(responses)]}
         return await self._turn(_session_path(session_id, "/responses"), body)
 
     async def cancel(self, session_id: str, reason: str | None = None) -> RemoteResult:
@@ -445,95 +331,6 @@ class AsyncClient:
         live = LiveSession(self, session_id)
         await live.sync()
         return live
-
-
-@dataclass(slots=True, kw_only=True)
-class RequestView:
-    """A request as the client knows it: `pending`, `responded` (sent, not yet confirmed),
-    or closed (`settled`, `expired`, `withdrawn`) with its outcome."""
-
-    request: InputRequest
-    status: str = "pending"
-    outcome: str | None = None
-
-
-@dataclass(slots=True)
-class LiveSession:
-    """Client-side fold of one session's stream: its requests and how far it has read."""
-
-    client: AsyncClient
-    session_id: str
-    seq: int = 0
-    requests: dict[str, RequestView] = field(default_factory=dict)
-
-    def apply(self, event: Event) -> None:
-        """Fold one event in; one at or before `seq` was already folded and is skipped."""
-        if event.seq <= self.seq:
-            return
-        self.seq = event.seq
-        d = event.data
-        if event.type == "input.requested":
-            for raw in d.get("requests", []):
-                request = InputRequest.model_validate(raw)
-                self.requests[request.id] = RequestView(request=request)
-        elif event.type == "input.resolved":
-            view = self.requests.get(d.get("request_id", ""))
-            if view is not None:
-                view.status = d.get("status") or "settled"
-                view.outcome = d.get("outcome")
-
-    async def sync(self) -> None:
-        """Read and fold everything the server has after `seq`."""
-        async for event in self.client.events(self.session_id, self.seq, follow=False):
-            self.apply(event)
-
-    async def follow(self) -> AsyncIterator[Event]:
-        """Fold and yield live events until the caller stops."""
-        # closed with this generator: left to the garbage collector, the stream's close would
-        # race the event loop's shutdown (an `aclose(): ... already running` error at exit)
-        async with contextlib.aclosing(self.client.events(self.session_id, self.seq)) as events:
-            async for event in events:
-                self.apply(event)
-                yield event
-
-    def open_requests(self) -> list[InputRequest]:
-        """The requests still pending, as far as this session has read, in asked order."""
-        return [v.request for v in self.requests.values() if v.status == "pending"]
-
-    async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
-        """Answer requests; a request that is no longer open fails here, with no server call."""
-        answers = _answers(responses)
-        for a in answers:
-            view = self.requests.get(a.request_id)
-            if view is None:
-                raise errors.UnknownRequest(self.session_id, [a.request_id])
-            if view.status != "pending":
-                raise errors.RequestClosed(
-                    f"request {a.request_id} is {view.status}"
-                    + (f" ({view.outcome})" if view.outcome else "")
-                    + "; it takes no answers",
-                    [a.request_id],
-                )
-        for a in answers:
-            self.requests[a.request_id].status = "responded"
-        try:
-            result = await self.client.respond(self.session_id, answers)
-        except BaseException as exc:
-            for a in answers:
-                if self.requests[a.request_id].status == "responded":
-                    self.requests[a.request_id].status = "pending"
-            if isinstance(exc, (errors.ConflictingAnswer, errors.RequestClosed)):
-                # Closed on the server meanwhile: learn how from the stream, so the request
-                # is not shown open (and answered again) when it is not.
-                with contextlib.suppress(errors.SignoffError):
-                    await self.sync()
-            raise
-        for o in result.outcomes:
-            view = self.requests.get(o.request_id)
-            if view is not None and view.status == "responded" and not o.applied:
-                if o.outcome not in ("approved", "cancelled", "answered"):
-                    view.status = "pending"  # refused or counted: still open
-        return result
 
 
 def _blocking(

@@ -1,23 +1,19 @@
 """The PostgreSQL store's connections: the pool, the schema migrated when it first opens, and
-running a read or a transaction with the retries a lost connection allows. `Connections` is the
-base class of `PostgresStore`; its reads, leases and writes are built on `_read` and `_write`."""
+how each connection is set up. `Connections` is the base class of `PostgresStore`; its reads,
+leases and writes are built on `_read` and `_write` (`_transactions`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, NamedTuple, TypeVar
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import psycopg
 from psycopg import conninfo as _conninfo
-from psycopg import pq
-from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from ..._exceptions import (
-    AppendConflict,
-    RequestClosed,
     SchemaVersionError,
     StoreError,
     StoreUnavailable,
@@ -26,11 +22,12 @@ from ..._exceptions import (
 from ..._settings import flag, seconds, whole
 from .._base import FaultHook, older_schema
 from .._codec import PerSession, Previous, Tails
-from .._prompt import REQUEST_WAIT, is_prompt, wrote
+from .._prompt import REQUEST_WAIT
 from . import _schema
-from ._borrowed import OPERATION_TIMEOUT, Borrowed, Pool
+from ._borrowed import OPERATION_TIMEOUT, Pool
 from ._changes import Listener
 from ._outage import GRACE, Outage, is_down
+from ._transactions import Conn, Transactions
 from ._url import (
     check_parameters,
     describe,
@@ -41,9 +38,6 @@ from ._url import (
 )
 
 __all__ = ["Conn", "Connections", "Seen", "storable"]
-
-T = TypeVar("T")
-Conn = psycopg.AsyncConnection[TupleRow]
 
 
 def storable(*texts: str | None) -> bool:
@@ -63,7 +57,7 @@ class Seen(NamedTuple):
     turn: str | None
 
 
-class Connections:
+class Connections(Transactions):
     """What every part of `PostgresStore` stands on: its settings, its pool (opened, and the
     schema migrated, on first use), `_read` and `_write`, and what it remembers of sessions."""
 
@@ -346,186 +340,6 @@ class Connections:
             raise StoreError(f"cannot migrate PostgreSQL store {self._where}: {exc}") from exc
         return before, _schema.STORE_SCHEMA
 
-    # -- running statements -------------------------------------------------------------------
-
-    async def _read(self, body: Callable[[Conn], Awaitable[T]], what: str) -> T:
-        """Run a read-only `body`; a lost connection is retried once on a fresh one, one cut for
-        passing `operation_timeout` is not (the server is not answering)."""
-        pool = await self._get_pool()
-        for attempt in range(2):
-            broken = False
-            borrowed = self._borrow(pool, attempt)
-            try:
-                async with borrowed as conn:
-                    try:
-                        return await body(conn)
-                    except psycopg.OperationalError as exc:
-                        # libpq may fail to leave pipeline mode on a connection that died
-                        # mid-batch before psycopg marks it broken: that is a lost connection.
-                        broken = conn.broken or "exit pipeline mode" in str(exc)
-                        if broken and not conn.closed:
-                            await conn.close()
-                        raise
-            except psycopg.Error as exc:
-                if borrowed.expired:
-                    raise self._timed_out(what) from exc
-                if isinstance(exc, psycopg.OperationalError) and broken and attempt == 0:
-                    await self._after_loss(pool)
-                    continue
-                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
-        raise AssertionError("unreachable")  # pragma: no cover
-
-    def _borrow(self, pool: AsyncConnectionPool[Conn], attempt: int) -> Borrowed:
-        """A connection for an attempt of a call: only a first attempt may fail soon for want of
-        one (`promptly()`), as a retry's statement may have run already."""
-        busy_after = self.request_timeout if attempt == 0 and is_prompt() else None
-        return Borrowed(pool, self._outage, busy_after, self.operation_timeout)
-
-    def _timed_out(self, what: str) -> StoreUnavailable:
-        return StoreUnavailable(
-            f"{what}: PostgreSQL at {self._where} did not answer within "
-            f"{self.operation_timeout:g}s (`operation_timeout`); the connection was dropped"
-        )
-
-    async def _write(
-        self,
-        body: Callable[[Conn], Awaitable[T]],
-        what: str,
-        *,
-        committed: Callable[[], Awaitable[bool]] | None = None,
-        synchronous: bool = True,
-        transaction: bool = True,
-        sets_sync: bool = False,
-        single: bool = False,
-    ) -> T | None:
-        """Run `body` in one pipelined transaction; retried when the connection is lost before
-        COMMIT.
-
-        A connection lost during COMMIT leaves the outcome unknown: `committed` (read on a fresh
-        connection) decides; without it, or if it cannot tell, the caller gets a `StoreError`.
-        Returns None when the write is found committed that way. With `transaction=False`, the
-        body is one idempotent autocommit statement, retried whenever the connection is lost.
-        With `sets_sync`, the body's statement sets `synchronous_commit` itself
-        (`_sync_setting`), which saves a statement. With `single` (and `sets_sync`), the body
-        sends one statement, which is a transaction of its own (committed by the pipeline's sync):
-        no BEGIN and COMMIT around it, and its outcome is unknown as soon as it is sent.
-        """
-        pool = await self._get_pool()
-        for attempt in range(3):
-            phase = "connect"
-            broken = False
-            borrowed = self._borrow(pool, attempt)
-            try:
-                async with borrowed as conn:
-                    try:
-                        phase = "body"
-                        if not transaction:
-                            result = await body(conn)
-                            wrote()
-                            return result
-                        # BEGIN and COMMIT are sent by hand: what `body` does not wait for
-                        # goes out with the COMMIT in one round trip, where psycopg's
-                        # `transaction()` in a pipeline would add three syncs.
-                        async with conn.pipeline() as pipeline:
-                            try:
-                                if single:
-                                    phase = "commit"  # from here the server may have committed
-                                    result = await body(conn)
-                                else:
-                                    await conn.execute("BEGIN")
-                                    if sets_sync:
-                                        pass
-                                    elif not synchronous:
-                                        await conn.execute("SET LOCAL synchronous_commit = off")
-                                    elif self._server_async:  # the server skips flushes: not us
-                                        await conn.execute("SET LOCAL synchronous_commit = on")
-                                    result = await body(conn)
-                                    phase = "commit"  # from here the server may have committed
-                                    await conn.execute("COMMIT")
-                            except psycopg.Error:
-                                if not conn.broken:  # leave the aborted pipeline quietly
-                                    with contextlib.suppress(psycopg.Error):
-                                        await pipeline.sync()
-                                raise
-                        phase = "done"
-                        wrote()
-                        return result
-                    except Exception as exc:
-                        if isinstance(exc, psycopg.OperationalError):
-                            # libpq may fail to leave pipeline mode on a connection that died
-                            # mid-batch before psycopg marks it broken: a lost connection.
-                            broken = conn.broken or "exit pipeline mode" in str(exc)
-                            if broken and not conn.closed:
-                                await conn.close()
-                        if not conn.closed and conn.info.transaction_status in _OPEN:
-                            # `rollback()`, not a ROLLBACK statement: it also forgets the
-                            # statements an aborted pipeline skipped preparing.
-                            with contextlib.suppress(psycopg.Error):
-                                await conn.rollback()
-                        raise
-            except psycopg.OperationalError as exc:
-                expired = borrowed.expired
-                if not broken and not expired:  # the server answered: it rolled back
-                    raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
-                if not expired:  # a server not answering would hold the check as long
-                    await self._after_loss(pool)
-                if transaction and phase in ("commit", "done"):
-                    # The server may or may not have committed before the connection dropped.
-                    if committed is not None:
-                        try:
-                            if await committed():
-                                wrote()
-                                return None
-                        except StoreError:
-                            pass
-                        else:
-                            if attempt < 2:
-                                continue  # not committed: safe to try again
-                    lost = (
-                        f"no answer from {self._where} within {self.operation_timeout:g}s "
-                        "(`operation_timeout`)"
-                        if expired
-                        else f"connection to {self._where} lost"
-                    )
-                    raise StoreError(
-                        f"{what}: {lost} during COMMIT; the outcome is unknown: {exc}"
-                    ) from exc
-                if expired:  # not sent again: the server is not answering
-                    raise self._timed_out(what) from exc
-                if attempt < 2:
-                    continue  # lost before COMMIT (the server rolled back) or idempotent
-                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
-            except psycopg.IntegrityError as exc:
-                raise AppendConflict(f"{what}: {exc}") from exc
-            except psycopg.Error as exc:
-                if borrowed.expired:
-                    raise self._timed_out(what) from exc
-                if exc.sqlstate == _CLOSED:
-                    request_id = exc.diag.message_detail or ""
-                    raise RequestClosed(
-                        f"request {request_id} is no longer pending", [request_id]
-                    ) from None
-                raise StoreError(f"{what} failed at {self._where}: {exc}") from exc
-        raise StoreError(f"{what}: connection to {self._where} kept failing")
-
-    async def _after_loss(self, pool: AsyncConnectionPool[Conn]) -> None:
-        """A connection was lost, so the others idle in the pool may be too (the server restarted):
-        test them now, so that the check and the retry that follow get a live one. Calls losing
-        theirs at once share one test and wait for it `operation_timeout` at most (it goes on
-        without them); the test runs as a task of its own, as `pool.check()` takes a
-        cancellation for a broken connection: the caller's must reach the caller."""
-        checking = self._checking
-        if checking is None or checking.done():
-            checking = self._checking = asyncio.ensure_future(pool.check())
-            checking.add_done_callback(_seen)
-        await asyncio.wait({checking}, timeout=self.operation_timeout)
-
-    def _sync_setting(self, synchronous: bool) -> str | None:
-        """The `synchronous_commit` a write's transaction needs, None for the server's."""
-        if not synchronous:
-            return "off"
-        return "on" if self._server_async else None  # the server skips flushes: not for us
-
     def _remember(self, session_id: str, state: Seen) -> None:
         self._state[session_id] = state
 
@@ -577,12 +391,6 @@ async def _configure(conn: Conn) -> None:
     conn.prepare_threshold = 0  # after the SETs: a prepared statement holds one command only
 
 
-def _seen(checking: asyncio.Future[None]) -> None:
-    """A test of the pool has ended: its failure (the pool closed under it) only means that."""
-    if not checking.cancelled():
-        checking.exception()
-
-
 RECONNECT_WITHIN = 5.0
 """Seconds the pool retries a lost connection, each wait longer, before starting over at once:
 psycopg_pool's own 5 minutes let the waits grow so long that a database back after an outage
@@ -595,10 +403,3 @@ async def _reconnect_again(pool: AsyncConnectionPool[Conn]) -> None:
     if not pool.closed and pool.get_stats().get("requests_waiting", 0):
         with contextlib.suppress(psycopg.Error):
             await pool.check()
-
-
-_OPEN = (pq.TransactionStatus.INTRANS, pq.TransactionStatus.INERROR)
-"""A connection's transaction states that need a ROLLBACK before it goes back to the pool."""
-
-_CLOSED = "SO409"
-"""SQLSTATE of `request_closed()`: a resolved request was no longer pending."""

@@ -7,8 +7,9 @@ requests, snapshot and head together and announces itself with `NOTIFY`, all in 
 with its BEGIN and COMMIT. Commits that acknowledge an answer are synchronous; the others may
 skip the WAL flush (`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
 lives in its own PostgreSQL schema (`signoff` by default) and is migrated by signoff under an
-advisory lock. This module holds the writes; the pool and transactions (`_connections`), the
-reads (`_reads`), the leases (`_leases`) and the LISTEN connection (`_changes`) have their own.
+advisory lock. This module holds the writes; the pool (`_connections`), the transactions
+(`_transactions`), the reads (`_reads`), the leases (`_leases`) and the LISTEN connection
+(`_changes`) have their own.
 """
 
 from __future__ import annotations

@@ -1,0 +1,125 @@
+"""The client's payloads: the JSON bodies it sends (answers, approvals) and the `RemoteResult` it
+reads back from a call that runs a turn, refused locally as the server would refuse them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from . import _exceptions as errors
+from ._results import Outcome
+from ._types import Decision, InputRequest, InputResponse
+
+__all__ = ["RemoteResult", "decision_body", "encode", "input_responses", "response_body"]
+
+
+def encode(path: str, body: Any) -> bytes:
+    """The body as JSON, refused here (as the server would) when it is not plain JSON text."""
+    try:
+        return json.dumps(body, allow_nan=False, ensure_ascii=False).encode()
+    except (TypeError, ValueError, RecursionError) as exc:  # NaN, objects, surrogates, depth
+        kind = (
+            errors.InvalidAnswer
+            if path.endswith(("/responses", "/approvals"))
+            else errors.UsageError
+        )
+        raise kind(f"the request body is not plain JSON: {type(exc).__name__}: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RemoteResult:
+    """What a call that runs a turn returns: like `GenerateResult`, read from JSON."""
+
+    session_id: str
+    status: str
+    turn_id: str | None
+    text: str
+    pending: list[InputRequest]
+    outcomes: list[Outcome]
+    error: dict[str, Any] | None = None
+    retryable: bool = False
+    replayed: bool = False
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
+        if not isinstance(data.get("session_id"), str) or not isinstance(data.get("status"), str):
+            raise ValueError("it has no session_id and status")
+        return cls(
+            session_id=data["session_id"],
+            status=data["status"],
+            turn_id=data.get("turn_id"),
+            text=data.get("text", ""),
+            pending=[InputRequest.model_validate(r) for r in data.get("pending", [])],
+            outcomes=[outcome(o) for o in data.get("outcomes", [])],
+            error=data.get("error"),
+            retryable=bool(data.get("retryable")),
+            replayed=data.get("replayed") is True,
+        )
+
+
+def outcome(data: Any) -> Outcome:
+    """One answer's `Outcome`, as the runtime returns it in process."""
+    reason = data.get("reason") if isinstance(data, Mapping) else None
+    if not isinstance(data, Mapping) or not (
+        isinstance(data.get("request_id"), str)
+        and isinstance(data.get("outcome"), str)
+        and isinstance(data.get("applied"), bool)
+        and (reason is None or isinstance(reason, str))
+    ):
+        raise ValueError(f"an outcome is not {{request_id, outcome, applied, reason}}: {data!r}")
+    return Outcome(
+        request_id=data["request_id"],
+        outcome=data["outcome"],
+        applied=data["applied"],
+        reason=reason,
+    )
+
+
+def input_responses(responses: Sequence[InputResponse | Mapping[str, Any]]) -> list[InputResponse]:
+    """The responses as `InputResponse`s, refused as `Runtime.respond` refuses them."""
+    if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
+        responses, Iterable
+    ):
+        raise errors.InvalidAnswer("responses must be a list of InputResponse")
+    answers = []
+    for i, raw in enumerate(responses):
+        try:
+            answers.append(
+                raw if isinstance(raw, InputResponse) else InputResponse.model_validate(raw)
+            )
+        except ValidationError as exc:
+            raise errors.InvalidAnswer(f"response #{i + 1} is malformed: {exc}") from None
+    if not answers:
+        raise errors.InvalidAnswer("no responses given")
+    return answers
+
+
+def response_body(resp: InputResponse) -> dict[str, Any]:
+    body: dict[str, Any] = {"requestId": resp.request_id}
+    for key, name in (
+        ("optionId", resp.option_id),
+        ("text", resp.text),
+        ("value", resp.value),
+        ("editedInput", resp.edited_input),
+        ("inputHash", resp.input_hash),
+    ):
+        if name is not None:
+            body[key] = name
+    return body
+
+
+def decision_body(dec: Decision) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": dec.id, "approved": dec.approved}
+    for key, value in (
+        ("reason", dec.reason),
+        ("value", dec.value),
+        ("editedInput", dec.edited_input),
+        ("inputHash", dec.input_hash),
+    ):
+        if value is not None:
+            body[key] = value
+    return body

@@ -1,0 +1,104 @@
+"""`LiveSession` over any `SessionRemote`, here an in-memory one: no server and no `AsyncClient`,
+which is what lets `_client` make one without an import cycle."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._live_session import LiveSession, SessionRemote
+from signoff._payloads import RemoteResult
+from signoff._results import Outcome
+
+
+def _asked(seq: int, *ids: str) -> so.Event:
+    requests = [
+        {
+            "kind": "question",
+            "id": rid,
+            "session_id": "s1",
+            "turn_id": "t1",
+            "agent": "support",
+            "question": "which order?",
+            "allow_text": True,
+            "created_at": 1.0,
+        }
+        for rid in ids
+    ]
+    return _event(seq, "input.requested", {"requests": requests})
+
+
+def _event(seq: int, kind: Any, data: dict[str, Any]) -> so.Event:
+    return so.Event(session_id="s1", seq=seq, type=kind, at=1.0, turn_id="t1", data=data)
+
+
+class Remote:
+    """The session's log, and the answers it was sent (refused with `refuse`, if set)."""
+
+    def __init__(self, log: list[so.Event]) -> None:
+        self.log = log
+        self.sent: list[list[so.InputResponse]] = []
+        self.refuse: so.SignoffError | None = None
+
+    async def events(
+        self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+    ) -> AsyncGenerator[so.Event, None]:
+        for event in list(self.log):
+            if event.seq > after:
+                yield event
+
+    async def respond(
+        self, session_id: str, responses: Sequence[so.InputResponse | Mapping[str, Any]]
+    ) -> RemoteResult:
+        answers = [r for r in responses if isinstance(r, so.InputResponse)]
+        self.sent.append(answers)
+        if self.refuse is not None:
+            raise self.refuse
+        outcomes = [
+            Outcome(request_id=a.request_id, outcome="answered", applied=True) for a in answers
+        ]
+        return RemoteResult(
+            session_id=session_id,
+            status="running",
+            turn_id="t1",
+            text="",
+            pending=[],
+            outcomes=outcomes,
+        )
+
+
+async def test_a_live_session_folds_and_answers_through_any_remote() -> None:
+    remote = Remote([_asked(1, "r1", "r2")])
+    typed: SessionRemote = remote
+    live = LiveSession(typed, "s1")
+    await live.sync()
+    assert [r.id for r in live.open_requests()] == ["r1", "r2"]
+    await live.respond([{"request_id": "r1", "text": "order 7"}])
+    assert live.requests["r1"].status == "responded"
+    assert [a.request_id for a in remote.sent[0]] == ["r1"]
+    resolved = {"request_id": "r1", "status": "settled", "outcome": "answered"}
+    remote.log.append(_event(2, "input.resolved", resolved))
+    await live.sync()
+    assert (live.seq, live.requests["r1"].status, live.requests["r1"].outcome) == (
+        2,
+        "settled",
+        "answered",
+    )
+    with pytest.raises(so.RequestClosed, match="r1 is settled"):
+        await live.respond([{"request_id": "r1", "text": "again"}])
+    assert len(remote.sent) == 1  # refused locally: the remote was not called
+
+
+async def test_an_answer_the_remote_refuses_leaves_the_request_open() -> None:
+    remote = Remote([_asked(1, "r1")])
+    live = LiveSession(remote, "s1")
+    await live.sync()
+    remote.refuse = so.StoreUnavailable("down")
+    with pytest.raises(so.StoreUnavailable):
+        await live.respond([{"request_id": "r1", "text": "order 7"}])
+    assert live.requests["r1"].status == "pending"
+    with pytest.raises(so.UnknownRequest):
+        await live.respond([{"request_id": "r9", "text": "order 7"}])
