@@ -213,6 +213,7 @@ class Connections:
         self._open_lock = None
         self._checking = None
         self._changes.forget()
+        self._outage.forget()
 
     async def _connect(self) -> Conn:
         """A fresh autocommit connection, or a `StoreError` saying why there is none."""
@@ -258,6 +259,7 @@ class Connections:
         checking, self._checking = self._checking, None
         if checking is not None:
             await asyncio.wait({checking})  # each connection it holds is cut at its deadline
+        await self._outage.close()
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:
         self._fault = hook
@@ -511,14 +513,15 @@ class Connections:
     async def _after_loss(self, pool: AsyncConnectionPool[Conn]) -> None:
         """A connection was lost, so the others idle in the pool may be too (the server restarted):
         test them now, so that the check and the retry that follow get a live one. Calls losing
-        theirs at once share one test and wait for it `operation_timeout` at most (it goes on
-        without them); the test runs as a task of its own, as `pool.check()` takes a
-        cancellation for a broken connection: the caller's must reach the caller."""
+        theirs at once share one test and wait for it `CHECK_WAIT` at most (it goes on without
+        them: the connections it still holds do not answer, and are out of the pool meanwhile);
+        the test runs as a task of its own, as `pool.check()` takes a cancellation for a broken
+        connection: the caller's must reach the caller."""
         checking = self._checking
         if checking is None or checking.done():
             checking = self._checking = asyncio.ensure_future(pool.check())
             checking.add_done_callback(_seen)
-        await asyncio.wait({checking}, timeout=self.operation_timeout)
+        await asyncio.wait({checking}, timeout=min(CHECK_WAIT, self.operation_timeout))
 
     def _sync_setting(self, synchronous: bool) -> str | None:
         """The `synchronous_commit` a write's transaction needs, None for the server's."""
@@ -582,6 +585,10 @@ def _seen(checking: asyncio.Future[None]) -> None:
     if not checking.cancelled():
         checking.exception()
 
+
+CHECK_WAIT = 1.0
+"""Seconds a call that lost its connection waits for the pool's test (`_after_loss`): dead
+connections fail it at once; a slower one is a silent server, met as an outage (its grace)."""
 
 RECONNECT_WITHIN = 5.0
 """Seconds the pool retries a lost connection, each wait longer, before starting over at once:
