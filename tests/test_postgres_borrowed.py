@@ -24,6 +24,7 @@ from signoff._exceptions import StoreError, StoreUnavailable, UsageError
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._borrowed import OPERATION_TIMEOUT
+from signoff.stores.postgres._transactions import CHECK_WAIT
 
 from .conftest import PgCluster
 
@@ -292,6 +293,31 @@ async def test_a_lost_connection_beside_a_frozen_one_is_retried_in_time(
             await asyncio.wait({checking}, timeout=GENEROUS)
             assert checking.done()
         await gone(pg_store_url, stuck)
+    finally:
+        await store.close()
+
+
+async def test_a_lost_connection_beside_a_frozen_one_does_not_wait_for_its_deadline(
+    cluster: PgCluster, pg_store_url: str
+) -> None:
+    """The test of the pool after a lost connection holds the frozen one until its deadline
+    (20 s here), out of the pool: the call that lost its connection goes on without it after
+    `CHECK_WAIT`, over a fresh connection, rather than waiting out that deadline."""
+    store = PostgresStore(pg_store_url, min_size=2, max_size=2, operation_timeout=20)
+    await store.open()
+    try:
+        sid = await new_session(store)
+        lost, stuck = await lost_beside_frozen(store, pg_store_url)
+        with frozen(stuck):
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert await asyncio.wait_for(store.head(sid), GENEROUS) == 1
+            assert loop.time() - started < 3 * CHECK_WAIT + 2  # not the frozen one's 20 s
+            assert await backend_pid(store) not in (lost, stuck)
+        checking = store._checking  # the test goes on: the resumed connection passes it
+        assert checking is not None
+        await asyncio.wait({checking}, timeout=GENEROUS)
+        assert checking.done()
     finally:
         await store.close()
 

@@ -207,6 +207,7 @@ class Connections(Transactions):
         self._open_lock = None
         self._checking = None
         self._changes.forget()
+        self._outage.forget()
 
     async def _connect(self) -> Conn:
         """A fresh autocommit connection, or a `StoreError` saying why there is none."""
@@ -252,6 +253,7 @@ class Connections(Transactions):
         checking, self._checking = self._checking, None
         if checking is not None:
             await asyncio.wait({checking})  # each connection it holds is cut at its deadline
+        await self._outage.close()
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:
         self._fault = hook

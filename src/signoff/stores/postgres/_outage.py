@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from asyncio import FIRST_COMPLETED as FIRST
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -61,25 +62,37 @@ class Outage:
         self.since: float | None = None
         self.error = ""
         self._probing: asyncio.Future[None] | None = None
+        self._asked = 0.0  # when the check under way started
+        self._spare: list[Conn] = []  # at most one: the connection a check found the server back on
 
     def _now(self) -> float:
         return asyncio.get_running_loop().time()
 
+    def down_since(self) -> float | None:
+        """Since when the server is taken to be down: found so, or not answering the check under
+        way (a silent network holds a connection for libpq's whole `connect_timeout`)."""
+        if self.since is not None:
+            return self.since
+        probing = self._probing
+        return self._asked if probing is not None and not probing.done() else None
+
     def over_grace(self) -> bool:
-        """Whether the server has been found down for longer than the grace period."""
-        return self.since is not None and self._now() - self.since >= self.grace
+        """Whether the server has been down for longer than the grace period."""
+        since = self.down_since()
+        return since is not None and self._now() - since >= self.grace
 
     def grace_left(self) -> float:
         """Seconds until the outage outlasts its grace (0 if it has, the grace if none)."""
-        if self.since is None:
+        since = self.down_since()
+        if since is None:
             return self.grace
-        return max(0.0, self.since + self.grace - self._now())
+        return max(0.0, since + self.grace - self._now())
 
     def unavailable(self) -> StoreUnavailable:
-        down = 0.0 if self.since is None else self._now() - self.since
-        return StoreUnavailable(
-            f"PostgreSQL unavailable at {self._where} for {down:.1f}s: {self.error}"
-        )
+        since = self.down_since()
+        down = 0.0 if since is None else self._now() - since
+        why = self.error if self.since is not None else "a new connection was not answered"
+        return StoreUnavailable(f"PostgreSQL unavailable at {self._where} for {down:.1f}s: {why}")
 
     def busy(self, pool: AsyncConnectionPool[Conn], busy_after: float | None) -> StoreError:
         """No connection came in time, the server up: `StoreBusy` for a call that was to wait
@@ -101,13 +114,17 @@ class Outage:
         the probe's connection (not the pool's) rather than wait for the pool to reconnect.
         The server up, a call waits `busy_after` seconds if given (else the pool's timeout),
         then fails (`busy`)."""
+        if self._spare:
+            return self._spare.pop(), False
         if self.since is None and pool.get_stats().get("pool_available", 0):
             try:  # the usual case: an idle connection
                 return await pool.getconn(busy_after), True
             except PoolTimeout as exc:  # another call took it first, and no other came
                 raise self.busy(pool, busy_after) from exc
         if self.over_grace():
-            conn = await self.probe()
+            # Past the grace a call fails at once: it waits for a probe only as long as a
+            # server that is back takes to answer one, not a silent network's `connect_timeout`.
+            conn = await self.probe(PROBE_AFTER)
             if conn is not None:
                 return conn, False
             if self.over_grace():
@@ -121,6 +138,14 @@ class Outage:
                 if busy_after is not None and self.since is None:
                     wait = min(wait, max(0.0, started + busy_after - self._now()))
                 await asyncio.wait({waiting}, timeout=wait)
+                if not waiting.done():
+                    # The pool's connection may still come while the probe waits for an answer;
+                    # the wait ends with the grace, however long the probe's connection takes.
+                    probing = self._start_probe()
+                    limit = self.grace_left()
+                    either: set[asyncio.Future[Any]] = {waiting, probing}
+                    await asyncio.wait(either, timeout=limit, return_when=FIRST)
+                    _raise(probing)
                 if waiting.done():
                     try:
                         conn = waiting.result()
@@ -130,9 +155,8 @@ class Outage:
                         raise self.busy(pool, busy_after) from exc
                     handed = True
                     return conn, True
-                conn = await self.probe()
-                if conn is not None:
-                    return conn, False
+                if self._spare:
+                    return self._spare.pop(), False
                 if self.over_grace():
                     raise self.unavailable()
                 if (
@@ -152,32 +176,73 @@ class Outage:
                 else:
                     await pool.putconn(conn)
 
-    async def probe(self) -> Conn | None:
-        """Check the server. Returns a live connection only when this call found it back after
-        a known outage (the caller uses it, then closes it); otherwise None, with `since`
-        telling whether it is down. Calls at the same time share one connection attempt; a
-        finding is not reused after it, so a call right after the server is back finds it."""
-        if self._probing is not None:
-            await asyncio.shield(self._probing)
-            return None
-        self._probing = asyncio.get_running_loop().create_future()
+    async def probe(self, within: float | None = None) -> Conn | None:
+        """Check the server, waiting `within` seconds at most (the check goes on without the
+        caller). Returns a live connection only when the check found the server back after a
+        known outage (the caller uses it, then closes it); otherwise None, with `since` telling
+        whether it is down. Calls at the same time share one connection attempt; a finding is
+        not reused after it, so a call right after the server is back finds it."""
+        probing = self._start_probe()
+        await asyncio.wait({probing}, timeout=within)
+        _raise(probing)
+        return self._spare.pop() if self._spare else None
+
+    def _start_probe(self) -> asyncio.Future[None]:
+        """The check of the server under way, started now if there is none."""
+        if self._probing is None or self._probing.done():
+            self._probing = asyncio.ensure_future(self._probe())
+            self._probing.add_done_callback(_seen)
+        return self._probing
+
+    async def _probe(self) -> None:
+        """Connect once: record the outage or clear it, and keep a connection found back."""
+        started = self._asked = self._now()
         try:
-            try:
-                conn = await self._connect()
-            except psycopg.Error as exc:
-                if is_down(exc):
-                    if self.since is None:
-                        self.since = self._now()
-                    self.error = " ".join(str(exc).split()) or type(exc).__name__
-                else:
-                    self.since = None  # it answered: up, for whatever reason it refused us
-                return None
-            was_down, self.since = self.since is not None, None
-            if was_down:
-                return conn
+            conn = await self._connect()
+        except psycopg.Error as exc:
+            if is_down(exc):
+                if self.since is None:
+                    # Down since it was first asked: a connection that timed out took
+                    # `connect_timeout` to tell, and that counts toward the grace.
+                    self.since = started
+                self.error = " ".join(str(exc).split()) or type(exc).__name__
+            else:
+                self.since = None  # it answered: up, for whatever reason it refused us
+            return
+        was_down, self.since = self.since is not None, None
+        if was_down and not self._spare:
+            self._spare.append(conn)  # for the first call to borrow one
+            return
+        with contextlib.suppress(psycopg.Error):
+            await conn.close()
+
+    async def close(self) -> None:
+        """Stop a check under way and close the connection a check left for a call: the store
+        is closing."""
+        probing, self._probing = self._probing, None
+        if probing is not None and not probing.done():
+            probing.cancel()
+            await asyncio.wait({probing})
+        while self._spare:
             with contextlib.suppress(psycopg.Error):
-                await conn.close()
-            return None
-        finally:
-            done, self._probing = self._probing, None
-            done.set_result(None)
+                await self._spare.pop().close()
+
+    def forget(self) -> None:
+        """Drop what belonged to an event loop that is gone (its connections with it)."""
+        self._probing = None
+        self._spare.clear()
+
+
+def _seen(probing: asyncio.Future[None]) -> None:
+    """A check of the server ended: what failed it other than a connection (`_raise`) reaches
+    the calls that waited for it, not asyncio's log of exceptions never retrieved."""
+    if not probing.cancelled():
+        probing.exception()
+
+
+def _raise(probing: asyncio.Future[None]) -> None:
+    """Raise what failed a check of the server that ended, other than a connection refused."""
+    if probing.done() and not probing.cancelled():
+        error = probing.exception()
+        if error is not None:
+            raise error

@@ -203,20 +203,26 @@ class Transactions:
     async def _after_loss(self, pool: AsyncConnectionPool[Conn]) -> None:
         """A connection was lost, so the others idle in the pool may be too (the server restarted):
         test them now, so that the check and the retry that follow get a live one. Calls losing
-        theirs at once share one test and wait for it `operation_timeout` at most (it goes on
-        without them); the test runs as a task of its own, as `pool.check()` takes a
-        cancellation for a broken connection: the caller's must reach the caller."""
+        theirs at once share one test and wait for it `CHECK_WAIT` at most (it goes on without
+        them: the connections it still holds do not answer, and are out of the pool meanwhile);
+        the test runs as a task of its own, as `pool.check()` takes a cancellation for a broken
+        connection: the caller's must reach the caller."""
         checking = self._checking
         if checking is None or checking.done():
             checking = self._checking = asyncio.ensure_future(pool.check())
             checking.add_done_callback(_seen)
-        await asyncio.wait({checking}, timeout=self.operation_timeout)
+        await asyncio.wait({checking}, timeout=min(CHECK_WAIT, self.operation_timeout))
 
     def _sync_setting(self, synchronous: bool) -> str | None:
         """The `synchronous_commit` a write's transaction needs, None for the server's."""
         if not synchronous:
             return "off"
         return "on" if self._server_async else None  # the server skips flushes: not for us
+
+
+CHECK_WAIT = 1.0
+"""Seconds a call that lost its connection waits for the pool's test (`_after_loss`): dead
+connections fail it at once; a slower one is a silent server, met as an outage (its grace)."""
 
 
 def _seen(checking: asyncio.Future[None]) -> None:

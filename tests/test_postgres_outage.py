@@ -1,0 +1,255 @@
+"""A PostgreSQL connection lost under the store (`_outage.py`): backends an admin terminates are
+replaced at once, a stopped server is a `StoreUnavailable` naming the URL without its password
+within the outage grace, and a network gone silent fails calls within the grace, then at once,
+rather than after libpq's `connect_timeout` each; nothing is written twice, nor lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.conninfo import conninfo_to_dict
+
+import signoff as so
+from signoff._events import Event
+from signoff._exceptions import StoreUnavailable
+from signoff.stores import Commit
+from signoff.stores.postgres import PostgresStore
+from signoff.stores.postgres._outage import PROBE_AFTER
+
+from .conftest import PgCluster
+
+T0 = 1_700_000_000.0
+LONG = 20
+"""The pool's wait, the call deadline and the outage grace of the stores whose backends are
+terminated: a call that waited for any of them would show it."""
+
+
+def ev(sid: str, seq: int, type_: Any = "turn.started") -> Event:
+    return Event(session_id=sid, seq=seq, type=type_, at=T0 + seq, turn_id="trn_1", data={})
+
+
+async def new_session(store: PostgresStore) -> str:
+    sid = f"ses_{uuid.uuid4().hex[:20]}"
+    await store.create_session(sid, "support", [ev(sid, 1, "session.created")], None)
+    return sid
+
+
+async def terminate_backends(url: str) -> int:
+    """Terminate every other client backend of the database, from an admin connection."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as admin:
+        cur = await admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+            "current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+        )
+        return len(await cur.fetchall())
+
+
+async def timed(call: Any) -> tuple[BaseException | None, float]:
+    """What `call()` raised (None if nothing), and the seconds it took."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    try:
+        await call()
+    except Exception as exc:
+        return exc, loop.time() - started
+    return None, loop.time() - started
+
+
+def with_options(url: str, **options: Any) -> str:
+    query = "&".join(f"{key}={value}" for key, value in options.items())
+    return f"{url}{'&' if '?' in url else '?'}{query}"
+
+
+async def test_backends_terminated_under_a_runtime_are_replaced_at_once(
+    pg_store_url: str,
+) -> None:
+    """Every backend of the store's pool (and its LISTEN connection) terminated while a turn is
+    parked: the approval goes through on fresh connections without waiting for the pool, a
+    call deadline or an outage grace, the tool runs once and the log has no gap."""
+    runs: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def ship(order_id: str) -> str:
+        """Ship an order."""
+        runs.append(order_id)
+        return "shipped"
+
+    agent = so.Agent(
+        name="a",
+        model=so.models.Scripted(
+            [
+                so.ModelResponse(tool_calls=[so.ToolCall(name="ship", input={"order_id": "7"})]),
+                so.ModelResponse(text="Shipped."),
+            ]
+        ),
+        tools=[ship],
+    )
+    url = with_options(pg_store_url, pool_timeout=LONG, operation_timeout=LONG, outage_grace=LONG)
+    rt = so.Runtime([agent], store=url)
+    try:
+        r = await rt.generate("a", prompt="ship 7")
+        assert r.status == "waiting"
+        assert await terminate_backends(pg_store_url) >= 1
+        decision = so.Decision(id=r.pending[0].id, approved=True)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        r = await asyncio.wait_for(rt.generate(session_id=r.session_id, approvals=[decision]), 60)
+        assert loop.time() - started < LONG / 2  # none of the waits above: a retry at once
+        assert r.status == "completed" and r.text == "Shipped."
+        assert runs == ["7"]
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        assert [e.type for e in events].count("approval.settled") == 1
+    finally:
+        await rt.close()
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+async def test_a_whole_pool_terminated_serves_the_next_call_at_once(
+    pg_store_url: str, op: str
+) -> None:
+    store = PostgresStore(
+        pg_store_url, min_size=3, max_size=3, timeout=LONG, operation_timeout=LONG, grace=LONG
+    )
+    try:
+        sid = await new_session(store)
+        await asyncio.gather(*(store.head(sid) for _ in range(6)))
+        assert await terminate_backends(pg_store_url) >= 1
+        commit = Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)])
+        call = (lambda: store.head(sid)) if op == "read" else (lambda: store.commit(commit))
+        error, took = await timed(call)
+        assert error is None and took < LONG / 2
+        assert [e.seq for e in await store.read_events(sid)] == ([1] if op == "read" else [1, 2])
+    finally:
+        await store.close()
+
+
+async def test_a_stopped_server_is_unavailable_naming_the_url_without_its_password() -> None:
+    """A server stopped under an open store: the first call fails with `StoreUnavailable`
+    once the outage grace is over (not the pool's 30 s), the next ones at once; its message
+    names the server, never the password; nothing is written, and the store works again once
+    the server is back."""
+    cluster = PgCluster.start()
+    try:
+        params = conninfo_to_dict(cluster.admin_url)
+        url = cluster.admin_url.replace("postgres@", "postgres:s3cr3t-pw@", 1)
+        assert "s3cr3t-pw" in url  # the cluster trusts loopback: the password is not checked
+        store = PostgresStore(url, min_size=2, max_size=2, grace=1)
+        sid = await new_session(store)
+        await asyncio.to_thread(cluster.halt)
+        error, took = await timed(lambda: store.head(sid))
+        assert isinstance(error, StoreUnavailable), error
+        assert took < 3 * (1 + PROBE_AFTER)
+        where = f"postgresql://postgres@127.0.0.1:{params['port']}/postgres"
+        assert where in str(error) and "s3cr3t" not in str(error)
+        commit = Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)])
+        for call in (lambda: store.commit(commit), lambda: store.head(sid)):
+            error, took = await timed(call)
+            assert isinstance(error, StoreUnavailable) and "s3cr3t" not in str(error)
+            assert took < 3 * PROBE_AFTER
+        await asyncio.to_thread(cluster.resume)
+        assert [e.seq for e in await store.read_events(sid)] == [1]  # the commit was not written
+        await store.commit(commit)
+        assert [e.seq for e in await store.read_events(sid)] == [1, 2]
+        await store.close()
+    finally:
+        cluster.stop()
+
+
+class _CutProxy:
+    """A TCP relay to PostgreSQL whose network can be cut: the connections open go silent (no
+    reset, no answer), and new ones are accepted, then never answered, as a dropped route does
+    to a connection's first packets."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.cut_off = False
+        self.relays: list[asyncio.Task[None]] = []
+        self.writers: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        return int(self.server.sockets[0].getsockname()[1])
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.append(writer)
+        if self.cut_off:
+            return
+        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
+        self.writers.append(up_writer)
+        self.relays += [
+            asyncio.create_task(self._relay(reader, up_writer)),
+            asyncio.create_task(self._relay(up_reader, writer)),
+        ]
+
+    @staticmethod
+    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+
+    def cut(self) -> None:
+        self.cut_off = True
+        for relay in self.relays:
+            relay.cancel()
+
+    async def close(self) -> None:
+        self.cut()
+        for writer in self.writers:
+            writer.close()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_a_silent_network_fails_calls_within_the_grace_then_at_once(
+    pg_store_url: str,
+) -> None:
+    """The network to the server cut silently: a call on a pooled connection fails at its
+    `operation_timeout`; the next, finding no connection, fails when the outage grace is over
+    although its probe's connection is still waiting for an answer (`connect_timeout`, 8 s
+    here, which each call used to wait in full); once the grace is over, calls fail at once;
+    the commit refused so was not written."""
+    params = conninfo_to_dict(pg_store_url)
+    proxy = _CutProxy(str(params["host"]), int(str(params["port"])))
+    port = await proxy.start()
+    url = with_options(
+        pg_store_url.replace(f":{params['port']}/", f":{port}/"),
+        connect_timeout=8,
+        pool_min=1,
+        pool_max=1,
+        operation_timeout=1,
+        outage_grace=1,
+    )
+    store = PostgresStore(url)
+    try:
+        sid = await new_session(store)
+        proxy.cut()
+        error, took = await timed(lambda: store.head(sid))
+        assert isinstance(error, StoreUnavailable) and "operation_timeout" in str(error)
+        assert took < 3 * 1
+        commit = Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)])
+        error, took = await timed(lambda: store.commit(commit))
+        assert isinstance(error, StoreUnavailable), error
+        assert took < 3 * (1 + PROBE_AFTER)  # the grace, not the probe's 8 s
+        assert "PostgreSQL unavailable" in str(error) and "not answered" in str(error)
+        for call in (lambda: store.head(sid), lambda: store.commit(commit)):
+            error, took = await timed(call)
+            assert isinstance(error, StoreUnavailable), error
+            assert took < 3 * PROBE_AFTER + 1  # at once, not after the probe's 8 s
+    finally:
+        await proxy.close()  # first: the connections it holds silent fail at once
+        await store.close()
+    direct = PostgresStore(pg_store_url)
+    try:
+        assert [e.seq for e in await direct.read_events(sid)] == [1]
+    finally:
+        await direct.close()
