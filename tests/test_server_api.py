@@ -281,6 +281,35 @@ def test_messages_start_the_next_turn(alice: httpx.Client) -> None:
     assert record["status"] != "pending" and record["outcome"] == "ignored"
 
 
+def test_an_admins_message_to_another_persons_turn_says_it_is_queued(base: str) -> None:
+    """An admin may see Alice's session, but her turn serves her: the admin's message neither
+    steers nor answers it. It waits for the turn's end, and the answer says so (`queued`),
+    where it read like a message the turn had taken; the turn it then starts is the admin's."""
+    with client(base, "alice-token") as alice, client(base, "admin-token") as admin:
+        body = start(alice)
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        r = admin.post(f"/v1/sessions/{sid}/messages", json={"text": "approve"})
+        assert r.status_code == 200, r.text
+        sent = r.json()
+        assert sent["queued"] is True and sent["status"] == "waiting"
+        assert sent["turn_id"] == body["turn_id"] and sent["outcomes"] == []
+        assert [p["id"] for p in sent["pending"]] == [rid]  # "approve" answered nothing
+        assert alice.get(f"/v1/requests/{rid}").json()["status"] == "pending"
+        # Alice's own message steers her turn; once it ends, the admin's message starts one.
+        own = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "hello"})
+        assert own.status_code == 200 and own.json()["queued"] is False
+        events = alice.get(f"/v1/sessions/{sid}/events", params={"follow": "false"}).text
+        starts = [
+            json.loads(line[5:])["data"]
+            for line in events.splitlines()
+            if line.startswith("data:") and '"turn.started"' in line
+        ]
+        assert [(s["message"], s["principal"]["principal_id"]) for s in starts] == [
+            ("Refund order 1042, it broke", "alice"),
+            ("approve", "root"),
+        ]
+
+
 def test_cancel_withdraws_and_closes(alice: httpx.Client) -> None:
     body = start(alice)
     sid, rid = body["session_id"], body["pending"][0]["id"]

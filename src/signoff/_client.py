@@ -95,6 +95,7 @@ class RemoteResult:
     error: dict[str, Any] | None = None
     retryable: bool = False
     replayed: bool = False
+    queued: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
@@ -110,6 +111,7 @@ class RemoteResult:
             error=data.get("error"),
             retryable=bool(data.get("retryable")),
             replayed=data.get("replayed") is True,
+            queued=data.get("queued") is True,
         )
 
 

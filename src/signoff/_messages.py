@@ -84,7 +84,10 @@ class Messages(Answering):
                         self._cache.pop(session_id, None)
                         raise
                     self._remember(driver.state)
-                    return await self._drive(session_id)
+                    result = await self._drive(session_id)
+                    waiting = (await self._state(session_id)).queued
+                    entry = {"message": message, "principal": who}
+                    return dataclasses.replace(result, queued=_kept(waiting, entry, idem))
                 try:
                     if not await self._start_turn(session_id, message, principal, idem=idem):
                         return await self._replay(session_id, idem)
@@ -123,7 +126,7 @@ class Messages(Answering):
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(driver.state)
-                return self._result(driver.state)
+                return dataclasses.replace(self._result(driver.state), queued=True)
             try:
                 return await self._steer(state, message, who, idem)
             except (Changed, TurnStopped):
@@ -191,7 +194,9 @@ class Messages(Answering):
                 at = turn_of(state.keys, idem) or at
                 if at is not None and at[0] != result.turn_id:
                     result = await self._earlier(state, *at)
-        return dataclasses.replace(result, replayed=True)
+        # A key whose message waits in the queue went to no turn yet (`_turn_message`).
+        waits = idem is not None and state.keys.get(idem[0], [])[1:] == ["", None]
+        return dataclasses.replace(result, replayed=True, queued=waits)
 
     async def _first(self, state: SessionState, idem: Keyed) -> tuple[str, int] | None:
         """The first turn of a session its key created, when newer keys pushed the key out of
@@ -211,3 +216,13 @@ class Messages(Answering):
         result = self._result(await load_turn(self.store, state.id, turn_id, first_seq))
         open_now = {r.id for r in state.pending_requests()}
         return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])
+
+
+def _kept(queue: list[dict[str, Any]], entry: dict[str, Any], idem: Keyed | None) -> bool:
+    """Whether the message `entry` describes still waits in `queue` (after the turns that took
+    the messages ahead of it)."""
+    for waiting in queue:
+        same = waiting.get("message") == entry["message"]
+        if same and waiting.get("principal") == entry["principal"]:
+            return idem is None or waiting.get("idem") == idem[0]
+    return False
