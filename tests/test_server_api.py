@@ -1328,6 +1328,42 @@ def test_a_parameter_named_twice_is_refused_not_half_read(alice: httpx.Client, s
     assert alice.get("/v1/requests?tenant=nobody&limit=1").json()["total"] == 1
 
 
+def test_two_authorization_headers_authenticate_no_one(base: str, store: str) -> None:
+    """Two `Authorization` headers acted as the first one's principal, where a proxy in front
+    (checking, logging or rate-limiting callers) may read the last, or join them: Mallory's
+    token first and an admin's second read the queue as Mallory. Two credentials are no
+    credential (401 `unauthenticated`, saying why), on the API and the dashboard, and nothing is
+    stored; a sign-in cookie beside them does not stand in for them either."""
+    with client(base, "alice-token") as alice:
+        sid = start(alice)["session_id"]
+    before = _stored(store)
+    for tokens in (("alice-token", "alice-token"), ("mallory-token", "admin-token")):
+        two = [("Authorization", f"Bearer {t}") for t in tokens]
+        with httpx.Client(base_url=base, timeout=10) as c:
+            r = c.get("/v1/requests", headers=two)
+            assert "one Authorization header" in error(r, 401, "unauthenticated")["message"]
+            r = c.post("/v1/sessions", json={"agent": "support", "message": "hi"}, headers=two)
+            error(r, 401, "unauthenticated")
+            r = c.post(f"/v1/sessions/{sid}/cancel", headers=two)
+            error(r, 401, "unauthenticated")
+            page = c.get("/_signoff/", headers=two)
+            assert page.status_code == 303 and page.headers["location"].startswith(
+                "/_signoff/login"
+            )
+    with client(base, "alice-token") as alice:
+        signed = alice.get("/_signoff/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', signed.text)
+        assert token is not None
+        r = alice.post("/_signoff/login", data={"token": "alice-token", "csrf": token[1]})
+        assert r.status_code == 303
+        two = [("Authorization", "Bearer alice-token"), ("Authorization", "Bearer x")]
+        r = alice.get("/v1/requests", headers=two)
+        error(r, 401, "unauthenticated")
+        alice.headers.pop("Authorization")
+        assert alice.get("/v1/requests").status_code == 200  # the cookie alone reads
+    assert _stored(store) == before
+
+
 def test_numbers_in_the_query_are_plain_digits(alice: httpx.Client) -> None:
     """`after`, `limit` and `offset` take plain digits, as `Last-Event-ID` does: `1_0` (read as
     10), `+5` or ` 5` are refused, not read as some other number; `older_than` is a finite
