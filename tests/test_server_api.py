@@ -457,6 +457,29 @@ def test_bad_response_bodies_name_the_field(alice: httpx.Client) -> None:
     assert alice.get(f"/v1/sessions/{sid}").json()["status"] == "waiting"
 
 
+def test_a_body_in_another_encoding_than_utf8_is_refused(alice: httpx.Client, store: str) -> None:
+    """JSON between systems is UTF-8 (RFC 8259, section 8.1) and the documented body is, but a
+    UTF-16 or UTF-32 body started a conversation: Python's `json.loads` guesses the encoding
+    of bytes. A gateway that inspects bodies as UTF-8 reads such a body as something else, so
+    it is 400 `malformed_json`, naming UTF-8, and nothing is stored. A UTF-8 byte order mark,
+    which a parser may ignore, is ignored."""
+    body = json.dumps({"agent": "support", "message": "Refund order 1042, it broke"})
+    sent = {"Content-Type": "application/json"}
+    before = _stored(store)
+    for encoding in ("utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"):
+        r = alice.post("/v1/sessions", content=body.encode(encoding), headers=sent)
+        assert "UTF-8" in error(r, 400, "malformed_json")["message"], encoding
+    assert _stored(store) == before
+    sid = start(alice)["session_id"]
+    before = _stored(store)
+    cancel = json.dumps({"reason": "customer left"}).encode("utf-16")
+    r = alice.post(f"/v1/sessions/{sid}/cancel", content=cancel, headers=sent)
+    error(r, 400, "malformed_json")
+    assert _stored(store) == before
+    r = alice.post("/v1/sessions", content=body.encode("utf-8-sig"), headers=sent)
+    assert r.status_code == 201, r.text
+
+
 def test_bad_bodies_elsewhere(alice: httpx.Client, store: str) -> None:
     sid = start(alice)["session_id"]
     r = alice.post(
