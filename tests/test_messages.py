@@ -312,3 +312,20 @@ async def test_send_says_when_the_message_waits_in_the_queue(tmp_path: Path) -> 
             "later, please",
             "carol here",
         ]
+
+
+async def test_a_message_behind_a_failed_turns_queue_says_it_waits(tmp_path: Path) -> None:
+    """After a failed turn, a new message starts the one that waited and queues behind it: when
+    that turn asks again, the new message is still waiting, and says so."""
+    flaky = Flaky(call_tools(call("pick_plan", id="p2")), error=ValueError("the model broke"))
+    async with sqlite_runtime(tmp_path, plan_agent(flaky, reply("ok"), reply("Hi."))) as rt:
+        sid = await parked_with_bob_queued(rt)
+        assert (await rt.send(sid, "pro", principal=ALICE)).status == "failed"
+        r = await rt.send(sid, "hello again", principal=ALICE)
+        assert r.queued and r.status == "waiting"
+        [question] = r.pending
+        answer = so.InputResponse(request_id=question.id, option_id="basic")
+        done = await rt.respond(sid, [answer], principal=BOB)
+        assert done.status == "completed" and done.text == "Hi." and not done.queued
+        said = [m for m, _, _ in await started(rt, sid)]
+        assert said == ["upgrade me", "bob here", "hello again"]

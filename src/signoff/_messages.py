@@ -84,10 +84,7 @@ class Messages(Answering):
                         self._cache.pop(session_id, None)
                         raise
                     self._remember(driver.state)
-                    result = await self._drive(session_id)
-                    waiting = (await self._state(session_id)).queued
-                    entry = {"message": message, "principal": who}
-                    return dataclasses.replace(result, queued=_kept(waiting, entry, idem))
+                    return await self._drive_after(session_id, message, principal, idem)
                 try:
                     if not await self._start_turn(session_id, message, principal, idem=idem):
                         return await self._replay(session_id, idem)
@@ -96,7 +93,10 @@ class Messages(Answering):
                     if now is not None and (turn is None or now.id != turn.id):
                         continue  # another message started a turn first: steer or queue on it
                     raise
-                return await self._drive(session_id)
+                if not state.queued:
+                    return await self._drive(session_id)  # the turn is this message's
+                # Behind messages a failed turn left waiting, this one may be queued too.
+                return await self._drive_after(session_id, message, principal, idem)
             pending = state.pending_requests()
             serves = turn.principal
             same_person = serves is None or (principal is not None and principal.same_as(serves))
@@ -132,6 +132,16 @@ class Messages(Answering):
             except (Changed, TurnStopped):
                 continue  # the turn ended or its requests changed meanwhile: decide again
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
+
+    async def _drive_after(
+        self, session_id: str, message: str, principal: Principal | None, idem: Keyed | None
+    ) -> GenerateResult:
+        """Drive the session after `message` started a turn or joined the queue, saying
+        whether it still waits there (behind a turn that waits in its turn)."""
+        result = await self._drive(session_id)
+        waiting = (await self._state(session_id)).queued
+        who = None if principal is None else principal.model_dump()
+        return dataclasses.replace(result, queued=_kept(waiting, message, who, idem))
 
     async def _steer(
         self, state: SessionState, message: str, who: dict[str, Any] | None, idem: Keyed | None
@@ -218,11 +228,12 @@ class Messages(Answering):
         return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])
 
 
-def _kept(queue: list[dict[str, Any]], entry: dict[str, Any], idem: Keyed | None) -> bool:
-    """Whether the message `entry` describes still waits in `queue` (after the turns that took
-    the messages ahead of it)."""
+def _kept(
+    queue: list[dict[str, Any]], message: str, who: dict[str, Any] | None, idem: Keyed | None
+) -> bool:
+    """Whether `message` (sent by `who`) still waits in `queue`, after the turns that took the
+    messages ahead of it."""
     for waiting in queue:
-        same = waiting.get("message") == entry["message"]
-        if same and waiting.get("principal") == entry["principal"]:
+        if waiting.get("message") == message and waiting.get("principal") == who:
             return idem is None or waiting.get("idem") == idem[0]
     return False
