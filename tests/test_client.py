@@ -822,13 +822,21 @@ async def dropped(writer: asyncio.StreamWriter) -> None:
     writer.transport.abort()
 
 
+async def test_a_message_left_in_the_queue_reads_queued(canned: Canned) -> None:
+    """The server's `queued` (a message that waits for the turn's end) reaches the result."""
+    canned.on(MESSAGES, http("200 OK", json.dumps({**json.loads(TURN), "queued": True})))
+    async with AsyncClient(canned.base) as c:
+        result = await c.send("ses_x", "hello")
+    assert result.queued
+
+
 async def test_a_message_that_got_no_answer_is_sent_once_more_with_its_key(
     canned: Canned,
 ) -> None:
     canned.on(MESSAGES, dropped, http("200 OK", TURN))
     async with AsyncClient(canned.base) as c:
         result = await c.send("ses_x", "hello")
-    assert result.replayed and result.text == "ok"
+    assert result.replayed and result.text == "ok" and not result.queued
     keys = [h.get("idempotency-key") for _, h in canned.seen]
     assert len(keys) == 2 and keys[0] == keys[1] and keys[0]
     # each call has a key of its own

@@ -471,6 +471,26 @@ def test_starting_and_messaging_from_the_dashboard(base: str) -> None:
         assert r.status_code == 404
 
 
+def test_a_message_that_waits_for_the_turns_end_is_said_to_wait(base: str) -> None:
+    """An admin's message to Alice's waiting turn waits for its end: the page's script is told
+    (`queued`), and the page has the place it says so in."""
+    body = start(base)
+    sid = body["session_id"]
+    with signed_in(base, "admin-token") as c:
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        assert 'class="form-note"' in page
+        r = c.post(
+            f"/_signoff/sessions/{sid}/messages",
+            data={"message": "approve", "csrf": csrf_of(page)},
+            headers={"Accept": "application/json"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["ok"] is True and r.json()["queued"] is True
+        assert r.json()["status"] == "waiting"
+    state = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token")).json()
+    assert [p["id"] for p in state["pending"]] == [body["pending"][0]["id"]]
+
+
 def test_pages_name_their_script_and_style_by_content(base: str) -> None:
     """The script and style are served without a lifetime, so a browser may keep an old copy
     for days: an upgraded page ran the previous script. Their URLs carry a hash of them."""

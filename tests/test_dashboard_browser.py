@@ -232,6 +232,28 @@ def test_a_conversation_started_and_answered_from_the_browser(page: Page, base: 
     expect(page.locator("#send textarea")).to_be_focused()  # not lost with the disabled button
 
 
+def test_a_message_to_someone_elses_turn_says_it_waits(page: Page, base: str) -> None:
+    """Alice may see Bob's session (one tenant), but his turn serves him: her message waits for
+    its end, and the page says so instead of showing nothing."""
+    r = httpx.post(
+        f"{base}/v1/sessions",
+        json={"agent": "support", "message": "Refund order 1042, it arrived broken"},
+        headers=auth("bob-token"),
+        timeout=10,
+    )
+    sid = r.json()["session_id"]
+    page.goto(f"/_signoff/sessions/{sid}")
+    note = page.locator("#send .form-note")
+    expect(note).to_be_hidden()
+    page.fill("#send textarea[name=message]", "I can take this one")
+    page.locator("#send").get_by_role("button", name="Send").click()
+    expect(note).to_have_text(
+        "Your message waits for the current turn to end; it then starts the next turn."
+    )
+    expect(page.locator("#send textarea")).to_have_value("")
+    assert session(base, sid)["status"] == "waiting"
+
+
 # -- untrusted text in every field, through the server-rendered pages and the live JS path --
 
 EVIL = (

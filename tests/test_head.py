@@ -87,6 +87,20 @@ def test_head_on_a_route_without_get_is_still_405(base: str) -> None:
         assert c.get("/v1/requests").json()["total"] == 1
 
 
+def test_a_405_on_a_get_route_names_head_among_its_methods(base: str) -> None:
+    """HEAD is answered wherever GET is, but a PUT (or OPTIONS) there was told `Allow: GET`:
+    the header must list every method the resource supports (RFC 9110, section 15.5.6)."""
+    ids = started(base)
+    with httpx.Client(base_url=base, headers=ALICE, timeout=10) as c:
+        for path in ("/v1/requests", f"/v1/sessions/{ids['sid']}", "/_signoff/tools"):
+            for method in ("PUT", "DELETE", "OPTIONS"):
+                r = c.request(method, path)
+                assert r.status_code == 405, (path, method)
+                assert r.headers["allow"] == "GET, HEAD", (path, method)
+                assert r.json()["error"]["code"] == "method_not_allowed"
+        assert c.put("/v1/sessions").headers["allow"] == "POST"
+
+
 def test_head_on_the_streams_returns_at_once(base: str) -> None:
     ids = started(base)
     with httpx.Client(base_url=base, headers=ALICE, timeout=5) as c:

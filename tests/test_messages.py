@@ -274,3 +274,58 @@ async def test_a_message_for_a_question_answered_meanwhile_is_delivered(
             if e.type in ("turn.message", "turn.started")
         ]
         assert said == ["Sign me up", "pro"]
+
+
+async def test_send_says_when_the_message_waits_in_the_queue(tmp_path: Path) -> None:
+    """A message that waits for the turn's end (from someone the turn does not serve, or with
+    `queue` while the turn is not held on an approval) reads `queued`, and so does its repeat
+    while it waits; a message the turn reads, or one that answers, does not."""
+    asks_again = call_tools(call("pick_plan", id="p2"))
+    agent = plan_agent(reply("Hi Bob."), asks_again, asks_again, reply("ok"), reply("Hi Carol."))
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        assert r.status == "waiting" and not r.queued
+        b = await rt.send(r.session_id, "bob here", principal=BOB, idempotency_key="b-1")
+        assert b.queued and b.status == "waiting" and b.turn_id == r.turn_id
+        again = await rt.send(r.session_id, "bob here", principal=BOB, idempotency_key="b-1")
+        assert again.replayed and again.queued
+        q = await rt.send(r.session_id, "later, please", principal=ALICE, turn_policy="queue")
+        assert q.queued and q.turn_id == r.turn_id
+        # Alice's answer ends her turn; Bob's message starts the next, which asks again.
+        done = await rt.send(r.session_id, "pro", principal=ALICE)
+        assert not done.queued and done.status == "waiting" and done.turn_id != r.turn_id
+        replay = await rt.send(r.session_id, "bob here", principal=BOB, idempotency_key="b-1")
+        assert replay.replayed and not replay.queued and replay.turn_id == done.turn_id
+        # Bob's turn is cancelled with Alice's message still queued: Carol's message waits
+        # behind it, and the turn it starts asks again.
+        await rt.cancel(r.session_id)
+        carol = await rt.send(r.session_id, "carol here", principal=CAROL)
+        assert carol.queued and carol.status == "waiting"
+        assert carol.turn_id not in (r.turn_id, done.turn_id)
+        [question] = carol.pending
+        answer = so.InputResponse(request_id=question.id, option_id="basic")
+        last = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert last.status == "completed" and last.text == "Hi Carol." and not last.queued
+        assert [m for m, _, _ in await started(rt, r.session_id)] == [
+            "upgrade me",
+            "bob here",
+            "later, please",
+            "carol here",
+        ]
+
+
+async def test_a_message_behind_a_failed_turns_queue_says_it_waits(tmp_path: Path) -> None:
+    """After a failed turn, a new message starts the one that waited and queues behind it: when
+    that turn asks again, the new message is still waiting, and says so."""
+    flaky = Flaky(call_tools(call("pick_plan", id="p2")), error=ValueError("the model broke"))
+    async with sqlite_runtime(tmp_path, plan_agent(flaky, reply("ok"), reply("Hi."))) as rt:
+        sid = await parked_with_bob_queued(rt)
+        assert (await rt.send(sid, "pro", principal=ALICE)).status == "failed"
+        r = await rt.send(sid, "hello again", principal=ALICE)
+        assert r.queued and r.status == "waiting"
+        [question] = r.pending
+        answer = so.InputResponse(request_id=question.id, option_id="basic")
+        done = await rt.respond(sid, [answer], principal=BOB)
+        assert done.status == "completed" and done.text == "Hi." and not done.queued
+        said = [m for m, _, _ in await started(rt, sid)]
+        assert said == ["upgrade me", "bob here", "hello again"]

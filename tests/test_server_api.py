@@ -281,6 +281,35 @@ def test_messages_start_the_next_turn(alice: httpx.Client) -> None:
     assert record["status"] != "pending" and record["outcome"] == "ignored"
 
 
+def test_an_admins_message_to_another_persons_turn_says_it_is_queued(base: str) -> None:
+    """An admin may see Alice's session, but her turn serves her: the admin's message neither
+    steers nor answers it. It waits for the turn's end, and the answer says so (`queued`),
+    where it read like a message the turn had taken; the turn it then starts is the admin's."""
+    with client(base, "alice-token") as alice, client(base, "admin-token") as admin:
+        body = start(alice)
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        r = admin.post(f"/v1/sessions/{sid}/messages", json={"text": "approve"})
+        assert r.status_code == 200, r.text
+        sent = r.json()
+        assert sent["queued"] is True and sent["status"] == "waiting"
+        assert sent["turn_id"] == body["turn_id"] and sent["outcomes"] == []
+        assert [p["id"] for p in sent["pending"]] == [rid]  # "approve" answered nothing
+        assert alice.get(f"/v1/requests/{rid}").json()["status"] == "pending"
+        # Alice's own message steers her turn; once it ends, the admin's message starts one.
+        own = alice.post(f"/v1/sessions/{sid}/messages", json={"text": "hello"})
+        assert own.status_code == 200 and own.json()["queued"] is False
+        events = alice.get(f"/v1/sessions/{sid}/events", params={"follow": "false"}).text
+        starts = [
+            json.loads(line[5:])["data"]
+            for line in events.splitlines()
+            if line.startswith("data:") and '"turn.started"' in line
+        ]
+        assert [(s["message"], s["principal"]["principal_id"]) for s in starts] == [
+            ("Refund order 1042, it broke", "alice"),
+            ("approve", "root"),
+        ]
+
+
 def test_cancel_withdraws_and_closes(alice: httpx.Client) -> None:
     body = start(alice)
     sid, rid = body["session_id"], body["pending"][0]["id"]
@@ -426,6 +455,29 @@ def test_bad_response_bodies_name_the_field(alice: httpx.Client) -> None:
         r = alice.post(f"/v1/sessions/{sid}/responses", json=payload)
         assert field in error(r, 422, "invalid_request")["message"], payload
     assert alice.get(f"/v1/sessions/{sid}").json()["status"] == "waiting"
+
+
+def test_a_body_in_another_encoding_than_utf8_is_refused(alice: httpx.Client, store: str) -> None:
+    """JSON between systems is UTF-8 (RFC 8259, section 8.1) and the documented body is, but a
+    UTF-16 or UTF-32 body started a conversation: Python's `json.loads` guesses the encoding
+    of bytes. A gateway that inspects bodies as UTF-8 reads such a body as something else, so
+    it is 400 `malformed_json`, naming UTF-8, and nothing is stored. A UTF-8 byte order mark,
+    which a parser may ignore, is ignored."""
+    body = json.dumps({"agent": "support", "message": "Refund order 1042, it broke"})
+    sent = {"Content-Type": "application/json"}
+    before = _stored(store)
+    for encoding in ("utf-16", "utf-16-le", "utf-16-be", "utf-32", "utf-32-le", "utf-32-be"):
+        r = alice.post("/v1/sessions", content=body.encode(encoding), headers=sent)
+        assert "UTF-8" in error(r, 400, "malformed_json")["message"], encoding
+    assert _stored(store) == before
+    sid = start(alice)["session_id"]
+    before = _stored(store)
+    cancel = json.dumps({"reason": "customer left"}).encode("utf-16")
+    r = alice.post(f"/v1/sessions/{sid}/cancel", content=cancel, headers=sent)
+    error(r, 400, "malformed_json")
+    assert _stored(store) == before
+    r = alice.post("/v1/sessions", content=body.encode("utf-8-sig"), headers=sent)
+    assert r.status_code == 201, r.text
 
 
 def test_bad_bodies_elsewhere(alice: httpx.Client, store: str) -> None:
@@ -1297,6 +1349,42 @@ def test_a_parameter_named_twice_is_refused_not_half_read(alice: httpx.Client, s
     # one of each is as before; a parameter the route does not take is ignored (as documented)
     assert alice.get("/v1/requests?status=pending&limit=1").json()["total"] == 1
     assert alice.get("/v1/requests?tenant=nobody&limit=1").json()["total"] == 1
+
+
+def test_two_authorization_headers_authenticate_no_one(base: str, store: str) -> None:
+    """Two `Authorization` headers acted as the first one's principal, where a proxy in front
+    (checking, logging or rate-limiting callers) may read the last, or join them: Mallory's
+    token first and an admin's second read the queue as Mallory. Two credentials are no
+    credential (401 `unauthenticated`, saying why), on the API and the dashboard, and nothing is
+    stored; a sign-in cookie beside them does not stand in for them either."""
+    with client(base, "alice-token") as alice:
+        sid = start(alice)["session_id"]
+    before = _stored(store)
+    for tokens in (("alice-token", "alice-token"), ("mallory-token", "admin-token")):
+        two = [("Authorization", f"Bearer {t}") for t in tokens]
+        with httpx.Client(base_url=base, timeout=10) as c:
+            r = c.get("/v1/requests", headers=two)
+            assert "one Authorization header" in error(r, 401, "unauthenticated")["message"]
+            r = c.post("/v1/sessions", json={"agent": "support", "message": "hi"}, headers=two)
+            error(r, 401, "unauthenticated")
+            r = c.post(f"/v1/sessions/{sid}/cancel", headers=two)
+            error(r, 401, "unauthenticated")
+            page = c.get("/_signoff/", headers=two)
+            assert page.status_code == 303 and page.headers["location"].startswith(
+                "/_signoff/login"
+            )
+    with client(base, "alice-token") as alice:
+        signed = alice.get("/_signoff/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', signed.text)
+        assert token is not None
+        r = alice.post("/_signoff/login", data={"token": "alice-token", "csrf": token[1]})
+        assert r.status_code == 303
+        two = [("Authorization", "Bearer alice-token"), ("Authorization", "Bearer x")]
+        r = alice.get("/v1/requests", headers=two)
+        error(r, 401, "unauthenticated")
+        alice.headers.pop("Authorization")
+        assert alice.get("/v1/requests").status_code == 200  # the cookie alone reads
+    assert _stored(store) == before
 
 
 def test_numbers_in_the_query_are_plain_digits(alice: httpx.Client) -> None:

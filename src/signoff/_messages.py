@@ -84,7 +84,7 @@ class Messages(Answering):
                         self._cache.pop(session_id, None)
                         raise
                     self._remember(driver.state)
-                    return await self._drive(session_id)
+                    return await self._drive_after(session_id, message, principal, idem)
                 try:
                     if not await self._start_turn(session_id, message, principal, idem=idem):
                         return await self._replay(session_id, idem)
@@ -93,7 +93,10 @@ class Messages(Answering):
                     if now is not None and (turn is None or now.id != turn.id):
                         continue  # another message started a turn first: steer or queue on it
                     raise
-                return await self._drive(session_id)
+                if not state.queued:
+                    return await self._drive(session_id)  # the turn is this message's
+                # Behind messages a failed turn left waiting, this one may be queued too.
+                return await self._drive_after(session_id, message, principal, idem)
             pending = state.pending_requests()
             serves = turn.principal
             same_person = serves is None or (principal is not None and principal.same_as(serves))
@@ -123,12 +126,22 @@ class Messages(Answering):
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(driver.state)
-                return self._result(driver.state)
+                return dataclasses.replace(self._result(driver.state), queued=True)
             try:
                 return await self._steer(state, message, who, idem)
             except (Changed, TurnStopped):
                 continue  # the turn ended or its requests changed meanwhile: decide again
         raise SessionBusy(f"could not deliver the message to {session_id!r}", session_id)
+
+    async def _drive_after(
+        self, session_id: str, message: str, principal: Principal | None, idem: Keyed | None
+    ) -> GenerateResult:
+        """Drive the session after `message` started a turn or joined the queue, saying
+        whether it still waits there (behind a turn that waits in its turn)."""
+        result = await self._drive(session_id)
+        waiting = (await self._state(session_id)).queued
+        who = None if principal is None else principal.model_dump()
+        return dataclasses.replace(result, queued=_kept(waiting, message, who, idem))
 
     async def _steer(
         self, state: SessionState, message: str, who: dict[str, Any] | None, idem: Keyed | None
@@ -191,7 +204,9 @@ class Messages(Answering):
                 at = turn_of(state.keys, idem) or at
                 if at is not None and at[0] != result.turn_id:
                     result = await self._earlier(state, *at)
-        return dataclasses.replace(result, replayed=True)
+        # A key whose message waits in the queue went to no turn yet (`_turn_message`).
+        waits = idem is not None and state.keys.get(idem[0], [])[1:] == ["", None]
+        return dataclasses.replace(result, replayed=True, queued=waits)
 
     async def _first(self, state: SessionState, idem: Keyed) -> tuple[str, int] | None:
         """The first turn of a session its key created, when newer keys pushed the key out of
@@ -211,3 +226,14 @@ class Messages(Answering):
         result = self._result(await load_turn(self.store, state.id, turn_id, first_seq))
         open_now = {r.id for r in state.pending_requests()}
         return dataclasses.replace(result, pending=[r for r in result.pending if r.id in open_now])
+
+
+def _kept(
+    queue: list[dict[str, Any]], message: str, who: dict[str, Any] | None, idem: Keyed | None
+) -> bool:
+    """Whether `message` (sent by `who`) still waits in `queue`, after the turns that took the
+    messages ahead of it."""
+    for waiting in queue:
+        if waiting.get("message") == message and waiting.get("principal") == who:
+            return idem is None or waiting.get("idem") == idem[0]
+    return False

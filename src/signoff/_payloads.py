@@ -43,6 +43,7 @@ class RemoteResult:
     error: dict[str, Any] | None = None
     retryable: bool = False
     replayed: bool = False
+    queued: bool = False
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RemoteResult:
@@ -58,6 +59,7 @@ class RemoteResult:
             error=data.get("error"),
             retryable=bool(data.get("retryable")),
             replayed=data.get("replayed") is True,
+            queued=data.get("queued") is True,
         )
 
 

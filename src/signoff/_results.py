@@ -27,7 +27,9 @@ class GenerateResult:
     `running` means the turn has work it can do without anyone: another process (or a worker)
     is running it, or will (its answers were accepted with `respond(resume=False)`); `waiting`
     means it can go on only once a person answers `pending`. `replayed` is True when the call
-    repeated an earlier one with its idempotency key: it started or sent nothing.
+    repeated an earlier one with its idempotency key: it started or sent nothing. `queued` is
+    True when `send` left the message waiting for the end of the turn it reports (the message
+    starts a later turn), rather than delivering it.
     """
 
     status: Literal["completed", "waiting", "failed", "cancelled", "running", "idle"]
@@ -39,3 +41,4 @@ class GenerateResult:
     retryable: bool = False
     outcomes: list[Outcome] = field(default_factory=list)
     replayed: bool = False
+    queued: bool = False

@@ -51,6 +51,11 @@ class ServerContext:
         known: Any = getattr(request.state, "signoff_principal", _UNKNOWN)
         if known is not _UNKNOWN:
             return cast(Principal | None, known)
+        if _credentials(request) > 1:
+            # Which one counts is the reader's guess (ours the first, a proxy's maybe the last):
+            # no one, and no sign-in cookie beside them either.
+            request.state.signoff_principal = None
+            return None
         result: Any = self.auth(request)
         if inspect.isawaitable(result):
             result = await result
@@ -103,6 +108,10 @@ class ServerContext:
     async def require(self, request: HTTPConnection) -> Principal:
         principal = await self.principal(request)
         if principal is None:
+            count = _credentials(request)
+            if count > 1:
+                message = f"send one Authorization header, not {count}"
+                raise ApiError(401, "unauthenticated", message)
             raise ApiError(
                 401, "unauthenticated", "authenticate with a bearer token (Authorization header)"
             )
@@ -218,6 +227,11 @@ class ServerContext:
 
     def _default_access(self) -> bool:
         return self.access is default_access
+
+
+def _credentials(request: HTTPConnection) -> int:
+    """How many `Authorization` headers the request carries."""
+    return len(request.headers.getlist("authorization"))
 
 
 def _digest(total: int, ids: list[str]) -> str:

@@ -382,7 +382,13 @@ async def send_message(request: Request, session_id: str) -> Response:
     if wants_json(request):
         fresh = form_token(ctx.secret, viewer, ctx.runtime.clock())
         return JSONResponse(
-            {"ok": True, "status": result.status, "text": _utf8(result.text), "form": fresh}
+            {
+                "ok": True,
+                "status": result.status,
+                "text": _utf8(result.text),
+                "queued": result.queued,
+                "form": fresh,
+            }
         )
     return RedirectResponse(where, status_code=303)
 

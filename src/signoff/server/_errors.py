@@ -35,6 +35,7 @@ from .._exceptions import (
     UnknownSession,
     UsageError,
 )
+from ._head import with_head
 from ._headers import add_security_headers
 from ._json_response import JSONText
 
@@ -242,7 +243,7 @@ def install_error_handlers(app: FastAPI) -> None:
             code, message = "malformed_form", malformed_form(exc.detail)
         response = error_response(exc.status_code, code, message)
         for key, value in (exc.headers or {}).items():
-            response.headers[key] = value
+            response.headers[key] = with_head(value) if key.lower() == "allow" else value
         return response
 
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:

@@ -5,7 +5,16 @@ from __future__ import annotations
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["HeadAsGet"]
+__all__ = ["HeadAsGet", "with_head"]
+
+
+def with_head(allow: str) -> str:
+    """A 405's `Allow` value with HEAD wherever it names GET: the routes declare only GET, and
+    `HeadAsGet` answers HEAD for each."""
+    methods = [m.strip() for m in allow.split(",") if m.strip()]
+    if "GET" in methods and "HEAD" not in methods:
+        methods.insert(methods.index("GET") + 1, "HEAD")
+    return ", ".join(methods)
 
 
 class HeadAsGet:

@@ -169,6 +169,12 @@ class TurnResult(_View):
         "it started or sent nothing, and this is the turn the first call's message went to, "
         "as it stands now.",
     )
+    queued: bool = Field(
+        default=False,
+        description="True when a sent message waits for the end of the turn this result "
+        "reports (it came from someone other than the person the turn serves, or with "
+        "`turnPolicy: queue`): it starts a later turn, as its sender.",
+    )
 
 
 class TurnView(_View):
@@ -225,6 +231,7 @@ def turn_result(r: GenerateResult) -> TurnResult:
         error=r.error,
         retryable=r.retryable,
         replayed=r.replayed,
+        queued=r.queued,
     )
 
 

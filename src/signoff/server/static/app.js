@@ -231,8 +231,10 @@
       ev.preventDefault();
       const button = send.querySelector("button");
       const error = send.querySelector(".form-error");
+      const note = send.querySelector(".form-note");
       button.disabled = true;
       error.hidden = true;
+      note.hidden = true;
       try {
         const res = await fetch(send.action, {
           method: "POST", body: new FormData(send), credentials: "same-origin",
@@ -245,6 +247,11 @@
         // The form's token was spent on this message: the next one needs its own.
         const once = send.querySelector("input[name=form]");
         if (once && data.form) once.value = data.form;
+        if (data.queued) {
+          // Not the turn's person (or not now): the message starts the next turn, as its sender.
+          note.textContent = "Your message waits for the current turn to end; it then starts the next turn.";
+          note.hidden = false;
+        }
       } catch (err) {
         error.textContent = err.message;
         error.hidden = false;
