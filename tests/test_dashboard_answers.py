@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -331,3 +332,49 @@ def test_every_answer_the_card_offers_is_taken_and_no_other(
                     assert took == (action in offers), (viewer, action, r.text)
                     if not offers:
                         assert "You may not answer this" in card, (viewer, card)
+
+
+def test_a_request_recorded_before_the_flag_offers_no_answer_its_policy_refuses(
+    tmp_path: Path,
+) -> None:
+    """A request parked before requests carried `response_policy`, shown by a runtime without
+    its tool: the card judged it by the default rule and offered its requester Approve, which
+    the answer then refused (403 not_allowed, the trail records the tool's response policy).
+    The card reads the trail too and says why; nothing changes."""
+    url = f"sqlite:///{tmp_path}/old.db"
+
+    def anyone(ctx: so.ResponseContext) -> so.Allowed:
+        return so.Allowed()
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=anyone))
+    async def deploy(ref: str) -> str:
+        """Deploy a ref."""
+        return "deployed"
+
+    call = so.ToolCall(name="deploy", input={"ref": "v1"})
+    script = so.models.Scripted([so.ModelResponse(tool_calls=[call])], repeat_last=True)
+
+    async def park() -> tuple[str, str]:
+        agent = so.Agent(name="ops", model=script, tools=[deploy])
+        async with so.Runtime([agent], store=url) as rt:
+            policy, deploy.response_policy = deploy.response_policy, None
+            try:  # as a signoff older than the flag recorded it
+                r = await rt.generate("ops", prompt="deploy", auth=TOKENS["alice-token"])
+            finally:
+                deploy.response_policy = policy
+            (old,) = r.pending
+            assert not old.response_policy
+            return r.session_id, old.id
+
+    sid, rid = asyncio.run(park())
+    runtime = so.Runtime([so.Agent(name="ops", model=script)], store=url)
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base, signed_in(base) as c:
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        card = page[page.index(f'data-request-id="{rid}"') :]
+        card = card[: card.index("</article>")]
+        assert f"/requests/{rid}/respond" not in card and 'value="approve"' not in card
+        assert "You may not answer this" in card and "response policy of ops.deploy" in card
+        form = {"option": "approve", "csrf": csrf_of(page)}
+        r = c.post(f"/_signoff/requests/{rid}/respond", data=form, headers=JSON)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "not_allowed", r.text
+        assert f'data-request-id="{rid}"' in c.get(f"/_signoff/sessions/{sid}").text

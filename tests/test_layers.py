@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     {"_recording", "_audit_trail"},
     {"_prompts"},
     {"_mirrors", "_leasing"},
-    {"_deadlines", "_journal", "_subagents"},
+    {"_deadlines", "_journal", "_subagents", "_eligibility"},
     {"_model_step", "_tool_calls"},
     {"_engine"},
     {"_sessions"},

@@ -17,12 +17,19 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, SessionAuth, SessionInfo
-from ._audit_trail import response_policy_recorded
 from ._deadlines import due_batch, is_due
+from ._eligibility import (
+    authorize,
+    check_policy_present,
+    check_quorum_eligibility,
+    is_gated,
+    policy_recorded,
+    refusal,
+    voted,
+)
 from ._exceptions import (
     AnswerError,
     InvalidAnswer,
-    NotAllowed,
     PartialAnswer,
     RequestClosed,
     StoreError,
@@ -39,7 +46,7 @@ from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
 
-__all__ = ["Answering", "voted"]
+__all__ = ["Answering"]
 
 log = logging.getLogger("signoff.runtime")
 
@@ -158,18 +165,14 @@ class Answering(SessionRunner):
                         raise
                     continue
                 # A request recorded before requests carried the flag: the trail tells.
-                recorded = (
-                    tool is None
-                    and not request.response_policy
-                    and await response_policy_recorded(self.store, request)
-                )
-                _check_policy_present(request, tool, recorded=recorded)
+                recorded = await policy_recorded(self.store, request, tool)
+                check_policy_present(request, tool, recorded=recorded)
                 if wanted.get("edited_input") is not None and tool is not None:
                     await self._check_edit(state, tool, request, wanted["edited_input"])
-                if _gated(request, tool):
+                if is_gated(request, tool):
                     gated.append((request, reply, wanted))
                     continue
-                self._authorize(request, principal)
+                authorize(request, principal)
                 wanted["by"] = None if principal is None else principal.model_dump()
                 specs.extend(_settlement_events(request, reply, wanted))
                 resolves.append(
@@ -190,7 +193,7 @@ class Answering(SessionRunner):
                 if missing:
                     raise PartialAnswer(session_id, missing)
             for request, _, _ in gated:
-                _check_quorum_eligibility(request, principal)
+                check_quorum_eligibility(request, principal)
             if check_only:
                 return []
             if resolves:
@@ -357,7 +360,7 @@ class Answering(SessionRunner):
                     request_id=rid, outcome=verdict.outcome, applied=False, reason=verdict.reason
                 )
         elif request.approvers <= 1 and not request.exclude_requester:
-            self._authorize(request, principal)
+            authorize(request, principal)
         outcome: list[Outcome] = []
         refused: list[AnswerError] = []
         late: list[InputRequest] = []
@@ -484,95 +487,9 @@ class Answering(SessionRunner):
                 [request.id],
             )
 
-    def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
-        return self._refusal(request, principal) is None
-
-    def _refusal(self, request: InputRequest, principal: Principal | None) -> NotAllowed | None:
-        """Why `principal` may not answer `request` (`None` if they may, as far as can be told
-        before answering: a response policy decides only once it sees the answer)."""
-        agent = self.agents.get(request.agent)
-        tool = None if agent is None else agent.tools.get(request.tool_name or "")
-        try:
-            _check_policy_present(request, tool)
-            if _gated(request, tool):
-                _check_quorum_eligibility(request, principal)  # the policy or quorum decides
-            else:
-                self._authorize(request, principal)
-        except NotAllowed as exc:
-            return exc
-        return None
-
-    def _authorize(self, request: InputRequest, principal: Principal | None) -> None:
-        """Default response policy: only the principal whose turn asked may settle."""
-        asker = request.requested_by
-        if asker is None:
-            return
-        if principal is None or not principal.same_as(asker):
-            who = "an anonymous caller" if principal is None else principal.principal_id
-            raise NotAllowed(
-                f"request {request.id} was asked by {asker.principal_id}; {who} may not settle it",
-                [request.id],
-            )
-
-
-def voted(request: InputRequest, principal: Principal | None) -> bool:
-    """Whether `principal`'s approval already counts toward `request`'s quorum, so another
-    from them would count nothing (votes are counted by principal id)."""
-    return (
-        request.approvers > 1
-        and request.distinct
-        and principal is not None
-        and principal.principal_id in request.approved_by
-    )
-
-
-def _check_policy_present(
-    request: InputRequest, tool: Tool | None, *, recorded: bool = False
-) -> None:
-    """A request whose tool's response policy decides who may answer (its flag says so, or it
-    is `recorded` in the tool's setting) is settled only where that policy runs; anywhere else
-    (a runtime without the agent or the tool) no one may settle it."""
-    if (request.response_policy or recorded) and (tool is None or tool.response_policy is None):
-        raise NotAllowed(
-            f"request {request.id} is decided by the response policy of "
-            f"{request.agent}.{request.tool_name}, which this runtime does not have: answer it "
-            f"from a runtime that runs agent {request.agent!r}",
-            [request.id],
-        )
-
-
-def _gated(request: InputRequest, tool: Tool | None) -> bool:
-    """Whether a rule other than the default one decides who may settle this approval: a
-    response policy, a quorum, or the requester's exclusion (four eyes)."""
-    return request.kind == "tool-approval" and (
-        request.approvers > 1
-        or request.exclude_requester
-        or (tool is not None and tool.response_policy is not None)
-    )
-
-
-def _check_quorum_eligibility(request: InputRequest, principal: Principal | None) -> None:
-    """Who may count toward a quorum: an identified principal, not the requester if excluded
-    (compared by principal id, the key votes are counted by)."""
-    if request.approvers <= 1 and not request.exclude_requester:
-        return
-    if principal is None:
-        raise NotAllowed(
-            f"request {request.id} needs {request.approvers} identified approver"
-            f"{'s' if request.approvers > 1 else ''}; an anonymous answer does not count",
-            [request.id],
-        )
-    asker = request.requested_by
-    # The person key votes are counted by (principal id), not the full identity: the requester
-    # answering through another surface (`local:alice` for `sso:alice`) is still the requester.
-    if (
-        request.exclude_requester
-        and asker is not None
-        and principal.principal_id == asker.principal_id
-    ):
-        raise NotAllowed(
-            f"request {request.id}: the requester may not approve their own call", [request.id]
-        )
+    async def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
+        """Whether `principal` may answer `request` (for a mirror, the subagent's request)."""
+        return await refusal(self.agents, self.store, request, principal) is None
 
 
 def _typed_input(tool: Tool, value: Any) -> Any:

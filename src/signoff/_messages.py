@@ -103,7 +103,7 @@ class Messages(Answering):
             first = first_open(pending)
             if first is not None:
                 reply = _match(first, message)
-                if reply is not None and (same_person or self._may_answer(first, principal)):
+                if reply is not None and (same_person or await self._may_answer(first, principal)):
                     try:
                         outcomes = await self._settle(
                             session_id, [reply], principal, require_all=False, mark=idem

@@ -13,13 +13,44 @@ from ._recording import Batch, EventSpec
 from ._results import Outcome
 from ._state import SessionState
 from ._types import ChildRef, InputRequest, Principal
-from .stores import Resolve
+from .stores import Resolve, Store
 
 if TYPE_CHECKING:
     from ._answering import Answering
     from ._answers import Reply
 
-__all__ = ["close_mirror", "routed", "settle_routed"]
+__all__ = ["MAX_HOPS", "close_mirror", "deciding", "live_votes", "routed", "settle_routed"]
+
+MAX_HOPS = 100
+"""How far down a chain of subagents a mirrored request is followed to the one it stands for."""
+
+
+async def deciding(store: Store, request: InputRequest) -> InputRequest:
+    """The request an answer to `request` settles: itself, or for a mirror the subagent's
+    request it stands for (hop by hop), whose tool, rules and votes decide. No read for a
+    request that is no mirror."""
+    for _ in range(MAX_HOPS):
+        if request.child is None:
+            break
+        stored = await store.get_request(request.child.request_id)
+        if stored is None:
+            break
+        request = stored.request
+    return request
+
+
+async def live_votes(store: Store, requests: list[InputRequest]) -> list[InputRequest]:
+    """`requests` with each quorum's mirror showing the approvals its subagent's request has
+    counted: votes are counted there, and the mirror's own copy keeps the count it was asked
+    with. One read per such mirror, none for any other request."""
+    out: list[InputRequest] = []
+    for r in requests:
+        if r.child is not None and r.approvers > 1:
+            votes = (await deciding(store, r)).approved_by
+            if votes != r.approved_by:
+                r = r.model_copy(update={"approved_by": list(votes)})
+        out.append(r)
+    return out
 
 
 def routed(state: SessionState, answers: Sequence[Reply]) -> bool:

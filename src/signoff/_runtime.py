@@ -34,6 +34,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._idempotency import keyed
+from ._mirrors import live_votes
 from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
@@ -332,7 +333,8 @@ class Runtime(Workers):
         the page's passed deadlines are applied first (one listing, and no other query, when
         nothing is due). What this runtime cannot apply (another agent's) is shown as the
         deadline leaves it: escalated to its group, or left out; so a page can come back short
-        while `more` still says to read on.
+        while `more` still says to read on. A quorum's mirror shows the approvals its subagent's
+        request counted.
         """
         await self.open()
         _check_page(flt.limit, flt.offset)
@@ -342,6 +344,8 @@ class Runtime(Workers):
         if due and await self._apply_deadlines(due, listing=True):
             page = await self.store.pending(flt)
         shown = [a for r in page if (a := after_deadline(r, now)) is not None]
+        if flt.status == "pending":
+            shown = await live_votes(self.store, shown)
         return shown, len(page) >= flt.limit
 
     async def sessions(

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Body, Header, Path, Query, Request
 from starlette.responses import StreamingResponse
 
 from .._exceptions import SessionExpired, UnknownRequest
+from .._mirrors import live_votes
 from .._types import Decision, InputResponse
 from ..stores import PendingFilter
 from ..stores._base import created_before
@@ -152,9 +153,12 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
 
 @router.get("/sessions/{session_id}", tags=["sessions"])
 async def get_session(request: Request, session_id: SessionId) -> SessionView:
-    """The session's state and its pending requests."""
+    """The session's state and its pending requests (a quorum's mirror with the approvals its
+    subagent's request counted)."""
     ctx, caller = await _caller(request)
-    return session_view(await ctx.session(session_id, caller, shown=True))
+    view = session_view(await ctx.session(session_id, caller, shown=True))
+    view.pending = await live_votes(ctx.runtime.store, view.pending)
+    return view
 
 
 @router.post("/sessions/{session_id}/cancel", tags=["sessions"])
@@ -267,8 +271,11 @@ async def get_request(
         raise ApiError(
             404, "unknown_request", f"unknown request {request_id!r}", request_ids=[request_id]
         ) from None
+    shown = stored.request
+    if stored.status == "pending":  # a quorum's mirror: the votes its subagent's request counted
+        [shown] = await live_votes(ctx.runtime.store, [shown])
     return RequestRecord(
-        request=stored.request,
+        request=shown,
         status=stored.status,
         outcome=stored.outcome,
         resolution=stored.resolution,

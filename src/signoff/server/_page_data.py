@@ -10,9 +10,10 @@ from urllib.parse import urlencode
 from fastapi import Request
 
 from .._agent import Agent
-from .._answering import voted
 from .._audit_trail import TOOL_SETTING
+from .._eligibility import refusal, voted
 from .._events import EVENT_TYPES, Event
+from .._mirrors import deciding as _deciding
 from .._state_parts import RequestState
 from .._types import InputRequest, Principal
 from ..models import Scripted
@@ -36,8 +37,6 @@ __all__ = [
 ]
 
 PAGE_SIZE = 50
-MAX_HOPS = 100
-"""How far down a chain of subagents a mirrored request is followed to the one it stands for."""
 
 
 # -- who is looking --------------------------------------------------------------------------
@@ -127,36 +126,24 @@ async def _offers(
     (`votes`)."""
     deciding: dict[str, InputRequest] = {}
     for r in items:
-        deciding[r.id] = await _deciding(ctx, r)
+        deciding[r.id] = await _deciding(ctx.runtime.store, r)
     return {
         "deciding": deciding,
         "schemas": _schemas(ctx, deciding),
-        "refusals": _refusals(ctx, viewer, deciding),
+        "refusals": await _refusals(ctx, viewer, deciding),
         "votes": {i: d.progress for i, d in deciding.items() if voted(d, viewer)},
     }
 
 
-async def _deciding(ctx: ServerContext, request: InputRequest) -> InputRequest:
-    """The request an answer to `request` settles: itself, or for a mirror the subagent's
-    request it stands for (hop by hop), whose tool, rules and votes decide."""
-    for _ in range(MAX_HOPS):
-        if request.child is None:
-            break
-        stored = await ctx.runtime.store.get_request(request.child.request_id)
-        if stored is None:
-            break
-        request = stored.request
-    return request
-
-
-def _refusals(
+async def _refusals(
     ctx: ServerContext, viewer: Principal, deciding: dict[str, InputRequest]
 ) -> dict[str, str]:
     """Per request the viewer may see but not answer (another's question, their own call that
     needs someone else), why: its card offers no buttons that could only fail."""
     out: dict[str, str] = {}
+    rt = ctx.runtime
     for rid, r in deciding.items():
-        refused = ctx.runtime._refusal(r, viewer)
+        refused = await refusal(rt.agents, rt.store, r, viewer)
         if refused is not None:
             out[rid] = str(refused)
     return out

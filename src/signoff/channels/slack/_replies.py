@@ -184,10 +184,10 @@ class ThreadReplies:
         first = first_open(state.pending_requests())
         serves = None if state.turn is None else state.turn.principal
         same_person = serves is None or principal.same_as(serves)
-        refused = None if rt._may_answer(stored.request, principal) else stored.request
+        refused = None if await rt._may_answer(stored.request, principal) else stored.request
         if refused is None and first is not None and match(first, reply.text) is not None:
             # It would answer `first`: without the right to, it must not become a message.
-            refused = None if same_person or rt._may_answer(first, principal) else first
+            refused = None if same_person or await rt._may_answer(first, principal) else first
         if refused is not None:
             await ch._tell(where, f"You may not answer request {refused.id}: nothing was sent.")
             return

@@ -1,0 +1,127 @@
+"""Who may answer a request: its tool's response policy, a quorum, four eyes, or by default only
+the person whose turn asked; judged, for a mirror, on the subagent's request it stands for."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ._agent import Agent
+from ._audit_trail import response_policy_recorded
+from ._exceptions import NotAllowed
+from ._mirrors import deciding
+from ._tools import Tool
+from ._types import InputRequest, Principal
+from .stores import Store
+
+__all__ = [
+    "authorize",
+    "check_policy_present",
+    "check_quorum_eligibility",
+    "is_gated",
+    "policy_recorded",
+    "refusal",
+    "voted",
+]
+
+
+async def refusal(
+    agents: Mapping[str, Agent], store: Store, request: InputRequest, principal: Principal | None
+) -> NotAllowed | None:
+    """Why `principal` may not answer `request` (`None` if they may, as far as can be told
+    before answering: a response policy decides only once it sees the answer). A mirror is
+    judged on the request an answer to it settles, the subagent's, under the subagent's tool."""
+    request = await deciding(store, request)
+    agent = agents.get(request.agent)
+    tool = None if agent is None else agent.tools.get(request.tool_name or "")
+    try:
+        check_policy_present(request, tool, recorded=await policy_recorded(store, request, tool))
+        if is_gated(request, tool):
+            check_quorum_eligibility(request, principal)  # the policy or quorum decides
+        else:
+            authorize(request, principal)
+    except NotAllowed as exc:
+        return exc
+    return None
+
+
+async def policy_recorded(store: Store, request: InputRequest, tool: Tool | None) -> bool:
+    """For a request recorded before requests carried `response_policy`, whose tool this runtime
+    lacks, whether the trail records a response policy for it; no read for any other request."""
+    return (
+        tool is None
+        and not request.response_policy
+        and await response_policy_recorded(store, request)
+    )
+
+
+def authorize(request: InputRequest, principal: Principal | None) -> None:
+    """Default response policy: only the principal whose turn asked may settle."""
+    asker = request.requested_by
+    if asker is None:
+        return
+    if principal is None or not principal.same_as(asker):
+        who = "an anonymous caller" if principal is None else principal.principal_id
+        raise NotAllowed(
+            f"request {request.id} was asked by {asker.principal_id}; {who} may not settle it",
+            [request.id],
+        )
+
+
+def voted(request: InputRequest, principal: Principal | None) -> bool:
+    """Whether `principal`'s approval already counts toward `request`'s quorum, so another
+    from them would count nothing (votes are counted by principal id)."""
+    return (
+        request.approvers > 1
+        and request.distinct
+        and principal is not None
+        and principal.principal_id in request.approved_by
+    )
+
+
+def check_policy_present(
+    request: InputRequest, tool: Tool | None, *, recorded: bool = False
+) -> None:
+    """A request whose tool's response policy decides who may answer (its flag says so, or it
+    is `recorded` in the tool's setting) is settled only where that policy runs; anywhere else
+    (a runtime without the agent or the tool) no one may settle it."""
+    if (request.response_policy or recorded) and (tool is None or tool.response_policy is None):
+        raise NotAllowed(
+            f"request {request.id} is decided by the response policy of "
+            f"{request.agent}.{request.tool_name}, which this runtime does not have: answer it "
+            f"from a runtime that runs agent {request.agent!r}",
+            [request.id],
+        )
+
+
+def is_gated(request: InputRequest, tool: Tool | None) -> bool:
+    """Whether a rule other than the default one decides who may settle this approval: a
+    response policy, a quorum, or the requester's exclusion (four eyes)."""
+    return request.kind == "tool-approval" and (
+        request.approvers > 1
+        or request.exclude_requester
+        or (tool is not None and tool.response_policy is not None)
+    )
+
+
+def check_quorum_eligibility(request: InputRequest, principal: Principal | None) -> None:
+    """Who may count toward a quorum: an identified principal, not the requester if excluded
+    (compared by principal id, the key votes are counted by)."""
+    if request.approvers <= 1 and not request.exclude_requester:
+        return
+    if principal is None:
+        raise NotAllowed(
+            f"request {request.id} needs {request.approvers} identified approver"
+            f"{'s' if request.approvers > 1 else ''}; an anonymous answer does not count",
+            [request.id],
+        )
+    asker = request.requested_by
+    # The person key votes are counted by (principal id), not the full identity: the requester
+    # answering through another surface (`local:alice` for `sso:alice`) is still the requester.
+    if (
+        request.exclude_requester
+        and asker is not None
+        and principal.principal_id == asker.principal_id
+    ):
+        raise NotAllowed(
+            f"request {request.id}: the requester may not approve their own call", [request.id]
+        )

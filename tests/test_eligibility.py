@@ -1,0 +1,148 @@
+"""Who may answer a request, as the runtime tells before answering (typed messages, Slack
+replies, the dashboard's buttons): for a mirror, judged on the subagent's request it settles."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff import _eligibility
+from signoff._eligibility import refusal
+from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
+
+ALICE = so.Principal(authenticator="okta", principal_id="alice")
+BOB = so.Principal(authenticator="okta", principal_id="bob")
+CAROL = so.Principal(authenticator="okta", principal_id="carol")
+
+
+def only_bob(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+    who = ctx.response.principal
+    if who is not None and who.principal_id == "bob":
+        return so.Allowed()
+    return so.Rejected("only bob approves refunds")
+
+
+def desk(approval: Any, ran: list[str]) -> tuple[so.Agent, so.Agent]:
+    """`support` delegates a refund to `billing`, whose tool asks for `approval`."""
+
+    @so.tool(approval=approval)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "ok"
+
+    child = scripted_agent(
+        "billing", [call_tools(call("refund", order_id="9")), reply("refunded")], tools=[refund]
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="refund 9")), reply("done")],
+        tools=[so.delegate("billing")],
+    )
+    return parent, child
+
+
+async def test_a_typed_reply_the_subagents_policy_allows_answers_the_mirror(
+    store_url: str,
+) -> None:
+    """Bob, whom the subagent's response policy lets approve, typed "approve" to the parent
+    session: the who-may-answer check looked for the subagent's tool among the parent's, found
+    none, said no one may answer, and the reply was queued as a message instead. It answers."""
+    ran: list[str] = []
+    agents = desk(so.ApprovalSpec(request=so.always(), response=only_bob), ran)
+    async with so.Runtime(list(agents), store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None and mirror.response_policy
+        assert await refusal(rt.agents, rt.store, mirror, BOB) is None
+        done = await rt.send(r.session_id, "approve", principal=BOB)
+        assert done.status == "completed" and ran == ["9"]
+        assert [(o.request_id, o.outcome) for o in done.outcomes] == [(mirror.id, "approved")]
+        types = [e.type async for e in rt.events(r.session_id, follow=False)]
+        assert "turn.message" not in types
+
+
+async def test_a_mirror_is_judged_by_the_subagents_request_and_tool(store_url: str) -> None:
+    """A four-eyes quorum asked by a subagent: the requester may not approve it through the
+    mirror, another person may; a runtime without the subagent's agent can tell nothing of a
+    response policy it does not have, and refuses everyone, as answering there would."""
+    ran: list[str] = []
+    agents = desk(so.always(approvers=2, exclude_requester=True), ran)
+    async with so.Runtime(list(agents), store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.agent == "support" and mirror.child is not None
+        refused = await refusal(rt.agents, rt.store, mirror, ALICE)
+        assert refused is not None and "requester may not approve" in str(refused)
+        assert await refusal(rt.agents, rt.store, mirror, BOB) is None
+        assert not await rt._may_answer(mirror, None)
+        with pytest.raises(so.NotAllowed, match="requester may not approve"):
+            await rt.send(r.session_id, "approve", principal=ALICE)  # hers: the child refuses
+        assert ran == []
+    spec = so.ApprovalSpec(request=so.always(), response=only_bob)
+    async with so.Runtime(list(desk(spec, ran)), store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+    async with so.Runtime([desk(spec, ran)[0]], store=store_url) as parent_only:
+        for who in (ALICE, BOB):
+            refused = await refusal(parent_only.agents, parent_only.store, mirror, who)
+            assert refused is not None and "response policy of billing.refund" in str(refused)
+
+
+async def test_a_request_recorded_before_the_flag_is_judged_by_its_recorded_policy(
+    store_url: str,
+) -> None:
+    """A request parked before requests carried `response_policy`, seen by a runtime without
+    its tool: the check read no trail and let the requester answer, which answering refuses
+    (the trail records the tool's policy). Now it says so, as answering does, and changes
+    nothing; the runtime with the policy lets the requester (whom it allows) answer."""
+    ran: list[str] = []
+    spec = so.ApprovalSpec(request=so.always(), response=only_bob)
+    _, child = desk(spec, ran)
+    tool = child.tools["refund"]
+    async with so.Runtime([child], store=store_url) as rt:
+        policy, tool.response_policy = tool.response_policy, None
+        try:
+            r = await rt.generate("billing", prompt="refund 9", auth=ALICE)
+        finally:
+            tool.response_policy = policy
+    async with so.Runtime([scripted_agent("billing", [])], store=store_url) as other:
+        (old,) = await other.pending(session_id=r.session_id)
+        assert not old.response_policy and old.requested_by == ALICE
+        before = await store_contents(other.store, r.session_id)
+        for who in (ALICE, BOB):
+            refused = await refusal(other.agents, other.store, old, who)
+            assert refused is not None and "response policy of billing.refund" in str(refused)
+            with pytest.raises(so.NotAllowed, match="response policy"):
+                approve = [so.InputResponse(request_id=old.id, option_id="approve")]
+                await other.respond(r.session_id, approve, principal=who)
+        assert await store_contents(other.store, r.session_id) == before
+    async with so.Runtime([desk(spec, ran)[1]], store=store_url) as rt:
+        assert await refusal(rt.agents, rt.store, old, BOB) is None
+
+
+async def test_a_request_that_carries_the_flag_reads_no_trail(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trail is read only for a request that lacks the flag and whose tool is unknown here:
+    one that carries it (or whose tool is known) costs no read."""
+    ran: list[str] = []
+    _, child = desk(so.ApprovalSpec(request=so.always(), response=only_bob), ran)
+    read: list[str] = []
+
+    async def reading(store: Any, request: so.InputRequest) -> bool:
+        read.append(request.id)
+        return False
+
+    monkeypatch.setattr(_eligibility, "response_policy_recorded", reading)
+    async with so.Runtime([child], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund 9", auth=ALICE)
+        (flagged,) = r.pending
+        assert await refusal(rt.agents, rt.store, flagged, CAROL) is None  # the policy decides
+    async with so.Runtime([scripted_agent("billing", [])], store=store_url) as other:
+        assert await refusal(other.agents, other.store, flagged, ALICE) is not None
+        unflagged = flagged.model_copy(update={"response_policy": False})
+        assert await refusal(other.agents, other.store, unflagged, ALICE) is None
+    assert read == [flagged.id]
