@@ -950,6 +950,43 @@ async def test_the_endpoint_is_signed_by_slack_not_by_api_tokens(
         assert stored is not None and stored.outcome == "approved"
 
 
+async def test_bytes_slack_never_signs_are_refused_as_unsigned_not_500(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Anyone can reach the endpoints: a body that is not UTF-8 (Slack signs text) or a
+    signature header with bytes past ASCII is refused with a 401 on either endpoint, not a
+    500 from deep in the check, and nothing is answered."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        approve = click({"action_id": "signoff.approve", "block_id": "signoff:r", "value": req.id})
+        now = int(time.time())
+        latin = {k.encode(): v.encode() for k, v in sign(approve, now).items()}
+        latin[b"X-Slack-Signature"] = b"v0=\xe9" + b"0" * 63
+        ascii_ = {k.encode(): v.encode() for k, v in sign(b"payload=\xff\xfe", now).items()}
+        cases: list[tuple[bytes, dict[bytes, bytes]]] = [
+            (b"payload=\xff\xfe", ascii_),  # signed, yet not text
+            (b"\xff" * 64, {k.encode(): v.encode() for k, v in sign(approve, now).items()}),
+            (approve, latin),
+        ]
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                for path in (PATH, "/channels/slack/events"):
+                    for body, headers in cases:
+                        response = await http.post(path, content=body, headers=headers)
+                        assert response.status_code == 401, (path, body[:20], response.text)
+                        assert response.json()["error"]["code"] == "invalid_signature"
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert log == [] and slack_api.of("chat.postEphemeral") == []
+
+
 async def test_expired_and_withdrawn_requests_stay_visible_as_records(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:

@@ -330,6 +330,13 @@ class SlackChannel(Channel):
             off = float("inf")
         if off > TOLERANCE:
             raise InvalidSignature("the request timestamp is more than five minutes off")
+        # slack_sdk's check raises on both (a UnicodeDecodeError, a TypeError), not a no.
+        if not signature.isascii():
+            raise InvalidSignature("the Slack signature does not match")
+        try:
+            body.decode()
+        except UnicodeDecodeError:
+            raise InvalidSignature("the body is not UTF-8 text, as Slack signs it") from None
         if not self._verifier.is_valid(body=body, timestamp=stamp, signature=signature):
             raise InvalidSignature("the Slack signature does not match")
         for old in [s for s, until in self._seen.items() if until < now]:
