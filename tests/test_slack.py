@@ -72,6 +72,8 @@ class FakeSlack:
         self.failing: dict[str, str] = {}  # method -> the error it answers with
         self.slow: dict[str, float] = {}  # method -> seconds it takes to answer (once recorded)
         self.down: dict[str, int] = {}  # method -> how many calls to answer with an HTTP 503
+        # method -> how many calls a gateway answers with a 504 after Slack carried them out
+        self.lost: dict[str, int] = {}
         # channel -> its messages, oldest first, as conversations.history returns them
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.real_ts = False  # message ts from the wall clock, as Slack's (else 1700000000.n)
@@ -137,6 +139,9 @@ class FakeSlack:
             self.messages.setdefault(body["channel"], []).append(message)
             if self.on_post is not None:
                 self.on_post(message)
+            if self.lost.get(method, 0) > 0:
+                self.lost[method] -= 1
+                return web.Response(status=504, text="<html>gateway timeout</html>")
             return web.json_response({"ok": True, "channel": body["channel"], "ts": ts})
         if method == "chat.update" and body["ts"] in self.deleted:
             return web.json_response({"ok": False, "error": "message_not_found"})
@@ -1880,6 +1885,29 @@ async def test_a_post_that_timed_out_after_slack_took_it_is_adopted_on_retry(
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
     assert len(slack_api.of("chat.postMessage")) == 1
     assert len(slack_api.of(HISTORY)) == 1
+
+
+async def test_a_post_answered_with_a_5xx_after_slack_took_it_is_adopted_on_retry(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A 5xx (a gateway's 504) does not say Slack posted nothing, as an `ok: false` answer
+    does: the hub's retry looks for the message by its metadata before posting again."""
+    slack_api.real_ts = True
+    slack_api.lost["chat.postMessage"] = 1
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            await hub.poll()  # the 504
+            assert slack.recall(f"msg:{req.id}") is None
+            (message,) = slack_api.messages["C42"]
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+            await hub.poll()
+    assert len(slack_api.of("chat.postMessage")) == 1
+    assert len(slack_api.messages["C42"]) == 1
 
 
 async def test_a_request_closed_while_the_killed_hub_was_down_updates_its_unsaved_post(

@@ -33,7 +33,7 @@ from ._blocks import (
     request_blocks,
 )
 from ._clicks import Clicks
-from ._payloads import SlackPayloadError, slack_principal
+from ._payloads import SlackPayloadError, api_error, slack_principal
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
@@ -46,6 +46,8 @@ _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (a
 
 # chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
 _GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
+# Errors Slack documents as possibly after part of the call was carried out.
+_MAYBE_DONE = frozenset({"internal_error", "fatal_error"})
 
 
 class _Clock(Clock):
@@ -209,9 +211,10 @@ class SlackChannel(Channel):
                 blocks=request_blocks(request),
                 metadata=metadata(request.id, attempt),
             )
-        except SlackApiError as exc:  # Slack answered and posted nothing: no message to find
-            with contextlib.suppress(SignoffError):
-                await off_loop(self.forget, _attempt_key(request.id))
+        except SlackApiError as exc:
+            if not _maybe_done(exc):  # Slack posted nothing: no message to find
+                with contextlib.suppress(SignoffError):
+                    await off_loop(self.forget, _attempt_key(request.id))
             _raise_if_limited(exc, "chat.postMessage")
             raise
         return {"channel": reply["channel"], "ts": reply["ts"]}
@@ -378,6 +381,17 @@ class SlackChannel(Channel):
             text=escape(text),
             thread_ts=where.get("thread_ts"),
         )
+
+
+def _maybe_done(exc: SlackApiError) -> bool:
+    """Whether a failed call may have been carried out all the same: a 5xx other than 501 and
+    503 (which say the call was not taken; a gateway's 502 or 504 is sent whatever the server
+    did), or the errors Slack documents as possibly after "some aspect of the operation
+    succeeded"."""
+    status = getattr(exc.response, "status_code", None)
+    if not isinstance(status, int) or (status >= 500 and status not in (501, 503)):
+        return True
+    return api_error(exc) in _MAYBE_DONE
 
 
 def _raise_if_limited(exc: SlackApiError, method: str) -> None:
