@@ -1578,6 +1578,57 @@ async def test_a_modal_slack_will_not_open_is_told_to_the_person_who_clicked(
         assert stored is not None and stored.status == "pending"
 
 
+async def test_a_gateway_page_instead_of_slacks_json_is_read_as_a_failure_of_slack(
+    tmp_path: Path, slack_api: FakeSlack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 5xx whose body is a gateway's HTML page, not Slack's JSON: the person whose form did
+    not open is told to press again, a history read that failed so is retried before posting
+    again, and an update is retried as Slack's failure (the log names it, not an
+    AttributeError)."""
+    slack_api.real_ts = True
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack = channel(slack_api)
+        slack_api.lost["chat.postMessage"] = 1
+        slack_api.down[HISTORY] = 1
+        with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+            async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+                r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+                (req,) = r.pending
+                await hub.poll()  # the post's 504
+                await hub.poll()  # the history's 503: no post yet
+                assert slack.recall(f"msg:{req.id}") is None
+                assert len(slack_api.of("chat.postMessage")) == 1
+                await hub.poll()
+                (message,) = slack_api.messages["C42"]
+                assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+                slack_api.down["views.open"] = 1
+                body = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+                assert await slack.handle(body, sign(body, int(time.time()))) is None
+                await slack.idle()
+                slack_api.down["chat.update"] = 1
+                await rt.respond(
+                    r.session_id,
+                    [so.InputResponse(request_id=req.id, option_id="approve")],
+                    principal=slack_principal(TEAM, "U045EF6GH"),
+                )
+                await hub.poll()  # the update's 503
+                await hub.poll()
+        assert slack_api.of("chat.postEphemeral") == [
+            {
+                "channel": "C42",
+                "user": "U045EF6GH",
+                "text": "Slack could not open the form: press the button again.",
+            }
+        ]
+    assert len(slack_api.of("chat.postMessage")) == 1
+    assert len(slack_api.of(HISTORY)) == 2
+    assert len(slack_api.of("chat.update")) == 2
+    assert slack_api.messages["C42"][0]["blocks"][-1]["block_id"] == "signoff.resolution"
+    failures = [rec.exc_info[0] for rec in caplog.records if rec.exc_info]
+    assert AttributeError not in failures and failures, failures
+
+
 async def test_an_approval_with_edited_input_from_elsewhere_shows_the_input_that_ran(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:

@@ -19,6 +19,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 
 from .._base import logger
+from ._payloads import api_error
 
 __all__ = ["EVENT_TYPE", "find_post", "metadata", "new_attempt"]
 
@@ -48,7 +49,8 @@ async def find_post(
     channel's history from the attempt's time to the client's timeout (plus clock skew), or the
     history cannot be read (e.g. the bot lacks `channels:history`), which is logged.
 
-    A rate limit (HTTP 429) is raised as the `SlackApiError` it is, to be waited out."""
+    A rate limit (HTTP 429) or a 5xx is raised as the `SlackApiError` it is, to be waited out
+    or retried."""
     try:
         delivery = str(attempt["delivery"])
         at = float(attempt["at"])
@@ -74,11 +76,10 @@ async def find_post(
                 inclusive=True,
             )
         except SlackApiError as exc:
-            response = exc.response
-            if response is not None and getattr(response, "status_code", None) == 429:
-                raise
-            error = response.get("error") if response is not None else None
-            needed = response.get("needed") if response is not None else None
+            status = getattr(exc.response, "status_code", None)
+            if isinstance(status, int) and (status == 429 or status >= 500):
+                raise  # waited out, or retried: posting again now could post twice
+            error, needed = api_error(exc), api_error(exc, "needed")
             logger.warning(
                 "slack: cannot read the history of %s to find the unsaved post of %s (%s%s); "
                 "posting it again",

@@ -281,7 +281,7 @@ class SlackChannel(Channel):
             )
         except SlackApiError as exc:
             _raise_if_limited(exc, "chat.update")
-            error = exc.response.get("error") if exc.response is not None else None
+            error = api_error(exc)
             if error not in _GONE:
                 raise
             logger.warning("slack: the message of %s cannot be updated (%s)", request_id, error)
