@@ -74,6 +74,7 @@ class FakeSlack:
         self.down: dict[str, int] = {}  # method -> how many calls to answer with an HTTP 503
         # method -> how many calls a gateway answers with a 504 after Slack carried them out
         self.lost: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}  # ... and closes the connection after carrying out
         # channel -> its messages, oldest first, as conversations.history returns them
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.real_ts = False  # message ts from the wall clock, as Slack's (else 1700000000.n)
@@ -142,6 +143,10 @@ class FakeSlack:
             if self.lost.get(method, 0) > 0:
                 self.lost[method] -= 1
                 return web.Response(status=504, text="<html>gateway timeout</html>")
+            if self.dropped.get(method, 0) > 0 and request.transport is not None:
+                self.dropped[method] -= 1
+                request.transport.abort()  # no answer at all: the client sees a disconnect
+                return web.Response(status=200)
             return web.json_response({"ok": True, "channel": body["channel"], "ts": ts})
         if method == "chat.update" and body["ts"] in self.deleted:
             return web.json_response({"ok": False, "error": "message_not_found"})
@@ -1959,6 +1964,27 @@ async def test_a_post_answered_with_a_5xx_after_slack_took_it_is_adopted_on_retr
             await hub.poll()
     assert len(slack_api.of("chat.postMessage")) == 1
     assert len(slack_api.messages["C42"]) == 1
+
+
+async def test_a_post_whose_connection_drops_after_slack_took_it_is_adopted_not_resent(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """The connection closing after Slack took chat.postMessage and before it answered: the
+    post is not sent again at once (slack_sdk's default retry of a dropped connection would
+    post it twice); the hub's retry adopts the message by its metadata."""
+    slack_api.real_ts = True
+    slack_api.dropped["chat.postMessage"] = 1
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            await hub.poll()  # the dropped connection
+            await hub.poll()
+            (message,) = slack_api.messages["C42"]
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+    assert len(slack_api.of("chat.postMessage")) == 1
 
 
 async def test_a_request_closed_while_the_killed_hub_was_down_updates_its_unsaved_post(

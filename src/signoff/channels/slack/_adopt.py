@@ -16,17 +16,47 @@ import uuid
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.async_handler import AsyncRetryHandler
+from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
 from .._base import logger
 from ._payloads import api_error
 
-__all__ = ["EVENT_TYPE", "find_post", "metadata", "new_attempt"]
+__all__ = ["EVENT_TYPE", "find_post", "metadata", "new_attempt", "retry_handlers"]
 
 EVENT_TYPE = "signoff_request"
 SKEW = 60.0  # seconds: how far this host's clock may be off Slack's
 _PAGE = 200  # messages per history page (Slack may return fewer)
 _PAGES = 5  # history pages read at most: the window is short, so this is rarely reached
+
+
+class _NoRepost(AsyncConnectionErrorRetryHandler):
+    """slack_sdk's retry of a call whose connection failed, except for `chat.postMessage`: a
+    connection that dropped after Slack took the post would post it twice. The hub retries it
+    instead, and finds the message first."""
+
+    async def _can_retry_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        if request.url.rstrip("/").endswith("/chat.postMessage"):
+            return False
+        return await super()._can_retry_async(
+            state=state, request=request, response=response, error=error
+        )
+
+
+def retry_handlers() -> list[AsyncRetryHandler]:
+    """The retries of the client a channel makes: slack_sdk's defaults, never of a post."""
+    return [_NoRepost()]
 
 
 def new_attempt() -> dict[str, Any]:

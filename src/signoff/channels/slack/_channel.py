@@ -26,7 +26,7 @@ from ..._exceptions import SignoffError, UsageError
 from ..._types import InputRequest
 from ...stores import promptly
 from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, off_loop
-from ._adopt import find_post, metadata, new_attempt
+from ._adopt import find_post, metadata, new_attempt, retry_handlers
 from ._blocks import (
     escape,
     fallback_text,
@@ -68,6 +68,8 @@ class SlackChannel(Channel):
     Request URL at `https://<your server><events_path>` (None: typed replies are not read).
     The bot needs `chat:write` and the channel's history scope (`channels:history`), which a
     restart after a crash uses to find a post it never saved rather than post it again.
+    The client made from `token` does not retry a post whose connection dropped (it may have
+    been posted); a `client` of your own keeps its retry handlers (slack_sdk's default does).
     """
 
     name = "slack"
@@ -99,7 +101,7 @@ class SlackChannel(Channel):
         if client is None:
             if not token:
                 raise UsageError("SlackChannel needs a bot token (token=...) or a client")
-            kwargs: dict[str, Any] = {"token": token}
+            kwargs: dict[str, Any] = {"token": token, "retry_handlers": retry_handlers()}
             if base_url is not None:
                 kwargs["base_url"] = base_url
             client = AsyncWebClient(**kwargs)
