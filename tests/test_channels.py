@@ -722,14 +722,14 @@ class Throttled(Flaky):
 
 
 async def test_an_entry_given_up_on_and_rate_limited_when_redelivered_is_sent_in_that_run(
-    tmp_path: Path,
+    tmp_path: Path, store_url: str
 ) -> None:
     """The entries a hub gave up on are delivered again at its next start; a rate limit then
     (many at once can hit one) waits for the service's Retry-After, as on the feed, rather
     than leaving them for the start after, and the entries after them wait behind them."""
     runs: list[str] = []
     state = tmp_path / "hub.db"
-    async with runtime(tmp_path, three_refunds(runs)) as rt:
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
         r = await rt.generate("support", prompt="Refund A, B and C")
         a, b, _ = r.pending
         broken = Flaky(0)
