@@ -19,6 +19,7 @@ from signoff.channels import (
     ChannelHub,
     ChannelState,
     Escalation,
+    RateLimited,
     Resolution,
     TerminalChannel,
     TerminalTextChannel,
@@ -708,6 +709,53 @@ async def test_a_failing_channel_backs_off_and_gives_up_after_max_attempts(
             )
             await hub.poll()
             assert broken.seen == [("approved", r.pending[0].id)]
+
+
+class Throttled(Flaky):
+    """A `Flaky` whose service, for its next `limit` resolutions, asks to be called later."""
+
+    def __init__(self, limit: int, **kwargs: Any) -> None:
+        super().__init__(0, **kwargs)
+        self.limit = limit
+
+    async def on_resolved(self, request: so.InputRequest, resolution: Resolution) -> None:
+        if self.limit:
+            self.limit -= 1
+            raise RateLimited("slow down", 0.0)
+        await super().on_resolved(request, resolution)
+
+
+async def test_an_entry_given_up_on_and_rate_limited_when_redelivered_is_sent_in_that_run(
+    tmp_path: Path, store_url: str
+) -> None:
+    """The entries a hub gave up on are delivered again at its next start; a rate limit then
+    (many at once can hit one) waits for the service's Retry-After, as on the feed, rather
+    than leaving them for the start after, and the entries after them wait behind them."""
+    runs: list[str] = []
+    state = tmp_path / "hub.db"
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, _ = r.pending
+        broken = Flaky(0)
+        async with manual(ChannelHub(rt, [broken], state=state, max_attempts=1)) as hub:
+            await hub.poll()
+
+            async def fail(request: so.InputRequest, resolution: Resolution) -> None:
+                raise ConnectionError("service down")
+
+            broken.on_resolved = fail  # type: ignore[method-assign]
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            await hub.poll()  # given up on: kept for the next start
+        await rt.respond(r.session_id, [so.InputResponse(request_id=b.id, option_id="approve")])
+        throttled = Throttled(1)
+        async with manual(ChannelHub(rt, [throttled], state=state)) as hub:
+            assert throttled.seen == []  # rate limited at start
+            await hub.poll()
+            assert throttled.seen == [("approved", a.id), ("approved", b.id)]
+        again = Flaky(0)
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+        assert again.seen == []  # nothing twice
 
 
 async def test_an_answer_stands_when_the_turn_cannot_resume(tmp_path: Path) -> None:

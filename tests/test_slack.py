@@ -72,6 +72,9 @@ class FakeSlack:
         self.failing: dict[str, str] = {}  # method -> the error it answers with
         self.slow: dict[str, float] = {}  # method -> seconds it takes to answer (once recorded)
         self.down: dict[str, int] = {}  # method -> how many calls to answer with an HTTP 503
+        # method -> how many calls a gateway answers with a 504 after Slack carried them out
+        self.lost: dict[str, int] = {}
+        self.dropped: dict[str, int] = {}  # ... and closes the connection after carrying out
         # channel -> its messages, oldest first, as conversations.history returns them
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.real_ts = False  # message ts from the wall clock, as Slack's (else 1700000000.n)
@@ -137,6 +140,13 @@ class FakeSlack:
             self.messages.setdefault(body["channel"], []).append(message)
             if self.on_post is not None:
                 self.on_post(message)
+            if self.lost.get(method, 0) > 0:
+                self.lost[method] -= 1
+                return web.Response(status=504, text="<html>gateway timeout</html>")
+            if self.dropped.get(method, 0) > 0 and request.transport is not None:
+                self.dropped[method] -= 1
+                request.transport.abort()  # no answer at all: the client sees a disconnect
+                return web.Response(status=200)
             return web.json_response({"ok": True, "channel": body["channel"], "ts": ts})
         if method == "chat.update" and body["ts"] in self.deleted:
             return web.json_response({"ok": False, "error": "message_not_found"})
@@ -950,6 +960,43 @@ async def test_the_endpoint_is_signed_by_slack_not_by_api_tokens(
         assert stored is not None and stored.outcome == "approved"
 
 
+async def test_bytes_slack_never_signs_are_refused_as_unsigned_not_500(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Anyone can reach the endpoints: a body that is not UTF-8 (Slack signs text) or a
+    signature header with bytes past ASCII is refused with a 401 on either endpoint, not a
+    500 from deep in the check, and nothing is answered."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        hub = ChannelHub(rt, [slack])
+        app = create_app(rt, dev=True, channels=hub)
+        approve = click({"action_id": "signoff.approve", "block_id": "signoff:r", "value": req.id})
+        now = int(time.time())
+        latin = {k.encode(): v.encode() for k, v in sign(approve, now).items()}
+        latin[b"X-Slack-Signature"] = b"v0=\xe9" + b"0" * 63
+        ascii_ = {k.encode(): v.encode() for k, v in sign(b"payload=\xff\xfe", now).items()}
+        cases: list[tuple[bytes, dict[bytes, bytes]]] = [
+            (b"payload=\xff\xfe", ascii_),  # signed, yet not text
+            (b"\xff" * 64, {k.encode(): v.encode() for k, v in sign(approve, now).items()}),
+            (approve, latin),
+        ]
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                for path in (PATH, "/channels/slack/events"):
+                    for body, headers in cases:
+                        response = await http.post(path, content=body, headers=headers)
+                        assert response.status_code == 401, (path, body[:20], response.text)
+                        assert response.json()["error"]["code"] == "invalid_signature"
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        assert log == [] and slack_api.of("chat.postEphemeral") == []
+
+
 async def test_expired_and_withdrawn_requests_stay_visible_as_records(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -1536,6 +1583,57 @@ async def test_a_modal_slack_will_not_open_is_told_to_the_person_who_clicked(
         assert stored is not None and stored.status == "pending"
 
 
+async def test_a_gateway_page_instead_of_slacks_json_is_read_as_a_failure_of_slack(
+    tmp_path: Path, slack_api: FakeSlack, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 5xx whose body is a gateway's HTML page, not Slack's JSON: the person whose form did
+    not open is told to press again, a history read that failed so is retried before posting
+    again, and an update is retried as Slack's failure (the log names it, not an
+    AttributeError)."""
+    slack_api.real_ts = True
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack = channel(slack_api)
+        slack_api.lost["chat.postMessage"] = 1
+        slack_api.down[HISTORY] = 1
+        with caplog.at_level(logging.WARNING, logger="signoff.channels"):
+            async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+                r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+                (req,) = r.pending
+                await hub.poll()  # the post's 504
+                await hub.poll()  # the history's 503: no post yet
+                assert slack.recall(f"msg:{req.id}") is None
+                assert len(slack_api.of("chat.postMessage")) == 1
+                await hub.poll()
+                (message,) = slack_api.messages["C42"]
+                assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+                slack_api.down["views.open"] = 1
+                body = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+                assert await slack.handle(body, sign(body, int(time.time()))) is None
+                await slack.idle()
+                slack_api.down["chat.update"] = 1
+                await rt.respond(
+                    r.session_id,
+                    [so.InputResponse(request_id=req.id, option_id="approve")],
+                    principal=slack_principal(TEAM, "U045EF6GH"),
+                )
+                await hub.poll()  # the update's 503
+                await hub.poll()
+        assert slack_api.of("chat.postEphemeral") == [
+            {
+                "channel": "C42",
+                "user": "U045EF6GH",
+                "text": "Slack could not open the form: press the button again.",
+            }
+        ]
+    assert len(slack_api.of("chat.postMessage")) == 1
+    assert len(slack_api.of(HISTORY)) == 2
+    assert len(slack_api.of("chat.update")) == 2
+    assert slack_api.messages["C42"][0]["blocks"][-1]["block_id"] == "signoff.resolution"
+    failures = [rec.exc_info[0] for rec in caplog.records if rec.exc_info]
+    assert AttributeError not in failures and failures, failures
+
+
 async def test_an_approval_with_edited_input_from_elsewhere_shows_the_input_that_ran(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -1843,6 +1941,50 @@ async def test_a_post_that_timed_out_after_slack_took_it_is_adopted_on_retry(
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
     assert len(slack_api.of("chat.postMessage")) == 1
     assert len(slack_api.of(HISTORY)) == 1
+
+
+async def test_a_post_answered_with_a_5xx_after_slack_took_it_is_adopted_on_retry(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """A 5xx (a gateway's 504) does not say Slack posted nothing, as an `ok: false` answer
+    does: the hub's retry looks for the message by its metadata before posting again."""
+    slack_api.real_ts = True
+    slack_api.lost["chat.postMessage"] = 1
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            await hub.poll()  # the 504
+            assert slack.recall(f"msg:{req.id}") is None
+            (message,) = slack_api.messages["C42"]
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+            await hub.poll()
+    assert len(slack_api.of("chat.postMessage")) == 1
+    assert len(slack_api.messages["C42"]) == 1
+
+
+async def test_a_post_whose_connection_drops_after_slack_took_it_is_adopted_not_resent(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """The connection closing after Slack took chat.postMessage and before it answered: the
+    post is not sent again at once (slack_sdk's default retry of a dropped connection would
+    post it twice); the hub's retry adopts the message by its metadata."""
+    slack_api.real_ts = True
+    slack_api.dropped["chat.postMessage"] = 1
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            await hub.poll()  # the dropped connection
+            await hub.poll()
+            (message,) = slack_api.messages["C42"]
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+    assert len(slack_api.of("chat.postMessage")) == 1
 
 
 async def test_a_request_closed_while_the_killed_hub_was_down_updates_its_unsaved_post(

@@ -8,6 +8,7 @@ import email.utils
 import hashlib
 import hmac
 import json
+import logging
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -202,6 +203,32 @@ async def test_refusals_are_not_retried_and_retries_end(tmp_path: Path) -> None:
         assert len(receiver.attempts) == 4  # three attempts, then it gives up
         assert (hooks.delivered, hooks.failed) == (0, 2)
         await hooks.close()
+
+
+async def test_a_password_in_a_webhook_url_is_sent_but_never_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A receiver that takes Basic auth from the URL (`https://user:password@host/`): the
+    password reaches it, and the log lines of retries, refusals and give-ups show it masked."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    async with Receiver([500, 500, 503, 400]) as receiver:
+        url = receiver.url.replace("http://", "http://hook:s3cr3t-pw@")
+        hooks = WebhookChannel(url, SECRET, max_attempts=3, sleep=sleep)
+        raw = json.dumps({"hello": "world"}).encode()
+        with caplog.at_level(logging.DEBUG, logger="signoff.channels"):
+            assert await hooks.deliver(url, "whd_1", "request.opened", raw) is False
+            assert await hooks.deliver(url, "whd_2", "request.opened", raw) is False
+        await hooks.close()
+    assert receiver.attempts[0][0]["Authorization"] == "Basic aG9vazpzM2NyM3QtcHc="
+    shown = [r.getMessage() for r in caplog.records]
+    assert len(shown) == 4 and all("hook:***@127.0.0.1" in line for line in shown), shown
+    assert not any("s3cr3t" in line for line in shown)
+    with pytest.raises(so.UsageError, match=r"hook:\*\*\*@") as given_twice:
+        WebhookChannel([url, url], SECRET)
+    assert "s3cr3t" not in str(given_twice.value)
 
 
 async def test_an_unreachable_receiver_is_retried() -> None:

@@ -72,7 +72,8 @@ class ChannelHub:
     skipped for it: that is logged as an error, and the entry is delivered to it again when the
     hub next starts on the same `state`.
     A channel that raises `RateLimited` is retried after the delay it names (at most an hour),
-    without spending an attempt, so a service that throttles is never given up on.
+    without spending an attempt, so a service that throttles is never given up on (nor are the
+    entries delivered again at a start: the polls after the delay go on with them).
     """
 
     def __init__(
@@ -133,6 +134,7 @@ class ChannelHub:
         self._positions: dict[str, int] = {}
         self._failures: dict[tuple[str, int], int] = {}
         self._retry_at: dict[str, float] = {}
+        self._redo: set[str] = set()  # channels whose redelivery a rate limit holds back
         self._seen: dict[str, set[int]] = {}
         self._gaps: dict[int, float] = {}
         self._lock = asyncio.Lock()
@@ -328,12 +330,16 @@ class ChannelHub:
                 await self._take_over()
             live = [ch for ch in self.channels if ch.name in self._active]
             total = 0
+            for ch in live:  # the entries given up on before, which a rate limit held back
+                if ch.name in self._redo and self._retry_at.get(ch.name, 0.0) <= time.monotonic():
+                    await self._redeliver(ch)
             if live:
                 cursor = min(self._positions[ch.name] for ch in live)
                 # Channels that failed and wait for their retry: they go on from there later;
                 # those another hub delivers to are never told anything here.
                 clock = time.monotonic()
                 blocked = {n for n, at in self._retry_at.items() if at > clock}
+                blocked.update(self._redo)
                 blocked.update(ch.name for ch in self.channels if ch.name not in self._active)
                 top = cursor
                 present: set[int] = set()
@@ -486,17 +492,32 @@ class ChannelHub:
 
     async def _redeliver(self, ch: Channel) -> None:
         """Deliver again the entries a previous run gave up on; those failing again are kept
-        (and logged as errors) for the start after."""
+        (and logged as errors) for the start after. A rate limit holds them, and the channel's
+        feed behind them, until its delay has passed: the next poll then goes on with them."""
         skipped = [int(i) for i in await off_loop(self.state.recall, self._key(ch), _SKIPPED) or []]
         if not skipped:
+            self._redo.discard(ch.name)
             return
+        limited = False
         left: list[int] = []
-        for entry_id in skipped:
+        for n, entry_id in enumerate(skipped):
             found = await self.runtime.store.audit(after_id=entry_id - 1, limit=1)
             if not found or found[0].id != entry_id:
                 continue  # no longer in the trail: nothing to deliver
             try:
                 await self._deliver(ch, found[0])
+            except RateLimited as exc:
+                wait = min(max(0.0, exc.retry_after), _MAX_WAIT)
+                self._retry_at[ch.name] = time.monotonic() + wait
+                limited = True
+                logger.warning(
+                    "channel %s is rate limited on audit entry %s; retrying in %.1fs",
+                    ch.name,
+                    entry_id,
+                    wait,
+                )
+                left.extend(skipped[n:])
+                break
             except Exception:
                 logger.exception(
                     "channel %s failed again on audit entry %s; retried on the next start",
@@ -508,6 +529,10 @@ class ChannelHub:
             await off_loop(self.state.remember, self._key(ch), _SKIPPED, left)
         else:
             await off_loop(self.state.forget, self._key(ch), _SKIPPED)
+        if limited:
+            self._redo.add(ch.name)
+        else:
+            self._redo.discard(ch.name)
 
     # -- helpers ------------------------------------------------------------------------------
 

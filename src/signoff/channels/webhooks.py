@@ -17,7 +17,8 @@ in-memory state, it is lost). A 4xx refusal is final.
 Each attempt is bounded by `timeout` as a whole and only the response's status is read, never
 its body. Redirects are not followed (a 3xx is a refusal: the signed body goes only where it was
 configured to). URLs are the operator's own configuration, so loopback and private addresses are
-allowed (e.g. a receiver on the same host); never build them from untrusted input.
+allowed (e.g. a receiver on the same host); never build them from untrusted input. A password
+in one (Basic auth) is masked in logs and errors.
 """
 
 from __future__ import annotations
@@ -197,18 +198,18 @@ class WebhookChannel(Channel):
             raise UsageError("WebhookChannel needs at least one URL")
         for url in url_list:
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise UsageError(f"a webhook URL must be http(s)://..., not {url!r}")
+                raise UsageError(f"a webhook URL must be http(s)://..., not {_masked(url)!r}")
             try:
                 parsed = httpx.URL(url)
                 host, port = parsed.host, parsed.port  # .host decodes IDNA
             except (httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
-                raise UsageError(f"not a usable webhook URL: {url!r} ({exc})") from None
+                raise UsageError(f"not a usable webhook URL: {_masked(url)!r} ({exc})") from None
             if not host:
-                raise UsageError(f"the webhook URL {url!r} names no host")
+                raise UsageError(f"the webhook URL {_masked(url)!r} names no host")
             if port is not None and not 0 < port < 65536:  # else each send raises
-                raise UsageError(f"the webhook URL {url!r} names no usable port")
+                raise UsageError(f"the webhook URL {_masked(url)!r} names no usable port")
             if url_list.count(url) > 1:  # one queue per URL: twice would deliver twice
-                raise UsageError(f"the webhook URL {url!r} is given twice")
+                raise UsageError(f"the webhook URL {_masked(url)!r} is given twice")
         secrets = _secrets(secret, "WebhookChannel")
         whole("max_attempts", max_attempts, least=1)  # 2.5 would fail each delivery
         seconds("timeout", timeout)  # 0 would fail every attempt at once
@@ -255,7 +256,9 @@ class WebhookChannel(Channel):
         for key, kept in self.memos(_OUTBOX):
             url, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
             if url not in self.urls:
-                logger.warning("webhook %s is no longer configured; dropping %s", url, delivery)
+                logger.warning(
+                    "webhook %s is no longer configured; dropping %s", _masked(url), delivery
+                )
                 self.forget(key)
             else:
                 unsent.append((url, delivery, kept))
@@ -362,7 +365,7 @@ class WebhookChannel(Channel):
         for url in self.urls:
             self._queues[url] = asyncio.Queue()
             self._workers.append(
-                asyncio.create_task(self._work(url), name=f"signoff-webhook-{url}")
+                asyncio.create_task(self._work(url), name=f"signoff-webhook-{_masked(url)}")
             )
 
     async def _work(self, url: str) -> None:
@@ -376,10 +379,12 @@ class WebhookChannel(Channel):
                         await off_loop(self.forget, f"{_OUTBOX}{url} {delivery}")
                 elif self._state is not None:
                     logger.error(
-                        "webhook %s: %s is sent again when the hub next starts", url, delivery
+                        "webhook %s: %s is sent again when the hub next starts",
+                        _masked(url),
+                        delivery,
                     )
             except Exception:
-                logger.exception("webhook %s: delivering %s failed", url, delivery)
+                logger.exception("webhook %s: delivering %s failed", _masked(url), delivery)
             finally:
                 self._sending.discard(f"{url} {delivery}")
                 self._queued.discard(f"{url} {delivery}")
@@ -415,21 +420,23 @@ class WebhookChannel(Channel):
                     return "delivered"
                 problem = f"HTTP {status}"
                 if status < 500 and status not in _RETRY_STATUSES:
-                    logger.error("webhook %s refused %s (%s); not retried", url, delivery, problem)
+                    logger.error(
+                        "webhook %s refused %s (%s); not retried", _masked(url), delivery, problem
+                    )
                     self.failed += 1
                     return "refused"
             if attempt < self.max_attempts:
                 delay = min(self.max_backoff, max(self.backoff * 2 ** (attempt - 1), asked or 0))
                 logger.warning(
                     "webhook %s: %s on attempt %s for %s; retrying in %.2fs",
-                    url,
+                    _masked(url),
                     problem,
                     attempt,
                     delivery,
                     delay,
                 )
                 await self._sleep(delay)
-        logger.error("webhook %s: gave up on %s after %s attempts", url, delivery, attempt)
+        logger.error("webhook %s: gave up on %s after %s attempts", _masked(url), delivery, attempt)
         self.failed += 1
         return "gave up"
 
@@ -487,6 +494,18 @@ class WebhookChannel(Channel):
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None
+
+
+def _masked(url: str) -> str:
+    """`url` as logs and errors show it: a password in it (`user:password@host`, which httpx
+    sends as Basic auth) masked."""
+    scheme, sep, rest = url.partition("://")
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    end = min(ends, default=len(rest))
+    userinfo, at, host = rest[:end].rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return url
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}{rest[end:]}"
 
 
 def _httpx() -> Any:

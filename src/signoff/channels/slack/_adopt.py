@@ -16,16 +16,47 @@ import uuid
 from typing import Any
 
 from slack_sdk.errors import SlackApiError
+from slack_sdk.http_retry.async_handler import AsyncRetryHandler
+from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.response import HttpResponse
+from slack_sdk.http_retry.state import RetryState
 from slack_sdk.web.async_client import AsyncWebClient
 
 from .._base import logger
+from ._payloads import api_error
 
-__all__ = ["EVENT_TYPE", "find_post", "metadata", "new_attempt"]
+__all__ = ["EVENT_TYPE", "find_post", "metadata", "new_attempt", "retry_handlers"]
 
 EVENT_TYPE = "signoff_request"
 SKEW = 60.0  # seconds: how far this host's clock may be off Slack's
 _PAGE = 200  # messages per history page (Slack may return fewer)
 _PAGES = 5  # history pages read at most: the window is short, so this is rarely reached
+
+
+class _NoRepost(AsyncConnectionErrorRetryHandler):
+    """slack_sdk's retry of a call whose connection failed, except for `chat.postMessage`: a
+    connection that dropped after Slack took the post would post it twice. The hub retries it
+    instead, and finds the message first."""
+
+    async def _can_retry_async(
+        self,
+        *,
+        state: RetryState,
+        request: HttpRequest,
+        response: HttpResponse | None = None,
+        error: Exception | None = None,
+    ) -> bool:
+        if request.url.rstrip("/").endswith("/chat.postMessage"):
+            return False
+        return await super()._can_retry_async(
+            state=state, request=request, response=response, error=error
+        )
+
+
+def retry_handlers() -> list[AsyncRetryHandler]:
+    """The retries of the client a channel makes: slack_sdk's defaults, never of a post."""
+    return [_NoRepost()]
 
 
 def new_attempt() -> dict[str, Any]:
@@ -48,7 +79,8 @@ async def find_post(
     channel's history from the attempt's time to the client's timeout (plus clock skew), or the
     history cannot be read (e.g. the bot lacks `channels:history`), which is logged.
 
-    A rate limit (HTTP 429) is raised as the `SlackApiError` it is, to be waited out."""
+    A rate limit (HTTP 429) or a 5xx is raised as the `SlackApiError` it is, to be waited out
+    or retried."""
     try:
         delivery = str(attempt["delivery"])
         at = float(attempt["at"])
@@ -74,11 +106,10 @@ async def find_post(
                 inclusive=True,
             )
         except SlackApiError as exc:
-            response = exc.response
-            if response is not None and getattr(response, "status_code", None) == 429:
-                raise
-            error = response.get("error") if response is not None else None
-            needed = response.get("needed") if response is not None else None
+            status = getattr(exc.response, "status_code", None)
+            if isinstance(status, int) and (status == 429 or status >= 500):
+                raise  # waited out, or retried: posting again now could post twice
+            error, needed = api_error(exc), api_error(exc, "needed")
             logger.warning(
                 "slack: cannot read the history of %s to find the unsaved post of %s (%s%s); "
                 "posting it again",

@@ -26,14 +26,14 @@ from ..._exceptions import SignoffError, UsageError
 from ..._types import InputRequest
 from ...stores import promptly
 from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, off_loop
-from ._adopt import find_post, metadata, new_attempt
+from ._adopt import find_post, metadata, new_attempt, retry_handlers
 from ._blocks import (
     escape,
     fallback_text,
     request_blocks,
 )
 from ._clicks import Clicks
-from ._payloads import SlackPayloadError, slack_principal
+from ._payloads import SlackPayloadError, api_error, slack_principal
 from ._replies import ThreadReplies, thread_key
 from ._routes import routes
 
@@ -46,6 +46,8 @@ _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (a
 
 # chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
 _GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
+# Errors Slack documents as possibly after part of the call was carried out.
+_MAYBE_DONE = frozenset({"internal_error", "fatal_error"})
 
 
 class _Clock(Clock):
@@ -66,6 +68,8 @@ class SlackChannel(Channel):
     Request URL at `https://<your server><events_path>` (None: typed replies are not read).
     The bot needs `chat:write` and the channel's history scope (`channels:history`), which a
     restart after a crash uses to find a post it never saved rather than post it again.
+    The client made from `token` does not retry a post whose connection dropped (it may have
+    been posted); a `client` of your own keeps its retry handlers (slack_sdk's default does).
     """
 
     name = "slack"
@@ -97,7 +101,7 @@ class SlackChannel(Channel):
         if client is None:
             if not token:
                 raise UsageError("SlackChannel needs a bot token (token=...) or a client")
-            kwargs: dict[str, Any] = {"token": token}
+            kwargs: dict[str, Any] = {"token": token, "retry_handlers": retry_handlers()}
             if base_url is not None:
                 kwargs["base_url"] = base_url
             client = AsyncWebClient(**kwargs)
@@ -209,9 +213,10 @@ class SlackChannel(Channel):
                 blocks=request_blocks(request),
                 metadata=metadata(request.id, attempt),
             )
-        except SlackApiError as exc:  # Slack answered and posted nothing: no message to find
-            with contextlib.suppress(SignoffError):
-                await off_loop(self.forget, _attempt_key(request.id))
+        except SlackApiError as exc:
+            if not _maybe_done(exc):  # Slack posted nothing: no message to find
+                with contextlib.suppress(SignoffError):
+                    await off_loop(self.forget, _attempt_key(request.id))
             _raise_if_limited(exc, "chat.postMessage")
             raise
         return {"channel": reply["channel"], "ts": reply["ts"]}
@@ -278,7 +283,7 @@ class SlackChannel(Channel):
             )
         except SlackApiError as exc:
             _raise_if_limited(exc, "chat.update")
-            error = exc.response.get("error") if exc.response is not None else None
+            error = api_error(exc)
             if error not in _GONE:
                 raise
             logger.warning("slack: the message of %s cannot be updated (%s)", request_id, error)
@@ -330,6 +335,13 @@ class SlackChannel(Channel):
             off = float("inf")
         if off > TOLERANCE:
             raise InvalidSignature("the request timestamp is more than five minutes off")
+        # slack_sdk's check raises on both (a UnicodeDecodeError, a TypeError), not a no.
+        if not signature.isascii():
+            raise InvalidSignature("the Slack signature does not match")
+        try:
+            body.decode()
+        except UnicodeDecodeError:
+            raise InvalidSignature("the body is not UTF-8 text, as Slack signs it") from None
         if not self._verifier.is_valid(body=body, timestamp=stamp, signature=signature):
             raise InvalidSignature("the Slack signature does not match")
         for old in [s for s, until in self._seen.items() if until < now]:
@@ -371,6 +383,17 @@ class SlackChannel(Channel):
             text=escape(text),
             thread_ts=where.get("thread_ts"),
         )
+
+
+def _maybe_done(exc: SlackApiError) -> bool:
+    """Whether a failed call may have been carried out all the same: a 5xx other than 501 and
+    503 (which say the call was not taken; a gateway's 502 or 504 is sent whatever the server
+    did), or the errors Slack documents as possibly after "some aspect of the operation
+    succeeded"."""
+    status = getattr(exc.response, "status_code", None)
+    if not isinstance(status, int) or (status >= 500 and status not in (501, 503)):
+        return True
+    return api_error(exc) in _MAYBE_DONE
 
 
 def _raise_if_limited(exc: SlackApiError, method: str) -> None:

@@ -36,7 +36,7 @@ from ._blocks import (
     text_view,
 )
 from ._inbox import Inbox
-from ._payloads import SlackPayloadError, interaction_of, slack_principal
+from ._payloads import SlackPayloadError, api_error, interaction_of, slack_principal
 from ._replies import outcome_note
 
 if TYPE_CHECKING:
@@ -168,8 +168,8 @@ class Clicks:
             )
         except SlackApiError as exc:  # e.g. the trigger expired: the click must not vanish
             logger.warning("slack: opening a view for %s failed", rid, exc_info=True)
-            error = exc.response.get("error") if exc.response is not None else None
-            shown = f" ({error})" if isinstance(error, str) and error else ""
+            error = api_error(exc)
+            shown = f" ({error})" if error else ""
             await ch._tell(where, f"Slack could not open the form{shown}: press the button again.")
 
 

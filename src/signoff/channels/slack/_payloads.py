@@ -1,16 +1,25 @@
-"""Reading what Slack sends: an interaction's form, an Events API request's JSON, and the
-principal of the Slack user behind either."""
+"""Reading what Slack sends: an interaction's form, an Events API request's JSON, the
+principal of the Slack user behind either, and the error of a failed Web API call."""
 
 from __future__ import annotations
 
 import json
 import urllib.parse
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._exceptions import SignoffError
 from ..._types import Principal
 
-__all__ = ["SlackPayloadError", "envelope_of", "interaction_of", "slack_principal"]
+if TYPE_CHECKING:
+    from slack_sdk.errors import SlackApiError
+
+__all__ = [
+    "SlackPayloadError",
+    "api_error",
+    "envelope_of",
+    "interaction_of",
+    "slack_principal",
+]
 
 
 class SlackPayloadError(SignoffError):
@@ -47,3 +56,11 @@ def envelope_of(body: bytes) -> dict[str, Any]:
     if not isinstance(envelope, dict):
         raise SlackPayloadError("the event is not a JSON object")
     return envelope
+
+
+def api_error(exc: SlackApiError, field: str = "error") -> str | None:
+    """A field (`error`, `needed`) of a failed call's JSON answer; None when there is none, as
+    for a gateway's HTML page with a 5xx (which slack_sdk keeps as text, not a dict)."""
+    data = getattr(exc.response, "data", None)
+    value = data.get(field) if isinstance(data, dict) else None
+    return value if isinstance(value, str) else None
