@@ -491,6 +491,21 @@ class _BrokenPolicy(so.ApprovalPolicy):
         raise RuntimeError("policy service down")
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+class _UnprintablePolicy(so.ApprovalPolicy):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        raise _Unprintable()
+
+
+class _UnprintableGuardrail(so.Guardrail):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        raise _Unprintable()
+
+
 class _StringGuardrail(so.Guardrail):
     async def decide(self, ctx: so.ApprovalContext) -> Any:
         return "denied"  # not a Verdict: must not crash the turn, nor run the call
@@ -501,8 +516,16 @@ class _StringGuardrail(so.Guardrail):
     [
         (_BrokenPolicy(), [], "RuntimeError: policy service down"),
         (None, [_StringGuardrail()], "'denied'"),
+        # Its message raises when read: formatting it must not fail the drive instead.
+        (_UnprintablePolicy(), [], "_Unprintable"),
+        (None, [_UnprintableGuardrail()], "_Unprintable"),
     ],
-    ids=["policy-subclass-raises", "guardrail-returns-garbage"],
+    ids=[
+        "policy-subclass-raises",
+        "guardrail-returns-garbage",
+        "policy-message-unreadable",
+        "guardrail-message-unreadable",
+    ],
 )
 async def test_broken_policy_subclass_or_guardrail_fails_closed(
     tmp_path: Path, approval: Any, guardrails: list[so.Guardrail], error: str

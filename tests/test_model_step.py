@@ -133,3 +133,20 @@ async def test_a_response_whose_turn_was_replaced_meanwhile_is_not_recorded(
         await assert_only_the_new_turn(rt, sid, new_turn[0])
         texts = [e.data.get("text") async for e in rt.events(sid, follow=False)]
         assert "The old answer." not in texts
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+async def test_a_model_raising_an_exception_whose_message_cannot_be_read_fails_the_turn(
+    tmp_path: Path,
+) -> None:
+    agent = so.Agent(
+        name="a", model=so.models.Scripted([Unprintable(), so.ModelResponse(text="hi")])
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 'state.db'}") as rt:
+        r = await rt.generate("a", prompt="go")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and "Unprintable" in r.error["message"]

@@ -8,6 +8,7 @@ import asyncio
 import json
 from typing import Any
 
+from ._error_text import error_text
 from ._exceptions import LeaseLost, ModelError, SignoffError
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
@@ -106,7 +107,7 @@ class ModelStep(DriverPart):
             if isinstance(exc, LeaseLost) and self.held is not None and self.held.lost:
                 raise  # another process drives the turn now: nothing is recorded here
             code = exc.code if isinstance(exc, SignoffError) else "model_error"
-            message = f"{type(exc).__name__}: {exc}"
+            message = error_text(exc)
             cap = limits.max_response_bytes // 4
             if len(message) > cap:  # a message of megabytes is cut, not stored on every retry
                 message = message[:cap] + " [cut]"

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
+from ._error_text import error_message, error_text
 from ._exceptions import LeaseLost, StoreError
 from ._journal import CallJournal
 from ._recording import (
@@ -188,7 +189,7 @@ class ToolCalls(DriverPart):
         try:
             own = await tool.approval.decide(ctx)
         except Exception as exc:  # fail closed: a broken policy asks a person
-            own = Verdict("ask", error=f"approval policy raised {type(exc).__name__}: {exc}")
+            own = Verdict("ask", error=f"approval policy raised {error_text(exc)}")
         if not isinstance(own, Verdict):
             own = Verdict("ask", error=f"approval policy returned {own!r}, not a Verdict")
         verdicts = [own]
@@ -196,7 +197,7 @@ class ToolCalls(DriverPart):
             try:
                 v = await guardrail.decide(ctx)
             except Exception as exc:  # fail closed, like a broken policy: ask a person
-                v = Verdict("ask", error=f"guardrail raised {type(exc).__name__}: {exc}")
+                v = Verdict("ask", error=f"guardrail raised {error_text(exc)}")
             if v is not None and not isinstance(v, Verdict):
                 v = Verdict("ask", error=f"guardrail returned {v!r}, not a Verdict or None")
             if v is not None:
@@ -320,7 +321,7 @@ class ToolCalls(DriverPart):
                 raise  # a step or question found the turn cancelled or replaced: not the tool's
             if journal.failed is not None:  # the store refused a step or question: not the tool
                 raise journal.failed from None
-            error = f"{type(exc).__name__}: {exc}"
+            error = error_text(exc)
             limit = self.max_result_bytes(tool)
             if len(error) > limit // 4:  # a message of megabytes is cut, not stored whole
                 error = error[: limit // 4] + " [cut]"
@@ -414,7 +415,7 @@ class ToolCalls(DriverPart):
         try:
             payload = jsonable(signal.payload)
         except Exception as exc:
-            error = {"error": f"approval payload is not JSON-able: {exc}"}
+            error = {"error": f"approval payload is not JSON-able: {error_message(exc)}"}
             await self.record(journal.ending([tool_result(call, "error", error)]))
             return
         tool = self.agent.tools.get(call.tool_name)
