@@ -496,6 +496,9 @@ class _Unprintable(Exception):
         raise RuntimeError("no message")
 
 
+UNREADABLE = "<its text could not be read: RuntimeError>"
+
+
 class _UnprintablePolicy(so.ApprovalPolicy):
     async def decide(self, ctx: so.ApprovalContext) -> Any:
         raise _Unprintable()
@@ -659,8 +662,19 @@ class _Opaque:
         (so.Denied(float("nan")), "deny", "nan"),  # type: ignore[arg-type]
         (so.Denied("bad \ud800 text"), "deny", "bad ? text"),
         ({"type": "denied", "reason": _Opaque()}, "deny", "opaque reason"),
+        # Its str() raises: that raised out of the drive, leaving the turn half done.
+        (so.Denied(_Unprintable()), "deny", UNREADABLE),  # type: ignore[arg-type]
+        (so.Approved(_Unprintable()), "run", UNREADABLE),  # type: ignore[arg-type]
     ],
-    ids=["approved-object", "denied-bytes", "denied-nan", "denied-surrogate", "dict-object"],
+    ids=[
+        "approved-object",
+        "denied-bytes",
+        "denied-nan",
+        "denied-surrogate",
+        "dict-object",
+        "denied-unreadable",
+        "approved-unreadable",
+    ],
 )
 async def test_a_policy_reason_that_is_not_text_is_recorded_as_text(
     tmp_path: Path, status: Any, expected: str, reason: str

@@ -1,9 +1,9 @@
-"""An exception as one line of text, for exceptions raised by user code (a tool, a model, a
-policy, a step) that signoff records: reading the message is user code too, and may raise."""
+"""Text of objects user code hands signoff to record (an exception a tool, model, policy or step
+raised, a policy's reason): reading it runs user code too, and may raise."""
 
 from __future__ import annotations
 
-__all__ = ["error_message", "error_text"]
+__all__ = ["error_message", "error_text", "readable"]
 
 
 def error_text(exc: BaseException) -> str:
@@ -12,9 +12,14 @@ def error_text(exc: BaseException) -> str:
 
 
 def error_message(exc: BaseException) -> str:
-    """`str(exc)`, or, when that raises, a note naming what it raised: a failure that cannot
-    be described must still be recorded, not escape the drive and leave its turn half done."""
+    """`str(exc)`, or a note naming what reading it raised."""
+    return readable(exc, "message")
+
+
+def readable(value: object, what: str = "text") -> str:
+    """`str(value)`, or, when that raises, a note naming what it raised: what cannot be written
+    out must still be recorded, not escape the drive and leave its turn half done."""
     try:
-        return str(exc)
+        return str(value)
     except Exception as inner:
-        return f"<its message could not be read: {type(inner).__name__}>"
+        return f"<its {what} could not be read: {type(inner).__name__}>"
