@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,16 @@ def call(**input: object) -> so.ModelResponse:
     return so.ModelResponse(tool_calls=[so.ToolCall(name="refund", input=input, id="call_1")])
 
 
+def unchecked(**fields: Any) -> so.ModelResponse:
+    """A response built without validation, as a custom model might."""
+    base: dict[str, Any] = {"text": "", "tool_calls": [], "usage": so.Usage(), "reasoning": []}
+    return so.ModelResponse.model_construct(**{**base, **fields})
+
+
+NAMELESS = so.ToolCall.model_construct(name=None, input={})  # type: ignore[arg-type]
+NUMBERED = so.ToolCall.model_construct(name="refund", id=5)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("bad", "match"),
     [
@@ -37,6 +48,14 @@ def call(**input: object) -> so.ModelResponse:
         (so.ModelResponse(text="x", usage=so.Usage(cost_usd=-0.5)), "negative usage"),
         (so.ModelResponse(text="x" * 2_000_000), "over the limit of 1048576 bytes"),
         (call(order_id="1" * 2_000_000, amount=1), "over the limit of 1048576 bytes"),
+        # Built past validation (model_construct, or a list appended to): recorded, such a
+        # response made every later read of the session fail with a StoreError.
+        (unchecked(text=None), "malformed"),
+        (unchecked(text=5), "malformed"),
+        (unchecked(usage=None), "malformed"),
+        (unchecked(tool_calls=[{"name": "refund", "input": {}}]), "malformed"),
+        (unchecked(tool_calls=[NAMELESS]), "malformed"),
+        (unchecked(tool_calls=[NUMBERED]), "malformed"),
     ],
     ids=[
         "nan",
@@ -47,6 +66,12 @@ def call(**input: object) -> so.ModelResponse:
         "negative-cost",
         "huge-text",
         "huge-input",
+        "text-none",
+        "text-int",
+        "usage-none",
+        "call-as-dict",
+        "call-name-none",
+        "call-id-int",
     ],
 )
 async def test_a_response_that_cannot_be_recorded_fails_the_turn_retryably(
