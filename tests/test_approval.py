@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._approval import Verdict
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -509,6 +510,16 @@ class _UnprintableGuardrail(so.Guardrail):
         raise _Unprintable()
 
 
+class _MisspeltPolicy(so.ApprovalPolicy):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        return Verdict("denied")  # type: ignore[arg-type]
+
+
+class _MisspeltGuardrail(so.Guardrail):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        return Verdict("block", "no refunds today")  # type: ignore[arg-type]
+
+
 class _StringGuardrail(so.Guardrail):
     async def decide(self, ctx: so.ApprovalContext) -> Any:
         return "denied"  # not a Verdict: must not crash the turn, nor run the call
@@ -522,12 +533,17 @@ class _StringGuardrail(so.Guardrail):
         # Its message raises when read: formatting it must not fail the drive instead.
         (_UnprintablePolicy(), [], "_Unprintable"),
         (None, [_UnprintableGuardrail()], "_Unprintable"),
+        # A verdict of no known action ran the call: only deny and ask were looked for.
+        (_MisspeltPolicy(), [], "'denied'"),
+        (None, [_MisspeltGuardrail()], "'block'"),
     ],
     ids=[
         "policy-subclass-raises",
         "guardrail-returns-garbage",
         "policy-message-unreadable",
         "guardrail-message-unreadable",
+        "policy-action-unknown",
+        "guardrail-action-unknown",
     ],
 )
 async def test_broken_policy_subclass_or_guardrail_fails_closed(

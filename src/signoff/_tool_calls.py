@@ -190,16 +190,16 @@ class ToolCalls(DriverPart):
             own = await tool.approval.decide(ctx)
         except Exception as exc:  # fail closed: a broken policy asks a person
             own = Verdict("ask", error=f"approval policy raised {error_text(exc)}")
-        if not isinstance(own, Verdict):
-            own = Verdict("ask", error=f"approval policy returned {own!r}, not a Verdict")
+        if not _is_verdict(own):
+            own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
         verdicts = [own]
         for guardrail in self.agent.guardrails:
             try:
                 v = await guardrail.decide(ctx)
             except Exception as exc:  # fail closed, like a broken policy: ask a person
                 v = Verdict("ask", error=f"guardrail raised {error_text(exc)}")
-            if v is not None and not isinstance(v, Verdict):
-                v = Verdict("ask", error=f"guardrail returned {v!r}, not a Verdict or None")
+            if v is not None and not _is_verdict(v):
+                v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
             if v is not None:
                 verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
         for action in ("deny", "ask"):
@@ -463,6 +463,24 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:
         span.outcome("withdrawn")
     else:
         span.fail(exc)
+
+
+def _is_verdict(value: object) -> bool:
+    """Whether `value` is a verdict of a known action: any other action ran the call, as only
+    `deny` and `ask` are looked for."""
+    return isinstance(value, Verdict) and value.action in ("run", "deny", "ask")
+
+
+def _shown(value: object) -> str:
+    """`value` as a policy error names it: a verdict by its action, anything else by repr."""
+    if isinstance(value, Verdict):
+        action = value.action
+        named = repr(action) if isinstance(action, str) else f"a {type(action).__name__}"
+        return f"a Verdict of action {named}"
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"a {type(value).__name__} (its repr raised {type(exc).__name__})"
 
 
 def _with_text_reason(verdict: Verdict) -> Verdict:
