@@ -168,4 +168,10 @@ async def evaluate_response(
         return ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
     except Exception as exc:
         return ResponseVerdict("failed", f"response policy raised {error_text(exc)}")
-    return _normalize(result)
+    try:
+        return _normalize(result)
+    except Exception as exc:  # comparing or showing what it returned raised: user code too
+        kind = type(result).__name__
+        return ResponseVerdict(
+            "failed", f"response policy returned a {kind} that could not be read: {error_text(exc)}"
+        )
