@@ -92,3 +92,30 @@ async def test_answers_given_up_on_for_contention_are_named(tmp_path: Path) -> N
             await rt.respond(parked.session_id, answer)
         assert caught.value.request_ids == [request.id]
         assert await store_contents(rt.store, parked.session_id) == before
+
+
+@pytest.mark.parametrize("options", [["approve", "cancel"], ["yes", "no"]])
+async def test_a_decision_never_answers_a_question(store_url: str, options: list[str]) -> None:
+    # A question whose option ids were approve / cancel was answered by a decision, though
+    # `generate(approvals=...)` settles approvals only; with other options the refusal spoke of
+    # an option 'approve' the caller never gave.
+    @so.tool
+    async def ship(ctx: so.ToolContext, order_id: str) -> str:
+        """Ship an order once a person says so."""
+        answer = await ctx.ask("Ship it?", options=options)
+        return str(answer.option_id)
+
+    agent = scripted_agent("a", [call_tools(call("ship", order_id="1")), reply("ok")], tools=[ship])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        (question,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        decision = so.Decision(id=question.id, approved=True)
+        with pytest.raises(so.InvalidAnswer, match=f"request {question.id} is a question") as info:
+            await rt.generate(session_id=r.session_id, approvals=[decision])
+        assert info.value.request_ids == [question.id]
+        assert await store_contents(rt.store, r.session_id) == before
+        # Answered as a question, it settles.
+        answer = so.InputResponse(request_id=question.id, option_id=options[0])
+        r = await rt.respond(r.session_id, [answer])
+        assert (r.status, r.text) == ("completed", "ok")

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff._approval import Verdict
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -491,6 +492,34 @@ class _BrokenPolicy(so.ApprovalPolicy):
         raise RuntimeError("policy service down")
 
 
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+UNREADABLE = "<its text could not be read: RuntimeError>"
+
+
+class _UnprintablePolicy(so.ApprovalPolicy):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        raise _Unprintable()
+
+
+class _UnprintableGuardrail(so.Guardrail):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        raise _Unprintable()
+
+
+class _MisspeltPolicy(so.ApprovalPolicy):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        return Verdict("denied")  # type: ignore[arg-type]
+
+
+class _MisspeltGuardrail(so.Guardrail):
+    async def decide(self, ctx: so.ApprovalContext) -> Any:
+        return Verdict("block", "no refunds today")  # type: ignore[arg-type]
+
+
 class _StringGuardrail(so.Guardrail):
     async def decide(self, ctx: so.ApprovalContext) -> Any:
         return "denied"  # not a Verdict: must not crash the turn, nor run the call
@@ -501,8 +530,21 @@ class _StringGuardrail(so.Guardrail):
     [
         (_BrokenPolicy(), [], "RuntimeError: policy service down"),
         (None, [_StringGuardrail()], "'denied'"),
+        # Its message raises when read: formatting it must not fail the drive instead.
+        (_UnprintablePolicy(), [], "_Unprintable"),
+        (None, [_UnprintableGuardrail()], "_Unprintable"),
+        # A verdict of no known action ran the call: only deny and ask were looked for.
+        (_MisspeltPolicy(), [], "'denied'"),
+        (None, [_MisspeltGuardrail()], "'block'"),
     ],
-    ids=["policy-subclass-raises", "guardrail-returns-garbage"],
+    ids=[
+        "policy-subclass-raises",
+        "guardrail-returns-garbage",
+        "policy-message-unreadable",
+        "guardrail-message-unreadable",
+        "policy-action-unknown",
+        "guardrail-action-unknown",
+    ],
 )
 async def test_broken_policy_subclass_or_guardrail_fails_closed(
     tmp_path: Path, approval: Any, guardrails: list[so.Guardrail], error: str
@@ -636,8 +678,19 @@ class _Opaque:
         (so.Denied(float("nan")), "deny", "nan"),  # type: ignore[arg-type]
         (so.Denied("bad \ud800 text"), "deny", "bad ? text"),
         ({"type": "denied", "reason": _Opaque()}, "deny", "opaque reason"),
+        # Its str() raises: that raised out of the drive, leaving the turn half done.
+        (so.Denied(_Unprintable()), "deny", UNREADABLE),  # type: ignore[arg-type]
+        (so.Approved(_Unprintable()), "run", UNREADABLE),  # type: ignore[arg-type]
     ],
-    ids=["approved-object", "denied-bytes", "denied-nan", "denied-surrogate", "dict-object"],
+    ids=[
+        "approved-object",
+        "denied-bytes",
+        "denied-nan",
+        "denied-surrogate",
+        "dict-object",
+        "denied-unreadable",
+        "approved-unreadable",
+    ],
 )
 async def test_a_policy_reason_that_is_not_text_is_recorded_as_text(
     tmp_path: Path, status: Any, expected: str, reason: str

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,6 +27,16 @@ def call(**input: object) -> so.ModelResponse:
     return so.ModelResponse(tool_calls=[so.ToolCall(name="refund", input=input, id="call_1")])
 
 
+def unchecked(**fields: Any) -> so.ModelResponse:
+    """A response built without validation, as a custom model might."""
+    base: dict[str, Any] = {"text": "", "tool_calls": [], "usage": so.Usage(), "reasoning": []}
+    return so.ModelResponse.model_construct(**{**base, **fields})
+
+
+NAMELESS = so.ToolCall.model_construct(name=None, input={})  # type: ignore[arg-type]
+NUMBERED = so.ToolCall.model_construct(name="refund", id=5)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("bad", "match"),
     [
@@ -37,6 +48,14 @@ def call(**input: object) -> so.ModelResponse:
         (so.ModelResponse(text="x", usage=so.Usage(cost_usd=-0.5)), "negative usage"),
         (so.ModelResponse(text="x" * 2_000_000), "over the limit of 1048576 bytes"),
         (call(order_id="1" * 2_000_000, amount=1), "over the limit of 1048576 bytes"),
+        # Built past validation (model_construct, or a list appended to): recorded, such a
+        # response made every later read of the session fail with a StoreError.
+        (unchecked(text=None), "malformed"),
+        (unchecked(text=5), "malformed"),
+        (unchecked(usage=None), "malformed"),
+        (unchecked(tool_calls=[{"name": "refund", "input": {}}]), "malformed"),
+        (unchecked(tool_calls=[NAMELESS]), "malformed"),
+        (unchecked(tool_calls=[NUMBERED]), "malformed"),
     ],
     ids=[
         "nan",
@@ -47,6 +66,12 @@ def call(**input: object) -> so.ModelResponse:
         "negative-cost",
         "huge-text",
         "huge-input",
+        "text-none",
+        "text-int",
+        "usage-none",
+        "call-as-dict",
+        "call-name-none",
+        "call-id-int",
     ],
 )
 async def test_a_response_that_cannot_be_recorded_fails_the_turn_retryably(
@@ -133,3 +158,20 @@ async def test_a_response_whose_turn_was_replaced_meanwhile_is_not_recorded(
         await assert_only_the_new_turn(rt, sid, new_turn[0])
         texts = [e.data.get("text") async for e in rt.events(sid, follow=False)]
         assert "The old answer." not in texts
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+async def test_a_model_raising_an_exception_whose_message_cannot_be_read_fails_the_turn(
+    tmp_path: Path,
+) -> None:
+    agent = so.Agent(
+        name="a", model=so.models.Scripted([Unprintable(), so.ModelResponse(text="hi")])
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 'state.db'}") as rt:
+        r = await rt.generate("a", prompt="go")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and "Unprintable" in r.error["message"]

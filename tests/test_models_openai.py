@@ -876,6 +876,30 @@ async def test_choices_that_are_not_a_list_are_a_model_error(fake, model) -> Non
         await model.complete(request())
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        # A number there raised TypeError from the loop over the calls, not a ModelError.
+        ("tool_calls", 5, "tool_calls that are not a list"),
+        ("tool_calls", "call", "tool_calls that are not a list"),
+        # A message that is not an object passed for an empty answer.
+        (None, "hello", "returned no message"),
+        (None, ["hello"], "returned no message"),
+    ],
+)
+async def test_a_message_of_the_wrong_shape_is_a_model_error(
+    fake, model, field, value, said
+) -> None:
+    body = openai_completion("x")
+    if field is None:
+        body["choices"][0]["message"] = value
+    else:
+        body["choices"][0]["message"][field] = value
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=said):
+        await model.complete(request())
+
+
 async def test_a_refusal_that_is_not_text_is_ignored(fake, model) -> None:
     body = openai_completion(None)
     body["choices"][0]["message"]["refusal"] = 5

@@ -27,6 +27,13 @@ def test_a_step_that_cannot_answer_is_refused_when_scripted(steps: list[Any], wh
         scripted_agent("a", steps)
 
 
+@pytest.mark.parametrize("steps", [reply("ok"), "ok", ValueError("boom"), None])
+def test_steps_that_are_not_a_sequence_are_refused_as_such(steps: Any) -> None:
+    # A lone ModelResponse was iterated as pydantic fields: "step #1 is a tuple".
+    with pytest.raises(so.UsageError, match="a list of steps"):
+        so.models.Scripted(steps)
+
+
 async def test_a_session_past_the_end_of_its_script_names_the_agent_and_the_length(
     tmp_path: Path,
 ) -> None:

@@ -715,6 +715,20 @@ def _none(ctx: so.ResponseContext) -> Any:
     return None
 
 
+class _Unreadable:
+    """A status that cannot be compared: reading it raised out of the answer, the candidate
+    left pending."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing")
+
+    __hash__ = object.__hash__
+
+
+def _unreadable(ctx: so.ResponseContext) -> Any:
+    return _Unreadable()
+
+
 @pytest.mark.parametrize(
     ("policy", "outcome", "reason"),
     [
@@ -725,9 +739,15 @@ def _none(ctx: so.ResponseContext) -> Any:
             "response policy returned an invalid status: {'status': 'approved'}",
         ),
         (_none, "failed", "response policy returned an invalid status: None"),
+        (
+            _unreadable,
+            "failed",
+            "response policy returned a _Unreadable that could not be read: "
+            "RuntimeError: no comparing",
+        ),
         (_hangs, "timed-out", "response policy took longer than 0.05s"),
     ],
-    ids=["raises", "invalid status", "returns None", "hangs"],
+    ids=["raises", "invalid status", "returns None", "unreadable", "hangs"],
 )
 @pytest.mark.parametrize("decision", ["approve", "cancel"])
 async def test_a_broken_policy_never_settles(

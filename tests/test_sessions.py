@@ -148,6 +148,35 @@ async def test_a_prompt_while_another_process_runs_the_turn_is_refused(tmp_path:
     await first.close()
 
 
+async def test_a_prompt_while_this_runtime_runs_the_turn_is_refused_saying_so(
+    tmp_path: Path,
+) -> None:
+    # The refusal said "in another process" of a turn this very runtime was running.
+    entered = asyncio.Event()
+    hang = asyncio.Event()
+
+    @so.tool
+    async def slow(x: int) -> int:
+        """A call that runs while the prompt arrives."""
+        entered.set()
+        await hang.wait()
+        return x
+
+    agent = scripted_agent("a", [call_tools(call("slow", x=1)), reply("done")], tools=[slow])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("a")
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="go"))
+        await entered.wait()
+        before = await store_contents(rt.store, sid)
+        with pytest.raises(so.SessionBusy) as caught:
+            await rt.generate(session_id=sid, prompt="hurry up")
+        assert "another process" not in str(caught.value)
+        assert "send()" in str(caught.value)
+        assert await store_contents(rt.store, sid) == before
+        hang.set()
+        assert (await running).status == "completed"
+
+
 async def test_a_prompt_to_a_turn_workers_have_yet_to_run_is_refused(tmp_path: Path) -> None:
     """With `inline=False` a started turn waits for a worker: a second prompt must not start a
     turn over it (its message would be answered by nobody)."""

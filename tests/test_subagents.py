@@ -1590,3 +1590,24 @@ async def test_a_delegate_call_whose_parent_turn_was_replaced_records_nothing_in
         [row] = await rt.sessions(agent="billing")
         assert row.status == "cancelled", row
         assert await rt.verify_audit() == []
+
+
+async def test_an_agent_delegating_to_itself_stops_at_the_depth_limit(store_url: str) -> None:
+    # Each session's model delegates once, then answers with what its call returned: without a
+    # bound on nesting, every child delegates again and sessions are created for ever.
+    def answer(conversation: list[so.Message]) -> so.ModelResponse:
+        result = tool_results(conversation)[-1]
+        return reply(f"{'error' if result.is_error else 'ok'}: {result.content}")
+
+    agent = scripted_agent(
+        "loop", [call_tools(call("loop", message="go deeper")), answer], tools=[so.delegate("loop")]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await asyncio.wait_for(rt.generate("loop", prompt="start"), 10)
+        assert r.status == "completed"
+        sessions = await rt.sessions(limit=100)
+        # The root and MAX_DEPTH children below it, each ended; no child of the deepest one.
+        assert len(sessions) == 1 + _subagents.MAX_DEPTH
+        assert {s.status for s in sessions} == {"idle"}
+        assert r.text.count("ok: ") == _subagents.MAX_DEPTH
+        assert f"would nest subagents {_subagents.MAX_DEPTH + 1} deep" in r.text

@@ -586,3 +586,49 @@ async def test_an_exception_message_of_megabytes_is_cut(tmp_path: Path) -> None:
     assert result.content["error"].startswith("ValueError: xxx")
     assert result.content["error"].endswith("[cut]")
     assert len(result.content["error"]) < 300_000
+
+
+class Unprintable(Exception):
+    """An exception whose message cannot be read: its `__str__` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+async def test_an_exception_whose_message_cannot_be_read_is_still_an_error_result(
+    tmp_path: Path,
+) -> None:
+    # Formatting it raised out of the drive: the session stayed running with the call started,
+    # and every later drive ran the body again and raised again.
+    @so.tool
+    async def broken(x: int) -> int:
+        """Fails oddly."""
+        raise Unprintable()
+
+    @so.tool
+    async def stepping(ctx: so.ToolContext, x: int) -> str:
+        """A step fails oddly; the body catches it."""
+
+        def fail() -> None:
+            raise Unprintable()
+
+        try:
+            await ctx.step("fail", fail)
+        except Unprintable:
+            return "caught"
+        return "not raised"
+
+    seen = Capture(reply("done"))
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("broken", x=1), call("stepping", x=1)), seen],
+        tools=[broken, stepping],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+    first, second = tool_results(seen.last)
+    assert first.is_error
+    assert "Unprintable" in first.content["error"]
+    assert "RuntimeError" in first.content["error"]  # what its message raised, in its place
+    assert (second.is_error, second.content) == (False, "caught")

@@ -646,3 +646,36 @@ async def test_a_malformed_stored_trace_context_is_ignored(
     (drive,) = _by_name(exporter.get_finished_spans())["invoke_agent support"]
     assert [_id_of(link.context) for link in drive.links] == ([] if linked is None else [linked])
     assert drive.status.status_code == StatusCode.UNSET
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+async def test_trace_content_records_an_error_whose_message_cannot_be_read(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    # The SDK's record_exception reads the message: it raised out of the drive, which left the
+    # turn half done (the tool's call started, its failure never recorded).
+    @so.tool
+    async def odd(order: str) -> str:
+        """Fails with an exception whose message raises."""
+        raise _Unprintable()
+
+    def fail(messages: list[so.Message]) -> so.ModelResponse:
+        raise _Unprintable()
+
+    agent = scripted_agent("support", [call_tools(call("odd", order="A1")), fail], tools=[odd])
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)
+    r = await rt.generate("support", "go")
+    await rt.close()
+    assert (r.status, r.retryable) == ("failed", True)
+    assert r.error is not None and "_Unprintable" in r.error["message"]
+    spans = _by_name(exporter.get_finished_spans())
+    (tool,) = spans["execute_tool odd"]
+    assert str(tool.status.description).startswith("_Unprintable: <its message could not be read")
+    (exc,) = [e for e in tool.events if e.name == "exception"]
+    assert str((exc.attributes or {})["exception.type"]).endswith("_Unprintable")
+    model = spans["chat"][1]
+    assert model.status.status_code == StatusCode.ERROR

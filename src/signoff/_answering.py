@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from . import _mirrors
 from ._answers import Reply as _Reply
+from ._answers import check_decided as _check_decided
 from ._answers import check_principal
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
@@ -104,13 +105,15 @@ class Answering(SessionRunner):
         check_only: bool = False,
         drive_expired: bool = True,
         mark: Keyed | None = None,
+        only_approvals: bool = False,
     ) -> list[Outcome]:
         """Validate every answer, then settle them all in one durable commit (or none);
         `check_only` raises what settling would raise and records nothing. An answer to a request
         whose deadline just passed continues the turn without it, unless not `drive_expired`
         (`respond(resume=False)`, which must not run the turn: a sweep or worker will).
         `mark` is the idempotency key of the message that gave the answers: the settlement's
-        first event records it."""
+        first event records it. `only_approvals`: the answers are decisions (approve or deny),
+        which answer approvals only."""
         ids = [a.request_id for a in answers]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
@@ -121,6 +124,11 @@ class Answering(SessionRunner):
             state = await self._checked(session_id)
             if await self._orphaned(state):
                 continue  # its requests are withdrawn now: the answers are refused below
+            if only_approvals:  # before routing: a mirror has the kind of the child's request
+                for reply in answers:
+                    live = state.requests.get(reply.request_id)
+                    if live is not None:
+                        _check_decided(live.request)
             if _mirrors.routed(state, answers):  # mirrored from a subagent: settle it there
                 return await _mirrors.settle_routed(
                     self, state, answers, principal, require_all=require_all, check_only=check_only
@@ -143,6 +151,8 @@ class Answering(SessionRunner):
                         unknown.append(rid)
                         continue
                     request, status, resolution = stored.request, stored.status, stored.resolution
+                if only_approvals:
+                    _check_decided(request)
                 tool = agent.tools.get(request.tool_name or "")
                 wanted = _resolution(request, reply, tool)
                 if status != "pending" and live is not None and request.kind == "tool-approval":

@@ -25,6 +25,7 @@ from ._types import Decision, InputRequest, Principal, match_option
 __all__ = [
     "MAX_TEXT_BYTES",
     "Reply",
+    "check_decided",
     "check_principal",
     "decisions",
     "match",
@@ -157,6 +158,17 @@ def check_text(text: str, what: str) -> None:
         raise UsageError(f"{what} is not valid Unicode text: it holds a lone surrogate") from None
     if size > MAX_TEXT_BYTES:
         raise TooLarge(f"{what} is {size} bytes, over the limit of {MAX_TEXT_BYTES} bytes")
+
+
+def check_decided(request: InputRequest) -> None:
+    """A decision (approve or deny) answers an approval only: a question whose options happen
+    to be `approve` and `cancel` is answered by `respond`, as any other question."""
+    if request.kind != "tool-approval":
+        raise InvalidAnswer(
+            f"request {request.id} is a {request.kind}, not an approval: a decision answers "
+            "approvals only; answer it with respond()",
+            [request.id],
+        )
 
 
 def check_principal(value: object, name: str) -> None:

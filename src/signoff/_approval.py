@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias
 
+from ._error_text import error_text, readable
 from ._exceptions import UsageError
 from ._settings import flag, positive_seconds
 from ._types import Principal
@@ -197,7 +198,7 @@ class _Function(ApprovalPolicy):
             if inspect.isawaitable(result):
                 result = await result
         except Exception as exc:  # fail closed: a broken policy asks a person
-            return Verdict("ask", error=f"approval policy raised {type(exc).__name__}: {exc}")
+            return Verdict("ask", error=f"approval policy raised {error_text(exc)}")
         return normalize(result)
 
     def describe(self) -> str:
@@ -229,7 +230,7 @@ def reason_text(reason: object) -> str | None:
     what UTF-8 cannot encode (a lone surrogate) is replaced."""
     if reason is None or (isinstance(reason, str) and reason.isascii()):
         return reason
-    text = reason if isinstance(reason, str) else str(reason)
+    text = reason if isinstance(reason, str) else readable(reason)
     return text.encode("utf-8", "replace").decode()
 
 

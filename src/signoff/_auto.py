@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from ._approval import ApprovalContext, ApprovalPolicy, Verdict
+from ._error_text import error_text
 from ._exceptions import UsageError
 from ._types import UserMessage
 
@@ -88,7 +89,7 @@ class _Auto(ApprovalPolicy):
         except TimeoutError:
             return _caution("failed", f"the review took longer than {self.timeout:g}s")
         except Exception as exc:
-            return _caution("failed", f"the review failed: {type(exc).__name__}: {exc}")
+            return _caution("failed", f"the review failed: {error_text(exc)}")
         verdict, reason = _parse(getattr(response, "text", ""))
         if verdict == "clear":
             return Verdict("run", reason, auto=("clear", reason))

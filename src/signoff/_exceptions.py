@@ -8,7 +8,7 @@
     ├── SessionError               about a session as a whole          (.session_id)
     │   ├── UnknownSession         no such session
     │   ├── SessionExpired         its TTL passed; reopening it fails loudly
-    │   ├── SessionBusy            another process is running its turn right now
+    │   ├── SessionBusy            another drive is running its turn right now
     │   └── SessionLimitReached    a token, cost or step limit was hit
     ├── AnswerError                an answer that cannot be applied    (.request_ids)
     │   ├── UnknownRequest         ids never requested in this session (typos, other sessions)
@@ -153,7 +153,8 @@ class SessionExpired(SessionError):
 
 
 class SessionBusy(SessionError):
-    """Another process holds the session's lease and is running its turn."""
+    """Another process, or another call in this one, holds the session's lease and is running
+    its turn."""
 
     code = "session_busy"
 

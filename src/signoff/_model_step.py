@@ -8,10 +8,19 @@ import asyncio
 import json
 from typing import Any
 
+from ._error_text import error_text
 from ._exceptions import LeaseLost, ModelError, SignoffError
 from ._recording import DriverPart, EventSpec, dump_request, new_id, own_cancel
 from ._state import MESSAGE_EVENT_TYPES, Conversation, SessionState, conversation
-from ._types import InputRequest, Message, ModelResponse, Option, ToolResultMessage
+from ._types import (
+    InputRequest,
+    Message,
+    ModelResponse,
+    Option,
+    ToolCall,
+    ToolResultMessage,
+    Usage,
+)
 from .models import ModelRequest, ToolSpec
 
 __all__ = ["ModelStep"]
@@ -106,7 +115,7 @@ class ModelStep(DriverPart):
             if isinstance(exc, LeaseLost) and self.held is not None and self.held.lost:
                 raise  # another process drives the turn now: nothing is recorded here
             code = exc.code if isinstance(exc, SignoffError) else "model_error"
-            message = f"{type(exc).__name__}: {exc}"
+            message = error_text(exc)
             cap = limits.max_response_bytes // 4
             if len(message) > cap:  # a message of megabytes is cut, not stored on every retry
                 message = message[:cap] + " [cut]"
@@ -258,13 +267,17 @@ def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None
 
 
 def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
-    """Refuse a response the log cannot hold faithfully: NaN, infinity or objects that are not
-    JSON (a NaN amount slips past `amount > 100`, infinity is read back as null), negative
+    """Refuse a response the log cannot hold faithfully: one built past validation (fields of
+    the wrong type could be recorded but never read back), NaN, infinity or objects that are
+    not JSON (a NaN amount slips past `amount > 100`, infinity is read back as null), negative
     usage (which would give budget back), or JSON over `max_bytes`."""
+    problem = _malformed(response)
+    if problem is not None:
+        raise ModelError(f"model response is malformed: {problem}")
+    data: Any = response.model_dump()
     usage = response.usage
     if min(usage.input_tokens, usage.output_tokens, usage.cost_usd) < 0:
         raise ModelError(f"model response has negative usage: {usage!r}")
-    data: Any = response.model_dump()
     try:
         text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
@@ -276,3 +289,30 @@ def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
             f"model response is {size} bytes, over the limit of {max_bytes} bytes "
             "(max_response_bytes)"
         )
+
+
+def _malformed(response: ModelResponse) -> str | None:
+    """What in `response` is not of its declared type, as `ModelResponse.model_construct` or a
+    list appended to can leave it: checked by hand, as validating it again costs more."""
+    r: Any = response
+    if not isinstance(r.text, str):
+        return f"text is a {type(r.text).__name__}, not a str"
+    if not isinstance(r.reasoning, list) or not all(isinstance(b, dict) for b in r.reasoning):
+        return "reasoning is not a list of objects"
+    u = r.usage
+    if not (
+        isinstance(u, Usage)
+        and type(u.input_tokens) is int
+        and type(u.output_tokens) is int
+        and type(u.cost_usd) in (int, float)
+    ):
+        return f"usage is not a Usage of two whole numbers and a cost ({type(u).__name__})"
+    if not isinstance(r.tool_calls, list):
+        return "tool_calls is not a list"
+    for c in r.tool_calls:
+        if not isinstance(c, ToolCall):
+            return f"a tool call is a {type(c).__name__}, not a ToolCall"
+        if not isinstance(c.name, str) or not (c.id is None or isinstance(c.id, str)):
+            kinds = f"{type(c.name).__name__}, {type(c.id).__name__}"
+            return f"a tool call's name or id is not text ({kinds})"
+    return None

@@ -16,6 +16,7 @@ from math import inf
 from typing import Any, Literal, TypeAlias
 
 from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy, reason_text
+from ._error_text import error_text
 from ._exceptions import UsageError
 from ._types import Principal
 
@@ -166,5 +167,11 @@ async def evaluate_response(
     except TimeoutError:
         return ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
     except Exception as exc:
-        return ResponseVerdict("failed", f"response policy raised {type(exc).__name__}: {exc}")
-    return _normalize(result)
+        return ResponseVerdict("failed", f"response policy raised {error_text(exc)}")
+    try:
+        return _normalize(result)
+    except Exception as exc:  # comparing or showing what it returned raised: user code too
+        kind = type(result).__name__
+        return ResponseVerdict(
+            "failed", f"response policy returned a {kind} that could not be read: {error_text(exc)}"
+        )

@@ -206,7 +206,9 @@ class Runtime(Workers):
                 )
                 for d in decisions
             ]
-            outcomes = await self._settle(session_id, answers, auth, require_all=True)
+            outcomes = await self._settle(
+                session_id, answers, auth, require_all=True, only_approvals=True
+            )
             return await self._drive(session_id, outcomes=outcomes, retry=True)
         if session_id is None:
             if agent is None:

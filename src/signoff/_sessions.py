@@ -363,7 +363,8 @@ class SessionRunner(Leasing):
                 # without results: the turn is finished first, never started over.
                 if await self._busy(session_id):
                     raise SessionBusy(
-                        f"session {session_id!r} is running a turn in another process",
+                        f"session {session_id!r} is running a turn (in this process or "
+                        "another); send() a message to steer it",
                         session_id,
                     )
                 if not self.inline:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from typing import Any, NoReturn
 
+from ._error_text import error_message
 from ._exceptions import StepFailed
 
 __all__ = ["failure_of", "raise_recorded"]
@@ -20,7 +21,7 @@ def failure_of(exc: Exception) -> dict[str, Any]:
     return {
         "module": cls.__module__,
         "type": cls.__qualname__,
-        "message": str(exc),
+        "message": error_message(exc),
         "args": args if _plain(args) else None,
     }
 
@@ -37,7 +38,7 @@ def raise_recorded(step: str, error: dict[str, Any]) -> NoReturn:
             again = cls(*args)
         except Exception:  # a class whose arguments are not its args: rebuilt differently
             again = None
-        if isinstance(again, cls) and str(again) == message:
+        if isinstance(again, cls) and error_message(again) == message:
             raise again
     name = qualname if module == "builtins" else f"{module}.{qualname}"
     raise StepFailed(step, name, message)

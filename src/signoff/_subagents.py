@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ._runtime import Runtime
 
 __all__ = [
+    "MAX_DEPTH",
     "RuntimeHost",
     "SubagentFailed",
     "after_close",
@@ -51,6 +52,12 @@ __all__ = [
     "reconcile",
     "sweep_orphans",
 ]
+
+
+MAX_DEPTH = 8
+"""How deep subagents nest: a delegate call that would create a child further below its root
+session fails instead, so an agent that delegates to itself (or two that delegate to each
+other) cannot create sessions without end."""
 
 
 class SubagentFailed(Exception):
@@ -194,6 +201,13 @@ class RuntimeHost:
         if await rt.store.head(child) is not None:
             return child
         parent_state = await rt._state(parent)
+        depth = await self._depth(parent_state.parent)
+        if depth > MAX_DEPTH:
+            # Raised inside the call's journaled step: a replay fails the same way.
+            raise SubagentFailed(
+                f"delegating to {agent!r} from session {parent} would nest subagents "
+                f"{depth} deep; the limit is {MAX_DEPTH}"
+            )
         now = rt.clock()
         ttl = spec.limits.ttl_seconds
         initiator = parent_state.initiator
@@ -220,6 +234,16 @@ class RuntimeHost:
             return child  # created by a run that died before journaling it
         rt._remember(fold([event]))
         return child
+
+    async def _depth(self, grandparent: str | None) -> int:
+        """How deep a new child lies below its root session (1 for a child of a root), given its
+        parent's own parent; counted no further than one past `MAX_DEPTH`."""
+        depth = 1
+        while grandparent is not None and depth <= MAX_DEPTH:
+            depth += 1
+            created = await self.runtime.store.read_events(grandparent, limit=1)
+            grandparent = created[0].data.get("parent") if created else None
+        return depth
 
     async def start_child(
         self, child: str, message: str, principal: dict[str, Any] | None, source: str

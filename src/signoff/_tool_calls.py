@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
+from ._error_text import error_message, error_text
 from ._exceptions import LeaseLost, StoreError
 from ._journal import CallJournal
 from ._recording import (
@@ -188,17 +189,17 @@ class ToolCalls(DriverPart):
         try:
             own = await tool.approval.decide(ctx)
         except Exception as exc:  # fail closed: a broken policy asks a person
-            own = Verdict("ask", error=f"approval policy raised {type(exc).__name__}: {exc}")
-        if not isinstance(own, Verdict):
-            own = Verdict("ask", error=f"approval policy returned {own!r}, not a Verdict")
+            own = Verdict("ask", error=f"approval policy raised {error_text(exc)}")
+        if not _is_verdict(own):
+            own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
         verdicts = [own]
         for guardrail in self.agent.guardrails:
             try:
                 v = await guardrail.decide(ctx)
             except Exception as exc:  # fail closed, like a broken policy: ask a person
-                v = Verdict("ask", error=f"guardrail raised {type(exc).__name__}: {exc}")
-            if v is not None and not isinstance(v, Verdict):
-                v = Verdict("ask", error=f"guardrail returned {v!r}, not a Verdict or None")
+                v = Verdict("ask", error=f"guardrail raised {error_text(exc)}")
+            if v is not None and not _is_verdict(v):
+                v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
             if v is not None:
                 verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
         for action in ("deny", "ask"):
@@ -320,7 +321,7 @@ class ToolCalls(DriverPart):
                 raise  # a step or question found the turn cancelled or replaced: not the tool's
             if journal.failed is not None:  # the store refused a step or question: not the tool
                 raise journal.failed from None
-            error = f"{type(exc).__name__}: {exc}"
+            error = error_text(exc)
             limit = self.max_result_bytes(tool)
             if len(error) > limit // 4:  # a message of megabytes is cut, not stored whole
                 error = error[: limit // 4] + " [cut]"
@@ -414,7 +415,7 @@ class ToolCalls(DriverPart):
         try:
             payload = jsonable(signal.payload)
         except Exception as exc:
-            error = {"error": f"approval payload is not JSON-able: {exc}"}
+            error = {"error": f"approval payload is not JSON-able: {error_message(exc)}"}
             await self.record(journal.ending([tool_result(call, "error", error)]))
             return
         tool = self.agent.tools.get(call.tool_name)
@@ -462,6 +463,24 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:
         span.outcome("withdrawn")
     else:
         span.fail(exc)
+
+
+def _is_verdict(value: object) -> bool:
+    """Whether `value` is a verdict of a known action: any other action ran the call, as only
+    `deny` and `ask` are looked for."""
+    return isinstance(value, Verdict) and value.action in ("run", "deny", "ask")
+
+
+def _shown(value: object) -> str:
+    """`value` as a policy error names it: a verdict by its action, anything else by repr."""
+    if isinstance(value, Verdict):
+        action = value.action
+        named = repr(action) if isinstance(action, str) else f"a {type(action).__name__}"
+        return f"a Verdict of action {named}"
+    try:
+        return repr(value)
+    except Exception as exc:
+        return f"a {type(value).__name__} (its repr raised {type(exc).__name__})"
 
 
 def _with_text_reason(verdict: Verdict) -> Verdict:

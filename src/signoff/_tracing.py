@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self, TypeVar, cast
 
+from ._error_text import error_message, error_text
 from ._exceptions import SignoffError, UsageError
 
 if TYPE_CHECKING:
@@ -139,8 +141,13 @@ class _Span:
             return
         span.set_attribute("error.type", _error_type(exc))
         if self.content:
-            span.record_exception(exc)
-            why = f"{type(exc).__name__}: {exc}"
+            why = error_text(exc)
+            try:
+                span.record_exception(exc)
+            except Exception:  # the SDK reads the message too, and reading it raised
+                stack = "".join(traceback.format_exception(exc))
+                attributes = {"exception.type": _exception_type(exc), "exception.stacktrace": stack}
+                span.add_event("exception", {**attributes, "exception.message": error_message(exc)})
         else:
             span.add_event("exception", {"exception.type": _exception_type(exc)})
             why = _named(exc)

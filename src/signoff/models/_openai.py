@@ -184,13 +184,19 @@ class OpenAIChat(SdkModel):
                 )
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
         message = getattr(choices[0], "message", None)
-        if message is None:
+        if message is None or isinstance(message, str | int | float | list):
+            # Not an object: read as one it would pass for an empty answer.
             raise ModelError(f"OpenAI chat completion for {where} returned no message")
         text = _text(getattr(message, "content", None))
         refusal = getattr(message, "refusal", None)
         if not text and isinstance(refusal, str):
             text = refusal
         raw_calls = getattr(message, "tool_calls", None) or []
+        if not isinstance(raw_calls, list):
+            raise ModelError(
+                f"OpenAI chat completion for {where} has tool_calls that are not a list: "
+                f"{type(raw_calls).__name__}"
+            )
         finish = plain_str(getattr(choices[0], "finish_reason", None))
         if finish == "error":
             # A gateway's word that the generation failed midway (OpenRouter puts the error on

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeAlias
 
 from .._exceptions import ModelError, UsageError
@@ -26,6 +26,14 @@ class Scripted:
     """
 
     def __init__(self, steps: Sequence[Step], *, repeat_last: bool = False) -> None:
+        if isinstance(steps, str | bytes | ModelResponse | Exception) or not isinstance(
+            steps, Iterable
+        ):
+            # One response alone would be iterated as its pydantic fields, or a string's letters.
+            raise UsageError(
+                f"Scripted takes a list of steps, not a {type(steps).__name__}: "
+                "wrap a single response in a list"
+            )
         self.steps = list(steps)
         for i, step in enumerate(self.steps):
             # Refused here: at the model call it was a TypeError inside a failed turn.
