@@ -259,6 +259,37 @@ async def test_per_session_locks_and_abort_signals_are_dropped_once_unused(tmp_p
         assert (len(rt._locks), len(rt._aborts)) == (0, 0)
 
 
+async def test_a_turn_that_parks_or_ends_returns_its_state_without_reading_the_store_again(
+    store_url: str,
+) -> None:
+    """The commit that parks a turn (or ends it) gives the drive's lease back, and the drive's
+    state is then the store's: the result is built from it, with no head check after."""
+    ran: list[int] = []
+    agent = refund_agent(ran, Capture(reply("done")))
+    async with so.Runtime([agent], store=store_url) as rt:
+        calls: list[str] = []
+        for name in ("head", "read_events", "load", "commit", "acquire_lease"):
+            method = getattr(rt.store, name)
+
+            def counted(*args: Any, _name: str = name, _method: Any = method, **kw: Any) -> Any:
+                calls.append(_name)
+                return _method(*args, **kw)
+
+            setattr(rt.store, name, counted)
+        parked = await rt.generate("a", prompt="refund it")
+        assert parked.status == "waiting"
+        assert calls[-1] == "commit"  # the one that parked: nothing read after it
+        assert [r.id for r in parked.pending] == [r.id for r in await rt.pending()]
+        calls.clear()
+        decision = so.Decision(id=parked.pending[0].id, approved=True)
+        done = await rt.generate(session_id=parked.session_id, approvals=[decision])
+        assert (done.status, done.text, ran) == ("completed", "done", [180])
+        assert calls[-1] == "commit"
+        stored = await events(rt, parked.session_id)
+        state = await rt.state(parked.session_id)
+        assert (state.turn_status, state.seq) == ("completed", stored[-1].seq)
+
+
 REFUSED_SETTINGS: list[tuple[str, Any]] = [
     # A renewal gets about half the TTL to get through (every third of it, given up a tenth
     # before it lapses): at 1 ms a healthy store just a little slow loses every lease.

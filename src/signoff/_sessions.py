@@ -500,7 +500,12 @@ class SessionRunner(Leasing):
                 elif not (failed and keep_on_error):
                     await self._release(session_id, owner, token)
             retry = False
-            state = await self._state(session_id)
+            if driver is not None and driver.released and not failed:
+                # Its last commit gave the lease back: its state is the store's as of then, so
+                # the head check `_state` makes would only cost a round trip.
+                state = driver.state
+            else:
+                state = await self._state(session_id)
             if lost:
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
