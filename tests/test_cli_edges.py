@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import io
 import json
 import os
 import pty
@@ -16,6 +18,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -23,11 +26,14 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import signoff as so
-from signoff.cli import app
-from signoff.stores import SQLiteStore
+from signoff.channels import TerminalChannel
+from signoff.cli import app, local_principal
+from signoff.cli._chat import _Chat
+from signoff.stores import SessionSummary, SQLiteStore
 from tests.test_cli import (
     ROOT,
     TARGET,
@@ -555,11 +561,20 @@ def _wait_until_blocked(pid: int, timeout: float = 20) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize(("typed", "prompt"), [(b"", b"you:"), (b"refund order 1042\n", b"(y/N)")])
-def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: bytes) -> None:
+@pytest.mark.parametrize("at_once", [False, True], ids=["in-its-read", "as-the-prompt-shows"])
+@pytest.mark.parametrize(
+    ("typed", "prompt"),
+    [(b"", b"you:"), (b"refund order 1042\n", b"(y/N)"), (b"", b"signoff chat")],
+    ids=["message", "approval", "header"],
+)
+def test_one_ctrl_c_at_a_chat_prompt_ends_it(
+    url: str, typed: bytes, prompt: bytes, at_once: bool
+) -> None:
     """Ctrl-C at chat's prompt in a terminal, for a message or an approval, ends it at once with
     130 and no traceback: asyncio's handler only cancelled the task, which the terminal's line
-    reading never sees, so the first Ctrl-C did nothing and a second one was needed."""
+    reading never sees, so the first Ctrl-C did nothing and a second one was needed. So does one
+    sent the moment the prompt (or the header before it) shows: `input()` saw a SIGINT that
+    came before its read began only at the next Enter, and asyncio's cancel not at all."""
     terminal, tty = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
@@ -574,7 +589,8 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: byt
     try:
         os.write(terminal, typed)
         _read_until(terminal, prompt)
-        _wait_until_blocked(proc.pid)
+        if not at_once:
+            _wait_until_blocked(proc.pid)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=10)
     finally:
@@ -584,6 +600,96 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: byt
         os.close(terminal)
     assert proc.returncode == 130, stderr
     assert stderr.decode().strip() == "interrupted"
+    assert [s.status for s in _sessions(url)] == (["waiting"] if typed else [])
+
+
+def _sessions(url: str) -> list[SessionSummary]:
+    rt = so.Runtime([], store=url)
+    try:
+        return rt.sessions_sync()
+    finally:
+        rt.close_sync()
+
+
+def test_a_ctrl_c_while_a_reply_prints_ends_chat_before_its_next_read(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncio's SIGINT handler only cancels the task: a Ctrl-C landing after a turn's last
+    await, while its reply prints, was seen only once the next message had been read and sent."""
+    typed = iter(["refund order 1042", "y", "and order 1043"])
+    prompts: list[str] = []
+
+    def read(prompt: str) -> str | None:
+        prompts.append(prompt)
+        return next(typed)
+
+    async def go() -> None:
+        rt = so.Runtime([agent], store=url)
+        async with rt:
+            console = Console(file=io.StringIO())
+            chat = _Chat(rt, agent, console, local_principal(), target=TARGET)
+            chat.channel = TerminalChannel(console, read=read)
+            report = chat.report
+
+            def report_then_ctrl_c(result: so.GenerateResult) -> None:
+                report(result)
+                signal.raise_signal(signal.SIGINT)
+
+            monkeypatch.setattr(chat, "report", report_then_ctrl_c)
+            await chat.run(None)
+
+    # As at a shell: asyncio.run installs its handler only over Python's default one.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(go())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(prompts) == 2, prompts
+    [session] = _sessions(url)
+    assert "and order 1043" not in json.dumps([e.data for e in log(url, session.id)])
+
+
+def test_ctrl_c_typed_midway_through_a_message_ends_chat_without_sending_it(url: str) -> None:
+    """A real Ctrl-C, typed at chat's controlling terminal halfway through a line: chat ends
+    with 130 and the half-typed message is sent nowhere, while the one sent before it is kept."""
+    terminal, tty = pty.openpty()
+
+    def own_terminal() -> None:  # a shell's job: its own session, with this terminal
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        stdin=tty,
+        stdout=tty,
+        stderr=subprocess.PIPE,
+        preexec_fn=own_terminal,
+    )
+    os.close(tty)
+    try:
+        os.write(terminal, b"refund order 1042\n")
+        _read_until(terminal, b"(y/N)")
+        os.write(terminal, b"y\n")
+        _read_until(terminal, b"you:")
+        os.write(terminal, b"and order 10")
+        _read_until(terminal, b"and order 10")  # echoed: the terminal holds it
+        os.write(terminal, b"\x03")
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(terminal)
+    assert proc.returncode == 130, stderr
+    assert stderr.decode().strip() == "interrupted"
+    [session] = _sessions(url)
+    events = log(url, session.id)
+    assert [e.type for e in events].count("turn.started") == 1
+    assert session.status == "idle" and "refund order 1042" in json.dumps([e.data for e in events])
+    assert "and order" not in json.dumps([e.data for e in events])
 
 
 def test_serve_on_port_0_prints_the_port_it_listens_on(url: str) -> None:

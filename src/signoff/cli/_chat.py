@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shlex
 import signal
@@ -44,7 +45,8 @@ from ._app import (
 @contextlib.contextmanager
 def _ctrl_c_interrupts() -> Iterator[None]:
     """Let one Ctrl-C end a prompt: asyncio's own handler only cancels the task, which a
-    terminal's blocking line read never notices, so while it reads Python's handler is back."""
+    terminal's blocking line read never notices, so while it reads Python's handler is back.
+    A Ctrl-C that came since the last await (asyncio's cancel, not yet delivered) ends it now."""
     previous = signal.getsignal(signal.SIGINT)
     swap = (
         previous not in (None, signal.SIG_IGN)  # None: set outside Python, so not restorable
@@ -53,6 +55,9 @@ def _ctrl_c_interrupts() -> Iterator[None]:
     if swap:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        task = asyncio.current_task()
+        if swap and task is not None and task.cancelling():
+            raise KeyboardInterrupt
         yield
     finally:
         if swap:
