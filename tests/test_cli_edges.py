@@ -731,6 +731,21 @@ def test_a_store_path_that_is_a_directory_is_named_as_one(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["pending"], ["chat", TARGET]])
+def test_a_store_path_ending_in_a_slash_is_refused(command: list[str], tmp_path: Path) -> None:
+    """`--store sqlite:///DIR/` (a folder meant, or a file named with a slash after it): SQLite
+    opened `DIR/` as the file `DIR`, so `db upgrade` or `chat` made a store file where a folder
+    was meant, which `pending` with the same URL then said was no store."""
+    (tmp_path / "old.db").write_bytes(b"")
+    for path in (tmp_path / "new", tmp_path / "old.db"):
+        result = CliRunner().invoke(app, [*command, "--store", f"sqlite:///{path}/"], input="")
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith("error: StoreError: SQLite URL "), result.output
+        assert "ends in '/'" in result.stderr, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.db"]
+    assert (tmp_path / "old.db").read_bytes() == b""
+
+
 def _wait_for_line(proc: subprocess.Popen[str], text: str) -> None:
     """Read `proc`'s stderr up to a line holding `text`; it ending first fails the test."""
     assert proc.stderr is not None

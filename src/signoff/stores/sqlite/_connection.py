@@ -54,6 +54,8 @@ def _path_from_url(url: str) -> str:
     path = rest[1:]
     if not path:
         raise StoreError(f"SQLite URL names no file: {url!r}")
+    if path.endswith("/"):  # SQLite would open `x/` as the file `x`, creating one if none
+        raise StoreError(f"SQLite URL ends in '/', which names a folder, not a file: {url!r}")
     if "?" in path or "#" in path:
         raise StoreError(
             f"SQLite URL takes no query or fragment (the store sets its own options): {url!r}"
