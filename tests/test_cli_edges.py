@@ -746,6 +746,24 @@ def test_a_store_path_ending_in_a_slash_is_refused(command: list[str], tmp_path:
     assert (tmp_path / "old.db").read_bytes() == b""
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["pending"], ["events", "ses_x"], ["approve", "req_x"], ["db", "upgrade"], ["worker", TARGET]],
+)
+def test_a_store_path_that_is_a_fifo_is_named_as_one(command: list[str], tmp_path: Path) -> None:
+    """A named pipe (or a device) where the store was meant is said to be no regular file, not
+    "no signoff schema" nor SQLite's "disk I/O error" once it tried to write it."""
+    fifo = tmp_path / "state.db"
+    os.mkfifo(fifo)
+    result = invoke(*command, "--store", f"sqlite:///{fifo}")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: StoreError: cannot open SQLite store {fifo}: it is no regular file "
+        "(a named pipe, device or socket)\n"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["state.db"]
+
+
 def _wait_for_line(proc: subprocess.Popen[str], text: str) -> None:
     """Read `proc`'s stderr up to a line holding `text`; it ending first fails the test."""
     assert proc.stderr is not None

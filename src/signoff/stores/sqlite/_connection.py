@@ -152,11 +152,14 @@ def _access(path: str) -> str:
 
 def _unopenable(path: str) -> str | None:
     """Why the file at `path` cannot be opened, where SQLite says only "unable to open database
-    file": a directory, or a file (or the directory of a new one) this user may not use."""
+    file": a directory, a named pipe or device, or a file (or the directory of a new one) this
+    user may not use."""
     if path == ":memory:":
         return None
     if os.path.isdir(path):
         return "it is a directory, not a file"
+    if os.path.exists(path) and not os.path.isfile(path):
+        return "it is no regular file (a named pipe, device or socket)"
     if os.path.exists(path):
         return None if os.access(path, os.R_OK) else "this user may not read it (permission denied)"
     folder = os.path.dirname(os.path.abspath(path))
@@ -253,6 +256,8 @@ class Connection:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
+            if os.path.exists(self.path) and not os.path.isfile(self.path):
+                raise StoreError(f"cannot open SQLite store {self.path}: {_unopenable(self.path)}")
         conn: sqlite3.Connection | None = None
         access = self._access = _access(self.path)
         if access == "immutable":
