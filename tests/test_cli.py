@@ -789,6 +789,27 @@ def test_chat_hands_a_two_person_approval_to_someone_else(url: str) -> None:
     assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
 
 
+def test_approve_that_continues_a_turn_which_then_fails_exits_1(url: str) -> None:
+    """The answer is recorded, but the turn this command went on to run failed: a script must
+    not read that as success (it exited 0, the failure a line on stdout among the others)."""
+    flaky_step.failed = False
+    rt = so.Runtime([flaky], store=url)
+    try:
+        parked = rt.generate_sync("flaky", "Refund order 1042")
+    finally:
+        rt.close_sync()
+    request_id = parked.pending[0].id
+    result = invoke("approve", request_id, "tests.test_cli:flaky", "--store", url)
+    assert result.exit_code == 1, result.output
+    assert f"approved {request_id}" in result.stdout
+    assert result.stderr == (
+        "error: the turn failed: ModelError: upstream timed out; it resumes with signoff chat "
+        f"tests.test_cli:flaky --session {parked.session_id} --store {url}\n"
+    )
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+    assert refunds_run(log(url, parked.session_id)) == 1
+
+
 def test_chat_retries_a_failed_turn_without_asking_again(url: str) -> None:
     flaky_step.failed = False
     chat = CliRunner().invoke(
