@@ -764,6 +764,24 @@ def test_a_store_path_that_is_a_fifo_is_named_as_one(command: list[str], tmp_pat
     assert [p.name for p in tmp_path.iterdir()] == ["state.db"]
 
 
+def test_chat_with_its_standard_input_closed_says_so(url: str) -> None:
+    """`signoff chat ... <&-` was a RuntimeError traceback from `input()` at the first prompt;
+    it is one error line, exit 1, before any store is made."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == (
+        "error: UsageError: chat reads what you type from standard input, which is closed\n"
+    )
+    assert not Path(url.removeprefix("sqlite:///")).exists()
+
+
 def _wait_for_line(proc: subprocess.Popen[str], text: str) -> None:
     """Read `proc`'s stderr up to a line holding `text`; it ending first fails the test."""
     assert proc.stderr is not None

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import shlex
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Annotated
@@ -266,6 +267,8 @@ def chat(
             refuse_undecodable({"--agent": agent, "--session": session})
             principal = parse_principal(acting_as)
             split_target(target)
+        if sys.stdin is None:  # started with it closed (`<&-`): `input()` would raise
+            raise UsageError("chat reads what you type from standard input, which is closed")
         runtime = load_runtime(target, store)
         picked = pick_agent(runtime, agent)
         console = Console(highlight=False, soft_wrap=True)
