@@ -782,6 +782,50 @@ def test_chat_with_its_standard_input_closed_says_so(url: str) -> None:
     assert not Path(url.removeprefix("sqlite:///")).exists()
 
 
+@pytest.mark.parametrize("command", [["pending"], ["sessions"], ["events", "SESSION"]])
+def test_a_terminal_that_cannot_show_unicode_gets_escapes_not_a_traceback(
+    url: str, command: list[str]
+) -> None:
+    """Output whose encoding is not UTF-8 (a Windows pipe's code page, a Latin-1 locale) cannot
+    hold a Japanese agent name: Rich's write raised UnicodeEncodeError, a traceback instead of
+    the table. What it cannot encode is now shown as a backslash escape."""
+    rt = so.Runtime([kuma], store=url)
+    try:
+        session_id = rt.generate_sync("クマ", "返金 1042").session_id
+    finally:
+        rt.close_sync()
+    args = [session_id if arg == "SESSION" else arg for arg in command]
+    proc = subprocess.run(
+        [sys.executable, "-m", "signoff", *args, "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stderr == b""
+    assert b"\\u30af\\u30de" in proc.stdout, proc.stdout  # クマ
+
+
+kuma = so.Agent(
+    name="クマ",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="issue_refund",
+                        input={"order_id": "1042", "amount": 180, "reason": "壊れた"},
+                    )
+                ]
+            ),
+            so.ModelResponse(text="返金しました。"),
+        ]
+    ),
+    tools=[issue_refund],
+)
+
+
 def _wait_for_line(proc: subprocess.Popen[str], text: str) -> None:
     """Read `proc`'s stderr up to a line holding `text`; it ending first fails the test."""
     assert proc.stderr is not None
