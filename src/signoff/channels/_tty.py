@@ -22,8 +22,9 @@ __all__ = ["terminal_stdin", "read_terminal_line"]
 
 def terminal_stdin() -> int | None:
     """The file descriptor of standard input if it is a terminal this thread can wait on with
-    signals in view (the main thread: only it runs handlers); None otherwise."""
-    if threading.current_thread() is not threading.main_thread():
+    signals in view (the main thread: only it runs handlers) with `select`, which on Windows
+    takes sockets only; None otherwise."""
+    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
         return None
     try:
         fd = sys.stdin.fileno()
