@@ -563,6 +563,25 @@ def test_sessions_refuses_an_unknown_status(url: str) -> None:
     assert [r["status"] for r in json.loads(waiting.stdout)] == ["waiting"]
 
 
+@pytest.mark.parametrize("given", ["sqlite:///hub.db", "postgresql://db/hub"])
+def test_serve_refuses_a_store_url_as_its_channel_state_file(
+    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--channel-state` takes a file path: a URL, as `--store` takes, was made a relative path,
+    so `sqlite:///hub.db` became the file `hub.db` in a new folder `sqlite:` of the working
+    directory, where no other process looking for `hub.db` would find it."""
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path}/state.db"
+    hook = ("--webhook", "http://127.0.0.1:9/hook", "--webhook-secret", "s")
+    result = invoke(
+        "serve", TARGET, "--store", store, "--port", "0", *hook, "--channel-state", given
+    )
+    assert refused_usage(result) == (
+        f"Invalid value: --channel-state takes the path of a SQLite file, not a URL: {given!r}"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> None:
     newer = tmp_path / "newer.db"
     conn = sqlite3.connect(newer)
