@@ -563,6 +563,25 @@ def test_sessions_refuses_an_unknown_status(url: str) -> None:
     assert [r["status"] for r in json.loads(waiting.stdout)] == ["waiting"]
 
 
+@pytest.mark.parametrize("given", ["sqlite:///hub.db", "postgresql://db/hub"])
+def test_serve_refuses_a_store_url_as_its_channel_state_file(
+    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--channel-state` takes a file path: a URL, as `--store` takes, was made a relative path,
+    so `sqlite:///hub.db` became the file `hub.db` in a new folder `sqlite:` of the working
+    directory, where no other process looking for `hub.db` would find it."""
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path}/state.db"
+    hook = ("--webhook", "http://127.0.0.1:9/hook", "--webhook-secret", "s")
+    result = invoke(
+        "serve", TARGET, "--store", store, "--port", "0", *hook, "--channel-state", given
+    )
+    assert refused_usage(result) == (
+        f"Invalid value: --channel-state takes the path of a SQLite file, not a URL: {given!r}"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> None:
     newer = tmp_path / "newer.db"
     conn = sqlite3.connect(newer)
@@ -787,6 +806,27 @@ def test_chat_hands_a_two_person_approval_to_someone_else(url: str) -> None:
     assert second.exit_code == 0, second.output
     assert "treasurer: Wired." in second.output
     assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+
+def test_approve_that_continues_a_turn_which_then_fails_exits_1(url: str) -> None:
+    """The answer is recorded, but the turn this command went on to run failed: a script must
+    not read that as success (it exited 0, the failure a line on stdout among the others)."""
+    flaky_step.failed = False
+    rt = so.Runtime([flaky], store=url)
+    try:
+        parked = rt.generate_sync("flaky", "Refund order 1042")
+    finally:
+        rt.close_sync()
+    request_id = parked.pending[0].id
+    result = invoke("approve", request_id, "tests.test_cli:flaky", "--store", url)
+    assert result.exit_code == 1, result.output
+    assert f"approved {request_id}" in result.stdout
+    assert result.stderr == (
+        "error: the turn failed: ModelError: upstream timed out; it resumes with signoff chat "
+        f"tests.test_cli:flaky --session {parked.session_id} --store {url}\n"
+    )
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+    assert refunds_run(log(url, parked.session_id)) == 1
 
 
 def test_chat_retries_a_failed_turn_without_asking_again(url: str) -> None:

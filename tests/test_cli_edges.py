@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import io
 import json
 import os
 import pty
@@ -16,6 +18,7 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import termios
 import threading
 import time
 from pathlib import Path
@@ -23,11 +26,14 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 import signoff as so
-from signoff.cli import app
-from signoff.stores import SQLiteStore
+from signoff.channels import TerminalChannel
+from signoff.cli import app, local_principal
+from signoff.cli._chat import _Chat
+from signoff.stores import SessionSummary, SQLiteStore
 from tests.test_cli import (
     ROOT,
     TARGET,
@@ -555,11 +561,20 @@ def _wait_until_blocked(pid: int, timeout: float = 20) -> None:
         time.sleep(0.01)
 
 
-@pytest.mark.parametrize(("typed", "prompt"), [(b"", b"you:"), (b"refund order 1042\n", b"(y/N)")])
-def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: bytes) -> None:
+@pytest.mark.parametrize("at_once", [False, True], ids=["in-its-read", "as-the-prompt-shows"])
+@pytest.mark.parametrize(
+    ("typed", "prompt"),
+    [(b"", b"you:"), (b"refund order 1042\n", b"(y/N)"), (b"", b"signoff chat")],
+    ids=["message", "approval", "header"],
+)
+def test_one_ctrl_c_at_a_chat_prompt_ends_it(
+    url: str, typed: bytes, prompt: bytes, at_once: bool
+) -> None:
     """Ctrl-C at chat's prompt in a terminal, for a message or an approval, ends it at once with
     130 and no traceback: asyncio's handler only cancelled the task, which the terminal's line
-    reading never sees, so the first Ctrl-C did nothing and a second one was needed."""
+    reading never sees, so the first Ctrl-C did nothing and a second one was needed. So does one
+    sent the moment the prompt (or the header before it) shows: `input()` saw a SIGINT that
+    came before its read began only at the next Enter, and asyncio's cancel not at all."""
     terminal, tty = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
@@ -574,7 +589,8 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: byt
     try:
         os.write(terminal, typed)
         _read_until(terminal, prompt)
-        _wait_until_blocked(proc.pid)
+        if not at_once:
+            _wait_until_blocked(proc.pid)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=10)
     finally:
@@ -584,6 +600,96 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(url: str, typed: bytes, prompt: byt
         os.close(terminal)
     assert proc.returncode == 130, stderr
     assert stderr.decode().strip() == "interrupted"
+    assert [s.status for s in _sessions(url)] == (["waiting"] if typed else [])
+
+
+def _sessions(url: str) -> list[SessionSummary]:
+    rt = so.Runtime([], store=url)
+    try:
+        return rt.sessions_sync()
+    finally:
+        rt.close_sync()
+
+
+def test_a_ctrl_c_while_a_reply_prints_ends_chat_before_its_next_read(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """asyncio's SIGINT handler only cancels the task: a Ctrl-C landing after a turn's last
+    await, while its reply prints, was seen only once the next message had been read and sent."""
+    typed = iter(["refund order 1042", "y", "and order 1043"])
+    prompts: list[str] = []
+
+    def read(prompt: str) -> str | None:
+        prompts.append(prompt)
+        return next(typed)
+
+    async def go() -> None:
+        rt = so.Runtime([agent], store=url)
+        async with rt:
+            console = Console(file=io.StringIO())
+            chat = _Chat(rt, agent, console, local_principal(), target=TARGET)
+            chat.channel = TerminalChannel(console, read=read)
+            report = chat.report
+
+            def report_then_ctrl_c(result: so.GenerateResult) -> None:
+                report(result)
+                signal.raise_signal(signal.SIGINT)
+
+            monkeypatch.setattr(chat, "report", report_then_ctrl_c)
+            await chat.run(None)
+
+    # As at a shell: asyncio.run installs its handler only over Python's default one.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            asyncio.run(go())
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert len(prompts) == 2, prompts
+    [session] = _sessions(url)
+    assert "and order 1043" not in json.dumps([e.data for e in log(url, session.id)])
+
+
+def test_ctrl_c_typed_midway_through_a_message_ends_chat_without_sending_it(url: str) -> None:
+    """A real Ctrl-C, typed at chat's controlling terminal halfway through a line: chat ends
+    with 130 and the half-typed message is sent nowhere, while the one sent before it is kept."""
+    terminal, tty = pty.openpty()
+
+    def own_terminal() -> None:  # a shell's job: its own session, with this terminal
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        stdin=tty,
+        stdout=tty,
+        stderr=subprocess.PIPE,
+        preexec_fn=own_terminal,
+    )
+    os.close(tty)
+    try:
+        os.write(terminal, b"refund order 1042\n")
+        _read_until(terminal, b"(y/N)")
+        os.write(terminal, b"y\n")
+        _read_until(terminal, b"you:")
+        os.write(terminal, b"and order 10")
+        _read_until(terminal, b"and order 10")  # echoed: the terminal holds it
+        os.write(terminal, b"\x03")
+        _, stderr = proc.communicate(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(terminal)
+    assert proc.returncode == 130, stderr
+    assert stderr.decode().strip() == "interrupted"
+    [session] = _sessions(url)
+    events = log(url, session.id)
+    assert [e.type for e in events].count("turn.started") == 1
+    assert session.status == "idle" and "refund order 1042" in json.dumps([e.data for e in events])
+    assert "and order" not in json.dumps([e.data for e in events])
 
 
 def test_serve_on_port_0_prints_the_port_it_listens_on(url: str) -> None:
@@ -623,6 +729,101 @@ def test_a_store_path_that_is_a_directory_is_named_as_one(
         f"error: StoreError: cannot open SQLite store {tmp_path}: it is a directory, not a file\n"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["pending"], ["chat", TARGET]])
+def test_a_store_path_ending_in_a_slash_is_refused(command: list[str], tmp_path: Path) -> None:
+    """`--store sqlite:///DIR/` (a folder meant, or a file named with a slash after it): SQLite
+    opened `DIR/` as the file `DIR`, so `db upgrade` or `chat` made a store file where a folder
+    was meant, which `pending` with the same URL then said was no store."""
+    (tmp_path / "old.db").write_bytes(b"")
+    for path in (tmp_path / "new", tmp_path / "old.db"):
+        result = CliRunner().invoke(app, [*command, "--store", f"sqlite:///{path}/"], input="")
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith("error: StoreError: SQLite URL "), result.output
+        assert "ends in '/'" in result.stderr, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.db"]
+    assert (tmp_path / "old.db").read_bytes() == b""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["pending"], ["events", "ses_x"], ["approve", "req_x"], ["db", "upgrade"], ["worker", TARGET]],
+)
+def test_a_store_path_that_is_a_fifo_is_named_as_one(command: list[str], tmp_path: Path) -> None:
+    """A named pipe (or a device) where the store was meant is said to be no regular file, not
+    "no signoff schema" nor SQLite's "disk I/O error" once it tried to write it."""
+    fifo = tmp_path / "state.db"
+    os.mkfifo(fifo)
+    result = invoke(*command, "--store", f"sqlite:///{fifo}")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: StoreError: cannot open SQLite store {fifo}: it is no regular file "
+        "(a named pipe, device or socket)\n"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["state.db"]
+
+
+def test_chat_with_its_standard_input_closed_says_so(url: str) -> None:
+    """`signoff chat ... <&-` was a RuntimeError traceback from `input()` at the first prompt;
+    it is one error line, exit 1, before any store is made."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=lambda: os.close(0),
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr == (
+        "error: UsageError: chat reads what you type from standard input, which is closed\n"
+    )
+    assert not Path(url.removeprefix("sqlite:///")).exists()
+
+
+@pytest.mark.parametrize("command", [["pending"], ["sessions"], ["events", "SESSION"]])
+def test_a_terminal_that_cannot_show_unicode_gets_escapes_not_a_traceback(
+    url: str, command: list[str]
+) -> None:
+    """Output whose encoding is not UTF-8 (a Windows pipe's code page, a Latin-1 locale) cannot
+    hold a Japanese agent name: Rich's write raised UnicodeEncodeError, a traceback instead of
+    the table. What it cannot encode is now shown as a backslash escape."""
+    rt = so.Runtime([kuma], store=url)
+    try:
+        session_id = rt.generate_sync("クマ", "返金 1042").session_id
+    finally:
+        rt.close_sync()
+    args = [session_id if arg == "SESSION" else arg for arg in command]
+    proc = subprocess.run(
+        [sys.executable, "-m", "signoff", *args, "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stderr == b""
+    assert b"\\u30af\\u30de" in proc.stdout, proc.stdout  # クマ
+
+
+kuma = so.Agent(
+    name="クマ",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="issue_refund",
+                        input={"order_id": "1042", "amount": 180, "reason": "壊れた"},
+                    )
+                ]
+            ),
+            so.ModelResponse(text="返金しました。"),
+        ]
+    ),
+    tools=[issue_refund],
+)
 
 
 def _wait_for_line(proc: subprocess.Popen[str], text: str) -> None:

@@ -496,6 +496,8 @@ async def test_default_store_is_dot_signoff(
     [
         ("sqlite://state.db", so.StoreError, "three slashes"),
         ("sqlite:///", so.StoreError, "names no file"),
+        ("sqlite:///data/", so.StoreError, "ends in '/'"),
+        ("sqlite:////", so.StoreError, "ends in '/'"),
         ("sqlite:///state.db?mode=ro", so.StoreError, "no query"),
         ("sqlite:////tmp/s.db#x", so.StoreError, "no query"),
         ("mysql://localhost/db", so.UsageError, "unknown store URL"),

@@ -18,6 +18,7 @@ from rich.markup import escape
 from .._exceptions import UsageError
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, how_to_choose, named_options
+from ._tty import read_terminal_line, terminal_stdin
 
 __all__ = ["TerminalChannel", "compact_json", "duration", "printable"]
 
@@ -79,8 +80,14 @@ class TerminalChannel:
         self.clock = clock
 
     def _console_read(self, prompt: str) -> str | None:
+        """The console's `input`, but at a terminal a wait that Ctrl-C ends at any moment:
+        `input()` misses a SIGINT that comes just after its prompt until the next Enter."""
         try:
-            return self.console.input(prompt)
+            fd = terminal_stdin()
+            if fd is None:
+                return self.console.input(prompt)
+            self.console.print(prompt, end="")
+            return read_terminal_line(fd)
         except EOFError:
             return None
 

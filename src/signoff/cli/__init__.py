@@ -8,6 +8,9 @@ a command line Click rejects, or one found wrong before anything runs, exits 2, 
 
 from __future__ import annotations
 
+import io
+import sys
+
 from . import _chat, _queue, _serve, _worker  # noqa: F401  (each registers its commands)
 from ._app import app, load_runtime, local_principal, parse_principal, unwrap_help
 
@@ -18,4 +21,9 @@ unwrap_help(app)
 
 def main() -> None:
     """Entry point of the `signoff` console script."""
+    for stream in (sys.stdout, sys.stderr):
+        # Output that is not UTF-8 (a Windows pipe's code page, a Latin-1 locale) shows what it
+        # cannot hold (an agent's name, a model's text) as escapes rather than failing on it.
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="backslashreplace")
     app()

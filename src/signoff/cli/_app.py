@@ -104,7 +104,7 @@ def _not_a_store(path: str) -> bool:
     """Whether the SQLite file at `path` is plainly no signoff store: empty, or a database
     without signoff's `meta` table, which opening it as a store would write into. Only when no
     writer has it open (no -wal) and it reads as SQLite; otherwise the store itself decides."""
-    if os.path.exists(f"{path}-wal"):
+    if os.path.exists(f"{path}-wal") or not os.path.isfile(path):  # a folder, a pipe, a device
         return False
     if os.path.getsize(path) == 0:
         return True

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import shlex
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Annotated
@@ -44,7 +46,8 @@ from ._app import (
 @contextlib.contextmanager
 def _ctrl_c_interrupts() -> Iterator[None]:
     """Let one Ctrl-C end a prompt: asyncio's own handler only cancels the task, which a
-    terminal's blocking line read never notices, so while it reads Python's handler is back."""
+    terminal's blocking line read never notices, so while it reads Python's handler is back.
+    A Ctrl-C that came since the last await (asyncio's cancel, not yet delivered) ends it now."""
     previous = signal.getsignal(signal.SIGINT)
     swap = (
         previous not in (None, signal.SIG_IGN)  # None: set outside Python, so not restorable
@@ -53,6 +56,9 @@ def _ctrl_c_interrupts() -> Iterator[None]:
     if swap:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
+        task = asyncio.current_task()
+        if swap and task is not None and task.cancelling():
+            raise KeyboardInterrupt
         yield
     finally:
         if swap:
@@ -261,6 +267,8 @@ def chat(
             refuse_undecodable({"--agent": agent, "--session": session})
             principal = parse_principal(acting_as)
             split_target(target)
+        if sys.stdin is None:  # started with it closed (`<&-`): `input()` would raise
+            raise UsageError("chat reads what you type from standard input, which is closed")
         runtime = load_runtime(target, store)
         picked = pick_agent(runtime, agent)
         console = Console(highlight=False, soft_wrap=True)

@@ -289,12 +289,12 @@ async def _settle(
     else:
         given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
         console.print(f"[green]answered[/] {request_id} with {printable(given)} {where}")
+    url = runtime.store.url
+    on = "" if url == DEFAULT_URL else f" --store {shlex.quote(shown_store(url))}"
     if result.pending:  # `running` too: an approved call can run while another still waits
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")
     elif loaded is None:
-        url = runtime.store.url
-        on = "" if url == DEFAULT_URL else f" --store {shlex.quote(shown_store(url))}"
         console.print(
             f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
             f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}"
@@ -302,8 +302,19 @@ async def _settle(
         )
     elif result.status == "completed":
         console.print(f"[bold cyan]{printable(request.agent)}:[/] {printable(result.text)}")
-    elif result.status == "failed":
-        console.print(f"[red]the turn failed: {printable(error_text(result.error))}[/]")
+    elif result.status == "failed":  # the answer stands; the run this command went on to fails
+        resume = (
+            f"; it resumes with signoff chat {shlex.quote(target or '')} "
+            f"--session {request.session_id}{on}"
+            if result.retryable
+            else ""
+        )
+        err().print(
+            "[bold red]error:[/] "
+            f"[red]the turn failed: {printable(error_text(result.error) + resume)}[/]",
+            soft_wrap=True,
+        )
+        raise typer.Exit(1)
     elif result.status == "running":
         console.print("[yellow]another process is running this session's turn[/]")
 

@@ -136,6 +136,11 @@ def serve(
                 bool(webhook), webhook_secret, slack_channel, slack_token, slack_signing_secret
             )
             channels = _webhook_channels(webhook, webhook_secret)
+            if channel_state is not None and "://" in channel_state:  # as --store takes
+                url = channel_state
+                raise UsageError(
+                    f"--channel-state takes the path of a SQLite file, not a URL: {url!r}"
+                )
             if secret is not None and not secret:  # `--secret "$UNSET"`
                 raise UsageError("the server's secret (--secret) must not be empty")
             if secret is not None and not is_utf8(secret):  # not shown: it is a secret

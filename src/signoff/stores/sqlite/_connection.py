@@ -54,6 +54,8 @@ def _path_from_url(url: str) -> str:
     path = rest[1:]
     if not path:
         raise StoreError(f"SQLite URL names no file: {url!r}")
+    if path.endswith("/"):  # SQLite would open `x/` as the file `x`, creating one if none
+        raise StoreError(f"SQLite URL ends in '/', which names a folder, not a file: {url!r}")
     if "?" in path or "#" in path:
         raise StoreError(
             f"SQLite URL takes no query or fragment (the store sets its own options): {url!r}"
@@ -150,11 +152,14 @@ def _access(path: str) -> str:
 
 def _unopenable(path: str) -> str | None:
     """Why the file at `path` cannot be opened, where SQLite says only "unable to open database
-    file": a directory, or a file (or the directory of a new one) this user may not use."""
+    file": a directory, a named pipe or device, or a file (or the directory of a new one) this
+    user may not use."""
     if path == ":memory:":
         return None
     if os.path.isdir(path):
         return "it is a directory, not a file"
+    if os.path.exists(path) and not os.path.isfile(path):
+        return "it is no regular file (a named pipe, device or socket)"
     if os.path.exists(path):
         return None if os.access(path, os.R_OK) else "this user may not read it (permission denied)"
     folder = os.path.dirname(os.path.abspath(path))
@@ -251,6 +256,8 @@ class Connection:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create the directory of {self.path}: {exc}") from exc
+            if os.path.exists(self.path) and not os.path.isfile(self.path):
+                raise StoreError(f"cannot open SQLite store {self.path}: {_unopenable(self.path)}")
         conn: sqlite3.Connection | None = None
         access = self._access = _access(self.path)
         if access == "immutable":

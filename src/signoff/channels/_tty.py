@@ -1,0 +1,94 @@
+"""Reading one typed line from a terminal so that Ctrl-C ends the wait at any moment.
+
+`input()` misses a SIGINT that lands after its prompt is out but before its read begins: the
+handler only runs once the read returns, at the next Enter. Here the wait is a `select` on the
+terminal and on a signal wakeup pipe, which the interpreter writes to the moment any handled
+signal arrives, so a signal from just before the wait wakes it too.
+"""
+
+from __future__ import annotations
+
+import codecs
+import contextlib
+import os
+import select
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+
+__all__ = ["terminal_stdin", "read_terminal_line"]
+
+
+def terminal_stdin() -> int | None:
+    """The file descriptor of standard input if it is a terminal this thread can wait on with
+    signals in view (the main thread: only it runs handlers) with `select`, which on Windows
+    takes sockets only; None otherwise."""
+    if os.name != "posix" or threading.current_thread() is not threading.main_thread():
+        return None
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, OSError):  # closed, replaced, or no file underneath
+        return None
+    return fd if os.isatty(fd) else None
+
+
+@contextlib.contextmanager
+def _wakeup_pipe() -> Iterator[tuple[int, bytearray]]:
+    """A pipe the interpreter writes a byte to when a signal arrives: its read end, and where
+    to keep what is read from it. On the way out that goes to the wakeup fd this one replaced
+    (asyncio's, which dispatches its own signal handlers by it)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    caught = bytearray()
+    previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    try:
+        yield read_end, caught
+    finally:
+        signal.set_wakeup_fd(previous)
+        caught += _drain(read_end)
+        if caught and previous != -1:
+            with contextlib.suppress(OSError):
+                os.write(previous, caught)
+        os.close(read_end)
+        os.close(write_end)
+
+
+def _drain(fd: int) -> bytes:
+    got = b""
+    with contextlib.suppress(BlockingIOError):
+        while chunk := os.read(fd, 512):
+            got += chunk
+    return got
+
+
+def _wait(fd: int, wakeup: int) -> list[int]:
+    """Block until `fd` or `wakeup` is readable. A plain function on purpose: entering it runs
+    any signal handler still pending, so a signal caught just before the wakeup pipe took over
+    raises here instead of being left for after the wait."""
+    return select.select([fd, wakeup], [], [])[0]
+
+
+def read_terminal_line(fd: int) -> str:
+    """The next line typed at the terminal `fd`, without its newline; `EOFError` at Ctrl-D on
+    an empty line, as `input()`. A signal handler's exception (Ctrl-C's KeyboardInterrupt)
+    ends the wait whenever the signal came, and the bytes of a half-typed line go with it."""
+    encoding = getattr(sys.stdin, "encoding", None) or "utf-8"
+    decoder = codecs.getincrementaldecoder(encoding)(errors="replace")
+    line = ""
+    with _wakeup_pipe() as (wakeup, caught):
+        while True:
+            ready = _wait(fd, wakeup)
+            if wakeup in ready:
+                caught += _drain(wakeup)
+                continue  # the handler runs before the next wait, on entering _wait
+            byte = os.read(fd, 1)  # one at a time: never read past the line into the next
+            text = decoder.decode(byte, final=not byte)
+            if text.endswith("\n"):
+                return line + text[:-1]
+            line += text
+            if not byte:  # end of input: Ctrl-D, on an empty line or twice after some text
+                if not line:
+                    raise EOFError
+                return line

@@ -1,0 +1,150 @@
+"""Reading a typed line at a terminal (a pseudo-terminal here): whole lines, Ctrl-D, bytes that
+are no UTF-8, and signals that come while it waits."""
+
+from __future__ import annotations
+
+import io
+import os
+import pty
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import pytest
+
+from signoff.channels._tty import read_terminal_line, terminal_stdin
+
+
+@pytest.fixture
+def terminal() -> Iterator[tuple[int, int]]:
+    """A pseudo-terminal: (what the person types into, what the program reads)."""
+    keyboard, screen = pty.openpty()
+    yield keyboard, screen
+    os.close(keyboard)
+    os.close(screen)
+
+
+def test_it_reads_one_line_at_a_time_and_leaves_the_next(terminal: tuple[int, int]) -> None:
+    keyboard, screen = terminal
+    os.write(keyboard, "refund order 1042 ✓\nand then\n".encode())
+    assert read_terminal_line(screen) == "refund order 1042 ✓"
+    assert read_terminal_line(screen) == "and then"
+
+
+def test_ctrl_d_on_an_empty_line_is_end_of_input(terminal: tuple[int, int]) -> None:
+    keyboard, screen = terminal
+    os.write(keyboard, b"\x04")
+    with pytest.raises(EOFError):
+        read_terminal_line(screen)
+
+
+def test_ctrl_d_after_some_text_hands_it_over_as_input_does(terminal: tuple[int, int]) -> None:
+    keyboard, screen = terminal
+    os.write(keyboard, b"half\x04\x04")
+    assert read_terminal_line(screen) == "half"
+
+
+def test_bytes_that_are_no_utf8_read_as_replacement_characters(
+    terminal: tuple[int, int],
+) -> None:
+    keyboard, screen = terminal
+    os.write(keyboard, b"caf\xe9 \xff ok\n")
+    assert read_terminal_line(screen) == "caf\ufffd \ufffd ok"
+
+
+def test_only_a_terminal_on_the_main_thread_is_waited_on(
+    terminal: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Elsewhere (a pipe, a test's fake stdin, another thread) reading is left to `input()`."""
+    _, screen = terminal
+    with open(screen, closefd=False) as stdin:
+        monkeypatch.setattr(sys, "stdin", stdin)
+        assert terminal_stdin() == screen
+        found: list[int | None] = []
+        other = threading.Thread(target=lambda: found.append(terminal_stdin()))
+        other.start()
+        other.join()
+        assert found == [None]
+    read_end, write_end = os.pipe()
+    with open(read_end) as pipe:
+        monkeypatch.setattr(sys, "stdin", pipe)
+        assert terminal_stdin() is None
+    os.close(write_end)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("typed"))
+    assert terminal_stdin() is None
+
+
+def _wait_until_blocked(timeout: float = 20) -> None:
+    """Wait until this process's main thread sleeps (in the read's wait)."""
+    stat = Path(f"/proc/self/task/{os.getpid()}/stat")
+    if not stat.exists():
+        pytest.skip("no /proc here")
+    deadline = time.monotonic() + timeout
+    while stat.read_text().rpartition(")")[2].split()[0] != "S":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_signal_whose_handler_raises_ends_the_wait(terminal: tuple[int, int]) -> None:
+    """Ctrl-C's KeyboardInterrupt, here SIGUSR1's own exception: the half-typed line is left."""
+    keyboard, screen = terminal
+
+    def interrupt(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR1, interrupt)
+    main = threading.get_ident()
+
+    def press() -> None:
+        os.write(keyboard, b"half-typed")
+        _wait_until_blocked()
+        signal.pthread_kill(main, signal.SIGUSR1)
+
+    presser = threading.Thread(target=press)
+    try:
+        presser.start()
+        with pytest.raises(Interrupted):
+            read_terminal_line(screen)
+    finally:
+        presser.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_signal_caught_while_waiting_reaches_the_wakeup_fd_it_replaced(
+    terminal: tuple[int, int],
+) -> None:
+    """A signal whose handler returns leaves the wait waiting, and the wakeup fd that was in
+    place before (asyncio's, which dispatches its handlers by it) still learns of it."""
+    keyboard, screen = terminal
+    seen: list[int] = []
+    previous_handler = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous_fd = signal.set_wakeup_fd(write_end)
+    main = threading.get_ident()
+
+    def press() -> None:
+        _wait_until_blocked()
+        signal.pthread_kill(main, signal.SIGUSR1)
+        os.write(keyboard, b"after the signal\n")
+
+    presser = threading.Thread(target=press)
+    try:
+        presser.start()
+        assert read_terminal_line(screen) == "after the signal"
+    finally:
+        presser.join()
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGUSR1, previous_handler)
+    assert seen == [signal.SIGUSR1]
+    assert os.read(read_end, 16) == bytes([signal.SIGUSR1])
+    os.close(read_end)
+    os.close(write_end)
