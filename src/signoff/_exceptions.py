@@ -4,7 +4,8 @@
     ├── UsageError                 misuse by the developer: bad definitions or arguments
     │   ├── IdempotencyKeyReused   an idempotency key given again for another call
     │   ├── InvalidAnswer          an answer or decision of the wrong shape or type
-    │   └── TooLarge               text or data over a documented size limit
+    │   ├── TooLarge               text or data over a documented size limit
+    │   └── ReplayError            a workflow tool stepped or asked differently on replay
     ├── SessionError               about a session as a whole          (.session_id)
     │   ├── UnknownSession         no such session
     │   ├── SessionExpired         its TTL passed; reopening it fails loudly
@@ -21,6 +22,9 @@
     ├── StepFailed                 a journaled step's exception, on replay, when it cannot be
     │                              raised again as it was
     ├── RemoteError                a signoff server reported an error this client cannot name
+    ├── InvalidSignature           a signed Slack request or webhook failed verification
+    ├── RateLimited                a channel's service asked to be called again later
+    ├── SlackPayloadError          a signed Slack payload signoff cannot read
     └── StoreError                 the store failed or holds something unusable
         ├── SchemaVersionError     data written by a newer signoff
         ├── StoreGone              the store's file was deleted or replaced under the process
@@ -29,6 +33,8 @@
         ├── StoreUnavailable       the database server is down, unreachable or not answering
         └── StoreBusy              no free connection to the database in time; retry soon
 
+`ReplayError` is defined in `_tools.py`, the channel errors in
+`signoff.channels` (`SlackPayloadError` in `signoff.channels.slack`).
 Every error that is about an answer leaves the store unchanged: nothing is claimed.
 `ApprovalRequired` is not here on purpose: it is a control-flow signal, not a failure.
 """
