@@ -58,7 +58,12 @@ def test_each_extra_the_docs_name_exists_and_brings_the_client_its_message_promi
     ]
     texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     texts += sorted((ROOT / "src" / "signoff").rglob("*.py"))
-    named = {m for p in texts for m in re.findall(r"signoff\[([a-z]+)\]", p.read_text())}
+    named = {
+        extra
+        for p in texts
+        for group in re.findall(r"signoff\[([a-z,]+)\]", p.read_text())
+        for extra in group.split(",")  # 'signoff[server,slack]' names two
+    }
     assert named and named <= set(extras), sorted(named - set(extras))
     # `so.Client` says "pip install 'signoff[server]'" when httpx is missing
     assert any(dep.startswith("httpx") for dep in extras["server"])
@@ -657,3 +662,199 @@ def test_the_errors_the_readme_says_a_wrong_typed_answer_raises(tmp_path: Path) 
             rt.respond_sync(r.session_id, [{"request_id": 5, "option_id": "approve"}])
     finally:
         rt.close_sync()
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces to -."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_relative_link_and_path_the_docs_name_resolves() -> None:
+    """Each relative Markdown link (and its `#anchor`) of the README and docs/ leads to a file
+    and heading that exist, and each repository path they name in code spans (`docs/api.md`,
+    `tests/test_fuzz.py`, `scripts/`) is there, so a reader following one is not lost."""
+    prefixes = ("docs/", "bench/", "tests/", "examples/", "src/", "scripts/")
+    checked = 0
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s): and mailto: links leave the repository
+            path, _, anchor = target.partition("#")
+            file = (ROOT / doc).parent / path if path else ROOT / doc
+            assert file.exists(), (doc, target)
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
+                assert anchor in {_slug(h) for h in headings}, (doc, target)
+            checked += 1
+        for path in re.findall(r"`([\w./-]+)`", prose):
+            if path.startswith(prefixes):
+                assert (ROOT / path).exists(), (doc, path)
+                checked += 1
+    assert checked >= 15, checked
+
+
+def _error_table() -> set[tuple[int, str]]:
+    """The (status, code) pairs of docs/server.md's error table."""
+    table = blocks_text("server").split("### Errors", 1)[1].split("\n### ", 1)[0]
+    pairs = set()
+    for status, codes in re.findall(r"^\| (\d{3}) \| (.*) \|$", table, re.M):
+        # a code is the first span of the cell or one after a comma or semicolon
+        found = re.findall(r"(?:^|[,;] |, and |, also |also )`([a-z_]+)`", codes)
+        pairs |= {(int(status), code) for code in found}
+    return pairs
+
+
+def test_the_error_table_lists_every_code_the_server_sends_and_only_those() -> None:
+    """docs/server.md's error table names each (status, code) the API can answer with: the
+    codes of the errors the runtime raises (by `status_for`) and the ones the server's routes
+    write themselves; and every `NNN code` the docs' prose names is one of those, so a client
+    written against the docs handles what it gets."""
+    from signoff import _exceptions
+    from signoff.server._errors import ERROR_RESPONSES, status_for
+
+    abstract = {
+        _exceptions.SignoffError,  # bases, never raised as themselves
+        _exceptions.SessionError,
+        _exceptions.AnswerError,
+        _exceptions.StepFailed,  # raised inside a tool body, which reads it
+        _exceptions.RemoteError,  # the client's, not the server's
+    }
+    sent = {
+        (status_for(cls.__new__(cls)), cls.code)  # status_for goes by the class alone
+        for cls in vars(_exceptions).values()
+        if isinstance(cls, type) and issubclass(cls, _exceptions.SignoffError)
+        if cls not in abstract
+    }
+    source = "\n".join(p.read_text() for p in (ROOT / "src/signoff/server").glob("*.py"))
+    written = {
+        (int(status), code)
+        for status, code in re.findall(r"\b([1-5]\d\d)(?:,|:)\s*\"([a-z_]+)\"", source)
+        if code != "error"
+    }
+    dashboard = {(403, "csrf_failed"), (400, "invalid_form"), (409, "form_already_sent")}
+    assert dashboard <= written  # the dashboard's own, named in its section, not the API's
+    table = _error_table()
+    assert table == (sent | written) - dashboard, (
+        sorted(table - sent - written),
+        sorted((sent | written) - dashboard - table),
+    )
+    # the OpenAPI document's error responses describe the same codes (but 405: a route is
+    # never called with a method it does not have)
+    described = {(405, "method_not_allowed")} | {
+        (int(status), code)
+        for status, response in ERROR_RESPONSES.items()
+        for code in re.findall(r"`([a-z_]+)`", response["description"])
+    }
+    assert described == table, (sorted(described - table), sorted(table - described))
+    for doc in DOCS:
+        prose = " ".join((ROOT / doc).read_text().split())
+        named = {(int(s), c) for s, c in re.findall(r"\b([1-5]\d\d) `([a-z_]+)`", prose)}
+        assert named <= table | dashboard, (doc, sorted(named - table - dashboard))
+
+
+def test_the_drawn_hierarchy_names_every_error_signoff_raises() -> None:
+    """The README sends readers to `src/signoff/_exceptions.py` for the hierarchy of errors:
+    it draws every `SignoffError` subclass the package defines, under its real base."""
+    import importlib
+
+    import signoff as so
+
+    drawing = (so._exceptions.__doc__ or "").split("\n\n")[1]
+    depth = {}
+    for line in drawing.splitlines():
+        found = re.match(r"^([ │├└─]*)([A-Z]\w+)", line.strip("\n"))
+        if found:
+            depth[found.group(2)] = len(found.group(1))
+    defined: dict[str, type] = {}
+    for path in sorted((ROOT / "src" / "signoff").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT / "src").with_suffix("").parts)
+        if "class " not in path.read_text() or module.endswith("__main__"):
+            continue
+        for obj in vars(importlib.import_module(module.removesuffix(".__init__"))).values():
+            if isinstance(obj, type) and issubclass(obj, so.SignoffError):
+                defined[obj.__name__] = obj
+    assert sorted(defined) == sorted(depth), (
+        sorted(set(defined) - set(depth)),
+        sorted(set(depth) - set(defined)),
+    )
+    names = list(depth)
+    for n, name in enumerate(names[1:], 1):
+        # the class's base is the nearest line above drawn less deep
+        base = next(b for b in reversed(names[:n]) if depth[b] < depth[name])
+        assert defined[name].__bases__ == (defined[base],), (name, base)
+
+
+def test_every_class_name_the_docs_use_exists() -> None:
+    """Each CamelCase name in a code span of the README's and docs/' prose (`ConflictingAnswer`,
+    `TerminalTextChannel`) is a class or type the package defines, or one of the few outside
+    names the docs mention, so a misspelt exception is not caught by an `except` that never
+    matches."""
+    source = "".join(p.read_text() for p in (ROOT / "src" / "signoff").rglob("*.py"))
+    defined = set(re.findall(r"^\s*class (\w+)", source, re.M))
+    defined |= set(re.findall(r"^([A-Z]\w*)(?: *:[^=\n]*)? *=", source, re.M))  # type aliases
+    outside = {"ValidationError", "KeyboardInterrupt", "SystemExit", "EventSource"}
+    outside |= {"HttpOnly", "SameSite"}  # cookie attributes
+    checked = 0
+    for doc in DOCS:
+        prose = re.sub(r"```.*?```", "", (ROOT / doc).read_text(), flags=re.S)
+        for name in set(re.findall(r"`([A-Z][a-z0-9]+[A-Z][a-z]\w*)\b[^`]*`", prose)):
+            assert name in defined | outside, (doc, name)
+            checked += 1
+    assert checked >= 40, checked
+
+
+def test_every_environment_variable_the_cli_reads_is_documented() -> None:
+    """An option the CLI also reads from the environment (`SIGNOFF_STORE`, `SIGNOFF_TOKENS`)
+    is named in the README or docs/, so a variable left exported is not a surprise."""
+    import typer.main
+
+    from signoff.cli import app
+
+    docs = "".join((ROOT / doc).read_text() for doc in DOCS)
+    read: set[str] = set()
+
+    def collect(command: Any) -> None:
+        read.update(p.envvar for p in command.params if isinstance(p.envvar, str))
+        for sub in getattr(command, "commands", {}).values():
+            collect(sub)
+
+    collect(typer.main.get_command(app))
+    assert len(read) >= 5 and {v for v in read if f"`{v}`" not in docs} == set()
+
+
+def test_the_server_extra_is_what_the_server_checks_for() -> None:
+    """`pip install 'signoff[server]'` installs the packages whose absence the server names."""
+    import tomllib
+
+    from signoff.server._extra import SERVER_EXTRA
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    named = {re.split(r"[<>=\[ ]", dep)[0] for dep in extras["server"]}
+    assert named == set(SERVER_EXTRA)
+
+
+def test_every_option_of_the_cli_is_documented() -> None:
+    """Each `--option` some command takes is named in the README or docs/, so the docs are
+    where a user finds what the command line can do, not only `--help`."""
+    import typer.main
+
+    from signoff.cli import app
+
+    docs = "".join((ROOT / doc).read_text() for doc in DOCS)
+    missing: list[str] = []
+
+    def collect(command: Any, path: str) -> None:
+        for param in command.params:
+            for opt in param.opts:
+                if opt.startswith("--") and not re.search(rf"{opt}(?![\w-])", docs):
+                    missing.append(f"{path} {opt}")
+        for name, sub in getattr(command, "commands", {}).items():
+            collect(sub, f"{path} {name}")
+
+    collect(typer.main.get_command(app), "signoff")
+    assert missing == []
