@@ -858,3 +858,55 @@ def test_every_option_of_the_cli_is_documented() -> None:
 
     collect(typer.main.get_command(app), "signoff")
     assert missing == []
+
+
+def test_the_defaults_the_docs_state_are_the_code_s() -> None:
+    """Each default the docs state in numbers is the one the code has, so a changed default
+    fails here, naming the sentence to update."""
+    import inspect
+
+    import signoff as so
+    from signoff import _idempotency, stores
+    from signoff.channels import WebhookChannel, verify_webhook
+    from signoff.server import AsyncClient, Client, create_app
+    from signoff.server._serve import DEFAULT_WORKERS
+    from signoff.stores._prompt import REQUEST_WAIT
+    from signoff.stores.postgres._borrowed import OPERATION_TIMEOUT
+    from signoff.stores.postgres._outage import GRACE
+
+    def d(fn: Any, name: str) -> Any:
+        return inspect.signature(fn).parameters[name].default
+
+    mib, readme, server = 1 << 20, "README.md", "docs/server.md"
+    stated = [
+        (readme, "`Limits(max_result_bytes=)` (1 MiB", d(so.Limits, "max_result_bytes"), mib),
+        (readme, "`Limits(max_response_bytes=)` (1 MiB)", d(so.Limits, "max_response_bytes"), mib),
+        (readme, "`so.MAX_TEXT_BYTES` (4 MiB", so.MAX_TEXT_BYTES, 4 * mib),
+        (readme, "`signoff.stores.READ_BYTES` (4 MiB)", stores.READ_BYTES, 4 * mib),
+        (readme, "a session remembers its last 32 keys", _idempotency.KEPT, 32),
+        (readme, "`?outage_grace=` seconds of an outage (10 by default)", GRACE, 10),
+        (readme, "`?operation_timeout=` seconds (30 by default", OPERATION_TIMEOUT, 30),
+        (readme, "`?request_pool_timeout=` seconds (3 by default)", REQUEST_WAIT, 3),
+        (readme, "`Runtime(lease_ttl=…)`, 30 s by default)", d(so.Runtime, "lease_ttl"), 30),
+        (readme, "`expiring_within` seconds (300 by", d(WebhookChannel, "expiring_within"), 300),
+        (readme, "the age (300 s by default)", d(verify_webhook, "tolerance"), 300),
+        (server, "(`--workers N`, 4 by default;", DEFAULT_WORKERS, 4),
+        (server, "`create_app(workers=N)`, 0 by default)", d(create_app, "workers"), 0),
+        (server, "(max_body_size=...)`, 4 MiB by default", d(create_app, "max_body_size"), 4 * mib),
+        (server, "12 hours by default", d(create_app, "sign_in_lifetime"), 12 * 3600),
+        (server, "the server's `heartbeat` (15 s)", d(create_app, "heartbeat"), 15),
+        (server, "`timeout`, 60 s by default", d(Client, "timeout"), 60),
+        (server, "`timeout`, 60 s by default", d(AsyncClient, "timeout"), 60),
+        (server, "`retries` failures in a row (5 by default", d(AsyncClient.events, "retries"), 5),
+    ]
+    for model in (so.models.OpenAIChat, so.models.Anthropic):
+        stated += [
+            (readme, "(`max_retries=2`)", d(model, "max_retries"), 2),
+            (readme, "`timeout=120`", d(model, "timeout"), 120),
+            (readme, "`max_reply_bytes` (16 MiB", d(model, "max_reply_bytes"), 16 * mib),
+        ]
+    texts = {doc: " ".join((ROOT / doc).read_text().split()) for doc in DOCS}
+    for doc, sentence, actual, documented in stated:
+        assert sentence in texts[doc], (doc, sentence)
+        assert actual == documented, (doc, sentence, actual)
+    assert f"`SIGNOFF_STORE` (default `{stores.DEFAULT_URL}`)" in texts[readme]
