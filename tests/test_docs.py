@@ -910,3 +910,25 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
         assert sentence in texts[doc], (doc, sentence)
         assert actual == documented, (doc, sentence, actual)
     assert f"`SIGNOFF_STORE` (default `{stores.DEFAULT_URL}`)" in texts[readme]
+
+
+def test_every_event_type_the_docs_name_is_one_signoff_writes() -> None:
+    """Each `session.*`, `turn.*`, `model.*`, `tool.*`, `input.*` and `approval.*` the docs name
+    is an event type of the log, and each `request.*` a webhook event or a request's field, so
+    a consumer filtering on a documented type gets events."""
+    import signoff as so
+    from signoff._events import EVENT_TYPES
+
+    webhooks = (ROOT / "src/signoff/channels/webhooks.py").read_text()
+    sent = set(re.findall(r"enqueue\(\"(request\.\w+)\"", webhooks))
+    fields = {f"request.{name}" for name in so.InputRequest.model_fields}
+    assert {"request.opened", "request.escalated", "request.resolved", "request.expiring"} <= sent
+    named: set[str] = set()
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        kinds = "session|turn|model|tool|input|approval|request"
+        named |= set(re.findall(rf"`((?:{kinds})\.\w+)`", text))
+    events = {n for n in named if not n.startswith("request.")}
+    assert len(events) >= 8 and events - EVENT_TYPES == set(), sorted(events - EVENT_TYPES)
+    requests = named - events
+    assert requests - sent - fields == set(), sorted(requests - sent - fields)
