@@ -932,3 +932,26 @@ def test_every_event_type_the_docs_name_is_one_signoff_writes() -> None:
     assert len(events) >= 8 and events - EVENT_TYPES == set(), sorted(events - EVENT_TYPES)
     requests = named - events
     assert requests - sent - fields == set(), sorted(requests - sent - fields)
+
+
+def test_the_queue_s_filters_are_the_ones_the_api_takes(tmp_path: Path) -> None:
+    """docs/server.md names the values `GET /v1/requests` takes for `kind` and `status`, its
+    default status and its page size, as the OpenAPI document has them."""
+    import signoff as so
+    from signoff.server import create_app
+
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/state.db")
+    params = {
+        p["name"]: p["schema"]
+        for p in create_app(rt, dev=True).openapi()["paths"]["/v1/requests"]["get"]["parameters"]
+    }
+    text = " ".join(blocks_text("server").split())
+    said = re.search(r"filters by `kind` \((.*?)\) and `status` \((.*?)\),", text)
+    assert said, "the sentence on GET /v1/requests' filters is gone"
+    kinds = re.findall(r"`([a-z-]+)`", said.group(1))
+    statuses = re.findall(r"`([a-z-]+)`", said.group(2))
+    assert kinds == params["kind"]["anyOf"][0]["enum"]
+    assert statuses == params["status"]["enum"] and params["status"]["default"] == "pending"
+    assert "`pending` by default" in said.group(2)
+    limit = params["limit"]
+    assert f"`limit` (1 to {limit['maximum']}, {limit['default']} by default)" in text
