@@ -673,7 +673,8 @@ def _slug(heading: str) -> str:
 def test_every_relative_link_and_path_the_docs_name_resolves() -> None:
     """Each relative Markdown link (and its `#anchor`) of the README and docs/ leads to a file
     and heading that exist, and each repository path they name in code spans (`docs/api.md`,
-    `tests/test_fuzz.py`, `scripts/`) is there, so a reader following one is not lost."""
+    `tests/test_fuzz.py`, `scripts/`), script they run (`./scripts/demo`) and module they run
+    (`python -m bench.overhead`) is there, so a reader following one is not lost."""
     prefixes = ("docs/", "bench/", "tests/", "examples/", "src/", "scripts/")
     checked = 0
     for doc in DOCS:
@@ -693,6 +694,13 @@ def test_every_relative_link_and_path_the_docs_name_resolves() -> None:
             if path.startswith(prefixes):
                 assert (ROOT / path).exists(), (doc, path)
                 checked += 1
+        for script in re.findall(r"(?<![\w/])\./(scripts/[\w.-]+)", text):  # ./scripts/demo
+            assert (ROOT / script).is_file(), (doc, script)
+            checked += 1
+        for module in re.findall(r"python -m ([\w.]+)", text):  # bench.overhead, signoff
+            path = ROOT / "src" / module if module == "signoff" else ROOT / module.replace(".", "/")
+            assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module
+            checked += 1
     assert checked >= 15, checked
 
 
