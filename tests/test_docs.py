@@ -963,3 +963,12 @@ def test_the_queue_s_filters_are_the_ones_the_api_takes(tmp_path: Path) -> None:
     assert "`pending` by default" in said.group(2)
     limit = params["limit"]
     assert f"`limit` (1 to {limit['maximum']}, {limit['default']} by default)" in text
+
+
+def test_every_gen_ai_attribute_the_tracing_docs_name_is_one_signoff_sets() -> None:
+    """The `gen_ai.*` span attributes docs/tracing.md lists are ones the tracing code sets (the
+    `signoff.*` ones are checked with the other names above)."""
+    source = (ROOT / "src" / "signoff" / "_tracing.py").read_text()
+    set_ = set(re.findall(r"\"(gen_ai\.[a-z_.]+)\"", source))
+    named = set(re.findall(r"`(gen_ai\.[a-z_.]+)`", blocks_text("tracing")))
+    assert len(named) >= 10 and named - set_ == set(), sorted(named - set_)
