@@ -259,6 +259,39 @@ def test_a_stream_of_a_session_that_expires_ends_and_a_reconnect_is_410(tmp_path
         assert "stream.end" not in history.text
 
 
+def test_the_expiry_of_a_waiting_turn_reaches_a_reconnect_once_a_read_records_it(
+    tmp_path: Path,
+) -> None:
+    """docs/server.md: the stream ends at the TTL without writing the expiry's events; the
+    session's next read records them (its requests expire, its turn fails), and a reconnect
+    from the last id then gets `input.resolved` and `turn.failed` before `stream.end`."""
+    from .test_server_common import running, ttl_app
+
+    now = [1_000_000.0]
+    _, app = ttl_app(tmp_path, now)
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
+        body = c.post("/v1/sessions", json={"agent": "desk", "message": "reset"}).json()
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        head = c.get(f"/v1/sessions/{sid}").json()["seq"]
+        url = f"/v1/sessions/{sid}/events"
+
+        def expire() -> None:
+            now[0] += 120
+
+        with c.stream("GET", url) as s:
+            lines = _follow_until_closed(s, f"id: {head}", expire)
+        assert "event: turn.failed" not in lines and _end_event(lines)["status"] == 410
+        view = c.get(f"/v1/sessions/{sid}").json()
+        assert view["status"] == "failed" and view["seq"] > head, view
+        with c.stream("GET", url, headers={"Last-Event-ID": str(head)}) as s:
+            lines = _follow_until_closed(s, "", lambda: None)
+        types = [x.removeprefix("event: ") for x in lines if x.startswith("event: ")]
+        assert types == ["input.resolved", "turn.failed", "stream.end"], types
+        data = lines[lines.index("event: input.resolved") + 1].removeprefix("data: ")
+        resolved = json.loads(data)
+        assert resolved["data"]["request_id"] == rid, resolved
+
+
 def test_a_stream_of_a_session_deleted_from_the_store_ends(tmp_path: Path) -> None:
     """An operator deleting a session's rows: its stream waited for ever; it ends with
     `stream.end` (`unknown_session`), and a reconnect is a 404."""
