@@ -656,6 +656,29 @@ async def test_dev_mode_refuses_requests_addressed_to_another_name(tmp_path: Pat
     await runtime.close()
 
 
+async def test_dev_mode_says_what_it_serves_when_it_refuses(tmp_path: Path) -> None:
+    """A dev server reached by another name, or from another machine, has no tokens to ask for:
+    its 401 says which requests dev mode serves and how to serve others, not "authenticate with
+    a bearer token"; a token server's 401 asks for the token."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/dev.db")
+    for app, client, base in (
+        (create_app(runtime, dev=True, sweep_every=None), "127.0.0.1", "http://10.0.0.5:8000"),
+        (create_app(runtime, dev=True, sweep_every=None), "10.0.0.9", "http://localhost:8000"),
+        (create_app(runtime, auth=TokenAuth({}), sweep_every=None), "127.0.0.1", "http://x"),
+    ):
+        transport = httpx.ASGITransport(app=app, client=(client, 5000))
+        async with httpx.AsyncClient(transport=transport, base_url=base) as c:
+            r = await c.get("/v1/requests")
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+        message = r.json()["error"]["message"]
+        if isinstance(app.state.signoff.auth, DevAuth):
+            assert "bearer" not in message and "localhost" in message, message
+            assert "--token" in message, message
+        else:
+            assert "bearer token" in message, message
+    await runtime.close()
+
+
 async def test_dev_mode_refuses_requests_from_another_site(tmp_path: Path) -> None:
     """A page of another site, open in a browser on this machine, can POST to the dev server
     without a preflight (e.g. a bodiless cancel); its `Origin` names that site: not the dev

@@ -17,13 +17,27 @@ from .._state import SessionState
 from .._state_parts import load_principal
 from .._types import InputRequest, Principal
 from ..stores import PendingFilter, StoredRequest
-from ._auth import AccessRule, Authenticator, TokenAuth, default_access, sign_in_cookie
+from ._auth import (
+    AccessRule,
+    Authenticator,
+    DevAuth,
+    TokenAuth,
+    default_access,
+    sign_in_cookie,
+)
 from ._errors import ApiError
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, SignOuts, read
 
 __all__ = ["ServerContext", "get_context"]
 
 _UNKNOWN = object()
+
+TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
+DEV_REFUSED = (
+    "dev mode serves only requests from this machine, addressed to localhost, 127.0.0.1 or "
+    "[::1] and not sent by a page of another origin; serve others with --token "
+    "(create_app(auth=TokenAuth(...)))"
+)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -112,9 +126,9 @@ class ServerContext:
             if count > 1:
                 message = f"send one Authorization header, not {count}"
                 raise ApiError(401, "unauthenticated", message)
-            raise ApiError(
-                401, "unauthenticated", "authenticate with a bearer token (Authorization header)"
-            )
+            # dev mode has no token to ask for: say what it serves instead
+            message = DEV_REFUSED if isinstance(self.auth, DevAuth) else TOKEN_REQUIRED
+            raise ApiError(401, "unauthenticated", message)
         return principal
 
     async def session(
