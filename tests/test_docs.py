@@ -972,3 +972,58 @@ def test_every_gen_ai_attribute_the_tracing_docs_name_is_one_signoff_sets() -> N
     set_ = set(re.findall(r"\"(gen_ai\.[a-z_.]+)\"", source))
     named = set(re.findall(r"`(gen_ai\.[a-z_.]+)`", blocks_text("tracing")))
     assert len(named) >= 10 and named - set_ == set(), sorted(named - set_)
+
+
+def test_the_api_table_s_bodies_are_the_request_schemas(tmp_path: Path) -> None:
+    """The body column of docs/server.md's API table names each field a POST takes, `?` on the
+    optional ones, as the OpenAPI document's request schemas have them (a list's items too), so
+    a body written from the table is not refused as an unknown or missing field."""
+    import signoff as so
+    from signoff.server import create_app
+
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/state.db")
+    doc = create_app(rt, dev=True).openapi()
+    schemas = doc["components"]["schemas"]
+
+    def fields(schema: dict[str, Any]) -> set[str]:
+        """`name` or `name?` for each property, with a list's items' as `name: [...]`."""
+        if "$ref" in schema:
+            schema = schemas[schema["$ref"].rsplit("/", 1)[1]]
+        if "properties" not in schema:  # an optional body: `anyOf` it and null
+            schema = next(s for s in schema["anyOf"] if s.get("type") != "null")
+            return fields(schema)
+        required = set(schema.get("required", []))
+        found = set()
+        for name, prop in schema.get("properties", {}).items():
+            found.add(name if name in required else f"{name}?")
+            items = prop.get("items")
+            if items is not None:
+                found |= {f"{name}: {inner}" for inner in fields(items)}
+        return found
+
+    def said(body: str) -> set[str]:
+        """The same, read from the table's `{agent, message?}` notation."""
+        body = re.sub(r': "\w+"(?:, "\w+")*', "", body.strip("`{} "))  # a value's choices
+        found = set()
+        for name, items in re.findall(r"(\w+\??)(?:: \[\{(.*?)\}\])?(?:,|$)", body):
+            found.add(name)
+            if items:
+                inner = re.findall(r"(\w+\??)", items)
+                found |= {f"{name.rstrip('?')}: {i}" for i in inner}
+        return found
+
+    table = blocks_text("server").split("## API", 1)[1].split("\n\n", 2)[1]
+    checked = 0
+    row = re.compile(r"^\| `POST (/v1/[^`]+)` \| (`[^|]*?(?:\\\|[^|]*?)*`)", re.M)
+    for path, body in row.findall(table):
+        schema = doc["paths"][path.replace("{id}", "{session_id}")]["post"]["requestBody"]
+        documented = said(body.replace("\\|", "|").replace(" | ", ", "))
+        actual = fields(schema["content"]["application/json"]["schema"])
+        # a field either of two (`optionId | text`) is optional in the schema, required in words
+        assert {f.rstrip("?") for f in documented} == {f.rstrip("?") for f in actual}, (
+            path,
+            sorted(documented),
+            sorted(actual),
+        )
+        checked += 1
+    assert checked == 5, checked
