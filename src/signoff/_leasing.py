@@ -20,6 +20,9 @@ __all__ = ["LEASE_TTL_MAX", "LEASE_TTL_MIN", "Held", "Leasing"]
 
 log = logging.getLogger("signoff.runtime")
 
+_WALL = time.time
+_MONOTONIC = time.monotonic
+
 LEASE_TTL_MIN = 0.1
 """The shortest lease TTL, in seconds. A drive renews its lease every third of the TTL and gives
 it up a tenth of the TTL before it lapses, so a renewal has about half the TTL to get through:
@@ -62,7 +65,8 @@ class Leasing:
     clock: Callable[[], float]
     lease_ttl: float
     lease_wait: float
-    _lease_offset: float  # the store's clock minus ours: see `_lease_now`
+    _lease_offset: float  # the store's clock minus `_lease_base`'s: see `_lease_now`
+    _lease_base: Callable[[], float]  # the clock the store's is reckoned from: `clock` at first
     # Leases of ended drives the store refused to release: given back by the next drive here.
     _unreleased: dict[str, tuple[str, int]]
     # When each lease this process was just granted (and confirmed) lapses, by session:
@@ -72,7 +76,7 @@ class Leasing:
     def _lease_now(self) -> float:
         """The time leases are granted, renewed and checked by: the database's clock where the
         store has one (PostgreSQL), so processes whose clocks differ agree on when one lapses."""
-        return self.clock() + self._lease_offset
+        return self._lease_base() + self._lease_offset
 
     async def _sync_lease_clock(self) -> None:
         """Measure how far the store's clock is from ours (a worker does so again every sweep,
@@ -80,9 +84,14 @@ class Leasing:
         server_time = getattr(self.store, "server_time", None)
         if server_time is None:  # SQLite: every process shares this machine's clock
             return
-        before = self.clock()
+        # Reckoned from the monotonic clock, not the wall clock, which may be stepped meanwhile
+        # (NTP, a virtual machine resumed): leases another process holds would look lapsed.
+        # A clock given to the runtime (a test's) is used as it is.
+        base = _MONOTONIC if self.clock is _WALL else self.clock
+        before = base()
         theirs = await server_time()
-        self._lease_offset = theirs - (before + self.clock()) / 2
+        self._lease_offset = theirs - (before + base()) / 2
+        self._lease_base = base
 
     async def _release(self, session_id: str, owner: str, token: int) -> None:
         """Give a drive's lease back; one the store refuses is kept for the next try."""

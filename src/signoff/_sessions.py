@@ -117,7 +117,8 @@ class SessionRunner(Leasing):
         self.tracer_provider = tracer_provider
         self.trace_content = trace_content
         self._tracing = tracing_for(tracer_provider, trace_content)
-        self._lease_offset = 0.0  # the store's clock minus ours: see `_lease_now`
+        self._lease_offset = 0.0  # the store's clock minus `_lease_base`'s: see `_lease_now`
+        self._lease_base = clock
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
+from functools import partial
 from typing import Any, NamedTuple
 
 import psycopg
@@ -188,7 +189,7 @@ class Connections(Transactions):
                 name=f"signoff-{self.schema}",
                 reconnect_timeout=RECONNECT_WITHIN,
                 reconnect_failed=_reconnect_again,
-                configure=_configure,
+                configure=partial(_configure, operation_timeout=self.operation_timeout),
                 operation_timeout=self.operation_timeout,
             )
             try:
@@ -235,7 +236,7 @@ class Connections(Transactions):
         """A connection set up as the pool's are, for the outage probe to hand to a call."""
         conn = await self._connect_raw()
         try:
-            await _configure(conn)
+            await _configure(conn, self.operation_timeout)
         except BaseException:
             await conn.close()
             raise
@@ -380,15 +381,23 @@ class Connections(Transactions):
             self._fault("after", label)
 
 
-async def _configure(conn: Conn) -> None:
+async def _configure(conn: Conn, operation_timeout: float) -> None:
     """Settings each pooled connection needs whatever a DBA set for the role or database: READ
     COMMITTED, so a commit or claim that waited for a row lock goes on with the row's newest
     version (a stricter default made it fail with "could not serialize access"); doubles sent in
     full, not rounded to 15 digits (`extra_float_digits = 0`: times read back differed). Each
     statement is prepared the first time it runs, not the 6th as psycopg's default has it: a
-    turn runs the same few statements, and every connection of the pool paid the warm-up."""
+    turn runs the same few statements, and every connection of the pool paid the warm-up.
+
+    A transaction left idle for half `operation_timeout` is ended by the server: its process
+    froze between two of its statements (SIGSTOP, a paused virtual machine), and its row locks
+    would block every other writer of the session for as long (its kernel still answers, so no
+    TCP setting notices). Resumed, its call finds its connection lost and goes on as after any
+    other loss (a COMMIT unanswered is checked). No call of signoff's runs that long."""
+    idle = min(max(int(operation_timeout * 500), 1), 2**31 - 1)  # milliseconds, a C int
     await conn.execute(
-        "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3"
+        "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3; "
+        f"SET idle_in_transaction_session_timeout = {idle}"
     )
     conn.prepare_threshold = 0  # after the SETs: a prepared statement holds one command only
 
