@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
+import psycopg
 import pytest
 
 import signoff as so
 from signoff._leasing import Held
-from signoff._recording import EventSpec, TurnStopped
+from signoff._recording import EventSpec, TurnStopped, tells_a_person
+from signoff.stores import Commit
+from signoff.stores.sqlite import SQLiteStore
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent, store_contents
 
 AL = so.Principal(authenticator="sso", principal_id="al")
@@ -52,3 +56,98 @@ async def test_a_drive_that_lost_or_gave_back_its_lease_records_nothing(store_ur
         live.held = Held(at=time.monotonic(), expires=time.time() + 60)
         (event,) = await live.record([waiting])
         assert before.head is not None and event.seq == before.head + 1
+
+
+def _trace_sqlite_syncs(store: SQLiteStore) -> dict[int, bool]:
+    """Each committed event's seq mapped to whether its transaction's COMMIT ran under
+    `PRAGMA synchronous=FULL`, as the statements sent to SQLite show."""
+    statements: list[str] = []
+    store.conn.set_trace_callback(statements.append)
+    synced: dict[int, bool] = {}
+    original = store.commit
+
+    async def traced(commit: Commit) -> None:
+        start = len(statements)
+        await original(commit)
+        ran = [sql for sql in statements[start:] if sql.startswith(("PRAGMA synch", "COMMIT"))]
+        full = ran == ["PRAGMA synchronous=FULL", "COMMIT", "PRAGMA synchronous=NORMAL"]
+        assert full or ran == ["COMMIT"], ran
+        synced.update((e.seq, full) for e in commit.events)
+
+    store.commit = traced  # type: ignore[method-assign]
+    return synced
+
+
+async def _watch_postgres_syncs(url: str) -> None:
+    """Make the server skip flushes by default, and note the `synchronous_commit` each event
+    of the database was inserted under."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
+        await conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = off'.encode())
+        await conn.execute(
+            """
+            CREATE TABLE public.seen (seq BIGINT, setting TEXT);
+            CREATE FUNCTION public.see() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO public.seen VALUES (NEW.seq, current_setting('synchronous_commit'));
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER see AFTER INSERT ON signoff.events
+                FOR EACH ROW EXECUTE FUNCTION public.see();
+            """
+        )
+
+
+async def _postgres_syncs(url: str) -> dict[int, bool]:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT seq, setting FROM public.seen")
+        rows: list[tuple[Any, ...]] = await cur.fetchall()
+    return {int(seq): setting == "on" for seq, setting in rows}
+
+
+async def test_a_park_and_an_answer_are_synced_to_disk_and_nothing_else_is(
+    store_url: str,
+) -> None:
+    """The commit that opens a request and parks the turn may be shown to a person (the reply
+    carries the request id, Slack posts it) before anything else is committed, so it is synced
+    like the answer: after a power cut that person's answer must still find its request. The
+    other commits of the turn skip the sync."""
+    postgres = not store_url.startswith("sqlite")
+    if postgres:
+        await _watch_postgres_syncs(store_url)
+    async with so.Runtime([deploy_agent()], store=store_url) as rt:
+        if isinstance(rt.store, SQLiteStore):
+            synced = _trace_sqlite_syncs(rt.store)
+        r = await rt.generate("ops", prompt="deploy api", auth=AL)
+        assert r.status == "waiting"
+        decision = so.Decision(id=r.pending[0].id, approved=True)
+        done = await rt.generate(session_id=r.session_id, approvals=[decision], auth=AL)
+        assert done.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    if postgres:
+        synced = await _postgres_syncs(store_url)
+    by_type: dict[str, set[bool]] = {}
+    for e in events[1:]:  # the session's creation is not a `Store.commit`
+        by_type.setdefault(e.type, set()).add(synced[e.seq])
+    durable = {"input.requested", "turn.waiting", "approval.settled", "input.resolved"}
+    assert by_type == {t: {t in durable} for t in by_type}
+    assert durable <= by_type.keys() and {"turn.started", "tool.completed"} <= by_type.keys()
+
+
+def test_a_commit_tells_a_person_when_it_opens_a_request_or_parks_the_turn() -> None:
+    """A request opened while other calls of the response still run is shown at once, like a
+    park; a commit doing neither is not synced for that reason."""
+    request = so.InputRequest(
+        id="req_1",
+        kind="question",
+        session_id="ses_1",
+        turn_id="trn_1",
+        agent="ops",
+        question="Go?",
+        created_at=1.0,
+    )
+    waiting: EventSpec = ("turn.waiting", {"on": "input", "request_ids": ["req_1"]})
+    asked: EventSpec = ("input.requested", {"requests": []})
+    assert tells_a_person([asked], [request])
+    assert tells_a_person([waiting], [])
+    assert not tells_a_person([("turn.started", {}), ("tool.completed", {})], [])

@@ -26,6 +26,7 @@ from ._recording import (
     shadow,
     snapshot_due,
     stored_status,
+    tells_a_person,
 )
 from ._state import SessionState
 from ._tool_calls import ToolCalls
@@ -100,7 +101,8 @@ class Driver(ToolCalls, ModelStep):
         """Append events for this drive's turn (or `turn_id`'s), retrying on a concurrent append
         by someone else; `TurnStopped` if that turn is no longer the session's current one.
 
-        `specs` may be a function of the state, re-evaluated after a concurrent append.
+        `specs` may be a function of the state, re-evaluated after a concurrent append. The
+        commit is synced to disk when `durable`, and always when it `tells_a_person`.
         """
         tid = turn_id or self.own_turn
         async with self.lock:
@@ -158,7 +160,7 @@ class Driver(ToolCalls, ModelStep):
                             snapshot=after.to_snapshot()
                             if after is not None and snapshot_due(before, len(events))
                             else None,
-                            durable=durable,
+                            durable=durable or tells_a_person(batch, new_requests),
                             status=None if after is None else stored_status(after),
                             expires_at=self._expires_at(state, after, now),
                             release_lease=release,

@@ -43,6 +43,7 @@ __all__ = [
     "shadow",
     "snapshot_due",
     "stored_status",
+    "tells_a_person",
     "tool_result",
     "unchanged",
     "waiting_after",
@@ -69,6 +70,13 @@ STATUS_TYPES = PARK_TYPES | {
     "session.waiting",
 }
 """Events that can change a session's stored status; the others happen while it runs."""
+
+
+def tells_a_person(specs: Sequence[EventSpec], new_requests: Sequence[InputRequest]) -> bool:
+    """Whether a commit opens a request or parks the turn on a person: both may be shown (a
+    reply carrying the request id, a channel's post) before the next commit, so they are synced
+    like an answer, lest that person's answer meet an unknown request after a power cut."""
+    return bool(new_requests) or any(type_ == "turn.waiting" for type_, _ in specs)
 
 
 def stored_status(state: SessionState) -> str:

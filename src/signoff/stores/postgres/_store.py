@@ -4,8 +4,9 @@ Every write is one transaction. A commit is one statement: it locks its session'
 UPDATE`), checks the head, the audit chain head and the lease (held `FOR SHARE`, so a takeover
 waits for it), compare-and-sets the requests it resolves, then writes events, audit entries,
 requests, snapshot and head together and announces itself with `NOTIFY`, all in one round trip
-with its BEGIN and COMMIT. Commits that acknowledge an answer are synchronous; the others may
-skip the WAL flush (`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
+with its BEGIN and COMMIT. Durable commits (an answer, a park or an opened request, which a
+person may be told about) are synchronous; the others may skip the WAL flush
+(`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
 lives in its own PostgreSQL schema (`signoff` by default) and is migrated by signoff under an
 advisory lock. This module holds the writes; the pool (`_connections`), the transactions
 (`_transactions`), the reads (`_reads`), the leases (`_leases`) and the LISTEN connection

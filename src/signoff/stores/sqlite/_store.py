@@ -83,7 +83,8 @@ class SQLiteStore(Reads, Leases):
 
     async def commit(self, commit: Commit) -> None:
         """Apply `commit` in one transaction, or nothing of it (see `Store.commit`); synced to
-        disk before it returns when `commit.durable` (a park, an answer)."""
+        disk before it returns when `commit.durable`, which the engine sets on a commit a person
+        may be told about: one that opens a request or parks a turn on a person, or an answer."""
         conn = self.conn
         label = commit.events[0].type if commit.events else "commit"
         self._before(label)
