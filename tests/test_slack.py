@@ -79,6 +79,7 @@ class FakeSlack:
         self.messages: dict[str, list[dict[str, Any]]] = {}
         self.real_ts = False  # message ts from the wall clock, as Slack's (else 1700000000.n)
         self.on_post: Callable[[dict[str, Any]], None] | None = None  # once Slack has a post
+        self.triggers: set[str] = set()  # trigger ids views.open used
 
     async def start(self) -> None:
         app = web.Application()
@@ -160,6 +161,14 @@ class FakeSlack:
         if method == "chat.postEphemeral":
             return web.json_response({"ok": True, "message_ts": "1700000099.000001"})
         if method == "views.open":
+            # A trigger opens one view: used again, Slack refuses it.
+            if body["trigger_id"] in self.triggers:
+                return web.json_response({"ok": False, "error": "invalid_trigger_id"})
+            self.triggers.add(body["trigger_id"])
+            if self.dropped.get(method, 0) > 0 and request.transport is not None:
+                self.dropped[method] -= 1
+                request.transport.abort()  # the form is open; the client sees a disconnect
+                return web.Response(status=200)
             return web.json_response({"ok": True, "view": {"id": "V1"}})
         return web.json_response({"ok": False, "error": "unknown_method"})
 
@@ -260,7 +269,12 @@ def form(payload: dict[str, Any]) -> bytes:
     return urllib.parse.urlencode({"payload": json.dumps(payload)}).encode()
 
 
-def click(action: dict[str, Any], user: str = "U045EF6GH", ts: str = "1700000000.000001") -> bytes:
+def click(
+    action: dict[str, Any],
+    user: str = "U045EF6GH",
+    ts: str = "1700000000.000001",
+    trigger: str = "13345224609.738474920.8088930838d88f008e0",
+) -> bytes:
     return form(
         {
             "type": "block_actions",
@@ -268,7 +282,7 @@ def click(action: dict[str, Any], user: str = "U045EF6GH", ts: str = "1700000000
             "team": {"id": TEAM, "domain": "acme"},
             "container": {"type": "message", "message_ts": ts, "channel_id": "C42"},
             "channel": {"id": "C42", "name": "approvals"},
-            "trigger_id": "13345224609.738474920.8088930838d88f008e0",
+            "trigger_id": trigger,
             "actions": [action],
         }
     )

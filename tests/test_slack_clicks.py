@@ -18,11 +18,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
+from aiohttp.client_reqrep import ConnectionKey
+from slack_sdk.http_retry.request import HttpRequest
+from slack_sdk.http_retry.state import RetryState
 
 import signoff as so
-from signoff.channels import ChannelHub
+from signoff.channels import ChannelHub, InvalidSignature
+from signoff.channels.slack._adopt import retry_handlers
+from signoff.channels.slack._clicks import Interaction
 from signoff.channels.slack._inbox import ACK_WITHIN
 from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
@@ -259,6 +265,106 @@ async def test_a_click_that_cannot_be_saved_gets_a_503_and_settles_nothing(
         assert stored is not None and stored.outcome == "approved"
     assert len(read_executions(records)) == 1
     assert fake.of("chat.postEphemeral") == []
+
+
+async def test_a_click_retried_with_the_signature_that_got_a_503_is_settled_once(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A click Slack had a 503 for, sent again with the same signature (should Slack not sign
+    its retry anew): its signature was forgotten with the 503, so it is taken and settles once;
+    sent a third time, after its 200, it is refused as a replay."""
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        (req,) = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+            await hub.poll()
+            remember = hub.state.remember
+
+            def refusing(channel_name: str, key: str, value: Any, **hub: str) -> None:
+                if key.startswith("click:"):
+                    raise so.StoreError("channel state: cannot save a memo: disk I/O error")
+                remember(channel_name, key, value, **hub)
+
+            body = approve(req.id)
+            headers = sign(body, int(time.time()))
+            monkeypatch.setattr(hub.state, "remember", refusing)
+            with pytest.raises(so.StoreError, match="disk I/O error"):
+                await slack.handle(body, headers)
+            monkeypatch.setattr(hub.state, "remember", remember)
+            assert await slack.handle(body, headers) is None
+            await slack.idle()
+            with pytest.raises(InvalidSignature, match="replay"):
+                await slack.handle(body, headers)
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+        assert [e.type for e in await rt.audit()].count("approval.settled") == 1
+    assert len(read_executions(records)) == 1
+
+
+async def test_a_form_whose_opening_went_unanswered_is_not_opened_again_nor_called_failed(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Deny's form opened by Slack, whose answer the dropped connection lost: `views.open` is
+    not sent again (its single-use trigger would only be refused, over an open form), and the
+    person is told to press again only if no form opened. A press acted on again after a crash
+    (`again`) whose trigger Slack refuses as used or expired is told the same; a first call's
+    expired trigger is a plain failure."""
+    records = str(tmp_path / "runs.jsonl")
+    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        (req,) = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+            await hub.poll()
+            fake.dropped["views.open"] = 1
+            press = {"action_id": "signoff.deny", "value": req.id, "type": "button"}
+            body = click(press, trigger="1.2.first")
+            assert await slack.handle(body, sign(body, int(time.time()))) is None
+            await slack.idle()
+            assert [v["trigger_id"] for v in fake.of("views.open")] == ["1.2.first"]
+            maybe = (
+                "Slack did not confirm that the form opened: if it did not, press the button again."
+            )
+            assert [e["text"] for e in fake.of("chat.postEphemeral")] == [maybe]
+            # the same press run again (a crash cut its first run short): the trigger is used
+            work = Interaction("signoff.deny", req.id, TEAM, USER, "C42", trigger_id="1.2.first")
+            await slack.clicks._act(work, True)
+            fake.failing["views.open"] = "expired_trigger_id"
+            await slack.clicks._act(work, True)
+            await slack.clicks._act(work, False)
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+    assert [e["text"] for e in fake.of("chat.postEphemeral")] == [
+        maybe,
+        maybe,
+        maybe,
+        "Slack could not open the form (expired_trigger_id): press the button again.",
+    ]
+
+
+def test_only_a_form_opening_that_never_reached_slack_is_retried_by_the_client() -> None:
+    """The channel's client sends `views.open` again only when no connection was made (nothing
+    was sent); a dropped or reset connection may have opened the form. Other calls keep
+    slack_sdk's retry of both; a post gets neither."""
+    handler = retry_handlers()[0]
+    refused = aiohttp.ClientConnectorError(
+        ConnectionKey("slack.com", 443, True, True, None, None, None, None),
+        ConnectionRefusedError(111, "refused"),
+    )
+    dropped = aiohttp.ServerDisconnectedError()
+
+    def retried(method: str, error: Exception) -> bool:
+        request = HttpRequest(method="POST", url=f"https://slack.com/api/{method}", headers={})
+        state = RetryState()
+        return asyncio.run(handler.can_retry_async(state=state, request=request, error=error))
+
+    assert retried("views.open", refused)
+    assert not retried("views.open", dropped)
+    assert retried("chat.update", refused) and retried("chat.update", dropped)
+    assert not retried("chat.postMessage", refused) and not retried("chat.postMessage", dropped)
 
 
 async def test_a_click_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls_nothing(

@@ -20,6 +20,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, InvalidSignature
+from signoff.channels._base import QUEUED_NOTE
 from signoff.channels.slack import SlackChannel, SlackPayloadError
 from signoff.channels.slack._inbox import ACK_WITHIN
 from signoff.channels.slack._replies import KEEP_THREADS, RETRY_WINDOW
@@ -308,6 +309,33 @@ async def test_a_reply_after_the_request_closed_is_an_ordinary_message_to_the_se
         assert fake.of("chat.postEphemeral") == []
 
 
+async def test_a_reply_from_someone_the_waiting_turn_does_not_serve_is_told_it_waits(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """A reply that answers nothing, from an approver other than the person the turn serves, is
+    queued for the turn's end (it neither answers nor steers): an ephemeral note in the thread
+    tells them so, once, also when Slack's retry of the event is sent again."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
+            await hub.poll()
+            body = event("Is the customer on the premium plan?")
+            await deliver(slack, body)
+            await deliver(slack, body, at=time.time() + 1, **{"X-Slack-Retry-Num": "1"})
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        state = await rt.state(r.session_id)
+        assert [m["message"] for m in state.queued] == ["Is the customer on the premium plan?"]
+        assert fake.of("chat.postEphemeral") == [
+            {"channel": "C42", "user": ALLOWED, "text": QUEUED_NOTE, "thread_ts": FIRST_TS}
+        ]
+        assert log == []
+
+
 async def test_a_delivery_slack_retries_acts_once(
     tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -401,6 +429,47 @@ async def test_a_reply_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls
         assert stored is not None and stored.resolution is not None
         assert stored.resolution["answer"]["value"] == "Large"
         assert sent == ["Large"]
+
+
+async def test_a_retry_signed_as_the_reply_that_got_a_503_is_taken_not_refused_as_a_replay(
+    tmp_path: Path, fake: FakeSlack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slack may retry a delivery it had a 503 for with the same signature: a request that
+    failed after it verified (nothing was taken) leaves no trace in the replay check, so that
+    retry is taken, once; a request that got its 200 stays refused as a replay."""
+    async with so.Runtime([shop_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="Reorder the soap")
+        size, _ = r.pending
+        slack = channel(fake)
+        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
+        app = create_app(rt, dev=True, channels=hub)
+        async with app.router.lifespan_context(app):
+            await hub.poll()
+            remember = hub.state.remember
+
+            def refusing(channel_name: str, key: str, value: Any, **hub: str) -> None:
+                if key.startswith("event:"):
+                    raise so.StoreError("channel state: cannot save a memo: disk I/O error")
+                remember(channel_name, key, value, **hub)
+
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+                body = event("Large")
+                headers = signed(body)
+                monkeypatch.setattr(hub.state, "remember", refusing)
+                assert (await http.post(EVENTS, content=body, headers=headers)).status_code == 503
+                monkeypatch.setattr(hub.state, "remember", remember)
+                response = await http.post(EVENTS, content=body, headers=headers)
+                assert (response.status_code, response.content) == (200, b"")
+                await slack.idle()
+                again = await http.post(EVENTS, content=body, headers=headers)
+                assert again.status_code == 401
+                assert again.json()["error"]["code"] == "invalid_signature"
+            assert len(slack.memos("event:")) == 1
+            await hub.poll()
+        stored = await rt.store.get_request(size.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["answer"]["value"] == "Large"
 
 
 async def test_what_is_not_a_persons_reply_in_a_request_thread_is_ignored(

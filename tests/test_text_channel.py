@@ -12,6 +12,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, TextChannel
+from signoff.channels._base import QUEUED_NOTE
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from .test_channels import escalating_refund
@@ -231,6 +232,32 @@ async def test_an_unmatched_reply_steers_the_turn_with_send(tmp_path: Path) -> N
             await hub.poll()
             assert sms.sent[-1].startswith("issue_refund was withdrawn at ")
             assert sms.current is None
+        assert runs == []
+
+
+async def test_an_unmatched_reply_from_someone_the_turn_does_not_serve_is_told_it_waits(
+    tmp_path: Path,
+) -> None:
+    """A message from someone other than the person the waiting turn serves neither answers nor
+    steers: it is queued for the turn's end, and the sender is told so rather than left to think
+    the turn read it; the request stays shown. The turn's own person steers, with no such note."""
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1")) as rt:
+        sms = Texts(unmatched="send")
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            r = await rt.generate("support", prompt="Refund A", auth=CAROL)
+            (a,) = r.pending
+            await hub.poll()
+            shown = len(sms.sent)
+            assert await sms.reply("check with finance first", BOB) is None
+            assert sms.sent[shown:] == [QUEUED_NOTE]
+            assert await status(rt, a.id) == ("pending", None)
+            assert sms.current is not None and sms.current.id == a.id
+            state = await rt.state(r.session_id)
+            assert [m["message"] for m in state.queued] == ["check with finance first"]
+            assert await sms.reply("never mind, stop", CAROL) is None
+            assert QUEUED_NOTE not in sms.sent[shown + 1 :]
+            assert await status(rt, a.id) == ("withdrawn", "ignored")
         assert runs == []
 
 

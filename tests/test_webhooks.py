@@ -1180,3 +1180,64 @@ def test_a_secret_of_the_wrong_type_is_a_usage_error_naming_it(bad: object) -> N
             make()
         assert type(bad).__name__ in str(caught.value), caught.value
         assert "whsec_" not in str(caught.value)
+
+
+# -- requests open before a channel first started ------------------------------------------------
+
+
+async def test_a_new_channel_starts_from_now_unless_it_backfills_the_open_requests_once(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Requests opened before a webhook channel first started are not announced by default: it
+    starts from now, as the hub does. With `backfill=True` its first start on a state sends
+    `request.opened` for each still open (oldest first, not the closed one), once: a restart on
+    that state sends none again, and a request opened as the hub began (on the trail past its
+    start and open at start) is announced once."""
+    async with Receiver([]) as receiver, so.Runtime([refund_agent()], store=store_url) as rt:
+        older = [(await rt.generate("support", prompt=f"Refund {n}")).pending[0] for n in "AB"]
+        closed = await rt.generate("support", prompt="Refund C")
+        await rt.respond(
+            closed.session_id,
+            [so.InputResponse(request_id=closed.pending[0].id, option_id="cancel")],
+        )
+
+        def opened() -> list[str]:
+            bodies = [json.loads(b) for _, b in receiver.accepted]
+            return [b["request"]["id"] for b in bodies if b["type"] == "request.opened"]
+
+        plain = WebhookChannel(receiver.url, SECRET)
+        async with manual(ChannelHub(rt, [plain], state=tmp_path / "plain.db")) as hub:
+            await hub.poll()
+            await plain.drain()
+            assert opened() == []
+            fresh = (await rt.generate("support", prompt="Refund D")).pending[0]
+            await hub.poll()
+            await plain.drain()
+        assert opened() == [fresh.id]
+        receiver.accepted.clear()
+
+        state = tmp_path / "backfill.db"
+        hooks = WebhookChannel(receiver.url, SECRET, backfill=True)
+        hub = ChannelHub(rt, [hooks], state=state)
+        reading = hub._open_requests
+        during: list[so.InputRequest] = []
+
+        async def opening_meanwhile() -> list[so.InputRequest]:
+            # past the position the hub just took, and open when the channel starts
+            during.append((await rt.generate("support", prompt="Refund E")).pending[0])
+            return await reading()
+
+        monkeypatch.setattr(hub, "_open_requests", opening_meanwhile)
+        async with manual(hub):
+            await hub.poll()
+            await hooks.drain()
+        assert opened() == [older[0].id, older[1].id, fresh.id, during[0].id]
+        again = WebhookChannel(receiver.url, SECRET, backfill=True)
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+            later = (await rt.generate("support", prompt="Refund F")).pending[0]
+            await hub.poll()
+            await again.drain()
+        assert opened() == [older[0].id, older[1].id, fresh.id, during[0].id, later.id]
+    with pytest.raises(so.UsageError, match="backfill must be True or False"):
+        WebhookChannel("https://example.com/hook", SECRET, backfill="yes")  # type: ignore[arg-type]

@@ -26,6 +26,7 @@ __all__ = [
     "ChannelState",
     "Escalation",
     "InvalidSignature",
+    "QUEUED_NOTE",
     "RateLimited",
     "Resolution",
     "check_name",
@@ -35,6 +36,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger("signoff.channels")
+
+QUEUED_NOTE = (
+    "Your message waits for the end of the turn in progress, which does not read it; "
+    "then it starts a turn of its own."
+)
+"""What a person whose message was queued (`GenerateResult.queued`) is told: the turn running
+serves someone else, or messages wait their turn."""
 
 
 class InvalidSignature(SignoffError):

@@ -18,6 +18,7 @@ from .._results import Outcome
 from .._text import is_blank
 from .._types import InputRequest, InputResponse, Principal, how_to_choose, named_options
 from ._base import (
+    QUEUED_NOTE,
     Channel,
     Escalation,
     Resolution,
@@ -280,9 +281,12 @@ class TextChannel(Channel):
                 return None
             if self.unmatched == "send" and not is_blank(text):
                 try:
-                    await self.runtime.send(request.session_id, text, principal=principal)
+                    sent = await self.runtime.send(request.session_id, text, principal=principal)
                 except SignoffError as exc:  # refused before it was recorded: say so, as answers do
                     await self.send_text(f"Your message was not delivered: {exc}")
+                    return None
+                if sent.queued:  # else they would take it as read by the turn they see waiting
+                    await self.send_text(QUEUED_NOTE)
                 return None
             await self.send_text(self._hint(request))
             return None

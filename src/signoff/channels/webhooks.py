@@ -52,6 +52,7 @@ DELIVERY_HEADER = "Signoff-Delivery"
 
 _RETRY_STATUSES = frozenset({408, 425, 429})
 _OUTBOX = "outbox:"  # memo key prefix of a delivery not yet sent: "outbox:{url} {delivery}"
+_BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
 
 
 def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
@@ -170,6 +171,10 @@ class WebhookChannel(Channel):
     `expiring_within`: warn this many seconds before a request's `expires_at`. Retries:
     `max_attempts` in all, waiting `backoff * 2**n` seconds, or the receiver's `Retry-After` if
     longer, between them (at most `max_backoff`).
+
+    A new channel starts from now, as the hub does: requests opened before it first started
+    are not announced. `backfill=True` sends `request.opened` for each of those still open (as
+    stored then, oldest first) on the first start with it on the hub's state, once.
     """
 
     name = "webhooks"
@@ -190,8 +195,11 @@ class WebhookChannel(Channel):
         client: httpx.AsyncClient | None = None,
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        backfill: bool = False,
     ) -> None:
         super().__init__(name=name, accepts=accepts)
+        if not isinstance(backfill, bool):
+            raise UsageError(f"backfill must be True or False, not {backfill!r}")
         httpx = _httpx()  # fail at configuration time, with the install hint
         url_list = [urls] if isinstance(urls, str) else list(urls)
         if not url_list:
@@ -234,6 +242,8 @@ class WebhookChannel(Channel):
         self._deadlines: dict[str, InputRequest] = {}
         self._sending: set[str] = set()  # deliveries being sent now
         self._queued: set[str] = set()  # "url delivery" queued or being sent: never twice at once
+        self.backfill = backfill
+        self._backfilled: set[str] = set()  # request ids whose opening `start` sent
         self.delivered = 0
         self.failed = 0
 
@@ -248,6 +258,11 @@ class WebhookChannel(Channel):
         for r in open_requests:
             if r.expires_at is not None:
                 self._deadlines[r.id] = r
+        if self.backfill and not await off_loop(self.recall, _BACKFILLED):
+            for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
+                await self.enqueue("request.opened", r)  # kept before the memo says it was
+                self._backfilled.add(r.id)
+            await off_loop(self.remember, _BACKFILLED, True)
 
     def _unsent(self) -> list[tuple[str, str, dict[str, Any]]]:
         """The deliveries an earlier run kept and did not send (`url`, `delivery`, the memo);
@@ -267,6 +282,9 @@ class WebhookChannel(Channel):
     async def on_requested(self, request: InputRequest) -> None:
         if request.expires_at is not None:
             self._deadlines[request.id] = request
+        if request.id in self._backfilled:  # opened as the hub began: `start` sent it
+            self._backfilled.discard(request.id)
+            return
         await self.enqueue("request.opened", request)
 
     async def on_escalated(self, request: InputRequest, escalation: Escalation) -> None:
@@ -275,6 +293,7 @@ class WebhookChannel(Channel):
 
     async def on_resolved(self, request: InputRequest, resolution: Resolution) -> None:
         self._deadlines.pop(request.id, None)
+        self._backfilled.discard(request.id)
         # a closed request is never warned about again
         await off_loop(self.forget, f"warned:{request.id}")
         await self.enqueue("request.resolved", request, resolution)

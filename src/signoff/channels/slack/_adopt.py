@@ -15,6 +15,7 @@ import time
 import uuid
 from typing import Any
 
+from aiohttp import ClientConnectorError
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.async_handler import AsyncRetryHandler
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
@@ -37,7 +38,9 @@ _PAGES = 5  # history pages read at most: the window is short, so this is rarely
 class _NoRepost(AsyncConnectionErrorRetryHandler):
     """slack_sdk's retry of a call whose connection failed, except for `chat.postMessage`: a
     connection that dropped after Slack took the post would post it twice. The hub retries it
-    instead, and finds the message first."""
+    instead, and finds the message first. `views.open` is sent again only when no connection
+    was made (nothing was sent): its trigger is single-use and lives three seconds, so after a
+    dropped connection a second call can only fail, though the form may well be open."""
 
     async def _can_retry_async(
         self,
@@ -47,7 +50,10 @@ class _NoRepost(AsyncConnectionErrorRetryHandler):
         response: HttpResponse | None = None,
         error: Exception | None = None,
     ) -> bool:
-        if request.url.rstrip("/").endswith("/chat.postMessage"):
+        url = request.url.rstrip("/")
+        if url.endswith("/chat.postMessage"):
+            return False
+        if url.endswith("/views.open") and not isinstance(error, ClientConnectorError):
             return False
         return await super()._can_retry_async(
             state=state, request=request, response=response, error=error
@@ -55,7 +61,8 @@ class _NoRepost(AsyncConnectionErrorRetryHandler):
 
 
 def retry_handlers() -> list[AsyncRetryHandler]:
-    """The retries of the client a channel makes: slack_sdk's defaults, never of a post."""
+    """The retries of the client a channel makes: slack_sdk's defaults, never of a post, nor of
+    a form's opening that may have reached Slack."""
     return [_NoRepost()]
 
 

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 
 from slack_sdk.errors import SlackApiError
@@ -68,8 +68,9 @@ class SlackChannel(Channel):
     Request URL at `https://<your server><events_path>` (None: typed replies are not read).
     The bot needs `chat:write` and the channel's history scope (`channels:history`), which a
     restart after a crash uses to find a post it never saved rather than post it again.
-    The client made from `token` does not retry a post whose connection dropped (it may have
-    been posted); a `client` of your own keeps its retry handlers (slack_sdk's default does).
+    The client made from `token` does not retry a post or a form's opening whose connection
+    dropped (it may have been carried out); a `client` of your own keeps its retry handlers
+    (slack_sdk's default does).
     """
 
     name = "slack"
@@ -354,12 +355,30 @@ class SlackChannel(Channel):
         """Verify and take one interaction (see `Clicks.handle`); the JSON to answer Slack with
         (None: empty 200). It is saved before this returns and settled in the background, so
         Slack hears back well within three seconds and a crash after that loses nothing."""
-        return await self.clicks.handle(body, headers)
+        return await self._taking(self.clicks.handle, body, headers)
 
     async def handle_event(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """Verify and take one Events API request (see `ThreadReplies.handle`); the JSON to
         answer Slack with (None: empty 200)."""
-        return await self.replies.handle(body, headers)
+        return await self._taking(self.replies.handle, body, headers)
+
+    async def _taking(
+        self,
+        handle: Callable[[bytes, Mapping[str, str]], Awaitable[dict[str, Any] | None]],
+        body: bytes,
+        headers: Mapping[str, str],
+    ) -> dict[str, Any] | None:
+        """Run `handle`; a request that verified and then failed (a 5xx: nothing was taken)
+        has its signature forgotten, so that Slack's retry of it, should it be signed as
+        before, is taken rather than refused as a replay."""
+        try:
+            return await handle(body, headers)
+        except (InvalidSignature, SlackPayloadError):
+            raise  # a 4xx, which Slack does not retry (and a replay must stay refused)
+        except BaseException:
+            lowered = {k.lower(): v for k, v in headers.items()}
+            self._seen.pop(lowered.get("x-slack-signature", ""), None)
+            raise
 
     # -- background work ----------------------------------------------------------------------
 

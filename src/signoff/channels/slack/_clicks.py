@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import aiohttp
 from slack_sdk.errors import SlackApiError
 
 from ..._exceptions import AnswerError, ConflictingAnswer, NotAllowed, SignoffError, StoreError
@@ -49,6 +50,12 @@ _FORMS: dict[str, Callable[[InputRequest, dict[str, Any]], dict[str, Any]]] = {
     DENY: deny_view,
     TEXT: text_view,
 }
+
+
+# views.open's answers to a trigger (single-use, fresh from Slack's signed press) used before:
+# by an earlier call for the same press, which may have opened the form.
+_USED_TRIGGER = frozenset({"invalid_trigger_id", "exchanged_trigger_id"})
+_MAYBE_OPEN = "Slack did not confirm that the form opened: if it did not, press the button again."
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +108,7 @@ class Clicks:
         if click.does == ANSWER:
             await self._settle(click, again)
         else:
-            await self._open_form(click)
+            await self._open_form(click, again)
 
     async def _settle(self, click: Interaction, again: bool) -> None:
         """Answer the request as the person who acted and tell them what only they need to
@@ -151,9 +158,12 @@ class Clicks:
         decider = Principal.model_validate(by) if isinstance(by, dict) else None
         return f"Request {request_id} is already closed: {shown} by {who}.", decider
 
-    async def _open_form(self, click: Interaction) -> None:
+    async def _open_form(self, click: Interaction, again: bool) -> None:
         """Open Deny's or free text's form for the person who pressed, or tell them why not
-        (a trigger that expired, say after a restart: they press again)."""
+        (a trigger that expired, say after a restart: they press again). When it is unknown
+        whether the form opened (the connection dropped, or an earlier run of this press was
+        cut short, after which the single-use trigger is refused either way), they are told to
+        press again only if no form opened: never "Slack could not open it" over an open form."""
         ch = self.channel
         rid = click.request_id
         where = {"channel": click.channel, "user": click.user}
@@ -169,8 +179,14 @@ class Clicks:
         except SlackApiError as exc:  # e.g. the trigger expired: the click must not vanish
             logger.warning("slack: opening a view for %s failed", rid, exc_info=True)
             error = api_error(exc)
+            if error in _USED_TRIGGER or (again and error == "expired_trigger_id"):
+                await ch._tell(where, _MAYBE_OPEN)
+                return
             shown = f" ({error})" if error else ""
             await ch._tell(where, f"Slack could not open the form{shown}: press the button again.")
+        except (aiohttp.ClientError, OSError):  # OSError: a timeout too; the form may be open
+            logger.warning("slack: opening a view for %s went unanswered", rid, exc_info=True)
+            await ch._tell(where, _MAYBE_OPEN)
 
 
 def read(payload: dict[str, Any]) -> tuple[Interaction | None, dict[str, Any] | None]:

@@ -19,7 +19,7 @@ from ..._answers import match
 from ..._exceptions import SignoffError, StoreError
 from ..._messages import first_open
 from ..._results import Outcome
-from .._base import logger, off_loop
+from .._base import QUEUED_NOTE, logger, off_loop
 from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
 from ._payloads import SlackPayloadError, envelope_of, slack_principal
 
@@ -207,6 +207,8 @@ class ThreadReplies:
             note = outcome_note(outcome)
             if note is not None:
                 await ch._tell(where, note)
+        if result.queued:  # else they would think the agent read it in the turn now running
+            await ch._tell(where, QUEUED_NOTE)
 
 
 def _plain(text: str, bots: set[Any]) -> str:
