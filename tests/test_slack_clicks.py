@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sqlite3
 import sys
 import time
@@ -21,7 +22,6 @@ from typing import Any
 import aiohttp
 import httpx
 import pytest
-from aiohttp.client_reqrep import ConnectionKey
 from slack_sdk.http_retry.request import HttpRequest
 from slack_sdk.http_retry.state import RetryState
 
@@ -345,15 +345,26 @@ async def test_a_form_whose_opening_went_unanswered_is_not_opened_again_nor_call
     ]
 
 
+async def _refused_connection() -> aiohttp.ClientConnectorError:
+    """The error aiohttp raises when nothing listens on the port: made by a real attempt, so
+    the test does not depend on the fields of aiohttp's private connection key."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    async with aiohttp.ClientSession() as session:
+        try:
+            await session.post(f"http://127.0.0.1:{port}/api/views.open")
+        except aiohttp.ClientConnectorError as exc:
+            return exc
+    raise AssertionError(f"something answered on the closed port {port}")
+
+
 def test_only_a_form_opening_that_never_reached_slack_is_retried_by_the_client() -> None:
     """The channel's client sends `views.open` again only when no connection was made (nothing
     was sent); a dropped or reset connection may have opened the form. Other calls keep
     slack_sdk's retry of both; a post gets neither."""
     handler = retry_handlers()[0]
-    refused = aiohttp.ClientConnectorError(
-        ConnectionKey("slack.com", 443, True, True, None, None, None, None),
-        ConnectionRefusedError(111, "refused"),
-    )
+    refused = asyncio.run(_refused_connection())
     dropped = aiohttp.ServerDisconnectedError()
 
     def retried(method: str, error: Exception) -> bool:
