@@ -507,7 +507,7 @@ def test_events_prints_the_log(url: str) -> None:
         (["chat", "tests.no_such_module:runtime"], "UsageError: cannot import"),
         (["chat", "tests.test_cli:nothing"], "UsageError: module 'tests.test_cli' has no"),
         (["chat", "tests.test_cli:TARGET"], "UsageError: tests.test_cli:TARGET is a str"),
-        (["chat", TARGET, "--agent", "billing"], "UsageError: unknown agent 'billing'"),
+        (["chat", TARGET, "--agent", "billing"], "UnknownAgent: unknown agent 'billing'"),
         (["approve", "req_nope", TARGET], "UnknownRequest: no request 'req_nope'"),
         (["chat", TARGET, "--session", "ses_nope"], "UnknownSession: unknown session 'ses_nope'"),
     ],

@@ -127,7 +127,7 @@ MAPPED: dict[str, tuple[bytes, type[so.SignoffError]]] = {
     "store_gone": (error("503 Service Unavailable", "store_gone"), so.StoreGone),
     "store_error": (error("503 Service Unavailable", "store_error"), so.StoreError),
     "model_error": (error("502 Bad Gateway", "model_error"), so.ModelError),
-    "unknown_agent": (error("422 Unprocessable Entity", "unknown_agent"), so.UsageError),
+    "unknown_agent": (error("422 Unprocessable Entity", "unknown_agent"), so.UnknownAgent),
     "invalid_request": (error("422 Unprocessable Entity", "invalid_request"), so.UsageError),
     "session_busy": (error("409 Conflict", "session_busy", session_id="ses_x"), so.SessionBusy),
 }

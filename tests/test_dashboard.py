@@ -491,6 +491,35 @@ def test_a_message_that_waits_for_the_turns_end_is_said_to_wait(base: str) -> No
     assert [p["id"] for p in state["pending"]] == [body["pending"][0]["id"]]
 
 
+def test_a_queued_message_is_said_to_wait_without_javascript(base: str) -> None:
+    """A plain form post (no script) of a message that waits for the turn's end was sent back
+    to the session page as if it had been delivered: it now lands on `?queued=1`, whose page
+    shows the note the script shows; a message that did not wait shows none."""
+    note = "Your message waits for the current turn to end; it then starts the next turn."
+    script = (Path(so.__file__).parent / "server" / "static" / "app.js").read_text()
+    assert f'"{note}"' in script  # the same words as the script's
+    body = start(base)
+    sid = body["session_id"]
+    with signed_in(base, "admin-token") as c:
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        assert note not in page and re.search(r'class="form-note" role="status" hidden>', page)
+        r = c.post(
+            f"/_signoff/sessions/{sid}/messages",
+            data={"message": "approve", "csrf": csrf_of(page)},
+        )
+        assert r.status_code == 303 and r.headers["location"].endswith(f"{sid}?queued=1")
+        landed = c.get(r.headers["location"]).text
+        assert re.search(rf'class="form-note" role="status">{re.escape(note)}</p>', landed)
+    with signed_in(base) as c:  # Alice's own message answers her turn: no note
+        page = c.get(f"/_signoff/sessions/{sid}").text
+        r = c.post(
+            f"/_signoff/sessions/{sid}/messages",
+            data={"message": "never mind", "csrf": csrf_of(page)},
+        )
+        assert r.status_code == 303 and r.headers["location"].endswith(f"/sessions/{sid}")
+        assert note not in c.get(r.headers["location"]).text
+
+
 def test_pages_name_their_script_and_style_by_content(base: str) -> None:
     """The script and style are served without a lifetime, so a browser may keep an old copy
     for days: an upgraded page ran the previous script. Their URLs carry a hash of them."""

@@ -19,6 +19,7 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "IdempotencyKeyReused": lambda: so.IdempotencyKeyReused("key reused", "ses_1"),
     "InvalidAnswer": lambda: so.InvalidAnswer("bad", ["req_1"]),
     "TooLarge": lambda: so.TooLarge("big"),
+    "UnknownAgent": lambda: so.UnknownAgent("unknown agent 'b'"),
     "ReplayError": lambda: so.ReplayError("order changed"),
     "SessionError": lambda: so.SessionError("about it", "ses_1"),
     "UnknownSession": lambda: so.UnknownSession("ses_1"),

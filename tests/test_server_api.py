@@ -24,6 +24,7 @@ from ._ttl import ttl_agent
 from .test_server_common import (
     TOKENS,
     auth,
+    make_agents,
     make_runtime,
     read_sse,
     running,
@@ -417,6 +418,41 @@ async def test_a_blank_message_is_refused_everywhere_and_stores_nothing(
             await runtime.send(sid, blank)
         assert [s.id for s in await runtime.sessions()] == [sid]
         assert await store_contents(runtime.store, sid) == before
+
+
+async def test_a_session_of_an_agent_this_server_lacks_is_422_unknown_agent(
+    store_url: str,
+) -> None:
+    """A message, answer or cancel for a session another server started with an agent this one
+    does not have was 400 `usage_error`, while naming that agent to start a session is 422
+    `unknown_agent`: now both are 422 `unknown_agent` (`so.UnknownAgent` in Python), on every
+    store, and nothing is stored. Reading the session still works."""
+    runtime = make_runtime(store_url)
+    others = so.Runtime([a for a in make_agents() if a.name != "support"], store=store_url)
+    async with in_process(runtime) as c, in_process(others) as elsewhere:
+        body = (
+            await c.post("/v1/sessions", json={"agent": "support", "message": "Refund order 1042"})
+        ).json()
+        sid, rid = body["session_id"], body["pending"][0]["id"]
+        before = await store_contents(runtime.store, sid)
+        calls: list[tuple[str, Any]] = [
+            ("messages", {"text": "hi"}),
+            ("messages", {"text": "hi", "turnPolicy": "queue"}),
+            ("responses", {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}),
+            ("approvals", {"approvals": [{"id": rid, "approved": True}]}),
+            ("cancel", None),
+        ]
+        for path, payload in calls:
+            r = await elsewhere.post(f"/v1/sessions/{sid}/{path}", json=payload)
+            assert "'support'" in error(r, 422, "unknown_agent")["message"], path
+        r = await elsewhere.post("/v1/sessions", json={"agent": "support"})
+        error(r, 422, "unknown_agent")
+        assert (await elsewhere.get(f"/v1/sessions/{sid}")).json()["status"] == "waiting"
+        with pytest.raises(so.UnknownAgent, match="'support'"):
+            await others.send(sid, "hi")
+        assert await store_contents(runtime.store, sid) == before
+    await others.close()
+    await runtime.close()
 
 
 def test_conflicting_and_repeated_answers(alice: httpx.Client) -> None:
@@ -1053,7 +1089,12 @@ def test_a_server_failure_is_a_json_500(store: str, monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(runtime, "state", broken)
     with running(create_app(runtime, auth=TokenAuth(TOKENS))) as base:
-        r = httpx.get(f"{base}/v1/sessions/ses_x", headers=auth("alice-token"))
+        # a session alice may see: whether she may is read before its state
+        created = httpx.post(
+            f"{base}/v1/sessions", json={"agent": "support"}, headers=auth("alice-token")
+        )
+        sid = created.json()["session_id"]
+        r = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token"))
         detail = error(r, 500, "internal_error")
         assert "RuntimeError" in detail["message"] and "disk" not in detail["message"]
 
@@ -1076,8 +1117,9 @@ async def test_a_store_failure_is_a_503_that_names_no_database(
         async with httpx.AsyncClient(
             transport=transport, base_url="http://t", headers=auth("alice-token")
         ) as c:
+            sid = (await c.post("/v1/sessions", json={"agent": "support"})).json()["session_id"]
             with caplog.at_level("ERROR", logger="signoff.server"):
-                r = await c.get("/v1/sessions/ses_x")
+                r = await c.get(f"/v1/sessions/{sid}")
             detail = error(r, 503, "store_error")
             assert "db.internal" not in detail["message"] and "disk" not in detail["message"]
             assert where in caplog.text
@@ -1143,8 +1185,9 @@ async def test_a_database_down_is_a_503_store_unavailable_with_retry_after(
         async with httpx.AsyncClient(
             transport=transport, base_url="http://t", headers=auth("alice-token")
         ) as c:
+            sid = (await c.post("/v1/sessions", json={"agent": "support"})).json()["session_id"]
             with caplog.at_level("WARNING", logger="signoff.server"):
-                r = await c.get("/v1/sessions/ses_x")
+                r = await c.get(f"/v1/sessions/{sid}")
             detail = error(r, 503, "store_unavailable")
             assert r.headers["Retry-After"] == str(so.StoreUnavailable.retry_after)
             assert "db.internal" not in detail["message"] and "refused" not in detail["message"]

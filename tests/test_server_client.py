@@ -53,7 +53,7 @@ async def test_the_runtime_methods_over_http(base: str) -> None:
             await c.state("ses_nope")
         with pytest.raises(so.ConflictingAnswer):
             await c.respond(r.session_id, [{"request_id": req.id, "option_id": "cancel"}])
-        with pytest.raises(so.UsageError, match="unknown agent"):
+        with pytest.raises(so.UnknownAgent, match="unknown agent"):
             await c.generate("nobody", "hi")
     async with AsyncClient(base, token="wrong") as anonymous:
         with pytest.raises(so.SignoffError) as denied:

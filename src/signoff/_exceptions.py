@@ -5,6 +5,7 @@
     │   ├── IdempotencyKeyReused   an idempotency key given again for another call
     │   ├── InvalidAnswer          an answer or decision of the wrong shape or type
     │   ├── TooLarge               text or data over a documented size limit
+    │   ├── UnknownAgent           an agent the runtime does not have (named, or a session's)
     │   └── ReplayError            a workflow tool stepped or asked differently on replay
     ├── SessionError               about a session as a whole          (.session_id)
     │   ├── UnknownSession         no such session
@@ -69,6 +70,7 @@ __all__ = [
     "StoreGone",
     "StoreUnavailable",
     "TooLarge",
+    "UnknownAgent",
     "UnknownRequest",
     "UnknownSession",
     "UsageError",
@@ -126,6 +128,13 @@ class TooLarge(UsageError):
     it is stored, as a store or a model could never take it back."""
 
     code = "payload_too_large"
+
+
+class UnknownAgent(UsageError):
+    """An agent this runtime does not have: one named to start a session, or the agent of a
+    session (started by another process's runtime) that this one was asked to continue."""
+
+    code = "unknown_agent"
 
 
 class SessionError(SignoffError):

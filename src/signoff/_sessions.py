@@ -31,6 +31,7 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     StoreError,
+    UnknownAgent,
     UnknownSession,
     UsageError,
 )
@@ -182,12 +183,12 @@ class SessionRunner(Leasing):
         await self.close()
 
     def agent(self, name: str) -> Agent:
-        """The agent called `name`, or a `UsageError` naming the ones this runtime has."""
+        """The agent called `name`, or an `UnknownAgent` naming the ones this runtime has."""
         try:
             return self.agents[name]
         except KeyError:
             known = ", ".join(self.agents) or "none"
-            raise UsageError(f"unknown agent {name!r}; this runtime has: {known}") from None
+            raise UnknownAgent(f"unknown agent {name!r}; this runtime has: {known}") from None
 
     async def _state(self, session_id: str) -> SessionState:
         """The session as its events fold it, checked against the store's head (a passed TTL

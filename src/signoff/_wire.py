@@ -38,6 +38,7 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.UsageError,
         errors.InvalidAnswer,
         errors.TooLarge,
+        errors.UnknownAgent,
         errors.IdempotencyKeyReused,
         errors.SessionError,
         errors.UnknownSession,
@@ -61,7 +62,7 @@ ERRORS: dict[str, type[errors.SignoffError]] = {
         errors.StoreBusy,
     )
 }
-REFUSED = ("invalid_request", "unknown_agent")
+REFUSED = ("invalid_request",)
 """Codes of a request the server refused as malformed: a misuse, as it would be in process."""
 
 

@@ -200,8 +200,11 @@ def create_app(
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ApiError)
         if is_dashboard(request.url.path):
-            return await dashboard_error(request, exc.status, exc.code, exc.message)
-        return error_response(exc.status, exc.code, exc.message, **exc.extra)
+            response = await dashboard_error(request, exc.status, exc.code, exc.message)
+        else:
+            response = error_response(exc.status, exc.code, exc.message, **exc.extra)
+        response.headers.update(exc.headers)
+        return response
 
     app.add_exception_handler(SignIn, on_sign_in)
     app.add_exception_handler(ApiError, on_api_error)

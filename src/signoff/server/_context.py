@@ -22,11 +22,13 @@ from ._auth import (
     Authenticator,
     DevAuth,
     TokenAuth,
+    bearer_token,
     default_access,
     sign_in_cookie,
 )
 from ._errors import ApiError
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, SignOuts, read
+from ._throttle import Failures, client_of, too_many
 
 __all__ = ["ServerContext", "get_context"]
 
@@ -55,9 +57,12 @@ class ServerContext:
     # A session's initiator never changes (`initiator`).
     _initiators: dict[str, Principal | None] = field(default_factory=dict, repr=False)
     sign_outs: SignOuts = field(init=False, repr=False)
+    # Failed sign-ins and unrecognised bearer tokens, per client address (`_throttle`).
+    failures: Failures = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.sign_outs = SignOuts(self.sign_in_lifetime)
+        self.failures = Failures(self.runtime.clock)
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
         """The caller, or `None` when the authenticator does not recognise it (asked once per
@@ -70,12 +75,20 @@ class ServerContext:
             # no one, and no sign-in cookie beside them either.
             request.state.signoff_principal = None
             return None
+        guessed = isinstance(self.auth, TokenAuth) and bearer_token(request) is not None
+        if guessed:
+            wait = self.failures.retry_after(client_of(request))
+            if wait is not None:
+                request.state.signoff_principal = None  # an error page asks again: no one
+                raise too_many(wait)
         result: Any = self.auth(request)
         if inspect.isawaitable(result):
             result = await result
         if result is not None and not isinstance(result, Principal):
             raise TypeError(f"the authenticator returned {result!r}, not a Principal or None")
         found: Principal | None = result
+        if found is None and guessed:
+            self.failures.failed(client_of(request))
         if found is None:
             grant = await self.sign_in(request)
             found = None if grant is None else grant.principal
@@ -138,12 +151,18 @@ class ServerContext:
         A state `shown` to a person (the session's read, its dashboard page) has a passed TTL
         recorded first; an answer or a stream leaves that to the runtime's own checks, which
         report what the expiry closes."""
+        # Who may see it is decided from its first event before its state is loaded: a foreign
+        # session and a missing one then cost the same one read, so the time a 404 takes does
+        # not tell that a foreign session exists (an initiator remembered is read again when it
+        # refuses the caller, for the same reason).
+        initiator = self._initiators.get(session_id, _UNKNOWN)
+        if initiator is _UNKNOWN or not self.access(caller, cast(Principal | None, initiator)):
+            initiator = await self._read_initiator(session_id)
+        if not self.access(caller, cast(Principal | None, initiator)):
+            raise UnknownSession(session_id)  # do not reveal that a foreign session exists
         # `Runtime.state` records a passed TTL first, so it never reads as waiting on answers
         # no one can give.
-        state = await (self.runtime.state if shown else self.runtime._state)(session_id)
-        if not self.access(caller, state.initiator):
-            raise UnknownSession(session_id)  # do not reveal that a foreign session exists
-        return state
+        return await (self.runtime.state if shown else self.runtime._state)(session_id)
 
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
         """The stored request, if the caller may see its session; otherwise `UnknownRequest`."""
@@ -204,7 +223,15 @@ class ServerContext:
         filtered by it, and loading every parked session's state made each page a scan."""
         if session_id in self._initiators:
             return self._initiators[session_id]
+        return await self._read_initiator(session_id)
+
+    async def _read_initiator(self, session_id: str) -> Principal | None:
+        """Who started a session, read from its first event (one indexed read), and remembered;
+        `UnknownSession` when it has none."""
+        await self.runtime.open()
         first = await self.runtime.store.read_events(session_id, limit=1)
+        if not first:
+            raise UnknownSession(session_id)
         known, initiator = _created_by(first)
         if not known:  # a damaged log: the state's own checks name what is wrong
             initiator = (await self.runtime._state(session_id)).initiator

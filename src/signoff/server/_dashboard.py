@@ -268,7 +268,8 @@ async def session_page(request: Request, session_id: str) -> Response:
         return await message_page(request, 404, "No such session", session_id)
     ctx, viewer = await signed_in(request)
     form = form_token(ctx.secret, viewer, ctx.runtime.clock())
-    return await render("session.html", request, **context, form=form)
+    queued = request.query_params.get("queued") == "1"  # where a form's queued message led
+    return await render("session.html", request, **context, form=form, queued=queued)
 
 
 @router.get("/sessions/{session_id}/events/{seq}")
@@ -390,7 +391,8 @@ async def send_message(request: Request, session_id: str) -> Response:
                 "form": fresh,
             }
         )
-    return RedirectResponse(where, status_code=303)
+    # A form's post (no script) is told on the page it lands on that its message waits.
+    return RedirectResponse(f"{where}?queued=1" if result.queued else where, status_code=303)
 
 
 @router.get("/fragments/sessions/{session_id}")

@@ -31,6 +31,7 @@ from .._exceptions import (
     StoreError,
     StoreUnavailable,
     TooLarge,
+    UnknownAgent,
     UnknownRequest,
     UnknownSession,
     UsageError,
@@ -76,11 +77,20 @@ class ErrorBody(BaseModel):
 class ApiError(Exception):
     """An HTTP-level error raised by the routes themselves (auth, visibility, bad agent)."""
 
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers or {}
         self.extra = extra
 
 
@@ -101,6 +111,7 @@ _STATUS: list[tuple[type[SignoffError], int]] = [
     (AnswerError, 422),
     (SessionError, 409),
     (TooLarge, 413),
+    (UnknownAgent, 422),
     (UsageError, 400),
     (ModelError, 502),
     (StoreError, 503),
@@ -210,7 +221,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_api(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
-        return error_response(exc.status, exc.code, exc.message, **exc.extra)
+        response = error_response(exc.status, exc.code, exc.message, **exc.extra)
+        response.headers.update(exc.headers)
+        return response
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -280,6 +293,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     ),
     410: _doc("The session expired (`session_expired`)"),
     413: _doc("The request body is too large (`payload_too_large`)"),
+    429: _doc(
+        "Too many failed sign-ins or unrecognised tokens from this address "
+        "(`too_many_failures`, with `Retry-After`)"
+    ),
     422: _doc(
         "Invalid or partial body (`invalid_request`, `invalid_answer`, `partial_answer`, "
         "`unknown_agent`)"

@@ -12,9 +12,11 @@ from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Re
 
 from ._auth import DASHBOARD_PREFIX, TokenAuth, is_dashboard, sign_in_cookie, token_cookie
 from ._context import get_context
+from ._errors import error_response
 from ._message_page import message_page, wants_json
 from ._pages import check_csrf, render
 from ._sign_ins import issue
+from ._throttle import client_of, too_many
 
 __all__ = ["SIGNED_IN_COOKIE", "return_to", "router", "sign_in_redirect"]
 
@@ -107,7 +109,27 @@ async def login(request: Request) -> Response:
     token = fields.get("token", "").strip()
     next_page = return_to(fields.get("next"))
     auth = ctx.auth
+    client = client_of(request)
+    wait = ctx.failures.retry_after(client) if token else None
+    if wait is not None:  # before the token is compared: the answer tells nothing of it
+        refusal = too_many(wait)
+        if wants_json(request):
+            response: Response = error_response(refusal.status, refusal.code, refusal.message)
+        else:
+            response = await render(
+                "login.html",
+                request,
+                refusal.status,
+                viewer=None,
+                error=f"Too many failed sign-ins from your address: try again in {wait} s.",
+                expired=False,
+                next_page=next_page,
+            )
+        response.headers.update(refusal.headers)
+        return response
     if not isinstance(auth, TokenAuth) or not token or auth.lookup(token) is None:
+        if token and isinstance(auth, TokenAuth):
+            ctx.failures.failed(client)
         return await render(
             "login.html",
             request,

@@ -1,0 +1,127 @@
+"""A bound on guessing tokens: failed dashboard sign-ins and unrecognised bearer tokens are
+counted per client address and over all clients, and a client past the bound is refused (429
+`too_many_failures`, with `Retry-After`) before the token it sends is even compared.
+
+The refusal comes before the comparison, whatever the token: refusing only wrong ones would
+tell a right guess from a wrong one. A client is held once it failed `per_client` times in a
+window; once every client together failed `overall` times in one, any client that failed in its
+current window is held too (a guesser spread over many addresses gets one guess each), while a
+client that has not failed, a person signing in or a script with its token, is served as ever.
+Successes reset nothing: else a token held would let its holder guess at another. At most
+`max_clients` addresses are remembered; when full, lapsed ones go first, then the oldest.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from starlette.requests import HTTPConnection
+
+from ._errors import ApiError
+
+__all__ = [
+    "MAX_CLIENTS",
+    "OVERALL",
+    "PER_CLIENT",
+    "WINDOW",
+    "Failures",
+    "client_of",
+    "too_many",
+]
+
+PER_CLIENT = 10
+"""Failures one client address may make in a window before it is held until the window ends."""
+OVERALL = 100
+"""Failures of all clients in a window past which every client that failed in its own is held."""
+WINDOW = 60.0
+"""The window, in seconds: a client's starts at its first failure, the overall one at anyone's."""
+MAX_CLIENTS = 10_000
+"""Client addresses remembered at most (a few hundred bytes each)."""
+
+
+def client_of(request: HTTPConnection) -> str:
+    """The address failures are counted by: the client's, an IPv6 one by its /64 (one host
+    commonly holds a whole /64); `""` when the server does not know it."""
+    host = request.client.host if request.client is not None else ""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:  # ::ffff:1.2.3.4 is the IPv4 client 1.2.3.4
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+def too_many(wait: int) -> ApiError:
+    """The refusal of a client that failed too often: try again in `wait` seconds."""
+    return ApiError(
+        429,
+        "too_many_failures",
+        f"too many failed sign-ins or unrecognised tokens from this address: try again in {wait} s",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+@dataclass(slots=True)
+class Failures:
+    """The failures of this process's clients, in fixed windows (see the module's docstring)."""
+
+    clock: Callable[[], float]
+    per_client: int = PER_CLIENT
+    overall: int = OVERALL
+    window: float = WINDOW
+    max_clients: int = MAX_CLIENTS
+    # client -> (its window's start, its failures in it), in the order the windows began
+    _clients: OrderedDict[str, tuple[float, int]] = field(default_factory=OrderedDict)
+    _all: tuple[float, int] = (-math.inf, 0)
+
+    def retry_after(self, client: str) -> int | None:
+        """Seconds until `client` may try a token again, or None when it may now."""
+        entry = self._clients.get(client)
+        if entry is None:  # never failed, or forgotten: no work for a client that never failed
+            return None
+        now = self.clock()
+        start, count = entry
+        if not self._current(start, now):
+            del self._clients[client]
+            return None
+        ends = start + self.window
+        if count < self.per_client:
+            overall_start, overall_count = self._all
+            if overall_count < self.overall or not self._current(overall_start, now):
+                return None
+            ends = min(ends, overall_start + self.window)
+        return max(1, min(math.ceil(self.window), math.ceil(ends - now)))
+
+    def failed(self, client: str) -> None:
+        """Count a failed sign-in, or an unrecognised token, of `client`."""
+        now = self.clock()
+        start, count = self._all
+        self._all = (start, count + 1) if self._current(start, now) else (now, 1)
+        entry = self._clients.get(client)
+        if entry is not None and self._current(entry[0], now):
+            self._clients[client] = (entry[0], entry[1] + 1)
+            return
+        self._clients.pop(client, None)
+        if len(self._clients) >= self.max_clients:
+            self._forget(now)
+        self._clients[client] = (now, 1)
+
+    def _current(self, start: float, now: float) -> bool:
+        """Whether a window that began at `start` still runs (a clock set back keeps it)."""
+        return now - start < self.window
+
+    def _forget(self, now: float) -> None:
+        """Make room: drop the lapsed windows, else the oldest one. Windows are kept in the
+        order they began, so the lapsed ones come first and this stops at the first current."""
+        while self._clients:
+            start, _ = next(iter(self._clients.values()))
+            if self._current(start, now) and len(self._clients) < self.max_clients:
+                break
+            self._clients.popitem(last=False)

@@ -1,0 +1,141 @@
+"""Guessing tokens is bounded: failed sign-ins and unrecognised bearer tokens are counted per
+client address and over all of them, and an address past the bound is refused (429
+`too_many_failures`, `Retry-After`) whatever token it sends, while others are served."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from signoff.server._throttle import PER_CLIENT, WINDOW, Failures, client_of
+
+from .test_server_common import auth
+from .test_sign_ins import HTTP, JSON, _csrf, dashboard
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_client_is_held_after_its_failures_until_its_window_ends() -> None:
+    clock = Clock()
+    failures = Failures(clock, per_client=3, overall=1000, window=60)
+    for _ in range(3):
+        assert failures.retry_after("a") is None
+        failures.failed("a")
+        clock.now += 10
+    assert failures.retry_after("a") == 30  # the window began at the first failure
+    assert failures.retry_after("b") is None  # another address is served
+    clock.now += 29.5
+    assert failures.retry_after("a") == 1
+    clock.now += 0.5
+    assert failures.retry_after("a") is None  # a new window: three guesses again
+    failures.failed("a")
+    assert failures.retry_after("a") is None
+
+
+def test_past_the_overall_bound_every_client_that_failed_is_held() -> None:
+    """A guesser spread over many addresses gets one guess each once all of them together
+    failed `overall` times; an address that never failed is still served."""
+    clock = Clock()
+    failures = Failures(clock, per_client=10, overall=5, window=60)
+    for n in range(4):
+        failures.failed(f"10.0.0.{n}")
+    assert failures.retry_after("10.0.0.0") is None
+    clock.now += 20
+    failures.failed("10.0.0.9")
+    for n in (0, 1, 2, 3, 9):
+        assert failures.retry_after(f"10.0.0.{n}") == 40, n  # until the overall window ends
+    assert failures.retry_after("10.0.0.7") is None
+    clock.now += 40
+    assert failures.retry_after("10.0.0.9") is None
+
+
+def test_the_clients_remembered_are_bounded() -> None:
+    clock = Clock()
+    failures = Failures(clock, per_client=1, overall=10**9, window=60, max_clients=100)
+    for n in range(1000):
+        failures.failed(f"c{n}")
+        clock.now += 0.01
+    assert len(failures._clients) == 100
+    assert failures.retry_after("c999") is not None and failures.retry_after("c0") is None
+    clock.now += 61  # every window lapsed: they make room first, the newest client is kept
+    failures.failed("new")
+    assert len(failures._clients) == 1 and failures.retry_after("new") is not None
+
+
+@pytest.mark.parametrize(
+    ("host", "key"),
+    [
+        ("203.0.113.9", "203.0.113.9"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:bbbb::7", "2001:db8:1:2::/64"),  # one host's /64 is one client
+        ("::ffff:203.0.113.9", "203.0.113.9"),
+        ("testclient", "testclient"),
+    ],
+)
+def test_clients_are_counted_by_address(host: str, key: str) -> None:
+    assert client_of(SimpleNamespace(client=SimpleNamespace(host=host))) == key  # type: ignore[arg-type]
+    assert client_of(SimpleNamespace(client=None)) == ""  # type: ignore[arg-type]
+
+
+def _form_sign_in(c: TestClient, token: str) -> Any:
+    page = c.get("/_signoff/login")
+    return c.post(
+        "/_signoff/login", data={"token": token, "csrf": _csrf(page.text)}, follow_redirects=False
+    )
+
+
+def test_guessing_by_form_and_by_bearer_token_is_bounded_per_address(tmp_path: Path) -> None:
+    """Nothing bounded the guesses: the sign-in form and a bearer token answered every wrong
+    token at once. Now both count for the address, and past the bound it is refused (429,
+    `Retry-After`), the right token too; other addresses, and a browser already signed in from
+    the held address, are served as ever, and the bound lapses with its window."""
+    clock = Clock()
+    with (
+        dashboard(f"sqlite:///{tmp_path}/s.db", clock=clock) as app,
+        TestClient(app, base_url=HTTP, client=("198.51.100.7", 4000)) as c,
+        TestClient(app, base_url=HTTP, client=("198.51.100.8", 4000)) as other,
+    ):
+        signed_in = _form_sign_in(c, "alice-token")
+        assert signed_in.status_code == 303
+        for n in range(PER_CLIENT):
+            if n % 2:
+                r = _form_sign_in(c, f"guess-{n}")
+                assert r.status_code == 401 and "not recognised" in r.text
+            else:
+                r = c.get("/v1/requests", headers=auth(f"guess-{n}"))
+                assert r.status_code == 401 and r.json()["error"]["code"] == "unauthenticated"
+        clock.now += 5
+        for token in ("guess-x", "alice-token"):  # refused before it is compared
+            r = c.get("/v1/requests", headers=auth(token))
+            assert r.status_code == 429, r.text
+            assert r.json()["error"]["code"] == "too_many_failures"
+            assert r.headers["retry-after"] == str(int(WINDOW) - 5)
+            r = _form_sign_in(c, token)
+            assert r.status_code == 429 and "Too many failed sign-ins" in r.text
+            assert r.headers["retry-after"] == str(int(WINDOW) - 5)
+            assert "set-cookie" not in r.headers or "signoff_token=" not in r.headers["set-cookie"]
+        page = c.post(
+            "/_signoff/login",
+            data={"token": "alice-token", "csrf": _csrf(c.get("/_signoff/login").text)},
+            headers=JSON,
+        )
+        assert page.status_code == 429 and page.json()["error"]["code"] == "too_many_failures"
+        r = c.get("/_signoff/", headers={"Authorization": "Bearer guess-y"})
+        assert r.status_code == 429 and r.headers["retry-after"]  # the dashboard's page says so
+        # the browser signed in before still works: a cookie is no guess
+        assert c.get("/v1/requests").status_code == 200
+        assert other.get("/v1/requests", headers=auth("alice-token")).status_code == 200
+        assert _form_sign_in(other, "alice-token").status_code == 303
+        clock.now += WINDOW
+        assert c.get("/v1/requests", headers=auth("alice-token")).status_code == 200
+        assert _form_sign_in(c, "alice-token").status_code == 303
