@@ -456,6 +456,35 @@ async def test_unknown_foreign_and_unauthorized_answers_change_nothing(tmp_path:
         assert await store_contents(rt.store, other_sid) == other_before
 
 
+async def test_an_input_hash_on_a_question_answer_is_checked(store_url: str) -> None:
+    """A question is bound to the call that asked it: an answer naming another call's input
+    hash is stale and changes nothing, on either store; the right hash, or none, is accepted."""
+    async with so.Runtime([bad_answer_agent()], store=store_url) as rt:
+        sid, rid = await parked(rt, options_only=True)
+        other_sid, other_rid = await parked(rt, options_only=False)
+        (request,) = await rt.pending(session_id=sid)
+        (other,) = await rt.pending(session_id=other_sid)
+        assert request.action is not None and other.action is not None
+        before = await store_contents(rt.store, sid)
+        for wrong in [other.action.input_hash, "sha256:" + "0" * 64, ""]:
+            for answer in [{"option_id": "pro"}, {"text": "pro"}]:
+                with pytest.raises(so.StaleAnswer) as stale:
+                    await rt.respond(
+                        sid,
+                        [so.InputResponse(request_id=rid, input_hash=wrong, **answer)],
+                        principal=ALICE,
+                    )
+                assert stale.value.request_ids == [rid]
+                assert request.action.input_hash in str(stale.value)
+        assert await store_contents(rt.store, sid) == before
+        right = so.InputResponse(
+            request_id=rid, option_id="pro", input_hash=request.action.input_hash
+        )
+        assert (await rt.respond(sid, [right], principal=ALICE)).status == "completed"
+        unbound = so.InputResponse(request_id=other_rid, option_id="2")
+        assert (await rt.respond(other_sid, [unbound], principal=ALICE)).status == "completed"
+
+
 async def test_an_answer_to_a_withdrawn_question_is_request_closed(tmp_path: Path) -> None:
     async with sqlite_runtime(tmp_path, bad_answer_agent()) as rt:
         sid, rid = await parked(rt, options_only=True)

@@ -266,6 +266,23 @@ def test_a_bad_answer_to_a_question_is_422(alice: httpx.Client) -> None:
     assert r.json()["status"] == "completed" and '"answer": "Small"' in r.json()["text"]
 
 
+def test_a_question_answered_for_another_calls_input_hash_is_409(alice: httpx.Client) -> None:
+    """A question is bound to the call that asked it, as an approval is: an answer naming
+    another input hash is stale and records nothing; the question's own hash is accepted."""
+    body = start(alice, "helper")
+    sid, (req,) = body["session_id"], body["pending"]
+    url = f"/v1/sessions/{sid}/responses"
+    before = alice.get(f"/v1/sessions/{sid}").json()
+    item = {"requestId": req["id"], "optionId": "2", "inputHash": "sha256:" + "0" * 64}
+    stale = alice.post(url, json={"inputResponses": [item]})
+    assert error(stale, 409, "stale_answer")["request_ids"] == [req["id"]]
+    assert alice.get(f"/v1/sessions/{sid}").json() == before
+    item["inputHash"] = req["action"]["input_hash"]
+    r = alice.post(url, json={"inputResponses": [item]})
+    assert r.status_code == 200, r.text
+    assert r.json()["outcomes"][0]["outcome"] == "answered"
+
+
 def test_messages_start_the_next_turn(alice: httpx.Client) -> None:
     r = alice.post("/v1/sessions", json={"agent": "support"})
     assert r.status_code == 201 and r.json()["status"] == "idle"

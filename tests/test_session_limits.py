@@ -103,6 +103,25 @@ async def test_a_bad_answer_to_the_limit_prompt_changes_nothing(tmp_path: Path) 
         assert before == after
 
 
+async def test_an_input_hash_on_the_limit_prompt_is_refused(store_url: str) -> None:
+    """The prompt to continue is bound to no call, so no input hash can be its: an answer
+    naming one is refused, on either store, and changes nothing."""
+    async with so.Runtime([agent(max_tokens=100)], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        (request,) = r.pending
+        assert (request.kind, request.action) == ("session-limit", None)
+        before = [e.seq async for e in rt.events(r.session_id, follow=False)]
+        with pytest.raises(so.InvalidAnswer, match="bound to no call: it takes no input_hash"):
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=request.id, option_id="stop", input_hash="sha256:x")],
+                principal=ALICE,
+            )
+        assert [e.seq async for e in rt.events(r.session_id, follow=False)] == before
+        answered = so.InputResponse(request_id=request.id, option_id="stop")
+        assert (await rt.respond(r.session_id, [answered], principal=ALICE)).status != "waiting"
+
+
 @pytest.mark.parametrize(
     "bad",
     [

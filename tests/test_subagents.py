@@ -5,6 +5,7 @@ parent's model, and it all survives a restart and a cancel."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -433,6 +434,24 @@ async def test_delegating_to_an_unknown_agent_is_a_tool_error(tmp_path: Path) ->
     [result] = tool_results(after.capture.last)
     assert result.is_error and "unknown agent 'nobody'" in result.content["error"]
     await rt.close()
+
+
+def test_a_runtime_lacking_a_delegate_target_says_so_when_it_is_made(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its delegate calls can only fail, so the runtime logs it as it is made, once per process,
+    instead of leaving it to the model to find. It is not refused: a process may hold only
+    some agents (to record answers, or to resume a parent whose child ran elsewhere)."""
+    parent = scripted_agent("helpdesk", [reply("hi")], tools=[so.delegate("ledger", name="books")])
+    child = scripted_agent("ledger", [reply("done")])
+    url = f"sqlite:///{tmp_path}/state.db"
+    with caplog.at_level(logging.WARNING, logger="signoff.runtime"):
+        for agents in ([parent], [parent, child], [child], [parent]):
+            so.Runtime(agents, store=url).close_sync()
+    assert [r.getMessage() for r in caplog.records] == [
+        "agent 'helpdesk' delegates to 'ledger' (tool 'books'), which this runtime does not "
+        "have: the calls it runs fail (it has: helpdesk)"
+    ]
 
 
 async def test_a_blank_task_is_a_tool_error_and_makes_no_child(tmp_path: Path) -> None:

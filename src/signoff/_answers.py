@@ -60,9 +60,9 @@ def match(request: InputRequest, text: str) -> Reply | None:
 def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) -> dict[str, Any]:
     """What settling `request` with `reply` records; raises InvalidAnswer for a bad reply.
 
-    An approval may carry `edited_input` (validated against the tool's schema) and the
-    `input_hash` the reviewer saw; a hash that is not the request's means the reviewer looked
-    at another call, and the answer is refused as stale.
+    An approval may carry `edited_input` (validated against the tool's schema); any answer may
+    carry the `input_hash` the reviewer saw, and one that is not the hash of the call the request
+    is bound to means the reviewer looked at another call: it is refused as stale.
     """
     rid = request.id
     if request.kind == "tool-approval":
@@ -72,15 +72,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                 f"not {reply.option_id!r}",
                 [rid],
             )
-        action = request.action
-        if reply.input_hash is not None and (
-            action is None or reply.input_hash != action.input_hash
-        ):
-            raise StaleAnswer(
-                f"request {rid}: the answer was given for input hash {reply.input_hash}, but the "
-                f"request is bound to {action.input_hash if action else 'no call'}",
-                [rid],
-            )
+        _check_hash(request, reply)
         edited = None
         if reply.edited_input is not None:
             if reply.option_id != "approve":
@@ -119,6 +111,11 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
         return out
     if reply.edited_input is not None:
         raise InvalidAnswer(f"request {rid} is a {request.kind}: it takes no edited input", [rid])
+    if reply.input_hash is not None and request.action is None:
+        raise InvalidAnswer(
+            f"request {rid} is a {request.kind} bound to no call: it takes no input_hash", [rid]
+        )
+    _check_hash(request, reply)
     # A question records no value, but one given is held to what every answer's value must be.
     _check_json(rid, {"value": reply.value})
     if reply.option_id is not None and reply.text is not None:
@@ -142,6 +139,18 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
     out = {"outcome": "answered", "answer": answer}
     _check_json(rid, out)
     return out
+
+
+def _check_hash(request: InputRequest, reply: Reply) -> None:
+    """Refuse an answer whose `input_hash` is not that of the call `request` is bound to: the
+    reviewer looked at another call (or another version of it). No hash is no check."""
+    action = request.action
+    if reply.input_hash is not None and (action is None or reply.input_hash != action.input_hash):
+        raise StaleAnswer(
+            f"request {request.id}: the answer was given for input hash {reply.input_hash}, but "
+            f"the request is bound to {action.input_hash if action else 'no call'}",
+            [request.id],
+        )
 
 
 MAX_TEXT_BYTES = 4 << 20

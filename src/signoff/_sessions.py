@@ -42,6 +42,7 @@ from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._settings import flag, seconds, whole
 from ._state import SessionState, fold
+from ._subagents import missing_targets
 from ._sync import SyncBridge
 from ._tracing import tracing_for
 from ._types import ModelResponse, Principal
@@ -51,6 +52,9 @@ from .stores import Store, open_store
 __all__ = ["SessionRunner"]
 
 log = logging.getLogger("signoff.runtime")
+
+_told: set[str] = set()
+"""The problems with a runtime's agents this process has logged (`missing_targets`)."""
 
 
 def _unfinished(state: SessionState) -> bool:
@@ -109,6 +113,12 @@ class SessionRunner(Leasing):
             if agent.name in self.agents:
                 raise UsageError(f"two agents are named {agent.name!r}")
             self.agents[agent.name] = agent
+        # Not refused: a process may only record answers for an agent, or resume one whose
+        # children ran elsewhere. But said at once, rather than by the model at the first call.
+        for problem in missing_targets(self.agents):
+            if problem not in _told:  # `with_store` and the CLI's copies make it again
+                _told.add(problem)
+                log.warning("%s", problem)
         self.store = open_store(store)
         self.clock = clock
         self.lease_ttl = lease_ttl

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_checkable
@@ -36,6 +36,7 @@ from ._types import InputRequest, Principal
 from .stores import SessionSummary
 
 if TYPE_CHECKING:
+    from ._agent import Agent
     from ._runtime import Runtime
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "children",
     "delegate",
     "delegated",
+    "missing_targets",
     "reconcile",
     "sweep_orphans",
 ]
@@ -118,6 +120,19 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
     tool = Tool(run, name=tool_name, description=about, workflow=True)
     _targets[tool] = agent
     return tool
+
+
+def missing_targets(agents: Mapping[str, Agent]) -> list[str]:
+    """What is wrong with running `agents` together when one delegates to an agent not among
+    them: a runtime creates and runs its delegate calls' child sessions itself, so each such
+    call it runs fails, as a tool error the model reads. One line per delegate tool."""
+    return [
+        f"agent {agent.name!r} delegates to {target!r} (tool {tool.name!r}), which this runtime "
+        f"does not have: the calls it runs fail (it has: {', '.join(agents)})"
+        for agent in agents.values()
+        for tool in agent.tools.values()
+        if (target := _targets.get(tool)) is not None and target not in agents
+    ]
 
 
 def _said(message: str) -> str:

@@ -2,8 +2,9 @@
 
 Every command reports a signoff error as one red line naming its class and exits with status 1;
 a command line Click rejects, or one found wrong before anything runs, exits 2, Ctrl-C 130
-(`worker` and `events --follow` stop on it, 0). The commands that only read (`pending`,
-`sessions`, `events`) never upgrade the store's schema; the others do, as a `Runtime` does.
+(`worker` and `events --follow` stop on it, 0), output nobody reads any more 141. The commands
+that only read (`pending`, `sessions`, `events`) never upgrade the store's schema; the others
+do, as a `Runtime` does.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ import io
 import sys
 
 from . import _chat, _queue, _serve, _worker  # noqa: F401  (each registers its commands)
-from ._app import app, load_runtime, local_principal, parse_principal, unwrap_help
+from ._app import app, load_runtime, local_principal, parse_principal
+from ._commands import finish_help
 
 __all__ = ["app", "load_runtime", "local_principal", "main", "parse_principal"]
 
-unwrap_help(app)
+finish_help(app)
 
 
 def main() -> None:

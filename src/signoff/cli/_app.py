@@ -34,6 +34,7 @@ from .._types import ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
 from ..stores import DEFAULT_URL, SQLiteStore, Store, open_store
+from ._commands import Group, closed_pipe
 
 app = typer.Typer(
     name="signoff",
@@ -41,19 +42,8 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
-
-
-def unwrap_help(typer_app: typer.Typer) -> None:
-    """Give each command of `typer_app` its docstring as help with every paragraph on one line:
-    Typer's rich help keeps a docstring's line breaks, which then cut the terminal's wrapping."""
-    for command in typer_app.registered_commands:
-        if command.help is None and command.callback is not None:
-            doc = inspect.getdoc(command.callback) or ""
-            command.help = "\n\n".join(" ".join(part.split()) for part in doc.split("\n\n"))
-    for group in typer_app.registered_groups:
-        if group.typer_instance is not None:
-            unwrap_help(group.typer_instance)
 
 
 StoreOption = Annotated[
@@ -61,6 +51,7 @@ StoreOption = Annotated[
     typer.Option(
         "--store",
         envvar="SIGNOFF_STORE",
+        metavar="URL",
         help=f"Store URL (sqlite:///path or postgresql://...). Default: {DEFAULT_URL}.",
         show_default=False,
     ),
@@ -159,14 +150,23 @@ def shown_store(url: str) -> str:
     return url
 
 
+class _Console(Console):
+    """A console that stops the command as `closed_pipe` says when its reader has gone: Rich's
+    own way is exit status 1, as for an error."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        closed_pipe()
+
+
 def out() -> Console:
     """The console for what a command prints: a line is never wrapped at the terminal's width
     (or a pipe's 80 columns), so the ids in it stay whole for a script; tables are laid out."""
-    return Console(highlight=False, soft_wrap=True)
+    return _Console(highlight=False, soft_wrap=True)
 
 
 def err() -> Console:
-    return Console(stderr=True, highlight=False)
+    return _Console(stderr=True, highlight=False)
 
 
 def fail(exc: BaseException) -> NoReturn:
@@ -238,6 +238,7 @@ AsOption = Annotated[
     typer.Option(
         "--as",
         envvar="SIGNOFF_PRINCIPAL",
+        metavar="AUTHENTICATOR:ID",
         help="Act as AUTHENTICATOR:ID (default: local:<your user name>). Requests may be "
         "answered only by the principal whose turn asked.",
         show_default=False,

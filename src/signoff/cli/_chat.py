@@ -33,6 +33,7 @@ from ._app import (
     error_text,
     load_runtime,
     misuse,
+    out,
     parse_principal,
     pick_agent,
     refuse_undecodable,
@@ -247,15 +248,26 @@ def chat(
         str, typer.Argument(metavar="MODULE:RUNTIME", help="A Runtime or Agent to load.")
     ],
     agent: Annotated[
-        str | None, typer.Option("--agent", help="Agent to talk to (if the runtime has several).")
+        str | None,
+        typer.Option(
+            "--agent", metavar="NAME", help="Agent to talk to (if the runtime has several)."
+        ),
     ] = None,
     session: Annotated[
-        str | None, typer.Option("--session", help="Continue this session instead of a new one.")
+        str | None,
+        typer.Option(
+            "--session",
+            metavar="SESSION_ID",
+            help="Continue this session instead of a new one.",
+        ),
     ] = None,
     store: Annotated[
         str | None,
         typer.Option(
-            "--store", envvar="SIGNOFF_STORE", help="Store URL; replaces the runtime's own."
+            "--store",
+            envvar="SIGNOFF_STORE",
+            metavar="URL",
+            help="Store URL; replaces the runtime's own.",
         ),
     ] = None,
     acting_as: AsOption = None,
@@ -271,7 +283,7 @@ def chat(
             raise UsageError("chat reads what you type from standard input, which is closed")
         runtime = load_runtime(target, store)
         picked = pick_agent(runtime, agent)
-        console = Console(highlight=False, soft_wrap=True)
+        console = out()
         async with runtime:
             chat = _Chat(runtime, picked, console, principal, target=target, acting_as=acting_as)
             await chat.run(session)

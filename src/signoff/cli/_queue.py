@@ -51,16 +51,29 @@ from ._app import (
     split_target,
     tool_line,
 )
+from ._numbers import whole
+
+LIMIT = whole(1, 100_000)
+SEQ = whole(0, 2**63 - 1)
 
 
 @app.command()
 def pending(
     store: StoreOption = None,
-    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's.")] = None,
-    tool: Annotated[str | None, typer.Option("--tool", help="Only approvals of this tool.")] = None,
-    session: Annotated[str | None, typer.Option("--session", help="Only this session's.")] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", metavar="NAME", help="Only this agent's.")
+    ] = None,
+    tool: Annotated[
+        str | None, typer.Option("--tool", metavar="NAME", help="Only approvals of this tool.")
+    ] = None,
+    session: Annotated[
+        str | None, typer.Option("--session", metavar="SESSION_ID", help="Only this session's.")
+    ] = None,
     limit: Annotated[
-        int, typer.Option("--limit", min=1, max=100_000, help="At most this many.")
+        int,
+        typer.Option(
+            "--limit", metavar="N", parser=LIMIT, help=f"At most this many ({LIMIT.range})."
+        ),
     ] = 100,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
@@ -99,13 +112,20 @@ SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
 @app.command()
 def sessions(
     store: StoreOption = None,
-    agent: Annotated[str | None, typer.Option("--agent", help="Only this agent's.")] = None,
+    agent: Annotated[
+        str | None, typer.Option("--agent", metavar="NAME", help="Only this agent's.")
+    ] = None,
     status: Annotated[
         str | None,
-        typer.Option("--status", help="idle, running, waiting, failed or cancelled."),
+        typer.Option(
+            "--status", metavar="STATUS", help="idle, running, waiting, failed or cancelled."
+        ),
     ] = None,
     limit: Annotated[
-        int, typer.Option("--limit", min=1, max=100_000, help="At most this many.")
+        int,
+        typer.Option(
+            "--limit", metavar="N", parser=LIMIT, help=f"At most this many ({LIMIT.range})."
+        ),
     ] = 50,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
@@ -332,7 +352,9 @@ TargetArgument = Annotated[
 def approve(
     request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
     target: TargetArgument = None,
-    reason: Annotated[str | None, typer.Option("--reason", help="Why (recorded).")] = None,
+    reason: Annotated[
+        str | None, typer.Option("--reason", metavar="TEXT", help="Why (recorded).")
+    ] = None,
     store: StoreOption = None,
     acting_as: AsOption = None,
 ) -> None:
@@ -345,7 +367,9 @@ def approve(
 def deny(
     request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
     target: TargetArgument = None,
-    reason: Annotated[str | None, typer.Option("--reason", help="Why; the model reads it.")] = None,
+    reason: Annotated[
+        str | None, typer.Option("--reason", metavar="TEXT", help="Why; the model reads it.")
+    ] = None,
     store: StoreOption = None,
     acting_as: AsOption = None,
 ) -> None:
@@ -359,10 +383,13 @@ def answer(
     request_id: Annotated[str, typer.Argument(metavar="REQUEST_ID")],
     target: TargetArgument = None,
     option: Annotated[
-        str | None, typer.Option("--option", help="The id of the chosen option.")
+        str | None, typer.Option("--option", metavar="ID", help="The id of the chosen option.")
     ] = None,
     text: Annotated[
-        str | None, typer.Option("--text", help="A free-text answer (if the question takes one).")
+        str | None,
+        typer.Option(
+            "--text", metavar="TEXT", help="A free-text answer (if the question takes one)."
+        ),
     ] = None,
     store: StoreOption = None,
     acting_as: AsOption = None,
@@ -435,7 +462,8 @@ def events(
         bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")
     ] = False,
     after: Annotated[
-        int, typer.Option("--after", min=0, max=2**63 - 1, help="Start after this seq.")
+        int,
+        typer.Option("--after", metavar="SEQ", parser=SEQ, help="Start after this seq."),
     ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON object per line.")] = False,
     store: StoreOption = None,

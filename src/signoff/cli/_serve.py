@@ -16,7 +16,11 @@ from .._exceptions import (
 from .._runtime import Runtime
 from .._types import Principal
 from ._app import app, fail, is_utf8, load_runtime, misuse, run, split_target
+from ._numbers import number_of_seconds, whole
 from ._waiting import open_when_up
+
+PORT = whole(0, 65535)
+WORKERS = whole(0, 100_000)
 
 
 @app.command()
@@ -25,26 +29,35 @@ def serve(
     target: Annotated[
         str, typer.Argument(metavar="MODULE:RUNTIME", help="A Runtime or Agent to serve.")
     ],
-    host: Annotated[str, typer.Option("--host", help="Interface to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", min=0, max=65535, help="TCP port.")] = 8000,
+    host: Annotated[
+        str, typer.Option("--host", metavar="HOST", help="Interface to listen on.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option("--port", metavar="PORT", parser=PORT, help=f"TCP port ({PORT.range}).")
+    ] = 8000,
     token: Annotated[
         list[str] | None,
         typer.Option(
             "--token",
             envvar="SIGNOFF_TOKENS",
+            metavar="SECRET=PRINCIPAL_ID",
             help="API token as SECRET=PRINCIPAL_ID (repeatable). Without one: localhost dev mode.",
         ),
     ] = None,
     store: Annotated[
         str | None,
         typer.Option(
-            "--store", envvar="SIGNOFF_STORE", help="Store URL; replaces the runtime's own."
+            "--store",
+            envvar="SIGNOFF_STORE",
+            metavar="URL",
+            help="Store URL; replaces the runtime's own.",
         ),
     ] = None,
     webhook: Annotated[
         list[str] | None,
         typer.Option(
             "--webhook",
+            metavar="URL",
             help="POST signed request events to this http(s) URL (repeatable).",
         ),
     ] = None,
@@ -53,22 +66,33 @@ def serve(
         typer.Option(
             "--webhook-secret",
             envvar="SIGNOFF_WEBHOOK_SECRET",
+            metavar="SECRET",
             help="Secret that signs webhook deliveries (Signoff-Signature).",
         ),
     ] = None,
     slack_channel: Annotated[
         str | None,
-        typer.Option("--slack-channel", help="Post requests to this Slack channel id."),
+        typer.Option(
+            "--slack-channel",
+            metavar="CHANNEL_ID",
+            help="Post requests to this Slack channel id.",
+        ),
     ] = None,
     slack_token: Annotated[
         str | None,
-        typer.Option("--slack-token", envvar="SLACK_BOT_TOKEN", help="The Slack bot token."),
+        typer.Option(
+            "--slack-token",
+            envvar="SLACK_BOT_TOKEN",
+            metavar="TOKEN",
+            help="The Slack bot token.",
+        ),
     ] = None,
     slack_signing_secret: Annotated[
         str | None,
         typer.Option(
             "--slack-signing-secret",
             envvar="SLACK_SIGNING_SECRET",
+            metavar="SECRET",
             help="The Slack app's signing secret (checks button clicks).",
         ),
     ] = None,
@@ -77,6 +101,7 @@ def serve(
         typer.Option(
             "--secret",
             envvar="SIGNOFF_SECRET",
+            metavar="SECRET",
             help="Keys the dashboard's CSRF tokens (the same in every process serving it); "
             "without it they are bound to the sign-in's token alone.",
         ),
@@ -85,11 +110,12 @@ def serve(
         int | None,
         typer.Option(
             "--workers",
-            min=0,
-            max=100_000,
+            metavar="N",
+            parser=WORKERS,
             help="Turns run at a time in this process for sessions with work no request is "
-            "running (answered from elsewhere, or left by a process that died); 0 for none "
-            "(default: 4, or 0 for a runtime that leaves its turns to workers).",
+            "running (answered from elsewhere, or left by a process that died), "
+            f"{WORKERS.range}; 0 for none (default: 4, or 0 for a runtime that leaves its turns "
+            "to workers).",
         ),
     ] = None,
     sign_in_lifetime: Annotated[
@@ -97,13 +123,16 @@ def serve(
         typer.Option(
             "--sign-in-lifetime",
             metavar="SECONDS",
-            help="How long a dashboard sign-in lasts (default: 43200, 12 hours).",
+            parser=number_of_seconds,
+            help="How long a dashboard sign-in lasts, a positive number (default: 43200, 12 "
+            "hours).",
         ),
     ] = None,
     channel_state: Annotated[
         str | None,
         typer.Option(
             "--channel-state",
+            metavar="FILE",
             help="SQLite file keeping channel delivery positions across restarts; processes "
             "sharing it deliver once: one posts, the others stand by to take over (default: in "
             "memory, shared with no other process, so each posts everything, and a restart "

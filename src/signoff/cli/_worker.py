@@ -13,7 +13,14 @@ from .._runtime import Runtime
 from ..channels.terminal import printable
 from ..stores import DEFAULT_URL, SQLiteStore
 from ._app import StoreOption, app, load_runtime, misuse, out, run, shown_store, split_target
+from ._commands import Group
+from ._numbers import seconds, whole
 from ._waiting import open_when_up
+
+CONCURRENCY = whole(1, 100_000)
+LEASE_TTL = seconds(LEASE_TTL_MIN, LEASE_TTL_MAX)
+IDLE_WAIT = seconds(0.01, 60)
+SWEEP_EVERY = seconds(0.1, 3600)
 
 
 @app.command()
@@ -24,31 +31,49 @@ def worker(
     store: Annotated[
         str | None,
         typer.Option(
-            "--store", envvar="SIGNOFF_STORE", help="Store URL; replaces the runtime's own."
+            "--store",
+            envvar="SIGNOFF_STORE",
+            metavar="URL",
+            help="Store URL; replaces the runtime's own.",
         ),
     ] = None,
     concurrency: Annotated[
         int,
-        typer.Option("--concurrency", min=1, max=100_000, help="Turns driven at once."),
+        typer.Option(
+            "--concurrency",
+            metavar="N",
+            parser=CONCURRENCY,
+            help=f"Turns driven at once ({CONCURRENCY.range}).",
+        ),
     ] = 16,
     lease_ttl: Annotated[
         float | None,
         typer.Option(
             "--lease-ttl",
-            min=LEASE_TTL_MIN,
-            max=LEASE_TTL_MAX,
-            help="Seconds a claimed session stays ours without renewal, from 0.1 to 86400 "
+            metavar="SECONDS",
+            parser=LEASE_TTL,
+            help=f"Seconds a claimed session stays ours without renewal, {LEASE_TTL.range} "
             "(default: the runtime's).",
             show_default=False,
         ),
     ] = None,
     idle_wait: Annotated[
         float,
-        typer.Option("--idle-wait", min=0.01, max=60, help="Longest sleep between claims."),
+        typer.Option(
+            "--idle-wait",
+            metavar="SECONDS",
+            parser=IDLE_WAIT,
+            help=f"Longest sleep between claims, {IDLE_WAIT.range}.",
+        ),
     ] = 0.5,
     sweep_every: Annotated[
         float,
-        typer.Option("--sweep-every", min=0.1, max=3600, help="Seconds between deadline sweeps."),
+        typer.Option(
+            "--sweep-every",
+            metavar="SECONDS",
+            parser=SWEEP_EVERY,
+            help=f"Seconds between deadline sweeps, {SWEEP_EVERY.range}.",
+        ),
     ] = 5.0,
 ) -> None:
     """Run turns only (no HTTP): claim sessions that have work under a lease and drive them.
@@ -116,7 +141,7 @@ def worker(
         raise typer.Exit(130) from None
 
 
-db_app = typer.Typer(help="Manage the store's schema.", no_args_is_help=True)
+db_app = typer.Typer(help="Manage the store's schema.", no_args_is_help=True, cls=Group)
 app.add_typer(db_app, name="db")
 
 

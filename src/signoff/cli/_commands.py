@@ -1,0 +1,102 @@
+"""The Click classes of the `signoff` commands: help that reads as Click and the README write it
+(`REQUEST_ID [MODULE:RUNTIME]`, no `<str>` or `<bool>`, each docstring paragraph on one line),
+and a quiet stop when whoever reads the output stops reading (`signoff events ... | head -1`)."""
+
+from __future__ import annotations
+
+import inspect
+import io
+import os
+import sys
+from typing import Any, NoReturn
+
+import typer
+from typer import _click  # the Click Typer bundles, whose classes its commands extend
+from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
+
+__all__ = ["Command", "Group", "closed_pipe", "finish_help"]
+
+
+class _Argument(TyperArgument):
+    """An argument shown by its metavar alone: Typer puts `<str>` beside even a named one."""
+
+    def display_type_rich(self, ctx: _click.Context) -> str | None:
+        return None
+
+
+def _plain(params: list[_click.Parameter]) -> None:
+    """Show each of `params` by its name and metavar alone, with no Python type beside it."""
+    for param in params:
+        if isinstance(param, TyperOption) and param.is_flag and param.metavar is None:
+            param.metavar = ""  # a flag takes no value: not `<bool>`
+        elif type(param) is TyperArgument:
+            param.__class__ = _Argument
+
+
+class Command(TyperCommand):
+    """A command whose usage line names a required argument bare and an optional one in
+    brackets (Typer writes `{REQUEST_ID}`), with no `<str>` or `<bool>` in its help."""
+
+    def get_params(self, ctx: _click.Context) -> list[_click.Parameter]:
+        params = super().get_params(ctx)
+        _plain(params)
+        return params
+
+    def collect_usage_pieces(self, ctx: _click.Context) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, TyperArgument):
+                name = param.display_name_raw
+                name = name if param.required else f"[{name}]"
+                pieces.append(name + ("..." if param.nargs != 1 else ""))
+            else:
+                pieces.extend(param.get_usage_pieces(ctx))
+        return pieces
+
+
+class Group(TyperGroup):
+    """A group of commands whose own flags (`--version`, `--help`) show no `<bool>`, and which
+    ends a command whose output nobody reads any more as `closed_pipe` says."""
+
+    def get_params(self, ctx: _click.Context) -> list[_click.Parameter]:
+        params = super().get_params(ctx)
+        _plain(params)
+        return params
+
+    def invoke(self, ctx: _click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            closed_pipe()
+
+
+def closed_pipe() -> NoReturn:
+    """Stop, with no traceback and nothing more written, once the reader of our output has gone
+    (`| head -1`): status 141, 128 + SIGPIPE, which the shell reports for git or ls there too.
+
+    Click would exit 1, as for an error. Standard output is pointed at the null device so that
+    Python's own flush at exit does not fail on the closed pipe and print to stderr after all."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, sys.stdout.fileno())
+        finally:
+            os.close(null)
+    except (OSError, ValueError, io.UnsupportedOperation):  # no file descriptor (a test's)
+        pass
+    raise typer.Exit(141)
+
+
+def finish_help(typer_app: typer.Typer) -> None:
+    """Make every command of `typer_app` a `Command` and give it its docstring as help with
+    each paragraph on one line: Typer's rich help keeps a docstring's line breaks, which then
+    cut the terminal's wrapping."""
+    for command in typer_app.registered_commands:
+        if command.cls in (None, TyperCommand):
+            command.cls = Command
+        if command.help is None and command.callback is not None:
+            doc = inspect.getdoc(command.callback) or ""
+            command.help = "\n\n".join(" ".join(part.split()) for part in doc.split("\n\n"))
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            finish_help(group.typer_instance)

@@ -1,0 +1,178 @@
+"""The `signoff` commands' help reads as the README writes the command line, with no Python type
+placeholders; output whose reader has gone ends the command quietly with status 141."""
+
+from __future__ import annotations
+
+import io
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import typer
+from typer import _click
+from typer.core import TyperArgument, TyperGroup, TyperOption
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app
+from signoff.cli._app import out
+from signoff.testing import reply, scripted_agent
+
+ROOT = Path(__file__).resolve().parents[1]
+
+METAVAR = re.compile(r"[A-Z][A-Z0-9_]*([:=][A-Z][A-Z0-9_]*)?")
+"""A value's placeholder as the README writes one: `N`, `REQUEST_ID`, `AUTHENTICATOR:ID`."""
+
+TYPE_PLACEHOLDER = re.compile(r"<[a-z_\[\]|]+( range)?>")
+"""What Typer writes where a metavar is missing: `<str>`, `<bool>`, `<int range>`, `<list[str]>`."""
+
+
+def commands(
+    command: _click.Command, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], _click.Command]]:
+    """Every command and group under `command`, with the words that name it."""
+    yield path, command
+    if isinstance(command, TyperGroup):
+        for name, sub in command.commands.items():
+            yield from commands(sub, (*path, name))
+
+
+ALL = list(commands(typer.main.get_command(app)))
+IDS = [" ".join(path) or "signoff" for path, _ in ALL]
+
+
+def params(command: _click.Command) -> list[_click.Parameter]:
+    with _click.Context(command, info_name="signoff") as ctx:
+        return command.get_params(ctx)
+
+
+def usage(command: _click.Command, path: tuple[str, ...]) -> str:
+    with _click.Context(command, info_name=" ".join(("signoff", *path))) as ctx:
+        return command.get_usage(ctx)
+
+
+@pytest.mark.parametrize(("path", "command"), ALL, ids=IDS)
+def test_every_help_names_values_by_their_metavar(
+    path: tuple[str, ...], command: _click.Command
+) -> None:
+    shown = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert not TYPE_PLACEHOLDER.search(shown.output), shown.output
+    line = usage(command, path)
+    assert "{" not in line and "}" not in line, line
+    assert line in " ".join(shown.output.split()), (line, shown.output)
+    for param in params(command):
+        if isinstance(param, TyperOption) and param.is_flag:
+            assert param.metavar == "", param.opts
+        elif isinstance(param, TyperOption):
+            assert param.metavar and METAVAR.fullmatch(param.metavar), (param.opts, param.metavar)
+        else:
+            assert isinstance(param, TyperArgument)
+            assert METAVAR.fullmatch(param.display_name_raw), param.display_name_raw
+
+
+def readme_command_lines() -> dict[str, str]:
+    """The README's command-line summary: each `signoff ...` line (continuations joined) by
+    the words naming its command."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("## Command line", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    joined = re.sub(r"\\\n\s*", " ", block)
+    lines: dict[str, str] = {}
+    for line in joined.splitlines():
+        words = line.split("#", 1)[0].split()
+        if not words or words[0] != "signoff":
+            continue
+        name = " ".join(w for w in words[1:3] if w.isalpha() and w.islower())
+        lines[name.split()[0] if name.split()[0] != "db" else name] = " ".join(words)
+    return lines
+
+
+def test_the_readme_writes_each_command_as_its_help_does() -> None:
+    """Each command is in the README's summary; what follows an option there is the option's
+    metavar, and the arguments come in the usage line's order, written the same way."""
+    lines = readme_command_lines()
+    for path, command in ALL:
+        if isinstance(command, TyperGroup):
+            continue
+        name = " ".join(path)
+        assert name in lines, name
+        line = lines[name]
+        options = {
+            opt: param
+            for param in params(command)
+            if isinstance(param, TyperOption)
+            for opt in param.opts
+        }
+        for opt, value in re.findall(r"(--[a-z-]+)(?:[ =]([^\s\]\[|()]+))?", line):
+            assert opt in options, (name, opt)
+            param = options[opt]
+            if param.is_flag:
+                assert not value or value.startswith("--"), (name, opt, value)
+            else:
+                assert value == param.metavar, (name, opt, value, param.metavar)
+        pieces = usage(command, path).split("[OPTIONS]", 1)[1].split()
+        arguments = [p for p in pieces if "MODULE:RUNTIME" not in p or "[" in p]
+        at = 0
+        for piece in arguments:
+            found = line.find(piece, at)
+            assert found >= 0, (name, piece, line)
+            at = found + len(piece)
+
+
+def test_a_closed_output_pipe_ends_the_command_quietly_with_141(tmp_path: Path) -> None:
+    """`signoff events ID | head -c 100`: the reader goes before the log is written out. The
+    command stops with status 141, as git and ls end there (128 + SIGPIPE), and writes nothing
+    to stderr: no traceback, no "Exception ignored" from Python's flush at exit."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    rt = so.Runtime([scripted_agent("a", [reply("x" * 400_000)])], store=url)
+    try:
+        sid = rt.generate_sync("a", "hi").session_id
+    finally:
+        rt.close_sync()
+    with subprocess.Popen(
+        [sys.executable, "-m", "signoff", "events", sid, "--store", url, "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.read(100)
+        proc.stdout.close()  # 400 kB are more than the pipe holds: the write meets EPIPE
+        err = proc.stderr.read()
+        assert proc.wait(timeout=60) == 141, err
+    assert err == b"", err
+
+
+def test_rich_output_to_a_closed_pipe_is_status_141_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tables and lines printed through Rich meet the same end: Rich's own reaction to a
+    broken pipe is exit status 1, as for an error."""
+
+    class Closed(io.StringIO):
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    with pytest.raises(typer.Exit) as ended:
+        out().print("ses_1  waiting")
+    assert ended.value.exit_code == 141
+
+
+def test_nothing_but_a_closed_pipe_is_status_141(tmp_path: Path) -> None:
+    """Whatever the command prints, when its reader stays, exits 0 as before."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    rt = so.Runtime([scripted_agent("a", [reply("x" * 400_000)])], store=url)
+    try:
+        sid = rt.generate_sync("a", "hi").session_id
+    finally:
+        rt.close_sync()
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", "events", sid, "--store", url, "--json"],
+        capture_output=True,
+        cwd=ROOT,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout) > 400_000
