@@ -461,6 +461,24 @@ def test_serve_sets_the_dashboards_sign_in_lifetime(
         assert served.pop().state.signoff.sign_in_lifetime == lifetime
 
 
+def test_serve_webhook_backfill_is_the_channels_backfill(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--webhook-backfill` is `WebhookChannel(backfill=True)`; without it the channel starts
+    from now."""
+    import signoff.server
+    from signoff.channels import WebhookChannel
+
+    served: list[list[Any]] = []
+    monkeypatch.setattr(signoff.server, "serve", lambda rt, **kw: served.append(kw["channels"]))
+    hook = ["--webhook", "http://127.0.0.1:9/hook", "--webhook-secret", "s"]
+    for args, backfill in (([], False), (["--webhook-backfill"], True)):
+        result = invoke("serve", TARGET, "--store", url, "--port", "0", *hook, *args)
+        assert result.exit_code == 0, result.output
+        [channel] = served.pop()
+        assert isinstance(channel, WebhookChannel) and channel.backfill is backfill
+
+
 @pytest.mark.parametrize("bad", ["0", "-5", "inf", "nan"])
 def test_serve_refuses_a_sign_in_lifetime_that_is_not_positive_and_finite(
     bad: str, url: str, monkeypatch: pytest.MonkeyPatch
