@@ -24,14 +24,17 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import aiohttp
 import httpx
 import pytest
 from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
 from slack_sdk.web.async_client import AsyncWebClient
 
 import signoff as so
 from signoff.channels import Channel, ChannelHub, InvalidSignature
 from signoff.channels.slack import SlackChannel, slack_principal
+from signoff.channels.slack._adopt import retry_handlers
 from signoff.server import create_app
 from signoff.stores import promptly
 from signoff.stores._prompt import is_prompt
@@ -1999,6 +2002,64 @@ async def test_a_post_whose_connection_drops_after_slack_took_it_is_adopted_not_
             (message,) = slack_api.messages["C42"]
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
     assert len(slack_api.of("chat.postMessage")) == 1
+
+
+class _FailingOnce(AbstractResolver):
+    """Resolves every host to loopback, after failing the first lookup: a call that made no
+    connection, so nothing reached Slack."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        self.lookups += 1
+        if self.lookups == 1:
+            raise OSError("name resolution failed")
+        found: ResolveResult = {
+            "hostname": host,
+            "host": "127.0.0.1",
+            "port": port,
+            "family": family,
+            "proto": 0,
+            "flags": socket.AI_NUMERICHOST,
+        }
+        return [found]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_post_that_never_reached_slack_is_sent_again_at_once(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """No connection made (a failed lookup): the channel's client posts again at once, so the
+    message is not held until the hub's next retry, which would also first read the history
+    for it; Slack has it once."""
+    resolver = _FailingOnce()
+    port = urllib.parse.urlsplit(slack_api.url).port
+    log: list[Any] = []
+    async with (
+        refund_runtime(tmp_path, log) as rt,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=resolver)) as session,
+    ):
+        client = AsyncWebClient(
+            token="xoxb-test",
+            base_url=f"http://slack.test:{port}/api/",
+            session=session,
+            retry_handlers=retry_handlers(),
+        )
+        slack = SlackChannel("C42", client=client, signing_secret=SECRET)
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            await hub.poll()
+            (message,) = slack_api.messages["C42"]
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+    assert resolver.lookups == 2
+    assert len(slack_api.of("chat.postMessage")) == 1
+    assert slack_api.of(HISTORY) == []
 
 
 async def test_a_request_closed_while_the_killed_hub_was_down_updates_its_unsaved_post(

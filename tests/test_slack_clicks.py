@@ -359,10 +359,10 @@ async def _refused_connection() -> aiohttp.ClientConnectorError:
     raise AssertionError(f"something answered on the closed port {port}")
 
 
-def test_only_a_form_opening_that_never_reached_slack_is_retried_by_the_client() -> None:
-    """The channel's client sends `views.open` again only when no connection was made (nothing
-    was sent); a dropped or reset connection may have opened the form. Other calls keep
-    slack_sdk's retry of both; a post gets neither."""
+def test_only_a_form_opening_or_post_that_never_reached_slack_is_retried_by_the_client() -> None:
+    """The channel's client sends `views.open` and `chat.postMessage` again only when no
+    connection was made (nothing was sent); a dropped or reset connection may have opened the
+    form or posted the message. Other calls keep slack_sdk's retry of both."""
     handler = retry_handlers()[0]
     refused = asyncio.run(_refused_connection())
     dropped = aiohttp.ServerDisconnectedError()
@@ -375,7 +375,10 @@ def test_only_a_form_opening_that_never_reached_slack_is_retried_by_the_client()
     assert retried("views.open", refused)
     assert not retried("views.open", dropped)
     assert retried("chat.update", refused) and retried("chat.update", dropped)
-    assert not retried("chat.postMessage", refused) and not retried("chat.postMessage", dropped)
+    assert retried("chat.postMessage", refused)
+    assert not retried("chat.postMessage", dropped)
+    reset = aiohttp.ClientOSError(104, "Connection reset by peer")
+    assert not retried("chat.postMessage", reset) and not retried("views.open", reset)
 
 
 async def test_a_click_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls_nothing(
