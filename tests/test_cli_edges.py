@@ -21,6 +21,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -579,6 +580,38 @@ def _wait_until_blocked(pid: int, timeout: float = 20) -> None:
         time.sleep(0.01)
 
 
+@contextlib.contextmanager
+def _chat_at_a_terminal(
+    url: str, preexec_fn: Callable[[], object]
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """`signoff chat` of the test agent with a pseudo-terminal for its input and output: the
+    terminal's end to type at and read from, and the process (killed if still running once
+    the block ends; its stderr piped)."""
+    terminal, tty = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        stdin=tty,
+        stdout=tty,
+        stderr=subprocess.PIPE,
+        preexec_fn=preexec_fn,
+    )
+    os.close(tty)
+    try:
+        yield terminal, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(terminal)
+
+
+def _assert_interrupted(proc: subprocess.Popen[bytes], stderr: bytes) -> None:
+    """Chat ended as Ctrl-C ends it: status 130, and one line saying so, no traceback."""
+    assert proc.returncode == 130, stderr
+    assert stderr.decode().strip() == "interrupted"
+
+
 @pytest.mark.parametrize("at_once", [False, True], ids=["in-its-read", "as-the-prompt-shows"])
 @pytest.mark.parametrize(
     ("typed", "prompt"),
@@ -593,31 +626,18 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(
     reading never sees, so the first Ctrl-C did nothing and a second one was needed. So does one
     sent the moment the prompt (or the header before it) shows: `input()` saw a SIGINT that
     came before its read began only at the next Enter, and asyncio's cancel not at all."""
-    terminal, tty = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
-        cwd=ROOT,
-        stdin=tty,
-        stdout=tty,
-        stderr=subprocess.PIPE,
-        # As typed at a shell: a test runner started in the background ignores SIGINT.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    os.close(tty)
-    try:
+
+    def as_at_a_shell() -> None:  # a test runner started in the background ignores SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    with _chat_at_a_terminal(url, as_at_a_shell) as (terminal, proc):
         os.write(terminal, typed)
         _read_until(terminal, prompt)
         if not at_once:
             _wait_until_blocked(proc.pid)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        os.close(terminal)
-    assert proc.returncode == 130, stderr
-    assert stderr.decode().strip() == "interrupted"
+    _assert_interrupted(proc, stderr)
     assert [s.status for s in _sessions(url)] == (["waiting"] if typed else [])
 
 
@@ -671,23 +691,13 @@ def test_a_ctrl_c_while_a_reply_prints_ends_chat_before_its_next_read(
 def test_ctrl_c_typed_midway_through_a_message_ends_chat_without_sending_it(url: str) -> None:
     """A real Ctrl-C, typed at chat's controlling terminal halfway through a line: chat ends
     with 130 and the half-typed message is sent nowhere, while the one sent before it is kept."""
-    terminal, tty = pty.openpty()
 
     def own_terminal() -> None:  # a shell's job: its own session, with this terminal
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
-        cwd=ROOT,
-        stdin=tty,
-        stdout=tty,
-        stderr=subprocess.PIPE,
-        preexec_fn=own_terminal,
-    )
-    os.close(tty)
-    try:
+    with _chat_at_a_terminal(url, own_terminal) as (terminal, proc):
         os.write(terminal, b"refund order 1042\n")
         _read_until(terminal, b"(y/N)")
         os.write(terminal, b"y\n")
@@ -696,13 +706,7 @@ def test_ctrl_c_typed_midway_through_a_message_ends_chat_without_sending_it(url:
         _read_until(terminal, b"and order 10")  # echoed: the terminal holds it
         os.write(terminal, b"\x03")
         _, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        os.close(terminal)
-    assert proc.returncode == 130, stderr
-    assert stderr.decode().strip() == "interrupted"
+    _assert_interrupted(proc, stderr)
     [session] = _sessions(url)
     events = log(url, session.id)
     assert [e.type for e in events].count("turn.started") == 1
