@@ -245,20 +245,14 @@ def _refuse_stray_channel_options(ctx: typer.Context, webhooks: bool, slack: boo
         # By name: newer Typer vendors Click, so its ParameterSource is not click's own enum.
         return getattr(ctx.get_parameter_source(param), "name", None) == "COMMANDLINE"
 
-    if not webhooks:
-        for param, flag in (
-            ("webhook_secret", "--webhook-secret"),
-            ("webhook_backfill", "--webhook-backfill"),
-        ):
-            if typed(param):
-                raise UsageError(f"{flag} is given but no --webhook URL")
-    if not slack:
-        for param, flag in (
-            ("slack_token", "--slack-token"),
-            ("slack_signing_secret", "--slack-signing-secret"),
-        ):
-            if typed(param):
-                raise UsageError(f"{flag} is given but no --slack-channel")
+    for param, flag, given, needed in (
+        ("webhook_secret", "--webhook-secret", webhooks, "--webhook URL"),
+        ("webhook_backfill", "--webhook-backfill", webhooks, "--webhook URL"),
+        ("slack_token", "--slack-token", slack, "--slack-channel"),
+        ("slack_signing_secret", "--slack-signing-secret", slack, "--slack-channel"),
+    ):
+        if not given and typed(param):
+            raise UsageError(f"{flag} is given but no {needed}")
     if not webhooks and not slack and typed("channel_state"):
         raise UsageError(
             "--channel-state is given but no --webhook or --slack-channel: it would keep nothing"
