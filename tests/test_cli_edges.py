@@ -35,6 +35,7 @@ from signoff.channels import TerminalChannel
 from signoff.cli import app, local_principal
 from signoff.cli._chat import _Chat
 from signoff.stores import SessionSummary, SQLiteStore
+from signoff.testing import call, call_tools, reply, scripted_agent
 from tests.test_cli import (
     ROOT,
     TARGET,
@@ -102,27 +103,21 @@ def test_tables_print_ids_and_status_whole_at_any_width(url: str, columns: str) 
 
 _STEERING = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"  # set the title, clear, C1 CSI, bidi override
 
-steering = so.Agent(
-    name="steering",
-    model=so.models.Scripted(
-        [
-            so.ModelResponse(
-                tool_calls=[
-                    so.ToolCall(
-                        name="ask_question",
-                        input={
-                            "question": f"Which?{_STEERING}",
-                            "options": [
-                                {"label": f"A{_STEERING}", "description": _STEERING},
-                                {"label": "B", "description": "b"},
-                            ],
-                        },
-                    )
-                ]
-            ),
-            so.ModelResponse(text=f"done{_STEERING}"),
-        ]
-    ),
+steering = scripted_agent(
+    "steering",
+    [
+        call_tools(
+            call(
+                "ask_question",
+                question=f"Which?{_STEERING}",
+                options=[
+                    {"label": f"A{_STEERING}", "description": _STEERING},
+                    {"label": "B", "description": "b"},
+                ],
+            )
+        ),
+        reply(f"done{_STEERING}"),
+    ],
     tools=[so.ask_question()],
 )
 
@@ -829,21 +824,12 @@ def test_a_terminal_that_cannot_show_unicode_gets_escapes_not_a_traceback(
     assert b"\\u30af\\u30de" in proc.stdout, proc.stdout  # クマ
 
 
-kuma = so.Agent(
-    name="クマ",
-    model=so.models.Scripted(
-        [
-            so.ModelResponse(
-                tool_calls=[
-                    so.ToolCall(
-                        name="issue_refund",
-                        input={"order_id": "1042", "amount": 180, "reason": "壊れた"},
-                    )
-                ]
-            ),
-            so.ModelResponse(text="返金しました。"),
-        ]
-    ),
+kuma = scripted_agent(
+    "クマ",
+    [
+        call_tools(call("issue_refund", order_id="1042", amount=180, reason="壊れた")),
+        reply("返金しました。"),
+    ],
     tools=[issue_refund],
 )
 

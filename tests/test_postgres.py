@@ -28,6 +28,7 @@ from signoff.stores._audit import AuditRow
 from signoff.stores.postgres import MIGRATIONS, STORE_SCHEMA, PostgresStore
 
 from ._pg_events import T0, ev, new_session
+from ._pg_syncs import seen_syncs, watch_syncs
 from ._relay import Relay
 from ._shipping import shipping_agent
 from .conftest import PgCluster, _free_port
@@ -578,24 +579,7 @@ async def test_durable_commits_flush_the_others_need_not(
 ) -> None:
     """An acknowledged answer is flushed before COMMIT returns, whatever the server's default;
     other commits skip the flush (as SQLite's synchronous=NORMAL does)."""
-    conn = await admin(pg_store_url)
-    async with conn:
-        dbname = conninfo_to_dict(pg_store_url)["dbname"]
-        await conn.execute(
-            f'ALTER DATABASE "{dbname}" SET synchronous_commit = {server_default}'.encode()
-        )
-        await conn.execute(
-            """
-            CREATE TABLE public.seen (seq BIGINT, setting TEXT);
-            CREATE FUNCTION public.see() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                INSERT INTO public.seen VALUES (NEW.seq, current_setting('synchronous_commit'));
-                RETURN NULL;
-            END $$;
-            CREATE TRIGGER see AFTER INSERT ON signoff.events
-                FOR EACH ROW EXECUTE FUNCTION public.see();
-            """
-        )
+    await watch_syncs(pg_store_url, server_default)
     store = PostgresStore(pg_store_url)
     await store.open()
     try:
@@ -606,10 +590,7 @@ async def test_durable_commits_flush_the_others_need_not(
         )
     finally:
         await store.close()
-    conn = await admin(pg_store_url)
-    async with conn:
-        cur = await conn.execute("SELECT seq, setting FROM public.seen ORDER BY seq")
-        assert await cur.fetchall() == [(1, "on"), (2, "off"), (3, "on")]
+    assert await seen_syncs(pg_store_url) == [(1, "on"), (2, "off"), (3, "on")]
 
 
 # -- lost connections ------------------------------------------------------------------------

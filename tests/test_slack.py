@@ -1933,6 +1933,20 @@ async def test_an_unsaved_attempt_slack_never_got_or_another_delivery_is_not_ado
         assert delivery not in ("0" * 32, "f" * 32)
 
 
+@asynccontextmanager
+async def _posting(
+    tmp_path: Path, slack: SlackChannel
+) -> AsyncIterator[tuple[ChannelHub, so.InputRequest]]:
+    """A hub of `slack` alone that retries at once, polled by the test, and the refund request
+    just opened (not yet delivered)."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            yield hub, req
+
+
 async def test_a_post_that_timed_out_after_slack_took_it_is_adopted_on_retry(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -1940,22 +1954,18 @@ async def test_a_post_that_timed_out_after_slack_took_it_is_adopted_on_retry(
     the message by its metadata and saves it instead of posting the request a second time."""
     slack_api.real_ts = True
     slack_api.slow["chat.postMessage"] = 1.3
-    log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        client = AsyncWebClient(token="xoxb-test", base_url=slack_api.url, timeout=1)
-        slack = SlackChannel("C42", client=client, signing_secret=SECRET)
-        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
-            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-            (req,) = r.pending
-            await hub.poll()  # times out
-            assert slack.recall(f"msg:{req.id}") is None
-            for _ in range(200):
-                if "C42" in slack_api.messages:
-                    break
-                await asyncio.sleep(0.01)
-            (message,) = slack_api.messages["C42"]
-            await hub.poll()
-            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+    client = AsyncWebClient(token="xoxb-test", base_url=slack_api.url, timeout=1)
+    slack = SlackChannel("C42", client=client, signing_secret=SECRET)
+    async with _posting(tmp_path, slack) as (hub, req):
+        await hub.poll()  # times out
+        assert slack.recall(f"msg:{req.id}") is None
+        for _ in range(200):
+            if "C42" in slack_api.messages:
+                break
+            await asyncio.sleep(0.01)
+        (message,) = slack_api.messages["C42"]
+        await hub.poll()
+        assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
     assert len(slack_api.of("chat.postMessage")) == 1
     assert len(slack_api.of(HISTORY)) == 1
 
@@ -1967,18 +1977,14 @@ async def test_a_post_answered_with_a_5xx_after_slack_took_it_is_adopted_on_retr
     does: the hub's retry looks for the message by its metadata before posting again."""
     slack_api.real_ts = True
     slack_api.lost["chat.postMessage"] = 1
-    log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        slack = channel(slack_api)
-        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
-            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-            (req,) = r.pending
-            await hub.poll()  # the 504
-            assert slack.recall(f"msg:{req.id}") is None
-            (message,) = slack_api.messages["C42"]
-            await hub.poll()
-            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
-            await hub.poll()
+    slack = channel(slack_api)
+    async with _posting(tmp_path, slack) as (hub, req):
+        await hub.poll()  # the 504
+        assert slack.recall(f"msg:{req.id}") is None
+        (message,) = slack_api.messages["C42"]
+        await hub.poll()
+        assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+        await hub.poll()
     assert len(slack_api.of("chat.postMessage")) == 1
     assert len(slack_api.messages["C42"]) == 1
 
@@ -1991,16 +1997,12 @@ async def test_a_post_whose_connection_drops_after_slack_took_it_is_adopted_not_
     post it twice); the hub's retry adopts the message by its metadata."""
     slack_api.real_ts = True
     slack_api.dropped["chat.postMessage"] = 1
-    log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        slack = channel(slack_api)
-        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
-            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-            (req,) = r.pending
-            await hub.poll()  # the dropped connection
-            await hub.poll()
-            (message,) = slack_api.messages["C42"]
-            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+    slack = channel(slack_api)
+    async with _posting(tmp_path, slack) as (hub, req):
+        await hub.poll()  # the dropped connection
+        await hub.poll()
+        (message,) = slack_api.messages["C42"]
+        assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
     assert len(slack_api.of("chat.postMessage")) == 1
 
 
@@ -2039,11 +2041,7 @@ async def test_a_post_that_never_reached_slack_is_sent_again_at_once(
     for it; Slack has it once."""
     resolver = _FailingOnce()
     port = urllib.parse.urlsplit(slack_api.url).port
-    log: list[Any] = []
-    async with (
-        refund_runtime(tmp_path, log) as rt,
-        aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=resolver)) as session,
-    ):
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=resolver)) as session:
         client = AsyncWebClient(
             token="xoxb-test",
             base_url=f"http://slack.test:{port}/api/",
@@ -2051,9 +2049,7 @@ async def test_a_post_that_never_reached_slack_is_sent_again_at_once(
             retry_handlers=retry_handlers(),
         )
         slack = SlackChannel("C42", client=client, signing_secret=SECRET)
-        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
-            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-            (req,) = r.pending
+        async with _posting(tmp_path, slack) as (hub, req):
             await hub.poll()
             (message,) = slack_api.messages["C42"]
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
