@@ -29,6 +29,7 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
+from fastapi import FastAPI
 from slack_sdk.web.async_client import AsyncWebClient
 
 import signoff as so
@@ -337,6 +338,20 @@ def channel(fake: FakeSlack, **kwargs: Any) -> SlackChannel:
     return SlackChannel(
         "C42", token="xoxb-test", base_url=fake.url, signing_secret=SECRET, **kwargs
     )
+
+
+@asynccontextmanager
+async def serving(
+    rt: so.Runtime, fake: FakeSlack, state: Path
+) -> AsyncIterator[tuple[SlackChannel, ChannelHub, FastAPI]]:
+    """The app of `rt` running a hub of one Slack channel on `fake` (its state in the file
+    `state`), started and polled once: the channel, the hub and the app."""
+    slack = channel(fake)
+    hub = ChannelHub(rt, [slack], state=state)
+    app = create_app(rt, dev=True, channels=hub)
+    async with app.router.lifespan_context(app):
+        await hub.poll()
+        yield slack, hub, app
 
 
 def approval_blocks(req: so.InputRequest) -> list[dict[str, Any]]:
