@@ -334,6 +334,18 @@ def refund_runtime(tmp_path: Path, log: list[Any], gate: asyncio.Event | None = 
     return so.Runtime([agent], store=f"sqlite:///{tmp_path / 'state.db'}")
 
 
+@asynccontextmanager
+async def refund_requested(
+    tmp_path: Path, log: list[Any], gate: asyncio.Event | None = None
+) -> AsyncIterator[tuple[so.Runtime, so.InputRequest]]:
+    """`refund_runtime`, its agent having asked Alice's approval to refund order 1042: the
+    runtime and the request."""
+    async with refund_runtime(tmp_path, log, gate) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        yield rt, req
+
+
 def channel(fake: FakeSlack, **kwargs: Any) -> SlackChannel:
     return SlackChannel(
         "C42", token="xoxb-test", base_url=fake.url, signing_secret=SECRET, **kwargs
@@ -602,9 +614,7 @@ async def test_deny_opens_a_reason_modal_and_the_reason_is_recorded(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
@@ -681,9 +691,7 @@ async def test_a_responder_the_policy_rejects_is_told_and_the_request_stays_open
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
@@ -960,9 +968,7 @@ async def test_the_endpoint_is_signed_by_slack_not_by_api_tokens(
     from signoff.server import TokenAuth
 
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         hub = ChannelHub(rt, [slack])
         app = create_app(rt, auth=TokenAuth({"s3cret": ALICE}), channels=hub)
@@ -1153,9 +1159,7 @@ async def test_wrongly_typed_fields_and_absurd_timestamps_are_named_not_500(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         hub = ChannelHub(rt, [slack])
         app = create_app(rt, dev=True, channels=hub)
@@ -1341,9 +1345,7 @@ async def test_slack_rate_limited_at_start_posts_the_open_requests_later(
     """Requests open when the hub starts are posted once Slack's Retry-After has passed, not
     left unposted until the next start because the first post was rate limited."""
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack_api.limited["chat.postMessage"] = 1
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
@@ -1453,9 +1455,7 @@ async def test_a_delivery_slack_retries_is_acknowledged_once_and_acted_on_once(
     candidate, no second modal, no "already closed" note to the person who clicked."""
     log: list[Any] = []
     gate = asyncio.Event()
-    async with refund_runtime(tmp_path, log, gate) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log, gate) as (rt, req):
         slack = channel(slack_api)
         hub = ChannelHub(rt, [slack])
         app = create_app(rt, dev=True, channels=hub)
@@ -1534,9 +1534,7 @@ async def test_slack_down_at_start_posts_the_open_requests_once_it_is_back(
     """A 5xx from Slack while the hub posts the requests open at start: they are posted again
     after a backoff (not left unposted until the next start), once each."""
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack_api.down["chat.postMessage"] = 2
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
@@ -1593,9 +1591,7 @@ async def test_a_modal_slack_will_not_open_is_told_to_the_person_who_clicked(
     """Deny's reason modal not opened (the click's trigger expired, say): the person is told to
     press again rather than the click doing nothing at all; the request stays open."""
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
@@ -1921,9 +1917,7 @@ async def test_an_unsaved_attempt_slack_never_got_or_another_delivery_is_not_ado
     the request is posted once, and only messages near the attempt's time were read."""
     slack_api.real_ts = True
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         payload = {"request_id": req.id, "delivery": "0" * 32}
         old = {"event_type": "signoff_request", "event_payload": payload}
         slack_api.messages["C42"] = [
@@ -2103,9 +2097,7 @@ async def test_an_unsaved_post_is_found_with_a_client_that_has_no_timeout(
     of failing on the window's end, so the message is adopted rather than never posted."""
     slack_api.real_ts = True
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         payload = {"request_id": req.id, "delivery": "a" * 32}
         meta = {"event_type": "signoff_request", "event_payload": payload}
         ts = f"{time.time():.6f}"
@@ -2135,9 +2127,7 @@ async def test_a_rate_limited_history_read_is_waited_out_not_answered_by_posting
     slack_api.limited[HISTORY] = 1
     slack_api.retry_after = "0"
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         payload = {"request_id": req.id, "delivery": "b" * 32}
         meta = {"event_type": "signoff_request", "event_payload": payload}
         ts = f"{time.time():.6f}"
