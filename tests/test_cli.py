@@ -976,6 +976,7 @@ def test_serve_then_approve_from_the_command_line(
     [
         (["--webhook", "http://127.0.0.1:9/hook"], "--webhook needs --webhook-secret"),
         (["--webhook-secret", "s3cret"], "no --webhook URL"),
+        (["--webhook-backfill"], "--webhook-backfill is given but no --webhook URL"),
         (["--webhook", "ftp://example/hook", "--webhook-secret", "s"], "must be http(s)"),
         (["--slack-channel", "C0123"], "--slack-channel needs --slack-token"),
         (["--slack-channel", "C0123", "--slack-token", "xoxb-1"], "--slack-signing-secret"),

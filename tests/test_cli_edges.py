@@ -21,6 +21,7 @@ import sys
 import termios
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from signoff.channels import TerminalChannel
 from signoff.cli import app, local_principal
 from signoff.cli._chat import _Chat
 from signoff.stores import SessionSummary, SQLiteStore
+from signoff.testing import call, call_tools, reply, scripted_agent
 from tests.test_cli import (
     ROOT,
     TARGET,
@@ -101,27 +103,21 @@ def test_tables_print_ids_and_status_whole_at_any_width(url: str, columns: str) 
 
 _STEERING = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"  # set the title, clear, C1 CSI, bidi override
 
-steering = so.Agent(
-    name="steering",
-    model=so.models.Scripted(
-        [
-            so.ModelResponse(
-                tool_calls=[
-                    so.ToolCall(
-                        name="ask_question",
-                        input={
-                            "question": f"Which?{_STEERING}",
-                            "options": [
-                                {"label": f"A{_STEERING}", "description": _STEERING},
-                                {"label": "B", "description": "b"},
-                            ],
-                        },
-                    )
-                ]
-            ),
-            so.ModelResponse(text=f"done{_STEERING}"),
-        ]
-    ),
+steering = scripted_agent(
+    "steering",
+    [
+        call_tools(
+            call(
+                "ask_question",
+                question=f"Which?{_STEERING}",
+                options=[
+                    {"label": f"A{_STEERING}", "description": _STEERING},
+                    {"label": "B", "description": "b"},
+                ],
+            )
+        ),
+        reply(f"done{_STEERING}"),
+    ],
     tools=[so.ask_question()],
 )
 
@@ -461,6 +457,24 @@ def test_serve_sets_the_dashboards_sign_in_lifetime(
         assert served.pop().state.signoff.sign_in_lifetime == lifetime
 
 
+def test_serve_webhook_backfill_is_the_channels_backfill(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--webhook-backfill` is `WebhookChannel(backfill=True)`; without it the channel starts
+    from now."""
+    import signoff.server
+    from signoff.channels import WebhookChannel
+
+    served: list[list[Any]] = []
+    monkeypatch.setattr(signoff.server, "serve", lambda rt, **kw: served.append(kw["channels"]))
+    hook = ["--webhook", "http://127.0.0.1:9/hook", "--webhook-secret", "s"]
+    for args, backfill in (([], False), (["--webhook-backfill"], True)):
+        result = invoke("serve", TARGET, "--store", url, "--port", "0", *hook, *args)
+        assert result.exit_code == 0, result.output
+        [channel] = served.pop()
+        assert isinstance(channel, WebhookChannel) and channel.backfill is backfill
+
+
 @pytest.mark.parametrize("bad", ["0", "-5", "inf", "nan"])
 def test_serve_refuses_a_sign_in_lifetime_that_is_not_positive_and_finite(
     bad: str, url: str, monkeypatch: pytest.MonkeyPatch
@@ -561,6 +575,38 @@ def _wait_until_blocked(pid: int, timeout: float = 20) -> None:
         time.sleep(0.01)
 
 
+@contextlib.contextmanager
+def _chat_at_a_terminal(
+    url: str, preexec_fn: Callable[[], object]
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """`signoff chat` of the test agent with a pseudo-terminal for its input and output: the
+    terminal's end to type at and read from, and the process (killed if still running once
+    the block ends; its stderr piped)."""
+    terminal, tty = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        stdin=tty,
+        stdout=tty,
+        stderr=subprocess.PIPE,
+        preexec_fn=preexec_fn,
+    )
+    os.close(tty)
+    try:
+        yield terminal, proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        os.close(terminal)
+
+
+def _assert_interrupted(proc: subprocess.Popen[bytes], stderr: bytes) -> None:
+    """Chat ended as Ctrl-C ends it: status 130, and one line saying so, no traceback."""
+    assert proc.returncode == 130, stderr
+    assert stderr.decode().strip() == "interrupted"
+
+
 @pytest.mark.parametrize("at_once", [False, True], ids=["in-its-read", "as-the-prompt-shows"])
 @pytest.mark.parametrize(
     ("typed", "prompt"),
@@ -575,31 +621,18 @@ def test_one_ctrl_c_at_a_chat_prompt_ends_it(
     reading never sees, so the first Ctrl-C did nothing and a second one was needed. So does one
     sent the moment the prompt (or the header before it) shows: `input()` saw a SIGINT that
     came before its read began only at the next Enter, and asyncio's cancel not at all."""
-    terminal, tty = pty.openpty()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
-        cwd=ROOT,
-        stdin=tty,
-        stdout=tty,
-        stderr=subprocess.PIPE,
-        # As typed at a shell: a test runner started in the background ignores SIGINT.
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
-    os.close(tty)
-    try:
+
+    def as_at_a_shell() -> None:  # a test runner started in the background ignores SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    with _chat_at_a_terminal(url, as_at_a_shell) as (terminal, proc):
         os.write(terminal, typed)
         _read_until(terminal, prompt)
         if not at_once:
             _wait_until_blocked(proc.pid)
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        os.close(terminal)
-    assert proc.returncode == 130, stderr
-    assert stderr.decode().strip() == "interrupted"
+    _assert_interrupted(proc, stderr)
     assert [s.status for s in _sessions(url)] == (["waiting"] if typed else [])
 
 
@@ -653,23 +686,13 @@ def test_a_ctrl_c_while_a_reply_prints_ends_chat_before_its_next_read(
 def test_ctrl_c_typed_midway_through_a_message_ends_chat_without_sending_it(url: str) -> None:
     """A real Ctrl-C, typed at chat's controlling terminal halfway through a line: chat ends
     with 130 and the half-typed message is sent nowhere, while the one sent before it is kept."""
-    terminal, tty = pty.openpty()
 
     def own_terminal() -> None:  # a shell's job: its own session, with this terminal
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
-        cwd=ROOT,
-        stdin=tty,
-        stdout=tty,
-        stderr=subprocess.PIPE,
-        preexec_fn=own_terminal,
-    )
-    os.close(tty)
-    try:
+    with _chat_at_a_terminal(url, own_terminal) as (terminal, proc):
         os.write(terminal, b"refund order 1042\n")
         _read_until(terminal, b"(y/N)")
         os.write(terminal, b"y\n")
@@ -678,13 +701,7 @@ def test_ctrl_c_typed_midway_through_a_message_ends_chat_without_sending_it(url:
         _read_until(terminal, b"and order 10")  # echoed: the terminal holds it
         os.write(terminal, b"\x03")
         _, stderr = proc.communicate(timeout=10)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-        os.close(terminal)
-    assert proc.returncode == 130, stderr
-    assert stderr.decode().strip() == "interrupted"
+    _assert_interrupted(proc, stderr)
     [session] = _sessions(url)
     events = log(url, session.id)
     assert [e.type for e in events].count("turn.started") == 1
@@ -807,21 +824,12 @@ def test_a_terminal_that_cannot_show_unicode_gets_escapes_not_a_traceback(
     assert b"\\u30af\\u30de" in proc.stdout, proc.stdout  # クマ
 
 
-kuma = so.Agent(
-    name="クマ",
-    model=so.models.Scripted(
-        [
-            so.ModelResponse(
-                tool_calls=[
-                    so.ToolCall(
-                        name="issue_refund",
-                        input={"order_id": "1042", "amount": 180, "reason": "壊れた"},
-                    )
-                ]
-            ),
-            so.ModelResponse(text="返金しました。"),
-        ]
-    ),
+kuma = scripted_agent(
+    "クマ",
+    [
+        call_tools(call("issue_refund", order_id="1042", amount=180, reason="壊れた")),
+        reply("返金しました。"),
+    ],
     tools=[issue_refund],
 )
 

@@ -10,7 +10,9 @@ import pytest
 import signoff as so
 from signoff import _eligibility
 from signoff._eligibility import refusal
-from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
+from signoff.testing import scripted_agent, store_contents
+
+from ._delegation import refund_desk
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
 BOB = so.Principal(authenticator="okta", principal_id="bob")
@@ -24,26 +26,6 @@ def only_bob(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
     return so.Rejected("only bob approves refunds")
 
 
-def desk(approval: Any, ran: list[str]) -> tuple[so.Agent, so.Agent]:
-    """`support` delegates a refund to `billing`, whose tool asks for `approval`."""
-
-    @so.tool(approval=approval)
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        ran.append(order_id)
-        return "ok"
-
-    child = scripted_agent(
-        "billing", [call_tools(call("refund", order_id="9")), reply("refunded")], tools=[refund]
-    )
-    parent = scripted_agent(
-        "support",
-        [call_tools(call("billing", message="refund 9")), reply("done")],
-        tools=[so.delegate("billing")],
-    )
-    return parent, child
-
-
 async def test_a_typed_reply_the_subagents_policy_allows_answers_the_mirror(
     store_url: str,
 ) -> None:
@@ -51,7 +33,7 @@ async def test_a_typed_reply_the_subagents_policy_allows_answers_the_mirror(
     session: the who-may-answer check looked for the subagent's tool among the parent's, found
     none, said no one may answer, and the reply was queued as a message instead. It answers."""
     ran: list[str] = []
-    agents = desk(so.ApprovalSpec(request=so.always(), response=only_bob), ran)
+    agents = refund_desk(so.ApprovalSpec(request=so.always(), response=only_bob), ran)
     async with so.Runtime(list(agents), store=store_url) as rt:
         r = await rt.generate("support", prompt="refund 9", auth=ALICE)
         (mirror,) = r.pending
@@ -69,7 +51,7 @@ async def test_a_mirror_is_judged_by_the_subagents_request_and_tool(store_url: s
     mirror, another person may; a runtime without the subagent's agent can tell nothing of a
     response policy it does not have, and refuses everyone, as answering there would."""
     ran: list[str] = []
-    agents = desk(so.always(approvers=2, exclude_requester=True), ran)
+    agents = refund_desk(so.always(approvers=2, exclude_requester=True), ran)
     async with so.Runtime(list(agents), store=store_url) as rt:
         r = await rt.generate("support", prompt="refund 9", auth=ALICE)
         (mirror,) = r.pending
@@ -82,10 +64,10 @@ async def test_a_mirror_is_judged_by_the_subagents_request_and_tool(store_url: s
             await rt.send(r.session_id, "approve", principal=ALICE)  # hers: the child refuses
         assert ran == []
     spec = so.ApprovalSpec(request=so.always(), response=only_bob)
-    async with so.Runtime(list(desk(spec, ran)), store=store_url) as rt:
+    async with so.Runtime(list(refund_desk(spec, ran)), store=store_url) as rt:
         r = await rt.generate("support", prompt="refund 9", auth=ALICE)
         (mirror,) = r.pending
-    async with so.Runtime([desk(spec, ran)[0]], store=store_url) as parent_only:
+    async with so.Runtime([refund_desk(spec, ran)[0]], store=store_url) as parent_only:
         for who in (ALICE, BOB):
             refused = await refusal(parent_only.agents, parent_only.store, mirror, who)
             assert refused is not None and "response policy of billing.refund" in str(refused)
@@ -100,7 +82,7 @@ async def test_a_request_recorded_before_the_flag_is_judged_by_its_recorded_poli
     nothing; the runtime with the policy lets the requester (whom it allows) answer."""
     ran: list[str] = []
     spec = so.ApprovalSpec(request=so.always(), response=only_bob)
-    _, child = desk(spec, ran)
+    _, child = refund_desk(spec, ran)
     tool = child.tools["refund"]
     async with so.Runtime([child], store=store_url) as rt:
         policy, tool.response_policy = tool.response_policy, None
@@ -119,7 +101,7 @@ async def test_a_request_recorded_before_the_flag_is_judged_by_its_recorded_poli
                 approve = [so.InputResponse(request_id=old.id, option_id="approve")]
                 await other.respond(r.session_id, approve, principal=who)
         assert await store_contents(other.store, r.session_id) == before
-    async with so.Runtime([desk(spec, ran)[1]], store=store_url) as rt:
+    async with so.Runtime([refund_desk(spec, ran)[1]], store=store_url) as rt:
         assert await refusal(rt.agents, rt.store, old, BOB) is None
 
 
@@ -129,7 +111,7 @@ async def test_a_request_that_carries_the_flag_reads_no_trail(
     """The trail is read only for a request that lacks the flag and whose tool is unknown here:
     one that carries it (or whose tool is known) costs no read."""
     ran: list[str] = []
-    _, child = desk(so.ApprovalSpec(request=so.always(), response=only_bob), ran)
+    _, child = refund_desk(so.ApprovalSpec(request=so.always(), response=only_bob), ran)
     read: list[str] = []
 
     async def reading(store: Any, request: so.InputRequest) -> bool:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
 
-import psycopg
 import pytest
 
 import signoff as so
@@ -14,6 +12,8 @@ from signoff._recording import EventSpec, TurnStopped, tells_a_person
 from signoff.stores import Commit
 from signoff.stores.sqlite import SQLiteStore
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent, store_contents
+
+from ._pg_syncs import seen_syncs, watch_syncs
 
 AL = so.Principal(authenticator="sso", principal_id="al")
 
@@ -78,31 +78,8 @@ def _trace_sqlite_syncs(store: SQLiteStore) -> dict[int, bool]:
     return synced
 
 
-async def _watch_postgres_syncs(url: str) -> None:
-    """Make the server skip flushes by default, and note the `synchronous_commit` each event
-    of the database was inserted under."""
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        dbname = psycopg.conninfo.conninfo_to_dict(url)["dbname"]
-        await conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = off'.encode())
-        await conn.execute(
-            """
-            CREATE TABLE public.seen (seq BIGINT, setting TEXT);
-            CREATE FUNCTION public.see() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                INSERT INTO public.seen VALUES (NEW.seq, current_setting('synchronous_commit'));
-                RETURN NULL;
-            END $$;
-            CREATE TRIGGER see AFTER INSERT ON signoff.events
-                FOR EACH ROW EXECUTE FUNCTION public.see();
-            """
-        )
-
-
 async def _postgres_syncs(url: str) -> dict[int, bool]:
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute("SELECT seq, setting FROM public.seen")
-        rows: list[tuple[Any, ...]] = await cur.fetchall()
-    return {int(seq): setting == "on" for seq, setting in rows}
+    return {int(seq): setting == "on" for seq, setting in await seen_syncs(url)}
 
 
 async def test_a_park_and_an_answer_are_synced_to_disk_and_nothing_else_is(
@@ -114,7 +91,7 @@ async def test_a_park_and_an_answer_are_synced_to_disk_and_nothing_else_is(
     other commits of the turn skip the sync."""
     postgres = not store_url.startswith("sqlite")
     if postgres:
-        await _watch_postgres_syncs(store_url)
+        await watch_syncs(store_url)
     async with so.Runtime([deploy_agent()], store=store_url) as rt:
         if isinstance(rt.store, SQLiteStore):
             synced = _trace_sqlite_syncs(rt.store)

@@ -8,31 +8,11 @@ import httpx
 import signoff as so
 from signoff.server import TokenAuth, create_app
 from signoff.stores import PendingFilter
-from signoff.testing import call, call_tools, reply, scripted_agent
 
+from ._delegation import refund_desk
 from .test_server_common import ALICE, BOB, TOKENS, auth
 
 CAROL = so.Principal(authenticator="token", principal_id="carol", attributes={"tenant": "acme"})
-
-
-def agents(ran: list[str]) -> list[so.Agent]:
-    """`support` delegates a refund to `billing`, whose tool needs three approvals."""
-
-    @so.tool(approval=so.always(approvers=3))
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        ran.append(order_id)
-        return "ok"
-
-    child = scripted_agent(
-        "billing", [call_tools(call("refund", order_id="9")), reply("refunded")], tools=[refund]
-    )
-    parent = scripted_agent(
-        "support",
-        [call_tools(call("billing", message="refund 9")), reply("done")],
-        tools=[so.delegate("billing")],
-    )
-    return [parent, child]
 
 
 async def test_a_quorums_mirror_shows_the_votes_its_subagents_request_counted(
@@ -43,7 +23,7 @@ async def test_a_quorums_mirror_shows_the_votes_its_subagents_request_counted(
     `GET /v1/sessions/{id}` and `signoff pending --json`, though two of three had approved."""
     ran: list[str] = []
     approve = "approve"
-    async with so.Runtime(agents(ran), store=store_url) as rt:
+    async with so.Runtime(refund_desk(so.always(approvers=3), ran), store=store_url) as rt:
         r = await rt.generate("support", prompt="refund 9", auth=ALICE)
         (mirror,) = r.pending
         assert mirror.child is not None and mirror.approvers == 3
@@ -76,7 +56,7 @@ async def test_a_quorums_mirror_shows_the_votes_its_subagents_request_counted(
         flt = PendingFilter(session_id=r.session_id, live_at=cli.clock(), limit=10)
         shown, _ = await cli.pending_page(flt)
         assert [p.approved_by for p in shown] == [["bob", "carol"]]
-    async with so.Runtime(agents(ran), store=store_url) as rt:
+    async with so.Runtime(refund_desk(so.always(approvers=3), ran), store=store_url) as rt:
         done = await rt.respond(
             r.session_id,
             [so.InputResponse(request_id=mirror.id, option_id=approve)],

@@ -27,19 +27,11 @@ from signoff.stores import Commit, PendingFilter, Resolve, open_store
 from signoff.stores._audit import AuditRow
 from signoff.stores.postgres import MIGRATIONS, STORE_SCHEMA, PostgresStore
 
+from ._pg_events import T0, ev, new_session
+from ._pg_syncs import seen_syncs, watch_syncs
+from ._relay import Relay
+from ._shipping import shipping_agent
 from .conftest import PgCluster, _free_port
-
-T0 = 1_700_000_000.0
-
-
-def ev(sid: str, seq: int, type_: Any = "turn.started", **data: Any) -> Event:
-    return Event(session_id=sid, seq=seq, type=type_, at=T0 + seq, turn_id="trn_1", data=data)
-
-
-async def new_session(store: PostgresStore) -> str:
-    sid = f"ses_{uuid.uuid4().hex[:20]}"
-    await store.create_session(sid, "support", [ev(sid, 1, "session.created")], None)
-    return sid
 
 
 @pytest.fixture
@@ -587,24 +579,7 @@ async def test_durable_commits_flush_the_others_need_not(
 ) -> None:
     """An acknowledged answer is flushed before COMMIT returns, whatever the server's default;
     other commits skip the flush (as SQLite's synchronous=NORMAL does)."""
-    conn = await admin(pg_store_url)
-    async with conn:
-        dbname = conninfo_to_dict(pg_store_url)["dbname"]
-        await conn.execute(
-            f'ALTER DATABASE "{dbname}" SET synchronous_commit = {server_default}'.encode()
-        )
-        await conn.execute(
-            """
-            CREATE TABLE public.seen (seq BIGINT, setting TEXT);
-            CREATE FUNCTION public.see() RETURNS trigger LANGUAGE plpgsql AS $$
-            BEGIN
-                INSERT INTO public.seen VALUES (NEW.seq, current_setting('synchronous_commit'));
-                RETURN NULL;
-            END $$;
-            CREATE TRIGGER see AFTER INSERT ON signoff.events
-                FOR EACH ROW EXECUTE FUNCTION public.see();
-            """
-        )
+    await watch_syncs(pg_store_url, server_default)
     store = PostgresStore(pg_store_url)
     await store.open()
     try:
@@ -615,10 +590,7 @@ async def test_durable_commits_flush_the_others_need_not(
         )
     finally:
         await store.close()
-    conn = await admin(pg_store_url)
-    async with conn:
-        cur = await conn.execute("SELECT seq, setting FROM public.seen ORDER BY seq")
-        assert await cur.fetchall() == [(1, "on"), (2, "off"), (3, "on")]
+    assert await seen_syncs(pg_store_url) == [(1, "on"), (2, "off"), (3, "on")]
 
 
 # -- lost connections ------------------------------------------------------------------------
@@ -767,22 +739,7 @@ async def test_runtime_turn_survives_a_killed_connection(
 ) -> None:
     runs: list[str] = []
 
-    @so.tool(approval=so.always())
-    async def ship(order_id: str) -> str:
-        """Ship an order."""
-        runs.append(order_id)
-        return "shipped"
-
-    agent = so.Agent(
-        name="a",
-        model=so.models.Scripted(
-            [
-                so.ModelResponse(tool_calls=[so.ToolCall(name="ship", input={"order_id": "7"})]),
-                so.ModelResponse(text="Shipped."),
-            ]
-        ),
-        tools=[ship],
-    )
+    agent = shipping_agent(runs)
     rt = so.Runtime([agent], store=pg_store_url)
     try:
         r = await rt.generate("a", prompt="ship 7")
@@ -1143,51 +1100,6 @@ async def test_waiters_survive_a_killed_listener(pg: PostgresStore, pg_store_url
         raise AssertionError("the listener never came back")
 
 
-class _SilentProxy:
-    """A TCP relay to PostgreSQL whose connections can be made to go silent, as a dropped route
-    or a NAT that forgot them does: no reset, no answer, the socket still open."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.relays: list[asyncio.Task[None]] = []
-        self.writers: list[asyncio.StreamWriter] = []
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-        self.writers += [writer, up_writer]
-        self.relays += [
-            asyncio.create_task(self._relay(reader, up_writer)),
-            asyncio.create_task(self._relay(up_reader, writer)),
-        ]
-
-    @staticmethod
-    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        writer.close()
-
-    def silence(self) -> None:
-        """Stop relaying on every connection open now; later ones relay as before."""
-        for relay in self.relays:
-            relay.cancel()
-        self.relays = []
-
-    async def close(self) -> None:
-        self.silence()
-        for writer in self.writers:
-            writer.close()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
-
-
 async def test_a_listen_connection_gone_silent_is_given_up_and_listening_resumes(
     pg: PostgresStore, pg_store_url: str
 ) -> None:
@@ -1196,7 +1108,7 @@ async def test_a_listen_connection_gone_silent_is_given_up_and_listening_resumes
     quiet for a while, gives it up when it does not answer, and listens on a new one, so waits
     are woken by commits again."""
     params = conninfo_to_dict(pg_store_url)
-    proxy = _SilentProxy(str(params["host"]), int(str(params["port"])))
+    proxy = Relay(str(params["host"]), int(str(params["port"])))
     port = await proxy.start()
     store = PostgresStore(pg_store_url.replace(f":{params['port']}/", f":{port}/"))
     store._changes.check_every = 0.3

@@ -10,7 +10,6 @@ import contextlib
 import errno
 import os
 import signal
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,28 +18,18 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
-from signoff._events import Event
 from signoff._exceptions import StoreError, StoreUnavailable, UsageError
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._borrowed import OPERATION_TIMEOUT
 from signoff.stores.postgres._transactions import CHECK_WAIT
 
+from ._pg_events import ev, new_session
+from ._shipping import shipping_agent
 from .conftest import PgCluster
 
-T0 = 1_700_000_000.0
 GENEROUS = 15.0
 """Seconds a call held to a 1 s deadline is given before the test calls it hung."""
-
-
-def ev(sid: str, seq: int, type_: Any = "turn.started") -> Event:
-    return Event(session_id=sid, seq=seq, type=type_, at=T0 + seq, turn_id="trn_1", data={})
-
-
-async def new_session(store: PostgresStore) -> str:
-    sid = f"ses_{uuid.uuid4().hex[:20]}"
-    await store.create_session(sid, "support", [ev(sid, 1, "session.created")], None)
-    return sid
 
 
 async def backend_pid(store: PostgresStore) -> int:
@@ -392,22 +381,7 @@ async def test_a_runtime_call_on_a_frozen_server_fails_and_can_be_repeated(
     once."""
     runs: list[str] = []
 
-    @so.tool(approval=so.always())
-    async def ship(order_id: str) -> str:
-        """Ship an order."""
-        runs.append(order_id)
-        return "shipped"
-
-    agent = so.Agent(
-        name="a",
-        model=so.models.Scripted(
-            [
-                so.ModelResponse(tool_calls=[so.ToolCall(name="ship", input={"order_id": "7"})]),
-                so.ModelResponse(text="Shipped."),
-            ]
-        ),
-        tools=[ship],
-    )
+    agent = shipping_agent(runs)
     rt = so.Runtime([agent], store=f"{pg_store_url}?operation_timeout=1&pool_min=1&pool_max=1")
     try:
         r = await rt.generate("a", prompt="ship 7")

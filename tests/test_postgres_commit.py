@@ -28,11 +28,7 @@ from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._connections import Seen
 from signoff.stores.postgres._sql import TURN_NAMED_EVERY
 
-T0 = 1_700_000_000.0
-
-
-def ev(sid: str, seq: int, type_: Any = "turn.started", **data: Any) -> Event:
-    return Event(session_id=sid, seq=seq, type=type_, at=T0 + seq, turn_id="trn_1", data=data)
+from ._pg_events import T0, ev, new_session
 
 
 async def chain_problems(pg: PostgresStore, sid: str) -> list[Any]:
@@ -57,13 +53,6 @@ def approval(sid: str, rid: str) -> InputRequest:
 
 def settle(rid: str, outcome: str = "approved") -> Resolve:
     return Resolve(request_id=rid, status="settled", outcome=outcome, resolution={"o": outcome})
-
-
-async def new_session(store: PostgresStore, events: int = 1) -> str:
-    sid = f"ses_{uuid.uuid4().hex[:20]}"
-    first = [ev(sid, 1, "session.created")] + [ev(sid, i) for i in range(2, events + 1)]
-    await store.create_session(sid, "support", first, None)
-    return sid
 
 
 @pytest.fixture

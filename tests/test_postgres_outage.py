@@ -6,8 +6,6 @@ rather than after libpq's `connect_timeout` each; nothing is written twice, nor 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
 from typing import Any
 
 import psycopg
@@ -15,28 +13,19 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 
 import signoff as so
-from signoff._events import Event
 from signoff._exceptions import StoreUnavailable
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._outage import PROBE_AFTER
 
+from ._pg_events import ev, new_session
+from ._relay import Relay
+from ._shipping import shipping_agent
 from .conftest import PgCluster
 
-T0 = 1_700_000_000.0
 LONG = 20
 """The pool's wait, the call deadline and the outage grace of the stores whose backends are
 terminated: a call that waited for any of them would show it."""
-
-
-def ev(sid: str, seq: int, type_: Any = "turn.started") -> Event:
-    return Event(session_id=sid, seq=seq, type=type_, at=T0 + seq, turn_id="trn_1", data={})
-
-
-async def new_session(store: PostgresStore) -> str:
-    sid = f"ses_{uuid.uuid4().hex[:20]}"
-    await store.create_session(sid, "support", [ev(sid, 1, "session.created")], None)
-    return sid
 
 
 async def terminate_backends(url: str) -> int:
@@ -73,22 +62,7 @@ async def test_backends_terminated_under_a_runtime_are_replaced_at_once(
     call deadline or an outage grace, the tool runs once and the log has no gap."""
     runs: list[str] = []
 
-    @so.tool(approval=so.always())
-    async def ship(order_id: str) -> str:
-        """Ship an order."""
-        runs.append(order_id)
-        return "shipped"
-
-    agent = so.Agent(
-        name="a",
-        model=so.models.Scripted(
-            [
-                so.ModelResponse(tool_calls=[so.ToolCall(name="ship", input={"order_id": "7"})]),
-                so.ModelResponse(text="Shipped."),
-            ]
-        ),
-        tools=[ship],
-    )
+    agent = shipping_agent(runs)
     url = with_options(pg_store_url, pool_timeout=LONG, operation_timeout=LONG, outage_grace=LONG)
     rt = so.Runtime([agent], store=url)
     try:
@@ -161,53 +135,23 @@ async def test_a_stopped_server_is_unavailable_naming_the_url_without_its_passwo
         cluster.stop()
 
 
-class _CutProxy:
+class _CutProxy(Relay):
     """A TCP relay to PostgreSQL whose network can be cut: the connections open go silent (no
     reset, no answer), and new ones are accepted, then never answered, as a dropped route does
     to a connection's first packets."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.cut_off = False
-        self.relays: list[asyncio.Task[None]] = []
-        self.writers: list[asyncio.StreamWriter] = []
-        self.server: asyncio.Server | None = None
+    cut_off = False
 
-    async def start(self) -> int:
-        self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
-        return int(self.server.sockets[0].getsockname()[1])
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.writers.append(writer)
-        if self.cut_off:
-            return
-        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-        self.writers.append(up_writer)
-        self.relays += [
-            asyncio.create_task(self._relay(reader, up_writer)),
-            asyncio.create_task(self._relay(up_reader, writer)),
-        ]
-
-    @staticmethod
-    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        writer.close()
+    def relaying(self) -> bool:
+        return not self.cut_off
 
     def cut(self) -> None:
         self.cut_off = True
-        for relay in self.relays:
-            relay.cancel()
+        self.silence()
 
     async def close(self) -> None:
         self.cut()
-        for writer in self.writers:
-            writer.close()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
+        await super().close()
 
 
 async def test_a_silent_network_fails_calls_within_the_grace_then_at_once(

@@ -27,6 +27,8 @@ from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._url import CONNECT_TIMEOUT, TCP_DEFAULTS, resolved_settings
 
+from ._relay import Relay
+
 Conn = psycopg.AsyncConnection[Any]
 
 LINUX = sys.platform == "linux"
@@ -342,49 +344,21 @@ async def test_a_server_that_accepts_and_never_answers_fails_open_with_the_defau
 # -- a peer that stops taking what is sent ---------------------------------------------------
 
 
-class _StallingProxy:
+class _StallingProxy(Relay):
     """A TCP relay to PostgreSQL that can be made to stop reading what its clients send, with a
     receive buffer small enough for them to fill: the connection's window closes and what a
     client sends next stays unsent, as when the far side's network stops taking data."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.relays: list[asyncio.Task[None]] = []
-        self.clients: list[asyncio.StreamWriter] = []
-        self.writers: list[asyncio.StreamWriter] = []
-        self.server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        listening = socket.socket()
+    def listening(self) -> socket.socket:
+        listening = super().listening()
         # Accepted sockets inherit it; set before listen() it also fixes the window offered.
         listening.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-        listening.bind(("127.0.0.1", 0))
-        self.server = await asyncio.start_server(self._accept, sock=listening)
-        return int(listening.getsockname()[1])
-
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(self.host, self.port)
-        self.clients.append(writer)
-        self.writers += [writer, up_writer]
-        self.relays += [
-            asyncio.create_task(self._relay(reader, up_writer)),
-            asyncio.create_task(self._relay(up_reader, writer)),
-        ]
-
-    @staticmethod
-    async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await reader.read(65536):
-                writer.write(data)
-                await writer.drain()
-        writer.close()
+        return listening
 
     def stall(self) -> None:
         """Stop relaying, and reading from clients, on every connection open now; later ones
         relay as before."""
-        for relay in self.relays:
-            relay.cancel()
-        self.relays = []
+        self.silence()
         for client in self.clients:
             transport = client.transport
             assert isinstance(transport, asyncio.Transport)
@@ -393,11 +367,7 @@ class _StallingProxy:
 
     async def close(self) -> None:
         self.stall()
-        for writer in self.writers:
-            writer.close()
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
+        await super().close()
 
 
 @pytest.mark.skipif(

@@ -119,16 +119,27 @@ async def test_a_prompt_to_a_turn_a_dead_process_left_finishes_that_turn_first(
     await first.close()
 
 
-async def test_a_prompt_while_another_process_runs_the_turn_is_refused(tmp_path: Path) -> None:
-    entered = asyncio.Event()
-    hang = asyncio.Event()
+class _Held:
+    """Tool `slow`, a call that runs while the prompt arrives: it sets `entered` once called,
+    and returns only once `hang` is set."""
 
-    @so.tool
-    async def slow(x: int) -> int:
-        """A call that runs while the prompt arrives."""
-        entered.set()
-        await hang.wait()
-        return x
+    def __init__(self) -> None:
+        self.entered = asyncio.Event()
+        self.hang = asyncio.Event()
+
+        @so.tool
+        async def slow(x: int) -> int:
+            """A call that runs while the prompt arrives."""
+            self.entered.set()
+            await self.hang.wait()
+            return x
+
+        self.tool = slow
+
+
+async def test_a_prompt_while_another_process_runs_the_turn_is_refused(tmp_path: Path) -> None:
+    held = _Held()
+    entered, hang, slow = held.entered, held.hang, held.tool
 
     def agent() -> so.Agent:
         return scripted_agent("a", [call_tools(call("slow", x=1)), reply("done")], tools=[slow])
@@ -152,16 +163,8 @@ async def test_a_prompt_while_this_runtime_runs_the_turn_is_refused_saying_so(
     tmp_path: Path,
 ) -> None:
     # The refusal said "in another process" of a turn this very runtime was running.
-    entered = asyncio.Event()
-    hang = asyncio.Event()
-
-    @so.tool
-    async def slow(x: int) -> int:
-        """A call that runs while the prompt arrives."""
-        entered.set()
-        await hang.wait()
-        return x
-
+    held = _Held()
+    entered, hang, slow = held.entered, held.hang, held.tool
     agent = scripted_agent("a", [call_tools(call("slow", x=1)), reply("done")], tools=[slow])
     async with sqlite_runtime(tmp_path, agent) as rt:
         sid = await rt.create_session("a")

@@ -24,14 +24,18 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import aiohttp
 import httpx
 import pytest
 from aiohttp import web
+from aiohttp.abc import AbstractResolver, ResolveResult
+from fastapi import FastAPI
 from slack_sdk.web.async_client import AsyncWebClient
 
 import signoff as so
 from signoff.channels import Channel, ChannelHub, InvalidSignature
 from signoff.channels.slack import SlackChannel, slack_principal
+from signoff.channels.slack._adopt import retry_handlers
 from signoff.server import create_app
 from signoff.stores import promptly
 from signoff.stores._prompt import is_prompt
@@ -330,10 +334,36 @@ def refund_runtime(tmp_path: Path, log: list[Any], gate: asyncio.Event | None = 
     return so.Runtime([agent], store=f"sqlite:///{tmp_path / 'state.db'}")
 
 
+@asynccontextmanager
+async def refund_requested(
+    tmp_path: Path, log: list[Any], gate: asyncio.Event | None = None
+) -> AsyncIterator[tuple[so.Runtime, so.InputRequest]]:
+    """`refund_runtime`, its agent having asked Alice's approval to refund order 1042: the
+    runtime and the request."""
+    async with refund_runtime(tmp_path, log, gate) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        yield rt, req
+
+
 def channel(fake: FakeSlack, **kwargs: Any) -> SlackChannel:
     return SlackChannel(
         "C42", token="xoxb-test", base_url=fake.url, signing_secret=SECRET, **kwargs
     )
+
+
+@asynccontextmanager
+async def serving(
+    rt: so.Runtime, fake: FakeSlack, state: Path
+) -> AsyncIterator[tuple[SlackChannel, ChannelHub, FastAPI]]:
+    """The app of `rt` running a hub of one Slack channel on `fake` (its state in the file
+    `state`), started and polled once: the channel, the hub and the app."""
+    slack = channel(fake)
+    hub = ChannelHub(rt, [slack], state=state)
+    app = create_app(rt, dev=True, channels=hub)
+    async with app.router.lifespan_context(app):
+        await hub.poll()
+        yield slack, hub, app
 
 
 def approval_blocks(req: so.InputRequest) -> list[dict[str, Any]]:
@@ -584,9 +614,7 @@ async def test_deny_opens_a_reason_modal_and_the_reason_is_recorded(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
@@ -663,9 +691,7 @@ async def test_a_responder_the_policy_rejects_is_told_and_the_request_stays_open
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
@@ -942,9 +968,7 @@ async def test_the_endpoint_is_signed_by_slack_not_by_api_tokens(
     from signoff.server import TokenAuth
 
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         hub = ChannelHub(rt, [slack])
         app = create_app(rt, auth=TokenAuth({"s3cret": ALICE}), channels=hub)
@@ -1135,9 +1159,7 @@ async def test_wrongly_typed_fields_and_absurd_timestamps_are_named_not_500(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         hub = ChannelHub(rt, [slack])
         app = create_app(rt, dev=True, channels=hub)
@@ -1323,9 +1345,7 @@ async def test_slack_rate_limited_at_start_posts_the_open_requests_later(
     """Requests open when the hub starts are posted once Slack's Retry-After has passed, not
     left unposted until the next start because the first post was rate limited."""
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack_api.limited["chat.postMessage"] = 1
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
@@ -1435,9 +1455,7 @@ async def test_a_delivery_slack_retries_is_acknowledged_once_and_acted_on_once(
     candidate, no second modal, no "already closed" note to the person who clicked."""
     log: list[Any] = []
     gate = asyncio.Event()
-    async with refund_runtime(tmp_path, log, gate) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log, gate) as (rt, req):
         slack = channel(slack_api)
         hub = ChannelHub(rt, [slack])
         app = create_app(rt, dev=True, channels=hub)
@@ -1516,9 +1534,7 @@ async def test_slack_down_at_start_posts_the_open_requests_once_it_is_back(
     """A 5xx from Slack while the hub posts the requests open at start: they are posted again
     after a backoff (not left unposted until the next start), once each."""
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack_api.down["chat.postMessage"] = 2
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
@@ -1575,9 +1591,7 @@ async def test_a_modal_slack_will_not_open_is_told_to_the_person_who_clicked(
     """Deny's reason modal not opened (the click's trigger expired, say): the person is told to
     press again rather than the click doing nothing at all; the request stays open."""
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         slack = channel(slack_api)
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
@@ -1903,9 +1917,7 @@ async def test_an_unsaved_attempt_slack_never_got_or_another_delivery_is_not_ado
     the request is posted once, and only messages near the attempt's time were read."""
     slack_api.real_ts = True
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         payload = {"request_id": req.id, "delivery": "0" * 32}
         old = {"event_type": "signoff_request", "event_payload": payload}
         slack_api.messages["C42"] = [
@@ -1930,6 +1942,20 @@ async def test_an_unsaved_attempt_slack_never_got_or_another_delivery_is_not_ado
         assert delivery not in ("0" * 32, "f" * 32)
 
 
+@asynccontextmanager
+async def _posting(
+    tmp_path: Path, slack: SlackChannel
+) -> AsyncIterator[tuple[ChannelHub, so.InputRequest]]:
+    """A hub of `slack` alone that retries at once, polled by the test, and the refund request
+    just opened (not yet delivered)."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            yield hub, req
+
+
 async def test_a_post_that_timed_out_after_slack_took_it_is_adopted_on_retry(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -1937,22 +1963,18 @@ async def test_a_post_that_timed_out_after_slack_took_it_is_adopted_on_retry(
     the message by its metadata and saves it instead of posting the request a second time."""
     slack_api.real_ts = True
     slack_api.slow["chat.postMessage"] = 1.3
-    log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        client = AsyncWebClient(token="xoxb-test", base_url=slack_api.url, timeout=1)
-        slack = SlackChannel("C42", client=client, signing_secret=SECRET)
-        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
-            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-            (req,) = r.pending
-            await hub.poll()  # times out
-            assert slack.recall(f"msg:{req.id}") is None
-            for _ in range(200):
-                if "C42" in slack_api.messages:
-                    break
-                await asyncio.sleep(0.01)
-            (message,) = slack_api.messages["C42"]
-            await hub.poll()
-            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+    client = AsyncWebClient(token="xoxb-test", base_url=slack_api.url, timeout=1)
+    slack = SlackChannel("C42", client=client, signing_secret=SECRET)
+    async with _posting(tmp_path, slack) as (hub, req):
+        await hub.poll()  # times out
+        assert slack.recall(f"msg:{req.id}") is None
+        for _ in range(200):
+            if "C42" in slack_api.messages:
+                break
+            await asyncio.sleep(0.01)
+        (message,) = slack_api.messages["C42"]
+        await hub.poll()
+        assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
     assert len(slack_api.of("chat.postMessage")) == 1
     assert len(slack_api.of(HISTORY)) == 1
 
@@ -1964,18 +1986,14 @@ async def test_a_post_answered_with_a_5xx_after_slack_took_it_is_adopted_on_retr
     does: the hub's retry looks for the message by its metadata before posting again."""
     slack_api.real_ts = True
     slack_api.lost["chat.postMessage"] = 1
-    log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        slack = channel(slack_api)
-        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
-            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-            (req,) = r.pending
-            await hub.poll()  # the 504
-            assert slack.recall(f"msg:{req.id}") is None
-            (message,) = slack_api.messages["C42"]
-            await hub.poll()
-            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
-            await hub.poll()
+    slack = channel(slack_api)
+    async with _posting(tmp_path, slack) as (hub, req):
+        await hub.poll()  # the 504
+        assert slack.recall(f"msg:{req.id}") is None
+        (message,) = slack_api.messages["C42"]
+        await hub.poll()
+        assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+        await hub.poll()
     assert len(slack_api.of("chat.postMessage")) == 1
     assert len(slack_api.messages["C42"]) == 1
 
@@ -1988,17 +2006,65 @@ async def test_a_post_whose_connection_drops_after_slack_took_it_is_adopted_not_
     post it twice); the hub's retry adopts the message by its metadata."""
     slack_api.real_ts = True
     slack_api.dropped["chat.postMessage"] = 1
-    log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        slack = channel(slack_api)
-        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
-            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-            (req,) = r.pending
-            await hub.poll()  # the dropped connection
+    slack = channel(slack_api)
+    async with _posting(tmp_path, slack) as (hub, req):
+        await hub.poll()  # the dropped connection
+        await hub.poll()
+        (message,) = slack_api.messages["C42"]
+        assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+    assert len(slack_api.of("chat.postMessage")) == 1
+
+
+class _FailingOnce(AbstractResolver):
+    """Resolves every host to loopback, after failing the first lookup: a call that made no
+    connection, so nothing reached Slack."""
+
+    def __init__(self) -> None:
+        self.lookups = 0
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        self.lookups += 1
+        if self.lookups == 1:
+            raise OSError("name resolution failed")
+        found: ResolveResult = {
+            "hostname": host,
+            "host": "127.0.0.1",
+            "port": port,
+            "family": family,
+            "proto": 0,
+            "flags": socket.AI_NUMERICHOST,
+        }
+        return [found]
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_post_that_never_reached_slack_is_sent_again_at_once(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """No connection made (a failed lookup): the channel's client posts again at once, so the
+    message is not held until the hub's next retry, which would also first read the history
+    for it; Slack has it once."""
+    resolver = _FailingOnce()
+    port = urllib.parse.urlsplit(slack_api.url).port
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(resolver=resolver)) as session:
+        client = AsyncWebClient(
+            token="xoxb-test",
+            base_url=f"http://slack.test:{port}/api/",
+            session=session,
+            retry_handlers=retry_handlers(),
+        )
+        slack = SlackChannel("C42", client=client, signing_secret=SECRET)
+        async with _posting(tmp_path, slack) as (hub, req):
             await hub.poll()
             (message,) = slack_api.messages["C42"]
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": message["ts"]}
+    assert resolver.lookups == 2
     assert len(slack_api.of("chat.postMessage")) == 1
+    assert slack_api.of(HISTORY) == []
 
 
 async def test_a_request_closed_while_the_killed_hub_was_down_updates_its_unsaved_post(
@@ -2031,9 +2097,7 @@ async def test_an_unsaved_post_is_found_with_a_client_that_has_no_timeout(
     of failing on the window's end, so the message is adopted rather than never posted."""
     slack_api.real_ts = True
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         payload = {"request_id": req.id, "delivery": "a" * 32}
         meta = {"event_type": "signoff_request", "event_payload": payload}
         ts = f"{time.time():.6f}"
@@ -2063,9 +2127,7 @@ async def test_a_rate_limited_history_read_is_waited_out_not_answered_by_posting
     slack_api.limited[HISTORY] = 1
     slack_api.retry_after = "0"
     log: list[Any] = []
-    async with refund_runtime(tmp_path, log) as rt:
-        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
-        (req,) = r.pending
+    async with refund_requested(tmp_path, log) as (rt, req):
         payload = {"request_id": req.id, "delivery": "b" * 32}
         meta = {"event_type": "signoff_request", "event_payload": payload}
         ts = f"{time.time():.6f}"

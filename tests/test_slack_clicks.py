@@ -16,6 +16,7 @@ import sqlite3
 import sys
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,6 @@ from signoff.channels import ChannelHub, InvalidSignature
 from signoff.channels.slack._adopt import retry_handlers
 from signoff.channels.slack._clicks import Interaction
 from signoff.channels.slack._inbox import ACK_WITHIN
-from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._procs import ROOT, make_agent, read_executions
@@ -43,6 +43,7 @@ from .test_slack import (
     click,
     manual,
     question_agent,
+    serving,
     sign,
     submission,
 )
@@ -89,6 +90,18 @@ def typed(rid: str, text: str = "the 500 ml one") -> bytes:
     """The submission of a question's free-text modal."""
     meta = {"request_id": rid, "channel": "C42", "user": "U5"}
     return submission("signoff.text", meta, {"signoff.answer": {"answer": {"value": text}}}, "U5")
+
+
+@asynccontextmanager
+async def refund_asked(
+    tmp_path: Path, records: str
+) -> AsyncIterator[tuple[so.Runtime, so.InputRequest]]:
+    """A runtime on a SQLite store in `tmp_path` whose agent (its tool runs kept in `records`)
+    has asked approval to refund order 1042: the runtime and the request."""
+    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("support", prompt="Refund order 1042")
+        (req,) = r.pending
+        yield rt, req
 
 
 async def handed(slack: Any, body: bytes) -> dict[str, Any] | None:
@@ -218,14 +231,8 @@ async def test_a_click_that_cannot_be_saved_gets_a_503_and_settles_nothing(
     person an error, so they click again), nothing is settled, no form is opened, and the
     click is not taken for done: once the state is back, the same click is acted on."""
     records = str(tmp_path / "runs.jsonl")
-    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
-        r = await rt.generate("support", prompt="Refund order 1042")
-        (req,) = r.pending
-        slack = channel(fake)
-        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
-        app = create_app(rt, dev=True, channels=hub)
-        async with app.router.lifespan_context(app):
-            await hub.poll()
+    async with refund_asked(tmp_path, records) as (rt, req):
+        async with serving(rt, fake, tmp_path / "hub.db") as (slack, hub, app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
                 remember = hub.state.remember
@@ -274,9 +281,7 @@ async def test_a_click_retried_with_the_signature_that_got_a_503_is_settled_once
     its retry anew): its signature was forgotten with the 503, so it is taken and settles once;
     sent a third time, after its 200, it is refused as a replay."""
     records = str(tmp_path / "runs.jsonl")
-    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
-        r = await rt.generate("support", prompt="Refund order 1042")
-        (req,) = r.pending
+    async with refund_asked(tmp_path, records) as (rt, req):
         slack = channel(fake)
         async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
             await hub.poll()
@@ -313,9 +318,7 @@ async def test_a_form_whose_opening_went_unanswered_is_not_opened_again_nor_call
     (`again`) whose trigger Slack refuses as used or expired is told the same; a first call's
     expired trigger is a plain failure."""
     records = str(tmp_path / "runs.jsonl")
-    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
-        r = await rt.generate("support", prompt="Refund order 1042")
-        (req,) = r.pending
+    async with refund_asked(tmp_path, records) as (rt, req):
         slack = channel(fake)
         async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
             await hub.poll()
@@ -359,10 +362,10 @@ async def _refused_connection() -> aiohttp.ClientConnectorError:
     raise AssertionError(f"something answered on the closed port {port}")
 
 
-def test_only_a_form_opening_that_never_reached_slack_is_retried_by_the_client() -> None:
-    """The channel's client sends `views.open` again only when no connection was made (nothing
-    was sent); a dropped or reset connection may have opened the form. Other calls keep
-    slack_sdk's retry of both; a post gets neither."""
+def test_only_a_form_opening_or_post_that_never_reached_slack_is_retried_by_the_client() -> None:
+    """The channel's client sends `views.open` and `chat.postMessage` again only when no
+    connection was made (nothing was sent); a dropped or reset connection may have opened the
+    form or posted the message. Other calls keep slack_sdk's retry of both."""
     handler = retry_handlers()[0]
     refused = asyncio.run(_refused_connection())
     dropped = aiohttp.ServerDisconnectedError()
@@ -375,7 +378,10 @@ def test_only_a_form_opening_that_never_reached_slack_is_retried_by_the_client()
     assert retried("views.open", refused)
     assert not retried("views.open", dropped)
     assert retried("chat.update", refused) and retried("chat.update", dropped)
-    assert not retried("chat.postMessage", refused) and not retried("chat.postMessage", dropped)
+    assert retried("chat.postMessage", refused)
+    assert not retried("chat.postMessage", dropped)
+    reset = aiohttp.ClientOSError(104, "Connection reset by peer")
+    assert not retried("chat.postMessage", reset) and not retried("views.open", reset)
 
 
 async def test_a_click_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls_nothing(
@@ -385,14 +391,8 @@ async def test_a_click_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls
     event loop (another request is answered meanwhile) and gets a 503 before Slack's 3 s, with
     nothing saved or settled; once the lock is gone, Slack's retry is taken, and settles once."""
     records = str(tmp_path / "runs.jsonl")
-    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
-        r = await rt.generate("support", prompt="Refund order 1042")
-        (req,) = r.pending
-        slack = channel(fake)
-        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
-        app = create_app(rt, dev=True, channels=hub)
-        async with app.router.lifespan_context(app):
-            await hub.poll()
+    async with refund_asked(tmp_path, records) as (rt, req):
+        async with serving(rt, fake, tmp_path / "hub.db") as (slack, hub, app):
             assert slack.clicks.inbox.ack_within == ACK_WITHIN < 3
             transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
@@ -443,9 +443,7 @@ async def test_a_click_saved_after_its_503_is_settled_once_and_its_retry_does_no
     """A save that ends after Slack had its 503 (a slow disk, say) still starts its work, once;
     Slack's retry of the click then finds it taken."""
     records = str(tmp_path / "runs.jsonl")
-    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
-        r = await rt.generate("support", prompt="Refund order 1042")
-        (req,) = r.pending
+    async with refund_asked(tmp_path, records) as (rt, req):
         slack = channel(fake)
         async with manual(ChannelHub(rt, [slack], state=tmp_path / "hub.db")) as hub:
             await hub.poll()
@@ -521,9 +519,7 @@ async def test_a_click_whose_settling_meets_a_store_failure_is_settled_on_a_late
     saved and a later scan settles it, instead of the person's answer being dropped."""
     clock = [time.time()]
     records = str(tmp_path / "runs.jsonl")
-    async with so.Runtime([make_agent(records)], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
-        r = await rt.generate("support", prompt="Refund order 1042")
-        (req,) = r.pending
+    async with refund_asked(tmp_path, records) as (rt, req):
         slack = channel(fake, clock=lambda: clock[0])
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()

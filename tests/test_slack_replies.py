@@ -36,6 +36,7 @@ from .test_slack import (
     channel,
     manual,
     refund_runtime,
+    serving,
     sign,
 )
 
@@ -389,11 +390,7 @@ async def test_a_reply_meeting_a_locked_state_file_gets_a_503_in_time_and_stalls
 
         monkeypatch.setattr(rt, "send", counted)
         size, _ = r.pending
-        slack = channel(fake)
-        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
-        app = create_app(rt, dev=True, channels=hub)
-        async with app.router.lifespan_context(app):
-            await hub.poll()
+        async with serving(rt, fake, tmp_path / "hub.db") as (slack, hub, app):
             assert slack.replies.inbox.ack_within == ACK_WITHIN < 3
             transport = httpx.ASGITransport(app=app, client=("127.0.0.1", 5000))
             async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as http:
@@ -440,11 +437,7 @@ async def test_a_retry_signed_as_the_reply_that_got_a_503_is_taken_not_refused_a
     async with so.Runtime([shop_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
         r = await rt.generate("shop", prompt="Reorder the soap")
         size, _ = r.pending
-        slack = channel(fake)
-        hub = ChannelHub(rt, [slack], state=tmp_path / "hub.db")
-        app = create_app(rt, dev=True, channels=hub)
-        async with app.router.lifespan_context(app):
-            await hub.poll()
+        async with serving(rt, fake, tmp_path / "hub.db") as (slack, hub, app):
             remember = hub.state.remember
 
             def refusing(channel_name: str, key: str, value: Any, **hub: str) -> None:

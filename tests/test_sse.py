@@ -10,9 +10,10 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 import pytest
@@ -223,11 +224,21 @@ def test_the_dashboard_stream_ends_when_its_sqlite_file_is_deleted(tmp_path: Pat
         assert r.status_code == 503 and r.json()["error"]["code"] == "store_gone", r.text
 
 
-def test_a_stream_of_a_session_that_expires_ends_and_a_reconnect_is_410(tmp_path: Path) -> None:
-    """A session whose TTL passed takes no more events: its stream used to stay open with
-    keep-alives for ever. It ends with `stream.end` (`session_expired`, naming the requests
-    the expiry closes); an EventSource reconnecting with the last id gets 410 and stops, one
-    that missed events first gets them and the end again; reading it without following works."""
+class _Expired(NamedTuple):
+    """A session whose stream ended as its TTL passed, and the client that followed it."""
+
+    client: httpx.Client
+    sid: str
+    rid: str
+    head: int  # the session's seq when its stream ended
+    url: str  # its event stream
+    lines: list[str]  # what the stream sent
+
+
+@contextmanager
+def _followed_past_its_ttl(tmp_path: Path) -> Iterator[_Expired]:
+    """A session of a TTL app left waiting on a request, its stream followed while its TTL
+    passes (the stream ends), on a running server."""
     from .test_server_common import running, ttl_app
 
     now = [1_000_000.0]
@@ -243,6 +254,15 @@ def test_a_stream_of_a_session_that_expires_ends_and_a_reconnect_is_410(tmp_path
 
         with c.stream("GET", url) as s:
             lines = _follow_until_closed(s, f"id: {head}", expire)
+        yield _Expired(c, sid, rid, head, url, lines)
+
+
+def test_a_stream_of_a_session_that_expires_ends_and_a_reconnect_is_410(tmp_path: Path) -> None:
+    """A session whose TTL passed takes no more events: its stream used to stay open with
+    keep-alives for ever. It ends with `stream.end` (`session_expired`, naming the requests
+    the expiry closes); an EventSource reconnecting with the last id gets 410 and stops, one
+    that missed events first gets them and the end again; reading it without following works."""
+    with _followed_past_its_ttl(tmp_path) as (c, sid, rid, head, url, lines):
         end = _end_event(lines)
         assert end["status"] == 410, end
         assert end["error"]["code"] == "session_expired" and end["error"]["session_id"] == sid
@@ -265,21 +285,7 @@ def test_the_expiry_of_a_waiting_turn_reaches_a_reconnect_once_a_read_records_it
     """docs/server.md: the stream ends at the TTL without writing the expiry's events; the
     session's next read records them (its requests expire, its turn fails), and a reconnect
     from the last id then gets `input.resolved` and `turn.failed` before `stream.end`."""
-    from .test_server_common import running, ttl_app
-
-    now = [1_000_000.0]
-    _, app = ttl_app(tmp_path, now)
-    with running(app) as base, httpx.Client(base_url=base, headers=auth("alice-token")) as c:
-        body = c.post("/v1/sessions", json={"agent": "desk", "message": "reset"}).json()
-        sid, rid = body["session_id"], body["pending"][0]["id"]
-        head = c.get(f"/v1/sessions/{sid}").json()["seq"]
-        url = f"/v1/sessions/{sid}/events"
-
-        def expire() -> None:
-            now[0] += 120
-
-        with c.stream("GET", url) as s:
-            lines = _follow_until_closed(s, f"id: {head}", expire)
+    with _followed_past_its_ttl(tmp_path) as (c, sid, rid, head, url, lines):
         assert "event: turn.failed" not in lines and _end_event(lines)["status"] == 410
         view = c.get(f"/v1/sessions/{sid}").json()
         assert view["status"] == "failed" and view["seq"] > head, view

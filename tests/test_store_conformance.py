@@ -739,21 +739,12 @@ def refund_agent(runs: list[dict[str, Any]]) -> so.Agent:
         runs.append({"order_id": order_id, "amount": amount})
         return {"refunded": amount}
 
-    return so.Agent(
-        name="support",
-        model=so.models.Scripted(
-            [
-                so.ModelResponse(
-                    tool_calls=[
-                        so.ToolCall(
-                            name="issue_refund",
-                            input={"order_id": "1042", "amount": 180, "reason": "broken"},
-                        )
-                    ]
-                ),
-                so.ModelResponse(text="Done."),
-            ]
-        ),
+    return scripted_agent(
+        "support",
+        [
+            call_tools(call("issue_refund", order_id="1042", amount=180, reason="broken")),
+            reply("Done."),
+        ],
         tools=[issue_refund],
     )
 

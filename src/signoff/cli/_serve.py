@@ -70,6 +70,14 @@ def serve(
             help="Secret that signs webhook deliveries (Signoff-Signature).",
         ),
     ] = None,
+    webhook_backfill: Annotated[
+        bool,
+        typer.Option(
+            "--webhook-backfill",
+            help="On the webhook channel's first start on its --channel-state, send "
+            "request.opened for the requests already open (default: it starts from now).",
+        ),
+    ] = False,
     slack_channel: Annotated[
         str | None,
         typer.Option(
@@ -164,7 +172,7 @@ def serve(
             _refuse_missing_secrets(
                 bool(webhook), webhook_secret, slack_channel, slack_token, slack_signing_secret
             )
-            channels = _webhook_channels(webhook, webhook_secret)
+            channels = _webhook_channels(webhook, webhook_secret, backfill=webhook_backfill)
             if channel_state is not None and "://" in channel_state:  # as --store takes
                 url = channel_state
                 raise UsageError(
@@ -266,15 +274,14 @@ def _refuse_stray_channel_options(ctx: typer.Context, webhooks: bool, slack: boo
         # By name: newer Typer vendors Click, so its ParameterSource is not click's own enum.
         return getattr(ctx.get_parameter_source(param), "name", None) == "COMMANDLINE"
 
-    if not webhooks and typed("webhook_secret"):
-        raise UsageError("--webhook-secret is given but no --webhook URL")
-    if not slack:
-        for param, flag in (
-            ("slack_token", "--slack-token"),
-            ("slack_signing_secret", "--slack-signing-secret"),
-        ):
-            if typed(param):
-                raise UsageError(f"{flag} is given but no --slack-channel")
+    for param, flag, given, needed in (
+        ("webhook_secret", "--webhook-secret", webhooks, "--webhook URL"),
+        ("webhook_backfill", "--webhook-backfill", webhooks, "--webhook URL"),
+        ("slack_token", "--slack-token", slack, "--slack-channel"),
+        ("slack_signing_secret", "--slack-signing-secret", slack, "--slack-channel"),
+    ):
+        if not given and typed(param):
+            raise UsageError(f"{flag} is given but no {needed}")
     if not webhooks and not slack and typed("channel_state"):
         raise UsageError(
             "--channel-state is given but no --webhook or --slack-channel: it would keep nothing"
@@ -319,13 +326,15 @@ def _refuse_missing_secrets(
         )
 
 
-def _webhook_channels(webhooks: list[str] | None, webhook_secret: str | None) -> list[Any]:
+def _webhook_channels(
+    webhooks: list[str] | None, webhook_secret: str | None, *, backfill: bool
+) -> list[Any]:
     """The webhook channel `serve` was asked for, its URLs checked, before the server starts."""
     if not webhooks or not webhook_secret:
         return []
     from ..channels.webhooks import WebhookChannel
 
-    return [WebhookChannel(webhooks, webhook_secret)]
+    return [WebhookChannel(webhooks, webhook_secret, backfill=backfill)]
 
 
 def _slack_channels(

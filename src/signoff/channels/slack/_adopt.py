@@ -36,11 +36,12 @@ _PAGES = 5  # history pages read at most: the window is short, so this is rarely
 
 
 class _NoRepost(AsyncConnectionErrorRetryHandler):
-    """slack_sdk's retry of a call whose connection failed, except for `chat.postMessage`: a
-    connection that dropped after Slack took the post would post it twice. The hub retries it
-    instead, and finds the message first. `views.open` is sent again only when no connection
-    was made (nothing was sent): its trigger is single-use and lives three seconds, so after a
-    dropped connection a second call can only fail, though the form may well be open."""
+    """slack_sdk's retry of a call whose connection failed, except that `chat.postMessage` and
+    `views.open` are sent again only when no connection was made (nothing was sent). A post
+    whose connection dropped after Slack took it would be posted twice: the hub retries it
+    instead, and finds the message first. A form's trigger is single-use and lives three
+    seconds, so after a dropped connection a second call can only fail, though the form may
+    well be open."""
 
     async def _can_retry_async(
         self,
@@ -51,9 +52,9 @@ class _NoRepost(AsyncConnectionErrorRetryHandler):
         error: Exception | None = None,
     ) -> bool:
         url = request.url.rstrip("/")
-        if url.endswith("/chat.postMessage"):
-            return False
-        if url.endswith("/views.open") and not isinstance(error, ClientConnectorError):
+        if url.endswith(("/chat.postMessage", "/views.open")) and not isinstance(
+            error, ClientConnectorError
+        ):
             return False
         return await super()._can_retry_async(
             state=state, request=request, response=response, error=error
@@ -61,8 +62,8 @@ class _NoRepost(AsyncConnectionErrorRetryHandler):
 
 
 def retry_handlers() -> list[AsyncRetryHandler]:
-    """The retries of the client a channel makes: slack_sdk's defaults, never of a post, nor of
-    a form's opening that may have reached Slack."""
+    """The retries of the client a channel makes: slack_sdk's defaults, but a post or a form's
+    opening only when it never reached Slack."""
     return [_NoRepost()]
 
 
