@@ -949,3 +949,21 @@ def test_channel_options_of_the_wrong_kind_are_refused_when_made() -> None:
         TerminalChannel(clock=5.0)  # type: ignore[arg-type]
     with pytest.raises(so.UsageError, match="console must be a rich Console or None"):
         TerminalChannel(console=io.StringIO())  # type: ignore[arg-type]
+
+
+async def test_a_hub_ticks_its_channels_by_its_runtimes_time(store_url: str) -> None:
+    """A hub given no clock tells its channels the runtime's time (`Runtime.now`, the
+    database's on PostgreSQL), which the request deadlines it warns of were set by."""
+    seen: list[float] = []
+
+    class Ticking(Channel):
+        async def tick(self, now: float) -> None:
+            seen.append(now)
+
+    clock = ManualClock()
+    async with so.Runtime([], store=store_url, clock=clock) as rt:
+        async with manual(ChannelHub(rt, [Ticking(name="ticking")])) as hub:
+            await hub.poll()
+            clock.advance(30)
+            await hub.poll()
+    assert seen == [clock.now - 30, clock.now]

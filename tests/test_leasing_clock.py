@@ -1,6 +1,9 @@
-"""Leases on PostgreSQL are timed by the database's clock, as each process reckons it: a wall
-clock stepped after the process measured its distance to the database's (NTP correcting it, a
-virtual machine resumed) must not make it take over a lease another process still holds."""
+"""On PostgreSQL every time a runtime stamps or judges (leases, session TTLs, request deadlines,
+ages) is the database's clock, as each process reckons it: a wall clock minutes off the
+database's, or stepped after the process measured its distance to it (NTP correcting it, a
+virtual machine resumed), must not make it take over a lease another process still holds,
+expire a session or a request early, or keep one past its time. A clock given to the runtime
+is used as it is, for all of them alike."""
 
 from __future__ import annotations
 
@@ -8,7 +11,12 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 import signoff as so
+from signoff.testing import ManualClock
+
+from .test_workers import is_, refund_agent, until, working
 
 ORDER = {"order_id": "1042", "amount": 180.0}
 
@@ -56,3 +64,87 @@ async def test_a_wall_clock_stepped_after_opening_takes_no_live_lease_over(
             await asyncio.wait_for(taking, 10)
         assert done.status == "completed"
     assert runs == [f"{sid}:1:call_refund"]
+
+
+SKEWS = [pytest.param(-600.0, id="10min-behind"), pytest.param(600.0, id="10min-ahead")]
+
+
+async def _database_time(rt: so.Runtime) -> float:
+    server_time = getattr(rt.store, "server_time")  # noqa: B009
+    return float(await server_time())
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+async def test_a_skewed_process_times_the_sessions_it_starts_by_the_database(
+    pg_store_url: str, skew: float
+) -> None:
+    """A front whose wall clock is 10 minutes off the database's starts a session with a 5
+    minute TTL: its expiry is 5 minutes from the database's time (not 5 minutes past, when the
+    front is behind: no worker would claim it, the sweep would expire it at once; nor 15
+    minutes ahead), and a worker with a right clock claims it and runs its turn."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.never(), ttl=300)
+    async with (
+        so.Runtime([agent], store=pg_store_url, inline=False) as front,
+        so.Runtime([agent], store=pg_store_url, inline=False) as worker,
+    ):
+        front.clock = lambda: time.time() + skew  # its machine's clock is off
+        before = await _database_time(worker)
+        r = await front.generate("support", prompt="Refund 1042")
+        after = await _database_time(worker)
+        (summary,) = await worker.sessions()
+        assert summary.expires_at is not None
+        assert before + 300 - 1 <= summary.expires_at <= after + 300 + 1
+        async with working(worker):
+            await until(lambda: is_(worker, r.session_id, "completed"))
+        assert runs == [f"{r.session_id}:1:call_refund"]
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+async def test_a_skewed_process_expires_no_deadline_early_nor_sets_one_late(
+    pg_store_url: str, skew: float
+) -> None:
+    """Two processes, one with a wall clock 10 minutes off the database's, each park a turn on
+    an approval that expires in 5 minutes, in a session with a 5 minute TTL: each deadline is
+    5 minutes from the database's time, and a sweep or an `older_than` listing in either
+    process finds nothing due, lapsed or minutes old."""
+    runs: list[str] = []
+    agent = refund_agent(runs, approval=so.always(expires_in=300), ttl=300)
+    async with (
+        so.Runtime([agent], store=pg_store_url) as skewed,
+        so.Runtime([agent], store=pg_store_url) as right,
+    ):
+        skewed.clock = lambda: time.time() + skew
+        for rt in (skewed, right):
+            before = await _database_time(right)
+            r = await rt.generate("support", prompt="Refund 1042")
+            after = await _database_time(right)
+            (req,) = r.pending
+            assert req.expires_at is not None
+            assert before + 300 - 1 <= req.expires_at <= after + 300 + 1
+            assert before - 1 <= req.created_at <= after + 1
+        for rt in (skewed, right):
+            assert await rt.expire_due() == 0
+            assert await rt.pending(older_than=60) == []
+            assert len(await rt.pending()) == 2
+            for s in await rt.sessions():
+                assert (await rt.state(s.id)).turn.status == "waiting"  # type: ignore[union-attr]
+        assert runs == []
+
+
+async def test_a_given_clock_times_claims_as_it_times_ttls(store_url: str) -> None:
+    """Runtimes given one clock (a test's) time leases and TTLs alike by it, as it is: a
+    worker claims a session whose TTL that clock has not passed (on PostgreSQL the claim judged
+    the TTL by the database's clock, years from the test's, so never took it)."""
+    runs: list[str] = []
+    clock = ManualClock()
+    agent = refund_agent(runs, approval=so.never(), ttl=300)
+    async with (
+        so.Runtime([agent], store=store_url, inline=False, clock=clock) as front,
+        so.Runtime([agent], store=store_url, inline=False, clock=clock) as worker,
+    ):
+        r = await front.generate("support", prompt="Refund 1042")
+        async with working(worker):
+            await until(lambda: is_(worker, r.session_id, "completed"))
+        assert runs == [f"{r.session_id}:1:call_refund"]
+        assert front.now() == worker.now() == clock.now

@@ -771,8 +771,11 @@ async def test_workers_whose_clocks_differ_keep_each_others_leases(
     async with (
         so.Runtime([agent], store=pg_store_url, inline=False) as front,
         so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=2.0) as right,
-        so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=2.0, clock=off) as wrong,
+        so.Runtime([agent], store=pg_store_url, inline=False, lease_ttl=2.0) as wrong,
     ):
+        # Its machine's wall clock is off. (A clock given as `Runtime(clock=...)` is taken as
+        # every process's: tests move time with one.)
+        wrong.clock = off
         # The one behind claims first (its lease is the one others misread); the one ahead
         # second (it misreads the other's lease).
         first, second = (right, wrong) if skewed == "ahead" else (wrong, right)

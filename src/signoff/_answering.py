@@ -262,7 +262,7 @@ class Answering(SessionRunner):
         session_id = state.id
         recovered = False
         agent = self.agent(state.agent)
-        now = self.clock()
+        now = self.now()
         for cid, c in list(state.candidates.items()):
             live = state.requests.get(c["request_id"])
             if live is None or live.status != "pending":
@@ -399,7 +399,7 @@ class Answering(SessionRunner):
                 stale = {**base, "outcome": "stale", "reason": why}
                 return Batch(specs=[("approval.candidate", stale)])
             current = live.request
-            now = self.clock()
+            now = self.now()
             due = due_batch(st, now) if is_due(current, now) else None
             if due is not None:
                 # Its deadline passed while the response was decided (a slow policy): the

@@ -1,7 +1,8 @@
 """`Leasing`: how a runtime holds a session's lease while it drives it: acquired (waiting a
 while for another holder), confirmed before a tool body runs, renewed in the background (a
-lease found lost stops the tool body or model call running under it), and released, all timed
-by the store's clock where it has one (PostgreSQL)."""
+lease found lost stops the tool body or model call running under it), and released; and the
+runtime's time (`now`), which leases, deadlines and event times alike go by: the store's clock
+where it has one (PostgreSQL), so processes whose wall clocks differ agree."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ class Held:
     more (a model's response could not be recorded: waiting for it only costs)."""
 
     at: float  # when it was last known live (`time.monotonic()`)
-    expires: float  # when it lapses unless renewed, by the lease clock (`Leasing._lease_now`)
+    expires: float  # when it lapses unless renewed, by the lease clock (`Leasing.now`)
     lost: bool = False
     body: asyncio.Future[Any] | None = None  # the tool body or model call running, if any
 
@@ -65,33 +66,40 @@ class Leasing:
     clock: Callable[[], float]
     lease_ttl: float
     lease_wait: float
-    _lease_offset: float  # the store's clock minus `_lease_base`'s: see `_lease_now`
-    _lease_base: Callable[[], float]  # the clock the store's is reckoned from: `clock` at first
+    _lease_offset: float  # the store's clock minus `_lease_base`'s: see `now`
+    # The clock the store's is reckoned from (the monotonic clock), or None to read `clock` as
+    # it is: on SQLite, or a clock given to the runtime.
+    _lease_base: Callable[[], float] | None
     # Leases of ended drives the store refused to release: given back by the next drive here.
     _unreleased: dict[str, tuple[str, int]]
     # When each lease this process was just granted (and confirmed) lapses, by session:
     # `(token, expiry)`, taken by the drive that holds it (`_hold`).
     _expiries: dict[str, tuple[int, float]]
 
-    def _lease_now(self) -> float:
-        """The time leases are granted, renewed and checked by: the database's clock where the
-        store has one (PostgreSQL), so processes whose clocks differ agree on when one lapses."""
-        return self._lease_base() + self._lease_offset
+    def now(self) -> float:
+        """The time this runtime stamps and judges by (events, deadlines, session TTLs, leases,
+        ages): on PostgreSQL the database's clock, as this process reckons it, so processes
+        whose wall clocks differ agree on when anything lapses; else its `clock`."""
+        base = self._lease_base
+        return self.clock() if base is None else base() + self._lease_offset
+
+    _lease_now = now
 
     async def _sync_lease_clock(self) -> None:
         """Measure how far the store's clock is from ours (a worker does so again every sweep,
         so a clock stepped since is caught up with)."""
         server_time = getattr(self.store, "server_time", None)
-        if server_time is None:  # SQLite: every process shares this machine's clock
+        # SQLite: every process shares this machine's clock. A clock given to the runtime (a
+        # test's) is taken as the shared one: every process using the store is given it too.
+        if server_time is None or (self.clock is not _WALL and self._lease_base is None):
             return
-        # Reckoned from the monotonic clock, not the wall clock, which may be stepped meanwhile
-        # (NTP, a virtual machine resumed): leases another process holds would look lapsed.
-        # A clock given to the runtime (a test's) is used as it is.
-        base = _MONOTONIC if self.clock is _WALL else self.clock
-        before = base()
+        # Reckoned from the monotonic clock, not the wall clock, which may be minutes off the
+        # database's or stepped meanwhile (NTP, a virtual machine resumed): a lease another
+        # process holds would look lapsed, sessions and requests expire early or late.
+        before = _MONOTONIC()
         theirs = await server_time()
-        self._lease_offset = theirs - (before + base()) / 2
-        self._lease_base = base
+        self._lease_offset = theirs - (before + _MONOTONIC()) / 2
+        self._lease_base = _MONOTONIC
 
     async def _release(self, session_id: str, owner: str, token: int) -> None:
         """Give a drive's lease back; one the store refuses is kept for the next try."""
@@ -109,7 +117,7 @@ class Leasing:
         deadline = time.monotonic() + self.lease_wait
         delay = 0.005
         while True:
-            now = self._lease_now()
+            now = self.now()
             token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
             if token is not None and not await self._still_held(session_id, owner, token, now):
                 token = None  # born expired, and another owner took it meanwhile
@@ -122,7 +130,7 @@ class Leasing:
     async def _still_held(self, session_id: str, owner: str, token: int, granted: float) -> bool:
         """Whether a lease granted with the time `granted` is ours and live: one whose grant
         waited long (for a pool connection, say) expires early, so it is renewed first."""
-        now = self._lease_now()
+        now = self.now()
         if now - granted >= self.lease_ttl / 3:
             if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
                 return False
@@ -137,7 +145,7 @@ class Leasing:
         if known is not None and known[0] == token:
             expires = known[1]
         else:  # not confirmed here (`_still_held`): granted at most a third of the TTL ago
-            expires = self._lease_now() + self.lease_ttl * 2 / 3
+            expires = self.now() + self.lease_ttl * 2 / 3
         return Held(time.monotonic(), expires)
 
     async def _confirm(self, session_id: str, owner: str, token: int, held: Held) -> None:
@@ -148,7 +156,7 @@ class Leasing:
             raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
         if time.monotonic() - held.at < self.lease_ttl / 2:
             return
-        now, asked_at = self._lease_now(), time.monotonic()
+        now, asked_at = self.now(), time.monotonic()
         if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
             held.lose()
             raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
@@ -176,7 +184,7 @@ class Leasing:
                 await asyncio.sleep(pause)
                 if not go_on.is_set():
                     return
-                now = self._lease_now()
+                now = self.now()
                 # When the lease is given up unless a renewal got through: `margin` before
                 # its expiry, the time another process may claim it from.
                 deadline = held.expires - margin
@@ -205,7 +213,7 @@ class Leasing:
                     live = renewal.result()  # CancelledError: one given up before has stopped
                 except (StoreError, TimeoutError, asyncio.CancelledError) as exc:
                     why = str(exc) or "it timed out"
-                    left = held.expires - margin - self._lease_now()
+                    left = held.expires - margin - self.now()
                     if left <= 0:
                         self._lapsing(session_id, token, why, held)
                         return

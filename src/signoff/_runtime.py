@@ -320,8 +320,8 @@ class Runtime(Workers):
                 tool_name=tool_name,
                 kind=kind,
                 session_id=session_id,
-                created_before=created_before(self.clock(), older_than),
-                live_at=self.clock(),  # requests of expired sessions can no longer be answered
+                created_before=created_before(self.now(), older_than),
+                live_at=self.now(),  # requests of expired sessions can no longer be answered
                 limit=limit,
                 offset=offset,
             )
@@ -341,7 +341,7 @@ class Runtime(Workers):
         await self.open()
         _check_page(flt.limit, flt.offset)
         page = await self.store.pending(flt)
-        now = self.clock()
+        now = self.now()
         due = [r for r in page if is_due(r, now)]
         if due and await self._apply_deadlines(due, listing=True):
             page = await self.store.pending(flt)
@@ -367,7 +367,7 @@ class Runtime(Workers):
             raise UsageError(
                 f"status must be one of {', '.join(_SESSION_STATUSES)}, not {status!r}"
             )
-        now = self.clock()
+        now = self.now()
         page = await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
         try:
             if await self._record_lapsed(page, now):
@@ -384,7 +384,7 @@ class Runtime(Workers):
         turn unfinished first (the turn fails, its requests expire), so it never reads as
         waiting on answers no one can give; a store that refuses the write shows it unrecorded."""
         state = await self._state(session_id)
-        if state.expired(self.clock()) and expiry_specs(state) and state.agent in self.agents:
+        if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
                 await self._checked(session_id)
             state = await self._state(session_id)
@@ -405,7 +405,7 @@ class Runtime(Workers):
         await self.open()
         if await self.store.head(session_id) is None:
             raise UnknownSession(session_id)
-        expires_at = 0.0  # by self.clock(); 0 until read from the state, and after new events
+        expires_at = 0.0  # by self.now(); 0 until read from the state, and after new events
         checked = time.monotonic()  # when the session was last seen in the store
         expired: SessionExpired | None = None  # raised once the events its record wrote are read
         while True:
@@ -422,9 +422,9 @@ class Runtime(Workers):
                 raise expired
             if not follow:
                 return
-            if self.clock() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
+            if self.now() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
                 state = await self._state(session_id)  # UnknownSession once deleted
-                if state.seq == after and state.expired(self.clock()):
+                if state.seq == after and state.expired(self.now()):
                     expired = SessionExpired(session_id, [r.id for r in state.pending_requests()])
                     if expiry_specs(state) and state.agent in self.agents:
                         # Record it as a listing would (its requests expire, its turn fails),
@@ -458,7 +458,7 @@ class Runtime(Workers):
         ended = ("completed", "cancelled", "failed")
         for _ in range(20):
             state = await self._state(session_id)
-            if state.expired(self.clock()):
+            if state.expired(self.now()):
                 await self._expire(state)  # records what the TTL left unfinished, and raises
             turn = state.turn
             if turn is None or turn.status in ended:

@@ -128,8 +128,8 @@ class SessionRunner(Leasing):
         self.tracer_provider = tracer_provider
         self.trace_content = trace_content
         self._tracing = tracing_for(tracer_provider, trace_content)
-        self._lease_offset = 0.0  # the store's clock minus `_lease_base`'s: see `_lease_now`
-        self._lease_base = clock
+        self._lease_offset = 0.0  # see `now`
+        self._lease_base = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         self._cache_size = cache_size
@@ -163,7 +163,7 @@ class SessionRunner(Leasing):
         requiring approval. A store refusing writes (read-only, full) still opens, to be read:
         each call tries again first, so the change is recorded before any write made under it."""
         try:
-            await record_tool_settings(self.store, self.agents.values(), self.clock())
+            await record_tool_settings(self.store, self.agents.values(), self.now())
         except StoreError as exc:
             if not self._settings_warned:
                 log.warning("tool settings not recorded yet (tried again at each call): %s", exc)
@@ -248,7 +248,7 @@ class SessionRunner(Leasing):
         caller's token on it, if any, and `head` the session's head when it was granted.
         `trust_cache` skips the store's head when nothing is due on the cached state: a stale
         cache makes the caller's append conflict instead."""
-        now = self.clock()
+        now = self.now()
         cached = self._cache.get(session_id) if trust_cache else None
         if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
             return cached
@@ -258,7 +258,7 @@ class SessionRunner(Leasing):
         if due_batch(state, now) is not None:
             await self._append(
                 session_id,
-                lambda st: due_batch(st, self.clock()) or Batch(specs=[]),
+                lambda st: due_batch(st, self.now()) or Batch(specs=[]),
                 durable=True,
                 turn_id=state.turn.id if state.turn else None,
             )
@@ -284,7 +284,7 @@ class SessionRunner(Leasing):
             agent=self.agent(state.agent),
             state=state,
             lease_token=token,
-            clock=self.clock,
+            clock=self.now,
             abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
             lock=self._locks.setdefault(state.id, asyncio.Lock()),
             unrecorded=self._unrecorded,
@@ -301,7 +301,7 @@ class SessionRunner(Leasing):
     ) -> tuple[str, bool]:
         """`_create`, and whether this call created the session (not one with its key first)."""
         session_id = new_id("ses") if idem is None else session_for(idem)
-        now = self.clock()
+        now = self.now()
         ttl = agent.limits.ttl_seconds
         data: dict[str, Any] = {
             "agent": agent.name,
@@ -417,7 +417,7 @@ class SessionRunner(Leasing):
         )
 
     async def _busy(self, session_id: str) -> bool:
-        token = await self.store.acquire_lease(session_id, self.owner, 1.0, self._lease_now())
+        token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.now())
         if token is None:
             return True
         await self.store.release_lease(session_id, self.owner, token)
@@ -469,7 +469,7 @@ class SessionRunner(Leasing):
                 state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running
                     state = await self._checked(session_id, lease=token)
-                span.begin(state, self.clock())
+                span.begin(state, self.now())
                 driver = self._driver(state, token)
                 driver.traceparent = span.traceparent()
                 driver.release_at_end = True
@@ -578,7 +578,7 @@ class SessionRunner(Leasing):
                 agent=stand_in,
                 state=state,
                 lease_token=None,
-                clock=self.clock,
+                clock=self.now,
                 lock=self._locks.setdefault(state.id, asyncio.Lock()),
             )
         try:

@@ -223,7 +223,7 @@ class RuntimeHost:
                 f"delegating to {agent!r} from session {parent} would nest subagents "
                 f"{depth} deep; the limit is {MAX_DEPTH}"
             )
-        now = rt.clock()
+        now = rt.now()
         ttl = spec.limits.ttl_seconds
         initiator = parent_state.initiator
         event = Event(

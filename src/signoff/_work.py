@@ -61,7 +61,7 @@ class Workers(Messages):
         Run it periodically (a worker does); returns how many sessions it touched.
         """
         await self.open()
-        now = self.clock()
+        now = self.now()
         due: list[InputRequest] = []
         offset = 0
         while True:  # only the due ones, from an index, where the store can tell them
@@ -231,7 +231,7 @@ class Workers(Messages):
         waited long was granted expiring early, and is renewed before it is driven. A lease that
         could not be confirmed (the store failing) is given back, so the next claim here or in
         another worker takes it at once, not once its TTL lapses; the others are still driven."""
-        now = self._lease_now()
+        now = self.now()
         agents = list(self.agents)  # sessions of other agents are left to workers that have them
         claimed = await self.store.claim(owner, self.lease_ttl, now, limit, agents=agents)
         held: list[tuple[str, int]] = []

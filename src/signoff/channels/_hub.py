@@ -74,6 +74,8 @@ class ChannelHub:
     A channel that raises `RateLimited` is retried after the delay it names (at most an hour),
     without spending an attempt, so a service that throttles is never given up on (nor are the
     entries delivered again at a start: the polls after the delay go on with them).
+    Deadlines (`request.expiring` warnings, expired sessions) are judged by `clock`, the
+    runtime's (`Runtime.now`) unless given.
     """
 
     def __init__(
@@ -87,7 +89,7 @@ class ChannelHub:
         max_attempts: int = 8,
         retry_backoff: float = 1.0,
         gap_timeout: float = 10.0,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         channels = list(channels)
         for ch in channels:
@@ -124,7 +126,8 @@ class ChannelHub:
         self.max_attempts = max_attempts
         self.retry_backoff = retry_backoff
         self.gap_timeout = gap_timeout
-        self.clock = clock
+        # The runtime's by default: on PostgreSQL the database's, which deadlines are set by.
+        self.clock = runtime.now if clock is None else clock
         self._leases = {
             ch.name: HubLease(self._path, f"{name}.{ch.name}")
             for ch in channels

@@ -89,7 +89,7 @@ def pending(
                 agent=agent,
                 tool_name=tool,
                 session_id=session,
-                live_at=runtime.clock(),
+                live_at=runtime.now(),
                 limit=limit,
             )
             requests, more = await runtime.pending_page(flt)

@@ -218,7 +218,7 @@ async def events(
             "invalid_request",
             f"{start} is past the session's last event ({state.seq}); resume from an id it sent",
         )
-    if follow and start >= state.seq and state.expired(ctx.runtime.clock()):
+    if follow and start >= state.seq and state.expired(ctx.runtime.now()):
         # Nothing more will come: a 410 stops a reconnecting EventSource, which a stream that
         # merely ends again would not.
         raise SessionExpired(session_id, [r.id for r in state.pending_requests()])
@@ -251,7 +251,7 @@ async def list_requests(
         tool_name=tool,
         kind=kind,
         status=status,
-        created_before=created_before(rt.clock(), older_than),
+        created_before=created_before(rt.now(), older_than),
         limit=limit,
         offset=offset,
     )

@@ -102,7 +102,7 @@ class ServerContext:
         value = sign_in_cookie(request)
         if value is None or not isinstance(self.auth, TokenAuth):
             return None
-        now = self.runtime.clock()
+        now = self.runtime.now()
         grant = read(self.secret, self.auth, value, now, self.sign_in_lifetime)
         if grant is None:
             return None
@@ -119,7 +119,7 @@ class ServerContext:
         grant = getattr(request.state, "signoff_sign_in", None)
         if not isinstance(grant, Grant):
             return False
-        now = self.runtime.clock()
+        now = self.runtime.now()
         if grant.issued <= now - self.sign_in_lifetime:
             return True
         try:
@@ -130,7 +130,7 @@ class ServerContext:
     async def sign_out(self, grant: Grant) -> None:
         """Revoke a sign-in for every process serving the store."""
         await self.runtime.open()
-        await self.sign_outs.revoke(self.runtime.store, grant, self.runtime.clock())
+        await self.sign_outs.revoke(self.runtime.store, grant, self.runtime.now())
 
     async def require(self, request: HTTPConnection) -> Principal:
         principal = await self.principal(request)
@@ -174,14 +174,14 @@ class ServerContext:
             await self.session(stored.request.session_id, caller)
         except UnknownSession:
             raise UnknownRequest("", [request_id]) from None
-        if is_due(stored.request, self.runtime.clock()):
+        if is_due(stored.request, self.runtime.now()):
             # Its deadline passed and no sweep applied it yet: apply it, as the queue does.
             flt = PendingFilter(session_id=stored.request.session_id, limit=10_000)
             await self.runtime.pending_page(flt)
             stored = await self.runtime.store.get_request(request_id) or stored
             # What this runtime could not record (another agent's session, a store it may only
             # read) reads as the queue shows it.
-            stored = stored_after_deadline(stored, self.runtime.clock())
+            stored = stored_after_deadline(stored, self.runtime.now())
         return stored
 
     async def visible_requests(
@@ -195,7 +195,7 @@ class ServerContext:
         store = self.runtime.store
         await self.runtime.open()
         if flt.status == "pending" and flt.live_at is None:
-            flt = replace(flt, live_at=self.runtime.clock())
+            flt = replace(flt, live_at=self.runtime.now())
         if caller.attributes.get("admin") is True and self._default_access():
             page, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
             return page, await store.count_pending(flt)
@@ -258,7 +258,7 @@ class ServerContext:
         """The count and fingerprint of every open request, from three indexed queries: a
         caller's own queue can only have changed when this did."""
         store = self.runtime.store
-        live = PendingFilter(live_at=self.runtime.clock())
+        live = PendingFilter(live_at=self.runtime.now())
         total = await store.count_pending(live)
         ends = []
         if total:

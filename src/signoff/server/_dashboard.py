@@ -267,7 +267,7 @@ async def session_page(request: Request, session_id: str) -> Response:
     except UnknownSession:
         return await message_page(request, 404, "No such session", session_id)
     ctx, viewer = await signed_in(request)
-    form = form_token(ctx.secret, viewer, ctx.runtime.clock())
+    form = form_token(ctx.secret, viewer, ctx.runtime.now())
     queued = request.query_params.get("queued") == "1"  # where a form's queued message led
     return await render("session.html", request, **context, form=form, queued=queued)
 
@@ -296,7 +296,7 @@ async def session_event(request: Request, session_id: str, seq: str) -> Response
 async def new_session_page(request: Request) -> Response:
     ctx, viewer = await signed_in(request)
     picked = request.query_params.get("agent")
-    form = form_token(ctx.secret, viewer, ctx.runtime.clock())
+    form = form_token(ctx.secret, viewer, ctx.runtime.now())
     return await render("new.html", request, **base(ctx, viewer, picked=picked, form=form))
 
 
@@ -336,7 +336,7 @@ async def start_session(request: Request) -> Response:
         return await dashboard_error(
             request, 422, "invalid_request", "write a message to start with"
         )
-    now = ctx.runtime.clock()
+    now = ctx.runtime.now()
     key = form_key(ctx.secret, viewer, fields.get("form"), now, ctx.sign_in_lifetime)
     if isinstance(key, Refusal):
         return await dashboard_error(request, key.status, key.code, key.message)
@@ -368,7 +368,7 @@ async def send_message(request: Request, session_id: str) -> Response:
         )
     if not text:
         return await dashboard_error(request, 422, "invalid_request", "the message is empty")
-    now = ctx.runtime.clock()
+    now = ctx.runtime.now()
     key = form_key(ctx.secret, viewer, fields.get("form"), now, ctx.sign_in_lifetime)
     if isinstance(key, Refusal):
         return await dashboard_error(request, key.status, key.code, key.message)
@@ -381,7 +381,7 @@ async def send_message(request: Request, session_id: str) -> Response:
     if result.replayed:
         return _repeated(request, ctx.secret, viewer, now, where)
     if wants_json(request):
-        fresh = form_token(ctx.secret, viewer, ctx.runtime.clock())
+        fresh = form_token(ctx.secret, viewer, ctx.runtime.now())
         return JSONResponse(
             {
                 "ok": True,

@@ -146,7 +146,7 @@ async def login(request: Request) -> Response:
     # Path=/, no Domain), which a page of a sibling domain cannot plant.
     response.set_cookie(
         token_cookie(request),
-        issue(ctx.secret, token, ctx.runtime.clock()),
+        issue(ctx.secret, token, ctx.runtime.now()),
         max_age=lifetime,
         httponly=True,
         samesite="strict",

@@ -111,7 +111,7 @@ async def session_end(ctx: ServerContext, session_id: str) -> tuple[SignoffError
         state = await ctx.runtime._state(session_id)
     except UnknownSession as exc:
         return exc, 0.0
-    if state.expired(ctx.runtime.clock()):
+    if state.expired(ctx.runtime.now()):
         return SessionExpired(session_id, [r.id for r in state.pending_requests()]), 0.0
     expires = state.expires_at
     return None, math.inf if expires is None else expires
@@ -151,7 +151,7 @@ async def event_stream(
             if (
                 follow
                 and not batch
-                and (ctx.runtime.clock() >= expires_at or time.monotonic() >= check_at)
+                and (ctx.runtime.now() >= expires_at or time.monotonic() >= check_at)
             ):
                 ended, expires_at = await session_end(ctx, session_id)
                 check_at = time.monotonic() + heartbeat

@@ -248,7 +248,7 @@ def created_before(now: float, older_than: float | None) -> float | None:
 class Store(Protocol):
     """Durable home of sessions: the event log plus tables derived from it in the same commit.
 
-    A store may also offer `server_time()` (the clock leases are timed by) and
+    A store may also offer `server_time()` (the clock the runtime times everything by) and
     `granted_head(session_id, token)` (the head it read when it granted that lease, which saves
     a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them.
     Likewise `lapsed_sessions(now, limit=, offset=)`, the running or waiting sessions whose TTL

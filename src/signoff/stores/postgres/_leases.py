@@ -17,8 +17,9 @@ class Leases(Connections):
     """`PostgresStore`'s leases: who works on a session, and the token that proves it."""
 
     async def server_time(self) -> float:
-        """The database server's clock (seconds since the epoch): the runtime times leases by
-        it, so workers on machines whose clocks differ agree on when a lease lapses."""
+        """The database server's clock (seconds since the epoch): the runtime times leases,
+        deadlines and events by it, so processes on machines whose clocks differ agree on when
+        a lease, a session or a request lapses."""
 
         async def body(conn: Conn) -> float:
             cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
