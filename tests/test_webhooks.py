@@ -1241,3 +1241,11 @@ async def test_a_new_channel_starts_from_now_unless_it_backfills_the_open_reques
         assert opened() == [older[0].id, older[1].id, fresh.id, during[0].id, later.id]
     with pytest.raises(so.UsageError, match="backfill must be True or False"):
         WebhookChannel("https://example.com/hook", SECRET, backfill="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("url", [123, None, b"http://example.com/hook"])
+def test_a_url_that_is_not_text_is_a_usage_error(url: object) -> None:
+    """Masking a password in the URL an error names must not fail on what is no text at all:
+    it raised AttributeError ('int' object has no attribute 'partition') instead."""
+    with pytest.raises(so.UsageError, match=r"must be http\(s\)://\.\.\., not"):
+        WebhookChannel([url], SECRET)  # type: ignore[list-item]

@@ -515,9 +515,12 @@ class WebhookChannel(Channel):
             self._client = None
 
 
-def _masked(url: str) -> str:
+def _masked(url: object) -> object:
     """`url` as logs and errors show it: a password in it (`user:password@host`, which httpx
-    sends as Basic auth) masked."""
+    sends as Basic auth) masked. What is not a string is shown as it is (the error naming it
+    says it is no URL)."""
+    if not isinstance(url, str):
+        return url
     scheme, sep, rest = url.partition("://")
     ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
     end = min(ends, default=len(rest))
