@@ -4,6 +4,7 @@ placeholders; output whose reader has gone ends the command quietly with status 
 from __future__ import annotations
 
 import io
+import os
 import re
 import subprocess
 import sys
@@ -144,6 +145,26 @@ def test_a_closed_output_pipe_ends_the_command_quietly_with_141(tmp_path: Path) 
         err = proc.stderr.read()
         assert proc.wait(timeout=60) == 141, err
     assert err == b"", err
+
+
+@pytest.mark.parametrize("args", [["--version"], ["--help"], ["pending", "--help"], []])
+def test_help_and_version_to_a_closed_pipe_are_status_141_too(args: list[str]) -> None:
+    """Help (written by Rich, which exits 1 on a broken pipe) and `--version` (written before any
+    command runs) ended with status 1, as for an error, when their reader had gone."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before a byte is written
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "signoff", *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            cwd=ROOT,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert done.returncode == 141, done.stderr
+    assert done.stderr == b"", done.stderr
 
 
 def test_rich_output_to_a_closed_pipe_is_status_141_too(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,6 +59,26 @@ def test_past_the_overall_bound_every_client_that_failed_is_held() -> None:
     assert failures.retry_after("10.0.0.9") is None
 
 
+def test_a_clock_set_back_holds_no_one_past_a_window() -> None:
+    """The runtime's clock is a wall clock: stepped back an hour, it held a client that failed
+    (and kept the overall count growing) for that hour plus the window. Set back by less than
+    a window it keeps the window; by more, the window is over."""
+    clock = Clock()
+    failures = Failures(clock, per_client=2, overall=3, window=60)
+    failures.failed("a")
+    failures.failed("a")
+    clock.now -= 30
+    assert failures.retry_after("a") == 60  # a small step back keeps the hold (capped hint)
+    clock.now -= 3600
+    assert failures.retry_after("a") is None
+    failures.failed("a")
+    failures.failed("b")
+    assert failures.retry_after("a") is None  # a fresh window: one failure so far
+    assert failures.retry_after("b") is None  # the overall count restarted with it
+    failures.failed("a")
+    assert failures.retry_after("a") == 60
+
+
 def test_the_clients_remembered_are_bounded() -> None:
     clock = Clock()
     failures = Failures(clock, per_client=1, overall=10**9, window=60, max_clients=100)
@@ -80,6 +100,14 @@ def test_the_clients_remembered_are_bounded() -> None:
         ("2001:db8:1:2:bbbb::7", "2001:db8:1:2::/64"),  # one host's /64 is one client
         ("::ffff:203.0.113.9", "203.0.113.9"),
         ("testclient", "testclient"),
+        # as a proxy may forward it (uvicorn before 0.30 hands it on as is): the port is no
+        # part of the client, else each connection would be a client of its own
+        ("203.0.113.9:51234", "203.0.113.9"),
+        ("[2001:db8:1:2:aaaa::1]:443", "2001:db8:1:2::/64"),
+        ("[2001:db8:1:2:bbbb::7]", "2001:db8:1:2::/64"),
+        ("[::ffff:203.0.113.9]:80", "203.0.113.9"),
+        ("host.example:80", "host.example:80"),  # no address: counted as it is
+        ("[2001:db8::1]:x", "[2001:db8::1]:x"),
     ],
 )
 def test_clients_are_counted_by_address(host: str, key: str) -> None:

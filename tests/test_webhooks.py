@@ -1241,3 +1241,29 @@ async def test_a_new_channel_starts_from_now_unless_it_backfills_the_open_reques
         assert opened() == [older[0].id, older[1].id, fresh.id, during[0].id, later.id]
     with pytest.raises(so.UsageError, match="backfill must be True or False"):
         WebhookChannel("https://example.com/hook", SECRET, backfill="yes")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("url", [123, None, b"http://example.com/hook"])
+def test_a_url_that_is_not_text_is_a_usage_error(url: object) -> None:
+    """Masking a password in the URL an error names must not fail on what is no text at all:
+    it raised AttributeError ('int' object has no attribute 'partition') instead."""
+    with pytest.raises(so.UsageError, match=r"must be http\(s\)://\.\.\., not"):
+        WebhookChannel([url], SECRET)  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://hook:s3cr3t#pw@example.com/x",
+        "http://hook:s3cr3t/pw@example.com/x",
+        "http://hook:s3cr3t?pw@example.com/x",
+    ],
+)
+def test_a_password_that_breaks_the_url_is_not_shown_in_the_error(url: str) -> None:
+    """A password with `#`, `/` or `?` not percent-encoded ends the host part where the mask
+    looked for it: the error showed the URL whole, and httpx's message ('Invalid port: ...')
+    quoted the password's start."""
+    with pytest.raises(so.UsageError, match="not a usable webhook URL") as refused:
+        WebhookChannel(url, SECRET)
+    assert "s3cr3t" not in str(refused.value) and "pw" not in str(refused.value)
+    assert "hook:***@example.com/x" in str(refused.value)

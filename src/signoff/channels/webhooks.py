@@ -211,7 +211,7 @@ class WebhookChannel(Channel):
                 parsed = httpx.URL(url)
                 host, port = parsed.host, parsed.port  # .host decodes IDNA
             except (httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
-                raise UsageError(f"not a usable webhook URL: {_masked(url)!r} ({exc})") from None
+                raise UsageError(f"not a usable webhook URL: {_unusable(url, exc)}") from None
             if not host:
                 raise UsageError(f"the webhook URL {_masked(url)!r} names no host")
             if port is not None and not 0 < port < 65536:  # else each send raises
@@ -515,9 +515,12 @@ class WebhookChannel(Channel):
             self._client = None
 
 
-def _masked(url: str) -> str:
+def _masked(url: object) -> object:
     """`url` as logs and errors show it: a password in it (`user:password@host`, which httpx
-    sends as Basic auth) masked."""
+    sends as Basic auth) masked. What is not a string is shown as it is (the error naming it
+    says it is no URL)."""
+    if not isinstance(url, str):
+        return url
     scheme, sep, rest = url.partition("://")
     ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
     end = min(ends, default=len(rest))
@@ -525,6 +528,20 @@ def _masked(url: str) -> str:
     if not sep or not at or ":" not in userinfo:
         return url
     return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}{rest[end:]}"
+
+
+def _unusable(url: str, exc: Exception) -> str:
+    """What the error about a URL httpx cannot read shows. A password holding `/`, `?` or `#`
+    (not percent-encoded) ends the URL's host part early, where `_masked` looks for it: then
+    all before the last `@` is masked, and the parser's message, which may quote part of the
+    password, is left out."""
+    scheme, _, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if at and ":" in userinfo and _masked(url) == url:
+        user = userinfo.partition(":")[0]
+        shown = f"{scheme}://{user}:***@{host}"
+        return f"{shown!r} (is a password in it not percent-encoded?)"
+    return f"{_masked(url)!r} ({exc})"
 
 
 def _httpx() -> Any:

@@ -194,7 +194,10 @@ def _version(value: bool) -> None:
     if value:
         from .. import __version__
 
-        typer.echo(f"signoff {__version__}")
+        try:
+            typer.echo(f"signoff {__version__}")
+        except BrokenPipeError:  # before any command runs: `Group.invoke` is not there yet
+            closed_pipe()
         raise typer.Exit()
 
 

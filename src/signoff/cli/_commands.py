@@ -8,6 +8,7 @@ import inspect
 import io
 import os
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 import typer
@@ -33,9 +34,23 @@ def _plain(params: list[_click.Parameter]) -> None:
             param.__class__ = _Argument
 
 
+def _help(show: Callable[[], None]) -> None:
+    """Show a command's help, ending as `closed_pipe` says when its reader has gone: Rich, which
+    Typer writes help with, exits with status 1 then, as for an error."""
+    try:
+        show()
+    except SystemExit as exc:
+        if exc.code == 1:  # Rich's `Console.on_broken_pipe`, the one way its print exits
+            closed_pipe()
+        raise
+
+
 class Command(TyperCommand):
     """A command whose usage line names a required argument bare and an optional one in
     brackets (Typer writes `{REQUEST_ID}`), with no `<str>` or `<bool>` in its help."""
+
+    def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        _help(lambda: super(Command, self).format_help(ctx, formatter))
 
     def get_params(self, ctx: _click.Context) -> list[_click.Parameter]:
         params = super().get_params(ctx)
@@ -62,6 +77,9 @@ class Group(TyperGroup):
         params = super().get_params(ctx)
         _plain(params)
         return params
+
+    def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        _help(lambda: super(Group, self).format_help(ctx, formatter))
 
     def invoke(self, ctx: _click.Context) -> Any:
         try:

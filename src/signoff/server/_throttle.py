@@ -48,7 +48,7 @@ def client_of(request: HTTPConnection) -> str:
     commonly holds a whole /64); `""` when the server does not know it."""
     host = request.client.host if request.client is not None else ""
     try:
-        address = ipaddress.ip_address(host)
+        address = ipaddress.ip_address(_without_port(host))
     except ValueError:
         return host
     if isinstance(address, ipaddress.IPv6Address):
@@ -56,6 +56,21 @@ def client_of(request: HTTPConnection) -> str:
             return str(address.ipv4_mapped)
         return str(ipaddress.ip_network(f"{address}/64", strict=False))
     return str(address)
+
+
+def _without_port(host: str) -> str:
+    """The address in a client's host as a proxy may forward it: `1.2.3.4:5678` and
+    `[2001:db8::1]:443` (what some proxies put in `X-Forwarded-For`, which servers before
+    uvicorn 0.30 hand on as is) would otherwise count each connection's port as a client."""
+    if host.startswith("["):
+        inside, bracket, rest = host[1:].partition("]")
+        if bracket and (not rest or (rest[0] == ":" and rest[1:].isdigit())):
+            return inside
+        return host
+    name, colon, port = host.rpartition(":")
+    if colon and "." in name and ":" not in name and port.isdigit():
+        return name
+    return host
 
 
 def too_many(wait: int) -> ApiError:
@@ -114,8 +129,10 @@ class Failures:
         self._clients[client] = (now, 1)
 
     def _current(self, start: float, now: float) -> bool:
-        """Whether a window that began at `start` still runs (a clock set back keeps it)."""
-        return now - start < self.window
+        """Whether a window that began at `start` still runs. The clock is the runtime's, a
+        wall clock: set back by less than a window it keeps the window, by more it ends it (a
+        clock stepped back an hour held a client, and the overall count, for that hour)."""
+        return -self.window < now - start < self.window
 
     def _forget(self, now: float) -> None:
         """Make room: drop the lapsed windows, else the oldest one. Windows are kept in the
