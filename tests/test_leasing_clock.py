@@ -8,7 +8,10 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 import signoff as so
+from signoff import _leasing as leasing
 
 ORDER = {"order_id": "1042", "amount": 180.0}
 
@@ -49,6 +52,43 @@ async def test_a_wall_clock_stepped_after_opening_takes_no_live_lease_over(
         try:
             await asyncio.wait({taking}, timeout=5)
             assert runs == [f"{sid}:1:call_refund"]  # not run again by `stepped`
+            assert taking.done() and taking.result().status == "running"  # busy elsewhere
+        finally:
+            release.set()
+            done = await asyncio.wait_for(drive, 10)
+            await asyncio.wait_for(taking, 10)
+        assert done.status == "completed"
+    assert runs == [f"{sid}:1:call_refund"]
+
+
+async def test_a_machine_resumed_from_suspend_times_its_leases_by_the_time_that_passed(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A suspend (a laptop's lid closed, a guest suspended) stops `time.monotonic()` on Linux and
+    macOS while the database's clock, and every other machine's, goes on. Were leases reckoned
+    from it, the resumed process would time them an hour behind: the lease it renews would be
+    lapsed for every other process, which would take it over and run the call again. Here the
+    monotonic clock of one process lagging by an hour after it opened stands in for the suspend:
+    the lease it holds is still seen live by the other, and the call runs once."""
+    runs: list[str] = []
+    release = asyncio.Event()
+    agent = _agent(runs, release)
+    other = so.Runtime([agent], store=pg_store_url, lease_ttl=0.6, lease_wait=0.3)
+    await other.open()  # its clocks did not stop
+    real = time.monotonic
+    lag = [0.0]
+    monkeypatch.setattr(leasing, "_MONOTONIC", lambda: real() - lag[0], raising=False)
+    async with so.Runtime([agent], store=pg_store_url, lease_ttl=0.6) as resumed, other:
+        sid = await resumed.create_session("support")
+        drive = asyncio.create_task(resumed.generate("support", "Refund", session_id=sid))
+        while not runs:
+            await asyncio.sleep(0.01)
+        lag[0] = 3600.0  # resumed: its monotonic clock missed the hour it slept
+        await asyncio.sleep(1.0)  # renewals, and more than a TTL
+        taking = asyncio.create_task(other.generate(session_id=sid))
+        try:
+            await asyncio.wait({taking}, timeout=5)
+            assert runs == [f"{sid}:1:call_refund"]  # not run again by `other`
             assert taking.done() and taking.result().status == "running"  # busy elsewhere
         finally:
             release.set()
