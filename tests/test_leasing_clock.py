@@ -8,12 +8,15 @@ is used as it is, for all of them alike."""
 from __future__ import annotations
 
 import asyncio
+import functools
+import sys
 import time
 from typing import Any
 
 import pytest
 
 import signoff as so
+from signoff import _leasing as leasing
 from signoff.testing import ManualClock
 
 from .test_workers import is_, refund_agent, until, working
@@ -148,3 +151,63 @@ async def test_a_given_clock_times_claims_as_it_times_ttls(store_url: str) -> No
             await until(lambda: is_(worker, r.session_id, "completed"))
         assert runs == [f"{r.session_id}:1:call_refund"]
         assert front.now() == worker.now() == clock.now
+
+
+class _Suspended:
+    """The `time` module as a process resumed from a suspend sees it: `monotonic()` missed the
+    time the machine slept (Linux, macOS), everything else is the real module's."""
+
+    def __init__(self) -> None:
+        self.lag = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+    def monotonic(self) -> float:
+        return time.monotonic() - self.lag
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="CLOCK_BOOTTIME is Linux's")
+def test_leases_are_timed_by_a_clock_that_counts_a_suspend() -> None:
+    """On Linux the lease clock is CLOCK_BOOTTIME, which goes on while the machine sleeps
+    (`time.monotonic()` is CLOCK_MONOTONIC, which stops)."""
+    clock = leasing._AWAKE
+    assert isinstance(clock, functools.partial)
+    assert clock.func is time.clock_gettime and clock.args == (time.CLOCK_BOOTTIME,)
+    assert abs(clock() - time.clock_gettime(time.CLOCK_BOOTTIME)) < 0.5
+
+
+async def test_a_machine_resumed_from_suspend_times_its_leases_by_the_time_that_passed(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A suspend (a laptop's lid closed, a guest suspended) stops `time.monotonic()` on Linux and
+    macOS while the database's clock, and every other machine's, goes on. Were leases reckoned
+    from it, the resumed process would time them an hour behind: the lease it renews would be
+    lapsed for every other process, which would take it over and run the call again. Here the
+    monotonic clock of one process lagging by an hour after it opened stands in for the suspend:
+    the lease it holds is still seen live by the other, and the call runs once."""
+    runs: list[str] = []
+    release = asyncio.Event()
+    agent = _agent(runs, release)
+    other = so.Runtime([agent], store=pg_store_url, lease_ttl=0.6, lease_wait=0.3)
+    await other.open()  # its clocks did not stop
+    suspended = _Suspended()
+    monkeypatch.setattr(leasing, "time", suspended)
+    async with so.Runtime([agent], store=pg_store_url, lease_ttl=0.6) as resumed, other:
+        sid = await resumed.create_session("support")
+        drive = asyncio.create_task(resumed.generate("support", "Refund", session_id=sid))
+        while not runs:
+            await asyncio.sleep(0.01)
+        suspended.lag = 3600.0  # resumed: its monotonic clock missed the hour it slept
+        await asyncio.sleep(1.0)  # renewals, and more than a TTL
+        taking = asyncio.create_task(other.generate(session_id=sid))
+        try:
+            await asyncio.wait({taking}, timeout=5)
+            assert runs == [f"{sid}:1:call_refund"]  # not run again by `other`
+            assert taking.done() and taking.result().status == "running"  # busy elsewhere
+        finally:
+            release.set()
+            done = await asyncio.wait_for(drive, 10)
+            await asyncio.wait_for(taking, 10)
+        assert done.status == "completed"
+    assert runs == [f"{sid}:1:call_refund"]

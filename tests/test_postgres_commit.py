@@ -366,9 +366,9 @@ async def test_a_guessed_commit_is_one_statement_between_begin_and_commit(
     pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With its state known, a commit sends BEGIN, one statement and COMMIT, all in one
-    pipeline that waits once, when it ends; without it, it reads the state first (two more
-    statements sent together, the session row locked and the row naming the turn at its head,
-    and one wait for their answers). Creating a session is one statement alone."""
+    pipeline that waits once, when it ends; without it, it reads the state first (one more
+    statement, unlocked: the session row and the row naming the turn at its head, and one wait
+    for its answer). Creating a session is one statement alone."""
     sent: list[str] = []
     real = psycopg.AsyncConnection.execute
     real_fetch = psycopg.AsyncCursor._fetch_pipeline
@@ -404,7 +404,7 @@ async def test_a_guessed_commit_is_one_statement_between_begin_and_commit(
     sent.clear()
     pg._state.clear()
     await pg.commit(Commit(session_id=sid, expected_seq=4, events=[ev(sid, 5)], lease_token=token))
-    assert sent == ["BEGIN", "SELECT", "SELECT", "(wait)", "WITH", "COMMIT"]
+    assert sent == ["BEGIN", "SELECT", "(wait)", "WITH", "COMMIT"]
     assert await chain_problems(pg, sid) == []
 
 

@@ -5,12 +5,17 @@ for half the store's `operation_timeout`, so the session's other writers go on."
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from typing import Any
 
 import psycopg
+import pytest
 
 import signoff as so
+from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
+from signoff.stores.postgres._sql import event_rows
 
 
 async def test_a_transaction_left_open_by_a_frozen_process_does_not_block_the_session(
@@ -47,3 +52,116 @@ async def test_a_transaction_left_open_by_a_frozen_process_does_not_block_the_se
                     raise AssertionError("the idle transaction was not ended")
         finally:
             await frozen.close()
+
+
+async def test_a_commit_frozen_between_its_statements_does_not_block_the_session(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """signoff's own commits run pipelined: a process frozen inside one waits for no answer, so
+    the server sees it active, not idle in a transaction, and no timeout of its ends it. A
+    commit that must read the session first (this process had no guess of its head) is frozen
+    after that read: it holds no lock there, so an answer on the session goes through at once,
+    and the frozen commit, resumed, finds the head moved and writes nothing."""
+    url = f"{pg_store_url}?operation_timeout=2"
+    agent = so.Agent(
+        name="support",
+        model=so.models.Scripted([so.ModelResponse(text="Hello.")], repeat_last=True),
+    )
+    frozen_thread: list[threading.Thread] = []
+    read = threading.Event()
+
+    def freezing(*args: Any) -> Any:
+        if threading.current_thread() in frozen_thread:
+            read.set()
+            time.sleep(3)  # the whole process stops, its event loop with it
+        return event_rows(*args)
+
+    monkeypatch.setattr("signoff.stores.postgres._store.event_rows", freezing)
+    outcome: list[BaseException | None] = []
+
+    async def commit_frozen(sid: str, head: int) -> None:
+        store = PostgresStore(url)
+        await store.open()
+        try:
+            event = so.Event(
+                session_id=sid, seq=head + 1, type="session.waiting", at=time.time(), data={}
+            )
+            await store.commit(Commit(session_id=sid, expected_seq=head, events=[event]))
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+        finally:
+            await store.close()
+
+    async with so.Runtime([agent], store=url) as rt:
+        sid = await rt.create_session("support")
+        head = await rt.store.head(sid)
+        assert head is not None
+        thread = threading.Thread(target=asyncio.run, args=(commit_frozen(sid, head),))
+        frozen_thread.append(thread)
+        thread.start()
+        try:
+            assert await asyncio.to_thread(read.wait, 5)
+            started = time.monotonic()
+            result = await asyncio.wait_for(rt.generate(session_id=sid, prompt="Hi"), 10)
+            assert result.status == "completed"
+            assert time.monotonic() - started < 1.5  # not held until its own deadline
+        finally:
+            await asyncio.to_thread(thread.join, 10)
+        assert len(outcome) == 1 and isinstance(outcome[0], so.AppendConflict)
+        after = await rt.store.read_events(sid, after=head)
+        assert [e.type for e in after][:1] == ["turn.started"]  # the answer's, not the frozen one
+
+
+async def test_a_claim_frozen_before_its_commit_does_not_block_the_session(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's claim locks the sessions it leases: a worker frozen before it reads the claim's
+    answer must already have committed, so a write on a session it claimed (a message, an
+    answer) goes through at once rather than waiting for the worker to resume."""
+    url = f"{pg_store_url}?operation_timeout=2"
+    agent = so.Agent(
+        name="support",
+        model=so.models.Scripted([so.ModelResponse(text="Hello.")], repeat_last=True),
+    )
+    frozen_thread: list[threading.Thread] = []
+    answered = threading.Event()
+    real_fetchall = psycopg.AsyncCursor.fetchall
+
+    async def freezing(self: psycopg.AsyncCursor[Any]) -> Any:
+        rows = await real_fetchall(self)
+        if threading.current_thread() in frozen_thread:
+            answered.set()
+            time.sleep(3)  # the whole process stops, its event loop with it
+        return rows
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "fetchall", freezing)
+    claimed: list[list[tuple[str, int]]] = []
+
+    async def claim_frozen() -> None:
+        store = PostgresStore(url)
+        await store.open()
+        try:
+            claimed.append(await store.claim("frozen-worker", 30.0, time.time(), 1))
+        finally:
+            await store.close()
+
+    async with so.Runtime([agent], store=url, inline=False) as rt:
+        sid = (await rt.generate("support", "Hi")).session_id  # running, for a worker
+        head = await rt.store.head(sid)
+        assert head is not None
+        thread = threading.Thread(target=asyncio.run, args=(claim_frozen(),))
+        frozen_thread.append(thread)
+        thread.start()
+        try:
+            assert await asyncio.to_thread(answered.wait, 5)
+            started = time.monotonic()
+            event = so.Event(
+                session_id=sid, seq=head + 1, type="session.waiting", at=time.time(), data={}
+            )
+            await rt.store.commit(Commit(session_id=sid, expected_seq=head, events=[event]))
+            assert time.monotonic() - started < 1.5  # not held until the worker resumes
+        finally:
+            await asyncio.to_thread(thread.join, 10)
+        assert [s for s, _ in claimed[0]] == [sid]

@@ -352,3 +352,43 @@ def test_agents_or_a_store_of_the_wrong_kind_are_refused_when_the_runtime_is_mad
         with pytest.raises(so.UsageError, match=r"^store must be a URL \(sqlite:///path"):
             so.Runtime([agent], store=store)  # type: ignore[arg-type]
     assert not (tmp_path / "state.db").exists()
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+async def test_a_message_queued_by_another_process_around_the_commit_that_ends_a_drive_is_run(
+    store_url: str, when: str
+) -> None:
+    """A drive whose last commit gives its lease back returns its own state without reading the
+    store again. A message another process queues on the running turn just before that commit
+    makes the commit meet a newer head, so the drive reads it and runs the message's turn; one
+    sent just after finds the turn ended and the lease free, and its sender runs it. Either way
+    nothing is left waiting in the queue."""
+    alice = so.Principal(authenticator="okta", principal_id="alice")
+    bob = so.Principal(authenticator="okta", principal_id="bob")
+    model = so.models.Scripted([so.ModelResponse(text="Done.")], repeat_last=True)
+    agent = so.Agent(name="support", model=model)
+    async with (
+        so.Runtime([agent], store=store_url) as first,
+        so.Runtime([agent], store=store_url) as second,
+    ):
+        sid = await first.create_session("support")
+        commit = first.store.commit
+        sent: list[so.GenerateResult] = []
+
+        async def last_commit_raced(c: Any) -> None:
+            ending = c.release_lease and not sent
+            if ending and when == "before":
+                sent.append(await second.send(sid, "And the invoice?", principal=bob))
+            await commit(c)
+            if ending and when == "after":
+                sent.append(await second.send(sid, "And the invoice?", principal=bob))
+
+        first.store.commit = last_commit_raced  # type: ignore[method-assign,assignment]
+        result = await first.generate(session_id=sid, prompt="Refund 1042", auth=alice)
+        assert len(sent) == 1
+        assert sent[0].queued is (when == "before")  # it waited for alice's turn to end
+        state = await second.state(sid)
+        assert state.queued == [] and state.turn is not None
+        assert state.turn.status == "completed"
+        assert state.turn.principal == bob  # bob's message had its turn
+        assert result.status == "completed"

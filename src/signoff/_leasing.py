@@ -9,9 +9,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from ._exceptions import LeaseLost, StoreError
@@ -22,7 +24,21 @@ __all__ = ["LEASE_TTL_MAX", "LEASE_TTL_MIN", "Held", "Leasing"]
 log = logging.getLogger("signoff.runtime")
 
 _WALL = time.time
-_MONOTONIC = time.monotonic
+
+
+def _awake_clock() -> Callable[[], float]:
+    """A clock that never steps, yet counts the time the machine was suspended: leases went on
+    lapsing meanwhile. `time.monotonic()` stops during a suspend on Linux and macOS, so a process
+    resumed after an hour would time its leases an hour behind the database's clock: the ones it
+    holds would be lapsed for every other process while it runs their calls."""
+    if sys.platform == "linux":
+        return partial(time.clock_gettime, time.CLOCK_BOOTTIME)
+    if sys.platform == "darwin":  # macOS's CLOCK_MONOTONIC counts sleep; its monotonic() not
+        return partial(time.clock_gettime, time.CLOCK_MONOTONIC)
+    return time.monotonic
+
+
+_AWAKE = _awake_clock()
 
 LEASE_TTL_MIN = 0.1
 """The shortest lease TTL, in seconds. A drive renews its lease every third of the TTL and gives
@@ -42,13 +58,13 @@ class Held:
     tool body or model call running under it (`body`) is cancelled, and the drive records nothing
     more (a model's response could not be recorded: waiting for it only costs)."""
 
-    at: float  # when it was last known live (`time.monotonic()`)
+    at: float  # when it was last known live (`_AWAKE()`)
     expires: float  # when it lapses unless renewed, by the lease clock (`Leasing.now`)
     lost: bool = False
     body: asyncio.Future[Any] | None = None  # the tool body or model call running, if any
 
     def renewed(self, asked_at: float, expires: float) -> None:
-        """A renewal asked at `asked_at` (`time.monotonic()`) got through: the lease is known
+        """A renewal asked at `asked_at` (`_AWAKE()`) got through: the lease is known
         live from then, not from its slow answer, and its expiry never moves earlier."""
         self.at = max(self.at, asked_at)
         self.expires = max(self.expires, expires)
@@ -67,7 +83,7 @@ class Leasing:
     lease_ttl: float
     lease_wait: float
     _lease_offset: float  # the store's clock minus `_lease_base`'s: see `now`
-    # The clock the store's is reckoned from (the monotonic clock), or None to read `clock` as
+    # The clock the store's is reckoned from (`_AWAKE`), or None to read `clock` as
     # it is: on SQLite, or a clock given to the runtime.
     _lease_base: Callable[[], float] | None
     # Leases of ended drives the store refused to release: given back by the next drive here.
@@ -93,13 +109,14 @@ class Leasing:
         # test's) is taken as the shared one: every process using the store is given it too.
         if server_time is None or (self.clock is not _WALL and self._lease_base is None):
             return
-        # Reckoned from the monotonic clock, not the wall clock, which may be minutes off the
-        # database's or stepped meanwhile (NTP, a virtual machine resumed): a lease another
-        # process holds would look lapsed, sessions and requests expire early or late.
-        before = _MONOTONIC()
+        # Reckoned from a clock that never steps, not the wall clock, which may be minutes off
+        # the database's or stepped meanwhile (NTP, a virtual machine resumed): a lease another
+        # process holds would look lapsed, sessions and requests expire early or late. It counts
+        # a suspend (`_AWAKE`).
+        before = _AWAKE()
         theirs = await server_time()
-        self._lease_offset = theirs - (before + _MONOTONIC()) / 2
-        self._lease_base = _MONOTONIC
+        self._lease_offset = theirs - (before + _AWAKE()) / 2
+        self._lease_base = _AWAKE
 
     async def _release(self, session_id: str, owner: str, token: int) -> None:
         """Give a drive's lease back; one the store refuses is kept for the next try."""
@@ -146,7 +163,7 @@ class Leasing:
             expires = known[1]
         else:  # not confirmed here (`_still_held`): granted at most a third of the TTL ago
             expires = self.now() + self.lease_ttl * 2 / 3
-        return Held(time.monotonic(), expires)
+        return Held(_AWAKE(), expires)
 
     async def _confirm(self, session_id: str, owner: str, token: int, held: Held) -> None:
         """Before a tool body runs: a lease not known live for half its TTL (this process
@@ -154,9 +171,9 @@ class Leasing:
         not run a call that the worker which took over may have run already."""
         if held.lost:
             raise LeaseLost(f"lease {token} on session {session_id!r} was lost")
-        if time.monotonic() - held.at < self.lease_ttl / 2:
+        if _AWAKE() - held.at < self.lease_ttl / 2:
             return
-        now, asked_at = self.now(), time.monotonic()
+        now, asked_at = self.now(), _AWAKE()
         if not await self.store.renew_lease(session_id, owner, token, self.lease_ttl, now):
             held.lose()
             raise LeaseLost(f"lease {token} on session {session_id!r} was taken over")
@@ -178,7 +195,7 @@ class Leasing:
         pause = self.lease_ttl / 3
         failing = False  # the last renewal did not get through: the deadline below holds
         renewal: asyncio.Future[bool] | None = None
-        asked = asked_at = 0.0  # the lease clock's (and monotonic) time `renewal` renews from
+        asked = asked_at = 0.0  # the lease clock's (and `_AWAKE`'s) time `renewal` renews from
         try:
             while go_on.is_set():
                 await asyncio.sleep(pause)
@@ -192,7 +209,7 @@ class Leasing:
                     self._lapsing(session_id, token, "no renewal got through in time", held)
                     return
                 if renewal is None or renewal.done():
-                    asked, asked_at = now, time.monotonic()
+                    asked, asked_at = now, _AWAKE()
                     renewal = asyncio.ensure_future(
                         self.store.renew_lease(session_id, owner, token, self.lease_ttl, now)
                     )

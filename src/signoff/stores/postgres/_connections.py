@@ -392,8 +392,8 @@ async def _configure(conn: Conn, operation_timeout: float) -> None:
     A transaction left idle for half `operation_timeout` is ended by the server: its process
     froze between two of its statements (SIGSTOP, a paused virtual machine), and its row locks
     would block every other writer of the session for as long (its kernel still answers, so no
-    TCP setting notices). Resumed, its call finds its connection lost and goes on as after any
-    other loss (a COMMIT unanswered is checked). No call of signoff's runs that long."""
+    TCP setting notices). A pipelined one waiting for its client is not idle to the server and
+    is not ended: the writes to sessions take no lock before they wait (`commit`, `claim`)."""
     idle = min(max(int(operation_timeout * 500), 1), 2**31 - 1)  # milliseconds, a C int
     await conn.execute(
         "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3; "

@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
+from psycopg.rows import TupleRow
+
 from ..._exceptions import UnknownSession
 from ._connections import Conn, Connections, storable
 from ._sql import named_turn
@@ -47,11 +50,13 @@ class Leases(Connections):
             return []
         only = "" if agents is None else "AND s.agent = ANY(%s) "
 
-        async def body(conn: Conn) -> list[tuple[str, int, tuple[Any, ...]]]:
+        async def body(conn: Conn) -> psycopg.AsyncCursor[TupleRow]:
             # The session rows stay locked to the statement's end, and a row lock reads a row's
             # newest version: the heads answered are those the leases were granted at. (The
             # turn is read as of the statement's start: a guess, which the commit checks.)
-            cur = await conn.execute(
+            # Its answer is read once COMMIT is sent with it: a worker frozen before reading it
+            # (SIGSTOP, a paused VM) holds no lock; waiting for it is not idle to the server.
+            return await conn.execute(
                 f"WITH c AS (SELECT s.sk, s.id, s.head, s.audit_n, s.audit_hash, s.updated_at "
                 f"FROM {s}.sessions s "
                 f"LEFT JOIN {s}.leases l ON l.sk = s.sk "
@@ -73,7 +78,6 @@ class Leases(Connections):
                 (now, now, *([] if agents is None else [list(agents)]))
                 + (limit, owner, now + ttl, now),
             )
-            return [(str(row[0]), int(row[1]), row[2:]) for row in await cur.fetchall()]
 
         found: list[tuple[str, int]] = []
 
@@ -83,9 +87,10 @@ class Leases(Connections):
             found[:] = await self._leased_until(owner, now + ttl)
             return bool(found)
 
-        claimed = await self._write(body, "claiming runnable sessions", committed=committed)
-        if claimed is None:  # committed, its acknowledgement lost: no heads (drives read them)
+        cur = await self._write(body, "claiming runnable sessions", committed=committed)
+        if cur is None:  # committed, its acknowledgement lost: no heads (drives read them)
             return found
+        claimed = [(str(row[0]), int(row[1]), row[2:]) for row in await cur.fetchall()]
         for session_id, token, row in claimed:
             self._granted[session_id] = (token, self._moved(session_id, row))
         return [(session_id, token) for session_id, token, _ in claimed]

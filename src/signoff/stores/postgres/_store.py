@@ -161,16 +161,14 @@ class PostgresStore(Reads, Leases):
                 raise UnknownSession(sid)
             state = guess
             if state is None or state.head != commit.expected_seq:
+                # Read unlocked, in one statement (so the turn named is the one at the head it
+                # read): this waits for the answer, and a process frozen meanwhile must hold no
+                # lock (the server sees it active, not idle in a transaction, and no timeout of
+                # its ends it). The statement below checks all of it, locked.
                 cur = await conn.execute(
-                    f"SELECT sk, head, audit_n, audit_hash FROM {s}.sessions "
-                    "WHERE id=%s FOR UPDATE",
-                    (sid,),
-                )
-                # Sent with it, and run once it holds the lock, so it sees every event up to the
-                # head it locked: the row naming the turn at that head.
-                at_head = await conn.execute(
-                    f"SELECT t.seq, t.turn FROM {s}.sessions x, "
-                    f"LATERAL ({named_turn(s, 'x.sk', 'x.head')}) t WHERE x.id=%s",
+                    f"SELECT x.sk, x.head, x.audit_n, x.audit_hash, t.seq, t.turn "
+                    f"FROM {s}.sessions x LEFT JOIN LATERAL "
+                    f"({named_turn(s, 'x.sk', 'x.head')}) t ON true WHERE x.id=%s",
                     (sid,),
                 )
                 found = await cur.fetchone()
@@ -183,13 +181,12 @@ class PostgresStore(Reads, Leases):
                     raise AppendConflict(
                         f"session {sid!r} is at seq {head}, not {commit.expected_seq}"
                     )
-                turn = await at_head.fetchone()
                 state = Seen(
                     head,
                     int(found[2]),
                     None if found[3] is None else bytes(found[3]),
-                    None if turn is None else int(turn[0]),
-                    None if turn is None else turn[1],
+                    None if found[4] is None else int(found[4]),
+                    found[5],
                 )
             n, digest = state.audit_n, state.audit_hash
             rows: list[tuple[Any, ...]] = []
@@ -282,7 +279,7 @@ class PostgresStore(Reads, Leases):
                 raise AppendConflict(f"session {sid!r} is at seq {head}, not {commit.expected_seq}")
             if token is not None and (row[1] is None or int(row[1]) != token):
                 raise LeaseLost(f"lease {token} on session {sid!r} was taken over")
-            guess = None  # a stale guess of the chain head or the turn: read it, locked, again
+            guess = None  # a stale guess of the chain head or the turn: read it again
         else:
             raise StoreError(f"commit to session {sid!r}: its state kept changing")
         if written:
