@@ -197,3 +197,16 @@ def test_nothing_but_a_closed_pipe_is_status_141(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout) > 400_000
+
+
+@pytest.mark.parametrize(("path", "command"), ALL, ids=IDS)
+def test_the_usage_line_brackets_an_optional_argument_only(
+    path: tuple[str, ...], command: _click.Command
+) -> None:
+    pieces = usage(command, path).split()
+    for param in params(command):
+        if isinstance(param, TyperArgument):
+            name = param.display_name_raw
+            assert (name if param.required else f"[{name}]") in pieces, (name, pieces)
+    if path == ("approve",):
+        assert pieces[-2:] == ["REQUEST_ID", "[MODULE:RUNTIME]"]

@@ -6,17 +6,19 @@ rather than after libpq's `connect_timeout` each; nothing is written twice, nor 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
+from psycopg_pool import PoolTimeout
 
 import signoff as so
 from signoff._exceptions import StoreUnavailable
 from signoff.stores import Commit
 from signoff.stores.postgres import PostgresStore
-from signoff.stores.postgres._outage import PROBE_AFTER
+from signoff.stores.postgres._outage import PROBE_AFTER, Outage
 
 from ._pg_events import ev, new_session
 from ._relay import Relay
@@ -197,3 +199,118 @@ async def test_a_silent_network_fails_calls_within_the_grace_then_at_once(
         assert [e.seq for e in await direct.read_events(sid)] == [1]
     finally:
         await direct.close()
+
+
+class _Clocked(Outage):
+    """An outage record read by a clock the test sets, and a server that answers as told."""
+
+    def __init__(self, answers: list[BaseException | None]) -> None:
+        super().__init__(self._answer, "postgresql://db.example/app", grace=10)
+        self.t = 100.0
+        self.answers = answers
+        self.closed: list[object] = []
+        self.held = asyncio.Event()
+
+    def _now(self) -> float:
+        return self.t
+
+    async def _answer(self) -> Any:
+        answer = self.answers.pop(0)
+        if answer is not None:
+            raise answer
+        if not self.answers:  # the last answer: a connection
+            return SimpleNamespace(close=self._close)
+        await self.held.wait()  # a network that does not answer yet
+        raise psycopg.OperationalError("timeout expired")
+
+    async def _close(self) -> None:
+        self.closed.append(self)
+
+
+REFUSED = psycopg.OperationalError("connection failed: Connection refused")
+
+
+async def test_the_grace_runs_from_the_first_probe_that_found_the_server_down() -> None:
+    """Later probes that find it down keep the outage's start: calls fail at once when the
+    grace is over however often the server was asked meanwhile."""
+    outage = _Clocked([REFUSED, REFUSED])
+    assert outage.grace_left() == 10 and not outage.over_grace()  # no outage: the whole grace
+    assert await outage.probe() is None and outage.since == 100
+    outage.t = 109.5
+    assert await outage.probe() is None
+    assert outage.grace_left() == 0.5 and not outage.over_grace()
+    outage.t = 110
+    assert outage.over_grace() and outage.grace_left() == 0
+    assert "unavailable at postgresql://db.example/app for 10.0s" in str(outage.unavailable())
+
+
+async def test_a_server_that_answers_a_refusal_is_up_and_one_back_hands_over_its_connection() -> (
+    None
+):
+    password = psycopg.OperationalError("connection failed: FATAL:  password authentication")
+    outage = _Clocked([REFUSED, password])
+    await outage.probe()
+    assert outage.since == 100
+    await outage.probe()
+    assert outage.since is None  # it answered: not an outage, whatever it refused
+    back = _Clocked([REFUSED, None])
+    await back.probe()
+    conn = await back.probe()
+    assert conn is not None and back.since is None and back.closed == []  # for the caller
+    up = _Clocked([None])
+    assert await up.probe() is None and up.closed == [up]  # no outage: not kept
+
+
+async def test_a_probe_not_answered_yet_counts_as_down_since_it_was_asked() -> None:
+    outage = _Clocked([None, None])
+    outage.t = 100
+    assert await outage.probe(0) is None  # still waiting for an answer
+    outage.t = 111
+    assert outage.down_since() == 100 and outage.over_grace()
+    assert "a new connection was not answered" in str(outage.unavailable())
+    outage.held.set()
+    await outage.close()
+
+
+async def test_a_check_that_fails_other_than_by_a_connection_raises_to_its_caller() -> None:
+    outage = _Clocked([ValueError("a bad connection string")])
+    with pytest.raises(ValueError, match="a bad connection string"):
+        await outage.probe()
+    assert outage.since is None
+
+
+class _Pool:
+    """A pool as `borrow` sees it: `available` idle connections, or none to come."""
+
+    timeout = 30.0
+    max_size = 2
+
+    def __init__(self, available: int) -> None:
+        self.available = available
+
+    def get_stats(self) -> dict[str, int]:
+        return {"pool_available": self.available}
+
+    async def getconn(self, timeout: float | None = None) -> Any:
+        if self.available:
+            return "the pool's"
+        raise PoolTimeout("no connection came")
+
+    async def putconn(self, conn: Any) -> None:
+        raise AssertionError("nothing was borrowed")
+
+
+async def test_the_connection_a_check_found_the_server_back_on_goes_to_the_next_call() -> None:
+    """Not left open beside the pool's idle ones: the next call gets it."""
+    outage = _Clocked([REFUSED, None])
+    await outage.probe()
+    await outage._start_probe()  # a check no call waited for: back, its connection is kept
+    conn, pools = await outage.borrow(cast(Any, _Pool(1)), None)
+    assert not pools and conn is not None and outage.closed == []
+
+
+async def test_a_pool_that_gives_nothing_during_an_outage_is_unavailable_not_busy() -> None:
+    outage = _Clocked([REFUSED])
+    await outage.probe()
+    with pytest.raises(StoreUnavailable, match="PostgreSQL unavailable"):
+        await outage.borrow(cast(Any, _Pool(0)), None)

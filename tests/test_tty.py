@@ -10,6 +10,7 @@ import signal
 import sys
 import threading
 import time
+import tty
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -148,3 +149,40 @@ def test_a_signal_caught_while_waiting_reaches_the_wakeup_fd_it_replaced(
     assert os.read(read_end, 16) == bytes([signal.SIGUSR1])
     os.close(read_end)
     os.close(write_end)
+
+
+def test_a_half_character_before_ctrl_d_reads_as_a_replacement_character(
+    terminal: tuple[int, int],
+) -> None:
+    """The bytes of a character cut short by the end of input are not dropped silently."""
+    keyboard, screen = terminal
+    os.write(keyboard, b"caf\xc3\x04\x04")
+    assert read_terminal_line(screen) == "caf\ufffd"
+
+
+def test_the_wakeup_fd_in_place_before_is_put_back(terminal: tuple[int, int]) -> None:
+    """asyncio dispatches its signal handlers by the wakeup fd: after the read it is its own
+    again, not the closed pipe the read waited on."""
+    keyboard, screen = terminal
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    previous_fd = signal.set_wakeup_fd(write_end)
+    try:
+        os.write(keyboard, b"yes\n")
+        assert read_terminal_line(screen) == "yes"
+    finally:
+        assert signal.set_wakeup_fd(previous_fd) == write_end
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_a_terminal_that_hands_over_bytes_as_typed_is_read_one_line_at_a_time(
+    terminal: tuple[int, int],
+) -> None:
+    """Without line editing (ICANON off) the terminal hands over whatever is typed, lines
+    pasted at once too: the next line stays for the next read."""
+    keyboard, screen = terminal
+    tty.setcbreak(screen)
+    os.write(keyboard, b"first\nsecond\n")
+    assert read_terminal_line(screen) == "first"
+    assert read_terminal_line(screen) == "second"
