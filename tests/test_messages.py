@@ -242,6 +242,45 @@ async def test_a_message_that_loses_the_race_to_start_a_turn_steers_it(
         assert said == [("turn.started", "first"), ("turn.message", "second")]
 
 
+async def test_a_message_that_loses_the_race_after_an_earlier_turn_steers_the_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, on a session whose last turn completed: the turn started first is another than
+    the one the message saw end, so the message is delivered to it, not refused."""
+    agent = scripted_agent("sales", [reply("zero"), reply("one"), reply("two")])
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([agent], store=url) as rt:
+        sid = (await rt.generate("sales", prompt="zero", auth=ALICE)).session_id
+    async with (
+        so.Runtime([agent], store=url, inline=False) as first,
+        so.Runtime([agent], store=url, inline=False) as second,
+    ):
+        start_turn = so.Runtime._start_turn
+
+        async def racing(
+            rt: so.Runtime, session_id: str, prompt: str, auth: Any, **kw: Any
+        ) -> None:
+            if rt is second:  # the other message lands first, and a worker claims its turn
+                await first.send(sid, "first", principal=ALICE)
+                now = first._lease_now()
+                assert await first.store.acquire_lease(sid, "worker", 30.0, now) is not None
+            await start_turn(rt, session_id, prompt, auth, **kw)
+
+        monkeypatch.setattr(so.Runtime, "_start_turn", racing)
+        r = await second.send(sid, "second", principal=ALICE)
+        assert r.status == "running"
+        said = [
+            (e.type, e.data["message"])
+            async for e in second.events(sid, follow=False)
+            if e.type in ("turn.started", "turn.message")
+        ]
+        assert said == [
+            ("turn.started", "zero"),
+            ("turn.started", "first"),
+            ("turn.message", "second"),
+        ]
+
+
 async def test_a_message_for_a_question_answered_meanwhile_is_delivered(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -329,3 +368,23 @@ async def test_a_message_behind_a_failed_turns_queue_says_it_waits(tmp_path: Pat
         assert done.status == "completed" and done.text == "Hi." and not done.queued
         said = [m for m, _, _ in await started(rt, sid)]
         assert said == ["upgrade me", "bob here", "hello again"]
+
+
+async def test_a_message_behind_an_equal_one_says_it_waits(tmp_path: Path) -> None:
+    """The same words sent again while the first still waits, by its sender with another key
+    or by someone else: the second waits in the queue too, and says so."""
+    asks_again = call_tools(call("pick_plan", id="p2"))
+    async with sqlite_runtime(tmp_path, plan_agent(asks_again, reply("ok"))) as rt:
+        sid = await parked_with_bob_queued(rt)
+        await rt.send(sid, "same", principal=CAROL)
+        await rt.send(sid, "same", principal=BOB, idempotency_key="b-1")
+        await rt.cancel(sid)
+        r = await rt.send(sid, "same", principal=BOB, idempotency_key="b-2")
+        assert r.status == "waiting" and r.queued  # behind the turn "bob here" started
+        assert [m for m, _, _ in await started(rt, sid)] == ["upgrade me", "bob here"]
+        state = await rt._state(sid)
+        assert [(q["message"], q.get("idem") is not None) for q in state.queued] == [
+            ("same", False),
+            ("same", True),
+            ("same", True),
+        ]
