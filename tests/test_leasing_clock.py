@@ -211,3 +211,22 @@ async def test_a_machine_resumed_from_suspend_times_its_leases_by_the_time_that_
             await asyncio.wait_for(taking, 10)
         assert done.status == "completed"
     assert runs == [f"{sid}:1:call_refund"]
+
+
+async def test_the_database_clock_is_read_at_the_middle_of_the_round_trip(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database's answer is taken as its time halfway through the query, so a slow round
+    trip puts this process's reckoning off by half of it at most, not all of it."""
+    monotonic = [100.0]
+    monkeypatch.setattr(leasing, "_AWAKE", lambda: monotonic[0])
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+
+    async def server_time() -> float:
+        monotonic[0] += 2  # the query takes two seconds
+        return 5000.0
+
+    monkeypatch.setattr(rt, "store", type("Timed", (), {"server_time": staticmethod(server_time)}))
+    await rt._sync_lease_clock()
+    monotonic[0] = 101.0  # halfway through the query: when the database read its clock
+    assert rt.now() == 5000.0
