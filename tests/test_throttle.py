@@ -169,16 +169,6 @@ def test_guessing_by_form_and_by_bearer_token_is_bounded_per_address(tmp_path: P
         assert _form_sign_in(c, "alice-token").status_code == 303
 
 
-def test_a_clock_set_back_holds_a_client_no_longer_than_a_window() -> None:
-    """`Retry-After` never exceeds the window, even when the clock went back since the failures
-    (the window is kept, not lengthened)."""
-    clock = Clock()
-    failures = Failures(clock, per_client=1, overall=1000, window=60)
-    failures.failed("a")
-    clock.now -= 3600
-    assert failures.retry_after("a") == 60
-
-
 def test_failures_after_a_window_lapsed_count_in_a_new_one() -> None:
     """A failure counted after the client's window lapsed (the check before it came just in
     time) starts a new window: the client is held once it fails `per_client` times in it."""
