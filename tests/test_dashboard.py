@@ -493,13 +493,14 @@ def test_a_message_that_waits_for_the_turns_end_is_said_to_wait(base: str) -> No
 
 def test_a_queued_message_is_said_to_wait_without_javascript(base: str) -> None:
     """A plain form post (no script) of a message that waits for the turn's end was sent back
-    to the session page as if it had been delivered: it now lands on `?queued=1`, whose page
-    shows the note the script shows; a message that did not wait shows none."""
+    to the session page as if it had been delivered: the page it lands on now shows the note
+    the script shows, once (it landed on `?queued=1`, whose note came back on every reload); a
+    message that did not wait shows none."""
     note = "Your message waits for the current turn to end; it then starts the next turn."
     script = (Path(so.__file__).parent / "server" / "static" / "app.js").read_text()
     assert f'"{note}"' in script  # the same words as the script's
     body = start(base)
-    sid = body["session_id"]
+    sid, other = body["session_id"], start(base)["session_id"]
     with signed_in(base, "admin-token") as c:
         page = c.get(f"/_signoff/sessions/{sid}").text
         assert note not in page and re.search(r'class="form-note" role="status" hidden>', page)
@@ -507,9 +508,13 @@ def test_a_queued_message_is_said_to_wait_without_javascript(base: str) -> None:
             f"/_signoff/sessions/{sid}/messages",
             data={"message": "approve", "csrf": csrf_of(page)},
         )
-        assert r.status_code == 303 and r.headers["location"].endswith(f"{sid}?queued=1")
+        assert r.status_code == 303 and r.headers["location"].endswith(f"/sessions/{sid}")
+        assert note not in c.get(f"/_signoff/sessions/{other}").text  # another session's page
         landed = c.get(r.headers["location"]).text
         assert re.search(rf'class="form-note" role="status">{re.escape(note)}</p>', landed)
+        again = c.get(r.headers["location"]).text  # a reload
+        assert note not in again and re.search(r'class="form-note" role="status" hidden>', again)
+        assert note not in c.get(f"/_signoff/sessions/{sid}?queued=1").text
     with signed_in(base) as c:  # Alice's own message answers her turn: no note
         page = c.get(f"/_signoff/sessions/{sid}").text
         r = c.post(

@@ -5,6 +5,7 @@ token, `_page_data` reads and shapes what a page shows and `_message_page` shows
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 import time
@@ -62,6 +63,17 @@ router = APIRouter(prefix=DASHBOARD_PREFIX, include_in_schema=False)
 # What a form's answer may become and still count as taken (the script's wording follows these).
 _ACCEPTED = frozenset({"approved", "cancelled", "answered", "counted"})
 _SETTLED = {"approved": "approved", "cancelled": "denied", "answered": "answered"}
+
+
+# A form's queued message is told on the page its post leads to, once: a mark in a cookie that
+# page takes back (a `?queued=1` in the URL told it again on every reload).
+_QUEUED_COOKIE = "signoff_queued"
+_QUEUED_PATH = f"{DASHBOARD_PREFIX}/sessions"
+
+
+def _queued_mark(session_id: str) -> str:
+    """The queued note's cookie value for a session: a digest, as an id may be any text."""
+    return hashlib.sha256(session_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _utf8(text: str | None) -> str | None:
@@ -268,8 +280,14 @@ async def session_page(request: Request, session_id: str) -> Response:
         return await message_page(request, 404, "No such session", session_id)
     ctx, viewer = await signed_in(request)
     form = form_token(ctx.secret, viewer, ctx.runtime.now())
-    queued = request.query_params.get("queued") == "1"  # where a form's queued message led
-    return await render("session.html", request, **context, form=form, queued=queued)
+    queued = request.cookies.get(_QUEUED_COOKIE) == _queued_mark(session_id)
+    response = await render("session.html", request, **context, form=form, queued=queued)
+    if queued:  # told once: a reload does not tell it again
+        secure = request.url.scheme == "https"
+        response.delete_cookie(
+            _QUEUED_COOKIE, path=_QUEUED_PATH, httponly=True, samesite="strict", secure=secure
+        )
+    return response
 
 
 @router.get("/sessions/{session_id}/events/{seq}")
@@ -391,8 +409,18 @@ async def send_message(request: Request, session_id: str) -> Response:
                 "form": fresh,
             }
         )
-    # A form's post (no script) is told on the page it lands on that its message waits.
-    return RedirectResponse(f"{where}?queued=1" if result.queued else where, status_code=303)
+    response = RedirectResponse(where, status_code=303)
+    if result.queued:  # a form's post (no script) is told on the page it lands on
+        response.set_cookie(
+            _QUEUED_COOKIE,
+            _queued_mark(session_id),
+            max_age=300,
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path=_QUEUED_PATH,
+        )
+    return response
 
 
 @router.get("/fragments/sessions/{session_id}")
