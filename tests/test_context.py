@@ -105,3 +105,33 @@ async def test_a_foreign_session_is_refused_before_its_state_is_loaded(
         # Nothing Mallory did changed the session.
         r = await c.get(f"/v1/sessions/{sid}", headers=auth("alice-token"))
         assert r.json()["status"] == "waiting"
+
+
+async def test_a_request_is_shown_without_loading_its_sessions_state(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Who may see a request is decided from its session's first event: its whole state was
+    loaded only to be dropped, for its reviewer too. A foreign request and a missing one are the
+    same 404, and neither loads a state."""
+    async with _served(store_url) as (runtime, c):
+        r = await c.post(
+            "/v1/sessions",
+            json={"agent": "support", "message": "Refund order 1042"},
+            headers=auth("alice-token"),
+        )
+        assert r.status_code == 201, r.text
+        request_id = r.json()["pending"][0]["id"]
+        spy = _Spy(runtime, monkeypatch)
+        own = c.get(f"/v1/requests/{request_id}", headers=auth("alice-token"))
+        response, made = await spy.during(own)
+        assert response.status_code == 200 and response.json()["request"]["id"] == request_id
+        assert not any(m.startswith("runtime.") for m in made), made
+        assert "store.load_session" not in made, made
+        answers = {}
+        for name, target in (("foreign", request_id), ("missing", "req_" + "x" * 20)):
+            foreign = c.get(f"/v1/requests/{target}", headers=auth("mallory-token"))
+            response, made = await spy.during(foreign)
+            assert response.status_code == 404, (name, response.text)
+            assert not any(m.startswith("runtime.") for m in made), (name, made)
+            answers[name] = response.json()["error"]["code"]
+        assert answers == {"foreign": "unknown_request", "missing": "unknown_request"}

@@ -151,18 +151,21 @@ class ServerContext:
         A state `shown` to a person (the session's read, its dashboard page) has a passed TTL
         recorded first; an answer or a stream leaves that to the runtime's own checks, which
         report what the expiry closes."""
-        # Who may see it is decided from its first event before its state is loaded: a foreign
-        # session and a missing one then cost the same one read, so the time a 404 takes does
-        # not tell that a foreign session exists (an initiator remembered is read again when it
-        # refuses the caller, for the same reason).
+        await self._visible(session_id, caller)
+        # `Runtime.state` records a passed TTL first, so it never reads as waiting on answers
+        # no one can give.
+        return await (self.runtime.state if shown else self.runtime._state)(session_id)
+
+    async def _visible(self, session_id: str, caller: Principal) -> None:
+        """`UnknownSession` unless the caller may see the session, decided from its first event
+        without loading its state: a foreign session and a missing one then cost the same one
+        read, so the time a 404 takes does not tell that a foreign session exists (an initiator
+        remembered is read again when it refuses the caller, for the same reason)."""
         initiator = self._initiators.get(session_id, _UNKNOWN)
         if initiator is _UNKNOWN or not self.access(caller, cast(Principal | None, initiator)):
             initiator = await self._read_initiator(session_id)
         if not self.access(caller, cast(Principal | None, initiator)):
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
-        # `Runtime.state` records a passed TTL first, so it never reads as waiting on answers
-        # no one can give.
-        return await (self.runtime.state if shown else self.runtime._state)(session_id)
 
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
         """The stored request, if the caller may see its session; otherwise `UnknownRequest`."""
@@ -171,7 +174,7 @@ class ServerContext:
         try:
             if stored is None:
                 raise UnknownSession("")
-            await self.session(stored.request.session_id, caller)
+            await self._visible(stored.request.session_id, caller)  # its state is not needed
         except UnknownSession:
             raise UnknownRequest("", [request_id]) from None
         if is_due(stored.request, self.runtime.now()):
