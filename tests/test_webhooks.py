@@ -1267,3 +1267,66 @@ def test_a_password_that_breaks_the_url_is_not_shown_in_the_error(url: str) -> N
         WebhookChannel(url, SECRET)
     assert "s3cr3t" not in str(refused.value) and "pw" not in str(refused.value)
     assert "hook:***@example.com/x" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # httpx reads `hook:123` as a host and port: no Basic auth, the rest a path, query or
+        # fragment; a person meant the password `123/s3cr3t` (it was shown whole)
+        ("http://hook:123/s3cr3t@example.com/x", "http://hook:***@example.com/x"),
+        ("http://hook:12?s3cr3t@example.com/x", "http://hook:***@example.com/x"),
+        ("http://hook:12#s3cr3t@example.com/x", "http://hook:***@example.com/x"),
+        # httpx sends the password `p` to host `ss`; a person meant `p@ss/s3cr3t`
+        ("http://hook:p@ss/s3cr3t@example.com/x", "http://hook:***@example.com/x"),
+        # httpx reads the last `@` before the path: the password is `s3cr3t@example.com\`
+        ("http://hook:s3cr3t@example.com\\@evil.example/x", "http://hook:***@evil.example/x"),
+        ("HTTP://hook:s3cr3t@example.com/x", "HTTP://hook:***@example.com/x"),
+        ("http://hook:s3%2Fcr3t@example.com/x", "http://hook:***@example.com/x"),
+        ("http://:s3cr3t@example.com/x", "http://:***@example.com/x"),
+        ("http://hook:s3cr3t@[::1]:8080/x", "http://hook:***@[::1]:8080/x"),
+        # a password the user name holds: the user name is masked too
+        ("http://hook:ook@example.com/x", "http://***@example.com/x"),
+        # a token as the user name is sent as Basic auth too
+        ("http://s3cr3t-token@example.com/x", "http://***@example.com/x"),
+        # nothing secret: shown as given
+        ("http://[::1]:8080/x@y", "http://[::1]:8080/x@y"),
+        (
+            "https://example.com/hook?to=ops@example.com",
+            "https://example.com/hook?to=ops@example.com",
+        ),
+        ("http://example.com:8080/x", "http://example.com:8080/x"),
+    ],
+)
+def test_a_password_is_masked_however_the_url_reads(url: str, shown: str) -> None:
+    """A URL httpx takes but reads differently from its writer (`http://u:123/pw@host` is host
+    `u`, port 123) was logged whole: all that httpx sends as Basic auth, and all before the
+    last `@` a password may reach, is masked."""
+    import httpx
+
+    from signoff.channels.webhooks import _masked
+
+    masked = _masked(url)
+    assert masked == shown
+    assert "s3cr3t" not in str(masked) and "s3%2F" not in str(masked) and ":ook" not in str(masked)
+    parsed = httpx.URL(url)
+    if parsed.password:  # what httpx sends is not in the userinfo shown
+        assert parsed.password not in str(masked).partition("://")[2].rpartition("@")[0]
+    if (
+        url != shown
+        and url.startswith("http://")
+        and parsed.host
+        and (parsed.port is None or 0 < parsed.port < 65536)
+    ):
+        with pytest.raises(so.UsageError, match="is given twice") as given_twice:
+            WebhookChannel([url, url], SECRET)
+        assert f"{shown!r} is given twice" in str(given_twice.value)
+
+
+def test_an_unusable_url_with_a_password_still_says_what_is_wrong() -> None:
+    """A password httpx reads as one is masked, and the parser's message about the rest (a bad
+    port) is kept: it quotes nothing of the password."""
+    with pytest.raises(so.UsageError, match="not a usable webhook URL") as refused:
+        WebhookChannel("http://hook:s3cr3t@example.com:abc/x", SECRET)
+    assert "'http://hook:***@example.com:abc/x' (Invalid port: 'abc')" in str(refused.value)
+    assert "s3cr3t" not in str(refused.value)

@@ -516,32 +516,53 @@ class WebhookChannel(Channel):
 
 
 def _masked(url: object) -> object:
-    """`url` as logs and errors show it: a password in it (`user:password@host`, which httpx
-    sends as Basic auth) masked. What is not a string is shown as it is (the error naming it
-    says it is no URL)."""
+    """`url` as logs and errors show it, with what may be a password masked: the userinfo httpx
+    reads (the last `@` before the first `/`, `?` or `#`), which it sends as Basic auth, and a
+    password holding one of those unencoded, which httpx reads as a port and path (`u:123/pw@h`
+    is host `u`): from the first `:` to the last `@`. What is not a string is shown as it is
+    (the error naming it says it is no URL)."""
     if not isinstance(url, str):
         return url
     scheme, sep, rest = url.partition("://")
-    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
-    end = min(ends, default=len(rest))
-    userinfo, at, host = rest[:end].rpartition("@")
-    if not sep or not at or ":" not in userinfo:
+    last = rest.rfind("@")
+    if not sep or last < 0:
         return url
-    return f"{scheme}://{userinfo.partition(':')[0]}:***@{host}{rest[end:]}"
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    authority = rest[: min(ends, default=len(rest))]
+    at = authority.rfind("@")  # where httpx's userinfo ends, if it reads one
+    colon = authority.partition("[")[0].find(":")  # not one of an IPv6 host's
+    if 0 <= colon < at or (at < 0 and colon >= 0):
+        shown = f"{scheme}://{rest[:colon]}:***@{rest[last + 1 :]}"
+    elif at >= 0:  # a user name alone (a token, often) is sent as Basic auth too
+        shown = f"{scheme}://***@{rest[at + 1 :]}"
+    else:
+        return url
+    return shown if _sends_nothing_shown(url, shown) else f"{scheme}://***@{rest[last + 1 :]}"
+
+
+def _sends_nothing_shown(url: str, shown: str) -> bool:
+    """Whether the Basic auth httpx would send for `url` is out of `shown`: a check on the mask
+    by httpx's own reading."""
+    httpx = _httpx()
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, UnicodeError):
+        return True  # it sends nothing at all
+    # The user name is shown beside a password, and is the secret without one; only the shown
+    # userinfo can hold it (the host on follows the last `@`).
+    secret = parsed.password if b":" in parsed.userinfo else parsed.username
+    return not secret or secret not in shown.partition("://")[2].rpartition("@")[0]
 
 
 def _unusable(url: str, exc: Exception) -> str:
-    """What the error about a URL httpx cannot read shows. A password holding `/`, `?` or `#`
-    (not percent-encoded) ends the URL's host part early, where `_masked` looks for it: then
-    all before the last `@` is masked, and the parser's message, which may quote part of the
-    password, is left out."""
-    scheme, _, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if at and ":" in userinfo and _masked(url) == url:
-        user = userinfo.partition(":")[0]
-        shown = f"{scheme}://{user}:***@{host}"
-        return f"{shown!r} (is a password in it not percent-encoded?)"
-    return f"{_masked(url)!r} ({exc})"
+    """What the error about a URL httpx cannot read shows. The parser's message may quote part
+    of a password holding `/`, `?` or `#` unencoded (`Invalid port: ...`): it is left out when
+    something masked lies past where httpx's userinfo ends."""
+    masked = _masked(url)
+    rest = url.partition("://")[2]
+    if masked != url and any(0 <= rest.find(c) < rest.rfind("@") for c in "/?#"):
+        return f"{masked!r} (is a password in it not percent-encoded?)"
+    return f"{masked!r} ({exc})"
 
 
 def _httpx() -> Any:
