@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import hashlib
 import io
 import json
 import sqlite3
@@ -14,7 +15,7 @@ import pytest
 import signoff as so
 from signoff._audit_trail import verify as verify_trail
 from signoff.stores import Store
-from signoff.stores._audit import AuditEntry, AuditRow, chain_hash
+from signoff.stores._audit import AuditEntry, AuditRow, chain_hash, chain_parts
 from signoff.stores._base import RequestRow
 from signoff.stores._codec import pack, pack_bytes, unpack_event
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
@@ -582,3 +583,23 @@ async def test_export_to_a_utf8_file_keeps_text_no_encoding_can_hold(tmp_path: P
     assert count == len(listed) == len(text.splitlines())
     assert [json.loads(line) for line in text.splitlines()] == [e.to_dict() for e in listed]
     assert "\\ud800" in text
+
+
+@pytest.mark.parametrize(
+    ("prev", "n", "at", "seq", "data"),
+    [
+        (None, 1, 1.5, None, {}),
+        ("ab" * 32, 12, 1700000000.123456, None, {"new": "Never", "old": None}),
+        ("00" * 32, 999, 0.1, 7, {"z": [1, {"b": 2, "a": "é\u2028"}], "a": {"n": 3}}),
+        (None, 2, -0.0, None, {"at": "x", "seq": 1, "n": "\ud800"}),
+    ],
+)
+def test_chain_parts_hash_as_chain_hash_does(
+    prev: str | None, n: int, at: float, seq: int | None, data: dict[str, object]
+) -> None:
+    """A store chaining an entry itself (PostgreSQL's `record_audit`, in SQL) hashes the
+    previous hash, a newline and the parts around the entry's number: the same as `chain_hash`."""
+    before, behind = chain_parts(stream="tools:a.t", type="t", at=at, seq=seq, data=data)
+    ours = hashlib.sha256(f"{prev or ''}\n".encode() + before + str(n).encode() + behind)
+    theirs = chain_hash(prev, stream="tools:a.t", n=n, type="t", at=at, seq=seq, data=data)
+    assert ours.hexdigest() == theirs

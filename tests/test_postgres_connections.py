@@ -14,6 +14,7 @@ import pytest
 
 import signoff as so
 from signoff.stores import Commit
+from signoff.stores._audit import AuditRow, chain_parts
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._sql import event_rows
 
@@ -165,3 +166,56 @@ async def test_a_claim_frozen_before_its_commit_does_not_block_the_session(
         finally:
             await asyncio.to_thread(thread.join, 10)
         assert [s for s, _ in claimed[0]] == [sid]
+
+
+async def test_an_audit_entry_frozen_before_its_commit_does_not_block_the_stream(
+    pg_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An entry no event carries (a tool setting, a sign-out) is chained onto its stream's head
+    by the statement that writes it, sent with the stream's lock and COMMIT once the entry is
+    ready: a process frozen while it prepares one (it used to hold the lock there, having read
+    the head) holds no lock, so another process's entry on the same stream is written at once;
+    the frozen one, resumed, chains onto the moved head."""
+    url = f"{pg_store_url}?operation_timeout=2"
+    frozen_thread: list[threading.Thread] = []
+    preparing = threading.Event()
+
+    def freezing(**kwargs: Any) -> Any:
+        if threading.current_thread() in frozen_thread:
+            preparing.set()
+            time.sleep(3)  # the whole process stops, its event loop with it
+        return chain_parts(**kwargs)
+
+    monkeypatch.setattr("signoff.stores.postgres._store.chain_parts", freezing)
+    outcome: list[BaseException | None] = []
+
+    def row(new: str) -> AuditRow:
+        return AuditRow(stream="tools:a.t", type="t", at=time.time(), seq=None, data={"new": new})
+
+    async def record_frozen() -> None:
+        store = PostgresStore(url)
+        await store.open()
+        try:
+            await store.record_audit([row("frozen")])
+        except BaseException as exc:
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+        finally:
+            await store.close()
+
+    async with so.Runtime([], store=url) as rt:
+        thread = threading.Thread(target=asyncio.run, args=(record_frozen(),))
+        frozen_thread.append(thread)
+        thread.start()
+        try:
+            assert await asyncio.to_thread(preparing.wait, 5)
+            started = time.monotonic()
+            await asyncio.wait_for(rt.store.record_audit([row("other")]), 10)
+            assert time.monotonic() - started < 1.5  # not held until the frozen one resumes
+        finally:
+            await asyncio.to_thread(thread.join, 10)
+        assert outcome == [None]
+        entries = await rt.store.audit(stream="tools:a.t")
+        assert [(e.n, e.data["new"]) for e in entries] == [(1, "other"), (2, "frozen")]
+        assert await rt.verify_audit() == []

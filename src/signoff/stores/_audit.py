@@ -24,6 +24,7 @@ __all__ = [
     "AuditRow",
     "audit_rows",
     "chain_hash",
+    "chain_parts",
     "chain_session",
     "entry_type",
     "loaded_data",
@@ -106,6 +107,23 @@ def chain_hash(
     )
     # surrogatepass: a lone surrogate in recorded data hashes too (valid text is unaffected)
     return hashlib.sha256(f"{prev or ''}\n{body}".encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def chain_parts(
+    *, stream: str, type: str, at: float, seq: int | None, data: Any
+) -> tuple[bytes, bytes]:
+    """The bytes `chain_hash` hashes after the previous hash and a newline, before and after
+    the entry's number `n`: so a store can chain an entry from a head it reads only when it
+    writes (PostgreSQL, `_sql.AUDIT_APPEND`). Sorted, `n` falls between `data` and `seq`."""
+    head = _canonical({"at": at, "data": data})
+    tail = _canonical({"seq": seq, "stream": stream, "type": type})
+    return f'{head[:-1]},"n":'.encode("utf-8", "surrogatepass"), f",{tail[1:]}".encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def _canonical(value: dict[str, Any]) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def loaded_data(stored: Stored | None, earlier: Sequence[Stored | None] = ()) -> dict[str, Any]:

@@ -393,7 +393,7 @@ async def _configure(conn: Conn, operation_timeout: float) -> None:
     froze between two of its statements (SIGSTOP, a paused virtual machine), and its row locks
     would block every other writer of the session for as long (its kernel still answers, so no
     TCP setting notices). A pipelined one waiting for its client is not idle to the server and
-    is not ended: the writes to sessions take no lock before they wait (`commit`, `claim`)."""
+    is not ended: the writes take no lock before they wait (`commit`, `claim`, `record_audit`)."""
     idle = min(max(int(operation_timeout * 500), 1), 2**31 - 1)  # milliseconds, a C int
     await conn.execute(
         "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3; "

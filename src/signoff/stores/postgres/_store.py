@@ -23,13 +23,15 @@ from psycopg.rows import TupleRow
 
 from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession
-from .._audit import AuditRow, chain_hash, chain_session
+from .._audit import AuditRow, chain_parts, chain_session
 from .._base import Commit, parent_of, request_rows
 from .._codec import EventTexts, Previous, pack_bytes, type_name
 from ._connections import Conn, Seen, storable
 from ._leases import Leases
 from ._reads import Reads
 from ._sql import (
+    AUDIT_APPEND,
+    AUDIT_LOCK,
     EARLIER_COLUMNS,
     EARLIER_JOIN,
     TURN,
@@ -290,47 +292,26 @@ class PostgresStore(Reads, Leases):
 
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
         """Append entries that no event carries (tool setting changes), and keep each stream's
-        chain head in its head row (`n = 0`), so entries removed from its end are noticed."""
-        s = self._s
+        chain head in its head row (`n = 0`), so entries removed from its end are noticed.
+
+        The statement chains them from the heads it reads, once it holds each stream's lock,
+        taken in the batch that ends with COMMIT: a process frozen meanwhile holds no lock."""
+        if not rows:
+            return
+        columns: list[list[Any]] = [[] for _ in range(7)]
+        for row in rows:
+            before, behind = chain_parts(
+                stream=row.stream, type=row.type, at=row.at, seq=None, data=row.data
+            )
+            values = (row.stream, row.after, row.type, row.at, dumps(row.data), before, behind)
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
+        streams = sorted(set(columns[0]))
+        sql = AUDIT_APPEND.format(s=self._s)
 
         async def body(conn: Conn) -> None:
-            last: dict[str, tuple[int, str | None]] = {}
-            for stream in sorted({row.stream for row in rows}):
-                # No session row serializes these streams: lock each one for this transaction.
-                await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (stream,))
-                # The head row first; if it went missing, the last entry.
-                cur = await conn.execute(
-                    f"SELECT CASE WHEN n = 0 THEN seq ELSE n END, hash FROM {s}.audit "
-                    "WHERE stream=%s ORDER BY n = 0 DESC, n DESC LIMIT 1",
-                    (stream,),
-                )
-                found = await cur.fetchone()
-                last[stream] = (
-                    (0, None) if found is None else (int(found[0]), bytes(found[1]).hex())
-                )
-            for row in rows:
-                n, prev = last[row.stream]
-                if row.after is not None and n != row.after:
-                    continue
-                n += 1
-                digest = chain_hash(
-                    prev, stream=row.stream, n=n, type=row.type, at=row.at, seq=None, data=row.data
-                )
-                cur = await conn.execute(
-                    f"INSERT INTO {s}.audit (stream, n, type, at, data, hash) "
-                    "VALUES (%s,%s,%s,%s,%s::json,%s) RETURNING id",
-                    (row.stream, n, row.type, row.at, dumps(row.data), bytes.fromhex(digest)),
-                )
-                (added,) = await cur.fetchone() or (0,)
-                last[row.stream] = (n, digest)
-                # A negative id, taking no identity value: no gap among the ids readers page
-                # through (a ChannelHub waits on one).
-                await conn.execute(
-                    f"INSERT INTO {s}.audit (id, stream, n, seq, hash) OVERRIDING SYSTEM VALUE "
-                    "VALUES (%s,%s,0,%s,%s) ON CONFLICT (stream, n) WHERE stream IS NOT NULL "
-                    "DO UPDATE SET seq=excluded.seq, hash=excluded.hash",
-                    (-int(added), row.stream, n, bytes.fromhex(digest)),
-                )
+            await conn.execute(AUDIT_LOCK, (streams,))
+            await conn.execute(sql, columns)
 
         await self._write(body, "recording audit entries")
 
