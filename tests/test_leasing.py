@@ -412,7 +412,7 @@ async def test_a_subagent_stopped_by_its_parents_lost_lease_gives_the_childs_lea
         assert slow.cancelled.is_set() and result.status == "running"
         assert await event_types(rt, sid) == before and before[-1] == "tool.step"  # its child
         (kid,) = await rt.store.sessions(agent="billing")
-        token = await rt.store.acquire_lease(kid.id, "probe", 60.0, rt._lease_now())
+        token = await rt.store.acquire_lease(kid.id, "probe", 60.0, rt.now())
         assert token is not None  # free: no lease of the cancelled drive left on it
 
 
@@ -565,7 +565,7 @@ async def test_a_body_whose_renewals_do_not_get_through_stops_before_its_lease_l
         return {"refunded": amount}
 
     async with so.Runtime([refund_agent(issue_refund)], store=store_url, lease_ttl=ttl) as rt:
-        lease_now = rt._lease_now
+        lease_now = rt.now
         expiry = noting_expiry(rt.store)
         renew = rt.store.renew_lease
         silent = asyncio.Event()  # never set
@@ -622,7 +622,7 @@ async def test_a_sync_body_whose_renewals_fail_is_left_before_its_lease_lapses(
             await until(lambda: bool(runs))
             before = await event_types(rt, sid)
             result = await asyncio.wait_for(drive, 10)
-            assert rt._lease_now() < expiry()  # left while the lease was still live
+            assert rt.now() < expiry()  # left while the lease was still live
             assert result.status == "running" and not returned.is_set()
             assert not await rt._busy(sid)  # given back: another worker may take it over
         finally:
@@ -690,7 +690,7 @@ async def test_a_renewal_cut_just_before_the_deadline_is_tried_again_in_time(
                 # It hung until the timeout cut it: a quarter second is left before the
                 # deadline (a tenth of the TTL before the expiry), less than the TTL's tenth.
                 cuts.append(1.0)
-                skew[0] += expiry() - ttl / 10 - 0.25 - rt._lease_now()
+                skew[0] += expiry() - ttl / 10 - 0.25 - rt.now()
                 raise so.StoreError("renewing the lease: the operation timed out (test)")
             live = await renew(*args)
             if cuts and live:
@@ -720,9 +720,9 @@ async def test_a_slow_renewal_keeps_the_lease_known_live_from_when_it_was_sent(
     async with so.Runtime([refund_agent(SlowRefund().tool)], store=store_url, lease_ttl=ttl) as rt:
         sid = await rt.create_session("support")
         owner = "test-owner"
-        token = await rt.store.acquire_lease(sid, owner, ttl, rt._lease_now())
+        token = await rt.store.acquire_lease(sid, owner, ttl, rt.now())
         assert token is not None
-        held = _leasing.Held(monotonic[0] - 0.6 * ttl, rt._lease_now() + ttl)
+        held = _leasing.Held(monotonic[0] - 0.6 * ttl, rt.now() + ttl)
         renew = rt.store.renew_lease
         made: list[int] = []
         go_on = asyncio.Event()

@@ -207,6 +207,29 @@ async def test_workers_leave_a_session_that_expired_waiting_with_a_message_queue
     assert await expired_sessions_claimed(store_url, agent, clock, sid) == 0
 
 
+async def _second_send_loses_the_race(
+    first: so.Runtime, second: so.Runtime, sid: str, monkeypatch: pytest.MonkeyPatch
+) -> list[tuple[str, str]]:
+    """`second` sends "second" to `sid`, but just before its turn starts `first` sends "first" and
+    a worker claims that turn; the send must still deliver. The messages the log then holds."""
+    start_turn = so.Runtime._start_turn
+
+    async def racing(rt: so.Runtime, session_id: str, prompt: str, auth: Any, **kw: Any) -> None:
+        if rt is second:  # the other message lands first, and a worker claims its turn
+            await first.send(sid, "first", principal=ALICE)
+            assert await first.store.acquire_lease(sid, "worker", 30.0, first.now()) is not None
+        await start_turn(rt, session_id, prompt, auth, **kw)
+
+    monkeypatch.setattr(so.Runtime, "_start_turn", racing)
+    r = await second.send(sid, "second", principal=ALICE)
+    assert r.status == "running"
+    return [
+        (e.type, e.data["message"])
+        async for e in second.events(sid, follow=False)
+        if e.type in ("turn.started", "turn.message")
+    ]
+
+
 async def test_a_message_that_loses_the_race_to_start_a_turn_steers_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -220,25 +243,7 @@ async def test_a_message_that_loses_the_race_to_start_a_turn_steers_it(
         so.Runtime([agent], store=url, inline=False) as second,
     ):
         sid = await first.create_session("sales", auth=ALICE)
-        start_turn = so.Runtime._start_turn
-
-        async def racing(
-            rt: so.Runtime, session_id: str, prompt: str, auth: Any, **kw: Any
-        ) -> None:
-            if rt is second:  # the other message lands first, and a worker claims its turn
-                await first.send(sid, "first", principal=ALICE)
-                now = first._lease_now()
-                assert await first.store.acquire_lease(sid, "worker", 30.0, now) is not None
-            await start_turn(rt, session_id, prompt, auth, **kw)
-
-        monkeypatch.setattr(so.Runtime, "_start_turn", racing)
-        r = await second.send(sid, "second", principal=ALICE)
-        assert r.status == "running"
-        said = [
-            (e.type, e.data["message"])
-            async for e in second.events(sid, follow=False)
-            if e.type in ("turn.started", "turn.message")
-        ]
+        said = await _second_send_loses_the_race(first, second, sid, monkeypatch)
         assert said == [("turn.started", "first"), ("turn.message", "second")]
 
 
@@ -255,25 +260,7 @@ async def test_a_message_that_loses_the_race_after_an_earlier_turn_steers_the_ne
         so.Runtime([agent], store=url, inline=False) as first,
         so.Runtime([agent], store=url, inline=False) as second,
     ):
-        start_turn = so.Runtime._start_turn
-
-        async def racing(
-            rt: so.Runtime, session_id: str, prompt: str, auth: Any, **kw: Any
-        ) -> None:
-            if rt is second:  # the other message lands first, and a worker claims its turn
-                await first.send(sid, "first", principal=ALICE)
-                now = first._lease_now()
-                assert await first.store.acquire_lease(sid, "worker", 30.0, now) is not None
-            await start_turn(rt, session_id, prompt, auth, **kw)
-
-        monkeypatch.setattr(so.Runtime, "_start_turn", racing)
-        r = await second.send(sid, "second", principal=ALICE)
-        assert r.status == "running"
-        said = [
-            (e.type, e.data["message"])
-            async for e in second.events(sid, follow=False)
-            if e.type in ("turn.started", "turn.message")
-        ]
+        said = await _second_send_loses_the_race(first, second, sid, monkeypatch)
         assert said == [
             ("turn.started", "zero"),
             ("turn.started", "first"),

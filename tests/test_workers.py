@@ -512,7 +512,7 @@ async def test_resuming_a_session_that_expired_running_records_its_expiry(store_
         held = await rt.generate("support", prompt="Refund order 1042")
         r = await rt.generate("support", prompt="Refund order 1043")
         clock.advance(61)
-        now = rt._lease_now()
+        now = rt.now()
         assert await rt.store.acquire_lease(held.session_id, "other", 60, now) is not None
     async with so.Runtime([agent], store=store_url, inline=True, clock=clock, lease_wait=0.1) as rt:
         with pytest.raises(so.SessionExpired):
@@ -536,7 +536,7 @@ async def test_a_worker_whose_claimed_session_expired_logs_it_without_a_tracebac
     async with so.Runtime([agent], store=store_url, inline=False, clock=clock) as rt:
         r = await rt.generate("support", prompt="Refund order 1042")
         owner = f"{rt.owner}:worker"
-        token = await rt.store.acquire_lease(r.session_id, owner, 60, rt._lease_now())
+        token = await rt.store.acquire_lease(r.session_id, owner, 60, rt.now())
         assert token is not None
         clock.advance(61)
         with caplog.at_level(logging.INFO, logger="signoff.worker"):

@@ -99,8 +99,6 @@ class Leasing:
         base = self._lease_base
         return self.clock() if base is None else base() + self._lease_offset
 
-    _lease_now = now
-
     async def _sync_lease_clock(self) -> None:
         """Measure how far the store's clock is from ours (a worker does so again every sweep,
         so a clock stepped since is caught up with)."""
