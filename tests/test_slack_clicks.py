@@ -1,7 +1,7 @@
 """Interactions (button presses, select menus, modal submissions) are saved before Slack gets its
 200: one acknowledged and then lost to a crash is settled by the next start, once.
 
-Requests are posted to the loopback fake Slack of `test_slack` through the real `slack_sdk`
+Requests are posted to the loopback fake Slack of `_slack` through the real `slack_sdk`
 client; interactions are signed like Slack signs them and handed to the channel's endpoint, in
 this process or in a child process that SIGKILLs itself right after acknowledging one.
 """
@@ -34,7 +34,7 @@ from signoff.channels.slack._inbox import ACK_WITHIN
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from ._procs import ROOT, make_agent, read_executions
-from .test_slack import (
+from ._slack import (
     ALICE,
     PATH,
     TEAM,

@@ -1,7 +1,7 @@
 """What the Slack channel writes into a message: text Slack can take (valid Unicode, Block Kit's
 limits) whatever a model or a tool put in the request, and that still answers it from Slack.
 
-Uses the fake Slack of `test_slack`, which refuses blocks the way Slack does (`invalid_blocks`).
+Uses the fake Slack of `_slack`, which refuses blocks the way Slack does (`invalid_blocks`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import signoff as so
 from signoff.channels import ChannelHub
 from signoff.testing import call, call_tools, reply, scripted_agent
 
-from .test_slack import FakeSlack, channel, click, manual, sign, slack_api
+from ._slack import FakeSlack, channel, click, manual, sign, slack_api
 
 __all__ = ["slack_api"]  # the fixture, used by name
 

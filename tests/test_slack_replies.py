@@ -1,6 +1,6 @@
 """Replies typed in the thread of a request's Slack message (the Events API endpoint).
 
-Requests are posted to the loopback fake Slack of `test_slack` through the real `slack_sdk`
+Requests are posted to the loopback fake Slack of `_slack` through the real `slack_sdk`
 client; events are signed like Slack signs them and sent to the endpoint the channel mounts on
 the signoff server, or handed to `SlackChannel.handle_event`.
 """
@@ -27,7 +27,7 @@ from signoff.channels.slack._replies import KEEP_THREADS, RETRY_WINDOW
 from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
 
-from .test_slack import (
+from ._slack import (
     ALICE,
     APPROVERS,
     SECRET,

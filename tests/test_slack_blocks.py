@@ -1,0 +1,326 @@
+"""What a request's Slack message shows as the request changes (`_blocks`): a quorum's
+progress, a deadline, an escalation, an expiry or withdrawal, input edited elsewhere, and
+options longer than Slack allows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import signoff as so
+from signoff.channels import ChannelHub
+from signoff.channels.slack import slack_principal
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+from ._slack import (
+    ALICE,
+    APPROVERS,
+    TEAM,
+    FakeSlack,
+    approval_blocks,
+    channel,
+    click,
+    date,
+    manual,
+    refund_runtime,
+    resolved_at,
+    sign,
+    slack_api,
+)
+
+__all__ = ["slack_api"]  # the fixture, used by name
+
+
+async def test_a_quorum_shows_its_progress_until_it_is_met(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(approvers=2))
+    async def delete_account(account_id: str) -> str:
+        """Delete an account."""
+        runs.append(account_id)
+        return "deleted"
+
+    agent = scripted_agent(
+        "admin",
+        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
+        tools=[delete_account],
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("admin", prompt="Delete acct_7", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            for i, user in enumerate(("U1", "U1", "U2")):  # the same person twice counts once
+                body = click(
+                    {
+                        "action_id": "signoff.approve",
+                        "block_id": f"signoff:{req.id}",
+                        "value": req.id,
+                        "type": "button",
+                        "action_ts": f"1700000100.00000{i}",
+                    },
+                    user=user,
+                )
+                await slack.handle(body, sign(body, int(time.time())))
+                await slack.idle()
+                await hub.poll()
+        first, last = slack_api.of("chat.update")
+        assert first["blocks"][2]["elements"][0]["text"] == (
+            f"request `{req.id}` · session `{req.session_id}` · "
+            "needs 2 approvals (1 of 2: slack:T012AB3CD:U1)"
+        )
+        assert first["blocks"][3]["type"] == "actions"  # still open: the buttons stay
+        assert last["blocks"][3]["block_id"] == "signoff.resolution"
+        assert last["blocks"][3]["elements"][0]["text"].startswith(
+            ":white_check_mark: *Approved* by <@U2> "
+        )
+        assert [e["text"] for e in slack_api.of("chat.postEphemeral")] == [
+            "Your approval was counted (1 of 2).",
+            "You approved this request before (already counted: 1 of 2).",
+        ]
+        assert runs == ["acct_7"]
+
+
+async def test_expired_and_withdrawn_requests_stay_visible_as_records(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    from signoff.testing import ManualClock
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def wipe_cache(region: str) -> str:
+        """Wipe a cache."""
+        return "wiped"
+
+    agent = scripted_agent(
+        "ops",
+        [call_tools(call("wipe_cache", region="eu")), reply("Done.")],
+        tools=[wipe_cache],
+        repeat_last=True,
+    )
+    clock = ManualClock()
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        first = await rt.generate("ops", prompt="Wipe eu")
+        (expiring,) = first.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            posted = slack_api.of("chat.postMessage")[0]["blocks"]
+            assert posted[2]["elements"][0]["text"].endswith(
+                f" · expires {date(expiring.expires_at or 0)}"
+            )
+            clock.advance(61)
+            assert await rt.expire_due() == 1
+            second = await rt.generate("ops", prompt="Wipe eu again")
+            (withdrawn,) = second.pending
+            await hub.poll()
+            await rt.cancel(second.session_id)
+            await hub.poll()
+        expired_at = await resolved_at(rt, expiring.id)
+        cancelled_at = await resolved_at(rt, withdrawn.id)
+        first_update, second_update = slack_api.of("chat.update")
+        stored = await rt.store.get_request(expiring.id)
+        assert stored is not None and stored.resolution is not None
+        assert first_update["blocks"][-1]["elements"][0]["text"] == (
+            f":hourglass: *Expired* {date(expired_at)}: “{stored.resolution['reason']}”"
+        )
+        assert second_update["blocks"][-1]["elements"][0]["text"] == (
+            f":no_entry_sign: *Withdrawn* {date(cancelled_at)}: “turn cancelled”"
+        )
+        assert first_update["blocks"][1] == posted[1]  # the exact input is still shown
+
+
+async def test_an_escalated_request_says_where_it_went_and_its_group_answers_from_slack(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """The deadline passed and a worker escalated the request: its message is updated in place
+    (the group instead of the passed deadline, the buttons kept), and a click by a member of the
+    group settles it; the closed message still says it was escalated."""
+    from signoff.testing import ManualClock
+
+    def finance_once_escalated(ctx: so.ResponseContext) -> Literal["allowed", "rejected"]:
+        who = ctx.response.principal
+        member = who is not None and who.principal_id in APPROVERS
+        return "allowed" if ctx.request.escalated_to == "finance" and member else "rejected"
+
+    spec = so.ApprovalSpec(
+        request=so.always(),
+        response=finance_once_escalated,
+        expires_in=60,
+        on_timeout="escalate",
+        escalate_to="finance",
+    )
+
+    @so.tool(approval=spec)
+    async def wipe_cache(region: str) -> str:
+        """Wipe a cache."""
+        return "wiped"
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("wipe_cache", region="eu")), reply("Done.")], tools=[wipe_cache]
+    )
+    clock = ManualClock()
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}", clock=clock) as rt:
+        r = await rt.generate("ops", prompt="Wipe eu", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack], clock=clock)) as hub:
+            await hub.poll()
+            (posted,) = slack_api.of("chat.postMessage")
+            facts = f"request `{req.id}` · session `{req.session_id}`"
+            assert posted["blocks"][2]["elements"][0]["text"] == (
+                f"{facts} · expires {date(req.expires_at or 0)}"
+            )
+            clock.advance(61)
+            assert await rt.expire_due() == 1
+            await hub.poll()
+            await hub.poll()
+            (escalated,) = slack_api.of("chat.update")
+            assert (escalated["channel"], escalated["ts"]) == ("C42", "1700000000.000001")
+            assert escalated["blocks"][2]["elements"][0]["text"] == (
+                f"{facts} · :arrow_up: escalated to *finance*: no one decided before the deadline"
+            )
+            assert escalated["blocks"][:2] == posted["blocks"][:2]
+            assert escalated["blocks"][3] == posted["blocks"][3]  # Approve / Deny stay
+            body = click(
+                {
+                    "action_id": "signoff.approve",
+                    "block_id": f"signoff:{req.id}",
+                    "value": req.id,
+                    "type": "button",
+                }
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            await hub.poll()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+        _, closed = slack_api.of("chat.update")
+        assert closed["blocks"][2] == escalated["blocks"][2]
+        assert closed["blocks"][3]["elements"][0]["text"].startswith(
+            ":white_check_mark: *Approved* by <@U045EF6GH> "
+        )
+
+
+async def test_options_longer_than_slack_allows_are_chosen_by_position(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Slack refuses a select option whose value is over 150 characters (and text over 75): an
+    option id that long is sent as its position, and choosing it answers with the real id."""
+    plan = "Enterprise plan with " + "dedicated support, " * 10
+    assert len(plan) > 150
+
+    @so.tool
+    async def choose_plan(ctx: so.ToolContext) -> str:
+        """Ask which plan to buy."""
+        answer = await ctx.ask("Which plan?", options=[plan, "Basic"], allow_text=False)
+        return str(answer.option_id)
+
+    agent = scripted_agent(
+        "shop", [call_tools(call("choose_plan")), reply("Bought.")], tools=[choose_plan]
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="Buy a plan")
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            (posted,) = slack_api.of("chat.postMessage")
+            (select,) = [
+                e
+                for b in posted["blocks"]
+                if b["type"] == "actions"
+                for e in b["elements"]
+                if e["type"] == "static_select"
+            ]
+            for o in select["options"]:
+                assert len(o["value"]) <= 150 and len(o["text"]["text"]) <= 75, o
+            long_one = select["options"][0]
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{req.id}",
+                    "selected_option": long_one,
+                },
+                user="U5",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["answer"]["option_id"] == plan
+
+
+async def test_a_request_posted_late_shows_the_approvals_counted_meanwhile(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """An open request Slack's rate limit held back at start is posted as it is then, with
+    the approvals counted while it waited, not as it was when the hub started."""
+
+    @so.tool(approval=so.always(approvers=2))
+    async def delete_account(account_id: str) -> str:
+        """Delete an account."""
+        return "deleted"
+
+    agent = scripted_agent(
+        "admin",
+        [call_tools(call("delete_account", account_id="acct_7")), reply("Gone.")],
+        tools=[delete_account],
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("admin", prompt="Delete acct_7", auth=ALICE)
+        (req,) = r.pending
+        slack_api.limited["chat.postMessage"] = 1
+        async with manual(ChannelHub(rt, [channel(slack_api)])) as hub:
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=slack_principal(TEAM, "U1"),
+            )
+            await asyncio.sleep(1.05)
+            await hub.poll()
+        _, posted = slack_api.of("chat.postMessage")
+        assert posted["blocks"][-2]["elements"][0]["text"].endswith(
+            "needs 2 approvals (1 of 2: slack:T012AB3CD:U1)"
+        )
+
+
+async def test_an_approval_with_edited_input_from_elsewhere_shows_the_input_that_ran(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Approved elsewhere (the API, the dashboard) with edited input: the closed message shows
+    the input the call ran with beside the proposed one, not only the proposal."""
+    log: list[Any] = []
+    async with refund_runtime(tmp_path, log) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        (req,) = r.pending
+        async with manual(ChannelHub(rt, [channel(slack_api)])) as hub:
+            await hub.poll()
+            edit = {"order_id": "1042", "amount": 150, "reason": "arrived broken"}
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve", edited_input=edit)],
+                principal=slack_principal(TEAM, "U078JK9LM"),
+            )
+            await hub.poll()
+        assert log == [("1042", 150.0)]
+        (update,) = slack_api.of("chat.update")
+        assert update["blocks"][:2] == approval_blocks(req)[:2]  # the proposal stays readable
+        assert update["blocks"][3] == {
+            "type": "section",
+            "block_id": "signoff.edited",
+            "text": {
+                "type": "mrkdwn",
+                "text": 'Approved with edited input:\n```{\n  "order_id": "1042",\n'
+                '  "amount": 150.0,\n  "reason": "arrived broken"\n}```',
+            },
+        }
+        assert update["blocks"][-1]["elements"][0]["text"].startswith(
+            ":white_check_mark: *Approved* by <@U078JK9LM> "
+        )
