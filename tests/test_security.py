@@ -3,7 +3,7 @@ with a named exception (Python) or a 4xx with a stable code (HTTP), and the stor
 
 Already covered elsewhere, not repeated here: the dashboard's CSRF tokens on its forms
 (`test_dashboard.py::test_forms_without_the_csrf_token_are_refused`), its sign-in, and the status
-codes alone of several bad bodies (`test_server_api.py`); this file adds the "nothing changed"
+codes alone of several bad bodies (`test_server_input.py`); this file adds the "nothing changed"
 check and the cases those tests do not reach.
 """
 

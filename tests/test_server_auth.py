@@ -1,0 +1,181 @@
+"""Who the HTTP API serves (`_auth`): bearer tokens and what each caller may see, the default
+access rule, settings `create_app` cannot run with, and credentials missing, misplaced or given
+twice.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import create_app, default_access
+
+from ._server_api import (
+    _stored,
+    alice,
+    base,
+    client,
+    error,
+    start,
+    store,
+)
+from .test_server_common import (
+    auth,
+)
+
+__all__ = ["alice", "base", "store"]  # the fixtures, used by name
+
+
+def test_authentication_and_visibility(base: str) -> None:
+    with client(base, "alice-token") as alice, client(base, "bob-token") as bob:
+        with client(base, "mallory-token") as mallory:
+            body = start(alice)
+            sid, rid = body["session_id"], body["pending"][0]["id"]
+            error(httpx.get(f"{base}/v1/sessions/{sid}"), 401, "unauthenticated")
+            error(httpx.get(f"{base}/v1/requests", headers=auth("wrong")), 401, "unauthenticated")
+            # another tenant cannot see the session, its events, or its requests
+            error(mallory.get(f"/v1/sessions/{sid}"), 404, "unknown_session")
+            error(mallory.get(f"/v1/sessions/{sid}/events?follow=false"), 404, "unknown_session")
+            error(mallory.get(f"/v1/requests/{rid}"), 404, "unknown_request")
+            assert mallory.get("/v1/requests").json()["total"] == 0
+            answer = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+            error(
+                mallory.post(f"/v1/sessions/{sid}/responses", json=answer), 404, "unknown_session"
+            )
+            # the same tenant sees it, but the runtime's response rule lets only alice settle
+            assert bob.get("/v1/requests").json()["total"] == 1
+            r = bob.post(f"/v1/sessions/{sid}/responses", json=answer)
+            assert error(r, 403, "not_allowed")["request_ids"] == [rid]
+            assert alice.get(f"/v1/sessions/{sid}").json()["status"] == "waiting"
+            assert alice.post(f"/v1/sessions/{sid}/responses", json=answer).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"auth": ...},  # the README's Channels example copied as it is
+        {"auth": "s3cret"},
+        {"dev": True, "access": "tenant"},
+        {"dev": True, "poll_interval": float("nan")},
+        {"dev": True, "heartbeat": float("nan")},
+        {"dev": True, "heartbeat": float("inf")},
+        {"dev": True, "sweep_every": float("nan")},
+        {"dev": True, "sweep_every": 0},
+        {"dev": True, "secret": "s\udcff"},  # a byte of SIGNOFF_SECRET that is not UTF-8
+    ],
+)
+def test_create_app_refuses_settings_it_cannot_run_with(
+    tmp_path: Path, settings: dict[str, Any]
+) -> None:
+    """An `auth` or `access` that is not a function was accepted, and then every request was a
+    500 (`auth=...`, as the README's example shows it, included); NaN seconds passed the
+    `<= 0` check. Each is now a `UsageError` when the app is made."""
+    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match=next(k for k in settings if k != "dev")):
+        create_app(runtime, **settings)
+
+
+def test_only_the_bearer_scheme_carries_an_api_token(base: str) -> None:
+    """A token under another scheme (`Basic`, `Token`) or bare is not a bearer token: 401.
+    The scheme's name is case-insensitive (RFC 9110)."""
+    for header in ("Basic alice-token", "Token alice-token", "alice-token", "Bearer"):
+        r = httpx.get(f"{base}/v1/requests", headers={"Authorization": header}, timeout=10)
+        assert r.status_code == 401, header
+    r = httpx.get(f"{base}/v1/requests", headers={"Authorization": "bearer alice-token"})
+    assert r.status_code == 200, r.text
+
+
+def test_default_access_is_the_initiator_the_same_tenant_or_an_admin() -> None:
+    """Two callers without a tenant are not one tenant, and only `admin: true` (the boolean)
+    makes an admin: a string such as "false" in a token's attributes must not."""
+
+    def who(pid: str, **attributes: object) -> so.Principal:
+        return so.Principal(authenticator="token", principal_id=pid, attributes=attributes)
+
+    carol, dave = who("carol"), who("dave")
+    assert default_access(carol, carol)
+    assert not default_access(dave, carol)  # neither has a tenant: not the same one
+    assert default_access(who("e", tenant="acme"), who("f", tenant="acme"))
+    assert not default_access(who("e", tenant="acme"), who("f", tenant="evil"))
+    assert not default_access(who("e", tenant="acme"), carol)
+    assert default_access(carol, None) and not default_access(who("e", tenant="acme"), None)
+    assert default_access(who("root", admin=True), carol)
+    for not_admin in ("false", "yes", 1, ["true"]):
+        assert not default_access(who("mallory", admin=not_admin), carol), not_admin
+        assert not default_access(who("mallory", admin=not_admin, tenant="x"), None), not_admin
+
+
+def test_a_caller_without_credentials_is_401_whatever_it_sent(base: str, store: str) -> None:
+    """Authentication comes first: a caller with no token (or a wrong one) is told so, not
+    that its body, query or headers are wrong, which fixing would only lead to a 401."""
+    with client(base, "alice-token") as alice:
+        sid = start(alice)["session_id"]
+    before = _stored(store)
+    json_type = {"Content-Type": "application/json"}
+    for headers in ({}, auth("wrong")):
+        with httpx.Client(base_url=base, headers=headers, timeout=10) as anon:
+            for r in (
+                anon.post("/v1/sessions", json={"agent": 1}),
+                anon.post("/v1/sessions", content=b"{not json", headers=json_type),
+                anon.post(
+                    "/v1/sessions", content=b'{"agent": "a", "agent": "b"}', headers=json_type
+                ),
+                anon.post(
+                    "/v1/sessions", json={"agent": "support"}, headers={"Idempotency-Key": ""}
+                ),
+                anon.post(f"/v1/sessions/{sid}/responses", json={}),
+                anon.post(f"/v1/sessions/{sid}/cancel", json=[]),
+                anon.get("/v1/requests", params={"limit": 0}),
+                anon.get(f"/v1/sessions/{sid}/events", params={"after": -1}),
+                anon.get(f"/v1/sessions/{sid}/events", headers={"Last-Event-ID": "x"}),
+            ):
+                assert (
+                    error(r, 401, "unauthenticated") and r.headers["www-authenticate"] == "Bearer"
+                )
+            # What the API does not have is told before who asks, as the docs say: a path
+            # (404) or a method (405), which the public OpenAPI document lists anyway.
+            error(anon.get("/v1/nothing"), 404, "not_found")
+            error(anon.get("/v1/requests/"), 404, "not_found")
+            error(anon.delete("/v1/sessions"), 405, "method_not_allowed")
+    assert _stored(store) == before
+
+
+def test_two_authorization_headers_authenticate_no_one(base: str, store: str) -> None:
+    """Two `Authorization` headers acted as the first one's principal, where a proxy in front
+    (checking, logging or rate-limiting callers) may read the last, or join them: Mallory's
+    token first and an admin's second read the queue as Mallory. Two credentials are no
+    credential (401 `unauthenticated`, saying why), on the API and the dashboard, and nothing is
+    stored; a sign-in cookie beside them does not stand in for them either."""
+    with client(base, "alice-token") as alice:
+        sid = start(alice)["session_id"]
+    before = _stored(store)
+    for tokens in (("alice-token", "alice-token"), ("mallory-token", "admin-token")):
+        two = [("Authorization", f"Bearer {t}") for t in tokens]
+        with httpx.Client(base_url=base, timeout=10) as c:
+            r = c.get("/v1/requests", headers=two)
+            assert "one Authorization header" in error(r, 401, "unauthenticated")["message"]
+            r = c.post("/v1/sessions", json={"agent": "support", "message": "hi"}, headers=two)
+            error(r, 401, "unauthenticated")
+            r = c.post(f"/v1/sessions/{sid}/cancel", headers=two)
+            error(r, 401, "unauthenticated")
+            page = c.get("/_signoff/", headers=two)
+            assert page.status_code == 303 and page.headers["location"].startswith(
+                "/_signoff/login"
+            )
+    with client(base, "alice-token") as alice:
+        signed = alice.get("/_signoff/login")
+        token = re.search(r'name="csrf" value="([^"]+)"', signed.text)
+        assert token is not None
+        r = alice.post("/_signoff/login", data={"token": "alice-token", "csrf": token[1]})
+        assert r.status_code == 303
+        two = [("Authorization", "Bearer alice-token"), ("Authorization", "Bearer x")]
+        r = alice.get("/v1/requests", headers=two)
+        error(r, 401, "unauthenticated")
+        alice.headers.pop("Authorization")
+        assert alice.get("/v1/requests").status_code == 200  # the cookie alone reads
+    assert _stored(store) == before
