@@ -28,9 +28,9 @@ from signoff.testing import ExecutionLog, ManualClock, call, call_tools, reply, 
 
 from . import _orphan_child as orphan_child
 from ._procs import ROOT
+from ._subagents import ALICE, Counted, refund_agents
 from ._ttl import ttl_agent
 from .test_deadlines import asked, escalating_spec, payout_agent
-from .test_subagents import ALICE, Counted, refund_agents
 from .test_workers import is_, refund_agent, until, working
 
 

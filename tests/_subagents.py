@@ -1,0 +1,61 @@
+"""Helpers of the subagent tests: a support agent delegating refunds to a billing child whose
+refund needs approval, a scripted step that counts its calls, and a session's events.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    tool_results,
+)
+
+__all__ = ["ALICE", "Counted", "events", "refund_agents"]
+
+
+ALICE = so.Principal(authenticator="okta", principal_id="alice")
+
+
+async def events(rt: so.Runtime, session_id: str) -> list[so.Event]:
+    return [e async for e in rt.events(session_id, follow=False)]
+
+
+class Counted:
+    """A scripted step that counts its calls and remembers what the model was shown."""
+
+    def __init__(self, text: str) -> None:
+        self.capture = Capture(reply(text))
+        self.calls = 0
+
+    def __call__(self, conversation: list[so.Message]) -> so.ModelResponse:
+        self.calls += 1
+        return self.capture(conversation)
+
+
+def refund_agents(ran: list[dict[str, Any]], parent_step: Counted) -> tuple[so.Agent, so.Agent]:
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        ran.append({"order_id": order_id, "amount": amount})
+        return {"refunded": amount}
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042", amount=180)),
+            lambda conv: reply(f"Refunded: {tool_results(conv)[-1].content}"),
+        ],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), parent_step],
+        tools=[so.delegate("billing", description="Billing specialist.")],
+    )
+    return parent, child

@@ -1,0 +1,363 @@
+"""The delegate call itself: bad names, targets and tasks refused, a failed or over-budget
+child turn as its result, a later turn of the child or a message after either side finished,
+a child driven elsewhere, and a parent turn replaced meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff import _subagents
+from signoff.testing import (
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
+
+from ._replaced import assert_only_the_new_turn, replace_turn
+from ._subagents import (
+    ALICE,
+    Counted,
+    refund_agents,
+)
+
+
+def test_delegate_rejects_bad_names() -> None:
+    with pytest.raises(so.UsageError, match="agent"):
+        so.delegate("")
+    for bad in ("billing team", "facturación", "b" * 65):  # the model APIs refuse these names
+        with pytest.raises(so.UsageError, match="name="):
+            so.delegate(bad)
+    assert so.delegate("billing team", name="billing").name == "billing"
+
+
+async def test_delegating_to_an_unknown_agent_is_a_tool_error(tmp_path: Path) -> None:
+    after = Counted("sorry")
+    parent = scripted_agent(
+        "support", [call_tools(call("nobody", message="hi")), after], tools=[so.delegate("nobody")]
+    )
+    rt = sqlite_runtime(tmp_path, parent)
+    r = await rt.generate("support", prompt="hi")
+    assert r.status == "completed"
+    [result] = tool_results(after.capture.last)
+    assert result.is_error and "unknown agent 'nobody'" in result.content["error"]
+    await rt.close()
+
+
+def test_a_runtime_lacking_a_delegate_target_says_so_when_it_is_made(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its delegate calls can only fail, so the runtime logs it as it is made, once per process,
+    instead of leaving it to the model to find. It is not refused: a process may hold only
+    some agents (to record answers, or to resume a parent whose child ran elsewhere)."""
+    parent = scripted_agent("helpdesk", [reply("hi")], tools=[so.delegate("ledger", name="books")])
+    child = scripted_agent("ledger", [reply("done")])
+    url = f"sqlite:///{tmp_path}/state.db"
+    with caplog.at_level(logging.WARNING, logger="signoff.runtime"):
+        for agents in ([parent], [parent, child], [child], [parent]):
+            so.Runtime(agents, store=url).close_sync()
+    assert [r.getMessage() for r in caplog.records] == [
+        "agent 'helpdesk' delegates to 'ledger' (tool 'books'), which this runtime does not "
+        "have: the calls it runs fail (it has: helpdesk)"
+    ]
+
+
+async def test_a_blank_task_is_a_tool_error_and_makes_no_child(tmp_path: Path) -> None:
+    # the child's turn would refuse the prompt after its session was made, left without a turn
+    after = Counted("sorry")
+    child = scripted_agent("billing", [reply("never")])
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message=" \n ")), after],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="hi")
+    assert r.status == "completed"
+    [result] = tool_results(after.capture.last)
+    assert result.is_error and "whitespace" in str(result.content)
+    assert [s.id for s in await rt.sessions()] == [r.session_id]
+    await rt.close()
+
+
+async def test_a_later_turn_of_the_child_is_not_the_delegate_calls_result(tmp_path: Path) -> None:
+    """A message sent to the child after its delegated turn completed (here before a process
+    with the parent's agent went on) starts another turn of the child: the delegate call's
+    result is still the delegated turn's text, not the answer to that later message."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+            reply("Noted, thanks."),
+        ],
+        tools=[issue_refund],
+    )
+    after = Counted("unused")
+    after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    billing_only = sqlite_runtime(tmp_path, child)
+    child_id = mirror.child.session_id
+    await billing_only.respond(
+        child_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    later = await billing_only.send(child_id, "thanks!", principal=ALICE)
+    assert (later.status, later.text) == ("completed", "Noted, thanks.")
+    await billing_only.close()
+    finished = await rt.generate(session_id=r.session_id)
+    assert (finished.status, finished.text) == ("completed", "parent saw: Refund done.")
+    assert ran == ["1042"] and after.calls == 1
+    await rt.close()
+
+
+async def test_a_message_to_the_parent_after_its_child_finished_keeps_the_childs_text(
+    tmp_path: Path,
+) -> None:
+    """The child's request is answered on the child by a process without the parent's agent,
+    and the child's turn completes; a message then steers the parent before it went on. The
+    child's turn can no longer be cancelled and its refund ran: the delegate call's result is
+    the child's text, not `interrupted`, which told the parent's model nothing was done."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("Noted.")
+    parent, child = refund_agents(ran, after)
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    billing_only = sqlite_runtime(tmp_path, child)
+    await billing_only.respond(
+        mirror.child.session_id,
+        [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+        principal=ALICE,
+    )
+    await billing_only.close()
+    assert ran == [{"order_id": "1042", "amount": 180.0}]
+    done = await rt.send(r.session_id, "is it done?", principal=ALICE)
+    assert (done.status, done.text) == ("completed", "Noted.")
+    [result] = tool_results(after.capture.last)
+    assert result.content == "Refunded: {'refunded': 180.0}"
+    child_state = await rt.state(mirror.child.session_id)
+    assert child_state.turn is not None and child_state.turn.status == "completed"
+    assert after.calls == 1 and len(ran) == 1
+    await rt.close()
+
+
+async def test_a_message_to_a_child_after_its_parent_finished_gets_a_reply(
+    tmp_path: Path,
+) -> None:
+    """The child is an ordinary session: a message sent to it after its delegated turn and its
+    parent's turn completed starts a turn that runs, not one cancelled as an orphan of a
+    parent turn that ended long ago (only the delegated turn belongs to the parent's)."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [
+            call_tools(call("issue_refund", order_id="1042")),
+            reply("Refund done."),
+            reply("Noted, thanks."),
+        ],
+        tools=[issue_refund],
+    )
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), reply("Done.")],
+        tools=[so.delegate("billing")],
+    )
+    async with sqlite_runtime(tmp_path, parent, child) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        done = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=mirror.id, option_id="approve")],
+            principal=ALICE,
+        )
+        assert (done.status, done.text) == ("completed", "Done.")
+        later = await rt.send(mirror.child.session_id, "thanks!", principal=ALICE)
+        assert (later.status, later.text) == ("completed", "Noted, thanks.")
+        assert ran == ["1042"]
+
+
+async def test_a_failed_child_turn_is_the_delegate_calls_error(tmp_path: Path) -> None:
+    child = scripted_agent("billing", [ConnectionError("model unavailable")])
+    after = Counted("The billing agent is down.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="refund 1")), after],
+        tools=[so.delegate("billing")],
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="refund 1")
+    assert r.status == "completed" and after.calls == 1
+    [result] = tool_results(after.capture.last)
+    assert result.is_error and result.content["error"].startswith("SubagentFailed: ")
+    assert "model unavailable" in result.content["error"]
+    await rt.close()
+
+
+async def test_a_childs_spent_budget_is_asked_on_the_parent_and_raises_only_the_childs(
+    tmp_path: Path,
+) -> None:
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look an order up."""
+        return "shipped"
+
+    spent = so.Usage(input_tokens=50, output_tokens=0)
+    child = scripted_agent(
+        "orders",
+        [call_tools(call("lookup", order_id="3"), usage=spent), reply("Order 3 shipped.")],
+        tools=[lookup],
+        limits=so.Limits(max_tokens=40),
+    )
+    after = Counted("It shipped.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("orders", message="where is 3?")), after],
+        tools=[so.delegate("orders")],
+        limits=so.Limits(max_tokens=1000),
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="where is 3?", auth=ALICE)
+    [limit] = r.pending
+    assert limit.kind == "session-limit" and limit.source == "child"
+    assert [o.id for o in limit.options] == ["continue", "stop"]
+    done = await rt.send(r.session_id, "continue", principal=ALICE)
+    assert done.status == "completed" and after.calls == 1
+    assert tool_results(after.capture.last)[0].content == "Order 3 shipped."
+    assert limit.child is not None
+    assert (await rt.state(limit.child.session_id)).limit_grants == 1
+    assert (await rt.state(r.session_id)).limit_grants == 0
+    await rt.close()
+
+
+async def test_a_delegate_call_waits_for_a_child_driven_elsewhere(tmp_path: Path) -> None:
+    """The child's request is answered directly and its approved tool is still running when
+    the same answer comes through the parent: the parent's delegate call must wait for that
+    drive (longer than `lease_wait`) and return the child's text, not fail as busy, which told
+    the parent's model that a refund that ran had failed."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    ran: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order, slowly."""
+        entered.set()
+        await release.wait()
+        ran.append(order_id)
+        return "refunded"
+
+    child = scripted_agent(
+        "billing",
+        [call_tools(call("issue_refund", order_id="1042")), reply("Refund done.")],
+        tools=[issue_refund],
+    )
+    after = Counted("unused")
+    after.capture.respond = lambda conv: reply(f"parent saw: {tool_results(conv)[-1].content}")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", id="d1", message="Refund order 1042")), after],
+        tools=[so.delegate("billing")],
+    )
+    async with sqlite_runtime(tmp_path, parent, child, lease_wait=0.2) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        direct = asyncio.create_task(
+            rt.respond(
+                mirror.child.session_id,
+                [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+                principal=ALICE,
+            )
+        )
+        await entered.wait()
+        through_parent = asyncio.create_task(
+            rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=mirror.id, option_id="approve")],
+                principal=ALICE,
+            )
+        )
+        await asyncio.sleep(0.6)  # past lease_wait, the child's tool still running
+        release.set()
+        done = await through_parent
+        assert (await direct).status == "completed"
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "completed"
+        assert state.turn.text == "parent saw: Refund done."
+        assert done.outcomes[0].outcome == "approved"
+        assert ran == ["1042"] and after.calls == 1
+
+
+async def test_a_delegate_call_whose_parent_turn_was_replaced_records_nothing_into_the_new_one(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a delegate call creates its child, another process cancels the parent's turn and
+    starts a new one (left running: this process holds the lease). The call then finds its own
+    turn stopped: the child is cancelled, nothing of the old turn lands in the new one (its
+    `tool.completed` there made the parent unloadable), and the new turn runs normally."""
+
+    def agents(script: list[Any]) -> list[so.Agent]:
+        parent = scripted_agent("support", script, tools=[so.delegate("billing")])
+        return [parent, scripted_agent("billing", [reply("Refund done.")])]
+
+    delegate = call_tools(call("billing", id="d1", message="Refund order 1042"))
+    async with (
+        so.Runtime(agents([delegate, reply("Tried again.")]), store=store_url) as rt,
+        so.Runtime(agents([reply("Tried again.")]), store=store_url, lease_wait=0) as other,
+    ):
+        sid = await rt.create_session("support", auth=ALICE)
+        original = _subagents.RuntimeHost.create_child
+        new_turn: list[str] = []
+
+        async def create_child(
+            host: _subagents.RuntimeHost, agent: str, parent_id: str, key: str, **kw: Any
+        ) -> str:
+            new_turn.append(await replace_turn(other, sid))
+            return await original(host, agent, parent_id, key, **kw)
+
+        monkeypatch.setattr(_subagents.RuntimeHost, "create_child", create_child)
+        first = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        monkeypatch.undo()
+        # This process drove the new turn once its own stopped: it is the session's turn now.
+        assert (first.status, first.turn_id, first.text) == ("completed", *new_turn, "Tried again.")
+        started = await assert_only_the_new_turn(rt, sid, new_turn[0])
+        assert started.data["message"] == "Try again"
+        [row] = await rt.sessions(agent="billing")
+        assert row.status == "cancelled", row
+        assert await rt.verify_audit() == []
