@@ -1,7 +1,8 @@
 """What only the PostgreSQL store has: URLs and connections, and reading the audit trail by index.
 
 Everything the `Store` protocol promises is tested once for both stores in
-test_store_conformance.py; the test_postgres_*.py files cover what is specific to PostgreSQL.
+test_store_conformance.py and test_store_{requests,leases,concurrency,runtime,edited_rows}.py;
+the test_postgres_*.py files cover what is specific to PostgreSQL.
 The `admin` connection helper here is shared by them.
 """
 
