@@ -292,6 +292,18 @@ def pg_store_url(pg_cluster: PgCluster) -> Iterator[str]:
             pg_cluster.drop_database(name)
 
 
+@pytest.fixture
+async def pg(pg_store_url: str) -> AsyncIterator[PostgresStore]:
+    """An opened PostgreSQL store on a database of its own with signoff's schema, closed after
+    the test."""
+    store = PostgresStore(pg_store_url)
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
 @pytest.fixture(params=STORE_KINDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A store URL for each backend: a SQLite file in tmp_path, a fresh PostgreSQL database."""

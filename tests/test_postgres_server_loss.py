@@ -1,0 +1,211 @@
+"""The PostgreSQL store when the server goes away: a server gone after open, a pool killed while
+idle, outages and restarts, and a read-only hot standby."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import psycopg
+import pytest
+
+from signoff._exceptions import StoreError, StoreUnavailable
+from signoff.stores import Commit
+from signoff.stores.postgres import PostgresStore
+
+from ._pg_events import T0, ev, new_session
+from .conftest import PgCluster
+from .test_postgres import admin
+
+
+async def test_server_gone_after_open_is_a_store_error() -> None:
+    cluster = PgCluster.start()
+    try:
+        store = PostgresStore(cluster.admin_url, timeout=0.3)
+        await store.open()
+        sid = await new_session(store)
+        cluster.stop()
+        with pytest.raises(StoreError):
+            await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        with pytest.raises(StoreError):
+            await store.head(sid)
+        await store.close()
+    finally:
+        cluster.stop()
+
+
+async def _kill_all_but(observer: psycopg.AsyncConnection[Any]) -> int:
+    """Terminate every other client backend of this database (as a server restart would)."""
+    cur = await observer.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+        "current_database() AND pid <> pg_backend_pid() AND backend_type = 'client backend'"
+    )
+    return len(await cur.fetchall())
+
+
+@pytest.mark.parametrize("op", ["read", "write"])
+async def test_a_pool_of_connections_all_killed_while_idle_is_renewed(
+    pg_store_url: str, op: str
+) -> None:
+    """After a server restart every idle connection in the pool is dead: the next read or write
+    must not use them up one retry at a time and fail, but go on over fresh connections."""
+    store = PostgresStore(pg_store_url, min_size=4, max_size=4)
+    try:
+        sid = await new_session(store)
+
+        async def busy() -> None:
+            await store.read_events(sid)
+            await asyncio.sleep(0.05)
+
+        await asyncio.gather(*(busy() for _ in range(4)))  # four connections, all idle now
+        observer = await admin(pg_store_url)
+        async with observer:
+            assert await _kill_all_but(observer) >= 4
+        if op == "read":
+            assert [e.seq for e in await store.read_events(sid)] == [1]
+        else:
+            await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+            assert await store.head(sid) == 2
+    finally:
+        await store.close()
+
+
+async def test_the_pool_reconnects_soon_after_an_outage() -> None:
+    """psycopg_pool retries a lost connection backing off up to minutes apart, so a database back
+    after an outage went unused, every call failing, for up to as long again as it was down:
+    reconnecting starts over within seconds instead."""
+    cluster = PgCluster.start()
+    try:
+        store = PostgresStore(cluster.admin_url, min_size=2, max_size=2, timeout=2)
+        sid = await new_session(store)
+        cluster.halt()
+        with pytest.raises(StoreError):
+            await store.head(sid)  # the pool finds its connections dead, and reconnects
+        # Its reconnections fail, each waiting longer (psycopg_pool: 1, 2, 4, 8 s...): about 8 s
+        # after the loss, the next would come only 6 to 8 s later.
+        await asyncio.sleep(5.5)
+        cluster.resume()
+        await asyncio.sleep(0.3)
+        # The server is back: a call now gets a connection within its wait (2 s here).
+        assert await store.head(sid) == 1
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        assert await store.head(sid) == 2
+        await store.close()
+    finally:
+        cluster.stop()
+
+
+async def test_a_long_outage_fails_fast_and_the_store_recovers() -> None:
+    """With PostgreSQL down, a call waits for it only as long as the outage grace (not the
+    pool's whole timeout), then fails with `StoreUnavailable`; once the outage outlasts the
+    grace, calls fail at once; when the server is back, the next call goes through."""
+    cluster = PgCluster.start()
+    try:
+        store = PostgresStore(cluster.admin_url, min_size=2, max_size=2, timeout=30, grace=1.5)
+        sid = await new_session(store)
+        cluster.halt()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(StoreUnavailable, match="PostgreSQL unavailable"):
+            await store.head(sid)
+        assert loop.time() - started < 5  # the grace and a probe, not the 30 s pool timeout
+        for call in (
+            lambda: store.head(sid),
+            lambda: store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)])),
+        ):
+            started = loop.time()
+            with pytest.raises(StoreUnavailable):
+                await call()
+            assert loop.time() - started < 1
+        stop = asyncio.Event()
+
+        async def hammer() -> None:  # calls failing all along, up to the moment it is back
+            while not stop.is_set():
+                with contextlib.suppress(StoreUnavailable):
+                    await store.head(sid)
+                await asyncio.sleep(0.02)
+
+        hammering = asyncio.ensure_future(hammer())
+        await asyncio.to_thread(cluster.resume)
+        # the first call after the server is back finds it, not an earlier call's finding
+        assert await store.head(sid) == 1  # nothing was written while it was down
+        stop.set()
+        await hammering
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        assert [e.seq for e in await store.read_events(sid)] == [1, 2]
+        await store.close()
+    finally:
+        cluster.stop()
+
+
+async def test_calls_during_a_brief_restart_go_through_once() -> None:
+    """A restart shorter than the outage grace is ridden out: a read and a write made while
+    the server is down both succeed once it is back, and the write is applied once."""
+    cluster = PgCluster.start()
+    try:
+        store = PostgresStore(cluster.admin_url, min_size=2, max_size=2, timeout=30, grace=8)
+        sid = await new_session(store)
+        await asyncio.to_thread(cluster.halt)
+        reading = asyncio.ensure_future(store.head(sid))
+        writing = asyncio.ensure_future(
+            store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        )
+        await asyncio.sleep(1.5)
+        assert not reading.done() and not writing.done()
+        await asyncio.to_thread(cluster.resume)
+        started = asyncio.get_running_loop().time()
+        assert await asyncio.wait_for(reading, 10) in (1, 2)
+        await asyncio.wait_for(writing, 10)
+        assert asyncio.get_running_loop().time() - started < 3  # soon after it is back
+        assert [e.seq for e in await store.read_events(sid)] == [1, 2]
+        await store.close()
+    finally:
+        cluster.stop()
+
+
+def test_the_outage_grace_url_option() -> None:
+    assert PostgresStore("postgresql://u@h/db?outage_grace=2.5")._outage.grace == 2.5
+    with pytest.raises(StoreError, match="outage_grace"):
+        PostgresStore("postgresql://u@h/db?outage_grace=0")
+
+
+async def test_a_hot_standby_is_read_and_refuses_writes_clearly() -> None:
+    """After a failover to a hot standby (read-only): reads work, writes are a `StoreError` that
+    says so and write nothing, a wait ends at its timeout though the listener cannot subscribe
+    there, and the listener retries backing off rather than reconnecting ten times a second."""
+    cluster = PgCluster.start()
+    standby: PgCluster | None = None
+    try:
+        name = cluster.create_database()
+        primary = PostgresStore(cluster.url(name))
+        sid = await new_session(primary)
+        await primary.close()
+        standby = cluster.standby()
+        store = PostgresStore(standby.url(name), timeout=2)
+        assert await store.head(sid) == 1
+        with pytest.raises(StoreError, match="read-only"):
+            await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
+        with pytest.raises(StoreError, match="read-only"):
+            await new_session(store)
+        with pytest.raises(StoreError, match="read-only"):
+            await store.claim("w", 10, T0, 10)
+        assert [e.seq for e in await store.read_events(sid)] == [1]
+        real_connect = store._changes._connect
+        connects: list[float] = []
+
+        async def counted() -> Any:
+            connects.append(asyncio.get_running_loop().time())
+            return await real_connect()
+
+        store._changes._connect = counted
+        started = asyncio.get_running_loop().time()
+        assert await store.wait_for_change(sid, 1.5) is False
+        assert asyncio.get_running_loop().time() - started < 2.0
+        await asyncio.sleep(2.0)
+        assert 1 <= len(connects) <= 8, f"{len(connects)} LISTEN connections in 3.5 s"
+        await store.close()
+    finally:
+        if standby is not None:
+            standby.stop()
+        cluster.stop()

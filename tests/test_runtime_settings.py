@@ -1,0 +1,148 @@
+"""The runtime's own settings: what it refuses, what it accepts, and what a copy of it keeps; and
+the bound on bytes a follower reads at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.stores import SQLiteStore
+from signoff.testing import (
+    reply,
+    scripted_agent,
+)
+
+
+async def test_with_store_keeps_every_setting_but_the_store(tmp_path: Path) -> None:
+    """`--store` (CLI and server) goes through `with_store`: the same agents and settings,
+    including the state cache's size, on another store; the original runtime is unchanged."""
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")]))
+    clock = lambda: 1_000.0  # noqa: E731
+    first = so.Runtime(
+        [agent],
+        f"sqlite:///{tmp_path}/one.db",
+        clock=clock,
+        lease_ttl=7.0,
+        lease_wait=3.0,
+        cache_size=5,
+        poll_interval=0.5,
+        inline=False,
+    )
+    other = first.with_store(f"sqlite:///{tmp_path}/two.db")
+    assert other.agents == first.agents and other.store is not first.store
+    assert other.store.url.endswith("two.db") and first.store.url.endswith("one.db")
+    settings = ("clock", "lease_ttl", "lease_wait", "_cache_size", "poll_interval", "inline")
+    assert [getattr(other, s) for s in settings] == [getattr(first, s) for s in settings]
+    assert (other.lease_ttl, other._cache_size, other.inline) == (7.0, 5, False)
+    r = await other.generate("a", prompt="hello")
+    assert r.status == "running"  # inline=False: left to workers, on the other store
+    assert [s.id for s in await other.sessions()] == [r.session_id]
+    assert await first.sessions() == []
+    await first.close()
+    await other.close()
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"lease_wait": float("nan")},
+        {"lease_wait": -1},
+        {"lease_wait": "10"},
+        {"cache_size": -1},
+        {"cache_size": 2.5},
+        {"cache_size": True},
+    ],
+)
+def test_runtime_refuses_a_lease_wait_or_cache_size_it_cannot_use(
+    tmp_path: Path, setting: dict[str, Any]
+) -> None:
+    """`lease_wait=nan` waited for a busy session for ever (never `SessionBusy`), and
+    `cache_size=-1` made the first call a bare KeyError; both are refused when constructed."""
+    with pytest.raises(so.UsageError, match=next(iter(setting))):
+        so.Runtime([], store=f"sqlite:///{tmp_path}/s.db", **setting)
+
+
+def test_runtime_takes_a_lease_wait_of_0_and_a_cache_of_0(tmp_path: Path) -> None:
+    agent = scripted_agent("a", [reply("hi")], repeat_last=True)
+    rt = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db", lease_wait=0, cache_size=0)
+    try:
+        assert rt.generate_sync("a", prompt="hello").text == "hi"
+    finally:
+        rt.close_sync()
+
+
+class BatchStore(SQLiteStore):
+    """Records how many events each bounded read returned."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.batches: list[int] = []
+
+    async def read_events(self, *args: Any, **kwargs: Any) -> list[so.Event]:
+        events = await super().read_events(*args, **kwargs)
+        if kwargs.get("limit") is not None:
+            self.batches.append(len(events))
+        return events
+
+
+async def test_following_events_holds_a_bounded_number_of_bytes_per_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`events()` reads at most `stores.READ_BYTES` of event JSON at once (500 events of
+    megabytes each were held per read), and still yields every event, in order."""
+    agent = scripted_agent("a", [reply("hello " * 50)] * 4, repeat_last=True)
+    store = BatchStore(f"sqlite:///{tmp_path}/s.db")
+    async with so.Runtime([agent], store=store) as rt:
+        r = await rt.generate("a", prompt="one")
+        for prompt in ("two", "three"):
+            await rt.generate(session_id=r.session_id, prompt=prompt)
+        head = await store.head(r.session_id)
+        monkeypatch.setattr(so.stores, "READ_BYTES", 1)
+        seqs = [e.seq async for e in rt.events(r.session_id, follow=False)]
+    assert head is not None and seqs == list(range(1, head + 1))
+    assert max(store.batches) == 1
+
+
+def test_a_replaced_runtime_keeps_every_setting_it_is_not_given(tmp_path: Path) -> None:
+    """`signoff worker` and `--store` rebuild the runtime a module made: a setting left out of
+    the copy (the worker once dropped `cache_size`) would silently change how it runs."""
+    import inspect
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from signoff._sessions import SessionRunner
+
+    clock = so.testing.ManualClock(1_000.0)
+    original = so.Runtime(
+        [so.Agent(name="a", model=so.models.Scripted([]))],
+        f"sqlite:///{tmp_path / 'a.db'}",
+        clock=clock,
+        lease_ttl=11.0,
+        lease_wait=3.0,
+        cache_size=7,
+        poll_interval=0.5,
+        inline=True,
+        tracer_provider=TracerProvider(),
+        trace_content=True,
+    )
+    copy = original._replaced(lease_ttl=2.0, inline=False)
+    settings = {
+        "clock": "clock",
+        "lease_wait": "lease_wait",
+        "cache_size": "_cache_size",
+        "poll_interval": "poll_interval",
+        "tracer_provider": "tracer_provider",
+        "trace_content": "trace_content",
+    }
+    given = {"agents", "store", "lease_ttl", "inline"}
+    params = set(inspect.signature(SessionRunner.__init__).parameters) - {"self"}
+    assert params == given | set(settings), "a new setting: carry it in Runtime._replaced"
+    for attribute in settings.values():
+        assert getattr(copy, attribute) == getattr(original, attribute), attribute
+    assert (copy.lease_ttl, copy.inline, copy.store) == (2.0, False, original.store)
+    assert list(copy.agents) == ["a"]
+    moved = original.with_store(f"sqlite:///{tmp_path / 'b.db'}")
+    assert (moved.lease_ttl, moved.inline, moved._cache_size) == (11.0, True, 7)

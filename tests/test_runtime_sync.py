@@ -1,0 +1,112 @@
+"""The runtime's sync twins: the same API from plain code and from inside a running loop."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    ExecutionLog,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
+
+from .test_runtime import ALICE, refund_agent, tools, waiting_session
+
+# -- sync twins -----------------------------------------------------------------------------------
+
+
+def test_sync_twins_from_plain_code(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "a",
+        [
+            call_tools(
+                call("issue_refund", order_id="1", amount=5),
+                call("issue_refund", order_id="2", amount=6),
+            ),
+            reply("done"),
+            call_tools(call("issue_refund", order_id="3", amount=7)),
+            reply("second done"),
+        ],
+        tools=tools(log),
+    )
+    rt = sqlite_runtime(tmp_path, agent)
+    try:
+        r = rt.generate_sync("a", prompt="refund", auth=ALICE)
+        assert r.status == "waiting"
+        queue = rt.pending_sync()
+        assert [p.id for p in queue] == [p.id for p in r.pending]
+        assert rt.pending_sync(session_id="ses_nope") == []
+        r = rt.respond_sync(
+            r.session_id,
+            [so.InputResponse(request_id=queue[0].id, option_id="approve")],
+            principal=ALICE,
+        )
+        assert r.status == "waiting"
+        r = rt.generate_sync(
+            session_id=r.session_id,
+            approvals=[
+                so.Decision(id=queue[0].id, approved=True),
+                so.Decision(id=queue[1].id, approved=False),
+            ],
+            auth=ALICE,
+        )
+        assert r.status == "completed"
+        assert r.outcomes == [
+            so.Outcome(request_id=queue[0].id, outcome="approved", applied=False),
+            so.Outcome(request_id=queue[1].id, outcome="cancelled", applied=True),
+        ]
+        assert log.count() == 1
+        r = rt.generate_sync(session_id=r.session_id, prompt="again", auth=ALICE)
+        assert r.status == "waiting"
+        cancelled = rt.cancel_sync(r.session_id)
+        assert cancelled.status == "cancelled"
+        assert rt.state_sync(r.session_id).status == "cancelled"
+        events = rt.events_sync(r.session_id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        with pytest.raises(so.UnknownSession):
+            rt.generate_sync(session_id="ses_nope", prompt="x")
+    finally:
+        rt.close_sync()
+
+
+async def test_approvals_as_plain_dicts(tmp_path: Path) -> None:
+    """The helix JSON shape: [{id, approved, reason}] straight from a request body."""
+    log = ExecutionLog()
+    seen = Capture(reply("ok"))
+    async with sqlite_runtime(tmp_path, refund_agent(log, seen)) as rt:
+        r = await waiting_session(rt)
+        body: list[dict[str, Any]] = [{"id": r.pending[0].id, "approved": False, "reason": "no"}]
+        done = await rt.generate(session_id=r.session_id, approvals=body)
+        assert done.status == "completed"
+        assert done.outcomes == [
+            so.Outcome(request_id=r.pending[0].id, outcome="cancelled", applied=True)
+        ]
+        assert tool_results(seen.last)[0].content["reason"] == "no"
+        assert log.count() == 0
+
+
+async def test_sync_twins_inside_a_running_loop(tmp_path: Path) -> None:
+    """Notebooks run an event loop already: the sync twins must not need the caller's loop."""
+    log = ExecutionLog()
+    rt = sqlite_runtime(tmp_path, refund_agent(log))
+    try:
+        r = rt.generate_sync("a", prompt="refund order 1")
+        assert r.status == "waiting"
+        (req,) = rt.pending_sync()
+        done = rt.respond_sync(
+            r.session_id, [so.InputResponse(request_id=req.id, option_id="approve")]
+        )
+        assert done.status == "completed"
+        assert log.count() == 1
+    finally:
+        rt.close_sync()

@@ -1,0 +1,166 @@
+"""Rows edited behind the runtime's back: a damaged event, session or request row is a named
+store error.
+
+Part of the one suite for the `Store` protocol (test_store_conformance.py and
+test_store_{requests,leases,concurrency,runtime,edited_rows}.py): the `store` and `store_url`
+fixtures in conftest.py run it against both backends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._exceptions import (
+    StoreError,
+)
+from signoff.stores._codec import pack_bytes
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+from ._procs import query
+
+# -- rows edited behind the runtime's back ---------------------------------------------------
+
+
+def edit(url: str, sql: str, *params: Any) -> None:
+    """Change signoff's tables directly, as a hand edit or a half-restored backup would
+    (`{t}` and `{p}` as for `query`), and commit."""
+    if url.startswith("sqlite:///"):
+        import sqlite3
+
+        conn = sqlite3.connect(url[len("sqlite:///") :])
+        with conn:
+            conn.execute(sql.format(t="", p="?"), params)
+        conn.close()
+        return
+    query(url, sql + " RETURNING 1", *params)
+
+
+async def parked_pair(rt: so.Runtime) -> tuple[so.GenerateResult, so.GenerateResult]:
+    """Two sessions of `gated_agent`, each waiting for an approval."""
+    return await rt.generate("support", prompt="one"), await rt.generate("support", prompt="two")
+
+
+def gated_agent() -> so.Agent:
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return f"refunded {order_id}"
+
+    steps = [call_tools(call("issue_refund", order_id="1")), reply("done")] * 2
+    return scripted_agent("support", steps, tools=[issue_refund])
+
+
+def session_rows(url: str, sid: str) -> list[tuple[Any, ...]]:
+    return query(
+        url,
+        "SELECT s.head, e.seq FROM {t}sessions s LEFT JOIN {t}events e ON e.sk = s.sk "
+        "WHERE s.id = {p} ORDER BY e.seq",
+        sid,
+    )
+
+
+async def test_a_damaged_event_row_is_named_by_its_session_and_seq(store_url: str) -> None:
+    async with so.Runtime([gated_agent()], store=store_url) as rt:
+        one, two = await parked_pair(rt)
+        edit(
+            store_url,
+            "UPDATE {t}events SET data = {p} WHERE seq = 2 AND sk = "
+            "(SELECT sk FROM {t}sessions WHERE id = {p})",
+            b"\x01not deflate",
+            one.session_id,
+        )
+        before = session_rows(store_url, one.session_id)
+        fresh = so.Runtime([gated_agent()], store=store_url)  # nothing cached
+        try:
+            answer = so.InputResponse(request_id=one.pending[0].id, option_id="approve")
+            for attempt in (
+                lambda: fresh.state(one.session_id),
+                lambda: fresh.store.read_events(one.session_id),
+                lambda: fresh.respond(one.session_id, [answer]),
+            ):
+                with pytest.raises(StoreError, match=f"session '{one.session_id}', event 2: "):
+                    await attempt()
+            answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
+            assert (await fresh.respond(two.session_id, [answer])).status == "completed"
+        finally:
+            await fresh.close()
+        assert session_rows(store_url, one.session_id) == before
+
+
+@pytest.mark.parametrize(
+    "damage",
+    ["last event deleted", "every event deleted", "head ahead", "head behind", "snapshot ahead"],
+)
+async def test_a_session_row_that_disagrees_with_its_log_is_a_store_error(
+    store_url: str, damage: str
+) -> None:
+    """A half-restored backup: the session row's head, its snapshot and its events do not
+    agree. Reading or answering it says so, instead of retrying commits that can never apply
+    ("too many concurrent appends") or calling the session unknown; nothing is written, and
+    other sessions go on."""
+    async with so.Runtime([gated_agent()], store=store_url) as rt:
+        one, two = await parked_pair(rt)
+        sid = one.session_id
+        state = await rt.state(sid)
+    of_session = "sk = (SELECT sk FROM {t}sessions WHERE id = {p})"
+    if damage == "last event deleted":
+        edit(
+            store_url, f"DELETE FROM {{t}}events WHERE seq = {{p}} AND {of_session}", state.seq, sid
+        )
+    elif damage == "every event deleted":
+        edit(store_url, f"DELETE FROM {{t}}events WHERE {of_session}", sid)
+    elif damage == "head ahead":
+        edit(store_url, "UPDATE {t}sessions SET head = head + 3 WHERE id = {p}", sid)
+    elif damage == "head behind":
+        edit(store_url, "UPDATE {t}sessions SET head = head - 1 WHERE id = {p}", sid)
+    else:
+        snapshot = {**state.to_snapshot(), "seq": state.seq + 5}
+        edit(
+            store_url,
+            "INSERT INTO {t}snapshots (sk, seq, data) SELECT sk, {p}, {p} FROM {t}sessions "
+            "WHERE id = {p} ON CONFLICT (sk) DO UPDATE SET seq = excluded.seq, "
+            "data = excluded.data",
+            state.seq + 5,
+            pack_bytes(snapshot),
+            sid,
+        )
+    before = session_rows(store_url, sid)
+    async with so.Runtime([gated_agent()], store=store_url) as rt:
+        answer = so.InputResponse(request_id=one.pending[0].id, option_id="approve")
+        for attempt in (lambda: rt.state(sid), lambda: rt.respond(sid, [answer])):
+            with pytest.raises(StoreError, match=f"session '{sid}'") as info:
+                await attempt()
+            assert type(info.value) is StoreError, info.value
+        answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
+        assert (await rt.respond(two.session_id, [answer])).status == "completed"
+    assert session_rows(store_url, sid) == before
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "UPDATE {t}requests SET status = 'settled' WHERE id = {p}",
+        "DELETE FROM {t}requests WHERE id = {p}",
+    ],
+)
+async def test_a_request_row_that_disagrees_with_the_log_is_a_store_error(
+    store_url: str, damage: str
+) -> None:
+    """The log says a request is pending, its row says otherwise (or is gone): answering it is
+    a StoreError naming both, not twenty retries ending in 'too much contention'; nothing is
+    written, and the other session's answer goes through."""
+    async with so.Runtime([gated_agent()], store=store_url) as rt:
+        one, two = await parked_pair(rt)
+        rid = one.pending[0].id
+        edit(store_url, damage, rid)
+        before = session_rows(store_url, one.session_id)
+        answer = so.InputResponse(request_id=rid, option_id="approve")
+        with pytest.raises(StoreError, match=f"session '{one.session_id}'.*{rid}") as info:
+            await rt.respond(one.session_id, [answer])
+        assert type(info.value) is StoreError, info.value
+        assert session_rows(store_url, one.session_id) == before
+        answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
+        assert (await rt.respond(two.session_id, [answer])).status == "completed"

@@ -1,0 +1,236 @@
+"""The `Store` protocol's leases and claims: fencing, renewals, releases, and workers claiming
+sessions with work.
+
+Part of the one suite for the `Store` protocol (test_store_conformance.py and
+test_store_{requests,leases,concurrency,runtime,edited_rows}.py): the `store` and `store_url`
+fixtures in conftest.py run it against both backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from signoff._events import Event
+from signoff._exceptions import (
+    AppendConflict,
+    LeaseLost,
+)
+from signoff.stores import Commit, Store
+
+from .conftest import make_store
+from .test_store_conformance import T0, ev, new_session
+
+# -- leases ----------------------------------------------------------------------------------
+
+
+async def test_leases_and_fencing(store: Store) -> None:
+    sid = await new_session(store)
+    t1 = await store.acquire_lease(sid, "w1", 10, T0)
+    assert t1 is not None
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 5) is None  # held
+    assert await store.renew_lease(sid, "w1", t1, 10, T0 + 9)
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 15) is None  # renewed until T0+19
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 18.5) is None  # held to its end
+    assert not await store.renew_lease(sid, "w2", t1, 10, T0 + 15)  # not the owner
+    assert not await store.renew_lease(sid, "w1", t1 + 1, 10, T0 + 15)  # not the token
+    # A lease commit goes through; then the lease expires and w2 takes over with a new token.
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=t1))
+    t2 = await store.acquire_lease(sid, "w2", 10, T0 + 20)
+    assert t2 is not None and t2 > t1
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], lease_token=t1)
+        )
+    assert await store.head(sid) == 2
+    assert not await store.renew_lease(sid, "w1", t1, 10, T0 + 21)
+    await store.commit(Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], lease_token=t2))
+    # The stale owner releasing does nothing; the real owner releasing frees it at once.
+    await store.release_lease(sid, "w1", t1)
+    assert await store.acquire_lease(sid, "w3", 10, T0 + 22) is None
+    await store.release_lease(sid, "w2", t2)
+    t3 = await store.acquire_lease(sid, "w3", 10, T0 + 22)
+    assert t3 is not None and t3 > t2
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4)], lease_token=t2)
+        )
+    # Re-acquiring one's own lease fences one's own older token too.
+    t4 = await store.acquire_lease(sid, "w3", 10, T0 + 23)
+    assert t4 is not None and t4 > t3
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4)], lease_token=t3)
+        )
+    assert await store.head(sid) == 3
+
+
+async def test_a_late_renewal_never_shortens_a_lease(store: Store) -> None:
+    """A renewal sent earlier but applied later (a PostgreSQL server process frozen with it
+    buffered, woken after the call timed out and a newer renewal went through) keeps the
+    later expiry: the lease is never shortened under its owner."""
+    sid = await new_session(store)
+    token = await store.acquire_lease(sid, "w1", 10, T0)
+    assert token is not None
+    assert await store.renew_lease(sid, "w1", token, 10, T0 + 8)  # until T0 + 18
+    assert await store.renew_lease(sid, "w1", token, 10, T0 + 2)  # the late one: until T0 + 12
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 15) is None  # still w1's to T0 + 18
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 18.5) is not None
+
+
+async def test_a_commit_can_free_its_lease(store: Store) -> None:
+    sid = await new_session(store)
+    t1 = await store.acquire_lease(sid, "w1", 10, T0)
+    assert t1 is not None
+    commit = Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=t1)
+    await store.commit(dataclasses.replace(commit, release_lease=True))
+    assert await store.head(sid) == 2
+    assert not await store.renew_lease(sid, "w1", t1, 10, T0 + 1)  # given back with the commit
+    t2 = await store.acquire_lease(sid, "w2", 10, T0 + 1)  # at once, not at expiry
+    assert t2 is not None and t2 > t1
+    # A refused commit frees nothing: the lease stays w2's.
+    stale = Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=t2)
+    with pytest.raises(AppendConflict):
+        await store.commit(dataclasses.replace(stale, release_lease=True))
+    assert await store.acquire_lease(sid, "w3", 10, T0 + 2) is None
+
+
+async def test_a_released_lease_token_never_writes_again(store: Store) -> None:
+    """A token given back (by `release_lease` or by the commit that releases it) is fenced at
+    once, not only once someone else takes the lease; the next grant still gets a larger one."""
+    sid = await new_session(store)
+    t1 = await store.acquire_lease(sid, "w1", 10, T0)
+    assert t1 is not None
+    await store.release_lease(sid, "w1", t1)
+    for stale in (
+        Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=t1),
+        Commit(session_id=sid, expected_seq=1, events=[], lease_token=t1, snapshot={"seq": 1}),
+    ):
+        with pytest.raises(LeaseLost):
+            await store.commit(stale)
+    assert await store.head(sid) == 1
+    assert (await store.load(sid)).snapshot is None  # type: ignore[union-attr]
+    assert not await store.renew_lease(sid, "w1", t1, 10, T0 + 1)
+    t2 = await store.acquire_lease(sid, "w1", 10, T0 + 1)
+    assert t2 is not None and t2 > t1
+    # A worker stopping gives back a session that still has work: another claims it at once.
+    released = Commit(
+        session_id=sid,
+        expected_seq=1,
+        events=[ev(sid, 2)],
+        lease_token=t2,
+        status="running",
+        release_lease=True,
+    )
+    await store.commit(released)
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], lease_token=t2)
+        )
+    assert await store.head(sid) == 2
+    [(claimed, t3)] = await store.claim("w2", 10, T0 + 2, 10)
+    assert claimed == sid and t3 > t2
+    await store.commit(Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], lease_token=t3))
+    assert await store.head(sid) == 3
+
+
+async def test_lease_token_on_a_never_leased_session_is_lost(store: Store) -> None:
+    sid = await new_session(store)
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], lease_token=1)
+        )
+    assert not await store.renew_lease(sid, "w1", 1, 10, T0)
+    await store.release_lease(sid, "w1", 1)  # harmless
+    assert await store.acquire_lease(sid, "w1", 10, T0) is not None
+
+
+async def test_leases_are_per_session(store: Store) -> None:
+    s1 = await new_session(store)
+    s2 = await new_session(store)
+    assert await store.acquire_lease(s1, "w1", 10, T0) is not None
+    assert await store.acquire_lease(s2, "w2", 10, T0) is not None
+    assert await store.acquire_lease(s1, "w2", 10, T0) is None
+
+
+# -- claiming work (workers) -----------------------------------------------------------------
+
+
+async def running_session(store: Store, at: float) -> str:
+    sid = await new_session(store)
+    event = Event(session_id=sid, seq=2, type="turn.started", at=at, turn_id="trn_1")
+    await store.commit(Commit(session_id=sid, expected_seq=1, events=[event], status="running"))
+    return sid
+
+
+async def test_claim_leases_sessions_with_work(store: Store) -> None:
+    idle = await new_session(store)
+    s1 = await running_session(store, T0 + 1)
+    s2 = await running_session(store, T0 + 2)
+    s3 = await running_session(store, T0 + 3)
+    held = await store.acquire_lease(s3, "busy", 10, T0)
+    assert held is not None
+    got = await store.claim("w1", 10, T0, 1)
+    assert [sid for sid, _ in got] == [s1]  # oldest first, up to the limit
+    got += await store.claim("w1", 10, T0, 10)
+    assert [sid for sid, _ in got] == [s1, s2]  # not the idle one, not the one held
+    assert await store.claim("w2", 10, T0 + 5, 10) == []  # all live
+    assert await store.acquire_lease(s1, "w2", 10, T0 + 5) is None  # claimed means leased
+    token1 = dict(got)[s1]
+    await store.commit(
+        Commit(session_id=s1, expected_seq=2, events=[ev(s1, 3)], lease_token=token1)
+    )
+    # Expired leases (w1's and busy's) are claimed again, with new tokens that fence the old.
+    again = dict(await store.claim("w2", 10, T0 + 11, 10))
+    assert set(again) == {s1, s2, s3}
+    assert again[s1] > token1 and again[s3] > held
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=s1, expected_seq=3, events=[ev(s1, 4)], lease_token=token1)
+        )
+    # A released lease is claimable at once; a session that went idle is not.
+    await store.release_lease(s2, "w2", again[s2])
+    await store.commit(
+        Commit(
+            session_id=s3,
+            expected_seq=2,
+            events=[ev(s3, 3, "turn.completed")],
+            lease_token=again[s3],
+            status="idle",
+        )
+    )
+    await store.release_lease(s3, "w2", again[s3])
+    assert [sid for sid, _ in await store.claim("w3", 10, T0 + 12, 10)] == [s2]
+    assert idle not in {sid for sid, _ in await store.claim("w4", 10, T0 + 99, 10)}
+
+
+async def test_claim_takes_only_the_agents_asked_for(store: Store) -> None:
+    sid = await running_session(store, T0)
+    assert await store.claim("w1", 10, T0, 10, agents=[]) == []
+    assert await store.claim("w1", 10, T0, 10, agents=["billing", "other"]) == []
+    assert [s for s, _ in await store.claim("w1", 10, T0, 10, agents=["billing", "support"])] == [
+        sid
+    ]
+
+
+async def test_concurrent_claimers_never_share_a_session(store_url: str) -> None:
+    stores = [make_store(store_url) for _ in range(4)]
+    for s in stores:
+        await s.open()
+    try:
+        sids = [await running_session(stores[0], T0 + i) for i in range(30)]
+
+        async def claimer(i: int) -> list[tuple[str, int]]:
+            got: list[tuple[str, int]] = []
+            for _ in range(10):
+                got += await stores[i % len(stores)].claim(f"w{i}", 30, T0 + 100, 2)
+            return got
+
+        results = await asyncio.gather(*(claimer(i) for i in range(8)))
+        claimed = [sid for got in results for sid, _ in got]
+        assert sorted(claimed) == sorted(sids)  # every session once, none twice
+    finally:
+        for s in stores:
+            await s.close()

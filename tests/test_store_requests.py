@@ -1,0 +1,254 @@
+"""The `Store` protocol's requests: opened, resolved once, filtered and counted.
+
+Part of the one suite for the `Store` protocol (test_store_conformance.py and
+test_store_{requests,leases,concurrency,runtime,edited_rows}.py): the `store` and `store_url`
+fixtures in conftest.py run it against both backends.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._exceptions import (
+    AppendConflict,
+    RequestClosed,
+    StoreError,
+)
+from signoff.stores import Commit, PendingFilter, Resolve, Store
+
+from .test_store_conformance import T0, approval, ev, new_session, question, settle
+
+# -- requests --------------------------------------------------------------------------------
+
+
+async def test_new_request_then_resolve(store: Store) -> None:
+    sid = await new_session(store)
+    req = approval(sid, "req_a")
+    await store.commit(
+        Commit(
+            session_id=sid,
+            expected_seq=1,
+            events=[ev(sid, 2, "input.requested", request_ids=["req_a"])],
+            new_requests=[req],
+        )
+    )
+    stored = await store.get_request("req_a")
+    assert stored is not None
+    assert (stored.status, stored.outcome, stored.resolution) == ("pending", None, None)
+    assert stored.request == req
+    assert stored.request.session_id == sid and stored.request.tool_name == "issue_refund"
+    await store.commit(
+        Commit(
+            session_id=sid,
+            expected_seq=2,
+            events=[ev(sid, 3, "approval.settled"), ev(sid, 4, "input.resolved")],
+            resolve=[
+                Resolve(
+                    request_id="req_a",
+                    status="settled",
+                    outcome="approved",
+                    resolution={"outcome": "approved", "by": {"principal_id": "bob"}},
+                )
+            ],
+            durable=True,
+        )
+    )
+    stored = await store.get_request("req_a")
+    assert stored is not None
+    assert stored.status == "settled" and stored.request.status == "settled"
+    assert stored.outcome == "approved"
+    assert stored.resolution == {"outcome": "approved", "by": {"principal_id": "bob"}}
+    assert await store.get_request("req_missing") is None
+
+
+async def test_updated_requests_replace_the_stored_data(store: Store) -> None:
+    sid = await new_session(store)
+    req = approval(sid, "req_a")
+    await store.commit(
+        Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], new_requests=[req])
+    )
+    changed = req.model_copy(update={"question": "Refund 180?", "expires_at": T0 + 60})
+    await store.commit(
+        Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], updated_requests=[changed])
+    )
+    stored = await store.get_request("req_a")
+    assert stored is not None and stored.request == changed and stored.status == "pending"
+    assert await store.pending(PendingFilter(session_id=sid)) == [changed]
+    # An update in a commit that fails is not applied either.
+    again = changed.model_copy(update={"question": "never stored"})
+    with pytest.raises(AppendConflict):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], updated_requests=[again])
+        )
+    stored = await store.get_request("req_a")
+    assert stored is not None and stored.request.question == "Refund 180?"
+
+
+async def test_resolve_of_a_closed_request_rolls_back_everything(store: Store) -> None:
+    sid = await new_session(store)
+    await store.commit(
+        Commit(
+            session_id=sid,
+            expected_seq=1,
+            events=[ev(sid, 2, "input.requested")],
+            new_requests=[approval(sid, "req_a"), approval(sid, "req_b")],
+        )
+    )
+    await store.commit(
+        Commit(
+            session_id=sid,
+            expected_seq=2,
+            events=[ev(sid, 3, "input.resolved")],
+            resolve=[settle("req_a")],
+        )
+    )
+    # req_b is still pending, req_a is not: the whole commit must fail and write nothing.
+    with pytest.raises(RequestClosed) as info:
+        await store.commit(
+            Commit(
+                session_id=sid,
+                expected_seq=3,
+                events=[ev(sid, 4, "input.resolved"), ev(sid, 5, "input.resolved")],
+                resolve=[settle("req_b", "cancelled"), settle("req_a", "cancelled")],
+                new_requests=[question(sid, "req_c")],
+                snapshot={"seq": 5},
+            )
+        )
+    assert info.value.request_ids == ["req_a"]
+    assert await store.head(sid) == 3
+    b = await store.get_request("req_b")
+    assert b is not None and b.status == "pending" and b.outcome is None
+    a = await store.get_request("req_a")
+    assert a is not None and a.outcome == "approved"
+    assert await store.get_request("req_c") is None
+    loaded = await store.load(sid)
+    assert loaded is not None and loaded.snapshot is None and len(loaded.events) == 3
+
+
+async def test_resolve_of_another_sessions_request_is_refused(store: Store) -> None:
+    s1 = await new_session(store)
+    s2 = await new_session(store)
+    await store.commit(
+        Commit(session_id=s1, expected_seq=1, events=[ev(s1, 2)], new_requests=[approval(s1, "r1")])
+    )
+    with pytest.raises(RequestClosed):
+        await store.commit(
+            Commit(session_id=s2, expected_seq=1, events=[ev(s2, 2)], resolve=[settle("r1")])
+        )
+    r1 = await store.get_request("r1")
+    assert r1 is not None and r1.status == "pending"
+    assert await store.head(s2) == 1
+
+
+async def test_duplicate_request_id_conflicts_and_writes_nothing(store: Store) -> None:
+    sid = await new_session(store)
+    await store.commit(
+        Commit(
+            session_id=sid, expected_seq=1, events=[ev(sid, 2)], new_requests=[approval(sid, "r")]
+        )
+    )
+    with pytest.raises(StoreError):
+        await store.commit(
+            Commit(
+                session_id=sid,
+                expected_seq=2,
+                events=[ev(sid, 3)],
+                new_requests=[approval(sid, "r")],
+            )
+        )
+    assert await store.head(sid) == 2
+
+
+async def test_pending_filters_and_count(store: Store) -> None:
+    s1 = await new_session(store, "support")
+    s2 = await new_session(store, "billing")
+    await store.commit(
+        Commit(
+            session_id=s1,
+            expected_seq=1,
+            events=[ev(s1, 2, "input.requested")],
+            new_requests=[
+                approval(s1, "req_1", at=T0 + 1),
+                question(s1, "req_2", at=T0 + 2),
+                approval(s1, "req_3", tool="delete_account", at=T0 + 3),
+            ],
+        )
+    )
+    await store.commit(
+        Commit(
+            session_id=s2,
+            expected_seq=1,
+            events=[ev(s2, 2, "input.requested")],
+            new_requests=[approval(s2, "req_4", agent="billing", at=T0 + 4)],
+        )
+    )
+    await store.commit(
+        Commit(
+            session_id=s1,
+            expected_seq=2,
+            events=[ev(s1, 3, "input.resolved")],
+            resolve=[settle("req_3", "cancelled")],
+        )
+    )
+
+    async def ids(**kw: Any) -> list[str]:
+        flt = PendingFilter(**kw)
+        found = [r.id for r in await store.pending(flt)]
+        if "limit" not in kw and "offset" not in kw:
+            assert await store.count_pending(flt) == len(found)
+        return found
+
+    assert await ids() == ["req_1", "req_2", "req_4"]
+    assert await ids(agent="billing") == ["req_4"]
+    assert await ids(session_id=s1) == ["req_1", "req_2"]
+    assert await ids(kind="question") == ["req_2"]
+    assert await ids(tool_name="issue_refund") == ["req_1", "req_4"]
+    assert await ids(tool_name="delete_account") == []
+    assert await ids(status="settled") == ["req_3"]
+    assert await ids(status=None) == ["req_1", "req_2", "req_3", "req_4"]
+    assert await ids(created_before=T0 + 2) == ["req_1"]
+    assert await ids(created_after=T0 + 1) == ["req_2", "req_4"]
+    assert await ids(limit=2) == ["req_1", "req_2"]
+    assert await ids(limit=2, offset=2) == ["req_4"]
+    assert await store.count_pending(PendingFilter(limit=1)) == 3
+    listed = await store.pending(PendingFilter(session_id=s1))
+    assert all(r.status == "pending" for r in listed)
+    settled = await store.pending(PendingFilter(status="settled"))
+    assert settled[0].status == "settled"
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"agent": 5}, r"PendingFilter\(agent=...\) must be text or None, not 5"),
+        ({"tool_name": b"x"}, r"PendingFilter\(tool_name=...\) must be text or None"),
+        ({"status": 1}, r"PendingFilter\(status=...\) must be text or None, not 1"),
+        ({"session_id": ["s"]}, r"PendingFilter\(session_id=...\) must be text or None"),
+        ({"kind": 0}, r"PendingFilter\(kind=...\) must be text or None, not 0"),
+        ({"created_before": "1"}, r"PendingFilter\(created_before=...\) must be a finite"),
+        ({"live_at": float("nan")}, r"PendingFilter\(live_at=...\) must be a finite"),
+        ({"due_by": True}, r"PendingFilter\(due_by=...\) must be a finite"),
+        ({"created_after": float("inf")}, r"PendingFilter\(created_after=...\) must be a fin"),
+        # No float holds it (an OverflowError), or SQLite cannot bind it where psycopg can.
+        ({"created_before": 10**400}, r"PendingFilter\(created_before=...\) must be a finite"),
+        ({"due_by": -(2**63) - 1}, r"PendingFilter\(due_by=...\) must be a finite"),
+        ({"live_at": 2**63}, r"PendingFilter\(live_at=...\) must be a finite time"),
+        ({"limit": -1}, r"PendingFilter\(limit=...\) must be a whole number from 0, not -1"),
+        ({"limit": "5"}, r"PendingFilter\(limit=...\) must be a whole number from 0"),
+        ({"offset": 2.0}, r"PendingFilter\(offset=...\) must be a whole number from 0"),
+        ({"offset": 2**63}, r"PendingFilter\(offset=...\) must be a whole number from 0"),
+    ],
+)
+def test_a_pending_filter_of_the_wrong_kind_is_refused_when_made(
+    given: dict[str, Any], message: str
+) -> None:
+    """SQLite matched `agent=5` as the text '5' where psycopg failed on it, and a negative
+    limit was "no limit" to SQLite: a filter the two stores would read differently is refused
+    before either sees it."""
+    with pytest.raises(so.UsageError, match=message):
+        PendingFilter(**given)
+    assert PendingFilter(agent="a", live_at=1, due_by=2.5, limit=0, offset=2**63 - 1).limit == 0
+    assert PendingFilter(created_before=2**63 - 1, created_after=-(2**63)).created_after == -(2**63)

@@ -1,0 +1,140 @@
+"""verify_webhook: what a receiver accepts and refuses, and secret rotation."""
+
+from __future__ import annotations
+
+import pytest
+
+import signoff as so
+from signoff.channels import (
+    InvalidSignature,
+    WebhookChannel,
+    verify_webhook,
+)
+from signoff.channels.webhooks import sign_webhook
+
+from .test_webhooks import SECRET, Receiver
+
+
+def test_verify_webhook_rejects_what_it_should() -> None:
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    assert verify_webhook(SECRET, good, body, now=stamp + 10) == {"type": "request.opened"}
+    # header names are case-insensitive; several signatures (secret rotation) are accepted
+    rotated = {
+        "signoff-timestamp": str(stamp),
+        "signoff-signature": "v1=00ff, " + sign_webhook(SECRET, stamp, body),
+    }
+    assert verify_webhook(SECRET, rotated, body.decode(), now=stamp) == {"type": "request.opened"}
+    with pytest.raises(InvalidSignature, match="more than 300s"):
+        verify_webhook(SECRET, good, body, now=stamp + 301)
+    with pytest.raises(InvalidSignature, match="more than 60s"):
+        verify_webhook(SECRET, good, body, now=stamp - 61, tolerance=60)
+    with pytest.raises(InvalidSignature, match="does not match"):
+        verify_webhook(SECRET, good, body + b" ", now=stamp)
+    with pytest.raises(InvalidSignature, match="missing"):
+        verify_webhook(SECRET, {"Signoff-Timestamp": str(stamp)}, body, now=stamp)
+    with pytest.raises(InvalidSignature, match="missing"):
+        signed_only = {"Signoff-Signature": good["Signoff-Signature"]}
+        verify_webhook(SECRET, signed_only, body, now=stamp)
+    with pytest.raises(InvalidSignature, match="not a Unix timestamp"):
+        verify_webhook(SECRET, {**good, "Signoff-Timestamp": "yesterday"}, body, now=stamp)
+    with pytest.raises(InvalidSignature, match="more than 300s off"):  # too large for a float
+        verify_webhook(SECRET, {**good, "Signoff-Timestamp": "9" * 400}, body, now=stamp + 0.5)
+    unsigned_json = b"[1]"
+    listed = {
+        "Signoff-Timestamp": str(stamp),
+        "Signoff-Signature": sign_webhook(SECRET, stamp, unsigned_json),
+    }
+    with pytest.raises(InvalidSignature, match="not a JSON object"):
+        verify_webhook(SECRET, listed, unsigned_json, now=stamp)
+    with pytest.raises(so.UsageError):
+        verify_webhook("", good, body)
+
+
+def test_verify_webhook_refuses_non_ascii_headers_by_name() -> None:
+    """A forged signature or timestamp with non-ASCII characters is an `InvalidSignature`, not a
+    TypeError from `hmac.compare_digest` (a 500 in the receiver)."""
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    with pytest.raises(InvalidSignature, match="does not match"):
+        verify_webhook(SECRET, {**good, "Signoff-Signature": "v1=\u00e9"}, body, now=stamp)
+    # int() reads other scripts' digits and underscores; the header is ASCII digits only
+    arabic = "\u0661\u0667\u0660\u0660\u0660\u0660\u0660\u0660\u0660\u0660"
+    for odd in (arabic, "1_700_000_000", "9" * 5000):
+        with pytest.raises(InvalidSignature, match="not a Unix timestamp"):
+            verify_webhook(SECRET, {**good, "Signoff-Timestamp": odd}, body, now=stamp)
+
+
+def test_verify_webhook_refuses_a_tolerance_or_clock_that_checks_nothing() -> None:
+    """A NaN tolerance or `now` compares false with every age: replays of any age would pass."""
+    body = b'{"type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": sign_webhook(SECRET, stamp, body)}
+    for tolerance in (float("nan"), -1.0):
+        with pytest.raises(so.UsageError, match="tolerance"):
+            verify_webhook(SECRET, good, body, now=stamp, tolerance=tolerance)
+    for now in (float("nan"), float("inf")):
+        with pytest.raises(so.UsageError, match="now"):
+            verify_webhook(SECRET, good, body, now=now)
+
+
+def test_verify_webhook_refuses_delivery_headers_that_contradict_the_signed_body() -> None:
+    """`Signoff-Delivery` and `Signoff-Event` are not signed: a replay that changes them (so a
+    receiver deduping on the header takes it as new) is refused rather than believed."""
+    body = b'{"id":"whd_1","type":"request.opened"}'
+    stamp = 1_700_000_000
+    good = {
+        "Signoff-Timestamp": str(stamp),
+        "Signoff-Signature": sign_webhook(SECRET, stamp, body),
+        "Signoff-Delivery": "whd_1",
+        "Signoff-Event": "request.opened",
+    }
+    assert verify_webhook(SECRET, good, body, now=stamp)["id"] == "whd_1"
+    with pytest.raises(InvalidSignature, match="Signoff-Delivery"):
+        verify_webhook(SECRET, {**good, "Signoff-Delivery": "whd_2"}, body, now=stamp)
+    with pytest.raises(InvalidSignature, match="Signoff-Event"):
+        verify_webhook(SECRET, {**good, "Signoff-Event": "request.resolved"}, body, now=stamp)
+
+
+def test_verify_webhook_refuses_a_signed_body_nested_too_deeply_by_name() -> None:
+    body = b"[" * 100_000 + b"]" * 100_000
+    stamp = 1_700_000_000
+    signed = {
+        "Signoff-Timestamp": str(stamp),
+        "Signoff-Signature": sign_webhook(SECRET, stamp, body),
+    }
+    with pytest.raises(InvalidSignature, match="not JSON"):
+        verify_webhook(SECRET, signed, body, now=stamp)
+
+
+async def test_secret_rotation_signs_with_each_secret_and_verifies_with_any() -> None:
+    """Rotating the secret: the channel signs with the new and the old one at once, so
+    receivers that still check the old secret accept every delivery (a refusal is final,
+    so a rotation without this drops deliveries), and a receiver may check both."""
+    async with Receiver([]) as receiver:
+        hooks = WebhookChannel(receiver.url, ["whsec_new", SECRET])
+        sent = b'{"id":"whd_1","type":"request.opened"}'
+        assert await hooks.deliver(receiver.url, "whd_1", "request.opened", sent) is True
+        await hooks.close()
+    ((headers, body),) = receiver.accepted
+    assert verify_webhook(SECRET, headers, body)["id"] == "whd_1"
+    assert verify_webhook("whsec_new", headers, body)["id"] == "whd_1"
+    assert verify_webhook(["whsec_newer", "whsec_new"], headers, body)["id"] == "whd_1"
+    with pytest.raises(InvalidSignature, match="does not match"):
+        verify_webhook(["whsec_other", "whsec_newer"], headers, body)
+    for bad in ([], [""], ["ok", 7]):
+        with pytest.raises(so.UsageError, match="secret"):
+            WebhookChannel(receiver.url, bad)  # type: ignore[arg-type]
+        with pytest.raises(so.UsageError, match="secret"):
+            verify_webhook(bad, headers, body)  # type: ignore[arg-type]
+
+
+def test_verify_webhook_refuses_a_text_body_utf8_cannot_hold_by_name() -> None:
+    """A body passed as text with a lone surrogate (a framework that decoded invalid UTF-8
+    with surrogateescape) is an `InvalidSignature`, not a UnicodeEncodeError (a 500)."""
+    stamp = 1_700_000_000
+    headers = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": "v1=00"}
+    with pytest.raises(InvalidSignature, match="raw bytes"):
+        verify_webhook(SECRET, headers, '{"a":"caf\udce9"}', now=stamp)
