@@ -60,6 +60,7 @@ RECOVERY_GRACE = 5.0
 class Answering(SessionRunner):
     """Answers by request id (`respond`) and by message (`send`), built on `SessionRunner`."""
 
+    @_mirrors.following_mirrors
     async def respond(
         self,
         session_id: str,

@@ -14,6 +14,7 @@ from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._exceptions import ConflictingAnswer, RequestClosed, SessionBusy, UsageError
 from ._idempotency import Keyed, keyed, seen, session_for, turn_of
+from ._mirrors import following_mirrors
 from ._recording import Changed, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._state import SessionState
@@ -32,6 +33,7 @@ def first_open(pending: list[InputRequest]) -> InputRequest | None:
 class Messages(Answering):
     """`Answering` plus the follow-up messages that answer, steer or queue."""
 
+    @following_mirrors
     async def send(
         self,
         session_id: str,

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+import functools
+from collections.abc import Callable, Coroutine, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from ._exceptions import AnswerError, InvalidAnswer, PartialAnswer
 from ._recording import Batch, EventSpec
-from ._results import Outcome
+from ._results import GenerateResult, Outcome
 from ._state import SessionState
 from ._types import ChildRef, InputRequest, Principal
 from .stores import Resolve, Store
@@ -19,7 +20,20 @@ if TYPE_CHECKING:
     from ._answering import Answering
     from ._answers import Reply
 
-__all__ = ["MAX_HOPS", "close_mirror", "deciding", "live_votes", "routed", "settle_routed"]
+__all__ = [
+    "FOLLOWED",
+    "MAX_HOPS",
+    "close_mirror",
+    "deciding",
+    "followed",
+    "followed_state",
+    "following_mirrors",
+    "routed",
+    "settle_routed",
+]
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R", bound="_Reading")
 
 MAX_HOPS = 100
 """How far down a chain of subagents a mirrored request is followed to the one it stands for."""
@@ -39,18 +53,70 @@ async def deciding(store: Store, request: InputRequest) -> InputRequest:
     return request
 
 
-async def live_votes(store: Store, requests: list[InputRequest]) -> list[InputRequest]:
-    """`requests` with each quorum's mirror showing the approvals its subagent's request has
-    counted: votes are counted there, and the mirror's own copy keeps the count it was asked
-    with. One read per such mirror, none for any other request."""
+FOLLOWED = ("approved_by", "escalated_to", "expires_at")
+"""What a mirror shows of the subagent's request it stands for, as that request says now: the
+votes counted there, the group a passed deadline escalated it to, and its deadline. The
+mirror's own copy keeps them as they were when it was asked (and no deadline of its own)."""
+
+
+async def followed(
+    store: Store, requests: list[InputRequest], fields: Sequence[str] = FOLLOWED
+) -> list[InputRequest]:
+    """`requests` with each open mirror showing the `fields` of the request it stands for as
+    they are now. One read per mirror (per hop), none for any other request."""
     out: list[InputRequest] = []
     for r in requests:
-        if r.child is not None and r.approvers > 1:
-            votes = (await deciding(store, r)).approved_by
-            if votes != r.approved_by:
-                r = r.model_copy(update={"approved_by": list(votes)})
+        if r.child is not None and r.status == "pending":
+            now = await deciding(store, r)
+            update = {f: _copied(getattr(now, f)) for f in fields}
+            if any(v != getattr(r, f) for f, v in update.items()):
+                r = r.model_copy(update=update)
         out.append(r)
     return out
+
+
+def _copied(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
+
+
+async def followed_state(store: Store, state: SessionState) -> SessionState:
+    """`state` with its open mirrors `followed`: a copy when it has any, else `state` itself."""
+    mirrors = [
+        live
+        for live in state.requests.values()
+        if live.status == "pending" and live.request.child is not None
+    ]
+    if not mirrors:
+        return state
+    requests = dict(state.requests)
+    for live in mirrors:
+        [shown] = await followed(store, [live.request])
+        requests[shown.id] = dataclasses.replace(live, request=shown)
+    return dataclasses.replace(state, requests=requests)
+
+
+class _Reading(Protocol):
+    """What `following_mirrors` reads the subagents' requests from: a runtime's store."""
+
+    store: Store
+
+
+def following_mirrors(
+    method: Callable[Concatenate[_R, _P], Coroutine[Any, Any, GenerateResult]],
+) -> Callable[Concatenate[_R, _P], Coroutine[Any, Any, GenerateResult]]:
+    """A runtime method whose result shows its open mirrors' votes and escalation as their
+    subagents' requests say now. A result with no mirror costs nothing more. Its deadline is
+    left as the mirror's own (none): the parent applies no deadline to a mirror."""
+
+    @functools.wraps(method)
+    async def shown(self: _R, /, *args: _P.args, **kwargs: _P.kwargs) -> GenerateResult:
+        result = await method(self, *args, **kwargs)
+        if all(r.child is None for r in result.pending):
+            return result
+        pending = await followed(self.store, result.pending, ("approved_by", "escalated_to"))
+        return dataclasses.replace(result, pending=pending)
+
+    return shown
 
 
 def routed(state: SessionState, answers: Sequence[Reply]) -> bool:

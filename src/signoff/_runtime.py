@@ -34,7 +34,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._idempotency import keyed
-from ._mirrors import live_votes
+from ._mirrors import followed, followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
@@ -157,6 +157,7 @@ class Runtime(Workers):
             await _subagents.after_close(self, state)
             raise
 
+    @following_mirrors
     async def generate(
         self,
         agent: str | None = None,
@@ -255,6 +256,7 @@ class Runtime(Workers):
             return await self._create(spec, auth), False
         return await self._open_keyed(spec, auth, idem, opens=True)
 
+    @following_mirrors
     async def schedule(
         self,
         agent: str,
@@ -335,8 +337,8 @@ class Runtime(Workers):
         the page's passed deadlines are applied first (one listing, and no other query, when
         nothing is due). What this runtime cannot apply (another agent's) is shown as the
         deadline leaves it: escalated to its group, or left out; so a page can come back short
-        while `more` still says to read on. A quorum's mirror shows the approvals its subagent's
-        request counted.
+        while `more` still says to read on. A mirror shows its subagent's request's votes,
+        escalation and deadline, so a deadline passed there leaves it out or escalated too.
         """
         await self.open()
         _check_page(flt.limit, flt.offset)
@@ -345,9 +347,10 @@ class Runtime(Workers):
         due = [r for r in page if is_due(r, now)]
         if due and await self._apply_deadlines(due, listing=True):
             page = await self.store.pending(flt)
-        shown = [a for r in page if (a := after_deadline(r, now)) is not None]
-        if flt.status == "pending":
-            shown = await live_votes(self.store, shown)
+        # A mirror shows its subagent's request's votes, escalation and deadline, which that
+        # deadline then leaves as it leaves the subagent's request.
+        followed_page = await followed(self.store, page) if flt.status == "pending" else page
+        shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
         return shown, len(page) >= flt.limit
 
     async def sessions(
@@ -382,13 +385,14 @@ class Runtime(Workers):
     async def state(self, session_id: str) -> SessionState:
         """The session's current state. Like a listing, it records a TTL that passed with the
         turn unfinished first (the turn fails, its requests expire), so it never reads as
-        waiting on answers no one can give; a store that refuses the write shows it unrecorded."""
+        waiting on answers no one can give; a store that refuses the write shows it unrecorded.
+        Its open mirrors show their subagents' requests' votes, escalation and deadline."""
         state = await self._state(session_id)
         if state.expired(self.now()) and expiry_specs(state) and state.agent in self.agents:
             with contextlib.suppress(SessionExpired, StoreError):
                 await self._checked(session_id)
             state = await self._state(session_id)
-        return state
+        return await followed_state(self.store, state)
 
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True
@@ -442,6 +446,7 @@ class Runtime(Workers):
             else:
                 await asyncio.sleep(self.poll_interval)
 
+    @following_mirrors
     async def cancel(
         self, session_id: str, reason: str | None = None, *, principal: Principal | None = None
     ) -> GenerateResult:

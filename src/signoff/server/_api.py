@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Path, Query, Request
 from starlette.responses import StreamingResponse
 
+from .._deadlines import stored_after_deadline
 from .._exceptions import SessionExpired, UnknownRequest
-from .._mirrors import live_votes
+from .._mirrors import followed
 from .._types import Decision, InputResponse
 from ..stores import PendingFilter
 from ..stores._base import created_before
@@ -153,12 +155,10 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
 
 @router.get("/sessions/{session_id}", tags=["sessions"])
 async def get_session(request: Request, session_id: SessionId) -> SessionView:
-    """The session's state and its pending requests (a quorum's mirror with the approvals its
-    subagent's request counted)."""
+    """The session's state and its pending requests (a mirror as its subagent's request
+    stands: `Runtime.state`)."""
     ctx, caller = await _caller(request)
-    view = session_view(await ctx.session(session_id, caller, shown=True))
-    view.pending = await live_votes(ctx.runtime.store, view.pending)
-    return view
+    return session_view(await ctx.session(session_id, caller, shown=True))
 
 
 @router.post("/sessions/{session_id}/cancel", tags=["sessions"])
@@ -271,11 +271,11 @@ async def get_request(
         raise ApiError(
             404, "unknown_request", f"unknown request {request_id!r}", request_ids=[request_id]
         ) from None
-    shown = stored.request
-    if stored.status == "pending":  # a quorum's mirror: the votes its subagent's request counted
-        [shown] = await live_votes(ctx.runtime.store, [shown])
+    if stored.status == "pending":  # a mirror as its subagent's request stands, deadline too
+        [shown] = await followed(ctx.runtime.store, [stored.request])
+        stored = stored_after_deadline(replace(stored, request=shown), ctx.runtime.now())
     return RequestRecord(
-        request=shown,
+        request=stored.request,
         status=stored.status,
         outcome=stored.outcome,
         resolution=stored.resolution,
