@@ -304,7 +304,11 @@ async def test_a_deadline_in_the_child_ends_the_mirror_and_resumes_the_parent(
     rt = sqlite_runtime(tmp_path, parent, child, clock=clock)
     r = await rt.generate("support", prompt="pay 5", auth=ALICE)
     [mirror] = r.pending
-    assert mirror.expires_at is None  # the child's own deadline decides
+    # The mirror shows the child's deadline, which decides; the parent applies none of its own.
+    assert mirror.child is not None
+    asked = await rt.store.get_request(mirror.child.request_id)
+    assert asked is not None and asked.request.expires_at is not None
+    assert mirror.expires_at == asked.request.expires_at
     clock.advance(61)
     assert await rt.expire_due() == 1  # only the child's request has a deadline
     state = await rt.state(r.session_id)

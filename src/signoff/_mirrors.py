@@ -104,16 +104,16 @@ class _Reading(Protocol):
 def following_mirrors(
     method: Callable[Concatenate[_R, _P], Coroutine[Any, Any, GenerateResult]],
 ) -> Callable[Concatenate[_R, _P], Coroutine[Any, Any, GenerateResult]]:
-    """A runtime method whose result shows its open mirrors' votes and escalation as their
-    subagents' requests say now. A result with no mirror costs nothing more. Its deadline is
-    left as the mirror's own (none): the parent applies no deadline to a mirror."""
+    """A runtime method whose result shows its open mirrors' votes, escalation and deadline as
+    their subagents' requests say now, as every other surface does. A result with no mirror
+    costs nothing more."""
 
     @functools.wraps(method)
     async def shown(self: _R, /, *args: _P.args, **kwargs: _P.kwargs) -> GenerateResult:
         result = await method(self, *args, **kwargs)
         if all(r.child is None for r in result.pending):
             return result
-        pending = await followed(self.store, result.pending, ("approved_by", "escalated_to"))
+        pending = await followed(self.store, result.pending)
         return dataclasses.replace(result, pending=pending)
 
     return shown
