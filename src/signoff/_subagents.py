@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
@@ -24,6 +25,7 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     StoreError,
+    UnknownAgent,
     UnknownSession,
     UsageError,
 )
@@ -55,6 +57,8 @@ __all__ = [
     "sweep_orphans",
 ]
 
+
+log = logging.getLogger("signoff.runtime")
 
 MAX_DEPTH = 8
 """How deep subagents nest: a delegate call that would create a child further below its root
@@ -475,7 +479,7 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     if live and state.id in _journaled(parent, done=True):
         return False
     with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
-        await rt.cancel(state.id, "the parent turn ended")
+        return await _cancel_child(rt, state, "the parent turn ended", None)
     return True
 
 
@@ -487,7 +491,29 @@ async def cancel_delegated(
     state = await rt._state(child)
     first = (await _first_turn(rt, state)).turn
     if state.turn is not None and first is not None and first.id == state.turn.id:
-        await rt.cancel(child, reason, principal=principal)
+        await _cancel_child(rt, state, reason, principal)
+
+
+async def _cancel_child(
+    rt: Runtime, state: SessionState, reason: str | None, principal: Principal | None
+) -> bool:
+    """Cancel a child's turn for its parent; whether it did. A runtime lacking the child's
+    agent cannot (its parent's cancel is committed already): it logs that the child is left to
+    a process that has the agent, where the orphan sweep or the parent's cancel, given again,
+    cancels it."""
+    try:
+        await rt.cancel(state.id, reason, principal=principal)
+    except UnknownAgent:
+        log.warning(
+            "subagent session %s of agent %r is not cancelled: this runtime lacks that agent; "
+            "it is left to a process that has it (its orphan sweep, or cancelling session %s "
+            "again there, cancels it)",
+            state.id,
+            state.agent,
+            state.parent,
+        )
+        return False
+    return True
 
 
 async def _first_turn(rt: Runtime, state: SessionState) -> SessionState:
