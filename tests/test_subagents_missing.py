@@ -146,3 +146,33 @@ async def test_steering_a_parent_in_a_process_lacking_its_childs_agent(store_url
         assert state.turn is not None and state.turn.status == "cancelled"
         assert await rt.pending() == []
     assert ran == [] and after.calls == 1
+
+
+async def test_a_parent_resumed_where_its_childs_agent_is_missing_takes_the_childs_result(
+    store_url: str,
+) -> None:
+    """The child answered and finished in a process with its agent only (the parent, whose
+    agent that process lacks, is left running); a process with the parent's agent only resumes
+    the parent: its delegate call reads the child's result, which needs no drive, instead of
+    telling the model `UnknownAgent` about a refund that went through."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund went through.")
+    r = await _parked(store_url, ran, after)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    parent, child = refund_agents(ran, after)
+    async with so.Runtime([child], store=store_url) as rt:
+        direct = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+        done = await asyncio.wait_for(
+            rt.respond(mirror.child.session_id, [direct], principal=ALICE), 30
+        )
+        assert done.status == "completed"
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "running"
+    async with so.Runtime([parent], store=store_url) as rt:
+        resumed = await asyncio.wait_for(rt.generate(session_id=r.session_id), 30)
+        assert resumed.status == "completed" and resumed.text == "The refund went through."
+        [result] = tool_results(after.capture.last)
+        assert not result.is_error and result.content == "Refunded: {'refunded': 180.0}"
+        assert await rt.pending() == []
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
