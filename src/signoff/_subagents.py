@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import weakref
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
@@ -24,6 +25,7 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     StoreError,
+    UnknownAgent,
     UnknownSession,
     UsageError,
 )
@@ -55,6 +57,8 @@ __all__ = [
     "sweep_orphans",
 ]
 
+
+log = logging.getLogger("signoff.runtime")
 
 MAX_DEPTH = 8
 """How deep subagents nest: a delegate call that would create a child further below its root
@@ -165,7 +169,7 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     await ctx.step("subagent.turn", host.start_child, child, message, who, source)
     if journal.steered():
         return await _interrupted(host, agent, child)
-    result = await host.drive_child(child)
+    result = await host.drive_child(child, agent)
     if result.status == "waiting":
         if await journal.mirror(child, agent, result.pending):
             await journal.park()
@@ -297,8 +301,8 @@ class RuntimeHost:
             return  # another drive took the turn over: its replay reuses the child
         await self.start_child(child, message, principal, source)
 
-    async def drive_child(self, child: str) -> GenerateResult:
-        """Run the child's turn here (even when workers run turns) until it ends or waits.
+    async def drive_child(self, child: str, agent: str) -> GenerateResult:
+        """Run the child's turn (of `agent`) here, even under workers, until it ends or waits.
 
         While another drive holds the child (an answer given to it directly, a worker), this
         waits for that drive to end: the child's result is this call's, never a busy error.
@@ -307,6 +311,8 @@ class RuntimeHost:
         ended = await self._delegated_turn(child)
         if ended is not None:
             return ended
+        if agent not in rt.agents:
+            return self._undriven(await rt._state(child))
         owner = f"{rt.owner}:{new_id('sub')}"
         token = await rt._acquire(child, owner)
         while token is None:
@@ -320,6 +326,14 @@ class RuntimeHost:
         finally:
             _delegating.reset(reset)
         return await self._delegated_turn(child) or result
+
+    def _undriven(self, state: SessionState) -> GenerateResult:
+        """The child as it is, for a runtime lacking its agent: a turn ended or waiting on people
+        needs no drive; one with work to do is `UnknownAgent` (the call's error)."""
+        turn = state.turn
+        if turn is None or (turn.status in ("running", "waiting") and runnable(state)):
+            self.runtime.agent(state.agent)  # raises: its work runs only where its agent is
+        return self.runtime._result(state)
 
     async def cancel_child(self, child: str, reason: str) -> GenerateResult:
         """Cancel the child's delegated turn from its parent's drive (the parent goes on by
@@ -475,7 +489,7 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
     if live and state.id in _journaled(parent, done=True):
         return False
     with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
-        await rt.cancel(state.id, "the parent turn ended")
+        return await _cancel_child(rt, state, "the parent turn ended", None)
     return True
 
 
@@ -487,7 +501,21 @@ async def cancel_delegated(
     state = await rt._state(child)
     first = (await _first_turn(rt, state)).turn
     if state.turn is not None and first is not None and first.id == state.turn.id:
-        await rt.cancel(child, reason, principal=principal)
+        await _cancel_child(rt, state, reason, principal)
+
+
+async def _cancel_child(
+    rt: Runtime, state: SessionState, reason: str | None, principal: Principal | None
+) -> bool:
+    """Cancel a child's turn for its parent; whether it did. A runtime lacking the child's
+    agent logs that it leaves the child to one that has it (its orphan sweep cancels it)."""
+    try:
+        await rt.cancel(state.id, reason, principal=principal)
+    except UnknownAgent:
+        why = "is left to a process that has its agent (its orphan sweep cancels it)"
+        log.warning("subagent session %s of agent %r %s", state.id, state.agent, why)
+        return False
+    return True
 
 
 async def _first_turn(rt: Runtime, state: SessionState) -> SessionState:

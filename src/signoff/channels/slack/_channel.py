@@ -123,6 +123,7 @@ class SlackChannel(Channel):
         self.clock = clock
         self._verifier = SignatureVerifier(signing_secret, clock=_Clock(clock))
         self._seen: dict[str, float] = {}  # signature -> when it can be forgotten
+        self._answered: dict[str, dict[str, Any] | None] = {}  # signature -> what Slack got
         self._tasks: set[asyncio.Task[Any]] = set()
         self._router: Any = None
         self._backlog: list[InputRequest] = []  # open at start, not posted yet
@@ -320,6 +321,18 @@ class SlackChannel(Channel):
         balancer, a replay could reach another process once (it settles nothing new: a
         request resolves once).
         """
+        signature, sent = self._authentic(body, headers)
+        now = self.clock()
+        for old in [s for s, until in self._seen.items() if until < now]:
+            del self._seen[old]
+            self._answered.pop(old, None)
+        if signature in self._seen:
+            raise InvalidSignature("this signed request was already received (a replay)")
+        self._seen[signature] = sent + TOLERANCE + 1
+
+    def _authentic(self, body: bytes, headers: Mapping[str, str]) -> tuple[str, int]:
+        """The signature of a request Slack signed within the last five minutes, and when it
+        was sent; raises `InvalidSignature`."""
         lowered = {k.lower(): v for k, v in headers.items()}
         stamp = lowered.get("x-slack-request-timestamp")
         signature = lowered.get("x-slack-signature")
@@ -345,11 +358,7 @@ class SlackChannel(Channel):
             raise InvalidSignature("the body is not UTF-8 text, as Slack signs it") from None
         if not self._verifier.is_valid(body=body, timestamp=stamp, signature=signature):
             raise InvalidSignature("the Slack signature does not match")
-        for old in [s for s, until in self._seen.items() if until < now]:
-            del self._seen[old]
-        if signature in self._seen:
-            raise InvalidSignature("this signed request was already received (a replay)")
-        self._seen[signature] = sent + TOLERANCE + 1
+        return signature, sent
 
     async def handle(self, body: bytes, headers: Mapping[str, str]) -> dict[str, Any] | None:
         """Verify and take one interaction (see `Clicks.handle`); the JSON to answer Slack with
@@ -368,17 +377,30 @@ class SlackChannel(Channel):
         body: bytes,
         headers: Mapping[str, str],
     ) -> dict[str, Any] | None:
-        """Run `handle`; a request that verified and then failed (a 5xx: nothing was taken)
-        has its signature forgotten, so that Slack's retry of it, should it be signed as
-        before, is taken rather than refused as a replay."""
+        """Run `handle`, keyed on the request's signature (so on its timestamp and body).
+
+        Slack signs its retries anew, and those are taken once by the durable memo of their
+        work. Should a retry come with the first delivery's headers: after a 5xx (nothing was
+        taken) the signature was forgotten, so it is taken; after a 2xx, it gets the first
+        answer again and does nothing (a 401 would only make Slack retry and count failures);
+        while the first is still being taken, and without `X-Slack-Retry-Num`, it is refused
+        as a replay. That header is not signed: a replay carrying it acts on nothing either."""
+        lowered = {k.lower(): v for k, v in headers.items()}
+        signature = lowered.get("x-slack-signature", "")
+        if signature in self._answered and lowered.get("x-slack-retry-num"):
+            self._authentic(body, headers)  # the signature must be this body's, and fresh
+            logger.info("slack: a retry of a delivery taken before; it gets the same answer")
+            return self._answered[signature]
         try:
-            return await handle(body, headers)
+            answer = await handle(body, headers)
         except (InvalidSignature, SlackPayloadError):
-            raise  # a 4xx, which Slack does not retry (and a replay must stay refused)
+            raise  # a 4xx: a replay, or a delivery no retry can make right
         except BaseException:
-            lowered = {k.lower(): v for k, v in headers.items()}
-            self._seen.pop(lowered.get("x-slack-signature", ""), None)
+            self._seen.pop(signature, None)
             raise
+        if signature in self._seen:
+            self._answered[signature] = answer
+        return answer
 
     # -- background work ----------------------------------------------------------------------
 

@@ -1,0 +1,178 @@
+"""A runtime that lacks the agent a `delegate()` tool names, on both stores.
+
+Making such a runtime only logs a warning (a process may hold some agents only). At run time
+each path gives a named error or a tool error the model reads, never a crash or a hang, and
+leaves the store as a process with every agent can carry on from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    store_contents,
+    tool_results,
+)
+
+from .test_subagents import ALICE, Counted, refund_agents
+
+
+async def test_a_delegate_call_to_a_missing_agent_is_a_named_tool_error(store_url: str) -> None:
+    """The model reads `UnknownAgent` naming the agents this runtime has; no child session is
+    made, the turn completes, nothing stays pending; a runtime that has the agent later finds
+    the session as it was left."""
+    after = Counted("I could not reach billing.")
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message="Refund 1042")), after],
+        tools=[so.delegate("billing")],
+    )
+    async with so.Runtime([parent], store=store_url) as rt:
+        r = await asyncio.wait_for(rt.generate("support", prompt="Refund 1042"), 30)
+        assert r.status == "completed" and r.text == "I could not reach billing."
+        [result] = tool_results(after.capture.last)
+        assert result.is_error
+        assert result.content == {
+            "error": "UnknownAgent: unknown agent 'billing'; this runtime has: support"
+        }
+        assert [s.id for s in await rt.sessions()] == [r.session_id]
+        before = await store_contents(rt.store, r.session_id)
+        assert before.pending == [] and before.requests == []
+    child = scripted_agent("billing", [reply("never")])
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        state = await rt.state(r.session_id)
+        assert state.status == "idle" and state.turn is not None
+        assert state.turn.status == "completed"
+        assert await store_contents(rt.store, r.session_id) == before
+
+
+async def _parked(store_url: str, ran: list[dict[str, Any]], after: Counted) -> so.GenerateResult:
+    """A parent waiting on its child's approval, made by a runtime with both agents."""
+    parent, child = refund_agents(ran, after)
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    assert r.status == "waiting"
+    return r
+
+
+async def test_answering_a_child_in_a_process_lacking_its_agent_is_refused_unchanged(
+    store_url: str,
+) -> None:
+    """The answer given through the parent, or to the child, is `UnknownAgent` and records
+    nothing; a runtime with both agents then takes the same answer."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund went through.")
+    r = await _parked(store_url, ran, after)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    parent, child = refund_agents(ran, after)
+    async with so.Runtime([parent], store=store_url) as rt:
+        before = await store_contents(rt.store, r.session_id)
+        kid = await store_contents(rt.store, mirror.child.session_id)
+        approve = so.InputResponse(request_id=mirror.id, option_id="approve")
+        with pytest.raises(so.UnknownAgent, match="unknown agent 'billing'"):
+            await asyncio.wait_for(rt.respond(r.session_id, [approve], principal=ALICE), 30)
+        direct = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+        with pytest.raises(so.UnknownAgent, match="unknown agent 'billing'"):
+            await rt.respond(mirror.child.session_id, [direct], principal=ALICE)
+        assert await store_contents(rt.store, r.session_id) == before
+        assert await store_contents(rt.store, mirror.child.session_id) == kid
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        done = await asyncio.wait_for(rt.respond(r.session_id, [approve], principal=ALICE), 30)
+        assert done.status == "completed" and done.text == "The refund went through."
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
+
+
+async def test_cancelling_a_parent_in_a_process_lacking_its_childs_agent(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The parent's cancel is recorded and returned, not raised as `UnknownAgent` after it was
+    committed; the child it cannot cancel is logged and left to a process that has its agent,
+    where cancelling the parent again (or the orphan sweep) cancels it."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("never")
+    r = await _parked(store_url, ran, after)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    parent, child = refund_agents(ran, after)
+    async with so.Runtime([parent], store=store_url) as rt:
+        with caplog.at_level(logging.WARNING, logger="signoff.runtime"):
+            done = await asyncio.wait_for(rt.cancel(r.session_id, "not needed"), 30)
+            again = await asyncio.wait_for(rt.cancel(r.session_id, "not needed"), 30)
+        assert done.status == again.status == "cancelled"
+        left = [m for m in caplog.messages if "left to a process" in m]
+        assert len(left) == 2 and mirror.child.session_id in left[0] and "'billing'" in left[0]
+        state = await rt.state(mirror.child.session_id)
+        assert state.turn is not None and state.turn.status == "waiting"
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        await asyncio.wait_for(rt.cancel(r.session_id, "not needed"), 30)
+        state = await rt.state(mirror.child.session_id)
+        assert state.turn is not None and state.turn.status == "cancelled"
+        assert await rt.pending() == []
+    assert ran == [] and after.calls == 0
+
+
+async def test_steering_a_parent_in_a_process_lacking_its_childs_agent(store_url: str) -> None:
+    """A message to the parent while its child waits: the delegate call cannot cancel the child
+    here, so the model reads `UnknownAgent` as the call's error and the turn goes on; the child,
+    orphaned, is cancelled by a process that has its agent, not run: its answer is refused."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("Left it.")
+    r = await _parked(store_url, ran, after)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    parent, child = refund_agents(ran, after)
+    async with so.Runtime([parent], store=store_url) as rt:
+        done = await asyncio.wait_for(rt.send(r.session_id, "never mind", principal=ALICE), 30)
+        assert done.status == "completed" and done.text == "Left it."
+        [result] = tool_results(after.capture.last)
+        assert result.is_error and "UnknownAgent: unknown agent 'billing'" in str(result.content)
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        direct = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+        with pytest.raises(so.RequestClosed, match="withdrawn"):
+            await asyncio.wait_for(
+                rt.respond(mirror.child.session_id, [direct], principal=ALICE), 30
+            )
+        state = await rt.state(mirror.child.session_id)
+        assert state.turn is not None and state.turn.status == "cancelled"
+        assert await rt.pending() == []
+    assert ran == [] and after.calls == 1
+
+
+async def test_a_parent_resumed_where_its_childs_agent_is_missing_takes_the_childs_result(
+    store_url: str,
+) -> None:
+    """The child answered and finished in a process with its agent only (the parent, whose
+    agent that process lacks, is left running); a process with the parent's agent only resumes
+    the parent: its delegate call reads the child's result, which needs no drive, instead of
+    telling the model `UnknownAgent` about a refund that went through."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund went through.")
+    r = await _parked(store_url, ran, after)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    parent, child = refund_agents(ran, after)
+    async with so.Runtime([child], store=store_url) as rt:
+        direct = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+        done = await asyncio.wait_for(
+            rt.respond(mirror.child.session_id, [direct], principal=ALICE), 30
+        )
+        assert done.status == "completed"
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "running"
+    async with so.Runtime([parent], store=store_url) as rt:
+        resumed = await asyncio.wait_for(rt.generate(session_id=r.session_id), 30)
+        assert resumed.status == "completed" and resumed.text == "The refund went through."
+        [result] = tool_results(after.capture.last)
+        assert not result.is_error and result.content == "Refunded: {'refunded': 180.0}"
+        assert await rt.pending() == []
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
