@@ -24,7 +24,7 @@ import signoff as so
 from signoff.channels import ChannelHub, InvalidSignature
 
 from ._procs import read_executions
-from .test_slack import FakeSlack, channel, manual, serving, sign, submission
+from ._slack import FakeSlack, channel, manual, serving, sign, submission
 from .test_slack_clicks import approve, refund_asked
 from .test_slack_replies import EVENTS, event, shop_agent, signed
 
