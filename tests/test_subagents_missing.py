@@ -23,7 +23,7 @@ from signoff.testing import (
     tool_results,
 )
 
-from .test_subagents import ALICE, Counted, refund_agents
+from ._subagents import ALICE, Counted, refund_agents
 
 
 async def test_a_delegate_call_to_a_missing_agent_is_a_named_tool_error(store_url: str) -> None:
