@@ -1,0 +1,148 @@
+"""Child process for the webhook crash test: runs (or resumes) one approval to its end with a
+`ChannelHub` delivering to a `WebhookChannel`, whose outbox and the hub's position live in a
+channel state file.
+
+`python -m tests._webhook_child` reads one command a line, `[STORE_URL, STATE_FILE,
+SESSION_FILE, RECEIVER, OUT_FILE, "--kill-at", N, "--when", "before"|"after"]`, and runs each
+in a process of its own. With `--kill-at N` that process SIGKILLs itself right before or right
+after the N-th write to the channel state (a position saved, a memo kept or dropped). A run that
+ends writes OUT_FILE: the session's status, how many state writes it saw and the deliveries left
+unsent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import signoff as so
+import signoff.stores.sqlite  # imported once here, not again in each child
+from signoff.channels import ChannelHub, ChannelState, WebhookChannel
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+SECRET = "whsec_crash_1f2e"
+TLS = httpx.create_ssl_context()  # made once: loading the CA certificates takes a while
+WRITES = ("set_position", "remember", "forget")
+
+
+def count_writes(kill_at: int, when: str) -> Callable[[], int]:
+    """Wrap `ChannelState`'s writes to count them and die at the `kill_at`-th; returns the
+    count so far."""
+    seen = 0
+
+    def hook(at: str) -> None:
+        nonlocal seen
+        if at != when:
+            return
+        seen += 1
+        if seen == kill_at:
+            # In the state's worker thread: the event loop goes on a moment (a delivery under
+            # way reaches the receiver) before the process dies.
+            time.sleep(0.05)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    for name in WRITES:
+        write = getattr(ChannelState, name)
+
+        def counted(self: ChannelState, *args: Any, _write: Any = write, **kw: Any) -> None:
+            hook("before")
+            _write(self, *args, **kw)
+            hook("after")
+
+        setattr(ChannelState, name, counted)
+    return lambda: seen
+
+
+def make_agent() -> so.Agent:
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        return {"refunded": amount}
+
+    return scripted_agent(
+        "support",
+        [call_tools(call("issue_refund", order_id="1042", amount=180)), reply("Done.")],
+        tools=[issue_refund],
+    )
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    writes = count_writes(args.kill_at, args.when)
+    rt = so.Runtime([make_agent()], store=args.store, lease_ttl=0.3)
+    async with rt:
+        client = httpx.AsyncClient(verify=TLS)
+        hooks = WebhookChannel(args.receiver, SECRET, backoff=0.01, max_attempts=3, client=client)
+        hub = ChannelHub(rt, [hooks], state=args.state, name="ops")
+        await hub.start(follow=False)
+        session_file = Path(args.session_file)
+        if session_file.exists():
+            sid = session_file.read_text().strip()
+        else:
+            sid = await rt.create_session("support")
+            session_file.write_text(sid)
+        r = await rt.generate(session_id=sid)  # resume whatever a crash interrupted
+        if r.status == "idle":  # the prompt was never acknowledged: the client resends it
+            r = await rt.generate(session_id=sid, prompt="Refund order 1042")
+        for _ in range(40):
+            await hub.poll()
+            await hooks.drain()
+            if r.status == "completed":
+                break
+            if r.status == "running":  # the dead process's lease is still live
+                await asyncio.sleep(0.1)
+                r = await rt.generate(session_id=sid)
+                continue
+            assert r.status == "waiting", r
+            reply_ = so.InputResponse(request_id=r.pending[0].id, option_id="approve")
+            r = await rt.respond(sid, [reply_])
+        unsent = await asyncio.to_thread(hooks.memos, "outbox:")
+        await hub.stop()
+        await client.aclose()
+        return {"status": r.status, "writes": writes(), "unsent": len(unsent), "session": sid}
+
+
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser()
+    for name in ("store", "state", "session_file", "receiver", "out"):
+        parser.add_argument(name)
+    parser.add_argument("--kill-at", type=int, default=0)
+    parser.add_argument("--when", choices=["before", "after"], default="before")
+    return parser
+
+
+def serve() -> None:
+    """Read one command line (the arguments above, as a JSON list) at a time and run it in a
+    forked child, answering with its exit code (-9 when it was SIGKILLed): the children start
+    without importing signoff again, so each run costs its work, not a Python start."""
+    for line in sys.stdin:
+        args = parser().parse_args(json.loads(line))
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                result = asyncio.run(run(args))
+                Path(args.out).write_text(json.dumps(result))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    serve()
