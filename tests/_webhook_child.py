@@ -2,24 +2,21 @@
 `ChannelHub` delivering to a `WebhookChannel`, whose outbox and the hub's position live in a
 channel state file.
 
-`python -m tests._webhook_child` reads one command a line, `[STORE_URL, STATE_FILE,
-SESSION_FILE, RECEIVER, OUT_FILE, "--kill-at", N, "--when", "before"|"after"]`, and runs each
-in a process of its own. With `--kill-at N` that process SIGKILLs itself right before or right
+`python -m tests._webhook_child` serves `[STORE_URL, STATE_FILE, SESSION_FILE, RECEIVER,
+"--kill-at", N, "--when", "before"|"after"]` commands, each in a child of its own (`_forks`).
+With `--kill-at N` that process SIGKILLs itself right before or right
 after the N-th write to the channel state (a position saved, a memo kept or dropped). A run that
-ends writes OUT_FILE: the session's status, how many state writes it saw and the deliveries left
-unsent.
+ends gives the session's status, how many state writes it saw and the deliveries left unsent.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
-import sys
+import ssl
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,8 +28,10 @@ import signoff.stores.sqlite  # imported once here, not again in each child
 from signoff.channels import ChannelHub, ChannelState, WebhookChannel
 from signoff.testing import call, call_tools, reply, scripted_agent
 
+from ._forks import serve
+
 SECRET = "whsec_crash_1f2e"
-TLS = httpx.create_ssl_context()  # made once: loading the CA certificates takes a while
+TLS: list[ssl.SSLContext] = []  # made once by the server: loading CA certificates takes a while
 WRITES = ("set_position", "remember", "forget")
 
 
@@ -81,7 +80,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     writes = count_writes(args.kill_at, args.when)
     rt = so.Runtime([make_agent()], store=args.store, lease_ttl=0.3)
     async with rt:
-        client = httpx.AsyncClient(verify=TLS)
+        client = httpx.AsyncClient(verify=TLS[0] if TLS else True)
         hooks = WebhookChannel(args.receiver, SECRET, backoff=0.01, max_attempts=3, client=client)
         hub = ChannelHub(rt, [hooks], state=args.state, name="ops")
         await hub.start(follow=False)
@@ -114,35 +113,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    for name in ("store", "state", "session_file", "receiver", "out"):
+    for name in ("store", "state", "session_file", "receiver"):
         parser.add_argument(name)
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--when", choices=["before", "after"], default="before")
     return parser
 
 
-def serve() -> None:
-    """Read one command line (the arguments above, as a JSON list) at a time and run it in a
-    forked child, answering with its exit code (-9 when it was SIGKILLed): the children start
-    without importing signoff again, so each run costs its work, not a Python start."""
-    for line in sys.stdin:
-        args = parser().parse_args(json.loads(line))
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                result = asyncio.run(run(args))
-                Path(args.out).write_text(json.dumps(result))
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        sys.stdout.write(json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
-        sys.stdout.flush()
+async def command(argv: list[str]) -> dict[str, Any]:
+    return await run(parser().parse_args(argv))
 
 
 if __name__ == "__main__":
-    serve()
+    TLS.append(httpx.create_ssl_context())
+    serve(command)

@@ -5,10 +5,7 @@ under its one delivery id, the opening before the close, and nothing is left uns
 
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -20,8 +17,8 @@ import pytest
 from signoff.channels import verify_webhook
 
 from . import _proof
+from ._forks import Forks
 from ._webhook_child import SECRET
-from .test_fault_injection import ROOT
 
 
 class Receiver:
@@ -62,55 +59,21 @@ def receiver() -> Iterator[Receiver]:
         r.close()
 
 
-class Children:
-    """`tests._webhook_child`, which runs each command in a child process forked from it."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.err = (tmp / "children.err").open("w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "tests._webhook_child"],
-            cwd=ROOT,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self.err,
-            text=True,
-        )
-        self.err_path = tmp / "children.err"
-
-    def run(
-        self, url: str, tmp: Path, receiver: Receiver, kill_at: int = 0, when: str = "before"
-    ) -> tuple[int, dict[str, Any] | None]:
-        """One run's exit code, and what it wrote if it ended."""
-        out = tmp / f"out-{kill_at}-{when}.json"
-        args = [url, str(tmp / "channels.db"), str(tmp / "session"), receiver.url, str(out)]
-        args += ["--kill-at", str(kill_at), "--when", when]
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(args) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        assert line, self.stderr()
-        return int(line), json.loads(out.read_text()) if out.exists() else None
-
-    def stderr(self) -> str:
-        self.err.flush()
-        return self.err_path.read_text()
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(timeout=10)
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self.err.close()
-
-
 @pytest.fixture
-def children(tmp_path: Path) -> Iterator[Children]:
-    c = Children(tmp_path)
+def children(tmp_path: Path) -> Iterator[Forks]:
+    forks = Forks("tests._webhook_child", tmp_path)
     try:
-        yield c
+        yield forks
     finally:
-        c.close()
+        forks.close()
+
+
+def run(
+    children: Forks, tmp: Path, receiver: Receiver, kill_at: int = 0, when: str = "before"
+) -> tuple[int, dict[str, Any] | None]:
+    url = f"sqlite:///{tmp / 's.db'}"
+    args = [url, str(tmp / "channels.db"), str(tmp / "session"), receiver.url]
+    return children.run(*args, "--kill-at", str(kill_at), "--when", when)
 
 
 def first_arrivals(got: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -123,10 +86,9 @@ def first_arrivals(got: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_sigkill_at_every_channel_state_write(
-    tmp_path: Path, receiver: Receiver, children: Children, when: str
+    tmp_path: Path, receiver: Receiver, children: Forks, when: str
 ) -> None:
-    url = f"sqlite:///{tmp_path / 's.db'}"
-    rc, baseline = children.run(url, tmp_path, receiver)
+    rc, baseline = run(children, tmp_path, receiver)
     assert rc == 0 and baseline is not None, children.stderr()
     assert baseline["status"] == "completed" and baseline["unsent"] == 0
     expected = first_arrivals(receiver.got)
@@ -139,12 +101,11 @@ def test_sigkill_at_every_channel_state_write(
     for point in range(1, baseline["writes"] + 1):
         tmp = tmp_path / f"{when}-{point}"
         tmp.mkdir()
-        url = f"sqlite:///{tmp / 's.db'}"
         receiver.got.clear()
-        rc, _ = children.run(url, tmp, receiver, kill_at=point, when=when)
+        rc, _ = run(children, tmp, receiver, kill_at=point, when=when)
         assert rc == -signal.SIGKILL, (point, children.stderr())
         _proof.record("crash:kills")
-        rc, result = children.run(url, tmp, receiver)
+        rc, result = run(children, tmp, receiver)
         assert rc == 0 and result is not None, (point, children.stderr())
         assert result["status"] == "completed" and result["unsent"] == 0, point
         arrived = first_arrivals(receiver.got)
