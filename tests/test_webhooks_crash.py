@@ -14,11 +14,12 @@ from typing import Any
 
 import pytest
 
-from signoff.channels import verify_webhook
+import signoff as so
+from signoff.channels import ChannelHub, ChannelState, WebhookChannel, verify_webhook
 
 from . import _proof
 from ._forks import Forks
-from ._webhook_child import SECRET
+from ._webhook_child import SECRET, make_agent
 
 
 class Receiver:
@@ -114,3 +115,38 @@ def test_sigkill_at_every_channel_state_write(
         # At least once; twice only for the one caught between its 2xx and dropping its memo.
         twice = len(receiver.got) - len(arrived)
         assert twice <= 1, (point, [(p["type"], p["id"]) for p in receiver.got])
+
+
+async def test_a_delivery_kept_before_a_crash_is_sent_once_by_the_restart(
+    tmp_path: Path, receiver: Receiver, children: Forks
+) -> None:
+    """Killed right after the opening was kept in the outbox, before the hub saved its position
+    past the entry: the restart sends the kept delivery, and the entry, read again, is not sent
+    a second time (whether or not it reached the receiver before the crash)."""
+    rc, _ = run(children, tmp_path, receiver, kill_at=2, when="after")
+    assert rc == -signal.SIGKILL, children.stderr()
+    _proof.record("crash:kills")
+    path = tmp_path / "channels.db"
+    state = ChannelState(path)
+    try:
+        assert len(state.memos("webhooks", "outbox:", hub="ops")) == 1
+        behind = state.position("ops:webhooks")
+    finally:
+        state.close()
+    receiver.got.clear()
+
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    async with so.Runtime([make_agent()], store=url) as rt:
+        (entry,) = [e for e in await rt.audit(limit=100) if e.type == "input.requested"]
+        assert behind is not None and behind < entry.id  # the hub reads the entry again
+        hooks = WebhookChannel(receiver.url, SECRET, backoff=0.01)
+        hub = ChannelHub(rt, [hooks], state=path, name="ops")
+        await hub.start(follow=False)
+        try:
+            await hooks.drain()  # the kept delivery goes first
+            await hub.poll()
+            await hooks.drain()
+            assert hooks.memos("outbox:") == []
+        finally:
+            await hub.stop()
+    assert [p["type"] for p in receiver.got] == ["request.opened"]
