@@ -1,11 +1,12 @@
 """Child process for the webhook crash test: runs (or resumes) one approval to its end with a
 `ChannelHub` delivering to a `WebhookChannel`, whose outbox and the hub's position live in a
-channel state file.
+channel state file; with `--backfill` the request is opened before the hub first starts, and
+the channel announces it then.
 
 `python -m tests._webhook_child` serves `[STORE_URL, STATE_FILE, SESSION_FILE, RECEIVER,
-"--kill-at", N, "--when", "before"|"after"]` commands, each in a child of its own (`_forks`).
-With `--kill-at N` that process SIGKILLs itself right before or right
-after the N-th write to the channel state (a position saved, a memo kept or dropped). A run that
+"--kill-at", N, "--when", "before"|"after", "--backfill"?]` commands, each in a child of its
+own (`_forks`). With `--kill-at N` that process SIGKILLs itself right before or right after
+the N-th write to the channel state (a position saved, a memo kept or dropped). A run that
 ends gives the session's status, how many state writes it saw and the deliveries left unsent.
 """
 
@@ -80,19 +81,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     writes = count_writes(args.kill_at, args.when)
     rt = so.Runtime([make_agent()], store=args.store, lease_ttl=0.3)
     async with rt:
+        if args.backfill:  # the request is open before the hub first starts
+            sid, r = await start(rt, Path(args.session_file))
         client = httpx.AsyncClient(verify=TLS[0] if TLS else True)
-        hooks = WebhookChannel(args.receiver, SECRET, backoff=0.01, max_attempts=3, client=client)
+        hooks = WebhookChannel(
+            args.receiver,
+            SECRET,
+            backoff=0.01,
+            max_attempts=3,
+            client=client,
+            backfill=args.backfill,
+        )
         hub = ChannelHub(rt, [hooks], state=args.state, name="ops")
         await hub.start(follow=False)
-        session_file = Path(args.session_file)
-        if session_file.exists():
-            sid = session_file.read_text().strip()
-        else:
-            sid = await rt.create_session("support")
-            session_file.write_text(sid)
-        r = await rt.generate(session_id=sid)  # resume whatever a crash interrupted
-        if r.status == "idle":  # the prompt was never acknowledged: the client resends it
-            r = await rt.generate(session_id=sid, prompt="Refund order 1042")
+        if not args.backfill:
+            sid, r = await start(rt, Path(args.session_file))
         for _ in range(40):
             await hub.poll()
             await hooks.drain()
@@ -111,12 +114,26 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return {"status": r.status, "writes": writes(), "unsent": len(unsent), "session": sid}
 
 
+async def start(rt: so.Runtime, session_file: Path) -> tuple[str, so.GenerateResult]:
+    """Start the session, or resume it where a crash left it."""
+    if session_file.exists():
+        sid = session_file.read_text().strip()
+    else:
+        sid = await rt.create_session("support")
+        session_file.write_text(sid)
+    r = await rt.generate(session_id=sid)  # resume whatever a crash interrupted
+    if r.status == "idle":  # the prompt was never acknowledged: the client resends it
+        r = await rt.generate(session_id=sid, prompt="Refund order 1042")
+    return sid, r
+
+
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
     for name in ("store", "state", "session_file", "receiver"):
         parser.add_argument(name)
     parser.add_argument("--kill-at", type=int, default=0)
     parser.add_argument("--when", choices=["before", "after"], default="before")
+    parser.add_argument("--backfill", action="store_true")
     return parser
 
 

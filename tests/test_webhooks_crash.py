@@ -70,11 +70,17 @@ def children(tmp_path: Path) -> Iterator[Forks]:
 
 
 def run(
-    children: Forks, tmp: Path, receiver: Receiver, kill_at: int = 0, when: str = "before"
+    children: Forks,
+    tmp: Path,
+    receiver: Receiver,
+    kill_at: int = 0,
+    when: str = "before",
+    backfill: bool = False,
 ) -> tuple[int, dict[str, Any] | None]:
     url = f"sqlite:///{tmp / 's.db'}"
     args = [url, str(tmp / "channels.db"), str(tmp / "session"), receiver.url]
-    return children.run(*args, "--kill-at", str(kill_at), "--when", when)
+    args += ["--kill-at", str(kill_at), "--when", when, *(["--backfill"] if backfill else [])]
+    return children.run(*args)
 
 
 def first_arrivals(got: list[dict[str, Any]]) -> list[tuple[str, str]]:
@@ -85,11 +91,14 @@ def first_arrivals(got: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [(kind, delivery) for delivery, kind in seen.items()]
 
 
+@pytest.mark.parametrize("backfill", [False, True], ids=["live", "backfill"])
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_sigkill_at_every_channel_state_write(
-    tmp_path: Path, receiver: Receiver, children: Forks, when: str
+    tmp_path: Path, receiver: Receiver, children: Forks, when: str, backfill: bool
 ) -> None:
-    rc, baseline = run(children, tmp_path, receiver)
+    """`backfill`: the request was open before the hub first started, and the channel's first
+    start announces it (and notes that it did)."""
+    rc, baseline = run(children, tmp_path, receiver, backfill=backfill)
     assert rc == 0 and baseline is not None, children.stderr()
     assert baseline["status"] == "completed" and baseline["unsent"] == 0
     expected = first_arrivals(receiver.got)
@@ -103,10 +112,10 @@ def test_sigkill_at_every_channel_state_write(
         tmp = tmp_path / f"{when}-{point}"
         tmp.mkdir()
         receiver.got.clear()
-        rc, _ = run(children, tmp, receiver, kill_at=point, when=when)
+        rc, _ = run(children, tmp, receiver, kill_at=point, when=when, backfill=backfill)
         assert rc == -signal.SIGKILL, (point, children.stderr())
         _proof.record("crash:kills")
-        rc, result = run(children, tmp, receiver)
+        rc, result = run(children, tmp, receiver, backfill=backfill)
         assert rc == 0 and result is not None, (point, children.stderr())
         assert result["status"] == "completed" and result["unsent"] == 0, point
         arrived = first_arrivals(receiver.got)
