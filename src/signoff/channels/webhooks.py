@@ -242,6 +242,9 @@ class WebhookChannel(Channel):
         self._deadlines: dict[str, InputRequest] = {}
         self._sending: set[str] = set()  # deliveries being sent now
         self._queued: set[str] = set()  # "url delivery" queued or being sent: never twice at once
+        # "url delivery" kept by an earlier run and queued again by `start`: the hub, reading
+        # the entry again (its position was not saved past it), must not send it once more.
+        self._restored: set[str] = set()
         self.backfill = backfill
         self._backfilled: set[str] = set()  # request ids whose opening `start` sent
         self.delivered = 0
@@ -252,6 +255,7 @@ class WebhookChannel(Channel):
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
         self._ensure_workers()
         for url, delivery, kept in await off_loop(self._unsent):
+            self._restored.add(f"{url} {delivery}")
             if f"{url} {delivery}" not in self._queued:
                 self._queued.add(f"{url} {delivery}")
                 self._queues[url].put_nowait((delivery, kept["event"], kept["body"].encode()))
@@ -363,9 +367,14 @@ class WebhookChannel(Channel):
         body = self.payload(event, request, resolution, escalation=escalation)
         raw = _json_bytes(body)
         self._ensure_workers()
-        urls = [url for url in self.urls if f"{url} {body['id']}" not in self._queued]
+        urls = [
+            url
+            for url in self.urls
+            if f"{url} {body['id']}" not in self._queued
+            and f"{url} {body['id']}" not in self._restored
+        ]
         if not urls:
-            return  # an entry the hub read again while its delivery still waits
+            return  # an entry the hub read again while its delivery waits or was restored
         if self._state is not None:
             kept = {"event": event, "body": raw.decode()}
             await off_loop(self._keep, [f"{_OUTBOX}{url} {body['id']}" for url in urls], kept)

@@ -16,6 +16,7 @@ from ._audit import AuditEntry, AuditRow
 from ._codec import unpack_event
 
 __all__ = [
+    "AUDIT_RECORDED",
     "Commit",
     "FaultHook",
     "Loaded",
@@ -41,7 +42,11 @@ READ_BYTES = 4 << 20
 500 events of megabytes each would otherwise be held at once, per stream."""
 
 FaultHook = Callable[[Literal["before", "after"], str], None]
-"""Test-only: called right before and right after each commit, named by its first event type."""
+"""Test-only: called right before and right after each commit, named by its first event type,
+and each recording of audit entries no event carries, named `AUDIT_RECORDED`."""
+
+AUDIT_RECORDED = "audit.recorded"
+"""The fault hook's label of `record_audit` (tool setting changes, dashboard sign-outs)."""
 
 
 def older_schema(where: str, found: int, needed: int) -> SchemaVersionError:
@@ -357,8 +362,8 @@ class Store(Protocol):
         ...
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:
-        """Test-only: call `hook` right before and after each commit (None removes it), to
-        inject a crash at either point."""
+        """Test-only: call `hook` right before and after each commit and each `record_audit`
+        (None removes it), to inject a crash at either point."""
         ...
 
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:

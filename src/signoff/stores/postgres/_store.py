@@ -24,7 +24,7 @@ from psycopg.rows import TupleRow
 from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession
 from .._audit import AuditRow, chain_parts, chain_session
-from .._base import Commit, parent_of, request_rows
+from .._base import AUDIT_RECORDED, Commit, parent_of, request_rows
 from .._codec import EventTexts, Previous, pack_bytes, type_name
 from ._connections import Conn, Seen, storable
 from ._leases import Leases
@@ -313,7 +313,9 @@ class PostgresStore(Reads, Leases):
             await conn.execute(AUDIT_LOCK, (streams,))
             await conn.execute(sql, columns)
 
+        self._before(AUDIT_RECORDED)
         await self._write(body, "recording audit entries")
+        self._after(AUDIT_RECORDED)
 
     async def _has_events(self, session_id: str, events: Sequence[Event]) -> bool:
         """Whether exactly these events are stored (after a COMMIT whose outcome is unknown)."""

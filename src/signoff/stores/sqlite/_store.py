@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from ..._events import Event, dumps
 from ..._exceptions import AppendConflict, LeaseLost, RequestClosed, StoreError, UnknownSession
 from .._audit import AUDIT_TYPES, AuditRow, chain_hash, chain_session
-from .._base import Commit, parent_of, request_rows
+from .._base import AUDIT_RECORDED, Commit, parent_of, request_rows
 from .._codec import (
     CHAIN_MAX,
     Previous,
@@ -215,6 +215,7 @@ class SQLiteStore(Reads, Leases):
         """Append entries that no event carries (tool setting changes), and keep each stream's
         chain head in its head row (`n = 0`), so entries removed from its end are noticed."""
         conn = self.conn
+        self._before(AUDIT_RECORDED)
         with immediate(conn, self._writable):
             last: dict[str, tuple[int, str | None]] = {}
             for row in rows:
@@ -245,6 +246,7 @@ class SQLiteStore(Reads, Leases):
                     "DO UPDATE SET seq=excluded.seq, hash=excluded.hash",
                     (-int(cur.lastrowid or 0), row.stream, n, bytes.fromhex(digest)),
                 )
+        self._after(AUDIT_RECORDED)
 
     def _turn_at(self, sk: int, head: int) -> tuple[str, int] | None:
         """The turn of the session's event `head` and how many events back a row names it."""

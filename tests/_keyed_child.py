@@ -1,0 +1,58 @@
+"""Child processes for the keyed-call crash test: one `generate` with an idempotency key.
+
+`python -m tests._keyed_child` serves `[STORE_URL, KEY, KILL_AT, WHEN]` commands, each in a
+child of its own (`_forks`): the call starts a conversation with "hello" under KEY, and the
+store's fault hook SIGKILLs the child right `WHEN` (before or after) its KILL_AT-th commit
+(0: never). A call that ends gives its result and how many commits it saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+import signoff as so
+import signoff.stores.postgres
+import signoff.stores.sqlite  # the stores imported once here, not again in each child
+from signoff.stores._base import AUDIT_RECORDED
+from signoff.testing import reply, scripted_agent
+
+from ._forks import serve
+
+ALICE = so.Principal(authenticator="okta", principal_id="alice")
+
+
+async def run(argv: list[str]) -> dict[str, Any]:
+    url, key, kill_at, when = argv[0], argv[1], int(argv[2]), argv[3]
+    points = 0
+
+    def hook(at: str, label: str) -> None:
+        nonlocal points
+        if at != when or label == AUDIT_RECORDED:
+            return
+        points += 1
+        if points == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    agent = scripted_agent("chat", [reply("ok")], repeat_last=True)
+    async with so.Runtime([agent], store=url, lease_ttl=0.3) as rt:
+        rt.store.set_fault_hook(hook)
+        r = await rt.generate("chat", prompt="hello", auth=ALICE, idempotency_key=key)
+        for _ in range(40):  # a killed call's lease is still live: it lapses within 0.3 s
+            if r.status != "running":
+                break
+            await asyncio.sleep(0.1)
+            r = await rt.generate("chat", prompt="hello", auth=ALICE, idempotency_key=key)
+        return {
+            "session": r.session_id,
+            "status": r.status,
+            "text": r.text,
+            "replayed": r.replayed,
+            "points": points,
+        }
+
+
+if __name__ == "__main__":
+    serve(run)
