@@ -175,7 +175,8 @@ def check_decided(request: InputRequest) -> None:
     if request.kind != "tool-approval":
         raise InvalidAnswer(
             f"request {request.id} is a {request.kind}, not an approval: a decision answers "
-            "approvals only; answer it with respond()",
+            "approvals only; answer it with respond() (over HTTP, POST "
+            f"/v1/sessions/{request.session_id}/responses)",
             [request.id],
         )
 
