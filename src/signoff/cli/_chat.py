@@ -43,6 +43,12 @@ from ._app import (
     tool_line,
 )
 
+_HELP = (
+    "[dim]/retry resumes a turn whose model call failed, keeping the answers already given; "
+    "/exit, /quit or Ctrl-D leaves (a request left open stays pending); Ctrl-C stops at once. "
+    "Anything else is a message to the agent.[/]"
+)
+
 
 @contextlib.contextmanager
 def _ctrl_c_interrupts() -> Iterator[None]:
@@ -102,8 +108,11 @@ class _Chat:
                 return
             if not line:
                 continue
-            if line == "/retry" and self.session_id is None:
-                self.console.print("[yellow]nothing to retry yet: type a message to begin[/]")
+            if line == "/help":
+                self.console.print(_HELP)
+                continue
+            if line == "/retry" and (why := await self.nothing_to_retry()):
+                self.console.print(f"[yellow]nothing to retry: {why}[/]")
                 continue
             try:
                 with self.console.status(f"{printable(self.agent.name)} is working..."):
@@ -123,6 +132,18 @@ class _Chat:
                     return
             except SignoffError as exc:
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
+
+    async def nothing_to_retry(self) -> str | None:
+        """Why `/retry` has nothing to resume, or None when it has: resuming a turn that ended
+        would only print its last answer again, as if the agent had answered anew."""
+        if self.session_id is None:
+            return "type a message to begin"
+        turn = (await self.runtime.state(self.session_id)).turn
+        if turn is None or turn.status in ("completed", "cancelled"):
+            return f"the last turn {turn.status if turn else 'never started'}"
+        if turn.status == "failed" and not turn.retryable:
+            return f"the last turn failed for good ({printable(error_text(turn.error))})"
+        return None
 
     def answer_args(self, request: InputRequest) -> str:
         """The arguments that answer `request` from another terminal as this chat would: its
@@ -151,7 +172,8 @@ class _Chat:
         else:
             self.console.print(f"model: {printable(repr(self.agent.model))}")
         self.console.print(
-            "[dim]Type a message; /retry resumes a failed turn; Ctrl-D or /exit leaves.[/]"
+            "[dim]Type a message; /retry resumes a failed turn; Ctrl-D or /exit leaves; "
+            "/help for more.[/]"
         )
 
     async def reopen(self, session_id: str) -> bool:
