@@ -62,3 +62,36 @@ def test_retry_after_a_completed_turn_says_so_instead_of_answering_again(url: st
     finally:
         rt.close_sync()
     assert [e.type for e in events].count("model.completed") == 1
+
+
+echo = so.Agent(name="echo", model=so.models.Scripted([so.ModelResponse(text="echoed")]))
+both = so.Runtime([greeter, echo], store="sqlite:///unused.db")  # --store replaces it
+lacking = so.Runtime(
+    [so.Agent(name=n, model=so.models.Scripted([])) for n in ("a", "b")],
+    store="sqlite:///unused.db",
+)
+
+
+def test_a_session_of_another_agent_says_how_to_continue_it(url: str) -> None:
+    """`--session` of another agent's session names that agent, and either the `--agent` that
+    picks it or the agents this runtime has, when it lacks it; a runtime of several agents
+    needs no `--agent` to continue a session, whose agent it reads."""
+    sid = so.Runtime([echo], store=url).generate_sync("echo", "hi").session_id
+    for args, how in (
+        (["tests.test_cli_chat:both", "--agent", "greeter"], "pass --agent echo"),
+        (["tests.test_cli_chat:greeter"], "which this runtime does not have (it has: greeter)"),
+        (["tests.test_cli_chat:lacking"], "which this runtime does not have (it has: a, b)"),
+    ):
+        result = CliRunner().invoke(app, ["chat", *args, "--store", url, "--session", sid])
+        assert result.exit_code == 1, result.output
+        assert result.stderr == (
+            f"error: UsageError: session '{sid}' belongs to agent 'echo': {how}\n"
+        ), result.stderr
+    resumed = CliRunner().invoke(
+        app, ["chat", "tests.test_cli_chat:both", "--store", url, "--session", sid]
+    )
+    assert resumed.exit_code == 0, resumed.output
+    assert "agent echo" in resumed.output and f"session {sid} (resumed)" in resumed.output
+    several = CliRunner().invoke(app, ["chat", "tests.test_cli_chat:both", "--store", url])
+    assert several.exit_code == 1
+    assert "several agents (greeter, echo): choose one with --agent" in several.stderr

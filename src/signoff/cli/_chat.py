@@ -180,7 +180,12 @@ class _Chat:
         """Pick up an existing session where it stands; False if the person left."""
         state = await self.runtime._state(session_id)
         if state.agent != self.agent.name:
-            raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
+            how = (
+                f"pass --agent {state.agent}"
+                if state.agent in self.runtime.agents
+                else f"which this runtime does not have (it has: {', '.join(self.runtime.agents)})"
+            )
+            raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}: {how}")
         self.session_id = session_id
         self.seen = state.seq
         self.console.print(f"[dim]session {session_id} (resumed)[/]")
@@ -280,7 +285,7 @@ def chat(
         typer.Option(
             "--session",
             metavar="SESSION_ID",
-            help="Continue this session instead of a new one.",
+            help="Continue this session (with its agent) instead of a new one.",
         ),
     ] = None,
     store: Annotated[
@@ -304,9 +309,15 @@ def chat(
         if sys.stdin is None:  # started with it closed (`<&-`): `input()` would raise
             raise UsageError("chat reads what you type from standard input, which is closed")
         runtime = load_runtime(target, store)
-        picked = pick_agent(runtime, agent)
+        # --session names its agent, so a runtime of several needs no --agent to continue it
+        by_session = session is not None and agent is None and len(runtime.agents) > 1
+        picked = None if by_session else pick_agent(runtime, agent)
         console = out()
         async with runtime:
+            if picked is None:
+                owner = (await runtime.state(str(session))).agent
+                # one it lacks: any of its agents, which `reopen` then refuses, naming them
+                picked = runtime.agents.get(owner) or next(iter(runtime.agents.values()))
             chat = _Chat(runtime, picked, console, principal, target=target, acting_as=acting_as)
             await chat.run(session)
 
