@@ -91,8 +91,8 @@ def _on_message(text: str) -> ModelResponse:
     lowered = text.lower()
     if "delete" in lowered and "account" in lowered:
         email = _EMAIL.search(text)
-        if email is None:
-            return ModelResponse(text="Which account? Tell me its email address.")
+        if email is None:  # ask, and wait for the answer, as for a refund naming no order
+            return _call("ask_question", {"question": "Which account? Give its email address."})
         return _call("delete_account", {"email": email.group(0)})
     order = _ORDER.search(text)
     if order is None:
@@ -113,8 +113,12 @@ def _after_tools(conversation: list[Message]) -> ModelResponse:
     for result in results:
         content, approval = _unwrap(result.content)
         if result.tool_name == "ask_question":
-            answered = _ORDER.search(str(content.get("answer", "")))
-            if content.get("status") == "answered" and answered:
+            answer = str(content.get("answer", "")) if content.get("status") == "answered" else ""
+            email = _EMAIL.search(answer)
+            if email is not None and "delete" in request.lower():
+                return _call("delete_account", {"email": email.group(0)})
+            answered = _ORDER.search(answer)
+            if answered:
                 return _call("lookup_order", {"order_id": answered.group(1)})
             sentences.append(HELP)
         elif result.tool_name == "lookup_order":

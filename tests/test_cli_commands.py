@@ -4,6 +4,7 @@ placeholders; output whose reader has gone ends the command quietly with status 
 from __future__ import annotations
 
 import io
+import json
 import os
 import re
 import subprocess
@@ -21,6 +22,7 @@ import signoff as so
 from signoff.cli import app
 from signoff.cli._app import out
 from signoff.testing import reply, scripted_agent
+from tests.test_cli import invoke, log, park
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -210,3 +212,23 @@ def test_the_usage_line_brackets_an_optional_argument_only(
             assert (name if param.required else f"[{name}]") in pieces, (name, pieces)
     if path == ("approve",):
         assert pieces[-2:] == ["REQUEST_ID", "[MODULE:RUNTIME]"]
+
+
+def test_events_after_a_seq_past_the_log_is_refused_not_waited_for(tmp_path: Path) -> None:
+    """`--after` past the session's last event would print nothing, and with `--follow` wait
+    for ever in silence (a mistyped seq): it is refused, as the HTTP stream refuses it."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    sid, _ = park(url)
+    head = log(url, sid)[-1].seq
+    for extra in ([], ["--follow"]):
+        result = invoke("events", sid, "--store", url, "--after", str(head + 1), *extra)
+        assert result.exit_code == 1, result.output
+        assert result.stderr == (
+            f"error: UsageError: --after {head + 1} is past the session's last event ({head}); "
+            "start from a seq it has\n"
+        )
+    last = invoke("events", sid, "--store", url, "--after", str(head - 1), "--json")
+    assert last.exit_code == 0 and [json.loads(x)["seq"] for x in last.stdout.splitlines()] == [
+        head
+    ]
+    assert invoke("events", sid, "--store", url, "--after", str(head)).stdout == ""

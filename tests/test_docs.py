@@ -1027,3 +1027,26 @@ def test_the_api_table_s_bodies_are_the_request_schemas(tmp_path: Path) -> None:
         )
         checked += 1
     assert checked == 5, checked
+
+
+def test_the_api_table_s_response_shapes_are_the_response_schemas(tmp_path: Path) -> None:
+    """A response shape the API table gives (`{items, total, limit, offset}`) names every key
+    of that route's OpenAPI response schema and no other, so a client written from it reads
+    the body it gets."""
+    import signoff as so
+    from signoff.server import create_app
+
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/state.db")
+    doc = create_app(rt, dev=True).openapi()
+    schemas = doc["components"]["schemas"]
+    table = blocks_text("server").split("## API", 1)[1].split("\n\n", 2)[1]
+    row = re.compile(r"^\| `GET (/v1/[^`]+)` \|[^|]*\| [^|]*?`\{([\w, ]+)\}`", re.M)
+    checked = 0
+    for path, shape in row.findall(table):
+        route = path.replace("/requests/{id}", "/requests/{request_id}")
+        responses = doc["paths"][route.replace("{id}", "{session_id}")]["get"]["responses"]
+        ref = responses["200"]["content"]["application/json"]["schema"]["$ref"]
+        properties = schemas[ref.rsplit("/", 1)[1]]["properties"]
+        assert shape.split(", ") == list(properties), (path, shape, list(properties))
+        checked += 1
+    assert checked == 2, checked

@@ -128,3 +128,33 @@ async def test_a_request_that_carries_the_flag_reads_no_trail(
         unflagged = flagged.model_copy(update={"response_policy": False})
         assert await refusal(other.agents, other.store, unflagged, ALICE) is None
     assert read == [flagged.id]
+
+
+def test_a_refusal_tells_two_principals_of_one_id_apart() -> None:
+    """Only the very principal that asked may answer: one of the same id through another
+    authenticator (`local:alice` for `okta:alice`) is named in full, not as "alice; alice"."""
+    request = so.InputRequest(
+        kind="tool-approval",
+        id="req_1",
+        session_id="ses_1",
+        turn_id="trn_1",
+        agent="a",
+        requested_by=ALICE,
+        created_at=0.0,
+    )
+    _eligibility.authorize(request, ALICE)
+    with pytest.raises(so.NotAllowed) as other:
+        _eligibility.authorize(request, BOB)
+    assert str(other.value) == "request req_1 was asked by alice; bob may not settle it"
+    local = so.Principal(authenticator="local", principal_id="alice")
+    with pytest.raises(so.NotAllowed) as same_id:
+        _eligibility.authorize(request, local)
+    assert str(same_id.value) == (
+        "request req_1 was asked by okta:alice; local:alice may not settle it"
+    )
+    issued = so.Principal(authenticator="okta", principal_id="alice", issuer="https://b.example")
+    with pytest.raises(so.NotAllowed) as other_issuer:
+        _eligibility.authorize(request, issued)
+    assert "okta:alice; okta:alice (issuer https://b.example) may not" in str(other_issuer.value)
+    with pytest.raises(so.NotAllowed, match="an anonymous caller may not settle it"):
+        _eligibility.authorize(request, None)

@@ -45,6 +45,23 @@ async def test_delete_account_is_gated_by_the_guardrail(tmp_path: Path, support:
         assert approval.tool_name == "delete_account" and approval.source == "guardrail"
 
 
+async def test_delete_account_without_an_email_asks_for_it_then_waits_for_approval(
+    tmp_path: Path, support: so.Agent
+) -> None:
+    """The demo model asks which account as a question (parked, shown in the queue) and
+    follows the answer, rather than a sentence whose reply it could not act on."""
+    async with so.Runtime([support], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="delete my account")
+        (question,) = r.pending
+        assert question.kind == "question" and "email" in (question.question or "")
+        r = await rt.send(r.session_id, "it is ann@example.com")
+        (approval,) = r.pending
+        assert approval.tool_name == "delete_account"
+        assert approval.input == {"email": "ann@example.com"}
+        r = await rt.send(r.session_id, "approve")
+        assert (r.status, r.text) == ("completed", "The account ann@example.com has been deleted.")
+
+
 def test_a_failing_runtime_factory_is_one_clear_usage_error(tmp_path: Path) -> None:
     import sys
 

@@ -28,7 +28,7 @@ SAMPLES: dict[str, Callable[[], BaseException]] = {
     "SessionLimitReached": lambda: so.SessionLimitReached("spent", "ses_1"),
     "AnswerError": lambda: so.AnswerError("no", ["req_1"]),
     "UnknownRequest": lambda: so.UnknownRequest("ses_1", ["req_1", "req_2"]),
-    "PartialAnswer": lambda: so.PartialAnswer("ses_1", ["req_2"]),
+    "PartialAnswer": lambda: so.PartialAnswer("ses_1", ["req_1", "req_2"], ["req_2"]),
     "ConflictingAnswer": lambda: so.ConflictingAnswer("differs", ["req_1"]),
     "RequestClosed": lambda: so.RequestClosed("closed", ["req_1"]),
     "StaleAnswer": lambda: so.StaleAnswer("stale", ["req_1"]),
@@ -73,3 +73,18 @@ def test_a_pickled_error_comes_back_whole(name: str) -> None:
         assert str(back) == str(error)
         assert back.args == error.args
         assert vars(back) == vars(error)
+
+
+def test_a_partial_answer_says_how_the_questions_it_names_are_answered() -> None:
+    """A decision cannot answer a question: the message says to answer it with respond() (or
+    over HTTP at /responses) instead of only asking for every request in one call."""
+    approvals = str(so.PartialAnswer("ses_1", ["req_1"]))
+    assert approvals.endswith("unanswered: req_1") and "question" not in approvals
+    one = so.PartialAnswer("ses_1", ["req_1", "req_2"], ["req_2", "req_9"])
+    assert one.request_ids == ["req_1", "req_2"]
+    assert str(one).endswith(
+        "unanswered: req_1, req_2 (req_2 is a question, which a decision does not answer: "
+        "answer it first with respond(), over HTTP POST /v1/sessions/ses_1/responses)"
+    )
+    two = str(so.PartialAnswer("ses_1", ["req_1", "req_2"], ["req_1", "req_2"]))
+    assert "req_1, req_2 are questions" in two and "answer them first" in two

@@ -242,6 +242,7 @@ async def test_approvals_alone_while_a_question_is_open_are_refused(
         with pytest.raises(so.PartialAnswer) as partial:
             await rt.generate(session_id=sid, approvals=[ok], auth=ALICE)
         assert question.id in str(partial.value) and approval.id not in str(partial.value)
+        assert f"{question.id} is a question" in str(partial.value)  # answered by respond()
         as_decision = so.Decision(id=question.id, approved=True)
         with pytest.raises(so.InvalidAnswer, match=question.id):
             await rt.generate(session_id=sid, approvals=[ok, as_decision], auth=ALICE)

@@ -96,6 +96,7 @@ def test_http_approvals_refused_then_both_responses_and_the_stream(
         assert r.status_code == 422, r.text
         error = r.json()["error"]
         assert error["code"] == "partial_answer" and question["id"] in error["message"]
+        assert f"POST /v1/sessions/{sid}/responses" in error["message"]  # where it is answered
         both = [{"id": approval["id"], "approved": True}, {"id": question["id"], "approved": True}]
         r = httpx.post(f"{url}/approvals", json={"approvals": both}, headers=h)
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_answer", r.text
@@ -144,6 +145,7 @@ def test_http_approvals_with_only_a_question_open_are_invalid(store_url: str) ->
             headers=h,
         )
         assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_answer", r.text
+        assert f"POST /v1/sessions/{sid}/responses" in r.json()["error"]["message"]
         assert stored(store_url, sid) == before
         r = httpx.post(
             f"{url}/responses",

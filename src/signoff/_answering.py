@@ -200,9 +200,13 @@ class Answering(SessionRunner):
                 raise UnknownRequest(session_id, unknown)
             if require_all and (resolves or gated):  # a call that only repeats is a no-op
                 answered = set(ids)
-                missing = [r.id for r in state.pending_requests() if r.id not in answered]
+                missing = [r for r in state.pending_requests() if r.id not in answered]
                 if missing:
-                    raise PartialAnswer(session_id, missing)
+                    raise PartialAnswer(
+                        session_id,
+                        [r.id for r in missing],
+                        [r.id for r in missing if r.kind != "tool-approval"],
+                    )
             for request, _, _ in gated:
                 check_quorum_eligibility(request, principal)
             if check_only:

@@ -175,7 +175,8 @@ def check_decided(request: InputRequest) -> None:
     if request.kind != "tool-approval":
         raise InvalidAnswer(
             f"request {request.id} is a {request.kind}, not an approval: a decision answers "
-            "approvals only; answer it with respond()",
+            "approvals only; answer it with respond() (over HTTP, POST "
+            f"/v1/sessions/{request.session_id}/responses)",
             [request.id],
         )
 
@@ -250,11 +251,17 @@ def repeat(
         same = first.get("answer") == wanted.get("answer")
     same = same and first.get("outcome") == wanted["outcome"]
     if not same:
-        says = f"says {wanted['outcome']!r}"
+
+        def shown(outcome: object) -> str:  # a deny's outcome is `cancelled`: say it is one
+            denied = request.kind == "tool-approval" and outcome == "cancelled"
+            return f"{outcome!r} (denied)" if denied else repr(outcome)
+
+        says = f"says {shown(wanted['outcome'])}"
         if first.get("outcome") == wanted["outcome"]:
             says = "has other edited input" if request.kind == "tool-approval" else "differs"
         raise ConflictingAnswer(
-            f"request {rid} was already settled as {first.get('outcome')!r}; this answer {says}",
+            f"request {rid} was already settled as {shown(first.get('outcome'))}; "
+            f"this answer {says}",
             [rid],
         )
     return Outcome(request_id=rid, outcome=str(first.get("outcome")), applied=False)

@@ -60,11 +60,25 @@ def authorize(request: InputRequest, principal: Principal | None) -> None:
     if asker is None:
         return
     if principal is None or not principal.same_as(asker):
-        who = "an anonymous caller" if principal is None else principal.principal_id
+        asked_by, who = asker.principal_id, "an anonymous caller"
+        if principal is not None:
+            who = principal.principal_id
+            if who == asked_by:  # "asked by alice; alice may not" would say nothing
+                asked_by, who = _full_name(asker), _full_name(principal)
         raise NotAllowed(
-            f"request {request.id} was asked by {asker.principal_id}; {who} may not settle it",
+            f"request {request.id} was asked by {asked_by}; {who} may not settle it",
             [request.id],
         )
+
+
+def _full_name(principal: Principal) -> str:
+    """`authenticator:id`, with the issuer and type where they tell two of one id apart."""
+    name = f"{principal.authenticator}:{principal.principal_id}"
+    if principal.issuer is not None:
+        name += f" (issuer {principal.issuer})"
+    if principal.principal_type != "user":
+        name += f" ({principal.principal_type})"
+    return name
 
 
 def voted(request: InputRequest, principal: Principal | None) -> bool:

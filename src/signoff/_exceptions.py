@@ -205,13 +205,24 @@ class PartialAnswer(AnswerError):
 
     code = "partial_answer"
 
-    def __init__(self, session_id: str, request_ids: Iterable[str]) -> None:
+    def __init__(
+        self, session_id: str, request_ids: Iterable[str], questions: Iterable[str] = ()
+    ) -> None:
         ids = list(request_ids)
-        super().__init__(
+        message = (
             f"every pending request of session {session_id!r} must be answered in one call; "
-            f"unanswered: {', '.join(ids)}",
-            ids,
+            f"unanswered: {', '.join(ids)}"
         )
+        # A decision cannot answer a question: say how it is answered, else the message
+        # sends the caller to add a decision for it, which `InvalidAnswer` then refuses.
+        if asked := [rid for rid in questions if rid in ids]:
+            one = len(asked) == 1
+            message += (
+                f" ({', '.join(asked)} {'is a question' if one else 'are questions'}, which a"
+                f" decision does not answer: answer {'it' if one else 'them'} first with"
+                f" respond(), over HTTP POST /v1/sessions/{session_id}/responses)"
+            )
+        super().__init__(message, ids)
 
 
 class ConflictingAnswer(AnswerError):

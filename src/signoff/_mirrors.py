@@ -150,9 +150,13 @@ async def settle_routed(
     """
     if require_all:
         ids = {a.request_id for a in answers}
-        missing = [r.id for r in state.pending_requests() if r.id not in ids]
+        missing = [r for r in state.pending_requests() if r.id not in ids]
         if missing:
-            raise PartialAnswer(state.id, missing)
+            raise PartialAnswer(
+                state.id,
+                [r.id for r in missing],
+                [r.id for r in missing if r.kind != "tool-approval"],
+            )
     mirrored: list[tuple[Reply, InputRequest, ChildRef]] = []
     rest: list[Reply] = []
     for a in answers:

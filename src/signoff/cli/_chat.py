@@ -43,6 +43,12 @@ from ._app import (
     tool_line,
 )
 
+_HELP = (
+    "[dim]/retry resumes a turn whose model call failed, keeping the answers already given; "
+    "/exit, /quit or Ctrl-D leaves (a request left open stays pending); Ctrl-C stops at once. "
+    "Anything else is a message to the agent.[/]"
+)
+
 
 @contextlib.contextmanager
 def _ctrl_c_interrupts() -> Iterator[None]:
@@ -102,8 +108,11 @@ class _Chat:
                 return
             if not line:
                 continue
-            if line == "/retry" and self.session_id is None:
-                self.console.print("[yellow]nothing to retry yet: type a message to begin[/]")
+            if line == "/help":
+                self.console.print(_HELP)
+                continue
+            if line == "/retry" and (why := await self.nothing_to_retry()):
+                self.console.print(f"[yellow]nothing to retry: {why}[/]")
                 continue
             try:
                 with self.console.status(f"{printable(self.agent.name)} is working..."):
@@ -123,6 +132,18 @@ class _Chat:
                     return
             except SignoffError as exc:
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
+
+    async def nothing_to_retry(self) -> str | None:
+        """Why `/retry` has nothing to resume, or None when it has: resuming a turn that ended
+        would only print its last answer again, as if the agent had answered anew."""
+        if self.session_id is None:
+            return "type a message to begin"
+        turn = (await self.runtime.state(self.session_id)).turn
+        if turn is None or turn.status in ("completed", "cancelled"):
+            return f"the last turn {turn.status if turn else 'never started'}"
+        if turn.status == "failed" and not turn.retryable:
+            return f"the last turn failed for good ({printable(error_text(turn.error))})"
+        return None
 
     def answer_args(self, request: InputRequest) -> str:
         """The arguments that answer `request` from another terminal as this chat would: its
@@ -151,14 +172,20 @@ class _Chat:
         else:
             self.console.print(f"model: {printable(repr(self.agent.model))}")
         self.console.print(
-            "[dim]Type a message; /retry resumes a failed turn; Ctrl-D or /exit leaves.[/]"
+            "[dim]Type a message; /retry resumes a failed turn; Ctrl-D or /exit leaves; "
+            "/help for more.[/]"
         )
 
     async def reopen(self, session_id: str) -> bool:
         """Pick up an existing session where it stands; False if the person left."""
         state = await self.runtime._state(session_id)
         if state.agent != self.agent.name:
-            raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
+            how = (
+                f"pass --agent {state.agent}"
+                if state.agent in self.runtime.agents
+                else f"which this runtime does not have (it has: {', '.join(self.runtime.agents)})"
+            )
+            raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}: {how}")
         self.session_id = session_id
         self.seen = state.seq
         self.console.print(f"[dim]session {session_id} (resumed)[/]")
@@ -258,7 +285,7 @@ def chat(
         typer.Option(
             "--session",
             metavar="SESSION_ID",
-            help="Continue this session instead of a new one.",
+            help="Continue this session (with its agent) instead of a new one.",
         ),
     ] = None,
     store: Annotated[
@@ -282,9 +309,15 @@ def chat(
         if sys.stdin is None:  # started with it closed (`<&-`): `input()` would raise
             raise UsageError("chat reads what you type from standard input, which is closed")
         runtime = load_runtime(target, store)
-        picked = pick_agent(runtime, agent)
+        # --session names its agent, so a runtime of several needs no --agent to continue it
+        by_session = session is not None and agent is None and len(runtime.agents) > 1
+        picked = None if by_session else pick_agent(runtime, agent)
         console = out()
         async with runtime:
+            if picked is None:
+                owner = (await runtime.state(str(session))).agent
+                # one it lacks: any of its agents, which `reopen` then refuses, naming them
+                picked = runtime.agents.get(owner) or next(iter(runtime.agents.values()))
             chat = _Chat(runtime, picked, console, principal, target=target, acting_as=acting_as)
             await chat.run(session)
 

@@ -475,6 +475,12 @@ def events(
             refuse_undecodable({"SESSION_ID": session_id})
         console = out()
         async with Runtime([], store=reading_store(store)) as runtime:
+            head = await runtime.store.head(session_id) if after else None
+            if head is not None and after > head:  # else silence, and --follow waits for ever
+                raise UsageError(
+                    f"--after {after} is past the session's last event ({head}); "
+                    "start from a seq it has"
+                )
             async for event in runtime.events(session_id, after, follow=follow):
                 if as_json:
                     line = json.dumps(event.to_dict(), ensure_ascii=False)
