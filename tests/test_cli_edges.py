@@ -36,7 +36,7 @@ from signoff.cli import app, local_principal
 from signoff.cli._chat import _Chat
 from signoff.stores import SessionSummary, SQLiteStore
 from signoff.testing import call, call_tools, reply, scripted_agent
-from tests.test_cli import (
+from tests._cli import (
     ROOT,
     TARGET,
     _free_port,
@@ -249,9 +249,7 @@ def test_recording_an_answer_to_an_expired_request_leaves_the_turn_alone(url: st
 
 def test_chat_retry_before_any_turn_is_not_sent_to_the_model(url: str) -> None:
     """`/retry` with no session yet has nothing to resume: it is not a message to the agent."""
-    result = CliRunner().invoke(
-        app, ["chat", "tests.test_cli:sizer", "--store", url], input="/retry\n"
-    )
+    result = CliRunner().invoke(app, ["chat", "tests._cli:sizer", "--store", url], input="/retry\n")
     assert result.exit_code == 0, result.output
     assert "nothing to retry" in result.output
     assert "session " not in result.output.split("nothing to retry")[1]
@@ -290,11 +288,11 @@ def test_the_command_chat_prints_for_a_request_left_pending_runs_as_printed(url:
     assert "support: Refunded 180.00." in resumed.output, resumed.output
 
     gated = CliRunner().invoke(
-        app, ["chat", "tests.test_cli:deployer", "--store", url], input="Deploy prod\n"
+        app, ["chat", "tests._cli:deployer", "--store", url], input="Deploy prod\n"
     )
     assert gated.exit_code == 0, gated.output
     later = re.search(r"answer it later with `signoff (approve [^`]+)`", gated.output)
-    assert later and "tests.test_cli:deployer" in shlex.split(later.group(1)), gated.output
+    assert later and "tests._cli:deployer" in shlex.split(later.group(1)), gated.output
 
 
 UNDECODABLE = "\udcff"  # how Python hands over a command-line byte that is not UTF-8 (0xff)
@@ -313,7 +311,7 @@ UNDECODABLE = "\udcff"  # how Python hands over a command-line byte that is not 
         ["pending", "--session", UNDECODABLE],
         ["sessions", "--agent", UNDECODABLE],
         ["approve", "REQUEST", "--as", f"local:{UNDECODABLE}"],
-        ["chat", "tests.test_cli:agent", "--session", f"ses_{UNDECODABLE}"],
+        ["chat", "tests._cli:agent", "--session", f"ses_{UNDECODABLE}"],
         # free text too: it was an InvalidAnswer from the runtime (exit 1), not the usage
         ["approve", "REQUEST", "--reason", f"ok {UNDECODABLE}"],
         ["deny", "REQUEST", "--reason", f"no {UNDECODABLE}"],

@@ -1,0 +1,102 @@
+"""`signoff chat` (`_chat`): resuming a parked session, who may answer, handing a two-person
+approval on, retrying a failed turn, each gated call of a step in turn."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app, local_principal
+
+from ._cli import TARGET, flaky_step, invoke, log, park, refunds_run, url
+
+__all__ = ["url"]  # the fixture, used by name
+
+
+def test_chat_resumes_a_parked_session_and_checks_who_answers(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    session_id, request_id = park(url, auth=alice)
+    args = ["chat", TARGET, "--session", session_id, "--store", url]
+
+    refused = CliRunner().invoke(app, args, input="y\n")
+    assert refused.exit_code == 0, refused.output
+    assert 'Run issue_refund({"order_id":"1042","amount":180,"reason":"broken"})? (y/N)' in (
+        refused.output
+    )
+    assert "NotAllowed" in refused.output
+    assert refunds_run(log(url, session_id)) == 0
+    assert [r["id"] for r in json.loads(invoke("pending", "--store", url, "--json").stdout)] == [
+        request_id
+    ]
+
+    accepted = CliRunner().invoke(app, [*args, "--as", "web:alice"], input="y\n")
+    assert accepted.exit_code == 0, accepted.output
+    assert 'issue_refund -> {"refunded":180}' in accepted.output
+    assert "support: Refunded 180.00." in accepted.output
+    assert refunds_run(log(url, session_id)) == 1
+
+
+def test_chat_hands_a_two_person_approval_to_someone_else(url: str) -> None:
+    chat = CliRunner().invoke(
+        app, ["chat", "tests._cli:treasurer", "--store", url], input="pay ACME\ny\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "needs 2 approvals; approved by nobody yet" in chat.output
+    assert re.search(r"expires in (59m|1h); then it is denied", chat.output)
+    assert "the turn waits for other people to answer" in chat.output
+    (row,) = json.loads(invoke("pending", "--store", url, "--json").stdout)
+    assert row["approved_by"] == [local_principal().principal_id]
+
+    trail = CliRunner().invoke(
+        app, ["events", row["session_id"], "--store", url], env={"COLUMNS": "200"}
+    )
+    me = local_principal().principal_id
+    assert re.search(rf"approval\.candidate +{row['id']} approve by {me}: \w+", trail.output)
+
+    second = invoke("approve", row["id"], "tests._cli:treasurer", "--store", url, "--as", "bob")
+    assert second.exit_code == 0, second.output
+    assert "treasurer: Wired." in second.output
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+
+def test_chat_retries_a_failed_turn_without_asking_again(url: str) -> None:
+    flaky_step.failed = False
+    chat = CliRunner().invoke(
+        app, ["chat", "tests._cli:flaky", "--store", url], input="refund 1042\ny\n/retry\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "the turn failed: ModelError: upstream timed out (type /retry to resume it)" in (
+        chat.output
+    )
+    assert "flaky: Refunded 180.00." in chat.output
+    assert chat.output.count("(y/N)") == 1  # the approval was kept across the failure
+    assert chat.output.count("issue_refund -> ") == 1  # and the refund ran once
+
+
+def test_chat_asks_each_gated_call_of_one_step_in_turn(url: str) -> None:
+    chat = CliRunner().invoke(
+        app,
+        ["chat", "tests._cli:double", "--store", url],
+        input="refund both\ny\nn\nonly one\n",
+    )
+    assert chat.exit_code == 0, chat.output
+    assert chat.output.count("(y/N)") == 2
+    assert 'Run issue_refund({"order_id":"1042"' in chat.output
+    assert 'Run issue_refund({"order_id":"1043"' in chat.output
+    assert "double: call_1042: refunded; call_1043: denied" in chat.output
+
+
+def test_names_with_brackets_are_printed_as_they_are(url: str) -> None:
+    """An agent's name is not Rich markup: `sessions` and `chat` print `ops [eu] [/x]` as it is
+    instead of failing with a MarkupError traceback."""
+    result = CliRunner().invoke(
+        app, ["chat", "tests._cli:bracketed", "--store", url], input="hello\n"
+    )
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "ops [eu] [/x]: done [/] here" in result.output
+    listed = invoke("sessions", "--store", url)
+    assert listed.exit_code == 0, (listed.output, listed.exception)
+    assert "ops [eu] [/x]" in listed.output
