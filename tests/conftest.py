@@ -17,6 +17,7 @@ import shlex
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -339,3 +340,17 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("signoff proof")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Close the Chromium the browser test files share once the next test does not use it (or
+    the run stops here), after this test's own fixtures (its pages) are torn down."""
+    try:
+        yield
+    finally:
+        stops = nextitem is None or bool(item.session.shouldstop or item.session.shouldfail)
+        if stops or "browser" not in getattr(nextitem, "fixturenames", ()):
+            browsers = sys.modules.get("tests._dashboard_browser")
+            if browsers is not None:
+                browsers.close_browser()

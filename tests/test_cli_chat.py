@@ -1,97 +1,102 @@
-"""`signoff chat`'s own commands: `/help` and `/retry` when there is nothing to retry are
-answered by chat itself, never sent to the agent or shown as a new answer."""
+"""`signoff chat` (`_chat`): resuming a parked session, who may answer, handing a two-person
+approval on, retrying a failed turn, each gated call of a step in turn."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import re
 
-import pytest
 from typer.testing import CliRunner
 
 import signoff as so
-from signoff.cli import app
+from signoff.cli import app, local_principal
 
-greeter = so.Agent(
-    name="greeter",
-    model=so.models.Scripted(
-        [lambda conversation: so.ModelResponse(text=f"hello after {len(conversation)}")] * 4
-    ),
-)
+from ._cli import TARGET, flaky_step, invoke, log, park, refunds_run, url
+
+__all__ = ["url"]  # the fixture, used by name
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path}/state.db"
+def test_chat_resumes_a_parked_session_and_checks_who_answers(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    session_id, request_id = park(url, auth=alice)
+    args = ["chat", TARGET, "--session", session_id, "--store", url]
+
+    refused = CliRunner().invoke(app, args, input="y\n")
+    assert refused.exit_code == 0, refused.output
+    assert 'Run issue_refund({"order_id":"1042","amount":180,"reason":"broken"})? (y/N)' in (
+        refused.output
+    )
+    assert "NotAllowed" in refused.output
+    assert refunds_run(log(url, session_id)) == 0
+    assert [r["id"] for r in json.loads(invoke("pending", "--store", url, "--json").stdout)] == [
+        request_id
+    ]
+
+    accepted = CliRunner().invoke(app, [*args, "--as", "web:alice"], input="y\n")
+    assert accepted.exit_code == 0, accepted.output
+    assert 'issue_refund -> {"refunded":180}' in accepted.output
+    assert "support: Refunded 180.00." in accepted.output
+    assert refunds_run(log(url, session_id)) == 1
 
 
-def chat(url: str, typed: str) -> str:
+def test_chat_hands_a_two_person_approval_to_someone_else(url: str) -> None:
+    chat = CliRunner().invoke(
+        app, ["chat", "tests._cli:treasurer", "--store", url], input="pay ACME\ny\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "needs 2 approvals; approved by nobody yet" in chat.output
+    assert re.search(r"expires in (59m|1h); then it is denied", chat.output)
+    assert "the turn waits for other people to answer" in chat.output
+    (row,) = json.loads(invoke("pending", "--store", url, "--json").stdout)
+    assert row["approved_by"] == [local_principal().principal_id]
+
+    trail = CliRunner().invoke(
+        app, ["events", row["session_id"], "--store", url], env={"COLUMNS": "200"}
+    )
+    me = local_principal().principal_id
+    assert re.search(rf"approval\.candidate +{row['id']} approve by {me}: \w+", trail.output)
+
+    second = invoke("approve", row["id"], "tests._cli:treasurer", "--store", url, "--as", "bob")
+    assert second.exit_code == 0, second.output
+    assert "treasurer: Wired." in second.output
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+
+def test_chat_retries_a_failed_turn_without_asking_again(url: str) -> None:
+    flaky_step.failed = False
+    chat = CliRunner().invoke(
+        app, ["chat", "tests._cli:flaky", "--store", url], input="refund 1042\ny\n/retry\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "the turn failed: ModelError: upstream timed out (type /retry to resume it)" in (
+        chat.output
+    )
+    assert "flaky: Refunded 180.00." in chat.output
+    assert chat.output.count("(y/N)") == 1  # the approval was kept across the failure
+    assert chat.output.count("issue_refund -> ") == 1  # and the refund ran once
+
+
+def test_chat_asks_each_gated_call_of_one_step_in_turn(url: str) -> None:
+    chat = CliRunner().invoke(
+        app,
+        ["chat", "tests._cli:double", "--store", url],
+        input="refund both\ny\nn\nonly one\n",
+    )
+    assert chat.exit_code == 0, chat.output
+    assert chat.output.count("(y/N)") == 2
+    assert 'Run issue_refund({"order_id":"1042"' in chat.output
+    assert 'Run issue_refund({"order_id":"1043"' in chat.output
+    assert "double: call_1042: refunded; call_1043: denied" in chat.output
+
+
+def test_names_with_brackets_are_printed_as_they_are(url: str) -> None:
+    """An agent's name is not Rich markup: `sessions` and `chat` print `ops [eu] [/x]` as it is
+    instead of failing with a MarkupError traceback."""
     result = CliRunner().invoke(
-        app, ["chat", "tests.test_cli_chat:greeter", "--store", url], input=typed
+        app, ["chat", "tests._cli:bracketed", "--store", url], input="hello\n"
     )
-    assert result.exit_code == 0, result.output
-    return result.output
-
-
-def sessions(url: str) -> list[dict[str, object]]:
-    listing = CliRunner().invoke(app, ["sessions", "--store", url, "--json"])
-    assert listing.exit_code == 0, listing.output
-    found: list[dict[str, object]] = json.loads(listing.stdout)
-    return found
-
-
-def test_help_lists_the_commands_and_sends_nothing(url: str) -> None:
-    output = chat(url, "/help\n")
-    assert "/help for more" in output  # the banner says it exists
-    assert "/retry resumes a turn whose model call failed" in output
-    assert "/exit, /quit or Ctrl-D leaves" in output
-    assert "session " not in output and "hello" not in output
-    assert sessions(url) == []
-
-
-def test_retry_after_a_completed_turn_says_so_instead_of_answering_again(url: str) -> None:
-    """Resuming a turn that completed would print its last answer again, as if the agent had
-    answered anew; chat says there is nothing to retry, and the model is not called."""
-    output = chat(url, "hi\n/retry\n")
-    assert output.count("greeter: hello after 1") == 1
-    assert "nothing to retry: the last turn completed" in output
-    [session] = sessions(url)
-    rt = so.Runtime([greeter], store=url)
-    try:
-        events = rt.events_sync(str(session["id"]))
-    finally:
-        rt.close_sync()
-    assert [e.type for e in events].count("model.completed") == 1
-
-
-echo = so.Agent(name="echo", model=so.models.Scripted([so.ModelResponse(text="echoed")]))
-both = so.Runtime([greeter, echo], store="sqlite:///unused.db")  # --store replaces it
-lacking = so.Runtime(
-    [so.Agent(name=n, model=so.models.Scripted([])) for n in ("a", "b")],
-    store="sqlite:///unused.db",
-)
-
-
-def test_a_session_of_another_agent_says_how_to_continue_it(url: str) -> None:
-    """`--session` of another agent's session names that agent, and either the `--agent` that
-    picks it or the agents this runtime has, when it lacks it; a runtime of several agents
-    needs no `--agent` to continue a session, whose agent it reads."""
-    sid = so.Runtime([echo], store=url).generate_sync("echo", "hi").session_id
-    for args, how in (
-        (["tests.test_cli_chat:both", "--agent", "greeter"], "pass --agent echo"),
-        (["tests.test_cli_chat:greeter"], "which this runtime does not have (it has: greeter)"),
-        (["tests.test_cli_chat:lacking"], "which this runtime does not have (it has: a, b)"),
-    ):
-        result = CliRunner().invoke(app, ["chat", *args, "--store", url, "--session", sid])
-        assert result.exit_code == 1, result.output
-        assert result.stderr == (
-            f"error: UsageError: session '{sid}' belongs to agent 'echo': {how}\n"
-        ), result.stderr
-    resumed = CliRunner().invoke(
-        app, ["chat", "tests.test_cli_chat:both", "--store", url, "--session", sid]
-    )
-    assert resumed.exit_code == 0, resumed.output
-    assert "agent echo" in resumed.output and f"session {sid} (resumed)" in resumed.output
-    several = CliRunner().invoke(app, ["chat", "tests.test_cli_chat:both", "--store", url])
-    assert several.exit_code == 1
-    assert "several agents (greeter, echo): choose one with --agent" in several.stderr
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert "ops [eu] [/x]: done [/] here" in result.output
+    listed = invoke("sessions", "--store", url)
+    assert listed.exit_code == 0, (listed.output, listed.exception)
+    assert "ops [eu] [/x]" in listed.output

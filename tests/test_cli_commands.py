@@ -22,7 +22,7 @@ import signoff as so
 from signoff.cli import app
 from signoff.cli._app import out
 from signoff.testing import reply, scripted_agent
-from tests.test_cli import invoke, log, park
+from tests._cli import invoke, log, park
 
 ROOT = Path(__file__).resolve().parents[1]
 

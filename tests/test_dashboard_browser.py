@@ -1,4 +1,5 @@
-"""The dashboard in a real browser: Playwright for Python driving Debian's Chromium."""
+"""The dashboard in a real browser (Playwright for Python driving Debian's Chromium): reviewers
+approve, edit, deny and answer live, across tabs, sign-ins and keyboards."""
 
 from __future__ import annotations
 
@@ -7,88 +8,20 @@ import re
 import shutil
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Dialog, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_server_common import ROOT, TOKENS, auth, running, served, tool_output
+from ._dashboard_browser import base, browser, page, session, start
+from .test_server_common import ROOT, TOKENS, auth, running, tool_output
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    assert Path(CHROMIUM).exists(), "Chromium is missing: run ./scripts/setup (apt-get chromium)"
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def base(tmp_path: Path) -> Iterator[str]:
-    with served(f"sqlite:///{tmp_path}/state.db") as url:
-        yield url
-
-
-@pytest.fixture
-def page(browser: Browser, base: str) -> Iterator[Page]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=base)
-    p = context.new_page()
-    p.set_default_timeout(10_000)
-    refused = csp_violations(p)
-    # sign in as alice through the login form (CSRF-protected)
-    p.goto("/_signoff/")
-    expect(p).to_have_url(f"{base}/_signoff/login")
-    p.fill("input[name=token]", "alice-token")
-    p.click("button[type=submit]")
-    expect(p.locator("h1")).to_have_text("Approval queue")
-    yield p
-    context.close()
-    assert refused == [], "the dashboard's content security policy blocks its own page"
-
-
-def csp_violations(p: Page) -> list[str]:
-    """The console's reports of what the content security policy refused on this page."""
-    refused: list[str] = []
-    p.on(
-        "console",
-        lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None,
-    )
-    return refused
-
-
-def start(base: str, agent: str = "support") -> dict[str, Any]:
-    r = httpx.post(
-        f"{base}/v1/sessions",
-        json={"agent": agent, "message": "Refund order 1042, it arrived broken"},
-        headers=auth("alice-token"),
-        timeout=10,
-    )
-    assert r.status_code == 201, r.text
-    body: dict[str, Any] = r.json()
-    return body
-
-
-def session(base: str, sid: str) -> dict[str, Any]:
-    r = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), timeout=10)
-    body: dict[str, Any] = r.json()
-    return body
+__all__ = ["base", "browser", "page"]  # the fixtures, used by name
 
 
 def test_reviewer_approves_a_refund_live(page: Page, base: str, tmp_path: Path) -> None:
@@ -254,128 +187,6 @@ def test_a_message_to_someone_elses_turn_says_it_waits(page: Page, base: str) ->
     assert session(base, sid)["status"] == "waiting"
 
 
-# -- untrusted text in every field, through the server-rendered pages and the live JS path --
-
-EVIL = (
-    "<script>window.__pwned='script'</script>"
-    '"><img src=x onerror="window.__pwned=\'img\'">'
-    "'><svg onload=\"window.__pwned='svg'\"></svg>"
-    "</script><script>window.__pwned='close'</script>"
-    "javascript:window.__pwned='url' {{7*7}}"
-)
-
-
-def evil_agent() -> so.Agent:
-    """An agent whose name, tool description, model text, tool input, question and options are all
-    hostile (tool names must be letters, digits, _ or -; a model may still call any name)."""
-
-    @so.tool(name="refund", description="Refunds " + EVIL, approval=so.always())
-    async def refund(note: str, extra: dict[str, str]) -> dict[str, Any]:
-        return {"note": note}
-
-    @so.tool(name="ask")
-    async def ask(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
-        options = [{"id": "a" + EVIL, "label": "A" + EVIL, "description": "D" + EVIL}]
-        answer = await ctx.ask("Q" + EVIL, options=options, allow_text=True)
-        return {"answer": answer.value}
-
-    script = [
-        so.ModelResponse(
-            text="T" + EVIL,
-            tool_calls=[
-                so.ToolCall(name="refund", input={"note": EVIL, "extra": {EVIL: EVIL}}),
-                so.ToolCall(name="nope" + EVIL, input={EVIL: EVIL}),  # unknown: an error result
-            ],
-        ),
-        so.ModelResponse(tool_calls=[so.ToolCall(name="ask", input={"topic": EVIL})]),
-        so.ModelResponse(text="done " + EVIL),
-    ]
-    return so.Agent(
-        name="crm" + EVIL,
-        instructions="I " + EVIL,
-        model=so.models.Scripted(script, repeat_last=True),
-        tools=[refund, ask],
-    )
-
-
-def injected(page: Page) -> list[str]:
-    """What a payload would have left behind: the flag, or an element it brought in."""
-    found: list[str] = page.evaluate(
-        """() => {
-          const out = [];
-          if (window.__pwned !== undefined) out.push('ran: ' + window.__pwned);
-          document.querySelectorAll('img, svg, script:not([src])').forEach(
-            (el) => out.push('element: ' + el.outerHTML.slice(0, 80)));
-          document.querySelectorAll('[href^="javascript:" i]').forEach(
-            (el) => out.push('link: ' + el.outerHTML.slice(0, 80)));
-          return out;
-        }"""
-    )
-    return found
-
-
-def test_untrusted_text_never_runs_as_script(browser: Browser, tmp_path: Path) -> None:
-    runtime = so.Runtime([evil_agent()], store=f"sqlite:///{tmp_path}/evil.db", poll_interval=0.05)
-    app = create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)
-    with running(app) as url:
-        context = browser.new_context(base_url=url)
-        p = context.new_page()
-        p.set_default_timeout(10_000)
-        refused = csp_violations(p)
-        dialogs: list[str] = []
-
-        def on_dialog(dialog: Dialog) -> None:
-            dialogs.append(dialog.message)
-            dialog.dismiss()
-
-        p.on("dialog", on_dialog)
-        p.goto("/_signoff/login")
-        p.fill("input[name=token]", "alice-token")
-        p.click("button[type=submit]")
-        expect(p.locator("h1")).to_have_text("Approval queue")
-        # the approval arrives live: the queue merges the fragment in
-        r = httpx.post(
-            f"{url}/v1/sessions",
-            json={"agent": "crm" + EVIL, "message": "M" + EVIL},
-            headers=auth("alice-token"),
-            timeout=10,
-        )
-        assert r.status_code == 201, r.text
-        sid = r.json()["session_id"]
-        card = p.locator("#queue [data-request-id]")
-        expect(card.locator(".tool-name")).to_have_text("refund")
-        assert injected(p) == []
-        # the session page: deny with a hostile reason; the question arrives live
-        p.goto(f"/_signoff/sessions/{sid}")
-        pending = p.locator("#session-pending [data-request-id]")
-        expect(pending.locator(".tool-name")).to_have_text("refund")
-        pending.locator("input[name=text]").fill("R" + EVIL)
-        pending.get_by_role("button", name="Deny").click()
-        expect(p.locator(".toast").first).to_contain_text("Denied refund")
-        question = p.locator("#session-pending [data-kind=question]")
-        expect(question.locator(".tool-name")).to_have_text("Q" + EVIL)
-        assert injected(p) == []
-        # answering with the hostile option; the reply and the header update live
-        question.get_by_role("button", name="A" + EVIL).click()
-        expect(p.locator("[data-session-status]")).to_have_text("idle")
-        expect(p.locator("blockquote.reply")).to_contain_text("done " + EVIL)
-        expect(p.locator("#trace li .badge.type", has_text="turn.completed")).to_be_visible()
-        p.locator("#trace details").evaluate_all("els => els.forEach(e => { e.open = true; })")
-        assert injected(p) == []
-        # a reload renders all of it on the server
-        for path in (
-            f"/_signoff/sessions/{sid}",
-            "/_signoff/audit",
-            "/_signoff/tools",
-            "/_signoff/new",
-        ):
-            p.goto(path)
-            assert injected(p) == [], path
-            assert "{{7*7}}" in p.locator("main").inner_text(), path  # shown, not evaluated
-        assert dialogs == [] and refused == []
-        context.close()
-
-
 def test_a_page_left_from_another_sign_in_does_not_post(page: Page, base: str) -> None:
     """Alice's queue stays open while, in another tab, she signs out and Bob signs in: a click
     on the old page is refused (its token was made for Alice's sign-in) and says to reload."""
@@ -407,95 +218,6 @@ def test_a_page_left_from_another_sign_in_does_not_post(page: Page, base: str) -
     mine = page.locator(f"[data-request-id='{r.json()['pending'][0]['id']}']")
     mine.get_by_role("button", name="Approve").click()  # Bob's own page posts (as Bob)
     expect(mine.locator(".result-note")).to_contain_text("Approved")
-
-
-def test_long_unbroken_text_keeps_the_buttons_in_reach(browser: Browser, tmp_path: Path) -> None:
-    """A model's 3,000-character word in a question, an option or a reply, and a long agent name,
-    wrap inside the page: nothing scrolls sideways and every button is on screen."""
-    word = "W" * 3000
-
-    @so.tool(name="ask")
-    async def ask(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
-        options = [{"id": "a", "label": "A" + word, "description": "D" + word}]
-        answer = await ctx.ask("Q" + word, options=options, allow_text=True)
-        return {"answer": answer.value}
-
-    call = so.ToolCall(name="ask", input={"topic": "size"})
-    script = [so.ModelResponse(text="T" + word, tool_calls=[call])]
-    agent = so.Agent(name="n" * 300, model=so.models.Scripted(script), tools=[ask])
-    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/long.db", poll_interval=0.05)
-    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
-        r = httpx.post(
-            f"{url}/v1/sessions",
-            json={"agent": agent.name, "message": "M" + word},
-            headers=auth("alice-token"),
-            timeout=10,
-        )
-        sid = r.json()["session_id"]
-        context = browser.new_context(
-            viewport={"width": 1280, "height": 900},
-            base_url=url,
-            extra_http_headers=auth("alice-token"),
-        )
-        p = context.new_page()
-        p.set_default_timeout(10_000)
-        for path in ("/_signoff/", f"/_signoff/sessions/{sid}", "/_signoff/new"):
-            p.goto(path)
-            if path != "/_signoff/new":
-                expect(p.locator("main [data-kind=question] button:visible")).to_have_count(2)
-            p.locator("details").evaluate_all("els => els.forEach(e => { e.open = true; })")
-            wide = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
-            assert wide <= 0, (path, wide)
-            for button in p.locator("main button:visible").all():
-                box = button.bounding_box()
-                assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 1280, (
-                    path,
-                    button.inner_text()[:20],
-                    box,
-                )
-        context.close()
-
-
-def test_a_huge_input_leaves_approve_on_the_first_screen(browser: Browser, tmp_path: Path) -> None:
-    """A 1 MB tool input is shown clipped in a box of its own: the Approve button stays on the
-    first screen, and a link opens the whole input."""
-    blob = "x" * 1_000_000
-
-    @so.tool(approval=so.always())
-    async def upload(blob: str) -> str:
-        """Upload a file."""
-        return "stored"
-
-    script = [so.ModelResponse(tool_calls=[so.ToolCall(name="upload", input={"blob": blob})])]
-    agent = so.Agent(name="files", model=so.models.Scripted(script), tools=[upload])
-    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/big.db", poll_interval=0.05)
-    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
-        r = httpx.post(
-            f"{url}/v1/sessions",
-            json={"agent": "files", "message": "store it"},
-            headers=auth("alice-token"),
-            timeout=30,
-        )
-        rid = r.json()["pending"][0]["id"]
-        context = browser.new_context(
-            viewport={"width": 1280, "height": 900},
-            base_url=url,
-            extra_http_headers=auth("alice-token"),
-        )
-        p = context.new_page()
-        p.set_default_timeout(10_000)
-        p.goto("/_signoff/")
-        card = p.locator(f"[data-request-id='{rid}']")
-        approve = card.get_by_role("button", name="Approve")
-        box = approve.bounding_box()
-        assert box is not None and box["y"] + box["height"] <= 900, box
-        whole = card.get_by_role("link", name="See all of it")
-        with context.expect_page() as opened:
-            whole.click()
-        assert opened.value.locator("body").inner_text().count("x") == 1_000_000
-        approve.click()
-        expect(card.locator(".result-note")).to_contain_text("Approved")
-        context.close()
 
 
 def test_a_filtered_queue_counts_its_own_requests_live(page: Page, base: str) -> None:
@@ -587,146 +309,6 @@ def test_approving_what_another_tab_denied_says_it_is_closed(page: Page, base: s
     assert request_record(base, rid)["outcome"] == "cancelled"
 
 
-@pytest.mark.parametrize("width", [1280, 375])
-@pytest.mark.parametrize("name", ["Alice", "Alice " * 60])
-def test_the_top_bar_fits_a_phone(browser: Browser, tmp_path: Path, width: int, name: str) -> None:
-    """At 375px the top bar's links broke letter by letter ("Q u e u e"), taller than the bar:
-    they spilled over the page and above the screen. Each stays on one line, inside the bar,
-    and a long name of the reviewer does not push Sign out off the screen."""
-    viewer = so.Principal(authenticator="token", principal_id="alice", attributes={"name": name})
-    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/bar.db")
-    app = create_app(runtime, auth=TokenAuth({"alice-token": viewer}))
-    with running(app) as url:
-        context = browser.new_context(
-            viewport={"width": width, "height": 800},
-            base_url=url,
-            extra_http_headers=auth("alice-token"),
-        )
-        p = context.new_page()
-        p.goto("/_signoff/")
-        expect(p.get_by_role("button", name="Sign out")).to_be_visible()
-        top_bar_fits(p, width)
-        context.close()
-
-
-def top_bar_fits(p: Page, width: int) -> None:
-    """Each link and button of the page's top bar is on one line, inside the bar and screen."""
-    bar = p.locator("header.topbar").bounding_box()
-    assert bar is not None
-    for item in p.locator("header.topbar a, header.topbar button").all():
-        box = item.bounding_box()
-        name = item.inner_text().split()[0]
-        assert box is not None, name
-        assert 0 <= box["x"] and box["x"] + box["width"] <= width, (name, box)
-        assert bar["y"] <= box["y"] and box["y"] + box["height"] <= bar["y"] + bar["height"], (
-            name,
-            box,
-            bar,
-        )
-        assert box["height"] <= 40, (name, box)  # one line
-
-
-def test_tables_and_tabs_keep_their_words_whole_on_a_phone(browser: Browser, base: str) -> None:
-    """At 375px the audit's and tools' tables squeezed their columns to a letter or two, so
-    "When asked" or "Settled" read a letter per line: a table scrolls sideways in its own box,
-    and the page itself does not."""
-    body = start(base)
-    httpx.post(
-        f"{base}/v1/sessions/{body['session_id']}/responses",
-        json={"inputResponses": [{"requestId": body["pending"][0]["id"], "optionId": "approve"}]},
-        headers=auth("alice-token"),
-        timeout=10,
-    )
-    context = browser.new_context(
-        viewport={"width": 375, "height": 800},
-        base_url=base,
-        extra_http_headers=auth("alice-token"),
-    )
-    p = context.new_page()
-    for path in ("/_signoff/audit", "/_signoff/tools", "/_signoff/audit/tools"):
-        p.goto(path)
-        broken = p.locator("main th, main .tabs a, #audit td:first-child").evaluate_all(
-            """els => els.filter((el) => {
-                 const range = document.createRange();
-                 range.selectNodeContents(el);
-                 const tops = Array.from(range.getClientRects(), (r) => Math.round(r.top));
-                 const lines = new Set(tops);
-                 return lines.size > el.textContent.trim().split(/\\s+/).length;
-               }).map((el) => el.textContent.trim())"""
-        )
-        assert broken == [], (path, broken)
-        clipped = p.locator("main table").evaluate_all(
-            """els => els.filter((t) => t.parentElement.scrollWidth > t.parentElement.clientWidth
-                                 && getComputedStyle(t.parentElement).overflowX !== "auto")"""
-        )
-        assert clipped == [], path  # a wide table scrolls: none of it is cut off
-        wide = p.evaluate("() => document.documentElement.scrollWidth - window.innerWidth")
-        assert wide <= 0, (path, wide)
-    context.close()
-
-
-@pytest.mark.parametrize("width", [1280, 375])
-def test_long_model_text_leaves_the_buttons_near_the_top(
-    browser: Browser, tmp_path: Path, width: int
-) -> None:
-    """A model's 60 KB question, or 60 KB said before a tool call, was shown in full above the
-    buttons: they sat tens of thousands of pixels down. The text scrolls in a box of its own
-    and the trace's one-line summaries are cut; the buttons stay within two screens."""
-    text = "lorem ipsum dolor sit amet " * 2400
-
-    @so.tool(approval=so.always())
-    async def upload(note: str) -> str:
-        """Upload a note."""
-        return "stored"
-
-    question = so.ToolCall(
-        name="ask_question",
-        input={
-            "question": text,
-            "options": [
-                {"label": "Yes", "description": "Go ahead."},
-                {"label": "No", "description": "Stop."},
-            ],
-        },
-    )
-    asker = so.Agent(
-        name="asker",
-        model=so.models.Scripted([so.ModelResponse(tool_calls=[question])]),
-        tools=[so.ask_question()],
-    )
-    said = so.ModelResponse(text=text, tool_calls=[so.ToolCall(name="upload", input={"note": "n"})])
-    talker = so.Agent(name="talker", model=so.models.Scripted([said]), tools=[upload])
-    runtime = so.Runtime([asker, talker], store=f"sqlite:///{tmp_path}/long.db")
-    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
-        sessions = []
-        for agent, message in (("asker", "hi"), ("talker", text)):
-            r = httpx.post(
-                f"{url}/v1/sessions",
-                json={"agent": agent, "message": message},
-                headers=auth("alice-token"),
-                timeout=30,
-            )
-            sessions.append(r.json()["session_id"])
-        context = browser.new_context(
-            viewport={"width": width, "height": 900},
-            base_url=url,
-            extra_http_headers=auth("alice-token"),
-        )
-        p = context.new_page()
-        paths = ["/_signoff/?agent=asker", "/_signoff/?agent=talker"]
-        paths += [f"/_signoff/sessions/{sid}" for sid in sessions]
-        for path in paths:
-            p.goto(path)
-            buttons = p.locator("main .request button:visible, #send button").all()
-            assert len(buttons) >= 2, path
-            for button in buttons:
-                box = button.bounding_box()
-                assert box is not None and box["y"] + box["height"] <= 1800, (path, box)
-            height = p.evaluate("() => document.documentElement.scrollHeight")
-            assert height <= 6000, (path, height)
-        context.close()
-
-
 def test_an_edit_a_response_policy_refuses_keeps_the_form(browser: Browser, tmp_path: Path) -> None:
     """A response policy refusing an edit removed the whole form: what the reviewer typed was
     lost and there was no way to correct it without a reload. The form stays, with the reason,
@@ -768,39 +350,6 @@ def test_an_edit_a_response_policy_refuses_keeps_the_form(browser: Browser, tmp_
         context.close()
 
 
-def test_opening_the_edit_box_of_a_long_input_keeps_approve_in_reach(
-    browser: Browser, tmp_path: Path
-) -> None:
-    """The edit box was as tall as the input has lines: 1,000 of them put Approve some 20,000
-    pixels down once it was opened. The box's height is capped; it scrolls and can be resized."""
-
-    @so.tool(approval=so.always())
-    async def tag(ids: list[int]) -> str:
-        """Tag records."""
-        return "tagged"
-
-    call = so.ToolCall(name="tag", input={"ids": list(range(1000))})
-    agent = so.Agent(
-        name="tags", model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]), tools=[tag]
-    )
-    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/rows.db")
-    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
-        rid = start(url, "tags")["pending"][0]["id"]
-        context = browser.new_context(
-            viewport={"width": 1280, "height": 900},
-            base_url=url,
-            extra_http_headers=auth("alice-token"),
-        )
-        p = context.new_page()
-        p.goto("/_signoff/")
-        card = p.locator(f"[data-request-id='{rid}']")
-        card.get_by_text("Edit arguments before approving").click()
-        expect(card.locator("textarea[name=edited_input]")).to_be_visible()
-        box = card.get_by_role("button", name="Approve").bounding_box()
-        assert box is not None and box["y"] + box["height"] <= 1800, box
-        context.close()
-
-
 def test_double_clicking_start_starts_one_conversation(browser: Browser, tmp_path: Path) -> None:
     """The new-conversation form posted once per click: a double click on Start started the
     conversation twice (two runs, each free to call its tools). The second click is ignored."""
@@ -826,69 +375,6 @@ def test_double_clicking_start_starts_one_conversation(browser: Browser, tmp_pat
         p.wait_for_timeout(1500)  # a second post would have been answered by now
         with sqlite3.connect(tmp_path / "start.db") as db:
             assert db.execute("select count(*) from sessions").fetchone() == (1,)
-        context.close()
-
-
-def test_the_toast_after_answering_a_long_question_stays_small(
-    browser: Browser, tmp_path: Path
-) -> None:
-    """The toast named the request by its whole text: a 20 KB question made a toast taller than
-    the screen, covering the page's buttons for five seconds. Its text is cut."""
-    ask = so.ToolCall(name="ask_question", input={"question": "Which one? " * 2000})
-    script = [so.ModelResponse(tool_calls=[ask]), so.ModelResponse(text="ok")]
-    agent = so.Agent(name="asker", model=so.models.Scripted(script), tools=[so.ask_question()])
-    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/toast.db")
-    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
-        rid = start(url, "asker")["pending"][0]["id"]
-        context = browser.new_context(
-            viewport={"width": 1280, "height": 900},
-            base_url=url,
-            extra_http_headers=auth("alice-token"),
-        )
-        p = context.new_page()
-        p.goto("/_signoff/")
-        card = p.locator(f"[data-request-id='{rid}']")
-        card.locator("input[name=text]").fill("The second")
-        card.get_by_role("button", name="Send answer").click()
-        toast = p.locator(".toast").first
-        expect(toast).to_contain_text("Answered")
-        box = toast.bounding_box()
-        assert box is not None and box["height"] <= 200, box
-        context.close()
-
-
-def test_long_option_descriptions_leave_the_buttons_near_the_top(
-    browser: Browser, tmp_path: Path
-) -> None:
-    """`ctx.ask` takes options of any length: 30 options described in 10 KB each made a list
-    50,000 pixels tall above the buttons. The list scrolls in a box of its own."""
-
-    @so.tool(name="pick")
-    async def pick(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
-        """Pick a plan."""
-        options = [
-            {"id": f"o{i}", "label": f"Plan {i}", "description": "details " * 1200}
-            for i in range(30)
-        ]
-        answer = await ctx.ask("Which plan?", options=options)
-        return {"plan": answer.value}
-
-    call = so.ToolCall(name="pick", input={"topic": "plans"})
-    agent = so.Agent(
-        name="picker", model=so.models.Scripted([so.ModelResponse(tool_calls=[call])]), tools=[pick]
-    )
-    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/options.db")
-    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as url:
-        start(url, "picker")
-        context = browser.new_context(
-            viewport={"width": 1280, "height": 900},
-            base_url=url,
-            extra_http_headers=auth("alice-token"),
-        )
-        p = context.new_page()
-        p.goto("/_signoff/")
-        first = p.get_by_role("button", name="Plan 0").bounding_box()
-        assert first is not None and first["y"] + first["height"] <= 1800, first
         context.close()
 
 
@@ -922,51 +408,6 @@ def test_a_keyboard_reviewer_goes_on_from_the_card_they_answered(page: Page, bas
     page.keyboard.press("Tab")
     inside = page.evaluate("() => document.activeElement.closest('[data-request-id]')?.id")
     assert inside == after
-
-
-def test_a_models_lines_and_right_to_left_text_read_as_written(
-    browser: Browser, tmp_path: Path
-) -> None:
-    """A model's multi-line question, option and reply ran together into one line ("refund? 1.
-    Order 1042 2. Order 1043"), and an Arabic question read left to right, its question mark at
-    the wrong end. Lines are kept, and each such text takes the direction of its first letter."""
-    question = "Which order should I refund?\n1. Order 1042\n2. Order 1043"
-    arabic = "أي طلب يجب أن أعيد؟"
-
-    @so.tool(name="ask")
-    async def ask(ctx: so.ToolContext, topic: str) -> dict[str, Any]:
-        text = question if topic == "en" else arabic
-        options = [{"id": "a", "label": "نعم", "description": "first line\nsecond line"}]
-        answer = await ctx.ask(text, options=options, allow_text=True)
-        return {"answer": answer.value}
-
-    calls = [so.ToolCall(name="ask", input={"topic": t}) for t in ("en", "ar")]
-    reply = "Looking into it:\n- order 1042\n- order 1043"
-    script = [so.ModelResponse(text=reply, tool_calls=calls)]
-    agent = so.Agent(name="lines", model=so.models.Scripted(script), tools=[ask])
-    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/lines.db", poll_interval=0.05)
-    with running(create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05)) as url:
-        r = httpx.post(
-            f"{url}/v1/sessions",
-            json={"agent": "lines", "message": "go"},
-            headers=auth("alice-token"),
-            timeout=10,
-        )
-        sid = r.json()["session_id"]
-        context = browser.new_context(base_url=url, extra_http_headers=auth("alice-token"))
-        p = context.new_page()
-        p.set_default_timeout(10_000)
-        p.goto(f"/_signoff/sessions/{sid}")
-        shown = p.locator(".question-text")
-        expect(shown).to_have_count(2)
-        assert shown.first.inner_text() == question
-        assert p.locator("blockquote.reply").inner_text() == reply
-        assert p.locator(".options li").first.inner_text().endswith("first line\nsecond line")
-        directions = shown.evaluate_all("els => els.map(e => getComputedStyle(e).direction)")
-        assert directions == ["ltr", "rtl"]
-        label = p.get_by_role("button", name="نعم").first
-        assert label.evaluate("e => getComputedStyle(e).direction") == "rtl"
-        context.close()
 
 
 def test_approving_what_others_just_approved_says_it_was_theirs(page: Page, base: str) -> None:

@@ -14,13 +14,13 @@ import signoff as so
 from signoff.server import create_app, load_runtime, serve
 from signoff.server._context import ServerContext
 
-from .test_cli import offline_runtime
+from ._cli import offline_runtime
 from .test_server_common import auth, make_runtime, server_processes
 
 
 def test_load_runtime_keeps_the_runtimes_settings_on_another_store(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/s.db"
-    moved = load_runtime("tests.test_cli:offline_runtime", url)
+    moved = load_runtime("tests._cli:offline_runtime", url)
     assert moved.store.url == url
     assert moved.inline is False
     assert (moved.lease_ttl, moved.lease_wait, moved.poll_interval) == (7.0, 3.0, 0.3)
@@ -37,7 +37,7 @@ def test_serve_a_runtime_on_the_store_given(
     served: list[Any] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
     url = f"sqlite:///{tmp_path}/s.db"
-    for target in (offline_runtime(), "tests.test_cli:offline_runtime"):
+    for target in (offline_runtime(), "tests._cli:offline_runtime"):
         serve(target, store=url)
         ctx = served.pop().state.signoff
         assert isinstance(ctx, ServerContext)
@@ -71,7 +71,7 @@ def test_serve_refuses_an_address_or_log_level_before_opening_anything(
     served: list[Any] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self))
     with pytest.raises(so.UsageError, match=f"^{message}"):
-        serve("tests.test_cli:offline_runtime", store=f"sqlite:///{tmp_path}/s.db", **setting)
+        serve("tests._cli:offline_runtime", store=f"sqlite:///{tmp_path}/s.db", **setting)
     assert served == [] and not (tmp_path / "s.db").exists()
 
 

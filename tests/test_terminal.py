@@ -229,7 +229,7 @@ def test_chat_resumes_a_session_whose_answer_was_recorded_elsewhere(
 def test_chat_asks_a_question_as_numbered_choices(
     url: str, children: list[pexpect.spawn[str]]
 ) -> None:
-    child = spawn("chat", "tests.test_cli:sizer", "--store", url)
+    child = spawn("chat", "tests._cli:sizer", "--store", url)
     children.append(child)
     child.expect_exact("you:")
     child.sendline("I want coffee")

@@ -15,7 +15,7 @@ from signoff.channels import ChannelHub, TextChannel
 from signoff.channels._base import QUEUED_NOTE
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
-from .test_channels import escalating_refund
+from ._channels import escalating_refund
 
 BOB = so.Principal(authenticator="sms", principal_id="sms:+15550100")
 CAROL = so.Principal(authenticator="sms", principal_id="sms:+15550199")

@@ -1,0 +1,109 @@
+"""The channel tests' helpers: a text channel that keeps what it sends, agents asking for three
+refunds or for one that escalates to finance, a hub read by hand, and a request's status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import signoff as so
+from signoff.channels import (
+    ChannelHub,
+    TextChannel,
+)
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+__all__ = [
+    "BOB",
+    "escalating_refund",
+    "manual",
+    "runtime",
+    "status",
+    "Texts",
+    "three_refunds",
+]
+
+
+@asynccontextmanager
+async def manual(hub: ChannelHub) -> AsyncIterator[ChannelHub]:
+    """A started hub that reads the trail only when the test calls `poll()`."""
+    await hub.start(follow=False)
+    try:
+        yield hub
+    finally:
+        await hub.stop()
+
+
+BOB = so.Principal(authenticator="sms", principal_id="sms:+15550100")
+
+
+class Texts(TextChannel):
+    """A text channel that keeps what it sends (an SMS thread, say)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.sent: list[str] = []
+
+    async def send_text(self, text: str) -> None:
+        self.sent.append(text)
+
+
+def three_refunds(runs: list[str]) -> so.Agent:
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, Any]:
+        """Refund an order."""
+        runs.append(order_id)
+        return {"refunded": amount}
+
+    return scripted_agent(
+        "support",
+        [
+            call_tools(
+                call("issue_refund", order_id="A-1", amount=10),
+                call("issue_refund", order_id="B-2", amount=20),
+                call("issue_refund", order_id="C-3", amount=30),
+            ),
+            reply("Done."),
+        ],
+        tools=[issue_refund],
+    )
+
+
+def runtime(tmp_path: Path, *agents: so.Agent) -> so.Runtime:
+    return so.Runtime(list(agents), store=f"sqlite:///{tmp_path / 'state.db'}")
+
+
+async def status(rt: so.Runtime, rid: str) -> tuple[str, str | None]:
+    stored = await rt.store.get_request(rid)
+    assert stored is not None
+    return stored.status, stored.outcome
+
+
+def escalating_refund(name: str = "support") -> so.Agent:
+    def finance(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        allowed = ctx.request.escalated_to == "finance" and who is not None and who == BOB
+        return so.Allowed() if allowed else so.Rejected("not finance")
+
+    spec = so.ApprovalSpec(
+        request=so.always(),
+        response=finance,
+        expires_in=60,
+        on_timeout="escalate",
+        escalate_to="finance",
+    )
+
+    @so.tool(approval=spec)
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    return scripted_agent(
+        name,
+        [call_tools(call("issue_refund", order_id="A-1")), reply("Done.")],
+        tools=[issue_refund],
+        repeat_last=True,
+    )

@@ -1,0 +1,120 @@
+"""The browser tests' Chromium, driven by Playwright for Python, and their fixtures: a served
+dashboard, a page signed in as alice that fails on any content security policy report, and
+helpers that start and read sessions over the API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from playwright.sync_api import Browser, Page, Playwright, expect, sync_playwright
+
+from .test_server_common import auth, served
+
+__all__ = [
+    "base",
+    "browser",
+    "close_browser",
+    "csp_violations",
+    "page",
+    "session",
+    "start",
+]
+
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+_running: list[tuple[Playwright, Browser]] = []
+
+
+@pytest.fixture
+def browser() -> Browser:
+    """One Chromium for the browser tests of every file, started by the first of them and closed
+    by `close_browser` (tests/conftest.py) once the next test needs none: a live Playwright marks
+    the thread's event loop as running, which no asyncio test after it could then use."""
+    if not _running:
+        assert Path(CHROMIUM).exists(), (
+            "Chromium is missing: run ./scripts/setup (apt-get chromium)"
+        )
+        pw = sync_playwright().start()
+        try:
+            b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        except BaseException:
+            pw.stop()
+            raise
+        _running.append((pw, b))
+    return _running[0][1]
+
+
+def close_browser() -> None:
+    """Close the shared Chromium and its Playwright, if they run."""
+    while _running:
+        pw, b = _running.pop()
+        try:
+            b.close()
+        finally:
+            pw.stop()
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Iterator[str]:
+    with served(f"sqlite:///{tmp_path}/state.db") as url:
+        yield url
+
+
+@pytest.fixture
+def page(browser: Browser, base: str) -> Iterator[Page]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, base_url=base)
+    p = context.new_page()
+    p.set_default_timeout(10_000)
+    refused = csp_violations(p)
+    # sign in as alice through the login form (CSRF-protected)
+    p.goto("/_signoff/")
+    expect(p).to_have_url(f"{base}/_signoff/login")
+    p.fill("input[name=token]", "alice-token")
+    p.click("button[type=submit]")
+    expect(p.locator("h1")).to_have_text("Approval queue")
+    yield p
+    context.close()
+    assert refused == [], "the dashboard's content security policy blocks its own page"
+
+
+def csp_violations(p: Page) -> list[str]:
+    """The console's reports of what the content security policy refused on this page."""
+    refused: list[str] = []
+    p.on(
+        "console",
+        lambda m: refused.append(m.text) if "Content Security Policy" in m.text else None,
+    )
+    return refused
+
+
+def start(base: str, agent: str = "support") -> dict[str, Any]:
+    r = httpx.post(
+        f"{base}/v1/sessions",
+        json={"agent": agent, "message": "Refund order 1042, it arrived broken"},
+        headers=auth("alice-token"),
+        timeout=10,
+    )
+    assert r.status_code == 201, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def session(base: str, sid: str) -> dict[str, Any]:
+    r = httpx.get(f"{base}/v1/sessions/{sid}", headers=auth("alice-token"), timeout=10)
+    body: dict[str, Any] = r.json()
+    return body

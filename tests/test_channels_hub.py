@@ -1,0 +1,377 @@
+"""The channel hub (`_hub`): it follows the audit trail, remembers where each channel stopped,
+waits out holes in the ids, retries and backs off from a failing channel, refuses bad options."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+import signoff as so
+from signoff.channels import (
+    Channel,
+    ChannelHub,
+    ChannelState,
+    RateLimited,
+    Resolution,
+    TerminalChannel,
+    TerminalTextChannel,
+)
+from signoff.testing import ManualClock
+
+from ._channels import Texts, manual, runtime, three_refunds
+
+
+class Flaky(Channel):
+    """Fails on its first `fail` deliveries, then records what it is told."""
+
+    def __init__(self, fail: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.fail = fail
+        self.attempts = 0
+        self.seen: list[tuple[str, str]] = []
+
+    async def on_requested(self, request: so.InputRequest) -> None:
+        self.attempts += 1
+        if self.fail:
+            self.fail -= 1
+            raise ConnectionError("service down")
+        self.seen.append(("requested", request.id))
+
+    async def on_resolved(self, request: so.InputRequest, resolution: Resolution) -> None:
+        self.seen.append((resolution.outcome, request.id))
+
+
+async def test_a_failing_channel_retries_from_its_position_while_others_go_on(
+    store_url: str,
+) -> None:
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        flaky, steady = Flaky(2, name="flaky"), Flaky(0, name="steady")
+        async with manual(ChannelHub(rt, [flaky, steady], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, c = r.pending
+            await hub.poll()
+            assert flaky.seen == []
+            assert steady.seen == [("requested", a.id), ("requested", b.id), ("requested", c.id)]
+            assert hub.position(flaky) < hub.position(steady)
+            await hub.poll()
+            await hub.poll()
+            assert flaky.seen == steady.seen
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            await hub.poll()
+            assert flaky.seen[-1] == steady.seen[-1] == ("approved", a.id)
+            assert hub.position(flaky) == hub.position(steady)
+
+
+async def test_a_new_hub_starts_at_the_end_and_hands_over_the_open_requests(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, c = r.pending
+        await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+
+        class Opened(Flaky):
+            async def start(self, open_requests: Any) -> None:
+                self.seen += [("open", x.id) for x in open_requests]
+
+        watcher = Opened(0)
+        async with manual(ChannelHub(rt, [watcher])) as hub:
+            assert await hub.poll() == 0  # nothing of the past is replayed
+            assert watcher.seen == [("open", b.id), ("open", c.id)]
+
+
+async def test_misuse_is_named(tmp_path: Path) -> None:
+    async with runtime(tmp_path, three_refunds([])) as rt:
+        with pytest.raises(so.UsageError, match="distinct"):
+            ChannelHub(rt, [Texts(), Texts()])
+        with pytest.raises(so.UsageError, match="Channel objects"):
+            ChannelHub(rt, ["slack"])  # type: ignore[list-item]
+        for name in ("", None):  # its name scopes what its channels keep
+            with pytest.raises(so.UsageError, match="hub name"):
+                ChannelHub(rt, [Texts()], name=name)  # type: ignore[arg-type]
+        hub = ChannelHub(rt, [Texts()])
+        with pytest.raises(so.UsageError, match="start the ChannelHub"):
+            await hub.poll()
+        with pytest.raises(so.UsageError, match="unmatched"):
+            Texts(unmatched="shout")
+        state = ChannelState()
+        state.remember("c", "k", {"ts": "1.2"})
+        assert state.recall("c", "k") == {"ts": "1.2"}
+        state.forget("c", "k")
+        assert state.recall("c", "k") is None
+        state.close()
+        # a state file that cannot be opened is a named error, not an OSError or sqlite3 error
+        (tmp_path / "dir").write_text("a file where a directory should be")
+        with pytest.raises(so.StoreError, match="channel state"):
+            ChannelHub(rt, [Texts()], state=tmp_path / "dir" / "hub.db")
+        (tmp_path / "junk-hub.db").write_bytes(b"not a database" * 100)
+        junk = ChannelHub(rt, [Texts()], state=tmp_path / "junk-hub.db")  # opened at its start
+        with pytest.raises(so.StoreError, match="channel state"):
+            await junk.start()
+        (tmp_path / "junk.db").write_bytes(b"not a database" * 100)
+        with pytest.raises(so.StoreError, match="channel state"):
+            ChannelState(tmp_path / "junk.db")
+
+
+async def test_an_id_committed_late_is_not_skipped_and_a_lasting_hole_is_passed(
+    store_url: str,
+) -> None:
+    """Audit ids are assigned before commit: on PostgreSQL a lower id can show up after a higher
+    one. The hub holds its saved position at the hole until the entry appears (or times out),
+    on both stores alike."""
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        watcher = Flaky(0)
+        state = ChannelState()
+        async with manual(ChannelHub(rt, [watcher], state=state, gap_timeout=60)) as hub:
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, c = r.pending
+            entries = await rt.store.audit()
+            (opened,) = [e.id for e in entries if e.type == "input.requested"]
+            real = rt.store.audit
+            hidden = {opened}
+
+            async def late(**kwargs: Any) -> list[Any]:
+                return [e for e in await real(**kwargs) if e.id not in hidden]
+
+            rt.store.audit = late  # type: ignore[method-assign]
+            await hub.poll()
+            assert watcher.seen == []
+            assert hub.position(watcher) == opened - 1  # held at the hole
+            assert state.position("hub:channel") == opened - 1
+            hidden.clear()  # the slow transaction commits
+            await hub.poll()
+            assert watcher.seen == [("requested", a.id), ("requested", b.id), ("requested", c.id)]
+            assert hub.position(watcher) == entries[-1].id
+            # a hole that never fills (a rolled-back transaction) is passed after gap_timeout
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            newer = await real(after_id=entries[-1].id)
+            hidden.add(newer[0].id)
+            assert len(newer) > 1  # entries above the hole are visible
+            await hub.poll()
+            assert hub.position(watcher) == newer[0].id - 1  # held while within gap_timeout
+            hub.gap_timeout = 0
+            await hub.poll()
+            assert hub.position(watcher) == newer[-1].id
+
+
+async def test_a_hole_below_entries_already_visible_holds_the_position(store_url: str) -> None:
+    """The hole that matters on PostgreSQL: a lower id not visible yet while higher ones are.
+    The entries above it are delivered, the saved position stays below it, and the late entry
+    is delivered once it shows up, not skipped for good; the hub reads both stores alike."""
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        watcher = Flaky(0)
+        state = ChannelState()
+        async with manual(ChannelHub(rt, [watcher], state=state, gap_timeout=60)) as hub:
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, c = r.pending
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            entries = await rt.store.audit()
+            (opened,) = [e.id for e in entries if e.type == "input.requested"]
+            assert entries[-1].id > opened  # entries above the hole are visible
+            real = rt.store.audit
+            hidden = {opened}
+
+            async def late(**kwargs: Any) -> list[Any]:
+                return [e for e in await real(**kwargs) if e.id not in hidden]
+
+            rt.store.audit = late  # type: ignore[method-assign]
+            await hub.poll()
+            assert watcher.seen == [("approved", a.id)]  # delivered: above the hole
+            assert hub.position(watcher) == opened - 1
+            assert state.position("hub:channel") == opened - 1
+            hidden.clear()
+            await hub.poll()
+            # the late entry, as it reads now (a is closed: only b and c are open), and nothing
+            # delivered twice
+            assert watcher.seen == [("approved", a.id), ("requested", b.id), ("requested", c.id)]
+            assert hub.position(watcher) == entries[-1].id
+
+
+async def until(check: Any, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "timed out"
+        await asyncio.sleep(0.01)
+
+
+async def test_a_running_hub_follows_the_trail_by_itself(store_url: str) -> None:
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        sms = Texts()
+        async with ChannelHub(rt, [sms], poll_interval=0.05):
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, _ = r.pending
+            await until(lambda: sms.sent == [sms.render(a)])
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            await until(lambda: sms.sent[-1] == sms.render(b))
+            assert sms.sent[-2].startswith("issue_refund was approved by the policy")
+
+
+async def test_a_channel_that_cannot_start_does_not_stop_the_others(tmp_path: Path) -> None:
+    class Down(Flaky):
+        async def start(self, open_requests: Any) -> None:
+            raise ConnectionError("service down")
+
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        down, sms = Down(0, name="down"), Texts()
+        async with manual(ChannelHub(rt, [down, sms])) as hub:
+            assert sms.sent == [sms.render(r.pending[0])]
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+            )
+            await hub.poll()
+            assert down.seen == [("approved", r.pending[0].id)]
+
+
+async def test_a_failing_channel_backs_off_and_gives_up_after_max_attempts(
+    tmp_path: Path,
+) -> None:
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        broken = Flaky(100)
+        async with manual(ChannelHub(rt, [broken], retry_backoff=3600)) as hub:
+            await rt.generate("support", prompt="Refund A, B and C")
+            await hub.poll()
+            await hub.poll()  # within its backoff: not tried again
+            assert broken.attempts == 1
+        broken = Flaky(100)
+        async with manual(ChannelHub(rt, [broken], retry_backoff=0, max_attempts=3)) as hub:
+            start = hub.position(broken)
+            r = await rt.generate("support", prompt="Refund A, B and C again")
+            for _ in range(5):
+                await hub.poll()
+            assert broken.attempts == 3  # then the entry is skipped for this channel
+            assert hub.position(broken) > start
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+            )
+            await hub.poll()
+            assert broken.seen == [("approved", r.pending[0].id)]
+
+
+class Throttled(Flaky):
+    """A `Flaky` whose service, for its next `limit` resolutions, asks to be called later."""
+
+    def __init__(self, limit: int, **kwargs: Any) -> None:
+        super().__init__(0, **kwargs)
+        self.limit = limit
+
+    async def on_resolved(self, request: so.InputRequest, resolution: Resolution) -> None:
+        if self.limit:
+            self.limit -= 1
+            raise RateLimited("slow down", 0.0)
+        await super().on_resolved(request, resolution)
+
+
+async def test_an_entry_given_up_on_and_rate_limited_when_redelivered_is_sent_in_that_run(
+    tmp_path: Path, store_url: str
+) -> None:
+    """The entries a hub gave up on are delivered again at its next start; a rate limit then
+    (many at once can hit one) waits for the service's Retry-After, as on the feed, rather
+    than leaving them for the start after, and the entries after them wait behind them."""
+    runs: list[str] = []
+    state = tmp_path / "hub.db"
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund A, B and C")
+        a, b, _ = r.pending
+        broken = Flaky(0)
+        async with manual(ChannelHub(rt, [broken], state=state, max_attempts=1)) as hub:
+            await hub.poll()
+
+            async def fail(request: so.InputRequest, resolution: Resolution) -> None:
+                raise ConnectionError("service down")
+
+            broken.on_resolved = fail  # type: ignore[method-assign]
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            await hub.poll()  # given up on: kept for the next start
+        await rt.respond(r.session_id, [so.InputResponse(request_id=b.id, option_id="approve")])
+        throttled = Throttled(1)
+        async with manual(ChannelHub(rt, [throttled], state=state)) as hub:
+            assert throttled.seen == []  # rate limited at start
+            await hub.poll()
+            assert throttled.seen == [("approved", a.id), ("approved", b.id)]
+        again = Flaky(0)
+        async with manual(ChannelHub(rt, [again], state=state)) as hub:
+            await hub.poll()
+        assert again.seen == []  # nothing twice
+
+
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"poll_interval": float("nan")}, "poll_interval must be positive"),
+        ({"retry_backoff": float("nan")}, "retry_backoff and gap_timeout"),
+        ({"gap_timeout": float("nan")}, "retry_backoff and gap_timeout"),
+        ({"gap_timeout": float("inf")}, "retry_backoff and gap_timeout"),
+        ({"retry_backoff": -1}, "retry_backoff and gap_timeout"),
+    ],
+)
+def test_a_hub_refuses_seconds_that_are_not_finite(
+    tmp_path: Path, setting: dict[str, Any], message: str
+) -> None:
+    """NaN passed the hub's `<= 0` / `< 0` checks, and its loops then slept or waited NaN."""
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match=message):
+        ChannelHub(rt, [], **setting)
+
+
+@pytest.mark.parametrize("attempts", [0, 2.5, float("nan"), True, "3"])
+def test_a_hub_refuses_max_attempts_that_is_not_a_whole_number_from_1(
+    tmp_path: Path, attempts: Any
+) -> None:
+    """NaN passed the hub's `< 1` check (no delivery was ever given up on), 2.5 and True were
+    taken as counts, and "3" raised a bare TypeError."""
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match=r"^max_attempts must be a whole number from 1, not "):
+        ChannelHub(rt, [], max_attempts=attempts)
+
+
+@pytest.mark.parametrize("busy_timeout", [float("nan"), float("inf"), -1, "5", True])
+def test_channel_state_refuses_a_busy_timeout_that_is_not_seconds(busy_timeout: Any) -> None:
+    with pytest.raises(so.UsageError, match="busy_timeout must be seconds from 0"):
+        ChannelState(":memory:", busy_timeout=busy_timeout)
+
+
+def test_channel_options_of_the_wrong_kind_are_refused_when_made() -> None:
+    """Each was taken, and failed (or answered as nobody) only when the first request came."""
+    with pytest.raises(so.UsageError, match="accepts must be a function of the request"):
+        Texts(accepts="support")
+    with pytest.raises(so.UsageError, match="principal must be a so.Principal or None"):
+        TerminalTextChannel(principal="bob")  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="terminal must be a TerminalChannel or None"):
+        TerminalTextChannel(terminal=Console())  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="read must be a function"):
+        TerminalChannel(read="y")  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="clock must be a function"):
+        TerminalChannel(clock=5.0)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="console must be a rich Console or None"):
+        TerminalChannel(console=io.StringIO())  # type: ignore[arg-type]
+
+
+async def test_a_hub_ticks_its_channels_by_its_runtimes_time(store_url: str) -> None:
+    """A hub given no clock tells its channels the runtime's time (`Runtime.now`, the
+    database's on PostgreSQL), which the request deadlines it warns of were set by."""
+    seen: list[float] = []
+
+    class Ticking(Channel):
+        async def tick(self, now: float) -> None:
+            seen.append(now)
+
+    clock = ManualClock()
+    async with so.Runtime([], store=store_url, clock=clock) as rt:
+        async with manual(ChannelHub(rt, [Ticking(name="ticking")])) as hub:
+            await hub.poll()
+            clock.advance(30)
+            await hub.poll()
+    assert seen == [clock.now - 30, clock.now]

@@ -1,0 +1,243 @@
+"""What the CLI prints in awkward places: narrow terminals and pipes, text that would steer a
+terminal, values and paths that are not UTF-8, lone surrogates, a terminal without Unicode."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app
+from signoff.testing import call, call_tools, reply, scripted_agent
+from tests._cli import (
+    ROOT,
+    agent,
+    invoke,
+    issue_refund,
+    log,
+    park,
+    refused_usage,
+    url,
+)
+
+__all__ = ["url"]  # the fixture, used by name
+
+
+long_named = so.Agent(
+    name="customer-support-escalations-for-the-emea-region", model=agent.model, tools=[issue_refund]
+)
+
+
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_tables_print_ids_and_status_whole_at_any_width(url: str, columns: str) -> None:
+    """The ids a person copies into `approve` or `events`, and a session's status, are never
+    cut short by a long agent name or a narrow terminal (or the 80 columns of a pipe)."""
+    rt = so.Runtime([long_named], store=url)
+    try:
+        parked = rt.generate_sync(long_named.name, "Refund order 1042")
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    env = {"COLUMNS": columns}
+    listed = CliRunner().invoke(app, ["sessions", "--store", url], env=env)
+    assert listed.exit_code == 0, listed.output
+    assert parked.session_id in listed.output and "waiting" in listed.output, listed.output
+    queue = CliRunner().invoke(app, ["pending", "--store", url], env=env)
+    assert queue.exit_code == 0, queue.output
+    assert request.id in queue.output and parked.session_id in queue.output, queue.output
+
+
+_STEERING = "\x1b]0;owned\x07\x1b[2J\x9b31m\u202e"  # set the title, clear, C1 CSI, bidi override
+
+
+steering = scripted_agent(
+    "steering",
+    [
+        call_tools(
+            call(
+                "ask_question",
+                question=f"Which?{_STEERING}",
+                options=[
+                    {"label": f"A{_STEERING}", "description": _STEERING},
+                    {"label": "B", "description": "b"},
+                ],
+            )
+        ),
+        reply(f"done{_STEERING}"),
+    ],
+    tools=[so.ask_question()],
+)
+
+
+def test_text_from_a_model_cannot_steer_the_terminal(url: str) -> None:
+    """A model's (or reviewer's) text is printed with its control characters shown as escapes
+    (`\\x1b`): an escape sequence in it would otherwise retitle, clear or rewrite the terminal
+    of whoever runs `pending`, `events`, `answer` or `chat`."""
+    chat = CliRunner().invoke(
+        app, ["chat", "tests.test_cli_output:steering", "--store", url], input="hi\n1\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "done\\x1b]0;owned" in chat.output and "Which?\\x1b]0;owned" in chat.output
+    rt = so.Runtime([steering], store=url)
+    try:
+        parked = rt.generate_sync("steering", "again")
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    answered = invoke("answer", request.id, "--text", _STEERING, "--store", url)
+    shown = [
+        invoke("pending", "--store", url),
+        answered,
+        invoke("events", parked.session_id, "--store", url),
+    ]
+    for result in (chat, *shown):
+        assert result.exit_code == 0, result.output
+        for control in ("\x1b", "\x07", "\x9b", "\u202e"):
+            assert control not in result.output, (control, result.output)
+    as_json = invoke("events", parked.session_id, "--store", url, "--json")  # JSON escapes C0
+    assert "\x1b" not in as_json.output and "\x07" not in as_json.output
+
+
+def test_what_approve_prints_is_not_wrapped_into_a_pipe(url: str) -> None:
+    """A line naming a request and its session stays one line when stdout is a pipe (80
+    columns), so `grep` or a script finds the ids in it."""
+    session_id, request_id = park(url)
+    result = CliRunner().invoke(app, ["approve", request_id, "--store", url], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    assert f"approved {request_id} (issue_refund in session {session_id})" in result.output
+    assert f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {session_id}" in result.output
+
+
+UNDECODABLE = "\udcff"  # how Python hands over a command-line byte that is not UTF-8 (0xff)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["approve", f"req_{UNDECODABLE}"],
+        ["deny", f"req_{UNDECODABLE}"],
+        ["answer", f"req_{UNDECODABLE}", "--text", "hi"],
+        ["answer", "req_x", "--option", UNDECODABLE],
+        ["events", f"ses_{UNDECODABLE}"],
+        ["pending", "--agent", UNDECODABLE],
+        ["pending", "--tool", UNDECODABLE],
+        ["pending", "--session", UNDECODABLE],
+        ["sessions", "--agent", UNDECODABLE],
+        ["approve", "REQUEST", "--as", f"local:{UNDECODABLE}"],
+        ["chat", "tests._cli:agent", "--session", f"ses_{UNDECODABLE}"],
+        # free text too: it was an InvalidAnswer from the runtime (exit 1), not the usage
+        ["approve", "REQUEST", "--reason", f"ok {UNDECODABLE}"],
+        ["deny", "REQUEST", "--reason", f"no {UNDECODABLE}"],
+        ["answer", "REQUEST", "--text", f"large {UNDECODABLE}"],
+    ],
+)
+def test_a_command_line_value_that_is_not_utf8_is_one_line(url: str, args: list[str]) -> None:
+    """An id, filter or principal holding a byte that is not UTF-8 (a mistyped or mis-encoded
+    argument) is refused as one UsageError line naming it, not a UnicodeEncodeError traceback
+    from the store, and nothing is recorded under it."""
+    session_id, request_id = park(url)
+    before = log(url, session_id)
+    result = invoke(*[request_id if a == "REQUEST" else a for a in args], "--store", url)
+    message = refused_usage(result)
+    assert message.startswith("Invalid value: ") and "not valid UTF-8" in message, message
+    assert log(url, session_id) == before
+
+
+unpaired = so.Agent(
+    name="unpaired",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(
+                tool_calls=[
+                    so.ToolCall(
+                        name="issue_refund",
+                        input={"order_id": "1042", "amount": 180, "reason": f"bad{UNDECODABLE}"},
+                    )
+                ]
+            ),
+            so.ModelResponse(text=f"done {UNDECODABLE}"),
+        ]
+    ),
+    tools=[issue_refund],
+)
+
+
+def _printed(url: str, *args: str) -> str:
+    """What `python -m signoff ARGS --store URL` prints where stdout is strict UTF-8 (as on a
+    terminal of a UTF-8 locale), read as UTF-8: it fails on any byte that is not."""
+    done = subprocess.run(
+        [sys.executable, "-m", "signoff", *args, "--store", url],
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr.decode(errors="replace")
+    return done.stdout.decode("utf-8")
+
+
+def test_text_holding_a_lone_surrogate_prints_as_utf8(url: str) -> None:
+    """A model's text may hold a lone surrogate (the store keeps it exactly): `pending`,
+    `events` and `events --json` show it escaped, as valid UTF-8, instead of failing on a UTF-8
+    terminal with a UnicodeEncodeError or writing a byte that is not UTF-8 into a pipe."""
+    rt = so.Runtime([unpaired], store=url)
+    try:
+        parked = rt.generate_sync("unpaired", "refund")
+        (request,) = parked.pending
+        assert "bad\\udcff" in _printed(url, "pending")
+        rt.respond_sync(
+            parked.session_id, [so.InputResponse(request_id=request.id, option_id="approve")]
+        )
+    finally:
+        rt.close_sync()
+    assert "done \\udcff" in _printed(url, "events", parked.session_id)
+    lines = _printed(url, "events", parked.session_id, "--json").splitlines()
+    assert f"done {UNDECODABLE}" in [json.loads(line)["data"].get("text") for line in lines]
+
+
+def test_db_upgrade_reports_a_path_that_is_not_utf8(tmp_path: Path) -> None:
+    """A store path holding a byte that is not UTF-8 is a real file name: `db upgrade` creates
+    the store there and says so, escaped, instead of a traceback after the work is done."""
+    printed = _printed(f"sqlite:///{tmp_path}/{UNDECODABLE}.db", "db", "upgrade")
+    assert printed.startswith("schema created") and "\\udcff.db" in printed, printed
+    assert (tmp_path / f"{UNDECODABLE}.db").exists()
+
+
+@pytest.mark.parametrize("command", [["pending"], ["sessions"], ["events", "SESSION"]])
+def test_a_terminal_that_cannot_show_unicode_gets_escapes_not_a_traceback(
+    url: str, command: list[str]
+) -> None:
+    """Output whose encoding is not UTF-8 (a Windows pipe's code page, a Latin-1 locale) cannot
+    hold a Japanese agent name: Rich's write raised UnicodeEncodeError, a traceback instead of
+    the table. What it cannot encode is now shown as a backslash escape."""
+    rt = so.Runtime([kuma], store=url)
+    try:
+        session_id = rt.generate_sync("クマ", "返金 1042").session_id
+    finally:
+        rt.close_sync()
+    args = [session_id if arg == "SESSION" else arg for arg in command]
+    proc = subprocess.run(
+        [sys.executable, "-m", "signoff", *args, "--store", url],
+        cwd=ROOT,
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "ascii"},
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert proc.stderr == b""
+    assert b"\\u30af\\u30de" in proc.stdout, proc.stdout  # クマ
+
+
+kuma = scripted_agent(
+    "クマ",
+    [
+        call_tools(call("issue_refund", order_id="1042", amount=180, reason="壊れた")),
+        reply("返金しました。"),
+    ],
+    tools=[issue_refund],
+)

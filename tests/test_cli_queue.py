@@ -1,0 +1,385 @@
+"""`signoff pending / sessions / approve / deny / answer / events` (`_queue`) against a SQLite
+store holding a parked session: recording only, or continuing the turn here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+import signoff as so
+from signoff.cli import app, local_principal
+from signoff.testing import tool_results
+
+from ._cli import (
+    TARGET,
+    agent,
+    deployer,
+    double,
+    flaky,
+    flaky_step,
+    invoke,
+    log,
+    park,
+    refunds_run,
+    refused_usage,
+    sizer,
+    url,
+)
+
+__all__ = ["url"]  # the fixture, used by name
+
+
+def test_pending_lists_the_parked_request(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("pending", "--store", url)
+    assert result.exit_code == 0, result.output
+    assert request_id in result.output
+    assert session_id in result.output
+    assert "issue_refund" in result.output
+    assert "Pending requests (1)" in result.output
+
+    as_json = invoke("pending", "--store", url, "--json")
+    assert as_json.exit_code == 0
+    rows = json.loads(as_json.stdout)
+    assert [r["id"] for r in rows] == [request_id]
+    assert rows[0]["action"]["input"] == {"order_id": "1042", "amount": 180.0, "reason": "broken"}
+    assert rows[0]["status"] == "pending"
+
+
+def test_pending_filters_and_empty_queue(url: str) -> None:
+    park(url)
+    for args in (["--tool", "lookup_order"], ["--agent", "billing"]):
+        result = invoke("pending", "--store", url, *args)
+        assert result.exit_code == 0
+        assert "No pending requests." in result.output
+    result = invoke("pending", "--store", url, "--tool", "issue_refund", "--json")
+    assert len(json.loads(result.stdout)) == 1
+
+
+def test_pending_leaves_out_what_can_no_longer_be_answered(url: str) -> None:
+    """No sweep ran: a request past its deadline, or of a session past its TTL, is not listed."""
+
+    @so.tool(approval=so.always(expires_in=0.05))
+    async def issue_refund(order_id: str) -> dict[str, str]:
+        """Refund an order."""
+        return {"refunded": order_id}
+
+    @so.tool(approval=so.always())
+    async def reopen_order(order_id: str) -> dict[str, str]:
+        """Reopen an order."""
+        return {"reopened": order_id}
+
+    agents = [
+        so.Agent(
+            name=name,
+            model=so.models.Scripted(
+                [so.ModelResponse(tool_calls=[so.ToolCall(name=tool, input={"order_id": "1"})])]
+            ),
+            tools=[issue_refund, reopen_order],
+            limits=so.Limits(ttl=ttl),
+        )
+        for name, tool, ttl in (("billing", "issue_refund", None), ("desk", "reopen_order", 0.05))
+    ]
+    rt = so.Runtime(agents, store=url)
+    try:
+        for a in agents:
+            assert rt.generate_sync(a.name, "refund 1042").status == "waiting"
+    finally:
+        rt.close_sync()
+    time.sleep(0.1)
+    result = invoke("pending", "--store", url)
+    assert result.exit_code == 0, result.output
+    assert "No pending requests." in result.output
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+
+def test_approve_without_runtime_records_the_decision_only(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("approve", request_id, "--store", url, "--reason", "looks fine")
+    assert result.exit_code == 0, result.output
+    assert f"approved {request_id}" in result.output
+    assert f"--session {session_id}" in result.output
+    events = log(url, session_id)
+    settled = [e for e in events if e.type == "approval.settled"]
+    assert len(settled) == 1
+    assert settled[0].data["decision"] == "approve"
+    assert settled[0].data["reason"] == "looks fine"
+    assert settled[0].data["by"]["principal_id"] == local_principal().principal_id
+    assert refunds_run(events) == 0  # recorded, not run: this process has no model
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+    # A process with the agent picks the turn up and the approved call runs once.
+    rt = so.Runtime([agent], store=url)
+    try:
+        done = rt.generate_sync(session_id=session_id)
+    finally:
+        rt.close_sync()
+    assert done.status == "completed", done.error
+    assert done.text == "Refunded 180.00 (looks fine)."
+    assert refunds_run(log(url, session_id)) == 1
+
+
+def test_approve_without_runtime_of_one_of_two_requests_names_the_one_left(url: str) -> None:
+    """With one call approved and one still asked, the turn has work (`running`: a worker can
+    run the approved call) and still waits on a person: the command names the request left."""
+    rt = so.Runtime([double], store=url)
+    try:
+        r = rt.generate_sync("double", "Refund both")
+    finally:
+        rt.close_sync()
+    first, second = (p.id for p in r.pending)
+    result = invoke("approve", first, "--store", url)
+    assert result.exit_code == 0, result.output
+    assert f"approved {first}" in result.output
+    assert f"the turn still waits on: {second}" in result.output
+
+
+desk = so.Agent(
+    name="desk",
+    model=so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="support", input={"message": "1042"})]),
+            lambda conversation: so.ModelResponse(
+                text=f"desk: {tool_results(conversation)[-1].content}"
+            ),
+        ]
+    ),
+    tools=[so.delegate("support")],
+)
+
+
+def test_approve_without_runtime_records_an_answer_to_a_subagents_mirror(url: str) -> None:
+    # The request asked on the parent for its child: recorded in the child (where it belongs)
+    # and closed on the parent, with no runtime, like any other record-only answer.
+    rt = so.Runtime([desk, agent], store=url)
+    try:
+        r = rt.generate_sync("desk", "Refund order 1042")
+        [mirror] = r.pending
+        assert mirror.child is not None
+        result = invoke("approve", mirror.id, "--store", url, "--reason", "fine")
+        assert result.exit_code == 0, result.output
+        assert f"approved {mirror.id}" in result.output
+        child = log(url, mirror.child.session_id)
+        assert [e.data["decision"] for e in child if e.type == "approval.settled"] == ["approve"]
+        assert refunds_run(child) == 0  # recorded, not run
+        assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+        done = rt.generate_sync(session_id=r.session_id)  # a process with the agents goes on
+        assert done.status == "completed", done.error
+        assert done.text == "desk: Refunded 180.00 (fine)."
+        assert refunds_run(log(url, mirror.child.session_id)) == 1
+    finally:
+        rt.close_sync()
+
+
+def test_approve_with_runtime_continues_the_turn_here(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("approve", request_id, TARGET, "--store", url)
+    assert result.exit_code == 0, result.output
+    assert f"approved {request_id}" in result.output
+    assert "support: Refunded 180.00." in result.output
+    assert refunds_run(log(url, session_id)) == 1
+
+    again = invoke("approve", request_id, TARGET, "--store", url)
+    assert again.exit_code == 0
+    assert f"{request_id} was already approved; nothing changed." in again.output
+    assert refunds_run(log(url, session_id)) == 1
+
+    conflict = invoke("deny", request_id, "--store", url, "--reason", "changed my mind")
+    assert conflict.exit_code == 1
+    assert conflict.stderr.startswith("error: ConflictingAnswer: ")
+    assert len(conflict.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in conflict.output
+
+
+def test_deny_reason_reaches_the_model(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("deny", request_id, TARGET, "--store", url, "--reason", "over the limit")
+    assert result.exit_code == 0, result.output
+    assert f"denied {request_id}" in result.output
+    assert "support: Not refunded: over the limit." in result.output
+    events = log(url, session_id)
+    assert refunds_run(events) == 0
+    completed = [e for e in events if e.type == "tool.completed"]
+    assert completed[0].data["status"] == "denied"
+    assert completed[0].data["result"]["reason"] == "over the limit"
+
+
+def test_only_the_asker_may_answer(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    session_id, request_id = park(url, auth=alice)
+    before = len(log(url, session_id))
+    result = invoke("approve", request_id, "--store", url)
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: NotAllowed: ")
+    assert request_id in result.stderr
+    assert len(log(url, session_id)) == before  # nothing claimed
+    assert len(json.loads(invoke("pending", "--store", url, "--json").stdout)) == 1
+
+
+def test_answer_a_question_by_option_or_text(url: str) -> None:
+    rt = so.Runtime([sizer], store=url)
+    try:
+        first = rt.generate_sync("sizer", "I want coffee")
+        second = rt.generate_sync("sizer", "I want coffee")
+    finally:
+        rt.close_sync()
+    assert first.status == second.status == "waiting"
+    question = first.pending[0]
+    assert question.kind == "question"
+    listed = CliRunner().invoke(app, ["pending", "--store", url], env={"COLUMNS": "200"})
+    assert "Which size? (1=Small, 2=Large) or free text" in listed.output
+
+    picked = invoke("answer", question.id, "tests._cli:sizer", "--store", url, "--option", "2")
+    assert picked.exit_code == 0, picked.output
+    assert f"answered {question.id} with 2" in picked.output
+    assert "sizer: You chose Large." in picked.output
+
+    typed = invoke(
+        "answer", second.pending[0].id, "tests._cli:sizer", "--store", url, "--text", "both"
+    )
+    assert typed.exit_code == 0, typed.output
+    assert "sizer: You chose both." in typed.output
+
+    neither = invoke("answer", question.id, "--store", url)
+    expected = "Invalid value: answer takes exactly one of --option ID or --text TEXT"
+    assert refused_usage(neither) == expected
+    both = invoke("answer", question.id, "--store", url, "--option", "2", "--text", "x")
+    assert refused_usage(both) == expected
+    approve_question = invoke("approve", second.pending[0].id, "--store", url)
+    assert approve_question.exit_code == 1
+    assert approve_question.stderr.startswith("error: InvalidAnswer: ")
+    assert "Traceback" not in approve_question.output
+
+
+def test_events_prints_the_log(url: str) -> None:
+    session_id, request_id = park(url)
+    result = invoke("events", session_id, "--store", url)
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    types = [line.split()[2] for line in lines]
+    assert types[0] == "session.created"
+    assert "input.requested" in types
+    assert types[-1] == "turn.waiting"
+    assert request_id in result.output
+
+    as_json = invoke("events", session_id, "--store", url, "--json")
+    rows = [json.loads(line) for line in as_json.stdout.splitlines()]
+    assert [r["seq"] for r in rows] == list(range(1, len(rows) + 1))
+    assert all(r["session_id"] == session_id and r["v"] == so.SCHEMA_VERSION for r in rows)
+
+    tail = invoke("events", session_id, "--store", url, "--json", "--after", str(len(rows) - 1))
+    assert [json.loads(line)["seq"] for line in tail.stdout.splitlines()] == [len(rows)]
+
+
+def test_sessions_refuses_an_unknown_status(url: str) -> None:
+    park(url)
+    result = invoke("sessions", "--store", url, "--status", "waitin")
+    assert refused_usage(result).startswith("Invalid value: --status takes one of idle, running, ")
+    waiting = invoke("sessions", "--store", url, "--status", "waiting", "--json")
+    assert [r["status"] for r in json.loads(waiting.stdout)] == ["waiting"]
+
+
+def test_a_response_policy_is_not_bypassed_by_recording_only(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    rt = so.Runtime([deployer], store=url)
+    try:
+        parked = rt.generate_sync("deployer", "Deploy prod", auth=alice)
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    before = len(log(url, parked.session_id))
+    # without the runtime the policy cannot run: the answer is refused, not recorded past it
+    alone = invoke("approve", request.id, "--store", url, "--as", "web:alice")
+    assert alone.exit_code == 1, alone.output
+    assert alone.stderr.startswith("error: UsageError: "), alone.stderr
+    assert "response policy" in alone.stderr and "MODULE:RUNTIME" in alone.stderr
+    assert len(log(url, parked.session_id)) == before
+    # with the runtime the policy decides: the asker is refused, and told so (not "already")
+    refused = invoke(
+        "approve", request.id, "tests._cli:deployer", "--store", url, "--as", "web:alice"
+    )
+    assert refused.exit_code == 1, refused.output
+    assert "not accepted (rejected)" in refused.stderr
+    assert "already" not in refused.output
+    assert [r["id"] for r in json.loads(invoke("pending", "--store", url, "--json").stdout)] == [
+        request.id
+    ]
+    allowed = invoke(
+        "approve", request.id, "tests._cli:deployer", "--store", url, "--as", "web:bob"
+    )
+    assert allowed.exit_code == 0, allowed.output
+    assert "deployer: Deployed." in allowed.output
+
+
+def test_a_request_recorded_before_its_policy_flag_is_still_not_settled_by_recording_only(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request stored by a version before `InputRequest.response_policy` does not carry the
+    flag: the tool's setting in the audit trail still says a response policy decides, so the
+    record-only path refuses it all the same."""
+    from signoff.stores import SQLiteStore
+
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    rt = so.Runtime([deployer], store=url)
+    try:
+        parked = rt.generate_sync("deployer", "Deploy prod", auth=alice)
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    before = len(log(url, parked.session_id))
+    real = SQLiteStore.get_request
+
+    async def unflagged(self: SQLiteStore, request_id: str) -> Any:
+        stored = await real(self, request_id)
+        if stored is None:
+            return None
+        old = stored.request.model_copy(update={"response_policy": False})
+        return dataclasses.replace(stored, request=old)
+
+    monkeypatch.setattr(SQLiteStore, "get_request", unflagged)
+    alone = invoke("approve", request.id, "--store", url, "--as", "web:alice")
+    assert alone.exit_code == 1, alone.output
+    assert alone.stderr.startswith("error: UsageError: "), alone.stderr
+    assert "response policy" in alone.stderr and "MODULE:RUNTIME" in alone.stderr
+    monkeypatch.undo()
+    assert len(log(url, parked.session_id)) == before
+
+
+def test_acting_as_the_asker_settles(url: str) -> None:
+    alice = so.Principal(authenticator="web", principal_id="alice")
+    session_id, request_id = park(url, auth=alice)
+    result = invoke("approve", request_id, TARGET, "--store", url, "--as", "web:alice")
+    assert result.exit_code == 0, result.output
+    assert "support: Refunded 180.00." in result.output
+    settled = next(e for e in log(url, session_id) if e.type == "approval.settled")
+    assert settled.data["by"]["authenticator"] == "web"
+    assert settled.data["by"]["principal_id"] == "alice"
+
+    bad = invoke("deny", request_id, "--store", url, "--as", ":nobody")
+    assert refused_usage(bad).startswith("Invalid value: --as takes AUTHENTICATOR:ID")
+
+
+def test_approve_that_continues_a_turn_which_then_fails_exits_1(url: str) -> None:
+    """The answer is recorded, but the turn this command went on to run failed: a script must
+    not read that as success (it exited 0, the failure a line on stdout among the others)."""
+    flaky_step.failed = False
+    rt = so.Runtime([flaky], store=url)
+    try:
+        parked = rt.generate_sync("flaky", "Refund order 1042")
+    finally:
+        rt.close_sync()
+    request_id = parked.pending[0].id
+    result = invoke("approve", request_id, "tests._cli:flaky", "--store", url)
+    assert result.exit_code == 1, result.output
+    assert f"approved {request_id}" in result.stdout
+    assert result.stderr == (
+        "error: the turn failed: ModelError: upstream timed out; it resumes with signoff chat "
+        f"tests._cli:flaky --session {parked.session_id} --store {url}\n"
+    )
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+    assert refunds_run(log(url, parked.session_id)) == 1

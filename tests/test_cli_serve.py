@@ -1,0 +1,346 @@
+"""`signoff serve` (`_serve`) as a process: approving from the command line what it parked, its
+channel options and secrets, a store it cannot open, PostgreSQL down when it starts."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import queue
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from signoff.channels.webhooks import verify_webhook
+
+from ._cli import ROOT, TARGET, _free_port, invoke, refused_usage
+
+
+@pytest.mark.parametrize("given", ["sqlite:///hub.db", "postgresql://db/hub"])
+def test_serve_refuses_a_store_url_as_its_channel_state_file(
+    given: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--channel-state` takes a file path: a URL, as `--store` takes, was made a relative path,
+    so `sqlite:///hub.db` became the file `hub.db` in a new folder `sqlite:` of the working
+    directory, where no other process looking for `hub.db` would find it."""
+    monkeypatch.chdir(tmp_path)
+    store = f"sqlite:///{tmp_path}/state.db"
+    hook = ("--webhook", "http://127.0.0.1:9/hook", "--webhook-secret", "s")
+    result = invoke(
+        "serve", TARGET, "--store", store, "--port", "0", *hook, "--channel-state", given
+    )
+    assert refused_usage(result) == (
+        f"Invalid value: --channel-state takes the path of a SQLite file, not a URL: {given!r}"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_serve_names_a_store_or_channel_state_it_cannot_open(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.db"
+    conn = sqlite3.connect(newer)
+    conn.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+    conn.execute("INSERT INTO meta VALUES ('schema', '999')")
+    conn.commit()
+    conn.close()
+    result = invoke("serve", TARGET, "--store", f"sqlite:///{newer}", "--port", "0")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: SchemaVersionError: "), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    (tmp_path / "file").write_text("not a directory")
+    store = f"sqlite:///{tmp_path}/state.db"
+    with_channels = ("--port", "0", "--webhook", "http://127.0.0.1:9/hook", "--webhook-secret", "s")
+    result = invoke(
+        "serve",
+        TARGET,
+        "--store",
+        store,
+        *with_channels,
+        "--channel-state",
+        str(tmp_path / "file" / "hub.db"),
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: cannot open the channel state")
+    folder = tmp_path / "channels"
+    folder.mkdir()
+    result = invoke(
+        "serve", TARGET, "--store", store, *with_channels, "--channel-state", str(folder)
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: StoreError: cannot open the channel state {folder}: it is a directory, not a "
+        "file\n"
+    )
+    assert list(folder.iterdir()) == []
+
+
+PROVIDER_VARIABLES = ("SIGNOFF_MODEL", "OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY")
+
+
+class WebhookReceiver:
+    """A loopback HTTP server that keeps the verified payload of every webhook delivery."""
+
+    def __init__(self, secret: str = "s3cret") -> None:
+        received: queue.Queue[dict[str, Any]] = queue.Queue()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                received.put(verify_webhook(secret, dict(self.headers), body))
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.received = received
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/hook"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def wait_for(self, event: str, timeout: float = 30) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            payload = self.received.get(timeout=max(0.01, deadline - time.monotonic()))
+            if payload["type"] == event:
+                return payload
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_serve_then_approve_from_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in PROVIDER_VARIABLES:  # the example's offline demo model, here and in the server
+        monkeypatch.delenv(name, raising=False)
+    url = f"sqlite:///{tmp_path}/state.db"
+    port = _free_port()
+    hooks = WebhookReceiver()
+    server = subprocess.Popen(
+        [str(Path(sys.executable).with_name("signoff")), "serve", "examples.support:runtime"]
+        + ["--port", str(port), "--store", url]
+        + ["--webhook", hooks.url, "--webhook-secret", "s3cret"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        banner = server.stdout.readline()
+        assert f"dashboard at http://127.0.0.1:{port}/_signoff" in banner
+        base = f"http://127.0.0.1:{port}/v1"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"{base}/openapi.json", timeout=2).raise_for_status()
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.05)
+        created = httpx.post(
+            f"{base}/sessions",
+            json={"agent": "support", "message": "refund order 1042, it arrived broken"},
+            timeout=10,
+        )
+        assert created.status_code == 201, created.text
+        body = created.json()
+        assert body["status"] == "waiting"
+        session_id = body["session_id"]
+        pending = json.loads(invoke("pending", "--store", url, "--json").stdout)
+        assert [p["session_id"] for p in pending] == [session_id]
+        request_id = pending[0]["id"]
+        opened = hooks.wait_for("request.opened")  # the --webhook channel, signed
+        assert opened["request"]["id"] == request_id
+        asker = pending[0]["requested_by"]
+
+        result = invoke(
+            "approve",
+            request_id,
+            "examples.support:runtime",
+            "--store",
+            url,
+            "--as",
+            f"{asker['authenticator']}:{asker['principal_id']}",
+        )
+        assert result.exit_code == 0, result.output
+        assert "support: Done. I've refunded 180.00 for order 1042" in result.output
+
+        seen = httpx.get(f"{base}/sessions/{session_id}", timeout=10)
+        assert seen.status_code == 200
+        assert "Done. I've refunded 180.00" in seen.text
+        assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+        resolved = hooks.wait_for("request.resolved")
+        assert resolved["request"]["id"] == request_id
+    finally:
+        hooks.close()
+        server.terminate()
+        server.wait(timeout=30)
+        if server.stdout is not None:
+            server.stdout.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--webhook", "http://127.0.0.1:9/hook"], "--webhook needs --webhook-secret"),
+        (["--webhook-secret", "s3cret"], "no --webhook URL"),
+        (["--webhook-backfill"], "--webhook-backfill is given but no --webhook URL"),
+        (["--webhook", "ftp://example/hook", "--webhook-secret", "s"], "must be http(s)"),
+        (["--slack-channel", "C0123"], "--slack-channel needs --slack-token"),
+        (["--slack-channel", "C0123", "--slack-token", "xoxb-1"], "--slack-signing-secret"),
+        (["--slack-token", "xoxb-1"], "--slack-token is given but no --slack-channel"),
+        (["--slack-signing-secret", "s"], "--slack-signing-secret is given but no --slack-channel"),
+        (["--channel-state", "hub.db"], "--channel-state is given but no --webhook or --slack"),
+    ],
+)
+def test_serve_refuses_incomplete_channel_options(
+    args: list[str], message: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import uvicorn
+
+    for name in ("SIGNOFF_WEBHOOK_SECRET", "SLACK_BOT_TOKEN", "SLACK_SIGNING_SECRET"):
+        monkeypatch.delenv(name, raising=False)
+    started: list[Any] = []  # a server wrongly started must not listen until the test times out
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    store = f"sqlite:///{tmp_path}/state.db"
+    result = invoke("serve", "examples.support:runtime", "--store", store, *args)
+    assert message in refused_usage(result)
+    assert started == [] and list(tmp_path.iterdir()) == []
+
+
+def test_serve_ignores_channel_secrets_exported_for_channels_it_does_not_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A secret exported in the environment (for another command, or a later run) is not an
+    error without its channel; the same secret given on the command line is (see above)."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
+    monkeypatch.setenv("SIGNOFF_WEBHOOK_SECRET", "s3cret")
+    monkeypatch.setenv("SLACK_BOT_TOKEN", "xoxb-1")
+    monkeypatch.setenv("SLACK_SIGNING_SECRET", "s")
+    result = invoke("serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db")
+    assert result.exit_code == 0, result.output
+    assert len(served) == 1
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_serve_keys_the_dashboards_csrf_tokens_with_its_secret(
+    how: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Processes serving one dashboard must share the secret of its CSRF tokens: `--secret`
+    (or SIGNOFF_SECRET) gives it to `signoff serve`."""
+    import uvicorn
+
+    from signoff.server._pages import csrf_key
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
+    args = ["serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db"]
+    if how == "option":
+        args += ["--secret", "shared"]
+    else:
+        monkeypatch.setenv("SIGNOFF_SECRET", "shared")
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert served[0].state.signoff.secret == csrf_key("shared")
+
+
+@pytest.mark.parametrize("secret", ["", "s\udcff"])  # unset; a byte that is not UTF-8
+def test_serve_refuses_an_empty_secret_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, secret: str
+) -> None:
+    """`--secret "$UNSET"` (or one holding a byte that is not UTF-8, which was a
+    UnicodeEncodeError traceback) is a misused command line, and the server does not start."""
+    import uvicorn
+
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke("serve", "examples.support:runtime", "--store", store, "--secret", secret)
+    assert refused_usage(result).startswith("Invalid value: the server's secret")
+    assert started == [] and list(tmp_path.iterdir()) == []
+
+
+def test_serve_started_while_postgres_is_down_waits_for_it(tmp_path: Path) -> None:
+    """`signoff serve` started before its database waits for it, saying so on stderr (no
+    traceback), then serves; SIGTERM while it waits ends it at once, with status 0."""
+    import os
+    import signal
+
+    from .conftest import PgCluster
+
+    cluster = PgCluster.start()
+    procs: list[tuple[subprocess.Popen[bytes], Path]] = []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+    try:
+        cluster.halt()
+        ports = [_free_port(), _free_port()]
+        for i, port in enumerate(ports):
+            out = tmp_path / f"serve-{i}.log"
+            with out.open("wb") as f:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "signoff", "serve", TARGET, "--port", str(port)]
+                    + ["--store", cluster.admin_url],
+                    cwd=ROOT,
+                    env=env,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                )
+            procs.append((proc, out))
+        for proc, out in procs:
+            deadline = time.monotonic() + 30
+            while "waiting for the store" not in out.read_text():
+                assert proc.poll() is None, out.read_text()
+                assert time.monotonic() < deadline, out.read_text()
+                time.sleep(0.05)
+        stopped, stopped_out = procs[1]
+        stopped.send_signal(signal.SIGTERM)
+        assert stopped.wait(timeout=5) == 0, stopped_out.read_text()
+        cluster.resume()
+        proc, out = procs[0]
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, out.read_text()
+            try:
+                httpx.get(f"http://127.0.0.1:{ports[0]}/v1/openapi.json", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert time.monotonic() < deadline, out.read_text()
+                time.sleep(0.05)
+        assert "the store is up" in out.read_text()
+        assert "Traceback" not in out.read_text()
+    finally:
+        for proc, _ in procs:
+            if proc.poll() is None:
+                proc.terminate()
+            proc.wait(timeout=10)
+        cluster.stop()
+
+
+@pytest.mark.parametrize("item", ["s3cret-without-a-principal", "s3cret-value=", "tök€n=alice"])
+def test_serve_names_no_secret_in_a_token_error(
+    item: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A mistyped `--token` is refused by its position: the error (in a terminal's scrollback, a
+    service's log) does not repeat the secret, and the server does not start."""
+    import uvicorn
+
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    store = f"sqlite:///{tmp_path}/s.db"
+    args = ["--token", "alice-token=alice", "--token", item]
+    result = invoke("serve", "examples.support:runtime", "--store", store, *args)
+    assert "#2" in refused_usage(result), result.output
+    secret = item.partition("=")[0]
+    assert secret not in result.output and "alice-token" not in result.output
+    assert started == []

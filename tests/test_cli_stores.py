@@ -1,0 +1,274 @@
+"""The CLI against stores it cannot or must not use: malformed, foreign or non-UTF-8 URLs,
+files that are no store, a directory, a FIFO, a missing file, an older store's schema."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from signoff.cli import app
+from tests._cli import (
+    ROOT,
+    TARGET,
+    invoke,
+    url,
+)
+
+__all__ = ["url"]  # the fixture, used by name
+
+
+@pytest.mark.parametrize("command", [["pending"], ["events", "ses_x"], ["db", "upgrade"]])
+def test_a_malformed_postgresql_url_is_one_line_without_its_password(command: list[str]) -> None:
+    """A URL the URL parser rejects (an unclosed IPv6 bracket) is a StoreError line, not a
+    ValueError traceback, and the password in it is not printed."""
+    result = invoke(*command, "--store", "postgresql://bob:s3cret@[::1:5432/x")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: invalid PostgreSQL URL"), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "s3cret" not in result.output
+
+
+@pytest.mark.parametrize("command", [["pending"], ["events", "ses_x"], ["db", "upgrade"]])
+def test_a_postgresql_url_that_is_not_utf8_is_one_line(command: list[str]) -> None:
+    """A URL holding a byte that is not UTF-8 (a lone surrogate once Python decodes argv) is a
+    StoreError line, not a UnicodeEncodeError traceback from the driver, without its password."""
+    result = invoke(*command, "--store", "postgresql://bob:s3cret@db\udcff.example/x")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: StoreError: invalid PostgreSQL URL"), result.output
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "s3cret" not in result.output
+
+
+@pytest.mark.parametrize(
+    "store",
+    [
+        "postgresql+psycopg://bob:s3cret@db.example/x",  # a SQLAlchemy URL
+        "mysql://bob:s3cret@db.example/x",
+        "pg://db.example/x?sslmode=require&password=s3cret",
+    ],
+)
+def test_an_unknown_store_url_is_named_without_its_password(store: str) -> None:
+    result = invoke("pending", "--store", store)
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: unknown store URL"), result.stderr
+    assert "db.example" in result.stderr
+    assert "s3cret" not in result.output
+
+
+def test_reading_commands_leave_a_file_that_is_not_a_store_alone(tmp_path: Path) -> None:
+    """An empty file, or another program's SQLite database, is refused by the reading and
+    answering commands instead of getting signoff's tables written into it."""
+    empty = tmp_path / "empty.db"
+    empty.touch()
+    other = tmp_path / "other.db"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE users (id INTEGER PRIMARY KEY)")
+    conn.commit()
+    conn.close()
+    for path in (empty, other):
+        before = path.read_bytes()
+        for args in (["pending"], ["sessions"], ["events", "ses_x"], ["approve", "req_x"]):
+            result = invoke(*args, "--store", f"sqlite:///{path}")
+            assert result.exit_code == 1, (args, result.output)
+            assert result.stderr.startswith(f"error: UsageError: {path} is not a signoff store")
+            assert path.read_bytes() == before, args
+
+
+def test_answering_with_a_runtime_refuses_a_store_that_does_not_exist(tmp_path: Path) -> None:
+    """`approve REQUEST_ID MODULE:RUNTIME` with a mistyped --store is refused like the same
+    command without the runtime, instead of creating an empty store there."""
+    typo = tmp_path / "sate.db"
+    for args in (["approve", "req_x"], ["deny", "req_x"], ["answer", "req_x", "--text", "hi"]):
+        result = invoke(*args, TARGET, "--store", f"sqlite:///{typo}")
+        assert result.exit_code == 1, (args, result.output)
+        assert result.stderr.startswith(f"error: UsageError: no store at {typo}"), result.stderr
+        assert not typo.exists(), args
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["pending"], ["approve", "req_x"]])
+def test_an_empty_store_option_is_refused_not_the_default(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--store "$DATABASE_URL"` with the variable unset is refused, as by chat, worker and
+    serve: `db upgrade` used to create and migrate .signoff/state.db here instead, reporting
+    success while the intended database stayed unmigrated."""
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*command, "--store", "")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: UsageError: unknown store URL ''"), result.output
+    assert not (tmp_path / ".signoff").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["pending"], ["events", "ses_x"], ["approve", "req_x"], ["db", "upgrade"], ["worker", TARGET]],
+)
+def test_a_store_path_that_is_a_directory_is_named_as_one(
+    command: list[str], tmp_path: Path
+) -> None:
+    """`--store sqlite:///DIR` (a folder where the file was meant) says the path is a directory,
+    not SQLite's "unable to open database file"; the folder is left as it was."""
+    result = invoke(*command, "--store", f"sqlite:///{tmp_path}")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: StoreError: cannot open SQLite store {tmp_path}: it is a directory, not a file\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["db", "upgrade"], ["pending"], ["chat", TARGET]])
+def test_a_store_path_ending_in_a_slash_is_refused(command: list[str], tmp_path: Path) -> None:
+    """`--store sqlite:///DIR/` (a folder meant, or a file named with a slash after it): SQLite
+    opened `DIR/` as the file `DIR`, so `db upgrade` or `chat` made a store file where a folder
+    was meant, which `pending` with the same URL then said was no store."""
+    (tmp_path / "old.db").write_bytes(b"")
+    for path in (tmp_path / "new", tmp_path / "old.db"):
+        result = CliRunner().invoke(app, [*command, "--store", f"sqlite:///{path}/"], input="")
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith("error: StoreError: SQLite URL "), result.output
+        assert "ends in '/'" in result.stderr, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.db"]
+    assert (tmp_path / "old.db").read_bytes() == b""
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["pending"], ["events", "ses_x"], ["approve", "req_x"], ["db", "upgrade"], ["worker", TARGET]],
+)
+def test_a_store_path_that_is_a_fifo_is_named_as_one(command: list[str], tmp_path: Path) -> None:
+    """A named pipe (or a device) where the store was meant is said to be no regular file, not
+    "no signoff schema" nor SQLite's "disk I/O error" once it tried to write it."""
+    fifo = tmp_path / "state.db"
+    os.mkfifo(fifo)
+    result = invoke(*command, "--store", f"sqlite:///{fifo}")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: StoreError: cannot open SQLite store {fifo}: it is no regular file "
+        "(a named pipe, device or socket)\n"
+    )
+    assert [p.name for p in tmp_path.iterdir()] == ["state.db"]
+
+
+UPGRADE_FIXTURES = ROOT / "tests" / "fixtures" / "upgrade"
+
+
+OLDER = "0c4a186"  # store schema 4 on SQLite, migrations 1-5 on PostgreSQL
+
+
+READING = [["pending"], ["sessions"], ["events", "SESSION"]]
+
+
+"""Every command that only reads the store; `SESSION` stands for a session the store holds."""
+
+
+def _older_sqlite(tmp_path: Path) -> tuple[Path, str]:
+    """A copy of a store an older signoff wrote (schema 4), and one of its session ids."""
+    db = tmp_path / "state.db"
+    db.write_bytes((UPGRADE_FIXTURES / f"sqlite-{OLDER}.db").read_bytes())
+    manifest = json.loads((UPGRADE_FIXTURES / f"sqlite-{OLDER}.json").read_text())
+    return db, manifest["sessions"]["one"]
+
+
+def _sqlite_mark(db: Path) -> str:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        return str(conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()[0])
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("command", READING)
+def test_a_reading_command_refuses_an_older_sqlite_store_and_changes_nothing(
+    command: list[str], tmp_path: Path
+) -> None:
+    """`pending`, `sessions` and `events` never upgrade a store (which would lock out the older
+    processes still using it): an older schema is one line saying what to run, and the file
+    keeps every byte; `db upgrade` then lets them read it."""
+    from signoff.stores.sqlite import STORE_SCHEMA
+
+    db, session = _older_sqlite(tmp_path)
+    before = db.read_bytes()
+    args = [session if a == "SESSION" else a for a in command]
+    result = invoke(*args, "--store", f"sqlite:///{db}")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: SchemaVersionError: {db} is at store schema 4, this signoff needs "
+        f"{STORE_SCHEMA}: run `signoff db upgrade` (once no older signoff uses it)\n"
+    )
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.db"]
+    assert invoke("db", "upgrade", "--store", f"sqlite:///{db}").exit_code == 0
+    assert _sqlite_mark(db) == str(STORE_SCHEMA)
+    result = invoke(*args, "--store", f"sqlite:///{db}")
+    assert result.exit_code == 0, result.output
+
+
+def test_a_writing_command_still_upgrades_an_older_sqlite_store(tmp_path: Path) -> None:
+    """`approve` (like `deny`, `answer`, `chat`, `worker`, `serve`) opens the store as a runtime
+    does: an older schema is upgraded, then the answer recorded."""
+    from signoff.stores.sqlite import STORE_SCHEMA
+
+    db, session = _older_sqlite(tmp_path)
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        (request,) = conn.execute(
+            "SELECT r.id FROM requests r JOIN sessions s ON s.sk = r.sk "
+            "WHERE s.id = ? AND r.status = 'pending'",
+            (session,),
+        ).fetchone()
+    finally:
+        conn.close()
+    result = invoke("approve", request, "--store", f"sqlite:///{db}")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(f"approved {request}"), result.output
+    assert _sqlite_mark(db) == str(STORE_SCHEMA)
+
+
+def _pg_version(url: str) -> int:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT MAX(version) FROM signoff.schema_version").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("command", READING)
+def test_a_reading_command_refuses_an_older_postgres_store_and_changes_nothing(
+    command: list[str], pg_url: str
+) -> None:
+    """The same on PostgreSQL: the database stays at its migration, with its rows as they were."""
+    import psycopg
+
+    from signoff.stores.postgres._schema import STORE_SCHEMA
+    from signoff.stores.postgres._url import describe
+    from tests.conftest import PG_BIN
+
+    restore = [str(PG_BIN / "psql"), "-q", "-v", "ON_ERROR_STOP=1", "-f", "-", pg_url]
+    dump = (UPGRADE_FIXTURES / f"postgres-{OLDER}.sql").read_bytes()
+    subprocess.run(restore, input=dump, check=True)
+    session = json.loads((UPGRADE_FIXTURES / f"postgres-{OLDER}.json").read_text())["sessions"]
+    tables = "SELECT table_name, column_name FROM information_schema.columns ORDER BY 1, 2"
+    with psycopg.connect(pg_url) as conn:
+        columns = conn.execute(tables).fetchall()
+    args = [session["one"] if a == "SESSION" else a for a in command]
+    result = invoke(*args, "--store", pg_url)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: SchemaVersionError: PostgreSQL store {describe(pg_url)} is at store schema 5, "
+        f"this signoff needs {STORE_SCHEMA}: run `signoff db upgrade` (once no older signoff "
+        "uses it)\n"
+    )
+    assert _pg_version(pg_url) == 5
+    with psycopg.connect(pg_url) as conn:
+        assert conn.execute(tables).fetchall() == columns
+    assert invoke("db", "upgrade", "--store", pg_url).exit_code == 0
+    assert _pg_version(pg_url) == STORE_SCHEMA
+    result = invoke(*args, "--store", pg_url)
+    assert result.exit_code == 0, result.output

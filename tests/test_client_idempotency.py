@@ -1,0 +1,138 @@
+"""The clients' idempotency keys: a message that got no answer is sent once more with its key,
+a refused one is not, and a repeated key acts once against a real server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import AsyncClient
+
+from ._client import Canned, canned, dropped, error, http
+
+__all__ = ["canned"]  # the fixture, used by name
+
+
+MESSAGES = "/v1/sessions/ses_x/messages"
+
+
+TURN = json.dumps(
+    {
+        "session_id": "ses_x",
+        "status": "completed",
+        "turn_id": "trn_1",
+        "text": "ok",
+        "pending": [],
+        "outcomes": [],
+        "error": None,
+        "retryable": False,
+        "replayed": True,
+    }
+)
+
+
+async def test_a_message_left_in_the_queue_reads_queued(canned: Canned) -> None:
+    """The server's `queued` (a message that waits for the turn's end) reaches the result."""
+    canned.on(MESSAGES, http("200 OK", json.dumps({**json.loads(TURN), "queued": True})))
+    async with AsyncClient(canned.base) as c:
+        result = await c.send("ses_x", "hello")
+    assert result.queued
+
+
+async def test_a_message_that_got_no_answer_is_sent_once_more_with_its_key(
+    canned: Canned,
+) -> None:
+    canned.on(MESSAGES, dropped, http("200 OK", TURN))
+    async with AsyncClient(canned.base) as c:
+        result = await c.send("ses_x", "hello")
+    assert result.replayed and result.text == "ok" and not result.queued
+    keys = [h.get("idempotency-key") for _, h in canned.seen]
+    assert len(keys) == 2 and keys[0] == keys[1] and keys[0]
+    # each call has a key of its own
+    canned.on(MESSAGES, http("200 OK", TURN))
+    async with AsyncClient(canned.base) as c:
+        await c.send("ses_x", "hello")
+        await c.send("ses_x", "hello", idempotency_key="mine-1")
+    assert canned.seen[2][1]["idempotency-key"] not in keys
+    assert canned.seen[3][1]["idempotency-key"] == "mine-1"
+
+
+async def test_a_message_that_got_no_answer_twice_names_its_key(canned: Canned) -> None:
+    canned.on("/v1/sessions", dropped)
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError, match="call again with it") as caught:
+            await c.generate("support", "hello", idempotency_key="k-7")
+    assert (caught.value.code, caught.value.status) == ("connection_lost", 0)
+    assert caught.value.idempotency_key == "k-7"
+    assert [h["idempotency-key"] for _, h in canned.seen] == ["k-7", "k-7"]
+
+
+async def test_a_refused_message_is_not_sent_again(canned: Canned) -> None:
+    canned.on(MESSAGES, error("409 Conflict", "session_busy", session_id="ses_x"))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.SessionBusy):
+            await c.send("ses_x", "hello")
+        for bad in ("", "é", "x" * 201, " k", "k "):  # no header carries spaces around a value
+            with pytest.raises(so.UsageError, match="idempotency_key"):
+                await c.send("ses_x", "hello", idempotency_key=bad)
+        with pytest.raises(so.UsageError, match="goes with a prompt"):
+            await c.generate(session_id="ses_x", approvals=[], idempotency_key="k")
+    assert len(canned.seen) == 1
+
+
+async def test_a_key_repeated_against_a_real_server_acts_once(tmp_path: Path) -> None:
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, make_runtime
+
+    rt = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            one = await c.generate("support", "Refund order 1042", idempotency_key="k-1")
+            two = await c.generate("support", "Refund order 1042", idempotency_key="k-1")
+            assert not one.replayed and two.replayed and two.session_id == one.session_id
+            with pytest.raises(so.IdempotencyKeyReused) as caught:
+                await c.generate("support", "Refund order 9", idempotency_key="k-1")
+            assert caught.value.session_id == one.session_id
+            sent = await c.send(one.session_id, "never mind", idempotency_key="m-1")
+            again = await c.send(one.session_id, "never mind", idempotency_key="m-1")
+            assert not sent.replayed and again.replayed
+        assert len(await rt.sessions()) == 1
+        messages = [
+            e.data["message"]
+            async for e in rt.events(one.session_id, follow=False)
+            if e.type in ("turn.started", "turn.message")
+        ]
+        assert messages == ["Refund order 1042", "never mind"]
+
+
+async def test_a_key_repeated_after_a_later_message_answers_with_its_own_turn(
+    tmp_path: Path,
+) -> None:
+    from signoff.server import TokenAuth, create_app
+
+    from .test_server_common import TOKENS, make_runtime
+
+    rt = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    app = create_app(rt, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            one = await c.generate("support", "Refund order 1042", idempotency_key="k-1")
+            assert one.status == "waiting"
+            await c.respond(
+                one.session_id,
+                [{"request_id": one.pending[0].id, "option_id": "approve"}],
+            )
+            later = await c.send(one.session_id, "and order 7?", idempotency_key="m-1")
+            assert later.turn_id != one.turn_id
+            again = await c.generate("support", "Refund order 1042", idempotency_key="k-1")
+            assert again.replayed and again.turn_id == one.turn_id
+            assert again.status == "completed" and again.text.startswith("tool ok: ")
+            assert again.pending == []

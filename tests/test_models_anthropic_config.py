@@ -1,0 +1,101 @@
+"""Making an `Anthropic` model: its arguments and their usage errors, a missing key or SDK, and
+what it reads from an environment it is given."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+import signoff as so
+
+from ._models import request
+from ._models_anthropic import fake
+from .fakes.llm import (
+    API_KEY,
+    FakeLLM,
+    anthropic_message,
+)
+
+__all__ = ["fake"]  # the fixture, used by name
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"max_tokens": None}, "max_tokens is required"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"params": {"system": "x"}}, "params may not set system"),
+        ({"params": {"stream": True}}, "params may not set stream"),
+        ({"params": ["seed"]}, "params must be a mapping"),
+        ({"price_per_mtok": "cheap"}, "price_per_mtok"),
+        ({"max_retries": 1.5}, "max_retries"),
+        ({"timeout": float("nan")}, "timeout"),  # passed `<= 0`: no bound on the call
+        ({"timeout": float("inf")}, "timeout"),
+    ],
+)
+def test_bad_arguments_are_usage_errors(kwargs, match) -> None:
+    with pytest.raises(so.UsageError, match=match):
+        so.models.Anthropic("claude-haiku-4-5", api_key="x", **kwargs)
+
+
+async def test_a_missing_key_is_a_usage_error_unless_a_base_url_is_given(fake, monkeypatch) -> None:
+    # as OpenAIChat: said when the model is made, not as an SDK complaint at every turn
+    for name in ("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(so.UsageError, match="no API key; set ANTHROPIC_API_KEY"):
+        so.models.Anthropic("claude-haiku-4-5")
+    with pytest.raises(so.UsageError, match="ANTHROPIC_API_KEY"):
+        so.models.from_env(env={"SIGNOFF_MODEL": "claude-haiku-4-5"})
+    # a gateway on base_url may need none: the request is sent, and the fake wants a key
+    async with so.models.Anthropic("claude-haiku-4-5", base_url=fake.base_url, max_retries=0) as m:
+        with pytest.raises(so.ModelError, match="HTTP 401"):
+            await m.complete(request())
+
+
+async def test_from_env_with_env_reads_nothing_from_the_process(fake, monkeypatch) -> None:
+    # ANTHROPIC_BASE_URL of the process was read by the SDK, past an explicit env=
+    with FakeLLM("anthropic") as elsewhere:
+        monkeypatch.setenv("ANTHROPIC_BASE_URL", elsewhere.base_url)
+        monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-the-process-key")
+        monkeypatch.setenv("ANTHROPIC_CUSTOM_HEADERS", "X-Process: yes")
+        env = {
+            "SIGNOFF_MODEL": "claude-haiku-4-5",
+            "ANTHROPIC_BASE_URL": fake.base_url,
+            "ANTHROPIC_API_KEY": API_KEY,
+            "ANTHROPIC_CUSTOM_HEADERS": "X-Given: yes",
+        }
+        fake.queue(anthropic_message("from the given server"))
+        m = so.models.from_env(env=env)
+        assert isinstance(m, so.models.Anthropic)
+        try:
+            assert (await m.complete(request())).text == "from the given server"
+        finally:
+            await m.aclose()
+        # without a base URL in env, the SDK's default, not the process's
+        m = so.models.from_env(env={"ANTHROPIC_API_KEY": API_KEY})
+        assert isinstance(m, so.models.Anthropic)
+        assert "api.anthropic.com" in str(m._clients.get().base_url)
+        await m.aclose()
+        # no key in env is no key, whatever the process has
+        with pytest.raises(so.UsageError, match="no API key"):
+            so.models.from_env(env={"SIGNOFF_MODEL": "claude-haiku-4-5"})
+        assert elsewhere.received == []
+    [got] = fake.received
+    assert API_KEY in (got.headers.get("x-api-key"), got.headers.get("authorization", "")[7:])
+    assert got.headers["x-given"] == "yes"
+    assert "x-process" not in got.headers
+
+
+async def test_an_auth_token_in_env_is_sent_as_a_bearer_token(fake) -> None:
+    env = {"ANTHROPIC_AUTH_TOKEN": API_KEY, "ANTHROPIC_BASE_URL": fake.base_url}
+    fake.queue(anthropic_message("ok"))
+    async with so.models.Anthropic("claude-haiku-4-5", env=env, max_retries=0) as m:
+        assert (await m.complete(request())).text == "ok"
+    assert fake.received[0].headers["authorization"] == f"Bearer {API_KEY}"
+
+
+def test_a_missing_sdk_names_the_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "anthropic", None)
+    with pytest.raises(so.UsageError, match=r"pip install 'signoff\[anthropic\]'"):
+        so.models.Anthropic("claude-haiku-4-5", api_key="x")

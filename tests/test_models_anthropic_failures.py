@@ -1,0 +1,326 @@
+"""`Anthropic` when the server fails or answers what the API does not promise: errors, timeouts,
+retries, cut-off and refused replies, bodies that are not JSON, absurd usage counts."""
+
+from __future__ import annotations
+
+import socket
+import time
+from pathlib import Path
+
+import anthropic
+import pytest
+
+import signoff as so
+
+from ._models import request, support_agent
+from ._models_anthropic import THOUGHT, fake, model, tool_use
+from .fakes.llm import (
+    API_KEY,
+    Received,
+    Reply,
+    anthropic_message,
+)
+
+__all__ = ["fake", "model"]  # the fixtures, used by name
+
+
+async def test_overloaded_becomes_a_model_error_naming_the_error_type(fake, model) -> None:
+    body = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    fake.queue(Reply(body, 529))
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    message = str(info.value)
+    assert "HTTP 529: overloaded_error: Overloaded" in message
+    assert "'claude-haiku-4-5'" in message and fake.base_url in message
+    assert isinstance(info.value.__cause__, anthropic.APIStatusError)
+    assert len(fake.received) == 1
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        Reply(
+            ("<html>" + "x" * 3_000_000 + "</html>").encode(), 502, {"Content-Type": "text/html"}
+        ),
+        Reply({"type": "error", "error": {"type": "api_error", "message": "x" * 3_000_000}}, 500),
+        Reply({"type": "error", "error": {"type": "api_error", "message": "x" * 3_000_000}}),
+    ],
+    ids=["html-page", "status-error", "200-error"],
+)
+async def test_an_error_of_megabytes_is_cut_not_stored_whole(
+    fake, model, tmp_path: Path, reply: Reply
+) -> None:
+    # The server's text went whole into the turn's failure: megabytes in the log per retry,
+    # past the bound max_response_bytes puts on what a model's reply may store.
+    fake.queue(reply)
+    async with so.Runtime([support_agent(model)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="hi")
+        assert (r.status, r.retryable) == ("failed", True)
+        assert r.error is not None and r.error["code"] == "model_error"
+        assert len(r.error["message"]) < 3000 and r.error["message"].endswith("[cut]")
+
+
+async def test_a_request_the_sdk_refuses_to_send_is_a_usage_error(fake) -> None:
+    # With a client of the SDK's default timeout, it refuses a max_tokens it expects to take over
+    # ten minutes (some models: over 8192) before sending anything; that failed every turn as
+    # "returned a body that cannot be read".
+    client = anthropic.AsyncAnthropic(api_key=API_KEY, base_url=fake.base_url, max_retries=0)
+    try:
+        model = so.models.Anthropic("claude-opus-4-0", client=client, max_tokens=10_000)
+        with pytest.raises(so.UsageError, match="the SDK refused the request") as info:
+            await model.complete(request())
+        assert "body" not in str(info.value)
+    finally:
+        await client.close()
+    assert fake.received == []
+
+
+async def test_a_bad_key_is_a_model_error(fake) -> None:
+    async with so.models.Anthropic(
+        "claude-haiku-4-5", base_url=fake.base_url, api_key="wrong", max_retries=0
+    ) as m:
+        with pytest.raises(
+            so.ModelError, match=r"HTTP 401: authentication_error: .*API key"
+        ) as info:
+            await m.complete(request())
+    assert isinstance(info.value.__cause__, anthropic.AuthenticationError)
+
+
+async def test_connection_refused_and_timeouts_are_model_errors(fake) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    async with so.models.Anthropic(
+        "c", base_url=f"http://127.0.0.1:{port}", api_key=API_KEY, max_retries=0
+    ) as m:
+        with pytest.raises(so.ModelError, match="cannot connect") as info:
+            await m.complete(request())
+    assert isinstance(info.value.__cause__, anthropic.APIConnectionError)
+
+    def slow(got: Received) -> Reply:
+        time.sleep(1.0)
+        return Reply(anthropic_message("late"))
+
+    fake.queue(slow)
+    async with so.models.Anthropic(
+        "c", base_url=fake.base_url, api_key=API_KEY, max_retries=0, timeout=0.2
+    ) as m:
+        with pytest.raises(so.ModelError, match="timed out") as timed_out:
+            await m.complete(request())
+    assert isinstance(timed_out.value.__cause__, anthropic.APITimeoutError)
+
+
+async def test_a_long_retry_after_is_not_waited_for_longer_than_the_call_may_take(fake) -> None:
+    # The SDK waits as long as Retry-After says (up to 49 days): an overloaded API holding the
+    # turn, and its session, for an hour. The call gives up at its bound, retryably.
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}
+    fake.queue(Reply(overloaded, 529, {"retry-after": "3600"}), anthropic_message("late"))
+    async with so.models.Anthropic(
+        "claude-haiku-4-5", base_url=fake.base_url, api_key=API_KEY, max_retries=1, timeout=0.3
+    ) as m:
+        started = time.monotonic()
+        with pytest.raises(so.ModelError, match=r"gave up after 1.5 s \(timeout=0.3, max_r"):
+            await m.complete(request())
+    assert time.monotonic() - started < 4
+    assert len(fake.received) == 1
+
+
+async def test_transient_errors_are_retried(fake) -> None:
+    fast = {"retry-after-ms": "5"}
+    overloaded = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
+    fake.queue(Reply(overloaded, 529, fast), anthropic_message("there"))
+    async with so.models.Anthropic(
+        "c", base_url=fake.base_url, api_key=API_KEY, max_retries=1
+    ) as m:
+        assert (await m.complete(request())).text == "there"
+    assert len(fake.received) == 2
+
+
+async def test_a_tool_use_cut_off_at_max_tokens_is_a_model_error(fake, model) -> None:
+    # the input of a tool_use block the limit cut is incomplete: it must never run
+    body = anthropic_message("Refunding.", tool_use("toolu_1", "issue_refund", {"order_id": "10"}))
+    body["stop_reason"] = "max_tokens"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="cut off at max_tokens=1024 in a tool call"):
+        await model.complete(request())
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [(), ("I can't help with that.", tool_use("toolu_1", "issue_refund", {"order_id": "1"}))],
+    ids=["nothing", "a tool call"],
+)
+async def test_a_refusal_with_no_text_or_with_a_tool_call_is_a_model_error(
+    fake, model, blocks
+) -> None:
+    body = anthropic_message(*blocks)
+    body["stop_reason"] = "refusal"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="was refused"):
+        await model.complete(request())
+
+
+async def test_a_refusal_that_explains_itself_is_returned_as_text(fake, model) -> None:
+    body = anthropic_message("I can't help with that.")
+    body["stop_reason"] = "refusal"
+    fake.queue(body)
+    assert (await model.complete(request())).text == "I can't help with that."
+
+
+async def test_a_tool_use_cut_off_by_the_context_window_is_a_model_error(fake, model) -> None:
+    body = anthropic_message(tool_use("toolu_1", "issue_refund", {"order_id": "10"}))
+    body["stop_reason"] = "model_context_window_exceeded"
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match="cut off .*model_context_window_exceeded"):
+        await model.complete(request())
+
+
+@pytest.mark.parametrize(
+    ("stop", "blocks", "match"),
+    [
+        ("max_tokens", [THOUGHT], r"stopped before any answer \(stop_reason max_tokens\)"),
+        ("model_context_window_exceeded", [], r"\(stop_reason model_context_window_exceeded\)"),
+        ("tool_use", [], r"stopped before any answer \(stop_reason tool_use\)"),
+        ("pause_turn", [], r"stopped before any answer \(stop_reason pause_turn\)"),
+    ],
+)
+async def test_a_reply_that_stopped_early_with_nothing_in_it_is_a_model_error(
+    fake, model, stop, blocks, match
+) -> None:
+    # Thinking can spend all of max_tokens: the empty text passed for the answer.
+    body = anthropic_message(*blocks)
+    body["stop_reason"] = stop
+    fake.queue(body)
+    with pytest.raises(so.ModelError, match=match):
+        await model.complete(request())
+
+
+async def test_an_empty_reply_that_ended_its_turn_is_returned(fake, model) -> None:
+    fake.queue(anthropic_message())
+    assert (await model.complete(request())).text == ""
+
+
+@pytest.mark.parametrize("odd", [[], {}, ["text"]])
+async def test_a_block_type_or_stop_reason_that_is_not_text_is_ignored(fake, model, odd) -> None:
+    # A list or an object there raised a bare TypeError (unhashable) from the adapter.
+    body = anthropic_message("Hello", tool_use("toolu_1", "issue_refund", {"order_id": "1"}))
+    body["content"].insert(0, {"type": odd, "text": "hidden"})
+    body["stop_reason"] = odd
+    fake.queue(body)
+    response = await model.complete(request())
+    assert response.text == "Hello"
+    assert [(c.id, c.name) for c in response.tool_calls] == [("toolu_1", "issue_refund")]
+
+
+async def test_text_cut_off_at_max_tokens_is_returned(fake, model) -> None:
+    body = anthropic_message("A long answer that")
+    body["stop_reason"] = "max_tokens"
+    fake.queue(body)
+    assert (await model.complete(request())).text == "A long answer that"
+
+
+async def test_a_nan_in_a_tool_input_cannot_slip_past_an_approval_predicate(
+    fake, model, tmp_path: Path
+) -> None:
+    ran: list[float] = []
+
+    @so.tool(approval=lambda input: input.amount > 100)
+    async def refund(order_id: str, amount: float) -> dict[str, object]:
+        """Refund an order."""
+        ran.append(amount)
+        return {"refunded": amount}
+
+    fake.queue(  # the fake writes NaN as Python's json does; the SDK reads it back as a float
+        anthropic_message(tool_use("toolu_n", "refund", {"order_id": "1", "amount": float("nan")})),
+        anthropic_message("Let me try again."),
+    )
+    agent = so.Agent(name="support", model=model, tools=[refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("support", prompt="Refund order 1")
+        assert (r.status, r.pending) == ("completed", [])
+    assert ran == []
+    [result] = fake.bodies[1]["messages"][-1]["content"]
+    assert (result["tool_use_id"], result["is_error"]) == ("toolu_n", True)
+    assert "_unparsed_arguments" in result["content"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"{not json", b"", b"[" * 100_000 + b"]" * 100_000, b'{"content": "\xff\xfe"}'],
+    ids=["invalid", "empty", "too-deep", "not-utf8"],
+)
+async def test_a_body_that_is_not_json_is_a_model_error(fake, model, body: bytes) -> None:
+    fake.queue(Reply(body))
+    with pytest.raises(so.ModelError, match="returned a body that is not JSON"):
+        await model.complete(request())
+
+
+async def test_a_page_that_is_not_json_is_a_model_error_showing_it(fake, model) -> None:
+    # A proxy's error page with status 200: the SDK hands back its text, which said only
+    # "returned no content list".
+    page = b"<html><body>Gateway Timeout</body></html>"
+    fake.queue(Reply(page, headers={"Content-Type": "text/html"}))
+    with pytest.raises(so.ModelError, match="returned a body that is not JSON") as info:
+        await model.complete(request())
+    assert "Gateway Timeout" in str(info.value)
+
+
+async def test_a_body_cut_short_is_a_model_error_saying_so(fake, model) -> None:
+    fake.queue(Reply(anthropic_message("a long answer"), cut_at=40))
+    with pytest.raises(so.ModelError, match="the connection broke") as info:
+        await model.complete(request())
+    assert isinstance(info.value.__cause__, anthropic.APIConnectionError)
+
+
+async def test_a_body_that_cannot_be_decoded_is_not_called_a_connection_failure(
+    fake, model
+) -> None:
+    # A proxy that labels a plain body gzip: the server answered, so "cannot connect" (check
+    # the address) sent people the wrong way.
+    fake.queue(Reply(anthropic_message("hi"), headers={"Content-Encoding": "gzip"}))
+    with pytest.raises(so.ModelError, match="the body could not be decoded") as info:
+        await model.complete(request())
+    assert "cannot connect" not in str(info.value)
+
+
+async def test_negative_or_missing_usage_counts_nothing(fake, model) -> None:
+    body = anthropic_message("x", usage={"input_tokens": -1_000_000, "output_tokens": 3})
+    fake.queue(body, {**anthropic_message("y"), "usage": None})
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens) == (0, 3)
+    assert usage.cost_usd == pytest.approx(3 * 5.0 / 1e6)
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens, usage.cost_usd) == (0, 0, 0.0)
+
+
+async def test_absurd_usage_counts_nothing(fake, model) -> None:
+    # a count past a float's range made computing the cost raise a bare OverflowError
+    usage_body = {"input_tokens": 10**320, "output_tokens": 3, "cache_read_input_tokens": 2**60}
+    fake.queue(anthropic_message("x", usage=usage_body))
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens) == (0, 3)
+    assert usage.cost_usd == pytest.approx(3 * 5.0 / 1e6)
+
+
+async def test_counts_written_as_whole_floats_are_counted(fake, model) -> None:
+    # A gateway writing 120.0 had its usage counted as 0, so the session's token and cost
+    # budgets were never spent (the OpenAI SDK reads such counts; Anthropic's leaves floats).
+    usage_body = {"input_tokens": 120.0, "output_tokens": 30.0, "cache_read_input_tokens": 0.5}
+    fake.queue(anthropic_message("x", usage=usage_body))  # type: ignore[arg-type]
+    usage = (await model.complete(request())).usage
+    assert (usage.input_tokens, usage.output_tokens) == (120, 30)
+    assert isinstance(usage.input_tokens, int) and isinstance(usage.output_tokens, int)
+
+
+async def test_a_lone_surrogate_in_the_conversation_is_sent_as_a_replacement(fake, model) -> None:
+    fake.queue(anthropic_message("ok"))
+    conversation: list[so.Message] = [
+        so.UserMessage(text="caf\udce9"),
+        so.AssistantMessage(text="bad \ud800"),
+        so.UserMessage(text="go on"),
+    ]
+    await model.complete(request(*conversation, instructions="\udfff"))
+    body = fake.bodies[0]
+    assert body["system"] == "\ufffd"
+    assert body["messages"][0]["content"] == [{"type": "text", "text": "caf\ufffd"}]
+    assert body["messages"][1]["content"] == [{"type": "text", "text": "bad \ufffd"}]
