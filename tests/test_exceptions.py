@@ -1,5 +1,6 @@
 """Every error and control-flow signal signoff raises survives pickling whole (a process pool,
-a multiprocessing queue, a test runner's worker): same class, message, args and attributes."""
+a multiprocessing queue, a test runner's worker): same class, message, args and attributes;
+and the hierarchy the exceptions module draws is the classes' own."""
 
 from __future__ import annotations
 
@@ -73,3 +74,28 @@ def test_a_pickled_error_comes_back_whole(name: str) -> None:
         assert str(back) == str(error)
         assert back.args == error.args
         assert vars(back) == vars(error)
+
+
+def test_the_hierarchy_drawn_in_the_exceptions_module_is_the_real_one() -> None:
+    """DESIGN §3: the hierarchy is drawn in the module's docstring; each drawn class exists,
+    sits under the class drawn above it, and every exported error is drawn."""
+    import re
+
+    from signoff import _exceptions
+    from signoff.channels import slack
+
+    drawn: dict[str, str | None] = {}
+    parents: list[str] = []
+    for line in (_exceptions.__doc__ or "").splitlines():
+        match = re.match(r"^ {4}((?:[│ ] {3})*(?:[├└]── )?)([A-Z]\w+)(?:\s|$)", line)
+        if match is None:
+            continue
+        depth = len(match.group(1)) // 4
+        parents = [*parents[:depth], match.group(2)]
+        drawn[match.group(2)] = parents[-2] if depth else None
+    assert drawn["SignoffError"] is None and len(drawn) > 20
+    for name, parent in drawn.items():
+        cls = getattr(so, name, None) or getattr(channels, name, None) or getattr(slack, name)
+        assert cls.__mro__[1].__name__ == (parent or "Exception"), (name, parent)
+    errors = {n for n in _exported_exceptions() if isinstance(SAMPLES[n](), so.SignoffError)}
+    assert sorted(errors - drawn.keys()) == []
