@@ -267,11 +267,15 @@ def test_the_event_page_lists_every_event_type_signoff_writes() -> None:
 
 
 async def test_what_each_event_records_is_what_the_event_page_says(tmp_path: Path) -> None:
-    """Sessions that park, are approved, steered, fail, retry and are cancelled write events
-    whose `data` fields, call statuses and request outcomes are each named on docs/events.md."""
+    """A session that parks, is refused, approved, steered, fails, retries and is cancelled
+    writes events whose `data` fields, call statuses and request outcomes docs/events.md names."""
     failures = iter([True])
 
-    @so.tool(approval=so.always())
+    def alice_only(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        return so.Allowed() if who and who.principal_id == "alice" else so.Rejected("not you")
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=alice_only))
     async def refund(order_id: str) -> str:
         """Refund."""
         return "ok"
@@ -306,6 +310,13 @@ async def test_what_each_event_records_is_what_the_event_page_says(tmp_path: Pat
     agent = scripted_agent("a", responses, tools=[refund, transfer, lookup])
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("a", prompt="refund 1", auth=alice)
+        bob = so.Principal(authenticator="app", principal_id="bob")
+        refused = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, option_id="approve")],
+            principal=bob,
+        )
+        assert [o.outcome for o in refused.outcomes] == ["rejected"]
         approval = so.Decision(id=r.pending[0].id, approved=True, reason="fine")
         await rt.generate(session_id=r.session_id, approvals=[approval], auth=alice)
         r = await rt.generate(session_id=r.session_id, prompt="refund 2", auth=alice)
@@ -321,8 +332,8 @@ async def test_what_each_event_records_is_what_the_event_page_says(tmp_path: Pat
         await rt.cancel(r.session_id, "changed my mind", principal=alice)
         events = await all_events(rt, r.session_id)
     rows, pairs = _documented_events()
-    # A response policy's candidate and a worker's resumption are the only types left out.
-    assert {e.type for e in events} == set(rows) - {"approval.candidate", "turn.resumed"}
+    # A worker's resumption is the only type left out (docs/events.md says when it is written).
+    assert {e.type for e in events} == set(rows) - {"turn.resumed"}
     for e in events:
         for key in e.data:
             assert f"`{key}`" in rows[e.type], (e.type, key)
