@@ -38,6 +38,7 @@ from ._mirrors import followed, followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
+from ._sessions import check_session_id
 from ._settings import finite, flag
 from ._state import SessionState
 from ._sync import blocking_doc, twin
@@ -406,6 +407,7 @@ class Runtime(Workers):
             # silence) or overflowed the store's integers.
             raise UsageError(f"after must be an event seq, a whole number from 0, not {after!r}")
         flag("follow", follow)
+        check_session_id(session_id)
         await self.open()
         if await self.store.head(session_id) is None:
             raise UnknownSession(session_id)
