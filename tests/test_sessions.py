@@ -419,3 +419,23 @@ async def test_a_session_id_that_is_not_text_is_a_usage_error_on_both_stores(
             with pytest.raises(so.UsageError, match="session_id must be text"):
                 await make()
             assert await rt.sessions() == [], name
+
+
+@pytest.mark.parametrize("bad", [5, ["a"]])
+async def test_an_agent_named_by_anything_but_text_is_refused_alike_on_both_stores(
+    store_url: str, bad: Any
+) -> None:
+    """`rt.sessions(agent=5)` listed nothing on SQLite and raised a bare TypeError on
+    PostgreSQL (a list the other way round), and a list as the agent of `generate` raised
+    one on both: each is now a named error and nothing is stored."""
+    async with so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url) as rt:
+        with pytest.raises(so.UsageError, match="agent must be text or None"):
+            await rt.sessions(agent=bad)
+        for start in (
+            lambda: rt.generate(bad, prompt="hi"),
+            lambda: rt.schedule(bad, "hi"),
+            lambda: rt.create_session(bad),
+        ):
+            with pytest.raises(so.UnknownAgent, match="unknown agent"):
+                await start()
+        assert await rt.sessions() == []

@@ -367,6 +367,8 @@ class Runtime(Workers):
         recorded first (the turn fails), or else shown so: the page may then come back short."""
         await self.open()
         _check_page(limit, offset)
+        if agent is not None and not isinstance(agent, str):  # else each store did otherwise
+            raise UsageError(f"agent must be text or None, not {agent!r}")
         if status is not None and status not in _SESSION_STATUSES:  # else silently nothing
             raise UsageError(
                 f"status must be one of {', '.join(_SESSION_STATUSES)}, not {status!r}"

@@ -200,11 +200,11 @@ class SessionRunner(Leasing):
 
     def agent(self, name: str) -> Agent:
         """The agent called `name`, or an `UnknownAgent` naming the ones this runtime has."""
-        try:
-            return self.agents[name]
-        except KeyError:
+        spec = self.agents.get(name) if isinstance(name, str) else None  # a list is unhashable
+        if spec is None:
             known = ", ".join(self.agents) or "none"
-            raise UnknownAgent(f"unknown agent {name!r}; this runtime has: {known}") from None
+            raise UnknownAgent(f"unknown agent {name!r}; this runtime has: {known}")
+        return spec
 
     async def _state(self, session_id: str) -> SessionState:
         """The session as its events fold it, checked against the store's head (a passed TTL
