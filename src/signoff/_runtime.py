@@ -328,7 +328,6 @@ class Runtime(Workers):
                 limit=limit,
                 offset=offset,
             )
-        _check_page(flt.limit, flt.offset)
         return (await self.pending_page(flt))[0]
 
     async def pending_page(self, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
@@ -342,6 +341,8 @@ class Runtime(Workers):
         escalation and deadline, so a deadline passed there leaves it out or escalated too.
         """
         await self.open()
+        if not isinstance(flt, PendingFilter):
+            raise UsageError(f"the filter must be a stores.PendingFilter, not {type(flt).__name__}")
         _check_page(flt.limit, flt.offset)
         page = await self.store.pending(flt)
         now = self.now()
