@@ -1,9 +1,11 @@
-"""Events: schema version on each, refusal of newer versions, gap-free seq, and snapshots."""
+"""Events: schema version on each, refusal of newer versions, gap-free seq, snapshots, and
+what each type records as docs/events.md says."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -242,3 +244,100 @@ async def test_snapshot_plus_tail_equals_full_fold_mid_turn(tmp_path: Path) -> N
         assert done.status == "completed"
         assert done.text.endswith("done 39")
         assert log.count() == 40
+
+
+def _documented_events() -> tuple[dict[str, str], set[tuple[str, str]]]:
+    """docs/events.md: each type's row (by type), and the (outcome, status) pairs it lists."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "events.md").read_text()
+    rows = re.findall(r"^\| `([a-z]+\.[a-z]+)` \| (.*) \|$", text, re.M)
+    types = [t for t, _ in rows]
+    assert len(types) == len(set(types)), "a type is listed twice"
+    pairs = set(re.findall(r"^\| `([a-z-]+)` \| `([a-z]+)` \|", text, re.M))
+    return dict(rows), pairs
+
+
+def test_the_event_page_lists_every_event_type_signoff_writes() -> None:
+    from signoff._events import EVENT_TYPES
+
+    rows, pairs = _documented_events()
+    assert set(rows) == EVENT_TYPES
+    assert len(pairs) >= 6
+
+
+async def test_what_each_event_records_is_what_the_event_page_says(tmp_path: Path) -> None:
+    """A session that parks, is refused, approved, steered, fails, retries and is cancelled
+    writes events whose `data` fields, call statuses and request outcomes docs/events.md names."""
+    failures = iter([True])
+
+    def alice_only(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
+        who = ctx.response.principal
+        return so.Allowed() if who and who.principal_id == "alice" else so.Rejected("not you")
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=alice_only))
+    async def refund(order_id: str) -> str:
+        """Refund."""
+        return "ok"
+
+    @so.tool
+    async def transfer(ctx: so.ToolContext, amount: float) -> str:
+        """Transfer."""
+        await ctx.step("quote", lambda: 1.5)
+        answer = await ctx.ask("Proceed?", options=["yes", "no"], allow_text=False)
+        return str(answer.value)
+
+    def flaky(conversation: list[so.Message]) -> so.ModelResponse:
+        if next(failures, False):
+            raise RuntimeError("provider down")
+        return reply("recovered")
+
+    responses: list[so.ModelResponse | Callable[[list[so.Message]], so.ModelResponse]] = [
+        call_tools(call("refund", order_id="1"), call("lookup", order_id="1")),
+        reply("refunded"),
+        call_tools(call("refund", order_id="2"), call("transfer", amount=3)),
+        reply("steered"),
+        flaky,
+        call_tools(call("refund", order_id="3")),
+    ]
+
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look up."""
+        return "found"
+
+    alice = so.Principal(authenticator="app", principal_id="alice")
+    agent = scripted_agent("a", responses, tools=[refund, transfer, lookup])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="refund 1", auth=alice)
+        bob = so.Principal(authenticator="app", principal_id="bob")
+        refused = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=r.pending[0].id, option_id="approve")],
+            principal=bob,
+        )
+        assert [o.outcome for o in refused.outcomes] == ["rejected"]
+        approval = so.Decision(id=r.pending[0].id, approved=True, reason="fine")
+        await rt.generate(session_id=r.session_id, approvals=[approval], auth=alice)
+        r = await rt.generate(session_id=r.session_id, prompt="refund 2", auth=alice)
+        assert r.status == "waiting"
+        r = await rt.send(r.session_id, "never mind", principal=alice)
+        assert r.status == "completed", r
+        r = await rt.generate(
+            session_id=r.session_id, prompt="again", auth=alice, idempotency_key="k1"
+        )
+        assert r.status == "failed"
+        assert (await rt.generate(session_id=r.session_id, auth=alice)).status == "completed"
+        r = await rt.generate(session_id=r.session_id, prompt="refund 3", auth=alice)
+        await rt.cancel(r.session_id, "changed my mind", principal=alice)
+        events = await all_events(rt, r.session_id)
+    rows, pairs = _documented_events()
+    # A worker's resumption is the only type left out (docs/events.md says when it is written).
+    assert {e.type for e in events} == set(rows) - {"turn.resumed"}
+    for e in events:
+        for key in e.data:
+            assert f"`{key}`" in rows[e.type], (e.type, key)
+        if e.type == "tool.completed":
+            assert f"`{e.data['status']}`" in rows[e.type], e.data
+        if e.type == "input.resolved":
+            assert (e.data["outcome"], e.data["status"]) in pairs, e.data

@@ -1,5 +1,6 @@
 """Every error and control-flow signal signoff raises survives pickling whole (a process pool,
-a multiprocessing queue, a test runner's worker): same class, message, args and attributes."""
+a multiprocessing queue, a test runner's worker): same class, message, args and attributes;
+and the hierarchy the exceptions module draws is the classes' own."""
 
 from __future__ import annotations
 

@@ -218,3 +218,13 @@ def refund() -> so.Tool:
         return amount
 
     return refund
+
+
+async def test_a_pending_filter_that_is_not_one_is_a_usage_error(tmp_path: Path) -> None:
+    """`rt.pending(filter)` takes a `PendingFilter`: anything else raised a bare AttributeError."""
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [reply("hi")])) as rt:
+        for bad in ("tool-approval", {"agent": "a"}):
+            with pytest.raises(so.UsageError, match="PendingFilter"):
+                await rt.pending(bad)  # type: ignore[arg-type]
+            with pytest.raises(so.UsageError, match="PendingFilter"):
+                await rt.pending_page(bad)  # type: ignore[arg-type]

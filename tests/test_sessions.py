@@ -392,3 +392,50 @@ async def test_a_message_queued_by_another_process_around_the_commit_that_ends_a
         assert state.turn.status == "completed"
         assert state.turn.principal == bob  # bob's message had its turn
         assert result.status == "completed"
+
+
+@pytest.mark.parametrize("bad", [5, 1.5, b"ses_1", ["ses_1"]])
+async def test_a_session_id_that_is_not_text_is_a_usage_error_on_both_stores(
+    store_url: str, bad: Any
+) -> None:
+    """Every call naming a session refuses an id that is not text by name, before the store
+    is asked: PostgreSQL raised a bare TypeError for a number, and both stores one for a list."""
+    async with so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url) as rt:
+        calls = {
+            "state": lambda: rt.state(bad),
+            "cancel": lambda: rt.cancel(bad),
+            "respond": lambda: rt.respond(
+                bad, [so.InputResponse(request_id="req_1", option_id="approve")]
+            ),
+            "send": lambda: rt.send(bad, "hi"),
+            "generate": lambda: rt.generate(session_id=bad, prompt="hi"),
+            "approvals": lambda: rt.generate(
+                session_id=bad, approvals=[so.Decision(id="req_1", approved=True)]
+            ),
+            "schedule": lambda: rt.schedule("a", "hi", session_id=bad),
+            "events": lambda: anext(aiter(rt.events(bad, follow=False))),
+        }
+        for name, make in calls.items():
+            with pytest.raises(so.UsageError, match="session_id must be text"):
+                await make()
+            assert await rt.sessions() == [], name
+
+
+@pytest.mark.parametrize("bad", [5, ["a"]])
+async def test_an_agent_named_by_anything_but_text_is_refused_alike_on_both_stores(
+    store_url: str, bad: Any
+) -> None:
+    """`rt.sessions(agent=5)` listed nothing on SQLite and raised a bare TypeError on
+    PostgreSQL (a list the other way round), and a list as the agent of `generate` raised
+    one on both: each is now a named error and nothing is stored."""
+    async with so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url) as rt:
+        with pytest.raises(so.UsageError, match="agent must be text or None"):
+            await rt.sessions(agent=bad)
+        for start in (
+            lambda: rt.generate(bad, prompt="hi"),
+            lambda: rt.schedule(bad, "hi"),
+            lambda: rt.create_session(bad),
+        ):
+            with pytest.raises(so.UnknownAgent, match="unknown agent"):
+                await start()
+        assert await rt.sessions() == []

@@ -38,6 +38,7 @@ from ._mirrors import followed, followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
+from ._sessions import check_session_id
 from ._settings import finite, flag
 from ._state import SessionState
 from ._sync import blocking_doc, twin
@@ -327,7 +328,6 @@ class Runtime(Workers):
                 limit=limit,
                 offset=offset,
             )
-        _check_page(flt.limit, flt.offset)
         return (await self.pending_page(flt))[0]
 
     async def pending_page(self, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
@@ -341,6 +341,8 @@ class Runtime(Workers):
         escalation and deadline, so a deadline passed there leaves it out or escalated too.
         """
         await self.open()
+        if not isinstance(flt, PendingFilter):
+            raise UsageError(f"the filter must be a stores.PendingFilter, not {type(flt).__name__}")
         _check_page(flt.limit, flt.offset)
         page = await self.store.pending(flt)
         now = self.now()
@@ -366,6 +368,8 @@ class Runtime(Workers):
         recorded first (the turn fails), or else shown so: the page may then come back short."""
         await self.open()
         _check_page(limit, offset)
+        if agent is not None and not isinstance(agent, str):  # else each store did otherwise
+            raise UsageError(f"agent must be text or None, not {agent!r}")
         if status is not None and status not in _SESSION_STATUSES:  # else silently nothing
             raise UsageError(
                 f"status must be one of {', '.join(_SESSION_STATUSES)}, not {status!r}"
@@ -406,6 +410,7 @@ class Runtime(Workers):
             # silence) or overflowed the store's integers.
             raise UsageError(f"after must be an event seq, a whole number from 0, not {after!r}")
         flag("follow", follow)
+        check_session_id(session_id)
         await self.open()
         if await self.store.head(session_id) is None:
             raise UnknownSession(session_id)

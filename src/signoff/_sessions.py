@@ -49,7 +49,7 @@ from ._types import ModelResponse, Principal
 from .models import ModelRequest
 from .stores import Store, open_store
 
-__all__ = ["SessionRunner"]
+__all__ = ["SessionRunner", "check_session_id"]
 
 log = logging.getLogger("signoff.runtime")
 
@@ -62,6 +62,12 @@ def _unfinished(state: SessionState) -> bool:
     answers already accepted (`respond(resume=False)`)."""
     turn = state.turn
     return turn is not None and turn.status in ("running", "waiting") and runnable(state)
+
+
+def check_session_id(session_id: object) -> None:
+    """Refuse an id that is not text by name: one store found no such session, another raised."""
+    if not isinstance(session_id, str):
+        raise UsageError(f"session_id must be text, not {type(session_id).__name__}")
 
 
 class _NotRun:
@@ -194,11 +200,11 @@ class SessionRunner(Leasing):
 
     def agent(self, name: str) -> Agent:
         """The agent called `name`, or an `UnknownAgent` naming the ones this runtime has."""
-        try:
-            return self.agents[name]
-        except KeyError:
+        spec = self.agents.get(name) if isinstance(name, str) else None  # a list is unhashable
+        if spec is None:
             known = ", ".join(self.agents) or "none"
-            raise UnknownAgent(f"unknown agent {name!r}; this runtime has: {known}") from None
+            raise UnknownAgent(f"unknown agent {name!r}; this runtime has: {known}")
+        return spec
 
     async def _state(self, session_id: str) -> SessionState:
         """The session as its events fold it, checked against the store's head (a passed TTL
@@ -207,6 +213,7 @@ class SessionRunner(Leasing):
 
     async def _state_at(self, session_id: str, head: int | None) -> SessionState:
         """`_state`, checked against `head` if the caller just read it (with a lease) instead."""
+        check_session_id(session_id)
         await self.open()
         cached = self._cache.get(session_id)
         if cached is not None:
@@ -248,6 +255,7 @@ class SessionRunner(Leasing):
         caller's token on it, if any, and `head` the session's head when it was granted.
         `trust_cache` skips the store's head when nothing is due on the cached state: a stale
         cache makes the caller's append conflict instead."""
+        check_session_id(session_id)
         now = self.now()
         cached = self._cache.get(session_id) if trust_cache else None
         if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
