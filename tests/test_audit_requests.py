@@ -12,7 +12,7 @@ import pytest
 import signoff as so
 from signoff import _audit_requests as audit_trail_requests
 from signoff import _audit_trail as audit_trail
-from signoff.stores import Store
+from signoff.stores import Commit, Store
 from signoff.stores._base import RequestRow
 from signoff.stores._codec import pack_bytes
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
@@ -387,3 +387,25 @@ async def test_request_rows_are_read_a_page_at_a_time_to_the_last(
         rows = await audit_trail_requests.request_rows(rt.store, session_id=sid)
         assert len(rows) == 2
         assert await rt.verify_audit(sid) == [] and await rt.verify_audit() == []
+
+
+async def test_an_entry_naming_another_sessions_request_leaves_that_row_alone(
+    store_url: str,
+) -> None:
+    """A request is followed only through its own session's entries: a chained entry of another
+    session that names its id neither resolves it nor makes its row differ from the trail,
+    though it comes early in that session's chain."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund and wipe", auth=ALICE)
+        created = so.Event(session_id="ses_other", seq=1, type="session.created", at=clock.now)
+        await rt.store.create_session("ses_other", "support", [created], None)
+        named = so.Event(
+            session_id="ses_other",
+            seq=2,
+            type="input.resolved",
+            at=clock.now,
+            data={"request_id": r.pending[0].id, "status": "settled", "outcome": "approved"},
+        )
+        await rt.store.commit(Commit(session_id="ses_other", expected_seq=1, events=[named]))
+        assert await rt.verify_audit() == [] and await rt.verify_audit(r.session_id) == []
