@@ -3,12 +3,17 @@ resolution, or a pending one's data, changed in its row behind signoff's back is
 `verify_audit`, on both stores; rows that only follow the trail are not."""
 
 import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
 import signoff as so
+from signoff import _audit_requests as audit_trail_requests
 from signoff import _audit_trail as audit_trail
+from signoff.stores import Commit, Store
+from signoff.stores._base import RequestRow
 from signoff.stores._codec import pack_bytes
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
@@ -316,3 +321,91 @@ async def test_rows_and_requests_are_paired_across_pages_of_sessions(
     whole, paged = await found()
     assert whole == paged and {s for s, *_ in paged} == {a, b}
     assert all(moved not in r and into_a not in r for *_, r in paged)
+
+
+class _CommitsAfterRows:
+    """A store on which `then` commits just after verification read the request rows, before
+    it reads the entries: as another process answering or asking meanwhile does."""
+
+    def __init__(self, store: Store, then: Callable[[], Awaitable[object]]) -> None:
+        self._store = store
+        self._then: Callable[[], Awaitable[object]] | None = then
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    async def stored_requests(self, **scope: Any) -> list[RequestRow]:
+        rows: list[RequestRow] = await self._store.stored_requests(**scope)
+        then, self._then = self._then, None
+        if then is not None:
+            await then()
+        return rows
+
+
+@pytest.mark.parametrize("stream", [True, False])
+async def test_requests_answered_or_asked_while_verifying_are_not_named(
+    store_url: str, stream: bool
+) -> None:
+    """A row is checked against the trail as it was when the row was read, and a request asked
+    after its session's head was read is not missing its row: a commit landing mid-check (an
+    answer, a new request) is no tampering."""
+    a = scripted_agent(
+        "ops",
+        [
+            call_tools(call("wipe", disk="sda")),
+            reply("wiped"),
+            call_tools(call("wipe", disk="sdb")),
+        ],
+        tools=[wipe],
+    )
+    async with so.Runtime([a], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="wipe sda", auth=ALICE)
+        sid = r.session_id
+
+        async def answer() -> None:
+            approve = so.InputResponse(request_id=r.pending[0].id, option_id="approve")
+            assert (await rt.respond(sid, [approve], principal=ALICE)).status == "completed"
+
+        async def ask() -> None:
+            assert (await rt.generate(session_id=sid, prompt="wipe sdb")).status == "waiting"
+
+        for then in (answer, ask):
+            racing = cast(Store, _CommitsAfterRows(rt.store, then))
+            assert await audit_trail.verify(racing, stream=sid if stream else None) == []
+        assert await rt.verify_audit() == [] and await rt.verify_audit(sid) == []
+
+
+async def test_request_rows_are_read_a_page_at_a_time_to_the_last(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's request rows fill more than one page: each page is read, the last one too,
+    so no request is named as missing its row."""
+    monkeypatch.setattr(audit_trail_requests, "PAGE", 1)
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        rows = await audit_trail_requests.request_rows(rt.store, session_id=sid)
+        assert len(rows) == 2
+        assert await rt.verify_audit(sid) == [] and await rt.verify_audit() == []
+
+
+async def test_an_entry_naming_another_sessions_request_leaves_that_row_alone(
+    store_url: str,
+) -> None:
+    """A request is followed only through its own session's entries: a chained entry of another
+    session that names its id neither resolves it nor makes its row differ from the trail,
+    though it comes early in that session's chain."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund and wipe", auth=ALICE)
+        created = so.Event(session_id="ses_other", seq=1, type="session.created", at=clock.now)
+        await rt.store.create_session("ses_other", "support", [created], None)
+        named = so.Event(
+            session_id="ses_other",
+            seq=2,
+            type="input.resolved",
+            at=clock.now,
+            data={"request_id": r.pending[0].id, "status": "settled", "outcome": "approved"},
+        )
+        await rt.store.commit(Commit(session_id="ses_other", expected_seq=1, events=[named]))
+        assert await rt.verify_audit() == [] and await rt.verify_audit(r.session_id) == []

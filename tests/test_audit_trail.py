@@ -184,8 +184,9 @@ async def test_an_export_is_verified_without_the_database(store_url: str, tmp_pa
         (rows[settled]["id"], sid, "content does not match")
     ]
     removed = lines[:settled] + lines[settled + 1 :]
-    assert [(p.stream, p.n) for p in so.verify_audit_export(removed)] == [
-        (sid, rows[settled]["n"] + 1)
+    n = rows[settled]["n"]
+    assert [(p.stream, p.n, p.reason) for p in so.verify_audit_export(removed)] == [
+        (sid, n + 1, f"expected entry {n}")  # the reason names the entry missing
     ]
     swapped = [*lines[:settled], lines[settled + 1], lines[settled], *lines[settled + 2 :]]
     assert so.verify_audit_export(swapped)[0].n == rows[settled]["n"] + 1
@@ -391,3 +392,18 @@ async def test_the_streams_of_no_session_are_verified_a_bounded_window_at_a_time
                 assert hit[0] >= 3 and hit[1] >= 1  # open's two, `edge`; `second`
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("field", ["id", "n"])
+def test_an_export_line_with_true_for_a_number_is_not_an_entry(field: str) -> None:
+    """JSON `true` is no entry number, though Python counts a bool as an int: the line is named,
+    not checked as entry 1."""
+    data = {"tool": "wipe"}
+    digest = chain_hash(None, stream="s", n=1, type="tool.started", at=1.0, seq=None, data=data)
+    entry = {"id": 1, "stream": "s", "n": 1, "type": "tool.started", "at": 1.0, "seq": None}
+    entry |= {"data": data, "prev": None, "hash": digest}
+    assert so.verify_audit_export([json.dumps(entry)]) == []
+    problems = so.verify_audit_export([json.dumps({**entry, field: True})])
+    assert [(p.id, p.n, p.reason) for p in problems] == [
+        (1, 0, "line 1 is not an audit entry: id and n must be whole numbers")
+    ]

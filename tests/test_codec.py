@@ -9,9 +9,11 @@ import pytest
 
 import signoff as so
 from signoff._events import EVENT_TYPES
+from signoff.stores import Commit, Store
 from signoff.stores._codec import (
     CHAIN_MAX,
     EventTexts,
+    PerSession,
     Tails,
     event_text,
     needs_previous,
@@ -25,6 +27,9 @@ from signoff.stores._codec import (
     unpack_text,
 )
 from signoff.testing import call, call_tools, reply, scripted_agent
+
+from ._procs import query
+from .conftest import make_store
 
 PROSE = " ".join(["the parcel arrived damaged and the customer asks for a refund"] * 8)
 
@@ -219,3 +224,123 @@ def test_tails_answer_only_for_the_head_they_saw_and_keep_the_most_recent() -> N
     tails.put("c", 1, ("text c", 0))  # over `keep`: the least recent (b) goes
     assert not tails.knows("b", 3) and tails.get("a", 7) == ("text a2", 1)
     assert tails.knows("c", 1)
+
+
+def test_the_stored_format_keeps_chains_of_at_most_two() -> None:
+    """Schema 3 fixed how far back an event may be stored (`EARLIER_JOIN` joins two rows): a
+    signoff that stored longer chains would write files the others of its schema cannot read."""
+    assert CHAIN_MAX == 2
+    previous = None
+    needs = []
+    for i in range(7):
+        packed, previous = pack_event({"n": i, "input": BIG_INPUT}, previous)
+        needs.append(needs_previous(packed))
+    assert needs == [False, True, True, False, True, True, False]
+
+
+def test_event_texts_read_a_run_with_gaps_from_the_rows_before_each() -> None:
+    """A run filtered by type skips rows: an event stored on one it skipped inflates from that
+    one, fetched, not from the event read just before it."""
+    values = [{"on": "input", "note": PROSE}, PROPOSED, REQUESTED]
+    stored: list[str | bytes] = []
+    previous = None
+    for value in values:
+        packed, previous = pack_event(value, previous)
+        stored.append(packed)
+    assert needs_previous(stored[2]) and not needs_previous(stored[0])
+    fetched: list[int] = []
+
+    def fetch(seq: int) -> list[str | bytes | None]:
+        fetched.append(seq)
+        return [stored[seq - i] if seq - i >= 0 else None for i in range(1, CHAIN_MAX + 1)]
+
+    texts = EventTexts(fetch)
+    assert [texts.value(0, stored[0]), texts.value(2, stored[2])] == [values[0], values[2]]
+    assert fetched == [2]
+
+
+async def test_events_read_by_type_inflate_from_the_rows_they_skip(store: Store) -> None:
+    """`read_events(types=...)` skips the event a request is stored on; it still reads back."""
+    sid = "ses_codec_types"
+    created = so.Event(session_id=sid, seq=1, type="session.created", at=1.0, data={"n": PROSE})
+    proposed = so.Event(session_id=sid, seq=2, type="model.completed", at=2.0, data=PROPOSED)
+    asked = so.Event(session_id=sid, seq=3, type="input.requested", at=3.0, data=REQUESTED)
+    await store.create_session(sid, "a", [created, proposed, asked], None)
+    read = await store.read_events(sid, types=["session.created", "input.requested"])
+    assert [(e.seq, e.data) for e in read] == [(1, created.data), (3, REQUESTED)]
+    assert [e.data for e in await store.read_events(sid)] == [created.data, PROPOSED, REQUESTED]
+
+
+def test_what_a_store_remembers_per_session_is_bounded() -> None:
+    """A process serving for weeks forgets what it kept of each session past `keep` of them."""
+    remembered: PerSession[int] = PerSession()
+    remembered.keep = 3
+    for i in range(3):
+        remembered[f"ses_{i}"] = i
+    remembered["ses_0"] = 10  # one it knows: nothing is forgotten
+    assert remembered == {"ses_0": 10, "ses_1": 1, "ses_2": 2}
+    remembered["ses_3"] = 3
+    assert remembered == {"ses_3": 3}
+
+
+def test_type_codes_are_the_ones_files_already_hold() -> None:
+    """Codes are forever: a file written by any signoff since schema 3 holds these letters, so
+    a code moved to another type would read its rows as the wrong event."""
+    written = dict(
+        zip(sorted(EVENT_TYPES), (stored_type(t) for t in sorted(EVENT_TYPES)), strict=True)
+    )
+    assert written == {
+        "approval.candidate": "j",
+        "approval.settled": "k",
+        "input.requested": "h",
+        "input.resolved": "l",
+        "model.completed": "d",
+        "session.created": "a",
+        "session.waiting": "q",
+        "tool.completed": "g",
+        "tool.started": "e",
+        "tool.step": "f",
+        "turn.cancelled": "p",
+        "turn.completed": "m",
+        "turn.failed": "n",
+        "turn.message": "c",
+        "turn.resumed": "o",
+        "turn.started": "b",
+        "turn.waiting": "i",
+    }
+    assert all(type_name(code) == name for name, code in written.items())
+
+
+async def test_no_event_is_stored_on_an_audited_one(store_url: str) -> None:
+    """An audited event altered in the log is named at its entry alone: the event after it,
+    however much it repeats it, is never stored on it, on either store, in the same commit or
+    in a later one by a store that reads the head back."""
+    sid = "ses_codec_audited"
+    asked, answered = "input.requested", "model.completed"
+    events = [so.Event(session_id=sid, seq=1, type="session.created", at=1.0, data={})] + [
+        so.Event(session_id=sid, seq=seq, type=t, at=float(seq), data=REQUESTED)  # type: ignore[arg-type]
+        for seq, t in enumerate([asked, answered, asked, answered, answered], 2)
+    ]
+    for batch in (events[:4], events[4:]):  # a store opened anew for each: nothing at hand
+        store = make_store(store_url)
+        await store.open()
+        try:
+            if batch[0].seq == 1:
+                await store.create_session(sid, "a", batch, None)
+            else:
+                await store.commit(Commit(session_id=sid, expected_seq=4, events=batch))
+            read = await store.read_events(sid)
+            assert [e.data for e in read] == [e.data for e in events[: batch[-1].seq]]
+        finally:
+            await store.close()
+    rows = query(
+        store_url,
+        "SELECT e.seq, e.data FROM {t}events e JOIN {t}sessions s ON s.sk = e.sk "
+        "WHERE s.id = {p} ORDER BY e.seq",
+        sid,
+    )
+    stored = {seq: bytes(data) if isinstance(data, memoryview) else data for seq, data in rows}
+    # 3 and 5 repeat the audited 2 and 4 in full (5 written by a store that read 4 back);
+    # the audited 4 may be stored on 3, and 6 is stored on 5
+    needs = [needs_previous(stored[seq]) for seq in range(2, 7)]
+    assert needs == [False, False, True, False, True]
