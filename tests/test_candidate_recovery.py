@@ -11,7 +11,7 @@ from pathlib import Path
 
 import signoff as so
 from tests._candidate_child import make_agent
-from tests.test_workers import is_, until, working
+from tests._workers import is_, until, working
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,10 +20,10 @@ from signoff.channels import Channel, ChannelHub, ChannelState, WebhookChannel
 from signoff.channels._base import off_loop
 from signoff.testing import ManualClock
 
+from ._channel_state import Seen, gated, open_one
 from ._channels import Texts
 from ._locks import holding
 from ._slack import FakeSlack, channel, manual, refund_runtime, sign
-from .test_channel_state import Seen, gated, open_one
 from .test_slack_clicks import approve
 from .test_webhooks import SECRET, Receiver, refund_agent
 

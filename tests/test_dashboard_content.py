@@ -13,7 +13,7 @@ import httpx
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_dashboard import csrf_of, signed_in
+from ._dashboard import csrf_of, signed_in
 from .test_server_common import ALICE, TOKENS, auth, running
 
 

@@ -16,7 +16,7 @@ from signoff.server._forms import check_form, form_token
 from signoff.stores import SessionSummary
 from signoff.stores._audit import AuditRow
 
-from .test_dashboard import csrf_of, signed_in, start
+from ._dashboard import csrf_of, signed_in, start
 from .test_server_common import ALICE, BOB, auth, make_runtime, served
 
 SECRET = "forms-test-secret"

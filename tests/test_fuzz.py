@@ -32,7 +32,7 @@ from signoff.stores._codec import (
 )
 
 from . import _proof
-from .test_properties import AGENT, Runs, make_agent, prompt
+from ._properties import AGENT, Runs, make_agent, prompt
 
 FUZZ = settings(deadline=None, max_examples=200, suppress_health_check=[HealthCheck.too_slow])
 

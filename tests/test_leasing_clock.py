@@ -19,7 +19,7 @@ import signoff as so
 from signoff import _leasing as leasing
 from signoff.testing import ManualClock
 
-from .test_workers import is_, refund_agent, until, working
+from ._workers import is_, refund_agent, until, working
 
 ORDER = {"order_id": "1042", "amount": 180.0}
 

@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from signoff.server import create_app
 
-from .test_dashboard import csrf_of, signed_in, start
+from ._dashboard import csrf_of, signed_in, start
 from .test_server_common import auth, make_runtime, served
 
 

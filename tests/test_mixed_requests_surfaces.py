@@ -18,7 +18,7 @@ from signoff.cli import app as cli
 from signoff.server import TokenAuth, create_app
 from signoff.testing import store_contents
 
-from .test_dashboard import csrf_of, signed_in
+from ._dashboard import csrf_of, signed_in
 from .test_mixed_requests import (
     AGENTS,
     AT_ONCE,

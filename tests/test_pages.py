@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_dashboard import cookie_of, csrf_of, signed_in, start
+from ._dashboard import cookie_of, csrf_of, signed_in, start
 from .test_server_common import TOKENS, auth, make_runtime, running, served
 
 JSON = {"Accept": "application/json"}

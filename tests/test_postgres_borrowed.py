@@ -87,16 +87,6 @@ async def one(cluster: PgCluster, pg_store_url: str) -> AsyncIterator[PostgresSt
         await store.close()
 
 
-@pytest.fixture
-async def pg(pg_store_url: str) -> AsyncIterator[PostgresStore]:
-    store = PostgresStore(pg_store_url)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
 # -- the option ------------------------------------------------------------------------------
 
 

@@ -62,16 +62,6 @@ def settle(rid: str, outcome: str = "approved") -> Resolve:
 
 
 @pytest.fixture
-async def pg(pg_store_url: str) -> AsyncIterator[PostgresStore]:
-    store = PostgresStore(pg_store_url)
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
-@pytest.fixture
 async def two(pg_store_url: str) -> AsyncIterator[tuple[PostgresStore, PostgresStore]]:
     """Two stores on one database, as two processes would have."""
     a, b = PostgresStore(pg_store_url), PostgresStore(pg_store_url)

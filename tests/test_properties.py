@@ -1,9 +1,10 @@
-"""Property tests: a Hypothesis state machine over the runtime API, and the reply matcher.
+"""Property tests: a Hypothesis state machine over the runtime API.
 
 The machine drives random interleavings of new sessions, messages, answers (by id, label and
 index, or from a second runtime), duplicate and forged answers, cancels and restarts on one
 store (a SQLite file, or a fresh PostgreSQL schema), keeps a model of what must be true, and
-checks the durable invariants after every step through the public API.
+checks the durable invariants after every step through the public API. The reply matcher's
+properties are in test_properties_answers.py.
 """
 
 from __future__ import annotations
@@ -12,12 +13,11 @@ import asyncio
 import shutil
 import tempfile
 from collections import Counter
-from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
-from typing import Any, NoReturn, TypeVar
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -29,121 +29,20 @@ from hypothesis.stateful import (
 )
 
 import signoff as so
-from signoff._answers import match
-from signoff._types import APPROVAL_OPTIONS, Message, Option, match_option
-from signoff.testing import call, call_tools, reply
+from signoff._types import match_option
 
 from . import _proof
-
-T = TypeVar("T")
-
-AGENT = "shop"
-TOOLS = ("refund", "ship", "note")
-SHIPPING = [{"id": "std", "label": "Standard"}, {"id": "exp", "label": "Express delivery"}]
-ANSWERED_ELSEWHERE = {"approved", "cancelled", "answered"}  # outcomes a person's answer records
-AUDITED = {
-    "input.requested",
-    "approval.candidate",
-    "approval.settled",
-    "input.resolved",
-    "tool.started",
-    "tool.completed",
-    "turn.cancelled",
-}
-"""The event types the audit trail records (docs/audit.md)."""
-
-
-# -- the agent: tools that count their runs, and a model that follows the user's plan ----------
-
-
-@dataclass
-class Runs:
-    """Every time a tool body got past its approval and questions, keyed by idempotency key."""
-
-    count: Counter[str] = field(default_factory=Counter)
-    where: dict[str, tuple[str, str, str]] = field(default_factory=dict)  # key -> sid, call, tool
-
-    def ran(self, ctx: so.ToolContext) -> None:
-        key = ctx.idempotency_key()
-        self.count[key] += 1
-        self.where[key] = (ctx.session.id, ctx.call_id, ctx.tool_name)
-
-
-REASON = " ".join(
-    f"line {i}: the parcel was opened and item {i * 5 % 11} is missing" for i in range(12)
+from ._properties import (
+    AGENT,
+    AUDITED,
+    TOOLS,
+    Request,
+    Runs,
+    Session,
+    T,
+    make_agent,
+    prompt,
 )
-"""A refund's long reason makes its approval request be stored on the model's response, so the
-machine also reads back rows that need the one before them."""
-
-
-def make_agent(runs: Runs) -> so.Agent:
-    @so.tool(approval=so.always())
-    async def refund(ctx: so.ToolContext, order: str, reason: str) -> dict[str, str]:
-        """Refund an order."""
-        runs.ran(ctx)
-        return {"refunded": order}
-
-    @so.tool
-    async def ship(ctx: so.ToolContext, order: str) -> dict[str, str | None]:
-        """Ship an order the way the customer picks."""
-        answer = await ctx.ask("How should we ship?", options=SHIPPING, allow_text=False)
-        runs.ran(ctx)
-        return {"shipped": order, "by": answer.option_id}
-
-    @so.tool
-    async def note(ctx: so.ToolContext, text: str) -> dict[str, str]:
-        """Write a note."""
-        runs.ran(ctx)
-        return {"noted": text}
-
-    def brain(messages: list[Message]) -> so.ModelResponse:
-        last = messages[-1]
-        if isinstance(last, so.UserMessage):
-            turn = sum(isinstance(m, so.UserMessage) for m in messages)
-            if not last.text.startswith("plan:"):
-                return reply("noted")
-            plan = last.text.split(":", 1)[1].split()
-            calls = [
-                call(
-                    name,
-                    id=f"t{turn}c{i}",
-                    **({"text": "hi"} if name == "note" else {"order": f"{turn}"}),
-                    **({"reason": REASON} if name == "refund" else {}),
-                )
-                for i, name in enumerate(plan)
-            ]
-            return call_tools(*calls) if calls else reply("nothing to do")
-        done = [m for m in messages if isinstance(m, so.ToolResultMessage)]
-        return reply(f"done: {len(done)} results")
-
-    return so.Agent(
-        name=AGENT, model=so.models.Scripted([brain], repeat_last=True), tools=[refund, ship, note]
-    )
-
-
-def prompt(plan: list[str]) -> str:
-    return "plan:" + " ".join(plan)
-
-
-# -- the model of what must be true ---------------------------------------------------------------
-
-
-@dataclass
-class Request:
-    id: str
-    session_id: str
-    kind: str
-    tool: str | None
-    answer: dict[str, Any] | None = None  # how it was settled (to repeat or contradict it)
-    outcome: str | None = None  # None while pending
-
-
-@dataclass
-class Session:
-    id: str
-    status: str = "idle"
-    events: list[dict[str, Any]] = field(default_factory=list)  # every event seen so far
-    plans: list[list[str]] = field(default_factory=list)
 
 
 class RuntimeMachine(RuleBasedStateMachine):
@@ -662,204 +561,3 @@ def test_runtime_machine_on_postgres(pg_store_url: str) -> None:
         run_state_machine_as_test(PostgresRuntimeMachine, settings=machine_settings(PG_EXAMPLES))
     finally:
         PostgresRuntimeMachine.database = ""
-
-
-# -- the follow-up-message matcher and option matching ------------------------------------------
-
-labels = st.text(min_size=1, max_size=20).filter(lambda s: s.strip() != "")
-json_values = st.recursive(
-    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=10)),
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=8), inner, max_size=3)
-    ),
-    max_leaves=8,
-)
-
-
-class Parked(Exception):
-    """Raised by the fake journal where the engine would park the turn."""
-
-
-class OneQuestion:
-    """A journal that records the question `ctx.ask()` opens, then parks."""
-
-    can_ask = True
-    keyed = True
-
-    def __init__(self) -> None:
-        self.options: list[Option] | None = None
-
-    def entries(self) -> list[dict[str, Any] | None]:
-        return []
-
-    def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]:
-        return "pending", None
-
-    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any:
-        raise AssertionError("no steps here")
-
-    async def open_question(
-        self, index: int, question: str, options: list[Option], allow_text: bool
-    ) -> str:
-        self.options = options
-        return "req_1"
-
-    async def park(self) -> NoReturn:
-        raise Parked
-
-    async def settle(self) -> None:
-        pass
-
-
-option_specs = st.lists(
-    st.one_of(labels, st.fixed_dictionaries({"label": labels}), json_values), max_size=5
-)
-
-
-@given(raw=option_specs)
-@settings(deadline=None)
-def test_ask_takes_any_options_or_refuses_them_as_usage_errors(raw: list[Any]) -> None:
-    """`ctx.ask(options=...)` with anything: the question opens with distinct option ids that
-    each round-trip by id, or the call is refused as a UsageError."""
-    _proof.record("hypothesis:test_ask_options:examples")
-    journal = OneQuestion()
-    auth = so.SessionAuth(current=None, initiator=None)
-    ctx = so.ToolContext(
-        session=so.SessionInfo(id="ses_1", agent=AGENT, turn="trn_1", auth=auth),
-        call_id="call_1",
-        tool_name="ship",
-        idempotency_key="ses_1:1:call_1",
-        journal=journal,
-    )
-    try:
-        asyncio.run(ctx.ask("Which one?", options=raw, allow_text=True))
-    except so.UsageError as exc:
-        assert str(exc).startswith("ctx.ask(): "), exc
-        return
-    except Parked:
-        pass
-    assert journal.options is not None and len(journal.options) == len(raw)
-    ids = [o.id for o in journal.options]
-    assert len(set(ids)) == len(ids)
-    options = journal.options
-    for i, o in enumerate(options):
-        # Typing an option's id picks that option, unless the same text also names another
-        # option (its label, or its 1-based number): then it picks none rather than guess.
-        t = o.id.strip().casefold()
-        also = [
-            p
-            for j, p in enumerate(options)
-            if j != i
-            and (
-                t == p.label.strip().casefold()
-                or (t.isdecimal() and len(t) <= 9 and int(t) == j + 1)
-            )
-        ]
-        got = match_option(options, o.id)
-        if also:
-            assert got is None, (o, also)
-        else:
-            assert got is not None and got.id == o.id, (o, got)
-
-
-replies = st.one_of(
-    st.text(max_size=40),
-    st.from_regex(r"\s*(approve|deny|cancel|[0-9²³¹①١٢]{1,3})\s*", fullmatch=True),
-)
-
-
-@given(text=replies)
-@settings(deadline=None)
-def test_approval_replies_never_crash(text: str) -> None:
-    """Any text either names approve/deny by id, label (any case, padded) or index, or nothing."""
-    _proof.record("hypothesis:test_approval_replies:examples")
-    option = match_option(APPROVAL_OPTIONS, text)
-    t = text.strip().casefold()
-    expected = {"approve": "approve", "deny": "cancel", "cancel": "cancel"}.get(t)
-    if t.isdecimal() and int(t) in (1, 2):
-        expected = ["approve", "cancel"][int(t) - 1]
-    assert (None if option is None else option.id) == expected
-
-
-@pytest.mark.parametrize("text", ["²", "³", "①", "2²"])
-def test_a_digit_that_is_not_a_number_is_no_index(text: str) -> None:
-    # Regression: str.isdigit() accepts superscripts, which int() refuses (ValueError escaped).
-    assert match_option(APPROVAL_OPTIONS, text) is None
-
-
-unique_options = st.lists(
-    st.builds(
-        Option,
-        id=st.text(min_size=1, max_size=12).filter(lambda s: s.strip() != ""),
-        label=st.text(min_size=1, max_size=20).filter(lambda s: s.strip() != ""),
-    ),
-    min_size=1,
-    max_size=5,
-    unique_by=lambda o: o.id,
-)
-
-
-@given(options=unique_options, data=st.data())
-@settings(deadline=None)
-def test_an_option_round_trips_by_id_label_and_index(options: list[Option], data: Any) -> None:
-    """Typing an option's id, label (any case, any surrounding whitespace) or 1-based index picks
-    the one option that answers to that text; when two different options answer to it (one's
-    label is another's id or number, two share a label), it picks none rather than guess."""
-    _proof.record("hypothesis:test_option_round_trip:examples")
-    i = data.draw(st.integers(0, len(options) - 1))
-    o = options[i]
-    pad = data.draw(st.sampled_from(["", " ", "\t", "  \n"]))
-
-    def answering(t: str) -> set[str]:
-        """The ids of the options that answer to the typed text `t` (folded)."""
-        return {
-            p.id
-            for j, p in enumerate(options)
-            if t in (p.id.strip().casefold(), p.label.strip().casefold())
-            or (t.isdecimal() and len(t) <= 9 and int(t) == j + 1)
-        }
-
-    for typed in (o.id, o.label):
-        for variant in (typed, typed.upper(), typed.lower(), typed.swapcase()):
-            got = match_option(options, pad + variant + pad)
-            t = (pad + variant + pad).strip().casefold()
-            if t != typed.strip().casefold():
-                continue  # casing changed the text itself (e.g. ß -> SS): not the same reply
-            who = answering(t)
-            assert o.id in who
-            if len(who) == 1:
-                assert got is o, (variant, options)
-            else:
-                assert got is None, (variant, options, who)
-    index = match_option(options, f" {i + 1} ")
-    who = answering(str(i + 1))
-    assert index is (o if who == {o.id} else None), (i, options, who)
-
-
-@given(text=st.text(max_size=60), allow_text=st.booleans(), options=unique_options)
-@settings(deadline=None)
-def test_the_message_matcher_answers_or_passes(
-    text: str, allow_text: bool, options: list[Option]
-) -> None:
-    """A follow-up message either names an option, is free text the question accepts, or is
-    not an answer at all (None); it never raises."""
-    _proof.record("hypothesis:test_message_matcher:examples")
-    request = so.InputRequest(
-        kind="question",
-        id="req_1",
-        session_id="ses_1",
-        turn_id="trn_1",
-        agent=AGENT,
-        question="Which one?",
-        options=options,
-        allow_text=allow_text,
-        created_at=0.0,
-    )
-    got = match(request, text)
-    option = match_option(options, text)
-    if option is not None:
-        assert got is not None and got.option_id == option.id and got.text is None
-    elif allow_text:
-        assert got is not None and got.option_id is None and got.text == text
-    else:
-        assert got is None

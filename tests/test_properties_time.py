@@ -14,10 +14,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import tempfile
-from collections import Counter
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -25,134 +23,29 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 import signoff as so
-from signoff._deadlines import TIMED_OUT, is_due
-from signoff._types import Message
+from signoff._deadlines import is_due
 from signoff.stores import PendingFilter
-from signoff.testing import ManualClock, call, call_tools, reply
+from signoff.testing import ManualClock
 
 from . import _proof
-
-T = TypeVar("T")
-
-AGENT = "desk"
-TTL = 200.0
-EXPIRED = "session expired"
-TOOLS = ("pay", "ship", "deploy", "wire", "note")
-ALICE = so.Principal(authenticator="sso", principal_id="alice")  # starts every session
-BOB = so.Principal(authenticator="sso", principal_id="bob")
-CAROL = so.Principal(authenticator="sso", principal_id="carol")
-ALICE_LOCAL = so.Principal(authenticator="local", principal_id="alice")  # alice, elsewhere
-FIONA = so.Principal(authenticator="sso", principal_id="fiona", attributes={"groups": ["finance"]})
-PEOPLE: dict[str, so.Principal | None] = {
-    "alice": ALICE,
-    "alice@local": ALICE_LOCAL,
-    "bob": BOB,
-    "carol": CAROL,
-    "fiona": FIONA,
-    "nobody": None,
-}
-# tool -> (expires_in, on_timeout); `note` asks nobody.
-DEADLINES = {"pay": (60.0, "deny"), "ship": (90.0, "approve"), "deploy": (120.0, "deny")}
-DEADLINES["wire"] = (60.0, "escalate")
-STEPS = [0.5, 1.0, 30.0, 59.0, 60.0, 61.0, 119.0, 120.0, 199.0, 200.0, 201.0, 400.0]
-
-
-@dataclass
-class Runs:
-    """How many times each tool body ran, by idempotency key."""
-
-    count: Counter[str] = field(default_factory=Counter)
-    where: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> session, call id
-
-
-@dataclass
-class Slow:
-    """Seconds the response policy takes (it moves the clock while it decides)."""
-
-    seconds: float = 0.0
-
-
-def make_agent(runs: Runs, clock: ManualClock, slow: Slow) -> so.Agent:
-    def ran(ctx: so.ToolContext) -> dict[str, str]:
-        key = ctx.idempotency_key()
-        runs.count[key] += 1
-        runs.where[key] = (ctx.session.id, ctx.call_id)
-        return {"ran": ctx.tool_name}
-
-    @so.tool(approval=so.always(expires_in=60))
-    async def pay(ctx: so.ToolContext, order: str) -> dict[str, str]:
-        """Pay an invoice."""
-        return ran(ctx)
-
-    @so.tool(approval=so.always(expires_in=90, on_timeout="approve"))
-    async def ship(ctx: so.ToolContext, order: str) -> dict[str, str]:
-        """Ship an order."""
-        return ran(ctx)
-
-    @so.tool(approval=so.always(approvers=2, exclude_requester=True, expires_in=120))
-    async def deploy(ctx: so.ToolContext, order: str) -> dict[str, str]:
-        """Deploy a release."""
-        return ran(ctx)
-
-    async def finance(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
-        """The requester may answer; once escalated, members of the group may too."""
-        clock.advance(slow.seconds)  # a slow policy: the deadline may pass while it decides
-        who = ctx.response.principal
-        if who is not None and who.same_as(ctx.request.principal):
-            return so.Allowed()
-        group = ctx.request.escalated_to
-        if group is not None and who is not None and group in who.attributes.get("groups", []):
-            return so.Allowed()
-        return so.Rejected("not the requester nor in the group it was escalated to")
-
-    spec = so.ApprovalSpec(
-        request=so.always(),
-        response=finance,
-        expires_in=60,
-        on_timeout="escalate",
-        escalate_to="finance",
-    )
-
-    @so.tool(approval=spec)
-    async def wire(ctx: so.ToolContext, order: str) -> dict[str, str]:
-        """Wire money."""
-        return ran(ctx)
-
-    @so.tool
-    async def note(ctx: so.ToolContext, order: str) -> dict[str, str]:
-        """Write a note."""
-        return ran(ctx)
-
-    def brain(messages: list[Message]) -> so.ModelResponse:
-        last = messages[-1]
-        if isinstance(last, so.UserMessage):
-            turn = sum(isinstance(m, so.UserMessage) for m in messages)
-            if not last.text.startswith("plan:"):
-                return reply("noted")
-            plan = last.text.split(":", 1)[1].split()
-            calls = [call(n, id=f"t{turn}c{i}", order=str(turn)) for i, n in enumerate(plan)]
-            return call_tools(*calls) if calls else reply("nothing to do")
-        return reply("done")
-
-    return so.Agent(
-        name=AGENT,
-        model=so.models.Scripted([brain], repeat_last=True),
-        tools=[pay, ship, deploy, wire, note],
-        limits=so.Limits(ttl=TTL),
-    )
-
-
-def prompt(plan: list[str]) -> str:
-    return "plan:" + " ".join(plan)
-
-
-@dataclass
-class Request:
-    """What the machine knows of a request: where it is, which tool asked."""
-
-    id: str
-    session_id: str
-    tool: str
+from ._properties_time import (
+    AGENT,
+    ALICE,
+    ALICE_LOCAL,
+    DEADLINES,
+    PEOPLE,
+    STEPS,
+    TOOLS,
+    TTL,
+    Request,
+    Runs,
+    Slow,
+    T,
+    _expiry,
+    check_requests,
+    make_agent,
+    prompt,
+)
 
 
 class ClockMachine(RuleBasedStateMachine):
@@ -540,82 +433,6 @@ class ClockMachine(RuleBasedStateMachine):
         assert self.run(self.rt.verify_audit()) == []
 
 
-def _expiry(e: dict[str, Any]) -> bool:
-    """Whether `e` records a session's TTL passing."""
-    return e["type"] in ("input.resolved", "turn.failed") and e["data"].get("reason") == EXPIRED
-
-
-def check_requests(log: list[dict[str, Any]]) -> None:
-    """Walk one session's log: every request is decided by a person only before its deadline
-    (or after its escalation, by the group), its on-timeout action is applied at most once and
-    only once the deadline passed, and a quorum counts distinct eligible people."""
-    asked: dict[str, dict[str, Any]] = {}
-    escalated: dict[str, float] = {}
-    votes: dict[str, list[str]] = {}
-    resolved: dict[str, dict[str, Any]] = {}
-    auto: set[str] = set()
-    for e in log:
-        d, at = e["data"], e["at"]
-        if e["type"] == "input.requested":  # a request's defaults are left out of its data
-            for r in d["requests"]:
-                asked[r["id"]] = {"on_timeout": "deny", **r}
-                votes[r["id"]] = []
-            continue
-        rid = d.get("request_id")
-        if rid is None or rid not in asked:
-            continue
-        r = asked[rid]
-        deadline = None if rid in escalated else r.get("expires_at")
-        tool = (r.get("action") or {}).get("tool_name")
-        if e["type"] == "approval.candidate":
-            outcome = d["outcome"]
-            if outcome in ("pending", "rejected", "stale", "failed", "timed-out"):
-                continue
-            assert rid not in resolved, f"{rid}: {outcome} after it closed"
-            if outcome == "escalated":
-                assert rid not in escalated and r["on_timeout"] == "escalate", d
-                assert deadline is not None and at >= deadline, (at, deadline)
-                escalated[rid] = at
-                continue
-            assert outcome == "counted", d
-            assert deadline is None or at < deadline, f"{rid}: a vote counted after the deadline"
-            who = d["by"]["principal_id"]
-            assert who not in votes[rid], f"{rid}: {who} counted twice"
-            assert who != "alice", f"{rid}: the requester counted"
-            votes[rid].append(who)
-        elif e["type"] == "approval.settled":
-            assert rid not in resolved, f"{rid}: settled after it closed"
-            if d.get("auto") == "timeout":
-                assert d["by"] is None and r["on_timeout"] == "approve", d
-                assert deadline is not None and at >= deadline, (at, deadline)
-                assert rid not in auto, f"{rid}: approved twice on timeout"
-                auto.add(rid)
-                continue
-            assert deadline is None or at < deadline, f"{rid}: settled by a person at {at}"
-            who = (d.get("by") or {}).get("principal_id")
-            if tool in ("pay", "ship"):
-                assert who == "alice", d
-            elif tool == "deploy":
-                assert who not in (None, "alice"), d
-                if d["decision"] == "approve":
-                    by = d["approved_by"]
-                    assert len(by) == 2 and len(set(by)) == 2 and "alice" not in by, d
-            elif tool == "wire":
-                assert who == "alice" or (who == "fiona" and rid in escalated), d
-        elif e["type"] == "input.resolved":
-            assert rid not in resolved, f"{rid} resolved twice"
-            resolved[rid] = d
-            if d["outcome"] != "expired":
-                continue
-            if d.get("reason") == EXPIRED:
-                continue  # the session's TTL: checked with the log's times
-            assert d.get("reason") == TIMED_OUT, d
-            assert r["on_timeout"] in ("deny", "approve") and rid not in escalated, d
-            assert deadline is not None and at >= deadline, (at, deadline)
-            assert (rid in auto) == (r["on_timeout"] == "approve"), f"{rid}: on_timeout missed"
-    assert auto <= set(resolved), "approved on timeout but never closed"
-
-
 ClockMachine.TestCase.settings = settings(
     max_examples=100,
     stateful_step_count=30,
@@ -624,132 +441,3 @@ ClockMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestClockMachine = ClockMachine.TestCase
-
-
-# -- regressions the machine found ----------------------------------------------------------------
-
-
-def slow_policy_agent(
-    clock: ManualClock, runs: Runs, on_timeout: Any, approvers: int = 1
-) -> so.Agent:
-    """Agent `slow`: `wire` has a 60 s deadline and a response policy that takes 61 s."""
-
-    async def finance(ctx: so.ResponseContext) -> so.Allowed | so.Rejected:
-        clock.advance(61)
-        who = ctx.response.principal
-        if ctx.request.escalated_to is not None and who is not None and who.same_as(FIONA):
-            return so.Allowed()
-        return so.Allowed() if who is not None and who.same_as(ALICE) else so.Rejected("no")
-
-    spec = so.ApprovalSpec(
-        request=so.always(approvers=approvers),
-        response=finance,
-        expires_in=60,
-        on_timeout=on_timeout,
-        escalate_to="finance" if on_timeout == "escalate" else None,
-    )
-
-    @so.tool(approval=spec)
-    async def wire(ctx: so.ToolContext, order: str) -> dict[str, str]:
-        """Wire money."""
-        runs.count[ctx.idempotency_key()] += 1
-        return {"wired": order}
-
-    return so.Agent(
-        name="slow",
-        model=so.models.Scripted([call_tools(call("wire", order="1")), reply("over")]),
-        tools=[wire],
-    )
-
-
-def kinds(events: list[so.Event]) -> list[str]:
-    return [
-        f"{e.type} {e.data.get('outcome') or e.data.get('decision') or e.data.get('status')}"
-        if e.type in ("approval.candidate", "approval.settled", "input.resolved", "tool.completed")
-        else e.type
-        for e in events
-    ]
-
-
-@pytest.mark.parametrize("approvers", [1, 2])
-async def test_a_response_decided_past_the_deadline_does_not_settle(
-    store_url: str, approvers: int
-) -> None:
-    """Regression: a response policy slower than the time left recorded the approval (or a
-    quorum vote) after the deadline; the deadline wins, and the answer is refused as closed."""
-    clock, runs = ManualClock(), Runs()
-    agent = slow_policy_agent(clock, runs, "deny", approvers)
-    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
-        r = await rt.generate("slow", prompt="wire it", auth=ALICE)
-        (req,) = r.pending
-        mark = (await rt.store.head(r.session_id)) or 0
-        answer = [so.InputResponse(request_id=req.id, option_id="approve")]
-        with pytest.raises(so.RequestClosed, match="deadline"):
-            await rt.respond(r.session_id, answer, principal=ALICE)
-        events = [e async for e in rt.events(r.session_id, mark, follow=False)]
-        assert kinds(events) == [
-            "approval.candidate pending",
-            "approval.candidate stale",
-            "input.resolved expired",
-            "tool.completed expired",
-            "model.completed",
-            "turn.completed",
-            "session.waiting",
-        ]
-        assert req.expires_at is not None and all(e.at >= req.expires_at for e in events[1:])
-        assert runs.count == Counter()
-        stored = await rt.store.get_request(req.id)
-        assert stored is not None and stored.status == "expired"
-        check_requests([e.to_dict() async for e in rt.events(r.session_id, follow=False)])
-
-
-async def test_a_response_decided_past_an_escalation_deadline_is_stale(store_url: str) -> None:
-    """Regression: the same with `on_timeout="escalate"`: the request is escalated, the slow
-    answer counts for nothing, and the group can then settle it."""
-    clock, runs = ManualClock(), Runs()
-    agent = slow_policy_agent(clock, runs, "escalate")
-    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
-        r = await rt.generate("slow", prompt="wire it", auth=ALICE)
-        (req,) = r.pending
-        mark = (await rt.store.head(r.session_id)) or 0
-        answer = [so.InputResponse(request_id=req.id, option_id="approve")]
-        r = await rt.respond(r.session_id, answer, principal=ALICE)
-        (outcome,) = r.outcomes
-        assert (outcome.outcome, outcome.applied) == ("stale", False)
-        assert r.status == "waiting" and r.pending[0].escalated_to == "finance"
-        events = [e async for e in rt.events(r.session_id, mark, follow=False)]
-        assert kinds(events)[:3] == [
-            "approval.candidate pending",
-            "approval.candidate stale",
-            "approval.candidate escalated",
-        ]
-        assert runs.count == Counter()
-        r = await rt.respond(r.session_id, answer, principal=FIONA)
-        assert r.status == "completed" and sum(runs.count.values()) == 1
-        check_requests([e.to_dict() async for e in rt.events(r.session_id, follow=False)])
-
-
-@pytest.mark.parametrize("waiting", [True, False])
-async def test_cancelling_an_expired_session_does_not_bring_it_back(
-    store_url: str, waiting: bool
-) -> None:
-    """Regression: `cancel()` on a session past its TTL recorded a cancellation, and with it a
-    new TTL: the expired session took messages again. It is refused as expired, as any call."""
-    clock = ManualClock()
-    agent = make_agent(Runs(), clock, Slow())
-    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
-        plan = prompt(["pay"] if waiting else [])
-        r = await rt.generate(AGENT, prompt=plan, auth=ALICE)
-        assert r.status == ("waiting" if waiting else "completed")
-        clock.advance(TTL)
-        with pytest.raises(so.SessionExpired):
-            await rt.cancel(r.session_id, reason="stop", principal=ALICE)
-        state = await rt.state(r.session_id)
-        assert state.expired(clock.now) and state.pending_requests() == []
-        assert state.status == ("failed" if waiting else "idle")
-        with pytest.raises(so.SessionExpired):
-            await rt.generate(session_id=r.session_id, prompt="hello", auth=ALICE)
-        log = [e.to_dict() async for e in rt.events(r.session_id, follow=False)]
-        assert [e["type"] for e in log if e["at"] == clock.now] == (
-            ["input.resolved", "turn.failed"] if waiting else []
-        )

@@ -435,7 +435,7 @@ async def test_anvil_dashboard_queue_shows_the_suspended_run(tmp_path: Path) -> 
     your behalf." Parked by one runtime, shown by another on the same SQLite file."""
     from signoff.server import TokenAuth, create_app
 
-    from .test_dashboard import csrf_of, signed_in
+    from ._dashboard import csrf_of, signed_in
     from .test_server_common import TOKENS, running
 
     log = ExecutionLog()

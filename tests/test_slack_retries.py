@@ -25,8 +25,8 @@ from signoff.channels import ChannelHub, InvalidSignature
 
 from ._procs import read_executions
 from ._slack import FakeSlack, channel, manual, serving, sign, submission
+from ._slack_replies import EVENTS, event, shop_agent, signed
 from .test_slack_clicks import approve, refund_asked
-from .test_slack_replies import EVENTS, event, shop_agent, signed
 
 RETRY = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
 

@@ -340,7 +340,7 @@ async def test_an_old_state_files_unsent_delivery_is_sent_after_the_upgrade(
     """A file the previous signoff wrote (memos under the channel's name alone) on which two
     hubs ran a `webhooks` channel: the delivery it kept goes to both hubs, the one without its
     URL drops only its own copy, and the one with it sends it."""
-    from .test_channel_state import old_state_file
+    from ._channel_state import old_state_file
 
     async def sleep(seconds: float) -> None:
         return None

@@ -30,8 +30,8 @@ from . import _orphan_child as orphan_child
 from ._procs import ROOT
 from ._subagents import ALICE, Counted, refund_agents
 from ._ttl import ttl_agent
+from ._workers import is_, refund_agent, until, working
 from .test_deadlines import asked, escalating_spec, payout_agent
-from .test_workers import is_, refund_agent, until, working
 
 
 def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:

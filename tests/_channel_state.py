@@ -1,0 +1,75 @@
+"""The channel-state tests' recording channel, a runtime whose tool waits on an approval, and
+an old-layout state file (shared by the tests/test_channel_state*.py files and the webhook
+state tests).
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import signoff as so
+from signoff.channels import Channel
+from signoff.testing import call, call_tools, scripted_agent
+
+__all__ = ["OLD_LAYOUT", "Seen", "gated", "old_state_file", "open_one"]
+
+
+# -- one hub delivers per state file: the others stand by ---------------------------------------
+
+
+class Seen(Channel):
+    """Records the requests it is told opened."""
+
+    def __init__(self, name: str = "seen") -> None:
+        super().__init__(name=name)
+        self.opened: list[str] = []
+
+    async def on_requested(self, request: so.InputRequest) -> None:
+        self.opened.append(request.id)
+
+
+def gated(tmp_path: Path) -> so.Runtime:
+    """A runtime whose every turn opens one approval request."""
+
+    @so.tool(approval=so.always())
+    async def deploy(env: str) -> str:
+        """Deploy."""
+        return env
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("deploy", env="prod"))], tools=[deploy], repeat_last=True
+    )
+    return so.Runtime([agent], store=f"sqlite:///{tmp_path / 'state.db'}")
+
+
+async def open_one(rt: so.Runtime) -> str:
+    (request,) = (await rt.generate("ops", prompt="deploy")).pending
+    return request.id
+
+
+# -- the file's layout: older ones brought up to date in place, newer ones refused --------------
+
+OLD_LAYOUT = """
+CREATE TABLE channel_positions (name TEXT PRIMARY KEY, after_id INTEGER NOT NULL);
+CREATE TABLE channel_memos (channel TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL,
+    PRIMARY KEY (channel, key));
+"""
+"""The tables as signoff wrote them before memos were kept per hub (the file unmarked)."""
+
+
+def old_state_file(
+    path: Path, positions: dict[str, int], memos: list[tuple[str, str, Any]]
+) -> None:
+    """A state file in the old layout, as a process of that signoff left it."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(OLD_LAYOUT)
+    conn.executemany("INSERT INTO channel_positions VALUES (?, ?)", positions.items())
+    conn.executemany(
+        "INSERT INTO channel_memos VALUES (?, ?, ?)",
+        [(channel, key, json.dumps(value)) for channel, key, value in memos],
+    )
+    conn.close()

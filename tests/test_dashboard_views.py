@@ -1,0 +1,238 @@
+"""What the dashboard shows: the tools page, the queue and its stream, the audit, pages past the
+end, odd query strings, demo models, tool settings and a parked turn's trace row.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import TokenAuth, create_app
+
+from ._dashboard import (
+    base,
+    signed_in,
+    start,
+)
+from .test_server_common import TOKENS, auth, make_runtime, running
+
+__all__ = ["base"]  # the fixture, used by name
+
+
+def test_tools_page_and_visibility(base: str) -> None:
+    start(base)
+    with signed_in(base, "mallory-token") as c:
+        assert "All caught up" in c.get("/_signoff/").text  # another tenant's queue is empty
+    with signed_in(base, "bob-token") as c:
+        page = c.get("/_signoff/").text
+        assert "issue_refund" in page  # same tenant: visible
+        tools = c.get("/_signoff/tools").text
+        assert "Conditional" in tools and "Never" in tools and "lookup_order" in tools
+
+
+@pytest.mark.parametrize("token", ["alice-token", "admin-token"])
+def test_queue_stream_announces_changes(base: str, token: str) -> None:
+    with httpx.Client(base_url=base, headers=auth(token), timeout=10) as c:
+        with c.stream("GET", "/_signoff/stream") as s:
+            lines = s.iter_lines()
+            first = _next_data(lines)
+            assert first["total"] == 0
+            one = start(base)
+            second = _next_data(lines)
+            assert second["total"] == 1 and second["version"] != first["version"]
+            start(base)
+            assert _next_data(lines)["total"] == 2
+            # one settled and one new (within one poll: same count, still a change)
+            rid = one["pending"][0]["id"]
+            r = httpx.post(
+                f"{base}/v1/sessions/{one['session_id']}/responses",
+                json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+                headers=auth("alice-token"),
+            )
+            assert r.status_code == 200
+            start(base)
+            totals = [_next_data(lines)["total"]]
+            while totals[-1] != 2:
+                totals.append(_next_data(lines)["total"])
+            assert totals in ([2], [1, 2])
+
+
+def test_the_queue_stream_outlives_a_store_outage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store failing for a while (the database restarting) must not end the queue's stream:
+    the page's EventSource, reconnecting meanwhile, would get a 503 and give up for good."""
+    runtime = make_runtime(f"sqlite:///{tmp_path}/state.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), poll_interval=0.05, heartbeat=0.1)
+    real = runtime.store.count_pending
+    calls = [0]
+
+    async def down_a_while(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        if 2 <= calls[0] <= 6:  # after the first look, the database goes away for a while
+            raise so.StoreError("counting failed: the database is restarting")
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(runtime.store, "count_pending", down_a_while)
+    with running(app) as base, httpx.Client(base_url=base, headers=auth("admin-token")) as c:
+        with c.stream("GET", "/_signoff/stream") as s:
+            lines = s.iter_lines()
+            assert _next_data(lines)["total"] == 0
+            while calls[0] <= 6:
+                next(lines)  # keep-alives while the store is away
+            start(base)
+            assert _next_data(lines)["total"] == 1
+
+
+def test_an_admin_sees_every_tenant(base: str) -> None:
+    start(base)
+    r = httpx.post(
+        f"{base}/v1/sessions",
+        json={"agent": "support", "message": "x"},
+        headers=auth("mallory-token"),
+    )
+    assert r.status_code == 201
+    queue = httpx.get(f"{base}/v1/requests", headers=auth("admin-token")).json()
+    assert queue["total"] == 2
+    assert {r["requested_by"]["principal_id"] for r in queue["items"]} == {"alice", "mallory"}
+    page = httpx.get(f"{base}/_signoff/", headers=auth("admin-token")).text
+    assert page.count("data-request-id=") == 2
+
+
+def _next_data(lines: Iterator[str]) -> dict[str, Any]:
+    for line in lines:
+        if line.startswith("data: "):
+            data: dict[str, Any] = json.loads(line[6:])
+            return data
+    raise AssertionError("stream ended")
+
+
+def test_audit_lists_newest_first_and_by_status(base: str) -> None:
+    rids = []
+    for option in ("approve", "cancel"):
+        body = start(base)
+        rid = body["pending"][0]["id"]
+        r = httpx.post(
+            f"{base}/v1/sessions/{body['session_id']}/responses",
+            json={"inputResponses": [{"requestId": rid, "optionId": option}]},
+            headers=auth("alice-token"),
+        )
+        assert r.status_code == 200
+        rids.append(rid)
+    withdrawn = start(base)
+    httpx.post(f"{base}/v1/sessions/{withdrawn['session_id']}/cancel", headers=auth("alice-token"))
+    with signed_in(base) as c:
+        html = c.get("/_signoff/audit").text
+        assert "2 settled requests" in html
+        assert html.index(rids[1]) < html.index(rids[0])  # newest first
+        assert ">denied<" in html and ">approved<" in html
+        assert withdrawn["pending"][0]["id"] not in html
+        other = c.get("/_signoff/audit", params={"status": "withdrawn"}).text
+        assert withdrawn["pending"][0]["id"] in other and rids[0] not in other
+
+
+def test_odd_query_strings_are_not_server_errors(base: str) -> None:
+    sid = start(base)["session_id"]
+    h = auth("alice-token")
+    for path in (
+        "/_signoff/?page=%C2%B2",
+        "/_signoff/?page=99999999999999999999999999",
+        "/_signoff/?page=-1&agent=%00&kind=nope",
+        "/_signoff/audit?page=0&status=%3Cscript%3E",
+        f"/_signoff/fragments/sessions/{sid}?after=%C2%B2",
+        f"/_signoff/fragments/sessions/{sid}?after=99999999999999999999999",
+        "/_signoff/fragments/queue?page=2",
+    ):
+        r = httpx.get(base + path, headers=h)
+        assert r.status_code == 200, (path, r.status_code)
+    r = httpx.get(f"{base}/_signoff/fragments/sessions/{sid}?after=2", headers=h).json()
+    assert r["seq"] == 5 and r["rows"].count("<li") == 3
+
+
+@pytest.mark.parametrize("token", ["alice-token", "admin-token"])
+def test_a_page_past_the_end_of_the_queue_shows_its_last_page(base: str, token: str) -> None:
+    """A reviewer left on page 2 after the queue shrank (or following an old link) sees the
+    last page, not "All caught up" beside a count of open requests."""
+    rid = start(base)["pending"][0]["id"]
+    for path in ("/_signoff/?page=2", "/_signoff/fragments/queue?page=7"):
+        page = httpx.get(base + path, headers=auth(token)).text
+        assert rid in page and "All caught up" not in page, path
+
+
+def test_a_page_past_the_end_of_the_audit_shows_its_last_page(base: str) -> None:
+    """An old link to page 5 of a one-page audit showed "Nothing here yet" beside a count of
+    settled requests, and no pager to go back: it shows the last page, as the queue does."""
+    body = start(base)
+    rid = body["pending"][0]["id"]
+    httpx.post(
+        f"{base}/v1/sessions/{body['session_id']}/responses",
+        json={"inputResponses": [{"requestId": rid, "optionId": "approve"}]},
+        headers=auth("alice-token"),
+    )
+    page = httpx.get(f"{base}/_signoff/audit?page=5", headers=auth("alice-token")).text
+    assert rid in page and "Nothing here yet" not in page
+
+
+def test_demo_models_are_labelled(base: str, tmp_path: Path) -> None:
+    start(base)
+    page = httpx.get(f"{base}/_signoff/", headers=auth("alice-token")).text
+    assert "Demo model" in page and "demo model</span>" in page
+
+    class Echo:
+        async def complete(self, request: so.models.ModelRequest) -> so.ModelResponse:
+            return so.ModelResponse(text="hi")
+
+    runtime = so.Runtime([so.Agent(name="real", model=Echo())], store=f"sqlite:///{tmp_path}/r.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS))) as other:
+        page = httpx.get(f"{other}/_signoff/", headers=auth("alice-token")).text
+        assert "Demo model" not in page
+
+
+async def test_tool_setting_changes_are_shown(tmp_path: Path) -> None:
+    store = f"sqlite:///{tmp_path}/t.db"
+
+    def runtime(policy: so.ApprovalPolicy) -> so.Runtime:
+        @so.tool(approval=policy)
+        async def delete_account(email: str) -> str:
+            """Delete a customer's account."""
+            return "deleted"
+
+        model = so.models.Scripted([so.ModelResponse(text="ok")])
+        return so.Runtime([so.Agent(name="ops", model=model, tools=[delete_account])], store=store)
+
+    first = runtime(so.always())
+    await first.open()
+    await first.close()
+    second = runtime(so.never())  # someone turned approval off
+    with running(create_app(second, auth=TokenAuth(TOKENS))) as base:
+        h = auth("admin-token")
+        tools = httpx.get(f"{base}/_signoff/tools", headers=h).text
+        assert "first seen as <strong>Always</strong>" in tools
+        assert '<span class="muted">Always</span> → <strong>Never</strong>' in tools
+        changes = httpx.get(f"{base}/_signoff/audit/tools", headers=h).text
+        table = changes[changes.index('id="tool-changes"') :]
+        assert table.index("<strong>Never</strong>") < table.index("<strong>Always</strong>")
+        verified = httpx.get(f"{base}/_signoff/audit/tools?verify=1", headers=h).text
+        assert "nothing was altered" in verified
+        # only admins may run the check
+        plain = httpx.get(f"{base}/_signoff/audit/tools?verify=1", headers=auth("alice-token"))
+        assert "nothing was altered" not in plain.text and "delete_account" in plain.text
+
+
+def test_a_parked_turns_trace_row_names_what_it_awaits(base: str) -> None:
+    """The `turn.waiting` row says what the turn awaits: an approval of which tool, an answer to
+    which question (helix: a run waiting on approval shows as awaiting approval)."""
+    refund = start(base)
+    question = start(base, "helper", "My mug arrived broken")
+    with signed_in(base) as c:
+        page = c.get(f"/_signoff/sessions/{refund['session_id']}").text
+        assert "Awaiting approval: issue_refund" in page
+        page = c.get(f"/_signoff/sessions/{question['session_id']}").text
+        assert "Awaiting an answer: Which size should the replacement be?" in page
+        assert "Awaiting approval" not in page

@@ -1,0 +1,262 @@
+"""What a response policy receives and may return: its context, each status, a policy that hangs,
+raises or returns nonsense, a non-text refusal reason, and the ApprovalSpec that carries it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    ExecutionLog,
+    sqlite_runtime,
+)
+
+from ._response_policies import (
+    ALICE,
+    BOB,
+    CANDIDATE_THEN_RAN,
+    MALLORY,
+    REFUSED,
+    asked,
+    events_of,
+    lines,
+    refund_agent,
+    tenant_guard,
+)
+
+# -- what a response policy receives and may return ------------------------------------------------
+
+
+async def test_response_policy_receives_request_response_and_session(tmp_path: Path) -> None:
+    seen: list[so.ResponseContext] = []
+
+    def record(ctx: so.ResponseContext) -> Any:
+        seen.append(ctx)
+        return "rejected" if ctx.response.principal == MALLORY else "allowed"
+
+    log = ExecutionLog()
+    async with sqlite_runtime(
+        tmp_path, refund_agent(log, so.ApprovalSpec(request=so.always(), response=record))
+    ) as rt:
+        sid, req, _ = await asked(rt, ALICE)
+        await rt.send(sid, "hello from bob", principal=BOB)  # waits for the end of the turn
+        await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id="cancel")], principal=MALLORY
+        )
+        await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=BOB
+        )
+        first, second = seen
+        for ctx in seen:
+            assert ctx.request.request_id == req.id
+            assert ctx.request.call_id == req.call_id
+            assert ctx.request.tool_name == "refund_charge"
+            # typed, like ApprovalContext.tool_input: the validated input of the exact call
+            assert ctx.request.tool_input.tenant_id == "t1"
+            assert ctx.request.tool_input.amount == 50.0
+            assert ctx.request.tool_input.model_dump() == req.input
+            assert ctx.request.principal == ALICE
+            assert ctx.request.escalated_to is None
+            assert ctx.session.id == sid
+            assert ctx.session.agent == "billing"
+            assert ctx.session.turn == req.turn_id
+            assert ctx.session.parent is None
+            assert ctx.session.auth == so.SessionAuth(current=ALICE, initiator=ALICE)
+        assert (first.response.decision, first.response.principal) == ("cancel", MALLORY)
+        assert (second.response.decision, second.response.principal) == ("approve", BOB)
+        assert log.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("returned", "outcome", "reason"),
+    [
+        (so.Allowed(), "approved", None),
+        ("allowed", "approved", None),
+        ({"status": "allowed"}, "approved", None),
+        (so.Rejected("no way"), "rejected", "no way"),
+        (so.Rejected(), "rejected", None),
+        ("rejected", "rejected", None),
+        ({"status": "rejected", "reason": "nope"}, "rejected", "nope"),
+    ],
+    ids=repr,
+)
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+async def test_response_policy_statuses(
+    tmp_path: Path, returned: Any, outcome: str, reason: str | None, is_async: bool
+) -> None:
+    def sync_policy(ctx: so.ResponseContext) -> Any:
+        return returned
+
+    async def async_policy(ctx: so.ResponseContext) -> Any:
+        await asyncio.sleep(0)
+        return returned
+
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=async_policy if is_async else sync_policy)
+    async with sqlite_runtime(tmp_path, refund_agent(log, spec)) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=BOB
+        )
+        (o,) = r.outcomes
+        assert (o.outcome, o.reason) == (outcome, reason)
+        expected = CANDIDATE_THEN_RAN if outcome == "approved" else REFUSED
+        assert lines(await events_of(rt, sid, head)) == expected
+        assert log.count() == (1 if outcome == "approved" else 0)
+
+
+async def _hangs(ctx: so.ResponseContext) -> so.Allowed:
+    await asyncio.sleep(10)
+    return so.Allowed()
+
+
+def _raises(ctx: so.ResponseContext) -> so.Allowed:
+    raise LookupError("directory service is down")
+
+
+def _bad_status(ctx: so.ResponseContext) -> Any:
+    return {"status": "approved"}
+
+
+def _none(ctx: so.ResponseContext) -> Any:
+    return None
+
+
+class _Unreadable:
+    """A status that cannot be compared: reading it raised out of the answer, the candidate
+    left pending."""
+
+    def __eq__(self, other: object) -> bool:
+        raise RuntimeError("no comparing")
+
+    __hash__ = object.__hash__
+
+
+def _unreadable(ctx: so.ResponseContext) -> Any:
+    return _Unreadable()
+
+
+@pytest.mark.parametrize(
+    ("policy", "outcome", "reason"),
+    [
+        (_raises, "failed", "response policy raised LookupError: directory service is down"),
+        (
+            _bad_status,
+            "failed",
+            "response policy returned an invalid status: {'status': 'approved'}",
+        ),
+        (_none, "failed", "response policy returned an invalid status: None"),
+        (
+            _unreadable,
+            "failed",
+            "response policy returned a _Unreadable that could not be read: "
+            "RuntimeError: no comparing",
+        ),
+        (_hangs, "timed-out", "response policy took longer than 0.05s"),
+    ],
+    ids=["raises", "invalid status", "returns None", "unreadable", "hangs"],
+)
+@pytest.mark.parametrize("decision", ["approve", "cancel"])
+async def test_a_broken_policy_never_settles(
+    tmp_path: Path, policy: Any, outcome: str, reason: str, decision: str
+) -> None:
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=policy, timeout=0.05)
+    async with sqlite_runtime(tmp_path, refund_agent(log, spec)) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id=decision)], principal=ALICE
+        )
+        assert r.outcomes == [
+            so.Outcome(request_id=req.id, outcome=outcome, applied=False, reason=reason)
+        ]
+        assert r.status == "waiting"
+        events = await events_of(rt, sid, head)
+        assert lines(events) == [
+            "approval.candidate pending",
+            f"approval.candidate {outcome}",
+            "turn.waiting",
+        ]
+        assert events[1].data["reason"] == reason
+        assert [p.id for p in await rt.pending(session_id=sid)] == [req.id]
+        assert log.count() == 0
+
+
+def test_approval_spec_usage_errors() -> None:
+    with pytest.raises(so.UsageError, match="response policy must be a function"):
+        so.ApprovalSpec(request=so.always(), response="admins")  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="timeout must be positive"):
+        so.ApprovalSpec(request=so.always(), response=tenant_guard, timeout=0)
+    spec = so.ApprovalSpec(response=tenant_guard)
+    assert spec.request.describe() == "Always"  # request defaults to always()
+
+    @so.tool(approval=spec)
+    async def t(x: int) -> int:
+        """T."""
+        return x
+
+    assert t.response_policy is tenant_guard
+    assert t.approval.describe() == "Always"
+
+
+def test_approval_spec_keeps_the_request_policys_rules_it_does_not_override() -> None:
+    """Giving the spec `approvers=` kept nothing else of `request`'s rules (its deadline action
+    and requester exclusion fell back to defaults), and giving only `exclude_requester=`,
+    `distinct=` or `on_timeout=` changed nothing at all."""
+    base = so.always(
+        exclude_requester=True, expires_in=60, on_timeout="escalate", escalate_to="finance"
+    )
+    spec = so.ApprovalSpec(request=base, approvers=2)
+    rules = spec.request.rules
+    assert (rules.approvers, rules.distinct, rules.exclude_requester) == (2, True, True)
+    assert (rules.expires_in, rules.on_timeout, rules.escalate_to) == (60, "escalate", "finance")
+    assert base.rules.approvers == 1  # the shared policy itself is untouched
+    only = so.ApprovalSpec(request=so.always(expires_in=30), exclude_requester=True)
+    assert only.request.rules.exclude_requester is True
+    only = so.ApprovalSpec(request=so.always(approvers=3), distinct=False)
+    assert (only.request.rules.approvers, only.request.rules.distinct) == (3, False)
+    only = so.ApprovalSpec(request=so.always(expires_in=30), on_timeout="approve")
+    assert only.request.rules.on_timeout == "approve"
+    with pytest.raises(so.UsageError, match="needs escalate_to"):
+        so.ApprovalSpec(request=so.always(expires_in=30), on_timeout="escalate")
+
+
+@pytest.mark.parametrize(
+    ("status", "reason"),
+    [
+        (so.Rejected(b"not you"), "b'not you'"),  # type: ignore[arg-type]
+        ({"status": "rejected", "reason": ValueError("not a lead")}, "not a lead"),
+        (so.Rejected(float("nan")), "nan"),  # type: ignore[arg-type]
+    ],
+    ids=["bytes", "dict-object", "nan"],
+)
+async def test_a_refusal_reason_that_is_not_text_is_recorded_as_text(
+    tmp_path: Path, status: Any, reason: str
+) -> None:
+    """A response policy's non-text reason made `respond` raise a bare TypeError (a 500 over
+    HTTP) after its candidate was recorded; a NaN one was stored as non-JSON."""
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=lambda ctx: status)
+    async with sqlite_runtime(tmp_path, refund_agent(log, spec)) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=BOB
+        )
+        assert r.outcomes == [
+            so.Outcome(request_id=req.id, outcome="rejected", applied=False, reason=reason)
+        ]
+        events = await events_of(rt, sid, head)
+        assert lines(events) == [
+            "approval.candidate pending",
+            "approval.candidate rejected",
+            "turn.waiting",
+        ]
+        assert events[1].data["reason"] == reason
+        json.dumps([e.data for e in events], allow_nan=False)
+        assert log.count() == 0

@@ -1,0 +1,252 @@
+"""Errors on the spans (`_tracing`): a failing tool, model, store or lease fails its span, errors
+carry no message or stack trace by default and in full with `trace_content`, and a span left
+by any base exception is ended.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+import signoff as so
+from signoff._model_step import ModelStep
+from signoff._tracing import tracing_for
+from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
+
+from ._tracing import (
+    SECRET,
+    _agent,
+    _by_name,
+    _id,
+    _parent,
+    _text_of,
+    exporter,
+    provider,
+)
+
+__all__ = ["exporter", "provider"]  # the fixtures, used by name
+
+
+@so.tool
+async def leaky(order: str) -> str:
+    """Fails with its input in the error."""
+    raise ValueError(f"no order {order} for {SECRET}")
+
+
+def _leaky_agent() -> so.Agent:
+    """A tool failing with its input in the error, then a model failing with a message's text."""
+
+    def fail(messages: list[so.Message]) -> so.ModelResponse:
+        raise so.ModelError(f"refused: {json.dumps([m.model_dump(mode='json') for m in messages])}")
+
+    return scripted_agent("support", [call_tools(call("leaky", order=SECRET)), fail], tools=[leaky])
+
+
+def _status_and_events(spans: tuple[ReadableSpan, ...] | list[ReadableSpan]) -> str:
+    """The spans' status descriptions and exception events, as text."""
+    return "\n".join(
+        f"{s.name} {s.status.description} "
+        + json.dumps([dict(e.attributes or {}) for e in s.events], default=str)
+        for s in spans
+    )
+
+
+async def test_errors_carry_no_message_or_stack_trace_by_default(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    rt = sqlite_runtime(tmp_path, _leaky_agent(), tracer_provider=provider)
+    r = await rt.generate("support", f"refund A1, paid with {SECRET}")
+    await rt.close()
+    assert r.status == "failed" and r.error is not None and SECRET in str(r.error)
+    finished = exporter.get_finished_spans()
+    text = _text_of(finished) + _status_and_events(finished)
+    assert SECRET not in text and "exception.message" not in text
+    assert "exception.stacktrace" not in text
+    spans = _by_name(finished)
+    (tool,) = spans["execute_tool leaky"]
+    assert tool.status.description == "ValueError"
+    model = spans["chat"][1]  # the first proposed the call of `leaky`
+    assert model.status.description == "ModelError (model_error)"
+    (exc,) = [e for e in model.events if e.name == "exception"]
+    assert dict(exc.attributes or {}) == {"exception.type": "signoff._exceptions.ModelError"}
+    (drive,) = spans["invoke_agent support"]
+    assert drive.status.status_code == StatusCode.ERROR
+    assert drive.status.description == "model_error"
+
+
+async def test_trace_content_records_errors_in_full(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    rt = sqlite_runtime(tmp_path, _leaky_agent(), tracer_provider=provider, trace_content=True)
+    await rt.generate("support", "refund A1")
+    await rt.close()
+    spans = _by_name(exporter.get_finished_spans())
+    (tool,) = spans["execute_tool leaky"]
+    assert tool.status.description == f"ValueError: no order {SECRET} for {SECRET}"
+    (exc,) = [e for e in tool.events if e.name == "exception"]
+    attributes = exc.attributes or {}
+    assert attributes["exception.message"] == f"no order {SECRET} for {SECRET}"
+    assert "raise ValueError" in str(attributes["exception.stacktrace"])
+    (drive,) = spans["invoke_agent support"]
+    assert str(drive.status.description).startswith("ModelError: refused: ")
+
+
+@pytest.mark.parametrize("error", [SystemExit, KeyboardInterrupt])
+async def test_a_model_call_ended_by_any_base_exception_ends_its_spans(
+    tmp_path: Path,
+    exporter: InMemorySpanExporter,
+    provider: TracerProvider,
+    monkeypatch: pytest.MonkeyPatch,
+    error: type[BaseException],
+) -> None:
+    # Raised by the step itself: from the model's own task it would stop the event loop.
+    async def stop(self: object, request: object) -> None:
+        raise error()
+
+    monkeypatch.setattr(ModelStep, "_complete", stop)
+    rt = sqlite_runtime(
+        tmp_path, scripted_agent("support", [reply("hi")]), tracer_provider=provider
+    )
+    caller = provider.get_tracer("app")
+    with caller.start_as_current_span("worker") as outer:
+        with pytest.raises(error):
+            await rt.generate("support", "go")
+        assert trace.get_current_span() is outer
+    await rt.close()
+    spans = _by_name(exporter.get_finished_spans())
+    (model,) = spans["chat"]
+    assert model.status.status_code == StatusCode.ERROR
+    assert (model.attributes or {})["error.type"] == error.__name__
+    (drive,) = spans["invoke_agent support"]
+    assert _parent(model) == _id(drive)
+    assert drive.status.status_code == StatusCode.ERROR
+
+
+@pytest.mark.parametrize("error", [GeneratorExit, SystemExit, KeyboardInterrupt])
+def test_a_span_left_by_any_base_exception_is_ended_and_no_longer_current(
+    exporter: InMemorySpanExporter, provider: TracerProvider, error: type[BaseException]
+) -> None:
+    tracing = tracing_for(provider, False)
+    state = cast(Any, SimpleNamespace(id="s1", agent="support", turn=None))
+    request = SimpleNamespace(instructions="", messages=[])
+    before = trace.get_current_span()
+    for start in (
+        lambda: tracing.drive("s1"),
+        lambda: tracing.model(state, object(), request),
+        lambda: tracing.tool(state, "c1", "lookup", {}),
+    ):
+        span = start()
+        with pytest.raises(error), span:
+            assert trace.get_current_span() is span.span
+            raise error()
+        assert trace.get_current_span() is before
+    finished = exporter.get_finished_spans()
+    assert [s.name for s in finished] == ["invoke_agent", "chat", "execute_tool lookup"]
+    assert all(s.status.status_code == StatusCode.ERROR for s in finished)
+
+
+async def test_a_failing_model_fails_its_span_and_the_drive(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    agent = scripted_agent("support", [ConnectionError("model unavailable")])
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider)
+    r = await rt.generate("support", "go")
+    await rt.close()
+    assert r.status == "failed" and r.retryable
+    spans = _by_name(exporter.get_finished_spans())
+    (model,) = spans["chat"]
+    assert model.status.status_code == StatusCode.ERROR
+    assert (model.attributes or {})["error.type"] == "ConnectionError"
+    assert [e.name for e in model.events] == ["exception"]
+    (drive,) = spans["invoke_agent support"]
+    d = drive.attributes or {}
+    assert drive.status.status_code == StatusCode.ERROR
+    assert d["signoff.turn.status"] == "failed" and d["error.type"] == "model_error"
+    assert d["signoff.turn.retryable"] is True
+
+
+async def test_a_store_error_fails_the_drive_span(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    rt = sqlite_runtime(tmp_path, _agent(), tracer_provider=provider)
+    await rt.open()
+    commit = rt.store.commit
+
+    async def refuse(*args: Any, **kwargs: Any) -> Any:
+        if exporter.get_finished_spans():  # once the model has answered: its record fails
+            raise so.StoreError("disk full")
+        return await commit(*args, **kwargs)
+
+    rt.store.commit = refuse  # type: ignore[method-assign]
+    with pytest.raises(so.StoreError, match="disk full"):
+        await rt.generate("support", "go")
+    rt.store.commit = commit  # type: ignore[method-assign]
+    await rt.close()
+    (drive,) = _by_name(exporter.get_finished_spans())["invoke_agent support"]
+    assert drive.status.status_code == StatusCode.ERROR
+    assert (drive.attributes or {})["error.type"] == "store_error"
+    assert [e.name for e in drive.events] == ["exception"]
+
+
+async def test_a_lost_lease_fails_the_drive_span(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    rt = sqlite_runtime(tmp_path, _agent(), tracer_provider=provider)
+    await rt.open()
+    commit = rt.store.commit
+
+    async def taken_over(*args: Any, **kwargs: Any) -> Any:
+        if exporter.get_finished_spans():  # another process took the lease meanwhile
+            raise so.LeaseLost("the lease is held by another owner")
+        return await commit(*args, **kwargs)
+
+    rt.store.commit = taken_over  # type: ignore[method-assign]
+    r = await rt.generate("support", "go")
+    rt.store.commit = commit  # type: ignore[method-assign]
+    await rt.close()
+    assert r.status == "running"  # another process drives the turn now
+    (drive,) = _by_name(exporter.get_finished_spans())["invoke_agent support"]
+    assert drive.status.status_code == StatusCode.ERROR
+    assert (drive.attributes or {})["error.type"] == "lease_lost"
+    assert "signoff.turn.status" not in (drive.attributes or {})
+
+
+class _Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+async def test_trace_content_records_an_error_whose_message_cannot_be_read(
+    tmp_path: Path, exporter: InMemorySpanExporter, provider: TracerProvider
+) -> None:
+    # The SDK's record_exception reads the message: it raised out of the drive, which left the
+    # turn half done (the tool's call started, its failure never recorded).
+    @so.tool
+    async def odd(order: str) -> str:
+        """Fails with an exception whose message raises."""
+        raise _Unprintable()
+
+    def fail(messages: list[so.Message]) -> so.ModelResponse:
+        raise _Unprintable()
+
+    agent = scripted_agent("support", [call_tools(call("odd", order="A1")), fail], tools=[odd])
+    rt = sqlite_runtime(tmp_path, agent, tracer_provider=provider, trace_content=True)
+    r = await rt.generate("support", "go")
+    await rt.close()
+    assert (r.status, r.retryable) == ("failed", True)
+    assert r.error is not None and "_Unprintable" in r.error["message"]
+    spans = _by_name(exporter.get_finished_spans())
+    (tool,) = spans["execute_tool odd"]
+    assert str(tool.status.description).startswith("_Unprintable: <its message could not be read")
+    (exc,) = [e for e in tool.events if e.name == "exception"]
+    assert str((exc.attributes or {})["exception.type"]).endswith("_Unprintable")
+    model = spans["chat"][1]
+    assert model.status.status_code == StatusCode.ERROR
