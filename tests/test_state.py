@@ -418,3 +418,23 @@ def test_a_snapshot_from_before_model_seq_reads_the_turn_as_not_steered() -> Non
 def test_a_completed_turn_leaves_the_session_idle() -> None:
     state = so.SessionState(id="ses_1", turn=TurnState(id="trn_1", status="completed"))
     assert state.status == "idle" and state.turn_status == "completed"
+
+
+async def test_a_decision_that_is_a_calls_result_does_not_read_as_an_error(tmp_path: Path) -> None:
+    """A tool that asked for approval itself gets the decision as its result: the model reads
+    it as a result, not an error."""
+
+    @so.tool
+    async def wire(amount: int) -> str:
+        """Wire money."""
+        raise so.ApprovalRequired({"amount": amount})
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("a", [call_tools(call("wire", amount=5)), seen], tools=[wire])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        approve = so.Decision(id=r.pending[0].id, approved=True)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    (result,) = [m for m in seen.last if isinstance(m, so.ToolResultMessage)]
+    assert not result.is_error and result.content["approved"] is True
