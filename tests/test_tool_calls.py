@@ -130,3 +130,50 @@ async def test_a_tool_errors_long_message_is_cut_to_a_quarter_of_its_result_boun
     kept, cut = (r.content["error"] for r in tool_results(seen.last))
     assert kept == "ValueError: " + "x" * 900
     assert cut == ("ValueError: " + "x" * 2000)[:1000] + " [cut]"
+
+
+async def test_an_approval_is_not_asked_while_an_approved_workflow_call_waits_to_run(
+    tmp_path: Path,
+) -> None:
+    """A sibling's approval waits for the response's unfinished workflow calls, an approved
+    one that has not started yet included: it is asked only once that call has run."""
+
+    @so.tool
+    async def survey(ctx: so.ToolContext) -> str:
+        """Ask where to migrate."""
+        return str((await ctx.ask("Region?", options=["eu", "us"])).value)
+
+    @so.tool(approval=so.always())
+    async def migrate(ctx: so.ToolContext) -> str:
+        """Migrate."""
+        return "migrated"
+
+    @so.tool(approval=so.always())
+    async def notify(team: str) -> str:
+        """Tell a team."""
+        return "sent"
+
+    calls = call_tools(
+        call("survey", id="s"), call("migrate", id="m"), call("notify", id="n", team="ops")
+    )
+    agent = scripted_agent("a", [calls, reply("ok")], tools=[survey, migrate, notify])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        by_kind = {p.kind: p.id for p in r.pending}
+        assert set(by_kind) == {"question", "tool-approval"} and len(r.pending) == 2
+        answers = [
+            so.InputResponse(request_id=by_kind["question"], option_id="eu"),
+            so.InputResponse(request_id=by_kind["tool-approval"], option_id="approve"),
+        ]
+        r = await rt.respond(r.session_id, answers, principal=ALICE)
+        assert r.status == "waiting" and [p.tool_name for p in r.pending] == ["notify"]
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    done = [e.seq for e in events if e.type == "tool.completed" and e.data["call_id"] == "m"]
+    asked = [
+        e.seq
+        for e in events
+        if e.type == "input.requested"
+        for q in e.data["requests"]
+        if (q.get("action") or {}).get("tool_name") == "notify"
+    ]
+    assert len(done) == 1 and len(asked) == 1 and done[0] < asked[0]
