@@ -105,7 +105,8 @@ async def test_a_decision_never_answers_a_question(store_url: str, options: list
         answer = await ctx.ask("Ship it?", options=options)
         return str(answer.option_id)
 
-    agent = scripted_agent("a", [call_tools(call("ship", order_id="1")), reply("ok")], tools=[ship])
+    script = [call_tools(call("ship", order_id="1")), reply("ok"), reply("again")]
+    agent = scripted_agent("a", script, tools=[ship])
     async with so.Runtime([agent], store=store_url) as rt:
         r = await rt.generate("a", prompt="go")
         (question,) = r.pending
@@ -119,3 +120,8 @@ async def test_a_decision_never_answers_a_question(store_url: str, options: list
         answer = so.InputResponse(request_id=question.id, option_id=options[0])
         r = await rt.respond(r.session_id, [answer])
         assert (r.status, r.text) == ("completed", "ok")
+        # Nor once it is closed and left behind by a later turn (read from the store then).
+        r = await rt.generate(session_id=r.session_id, prompt="more")
+        assert r.status == "completed"
+        with pytest.raises(so.InvalidAnswer, match=f"request {question.id} is a question"):
+            await rt.generate(session_id=r.session_id, approvals=[decision])

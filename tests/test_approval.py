@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._approval import Verdict
+from signoff._approval import Verdict, as_policy
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -199,6 +199,38 @@ async def test_once_grant_waits_for_every_matching_pending_request() -> None:
     assert (await policy.decide(ctx({"refund"}, {"refund"}))).action == "ask"
     assert (await policy.decide(ctx({"refund"}, {"other"}))).action == "run"
     assert (await policy.decide(ctx({"other"}, set()))).action == "ask"
+
+
+async def test_an_unannotated_policy_function_is_told_by_its_first_parameters_name() -> None:
+    """Without an `ApprovalContext` annotation, a first parameter named `ctx` or `context` gets
+    the context; any other name gets the validated input."""
+    ctx = so.ApprovalContext(
+        session=so.SessionInfo(
+            id="ses_1", agent="ops", turn="trn_1", auth=so.SessionAuth(current=None, initiator=None)
+        ),
+        tool_name="refund",
+        tool_input={"amount": 5},
+        approved_tools=frozenset(),
+        call_id="call_1",
+        abort_signal=asyncio.Event(),
+    )
+    seen: list[Any] = []
+
+    def named_ctx(ctx: Any) -> bool:
+        seen.append(ctx)
+        return True
+
+    def named_context(context: Any) -> bool:
+        seen.append(context)
+        return True
+
+    def named_otherwise(c: Any) -> bool:
+        seen.append(c)
+        return True
+
+    for fn in (named_ctx, named_context, named_otherwise):
+        assert (await as_policy(fn).decide(ctx)).action == "ask"
+    assert seen == [ctx, ctx, {"amount": 5}]
 
 
 async def test_once_grant_is_per_session(tmp_path: Path) -> None:

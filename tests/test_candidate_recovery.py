@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 
 import signoff as so
-from tests._candidate_child import make_agent
+from signoff._answering import RECOVERY_GRACE
+from tests._candidate_child import ALICE, BOB, make_agent
 from tests._workers import is_, until, working
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -85,4 +86,43 @@ async def test_a_candidate_still_within_its_timeout_is_left_to_its_process(
         r = await rt.generate(session_id=ids["session"])
         assert r.status == "waiting"  # its process may still be deciding: not evaluated twice
         assert (await rt.state(ids["session"])).candidates
+    assert not out.exists()
+
+
+async def test_a_dead_candidate_waits_out_the_timeout_and_grace_then_keeps_its_decision(
+    tmp_path: Path,
+) -> None:
+    """A response recorded pending, whose process then died, is left alone until the policy's
+    timeout and `RECOVERY_GRACE` have passed (its process may still be deciding), and is then
+    evaluated again with the decision it gave: a cancel stays a cancel, the call never runs."""
+    out = tmp_path / "runs"
+    now = [1_000_000.0]
+    async with so.Runtime(
+        [make_agent(str(out))], store=f"sqlite:///{tmp_path / 's.db'}", clock=lambda: now[0]
+    ) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (req,) = r.pending
+        dead = {
+            "request_id": req.id,
+            "call_id": req.call_id,
+            "candidate_id": "cand_dead",
+            "decision": "cancel",
+            "by": BOB.model_dump(),
+            "outcome": "pending",
+            "text": "not this one",
+            "value": None,
+            "edited_input": None,
+        }
+        driver = rt._driver((await rt.state(r.session_id)).copy(), None)
+        await driver.record([("approval.candidate", dead)], durable=True)
+        now[0] += 1.0 + RECOVERY_GRACE - 0.5  # the policy's timeout is 1 s
+        assert (await rt.generate(session_id=r.session_id)).status == "waiting"
+        assert (await rt.state(r.session_id)).candidates
+        now[0] += 1.0
+        done = await rt.generate(session_id=r.session_id)
+        assert done.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        (settled,) = [e.data for e in events if e.type == "approval.settled"]
+        assert settled["decision"] == "cancel" and settled["reason"] == "not this one"
+        assert settled["by"]["principal_id"] == "bob"
     assert not out.exists()

@@ -28,6 +28,8 @@ from signoff.testing import (
     tool_results,
 )
 
+from ._ttl import ttl_agent
+
 ALICE = so.Principal(authenticator="sso", principal_id="alice")
 BOB = so.Principal(authenticator="sso", principal_id="bob")
 FIONA = so.Principal(authenticator="sso", principal_id="fiona", attributes={"groups": ["finance"]})
@@ -557,3 +559,23 @@ async def test_a_sweep_leaves_other_agents_sessions_and_applies_its_own(tmp_path
         assert stored is not None and stored.status == "expired"
         stored = await worker.store.get_request(r1.id)
         assert stored is not None and stored.status == "pending"
+
+
+async def test_a_session_of_an_agent_this_runtime_lacks_lists_as_failed_once_its_ttl_passed(
+    tmp_path: Path,
+) -> None:
+    """A runtime without the session's agent cannot record its passed TTL, so its listing shows
+    the session as that record would leave it (failed), not still waiting."""
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    now = [1_000_000.0]
+    async with so.Runtime([ttl_agent()], store=url, clock=lambda: now[0]) as rt:
+        r = await rt.generate("desk", prompt="reset")
+        assert r.status == "waiting"
+    other = scripted_agent("other", [reply("ok")])
+    async with so.Runtime([other], store=url, clock=lambda: now[0]) as rt:
+        (row,) = await rt.sessions()
+        assert row.status == "waiting"
+        now[0] += 120
+        (row,) = await rt.sessions()
+        assert row.id == r.session_id and row.status == "failed"
+        assert (await rt.store.sessions())[0].status == "waiting"  # shown so, not recorded

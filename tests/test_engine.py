@@ -14,6 +14,7 @@ from signoff.stores.sqlite import SQLiteStore
 from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent, store_contents
 
 from ._pg_syncs import seen_syncs, watch_syncs
+from ._ttl import ttl_agent
 
 AL = so.Principal(authenticator="sso", principal_id="al")
 
@@ -128,3 +129,33 @@ def test_a_commit_tells_a_person_when_it_opens_a_request_or_parks_the_turn() -> 
     assert tells_a_person([asked], [request])
     assert tells_a_person([waiting], [])
     assert not tells_a_person([("turn.started", {}), ("tool.completed", {})], [])
+
+
+async def test_a_drive_that_read_the_turn_before_a_cancel_records_nothing_into_it(
+    store_url: str,
+) -> None:
+    """A drive whose state predates a person's cancel (another process's, say) finds the cancel
+    when its append conflicts, and records nothing into the cancelled turn."""
+    async with so.Runtime([deploy_agent()], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="deploy api", auth=AL)
+        sid = r.session_id
+        stale = rt._driver((await rt.state(sid)).copy(), None)
+        await rt.cancel(sid)
+        before = await store_contents(rt.store, sid)
+        with pytest.raises(TurnStopped):
+            await stale.record([("turn.waiting", {"on": "input", "request_ids": []})])
+        assert await store_contents(rt.store, sid) == before
+
+
+async def test_the_commit_that_records_an_expiry_leaves_the_session_expired(store_url: str) -> None:
+    """Recording a passed TTL sets the session's expiry to that moment, not a new TTL from it:
+    the listing shows it failed and expired, never due to expire later."""
+    now = [1_000_000.0]
+    async with so.Runtime([ttl_agent()], store=store_url, clock=lambda: now[0]) as rt:
+        r = await rt.generate("desk", prompt="reset")
+        (row,) = await rt.sessions()
+        assert row.expires_at == now[0] + 60
+        now[0] += 120
+        (row,) = await rt.sessions()
+        assert row.id == r.session_id and row.status == "failed"
+        assert row.expires_at is not None and row.expires_at <= now[0]

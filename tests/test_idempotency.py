@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._idempotency import KEPT, keyed, session_for, turn_of
+from signoff._idempotency import KEPT, MAX_KEY, keyed, session_for, turn_of
 from signoff._recording import load_turn
 from signoff._state import fold
 from signoff.stores import Commit
@@ -150,6 +150,36 @@ async def test_a_bad_key_is_a_usage_error_and_nothing_is_stored(tmp_path: Path, 
         assert await messages(rt, r.session_id) == ["hello"]
         with pytest.raises(so.UsageError, match="goes with a prompt"):
             await rt.generate(session_id=r.session_id, idempotency_key="k")
+
+
+async def test_a_key_of_up_to_the_longest_length_is_taken_and_acts_once(tmp_path: Path) -> None:
+    """The bounds of a key are taken: one character, `MAX_KEY` characters, any printable
+    ASCII inside (spaces too)."""
+    async with so.Runtime([chat_agent()], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        for key in ["k", "x" * MAX_KEY, "a b~!"]:
+            first = await rt.generate("chat", prompt="hello", auth=ALICE, idempotency_key=key)
+            again = await rt.generate("chat", prompt="hello", auth=ALICE, idempotency_key=key)
+            assert not first.replayed and again.replayed
+            assert again.session_id == first.session_id
+        assert len(await rt.sessions()) == 3
+
+
+async def test_a_key_is_scoped_to_all_of_who_gives_it(tmp_path: Path) -> None:
+    """Callers who differ only in issuer or principal type never share a key, nor do two whose
+    id and key run together into the same text: each starts a conversation of its own."""
+    callers = [
+        (ALICE, "key-1"),
+        (ALICE.model_copy(update={"issuer": "https://idp.example"}), "key-1"),
+        (ALICE.model_copy(update={"principal_type": "service"}), "key-1"),
+        (so.Principal(authenticator="okta", principal_id="ali"), "cekey-1"),
+    ]
+    async with so.Runtime([chat_agent()], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        results = [
+            await rt.generate("chat", prompt="hello", auth=who, idempotency_key=key)
+            for who, key in callers
+        ]
+        assert not any(r.replayed for r in results)
+        assert len({r.session_id for r in results}) == len(callers)
 
 
 # -- sending a message -------------------------------------------------------------------------

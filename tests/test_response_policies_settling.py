@@ -232,6 +232,34 @@ async def test_a_deadline_that_passes_while_the_policy_decides_wins(store_url: s
         assert log.count() == 0
 
 
+async def test_a_deadline_that_escalates_while_the_policy_decides_leaves_the_request_open(
+    store_url: str,
+) -> None:
+    """With `on_timeout="escalate"`, a deadline passing while the response policy decides
+    hands the request to the group: the answer is spent (`stale`, saying so), and the request
+    stays open for the group, without a deadline."""
+    clock = ManualClock()
+
+    async def slow(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(61)
+        return so.Allowed()
+
+    log = ExecutionLog()
+    rules = so.always(expires_in=60, on_timeout="escalate", escalate_to="finance")
+    spec = so.ApprovalSpec(request=rules, response=slow)
+    async with so.Runtime([refund_agent(log, spec)], store=store_url, clock=clock) as rt:
+        sid, req, _ = await asked(rt, ALICE)
+        answer = so.InputResponse(request_id=req.id, option_id="approve")
+        r = await rt.respond(sid, [answer], principal=BOB)
+        (outcome,) = r.outcomes
+        assert (outcome.outcome, outcome.applied) == ("stale", False)
+        assert outcome.reason is not None and "escalated to 'finance'" in outcome.reason
+        (pending,) = r.pending
+        assert pending.id == req.id and pending.escalated_to == "finance"
+        assert pending.expires_at is None
+        assert log.count() == 0
+
+
 async def test_a_request_recorded_before_the_flag_is_still_decided_by_its_policy(
     store_url: str,
 ) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._state import CallState, TurnState
+from signoff._state import CallState, RequestState, TurnState
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -330,3 +330,111 @@ async def test_calls_a_cancelled_turn_left_open_get_a_result_in_the_next_turn(
     assert (result.call_id, result.tool_name) == ("call_q", "ask_question")
     assert isinstance(result.content, dict) and result.content["cancelled"] is True
     assert prompt == so.UserMessage(text="hello")
+
+
+def _every_field_set() -> so.SessionState:
+    """A state whose every field holds something other than its default."""
+    request = so.InputRequest(
+        id="req_1", kind="question", session_id="ses_1", turn_id="trn_1", agent="a", created_at=1.0
+    )
+    turn = TurnState(
+        id="trn_1",
+        status="waiting",
+        principal=ALICE,
+        started_at=1.0,
+        steps=2,
+        text="so far",
+        retryable=True,
+        error={"code": "x"},
+        first_seq=2,
+        last_message_seq=4,
+        model_seq=3,
+        source="schedule",
+        traceparent=PARKED_BY,
+        calls={"c1": CallState(id="c1", tool_name="t", input={"a": 1}, status="asking")},
+    )
+    return so.SessionState(
+        id="ses_1",
+        agent="a",
+        seq=5,
+        created_at=1.0,
+        updated_at=2.0,
+        ttl=60.0,
+        initiator=ALICE,
+        parent="ses_0",
+        turn=turn,
+        requests={"req_1": RequestState(request=request)},
+        approved_tools={"t"},
+        model_responses=2,
+        usage=so.Usage(input_tokens=3),
+        queued=[{"message": "later", "principal": None}],
+        lapsed=True,
+        limit_grants=2,
+        keys={"k1": ["asked", "trn_1", 2]},
+        candidates={"cand_1": {"request_id": "req_1", "at": 1.5}},
+        conversation=None,
+    )
+
+
+def test_a_snapshot_and_a_copy_keep_every_field() -> None:
+    """Nothing is lost through a snapshot or a copy: `continue` grants to session limits and
+    responses whose policy verdict is not recorded yet included."""
+    state = _every_field_set()
+    assert so.SessionState.from_snapshot(state.to_snapshot()) == state
+    assert state.copy() == state
+
+
+def test_a_copy_shares_no_key_or_candidate_with_the_original() -> None:
+    state = _every_field_set()
+    copy = state.copy()
+    copy.apply(
+        so.Event(
+            session_id="ses_1",
+            seq=6,
+            type="approval.settled",
+            at=3.0,
+            turn_id="trn_1",
+            data={
+                "request_id": "req_1",
+                "call_id": "c1",
+                "decision": "cancel",
+                "idem": ["k2", "a"],
+            },
+        )
+    )
+    assert copy.keys.keys() == {"k1", "k2"} and not copy.candidates
+    assert state == _every_field_set()
+
+
+def test_a_snapshot_from_before_model_seq_reads_the_turn_as_not_steered() -> None:
+    """Older snapshots have no `model_seq`: the last message read is taken as read by the model
+    then, so a restored turn does not count as steered by a message it already saw."""
+    snap = _every_field_set().to_snapshot()
+    del snap["turn"]["model_seq"]
+    restored = so.SessionState.from_snapshot(snap)
+    assert restored.turn is not None and not restored.turn.steered
+
+
+def test_a_completed_turn_leaves_the_session_idle() -> None:
+    state = so.SessionState(id="ses_1", turn=TurnState(id="trn_1", status="completed"))
+    assert state.status == "idle" and state.turn_status == "completed"
+
+
+async def test_a_decision_that_is_a_calls_result_does_not_read_as_an_error(tmp_path: Path) -> None:
+    """A tool that asked for approval itself gets the decision as its result: the model reads
+    it as a result, not an error."""
+
+    @so.tool
+    async def wire(amount: int) -> str:
+        """Wire money."""
+        raise so.ApprovalRequired({"amount": amount})
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("a", [call_tools(call("wire", amount=5)), seen], tools=[wire])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        approve = so.Decision(id=r.pending[0].id, approved=True)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    (result,) = [m for m in seen.last if isinstance(m, so.ToolResultMessage)]
+    assert not result.is_error and result.content["approved"] is True

@@ -1,0 +1,179 @@
+"""Deciding a turn's tool calls (`_tool_calls`): the strictest of the tool's policy and the
+agent's guardrails decides, and each call sees the requests opened before it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    ExecutionLog,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+
+
+@pytest.mark.parametrize(
+    ("approval", "guardrail"),
+    [
+        (so.always(), so.tool_policy(deny=["refund"])),
+        (
+            so.policy(lambda ctx: so.Denied("over the limit")),
+            so.tool_policy(require_approval=["refund"]),
+        ),
+    ],
+    ids=["guardrail-denies-policy-asks", "policy-denies-guardrail-asks"],
+)
+async def test_a_deny_outranks_an_ask_from_either_side(
+    tmp_path: Path, approval: Any, guardrail: so.Guardrail
+) -> None:
+    """Deny beats ask, whichever of the tool's policy and a guardrail says it: the call is
+    denied at once, no person is asked and the body never runs."""
+    log = ExecutionLog()
+
+    @log.tool(approval=approval)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", order_id="1")), seen],
+        tools=[refund],
+        guardrails=[guardrail],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed" and r.pending == []
+    assert log.count() == 0
+    (result,) = tool_results(seen.last)
+    assert result.is_error and result.content["denied"] is True
+
+
+async def test_a_policy_sees_the_approvals_asked_earlier_in_the_same_response(
+    tmp_path: Path,
+) -> None:
+    """`ApprovalContext.pending_tools` holds the tools already waiting on a person, those asked
+    for by earlier calls of the same model response included."""
+    seen: list[frozenset[str]] = []
+
+    def ask(ctx: so.ApprovalContext) -> so.ApprovalStatus:
+        seen.append(ctx.pending_tools)
+        return "user-approval"
+
+    @so.tool(approval=ask)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", order_id="1"), call("refund", order_id="2")), reply("ok")],
+        tools=[refund],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "waiting" and len(r.pending) == 2
+    assert seen == [frozenset(), frozenset({"refund"})]
+
+
+async def test_a_reason_given_with_an_approval_reaches_the_model_beside_the_result(
+    tmp_path: Path,
+) -> None:
+    """The model hears why a person approved: the result is wrapped with who approved and the
+    reason they gave."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("a", [call_tools(call("refund", order_id="1")), seen], tools=[refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        approve = so.Decision(id=r.pending[0].id, approved=True, reason="a known customer")
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    (result,) = tool_results(seen.last)
+    approval = {"approved": True, "by": "alice", "reason": "a known customer"}
+    assert result.content == {"result": "refunded", "approval": approval}
+
+
+async def test_a_tool_errors_long_message_is_cut_to_a_quarter_of_its_result_bound(
+    tmp_path: Path,
+) -> None:
+    """A tool's error message longer than a quarter of the tool's result bound is recorded cut
+    to that quarter, not whole; one within it is kept as it is."""
+
+    @so.tool(max_result_bytes=4000)
+    async def fetch(size: int) -> str:
+        """Fetch."""
+        raise ValueError("x" * size)
+
+    seen = Capture(reply("ok"))
+    calls = call_tools(call("fetch", size=900), call("fetch", size=2000))
+    agent = scripted_agent("a", [calls, seen], tools=[fetch])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        assert (await rt.generate("a", prompt="go")).status == "completed"
+    kept, cut = (r.content["error"] for r in tool_results(seen.last))
+    assert kept == "ValueError: " + "x" * 900
+    assert cut == ("ValueError: " + "x" * 2000)[:1000] + " [cut]"
+
+
+async def test_an_approval_is_not_asked_while_an_approved_workflow_call_waits_to_run(
+    tmp_path: Path,
+) -> None:
+    """A sibling's approval waits for the response's unfinished workflow calls, an approved
+    one that has not started yet included: it is asked only once that call has run."""
+
+    @so.tool
+    async def survey(ctx: so.ToolContext) -> str:
+        """Ask where to migrate."""
+        return str((await ctx.ask("Region?", options=["eu", "us"])).value)
+
+    @so.tool(approval=so.always())
+    async def migrate(ctx: so.ToolContext) -> str:
+        """Migrate."""
+        return "migrated"
+
+    @so.tool(approval=so.always())
+    async def notify(team: str) -> str:
+        """Tell a team."""
+        return "sent"
+
+    calls = call_tools(
+        call("survey", id="s"), call("migrate", id="m"), call("notify", id="n", team="ops")
+    )
+    agent = scripted_agent("a", [calls, reply("ok")], tools=[survey, migrate, notify])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        by_kind = {p.kind: p.id for p in r.pending}
+        assert set(by_kind) == {"question", "tool-approval"} and len(r.pending) == 2
+        answers = [
+            so.InputResponse(request_id=by_kind["question"], option_id="eu"),
+            so.InputResponse(request_id=by_kind["tool-approval"], option_id="approve"),
+        ]
+        r = await rt.respond(r.session_id, answers, principal=ALICE)
+        assert r.status == "waiting" and [p.tool_name for p in r.pending] == ["notify"]
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    done = [e.seq for e in events if e.type == "tool.completed" and e.data["call_id"] == "m"]
+    asked = [
+        e.seq
+        for e in events
+        if e.type == "input.requested"
+        for q in e.data["requests"]
+        if (q.get("action") or {}).get("tool_name") == "notify"
+    ]
+    assert len(done) == 1 and len(asked) == 1 and done[0] < asked[0]
