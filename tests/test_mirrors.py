@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 import httpx
+import pytest
 
 import signoff as so
 from signoff.server import TokenAuth, create_app
@@ -213,3 +214,85 @@ async def test_the_dashboard_shows_a_mirrors_deadline_and_escalation_as_its_suba
             for path in (f"/_signoff/sessions/{r.session_id}", "/_signoff"):
                 shown = await card(path)
                 assert "escalated to finance" in shown and "never" in shown, path
+
+
+async def test_a_mirror_of_a_request_settled_before_its_deadline_does_not_follow_it(
+    store_url: str,
+) -> None:
+    """The subagent's request was approved on the child itself (`resume=False`) before its
+    deadline, and the parent's mirror was still open when that deadline passed: the queue showed
+    the mirror "escalated to finance" (a deny deadline would have hidden it), though nothing
+    escalated and the approval stood."""
+    clock = ManualClock()
+    ran: list[str] = []
+    async with so.Runtime(refund_desk(ESCALATING, ran), store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        child = mirror.child
+        answer = so.InputResponse(request_id=child.request_id, option_id="approve")
+        await rt.respond(child.session_id, [answer], principal=ALICE, resume=False)
+        clock.advance(61)
+        (listed,) = await rt.pending(session_id=r.session_id)
+        state = (await rt.state(r.session_id)).requests[mirror.id]
+        app = create_app(rt, auth=TokenAuth(TOKENS))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            one = (await http.get(f"/v1/requests/{mirror.id}", headers=auth("alice-token"))).json()
+        async with so.Runtime([], store=store_url, clock=clock) as cli:  # `signoff pending`
+            flt = PendingFilter(session_id=r.session_id, live_at=cli.now(), limit=10)
+            (queued,), _ = await cli.pending_page(flt)
+        shown = [
+            (v.id, v.escalated_to, v.expires_at)
+            for v in (listed, state.request, so.InputRequest.model_validate(one["request"]), queued)
+        ]
+        assert shown == [(mirror.id, None, None)] * 4
+        assert one["status"] == "pending" and state.status == "pending"
+        assert (await rt.store.get_request(mirror.id)) is not None
+        done = await rt.generate(session_id=r.session_id)  # the parent goes on with the approval
+        assert done.status == "completed" and ran == ["9"]
+
+
+def _desk_with_a_child_ttl(ran: list[str]) -> list[so.Agent]:
+    """`refund_desk`, its `billing` child sessions expiring after 60 idle seconds."""
+    support, billing = refund_desk(so.always(), ran)
+    billing.limits = so.Limits(ttl=60)
+    return [support, billing]
+
+
+async def test_an_answer_to_a_mirror_whose_subagents_session_expired_names_the_mirror(
+    store_url: str,
+) -> None:
+    """The subagent's session passed its TTL (nothing had recorded it) while its request was
+    mirrored: an answer through the parent raised `SessionExpired` for the child's session (a
+    410 over HTTP), though the parent session lives on and went on once the mirror closed; it
+    is the mirror that can no longer be answered: `RequestClosed` naming it (a 409)."""
+    clock = ManualClock()
+    ran: list[str] = []
+    async with so.Runtime(_desk_with_a_child_ttl(ran), store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        clock.advance(61)
+        answer = so.InputResponse(request_id=mirror.id, option_id="approve")
+        with pytest.raises(so.RequestClosed) as closed:
+            await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert closed.value.request_ids == [mirror.id]
+        assert f"request {mirror.id} (asked for billing's " in str(closed.value)
+        state = await rt.state(r.session_id)
+        assert state.requests[mirror.id].status == "expired"
+        assert state.turn is not None and state.turn.status == "completed"
+        assert ran == []
+    async with so.Runtime(_desk_with_a_child_ttl(ran), store=store_url, clock=clock) as rt:
+        again = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = again.pending
+        clock.advance(61)
+        app = create_app(rt, auth=TokenAuth(TOKENS))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            body = {"inputResponses": [{"requestId": mirror.id, "optionId": "approve"}]}
+            got = await http.post(
+                f"/v1/sessions/{again.session_id}/responses", json=body, headers=auth("alice-token")
+            )
+        assert (got.status_code, got.json()["error"]["code"]) == (409, "request_closed")
+        assert ran == []

@@ -189,7 +189,9 @@ async def test_an_answer_to_an_expired_childs_mirror_fails_and_the_parent_goes_o
     tmp_path: Path,
 ) -> None:
     # The child's session expired while the parent waited: the answer is refused, and the
-    # parent is not left waiting for ever on a mirror nobody can answer any more.
+    # parent is not left waiting for ever on a mirror nobody can answer any more. The refusal
+    # names the mirror, closed (`RequestClosed`), not the parent as expired (`SessionExpired`
+    # of the child's session, a 410 over HTTP, until this was changed deliberately).
     ran: list[dict[str, Any]] = []
     after = Counted("Billing timed out.")
     clock = ManualClock()
@@ -198,13 +200,14 @@ async def test_an_answer_to_an_expired_childs_mirror_fails_and_the_parent_goes_o
     [mirror] = r.pending
     assert mirror.child is not None
     clock.advance(120)
-    with pytest.raises(so.SessionExpired) as info:
+    with pytest.raises(so.RequestClosed) as info:
         await rt.respond(
             r.session_id,
             [so.InputResponse(request_id=mirror.id, option_id="approve")],
             principal=ALICE,
         )
-    assert info.value.session_id == mirror.child.session_id
+    assert info.value.request_ids == [mirror.id]
+    assert f"billing's session {mirror.child.session_id} passed its TTL" in str(info.value)
     state = await rt.state(r.session_id)
     assert state.status == "idle" and state.requests[mirror.id].status == "expired"
     assert ran == [] and after.calls == 1

@@ -176,3 +176,41 @@ async def test_a_parent_resumed_where_its_childs_agent_is_missing_takes_the_chil
         assert not result.is_error and result.content == "Refunded: {'refunded': 180.0}"
         assert await rt.pending() == []
     assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
+
+
+async def test_a_parent_resumed_where_its_childs_agent_is_missing_leaves_the_childs_work(
+    store_url: str,
+) -> None:
+    """The approval was recorded through the parent without resuming (as `signoff approve`
+    without the runtime does), so the child owed the refund; a process with the parent's agent
+    only then resumed the parent: its delegate call ended as `UnknownAgent`, the model was
+    told the call failed, and the child, orphaned, was cancelled with its approved refund never
+    run. Now that resume raises `UnknownAgent` and records nothing: a process with the child's
+    agent runs the refund, and the parent then takes its result."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("The refund went through.")
+    r = await _parked(store_url, ran, after)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    parent, child = refund_agents(ran, after)
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        approve = so.InputResponse(request_id=mirror.id, option_id="approve")
+        await rt.respond(r.session_id, [approve], principal=ALICE, resume=False)
+    async with so.Runtime([parent], store=store_url) as rt:
+        before = await store_contents(rt.store, r.session_id)
+        kid = await store_contents(rt.store, mirror.child.session_id)
+        with pytest.raises(so.UnknownAgent, match="unknown agent 'billing'"):
+            await asyncio.wait_for(rt.generate(session_id=r.session_id), 30)
+        assert await store_contents(rt.store, r.session_id) == before
+        assert await store_contents(rt.store, mirror.child.session_id) == kid
+    assert after.calls == 0
+    async with so.Runtime([child], store=store_url) as rt:
+        done = await asyncio.wait_for(rt.generate(session_id=mirror.child.session_id), 30)
+        assert done.status == "completed"
+    assert ran == [{"order_id": "1042", "amount": 180.0}]
+    async with so.Runtime([parent], store=store_url) as rt:
+        resumed = await asyncio.wait_for(rt.generate(session_id=r.session_id), 30)
+        assert resumed.status == "completed" and resumed.text == "The refund went through."
+        [result] = tool_results(after.capture.last)
+        assert not result.is_error and result.content == "Refunded: {'refunded': 180.0}"
+    assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1

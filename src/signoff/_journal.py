@@ -36,7 +36,9 @@ class CallJournal:
         self.inflight = 0  # questions being opened and steps under way
         self.quiet = asyncio.Event()  # set while nothing is in flight
         self.quiet.set()
-        self.failed: StoreError | None = None  # a record of the body's that the store refused
+        # A record of the body's that the store refused, or a drive it could not make here (a
+        # subagent's, whose agent this process lacks): the drive fails, the call goes on later.
+        self.failed: SignoffError | None = None
         turn = driver.state.turn
         # The turn running the call: a reload after a concurrent append may show a later one.
         self.turn_id = driver.own_turn

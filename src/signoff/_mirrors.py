@@ -9,7 +9,13 @@ import functools
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
-from ._exceptions import AnswerError, InvalidAnswer, PartialAnswer
+from ._exceptions import (
+    AnswerError,
+    InvalidAnswer,
+    PartialAnswer,
+    RequestClosed,
+    SessionExpired,
+)
 from ._recording import Batch, EventSpec
 from ._results import GenerateResult, Outcome
 from ._state import SessionState
@@ -63,12 +69,15 @@ async def followed(
     store: Store, requests: list[InputRequest], fields: Sequence[str] = FOLLOWED
 ) -> list[InputRequest]:
     """`requests` with each open mirror showing the `fields` of the request it stands for as
-    they are now. One read per mirror (per hop), none for any other request."""
+    they are now; a deadline only while that request is open (one settled before it passed is
+    neither escalated nor expired by it). One read per mirror (per hop), none for any other."""
     out: list[InputRequest] = []
     for r in requests:
         if r.child is not None and r.status == "pending":
             now = await deciding(store, r)
             update = {f: _copied(getattr(now, f)) for f in fields}
+            if now.status != "pending" and "expires_at" in update:
+                update["expires_at"] = None  # closed: the mirror closes with it, not by this
             if any(v != getattr(r, f) for f, v in update.items()):
                 r = r.model_copy(update=update)
         out.append(r)
@@ -195,9 +204,20 @@ def _for_child(answer: Reply, ref: ChildRef) -> Reply:
 
 @contextlib.contextmanager
 def _naming(answer: Reply, ref: ChildRef) -> Iterator[None]:
-    """Name the request the caller answered in an error, beside the child's it stands for."""
+    """Name the request the caller answered in an error, beside the child's it stands for. A
+    child session past its TTL closes the mirror (its expiry is recorded): `RequestClosed`,
+    not `SessionExpired`, which would say the caller's session, alive, had expired."""
     try:
-        yield
+        try:
+            yield
+        except SessionExpired as exc:
+            if exc.session_id != ref.session_id:
+                raise
+            raise RequestClosed(
+                f"request {ref.request_id} is expired: {ref.agent}'s session {ref.session_id} "
+                "passed its TTL; it takes no answers",
+                [ref.request_id],
+            ) from None
     except (AnswerError, InvalidAnswer) as exc:
         exc.request_ids = [answer.request_id if i == ref.request_id else i for i in exc.request_ids]
         named = f"{answer.request_id} (asked for {ref.agent}'s {ref.request_id})"

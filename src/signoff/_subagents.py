@@ -24,6 +24,7 @@ from ._events import Event
 from ._exceptions import (
     SessionBusy,
     SessionExpired,
+    SignoffError,
     StoreError,
     UnknownAgent,
     UnknownSession,
@@ -76,6 +77,7 @@ class _DelegateJournal(Protocol):
 
     can_ask: bool
     turn_id: str | None
+    failed: SignoffError | None
 
     @property
     def host(self) -> Any: ...
@@ -169,7 +171,14 @@ async def _run(ctx: ToolContext, agent: str, message: str) -> Any:
     await ctx.step("subagent.turn", host.start_child, child, message, who, source)
     if journal.steered():
         return await _interrupted(host, agent, child)
-    result = await host.drive_child(child, agent)
+    try:
+        result = await host.drive_child(child, agent)
+    except UnknownAgent as exc:
+        # The child has work its agent must do (an approval recorded without resuming, say):
+        # the call is not over, so this drive fails and records nothing; a process with that
+        # agent runs the child, and the call then takes its result.
+        journal.failed = exc
+        raise
     if result.status == "waiting":
         if await journal.mirror(child, agent, result.pending):
             await journal.park()
@@ -329,7 +338,7 @@ class RuntimeHost:
 
     def _undriven(self, state: SessionState) -> GenerateResult:
         """The child as it is, for a runtime lacking its agent: a turn ended or waiting on people
-        needs no drive; one with work to do is `UnknownAgent` (the call's error)."""
+        needs no drive; one with work to do is `UnknownAgent`, which fails the parent's drive."""
         turn = state.turn
         if turn is None or (turn.status in ("running", "waiting") and runnable(state)):
             self.runtime.agent(state.agent)  # raises: its work runs only where its agent is

@@ -319,7 +319,8 @@ class ToolCalls(DriverPart):
                 raise  # this drive is being cancelled, not failed by the tool
             if isinstance(exc, TurnStopped):
                 raise  # a step or question found the turn cancelled or replaced: not the tool's
-            if journal.failed is not None:  # the store refused a step or question: not the tool
+            if journal.failed is not None:  # the store refused a step, or a child its drive: not
+                # the tool's outcome either
                 raise journal.failed from None
             error = error_text(exc)
             limit = self.max_result_bytes(tool)
