@@ -22,6 +22,7 @@ LAYERS: list[set[str]] = [
     {"_recording", "_audit_trail"},
     {"_prompts"},
     {"_mirrors", "_leasing"},
+    {"_child_sessions"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},
     {"_model_step", "_tool_calls"},
     {"_engine"},

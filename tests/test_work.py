@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 import signoff as so
-from signoff import _subagents
+from signoff import _child_sessions
 from signoff.stores import PendingFilter
 from signoff.stores.postgres import STORE_SCHEMA as PG_SCHEMA
 from signoff.stores.sqlite._schema import STORE_SCHEMA as SQLITE_SCHEMA
@@ -366,8 +366,8 @@ async def _children_of_three_parents(
             await rt.generate("support", prompt="Refund", auth=ALICE) for _ in range(3)
         ]
         with monkeypatch.context() as m:
-            m.setattr(_subagents, "children", lambda requests: [])
-            m.setattr(_subagents, "delegated", lambda state: [])
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
             await rt.cancel(ended.session_id)
             await rt.cancel(replaced.session_id)
         again = await rt.generate(session_id=replaced.session_id, prompt="Again", auth=ALICE)

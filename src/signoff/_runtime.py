@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import IO, Any, get_args
 
 from . import _audit_trail as _audit
-from . import _subagents, stores
+from . import _child_sessions, _subagents, stores
 from ._answers import Reply as _Reply
 from ._answers import check_principal, check_text
 from ._answers import decisions as _decisions
@@ -132,19 +132,19 @@ class Runtime(Workers):
 
     async def _drive(self, session_id: str, **kwargs: Any) -> GenerateResult:
         result = await super()._drive(session_id, **kwargs)
-        await _subagents.after_drive(self, session_id)  # a subagent's parent may go on now
+        await _child_sessions.after_drive(self, session_id)  # a subagent's parent may go on now
         return result
 
     async def _recover(self, state: SessionState) -> bool:
         recovered = await super()._recover(state)
         # Mirrors of child requests that closed unseen are closed before the parent runs.
-        recovered = await _subagents.reconcile(self, state) or recovered
+        recovered = await _child_sessions.reconcile(self, state) or recovered
         # A child whose parent's turn ended meanwhile is cancelled, not run (by a worker, say).
-        return await _subagents.cancel_orphan(self, state) or recovered
+        return await _child_sessions.cancel_orphan(self, state) or recovered
 
     async def _orphaned(self, state: SessionState) -> bool:
         # A child its parent's cancel missed (that process died): no answer is applied to it.
-        return await _subagents.cancel_orphan(self, state)
+        return await _child_sessions.cancel_orphan(self, state)
 
     async def _sweep_orphans(self) -> int:
         # Children a parent's cancel missed (that process died): a sweep cancels them.
@@ -155,7 +155,7 @@ class Runtime(Workers):
             await super()._expire(state, lease)
         except SessionExpired:
             # A subagent's session expired: its parent's delegate call goes on without it.
-            await _subagents.after_close(self, state)
+            await _child_sessions.after_close(self, state)
             raise
 
     @following_mirrors
@@ -474,9 +474,9 @@ class Runtime(Workers):
             if turn is None or turn.status in ended:
                 if turn is not None and turn.status == "cancelled":
                     # A cancel that died before reaching the turn's subagents: finish it.
-                    for child in _subagents.delegated(state):
+                    for child in _child_sessions.delegated(state):
                         with contextlib.suppress(UnknownSession):
-                            await _subagents.cancel_orphan(self, await self._state(child))
+                            await _child_sessions.cancel_orphan(self, await self._state(child))
                 return self._result(state)
             abort = self._aborts.get(session_id)
             if abort is not None:
@@ -496,7 +496,7 @@ class Runtime(Workers):
                 if now is None or now.id != tid or now.status in ended:
                     return Batch(specs=[])
                 withdrawn[:] = current.pending_requests()
-                delegated[:] = _subagents.delegated(current)
+                delegated[:] = _child_sessions.delegated(current)
                 return Batch(
                     specs=_cancel_specs(withdrawn, reason, by),
                     resolve=[_withdraw(r.id, by) for r in withdrawn],
@@ -514,11 +514,11 @@ class Runtime(Workers):
             self._remember(driver.state)
             self._aborts.pop(session_id, None)
             # Subagents under this turn: waiting on a person, or still running.
-            for child in dict.fromkeys([*_subagents.children(withdrawn), *delegated]):
+            for child in dict.fromkeys([*_child_sessions.children(withdrawn), *delegated]):
                 with contextlib.suppress(UnknownSession, SessionExpired):
-                    await _subagents.cancel_delegated(self, child, reason, principal)
+                    await _child_sessions.cancel_delegated(self, child, reason, principal)
             # A subagent cancelled on its own: its parent's delegate call goes on.
-            await _subagents.after_close(self, driver.state)
+            await _child_sessions.after_close(self, driver.state)
             return self._result(driver.state)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
 

@@ -13,13 +13,13 @@ import contextlib
 import hashlib
 import logging
 import weakref
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_checkable
 
 from pydantic import AfterValidator, Field
 
+from ._child_sessions import cancel_orphan, delegating, first_turn
 from ._events import Event
 from ._exceptions import (
     SessionBusy,
@@ -30,7 +30,6 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._mirrors import close_mirror
 from ._recording import TurnStopped, new_id, runnable
 from ._results import GenerateResult
 from ._state import SessionState, fold
@@ -46,15 +45,8 @@ __all__ = [
     "MAX_DEPTH",
     "RuntimeHost",
     "SubagentFailed",
-    "after_close",
-    "after_drive",
-    "cancel_delegated",
-    "cancel_orphan",
-    "children",
     "delegate",
-    "delegated",
     "missing_targets",
-    "reconcile",
     "sweep_orphans",
 ]
 
@@ -329,11 +321,11 @@ class RuntimeHost:
             if not runnable(state):  # the other drive ended or parked the turn
                 return await self._delegated_turn(child) or rt._result(state)
             token = await rt._acquire(child, owner)
-        reset = _delegating.set(_delegating.get() | {child})
+        reset = delegating.set(delegating.get() | {child})
         try:
             result = await rt._drive(child, claimed=(owner, token))
         finally:
-            _delegating.reset(reset)
+            delegating.reset(reset)
         return await self._delegated_turn(child) or result
 
     def _undriven(self, state: SessionState) -> GenerateResult:
@@ -350,14 +342,14 @@ class RuntimeHost:
         ended = await self._delegated_turn(child)
         if ended is not None:
             return ended
-        reset = _delegating.set(_delegating.get() | {child})
+        reset = delegating.set(delegating.get() | {child})
         try:
             try:
                 result = await self.runtime.cancel(child, reason)
             except SessionExpired:  # its expiry is recorded: nothing to stop
                 result = self.runtime._result(await self.runtime._state(child))
         finally:
-            _delegating.reset(reset)
+            delegating.reset(reset)
         return await self._delegated_turn(child) or result
 
     async def _delegated_turn(self, child: str) -> GenerateResult | None:
@@ -366,7 +358,7 @@ class RuntimeHost:
         child's current turn. The later turn's text is not the delegate call's result."""
         rt = self.runtime
         state = await rt._state(child)
-        first = await _first_turn(rt, state)
+        first = await first_turn(rt, state)
         if first.turn is None or state.turn is None or first.turn.id == state.turn.id:
             return None
         return rt._result(first)
@@ -375,172 +367,6 @@ class RuntimeHost:
 def _child_id(key: str) -> str:
     """The child session of the delegate call whose idempotency key is `key`."""
     return "ses_" + hashlib.sha256(key.encode()).hexdigest()[:20]
-
-
-_delegating: ContextVar[frozenset[str]] = ContextVar("signoff_delegating", default=frozenset())
-"""Child sessions their parent's drive is handling in this task (it goes on by itself)."""
-
-
-async def after_drive(rt: Runtime, session_id: str) -> None:
-    """A child session driven on its own (answered directly, a deadline passed): close the
-    parent's mirrors of requests it closed and let the parent's turn go on."""
-    state = rt._cache.get(session_id)
-    if state is None or state.parent is None or session_id in _delegating.get():
-        return
-    parent = await rt._state(state.parent)
-    # Mirrors closed already count too: an answer through the parent that lost to one given
-    # here closes the mirror and raises, leaving the parent's turn for this drive to go on.
-    mirrors = _mirrors(parent, session_id)
-    for live in mirrors:
-        if live.status == "pending":
-            await close_mirror(rt, parent.id, live.request)
-    if mirrors:
-        await _go_on(rt, parent.id)
-
-
-async def after_close(rt: Runtime, state: SessionState) -> None:
-    """A child whose requests closed on their own (its turn cancelled, its session expired),
-    not from its parent's drive: close the parent's mirrors of them and let the parent's turn
-    go on, so the delegate call gets its result instead of a wait that never ends."""
-    if state.parent is None or state.id in _delegating.get():
-        return
-    try:
-        parent = await rt._state(state.parent)
-    except UnknownSession:
-        return
-    open_ = [live for live in _mirrors(parent, state.id) if live.status == "pending"]
-    for live in open_:
-        await close_mirror(rt, parent.id, live.request)
-    if open_:
-        await _go_on(rt, parent.id)
-
-
-async def reconcile(rt: Runtime, state: SessionState) -> bool:
-    """Before the parent's turn is driven, close its open mirrors whose child requests closed
-    while nothing told it (an answer given with `resume=False`, a process that died, a child
-    session that expired); returns whether it closed any."""
-    turn = state.turn
-    mirrors = [
-        r
-        for r in state.pending_requests()
-        if r.child is not None and turn is not None and r.turn_id == turn.id
-    ]
-    if not mirrors:
-        return False
-    kids = children(mirrors)
-    reset = _delegating.set(_delegating.get() | set(kids))  # this drive goes on by itself
-    try:
-        for child in kids:
-            with contextlib.suppress(SessionExpired, UnknownSession):
-                await rt._checked(child)  # records the child's expiry and passed deadlines
-        for mirror in mirrors:
-            await close_mirror(rt, state.id, mirror)
-    finally:
-        _delegating.reset(reset)
-    return (await rt._state(state.id)).seq != state.seq
-
-
-def _mirrors(parent: SessionState, child: str) -> list[Any]:
-    """The parent's current turn's mirrors of `child`'s requests, open or closed."""
-    turn = parent.turn
-    return [
-        live
-        for live in parent.requests.values()
-        if live.request.child is not None
-        and live.request.child.session_id == child
-        and turn is not None
-        and live.request.turn_id == turn.id
-    ]
-
-
-async def _go_on(rt: Runtime, parent: str) -> None:
-    """Drive the parent's turn if it can go on and this runtime has its agent; otherwise it is
-    left runnable in the store for a process (a worker) that has it."""
-    state = await rt._state(parent)
-    if state.agent in rt.agents and runnable(state):
-        await rt._drive(parent)
-
-
-def children(requests: Iterable[InputRequest]) -> list[str]:
-    """The child sessions that `requests` (mirrors among them) were asked for, once each."""
-    out: list[str] = []
-    for r in requests:
-        if r.child is not None and r.child.session_id not in out:
-            out.append(r.child.session_id)
-    return out
-
-
-def delegated(state: SessionState) -> list[str]:
-    """The child sessions of the turn's delegate calls that have no result yet: cancelling the
-    turn cancels them too, whether or not they wait on a person yet."""
-    return _journaled(state, done=False)
-
-
-async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
-    """Cancel a child's live delegated turn that its parent no longer waits on (the parent's
-    turn was cancelled, completed or replaced), so no one runs it or asks for a cancelled task.
-
-    Checked after the child's turn starts and before any drive of it: a cancel of the parent
-    that swept its children just before the turn started, or a starter that died before this
-    check, still leaves no live child. Returns whether it cancelled.
-    """
-    turn = state.turn
-    if state.parent is None or turn is None or turn.status not in ("running", "waiting"):
-        return False
-    first = (await _first_turn(rt, state)).turn
-    if first is None or first.id != turn.id:  # a turn a message to the child started: its own
-        return False
-    try:
-        parent = await rt._state(state.parent)
-    except UnknownSession:
-        return False
-    live = parent.turn is not None and parent.turn.status not in ("completed", "cancelled")
-    if live and state.id in _journaled(parent, done=True):
-        return False
-    with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
-        return await _cancel_child(rt, state, "the parent turn ended", None)
-    return True
-
-
-async def cancel_delegated(
-    rt: Runtime, child: str, reason: str | None, principal: Principal | None
-) -> None:
-    """Cancel the child's delegated turn for its parent's cancel; a later turn, which a message
-    sent to the child started, is the child's own and is left alone."""
-    state = await rt._state(child)
-    first = (await _first_turn(rt, state)).turn
-    if state.turn is not None and first is not None and first.id == state.turn.id:
-        await _cancel_child(rt, state, reason, principal)
-
-
-async def _cancel_child(
-    rt: Runtime, state: SessionState, reason: str | None, principal: Principal | None
-) -> bool:
-    """Cancel a child's turn for its parent; whether it did. A runtime lacking the child's
-    agent logs that it leaves the child to one that has it (its orphan sweep cancels it)."""
-    try:
-        await rt.cancel(state.id, reason, principal=principal)
-    except UnknownAgent:
-        why = "is left to a process that has its agent (its orphan sweep cancels it)"
-        log.warning("subagent session %s of agent %r %s", state.id, state.agent, why)
-        return False
-    return True
-
-
-async def _first_turn(rt: Runtime, state: SessionState) -> SessionState:
-    """The child session as it was up to its first turn's end: that turn is the one its
-    delegate call started; a later one was started by a message sent to the child."""
-    if state.turn is None or state.turn.first_seq <= 2:  # 1: session.created, 2: the first
-        return state
-    events: list[Event] = []
-    started = False
-    async for e in rt.events(state.id, follow=False):
-        if e.type == "turn.started":
-            if started:
-                break
-            started = True
-        events.append(e)
-    return fold(events)
 
 
 async def sweep_orphans(rt: Runtime) -> int:
@@ -588,23 +414,3 @@ async def _all(
         if len(got) < 500:
             return rows
         offset += 500
-
-
-def _journaled(state: SessionState, *, done: bool) -> list[str]:
-    """The child sessions the turn's delegate calls journaled (`done`: calls with a result
-    too), once each."""
-    turn = state.turn
-    out: list[str] = []
-    for c in [] if turn is None else turn.calls.values():
-        if c.status == "done" and not done:
-            continue
-        for entry in c.journal:
-            child = None if entry is None else entry.get("result")
-            if (
-                entry is not None
-                and entry.get("name") == "subagent.session"
-                and isinstance(child, str)
-                and child not in out
-            ):
-                out.append(child)
-    return out
