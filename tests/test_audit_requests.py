@@ -17,8 +17,8 @@ from signoff.stores._base import RequestRow
 from signoff.stores._codec import pack_bytes
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
+from ._audit import ALICE, BOB, agent, alter, run_scenario, wipe
 from ._procs import query
-from .test_audit import ALICE, BOB, agent, alter, run_scenario, wipe
 
 
 def set_resolution(url: str, request_id: str, resolution: dict[str, object]) -> None:

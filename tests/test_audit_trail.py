@@ -18,9 +18,9 @@ from signoff.stores._audit import AuditEntry, AuditRow, chain_hash
 from signoff.stores._base import RequestRow
 from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
+from ._audit import agent, alter, run_scenario, wipe
 from ._procs import query
 from .conftest import make_store
-from .test_audit import agent, alter, run_scenario, wipe
 
 
 async def test_malformed_audit_arguments_are_usage_errors(tmp_path: Path) -> None:

@@ -14,9 +14,9 @@ import signoff as so
 from signoff.server import TokenAuth, create_app
 from signoff.stores._codec import unpack
 
+from ._audit import alter
 from ._dashboard import csrf_of, signed_in, start
 from ._procs import query
-from .test_audit import alter
 from .test_server_common import TOKENS, auth, running, served
 
 JSON = {"Accept": "application/json"}

@@ -17,6 +17,7 @@ from opentelemetry.trace import StatusCode
 import signoff as so
 from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
 
+from ._audit import alter
 from ._procs import query
 from ._tracing import (
     _agent,
@@ -26,7 +27,6 @@ from ._tracing import (
     provider,
     refund,
 )
-from .test_audit import alter
 
 __all__ = ["exporter", "provider"]  # the fixtures, used by name
 

@@ -13,9 +13,9 @@ import pytest
 import signoff as so
 from signoff.stores import Commit
 
+from ._audit import alter
 from ._procs import query
 from .conftest import make_store
-from .test_audit import alter
 
 DAMAGED = b"\x07not a document"
 

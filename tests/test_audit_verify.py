@@ -1,0 +1,323 @@
+"""Verifying the audit trail: damaged, removed, rewritten, forged or repeated entries are named,
+not raised, and entries committed while verifying are not.
+"""
+
+import json
+from pathlib import Path
+from typing import cast
+
+import signoff as so
+from signoff._audit_trail import verify as verify_trail
+from signoff.stores import Store
+from signoff.stores._audit import AuditEntry, chain_hash
+from signoff.stores._base import RequestRow
+from signoff.stores._codec import pack_bytes
+from signoff.testing import ManualClock, reply, scripted_agent
+
+from ._audit import agent, alter, run_scenario, wipe
+from ._procs import query
+
+
+async def test_a_damaged_event_is_named_by_verification_not_raised(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        entries = await rt.audit(sid)
+    settled = next(e for e in entries if e.type == "approval.settled")
+    resolved = next(e for e in entries if e.type == "input.resolved")
+    started = next(e for e in entries if e.type == "tool.started")
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    # one event overwritten with bytes that do not inflate, another with text that is not JSON
+    for seq, damage in ((settled.seq, b"\x01garbage"), (resolved.seq, b"{nope")):
+        alter(store_url, "UPDATE {t}events SET data={p} WHERE sk={p} AND seq={p}", damage, sk, seq)
+    # and one given a type code no signoff knows
+    alter(store_url, "UPDATE {t}events SET type='?' WHERE sk={p} AND seq={p}", sk, started.seq)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit(sid)
+        assert sorted((p.id, p.reason) for p in problems) == sorted(
+            (e.id, "content does not match") for e in (settled, resolved, started)
+        )
+        listed = {e.id: e for e in await rt2.audit(sid)}
+        assert listed[settled.id].data == listed[resolved.id].data == {}
+
+
+async def test_a_damaged_tool_setting_entry_is_named_not_raised(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/a.db"
+    async with so.Runtime([agent()], store=url) as rt:
+        (entry,) = await rt.audit(stream="tools:support.wipe")
+    alter(url, "UPDATE audit SET data='{{nope' WHERE id=?", entry.id)
+    async with so.Runtime([agent()], store=url) as rt2:
+        problems = await rt2.verify_audit("tools:support.wipe")
+        assert [(p.id, p.reason) for p in problems] == [(entry.id, "content does not match")]
+
+
+async def test_entries_removed_from_the_end_of_a_session_chain_are_named(store_url: str) -> None:
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        entries = await rt.audit(sid)
+        assert await rt.verify_audit() == []
+    last = entries[-1]
+    # the last entry goes: no entry after it can break, but the session row knows its chain head
+    alter(store_url, "DELETE FROM {t}audit WHERE id={p}", last.id)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        for problems in (await rt2.verify_audit(sid), await rt2.verify_audit()):
+            assert [(p.stream, p.n) for p in problems] == [(sid, last.n)]
+            assert "missing" in problems[0].reason
+        # and so do all of them
+        alter(store_url, "DELETE FROM {t}audit WHERE seq IS NOT NULL")
+        problems = await rt2.verify_audit(sid)
+        assert [(p.stream, p.n) for p in problems] == [(sid, 1)]
+
+
+async def test_entries_of_a_deleted_session_row_are_named_not_raised(tmp_path: Path) -> None:
+    """SQLite has no foreign keys to stop a hand edit deleting a session's row: its entries are
+    then named as a gone session's, not an AttributeError from a stream of None."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        count = len(await rt.audit(sid))
+        (sk,) = query(url, "SELECT sk FROM sessions WHERE id=?", sid)[0]
+    alter(url, "DELETE FROM {t}sessions WHERE id={p}", sid)
+    gone = f"session #{sk} (its row is gone)"
+    async with so.Runtime([agent()], store=url, clock=clock) as rt2:
+        assert [e.stream for e in await rt2.audit()].count(gone) == count
+        problems = await rt2.verify_audit()
+        assert problems and {p.stream for p in problems} == {gone}
+
+
+async def test_a_rewritten_last_entry_is_named_by_the_head_its_session_keeps(
+    store_url: str,
+) -> None:
+    """The last event rewritten with its trail entry's hash recomputed leaves a chain that
+    checks out link by link: only the chain head the session row keeps tells it apart."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        last = (await rt.audit(sid))[-1]
+    assert last.seq is not None
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    forged = {**last.data, "forged": True}
+    digest = chain_hash(
+        last.prev, stream=sid, n=last.n, type=last.type, at=last.at, seq=last.seq, data=forged
+    )
+    alter(
+        store_url,
+        "UPDATE {t}events SET data={p} WHERE sk={p} AND seq={p}",
+        pack_bytes(forged),
+        sk,
+        last.seq,
+    )
+    alter(store_url, "UPDATE {t}audit SET hash={p} WHERE id={p}", bytes.fromhex(digest), last.id)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        assert (await rt2.audit(sid))[-1].data == forged  # the forgery reads back as written
+        for problems in (await rt2.verify_audit(sid), await rt2.verify_audit()):
+            assert [(p.id, p.stream, p.n, p.reason) for p in problems] == [
+                (last.id, sid, last.n + 1, "the chain does not end with the hash its session keeps")
+            ]
+
+
+async def test_an_entry_naming_another_predecessor_is_named() -> None:
+    """A store that reports an entry's `prev` other than the hash of the entry before it (a
+    link moved or rewritten) is told so, even when the entry's own hash checks out."""
+
+    def entry(n: int, prev: str | None, hashed_on: str | None) -> AuditEntry:
+        digest = chain_hash(hashed_on, stream="s", n=n, type="turn.started", at=1.0, seq=n, data={})
+        return AuditEntry(
+            id=n,
+            stream="s",
+            n=n,
+            type="turn.started",
+            at=1.0,
+            seq=n,
+            data={},
+            prev=prev,
+            hash=digest,
+        )
+
+    first = entry(1, None, None)
+    second = entry(2, "00" * 32, first.hash)  # hashed on the true predecessor, names another
+
+    class Listed:
+        async def audit(
+            self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+        ) -> list[AuditEntry]:
+            return [e for e in (first, second) if e.id > after_id][:limit]
+
+        async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str]]:
+            return {"s": (2, second.hash)}
+
+        async def stored_requests(
+            self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+        ) -> list[RequestRow]:
+            return []  # no requests: only the chains are checked
+
+    problems = await verify_trail(cast(Store, Listed()))
+    assert [(p.id, p.n, p.reason) for p in problems] == [(2, 2, "previous hash differs")]
+
+
+async def test_entries_removed_from_the_end_of_a_tool_setting_stream_are_named(
+    store_url: str,
+) -> None:
+    """A tool-setting stream has no session row: the store keeps its head all the same, so its
+    last entries removed are named with the stream, as a session's are."""
+    loose = so.tool(approval=so.never())(wipe.fn)
+    for tools in ([wipe], [loose]):
+        async with so.Runtime(
+            [scripted_agent("support", [reply("hi")], tools=tools)], store=store_url
+        ):
+            pass  # each opening records the tool's setting
+    stream = "tools:support.wipe"
+    async with so.Runtime([], store=store_url) as rt:
+        entries = await rt.audit(stream=stream)
+        assert [e.n for e in entries] == [1, 2] and await rt.verify_audit() == []
+        # the heads kept leave no gap in the ids readers page through (a ChannelHub waits on one)
+        ids = [e.id for e in await rt.audit()]
+        assert ids == list(range(1, len(ids) + 1))
+    alter(store_url, "DELETE FROM {t}audit WHERE id={p}", entries[-1].id)
+    async with so.Runtime([], store=store_url) as rt:
+        for problems in (await rt.verify_audit(stream), await rt.verify_audit()):
+            assert [(p.id, p.stream, p.n) for p in problems] == [(entries[0].id, stream, 2)]
+            assert "missing" in problems[0].reason
+        alter(store_url, "DELETE FROM {t}audit WHERE stream={p} AND n>0", stream)
+        problems = await rt.verify_audit()
+        assert [(p.id, p.stream, p.n) for p in problems] == [(0, stream, 1)]
+
+
+async def test_a_forged_entry_appended_past_a_chains_head_is_named(store_url: str) -> None:
+    """An entry added after the last one with a hash that checks out (anyone can compute one)
+    goes past the head the store keeps for its stream: named, for a session and a tool stream."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        last = (await rt.audit(sid))[-1]
+        (tool,) = await rt.audit(stream="tools:support.wipe")
+        events = [e async for e in rt.events(sid, follow=False)]
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    later = events[-1]  # not audited: an entry for it claims a step that is not in the trail
+    assert last.seq is not None and later.seq > last.seq
+    digest = chain_hash(
+        last.hash,
+        stream=sid,
+        n=last.n + 1,
+        type=later.type,
+        at=later.at,
+        seq=later.seq,
+        data=later.data,
+    )
+    alter(
+        store_url,
+        "INSERT INTO {t}audit (sk, n, seq, hash) VALUES ({p},{p},{p},{p})",
+        sk,
+        last.n + 1,
+        later.seq,
+        bytes.fromhex(digest),
+    )
+    data = {"agent": "support", "tool": "wipe", "old": "Always", "new": "Never"}
+    forged = chain_hash(
+        tool.hash, stream=tool.stream, n=2, type=tool.type, at=tool.at, seq=None, data=data
+    )
+    alter(
+        store_url,
+        "INSERT INTO {t}audit (stream, n, type, at, data, hash) VALUES ({p},2,{p},{p},{p},{p})",
+        tool.stream,
+        tool.type,
+        tool.at,
+        json.dumps(data),
+        bytes.fromhex(forged),
+    )
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        listed = await rt2.audit()
+        assert listed[-2].seq == later.seq and listed[-1].data == data  # both read back
+        problems = await rt2.verify_audit()
+        assert [(p.id, p.stream, p.n) for p in problems] == [
+            (listed[-2].id, sid, last.n + 1),
+            (listed[-1].id, tool.stream, 2),
+        ]
+        assert all("past the end" in p.reason for p in problems)
+        assert [(p.stream, p.n) for p in await rt2.verify_audit(sid)] == [(sid, last.n + 1)]
+
+
+async def test_an_entry_pointing_at_an_event_again_is_named(store_url: str) -> None:
+    """An entry whose hash checks out but points at an event an earlier entry of its session
+    already stands for (a step shown twice) is named."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        entries = await rt.audit(sid)
+    first, second = entries[0], entries[1]
+    assert first.seq is not None
+    # the second entry rewritten to stand for the first's event again, its hash recomputed, and
+    # every later hash after it too, up to the head its session keeps
+    prev = first.hash
+    for e in entries[1:]:
+        seq, type_, at, data = (
+            (first.seq, first.type, first.at, first.data)
+            if e is second
+            else (e.seq, e.type, e.at, e.data)
+        )
+        prev = chain_hash(prev, stream=sid, n=e.n, type=type_, at=at, seq=seq, data=data)
+        alter(
+            store_url,
+            "UPDATE {t}audit SET seq={p}, hash={p} WHERE id={p}",
+            seq,
+            bytes.fromhex(prev),
+            e.id,
+        )
+    alter(
+        store_url,
+        "UPDATE {t}sessions SET audit_hash={p} WHERE id={p}",
+        bytes.fromhex(prev),
+        sid,
+    )
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt2:
+        problems = await rt2.verify_audit(sid)
+        assert [(p.id, p.stream, p.n) for p in problems] == [(second.id, sid, second.n)]
+        assert "event" in problems[0].reason
+
+
+async def test_entries_committed_while_verifying_are_not_named() -> None:
+    """Entries a commit adds between reading the heads and reading the entries go past the
+    heads first read; the heads read again then cover them, so only a real excess is named."""
+
+    def entry(n: int, prev: str | None) -> AuditEntry:
+        digest = chain_hash(prev, stream="s", n=n, type="turn.started", at=1.0, seq=n, data={})
+        return AuditEntry(
+            id=n,
+            stream="s",
+            n=n,
+            type="turn.started",
+            at=1.0,
+            seq=n,
+            data={},
+            prev=prev,
+            hash=digest,
+        )
+
+    first = entry(1, None)
+    second = entry(2, first.hash)
+
+    class Committing:
+        def __init__(self, later: int) -> None:
+            self.reads = [(1, first.hash), (later, second.hash)]
+
+        async def audit(
+            self, *, stream: str | None = None, after_id: int = 0, limit: int = 1000
+        ) -> list[AuditEntry]:
+            return [e for e in (first, second) if e.id > after_id][:limit]
+
+        async def audit_heads(self, *, stream: str | None = None) -> dict[str, tuple[int, str]]:
+            n, digest = self.reads.pop(0) if len(self.reads) > 1 else self.reads[0]
+            return {"s": (n, digest)}
+
+        async def stored_requests(
+            self, *, session_id: str | None = None, after: str = "", limit: int = 1000
+        ) -> list[RequestRow]:
+            return []  # no requests: only the chains are checked
+
+    assert await verify_trail(cast(Store, Committing(later=2))) == []
+    problems = await verify_trail(cast(Store, Committing(later=1)))
+    assert [(p.id, p.n, p.reason) for p in problems] == [
+        (2, 2, "entry 2 is past the end of the chain its session keeps")
+    ]

@@ -1,0 +1,251 @@
+"""The HTTP API the docs describe is the server's: its routes, request and response schemas,
+error codes, queue filters, the client's calls and the server extra.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ._docs import DOCS, ROOT, blocks_text
+
+
+def test_the_api_table_names_the_routes_the_server_has(tmp_path: Path) -> None:
+    """Every `METHOD /v1/...` docs/server.md names is a route of the app, and the table lists
+    every route of the API."""
+    import signoff as so
+    from signoff.server import create_app
+
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/state.db")
+    paths = create_app(rt, dev=True).openapi()["paths"]
+    served = {
+        (method.upper(), re.sub(r"\{\w+\}", "{id}", path))
+        for path, ops in paths.items()
+        for method in ops
+    }
+    named = set(re.findall(r"`(GET|POST|PUT|PATCH|DELETE) (/v1/[^`?]*)`", blocks_text("server")))
+    assert named == served, (sorted(named - served), sorted(served - named))
+
+
+def test_the_client_calls_are_the_ones_docs_server_md_names(tmp_path: Path) -> None:
+    """docs/server.md: `Client` has the calls it lists with `AsyncClient`'s parameters (its
+    `events` without following), `session()` is `AsyncClient`'s only, turn calls return the
+    runtime's types, and `pending()` / `state()` return a page with its total and a dict."""
+    import inspect
+
+    import examples.support as support
+
+    import signoff as so
+    from signoff.server import AsyncClient, Client, create_app
+
+    from .test_server_common import running
+
+    text = " ".join(blocks_text("server").split())
+    calls = ["generate", "send", "respond", "cancel", "state", "pending", "events"]
+    assert f"(`{'`, `'.join(calls)}`, which returns the events so far" in text
+    for name in calls:
+        sync = inspect.signature(getattr(Client, name)).parameters
+        async_ = dict(inspect.signature(getattr(AsyncClient, name)).parameters)
+        if name == "events":
+            del async_["follow"]  # `retries` it takes too
+        assert list(sync) == list(async_), name
+    assert hasattr(AsyncClient, "session") and not hasattr(Client, "session")
+    for cls in (Client, AsyncClient):
+        assert list(inspect.signature(cls).parameters) == [
+            "base_url",
+            "token",
+            "timeout",
+            "transport",
+        ]
+    assert '`(requests, total)` (50 a page, `status="pending"` by default' in text
+
+    demo = so.Agent(
+        name="support",
+        model=so.models.Scripted([support.demo_model], repeat_last=True),
+        tools=list(support.agent.tools.values()),
+    )
+    rt = so.Runtime([demo], store=f"sqlite:///{tmp_path}/s.db")
+    with running(create_app(rt, dev=True)) as base, Client(base) as c:
+        r = c.generate("support", "refund order 1042, it arrived broken")
+        assert r.status == "waiting" and isinstance(r.pending[0], so.InputRequest)
+        page, total = c.pending()
+        assert ([p.id for p in page], total) == ([r.pending[0].id], 1)
+        state = c.state(r.session_id)
+        assert isinstance(state, dict) and state["status"] == "waiting"
+        done = c.respond(r.session_id, [{"request_id": r.pending[0].id, "option_id": "approve"}])
+        assert done.status == "completed" and isinstance(done.outcomes[0], so.Outcome)
+    rt.close_sync()
+
+
+def _error_table() -> set[tuple[int, str]]:
+    """The (status, code) pairs of docs/server.md's error table."""
+    table = blocks_text("server").split("### Errors", 1)[1].split("\n### ", 1)[0]
+    pairs = set()
+    for status, codes in re.findall(r"^\| (\d{3}) \| (.*) \|$", table, re.M):
+        # a code is the first span of the cell or one after a comma or semicolon
+        found = re.findall(r"(?:^|[,;] |, and |, also |also )`([a-z_]+)`", codes)
+        pairs |= {(int(status), code) for code in found}
+    return pairs
+
+
+def test_the_error_table_lists_every_code_the_server_sends_and_only_those() -> None:
+    """docs/server.md's error table names each (status, code) the API can answer with: the
+    codes of the errors the runtime raises (by `status_for`) and the ones the server's routes
+    write themselves; and every `NNN code` the docs' prose names is one of those, so a client
+    written against the docs handles what it gets."""
+    from signoff import _exceptions
+    from signoff.server._errors import ERROR_RESPONSES, status_for
+
+    abstract = {
+        _exceptions.SignoffError,  # bases, never raised as themselves
+        _exceptions.SessionError,
+        _exceptions.AnswerError,
+        _exceptions.StepFailed,  # raised inside a tool body, which reads it
+        _exceptions.RemoteError,  # the client's, not the server's
+    }
+    sent = {
+        (status_for(cls.__new__(cls)), cls.code)  # status_for goes by the class alone
+        for cls in vars(_exceptions).values()
+        if isinstance(cls, type) and issubclass(cls, _exceptions.SignoffError)
+        if cls not in abstract
+    }
+    source = "\n".join(p.read_text() for p in (ROOT / "src/signoff/server").glob("*.py"))
+    written = {
+        (int(status), code)
+        for status, code in re.findall(r"\b([1-5]\d\d)(?:,|:)\s*\"([a-z_]+)\"", source)
+        if code != "error"
+    }
+    dashboard = {(403, "csrf_failed"), (400, "invalid_form"), (409, "form_already_sent")}
+    assert dashboard <= written  # the dashboard's own, named in its section, not the API's
+    table = _error_table()
+    assert table == (sent | written) - dashboard, (
+        sorted(table - sent - written),
+        sorted((sent | written) - dashboard - table),
+    )
+    # the OpenAPI document's error responses describe the same codes (but 405: a route is
+    # never called with a method it does not have)
+    described = {(405, "method_not_allowed")} | {
+        (int(status), code)
+        for status, response in ERROR_RESPONSES.items()
+        for code in re.findall(r"`([a-z_]+)`", response["description"])
+    }
+    assert described == table, (sorted(described - table), sorted(table - described))
+    for doc in DOCS:
+        prose = " ".join((ROOT / doc).read_text().split())
+        named = {(int(s), c) for s, c in re.findall(r"\b([1-5]\d\d) `([a-z_]+)`", prose)}
+        assert named <= table | dashboard, (doc, sorted(named - table - dashboard))
+
+
+def test_the_server_extra_is_what_the_server_checks_for() -> None:
+    """`pip install 'signoff[server]'` installs the packages whose absence the server names."""
+    import tomllib
+
+    from signoff.server._extra import SERVER_EXTRA
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    named = {re.split(r"[<>=\[ ]", dep)[0] for dep in extras["server"]}
+    assert named == set(SERVER_EXTRA)
+
+
+def test_the_queue_s_filters_are_the_ones_the_api_takes(tmp_path: Path) -> None:
+    """docs/server.md names the values `GET /v1/requests` takes for `kind` and `status`, its
+    default status and its page size, as the OpenAPI document has them."""
+    import signoff as so
+    from signoff.server import create_app
+
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/state.db")
+    params = {
+        p["name"]: p["schema"]
+        for p in create_app(rt, dev=True).openapi()["paths"]["/v1/requests"]["get"]["parameters"]
+    }
+    text = " ".join(blocks_text("server").split())
+    said = re.search(r"filters by `kind` \((.*?)\) and `status` \((.*?)\),", text)
+    assert said, "the sentence on GET /v1/requests' filters is gone"
+    kinds = re.findall(r"`([a-z-]+)`", said.group(1))
+    statuses = re.findall(r"`([a-z-]+)`", said.group(2))
+    assert kinds == params["kind"]["anyOf"][0]["enum"]
+    assert statuses == params["status"]["enum"] and params["status"]["default"] == "pending"
+    assert "`pending` by default" in said.group(2)
+    limit = params["limit"]
+    assert f"`limit` (1 to {limit['maximum']}, {limit['default']} by default)" in text
+
+
+def test_the_api_table_s_bodies_are_the_request_schemas(tmp_path: Path) -> None:
+    """The body column of docs/server.md's API table names each field a POST takes, `?` on the
+    optional ones, as the OpenAPI document's request schemas have them (a list's items too), so
+    a body written from the table is not refused as an unknown or missing field."""
+    import signoff as so
+    from signoff.server import create_app
+
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/state.db")
+    doc = create_app(rt, dev=True).openapi()
+    schemas = doc["components"]["schemas"]
+
+    def fields(schema: dict[str, Any]) -> set[str]:
+        """`name` or `name?` for each property, with a list's items' as `name: [...]`."""
+        if "$ref" in schema:
+            schema = schemas[schema["$ref"].rsplit("/", 1)[1]]
+        if "properties" not in schema:  # an optional body: `anyOf` it and null
+            schema = next(s for s in schema["anyOf"] if s.get("type") != "null")
+            return fields(schema)
+        required = set(schema.get("required", []))
+        found = set()
+        for name, prop in schema.get("properties", {}).items():
+            found.add(name if name in required else f"{name}?")
+            items = prop.get("items")
+            if items is not None:
+                found |= {f"{name}: {inner}" for inner in fields(items)}
+        return found
+
+    def said(body: str) -> set[str]:
+        """The same, read from the table's `{agent, message?}` notation."""
+        body = re.sub(r': "\w+"(?:, "\w+")*', "", body.strip("`{} "))  # a value's choices
+        found = set()
+        for name, items in re.findall(r"(\w+\??)(?:: \[\{(.*?)\}\])?(?:,|$)", body):
+            found.add(name)
+            if items:
+                inner = re.findall(r"(\w+\??)", items)
+                found |= {f"{name.rstrip('?')}: {i}" for i in inner}
+        return found
+
+    table = blocks_text("server").split("## API", 1)[1].split("\n\n", 2)[1]
+    checked = 0
+    row = re.compile(r"^\| `POST (/v1/[^`]+)` \| (`[^|]*?(?:\\\|[^|]*?)*`)", re.M)
+    for path, body in row.findall(table):
+        schema = doc["paths"][path.replace("{id}", "{session_id}")]["post"]["requestBody"]
+        documented = said(body.replace("\\|", "|").replace(" | ", ", "))
+        actual = fields(schema["content"]["application/json"]["schema"])
+        # a field either of two (`optionId | text`) is optional in the schema, required in words
+        assert {f.rstrip("?") for f in documented} == {f.rstrip("?") for f in actual}, (
+            path,
+            sorted(documented),
+            sorted(actual),
+        )
+        checked += 1
+    assert checked == 5, checked
+
+
+def test_the_api_table_s_response_shapes_are_the_response_schemas(tmp_path: Path) -> None:
+    """A response shape the API table gives (`{items, total, limit, offset}`) names every key
+    of that route's OpenAPI response schema and no other, so a client written from it reads
+    the body it gets."""
+    import signoff as so
+    from signoff.server import create_app
+
+    rt = so.Runtime([], store=f"sqlite:///{tmp_path}/state.db")
+    doc = create_app(rt, dev=True).openapi()
+    schemas = doc["components"]["schemas"]
+    table = blocks_text("server").split("## API", 1)[1].split("\n\n", 2)[1]
+    row = re.compile(r"^\| `GET (/v1/[^`]+)` \|[^|]*\| [^|]*?`\{([\w, ]+)\}`", re.M)
+    checked = 0
+    for path, shape in row.findall(table):
+        route = path.replace("/requests/{id}", "/requests/{request_id}")
+        responses = doc["paths"][route.replace("{id}", "{session_id}")]["get"]["responses"]
+        ref = responses["200"]["content"]["application/json"]["schema"]["$ref"]
+        properties = schemas[ref.rsplit("/", 1)[1]]["properties"]
+        assert shape.split(", ") == list(properties), (path, shape, list(properties))
+        checked += 1
+    assert checked == 2, checked

@@ -1,0 +1,304 @@
+"""Every name, link, default, event type and table the docs show matches the code: public names
+and docstrings, classes and errors, extras, relative links, tracing attributes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ._docs import DOCS, ROOT, blocks_text
+
+
+def test_each_extra_the_docs_name_exists_and_brings_the_client_its_message_promises() -> None:
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    texts = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    texts += sorted((ROOT / "src" / "signoff").rglob("*.py"))
+    named = {
+        extra
+        for p in texts
+        for group in re.findall(r"signoff\[([a-z,]+)\]", p.read_text())
+        for extra in group.split(",")  # 'signoff[server,slack]' names two
+    }
+    assert named and named <= set(extras), sorted(named - set(extras))
+    # `so.Client` says "pip install 'signoff[server]'" when httpx is missing
+    assert any(dep.startswith("httpx") for dep in extras["server"])
+
+
+def _own_doc(obj: object) -> str:
+    """The docstring `obj` carries itself: not its class's, nor a dataclass's generated one."""
+    import inspect
+
+    doc = inspect.getdoc(obj) or ""
+    name = getattr(obj, "__name__", "")
+    if not doc or doc.startswith(f"{name}(") or doc == inspect.getdoc(type(obj)):
+        return ""
+    if isinstance(obj, type) and any(doc == inspect.getdoc(base) for base in obj.__mro__[1:]):
+        return ""  # inherited from a base class, e.g. pydantic's BaseModel
+    return doc
+
+
+def test_every_public_class_and_function_says_what_it_is() -> None:
+    import inspect
+
+    import signoff as so
+
+    missing = [
+        name
+        for name in so.__all__
+        if (inspect.isclass(obj := getattr(so, name)) or inspect.isfunction(obj))
+        and not _own_doc(obj)
+    ]
+    methods = [
+        f"Runtime.{name}"
+        for cls in so.Runtime.__mro__[:-1]
+        for name, fn in vars(cls).items()
+        if not name.startswith("_") and not name.endswith("_sync") and inspect.isfunction(fn)
+        if not _own_doc(getattr(so.Runtime, name))
+    ]
+    assert missing + methods == [], missing + methods
+
+
+def test_every_table_in_the_docs_is_one_table() -> None:
+    """A Markdown table ends at the first line that is not a row: rows after a paragraph that
+    cuts a table show as plain text with pipes. So each run of rows starts with a header row
+    and its `|---|` separator, outside code blocks."""
+    cut = []
+    for doc in DOCS:
+        lines = (ROOT / doc).read_text().splitlines()
+        fenced = False
+        for i, line in enumerate(lines):
+            if line.startswith("```"):
+                fenced = not fenced
+            starts = line.startswith("|") and not (i and lines[i - 1].startswith("|"))
+            if starts and not fenced:
+                following = lines[i + 1] if i + 1 < len(lines) else ""
+                if not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", following):
+                    cut.append((doc, i + 1, line[:60]))
+    assert cut == []
+
+
+def test_docs_api_lists_every_public_name_and_only_those() -> None:
+    """docs/api.md's tables name each of `signoff.__all__` once, and nothing else."""
+    import signoff as so
+
+    api = (ROOT / "docs" / "api.md").read_text()
+    rows = re.findall(r"^\| ((?:`[\w.]+`(?:, )?)+) \|", api, re.M)
+    listed = [name for row in rows for name in re.findall(r"`([\w.]+)`", row)]
+    assert sorted(listed) == sorted(set(listed)), "listed twice"
+    assert sorted(listed) == sorted(so.__all__), (
+        sorted(set(so.__all__) - set(listed)),
+        sorted(set(listed) - set(so.__all__)),
+    )
+
+
+def test_every_signoff_name_the_docs_use_exists() -> None:
+    """Each `so.X`, `signoff.X.Y` and `from signoff.X import Y` of the README and docs/ (text
+    and code) names something the package has, so a documented name is never an AttributeError."""
+    import importlib
+
+    def resolve(dotted: str) -> object:
+        parts = dotted.split(".")
+        obj: object = importlib.import_module(parts[0])
+        for n, part in enumerate(parts[1:], 2):
+            try:
+                obj = getattr(obj, part)
+            except AttributeError:  # a subpackage not imported by its parent
+                obj = importlib.import_module(".".join(parts[:n]))
+        return obj
+
+    # The `signoff.*` span attributes and events the tracing docs name are the ones it sets.
+    tracing = (ROOT / "src" / "signoff" / "_tracing.py").read_text()
+    traced = set(re.findall(r"\"(signoff\.[a-z_.]+)\"", tracing))
+    checked = 0
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        names = {f"signoff.{n}" for n in re.findall(r"\bso\.([A-Za-z_][\w.]*\w)", text)}
+        names |= {f"signoff.{n}" for n in re.findall(r"\bsignoff\.([a-z_][\w.]*\w)", text)}
+        for module, imported in re.findall(r"from (signoff[\w.]*) import ([\w, ]+)", text):
+            names |= {f"{module}.{n.strip()}" for n in imported.split(",")}
+        for name in sorted(names - traced):
+            try:
+                resolve(name)
+            except (AttributeError, ImportError) as exc:
+                raise AssertionError(f"{doc} names {name}, which does not exist") from exc
+            checked += 1
+    assert checked >= 40, checked
+
+
+def _slug(heading: str) -> str:
+    """The anchor GitHub gives a Markdown heading: lower case, punctuation dropped, spaces to -."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
+
+
+def test_every_relative_link_and_path_the_docs_name_resolves() -> None:
+    """Each relative Markdown link (and its `#anchor`) of the README and docs/ leads to a file
+    and heading that exist, and each repository path they name in code spans (`docs/api.md`,
+    `tests/test_fuzz.py`, `scripts/`), script they run (`./scripts/demo`) and module they run
+    (`python -m bench.overhead`) is there, so a reader following one is not lost."""
+    prefixes = ("docs/", "bench/", "tests/", "examples/", "src/", "scripts/")
+    checked = 0
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        prose = re.sub(r"```.*?```", "", text, flags=re.S)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):
+                continue  # http(s): and mailto: links leave the repository
+            path, _, anchor = target.partition("#")
+            file = (ROOT / doc).parent / path if path else ROOT / doc
+            assert file.exists(), (doc, target)
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", file.read_text(), re.M)
+                assert anchor in {_slug(h) for h in headings}, (doc, target)
+            checked += 1
+        for path in re.findall(r"`([\w./-]+)`", prose):
+            if path.startswith(prefixes):
+                assert (ROOT / path).exists(), (doc, path)
+                checked += 1
+        for script in re.findall(r"(?<![\w/])\./(scripts/[\w.-]+)", text):  # ./scripts/demo
+            assert (ROOT / script).is_file(), (doc, script)
+            checked += 1
+        for module in re.findall(r"python -m ([\w.]+)", text):  # bench.overhead, signoff
+            path = ROOT / "src" / module if module == "signoff" else ROOT / module.replace(".", "/")
+            assert path.with_suffix(".py").is_file() or (path / "__main__.py").is_file(), module
+            checked += 1
+    assert checked >= 15, checked
+
+
+def test_the_drawn_hierarchy_names_every_error_signoff_raises() -> None:
+    """The README sends readers to `src/signoff/_exceptions.py` for the hierarchy of errors:
+    it draws every `SignoffError` subclass the package defines, under its real base."""
+    import importlib
+
+    import signoff as so
+
+    drawing = (so._exceptions.__doc__ or "").split("\n\n")[1]
+    depth = {}
+    for line in drawing.splitlines():
+        found = re.match(r"^([ │├└─]*)([A-Z]\w+)", line.strip("\n"))
+        if found:
+            depth[found.group(2)] = len(found.group(1))
+    defined: dict[str, type] = {}
+    for path in sorted((ROOT / "src" / "signoff").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT / "src").with_suffix("").parts)
+        if "class " not in path.read_text() or module.endswith("__main__"):
+            continue
+        for obj in vars(importlib.import_module(module.removesuffix(".__init__"))).values():
+            if isinstance(obj, type) and issubclass(obj, so.SignoffError):
+                defined[obj.__name__] = obj
+    assert sorted(defined) == sorted(depth), (
+        sorted(set(defined) - set(depth)),
+        sorted(set(depth) - set(defined)),
+    )
+    names = list(depth)
+    for n, name in enumerate(names[1:], 1):
+        # the class's base is the nearest line above drawn less deep
+        base = next(b for b in reversed(names[:n]) if depth[b] < depth[name])
+        assert defined[name].__bases__ == (defined[base],), (name, base)
+
+
+def test_every_class_name_the_docs_use_exists() -> None:
+    """Each CamelCase name in a code span of the README's and docs/' prose (`ConflictingAnswer`,
+    `TerminalTextChannel`) is a class or type the package defines, or one of the few outside
+    names the docs mention, so a misspelt exception is not caught by an `except` that never
+    matches."""
+    source = "".join(p.read_text() for p in (ROOT / "src" / "signoff").rglob("*.py"))
+    defined = set(re.findall(r"^\s*class (\w+)", source, re.M))
+    defined |= set(re.findall(r"^([A-Z]\w*)(?: *:[^=\n]*)? *=", source, re.M))  # type aliases
+    outside = {"ValidationError", "KeyboardInterrupt", "SystemExit", "EventSource"}
+    outside |= {"HttpOnly", "SameSite"}  # cookie attributes
+    checked = 0
+    for doc in DOCS:
+        prose = re.sub(r"```.*?```", "", (ROOT / doc).read_text(), flags=re.S)
+        for name in set(re.findall(r"`([A-Z][a-z0-9]+[A-Z][a-z]\w*)\b[^`]*`", prose)):
+            assert name in defined | outside, (doc, name)
+            checked += 1
+    assert checked >= 40, checked
+
+
+def test_the_defaults_the_docs_state_are_the_code_s() -> None:
+    """Each default the docs state in numbers is the one the code has, so a changed default
+    fails here, naming the sentence to update."""
+    import inspect
+
+    import signoff as so
+    from signoff import _idempotency, stores
+    from signoff.channels import WebhookChannel, verify_webhook
+    from signoff.server import AsyncClient, Client, create_app
+    from signoff.server._serve import DEFAULT_WORKERS
+    from signoff.stores._prompt import REQUEST_WAIT
+    from signoff.stores.postgres._borrowed import OPERATION_TIMEOUT
+    from signoff.stores.postgres._outage import GRACE
+
+    def d(fn: Any, name: str) -> Any:
+        return inspect.signature(fn).parameters[name].default
+
+    mib, readme, server = 1 << 20, "README.md", "docs/server.md"
+    stated = [
+        (readme, "`Limits(max_result_bytes=)` (1 MiB", d(so.Limits, "max_result_bytes"), mib),
+        (readme, "`Limits(max_response_bytes=)` (1 MiB)", d(so.Limits, "max_response_bytes"), mib),
+        (readme, "`so.MAX_TEXT_BYTES` (4 MiB", so.MAX_TEXT_BYTES, 4 * mib),
+        (readme, "`signoff.stores.READ_BYTES` (4 MiB)", stores.READ_BYTES, 4 * mib),
+        (readme, "a session remembers its last 32 keys", _idempotency.KEPT, 32),
+        (readme, "`?outage_grace=` seconds of an outage (10 by default)", GRACE, 10),
+        (readme, "`?operation_timeout=` seconds (30 by default", OPERATION_TIMEOUT, 30),
+        (readme, "`?request_pool_timeout=` seconds (3 by default)", REQUEST_WAIT, 3),
+        (readme, "`Runtime(lease_ttl=…)`, 30 s by default)", d(so.Runtime, "lease_ttl"), 30),
+        (readme, "`expiring_within` seconds (300 by", d(WebhookChannel, "expiring_within"), 300),
+        (readme, "the age (300 s by default)", d(verify_webhook, "tolerance"), 300),
+        (server, "(`--workers N`, 4 by default;", DEFAULT_WORKERS, 4),
+        (server, "`create_app(workers=N)`, 0 by default)", d(create_app, "workers"), 0),
+        (server, "(max_body_size=...)`, 4 MiB by default", d(create_app, "max_body_size"), 4 * mib),
+        (server, "12 hours by default", d(create_app, "sign_in_lifetime"), 12 * 3600),
+        (server, "the server's `heartbeat` (15 s)", d(create_app, "heartbeat"), 15),
+        (server, "`timeout`, 60 s by default", d(Client, "timeout"), 60),
+        (server, "`timeout`, 60 s by default", d(AsyncClient, "timeout"), 60),
+        (server, "`retries` failures in a row (5 by default", d(AsyncClient.events, "retries"), 5),
+    ]
+    for model in (so.models.OpenAIChat, so.models.Anthropic):
+        stated += [
+            (readme, "(`max_retries=2`)", d(model, "max_retries"), 2),
+            (readme, "`timeout=120`", d(model, "timeout"), 120),
+            (readme, "`max_reply_bytes` (16 MiB", d(model, "max_reply_bytes"), 16 * mib),
+        ]
+    texts = {doc: " ".join((ROOT / doc).read_text().split()) for doc in DOCS}
+    for doc, sentence, actual, documented in stated:
+        assert sentence in texts[doc], (doc, sentence)
+        assert actual == documented, (doc, sentence, actual)
+    assert f"`SIGNOFF_STORE` (default `{stores.DEFAULT_URL}`)" in texts[readme]
+
+
+def test_every_event_type_the_docs_name_is_one_signoff_writes() -> None:
+    """Each `session.*`, `turn.*`, `model.*`, `tool.*`, `input.*` and `approval.*` the docs name
+    is an event type of the log, and each `request.*` a webhook event or a request's field, so
+    a consumer filtering on a documented type gets events."""
+    import signoff as so
+    from signoff._events import EVENT_TYPES
+
+    webhooks = (ROOT / "src/signoff/channels/webhooks.py").read_text()
+    sent = set(re.findall(r"enqueue\(\"(request\.\w+)\"", webhooks))
+    fields = {f"request.{name}" for name in so.InputRequest.model_fields}
+    assert {"request.opened", "request.escalated", "request.resolved", "request.expiring"} <= sent
+    named: set[str] = set()
+    for doc in DOCS:
+        text = (ROOT / doc).read_text()
+        kinds = "session|turn|model|tool|input|approval|request"
+        named |= set(re.findall(rf"`((?:{kinds})\.\w+)`", text))
+    events = {n for n in named if not n.startswith("request.")}
+    assert len(events) >= 8 and events - EVENT_TYPES == set(), sorted(events - EVENT_TYPES)
+    requests = named - events
+    assert requests - sent - fields == set(), sorted(requests - sent - fields)
+
+
+def test_every_gen_ai_attribute_the_tracing_docs_name_is_one_signoff_sets() -> None:
+    """The `gen_ai.*` span attributes docs/tracing.md lists are ones the tracing code sets (the
+    `signoff.*` ones are checked with the other names above)."""
+    source = (ROOT / "src" / "signoff" / "_tracing.py").read_text()
+    set_ = set(re.findall(r"\"(gen_ai\.[a-z_.]+)\"", source))
+    named = set(re.findall(r"`(gen_ai\.[a-z_.]+)`", blocks_text("tracing")))
+    assert len(named) >= 10 and named - set_ == set(), sorted(named - set_)

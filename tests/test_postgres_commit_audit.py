@@ -1,0 +1,86 @@
+"""Audit entries of no session recorded by the PostgreSQL statement: chained from heads read
+unlocked, checked and hashed under the streams' locks, from many processes at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from signoff._audit_trail import verify
+from signoff.stores._audit import AuditRow
+from signoff.stores.postgres import PostgresStore
+
+from ._pg_events import T0
+
+
+async def test_audit_entries_recorded_at_once_from_many_processes_chain(
+    pg_store_url: str,
+) -> None:
+    """Entries of no session (tool settings, sign-outs) are chained from heads read unlocked and
+    checked under the streams' locks: processes recording on the same streams at once, in
+    either order of the streams, each write every entry once, numbered without a gap, with ids
+    without a gap, and the chains verify."""
+    stores = [PostgresStore(pg_store_url) for _ in range(4)]
+    for store in stores:
+        await store.open()
+
+    async def record(k: int, store: PostgresStore) -> None:
+        for i in range(8):
+            streams = ["tools:a.t", "tools:b.t"][:: 1 if k % 2 else -1]
+            await store.record_audit(
+                [
+                    AuditRow(stream=stream, type="t", at=T0, seq=None, data={"k": k, "i": i})
+                    for stream in streams
+                ]
+            )
+
+    try:
+        await asyncio.gather(*(record(k, store) for k, store in enumerate(stores)))
+        every = await stores[0].audit()
+        assert [e.id for e in every] == list(range(1, 65))
+        for stream in ("tools:a.t", "tools:b.t"):
+            entries = await stores[0].audit(stream=stream)
+            assert [e.n for e in entries] == list(range(1, 33))
+            written = sorted((e.data["k"], e.data["i"]) for e in entries)
+            assert written == [(k, i) for k in range(4) for i in range(8)]
+        assert await verify(stores[0]) == []
+    finally:
+        for store in stores:
+            await store.close()
+
+
+async def test_audit_entries_chained_by_the_statement_verify(pg: PostgresStore) -> None:
+    """The statement recording entries of no session hashes them itself, from the heads it
+    reads under the streams' locks: text of any script, nested and unordered keys and precise
+    times hash as `chain_hash` does, and an entry expecting its stream elsewhere (`after`) is
+    skipped mid-batch while the others chain on, each stream on its own."""
+    data = {"z": [1, {"b": 2.5, "a": 'é ü 中 \u2028 "q" \\\\'}], "a": None, "n": 3}
+
+    def row(stream: str, after: int | None, k: int) -> AuditRow:
+        return AuditRow(
+            stream=stream, type="t", at=T0 + k / 7, seq=None, data={**data, "k": k}, after=after
+        )
+
+    await pg.record_audit([row("tools:b.t", None, 0)])
+    await pg.record_audit(
+        [
+            row("tools:a.t", 0, 1),
+            row("tools:b.t", 1, 2),
+            row("tools:a.t", 0, 3),  # skipped: the stream is at 1 by now
+            row("tools:a.t", 1, 4),
+            row("tools:b.t", 5, 5),  # skipped
+            row("tools:b.t", None, 6),
+        ]
+    )
+    found = [
+        (e.stream, e.n, e.data["k"], e.data == {**data, "k": e.data["k"]}) for e in await pg.audit()
+    ]
+    assert found == [
+        ("tools:b.t", 1, 0, True),
+        ("tools:a.t", 1, 1, True),
+        ("tools:b.t", 2, 2, True),
+        ("tools:a.t", 2, 4, True),
+        ("tools:b.t", 3, 6, True),
+    ]
+    assert [e.at for e in await pg.audit(stream="tools:a.t")] == [T0 + 1 / 7, T0 + 4 / 7]
+    assert await verify(pg) == []

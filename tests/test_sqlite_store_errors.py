@@ -1,0 +1,235 @@
+"""The SQLite store's errors: held locks and busy timeouts, damaged files, bad URLs and paths."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.stores import Commit, PendingFilter, SQLiteStore, open_store
+from signoff.stores._audit import AuditRow
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+from ._sqlite_store import count, event, new_session
+
+
+async def test_a_held_write_lock_is_a_store_error_not_a_hang(tmp_path: Path) -> None:
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=0.05)
+    await new_session(store, "s1")
+    blocker = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        with pytest.raises(so.StoreError, match="locked"):
+            await store.commit(Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)]))
+        blocker.execute("ROLLBACK")
+        assert await store.head("s1") == 1
+        await store.commit(Commit(session_id="s1", expected_seq=1, events=[event("s1", 2)]))
+        assert await store.head("s1") == 2
+    finally:
+        blocker.close()
+        await store.close()
+
+
+@pytest.mark.parametrize("busy_timeout", [-1, float("nan"), float("inf"), 86_401, 1e12, True, "5"])
+def test_a_busy_timeout_out_of_its_range_is_refused_and_no_file_made(
+    tmp_path: Path, busy_timeout: Any
+) -> None:
+    """NaN or infinity failed at open (`int()` of it), a huge one overflowed SQLite's
+    millisecond count, and a negative one turned the wait off: each is a `UsageError` now."""
+    with pytest.raises(
+        so.UsageError, match=r"^busy_timeout must be a number of seconds, from 0 to 86400, not "
+    ):
+        SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=busy_timeout)
+    assert not (tmp_path / "state.db").exists()
+    assert SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=0).busy_timeout == 0
+
+
+@pytest.mark.parametrize("url", [5, None, b"sqlite:///state.db"])
+def test_a_url_that_is_not_text_is_a_store_error_as_for_postgres(url: Any) -> None:
+    """It raised AttributeError; `PostgresStore` says the same of one (the URL is data, its
+    keyword arguments are the developer's: `busy_timeout` above and `migrate` are UsageError)."""
+    with pytest.raises(so.StoreError, match="^not a SQLite URL"):
+        SQLiteStore(url)
+
+
+def test_a_migrate_argument_that_is_not_a_bool_is_misuse(tmp_path: Path) -> None:
+    with pytest.raises(so.UsageError, match="^migrate must be True or False, not 'no'"):
+        SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", migrate="no")  # type: ignore[arg-type]
+    assert not (tmp_path / "state.db").exists()
+
+
+async def test_every_write_held_up_past_busy_timeout_is_a_store_error(tmp_path: Path) -> None:
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=0.05)
+    await new_session(store, "s1")
+    writes = {
+        "create_session": lambda: new_session(store, "s2"),
+        "acquire_lease": lambda: store.acquire_lease("s1", "o", 10, 0),
+        "renew_lease": lambda: store.renew_lease("s1", "o", 1, 10, 0),
+        "release_lease": lambda: store.release_lease("s1", "o", 1),
+        "claim": lambda: store.claim("o", 10, 0, 5),
+        "record_audit": lambda: store.record_audit(
+            [AuditRow(stream="tools:a.x", type="tool.approval_changed", at=1, seq=None, data={})]
+        ),
+    }
+    blocker = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        blocker.execute("BEGIN IMMEDIATE")
+        for name, write in writes.items():
+            with pytest.raises(so.StoreError, match="locked"):
+                await write()
+            assert not store.conn.in_transaction, name
+        blocker.execute("ROLLBACK")
+        assert await store.acquire_lease("s1", "o", 10, 0) == 1  # and the store still works
+        await new_session(store, "s2")
+    finally:
+        blocker.close()
+        await store.close()
+
+
+async def test_reads_of_a_file_damaged_under_an_open_store_are_store_errors(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "state.db"
+    store = SQLiteStore(f"sqlite:///{path}")
+    await new_session(store, "s1")
+    await store.close()
+    store = SQLiteStore(f"sqlite:///{path}")
+    await store.open()
+    try:
+        # every page but the first (the header and the schema) overwritten with garbage
+        page = store.conn.execute("PRAGMA page_size").fetchone()[0]
+        store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        with path.open("r+b") as f:
+            f.seek(page)
+            f.write(b"\xff" * (path.stat().st_size - page))
+        reads = {
+            "load": lambda: store.load("s1"),
+            "read_events": lambda: store.read_events("s1"),
+            "head": lambda: store.head("s1"),
+            "get_request": lambda: store.get_request("req_1"),
+            "pending": lambda: store.pending(PendingFilter()),
+            "count_pending": lambda: store.count_pending(PendingFilter()),
+            "sessions": lambda: store.sessions(),
+            "audit": lambda: store.audit(),
+            "renew_lease": lambda: store.renew_lease("s2", "o", 1, 10, 0),
+            "release_lease": lambda: store.release_lease("s2", "o", 1),
+            "wait_for_change": lambda: store.wait_for_change("s1", 0.01),
+        }
+        for name, read in reads.items():
+            with pytest.raises(so.StoreError, match="malformed"):
+                await read()
+                pytest.fail(name)
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("UPDATE sessions SET head = 'x'", "head is 'x'"),
+        ("UPDATE sessions SET audit_n = 'q'", "audit_n is 'q'"),
+        ("UPDATE sessions SET audit_hash = 'zz'", "audit_hash is 'zz'"),
+        ("INSERT OR REPLACE INTO leases SELECT sk, 'w', 'abc', 'zz' FROM sessions", "lease"),
+    ],
+)
+async def test_text_where_a_session_row_keeps_a_number_is_a_store_error(
+    tmp_path: Path, damage: str, named: str
+) -> None:
+    """SQLite keeps whatever a hand edit puts in a column: a session row or lease holding text
+    where a number or hash belongs is named, not a ValueError or TypeError from converting it,
+    and answering the session writes nothing (a damaged lease stops only the turn's run: the
+    answer, recorded before it, stays)."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return order_id
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="1")), reply("ok")], tools=[refund]
+    )
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([agent], store=url) as rt:
+        parked = await rt.generate("a", prompt="hi")
+    with sqlite3.connect(tmp_path / "state.db") as conn:
+        conn.execute(damage)
+    conn.close()
+    answer = so.InputResponse(request_id=parked.pending[0].id, option_id="approve")
+    async with so.Runtime([agent], store=url) as rt:
+        store = rt.store
+        assert isinstance(store, SQLiteStore)
+        before = await count(store, "events")
+        with pytest.raises(so.StoreError, match=named):
+            await rt.respond(parked.session_id, [answer])
+        try:
+            await rt.verify_audit()
+        except so.StoreError as exc:
+            assert named in str(exc)
+        if named != "lease":
+            assert await count(store, "events") == before
+
+
+# -- URLs -----------------------------------------------------------------------------------------
+
+
+async def test_url_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = SQLiteStore("sqlite:///data/rel.db")
+    absolute = SQLiteStore(f"sqlite:///{tmp_path / 'abs' / 'abs.db'}")
+    memory = SQLiteStore("sqlite:///:memory:")
+    assert absolute.path == str(tmp_path / "abs" / "abs.db")
+    assert f"sqlite:///{tmp_path}".startswith("sqlite:////")  # four slashes for absolute paths
+    for store in (relative, absolute, memory):
+        await store.open()
+        await new_session(store, "s1")
+        assert await store.head("s1") == 1
+        await store.close()
+    assert (tmp_path / "data" / "rel.db").exists()
+    assert (tmp_path / "abs" / "abs.db").exists()
+    assert memory.file_bytes() == 0
+
+
+async def test_default_store_is_dot_signoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with so.Runtime([scripted_agent("a", [reply("hi")])]) as rt:
+        assert isinstance(rt.store, SQLiteStore)
+        r = await rt.generate("a", prompt="hello")
+        assert r.text == "hi"
+    assert (tmp_path / ".signoff" / "state.db").exists()
+    assert isinstance(open_store(None), SQLiteStore)
+
+
+@pytest.mark.parametrize(
+    ("url", "error", "match"),
+    [
+        ("sqlite://state.db", so.StoreError, "three slashes"),
+        ("sqlite:///", so.StoreError, "names no file"),
+        ("sqlite:///data/", so.StoreError, "ends in '/'"),
+        ("sqlite:////", so.StoreError, "ends in '/'"),
+        ("sqlite:///state.db?mode=ro", so.StoreError, "no query"),
+        ("sqlite:////tmp/s.db#x", so.StoreError, "no query"),
+        ("mysql://localhost/db", so.UsageError, "unknown store URL"),
+        ("state.db", so.UsageError, "unknown store URL"),
+        ("sqlite:state.db", so.UsageError, "unknown store URL"),
+    ],
+)
+def test_bad_urls_get_clear_errors(url: str, error: type[Exception], match: str) -> None:
+    with pytest.raises(error, match=match):
+        so.Runtime([], store=url)
+
+
+async def test_unusable_path_is_a_store_error(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file.txt"
+    not_a_dir.write_text("x")
+    with pytest.raises(so.StoreError):
+        await SQLiteStore(f"sqlite:///{not_a_dir / 'state.db'}").open()
+    directory = tmp_path / "adir"
+    os.mkdir(directory)
+    with pytest.raises(so.StoreError):
+        await SQLiteStore(f"sqlite:///{directory}").open()

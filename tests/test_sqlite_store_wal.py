@@ -1,0 +1,148 @@
+"""The SQLite store's WAL at rest: a park folds it into the database file unless a lease or a
+reader elsewhere still needs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import signoff as so
+from signoff.stores import Commit, SQLiteStore
+from signoff.testing import ExecutionLog, call, call_tools, reply, scripted_agent
+
+from ._sqlite_store import event, new_session, store
+
+__all__ = ["store"]  # the fixture, used by name
+
+
+# -- the WAL at rest ------------------------------------------------------------------------------
+
+
+def wal_bytes(path: Path) -> int:
+    wal = Path(f"{path}-wal")
+    return wal.stat().st_size if wal.exists() else 0
+
+
+def refund_agent(log: ExecutionLog) -> so.Agent:
+    @log.tool(approval=so.always())
+    async def issue_refund(order_id: str, amount: float) -> dict[str, float]:
+        return {"refunded": amount}
+
+    proposal = call_tools(call("issue_refund", order_id="1", amount=5))
+    return scripted_agent("a", [proposal, reply("Done.")], tools=[issue_refund])
+
+
+def park(sid: str, seq: int, token: int | None) -> Commit:
+    """A commit that parks a turn on a person and gives the drive's lease back."""
+    waiting = so.Event(
+        session_id=sid, seq=seq, type="turn.waiting", at=float(seq), data={"on": "input"}
+    )
+    return Commit(
+        session_id=sid,
+        expected_seq=seq - 1,
+        events=[waiting],
+        lease_token=token,
+        release_lease=True,
+    )
+
+
+async def fill_wal(store: SQLiteStore, sid: str, upto: int) -> None:
+    for seq in range(2, upto + 1):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=seq - 1, events=[event(sid, seq, x="y" * 200)])
+        )
+
+
+async def test_a_parked_session_is_one_file_of_live_pages(tmp_path: Path) -> None:
+    # Parking the turn gives the drive's lease back; with no lease left the WAL is folded into
+    # the database and truncated, so the database file alone holds the parked session.
+    log = ExecutionLog()
+    async with so.Runtime([refund_agent(log)], store=f"sqlite:///{tmp_path / 'a.db'}") as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert r.status == "waiting"
+        assert wal_bytes(tmp_path / "a.db") == 0
+        (tmp_path / "copy").mkdir()
+        (tmp_path / "copy" / "a.db").write_bytes((tmp_path / "a.db").read_bytes())
+        decision = so.Decision(id=r.pending[0].id, approved=True, reason="ok")
+        done = await rt.generate(session_id=r.session_id, approvals=[decision])
+        assert done.text == "Done." and log.count("issue_refund") == 1
+        # A turn that ends without parking leaves its WAL to SQLite's own checkpoints.
+        assert wal_bytes(tmp_path / "a.db") > 0
+    # The copy taken while it waited, without any WAL, is the parked session whole.
+    log2 = ExecutionLog()
+    async with so.Runtime([refund_agent(log2)], store=f"sqlite:///{tmp_path / 'copy/a.db'}") as rt:
+        assert [p.id for p in await rt.pending()] == [r.pending[0].id]
+        done = await rt.generate(session_id=r.session_id, approvals=[decision])
+        assert done.text == "Done." and log2.count("issue_refund") == 1
+
+
+async def test_only_a_park_folds_the_wal(store: SQLiteStore, tmp_path: Path) -> None:
+    await new_session(store, "s1")
+    await fill_wal(store, "s1", 30)
+    token = await store.acquire_lease("s1", "A", 10, now=1)
+    assert token is not None
+    await store.release_lease("s1", "A", token)  # a drive that had nothing to do
+    assert wal_bytes(tmp_path / "state.db") > 0
+    token = await store.acquire_lease("s1", "A", 10, now=2)
+    await store.commit(park("s1", 31, token))
+    assert wal_bytes(tmp_path / "state.db") == 0
+    assert len(await store.read_events("s1")) == 31
+
+
+async def test_the_wal_stays_while_another_lease_is_held(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    await new_session(store, "s1")
+    await new_session(store, "s2")
+    t1 = await store.acquire_lease("s1", "A", 10, now=1)
+    t2 = await store.acquire_lease("s2", "B", 10, now=1)
+    assert t1 == 1 and t2 == 1
+    await fill_wal(store, "s1", 30)
+    await store.commit(park("s1", 31, t1))
+    assert wal_bytes(tmp_path / "state.db") > 0  # s2's drive is still running here
+    await store.commit(park("s2", 2, t2))
+    assert wal_bytes(tmp_path / "state.db") == 0
+    assert len(await store.read_events("s1")) == 31
+
+
+async def test_leases_that_lapsed_unreleased_neither_keep_the_wal_nor_pile_up(
+    store: SQLiteStore, tmp_path: Path
+) -> None:
+    """A worker's failed drive keeps its lease until it lapses, and a stalled one may lose it to
+    another process: neither is given back here, yet neither may stop every later park from
+    folding the WAL, nor be remembered for ever."""
+    await new_session(store, "s1")
+    await new_session(store, "s2")
+    failed = await store.acquire_lease("s1", "A", 10, now=1)  # kept: it lapses at 11
+    lost = await store.acquire_lease("s2", "A", 10, now=1)  # taken over elsewhere at 12
+    assert failed == lost == 1
+    await fill_wal(store, "s1", 30)
+    token = await store.acquire_lease("s1", "B", 10, now=20)  # the retry, after it lapsed
+    assert token == 2
+    await store.commit(park("s1", 31, token))
+    assert wal_bytes(tmp_path / "state.db") == 0
+    assert len(store._leased) == 0
+
+
+async def test_a_reader_elsewhere_keeps_the_wal_and_nobody_waits(tmp_path: Path) -> None:
+    # The fold never waits on another connection: a reader in another process would otherwise
+    # stall the drive that gave its lease back for the whole busy timeout.
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}", busy_timeout=60)
+    await new_session(store, "s1")
+    await fill_wal(store, "s1", 30)
+    reader = sqlite3.connect(tmp_path / "state.db", isolation_level=None)
+    try:
+        reader.execute("BEGIN")
+        assert reader.execute("SELECT COUNT(*) FROM events").fetchone()[0] == 30
+        token = await store.acquire_lease("s1", "A", 10, now=1)
+        await asyncio.wait_for(store.commit(park("s1", 31, token)), timeout=20)
+        assert wal_bytes(tmp_path / "state.db") > 0
+        reader.execute("COMMIT")
+        token = await store.acquire_lease("s1", "A", 10, now=2)
+        await store.commit(park("s1", 32, token))
+        assert wal_bytes(tmp_path / "state.db") == 0
+    finally:
+        reader.close()
+        await store.close()

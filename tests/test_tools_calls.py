@@ -1,0 +1,263 @@
+"""Running tools: validated input, context, sync tools off the event loop, results made JSON-able,
+exceptions and cancellation, approval payloads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
+
+
+@dataclasses.dataclass
+class Receipt:
+    order_id: str
+    amount: float
+
+
+class Summary(BaseModel):
+    ok: bool
+    receipts: list[Receipt]
+
+
+async def test_validated_input_reaches_the_tool(tmp_path: Path) -> None:
+    received: list[tuple[Any, ...]] = []
+
+    @so.tool
+    async def refund(order_id: str, amount: float, express: bool = False) -> str:
+        """Refund."""
+        received.append((order_id, amount, express))
+        return "ok"
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="7", amount="12.5")), reply("ok")], tools=[refund]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        await rt.generate("a", prompt="go")
+    assert received == [("7", 12.5, False)]
+    assert isinstance(received[0][1], float)
+
+
+async def test_tool_context_is_passed_when_asked_for(tmp_path: Path) -> None:
+    contexts: list[so.ToolContext] = []
+
+    @so.tool
+    async def annotated(ctx: so.ToolContext, x: int) -> int:
+        """Annotated context."""
+        contexts.append(ctx)
+        return x
+
+    @so.tool
+    def by_name(ctx, x: int) -> int:
+        """Context by name, sync body."""
+        contexts.append(ctx)
+        return x
+
+    assert "ctx" not in annotated.json_schema()["properties"]
+    assert "ctx" not in by_name.json_schema()["properties"]
+    alice = so.Principal(authenticator="test", principal_id="alice")
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("annotated", x=1, id="c1"), call("by_name", x=2, id="c2")), reply("ok")],
+        tools=[annotated, by_name],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=alice)
+    first, second = contexts
+    assert first.call_id == "c1" and second.call_id == "c2"
+    assert first.tool_name == "annotated"
+    assert first.session.id == r.session_id
+    assert first.session.turn == r.turn_id
+    assert first.session.auth.current == alice
+    key = first.idempotency_key()
+    assert key.startswith(f"{r.session_id}:") and key.endswith(":c1")
+    assert first.idempotency_key("charge") == f"{key}:charge"
+    assert second.idempotency_key() != key
+    assert not first.abort_signal.is_set()
+
+
+async def test_sync_tools_run_off_the_event_loop(tmp_path: Path) -> None:
+    threads: list[str] = []
+
+    @so.tool
+    def blocking(x: int) -> int:
+        """Blocking."""
+        threads.append(threading.current_thread().name)
+        return x + 1
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("blocking", x=1)), seen], tools=[blocking])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        await rt.generate("a", prompt="go")
+    assert threads and threads[0] != threading.current_thread().name
+    assert tool_results(seen.last)[0].content == 2
+
+
+async def test_results_are_made_json_able(tmp_path: Path) -> None:
+    @so.tool
+    async def refund(order_id: str) -> Summary:
+        """Refund."""
+        return Summary(ok=True, receipts=[Receipt(order_id=order_id, amount=1.5)])
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("refund", order_id="9")), seen], tools=[refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+    assert tool_results(seen.last)[0].content == {
+        "ok": True,
+        "receipts": [{"order_id": "9", "amount": 1.5}],
+    }
+
+
+async def test_nan_and_infinities_are_stored_as_null(tmp_path: Path) -> None:
+    """What a tool, a step or an approval payload hands back is stored as strict JSON (SSE
+    clients and browsers refuse NaN), the same in memory as read back."""
+    nan, inf = float("nan"), float("inf")
+
+    @so.tool
+    async def measure(ctx: so.ToolContext, x: int) -> dict[str, Any]:
+        """Measure."""
+        got = await ctx.step("probe", lambda: {"ratio": nan})
+        if x == 1:
+            ctx.request_approval({"worst": -inf, "seen": got})
+        return {"mean": nan, "range": [-inf, 1.5, inf], "probe": got}
+
+    seen = Capture()
+    agent = scripted_agent(
+        "a", [call_tools(call("measure", x=1), call("measure", x=2)), seen], tools=[measure]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        (request,) = r.pending
+        assert request.payload == {"worst": None, "seen": {"ratio": None}}
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=request.id, approved=True)]
+        )
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+
+    def strict(text: str) -> Any:
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} stored"))
+
+    for e in events:
+        assert strict(json.dumps(e.data)) == e.data
+    results = {m.call_id: m.content for m in tool_results(seen.last)}
+    assert sorted(results.values(), key=str)[-1] == {
+        "mean": None,
+        "range": [None, 1.5, None],
+        "probe": {"ratio": None},
+    }
+
+
+async def test_tool_exception_becomes_an_error_result(tmp_path: Path) -> None:
+    @so.tool
+    async def flaky(x: int) -> int:
+        """Fails."""
+        raise RuntimeError("payment provider timeout")
+
+    seen = Capture(reply("the provider timed out"))
+    agent = scripted_agent("a", [call_tools(call("flaky", x=1)), seen], tools=[flaky])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+    (result,) = tool_results(seen.last)
+    assert result.is_error
+    assert "payment provider timeout" in str(result.content)
+
+
+async def test_a_tool_raising_cancelled_error_itself_is_an_error_result(tmp_path: Path) -> None:
+    # Nothing cancelled the turn: the body raised CancelledError on its own (an inner task it
+    # awaited was cancelled, say). That is the call's error, not a turn left running for good.
+    @so.tool
+    async def inner(x: int) -> int:
+        """Awaits a task someone else cancelled."""
+        raise asyncio.CancelledError("the upload was cancelled")
+
+    seen = Capture(reply("the upload stopped"))
+    agent = scripted_agent("a", [call_tools(call("inner", x=1)), seen], tools=[inner])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert (r.status, r.text) == ("completed", "the upload stopped")
+        [summary] = await rt.sessions()
+        assert summary.status == "idle"
+    (result,) = tool_results(seen.last)
+    assert result.is_error
+    assert "CancelledError: the upload was cancelled" in str(result.content)
+
+
+async def test_a_caller_that_stops_waiting_stops_the_tool_body_too(tmp_path: Path) -> None:
+    # The task driving the turn is cancelled (a timeout around generate, a client gone): the
+    # body is cancelled with it, not left running unseen, journaling after its drive ended.
+    seen: list[str] = []
+    release = asyncio.Event()
+
+    @so.tool
+    async def upload(ctx: so.ToolContext) -> str:
+        """Uploads a file."""
+        seen.append("started")
+        try:
+            await release.wait()
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        seen.append(await ctx.step("send", lambda: "sent"))
+        return "uploaded"
+
+    agent = scripted_agent("a", [call_tools(call("upload")), reply("done")], tools=[upload])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        sid = await rt.create_session("a")
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):
+                await rt.generate(session_id=sid, prompt="go")
+        assert seen == ["started", "cancelled"]
+        release.set()
+        await asyncio.sleep(0.05)
+        types = [e.type async for e in rt.events(sid, follow=False)]
+        assert types[-1] == "tool.started" and "tool.step" not in types
+        r = await rt.generate(session_id=sid)  # the interrupted call runs again, as after a crash
+        assert (r.status, r.text) == ("completed", "done")
+        assert seen == ["started", "cancelled", "started", "sent"]
+
+
+async def test_request_approval_payload_must_be_json_able(tmp_path: Path) -> None:
+    @so.tool
+    async def wire(ctx: so.ToolContext, amount: float) -> str:
+        """Wire."""
+        ctx.request_approval({"lock": threading.Lock()})
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("wire", amount=1)), seen], tools=[wire])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+        assert r.pending == []
+    (result,) = tool_results(seen.last)
+    assert result.is_error
+    assert "JSON" in str(result.content)
+
+
+def test_approval_required_is_a_signal_not_an_error() -> None:
+    signal = so.ApprovalRequired({"action": "refund"})
+    assert signal.payload == {"action": "refund"}
+    assert not isinstance(signal, so.SignoffError)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(signal)).payload == {"action": "refund"}

@@ -1,0 +1,189 @@
+"""Tool results and errors over their limits: results over max_result_bytes are tool errors and
+not stored, messages of megabytes are cut, unreadable ones still make an error result.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import signoff as so
+from signoff.testing import (
+    Capture,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    sqlite_runtime,
+    tool_results,
+)
+
+BIG = "x" * 2_000_000  # over the default max_result_bytes of 1 MiB
+
+
+async def test_a_result_over_the_limit_is_a_tool_error_and_is_not_stored(store_url: str) -> None:
+    """One result too big for the model's context would fail every retry of the turn: it is
+    refused as a tool error the model reads, and its bytes never reach the store."""
+
+    @so.tool
+    async def dump(x: int) -> str:
+        """Dump everything."""
+        return BIG
+
+    seen = Capture(reply("too much, narrowing"))
+    agent = scripted_agent("a", [call_tools(call("dump", x=1)), seen], tools=[dump])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    (result,) = tool_results(seen.last)
+    assert result.is_error
+    assert "over the limit of 1048576" in result.content["error"]
+    assert "return less" in result.content["error"]
+    assert max(len(json.dumps(e.data)) for e in events) < 10_000
+
+
+async def test_max_result_bytes_is_set_per_tool_or_per_agent(tmp_path: Path) -> None:
+    @so.tool(max_result_bytes=100)
+    async def small(x: int) -> str:
+        """Small."""
+        return "y" * 200
+
+    @so.tool
+    async def roomy(x: int) -> str:
+        """Roomy."""
+        return "y" * 200
+
+    seen = Capture()
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("small", x=1), call("roomy", x=1)), seen],
+        tools=[small, roomy],
+        limits=so.Limits(max_result_bytes=150),
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+    small_result, roomy_result = tool_results(seen.last)
+    assert "over the limit of 100 bytes" in small_result.content["error"]
+    assert "over the limit of 150 bytes" in roomy_result.content["error"]
+    with pytest.raises(so.UsageError, match="max_result_bytes"):
+        so.Limits(max_result_bytes=0)
+    with pytest.raises(so.UsageError, match="max_result_bytes"):
+        so.Tool(lambda x: x, name="t", max_result_bytes=-1)
+
+
+async def test_a_step_result_over_the_limit_is_journaled_as_its_failure(store_url: str) -> None:
+    """A step's effect ran: its too-big result raises `ResultTooLarge`, journaled like any
+    step failure, so a replay raises it again instead of running the effect twice."""
+    runs: list[int] = []
+
+    @so.tool
+    async def fetch(ctx: so.ToolContext, x: int) -> str:
+        """Fetch, then ask."""
+
+        def effect() -> str:
+            runs.append(x)
+            return BIG
+
+        try:
+            await ctx.step("download", effect)
+        except so.TooLarge as exc:
+            caught = str(exc)
+        answer = await ctx.ask("Proceed?", options=["yes", "no"])
+        return f"{caught} / {answer.value}"
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("fetch", x=1)), seen], tools=[fetch])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        (question,) = r.pending
+        r = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=question.id, option_id="yes")]
+        )
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    assert runs == [1]
+    (result,) = tool_results(seen.last)
+    assert "step 'download' returned 2000002 bytes, over the limit of 1048576" in result.content
+    assert max(len(json.dumps(e.data)) for e in events) < 10_000
+
+
+async def test_an_approval_payload_over_the_limit_is_a_tool_error(tmp_path: Path) -> None:
+    @so.tool
+    async def gate(ctx: so.ToolContext, x: int) -> str:
+        """Gate."""
+        ctx.request_approval({"blob": BIG})
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("gate", x=1)), seen], tools=[gate])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert (r.status, r.pending) == ("completed", [])
+    (result,) = tool_results(seen.last)
+    assert "over the limit of 1048576" in result.content["error"]
+
+
+async def test_an_exception_message_of_megabytes_is_cut(tmp_path: Path) -> None:
+    @so.tool
+    async def noisy(x: int) -> str:
+        """Fails loudly."""
+        raise ValueError(BIG)
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("noisy", x=1)), seen], tools=[noisy])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+    (result,) = tool_results(seen.last)
+    assert result.content["error"].startswith("ValueError: xxx")
+    assert result.content["error"].endswith("[cut]")
+    assert len(result.content["error"]) < 300_000
+
+
+class Unprintable(Exception):
+    """An exception whose message cannot be read: its `__str__` raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no message")
+
+
+async def test_an_exception_whose_message_cannot_be_read_is_still_an_error_result(
+    tmp_path: Path,
+) -> None:
+    # Formatting it raised out of the drive: the session stayed running with the call started,
+    # and every later drive ran the body again and raised again.
+    @so.tool
+    async def broken(x: int) -> int:
+        """Fails oddly."""
+        raise Unprintable()
+
+    @so.tool
+    async def stepping(ctx: so.ToolContext, x: int) -> str:
+        """A step fails oddly; the body catches it."""
+
+        def fail() -> None:
+            raise Unprintable()
+
+        try:
+            await ctx.step("fail", fail)
+        except Unprintable:
+            return "caught"
+        return "not raised"
+
+    seen = Capture(reply("done"))
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("broken", x=1), call("stepping", x=1)), seen],
+        tools=[broken, stepping],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+    first, second = tool_results(seen.last)
+    assert first.is_error
+    assert "Unprintable" in first.content["error"]
+    assert "RuntimeError" in first.content["error"]  # what its message raised, in its place
+    assert (second.is_error, second.content) == (False, "caught")
