@@ -9,14 +9,14 @@ from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import is_due, stored_after_deadline
+from .._deadlines import is_due, stored_after_deadline, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
 from .._runtime import Runtime
 from .._state import SessionState
 from .._state_parts import load_principal
 from .._types import InputRequest, Principal
-from ..stores import PendingFilter, StoredRequest
+from ..stores import PendingFilter, SessionSummary, StoredRequest
 from ._auth import (
     AccessRule,
     Authenticator,
@@ -221,6 +221,45 @@ class ServerContext:
             offset += 500
         return visible[flt.offset : flt.offset + flt.limit], len(visible)
 
+    async def visible_sessions(
+        self,
+        caller: Principal,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int,
+        offset: int,
+    ) -> tuple[list[SessionSummary], int]:
+        """One page of the sessions (most recently active first) the caller may see, and their
+        total. The store cannot filter by initiator, so for anyone but an admin under the
+        default rule every matching session is read and filtered here, as `visible_requests`
+        does: pages come back full and the total counts only what the caller may see."""
+        rt = self.runtime
+        if self.sees_every_request(caller):
+            page = await rt.sessions(agent=agent, status=status, limit=limit, offset=offset)
+            return page, await rt.store.count_sessions(agent=agent, status=status)
+        await rt.open()
+        now = rt.now()
+        seen: set[str] = set()  # a session that moved up while this read on is listed once
+        visible: list[SessionSummary] = []
+        scanned = 0
+        while True:
+            chunk = await rt.store.sessions(agent=agent, status=status, limit=500, offset=scanned)
+            for row in chunk:
+                shown = summary_after_expiry(row, now)  # as `Runtime.sessions` shows it
+                if row.id in seen or (status is not None and shown.status != status):
+                    continue
+                seen.add(row.id)
+                try:
+                    if self.access(caller, await self.initiator(row.id)):
+                        visible.append(shown)
+                except UnknownSession:  # deleted since it was listed
+                    pass
+            if len(chunk) < 500:
+                break
+            scanned += 500
+        return visible[offset : offset + limit], len(visible)
+
     async def initiator(self, session_id: str) -> Principal | None:
         """Who started a session, from its first event, remembered: a reviewer's queue is
         filtered by it, and loading every parked session's state made each page a scan."""
@@ -254,7 +293,8 @@ class ServerContext:
         return total, _digest(total, [r.id for r in items])
 
     def sees_every_request(self, caller: Principal) -> bool:
-        """Whether the caller's queue is every open request (an admin under the default rule)."""
+        """Whether the caller sees every session, so every open request (an admin under the
+        default rule)."""
         return caller.attributes.get("admin") is True and self._default_access()
 
     async def open_requests_version(self) -> tuple[int, str]:
