@@ -13,6 +13,7 @@ import pytest
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
+from ._ttl import ttl_agent
 from .test_server_common import ALICE, MALLORY, TOKENS, auth, make_agents
 
 
@@ -197,3 +198,26 @@ async def test_a_session_listing_shows_whole_pages_of_only_what_the_caller_may_s
         assert [s["id"] for s in admin["items"]] == [mine[-1], theirs[-1], mine[-2]]
         assert (await listed("admin-token", agent="batch"))["total"] == 1
         assert (await listed("admin-token", status="idle", offset=600))["items"] == []
+
+
+async def test_a_session_whose_ttl_passed_is_listed_and_counted_as_failed(store_url: str) -> None:
+    """A session whose TTL passed while it waited is recorded before the listing reads: it is
+    listed and counted under `failed`, not `waiting`, for its initiator and for an admin."""
+    now = [1_700_000_000.0]
+    runtime = so.Runtime([ttl_agent()], store=store_url, clock=lambda: now[0])
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        sid = (await runtime.generate("desk", "reset it", auth=ALICE)).session_id
+        now[0] += 61
+        for token in ("alice-token", "admin-token"):
+            for status, listed in (("waiting", []), ("failed", [sid]), (None, [sid])):
+                params = {} if status is None else {"status": status}
+                r = await c.get("/v1/sessions", params=params, headers=auth(token))
+                body = r.json()
+                assert [s["id"] for s in body["items"]] == listed, (token, status, body)
+                assert body["total"] == len(listed), (token, status, body)
+                assert all(s["status"] == "failed" for s in body["items"])
+        assert (await runtime.store.sessions())[0].status == "failed"

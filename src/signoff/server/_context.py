@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -33,6 +34,8 @@ from ._throttle import Failures, client_of, too_many
 __all__ = ["ServerContext", "get_context"]
 
 _UNKNOWN = object()
+
+log = logging.getLogger("signoff.server")
 
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
 DEV_REFUSED = (
@@ -231,15 +234,20 @@ class ServerContext:
         offset: int,
     ) -> tuple[list[SessionSummary], int]:
         """One page of the sessions (most recently active first) the caller may see, and their
-        total. The store cannot filter by initiator, so for anyone but an admin under the
-        default rule every matching session is read and filtered here, as `visible_requests`
-        does: pages come back full and the total counts only what the caller may see."""
+        total, after recording the TTLs that passed (as `Runtime.sessions` does for its page).
+        The store cannot filter by initiator, so for anyone but an admin under the default rule
+        every matching session is read and filtered here, as `visible_requests` does: pages
+        come back full and the total counts only what the caller may see."""
         rt = self.runtime
+        await rt.open()
+        now = rt.now()
+        try:  # as a sweep does, so the filters and the count see them `failed` too
+            await rt._record_lapsed(await rt._lapsed(now), now)
+        except StoreError as exc:  # a store this process may only read, say: shown, not counted
+            log.warning("sessions whose TTL passed not recorded: %s", exc)
         if self.sees_every_request(caller):
             page = await rt.sessions(agent=agent, status=status, limit=limit, offset=offset)
             return page, await rt.store.count_sessions(agent=agent, status=status)
-        await rt.open()
-        now = rt.now()
         seen: set[str] = set()  # a session that moved up while this read on is listed once
         visible: list[SessionSummary] = []
         scanned = 0
