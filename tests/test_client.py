@@ -123,6 +123,35 @@ async def test_a_json_body_of_the_wrong_shape_is_a_remote_error(canned: Canned, 
             await c.pending()
 
 
+BAD_SESSION_PAGES = {
+    "no-items": '{"total": 1}',
+    "no-total": '{"items": []}',
+    "item-not-an-object": '{"items": [5], "total": 1}',
+    "seq-a-string": (
+        '{"items": [{"id": "ses_1", "agent": "a", "status": "idle", "seq": "1", '
+        '"created_at": 1, "updated_at": 1, "expires_at": null}], "total": 1}'
+    ),
+    "id-a-number": (
+        '{"items": [{"id": 1, "agent": "a", "status": "idle", "seq": 1, '
+        '"created_at": 1, "updated_at": 1, "expires_at": null}], "total": 1}'
+    ),
+    "no-expires-at": (
+        '{"items": [{"id": "ses_1", "agent": "a", "status": "idle", "seq": 1, '
+        '"created_at": 1, "updated_at": 1}], "total": 1}'
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_SESSION_PAGES))
+async def test_a_page_of_sessions_of_the_wrong_shape_is_a_remote_error(
+    canned: Canned, name: str
+) -> None:
+    canned.on("/v1/sessions", http("200 OK", BAD_SESSION_PAGES[name]))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError, match="not a page of sessions"):
+            await c.sessions()
+
+
 BAD_STREAMS = {
     "not-json": "id: 1\nevent: x\ndata: {not json\n\n",
     "no-session": 'data: {"seq": 1}\n\n',

@@ -13,7 +13,8 @@ import pytest
 import signoff as so
 from signoff.server import TokenAuth, create_app
 
-from .test_server_common import TOKENS, auth, make_agents
+from ._ttl import ttl_agent
+from .test_server_common import ALICE, MALLORY, TOKENS, auth, make_agents
 
 
 @asynccontextmanager
@@ -135,3 +136,88 @@ async def test_a_request_is_shown_without_loading_its_sessions_state(
             assert not any(m.startswith("runtime.") for m in made), (name, made)
             answers[name] = response.json()["error"]["code"]
         assert answers == {"foreign": "unknown_request", "missing": "unknown_request"}
+
+
+async def test_a_session_listing_shows_whole_pages_of_only_what_the_caller_may_see(
+    store_url: str,
+) -> None:
+    """`GET /v1/sessions` lists by the rule `GET /v1/sessions/{id}` follows: Mallory (another
+    tenant) never sees Alice's sessions nor their count, and Alice's pages come back full
+    although the store's rows (more than one 500-row chunk) interleave the two."""
+    async with _served(store_url) as (runtime, c):
+        mine: list[str] = []
+        theirs: list[str] = []
+        for _ in range(260):
+            mine.append(await runtime.create_session("support", auth=ALICE))
+            theirs.append(await runtime.create_session("support", auth=MALLORY))
+        mine.append(await runtime.create_session("batch", auth=ALICE))
+        unowned = await runtime.create_session("support")  # from Python: no tenant sees it
+        newest_first = mine[::-1]
+
+        async def listed(token: str, **params: Any) -> dict[str, Any]:
+            r = await c.get("/v1/sessions", params=params, headers=auth(token))
+            assert r.status_code == 200, r.text
+            body: dict[str, Any] = r.json()
+            return body
+
+        everything = await listed("alice-token", limit=500)
+        assert everything["total"] == 261
+        assert [s["id"] for s in everything["items"]] == newest_first
+        assert everything["items"][0] == {
+            "id": mine[-1],
+            "agent": "batch",
+            "status": "idle",
+            "seq": 1,
+            "created_at": everything["items"][0]["created_at"],
+            "updated_at": everything["items"][0]["updated_at"],
+            "expires_at": None,
+        }
+        paged: list[str] = []
+        for offset in range(0, 300, 100):
+            page = await listed("alice-token", limit=100, offset=offset)
+            assert (page["total"], page["limit"], page["offset"]) == (261, 100, offset)
+            assert len(page["items"]) == min(100, 261 - offset)  # never short
+            paged += [s["id"] for s in page["items"]]
+        assert paged == newest_first
+        assert (await listed("bob-token", limit=500))["total"] == 261  # the same tenant
+        for params in ({}, {"agent": "support"}, {"status": "idle"}, {"offset": 250}):
+            shown = await listed("mallory-token", **params)
+            assert shown["total"] == 260, params
+            assert not {s["id"] for s in shown["items"]} & {*mine, unowned}, params
+        assert (await listed("mallory-token", agent="batch")) == {
+            "items": [],
+            "total": 0,
+            "limit": 50,
+            "offset": 0,
+        }
+        assert (await listed("alice-token", agent="batch"))["total"] == 1
+        assert (await listed("alice-token", status="idle"))["total"] == 261
+        assert (await listed("alice-token", status="waiting"))["total"] == 0
+        admin = await listed("admin-token", limit=3, offset=1)
+        assert admin["total"] == 522
+        assert [s["id"] for s in admin["items"]] == [mine[-1], theirs[-1], mine[-2]]
+        assert (await listed("admin-token", agent="batch"))["total"] == 1
+        assert (await listed("admin-token", status="idle", offset=600))["items"] == []
+
+
+async def test_a_session_whose_ttl_passed_is_listed_and_counted_as_failed(store_url: str) -> None:
+    """A session whose TTL passed while it waited is recorded before the listing reads: it is
+    listed and counted under `failed`, not `waiting`, for its initiator and for an admin."""
+    now = [1_700_000_000.0]
+    runtime = so.Runtime([ttl_agent()], store=store_url, clock=lambda: now[0])
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        sid = (await runtime.generate("desk", "reset it", auth=ALICE)).session_id
+        now[0] += 61
+        for token in ("alice-token", "admin-token"):
+            for status, listed in (("waiting", []), ("failed", [sid]), (None, [sid])):
+                params = {} if status is None else {"status": status}
+                r = await c.get("/v1/sessions", params=params, headers=auth(token))
+                body = r.json()
+                assert [s["id"] for s in body["items"]] == listed, (token, status, body)
+                assert body["total"] == len(listed), (token, status, body)
+                assert all(s["status"] == "failed" for s in body["items"])
+        assert (await runtime.store.sessions())[0].status == "failed"

@@ -31,7 +31,12 @@ __all__ = ["base"]  # the fixture, used by name
 def test_pages_need_a_signed_in_reviewer(base: str) -> None:
     r = httpx.get(base + "/_signoff/")
     assert r.status_code == 303 and r.headers["location"] == "/_signoff/login"
-    for path in ("/_signoff/tools", "/_signoff/audit", "/_signoff/sessions/x"):
+    for path in (
+        "/_signoff/tools",
+        "/_signoff/audit",
+        "/_signoff/sessions",
+        "/_signoff/sessions/x",
+    ):
         r = httpx.get(base + path)
         # back to the page once signed in
         assert r.status_code == 303, path

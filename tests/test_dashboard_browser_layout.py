@@ -164,7 +164,12 @@ def test_tables_and_tabs_keep_their_words_whole_on_a_phone(browser: Browser, bas
         extra_http_headers=auth("alice-token"),
     )
     p = context.new_page()
-    for path in ("/_signoff/audit", "/_signoff/tools", "/_signoff/audit/tools"):
+    for path in (
+        "/_signoff/audit",
+        "/_signoff/tools",
+        "/_signoff/audit/tools",
+        "/_signoff/sessions",
+    ):
         p.goto(path)
         broken = p.locator("main th, main .tabs a, #audit td:first-child").evaluate_all(
             """els => els.filter((el) => {

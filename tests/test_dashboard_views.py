@@ -105,6 +105,43 @@ def test_an_admin_sees_every_tenant(base: str) -> None:
     assert page.count("data-request-id=") == 2
 
 
+def test_the_sessions_page_lists_the_viewers_sessions_without_javascript(base: str) -> None:
+    """A session no longer waiting was reachable only by its URL: the Sessions page (linked in
+    the navigation) lists every session the viewer may see, filtered by plain GET forms and
+    paged, and another tenant's sessions are not there, nor counted."""
+    waiting = start(base)["session_id"]
+    with httpx.Client(base_url=base, headers=auth("alice-token"), timeout=10) as alice:
+        opened = [alice.post("/v1/sessions", json={"agent": "batch"}) for _ in range(50)]
+    assert all(r.status_code == 201 for r in opened)
+    opened_ids = [r.json()["session_id"] for r in opened]
+    theirs = httpx.post(
+        f"{base}/v1/sessions", json={"agent": "support"}, headers=auth("mallory-token")
+    ).json()["session_id"]
+    with signed_in(base) as c:
+        assert 'href="/_signoff/sessions"' in c.get("/_signoff/").text
+        first = c.get("/_signoff/sessions").text
+        assert "51 sessions" in first and theirs not in first
+        assert opened_ids[-1] in first and waiting not in first  # newest first, 50 a page
+        assert 'href="?page=2"' in first
+        second = c.get("/_signoff/sessions", params={"page": 2}).text
+        assert waiting in second and opened_ids[-1] not in second
+        assert f'href="/_signoff/sessions/{waiting}"' in second
+        picked = c.get("/_signoff/sessions", params={"status": "waiting"}).text
+        assert "1 session," in picked and waiting in picked and opened_ids[0] not in picked
+        assert '<option value="waiting" selected>' in picked
+        none = c.get("/_signoff/sessions", params={"agent": "support", "status": "idle"}).text
+        assert "No sessions match these filters" in none
+        paged = c.get("/_signoff/sessions", params={"agent": "batch", "page": 9}).text
+        assert "50 sessions" in paged and opened_ids[0] in paged  # past the end: the last page
+        odd = c.get("/_signoff/sessions", params={"status": "<script>", "page": "²"})
+        assert odd.status_code == 200 and "51 sessions" in odd.text
+    mallory = httpx.get(f"{base}/_signoff/sessions", headers=auth("mallory-token")).text
+    assert "1 session," in mallory and theirs in mallory
+    assert not any(sid in mallory for sid in (waiting, *opened_ids))
+    admin = httpx.get(f"{base}/_signoff/sessions", headers=auth("admin-token")).text
+    assert "52 sessions" in admin and theirs in admin
+
+
 def _next_data(lines: Iterator[str]) -> dict[str, Any]:
     for line in lines:
         if line.startswith("data: "):

@@ -31,7 +31,8 @@ def test_the_api_table_names_the_routes_the_server_has(tmp_path: Path) -> None:
 def test_the_client_calls_are_the_ones_docs_server_md_names(tmp_path: Path) -> None:
     """docs/server.md: `Client` has the calls it lists with `AsyncClient`'s parameters (its
     `events` without following), `session()` is `AsyncClient`'s only, turn calls return the
-    runtime's types, and `pending()` / `state()` return a page with its total and a dict."""
+    runtime's types, and `pending()` / `sessions()` / `state()` return a page with its total (twice)
+    and a dict."""
     import inspect
 
     import examples.support as support
@@ -42,7 +43,7 @@ def test_the_client_calls_are_the_ones_docs_server_md_names(tmp_path: Path) -> N
     from .test_server_common import running
 
     text = " ".join(blocks_text("server").split())
-    calls = ["generate", "send", "respond", "cancel", "state", "pending", "events"]
+    calls = ["generate", "send", "respond", "cancel", "state", "pending", "sessions", "events"]
     assert f"(`{'`, `'.join(calls)}`, which returns the events so far" in text
     for name in calls:
         sync = inspect.signature(getattr(Client, name)).parameters
@@ -59,6 +60,7 @@ def test_the_client_calls_are_the_ones_docs_server_md_names(tmp_path: Path) -> N
             "transport",
         ]
     assert '`(requests, total)` (50 a page, `status="pending"` by default' in text
+    assert "`(summaries, total)` (`so.stores.SessionSummary`s" in text
 
     demo = so.Agent(
         name="support",
@@ -73,6 +75,9 @@ def test_the_client_calls_are_the_ones_docs_server_md_names(tmp_path: Path) -> N
         assert ([p.id for p in page], total) == ([r.pending[0].id], 1)
         state = c.state(r.session_id)
         assert isinstance(state, dict) and state["status"] == "waiting"
+        summaries, total = c.sessions()
+        assert total == 1 and isinstance(summaries[0], so.stores.SessionSummary)
+        assert summaries[0].id == r.session_id and summaries[0].status == "waiting"
         done = c.respond(r.session_id, [{"request_id": r.pending[0].id, "option_id": "approve"}])
         assert done.status == "completed" and isinstance(done.outcomes[0], so.Outcome)
     rt.close_sync()
@@ -248,4 +253,4 @@ def test_the_api_table_s_response_shapes_are_the_response_schemas(tmp_path: Path
         properties = schemas[ref.rsplit("/", 1)[1]]["properties"]
         assert shape.split(", ") == list(properties), (path, shape, list(properties))
         checked += 1
-    assert checked == 2, checked
+    assert checked == 3, checked

@@ -72,7 +72,7 @@ def test_head_on_a_route_without_get_is_still_405(base: str) -> None:
     ids = started(base)
     with httpx.Client(base_url=base, headers=ALICE, timeout=10) as c:
         for path in (
-            "/v1/sessions",
+            f"/v1/sessions/{ids['sid']}/messages",
             f"/v1/sessions/{ids['sid']}/cancel",
             f"/v1/sessions/{ids['sid']}/responses",
             f"/_signoff/requests/{ids['rid']}/respond",
@@ -98,7 +98,10 @@ def test_a_405_on_a_get_route_names_head_among_its_methods(base: str) -> None:
                 assert r.status_code == 405, (path, method)
                 assert r.headers["allow"] == "GET, HEAD", (path, method)
                 assert r.json()["error"]["code"] == "method_not_allowed"
-        assert c.put("/v1/sessions").headers["allow"] == "POST"
+        assert c.put(f"/v1/sessions/{ids['sid']}/cancel").headers["allow"] == "POST"
+        # one route takes POST and another GET here: both are named
+        assert c.put("/v1/sessions").headers["allow"] == "GET, HEAD, POST"
+        assert c.head("/v1/sessions").status_code == 200
 
 
 def test_head_on_the_streams_returns_at_once(base: str) -> None:

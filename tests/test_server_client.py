@@ -208,6 +208,35 @@ def test_the_sync_client(base: str) -> None:
         with pytest.raises(so.UnknownSession):
             c.events("ses_nobody")  # raised by the call itself, not on iteration
         assert c.pending(status="settled")[1] == 1
+        rows, total = c.sessions()
+        assert total == 1 and [s.id for s in rows] == [r.session_id]
+        assert c.sessions(status=rows[0].status, limit=1) == (rows, 1)
+        assert isinstance(rows[0], so.stores.SessionSummary) and rows[0].agent == "support"
+
+
+async def test_sessions_over_http_are_the_callers_own(base: str) -> None:
+    """`sessions()` pages what `GET /v1/sessions` lists: another tenant's are not there."""
+    async with (
+        AsyncClient(base, token="alice-token") as alice,
+        AsyncClient(base, token="mallory-token") as mallory,
+    ):
+        first = await alice.generate("support", "Refund order 1042")
+        second = await alice.generate("batch", "refund both")
+        theirs = await mallory.generate("support", "Refund order 7")
+        rows, total = await alice.sessions()
+        assert total == 2 and [s.id for s in rows] == [second.session_id, first.session_id]
+        assert rows[0].status == "waiting" and rows[0].head > 1 and rows[0].expires_at is None
+        rows, total = await alice.sessions(agent="batch", limit=1)
+        assert (total, [s.id for s in rows]) == (1, [second.session_id])
+        rows, total = await alice.sessions(limit=1, offset=1)
+        assert (total, [s.id for s in rows]) == (2, [first.session_id])
+        assert await alice.sessions(status="idle") == ([], 0)
+        rows, total = await mallory.sessions()
+        assert (total, [s.id for s in rows]) == (1, [theirs.session_id])
+        with pytest.raises(so.UsageError, match="status"):
+            await alice.sessions(status="open")
+        with pytest.raises(so.UsageError, match="limit"):
+            await alice.sessions(limit=0)
 
 
 def test_the_sync_client_takes_what_the_async_client_takes() -> None:

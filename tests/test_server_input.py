@@ -138,6 +138,11 @@ def test_bad_bodies_elsewhere(alice: httpx.Client, store: str) -> None:
         error(r, 422, "invalid_request")
     error(alice.get(f"/v1/sessions/{sid}/events", params={"after": 2**70}), 422, "invalid_request")
     error(alice.get("/v1/requests", params={"offset": 2**70}), 422, "invalid_request")
+    for bad in ({"limit": 0}, {"limit": 501}, {"offset": -1}, {"offset": 2**70}):
+        error(alice.get("/v1/sessions", params=bad), 422, "invalid_request")
+    for status in ("open", "pending", "completed", ""):
+        r = alice.get("/v1/sessions", params={"status": status})
+        assert error(r, 422, "invalid_request")["fields"][0]["field"] == "query.status", status
     # an option that is not an approval's
     rid = alice.get(f"/v1/sessions/{sid}").json()["pending"][0]["id"]
     r = alice.post(
@@ -252,10 +257,11 @@ def test_a_parameter_named_twice_is_refused_not_half_read(alice: httpx.Client, s
     sid = start(alice)["session_id"]
     before = _stored(store)
     for query in ("status=pending&status=settled", "limit=1&limit=2", "agent=a&agent=b"):
-        r = alice.get(f"/v1/requests?{query}")
-        name = query.partition("=")[0]
-        detail = error(r, 422, "invalid_request")
-        assert detail["fields"] == [{"field": f"query.{name}", "problem": "given 2 times"}], detail
+        for path in ("/v1/requests", "/v1/sessions"):
+            r = alice.get(f"{path}?{query}")
+            name = query.partition("=")[0]
+            detail = error(r, 422, "invalid_request")
+            assert detail["fields"] == [{"field": f"query.{name}", "problem": "given 2 times"}]
     r = alice.get(f"/v1/sessions/{sid}/events?follow=false&after=1&after=2")
     error(r, 422, "invalid_request")
     r = alice.get(
@@ -283,10 +289,11 @@ def test_numbers_in_the_query_are_plain_digits(alice: httpx.Client) -> None:
     sid = start(alice)["session_id"]
     for param in ("limit", "offset"):
         for raw in ("5_0", "+5", " 5", "5 ", "٥"):
-            r = alice.get("/v1/requests", params={param: raw})
-            detail = error(r, 422, "invalid_request")
-            assert detail["fields"][0]["field"] == f"query.{param}", (raw, detail)
+            for path in ("/v1/requests", "/v1/sessions"):
+                detail = error(alice.get(path, params={param: raw}), 422, "invalid_request")
+                assert detail["fields"][0]["field"] == f"query.{param}", (path, raw, detail)
         assert alice.get("/v1/requests", params={param: "05"}).status_code == 200
+        assert alice.get("/v1/sessions", params={param: "05"}).status_code == 200
     for raw in ("1_0", "+1", " 1"):
         r = alice.get(f"/v1/sessions/{sid}/events", params={"after": raw, "follow": "false"})
         assert error(r, 422, "invalid_request")["fields"][0]["field"] == "query.after"

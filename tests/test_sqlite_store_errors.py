@@ -114,6 +114,7 @@ async def test_reads_of_a_file_damaged_under_an_open_store_are_store_errors(
             "pending": lambda: store.pending(PendingFilter()),
             "count_pending": lambda: store.count_pending(PendingFilter()),
             "sessions": lambda: store.sessions(),
+            "count_sessions": lambda: store.count_sessions(),
             "audit": lambda: store.audit(),
             "renew_lease": lambda: store.renew_lease("s2", "o", 1, 10, 0),
             "release_lease": lambda: store.release_lease("s2", "o", 1),

@@ -177,6 +177,8 @@ async def test_ids_and_filters_with_a_nul_name_nothing(store: Store) -> None:
         assert await store.count_pending(flt) == 0, field
     assert await store.sessions(agent="support\x00") == []
     assert await store.sessions(status="idle\x00") == []
+    assert await store.count_sessions(agent="support\x00") == 0
+    assert await store.count_sessions(status="idle\x00") == 0
     assert await store.audit(stream=bad) == []
     assert await store.audit_heads(stream=bad) == {}
     assert await store.audit_sessions(after=bad) == {}
@@ -228,6 +230,26 @@ async def test_session_status_is_kept(store: Store) -> None:
     )
     await store.commit(Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)]))
     assert await store.head(sid) == 3
+
+
+async def test_sessions_are_counted_as_they_are_listed(store: Store) -> None:
+    """`count_sessions` counts what `sessions` lists without a limit, under the same filters
+    (the HTTP listing's total)."""
+    support = [await new_session(store) for _ in range(3)]
+    await new_session(store, "batch")
+    await store.commit(
+        Commit(session_id=support[0], expected_seq=1, events=[ev(support[0], 2)], status="waiting")
+    )
+    for agent in (None, "support", "batch", "nobody"):
+        for status in (None, "idle", "waiting", "failed"):
+            listed = await store.sessions(agent=agent, status=status, limit=1000)
+            assert await store.count_sessions(agent=agent, status=status) == len(listed), (
+                agent,
+                status,
+            )
+    assert await store.count_sessions() == 4
+    assert await store.count_sessions(agent="support", status="idle") == 2
+    assert await store.count_sessions(status="waiting") == 1
 
 
 # -- snapshots -------------------------------------------------------------------------------

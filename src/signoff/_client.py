@@ -34,6 +34,7 @@ from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
 from ._settings import flag, seconds, whole
 from ._types import Decision, InputRequest, InputResponse
+from .stores import SessionSummary
 
 __all__ = [
     "AsyncClient",
@@ -262,6 +263,24 @@ class AsyncClient:
             "GET", "/v1/requests", wire.page, "a page of requests", params=params
         )
 
+    async def sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 50,
+        offset: int = 0,
+    ) -> tuple[list[SessionSummary], int]:
+        """One page of the sessions this caller may see, most recently active first, and the
+        total (as `Runtime.sessions` lists them)."""
+        params: dict[str, Any] = {"limit": limit, "offset": offset}
+        for key, value in (("agent", agent), ("status", status)):
+            if value is not None:
+                params[key] = value
+        return await self._call(
+            "GET", "/v1/sessions", wire.session_page, "a page of sessions", params=params
+        )
+
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
     ) -> AsyncGenerator[Event, None]:
@@ -391,6 +410,7 @@ class Client:
     cancel = _blocking(AsyncClient.cancel)
     state = _blocking(AsyncClient.state)
     pending = _blocking(AsyncClient.pending)
+    sessions = _blocking(AsyncClient.sessions)
 
     def events(self, session_id: str, after: int = 0, *, retries: int = 5) -> list[Event]:
         """The session's events after `after`, without following (as `Runtime.events_sync`);

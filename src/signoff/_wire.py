@@ -12,6 +12,7 @@ import httpx
 from . import _exceptions as errors
 from ._events import Event
 from ._types import InputRequest
+from .stores import SessionSummary
 
 __all__ = [
     "ERRORS",
@@ -24,6 +25,7 @@ __all__ = [
     "page",
     "raise_for",
     "request_ids",
+    "session_page",
     "session_view",
     "sse_data",
     "streamed",
@@ -152,6 +154,27 @@ def session_view(data: Any) -> dict[str, Any]:
 
 def page(data: Any) -> tuple[list[InputRequest], int]:
     return [InputRequest.model_validate(r) for r in data["items"]], int(data["total"])
+
+
+def session_page(data: Any) -> tuple[list[SessionSummary], int]:
+    return [_summary(r) for r in data["items"]], int(data["total"])
+
+
+def _summary(row: Any) -> SessionSummary:
+    """One listed session; a field of the wrong type is a `ValueError` (a malformed answer)."""
+    texts = [row[k] for k in ("id", "agent", "status")]
+    if not all(isinstance(t, str) for t in texts) or not isinstance(row["seq"], int):
+        raise ValueError(f"not a listed session: {row!r}")
+    expires_at = row["expires_at"]
+    return SessionSummary(
+        id=texts[0],
+        agent=texts[1],
+        status=texts[2],
+        head=row["seq"],
+        created_at=float(row["created_at"]),
+        updated_at=float(row["updated_at"]),
+        expires_at=None if expires_at is None else float(expires_at),
+    )
 
 
 def transient(response: httpx.Response) -> bool:

@@ -25,9 +25,11 @@ from ._models import (
     RequestRecord,
     Responses,
     SendMessage,
+    SessionPage,
     SessionView,
     TurnResult,
     idle_result,
+    session_page,
     session_view,
     turn_result,
 )
@@ -151,6 +153,26 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
     ]
     result = await ctx.runtime.generate(session_id=session_id, approvals=decisions, auth=caller)
     return turn_result(result)
+
+
+@router.get("/sessions", tags=["sessions"])
+async def list_sessions(
+    request: Request,
+    agent: Annotated[str | None, Query(description="Only this agent's sessions.")] = None,
+    status: Annotated[
+        Literal["idle", "running", "waiting", "failed", "cancelled"] | None,
+        Query(description="Only sessions in this status (a passed TTL reads `failed`)."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0, le=MAX_SEQ)] = 0,
+) -> SessionPage:
+    """The sessions the caller may see, most recently active first, paginated, with the
+    total (`Runtime.sessions`)."""
+    ctx, caller = await _caller(request)
+    rows, total = await ctx.visible_sessions(
+        caller, agent=agent, status=status, limit=limit, offset=offset
+    )
+    return session_page(rows, total, limit, offset)
 
 
 @router.get("/sessions/{session_id}", tags=["sessions"])

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import is_due, stored_after_deadline
+from .._deadlines import is_due, stored_after_deadline, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
 from .._runtime import Runtime
 from .._state import SessionState
 from .._state_parts import load_principal
 from .._types import InputRequest, Principal
-from ..stores import PendingFilter, StoredRequest
+from ..stores import PendingFilter, SessionSummary, StoredRequest
 from ._auth import (
     AccessRule,
     Authenticator,
@@ -33,6 +34,8 @@ from ._throttle import Failures, client_of, too_many
 __all__ = ["ServerContext", "get_context"]
 
 _UNKNOWN = object()
+
+log = logging.getLogger("signoff.server")
 
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
 DEV_REFUSED = (
@@ -221,6 +224,50 @@ class ServerContext:
             offset += 500
         return visible[flt.offset : flt.offset + flt.limit], len(visible)
 
+    async def visible_sessions(
+        self,
+        caller: Principal,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int,
+        offset: int,
+    ) -> tuple[list[SessionSummary], int]:
+        """One page of the sessions (most recently active first) the caller may see, and their
+        total, after recording the TTLs that passed (as `Runtime.sessions` does for its page).
+        The store cannot filter by initiator, so for anyone but an admin under the default rule
+        every matching session is read and filtered here, as `visible_requests` does: pages
+        come back full and the total counts only what the caller may see."""
+        rt = self.runtime
+        await rt.open()
+        now = rt.now()
+        try:  # as a sweep does, so the filters and the count see them `failed` too
+            await rt._record_lapsed(await rt._lapsed(now), now)
+        except StoreError as exc:  # a store this process may only read, say: shown, not counted
+            log.warning("sessions whose TTL passed not recorded: %s", exc)
+        if self.sees_every_request(caller):
+            page = await rt.sessions(agent=agent, status=status, limit=limit, offset=offset)
+            return page, await rt.store.count_sessions(agent=agent, status=status)
+        seen: set[str] = set()  # a session that moved up while this read on is listed once
+        visible: list[SessionSummary] = []
+        scanned = 0
+        while True:
+            chunk = await rt.store.sessions(agent=agent, status=status, limit=500, offset=scanned)
+            for row in chunk:
+                shown = summary_after_expiry(row, now)  # as `Runtime.sessions` shows it
+                if row.id in seen or (status is not None and shown.status != status):
+                    continue
+                seen.add(row.id)
+                try:
+                    if self.access(caller, await self.initiator(row.id)):
+                        visible.append(shown)
+                except UnknownSession:  # deleted since it was listed
+                    pass
+            if len(chunk) < 500:
+                break
+            scanned += 500
+        return visible[offset : offset + limit], len(visible)
+
     async def initiator(self, session_id: str) -> Principal | None:
         """Who started a session, from its first event, remembered: a reviewer's queue is
         filtered by it, and loading every parked session's state made each page a scan."""
@@ -254,7 +301,8 @@ class ServerContext:
         return total, _digest(total, [r.id for r in items])
 
     def sees_every_request(self, caller: Principal) -> bool:
-        """Whether the caller's queue is every open request (an admin under the default rule)."""
+        """Whether the caller sees every session, so every open request (an admin under the
+        default rule)."""
         return caller.attributes.get("admin") is True and self._default_access()
 
     async def open_requests_version(self) -> tuple[int, str]:

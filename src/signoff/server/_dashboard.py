@@ -46,6 +46,7 @@ from ._page_data import (
     query_number,
     queue_context,
     session_context,
+    sessions_context,
     setting_history,
     signed_in,
     tool_rows,
@@ -269,6 +270,12 @@ async def _whole(request: Request, request_id: str, *, payload: bool) -> Respons
 
 
 # -- a session's trace -----------------------------------------------------------------------
+
+
+@router.get("/sessions", response_class=HTMLResponse)
+async def sessions_page(request: Request) -> Response:
+    """Every session the viewer may see, most recently active first, waiting or not."""
+    return await render("sessions.html", request, **await sessions_context(request))
 
 
 @router.get("/sessions/{session_id}", response_class=HTMLResponse)

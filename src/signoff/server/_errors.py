@@ -36,7 +36,7 @@ from .._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._head import with_head
+from ._head import allowed, with_head
 from ._headers import add_security_headers
 from ._json_response import JSONText
 
@@ -256,7 +256,12 @@ def install_error_handlers(app: FastAPI) -> None:
             code, message = "malformed_form", malformed_form(exc.detail)
         response = error_response(exc.status_code, code, message)
         for key, value in (exc.headers or {}).items():
-            response.headers[key] = with_head(value) if key.lower() == "allow" else value
+            response.headers[key] = value
+        if exc.status_code == 405:
+            given = next((v for k, v in (exc.headers or {}).items() if k.lower() == "allow"), "")
+            allow = allowed(request.app.router.routes, request.scope) or with_head(given)
+            if allow:
+                response.headers["Allow"] = allow
         return response
 
     async def on_bug(request: Request, exc: Exception) -> JSONResponse:

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import anyio
+from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["HeadAsGet", "with_head"]
+__all__ = ["HeadAsGet", "allowed", "with_head"]
+
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+
+
+def allowed(routes: Iterable[BaseRoute], scope: Scope) -> str:
+    """A 405's `Allow` value: each method some route takes at the request's path (Starlette names
+    only the first route's, and `/v1/sessions` has one route for POST and one for GET)."""
+    routes = [r for r in routes if not isinstance(r, Mount)]  # a mount takes any method
+    methods = [
+        method
+        for method in _METHODS
+        if any(r.matches({**scope, "method": method})[0] is Match.FULL for r in routes)
+    ]
+    return with_head(", ".join(methods))
 
 
 def with_head(allow: str) -> str:

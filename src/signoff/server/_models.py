@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 from .._results import GenerateResult
 from .._state import SessionState
 from .._types import InputRequest, Principal, Usage
+from ..stores import SessionSummary
 
 __all__ = [
     "ApprovalItem",
@@ -30,10 +31,13 @@ __all__ = [
     "ResponseItem",
     "Responses",
     "SendMessage",
+    "SessionItem",
+    "SessionPage",
     "SessionView",
     "TurnResult",
     "TurnView",
     "idle_result",
+    "session_page",
     "session_view",
     "turn_result",
 ]
@@ -206,6 +210,41 @@ class QueuePage(_View):
     total: int
     limit: int
     offset: int
+
+
+class SessionItem(_View):
+    """One session of a listing: enough to pick it, not its history (`seq` its last event)."""
+
+    id: str
+    agent: str
+    status: str
+    seq: int
+    created_at: float
+    updated_at: float
+    expires_at: float | None
+
+
+class SessionPage(_View):
+    items: list[SessionItem]
+    total: int
+    limit: int
+    offset: int
+
+
+def session_page(rows: list[SessionSummary], total: int, limit: int, offset: int) -> SessionPage:
+    items = [
+        SessionItem(
+            id=r.id,
+            agent=r.agent,
+            status=r.status,
+            seq=r.head,
+            created_at=r.created_at,
+            updated_at=r.updated_at,
+            expires_at=r.expires_at,
+        )
+        for r in rows
+    ]
+    return SessionPage(items=items, total=total, limit=limit, offset=offset)
 
 
 class RequestRecord(_View):

@@ -17,7 +17,7 @@ from .._mirrors import deciding as _deciding
 from .._state_parts import RequestState
 from .._types import InputRequest, Principal
 from ..models import Scripted
-from ..stores import PendingFilter
+from ..stores import PendingFilter, SessionSummary
 from ._auth import TokenAuth
 from ._context import ServerContext, get_context
 from ._pages import principal_of, who
@@ -31,6 +31,7 @@ __all__ = [
     "query_number",
     "queue_context",
     "session_context",
+    "sessions_context",
     "setting_history",
     "signed_in",
     "tool_rows",
@@ -114,6 +115,46 @@ async def queue_context(request: Request) -> dict[str, Any]:
         query=urlencode({**picked, **({"page": page} if page > 1 else {})}),
         page_query=lambda n: urlencode({**picked, "page": n}),
         **await _offers(ctx, viewer, items),
+    )
+
+
+SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
+
+
+async def sessions_context(request: Request) -> dict[str, Any]:
+    """The sessions page: the viewer's sessions as `GET /v1/sessions` lists them, most recently
+    active first, filtered by agent and status (an unknown status is no filter)."""
+    ctx, viewer = await signed_in(request)
+    q = request.query_params
+    picked = {k: q[k] for k in ("agent", "status") if q.get(k)}
+    if picked.get("status") not in (None, *SESSION_STATUSES):
+        del picked["status"]
+    page = query_number(q.get("page", "1"), 1, 1, 1_000_000)
+
+    async def read(page: int) -> tuple[list[SessionSummary], int]:
+        return await ctx.visible_sessions(
+            viewer,
+            agent=picked.get("agent"),
+            status=picked.get("status"),
+            limit=PAGE_SIZE,
+            offset=(page - 1) * PAGE_SIZE,
+        )
+
+    rows, total = await read(page)
+    pages = max(1, -(-total // PAGE_SIZE))
+    if page > pages:  # fewer sessions than this page needs (an old link): the last page
+        page = pages
+        rows, total = await read(page)
+    return base(
+        ctx,
+        viewer,
+        rows=rows,
+        total=total,
+        page=page,
+        pages=pages,
+        picked=picked,
+        statuses=SESSION_STATUSES,
+        page_query=lambda n: urlencode({**picked, "page": n}),
     )
 
 

@@ -361,6 +361,10 @@ class Store(Protocol):
         """Sessions (of `agent`, in `status`, if given), most recently active first."""
         ...
 
+    async def count_sessions(self, *, agent: str | None = None, status: str | None = None) -> int:
+        """How many sessions `sessions` would list with no limit (of `agent`, in `status`)."""
+        ...
+
     def set_fault_hook(self, hook: FaultHook | None) -> None:
         """Test-only: call `hook` right before and after each commit and each `record_audit`
         (None removes it), to inject a crash at either point."""

@@ -287,15 +287,7 @@ class Reads(Connections):
     ) -> list[SessionSummary]:
         """Sessions, most recently active first."""
         s = self._s
-        where: list[str] = []
-        params: list[Any] = []
-        for column, value in (("agent", agent), ("status", status)):
-            if value is not None:
-                where.append(f"{column}=%s")
-                params.append(value)
-        clause = (" WHERE " + " AND ".join(where)) if where else ""
-        if not storable(agent, status):
-            clause, params = " WHERE false", []
+        clause, params = _session_filter(agent, status)
 
         async def body(conn: Conn) -> list[SessionSummary]:
             cur = await conn.execute(
@@ -306,6 +298,18 @@ class Reads(Connections):
             return [session_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, "listing sessions")
+
+    async def count_sessions(self, *, agent: str | None = None, status: str | None = None) -> int:
+        """How many sessions `sessions` would list with no limit."""
+        s = self._s
+        clause, params = _session_filter(agent, status)
+
+        async def body(conn: Conn) -> int:
+            cur = await conn.execute(f"SELECT COUNT(*) FROM {s}.sessions{clause}", params)
+            row = await cur.fetchone()
+            return 0 if row is None else int(row[0])
+
+        return await self._read(body, "counting sessions")
 
     async def lapsed_sessions(
         self, now: float, *, limit: int = 100, offset: int = 0
@@ -484,3 +488,17 @@ class Reads(Connections):
             return 0 if row is None else int(row[0])
 
         return await self._read(body, "measuring the database")
+
+
+def _session_filter(agent: str | None, status: str | None) -> tuple[str, list[Any]]:
+    """The WHERE clause (and its parameters) of a session listing's filters; a NUL in one
+    matches nothing (PostgreSQL text cannot hold it)."""
+    if not storable(agent, status):
+        return " WHERE false", []
+    where: list[str] = []
+    params: list[Any] = []
+    for column, value in (("agent", agent), ("status", status)):
+        if value is not None:
+            where.append(f"{column}=%s")
+            params.append(value)
+    return (" WHERE " + " AND ".join(where)) if where else "", params

@@ -245,16 +245,19 @@ class Reads(Connection):
         offset: int = 0,
     ) -> list[SessionSummary]:
         """Sessions, most recently active first."""
-        sql = "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions"
-        where, params = [], []
-        for column, value in (("agent", agent), ("status", status)):
-            if value is not None:
-                where.append(f"{column}=?")
-                params.append(value)
-        if where:
-            sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY updated_at DESC, sk DESC LIMIT ? OFFSET ?"
+        clause, params = _session_filter(agent, status)
+        sql = (
+            "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions"
+            f"{clause} ORDER BY updated_at DESC, sk DESC LIMIT ? OFFSET ?"
+        )
         return [session_summary(row) for row in self.conn.execute(sql, [*params, limit, offset])]
+
+    @reading
+    async def count_sessions(self, *, agent: str | None = None, status: str | None = None) -> int:
+        """How many sessions `sessions` would list with no limit."""
+        clause, params = _session_filter(agent, status)
+        row = self.conn.execute(f"SELECT COUNT(*) FROM sessions{clause}", params).fetchone()
+        return int(row[0])
 
     @reading
     async def orphaned_children(
@@ -404,3 +407,13 @@ def _heads(rows: Iterable[tuple[Any, Any, Any]]) -> dict[str, tuple[int, str | N
         )
         for i, n, h in rows
     }
+
+
+def _session_filter(agent: str | None, status: str | None) -> tuple[str, list[str]]:
+    """The WHERE clause (and its parameters) of a session listing's filters."""
+    where, params = [], []
+    for column, value in (("agent", agent), ("status", status)):
+        if value is not None:
+            where.append(f"{column}=?")
+            params.append(value)
+    return (" WHERE " + " AND ".join(where)) if where else "", params
