@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff import _subagents
+from signoff import _child_sessions, _subagents
 from signoff.testing import (
     call,
     call_tools,
@@ -236,8 +236,8 @@ async def test_an_answer_to_a_child_its_parents_cancel_missed_is_refused(
         [mirror] = r.pending
         assert mirror.child is not None
         with monkeypatch.context() as m:  # the cancel reaches no child: as if it died there
-            m.setattr(_subagents, "children", lambda requests: [])
-            m.setattr(_subagents, "delegated", lambda state: [])
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
             assert (await rt.cancel(r.session_id, principal=ALICE)).status == "cancelled"
         [orphan] = await rt.pending()
         assert orphan.id == mirror.child.request_id
@@ -267,8 +267,8 @@ async def test_the_sweep_cancels_a_child_its_parents_cancel_missed(
         [mirror] = r.pending
         assert mirror.child is not None
         with monkeypatch.context() as m:
-            m.setattr(_subagents, "children", lambda requests: [])
-            m.setattr(_subagents, "delegated", lambda state: [])
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
             await rt.cancel(r.session_id, principal=ALICE)
         assert len(await rt.pending()) == 1
         assert await rt.expire_due() == 1
@@ -291,8 +291,8 @@ async def test_cancelling_a_cancelled_parent_again_cancels_the_child_it_missed(
         [mirror] = r.pending
         assert mirror.child is not None
         with monkeypatch.context() as m:
-            m.setattr(_subagents, "children", lambda requests: [])
-            m.setattr(_subagents, "delegated", lambda state: [])
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
             await rt.cancel(r.session_id, principal=ALICE)
         assert len(await rt.pending()) == 1
         again = await rt.cancel(r.session_id, principal=ALICE)
