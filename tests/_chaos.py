@@ -37,6 +37,7 @@ class Ledger:
     messages: dict[str, bool] = field(default_factory=dict)  # text -> acknowledged
     routes: dict[str, str] = field(default_factory=dict)  # child request -> answered on
     swept: dict[str, float] = field(default_factory=dict)  # child of a cancelled parent -> when
+    own_turns: set[str] = field(default_factory=set)  # swept children asking in a later turn
     via: Counter[str] = field(default_factory=Counter)  # answers sent on a mirror, on a child
     beaten_by_text: set[str] = field(default_factory=set)  # refused: a message answered
     raced: set[str] = field(default_factory=set)  # answered both ways at once, mirror and child
@@ -58,6 +59,7 @@ class Chaos:
         self.started = 0
         self.cancels = self.parent_cancels = 0
         self._roots: dict[str, str] = {}  # request id -> the request it stands for
+        self._delegated: dict[str, str | None] = {}  # child session -> its delegated turn
 
     def _http_error(self, where: str, r: httpx.Response, allowed: tuple[str, ...]) -> str | None:
         """The error code of a refused request; a code not in `allowed` is a surprise."""
@@ -183,6 +185,28 @@ class Chaos:
             return
         self.ledger.messages[text] = True
 
+    async def asked_after_cancel(self, pending: list[so.InputRequest]) -> None:
+        """A pending request of the delegated turn of a child whose parent's turn the test
+        cancelled is a surprise. A later turn of the child, which a message sent to the child
+        started (one queued behind the delegated turn starts once the cancel ends it), is the
+        child's own: the parent's cancel leaves it alone."""
+        for req in pending:
+            if req.session_id not in self.ledger.swept or req.child is not None:
+                continue
+            if req.turn_id == await self._delegated_turn(req.session_id):
+                self.ledger.surprises.append(f"{req.id}: a child asks after its parent's cancel")
+            else:
+                self.ledger.own_turns.add(req.session_id)
+
+    async def _delegated_turn(self, child: str) -> str | None:
+        """The child's first turn: the one its parent's delegate call started."""
+        if child not in self._delegated:
+            async for e in self.front.events(child, follow=False):
+                if e.type == "turn.started":
+                    self._delegated[child] = e.turn_id
+                    break
+        return self._delegated.get(child)
+
     async def round(self, may_cancel: bool) -> None:
         """Answer what is pending (some twice, some in conflict); maybe cancel a session."""
         try:
@@ -190,14 +214,13 @@ class Chaos:
         except so.StoreError as exc:
             self.ledger.surprises.append(f"pending: {type(exc).__name__}: {exc}")
             return
+        await self.asked_after_cancel(pending)
         sends = []
         sides: dict[str, list[so.InputRequest]] = {}  # child requests and their mirrors
         for req in pending:
             root = _root(req)
             if req.child is not None or req.agent == CHILD:
                 sides.setdefault(root, []).append(req)
-            if req.session_id in self.ledger.swept and req.child is None:
-                self.ledger.surprises.append(f"{req.id}: a child asks after its parent's cancel")
             if root not in self.ledger.decisions:
                 if req.kind == "question":
                     option = self.rng.choice(["yes", "no"])

@@ -201,7 +201,8 @@ async def _run(url: str, tmp: Path, kind: str) -> None:
                 f"mirror, {ledger.via['child']} on a child, "
                 f"{sum(len(v) == 2 for v in sides.values())} acknowledged on both, "
                 f"{len(ledger.raced)} raced both ways, "
-                f"{chaos.parent_cancels} parents cancelled ({len(ledger.swept)} children swept)"
+                f"{chaos.parent_cancels} parents cancelled ({len(ledger.swept)} children swept, "
+                f"{len(ledger.own_turns)} asking later in a turn a message to them started)"
             )
             _proof.record("chaos:kills", kills)
             _proof.record(f"chaos:{kind}:kills", kills)

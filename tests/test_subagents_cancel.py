@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff import _subagents
+from signoff import _child_sessions, _subagents
 from signoff.testing import (
     call,
     call_tools,
@@ -236,8 +236,8 @@ async def test_an_answer_to_a_child_its_parents_cancel_missed_is_refused(
         [mirror] = r.pending
         assert mirror.child is not None
         with monkeypatch.context() as m:  # the cancel reaches no child: as if it died there
-            m.setattr(_subagents, "children", lambda requests: [])
-            m.setattr(_subagents, "delegated", lambda state: [])
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
             assert (await rt.cancel(r.session_id, principal=ALICE)).status == "cancelled"
         [orphan] = await rt.pending()
         assert orphan.id == mirror.child.request_id
@@ -267,8 +267,8 @@ async def test_the_sweep_cancels_a_child_its_parents_cancel_missed(
         [mirror] = r.pending
         assert mirror.child is not None
         with monkeypatch.context() as m:
-            m.setattr(_subagents, "children", lambda requests: [])
-            m.setattr(_subagents, "delegated", lambda state: [])
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
             await rt.cancel(r.session_id, principal=ALICE)
         assert len(await rt.pending()) == 1
         assert await rt.expire_due() == 1
@@ -291,8 +291,8 @@ async def test_cancelling_a_cancelled_parent_again_cancels_the_child_it_missed(
         [mirror] = r.pending
         assert mirror.child is not None
         with monkeypatch.context() as m:
-            m.setattr(_subagents, "children", lambda requests: [])
-            m.setattr(_subagents, "delegated", lambda state: [])
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
             await rt.cancel(r.session_id, principal=ALICE)
         assert len(await rt.pending()) == 1
         again = await rt.cancel(r.session_id, principal=ALICE)
@@ -395,3 +395,55 @@ async def test_a_parent_cancelled_just_after_its_child_was_created_leaves_it_can
         assert (await rt.cancel(sid)).status == "cancelled"
         assert await rt.pending() == [] and looked == []
         assert await rt.expire_due() == 0
+
+
+async def test_a_message_queued_on_the_child_starts_its_own_turn_after_the_parents_cancel(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message sent to the child with `queue` while its delegated turn runs waits for that
+    turn's end; the parent's cancel ends it, and the message starts the child's next turn, which
+    is the child's own: it asks its approval, and cancelling the parent again leaves it alone."""
+    looked: list[str] = []
+    parent, child = _lookup_agents(looked)
+    async with so.Runtime([parent, child], store=store_url) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        original = _subagents.RuntimeHost.start_child
+
+        async def start_child(host: _subagents.RuntimeHost, child_id: str, *args: Any) -> bool:
+            started = await original(host, child_id, *args)
+            queued = await rt.send(child_id, "Refund 1042", principal=ALICE, turn_policy="queue")
+            assert queued.queued and queued.status == "running" and looked == []
+            assert (await rt.cancel(sid, "changed my mind")).status == "cancelled"
+            return started
+
+        monkeypatch.setattr(_subagents.RuntimeHost, "start_child", start_child)
+        r = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        assert r.status == "cancelled"
+        monkeypatch.undo()
+        [child_id] = [s.id for s in await rt.sessions(agent="billing")]
+        assert timeline(await events(rt, child_id)) == [
+            "session.created",
+            "turn.started",
+            "turn.message queued:Refund 1042",
+            "turn.cancelled",
+            "session.waiting",
+        ]
+        stop = asyncio.Event()
+        working = asyncio.create_task(rt.work(stop=stop, idle_wait=0.02))
+        try:
+            for _ in range(250):
+                if (await rt.state(child_id)).status == "waiting":
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, 10)
+        delegated = next(e.turn_id for e in await events(rt, child_id) if e.type == "turn.started")
+        [own] = await rt.pending()
+        assert own.session_id == child_id and own.turn_id != delegated and looked == ["child model"]
+        assert (await rt.cancel(sid)).status == "cancelled"
+        assert await rt.pending() == [own]
+        done = await rt.respond(
+            child_id, [so.InputResponse(request_id=own.id, option_id="approve")], principal=ALICE
+        )
+        assert (done.status, done.text) == ("completed", "Refund done.")
