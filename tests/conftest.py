@@ -30,6 +30,8 @@ from psycopg import conninfo
 from signoff.stores import SQLiteStore, Store
 from signoff.stores.postgres import PostgresStore
 
+from ._forks import Scripts
+
 PG_BIN = Path(os.environ.get("SIGNOFF_PG_BIN", "/usr/lib/postgresql/15/bin"))
 STORE_KINDS = ["sqlite", "postgres"]
 
@@ -329,6 +331,16 @@ async def store(store_url: str) -> AsyncIterator[Store]:
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture(scope="session")
+def scripts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripts]:
+    """`python -c` children forked from one process that imported signoff (tests/_forks.py)."""
+    forked = Scripts(tmp_path_factory.mktemp("scripts"))
+    try:
+        yield forked
+    finally:
+        forked.close()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
