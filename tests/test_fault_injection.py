@@ -95,7 +95,7 @@ class Target:
             return f"sqlite:///{tmp / 's.db'}"
         cluster: PgCluster = self.request.getfixturevalue("pg_cluster")
         template = cluster.migrated_template() if cluster.ours else None
-        name = cluster.create_database(template=template)
+        name = cluster.fresh_database(template=template)
         self.request.addfinalizer(lambda: cluster.drop_database(name))
         return cluster.url(name)
 
