@@ -1,26 +1,28 @@
 """Child process for the fault-injection test: runs (or resumes) one scenario to its end.
 
-`python -m tests._fault_child STORE_URL RECORDS SESSION_FILE [--kill-at N --when before|after]`
+`python -m tests._fault_child` serves `[STORE_URL, RECORDS, SESSION_FILE, KILL_AT, WHEN]`
+commands, each in a child of its own (`_forks`, so the kills do not pay a Python start each).
 The scenario is one turn in which the model calls two gated tools (one with a long input) and a
 workflow tool (a journaled step, then a question); the child plays the people, answering
 whatever is pending. While that turn waits, Bob sends a message, which is queued for the turn's
 end and then answered in a turn of its own.
-With `--kill-at N` the store's fault hook SIGKILLs this process at the N-th commit point.
-It prints one JSON line at the end: the turn's final text and how many commit points it saw.
+With KILL_AT N (0: never) the store's fault hook SIGKILLs the child right WHEN (before or
+after) its N-th commit point. A child that ends gives the turn's final text and how many commit
+points it saw.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
 import signoff as so
+
+from ._forks import serve
 
 PEOPLE = so.Principal(authenticator="test", principal_id="alice")
 BOB = so.Principal(authenticator="test", principal_id="bob")
@@ -100,21 +102,22 @@ def make_agent(records: str) -> so.Agent:
     return so.Agent(name="support", model=model, tools=[refund, ship, plan])
 
 
-async def run(args: argparse.Namespace) -> dict[str, Any]:
+async def run(argv: list[str]) -> dict[str, Any]:
+    store, records, session_path, kill_at, at = argv[0], argv[1], argv[2], int(argv[3]), argv[4]
     points = 0
 
     def hook(when: str, label: str) -> None:
         nonlocal points
-        if when != args.when:
+        if when != at:
             return
         points += 1
-        if points == args.kill_at:
+        if points == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
-    rt = so.Runtime([make_agent(args.records)], store=args.store, lease_ttl=0.3)
+    rt = so.Runtime([make_agent(records)], store=store, lease_ttl=0.3)
     async with rt:
         rt.store.set_fault_hook(hook)
-        session_file = Path(args.session_file)
+        session_file = Path(session_path)
         if session_file.exists():
             sid = session_file.read_text().strip()
             r = await rt.generate(session_id=sid)  # resume whatever the crash interrupted
@@ -171,17 +174,5 @@ async def sent(rt: so.Runtime, sid: str) -> bool:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("store")
-    parser.add_argument("records")
-    parser.add_argument("session_file")
-    parser.add_argument("--kill-at", type=int, default=0)
-    parser.add_argument("--when", choices=["before", "after"], default="before")
-    args = parser.parse_args()
-    result = asyncio.run(run(args))
-    sys.stdout.write(json.dumps(result) + "\n")
-
-
 if __name__ == "__main__":
-    main()
+    serve(run)

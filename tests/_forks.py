@@ -5,6 +5,10 @@ store's fault hook or a wrapped write) at a chosen point.
 The server reads one JSON list of arguments a line on stdin and answers each with the child's
 exit code (-9 when it was SIGKILLed); a child that ends writes its JSON result to the file
 named by its first argument.
+
+`Scripts` does the same for `python -c SCRIPT ARGS...` children (`python -m tests._forks`
+serves them): each script runs in a forked child as `__main__`, with its own environment,
+its stdout and stderr captured, and its exit code or killing signal returned.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import traceback
@@ -19,7 +24,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Forks", "serve"]
+__all__ = ["Forks", "Scripts", "serve", "serve_scripts"]
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,3 +94,79 @@ class Forks:
             if self.proc.stdout is not None:
                 self.proc.stdout.close()
             self.err.close()
+
+
+def serve_scripts() -> None:
+    """Run each script read (`{"code", "argv", "env", "out", "err", "timeout"}`, a JSON line) in
+    a forked child as `python -c` would, answering with its exit code, until stdin ends."""
+    # What the scripts import, imported once here.
+    import signoff.cli
+    import signoff.stores.postgres
+
+    del signoff
+
+    for line in sys.stdin:
+        job = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.alarm(job["timeout"])  # a script that hangs dies of SIGALRM
+                os.environ.clear()
+                os.environ.update(job["env"])
+                for fd, name in ((1, "out"), (2, "err")):
+                    target = os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                    os.dup2(target, fd)
+                    os.close(target)
+                sys.argv = ["-c", *job["argv"]]
+                exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
+                code = 0
+            except SystemExit as exc:
+                if exc.code is None or isinstance(exc.code, int):
+                    code = exc.code or 0
+                else:
+                    print(exc.code, file=sys.stderr)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        sys.stdout.write(json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
+        sys.stdout.flush()
+
+
+class Scripts:
+    """The parent's side of `serve_scripts`: `run()` as `subprocess.run([python, "-c", ...])`
+    with `capture_output=True`, without a Python start (nor signoff's imports) each time."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.forks = Forks("tests._forks", tmp)
+
+    def run(
+        self, code: str, *argv: str, env: dict[str, str] | None = None, timeout: int = 60
+    ) -> subprocess.CompletedProcess[str]:
+        """Run `code` with `argv` in a child of its own; its exit code (negative: the signal
+        that killed it) and what it wrote, as text."""
+        forks = self.forks
+        forks.runs += 1
+        out, err = forks.tmp / f"script-{forks.runs}.out", forks.tmp / f"script-{forks.runs}.err"
+        job: dict[str, Any] = {"code": code, "argv": list(argv), "timeout": timeout}
+        job.update(env=dict(os.environ if env is None else env), out=str(out), err=str(err))
+        assert forks.proc.stdin is not None and forks.proc.stdout is not None
+        forks.proc.stdin.write(json.dumps(job) + "\n")
+        forks.proc.stdin.flush()
+        line = forks.proc.stdout.readline()
+        assert line, forks.stderr()
+        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        out.unlink()
+        err.unlink()
+        return subprocess.CompletedProcess(["-c", code, *argv], int(line), stdout, stderr)
+
+    def close(self) -> None:
+        self.forks.close()
+
+
+if __name__ == "__main__":
+    serve_scripts()

@@ -6,8 +6,6 @@ before. The trail verifies after each."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +14,7 @@ from signoff.server._sign_ins import Grant, SignOuts
 from signoff.stores._base import AUDIT_RECORDED
 
 from . import _proof
+from ._forks import Scripts
 from .test_sqlite_upgrade import _child_env
 
 # Opens a runtime whose tool `refund` is gated (`always`) or not (`auto`); with a third argument
@@ -44,11 +43,10 @@ asyncio.run(main())
 """
 
 
-def open_with(url: str, setting: str, kill: str | None = None) -> int:
-    argv = [sys.executable, "-c", _OPEN, url, setting, *([kill] if kill else [])]
-    done = subprocess.run(argv, env=_child_env(), capture_output=True, timeout=60)
+def open_with(scripts: Scripts, url: str, setting: str, kill: str | None = None) -> int:
+    done = scripts.run(_OPEN, url, setting, *([kill] if kill else []), env=_child_env())
     if kill is None:
-        assert done.returncode == 0, done.stderr.decode()
+        assert done.returncode == 0, done.stderr
     return done.returncode
 
 
@@ -61,22 +59,22 @@ async def settings(url: str) -> tuple[list[tuple[str | None, str]], list[so.Audi
 
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_a_setting_change_killed_around_its_record_is_recorded_once(
-    store_url: str, when: str
+    store_url: str, scripts: Scripts, when: str
 ) -> None:
-    open_with(store_url, "always")
+    open_with(scripts, store_url, "always")
     first, problems = await settings(store_url)
     assert len(first) == 1 and first[0][0] is None and problems == []
     gated = first[0][1]
 
-    assert open_with(store_url, "never", kill=when) == -signal.SIGKILL
+    assert open_with(scripts, store_url, "never", kill=when) == -signal.SIGKILL
     _proof.record("crash:kills")
     killed, problems = await settings(store_url)
     assert problems == []
     # before: nothing of it is stored; after: all of it, in one transaction
     assert len(killed) == (1 if when == "before" else 2)
 
-    open_with(store_url, "never")  # the restart
-    open_with(store_url, "never")  # and one more opening: nothing left to record
+    open_with(scripts, store_url, "never")  # the restart
+    open_with(scripts, store_url, "never")  # and one more opening: nothing left to record
     final, problems = await settings(store_url)
     assert problems == []
     assert len(final) == 2 and final[0] == (None, gated)
@@ -115,12 +113,11 @@ async def signed_out(url: str, sign_in: str) -> bool:
 
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_a_sign_out_killed_around_its_record_holds_only_once_recorded(
-    store_url: str, when: str
+    store_url: str, scripts: Scripts, when: str
 ) -> None:
     def sign_out(kill: str) -> int:
-        argv = [sys.executable, "-c", _SIGN_OUT, store_url, "si_1", kill]
-        done = subprocess.run(argv, env=_child_env(), capture_output=True, timeout=60)
-        assert done.returncode in (0, -signal.SIGKILL), done.stderr.decode()
+        done = scripts.run(_SIGN_OUT, store_url, "si_1", kill, env=_child_env())
+        assert done.returncode in (0, -signal.SIGKILL), done.stderr
         return done.returncode
 
     assert await signed_out(store_url, "si_1") is False

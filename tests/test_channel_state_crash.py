@@ -15,6 +15,7 @@ from signoff.channels import ChannelState
 from signoff.channels._state import STATE_SCHEMA
 
 from . import _proof
+from ._forks import Scripts
 from ._wal import SPILL, uncommitted_frames
 from .test_sqlite_upgrade import _child_env
 
@@ -51,16 +52,11 @@ ChannelState(sys.argv[1], busy_timeout=10).close()
 
 @pytest.mark.parametrize("dies", ["wal", "commit"])
 def test_a_new_state_file_killed_while_created_is_created_next_time(
-    tmp_path: Path, dies: str
+    tmp_path: Path, scripts: Scripts, dies: str
 ) -> None:
     path = tmp_path / "channels.db"
-    child = subprocess.run(
-        [sys.executable, "-c", _DIE_IN_CREATION, str(path), dies],
-        env=_child_env(),
-        capture_output=True,
-        timeout=60,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    child = scripts.run(_DIE_IN_CREATION, str(path), dies, env=_child_env())
+    assert child.returncode == -signal.SIGKILL, child.stderr
     _proof.record("crash:kills")
     if dies == "commit":
         assert uncommitted_frames(Path(f"{path}-wal")) > 0  # its pages on disk, uncommitted

@@ -20,6 +20,7 @@ from signoff.channels import ChannelHub, ChannelState, WebhookChannel, verify_we
 from signoff.channels._state import STATE_SCHEMA
 
 from ._channel_state import old_state_file
+from ._forks import Scripts
 from ._locks import open_together
 from ._wal import SPILL, uncommitted_frames
 from .test_sqlite_upgrade import _child_env
@@ -190,7 +191,7 @@ def rows_of(path: Path) -> list[tuple[Any, ...]]:
 
 @pytest.mark.parametrize("dies", ["moved", "commit"])
 async def test_an_upgrade_killed_halfway_leaves_the_old_file_and_its_outbox_is_sent_later(
-    tmp_path: Path, dies: str
+    tmp_path: Path, scripts: Scripts, dies: str
 ) -> None:
     """A process killed (SIGKILL) inside the upgrade transaction, after the memos moved or
     just before its commit, leaves the file at layout 0 with every memo, the unsent webhook
@@ -210,12 +211,8 @@ async def test_an_upgrade_killed_halfway_leaves_the_old_file_and_its_outbox_is_s
         memos += [("slack", f"msg:r{i}", {"text": "x" * 2000}) for i in range(2, 40)]
         old_state_file(path, {"ops:webhooks": 0, "hub:slack": 7}, memos)
         before = rows_of(path)
-        child = subprocess.run(
-            [sys.executable, "-c", _DIE_IN_UPGRADE, str(path), dies],
-            env=_child_env(),
-            capture_output=True,
-        )
-        assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+        child = scripts.run(_DIE_IN_UPGRADE, str(path), dies, env=_child_env())
+        assert child.returncode == -signal.SIGKILL, child.stderr
         wal = Path(f"{path}-wal")
         assert wal.stat().st_size == int(child.stdout)  # as the killed upgrade left it
         assert uncommitted_frames(wal) > 2  # its pages, on disk, no commit among them

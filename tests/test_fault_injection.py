@@ -7,9 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import subprocess
-import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +19,26 @@ from signoff.stores import open_store
 from signoff.stores._codec import needs_previous
 
 from . import _proof
+from ._forks import Forks
 from ._procs import query
 from .conftest import STORE_KINDS, PgCluster
 
-ROOT = Path(__file__).resolve().parent.parent
+
+@pytest.fixture(scope="module")
+def children(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Forks]:
+    """One process that imported signoff, forking a child per run of the scenario."""
+    forks = Forks("tests._fault_child", tmp_path_factory.mktemp("children"))
+    try:
+        yield forks
+    finally:
+        forks.close()
 
 
 def child(
-    url: str, tmp: Path, kill_at: int = 0, when: str = "before"
-) -> subprocess.CompletedProcess[str]:
-    args = [sys.executable, "-m", "tests._fault_child", url, str(tmp / "runs")]
-    args += [str(tmp / "session"), "--kill-at", str(kill_at), "--when", when]
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    children: Forks, url: str, tmp: Path, kill_at: int = 0, when: str = "before"
+) -> tuple[int, dict[str, Any] | None]:
+    """Run the scenario (or resume it) in a child: its exit code, and its result if it ended."""
+    return children.run(url, str(tmp / "runs"), str(tmp / "session"), str(kill_at), when)
 
 
 def runs(tmp: Path) -> list[dict[str, Any]]:
@@ -88,7 +95,7 @@ class Target:
             return f"sqlite:///{tmp / 's.db'}"
         cluster: PgCluster = self.request.getfixturevalue("pg_cluster")
         template = cluster.migrated_template() if cluster.ours else None
-        name = cluster.create_database(template=template)
+        name = cluster.fresh_database(template=template)
         self.request.addfinalizer(lambda: cluster.drop_database(name))
         return cluster.url(name)
 
@@ -99,12 +106,13 @@ def target(request: pytest.FixtureRequest) -> Target:
 
 
 @pytest.fixture(scope="module")
-def baseline(tmp_path_factory: pytest.TempPathFactory, target: Target) -> dict[str, Any]:
+def baseline(
+    tmp_path_factory: pytest.TempPathFactory, target: Target, children: Forks
+) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("baseline")
     url = target.url(tmp)
-    done = child(url, tmp)
-    assert done.returncode == 0, done.stderr
-    result: dict[str, Any] = json.loads(done.stdout)
+    rc, result = child(children, url, tmp)
+    assert rc == 0 and result is not None, children.stderr()
     assert result["status"] == "completed"
     result["types"] = check_log(url, result["session"])
     result["runs"] = Counter(r["kind"] for r in runs(tmp))
@@ -127,21 +135,20 @@ def test_the_scenario_has_many_commit_points(baseline: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_sigkill_at_every_commit_point(
-    tmp_path: Path, target: Target, baseline: dict[str, Any], when: str
+    tmp_path: Path, target: Target, baseline: dict[str, Any], children: Forks, when: str
 ) -> None:
     for point in range(1, baseline["points"] + 1):
         tmp = tmp_path / f"{when}-{point}"
         tmp.mkdir()
         url = target.url(tmp)
-        killed = child(url, tmp, kill_at=point, when=when)
-        assert killed.returncode == -signal.SIGKILL, (point, killed.stdout, killed.stderr)
+        killed, result = child(children, url, tmp, kill_at=point, when=when)
+        assert killed == -signal.SIGKILL, (point, result, children.stderr())
         _proof.record("crash:kills")
         _proof.record(f"crash:{target.kind}:kills")
         if not (tmp / "session").exists():
             continue  # killed before the session existed: nothing was acknowledged
-        finished = child(url, tmp)
-        assert finished.returncode == 0, (point, finished.stderr)
-        result = json.loads(finished.stdout)
+        finished, result = child(children, url, tmp)
+        assert finished == 0 and result is not None, (point, children.stderr())
         assert result["status"] == "completed", (point, result)
         assert result["text"] == baseline["text"], point
         assert result["turns"] == baseline["turns"], point

@@ -15,6 +15,7 @@ import pytest
 
 from signoff.stores.postgres import STORE_SCHEMA
 from tests import test_upgrade
+from tests._forks import Scripts
 from tests.conftest import PG_BIN
 from tests.test_sqlite_upgrade import _child_env
 
@@ -112,7 +113,11 @@ def versions(url: str) -> list[tuple[int, Any]]:
     ],
 )
 async def test_a_migration_killed_halfway_leaves_the_old_level_and_finishes_next_time(
-    fixture: str, dies_after: int, pg_url: str, reference: test_upgrade.Reference
+    fixture: str,
+    dies_after: int,
+    pg_url: str,
+    reference: test_upgrade.Reference,
+    scripts: Scripts,
 ) -> None:
     """All pending migrations run in one transaction: a process killed in it leaves the
     database at its old level with nothing of the newer ones, two processes opening it
@@ -120,12 +125,8 @@ async def test_a_migration_killed_halfway_leaves_the_old_level_and_finishes_next
     manifest = restore(pg_url, fixture)
     old = versions(pg_url)
     before = everything(pg_url)
-    child = subprocess.run(
-        [sys.executable, "-c", _DIE_IN_MIGRATION, pg_url, str(dies_after)],
-        env=_child_env(),
-        capture_output=True,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    child = scripts.run(_DIE_IN_MIGRATION, pg_url, str(dies_after), env=_child_env())
+    assert child.returncode == -signal.SIGKILL, child.stderr
     assert versions(pg_url) == old and old[-1][0] < dies_after
     assert everything(pg_url) == before
 

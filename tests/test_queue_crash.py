@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from signoff.stores._base import AUDIT_RECORDED
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from . import _proof
+from ._forks import Scripts
 from .test_sqlite_upgrade import _child_env
 
 # The command line, with every store it opens SIGKILLing the process around its first commit.
@@ -52,25 +52,26 @@ def agent(runs: list[str]) -> so.Agent:
     )
 
 
-def approve(url: str, request_id: str, kill: str) -> subprocess.CompletedProcess[str]:
-    argv = [sys.executable, "-c", _CLI, kill, "approve", request_id, "--store", url]
+def approve(
+    scripts: Scripts, url: str, request_id: str, kill: str
+) -> subprocess.CompletedProcess[str]:
     env = {**_child_env(), "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    return scripts.run(_CLI, kill, "approve", request_id, "--store", url, env=env)
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
 async def test_an_approval_killed_around_its_commit_is_recorded_once(
-    store_url: str, when: str
+    store_url: str, scripts: Scripts, when: str
 ) -> None:
     runs: list[str] = []
     async with so.Runtime([agent(runs)], store=store_url) as rt:
         parked = await rt.generate("support", prompt="refund order 7")
         (request,) = parked.pending
 
-    killed = approve(store_url, request.id, when)
+    killed = approve(scripts, store_url, request.id, when)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
     _proof.record("crash:kills")
-    again = approve(store_url, request.id, "never")
+    again = approve(scripts, store_url, request.id, "never")
     assert again.returncode == 0, again.stdout + again.stderr
     said = " ".join(again.stdout.split())
     if when == "before":

@@ -19,6 +19,7 @@ from signoff.stores._codec import unpack_text
 from signoff.stores.sqlite import STORE_SCHEMA, SQLiteStore
 from signoff.testing import call, call_tools, reply, scripted_agent
 
+from ._forks import Scripts
 from ._wal import SPILL, uncommitted_frames
 
 # Schema 1 as the first version wrote it: JSON text everywhere, a full copy of each request, and
@@ -370,7 +371,7 @@ def dump(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("dies", ["moved", "commit"])
 async def test_an_upgrade_killed_halfway_leaves_the_old_file_and_finishes_next_time(
-    tmp_path: Path, dies: str
+    tmp_path: Path, scripts: Scripts, dies: str
 ) -> None:
     """The upgrade runs in the opening transaction: a process killed in it (SIGKILL, no
     rollback), after the audit entries moved or just before its commit, with what it wrote in
@@ -383,12 +384,8 @@ async def test_an_upgrade_killed_halfway_leaves_the_old_file_and_finishes_next_t
     old = tmp_path / "old.db"
     write_schema_1(modern, old, before)
     schema_1 = dump(old)
-    child = subprocess.run(
-        [sys.executable, "-c", _DIE_IN_UPGRADE, str(old), dies],
-        env=_child_env(),
-        capture_output=True,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    child = scripts.run(_DIE_IN_UPGRADE, str(old), dies, env=_child_env())
+    assert child.returncode == -signal.SIGKILL, child.stderr
     wal = Path(f"{old}-wal")
     assert wal.stat().st_size == int(child.stdout)  # as the killed upgrade left it
     assert uncommitted_frames(wal) > 2  # its pages, on disk, no commit among them

@@ -21,6 +21,7 @@ from signoff.stores.sqlite import SQLiteStore
 from signoff.testing import reply, scripted_agent
 
 from . import _proof
+from ._forks import Scripts
 from ._wal import SPILL, uncommitted_frames
 from .test_postgres_upgrade import _DIE_IN_MIGRATION, _OPEN, versions
 from .test_sqlite_upgrade import _child_env
@@ -71,16 +72,11 @@ def tables(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("dies", ["wal", "commit"])
 async def test_a_new_sqlite_file_killed_while_created_is_created_next_time(
-    tmp_path: Path, dies: str
+    tmp_path: Path, scripts: Scripts, dies: str
 ) -> None:
     path = tmp_path / "s.db"
-    child = subprocess.run(
-        [sys.executable, "-c", _DIE_IN_CREATION, str(path), dies],
-        env=_child_env(),
-        capture_output=True,
-        timeout=60,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    child = scripts.run(_DIE_IN_CREATION, str(path), dies, env=_child_env())
+    assert child.returncode == -signal.SIGKILL, child.stderr
     _proof.record("crash:kills")
     if dies == "commit":
         assert uncommitted_frames(Path(f"{path}-wal")) > 2  # its pages on disk, uncommitted
@@ -106,17 +102,12 @@ async def test_a_new_sqlite_file_killed_while_created_is_created_next_time(
 
 @pytest.mark.parametrize("dies_after", [1, PG_SCHEMA])
 async def test_a_new_postgres_schema_killed_while_created_is_created_next_time(
-    pg_url: str, dies_after: int
+    pg_url: str, scripts: Scripts, dies_after: int
 ) -> None:
     """Killed after the first migration, or after the last one before the commit: the schema
     itself is not there either (it is created in the same transaction)."""
-    child = subprocess.run(
-        [sys.executable, "-c", _DIE_IN_MIGRATION, pg_url, str(dies_after)],
-        env=_child_env(),
-        capture_output=True,
-        timeout=60,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    child = scripts.run(_DIE_IN_MIGRATION, pg_url, str(dies_after), env=_child_env())
+    assert child.returncode == -signal.SIGKILL, child.stderr
     _proof.record("crash:kills")
     with psycopg.connect(pg_url) as conn:
         found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'signoff'").fetchall()

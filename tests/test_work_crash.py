@@ -4,13 +4,12 @@ the lease lapses and another worker runs the turn to its end, the approved tool 
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import signoff as so
 
 from . import _proof
+from ._forks import Scripts
 from ._procs import ROOT, make_agent, read_executions
 from .test_sqlite_upgrade import _child_env
 
@@ -43,16 +42,15 @@ asyncio.run(main())
 """
 
 
-def worker(url: str, records: Path, sid: str, kill: str) -> int:
-    argv = [sys.executable, "-c", _WORKER, url, str(records), sid, kill]
+def worker(scripts: Scripts, url: str, records: Path, sid: str, kill: str) -> int:
     env = {**_child_env(), "PYTHONPATH": f"{_child_env()['PYTHONPATH']}:{ROOT}"}
-    done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    done = scripts.run(_WORKER, url, str(records), sid, kill, env=env)
     assert done.returncode in (0, -signal.SIGKILL), done.stderr
     return done.returncode
 
 
 async def test_a_worker_killed_after_its_claim_leaves_the_turn_to_another(
-    store_url: str, tmp_path: Path
+    store_url: str, tmp_path: Path, scripts: Scripts
 ) -> None:
     records = tmp_path / "runs.jsonl"
     async with so.Runtime([make_agent(str(records))], store=store_url) as rt:
@@ -61,10 +59,10 @@ async def test_a_worker_killed_after_its_claim_leaves_the_turn_to_another(
         recorded = await rt.respond(parked.session_id, [approve], resume=False)
         assert recorded.status == "running"  # recorded only: a worker runs it
 
-    assert worker(store_url, records, parked.session_id, "claim") == -signal.SIGKILL
+    assert worker(scripts, store_url, records, parked.session_id, "claim") == -signal.SIGKILL
     _proof.record("crash:kills")
     assert read_executions(records) == []  # killed before it drove anything
-    assert worker(store_url, records, parked.session_id, "never") == 0
+    assert worker(scripts, store_url, records, parked.session_id, "never") == 0
 
     async with so.Runtime([make_agent(str(records))], store=store_url) as rt:
         state = await rt.state(parked.session_id)
