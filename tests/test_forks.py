@@ -8,6 +8,8 @@ import json
 import signal
 from pathlib import Path
 
+import signoff
+
 from ._forks import Forks, Scripts
 
 _PROBE = """
@@ -20,7 +22,8 @@ for fd in os.listdir("/proc/self/fd"):
     except FileNotFoundError:  # the listing's own descriptor, closed since
         pass
 print(json.dumps({"pid": os.getpid(), "ppid": os.getppid(), "seen": hasattr(signoff, "_probe"),
-                  "fds": fds, "argv": sys.argv, "env": os.environ.get("PROBE")}))
+                  "fds": fds, "argv": sys.argv, "env": os.environ.get("PROBE"),
+                  "signoff": signoff.__file__}))
 signoff._probe = True
 """
 
@@ -37,6 +40,7 @@ def test_each_script_is_a_process_of_its_own_with_nothing_inherited(scripts: Scr
     assert (one["argv"], one["env"]) == (["-c", "a"], "1")
     assert (two["argv"], two["env"]) == (["-c", "b"], "2")
     for seen in (one, two):
+        assert seen["signoff"] == signoff.__file__  # the code under test, not another checkout
         fds = seen["fds"]
         assert fds.pop("0") == "/dev/null"
         # stdout and stderr to their files: no socket, database file or pipe inherited
