@@ -4,7 +4,10 @@ store's fault hook or a wrapped write) at a chosen point.
 
 The server reads one JSON list of arguments a line on stdin and answers each with the child's
 exit code (-9 when it was SIGKILLed); a child that ends writes its JSON result to the file
-named by its first argument.
+named by its first argument. As a fresh process would, each child starts from the server's
+untouched imports (the server runs nothing else and has no thread to fork with), reads an empty
+stdin, and a child still running after `TIMEOUT` seconds is ended (SIGALRM), so that a hung one
+neither holds its test past that nor outlives the server.
 
 `Scripts` does the same for `python -c SCRIPT ARGS...` children (`python -m tests._forks`
 serves them): each script runs in a forked child as `__main__`, with its own environment,
@@ -19,6 +22,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -27,27 +31,56 @@ from typing import Any
 __all__ = ["Forks", "Scripts", "serve", "serve_scripts"]
 
 ROOT = Path(__file__).resolve().parent.parent
+TIMEOUT = 60
+"""Seconds a child may run before SIGALRM ends it (what `subprocess.run(timeout=60)` gave)."""
 
 
 def serve(run: Callable[[list[str]], Coroutine[Any, Any, dict[str, Any]]]) -> None:
     """Run `run(args)` for each command read, in a forked child, until stdin ends."""
     for line in sys.stdin:
         out, *args = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                result = asyncio.run(run(args))
-                Path(out).write_text(json.dumps(result))
-                code = 0
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        sys.stdout.write(json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
-        sys.stdout.flush()
+
+        def child(out: str = out, args: list[str] = args) -> None:
+            os.dup2(2, 1)  # stdout is the answers' pipe: what the child prints goes to stderr
+            result = asyncio.run(run(args))
+            Path(out).write_text(json.dumps(result))
+
+        _answer(_forked(child, TIMEOUT))
+
+
+def _forked(body: Callable[[], None], timeout: int) -> int:
+    """Run `body` in a child forked from this (single-threaded) process, as a process of its
+    own would: stdin empty, SIGALRM after `timeout` seconds (so a hung child does not outlive
+    its test), `SystemExit` as its exit status. Its exit code, negative if a signal killed it."""
+    assert threading.active_count() == 1, f"forking with threads: {threading.enumerate()}"
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.alarm(timeout)
+            null = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(null, 0)
+            os.close(null)
+            body()
+            code = 0
+        except SystemExit as exc:
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
+                print(exc.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _answer(code: int) -> None:
+    sys.stdout.write(json.dumps(code) + "\n")
+    sys.stdout.flush()
 
 
 class Forks:
@@ -107,34 +140,18 @@ def serve_scripts() -> None:
 
     for line in sys.stdin:
         job = json.loads(line)
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                signal.alarm(job["timeout"])  # a script that hangs dies of SIGALRM
-                os.environ.clear()
-                os.environ.update(job["env"])
-                for fd, name in ((1, "out"), (2, "err")):
-                    target = os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-                    os.dup2(target, fd)
-                    os.close(target)
-                sys.argv = ["-c", *job["argv"]]
-                exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
-                code = 0
-            except SystemExit as exc:
-                if exc.code is None or isinstance(exc.code, int):
-                    code = exc.code or 0
-                else:
-                    print(exc.code, file=sys.stderr)
-            except BaseException:
-                traceback.print_exc()
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(code)
-        _, status = os.waitpid(pid, 0)
-        sys.stdout.write(json.dumps(os.waitstatus_to_exitcode(status)) + "\n")
-        sys.stdout.flush()
+
+        def child(job: dict[str, Any] = job) -> None:
+            os.environ.clear()
+            os.environ.update(job["env"])
+            for fd, name in ((1, "out"), (2, "err")):
+                target = os.open(job[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(target, fd)
+                os.close(target)
+            sys.argv = ["-c", *job["argv"]]
+            exec(compile(job["code"], "<string>", "exec"), {"__name__": "__main__"})
+
+        _answer(_forked(child, job["timeout"]))
 
 
 class Scripts:
