@@ -13,6 +13,8 @@ import pytest
 import signoff as so
 from signoff.server import TokenAuth, _context, create_app
 
+from ._audit import alter
+from ._procs import query
 from ._ttl import ttl_agent
 from .test_server_common import ALICE, MALLORY, TOKENS, auth, make_agents
 
@@ -287,3 +289,33 @@ async def test_a_lapsed_session_this_server_cannot_record_is_filtered_as_failed(
             r = await c.get("/v1/sessions", params={"agent": "support"}, headers=auth(token))
             assert r.json()["total"] == 0
         assert (await runtime.store.sessions())[0].status == "waiting"  # not this server's
+
+
+async def test_a_session_whose_first_event_is_damaged_is_left_out_of_listings(
+    store_url: str,
+) -> None:
+    """Who started a session whose first event cannot be read is unknown: the listings of
+    anyone but an admin leave it out (as a foreign one) instead of failing for every caller
+    with a 503; the session's own read still names the damage."""
+    async with so.Runtime(make_agents(), store=store_url) as rt:
+        good = (await rt.generate("support", "refund it", auth=ALICE)).session_id
+        bad = (await rt.generate("support", "refund it", auth=ALICE)).session_id
+        theirs = await rt.create_session("support", auth=MALLORY)
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", bad)
+    alter(store_url, "UPDATE {t}events SET type='?' WHERE sk={p} AND seq=1", sk)
+    async with _served(store_url) as (_, c):
+        for token, listed in (("alice-token", [good]), ("mallory-token", [theirs])):
+            r = await c.get("/v1/sessions", headers=auth(token))
+            assert r.status_code == 200, r.text
+            assert [s["id"] for s in r.json()["items"]] == listed
+            assert r.json()["total"] == 1
+            r = await c.get("/v1/requests", headers=auth(token))
+            assert r.status_code == 200, r.text
+            shown = {q["session_id"] for q in r.json()["items"]}
+            assert shown == ({good} if token == "alice-token" else set()), r.text
+            r = await c.get("/_signoff/sessions", headers=auth(token))
+            assert r.status_code == 200 and listed[0] in r.text and bad not in r.text
+        r = await c.get("/v1/sessions", headers=auth("admin-token"))
+        assert r.json()["total"] == 3
+        r = await c.get(f"/v1/sessions/{bad}", headers=auth("alice-token"))
+        assert r.status_code == 503

@@ -217,10 +217,7 @@ class ServerContext:
             for request in chunk:
                 sid = request.session_id
                 if sid not in seen:
-                    try:
-                        seen[sid] = self.access(caller, await self.initiator(sid))
-                    except UnknownSession:
-                        seen[sid] = False
+                    seen[sid] = await self._sees(caller, sid)
                 if seen[sid]:
                     visible.append(request)
             if not more:
@@ -310,10 +307,17 @@ class ServerContext:
         return page, total
 
     async def _sees(self, caller: Principal, session_id: str) -> bool:
-        """Whether the caller may see the session (a deleted one: no)."""
+        """Whether a listing shows the session to the caller: not when it was deleted, nor when
+        who started it cannot be read (a damaged log: one such session must not fail every
+        caller's listing; its own read names the damage)."""
         try:
             return self.access(caller, await self.initiator(session_id))
         except UnknownSession:
+            return False
+        except StoreError as exc:
+            if type(exc) is not StoreError:  # busy, down, gone: not the session's own fault
+                raise
+            log.warning("session %s left out of a listing: %s", session_id, exc)
             return False
 
     async def initiator(self, session_id: str) -> Principal | None:
