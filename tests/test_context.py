@@ -15,6 +15,7 @@ from signoff.server import TokenAuth, _context, create_app
 
 from ._audit import alter
 from ._procs import query
+from ._subagents import Counted, refund_agents
 from ._ttl import ttl_agent
 from .test_server_common import ALICE, MALLORY, TOKENS, auth, make_agents
 
@@ -319,3 +320,49 @@ async def test_a_session_whose_first_event_is_damaged_is_left_out_of_listings(
         assert r.json()["total"] == 3
         r = await c.get(f"/v1/sessions/{bad}", headers=auth("alice-token"))
         assert r.status_code == 503
+
+
+async def test_a_subagents_session_is_listed_to_whoever_may_see_its_parent(
+    store_url: str,
+) -> None:
+    """A child session carries its parent's initiator: the parent's tenant lists and counts
+    it (also by the child's agent), another tenant neither."""
+    parent, child = refund_agents([], Counted("done"))
+    runtime = so.Runtime([parent, child], store=store_url)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        assert (await runtime.generate("support", "refund", auth=ALICE)).status == "waiting"
+        for token, seen in (("alice-token", 2), ("bob-token", 2), ("mallory-token", 0)):
+            body = (await c.get("/v1/sessions", headers=auth(token))).json()
+            assert body["total"] == len(body["items"]) == seen, (token, body)
+            r = await c.get("/v1/sessions", params={"agent": "billing"}, headers=auth(token))
+            assert [s["agent"] for s in r.json()["items"]] == ["billing"] * (seen // 2)
+
+
+async def test_a_session_opened_while_a_listing_reads_shifts_no_session_in_twice(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions opened between the store reads of one listing push the rows down a chunk: the
+    row read again is listed once, and `total` counts exactly the items listed."""
+    monkeypatch.setattr(_context, "SESSION_CHUNK", 5)
+    async with _served(store_url) as (runtime, c):
+        mine = [await runtime.create_session("support", auth=ALICE) for _ in range(12)]
+        real = runtime.store.sessions
+        reads: list[int] = []
+
+        async def meanwhile(**kwargs: Any) -> Any:
+            rows = await real(**kwargs)
+            reads.append(len(rows))
+            if len(reads) <= 2:  # opened between this chunk and the next
+                await runtime.create_session("support", auth=ALICE)
+            return rows
+
+        monkeypatch.setattr(runtime.store, "sessions", meanwhile)
+        body = (await c.get("/v1/sessions", headers=auth("alice-token"))).json()
+        ids = [s["id"] for s in body["items"]]
+        assert len(ids) == len(set(ids)) == body["total"]
+        assert ids == mine[::-1]
+        assert reads == [5, 5, 4]  # the last row of each chunk read again

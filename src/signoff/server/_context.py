@@ -40,6 +40,7 @@ log = logging.getLogger("signoff.server")
 # How many of the most recently active matching sessions a listing filtered by initiator (anyone
 # but an admin) looks through: each costs a read, so one call cannot read the whole store.
 SESSION_SCAN = 10_000
+SESSION_CHUNK = 500  # sessions read per store query while looking through them
 
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
 DEV_REFUSED = (
@@ -287,7 +288,7 @@ class ServerContext:
         total = scanned = 0
         previous: set[str] = set()  # pushed down a chunk by one active meanwhile: listed once
         while caller is None or scanned < SESSION_SCAN:
-            size = 500 if caller is None else min(500, SESSION_SCAN - scanned)
+            size = SESSION_CHUNK if caller is None else min(SESSION_CHUNK, SESSION_SCAN - scanned)
             chunk = await self.runtime.store.sessions(
                 agent=agent, status=status if by_store else None, limit=size, offset=scanned
             )
