@@ -245,9 +245,10 @@ class ServerContext:
         await rt.open()
         now = rt.now()
         stale = await self._record_lapsed(now)
-        # A lapsed session left unrecorded is still `running` or `waiting` in the store, so the
-        # store's status filter cannot be used while one of them matches the listing.
-        trusted = status is None or not any(agent in (None, r.agent) for r in stale)
+        # A lapsed session left unrecorded is still `running` or `waiting` in the store but reads
+        # `failed`, so the store cannot filter by those while one of them matches the listing.
+        lapsing = status in ("running", "waiting", "failed")
+        trusted = not lapsing or not any(agent in (None, r.agent) for r in stale)
         if self.sees_every_request(caller):
             if trusted:
                 page = await rt.sessions(agent=agent, status=status, limit=limit, offset=offset)
