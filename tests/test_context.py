@@ -11,8 +11,11 @@ import httpx
 import pytest
 
 import signoff as so
-from signoff.server import TokenAuth, create_app
+from signoff.server import TokenAuth, _context, create_app
 
+from ._audit import alter
+from ._procs import query
+from ._subagents import Counted, refund_agents
 from ._ttl import ttl_agent
 from .test_server_common import ALICE, MALLORY, TOKENS, auth, make_agents
 
@@ -221,3 +224,145 @@ async def test_a_session_whose_ttl_passed_is_listed_and_counted_as_failed(store_
                 assert body["total"] == len(listed), (token, status, body)
                 assert all(s["status"] == "failed" for s in body["items"])
         assert (await runtime.store.sessions())[0].status == "failed"
+
+
+async def test_a_listing_reads_a_bounded_number_of_sessions_for_anyone_but_an_admin(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A non-admin's listing filters by initiator in the server, so it looks through only the
+    `SESSION_SCAN` most recently active matching sessions: one call cannot make the server read
+    (and hold) every session in the store. `total` counts what those pages can reach; an admin's
+    count is the store's."""
+    monkeypatch.setattr(_context, "SESSION_SCAN", 120)
+    async with _served(store_url) as (runtime, c):
+        mine = [await runtime.create_session("support", auth=ALICE) for _ in range(100)]
+        for _ in range(50):
+            await runtime.create_session("support", auth=MALLORY)
+        newest = [await runtime.create_session("support", auth=ALICE) for _ in range(30)]
+        read: list[int] = []
+        real = runtime.store.sessions
+
+        async def counted(**kwargs: Any) -> Any:
+            rows = await real(**kwargs)
+            read.append(len(rows))
+            return rows
+
+        monkeypatch.setattr(runtime.store, "sessions", counted)
+        r = await c.get("/v1/sessions", params={"limit": 500}, headers=auth("alice-token"))
+        body = r.json()
+        # the 120 newest: Alice's last 30, Mallory's 50, then Alice's 40 newest of the first 100
+        reachable = [*newest[::-1], *mine[::-1][:40]]
+        assert [s["id"] for s in body["items"]] == reachable
+        assert body["total"] == 70
+        assert sum(read) <= 120 + 1
+        r = await c.get("/v1/sessions", params={"offset": 60}, headers=auth("alice-token"))
+        assert [s["id"] for s in r.json()["items"]] == reachable[60:]
+        r = await c.get("/v1/sessions", params={"limit": 1}, headers=auth("admin-token"))
+        assert r.json()["total"] == 180
+
+
+async def test_a_lapsed_session_this_server_cannot_record_is_filtered_as_failed(
+    store_url: str,
+) -> None:
+    """A session whose TTL passed is listed under `failed` and counted there, not under
+    `waiting`, even when this server cannot record it (its agent runs elsewhere): the store's
+    own status filter would still call it waiting."""
+    now = [1_700_000_000.0]
+    elsewhere = so.Runtime([ttl_agent()], store=store_url, clock=lambda: now[0])
+    async with elsewhere:
+        sid = (await elsewhere.generate("desk", "reset it", auth=ALICE)).session_id
+    now[0] += 61
+    runtime = so.Runtime(make_agents(), store=store_url, clock=lambda: now[0])
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        for token in ("alice-token", "admin-token"):
+            for status, listed in (("waiting", []), ("failed", [sid]), (None, [sid])):
+                for agent in (None, "desk"):
+                    params = {k: v for k, v in (("status", status), ("agent", agent)) if v}
+                    r = await c.get("/v1/sessions", params=params, headers=auth(token))
+                    body = r.json()
+                    assert [s["id"] for s in body["items"]] == listed, (token, params, body)
+                    assert body["total"] == len(listed), (token, params, body)
+                    assert all(s["status"] == "failed" for s in body["items"])
+            r = await c.get("/v1/sessions", params={"agent": "support"}, headers=auth(token))
+            assert r.json()["total"] == 0
+        assert (await runtime.store.sessions())[0].status == "waiting"  # not this server's
+
+
+async def test_a_session_whose_first_event_is_damaged_is_left_out_of_listings(
+    store_url: str,
+) -> None:
+    """Who started a session whose first event cannot be read is unknown: the listings of
+    anyone but an admin leave it out (as a foreign one) instead of failing for every caller
+    with a 503; the session's own read still names the damage."""
+    async with so.Runtime(make_agents(), store=store_url) as rt:
+        good = (await rt.generate("support", "refund it", auth=ALICE)).session_id
+        bad = (await rt.generate("support", "refund it", auth=ALICE)).session_id
+        theirs = await rt.create_session("support", auth=MALLORY)
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", bad)
+    alter(store_url, "UPDATE {t}events SET type='?' WHERE sk={p} AND seq=1", sk)
+    async with _served(store_url) as (_, c):
+        for token, listed in (("alice-token", [good]), ("mallory-token", [theirs])):
+            r = await c.get("/v1/sessions", headers=auth(token))
+            assert r.status_code == 200, r.text
+            assert [s["id"] for s in r.json()["items"]] == listed
+            assert r.json()["total"] == 1
+            r = await c.get("/v1/requests", headers=auth(token))
+            assert r.status_code == 200, r.text
+            shown = {q["session_id"] for q in r.json()["items"]}
+            assert shown == ({good} if token == "alice-token" else set()), r.text
+            r = await c.get("/_signoff/sessions", headers=auth(token))
+            assert r.status_code == 200 and listed[0] in r.text and bad not in r.text
+        r = await c.get("/v1/sessions", headers=auth("admin-token"))
+        assert r.json()["total"] == 3
+        r = await c.get(f"/v1/sessions/{bad}", headers=auth("alice-token"))
+        assert r.status_code == 503
+
+
+async def test_a_subagents_session_is_listed_to_whoever_may_see_its_parent(
+    store_url: str,
+) -> None:
+    """A child session carries its parent's initiator: the parent's tenant lists and counts
+    it (also by the child's agent), another tenant neither."""
+    parent, child = refund_agents([], Counted("done"))
+    runtime = so.Runtime([parent, child], store=store_url)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        assert (await runtime.generate("support", "refund", auth=ALICE)).status == "waiting"
+        for token, seen in (("alice-token", 2), ("bob-token", 2), ("mallory-token", 0)):
+            body = (await c.get("/v1/sessions", headers=auth(token))).json()
+            assert body["total"] == len(body["items"]) == seen, (token, body)
+            r = await c.get("/v1/sessions", params={"agent": "billing"}, headers=auth(token))
+            assert [s["agent"] for s in r.json()["items"]] == ["billing"] * (seen // 2)
+
+
+async def test_a_session_opened_while_a_listing_reads_shifts_no_session_in_twice(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sessions opened between the store reads of one listing push the rows down a chunk: the
+    row read again is listed once, and `total` counts exactly the items listed."""
+    monkeypatch.setattr(_context, "SESSION_CHUNK", 5)
+    async with _served(store_url) as (runtime, c):
+        mine = [await runtime.create_session("support", auth=ALICE) for _ in range(12)]
+        real = runtime.store.sessions
+        reads: list[int] = []
+
+        async def meanwhile(**kwargs: Any) -> Any:
+            rows = await real(**kwargs)
+            reads.append(len(rows))
+            if len(reads) <= 2:  # opened between this chunk and the next
+                await runtime.create_session("support", auth=ALICE)
+            return rows
+
+        monkeypatch.setattr(runtime.store, "sessions", meanwhile)
+        body = (await c.get("/v1/sessions", headers=auth("alice-token"))).json()
+        ids = [s["id"] for s in body["items"]]
+        assert len(ids) == len(set(ids)) == body["total"]
+        assert ids == mine[::-1]
+        assert reads == [5, 5, 4]  # the last row of each chunk read again

@@ -135,6 +135,10 @@ def test_the_sessions_page_lists_the_viewers_sessions_without_javascript(base: s
         assert "50 sessions" in paged and opened_ids[0] in paged  # past the end: the last page
         odd = c.get("/_signoff/sessions", params={"status": "<script>", "page": "²"})
         assert odd.status_code == 200 and "51 sessions" in odd.text
+        hostile = '"><script>alert(1)</script>'
+        odd = c.get("/_signoff/sessions", params={"agent": hostile, "page": "2"})
+        assert odd.status_code == 200 and "No sessions match" in odd.text
+        assert "alert(1)" not in odd.text  # an unknown agent is not reflected, escaped or not
     mallory = httpx.get(f"{base}/_signoff/sessions", headers=auth("mallory-token")).text
     assert "1 session," in mallory and theirs in mallory
     assert not any(sid in mallory for sid in (waiting, *opened_ids))

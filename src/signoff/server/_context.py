@@ -37,6 +37,11 @@ _UNKNOWN = object()
 
 log = logging.getLogger("signoff.server")
 
+# How many of the most recently active matching sessions a listing filtered by initiator (anyone
+# but an admin) looks through: each costs a read, so one call cannot read the whole store.
+SESSION_SCAN = 10_000
+SESSION_CHUNK = 500  # sessions read per store query while looking through them
+
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
 DEV_REFUSED = (
     "dev mode serves only requests from this machine, addressed to localhost, 127.0.0.1 or "
@@ -213,10 +218,7 @@ class ServerContext:
             for request in chunk:
                 sid = request.session_id
                 if sid not in seen:
-                    try:
-                        seen[sid] = self.access(caller, await self.initiator(sid))
-                    except UnknownSession:
-                        seen[sid] = False
+                    seen[sid] = await self._sees(caller, sid)
                 if seen[sid]:
                     visible.append(request)
             if not more:
@@ -236,37 +238,89 @@ class ServerContext:
         """One page of the sessions (most recently active first) the caller may see, and their
         total, after recording the TTLs that passed (as `Runtime.sessions` does for its page).
         The store cannot filter by initiator, so for anyone but an admin under the default rule
-        every matching session is read and filtered here, as `visible_requests` does: pages
-        come back full and the total counts only what the caller may see."""
+        the `SESSION_SCAN` most recently active matching sessions are read and filtered here:
+        pages come back full, the total counts only what the caller may see, and one call's
+        reads stay bounded however many sessions the store holds."""
         rt = self.runtime
         await rt.open()
         now = rt.now()
-        try:  # as a sweep does, so the filters and the count see them `failed` too
-            await rt._record_lapsed(await rt._lapsed(now), now)
-        except StoreError as exc:  # a store this process may only read, say: shown, not counted
-            log.warning("sessions whose TTL passed not recorded: %s", exc)
+        stale = await self._record_lapsed(now)
+        # A lapsed session left unrecorded is still `running` or `waiting` in the store but reads
+        # `failed`, so the store cannot filter by those while one of them matches the listing.
+        lapsing = status in ("running", "waiting", "failed")
+        trusted = not lapsing or not any(agent in (None, r.agent) for r in stale)
         if self.sees_every_request(caller):
-            page = await rt.sessions(agent=agent, status=status, limit=limit, offset=offset)
-            return page, await rt.store.count_sessions(agent=agent, status=status)
-        seen: set[str] = set()  # a session that moved up while this read on is listed once
-        visible: list[SessionSummary] = []
-        scanned = 0
-        while True:
-            chunk = await rt.store.sessions(agent=agent, status=status, limit=500, offset=scanned)
+            if trusted:
+                page = await rt.sessions(agent=agent, status=status, limit=limit, offset=offset)
+                return page, await rt.store.count_sessions(agent=agent, status=status)
+            return await self._scan_sessions(None, agent, status, False, limit, offset, now)
+        return await self._scan_sessions(caller, agent, status, trusted, limit, offset, now)
+
+    async def _record_lapsed(self, now: float) -> list[SessionSummary]:
+        """Record the sessions whose TTL passed, as a sweep does, so the filters and counts
+        see them `failed`; returns those still unrecorded (another process's agents, or a
+        store this process may only read)."""
+        rt = self.runtime
+        lapsed = await rt._lapsed(now)
+        if not lapsed:
+            return []
+        try:
+            if not await rt._record_lapsed(lapsed, now):
+                return lapsed
+        except StoreError as exc:
+            log.warning("sessions whose TTL passed not recorded: %s", exc)
+            return lapsed
+        return await rt._lapsed(now)
+
+    async def _scan_sessions(
+        self,
+        caller: Principal | None,
+        agent: str | None,
+        status: str | None,
+        by_store: bool,
+        limit: int,
+        offset: int,
+        now: float,
+    ) -> tuple[list[SessionSummary], int]:
+        """The page and total of a listing read session by session: those `caller` may see
+        (None: every one, unbounded), filtered by `status` in the store if `by_store`, else as
+        each is shown. Only the page is kept, so memory stays that of one page and one chunk."""
+        page: list[SessionSummary] = []
+        total = scanned = 0
+        previous: set[str] = set()  # pushed down a chunk by one active meanwhile: listed once
+        while caller is None or scanned < SESSION_SCAN:
+            size = SESSION_CHUNK if caller is None else min(SESSION_CHUNK, SESSION_SCAN - scanned)
+            chunk = await self.runtime.store.sessions(
+                agent=agent, status=status if by_store else None, limit=size, offset=scanned
+            )
             for row in chunk:
                 shown = summary_after_expiry(row, now)  # as `Runtime.sessions` shows it
-                if row.id in seen or (status is not None and shown.status != status):
+                if row.id in previous or (status is not None and shown.status != status):
                     continue
-                seen.add(row.id)
-                try:
-                    if self.access(caller, await self.initiator(row.id)):
-                        visible.append(shown)
-                except UnknownSession:  # deleted since it was listed
-                    pass
-            if len(chunk) < 500:
+                if caller is not None and not await self._sees(caller, row.id):
+                    continue
+                if offset <= total < offset + limit:
+                    page.append(shown)
+                total += 1
+            if len(chunk) < size:
                 break
-            scanned += 500
-        return visible[offset : offset + limit], len(visible)
+            scanned += size
+            previous = {row.id for row in chunk}
+        return page, total
+
+    async def _sees(self, caller: Principal, session_id: str) -> bool:
+        """Whether a listing shows the session to the caller: not when it was deleted, nor when
+        who started it cannot be read (a damaged log: one such session must not fail every
+        caller's listing; its own read names the damage)."""
+        try:
+            return self.access(caller, await self.initiator(session_id))
+        except UnknownSession:
+            return False
+        except StoreError as exc:
+            if type(exc) is not StoreError:  # busy, down, gone: not the session's own fault
+                raise
+            log.warning("session %s left out of a listing: %s", session_id, exc)
+            return False
 
     async def initiator(self, session_id: str) -> Principal | None:
         """Who started a session, from its first event, remembered: a reviewer's queue is
