@@ -23,7 +23,8 @@ def _fmt(n: int) -> str:
 
 
 def lines() -> list[str]:
-    """The summary lines: the crash suite first, then one line per Hypothesis test."""
+    """The summary lines: the crash suite first (a turn's commit points, then the kills around
+    writes outside a turn), the chaos kills, then one line per Hypothesis test."""
     out: list[str] = []
     points, kills = tally["crash:commit points"], tally["crash:kills"]
     if points or kills:
@@ -34,6 +35,9 @@ def lines() -> list[str]:
         )
         detail = f" (points/kills per store: {each})" if each else ""
         out.append(f"crash suite: {_fmt(points)} commit points, {_fmt(kills)} kills{detail}")
+    if tally["crash-outside:kills"]:
+        outside = _fmt(tally["crash-outside:kills"])
+        out.append(f"crash outside a turn: {outside} kills around other writes")
     if tally["chaos:kills"]:
         each = ", ".join(
             f"{s} {_fmt(tally[f'chaos:{s}:kills'])}"

@@ -67,7 +67,7 @@ async def test_a_setting_change_killed_around_its_record_is_recorded_once(
     gated = first[0][1]
 
     assert open_with(scripts, store_url, "never", kill=when) == -signal.SIGKILL
-    _proof.record("crash:kills")
+    _proof.record("crash-outside:kills")
     killed, problems = await settings(store_url)
     assert problems == []
     # before: nothing of it is stored; after: all of it, in one transaction
@@ -122,7 +122,7 @@ async def test_a_sign_out_killed_around_its_record_holds_only_once_recorded(
 
     assert await signed_out(store_url, "si_1") is False
     assert sign_out(when) == -signal.SIGKILL
-    _proof.record("crash:kills")
+    _proof.record("crash-outside:kills")
     # Killed before: the browser got no answer and the sign-in stands; after: it is gone for all.
     assert await signed_out(store_url, "si_1") is (when == "after")
     assert sign_out("never") == 0  # the browser signs out again

@@ -57,7 +57,7 @@ def test_a_new_state_file_killed_while_created_is_created_next_time(
     path = tmp_path / "channels.db"
     child = scripts.run(_DIE_IN_CREATION, str(path), dies, env=_child_env())
     assert child.returncode == -signal.SIGKILL, child.stderr
-    _proof.record("crash:kills")
+    _proof.record("crash-outside:kills")
     if dies == "commit":
         assert uncommitted_frames(Path(f"{path}-wal")) > 0  # its pages on disk, uncommitted
     conn = sqlite3.connect(path)

@@ -43,7 +43,7 @@ async def test_a_keyed_call_killed_at_each_commit_is_sent_again_once(
         key = f"k-{point}"
         rc, _ = children.run(store_url, key, str(point), when)
         assert rc == -signal.SIGKILL, (point, children.stderr())
-        _proof.record("crash:kills")
+        _proof.record("crash-outside:kills")
         rc, again = children.run(store_url, key, "0", when)
         assert rc == 0 and again is not None, (point, children.stderr())
         assert (again["status"], again["text"]) == ("completed", "ok"), (point, again)

@@ -70,7 +70,7 @@ async def test_an_approval_killed_around_its_commit_is_recorded_once(
 
     killed = approve(scripts, store_url, request.id, when)
     assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
-    _proof.record("crash:kills")
+    _proof.record("crash-outside:kills")
     again = approve(scripts, store_url, request.id, "never")
     assert again.returncode == 0, again.stdout + again.stderr
     said = " ".join(again.stdout.split())

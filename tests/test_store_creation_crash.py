@@ -77,7 +77,7 @@ async def test_a_new_sqlite_file_killed_while_created_is_created_next_time(
     path = tmp_path / "s.db"
     child = scripts.run(_DIE_IN_CREATION, str(path), dies, env=_child_env())
     assert child.returncode == -signal.SIGKILL, child.stderr
-    _proof.record("crash:kills")
+    _proof.record("crash-outside:kills")
     if dies == "commit":
         assert uncommitted_frames(Path(f"{path}-wal")) > 2  # its pages on disk, uncommitted
     assert tables(path) == []  # nothing of the schema, however far it got
@@ -108,7 +108,7 @@ async def test_a_new_postgres_schema_killed_while_created_is_created_next_time(
     itself is not there either (it is created in the same transaction)."""
     child = scripts.run(_DIE_IN_MIGRATION, pg_url, str(dies_after), env=_child_env())
     assert child.returncode == -signal.SIGKILL, child.stderr
-    _proof.record("crash:kills")
+    _proof.record("crash-outside:kills")
     with psycopg.connect(pg_url) as conn:
         found = conn.execute("SELECT 1 FROM pg_namespace WHERE nspname = 'signoff'").fetchall()
     assert found == []

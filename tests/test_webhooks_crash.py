@@ -113,7 +113,7 @@ def test_sigkill_at_every_channel_state_write(
         receiver.got.clear()
         rc, _ = run(children, tmp, receiver, kill_at=point, when=when, backfill=backfill)
         assert rc == -signal.SIGKILL, (point, children.stderr())
-        _proof.record("crash:kills")
+        _proof.record("crash-outside:kills")
         rc, result = run(children, tmp, receiver, backfill=backfill)
         assert rc == 0 and result is not None, (point, children.stderr())
         assert result["status"] == "completed" and result["unsent"] == 0, point
@@ -133,7 +133,7 @@ async def test_a_delivery_kept_before_a_crash_is_sent_once_by_the_restart(
     a second time (whether or not it reached the receiver before the crash)."""
     rc, _ = run(children, tmp_path, receiver, kill_at=2, when="after")
     assert rc == -signal.SIGKILL, children.stderr()
-    _proof.record("crash:kills")
+    _proof.record("crash-outside:kills")
     path = tmp_path / "channels.db"
     state = ChannelState(path)
     try:

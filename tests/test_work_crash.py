@@ -60,7 +60,7 @@ async def test_a_worker_killed_after_its_claim_leaves_the_turn_to_another(
         assert recorded.status == "running"  # recorded only: a worker runs it
 
     assert worker(scripts, store_url, records, parked.session_id, "claim") == -signal.SIGKILL
-    _proof.record("crash:kills")
+    _proof.record("crash-outside:kills")
     assert read_executions(records) == []  # killed before it drove anything
     assert worker(scripts, store_url, records, parked.session_id, "never") == 0
 
