@@ -120,6 +120,7 @@ def test_the_sessions_page_lists_the_viewers_sessions_without_javascript(base: s
     with signed_in(base) as c:
         assert 'href="/_signoff/sessions"' in c.get("/_signoff/").text
         first = c.get("/_signoff/sessions").text
+        assert 'href="/_signoff/sessions" class="active"' in first  # the nav marks the page
         assert "51 sessions" in first and theirs not in first
         assert opened_ids[-1] in first and waiting not in first  # newest first, 50 a page
         assert 'href="?page=2"' in first

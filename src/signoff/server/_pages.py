@@ -166,7 +166,12 @@ env.filters.update(ago=_ago, iso=_iso, pretty=pretty, who=who, usd=_usd)
 async def render(name: str, request: Request, code: int = 200, **context: Any) -> HTMLResponse:
     token = await csrf_token(request)
     html = env.get_template(name).render(
-        prefix=DASHBOARD_PREFIX, csrf=token, path=request.url.path, **context
+        prefix=DASHBOARD_PREFIX,
+        csrf=token,
+        path=request.url.path,
+        # The nav marks a page it links to; a form posted to a listing's path is not that page.
+        listing=request.method in ("GET", "HEAD"),
+        **context,
     )
     response = HTMLResponse(html, status_code=code)
     set_csrf(request, response, token)
