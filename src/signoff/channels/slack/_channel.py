@@ -379,12 +379,13 @@ class SlackChannel(Channel):
     ) -> dict[str, Any] | None:
         """Run `handle`, keyed on the request's signature (so on its timestamp and body).
 
-        Slack signs its retries anew, and those are taken once by the durable memo of their
-        work. Should a retry come with the first delivery's headers: after a 5xx (nothing was
-        taken) the signature was forgotten, so it is taken; after a 2xx, it gets the first
-        answer again and does nothing (a 401 would only make Slack retry and count failures);
-        while the first is still being taken, and without `X-Slack-Retry-Num`, it is refused
-        as a replay. That header is not signed: a replay carrying it acts on nothing either."""
+        A retry Slack signs anew (its last comes past the five-minute window, so at least that
+        one is) is taken once by the durable memo of its work. Should a retry come with the
+        first delivery's headers: after a 5xx (nothing was taken) the signature was forgotten,
+        so it is taken; after a 2xx, it gets the first answer again and does nothing (a 401
+        would only make Slack retry and count failures); while the first is still being taken,
+        and without `X-Slack-Retry-Num`, it is refused as a replay. That header is not signed:
+        a replay carrying it acts on nothing either."""
         lowered = {k.lower(): v for k, v in headers.items()}
         signature = lowered.get("x-slack-signature", "")
         if signature in self._answered and lowered.get("x-slack-retry-num"):
