@@ -65,17 +65,15 @@ votes counted there, the group a passed deadline escalated it to, and its deadli
 mirror's own copy keeps them as they were when it was asked (and no deadline of its own)."""
 
 
-async def followed(
-    store: Store, requests: list[InputRequest], fields: Sequence[str] = FOLLOWED
-) -> list[InputRequest]:
-    """`requests` with each open mirror showing the `fields` of the request it stands for as
-    they are now; a deadline only while that request is open (one settled before it passed is
+async def followed(store: Store, requests: list[InputRequest]) -> list[InputRequest]:
+    """`requests` with each open mirror showing the `FOLLOWED` fields of the request it stands
+    for as they are now; a deadline only while that request is open (one settled before it passed is
     neither escalated nor expired by it). One read per mirror (per hop), none for any other."""
     out: list[InputRequest] = []
     for r in requests:
         if r.child is not None and r.status == "pending":
             now = await deciding(store, r)
-            update = {f: _copied(getattr(now, f)) for f in fields}
+            update = {f: _copied(getattr(now, f)) for f in FOLLOWED}
             if now.status != "pending" and "expires_at" in update:
                 update["expires_at"] = None  # closed: the mirror closes with it, not by this
             if any(v != getattr(r, f) for f, v in update.items()):
