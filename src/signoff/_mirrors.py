@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
@@ -20,7 +21,7 @@ from ._recording import Batch, EventSpec
 from ._results import GenerateResult, Outcome
 from ._state import SessionState
 from ._types import ChildRef, InputRequest, Principal
-from .stores import Resolve, Store
+from .stores import Resolve, Store, StoredRequest
 
 if TYPE_CHECKING:
     from ._answering import Answering
@@ -36,6 +37,7 @@ __all__ = [
     "following_mirrors",
     "routed",
     "settle_routed",
+    "stored_followed",
 ]
 
 _P = ParamSpec("_P")
@@ -49,6 +51,13 @@ async def deciding(store: Store, request: InputRequest) -> InputRequest:
     """The request an answer to `request` settles: itself, or for a mirror the subagent's
     request it stands for (hop by hop), whose tool, rules and votes decide. No read for a
     request that is no mirror."""
+    return (await _stands_for(store, request))[0]
+
+
+async def _stands_for(store: Store, request: InputRequest) -> tuple[InputRequest, float | None]:
+    """`deciding`, and the first time a session down the way (not `request`'s own) passes its
+    TTL, after which the mirror takes no answer: None if none has a TTL."""
+    expires: float | None = None
     for _ in range(MAX_HOPS):
         if request.child is None:
             break
@@ -56,7 +65,9 @@ async def deciding(store: Store, request: InputRequest) -> InputRequest:
         if stored is None:
             break
         request = stored.request
-    return request
+        if stored.session_expires_at is not None:
+            expires = min(stored.session_expires_at, expires or math.inf)
+    return request, expires
 
 
 FOLLOWED = ("approved_by", "escalated_to", "expires_at")
@@ -65,21 +76,45 @@ votes counted there, the group a passed deadline escalated it to, and its deadli
 mirror's own copy keeps them as they were when it was asked (and no deadline of its own)."""
 
 
-async def followed(store: Store, requests: list[InputRequest]) -> list[InputRequest]:
+async def followed(
+    store: Store, requests: list[InputRequest], now: float | None = None
+) -> list[InputRequest]:
     """`requests` with each open mirror showing the `FOLLOWED` fields of the request it stands
     for as they are now; a deadline only while that request is open (one settled before it passed is
-    neither escalated nor expired by it). One read per mirror (per hop), none for any other."""
+    neither escalated nor expired by it). One read per mirror (per hop), none for any other.
+
+    Given `now`, a mirror whose subagent's session (or one further down) passed its TTL by then
+    shows as `expired`, as recording that will close it: it takes no answer any more."""
     out: list[InputRequest] = []
     for r in requests:
         if r.child is not None and r.status == "pending":
-            now = await deciding(store, r)
-            update = {f: _copied(getattr(now, f)) for f in FOLLOWED}
-            if now.status != "pending" and "expires_at" in update:
+            current, expires = await _stands_for(store, r)
+            if now is not None and expires is not None and expires <= now:
+                out.append(r.model_copy(update={"status": "expired"}))
+                continue
+            update = {f: _copied(getattr(current, f)) for f in FOLLOWED}
+            if current.status != "pending" and "expires_at" in update:
                 update["expires_at"] = None  # closed: the mirror closes with it, not by this
             if any(v != getattr(r, f) for f, v in update.items()):
                 r = r.model_copy(update=update)
         out.append(r)
     return out
+
+
+def stored_followed(stored: StoredRequest, shown: InputRequest) -> StoredRequest:
+    """A stored open mirror as `followed` shows it (`shown`): closed as `expired`, as
+    `close_mirror` will record it, when its subagent's session passed its TTL unrecorded."""
+    if shown.status != "expired" or stored.status != "pending" or shown.child is None:
+        return dataclasses.replace(stored, request=shown)
+    resolution = {
+        "outcome": "expired",
+        "request_id": shown.id,
+        "status": "expired",
+        "child_request_id": shown.child.request_id,
+    }
+    return dataclasses.replace(
+        stored, request=shown, status="expired", outcome="expired", resolution=resolution
+    )
 
 
 def _copied(value: Any) -> Any:

@@ -338,7 +338,8 @@ class Runtime(Workers):
         nothing is due). What this runtime cannot apply (another agent's) is shown as the
         deadline leaves it: escalated to its group, or left out; so a page can come back short
         while `more` still says to read on. A mirror shows its subagent's request's votes,
-        escalation and deadline, so a deadline passed there leaves it out or escalated too.
+        escalation and deadline, so a deadline passed there leaves it out or escalated too; and
+        so does a TTL passed by its subagent's session leave it out.
         """
         await self.open()
         if not isinstance(flt, PendingFilter):
@@ -350,8 +351,13 @@ class Runtime(Workers):
         if due and await self._apply_deadlines(due, listing=True):
             page = await self.store.pending(flt)
         # A mirror shows its subagent's request's votes, escalation and deadline, which that
-        # deadline then leaves as it leaves the subagent's request.
-        followed_page = await followed(self.store, page) if flt.status == "pending" else page
+        # deadline then leaves as it leaves the subagent's request; and once that subagent's
+        # session passed its TTL, it shows as expired (it takes no answer): left out too.
+        followed_page = page
+        if flt.status == "pending":
+            followed_page = [
+                r for r in await followed(self.store, page, now) if r.status == "pending"
+            ]
         shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
         return shown, len(page) >= flt.limit
 

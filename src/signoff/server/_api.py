@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Path, Query, Request
@@ -10,7 +9,7 @@ from starlette.responses import StreamingResponse
 
 from .._deadlines import stored_after_deadline
 from .._exceptions import SessionExpired, UnknownRequest
-from .._mirrors import followed
+from .._mirrors import followed, stored_followed
 from .._types import Decision, InputResponse
 from ..stores import PendingFilter
 from ..stores._base import created_before
@@ -294,8 +293,9 @@ async def get_request(
             404, "unknown_request", f"unknown request {request_id!r}", request_ids=[request_id]
         ) from None
     if stored.status == "pending":  # a mirror as its subagent's request stands, deadline too
-        [shown] = await followed(ctx.runtime.store, [stored.request])
-        stored = stored_after_deadline(replace(stored, request=shown), ctx.runtime.now())
+        now = ctx.runtime.now()
+        [shown] = await followed(ctx.runtime.store, [stored.request], now)
+        stored = stored_after_deadline(stored_followed(stored, shown), now)
     return RequestRecord(
         request=stored.request,
         status=stored.status,

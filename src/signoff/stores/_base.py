@@ -138,12 +138,14 @@ def session_summary(row: Sequence[Any]) -> SessionSummary:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StoredRequest:
     """A request as its row keeps it: the request, its status (`pending`, `settled`, `expired`
-    or `withdrawn`) and, once closed, its outcome and resolution."""
+    or `withdrawn`) and, once closed, its outcome and resolution; and when its session's TTL
+    passes (None: never), read with it so that a mirror of it needs no second read."""
 
     request: InputRequest
     status: str
     outcome: str | None
     resolution: dict[str, Any] | None
+    session_expires_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -196,18 +196,19 @@ class Reads(Connections):
 
         async def body(conn: Conn) -> StoredRequest | None:
             cur = await conn.execute(
-                f"SELECT r.outcome, r.resolution, {REQUEST_COLUMNS} FROM {self._s}.requests r "
-                f"{REQUEST_JOIN.format(s=self._s)} WHERE r.id=%s",
+                f"SELECT r.outcome, r.resolution, s.expires_at, {REQUEST_COLUMNS} "
+                f"FROM {self._s}.requests r {REQUEST_JOIN.format(s=self._s)} WHERE r.id=%s",
                 (request_id,),
             )
             row = await cur.fetchone()
             if row is None:
                 return None
             return StoredRequest(
-                request=stored_request(*row[2:6], unpack, *row[6:]),
-                status=row[5],
+                request=stored_request(*row[3:7], unpack, *row[7:]),
+                status=row[6],
                 outcome=row[0],
                 resolution=stored_resolution(row[1], unpack),
+                session_expires_at=None if row[2] is None else float(row[2]),
             )
 
         return await self._read(body, f"reading request {request_id!r}")

@@ -175,17 +175,18 @@ class Reads(Connection):
     @reading
     async def get_request(self, request_id: str) -> StoredRequest | None:
         row = self.conn.execute(
-            f"SELECT r.outcome, r.resolution, {REQUEST_COLUMNS} FROM requests r "
+            f"SELECT r.outcome, r.resolution, s.expires_at, {REQUEST_COLUMNS} FROM requests r "
             f"{REQUEST_JOIN} WHERE r.id=?",
             (request_id,),
         ).fetchone()
         if row is None:
             return None
         return StoredRequest(
-            request=stored_request(*row[2:6], unpack, *row[6:]),
-            status=row[5],
+            request=stored_request(*row[3:7], unpack, *row[7:]),
+            status=row[6],
             outcome=row[0],
             resolution=stored_resolution(row[1], unpack),
+            session_expires_at=None if row[2] is None else float(row[2]),
         )
 
     @reading
