@@ -12,7 +12,25 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 import typer
-from typer import _click  # the Click Typer bundles, whose classes its commands extend
+
+# Typer's public API cannot write this help, checked against Typer 0.29.2 (the CLI tests pin it:
+# tests/test_cli_commands.py), so these are Typer's internals, tied to its minor version:
+# - `<str>` beside an argument: `TyperArgument.display_type_rich` shows the Python type even when
+#   the argument has a metavar (an option's shows its metavar instead). `typer.Argument` has no
+#   setting to hide it and Typer no way to choose an argument's class: `_plain` swaps the class.
+# - `<bool>` beside a flag: shown for every flag, Typer's own `--help` too, which Typer builds
+#   itself (`typer.Option(metavar="")` could clear ours, not that one): `_plain` sets the metavar.
+# - `{REQUEST_ID}` in the usage line: written by `TyperArgument._usage_display_name` (private);
+#   `collect_usage_pieces` of the command class is the one place to write it otherwise.
+# - `Typer(cls=...)` and `Typer.command(cls=...)` are public and take subclasses of `TyperGroup`
+#   and `TyperCommand` (typer.core). The Click they extend has been vendored since Typer 0.26 as
+#   `typer._click`, which Typer says is not for applications; it is the only source of the types
+#   their methods take (`typer.Context` subclasses Click's: mypy refuses it in an override).
+# - Rich exits with status 1 on a broken pipe (`Console.on_broken_pipe`), and Typer makes the
+#   console that writes help itself (`rich_utils`, private): `format_help` is where to catch it.
+# - One-line paragraphs (`finish_help`): Typer's rich help keeps a docstring's line breaks, and
+#   `rich_markup_mode="markdown"`, which joins them, also drops the backticks from `(y/N)`.
+from typer import _click
 from typer.core import TyperArgument, TyperCommand, TyperGroup, TyperOption
 
 __all__ = ["Command", "Group", "closed_pipe", "finish_help"]
