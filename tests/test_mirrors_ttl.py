@@ -13,7 +13,7 @@ import pytest
 
 import signoff as so
 from signoff.server import TokenAuth, create_app
-from signoff.testing import ManualClock
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._cli import invoke
 from ._delegation import refund_desk
@@ -95,6 +95,35 @@ async def test_a_mirror_whose_subagents_session_passed_its_ttl_is_not_listed(
         assert closed.value.request_ids == [mirror.id]
         assert (await rt.state(session_id)).requests[mirror.id].status == "expired"
         assert ran == []
+
+
+async def test_a_mirror_of_a_mirror_whose_grandchilds_session_passed_its_ttl_is_not_listed(
+    store_url: str,
+) -> None:
+    """`front` delegates to `support`, which delegates to `billing` (TTL 60 s): once billing's
+    session passed its TTL, neither mirror takes an answer (each routes down to billing's
+    request), so neither is listed, though `support`'s and `front`'s sessions live on."""
+    clock = ManualClock()
+    front = scripted_agent(
+        "front",
+        [call_tools(call("support", message="refund 9")), reply("all done")],
+        tools=[so.delegate("support")],
+    )
+    async with so.Runtime([front, *_desk([])], store=store_url, clock=clock) as rt:
+        r = await rt.generate("front", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        assert len(await rt.pending()) == 3  # billing's request and its two mirrors
+        clock.advance(59)
+        assert len(await rt.pending()) == 3
+        clock.advance(1)
+        assert await rt.pending() == []
+        page, _ = await rt.pending_page(so.stores.PendingFilter(live_at=rt.now(), limit=10))
+        assert page == []
+        answer = so.InputResponse(request_id=mirror.id, option_id="approve")
+        with pytest.raises(so.RequestClosed) as closed:
+            await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert closed.value.request_ids == [mirror.id]
 
 
 def test_signoff_pending_leaves_out_a_mirror_whose_subagents_session_passed_its_ttl(

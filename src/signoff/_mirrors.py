@@ -66,7 +66,7 @@ async def _stands_for(store: Store, request: InputRequest) -> tuple[InputRequest
             break
         request = stored.request
         if stored.session_expires_at is not None:
-            expires = min(stored.session_expires_at, expires or math.inf)
+            expires = min(stored.session_expires_at, math.inf if expires is None else expires)
     return request, expires
 
 
