@@ -49,8 +49,8 @@ def _columns(url: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
 
 
 def _back_to_an_older_schema(url: str, deadlines: bool) -> None:
-    """Undo the upgrade of session parents, and with `deadlines` the one before it too, as a
-    file or database they never ran on would be."""
+    """Undo the upgrade of session parents (and the ones after it), and with `deadlines` the one
+    before it too, as a file or database they never ran on would be."""
     if url.startswith("sqlite:///"):
         with contextlib.closing(sqlite3.connect(url[len("sqlite:///") :])) as conn, conn:
             conn.execute("UPDATE sessions SET parent = NULL, parent_turn = NULL")
@@ -59,6 +59,9 @@ def _back_to_an_older_schema(url: str, deadlines: bool) -> None:
             mark = "4" if deadlines else "5"
             conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (mark,))
         return
+    alter(url, "DROP INDEX {t}sessions_by_initiator")  # migration 8's, after these
+    alter(url, "DROP INDEX {t}sessions_by_tenant")
+    alter(url, "ALTER TABLE {t}sessions DROP COLUMN initiator, DROP COLUMN tenant")
     alter(url, "DROP INDEX {t}sessions_children")
     alter(url, "ALTER TABLE {t}sessions DROP COLUMN parent, DROP COLUMN parent_turn")
     if deadlines:

@@ -32,6 +32,7 @@ from ._subagents import ALICE, Counted, refund_agents
 from ._ttl import ttl_agent
 from ._workers import is_, refund_agent, until, working
 from .test_deadlines import asked, escalating_spec, payout_agent
+from .test_upgrade_initiators import back_to_the_schema_before
 
 
 def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[logging.LogRecord]:
@@ -281,7 +282,9 @@ def _as_schema_before_deadline_columns(url: str) -> None:
 
 def _as_schema_before_session_parents(url: str) -> None:
     """Make the store at `url` what the schema before session rows named their parent was: no
-    such columns, no index on them, and the older version marked."""
+    such columns, no index on them, nor what later schemas added, and the older version
+    marked."""
+    back_to_the_schema_before(url)  # session rows naming their initiator
     if url.startswith("sqlite:///"):
         with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
             conn.execute("DROP INDEX sessions_children")

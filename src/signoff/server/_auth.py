@@ -23,6 +23,7 @@ from starlette.requests import HTTPConnection
 
 from .._exceptions import UsageError
 from .._types import Principal
+from ..stores import InitiatorFilter
 
 __all__ = [
     "DASHBOARD_PREFIX",
@@ -33,6 +34,7 @@ __all__ = [
     "DevAuth",
     "TokenAuth",
     "default_access",
+    "default_filter",
 ]
 
 TOKEN_COOKIE = "signoff_token"
@@ -201,3 +203,13 @@ def default_access(caller: Principal, initiator: Principal | None) -> bool:
     if caller.same_as(initiator):
         return True
     return tenant is not None and tenant == initiator.attributes.get("tenant")
+
+
+def default_filter(caller: Principal) -> InitiatorFilter | None:
+    """The sessions `default_access` shows a caller who is not an admin, as a store filter: its
+    own, its tenant's, or with no tenant those started without a principal. None when the store
+    cannot tell them (a tenant that is not text, which Python's `==` compares)."""
+    tenant = caller.attributes.get("tenant")
+    if tenant is not None and not isinstance(tenant, str):
+        return None
+    return InitiatorFilter(principal=caller, tenant=tenant, anonymous=tenant is None)

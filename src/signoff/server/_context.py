@@ -17,7 +17,7 @@ from .._runtime import Runtime
 from .._state import SessionState
 from .._state_parts import load_principal
 from .._types import InputRequest, Principal
-from ..stores import PendingFilter, SessionSummary, StoredRequest
+from ..stores import InitiatorFilter, PendingFilter, SessionSummary, StoredRequest
 from ._auth import (
     AccessRule,
     Authenticator,
@@ -25,6 +25,7 @@ from ._auth import (
     TokenAuth,
     bearer_token,
     default_access,
+    default_filter,
     sign_in_cookie,
 )
 from ._errors import ApiError
@@ -37,8 +38,9 @@ _UNKNOWN = object()
 
 log = logging.getLogger("signoff.server")
 
-# How many of the most recently active matching sessions a listing filtered by initiator (anyone
-# but an admin) looks through: each costs a read, so one call cannot read the whole store.
+# How many of the most recently active matching sessions a listing looks through under an
+# access rule the store cannot apply (a custom `access`, a tenant that is not text): each costs
+# a read, so one call cannot read the whole store.
 SESSION_SCAN = 10_000
 SESSION_CHUNK = 500  # sessions read per store query while looking through them
 
@@ -201,13 +203,17 @@ class ServerContext:
         """One page of the requests matching `flt` that the caller may see, and their total.
 
         Open requests of sessions whose TTL has passed are left out, as `Runtime.pending` does,
-        and so are those past their deadline (`Runtime.pending_page`).
+        and so are those past their deadline (`Runtime.pending_page`). Under the default rule
+        the store picks the caller's by their sessions' initiators: one page and one count.
         """
         store = self.runtime.store
         await self.runtime.open()
         if flt.status == "pending" and flt.live_at is None:
             flt = replace(flt, live_at=self.runtime.now())
-        if caller.attributes.get("admin") is True and self._default_access():
+        everyone = self.sees_every_request(caller)
+        picks = None if everyone else self._picks(caller)
+        if everyone or picks is not None:
+            flt = flt if picks is None else replace(flt, initiated_by=picks)
             page, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
             return page, await store.count_pending(flt)
         seen: dict[str, bool] = {}
@@ -237,10 +243,10 @@ class ServerContext:
     ) -> tuple[list[SessionSummary], int]:
         """One page of the sessions (most recently active first) the caller may see, and their
         total, after recording the TTLs that passed (as `Runtime.sessions` does for its page).
-        The store cannot filter by initiator, so for anyone but an admin under the default rule
-        the `SESSION_SCAN` most recently active matching sessions are read and filtered here:
-        pages come back full, the total counts only what the caller may see, and one call's
-        reads stay bounded however many sessions the store holds."""
+        Under the default rule the store picks the caller's sessions by initiator (`picks`),
+        so a page is one store query and the total one count, whatever the store holds; under
+        another rule the `SESSION_SCAN` most recently active matching sessions are read and
+        filtered here, so one call's reads stay bounded."""
         rt = self.runtime
         await rt.open()
         now = rt.now()
@@ -253,8 +259,26 @@ class ServerContext:
             if trusted:
                 page = await rt.sessions(agent=agent, status=status, limit=limit, offset=offset)
                 return page, await rt.store.count_sessions(agent=agent, status=status)
-            return await self._scan_sessions(None, agent, status, False, limit, offset, now)
-        return await self._scan_sessions(caller, agent, status, trusted, limit, offset, now)
+            return await self._scan_sessions(None, None, agent, status, False, limit, offset, now)
+        picks = self._picks(caller)
+        if picks is None:
+            return await self._scan_sessions(
+                None, caller, agent, status, trusted, limit, offset, now
+            )
+        if not trusted:
+            return await self._scan_sessions(picks, None, agent, status, False, limit, offset, now)
+        rows = await rt.store.sessions(
+            agent=agent, status=status, limit=limit, offset=offset, initiated_by=picks
+        )
+        # Trusted: no row of a lapsed session unrecorded reads otherwise than its status.
+        shown = [summary_after_expiry(row, now) for row in rows]
+        total = await rt.store.count_sessions(agent=agent, status=status, initiated_by=picks)
+        return shown, total
+
+    def _picks(self, caller: Principal) -> InitiatorFilter | None:
+        """The store filter of the sessions the caller may see: under the default rule, by who
+        started them (`default_filter`); None when the store cannot apply the rule."""
+        return default_filter(caller) if self._default_access() else None
 
     async def _record_lapsed(self, now: float) -> list[SessionSummary]:
         """Record the sessions whose TTL passed, as a sweep does, so the filters and counts
@@ -274,6 +298,7 @@ class ServerContext:
 
     async def _scan_sessions(
         self,
+        picks: InitiatorFilter | None,
         caller: Principal | None,
         agent: str | None,
         status: str | None,
@@ -282,16 +307,22 @@ class ServerContext:
         offset: int,
         now: float,
     ) -> tuple[list[SessionSummary], int]:
-        """The page and total of a listing read session by session: those `caller` may see
-        (None: every one, unbounded), filtered by `status` in the store if `by_store`, else as
-        each is shown. Only the page is kept, so memory stays that of one page and one chunk."""
+        """The page and total of a listing read session by session: those the store `picks`
+        (None: every one), and of them those `caller` may see under the access rule (None:
+        every one; else only the `SESSION_SCAN` most recently active are read), filtered by
+        `status` in the store if `by_store`, else as each is shown. Only the page is kept, so
+        memory stays that of one page and one chunk."""
         page: list[SessionSummary] = []
         total = scanned = 0
         previous: set[str] = set()  # pushed down a chunk by one active meanwhile: listed once
         while caller is None or scanned < SESSION_SCAN:
             size = SESSION_CHUNK if caller is None else min(SESSION_CHUNK, SESSION_SCAN - scanned)
             chunk = await self.runtime.store.sessions(
-                agent=agent, status=status if by_store else None, limit=size, offset=scanned
+                agent=agent,
+                status=status if by_store else None,
+                limit=size,
+                offset=scanned,
+                initiated_by=picks,
             )
             for row in chunk:
                 shown = summary_after_expiry(row, now)  # as `Runtime.sessions` shows it
@@ -347,10 +378,14 @@ class ServerContext:
     async def queue_version(self, caller: Principal) -> tuple[int, str]:
         """The caller's open-request count and a fingerprint that changes with the set.
 
-        For admins it costs three indexed queries (count, oldest, newest), not a scan.
+        Under the default rule it costs three indexed queries (count, oldest, newest), not a
+        scan; under another rule every open request the caller may see is read.
         """
         if self.sees_every_request(caller):
             return await self.open_requests_version()
+        picks = self._picks(caller)
+        if picks is not None:
+            return await self.open_requests_version(picks)
         items, total = await self.visible_requests(caller, PendingFilter(limit=1_000_000))
         return total, _digest(total, [r.id for r in items])
 
@@ -359,11 +394,12 @@ class ServerContext:
         default rule)."""
         return caller.attributes.get("admin") is True and self._default_access()
 
-    async def open_requests_version(self) -> tuple[int, str]:
-        """The count and fingerprint of every open request, from three indexed queries: a
-        caller's own queue can only have changed when this did."""
+    async def open_requests_version(self, picks: InitiatorFilter | None = None) -> tuple[int, str]:
+        """The count and fingerprint of every open request (of the sessions the store `picks`,
+        if given), from three indexed queries: a caller's own queue can only have changed when
+        this did."""
         store = self.runtime.store
-        live = PendingFilter(live_at=self.runtime.now())
+        live = PendingFilter(live_at=self.runtime.now(), initiated_by=picks)
         total = await store.count_pending(live)
         ends = []
         if total:

@@ -16,12 +16,14 @@ from ._base import (
     Store,
     StoredRequest,
 )
+from ._initiators import InitiatorFilter
 from ._prompt import promptly
 from .sqlite import SQLiteStore
 
 __all__ = [
     "Commit",
     "FaultHook",
+    "InitiatorFilter",
     "Loaded",
     "PendingFilter",
     "READ_BYTES",

@@ -14,6 +14,7 @@ from .._settings import finite
 from .._types import InputRequest
 from ._audit import AuditEntry, AuditRow
 from ._codec import unpack_event
+from ._initiators import InitiatorFilter
 
 __all__ = [
     "AUDIT_RECORDED",
@@ -186,6 +187,7 @@ class PendingFilter:
     created_after: float | None = None
     live_at: float | None = None  # leave out requests of sessions whose TTL passed by then
     due_by: float | None = None  # only requests whose deadline passed by then (at it counts)
+    initiated_by: InitiatorFilter | None = None  # only requests of the sessions it picks
 
     def where(self, ph: str) -> tuple[str, list[Any]]:
         """The SQL `WHERE` clause (over `requests r JOIN sessions s`) and its parameters, with
@@ -214,6 +216,10 @@ class PendingFilter:
             if moment is not None:
                 where.append(condition)
                 params.append(moment)
+        if self.initiated_by is not None:
+            condition, more = self.initiated_by.where(ph, "s")
+            where.append(condition)
+            params += more
         return (" WHERE " + " AND ".join(where)) if where else "", params
 
     limit: int = 100
@@ -235,6 +241,11 @@ class PendingFilter:
                     f"PendingFilter({name}=...) must be a finite time (seconds) or None, "
                     f"not {moment!r}"
                 )
+        if self.initiated_by is not None and not isinstance(self.initiated_by, InitiatorFilter):
+            raise UsageError(
+                "PendingFilter(initiated_by=...) must be an InitiatorFilter or None, "
+                f"not {self.initiated_by!r}"
+            )
         for name in ("limit", "offset"):
             count = getattr(self, name)
             if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
@@ -359,12 +370,21 @@ class Store(Protocol):
         status: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        initiated_by: InitiatorFilter | None = None,
     ) -> list[SessionSummary]:
-        """Sessions (of `agent`, in `status`, if given), most recently active first."""
+        """Sessions (of `agent`, in `status`, started by whom `initiated_by` picks, if given),
+        most recently active first."""
         ...
 
-    async def count_sessions(self, *, agent: str | None = None, status: str | None = None) -> int:
-        """How many sessions `sessions` would list with no limit (of `agent`, in `status`)."""
+    async def count_sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        initiated_by: InitiatorFilter | None = None,
+    ) -> int:
+        """How many sessions `sessions` would list with no limit (of `agent`, in `status`,
+        started by whom `initiated_by` picks)."""
         ...
 
     def set_fault_hook(self, hook: FaultHook | None) -> None:

@@ -24,6 +24,7 @@ from .._base import (
     stored_resolution,
 )
 from .._codec import EventTexts, parse, stored_type, type_name, unpack
+from .._initiators import InitiatorFilter, checked_filter
 from ._connections import Conn, Connections, Seen, storable
 from ._sql import (
     CURRENT_TURN,
@@ -285,10 +286,11 @@ class Reads(Connections):
         status: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        initiated_by: InitiatorFilter | None = None,
     ) -> list[SessionSummary]:
         """Sessions, most recently active first."""
         s = self._s
-        clause, params = _session_filter(agent, status)
+        clause, params = _session_filter(agent, status, initiated_by)
 
         async def body(conn: Conn) -> list[SessionSummary]:
             cur = await conn.execute(
@@ -300,10 +302,16 @@ class Reads(Connections):
 
         return await self._read(body, "listing sessions")
 
-    async def count_sessions(self, *, agent: str | None = None, status: str | None = None) -> int:
+    async def count_sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        initiated_by: InitiatorFilter | None = None,
+    ) -> int:
         """How many sessions `sessions` would list with no limit."""
         s = self._s
-        clause, params = _session_filter(agent, status)
+        clause, params = _session_filter(agent, status, initiated_by)
 
         async def body(conn: Conn) -> int:
             cur = await conn.execute(f"SELECT COUNT(*) FROM {s}.sessions{clause}", params)
@@ -491,9 +499,13 @@ class Reads(Connections):
         return await self._read(body, "measuring the database")
 
 
-def _session_filter(agent: str | None, status: str | None) -> tuple[str, list[Any]]:
+def _session_filter(
+    agent: str | None, status: str | None, initiated_by: InitiatorFilter | None
+) -> tuple[str, list[Any]]:
     """The WHERE clause (and its parameters) of a session listing's filters; a NUL in one
     matches nothing (PostgreSQL text cannot hold it)."""
+    if initiated_by is not None:
+        checked_filter(initiated_by)
     if not storable(agent, status):
         return " WHERE false", []
     where: list[str] = []
@@ -502,4 +514,8 @@ def _session_filter(agent: str | None, status: str | None) -> tuple[str, list[An
         if value is not None:
             where.append(f"{column}=%s")
             params.append(value)
+    if initiated_by is not None:
+        condition, more = initiated_by.where("%s", "sessions")
+        where.append(condition)
+        params += more
     return (" WHERE " + " AND ".join(where)) if where else "", params

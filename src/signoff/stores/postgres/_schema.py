@@ -12,6 +12,7 @@ from psycopg.rows import TupleRow
 from ..._exceptions import StoreError
 from .._base import stored_request
 from .._codec import stored_type, unpack, unpack_event
+from .._initiators import stored_initiator
 from ._sql import REQUEST_COLUMNS, REQUEST_JOIN
 
 __all__ = ["FILLS", "MIGRATIONS", "STORE_SCHEMA"]
@@ -176,6 +177,17 @@ ALTER TABLE {s}.sessions ADD COLUMN parent BIGINT, ADD COLUMN parent_turn TEXT;
 CREATE INDEX sessions_children ON {s}.sessions (status) WHERE parent IS NOT NULL;
 """,
     ),
+    (
+        8,
+        "session rows name who started them (identity and text tenant, each indexed), so "
+        "listings filter by who may see them in SQL (filled from the sessions' first events)",
+        """
+-- Never updated after the insert: the indexes keep commits' updates of the row HOT.
+ALTER TABLE {s}.sessions ADD COLUMN initiator TEXT, ADD COLUMN tenant TEXT;
+CREATE INDEX sessions_by_initiator ON {s}.sessions (initiator);
+CREATE INDEX sessions_by_tenant ON {s}.sessions (tenant) WHERE tenant IS NOT NULL;
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
 A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the
@@ -228,9 +240,28 @@ async def _fill_session_parents(conn: psycopg.AsyncConnection[TupleRow], s: str)
     )
 
 
+async def _fill_session_initiators(conn: psycopg.AsyncConnection[TupleRow], s: str) -> None:
+    """Migration 8: each session row gets who started it, from its `session.created` event
+    (NULL, unknown, where that cannot be read)."""
+    cur = await conn.execute(
+        f"SELECT x.sk, e.data FROM {s}.sessions x LEFT JOIN {s}.events e ON e.sk = x.sk "
+        "AND e.seq = 1 AND e.type IN (%s, 'session.created')",
+        (stored_type("session.created"),),
+    )
+    filled = []
+    for sk, data in await cur.fetchall():
+        initiator, tenant = stored_initiator(data) if data is not None else (None, None)
+        filled.append((initiator, tenant, sk))
+    async with conn.cursor() as update:
+        await update.executemany(
+            f"UPDATE {s}.sessions SET initiator=%s, tenant=%s WHERE sk=%s", filled
+        )
+
+
 FILLS: Final[dict[int, Callable[[psycopg.AsyncConnection[TupleRow], str], Awaitable[None]]]] = {
     6: _fill_request_deadlines,
     7: _fill_session_parents,
+    8: _fill_session_initiators,
 }
 """Steps in Python of the migrations of these versions, given the connection and `{s}`."""
 

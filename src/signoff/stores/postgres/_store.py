@@ -26,6 +26,7 @@ from ..._exceptions import AppendConflict, LeaseLost, StoreError, UnknownSession
 from .._audit import AuditRow, chain_parts, chain_session
 from .._base import AUDIT_RECORDED, Commit, parent_of, request_rows
 from .._codec import EventTexts, Previous, pack_bytes, type_name
+from .._initiators import initiator_columns
 from ._connections import Conn, Seen, storable
 from ._leases import Leases
 from ._reads import Reads
@@ -76,7 +77,9 @@ class PostgresStore(Reads, Leases):
         # A subagent's row names its parent and the parent's turn that delegated to it (or its
         # current one if the event names none), for `orphaned_children`.
         parent, turn = parent_of(events)
-        params: list[Any] = [session_id, agent, last, at, at, expires_at, turn, parent]
+        initiator, tenant = initiator_columns(events)  # who may see it, for listings
+        params: list[Any] = [session_id, agent, last, at, at, expires_at, initiator, tenant]
+        params += [turn, parent]
         params += rows_params(rows)
         params += [self.channel, f"{session_id} {last}"]
         if sync is not None:

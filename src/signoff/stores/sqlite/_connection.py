@@ -26,6 +26,7 @@ from ._schema import (
     STORE_SCHEMA,
     WAL_CHECKPOINT_PAGES,
     keep_request_deadlines,
+    keep_session_initiators,
     keep_session_parents,
     keep_stream_heads,
     upgrade_from_1,
@@ -335,6 +336,8 @@ class Connection:
                 keep_request_deadlines(conn)
             if 1 <= found < 6:
                 keep_session_parents(conn)
+            if 1 <= found < 7:
+                keep_session_initiators(conn)
             for statement in SCHEMA.strip().split(";"):
                 if statement.strip():
                     conn.execute(statement)

@@ -34,6 +34,7 @@ from .._codec import (
     type_name,
     unpack,
 )
+from .._initiators import InitiatorFilter, checked_filter
 from ._connection import Connection, kept, reading
 from ._schema import CURRENT_TURN, EARLIER_JOIN, REQUEST_COLUMNS, REQUEST_JOIN
 
@@ -244,9 +245,10 @@ class Reads(Connection):
         status: str | None = None,
         limit: int = 100,
         offset: int = 0,
+        initiated_by: InitiatorFilter | None = None,
     ) -> list[SessionSummary]:
         """Sessions, most recently active first."""
-        clause, params = _session_filter(agent, status)
+        clause, params = _session_filter(agent, status, initiated_by)
         sql = (
             "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions"
             f"{clause} ORDER BY updated_at DESC, sk DESC LIMIT ? OFFSET ?"
@@ -254,9 +256,15 @@ class Reads(Connection):
         return [session_summary(row) for row in self.conn.execute(sql, [*params, limit, offset])]
 
     @reading
-    async def count_sessions(self, *, agent: str | None = None, status: str | None = None) -> int:
+    async def count_sessions(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        initiated_by: InitiatorFilter | None = None,
+    ) -> int:
         """How many sessions `sessions` would list with no limit."""
-        clause, params = _session_filter(agent, status)
+        clause, params = _session_filter(agent, status, initiated_by)
         row = self.conn.execute(f"SELECT COUNT(*) FROM sessions{clause}", params).fetchone()
         return int(row[0])
 
@@ -410,11 +418,18 @@ def _heads(rows: Iterable[tuple[Any, Any, Any]]) -> dict[str, tuple[int, str | N
     }
 
 
-def _session_filter(agent: str | None, status: str | None) -> tuple[str, list[str]]:
+def _session_filter(
+    agent: str | None, status: str | None, initiated_by: InitiatorFilter | None
+) -> tuple[str, list[Any]]:
     """The WHERE clause (and its parameters) of a session listing's filters."""
-    where, params = [], []
+    where: list[str] = []
+    params: list[Any] = []
     for column, value in (("agent", agent), ("status", status)):
         if value is not None:
             where.append(f"{column}=?")
             params.append(value)
+    if initiated_by is not None:
+        condition, more = checked_filter(initiated_by).where("?", "sessions")
+        where.append(condition)
+        params += more
     return (" WHERE " + " AND ".join(where)) if where else "", params

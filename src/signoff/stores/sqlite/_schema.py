@@ -9,6 +9,7 @@ import sqlite3
 from ..._exceptions import StoreError
 from .._base import stored_request
 from .._codec import CHAIN_MAX, DEFLATE_ON_PREVIOUS, stored_type, unpack, unpack_event
+from .._initiators import stored_initiator
 
 __all__ = [
     "CURRENT_TURN",
@@ -20,12 +21,13 @@ __all__ = [
     "STORE_SCHEMA",
     "WAL_CHECKPOINT_PAGES",
     "keep_request_deadlines",
+    "keep_session_initiators",
     "keep_session_parents",
     "keep_stream_heads",
     "upgrade_from_1",
 ]
 
-STORE_SCHEMA = 6
+STORE_SCHEMA = 7
 """2: audit entries point at their events, chain heads in the session rows. 3: event rows hold a
 type code, a turn id only where it changes, and data that may be stored on the event before
 (`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file.
@@ -37,6 +39,10 @@ the requests that are due; an older signoff would leave it stale.
 6: session rows of subagents name their parent session (`parent`, its `sk`) and the parent's
 turn that delegated to them (`parent_turn`), indexed by status, so a sweep lists only children
 whose parent no longer waits for them; an older signoff would create children without them.
+7: session rows name who started them (`initiator`, the identity as JSON, '' for no principal,
+NULL when the first event does not say; `tenant`, a text tenant as JSON), each indexed, so
+listings filter by who may see them in SQL; an older signoff would create sessions without them
+(which only an admin then lists).
 A file already marked with this version is opened without running `SCHEMA` (so that opening
 writes nothing), so any change to `SCHEMA` needs a new version."""
 
@@ -81,10 +87,14 @@ CREATE TABLE IF NOT EXISTS sessions (
     audit_n INTEGER NOT NULL DEFAULT 0,
     audit_hash BLOB,
     parent INTEGER,
-    parent_turn TEXT
+    parent_turn TEXT,
+    initiator TEXT,
+    tenant TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, updated_at);
 CREATE INDEX IF NOT EXISTS sessions_children ON sessions (status) WHERE parent IS NOT NULL;
+CREATE INDEX IF NOT EXISTS sessions_by_initiator ON sessions (initiator);
+CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant) WHERE tenant IS NOT NULL;
 CREATE TABLE IF NOT EXISTS events (
     sk INTEGER NOT NULL,
     seq INTEGER NOT NULL,
@@ -237,3 +247,22 @@ def keep_session_parents(conn: sqlite3.Connection) -> None:
         "ORDER BY t.seq DESC LIMIT 1) WHERE parent IS NOT NULL",
         (stored_type("turn.started"),),
     )
+
+
+def keep_session_initiators(conn: sqlite3.Connection) -> None:
+    """Schema 6 (or older, upgraded) to 7, in the opening transaction: each session row gets who
+    started it, from its `session.created` event (NULL, unknown, where that cannot be read)."""
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(sessions)")}
+    if "initiator" not in columns:  # a file marked older than it is may have them already
+        conn.execute("ALTER TABLE sessions ADD COLUMN initiator TEXT")
+        conn.execute("ALTER TABLE sessions ADD COLUMN tenant TEXT")
+    rows = conn.execute(
+        "SELECT s.sk, e.data FROM sessions s LEFT JOIN events e ON e.sk = s.sk AND e.seq = 1 "
+        "AND e.type IN (?, 'session.created')",
+        (stored_type("session.created"),),
+    )
+    filled = []
+    for sk, data in rows:
+        initiator, tenant = stored_initiator(data) if data is not None else (None, None)
+        filled.append((initiator, tenant, sk))
+    conn.executemany("UPDATE sessions SET initiator=?, tenant=? WHERE sk=?", filled)

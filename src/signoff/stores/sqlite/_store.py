@@ -31,6 +31,7 @@ from .._codec import (
     stored_type,
     type_name,
 )
+from .._initiators import initiator_columns
 from ._connection import immediate, kept, reading
 from ._leases import Leases
 from ._reads import Reads
@@ -61,16 +62,18 @@ class SQLiteStore(Reads, Leases):
         at = events[0].at
         # A subagent's: its row names the parent and the parent's turn that delegated to it.
         parent, turn = parent_of(events)
+        initiator, tenant = initiator_columns(events)  # who may see it, for listings
         self._before("session.created")
         try:
             with immediate(conn, self._writable):
                 cur = conn.execute(
                     "INSERT INTO sessions (id, agent, head, status, created_at, updated_at, "
-                    "expires_at, parent, parent_turn) SELECT ?,?,?,?,?,?,?, p.sk, "
-                    "CASE WHEN p.sk IS NOT NULL THEN COALESCE(?, "
+                    "expires_at, initiator, tenant, parent, parent_turn) SELECT ?,?,?,?,?,?,?,?,?, "
+                    "p.sk, CASE WHEN p.sk IS NOT NULL THEN COALESCE(?, "
                     + CURRENT_TURN.format(sk="p.sk")
                     + ") END FROM (SELECT 1) LEFT JOIN sessions p ON p.id = ?",
-                    (session_id, agent, events[-1].seq, "idle", at, at, expires_at, turn, parent),
+                    [session_id, agent, events[-1].seq, "idle", at, at, expires_at]
+                    + [initiator, tenant, turn, parent],
                 )
                 sk = int(cur.lastrowid or 0)
                 tail, named = self._insert_events(conn, sk, events, None, None)
