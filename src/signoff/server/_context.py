@@ -176,11 +176,14 @@ class ServerContext:
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
 
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
-        """The stored request, if the caller may see its session; otherwise `UnknownRequest`."""
+        """The stored request, if the caller may see its session; otherwise `UnknownRequest`.
+        A missing request costs the read a foreign one makes (its session's first event), so
+        the time a 404 takes does not tell that a foreign request exists."""
         await self.runtime.open()
         stored = await self.runtime.store.get_request(request_id)
         try:
             if stored is None:
+                await self.runtime.store.read_events(request_id, limit=1)  # no session's id
                 raise UnknownSession("")
             await self._visible(stored.request.session_id, caller)  # its state is not needed
         except UnknownSession:
