@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -29,6 +30,7 @@ from ._auth import (
 )
 from ._errors import ApiError
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, SignOuts, read
+from ._stream_slots import MAX_STREAMS, StreamSlots
 from ._throttle import Failures, client_of, too_many
 
 __all__ = ["ServerContext", "get_context"]
@@ -59,6 +61,7 @@ class ServerContext:
     poll_interval: float = 0.25
     heartbeat: float = 15.0
     sign_in_lifetime: float = SIGN_IN_LIFETIME
+    max_streams: int = MAX_STREAMS
     # Set when the server begins to stop: open streams end at their next poll instead of
     # holding the shutdown, which waits for every response to finish.
     closing: bool = False
@@ -67,10 +70,13 @@ class ServerContext:
     sign_outs: SignOuts = field(init=False, repr=False)
     # Failed sign-ins and unrecognised bearer tokens, per client address (`_throttle`).
     failures: Failures = field(init=False, repr=False)
+    # The event streams each caller holds open (`_stream_slots`).
+    streams: StreamSlots = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.sign_outs = SignOuts(self.sign_in_lifetime)
         self.failures = Failures(self.runtime.clock)
+        self.streams = StreamSlots(self.max_streams, retry_after=math.ceil(self.heartbeat))
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
         """The caller, or `None` when the authenticator does not recognise it (asked once per
