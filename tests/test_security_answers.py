@@ -74,3 +74,24 @@ async def test_too_many_answers_over_http_are_a_422(served: Served) -> None:
         assert r.json()["error"]["code"] == "invalid_answer"
         assert f"at most {MAX_ANSWERS}" in r.json()["error"]["message"]
     assert await snapshot(w.rt) == before
+
+
+async def test_edited_arguments_wrong_in_many_ways_get_a_short_refusal(served: Served) -> None:
+    """Edited arguments with 150,000 unknown keys were refused with every problem listed: an
+    answer of 6 MB (twice the body) that took seconds to write. The refusal names the first few
+    problems and counts the rest; nothing changes."""
+    w = served.world
+    before = await snapshot(w.rt)
+    edited = {"order_id": "1042", "amount": 10, "reason": "r", **{f"k{i}": i for i in range(5000)}}
+    item = {"requestId": w.ra, "optionId": "approve", "editedInput": edited}
+    r = await served.client.post(
+        f"/v1/sessions/{w.a}/responses",
+        json={"inputResponses": [item]},
+        headers=auth("alice-token"),
+    )
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_answer", r.text[:300]
+    message = r.json()["error"]["message"]
+    assert len(message) < 2000, len(message)
+    assert "k0: Extra inputs are not permitted" in message
+    assert "and 4990 more" in message, message
+    assert await snapshot(w.rt) == before
