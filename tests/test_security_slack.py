@@ -12,10 +12,6 @@ from signoff.channels.slack._blocks import describe, request_blocks, slack_menti
 EVIL = "x`<!channel>|<https://evil.example|click>"
 
 
-def _texts(blocks: list[dict[str, object]]) -> str:
-    return repr(blocks)
-
-
 def test_ids_in_the_facts_line_are_text() -> None:
     request = so.InputRequest(
         kind="question",
