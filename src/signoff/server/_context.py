@@ -43,6 +43,9 @@ log = logging.getLogger("signoff.server")
 # but an admin) looks through: each costs a read, so one call cannot read the whole store.
 SESSION_SCAN = 10_000
 SESSION_CHUNK = 500  # sessions read per store query while looking through them
+# How many of the newest matching closed requests (settled, expired, withdrawn) a listing filtered
+# by initiator looks through: the history only grows, and each request read is decoded.
+REQUEST_SCAN = 10_000
 
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
 DEV_REFUSED = (
@@ -210,30 +213,40 @@ class ServerContext:
         """One page of the requests matching `flt` that the caller may see, and their total.
 
         Open requests of sessions whose TTL has passed are left out, as `Runtime.pending` does,
-        and so are those past their deadline (`Runtime.pending_page`).
+        and so are those past their deadline (`Runtime.pending_page`). The store cannot filter
+        by initiator, so for anyone but an admin under the default rule the matching requests
+        are read and filtered here: the whole open queue, but of closed requests only the
+        `REQUEST_SCAN` newest (the history grows without end), and only the page is kept.
         """
         store = self.runtime.store
         await self.runtime.open()
         if flt.status == "pending" and flt.live_at is None:
             flt = replace(flt, live_at=self.runtime.now())
         if caller.attributes.get("admin") is True and self._default_access():
-            page, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
-            return page, await store.count_pending(flt)
+            whole, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
+            return whole, await store.count_pending(flt)
         seen: dict[str, bool] = {}
-        visible: list[InputRequest] = []
-        offset = 0
-        while True:
-            chunk, more = await self.runtime.pending_page(_page(flt, 500, offset))
+        page: list[InputRequest] = []
+        total = 0
+        offset, end = 0, None
+        if flt.status != "pending":  # the newest closed ones: oldest first, as listed
+            end = await store.count_pending(flt)
+            offset = max(0, end - REQUEST_SCAN)
+        while end is None or offset < end:
+            size = 500 if end is None else min(500, end - offset)
+            chunk, more = await self.runtime.pending_page(_page(flt, size, offset))
             for request in chunk:
                 sid = request.session_id
                 if sid not in seen:
                     seen[sid] = await self._sees(caller, sid)
                 if seen[sid]:
-                    visible.append(request)
+                    if flt.offset <= total < flt.offset + flt.limit:
+                        page.append(request)
+                    total += 1
             if not more:
                 break
-            offset += 500
-        return visible[flt.offset : flt.offset + flt.limit], len(visible)
+            offset += size
+        return page, total
 
     async def visible_sessions(
         self,
