@@ -181,7 +181,7 @@ def test_the_csrf_cookie_is_secure_over_https(tmp_path: Path) -> None:
     with TestClient(app, base_url="https://dash.example") as c:
         page = c.get("/_signoff/login")
         cookie = page.headers["set-cookie"]
-        assert cookie.startswith("signoff_csrf=") and "Secure" in cookie, cookie
+        assert cookie.startswith("__Host-signoff_csrf=") and "Secure" in cookie, cookie
         assert "HttpOnly" in cookie and "samesite=strict" in cookie.lower()
         r = c.post(
             "/_signoff/login",

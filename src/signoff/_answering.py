@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -47,11 +48,15 @@ from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
 
-__all__ = ["Answering"]
+__all__ = ["MAX_ANSWERS", "Answering"]
 
 log = logging.getLogger("signoff.runtime")
 
 LATE = "the deadline passed before this response could settle it"
+
+MAX_ANSWERS = 1000
+"""Requests one call may answer: a turn asks far fewer, and each answer costs checks and may
+cost a store read, so a body of tens of thousands of made-up ids held the server for minutes."""
 
 RECOVERY_GRACE = 5.0
 """Seconds beyond a response policy's timeout after which a pending candidate counts as lost."""
@@ -115,8 +120,13 @@ class Answering(SessionRunner):
         `mark` is the idempotency key of the message that gave the answers: the settlement's
         first event records it. `only_approvals`: the answers are decisions (approve or deny),
         which answer approvals only."""
+        if len(answers) > MAX_ANSWERS:
+            raise InvalidAnswer(
+                f"at most {MAX_ANSWERS} answers in one call, not {len(answers)}: "
+                "send them in batches"
+            )
         ids = [a.request_id for a in answers]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        dupes = sorted(i for i, n in Counter(ids).items() if n > 1)
         if dupes:
             raise InvalidAnswer(
                 f"request id(s) answered twice in one call: {', '.join(dupes)}", dupes

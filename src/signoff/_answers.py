@@ -90,10 +90,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
             try:
                 edited = tool.validate(reply.edited_input).model_dump(mode="json")
             except ValidationError as exc:
-                problems = "; ".join(
-                    f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
-                    for e in exc.errors(include_url=False)
-                )
+                problems = _first_problems(exc)
                 raise InvalidAnswer(
                     f"request {rid}: edited input does not fit {tool.name}'s schema: {problems}",
                     [rid],
@@ -309,6 +306,22 @@ def settlement_events(
             },
         ),
     ]
+
+
+SHOWN_PROBLEMS = 10
+"""How many of an edit's schema problems a refusal names: one with thousands of unknown keys
+made a refusal twice the size of the body, and took seconds to write."""
+
+
+def _first_problems(exc: ValidationError) -> str:
+    """The first `SHOWN_PROBLEMS` problems of `exc`, and how many more there are."""
+    errors = exc.errors(include_url=False, include_context=False, include_input=False)
+    shown = "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'input'}: {e['msg']}"
+        for e in errors[:SHOWN_PROBLEMS]
+    )
+    more = len(errors) - SHOWN_PROBLEMS
+    return shown if more <= 0 else f"{shown}; and {more} more"
 
 
 def decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decision]:

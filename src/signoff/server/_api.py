@@ -243,7 +243,8 @@ async def events(
         # Nothing more will come: a 410 stops a reconnecting EventSource, which a stream that
         # merely ends again would not.
         raise SessionExpired(session_id, [r.id for r in state.pending_requests()])
-    return stream_response(event_stream(request, ctx, session_id, start, follow=follow))
+    release = ctx.streams.take(caller)  # last: a refusal above holds no slot
+    return stream_response(event_stream(request, ctx, session_id, start, follow=follow), release)
 
 
 @router.get("/requests", tags=["requests"])

@@ -42,6 +42,7 @@ from ._message_page import dashboard_error
 from ._pages import csrf_key
 from ._prompt import PromptStore
 from ._sign_ins import SIGN_IN_LIFETIME, lifetime_of
+from ._stream_slots import MAX_STREAMS, max_streams_of
 
 __all__ = ["MAX_BODY_SIZE", "AppChannels", "create_app"]
 
@@ -84,6 +85,7 @@ def create_app(
     secret: str | bytes | None = None,
     workers: int = 0,
     sign_in_lifetime: float = SIGN_IN_LIFETIME,
+    max_streams: int = MAX_STREAMS,
 ) -> FastAPI:
     """Build the app serving `runtime`.
 
@@ -97,7 +99,9 @@ def create_app(
     `secret` keys the dashboard's CSRF tokens, which are bound to the sign-in's credential, and
     its sign-in cookies; set one (the same in every process), above all when the
     authenticator's sign-ins carry no credential. A dashboard sign-in lasts `sign_in_lifetime`
-    seconds (12 hours by default) unless signed out first.
+    seconds (12 hours by default) unless signed out first. One caller may hold `max_streams`
+    event streams open at once (the sessions' and the dashboard's); one more is 429
+    `too_many_streams`.
     `workers` runs that many turns at a time in this process for any session with work
     (`Runtime.work`): one answered from elsewhere (`signoff approve` without a runtime) or left
     running by a process that died. Workers apply passed deadlines too, every `sweep_every`
@@ -124,6 +128,7 @@ def create_app(
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 0:
         raise UsageError(f"workers must be a whole number from 0, not {workers!r}")
     sign_in_lifetime = lifetime_of(sign_in_lifetime)
+    max_streams = max_streams_of(max_streams)
 
     async def _sweep(every: float) -> None:
         while True:
@@ -191,6 +196,7 @@ def create_app(
         poll_interval=poll_interval,
         heartbeat=heartbeat,
         sign_in_lifetime=sign_in_lifetime,
+        max_streams=max_streams,
     )
     install_error_handlers(app)
 

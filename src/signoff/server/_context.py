@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -30,6 +31,7 @@ from ._auth import (
 )
 from ._errors import ApiError
 from ._sign_ins import SIGN_IN_LIFETIME, Grant, SignOuts, read
+from ._stream_slots import MAX_STREAMS, StreamSlots
 from ._throttle import Failures, client_of, too_many
 
 __all__ = ["ServerContext", "get_context"]
@@ -43,6 +45,10 @@ log = logging.getLogger("signoff.server")
 # a read, so one call cannot read the whole store.
 SESSION_SCAN = 10_000
 SESSION_CHUNK = 500  # sessions read per store query while looking through them
+# How many of the newest matching closed requests (settled, expired, withdrawn) a listing looks
+# through under an access rule the store cannot apply: the history only grows, and each request
+# read is decoded.
+REQUEST_SCAN = 10_000
 
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
 DEV_REFUSED = (
@@ -61,6 +67,7 @@ class ServerContext:
     poll_interval: float = 0.25
     heartbeat: float = 15.0
     sign_in_lifetime: float = SIGN_IN_LIFETIME
+    max_streams: int = MAX_STREAMS
     # Set when the server begins to stop: open streams end at their next poll instead of
     # holding the shutdown, which waits for every response to finish.
     closing: bool = False
@@ -69,10 +76,13 @@ class ServerContext:
     sign_outs: SignOuts = field(init=False, repr=False)
     # Failed sign-ins and unrecognised bearer tokens, per client address (`_throttle`).
     failures: Failures = field(init=False, repr=False)
+    # The event streams each caller holds open (`_stream_slots`).
+    streams: StreamSlots = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.sign_outs = SignOuts(self.sign_in_lifetime)
         self.failures = Failures(self.runtime.clock)
+        self.streams = StreamSlots(self.max_streams, retry_after=math.ceil(self.heartbeat))
 
     async def principal(self, request: HTTPConnection) -> Principal | None:
         """The caller, or `None` when the authenticator does not recognise it (asked once per
@@ -178,11 +188,14 @@ class ServerContext:
             raise UnknownSession(session_id)  # do not reveal that a foreign session exists
 
     async def request(self, request_id: str, caller: Principal) -> StoredRequest:
-        """The stored request, if the caller may see its session; otherwise `UnknownRequest`."""
+        """The stored request, if the caller may see its session; otherwise `UnknownRequest`.
+        A missing request costs the read a foreign one makes (its session's first event), so
+        the time a 404 takes does not tell that a foreign request exists."""
         await self.runtime.open()
         stored = await self.runtime.store.get_request(request_id)
         try:
             if stored is None:
+                await self.runtime.store.read_events(request_id, limit=1)  # no session's id
                 raise UnknownSession("")
             await self._visible(stored.request.session_id, caller)  # its state is not needed
         except UnknownSession:
@@ -204,7 +217,10 @@ class ServerContext:
 
         Open requests of sessions whose TTL has passed are left out, as `Runtime.pending` does,
         and so are those past their deadline (`Runtime.pending_page`). Under the default rule
-        the store picks the caller's by their sessions' initiators: one page and one count.
+        the store picks the caller's by their sessions' initiators: one page and one count. Under
+        a rule the store cannot apply, the matching requests are read and filtered here: the whole
+        open queue, but of closed requests only the `REQUEST_SCAN` newest (the history grows
+        without end), and only the page is kept.
         """
         store = self.runtime.store
         await self.runtime.open()
@@ -214,23 +230,30 @@ class ServerContext:
         picks = None if everyone else self._picks(caller)
         if everyone or picks is not None:
             flt = flt if picks is None else replace(flt, initiated_by=picks)
-            page, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
-            return page, await store.count_pending(flt)
+            picked, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
+            return picked, await store.count_pending(flt)
         seen: dict[str, bool] = {}
-        visible: list[InputRequest] = []
-        offset = 0
-        while True:
-            chunk, more = await self.runtime.pending_page(_page(flt, 500, offset))
+        page: list[InputRequest] = []
+        total = 0
+        offset, end = 0, None
+        if flt.status != "pending":  # the newest closed ones: oldest first, as listed
+            end = await store.count_pending(flt)
+            offset = max(0, end - REQUEST_SCAN)
+        while end is None or offset < end:
+            size = 500 if end is None else min(500, end - offset)
+            chunk, more = await self.runtime.pending_page(_page(flt, size, offset))
             for request in chunk:
                 sid = request.session_id
                 if sid not in seen:
                     seen[sid] = await self._sees(caller, sid)
                 if seen[sid]:
-                    visible.append(request)
+                    if flt.offset <= total < flt.offset + flt.limit:
+                        page.append(request)
+                    total += 1
             if not more:
                 break
-            offset += 500
-        return visible[flt.offset : flt.offset + flt.limit], len(visible)
+            offset += size
+        return page, total
 
     async def visible_sessions(
         self,

@@ -158,7 +158,7 @@ async def queue_stream(request: Request) -> Response:
                 return
             await asyncio.sleep(ctx.poll_interval)
 
-    return stream_response(changes())
+    return stream_response(changes(), ctx.streams.take(viewer))
 
 
 @router.post("/requests/{request_id}/respond")

@@ -300,7 +300,8 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: _doc("The request body is too large (`payload_too_large`)"),
     429: _doc(
         "Too many failed sign-ins or unrecognised tokens from this address "
-        "(`too_many_failures`, with `Retry-After`)"
+        "(`too_many_failures`, with `Retry-After`), or too many event streams held open by "
+        "this caller (`too_many_streams`, with `Retry-After`)"
     ),
     422: _doc(
         "Invalid or partial body (`invalid_request`, `invalid_answer`, `partial_answer`, "

@@ -38,7 +38,9 @@ from ._errors import ApiError, malformed_form
 __all__ = [
     "CLIP",
     "CSRF_COOKIE",
+    "HOST_CSRF_COOKIE",
     "check_csrf",
+    "csrf_cookie",
     "csrf_key",
     "csrf_token",
     "env",
@@ -51,6 +53,10 @@ __all__ = [
 ]
 
 CSRF_COOKIE = "signoff_csrf"
+HOST_CSRF_COOKIE = "__Host-signoff_csrf"
+"""The CSRF cookie over https, which no other host can set (`Secure`, `Path=/`, no `Domain`): a
+page of a sibling subdomain could set a `signoff_csrf` for the parent domain, which the browser
+sends beside the dashboard's own, and refuse every form for as long as it lives."""
 
 # How much of a JSON value (a tool input, an event's data) a page shows; a link gives the rest,
 # so a huge input neither bloats the page nor pushes its buttons out of reach.
@@ -217,13 +223,18 @@ def _valid(request: Request, token: str, sign_in: bytes) -> bool:
     return hmac.compare_digest(_mac(request, sign_in, nonce).encode(), mac.encode())
 
 
+def csrf_cookie(request: Request) -> str:
+    """The name of the CSRF cookie for this request: the `__Host-` one over https."""
+    return HOST_CSRF_COOKIE if request.url.scheme == "https" else CSRF_COOKIE
+
+
 async def csrf_token(request: Request) -> str:
     """This page's token: the browser's own when it was made for this sign-in, else a new one."""
     cached = getattr(request.state, "csrf", None)
     if isinstance(cached, str):
         return cached
     sign_in = await _sign_in(request)
-    token = request.cookies.get(CSRF_COOKIE, "")
+    token = request.cookies.get(csrf_cookie(request), "")
     if not _valid(request, token, sign_in):
         nonce = secrets.token_urlsafe(18)
         token = f"{nonce}.{_mac(request, sign_in, nonce)}"
@@ -233,14 +244,16 @@ async def csrf_token(request: Request) -> str:
 
 def set_csrf(request: Request, response: Response, token: str) -> None:
     """Keep `token` in the browser's cookie (when it does not hold it already)."""
-    if request.cookies.get(CSRF_COOKIE) != token:
+    name = csrf_cookie(request)
+    if request.cookies.get(name) != token:
+        secure = request.url.scheme == "https"
         response.set_cookie(
-            CSRF_COOKIE,
+            name,
             token,
             httponly=True,
             samesite="strict",
-            secure=request.url.scheme == "https",
-            path=DASHBOARD_PREFIX,
+            secure=secure,
+            path="/" if secure else DASHBOARD_PREFIX,  # a `__Host-` cookie's path is `/`
         )
 
 
@@ -266,7 +279,7 @@ async def check_csrf(request: Request) -> dict[str, str]:
         raise ApiError(
             403, "csrf_failed", "the form was posted from another site: use the dashboard's own"
         )
-    cookie = request.cookies.get(CSRF_COOKIE, "")
+    cookie = request.cookies.get(csrf_cookie(request), "")
     sent = request.headers.get("x-csrf-token") or fields.get("csrf", "")
     sign_in = await _sign_in(request)
     if not _valid(request, cookie, sign_in) or not _valid(request, sent, sign_in):

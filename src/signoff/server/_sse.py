@@ -7,11 +7,10 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
 
 from .. import stores
 from .._events import Event
@@ -26,6 +25,7 @@ from .._exceptions import (
 )
 from ._context import ServerContext
 from ._errors import public_message, status_for
+from ._stream_slots import HeldStream
 
 __all__ = [
     "LASTING",
@@ -61,9 +61,10 @@ def frame(event: Event) -> str:
     return sse(event.to_dict(), event=event.type, id=event.seq)
 
 
-def stream_response(stream: AsyncIterator[str]) -> StreamingResponse:
-    """An event stream as a response, with the headers that keep proxies from holding it."""
-    return StreamingResponse(stream, media_type="text/event-stream", headers=STREAM_HEADERS)
+def stream_response(stream: AsyncIterator[str], release: Callable[[], None]) -> HeldStream:
+    """An event stream as a response, with the headers that keep proxies from holding it; it
+    calls `release` (giving its caller's stream slot back) when it ends."""
+    return HeldStream(stream, release, media_type="text/event-stream", headers=STREAM_HEADERS)
 
 
 def parse_last_event_id(raw: str) -> int | None:

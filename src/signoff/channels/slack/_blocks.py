@@ -80,6 +80,14 @@ def escape(text: str) -> str:
     return sendable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
+def _span(text: str) -> str:
+    """`text` (an id) as an inline code span: escaped, and with no backtick that would end it."""
+    return "`" + escape(text).replace("`", "\\u0060") + "`"
+
+
+_SLACK_USER = re.compile(r"[A-Z0-9]+")
+
+
 def _code(value: Any) -> str:
     dumped = json.dumps(value, indent=2, ensure_ascii=False, default=str)
     dumped = escape(HIDDEN.sub(escape_as_json, dumped))
@@ -101,9 +109,10 @@ def slack_mention(principal: Principal | None) -> str:
     if principal is None:
         return "the policy"
     parts = principal.principal_id.split(":")
-    if principal.authenticator == "slack" and len(parts) == 3 and parts[0] == "slack":
+    slack = principal.authenticator == "slack" and len(parts) == 3 and parts[0] == "slack"
+    if slack and _SLACK_USER.fullmatch(parts[2]):  # only Slack's own user id is a mention
         return f"<@{parts[2]}>"
-    return f"`{escape(principal.principal_id)}`"
+    return _span(principal.principal_id)
 
 
 def fallback_text(request: InputRequest) -> str:
@@ -154,7 +163,7 @@ def request_blocks(
         blocks.append(
             {"type": "section", "block_id": "signoff.summary", "text": _mrkdwn("\n".join(lines))}
         )
-    facts = [f"request `{request.id}`", f"session `{request.session_id}`"]
+    facts = [f"request {_span(request.id)}", f"session {_span(request.session_id)}"]
     if request.approvers > 1:
         so_far = ", ".join(escape(p) for p in request.approved_by) or "none yet"
         facts.append(f"needs {request.approvers} approvals ({request.progress}: {so_far})")
