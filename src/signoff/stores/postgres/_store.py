@@ -3,10 +3,11 @@
 Every write is one transaction. A commit is one statement: it locks its session's row (`FOR
 UPDATE`), checks the head, the audit chain head and the lease (held `FOR SHARE`, so a takeover
 waits for it), compare-and-sets the requests it resolves, then writes events, audit entries,
-requests, snapshot and head together and announces itself with `NOTIFY`, all in one round trip
-with its BEGIN and COMMIT. Durable commits (an answer, a park or an opened request, which a
-person may be told about) are synchronous; the others may skip the WAL flush
-(`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
+requests, snapshot and head together and announces itself with `NOTIFY`: a transaction of its
+own, sent with its Sync in one message and one round trip, so a process frozen once it is sent
+(SIGSTOP, a paused VM) holds no lock while the server commits it. Durable commits (an answer,
+a park or an opened request, which a person may be told about) are synchronous; the others may
+skip the WAL flush (`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
 lives in its own PostgreSQL schema (`signoff` by default) and is migrated by signoff under an
 advisory lock. This module holds the writes; the pool (`_connections`), the transactions
 (`_transactions`), the reads (`_reads`), the leases (`_leases`) and the LISTEN connection
@@ -156,9 +157,12 @@ class PostgresStore(Reads, Leases):
         updated_rows = [(rid, data, deadline) for rid, (data, deadline) in updated.items()]
         sync = self._sync_setting(commit.durable)
         ambiguous = False
+        sent = False  # whether the body's last run sent its statement
         guess = self._state.get(sid)
 
         async def body(conn: Conn) -> psycopg.AsyncCursor[TupleRow] | None:
+            nonlocal sent
+            sent = False
             if not storable(sid):
                 raise UnknownSession(sid)
             state = guess
@@ -238,6 +242,7 @@ class PostgresStore(Reads, Leases):
                 params.append(sync)
             written.clear()
             written.append(Seen(events[-1].seq if events else state.head, n, digest, *named))
+            sent = True
             return await conn.execute(sql, params)
 
         async def committed() -> bool:
@@ -257,12 +262,14 @@ class PostgresStore(Reads, Leases):
                 committed=committed,
                 synchronous=commit.durable,
                 sets_sync=True,
+                single=True,
+                began=lambda: sent,
             )
             if cur is None:  # found committed after a lost connection: state unknown here
                 written.clear()
                 self._state.pop(sid, None)
                 break
-            # The statement's answer, the state it found: it came back with the COMMIT's, so
+            # The statement's answer, the state it found: it came back with its commit, so
             # reading it needs the connection no more.
             row = await cur.fetchone()
             if row is None:

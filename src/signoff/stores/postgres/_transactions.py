@@ -89,6 +89,7 @@ class Transactions:
         transaction: bool = True,
         sets_sync: bool = False,
         single: bool = False,
+        began: Callable[[], bool] | None = None,
     ) -> T | None:
         """Run `body` in one pipelined transaction; retried when the connection is lost before
         COMMIT.
@@ -99,8 +100,11 @@ class Transactions:
         body is one idempotent autocommit statement, retried whenever the connection is lost.
         With `sets_sync`, the body's statement sets `synchronous_commit` itself
         (`_sync_setting`), which saves a statement. With `single` (and `sets_sync`), the body
-        sends one statement, which is a transaction of its own (committed by the pipeline's sync):
-        no BEGIN and COMMIT around it, and its outcome is unknown as soon as it is sent.
+        writes with one statement, a transaction of its own, not pipelined: it goes out with its
+        Sync in one message, so the server commits it and holds none of its locks for this
+        process, which may freeze once it is sent. No BEGIN and COMMIT around it; it may read
+        first (unlocked), and then `began` says whether it sent its write: the outcome is
+        unknown from then (without `began`, as soon as the body runs).
         """
         pool = await self._get_pool()
         for attempt in range(3):
@@ -115,25 +119,31 @@ class Transactions:
                             result = await body(conn)
                             wrote()
                             return result
+                        if single:
+                            # Not pipelined: the statement goes out with its Sync in one
+                            # message, so the server commits it without waiting for this
+                            # process, which may freeze (SIGSTOP, a paused VM) once it is sent:
+                            # a pipeline sends the Sync, and the locks' end, only later.
+                            phase = "body" if began is not None else "commit"
+                            result = await body(conn)
+                            phase = "done"
+                            wrote()
+                            return result
                         # BEGIN and COMMIT are sent by hand: what `body` does not wait for
                         # goes out with the COMMIT in one round trip, where psycopg's
                         # `transaction()` in a pipeline would add three syncs.
                         async with conn.pipeline() as pipeline:
                             try:
-                                if single:
-                                    phase = "commit"  # from here the server may have committed
-                                    result = await body(conn)
-                                else:
-                                    await conn.execute("BEGIN")
-                                    if sets_sync:
-                                        pass
-                                    elif not synchronous:
-                                        await conn.execute("SET LOCAL synchronous_commit = off")
-                                    elif self._server_async:  # the server skips flushes: not us
-                                        await conn.execute("SET LOCAL synchronous_commit = on")
-                                    result = await body(conn)
-                                    phase = "commit"  # from here the server may have committed
-                                    await conn.execute("COMMIT")
+                                await conn.execute("BEGIN")
+                                if sets_sync:
+                                    pass
+                                elif not synchronous:
+                                    await conn.execute("SET LOCAL synchronous_commit = off")
+                                elif self._server_async:  # the server skips flushes: not us
+                                    await conn.execute("SET LOCAL synchronous_commit = on")
+                                result = await body(conn)
+                                phase = "commit"  # from here the server may have committed
+                                await conn.execute("COMMIT")
                             except psycopg.Error:
                                 if not conn.broken:  # leave the aborted pipeline quietly
                                     with contextlib.suppress(psycopg.Error):
@@ -143,6 +153,8 @@ class Transactions:
                         wrote()
                         return result
                     except Exception as exc:
+                        if phase == "body" and began is not None and began():
+                            phase = "commit"  # its write was sent: the server may have run it
                         if isinstance(exc, psycopg.OperationalError):
                             # libpq may fail to leave pipeline mode on a connection that died
                             # mid-batch before psycopg marks it broken: a lost connection.
