@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import signoff as so
+from signoff.stores._audit import AuditRow
 
 from ._forks import Scripts
 from ._frozen import stopped_child
@@ -28,10 +29,11 @@ import psycopg
 
 import signoff as so
 from signoff.stores import Commit
+from signoff.stores._audit import AuditRow
 from signoff.stores.postgres import PostgresStore
 
 url, sid, pid_file, mark = sys.argv[1:]
-real = psycopg.AsyncConnection.execute
+real = psycopg.AsyncCursor.execute  # conn.execute's, and a client-side cursor's
 frozen = []
 
 
@@ -44,7 +46,7 @@ async def execute(self, query, *args, **kwargs):
     return cur
 
 
-psycopg.AsyncConnection.execute = execute
+psycopg.AsyncCursor.execute = execute
 
 
 async def main():
@@ -54,6 +56,11 @@ async def main():
         if mark == "FOR UPDATE OF s SKIP LOCKED":
             claimed = await store.claim("frozen-worker", 30.0, time.time(), 1)
             print(json.dumps([s for s, _ in claimed]))
+            return
+        if mark == "pg_advisory_xact_lock":
+            row = AuditRow(stream=sid, type="t", at=time.time(), seq=None, data={"new": "frozen"})
+            await store.record_audit([row])
+            print("recorded")
             return
         head = await store.head(sid)
         event = so.Event(
@@ -73,11 +80,14 @@ import json
 asyncio.run(main())
 """
 
-# Backends of other processes holding a transaction id (they wrote or locked a row) and waiting
-# for their client: what a frozen process would leave blocking the session's writers.
+# Backends of other processes in a transaction that holds a lock (a row's, through its
+# transaction id, or an advisory one) while waiting for their client: what a frozen process
+# would leave blocking the session's writers.
 _HOLDING = (
-    "SELECT COUNT(*) FROM pg_stat_activity WHERE datname = current_database() "
-    "AND pid <> pg_backend_pid() AND backend_xid IS NOT NULL AND wait_event = 'ClientRead'"
+    "SELECT COUNT(DISTINCT a.pid) FROM pg_stat_activity a JOIN pg_locks l ON l.pid = a.pid "
+    "WHERE a.datname = current_database() AND a.pid <> pg_backend_pid() "
+    "AND a.wait_event = 'ClientRead' AND l.granted "
+    "AND l.locktype IN ('transactionid', 'advisory')"
 )
 
 
@@ -151,3 +161,34 @@ async def test_a_worker_frozen_just_after_sending_its_claim_holds_no_lock(
         assert done.stdout.split() == [f'["{sid}"]']
         assert elapsed < 1.5  # not held until the frozen worker wakes or its own deadline
     check_logs(pg_store_url)
+
+
+async def test_an_audit_entry_frozen_just_after_it_was_sent_holds_no_lock(
+    pg_store_url: str, scripts: Scripts, tmp_path: Path
+) -> None:
+    """An entry no event carries (a tool setting, a sign-out) takes its stream's lock, then
+    chains onto the stream's head: frozen right after sending it, a process holds no lock (the
+    lock, the entry and the end of the transaction went out in one message), so another
+    process's entry on the same stream is written at once, chained after it."""
+    url = f"{pg_store_url}?operation_timeout=3"
+    pid_file = tmp_path / "frozen.pid"
+    stream = "tools:a.t"
+    async with so.Runtime([], store=url) as rt:
+        child = asyncio.create_task(
+            asyncio.to_thread(
+                scripts.run, _FROZEN_WRITE, url, stream, str(pid_file), "pg_advisory_xact_lock"
+            )
+        )
+        async with stopped_child(pid_file):
+            assert query(pg_store_url, _HOLDING) == [(0,)]
+            started = time.monotonic()
+            row = AuditRow(stream=stream, type="t", at=time.time(), seq=None, data={"new": "b"})
+            await asyncio.wait_for(rt.store.record_audit([row]), 10)
+            elapsed = time.monotonic() - started
+        done = await child
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split() == ["recorded"]
+        assert elapsed < 1.5  # not held until the frozen process wakes or its own deadline
+        entries = await rt.store.audit(stream=stream)
+        assert [(e.n, e.data["new"]) for e in entries] == [(1, "frozen"), (2, "b")]
+        assert await rt.verify_audit() == []

@@ -55,7 +55,7 @@ class Leases(Connections):
             # The session rows stay locked to the statement's end, and a row lock reads a row's
             # newest version: the heads answered are those the leases were granted at. (The
             # turn is read as of the statement's start: a guess, which the commit checks.)
-            # A transaction of its own, sent with its Sync (`single`): a worker frozen once it
+            # A transaction of its own, sent with its Sync (`_write`): a worker frozen once it
             # is sent (SIGSTOP, a paused VM) holds no lock while the server commits it.
             return await conn.execute(
                 f"WITH c AS (SELECT s.sk, s.id, s.head, s.audit_n, s.audit_hash, s.updated_at "
@@ -90,9 +90,7 @@ class Leases(Connections):
             found[:] = await self._leased_until(owner, now + ttl)
             return bool(found)
 
-        cur = await self._write(
-            body, "claiming runnable sessions", committed=committed, sets_sync=True, single=True
-        )
+        cur = await self._write(body, "claiming runnable sessions", committed=committed)
         if cur is None:  # committed, its acknowledgement lost: no heads (drives read them)
             return found
         claimed = [(str(row[0]), int(row[1]), row[2:]) for row in await cur.fetchall()]

@@ -95,8 +95,6 @@ class PostgresStore(Reads, Leases):
                 body,
                 f"creating session {session_id!r}",
                 committed=committed,
-                sets_sync=True,
-                single=True,
             )
         except AppendConflict as exc:
             cause = exc.__cause__
@@ -260,9 +258,6 @@ class PostgresStore(Reads, Leases):
                 body,
                 f"commit to session {sid!r}",
                 committed=committed,
-                synchronous=commit.durable,
-                sets_sync=True,
-                single=True,
                 began=lambda: sent,
             )
             if cur is None:  # found committed after a lost connection: state unknown here
@@ -301,8 +296,11 @@ class PostgresStore(Reads, Leases):
         """Append entries that no event carries (tool setting changes), and keep each stream's
         chain head in its head row (`n = 0`), so entries removed from its end are noticed.
 
-        The statement chains them from the heads it reads, once it holds each stream's lock,
-        taken in the batch that ends with COMMIT: a process frozen meanwhile holds no lock."""
+        The statement chains them from the heads it reads once it holds each stream's lock (so
+        a statement of its own, with a snapshot taken after the lock's). The lock's statement
+        and this one go out in one message, a transaction of its own (the simple protocol, the
+        values bound here): a process frozen once it is sent holds no lock while the server
+        commits it, as it would between two flushes of a pipeline."""
         if not rows:
             return
         columns: list[list[Any]] = [[] for _ in range(7)]
@@ -314,15 +312,49 @@ class PostgresStore(Reads, Leases):
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
         streams = sorted(set(columns[0]))
-        sql = AUDIT_APPEND.format(s=self._s)
+        sync = self._sync_setting(True)
+        sql = f"{AUDIT_LOCK}; {AUDIT_APPEND.format(s=self._s)}"
+        params: list[Any] = [streams, *columns]
+        if sync is not None:
+            sql = f"SELECT set_config('synchronous_commit', %s, true); {sql}"
+            params.insert(0, sync)
+        sent = False
 
         async def body(conn: Conn) -> None:
-            await conn.execute(AUDIT_LOCK, (streams,))
-            await conn.execute(sql, columns)
+            nonlocal sent
+            sent = True
+            await psycopg.AsyncClientCursor(conn).execute(sql, params)
+
+        async def committed() -> bool:
+            # Written whole or not at all: any of its entries found means it committed (and
+            # one that wrote none, every `after` stale, writes none if sent again).
+            return await self._has_audit(columns)
 
         self._before(AUDIT_RECORDED)
-        await self._write(body, "recording audit entries")
+        await self._write(
+            body,
+            "recording audit entries",
+            committed=committed,
+            began=lambda: sent,
+        )
         self._after(AUDIT_RECORDED)
+
+    async def _has_audit(self, columns: list[list[Any]]) -> bool:
+        """Whether any of these entries (`record_audit`'s columns) is stored in its stream."""
+        stream, _, type_, at, data, *_ = columns
+
+        async def body(conn: Conn) -> bool:
+            cur = await conn.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {self._s}.audit a JOIN unnest(%s::text[], "
+                "%s::text[], %s::float8[], %s::text[]) v (stream, type, at, data) "
+                "ON a.stream = v.stream AND a.n > 0 AND a.type = v.type AND a.at = v.at "
+                "AND a.data::text = v.data)",
+                (stream, type_, at, data),
+            )
+            row = await cur.fetchone()
+            return row is not None and bool(row[0])
+
+        return await self._read(body, "checking audit entries")
 
     async def _has_events(self, session_id: str, events: Sequence[Event]) -> bool:
         """Whether exactly these events are stored (after a COMMIT whose outcome is unknown)."""
