@@ -333,7 +333,7 @@ def _postmaster(cluster: PgCluster) -> int:
 async def test_a_commit_whose_outcome_cannot_be_checked_is_a_store_error(
     cluster: PgCluster, pg_store_url: str
 ) -> None:
-    """The whole server frozen: the COMMIT gets no answer and neither can a check of it (no new
+    """The whole server frozen: the commit gets no answer and neither can a check of it (no new
     connection is accepted), so the outcome is unknown, as for a connection lost during COMMIT,
     and the call says so within its deadlines rather than hanging."""
     store = PostgresStore(
@@ -345,20 +345,23 @@ async def test_a_commit_whose_outcome_cannot_be_checked_is_a_store_error(
     await store.open()
     try:
         sid = await new_session(store)
+        # A commit of the same shape first: its statement is prepared on the connection, so the
+        # next one goes out whole, in one message, with no round trip to prepare it.
+        await store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)]))
         pid = await backend_pid(store)
         with frozen(_postmaster(cluster), pid):
             with pytest.raises(
                 StoreError, match="within 1s .* during COMMIT; the outcome is unknown"
             ):
                 await asyncio.wait_for(
-                    store.commit(Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)])),
+                    store.commit(Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)])),
                     GENEROUS,
                 )
         await gone(pg_store_url, pid)
-        # Unknown indeed: the frozen process, resumed, ran the COMMIT it had been sent before
+        # Unknown indeed: the frozen process, resumed, ran the commit it had been sent before
         # it read that its client had gone. It wrote the commit once, whole.
-        assert [e.seq for e in await store.read_events(sid)] == [1, 2]
-        assert await store.head(sid) == 2
+        assert [e.seq for e in await store.read_events(sid)] == [1, 2, 3]
+        assert await store.head(sid) == 3
     finally:
         await store.close()
 

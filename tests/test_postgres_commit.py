@@ -1,11 +1,11 @@
 """The PostgreSQL commit as one statement: what it guesses, what it checks, what it folds.
 
-A commit is sent as one statement (between BEGIN and COMMIT, in one round trip) built from the
-session's state as this store last saw it; the statement checks that guess under the row lock
-and writes nothing when it is wrong. These tests make the guess wrong in every way they can,
-and cover the rows the statement folds together (batches longer than a VALUES list, a request
-resolved twice, resolved and updated, created and updated in one commit). The event rows it
-writes are in tests/test_postgres_commit_rows.py, the audit entries in
+A commit is sent as one statement (a transaction of its own, with its Sync, in one round trip)
+built from the session's state as this store last saw it; the statement checks that guess under
+the row lock and writes nothing when it is wrong. These tests make the guess wrong in every way
+they can, and cover the rows the statement folds together (batches longer than a VALUES list, a
+request resolved twice, resolved and updated, created and updated in one commit). The event rows
+it writes are in tests/test_postgres_commit_rows.py, the audit entries in
 tests/test_postgres_commit_audit.py.
 """
 
@@ -343,28 +343,23 @@ async def test_a_stricter_default_isolation_set_by_a_dba_changes_nothing(
         await store.close()
 
 
-async def test_a_guessed_commit_is_one_statement_between_begin_and_commit(
+async def test_a_guessed_commit_is_one_statement_sent_with_its_sync(
     pg: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With its state known, a commit sends BEGIN, one statement and COMMIT, all in one
-    pipeline that waits once, when it ends; without it, it reads the state first (one more
-    statement, unlocked: the session row and the row naming the turn at its head, and one wait
-    for its answer). Creating a session is one statement alone."""
+    """With its state known, a commit sends one statement, a transaction of its own, not
+    pipelined: it goes out with its Sync in one message, so the server commits it without
+    waiting for this process (which may freeze once it is sent: tests/test_postgres_frozen.py);
+    without it, it reads the state first (one more statement, unlocked: the session row and the
+    row naming the turn at its head). Creating a session is one statement alone."""
     sent: list[str] = []
     real = psycopg.AsyncConnection.execute
-    real_fetch = psycopg.AsyncCursor._fetch_pipeline
 
     async def execute(self: psycopg.AsyncConnection[Any], query: Any, *a: Any, **k: Any) -> Any:
-        sent.append(str(query).split(" ", 1)[0])
+        pipelined = " (pipelined)" if self._pipeline is not None else ""
+        sent.append(str(query).split(" ", 1)[0] + pipelined)
         return await real(self, query, *a, **k)
 
-    async def fetch(self: psycopg.AsyncCursor[Any]) -> None:
-        if self.pgresult is None and self.connection._pipeline is not None:
-            sent.append("(wait)")  # an answer read before the pipeline ends
-        await real_fetch(self)
-
     monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute)
-    monkeypatch.setattr(psycopg.AsyncCursor, "_fetch_pipeline", fetch)
     sid = await new_session(pg)
     assert sent == ["WITH"]  # one statement, a transaction of its own
     token = await pg.acquire_lease(sid, "w1", 10, T0)
@@ -381,9 +376,9 @@ async def test_a_guessed_commit_is_one_statement_between_begin_and_commit(
                 snapshot={"seq": seq},
             )
         )
-    assert sent == ["BEGIN", "WITH", "COMMIT"] * 3
+    assert sent == ["WITH"] * 3
     sent.clear()
     pg._state.clear()
     await pg.commit(Commit(session_id=sid, expected_seq=4, events=[ev(sid, 5)], lease_token=token))
-    assert sent == ["BEGIN", "SELECT", "(wait)", "WITH", "COMMIT"]
+    assert sent == ["SELECT", "WITH"]
     assert await chain_problems(pg, sid) == []

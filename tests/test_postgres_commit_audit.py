@@ -5,6 +5,10 @@ unlocked, checked and hashed under the streams' locks, from many processes at on
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+
+import psycopg
+import pytest
 
 from signoff._audit_trail import verify
 from signoff.stores._audit import AuditRow
@@ -83,4 +87,48 @@ async def test_audit_entries_chained_by_the_statement_verify(pg: PostgresStore) 
         ("tools:b.t", 3, 6, True),
     ]
     assert [e.at for e in await pg.audit(stream="tools:a.t")] == [T0 + 1 / 7, T0 + 4 / 7]
+    assert await verify(pg) == []
+
+
+@pytest.mark.parametrize("when", ["before it was sent", "after it committed"])
+async def test_audit_entries_whose_connection_is_lost_are_written_once(
+    pg: PostgresStore, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """The lock and the entries go out in one message: a connection lost as it is sent (it
+    never arrived) or once it committed (the answer lost) leaves the outcome unknown, so the
+    entries are looked for on a fresh connection: found, the call succeeds; not found, they are
+    sent again. Either way each is written once."""
+    await pg.record_audit([AuditRow(stream="tools:a.t", type="t", at=T0, seq=None, data={})])
+    real = psycopg.AsyncCursor.execute
+    dropped: list[str] = []
+
+    async def execute(self: psycopg.AsyncCursor[Any], query: Any, *a: Any, **k: Any) -> Any:
+        ours = "pg_advisory_xact_lock" in str(query) and not dropped
+        if ours and when == "before it was sent":
+            dropped.append(when)
+            self.connection.pgconn.finish()
+            raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
+        cur = await real(self, query, *a, **k)
+        if ours:
+            dropped.append(when)
+            self.connection.pgconn.finish()
+            raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
+        return cur
+
+    monkeypatch.setattr(psycopg.AsyncCursor, "execute", execute)
+    rows = [
+        AuditRow(stream=stream, type="t", at=T0 + 1, seq=None, data={"k": k})
+        for k, stream in enumerate(["tools:a.t", "tools:b.t", "tools:a.t"])
+    ]
+    await pg.record_audit(rows)
+    monkeypatch.undo()
+    assert dropped == [when]
+    entries = await pg.audit()
+    assert [(e.stream, e.n, e.data) for e in entries] == [
+        ("tools:a.t", 1, {}),
+        ("tools:a.t", 2, {"k": 0}),
+        ("tools:b.t", 1, {"k": 1}),
+        ("tools:a.t", 3, {"k": 2}),
+    ]
+    assert [e.id for e in entries] == [1, 2, 3, 4]
     assert await verify(pg) == []

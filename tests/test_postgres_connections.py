@@ -58,11 +58,11 @@ async def test_a_transaction_left_open_by_a_frozen_process_does_not_block_the_se
 async def test_a_commit_frozen_between_its_statements_does_not_block_the_session(
     pg_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """signoff's own commits run pipelined: a process frozen inside one waits for no answer, so
-    the server sees it active, not idle in a transaction, and no timeout of its ends it. A
-    commit that must read the session first (this process had no guess of its head) is frozen
-    after that read: it holds no lock there, so an answer on the session goes through at once,
-    and the frozen commit, resumed, finds the head moved and writes nothing."""
+    """A commit that must read the session first (this process had no guess of its head) is
+    frozen after that read, before it sends its statement: it holds no lock there (the read
+    took none), so an answer on the session goes through at once, and the frozen commit,
+    resumed, finds the head moved and writes nothing. (Frozen once its statement is sent, it
+    holds none either: tests/test_postgres_frozen.py.)"""
     url = f"{pg_store_url}?operation_timeout=2"
     agent = so.Agent(
         name="support",
@@ -119,8 +119,8 @@ async def test_a_claim_frozen_before_its_commit_does_not_block_the_session(
     pg_store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A worker's claim locks the sessions it leases: a worker frozen before it reads the claim's
-    answer must already have committed, so a write on a session it claimed (a message, an
-    answer) goes through at once rather than waiting for the worker to resume."""
+    answer has had it committed (it went out with its Sync), so a write on a session it claimed
+    (a message, an answer) goes through at once rather than waiting for the worker to resume."""
     url = f"{pg_store_url}?operation_timeout=2"
     agent = so.Agent(
         name="support",

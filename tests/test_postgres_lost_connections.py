@@ -4,7 +4,6 @@ acknowledgement is lost, and while a lease or claim waits."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -78,7 +77,7 @@ async def test_connection_killed_mid_transaction_is_retried_cleanly(
 
 @pytest.fixture
 async def slow_commit(pg: PostgresStore, pg_store_url: str) -> AsyncIterator[str]:
-    """Make COMMIT of an event insert sleep (a deferred trigger) while `stall` says so."""
+    """Make the commit of an event insert sleep (a deferred trigger) while `stall` says so."""
     conn = await admin(pg_store_url)
     async with conn:
         await conn.execute(
@@ -112,7 +111,8 @@ async def _killer(url: str, times: int) -> int:
     killed: set[int] = set()
     async with conn:
         while len(killed) < times:
-            pid = await _backend_waiting(conn, "%COMMIT%", skip=killed, sleeping=True)
+            # The commit's statement, run to its end, is committing: stalled by the trigger.
+            pid = await _backend_waiting(conn, "%", skip=killed, sleeping=True)
             if len(killed) == times - 1:
                 await conn.execute("DELETE FROM public.stall")
             await conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
@@ -195,23 +195,7 @@ async def test_commit_whose_acknowledgement_is_lost_is_found_committed(
 ) -> None:
     """The server commits, then the connection drops before the client hears so: the store
     reads the session back, finds its own events, and neither fails nor writes them twice."""
-    real_pipeline = psycopg.AsyncConnection.pipeline
-    lost: list[str] = []
-
-    @contextlib.asynccontextmanager
-    async def pipeline_then_drop(
-        self: psycopg.AsyncConnection[Any],
-    ) -> AsyncIterator[psycopg.AsyncPipeline]:
-        # The pipeline closes with the COMMIT answered; then the connection drops.
-        async with real_pipeline(self) as pipeline:
-            yield pipeline
-        if len(lost) < 2:
-            assert self.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
-            lost.append("dropped")
-            self.pgconn.finish()
-            raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
-
-    monkeypatch.setattr(psycopg.AsyncConnection, "pipeline", pipeline_then_drop)
+    lost = _drop_after_write(monkeypatch, 2)
     sid = await new_session(pg)  # create_session takes the same path
     events = [ev(sid, 2, "tool.started"), ev(sid, 3, "tool.completed", result={"ok": True})]
     await pg.commit(Commit(session_id=sid, expected_seq=1, events=events))
@@ -220,24 +204,25 @@ async def test_commit_whose_acknowledgement_is_lost_is_found_committed(
     assert await pg.read_events(sid) == [ev(sid, 1, "session.created"), *events]
 
 
-def _drop_after_pipeline(monkeypatch: pytest.MonkeyPatch, times: int) -> list[str]:
-    """Make the next `times` pipelines lose their connection just after the COMMIT was
-    answered: the server committed, the client never heard so."""
-    real_pipeline = psycopg.AsyncConnection.pipeline
+def _drop_after_write(monkeypatch: pytest.MonkeyPatch, times: int) -> list[str]:
+    """Make the next `times` writes (a statement inserting rows: a session's creation, a commit,
+    a claim) lose their connection just after they were answered, committed: the server
+    committed, the client never heard so."""
+    real_execute = psycopg.AsyncConnection.execute
     lost: list[str] = []
 
-    @contextlib.asynccontextmanager
-    async def pipeline_then_drop(
-        self: psycopg.AsyncConnection[Any],
-    ) -> AsyncIterator[psycopg.AsyncPipeline]:
-        async with real_pipeline(self) as pipeline:
-            yield pipeline
-        if len(lost) < times:
+    async def execute_then_drop(
+        self: psycopg.AsyncConnection[Any], query: Any, *a: Any, **k: Any
+    ) -> Any:
+        cur = await real_execute(self, query, *a, **k)
+        if "INSERT INTO" in str(query) and len(lost) < times:
+            assert self.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
             lost.append("dropped")
             self.pgconn.finish()
             raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
+        return cur
 
-    monkeypatch.setattr(psycopg.AsyncConnection, "pipeline", pipeline_then_drop)
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", execute_then_drop)
     return lost
 
 
@@ -252,7 +237,7 @@ async def test_a_claim_whose_acknowledgement_is_lost_returns_what_it_claimed(
         await pg.commit(
             Commit(session_id=sid, expected_seq=1, events=[ev(sid, 2)], status="running")
         )
-    lost = _drop_after_pipeline(monkeypatch, 1)
+    lost = _drop_after_write(monkeypatch, 1)
     claimed = await pg.claim("w1", 30, T0, 10)
     monkeypatch.undo()
     assert lost == ["dropped"]
@@ -272,16 +257,16 @@ async def test_a_claim_lost_before_it_committed_is_retried(
     real_execute = psycopg.AsyncConnection.execute
     dropped: list[str] = []
 
-    async def drop_the_commit(
+    async def drop_the_claim(
         self: psycopg.AsyncConnection[Any], query: Any, *a: Any, **k: Any
     ) -> Any:
-        if query == "COMMIT" and not dropped:  # lost as COMMIT is sent: it never arrives
+        if "SKIP LOCKED" in str(query) and not dropped:  # lost as it is sent: never arrives
             dropped.append("dropped")
             self.pgconn.finish()
             raise psycopg.OperationalError("server closed the connection unexpectedly (test)")
         return await real_execute(self, query, *a, **k)
 
-    monkeypatch.setattr(psycopg.AsyncConnection, "execute", drop_the_commit)
+    monkeypatch.setattr(psycopg.AsyncConnection, "execute", drop_the_claim)
     claimed = await pg.claim("w1", 30, T0, 10)
     monkeypatch.undo()
     assert dropped == ["dropped"]

@@ -393,7 +393,9 @@ async def _configure(conn: Conn, operation_timeout: float) -> None:
     froze between two of its statements (SIGSTOP, a paused virtual machine), and its row locks
     would block every other writer of the session for as long (its kernel still answers, so no
     TCP setting notices). A pipelined one waiting for its client is not idle to the server and
-    is not ended: the writes take no lock before they wait (`commit`, `claim`, `record_audit`)."""
+    is not ended (nor is it on PostgreSQL 15 by any other setting), so no write leaves a lock
+    waiting for its client: `commit`, `claim` and `create_session` are one statement sent with
+    its Sync, and `record_audit` its two in one message, each committed by the server alone."""
     idle = min(max(int(operation_timeout * 500), 1), 2**31 - 1)  # milliseconds, a C int
     await conn.execute(
         "SET default_transaction_isolation = 'read committed'; SET extra_float_digits = 3; "

@@ -49,13 +49,14 @@ class Leases(Connections):
         if agents is not None and not agents:
             return []
         only = "" if agents is None else "AND s.agent = ANY(%s) "
+        sync = self._sync_setting(True)  # a lease granted is flushed, as the commits it fences
 
         async def body(conn: Conn) -> psycopg.AsyncCursor[TupleRow]:
             # The session rows stay locked to the statement's end, and a row lock reads a row's
             # newest version: the heads answered are those the leases were granted at. (The
             # turn is read as of the statement's start: a guess, which the commit checks.)
-            # Its answer is read once COMMIT is sent with it: a worker frozen before reading it
-            # (SIGSTOP, a paused VM) holds no lock; waiting for it is not idle to the server.
+            # A transaction of its own, sent with its Sync (`_write`): a worker frozen once it
+            # is sent (SIGSTOP, a paused VM) holds no lock while the server commits it.
             return await conn.execute(
                 f"WITH c AS (SELECT s.sk, s.id, s.head, s.audit_n, s.audit_hash, s.updated_at "
                 f"FROM {s}.sessions s "
@@ -71,12 +72,14 @@ class Leases(Connections):
                 # re-checked on the latest row: an acquire_lease may have won meanwhile
                 "WHERE l.owner = '' OR l.expires_at < %s "
                 "RETURNING l.sk, l.token) "
-                "SELECT c.id, i.token, c.head, c.audit_n, c.audit_hash, t.seq, t.turn "
-                "FROM i JOIN c ON c.sk = i.sk "
+                "SELECT c.id, i.token, c.head, c.audit_n, c.audit_hash, t.seq, t.turn"
+                + ("" if sync is None else ", set_config('synchronous_commit', %s, true)")
+                + " FROM i JOIN c ON c.sk = i.sk "
                 f"LEFT JOIN LATERAL ({named_turn(s, 'c.sk', 'c.head')}) t ON true "
                 "ORDER BY c.updated_at",
                 (now, now, *([] if agents is None else [list(agents)]))
-                + (limit, owner, now + ttl, now),
+                + (limit, owner, now + ttl, now)
+                + (() if sync is None else (sync,)),
             )
 
         found: list[tuple[str, int]] = []

@@ -80,8 +80,8 @@ AUDIT_APPEND = (
 )
 """Chain entries onto their streams' heads, read here, hashing as `chain_hash` does from the
 bytes `chain_parts` gives, and move the head rows. An entry with `after` is written only if
-its stream then ends at that entry. Sent after `AUDIT_LOCK` and with COMMIT, so the heads it
-reads are committed ones and no lock waits for the client."""
+its stream then ends at that entry. Sent after `AUDIT_LOCK`, in the same message, so the heads
+it reads are committed ones and no lock waits for the client."""
 
 TURN_NAMED_EVERY: Final = 64
 """An event row names its turn where the turn changes, and at least every 64 rows, so finding

@@ -3,10 +3,11 @@
 Every write is one transaction. A commit is one statement: it locks its session's row (`FOR
 UPDATE`), checks the head, the audit chain head and the lease (held `FOR SHARE`, so a takeover
 waits for it), compare-and-sets the requests it resolves, then writes events, audit entries,
-requests, snapshot and head together and announces itself with `NOTIFY`, all in one round trip
-with its BEGIN and COMMIT. Durable commits (an answer, a park or an opened request, which a
-person may be told about) are synchronous; the others may skip the WAL flush
-(`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
+requests, snapshot and head together and announces itself with `NOTIFY`: a transaction of its
+own, sent with its Sync in one message and one round trip, so a process frozen once it is sent
+(SIGSTOP, a paused VM) holds no lock while the server commits it. Durable commits (an answer,
+a park or an opened request, which a person may be told about) are synchronous; the others may
+skip the WAL flush (`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
 lives in its own PostgreSQL schema (`signoff` by default) and is migrated by signoff under an
 advisory lock. This module holds the writes; the pool (`_connections`), the transactions
 (`_transactions`), the reads (`_reads`), the leases (`_leases`) and the LISTEN connection
@@ -97,8 +98,6 @@ class PostgresStore(Reads, Leases):
                 body,
                 f"creating session {session_id!r}",
                 committed=committed,
-                sets_sync=True,
-                single=True,
             )
         except AppendConflict as exc:
             cause = exc.__cause__
@@ -159,9 +158,12 @@ class PostgresStore(Reads, Leases):
         updated_rows = [(rid, data, deadline) for rid, (data, deadline) in updated.items()]
         sync = self._sync_setting(commit.durable)
         ambiguous = False
+        sent = False  # whether the body's last run sent its statement
         guess = self._state.get(sid)
 
         async def body(conn: Conn) -> psycopg.AsyncCursor[TupleRow] | None:
+            nonlocal sent
+            sent = False
             if not storable(sid):
                 raise UnknownSession(sid)
             state = guess
@@ -241,6 +243,7 @@ class PostgresStore(Reads, Leases):
                 params.append(sync)
             written.clear()
             written.append(Seen(events[-1].seq if events else state.head, n, digest, *named))
+            sent = True
             return await conn.execute(sql, params)
 
         async def committed() -> bool:
@@ -258,14 +261,13 @@ class PostgresStore(Reads, Leases):
                 body,
                 f"commit to session {sid!r}",
                 committed=committed,
-                synchronous=commit.durable,
-                sets_sync=True,
+                began=lambda: sent,
             )
             if cur is None:  # found committed after a lost connection: state unknown here
                 written.clear()
                 self._state.pop(sid, None)
                 break
-            # The statement's answer, the state it found: it came back with the COMMIT's, so
+            # The statement's answer, the state it found: it came back with its commit, so
             # reading it needs the connection no more.
             row = await cur.fetchone()
             if row is None:
@@ -297,8 +299,11 @@ class PostgresStore(Reads, Leases):
         """Append entries that no event carries (tool setting changes), and keep each stream's
         chain head in its head row (`n = 0`), so entries removed from its end are noticed.
 
-        The statement chains them from the heads it reads, once it holds each stream's lock,
-        taken in the batch that ends with COMMIT: a process frozen meanwhile holds no lock."""
+        The statement chains them from the heads it reads once it holds each stream's lock (so
+        a statement of its own, with a snapshot taken after the lock's). The lock's statement
+        and this one go out in one message, a transaction of its own (the simple protocol, the
+        values bound here): a process frozen once it is sent holds no lock while the server
+        commits it, as it would between two flushes of a pipeline."""
         if not rows:
             return
         columns: list[list[Any]] = [[] for _ in range(7)]
@@ -310,15 +315,49 @@ class PostgresStore(Reads, Leases):
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
         streams = sorted(set(columns[0]))
-        sql = AUDIT_APPEND.format(s=self._s)
+        sync = self._sync_setting(True)
+        sql = f"{AUDIT_LOCK}; {AUDIT_APPEND.format(s=self._s)}"
+        params: list[Any] = [streams, *columns]
+        if sync is not None:
+            sql = f"SELECT set_config('synchronous_commit', %s, true); {sql}"
+            params.insert(0, sync)
+        sent = False
 
         async def body(conn: Conn) -> None:
-            await conn.execute(AUDIT_LOCK, (streams,))
-            await conn.execute(sql, columns)
+            nonlocal sent
+            sent = True
+            await psycopg.AsyncClientCursor(conn).execute(sql, params)
+
+        async def committed() -> bool:
+            # Written whole or not at all: any of its entries found means it committed (and
+            # one that wrote none, every `after` stale, writes none if sent again).
+            return await self._has_audit(columns)
 
         self._before(AUDIT_RECORDED)
-        await self._write(body, "recording audit entries")
+        await self._write(
+            body,
+            "recording audit entries",
+            committed=committed,
+            began=lambda: sent,
+        )
         self._after(AUDIT_RECORDED)
+
+    async def _has_audit(self, columns: list[list[Any]]) -> bool:
+        """Whether any of these entries (`record_audit`'s columns) is stored in its stream."""
+        stream, _, type_, at, data, *_ = columns
+
+        async def body(conn: Conn) -> bool:
+            cur = await conn.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {self._s}.audit a JOIN unnest(%s::text[], "
+                "%s::text[], %s::float8[], %s::text[]) v (stream, type, at, data) "
+                "ON a.stream = v.stream AND a.n > 0 AND a.type = v.type AND a.at = v.at "
+                "AND a.data::text = v.data)",
+                (stream, type_, at, data),
+            )
+            row = await cur.fetchone()
+            return row is not None and bool(row[0])
+
+        return await self._read(body, "checking audit entries")
 
     async def _has_events(self, session_id: str, events: Sequence[Event]) -> bool:
         """Whether exactly these events are stored (after a COMMIT whose outcome is unknown)."""

@@ -1,6 +1,6 @@
-"""Running a read or a transaction on the PostgreSQL store's pool, with the retries a lost
-connection allows: a read is tried again once, a write again when it was lost before COMMIT or
-is found not committed. `Transactions` is the part of `Connections` that does it."""
+"""Running a read or a write on the PostgreSQL store's pool, with the retries a lost
+connection allows: a read is tried again once, a write again when it was lost before it was
+sent or is found not committed. `Transactions` is the part of `Connections` that does it."""
 
 from __future__ import annotations
 
@@ -85,22 +85,22 @@ class Transactions:
         what: str,
         *,
         committed: Callable[[], Awaitable[bool]] | None = None,
-        synchronous: bool = True,
         transaction: bool = True,
-        sets_sync: bool = False,
-        single: bool = False,
+        began: Callable[[], bool] | None = None,
     ) -> T | None:
-        """Run `body` in one pipelined transaction; retried when the connection is lost before
-        COMMIT.
+        """Run `body`, whose write is one message that is a transaction of its own: one
+        statement (sent with its Sync), or statements sent together by the simple protocol.
+        The server commits it without waiting for this process, which may freeze (SIGSTOP, a
+        paused VM) once it is sent: a pipelined transaction, flushed statement by statement,
+        would hold its locks until this process sent its COMMIT, and no server setting ends
+        one waiting so. Its statement sets `synchronous_commit` itself (`_sync_setting`).
 
-        A connection lost during COMMIT leaves the outcome unknown: `committed` (read on a fresh
-        connection) decides; without it, or if it cannot tell, the caller gets a `StoreError`.
-        Returns None when the write is found committed that way. With `transaction=False`, the
-        body is one idempotent autocommit statement, retried whenever the connection is lost.
-        With `sets_sync`, the body's statement sets `synchronous_commit` itself
-        (`_sync_setting`), which saves a statement. With `single` (and `sets_sync`), the body
-        sends one statement, which is a transaction of its own (committed by the pipeline's sync):
-        no BEGIN and COMMIT around it, and its outcome is unknown as soon as it is sent.
+        The body may read first (unlocked); `began` then says whether it sent its write. A
+        connection lost before that is retried; from then (without `began`, as soon as the body
+        runs) the outcome is unknown: `committed` (read on a fresh connection) decides; without
+        it, or if it cannot tell, the caller gets a `StoreError`. Returns None when the write is
+        found committed that way. With `transaction=False`, the body is one idempotent
+        statement, retried whenever the connection is lost.
         """
         pool = await self._get_pool()
         for attempt in range(3):
@@ -110,48 +110,19 @@ class Transactions:
             try:
                 async with borrowed as conn:
                     try:
-                        phase = "body"
-                        if not transaction:
-                            result = await body(conn)
-                            wrote()
-                            return result
-                        # BEGIN and COMMIT are sent by hand: what `body` does not wait for
-                        # goes out with the COMMIT in one round trip, where psycopg's
-                        # `transaction()` in a pipeline would add three syncs.
-                        async with conn.pipeline() as pipeline:
-                            try:
-                                if single:
-                                    phase = "commit"  # from here the server may have committed
-                                    result = await body(conn)
-                                else:
-                                    await conn.execute("BEGIN")
-                                    if sets_sync:
-                                        pass
-                                    elif not synchronous:
-                                        await conn.execute("SET LOCAL synchronous_commit = off")
-                                    elif self._server_async:  # the server skips flushes: not us
-                                        await conn.execute("SET LOCAL synchronous_commit = on")
-                                    result = await body(conn)
-                                    phase = "commit"  # from here the server may have committed
-                                    await conn.execute("COMMIT")
-                            except psycopg.Error:
-                                if not conn.broken:  # leave the aborted pipeline quietly
-                                    with contextlib.suppress(psycopg.Error):
-                                        await pipeline.sync()
-                                raise
+                        phase = "body" if began is not None or not transaction else "commit"
+                        result = await body(conn)
                         phase = "done"
                         wrote()
                         return result
                     except Exception as exc:
+                        if phase == "body" and began is not None and began():
+                            phase = "commit"  # its write was sent: the server may have run it
                         if isinstance(exc, psycopg.OperationalError):
-                            # libpq may fail to leave pipeline mode on a connection that died
-                            # mid-batch before psycopg marks it broken: a lost connection.
-                            broken = conn.broken or "exit pipeline mode" in str(exc)
+                            broken = conn.broken
                             if broken and not conn.closed:
                                 await conn.close()
                         if not conn.closed and conn.info.transaction_status in _OPEN:
-                            # `rollback()`, not a ROLLBACK statement: it also forgets the
-                            # statements an aborted pipeline skipped preparing.
                             with contextlib.suppress(psycopg.Error):
                                 await conn.rollback()
                         raise
