@@ -3,16 +3,26 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Annotated
 
 import typer
 
 from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
+from .._logs import log_to_stderr
 from .._runtime import Runtime
 from ..channels.terminal import printable
 from ..stores import DEFAULT_URL, SQLiteStore
-from ._app import StoreOption, app, load_runtime, misuse, out, run, shown_store, split_target
+from ._app import (
+    LogLevelOption,
+    StoreOption,
+    app,
+    load_runtime,
+    misuse,
+    out,
+    run,
+    shown_store,
+    split_target,
+)
 from ._commands import Group
 from ._numbers import seconds, whole
 from ._waiting import open_when_up
@@ -75,6 +85,7 @@ def worker(
             help=f"Seconds between deadline sweeps, {SWEEP_EVERY.range}.",
         ),
     ] = 5.0,
+    log_level: LogLevelOption = "info",
 ) -> None:
     """Run turns only (no HTTP): claim sessions that have work under a lease and drive them.
 
@@ -88,11 +99,7 @@ def worker(
 
     with misuse():
         split_target(target)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("signoff")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    log_to_stderr(log_level)
     log = logging.getLogger("signoff.worker")
 
     async def go() -> None:
