@@ -41,13 +41,15 @@ def test_db_upgrade_says_what_it_did_on_postgres(
 ) -> None:
     import signoff.stores.postgres._schema as module
     from signoff.stores.postgres import PostgresStore
+    from signoff.stores.postgres._url import describe
 
     current = module.STORE_SCHEMA
+    where = f"({describe(pg_url)}, schema 'signoff')"  # which database, and which schema of it
     result = invoke("db", "upgrade", "--store", pg_url)
     assert result.exit_code == 0, result.output
-    assert result.output == f"schema created (version {current})\n"
+    assert result.output == f"schema created (version {current}) {where}\n"
     result = invoke("db", "upgrade", "--store", pg_url)
-    assert result.output == f"schema is up to date (version {current})\n"
+    assert result.output == f"schema is up to date (version {current}) {where}\n"
     # a database another schema (the signoff of migration 2) created, then upgraded
     older = pg_url + "?schema=older"
     monkeypatch.setattr(module, "MIGRATIONS", module.MIGRATIONS[:2])
@@ -56,4 +58,5 @@ def test_db_upgrade_says_what_it_did_on_postgres(
     monkeypatch.undo()
     result = invoke("db", "upgrade", "--store", older)
     assert result.exit_code == 0, result.output
-    assert result.output == f"schema upgraded from version 2 to {current}\n"
+    where = f"({describe(older)}, schema 'older')"
+    assert result.output == f"schema upgraded from version 2 to {current} {where}\n"

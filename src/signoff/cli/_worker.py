@@ -161,8 +161,11 @@ def db_upgrade(store: StoreOption = None) -> None:
         if url.startswith(("postgresql://", "postgres://")):
             from ..stores.postgres import PostgresStore  # a UsageError without the extra
 
-            before, after = await PostgresStore(url, migrate=False).migrate()
-            typer.echo(_migrated(before, after))
+            postgres = PostgresStore(url, migrate=False)
+            before, after = await postgres.migrate()
+            # which database, and which schema of it (`?schema=`, which the URL shown leaves out)
+            where = f"{shown_store(url)}, schema {postgres.schema!r}"
+            out().print(f"{_migrated(before, after)} ({printable(where)})")
             return
         async with Runtime([], store=url) as runtime:
             sqlite = runtime.store
