@@ -100,3 +100,28 @@ def test_an_unknown_log_level_is_refused_naming_the_levels(command: list[str]) -
     message = refused_usage(invoke(*command, "--log-level", "loud"))
     assert "--log-level" in message
     assert "'loud' is not one of critical, error, warning, info, debug, trace" in message
+
+
+@pytest.mark.parametrize(("level", "shown"), [("info", False), ("debug", True)])
+def test_the_database_driver_s_reconnection_warnings_show_only_at_debug(
+    level: str, shown: bool
+) -> None:
+    """While PostgreSQL is down psycopg's pool warns of every failed reconnection, several a
+    second, where signoff logs the outage once: they showed with no time or level, at every
+    level. Its errors are still shown, timestamped."""
+    code = (
+        "import logging; from signoff._logs import log_to_stderr; "
+        f"log_to_stderr({level!r}); "
+        "logging.getLogger('psycopg.pool').warning('error connecting in pool'); "
+        "logging.getLogger('psycopg.pool').error('the pool is broken'); "
+        "logging.getLogger('signoff.worker').warning('claiming sessions failed')"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=_env(), capture_output=True, text=True, check=True
+    )
+    lines = done.stderr.splitlines()
+    assert ("WARNING psycopg.pool: error connecting in pool" in done.stderr) is shown, lines
+    assert [ln.split(" ", 2)[2] for ln in lines if "error connecting" not in ln] == [
+        "ERROR psycopg.pool: the pool is broken",
+        "WARNING signoff.worker: claiming sessions failed",
+    ]

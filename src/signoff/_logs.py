@@ -1,4 +1,5 @@
-"""Where `signoff serve` and `signoff worker` send the runtime's own log: stderr, timestamped."""
+"""Where `signoff serve` and `signoff worker` send the runtime's own log (and its database
+driver's): stderr, timestamped."""
 
 from __future__ import annotations
 
@@ -20,7 +21,14 @@ def log_to_stderr(level: str = "info") -> None:
     logger = logging.getLogger("signoff")
     if logger.handlers or logging.getLogger().handlers:
         return
-    logger.setLevel(logging.DEBUG if level == "trace" else getattr(logging, level.upper()))
+    least = logging.DEBUG if level == "trace" else getattr(logging, level.upper())
+    logger.setLevel(least)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(LOG_FORMAT))
     logger.addHandler(handler)
+    # psycopg's pool warns of every failed reconnection (several a second while the database is
+    # down), which signoff logs once when it starts and once when it ends: below debug, only
+    # its errors are shown, in the same format.
+    driver = logging.getLogger("psycopg")
+    driver.setLevel(least if least <= logging.DEBUG else max(least, logging.ERROR))
+    driver.addHandler(handler)
