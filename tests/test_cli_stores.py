@@ -161,7 +161,7 @@ UPGRADE_FIXTURES = ROOT / "tests" / "fixtures" / "upgrade"
 OLDER = "0c4a186"  # store schema 4 on SQLite, migrations 1-5 on PostgreSQL
 
 
-READING = [["pending"], ["sessions"], ["events", "SESSION"]]
+READING = [["pending"], ["sessions"], ["events", "SESSION"], ["db", "status"]]
 
 
 """Every command that only reads the store; `SESSION` stands for a session the store holds."""

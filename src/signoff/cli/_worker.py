@@ -12,6 +12,7 @@ from .._logs import log_to_stderr
 from .._runtime import Runtime
 from ..channels.terminal import printable
 from ..stores import DEFAULT_URL, SQLiteStore
+from ..stores.sqlite._schema import STORE_SCHEMA as SQLITE_SCHEMA
 from ._app import (
     LogLevelOption,
     StoreOption,
@@ -19,6 +20,7 @@ from ._app import (
     load_runtime,
     misuse,
     out,
+    reading_store,
     run,
     shown_store,
     split_target,
@@ -173,6 +175,31 @@ def db_upgrade(store: StoreOption = None) -> None:
             before, after = await sqlite.migrate()
             # printable: a path may hold a byte that is not UTF-8, which a terminal cannot take
             out().print(f"{_migrated(before, after)} ({printable(sqlite.url)})")
+
+    run(go())
+
+
+@db_app.command("status")
+def db_status(store: StoreOption = None) -> None:
+    """Check the store's schema against this signoff's, changing nothing: exit status 0 when it
+    is up to date, 1 (naming what to do) when it has none, an older or a newer one."""
+
+    async def go() -> None:
+        opened = reading_store(store)  # never created nor upgraded, as the reading commands
+        await opened.open()  # an older, newer or missing schema: its SchemaVersionError
+        try:
+            if isinstance(opened, SQLiteStore):
+                version, where = SQLITE_SCHEMA, opened.url
+            else:
+                from ..stores.postgres import PostgresStore
+                from ..stores.postgres._schema import STORE_SCHEMA as POSTGRES_SCHEMA
+
+                assert isinstance(opened, PostgresStore)
+                version = POSTGRES_SCHEMA
+                where = f"{shown_store(opened.url)}, schema {opened.schema!r}"
+            out().print(f"schema is up to date (version {version}) ({printable(where)})")
+        finally:
+            await opened.close()
 
     run(go())
 
