@@ -252,7 +252,17 @@ class Workers(Messages):
     async def _work_on(self, session_id: str, owner: str, token: int) -> None:
         try:
             result = await self._drive(session_id, claimed=(owner, token))
-            log.info("session %s: %s", session_id, result.status)
+            if result.status == "failed":  # recorded, for a person to retry: say why
+                error = result.error or {}
+                log.warning(
+                    "session %s: failed (%s: %s)%s",
+                    session_id,
+                    error.get("code", "error"),
+                    error.get("message", ""),
+                    "; retryable" if result.retryable else "",
+                )
+            else:
+                log.info("session %s: %s", session_id, result.status)
         except SessionExpired:
             # Its TTL passed between the claim and the drive, which recorded that: not a failure.
             log.info("session %s: expired; its expiry is recorded", session_id)
