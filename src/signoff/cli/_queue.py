@@ -319,7 +319,8 @@ async def _settle(
     elif loaded is None:
         console.print(
             f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
-            f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}"
+            "picks it up: a signoff worker or signoff serve of its runtime does so by itself, "
+            f"or signoff chat MODULE:RUNTIME --session {request.session_id}"
             f"{printable(on)}[/]"
         )
     elif result.status == "completed":
