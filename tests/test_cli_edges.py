@@ -98,7 +98,7 @@ def test_the_command_chat_prints_for_a_request_left_pending_runs_as_printed(url:
     assert approved.exit_code == 0, approved.output
     assert approved.output.startswith("approved req_"), approved.output
     # and so does the command approve prints to continue the turn, given the runtime
-    resume = re.search(r"e\.g\. signoff (chat MODULE:RUNTIME [^\n]+)", approved.output)
+    resume = re.search(r", or signoff (chat MODULE:RUNTIME [^\n]+)", approved.output)
     assert resume, approved.output
     args = [TARGET if a == "MODULE:RUNTIME" else a for a in shlex.split(resume.group(1))]
     resumed = CliRunner().invoke(app, args, input="")

@@ -383,3 +383,19 @@ def test_approve_that_continues_a_turn_which_then_fails_exits_1(url: str) -> Non
     )
     assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
     assert refunds_run(log(url, parked.session_id)) == 1
+
+
+def test_pending_shows_the_asker_as_as_takes_it(url: str) -> None:
+    """An operator answering from the command line a request asked over the API copies who
+    asked into `--as`: the queue shows `token:ops`, not `ops` (which `--as` reads as
+    `local:ops`, refused), and the refusal of another principal names it the same way."""
+    ops = so.Principal(authenticator="token", principal_id="ops")
+    _, request_id = park(url, auth=ops)
+    shown = invoke("pending", "--store", url)
+    assert shown.exit_code == 0, shown.output
+    assert "token:ops" in shown.output
+    refused = invoke("approve", request_id, "--store", url, "--as", "local:root")
+    assert refused.exit_code == 1
+    assert "was asked by token:ops; local:root may not settle it" in refused.stderr
+    done = invoke("approve", request_id, "--store", url, "--as", "token:ops")
+    assert done.exit_code == 0, done.output

@@ -161,7 +161,7 @@ UPGRADE_FIXTURES = ROOT / "tests" / "fixtures" / "upgrade"
 OLDER = "0c4a186"  # store schema 4 on SQLite, migrations 1-5 on PostgreSQL
 
 
-READING = [["pending"], ["sessions"], ["events", "SESSION"]]
+READING = [["pending"], ["sessions"], ["events", "SESSION"], ["db", "status"]]
 
 
 """Every command that only reads the store; `SESSION` stands for a session the store holds."""
@@ -261,7 +261,8 @@ def test_a_reading_command_refuses_an_older_postgres_store_and_changes_nothing(
     result = invoke(*args, "--store", pg_url)
     assert result.exit_code == 1, result.output
     assert result.stderr == (
-        f"error: SchemaVersionError: PostgreSQL store {describe(pg_url)} is at store schema 5, "
+        f"error: SchemaVersionError: PostgreSQL store {describe(pg_url)} (schema 'signoff') "
+        "is at store schema 5, "
         f"this signoff needs {STORE_SCHEMA}: run `signoff db upgrade` (once no older signoff "
         "uses it)\n"
     )
@@ -272,3 +273,19 @@ def test_a_reading_command_refuses_an_older_postgres_store_and_changes_nothing(
     assert _pg_version(pg_url) == STORE_SCHEMA
     result = invoke(*args, "--store", pg_url)
     assert result.exit_code == 0, result.output
+
+
+def test_a_reading_command_names_the_postgres_schema_it_did_not_find(pg_url: str) -> None:
+    """`?schema=` picks the schema, and the URL shown leaves it out: the error names it, or an
+    operator whose default schema is upgraded reads that it has none."""
+    from signoff.stores.postgres._schema import STORE_SCHEMA
+    from signoff.stores.postgres._url import describe
+
+    assert invoke("db", "upgrade", "--store", pg_url).exit_code == 0  # schema `signoff`
+    result = invoke("pending", "--store", f"{pg_url}?schema=tenant_b")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"error: SchemaVersionError: PostgreSQL store {describe(pg_url)} (schema 'tenant_b') has "
+        f"no signoff schema (this signoff needs store schema {STORE_SCHEMA}): run `signoff db "
+        "upgrade` to create it\n"
+    )

@@ -41,13 +41,15 @@ def test_db_upgrade_says_what_it_did_on_postgres(
 ) -> None:
     import signoff.stores.postgres._schema as module
     from signoff.stores.postgres import PostgresStore
+    from signoff.stores.postgres._url import describe
 
     current = module.STORE_SCHEMA
+    where = f"({describe(pg_url)}, schema 'signoff')"  # which database, and which schema of it
     result = invoke("db", "upgrade", "--store", pg_url)
     assert result.exit_code == 0, result.output
-    assert result.output == f"schema created (version {current})\n"
+    assert result.output == f"schema created (version {current}) {where}\n"
     result = invoke("db", "upgrade", "--store", pg_url)
-    assert result.output == f"schema is up to date (version {current})\n"
+    assert result.output == f"schema is up to date (version {current}) {where}\n"
     # a database another schema (the signoff of migration 2) created, then upgraded
     older = pg_url + "?schema=older"
     monkeypatch.setattr(module, "MIGRATIONS", module.MIGRATIONS[:2])
@@ -56,4 +58,43 @@ def test_db_upgrade_says_what_it_did_on_postgres(
     monkeypatch.undo()
     result = invoke("db", "upgrade", "--store", older)
     assert result.exit_code == 0, result.output
-    assert result.output == f"schema upgraded from version 2 to {current}\n"
+    where = f"({describe(older)}, schema 'older')"
+    assert result.output == f"schema upgraded from version 2 to {current} {where}\n"
+
+
+def test_db_status_checks_a_sqlite_store_and_creates_nothing(tmp_path: Path) -> None:
+    """What an operator runs before a deploy: up to date is exit status 0 naming the version
+    and the file; no store there is an error, and no file is made."""
+    from signoff.stores.sqlite import STORE_SCHEMA
+
+    db = tmp_path / "state.db"
+    result = invoke("db", "status", "--store", f"sqlite:///{db}")
+    assert result.exit_code == 1, result.output
+    assert "no store at" in result.stderr and not db.exists()
+    assert invoke("db", "upgrade", "--store", f"sqlite:///{db}").exit_code == 0
+    before = db.read_bytes()
+    result = invoke("db", "status", "--store", f"sqlite:///{db}")
+    assert result.exit_code == 0, result.output
+    assert result.output == f"schema is up to date (version {STORE_SCHEMA}) (sqlite:///{db})\n"
+    assert db.read_bytes() == before
+
+
+def test_db_status_checks_a_postgres_schema_and_creates_nothing(pg_url: str) -> None:
+    import psycopg
+
+    from signoff.stores.postgres._schema import STORE_SCHEMA
+    from signoff.stores.postgres._url import describe
+
+    result = invoke("db", "status", "--store", pg_url)
+    assert result.exit_code == 1, result.output
+    assert "(schema 'signoff') has no signoff schema" in result.stderr
+    assert "run `signoff db upgrade` to create it" in result.stderr
+    with psycopg.connect(pg_url) as conn:  # nothing was created
+        found = "SELECT 1 FROM information_schema.schemata WHERE schema_name='signoff'"
+        assert conn.execute(found).fetchall() == []
+    assert invoke("db", "upgrade", "--store", pg_url).exit_code == 0
+    result = invoke("db", "status", "--store", pg_url)
+    assert result.exit_code == 0, result.output
+    assert result.output == (
+        f"schema is up to date (version {STORE_SCHEMA}) ({describe(pg_url)}, schema 'signoff')\n"
+    )

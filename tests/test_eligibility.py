@@ -158,3 +158,21 @@ def test_a_refusal_tells_two_principals_of_one_id_apart() -> None:
     assert "okta:alice; okta:alice (issuer https://b.example) may not" in str(other_issuer.value)
     with pytest.raises(so.NotAllowed, match="an anonymous caller may not settle it"):
         _eligibility.authorize(request, None)
+
+
+def test_a_refusal_across_authenticators_names_both_in_full() -> None:
+    """`signoff approve` acts as `local:<user>`: refused a request a token's holder asked, it
+    says `token:ops` (what `--as` takes), not `ops`, which `--as ops` (`local:ops`) would not be."""
+    ops = so.Principal(authenticator="token", principal_id="ops")
+    request = so.InputRequest(
+        kind="tool-approval",
+        id="req_1",
+        session_id="ses_1",
+        turn_id="trn_1",
+        agent="a",
+        requested_by=ops,
+        created_at=0.0,
+    )
+    with pytest.raises(so.NotAllowed) as root:
+        _eligibility.authorize(request, so.Principal(authenticator="local", principal_id="root"))
+    assert str(root.value) == "request req_1 was asked by token:ops; local:root may not settle it"

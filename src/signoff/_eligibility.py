@@ -63,7 +63,9 @@ def authorize(request: InputRequest, principal: Principal | None) -> None:
         asked_by, who = asker.principal_id, "an anonymous caller"
         if principal is not None:
             who = principal.principal_id
-            if who == asked_by:  # "asked by alice; alice may not" would say nothing
+            # "asked by alice; alice may not" would say nothing, and "asked by ops" of a token's
+            # holder would send `signoff approve --as ops` (local:ops) to be refused again
+            if who == asked_by or principal.authenticator != asker.authenticator:
                 asked_by, who = _full_name(asker), _full_name(principal)
         raise NotAllowed(
             f"request {request.id} was asked by {asked_by}; {who} may not settle it",

@@ -16,7 +16,7 @@ from ._settings import seconds, whole
 from ._types import InputRequest
 from .stores import PendingFilter, SessionSummary
 
-__all__ = ["Workers"]
+__all__ = ["Failing", "Workers"]
 
 log = logging.getLogger("signoff.worker")
 
@@ -24,12 +24,14 @@ CLAIM_GAP = 0.02  # seconds a worker waits after a claim that found nothing befo
 LONGEST_RETRY = 5.0  # seconds: the longest a worker waits between claims while they fail
 
 
-class _Failing:
-    """A call the worker repeats (claims, sweeps) while the store fails it: logged when it starts
-    failing and when it works again, not at every try, and retried less and less often."""
+class Failing:
+    """A call repeated (a worker's claims and sweeps, a channel hub's reading of the trail) while
+    the store fails it: logged when it starts failing and when it works again, not at every
+    try, and retried less and less often."""
 
-    def __init__(self, what: str) -> None:
+    def __init__(self, what: str, logger: logging.Logger = log) -> None:
         self.what = what
+        self.log = logger
         self.since: float | None = None  # `time.monotonic()` of the first failure in a row
         self.backoff = 0.0
 
@@ -37,15 +39,15 @@ class _Failing:
         """Note a failure; returns the seconds to wait before the next try."""
         if self.since is None:
             self.since = time.monotonic()
-            log.warning("%s failed, retrying (logged again once it works): %s", self.what, exc)
+            self.log.warning("%s failed, retrying (logged again once it works): %s", self.what, exc)
         else:
-            log.debug("%s failed again: %s", self.what, exc)
+            self.log.debug("%s failed again: %s", self.what, exc)
         self.backoff = min(max(first_wait, self.backoff * 2), LONGEST_RETRY)
         return self.backoff
 
     def worked(self) -> None:
         if self.since is not None:
-            log.info(
+            self.log.info(
                 "%s works again (it failed for %.1fs)", self.what, time.monotonic() - self.since
             )
         self.since = None
@@ -156,7 +158,7 @@ class Workers(Messages):
         wait = getattr(self.store, "wait_for_change", None)
         last_empty = -1.0  # monotonic time of the last claim that found nothing
         mark: int | None = None
-        claims, sweeps = _Failing("claiming sessions"), _Failing("applying passed deadlines")
+        claims, sweeps = Failing("claiming sessions"), Failing("applying passed deadlines")
         retry_at = 0.0  # monotonic time before which claims that failed are not tried again
         gone: StoreGone | None = None  # the store's file replaced: only a restart mends it
         while not stop.is_set() and gone is None:
@@ -250,7 +252,17 @@ class Workers(Messages):
     async def _work_on(self, session_id: str, owner: str, token: int) -> None:
         try:
             result = await self._drive(session_id, claimed=(owner, token))
-            log.info("session %s: %s", session_id, result.status)
+            if result.status == "failed":  # recorded, for a person to retry: say why
+                error = result.error or {}
+                log.warning(
+                    "session %s: failed (%s: %s)%s",
+                    session_id,
+                    error.get("code", "error"),
+                    error.get("message", ""),
+                    "; retryable" if result.retryable else "",
+                )
+            else:
+                log.info("session %s: %s", session_id, result.status)
         except SessionExpired:
             # Its TTL passed between the claim and the drive, which recorded that: not a failure.
             log.info("session %s: expired; its expiry is recorded", session_id)

@@ -21,9 +21,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .._exceptions import UsageError
+from .._exceptions import StoreError, UsageError
 from .._settings import positive_seconds, whole
 from .._types import InputRequest
+from .._work import Failing
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
 from ._base import (
@@ -302,11 +303,16 @@ class ChannelHub:
         wait = (
             None if str(store.url).startswith("sqlite") else getattr(store, "wait_for_change", None)
         )
+        failing = Failing(f"channel hub {self.name}: reading the audit trail", logger)
         while not self._stopping:
             try:
                 handled = await self.poll()
+                failing.worked()
             except asyncio.CancelledError:
                 raise
+            except StoreError as exc:  # an outage: logged once, not at every poll
+                failing.failed(exc, self.poll_interval)
+                handled = 0
             except Exception:
                 logger.exception("channel hub %s: reading the audit trail failed", self.name)
                 handled = 0

@@ -29,6 +29,7 @@ from .._exceptions import (
     SignoffError,
     UsageError,
 )
+from .._logs import LOG_LEVELS
 from .._runtime import Runtime
 from .._types import ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
@@ -54,6 +55,26 @@ StoreOption = Annotated[
         metavar="URL",
         help=f"Store URL (sqlite:///path or postgresql://...). Default: {DEFAULT_URL}.",
         show_default=False,
+    ),
+]
+
+
+def log_level_of(value: object) -> str:
+    """A log level as `serve` and `worker` take it (uvicorn's names, any case)."""
+    level = str(value).strip().lower()
+    if level not in LOG_LEVELS:
+        raise typer.BadParameter(f"{str(value)!r} is not one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+LogLevelOption = Annotated[
+    str,
+    typer.Option(
+        "--log-level",
+        envvar="SIGNOFF_LOG_LEVEL",
+        metavar="LEVEL",
+        parser=log_level_of,
+        help=f"Least level logged to stderr: {', '.join(LOG_LEVELS)}.",
     ),
 ]
 

@@ -202,7 +202,9 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
             choices = ", ".join(f"{o.id}={o.label}" for o in r.options)
             readable = r.question + (f" ({choices})" if choices else "")
             readable += " or free text" if r.allow_text else ""
-        asker = r.requested_by.principal_id if r.requested_by else "-"
+        # as `--as` takes it: `ops` alone would read as `local:ops`, whom the answer refuses
+        who = r.requested_by
+        asker = f"{who.authenticator}:{who.principal_id}" if who else "-"
         expiry = "" if r.expires_at is None else f"\nexpires in {duration(r.expires_at - now)}"
         table.add_row(
             f"{printable(r.id)}\n[dim]{printable(r.session_id)}[/]",
@@ -317,7 +319,8 @@ async def _settle(
     elif loaded is None:
         console.print(
             f"[dim]The turn continues when a process running agent {printable(request.agent)!r} "
-            f"picks it up, e.g. signoff chat MODULE:RUNTIME --session {request.session_id}"
+            "picks it up: a signoff worker or signoff serve of its runtime does so by itself, "
+            f"or signoff chat MODULE:RUNTIME --session {request.session_id}"
             f"{printable(on)}[/]"
         )
     elif result.status == "completed":

@@ -15,7 +15,7 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from .._types import Principal
-from ._app import app, fail, is_utf8, load_runtime, misuse, run, split_target
+from ._app import LogLevelOption, app, fail, is_utf8, load_runtime, misuse, run, split_target
 from ._numbers import number_of_seconds, whole
 from ._waiting import open_when_up
 
@@ -126,6 +126,7 @@ def serve(
             "to workers).",
         ),
     ] = None,
+    log_level: LogLevelOption = "info",
     sign_in_lifetime: Annotated[
         float | None,
         typer.Option(
@@ -218,6 +219,7 @@ def serve(
             secret=secret,
             workers=workers,
             sign_in_lifetime=lifetime,
+            log_level=log_level,
         )
     except SignoffError as exc:  # e.g. a channel state file that cannot be opened
         fail(exc)

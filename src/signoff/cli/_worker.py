@@ -3,16 +3,28 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from typing import Annotated
 
 import typer
 
 from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
+from .._logs import log_to_stderr
 from .._runtime import Runtime
 from ..channels.terminal import printable
 from ..stores import DEFAULT_URL, SQLiteStore
-from ._app import StoreOption, app, load_runtime, misuse, out, run, shown_store, split_target
+from ..stores.sqlite._schema import STORE_SCHEMA as SQLITE_SCHEMA
+from ._app import (
+    LogLevelOption,
+    StoreOption,
+    app,
+    load_runtime,
+    misuse,
+    out,
+    reading_store,
+    run,
+    shown_store,
+    split_target,
+)
 from ._commands import Group
 from ._numbers import seconds, whole
 from ._waiting import open_when_up
@@ -75,6 +87,7 @@ def worker(
             help=f"Seconds between deadline sweeps, {SWEEP_EVERY.range}.",
         ),
     ] = 5.0,
+    log_level: LogLevelOption = "info",
 ) -> None:
     """Run turns only (no HTTP): claim sessions that have work under a lease and drive them.
 
@@ -88,11 +101,7 @@ def worker(
 
     with misuse():
         split_target(target)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logger = logging.getLogger("signoff")
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
+    log_to_stderr(log_level)
     log = logging.getLogger("signoff.worker")
 
     async def go() -> None:
@@ -154,8 +163,11 @@ def db_upgrade(store: StoreOption = None) -> None:
         if url.startswith(("postgresql://", "postgres://")):
             from ..stores.postgres import PostgresStore  # a UsageError without the extra
 
-            before, after = await PostgresStore(url, migrate=False).migrate()
-            typer.echo(_migrated(before, after))
+            postgres = PostgresStore(url, migrate=False)
+            before, after = await postgres.migrate()
+            # which database, and which schema of it (`?schema=`, which the URL shown leaves out)
+            where = f"{shown_store(url)}, schema {postgres.schema!r}"
+            out().print(f"{_migrated(before, after)} ({printable(where)})")
             return
         async with Runtime([], store=url) as runtime:
             sqlite = runtime.store
@@ -163,6 +175,31 @@ def db_upgrade(store: StoreOption = None) -> None:
             before, after = await sqlite.migrate()
             # printable: a path may hold a byte that is not UTF-8, which a terminal cannot take
             out().print(f"{_migrated(before, after)} ({printable(sqlite.url)})")
+
+    run(go())
+
+
+@db_app.command("status")
+def db_status(store: StoreOption = None) -> None:
+    """Check the store's schema against this signoff's, changing nothing: exit status 0 when it
+    is up to date, 1 (naming what to do) when it has none, an older or a newer one."""
+
+    async def go() -> None:
+        opened = reading_store(store)  # never created nor upgraded, as the reading commands
+        await opened.open()  # an older, newer or missing schema: its SchemaVersionError
+        try:
+            if isinstance(opened, SQLiteStore):
+                version, where = SQLITE_SCHEMA, opened.url
+            else:
+                from ..stores.postgres import PostgresStore
+                from ..stores.postgres._schema import STORE_SCHEMA as POSTGRES_SCHEMA
+
+                assert isinstance(opened, PostgresStore)
+                version = POSTGRES_SCHEMA
+                where = f"{shown_store(opened.url)}, schema {opened.schema!r}"
+            out().print(f"schema is up to date (version {version}) ({printable(where)})")
+        finally:
+            await opened.close()
 
     run(go())
 

@@ -34,6 +34,7 @@ from ._dashboard import router as dashboard_router
 from ._errors import ApiError, error_response, install_error_handlers
 from ._head import HeadAsGet
 from ._headers import SecurityHeaders
+from ._health import router as health_router
 from ._limits import BodyLimit
 from ._links import add_links
 from ._login import router as login_router
@@ -217,6 +218,7 @@ def create_app(
     app.include_router(api_router)
     app.include_router(dashboard_router)
     app.include_router(login_router)
+    app.include_router(health_router)
     for channel_router in () if channels is None else channels.routers:
         app.include_router(channel_router)
     static = files("signoff.server").joinpath("static")

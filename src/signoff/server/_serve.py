@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .._exceptions import SignoffError, UsageError
+from .._logs import LOG_LEVELS, log_to_stderr
 from .._runtime import Runtime
 from .._settings import whole
 from ._auth import Authenticator, is_loopback
@@ -27,8 +28,6 @@ DEFAULT_STORE = "sqlite:///.signoff/state.db"
 
 DEFAULT_WORKERS = 4
 """Turns a served runtime that runs its turns in process drives at a time outside requests."""
-
-_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")  # uvicorn's
 
 STALLED_GRACE = 2.0
 """Seconds a stopping server waits for a client that has stopped reading before dropping it."""
@@ -94,7 +93,9 @@ def serve(
     keys the dashboard's CSRF tokens (see `create_app`). `workers` turns at a time run in this
     process for sessions with work no request is running (see `create_app`); by default 4 for a
     runtime that runs its turns in process, 0 for one that leaves them to workers (`inline=False`).
-    A dashboard sign-in lasts `sign_in_lifetime` seconds (see `create_app`).
+    A dashboard sign-in lasts `sign_in_lifetime` seconds (see `create_app`). `log_level` is
+    uvicorn's, and signoff's own loggers' too, which go to stderr timestamped unless logging is
+    set up already (a handler on the root or `signoff` logger).
     """
     import uvicorn
 
@@ -104,8 +105,9 @@ def serve(
     whole("port", port, least=0, most=65_535)
     if not isinstance(host, str):
         raise UsageError(f"host must be a host name or address, not {host!r}")
-    if log_level not in _LOG_LEVELS:
-        raise UsageError(f"log_level must be one of {', '.join(_LOG_LEVELS)}, not {log_level!r}")
+    if log_level not in LOG_LEVELS:
+        raise UsageError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+    log_to_stderr(log_level)  # the in-process workers' and channels' lines, as uvicorn's
     if isinstance(target, Runtime):
         runtime = target if store is None else target.with_store(store)
     else:

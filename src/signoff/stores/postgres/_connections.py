@@ -166,7 +166,7 @@ class Connections(Transactions):
                 self._refuse_newer(version)
                 if version < _schema.STORE_SCHEMA:
                     if not self.auto_migrate:
-                        where = f"PostgreSQL store {self._where}"
+                        where = f"PostgreSQL store {self._where} (schema {self.schema!r})"
                         raise older_schema(where, version, _schema.STORE_SCHEMA)
                     await self._migrate(conn)
                 cur = await conn.execute("SELECT current_setting('synchronous_commit')")

@@ -1,0 +1,87 @@
+"""`/healthz` and `/readyz`, the probes an operator points a load balancer at: answered without
+credentials, on both stores, writing nothing; readiness fails with a 503 and a stable code when
+the store cannot answer (gone, or too slow for a probe) or the server is stopping."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+import signoff as so
+from signoff.server import TokenAuth, _health, create_app
+from signoff.server._context import ServerContext
+from signoff.stores.sqlite._connection import READ_CHECK_EVERY
+
+from .test_server_common import TOKENS, make_agents
+
+
+@asynccontextmanager
+async def probed(url: str) -> AsyncIterator[tuple[so.Runtime, httpx.AsyncClient, ServerContext]]:
+    """A running app on the store at `url` and a client sending no credentials."""
+    runtime = so.Runtime(make_agents(), store=url)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        yield runtime, c, app.state.signoff
+
+
+async def test_probes_answer_without_credentials_and_write_nothing(store_url: str) -> None:
+    async with probed(store_url) as (runtime, c, _):
+        before = (await runtime.store.count_sessions(), await runtime.store.audit_window())
+        for path, body in (("/healthz", {"status": "ok"}), ("/readyz", {"status": "ready"})):
+            r = await c.get(path)
+            assert (r.status_code, r.json()) == (200, body), r.text
+            head = await c.head(path)
+            assert (head.status_code, head.content) == (200, b"")
+        assert (await c.get("/v1/sessions")).status_code == 401  # the API still asks who
+        assert (await runtime.store.count_sessions(), await runtime.store.audit_window()) == before
+        spec = (await c.get("/v1/openapi.json")).json()
+        assert not {"/healthz", "/readyz"} & set(spec["paths"])  # not part of the API
+
+
+async def test_readyz_is_503_once_the_sqlite_file_is_gone(tmp_path: Path) -> None:
+    db = tmp_path / "state.db"
+    async with probed(f"sqlite:///{db}") as (_, c, _ctx):
+        assert (await c.get("/readyz")).status_code == 200
+        db.unlink()
+        await asyncio.sleep(READ_CHECK_EVERY)  # reads check the file at most this often
+        r = await c.get("/readyz")
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "store_gone"
+        assert str(db) not in r.text  # where the store is stays in the server's log
+        assert (await c.get("/healthz")).status_code == 200  # alive, though not ready
+
+
+async def test_readyz_gives_up_on_a_store_slower_than_a_probe(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_health, "READY_TIMEOUT", 0.05)
+    async with probed(store_url) as (runtime, c, _):
+        reads = runtime.store.head
+
+        async def stalled(session_id: str) -> int | None:
+            await asyncio.sleep(5)
+            return await reads(session_id)
+
+        monkeypatch.setattr(runtime.store, "head", stalled)
+        r = await c.get("/readyz")
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "store_unavailable"
+        assert r.headers["Retry-After"] == str(so.StoreUnavailable.retry_after)
+
+
+async def test_readyz_is_503_while_the_server_stops(store_url: str) -> None:
+    async with probed(store_url) as (_, c, ctx):
+        ctx.closing = True  # what `signoff serve` sets when it begins to stop
+        r = await c.get("/readyz")
+        assert r.status_code == 503, r.text
+        assert r.json()["error"]["code"] == "shutting_down"
+        assert "Retry-After" in r.headers
+        assert (await c.get("/healthz")).status_code == 200
