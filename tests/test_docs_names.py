@@ -114,6 +114,9 @@ def test_every_signoff_name_the_docs_use_exists() -> None:
     # The `signoff.*` span attributes and events the tracing docs name are the ones it sets.
     tracing = (ROOT / "src" / "signoff" / "_tracing.py").read_text()
     traced = set(re.findall(r"\"(signoff\.[a-z_.]+)\"", tracing))
+    # So are the loggers the docs name in a sample log line (`signoff.worker: claimed ...`).
+    sources = "".join(p.read_text() for p in (ROOT / "src" / "signoff").rglob("*.py"))
+    traced |= set(re.findall(r"getLogger\(\"(signoff\.[a-z_.]+)\"\)", sources))
     checked = 0
     for doc in DOCS:
         text = (ROOT / doc).read_text()
