@@ -1,0 +1,73 @@
+"""Which Events API messages the Slack channel reads as a person's reply in a request's thread,
+and as whom: not a bot's post (its own or another app's), and a person from another workspace
+(Slack Connect) as a member of their own."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelState
+from signoff.channels.slack import SlackChannel
+from signoff.channels.slack._replies import TypedReply, thread_key
+
+from ._slack import TEAM
+from ._slack_replies import ALLOWED, BOT, FIRST_TS, event
+
+
+@pytest.fixture
+async def slack(tmp_path: Path) -> AsyncIterator[SlackChannel]:
+    """A channel whose state knows the thread of request `req_1` (its message at FIRST_TS)."""
+    channel = SlackChannel("C42", token="xoxb-test", signing_secret="secret")
+    state = ChannelState(tmp_path / "hub.db")
+    try:
+        async with so.Runtime([], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+            channel.bind(rt, state)
+            channel.remember(thread_key("C42", FIRST_TS), {"request_id": "req_1"})
+            yield channel
+    finally:
+        state.close()
+
+
+def _read(slack: SlackChannel, text: str, **fields: Any) -> TypedReply | None:
+    return slack.replies._reply(json.loads(event(text, **fields)))
+
+
+async def test_a_persons_reply_in_the_thread_is_read(slack: SlackChannel) -> None:
+    found = _read(slack, "Large")
+    assert found is not None
+    assert (found.request_id, found.user, found.team, found.text) == (
+        "req_1",
+        ALLOWED,
+        TEAM,
+        "Large",
+    )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"bot_id": "B0OTHER", "user": "U0OTHERAPP"},  # another app's bot, posting as a user
+        {"user": BOT},  # this app's own bot user
+        {"subtype": "message_changed"},
+    ],
+    ids=["another-bot", "own-bot", "edit"],
+)
+async def test_posts_of_bots_and_edits_are_not_replies(
+    slack: SlackChannel, fields: dict[str, Any]
+) -> None:
+    assert _read(slack, "Large", **fields) is None
+
+
+async def test_a_person_of_another_workspace_replies_as_a_member_of_their_own(
+    slack: SlackChannel,
+) -> None:
+    """In a Slack Connect channel the event's `team` (and the envelope's) is the host's; the
+    person's own workspace is `user_team`, which their principal must name."""
+    found = _read(slack, "Large", user_team="T0GUEST")
+    assert found is not None and found.team == "T0GUEST"
