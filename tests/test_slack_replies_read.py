@@ -1,6 +1,7 @@
 """Which Events API messages the Slack channel reads as a person's reply in a request's thread,
-and as whom: not a bot's post (its own or another app's), and a person from another workspace
-(Slack Connect) as a member of their own."""
+and as whom: not a bot's post (its own or another app's), a person from another workspace
+(Slack Connect) as a member of their own, with only a mention of the bot dropped; and how long
+the thread of a closed request still takes replies."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import signoff as so
 from signoff.channels import ChannelState
 from signoff.channels.slack import SlackChannel
-from signoff.channels.slack._replies import TypedReply, thread_key
+from signoff.channels.slack._replies import KEEP_THREADS, TypedReply, thread_key
 
 from ._slack import TEAM
 from ._slack_replies import ALLOWED, BOT, FIRST_TS, event
@@ -71,3 +72,31 @@ async def test_a_person_of_another_workspace_replies_as_a_member_of_their_own(
     person's own workspace is `user_team`, which their principal must name."""
     found = _read(slack, "Large", user_team="T0GUEST")
     assert found is not None and found.team == "T0GUEST"
+
+
+async def test_only_a_leading_mention_of_the_bot_is_dropped(slack: SlackChannel) -> None:
+    """ "@bot Large" answers "Large"; "@bob Large" is a message that names Bob, kept whole."""
+    to_bot = _read(slack, f"<@{BOT}> Large")
+    to_bob = _read(slack, "<@U0BOB> Large")
+    assert to_bot is not None and to_bot.text == "Large"
+    assert to_bob is not None and to_bob.text == "<@U0BOB> Large"
+
+
+async def test_the_thread_of_a_closed_request_takes_replies_for_a_while(
+    slack: SlackChannel,
+) -> None:
+    """A thread closed `KEEP_THREADS` seconds ago is forgotten; one closed a minute ago, or
+    still open, is kept (a reply in it still reaches the session)."""
+    now = slack.clock()
+    kept = {
+        thread_key("C42", "1.1"): {"request_id": "req_2", "closed_at": now - 60},
+        thread_key("C42", "1.2"): {"request_id": "req_3", "closed_at": None},
+    }
+    old = {thread_key("C42", "1.3"): {"request_id": "req_4", "closed_at": now - KEEP_THREADS - 1}}
+    for key, memo in {**kept, **old}.items():
+        slack.remember(key, memo)
+    slack.replies._tidy_threads()
+    for key, memo in kept.items():
+        assert slack.recall(key) == memo
+    assert all(slack.recall(key) is None for key in old)
+    assert _read(slack, "Large", thread="1.1") is not None
