@@ -56,8 +56,9 @@ async def test_a_persons_reply_in_the_thread_is_read(slack: SlackChannel) -> Non
         {"bot_id": "B0OTHER", "user": "U0OTHERAPP"},  # another app's bot, posting as a user
         {"user": BOT},  # this app's own bot user
         {"subtype": "message_changed"},
+        {"ts": FIRST_TS},  # the thread's parent, not a reply in it
     ],
-    ids=["another-bot", "own-bot", "edit"],
+    ids=["another-bot", "own-bot", "edit", "parent"],
 )
 async def test_posts_of_bots_and_edits_are_not_replies(
     slack: SlackChannel, fields: dict[str, Any]
