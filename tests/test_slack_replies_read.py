@@ -101,3 +101,12 @@ async def test_the_thread_of_a_closed_request_takes_replies_for_a_while(
         assert slack.recall(key) == memo
     assert all(slack.recall(key) is None for key in old)
     assert _read(slack, "Large", thread="1.1") is not None
+
+
+async def test_a_reply_reads_as_typed_slacks_escapes_undone_once(slack: SlackChannel) -> None:
+    """Slack sends `<`, `>` and `&` as `&lt;`, `&gt;` and `&amp;`: "a < b && c" arrives as
+    such and reads as typed, and so does someone typing the entity "&lt;" itself."""
+    typed = _read(slack, "a &lt; b &amp;&amp; c")
+    entity = _read(slack, "write &amp;lt;b&amp;gt; for <b>")
+    assert typed is not None and typed.text == "a < b && c"
+    assert entity is not None and entity.text == "write &lt;b&gt; for <b>"
