@@ -1,0 +1,41 @@
+"""The page a sign-in returns to is a path of this dashboard, never another host's, however the
+address is written: a scheme-relative `//host/_signoff/...` names another host with a path that
+looks like the dashboard's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from starlette.testclient import TestClient
+
+from signoff.server._login import return_to
+
+from .test_sign_ins import HTTP, _csrf, dashboard
+
+ELSEWHERE = [
+    "//evil.example/_signoff/",
+    "//evil.example/_signoff/tools",
+    "//evil.example:8443/_signoff/audit?page=2",
+    "//user@evil.example/_signoff",
+]
+
+
+@pytest.mark.parametrize("target", ELSEWHERE)
+def test_a_scheme_relative_address_is_no_page_to_return_to(target: str) -> None:
+    assert return_to(target) is None
+
+
+def test_the_sign_in_form_never_sends_a_browser_to_another_host(tmp_path: Path) -> None:
+    """Signed in from a form whose `next` names another host, the browser lands on the queue."""
+    with dashboard(f"sqlite:///{tmp_path}/s.db") as app, TestClient(app, base_url=HTTP) as c:
+        for target in ELSEWHERE:
+            c.cookies.clear()
+            page = c.get("/_signoff/login", params={"next": target})
+            assert 'name="next"' not in page.text
+            r = c.post(
+                "/_signoff/login",
+                data={"token": "alice-token", "csrf": _csrf(page.text), "next": target},
+                follow_redirects=False,
+            )
+            assert r.status_code == 303 and r.headers["location"] == "/_signoff", target

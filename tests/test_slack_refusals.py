@@ -1,0 +1,160 @@
+"""What the Slack channel refuses and tells: a signed interaction of the wrong shape is a
+`SlackPayloadError` (a 400) and acts on nothing, and a person who may not answer a request is
+told exactly that, not that it can no longer be answered."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelHub
+from signoff.channels.slack import SlackPayloadError, slack_principal
+from signoff.channels.slack._clicks import read
+
+from ._slack import (
+    ALICE,
+    TEAM,
+    FakeSlack,
+    channel,
+    click,
+    manual,
+    question_agent,
+    refund_requested,
+    sign,
+)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    slack = FakeSlack()
+    await slack.start()
+    try:
+        yield slack
+    finally:
+        await slack.stop()
+
+
+def _press(user: Any, team: Any) -> dict[str, Any]:
+    return {
+        "type": "block_actions",
+        "user": {"id": user, "team_id": team},
+        "team": {"id": TEAM},
+        "channel": {"id": "C42"},
+        "actions": [{"action_id": "signoff.approve", "value": "req_1"}],
+    }
+
+
+@pytest.mark.parametrize(("user", "team"), [(12345, TEAM), ("U045EF6GH", 7)])
+def test_an_interaction_whose_user_or_team_is_not_text_is_unreadable(user: Any, team: Any) -> None:
+    """A number where Slack sends an id would become someone's principal (`slack:T:12345`)."""
+    with pytest.raises(SlackPayloadError, match="must be strings"):
+        read(_press(user, team))
+    found, answer = read(_press("U045EF6GH", TEAM))
+    assert found is not None and (found.user, found.team, answer) == ("U045EF6GH", TEAM, None)
+
+
+async def test_a_person_who_may_not_answer_is_told_so(tmp_path: Path, fake: FakeSlack) -> None:
+    """Alice's question is hers to answer: a Slack user's choice is refused as not theirs to
+    make (`NotAllowed`), and the request stays open."""
+    async with so.Runtime([question_agent()], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="Reorder the soap", auth=ALICE)
+        (req,) = r.pending
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            body = click(
+                {
+                    "type": "static_select",
+                    "action_id": "signoff.option",
+                    "block_id": f"signoff:{req.id}",
+                    "selected_option": {"value": "2"},
+                }
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.status == "pending"
+        (note,) = fake.of("chat.postEphemeral")
+        assert note["text"].startswith("You may not answer this request: "), note["text"]
+        assert note["user"] == "U045EF6GH" and note["channel"] == "C42"
+
+
+async def test_a_form_is_not_opened_for_a_request_closed_meanwhile(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """Deny pressed on the message of a request approved elsewhere meanwhile: no reason form
+    opens (its submission could only fail); the person is told the request is closed."""
+    async with refund_requested(tmp_path, []) as (rt, req):
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            await rt.respond(
+                req.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=slack_principal(TEAM, "U078JK9LM"),
+            )
+            body = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+        assert fake.of("views.open") == []
+        (note,) = fake.of("chat.postEphemeral")
+        assert note["text"] == f"Request {req.id} is no longer open."
+
+
+async def test_a_request_closed_before_its_delayed_post_is_not_posted(
+    tmp_path: Path, fake: FakeSlack
+) -> None:
+    """A request open at start whose post Slack rate-limited, and that closes before Slack
+    allows posting again, is not posted then: a message with buttons for a closed request."""
+    async with refund_requested(tmp_path, []) as (rt, req):
+        fake.limited["chat.postMessage"] = 1
+        fake.retry_after = "0"
+        slack = channel(fake)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            assert len(fake.of("chat.postMessage")) == 1  # refused: 429
+            await rt.respond(
+                req.session_id,
+                [so.InputResponse(request_id=req.id, option_id="approve")],
+                principal=slack_principal(TEAM, "U078JK9LM"),
+            )
+            await hub.poll()
+            await hub.poll()
+            assert len(fake.of("chat.postMessage")) == 1
+            assert slack.recall(f"msg:{req.id}") is None
+        stored = await rt.store.get_request(req.id)
+        assert stored is not None and stored.outcome == "approved"
+
+
+def test_a_select_outside_a_signoff_message_is_unreadable() -> None:
+    """The request a select answers is named by its block (`signoff:<id>`): a block of another
+    app's message names none, and must not answer request `<id>` all the same."""
+    payload = _press("U045EF6GH", TEAM)
+    payload["actions"] = [
+        {
+            "action_id": "signoff.option",
+            "block_id": "other:req_1",
+            "selected_option": {"value": "small"},
+        }
+    ]
+    with pytest.raises(SlackPayloadError, match="not a signoff block"):
+        read(payload)
+    payload["actions"][0]["block_id"] = "signoff:req_1"
+    found, _ = read(payload)
+    assert found is not None and (found.request_id, found.option_id) == ("req_1", "small")
+
+
+def test_another_apps_modal_submission_is_not_ours() -> None:
+    """A view submission of a modal signoff did not open is acknowledged and ignored, whatever
+    its metadata holds (here none)."""
+    payload = {
+        "type": "view_submission",
+        "user": {"id": "U045EF6GH", "team_id": TEAM},
+        "team": {"id": TEAM},
+        "view": {"id": "V9", "callback_id": "acme.feedback", "state": {"values": {}}},
+    }
+    assert read(payload) == (None, None)

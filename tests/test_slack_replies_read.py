@@ -1,0 +1,112 @@
+"""Which Events API messages the Slack channel reads as a person's reply in a request's thread,
+and as whom: not a bot's post (its own or another app's), a person from another workspace
+(Slack Connect) as a member of their own, with only a mention of the bot dropped; and how long
+the thread of a closed request still takes replies."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.channels import ChannelState
+from signoff.channels.slack import SlackChannel
+from signoff.channels.slack._replies import KEEP_THREADS, TypedReply, thread_key
+
+from ._slack import TEAM
+from ._slack_replies import ALLOWED, BOT, FIRST_TS, event
+
+
+@pytest.fixture
+async def slack(tmp_path: Path) -> AsyncIterator[SlackChannel]:
+    """A channel whose state knows the thread of request `req_1` (its message at FIRST_TS)."""
+    channel = SlackChannel("C42", token="xoxb-test", signing_secret="secret")
+    state = ChannelState(tmp_path / "hub.db")
+    try:
+        async with so.Runtime([], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+            channel.bind(rt, state)
+            channel.remember(thread_key("C42", FIRST_TS), {"request_id": "req_1"})
+            yield channel
+    finally:
+        state.close()
+
+
+def _read(slack: SlackChannel, text: str, **fields: Any) -> TypedReply | None:
+    return slack.replies._reply(json.loads(event(text, **fields)))
+
+
+async def test_a_persons_reply_in_the_thread_is_read(slack: SlackChannel) -> None:
+    found = _read(slack, "Large")
+    assert found is not None
+    assert (found.request_id, found.user, found.team, found.text) == (
+        "req_1",
+        ALLOWED,
+        TEAM,
+        "Large",
+    )
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"bot_id": "B0OTHER", "user": "U0OTHERAPP"},  # another app's bot, posting as a user
+        {"user": BOT},  # this app's own bot user
+        {"subtype": "message_changed"},
+        {"ts": FIRST_TS},  # the thread's parent, not a reply in it
+    ],
+    ids=["another-bot", "own-bot", "edit", "parent"],
+)
+async def test_posts_of_bots_and_edits_are_not_replies(
+    slack: SlackChannel, fields: dict[str, Any]
+) -> None:
+    assert _read(slack, "Large", **fields) is None
+
+
+async def test_a_person_of_another_workspace_replies_as_a_member_of_their_own(
+    slack: SlackChannel,
+) -> None:
+    """In a Slack Connect channel the event's `team` (and the envelope's) is the host's; the
+    person's own workspace is `user_team`, which their principal must name."""
+    found = _read(slack, "Large", user_team="T0GUEST")
+    assert found is not None and found.team == "T0GUEST"
+
+
+async def test_only_a_leading_mention_of_the_bot_is_dropped(slack: SlackChannel) -> None:
+    """ "@bot Large" answers "Large"; "@bob Large" is a message that names Bob, kept whole."""
+    to_bot = _read(slack, f"<@{BOT}> Large")
+    to_bob = _read(slack, "<@U0BOB> Large")
+    assert to_bot is not None and to_bot.text == "Large"
+    assert to_bob is not None and to_bob.text == "<@U0BOB> Large"
+
+
+async def test_the_thread_of_a_closed_request_takes_replies_for_a_while(
+    slack: SlackChannel,
+) -> None:
+    """A thread closed `KEEP_THREADS` seconds ago is forgotten; one closed a minute ago, or
+    still open, is kept (a reply in it still reaches the session)."""
+    now = slack.clock()
+    kept = {
+        thread_key("C42", "1.1"): {"request_id": "req_2", "closed_at": now - 60},
+        thread_key("C42", "1.2"): {"request_id": "req_3", "closed_at": None},
+    }
+    old = {thread_key("C42", "1.3"): {"request_id": "req_4", "closed_at": now - KEEP_THREADS - 1}}
+    for key, memo in {**kept, **old}.items():
+        slack.remember(key, memo)
+    slack.replies._tidy_threads()
+    for key, memo in kept.items():
+        assert slack.recall(key) == memo
+    assert all(slack.recall(key) is None for key in old)
+    assert _read(slack, "Large", thread="1.1") is not None
+
+
+async def test_a_reply_reads_as_typed_slacks_escapes_undone_once(slack: SlackChannel) -> None:
+    """Slack sends `<`, `>` and `&` as `&lt;`, `&gt;` and `&amp;`: "a < b && c" arrives as
+    such and reads as typed, and so does someone typing the entity "&lt;" itself."""
+    typed = _read(slack, "a &lt; b &amp;&amp; c")
+    entity = _read(slack, "write &amp;lt;b&amp;gt; for <b>")
+    assert typed is not None and typed.text == "a < b && c"
+    assert entity is not None and entity.text == "write &lt;b&gt; for <b>"
