@@ -29,12 +29,15 @@ def _attributes(headers: list[str], name: str) -> dict[str, str]:
 def test_signing_in_and_out_sets_strict_http_only_cookies(tmp_path: Path, base: str) -> None:
     secure = base == HTTPS
     token = "__Host-signoff_token" if secure else "signoff_token"
+    # Over https the CSRF cookie is a `__Host-` one too (so no sibling subdomain can shadow it),
+    # which needs `Path=/`.
+    csrf_name, csrf_path = ("__Host-signoff_csrf", "/") if secure else ("signoff_csrf", "/_signoff")
     with (
         dashboard(f"sqlite:///{tmp_path}/s.db", sign_in_lifetime=LIFETIME) as app,
         TestClient(app, base_url=base) as c,
     ):
         page = c.get("/_signoff/login")
-        csrf = _attributes(page.headers.get_list("set-cookie"), "signoff_csrf")
+        csrf = _attributes(page.headers.get_list("set-cookie"), csrf_name)
         r = c.post(
             "/_signoff/login",
             data={"token": "alice-token", "csrf": _csrf(page.text)},
@@ -44,7 +47,7 @@ def test_signing_in_and_out_sets_strict_http_only_cookies(tmp_path: Path, base: 
         signed = r.headers.get_list("set-cookie")
         sign_in = _attributes(signed, token)
         marker = _attributes(signed, "signoff_signed_in")
-        for cookie, path in ((csrf, "/_signoff"), (sign_in, "/"), (marker, "/_signoff")):
+        for cookie, path in ((csrf, csrf_path), (sign_in, "/"), (marker, "/_signoff")):
             assert "httponly" in cookie and cookie.get("samesite") == "strict", cookie
             assert cookie.get("path") == path and ("secure" in cookie) == secure, cookie
             assert "domain" not in cookie, cookie
