@@ -41,6 +41,7 @@ log = logging.getLogger("signoff.server")
 # but an admin) looks through: each costs a read, so one call cannot read the whole store.
 SESSION_SCAN = 10_000
 SESSION_CHUNK = 500  # sessions read per store query while looking through them
+REQUEST_CHUNK = 500  # requests read per store query while filtering a caller's queue
 
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
 DEV_REFUSED = (
@@ -214,7 +215,7 @@ class ServerContext:
         visible: list[InputRequest] = []
         offset = 0
         while True:
-            chunk, more = await self.runtime.pending_page(_page(flt, 500, offset))
+            chunk, more = await self.runtime.pending_page(_page(flt, REQUEST_CHUNK, offset))
             for request in chunk:
                 sid = request.session_id
                 if sid not in seen:
@@ -223,7 +224,7 @@ class ServerContext:
                     visible.append(request)
             if not more:
                 break
-            offset += 500
+            offset += REQUEST_CHUNK
         return visible[flt.offset : flt.offset + flt.limit], len(visible)
 
     async def visible_sessions(
