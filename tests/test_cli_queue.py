@@ -51,6 +51,17 @@ def test_pending_lists_the_parked_request(url: str) -> None:
     assert rows[0]["status"] == "pending"
 
 
+def test_pending_says_how_many_more_a_limit_left_out(url: str) -> None:
+    """`--limit` shows the oldest requests and says how many are open in all."""
+    ids = [park(url)[1] for _ in range(3)]
+    result = invoke("pending", "--store", url, "--limit", "2")
+    assert result.exit_code == 0, result.output
+    assert "Pending requests (2 of 3)" in result.output
+    assert ids[0] in result.output and ids[2] not in result.output
+    result = invoke("pending", "--store", url, "--limit", "3")
+    assert "Pending requests (3)" in result.output
+
+
 def test_pending_filters_and_empty_queue(url: str) -> None:
     park(url)
     for args in (["--tool", "lookup_order"], ["--agent", "billing"]):

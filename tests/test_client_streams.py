@@ -204,3 +204,27 @@ async def test_a_proxy_cutting_a_real_stream_mid_event_loses_and_repeats_nothing
             server.close()
     assert cuts == []  # every cut happened
     assert [(e.seq, e.type, e.data) for e in got] == [(e.seq, e.type, e.data) for e in log]
+
+
+async def test_a_stream_refused_by_a_failed_store_is_raised_at_once(canned: Canned) -> None:
+    """Only a store busy or down for a while (`store_busy`, `store_unavailable`) is worth asking
+    again: a 503 the store's own failure sent (`store_error`, `schema_version`) is raised as its
+    class at once, after one request."""
+    for code, cls in (("store_error", so.StoreError), ("schema_version", so.SchemaVersionError)):
+        canned.seen.clear()
+        canned.on(EVENTS, error("503 Service Unavailable", code, extra="Retry-After: 0\r\n"))
+        async with AsyncClient(canned.base) as c:
+            with pytest.raises(cls):
+                await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=3))), 10)
+        assert len(canned.seen) == 1, code
+
+
+async def test_a_keep_alive_between_refusals_says_the_server_is_back(canned: Canned) -> None:
+    """`retries` counts failures in a row: a stream that answered, even with only a keep-alive
+    before it closed, ends the run of refusals before it, so refusals around it do not add up
+    to giving up."""
+    bad = http("502 Bad Gateway", "<html>bad gateway</html>", "text/html")
+    canned.on(EVENTS, bad, bad, stream(": keep-alive\n\n"), bad, bad, stream(event(1)))
+    async with AsyncClient(canned.base) as c:
+        got = await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=2))), 20)
+    assert got.seq == 1 and len(canned.seen) == 6

@@ -433,6 +433,32 @@ async def test_the_body_limit_is_configurable(world: World) -> None:
             create_app(world.rt, auth=TokenAuth(TOKENS), max_body_size=bad)  # type: ignore[arg-type]
 
 
+async def test_a_streamed_body_over_the_limit_is_refused_and_changes_nothing(world: World) -> None:
+    """A body sent in chunks, with no `Content-Length` to refuse up front, is counted as it
+    arrives: past the limit it is a 413 `payload_too_large`, and the answer it carried is not
+    applied; one within the limit is."""
+    app = create_app(world.rt, auth=TokenAuth(TOKENS), sweep_every=None, max_body_size=200)
+    body = {"inputResponses": [{"requestId": world.ra, "optionId": "approve", "text": "x" * 300}]}
+
+    async def chunks(raw: bytes) -> AsyncIterator[bytes]:
+        for i in range(0, len(raw), 50):
+            yield raw[i : i + 50]
+
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as c:
+            before = await snapshot(world.rt)
+            headers = {**auth("alice-token"), "Content-Type": "application/json"}
+            url = f"/v1/sessions/{world.a}/responses"
+            r = await c.post(url, content=chunks(json.dumps(body).encode()), headers=headers)
+            assert "content-length" not in r.request.headers
+            assert r.status_code == 413 and r.json()["error"]["code"] == "payload_too_large"
+            assert await snapshot(world.rt) == before
+            del body["inputResponses"][0]["text"]
+            r = await c.post(url, content=chunks(json.dumps(body).encode()), headers=headers)
+            assert r.status_code == 200, r.text
+
+
 async def test_a_declared_length_over_the_limit_is_refused_before_the_app_runs() -> None:
     """A `Content-Length` one byte over the limit is refused up front, even on a route that
     would never read the body; one at the limit reaches the app."""

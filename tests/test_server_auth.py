@@ -179,3 +179,30 @@ def test_two_authorization_headers_authenticate_no_one(base: str, store: str) ->
         alice.headers.pop("Authorization")
         assert alice.get("/v1/requests").status_code == 200  # the cookie alone reads
     assert _stored(store) == before
+
+
+async def test_an_authenticator_answering_no_principal_serves_no_one(tmp_path: Path) -> None:
+    """An authenticator of the application's own that answers a look-alike of a `Principal` (a
+    plain object with `admin: true` in its attributes) is a bug of that authenticator: every
+    call fails with a 500 naming the `TypeError`, rather than reading the queue as that object
+    would be allowed to."""
+    from types import SimpleNamespace
+
+    from .test_server_common import make_runtime
+
+    runtime = make_runtime(f"sqlite:///{tmp_path}/s.db")
+    await runtime.generate("support", prompt="Refund order 1042")
+    look_alike = SimpleNamespace(
+        authenticator="custom", principal_id="x", attributes={"admin": True}, same_as=lambda o: True
+    )
+    app = create_app(runtime, auth=lambda request: look_alike, sweep_every=None)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app, raise_app_exceptions=False), base_url="http://t"
+        ) as c,
+    ):
+        for path in ("/v1/requests", "/v1/sessions"):
+            detail = error(await c.get(path), 500, "internal_error")
+            assert "TypeError" in detail["message"], detail
+    await runtime.close()

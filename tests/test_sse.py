@@ -277,6 +277,10 @@ def test_a_stream_of_a_session_that_expires_ends_and_a_reconnect_is_410(tmp_path
         history = c.get(url, params={"follow": "false"})
         assert history.status_code == 200 and f"id: {head}" in history.text
         assert "stream.end" not in history.text
+        # from its last event too: nothing more, not the 410 a follower gets
+        caught_up = c.get(url, params={"follow": "false"}, headers={"Last-Event-ID": str(head)})
+        assert caught_up.status_code == 200, caught_up.text
+        assert "id: " not in caught_up.text and "stream.end" not in caught_up.text
 
 
 def test_the_expiry_of_a_waiting_turn_reaches_a_reconnect_once_a_read_records_it(

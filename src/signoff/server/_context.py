@@ -49,6 +49,7 @@ SESSION_CHUNK = 500  # sessions read per store query while looking through them
 # through under an access rule the store cannot apply: the history only grows, and each request
 # read is decoded.
 REQUEST_SCAN = 10_000
+REQUEST_CHUNK = 500  # requests read per store query while filtering a caller's queue
 
 TOKEN_REQUIRED = "authenticate with a bearer token (Authorization header)"
 DEV_REFUSED = (
@@ -240,7 +241,7 @@ class ServerContext:
             end = await store.count_pending(flt)
             offset = max(0, end - REQUEST_SCAN)
         while end is None or offset < end:
-            size = 500 if end is None else min(500, end - offset)
+            size = REQUEST_CHUNK if end is None else min(REQUEST_CHUNK, end - offset)
             chunk, more = await self.runtime.pending_page(_page(flt, size, offset))
             for request in chunk:
                 sid = request.session_id

@@ -1,0 +1,174 @@
+"""`ServerContext`'s rules read directly: an admin under a custom access rule sees only what the
+rule lets them, a request read alone has its passed deadline recorded as the queue records it,
+requests of a session whose TTL passed are in no one's queue, and a stream's sign-in is not
+ended by the store failing for a moment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.server import TokenAuth, _context
+from signoff.server._auth import default_access
+from signoff.server._context import ServerContext
+from signoff.server._sign_ins import Grant
+from signoff.stores import PendingFilter
+
+from ._ttl import ttl_agent
+from .test_server_common import ADMIN, ALICE, MALLORY
+from .test_server_errors import deadline_agent
+
+
+def _ctx(runtime: so.Runtime, access: Any = default_access) -> ServerContext:
+    return ServerContext(runtime=runtime, auth=TokenAuth({}), access=access, secret=b"k" * 32)
+
+
+def _own_only(caller: so.Principal, initiator: so.Principal | None) -> bool:
+    """A custom rule: a session is its initiator's alone, admin or not."""
+    return initiator is not None and caller.same_as(initiator)
+
+
+async def test_an_admin_under_a_custom_rule_sees_only_what_the_rule_allows(
+    store_url: str,
+) -> None:
+    """`admin: true` means "sees everything" only under the default rule: with a rule of the
+    application's own, an admin's queue and listing are filtered by it like anyone's."""
+    async with so.Runtime([ttl_agent()], store=store_url) as rt:
+        mine = await rt.generate("desk", prompt="reset", auth=ADMIN)
+        theirs = await rt.generate("desk", prompt="reset", auth=ALICE)
+        ctx = _ctx(rt, _own_only)
+        assert not ctx.sees_every_request(ADMIN)
+        items, total = await ctx.visible_requests(ADMIN, PendingFilter(limit=50))
+        assert [r.id for r in items] == [r.id for r in mine.pending] and total == 1
+        rows, total = await ctx.visible_sessions(ADMIN, limit=50, offset=0)
+        assert [r.id for r in rows] == [mine.session_id] and total == 1
+        # the default rule lets the admin see both
+        ctx = _ctx(rt)
+        items, total = await ctx.visible_requests(ADMIN, PendingFilter(limit=50))
+        assert total == 2 and {r.session_id for r in items} == {
+            mine.session_id,
+            theirs.session_id,
+        }
+
+
+@pytest.mark.parametrize("caller", [ADMIN, ALICE], ids=["admin", "initiator"])
+async def test_requests_of_a_session_past_its_ttl_are_in_no_queue(
+    tmp_path: Path, caller: so.Principal
+) -> None:
+    """No one can answer a request of a session whose TTL passed: the queue leaves it out (and
+    out of the total) even before anything records the expiry, for an admin too."""
+    now = [1_000_000.0]
+    async with so.Runtime(
+        [ttl_agent()], store=f"sqlite:///{tmp_path}/ttl.db", clock=lambda: now[0]
+    ) as rt:
+        await rt.generate("desk", prompt="reset", auth=ALICE)
+        ctx = _ctx(rt)
+        assert (await ctx.visible_requests(caller, PendingFilter(limit=50)))[1] == 1
+        now[0] += 61
+        assert await ctx.visible_requests(caller, PendingFilter(limit=50)) == ([], 0)
+
+
+async def test_reading_a_request_past_its_deadline_records_what_the_deadline_did(
+    tmp_path: Path,
+) -> None:
+    """A request read alone past its deadline (no sweep yet) has the deadline applied in the
+    store, as the queue does: denied ones are expired, escalated ones escalated."""
+    now = [1_000_000.0]
+    agents = [deadline_agent("desk", "reset_password"), deadline_agent("locks", "unlock_account")]
+    async with so.Runtime(agents, store=f"sqlite:///{tmp_path}/due.db", clock=lambda: now[0]) as rt:
+        denied = (await rt.generate("desk", prompt="help", auth=ALICE)).pending[0].id
+        escalated = (await rt.generate("locks", prompt="help", auth=ALICE)).pending[0].id
+        ctx = _ctx(rt)
+        now[0] += 60
+        read = await ctx.request(denied, ALICE)
+        assert read.status == "expired"
+        stored = await rt.store.get_request(denied)
+        assert stored is not None and stored.status == "expired"
+        read = await ctx.request(escalated, ALICE)
+        assert (read.status, read.request.escalated_to) == ("pending", "security")
+        stored = await rt.store.get_request(escalated)
+        assert stored is not None and stored.request.escalated_to == "security"
+        # someone who may not see the session is told it does not exist, deadline or not
+        with pytest.raises(so.UnknownRequest):
+            await ctx.request(denied, MALLORY)
+
+
+async def test_a_streams_sign_in_survives_the_store_failing_for_a_moment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stream asks every heartbeat whether its sign-in was signed out: a store that cannot say
+    (down for a moment) does not end it, while a sign-in past its lifetime does."""
+    now = [1_000_000.0]
+    async with so.Runtime(
+        [ttl_agent()], store=f"sqlite:///{tmp_path}/s.db", clock=lambda: now[0]
+    ) as rt:
+        ctx = _ctx(rt)
+        grant = Grant(id="abc", issued=int(now[0]), principal=ALICE)
+        request: Any = SimpleNamespace(state=SimpleNamespace(signoff_sign_in=grant))
+        assert await ctx.sign_in_ended(request) is False
+
+        async def down(*args: object, **kwargs: object) -> object:
+            raise so.StoreUnavailable("the database is down")
+
+        monkeypatch.setattr(rt.store, "audit_heads", down)
+        assert await ctx.sign_in_ended(request) is False
+        now[0] += ctx.sign_in_lifetime
+        assert await ctx.sign_in_ended(request) is True
+        # a request signed in with a bearer token has no sign-in to end
+        assert await ctx.sign_in_ended(SimpleNamespace(state=SimpleNamespace())) is False  # type: ignore[arg-type]
+
+
+async def test_a_queue_of_more_requests_than_one_read_is_paged_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A caller's queue is read from the store `REQUEST_CHUNK` requests at a time and filtered
+    by who may see each session: more requests than one read holds are listed whole, paged
+    across the reads' seams without a request lost or repeated, and another tenant sees none."""
+    monkeypatch.setattr(_context, "REQUEST_CHUNK", 5)
+
+    @so.tool(approval=so.always())
+    async def wipe(disk: int) -> str:
+        """Wipe a disk."""
+        return "wiped"
+
+    calls = [so.ToolCall(name="wipe", input={"disk": n}) for n in range(12)]
+    agent = so.Agent(
+        name="ops",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=calls)]),
+        tools=[wipe],
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/q.db") as rt:
+        asked = await rt.generate("ops", prompt="wipe them all", auth=ALICE)
+        ids = [r.id for r in asked.pending]
+        assert len(ids) == 12
+        ctx = _ctx(rt)
+        items, total = await ctx.visible_requests(ALICE, PendingFilter(limit=50))
+        assert total == 12 and sorted(r.id for r in items) == sorted(ids)
+        everything = [r.id for r in items]
+        for offset in range(12):
+            page, total = await ctx.visible_requests(ALICE, PendingFilter(limit=3, offset=offset))
+            assert [r.id for r in page] == everything[offset : offset + 3] and total == 12
+        assert await ctx.visible_requests(MALLORY, PendingFilter(limit=50)) == ([], 0)
+
+
+async def test_the_queue_version_changes_when_the_newest_request_is_replaced(
+    tmp_path: Path,
+) -> None:
+    """The dashboard redraws its queue when `open_requests_version` changes: a request closed
+    and another opened between two polls leave the count and the oldest alone, so the newest
+    must tell them apart."""
+    async with so.Runtime([ttl_agent()], store=f"sqlite:///{tmp_path}/v.db") as rt:
+        await rt.generate("desk", prompt="reset", auth=ALICE)
+        newest = await rt.generate("desk", prompt="reset", auth=ALICE)
+        ctx = _ctx(rt)
+        total, before = await ctx.open_requests_version()
+        assert total == 2
+        await rt.cancel(newest.session_id, "not needed")
+        await rt.generate("desk", prompt="reset", auth=ALICE)
+        total, after = await ctx.open_requests_version()
+        assert total == 2 and after != before
+        assert await ctx.queue_version(ADMIN) == (2, after)

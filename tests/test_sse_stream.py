@@ -1,0 +1,98 @@
+"""`event_stream` read directly: a read that is not followed never ends quietly short of the log
+when the store fails, and a server that is stopping ends a stream after the batch in flight
+rather than sending it the whole backlog first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff import stores
+from signoff.server import TokenAuth
+from signoff.server._context import ServerContext
+from signoff.server._sse import event_stream
+
+from .test_server_common import ALICE, make_agents
+
+
+class _Request:
+    """What `event_stream` asks of its request: whether the client went, and its state."""
+
+    def __init__(self) -> None:
+        self.state = SimpleNamespace()
+
+    async def is_disconnected(self) -> bool:
+        return False
+
+
+def _request() -> Any:
+    """A stand-in for the streamed request (typed loosely: it is no Starlette `Request`)."""
+    return _Request()
+
+
+async def _ids(stream: Any) -> list[int]:
+    """The event ids a stream sent, in order (its retry line and comments skipped)."""
+    ids = []
+    async for message in stream:
+        for line in message.splitlines():
+            if line.startswith("id: "):
+                ids.append(int(line.removeprefix("id: ")))
+    return ids
+
+
+def _context(runtime: so.Runtime, **kwargs: Any) -> ServerContext:
+    return ServerContext(
+        runtime=runtime, auth=TokenAuth({}), access=lambda c, i: True, secret=b"k" * 32, **kwargs
+    )
+
+
+async def test_a_read_that_is_not_followed_fails_when_the_store_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`follow=false` reads the log once: a store failing under it must fail the response (the
+    client then reads again), not end it as if the log had no more events."""
+    async with so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db") as rt:
+        sid = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).session_id
+        ctx = _context(rt, poll_interval=0.01, heartbeat=0.05)
+        assert len(await _ids(event_stream(_request(), ctx, sid, 0, follow=False))) > 2
+        real = rt.store.read_events
+        reads = [0]
+
+        async def failing(*args: Any, **kwargs: Any) -> list[so.Event]:
+            reads[0] += 1
+            if reads[0] > 1:
+                raise so.StoreUnavailable("the database is down")
+            return await real(*args, **kwargs)
+
+        monkeypatch.setattr(stores, "READ_BYTES", 1)  # one event a read
+        monkeypatch.setattr(rt.store, "read_events", failing)
+        stream = event_stream(_request(), ctx, sid, 0, follow=False)
+        sent = []
+        with pytest.raises(so.StoreUnavailable):
+            async for message in stream:
+                sent.append(message)
+        assert sum(m.startswith("id: ") for m in sent) == 1
+
+
+async def test_a_stopping_server_ends_a_stream_after_the_batch_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the server begins to stop (`closing`), a stream with a backlog ends after the read
+    it is sending, so the shutdown does not wait for the whole log to go out; the client
+    resumes from the last id it got."""
+    async with so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db") as rt:
+        sid = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).session_id
+        head = (await rt._state(sid)).seq
+        assert head > 2
+        monkeypatch.setattr(stores, "READ_BYTES", 1)  # one event a read
+        ctx = _context(rt, poll_interval=0.01, heartbeat=0.05)
+        assert await _ids(event_stream(_request(), ctx, sid, 0, follow=False)) == list(
+            range(1, head + 1)
+        )
+        ctx.closing = True
+        assert await _ids(event_stream(_request(), ctx, sid, 0, follow=True)) == [1]
+        assert await _ids(event_stream(_request(), ctx, sid, 1, follow=True)) == [2]
