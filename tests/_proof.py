@@ -1,21 +1,44 @@
 """A process-wide tally of what the proof suites exercised, printed at the end of the test run.
 
 Tests add what actually ran (Hypothesis examples and steps, crash points, kills); the
-`pytest_terminal_summary` hook in conftest.py prints it as the "signoff proof" section.
+`pytest_terminal_summary` hook (registered by conftest.py) prints it as the "signoff proof"
+section. Under pytest-xdist each worker keeps its own tally and sends it to the controller when
+it finishes (`pytest_sessionfinish`), which adds them all up (`pytest_testnodedown`) and prints.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
+from typing import Any
 
-__all__ = ["lines", "record", "tally"]
+import pytest
+
+__all__ = [
+    "lines",
+    "merge",
+    "pytest_sessionfinish",
+    "pytest_terminal_summary",
+    "pytest_testnodedown",
+    "record",
+    "tally",
+]
 
 tally: Counter[str] = Counter()
+
+_KEY = "signoff_proof"
+"""Where a pytest-xdist worker puts its tally for the controller (`config.workeroutput`)."""
 
 
 def record(name: str, n: int = 1) -> None:
     """Add `n` to the counter `name` (e.g. `hypothesis:test_runtime_machine:examples`)."""
     tally[name] += n
+
+
+def merge(counts: Mapping[str, int]) -> None:
+    """Add a worker's whole tally (as `dict(tally)` sent it) to this process's."""
+    for name, n in counts.items():
+        record(name, n)
 
 
 def _fmt(n: int) -> str:
@@ -56,3 +79,26 @@ def lines() -> list[str]:
         detail = f" ({', '.join(counts)})" if counts else ""
         out.append(f"hypothesis: {test} {_fmt(examples)} examples{detail}")
     return out
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In a pytest-xdist worker, send what its tests exercised to the controller."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput[_KEY] = dict(tally)
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: unknown when run with -p no:xdist
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """In the controller, add the tally of a worker that finished to its own."""
+    merge(getattr(node, "workeroutput", {}).get(_KEY, {}))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print what the proof suites exercised: crash points, kills and Hypothesis examples (in a
+    parallel run, the sum of every worker's)."""
+    out = lines()
+    if out:
+        terminalreporter.section("signoff proof")
+        for line in out:
+            terminalreporter.write_line(line)

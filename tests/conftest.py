@@ -34,6 +34,11 @@ from signoff.stores.postgres import PostgresStore
 
 from ._forks import Scripts
 
+# The "signoff proof" summary, with each pytest-xdist worker's tally sent to the controller.
+from ._proof import pytest_sessionfinish as pytest_sessionfinish
+from ._proof import pytest_terminal_summary as pytest_terminal_summary
+from ._proof import pytest_testnodedown as pytest_testnodedown
+
 PG_BIN = Path(os.environ.get("SIGNOFF_PG_BIN", "/usr/lib/postgresql/15/bin"))
 STORE_KINDS = ["sqlite", "postgres"]
 
@@ -361,17 +366,6 @@ def scripts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scripts]:
         yield forked
     finally:
         forked.close()
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Print what the proof suites exercised: crash points, kills and Hypothesis examples."""
-    from . import _proof
-
-    lines = _proof.lines()
-    if lines:
-        terminalreporter.section("signoff proof")
-        for line in lines:
-            terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(wrapper=True)
