@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import atexit
 import itertools
+import os
 import re
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections import Counter
@@ -84,7 +87,12 @@ def _scope_key(case: Any) -> None:
     choices. An invalid key is sent as generated (a 422)."""
     key = case.headers.get("Idempotency-Key") if case.headers else None
     if _valid_key(key):
-        case.headers["Idempotency-Key"] = f"{RUN}-{next(_calls)}-{key}"[:MAX_KEY]
+        # A prefix of one length for every call, and no space left at the end by the cut: a
+        # count's growing digits moved where a long key was cut, so the same choices could give
+        # a valid key once and a 422 (a space at its end) when Hypothesis ran them again.
+        scoped = f"{RUN}-{next(_calls):012d}-{key}"[:MAX_KEY].rstrip(" ")
+        assert _valid_key(scoped), scoped
+        case.headers["Idempotency-Key"] = scoped
 
 
 def _other_body(case: Any) -> dict[str, Any]:
@@ -233,7 +241,37 @@ def _answered() -> list[list[str]]:
     ]
 
 
+STATEFUL_INNER = "SIGNOFF_TEST_STATEFUL_INNER"
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def test_stateful_chains_follow_the_links() -> None:
+    """The state machine below, in a Python of its own. In a process that had run a few hundred
+    other test files first it drew different steps for the same choices (Hypothesis's
+    `FlakyStrategyDefinition`) and took 200 s instead of 11; run alone, or after any third of
+    those files, it passes. Which leftover of the other tests does it is not found yet: a fresh
+    interpreter keeps what this test checks independent of them."""
+    if os.environ.get(STATEFUL_INNER) == "1":
+        _explore_links()
+        return
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env[STATEFUL_INNER] = "1"
+    inner = f"{Path(__file__).resolve()}::test_stateful_chains_follow_the_links"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist"]
+        + [inner],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    print(done.stdout[-3000:])
+    assert done.returncode == 0, done.stdout[-12000:] + done.stderr[-4000:]
+    assert "1 passed" in done.stdout, done.stdout[-3000:]
+
+
+def _explore_links() -> None:
     Chains.calls.clear()
     Chains.settled.clear()
     Chains.scenarios.clear()
