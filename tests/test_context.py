@@ -3,41 +3,24 @@ state is loaded, so a foreign session's 404 costs what a missing one's does."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
 
 import signoff as so
-from signoff.server import AccessRule, TokenAuth, _context, create_app, default_access
+from signoff.server import TokenAuth, _context, create_app, default_access
 
 from ._audit import alter
 from ._procs import query
 from ._subagents import Counted, refund_agents
 from ._ttl import ttl_agent
-from .test_server_common import ALICE, MALLORY, TOKENS, auth, make_agents
+from .test_server_common import ALICE, MALLORY, TOKENS, auth, in_process, make_agents
 
 
 def custom_access(caller: so.Principal, initiator: so.Principal | None) -> bool:
     """The default rule, passed as `access=`: a rule the server cannot hand to the store."""
     return default_access(caller, initiator)
-
-
-@asynccontextmanager
-async def _served(
-    store_url: str, access: AccessRule | None = None
-) -> AsyncIterator[tuple[so.Runtime, httpx.AsyncClient]]:
-    runtime = so.Runtime(make_agents(), store=store_url)
-    extra: dict[str, Any] = {} if access is None else {"access": access}
-    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True, **extra)
-    transport = httpx.ASGITransport(app=app)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://t") as c,
-    ):
-        yield runtime, c
 
 
 class _Spy:
@@ -79,7 +62,7 @@ async def test_a_foreign_session_is_refused_before_its_state_is_loaded(
     """Mallory (another tenant) asking for Alice's session got a 404 only after its whole state
     was loaded, which a missing id skips: the time a 404 took told which ids exist. Now both
     make the same reads, and a foreign session's state is never loaded, for reads and writes."""
-    async with _served(store_url) as (runtime, c):
+    async with in_process(store_url) as (runtime, c):
         r = await c.post(
             "/v1/sessions",
             json={"agent": "support", "message": "Refund order 1042"},
@@ -125,7 +108,7 @@ async def test_a_request_is_shown_without_loading_its_sessions_state(
     """Who may see a request is decided from its session's first event: its whole state was
     loaded only to be dropped, for its reviewer too. A foreign request and a missing one are the
     same 404, and neither loads a state."""
-    async with _served(store_url) as (runtime, c):
+    async with in_process(store_url) as (runtime, c):
         r = await c.post(
             "/v1/sessions",
             json={"agent": "support", "message": "Refund order 1042"},
@@ -155,7 +138,7 @@ async def test_a_session_listing_shows_whole_pages_of_only_what_the_caller_may_s
     """`GET /v1/sessions` lists by the rule `GET /v1/sessions/{id}` follows: Mallory (another
     tenant) never sees Alice's sessions nor their count, and Alice's pages come back full
     although the store's rows (more than one 500-row chunk) interleave the two."""
-    async with _served(store_url) as (runtime, c):
+    async with in_process(store_url) as (runtime, c):
         mine: list[str] = []
         theirs: list[str] = []
         for _ in range(260):
@@ -242,7 +225,7 @@ async def test_under_a_custom_rule_a_listing_reads_a_bounded_number_of_sessions(
     server read (and hold) every session in the store. `total` counts what those pages can
     reach, an admin's too (the rule is not the default one, so admin is only an attribute)."""
     monkeypatch.setattr(_context, "SESSION_SCAN", 120)
-    async with _served(store_url, custom_access) as (runtime, c):
+    async with in_process(store_url, custom_access) as (runtime, c):
         mine = [await runtime.create_session("support", auth=ALICE) for _ in range(100)]
         for _ in range(50):
             await runtime.create_session("support", auth=MALLORY)
@@ -314,14 +297,14 @@ async def test_a_session_whose_first_event_is_damaged_is_left_out_of_listings(
         theirs = await rt.create_session("support", auth=MALLORY)
     ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", bad)
     alter(store_url, "UPDATE {t}events SET type='?' WHERE sk={p} AND seq=1", sk)
-    async with _served(store_url) as (_, c):
+    async with in_process(store_url) as (_, c):
         for token, seen in (("alice-token", {good, bad}), ("mallory-token", {theirs})):
             r = await c.get("/v1/sessions", headers=auth(token))
             assert {s["id"] for s in r.json()["items"]} == seen, r.text
             r = await c.get("/v1/requests", headers=auth(token))
             assert {q["session_id"] for q in r.json()["items"]} == seen - {theirs}, r.text
     alter(store_url, "UPDATE {t}sessions SET initiator=NULL, tenant=NULL WHERE sk={p}", sk)
-    async with _served(store_url) as (_, c):
+    async with in_process(store_url) as (_, c):
         for token, listed in (("alice-token", [good]), ("mallory-token", [theirs])):
             r = await c.get("/v1/sessions", headers=auth(token))
             assert r.status_code == 200, r.text
@@ -366,7 +349,7 @@ async def test_a_session_opened_while_a_listing_reads_shifts_no_session_in_twice
     session by session) push the rows down a chunk: the row read again is listed once, and
     `total` counts exactly the items listed."""
     monkeypatch.setattr(_context, "SESSION_CHUNK", 5)
-    async with _served(store_url, custom_access) as (runtime, c):
+    async with in_process(store_url, custom_access) as (runtime, c):
         mine = [await runtime.create_session("support", auth=ALICE) for _ in range(12)]
         real = runtime.store.sessions
         reads: list[int] = []

@@ -4,35 +4,21 @@ sessions are newer, and each total is exact (both stores)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
 import pytest
 
 import signoff as so
-from signoff.server import TokenAuth, _context, create_app
+from signoff.server import _context
 
 from ._audit import alter
-from .test_server_common import ALICE, BOB, MALLORY, TOKENS, auth, make_agents
+from .test_server_common import ALICE, BOB, MALLORY, TOKENS, auth, in_process
 
 CAROL = so.Principal(authenticator="token", principal_id="carol")  # no tenant
 ODD = so.Principal(authenticator="token", principal_id="odd", attributes={"tenant": 7})
 ODD_TOO = so.Principal(authenticator="token", principal_id="odd2", attributes={"tenant": 7.0})
 CALLERS = {**TOKENS, "carol-token": CAROL, "odd-token": ODD, "odd2-token": ODD_TOO}
-
-
-@asynccontextmanager
-async def _served(store_url: str) -> AsyncIterator[tuple[so.Runtime, httpx.AsyncClient]]:
-    runtime = so.Runtime(make_agents(), store=store_url)
-    app = create_app(runtime, auth=TokenAuth(CALLERS), sweep_every=None, close_runtime=True)
-    transport = httpx.ASGITransport(app=app)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://t") as c,
-    ):
-        yield runtime, c
 
 
 async def _listed(c: httpx.AsyncClient, path: str, token: str, **params: Any) -> dict[str, Any]:
@@ -50,7 +36,7 @@ async def test_a_session_older_than_the_scan_is_listed_and_counted(
     store query and one count, whatever the store holds."""
     monkeypatch.setattr(_context, "SESSION_SCAN", 10)
     monkeypatch.setattr(_context, "SESSION_CHUNK", 5)
-    async with _served(store_url) as (runtime, c):
+    async with in_process(store_url, tokens=CALLERS) as (runtime, c):
         oldest = await runtime.create_session("support", auth=ALICE)
         theirs = [await runtime.create_session("support", auth=MALLORY) for _ in range(25)]
         newest = await runtime.create_session("support", auth=BOB)  # Alice's tenant
@@ -78,7 +64,7 @@ async def test_tenants_never_see_each_others_sessions_or_requests(store_url: str
     """Each caller lists and counts exactly the sessions and open requests `default_access`
     shows it: its own, its tenant's, and with no tenant those started without a principal. A
     tenant that is not text (compared by Python's `==`: 7 == 7.0) is still listed exactly."""
-    async with _served(store_url) as (runtime, c):
+    async with in_process(store_url, tokens=CALLERS) as (runtime, c):
         started: dict[str, list[str]] = {}
         for name, who in (
             ("alice", ALICE),
@@ -127,7 +113,7 @@ async def test_a_session_of_unknown_initiator_is_listed_only_to_an_admin(store_u
     """A row that does not say who started the session (an older signoff still running wrote
     it after the upgrade, or the upgrade could not read its first event) is listed to no one
     but an admin: not even to callers without a tenant, who see sessions of no principal."""
-    async with _served(store_url) as (runtime, c):
+    async with in_process(store_url, tokens=CALLERS) as (runtime, c):
         unowned = await runtime.create_session("support")
         unknown = await runtime.create_session("support")
         alter(store_url, "UPDATE {t}sessions SET initiator = NULL WHERE id = {p}", unknown)

@@ -6,17 +6,13 @@ request id, the API's and the dashboard's, so neither the answer nor its time te
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable
 from typing import Any
 
 import httpx
 import pytest
 
-import signoff as so
-from signoff.server import TokenAuth, create_app
-
-from .test_server_common import TOKENS, auth, make_agents
+from .test_server_common import auth, in_process
 
 _READS = ("read_events", "head", "get_request", "load_session", "audit_heads", "pending")
 
@@ -49,25 +45,13 @@ class _Reads:
         return response, list(self.calls)
 
 
-@asynccontextmanager
-async def _served(store_url: str) -> AsyncIterator[tuple[so.Runtime, httpx.AsyncClient]]:
-    runtime = so.Runtime(make_agents(), store=store_url)
-    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
-    transport = httpx.ASGITransport(app=app)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(transport=transport, base_url="http://signoff.test") as c,
-    ):
-        yield runtime, c
-
-
 async def test_a_foreign_request_costs_what_a_missing_one_does(
     store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Mallory (another tenant) asking for Alice's request got its 404 after one more read (its
     session's first event) than for an id that does not exist: the time each took told which
     ids exist. Now both make the same reads, whether the initiator is remembered or not."""
-    async with _served(store_url) as (runtime, c):
+    async with in_process(store_url) as (runtime, c):
         r = await c.post(
             "/v1/sessions",
             json={"agent": "support", "message": "Refund order 1042"},

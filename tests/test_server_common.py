@@ -14,8 +14,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -23,7 +23,7 @@ import httpx
 import uvicorn
 
 import signoff as so
-from signoff.server import TokenAuth, create_app
+from signoff.server import AccessRule, TokenAuth, create_app
 
 from ._ttl import ttl_agent
 
@@ -314,3 +314,24 @@ def ttl_app(tmp_path: Path, now: list[float]) -> tuple[Any, Any]:
         runtime, auth=TokenAuth(TOKENS), poll_interval=0.02, heartbeat=0.1, sweep_every=None
     )
     return runtime, app
+
+
+@asynccontextmanager
+async def in_process(
+    store_url: str,
+    access: AccessRule | None = None,
+    tokens: Mapping[str, so.Principal] = TOKENS,
+) -> AsyncIterator[tuple[so.Runtime, httpx.AsyncClient]]:
+    """The server app over `make_agents()` in process (no sweeper), its lifespan running, and an
+    httpx client on it; `access=` only when given, so the default rule stays the server's own."""
+    runtime = so.Runtime(make_agents(), store=store_url)
+    extra: dict[str, Any] = {} if access is None else {"access": access}
+    app = create_app(
+        runtime, auth=TokenAuth(dict(tokens)), sweep_every=None, close_runtime=True, **extra
+    )
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=transport, base_url="http://t") as c,
+    ):
+        yield runtime, c
