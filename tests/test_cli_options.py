@@ -1,6 +1,6 @@
 """`signoff serve` and `signoff worker` options at their edges: a port in use or 0, tokens it
 would misread, the sign-in lifetime, webhook backfill, lease TTL and worker counts, an async
-runtime factory."""
+runtime factory; the stream bound, body cap and lease TTL from options or the environment."""
 
 from __future__ import annotations
 
@@ -186,3 +186,140 @@ def test_serve_on_port_0_prints_the_port_it_listens_on(url: str) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=20)
+
+
+def served_app(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The apps `signoff serve` builds, each appended as the server would start it."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
+    return served
+
+
+def body_refused(app: Any, size: int) -> bool:
+    """Whether `app` refuses a request body of `size` bytes as too large (413)."""
+    from starlette.testclient import TestClient
+
+    reply = TestClient(app).post("/v1/sessions", content=b"x" * size)  # no lifespan: no store
+    return reply.status_code == 413 and reply.json()["error"]["code"] == "payload_too_large"
+
+
+def test_serve_sets_the_stream_bound_body_cap_and_lease_ttl(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--max-streams`, `--max-body-size` and `--lease-ttl` are `create_app(max_streams=,
+    max_body_size=)` and the served runtime's `lease_ttl`; without them the defaults hold."""
+    from signoff.server._app import MAX_BODY_SIZE
+    from signoff.server._stream_slots import MAX_STREAMS
+
+    served = served_app(monkeypatch)
+    result = invoke("serve", TARGET, "--store", url, "--port", "0")
+    assert result.exit_code == 0, result.output
+    app = served.pop()
+    assert app.state.signoff.streams.per_caller == MAX_STREAMS == 100
+    assert app.state.signoff.runtime.lease_ttl == 30.0  # the runtime's own
+    assert not body_refused(app, 1000) and body_refused(app, MAX_BODY_SIZE + 1)
+    options = ["--max-streams", "3", "--max-body-size", "1000", "--lease-ttl", "7.5"]
+    result = invoke("serve", TARGET, "--store", url, "--port", "0", *options)
+    assert result.exit_code == 0, result.output
+    app = served.pop()
+    assert app.state.signoff.streams.per_caller == 3
+    assert app.state.signoff.runtime.lease_ttl == 7.5
+    assert body_refused(app, 1001) and not body_refused(app, 1000)
+
+
+def test_serve_reads_the_limits_from_the_environment_and_the_options_win(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = served_app(monkeypatch)
+    monkeypatch.setenv("SIGNOFF_MAX_STREAMS", "5")
+    monkeypatch.setenv("SIGNOFF_MAX_BODY_SIZE", "2000")
+    monkeypatch.setenv("SIGNOFF_LEASE_TTL", "12")
+    result = invoke("serve", TARGET, "--store", url, "--port", "0")
+    assert result.exit_code == 0, result.output
+    app = served.pop()
+    assert app.state.signoff.streams.per_caller == 5
+    assert app.state.signoff.runtime.lease_ttl == 12.0
+    assert body_refused(app, 2001) and not body_refused(app, 2000)
+    result = invoke("serve", TARGET, "--store", url, "--port", "0", "--max-streams", "9")
+    assert result.exit_code == 0, result.output
+    assert served.pop().state.signoff.streams.per_caller == 9
+
+
+@pytest.mark.parametrize(
+    ("variable", "option", "value", "range_"),
+    [
+        ("SIGNOFF_MAX_STREAMS", "--max-streams", "0", "a whole number from 1 to 100000"),
+        ("SIGNOFF_MAX_STREAMS", "--max-streams", "-3", "a whole number from 1 to 100000"),
+        ("SIGNOFF_MAX_BODY_SIZE", "--max-body-size", "0", "a whole number from 1 to 1073741824"),
+        ("SIGNOFF_MAX_BODY_SIZE", "--max-body-size", "4MiB", "a whole number from 1 to"),
+        ("SIGNOFF_LEASE_TTL", "--lease-ttl", "0", "a number of seconds from 0.1 to 86400"),
+        ("SIGNOFF_LEASE_TTL", "--lease-ttl", "-30", "a number of seconds from 0.1 to 86400"),
+    ],
+)
+def test_serve_refuses_a_limit_out_of_range_from_the_environment_as_from_the_option(
+    variable: str,
+    option: str,
+    value: str,
+    range_: str,
+    url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A value that is not positive, typed or exported, is a usage error (exit status 2) naming
+    the option (and the variable it came from) and its range, before anything is opened."""
+    served = served_app(monkeypatch)
+    said = f"Invalid value for '{option}' (env var: '{variable}'): '{value}' is not {range_}"
+    message = refused_usage(invoke("serve", TARGET, "--store", url, option, value))
+    assert message.startswith(said), message
+    monkeypatch.setenv(variable, value)
+    assert refused_usage(invoke("serve", TARGET, "--store", url)) == message
+    assert served == [] and list(tmp_path.iterdir()) == []
+
+
+def test_worker_reads_its_lease_ttl_from_the_environment(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`SIGNOFF_LEASE_TTL` is `--lease-ttl` for `signoff worker` too; the option wins, and an
+    exported 0 is refused as a typed one is."""
+    leases: list[float] = []
+
+    async def work(self: so.Runtime, **kw: Any) -> None:
+        leases.append(self.lease_ttl)
+
+    monkeypatch.setattr(so.Runtime, "work", work)
+    monkeypatch.setenv("SIGNOFF_LEASE_TTL", "4.5")
+    for args, lease in (([], 4.5), (["--lease-ttl", "60"], 60.0)):
+        result = invoke("worker", TARGET, "--store", url, *args)
+        assert result.exit_code == 0, result.output
+        assert leases.pop() == lease
+    monkeypatch.setenv("SIGNOFF_LEASE_TTL", "0")
+    message = refused_usage(invoke("worker", TARGET, "--store", url))
+    assert "(env var: 'SIGNOFF_LEASE_TTL'): '0' is not a number of seconds from 0.1" in message
+
+
+@pytest.mark.parametrize(
+    ("command", "shown"),
+    [
+        ("serve", ["SIGNOFF_LEASE_TTL", "SIGNOFF_MAX_STREAMS", "SIGNOFF_MAX_BODY_SIZE"]),
+        ("worker", ["SIGNOFF_LEASE_TTL"]),
+    ],
+)
+def test_the_help_shows_the_limits_with_their_range_default_and_variable(
+    command: str, shown: list[str]
+) -> None:
+    from signoff.server._app import MAX_BODY_SIZE
+    from signoff.server._stream_slots import MAX_STREAMS
+
+    result = invoke(command, "--help")
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.replace("│", " ").split())
+    for variable in shown:
+        assert f"[env var: {variable}]" in text, (variable, text)
+    assert "from 0.1 to 86400" in text and "30 unless it sets one" in text
+    if command == "serve":
+        assert (
+            f"from 1 to 100000; one more is 429 too_many_streams (default: {MAX_STREAMS})" in text
+        )
+        assert f"payload_too_large (default: {MAX_BODY_SIZE}, 4 MiB)" in text

@@ -258,6 +258,12 @@ def test_the_defaults_the_docs_state_are_the_code_s() -> None:
         (server, "`create_app(workers=N)`, 0 by default)", d(create_app, "workers"), 0),
         (server, "(max_body_size=...)`, 4 MiB by default", d(create_app, "max_body_size"), 4 * mib),
         (server, "12 hours by default", d(create_app, "sign_in_lifetime"), 12 * 3600),
+        (
+            server,
+            "(max_streams=...)` streams open at once in a server process, 100 by default",
+            d(create_app, "max_streams"),
+            100,
+        ),
         (server, "the server's `heartbeat` (15 s)", d(create_app, "heartbeat"), 15),
         (server, "`timeout`, 60 s by default", d(Client, "timeout"), 60),
         (server, "`timeout`, 60 s by default", d(AsyncClient, "timeout"), 60),

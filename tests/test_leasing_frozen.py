@@ -85,6 +85,9 @@ async def test_a_worker_frozen_mid_tool_body_is_taken_over_and_fenced_when_it_wa
             # Woken, the frozen worker finds its lease gone and leaves the turn, recording
             # nothing; its loop goes on.
             await _until(lambda: "was lost; leaving the turn" in frozen.log(), "fenced")
+            await _until(lambda: "lost; the turn is left to the worker" in frozen.log(), "said so")
+            # What it did, not the state the other worker left: it completed nothing.
+            assert f"session {sid}: completed" not in frozen.log()
             await asyncio.sleep(LEASE_TTL)  # time for a write it should not make
             assert frozen.proc.poll() is None, frozen.log()
             state = await front.state(sid)

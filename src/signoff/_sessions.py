@@ -438,6 +438,7 @@ class SessionRunner(Leasing):
         outcomes: Sequence[Outcome] = (),
         retry: bool = False,
         claimed: tuple[str, int] | None = None,
+        on_lost: Callable[[int], None] | None = None,  # told the token of a lease lost
     ) -> GenerateResult:
         if not self.inline and claimed is None:
             if retry:
@@ -527,6 +528,8 @@ class SessionRunner(Leasing):
             else:
                 state = await self._state(session_id)
             if lost:
+                if on_lost is not None:
+                    on_lost(token)
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
                 return self._result(state, outcomes)

@@ -250,9 +250,17 @@ class Workers(Messages):
         return held
 
     async def _work_on(self, session_id: str, owner: str, token: int) -> None:
+        lost: list[int] = []
         try:
-            result = await self._drive(session_id, claimed=(owner, token))
-            if result.status == "failed":  # recorded, for a person to retry: say why
+            result = await self._drive(session_id, claimed=(owner, token), on_lost=lost.append)
+            if lost:
+                # The session's status now is the work of whoever took the turn over, not ours.
+                log.info(
+                    "session %s: lease %d lost; the turn is left to the worker that takes it over",
+                    session_id,
+                    token,
+                )
+            elif result.status == "failed":  # recorded, for a person to retry: say why
                 error = result.error or {}
                 log.warning(
                     "session %s: failed (%s: %s)%s",

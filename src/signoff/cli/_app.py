@@ -29,6 +29,7 @@ from .._exceptions import (
     SignoffError,
     UsageError,
 )
+from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from .._logs import LOG_LEVELS
 from .._runtime import Runtime
 from .._types import ModelResponse, Principal
@@ -36,6 +37,7 @@ from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
 from ..stores import DEFAULT_URL, SQLiteStore, Store, open_store
 from ._commands import Group, closed_pipe
+from ._numbers import seconds
 
 app = typer.Typer(
     name="signoff",
@@ -77,6 +79,24 @@ LogLevelOption = Annotated[
         help=f"Least level logged to stderr: {', '.join(LOG_LEVELS)}.",
     ),
 ]
+
+
+LEASE_TTL = seconds(LEASE_TTL_MIN, LEASE_TTL_MAX)
+
+LeaseTtlOption = Annotated[
+    float | None,
+    typer.Option(
+        "--lease-ttl",
+        envvar="SIGNOFF_LEASE_TTL",
+        metavar="SECONDS",
+        parser=LEASE_TTL,
+        help=f"Seconds a session's lease lasts without renewal, {LEASE_TTL.range}: a turn left "
+        "by a process that died is resumed after it (default: the runtime's, 30 unless it sets "
+        "one).",
+        show_default=False,
+    ),
+]
+"""`serve`'s and `worker`'s lease TTL, which replaces the loaded runtime's `lease_ttl`."""
 
 
 def existing_store(store: str | None) -> str:

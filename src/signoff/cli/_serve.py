@@ -15,12 +15,24 @@ from .._exceptions import (
 )
 from .._runtime import Runtime
 from .._types import Principal
-from ._app import LogLevelOption, app, fail, is_utf8, load_runtime, misuse, run, split_target
+from ._app import (
+    LeaseTtlOption,
+    LogLevelOption,
+    app,
+    fail,
+    is_utf8,
+    load_runtime,
+    misuse,
+    run,
+    split_target,
+)
 from ._numbers import number_of_seconds, whole
 from ._waiting import open_when_up
 
 PORT = whole(0, 65535)
 WORKERS = whole(0, 100_000)
+MAX_STREAMS = whole(1, 100_000)
+MAX_BODY_SIZE = whole(1, 1 << 30)
 
 
 @app.command()
@@ -126,6 +138,32 @@ def serve(
             "to workers).",
         ),
     ] = None,
+    lease_ttl: LeaseTtlOption = None,
+    max_streams: Annotated[
+        int | None,
+        typer.Option(
+            "--max-streams",
+            envvar="SIGNOFF_MAX_STREAMS",
+            metavar="N",
+            parser=MAX_STREAMS,
+            help="Event streams one caller may hold open at once in this process (the sessions' "
+            f"and the dashboard's), {MAX_STREAMS.range}; one more is 429 too_many_streams "
+            "(default: 100).",
+            show_default=False,
+        ),
+    ] = None,
+    max_body_size: Annotated[
+        int | None,
+        typer.Option(
+            "--max-body-size",
+            envvar="SIGNOFF_MAX_BODY_SIZE",
+            metavar="BYTES",
+            parser=MAX_BODY_SIZE,
+            help=f"Largest request body taken, in bytes, {MAX_BODY_SIZE.range}; a larger one is "
+            "413 payload_too_large (default: 4194304, 4 MiB).",
+            show_default=False,
+        ),
+    ] = None,
     log_level: LogLevelOption = "info",
     sign_in_lifetime: Annotated[
         float | None,
@@ -156,7 +194,9 @@ def serve(
     try:
         from ..server import TokenAuth
         from ..server import serve as run_server
+        from ..server._app import MAX_BODY_SIZE as BODY_DEFAULT
         from ..server._sign_ins import SIGN_IN_LIFETIME, lifetime_of
+        from ..server._stream_slots import MAX_STREAMS as STREAMS_DEFAULT
     except UsageError as exc:  # the server extra is missing: its install hint
         fail(exc)
     except ImportError as exc:
@@ -193,6 +233,8 @@ def serve(
                         f"not {sign_in_lifetime:g}"
                     ) from None
         runtime = load_runtime(target, store)
+        if lease_ttl is not None:
+            runtime = runtime._replaced(lease_ttl=lease_ttl)
         channels += _slack_channels(
             slack_channel,
             slack_token if slack_channel else None,
@@ -219,6 +261,8 @@ def serve(
             secret=secret,
             workers=workers,
             sign_in_lifetime=lifetime,
+            max_streams=STREAMS_DEFAULT if max_streams is None else max_streams,
+            max_body_size=BODY_DEFAULT if max_body_size is None else max_body_size,
             log_level=log_level,
         )
     except SignoffError as exc:  # e.g. a channel state file that cannot be opened

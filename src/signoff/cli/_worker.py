@@ -7,13 +7,13 @@ from typing import Annotated
 
 import typer
 
-from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from .._logs import log_to_stderr
 from .._runtime import Runtime
 from ..channels.terminal import printable
 from ..stores import DEFAULT_URL, SQLiteStore
 from ..stores.sqlite._schema import STORE_SCHEMA as SQLITE_SCHEMA
 from ._app import (
+    LeaseTtlOption,
     LogLevelOption,
     StoreOption,
     app,
@@ -30,7 +30,6 @@ from ._numbers import seconds, whole
 from ._waiting import open_when_up
 
 CONCURRENCY = whole(1, 100_000)
-LEASE_TTL = seconds(LEASE_TTL_MIN, LEASE_TTL_MAX)
 IDLE_WAIT = seconds(0.01, 60)
 SWEEP_EVERY = seconds(0.1, 3600)
 
@@ -58,17 +57,7 @@ def worker(
             help=f"Turns driven at once ({CONCURRENCY.range}).",
         ),
     ] = 16,
-    lease_ttl: Annotated[
-        float | None,
-        typer.Option(
-            "--lease-ttl",
-            metavar="SECONDS",
-            parser=LEASE_TTL,
-            help=f"Seconds a claimed session stays ours without renewal, {LEASE_TTL.range} "
-            "(default: the runtime's).",
-            show_default=False,
-        ),
-    ] = None,
+    lease_ttl: LeaseTtlOption = None,
     idle_wait: Annotated[
         float,
         typer.Option(

@@ -16,8 +16,10 @@ from .._exceptions import SignoffError, UsageError
 from .._logs import LOG_LEVELS, log_to_stderr
 from .._runtime import Runtime
 from .._settings import whole
+from ._app import MAX_BODY_SIZE
 from ._auth import Authenticator, is_loopback
 from ._sign_ins import SIGN_IN_LIFETIME
+from ._stream_slots import MAX_STREAMS
 
 if TYPE_CHECKING:
     from ..channels import Channel
@@ -82,6 +84,8 @@ def serve(
     secret: str | bytes | None = None,
     workers: int | None = None,
     sign_in_lifetime: float = SIGN_IN_LIFETIME,
+    max_streams: int = MAX_STREAMS,
+    max_body_size: int = MAX_BODY_SIZE,
 ) -> None:
     """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`.
     With `store`, the runtime's agents are served from that store instead.
@@ -93,7 +97,9 @@ def serve(
     keys the dashboard's CSRF tokens (see `create_app`). `workers` turns at a time run in this
     process for sessions with work no request is running (see `create_app`); by default 4 for a
     runtime that runs its turns in process, 0 for one that leaves them to workers (`inline=False`).
-    A dashboard sign-in lasts `sign_in_lifetime` seconds (see `create_app`). `log_level` is
+    A dashboard sign-in lasts `sign_in_lifetime` seconds, one caller may hold `max_streams`
+    event streams open at once, and a request body may be `max_body_size` bytes (see
+    `create_app`). `log_level` is
     uvicorn's, and signoff's own loggers' too, which go to stderr timestamped unless logging is
     set up already (a handler on the root or `signoff` logger).
     """
@@ -128,6 +134,8 @@ def serve(
         secret=secret,
         workers=workers,
         sign_in_lifetime=sign_in_lifetime,
+        max_streams=max_streams,
+        max_body_size=max_body_size,
     )
     if auth is None and not is_loopback(host):
         print(
