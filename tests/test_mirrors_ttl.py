@@ -28,6 +28,17 @@ def _desk(ran: list[str]) -> list[so.Agent]:
     return [support, billing]
 
 
+def _front_desk() -> list[so.Agent]:
+    """`_desk` under a `front` agent that delegates to `support`: billing's request is mirrored
+    twice, on support's session and on front's."""
+    front = scripted_agent(
+        "front",
+        [call_tools(call("support", message="refund 9")), reply("all done")],
+        tools=[so.delegate("support")],
+    )
+    return [front, *_desk([])]
+
+
 async def _parked(rt: so.Runtime) -> tuple[str, so.InputRequest]:
     """A `support` session waiting on its mirror of `billing`'s approval."""
     r = await rt.generate("support", prompt="refund 9", auth=ALICE)
@@ -104,12 +115,7 @@ async def test_a_mirror_of_a_mirror_whose_grandchilds_session_passed_its_ttl_is_
     session passed its TTL, neither mirror takes an answer (each routes down to billing's
     request), so neither is listed, though `support`'s and `front`'s sessions live on."""
     clock = ManualClock()
-    front = scripted_agent(
-        "front",
-        [call_tools(call("support", message="refund 9")), reply("all done")],
-        tools=[so.delegate("support")],
-    )
-    async with so.Runtime([front, *_desk([])], store=store_url, clock=clock) as rt:
+    async with so.Runtime(_front_desk(), store=store_url, clock=clock) as rt:
         r = await rt.generate("front", prompt="refund 9", auth=ALICE)
         (mirror,) = r.pending
         assert mirror.child is not None

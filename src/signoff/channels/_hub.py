@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,16 +26,10 @@ from .._types import InputRequest
 from .._work import Failing
 from ..stores import PendingFilter
 from ..stores._audit import AuditEntry
-from ._base import (
-    Channel,
-    ChannelState,
-    Escalation,
-    RateLimited,
-    Resolution,
-    check_name,
-    off_loop,
-)
+from ._announcements import announce
+from ._base import Channel, ChannelState, RateLimited, check_name, logger, off_loop
 from ._lease import HubLease
+from ._retries import Retries
 from ._state import make_room
 
 if TYPE_CHECKING:
@@ -44,10 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ChannelHub"]
 
-logger = logging.getLogger("signoff.channels")
-
 _PAGE = 500
-_MAX_WAIT = 3600.0  # seconds: the longest a rate limit holds a channel back before it retries
 _STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish its deliveries
 _SKIPPED = "skipped"  # the memo (under the hub's key for a channel) of entries it gave up on
 
@@ -136,9 +126,7 @@ class ChannelHub:
         }
         self._active: set[str] = set()  # the channels this hub delivers to (holding their locks)
         self._positions: dict[str, int] = {}
-        self._failures: dict[tuple[str, int], int] = {}
-        self._retry_at: dict[str, float] = {}
-        self._redo: set[str] = set()  # channels whose redelivery a rate limit holds back
+        self._retries = Retries()
         self._seen: dict[str, set[int]] = {}
         self._gaps: dict[int, float] = {}
         self._lock = asyncio.Lock()
@@ -340,15 +328,13 @@ class ChannelHub:
             live = [ch for ch in self.channels if ch.name in self._active]
             total = 0
             for ch in live:  # the entries given up on before, which a rate limit held back
-                if ch.name in self._redo and self._retry_at.get(ch.name, 0.0) <= time.monotonic():
+                if self._retries.redo_due(ch.name):
                     await self._redeliver(ch)
             if live:
                 cursor = min(self._positions[ch.name] for ch in live)
                 # Channels that failed and wait for their retry: they go on from there later;
                 # those another hub delivers to are never told anything here.
-                clock = time.monotonic()
-                blocked = {n for n, at in self._retry_at.items() if at > clock}
-                blocked.update(self._redo)
+                blocked = self._retries.blocked()
                 blocked.update(ch.name for ch in self.channels if ch.name not in self._active)
                 top = cursor
                 present: set[int] = set()
@@ -409,86 +395,21 @@ class ChannelHub:
             if entry.id in seen:
                 continue
             try:
-                await self._deliver(ch, entry)
+                await announce(self.runtime.store, ch, entry)
             except RateLimited as exc:
                 # The service says when to come back: no attempt is spent, nothing given up.
-                wait = min(max(0.0, exc.retry_after), _MAX_WAIT)  # NaN: max() keeps the 0
-                self._retry_at[ch.name] = time.monotonic() + wait
-                logger.warning(
-                    "channel %s is rate limited on audit entry %s; retrying in %.1fs",
-                    ch.name,
-                    entry.id,
-                    wait,
-                )
+                self._retries.rate_limited(ch.name, entry.id, exc)
                 blocked.add(ch.name)
                 continue
             except Exception:
-                key = (ch.name, entry.id)
-                self._failures[key] = self._failures.get(key, 0) + 1
-                if self._failures[key] < self.max_attempts:
-                    delay = self.retry_backoff * 2 ** (self._failures[key] - 1)
-                    self._retry_at[ch.name] = time.monotonic() + delay
-                    logger.warning(
-                        "channel %s failed on audit entry %s (attempt %s); it will retry",
-                        ch.name,
-                        entry.id,
-                        self._failures[key],
-                        exc_info=True,
-                    )
+                if self._retries.failed(ch.name, entry.id, self.max_attempts, self.retry_backoff):
                     blocked.add(ch.name)
                     continue
-                logger.exception(
-                    "channel %s gave up on audit entry %s after %s attempts; "
-                    "it is delivered again when the hub next starts",
-                    ch.name,
-                    entry.id,
-                    self._failures[key],
-                )
                 await self._skip(ch, entry.id)
-            self._failures.pop((ch.name, entry.id), None)
-            self._retry_at.pop(ch.name, None)
+            self._retries.handled(ch.name, entry.id)
             seen.add(entry.id)
             handled = 1
         return handled
-
-    async def _deliver(self, ch: Channel, entry: AuditEntry) -> None:
-        """Tell one channel about one entry (nothing, for entries it does not care about)."""
-        store = self.runtime.store
-        if entry.type == "input.requested":
-            for raw in entry.data.get("requests", ()):
-                request = InputRequest.model_validate(raw)
-                if request.child is not None or not ch.accepts(request):
-                    continue
-                if ch.live_only:
-                    stored = await store.get_request(request.id)
-                    if stored is not None and stored.status != "pending":
-                        continue  # it closed before we read it: nothing left to answer
-                await ch.on_requested(request)
-        elif entry.type == "approval.candidate" and entry.data.get("outcome") == "counted":
-            stored = await store.get_request(str(entry.data.get("request_id")))
-            if (
-                stored is not None
-                and stored.status == "pending"
-                and stored.request.child is None
-                and _shows(ch, stored.request)
-            ):
-                await ch.on_updated(stored.request)
-        elif entry.type == "approval.candidate" and entry.data.get("outcome") == "escalated":
-            stored = await store.get_request(str(entry.data.get("request_id")))
-            if stored is None or stored.request.child is not None:
-                return
-            request = stored.request
-            before, now = ch.accepts(_unescalated(request)), ch.accepts(request)
-            if not (before or now) or (ch.live_only and stored.status != "pending"):
-                return
-            if now and not before and ch.live_only:
-                await ch.on_requested(request)  # a channel of the group: it opens there now
-            else:
-                await ch.on_escalated(request, Escalation.from_event(entry.data, request, entry.at))
-        elif entry.type == "input.resolved":
-            stored = await store.get_request(str(entry.data.get("request_id")))
-            if stored is not None and stored.request.child is None and _shows(ch, stored.request):
-                await ch.on_resolved(stored.request, Resolution.from_event(entry.data, entry.at))
 
     async def _skip(self, ch: Channel, entry_id: int) -> None:
         """Note an entry the channel was given up on, for the next start to deliver again."""
@@ -505,7 +426,7 @@ class ChannelHub:
         feed behind them, until its delay has passed: the next poll then goes on with them."""
         skipped = [int(i) for i in await off_loop(self.state.recall, self._key(ch), _SKIPPED) or []]
         if not skipped:
-            self._redo.discard(ch.name)
+            self._retries.redo.discard(ch.name)
             return
         limited = False
         left: list[int] = []
@@ -514,17 +435,10 @@ class ChannelHub:
             if not found or found[0].id != entry_id:
                 continue  # no longer in the trail: nothing to deliver
             try:
-                await self._deliver(ch, found[0])
+                await announce(self.runtime.store, ch, found[0])
             except RateLimited as exc:
-                wait = min(max(0.0, exc.retry_after), _MAX_WAIT)
-                self._retry_at[ch.name] = time.monotonic() + wait
+                self._retries.rate_limited(ch.name, entry_id, exc)
                 limited = True
-                logger.warning(
-                    "channel %s is rate limited on audit entry %s; retrying in %.1fs",
-                    ch.name,
-                    entry_id,
-                    wait,
-                )
                 left.extend(skipped[n:])
                 break
             except Exception:
@@ -539,9 +453,9 @@ class ChannelHub:
         else:
             await off_loop(self.state.forget, self._key(ch), _SKIPPED)
         if limited:
-            self._redo.add(ch.name)
+            self._retries.redo.add(ch.name)
         else:
-            self._redo.discard(ch.name)
+            self._retries.redo.discard(ch.name)
 
     # -- helpers ------------------------------------------------------------------------------
 
@@ -574,16 +488,3 @@ def _in_event_loop() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def _unescalated(request: InputRequest) -> InputRequest:
-    """`request` as it stood before its escalation, as channels were first shown it."""
-    return request.model_copy(update={"escalated_to": None})
-
-
-def _shows(ch: Channel, request: InputRequest) -> bool:
-    """Whether `ch` shows `request`: it takes it as it stands, or took it before its escalation
-    (a first-line channel hears how the request it showed goes on in the group)."""
-    if ch.accepts(request):
-        return True
-    return request.escalated_to is not None and ch.accepts(_unescalated(request))

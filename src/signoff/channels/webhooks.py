@@ -27,130 +27,35 @@ import asyncio
 import contextlib
 import email.utils
 import hashlib
-import hmac
 import json
-import math
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from .._exceptions import UsageError
 from .._settings import seconds, whole
 from .._types import InputRequest
-from ._base import Channel, Escalation, InvalidSignature, Resolution, logger, off_loop
+from ._base import Channel, Escalation, Resolution, logger, off_loop
+from ._webhook_signatures import (
+    DELIVERY_HEADER,
+    EVENT_HEADER,
+    SIGNATURE_HEADER,
+    TIMESTAMP_HEADER,
+    secret_list,
+    sign_webhook,
+    verify_webhook,
+)
+from ._webhook_urls import checked_urls, httpx_module, masked
 
 if TYPE_CHECKING:
     import httpx
 
 __all__ = ["WebhookChannel", "sign_webhook", "verify_webhook"]
 
-TIMESTAMP_HEADER = "Signoff-Timestamp"
-SIGNATURE_HEADER = "Signoff-Signature"
-EVENT_HEADER = "Signoff-Event"
-DELIVERY_HEADER = "Signoff-Delivery"
-
 _RETRY_STATUSES = frozenset({408, 425, 429})
 _OUTBOX = "outbox:"  # memo key prefix of a delivery not yet sent: "outbox:{url} {delivery}"
 _BACKFILLED = "backfilled"  # memo: the open requests were announced on a first start
-
-
-def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
-    """The `Signoff-Signature` value for `body` sent at `timestamp`."""
-    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
-    return "v1=" + mac.hexdigest()
-
-
-def verify_webhook(
-    secret: str | Sequence[str],
-    headers: Mapping[str, str],
-    body: bytes | str,
-    *,
-    tolerance: float = 300,
-    now: float | None = None,
-) -> dict[str, Any]:
-    """Check a delivery's signature and age; returns the parsed JSON payload.
-
-    `secret` may be several (while rotating): a signature by any of them is accepted.
-    Raises `InvalidSignature` when a header is missing, the timestamp is more than `tolerance`
-    seconds away from `now`, no `v1=` signature (comma-separated, for secret rotation)
-    matches (the comparison is constant-time), or the unsigned `Signoff-Delivery` or
-    `Signoff-Event` header, when present, differs from the signed body's `id` or `type`.
-
-        payload = verify_webhook(SECRET, request.headers, await request.body())
-    """
-    secrets = _secrets(secret, "verify_webhook()")
-    if not tolerance >= 0:  # NaN compares false with every age: it would let any replay in
-        raise UsageError(f"tolerance must be a number of seconds >= 0, not {tolerance!r}")
-    if now is not None and not math.isfinite(now):
-        raise UsageError(f"now must be a finite Unix time, not {now!r}")
-    try:
-        raw = body.encode() if isinstance(body, str) else bytes(body)
-    except UnicodeEncodeError:  # text decoded from invalid UTF-8: the bytes signed are gone
-        raise InvalidSignature("the body is not valid UTF-8 text: pass the raw bytes") from None
-    lowered = {k.lower(): v for k, v in headers.items()}
-    stamp = lowered.get(TIMESTAMP_HEADER.lower())
-    given = lowered.get(SIGNATURE_HEADER.lower())
-    if not stamp or not given:
-        raise InvalidSignature(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
-    try:
-        if not (stamp.isascii() and stamp.isdigit()):  # int() also reads "1_7", other digits
-            raise ValueError(stamp)
-        timestamp = int(stamp)  # a ValueError past 4300 digits too
-    except ValueError:
-        shown = stamp[:40]
-        raise InvalidSignature(f"{TIMESTAMP_HEADER} is not a Unix timestamp: {shown!r}") from None
-    current = time.time() if now is None else now
-    try:
-        age = current - timestamp
-    except OverflowError:  # an integer too large for a float: no real clock is there
-        raise InvalidSignature(f"{TIMESTAMP_HEADER} is more than {tolerance:g}s off") from None
-    if abs(age) > tolerance:
-        raise InvalidSignature(f"the delivery is {int(age)}s old; more than {tolerance:g}s off")
-    expected = [sign_webhook(s, timestamp, raw).encode() for s in secrets]
-    candidates = [s.strip() for s in given.split(",") if s.strip().startswith("v1=")]
-    # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a no).
-    if not any(hmac.compare_digest(e, _utf8(c)) for e in expected for c in candidates):
-        raise InvalidSignature("the signature does not match the body and timestamp")
-    try:
-        payload = json.loads(raw)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can read
-        raise InvalidSignature("the signed body is not JSON") from None
-    if not isinstance(payload, dict):
-        raise InvalidSignature("the signed body is not a JSON object")
-    # Headers are not signed: a receiver deduping on Signoff-Delivery must not be told a replay
-    # is another delivery.
-    for header, key in ((DELIVERY_HEADER, "id"), (EVENT_HEADER, "type")):
-        claimed = lowered.get(header.lower())
-        if claimed is not None and claimed != payload.get(key):
-            raise InvalidSignature(f"the {header} header does not match the signed body's {key}")
-    return payload
-
-
-def _secrets(secret: str | Sequence[str], who: str) -> list[str]:
-    """The signing secrets as a list: one, or several while rotating, none of them empty."""
-    if isinstance(secret, str):
-        secrets = [secret]
-    elif isinstance(secret, Iterable) and not isinstance(secret, bytes | bytearray | Mapping):
-        secrets = list(secret)
-    else:  # named by its type only: the value is a secret
-        raise UsageError(
-            f"{who}: secret must be a non-empty string, or a list of them while rotating, "
-            f"not {type(secret).__name__}"
-        )
-    if not secrets or not all(isinstance(s, str) and s for s in secrets):
-        raise UsageError(f"{who} needs the shared secret: a non-empty string, or several")
-    for s in secrets:
-        try:
-            s.encode()
-        except UnicodeEncodeError:  # e.g. from an environment holding invalid UTF-8
-            raise UsageError(f"{who}: a secret is not valid Unicode (a lone surrogate)") from None
-    return secrets
-
-
-def _utf8(text: str) -> bytes:
-    """`text` as UTF-8, unpaired surrogates kept as they are (they then match nothing)."""
-    return text.encode("utf-8", "surrogatepass")
 
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
@@ -200,25 +105,8 @@ class WebhookChannel(Channel):
         super().__init__(name=name, accepts=accepts)
         if not isinstance(backfill, bool):
             raise UsageError(f"backfill must be True or False, not {backfill!r}")
-        httpx = _httpx()  # fail at configuration time, with the install hint
-        url_list = [urls] if isinstance(urls, str) else list(urls)
-        if not url_list:
-            raise UsageError("WebhookChannel needs at least one URL")
-        for url in url_list:
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise UsageError(f"a webhook URL must be http(s)://..., not {_masked(url)!r}")
-            try:
-                parsed = httpx.URL(url)
-                host, port = parsed.host, parsed.port  # .host decodes IDNA
-            except (httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
-                raise UsageError(f"not a usable webhook URL: {_unusable(url, exc)}") from None
-            if not host:
-                raise UsageError(f"the webhook URL {_masked(url)!r} names no host")
-            if port is not None and not 0 < port < 65536:  # else each send raises
-                raise UsageError(f"the webhook URL {_masked(url)!r} names no usable port")
-            if url_list.count(url) > 1:  # one queue per URL: twice would deliver twice
-                raise UsageError(f"the webhook URL {_masked(url)!r} is given twice")
-        secrets = _secrets(secret, "WebhookChannel")
+        url_list = checked_urls(urls)
+        secrets = secret_list(secret, "WebhookChannel")
         whole("max_attempts", max_attempts, least=1)  # 2.5 would fail each delivery
         seconds("timeout", timeout)  # 0 would fail every attempt at once
         # A NaN or infinite max_backoff would sleep forever between attempts.
@@ -276,7 +164,7 @@ class WebhookChannel(Channel):
             url, _, delivery = key.removeprefix(_OUTBOX).rpartition(" ")  # a URL may hold " "
             if url not in self.urls:
                 logger.warning(
-                    "webhook %s is no longer configured; dropping %s", _masked(url), delivery
+                    "webhook %s is no longer configured; dropping %s", masked(url), delivery
                 )
                 self.forget(key)
             else:
@@ -393,7 +281,7 @@ class WebhookChannel(Channel):
         for url in self.urls:
             self._queues[url] = asyncio.Queue()
             self._workers.append(
-                asyncio.create_task(self._work(url), name=f"signoff-webhook-{_masked(url)}")
+                asyncio.create_task(self._work(url), name=f"signoff-webhook-{masked(url)}")
             )
 
     async def _work(self, url: str) -> None:
@@ -408,11 +296,11 @@ class WebhookChannel(Channel):
                 elif self._state is not None:
                     logger.error(
                         "webhook %s: %s is sent again when the hub next starts",
-                        _masked(url),
+                        masked(url),
                         delivery,
                     )
             except Exception:
-                logger.exception("webhook %s: delivering %s failed", _masked(url), delivery)
+                logger.exception("webhook %s: delivering %s failed", masked(url), delivery)
             finally:
                 self._sending.discard(f"{url} {delivery}")
                 self._queued.discard(f"{url} {delivery}")
@@ -449,7 +337,7 @@ class WebhookChannel(Channel):
                 problem = f"HTTP {status}"
                 if status < 500 and status not in _RETRY_STATUSES:
                     logger.error(
-                        "webhook %s refused %s (%s); not retried", _masked(url), delivery, problem
+                        "webhook %s refused %s (%s); not retried", masked(url), delivery, problem
                     )
                     self.failed += 1
                     return "refused"
@@ -457,14 +345,14 @@ class WebhookChannel(Channel):
                 delay = min(self.max_backoff, max(self.backoff * 2 ** (attempt - 1), asked or 0))
                 logger.warning(
                     "webhook %s: %s on attempt %s for %s; retrying in %.2fs",
-                    _masked(url),
+                    masked(url),
                     problem,
                     attempt,
                     delivery,
                     delay,
                 )
                 await self._sleep(delay)
-        logger.error("webhook %s: gave up on %s after %s attempts", _masked(url), delivery, attempt)
+        logger.error("webhook %s: gave up on %s after %s attempts", masked(url), delivery, attempt)
         self.failed += 1
         return "gave up"
 
@@ -485,7 +373,7 @@ class WebhookChannel(Channel):
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = _httpx().AsyncClient(timeout=self.timeout)
+            self._client = httpx_module().AsyncClient(timeout=self.timeout)
         return self._client
 
     async def drain(self) -> None:
@@ -522,64 +410,6 @@ class WebhookChannel(Channel):
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None
-
-
-def _masked(url: object) -> object:
-    """`url` as logs and errors show it, with what may be a password masked: the userinfo httpx
-    reads (the last `@` before the first `/`, `?` or `#`), which it sends as Basic auth, and a
-    password holding one of those unencoded, which httpx reads as a port and path (`u:123/pw@h`
-    is host `u`): from the first `:` to the last `@`. What is not a string is shown as it is
-    (the error naming it says it is no URL)."""
-    if not isinstance(url, str):
-        return url
-    scheme, sep, rest = url.partition("://")
-    last = rest.rfind("@")
-    if not sep or last < 0:
-        return url
-    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
-    authority = rest[: min(ends, default=len(rest))]
-    at = authority.rfind("@")  # where httpx's userinfo ends, if it reads one
-    colon = authority.partition("[")[0].find(":")  # not one of an IPv6 host's
-    if 0 <= colon < at or (at < 0 and colon >= 0):
-        shown = f"{scheme}://{rest[:colon]}:***@{rest[last + 1 :]}"
-    elif at >= 0:  # a user name alone (a token, often) is sent as Basic auth too
-        shown = f"{scheme}://***@{rest[at + 1 :]}"
-    else:
-        return url
-    return shown if _sends_nothing_shown(url, shown) else f"{scheme}://***@{rest[last + 1 :]}"
-
-
-def _sends_nothing_shown(url: str, shown: str) -> bool:
-    """Whether the Basic auth httpx would send for `url` is out of `shown`: a check on the mask
-    by httpx's own reading."""
-    httpx = _httpx()
-    try:
-        parsed = httpx.URL(url)
-    except (httpx.InvalidURL, UnicodeError):
-        return True  # it sends nothing at all
-    # The user name is shown beside a password, and is the secret without one; only the shown
-    # userinfo can hold it (the host on follows the last `@`).
-    secret = parsed.password if b":" in parsed.userinfo else parsed.username
-    return not secret or secret not in shown.partition("://")[2].rpartition("@")[0]
-
-
-def _unusable(url: str, exc: Exception) -> str:
-    """What the error about a URL httpx cannot read shows. The parser's message may quote part
-    of a password holding `/`, `?` or `#` unencoded (`Invalid port: ...`): it is left out when
-    something masked lies past where httpx's userinfo ends."""
-    masked = _masked(url)
-    rest = url.partition("://")[2]
-    if masked != url and any(0 <= rest.find(c) < rest.rfind("@") for c in "/?#"):
-        return f"{masked!r} (is a password in it not percent-encoded?)"
-    return f"{masked!r} ({exc})"
-
-
-def _httpx() -> Any:
-    try:
-        import httpx
-    except ImportError as exc:  # pragma: no cover - depends on the extras installed
-        raise UsageError("webhooks need httpx: pip install 'signoff[webhooks]'") from exc
-    return httpx
 
 
 def _retry_after(headers: httpx.Headers, now: float) -> float | None:

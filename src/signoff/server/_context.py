@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 from .._deadlines import is_due, stored_after_deadline, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
+from .._mirrors import unlisted_mirrors
 from .._runtime import Runtime
 from .._state import SessionState
 from .._state_parts import load_principal
@@ -232,7 +233,7 @@ class ServerContext:
         if everyone or picks is not None:
             flt = flt if picks is None else replace(flt, initiated_by=picks)
             picked, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
-            return picked, await store.count_pending(flt)
+            return picked, await self._count(flt)
         seen: dict[str, bool] = {}
         page: list[InputRequest] = []
         total = 0
@@ -424,12 +425,23 @@ class ServerContext:
         this did."""
         store = self.runtime.store
         live = PendingFilter(live_at=self.runtime.now(), initiated_by=picks)
-        total = await store.count_pending(live)
+        stored = await store.count_pending(live)
         ends = []
-        if total:
+        if stored:
             ends += await store.pending(replace(live, limit=1))
-            ends += await store.pending(replace(live, limit=1, offset=total - 1))
+            ends += await store.pending(replace(live, limit=1, offset=stored - 1))
+        total = await self._count(live, stored)
         return total, _digest(total, [r.id for r in ends])
+
+    async def _count(self, flt: PendingFilter, stored: int | None = None) -> int:
+        """How many requests `flt` matches as the listings show them (`stored`: the store's count
+        of them, if read already): an open mirror whose subagent's session passed its TTL,
+        which nothing recorded yet, is left out of both."""
+        store = self.runtime.store
+        total = await store.count_pending(flt) if stored is None else stored
+        if total and flt.status == "pending" and flt.live_at is not None:
+            total -= await unlisted_mirrors(store, flt, flt.live_at)
+        return total
 
     def _default_access(self) -> bool:
         return self.access is default_access

@@ -30,6 +30,7 @@ __all__ = [
     "SessionSummary",
     "StoredRequest",
     "created_before",
+    "lapsed_ancestors_sql",
     "older_schema",
     "parent_of",
     "request_row",
@@ -274,6 +275,9 @@ class Store(Protocol):
     `orphaned_children(agents, limit=, offset=)`, the running or waiting sessions of `agents`
     created for a parent (`parent_of`) whose turn that created them ended or was replaced
     (both stores have it: the orphan sweep then reads only those, not every child);
+    `lapsed_ancestors(now)`, the ids of the sessions with open requests above a running or
+    waiting subagent session whose TTL passed by `now` (both stores have it: counting the open
+    requests then reads the mirrors of only those sessions, not of the whole queue);
     and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str
@@ -448,6 +452,21 @@ class Store(Protocol):
         `after`, in id order, each read in one statement with its session's `audit_n`, for
         checking against the trail."""
         ...
+
+
+def lapsed_ancestors_sql(ph: str, prefix: str = "") -> str:
+    """`lapsed_ancestors(now)`'s query, the same on both stores (`ph` the driver's placeholder,
+    `prefix` the tables' schema): the sessions above a lapsed subagent, up the `parent` links."""
+    return (
+        "WITH RECURSIVE above(sk) AS ("
+        f"SELECT parent FROM {prefix}sessions WHERE parent IS NOT NULL "
+        f"AND status IN ('running', 'waiting') AND expires_at <= {ph} "
+        f"UNION SELECT c.parent FROM {prefix}sessions c JOIN above a ON c.sk = a.sk "
+        "WHERE c.parent IS NOT NULL) "
+        f"SELECT s.id FROM {prefix}sessions s JOIN above a ON a.sk = s.sk WHERE EXISTS "
+        f"(SELECT 1 FROM {prefix}requests r WHERE r.sk = s.sk AND r.status = 'pending') "
+        "ORDER BY s.sk"
+    )
 
 
 def parent_of(events: Sequence[Event]) -> tuple[str | None, str | None]:

@@ -18,6 +18,7 @@ from .._base import (
     RequestRow,
     SessionSummary,
     StoredRequest,
+    lapsed_ancestors_sql,
     request_row,
     session_summary,
     stored_request,
@@ -336,6 +337,18 @@ class Reads(Connections):
             return [session_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, "listing sessions whose TTL passed")
+
+    async def lapsed_ancestors(self, now: float) -> list[str]:
+        """The sessions with open requests above (parent, grandparent, ...) a running or waiting
+        subagent session whose TTL passed by `now`: the only ones whose mirrors can show as
+        expired unrecorded. From the index of children by status; none, mostly."""
+        sql = lapsed_ancestors_sql("%s", f"{self._s}.")
+
+        async def body(conn: Conn) -> list[str]:
+            cur = await conn.execute(sql, (now,))
+            return [str(row[0]) for row in await cur.fetchall()]
+
+        return await self._read(body, "listing sessions above a subagent whose TTL passed")
 
     async def orphaned_children(
         self, agents: Sequence[str], *, limit: int = 100, offset: int = 0

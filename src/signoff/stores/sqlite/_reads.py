@@ -20,6 +20,7 @@ from .._base import (
     RequestRow,
     SessionSummary,
     StoredRequest,
+    lapsed_ancestors_sql,
     request_row,
     session_summary,
     stored_request,
@@ -299,6 +300,14 @@ class Reads(Connection):
             "ORDER BY expires_at, sk LIMIT ? OFFSET ?"
         )
         return [session_summary(row) for row in self.conn.execute(sql, (now, limit, offset))]
+
+    @reading
+    async def lapsed_ancestors(self, now: float) -> list[str]:
+        """The sessions with open requests above (parent, grandparent, ...) a running or waiting
+        subagent session whose TTL passed by `now`: the only ones whose mirrors can show as
+        expired unrecorded. From the index of children by status; none, mostly."""
+        sql = lapsed_ancestors_sql("?")
+        return [str(row[0]) for row in self.conn.execute(sql, (now,))]
 
     @reading
     async def audit(

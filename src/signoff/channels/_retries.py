@@ -1,0 +1,70 @@
+"""When a hub tries a channel again: after a failure on an audit entry (with backoff, a number
+of times before the entry is given up on) or after a rate limit (when the service says, without
+spending an attempt)."""
+
+from __future__ import annotations
+
+import time
+
+from ._base import RateLimited, logger
+
+__all__ = ["MAX_WAIT", "Retries"]
+
+MAX_WAIT = 3600.0  # seconds: the longest a rate limit holds a channel back before it retries
+
+
+class Retries:
+    """A hub's retry times and failure counts, by channel name (monotonic clock)."""
+
+    def __init__(self) -> None:
+        self._failures: dict[tuple[str, int], int] = {}
+        self._retry_at: dict[str, float] = {}
+        self.redo: set[str] = set()  # channels whose redelivery a rate limit holds back
+
+    def blocked(self) -> set[str]:
+        """The channels not to be told anything now: waiting for their retry, or holding the
+        feed behind a redelivery a rate limit stopped."""
+        clock = time.monotonic()
+        return {n for n, at in self._retry_at.items() if at > clock} | self.redo
+
+    def redo_due(self, name: str) -> bool:
+        """Whether the channel's redelivery a rate limit stopped may go on now."""
+        return name in self.redo and self._retry_at.get(name, 0.0) <= time.monotonic()
+
+    def rate_limited(self, name: str, entry_id: int, exc: RateLimited) -> None:
+        """Hold the channel back for the delay the service names (at most `MAX_WAIT`)."""
+        wait = min(max(0.0, exc.retry_after), MAX_WAIT)  # NaN: max() keeps the 0
+        self._retry_at[name] = time.monotonic() + wait
+        logger.warning(
+            "channel %s is rate limited on audit entry %s; retrying in %.1fs", name, entry_id, wait
+        )
+
+    def failed(self, name: str, entry_id: int, max_attempts: int, backoff: float) -> bool:
+        """Count a failure on an entry (called while handling it, whose traceback is logged):
+        True when the channel retries after `backoff * 2**n` seconds, False when `max_attempts`
+        are spent and the entry is given up on."""
+        key = (name, entry_id)
+        self._failures[key] = self._failures.get(key, 0) + 1
+        if self._failures[key] < max_attempts:
+            self._retry_at[name] = time.monotonic() + backoff * 2 ** (self._failures[key] - 1)
+            logger.warning(
+                "channel %s failed on audit entry %s (attempt %s); it will retry",
+                name,
+                entry_id,
+                self._failures[key],
+                exc_info=True,
+            )
+            return True
+        logger.exception(
+            "channel %s gave up on audit entry %s after %s attempts; "
+            "it is delivered again when the hub next starts",
+            name,
+            entry_id,
+            self._failures[key],
+        )
+        return False
+
+    def handled(self, name: str, entry_id: int) -> None:
+        """The channel is done with the entry (told, or given up on): no retry is pending."""
+        self._failures.pop((name, entry_id), None)
+        self._retry_at.pop(name, None)

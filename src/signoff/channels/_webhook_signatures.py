@@ -1,0 +1,128 @@
+"""Webhook signatures: how a delivery is signed (`Signoff-Timestamp`, `Signoff-Signature`) and
+how a receiver checks one (`verify_webhook`)."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from .._exceptions import UsageError
+from ._base import InvalidSignature
+
+__all__ = [
+    "DELIVERY_HEADER",
+    "EVENT_HEADER",
+    "SIGNATURE_HEADER",
+    "TIMESTAMP_HEADER",
+    "secret_list",
+    "sign_webhook",
+    "verify_webhook",
+]
+
+TIMESTAMP_HEADER = "Signoff-Timestamp"
+SIGNATURE_HEADER = "Signoff-Signature"
+EVENT_HEADER = "Signoff-Event"
+DELIVERY_HEADER = "Signoff-Delivery"
+
+
+def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
+    """The `Signoff-Signature` value for `body` sent at `timestamp`."""
+    mac = hmac.new(secret.encode(), f"{timestamp}.".encode() + body, hashlib.sha256)
+    return "v1=" + mac.hexdigest()
+
+
+def verify_webhook(
+    secret: str | Sequence[str],
+    headers: Mapping[str, str],
+    body: bytes | str,
+    *,
+    tolerance: float = 300,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """Check a delivery's signature and age; returns the parsed JSON payload.
+
+    `secret` may be several (while rotating): a signature by any of them is accepted.
+    Raises `InvalidSignature` when a header is missing, the timestamp is more than `tolerance`
+    seconds away from `now`, no `v1=` signature (comma-separated, for secret rotation)
+    matches (the comparison is constant-time), or the unsigned `Signoff-Delivery` or
+    `Signoff-Event` header, when present, differs from the signed body's `id` or `type`.
+
+        payload = verify_webhook(SECRET, request.headers, await request.body())
+    """
+    secrets = secret_list(secret, "verify_webhook()")
+    if not tolerance >= 0:  # NaN compares false with every age: it would let any replay in
+        raise UsageError(f"tolerance must be a number of seconds >= 0, not {tolerance!r}")
+    if now is not None and not math.isfinite(now):
+        raise UsageError(f"now must be a finite Unix time, not {now!r}")
+    try:
+        raw = body.encode() if isinstance(body, str) else bytes(body)
+    except UnicodeEncodeError:  # text decoded from invalid UTF-8: the bytes signed are gone
+        raise InvalidSignature("the body is not valid UTF-8 text: pass the raw bytes") from None
+    lowered = {k.lower(): v for k, v in headers.items()}
+    stamp = lowered.get(TIMESTAMP_HEADER.lower())
+    given = lowered.get(SIGNATURE_HEADER.lower())
+    if not stamp or not given:
+        raise InvalidSignature(f"missing {TIMESTAMP_HEADER} or {SIGNATURE_HEADER} header")
+    try:
+        if not (stamp.isascii() and stamp.isdigit()):  # int() also reads "1_7", other digits
+            raise ValueError(stamp)
+        timestamp = int(stamp)  # a ValueError past 4300 digits too
+    except ValueError:
+        shown = stamp[:40]
+        raise InvalidSignature(f"{TIMESTAMP_HEADER} is not a Unix timestamp: {shown!r}") from None
+    current = time.time() if now is None else now
+    try:
+        age = current - timestamp
+    except OverflowError:  # an integer too large for a float: no real clock is there
+        raise InvalidSignature(f"{TIMESTAMP_HEADER} is more than {tolerance:g}s off") from None
+    if abs(age) > tolerance:
+        raise InvalidSignature(f"the delivery is {int(age)}s old; more than {tolerance:g}s off")
+    expected = [sign_webhook(s, timestamp, raw).encode() for s in secrets]
+    candidates = [s.strip() for s in given.split(",") if s.strip().startswith("v1=")]
+    # As bytes: compare_digest refuses str with non-ASCII characters (a TypeError, not a no).
+    if not any(hmac.compare_digest(e, _utf8(c)) for e in expected for c in candidates):
+        raise InvalidSignature("the signature does not match the body and timestamp")
+    try:
+        payload = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json can read
+        raise InvalidSignature("the signed body is not JSON") from None
+    if not isinstance(payload, dict):
+        raise InvalidSignature("the signed body is not a JSON object")
+    # Headers are not signed: a receiver deduping on Signoff-Delivery must not be told a replay
+    # is another delivery.
+    for header, key in ((DELIVERY_HEADER, "id"), (EVENT_HEADER, "type")):
+        claimed = lowered.get(header.lower())
+        if claimed is not None and claimed != payload.get(key):
+            raise InvalidSignature(f"the {header} header does not match the signed body's {key}")
+    return payload
+
+
+def secret_list(secret: str | Sequence[str], who: str) -> list[str]:
+    """The signing secrets as a list: one, or several while rotating, none of them empty."""
+    if isinstance(secret, str):
+        secrets = [secret]
+    elif isinstance(secret, Iterable) and not isinstance(secret, bytes | bytearray | Mapping):
+        secrets = list(secret)
+    else:  # named by its type only: the value is a secret
+        raise UsageError(
+            f"{who}: secret must be a non-empty string, or a list of them while rotating, "
+            f"not {type(secret).__name__}"
+        )
+    if not secrets or not all(isinstance(s, str) and s for s in secrets):
+        raise UsageError(f"{who} needs the shared secret: a non-empty string, or several")
+    for s in secrets:
+        try:
+            s.encode()
+        except UnicodeEncodeError:  # e.g. from an environment holding invalid UTF-8
+            raise UsageError(f"{who}: a secret is not valid Unicode (a lone surrogate)") from None
+    return secrets
+
+
+def _utf8(text: str) -> bytes:
+    """`text` as UTF-8, unpaired surrogates kept as they are (they then match nothing)."""
+    return text.encode("utf-8", "surrogatepass")

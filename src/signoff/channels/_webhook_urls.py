@@ -1,0 +1,94 @@
+"""Webhook URLs: the ones a `WebhookChannel` is given, checked when it is configured, and how
+logs and errors show them (a password in one masked)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .._exceptions import UsageError
+
+__all__ = ["checked_urls", "httpx_module", "masked"]
+
+
+def checked_urls(urls: str | Sequence[str]) -> list[str]:
+    """`urls` as a list, each an http(s) URL httpx can send to, naming a host and a usable port,
+    none twice (one queue per URL: twice would deliver twice)."""
+    httpx = httpx_module()  # fail at configuration time, with the install hint
+    url_list = [urls] if isinstance(urls, str) else list(urls)
+    if not url_list:
+        raise UsageError("WebhookChannel needs at least one URL")
+    for url in url_list:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise UsageError(f"a webhook URL must be http(s)://..., not {masked(url)!r}")
+        try:
+            parsed = httpx.URL(url)
+            host, port = parsed.host, parsed.port  # .host decodes IDNA
+        except (httpx.InvalidURL, UnicodeError) as exc:  # UnicodeError: a bad IDNA host
+            raise UsageError(f"not a usable webhook URL: {_unusable(url, exc)}") from None
+        if not host:
+            raise UsageError(f"the webhook URL {masked(url)!r} names no host")
+        if port is not None and not 0 < port < 65536:  # else each send raises
+            raise UsageError(f"the webhook URL {masked(url)!r} names no usable port")
+        if url_list.count(url) > 1:  # one queue per URL: twice would deliver twice
+            raise UsageError(f"the webhook URL {masked(url)!r} is given twice")
+    return url_list
+
+
+def masked(url: object) -> object:
+    """`url` as logs and errors show it, with what may be a password masked: the userinfo httpx
+    reads (the last `@` before the first `/`, `?` or `#`), which it sends as Basic auth, and a
+    password holding one of those unencoded, which httpx reads as a port and path (`u:123/pw@h`
+    is host `u`): from the first `:` to the last `@`. What is not a string is shown as it is
+    (the error naming it says it is no URL)."""
+    if not isinstance(url, str):
+        return url
+    scheme, sep, rest = url.partition("://")
+    last = rest.rfind("@")
+    if not sep or last < 0:
+        return url
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    authority = rest[: min(ends, default=len(rest))]
+    at = authority.rfind("@")  # where httpx's userinfo ends, if it reads one
+    colon = authority.partition("[")[0].find(":")  # not one of an IPv6 host's
+    if 0 <= colon < at or (at < 0 and colon >= 0):
+        shown = f"{scheme}://{rest[:colon]}:***@{rest[last + 1 :]}"
+    elif at >= 0:  # a user name alone (a token, often) is sent as Basic auth too
+        shown = f"{scheme}://***@{rest[at + 1 :]}"
+    else:
+        return url
+    return shown if _sends_nothing_shown(url, shown) else f"{scheme}://***@{rest[last + 1 :]}"
+
+
+def _sends_nothing_shown(url: str, shown: str) -> bool:
+    """Whether the Basic auth httpx would send for `url` is out of `shown`: a check on the mask
+    by httpx's own reading."""
+    httpx = httpx_module()
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, UnicodeError):
+        return True  # it sends nothing at all
+    # The user name is shown beside a password, and is the secret without one; only the shown
+    # userinfo can hold it (the host on follows the last `@`).
+    secret = parsed.password if b":" in parsed.userinfo else parsed.username
+    return not secret or secret not in shown.partition("://")[2].rpartition("@")[0]
+
+
+def _unusable(url: str, exc: Exception) -> str:
+    """What the error about a URL httpx cannot read shows. The parser's message may quote part
+    of a password holding `/`, `?` or `#` unencoded (`Invalid port: ...`): it is left out when
+    something masked lies past where httpx's userinfo ends."""
+    shown = masked(url)
+    rest = url.partition("://")[2]
+    if shown != url and any(0 <= rest.find(c) < rest.rfind("@") for c in "/?#"):
+        return f"{shown!r} (is a password in it not percent-encoded?)"
+    return f"{shown!r} ({exc})"
+
+
+def httpx_module() -> Any:
+    """The `httpx` module, or a `UsageError` with the install hint when it is not installed."""
+    try:
+        import httpx
+    except ImportError as exc:  # pragma: no cover - depends on the extras installed
+        raise UsageError("webhooks need httpx: pip install 'signoff[webhooks]'") from exc
+    return httpx

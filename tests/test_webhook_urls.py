@@ -1,0 +1,108 @@
+"""Webhook URLs (`channels._webhook_urls`): what is refused when a channel is configured, named,
+with any password in the URL masked, however httpx would read it."""
+
+from __future__ import annotations
+
+import pytest
+
+import signoff as so
+from signoff.channels import WebhookChannel
+from signoff.channels._webhook_urls import masked
+
+from .test_webhooks import SECRET
+
+
+def test_a_url_no_connection_can_use_is_refused_when_configured() -> None:
+    """A port past 65535 made every send raise (an ExceptionGroup, not a failed attempt) and
+    a malformed IDNA host raised a UnicodeError: both are configuration errors, by name."""
+    for bad in ("http://127.0.0.1:99999/hook", "http://127.0.0.1:0/hook", "http://xn--/hook"):
+        with pytest.raises(so.UsageError, match="URL"):
+            WebhookChannel(bad, SECRET)
+
+
+@pytest.mark.parametrize("url", [123, None, b"http://example.com/hook"])
+def test_a_url_that_is_not_text_is_a_usage_error(url: object) -> None:
+    """Masking a password in the URL an error names must not fail on what is no text at all:
+    it raised AttributeError ('int' object has no attribute 'partition') instead."""
+    with pytest.raises(so.UsageError, match=r"must be http\(s\)://\.\.\., not"):
+        WebhookChannel([url], SECRET)  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://hook:s3cr3t#pw@example.com/x",
+        "http://hook:s3cr3t/pw@example.com/x",
+        "http://hook:s3cr3t?pw@example.com/x",
+    ],
+)
+def test_a_password_that_breaks_the_url_is_not_shown_in_the_error(url: str) -> None:
+    """A password with `#`, `/` or `?` not percent-encoded ends the host part where the mask
+    looked for it: the error showed the URL whole, and httpx's message ('Invalid port: ...')
+    quoted the password's start."""
+    with pytest.raises(so.UsageError, match="not a usable webhook URL") as refused:
+        WebhookChannel(url, SECRET)
+    assert "s3cr3t" not in str(refused.value) and "pw" not in str(refused.value)
+    assert "hook:***@example.com/x" in str(refused.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        # httpx reads `hook:123` as a host and port: no Basic auth, the rest a path, query or
+        # fragment; a person meant the password `123/s3cr3t` (it was shown whole)
+        ("http://hook:123/s3cr3t@example.com/x", "http://hook:***@example.com/x"),
+        ("http://hook:12?s3cr3t@example.com/x", "http://hook:***@example.com/x"),
+        ("http://hook:12#s3cr3t@example.com/x", "http://hook:***@example.com/x"),
+        # httpx sends the password `p` to host `ss`; a person meant `p@ss/s3cr3t`
+        ("http://hook:p@ss/s3cr3t@example.com/x", "http://hook:***@example.com/x"),
+        # httpx reads the last `@` before the path: the password is `s3cr3t@example.com\`
+        ("http://hook:s3cr3t@example.com\\@evil.example/x", "http://hook:***@evil.example/x"),
+        ("HTTP://hook:s3cr3t@example.com/x", "HTTP://hook:***@example.com/x"),
+        ("http://hook:s3%2Fcr3t@example.com/x", "http://hook:***@example.com/x"),
+        ("http://:s3cr3t@example.com/x", "http://:***@example.com/x"),
+        ("http://hook:s3cr3t@[::1]:8080/x", "http://hook:***@[::1]:8080/x"),
+        # a password the user name holds: the user name is masked too
+        ("http://hook:ook@example.com/x", "http://***@example.com/x"),
+        # a token as the user name is sent as Basic auth too
+        ("http://s3cr3t-token@example.com/x", "http://***@example.com/x"),
+        # nothing secret: shown as given
+        ("http://[::1]:8080/x@y", "http://[::1]:8080/x@y"),
+        (
+            "https://example.com/hook?to=ops@example.com",
+            "https://example.com/hook?to=ops@example.com",
+        ),
+        ("http://example.com:8080/x", "http://example.com:8080/x"),
+    ],
+)
+def test_a_password_is_masked_however_the_url_reads(url: str, shown: str) -> None:
+    """A URL httpx takes but reads differently from its writer (`http://u:123/pw@host` is host
+    `u`, port 123) was logged whole: all that httpx sends as Basic auth, and all before the
+    last `@` a password may reach, is masked."""
+    import httpx
+
+    shown_url = masked(url)
+    assert shown_url == shown
+    assert "s3cr3t" not in str(shown_url)
+    assert "s3%2F" not in str(shown_url) and ":ook" not in str(shown_url)
+    parsed = httpx.URL(url)
+    if parsed.password:  # what httpx sends is not in the userinfo shown
+        assert parsed.password not in str(shown_url).partition("://")[2].rpartition("@")[0]
+    if (
+        url != shown
+        and url.startswith("http://")
+        and parsed.host
+        and (parsed.port is None or 0 < parsed.port < 65536)
+    ):
+        with pytest.raises(so.UsageError, match="is given twice") as given_twice:
+            WebhookChannel([url, url], SECRET)
+        assert f"{shown!r} is given twice" in str(given_twice.value)
+
+
+def test_an_unusable_url_with_a_password_still_says_what_is_wrong() -> None:
+    """A password httpx reads as one is masked, and the parser's message about the rest (a bad
+    port) is kept: it quotes nothing of the password."""
+    with pytest.raises(so.UsageError, match="not a usable webhook URL") as refused:
+        WebhookChannel("http://hook:s3cr3t@example.com:abc/x", SECRET)
+    assert "'http://hook:***@example.com:abc/x' (Invalid port: 'abc')" in str(refused.value)
+    assert "s3cr3t" not in str(refused.value)
