@@ -82,6 +82,8 @@ def serve(
     secret: str | bytes | None = None,
     workers: int | None = None,
     sign_in_lifetime: float = SIGN_IN_LIFETIME,
+    metrics: bool = False,
+    metrics_token: str | None = None,
 ) -> None:
     """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`.
     With `store`, the runtime's agents are served from that store instead.
@@ -93,9 +95,10 @@ def serve(
     keys the dashboard's CSRF tokens (see `create_app`). `workers` turns at a time run in this
     process for sessions with work no request is running (see `create_app`); by default 4 for a
     runtime that runs its turns in process, 0 for one that leaves them to workers (`inline=False`).
-    A dashboard sign-in lasts `sign_in_lifetime` seconds (see `create_app`). `log_level` is
-    uvicorn's, and signoff's own loggers' too, which go to stderr timestamped unless logging is
-    set up already (a handler on the root or `signoff` logger).
+    A dashboard sign-in lasts `sign_in_lifetime` seconds (see `create_app`). `metrics` serves
+    Prometheus metrics at `/metrics` to admins and to `metrics_token` (see `create_app`).
+    `log_level` is uvicorn's, and signoff's own loggers' too, which go to stderr timestamped
+    unless logging is set up already (a handler on the root or `signoff` logger).
     """
     import uvicorn
 
@@ -128,6 +131,8 @@ def serve(
         secret=secret,
         workers=workers,
         sign_in_lifetime=sign_in_lifetime,
+        metrics=metrics,
+        metrics_token=metrics_token,
     )
     if auth is None and not is_loopback(host):
         print(
