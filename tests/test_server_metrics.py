@@ -111,6 +111,9 @@ async def test_only_an_admin_or_the_scrape_token_may_scrape(store_url: str) -> N
         assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_only")
         r = await c.get("/metrics", headers=auth("not-a-token"))
         assert r.status_code == 401
+        two = [("Authorization", f"Bearer {SCRAPE}"), ("Authorization", "Bearer admin-token")]
+        r = await c.get("/metrics", headers=httpx.Headers(two))
+        assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthenticated")
         await scrape(c, ADMIN)
         await scrape(c, auth(SCRAPE))
         head = await c.head("/metrics", headers=auth(SCRAPE))
