@@ -12,7 +12,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "signoff"
 # other freely. Imports under `if TYPE_CHECKING:` are annotations only and do not count.
 LAYERS: list[set[str]] = [
     {"_exceptions", "_types", "_text", "_error_text", "_logs"},
-    {"_events", "_results", "_steps", "_sync", "_idempotency", "_tracing", "_settings"},
+    {"_events", "_results", "_steps", "_sync", "_idempotency", "_tracing", "_settings", "_counts"},
     {"_state_parts"},
     {"_event_handlers"},
     {"_state", "_approval", "stores", "models"},

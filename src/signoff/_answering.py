@@ -19,6 +19,7 @@ from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, SessionAuth, SessionInfo
+from ._counts import counted_answers
 from ._deadlines import due_batch, is_due
 from ._eligibility import (
     authorize,
@@ -100,6 +101,7 @@ class Answering(SessionRunner):
             return self._result(await self._state(session_id), outcomes)
         return await self._drive(session_id, outcomes=outcomes)
 
+    @counted_answers
     async def _settle(
         self,
         session_id: str,

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from ._agent import Agent
+from ._counts import Counts
 from ._events import Event
 from ._exceptions import AppendConflict, LeaseLost
 from ._leasing import Held
@@ -55,6 +56,7 @@ class Driver(ToolCalls, ModelStep):
         lock: asyncio.Lock | None = None,
         unrecorded: dict[str, list[EventSpec]] | None = None,
         tracing: Tracing = OFF,
+        counts: Counts | None = None,
     ) -> None:
         self.lock = lock or asyncio.Lock()
         self.store = store
@@ -83,6 +85,7 @@ class Driver(ToolCalls, ModelStep):
         # failed to take (a full disk) is recorded from here, not run again, by a later drive.
         self.unrecorded = {} if unrecorded is None else unrecorded
         self.tracing = tracing  # spans of model calls and tool bodies (`_tracing`)
+        self.counts = Counts() if counts is None else counts  # the runtime's, for metrics
         # Set by a traced drive: its W3C trace context, kept with the `turn.waiting` that parks
         # the turn, so the drive that resumes it links to this one.
         self.traceparent: str | None = None
@@ -195,7 +198,19 @@ class Driver(ToolCalls, ModelStep):
     # -- the loop -----------------------------------------------------------------------------
 
     async def drive(self, *, retry: bool = False) -> SessionState:
-        """Run the turn until it completes, fails, is cancelled or waits for a person."""
+        """Run the turn until it completes, fails, is cancelled or waits for a person; counted
+        in `counts` if it recorded anything or failed (a cancelled drive is stopped, not failed)."""
+        seq = self.state.seq
+        try:
+            state = await self._forward(retry)
+        except Exception:
+            self.counts.drove(failed=True)
+            raise
+        if state.seq != seq:
+            self.counts.drove(failed=state.turn is not None and state.turn.status == "failed")
+        return state
+
+    async def _forward(self, retry: bool) -> SessionState:
         try:
             while True:
                 turn = self.state.turn

@@ -20,6 +20,7 @@ from typing import Any, Self
 
 from ._agent import Agent
 from ._audit_trail import record_tool_settings
+from ._counts import Counts
 from ._deadlines import due_batch, expiry_resolves, expiry_specs
 from ._engine import Driver
 from ._events import Event
@@ -134,6 +135,7 @@ class SessionRunner(Leasing):
         self.tracer_provider = tracer_provider
         self.trace_content = trace_content
         self._tracing = tracing_for(tracer_provider, trace_content)
+        self._counts = Counts()  # what this process did, for a metrics endpoint (`_counts`)
         self._lease_offset = 0.0  # see `now`
         self._lease_base = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
@@ -297,6 +299,7 @@ class SessionRunner(Leasing):
             lock=self._locks.setdefault(state.id, asyncio.Lock()),
             unrecorded=self._unrecorded,
             tracing=self._tracing,
+            counts=self._counts,
         )
 
     async def _create(self, agent: Agent, auth: Principal | None, idem: Keyed | None = None) -> str:

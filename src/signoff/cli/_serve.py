@@ -175,6 +175,24 @@ def serve(
             "hours).",
         ),
     ] = None,
+    metrics: Annotated[
+        bool,
+        typer.Option(
+            "--metrics",
+            envvar="SIGNOFF_METRICS",
+            help="Serve Prometheus metrics at /metrics (needs pip install "
+            "'signoff[metrics]'), to --metrics-token or, in dev mode, localhost.",
+        ),
+    ] = False,
+    metrics_token: Annotated[
+        str | None,
+        typer.Option(
+            "--metrics-token",
+            envvar="SIGNOFF_METRICS_TOKEN",
+            metavar="SECRET",
+            help="Bearer token that may read /metrics and nothing else (with --metrics).",
+        ),
+    ] = None,
     channel_state: Annotated[
         str | None,
         typer.Option(
@@ -210,6 +228,7 @@ def serve(
             split_target(target)
             auth = None if not token else TokenAuth(_token_principals(token))
             _refuse_stray_channel_options(ctx, bool(webhook), bool(slack_channel))
+            _check_metrics(ctx, metrics, metrics_token)
             _refuse_missing_secrets(
                 bool(webhook), webhook_secret, slack_channel, slack_token, slack_signing_secret
             )
@@ -264,6 +283,8 @@ def serve(
             max_streams=STREAMS_DEFAULT if max_streams is None else max_streams,
             max_body_size=BODY_DEFAULT if max_body_size is None else max_body_size,
             log_level=log_level,
+            metrics=metrics,
+            metrics_token=metrics_token if metrics else None,
         )
     except SignoffError as exc:  # e.g. a channel state file that cannot be opened
         fail(exc)
@@ -332,6 +353,19 @@ def _refuse_stray_channel_options(ctx: typer.Context, webhooks: bool, slack: boo
         raise UsageError(
             "--channel-state is given but no --webhook or --slack-channel: it would keep nothing"
         )
+
+
+def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None) -> None:
+    """Refuse `--metrics` without its extra (its install line before the store is waited for)
+    and `--metrics-token` typed without `--metrics`; one only exported is left unused."""
+    if metrics:
+        from ..server._metrics import exporter_type
+
+        exporter_type()
+        if token is not None and not token:  # `--metrics-token "$UNSET"`
+            raise UsageError("the metrics token (--metrics-token) must not be empty")
+    elif getattr(ctx.get_parameter_source("metrics_token"), "name", None) == "COMMANDLINE":
+        raise UsageError("--metrics-token is given but no --metrics")
 
 
 def _token_principals(tokens: list[str]) -> dict[str, Principal]:

@@ -18,7 +18,7 @@ from starlette.staticfiles import StaticFiles
 from .. import __version__
 from .._exceptions import UsageError
 from .._runtime import Runtime
-from .._settings import positive_seconds
+from .._settings import flag, positive_seconds
 from ._api import router as api_router
 from ._auth import (
     DASHBOARD_PREFIX,
@@ -40,6 +40,8 @@ from ._links import add_links
 from ._login import router as login_router
 from ._login import sign_in_redirect
 from ._message_page import dashboard_error
+from ._metrics import Observed, Scraping
+from ._metrics import router as metrics_router
 from ._pages import csrf_key
 from ._prompt import PromptStore
 from ._sign_ins import SIGN_IN_LIFETIME, lifetime_of
@@ -87,6 +89,8 @@ def create_app(
     workers: int = 0,
     sign_in_lifetime: float = SIGN_IN_LIFETIME,
     max_streams: int = MAX_STREAMS,
+    metrics: bool = False,
+    metrics_token: str | None = None,
 ) -> FastAPI:
     """Build the app serving `runtime`.
 
@@ -107,6 +111,9 @@ def create_app(
     (`Runtime.work`): one answered from elsewhere (`signoff approve` without a runtime) or left
     running by a process that died. Workers apply passed deadlines too, every `sweep_every`
     seconds (5 if None), in place of the app's own sweep.
+    `metrics=True` serves Prometheus metrics at `/metrics` to admins, and to a bearer
+    `metrics_token` that opens that route alone (`pip install 'signoff[metrics]'`; a
+    `UsageError` here without it).
     """
     if auth is None:
         if not dev:
@@ -130,6 +137,9 @@ def create_app(
         raise UsageError(f"workers must be a whole number from 0, not {workers!r}")
     sign_in_lifetime = lifetime_of(sign_in_lifetime)
     max_streams = max_streams_of(max_streams)
+    flag("metrics", metrics)
+    if metrics_token is not None and not metrics:
+        raise UsageError("metrics_token is given but metrics is off (metrics=True)")
 
     async def _sweep(every: float) -> None:
         while True:
@@ -185,11 +195,7 @@ def create_app(
         # Host header (plain http:// behind a proxy terminating TLS): it is an unknown path.
         redirect_slashes=False,
     )
-    app.add_middleware(PromptStore)
-    app.add_middleware(BodyLimit, max_bytes=max_body_size)
-    app.add_middleware(SecurityHeaders)
-    app.add_middleware(HeadAsGet)  # outermost: HEAD gets every header GET would
-    app.state.signoff = ServerContext(
+    context = ServerContext(
         runtime=runtime,
         auth=auth,
         access=access,
@@ -199,6 +205,14 @@ def create_app(
         sign_in_lifetime=sign_in_lifetime,
         max_streams=max_streams,
     )
+    app.add_middleware(PromptStore)
+    app.add_middleware(BodyLimit, max_bytes=max_body_size)
+    app.add_middleware(SecurityHeaders)
+    if metrics:  # inside `HeadAsGet`, whose copy of a HEAD's scope gets the route it runs
+        app.state.signoff_metrics = Scraping(context, metrics_token)
+        app.add_middleware(Observed, exporter=app.state.signoff_metrics.exporter)
+    app.add_middleware(HeadAsGet)  # outermost: HEAD gets every header GET would
+    app.state.signoff = context
     install_error_handlers(app)
 
     async def on_sign_in(request: Request, exc: Exception) -> Response:
@@ -219,6 +233,8 @@ def create_app(
     app.include_router(dashboard_router)
     app.include_router(login_router)
     app.include_router(health_router)
+    if metrics:
+        app.include_router(metrics_router)
     for channel_router in () if channels is None else channels.routers:
         app.include_router(channel_router)
     static = files("signoff.server").joinpath("static")

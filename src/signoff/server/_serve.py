@@ -86,6 +86,8 @@ def serve(
     sign_in_lifetime: float = SIGN_IN_LIFETIME,
     max_streams: int = MAX_STREAMS,
     max_body_size: int = MAX_BODY_SIZE,
+    metrics: bool = False,
+    metrics_token: str | None = None,
 ) -> None:
     """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`.
     With `store`, the runtime's agents are served from that store instead.
@@ -99,9 +101,10 @@ def serve(
     runtime that runs its turns in process, 0 for one that leaves them to workers (`inline=False`).
     A dashboard sign-in lasts `sign_in_lifetime` seconds, one caller may hold `max_streams`
     event streams open at once, and a request body may be `max_body_size` bytes (see
-    `create_app`). `log_level` is
-    uvicorn's, and signoff's own loggers' too, which go to stderr timestamped unless logging is
-    set up already (a handler on the root or `signoff` logger).
+    `create_app`). `metrics` serves Prometheus metrics at `/metrics` to admins and to
+    `metrics_token` (see `create_app`). `log_level` is uvicorn's, and signoff's own loggers'
+    too, which go to stderr timestamped unless logging is set up already (a handler on the root
+    or `signoff` logger).
     """
     import uvicorn
 
@@ -136,6 +139,8 @@ def serve(
         sign_in_lifetime=sign_in_lifetime,
         max_streams=max_streams,
         max_body_size=max_body_size,
+        metrics=metrics,
+        metrics_token=metrics_token,
     )
     if auth is None and not is_loopback(host):
         print(

@@ -51,6 +51,10 @@ class StreamSlots:
     def held(self, principal: Principal) -> int:
         return self._held.get(_caller(principal), 0)
 
+    def total(self) -> int:
+        """The streams open in this process, every caller's."""
+        return sum(self._held.values())
+
     def take(self, principal: Principal) -> Callable[[], None]:
         """A slot for one more stream of `principal`, and the function giving it back (once);
         429 `too_many_streams` when the caller holds all of theirs."""

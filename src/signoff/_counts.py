@@ -1,0 +1,70 @@
+"""`Counts`: running totals of what one runtime did in this process, for a metrics endpoint.
+
+Plain integers, bumped where the work is done and read only when scraped (`signoff[metrics]`,
+`create_app(metrics=True)`): counting costs a turn an addition, with or without an exporter.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from ._exceptions import AnswerError, InvalidAnswer
+
+if TYPE_CHECKING:
+    from ._results import Outcome
+
+__all__ = ["Counts", "counted_answers"]
+
+_Settle = TypeVar("_Settle", bound=Callable[..., Awaitable[list["Outcome"]]])
+
+# Set while a settlement runs: answers to a subagent's requests are settled by nested calls,
+# which the outermost one counts.
+_settling: ContextVar[bool] = ContextVar("signoff_settling", default=False)
+
+
+@dataclass(slots=True)
+class Counts:
+    """Drives of turns this process ran (a drive that recorded nothing is not one), those of
+    them that failed (raised, or left the turn failed), answers it accepted, and answers it
+    refused by error code (a stable, small set)."""
+
+    drives: int = 0
+    failed_drives: int = 0
+    accepted: int = 0
+    refused: Counter[str] = field(default_factory=Counter)
+
+    def drove(self, *, failed: bool) -> None:
+        self.drives += 1
+        if failed:
+            self.failed_drives += 1
+
+    def answered(self, outcomes: Iterable[Outcome]) -> None:
+        """Count the answers that took effect (not those repeating an earlier one)."""
+        self.accepted += sum(1 for o in outcomes if o.applied)
+
+
+def counted_answers(settle: _Settle) -> _Settle:
+    """Count what a settlement (`Answering._settle`) accepts and refuses in its runtime's
+    `_counts`: the outermost call only, and no call that only checks (`check_only`)."""
+
+    @functools.wraps(settle)
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> list[Outcome]:
+        if kwargs.get("check_only") or _settling.get():
+            return await settle(self, *args, **kwargs)
+        token = _settling.set(True)
+        try:
+            outcomes = await settle(self, *args, **kwargs)
+        except (AnswerError, InvalidAnswer) as exc:
+            self._counts.refused[exc.code] += 1
+            raise
+        finally:
+            _settling.reset(token)
+        self._counts.answered(outcomes)
+        return outcomes
+
+    return cast(_Settle, counted)

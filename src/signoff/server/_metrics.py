@@ -1,0 +1,155 @@
+"""`GET /metrics`: Prometheus metrics of one server process, with `create_app(metrics=True)`.
+
+Off by default, and then nothing of it runs. On, each HTTP request is counted by its route's
+template and timed (`Observed`), and a scrape reads the runtime's own counts and one count of
+open requests from the store, given a short time: a store that does not answer makes
+`signoff_store_up` 0, not a failed scrape.
+
+Who may scrape: an admin (`admin: true`), as the figures span every tenant, as only an admin's
+view of the sessions does; or the bearer token given as `metrics_token`, which opens this route
+and nothing else, so a scraper need not hold a token that can approve anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from .._exceptions import UsageError
+from ..stores import PendingFilter
+from ._auth import TokenAuth, bearer_token
+from ._context import ServerContext, get_context
+from ._errors import ApiError
+from ._throttle import client_of, too_many
+
+if TYPE_CHECKING:
+    from ._exporter import Exporter
+
+__all__ = ["STORE_TIMEOUT", "Observed", "Scraping", "exporter_type", "router"]
+
+STORE_TIMEOUT = 2.0
+"""Seconds a scrape waits for the store's count of open requests (as `/readyz` waits for its
+read): a scrape times out soon (10 s by default in Prometheus)."""
+
+UNROUTED = "unrouted"
+"""The route label of a request no route took: an unknown path, or a body refused up front."""
+
+log = logging.getLogger("signoff.server")
+
+router = APIRouter(include_in_schema=False)
+
+
+def exporter_type() -> type[Exporter]:
+    """`Exporter`, or a `UsageError` naming the extra to install if `prometheus_client` is
+    missing: asked when the app is made, so the server fails at startup, not at a scrape."""
+    try:
+        from ._exporter import Exporter
+    except ImportError as exc:
+        if not (exc.name or "").startswith("prometheus_client"):
+            raise
+        raise UsageError(
+            f"metrics need prometheus_client ({exc}): pip install 'signoff[metrics]'"
+        ) from exc
+    return Exporter
+
+
+class Scraping:
+    """What `/metrics` serves, and to whom: an app's exporter and its scrape token's digest."""
+
+    def __init__(self, ctx: ServerContext, token: str | None) -> None:
+        if token is not None:
+            if not isinstance(token, str) or not token:
+                raise UsageError("metrics_token must be a non-empty string or None")
+            if not (token.isascii() and token.isprintable() and token == token.strip()):
+                raise UsageError(
+                    "metrics_token is not printable ASCII without spaces around it, so no "
+                    "request could carry it (not shown, as it is a secret)"
+                )
+            if isinstance(ctx.auth, TokenAuth) and ctx.auth.lookup(token) is not None:
+                raise UsageError(
+                    "metrics_token is also an API token: give the scraper a token of its own"
+                )
+        self.exporter = exporter_type()(ctx.runtime._counts, ctx.streams)
+        self._digest = None if token is None else _digest(token)
+
+    async def check(self, ctx: ServerContext, request: Request) -> None:
+        """Let the scrape token or an admin through; 401 or 403 `admin_only` otherwise."""
+        sent = bearer_token(request)
+        # Of two Authorization headers, which one counts is each reader's guess: neither.
+        alone = len(request.headers.getlist("authorization")) == 1
+        if self._digest is not None and sent is not None and alone:
+            wait = ctx.failures.retry_after(client_of(request))
+            if wait is not None:
+                raise too_many(wait)
+            if hmac.compare_digest(_digest(sent), self._digest):
+                return
+        caller = await ctx.require(request)  # counts a token no one has as a guess
+        if caller.attributes.get("admin") is not True:
+            raise ApiError(
+                403,
+                "admin_only",
+                "the metrics count every tenant's activity: scrape them with an admin's token "
+                "or the metrics token",
+            )
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+class Observed:
+    """ASGI middleware counting and timing each HTTP request by its route's template (which
+    the router sets on the scope), method and status class."""
+
+    def __init__(self, app: ASGIApp, exporter: Exporter) -> None:
+        self.app = app
+        self.exporter = exporter
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        began = time.perf_counter()
+        status: int | None = None
+        seconds: float | None = None
+
+        async def sending(message: Message) -> None:
+            nonlocal status, seconds
+            if message["type"] == "http.response.start" and status is None:
+                status = message["status"]
+                seconds = time.perf_counter() - began
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path_format", None) or UNROUTED
+            self.exporter.answered(scope["method"], route, status, seconds)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """The process's metrics, for an admin or the scrape token; Prometheus text, or
+    OpenMetrics if asked for."""
+    ctx = get_context(request)
+    scraping: Scraping = request.app.state.signoff_metrics
+    await scraping.check(ctx, request)
+    exporter = scraping.exporter
+    runtime = ctx.runtime
+    open_requests: int | None = None
+    try:
+        async with asyncio.timeout(STORE_TIMEOUT):
+            await runtime.open()
+            open_requests = await runtime.store.count_pending(PendingFilter(live_at=runtime.now()))
+    except Exception as exc:  # the scrape still answers: `signoff_store_up` says it failed
+        log.debug("metrics: counting open requests failed", exc_info=exc)
+    body, content_type = exporter.render(request.headers.get("accept", ""), open_requests)
+    return Response(body, media_type=content_type)

@@ -1,0 +1,91 @@
+"""The runtime's own counts (`_counts`), which `/metrics` reads: a drive is counted when it
+records something or fails, an answer once when it takes effect or is refused, however many
+sessions (a subagent's mirror) it passes through."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import sqlite_runtime
+
+from ._subagents import ALICE, Counted, refund_agents
+
+
+async def test_drives_count_when_they_record_and_fail_when_the_turn_fails(
+    tmp_path: Path,
+) -> None:
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")]))
+    rt = sqlite_runtime(tmp_path, agent)
+    first = await rt.generate("a", prompt="hello")
+    assert first.status == "completed"
+    assert (rt._counts.drives, rt._counts.failed_drives) == (1, 0)
+    resumed = await rt.generate(session_id=first.session_id)  # nothing to do: no drive
+    assert resumed.status == "completed"
+    assert (rt._counts.drives, rt._counts.failed_drives) == (1, 0)
+    failed = await rt.generate(session_id=first.session_id, prompt="again")  # out of script
+    assert failed.status == "failed" and failed.retryable
+    assert (rt._counts.drives, rt._counts.failed_drives) == (2, 1)
+    retried = await rt.generate(session_id=first.session_id)  # a retry that fails again
+    assert retried.status == "failed"
+    assert (rt._counts.drives, rt._counts.failed_drives) == (3, 2)
+    assert rt._counts.accepted == 0 and not rt._counts.refused
+    await rt.close()
+
+
+async def test_a_drive_that_raises_is_a_failed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent = so.Agent(name="a", model=so.models.Scripted([so.ModelResponse(text="hi")]))
+    rt = sqlite_runtime(tmp_path, agent)
+    commit = rt.store.commit
+    calls = [0]
+
+    async def failing(c: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 2:  # the session's first commit is the store's own; then the turn's
+            raise so.StoreError("disk full")
+        await commit(c)
+
+    await rt.open()
+    monkeypatch.setattr(rt.store, "commit", failing)
+    with pytest.raises(so.StoreError):
+        await rt.generate("a", prompt="hello")
+    assert (rt._counts.drives, rt._counts.failed_drives) == (1, 1)
+    await rt.close()
+
+
+async def test_answers_count_once_accepted_and_refusals_by_code(tmp_path: Path) -> None:
+    ran: list[dict[str, Any]] = []
+    parent, child = refund_agents(ran, Counted("Done."))
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+    (mirror,) = r.pending
+    assert mirror.child is not None  # the answer is settled in the child, through the parent
+    with pytest.raises(so.UnknownRequest):
+        await rt.respond(
+            r.session_id, [so.InputResponse(request_id="req_nope", option_id="approve")]
+        )
+    maybe = [so.InputResponse(request_id=mirror.id, option_id="maybe")]
+    with pytest.raises(so.InvalidAnswer):  # refused by the child's settlement, counted once
+        await rt.respond(r.session_id, maybe, principal=ALICE)
+    assert rt._counts.refused == {"unknown_request": 1, "invalid_answer": 1}
+    approve = [so.InputResponse(request_id=mirror.id, option_id="approve")]
+    done = await rt.respond(r.session_id, approve, principal=ALICE)
+    assert done.status == "completed" and ran
+    assert rt._counts.accepted == 1  # once, though the parent's and the child's requests closed
+    again = await rt.respond(r.session_id, approve, principal=ALICE)
+    assert again.outcomes[0].applied is False
+    assert rt._counts.accepted == 1  # a repeat is no new answer
+    deny = [so.InputResponse(request_id=mirror.id, option_id="cancel")]
+    with pytest.raises(so.ConflictingAnswer):
+        await rt.respond(r.session_id, deny, principal=ALICE)
+    assert rt._counts.refused == {
+        "unknown_request": 1,
+        "invalid_answer": 1,
+        "conflicting_answer": 1,
+    }
+    await rt.close()

@@ -1,0 +1,333 @@
+"""`GET /metrics` (`create_app(metrics=True)`, the `metrics` extra): off unless asked for; for an
+admin or the scrape token only; Prometheus text that parses, with counters that follow real
+calls, labelled by route template and never by an id; a store that does not answer is
+`signoff_store_up 0` in a scrape that still succeeds; a missing `prometheus_client` is named
+with its install line when the app is made."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import signoff as so
+from signoff.server import TokenAuth, _metrics, create_app
+
+from ._cli import invoke, refused_usage
+from .test_server_common import TOKENS, auth, make_agents, running
+
+ADMIN = auth("admin-token")
+SCRAPE = "scrape-s3cret"
+
+
+@asynccontextmanager
+async def metered(url: str, **kwargs: Any) -> AsyncIterator[tuple[so.Runtime, httpx.AsyncClient]]:
+    """A running app with metrics on the store at `url`, and a client sending no credentials."""
+    runtime = so.Runtime(make_agents(), store=url)
+    app = create_app(
+        runtime,
+        auth=TokenAuth(TOKENS),
+        sweep_every=None,
+        close_runtime=True,
+        metrics=True,
+        **kwargs,
+    )
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        yield runtime, c
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Each sample of a scrape by name and labels (sorted), as Prometheus parses it."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+async def scrape(c: httpx.AsyncClient, headers: dict[str, str] = ADMIN) -> dict[Any, float]:
+    r = await c.get("/metrics", headers=headers)
+    assert r.status_code == 200, r.text
+    assert r.headers["content-type"].startswith("text/plain; version=")
+    return samples(r.text)
+
+
+def requests_of(found: dict[Any, float], method: str, route: str, status: str) -> float:
+    key = (
+        "signoff_http_requests_total",
+        (("method", method), ("route", route), ("status", status)),
+    )
+    return found.get(key, 0.0)
+
+
+async def test_off_by_default_and_nothing_of_it_runs(tmp_path: Path) -> None:
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    assert not hasattr(app.state, "signoff_metrics")
+    assert "Observed" not in [getattr(m.cls, "__name__", "") for m in app.user_middleware]
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        r = await c.get("/metrics", headers=ADMIN)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"metrics": "yes"}, "metrics must be True or False"),
+        ({"metrics_token": SCRAPE}, "metrics_token is given but metrics is off"),
+        ({"metrics": True, "metrics_token": ""}, "metrics_token must be a non-empty string"),
+        ({"metrics": True, "metrics_token": " x "}, "not printable ASCII without spaces"),
+        ({"metrics": True, "metrics_token": "admin-token"}, "also an API token"),
+    ],
+)
+def test_bad_settings_are_refused_when_the_app_is_made(
+    kwargs: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match=message) as caught:
+        create_app(runtime, auth=TokenAuth(TOKENS), **kwargs)
+    assert "admin-token" not in str(caught.value)  # a token is never shown
+
+
+async def test_only_an_admin_or_the_scrape_token_may_scrape(store_url: str) -> None:
+    async with metered(store_url, metrics_token=SCRAPE) as (_, c):
+        r = await c.get("/metrics")
+        assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthenticated")
+        r = await c.get("/metrics", headers=auth("alice-token"))
+        assert (r.status_code, r.json()["error"]["code"]) == (403, "admin_only")
+        r = await c.get("/metrics", headers=auth("not-a-token"))
+        assert r.status_code == 401
+        two = [("Authorization", f"Bearer {SCRAPE}"), ("Authorization", "Bearer admin-token")]
+        r = await c.get("/metrics", headers=httpx.Headers(two))
+        assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthenticated")
+        await scrape(c, ADMIN)
+        await scrape(c, auth(SCRAPE))
+        head = await c.head("/metrics", headers=auth(SCRAPE))
+        assert (head.status_code, head.content) == (200, b"")
+        # The scrape token opens /metrics and nothing else.
+        r = await c.get("/v1/sessions", headers=auth(SCRAPE))
+        assert (r.status_code, r.json()["error"]["code"]) == (401, "unauthenticated")
+        spec = (await c.get("/v1/openapi.json")).json()
+        assert "/metrics" not in spec["paths"]
+
+
+async def test_a_guessed_scrape_token_is_throttled_as_any_guess(tmp_path: Path) -> None:
+    async with metered(f"sqlite:///{tmp_path}/s.db", metrics_token=SCRAPE) as (_, c):
+        codes = [
+            (await c.get("/metrics", headers=auth(f"guess-{n}"))).status_code for n in range(40)
+        ]
+        assert codes[0] == 401 and codes[-1] == 429
+        r = await c.get("/metrics", headers=auth(SCRAPE))  # the right one waits its turn too
+        assert (r.status_code, r.json()["error"]["code"]) == (429, "too_many_failures")
+
+
+async def test_counters_follow_real_calls_by_route_template(store_url: str) -> None:
+    async with metered(store_url) as (runtime, c):
+        before = await scrape(c)
+        assert before[("signoff_store_up", ())] == 1
+        assert before[("signoff_open_requests", ())] == 0
+        assert before[("signoff_turns_driven_total", ())] == 0
+        alice = auth("alice-token")
+        r = await c.post(
+            "/v1/sessions", json={"agent": "support", "message": "Refund 1042"}, headers=alice
+        )
+        assert r.status_code == 201, r.text
+        sid, rid = r.json()["session_id"], r.json()["pending"][0]["id"]
+        assert (await c.get(f"/v1/sessions/{sid}", headers=alice)).status_code == 200
+        assert (await c.get("/v1/sessions/ses_nope", headers=alice)).status_code == 404
+        answer = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+        assert (
+            await c.post(f"/v1/sessions/{sid}/responses", json=answer, headers=alice)
+        ).status_code == 200
+        wrong = {"inputResponses": [{"requestId": "req_nope", "optionId": "approve"}]}
+        assert (
+            await c.post(f"/v1/sessions/{sid}/responses", json=wrong, headers=alice)
+        ).status_code == 404
+        assert (await c.get(f"/v1/{sid}/nowhere", headers=alice)).status_code == 404
+        waiting = await scrape(c)
+        text = (await c.get("/metrics", headers=ADMIN)).text
+
+    assert requests_of(waiting, "POST", "/v1/sessions", "2xx") == 1
+    assert requests_of(waiting, "GET", "/v1/sessions/{session_id}", "2xx") == 1
+    assert requests_of(waiting, "GET", "/v1/sessions/{session_id}", "4xx") == 1
+    responses = "/v1/sessions/{session_id}/responses"
+    assert requests_of(waiting, "POST", responses, "2xx") == 1
+    assert requests_of(waiting, "POST", responses, "4xx") == 1
+    assert requests_of(waiting, "GET", "unrouted", "4xx") == 1
+    assert requests_of(waiting, "GET", "/metrics", "2xx") == 1  # the first scrape
+    count = (
+        "signoff_http_request_duration_seconds_count",
+        (("method", "POST"), ("route", responses)),
+    )
+    assert waiting[count] == 2
+    assert waiting[("signoff_turns_driven_total", ())] == 2  # parked, then completed
+    assert waiting[("signoff_turns_failed_total", ())] == 0
+    assert waiting[("signoff_answers_accepted_total", ())] == 1
+    assert waiting[("signoff_answers_refused_total", (("code", "unknown_request"),))] == 1
+    assert waiting[("signoff_open_requests", ())] == 0  # answered
+    assert waiting[("signoff_event_streams_open", ())] == 0
+    # Nothing names a session, a request, a principal or a tenant.
+    for secret in (sid, rid, "req_nope", "ses_nope", "alice", "acme", "Refund"):
+        assert secret not in text
+    assert "process_cpu_seconds_total" in text  # the default process collectors
+
+
+async def test_open_requests_are_the_stores_count(store_url: str) -> None:
+    async with metered(store_url) as (runtime, c):
+        for _ in range(2):
+            await runtime.generate("batch", prompt="Refund two", auth=TOKENS["alice-token"])
+        found = await scrape(c)
+        assert found[("signoff_open_requests", ())] == 4
+        assert found[("signoff_store_up", ())] == 1
+
+
+async def test_a_store_that_fails_is_store_up_0_in_a_scrape_that_answers(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with metered(store_url) as (runtime, c):
+        counted = runtime.store.count_pending
+
+        async def down(flt: Any) -> int:
+            raise so.StoreUnavailable("the database is down")
+
+        monkeypatch.setattr(runtime.store, "count_pending", down)
+        found = await scrape(c)
+        assert found[("signoff_store_up", ())] == 0
+        assert ("signoff_open_requests", ()) not in found  # no stale figure
+        assert ("signoff_turns_driven_total", ()) in found
+
+        monkeypatch.setattr(_metrics, "STORE_TIMEOUT", 0.05)
+
+        async def stalled(flt: Any) -> int:
+            await asyncio.sleep(5)
+            return await counted(flt)
+
+        monkeypatch.setattr(runtime.store, "count_pending", stalled)
+        found = await scrape(c)
+        assert found[("signoff_store_up", ())] == 0
+
+        monkeypatch.setattr(runtime.store, "count_pending", counted)
+        found = await scrape(c)
+        assert (found[("signoff_store_up", ())], found[("signoff_open_requests", ())]) == (1, 0)
+
+
+async def test_each_app_has_its_own_registry(tmp_path: Path) -> None:
+    async with (
+        metered(f"sqlite:///{tmp_path}/a.db") as (_, a),
+        metered(f"sqlite:///{tmp_path}/b.db") as (_, b),
+    ):
+        for _ in range(3):
+            await a.get("/healthz")
+        assert requests_of(await scrape(a), "GET", "/healthz", "2xx") == 3
+        assert requests_of(await scrape(b), "GET", "/healthz", "2xx") == 0
+
+
+def test_open_event_streams_are_counted(tmp_path: Path) -> None:
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db")
+    app = create_app(
+        runtime,
+        auth=TokenAuth(TOKENS),
+        sweep_every=None,
+        close_runtime=True,
+        metrics=True,
+        poll_interval=0.02,
+        heartbeat=0.1,
+    )
+    route = "/v1/sessions/{session_id}/events"
+    took = ("signoff_http_request_duration_seconds_sum", (("method", "GET"), ("route", route)))
+    with running(app) as base, httpx.Client(base_url=base, timeout=10) as c:
+        alice = auth("alice-token")
+        made = c.post("/v1/sessions", json={"agent": "support", "message": "Hi"}, headers=alice)
+        sid = made.json()["session_id"]
+        with c.stream("GET", f"/v1/sessions/{sid}/events", headers=alice) as stream:
+            assert stream.status_code == 200
+            opened = time.monotonic()
+            found = samples(c.get("/metrics", headers=ADMIN).text)
+            assert found[("signoff_event_streams_open", ())] == 1
+            time.sleep(0.5)
+            held = time.monotonic() - opened
+        for _ in range(100):
+            found = samples(c.get("/metrics", headers=ADMIN).text)
+            if found[("signoff_event_streams_open", ())] == 0 and took in found:
+                break
+            time.sleep(0.05)
+        assert found[("signoff_event_streams_open", ())] == 0
+        # A stream's latency is the time until it opened, not how long it was followed.
+        assert found[took] < held
+
+
+def test_without_prometheus_client_the_extra_is_named_at_startup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # `import` raises ImportError
+    monkeypatch.delitem(sys.modules, "signoff.server._exporter", raising=False)
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match=r"pip install 'signoff\[metrics\]'"):
+        create_app(runtime, auth=TokenAuth(TOKENS), metrics=True)
+    create_app(runtime, auth=TokenAuth(TOKENS))  # off, it is not needed
+
+
+def test_serve_metrics_without_the_extra_is_one_line_before_anything_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    monkeypatch.delitem(sys.modules, "signoff.server._exporter", raising=False)
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke("serve", "examples.support:runtime", "--store", store, "--metrics")
+    assert "pip install 'signoff[metrics]'" in refused_usage(result)
+    assert started == [] and list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("how", ["option", "env"])
+def test_serve_metrics_and_its_token(
+    how: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
+    args = ["serve", "examples.support:runtime", "--store", f"sqlite:///{tmp_path}/s.db"]
+    if how == "option":
+        args += ["--metrics", "--metrics-token", SCRAPE]
+    else:
+        monkeypatch.setenv("SIGNOFF_METRICS", "1")
+        monkeypatch.setenv("SIGNOFF_METRICS_TOKEN", SCRAPE)
+    result = invoke(*args)
+    assert result.exit_code == 0, result.output
+    assert served[0].state.signoff_metrics._digest is not None
+
+
+def test_serve_refuses_a_metrics_token_without_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
+    monkeypatch.delenv("SIGNOFF_METRICS", raising=False)
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke("serve", "examples.support:runtime", "--store", store, "--metrics-token", "t")
+    assert refused_usage(result) == "Invalid value: --metrics-token is given but no --metrics"
+    assert served == []
+    monkeypatch.setenv("SIGNOFF_METRICS_TOKEN", SCRAPE)  # exported for another run: unused
+    result = invoke("serve", "examples.support:runtime", "--store", store)
+    assert result.exit_code == 0, result.output
+    assert not hasattr(served[0].state, "signoff_metrics")
