@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._answers import MAX_DEPTH, MAX_TEXT_BYTES, Reply, repeat, resolution
+from signoff._answers import (
+    MAX_DEPTH,
+    MAX_TEXT_BYTES,
+    Reply,
+    input_responses,
+    repeat,
+    resolution,
+)
 
 
 def question(**fields: Any) -> so.InputRequest:
@@ -81,3 +88,54 @@ def test_a_conflicting_answer_says_a_cancelled_approval_was_denied() -> None:
     assert str(other.value).endswith("already settled as 'answered'; this answer says 'cancelled'")
     same = repeat(approval, "settled", {"outcome": "cancelled"}, {"outcome": "cancelled"})
     assert (same.outcome, same.applied) == ("cancelled", False)
+
+
+def test_deny_is_the_cancel_option_and_a_refusal_says_so() -> None:
+    """Approvals are `approve` / `cancel` (labelled Deny): `deny`, the word `signoff deny` and
+    the dashboard use, is refused naming the option that denies."""
+    approval = so.InputRequest(
+        id="req_1",
+        kind="tool-approval",
+        session_id="ses_1",
+        turn_id="trn_1",
+        agent="ops",
+        created_at=1.0,
+    )
+    with pytest.raises(so.InvalidAnswer) as refused:
+        resolution(approval, Reply("req_1", "deny", None))
+    assert str(refused.value) == (
+        "request req_1 is an approval: option_id must be 'approve' or 'cancel' (to deny), "
+        "not 'deny'"
+    )
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        so.Decision(id="req_1", approved=False),
+        {"id": "req_1", "approved": False, "reason": "no"},
+        {"request_id": "req_1", "approved": True},
+    ],
+)
+def test_a_decision_given_as_a_response_says_where_decisions_go(given: Any) -> None:
+    """`respond` takes `InputResponse`s: a `Decision` (or its dict) is refused naming both the
+    shape `respond` takes and `generate(approvals=...)`, not with pydantic's report."""
+    with pytest.raises(so.InvalidAnswer) as refused:
+        input_responses([given])
+    assert str(refused.value) == (
+        "response #1 is a decision (id, approved): respond takes InputResponse(request_id=..., "
+        "option_id='approve' or 'cancel', text=reason); pass decisions to "
+        "generate(approvals=...) instead"
+    )
+    assert refused.value.request_ids == ["req_1"]
+
+
+def test_a_malformed_response_names_its_problems_in_one_line() -> None:
+    with pytest.raises(so.InvalidAnswer) as refused:
+        input_responses([{"request_id": "req_1", "option": "approve"}])
+    assert str(refused.value) == (
+        "response #1 is malformed: option: Extra inputs are not permitted"
+    )
+    assert refused.value.request_ids == ["req_1"]
+    with pytest.raises(so.InvalidAnswer, match="^no responses given$"):
+        input_responses([])

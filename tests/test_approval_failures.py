@@ -310,3 +310,27 @@ async def test_a_policy_reason_that_is_not_text_is_recorded_as_text(
         assert log.count() == (1 if expected == "run" else 0)
         events = [e async for e in rt.events(r.session_id, 0, follow=False)]
         json.dumps([e.data for e in events], allow_nan=False).encode()
+
+
+def test_a_predicate_reading_the_input_as_a_dict_says_how_to_read_it(tmp_path: Path) -> None:
+    """`lambda input: input["amount"] > 100` raises on every call, so every call asks a person
+    (fail closed); the request's `policy_error` says the input is an object, `input.amount`."""
+
+    @so.tool(approval=lambda input: input["amount"] > 100)
+    async def refund(amount: float) -> float:
+        """Refund."""
+        return amount
+
+    agent = scripted_agent(
+        "shop", [call_tools(call("refund", amount=5)), reply("ok")], tools=[refund]
+    )
+    rt = sqlite_runtime(tmp_path, agent)
+    try:
+        r = rt.generate_sync("shop", prompt="refund 5")
+    finally:
+        rt.close_sync()
+    (request,) = r.pending
+    assert request.policy_error == (
+        "approval policy raised TypeError: 'refund_input' object is not subscriptable (a "
+        "predicate gets the validated input as an object: input.amount, not input['amount'])"
+    )

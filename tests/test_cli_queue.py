@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 import signoff as so
 from signoff.cli import app, local_principal
-from signoff.testing import tool_results
+from signoff.testing import call, call_tools, scripted_agent, tool_results
 
 from ._cli import (
     TARGET,
@@ -408,5 +408,37 @@ def test_pending_shows_the_asker_as_as_takes_it(url: str) -> None:
     refused = invoke("approve", request_id, "--store", url, "--as", "local:root")
     assert refused.exit_code == 1
     assert "was asked by token:ops; local:root may not settle it" in refused.stderr
+    # and says what to run instead
+    assert refused.stderr.endswith(
+        "by default only the asker may answer; as them, run signoff approve "
+        f"{request_id} --as token:ops\n"
+    )
     done = invoke("approve", request_id, "--store", url, "--as", "token:ops")
     assert done.exit_code == 0, done.output
+
+
+def test_a_refusal_names_no_as_where_the_asker_alone_could_not_answer(url: str) -> None:
+    """The `--as` hint is for the default rule only: a request no one may answer as its asker
+    (a quorum that excludes the requester) is refused without it."""
+    ops = so.Principal(authenticator="token", principal_id="ops")
+    _, request_id = park(url, auth=ops)
+    refused = invoke("deny", request_id, "--store", url)
+    assert refused.exit_code == 1
+    assert f"signoff deny {request_id} --as token:ops" in refused.stderr
+
+    @so.tool(approval=so.always(approvers=2, exclude_requester=True))
+    async def wire(amount: float) -> float:
+        """Wire money."""
+        return amount
+
+    wirer = scripted_agent("wirer", [call_tools(call("wire", amount=5))], tools=[wire])
+    rt = so.Runtime([wirer], store=url)
+    try:
+        parked = rt.generate_sync("wirer", "Wire 5", auth=ops)
+    finally:
+        rt.close_sync()
+    (request,) = parked.pending
+    assert request.exclude_requester
+    other = invoke("approve", request.id, "--store", url, "--as", "token:ops")
+    assert other.exit_code == 1
+    assert "NotAllowed" in other.stderr and "--as" not in other.stderr

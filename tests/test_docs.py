@@ -325,6 +325,24 @@ def test_the_tracing_example_prints_the_spans_its_comments_say(tmp_path: Path) -
     assert promised[-1] == "invoke_agent support completed"
 
 
+def test_the_testing_example_is_a_test_file_that_passes(tmp_path: Path) -> None:
+    """docs/testing.md's example is a pytest file a user copies: it passes as written."""
+    [code] = blocks("docs/testing.md", "python")
+    assert code.startswith("# test_shop.py: run with pytest\n")
+    (tmp_path / "test_shop.py").write_text(code)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_shop.py"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "3 passed" in out.stdout, out.stdout
+
+
 PYTHON_BLOCKS = {
     # a line of each fenced python block in the docs -> the test of this module that runs it
     "async with so.Runtime([agent]": (
@@ -338,6 +356,7 @@ PYTHON_BLOCKS = {
     "so.Runtime([refunds], store=STORE": (
         test_the_tracing_example_prints_the_spans_its_comments_say
     ),
+    "# test_shop.py: run with pytest": test_the_testing_example_is_a_test_file_that_passes,
 }
 
 

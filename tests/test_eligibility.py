@@ -156,8 +156,13 @@ def test_a_refusal_tells_two_principals_of_one_id_apart() -> None:
     with pytest.raises(so.NotAllowed) as other_issuer:
         _eligibility.authorize(request, issued)
     assert "okta:alice; okta:alice (issuer https://b.example) may not" in str(other_issuer.value)
-    with pytest.raises(so.NotAllowed, match="an anonymous caller may not settle it"):
+    with pytest.raises(so.NotAllowed, match="an anonymous caller may not settle it") as anon:
         _eligibility.authorize(request, None)
+    # from Python, where an answer names no one unless told: it says how to name the asker
+    assert str(anon.value).endswith(
+        "may not settle it (pass principal=, e.g. "
+        "so.Principal(authenticator='okta', principal_id='alice'))"
+    )
 
 
 def test_a_refusal_across_authenticators_names_both_in_full() -> None:

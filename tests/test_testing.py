@@ -71,3 +71,39 @@ async def test_capture_records_each_conversation_and_answers_each_session(tmp_pa
 def test_capture_last_fails_clearly_before_any_call() -> None:
     with pytest.raises(AssertionError, match="never called"):
         assert Capture().last
+
+
+def test_an_execution_log_records_a_tool_the_app_already_made(tmp_path: Path) -> None:
+    """An app's tools are already `@so.tool`s: `log.tool(tool)` copies one (its name, schema and
+    approval kept) and records its runs, where it used to refuse it as "not a function"."""
+
+    @so.tool(approval=lambda input: input.amount > 100)
+    async def issue_refund(order_id: str, amount: float) -> dict[str, float]:
+        """Refund an order."""
+        return {"refunded": amount}
+
+    log = testing.ExecutionLog()
+    recorded = log.tool(issue_refund)
+    assert isinstance(recorded, testing.RecordingTool) and recorded.log is log
+    assert recorded.name == "issue_refund" and recorded.description == "Refund an order."
+    assert recorded.json_schema() == issue_refund.json_schema()
+    steps = [
+        testing.call_tools(testing.call("issue_refund", order_id="1", amount=500)),
+        reply("ok"),
+    ]
+    rt = sqlite_runtime(tmp_path, scripted_agent("shop", steps, tools=[recorded]))
+    try:
+        r = rt.generate_sync("shop", prompt="refund order 1")
+        assert [p.tool_name for p in r.pending] == ["issue_refund"]  # its approval kept
+        assert log.count("issue_refund") == 0
+        approve = so.InputResponse(request_id=r.pending[0].id, option_id="approve")
+        assert rt.respond_sync(r.session_id, [approve]).status == "completed"
+    finally:
+        rt.close_sync()
+    assert [e.input for e in log.of("issue_refund")] == [{"order_id": "1", "amount": 500.0}]
+
+    class Custom(so.Tool):  # its own invoke, which a copy would not run as it is
+        pass
+
+    with pytest.raises(so.UsageError, match="not a Custom"):
+        log.tool(Custom(issue_refund.fn))

@@ -223,3 +223,33 @@ def test_file_backed_execution_log_is_shared(tmp_path: Path) -> None:
     assert reader.count("t") == 2
     reader.clear()
     assert writer.count() == 0
+
+
+class _Opaque:
+    """A class pydantic cannot describe as JSON."""
+
+
+def test_a_tool_definition_mistake_is_a_usage_error_naming_the_tool() -> None:
+    """A `ToolContext` after other parameters, or a parameter of a type with no JSON schema,
+    raised pydantic's own schema error, which told the author to change a model config they
+    do not have; both are a `UsageError` naming the tool and what to change."""
+
+    async def late(order_id: str, ctx: so.ToolContext) -> str:
+        return order_id
+
+    with pytest.raises(so.UsageError) as refused:
+        so.tool(late)
+    assert (
+        str(refused.value) == "tool 'late': the ToolContext parameter 'ctx' must be the first one"
+    )
+
+    async def opaque(thing: _Opaque) -> str:
+        return "x"
+
+    with pytest.raises(so.UsageError) as refused:
+        so.tool(opaque)
+    assert str(refused.value).startswith(
+        "tool 'opaque': its parameters must be JSON types (str, int, float, bool, lists, dicts, "
+        "pydantic models...): Unable to generate pydantic-core schema for "
+    )
+    assert "arbitrary_types_allowed" not in str(refused.value)

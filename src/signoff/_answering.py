@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from . import _mirrors
 from ._answers import Reply as _Reply
 from ._answers import check_decided as _check_decided
-from ._answers import check_principal
+from ._answers import check_principal, input_responses
 from ._answers import repeat as _repeat
 from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
@@ -75,25 +75,18 @@ class Answering(SessionRunner):
         principal: Principal | None = None,
         resume: bool = True,
     ) -> GenerateResult:
-        """Answer one or more requests by id (eve style), then continue the turn if it can."""
+        """Answer one or more requests by id, then continue the turn if it can.
+
+        An approval takes `option_id` `approve` or `cancel` (to deny; `text` is the reason), a
+        question an option id or `text`. Decisions (`so.Decision`) go to `generate(approvals=)`.
+        """
         check_principal(principal, "principal")
         flag("resume", resume)
         await self.open()
-        if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
-            responses, Iterable
-        ):
-            raise InvalidAnswer("responses must be a list of InputResponse")
-        answers: list[_Reply] = []
-        for i, raw in enumerate(responses):
-            try:
-                r = raw if isinstance(raw, InputResponse) else InputResponse.model_validate(raw)
-            except ValidationError as exc:
-                raise InvalidAnswer(f"response #{i + 1} is malformed: {exc}") from None
-            answers.append(
-                _Reply(r.request_id, r.option_id, r.text, r.value, r.edited_input, r.input_hash)
-            )
-        if not answers:
-            raise InvalidAnswer("no responses given")
+        answers = [
+            _Reply(r.request_id, r.option_id, r.text, r.value, r.edited_input, r.input_hash)
+            for r in input_responses(responses)
+        ]
         outcomes = await self._settle(
             session_id, answers, principal, require_all=False, drive_expired=resume
         )

@@ -20,7 +20,7 @@ from ._exceptions import (
 )
 from ._results import Outcome
 from ._tools import Tool
-from ._types import Decision, InputRequest, Principal, match_option
+from ._types import Decision, InputRequest, InputResponse, Principal, match_option
 
 __all__ = [
     "MAX_TEXT_BYTES",
@@ -28,6 +28,7 @@ __all__ = [
     "check_decided",
     "check_principal",
     "decisions",
+    "input_responses",
     "match",
     "repeat",
     "resolution",
@@ -68,8 +69,8 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
     if request.kind == "tool-approval":
         if reply.option_id not in ("approve", "cancel"):
             raise InvalidAnswer(
-                f"request {rid} is an approval: option_id must be 'approve' or 'cancel', "
-                f"not {reply.option_id!r}",
+                f"request {rid} is an approval: option_id must be 'approve' or 'cancel' "
+                f"(to deny), not {reply.option_id!r}",
                 [rid],
             )
         _check_hash(request, reply)
@@ -345,4 +346,37 @@ def decisions(approvals: Iterable[Decision | Mapping[str, Any]]) -> list[Decisio
             raise InvalidAnswer(
                 f"approval #{i + 1} is malformed: {problems}", [rid] if isinstance(rid, str) else []
             ) from None
+    return out
+
+
+def input_responses(responses: Iterable[InputResponse | Mapping[str, Any]]) -> list[InputResponse]:
+    """The answers `respond` was given, as `InputResponse`s; a malformed one is `InvalidAnswer`
+    naming its problems, and a decision (`id`, `approved`) says where decisions go."""
+    if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
+        responses, Iterable
+    ):
+        raise InvalidAnswer("responses must be a list of InputResponse")
+    out = []
+    for i, raw in enumerate(responses):
+        if isinstance(raw, InputResponse):
+            out.append(raw)
+            continue
+        if isinstance(raw, Decision) or (isinstance(raw, Mapping) and "approved" in raw):
+            rid = raw.id if isinstance(raw, Decision) else raw.get("id", raw.get("request_id"))
+            raise InvalidAnswer(
+                f"response #{i + 1} is a decision (id, approved): respond takes "
+                "InputResponse(request_id=..., option_id='approve' or 'cancel', text=reason); "
+                "pass decisions to generate(approvals=...) instead",
+                [rid] if isinstance(rid, str) else [],
+            )
+        try:
+            out.append(InputResponse.model_validate(raw))
+        except ValidationError as exc:
+            rid = raw.get("request_id") if isinstance(raw, Mapping) else None
+            raise InvalidAnswer(
+                f"response #{i + 1} is malformed: {_first_problems(exc)}",
+                [rid] if isinstance(rid, str) else [],
+            ) from None
+    if not out:
+        raise InvalidAnswer("no responses given")
     return out

@@ -198,7 +198,13 @@ class _Function(ApprovalPolicy):
             if inspect.isawaitable(result):
                 result = await result
         except Exception as exc:  # fail closed: a broken policy asks a person
-            return Verdict("ask", error=f"approval policy raised {error_text(exc)}")
+            error = f"approval policy raised {error_text(exc)}"
+            if not self.takes_context and isinstance(exc, TypeError) and "subscript" in str(exc):
+                error += (
+                    " (a predicate gets the validated input as an object: input.amount, "
+                    "not input['amount'])"
+                )
+            return Verdict("ask", error=error)
         return normalize(result)
 
     def describe(self) -> str:

@@ -67,8 +67,14 @@ def authorize(request: InputRequest, principal: Principal | None) -> None:
             # holder would send `signoff approve --as ops` (local:ops) to be refused again
             if who == asked_by or principal.authenticator != asker.authenticator:
                 asked_by, who = _full_name(asker), _full_name(principal)
+        hint = ""
+        if principal is None:  # from Python, where the answer names no one unless told
+            hint = (
+                f" (pass principal=, e.g. so.Principal(authenticator={asker.authenticator!r}, "
+                f"principal_id={asker.principal_id!r}))"
+            )
         raise NotAllowed(
-            f"request {request.id} was asked by {asked_by}; {who} may not settle it",
+            f"request {request.id} was asked by {asked_by}; {who} may not settle it{hint}",
             [request.id],
         )
 

@@ -43,7 +43,7 @@ class Messages(Answering):
         turn_policy: Literal["steer", "queue"] = "steer",
         idempotency_key: str | None = None,
     ) -> GenerateResult:
-        """Send a message to a session (eve style).
+        """Send a message to a session, as a person typing into the conversation would.
 
         It answers the first open request when it names one of its options (id, label or
         1-based index) or the request takes free text. Otherwise, with `steer` (the default),

@@ -4,13 +4,12 @@ reads back from a call that runs a turn, refused locally as the server would ref
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import ValidationError
-
 from . import _exceptions as errors
+from ._answers import input_responses
 from ._results import Outcome
 from ._types import Decision, InputRequest, InputResponse
 
@@ -79,25 +78,6 @@ def outcome(data: Any) -> Outcome:
         applied=data["applied"],
         reason=reason,
     )
-
-
-def input_responses(responses: Sequence[InputResponse | Mapping[str, Any]]) -> list[InputResponse]:
-    """The responses as `InputResponse`s, refused as `Runtime.respond` refuses them."""
-    if isinstance(responses, (str, bytes, Mapping, InputResponse)) or not isinstance(
-        responses, Iterable
-    ):
-        raise errors.InvalidAnswer("responses must be a list of InputResponse")
-    answers = []
-    for i, raw in enumerate(responses):
-        try:
-            answers.append(
-                raw if isinstance(raw, InputResponse) else InputResponse.model_validate(raw)
-            )
-        except ValidationError as exc:
-            raise errors.InvalidAnswer(f"response #{i + 1} is malformed: {exc}") from None
-    if not answers:
-        raise errors.InvalidAnswer("no responses given")
-    return answers
 
 
 def response_body(resp: InputResponse) -> dict[str, Any]:

@@ -92,7 +92,12 @@ class ResponseVerdict:
 
 
 class ApprovalSpec:
-    """Both halves of a tool's approval: when to ask (`request`) and who may answer."""
+    """Both halves of a tool's approval: when to ask (`request`) and who may answer (`response`).
+
+    The keyword rules replace those of the `request` policy, so any policy can have a quorum or
+    a deadline: `ApprovalSpec(lambda input: input.amount > 100, expires_in=3600)`. `timeout`
+    bounds each run of the response policy.
+    """
 
     def __init__(
         self,

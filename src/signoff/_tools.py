@@ -9,7 +9,7 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, Protocol, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, create_model
 from pydantic_core import to_jsonable_python
 
 from ._approval import ApprovalPolicy, SessionInfo, as_policy
@@ -446,9 +446,20 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
             raise UsageError(f"tool {name!r}: parameter {p.name!r} must be a named parameter")
         if p.name not in hints:
             raise UsageError(f"tool {name!r}: parameter {p.name!r} needs a type hint")
+        if hints[p.name] is ToolContext:
+            raise UsageError(
+                f"tool {name!r}: the ToolContext parameter {p.name!r} must be the first one"
+            )
         default = ... if p.default is p.empty else p.default
         fields[p.name] = (hints[p.name], default)
-    model = create_model(f"{name}_input", __base__=_Input, **fields)
+    try:
+        model = create_model(f"{name}_input", __base__=_Input, **fields)
+    except PydanticUserError as exc:  # a type pydantic cannot describe as JSON
+        problem = str(exc).split("\n", 1)[0].split(". ", 1)[0]
+        raise UsageError(
+            f"tool {name!r}: its parameters must be JSON types (str, int, float, bool, lists, "
+            f"dicts, pydantic models...): {problem}"
+        ) from None
     return takes_context, model
 
 

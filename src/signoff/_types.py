@@ -339,7 +339,8 @@ def how_to_choose(options: list[Option], named: list[Option]) -> str:
 
 
 class Answer(_Model):
-    """What `ctx.ask()` returns: the chosen option's label or the typed text, and who answered."""
+    """What `ctx.ask()` returns: `value`, the chosen option's label or the typed text, and
+    `option_id` (None for text) and `responder`, who answered."""
 
     value: str
     option_id: str | None = None
@@ -363,7 +364,8 @@ class Answer(_Model):
 
 
 class Decision(_Model):
-    """Helix-style answer to a pending approval: approve or deny, with an optional reason."""
+    """An answer to a pending approval: approve or deny, with an optional reason; decisions go
+    to `Runtime.generate(approvals=...)`, which settles every open request at once."""
 
     id: StrictStr
     approved: StrictBool
@@ -374,7 +376,8 @@ class Decision(_Model):
 
 
 class InputResponse(_Model):
-    """Eve-style answer to one request: an option id (`approve` / `cancel`) or text."""
+    """An answer to one request, for `Runtime.respond`: an option id (an approval's `approve`,
+    or `cancel` to deny with `text` as the reason; a question's option) or free text."""
 
     request_id: StrictStr
     option_id: StrictStr | None = None

@@ -124,7 +124,7 @@ class ExecutionLog:
             self.path.unlink()
 
     @overload
-    def tool(self, fn: Callable[..., Any], /) -> RecordingTool: ...
+    def tool(self, fn: Callable[..., Any] | Tool, /) -> RecordingTool: ...
 
     @overload
     def tool(
@@ -139,7 +139,7 @@ class ExecutionLog:
 
     def tool(
         self,
-        fn: Callable[..., Any] | None = None,
+        fn: Callable[..., Any] | Tool | None = None,
         /,
         *,
         name: str | None = None,
@@ -147,7 +147,21 @@ class ExecutionLog:
         approval: object = None,
         run_as: str = "requester",
     ) -> RecordingTool | Callable[[Callable[..., Any]], RecordingTool]:
-        """Like `@so.tool`, but every execution is recorded in this log."""
+        """Like `@so.tool`, but every execution is recorded in this log.
+
+        Given a tool your code already made with `@so.tool`, returns a copy of it (same name,
+        schema and approval) that records its executions: `log.tool(shop.issue_refund)`.
+        """
+        if isinstance(fn, Tool):
+            if type(fn) not in (Tool, RecordingTool):
+                raise UsageError(
+                    f"log.tool records tools made with @so.tool, not a {type(fn).__name__} "
+                    f"({fn!r}), whose calls it would not run as they are"
+                )
+            copy = object.__new__(RecordingTool)
+            copy.__dict__.update(vars(fn))
+            copy.log = self
+            return copy
         if fn is not None:
             return RecordingTool(fn, log=self)
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
 import shlex
 import sys
 import time
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Annotated
 
@@ -23,12 +25,13 @@ from .._events import Event
 from .._exceptions import (
     AnswerError,
     InvalidAnswer,
+    NotAllowed,
     UnknownRequest,
     UsageError,
 )
 from .._runtime import Runtime
 from .._text import escape_as_json
-from .._types import InputRequest, InputResponse
+from .._types import InputRequest, InputResponse, Principal
 from ..channels.terminal import compact_json, duration, printable
 from ..stores import DEFAULT_URL, PendingFilter, SQLiteStore
 from ._app import (
@@ -224,6 +227,33 @@ def _unknown_request(request_id: str, where: str) -> UnknownRequest:
 _SETTLED = frozenset({"approved", "cancelled", "answered"})
 
 
+@contextlib.contextmanager
+def _as_hint(command: str, request: InputRequest, principal: Principal) -> Iterator[None]:
+    """Add to the default rule's refusal the `--as` that answers as the asker, which a person
+    running the command for them (a token's holder, a web user) would otherwise have to work out."""
+    asker = request.requested_by
+    try:
+        yield
+    except NotAllowed as exc:
+        if (
+            asker is None
+            or principal.same_as(asker)
+            or request.response_policy
+            or request.approvers > 1
+            or request.exclude_requester
+            or request.escalated_to is not None
+            or asker.issuer is not None
+            or asker.principal_type != "user"
+            or ":" in asker.authenticator
+        ):
+            raise
+        raise NotAllowed(
+            f"{exc}: by default only the asker may answer; as them, run signoff {command} "
+            f"{request.id} --as {shlex.quote(f'{asker.authenticator}:{asker.principal_id}')}",
+            exc.request_ids,
+        ) from None
+
+
 async def _settle(
     command: str,
     request_id: str,
@@ -280,11 +310,12 @@ async def _settle(
                 ref = None if down is None else down.request.child
             agents = [Agent(name=n, model=NoModel(n)) for n in dict.fromkeys(names)]
             settler = Runtime(agents, store=runtime.store)
-            result = await settler.respond(
-                request.session_id, [answer], principal=principal, resume=False
-            )
+            with _as_hint(command, request, principal):
+                result = await settler.respond(
+                    request.session_id, [answer], principal=principal, resume=False
+                )
         else:
-            with console.status("resuming the turn..."):
+            with console.status("resuming the turn..."), _as_hint(command, request, principal):
                 result = await runtime.respond(request.session_id, [answer], principal=principal)
     outcome = result.outcomes[0] if result.outcomes else None
     what = request.tool_name or request.question or request.kind

@@ -135,7 +135,7 @@ async def respond(request: Request, session_id: SessionId, body: Responses) -> T
 
 @router.post("/sessions/{session_id}/approvals", tags=["requests"])
 async def approvals(request: Request, session_id: SessionId, body: Approvals) -> TurnResult:
-    """Settle every pending request of the session at once (helix style) and continue; a
+    """Settle every pending request of the session at once, with decisions, and continue; a
     question open is refused as unanswered (422 `partial_answer`): answer it at `/responses`."""
     ctx, caller = await _caller(request)
     await ctx.session(session_id, caller)
