@@ -51,7 +51,9 @@ def sqlite_bytes(path: str) -> dict[str, Any]:
 
 
 def pg_bytes(url: str, schema: str) -> dict[str, Any]:
-    """`pg_total_relation_size` (heap, indexes, TOAST) of every table in `schema`."""
+    """`pg_total_relation_size` (heap, indexes, TOAST) of every table in `schema`, and apart
+    (`relations`) each table's own (`pg_table_size`: heap, TOAST, free space and visibility
+    maps) and each index's."""
     import psycopg  # type: ignore[import-not-found,unused-ignore]
 
     with psycopg.connect(url, autocommit=True) as con:
@@ -61,9 +63,17 @@ def pg_bytes(url: str, schema: str) -> dict[str, Any]:
             "WHERE c.relkind = 'r' AND n.nspname = %s",
             (schema,),
         ).fetchall()
+        parts = con.execute(
+            "SELECT c.relname, CASE WHEN c.relkind = 'r' THEN pg_table_size(c.oid) "
+            "ELSE pg_relation_size(c.oid) END FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.relkind IN ('r', 'i') AND n.nspname = %s",
+            (schema,),
+        ).fetchall()
     tables = {str(name): int(size) for name, size in rows}
     total = sum(tables.values())
-    return {"files": total, "live": total, "tables": tables}
+    relations = {str(name): int(size) for name, size in parts}
+    return {"files": total, "live": total, "tables": tables, "relations": relations}
 
 
 def store_bytes(backend: str, target: str, side: str) -> dict[str, Any]:
@@ -371,6 +381,7 @@ def _point(
         "live_bytes": stored["live"],
         "empty_bytes": empty,
         "tables": stored["tables"],
+        "relations": stored.get("relations", {}),
         "content_bytes": sum(turn_content_bytes(t) for t in range(1, turn + 1)),
         "peak_rss_kb": peak_rss_kb(),
     }
@@ -391,6 +402,7 @@ def _parked_result(
         "bytes_per_session": (stored["files"] - empty["files"]) / n,
         "live_bytes_per_session": (stored["live"] - empty["live"]) / n,
         "tables": stored["tables"],
+        "relations": stored.get("relations", {}),
         "content_bytes_per_session": (
             sum(len(user_text(i + 1).encode()) for i in range(n))
             + sum(json_bytes(refund_input(i + 1)) for i in range(n))

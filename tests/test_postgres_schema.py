@@ -96,6 +96,36 @@ async def test_an_older_schema_is_upgraded_in_place(
         await newer.close()
 
 
+async def test_the_indexes_of_appended_rows_fill_their_pages(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 9: the keys of events and audit entries only go after the last of their session
+    or of the trail, so those indexes fill their pages whole (fillfactor 100), in a new store and
+    in one upgraded from migration 8; every other index keeps PostgreSQL's default."""
+    import signoff.stores.postgres._schema as module
+
+    older = PostgresStore(pg_url, schema="at_8")
+    monkeypatch.setattr(module, "MIGRATIONS", MIGRATIONS[:8])
+    monkeypatch.setattr(module, "STORE_SCHEMA", 8)
+    assert await older.migrate() == (0, 8)
+    monkeypatch.undo()
+    for store in (PostgresStore(pg_url), PostgresStore(pg_url, schema="at_8")):
+        await store.open()
+        await store.close()
+    conn = await admin(pg_url)
+    async with conn:
+        cur = await conn.execute(
+            "SELECT n.nspname, c.relname, c.reloptions FROM pg_class c JOIN pg_namespace n "
+            "ON n.oid = c.relnamespace WHERE n.nspname IN ('signoff', 'at_8') "
+            "AND c.relkind = 'i' AND c.reloptions IS NOT NULL ORDER BY 1, 2"
+        )
+        assert await cur.fetchall() == [
+            (schema, index, ["fillfactor=100"])
+            for schema in ("at_8", "signoff")
+            for index in ("audit_by_session", "audit_pkey", "events_pkey")
+        ]
+
+
 async def test_a_schema_4_database_learns_its_tool_setting_chain_heads(
     pg_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -108,7 +108,7 @@ def versions(url: str) -> list[tuple[int, Any]]:
     ("fixture", "dies_after"),
     [
         ("postgres-2e32584", 3),  # from 2: between migration 3 and migration 4
-        ("postgres-2e32584", STORE_SCHEMA),  # every step of 3..7 done but the commit
+        ("postgres-2e32584", STORE_SCHEMA),  # every step from 3 on done but the commit
         ("postgres-06121db", 6),  # from 5: between two migrations with steps in Python
     ],
 )

@@ -188,6 +188,19 @@ CREATE INDEX sessions_by_initiator ON {s}.sessions (initiator);
 CREATE INDEX sessions_by_tenant ON {s}.sessions (tenant) WHERE tenant IS NOT NULL;
 """,
     ),
+    (
+        9,
+        "the indexes of rows only ever appended (events, audit entries) fill their pages whole",
+        """
+-- Each key goes after the last of its session (or of the trail): a page split there leaves the
+-- page before it at the fillfactor, which the default (90) left a tenth empty for inserts that
+-- never come. Measured: 9% smaller when sessions take turns or follow one another, the same
+-- when many overlap. Pages split from now on; an existing index shrinks only if rebuilt.
+ALTER INDEX {s}.events_pkey SET (fillfactor = 100);
+ALTER INDEX {s}.audit_pkey SET (fillfactor = 100);
+ALTER INDEX {s}.audit_by_session SET (fillfactor = 100);
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
 A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the
