@@ -359,3 +359,9 @@ def test_serve_refuses_a_metrics_token_it_cannot_use_before_opening_the_store(
     assert said.startswith(f"Invalid value: {message}"), said
     assert token not in said
     assert served == [] and list(tmp_path.iterdir()) == []
+
+
+async def test_a_dashboard_static_file_is_counted_unrouted_as_the_docs_say(tmp_path: Path) -> None:
+    async with metered(f"sqlite:///{tmp_path}/s.db") as (_, c):
+        assert (await c.get("/_signoff/static/app.css")).status_code == 200
+        assert requests_of(await scrape(c), "GET", "unrouted", "2xx") == 1

@@ -40,7 +40,8 @@ STORE_TIMEOUT = 2.0
 read): a scrape times out soon (10 s by default in Prometheus)."""
 
 UNROUTED = "unrouted"
-"""The route label of a request no route took: an unknown path, or a body refused up front."""
+"""The route label of a request no route took: an unknown path, a body refused up front, or a
+static file of the dashboard (a mount, which sets no route on the scope)."""
 
 log = logging.getLogger("signoff.server")
 
