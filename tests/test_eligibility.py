@@ -181,3 +181,33 @@ def test_a_refusal_across_authenticators_names_both_in_full() -> None:
     with pytest.raises(so.NotAllowed) as root:
         _eligibility.authorize(request, so.Principal(authenticator="local", principal_id="root"))
     assert str(root.value) == "request req_1 was asked by token:ops; local:root may not settle it"
+
+
+@pytest.mark.parametrize(
+    "asker",
+    [
+        so.Principal(authenticator="okta", principal_id="alice", issuer="https://idp.example"),
+        so.Principal(authenticator="app", principal_id="nightly", principal_type="service"),
+    ],
+)
+def test_the_principal_an_anonymous_refusal_suggests_is_the_askers_own(
+    asker: so.Principal,
+) -> None:
+    """The `so.Principal(...)` a refusal from Python suggests names the asker's issuer and type
+    too: without them it is another principal (`same_as`), refused again when passed."""
+    request = so.InputRequest(
+        kind="tool-approval",
+        id="req_1",
+        session_id="ses_1",
+        turn_id="trn_1",
+        agent="a",
+        requested_by=asker,
+        created_at=0.0,
+    )
+    with pytest.raises(so.NotAllowed) as anon:
+        _eligibility.authorize(request, None)
+    suggested = str(anon.value).partition("(pass principal=, e.g. ")[2].removesuffix(")")
+    assert suggested.startswith("so.Principal("), str(anon.value)
+    principal = eval(suggested, {"so": so})  # the line a user would paste
+    assert principal.same_as(asker), suggested
+    _eligibility.authorize(request, principal)

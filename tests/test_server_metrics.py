@@ -331,3 +331,37 @@ def test_serve_refuses_a_metrics_token_without_metrics(
     result = invoke("serve", "examples.support:runtime", "--store", store)
     assert result.exit_code == 0, result.output
     assert not hasattr(served[0].state, "signoff_metrics")
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        ("s3cret", "metrics_token is also an API token: give the scraper a token of its own"),
+        ("m\u00e9trics", "metrics_token is not printable ASCII without spaces around it"),
+    ],
+)
+def test_serve_refuses_a_metrics_token_it_cannot_use_before_opening_the_store(
+    token: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scrape token that is also a `--token` secret, or one no header could carry, is a
+    usage error of the command line (exit 2) naming neither secret, as `create_app` refuses
+    it; it was refused only once the store had been opened (and created), exit 1."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self))
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke(
+        "serve", "examples.support:runtime", "--store", store, "--token", "s3cret=alice",
+        "--metrics", "--metrics-token", token,
+    )  # fmt: skip
+    said = refused_usage(result)
+    assert said.startswith(f"Invalid value: {message}"), said
+    assert token not in said
+    assert served == [] and list(tmp_path.iterdir()) == []
+
+
+async def test_a_dashboard_static_file_is_counted_unrouted_as_the_docs_say(tmp_path: Path) -> None:
+    async with metered(f"sqlite:///{tmp_path}/s.db") as (_, c):
+        assert (await c.get("/_signoff/static/app.css")).status_code == 200
+        assert requests_of(await scrape(c), "GET", "unrouted", "2xx") == 1

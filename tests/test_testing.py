@@ -107,3 +107,29 @@ def test_an_execution_log_records_a_tool_the_app_already_made(tmp_path: Path) ->
 
     with pytest.raises(so.UsageError, match="not a Custom"):
         log.tool(Custom(issue_refund.fn))
+
+
+@pytest.mark.parametrize("made", [False, True])
+@pytest.mark.parametrize(
+    "option",
+    [
+        {"approval": so.never()},
+        {"name": "refund"},
+        {"description": "Refund."},
+        {"run_as": "agent"},
+    ],
+)
+def test_an_execution_log_refuses_options_it_would_drop(made: bool, option: dict[str, Any]) -> None:
+    """`log.tool(f, approval=so.never())` made a tool that still asked for approval (or kept its
+    name, description or `run_as`): the options were dropped unsaid. They are refused, naming
+    the form that takes them."""
+
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return order_id
+
+    log = testing.ExecutionLog()
+    fn: Any = so.tool(approval=so.always())(issue_refund) if made else issue_refund
+    with pytest.raises(so.UsageError, match=r"@log\.tool\(") as refused:
+        log.tool(fn, **option)
+    assert next(iter(option)) in str(refused.value)

@@ -69,14 +69,22 @@ def authorize(request: InputRequest, principal: Principal | None) -> None:
                 asked_by, who = _full_name(asker), _full_name(principal)
         hint = ""
         if principal is None:  # from Python, where the answer names no one unless told
-            hint = (
-                f" (pass principal=, e.g. so.Principal(authenticator={asker.authenticator!r}, "
-                f"principal_id={asker.principal_id!r}))"
-            )
+            hint = f" (pass principal=, e.g. {_constructor(asker)})"
         raise NotAllowed(
             f"request {request.id} was asked by {asked_by}; {who} may not settle it{hint}",
             [request.id],
         )
+
+
+def _constructor(principal: Principal) -> str:
+    """The `so.Principal(...)` that is `principal` (`same_as`): its issuer and type too, where
+    they are not the defaults."""
+    args = f"authenticator={principal.authenticator!r}, principal_id={principal.principal_id!r}"
+    if principal.issuer is not None:
+        args += f", issuer={principal.issuer!r}"
+    if principal.principal_type != "user":
+        args += f", principal_type={principal.principal_type!r}"
+    return f"so.Principal({args})"
 
 
 def _full_name(principal: Principal) -> str:

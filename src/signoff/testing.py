@@ -152,6 +152,14 @@ class ExecutionLog:
         Given a tool your code already made with `@so.tool`, returns a copy of it (same name,
         schema and approval) that records its executions: `log.tool(shop.issue_refund)`.
         """
+        options = {"name": name, "description": description, "approval": approval}
+        given = [k for k, v in options.items() if v is not None]
+        given += ["run_as"] if run_as != "requester" else []
+        if fn is not None and given:  # they would be dropped, unsaid
+            raise UsageError(
+                f"log.tool(fn) takes no {', '.join(given)}: decorate the function with "
+                f"@log.tool({given[0]}=...) (a copy of an @so.tool keeps its own settings)"
+            )
         if isinstance(fn, Tool):
             if type(fn) not in (Tool, RecordingTool):
                 raise UsageError(

@@ -228,7 +228,7 @@ def serve(
             split_target(target)
             auth = None if not token else TokenAuth(_token_principals(token))
             _refuse_stray_channel_options(ctx, bool(webhook), bool(slack_channel))
-            _check_metrics(ctx, metrics, metrics_token)
+            _check_metrics(ctx, metrics, metrics_token, auth)
             _refuse_missing_secrets(
                 bool(webhook), webhook_secret, slack_channel, slack_token, slack_signing_secret
             )
@@ -355,15 +355,18 @@ def _refuse_stray_channel_options(ctx: typer.Context, webhooks: bool, slack: boo
         )
 
 
-def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None) -> None:
-    """Refuse `--metrics` without its extra (its install line before the store is waited for)
-    and `--metrics-token` typed without `--metrics`; one only exported is left unused."""
+def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None, auth: object) -> None:
+    """Refuse `--metrics` without its extra (its install line before the store is waited for),
+    a `--metrics-token` the app would refuse (one of the `--token` secrets, say), and one typed
+    without `--metrics`; one only exported is left unused."""
     if metrics:
-        from ..server._metrics import exporter_type
+        from ..server._metrics import check_token, exporter_type
 
         exporter_type()
         if token is not None and not token:  # `--metrics-token "$UNSET"`
             raise UsageError("the metrics token (--metrics-token) must not be empty")
+        if token is not None:
+            check_token(token, auth)
     elif getattr(ctx.get_parameter_source("metrics_token"), "name", None) == "COMMANDLINE":
         raise UsageError("--metrics-token is given but no --metrics")
 

@@ -33,14 +33,15 @@ from ._throttle import client_of, too_many
 if TYPE_CHECKING:
     from ._exporter import Exporter
 
-__all__ = ["STORE_TIMEOUT", "Observed", "Scraping", "exporter_type", "router"]
+__all__ = ["STORE_TIMEOUT", "Observed", "Scraping", "check_token", "exporter_type", "router"]
 
 STORE_TIMEOUT = 2.0
 """Seconds a scrape waits for the store's count of open requests (as `/readyz` waits for its
 read): a scrape times out soon (10 s by default in Prometheus)."""
 
 UNROUTED = "unrouted"
-"""The route label of a request no route took: an unknown path, or a body refused up front."""
+"""The route label of a request no route took: an unknown path, a body refused up front, or a
+static file of the dashboard (a mount, which sets no route on the scope)."""
 
 log = logging.getLogger("signoff.server")
 
@@ -66,17 +67,7 @@ class Scraping:
 
     def __init__(self, ctx: ServerContext, token: str | None) -> None:
         if token is not None:
-            if not isinstance(token, str) or not token:
-                raise UsageError("metrics_token must be a non-empty string or None")
-            if not (token.isascii() and token.isprintable() and token == token.strip()):
-                raise UsageError(
-                    "metrics_token is not printable ASCII without spaces around it, so no "
-                    "request could carry it (not shown, as it is a secret)"
-                )
-            if isinstance(ctx.auth, TokenAuth) and ctx.auth.lookup(token) is not None:
-                raise UsageError(
-                    "metrics_token is also an API token: give the scraper a token of its own"
-                )
+            check_token(token, ctx.auth)
         self.exporter = exporter_type()(ctx.runtime._counts, ctx.streams)
         self._digest = None if token is None else _digest(token)
 
@@ -99,6 +90,21 @@ class Scraping:
                 "the metrics count every tenant's activity: scrape them with an admin's token "
                 "or the metrics token",
             )
+
+
+def check_token(token: object, auth: object) -> None:
+    """Refuse a scrape token no request could carry, or one that is also an API token of `auth`
+    (it would open more than `/metrics`): a `UsageError` that never shows it. `signoff serve`
+    asks too, before it opens the store."""
+    if not isinstance(token, str) or not token:
+        raise UsageError("metrics_token must be a non-empty string or None")
+    if not (token.isascii() and token.isprintable() and token == token.strip()):
+        raise UsageError(
+            "metrics_token is not printable ASCII without spaces around it, so no "
+            "request could carry it (not shown, as it is a secret)"
+        )
+    if isinstance(auth, TokenAuth) and auth.lookup(token) is not None:
+        raise UsageError("metrics_token is also an API token: give the scraper a token of its own")
 
 
 def _digest(token: str) -> bytes:
