@@ -11,7 +11,7 @@ from typing import Any, cast
 import httpx
 
 import signoff as so
-from signoff._mirrors import unlisted_mirrors
+from signoff._unlisted import unlisted
 from signoff.server import TokenAuth, create_app
 from signoff.server._auth import default_access
 from signoff.server._context import ServerContext
@@ -108,16 +108,16 @@ async def test_the_mirrors_left_out_are_found_from_the_sessions_above_a_lapsed_s
         assert mirror.child is not None
         live = PendingFilter(live_at=rt.now())
         assert await rt.store.lapsed_ancestors(rt.now()) == []  # type: ignore[attr-defined]
-        assert await unlisted_mirrors(rt.store, live, rt.now()) == 0
+        assert len(await unlisted(rt.store, live, rt.now())) == 0
         clock.advance(60)
         now = rt.now()
         above = await rt.store.lapsed_ancestors(now)  # type: ignore[attr-defined]
         assert above == [r.session_id, mirror.child.session_id]  # front's, then support's
         live = PendingFilter(live_at=now)
         plain = cast(so.stores.Store, _Plain(rt.store))
-        assert await unlisted_mirrors(rt.store, live, now) == 2
-        assert await unlisted_mirrors(plain, live, now) == 2
+        assert len(await unlisted(rt.store, live, now)) == 2
+        assert len(await unlisted(plain, live, now)) == 2
         for store in (rt.store, plain):
             one = replace(live, session_id=r.session_id)
-            assert await unlisted_mirrors(store, one, now) == 1
-            assert await unlisted_mirrors(store, replace(live, status="expired"), now) == 0
+            assert len(await unlisted(store, one, now)) == 1
+            assert len(await unlisted(store, replace(live, status="expired"), now)) == 0

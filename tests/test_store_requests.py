@@ -213,6 +213,10 @@ async def test_pending_filters_and_count(store: Store) -> None:
     assert await ids(created_after=T0 + 1) == ["req_2", "req_4"]
     assert await ids(limit=2) == ["req_1", "req_2"]
     assert await ids(limit=2, offset=2) == ["req_4"]
+    assert await ids(excluded=("req_2",)) == ["req_1", "req_4"]
+    assert await ids(excluded=("req_2",), limit=1, offset=1) == ["req_4"]
+    assert await ids(excluded=("req_1", "req_4", "no such", 'it\'s "quoted"')) == ["req_2"]
+    assert await ids(agent="billing", excluded=("req_1",)) == ["req_4"]
     assert await store.count_pending(PendingFilter(limit=1)) == 3
     listed = await store.pending(PendingFilter(session_id=s1))
     assert all(r.status == "pending" for r in listed)
@@ -240,6 +244,8 @@ async def test_pending_filters_and_count(store: Store) -> None:
         ({"limit": "5"}, r"PendingFilter\(limit=...\) must be a whole number from 0"),
         ({"offset": 2.0}, r"PendingFilter\(offset=...\) must be a whole number from 0"),
         ({"offset": 2**63}, r"PendingFilter\(offset=...\) must be a whole number from 0"),
+        ({"excluded": ["req_1"]}, r"PendingFilter\(excluded=...\) must be a tuple of request"),
+        ({"excluded": ("req_1", 2)}, r"PendingFilter\(excluded=...\) must be a tuple of req"),
     ],
 )
 def test_a_pending_filter_of_the_wrong_kind_is_refused_when_made(

@@ -21,7 +21,7 @@ from ._recording import Batch, EventSpec
 from ._results import GenerateResult, Outcome
 from ._state import SessionState
 from ._types import ChildRef, InputRequest, Principal
-from .stores import PendingFilter, Resolve, Store, StoredRequest
+from .stores import Resolve, Store, StoredRequest
 
 if TYPE_CHECKING:
     from ._answering import Answering
@@ -38,12 +38,10 @@ __all__ = [
     "routed",
     "settle_routed",
     "stored_followed",
-    "unlisted_mirrors",
 ]
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R", bound="_Reading")
-_SCAN = 500  # open requests read at a time by `unlisted_mirrors`
 
 MAX_HOPS = 100
 """How far down a chain of subagents a mirrored request is followed to the one it stands for."""
@@ -117,37 +115,6 @@ def stored_followed(stored: StoredRequest, shown: InputRequest) -> StoredRequest
     return dataclasses.replace(
         stored, request=shown, status="expired", outcome="expired", resolution=resolution
     )
-
-
-async def unlisted_mirrors(store: Store, flt: PendingFilter, now: float) -> int:
-    """How many of the open requests `flt` matches are mirrors `followed` shows `expired` at
-    `now` (a subagent's session down the way passed its TTL, unrecorded): the listings leave
-    them out, the store's `count_pending` counts them. One query while no subagent's session
-    lapsed so (`lapsed_ancestors`); then a listing of each session above one, and a read per
-    mirror there (per hop). A store without `lapsed_ancestors` has its whole queue read."""
-    if flt.status != "pending":
-        return 0
-    query = getattr(store, "lapsed_ancestors", None)
-    if query is None:
-        scopes = [flt]
-    else:
-        above: list[str] = await query(now)
-        scopes = [
-            dataclasses.replace(flt, session_id=sid)
-            for sid in above
-            if flt.session_id in (None, sid)
-        ]
-    hidden = 0
-    for scope in scopes:
-        offset = 0
-        while True:
-            page = await store.pending(dataclasses.replace(scope, limit=_SCAN, offset=offset))
-            mirrors = [r for r in page if r.child is not None]
-            hidden += sum(r.status == "expired" for r in await followed(store, mirrors, now))
-            if len(page) < _SCAN:
-                break
-            offset += _SCAN
-    return hidden
 
 
 def _copied(value: Any) -> Any:

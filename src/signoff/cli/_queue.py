@@ -32,6 +32,7 @@ from .._exceptions import (
 from .._runtime import Runtime
 from .._text import escape_as_json
 from .._types import InputRequest, InputResponse, Principal
+from .._unlisted import unlisted
 from ..channels.terminal import compact_json, duration, printable
 from ..stores import DEFAULT_URL, PendingFilter, SQLiteStore
 from ._app import (
@@ -87,14 +88,17 @@ def pending(
             refuse_undecodable({"--agent": agent, "--tool": tool, "--session": session})
         async with Runtime([], store=reading_store(store)) as runtime:
             # Like `Runtime.pending`: what can no longer be answered (a session past its TTL, a
-            # request past its deadline) is left out, and so is it from the total.
+            # request past its deadline, a mirror of one) is left out, and so from the total.
+            now = runtime.now()
             flt = PendingFilter(
                 agent=agent,
                 tool_name=tool,
                 session_id=session,
-                live_at=runtime.now(),
+                live_at=now,
                 limit=limit,
             )
+            hidden = await unlisted(runtime.store, flt, now)
+            flt = dataclasses.replace(flt, excluded=tuple(hidden))
             requests, more = await runtime.pending_page(flt)
             total = await runtime.store.count_pending(flt) if more else len(requests)
         if as_json:

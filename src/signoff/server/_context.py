@@ -14,11 +14,11 @@ from starlette.requests import HTTPConnection
 from .._deadlines import is_due, stored_after_deadline, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
-from .._mirrors import unlisted_mirrors
 from .._runtime import Runtime
 from .._state import SessionState
 from .._state_parts import load_principal
 from .._types import InputRequest, Principal
+from .._unlisted import unlisted
 from ..stores import InitiatorFilter, PendingFilter, SessionSummary, StoredRequest
 from ._auth import (
     AccessRule,
@@ -219,7 +219,8 @@ class ServerContext:
 
         Open requests of sessions whose TTL has passed are left out, as `Runtime.pending` does,
         and so are those past their deadline (`Runtime.pending_page`). Under the default rule
-        the store picks the caller's by their sessions' initiators: one page and one count. Under
+        the store picks the caller's by their sessions' initiators, and leaves out what the page
+        would not show (`_listed`): one page and one count, in step. Under
         a rule the store cannot apply, the matching requests are read and filtered here: the whole
         open queue, but of closed requests only the `REQUEST_SCAN` newest (the history grows
         without end), and only the page is kept.
@@ -232,8 +233,9 @@ class ServerContext:
         picks = None if everyone else self._picks(caller)
         if everyone or picks is not None:
             flt = flt if picks is None else replace(flt, initiated_by=picks)
+            flt = await self._listed(flt, record=True)
             picked, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
-            return picked, await self._count(flt)
+            return picked, await store.count_pending(flt)
         seen: dict[str, bool] = {}
         page: list[InputRequest] = []
         total = 0
@@ -403,8 +405,9 @@ class ServerContext:
     async def queue_version(self, caller: Principal) -> tuple[int, str]:
         """The caller's open-request count and a fingerprint that changes with the set.
 
-        Under the default rule it costs three indexed queries (count, oldest, newest), not a
-        scan; under another rule every open request the caller may see is read.
+        Under the default rule it costs a few indexed queries (count, what the queue leaves out,
+        oldest, newest), not a scan; under another rule every open request the caller may see
+        is read.
         """
         if self.sees_every_request(caller):
             return await self.open_requests_version()
@@ -420,28 +423,37 @@ class ServerContext:
         return caller.attributes.get("admin") is True and self._default_access()
 
     async def open_requests_version(self, picks: InitiatorFilter | None = None) -> tuple[int, str]:
-        """The count and fingerprint of every open request (of the sessions the store `picks`,
-        if given), from three indexed queries: a caller's own queue can only have changed when
-        this did."""
+        """The count and fingerprint of every open request the queue shows (of the sessions the
+        store `picks`, if given), from indexed queries (one while nothing is open): a caller's
+        own queue can only have changed when this did. Nothing is recorded: a stream asks often."""
         store = self.runtime.store
         live = PendingFilter(live_at=self.runtime.now(), initiated_by=picks)
-        stored = await store.count_pending(live)
+        total = await store.count_pending(live)
+        if total:
+            live = await self._listed(live)
+            total = await store.count_pending(live) if live.excluded else total
         ends = []
-        if stored:
+        if total:
             ends += await store.pending(replace(live, limit=1))
-            ends += await store.pending(replace(live, limit=1, offset=stored - 1))
-        total = await self._count(live, stored)
+            ends += await store.pending(replace(live, limit=1, offset=total - 1))
         return total, _digest(total, [r.id for r in ends])
 
-    async def _count(self, flt: PendingFilter, stored: int | None = None) -> int:
-        """How many requests `flt` matches as the listings show them (`stored`: the store's count
-        of them, if read already): an open mirror whose subagent's session passed its TTL,
-        which nothing recorded yet, is left out of both."""
+    async def _listed(self, flt: PendingFilter, *, record: bool = False) -> PendingFilter:
+        """`flt` leaving out the open requests the queue does not show (`unlisted`: past a
+        deadline, or a mirror whose subagent's request or session lapsed, nothing recorded
+        yet), so a listing's offsets and its count skip the same ones; with `record`, the
+        passed deadlines of this runtime's agents are recorded first, as a page of the queue
+        records its own. Two indexed queries while nothing is past a deadline or a TTL."""
+        if flt.status != "pending" or flt.live_at is None:
+            return flt
         store = self.runtime.store
-        total = await store.count_pending(flt) if stored is None else stored
-        if total and flt.status == "pending" and flt.live_at is not None:
-            total -= await unlisted_mirrors(store, flt, flt.live_at)
-        return total
+        now = flt.live_at
+        if record:
+            due = await store.pending(replace(flt, due_by=now, limit=REQUEST_CHUNK, offset=0))
+            if due:
+                await self.runtime._apply_deadlines(due, listing=True)
+        hidden = await unlisted(store, flt, now)
+        return replace(flt, excluded=tuple(hidden)) if hidden else flt
 
     def _default_access(self) -> bool:
         return self.access is default_access

@@ -1,8 +1,8 @@
 """`GET /metrics`: Prometheus metrics of one server process, with `create_app(metrics=True)`.
 
 Off by default, and then nothing of it runs. On, each HTTP request is counted by its route's
-template and timed (`Observed`), and a scrape reads the runtime's own counts and one count of
-open requests from the store, given a short time: a store that does not answer makes
+template and timed (`Observed`), and a scrape reads the runtime's own counts and the count of
+open requests an admin's queue shows, given a short time: a store that does not answer makes
 `signoff_store_up` 0, not a failed scrape.
 
 Who may scrape: an admin (`admin: true`), as the figures span every tenant, as only an admin's
@@ -24,7 +24,6 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._exceptions import UsageError
-from ..stores import PendingFilter
 from ._auth import TokenAuth, bearer_token
 from ._context import ServerContext, get_context
 from ._errors import ApiError
@@ -154,7 +153,7 @@ async def metrics(request: Request) -> Response:
     try:
         async with asyncio.timeout(STORE_TIMEOUT):
             await runtime.open()
-            open_requests = await runtime.store.count_pending(PendingFilter(live_at=runtime.now()))
+            open_requests, _ = await ctx.open_requests_version()  # as an admin's queue counts
     except Exception as exc:  # the scrape still answers: `signoff_store_up` says it failed
         log.debug("metrics: counting open requests failed", exc_info=exc)
     body, content_type = exporter.render(request.headers.get("accept", ""), open_requests)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -189,6 +190,9 @@ class PendingFilter:
     live_at: float | None = None  # leave out requests of sessions whose TTL passed by then
     due_by: float | None = None  # only requests whose deadline passed by then (at it counts)
     initiated_by: InitiatorFilter | None = None  # only requests of the sessions it picks
+    # Not these requests (ids): those a listing would leave out though the store holds them
+    # open (`_unlisted.unlisted`), so its pages and its count skip the same ones.
+    excluded: tuple[str, ...] = ()
 
     def where(self, ph: str) -> tuple[str, list[Any]]:
         """The SQL `WHERE` clause (over `requests r JOIN sessions s`) and its parameters, with
@@ -221,6 +225,14 @@ class PendingFilter:
             condition, more = self.initiated_by.where(ph, "s")
             where.append(condition)
             params += more
+        if self.excluded:
+            # One parameter however many: a JSON array (SQLite), an array (PostgreSQL).
+            if ph == "?":
+                where.append("r.id NOT IN (SELECT value FROM json_each(?))")
+                params.append(json.dumps(list(self.excluded)))
+            else:
+                where.append(f"NOT (r.id = ANY({ph}::text[]))")
+                params.append(list(self.excluded))
         return (" WHERE " + " AND ".join(where)) if where else "", params
 
     limit: int = 100
@@ -242,6 +254,12 @@ class PendingFilter:
                     f"PendingFilter({name}=...) must be a finite time (seconds) or None, "
                     f"not {moment!r}"
                 )
+        if not isinstance(self.excluded, tuple) or not all(
+            isinstance(i, str) for i in self.excluded
+        ):
+            raise UsageError(
+                f"PendingFilter(excluded=...) must be a tuple of request ids, not {self.excluded!r}"
+            )
         if self.initiated_by is not None and not isinstance(self.initiated_by, InitiatorFilter):
             raise UsageError(
                 "PendingFilter(initiated_by=...) must be an InitiatorFilter or None, "
@@ -276,8 +294,9 @@ class Store(Protocol):
     created for a parent (`parent_of`) whose turn that created them ended or was replaced
     (both stores have it: the orphan sweep then reads only those, not every child);
     `lapsed_ancestors(now)`, the ids of the sessions with open requests above a running or
-    waiting subagent session whose TTL passed by `now` (both stores have it: counting the open
-    requests then reads the mirrors of only those sessions, not of the whole queue);
+    waiting subagent session whose TTL passed by `now`, or above one with an open request past
+    its deadline (both stores have it: counting the open requests then reads the mirrors of
+    only those sessions, not of the whole queue);
     and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str
@@ -456,11 +475,14 @@ class Store(Protocol):
 
 def lapsed_ancestors_sql(ph: str, prefix: str = "") -> str:
     """`lapsed_ancestors(now)`'s query, the same on both stores (`ph` the driver's placeholder,
-    `prefix` the tables' schema): the sessions above a lapsed subagent, up the `parent` links."""
+    `prefix` the tables' schema): the sessions above a lapsed subagent, or above one holding an
+    open request past its deadline (from the index of those), up the `parent` links."""
     return (
         "WITH RECURSIVE above(sk) AS ("
         f"SELECT parent FROM {prefix}sessions WHERE parent IS NOT NULL "
         f"AND status IN ('running', 'waiting') AND expires_at <= {ph} "
+        f"UNION SELECT c.parent FROM {prefix}requests d JOIN {prefix}sessions c ON c.sk = d.sk "
+        f"WHERE d.status = 'pending' AND d.expires_at <= {ph} AND c.parent IS NOT NULL "
         f"UNION SELECT c.parent FROM {prefix}sessions c JOIN above a ON c.sk = a.sk "
         "WHERE c.parent IS NOT NULL) "
         f"SELECT s.id FROM {prefix}sessions s JOIN above a ON a.sk = s.sk WHERE EXISTS "

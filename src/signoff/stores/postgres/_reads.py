@@ -340,12 +340,13 @@ class Reads(Connections):
 
     async def lapsed_ancestors(self, now: float) -> list[str]:
         """The sessions with open requests above (parent, grandparent, ...) a running or waiting
-        subagent session whose TTL passed by `now`: the only ones whose mirrors can show as
-        expired unrecorded. From the index of children by status; none, mostly."""
+        subagent session whose TTL passed by `now`, or holding an open request past its
+        deadline: the only ones whose mirrors can show as expired (or past a deadline)
+        unrecorded. From the indexes of children by status and of deadlines; none, mostly."""
         sql = lapsed_ancestors_sql("%s", f"{self._s}.")
 
         async def body(conn: Conn) -> list[str]:
-            cur = await conn.execute(sql, (now,))
+            cur = await conn.execute(sql, (now, now))
             return [str(row[0]) for row in await cur.fetchall()]
 
         return await self._read(body, "listing sessions above a subagent whose TTL passed")

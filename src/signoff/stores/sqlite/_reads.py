@@ -304,10 +304,11 @@ class Reads(Connection):
     @reading
     async def lapsed_ancestors(self, now: float) -> list[str]:
         """The sessions with open requests above (parent, grandparent, ...) a running or waiting
-        subagent session whose TTL passed by `now`: the only ones whose mirrors can show as
-        expired unrecorded. From the index of children by status; none, mostly."""
+        subagent session whose TTL passed by `now`, or holding an open request past its
+        deadline: the only ones whose mirrors can show as expired (or past a deadline)
+        unrecorded. From the indexes of children by status and of deadlines; none, mostly."""
         sql = lapsed_ancestors_sql("?")
-        return [str(row[0]) for row in self.conn.execute(sql, (now,))]
+        return [str(row[0]) for row in self.conn.execute(sql, (now, now))]
 
     @reading
     async def audit(

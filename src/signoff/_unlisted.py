@@ -1,0 +1,57 @@
+"""The open requests a listing of the queue leaves out though the store still holds them open:
+one past its deadline that nothing recorded yet (its agent runs in another process, no sweep
+came by, the store is read-only), and a mirror whose subagent's request passed its deadline so
+or whose subagent's session passed its TTL. A listing and its count exclude the same ones
+(`PendingFilter.excluded`), so a total is what paging through the listing to its end returns."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import replace
+
+from ._deadlines import after_deadline
+from ._mirrors import followed
+from ._types import InputRequest
+from .stores import PendingFilter, Store
+
+__all__ = ["unlisted"]
+
+_SCAN = 500  # open requests read at a time
+
+
+async def unlisted(store: Store, flt: PendingFilter, now: float) -> list[str]:
+    """The ids of the open requests `flt` matches that the queue does not show at `now`
+    (`Runtime.pending_page` leaves them out). Read from the index of deadlines, and of mirrors
+    only those in the sessions the store names above a lapsed subagent session or a passed
+    deadline (`lapsed_ancestors`): two queries while nothing is past either. A store without
+    `lapsed_ancestors` has the mirrors of its whole queue read."""
+    if flt.status != "pending":
+        return []
+    hidden: list[str] = []
+    due = replace(flt, due_by=now, excluded=())
+    async for page in _pages(store, due):
+        # A mirror has no deadline of its own (its subagent's shows): left to the next reading.
+        hidden += [r.id for r in page if r.child is None and after_deadline(r, now) is None]
+    query = getattr(store, "lapsed_ancestors", None)
+    if query is None:
+        scopes = [flt]
+    else:
+        above: list[str] = await query(now)
+        scopes = [replace(flt, session_id=sid) for sid in above if flt.session_id in (None, sid)]
+    for scope in scopes:
+        async for page in _pages(store, replace(scope, excluded=())):
+            mirrors = [r for r in page if r.child is not None]
+            for shown in await followed(store, mirrors, now):
+                if shown.status != "pending" or after_deadline(shown, now) is None:
+                    hidden.append(shown.id)
+    return hidden
+
+
+async def _pages(store: Store, flt: PendingFilter) -> AsyncIterator[list[InputRequest]]:
+    offset = 0
+    while True:
+        page = await store.pending(replace(flt, limit=_SCAN, offset=offset))
+        yield page
+        if len(page) < _SCAN:
+            return
+        offset += _SCAN
