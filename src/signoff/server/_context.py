@@ -449,7 +449,9 @@ class ServerContext:
         store = self.runtime.store
         now = flt.live_at
         if record:
-            due = await store.pending(replace(flt, due_by=now, limit=REQUEST_CHUNK, offset=0))
+            # As many as the page could show, as before: each one may drive a turn.
+            size = min(flt.limit, REQUEST_CHUNK)
+            due = await store.pending(replace(flt, due_by=now, limit=size, offset=0))
             if due:
                 await self.runtime._apply_deadlines(due, listing=True)
         hidden = await unlisted(store, flt, now)
