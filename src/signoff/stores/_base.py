@@ -456,7 +456,9 @@ class Store(Protocol):
 
 def lapsed_ancestors_sql(ph: str, prefix: str = "") -> str:
     """`lapsed_ancestors(now)`'s query, the same on both stores (`ph` the driver's placeholder,
-    `prefix` the tables' schema): the sessions above a lapsed subagent, up the `parent` links."""
+    `prefix` the tables' schema): the sessions above a lapsed subagent, up the `parent` links.
+    The lapsed subagents are a range of `sessions_children` (status, then deadline); one with no
+    TTL has a NULL deadline, which no `<=` matches and neither store's range reaches."""
     return (
         "WITH RECURSIVE above(sk) AS ("
         f"SELECT parent FROM {prefix}sessions WHERE parent IS NOT NULL "

@@ -341,7 +341,8 @@ class Reads(Connections):
     async def lapsed_ancestors(self, now: float) -> list[str]:
         """The sessions with open requests above (parent, grandparent, ...) a running or waiting
         subagent session whose TTL passed by `now`: the only ones whose mirrors can show as
-        expired unrecorded. From the index of children by status; none, mostly."""
+        expired unrecorded. A range of the index of children by status and deadline; none,
+        mostly."""
         sql = lapsed_ancestors_sql("%s", f"{self._s}.")
 
         async def body(conn: Conn) -> list[str]:

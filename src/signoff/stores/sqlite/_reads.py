@@ -305,7 +305,8 @@ class Reads(Connection):
     async def lapsed_ancestors(self, now: float) -> list[str]:
         """The sessions with open requests above (parent, grandparent, ...) a running or waiting
         subagent session whose TTL passed by `now`: the only ones whose mirrors can show as
-        expired unrecorded. From the index of children by status; none, mostly."""
+        expired unrecorded. A range of the index of children by status and deadline; none,
+        mostly."""
         sql = lapsed_ancestors_sql("?")
         return [str(row[0]) for row in self.conn.execute(sql, (now,))]
 
