@@ -113,11 +113,12 @@ async def _statements(
 
 def _plan(url: str, sql: str, params: Any) -> list[dict[str, Any]]:
     """The nodes of the plan of `sql` (on SQLite each with its `detail` only; PostgreSQL with
-    sequential scans off: tables this small are cheaper scanned)."""
+    its statistics taken and sequential scans off: tables this small are cheaper scanned)."""
     if url.startswith("sqlite:///"):
         rows = query(url, "EXPLAIN QUERY PLAN " + sql.replace("{", "{{").replace("}", "}}"))
         return [{"detail": str(r[-1])} for r in rows]
-    with psycopg.connect(url.partition("?")[0]) as conn:
+    with psycopg.connect(url.partition("?")[0], autocommit=True) as conn:
+        conn.execute("ANALYZE")
         conn.execute("SET enable_seqscan = off")
         ((plan,),) = conn.execute(("EXPLAIN (FORMAT JSON) " + sql).encode(), params).fetchall()
 
@@ -134,9 +135,10 @@ def _children_scans(plan: list[dict[str, Any]]) -> list[dict[str, Any]]:
 async def test_a_lapsed_subagent_is_a_range_of_the_index_of_children(
     store: Store, store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The statement `lapsed_ancestors` runs reads the index of children by status and up to
-    the deadline, so it reads only the lapsed ones, not every running or waiting child; the
-    orphan sweep still reads its children by status through the same index."""
+    """The statement `lapsed_ancestors` reads the index of children by status and up to the
+    deadline, so it reads only the lapsed ones, not every running or waiting child, then looks
+    up the pending requests of each session above; the orphan sweep still reads its children by
+    status through the same index."""
     await _populate(store)
     reads: Any = store  # both stores' reads, beyond the `Store` protocol
     lapsed = await _statements(store, monkeypatch, lambda: reads.lapsed_ancestors(100.0))
@@ -147,6 +149,9 @@ async def test_a_lapsed_subagent_is_a_range_of_the_index_of_children(
         assert _children_scans(plan) == [
             {"detail": "SEARCH sessions USING INDEX sessions_children (status=? AND expires_at<?)"}
         ]
+        assert {
+            "detail": "SEARCH r USING COVERING INDEX requests_by_session (sk=? AND status=?)"
+        } in plan
     else:
         # (With sequential scans off, the recursive step may read the tiny index whole too.)
         ranges = [n for n in _children_scans(plan) if "expires_at" in n.get("Index Cond", "")]
@@ -155,5 +160,9 @@ async def test_a_lapsed_subagent_is_a_range_of_the_index_of_children(
         assert "expires_at <=" in ranges[0]["Index Cond"], ranges
         filters = [str(n.get("Filter", "")) + str(n.get("Recheck Cond", "")) for n in plan]
         assert not [f for f in filters if "expires_at" in f], plan  # never read, then dropped
+        requests = [n for n in plan if n.get("Relation Name") == "requests"]
+        assert requests, plan
+        for node in requests:  # each session above looked up, not every pending request read
+            assert "(sk = s.sk)" in node.get("Index Cond", ""), node
     ((sql, params),) = orphans
     assert _children_scans(_plan(store_url, sql, params)), sql
