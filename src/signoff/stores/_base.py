@@ -476,7 +476,9 @@ class Store(Protocol):
 def lapsed_ancestors_sql(ph: str, prefix: str = "") -> str:
     """`lapsed_ancestors(now)`'s query, the same on both stores (`ph` the driver's placeholder,
     `prefix` the tables' schema): the sessions above a lapsed subagent, or above one holding an
-    open request past its deadline (from the index of those), up the `parent` links."""
+    open request past its deadline (from the index of those), up the `parent` links. The lapsed
+    subagents are a range of `sessions_children` (status, then deadline); one with no TTL has a
+    NULL deadline, which no `<=` matches and neither store's range reaches."""
     return (
         "WITH RECURSIVE above(sk) AS ("
         f"SELECT parent FROM {prefix}sessions WHERE parent IS NOT NULL "
@@ -486,8 +488,10 @@ def lapsed_ancestors_sql(ph: str, prefix: str = "") -> str:
         f"UNION SELECT c.parent FROM {prefix}sessions c JOIN above a ON c.sk = a.sk "
         "WHERE c.parent IS NOT NULL) "
         f"SELECT s.id FROM {prefix}sessions s JOIN above a ON a.sk = s.sk WHERE EXISTS "
-        f"(SELECT 1 FROM {prefix}requests r WHERE r.sk = s.sk AND r.status = 'pending') "
-        "ORDER BY s.sk"
+        f"(SELECT 1 FROM {prefix}requests r WHERE r.sk = s.sk AND r.status = 'pending' "
+        # OFFSET 0 keeps PostgreSQL checking each session found by the index of requests: it
+        # overestimates the sessions above, and would otherwise read every pending request.
+        "LIMIT 1 OFFSET 0) ORDER BY s.sk"
     )
 
 

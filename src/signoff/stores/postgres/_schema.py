@@ -201,6 +201,18 @@ ALTER INDEX {s}.audit_pkey SET (fillfactor = 100);
 ALTER INDEX {s}.audit_by_session SET (fillfactor = 100);
 """,
     ),
+    (
+        10,
+        "the index of subagent sessions is on their status and TTL deadline, so those whose "
+        "TTL passed are a range of it (the open-request counts leave out their mirrors)",
+        """
+-- Redefined, not added: no index more to store. The price: a commit that moves a session's
+-- deadline (every commit of one with a TTL, child or not) no longer updates its row in place
+-- (HOT), leaving an entry in each of its indexes until a vacuum (bench/README, sweep.py).
+DROP INDEX IF EXISTS {s}.sessions_children;
+CREATE INDEX sessions_children ON {s}.sessions (status, expires_at) WHERE parent IS NOT NULL;
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
 A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the

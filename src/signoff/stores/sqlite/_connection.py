@@ -29,6 +29,7 @@ from ._schema import (
     keep_session_initiators,
     keep_session_parents,
     keep_stream_heads,
+    order_children_by_expiry,
     upgrade_from_1,
 )
 
@@ -338,6 +339,8 @@ class Connection:
                 keep_session_parents(conn)
             if 1 <= found < 7:
                 keep_session_initiators(conn)
+            if 1 <= found < 8:
+                order_children_by_expiry(conn)
             for statement in SCHEMA.strip().split(";"):
                 if statement.strip():
                     conn.execute(statement)

@@ -306,7 +306,8 @@ class Reads(Connection):
         """The sessions with open requests above (parent, grandparent, ...) a running or waiting
         subagent session whose TTL passed by `now`, or holding an open request past its
         deadline: the only ones whose mirrors can show as expired (or past a deadline)
-        unrecorded. From the indexes of children by status and of deadlines; none, mostly."""
+        unrecorded. From a range of the index of children by status and deadline, and the index
+        of deadlines; none, mostly."""
         sql = lapsed_ancestors_sql("?")
         return [str(row[0]) for row in self.conn.execute(sql, (now, now))]
 

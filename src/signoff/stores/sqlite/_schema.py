@@ -24,10 +24,11 @@ __all__ = [
     "keep_session_initiators",
     "keep_session_parents",
     "keep_stream_heads",
+    "order_children_by_expiry",
     "upgrade_from_1",
 ]
 
-STORE_SCHEMA = 7
+STORE_SCHEMA = 8
 """2: audit entries point at their events, chain heads in the session rows. 3: event rows hold a
 type code, a turn id only where it changes, and data that may be stored on the event before
 (`_codec.DEFLATE_ON_PREVIOUS`); an older signoff reads none of that, so it refuses the file.
@@ -43,6 +44,9 @@ whose parent no longer waits for them; an older signoff would create children wi
 NULL when the first event does not say; `tenant`, a text tenant as JSON), each indexed, so
 listings filter by who may see them in SQL; an older signoff would create sessions without them
 (which only an admin then lists).
+8: the index of children (`sessions_children`) is on their status and TTL deadline, so the
+subagent sessions whose TTL passed are a range of it, not every running or waiting one (the
+same index redefined, no new one).
 A file already marked with this version is opened without running `SCHEMA` (so that opening
 writes nothing), so any change to `SCHEMA` needs a new version."""
 
@@ -92,7 +96,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     tenant TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_by_status ON sessions (status, updated_at);
-CREATE INDEX IF NOT EXISTS sessions_children ON sessions (status) WHERE parent IS NOT NULL;
+CREATE INDEX IF NOT EXISTS sessions_children ON sessions (status, expires_at)
+    WHERE parent IS NOT NULL;
 CREATE INDEX IF NOT EXISTS sessions_by_initiator ON sessions (initiator);
 CREATE INDEX IF NOT EXISTS sessions_by_tenant ON sessions (tenant) WHERE tenant IS NOT NULL;
 CREATE TABLE IF NOT EXISTS events (
@@ -266,3 +271,9 @@ def keep_session_initiators(conn: sqlite3.Connection) -> None:
         initiator, tenant = stored_initiator(data) if data is not None else (None, None)
         filled.append((initiator, tenant, sk))
     conn.executemany("UPDATE sessions SET initiator=?, tenant=? WHERE sk=?", filled)
+
+
+def order_children_by_expiry(conn: sqlite3.Connection) -> None:
+    """Schema 7 (or older, upgraded) to 8, in the opening transaction: the index of children by
+    status is dropped, for `SCHEMA` to create it again on their status and deadline."""
+    conn.execute("DROP INDEX IF EXISTS sessions_children")
