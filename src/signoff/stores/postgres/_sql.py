@@ -192,7 +192,7 @@ def create_sql(s: str, events: int, sync: bool) -> str:
     return (
         f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
         "expires_at, initiator, tenant, parent, parent_turn) "
-        "SELECT %s,%s,%s,'idle',%s,%s,%s,%s,%s, p.sk, "
+        "SELECT %s,%s,%s,%s,%s,%s,%s,%s,%s, p.sk, "
         "CASE WHEN p.sk IS NOT NULL THEN COALESCE(%s::text, "
         + CURRENT_TURN.format(s=s, sk="p.sk")
         + f") END FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s RETURNING sk), "

@@ -66,7 +66,13 @@ class PostgresStore(Reads, Leases):
     # -- writes -------------------------------------------------------------------------------
 
     async def create_session(
-        self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
+        self,
+        session_id: str,
+        agent: str,
+        events: Sequence[Event],
+        expires_at: float | None,
+        *,
+        status: str = "idle",
     ) -> None:
         s = self._s
         at = events[0].at
@@ -79,7 +85,8 @@ class PostgresStore(Reads, Leases):
         # current one if the event names none), for `orphaned_children`.
         parent, turn = parent_of(events)
         initiator, tenant = initiator_columns(events)  # who may see it, for listings
-        params: list[Any] = [session_id, agent, last, at, at, expires_at, initiator, tenant]
+        params: list[Any] = [session_id, agent, last, status, at, at, expires_at, initiator]
+        params.append(tenant)
         params += [turn, parent]
         params += rows_params(rows)
         params += [self.channel, f"{session_id} {last}"]

@@ -54,10 +54,16 @@ class SQLiteStore(Reads, Leases):
     # -- writes -------------------------------------------------------------------------------
 
     async def create_session(
-        self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
+        self,
+        session_id: str,
+        agent: str,
+        events: Sequence[Event],
+        expires_at: float | None,
+        *,
+        status: str = "idle",
     ) -> None:
-        """Write a new session with its first events in one transaction; a `session_id`
-        already stored is a `StoreError` and writes nothing."""
+        """Write a new session with its first events (and `status`) in one transaction; a
+        `session_id` already stored is a `StoreError` and writes nothing."""
         conn = self.conn
         at = events[0].at
         # A subagent's: its row names the parent and the parent's turn that delegated to it.
@@ -72,7 +78,7 @@ class SQLiteStore(Reads, Leases):
                     "p.sk, CASE WHEN p.sk IS NOT NULL THEN COALESCE(?, "
                     + CURRENT_TURN.format(sk="p.sk")
                     + ") END FROM (SELECT 1) LEFT JOIN sessions p ON p.id = ?",
-                    [session_id, agent, events[-1].seq, "idle", at, at, expires_at]
+                    [session_id, agent, events[-1].seq, status, at, at, expires_at]
                     + [initiator, tenant, turn, parent],
                 )
                 sk = int(cur.lastrowid or 0)
