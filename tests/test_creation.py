@@ -1,7 +1,8 @@
-"""A new conversation's session and first message are one store write, on each store: no
-commit of its own starts the first turn, the row is written with the turn's status and who
-started it, a crash right before that write leaves no session and right after it a running one
-that is driven on, and a keyed call finds the session its first call made either way."""
+"""A new conversation's session, first message and drive's lease are one store write, on each
+store: no commit of its own starts the first turn and no lease is acquired apart, the row is
+written with the turn's status and who started it, a crash right before that write leaves no
+session and right after it a running one that is driven on once its lease lapses, and a keyed
+call finds the session its first call made either way."""
 
 from __future__ import annotations
 
@@ -33,7 +34,9 @@ def parking_agent() -> so.Agent:
     )
 
 
-async def test_a_new_session_and_its_first_turn_are_one_write(store_url: str) -> None:
+async def test_a_new_session_its_first_turn_and_its_lease_are_one_write(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with so.Runtime([parking_agent()], store=store_url) as rt:
         writes: list[str] = []
         rt.store.set_fault_hook(
@@ -41,9 +44,18 @@ async def test_a_new_session_and_its_first_turn_are_one_write(store_url: str) ->
                 writes.append(label) if when == "before" and label != AUDIT_RECORDED else None
             )
         )
+        acquired: list[str] = []
+        acquire = rt.store.acquire_lease
+
+        async def counted(session_id: str, *args: Any) -> int | None:
+            acquired.append(session_id)
+            return await acquire(session_id, *args)
+
+        monkeypatch.setattr(rt.store, "acquire_lease", counted)
         r = await rt.generate("support", prompt="refund order 7", auth=ALICE)
         assert r.status == "waiting"
         assert writes[0] == "session.created" and "turn.started" not in writes
+        assert acquired == []  # the drive's lease was taken with the session
         events = [e async for e in rt.events(r.session_id, follow=False)]
         assert [e.seq for e in events] == list(range(1, len(events) + 1))
         assert [e.type for e in events[:2]] == ["session.created", "turn.started"]
@@ -81,11 +93,12 @@ async def test_a_new_session_left_to_workers_is_stored_running_and_claimed(
 
 
 @pytest.mark.parametrize("when", ["before", "after"])
-async def test_a_crash_at_the_first_write_leaves_no_session_or_a_running_one(
+async def test_a_crash_at_the_first_write_leaves_no_session_or_a_leased_running_one(
     store_url: str, when: str
 ) -> None:
     """A process that dies right before the write leaves nothing; right after it, a session
-    whose turn is started and runnable, which the next `generate` drives to its end."""
+    whose turn is started and runnable, under the dead drive's lease: no worker claims it
+    until that lapses, as after a death anywhere in a drive; then it is driven to its end."""
 
     def crash(at: str, label: str) -> None:
         if (at, label) == (when, "session.created"):
@@ -97,12 +110,17 @@ async def test_a_crash_at_the_first_write_leaves_no_session_or_a_running_one(
             await rt.generate("chat", prompt="hi", auth=ALICE)
         rt.store.set_fault_hook(None)
         left = await rt.sessions()
+        now = rt.now()
+        assert await rt.store.claim("w", 30.0, now, 10) == []
     if when == "before":
         assert left == []
         return
     (row,) = left
     assert (row.status, row.head) == ("running", 2)
-    async with so.Runtime([scripted_agent("chat", [reply("hello")])], store=store_url) as rt:
+    later = now + rt.lease_ttl + 1  # the dead drive's lease has lapsed
+    async with so.Runtime(
+        [scripted_agent("chat", [reply("hello")])], store=store_url, clock=lambda: later
+    ) as rt:
         done = await rt.generate(session_id=row.id)
         assert (done.status, done.text) == ("completed", "hello")
         events = [e async for e in rt.events(row.id, follow=False)]

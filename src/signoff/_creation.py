@@ -62,28 +62,35 @@ async def made(
     auth: Principal | None,
     idem: Keyed | None,
     first: tuple[str, str] | None = None,
-) -> tuple[str, bool]:
-    """Create a session (with its first turn started, given `first`); with an idempotency key,
-    the one its id derives from, unless a call with the same key created it first. Whether
-    this call created it: if not, nothing was written."""
+    owner: str | None = None,
+) -> tuple[str, bool, int | None]:
+    """Create a session (with its first turn started, given `first`, and leased to `owner`,
+    given one); with an idempotency key, the one its id derives from, unless a call with the
+    same key created it first. Whether this call created it (if not, nothing was written), and
+    the token of the lease it took."""
     session_id = new_id("ses") if idem is None else session_for(idem)
     now = rt.now()
     ttl = agent.limits.ttl_seconds
     events, state = first_events(session_id, agent, auth, idem, now, first)
     try:
-        await rt.store.create_session(
+        token = await rt.store.create_session(
             session_id,
             agent.name,
             events,
             None if ttl is None else now + ttl,
             status=stored_status(state),
+            lease=None if owner is None else (owner, rt.lease_ttl, now),
         )
     except StoreError:
         if idem is None or await rt.store.head(session_id) is None:
             raise
-        return session_id, False
+        return session_id, False, None
     rt._remember(state)
-    return session_id, True
+    if token is not None and owner is not None:
+        # Its write waited long (for a pool connection, say): renewed first, as a grant is.
+        if not await rt._still_held(session_id, owner, token, now):
+            token = None
+    return session_id, True, token
 
 
 async def open_keyed(
@@ -94,17 +101,18 @@ async def open_keyed(
     *,
     opens: bool = False,
     first: tuple[str, str] | None = None,
-) -> tuple[str, bool, bool]:
+    owner: str | None = None,
+) -> tuple[str, bool, bool, int | None]:
     """The session a call with this idempotency key starts, created if it is not there yet
-    (with its first turn, given `first`); whether the key recorded its first message already
-    (the call is a repeat; a call that only `opens` the session repeats one that created it);
-    and whether this call created it."""
-    session_id, created = await made(rt, agent, auth, idem, first)
+    (with its first turn, given `first`, leased to `owner`, given one); whether the key
+    recorded its first message already (the call is a repeat; a call that only `opens` the
+    session repeats one that created it); whether this call created it, and its lease's token."""
+    session_id, created, token = await made(rt, agent, auth, idem, first, owner)
     if created:
-        return session_id, False, True
+        return session_id, False, True, token
     state = await rt._state(session_id)
     if idem[0] in state.keys:
-        return session_id, seen(state.keys, idem, session_id) or opens, False
+        return session_id, seen(state.keys, idem, session_id) or opens, False, None
     # Newer keys pushed it out of the state: the session's first event holds it.
     found = await rt.store.read_events(session_id, after=0, limit=1)
     if not found or found[0].data.get("idem") != list(idem):
@@ -113,4 +121,4 @@ async def open_keyed(
             "prompt: use a new key for a new call",
             session_id,
         )
-    return session_id, True, False
+    return session_id, True, False, None

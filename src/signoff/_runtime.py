@@ -221,10 +221,10 @@ class Runtime(Workers):
             spec = self.agent(agent)
             idem = keyed(idempotency_key, auth, "start", agent, prompt)
             # The session and its first turn are one write.
-            session_id, started = await self._start_session(spec, prompt, auth, idem=idem)
+            session_id, started, lease = await self._start_session(spec, prompt, auth, idem=idem)
             if not started:
                 return await self._replay(session_id, idem)
-            return await self._drive(session_id)
+            return await self._drive(session_id, leased=lease)
         idem = keyed(idempotency_key, auth, "message", prompt or "")
         if agent is not None:
             state = await self._state(session_id)
@@ -275,7 +275,7 @@ class Runtime(Workers):
         if session_id is None:
             check_prompt(prompt)  # before the session is created
             idem = keyed(idempotency_key, APP_PRINCIPAL, "start", agent, prompt)
-            session_id, started = await self._start_session(
+            session_id, started, lease = await self._start_session(
                 self.agent(agent), prompt, APP_PRINCIPAL, source="schedule", idem=idem
             )
         else:
@@ -283,7 +283,10 @@ class Runtime(Workers):
             started = await self._start_turn(
                 session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem
             )
-        result = await (self._drive(session_id) if started else self._replay(session_id, idem))
+            lease = None
+        result = await (
+            self._drive(session_id, leased=lease) if started else self._replay(session_id, idem)
+        )
         if result.status == "failed" and (result.error or {}).get("code") == (
             SessionLimitReached.code
         ):

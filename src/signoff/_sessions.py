@@ -319,23 +319,28 @@ class SessionRunner(Leasing):
         *,
         source: str = "message",
         idem: Keyed | None = None,
-    ) -> tuple[str, bool]:
-        """A new session with its first turn started on `prompt`, in one write; False (nothing
-        recorded) when its idempotency key recorded that prompt already (a repeat). A session
-        the key's first call created without starting the turn (an older signoff died between
-        its two writes) has the turn started now."""
+    ) -> tuple[str, bool, tuple[str, int] | None]:
+        """A new session with its first turn started on `prompt` and, if this runtime drives
+        turns itself, leased to a drive's owner, all in one write: the session, whether the
+        turn started (not if its idempotency key recorded that prompt already: a repeat), and
+        the drive's lease (`_drive(leased=...)`). A session the key's first call created
+        without starting the turn (an older signoff died between its two writes) has the turn
+        started now."""
         check_prompt(prompt)
         first = (prompt, source)
+        owner = f"{self.owner}:{new_id('drv')}" if self.inline else None
         if idem is None:
-            return (await _creation.made(self, agent, auth, None, first))[0], True
-        session_id, repeat, created = await _creation.open_keyed(
-            self, agent, auth, idem, first=first
+            session_id, _, token = await _creation.made(self, agent, auth, None, first, owner)
+            return session_id, True, None if token is None or owner is None else (owner, token)
+        session_id, repeat, created, token = await _creation.open_keyed(
+            self, agent, auth, idem, first=first, owner=owner
         )
-        if created or repeat:
-            return session_id, not repeat
-        return session_id, await self._start_turn(
-            session_id, prompt, auth, source=source, idem=idem
-        )
+        if created:
+            return session_id, True, None if token is None or owner is None else (owner, token)
+        if repeat:
+            return session_id, False, None
+        started = await self._start_turn(session_id, prompt, auth, source=source, idem=idem)
+        return session_id, started, None
 
     async def _start_turn(
         self,
@@ -424,7 +429,10 @@ class SessionRunner(Leasing):
         outcomes: Sequence[Outcome] = (),
         retry: bool = False,
         claimed: tuple[str, int] | None = None,
+        leased: tuple[str, int] | None = None,
     ) -> GenerateResult:
+        """Drive the session's turn under a lease until it settles: one a worker `claimed`,
+        one its creation took (`leased`), or else one acquired here."""
         if not self.inline and claimed is None:
             if retry:
                 await self._mark_runnable(session_id)
@@ -438,8 +446,9 @@ class SessionRunner(Leasing):
         keep_on_error = claimed is not None
         granted = getattr(self.store, "granted_head", None)
         for _ in range(100):
-            if claimed is not None:
-                (owner, token), claimed = claimed, None
+            given = claimed or leased
+            if given is not None:
+                (owner, token), claimed, leased = given, None, None
             else:
                 # One owner per drive, not per runtime: two tasks of this runtime must not
                 # share (and so steal) the session's lease.
