@@ -1,6 +1,7 @@
 """Creating a session: its first event and, for a call that brings its first message, the
-events that start its first turn, written together in one store write (one round trip fewer
-than creating the session, then starting the turn; and no empty session left between them)."""
+events that start its first turn and the lease of the drive that runs it, all in one store
+write (two round trips fewer than creating, starting and leasing apart; and no session left
+without its message between them)."""
 
 from __future__ import annotations
 
