@@ -3,7 +3,8 @@
 `python -m tests._keyed_child` serves `[STORE_URL, KEY, KILL_AT, WHEN]` commands, each in a
 child of its own (`_forks`): the call starts a conversation with "hello" under KEY, and the
 store's fault hook SIGKILLs the child right `WHEN` (before or after) its KILL_AT-th commit
-(0: never). A call that ends gives its result and how many commits it saw.
+(0: never). A call that ends gives its result, how many commits it saw and what each was
+(the fault hook's label: the type of its first event).
 """
 
 from __future__ import annotations
@@ -27,12 +28,14 @@ ALICE = so.Principal(authenticator="okta", principal_id="alice")
 async def run(argv: list[str]) -> dict[str, Any]:
     url, key, kill_at, when = argv[0], argv[1], int(argv[2]), argv[3]
     points = 0
+    labels: list[str] = []
 
     def hook(at: str, label: str) -> None:
         nonlocal points
         if at != when or label == AUDIT_RECORDED:
             return
         points += 1
+        labels.append(label)
         if points == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -51,6 +54,7 @@ async def run(argv: list[str]) -> dict[str, Any]:
             "text": r.text,
             "replayed": r.replayed,
             "points": points,
+            "labels": labels,
         }
 
 

@@ -1,7 +1,7 @@
 """A call with an idempotency key SIGKILLed right before or right after each commit it makes
-(its session, its message, the model's answer, the turn's end): the client, which got no answer,
-sends it again with the same key, and exactly one conversation holds the message, once, with
-the answer the uninterrupted call gives."""
+(its session with its message, one write; the model's answer; the turn's end): the client, which
+got no answer, sends it again with the same key, and exactly one conversation holds the message,
+once, with the answer the uninterrupted call gives."""
 
 from __future__ import annotations
 
@@ -12,9 +12,24 @@ from pathlib import Path
 import pytest
 
 import signoff as so
+from signoff._idempotency import keyed, session_for
+from signoff.stores import open_store
 
 from . import _proof
 from ._forks import Forks
+from ._keyed_child import ALICE
+
+
+async def _head(url: str, key: str) -> int | None:
+    """The head of the session a call with `key` (Alice's) starts, None if there is none."""
+    idem = keyed(key, ALICE, "start", "chat", "hello")
+    assert idem is not None
+    store = open_store(url)
+    await store.open()
+    try:
+        return await store.head(session_for(idem))
+    finally:
+        await store.close()
 
 
 @pytest.fixture
@@ -37,13 +52,19 @@ async def test_a_keyed_call_killed_at_each_commit_is_sent_again_once(
         "ok",
         False,
     )
-    assert baseline["points"] >= 3  # the session, its turn, the model's answer...
+    assert baseline["points"] >= 2  # the session with its message, the model's answer...
+    # The first write makes the session and starts its turn: no commit of its own does.
+    assert baseline["labels"][0] == "session.created"
+    assert "turn.started" not in baseline["labels"]
     keys = {"baseline": baseline["session"]}
     for point in range(1, baseline["points"] + 1):
         key = f"k-{point}"
         rc, _ = children.run(store_url, key, str(point), when)
         assert rc == -signal.SIGKILL, (point, children.stderr())
         _proof.record("crash-outside:kills")
+        if point == 1:
+            # Killed before the session exists: nothing; after: the session and its message.
+            assert await _head(store_url, key) == (None if when == "before" else 2)
         rc, again = children.run(store_url, key, "0", when)
         assert rc == 0 and again is not None, (point, children.stderr())
         assert (again["status"], again["text"]) == ("completed", "ok"), (point, again)

@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"_agent", "_ask", "_auto", "_answers"},
     {"_recording", "_audit_trail"},
     {"_prompts"},
-    {"_mirrors", "_leasing"},
+    {"_mirrors", "_leasing", "_creation"},
     {"_child_sessions"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},
     {"_model_step", "_tool_calls", "_unlisted"},

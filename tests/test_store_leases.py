@@ -17,6 +17,7 @@ from signoff._events import Event
 from signoff._exceptions import (
     AppendConflict,
     LeaseLost,
+    StoreError,
 )
 from signoff.stores import Commit, Store
 
@@ -65,6 +66,43 @@ async def test_leases_and_fencing(store: Store) -> None:
             Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4)], lease_token=t3)
         )
     assert await store.head(sid) == 3
+
+
+async def test_a_session_created_with_its_lease_is_held_and_fenced_from_the_start(
+    store: Store,
+) -> None:
+    """`create_session(lease=...)`: the lease (token 1) is written with the session, so no
+    other owner acquires or claims it while it runs; its token commits, renews and gives it
+    back like an acquired one's. A second creation of the id writes nothing, lease included."""
+    sid = "ses_leased_at_creation"
+    created = Event(session_id=sid, seq=1, type="session.created", at=T0, data={"agent": "a"})
+    first = ev(sid, 2, "turn.started", message="hi")
+    token = await store.create_session(
+        sid, "a", [created, first], None, status="running", lease=("w1", 10, T0)
+    )
+    assert token == 1
+    assert [(x.status, x.head) for x in await store.sessions()] == [("running", 2)]
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 5) is None
+    assert await store.claim("w2", 10, T0 + 5, 10) == []
+    with pytest.raises(StoreError):
+        await store.create_session(sid, "a", [created], None, lease=("w2", 10, T0 + 20))
+    assert await store.head(sid) == 2
+    assert await store.acquire_lease(sid, "w2", 10, T0 + 9) is None  # still w1's, to T0 + 10
+    assert await store.renew_lease(sid, "w1", token, 10, T0 + 9)
+    commit = Commit(session_id=sid, expected_seq=2, events=[ev(sid, 3)], lease_token=token)
+    await store.commit(dataclasses.replace(commit, release_lease=True))
+    again = await store.acquire_lease(sid, "w2", 10, T0 + 10)  # given back with the commit
+    assert again is not None and again > token
+    with pytest.raises(LeaseLost):
+        await store.commit(
+            Commit(session_id=sid, expected_seq=3, events=[ev(sid, 4)], lease_token=token)
+        )
+    # Without `lease` nothing is leased: a running session is claimed at once.
+    other = "ses_created_unleased"
+    made = Event(session_id=other, seq=1, type="session.created", at=T0, data={"agent": "a"})
+    started = ev(other, 2, "turn.started", message="hi")
+    assert await store.create_session(other, "a", [made, started], None, status="running") is None
+    assert [sid for sid, _ in await store.claim("w3", 10, T0 + 11, 10)] == [other]
 
 
 async def test_a_late_renewal_never_shortens_a_lease(store: Store) -> None:

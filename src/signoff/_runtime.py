@@ -220,18 +220,16 @@ class Runtime(Workers):
             check_prompt(prompt)  # before the session is created
             spec = self.agent(agent)
             idem = keyed(idempotency_key, auth, "start", agent, prompt)
-            if idem is None:
-                session_id = await self._create(spec, auth)
-            else:
-                session_id, repeat = await self._open_keyed(spec, auth, idem)
-                if repeat:
-                    return await self._replay(session_id, idem)
-        else:
-            idem = keyed(idempotency_key, auth, "message", prompt or "")
-            if agent is not None:
-                state = await self._state(session_id)
-                if state.agent != agent:
-                    raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
+            # The session and its first turn are one write.
+            session_id, started, lease = await self._start_session(spec, prompt, auth, idem=idem)
+            if not started:
+                return await self._replay(session_id, idem)
+            return await self._drive(session_id, leased=lease)
+        idem = keyed(idempotency_key, auth, "message", prompt or "")
+        if agent is not None:
+            state = await self._state(session_id)
+            if state.agent != agent:
+                raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
         if prompt is None:
             return await self._drive(session_id, retry=True)
         if not await self._start_turn(session_id, prompt, auth, idem=idem):
@@ -277,19 +275,18 @@ class Runtime(Workers):
         if session_id is None:
             check_prompt(prompt)  # before the session is created
             idem = keyed(idempotency_key, APP_PRINCIPAL, "start", agent, prompt)
-            spec = self.agent(agent)
-            if idem is None:
-                session_id = await self._create(spec, APP_PRINCIPAL)
-            else:
-                session_id, repeat = await self._open_keyed(spec, APP_PRINCIPAL, idem)
-                if repeat:
-                    return await self._replay(session_id, idem)
+            session_id, started, lease = await self._start_session(
+                self.agent(agent), prompt, APP_PRINCIPAL, source="schedule", idem=idem
+            )
         else:
             idem = keyed(idempotency_key, APP_PRINCIPAL, "message", prompt)
-        started = await self._start_turn(
-            session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem
+            started = await self._start_turn(
+                session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem
+            )
+            lease = None
+        result = await (
+            self._drive(session_id, leased=lease) if started else self._replay(session_id, idem)
         )
-        result = await (self._drive(session_id) if started else self._replay(session_id, idem))
         if result.status == "failed" and (result.error or {}).get("code") == (
             SessionLimitReached.code
         ):

@@ -18,14 +18,13 @@ from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from typing import Any, Self
 
+from . import _creation
 from ._agent import Agent
 from ._audit_trail import record_tool_settings
 from ._counts import Counts
 from ._deadlines import due_batch, expiry_resolves, expiry_specs
 from ._engine import Driver
-from ._events import Event
 from ._exceptions import (
-    IdempotencyKeyReused,
     LeaseLost,
     ModelError,
     PartialAnswer,
@@ -36,7 +35,7 @@ from ._exceptions import (
     UnknownSession,
     UsageError,
 )
-from ._idempotency import Keyed, seen, session_for
+from ._idempotency import Keyed, seen
 from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN, Leasing
 from ._prompts import check_prompt, next_turn
 from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
@@ -305,34 +304,7 @@ class SessionRunner(Leasing):
     async def _create(self, agent: Agent, auth: Principal | None, idem: Keyed | None = None) -> str:
         """Create a session; with an idempotency key, the one its id derives from, unless a call
         with the same key created it first (`_open_keyed` then checks it)."""
-        return (await self._made(agent, auth, idem))[0]
-
-    async def _made(
-        self, agent: Agent, auth: Principal | None, idem: Keyed | None
-    ) -> tuple[str, bool]:
-        """`_create`, and whether this call created the session (not one with its key first)."""
-        session_id = new_id("ses") if idem is None else session_for(idem)
-        now = self.now()
-        ttl = agent.limits.ttl_seconds
-        data: dict[str, Any] = {
-            "agent": agent.name,
-            "initiator": None if auth is None else auth.model_dump(),
-            "parent": None,
-            "ttl": ttl,
-        }
-        if idem is not None:
-            data["idem"] = list(idem)
-        event = Event(session_id=session_id, seq=1, type="session.created", at=now, data=data)
-        try:
-            await self.store.create_session(
-                session_id, agent.name, [event], None if ttl is None else now + ttl
-            )
-        except StoreError:
-            if idem is None or await self.store.head(session_id) is None:
-                raise
-            return session_id, False
-        self._remember(fold([event]))
-        return session_id, True
+        return (await _creation.made(self, agent, auth, idem))[0]
 
     async def _open_keyed(
         self, agent: Agent, auth: Principal | None, idem: Keyed, *, opens: bool = False
@@ -340,19 +312,38 @@ class SessionRunner(Leasing):
         """The session a call with this idempotency key starts, created if it is not there yet,
         and whether the key recorded its first message already (the call is a repeat); a call
         that only `opens` the session repeats one that created it."""
-        session_id, created = await self._made(agent, auth, idem)
-        state = await self._state(session_id)
-        if idem[0] in state.keys:
-            return session_id, seen(state.keys, idem, session_id) or (opens and not created)
-        # Newer keys pushed it out of the state: the session's first event holds it.
-        first = await self.store.read_events(session_id, after=0, limit=1)
-        if not first or first[0].data.get("idem") != list(idem):
-            raise IdempotencyKeyReused(
-                f"this idempotency key started session {session_id!r} for another agent or "
-                "prompt: use a new key for a new call",
-                session_id,
-            )
-        return session_id, True
+        return (await _creation.open_keyed(self, agent, auth, idem, opens=opens))[:2]
+
+    async def _start_session(
+        self,
+        agent: Agent,
+        prompt: str,
+        auth: Principal | None,
+        *,
+        source: str = "message",
+        idem: Keyed | None = None,
+    ) -> tuple[str, bool, tuple[str, int] | None]:
+        """A new session with its first turn started on `prompt` and, if this runtime drives
+        turns itself, leased to a drive's owner, all in one write: the session, whether the
+        turn started (not if its idempotency key recorded that prompt already: a repeat), and
+        the drive's lease (`_drive(leased=...)`). A session the key's first call created
+        without starting the turn (an older signoff died between its two writes) has the turn
+        started now."""
+        check_prompt(prompt)
+        first = (prompt, source)
+        owner = f"{self.owner}:{new_id('drv')}" if self.inline else None
+        if idem is None:
+            session_id, _, token = await _creation.made(self, agent, auth, None, first, owner)
+            return session_id, True, None if token is None or owner is None else (owner, token)
+        session_id, repeat, created, token = await _creation.open_keyed(
+            self, agent, auth, idem, first=first, owner=owner
+        )
+        if created:
+            return session_id, True, None if token is None or owner is None else (owner, token)
+        if repeat:
+            return session_id, False, None
+        started = await self._start_turn(session_id, prompt, auth, source=source, idem=idem)
+        return session_id, started, None
 
     async def _start_turn(
         self,
@@ -441,8 +432,11 @@ class SessionRunner(Leasing):
         outcomes: Sequence[Outcome] = (),
         retry: bool = False,
         claimed: tuple[str, int] | None = None,
+        leased: tuple[str, int] | None = None,
         on_lost: Callable[[int], None] | None = None,  # told the token of a lease lost
     ) -> GenerateResult:
+        """Drive the session's turn under a lease until it settles: one a worker `claimed`,
+        one its creation took (`leased`), or else one acquired here."""
         if not self.inline and claimed is None:
             if retry:
                 await self._mark_runnable(session_id)
@@ -456,8 +450,9 @@ class SessionRunner(Leasing):
         keep_on_error = claimed is not None
         granted = getattr(self.store, "granted_head", None)
         for _ in range(100):
-            if claimed is not None:
-                (owner, token), claimed = claimed, None
+            given = claimed or leased
+            if given is not None:
+                (owner, token), claimed, leased = given, None, None
             else:
                 # One owner per drive, not per runtime: two tasks of this runtime must not
                 # share (and so steal) the session's lease.

@@ -311,10 +311,21 @@ class Store(Protocol):
         ...
 
     async def create_session(
-        self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
-    ) -> None:
+        self,
+        session_id: str,
+        agent: str,
+        events: Sequence[Event],
+        expires_at: float | None,
+        *,
+        status: str = "idle",
+        lease: tuple[str, float, float] | None = None,
+    ) -> int | None:
         """Write a new session with its first events in one transaction; a `session_id`
-        already stored is a `StoreError` and writes nothing."""
+        already stored is a `StoreError` and writes nothing. The events may start its first
+        turn too (`status` is then the one that turn gives it: a new session and its first
+        message are one write); none of them is an audited one (`AUDIT_TYPES`). With `lease`
+        (`owner, ttl, now`, as `acquire_lease` takes them) the session is leased to that owner
+        in the same write, and the lease's token is returned (None without one)."""
         ...
 
     async def load(self, session_id: str) -> Loaded | None:

@@ -187,18 +187,25 @@ def named_turn(s: str, sk: str, head: str) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def create_sql(s: str, events: int, sync: bool) -> str:
-    """`create_session`'s statement: the session row, its first events, the announcement."""
+def create_sql(s: str, events: int, lease: bool, sync: bool) -> str:
+    """`create_session`'s statement: the session row, its first events, its lease (token 1,
+    as the first grant of `acquire_lease`), the announcement."""
     return (
         f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
         "expires_at, initiator, tenant, parent, parent_turn) "
-        "SELECT %s,%s,%s,'idle',%s,%s,%s,%s,%s, p.sk, "
+        "SELECT %s,%s,%s,%s,%s,%s,%s,%s,%s, p.sk, "
         "CASE WHEN p.sk IS NOT NULL THEN COALESCE(%s::text, "
         + CURRENT_TURN.format(s=s, sk="p.sk")
         + f") END FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s RETURNING sk), "
         f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
         f"SELECT i.sk, x.* FROM i, {rows_sql(events, _EVENT_COLUMNS)}) "
-        "SELECT pg_notify(%s, %s)"
+        + (
+            f", l AS (INSERT INTO {s}.leases (sk, owner, token, expires_at) "
+            "SELECT i.sk, %s, 1, %s FROM i) "
+            if lease
+            else ""
+        )
+        + "SELECT pg_notify(%s, %s)"
         + (", set_config('synchronous_commit', %s, true)" if sync else "")
         + " FROM i"
     )

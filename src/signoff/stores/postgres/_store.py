@@ -66,22 +66,33 @@ class PostgresStore(Reads, Leases):
     # -- writes -------------------------------------------------------------------------------
 
     async def create_session(
-        self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
-    ) -> None:
+        self,
+        session_id: str,
+        agent: str,
+        events: Sequence[Event],
+        expires_at: float | None,
+        *,
+        status: str = "idle",
+        lease: tuple[str, float, float] | None = None,
+    ) -> int | None:
         s = self._s
         at = events[0].at
         last = events[-1].seq
         sync = self._sync_setting(True)
         rows, named, tail = event_rows(events, (None, None), None)
-        # One statement: the session row, its first events and the announcement.
-        sql = create_sql(s, len(rows), sync is not None)
+        # One statement: the session row, its first events, its lease and the announcement.
+        sql = create_sql(s, len(rows), lease is not None, sync is not None)
         # A subagent's row names its parent and the parent's turn that delegated to it (or its
         # current one if the event names none), for `orphaned_children`.
         parent, turn = parent_of(events)
         initiator, tenant = initiator_columns(events)  # who may see it, for listings
-        params: list[Any] = [session_id, agent, last, at, at, expires_at, initiator, tenant]
+        params: list[Any] = [session_id, agent, last, status, at, at, expires_at, initiator]
+        params.append(tenant)
         params += [turn, parent]
         params += rows_params(rows)
+        if lease is not None:
+            owner, ttl, now = lease
+            params += [owner, now + ttl]
         params += [self.channel, f"{session_id} {last}"]
         if sync is not None:
             params.append(sync)
@@ -109,6 +120,10 @@ class PostgresStore(Reads, Leases):
         self._remember(session_id, Seen(last, 0, None, *named))
         self._tails.put(session_id, last, tail)
         self._after("session.created")
+        if lease is None:
+            return None
+        self._granted[session_id] = (1, last)  # the head its drive begins at (`granted_head`)
+        return 1
 
     async def commit(self, commit: Commit) -> None:
         """One statement writes the whole commit, gated on the session's state: its head, its

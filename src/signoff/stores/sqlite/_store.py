@@ -54,10 +54,17 @@ class SQLiteStore(Reads, Leases):
     # -- writes -------------------------------------------------------------------------------
 
     async def create_session(
-        self, session_id: str, agent: str, events: Sequence[Event], expires_at: float | None
-    ) -> None:
-        """Write a new session with its first events in one transaction; a `session_id`
-        already stored is a `StoreError` and writes nothing."""
+        self,
+        session_id: str,
+        agent: str,
+        events: Sequence[Event],
+        expires_at: float | None,
+        *,
+        status: str = "idle",
+        lease: tuple[str, float, float] | None = None,
+    ) -> int | None:
+        """Write a new session with its first events (and `status`, and `lease`) in one
+        transaction; a `session_id` already stored is a `StoreError` and writes nothing."""
         conn = self.conn
         at = events[0].at
         # A subagent's: its row names the parent and the parent's turn that delegated to it.
@@ -72,17 +79,27 @@ class SQLiteStore(Reads, Leases):
                     "p.sk, CASE WHEN p.sk IS NOT NULL THEN COALESCE(?, "
                     + CURRENT_TURN.format(sk="p.sk")
                     + ") END FROM (SELECT 1) LEFT JOIN sessions p ON p.id = ?",
-                    [session_id, agent, events[-1].seq, "idle", at, at, expires_at]
+                    [session_id, agent, events[-1].seq, status, at, at, expires_at]
                     + [initiator, tenant, turn, parent],
                 )
                 sk = int(cur.lastrowid or 0)
                 tail, named = self._insert_events(conn, sk, events, None, None)
+                if lease is not None:
+                    owner, ttl, now = lease
+                    conn.execute(
+                        "INSERT INTO leases (sk, owner, token, expires_at) VALUES (?,?,1,?)",
+                        (sk, owner, now + ttl),
+                    )
         except sqlite3.IntegrityError as exc:
             raise StoreError(f"session {session_id!r} already exists") from exc
         self._sk[session_id] = sk
         self._tails.put(sk, events[-1].seq, tail)
         self._named.put(sk, events[-1].seq, named)
         self._after("session.created")
+        if lease is None:
+            return None
+        self._granted(session_id, 1, lease[2], lease[1])
+        return 1
 
     async def commit(self, commit: Commit) -> None:
         """Apply `commit` in one transaction, or nothing of it (see `Store.commit`); synced to

@@ -1,0 +1,125 @@
+"""Creating a session: its first event and, for a call that brings its first message, the
+events that start its first turn and the lease of the drive that runs it, all in one store
+write (two round trips fewer than creating, starting and leasing apart; and no session left
+without its message between them)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._agent import Agent
+from ._events import Event
+from ._exceptions import IdempotencyKeyReused, StoreError
+from ._idempotency import Keyed, seen, session_for
+from ._prompts import next_turn
+from ._recording import new_id, stored_status
+from ._state import SessionState, fold
+from ._types import Principal
+
+if TYPE_CHECKING:
+    from ._sessions import SessionRunner
+
+__all__ = ["first_events", "made", "open_keyed"]
+
+
+def first_events(
+    session_id: str,
+    agent: Agent,
+    auth: Principal | None,
+    idem: Keyed | None,
+    now: float,
+    first: tuple[str, str] | None,
+) -> tuple[list[Event], SessionState]:
+    """A new session's `session.created` and, given `first` (a checked prompt and its source),
+    the events that start its first turn (as `_start_turn` records them); and the state they
+    fold to. Both events carry the idempotency key, if any, as the two writes did."""
+    data: dict[str, Any] = {
+        "agent": agent.name,
+        "initiator": None if auth is None else auth.model_dump(),
+        "parent": None,
+        "ttl": agent.limits.ttl_seconds,
+    }
+    if idem is not None:
+        data["idem"] = list(idem)
+    created = Event(session_id=session_id, seq=1, type="session.created", at=now, data=data)
+    state = fold([created])
+    events = [created]
+    if first is not None:
+        prompt, source = first
+        turn_id = new_id("trn")
+        specs = next_turn(state, prompt, data["initiator"], source, idem)
+        for i, (type_, spec) in enumerate(specs):
+            event = Event(
+                session_id=session_id, seq=2 + i, type=type_, at=now, turn_id=turn_id, data=spec
+            )
+            state.apply(event)
+            events.append(event)
+    return events, state
+
+
+async def made(
+    rt: SessionRunner,
+    agent: Agent,
+    auth: Principal | None,
+    idem: Keyed | None,
+    first: tuple[str, str] | None = None,
+    owner: str | None = None,
+) -> tuple[str, bool, int | None]:
+    """Create a session (with its first turn started, given `first`, and leased to `owner`,
+    given one); with an idempotency key, the one its id derives from, unless a call with the
+    same key created it first. Whether this call created it (if not, nothing was written), and
+    the token of the lease it took."""
+    session_id = new_id("ses") if idem is None else session_for(idem)
+    now = rt.now()
+    ttl = agent.limits.ttl_seconds
+    events, state = first_events(session_id, agent, auth, idem, now, first)
+    try:
+        token = await rt.store.create_session(
+            session_id,
+            agent.name,
+            events,
+            None if ttl is None else now + ttl,
+            status=stored_status(state),
+            lease=None if owner is None else (owner, rt.lease_ttl, now),
+        )
+    except StoreError:
+        if idem is None or await rt.store.head(session_id) is None:
+            raise
+        return session_id, False, None
+    rt._remember(state)
+    if token is not None and owner is not None:
+        # Its write waited long (for a pool connection, say): renewed first, as a grant is.
+        if not await rt._still_held(session_id, owner, token, now):
+            token = None
+    return session_id, True, token
+
+
+async def open_keyed(
+    rt: SessionRunner,
+    agent: Agent,
+    auth: Principal | None,
+    idem: Keyed,
+    *,
+    opens: bool = False,
+    first: tuple[str, str] | None = None,
+    owner: str | None = None,
+) -> tuple[str, bool, bool, int | None]:
+    """The session a call with this idempotency key starts, created if it is not there yet
+    (with its first turn, given `first`, leased to `owner`, given one); whether the key
+    recorded its first message already (the call is a repeat; a call that only `opens` the
+    session repeats one that created it); whether this call created it, and its lease's token."""
+    session_id, created, token = await made(rt, agent, auth, idem, first, owner)
+    if created:
+        return session_id, False, True, token
+    state = await rt._state(session_id)
+    if idem[0] in state.keys:
+        return session_id, seen(state.keys, idem, session_id) or opens, False, None
+    # Newer keys pushed it out of the state: the session's first event holds it.
+    found = await rt.store.read_events(session_id, after=0, limit=1)
+    if not found or found[0].data.get("idem") != list(idem):
+        raise IdempotencyKeyReused(
+            f"this idempotency key started session {session_id!r} for another agent or "
+            "prompt: use a new key for a new call",
+            session_id,
+        )
+    return session_id, True, False, None
