@@ -6,6 +6,7 @@ call finds the session its first call made either way."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -152,3 +153,25 @@ async def test_a_keyed_session_an_older_signoff_left_without_its_turn_gets_it(
         assert once_more.replayed and once_more.turn_id == again.turn_id
         types = [e.type async for e in rt.events(sid, follow=False)]
         assert types.count("turn.started") == 1 and types[0] == "session.created"
+
+
+async def test_a_call_cancelled_once_its_first_write_went_through_gives_the_lease_back(
+    store_url: str,
+) -> None:
+    """A call stopped from outside (a caller's timeout, say) right after the write that made
+    the session with its drive's lease: the lease is given back, as a drive stopped so gives its
+    own, so the session is claimed at once, not left for the lease TTL to lapse."""
+
+    def cancel(at: str, label: str) -> None:
+        if (at, label) == ("after", "session.created"):
+            raise asyncio.CancelledError
+
+    async with so.Runtime([scripted_agent("chat", [reply("hello")])], store=store_url) as rt:
+        rt.store.set_fault_hook(cancel)
+        with pytest.raises(asyncio.CancelledError):
+            await rt.generate("chat", prompt="hi", auth=ALICE)
+        rt.store.set_fault_hook(None)
+        (row,) = await rt.sessions()
+        assert (row.status, row.head) == ("running", 2)
+        claimed = await rt.store.claim("w", 30.0, rt.now(), 10)
+        assert [sid for sid, _ in claimed] == [row.id]

@@ -5,6 +5,8 @@ without its message between them)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from ._agent import Agent
@@ -86,12 +88,28 @@ async def made(
         if idem is None or await rt.store.head(session_id) is None:
             raise
         return session_id, False, None
+    except asyncio.CancelledError:
+        if owner is not None:
+            await _give_back(rt, session_id, owner)
+        raise
     rt._remember(state)
     if token is not None and owner is not None:
         # Its write waited long (for a pool connection, say): renewed first, as a grant is.
-        if not await rt._still_held(session_id, owner, token, now):
-            token = None
+        try:
+            if not await rt._still_held(session_id, owner, token, now):
+                token = None
+        except asyncio.CancelledError:
+            await _give_back(rt, session_id, owner)
+            raise
     return session_id, True, token
+
+
+async def _give_back(rt: SessionRunner, session_id: str, owner: str) -> None:
+    """The lease a creation took (token 1), given back when the call is stopped from outside
+    once its write may have gone through (a caller's timeout, say), as a drive stopped so gives
+    its own: the session is then claimed at once, not left for the lease's TTL to lapse."""
+    with contextlib.suppress(StoreError):  # kept in `_unreleased` for this process's next drive
+        await rt._release(session_id, owner, 1)
 
 
 async def open_keyed(
