@@ -175,3 +175,25 @@ async def test_a_call_cancelled_once_its_first_write_went_through_gives_the_leas
         assert (row.status, row.head) == ("running", 2)
         claimed = await rt.store.claim("w", 30.0, rt.now(), 10)
         assert [sid for sid, _ in claimed] == [row.id]
+
+
+async def test_a_keyed_call_whose_first_write_went_through_unreported_drives_its_turn(
+    store_url: str,
+) -> None:
+    """The write that made a keyed session with its drive's lease went through, but the call was
+    told it failed (a PostgreSQL COMMIT whose outcome could not be read back): the call finds the
+    session its key made and drives its turn now, not after its own lease lapses."""
+    failed: list[str] = []
+
+    def unreported(at: str, label: str) -> None:
+        if (at, label) == ("after", "session.created") and not failed:
+            failed.append(label)
+            raise so.StoreError("connection lost during COMMIT; the outcome is unknown")
+
+    agent = scripted_agent("chat", [reply("hello")])
+    async with so.Runtime([agent], store=store_url, lease_wait=0.2) as rt:
+        rt.store.set_fault_hook(unreported)
+        r = await rt.generate("chat", prompt="hi", auth=ALICE, idempotency_key="k-1")
+        assert failed and (r.status, r.text) == ("completed", "hello")
+        types = [e.type async for e in rt.events(r.session_id, follow=False)]
+        assert types.count("turn.started") == 1

@@ -85,6 +85,8 @@ async def made(
             lease=None if owner is None else (owner, rt.lease_ttl, now),
         )
     except StoreError:
+        if owner is not None:  # its write may have gone through, told as failed
+            await _give_back(rt, session_id, owner)
         if idem is None or await rt.store.head(session_id) is None:
             raise
         return session_id, False, None
@@ -105,9 +107,10 @@ async def made(
 
 
 async def _give_back(rt: SessionRunner, session_id: str, owner: str) -> None:
-    """The lease a creation took (token 1), given back when the call is stopped from outside
-    once its write may have gone through (a caller's timeout, say), as a drive stopped so gives
-    its own: the session is then claimed at once, not left for the lease's TTL to lapse."""
+    """The lease a creation may have taken (token 1), given back when the call is stopped from
+    outside (a caller's timeout, say) or told its write failed, which may have gone through all
+    the same (a lost COMMIT): as a drive stopped so gives its own, so the session is driven or
+    claimed at once, not after the lease's TTL. Only this owner's: a no-op otherwise."""
     with contextlib.suppress(StoreError):  # kept in `_unreleased` for this process's next drive
         await rt._release(session_id, owner, 1)
 
