@@ -18,6 +18,7 @@ import signoff as so
 from tests._cli import (
     ROOT,
     TARGET,
+    agent,
     invoke,
     refused_usage,
     url,
@@ -323,3 +324,45 @@ def test_the_help_shows_the_limits_with_their_range_default_and_variable(
             f"from 1 to 100000; one more is 429 too_many_streams (default: {MAX_STREAMS})" in text
         )
         assert f"payload_too_large (default: {MAX_BODY_SIZE}, 4 MiB)" in text
+
+
+class Stamped(so.Runtime):
+    """A runtime subclass a module builds: the copies `--store` and `--lease-ttl` make keep it,
+    overrides and all."""
+
+    async def work(self, *args: Any, **kwargs: Any) -> None:
+        worked.append(self)  # a worker's loop that ends at once
+
+
+worked: list[Stamped] = []
+
+
+def stamped() -> Stamped:
+    """The factory the commands load (`tests.test_cli_options:stamped`); its default store is
+    replaced by `--store` before anything opens it."""
+    return Stamped([agent])
+
+
+def test_worker_and_serve_keep_a_runtime_subclass(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`signoff worker --lease-ttl` and `serve --store --lease-ttl` rebuilt a subclass the
+    module built as a plain `Runtime`, losing its overrides: the worker ran `Runtime.work`."""
+
+    async def plain_loop(self: so.Runtime, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the worker ran a plain Runtime's loop, not the subclass's")
+
+    monkeypatch.setattr(so.Runtime, "work", plain_loop)
+    worked.clear()
+    target = "tests.test_cli_options:stamped"
+    result = invoke("worker", target, "--store", url, "--lease-ttl", "5")
+    assert result.exit_code == 0, result.output
+    (runtime,) = worked
+    assert type(runtime) is Stamped and (runtime.lease_ttl, runtime.inline) == (5.0, False)
+    assert runtime.store.url == url
+    served = served_app(monkeypatch)
+    result = invoke("serve", target, "--store", url, "--port", "0", "--lease-ttl", "7.5")
+    assert result.exit_code == 0, result.output
+    runtime = served.pop().state.signoff.runtime
+    assert type(runtime) is Stamped and (runtime.lease_ttl, runtime.inline) == (7.5, True)
+    assert runtime.store.url == url

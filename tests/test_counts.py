@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff.testing import sqlite_runtime
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent, sqlite_runtime
 
 from ._subagents import ALICE, Counted, refund_agents
 
@@ -46,7 +46,7 @@ async def test_a_drive_that_raises_is_a_failed_one(
 
     async def failing(c: Any) -> None:
         calls[0] += 1
-        if calls[0] == 2:  # the session's first commit is the store's own; then the turn's
+        if calls[0] == 1:  # the session and its turn's start are one write; the turn's first
             raise so.StoreError("disk full")
         await commit(c)
 
@@ -89,3 +89,68 @@ async def test_answers_count_once_accepted_and_refusals_by_code(tmp_path: Path) 
         "conflicting_answer": 1,
     }
     await rt.close()
+
+
+@so.tool(approval=so.always())
+async def refund(order_id: str) -> str:
+    """Refund an order."""
+    return f"refunded {order_id}"
+
+
+def refunding(**kwargs: Any) -> so.Agent:
+    """An agent whose first turn waits on the approval of a refund."""
+    steps = [call_tools(call("refund", order_id="1")), reply("done")]
+    return scripted_agent("a", steps, tools=[refund], repeat_last=True, **kwargs)
+
+
+async def test_an_answer_to_an_expired_session_is_refused_and_counted(tmp_path: Path) -> None:
+    """`session_expired` refuses an answer as a request's error does: it was not counted."""
+    clock = ManualClock()
+    rt = sqlite_runtime(tmp_path, refunding(limits=so.Limits(ttl=60)), clock=clock)
+    r = await rt.generate("a", prompt="refund order 1")
+    (req,) = r.pending
+    clock.advance(61)
+    with pytest.raises(so.SessionExpired):
+        await rt.respond(r.session_id, [so.InputResponse(request_id=req.id, option_id="approve")])
+    with pytest.raises(so.SessionExpired):  # its expiry recorded now: refused all the same
+        await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
+        )
+    assert rt._counts.refused == {"session_expired": 2} and rt._counts.accepted == 0
+    await rt.close()
+
+
+@pytest.mark.parametrize("closing", ["cancel", "deny"])
+async def test_a_message_whose_request_closed_meanwhile_is_delivered_not_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, closing: str
+) -> None:
+    """`send` matched its text to an open request, which another process closed (withdrew by
+    cancelling the turn, or answered otherwise) before the answer was recorded: the text goes
+    to the session as a message, a new turn's prompt. Nothing was refused: it was counted as a
+    refused `request_closed` (or `conflicting_answer`)."""
+    rt = sqlite_runtime(tmp_path, refunding())
+    other = sqlite_runtime(tmp_path, refunding())
+    r = await rt.generate("a", prompt="refund order 1")
+    (req,) = r.pending
+    orphaned = rt._orphaned  # the settlement's first await after it read the session
+    closed: list[str] = []
+
+    async def closing_first(state: Any) -> bool:
+        if not closed:
+            if closing == "cancel":
+                closed.append((await other.cancel(r.session_id)).status)
+            else:
+                deny = [so.InputResponse(request_id=req.id, option_id="cancel", text="no")]
+                closed.append((await other.respond(r.session_id, deny)).status)
+        return await orphaned(state)
+
+    monkeypatch.setattr(rt, "_orphaned", closing_first)
+    sent = await rt.send(r.session_id, "approve")
+    assert closed == ["cancelled" if closing == "cancel" else "completed"]
+    assert sent.status == "completed" and sent.turn_id != r.turn_id  # a turn of its own
+    events = [e async for e in rt.events(r.session_id, follow=False)]
+    prompts = [e.data.get("message") for e in events if e.type == "turn.started"]
+    assert prompts == ["refund order 1", "approve"]
+    assert not rt._counts.refused and rt._counts.accepted == 0
+    await rt.close()
+    await other.close()

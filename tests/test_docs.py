@@ -48,10 +48,12 @@ def test_the_in_python_example_runs_and_prints_what_its_comments_say(tmp_path: P
         assert out.stdout.splitlines() == [
             "waiting issue_refund {'order_id': '1042', 'amount': 180.0, 'reason': 'broken'}",
             "completed Done. I've refunded 180.00.",
+            "completed",  # the same store, from plain code: `with` and a `*_sync` call
         ], run
     assert (tmp_path / ".signoff" / "state.db").exists()
     # the printed results are the ones the comments promise
     assert "# waiting issue_refund {...}" in code and "# completed Done. ..." in code
+    assert "# completed\n" in code and "with so.Runtime(" in code
 
 
 def test_a_policy_function_is_told_from_a_predicate_as_the_readme_says(tmp_path: Path) -> None:

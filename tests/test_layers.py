@@ -16,7 +16,7 @@ LAYERS: list[set[str]] = [
     {"_state_parts"},
     {"_event_handlers"},
     {"_state", "_approval", "stores", "models"},
-    {"_response", "_audit_requests"},
+    {"_response", "_audit_requests", "_cancellation"},
     {"_tools"},
     {"_agent", "_ask", "_auto", "_answers"},
     {"_recording", "_audit_trail"},

@@ -91,7 +91,7 @@ def test_every_runtime_call_has_a_sync_twin() -> None:
 
     calls = {
         name
-        for name, fn in vars(so.Runtime).items() | _inherited(so.Runtime)
+        for name, fn in _attributes(so.Runtime)
         if not name.startswith("_")
         and (inspect.iscoroutinefunction(fn) or inspect.isasyncgenfunction(fn))
     }
@@ -113,11 +113,11 @@ def test_each_sync_twin_takes_what_its_async_method_takes_and_says_what_it_does(
         assert doc and doc in (inspect.getdoc(twin) or ""), name
 
 
-def _inherited(cls: type) -> set[tuple[str, object]]:
-    # Dunders left out: a base's `__annotations__` is a dict, which a set cannot hold.
-    return {
-        (n, f) for base in cls.__mro__[1:] for n, f in vars(base).items() if not n.startswith("__")
-    }
+def _attributes(cls: type) -> set[tuple[str, object]]:
+    """The names and values `cls` has, its own and its bases'."""
+    # Dunders left out: a class's `__annotations__` is a dict, which a set cannot hold (and the
+    # class itself has one once something read it: `help()`, say).
+    return {(n, f) for base in cls.__mro__ for n, f in vars(base).items() if not n.startswith("__")}
 
 
 def test_the_audit_and_session_twins_answer_like_their_async_methods(tmp_path) -> None:

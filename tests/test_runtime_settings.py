@@ -3,6 +3,7 @@ the bound on bytes a follower reads at once."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,81 @@ def test_a_replaced_runtime_keeps_every_setting_it_is_not_given(tmp_path: Path) 
     assert list(copy.agents) == ["a"]
     moved = original.with_store(f"sqlite:///{tmp_path / 'b.db'}")
     assert (moved.lease_ttl, moved.inline, moved._cache_size) == (11.0, True, 7)
+
+
+class Shouting(so.Runtime):
+    """A runtime subclass overriding a call: its copies must run the override too."""
+
+    async def generate(self, *args: Any, **kwargs: Any) -> so.GenerateResult:
+        result = await super().generate(*args, **kwargs)
+        return dataclasses.replace(result, text=result.text.upper())
+
+
+_IMMUTABLE = (bool, int, float, str, type(None), tuple)
+
+
+async def test_a_copy_keeps_a_subclass_and_shares_nothing_live(tmp_path: Path) -> None:
+    """`with_store` and the commands' copies (`_replaced`) keep the runtime's class: rebuilt as
+    a plain `Runtime`, a subclass's overrides were lost. Nothing live is shared with the
+    original: not its store when another is given, caches, counts, locks, loop or owner id."""
+    agent = scripted_agent("a", [reply("hi")], repeat_last=True)
+    original = Shouting([agent], f"sqlite:///{tmp_path}/one.db", lease_ttl=9.0, cache_size=5)
+    assert (await original.generate("a", prompt="x")).text == "HI"  # opened, cached, counted
+    moved = original.with_store(f"sqlite:///{tmp_path}/two.db")
+    assert type(moved) is Shouting and moved.store is not original.store
+    settings = {"clock", "lease_ttl", "lease_wait", "_cache_size", "poll_interval", "inline"}
+    settings |= {"tracer_provider", "trace_content"}
+    for name, value in vars(original).items():
+        copied = getattr(moved, name)
+        if name in settings:
+            assert copied == value, name
+        elif name == "agents":
+            assert copied == value and copied is not value
+        elif not isinstance(value, _IMMUTABLE):
+            assert copied is not value, f"{name} is shared with the copy"
+    assert moved.owner != original.owner and not moved._opened
+    assert not moved._cache and moved._counts.drives == 0 and original._counts.drives == 1
+    r = moved.generate_sync("a", prompt="y")  # on its own loop, while the original's is open
+    assert r.text == "HI" and [s.id for s in moved.sessions_sync()] == [r.session_id]
+    assert (moved._counts.drives, original._counts.drives) == (1, 1)
+    assert len(await original.sessions()) == 1
+    worker = original._replaced(lease_ttl=2.0, inline=False)
+    assert type(worker) is Shouting and (worker.lease_ttl, worker.inline) == (2.0, False)
+    assert (original.lease_ttl, original.inline) == (9.0, True)
+    with pytest.raises(so.UsageError, match="lease_ttl"):
+        original._replaced(lease_ttl=0)  # refused as the constructor refuses it
+    with pytest.raises(so.UsageError, match="inline"):
+        original._replaced(inline="no")  # type: ignore[arg-type]
+    moved.close_sync()
+    await original.close()
+
+
+def test_help_names_the_parameters_the_default_store_and_how_to_close() -> None:
+    """`help(signoff.Runtime)` is where a newcomer looks first: it shows the real signature,
+    what every parameter is, which store is used without one, and both ways to close it."""
+    import inspect
+    import pydoc
+
+    params = list(inspect.signature(so.Runtime).parameters)
+    assert params == [
+        "agents",
+        "store",
+        "clock",
+        "lease_ttl",
+        "lease_wait",
+        "cache_size",
+        "poll_interval",
+        "inline",
+        "tracer_provider",
+        "trace_content",
+    ]
+    text = pydoc.plain(pydoc.render_doc(so.Runtime))
+    assert "Runtime(agents: 'Sequence[Agent]', store: 'str | Store | None' = None, *" in text
+    doc = " ".join((inspect.getdoc(so.Runtime) or "").split())
+    told = doc + " ".join((inspect.getdoc(so.Runtime.__init__) or "").split())
+    assert [p for p in params if f"`{p}`" not in told] == []
+    assert f"`{so.stores.DEFAULT_URL}`" in doc
+    for way in ("`async with Runtime(...) as rt:`", "`await rt.close()`"):
+        assert way in doc
+    for way in ("`with Runtime(...) as rt:`", "`rt.close_sync()`"):
+        assert way in doc

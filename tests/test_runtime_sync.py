@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -110,3 +111,89 @@ async def test_sync_twins_inside_a_running_loop(tmp_path: Path) -> None:
         assert log.count() == 1
     finally:
         rt.close_sync()
+
+
+# -- with: the sync twin of async with ------------------------------------------------------------
+
+
+def _bridge_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "signoff-sync"}
+
+
+def _closes(rt: so.Runtime, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one each time `rt`'s store is closed."""
+    closes: list[int] = []
+    close = rt.store.close
+
+    async def counted() -> None:
+        closes.append(1)
+        await close()
+
+    monkeypatch.setattr(rt.store, "close", counted)
+    return closes
+
+
+def test_a_with_block_opens_and_closes_the_store_on_either_store(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`with Runtime(...)` is `async with` for plain code: the store is opened on entry as the
+    first `*_sync` call would, and closed at the end with `close_sync` (its loop's thread
+    stopped). A call after the block opens it again, as one after `async with` does."""
+    log = ExecutionLog()
+    before = _bridge_threads()
+    rt = so.Runtime([refund_agent(log)], store=store_url)
+    closes = _closes(rt, monkeypatch)
+    with rt as entered:
+        assert entered is rt and rt._opened and closes == []
+        r = rt.generate_sync("a", prompt="refund order 1")
+        (req,) = rt.pending_sync()
+        approve = [so.InputResponse(request_id=req.id, option_id="approve")]
+        assert rt.respond_sync(r.session_id, approve).status == "completed"
+        assert log.count() == 1
+    assert closes == [1] and not rt._opened
+    assert _bridge_threads() - before == set()
+    try:
+        assert rt.state_sync(r.session_id).turn_status == "completed"  # opened again
+        assert rt._opened
+    finally:
+        rt.close_sync()
+    assert closes == [1, 1] and _bridge_threads() - before == set()
+
+
+def test_an_exception_in_a_with_block_still_closes_the_store(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    before = _bridge_threads()
+    rt = so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url)
+    closes = _closes(rt, monkeypatch)
+    with pytest.raises(RuntimeError, match="boom"), rt:  # raised on, not swallowed
+        assert rt.generate_sync("a", prompt="x").status == "completed"
+        raise RuntimeError("boom")
+    assert closes == [1] and not rt._opened
+    assert _bridge_threads() - before == set()
+
+
+async def test_a_with_block_inside_a_running_loop_and_from_a_tool(tmp_path: Path) -> None:
+    """In a running loop (a notebook), `with` works as the `*_sync` twins do there; from code
+    the sync API runs (a tool), it is refused as a nested `*_sync` call is, not left hanging."""
+    refused: list[so.UsageError] = []
+    runtime: list[so.Runtime] = []
+
+    @so.tool
+    async def reopen() -> str:
+        """Open the runtime again."""
+        try:
+            with runtime[0]:
+                return "opened"  # pragma: no cover
+        except so.UsageError as exc:
+            refused.append(exc)
+            raise
+
+    agent = scripted_agent("a", [call_tools(call("reopen")), reply("ok")], tools=[reopen])
+    before = _bridge_threads()
+    with sqlite_runtime(tmp_path, agent) as rt:
+        runtime.append(rt)
+        assert rt.generate_sync("a", prompt="x").status == "completed"
+    assert not rt._opened and _bridge_threads() - before == set()
+    (error,) = refused
+    assert "await the async method instead" in str(error)

@@ -15,7 +15,7 @@ from ._tools import MAX_RESULT_BYTES, Tool
 if TYPE_CHECKING:
     from .models import Model
 
-__all__ = ["Agent", "Limits"]
+__all__ = ["Agent", "Limits", "by_name"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -124,3 +124,18 @@ class Agent:
 
     def __repr__(self) -> str:
         return f"Agent({self.name!r}, tools={list(self.tools)})"
+
+
+def by_name(agents: object) -> dict[str, Agent]:
+    """A runtime's agents by name: a list of `Agent` objects, no two of one name (a name, one
+    agent alone or no list at all was a bare TypeError or AttributeError)."""
+    if isinstance(agents, (str, Agent)) or not isinstance(agents, Iterable):
+        raise UsageError(f"agents must be a list of Agent objects, not {agents!r}")
+    named: dict[str, Agent] = {}
+    for agent in agents:
+        if not isinstance(agent, Agent):
+            raise UsageError(f"agents must be a list of Agent objects, not one of {agent!r}")
+        if agent.name in named:
+            raise UsageError(f"two agents are named {agent.name!r}")
+        named[agent.name] = agent
+    return named

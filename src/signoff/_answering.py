@@ -107,6 +107,7 @@ class Answering(SessionRunner):
         drive_expired: bool = True,
         mark: Keyed | None = None,
         only_approvals: bool = False,
+        from_message: bool = False,
     ) -> list[Outcome]:
         """Validate every answer, then settle them all in one durable commit (or none);
         `check_only` raises what settling would raise and records nothing. An answer to a request
@@ -114,7 +115,8 @@ class Answering(SessionRunner):
         (`respond(resume=False)`, which must not run the turn: a sweep or worker will).
         `mark` is the idempotency key of the message that gave the answers: the settlement's
         first event records it. `only_approvals`: the answers are decisions (approve or deny),
-        which answer approvals only."""
+        which answer approvals only. `from_message`: the answer is a message's, which `send`
+        delivers as a message if its request closed meanwhile (no refusal to count: `_counts`)."""
         if len(answers) > MAX_ANSWERS:
             raise InvalidAnswer(
                 f"at most {MAX_ANSWERS} answers in one call, not {len(answers)}: "

@@ -13,7 +13,13 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
-from ._exceptions import AnswerError, InvalidAnswer
+from ._exceptions import (
+    AnswerError,
+    ConflictingAnswer,
+    InvalidAnswer,
+    RequestClosed,
+    SessionExpired,
+)
 
 if TYPE_CHECKING:
     from ._results import Outcome
@@ -48,9 +54,15 @@ class Counts:
         self.accepted += sum(1 for o in outcomes if o.applied)
 
 
+_DELIVERED_ANEW = (RequestClosed, ConflictingAnswer)
+"""What a settlement `from_message` may raise without refusing the message: `send` then
+delivers it as a message instead of an answer."""
+
+
 def counted_answers(settle: _Settle) -> _Settle:
-    """Count what a settlement (`Answering._settle`) accepts and refuses in its runtime's
-    `_counts`: the outermost call only, and no call that only checks (`check_only`)."""
+    """Count what a settlement (`Answering._settle`) accepts and refuses (a request's error, or
+    its session's expiry) in its runtime's `_counts`: the outermost call only, and no call that
+    only checks (`check_only`)."""
 
     @functools.wraps(settle)
     async def counted(self: Any, *args: Any, **kwargs: Any) -> list[Outcome]:
@@ -59,8 +71,10 @@ def counted_answers(settle: _Settle) -> _Settle:
         token = _settling.set(True)
         try:
             outcomes = await settle(self, *args, **kwargs)
-        except (AnswerError, InvalidAnswer) as exc:
-            self._counts.refused[exc.code] += 1
+        except (AnswerError, InvalidAnswer, SessionExpired) as exc:
+            # A message's answer closed or answered meanwhile: `send` delivers it as a message.
+            if not (kwargs.get("from_message") and isinstance(exc, _DELIVERED_ANEW)):
+                self._counts.refused[exc.code] += 1
             raise
         finally:
             _settling.reset(token)

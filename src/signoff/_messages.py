@@ -108,7 +108,12 @@ class Messages(Answering):
                 if reply is not None and (same_person or await self._may_answer(first, principal)):
                     try:
                         outcomes = await self._settle(
-                            session_id, [reply], principal, require_all=False, mark=idem
+                            session_id,
+                            [reply],
+                            principal,
+                            require_all=False,
+                            mark=idem,
+                            from_message=True,
                         )
                     except (RequestClosed, ConflictingAnswer):
                         continue  # answered or closed meanwhile: the message is delivered anew

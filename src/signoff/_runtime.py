@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import logging
 import math
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import IO, Any, get_args
+from typing import IO, Any, Self, get_args
 
 from . import _audit_trail as _audit
 from . import _child_sessions, _subagents, stores
@@ -20,6 +21,7 @@ from ._answers import Reply as _Reply
 from ._answers import check_principal, check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
+from ._cancellation import cancel_specs, withdrawal
 from ._deadlines import after_deadline, expiry_specs, is_due, summary_after_expiry
 from ._engine import Driver
 from ._events import Event
@@ -34,17 +36,18 @@ from ._exceptions import (
     UsageError,
 )
 from ._idempotency import keyed
+from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from ._mirrors import followed, followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._sessions import check_session_id
-from ._settings import finite, flag
+from ._settings import finite, flag, seconds
 from ._state import SessionState
 from ._sync import blocking_doc, twin
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
-from .stores import PendingFilter, Resolve, SessionSummary, Store
+from .stores import PendingFilter, SessionSummary, Store
 from .stores._audit import AuditEntry
 from .stores._base import created_before
 
@@ -55,33 +58,6 @@ log = logging.getLogger("signoff.worker")
 _RECHECK_FOLLOWED = 30.0
 """Seconds between checks that a followed session is still in the store (when idle, and until
 its expiry is due): one deleted under a follower would otherwise be waited on for ever."""
-
-
-def _cancel_specs(
-    pending: Sequence[InputRequest], reason: str | None, by: dict[str, Any] | None
-) -> list[Any]:
-    """What cancelling a turn records: its open requests withdrawn, then the cancellation."""
-    specs: list[Any] = [
-        (
-            "input.resolved",
-            {
-                "request_id": r.id,
-                "outcome": "cancelled",
-                "status": "withdrawn",
-                "reason": "turn cancelled",
-                "by": by,
-            },
-        )
-        for r in pending
-    ]
-    return [*specs, ("turn.cancelled", {"reason": reason, "by": by}), ("session.waiting", {})]
-
-
-def _withdraw(request_id: str, by: dict[str, Any] | None) -> Resolve:
-    resolution = {"outcome": "cancelled", "reason": "turn cancelled", "by": by}
-    return Resolve(
-        request_id=request_id, status="withdrawn", outcome="cancelled", resolution=resolution
-    )
 
 
 def _check_page(limit: object, offset: object) -> None:
@@ -95,10 +71,21 @@ _SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
 
 
 class Runtime(Workers):
-    """Runs agents' turns against a store; every call has a `*_sync` twin but `work`, a worker's
-    loop (and `open`, which the first call does)."""
+    """Runs the turns of `agents` (a list of `Agent`) against a store, and answers, lists,
+    follows and cancels them.
 
-    def with_store(self, store: str | Store) -> Runtime:
+    `store` is a URL (`sqlite:///path.db`, `postgresql://…`) or a `Store`; by default the SQLite
+    file `sqlite:///.signoff/state.db`, under the working directory. The first call opens it;
+    close it with `async with Runtime(...) as rt:` or `await rt.close()`, or from plain code
+    with `with Runtime(...) as rt:` or `rt.close_sync()`. `lease_ttl` and `lease_wait` are the
+    seconds a drive's lease on a session lasts unrenewed and a call waits for a busy session,
+    `cache_size` the session states kept in memory, `poll_interval` how often a follower
+    polls a store that cannot notify, `clock` the time in seconds (a test's `ManualClock`);
+    `inline`, `tracer_provider` and `trace_content` are below (`__init__`). Every call has a
+    `*_sync` twin but `work`, a worker's loop (and `open`).
+    """
+
+    def with_store(self, store: str | Store) -> Self:
         """This runtime's agents and settings on another store (`--store`): only the store is
         replaced, so one that leaves its turns to workers (`inline=False`) still does."""
         return self._replaced(store=store)
@@ -109,21 +96,22 @@ class Runtime(Workers):
         store: str | Store | None = None,
         lease_ttl: float | None = None,
         inline: bool | None = None,
-    ) -> Runtime:
-        """A new runtime with this one's agents and every setting but those given (for the
-        commands that run a runtime a module built: `signoff worker` leaves turns to claims)."""
-        return Runtime(
-            list(self.agents.values()),
-            self.store if store is None else store,
-            clock=self.clock,
-            lease_ttl=self.lease_ttl if lease_ttl is None else lease_ttl,
-            lease_wait=self.lease_wait,
-            cache_size=self._cache_size,
-            poll_interval=self.poll_interval,
-            inline=self.inline if inline is None else inline,
-            tracer_provider=self.tracer_provider,
-            trace_content=self.trace_content,
-        )
+    ) -> Self:
+        """A copy of this runtime, of its class (a subclass's overrides kept), with every
+        setting but those given, for the commands that run a runtime a module built (`signoff
+        worker` leaves turns to claims). Nothing live is shared (`_fresh`); the store is, unless
+        another is given, and a subclass's own attributes are copied as they are."""
+        if lease_ttl is not None:
+            seconds("lease_ttl", lease_ttl, least=LEASE_TTL_MIN, most=LEASE_TTL_MAX)
+        if inline is not None:
+            flag("inline", inline)
+        replaced = copy.copy(self)
+        replaced.agents = dict(self.agents)
+        replaced.store = self.store if store is None else stores.open_store(store)
+        replaced.lease_ttl = self.lease_ttl if lease_ttl is None else lease_ttl
+        replaced.inline = self.inline if inline is None else inline
+        replaced._fresh()
+        return replaced
 
     def _driver(self, state: SessionState, token: int | None) -> Driver:
         driver = super()._driver(state, token)
@@ -169,7 +157,8 @@ class Runtime(Workers):
         auth: Principal | None = None,
         idempotency_key: str | None = None,
     ) -> GenerateResult:
-        """Run a turn until it completes, fails or waits (helix style).
+        """Run a turn until it completes, fails or waits for a person; the one call that starts a
+        session, sends it a prompt, settles its approvals or resumes it.
 
         With `approvals`, settle every pending request of the session in one call (no prompt
         beside them) and continue; a decision answers no question, so one open raises
@@ -501,8 +490,8 @@ class Runtime(Workers):
                 withdrawn[:] = current.pending_requests()
                 delegated[:] = _child_sessions.delegated(current)
                 return Batch(
-                    specs=_cancel_specs(withdrawn, reason, by),
-                    resolve=[_withdraw(r.id, by) for r in withdrawn],
+                    specs=cancel_specs(withdrawn, reason, by),
+                    resolve=[withdrawal(r.id, by) for r in withdrawn],
                 )
 
             driver = self._driver(state, None)
@@ -591,3 +580,12 @@ class Runtime(Workers):
         self._sync.close()
 
     close_sync.__doc__ = blocking_doc(Workers.close)
+
+    def __enter__(self) -> Self:
+        """Open the store as the first `*_sync` call would (a `with` block from plain code)."""
+        self._sync.run(self.open())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Close it with `close_sync`, however the block ended; a later call opens it again."""
+        self.close_sync()

@@ -14,12 +14,12 @@ import socket
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, Self
 
 from . import _creation
-from ._agent import Agent
+from ._agent import Agent, by_name
 from ._audit_trail import record_tool_settings
 from ._counts import Counts
 from ._deadlines import due_batch, expiry_resolves, expiry_specs
@@ -109,20 +109,11 @@ class SessionRunner(Leasing):
         # 0 gives up on a busy session at once; NaN never gave up, nor raised SessionBusy.
         seconds("lease_wait", lease_wait, zero=True)
         whole("cache_size", cache_size, least=0)  # -1 emptied it, then a KeyError
-        # A name, or one agent, where a list goes; or no list at all (a bare TypeError).
-        if isinstance(agents, (str, Agent)) or not isinstance(agents, Iterable):
-            raise UsageError(f"agents must be a list of Agent objects, not {agents!r}")
-        self.agents: dict[str, Agent] = {}
-        for agent in agents:
-            if not isinstance(agent, Agent):  # else a bare AttributeError
-                raise UsageError(f"agents must be a list of Agent objects, not one of {agent!r}")
-            if agent.name in self.agents:
-                raise UsageError(f"two agents are named {agent.name!r}")
-            self.agents[agent.name] = agent
+        self.agents = by_name(agents)
         # Not refused: a process may only record answers for an agent, or resume one whose
         # children ran elsewhere. But said at once, rather than by the model at the first call.
         for problem in missing_targets(self.agents):
-            if problem not in _told:  # `with_store` and the CLI's copies make it again
+            if problem not in _told:  # a process may build runtimes of these agents again
                 _told.add(problem)
                 log.warning("%s", problem)
         self.store = open_store(store)
@@ -133,13 +124,18 @@ class SessionRunner(Leasing):
         self.inline = inline
         self.tracer_provider = tracer_provider
         self.trace_content = trace_content
-        self._tracing = tracing_for(tracer_provider, trace_content)
+        self._cache_size = cache_size
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """Start this runtime's live state anew: what it holds while in use, which no copy of it
+        shares (`Runtime._replaced`), from its id and store clock to its caches, locks and loop."""
+        self._tracing = tracing_for(self.tracer_provider, self.trace_content)
         self._counts = Counts()  # what this process did, for a metrics endpoint (`_counts`)
         self._lease_offset = 0.0  # see `now`
         self._lease_base = None
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
-        self._cache_size = cache_size
         # Per session, only while in use (weak: none is kept for the sessions a process is done
         # with). A lock serializes this process's appends to one session: commit, then apply.
         self._aborts: weakref.WeakValueDictionary[str, asyncio.Event] = (

@@ -1,7 +1,8 @@
 """`TerminalChannel`: shows a request in a terminal and reads the person's answer inline.
 
-An approval reads like helix's chat: `? Run issue_refund({"order_id":"1042",...})? (y/N)`; a
-question shows numbered choices and, when the request allows it, takes free text.
+An approval is one line naming the call, its input as compact JSON, and a yes/no prompt whose
+default is no: `? Run issue_refund({"order_id":"1042",...})? (y/N)`; a question shows numbered
+choices and, when the request allows it, takes free text.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ _NO = frozenset({"n", "no", ""})
 
 
 def compact_json(value: Any) -> str:
-    """One-line JSON as helix prints a call's input; whole-number floats read as integers."""
+    """A call's input as JSON on one line, with no spaces after separators and non-ASCII text as
+    it is, so an approval prompt stays short; whole-number floats read as integers (`180`)."""
     return json.dumps(_tidy(value), separators=(",", ":"), ensure_ascii=False, default=str)
 
 
