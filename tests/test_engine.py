@@ -19,7 +19,8 @@ from ._ttl import ttl_agent
 AL = so.Principal(authenticator="sso", principal_id="al")
 
 
-def deploy_agent() -> so.Agent:
+def deploy_agent(*then: str) -> so.Agent:
+    """An agent whose first turn deploys with approval; `then`: its replies to later messages."""
     log = ExecutionLog()
 
     @log.tool(approval=so.always())
@@ -27,7 +28,7 @@ def deploy_agent() -> so.Agent:
         """Deploy a service."""
         return f"{service} live"
 
-    script = [call_tools(call("deploy", service="api")), reply("ok")]
+    script = [call_tools(call("deploy", service="api")), reply("ok"), *map(reply, then)]
     return scripted_agent("ops", script, tools=[deploy])
 
 
@@ -93,7 +94,7 @@ async def test_a_park_and_an_answer_are_synced_to_disk_and_nothing_else_is(
     postgres = not store_url.startswith("sqlite")
     if postgres:
         await watch_syncs(store_url)
-    async with so.Runtime([deploy_agent()], store=store_url) as rt:
+    async with so.Runtime([deploy_agent("you're welcome")], store=store_url) as rt:
         if isinstance(rt.store, SQLiteStore):
             synced = _trace_sqlite_syncs(rt.store)
         r = await rt.generate("ops", prompt="deploy api", auth=AL)
@@ -101,11 +102,15 @@ async def test_a_park_and_an_answer_are_synced_to_disk_and_nothing_else_is(
         decision = so.Decision(id=r.pending[0].id, approved=True)
         done = await rt.generate(session_id=r.session_id, approvals=[decision], auth=AL)
         assert done.status == "completed"
+        later = await rt.generate(session_id=r.session_id, prompt="thanks", auth=AL)
+        assert later.status == "completed"  # its `turn.started` is a `Store.commit` of its own
         events = [e async for e in rt.events(r.session_id, follow=False)]
     if postgres:
         synced = await _postgres_syncs(store_url)
     by_type: dict[str, set[bool]] = {}
-    for e in events[1:]:  # the session's creation is not a `Store.commit`
+    # The session's creation, which starts its first turn, is not a `Store.commit`.
+    assert [e.type for e in events[:2]] == ["session.created", "turn.started"]
+    for e in events[2:]:
         by_type.setdefault(e.type, set()).add(synced[e.seq])
     durable = {"input.requested", "turn.waiting", "approval.settled", "input.resolved"}
     assert by_type == {t: {t in durable} for t in by_type}
