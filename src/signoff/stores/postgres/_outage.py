@@ -181,10 +181,19 @@ class Outage:
         caller). Returns a live connection only when the check found the server back after a
         known outage (the caller uses it, then closes it); otherwise None, with `since` telling
         whether it is down. Calls at the same time share one connection attempt; a finding is
-        not reused after it, so a call right after the server is back finds it."""
+        not reused after it, so a call right after the server is back finds it. A call that
+        joined an attempt begun before it asked, which found the server down, tries once more
+        within what is left of `within`: the server may have come back in between."""
+        asked = self._now()
         probing = self._start_probe()
         await asyncio.wait({probing}, timeout=within)
         _raise(probing)
+        if probing.done() and self.since is not None and self._asked < asked and not self._spare:
+            left = None if within is None else within - (self._now() - asked)
+            if left is None or left > 0:
+                probing = self._start_probe()
+                await asyncio.wait({probing}, timeout=left)
+                _raise(probing)
         return self._spare.pop() if self._spare else None
 
     def _start_probe(self) -> asyncio.Future[None]:
