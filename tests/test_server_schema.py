@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import os
 import re
-import subprocess
-import sys
 import tempfile
 import uuid
 from collections import Counter
@@ -241,37 +238,16 @@ def _answered() -> list[list[str]]:
     ]
 
 
-STATEFUL_INNER = "SIGNOFF_TEST_STATEFUL_INNER"
-ROOT = Path(__file__).resolve().parent.parent
-
-
 def test_stateful_chains_follow_the_links() -> None:
-    """The state machine below, in a Python of its own. In a process that had run a few hundred
-    other test files first it drew different steps for the same choices (Hypothesis's
-    `FlakyStrategyDefinition`) and took 200 s instead of 11; run alone, or after any third of
-    those files, it passes. Which leftover of the other tests does it is not found yet: a fresh
-    interpreter keeps what this test checks independent of them."""
-    if os.environ.get(STATEFUL_INNER) == "1":
-        _explore_links()
-        return
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
-    env[STATEFUL_INNER] = "1"
-    inner = f"{Path(__file__).resolve()}::test_stateful_chains_follow_the_links"
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "-p", "no:xdist"]
-        + [inner],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    print(done.stdout[-3000:])
-    assert done.returncode == 0, done.stdout[-12000:] + done.stderr[-4000:]
-    assert "1 passed" in done.stdout, done.stdout[-3000:]
+    """Follow the links from a created session to its answer, and repeat every keyed call.
 
-
-def _explore_links() -> None:
+    The exploration is derandomized, but what it reaches still shifts: Hypothesis seeds it from
+    the source of `APIWorkflow` (any edit to the class changes every scenario), and after
+    tests/test_[a-c]*.py in one process it drew other scenarios than in a fresh one. One of
+    those sent `{"text": "\\n"}` as a valid message: the schema said any non-empty text, the
+    server refused whitespace, and the failure did not reproduce on Hypothesis's replay
+    (`FlakyStrategyDefinition`, after 200 s of shrinking). The schema now says what the server
+    checks (`_models.SAID`, tests/test_server_models.py)."""
     Chains.calls.clear()
     Chains.settled.clear()
     Chains.scenarios.clear()

@@ -11,6 +11,7 @@ from pydantic import (
     Field,
     StrictBool,
     StrictStr,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
@@ -68,6 +69,11 @@ class _Body(BaseModel):
         return data
 
 
+SAID = "[^\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+"""A character that is not whitespace as `str.isspace` reads it, spelled so that JSON Schema
+reads the same class: the OpenAPI document says a message needs one, as `_said` checks."""
+
+
 def _said(text: str) -> str:
     """A message must say something: whitespace alone is refused, as `Runtime` refuses it."""
     if text.isspace():
@@ -75,8 +81,12 @@ def _said(text: str) -> str:
     return text
 
 
-# A message: not empty, not whitespace alone.
-_Said = Annotated[StrictStr, AfterValidator(_said)]
+# A message: not empty, not whitespace alone (which the schema says with `SAID`).
+_Said = Annotated[
+    StrictStr,
+    AfterValidator(_said),
+    WithJsonSchema({"type": "string", "minLength": 1, "pattern": SAID}),
+]
 
 
 class CreateSession(_Body):
