@@ -1,0 +1,123 @@
+"""`PendingFilter`: which requests a store's `pending()` lists and `count_pending()` counts, as
+one SQL condition both stores share, checked when it is made."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._exceptions import UsageError
+from .._settings import finite
+from ._initiators import InitiatorFilter
+
+__all__ = ["TIME_LIMIT", "PendingFilter", "created_before"]
+
+
+TIME_LIMIT = 2**63
+"""A filter's times lie within ±`TIME_LIMIT` seconds: SQLite binds no integer past 64 bits."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PendingFilter:
+    """Which requests `pending()` lists; all fields optional, newest last."""
+
+    agent: str | None = None
+    tool_name: str | None = None
+    kind: str | None = None
+    status: str | None = "pending"
+    session_id: str | None = None
+    created_before: float | None = None
+    created_after: float | None = None
+    live_at: float | None = None  # leave out requests of sessions whose TTL passed by then
+    due_by: float | None = None  # only requests whose deadline passed by then (at it counts)
+    initiated_by: InitiatorFilter | None = None  # only requests of the sessions it picks
+    # Not these requests (ids): those a listing would leave out though the store holds them
+    # open (`_unlisted.unlisted`), so its pages and its count skip the same ones.
+    excluded: tuple[str, ...] = ()
+
+    def where(self, ph: str) -> tuple[str, list[Any]]:
+        """The SQL `WHERE` clause (over `requests r JOIN sessions s`) and its parameters, with
+        `ph` as the driver's placeholder (`?` for SQLite, `%s` for psycopg)."""
+        where: list[str] = []
+        params: list[Any] = []
+        for column, value in (
+            ("r.status", self.status),
+            ("r.agent", self.agent),
+            ("r.tool", self.tool_name),
+            ("r.kind", self.kind),
+            ("s.id", self.session_id),
+        ):
+            if column == "r.status" and value == "pending":
+                # Written out, so the planner may use the indexes of pending requests only.
+                where.append("r.status='pending'")
+            elif value is not None:
+                where.append(f"{column}={ph}")
+                params.append(value)
+        for condition, moment in (
+            (f"r.created_at<{ph}", self.created_before),
+            (f"r.created_at>{ph}", self.created_after),
+            (f"(s.expires_at IS NULL OR s.expires_at>{ph})", self.live_at),
+            (f"r.expires_at<={ph}", self.due_by),
+        ):
+            if moment is not None:
+                where.append(condition)
+                params.append(moment)
+        if self.initiated_by is not None:
+            condition, more = self.initiated_by.where(ph, "s")
+            where.append(condition)
+            params += more
+        if self.excluded:
+            # One parameter however many: a JSON array (SQLite), an array (PostgreSQL).
+            if ph == "?":
+                where.append("r.id NOT IN (SELECT value FROM json_each(?))")
+                params.append(json.dumps(list(self.excluded)))
+            else:
+                where.append(f"NOT (r.id = ANY({ph}::text[]))")
+                params.append(list(self.excluded))
+        return (" WHERE " + " AND ".join(where)) if where else "", params
+
+    limit: int = 100
+    offset: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Refused here, not read differently by each store: SQLite matched `agent=5` as '5'
+        # where psycopg failed on it, and took a negative limit as none.
+        for name in ("agent", "tool_name", "kind", "status", "session_id"):
+            text = getattr(self, name)
+            if text is not None and not isinstance(text, str):
+                raise UsageError(f"PendingFilter({name}=...) must be text or None, not {text!r}")
+        for name in ("created_before", "created_after", "live_at", "due_by"):
+            moment = getattr(self, name)
+            # An int no float holds overflowed; one past 64 bits, SQLite's binding of it.
+            if moment is not None and not (finite(moment) and -TIME_LIMIT <= moment < TIME_LIMIT):
+                raise UsageError(
+                    f"PendingFilter({name}=...) must be a finite time (seconds) or None, "
+                    f"not {moment!r}"
+                )
+        if not isinstance(self.excluded, tuple) or not all(
+            isinstance(i, str) for i in self.excluded
+        ):
+            raise UsageError(
+                f"PendingFilter(excluded=...) must be a tuple of request ids, not {self.excluded!r}"
+            )
+        if self.initiated_by is not None and not isinstance(self.initiated_by, InitiatorFilter):
+            raise UsageError(
+                "PendingFilter(initiated_by=...) must be an InitiatorFilter or None, "
+                f"not {self.initiated_by!r}"
+            )
+        for name in ("limit", "offset"):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count < 2**63:
+                raise UsageError(
+                    f"PendingFilter({name}=...) must be a whole number from 0, not {count!r}"
+                )
+
+
+def created_before(now: float, older_than: float | None) -> float | None:
+    """`PendingFilter.created_before` for requests at least `older_than` seconds old; an age
+    reaching past the oldest time a filter takes matches no request there either."""
+    if older_than is None:
+        return None
+    return max(now - older_than, float(-TIME_LIMIT))
