@@ -130,18 +130,23 @@ async def test_a_request_that_carries_the_flag_reads_no_trail(
     assert read == [flagged.id]
 
 
-def test_a_refusal_tells_two_principals_of_one_id_apart() -> None:
-    """Only the very principal that asked may answer: one of the same id through another
-    authenticator (`local:alice` for `okta:alice`) is named in full, not as "alice; alice"."""
-    request = so.InputRequest(
+def _asked_by(asker: so.Principal) -> so.InputRequest:
+    """A tool approval `asker` asked for: `req_1` of `ses_1`."""
+    return so.InputRequest(
         kind="tool-approval",
         id="req_1",
         session_id="ses_1",
         turn_id="trn_1",
         agent="a",
-        requested_by=ALICE,
+        requested_by=asker,
         created_at=0.0,
     )
+
+
+def test_a_refusal_tells_two_principals_of_one_id_apart() -> None:
+    """Only the very principal that asked may answer: one of the same id through another
+    authenticator (`local:alice` for `okta:alice`) is named in full, not as "alice; alice"."""
+    request = _asked_by(ALICE)
     _eligibility.authorize(request, ALICE)
     with pytest.raises(so.NotAllowed) as other:
         _eligibility.authorize(request, BOB)
@@ -169,15 +174,7 @@ def test_a_refusal_across_authenticators_names_both_in_full() -> None:
     """`signoff approve` acts as `local:<user>`: refused a request a token's holder asked, it
     says `token:ops` (what `--as` takes), not `ops`, which `--as ops` (`local:ops`) would not be."""
     ops = so.Principal(authenticator="token", principal_id="ops")
-    request = so.InputRequest(
-        kind="tool-approval",
-        id="req_1",
-        session_id="ses_1",
-        turn_id="trn_1",
-        agent="a",
-        requested_by=ops,
-        created_at=0.0,
-    )
+    request = _asked_by(ops)
     with pytest.raises(so.NotAllowed) as root:
         _eligibility.authorize(request, so.Principal(authenticator="local", principal_id="root"))
     assert str(root.value) == "request req_1 was asked by token:ops; local:root may not settle it"
@@ -195,15 +192,7 @@ def test_the_principal_an_anonymous_refusal_suggests_is_the_askers_own(
 ) -> None:
     """The `so.Principal(...)` a refusal from Python suggests names the asker's issuer and type
     too: without them it is another principal (`same_as`), refused again when passed."""
-    request = so.InputRequest(
-        kind="tool-approval",
-        id="req_1",
-        session_id="ses_1",
-        turn_id="trn_1",
-        agent="a",
-        requested_by=asker,
-        created_at=0.0,
-    )
+    request = _asked_by(asker)
     with pytest.raises(so.NotAllowed) as anon:
         _eligibility.authorize(request, None)
     suggested = str(anon.value).partition("(pass principal=, e.g. ")[2].removesuffix(")")
