@@ -13,6 +13,7 @@ from signoff.server import TokenAuth, _context, create_app, default_access
 
 from ._audit import alter
 from ._procs import query
+from ._spies import CallSpy
 from ._subagents import Counted, refund_agents
 from ._ttl import ttl_agent
 from .test_server_common import ALICE, MALLORY, TOKENS, auth, in_process, make_agents
@@ -23,37 +24,13 @@ def custom_access(caller: so.Principal, initiator: so.Principal | None) -> bool:
     return default_access(caller, initiator)
 
 
-class _Spy:
-    """Records the state loads and store reads made while `on`."""
-
-    def __init__(self, runtime: so.Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[str] = []
-        self.on = False
-        for name in ("_state", "state"):
-            self._wrap(monkeypatch, runtime, name, f"runtime.{name}")
-        store = runtime.store
-        for name in ("read_events", "head", "get_request", "load_session", "audit_heads"):
-            if hasattr(store, name):
-                self._wrap(monkeypatch, store, name, f"store.{name}")
-
-    def _wrap(self, mp: pytest.MonkeyPatch, obj: Any, name: str, label: str) -> None:
-        real = getattr(obj, name)
-
-        async def spied(*args: Any, **kwargs: Any) -> Any:
-            if self.on:
-                self.calls.append(label)
-            return await real(*args, **kwargs)
-
-        mp.setattr(obj, name, spied)
-
-    async def during(self, call: Any) -> tuple[httpx.Response, list[str]]:
-        self.calls.clear()
-        self.on = True
-        try:
-            response = await call
-        finally:
-            self.on = False
-        return response, list(self.calls)
+def _spy(runtime: so.Runtime, monkeypatch: pytest.MonkeyPatch) -> CallSpy:
+    """Records the state loads and store reads made during a call."""
+    spy = CallSpy(monkeypatch)
+    spy.wrap(runtime, ("_state", "state"), "runtime.")
+    reads = ("read_events", "head", "get_request", "load_session", "audit_heads")
+    spy.wrap(runtime.store, reads, "store.")
+    return spy
 
 
 async def test_a_foreign_session_is_refused_before_its_state_is_loaded(
@@ -70,7 +47,7 @@ async def test_a_foreign_session_is_refused_before_its_state_is_loaded(
         )
         assert r.status_code == 201, r.text
         sid = r.json()["session_id"]
-        spy = _Spy(runtime, monkeypatch)
+        spy = _spy(runtime, monkeypatch)
         mallory = auth("mallory-token")
         # Alice's own reads keep working, and remember who started the session.
         assert (await c.get(f"/v1/sessions/{sid}", headers=auth("alice-token"))).status_code == 200
@@ -116,7 +93,7 @@ async def test_a_request_is_shown_without_loading_its_sessions_state(
         )
         assert r.status_code == 201, r.text
         request_id = r.json()["pending"][0]["id"]
-        spy = _Spy(runtime, monkeypatch)
+        spy = _spy(runtime, monkeypatch)
         own = c.get(f"/v1/requests/{request_id}", headers=auth("alice-token"))
         response, made = await spy.during(own)
         assert response.status_code == 200 and response.json()["request"]["id"] == request_id

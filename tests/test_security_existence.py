@@ -6,43 +6,13 @@ request id, the API's and the dashboard's, so neither the answer nor its time te
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable
-from typing import Any
 
-import httpx
 import pytest
 
+from ._spies import CallSpy
 from .test_server_common import auth, in_process
 
 _READS = ("read_events", "head", "get_request", "load_session", "audit_heads", "pending")
-
-
-class _Reads:
-    """The store reads made while `on`, by name."""
-
-    def __init__(self, store: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[str] = []
-        self.on = False
-        for name in _READS:
-            if hasattr(store, name):
-                monkeypatch.setattr(store, name, self._spied(getattr(store, name), name))
-
-    def _spied(self, real: Any, name: str) -> Any:
-        async def spied(*args: Any, **kwargs: Any) -> Any:
-            if self.on:
-                self.calls.append(name)
-            return await real(*args, **kwargs)
-
-        return spied
-
-    async def during(self, call: Awaitable[httpx.Response]) -> tuple[httpx.Response, list[str]]:
-        self.calls.clear()
-        self.on = True
-        try:
-            response = await call
-        finally:
-            self.on = False
-        return response, list(self.calls)
 
 
 async def test_a_foreign_request_costs_what_a_missing_one_does(
@@ -64,7 +34,8 @@ async def test_a_foreign_request_costs_what_a_missing_one_does(
         match = re.search(r'name="csrf" value="([^"]+)"', page.text)
         assert match, page.text[:300]
         csrf = match.group(1)
-        reads = _Reads(runtime.store, monkeypatch)
+        reads = CallSpy(monkeypatch)
+        reads.wrap(runtime.store, _READS)
         for attempt in range(2):  # the second time, the session's initiator is remembered
             made: dict[tuple[str, str], list[str]] = {}
             for name, target in (("foreign", request_id), ("missing", "req_" + "0" * 20)):
