@@ -1,6 +1,7 @@
 """Benchmark: `lapsed_ancestors(now)`, run on every count of open requests, over many sessions,
-with the index of children on their status and deadline or (`--old-index`) on the status alone
-as before SQLite schema 8 and PostgreSQL migration 10 (a script, not a test).
+with the index of children on their status and deadline (PostgreSQL: the copy of it children
+keep, since migration 11) or (`--old-index`) on the status alone as before SQLite schema 8 and
+PostgreSQL migration 10 (a script, not a test).
 
     .venv/bin/python -m bench.lapsed [--old-index]                       # SQLite only
     scripts/pg run -- .venv/bin/python -m bench.lapsed [--old-index]     # both stores
@@ -10,9 +11,10 @@ N sessions (200,000) are written straight into the tables: a third top-level ses
 with a TTL, a third live subagent sessions (running or waiting, one in three without a TTL), a
 third finished; ten children's TTL passed, under parents with an open request. The median of
 `--repeat` calls is reported, with that of `count_pending()` (the count it goes with).
-`--ttl-turns N` instead runs N turns of one session with a TTL on PostgreSQL, alternating between
-a store with each index, and reports how many updates of its row were HOT and the bytes of
-`sessions` with its indexes after. PostgreSQL runs when `SIGNOFF_PG_URL` is set, in a database
+`--ttl-turns N` instead runs N turns of one session with a TTL on PostgreSQL, in turn on a store
+with each index of children (on the status; on the status and `expires_at`, as migration 10 had
+it; as now), and reports how many updates of its row were HOT and the bytes of `sessions` with
+its indexes after. PostgreSQL runs when `SIGNOFF_PG_URL` is set, in a database
 of its own that is dropped afterwards.
 """
 
@@ -42,6 +44,15 @@ __all__ = ["main"]
 
 NOW = 1_000_000.0
 OLD_INDEX = "CREATE INDEX sessions_children ON {t}sessions (status) WHERE parent IS NOT NULL"
+INDEXES = {
+    "status": OLD_INDEX,
+    "status, expires_at": (
+        "CREATE INDEX sessions_children ON {t}sessions (status, expires_at) "
+        "WHERE parent IS NOT NULL"
+    ),
+    "status, child_expires_at": None,  # as the store is made
+}
+"""The index of children before PostgreSQL's migration 10, as it made it, and as now."""
 
 
 def rows(sessions: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[str]]:
@@ -93,9 +104,10 @@ def fill_postgres(url: str, sessions: int, old_index: bool) -> list[str]:
     new, requests, expected = rows(sessions)
     with psycopg.connect(url) as conn:
         with conn.cursor() as cur:
-            with cur.copy(f"COPY signoff.sessions ({SESSION_COLUMNS}) FROM STDIN") as copy:
+            columns = f"{SESSION_COLUMNS}, child_expires_at"  # a child's copy of its deadline
+            with cur.copy(f"COPY signoff.sessions ({columns}) FROM STDIN") as copy:
                 for row in new:
-                    copy.write_row(row)
+                    copy.write_row((*row, None if row[8] is None else row[7]))
             with cur.copy(f"COPY signoff.requests ({REQUEST_COLUMNS}) FROM STDIN") as copy:
                 for row in requests:
                     copy.write_row(row)
@@ -144,8 +156,8 @@ async def time_reads(url: str, expected: list[str], repeat: int) -> tuple[float,
 
 
 async def ttl_turns(pg: str, turns: int) -> None:
-    """Turns of one session with a TTL, alternating between a store with the old index and one
-    with the new: per-turn wall medians, HOT updates of the session row, bytes after."""
+    """Turns of one session with a TTL, in turn on a store with each of `INDEXES`: per-turn
+    wall medians, HOT updates of the session row, bytes after."""
 
     @so.tool
     async def lookup(order_id: str) -> str:
@@ -157,22 +169,25 @@ async def ttl_turns(pg: str, turns: int) -> None:
         for i in range(turns + 1)
         for s in (call_tools(call("lookup", order_id=str(i))), reply("ok"))
     ]
-    async with database(pg) as old, database(pg) as new:
-        urls = {"old index": old, "new index": new}
+    async with database(pg) as a, database(pg) as b, database(pg) as c:
+        urls = dict(zip(INDEXES, (a, b, c), strict=True))
         runtimes = {}
         for name, url in urls.items():
             agent = scripted_agent("a", steps, tools=[lookup], limits=so.Limits(ttl=3600))
             runtimes[name] = rt = so.Runtime([agent], store=url)
             await rt.open()
-        with psycopg.connect(old, autocommit=True) as conn:
-            conn.execute("DROP INDEX signoff.sessions_children")
-            conn.execute(OLD_INDEX.format(t="signoff."))
+            index = INDEXES[name]
+            if index is not None:
+                with psycopg.connect(url, autocommit=True) as conn:
+                    conn.execute("DROP INDEX signoff.sessions_children")
+                    conn.execute(index.format(t="signoff."))
         sessions = {
             n: (await rt.generate("a", prompt="go")).session_id for n, rt in runtimes.items()
         }
         walls: dict[str, list[float]] = {name: [] for name in urls}
+        order = list(urls)
         for i in range(turns):
-            for name in sorted(urls, reverse=i % 2 == 1):
+            for name in order[i % 3 :] + order[: i % 3]:
                 wall = time.perf_counter()
                 await runtimes[name].generate(session_id=sessions[name], prompt="again")
                 walls[name].append(time.perf_counter() - wall)
@@ -193,7 +208,7 @@ async def ttl_turns(pg: str, turns: int) -> None:
 
 
 async def main(sessions: int, repeat: int, old_index: bool) -> None:
-    which = "old index (status)" if old_index else "new index (status, expires_at)"
+    which = "old index (status)" if old_index else "new index (status, deadline)"
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'lapsed.db'}"
         store = open_store(url)

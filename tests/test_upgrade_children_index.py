@@ -1,7 +1,7 @@
 """The upgrade that puts the index of children on their status and deadline (SQLite schema 8,
-PostgreSQL migration 10): a store of the schema before, with the index on the status alone,
-gets it redefined in place, a kill midway leaves the old one, and an older signoff refuses the
-upgraded store."""
+PostgreSQL migration 10, and 11 after it, which indexes a copy of the deadline kept for children
+only): a store of the schema before, with the index on the status alone, gets it redefined in
+place, a kill midway leaves the old one, and an older signoff refuses the upgraded store."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from signoff.stores.sqlite import STORE_SCHEMA as SQLITE_SCHEMA
 from signoff.stores.sqlite import SQLiteStore
 
 from ._audit import alter
+from ._child_deadlines import before_child_deadlines
 from ._forks import Scripts
 from ._procs import query
 from ._wal import SPILL
@@ -45,6 +46,7 @@ def _mark(url: str) -> int:
 
 def _back_to_the_schema_before(url: str) -> None:
     """The store as the schema before this upgrade had it: its children indexed by status."""
+    before_child_deadlines(url)  # PostgreSQL's migration 11, after this one
     alter(url, "DROP INDEX {t}sessions_children")
     alter(url, "CREATE INDEX sessions_children ON {t}sessions (status) WHERE parent IS NOT NULL")
     if url.startswith("sqlite:///"):
@@ -97,17 +99,19 @@ async def test_the_index_of_children_is_redefined_in_place(
     """A store of the schema before is refused unupgraded, then upgraded when opened: the same
     index, now on the status and the deadline, serves the same answers; the signoff before
     refuses the upgraded store and changes nothing of it."""
-    current = SQLITE_SCHEMA if store_url.startswith("sqlite:///") else PG_SCHEMA
+    sqlite = store_url.startswith("sqlite:///")
+    current, before = (SQLITE_SCHEMA, 7) if sqlite else (PG_SCHEMA, 9)
     await _written(store_url)
     new = _index(store_url)
-    assert "(status, expires_at)" in new and "parent IS NOT NULL" in new
+    assert f"(status, {'' if sqlite else 'child_'}expires_at)" in new
+    assert "parent IS NOT NULL" in new
     _back_to_the_schema_before(store_url)
     old = _index(store_url)
     assert "expires_at" not in old
     unupgraded = _store(store_url, migrate=False)
     with pytest.raises(StoreError, match="signoff db upgrade"):
         await unupgraded.open()
-    assert _index(store_url) == old and _mark(store_url) == current - 1
+    assert _index(store_url) == old and _mark(store_url) == before
     assert await _lapsed(store_url, 200.0) == ["ses_p", "ses_r"]  # read alike, through the upgrade
     assert _index(store_url) == new and _mark(store_url) == current
     _older_signoff(store_url, monkeypatch)

@@ -14,6 +14,7 @@ import signoff as so
 from signoff.stores import Commit
 
 from ._audit import alter
+from ._child_deadlines import before_child_deadlines
 from ._procs import query
 from .conftest import make_store
 
@@ -59,7 +60,8 @@ def _back_to_an_older_schema(url: str, deadlines: bool) -> None:
             mark = "4" if deadlines else "5"
             conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (mark,))
         return
-    alter(url, "DROP INDEX {t}sessions_by_initiator")  # migration 8's, after these
+    before_child_deadlines(url)  # migration 11's, after these
+    alter(url, "DROP INDEX {t}sessions_by_initiator")  # migration 8's
     alter(url, "DROP INDEX {t}sessions_by_tenant")
     alter(url, "ALTER TABLE {t}sessions DROP COLUMN initiator, DROP COLUMN tenant")
     alter(url, "DROP INDEX {t}sessions_children")

@@ -16,6 +16,7 @@ from signoff.stores import InitiatorFilter, SQLiteStore
 from signoff.stores.postgres import STORE_SCHEMA
 
 from ._audit import alter
+from ._child_deadlines import before_child_deadlines
 from ._forks import Scripts
 from ._procs import query
 from ._wal import SPILL, uncommitted_frames
@@ -41,6 +42,7 @@ def back_to_the_schema_before(url: str) -> None:
             conn.execute("ALTER TABLE sessions DROP COLUMN tenant")
             conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema'")
         return
+    before_child_deadlines(url)  # migration 11's, after this one
     alter(url, "DROP INDEX {t}sessions_by_initiator")
     alter(url, "DROP INDEX {t}sessions_by_tenant")
     alter(url, "ALTER TABLE {t}sessions DROP COLUMN initiator, DROP COLUMN tenant")

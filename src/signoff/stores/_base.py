@@ -374,16 +374,17 @@ class Store(Protocol):
         ...
 
 
-def lapsed_ancestors_sql(ph: str, prefix: str = "") -> str:
+def lapsed_ancestors_sql(ph: str, prefix: str = "", deadline: str = "expires_at") -> str:
     """`lapsed_ancestors(now)`'s query, the same on both stores (`ph` the driver's placeholder,
     `prefix` the tables' schema): the sessions above a lapsed subagent, or above one holding an
     open request past its deadline (from the index of those), up the `parent` links. The lapsed
-    subagents are a range of `sessions_children` (status, then deadline); one with no TTL has a
-    NULL deadline, which no `<=` matches and neither store's range reaches."""
+    subagents are a range of `sessions_children` (status, then `deadline`: the column indexed,
+    PostgreSQL's copy kept for children only); one with no TTL has a NULL deadline, which no
+    `<=` matches and neither store's range reaches."""
     return (
         "WITH RECURSIVE above(sk) AS ("
         f"SELECT parent FROM {prefix}sessions WHERE parent IS NOT NULL "
-        f"AND status IN ('running', 'waiting') AND expires_at <= {ph} "
+        f"AND status IN ('running', 'waiting') AND {deadline} <= {ph} "
         f"UNION SELECT c.parent FROM {prefix}requests d JOIN {prefix}sessions c ON c.sk = d.sk "
         f"WHERE d.status = 'pending' AND d.expires_at <= {ph} AND c.parent IS NOT NULL "
         f"UNION SELECT c.parent FROM {prefix}sessions c JOIN above a ON c.sk = a.sk "

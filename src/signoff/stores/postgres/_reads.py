@@ -342,9 +342,9 @@ class Reads(Connections):
         """The sessions with open requests above (parent, grandparent, ...) a running or waiting
         subagent session whose TTL passed by `now`, or holding an open request past its
         deadline: the only ones whose mirrors can show as expired (or past a deadline)
-        unrecorded. From a range of the index of children by status and deadline, and the index
-        of deadlines; none, mostly."""
-        sql = lapsed_ancestors_sql("%s", f"{self._s}.")
+        unrecorded. From a range of the index of children by status and deadline (the copy of
+        it children keep, `child_expires_at`), and the index of deadlines; none, mostly."""
+        sql = lapsed_ancestors_sql("%s", f"{self._s}.", "child_expires_at")
 
         async def body(conn: Conn) -> list[str]:
             cur = await conn.execute(sql, (now, now))

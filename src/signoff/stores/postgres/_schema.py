@@ -213,6 +213,23 @@ DROP INDEX IF EXISTS {s}.sessions_children;
 CREATE INDEX sessions_children ON {s}.sessions (status, expires_at) WHERE parent IS NOT NULL;
 """,
     ),
+    (
+        11,
+        "the index of subagent sessions is on their status and a copy of their TTL deadline kept "
+        "for children only, so the commits of a top-level session with a TTL update it in place",
+        """
+-- An update is HOT only if no indexed column changes, whatever the row's parent: indexing
+-- expires_at (migration 10) cost every session with a TTL its HOT updates. child_expires_at is
+-- expires_at for a subagent session and NULL for any other, which no commit changes; every
+-- statement writing expires_at writes it too. A nullable column is added without a rewrite.
+DROP INDEX IF EXISTS {s}.sessions_children;
+ALTER TABLE {s}.sessions ADD COLUMN child_expires_at DOUBLE PRECISION;
+UPDATE {s}.sessions SET child_expires_at = expires_at
+    WHERE parent IS NOT NULL AND expires_at IS NOT NULL;
+CREATE INDEX sessions_children ON {s}.sessions (status, child_expires_at)
+    WHERE parent IS NOT NULL;
+""",
+    ),
 ]
 """Versioned migrations, applied in order; `{s}` is the quoted schema name. Append, never edit.
 A migration that SQL alone cannot complete has a step in `FILLS` too, run after its SQL in the

@@ -192,11 +192,12 @@ def create_sql(s: str, events: int, lease: bool, sync: bool) -> str:
     as the first grant of `acquire_lease`), the announcement."""
     return (
         f"WITH i AS (INSERT INTO {s}.sessions (id, agent, head, status, created_at, updated_at, "
-        "expires_at, initiator, tenant, parent, parent_turn) "
+        "expires_at, initiator, tenant, parent, parent_turn, child_expires_at) "
         "SELECT %s,%s,%s,%s,%s,%s,%s,%s,%s, p.sk, "
         "CASE WHEN p.sk IS NOT NULL THEN COALESCE(%s::text, "
         + CURRENT_TURN.format(s=s, sk="p.sk")
-        + f") END FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s RETURNING sk), "
+        + ") END, CASE WHEN p.sk IS NOT NULL THEN %s::float8 END "
+        f"FROM (SELECT 1) o LEFT JOIN {s}.sessions p ON p.id = %s RETURNING sk), "
         f"e AS (INSERT INTO {s}.events (sk, seq, type, turn, at, v, data) "
         f"SELECT i.sk, x.* FROM i, {rows_sql(events, _EVENT_COLUMNS)}) "
         + (
@@ -290,7 +291,10 @@ def commit_sql(
             )
         parts.append(
             f"u AS (UPDATE {s}.sessions x SET head=%s, updated_at=%s, "
-            "status=COALESCE(%s, x.status), expires_at=%s, audit_n=%s, audit_hash=%s "
+            "status=COALESCE(%s, x.status), expires_at=%s, "
+            # A child's copy of its deadline (migration 11); NULL, unchanged, for any other.
+            "child_expires_at=CASE WHEN x.parent IS NOT NULL THEN %s::float8 END, "
+            "audit_n=%s, audit_hash=%s "
             "FROM g WHERE x.sk = g.sk RETURNING pg_notify(%s, %s))"
         )
     if snapshot:

@@ -88,7 +88,7 @@ class PostgresStore(Reads, Leases):
         initiator, tenant = initiator_columns(events)  # who may see it, for listings
         params: list[Any] = [session_id, agent, last, status, at, at, expires_at, initiator]
         params.append(tenant)
-        params += [turn, parent]
+        params += [turn, expires_at, parent]  # the deadline again, a child's copy of it
         params += rows_params(rows)
         if lease is not None:
             owner, ttl, now = lease
@@ -248,7 +248,8 @@ class PostgresStore(Reads, Leases):
                 params += rows_params(rows)
                 if audit:
                     params += rows_params(audit)
-                params += [last.seq, last.at, commit.status, commit.expires_at, n, digest]
+                params += [last.seq, last.at, commit.status, commit.expires_at]
+                params += [commit.expires_at, n, digest]  # a child's copy of the deadline first
                 params += [self.channel, f"{sid} {last.seq}"]
             if commit.snapshot is not None:
                 params += [commit.snapshot["seq"], pack_bytes(commit.snapshot)]

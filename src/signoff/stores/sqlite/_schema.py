@@ -46,7 +46,10 @@ listings filter by who may see them in SQL; an older signoff would create sessio
 (which only an admin then lists).
 8: the index of children (`sessions_children`) is on their status and TTL deadline, so the
 subagent sessions whose TTL passed are a range of it, not every running or waiting one (the
-same index redefined, no new one).
+same index redefined, no new one). PostgreSQL indexes a copy of the deadline kept for children
+only (its migration 11), lest the commits of every session with a TTL lose their in-place (HOT)
+updates; SQLite has no such rule (a row outside a partial index changes none of it), so it
+indexes `expires_at` itself and needs no schema 9.
 A file already marked with this version is opened without running `SCHEMA` (so that opening
 writes nothing), so any change to `SCHEMA` needs a new version."""
 
