@@ -9,8 +9,6 @@ exact Block Kit payloads posted and updated.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import hmac
 import json
 import socket
 import time
@@ -30,6 +28,8 @@ from signoff.channels.slack import SlackChannel
 from signoff.server import create_app
 from signoff.testing import call, call_tools, reply, scripted_agent
 
+from ._slack_signing import SECRET, sign
+
 __all__ = [
     "ALICE",
     "APPROVERS",
@@ -43,6 +43,8 @@ __all__ = [
     "channel",
     "click",
     "date",
+    "fake",
+    "fake_slack",
     "form",
     "manual",
     "question_agent",
@@ -65,9 +67,6 @@ async def manual(hub: ChannelHub) -> AsyncIterator[ChannelHub]:
         yield hub
     finally:
         await hub.stop()
-
-
-SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
 
 
 TEAM = "T012AB3CD"
@@ -272,24 +271,28 @@ def refusal(blocks: Any) -> str | None:
     return None
 
 
+@asynccontextmanager
+async def fake_slack() -> AsyncIterator[FakeSlack]:
+    """A started `FakeSlack`, stopped when the block ends: the one way every test runs it."""
+    slack = FakeSlack()
+    await slack.start()
+    try:
+        yield slack
+    finally:
+        await slack.stop()
+
+
 @pytest.fixture
 async def slack_api() -> AsyncIterator[FakeSlack]:
-    fake = FakeSlack()
-    await fake.start()
-    try:
-        yield fake
-    finally:
-        await fake.stop()
+    async with fake_slack() as slack:
+        yield slack
 
 
-def sign(body: bytes, timestamp: int, secret: str = SECRET) -> dict[str, str]:
-    base = f"v0:{timestamp}:".encode() + body
-    digest = hmac.new(secret.encode(), base, hashlib.sha256).hexdigest()
-    return {
-        "X-Slack-Request-Timestamp": str(timestamp),
-        "X-Slack-Signature": f"v0={digest}",
-        "Content-Type": "application/x-www-form-urlencoded",
-    }
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    """`slack_api` under the name the click, refusal, retry and reply tests use."""
+    async with fake_slack() as slack:
+        yield slack
 
 
 def form(payload: dict[str, Any]) -> bytes:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import hmac
 import json
 import os
 import signal
@@ -30,8 +28,7 @@ from signoff.channels import ChannelHub
 from signoff.channels.slack import SlackChannel
 
 from ._procs import make_agent
-
-SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+from ._slack_signing import SECRET, sign
 
 
 async def run(args: argparse.Namespace) -> None:
@@ -46,21 +43,13 @@ async def run(args: argparse.Namespace) -> None:
             saved = dict(slack.memos("msg:"))
             if args.interaction is not None:
                 body = Path(args.interaction).read_bytes()
-                answer = await slack.handle(body, signed(body))
+                answer = await slack.handle(body, sign(body, int(time.time())))
                 sys.stdout.write(json.dumps({"event": "acknowledged", "answer": answer}) + "\n")
                 sys.stdout.flush()
                 os.kill(os.getpid(), signal.SIGKILL)
         finally:
             await hub.stop()
     sys.stdout.write(json.dumps({"event": "posted", "memos": saved}) + "\n")
-
-
-def signed(body: bytes) -> dict[str, str]:
-    """Slack's signature headers for `body`, timestamped now."""
-    stamp = str(int(time.time()))
-    base = f"v0:{stamp}:".encode() + body
-    digest = hmac.new(SECRET.encode(), base, hashlib.sha256).hexdigest()
-    return {"X-Slack-Request-Timestamp": stamp, "X-Slack-Signature": f"v0={digest}"}
 
 
 def main() -> None:

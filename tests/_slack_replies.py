@@ -1,16 +1,14 @@
-"""The Slack reply tests' fake Slack fixture, signed Events API deliveries and their agents and
-runtimes (shared by the tests/test_slack_replies*.py files and test_slack_retries.py).
+"""The Slack reply tests' signed Events API deliveries and their agents and runtimes (shared
+by the tests/test_slack_replies*.py files and test_slack_retries.py), and `_slack`'s fake Slack
+fixture under the name they use.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, Literal
-
-import pytest
 
 import signoff as so
 from signoff.channels.slack import SlackChannel
@@ -19,7 +17,7 @@ from signoff.testing import call, call_tools, reply, scripted_agent
 from ._slack import (
     APPROVERS,
     TEAM,
-    FakeSlack,
+    fake,
     sign,
 )
 
@@ -44,16 +42,6 @@ EVENTS = "/channels/slack/events"
 BOT = "U0BOT"
 ALLOWED = "U045EF6GH"  # on refund_runtime's allow list
 FIRST_TS = "1700000000.000001"  # the fake's first post
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    slack = FakeSlack()
-    await slack.start()
-    try:
-        yield slack
-    finally:
-        await slack.stop()
 
 
 def event(

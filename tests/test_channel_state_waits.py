@@ -23,7 +23,7 @@ from signoff.testing import ManualClock
 from ._channel_state import Seen, gated, open_one
 from ._channels import Texts
 from ._locks import holding
-from ._slack import FakeSlack, channel, manual, refund_runtime, sign
+from ._slack import channel, fake_slack, manual, refund_runtime, sign
 from .test_slack_clicks import approve
 from .test_webhooks import SECRET, Receiver, refund_agent
 
@@ -189,9 +189,7 @@ async def test_a_text_channel_keeps_what_it_showed_off_the_loop(tmp_path: Path) 
 
 async def test_slack_memos_are_kept_off_the_loop(tmp_path: Path) -> None:
     path, state = state_at(tmp_path)
-    fake = FakeSlack()
-    await fake.start()
-    try:
+    async with fake_slack() as fake:
         async with refund_runtime(tmp_path, []) as rt:
             # to drop: a click memo of the slack channel of the hub named "hub"
             state.remember("slack", "click:old", {"state": "done", "until": 0}, hub="hub")
@@ -213,8 +211,6 @@ async def test_slack_memos_are_kept_off_the_loop(tmp_path: Path) -> None:
                 assert update["blocks"][-1]["block_id"] == "signoff.resolution"
             finally:
                 await hub.stop()
-    finally:
-        await fake.stop()
     state.close()
 
 

@@ -375,3 +375,28 @@ async def test_a_hub_ticks_its_channels_by_its_runtimes_time(store_url: str) -> 
             clock.advance(30)
             await hub.poll()
     assert seen == [clock.now - 30, clock.now]
+
+
+async def test_a_position_past_the_end_of_the_trail_is_brought_back_to_it(tmp_path: Path) -> None:
+    """A store restored from a backup (or whose last unsynced commits a power cut lost) ends
+    below the position the state file kept: new entries take the ids again, and the hub skipped
+    them as handled, so a request opened then was never shown. At start the position is brought
+    back to the trail's end, and nothing of the restored trail is delivered again."""
+    state = tmp_path / "hub.db"
+    async with runtime(tmp_path, three_refunds([])) as rt:
+        async with manual(ChannelHub(rt, [Flaky(0)], state=state)) as hub:
+            for _ in range(3):
+                await rt.generate("support", prompt="Refund A, B and C")
+            await hub.poll()
+            kept = hub.position("channel")
+    restored = so.Runtime([three_refunds([])], store=f"sqlite:///{tmp_path / 'backup.db'}")
+    async with restored as rt:
+        await rt.generate("support", prompt="Refund A, B and C")  # in the backup
+        end = (await rt.store.audit())[-1].id
+        assert end < kept
+        watcher = Flaky(0)
+        async with manual(ChannelHub(rt, [watcher], state=state)) as hub:
+            assert hub.position(watcher) == end
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            await hub.poll()
+            assert watcher.seen == [("requested", p.id) for p in r.pending]

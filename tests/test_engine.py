@@ -164,3 +164,27 @@ async def test_the_commit_that_records_an_expiry_leaves_the_session_expired(stor
         (row,) = await rt.sessions()
         assert row.id == r.session_id and row.status == "failed"
         assert row.expires_at is not None and row.expires_at <= now[0]
+
+
+async def test_a_commit_that_closes_a_request_a_person_was_shown_is_synced(store_url: str) -> None:
+    """A session whose TTL lapses with its approval open: channels show the close (Slack's
+    message says Expired, a webhook receiver hears `request.resolved`, whose delivery id it
+    dedupes on). Without a person answering, that commit skipped the sync, so a power cut
+    could take back a close already shown."""
+    postgres = not store_url.startswith("sqlite")
+    if postgres:
+        await watch_syncs(store_url)
+    now = [1_000_000.0]
+    async with so.Runtime([ttl_agent()], store=store_url, clock=lambda: now[0]) as rt:
+        if isinstance(rt.store, SQLiteStore):
+            synced = _trace_sqlite_syncs(rt.store)
+        r = await rt.generate("desk", prompt="reset")
+        assert r.status == "waiting"
+        now[0] += 120
+        await rt.sessions()  # reads the lapsed TTL, and records it
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    if postgres:
+        synced = await _postgres_syncs(store_url)
+    (closed,) = [e for e in events if e.type == "input.resolved"]
+    assert closed.data["outcome"] == "expired" and synced[closed.seq]
+    assert tells_a_person([("input.resolved", {"request_id": "req_1"})], [])

@@ -359,3 +359,40 @@ async def test_a_rate_limited_history_read_is_waited_out_not_answered_by_posting
             assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": ts}
     assert slack_api.of("chat.postMessage") == []
     assert len(slack_api.of(HISTORY)) == 2
+
+
+async def test_a_history_read_whose_connection_fails_is_retried_not_answered_by_posting_again(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """An unsaved post to look for, and the connection to Slack drops while the history is
+    read: the request was posted again at once (a second message), and the new attempt's memo
+    replaced the first one's, so that message could never be adopted. The lookup is retried
+    instead, as after a 5xx, and the message adopted."""
+    slack_api.real_ts = True
+    async with refund_runtime(tmp_path, []) as rt:
+        slack = channel(slack_api)
+        reads = slack.client.conversations_history
+
+        async def dropping(**kwargs: Any) -> Any:
+            if not slack_api.of(HISTORY) and not dropped:
+                dropped.append(kwargs)
+                raise aiohttp.ServerDisconnectedError()
+            return await reads(**kwargs)
+
+        dropped: list[Any] = []
+        slack.client.conversations_history = dropping  # type: ignore[method-assign]
+        async with manual(ChannelHub(rt, [slack], retry_backoff=0)) as hub:
+            r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+            (req,) = r.pending
+            payload = {"request_id": req.id, "delivery": "c" * 32}
+            meta = {"event_type": "signoff_request", "event_payload": payload}
+            ts = f"{time.time():.6f}"
+            slack_api.messages["C42"] = [
+                {"type": "message", "ts": ts, "text": "x", "metadata": meta}
+            ]
+            slack.remember(f"posting:{req.id}", {"delivery": "c" * 32, "at": time.time() - 1})
+            await hub.poll()
+            assert len(dropped) == 1 and slack.recall(f"msg:{req.id}") is None
+            await hub.poll()
+            assert slack.recall(f"msg:{req.id}") == {"channel": "C42", "ts": ts}
+    assert slack_api.of("chat.postMessage") == []

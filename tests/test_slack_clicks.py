@@ -41,6 +41,7 @@ from ._slack import (
     FakeSlack,
     channel,
     click,
+    fake,
     manual,
     question_agent,
     serving,
@@ -51,15 +52,7 @@ from ._slack import (
 FIRST_TS = "1700000000.000001"  # the fake's first post
 USER = "U045EF6GH"
 
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    slack = FakeSlack()
-    await slack.start()
-    try:
-        yield slack
-    finally:
-        await slack.stop()
+__all__ = ["fake"]  # the fixture, used by name
 
 
 def approve(rid: str, user: str = USER, at: str = "1700000100.000001") -> bytes:

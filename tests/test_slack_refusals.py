@@ -5,7 +5,6 @@ told exactly that, not that it can no longer be answered."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,21 +21,14 @@ from ._slack import (
     FakeSlack,
     channel,
     click,
+    fake,
     manual,
     question_agent,
     refund_requested,
     sign,
 )
 
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    slack = FakeSlack()
-    await slack.start()
-    try:
-        yield slack
-    finally:
-        await slack.stop()
+__all__ = ["fake"]  # the fixture, used by name
 
 
 def _press(user: Any, team: Any) -> dict[str, Any]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,21 +23,13 @@ import signoff as so
 from signoff.channels import ChannelHub, InvalidSignature
 
 from ._procs import read_executions
-from ._slack import FakeSlack, channel, manual, serving, sign, submission
+from ._slack import FakeSlack, channel, fake, manual, serving, sign, submission
 from ._slack_replies import EVENTS, event, shop_agent, signed
 from .test_slack_clicks import approve, refund_asked
 
 RETRY = {"X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
 
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeSlack]:
-    slack = FakeSlack()
-    await slack.start()
-    try:
-        yield slack
-    finally:
-        await slack.stop()
+__all__ = ["fake"]  # the fixture, used by name
 
 
 async def test_a_retry_with_the_first_headers_after_a_200_does_nothing_and_gets_a_200(

@@ -73,10 +73,12 @@ STATUS_TYPES = PARK_TYPES | {
 
 
 def tells_a_person(specs: Sequence[EventSpec], new_requests: Sequence[InputRequest]) -> bool:
-    """Whether a commit opens a request or parks the turn on a person: both may be shown (a
-    reply carrying the request id, a channel's post) before the next commit, so they are synced
-    like an answer, lest that person's answer meet an unknown request after a power cut."""
-    return bool(new_requests) or any(type_ == "turn.waiting" for type_, _ in specs)
+    """Whether a commit opens a request, parks the turn on a person or closes a request: each
+    may be shown (a reply carrying the request id, a channel's post, its message marked expired
+    or withdrawn, a webhook) before the next commit, so it is synced like an answer, lest a
+    power cut take back what a person saw. A close by the engine (a TTL that lapsed, a question
+    its tool call left) is rare: the sync costs a turn nothing otherwise."""
+    return bool(new_requests) or any(t in ("turn.waiting", "input.resolved") for t, _ in specs)
 
 
 def stored_status(state: SessionState) -> str:

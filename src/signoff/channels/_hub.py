@@ -206,6 +206,8 @@ class ChannelHub:
                     end = await self._end()
                 saved = end
                 await off_loop(self.state.set_position, self._key(ch), saved)
+            elif saved > 0 and not await self.runtime.store.audit(after_id=saved - 1, limit=1):
+                saved = await self._behind_the_end(ch, saved)
             self._positions[ch.name] = saved
         self._active.update(ch.name for ch in channels)
         if channels:
@@ -216,6 +218,24 @@ class ChannelHub:
                 except Exception:  # a service that is down must not keep the server from starting
                     logger.exception("channel %s failed to start", ch.name)
                 await self._redeliver(ch)
+
+    async def _behind_the_end(self, ch: Channel, saved: int) -> int:
+        """The position of a channel whose saved one is past the trail's end: the end. A store
+        restored from a backup, or one whose unsynced last commits a power cut lost, gives new
+        entries the ids again, which the old position would skip as handled."""
+        end = await self._end()
+        if end < saved:
+            logger.warning(
+                "channel hub %s: %s's position %s is past the audit trail's end %s (a store "
+                "restored from a backup?); going on from the end",
+                self.name,
+                ch.name,
+                saved,
+                end,
+            )
+            await off_loop(self.state.set_position, self._key(ch), end)
+            return end
+        return saved
 
     async def _take_over(self) -> None:
         """For a standby: deliver to the channels whose lock another hub let go of."""

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any
 
-from aiohttp import ClientConnectorError
+from aiohttp import ClientConnectorError, ClientError
 from slack_sdk.errors import SlackApiError
 from slack_sdk.http_retry.async_handler import AsyncRetryHandler
 from slack_sdk.http_retry.builtin_async_handlers import AsyncConnectionErrorRetryHandler
@@ -88,7 +88,8 @@ async def find_post(
     history cannot be read (e.g. the bot lacks `channels:history`), which is logged.
 
     A rate limit (HTTP 429) or a 5xx is raised as the `SlackApiError` it is, to be waited out
-    or retried."""
+    or retried, and so is a connection that failed or timed out: posting again then could post
+    twice, and the new attempt's memo would replace the one that finds the message."""
     try:
         delivery = str(attempt["delivery"])
         at = float(attempt["at"])
@@ -127,6 +128,8 @@ async def find_post(
                 f", needs {needed}" if needed else "",
             )
             return None
+        except (ClientError, OSError):  # OSError: a timeout too; Slack may have the message
+            raise
         except Exception:
             logger.warning(
                 "slack: reading the history of %s to find the unsaved post of %s failed; "
