@@ -97,12 +97,8 @@ async def made(
     rt._remember(state)
     if token is not None and owner is not None:
         # Its write waited long (for a pool connection, say): renewed first, as a grant is.
-        try:
-            if not await rt._still_held(session_id, owner, token, now):
-                token = None
-        except asyncio.CancelledError:
-            await _give_back(rt, session_id, owner)
-            raise
+        if not await rt._confirmed(session_id, owner, token, now):
+            token = None
     return session_id, True, token
 
 

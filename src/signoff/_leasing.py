@@ -7,6 +7,7 @@ where it has one (PostgreSQL), so processes whose wall clocks differ agree."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import sys
@@ -134,13 +135,24 @@ class Leasing:
         while True:
             now = self.now()
             token = await self.store.acquire_lease(session_id, owner, self.lease_ttl, now)
-            if token is not None and not await self._still_held(session_id, owner, token, now):
+            if token is not None and not await self._confirmed(session_id, owner, token, now):
                 token = None  # born expired, and another owner took it meanwhile
             if token is not None or time.monotonic() >= deadline:
                 return token
             # Jitter: waiters that started together must not all retry in lockstep.
             await asyncio.sleep(delay * (0.5 + random.random()))
             delay = min(delay * 2, 0.2)
+
+    async def _confirmed(self, session_id: str, owner: str, token: int, granted: float) -> bool:
+        """`_still_held`, for a lease just granted to this process: one that cannot be confirmed
+        (the store failing) is given back (or kept in `_unreleased` for the next drive here), as
+        a worker's claim gives one back, so the session is not left unrunnable for its TTL."""
+        try:
+            return await self._still_held(session_id, owner, token, granted)
+        except (StoreError, asyncio.CancelledError):
+            with contextlib.suppress(StoreError):
+                await self._release(session_id, owner, token)
+            raise
 
     async def _still_held(self, session_id: str, owner: str, token: int, granted: float) -> bool:
         """Whether a lease granted with the time `granted` is ours and live: one whose grant

@@ -175,7 +175,8 @@ class RequestRow:
 class Store(Protocol):
     """Durable home of sessions: the event log plus tables derived from it in the same commit.
 
-    A store may also offer `server_time()` (the clock the runtime times everything by) and
+    A store may also offer `server_time()` (the clock the runtime times everything by, as of
+    the middle of the call: a wait before its query reads it is made up for) and
     `granted_head(session_id, token)` (the head it read when it granted that lease, which saves
     a drive a round trip); the runtime uses them when present, as PostgreSQL's store has them.
     Likewise `lapsed_sessions(now, limit=, offset=)`, the running or waiting sessions whose TTL

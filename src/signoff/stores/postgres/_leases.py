@@ -3,6 +3,7 @@ releases the lease on one; each is one autocommit statement or one short transac
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -22,15 +23,23 @@ class Leases(Connections):
     async def server_time(self) -> float:
         """The database server's clock (seconds since the epoch): the runtime times leases,
         deadlines and events by it, so processes on machines whose clocks differ agree on when
-        a lease, a session or a request lapses."""
+        a lease, a session or a request lapses. It is the clock as of the middle of this call,
+        as the runtime takes it: the query reads it only once it has a connection, which a busy
+        pool or a restarting server may take seconds to give, and the wait would otherwise put
+        the reckoning ahead by half of it (leases others hold lapsing early)."""
+        asked = time.monotonic()
+        read_at: list[float] = []  # the middle of the query's own round trip
 
         async def body(conn: Conn) -> float:
+            sent = time.monotonic()
             cur = await conn.execute("SELECT extract(epoch FROM clock_timestamp())::float8")
             row = await cur.fetchone()
             assert row is not None
+            read_at[:] = [(sent + time.monotonic()) / 2]
             return float(row[0])
 
-        return await self._read(body, "reading the database's clock")
+        theirs = await self._read(body, "reading the database's clock")
+        return theirs + (asked + time.monotonic()) / 2 - read_at[0]
 
     def granted_head(self, session_id: str, token: int) -> int | None:
         """The session's head when this store granted it lease `token` (by `claim` or

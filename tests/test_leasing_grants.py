@@ -1,0 +1,92 @@
+"""A lease granted so slowly that it is renewed before its drive uses it, the renewal failing
+(the store unreachable for a moment): the call fails, and the lease is given back, as a
+worker's claim gives back one it could not confirm, so the session can be driven again at
+once rather than once the lease's TTL has passed. On both stores."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import signoff as so
+from signoff.testing import ManualClock
+
+from ._leasing import counting_renewals
+
+TTL = 30.0
+
+
+def _agent(runs: list[str]) -> so.Agent:
+    @so.tool(approval=so.never())
+    async def issue_refund(ctx: so.ToolContext, order_id: str) -> dict[str, Any]:
+        """Refund an order."""
+        runs.append(ctx.idempotency_key())
+        return {"refunded": order_id}
+
+    call = so.ModelResponse(
+        tool_calls=[so.ToolCall(id="call_refund", name="issue_refund", input={"order_id": "1"})]
+    )
+    model = so.models.Scripted([call, so.ModelResponse(text="Done.")])
+    return so.Agent(name="support", model=model, tools=[issue_refund])
+
+
+def _slow_grants(rt: so.Runtime, clock: ManualClock) -> None:
+    """Every grant of a lease takes half its TTL to come back (a connection waited for)."""
+    store = rt.store
+    acquire, create = store.acquire_lease, store.create_session
+
+    async def slow_acquire(*args: Any) -> int | None:
+        token = await acquire(*args)
+        clock.advance(TTL / 2)
+        return token
+
+    async def slow_create(*args: Any, **kwargs: Any) -> int | None:
+        token = await create(*args, **kwargs)
+        clock.advance(TTL / 2)
+        return token
+
+    store.acquire_lease = slow_acquire  # type: ignore[method-assign,assignment]
+    store.create_session = slow_create  # type: ignore[method-assign]
+
+
+async def _driven_at_once(store_url: str, clock: ManualClock, runs: list[str], sid: str) -> None:
+    """Another process drives the session's turn without waiting for a lease to lapse."""
+    async with so.Runtime([_agent(runs)], store=store_url, clock=clock, lease_wait=0) as other:
+        result = await other.generate(session_id=sid)
+        assert result.status == "completed", result
+    assert runs == [f"{sid}:1:call_refund"]
+
+
+async def test_an_acquired_lease_that_cannot_be_confirmed_is_given_back(store_url: str) -> None:
+    runs: list[str] = []
+    clock = ManualClock()
+    async with so.Runtime([_agent(runs)], store=store_url, clock=clock, lease_ttl=TTL) as rt:
+        sid = await rt.create_session("support")
+        _slow_grants(rt, clock)
+        counting_renewals(rt.store, failing=lambda: True)
+        try:
+            await rt.generate("support", "Refund", session_id=sid)
+        except so.StoreError:
+            pass
+        else:
+            raise AssertionError("the renewal's failure was not reported")
+        assert runs == []
+    await _driven_at_once(store_url, clock, runs, sid)
+
+
+async def test_a_new_sessions_lease_that_cannot_be_confirmed_is_given_back(
+    store_url: str,
+) -> None:
+    runs: list[str] = []
+    clock = ManualClock()
+    async with so.Runtime([_agent(runs)], store=store_url, clock=clock, lease_ttl=TTL) as rt:
+        _slow_grants(rt, clock)
+        counting_renewals(rt.store, failing=lambda: True)
+        try:
+            await rt.generate("support", "Refund")
+        except so.StoreError:
+            pass
+        else:
+            raise AssertionError("the renewal's failure was not reported")
+        assert runs == []
+        (summary,) = await rt.sessions()
+    await _driven_at_once(store_url, clock, runs, summary.id)
