@@ -18,6 +18,7 @@ from .._types import Principal
 from ._app import (
     LeaseTtlOption,
     LogLevelOption,
+    StoreOption,
     app,
     fail,
     is_utf8,
@@ -58,15 +59,7 @@ def serve(
             help="API token as SECRET=PRINCIPAL_ID (repeatable). Without one: localhost dev mode.",
         ),
     ] = None,
-    store: Annotated[
-        str | None,
-        typer.Option(
-            "--store",
-            envvar="SIGNOFF_STORE",
-            metavar="URL",
-            help="Store URL; replaces the runtime's own.",
-        ),
-    ] = None,
+    store: StoreOption = None,
     webhook: Annotated[
         list[str] | None,
         typer.Option(
