@@ -257,7 +257,7 @@ class Workers(Messages):
             if lost:
                 # The session's status now is the work of whoever took the turn over, not ours:
                 # only the loss is said (`_drive` said nothing of it, as it was told).
-                log.warning(lost_line(session_id, token))
+                log.warning(lost_line(session_id, lost[-1]))
             elif result.status == "failed":  # recorded, for a person to retry: say why
                 error = result.error or {}
                 log.warning(
