@@ -46,10 +46,10 @@ def test_errors_are_one_red_line(url: str, args: list[str], error: str) -> None:
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (["chat", "no-colon"], "expected MODULE:ATTRIBUTE"),
-        (["worker", "no-colon"], "expected MODULE:ATTRIBUTE"),
-        (["serve", "no-colon"], "expected MODULE:ATTRIBUTE"),
-        (["approve", "req_nope", "no-colon"], "expected MODULE:ATTRIBUTE"),
+        (["chat", "no-colon"], "expected MODULE:RUNTIME"),
+        (["worker", "no-colon"], "expected MODULE:RUNTIME"),
+        (["serve", "no-colon"], "expected MODULE:RUNTIME"),
+        (["approve", "req_nope", "no-colon"], "expected MODULE:RUNTIME"),
         (["chat", "tests._cli:sizer", "--as", "a:"], "--as takes"),
         (["approve", "req_nope", "--as", "a:"], "--as takes"),
         (["sessions", "--status", "bad"], "--status takes one of"),

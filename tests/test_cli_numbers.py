@@ -25,6 +25,8 @@ RANGES = {
     ("serve", "--lease-ttl"): "a number of seconds from 0.1 to 86400",
     ("serve", "--max-streams"): "a whole number from 1 to 100000",
     ("serve", "--max-body-size"): "a whole number from 1 to 1073741824",
+    ("serve", "--max-connections"): "a whole number from 1 to 1000000",
+    ("serve", "--keep-alive-timeout"): "a number of seconds from 0.1 to 3600",
     ("worker", "--concurrency"): "a whole number from 1 to 100000",
     ("worker", "--lease-ttl"): "a number of seconds from 0.1 to 86400",
     ("worker", "--idle-wait"): "a number of seconds from 0.01 to 60",

@@ -257,6 +257,13 @@ def test_serve_reads_the_limits_from_the_environment_and_the_options_win(
         ("SIGNOFF_MAX_BODY_SIZE", "--max-body-size", "4MiB", "a whole number from 1 to"),
         ("SIGNOFF_LEASE_TTL", "--lease-ttl", "0", "a number of seconds from 0.1 to 86400"),
         ("SIGNOFF_LEASE_TTL", "--lease-ttl", "-30", "a number of seconds from 0.1 to 86400"),
+        ("SIGNOFF_MAX_CONNECTIONS", "--max-connections", "0", "a whole number from 1 to 1000000"),
+        ("SIGNOFF_MAX_CONNECTIONS", "--max-connections", "-1", "a whole number from 1 to"),
+        ("SIGNOFF_MAX_CONNECTIONS", "--max-connections", "many", "a whole number from 1 to"),
+        ("SIGNOFF_KEEP_ALIVE_TIMEOUT", "--keep-alive-timeout", "0", "a number of seconds from 0.1"),
+        ("SIGNOFF_KEEP_ALIVE_TIMEOUT", "--keep-alive-timeout", "-5", "a number of seconds from"),
+        ("SIGNOFF_KEEP_ALIVE_TIMEOUT", "--keep-alive-timeout", "nan", "a number of seconds from"),
+        ("SIGNOFF_KEEP_ALIVE_TIMEOUT", "--keep-alive-timeout", "5s", "a number of seconds from"),
     ],
 )
 def test_serve_refuses_a_limit_out_of_range_from_the_environment_as_from_the_option(

@@ -154,3 +154,38 @@ async def test_a_message_whose_request_closed_meanwhile_is_delivered_not_refused
     assert not rt._counts.refused and rt._counts.accepted == 0
     await rt.close()
     await other.close()
+
+
+async def test_an_answer_to_an_unknown_session_is_refused_and_counted(tmp_path: Path) -> None:
+    """`unknown_session` refuses an answer as `session_expired` does: it raised past the
+    count (only a request's errors and the session's expiry were caught), so it was not."""
+    rt = sqlite_runtime(tmp_path, refunding())
+    await rt.generate("a", prompt="refund order 1")
+    approve = [so.InputResponse(request_id="req_x", option_id="approve")]
+    with pytest.raises(so.UnknownSession):
+        await rt.respond("ses_nope", approve)
+    with pytest.raises(so.UnknownSession):
+        await rt.generate(session_id="ses_nope", approvals=[so.Decision(id="req_x", approved=True)])
+    assert rt._counts.refused == {"unknown_session": 2} and rt._counts.accepted == 0
+    await rt.close()
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        so.SessionBusy("busy", "ses_1"),
+        so.SessionLimitReached("spent", "ses_1"),
+        so.StoreError("disk full"),
+        so.UsageError("not an answer's"),
+    ],
+)
+def test_refusals_are_counted_by_a_fixed_code_and_failures_are_not(exc: so.SignoffError) -> None:
+    """Every session error refuses an answer (`session_busy` was not counted, as
+    `unknown_session` was not), by its class's code; a store's failure or a misuse is none."""
+    from signoff._counts import Counts
+
+    counts = Counts()
+    with pytest.raises(type(exc)), counts.refusing():
+        raise exc
+    refusal = isinstance(exc, so.SessionError)
+    assert counts.refused == ({type(exc).code: 1} if refusal else {})

@@ -59,6 +59,11 @@ def test_serve_a_runtime_on_the_store_given(
         ({"port": True}, "port must be a whole number from 0 to 65535, not True"),
         ({"host": None}, "host must be a host name or address, not None"),
         ({"log_level": "loud"}, "log_level must be one of critical, error, warning, info,"),
+        ({"max_connections": 0}, "max_connections must be a whole number from 1 to 1000000"),
+        ({"max_connections": 2.5}, "max_connections must be a whole number from 1 to"),
+        ({"keep_alive_timeout": 0}, "keep_alive_timeout must be a number of seconds, from 0.1"),
+        ({"keep_alive_timeout": float("inf")}, "keep_alive_timeout must be a number of seconds"),
+        ({"keep_alive_timeout": "5"}, "keep_alive_timeout must be a number of seconds"),
     ],
 )
 def test_serve_refuses_an_address_or_log_level_before_opening_anything(

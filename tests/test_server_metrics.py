@@ -365,3 +365,78 @@ async def test_a_dashboard_static_file_is_counted_unrouted_as_the_docs_say(tmp_p
     async with metered(f"sqlite:///{tmp_path}/s.db") as (_, c):
         assert (await c.get("/_signoff/static/app.css")).status_code == 200
         assert requests_of(await scrape(c), "GET", "unrouted", "2xx") == 1
+
+
+async def test_a_request_that_raised_is_counted_5xx_and_timed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception (the server answers 500) was counted `5xx` with no latency
+    sample: the histogram's count fell behind the requests' and hid the slow failures."""
+    async with metered(f"sqlite:///{tmp_path}/s.db") as (runtime, c):
+        alice = auth("alice-token")
+        made = await c.post(
+            "/v1/sessions", json={"agent": "support", "message": "Hi"}, headers=alice
+        )
+        sid = made.json()["session_id"]
+
+        async def broken(*args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(0.05)
+            raise RuntimeError("a bug")
+
+        app = c._transport.app  # type: ignore[attr-defined]
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as raw:
+            monkeypatch.setattr(runtime, "state", broken)
+            r = await raw.get(f"/v1/sessions/{sid}", headers=alice)
+            assert r.status_code == 500
+            monkeypatch.undo()
+        found = await scrape(c)
+    route = (("method", "GET"), ("route", "/v1/sessions/{session_id}"))
+    assert requests_of(found, "GET", "/v1/sessions/{session_id}", "5xx") == 1
+    assert found[("signoff_http_request_duration_seconds_count", route)] == 1
+    assert found[("signoff_http_request_duration_seconds_sum", route)] >= 0.05
+
+
+async def test_an_answer_to_an_unknown_session_is_a_refusal_on_every_answering_route(
+    store_url: str,
+) -> None:
+    """The API refuses an answer to a session the caller cannot see before the runtime settles
+    anything, so `unknown_session` never reached the count of refused answers that
+    `unknown_request` reaches; a foreign session is refused (and counted) the same."""
+    async with metered(store_url) as (_, c):
+        alice, mallory = auth("alice-token"), auth("mallory-token")
+        made = await c.post(
+            "/v1/sessions", json={"agent": "support", "message": "Refund 1042"}, headers=alice
+        )
+        sid, rid = made.json()["session_id"], made.json()["pending"][0]["id"]
+        answer = {"inputResponses": [{"requestId": rid, "optionId": "approve"}]}
+        decide = {"approvals": [{"id": rid, "approved": True}]}
+        for path, body, who in [
+            ("/v1/sessions/ses_nope/responses", answer, alice),
+            ("/v1/sessions/ses_nope/approvals", decide, alice),
+            (f"/v1/sessions/{sid}/responses", answer, mallory),  # another tenant's
+        ]:
+            r = await c.post(path, json=body, headers=who)
+            assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_session"), path
+        found = await scrape(c)
+    assert found[("signoff_answers_refused_total", (("code", "unknown_session"),))] == 3
+    assert found[("signoff_answers_accepted_total", ())] == 0
+
+
+def test_a_dashboard_answer_to_an_unknown_request_is_a_refusal(tmp_path: Path) -> None:
+    """The dashboard's form refuses a request the reviewer cannot see before the runtime
+    settles anything, so the API's `unknown_request` was counted and the dashboard's was not."""
+    from ._dashboard import csrf_of, signed_in
+
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db")
+    app = create_app(
+        runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True, metrics=True
+    )
+    with running(app) as base, signed_in(base) as alice:
+        form = {"option": "approve", "csrf": csrf_of(alice.get("/_signoff/").text)}
+        r = alice.post(
+            "/_signoff/requests/req_nope/respond", data=form, headers={"Accept": "application/json"}
+        )
+        assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_request")
+        found = samples(alice.get("/metrics", headers=ADMIN).text)
+    assert found[("signoff_answers_refused_total", (("code", "unknown_request"),))] == 1

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -18,13 +19,14 @@ from ._exceptions import (
     ConflictingAnswer,
     InvalidAnswer,
     RequestClosed,
-    SessionExpired,
+    SessionError,
+    SignoffError,
 )
 
 if TYPE_CHECKING:
     from ._results import Outcome
 
-__all__ = ["Counts", "counted_answers"]
+__all__ = ["REFUSALS", "Counts", "counted_answers"]
 
 _Settle = TypeVar("_Settle", bound=Callable[..., Awaitable[list["Outcome"]]])
 
@@ -53,6 +55,27 @@ class Counts:
         """Count the answers that took effect (not those repeating an earlier one)."""
         self.accepted += sum(1 for o in outcomes if o.applied)
 
+    def refuse(self, exc: BaseException) -> None:
+        """Count an answer refused with `exc` if it is a refusal (`REFUSALS`), by its class's
+        code: a fixed set, so the metric's label stays bounded."""
+        if isinstance(exc, REFUSALS):
+            self.refused[type(exc).code] += 1
+
+    @contextmanager
+    def refusing(self) -> Iterator[None]:
+        """Count the refusal raised inside, for a check a surface makes of an answer before the
+        runtime settles it (the API's `UnknownSession` of a session the caller may not see)."""
+        try:
+            yield
+        except SignoffError as exc:
+            self.refuse(exc)
+            raise
+
+
+REFUSALS = (AnswerError, InvalidAnswer, SessionError)
+"""What refuses an answer: the request's errors (`unknown_request`, `conflicting_answer`, ...),
+a malformed answer, and its session's (`unknown_session`, `session_expired`, `session_busy`)."""
+
 
 _DELIVERED_ANEW = (RequestClosed, ConflictingAnswer)
 """What a settlement `from_message` may raise without refusing the message: `send` then
@@ -60,9 +83,9 @@ delivers it as a message instead of an answer."""
 
 
 def counted_answers(settle: _Settle) -> _Settle:
-    """Count what a settlement (`Answering._settle`) accepts and refuses (a request's error, or
-    its session's expiry) in its runtime's `_counts`: the outermost call only, and no call that
-    only checks (`check_only`)."""
+    """Count what a settlement (`Answering._settle`) accepts and refuses (`REFUSALS`: a
+    request's error, or its session's) in its runtime's `_counts`: the outermost call only, and
+    no call that only checks (`check_only`)."""
 
     @functools.wraps(settle)
     async def counted(self: Any, *args: Any, **kwargs: Any) -> list[Outcome]:
@@ -71,10 +94,10 @@ def counted_answers(settle: _Settle) -> _Settle:
         token = _settling.set(True)
         try:
             outcomes = await settle(self, *args, **kwargs)
-        except (AnswerError, InvalidAnswer, SessionExpired) as exc:
+        except SignoffError as exc:
             # A message's answer closed or answered meanwhile: `send` delivers it as a message.
             if not (kwargs.get("from_message") and isinstance(exc, _DELIVERED_ANEW)):
-                self._counts.refused[exc.code] += 1
+                self._counts.refuse(exc)
             raise
         finally:
             _settling.reset(token)

@@ -20,11 +20,21 @@ from typing import Any
 from ._exceptions import LeaseLost, StoreError
 from .stores import Store
 
-__all__ = ["LEASE_TTL_MAX", "LEASE_TTL_MIN", "Held", "Leasing"]
+__all__ = ["LEASE_TTL_MAX", "LEASE_TTL_MIN", "Held", "Leasing", "lost_line"]
 
 log = logging.getLogger("signoff.runtime")
 
 _WALL = time.time
+
+
+def lost_line(session_id: str, token: int) -> str:
+    """The one line logged (a warning) when a drive finds its lease lost: the drive stalled
+    past the lease, or could not renew it in time, and another process may have the turn now;
+    this one stops, having written nothing after losing it."""
+    return (
+        f"session {session_id}: lease {token} lost (the drive stalled past it or could not "
+        "renew it); the turn is left to the process that takes it over"
+    )
 
 
 def _awake_clock() -> Callable[[], float]:

@@ -36,7 +36,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._idempotency import Keyed, seen
-from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN, Leasing
+from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN, Leasing, lost_line
 from ._prompts import check_prompt, next_turn
 from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
@@ -432,7 +432,8 @@ class SessionRunner(Leasing):
         on_lost: Callable[[int], None] | None = None,  # told the token of a lease lost
     ) -> GenerateResult:
         """Drive the session's turn under a lease until it settles: one a worker `claimed`,
-        one its creation took (`leased`), or else one acquired here."""
+        one its creation took (`leased`), or else one acquired here. A lease lost is logged
+        here (a warning, `lost_line`) unless `on_lost` is told of it."""
         if not self.inline and claimed is None:
             if retry:
                 await self._mark_runnable(session_id)
@@ -484,7 +485,8 @@ class SessionRunner(Leasing):
                 # It stalled past its lease, or its renewals found it taken over or could not
                 # get through before it lapsed (its tool body is cancelled then): another
                 # worker drives the turn; this one wrote nothing after losing it (fencing).
-                log.warning("session %s: lease %d was lost; leaving the turn", session_id, token)
+                if on_lost is None:  # else the caller says it, in one line of its own
+                    log.warning(lost_line(session_id, token))
                 lost = True
                 span.fail(exc)
             except asyncio.CancelledError:

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 from ._deadlines import is_due, is_lapsed
 from ._exceptions import SessionExpired, StoreError, StoreGone, UsageError
+from ._leasing import lost_line
 from ._messages import Messages
 from ._settings import seconds, whole
 from ._types import InputRequest
@@ -254,12 +255,9 @@ class Workers(Messages):
         try:
             result = await self._drive(session_id, claimed=(owner, token), on_lost=lost.append)
             if lost:
-                # The session's status now is the work of whoever took the turn over, not ours.
-                log.info(
-                    "session %s: lease %d lost; the turn is left to the worker that takes it over",
-                    session_id,
-                    token,
-                )
+                # The session's status now is the work of whoever took the turn over, not ours:
+                # only the loss is said (`_drive` said nothing of it, as it was told).
+                log.warning(lost_line(session_id, lost[-1]))
             elif result.status == "failed":  # recorded, for a person to retry: say why
                 error = result.error or {}
                 log.warning(

@@ -55,10 +55,22 @@ StoreOption = Annotated[
         "--store",
         envvar="SIGNOFF_STORE",
         metavar="URL",
-        help=f"Store URL (sqlite:///path or postgresql://...). Default: {DEFAULT_URL}.",
+        help="Store URL (sqlite:///path or postgresql://...); replaces MODULE:RUNTIME's own. "
+        f"Default: the runtime's, else {DEFAULT_URL}.",
         show_default=False,
     ),
 ]
+"""Every command's store: the same option, variable and precedence over a runtime's own."""
+
+RuntimeArgument = Annotated[
+    str | None,
+    typer.Argument(
+        metavar="MODULE:RUNTIME",
+        help="A Runtime or Agent whose store to use (its own, unless --store replaces it).",
+        show_default=False,
+    ),
+]
+"""The runtime a command that only reads or manages the store may name, for its store."""
 
 
 def log_level_of(value: object) -> str:
@@ -291,17 +303,29 @@ AsOption = Annotated[
 
 
 def split_target(target: str) -> tuple[str, str]:
-    """`MODULE:ATTRIBUTE` as (module, attribute), checked before anything is imported."""
+    """`MODULE:RUNTIME` as (module, attribute), checked before anything is imported: every
+    command that takes one refuses one of the wrong form with this error."""
     module_name, sep, attribute = target.partition(":")
     if not sep or not module_name or not attribute:
         raise UsageError(
-            f"expected MODULE:ATTRIBUTE such as examples.support:runtime, got {target!r}"
+            f"expected MODULE:RUNTIME such as examples.support:runtime, got {target!r}"
         )
     return module_name, attribute
 
 
+def store_of(target: str | None, store: str | None) -> str | None:
+    """The store URL a command opens: `--store` (or `SIGNOFF_STORE`), else that of the runtime
+    `target` names (imported even when `--store` replaces its store, so a wrong one is refused
+    as every command refuses it), else None, the default store."""
+    if target is None:
+        return store
+    with misuse():
+        split_target(target)
+    return load_runtime(target, store).store.url
+
+
 def load_runtime(target: str, store: str | None = None) -> Runtime:
-    """Import `MODULE:ATTRIBUTE` (a `Runtime` or an `Agent`); `store` replaces its store URL."""
+    """Import `MODULE:RUNTIME` (a `Runtime` or an `Agent`); `store` replaces its store URL."""
     module_name, attribute = split_target(target)
     cwd = os.getcwd()
     if cwd not in sys.path:

@@ -29,6 +29,7 @@ from ..models import Scripted
 from ..stores import DEFAULT_URL
 from ._app import (
     AsOption,
+    StoreOption,
     app,
     error_text,
     load_runtime,
@@ -288,15 +289,7 @@ def chat(
             help="Continue this session (with its agent) instead of a new one.",
         ),
     ] = None,
-    store: Annotated[
-        str | None,
-        typer.Option(
-            "--store",
-            envvar="SIGNOFF_STORE",
-            metavar="URL",
-            help="Store URL; replaces the runtime's own.",
-        ),
-    ] = None,
+    store: StoreOption = None,
     acting_as: AsOption = None,
 ) -> None:
     """Talk to an agent in the terminal; approvals are asked inline as `(y/N)` prompts."""

@@ -38,6 +38,7 @@ from ..stores import DEFAULT_URL, PendingFilter, SQLiteStore
 from ._app import (
     AsOption,
     NoModel,
+    RuntimeArgument,
     StoreOption,
     app,
     clip,
@@ -53,6 +54,7 @@ from ._app import (
     run,
     shown_store,
     split_target,
+    store_of,
     tool_line,
 )
 from ._numbers import whole
@@ -63,6 +65,7 @@ SEQ = whole(0, 2**63 - 1)
 
 @app.command()
 def pending(
+    target: RuntimeArgument = None,
     store: StoreOption = None,
     agent: Annotated[
         str | None, typer.Option("--agent", metavar="NAME", help="Only this agent's.")
@@ -86,7 +89,7 @@ def pending(
     async def go() -> None:
         with misuse():
             refuse_undecodable({"--agent": agent, "--tool": tool, "--session": session})
-        async with Runtime([], store=reading_store(store)) as runtime:
+        async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
             # Like `Runtime.pending`: what can no longer be answered (a session past its TTL, a
             # request past its deadline, a mirror of one) is left out, and so from the total.
             now = runtime.now()
@@ -118,6 +121,7 @@ SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
 
 @app.command()
 def sessions(
+    target: RuntimeArgument = None,
     store: StoreOption = None,
     agent: Annotated[
         str | None, typer.Option("--agent", metavar="NAME", help="Only this agent's.")
@@ -143,7 +147,7 @@ def sessions(
             raise UsageError(f"--status takes one of {', '.join(SESSION_STATUSES)}, not {status!r}")
 
     async def go() -> None:
-        async with Runtime([], store=reading_store(store)) as runtime:
+        async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
             rows = await runtime.sessions(agent=agent, status=status, limit=limit)
         if as_json:
             typer.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
@@ -496,6 +500,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 @app.command()
 def events(
     session_id: Annotated[str, typer.Argument(metavar="SESSION_ID")],
+    target: RuntimeArgument = None,
     follow: Annotated[
         bool, typer.Option("--follow", "-f", help="Keep printing new events (Ctrl-C stops).")
     ] = False,
@@ -512,7 +517,7 @@ def events(
         with misuse():
             refuse_undecodable({"SESSION_ID": session_id})
         console = out()
-        async with Runtime([], store=reading_store(store)) as runtime:
+        async with Runtime([], store=reading_store(store_of(target, store))) as runtime:
             head = await runtime.store.head(session_id) if after else None
             if head is not None and after > head:  # else silence, and --follow waits for ever
                 raise UsageError(

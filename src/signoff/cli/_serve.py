@@ -18,6 +18,7 @@ from .._types import Principal
 from ._app import (
     LeaseTtlOption,
     LogLevelOption,
+    StoreOption,
     app,
     fail,
     is_utf8,
@@ -26,13 +27,15 @@ from ._app import (
     run,
     split_target,
 )
-from ._numbers import number_of_seconds, whole
+from ._numbers import number_of_seconds, seconds, whole
 from ._waiting import open_when_up
 
 PORT = whole(0, 65535)
 WORKERS = whole(0, 100_000)
 MAX_STREAMS = whole(1, 100_000)
 MAX_BODY_SIZE = whole(1, 1 << 30)
+MAX_CONNECTIONS = whole(1, 1_000_000)
+KEEP_ALIVE_TIMEOUT = seconds(0.1, 3600)
 
 
 @app.command()
@@ -56,15 +59,7 @@ def serve(
             help="API token as SECRET=PRINCIPAL_ID (repeatable). Without one: localhost dev mode.",
         ),
     ] = None,
-    store: Annotated[
-        str | None,
-        typer.Option(
-            "--store",
-            envvar="SIGNOFF_STORE",
-            metavar="URL",
-            help="Store URL; replaces the runtime's own.",
-        ),
-    ] = None,
+    store: StoreOption = None,
     webhook: Annotated[
         list[str] | None,
         typer.Option(
@@ -164,6 +159,31 @@ def serve(
             show_default=False,
         ),
     ] = None,
+    max_connections: Annotated[
+        int | None,
+        typer.Option(
+            "--max-connections",
+            envvar="SIGNOFF_MAX_CONNECTIONS",
+            metavar="N",
+            parser=MAX_CONNECTIONS,
+            help="Connections (idle ones and event streams included) or running requests this "
+            f"process holds before it answers a new request 503 at once, {MAX_CONNECTIONS.range} "
+            "(default: no bound).",
+            show_default=False,
+        ),
+    ] = None,
+    keep_alive_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--keep-alive-timeout",
+            envvar="SIGNOFF_KEEP_ALIVE_TIMEOUT",
+            metavar="SECONDS",
+            parser=KEEP_ALIVE_TIMEOUT,
+            help="Seconds an idle connection is kept open after a response, "
+            f"{KEEP_ALIVE_TIMEOUT.range} (default: 5).",
+            show_default=False,
+        ),
+    ] = None,
     log_level: LogLevelOption = "info",
     sign_in_lifetime: Annotated[
         float | None,
@@ -213,6 +233,7 @@ def serve(
         from ..server import TokenAuth
         from ..server import serve as run_server
         from ..server._app import MAX_BODY_SIZE as BODY_DEFAULT
+        from ..server._serve import KEEP_ALIVE_TIMEOUT as KEEP_ALIVE_DEFAULT
         from ..server._sign_ins import SIGN_IN_LIFETIME, lifetime_of
         from ..server._stream_slots import MAX_STREAMS as STREAMS_DEFAULT
     except UsageError as exc:  # the server extra is missing: its install hint
@@ -285,6 +306,10 @@ def serve(
             log_level=log_level,
             metrics=metrics,
             metrics_token=metrics_token if metrics else None,
+            max_connections=max_connections,
+            keep_alive_timeout=KEEP_ALIVE_DEFAULT
+            if keep_alive_timeout is None
+            else keep_alive_timeout,
         )
     except SignoffError as exc:  # e.g. a channel state file that cannot be opened
         fail(exc)

@@ -15,6 +15,7 @@ from ..stores.sqlite._schema import STORE_SCHEMA as SQLITE_SCHEMA
 from ._app import (
     LeaseTtlOption,
     LogLevelOption,
+    RuntimeArgument,
     StoreOption,
     app,
     load_runtime,
@@ -24,6 +25,7 @@ from ._app import (
     run,
     shown_store,
     split_target,
+    store_of,
 )
 from ._commands import Group
 from ._numbers import seconds, whole
@@ -39,15 +41,7 @@ def worker(
     target: Annotated[
         str, typer.Argument(metavar="MODULE:RUNTIME", help="A Runtime or Agent whose turns to run.")
     ],
-    store: Annotated[
-        str | None,
-        typer.Option(
-            "--store",
-            envvar="SIGNOFF_STORE",
-            metavar="URL",
-            help="Store URL; replaces the runtime's own.",
-        ),
-    ] = None,
+    store: StoreOption = None,
     concurrency: Annotated[
         int,
         typer.Option(
@@ -144,11 +138,12 @@ app.add_typer(db_app, name="db")
 
 
 @db_app.command("upgrade")
-def db_upgrade(store: StoreOption = None) -> None:
+def db_upgrade(target: RuntimeArgument = None, store: StoreOption = None) -> None:
     """Create or migrate the store's schema to this signoff's version (PostgreSQL or SQLite)."""
 
     async def go() -> None:
-        url = DEFAULT_URL if store is None else store  # "" (an unset variable) is refused
+        given = store_of(target, store)
+        url = DEFAULT_URL if given is None else given  # "" (an unset variable) is refused
         if url.startswith(("postgresql://", "postgres://")):
             from ..stores.postgres import PostgresStore  # a UsageError without the extra
 
@@ -169,12 +164,13 @@ def db_upgrade(store: StoreOption = None) -> None:
 
 
 @db_app.command("status")
-def db_status(store: StoreOption = None) -> None:
+def db_status(target: RuntimeArgument = None, store: StoreOption = None) -> None:
     """Check the store's schema against this signoff's, changing nothing: exit status 0 when it
     is up to date, 1 (naming what to do) when it has none, an older or a newer one."""
 
     async def go() -> None:
-        opened = reading_store(store)  # never created nor upgraded, as the reading commands
+        # never created nor upgraded, as the reading commands
+        opened = reading_store(store_of(target, store))
         await opened.open()  # an older, newer or missing schema: its SchemaVersionError
         try:
             if isinstance(opened, SQLiteStore):

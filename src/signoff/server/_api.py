@@ -117,7 +117,8 @@ async def send_message(
 async def respond(request: Request, session_id: SessionId, body: Responses) -> TurnResult:
     """Answer requests by id (an `optionId`, or `text`), then continue the turn if it can."""
     ctx, caller = await _caller(request)
-    await ctx.session(session_id, caller)
+    with ctx.runtime._counts.refusing():  # a refused answer, as the runtime counts its own
+        await ctx.session(session_id, caller)
     responses = [
         InputResponse(
             request_id=r.request_id,
@@ -138,7 +139,8 @@ async def approvals(request: Request, session_id: SessionId, body: Approvals) ->
     """Settle every pending request of the session at once, with decisions, and continue; a
     question open is refused as unanswered (422 `partial_answer`): answer it at `/responses`."""
     ctx, caller = await _caller(request)
-    await ctx.session(session_id, caller)
+    with ctx.runtime._counts.refusing():
+        await ctx.session(session_id, caller)
     decisions = [
         Decision(
             id=a.id,

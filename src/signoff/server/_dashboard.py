@@ -170,7 +170,8 @@ async def respond(request: Request, request_id: str) -> Response:
     text = (fields.get("text") or "").strip() or None
     try:
         stored = await ctx.request(request_id, viewer)
-    except UnknownRequest:
+    except UnknownRequest as exc:
+        ctx.runtime._counts.refuse(exc)  # a refused answer, as the API's is counted
         return await dashboard_error(
             request, 404, "unknown_request", f"unknown request {request_id!r}"
         )

@@ -102,22 +102,21 @@ class Exporter:
         )
         self.latency = Histogram(
             "signoff_http_request_duration_seconds",
-            "Seconds until the response began (an event stream: until it opened), by method "
-            "and route template.",
+            "Seconds until the response began (an event stream: until it opened; a request that "
+            "failed: until it raised), by method and route template.",
             ["method", "route"],
             registry=registry,
         )
         self.activity = _Activity(counts, streams)
         registry.register(self.activity)
 
-    def answered(self, method: str, route: str, status: int | None, seconds: float | None) -> None:
-        """Count one request; `status` None when the app raised (the server answers 500), and
-        `seconds` None when no response began."""
+    def answered(self, method: str, route: str, status: int | None, seconds: float) -> None:
+        """Count and time one request; `status` None when the app raised (the server answers
+        500), `seconds` then the time until it raised."""
         method = method if method in METHODS else "other"
         status_class = "5xx" if status is None else f"{status // 100}xx"
         self.requests.labels(method, route, status_class).inc()
-        if seconds is not None:
-            self.latency.labels(method, route).observe(seconds)
+        self.latency.labels(method, route).observe(seconds)
 
     def render(self, accept: str, open_requests: int | None) -> tuple[bytes, str]:
         """The registry in the format `accept` asks for (Prometheus text by default, or

@@ -112,7 +112,8 @@ def _digest(token: str) -> bytes:
 
 class Observed:
     """ASGI middleware counting and timing each HTTP request by its route's template (which
-    the router sets on the scope), method and status class."""
+    the router sets on the scope), method and status class: one that raised too, timed until
+    it did."""
 
     def __init__(self, app: ASGIApp, exporter: Exporter) -> None:
         self.app = app
@@ -136,6 +137,8 @@ class Observed:
         try:
             await self.app(scope, receive, sending)
         finally:
+            if seconds is None:  # it raised (the server answers 500): timed until then
+                seconds = time.perf_counter() - began
             route = getattr(scope.get("route"), "path_format", None) or UNROUTED
             self.exporter.answered(scope["method"], route, status, seconds)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from .._exceptions import SignoffError, UsageError
 from .._logs import LOG_LEVELS, log_to_stderr
 from .._runtime import Runtime
-from .._settings import whole
+from .._settings import seconds, whole
 from ._app import MAX_BODY_SIZE
 from ._auth import Authenticator, is_loopback
 from ._sign_ins import SIGN_IN_LIFETIME
@@ -30,6 +30,12 @@ DEFAULT_STORE = "sqlite:///.signoff/state.db"
 
 DEFAULT_WORKERS = 4
 """Turns a served runtime that runs its turns in process drives at a time outside requests."""
+
+KEEP_ALIVE_TIMEOUT = 5.0
+"""Seconds an idle connection is kept open after a response (uvicorn's default)."""
+
+MAX_CONNECTIONS = 1_000_000
+"""The largest `max_connections` taken: far above what one process serves."""
 
 STALLED_GRACE = 2.0
 """Seconds a stopping server waits for a client that has stopped reading before dropping it."""
@@ -88,6 +94,8 @@ def serve(
     max_body_size: int = MAX_BODY_SIZE,
     metrics: bool = False,
     metrics_token: str | None = None,
+    max_connections: int | None = None,
+    keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT,
 ) -> None:
     """Serve a runtime over HTTP until interrupted; dev mode (localhost only) without `auth`.
     With `store`, the runtime's agents are served from that store instead.
@@ -105,6 +113,12 @@ def serve(
     `metrics_token` (see `create_app`). `log_level` is uvicorn's, and signoff's own loggers'
     too, which go to stderr timestamped unless logging is set up already (a handler on the root
     or `signoff` logger).
+
+    `max_connections` (uvicorn's `limit_concurrency`; None: no bound) answers a request 503 at
+    once while the process holds that many connections (the request's own, idle and event
+    streams included) or runs that many requests, so a flood is refused instead of piling up;
+    an idle connection is closed `keep_alive_timeout` seconds after its last response. Neither
+    times a client that sends its request slowly: see docs/server.md, Deployment.
     """
     import uvicorn
 
@@ -116,6 +130,9 @@ def serve(
         raise UsageError(f"host must be a host name or address, not {host!r}")
     if log_level not in LOG_LEVELS:
         raise UsageError(f"log_level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+    if max_connections is not None:
+        whole("max_connections", max_connections, least=1, most=MAX_CONNECTIONS)
+    seconds("keep_alive_timeout", keep_alive_timeout, least=0.1, most=3600)
     log_to_stderr(log_level)  # the in-process workers' and channels' lines, as uvicorn's
     if isinstance(target, Runtime):
         runtime = target if store is None else target.with_store(store)
@@ -183,7 +200,14 @@ def serve(
                         transport.abort()
                 await asyncio.sleep(0.25)
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        limit_concurrency=max_connections,
+        timeout_keep_alive=keep_alive_timeout,  # type: ignore[arg-type]  # any number works
+    )
     server = Server(config)
     cut_short = _CutShort(server)
     errors = logging.getLogger("uvicorn.error")

@@ -1,0 +1,137 @@
+"""`MODULE:RUNTIME` on every command that opens a store (`_app.store_of`, `load_runtime`): the
+reading and schema commands take one too, for its store (`signoff pending` could not), which
+`--store` or `SIGNOFF_STORE` replaces as for `serve`; and a runtime of the wrong form, or one
+that is not there, is the same error whatever the command, before any store is opened."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import uvicorn
+
+from signoff.cli import app
+from signoff.stores.sqlite import STORE_SCHEMA
+
+from ._cli import invoke, park, refused_usage
+
+T = "{target}"
+
+COMMANDS = [
+    ["chat", T],
+    ["serve", T],
+    ["worker", T],
+    ["pending", T],
+    ["sessions", T],
+    ["events", "ses_x", T],
+    ["approve", "req_x", T],
+    ["deny", "req_x", T],
+    ["answer", "req_x", T, "--text", "hi"],
+    ["db", "upgrade", T],
+    ["db", "status", T],
+]
+"""Every command, each with `MODULE:RUNTIME` where it takes it: all of them open a store."""
+
+
+def naming(command: list[str], target: str) -> list[str]:
+    return [target if word == T else word for word in command]
+
+
+def test_every_command_is_listed_and_takes_a_runtime() -> None:
+    """A command added later is listed here, and so checked below, or this fails."""
+    root: Any = typer.main.get_command(app)
+    every = {
+        (name, *([sub] if sub else []))
+        for name, command in root.commands.items()
+        for sub in getattr(command, "commands", None) or [""]
+    }
+    listed = {tuple(c[: 2 if c[0] == "db" else 1]) for c in COMMANDS}
+    assert listed == every
+    for words in listed:
+        command = root
+        for word in words:
+            command = command.commands[word]
+        assert [p.metavar for p in command.params if p.param_type_name == "argument"][-1] == (
+            "MODULE:RUNTIME"
+        ), words
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_runtime_of_the_wrong_form_is_the_same_usage_error_everywhere(
+    command: list[str], tmp_path: Path
+) -> None:
+    store = f"sqlite:///{tmp_path}/s.db"
+    said = refused_usage(invoke(*naming(command, "no-colon"), "--store", store))
+    assert said == (
+        "Invalid value: expected MODULE:RUNTIME such as examples.support:runtime, got 'no-colon'"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", COMMANDS, ids=lambda c: " ".join(c[:2]))
+def test_a_runtime_that_is_not_there_is_the_same_error_everywhere(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Imported even where `--store` replaces its store, before the store is opened: a
+    mistyped runtime is never read past."""
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: None)  # never reached
+    store = f"sqlite:///{tmp_path}/s.db"
+    result = invoke(*naming(command, "tests._cli:nothing"), "--store", store)
+    assert result.exit_code == 1, result.output
+    assert result.stderr == "error: UsageError: module 'tests._cli' has no attribute 'nothing'\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.fixture
+def own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """A module of a runtime whose own store is a file of `tmp_path`: (MODULE:RUNTIME, URL)."""
+    url = f"sqlite:///{tmp_path}/own.db"
+    module = f"own_runtime_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        f"import signoff as so\nfrom tests._cli import agent\n"
+        f"runtime = so.Runtime([agent], store={url!r})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    return f"{module}:runtime", url
+
+
+def test_the_reading_commands_read_the_runtimes_own_store(own_store: tuple[str, str]) -> None:
+    target, url = own_store
+    path = url.removeprefix("sqlite:///")
+    assert invoke("db", "upgrade", target).stdout.startswith("schema created")
+    session_id, request_id = park(url)
+    listed = invoke("pending", target, "--json")
+    assert [r["id"] for r in json.loads(listed.stdout)] == [request_id], listed.output
+    rows = invoke("sessions", target, "--json")
+    assert [r["id"] for r in json.loads(rows.stdout)] == [session_id], rows.output
+    log = invoke("events", session_id, target, "--json")
+    assert json.loads(log.stdout.splitlines()[0])["type"] == "session.created", log.output
+    status = invoke("db", "status", target)
+    assert status.stdout == f"schema is up to date (version {STORE_SCHEMA}) ({url})\n"
+    assert Path(path).exists()
+
+
+def test_store_and_its_variable_replace_the_runtimes_own(
+    own_store: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for `serve`, `worker` and `chat`: the runtime's store only when neither is given."""
+    target, url = own_store
+    session_id, _ = park(url)
+    other = tmp_path / "other.db"
+    for how in ("option", "variable"):
+        if how == "option":
+            result = invoke("pending", target, "--store", f"sqlite:///{other}")
+        else:
+            monkeypatch.setenv("SIGNOFF_STORE", f"sqlite:///{other}")
+            result = invoke("pending", target)
+        assert result.exit_code == 1, result.output
+        assert result.stderr.startswith(f"error: UsageError: no store at {other}"), how
+    monkeypatch.setenv("SIGNOFF_STORE", url)
+    rows = invoke("sessions", target, "--json")
+    assert [r["id"] for r in json.loads(rows.stdout)] == [session_id]
+    assert not other.exists()
