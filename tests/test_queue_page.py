@@ -9,6 +9,7 @@ import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -16,6 +17,7 @@ import psycopg
 import pytest
 
 import signoff as so
+from signoff._queue_page import counted_listing
 from signoff.server import TokenAuth, create_app
 from signoff.stores import PendingFilter, SQLiteStore, Store
 from signoff.testing import call, call_tools, scripted_agent
@@ -168,3 +170,30 @@ async def test_pending_counted_reads_what_pending_and_count_pending_do(store: St
             page, total = await store.pending_counted(flt)  # type: ignore[attr-defined]
             assert [r.id for r in page] == [r.id for r in await store.pending(flt)], flt
             assert total == await store.count_pending(flt), flt
+
+
+async def test_a_store_without_pending_counted_is_read_twice(tmp_path: Path) -> None:
+    """A store of one's own that has no `pending_counted` still has its pages counted: by
+    `pending()` and `count_pending()`, one after the other."""
+
+    class TwoReads:
+        def __init__(self, store: SQLiteStore) -> None:
+            self.store = store
+            self.calls: list[str] = []
+
+        async def pending(self, flt: PendingFilter) -> list[so.InputRequest]:
+            self.calls.append("pending")
+            return await self.store.pending(flt)
+
+        async def count_pending(self, flt: PendingFilter) -> int:
+            self.calls.append("count_pending")
+            return await self.store.count_pending(flt)
+
+    async with so.Runtime([_desk()], store=f"sqlite:///{tmp_path / 'state.db'}") as rt:
+        for _ in range(3):
+            await rt.generate("desk", prompt="refund")
+        assert isinstance(rt.store, SQLiteStore)
+        own = TwoReads(rt.store)
+        page, total = await counted_listing(own, PendingFilter(limit=2))  # type: ignore[arg-type]
+        assert (len(page), total) == (2, 3)
+        assert own.calls == ["pending", "count_pending"]

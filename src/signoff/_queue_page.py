@@ -4,7 +4,9 @@ page: a request closing or opening meanwhile cannot set the total and the page a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar
 
 from ._deadlines import after_deadline, is_due
 from ._mirrors import followed
@@ -14,22 +16,50 @@ from .stores import PendingFilter, Store
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = ["listing", "queue_page"]
+__all__ = ["counted_listing", "counted_page", "queue_page"]
+
+T = TypeVar("T")
+Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
 
 
-async def queue_page(
-    rt: Workers, flt: PendingFilter, *, counted: bool = False
-) -> tuple[list[InputRequest], bool, int | None]:
-    """The page `Runtime.pending_page` shows, whether the store may hold more past it, and with
-    `counted` the total of the store's listing in the snapshot the page came from (None
-    without). Passed deadlines the page holds are applied first, then the page (and its total)
-    read again. The total counts what the page would show only when `flt.excluded` leaves out
-    what the queue does not show (`_unlisted.unlisted`), as the server's listings do."""
-    page, total = await listing(rt.store, flt, counted)
+async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
+    """The page `Runtime.pending_page` shows, and whether the store may hold more past it."""
+    shown, more, _ = await _page(rt, flt, partial(_uncounted, rt.store))
+    return shown, more
+
+
+async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:
+    """`queue_page`, and the total of the store's listing in the snapshot the page came from.
+    It counts what the page would show only when `flt.excluded` leaves out what the queue does
+    not show (`_unlisted.unlisted`), as the server's listings and `signoff pending` do."""
+    return await _page(rt, flt, partial(counted_listing, rt.store))
+
+
+async def counted_listing(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], int]:
+    """`store.pending(flt)` and `store.count_pending(flt)` of one snapshot (the store's
+    `pending_counted`; a store without it is read twice, so a commit between the two reads can
+    set them apart by a request)."""
+    both = getattr(store, "pending_counted", None)
+    if both is None:
+        return await store.pending(flt), await store.count_pending(flt)
+    page, total = await both(flt)
+    return page, total
+
+
+async def _uncounted(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], None]:
+    return await store.pending(flt), None
+
+
+async def _page(
+    rt: Workers, flt: PendingFilter, read: Read[T]
+) -> tuple[list[InputRequest], bool, T]:
+    """Passed deadlines the page holds are applied first, then the page (and its total) read
+    again."""
+    page, total = await read(flt)
     now = rt.now()
     due = [r for r in page if is_due(r, now)]
     if due and await rt._apply_deadlines(due, listing=True):
-        page, total = await listing(rt.store, flt, counted)
+        page, total = await read(flt)
     # A mirror shows its subagent's request's votes, escalation and deadline, which that
     # deadline then leaves as it leaves the subagent's request; and once that subagent's
     # session passed its TTL, it shows as expired (it takes no answer): left out too.
@@ -38,18 +68,3 @@ async def queue_page(
         followed_page = [r for r in await followed(rt.store, page, now) if r.status == "pending"]
     shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
     return shown, len(page) >= flt.limit, total
-
-
-async def listing(
-    store: Store, flt: PendingFilter, counted: bool
-) -> tuple[list[InputRequest], int | None]:
-    """`store.pending(flt)`, and with `counted` `store.count_pending(flt)` of the same snapshot
-    (the store's `pending_counted`; a store without it is read twice, so a commit between the
-    two reads can set them apart by a request)."""
-    if not counted:
-        return await store.pending(flt), None
-    both = getattr(store, "pending_counted", None)
-    if both is None:
-        return await store.pending(flt), await store.count_pending(flt)
-    page, total = await both(flt)
-    return page, total

@@ -332,8 +332,7 @@ class Runtime(Workers):
         if not isinstance(flt, PendingFilter):
             raise UsageError(f"the filter must be a stores.PendingFilter, not {type(flt).__name__}")
         _check_page(flt.limit, flt.offset)
-        shown, more, _ = await queue_page(self, flt)
-        return shown, more
+        return await queue_page(self, flt)
 
     async def sessions(
         self,

@@ -29,7 +29,7 @@ from .._exceptions import (
     UnknownRequest,
     UsageError,
 )
-from .._queue_page import queue_page
+from .._queue_page import counted_page
 from .._runtime import Runtime
 from .._text import escape_as_json
 from .._types import InputRequest, InputResponse, Principal
@@ -100,8 +100,8 @@ def pending(
             )
             hidden = await unlisted(runtime.store, flt, now)
             flt = dataclasses.replace(flt, excluded=tuple(hidden))
-            requests, more, counted = await queue_page(runtime, flt, counted=True)
-            total = counted if more and counted is not None else len(requests)  # one snapshot
+            requests, more, counted = await counted_page(runtime, flt)  # of one snapshot
+            total = counted if more else len(requests)
         if as_json:
             typer.echo(json.dumps([r.model_dump(mode="json") for r in requests], indent=2))
             return

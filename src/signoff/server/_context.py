@@ -14,7 +14,7 @@ from starlette.requests import HTTPConnection
 from .._deadlines import is_due, stored_after_deadline, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
-from .._queue_page import listing, queue_page
+from .._queue_page import counted_listing, counted_page
 from .._runtime import Runtime
 from .._state import SessionState
 from .._state_parts import load_principal
@@ -236,8 +236,7 @@ class ServerContext:
             flt = flt if picks is None else replace(flt, initiated_by=picks)
             flt = await self._listed(flt, record=True)
             # Passed deadlines applied first; the total read in the page's snapshot.
-            picked, _, total = await queue_page(self.runtime, flt, counted=True)
-            assert total is not None
+            picked, _, total = await counted_page(self.runtime, flt)
             return picked, total
         seen: dict[str, bool] = {}
         page: list[InputRequest] = []
@@ -435,8 +434,7 @@ class ServerContext:
         ends: list[InputRequest] = []
         if total:
             live = await self._listed(live)
-            ends, counted = await listing(store, replace(live, limit=1), True)  # of one snapshot
-            total = counted or 0
+            ends, total = await counted_listing(store, replace(live, limit=1))  # one snapshot
         if total:
             ends += await store.pending(replace(live, limit=1, offset=total - 1))
         return total, _digest(total, [r.id for r in ends])
