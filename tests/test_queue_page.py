@@ -9,6 +9,7 @@ import asyncio
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ import signoff as so
 from signoff._queue_page import counted_listing
 from signoff.server import TokenAuth, create_app
 from signoff.stores import PendingFilter, SQLiteStore, Store
-from signoff.testing import call, call_tools, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, scripted_agent
 
 from .test_server_common import TOKENS, auth
 
@@ -67,18 +68,18 @@ def _counts_requests(sql: str) -> bool:
 
 @contextmanager
 def _before_count(
-    store: Store, url: str, action: Action, monkeypatch: pytest.MonkeyPatch
+    store: Store, monkeypatch: pytest.MonkeyPatch, do: Callable[[], object]
 ) -> Iterator[list[BaseException | None]]:
-    """Run `action` elsewhere (`_elsewhere`) once, right before the store's next statement that
-    counts requests: SQLite's trace of its connection, psycopg's `execute` on PostgreSQL. Yields
-    a list that holds, once it ran, None or the error it raised."""
+    """Call `do` once, right before the store's next statement that counts requests: from
+    SQLite's trace of its connection, from psycopg's `execute` on PostgreSQL. Yields a list that
+    holds, once it ran, None or the error it raised."""
     ran: list[BaseException | None] = []
 
     def fire() -> None:
         if ran:
             return
         try:
-            _elsewhere(url, action)
+            do()
             ran.append(None)
         except BaseException as exc:  # the trace callback would swallow it
             ran.append(exc)
@@ -131,17 +132,60 @@ async def test_a_listing_and_its_total_are_one_read(
                 return len(body["items"]), body["total"]
 
             step = -1 if action is _cancel_first else 1
+            elsewhere = partial(_elsewhere, store_url, action)
             # SQLite's page was read before the change, PostgreSQL's one statement after it.
-            with _before_count(rt.store, store_url, action, monkeypatch) as ran:
+            with _before_count(rt.store, monkeypatch, elsewhere) as ran:
                 items, total = await listed()
             assert ran == [None]
             assert items == total in (3, 3 + step)
             assert await listed() == (3 + step, 3 + step)
-            with _before_count(rt.store, store_url, action, monkeypatch) as ran:
+            with _before_count(rt.store, monkeypatch, elsewhere) as ran:
                 page, counted = await rt.store.pending_counted(PendingFilter())  # type: ignore[attr-defined]
             assert ran == [None]
             assert len(page) == counted in (3 + step, 3 + 2 * step)
             assert await rt.store.count_pending(PendingFilter()) == 3 + 2 * step
+
+
+def _agents() -> list[so.Agent]:
+    """`desk` (the server's) and `remote` (another process's), each asking for an approval
+    that closes when its 60 s deadline passes."""
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "ok"
+
+    step = call_tools(call("refund", order_id="1"))
+    return [scripted_agent(n, [step], tools=[refund], repeat_last=True) for n in ("desk", "remote")]
+
+
+async def test_a_deadline_passing_during_a_listing_leaves_its_total_what_it_lists(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The queue leaves out a request past its deadline that this server cannot close (another
+    process's agent); one whose deadline passes after the listing found what to leave out, but
+    before its page is judged, is shown and counted alike (the page is as of that moment), and
+    the next listing leaves it out of both."""
+    clock = ManualClock()
+    async with so.Runtime(_agents(), store=store_url, clock=clock) as rt:
+        await rt.generate("remote", prompt="refund")
+        clock.advance(30)
+        await rt.generate("desk", prompt="refund")
+    clock.advance(29.5)  # `remote`'s deadline half a second away
+    async with so.Runtime(_agents()[:1], store=store_url, clock=clock) as rt:
+        app = create_app(rt, auth=TokenAuth(TOKENS))
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+
+            async def listed() -> tuple[list[str], int]:
+                got = await c.get("/v1/requests", headers=auth("admin-token"))
+                body = got.json()
+                return [r["agent"] for r in body["items"]], body["total"]
+
+            with _before_count(rt.store, monkeypatch, partial(clock.advance, 1)) as ran:
+                assert await listed() == (["remote", "desk"], 2)
+            assert ran == [None]
+            assert await listed() == (["desk"], 1)
 
 
 async def test_pending_counted_reads_what_pending_and_count_pending_do(store: Store) -> None:

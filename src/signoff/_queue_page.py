@@ -24,15 +24,17 @@ Read = Callable[[PendingFilter], Awaitable[tuple[list[InputRequest], T]]]
 
 async def queue_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
     """The page `Runtime.pending_page` shows, and whether the store may hold more past it."""
-    shown, more, _ = await _page(rt, flt, partial(_uncounted, rt.store))
+    shown, more, _ = await _page(rt, flt, partial(_uncounted, rt.store), None)
     return shown, more
 
 
 async def counted_page(rt: Workers, flt: PendingFilter) -> tuple[list[InputRequest], bool, int]:
     """`queue_page`, and the total of the store's listing in the snapshot the page came from.
     It counts what the page would show only when `flt.excluded` leaves out what the queue does
-    not show (`_unlisted.unlisted`), as the server's listings and `signoff pending` do."""
-    return await _page(rt, flt, partial(counted_listing, rt.store))
+    not show (`_unlisted.unlisted`), as the server's listings and `signoff pending` do: the
+    page is then judged at `flt.live_at`, the moment those were read at, so a deadline passing
+    since does not leave out of the page a request its total counts."""
+    return await _page(rt, flt, partial(counted_listing, rt.store), flt.live_at)
 
 
 async def counted_listing(store: Store, flt: PendingFilter) -> tuple[list[InputRequest], int]:
@@ -51,12 +53,12 @@ async def _uncounted(store: Store, flt: PendingFilter) -> tuple[list[InputReques
 
 
 async def _page(
-    rt: Workers, flt: PendingFilter, read: Read[T]
+    rt: Workers, flt: PendingFilter, read: Read[T], at: float | None
 ) -> tuple[list[InputRequest], bool, T]:
-    """Passed deadlines the page holds are applied first, then the page (and its total) read
-    again."""
+    """The page as of `at` (else now): passed deadlines it holds are applied first, then the
+    page (and its total) read again."""
     page, total = await read(flt)
-    now = rt.now()
+    now = rt.now() if at is None else at
     due = [r for r in page if is_due(r, now)]
     if due and await rt._apply_deadlines(due, listing=True):
         page, total = await read(flt)
