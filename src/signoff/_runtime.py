@@ -22,7 +22,7 @@ from ._answers import check_principal, check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
 from ._cancellation import cancel_specs, withdrawal
-from ._deadlines import after_deadline, expiry_specs, is_due, summary_after_expiry
+from ._deadlines import expiry_specs, summary_after_expiry
 from ._engine import Driver
 from ._events import Event
 from ._exceptions import (
@@ -37,8 +37,9 @@ from ._exceptions import (
 )
 from ._idempotency import keyed
 from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
-from ._mirrors import followed, followed_state, following_mirrors
+from ._mirrors import followed_state, following_mirrors
 from ._prompts import check_prompt
+from ._queue_page import queue_page
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._sessions import check_session_id
@@ -331,21 +332,7 @@ class Runtime(Workers):
         if not isinstance(flt, PendingFilter):
             raise UsageError(f"the filter must be a stores.PendingFilter, not {type(flt).__name__}")
         _check_page(flt.limit, flt.offset)
-        page = await self.store.pending(flt)
-        now = self.now()
-        due = [r for r in page if is_due(r, now)]
-        if due and await self._apply_deadlines(due, listing=True):
-            page = await self.store.pending(flt)
-        # A mirror shows its subagent's request's votes, escalation and deadline, which that
-        # deadline then leaves as it leaves the subagent's request; and once that subagent's
-        # session passed its TTL, it shows as expired (it takes no answer): left out too.
-        followed_page = page
-        if flt.status == "pending":
-            followed_page = [
-                r for r in await followed(self.store, page, now) if r.status == "pending"
-            ]
-        shown = [a for r in followed_page if (a := after_deadline(r, now)) is not None]
-        return shown, len(page) >= flt.limit
+        return await queue_page(self, flt)
 
     async def sessions(
         self,

@@ -29,6 +29,7 @@ from .._exceptions import (
     UnknownRequest,
     UsageError,
 )
+from .._queue_page import counted_page
 from .._runtime import Runtime
 from .._text import escape_as_json
 from .._types import InputRequest, InputResponse, Principal
@@ -102,8 +103,8 @@ def pending(
             )
             hidden = await unlisted(runtime.store, flt, now)
             flt = dataclasses.replace(flt, excluded=tuple(hidden))
-            requests, more = await runtime.pending_page(flt)
-            total = await runtime.store.count_pending(flt) if more else len(requests)
+            requests, more, counted = await counted_page(runtime, flt)  # of one snapshot
+            total = counted if more else len(requests)
         if as_json:
             typer.echo(json.dumps([r.model_dump(mode="json") for r in requests], indent=2))
             return

@@ -14,6 +14,7 @@ from starlette.requests import HTTPConnection
 from .._deadlines import is_due, stored_after_deadline, summary_after_expiry
 from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
+from .._queue_page import counted_listing, counted_page
 from .._runtime import Runtime
 from .._state import SessionState
 from .._state_parts import load_principal
@@ -234,8 +235,9 @@ class ServerContext:
         if everyone or picks is not None:
             flt = flt if picks is None else replace(flt, initiated_by=picks)
             flt = await self._listed(flt, record=True)
-            picked, _ = await self.runtime.pending_page(flt)  # passed deadlines applied first
-            return picked, await store.count_pending(flt)
+            # Passed deadlines applied first; the total read in the page's snapshot.
+            picked, _, total = await counted_page(self.runtime, flt)
+            return picked, total
         seen: dict[str, bool] = {}
         page: list[InputRequest] = []
         total = 0
@@ -429,12 +431,11 @@ class ServerContext:
         store = self.runtime.store
         live = PendingFilter(live_at=self.runtime.now(), initiated_by=picks)
         total = await store.count_pending(live)
+        ends: list[InputRequest] = []
         if total:
             live = await self._listed(live)
-            total = await store.count_pending(live) if live.excluded else total
-        ends = []
+            ends, total = await counted_listing(store, replace(live, limit=1))  # one snapshot
         if total:
-            ends += await store.pending(replace(live, limit=1))
             ends += await store.pending(replace(live, limit=1, offset=total - 1))
         return total, _digest(total, [r.id for r in ends])
 

@@ -188,6 +188,8 @@ class Store(Protocol):
     waiting subagent session whose TTL passed by `now`, or above one with an open request past
     its deadline (both stores have it: counting the open requests then reads the mirrors of
     only those sessions, not of the whole queue);
+    `pending_counted(flt)`, `pending(flt)` and `count_pending(flt)` read in one snapshot (both
+    stores have it: a listing's total then never differs from its page by a commit between);
     and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str

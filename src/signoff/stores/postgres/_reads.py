@@ -252,33 +252,56 @@ class Reads(Connections):
 
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
-        s = self._s
 
         async def body(conn: Conn) -> list[InputRequest]:
-            cur = await conn.execute(
-                f"SELECT {REQUEST_COLUMNS} FROM {s}.requests r "
-                f"{REQUEST_JOIN.format(s=s)}{clause} "
-                'ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s',
-                [*params, flt.limit, flt.offset],
-            )
-            rows = await cur.fetchall()
-            return [stored_request(*row[:4], unpack, *row[4:]) for row in rows]
+            cur = await conn.execute(self._listing_sql(clause), [*params, flt.limit, flt.offset])
+            return [stored_request(*row[:4], unpack, *row[4:]) for row in await cur.fetchall()]
 
         return await self._read(body, "listing pending requests")
 
     async def count_pending(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)
-        s = self._s
 
         async def body(conn: Conn) -> int:
-            cur = await conn.execute(
-                f"SELECT COUNT(*) FROM {s}.requests r JOIN {s}.sessions s ON s.sk=r.sk{clause}",
-                params,
-            )
-            row = await cur.fetchone()
-            return 0 if row is None else int(row[0])
+            return await self._count(conn, clause, params)
 
         return await self._read(body, "counting pending requests")
+
+    async def pending_counted(self, flt: PendingFilter) -> tuple[list[InputRequest], int]:
+        """`pending(flt)` and `count_pending(flt)` as one statement, so of one snapshot: the
+        count is the listing's InitPlan, each planned as when run alone. A page past the end
+        holds no row to carry it, so that one is counted by a statement of its own."""
+        clause, params = self._filter_sql(flt)
+        sql = self._listing_sql(clause, f"({self._count_sql(clause)}), ")
+
+        async def body(conn: Conn) -> tuple[list[InputRequest], int]:
+            cur = await conn.execute(sql, [*params, *params, flt.limit, flt.offset])
+            rows = await cur.fetchall()
+            page = [stored_request(*row[1:5], unpack, *row[5:]) for row in rows]
+            if rows:
+                return page, int(rows[0][0])
+            if flt.offset == 0 and flt.limit > 0:
+                return page, 0  # nothing matched
+            return page, await self._count(conn, clause, params)
+
+        return await self._read(body, "listing pending requests")
+
+    def _listing_sql(self, clause: str, before: str = "") -> str:
+        s = self._s
+        return (
+            f"SELECT {before}{REQUEST_COLUMNS} FROM {s}.requests r "
+            f"{REQUEST_JOIN.format(s=s)}{clause} "
+            'ORDER BY r.created_at, r.id COLLATE "C" LIMIT %s OFFSET %s'
+        )
+
+    def _count_sql(self, clause: str) -> str:
+        s = self._s
+        return f"SELECT COUNT(*) FROM {s}.requests r JOIN {s}.sessions s ON s.sk=r.sk{clause}"
+
+    async def _count(self, conn: Conn, clause: str, params: list[Any]) -> int:
+        cur = await conn.execute(self._count_sql(clause), params)
+        row = await cur.fetchone()
+        return 0 if row is None else int(row[0])
 
     async def sessions(
         self,

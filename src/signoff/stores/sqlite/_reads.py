@@ -1,6 +1,6 @@
 """The SQLite store's reads: sessions and their events, requests and the approval queue, the
 audit trail and the size of its files. They run their queries on the store's one connection,
-outside any `BEGIN`."""
+outside any write's `BEGIN IMMEDIATE` (a page of the queue and its total in a read transaction)."""
 
 from __future__ import annotations
 
@@ -219,6 +219,26 @@ class Reads(Connection):
 
     @reading
     async def pending(self, flt: PendingFilter) -> list[InputRequest]:
+        return self._listing(flt)
+
+    @reading
+    async def count_pending(self, flt: PendingFilter) -> int:
+        return self._count(flt)
+
+    @reading
+    async def pending_counted(self, flt: PendingFilter) -> tuple[list[InputRequest], int]:
+        """`pending(flt)` and `count_pending(flt)` in one read transaction: in WAL mode it reads
+        the snapshot its first statement took, so no other connection's commit falls between
+        the page and its total. Nothing is awaited in it, so no write of this one does either."""
+        conn = self.conn
+        conn.execute("BEGIN")
+        try:
+            return self._listing(flt), self._count(flt)
+        finally:
+            if conn.in_transaction:  # SQLite ends a transaction some failures break
+                conn.execute("ROLLBACK")
+
+    def _listing(self, flt: PendingFilter) -> list[InputRequest]:
         clause, params = self._filter_sql(flt)
         # Else SQLite scans every pending request in the order asked for, to skip sorting.
         due = flt.due_by is not None and flt.status == "pending"
@@ -230,8 +250,7 @@ class Reads(Connection):
         ).fetchall()
         return [stored_request(*row[:4], unpack, *row[4:]) for row in rows]
 
-    @reading
-    async def count_pending(self, flt: PendingFilter) -> int:
+    def _count(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)
         row = self.conn.execute(
             f"SELECT COUNT(*) FROM requests r JOIN sessions s ON s.sk=r.sk{clause}", params
