@@ -340,14 +340,33 @@ class Tool:
         return self._schema
 
     def validate(self, raw: Any) -> BaseModel:
-        """Validate model-proposed input; raises `pydantic.ValidationError`."""
+        """Validate model-proposed input; raises `pydantic.ValidationError`, also for any other
+        error a validator raises on it."""
         if not isinstance(raw, dict):
             raise ValidationError.from_exception_data(
                 self.input_model.__name__,
                 [{"type": "model_type", "loc": (), "input": raw, "ctx": {"class_name": "dict"}}],
             )
-        validated = self.input_model.model_validate(raw)
-        bad = _non_finite(validated.model_dump(), ())
+        try:
+            validated = self.input_model.model_validate(raw)
+            dumped = validated.model_dump()
+        except ValidationError:
+            raise
+        except Exception as exc:
+            # pydantic passes on what a validator raises other than ValueError: raised here, it
+            # would fail the drive and leave its session running for good.
+            raise ValidationError.from_exception_data(
+                self.input_model.__name__,
+                [
+                    {
+                        "type": "value_error",
+                        "loc": (),
+                        "input": raw,
+                        "ctx": {"error": f"{type(exc).__name__}: {exc}"},
+                    }
+                ],
+            ) from None
+        bad = _non_finite(dumped, ())
         if bad is not None:
             loc, value = bad
             raise ValidationError.from_exception_data(
