@@ -39,7 +39,7 @@ from ._tools import (
     over_limit,
 )
 from ._tracing import ToolSpan
-from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal
+from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, input_hash
 
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
 
@@ -157,7 +157,7 @@ class ToolCalls(DriverPart):
         s = self.state
         turn = s.turn
         assert turn is not None
-        dumped = validated.model_dump(mode="json")
+        dumped = tool.approved_form(validated)
         rules = tool.approval.rules
         now = self.clock()
         return InputRequest(
@@ -235,10 +235,18 @@ class ToolCalls(DriverPart):
             await self.record([tool_result(call, "error", self._unknown_tool(call.tool_name))])
             return
         principal = turn.principal
+        # The model's own input, validated again as when it was proposed (validating the form
+        # the reviewer saw would mask secrets or run a value-changing validator twice), or an
+        # edit; either way it must still be the input the approval is bound to.
         raw = call.input
+        bound: Action | None = None
         if call.request_id is not None:
             req = s.requests[call.request_id].request
-            raw = call.edited_input if call.edited_input is not None else req.input
+            if call.edited_input is not None:
+                raw = call.edited_input
+                bound = Action.of(call.id, call.tool_name, call.edited_input)
+            else:
+                bound = req.action
             by = (call.decision or {}).get("by")
             if tool.run_as == "approver" and by is not None:
                 principal = Principal.model_validate(by)
@@ -246,6 +254,13 @@ class ToolCalls(DriverPart):
             validated = tool.validate(raw)
         except ValidationError as exc:
             await self.record([tool_result(call, "error", invalid_input(exc))])
+            return
+        if bound is not None and not _still_bound(bound, tool, validated):
+            unapproved = {
+                "error": f"the input of {call.tool_name} validates now to other input than was "
+                "approved (a validator that is not deterministic?); the call was not run"
+            }
+            await self.record([tool_result(call, "error", unapproved)])
             return
         note = None
         decision = call.decision or {}
@@ -444,6 +459,14 @@ class ToolCalls(DriverPart):
         await self.record(
             journal.ending([("input.requested", {"requests": [dump_request(request)]})], [request])
         )
+
+
+def _still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
+    """Whether `validated` is the input `action` binds, by the hash the reviewer approved."""
+    form = tool.approved_form(validated)
+    return input_hash(form, tool_name=action.tool_name, call_id=action.call_id) == (
+        action.input_hash
+    )
 
 
 def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:

@@ -375,6 +375,11 @@ class Tool:
             )
         return validated
 
+    def approved_form(self, validated: BaseModel) -> dict[str, Any]:
+        """Validated input as a reviewer sees it and an approval binds it: JSON, by the names
+        the model is shown (aliases), so that it validates again to the same input."""
+        return validated.model_dump(mode="json", by_alias=True)
+
     async def invoke(self, ctx: ToolContext, validated: BaseModel) -> Any:
         """Run the body with validated input; returns its result as JSON-able data."""
         kwargs = {name: getattr(validated, name) for name in type(validated).model_fields}

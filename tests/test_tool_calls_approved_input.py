@@ -1,0 +1,149 @@
+"""What an approved call runs with (`_tool_calls`): the input the reviewer approved, as the tool
+validated it when it was proposed, whatever the tool's parameter types do to a value on the way
+(aliases, secrets, validators that change a value)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated, Any
+
+import pytest
+from pydantic import AfterValidator, Field, SecretStr
+
+import signoff as so
+from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+_COUNTER = itertools.count()  # module level: tool hints are resolved in the module
+
+
+async def _approve(
+    tmp_path: Path, tool: so.Tool, proposed: dict[str, Any], edit: dict[str, Any] | None = None
+) -> tuple[so.InputRequest, so.ToolResultMessage]:
+    """Run one call of `tool` with `proposed` input, approve it (with `edit`, if any) and return
+    the approval request and the result the model read."""
+    seen = Capture(reply("ok"))
+    proposal = call_tools(so.ToolCall(id="c1", name=tool.name, input=proposed))
+    agent = scripted_agent("a", [proposal, seen], tools=[tool])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert r.status == "waiting"
+        [req] = r.pending
+        approve = so.Decision(id=req.id, approved=True, edited_input=edit)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    return req, result
+
+
+async def test_an_approved_call_to_a_tool_with_an_aliased_parameter_runs(tmp_path: Path) -> None:
+    """A parameter with an alias is shown to the model (and the reviewer) by its alias: the
+    approved call runs with it, rather than failing as invalid input once approved."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def refund(order: Annotated[str, Field(alias="orderId")]) -> str:
+        """Refund an order."""
+        got.append(order)
+        return "refunded"
+
+    req, result = await _approve(tmp_path, refund, {"orderId": "1042"})
+    assert req.input == {"orderId": "1042"}
+    assert not result.is_error, result.content
+    assert got == ["1042"] and result.content == "refunded"
+
+
+async def test_an_edited_input_with_an_aliased_parameter_runs(tmp_path: Path) -> None:
+    """A reviewer's edit of an aliased parameter is recorded by the alias, and the call runs
+    with the edited value."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def refund(order: Annotated[str, Field(alias="orderId")]) -> str:
+        """Refund an order."""
+        got.append(order)
+        return "refunded"
+
+    _, result = await _approve(tmp_path, refund, {"orderId": "1042"}, edit={"orderId": "7"})
+    assert not result.is_error, result.content
+    assert got == ["7"] and result.content["edited_input"] == {"orderId": "7"}
+
+
+async def test_an_approved_call_gets_the_secret_the_model_passed_not_its_mask(
+    tmp_path: Path,
+) -> None:
+    """A `SecretStr` parameter is masked for the reviewer, but the tool receives the value the
+    model proposed, not the mask."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def login(token: SecretStr) -> str:
+        """Log in."""
+        got.append(token.get_secret_value())
+        return "in"
+
+    req, result = await _approve(tmp_path, login, {"token": "s3cret"})
+    assert req.input == {"token": "**********"}
+    assert got == ["s3cret"] and not result.is_error
+
+
+async def test_an_approved_call_runs_with_the_value_the_reviewer_saw(tmp_path: Path) -> None:
+    """A validator that changes a value runs once, as when the call was proposed: the tool gets
+    the value the reviewer approved, not that value validated a second time."""
+    got: list[int] = []
+
+    @so.tool(approval=so.always())
+    async def pay(cents: Annotated[int, AfterValidator(lambda v: v * 100)]) -> str:
+        """Pay."""
+        got.append(cents)
+        return "paid"
+
+    req, result = await _approve(tmp_path, pay, {"cents": 5})
+    assert req.input == {"cents": 500}
+    assert got == [500] and not result.is_error
+
+
+async def test_an_approved_call_whose_input_validates_differently_now_does_not_run(
+    tmp_path: Path,
+) -> None:
+    """When the proposed input no longer validates to what the reviewer approved (a validator
+    that is not deterministic), the call fails closed: the tool does not run with input nobody
+    approved."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def tag(label: Annotated[str, AfterValidator(lambda v: f"{v}-{next(_COUNTER)}")]) -> str:
+        """Tag."""
+        got.append(label)
+        return "tagged"
+
+    req, result = await _approve(tmp_path, tag, {"label": "x"})
+    assert req.input["label"].startswith("x-")
+    assert got == [] and result.is_error
+    assert "approved" in result.content["error"]
+
+
+async def test_an_edit_the_tool_would_not_run_with_is_refused(tmp_path: Path) -> None:
+    """An edit whose validated form validates again to something else (here a validator that
+    scales the value) is refused when answered, with the request still pending, rather than
+    approved and then failed."""
+
+    @so.tool(approval=so.always())
+    async def pay(cents: Annotated[int, AfterValidator(lambda v: v * 100)]) -> str:
+        """Pay."""
+        return "paid"
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(so.ToolCall(id="c1", name="pay", input={"cents": 5})), reply("ok")],
+        tools=[pay],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        edit = so.Decision(id=req.id, approved=True, edited_input={"cents": 7})
+        with pytest.raises(so.InvalidAnswer, match="cannot be edited"):
+            await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
+        [still] = (await rt.state(r.session_id)).pending_requests()
+        assert still.id == req.id
