@@ -42,6 +42,7 @@ class Scripted:
                     f"scripted step #{i + 1} is a {type(step).__name__}: a step is a "
                     "ModelResponse, a function of the conversation returning one, or an exception"
                 )
+            _check_function(i, step)
         self.repeat_last = repeat_last
         self.calls = 0
 
@@ -68,3 +69,26 @@ class Scripted:
         if not isinstance(result, ModelResponse):
             raise ModelError(f"scripted step #{index + 1} returned {result!r}, not a ModelResponse")
         return result
+
+
+def _check_function(i: int, step: Step) -> None:
+    """Refuse a step function that cannot be called with the conversation, and an exception
+    class (called with the conversation, it returns an exception instead of raising one)."""
+    if isinstance(step, type) and issubclass(step, BaseException):
+        raise UsageError(
+            f"scripted step #{i + 1} is the exception class {step.__name__}: pass an instance "
+            f"to raise, such as {step.__name__}(...)"
+        )
+    if isinstance(step, ModelResponse | Exception):
+        return
+    try:
+        signature = inspect.signature(step)
+    except (TypeError, ValueError):
+        return  # a builtin without one: met when it is called
+    try:
+        signature.bind([])
+    except TypeError:
+        raise UsageError(
+            f"scripted step #{i + 1} is a function {signature}: a step function takes the "
+            "conversation (one argument, the list of messages) and returns a ModelResponse"
+        ) from None
