@@ -5,6 +5,7 @@ size limits tests/test_tools_limits.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -255,6 +256,22 @@ def test_a_tool_definition_mistake_is_a_usage_error_naming_the_tool() -> None:
         "pydantic models...): Unable to generate pydantic-core schema for "
     )
     assert "arbitrary_types_allowed" not in str(refused.value)
+
+
+def test_a_parameter_with_no_json_schema_is_a_usage_error_when_defined() -> None:
+    """A type pydantic validates but cannot describe as JSON (a callable) was accepted, and
+    every model call of its agent then raised pydantic's schema error, leaving the session
+    running for good: it is refused when the tool is made."""
+
+    async def later(then: Callable[[], int]) -> str:
+        return "x"
+
+    with pytest.raises(so.UsageError) as refused:
+        so.tool(later)
+    assert str(refused.value).startswith(
+        "tool 'later': its parameters must be JSON types (str, int, float, bool, lists, dicts, "
+        "pydantic models...): Cannot generate a JsonSchema for core_schema.CallableSchema"
+    )
 
 
 def _shout(value: Any) -> str:

@@ -478,6 +478,9 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
         fields[p.name] = (hints[p.name], default)
     try:
         model = create_model(f"{name}_input", __base__=_Input, **fields)
+        # Some types it validates but cannot describe (a callable): found now, not at each
+        # model call of the agent.
+        model.model_json_schema()
     except PydanticUserError as exc:  # a type pydantic cannot describe as JSON
         problem = str(exc).split("\n", 1)[0].split(". ", 1)[0]
         raise UsageError(
