@@ -147,3 +147,64 @@ async def test_an_edit_the_tool_would_not_run_with_is_refused(tmp_path: Path) ->
             await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
         [still] = (await rt.state(r.session_id)).pending_requests()
         assert still.id == req.id
+
+
+class _Order:
+    """What a validator may turn a parameter into: an object with no JSON form."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+
+
+# What pydantic warns of, dumping the object in Python mode, is only a warning outside the tests.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_a_call_whose_validated_input_has_no_json_form_is_not_asked_and_fails(
+    tmp_path: Path,
+) -> None:
+    """A validator that turns input into an object with no JSON form leaves nothing to show a
+    reviewer: the call ends with an error the model reads, instead of pydantic's serialization
+    error escaping the drive and leaving the session running for good."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def refund(order: Annotated[str, AfterValidator(_Order)]) -> str:
+        """Refund an order."""
+        got.append(order.ref)  # type: ignore[attr-defined]
+        return "refunded"
+
+    seen = Capture(reply("sorry"))
+    proposal = call_tools(so.ToolCall(id="c1", name="refund", input={"order": "7"}))
+    agent = scripted_agent("a", [proposal, seen, reply("again")], tools=[refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed" and r.pending == []
+        [result] = tool_results(seen.last)
+        assert result.is_error and "JSON" in result.content["error"]
+        assert (await rt.generate(session_id=r.session_id, prompt="more")).status == "completed"
+    assert got == []
+
+
+def _order_for_obj(value: str) -> Any:
+    return _Order(value) if value == "obj" else value
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_an_edit_with_no_json_form_is_refused(tmp_path: Path) -> None:
+    """An edit a validator turns into an object with no JSON form cannot be recorded: it is
+    refused as an invalid answer, not pydantic's serialization error."""
+
+    @so.tool(approval=so.always())
+    async def refund(order: Annotated[str, AfterValidator(_order_for_obj)]) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    proposal = call_tools(so.ToolCall(id="c1", name="refund", input={"order": "7"}))
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        edit = so.Decision(id=req.id, approved=True, edited_input={"order": "obj"})
+        with pytest.raises(so.InvalidAnswer, match="no JSON form"):
+            await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
+        [still] = (await rt.state(r.session_id)).pending_requests()
+        assert still.id == req.id

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from ._events import EventType
 from ._exceptions import (
@@ -94,6 +95,11 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                 problems = _first_problems(exc)
                 raise InvalidAnswer(
                     f"request {rid}: edited input does not fit {tool.name}'s schema: {problems}",
+                    [rid],
+                ) from None
+            except PydanticSerializationError as exc:
+                raise InvalidAnswer(
+                    f"request {rid}: validated, the edited input has no JSON form to record: {exc}",
                     [rid],
                 ) from None
             _check_edit_kept(rid, tool, edited)

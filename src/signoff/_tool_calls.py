@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
 from ._error_text import error_message, error_text
@@ -121,7 +122,16 @@ class ToolCalls(DriverPart):
                     why = {"reason": "the user sent a new message instead", "outcome": "ignored"}
                     results.append(tool_result(call, "denied", denial(why)))
                     continue
-                requests.append(self._approval_request(call, tool, validated, verdict))
+                try:
+                    requests.append(self._approval_request(call, tool, validated, verdict))
+                except PydanticSerializationError as exc:
+                    # A validator made the input an object with no JSON form: there is nothing
+                    # to show a reviewer, so the call cannot be approved.
+                    shown = {
+                        "error": f"the input of {tool.name} has no JSON form to show a "
+                        f"reviewer, so it cannot be approved: {exc}"
+                    }
+                    results.append(tool_result(call, "error", shown))
             else:
                 to_run.append((call, tool, validated, verdict))
         specs: list[EventSpec] = []
