@@ -208,3 +208,48 @@ async def test_an_edit_with_no_json_form_is_refused(tmp_path: Path) -> None:
             await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
         [still] = (await rt.state(r.session_id)).pending_requests()
         assert still.id == req.id
+
+
+async def test_an_approval_a_tool_asks_for_shows_its_validated_input(tmp_path: Path) -> None:
+    """An approval raised from inside the tool (`ctx.request_approval`) shows the reviewer the
+    input as the tool validated it, as a policy's approval does: a secret masked, not the
+    model's raw arguments with the secret in clear."""
+
+    @so.tool
+    async def transfer(ctx: so.ToolContext, amount: float, token: SecretStr) -> str:
+        """Transfer."""
+        ctx.request_approval({"why": "large"})
+
+    proposal = call_tools(
+        so.ToolCall(id="c1", name="transfer", input={"amount": "180", "token": "s3cret"})
+    )
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[transfer])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    assert req.source == "tool" and req.payload == {"why": "large"}
+    assert req.input == {"amount": 180.0, "token": "**********"}
+    assert "s3cret" not in str([e.data for e in events if e.type == "input.requested"])
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_an_approval_a_tool_asks_for_with_no_json_input_fails_the_call(
+    tmp_path: Path,
+) -> None:
+    """A tool asking approval for input a validator made an object with no JSON form gets an
+    error result; nothing is asked."""
+
+    @so.tool
+    async def refund(ctx: so.ToolContext, order: Annotated[str, AfterValidator(_Order)]) -> str:
+        """Refund an order."""
+        ctx.request_approval()
+
+    seen = Capture(reply("sorry"))
+    proposal = call_tools(so.ToolCall(id="c1", name="refund", input={"order": "7"}))
+    agent = scripted_agent("a", [proposal, seen], tools=[refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed" and r.pending == []
+    [result] = tool_results(seen.last)
+    assert result.is_error and "no JSON form" in result.content["error"]

@@ -329,7 +329,7 @@ class ToolCalls(DriverPart):
         try:
             result = task.result()
         except ApprovalRequired as signal:
-            await self.request_from_tool(call, signal, journal)
+            await self.request_from_tool(call, signal, journal, tool, validated)
             return
         except QuestionWithdrawn as exc:
             cancelled = {"cancelled": True, "reason": str(exc)}
@@ -425,8 +425,15 @@ class ToolCalls(DriverPart):
         return tool.max_result_bytes or self.agent.limits.max_result_bytes
 
     async def request_from_tool(
-        self, call: CallState, signal: ApprovalRequired, journal: CallJournal
+        self,
+        call: CallState,
+        signal: ApprovalRequired,
+        journal: CallJournal,
+        tool: Tool,
+        validated: BaseModel,
     ) -> None:
+        """Ask for the approval `tool` raised, showing the reviewer its validated input as a
+        policy's approval shows it (a secret masked, not the model's raw arguments)."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -444,11 +451,16 @@ class ToolCalls(DriverPart):
             error = {"error": f"approval payload is not JSON-able: {error_message(exc)}"}
             await self.record(journal.ending([tool_result(call, "error", error)]))
             return
-        tool = self.agent.tools.get(call.tool_name)
-        limit = self.max_result_bytes(tool) if tool else self.agent.limits.max_result_bytes
+        limit = self.max_result_bytes(tool)
         too_large = over_limit("the approval payload is", payload, limit)
         if too_large is not None:
             await self.record(journal.ending([tool_result(call, "error", {"error": too_large})]))
+            return
+        try:
+            shown = tool.approved_form(validated)
+        except PydanticSerializationError as exc:
+            error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
+            await self.record(journal.ending([tool_result(call, "error", error)]))
             return
         request = InputRequest(
             kind="tool-approval",
@@ -456,15 +468,14 @@ class ToolCalls(DriverPart):
             session_id=s.id,
             turn_id=turn.id,
             agent=s.agent,
-            action=Action.of(call.id, call.tool_name, call.input),
+            action=Action.of(call.id, call.tool_name, shown),
             options=list(APPROVAL_OPTIONS),
             payload=payload,
             source="tool",
             requested_by=turn.principal,
             created_at=self.clock(),
             usage=s.usage,
-            response_policy=getattr(self.agent.tools.get(call.tool_name), "response_policy", None)
-            is not None,
+            response_policy=tool.response_policy is not None,
         )
         await self.record(
             journal.ending([("input.requested", {"requests": [dump_request(request)]})], [request])
