@@ -253,3 +253,36 @@ async def test_an_approval_a_tool_asks_for_with_no_json_input_fails_the_call(
         assert r.status == "completed" and r.pending == []
     [result] = tool_results(seen.last)
     assert result.is_error and "no JSON form" in result.content["error"]
+
+
+async def test_a_call_approved_after_its_tool_gained_a_parameter_does_not_run(
+    tmp_path: Path,
+) -> None:
+    """A new deploy whose tool has a parameter more (with a default) than when the call was
+    asked would run it with input the reviewer never saw: it ends with an error instead."""
+    got: list[str] = []
+
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    async def refund_v2(order_id: str, mode: str = "full") -> str:
+        """Refund an order."""
+        got.append(mode)
+        return "refunded"
+
+    proposal = call_tools(so.ToolCall(id="c1", name="refund", input={"order_id": "7"}))
+    v1 = so.Tool(refund, approval=so.always())
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [proposal], tools=[v1])) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+    seen = Capture(reply("ok"))
+    v2 = so.Tool(refund_v2, name="refund", approval=so.always())
+    agent = scripted_agent("a", [proposal, seen], tools=[v2])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        approve = so.Decision(id=req.id, approved=True)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    assert got == [] and result.is_error
+    assert "parameters changed" in result.content["error"]

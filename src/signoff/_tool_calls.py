@@ -268,7 +268,8 @@ class ToolCalls(DriverPart):
         if bound is not None and not _still_bound(bound, tool, validated):
             unapproved = {
                 "error": f"the input of {call.tool_name} validates now to other input than was "
-                "approved (a validator that is not deterministic?); the call was not run"
+                "approved (its parameters changed since, or a validator is not deterministic); "
+                "the call was not run"
             }
             await self.record([tool_result(call, "error", unapproved)])
             return
