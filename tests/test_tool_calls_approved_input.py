@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import pytest
 from pydantic import AfterValidator, Field, SecretStr
@@ -286,3 +286,42 @@ async def test_a_call_approved_after_its_tool_gained_a_parameter_does_not_run(
     [result] = tool_results(seen.last)
     assert got == [] and result.is_error
     assert "parameters changed" in result.content["error"]
+
+
+@pytest.mark.parametrize("raised", [False, True], ids=["policy", "tool"])
+async def test_a_response_policy_sees_the_input_the_tool_validated(
+    tmp_path: Path, raised: bool
+) -> None:
+    """A response policy reads the call's input as the tool validated it when proposed: the
+    secret itself and a scaled value scaled once, not the reviewer's JSON form validated
+    again (the mask, the value scaled twice)."""
+    seen: list[tuple[str, int]] = []
+
+    def check(ctx: so.ResponseContext) -> Literal["allowed"]:
+        given = ctx.request.tool_input
+        seen.append((given.token.get_secret_value(), given.cents))
+        return "allowed"
+
+    async def pay(
+        ctx: so.ToolContext, token: SecretStr, cents: Annotated[int, AfterValidator(_scaled)]
+    ) -> str:
+        """Pay."""
+        if raised:
+            ctx.request_approval()
+        return "paid"
+
+    request = None if raised else so.always()
+    tool = so.Tool(pay, approval=so.ApprovalSpec(request, response=check))
+    proposal = call_tools(so.ToolCall(id="c1", name="pay", input={"token": "s3", "cents": 5}))
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[tool])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)], auth=ALICE
+        )
+    assert seen == [("s3", 500)]
+
+
+def _scaled(value: int) -> int:
+    return value * 100
