@@ -96,3 +96,10 @@ def test_a_step_function_of_the_conversation_is_accepted_in_every_form() -> None
         return reply("ok")
 
     assert len(so.models.Scripted([plain, later, loose]).steps) == 3
+
+
+@pytest.mark.parametrize("repeat_last", ["no", 0, None])
+def test_repeat_last_must_be_a_bool(repeat_last: Any) -> None:
+    """`repeat_last="no"` was taken for its truth: the script repeated its last step."""
+    with pytest.raises(so.UsageError, match="repeat_last must be True or False"):
+        so.models.Scripted([reply("ok")], repeat_last=repeat_last)

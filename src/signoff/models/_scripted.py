@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeAlias
 
 from .._exceptions import ModelError, UsageError
+from .._settings import flag
 from .._types import Message, ModelResponse
 from ._base import ModelRequest
 
@@ -43,7 +44,7 @@ class Scripted:
                     "ModelResponse, a function of the conversation returning one, or an exception"
                 )
             _check_function(i, step)
-        self.repeat_last = repeat_last
+        self.repeat_last = flag("Scripted repeat_last", repeat_last)  # "no" was true
         self.calls = 0
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
