@@ -64,3 +64,42 @@ async def test_one_script_serves_two_sessions_and_two_runtimes_from_its_start(
             events = [e async for e in rt.events(r.session_id, follow=False)]
             texts = [e.data["text"] for e in events if e.type == "model.completed"]
             assert texts == ["one", "two"]
+
+
+@pytest.mark.parametrize(
+    ("steps", "problem"),
+    [
+        ([reply("ok"), lambda: reply("no")], "#2 .*takes the conversation"),
+        ([lambda messages, extra: reply("no")], "#1 .*takes the conversation"),
+        ([ValueError], "#1 is the exception class ValueError.*ValueError\\(\\.\\.\\.\\)"),
+    ],
+    ids=["no-argument", "two-arguments", "exception-class"],
+)
+def test_a_step_function_that_cannot_take_the_conversation_is_refused_when_scripted(
+    steps: list[Any], problem: str
+) -> None:
+    """A function that cannot be called with the conversation, or an exception class (called
+    with it, it returned an exception rather than raising one), is refused when scripted, not
+    met as a TypeError or a 'returned ValueError(...)' inside a failed turn."""
+    with pytest.raises(so.UsageError, match=problem):
+        so.models.Scripted(steps)
+
+
+def test_a_step_function_of_the_conversation_is_accepted_in_every_form() -> None:
+    def plain(messages: list[so.Message]) -> so.ModelResponse:
+        return reply("ok")
+
+    async def later(messages: list[so.Message], *, note: str = "") -> so.ModelResponse:
+        return reply("ok")
+
+    def loose(*args: Any) -> so.ModelResponse:
+        return reply("ok")
+
+    assert len(so.models.Scripted([plain, later, loose]).steps) == 3
+
+
+@pytest.mark.parametrize("repeat_last", ["no", 0, None])
+def test_repeat_last_must_be_a_bool(repeat_last: Any) -> None:
+    """`repeat_last="no"` was taken for its truth: the script repeated its last step."""
+    with pytest.raises(so.UsageError, match="repeat_last must be True or False"):
+        so.models.Scripted([reply("ok")], repeat_last=repeat_last)

@@ -5,20 +5,23 @@ size limits tests/test_tools_limits.py.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel, ValidationError
 
 import signoff as so
 from signoff.testing import (
+    Capture,
     ExecutionLog,
     call,
     call_tools,
     reply,
     scripted_agent,
     sqlite_runtime,
+    tool_results,
 )
 
 
@@ -253,3 +256,53 @@ def test_a_tool_definition_mistake_is_a_usage_error_naming_the_tool() -> None:
         "pydantic models...): Unable to generate pydantic-core schema for "
     )
     assert "arbitrary_types_allowed" not in str(refused.value)
+
+
+def test_a_parameter_with_no_json_schema_is_a_usage_error_when_defined() -> None:
+    """A type pydantic validates but cannot describe as JSON (a callable) was accepted, and
+    every model call of its agent then raised pydantic's schema error, leaving the session
+    running for good: it is refused when the tool is made."""
+
+    async def later(then: Callable[[], int]) -> str:
+        return "x"
+
+    with pytest.raises(so.UsageError) as refused:
+        so.tool(later)
+    assert str(refused.value).startswith(
+        "tool 'later': its parameters must be JSON types (str, int, float, bool, lists, dicts, "
+        "pydantic models...): Cannot generate a JsonSchema for core_schema.CallableSchema"
+    )
+
+
+def _shout(value: Any) -> str:
+    return str(value.upper())  # an AttributeError for anything but text
+
+
+@so.tool
+async def shout(text: Annotated[Any, AfterValidator(_shout)]) -> str:
+    """Shout."""
+    return str(text)
+
+
+def test_a_validator_raising_another_error_is_a_validation_error() -> None:
+    """pydantic turns only a validator's ValueError into a ValidationError: any other error it
+    raises on the model's input is one too, naming it."""
+    with pytest.raises(ValidationError, match="AttributeError: 'int' object has no attribute"):
+        shout.validate({"text": 5})
+    assert shout.validate({"text": "hi"}).model_dump() == {"text": "HI"}
+
+
+async def test_a_validator_crashing_on_the_models_input_fails_the_call_not_the_session(
+    tmp_path: Path,
+) -> None:
+    """A call whose input a validator crashes on gets an error result the model reads, and the
+    turn goes on; it left the session running for good, each message raising the error again."""
+    seen = Capture(reply("sorry"))
+    proposal = call_tools(so.ToolCall(id="c1", name="shout", input={"text": 5}))
+    agent = scripted_agent("a", [proposal, seen, reply("again")], tools=[shout])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed" and r.text.endswith("sorry")
+        [result] = tool_results(seen.last)
+        assert result.is_error and "AttributeError" in str(result.content)
+        assert (await rt.generate(session_id=r.session_id, prompt="more")).status == "completed"

@@ -354,7 +354,7 @@ class Answering(SessionRunner):
                         request_id=rid,
                         call_id=request.call_id or "",
                         tool_name=request.tool_name or "",
-                        tool_input=_typed_input(tool, request.input),
+                        tool_input=_proposed_input(state, tool, request),
                         principal=request.requested_by,
                         escalated_to=request.escalated_to,
                     ),
@@ -512,6 +512,17 @@ class Answering(SessionRunner):
     async def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
         """Whether `principal` may answer `request` (for a mirror, the subagent's request)."""
         return await refusal(self.agents, self.store, request, principal) is None
+
+
+def _proposed_input(state: SessionState, tool: Tool, request: InputRequest) -> Any:
+    """The input of the call `request` asks about, as the tool validated it when proposed: the
+    request shows its JSON form, which a masked secret or a validator that changes a value
+    would not give back."""
+    turn = state.turn
+    call = turn.calls.get(request.call_id or "") if turn is not None else None
+    if call is None or turn is None or turn.id != request.turn_id:
+        return _typed_input(tool, request.input)
+    return _typed_input(tool, call.input)
 
 
 def _typed_input(tool: Tool, value: Any) -> Any:

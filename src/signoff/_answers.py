@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import PydanticSerializationError
 
 from ._events import EventType
 from ._exceptions import (
@@ -89,13 +90,19 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
                 )
             _check_edit_as_given(rid, reply.edited_input)
             try:
-                edited = tool.validate(reply.edited_input).model_dump(mode="json")
+                edited = tool.approved_form(tool.validate(reply.edited_input))
             except ValidationError as exc:
                 problems = _first_problems(exc)
                 raise InvalidAnswer(
                     f"request {rid}: edited input does not fit {tool.name}'s schema: {problems}",
                     [rid],
                 ) from None
+            except PydanticSerializationError as exc:
+                raise InvalidAnswer(
+                    f"request {rid}: validated, the edited input has no JSON form to record: {exc}",
+                    [rid],
+                ) from None
+            _check_edit_kept(rid, tool, edited)
         approve = reply.option_id == "approve"
         out: dict[str, Any] = {
             "outcome": "approved" if approve else "cancelled",
@@ -202,6 +209,23 @@ def _check_depth(rid: str, value: Any) -> None:
                 )
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
+
+
+def _check_edit_kept(rid: str, tool: Tool, edited: dict[str, Any]) -> None:
+    """Refuse an edit the call would not run with: the recorded (validated) edit is validated
+    again when the call runs, and must come out the same (a masked secret or a validator that
+    changes a value would not)."""
+    try:
+        again = tool.approved_form(tool.validate(edited))
+    except ValidationError:
+        again = None
+    if again != edited:
+        raise InvalidAnswer(
+            f"request {rid}: {tool.name}'s input cannot be edited: validated again, the edit "
+            "does not come out as it went in (a masked secret, or a validator that changes "
+            "its value), so the call could not run with it",
+            [rid],
+        )
 
 
 def _check_edit_as_given(rid: str, edited: Any) -> None:

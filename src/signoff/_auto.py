@@ -102,6 +102,9 @@ def _caution(verdict: str, reason: str) -> Verdict:
     return Verdict("ask", auto=(verdict, reason))
 
 
+_CAUTION = re.compile(r"\bcaution\b", re.IGNORECASE)
+
+
 def _parse(text: str) -> tuple[str | None, str]:
     """`(verdict, reason)` from JSON, or from a reply that starts with the verdict word."""
     text = (text or "").strip()
@@ -111,13 +114,17 @@ def _parse(text: str) -> tuple[str | None, str]:
             data = json.loads(match.group(0))
         except ValueError:
             data = None
-        if isinstance(data, dict) and data.get("verdict") in ("clear", "caution"):
-            return data["verdict"], str(data.get("reason") or "")
+        found = data.get("verdict") if isinstance(data, dict) else None
+        prose = text[: match.start()] + text[match.end() :]
+        # A clear verdict beside prose that says caution may be one the reviewer quoted (the
+        # call's input can hold any text): it is no clear verdict.
+        if found == "caution" or (found == "clear" and not _CAUTION.search(prose)):
+            return found, str(data.get("reason") or "")
     word = re.match(r"\W*(clear|caution)\b[\s:.,-]*(.*)", text, re.IGNORECASE | re.DOTALL)
     if word:
         verdict, rest = word.group(1).lower(), word.group(2).strip()
         # Prose that says clear and then caution is no clear verdict: a person decides.
-        if verdict == "caution" or not re.search(r"\bcaution\b", rest, re.IGNORECASE):
+        if verdict == "caution" or not _CAUTION.search(rest):
             return verdict, rest
     return None, text[:200]
 

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
 from ._error_text import error_message, error_text
@@ -39,7 +40,7 @@ from ._tools import (
     over_limit,
 )
 from ._tracing import ToolSpan
-from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal
+from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, input_hash
 
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
 
@@ -121,7 +122,16 @@ class ToolCalls(DriverPart):
                     why = {"reason": "the user sent a new message instead", "outcome": "ignored"}
                     results.append(tool_result(call, "denied", denial(why)))
                     continue
-                requests.append(self._approval_request(call, tool, validated, verdict))
+                try:
+                    requests.append(self._approval_request(call, tool, validated, verdict))
+                except PydanticSerializationError as exc:
+                    # A validator made the input an object with no JSON form: there is nothing
+                    # to show a reviewer, so the call cannot be approved.
+                    shown = {
+                        "error": f"the input of {tool.name} has no JSON form to show a "
+                        f"reviewer, so it cannot be approved: {exc}"
+                    }
+                    results.append(tool_result(call, "error", shown))
             else:
                 to_run.append((call, tool, validated, verdict))
         specs: list[EventSpec] = []
@@ -157,7 +167,7 @@ class ToolCalls(DriverPart):
         s = self.state
         turn = s.turn
         assert turn is not None
-        dumped = validated.model_dump(mode="json")
+        dumped = tool.approved_form(validated)
         rules = tool.approval.rules
         now = self.clock()
         return InputRequest(
@@ -235,10 +245,18 @@ class ToolCalls(DriverPart):
             await self.record([tool_result(call, "error", self._unknown_tool(call.tool_name))])
             return
         principal = turn.principal
+        # The model's own input, validated again as when it was proposed (validating the form
+        # the reviewer saw would mask secrets or run a value-changing validator twice), or an
+        # edit; either way it must still be the input the approval is bound to.
         raw = call.input
+        bound: Action | None = None
         if call.request_id is not None:
             req = s.requests[call.request_id].request
-            raw = call.edited_input if call.edited_input is not None else req.input
+            if call.edited_input is not None:
+                raw = call.edited_input
+                bound = Action.of(call.id, call.tool_name, call.edited_input)
+            else:
+                bound = req.action
             by = (call.decision or {}).get("by")
             if tool.run_as == "approver" and by is not None:
                 principal = Principal.model_validate(by)
@@ -246,6 +264,14 @@ class ToolCalls(DriverPart):
             validated = tool.validate(raw)
         except ValidationError as exc:
             await self.record([tool_result(call, "error", invalid_input(exc))])
+            return
+        if bound is not None and not _still_bound(bound, tool, validated):
+            unapproved = {
+                "error": f"the input of {call.tool_name} validates now to other input than was "
+                "approved (its parameters changed since, or a validator is not deterministic); "
+                "the call was not run"
+            }
+            await self.record([tool_result(call, "error", unapproved)])
             return
         note = None
         decision = call.decision or {}
@@ -304,7 +330,7 @@ class ToolCalls(DriverPart):
         try:
             result = task.result()
         except ApprovalRequired as signal:
-            await self.request_from_tool(call, signal, journal)
+            await self.request_from_tool(call, signal, journal, tool, validated)
             return
         except QuestionWithdrawn as exc:
             cancelled = {"cancelled": True, "reason": str(exc)}
@@ -400,8 +426,15 @@ class ToolCalls(DriverPart):
         return tool.max_result_bytes or self.agent.limits.max_result_bytes
 
     async def request_from_tool(
-        self, call: CallState, signal: ApprovalRequired, journal: CallJournal
+        self,
+        call: CallState,
+        signal: ApprovalRequired,
+        journal: CallJournal,
+        tool: Tool,
+        validated: BaseModel,
     ) -> None:
+        """Ask for the approval `tool` raised, showing the reviewer its validated input as a
+        policy's approval shows it (a secret masked, not the model's raw arguments)."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -419,11 +452,16 @@ class ToolCalls(DriverPart):
             error = {"error": f"approval payload is not JSON-able: {error_message(exc)}"}
             await self.record(journal.ending([tool_result(call, "error", error)]))
             return
-        tool = self.agent.tools.get(call.tool_name)
-        limit = self.max_result_bytes(tool) if tool else self.agent.limits.max_result_bytes
+        limit = self.max_result_bytes(tool)
         too_large = over_limit("the approval payload is", payload, limit)
         if too_large is not None:
             await self.record(journal.ending([tool_result(call, "error", {"error": too_large})]))
+            return
+        try:
+            shown = tool.approved_form(validated)
+        except PydanticSerializationError as exc:
+            error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
+            await self.record(journal.ending([tool_result(call, "error", error)]))
             return
         request = InputRequest(
             kind="tool-approval",
@@ -431,19 +469,26 @@ class ToolCalls(DriverPart):
             session_id=s.id,
             turn_id=turn.id,
             agent=s.agent,
-            action=Action.of(call.id, call.tool_name, call.input),
+            action=Action.of(call.id, call.tool_name, shown),
             options=list(APPROVAL_OPTIONS),
             payload=payload,
             source="tool",
             requested_by=turn.principal,
             created_at=self.clock(),
             usage=s.usage,
-            response_policy=getattr(self.agent.tools.get(call.tool_name), "response_policy", None)
-            is not None,
+            response_policy=tool.response_policy is not None,
         )
         await self.record(
             journal.ending([("input.requested", {"requests": [dump_request(request)]})], [request])
         )
+
+
+def _still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
+    """Whether `validated` is the input `action` binds, by the hash the reviewer approved."""
+    form = tool.approved_form(validated)
+    return input_hash(form, tool_name=action.tool_name, call_id=action.call_id) == (
+        action.input_hash
+    )
 
 
 def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:

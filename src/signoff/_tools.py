@@ -340,14 +340,33 @@ class Tool:
         return self._schema
 
     def validate(self, raw: Any) -> BaseModel:
-        """Validate model-proposed input; raises `pydantic.ValidationError`."""
+        """Validate model-proposed input; raises `pydantic.ValidationError`, also for any other
+        error a validator raises on it."""
         if not isinstance(raw, dict):
             raise ValidationError.from_exception_data(
                 self.input_model.__name__,
                 [{"type": "model_type", "loc": (), "input": raw, "ctx": {"class_name": "dict"}}],
             )
-        validated = self.input_model.model_validate(raw)
-        bad = _non_finite(validated.model_dump(), ())
+        try:
+            validated = self.input_model.model_validate(raw)
+            dumped = validated.model_dump()
+        except ValidationError:
+            raise
+        except Exception as exc:
+            # pydantic passes on what a validator raises other than ValueError: raised here, it
+            # would fail the drive and leave its session running for good.
+            raise ValidationError.from_exception_data(
+                self.input_model.__name__,
+                [
+                    {
+                        "type": "value_error",
+                        "loc": (),
+                        "input": raw,
+                        "ctx": {"error": f"{type(exc).__name__}: {exc}"},
+                    }
+                ],
+            ) from None
+        bad = _non_finite(dumped, ())
         if bad is not None:
             loc, value = bad
             raise ValidationError.from_exception_data(
@@ -355,6 +374,11 @@ class Tool:
                 [{"type": "finite_number", "loc": loc, "input": value}],
             )
         return validated
+
+    def approved_form(self, validated: BaseModel) -> dict[str, Any]:
+        """Validated input as a reviewer sees it and an approval binds it: JSON, by the names
+        the model is shown (aliases), so that it validates again to the same input."""
+        return validated.model_dump(mode="json", by_alias=True)
 
     async def invoke(self, ctx: ToolContext, validated: BaseModel) -> Any:
         """Run the body with validated input; returns its result as JSON-able data."""
@@ -454,6 +478,9 @@ def _input_model(fn: Callable[..., Any], name: str) -> tuple[bool, type[BaseMode
         fields[p.name] = (hints[p.name], default)
     try:
         model = create_model(f"{name}_input", __base__=_Input, **fields)
+        # Some types it validates but cannot describe (a callable): found now, not at each
+        # model call of the agent.
+        model.model_json_schema()
     except PydanticUserError as exc:  # a type pydantic cannot describe as JSON
         problem = str(exc).split("\n", 1)[0].split(". ", 1)[0]
         raise UsageError(

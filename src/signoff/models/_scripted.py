@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import TypeAlias
 
 from .._exceptions import ModelError, UsageError
+from .._settings import flag
 from .._types import Message, ModelResponse
 from ._base import ModelRequest
 
@@ -42,7 +43,8 @@ class Scripted:
                     f"scripted step #{i + 1} is a {type(step).__name__}: a step is a "
                     "ModelResponse, a function of the conversation returning one, or an exception"
                 )
-        self.repeat_last = repeat_last
+            _check_function(i, step)
+        self.repeat_last = flag("Scripted repeat_last", repeat_last)  # "no" was true
         self.calls = 0
 
     async def complete(self, request: ModelRequest) -> ModelResponse:
@@ -68,3 +70,26 @@ class Scripted:
         if not isinstance(result, ModelResponse):
             raise ModelError(f"scripted step #{index + 1} returned {result!r}, not a ModelResponse")
         return result
+
+
+def _check_function(i: int, step: Step) -> None:
+    """Refuse a step function that cannot be called with the conversation, and an exception
+    class (called with the conversation, it returns an exception instead of raising one)."""
+    if isinstance(step, type) and issubclass(step, BaseException):
+        raise UsageError(
+            f"scripted step #{i + 1} is the exception class {step.__name__}: pass an instance "
+            f"to raise, such as {step.__name__}(...)"
+        )
+    if isinstance(step, ModelResponse | Exception):
+        return
+    try:
+        signature = inspect.signature(step)
+    except (TypeError, ValueError):
+        return  # a builtin without one: met when it is called
+    try:
+        signature.bind([])
+    except TypeError:
+        raise UsageError(
+            f"scripted step #{i + 1} is a function {signature}: a step function takes the "
+            "conversation (one argument, the list of messages) and returns a ModelResponse"
+        ) from None

@@ -1,0 +1,327 @@
+"""What an approved call runs with (`_tool_calls`): the input the reviewer approved, as the tool
+validated it when it was proposed, whatever the tool's parameter types do to a value on the way
+(aliases, secrets, validators that change a value)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import pytest
+from pydantic import AfterValidator, Field, SecretStr
+
+import signoff as so
+from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+_COUNTER = itertools.count()  # module level: tool hints are resolved in the module
+
+
+async def _approve(
+    tmp_path: Path, tool: so.Tool, proposed: dict[str, Any], edit: dict[str, Any] | None = None
+) -> tuple[so.InputRequest, so.ToolResultMessage]:
+    """Run one call of `tool` with `proposed` input, approve it (with `edit`, if any) and return
+    the approval request and the result the model read."""
+    seen = Capture(reply("ok"))
+    proposal = call_tools(so.ToolCall(id="c1", name=tool.name, input=proposed))
+    agent = scripted_agent("a", [proposal, seen], tools=[tool])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert r.status == "waiting"
+        [req] = r.pending
+        approve = so.Decision(id=req.id, approved=True, edited_input=edit)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    return req, result
+
+
+async def test_an_approved_call_to_a_tool_with_an_aliased_parameter_runs(tmp_path: Path) -> None:
+    """A parameter with an alias is shown to the model (and the reviewer) by its alias: the
+    approved call runs with it, rather than failing as invalid input once approved."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def refund(order: Annotated[str, Field(alias="orderId")]) -> str:
+        """Refund an order."""
+        got.append(order)
+        return "refunded"
+
+    req, result = await _approve(tmp_path, refund, {"orderId": "1042"})
+    assert req.input == {"orderId": "1042"}
+    assert not result.is_error, result.content
+    assert got == ["1042"] and result.content == "refunded"
+
+
+async def test_an_edited_input_with_an_aliased_parameter_runs(tmp_path: Path) -> None:
+    """A reviewer's edit of an aliased parameter is recorded by the alias, and the call runs
+    with the edited value."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def refund(order: Annotated[str, Field(alias="orderId")]) -> str:
+        """Refund an order."""
+        got.append(order)
+        return "refunded"
+
+    _, result = await _approve(tmp_path, refund, {"orderId": "1042"}, edit={"orderId": "7"})
+    assert not result.is_error, result.content
+    assert got == ["7"] and result.content["edited_input"] == {"orderId": "7"}
+
+
+async def test_an_approved_call_gets_the_secret_the_model_passed_not_its_mask(
+    tmp_path: Path,
+) -> None:
+    """A `SecretStr` parameter is masked for the reviewer, but the tool receives the value the
+    model proposed, not the mask."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def login(token: SecretStr) -> str:
+        """Log in."""
+        got.append(token.get_secret_value())
+        return "in"
+
+    req, result = await _approve(tmp_path, login, {"token": "s3cret"})
+    assert req.input == {"token": "**********"}
+    assert got == ["s3cret"] and not result.is_error
+
+
+async def test_an_approved_call_runs_with_the_value_the_reviewer_saw(tmp_path: Path) -> None:
+    """A validator that changes a value runs once, as when the call was proposed: the tool gets
+    the value the reviewer approved, not that value validated a second time."""
+    got: list[int] = []
+
+    @so.tool(approval=so.always())
+    async def pay(cents: Annotated[int, AfterValidator(lambda v: v * 100)]) -> str:
+        """Pay."""
+        got.append(cents)
+        return "paid"
+
+    req, result = await _approve(tmp_path, pay, {"cents": 5})
+    assert req.input == {"cents": 500}
+    assert got == [500] and not result.is_error
+
+
+async def test_an_approved_call_whose_input_validates_differently_now_does_not_run(
+    tmp_path: Path,
+) -> None:
+    """When the proposed input no longer validates to what the reviewer approved (a validator
+    that is not deterministic), the call fails closed: the tool does not run with input nobody
+    approved."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def tag(label: Annotated[str, AfterValidator(lambda v: f"{v}-{next(_COUNTER)}")]) -> str:
+        """Tag."""
+        got.append(label)
+        return "tagged"
+
+    req, result = await _approve(tmp_path, tag, {"label": "x"})
+    assert req.input["label"].startswith("x-")
+    assert got == [] and result.is_error
+    assert "approved" in result.content["error"]
+
+
+async def test_an_edit_the_tool_would_not_run_with_is_refused(tmp_path: Path) -> None:
+    """An edit whose validated form validates again to something else (here a validator that
+    scales the value) is refused when answered, with the request still pending, rather than
+    approved and then failed."""
+
+    @so.tool(approval=so.always())
+    async def pay(cents: Annotated[int, AfterValidator(lambda v: v * 100)]) -> str:
+        """Pay."""
+        return "paid"
+
+    agent = scripted_agent(
+        "a",
+        [call_tools(so.ToolCall(id="c1", name="pay", input={"cents": 5})), reply("ok")],
+        tools=[pay],
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        edit = so.Decision(id=req.id, approved=True, edited_input={"cents": 7})
+        with pytest.raises(so.InvalidAnswer, match="cannot be edited"):
+            await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
+        [still] = (await rt.state(r.session_id)).pending_requests()
+        assert still.id == req.id
+
+
+class _Order:
+    """What a validator may turn a parameter into: an object with no JSON form."""
+
+    def __init__(self, ref: str) -> None:
+        self.ref = ref
+
+
+# What pydantic warns of, dumping the object in Python mode, is only a warning outside the tests.
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_a_call_whose_validated_input_has_no_json_form_is_not_asked_and_fails(
+    tmp_path: Path,
+) -> None:
+    """A validator that turns input into an object with no JSON form leaves nothing to show a
+    reviewer: the call ends with an error the model reads, instead of pydantic's serialization
+    error escaping the drive and leaving the session running for good."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def refund(order: Annotated[str, AfterValidator(_Order)]) -> str:
+        """Refund an order."""
+        got.append(order.ref)  # type: ignore[attr-defined]
+        return "refunded"
+
+    seen = Capture(reply("sorry"))
+    proposal = call_tools(so.ToolCall(id="c1", name="refund", input={"order": "7"}))
+    agent = scripted_agent("a", [proposal, seen, reply("again")], tools=[refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed" and r.pending == []
+        [result] = tool_results(seen.last)
+        assert result.is_error and "JSON" in result.content["error"]
+        assert (await rt.generate(session_id=r.session_id, prompt="more")).status == "completed"
+    assert got == []
+
+
+def _order_for_obj(value: str) -> Any:
+    return _Order(value) if value == "obj" else value
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_an_edit_with_no_json_form_is_refused(tmp_path: Path) -> None:
+    """An edit a validator turns into an object with no JSON form cannot be recorded: it is
+    refused as an invalid answer, not pydantic's serialization error."""
+
+    @so.tool(approval=so.always())
+    async def refund(order: Annotated[str, AfterValidator(_order_for_obj)]) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    proposal = call_tools(so.ToolCall(id="c1", name="refund", input={"order": "7"}))
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        edit = so.Decision(id=req.id, approved=True, edited_input={"order": "obj"})
+        with pytest.raises(so.InvalidAnswer, match="no JSON form"):
+            await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
+        [still] = (await rt.state(r.session_id)).pending_requests()
+        assert still.id == req.id
+
+
+async def test_an_approval_a_tool_asks_for_shows_its_validated_input(tmp_path: Path) -> None:
+    """An approval raised from inside the tool (`ctx.request_approval`) shows the reviewer the
+    input as the tool validated it, as a policy's approval does: a secret masked, not the
+    model's raw arguments with the secret in clear."""
+
+    @so.tool
+    async def transfer(ctx: so.ToolContext, amount: float, token: SecretStr) -> str:
+        """Transfer."""
+        ctx.request_approval({"why": "large"})
+
+    proposal = call_tools(
+        so.ToolCall(id="c1", name="transfer", input={"amount": "180", "token": "s3cret"})
+    )
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[transfer])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    assert req.source == "tool" and req.payload == {"why": "large"}
+    assert req.input == {"amount": 180.0, "token": "**********"}
+    assert "s3cret" not in str([e.data for e in events if e.type == "input.requested"])
+
+
+@pytest.mark.filterwarnings("ignore:Pydantic serializer warnings:UserWarning")
+async def test_an_approval_a_tool_asks_for_with_no_json_input_fails_the_call(
+    tmp_path: Path,
+) -> None:
+    """A tool asking approval for input a validator made an object with no JSON form gets an
+    error result; nothing is asked."""
+
+    @so.tool
+    async def refund(ctx: so.ToolContext, order: Annotated[str, AfterValidator(_Order)]) -> str:
+        """Refund an order."""
+        ctx.request_approval()
+
+    seen = Capture(reply("sorry"))
+    proposal = call_tools(so.ToolCall(id="c1", name="refund", input={"order": "7"}))
+    agent = scripted_agent("a", [proposal, seen], tools=[refund])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed" and r.pending == []
+    [result] = tool_results(seen.last)
+    assert result.is_error and "no JSON form" in result.content["error"]
+
+
+async def test_a_call_approved_after_its_tool_gained_a_parameter_does_not_run(
+    tmp_path: Path,
+) -> None:
+    """A new deploy whose tool has a parameter more (with a default) than when the call was
+    asked would run it with input the reviewer never saw: it ends with an error instead."""
+    got: list[str] = []
+
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    async def refund_v2(order_id: str, mode: str = "full") -> str:
+        """Refund an order."""
+        got.append(mode)
+        return "refunded"
+
+    proposal = call_tools(so.ToolCall(id="c1", name="refund", input={"order_id": "7"}))
+    v1 = so.Tool(refund, approval=so.always())
+    async with sqlite_runtime(tmp_path, scripted_agent("a", [proposal], tools=[v1])) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+    seen = Capture(reply("ok"))
+    v2 = so.Tool(refund_v2, name="refund", approval=so.always())
+    agent = scripted_agent("a", [proposal, seen], tools=[v2])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        approve = so.Decision(id=req.id, approved=True)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    assert got == [] and result.is_error
+    assert "parameters changed" in result.content["error"]
+
+
+@pytest.mark.parametrize("raised", [False, True], ids=["policy", "tool"])
+async def test_a_response_policy_sees_the_input_the_tool_validated(
+    tmp_path: Path, raised: bool
+) -> None:
+    """A response policy reads the call's input as the tool validated it when proposed: the
+    secret itself and a scaled value scaled once, not the reviewer's JSON form validated
+    again (the mask, the value scaled twice)."""
+    seen: list[tuple[str, int]] = []
+
+    def check(ctx: so.ResponseContext) -> Literal["allowed"]:
+        given = ctx.request.tool_input
+        seen.append((given.token.get_secret_value(), given.cents))
+        return "allowed"
+
+    async def pay(
+        ctx: so.ToolContext, token: SecretStr, cents: Annotated[int, AfterValidator(_scaled)]
+    ) -> str:
+        """Pay."""
+        if raised:
+            ctx.request_approval()
+        return "paid"
+
+    request = None if raised else so.always()
+    tool = so.Tool(pay, approval=so.ApprovalSpec(request, response=check))
+    proposal = call_tools(so.ToolCall(id="c1", name="pay", input={"token": "s3", "cents": 5}))
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[tool])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)], auth=ALICE
+        )
+    assert seen == [("s3", 500)]
+
+
+def _scaled(value: int) -> int:
+    return value * 100
