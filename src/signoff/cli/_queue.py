@@ -30,7 +30,7 @@ from .._exceptions import (
     UsageError,
 )
 from .._runtime import Runtime
-from .._text import escape_as_json
+from .._text import HIDDEN, escape_as_json
 from .._types import InputRequest, InputResponse, Principal
 from .._unlisted import unlisted
 from ..channels.terminal import compact_json, duration, printable
@@ -205,6 +205,7 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
         what = r.tool_name or r.question or r.kind
         shown_input = r.payload if r.payload is not None else r.input
         readable = "" if shown_input is None else json.dumps(shown_input, ensure_ascii=False)
+        readable = HIDDEN.sub(escape_as_json, readable)  # what runs, as `compact_json` shows it
         if r.kind != "tool-approval" and r.question:
             choices = ", ".join(f"{o.id}={o.label}" for o in r.options)
             readable = r.question + (f" ({choices})" if choices else "")
