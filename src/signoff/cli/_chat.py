@@ -17,8 +17,10 @@ from rich.console import Console
 from .._agent import Agent
 from .._exceptions import (
     AnswerError,
+    InvalidAnswer,
     NotAllowed,
     SignoffError,
+    TooLarge,
     UsageError,
 )
 from .._results import GenerateResult
@@ -241,6 +243,9 @@ class _Chat:
             except AnswerError as exc:  # someone else answered first, or it closed meanwhile
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
                 result = await self.runtime.generate(session_id=result.session_id)
+            except (InvalidAnswer, TooLarge) as exc:  # what was typed cannot be taken: ask again
+                self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
+                answered.discard(request.id)
         self.report(result)
         return True
 
