@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import signal
 import socket
 from typing import Annotated, Any
@@ -371,13 +372,20 @@ def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None, auth: o
         raise UsageError("--metrics-token is given but no --metrics")
 
 
+_TOKEN = re.compile("([^=].*?=*)=([^=].*)", re.DOTALL)
+"""`SECRET=PRINCIPAL_ID`, split at the first `=` after the secret's base64 padding (`openssl
+rand -base64 32` ends in `=`): split at the first `=` of all, the secret lost its padding and the
+principal's id began with it. An id may hold `=` (`uid=alice`); a secret, only as padding."""
+
+
 def _token_principals(tokens: list[str]) -> dict[str, Principal]:
     """The principal of each `--token SECRET=PRINCIPAL_ID`; the value is never shown in an
     error, as a mistyped one may be the bare secret."""
     principals: dict[str, Principal] = {}
     for n, item in enumerate(tokens, 1):
-        secret, sep, who = item.partition("=")
-        if not sep or not secret or not who:
+        found = _TOKEN.fullmatch(item)
+        secret, who = found.groups() if found else ("", "")
+        if not secret or not who:
             raise UsageError(
                 f"--token takes SECRET=PRINCIPAL_ID, and token #{n} is not one "
                 "(not shown, as it may hold a secret)"
