@@ -314,6 +314,8 @@ def chat(
         if sys.stdin is None:  # started with it closed (`<&-`): `input()` would raise
             raise UsageError("chat reads what you type from standard input, which is closed")
         runtime = load_runtime(target, store)
+        if not runtime.agents:
+            raise UsageError(f"{target} has no agents to chat with")
         # --session names its agent, so a runtime of several needs no --agent to continue it
         by_session = session is not None and agent is None and len(runtime.agents) > 1
         picked = None if by_session else pick_agent(runtime, agent)
