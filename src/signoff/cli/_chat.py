@@ -32,6 +32,7 @@ from ..stores import DEFAULT_URL
 from ._app import (
     AsOption,
     app,
+    driving,
     error_text,
     load_runtime,
     misuse,
@@ -313,7 +314,7 @@ def chat(
             split_target(target)
         if sys.stdin is None:  # started with it closed (`<&-`): `input()` would raise
             raise UsageError("chat reads what you type from standard input, which is closed")
-        runtime = load_runtime(target, store)
+        runtime = driving(load_runtime(target, store))
         if not runtime.agents:
             raise UsageError(f"{target} has no agents to chat with")
         # --session names its agent, so a runtime of several needs no --agent to continue it

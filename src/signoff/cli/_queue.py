@@ -41,6 +41,7 @@ from ._app import (
     StoreOption,
     app,
     clip,
+    driving,
     err,
     error_text,
     existing_store,
@@ -276,7 +277,7 @@ async def _settle(
         principal = parse_principal(acting_as)
         if target:
             split_target(target)
-    loaded = load_runtime(target, store) if target else None
+    loaded = driving(load_runtime(target, store)) if target else None
     if loaded is not None and isinstance(loaded.store, SQLiteStore):
         existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
     console = out()
