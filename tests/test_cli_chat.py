@@ -4,14 +4,17 @@ approval on, retrying a failed turn, each gated call of a step in turn."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 from typer.testing import CliRunner
 
 import signoff as so
 from signoff.cli import app, local_principal
 
-from ._cli import TARGET, flaky_step, invoke, log, park, refunds_run, url
+from ._cli import ROOT, TARGET, flaky_step, invoke, log, park, refunds_run, url
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -100,3 +103,23 @@ def test_names_with_brackets_are_printed_as_they_are(url: str) -> None:
     listed = invoke("sessions", "--store", url)
     assert listed.exit_code == 0, (listed.output, listed.exception)
     assert "ops [eu] [/x]" in listed.output
+
+
+def test_an_answer_chat_cannot_take_is_asked_again(url: str) -> None:
+    """A reason holding a byte that is not UTF-8 (typed into a pipe, which Python passes on as
+    a lone surrogate) is refused as an `InvalidAnswer`, and the approval is asked again: it was
+    dropped, left pending, and every message after it failed with `PartialAnswer`."""
+    chat = subprocess.run(
+        [sys.executable, "-m", "signoff", "chat", TARGET, "--store", url],
+        cwd=ROOT,
+        input=b"refund 1042\nn\nbro\xe9ken\nn\nbroken\n",
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:surrogateescape"},
+        timeout=60,
+    )
+    output = chat.stdout.decode()
+    assert chat.returncode == 0, (output, chat.stderr)
+    assert "InvalidAnswer" in output and "PartialAnswer" not in output, output
+    assert output.count("(y/N)") == 2, output
+    assert "support: Not refunded: broken." in output, output
+    assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []

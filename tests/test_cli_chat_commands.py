@@ -101,3 +101,16 @@ def test_a_session_of_another_agent_says_how_to_continue_it(url: str) -> None:
     several = CliRunner().invoke(app, ["chat", "tests.test_cli_chat_commands:both", "--store", url])
     assert several.exit_code == 1
     assert "several agents (greeter, echo): choose one with --agent" in several.stderr
+
+
+empty = so.Runtime([], store="sqlite:///unused.db")
+
+
+def test_chat_with_a_runtime_of_no_agents_says_so(url: str) -> None:
+    """A runtime with no agents was said to have several, "(none)", and to need `--agent`,
+    which could only fail."""
+    result = CliRunner().invoke(app, ["chat", "tests.test_cli_chat_commands:empty", "--store", url])
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        "error: UsageError: tests.test_cli_chat_commands:empty has no agents to chat with\n"
+    ), result.stderr

@@ -130,3 +130,23 @@ def test_approving_or_denying_a_question_says_to_answer_it(url: str, command: st
         f"signoff answer {question.id} --option ID or --text TEXT\n"
     )
     assert len(log(url, question.session_id)) == before
+
+
+def test_chat_and_approve_run_the_turn_of_a_runtime_left_to_workers(url: str) -> None:
+    """`chat` and `approve MODULE:RUNTIME` continue the turn in their own process, as the
+    README says, even for a runtime that leaves its turns to workers (`inline=False`): they
+    only recorded it and said "another process is running this session's turn" (no process
+    was), and chat's next message then failed with `SessionBusy`."""
+    target = "tests._cli:offline_runtime"
+    chat = CliRunner().invoke(
+        app, ["chat", target, "--store", url], input="refund 1042\ny\nthanks\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert "support: Refunded 180.00." in chat.output, chat.output
+    assert "another process" not in chat.output and "SessionBusy" not in chat.output
+    session_id, request_id = park(url)
+    approved = invoke("approve", request_id, target, "--store", url)
+    assert approved.exit_code == 0, approved.output
+    assert "support: Refunded 180.00." in approved.output, approved.output
+    assert "another process" not in approved.output
+    assert "turn.completed" in [e.type for e in log(url, session_id)]

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 import signoff as so
+from signoff.models import ModelRequest
 
 from ._cli import ROOT, TARGET, _free_port, invoke, park, refused_usage
 
@@ -125,3 +126,54 @@ def test_the_database_driver_s_reconnection_warnings_show_only_at_debug(
         "ERROR psycopg.pool: the pool is broken",
         "WARNING signoff.worker: claiming sessions failed",
     ]
+
+
+class _Forging:
+    """A model whose error message (a provider's response, say) holds escape sequences and a
+    line break: it retitles the terminal, wipes the line and writes a log line of its own."""
+
+    async def complete(self, request: ModelRequest) -> so.ModelResponse:
+        raise so.ModelError(
+            "upstream said: \x1b]0;owned\x07\x1b[2K\rINFO signoff.worker: all good\nforged line"
+        )
+
+
+forging = so.Agent(name="forging", model=_Forging())
+
+
+def test_a_model_s_error_cannot_steer_the_terminal_or_forge_log_lines(tmp_path: Path) -> None:
+    """A failed turn's error is logged with its control characters and line breaks shown as
+    escapes (`\\x1b`, `\\n`): written as they are, they retitled the operator's terminal and
+    made a line of the log that no logger wrote."""
+    url = f"sqlite:///{tmp_path}/state.db"
+    rt = so.Runtime([forging], store=url, inline=False)
+    try:
+        session_id = rt.generate_sync("forging", "hi").session_id
+    finally:
+        rt.close_sync()
+    args = [SIGNOFF, "worker", "tests.test_cli_logging:forging", "--store", url]
+    worker = subprocess.Popen(
+        [*args, "--idle-wait", "0.05"],
+        cwd=ROOT,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        check = so.Runtime([], store=url)
+        try:
+            while check.state_sync(session_id).status != "failed":
+                assert time.monotonic() < deadline, "the turn did not fail"
+                time.sleep(0.05)
+        finally:
+            check.close_sync()
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        _, err = worker.communicate(timeout=30)
+    assert worker.returncode == 0, err
+    (failed,) = [ln for ln in err.splitlines() if f"session {session_id}: failed" in ln]
+    assert "\\x1b]0;owned\\x07\\x1b[2K\\rINFO signoff.worker: all good\\nforged line" in failed
+    assert "\x1b" not in err and "\x07" not in err and "\r" not in err, err
+    assert "forged line" not in err.replace(failed, ""), err

@@ -62,6 +62,29 @@ def test_serve_refuses_a_token_it_would_misread_without_printing_it(
     assert "s3cret" not in result.output and started == []
 
 
+def test_serve_keeps_a_base64_secret_s_padding_in_the_secret(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`openssl rand -base64 32` ends in `=`: `--token "$SECRET=alice"` was split at its first
+    `=`, so the server took the secret without its padding, for a principal named `=alice`,
+    and refused the token as given. The padding stays the secret's; an id may still hold `=`."""
+    import uvicorn
+
+    served: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: served.append(self.config.app))
+    one, two = "c2VjcmV0LTE=", "c2VjcmV0LTIzNA=="  # one and two bytes of padding
+    args = ["--token", f"{one}=alice", "--token", f"{two}=bob", "--token", "s3cret=uid=carol"]
+    result = invoke("serve", TARGET, "--store", url, "--port", "0", *args)
+    assert result.exit_code == 0, result.output
+    auth = served[0].state.signoff.auth
+    found = {t: auth.lookup(t) for t in (one, two, "s3cret", one[:-1], two[:-2])}
+    assert {t: p.principal_id for t, p in found.items() if p is not None} == {
+        one: "alice",
+        two: "bob",
+        "s3cret": "uid=carol",
+    }
+
+
 def test_serve_sets_the_dashboards_sign_in_lifetime(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

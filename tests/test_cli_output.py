@@ -244,3 +244,46 @@ kuma = scripted_agent(
     ],
     tools=[issue_refund],
 )
+
+
+@so.tool(approval=so.always())
+async def pay(to: str) -> str:
+    """Pay someone."""
+    return f"paid {to}"
+
+
+# Zero-width space, two tag characters (invisible: "ASCII smuggling"), word joiner, byte order
+# mark, soft hyphen and the Arabic letter mark (a bidirectional control).
+_INVISIBLE = "\u200b\U000e0061\U000e0074\u2060\ufeff\xad\u061c"
+
+hider = scripted_agent(
+    "hider", [call_tools(call("pay", to=f"ACME{_INVISIBLE}")), reply("Paid.")], tools=[pay]
+)
+
+
+def test_invisible_characters_in_a_tool_input_show_as_escapes(url: str) -> None:
+    """What the terminal shows of a call to approve is what runs: a tool input's invisible
+    characters (zero-width, tag characters, a byte order mark) printed as they are showed
+    `{"to":"ACME"}` for a payee that is not ACME, in `chat`'s prompt, `pending` and `events`,
+    where the dashboard and Slack show them as `\\u` escapes."""
+    chat = CliRunner().invoke(
+        app, ["chat", "tests.test_cli_output:hider", "--store", url], input="pay\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    rt = so.Runtime([hider], store=url)
+    try:
+        parked = rt.generate_sync("hider", "pay again")
+    finally:
+        rt.close_sync()
+    wide = {"COLUMNS": "300"}  # the table's input column would wrap the escapes
+    shown = [
+        chat,
+        CliRunner().invoke(app, ["pending", "--store", url], env=wide),
+        invoke("events", parked.session_id, "--store", url),
+    ]
+    escaped = "ACME\\u200b\\udb40\\udc61\\udb40\\udc74\\u2060\\ufeff\\u00ad\\u061c"
+    for result in shown:
+        assert result.exit_code == 0, result.output
+        assert escaped in result.output.replace("\n", ""), result.output
+        for hidden in _INVISIBLE:
+            assert hidden not in result.output, (hidden, result.output)

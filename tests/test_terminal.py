@@ -425,6 +425,15 @@ def test_compact_json_reads_like_helix() -> None:
     assert compact_json({"amount": 180.0, "x": [1.5, 2.0]}) == '{"amount":180,"x":[1.5,2]}'
 
 
+def test_compact_json_shows_invisible_characters_as_escapes_and_still_parses() -> None:
+    """A zero-width space, a tag character or a bidirectional mark in a tool input is shown as
+    its escape, in keys too; visible non-ASCII text stays as it is, and the text parses back."""
+    value = {"to\u200b": "ACME\U000e0061\u061c", "note": "café 返金"}
+    shown = compact_json(value)
+    assert shown == '{"to\\u200b":"ACME\\udb40\\udc61\\u061c","note":"café 返金"}'
+    assert json.loads(shown) == value
+
+
 def test_channel_takes_odd_digits_as_text_not_a_crash() -> None:
     """A superscript digit or thousands of digits are no option number: they are the answer."""
     question = _request(

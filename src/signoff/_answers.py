@@ -20,6 +20,7 @@ from ._exceptions import (
     UsageError,
 )
 from ._results import Outcome
+from ._text import is_blank
 from ._tools import Tool
 from ._types import Decision, InputRequest, InputResponse, Principal, match_option
 
@@ -136,7 +137,7 @@ def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) ->
     elif reply.text is not None:
         if not request.allow_text:
             raise InvalidAnswer(f"request {rid} takes one of its options, not free text", [rid])
-        if not reply.text.strip():
+        if is_blank(reply.text):  # whitespace, controls or invisible characters say nothing
             raise InvalidAnswer(f"request {rid}: the answer text is empty", [rid])
         answer = {"value": reply.text, "option_id": None, "text": reply.text}
     else:

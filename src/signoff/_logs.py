@@ -4,7 +4,10 @@ driver's): stderr, timestamped."""
 from __future__ import annotations
 
 import logging
+import re
 import sys
+from types import TracebackType
+from typing import TypeAlias
 
 __all__ = ["LOG_FORMAT", "LOG_LEVELS", "log_to_stderr"]
 
@@ -12,6 +15,39 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 """The levels the commands take, uvicorn's (`trace` is its own, below debug)."""
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+# Controls (ESC starts the sequences that retitle, clear or rewrite a terminal), the
+# bidirectional ones that reorder the text around them, and lone surrogates. A message's line
+# breaks go too: it is one line, whatever text (a model's error, a driver's) it quotes.
+_IN_LINE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_IN_BLOCK = re.compile(
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+_ExcInfo: TypeAlias = (
+    tuple[type[BaseException], BaseException, TracebackType | None] | tuple[None, None, None]
+)
+
+
+def _escaped(pattern: re.Pattern[str], text: str) -> str:
+    return pattern.sub(lambda m: ascii(m.group())[1:-1], text)
+
+
+class _Escaping(logging.Formatter):
+    """Writes what a record quotes (a model's error, a tool's) with its control characters as
+    escapes (`\\x1b`, `\\n`): as they are, they steered the terminal reading the log and
+    made lines no logger wrote. A traceback keeps its line breaks."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return _escaped(_IN_LINE, super().formatMessage(record))
+
+    def formatException(self, ei: _ExcInfo) -> str:
+        return _escaped(_IN_BLOCK, super().formatException(ei))
+
+    def formatStack(self, stack_info: str) -> str:
+        return _escaped(_IN_BLOCK, super().formatStack(stack_info))
 
 
 def log_to_stderr(level: str = "info") -> None:
@@ -24,7 +60,7 @@ def log_to_stderr(level: str = "info") -> None:
     least = logging.DEBUG if level == "trace" else getattr(logging, level.upper())
     logger.setLevel(least)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    handler.setFormatter(_Escaping(LOG_FORMAT))
     logger.addHandler(handler)
     # psycopg's pool warns of every failed reconnection (several a second while the database is
     # down), which signoff logs once when it starts and once when it ends: below debug, only

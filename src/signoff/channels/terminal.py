@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._exceptions import UsageError
-from .._text import is_blank
+from .._text import HIDDEN, escape_as_json, is_blank
 from .._types import InputRequest, InputResponse, how_to_choose, named_options
 from ._tty import read_terminal_line, terminal_stdin
 
@@ -29,15 +29,18 @@ _NO = frozenset({"n", "no", ""})
 
 def compact_json(value: Any) -> str:
     """A call's input as JSON on one line, with no spaces after separators and non-ASCII text as
-    it is, so an approval prompt stays short; whole-number floats read as integers (`180`)."""
-    return json.dumps(_tidy(value), separators=(",", ":"), ensure_ascii=False, default=str)
+    it is, so an approval prompt stays short; whole-number floats read as integers (`180`).
+    Invisible and bidirectional characters show as `\\u` escapes, as on the dashboard and in
+    Slack, so what a reviewer reads is what runs (the JSON still parses to `value`)."""
+    text = json.dumps(_tidy(value), separators=(",", ":"), ensure_ascii=False, default=str)
+    return HIDDEN.sub(escape_as_json, text)
 
 
 # C0 and C1 controls but tab and newline (ESC starts the sequences that retitle, clear or rewrite
-# a terminal), DEL, the bidirectional overrides that reorder what follows them, and lone
-# surrogates (a model can produce one; a UTF-8 terminal or pipe cannot take it).
+# a terminal), DEL, the bidirectional controls that reorder what is around them (`_text.BIDI`),
+# and lone surrogates (a model can produce one; a UTF-8 terminal or pipe cannot take it).
 _CONTROLS = re.compile(
-    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
 
 

@@ -370,6 +370,13 @@ def load_runtime(target: str, store: str | None = None) -> Runtime:
     raise UsageError(f"{target} is a {type(obj).__name__}, not a signoff Runtime or Agent")
 
 
+def driving(runtime: Runtime) -> Runtime:
+    """`runtime` running its turns in this process, as `chat` and an answer given with
+    `MODULE:RUNTIME` do: one that leaves them to workers (`inline=False`) only recorded them,
+    and a person at the terminal waited on a worker that may not be running."""
+    return runtime if runtime.inline else runtime._replaced(inline=True)
+
+
 def pick_agent(runtime: Runtime, name: str | None) -> Agent:
     if name is not None:
         return runtime.agent(name)

@@ -17,8 +17,10 @@ from rich.console import Console
 from .._agent import Agent
 from .._exceptions import (
     AnswerError,
+    InvalidAnswer,
     NotAllowed,
     SignoffError,
+    TooLarge,
     UsageError,
 )
 from .._results import GenerateResult
@@ -31,6 +33,7 @@ from ._app import (
     AsOption,
     StoreOption,
     app,
+    driving,
     error_text,
     load_runtime,
     misuse,
@@ -242,6 +245,9 @@ class _Chat:
             except AnswerError as exc:  # someone else answered first, or it closed meanwhile
                 self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
                 result = await self.runtime.generate(session_id=result.session_id)
+            except (InvalidAnswer, TooLarge) as exc:  # what was typed cannot be taken: ask again
+                self.console.print(f"[red]{type(exc).__name__}: {printable(str(exc))}[/]")
+                answered.discard(request.id)
         self.report(result)
         return True
 
@@ -301,7 +307,9 @@ def chat(
             split_target(target)
         if sys.stdin is None:  # started with it closed (`<&-`): `input()` would raise
             raise UsageError("chat reads what you type from standard input, which is closed")
-        runtime = load_runtime(target, store)
+        runtime = driving(load_runtime(target, store))
+        if not runtime.agents:
+            raise UsageError(f"{target} has no agents to chat with")
         # --session names its agent, so a runtime of several needs no --agent to continue it
         by_session = session is not None and agent is None and len(runtime.agents) > 1
         picked = None if by_session else pick_agent(runtime, agent)

@@ -31,7 +31,7 @@ from .._exceptions import (
 )
 from .._queue_page import counted_page
 from .._runtime import Runtime
-from .._text import escape_as_json
+from .._text import HIDDEN, escape_as_json
 from .._types import InputRequest, InputResponse, Principal
 from .._unlisted import unlisted
 from ..channels.terminal import compact_json, duration, printable
@@ -43,6 +43,7 @@ from ._app import (
     StoreOption,
     app,
     clip,
+    driving,
     err,
     error_text,
     existing_store,
@@ -210,6 +211,7 @@ def _queue_table(requests: list[InputRequest], total: int) -> Table:
         what = r.tool_name or r.question or r.kind
         shown_input = r.payload if r.payload is not None else r.input
         readable = "" if shown_input is None else json.dumps(shown_input, ensure_ascii=False)
+        readable = HIDDEN.sub(escape_as_json, readable)  # what runs, as `compact_json` shows it
         if r.kind != "tool-approval" and r.question:
             choices = ", ".join(f"{o.id}={o.label}" for o in r.options)
             readable = r.question + (f" ({choices})" if choices else "")
@@ -280,7 +282,7 @@ async def _settle(
         principal = parse_principal(acting_as)
         if target:
             split_target(target)
-    loaded = load_runtime(target, store) if target else None
+    loaded = driving(load_runtime(target, store)) if target else None
     if loaded is not None and isinstance(loaded.store, SQLiteStore):
         existing_store(loaded.store.url)  # a mistyped path is refused, not created empty
     console = out()

@@ -396,13 +396,27 @@ def _check_metrics(ctx: typer.Context, metrics: bool, token: str | None, auth: o
         raise UsageError("--metrics-token is given but no --metrics")
 
 
+def _split_token(item: str) -> tuple[str, str]:
+    """`SECRET=PRINCIPAL_ID` as (secret, id), split at the last `=` of the first run of them:
+    a base64 secret's padding (`openssl rand -base64 32` ends in `=`) stays the secret's, where
+    the first `=` of all left the secret without it and began the id with it. An id may hold
+    `=` (`uid=alice`); a secret, only as padding. ("", "") when either part is empty."""
+    first = item.find("=")
+    if first < 1:  # none, or no secret before it
+        return "", ""
+    last = first
+    while last + 1 < len(item) and item[last + 1] == "=":
+        last += 1
+    return item[:last], item[last + 1 :]
+
+
 def _token_principals(tokens: list[str]) -> dict[str, Principal]:
     """The principal of each `--token SECRET=PRINCIPAL_ID`; the value is never shown in an
     error, as a mistyped one may be the bare secret."""
     principals: dict[str, Principal] = {}
     for n, item in enumerate(tokens, 1):
-        secret, sep, who = item.partition("=")
-        if not sep or not secret or not who:
+        secret, who = _split_token(item)
+        if not secret or not who:
             raise UsageError(
                 f"--token takes SECRET=PRINCIPAL_ID, and token #{n} is not one "
                 "(not shown, as it may hold a secret)"
