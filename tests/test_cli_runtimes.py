@@ -135,3 +135,35 @@ def test_store_and_its_variable_replace_the_runtimes_own(
     rows = invoke("sessions", target, "--json")
     assert [r["id"] for r in json.loads(rows.stdout)] == [session_id]
     assert not other.exists()
+
+
+def test_a_runtimes_store_of_another_schema_is_the_one_read_and_upgraded(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`,
+    not `?schema=` in its URL): the schema commands upgrade and check that schema, and the
+    reading commands read it, never the default schema of the same database."""
+    import psycopg
+
+    module = f"schema_runtime_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
+        "from tests._cli import agent\n"
+        f"runtime = so.Runtime([agent], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    target = f"{module}:runtime"
+    upgraded = invoke("db", "upgrade", target)
+    assert upgraded.stdout.startswith("schema created"), upgraded.output
+    assert "schema 'tenant_a'" in upgraded.stdout
+    with psycopg.connect(pg_url) as conn:
+        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    assert "tenant_a" in schemas and "signoff" not in schemas
+    status = invoke("db", "status", target)
+    assert status.exit_code == 0 and "schema 'tenant_a'" in status.stdout, status.output
+    session_id, request_id = park(f"{pg_url}?schema=tenant_a")
+    listed = invoke("pending", target, "--json")
+    assert [r["id"] for r in json.loads(listed.stdout)] == [request_id], listed.output
+    rows = invoke("sessions", target, "--json")
+    assert [r["id"] for r in json.loads(rows.stdout)] == [session_id], rows.output

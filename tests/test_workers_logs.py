@@ -42,12 +42,13 @@ async def test_a_failed_turn_is_logged_with_why(
         )
 
 
-async def test_a_worker_that_lost_its_lease_says_so_not_what_the_other_worker_did(
-    store_url: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A worker whose tool body outlived its lease (another worker took the turn over and
-    completed it meanwhile) finds its lease gone when it records the result: its log says it
-    lost the lease, not `session X: completed`, which was the other worker's doing."""
+async def _lose_a_lease(
+    store_url: str, caplog: pytest.LogCaptureFixture, *, store_fails_after: bool = False
+) -> tuple[str, list[str], so.SessionState, list[str]]:
+    """A worker whose tool body outlives its lease (another worker takes the turn over and
+    completes it meanwhile) finds its lease gone when it records the result; with
+    `store_fails_after`, its store fails from then on (as when a failing store cost the lease).
+    The session, what the workers logged of it, its state and the tool's runs."""
     started, go_on = asyncio.Event(), asyncio.Event()
     runs: list[str] = []
 
@@ -85,6 +86,23 @@ async def test_a_worker_that_lost_its_lease_says_so_not_what_the_other_worker_di
         so.Runtime([agent], store=store_url, inline=False, lease_ttl=30) as first,
         so.Runtime([agent], store=store_url, inline=False, clock=later) as second,
     ):
+        if store_fails_after:
+            failing: list[bool] = []
+            commit, head = first.store.commit, first.store.head
+
+            async def fenced(*args: Any, **kw: Any) -> Any:
+                try:
+                    return await commit(*args, **kw)
+                except so.LeaseLost:
+                    failing.append(True)
+                    raise
+
+            async def gone(*args: Any, **kw: Any) -> Any:
+                if failing:
+                    raise so.StoreError("the store went away")
+                return await head(*args, **kw)
+
+            first.store.commit, first.store.head = fenced, gone  # type: ignore[method-assign]
         sid = (await front.generate("support", prompt="Refund order 1042")).session_id
         with caplog.at_level(logging.INFO, logger="signoff"):  # the runtime's lines too
             async with working(first):
@@ -94,29 +112,59 @@ async def test_a_worker_that_lost_its_lease_says_so_not_what_the_other_worker_di
                 go_on.set()  # the first worker's body returns; recording it finds the lease gone
 
                 async def four_lines() -> bool:
-                    return len(said(sid)) == 4
+                    return len(said(sid)) >= 4
 
                 await until(four_lines)
         state = await front.state(sid)
-    claimed, taken_over, completed, lost = said(sid)
+    return sid, said(sid), state, runs
+
+
+def _about_the_lease(caplog: pytest.LogCaptureFixture, sid: str) -> list[tuple[str, str, str]]:
+    return [
+        (r.name, r.levelname, r.getMessage())
+        for r in caplog.records
+        if r.getMessage().startswith(f"session {sid}: lease")
+    ]
+
+
+def _lost(sid: str, token: str) -> tuple[str, str, str]:
+    return (
+        "signoff.worker",
+        "WARNING",
+        f"session {sid}: lease {token} lost (the drive stalled past it or could not renew "
+        "it); the turn is left to the process that takes it over",
+    )
+
+
+async def test_a_worker_that_lost_its_lease_says_so_not_what_the_other_worker_did(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its log says it lost the lease, not `session X: completed`, which was the other worker's
+    doing."""
+    sid, lines, state, runs = await _lose_a_lease(store_url, caplog)
+    claimed, taken_over, completed, lost = lines
     token = re.fullmatch(rf"claimed session {sid} \(lease (\d+)\)", claimed)
     assert token is not None and taken_over.startswith(f"claimed session {sid} "), taken_over
     assert completed == f"session {sid}: completed"  # the second worker's own line
     # One line, a warning, said by the worker: the runtime warned "lease N was lost; leaving
     # the turn" and the worker then said it again, at info.
-    about_the_lease = [
-        (r.name, r.levelname, r.getMessage())
-        for r in caplog.records
-        if r.getMessage().startswith(f"session {sid}: lease")
-    ]
-    assert about_the_lease == [
-        (
-            "signoff.worker",
-            "WARNING",
-            f"session {sid}: lease {token[1]} lost (the drive stalled past it or could not renew "
-            "it); the turn is left to the process that takes it over",
-        )
-    ]
+    about_the_lease = _about_the_lease(caplog, sid)
+    assert about_the_lease == [_lost(sid, token[1])]
     assert lost == about_the_lease[0][2]
     assert runs == [f"{sid}:1:call_refund"] * 2
     assert state.turn is not None and state.turn.text == "Done."
+
+
+async def test_a_lease_lost_is_said_when_the_store_then_fails(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A drive that lost its lease and then could not read the session again (the store
+    failing, as a failing store costs leases) is still said to have lost it, once; it was said
+    by no one (the runtime leaves it to the worker, which was never told), and the worker said
+    the turn failed, to be retried once its lease expires, though another worker had it."""
+    sid, lines, _, runs = await _lose_a_lease(store_url, caplog, store_fails_after=True)
+    token = re.fullmatch(rf"claimed session {sid} \(lease (\d+)\)", lines[0])
+    assert token is not None
+    assert _about_the_lease(caplog, sid) == [_lost(sid, token[1])]
+    assert not [line for line in lines if "the turn failed in the worker" in line], lines
+    assert runs == [f"{sid}:1:call_refund"] * 2

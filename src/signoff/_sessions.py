@@ -487,6 +487,8 @@ class SessionRunner(Leasing):
                 # worker drives the turn; this one wrote nothing after losing it (fencing).
                 if on_lost is None:  # else the caller says it, in one line of its own
                     log.warning(lost_line(session_id, token))
+                else:  # told now: reading the session again below may fail (a store failing)
+                    on_lost(token)
                 lost = True
                 span.fail(exc)
             except asyncio.CancelledError:
@@ -524,8 +526,6 @@ class SessionRunner(Leasing):
             else:
                 state = await self._state(session_id)
             if lost:
-                if on_lost is not None:
-                    on_lost(token)
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
                 return self._result(state, outcomes)

@@ -272,7 +272,11 @@ class Workers(Messages):
         except SessionExpired:
             # Its TTL passed between the claim and the drive, which recorded that: not a failure.
             log.info("session %s: expired; its expiry is recorded", session_id)
-        except Exception:
+        except Exception as exc:
+            if lost:  # then the session could not be read again: the loss is what happened
+                log.warning(lost_line(session_id, lost[-1]))
+                log.info("session %s: after its lease was lost: %s", session_id, exc)
+                return
             # The lease is kept until it lapses: any worker retries the session after the TTL.
             log.exception(
                 "session %s: the turn failed in the worker; retried once its lease expires (%.1fs)",

@@ -321,7 +321,20 @@ def store_of(target: str | None, store: str | None) -> str | None:
         return store
     with misuse():
         split_target(target)
-    return load_runtime(target, store).store.url
+    own = load_runtime(target, store).store
+    url = own.url
+    schema = getattr(own, "schema", None)
+    if (
+        store is None
+        and isinstance(schema, str)
+        and url.startswith(("postgresql://", "postgres://"))
+    ):
+        # A schema given as `PostgresStore(url, schema=)` is not in its URL: put there, lest
+        # the command read (or upgrade) the database's default schema instead.
+        from ..stores.postgres._url import with_schema
+
+        url = with_schema(url, schema)
+    return url
 
 
 def load_runtime(target: str, store: str | None = None) -> Runtime:

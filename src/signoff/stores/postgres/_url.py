@@ -24,6 +24,7 @@ __all__ = [
     "resolved_settings",
     "schema_name",
     "split_options",
+    "with_schema",
     "with_libpq_defaults",
 ]
 
@@ -98,6 +99,18 @@ def split_options(url: str) -> tuple[str, dict[str, str]]:
     if not ours:
         return url, {}
     return _unsplit(parts, theirs), ours
+
+
+def with_schema(url: str, schema: str) -> str:
+    """`url` naming `schema` in its `?schema=` (replacing one it names): the URL of a store
+    given its schema as an argument, for what opens that store again from its URL alone."""
+    dsn, options = split_options(url)
+    if options.get("schema", "signoff") == schema:
+        return url
+    options["schema"] = schema
+    parts = urlsplit(dsn)
+    query = [*filter(None, parts.query.split("&")), urlencode(options)]
+    return _unsplit(parts, query)
 
 
 def check_parameters(dsn: str) -> None:

@@ -1,0 +1,35 @@
+"""`with_schema`: a PostgreSQL URL naming the schema a store was given as an argument, so what
+opens the store again from its URL alone (the CLI, for a runtime's own store) opens the same
+schema; the URL's other options, libpq's and signoff's, are kept."""
+
+from __future__ import annotations
+
+import pytest
+
+from signoff.stores.postgres import PostgresStore
+from signoff.stores.postgres._url import split_options, with_schema
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:p%40ss@db.example/app",
+        "postgresql://u@db.example/app?sslmode=require&pool_max=3",
+        "postgres:///app?schema=other",
+        "postgresql://db.example/app?application_name=a+b#frag",
+    ],
+)
+def test_the_url_names_the_schema_and_keeps_the_rest(url: str) -> None:
+    named = with_schema(url, "tenant_a")
+    store = PostgresStore(named)
+    assert store.schema == "tenant_a"
+    dsn, options = split_options(named)
+    before_dsn, before = split_options(url)
+    assert dsn == before_dsn
+    assert options == {**before, "schema": "tenant_a"}
+
+
+def test_a_url_naming_the_schema_already_is_unchanged() -> None:
+    for url in ("postgresql://h/app", "postgresql://h/app?schema=signoff&pool_max=2"):
+        assert with_schema(url, "signoff") == url
+    assert with_schema("postgresql://h/app?schema=x", "x") == "postgresql://h/app?schema=x"
