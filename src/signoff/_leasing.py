@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import random
 import sys
 import time
@@ -20,7 +21,15 @@ from typing import Any
 from ._exceptions import LeaseLost, StoreError
 from .stores import Store
 
-__all__ = ["LEASE_TTL_MAX", "LEASE_TTL_MIN", "Held", "Leasing", "lost_line"]
+__all__ = [
+    "CLOCK_CHECK_EVERY",
+    "CLOCK_RETRY",
+    "LEASE_TTL_MAX",
+    "LEASE_TTL_MIN",
+    "Held",
+    "Leasing",
+    "lost_line",
+]
 
 log = logging.getLogger("signoff.runtime")
 
@@ -62,6 +71,16 @@ LEASE_TTL_MAX = 86_400.0
 another worker may resume them, so a longer one only delays recovery."""
 
 
+CLOCK_CHECK_EVERY = 60.0
+"""How old, in seconds, a process's measurement of the database's clock may grow before it is
+measured again: by the next call or lease renewal that finds it older, in the background, so no
+call waits for it (a worker also measures it at every sweep). A step of the database's clock, or
+a drift of this machine's from it, is judged by for that long at most while the process is used."""
+
+CLOCK_RETRY = 10.0
+"""Seconds before a measurement of the database's clock that failed is tried again."""
+
+
 @dataclass(slots=True)
 class Held:
     """A drive's lease as this process knows it. Once it is lost (taken over, or about to lapse
@@ -97,11 +116,20 @@ class Leasing:
     # The clock the store's is reckoned from (`_AWAKE`), or None to read `clock` as
     # it is: on SQLite, or a clock given to the runtime.
     _lease_base: Callable[[], float] | None
+    _lease_due: float  # when (`_AWAKE()`) the store's clock is to be measured again
+    _lease_check: asyncio.Task[None] | None  # that measurement, running in the background
     # Leases of ended drives the store refused to release: given back by the next drive here.
     _unreleased: dict[str, tuple[str, int]]
     # When each lease this process was just granted (and confirmed) lapses, by session:
     # `(token, expiry)`, taken by the drive that holds it (`_hold`).
     _expiries: dict[str, tuple[int, float]]
+
+    def _unmeasured(self) -> None:
+        """No measurement of the store's clock yet: `clock` is read as it is until `open`."""
+        self._lease_offset = 0.0
+        self._lease_base = None
+        self._lease_due = math.inf
+        self._lease_check = None
 
     def now(self) -> float:
         """The time this runtime stamps and judges by (events, deadlines, session TTLs, leases,
@@ -111,8 +139,9 @@ class Leasing:
         return self.clock() if base is None else base() + self._lease_offset
 
     async def _sync_lease_clock(self) -> None:
-        """Measure how far the store's clock is from ours (a worker does so again every sweep,
-        so a clock stepped since is caught up with)."""
+        """Measure how far the store's clock is from ours (again at every sweep of a worker, and
+        in any process once the measurement is old: `_check_lease_clock`), so a clock stepped
+        since is caught up with."""
         server_time = getattr(self.store, "server_time", None)
         # SQLite: every process shares this machine's clock. A clock given to the runtime (a
         # test's) is taken as the shared one: every process using the store is given it too.
@@ -124,8 +153,44 @@ class Leasing:
         # a suspend (`_AWAKE`).
         before = _AWAKE()
         theirs = await server_time()
-        self._lease_offset = theirs - (before + _AWAKE()) / 2
+        after = _AWAKE()
+        self._lease_offset = theirs - (before + after) / 2
         self._lease_base = _AWAKE
+        self._lease_due = after + CLOCK_CHECK_EVERY
+
+    def _check_lease_clock(self) -> None:
+        """Measure the store's clock again in the background once the last measurement is
+        `CLOCK_CHECK_EVERY` old, so a process used for days catches up with a step of the
+        database's clock or a drift from it; the call that finds it due does not wait for it."""
+        if self._lease_base is None or _AWAKE() < self._lease_due:
+            return  # no store clock (SQLite, a given clock), or measured lately
+        check = self._lease_check
+        if check is not None and not check.done() and not check.get_loop().is_closed():
+            return  # being measured (a loop closed meanwhile never will)
+        self._lease_check = asyncio.create_task(self._recheck_lease_clock())
+
+    async def _recheck_lease_clock(self) -> None:
+        """`_sync_lease_clock`, in the background: a failure keeps the last measurement."""
+        try:
+            await self._sync_lease_clock()
+        except Exception as exc:  # the store failing: kept as it was, tried again soon
+            self._lease_due = _AWAKE() + CLOCK_RETRY
+            log.warning(
+                "measuring the database's clock again failed (tried again in %g s): %s",
+                CLOCK_RETRY,
+                exc,
+            )
+        finally:
+            self._lease_check = None
+
+    async def _stop_lease_check(self) -> None:
+        """Stop a measurement of the store's clock still running, before the store closes."""
+        check = self._lease_check
+        if check is not None and not check.done():
+            check.cancel()
+            if check.get_loop() is asyncio.get_running_loop():
+                await asyncio.wait({check})
+        self._lease_check = None
 
     async def _release(self, session_id: str, owner: str, token: int) -> None:
         """Give a drive's lease back; one the store refuses is kept for the next try."""
@@ -222,6 +287,7 @@ class Leasing:
                 if not go_on.is_set():
                     return
                 now = self.now()
+                self._check_lease_clock()  # a drive of hours still catches up with a step
                 # When the lease is given up unless a renewal got through: `margin` before
                 # its expiry, the time another process may claim it from.
                 deadline = held.expires - margin

@@ -132,8 +132,7 @@ class SessionRunner(Leasing):
         shares (`Runtime._replaced`), from its id and store clock to its caches, locks and loop."""
         self._tracing = tracing_for(self.tracer_provider, self.trace_content)
         self._counts = Counts()  # what this process did, for a metrics endpoint (`_counts`)
-        self._lease_offset = 0.0  # see `now`
-        self._lease_base = None
+        self._unmeasured()  # the store's clock, see `now`
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
         self._cache: OrderedDict[str, SessionState] = OrderedDict()
         # Per session, only while in use (weak: none is kept for the sessions a process is done
@@ -158,6 +157,8 @@ class SessionRunner(Leasing):
             await self._sync_lease_clock()
             self._settings_due = True
             self._opened = True
+        else:
+            self._check_lease_clock()
         if self._settings_due:
             await self._record_settings()
 
@@ -182,6 +183,7 @@ class SessionRunner(Leasing):
     async def _close_store(self) -> None:
         """`close` but for the sync bridge, which `close_sync` runs this on: leases the store
         refused to take back are given back, then the store is closed."""
+        await self._stop_lease_check()
         for session_id, (owner, token) in list(self._unreleased.items()):
             with contextlib.suppress(StoreError):  # else it lapses after its TTL
                 await self._release(session_id, owner, token)
