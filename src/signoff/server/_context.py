@@ -11,7 +11,12 @@ from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import is_due, stored_after_deadline, summary_after_expiry
+from .._deadlines import (
+    is_due,
+    stored_after_deadline,
+    stored_after_expiry,
+    summary_after_expiry,
+)
 from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
 from .._runtime import Runtime
@@ -202,6 +207,12 @@ class ServerContext:
             await self._visible(stored.request.session_id, caller)  # its state is not needed
         except UnknownSession:
             raise UnknownRequest("", [request_id]) from None
+        if stored.status == "pending" and not await self._live(stored.request.session_id):
+            # Its session's TTL passed: the queue leaves it out and an answer is 410. Record
+            # that, as the session's own read does; what cannot be recorded reads expired too.
+            await self.runtime.state(stored.request.session_id)
+            stored = await self.runtime.store.get_request(request_id) or stored
+            return stored_after_expiry(stored)
         if is_due(stored.request, self.runtime.now()):
             # Its deadline passed and no sweep applied it yet: apply it, as the queue does.
             flt = PendingFilter(session_id=stored.request.session_id, limit=10_000)
@@ -211,6 +222,12 @@ class ServerContext:
             # read) reads as the queue shows it.
             stored = stored_after_deadline(stored, self.runtime.now())
         return stored
+
+    async def _live(self, session_id: str) -> bool:
+        """Whether the session's TTL has not passed: it still has an open request the store
+        does not leave out as lapsed (one indexed count, no state loaded)."""
+        live = PendingFilter(session_id=session_id, live_at=self.runtime.now(), limit=1)
+        return await self.runtime.store.count_pending(live) > 0
 
     async def visible_requests(
         self, caller: Principal, flt: PendingFilter
