@@ -373,3 +373,36 @@ async def test_a_request_of_a_session_whose_ttl_passed_reads_expired(store_url: 
             assert body["resolution"]["outcome"] == "expired"
             stored = await runtime.store.get_request(rid)
             assert stored is not None and stored.status == recorded
+
+
+async def test_a_sessions_read_applies_a_deadline_that_passed(store_url: str) -> None:
+    """An approval whose deadline passed with no sweep since was still listed under `pending` by
+    `GET /v1/sessions/{id}` (the session `waiting` on it), though the queue and the request's
+    own read both apply the deadline first and any answer was refused. The session's read
+    applies it too, and the turn goes on as the deadline left it."""
+    now = [1_700_000_000.0]
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    asked = so.ModelResponse(tool_calls=[so.ToolCall(name="reset_password", input={"email": "a"})])
+    model = so.models.Scripted([asked, so.ModelResponse(text="done")])
+    agent = so.Agent(name="desk", model=model, tools=[reset_password])
+    runtime = so.Runtime([agent], store=store_url, clock=lambda: now[0])
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        first = await runtime.generate("desk", "reset it", auth=ALICE)
+        (request,) = first.pending
+        now[0] += 61
+        r = await c.get(f"/v1/sessions/{first.session_id}", headers=auth("alice-token"))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["pending"] == [] and body["status"] == "idle", body
+        assert body["turn"]["text"] == "done"
+        stored = await runtime.store.get_request(request.id)
+        assert stored is not None and stored.status == "expired"

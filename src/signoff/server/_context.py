@@ -176,12 +176,19 @@ class ServerContext:
     ) -> SessionState:
         """The session's state, if the caller may see it; otherwise it does not exist for them.
         A state `shown` to a person (the session's read, its dashboard page) has a passed TTL
-        recorded first; an answer or a stream leaves that to the runtime's own checks, which
-        report what the expiry closes."""
+        and passed deadlines recorded first; an answer or a stream leaves that to the runtime's
+        own checks, which report what the expiry closes."""
         await self._visible(session_id, caller)
+        if not shown:
+            return await self.runtime._state(session_id)
         # `Runtime.state` records a passed TTL first, so it never reads as waiting on answers
-        # no one can give.
-        return await (self.runtime.state if shown else self.runtime._state)(session_id)
+        # no one can give; nor on a request past its deadline, applied first as the queue does.
+        state = await self.runtime.state(session_id)
+        now = self.runtime.now()
+        due = [r for r in state.pending_requests() if is_due(r, now)]
+        if due and await self.runtime._apply_deadlines(due, listing=True):
+            state = await self.runtime.state(session_id)
+        return state
 
     async def _visible(self, session_id: str, caller: Principal) -> None:
         """`UnknownSession` unless the caller may see the session, decided from its first event
