@@ -344,3 +344,65 @@ async def test_a_session_opened_while_a_listing_reads_shifts_no_session_in_twice
         assert len(ids) == len(set(ids)) == body["total"]
         assert ids == mine[::-1]
         assert reads == [5, 5, 4]  # the last row of each chunk read again
+
+
+async def test_a_request_of_a_session_whose_ttl_passed_reads_expired(store_url: str) -> None:
+    """A request left open when its session's TTL passed read `pending` at
+    `GET /v1/requests/{id}`, though the queue left it out and any answer to it was 410
+    `session_expired`. It reads `expired` now: recorded first, as the session's own read
+    records it, or shown so where this server cannot record it (its agent runs elsewhere)."""
+    now = [1_700_000_000.0]
+    elsewhere = so.Runtime([ttl_agent()], store=store_url, clock=lambda: now[0])
+    async with elsewhere:
+        rid = (await elsewhere.generate("desk", "reset it", auth=ALICE)).pending[0].id
+    now[0] += 61
+    for agents, recorded in ((make_agents(), "pending"), ([ttl_agent()], "expired")):
+        runtime = so.Runtime(agents, store=store_url, clock=lambda: now[0])
+        app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+        ):
+            queue = await c.get("/v1/requests", headers=auth("alice-token"))
+            assert queue.json()["total"] == 0, queue.text
+            r = await c.get(f"/v1/requests/{rid}", headers=auth("alice-token"))
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert (body["status"], body["outcome"]) == ("expired", "expired"), body
+            assert body["request"]["status"] == "expired"
+            assert body["resolution"]["outcome"] == "expired"
+            stored = await runtime.store.get_request(rid)
+            assert stored is not None and stored.status == recorded
+
+
+async def test_a_sessions_read_applies_a_deadline_that_passed(store_url: str) -> None:
+    """An approval whose deadline passed with no sweep since was still listed under `pending` by
+    `GET /v1/sessions/{id}` (the session `waiting` on it), though the queue and the request's
+    own read both apply the deadline first and any answer was refused. The session's read
+    applies it too, and the turn goes on as the deadline left it."""
+    now = [1_700_000_000.0]
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    asked = so.ModelResponse(tool_calls=[so.ToolCall(name="reset_password", input={"email": "a"})])
+    model = so.models.Scripted([asked, so.ModelResponse(text="done")])
+    agent = so.Agent(name="desk", model=model, tools=[reset_password])
+    runtime = so.Runtime([agent], store=store_url, clock=lambda: now[0])
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        first = await runtime.generate("desk", "reset it", auth=ALICE)
+        (request,) = first.pending
+        now[0] += 61
+        r = await c.get(f"/v1/sessions/{first.session_id}", headers=auth("alice-token"))
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["pending"] == [] and body["status"] == "idle", body
+        assert body["turn"]["text"] == "done"
+        stored = await runtime.store.get_request(request.id)
+        assert stored is not None and stored.status == "expired"

@@ -102,3 +102,40 @@ async def test_an_answer_the_remote_refuses_leaves_the_request_open() -> None:
     assert live.requests["r1"].status == "pending"
     with pytest.raises(so.UnknownRequest):
         await live.respond([{"request_id": "r9", "text": "order 7"}])
+
+
+async def test_a_vote_a_quorum_counted_leaves_the_request_open() -> None:
+    """A two-person approval counts the first approve (`counted`, applied) and stays open on the
+    server, where the voter may still deny it; the stream sends no `input.resolved` for a vote.
+    The request was left `responded` for good: gone from `open_requests()`, and a deny was
+    refused locally as if the request took no answers."""
+    remote = Remote([_asked(1, "r1")])
+    live = LiveSession(remote, "s1")
+    await live.sync()
+    counted = [Outcome(request_id="r1", outcome="counted", applied=True, reason="1 of 2")]
+    remote.respond = _answering(remote, counted)  # type: ignore[method-assign]
+    result = await live.respond([{"request_id": "r1", "option_id": "approve"}])
+    assert [o.outcome for o in result.outcomes] == ["counted"]
+    assert live.requests["r1"].status == "pending"
+    assert [r.id for r in live.open_requests()] == ["r1"]
+    await live.respond([{"request_id": "r1", "option_id": "cancel"}])  # reaches the server
+    assert len(remote.sent) == 2
+
+
+def _answering(remote: Remote, outcomes: list[Outcome]) -> Any:
+    """`remote.respond` answering with `outcomes`."""
+
+    async def respond(
+        session_id: str, responses: Sequence[so.InputResponse | Mapping[str, Any]]
+    ) -> RemoteResult:
+        remote.sent.append([r for r in responses if isinstance(r, so.InputResponse)])
+        return RemoteResult(
+            session_id=session_id,
+            status="waiting",
+            turn_id="t1",
+            text="",
+            pending=[],
+            outcomes=outcomes,
+        )
+
+    return respond

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 import signoff as so
-from signoff.server import create_app, default_access
+from signoff.server import TokenAuth, create_app, default_access
 
 from ._server_api import (
     _stored,
@@ -25,6 +25,7 @@ from ._server_api import (
     store,
 )
 from .test_server_common import (
+    TOKENS,
     auth,
 )
 
@@ -67,6 +68,9 @@ def test_authentication_and_visibility(base: str) -> None:
         {"dev": True, "sweep_every": float("nan")},
         {"dev": True, "sweep_every": 0},
         {"dev": True, "secret": "s\udcff"},  # a byte of SIGNOFF_SECRET that is not UTF-8
+        {"dev": True, "close_runtime": "no"},  # an environment variable, taken for its truth
+        {"dev": True, "channels": 5},  # was an AttributeError
+        {"dev": True, "channels": "slack"},
     ],
 )
 def test_create_app_refuses_settings_it_cannot_run_with(
@@ -78,6 +82,17 @@ def test_create_app_refuses_settings_it_cannot_run_with(
     runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
     with pytest.raises(so.UsageError, match=next(k for k in settings if k != "dev")):
         create_app(runtime, **settings)
+
+
+@pytest.mark.parametrize("dev", ["no", "false", 0, 1])
+def test_dev_mode_is_turned_on_only_by_true(tmp_path: Path, dev: object) -> None:
+    """`dev=os.environ.get("DEV", "false")` was taken for its truth: "false" served every
+    local request as the dev admin. Like every switch of signoff, it is True or False."""
+    runtime = so.Runtime([], store=f"sqlite:///{tmp_path}/s.db")
+    with pytest.raises(so.UsageError, match="dev must be True or False"):
+        create_app(runtime, dev=dev)  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match="dev must be True or False"):
+        create_app(runtime, auth=TokenAuth(TOKENS), dev=dev)  # type: ignore[arg-type]
 
 
 def test_only_the_bearer_scheme_carries_an_api_token(base: str) -> None:

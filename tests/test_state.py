@@ -22,6 +22,8 @@ from signoff.testing import (
     sqlite_runtime,
 )
 
+from ._ttl import ttl_agent
+
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 
 
@@ -438,3 +440,20 @@ async def test_a_decision_that_is_a_calls_result_does_not_read_as_an_error(tmp_p
         assert done.status == "completed"
     (result,) = [m for m in seen.last if isinstance(m, so.ToolResultMessage)]
     assert not result.is_error and result.content["approved"] is True
+
+
+async def test_a_recorded_lapse_leaves_the_session_expired_at_its_record(store_url: str) -> None:
+    """Recording a passed TTL appends events, and `expires_at` was counted from the last one:
+    an expired session's state (`GET /v1/sessions/{id}`) said it would expire a whole TTL later,
+    while its store row (`GET /v1/sessions`) says when the lapse was recorded. Both say that."""
+    clock = ManualClock(start=1000.0)
+    async with so.Runtime([ttl_agent()], store=store_url, clock=clock) as rt:
+        sid = (await rt.generate("desk", "reset it", auth=ALICE)).session_id
+        clock.advance(61)
+        state = await rt.state(sid)  # records the lapse
+        assert state.lapsed and state.status == "failed"
+        assert state.expires_at == 1061.0 and state.expired(clock())
+        [row] = await rt.store.sessions()
+        assert row.expires_at == state.expires_at
+        clock.advance(600)
+        assert (await rt.state(sid)).expires_at == 1061.0

@@ -24,6 +24,7 @@ __all__ = [
     "is_due",
     "is_lapsed",
     "stored_after_deadline",
+    "stored_after_expiry",
     "summary_after_expiry",
 ]
 
@@ -67,6 +68,21 @@ def stored_after_deadline(stored: StoredRequest, now: float) -> StoredRequest:
         status="expired",
         outcome="expired",
         resolution=resolution,
+    )
+
+
+def stored_after_expiry(stored: StoredRequest) -> StoredRequest:
+    """A stored open request as its session's passed TTL leaves it before anyone has recorded
+    that (a store this process may only read, another agent's session): `expired`, as
+    `expiry_resolves` records it."""
+    if stored.status != "pending":
+        return stored
+    return replace(
+        stored,
+        request=stored.request.model_copy(update={"status": "expired"}),
+        status="expired",
+        outcome="expired",
+        resolution={"outcome": "expired"},
     )
 
 

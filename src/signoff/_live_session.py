@@ -116,7 +116,9 @@ class LiveSession:
             raise
         for o in result.outcomes:
             view = self.requests.get(o.request_id)
-            if view is not None and view.status == "responded" and not o.applied:
+            if view is not None and view.status == "responded":
                 if o.outcome not in ("approved", "cancelled", "answered"):
-                    view.status = "pending"  # refused or counted: still open
+                    # Refused, or a quorum's vote counted (applied, yet no stream event will
+                    # settle it): still open, and its voter may still deny it.
+                    view.status = "pending"
         return result

@@ -118,8 +118,12 @@ class SessionState:
 
     @property
     def expires_at(self) -> float | None:
-        """When the session's TTL passes if nothing happens before (None: it never does)."""
-        return None if self.ttl is None else self.updated_at + self.ttl
+        """When the session's TTL passes if nothing happens before (None: it never does); once
+        its lapse is recorded, when that was (the store's row says the same), not a TTL after
+        the events that recorded it."""
+        if self.ttl is None:
+            return None
+        return self.updated_at if self.lapsed else self.updated_at + self.ttl
 
     def expired(self, now: float) -> bool:
         """Whether the session's TTL has passed at `now` (or its lapse is recorded)."""

@@ -115,6 +115,8 @@ def create_app(
     `metrics_token` that opens that route alone (`pip install 'signoff[metrics]'`; a
     `UsageError` here without it).
     """
+    flag("dev", dev)  # "false" from an environment variable was taken for its truth
+    flag("close_runtime", close_runtime)
     if auth is None:
         if not dev:
             raise UsageError("create_app() needs auth=... (e.g. TokenAuth) or dev=True")
@@ -127,6 +129,11 @@ def create_app(
         raise UsageError(f"access must be a function (caller, initiator) -> bool, not {access!r}")
     if not isinstance(runtime, Runtime):
         raise UsageError(f"create_app() serves a signoff Runtime, not {runtime!r}")
+    if channels is not None and not (
+        hasattr(channels, "routers")
+        and all(callable(getattr(channels, name, None)) for name in ("start", "stop"))
+    ):  # else an AttributeError here, or at the app's start
+        raise UsageError(f"channels must be a ChannelHub, not {channels!r}")
     if not (positive_seconds(poll_interval) and positive_seconds(heartbeat)):  # also NaN
         raise UsageError("poll_interval and heartbeat must be positive seconds")
     if sweep_every is not None and not positive_seconds(sweep_every):

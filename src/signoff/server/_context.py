@@ -11,7 +11,12 @@ from typing import Any, cast
 
 from starlette.requests import HTTPConnection
 
-from .._deadlines import is_due, stored_after_deadline, summary_after_expiry
+from .._deadlines import (
+    is_due,
+    stored_after_deadline,
+    stored_after_expiry,
+    summary_after_expiry,
+)
 from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
 from .._queue_page import counted_listing, counted_page
@@ -172,12 +177,19 @@ class ServerContext:
     ) -> SessionState:
         """The session's state, if the caller may see it; otherwise it does not exist for them.
         A state `shown` to a person (the session's read, its dashboard page) has a passed TTL
-        recorded first; an answer or a stream leaves that to the runtime's own checks, which
-        report what the expiry closes."""
+        and passed deadlines recorded first; an answer or a stream leaves that to the runtime's
+        own checks, which report what the expiry closes."""
         await self._visible(session_id, caller)
+        if not shown:
+            return await self.runtime._state(session_id)
         # `Runtime.state` records a passed TTL first, so it never reads as waiting on answers
-        # no one can give.
-        return await (self.runtime.state if shown else self.runtime._state)(session_id)
+        # no one can give; nor on a request past its deadline, applied first as the queue does.
+        state = await self.runtime.state(session_id)
+        now = self.runtime.now()
+        due = [r for r in state.pending_requests() if is_due(r, now)]
+        if due and await self.runtime._apply_deadlines(due, listing=True):
+            state = await self.runtime.state(session_id)
+        return state
 
     async def _visible(self, session_id: str, caller: Principal) -> None:
         """`UnknownSession` unless the caller may see the session, decided from its first event
@@ -203,6 +215,12 @@ class ServerContext:
             await self._visible(stored.request.session_id, caller)  # its state is not needed
         except UnknownSession:
             raise UnknownRequest("", [request_id]) from None
+        if stored.status == "pending" and not await self._live(stored.request.session_id):
+            # Its session's TTL passed: the queue leaves it out and an answer is 410. Record
+            # that, as the session's own read does; what cannot be recorded reads expired too.
+            await self.runtime.state(stored.request.session_id)
+            stored = await self.runtime.store.get_request(request_id) or stored
+            return stored_after_expiry(stored)
         if is_due(stored.request, self.runtime.now()):
             # Its deadline passed and no sweep applied it yet: apply it, as the queue does.
             flt = PendingFilter(session_id=stored.request.session_id, limit=10_000)
@@ -212,6 +230,12 @@ class ServerContext:
             # read) reads as the queue shows it.
             stored = stored_after_deadline(stored, self.runtime.now())
         return stored
+
+    async def _live(self, session_id: str) -> bool:
+        """Whether the session's TTL has not passed: it still has an open request the store
+        does not leave out as lapsed (one indexed count, no state loaded)."""
+        live = PendingFilter(session_id=session_id, live_at=self.runtime.now(), limit=1)
+        return await self.runtime.store.count_pending(live) > 0
 
     async def visible_requests(
         self, caller: Principal, flt: PendingFilter
