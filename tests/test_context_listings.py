@@ -33,25 +33,26 @@ async def test_a_session_older_than_the_scan_is_listed_and_counted(
 ) -> None:
     """Alice's session behind more of Mallory's newer ones than a listing once looked through
     (`SESSION_SCAN`, made small here) is listed and counted, on its page; each listing is one
-    store query and one count, whatever the store holds."""
+    store read (its page and its count, of one snapshot), whatever the store holds."""
     monkeypatch.setattr(_context, "SESSION_SCAN", 10)
     monkeypatch.setattr(_context, "SESSION_CHUNK", 5)
     async with in_process(store_url, tokens=CALLERS) as (runtime, c):
         oldest = await runtime.create_session("support", auth=ALICE)
         theirs = [await runtime.create_session("support", auth=MALLORY) for _ in range(25)]
         newest = await runtime.create_session("support", auth=BOB)  # Alice's tenant
-        reads: list[dict[str, Any]] = []
-        real = runtime.store.sessions
+        reads: list[str] = []
+        for name in ("sessions", "count_sessions", "sessions_counted"):
+            real = getattr(runtime.store, name)
 
-        async def counted(**kwargs: Any) -> Any:
-            reads.append(kwargs)
-            return await real(**kwargs)
+            async def read(*args: Any, _name: str = name, _real: Any = real, **kw: Any) -> Any:
+                reads.append(_name)
+                return await _real(*args, **kw)
 
-        monkeypatch.setattr(runtime.store, "sessions", counted)
+            monkeypatch.setattr(runtime.store, name, read)
         body = await _listed(c, "/v1/sessions", "alice-token")
         assert [s["id"] for s in body["items"]] == [newest, oldest]
         assert body["total"] == 2
-        assert len(reads) == 1
+        assert reads == ["sessions_counted"]
         body = await _listed(c, "/v1/sessions", "alice-token", limit=1, offset=1)
         assert ([s["id"] for s in body["items"]], body["total"]) == ([oldest], 2)
         body = await _listed(c, "/v1/sessions", "mallory-token", limit=10, offset=20)

@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"_mirrors", "_leasing", "_creation"},
     {"_child_sessions"},
     {"_deadlines", "_journal", "_subagents", "_eligibility"},
-    {"_model_step", "_tool_calls", "_unlisted", "_queue_page"},
+    {"_model_step", "_tool_calls", "_unlisted", "_queue_page", "_session_page"},
     {"_engine"},
     {"_sessions"},
     {"_answering"},

@@ -68,11 +68,14 @@ def _counts_requests(sql: str) -> bool:
 
 @contextmanager
 def _before_count(
-    store: Store, monkeypatch: pytest.MonkeyPatch, do: Callable[[], object]
+    store: Store,
+    monkeypatch: pytest.MonkeyPatch,
+    do: Callable[[], object],
+    counts: Callable[[str], bool] = _counts_requests,
 ) -> Iterator[list[BaseException | None]]:
-    """Call `do` once, right before the store's next statement that counts requests: from
-    SQLite's trace of its connection, from psycopg's `execute` on PostgreSQL. Yields a list that
-    holds, once it ran, None or the error it raised."""
+    """Call `do` once, right before the store's next statement that counts requests (or what
+    `counts` tells): from SQLite's trace of its connection, from psycopg's `execute` on
+    PostgreSQL. Yields a list that holds, once it ran, None or the error it raised."""
     ran: list[BaseException | None] = []
 
     def fire() -> None:
@@ -86,7 +89,7 @@ def _before_count(
 
     if isinstance(store, SQLiteStore):
         conn = store.conn
-        conn.set_trace_callback(lambda sql: fire() if _counts_requests(sql) else None)
+        conn.set_trace_callback(lambda sql: fire() if counts(sql) else None)
         try:
             yield ran
         finally:
@@ -95,7 +98,7 @@ def _before_count(
     execute = psycopg.AsyncConnection.execute
 
     async def traced(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        if _counts_requests(str(query)) and threading.current_thread() is threading.main_thread():
+        if counts(str(query)) and threading.current_thread() is threading.main_thread():
             fire()
         return await execute(self, query, *args, **kwargs)
 

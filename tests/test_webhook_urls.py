@@ -3,13 +3,15 @@ with any password in the URL masked, however httpx would read it."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 import signoff as so
 from signoff.channels import WebhookChannel
 from signoff.channels._webhook_urls import masked
 
-from .test_webhooks import SECRET
+from .test_webhooks import SECRET, Receiver
 
 
 def test_a_url_no_connection_can_use_is_refused_when_configured() -> None:
@@ -106,3 +108,27 @@ def test_an_unusable_url_with_a_password_still_says_what_is_wrong() -> None:
         WebhookChannel("http://hook:s3cr3t@example.com:abc/x", SECRET)
     assert "'http://hook:***@example.com:abc/x' (Invalid port: 'abc')" in str(refused.value)
     assert "s3cr3t" not in str(refused.value)
+
+
+@pytest.mark.parametrize("scheme", ["HTTP", "Http", "hTTp"])
+async def test_a_scheme_in_capitals_is_the_same_url(scheme: str) -> None:
+    """A scheme is case-insensitive (RFC 3986 3.1): `HTTP://...` was refused as no http(s)
+    URL. It is taken in lowercase, delivered to, and counts as the same URL as its lowercase
+    spelling (one queue per URL)."""
+    async with Receiver([]) as receiver:
+        rest = receiver.url.removeprefix("http://")
+        hooks = WebhookChannel(f"{scheme}://{rest}", SECRET)
+        assert hooks.urls == [receiver.url]
+        request = so.InputRequest(
+            kind="question", id="req_1", session_id="s", turn_id="t", agent="a", created_at=0.0
+        )
+        await hooks.enqueue("request.opened", request)
+        await hooks.drain()
+        await hooks.close()
+    assert [json.loads(b)["type"] for _, b in receiver.accepted] == ["request.opened"]
+    assert WebhookChannel("HTTPS://example.com/hook", SECRET).urls == ["https://example.com/hook"]
+    with pytest.raises(so.UsageError, match="'https://example.com/hook' is given twice"):
+        WebhookChannel(["HTTPS://example.com/hook", "https://example.com/hook"], SECRET)
+    for other in ("FTP://example.com/hook", "HTTPS:/example.com/hook", " HTTPS://example.com/h"):
+        with pytest.raises(so.UsageError, match=r"must be http\(s\)://\.\.\., not"):
+            WebhookChannel(other, SECRET)

@@ -13,12 +13,14 @@ __all__ = ["checked_urls", "httpx_module", "masked"]
 
 def checked_urls(urls: str | Sequence[str]) -> list[str]:
     """`urls` as a list, each an http(s) URL httpx can send to, naming a host and a usable port,
-    none twice (one queue per URL: twice would deliver twice)."""
+    none twice (one queue per URL: twice would deliver twice). A scheme is case-insensitive
+    (RFC 3986 3.1): it is written in lowercase, so `HTTPS://h/x` and `https://h/x` are one URL."""
     httpx = httpx_module()  # fail at configuration time, with the install hint
-    url_list = [urls] if isinstance(urls, str) else list(urls)
-    if not url_list:
+    given = [_lowercase_scheme(url) for url in ([urls] if isinstance(urls, str) else urls)]
+    if not given:
         raise UsageError("WebhookChannel needs at least one URL")
-    for url in url_list:
+    url_list: list[str] = []
+    for url in given:
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
             raise UsageError(f"a webhook URL must be http(s)://..., not {masked(url)!r}")
         try:
@@ -30,9 +32,21 @@ def checked_urls(urls: str | Sequence[str]) -> list[str]:
             raise UsageError(f"the webhook URL {masked(url)!r} names no host")
         if port is not None and not 0 < port < 65536:  # else each send raises
             raise UsageError(f"the webhook URL {masked(url)!r} names no usable port")
-        if url_list.count(url) > 1:  # one queue per URL: twice would deliver twice
+        if given.count(url) > 1:  # one queue per URL: twice would deliver twice
             raise UsageError(f"the webhook URL {masked(url)!r} is given twice")
+        url_list.append(url)
     return url_list
+
+
+def _lowercase_scheme(url: object) -> object:
+    """`url` with its http(s) scheme, in whatever case it came, in lowercase; anything else as
+    it is (`checked_urls` names what it refuses)."""
+    if not isinstance(url, str):
+        return url
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("http", "https"):
+        return f"{scheme.lower()}://{rest}"
+    return url
 
 
 def masked(url: object) -> object:

@@ -113,7 +113,7 @@ def pending(
         if not requests:
             console.print("No pending requests.")
             return
-        _print_whole(console, _queue_table(requests, total))
+        _print_whole(console, _queue_table(requests, total, now))
 
     run(go())
 
@@ -193,8 +193,9 @@ def _print_whole(console: Console, table: Table, give_way: int | None = None) ->
     console.print(table)
 
 
-def _queue_table(requests: list[InputRequest], total: int) -> Table:
-    now = time.time()
+def _queue_table(requests: list[InputRequest], total: int, now: float) -> Table:
+    """The queue as a table, its ages and deadlines as of `now`: the runtime's clock, which
+    stamped and judges them (on PostgreSQL the database's, whatever this machine's says)."""
     shown = f"{len(requests)} of {total}" if total > len(requests) else str(total)
     table = Table(
         title=f"Pending requests ({shown})",

@@ -21,6 +21,7 @@ from .._events import Event
 from .._exceptions import StoreError, UnknownRequest, UnknownSession
 from .._queue_page import counted_listing, counted_page
 from .._runtime import Runtime
+from .._session_page import counted_sessions
 from .._state import SessionState
 from .._state_parts import load_principal
 from .._types import InputRequest, Principal
@@ -297,9 +298,9 @@ class ServerContext:
         """One page of the sessions (most recently active first) the caller may see, and their
         total, after recording the TTLs that passed (as `Runtime.sessions` does for its page).
         Under the default rule the store picks the caller's sessions by initiator (`picks`),
-        so a page is one store query and the total one count, whatever the store holds; under
-        another rule the `SESSION_SCAN` most recently active matching sessions are read and
-        filtered here, so one call's reads stay bounded."""
+        so a page and its total are one read of one snapshot (`counted_sessions`), whatever the
+        store holds; under another rule the `SESSION_SCAN` most recently active matching
+        sessions are read and filtered here, so one call's reads stay bounded."""
         rt = self.runtime
         await rt.open()
         now = rt.now()
@@ -308,25 +309,19 @@ class ServerContext:
         # `failed`, so the store cannot filter by those while one of them matches the listing.
         lapsing = status in ("running", "waiting", "failed")
         trusted = not lapsing or not any(agent in (None, r.agent) for r in stale)
-        if self.sees_every_request(caller):
-            if trusted:
-                page = await rt.sessions(agent=agent, status=status, limit=limit, offset=offset)
-                return page, await rt.store.count_sessions(agent=agent, status=status)
-            return await self._scan_sessions(None, None, agent, status, False, limit, offset, now)
-        picks = self._picks(caller)
-        if picks is None:
+        everyone = self.sees_every_request(caller)
+        picks = None if everyone else self._picks(caller)
+        if not everyone and picks is None:
             return await self._scan_sessions(
                 None, caller, agent, status, trusted, limit, offset, now
             )
         if not trusted:
             return await self._scan_sessions(picks, None, agent, status, False, limit, offset, now)
-        rows = await rt.store.sessions(
-            agent=agent, status=status, limit=limit, offset=offset, initiated_by=picks
+        rows, total = await counted_sessions(
+            rt.store, agent=agent, status=status, limit=limit, offset=offset, initiated_by=picks
         )
         # Trusted: no row of a lapsed session unrecorded reads otherwise than its status.
-        shown = [summary_after_expiry(row, now) for row in rows]
-        total = await rt.store.count_sessions(agent=agent, status=status, initiated_by=picks)
-        return shown, total
+        return [summary_after_expiry(row, now) for row in rows], total
 
     def _picks(self, caller: Principal) -> InitiatorFilter | None:
         """The store filter of the sessions the caller may see: under the default rule, by who

@@ -190,6 +190,8 @@ class Store(Protocol):
     only those sessions, not of the whole queue);
     `pending_counted(flt)`, `pending(flt)` and `count_pending(flt)` read in one snapshot (both
     stores have it: a listing's total then never differs from its page by a commit between);
+    `sessions_counted(...)`, `sessions(...)` and `count_sessions(...)` (the same keywords) read
+    in one snapshot, likewise for the listings of sessions;
     and a store whose `pending()` honours `PendingFilter.due_by` lists only the due requests."""
 
     url: str

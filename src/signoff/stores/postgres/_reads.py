@@ -313,15 +313,10 @@ class Reads(Connections):
         initiated_by: InitiatorFilter | None = None,
     ) -> list[SessionSummary]:
         """Sessions, most recently active first."""
-        s = self._s
         clause, params = _session_filter(agent, status, initiated_by)
 
         async def body(conn: Conn) -> list[SessionSummary]:
-            cur = await conn.execute(
-                f"SELECT id, agent, status, head, created_at, updated_at, expires_at "
-                f"FROM {s}.sessions{clause} ORDER BY updated_at DESC, sk DESC LIMIT %s OFFSET %s",
-                [*params, limit, offset],
-            )
+            cur = await conn.execute(self._sessions_sql(clause), [*params, limit, offset])
             return [session_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, "listing sessions")
@@ -334,15 +329,49 @@ class Reads(Connections):
         initiated_by: InitiatorFilter | None = None,
     ) -> int:
         """How many sessions `sessions` would list with no limit."""
-        s = self._s
         clause, params = _session_filter(agent, status, initiated_by)
 
         async def body(conn: Conn) -> int:
-            cur = await conn.execute(f"SELECT COUNT(*) FROM {s}.sessions{clause}", params)
+            cur = await conn.execute(f"SELECT COUNT(*) FROM {self._s}.sessions{clause}", params)
             row = await cur.fetchone()
             return 0 if row is None else int(row[0])
 
         return await self._read(body, "counting sessions")
+
+    async def sessions_counted(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        initiated_by: InitiatorFilter | None = None,
+    ) -> tuple[list[SessionSummary], int]:
+        """`sessions()` and `count_sessions()` as one statement, so of one snapshot: the page
+        joined to its count, each planned as when run alone (and the page sorted again: a join
+        promises no order); a page past the end is the count's one row with no session."""
+        clause, params = _session_filter(agent, status, initiated_by)
+        sql = (
+            "SELECT c.n, p.id, p.agent, p.status, p.head, p.created_at, p.updated_at, p.expires_at "
+            f"FROM (SELECT COUNT(*) AS n FROM {self._s}.sessions{clause}) c "
+            f"LEFT JOIN ({self._sessions_sql(clause, 'sk, ')}) p ON true "
+            "ORDER BY p.updated_at DESC, p.sk DESC"
+        )
+
+        async def body(conn: Conn) -> tuple[list[SessionSummary], int]:
+            cur = await conn.execute(sql, [*params, *params, limit, offset])
+            rows = await cur.fetchall()
+            page = [session_summary(row[1:]) for row in rows if row[1] is not None]
+            return page, int(rows[0][0])
+
+        return await self._read(body, "listing sessions")
+
+    def _sessions_sql(self, clause: str, before: str = "") -> str:
+        return (
+            f"SELECT {before}id, agent, status, head, created_at, updated_at, expires_at "
+            f"FROM {self._s}.sessions{clause} "
+            "ORDER BY updated_at DESC, sk DESC LIMIT %s OFFSET %s"
+        )
 
     async def lapsed_sessions(
         self, now: float, *, limit: int = 100, offset: int = 0

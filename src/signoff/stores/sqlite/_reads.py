@@ -268,12 +268,7 @@ class Reads(Connection):
         initiated_by: InitiatorFilter | None = None,
     ) -> list[SessionSummary]:
         """Sessions, most recently active first."""
-        clause, params = _session_filter(agent, status, initiated_by)
-        sql = (
-            "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions"
-            f"{clause} ORDER BY updated_at DESC, sk DESC LIMIT ? OFFSET ?"
-        )
-        return [session_summary(row) for row in self.conn.execute(sql, [*params, limit, offset])]
+        return self._sessions(agent, status, limit, offset, initiated_by)
 
     @reading
     async def count_sessions(
@@ -284,6 +279,49 @@ class Reads(Connection):
         initiated_by: InitiatorFilter | None = None,
     ) -> int:
         """How many sessions `sessions` would list with no limit."""
+        return self._count_sessions(agent, status, initiated_by)
+
+    @reading
+    async def sessions_counted(
+        self,
+        *,
+        agent: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+        offset: int = 0,
+        initiated_by: InitiatorFilter | None = None,
+    ) -> tuple[list[SessionSummary], int]:
+        """`sessions()` and `count_sessions()` in one read transaction, as `pending_counted`:
+        no commit falls between the page and its total."""
+        conn = self.conn
+        conn.execute("BEGIN")
+        try:
+            return (
+                self._sessions(agent, status, limit, offset, initiated_by),
+                self._count_sessions(agent, status, initiated_by),
+            )
+        finally:
+            if conn.in_transaction:  # SQLite ends a transaction some failures break
+                conn.execute("ROLLBACK")
+
+    def _sessions(
+        self,
+        agent: str | None,
+        status: str | None,
+        limit: int,
+        offset: int,
+        initiated_by: InitiatorFilter | None,
+    ) -> list[SessionSummary]:
+        clause, params = _session_filter(agent, status, initiated_by)
+        sql = (
+            "SELECT id, agent, status, head, created_at, updated_at, expires_at FROM sessions"
+            f"{clause} ORDER BY updated_at DESC, sk DESC LIMIT ? OFFSET ?"
+        )
+        return [session_summary(row) for row in self.conn.execute(sql, [*params, limit, offset])]
+
+    def _count_sessions(
+        self, agent: str | None, status: str | None, initiated_by: InitiatorFilter | None
+    ) -> int:
         clause, params = _session_filter(agent, status, initiated_by)
         row = self.conn.execute(f"SELECT COUNT(*) FROM sessions{clause}", params).fetchone()
         return int(row[0])
