@@ -36,7 +36,11 @@ def test_the_module_docstring_example_runs(tmp_path: Path) -> None:
     exec(check, namespace)
 
 
-@pytest.mark.parametrize("seconds", [-1.0, math.nan, math.inf])
+@pytest.mark.parametrize(
+    "seconds",
+    [-1.0, math.nan, math.inf, "5", None, 10**400],  # text, None or 10**400: a TypeError or
+    ids=["back", "nan", "inf", "text", "none", "huge"],  # an OverflowError
+)
 def test_a_manual_clock_only_moves_forward(seconds: float) -> None:
     """Backwards or to NaN it made deadlines and leases meaningless (NaN: AppendConflict)."""
     clock = ManualClock(1000.0)
@@ -47,8 +51,9 @@ def test_a_manual_clock_only_moves_forward(seconds: float) -> None:
 
 
 def test_a_manual_clock_starts_at_a_finite_time() -> None:
-    with pytest.raises(so.UsageError, match="start"):
-        ManualClock(math.nan)
+    for start in (math.nan, "1700000000", None):  # text or None was a bare TypeError
+        with pytest.raises(so.UsageError, match="start"):
+            ManualClock(start)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("make", [Capture, Flaky])

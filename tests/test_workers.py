@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,8 @@ async def test_work_refuses_a_concurrency_below_one(store_url: str) -> None:
         ({"idle_wait": -1.0}, "idle_wait"),
         ({"sweep_every": 0}, "sweep_every"),  # a full deadline sweep on every round
         ({"sweep_every": float("nan")}, "sweep_every"),
+        ({"stop": True}, "^stop must be an asyncio.Event"),  # was an AttributeError, `is_set`
+        ({"stop": threading.Event()}, "^stop must be an asyncio.Event"),  # would block the loop
     ],
 )
 async def test_work_refuses_settings_that_would_spin(

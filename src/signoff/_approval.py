@@ -278,12 +278,20 @@ def once() -> ApprovalPolicy:
 
 def predicate(fn: Callable[[Any], Any]) -> ApprovalPolicy:
     """A function of the validated input; `True` asks a person."""
-    return _Function(fn, takes_context=False)
+    return _Function(_callable(fn, "predicate"), takes_context=False)
 
 
 def policy(fn: PolicyFn) -> ApprovalPolicy:
     """A function of an `ApprovalContext` returning an `ApprovalStatus`."""
-    return _Function(fn, takes_context=True)
+    return _Function(_callable(fn, "policy"), takes_context=True)
+
+
+def _callable(fn: Callable[..., Any], what: str) -> Callable[..., Any]:
+    """`fn`, if it can be called: anything else made every call of the tool ask a person,
+    with a TypeError for the reason."""
+    if not callable(fn):
+        raise UsageError(f"{what}() takes a function, not {fn!r}")
+    return fn
 
 
 def _takes_context(fn: Callable[..., Any]) -> bool:
@@ -354,4 +362,14 @@ def tool_policy(*, require_approval: Iterable[str] = (), deny: Iterable[str] = (
     """Require approval for (or deny) tools by name without modifying them."""
     if isinstance(require_approval, str) or isinstance(deny, str):
         raise UsageError("tool_policy() takes lists of tool names, not a single string")
-    return _ToolPolicy(require_approval, deny)
+    lists = []
+    for what, given in (("require_approval", require_approval), ("deny", deny)):
+        # None was a bare TypeError; a name not text, one from the agent's check of its tools.
+        if not isinstance(given, Iterable):
+            raise UsageError(f"tool_policy({what}=...) takes a list of tool names, not {given!r}")
+        names = list(given)  # an iterator is read once
+        for n in names:
+            if not isinstance(n, str):
+                raise UsageError(f"tool_policy({what}=...): a tool name is text, not {n!r}")
+        lists.append(names)
+    return _ToolPolicy(*lists)

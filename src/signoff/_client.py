@@ -54,6 +54,8 @@ T = TypeVar("T")
 def _session_path(session_id: str, tail: str = "") -> str:
     """The path of a session's resource, its id quoted as one segment: a `?`, `#`, `/` or `..`
     in an id must not reach another session (no session has such an id)."""
+    if not isinstance(session_id, str):  # as `Runtime` says it (a bare TypeError here)
+        raise errors.UsageError(f"session_id must be text, not {type(session_id).__name__}")
     if not session_id or "/" in session_id or session_id in (".", ".."):
         raise errors.UnknownSession(session_id)
     return f"/v1/sessions/{quote(session_id, safe='')}{tail}"
@@ -75,6 +77,10 @@ class AsyncClient:
         timeout: float = 60.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        if token is not None and not isinstance(token, str):  # an AttributeError below
+            raise errors.UsageError(f"the token must be text, not {type(token).__name__}")
+        if not isinstance(base_url, str):  # httpx's TypeError
+            raise errors.UsageError(f"the base URL must be text (http(s)://…), not {base_url!r}")
         if token and not (token.isascii() and token.isprintable() and token == token.strip()):
             raise errors.UsageError(
                 "the token is not printable ASCII without spaces around it: "
@@ -117,6 +123,11 @@ class AsyncClient:
                 ": make one per loop, or use the blocking Client"
             )
 
+    def _url(self, path: str) -> str:
+        """The full URL of `path`, for an error to name: httpx gives a base URL without a path
+        no trailing slash (`http://host:8000v1/sessions`, the errors said)."""
+        return f"{str(self.http.base_url).rstrip('/')}{path}"
+
     async def _call(
         self, method: str, path: str, parse: Callable[[Any], T], wanted: str, **kwargs: Any
     ) -> T:
@@ -129,7 +140,7 @@ class AsyncClient:
         try:
             response = await self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise wire.transport_error(exc, f"{self.http.base_url}{path[1:]}") from exc
+            raise wire.transport_error(exc, self._url(path)) from exc
         wire.raise_for(response)
         try:
             data = response.json()
@@ -342,7 +353,7 @@ class AsyncClient:
                     continue  # quiet, or dead: a reconnect tells; a dead server fails it
                 failures += 1
                 if failures > retries:
-                    raise wire.transport_error(exc, f"{self.http.base_url}{path[1:]}") from exc
+                    raise wire.transport_error(exc, self._url(path)) from exc
                 await asyncio.sleep(wire.backoff(failures))
 
     async def session(self, session_id: str) -> LiveSession:

@@ -95,8 +95,8 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
     """
     if not isinstance(agent, str) or not agent:
         raise UsageError(f"delegate() needs the name of an agent, not {agent!r}")
-    tool_name = name or agent
-    if not TOOL_NAME.fullmatch(tool_name):
+    tool_name = agent if name is None else name
+    if not isinstance(tool_name, str) or not TOOL_NAME.fullmatch(tool_name):
         raise UsageError(
             f"delegate({agent!r}): {tool_name!r} is not a valid tool name (1 to 64 ASCII "
             "letters, digits, _ or -); pass name="
@@ -112,6 +112,8 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
     ) -> Any:
         return await _run(ctx, agent, message)
 
+    if description is not None and not isinstance(description, str):
+        raise UsageError(f"delegate({agent!r}): description must be text, not {description!r}")
     about = description or (
         f"Delegate a task to the {agent!r} agent: send it a message; returns its final answer."
     )

@@ -204,6 +204,12 @@ class ToolContext:
         a step by its name and occurrence: concurrent branches that step under the same name
         must reach it in the same order on every run, so give each its own name.
         """
+        # The name is journaled as JSON and looked up by it on replay: a tuple came back a list
+        # (unhashable, so the replay failed after the step had run), a number was no name.
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"ctx.step() needs a name (non-empty text), not {name!r}")
+        if not callable(fn):
+            raise UsageError(f"ctx.step({name!r}, fn): fn must be a function, not {fn!r}")
         index, entry = self._next("step", name)
         if entry is not None:
             if entry.get("error") is not None:
@@ -307,12 +313,15 @@ class Tool:
         if run_as not in ("requester", "approver"):
             raise UsageError(f"run_as must be 'requester' or 'approver', not {run_as!r}")
         self.fn = fn
-        self.name = name or fn.__name__
+        self.name = fn.__name__ if name is None else name  # "" is refused, not the function's
         if not isinstance(self.name, str) or not TOOL_NAME.fullmatch(self.name):
             # What OpenAI and Anthropic take: any other name fails every request with a 400.
             raise UsageError(
                 f"tool name {self.name!r} must be 1 to 64 ASCII letters, digits, _ or -"
             )
+        if description is not None and not isinstance(description, str):
+            # Else it reached the provider as it was, which refused every call of the agent.
+            raise UsageError(f"tool {self.name!r}: description must be text, not {description!r}")
         self.description = description or _describe(fn)
         self.response_policy: ResponsePolicy | None = None
         self.response_timeout = 10.0

@@ -146,6 +146,8 @@ class Workers(Messages):
         lease, drive them, and apply passed deadlines; returns once `stop` is set and the turns
         it was running have finished or parked."""
         whole("concurrency", concurrency, least=1)
+        if stop is not None and not isinstance(stop, asyncio.Event):
+            raise UsageError(f"stop must be an asyncio.Event or None, not {stop!r}")
         if not self.agents:  # it would claim and sweep only sessions of agents it has: none
             raise UsageError("this runtime has no agents: a worker of it would run no turns")
         # Zero or less would claim (or sweep) in a busy loop.

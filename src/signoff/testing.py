@@ -16,7 +16,6 @@ assert log.count("issue_refund") == 1 and tool_results(seen.last)[0].content == 
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -30,6 +29,7 @@ from ._approval import Guardrail
 from ._events import Event
 from ._exceptions import UsageError
 from ._runtime import Runtime
+from ._settings import finite
 from ._tools import Tool, ToolContext
 from ._types import Message, ModelResponse, ToolCall, ToolResultMessage, Usage
 from .models import Scripted
@@ -316,7 +316,7 @@ class ManualClock:
     """A clock for `Runtime(clock=...)` that only moves forward, when told to."""
 
     def __init__(self, start: float = 1_700_000_000.0) -> None:
-        if not math.isfinite(start):
+        if not finite(start):  # "x" was a bare TypeError
             raise UsageError(f"start must be a finite time, not {start!r}")
         self.now = start
 
@@ -325,7 +325,7 @@ class ManualClock:
 
     def advance(self, seconds: float) -> float:
         """Move the clock `seconds` forward (0 or more) and return the new time."""
-        if not (math.isfinite(seconds) and seconds >= 0):
+        if not (finite(seconds) and seconds >= 0):
             # Backwards or to NaN, deadlines and leases mean nothing (NaN: AppendConflict).
             raise UsageError(f"seconds must be a finite number from 0, not {seconds!r}")
         self.now += seconds

@@ -26,6 +26,7 @@ from ._provider import (
     plain_int,
     plain_str,
     scrub,
+    shown_url,
 )
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
 
@@ -170,7 +171,7 @@ class Anthropic(SdkModel):
             if isinstance(extra, Mapping) and "thinking" in extra:
                 kwargs["extra_body"] = {k: v for k, v in extra.items() if k != "thinking"}
         sdk = self._sdk
-        where = f"{self.model!r} at {client.base_url}"
+        where = f"{self.model!r} at {shown_url(client.base_url)}"
         message = await self._request(
             sdk,
             sdk.AnthropicError,

@@ -29,6 +29,7 @@ from ._provider import (
     plain_int,
     plain_str,
     scrub,
+    shown_url,
 )
 from ._reply_cap import DEFAULT_MAX_REPLY_BYTES, check_reply_cap
 
@@ -158,7 +159,7 @@ class OpenAIChat(SdkModel):
             kwargs[max_tokens_key(client.base_url.host)] = self.max_tokens
         kwargs.update(self.params)
         sdk = self._sdk
-        where = f"{self.model!r} at {client.base_url}"
+        where = f"{self.model!r} at {shown_url(client.base_url)}"
         completion = await self._request(
             sdk,
             sdk.OpenAIError,

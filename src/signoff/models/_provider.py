@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from .._exceptions import ModelError, UsageError
 from ._http_env import HttpEnv
@@ -33,6 +34,7 @@ __all__ = [
     "plain_input",
     "plain_int",
     "scrub",
+    "shown_url",
     "status_detail",
     "status_hint",
 ]
@@ -352,7 +354,7 @@ class SdkModel:
         self._clients = LoopClients(make, close)
 
     def __repr__(self) -> str:
-        where = f", base_url={self._base_url!r}" if self._base_url else ""
+        where = f", base_url={shown_url(self._base_url)!r}" if self._base_url else ""
         return f"{type(self).__name__}({self.model!r}{where})"
 
     async def _request(
@@ -421,3 +423,15 @@ class SdkModel:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def shown_url(url: object) -> str:
+    """A base URL as a repr or an error shows it, its password left out: an error is recorded
+    in the session's log, which anyone who may read the session reads."""
+    text = str(url)
+    parts = urlsplit(text)
+    if parts.password is None:
+        return text
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

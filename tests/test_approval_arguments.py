@@ -1,0 +1,40 @@
+"""Approval policies and guardrails made with arguments of the wrong type: a `UsageError` naming
+the mistake when they are made, not a TypeError when the agent is built, nor every call of the
+tool asking a person for a reason nobody can act on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import signoff as so
+
+
+@pytest.mark.parametrize("make", [so.predicate, so.policy], ids=["predicate", "policy"])
+@pytest.mark.parametrize("fn", [None, 5, "amount > 100"], ids=["none", "int", "text"])
+def test_a_policy_of_something_that_cannot_be_called_is_refused(make: Any, fn: Any) -> None:
+    """It was taken, and each call of the tool then asked a person, the reason a TypeError."""
+    with pytest.raises(so.UsageError, match=rf"^{make.__name__}\(\) takes a function, not "):
+        make(fn)
+
+
+def test_a_policy_of_a_function_is_taken() -> None:
+    assert so.predicate(lambda i: True).describe() == "Conditional (<lambda>)"
+    assert so.policy(lambda ctx: "approved").describe() == "Conditional (<lambda>)"
+
+
+@pytest.mark.parametrize("which", ["require_approval", "deny"])
+def test_tool_policy_refuses_names_that_are_not_a_list_of_text(which: str) -> None:
+    """None was a bare TypeError (`'NoneType' object is not iterable`); a name not text was
+    taken, and the agent then raised a TypeError sorting or joining the names it knew not."""
+    with pytest.raises(so.UsageError, match=rf"^tool_policy\({which}=...\) takes a list"):
+        so.tool_policy(**{which: None})  # type: ignore[arg-type]
+    with pytest.raises(so.UsageError, match=rf"^tool_policy\({which}=...\): a tool name is text"):
+        so.tool_policy(**{which: ["refund", 5]})  # type: ignore[arg-type]
+
+
+def test_tool_policy_takes_names_from_any_iterable_once() -> None:
+    """A generator is read once: its names are kept, not lost to the check."""
+    guard = so.tool_policy(require_approval=(n for n in ["refund"]), deny=iter(["wipe"]))
+    assert sorted(guard.tool_names()) == ["refund", "wipe"]
