@@ -244,10 +244,19 @@ async def settle_routed(
 
 
 async def _closed_behind(rt: Answering, parent: str, mirror: InputRequest, *, drive: bool) -> None:
-    """An answer to `mirror` was refused: if its child's request had closed with the mirror
-    left open (the process that closed it died first), close the mirror as it closed and, if
-    `drive`, let the parent's turn go on, which nothing else would: it waits on no one."""
-    await close_mirror(rt, parent, mirror)
+    """An answer to `mirror` was refused: if its subagent's request had closed with the mirror
+    left open (the process that closed it died first), close the mirror as it closed (and the
+    open mirrors between, deepest first) and, if `drive`, let the parent's turn go on, which
+    nothing else would: it waits on no one. The sessions between go on as it drives them."""
+    chain = [mirror]
+    for _ in range(MAX_HOPS):
+        ref = chain[-1].child
+        stored = None if ref is None else await rt.store.get_request(ref.request_id)
+        if stored is None or stored.status != "pending" or stored.request.child is None:
+            break
+        chain.append(stored.request)
+    for r in reversed(chain):
+        await close_mirror(rt, r.session_id, r)
     state = await rt._state(parent)
     live = state.requests.get(mirror.id)
     if live is None or live.status == "pending":
