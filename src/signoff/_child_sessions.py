@@ -67,10 +67,13 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
         parent = await rt._state(state.parent)
     except UnknownSession:
         return
-    open_ = [live for live in _mirrors(parent, state.id) if live.status == "pending"]
-    for live in open_:
-        await close_mirror(rt, parent.id, live.request)
-    if open_:
+    # Mirrors closed already count too, as for `after_drive`: an answer through the parent that
+    # lost to this close closes its mirror and raises, leaving the parent's turn to go on here.
+    mirrors = _mirrors(parent, state.id)
+    for live in mirrors:
+        if live.status == "pending":
+            await close_mirror(rt, parent.id, live.request)
+    if mirrors:
         await _go_on(rt, parent.id)
 
 
