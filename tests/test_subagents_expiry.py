@@ -84,3 +84,25 @@ async def test_the_orphan_sweep_cancels_a_child_its_parents_recorded_expiry_miss
         assert await rt.expire_due() == 1
         await _assert_child_cancelled(rt, parent, child)
         assert ran == []
+
+
+async def test_a_store_error_cancelling_the_child_still_says_the_parent_expired(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling the child fails (the store refuses): the call on the parent still raises
+    `SessionExpired`, its expiry recorded, and the orphan sweep cancels the child later."""
+    ran: list[str] = []
+    rt, _, parent, child = await _parked(store_url, ran)
+
+    async def refused(*args: object) -> None:
+        raise so.StoreError("the store refused the write")
+
+    async with rt:
+        with monkeypatch.context() as m:
+            m.setattr(_child_sessions, "cancel_delegated", refused)
+            with pytest.raises(so.SessionExpired):
+                await rt.cancel(parent)
+        assert (await rt.state(child)).turn.status == "waiting"  # type: ignore[union-attr]
+        assert await rt.expire_due() == 1
+        await _assert_child_cancelled(rt, parent, child)
+        assert ran == []

@@ -11,7 +11,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ._events import Event
-from ._exceptions import SessionExpired, UnknownAgent, UnknownSession
+from ._exceptions import SessionExpired, SignoffError, UnknownAgent, UnknownSession
 from ._mirrors import close_mirror
 from ._recording import runnable
 from ._state import SessionState, fold
@@ -189,8 +189,12 @@ async def cancel_expired(rt: Runtime, kids: Iterable[str]) -> None:
     (`awaited`): its delegate calls can never take their results, so a child waiting on a
     person is not left open for ever, nor run once answered."""
     for child in kids:
-        with contextlib.suppress(UnknownSession, SessionExpired):
+        try:
             await cancel_delegated(rt, child, "the parent session expired", None)
+        except (UnknownSession, SessionExpired):
+            pass
+        except SignoffError as exc:  # the parent's expiry is what its caller must hear of
+            log.warning("subagent session %s is left to the orphan sweep: %s", child, exc)
 
 
 async def cancel_delegated(
