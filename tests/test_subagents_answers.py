@@ -255,3 +255,34 @@ async def test_answers_for_a_mirror_and_the_parents_own_request_settle_together(
             own.id: "answered",
         }
         assert await rt.pending() == []
+
+
+async def test_a_childs_cancel_whose_mirror_a_losing_answer_closed_first_resumes_the_parent(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child is cancelled while an answer given through the parent, in another process,
+    loses to that cancel: the losing answer closes the mirror (and raises) just after the
+    cancel is recorded, before the cancel looks for the parent's mirrors. The cancel still lets
+    the parent's turn go on: it used to find no open mirror and leave the parent's turn, its
+    delegate call answered, for nobody to drive."""
+    from signoff import _child_sessions, _mirrors
+
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing was stopped.")
+    looks = _child_sessions.after_close
+
+    async with so.Runtime(list(refund_agents(ran, after)), store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+
+        async def lost_first(runtime: so.Runtime, state: Any) -> None:
+            await _mirrors.close_mirror(runtime, r.session_id, mirror)  # the losing answer's
+            await looks(runtime, state)
+
+        monkeypatch.setattr(_child_sessions, "after_close", lost_first)
+        await rt.cancel(mirror.child.session_id)
+        state = await rt.state(r.session_id)
+        assert state.requests[mirror.id].status == "withdrawn"
+        assert state.turn is not None and state.turn.status == "completed"
+        assert await rt.pending() == [] and ran == [] and after.calls == 1

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 import signoff as so
+from signoff import _child_sessions
 from signoff.testing import (
     ManualClock,
     call,
@@ -320,3 +321,82 @@ async def test_a_deadline_in_the_child_ends_the_mirror_and_resumes_the_parent(
     [result] = tool_results(after.capture.last)
     assert "timed_out" in result.content
     await rt.close()
+
+
+async def test_an_answer_to_a_mirror_its_childs_cancel_left_open_closes_it_and_the_parent_goes_on(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child is cancelled by a process that died before closing the parent's mirror: an
+    answer given to the mirror is refused (`RequestClosed`), closes it as the child's request
+    closed and lets the parent's turn go on, rather than leaving it open for ever, refusing
+    every answer, with the parent waiting on it."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("Billing was stopped.")
+
+    async def died(rt: so.Runtime, state: Any) -> None:
+        return None
+
+    async with so.Runtime(list(refund_agents(ran, after)), store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        with monkeypatch.context() as m:
+            m.setattr(_child_sessions, "after_close", died)
+            await rt.cancel(mirror.child.session_id)
+        assert [p.id for p in await rt.pending()] == [mirror.id]
+        with pytest.raises(so.RequestClosed):
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=mirror.id, option_id="approve")],
+                principal=ALICE,
+            )
+        state = await rt.state(r.session_id)
+        assert state.requests[mirror.id].status == "withdrawn"
+        assert state.turn is not None and state.turn.status == "completed"
+        assert await rt.pending() == [] and ran == [] and after.calls == 1
+
+
+async def test_an_answer_to_the_top_mirror_of_a_grandchild_its_cancel_left_open_closes_both(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, one level deeper: the grandchild's cancel left open its mirror on the middle
+    session and that mirror's on the top one. An answer to the top one closes both, and the
+    middle and top turns go on to the end."""
+    ran: list[dict[str, Any]] = []
+    top_after = Counted("The desk was stopped.")
+    _, refunds = refund_agents(ran, Counted("unused"))
+    middle = scripted_agent(
+        "desk",
+        [call_tools(call("billing", message="refund 1042")), reply("Billing stopped.")],
+        tools=[so.delegate("billing")],
+    )
+    top = scripted_agent(
+        "front",
+        [call_tools(call("desk", message="sort out 1042")), top_after],
+        tools=[so.delegate("desk")],
+    )
+
+    async def died(rt: so.Runtime, state: Any) -> None:
+        return None
+
+    async with sqlite_runtime(tmp_path, top, middle, refunds) as rt:
+        r = await rt.generate("front", prompt="sort out 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        [inner] = await rt.pending(session_id=mirror.child.session_id)
+        assert inner.child is not None
+        with monkeypatch.context() as m:
+            m.setattr(_child_sessions, "after_close", died)
+            await rt.cancel(inner.child.session_id)
+        assert len(await rt.pending()) == 2
+        with pytest.raises(so.RequestClosed):
+            await rt.respond(
+                r.session_id,
+                [so.InputResponse(request_id=mirror.id, option_id="approve")],
+                principal=ALICE,
+            )
+        assert await rt.pending() == []
+        state = await rt.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "completed"
+        assert tool_results(top_after.capture.last)[0].content == "Billing stopped."
+        assert ran == [] and top_after.calls == 1

@@ -214,3 +214,26 @@ async def test_a_parent_resumed_where_its_childs_agent_is_missing_leaves_the_chi
         [result] = tool_results(after.capture.last)
         assert not result.is_error and result.content == "Refunded: {'refunded': 180.0}"
     assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1
+
+
+async def test_a_process_with_only_the_childs_agent_sweeps_the_child_a_cancel_left(
+    store_url: str,
+) -> None:
+    """The parent's cancel, in a process lacking the child's agent, leaves the child to one that
+    has it: the orphan sweep of a process running only the child's agent (`signoff worker` for
+    `billing`) cancels it, which its agents' lack of delegate tools used to skip."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("never")
+    r = await _parked(store_url, ran, after)
+    [mirror] = r.pending
+    assert mirror.child is not None
+    parent, child = refund_agents(ran, after)
+    async with so.Runtime([parent], store=store_url) as rt:
+        assert (await asyncio.wait_for(rt.cancel(r.session_id), 30)).status == "cancelled"
+    async with so.Runtime([child], store=store_url) as rt:
+        assert await rt.pending() != []
+        assert await rt.expire_due() == 1
+        state = await rt.state(mirror.child.session_id)
+        assert state.turn is not None and state.turn.status == "cancelled"
+        assert await rt.pending() == []
+    assert ran == [] and after.calls == 0

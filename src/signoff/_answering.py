@@ -139,7 +139,13 @@ class Answering(SessionRunner):
                         _check_decided(live.request)
             if _mirrors.routed(state, answers):  # mirrored from a subagent: settle it there
                 return await _mirrors.settle_routed(
-                    self, state, answers, principal, require_all=require_all, check_only=check_only
+                    self,
+                    state,
+                    answers,
+                    principal,
+                    require_all=require_all,
+                    check_only=check_only,
+                    drive=drive_expired,
                 )
             agent = self.agent(state.agent)
             outcomes: list[Outcome] = []

@@ -11,7 +11,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
 from ._events import Event
-from ._exceptions import SessionExpired, UnknownAgent, UnknownSession
+from ._exceptions import SessionExpired, SignoffError, UnknownAgent, UnknownSession
 from ._mirrors import close_mirror
 from ._recording import runnable
 from ._state import SessionState, fold
@@ -23,7 +23,9 @@ if TYPE_CHECKING:
 __all__ = [
     "after_close",
     "after_drive",
+    "awaited",
     "cancel_delegated",
+    "cancel_expired",
     "cancel_orphan",
     "children",
     "delegated",
@@ -65,10 +67,13 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
         parent = await rt._state(state.parent)
     except UnknownSession:
         return
-    open_ = [live for live in _mirrors(parent, state.id) if live.status == "pending"]
-    for live in open_:
-        await close_mirror(rt, parent.id, live.request)
-    if open_:
+    # Mirrors closed already count too, as for `after_drive`: an answer through the parent that
+    # lost to this close closes its mirror and raises, leaving the parent's turn to go on here.
+    mirrors = _mirrors(parent, state.id)
+    for live in mirrors:
+        if live.status == "pending":
+            await close_mirror(rt, parent.id, live.request)
+    if mirrors:
         await _go_on(rt, parent.id)
 
 
@@ -151,12 +156,45 @@ async def cancel_orphan(rt: Runtime, state: SessionState) -> bool:
         parent = await rt._state(state.parent)
     except UnknownSession:
         return False
-    live = parent.turn is not None and parent.turn.status not in ("completed", "cancelled")
-    if live and state.id in _journaled(parent, done=True):
+    if parent.expired(rt.now()) and parent.agent in rt.agents:
+        with contextlib.suppress(SessionExpired):  # recorded first: its mirrors read expired
+            await rt._checked(parent.id)
+    if _takes_results(parent, rt.now()) and state.id in _journaled(parent, done=True):
         return False
     with contextlib.suppress(SessionExpired):  # its expiry is recorded instead: as good
         return await _cancel_child(rt, state, "the parent turn ended", None)
     return True
+
+
+def _takes_results(parent: SessionState, now: float) -> bool:
+    """Whether the parent's turn may still take its delegate calls' results: it runs or waits,
+    or failed in a way a retry resumes, and its session has not passed its TTL."""
+    turn = parent.turn
+    if turn is None or parent.expired(now):
+        return False
+    return turn.status in ("running", "waiting") or (turn.status == "failed" and turn.retryable)
+
+
+def awaited(state: SessionState) -> list[str]:
+    """The child sessions an unfinished turn waits on (its mirrors' and its delegate calls'
+    without a result): none once the turn ended."""
+    turn = state.turn
+    if turn is None or turn.status not in ("running", "waiting"):
+        return []
+    return list(dict.fromkeys([*children(state.pending_requests()), *delegated(state)]))
+
+
+async def cancel_expired(rt: Runtime, kids: Iterable[str]) -> None:
+    """Cancel the delegated turns of `kids`, which a session whose TTL passed waited on
+    (`awaited`): its delegate calls can never take their results, so a child waiting on a
+    person is not left open for ever, nor run once answered."""
+    for child in kids:
+        try:
+            await cancel_delegated(rt, child, "the parent session expired", None)
+        except (UnknownSession, SessionExpired):
+            pass
+        except SignoffError as exc:  # the parent's expiry is what its caller must hear of
+            log.warning("subagent session %s is left to the orphan sweep: %s", child, exc)
 
 
 async def cancel_delegated(

@@ -17,7 +17,7 @@ from ._exceptions import (
     RequestClosed,
     SessionExpired,
 )
-from ._recording import Batch, EventSpec
+from ._recording import Batch, EventSpec, runnable
 from ._results import GenerateResult, Outcome
 from ._state import SessionState
 from ._types import ChildRef, InputRequest, Principal
@@ -184,11 +184,14 @@ async def settle_routed(
     *,
     require_all: bool,
     check_only: bool = False,
+    drive: bool = True,
 ) -> list[Outcome]:
     """Settle answers to mirrored requests in their child sessions (each under the child's own
     policies), close the mirrors the children closed, and settle the rest here.
 
-    Every answer is checked before any is settled: a bad one leaves every session unchanged.
+    Every answer is checked before any is settled: a bad one leaves every session unchanged,
+    but for a mirror whose child's request had closed unseen, which closes too (the parent's
+    turn then goes on, if `drive`).
     """
     if require_all:
         ids = {a.request_id for a in answers}
@@ -207,11 +210,20 @@ async def settle_routed(
             rest.append(a)
         else:
             mirrored.append((a, state.requests[a.request_id].request, ref))
-    for a, _, ref in mirrored:
-        with _naming(a, ref):
-            await rt._settle(
-                ref.session_id, [_for_child(a, ref)], principal, require_all=False, check_only=True
-            )
+    for a, mirror, ref in mirrored:
+        try:
+            with _naming(a, ref):
+                await rt._settle(
+                    ref.session_id,
+                    [_for_child(a, ref)],
+                    principal,
+                    require_all=False,
+                    check_only=True,
+                )
+        except AnswerError:
+            if not check_only:
+                await _closed_behind(rt, state.id, mirror, drive=drive)
+            raise
     if rest:
         await rt._settle(state.id, rest, principal, require_all=False, check_only=True)
     if check_only:
@@ -229,6 +241,28 @@ async def settle_routed(
     if rest:
         outcomes.extend(await rt._settle(state.id, rest, principal, require_all=False))
     return outcomes
+
+
+async def _closed_behind(rt: Answering, parent: str, mirror: InputRequest, *, drive: bool) -> None:
+    """An answer to `mirror` was refused: if its subagent's request had closed with the mirror
+    left open (the process that closed it died first), close the mirror as it closed (and the
+    open mirrors between, deepest first) and, if `drive`, let the parent's turn go on, which
+    nothing else would: it waits on no one. The sessions between go on as it drives them."""
+    chain = [mirror]
+    for _ in range(MAX_HOPS):
+        ref = chain[-1].child
+        stored = None if ref is None else await rt.store.get_request(ref.request_id)
+        if stored is None or stored.status != "pending" or stored.request.child is None:
+            break
+        chain.append(stored.request)
+    for r in reversed(chain):
+        await close_mirror(rt, r.session_id, r)
+    state = await rt._state(parent)
+    live = state.requests.get(mirror.id)
+    if live is None or live.status == "pending":
+        return
+    if drive and state.agent in rt.agents and runnable(state):
+        await rt._drive(parent)
 
 
 def _for_child(answer: Reply, ref: ChildRef) -> Reply:

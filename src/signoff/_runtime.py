@@ -140,11 +140,14 @@ class Runtime(Workers):
         return await _subagents.sweep_orphans(self)
 
     async def _expire(self, state: SessionState, lease: int | None = None) -> None:
+        kids = _child_sessions.awaited(state)  # before: recording the expiry moves `state` on
         try:
             await super()._expire(state, lease)
         except SessionExpired:
             # A subagent's session expired: its parent's delegate call goes on without it.
             await _child_sessions.after_close(self, state)
+            # A parent's: its subagents' turns are cancelled, their results never taken.
+            await _child_sessions.cancel_expired(self, kids)
             raise
 
     @following_mirrors

@@ -374,17 +374,22 @@ def _child_id(key: str) -> str:
 async def sweep_orphans(rt: Runtime) -> int:
     """Cancel the live (running or waiting) delegated turns whose parent's turn ended: the
     process that cancelled the parent died before cancelling them, and a waiting one is never
-    driven to find out. Only sessions of this runtime's subagents are read: those the store
-    lists as orphaned where it can tell them (a child whose parent waits for it costs
-    nothing), else every running or waiting one. Returns how many it cancelled."""
-    targets = {
-        _targets[tool]
-        for spec in rt.agents.values()
-        for tool in spec.tools.values()
-        if tool in _targets
-    }
-    agents = sorted(targets & rt.agents.keys())
+    driven to find out. Where the store lists the orphaned children (a child whose parent waits
+    for it costs nothing), those of every agent of this runtime are read: a process may run a
+    child's agent without its parent's (`signoff worker` for it alone), and a cancel made where
+    that agent is missing leaves the child to it. Else every running or waiting session of the
+    agents this runtime's delegate tools name. Returns how many it cancelled."""
     query = getattr(rt.store, "orphaned_children", None)
+    if query is not None:
+        agents = sorted(rt.agents)
+    else:
+        targets = {
+            _targets[tool]
+            for spec in rt.agents.values()
+            for tool in spec.tools.values()
+            if tool in _targets
+        }
+        agents = sorted(targets & rt.agents.keys())
     rows: list[SessionSummary] = []
     if query is not None and agents:
         rows = await _all(lambda offset: query(agents, limit=500, offset=offset))

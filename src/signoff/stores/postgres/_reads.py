@@ -408,7 +408,7 @@ class Reads(Connections):
         self, agents: Sequence[str], *, limit: int = 100, offset: int = 0
     ) -> list[SessionSummary]:
         """Running or waiting sessions of `agents` created for a parent whose turn that created
-        them is over: the parent gone, idle or cancelled, or on a later turn (see
+        them may be over: the parent gone, idle, cancelled or failed, or on a later turn (see
         `cancel_orphan`, which decides on each). From the index of children by status."""
         s = self._s
         if not agents:
@@ -420,7 +420,7 @@ class Reads(Connections):
                 f"c.expires_at FROM {s}.sessions c LEFT JOIN {s}.sessions p ON p.sk = c.parent "
                 "WHERE c.parent IS NOT NULL AND c.status IN ('running', 'waiting') "
                 "AND c.agent = ANY(%s) AND (p.sk IS NULL "
-                "OR p.status NOT IN ('running', 'waiting', 'failed') OR c.parent_turn IS NULL "
+                "OR p.status NOT IN ('running', 'waiting') OR c.parent_turn IS NULL "
                 "OR c.parent_turn IS DISTINCT FROM "
                 f"{CURRENT_TURN.format(s=s, sk='p.sk')}) ORDER BY c.sk LIMIT %s OFFSET %s",
                 (list(agents), limit, offset),

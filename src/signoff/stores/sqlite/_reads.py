@@ -331,7 +331,7 @@ class Reads(Connection):
         self, agents: Sequence[str], *, limit: int = 100, offset: int = 0
     ) -> list[SessionSummary]:
         """Running or waiting sessions of `agents` created for a parent whose turn that created
-        them is over: the parent gone, idle or cancelled, or on a later turn (see
+        them may be over: the parent gone, idle, cancelled or failed, or on a later turn (see
         `cancel_orphan`, which decides on each). From the index of children by status."""
         if not agents:
             return []
@@ -340,7 +340,7 @@ class Reads(Connection):
             "FROM sessions c LEFT JOIN sessions p ON p.sk = c.parent "
             "WHERE c.parent IS NOT NULL AND c.status IN ('running', 'waiting') "
             f"AND c.agent IN ({','.join('?' * len(agents))}) AND (p.sk IS NULL "
-            "OR p.status NOT IN ('running', 'waiting', 'failed') OR c.parent_turn IS NULL "
+            "OR p.status NOT IN ('running', 'waiting') OR c.parent_turn IS NULL "
             f"OR c.parent_turn IS NOT {CURRENT_TURN.format(sk='p.sk')}) "
             "ORDER BY c.sk LIMIT ? OFFSET ?"
         )

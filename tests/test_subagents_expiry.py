@@ -1,0 +1,108 @@
+"""A parent session whose TTL passes while its subagent waits on a person, on both stores: the
+delegate call can never take the child's result, so the child's turn is cancelled (its request
+withdrawn, its tool never run), whether the parent's expiry is recorded by a sweep, found by an
+answer given to the child, or recorded by a process that died before cancelling the child.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import signoff as so
+from signoff import _child_sessions
+from signoff.testing import ManualClock
+
+from ._delegation import refund_desk
+from ._subagents import ALICE
+
+
+async def _parked(store_url: str, ran: list[str]) -> tuple[so.Runtime, ManualClock, str, str]:
+    """A `support` session (TTL 60 s) waiting on its mirror of `billing`'s approval (billing's
+    sessions have no TTL), with the clock just past the parent's TTL; returns the runtime, its
+    clock, the parent's and the child's session ids."""
+    support, billing = refund_desk(so.always(), ran)
+    support.limits = so.Limits(ttl=60)
+    clock = ManualClock()
+    rt = so.Runtime([support, billing], store=store_url, clock=clock)
+    r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+    (mirror,) = r.pending
+    assert mirror.child is not None
+    clock.advance(61)
+    return rt, clock, r.session_id, mirror.child.session_id
+
+
+async def _assert_child_cancelled(rt: so.Runtime, parent: str, child: str) -> None:
+    state = await rt.state(child)
+    assert state.turn is not None and state.turn.status == "cancelled"
+    assert await rt.pending() == []
+    ended = (await rt.state(parent)).turn
+    assert ended is not None and ended.status == "failed"
+
+
+async def test_a_sweep_recording_the_parents_expiry_cancels_its_waiting_child(
+    store_url: str,
+) -> None:
+    ran: list[str] = []
+    rt, _, parent, child = await _parked(store_url, ran)
+    async with rt:
+        assert await rt.expire_due() >= 1
+        await _assert_child_cancelled(rt, parent, child)
+        assert ran == []
+
+
+async def test_an_answer_to_a_child_whose_parent_expired_is_refused_and_runs_nothing(
+    store_url: str,
+) -> None:
+    ran: list[str] = []
+    rt, _, parent, child = await _parked(store_url, ran)
+    async with rt:
+        [request] = await rt.pending(session_id=child)
+        with pytest.raises(so.RequestClosed):
+            await rt.respond(
+                child,
+                [so.InputResponse(request_id=request.id, option_id="approve")],
+                principal=ALICE,
+            )
+        assert ran == []
+        await _assert_child_cancelled(rt, parent, child)
+
+
+async def test_the_orphan_sweep_cancels_a_child_its_parents_recorded_expiry_missed(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The process recording the parent's expiry dies before cancelling the child: the next
+    sweep finds the child (its parent's turn failed for good) and cancels it."""
+    ran: list[str] = []
+    rt, _, parent, child = await _parked(store_url, ran)
+    async with rt:
+        with monkeypatch.context() as m:
+            m.setattr(_child_sessions, "children", lambda requests: [])
+            m.setattr(_child_sessions, "delegated", lambda state: [])
+            ended = (await rt.state(parent)).turn  # records the parent's expiry
+            assert ended is not None and ended.status == "failed"
+        assert (await rt.state(child)).turn.status == "waiting"  # type: ignore[union-attr]
+        assert await rt.expire_due() == 1
+        await _assert_child_cancelled(rt, parent, child)
+        assert ran == []
+
+
+async def test_a_store_error_cancelling_the_child_still_says_the_parent_expired(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling the child fails (the store refuses): the call on the parent still raises
+    `SessionExpired`, its expiry recorded, and the orphan sweep cancels the child later."""
+    ran: list[str] = []
+    rt, _, parent, child = await _parked(store_url, ran)
+
+    async def refused(*args: object) -> None:
+        raise so.StoreError("the store refused the write")
+
+    async with rt:
+        with monkeypatch.context() as m:
+            m.setattr(_child_sessions, "cancel_delegated", refused)
+            with pytest.raises(so.SessionExpired):
+                await rt.cancel(parent)
+        assert (await rt.state(child)).turn.status == "waiting"  # type: ignore[union-attr]
+        assert await rt.expire_due() == 1
+        await _assert_child_cancelled(rt, parent, child)
+        assert ran == []
