@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import AfterValidator, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, Field, SecretStr
 
 import signoff as so
 from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
@@ -325,3 +325,51 @@ async def test_a_response_policy_sees_the_input_the_tool_validated(
 
 def _scaled(value: int) -> int:
     return value * 100
+
+
+class _Booking(BaseModel):
+    sku: str
+    ref: str = Field(default_factory=lambda: f"ref-{next(_COUNTER)}")
+
+
+async def test_an_approved_call_with_a_generated_default_runs_with_the_value_approved(
+    tmp_path: Path,
+) -> None:
+    """A value pydantic generates when the model leaves it out (a `default_factory`: an id, a
+    timestamp) differs each time the model's input is validated: the approved call runs with
+    the one the reviewer saw, and the secret the model gave, instead of never running."""
+    got: list[tuple[_Booking, str]] = []
+
+    @so.tool(approval=so.always())
+    async def place(order: _Booking, token: SecretStr) -> str:
+        """Place an order."""
+        got.append((order, token.get_secret_value()))
+        return "placed"
+
+    req, result = await _approve(tmp_path, place, {"order": {"sku": "A1"}, "token": "s3"})
+    assert not result.is_error, result.content
+    [(order, token)] = got
+    assert order.model_dump() == req.input["order"] and token == "s3"
+
+
+def _new_token() -> SecretStr:
+    return SecretStr(f"t{next(_COUNTER)}")
+
+
+async def test_a_generated_secret_is_not_run_as_its_mask(tmp_path: Path) -> None:
+    """A secret the model left out has only its mask in the approved form: the call does not
+    run with the mask in its place (it fails, as any input no longer the one approved)."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def place(
+        order: _Booking,
+        token: Annotated[SecretStr, Field(default_factory=_new_token)],
+    ) -> str:
+        """Place an order."""
+        got.append(token.get_secret_value())
+        return "placed"
+
+    req, result = await _approve(tmp_path, place, {"order": {"sku": "A1"}})
+    assert req.input["token"] == "**********"
+    assert got == [] and result.is_error and "approved" in result.content["error"]
