@@ -373,3 +373,36 @@ async def test_a_generated_secret_is_not_run_as_its_mask(tmp_path: Path) -> None
     req, result = await _approve(tmp_path, place, {"order": {"sku": "A1"}})
     assert req.input["token"] == "**********"
     assert got == [] and result.is_error and "approved" in result.content["error"]
+
+
+async def test_an_approval_asked_before_the_approved_form_changed_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request asked by an earlier signoff, which bound the input as `model_dump(mode="json")`
+    (by field names), runs once approved after the upgrade: for a tool with no alias or secret
+    the form is the same (an int given for a float, keys in another order)."""
+    got: list[tuple[float, dict[str, int]]] = []
+
+    @so.tool(approval=so.always())
+    async def pay(amount: float, split: dict[str, int]) -> str:
+        """Pay."""
+        got.append((amount, split))
+        return "paid"
+
+    seen = Capture(reply("ok"))
+    proposed = {"split": {"b": 1, "a": 2}, "amount": 180}
+    proposal = call_tools(so.ToolCall(id="c1", name="pay", input=proposed))
+    agent = scripted_agent("a", [proposal, seen], tools=[pay])
+    with monkeypatch.context() as old:
+        old.setattr(so.Tool, "approved_form", lambda self, v: v.model_dump(mode="json"))
+        async with sqlite_runtime(tmp_path, agent) as rt:
+            r = await rt.generate("a", prompt="go", auth=ALICE)
+            [req] = r.pending
+    assert req.action is not None
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        approve = so.Decision(id=req.id, approved=True, input_hash=req.action.input_hash)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    assert not result.is_error, result.content
+    assert got == [(180.0, {"b": 1, "a": 2})]
