@@ -149,6 +149,31 @@ async def test_an_edit_the_tool_would_not_run_with_is_refused(tmp_path: Path) ->
         assert still.id == req.id
 
 
+async def test_an_edit_that_keeps_a_secret_s_mask_is_refused(tmp_path: Path) -> None:
+    """An edit made from the form the reviewer saw keeps a secret's mask ('**********'), which
+    validates again to itself: it is refused, not run with the mask as the secret."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def pay(token: SecretStr, cents: int) -> str:
+        """Pay."""
+        got.append(token.get_secret_value())
+        return "paid"
+
+    proposal = call_tools(so.ToolCall(id="c1", name="pay", input={"token": "s3", "cents": 5}))
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[pay])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        assert req.input == {"token": "**********", "cents": 5}
+        edit = so.Decision(id=req.id, approved=True, edited_input={**req.input, "cents": 7})
+        with pytest.raises(so.InvalidAnswer, match="cannot be edited"):
+            await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
+        [still] = (await rt.state(r.session_id)).pending_requests()
+        assert still.id == req.id
+    assert got == []
+
+
 class _Order:
     """What a validator may turn a parameter into: an object with no JSON form."""
 

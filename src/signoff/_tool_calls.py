@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 from typing import Any
 
-from pydantic import BaseModel, Secret, SecretBytes, SecretStr, ValidationError
+from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from ._approval import ApprovalContext, SessionAuth, SessionInfo, Verdict, reason_text
@@ -36,6 +36,7 @@ from ._tools import (
     QuestionWithdrawn,
     Tool,
     ToolContext,
+    holds_mask,
     jsonable,
     over_limit,
 )
@@ -495,10 +496,6 @@ def _still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
     )
 
 
-_MASK = "**********"
-"""How pydantic shows a secret as JSON."""
-
-
 def _as_approved(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
     """The model's input with what it left out taken from the approved form, validated, if it
     is the input approved: a value pydantic generates for what is left out (a `default_factory`:
@@ -509,7 +506,7 @@ def _as_approved(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
         validated = tool.validate(filled)
     except ValidationError:
         return None
-    if _masked(validated.model_dump()) or not _still_bound(action, tool, validated):
+    if holds_mask(validated) or not _still_bound(action, tool, validated):
         return None
     return validated
 
@@ -521,17 +518,6 @@ def _filled(raw: Any, form: Any) -> Any:
     if isinstance(raw, list) and isinstance(form, list) and len(raw) == len(form):
         return [_filled(v, f) for v, f in zip(raw, form, strict=True)]
     return raw
-
-
-def _masked(value: Any) -> bool:
-    """Whether a validated input (its Python dump) holds a secret whose value is the mask."""
-    if isinstance(value, SecretStr | SecretBytes | Secret):
-        return value.get_secret_value() in (_MASK, _MASK.encode())
-    if isinstance(value, dict):
-        return any(_masked(v) for v in value.values())
-    if isinstance(value, list | tuple | set | frozenset):
-        return any(_masked(v) for v in value)
-    return False
 
 
 def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:

@@ -9,7 +9,16 @@ import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, Protocol, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PydanticUserError,
+    Secret,
+    SecretBytes,
+    SecretStr,
+    ValidationError,
+    create_model,
+)
 from pydantic_core import to_jsonable_python
 
 from ._approval import ApprovalPolicy, SessionInfo, as_policy
@@ -35,6 +44,7 @@ __all__ = [
     "ReplayError",
     "Tool",
     "ToolContext",
+    "holds_mask",
     "json_size",
     "jsonable",
     "over_limit",
@@ -272,6 +282,26 @@ class ToolContext:
     def request_approval(self, payload: Any = None) -> NoReturn:
         """Park the turn until a person decides; the decision becomes this call's result."""
         raise ApprovalRequired(payload, call_id=self.call_id)
+
+
+_MASK = "**********"
+"""How pydantic shows a secret as JSON, as a reviewer sees it."""
+
+
+def holds_mask(validated: BaseModel) -> bool:
+    """Whether validated input holds a secret whose value is its mask: what a reviewer's form
+    gives back for a secret, which a tool must not be run with."""
+    stack: list[Any] = [validated.model_dump()]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, SecretStr | SecretBytes | Secret):
+            if value.get_secret_value() in (_MASK, _MASK.encode()):
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple | set | frozenset):
+            stack.extend(value)
+    return False
 
 
 class _Input(BaseModel):
