@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
@@ -284,6 +285,18 @@ class ToolContext:
         raise ApprovalRequired(payload, call_id=self.call_id)
 
 
+def _sets_sorted(value: Any, form: Any) -> Any:
+    """`form` (the JSON dump of `value`) with the lists that hold a set of `value` sorted."""
+    if isinstance(value, set | frozenset) and isinstance(form, list):
+        return sorted(form, key=lambda item: json.dumps(item, sort_keys=True))
+    if isinstance(value, dict) and isinstance(form, dict) and len(value) == len(form):
+        pairs = zip(form.items(), value.values(), strict=True)
+        return {k: _sets_sorted(v, f) for (k, f), v in pairs}
+    if isinstance(value, list | tuple) and isinstance(form, list) and len(value) == len(form):
+        return [_sets_sorted(v, f) for v, f in zip(value, form, strict=True)]
+    return form
+
+
 _MASK = "**********"
 """How pydantic shows a secret as JSON, as a reviewer sees it."""
 
@@ -355,6 +368,7 @@ class Tool:
         self.is_async = inspect.iscoroutinefunction(fn)
         self.takes_context, self.input_model = _input_model(fn, self.name)
         self._schema: dict[str, Any] | None = None
+        self._has_sets: bool | None = None
         # A workflow tool may ask people things; approvals of its siblings wait for it.
         self.workflow = self.takes_context if workflow is None else workflow
 
@@ -407,8 +421,14 @@ class Tool:
 
     def approved_form(self, validated: BaseModel) -> dict[str, Any]:
         """Validated input as a reviewer sees it and an approval binds it: JSON, by the names
-        the model is shown (aliases), so that it validates again to the same input."""
-        return validated.model_dump(mode="json", by_alias=True)
+        the model is shown (aliases), so that it validates again to the same input; a set in
+        sorted order, as its own order is another in each process (hash randomization)."""
+        form = validated.model_dump(mode="json", by_alias=True)
+        if self._has_sets is None:  # a set is an array of unique items to JSON schema
+            self._has_sets = "uniqueItems" in json.dumps(self.json_schema())
+        if not self._has_sets:
+            return form
+        return _sets_sorted(validated.model_dump(by_alias=True), form)  # type: ignore[no-any-return]
 
     async def invoke(self, ctx: ToolContext, validated: BaseModel) -> Any:
         """Run the body with validated input; returns its result as JSON-able data."""
