@@ -5,14 +5,19 @@ validated it when it was proposed, whatever the tool's parameter types do to a v
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import pytest
-from pydantic import AfterValidator, Field, SecretStr
+from pydantic import AfterValidator, BaseModel, Field, SecretStr
 
 import signoff as so
 from signoff.testing import Capture, call_tools, reply, scripted_agent, sqlite_runtime, tool_results
+
+from ._cli import ROOT
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
 _COUNTER = itertools.count()  # module level: tool hints are resolved in the module
@@ -147,6 +152,31 @@ async def test_an_edit_the_tool_would_not_run_with_is_refused(tmp_path: Path) ->
             await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
         [still] = (await rt.state(r.session_id)).pending_requests()
         assert still.id == req.id
+
+
+async def test_an_edit_that_keeps_a_secret_s_mask_is_refused(tmp_path: Path) -> None:
+    """An edit made from the form the reviewer saw keeps a secret's mask ('**********'), which
+    validates again to itself: it is refused, not run with the mask as the secret."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def pay(token: SecretStr, cents: int) -> str:
+        """Pay."""
+        got.append(token.get_secret_value())
+        return "paid"
+
+    proposal = call_tools(so.ToolCall(id="c1", name="pay", input={"token": "s3", "cents": 5}))
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[pay])
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        [req] = r.pending
+        assert req.input == {"token": "**********", "cents": 5}
+        edit = so.Decision(id=req.id, approved=True, edited_input={**req.input, "cents": 7})
+        with pytest.raises(so.InvalidAnswer, match="cannot be edited"):
+            await rt.generate(session_id=r.session_id, approvals=[edit], auth=ALICE)
+        [still] = (await rt.state(r.session_id)).pending_requests()
+        assert still.id == req.id
+    assert got == []
 
 
 class _Order:
@@ -325,3 +355,132 @@ async def test_a_response_policy_sees_the_input_the_tool_validated(
 
 def _scaled(value: int) -> int:
     return value * 100
+
+
+class _Booking(BaseModel):
+    sku: str
+    ref: str = Field(default_factory=lambda: f"ref-{next(_COUNTER)}")
+
+
+async def test_an_approved_call_with_a_generated_default_runs_with_the_value_approved(
+    tmp_path: Path,
+) -> None:
+    """A value pydantic generates when the model leaves it out (a `default_factory`: an id, a
+    timestamp) differs each time the model's input is validated: the approved call runs with
+    the one the reviewer saw, and the secret the model gave, instead of never running."""
+    got: list[tuple[_Booking, str]] = []
+
+    @so.tool(approval=so.always())
+    async def place(order: _Booking, token: SecretStr) -> str:
+        """Place an order."""
+        got.append((order, token.get_secret_value()))
+        return "placed"
+
+    req, result = await _approve(tmp_path, place, {"order": {"sku": "A1"}, "token": "s3"})
+    assert not result.is_error, result.content
+    [(order, token)] = got
+    assert order.model_dump() == req.input["order"] and token == "s3"
+
+
+def _new_token() -> SecretStr:
+    return SecretStr(f"t{next(_COUNTER)}")
+
+
+async def test_a_generated_secret_is_not_run_as_its_mask(tmp_path: Path) -> None:
+    """A secret the model left out has only its mask in the approved form: the call does not
+    run with the mask in its place (it fails, as any input no longer the one approved)."""
+    got: list[str] = []
+
+    @so.tool(approval=so.always())
+    async def place(
+        order: _Booking,
+        token: Annotated[SecretStr, Field(default_factory=_new_token)],
+    ) -> str:
+        """Place an order."""
+        got.append(token.get_secret_value())
+        return "placed"
+
+    req, result = await _approve(tmp_path, place, {"order": {"sku": "A1"}})
+    assert req.input["token"] == "**********"
+    assert got == [] and result.is_error and "approved" in result.content["error"]
+
+
+async def test_an_approval_asked_before_the_approved_form_changed_still_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request asked by an earlier signoff, which bound the input as `model_dump(mode="json")`
+    (by field names), runs once approved after the upgrade: for a tool with no alias or secret
+    the form is the same (an int given for a float, keys in another order)."""
+    got: list[tuple[float, dict[str, int]]] = []
+
+    @so.tool(approval=so.always())
+    async def pay(amount: float, split: dict[str, int]) -> str:
+        """Pay."""
+        got.append((amount, split))
+        return "paid"
+
+    seen = Capture(reply("ok"))
+    proposed = {"split": {"b": 1, "a": 2}, "amount": 180}
+    proposal = call_tools(so.ToolCall(id="c1", name="pay", input=proposed))
+    agent = scripted_agent("a", [proposal, seen], tools=[pay])
+    with monkeypatch.context() as old:
+        old.setattr(so.Tool, "approved_form", lambda self, v: v.model_dump(mode="json"))
+        async with sqlite_runtime(tmp_path, agent) as rt:
+            r = await rt.generate("a", prompt="go", auth=ALICE)
+            [req] = r.pending
+    assert req.action is not None
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        approve = so.Decision(id=req.id, approved=True, input_hash=req.action.input_hash)
+        done = await rt.generate(session_id=r.session_id, approvals=[approve], auth=ALICE)
+        assert done.status == "completed"
+    [result] = tool_results(seen.last)
+    assert not result.is_error, result.content
+    assert got == [(180.0, {"b": 1, "a": 2})]
+
+
+@so.tool(approval=so.always())
+async def label(labels: set[str]) -> str:
+    """Label."""
+    return ",".join(sorted(labels))
+
+
+LABELS = ["red", "green", "blue", "amber", "teal", "plum"]
+_ASK_OR_APPROVE = """
+import asyncio, sys
+import signoff as so
+from signoff.testing import call_tools, reply, scripted_agent
+from tests.test_tool_calls_approved_input import ALICE, LABELS, label
+
+async def main(url, session_id="", request_id=""):
+    proposal = call_tools(so.ToolCall(id="c1", name="label", input={"labels": LABELS}))
+    agent = scripted_agent("a", [proposal, reply("ok")], tools=[label])
+    async with so.Runtime([agent], store=url) as rt:
+        if not request_id:
+            r = await rt.generate("a", prompt="go", auth=ALICE)
+            print(r.session_id, r.pending[0].id)
+            return
+        approve = so.Decision(id=request_id, approved=True)
+        await rt.generate(session_id=session_id, approvals=[approve], auth=ALICE)
+        events = [e async for e in rt.events(session_id, follow=False)]
+        [done] = [e.data for e in events if e.type == "tool.completed"]
+        print(done["status"], done["result"])
+
+asyncio.run(main(*sys.argv[1:]))
+"""
+
+
+def test_an_approved_call_with_a_set_runs_in_another_process(tmp_path: Path) -> None:
+    """A set parameter is shown, and its approval bound, in a set order of its own: the order
+    of a set of strings is another in each process (hash randomization), so an approval
+    answered in another process (a worker, a server restarted since) never ran."""
+    url = f"sqlite:///{tmp_path}/state.db"
+
+    def run(seed: str, *args: str) -> str:
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}"}
+        code = [sys.executable, "-c", _ASK_OR_APPROVE, url, *args]
+        done = subprocess.run(code, env=env, cwd=ROOT, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    session_id, request_id = run("1").split()
+    assert run("2", session_id, request_id) == "ok " + ",".join(sorted(LABELS))

@@ -21,7 +21,7 @@ from ._exceptions import (
 )
 from ._results import Outcome
 from ._text import is_blank
-from ._tools import Tool
+from ._tools import Tool, holds_mask
 from ._types import Decision, InputRequest, InputResponse, Principal, match_option
 
 __all__ = [
@@ -214,10 +214,11 @@ def _check_depth(rid: str, value: Any) -> None:
 
 def _check_edit_kept(rid: str, tool: Tool, edited: dict[str, Any]) -> None:
     """Refuse an edit the call would not run with: the recorded (validated) edit is validated
-    again when the call runs, and must come out the same (a masked secret or a validator that
-    changes a value would not)."""
+    again when the call runs, and must come out the same (a validator that changes a value would
+    not), holding no secret's mask (which would, as the mask)."""
     try:
-        again = tool.approved_form(tool.validate(edited))
+        validated = tool.validate(edited)
+        again = None if holds_mask(validated) else tool.approved_form(validated)
     except ValidationError:
         again = None
     if again != edited:

@@ -90,7 +90,9 @@ class _Auto(ApprovalPolicy):
             return _caution("failed", f"the review took longer than {self.timeout:g}s")
         except Exception as exc:
             return _caution("failed", f"the review failed: {error_text(exc)}")
-        verdict, reason = _parse(getattr(response, "text", ""))
+        # An input that holds a verdict may be quoted by the reviewer: see `_parse`.
+        planted = "verdict" in json.dumps(tool_input).lower()
+        verdict, reason = _parse(getattr(response, "text", ""), planted=planted)
         if verdict == "clear":
             return Verdict("run", reason, auto=("clear", reason))
         if verdict == "caution":
@@ -103,10 +105,14 @@ def _caution(verdict: str, reason: str) -> Verdict:
 
 
 _CAUTION = re.compile(r"\bcaution\b", re.IGNORECASE)
+_FENCE = re.compile(r"```(?:json)?", re.IGNORECASE)
 
 
-def _parse(text: str) -> tuple[str | None, str]:
-    """`(verdict, reason)` from JSON, or from a reply that starts with the verdict word."""
+def _parse(text: str, *, planted: bool = False) -> tuple[str | None, str]:
+    """`(verdict, reason)` from JSON, or from a reply that starts with the verdict word. When
+    the call's input holds a verdict (`planted`), a JSON clear counts only as the whole reply
+    (in a code fence or not), as the instructions ask: beside prose it may be the input's,
+    quoted by a reviewer wary in words other than caution."""
     text = (text or "").strip()
     match = re.search(r"\{.*\}", text, re.DOTALL)
     if match:
@@ -118,7 +124,8 @@ def _parse(text: str) -> tuple[str | None, str]:
         prose = text[: match.start()] + text[match.end() :]
         # A clear verdict beside prose that says caution may be one the reviewer quoted (the
         # call's input can hold any text): it is no clear verdict.
-        if found == "caution" or (found == "clear" and not _CAUTION.search(prose)):
+        quoted = _CAUTION.search(prose) or (planted and _FENCE.sub("", prose).strip())
+        if found == "caution" or (found == "clear" and not quoted):
             return found, str(data.get("reason") or "")
     word = re.match(r"\W*(clear|caution)\b[\s:.,-]*(.*)", text, re.IGNORECASE | re.DOTALL)
     if word:

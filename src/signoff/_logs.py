@@ -20,10 +20,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # bidirectional ones that reorder the text around them, and lone surrogates. A message's line
 # breaks go too: it is one line, whatever text (a model's error, a driver's) it quotes.
 _IN_LINE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
 )
 _IN_BLOCK = re.compile(
-    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+    "[\x00-\x09\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]"
 )
 
 _ExcInfo: TypeAlias = (
@@ -38,16 +38,38 @@ def _escaped(pattern: re.Pattern[str], text: str) -> str:
 class _Escaping(logging.Formatter):
     """Writes what a record quotes (a model's error, a tool's) with its control characters as
     escapes (`\\x1b`, `\\n`): as they are, they steered the terminal reading the log and
-    made lines no logger wrote. A traceback keeps its line breaks."""
+    made lines no logger wrote. A traceback keeps its own line breaks, not those of the
+    messages it quotes."""
 
     def formatMessage(self, record: logging.LogRecord) -> str:
         return _escaped(_IN_LINE, super().formatMessage(record))
 
     def formatException(self, ei: _ExcInfo) -> str:
-        return _escaped(_IN_BLOCK, super().formatException(ei))
+        text = super().formatException(ei)
+        # Longest first: a message may hold another (the exception it wraps).
+        for said in sorted(_messages(ei[1]), key=len, reverse=True):
+            text = text.replace(said, _escaped(_IN_LINE, said))
+        return _escaped(_IN_BLOCK, text)
 
     def formatStack(self, stack_info: str) -> str:
         return _escaped(_IN_BLOCK, super().formatStack(stack_info))
+
+
+def _messages(exc: BaseException | None) -> set[str]:
+    """The messages of `exc` and of the exceptions chained to it that hold a line break, as a
+    traceback quotes them (`: message`)."""
+    found: set[str] = set()
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        try:
+            said = str(exc)
+        except Exception:
+            said = ""
+        if "\n" in said:  # the other controls are escaped with the whole traceback
+            found.add(": " + said)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    return found
 
 
 def log_to_stderr(level: str = "info") -> None:

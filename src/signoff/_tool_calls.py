@@ -36,6 +36,7 @@ from ._tools import (
     QuestionWithdrawn,
     Tool,
     ToolContext,
+    holds_mask,
     jsonable,
     over_limit,
 )
@@ -266,6 +267,10 @@ class ToolCalls(DriverPart):
             await self.record([tool_result(call, "error", invalid_input(exc))])
             return
         if bound is not None and not _still_bound(bound, tool, validated):
+            approved = None if call.edited_input is not None else _as_approved(bound, tool, raw)
+            if approved is not None:
+                validated = approved
+        if bound is not None and not _still_bound(bound, tool, validated):
             unapproved = {
                 "error": f"the input of {call.tool_name} validates now to other input than was "
                 "approved (its parameters changed since, or a validator is not deterministic); "
@@ -489,6 +494,30 @@ def _still_bound(action: Action, tool: Tool, validated: BaseModel) -> bool:
     return input_hash(form, tool_name=action.tool_name, call_id=action.call_id) == (
         action.input_hash
     )
+
+
+def _as_approved(action: Action, tool: Tool, raw: Any) -> BaseModel | None:
+    """The model's input with what it left out taken from the approved form, validated, if it
+    is the input approved: a value pydantic generates for what is left out (a `default_factory`:
+    an id, a time) is another one each time, the one the reviewer saw is in the form. None if
+    it is not, or if a secret would reach the tool as the form's mask."""
+    filled = _filled(raw, action.input)
+    try:
+        validated = tool.validate(filled)
+    except ValidationError:
+        return None
+    if holds_mask(validated) or not _still_bound(action, tool, validated):
+        return None
+    return validated
+
+
+def _filled(raw: Any, form: Any) -> Any:
+    """`raw` with the keys it lacks (in its objects, at any depth) taken from `form`."""
+    if isinstance(raw, dict) and isinstance(form, dict):
+        return {**form, **{k: _filled(v, form.get(k)) for k, v in raw.items()}}
+    if isinstance(raw, list) and isinstance(form, list) and len(raw) == len(form):
+        return [_filled(v, f) for v, f in zip(raw, form, strict=True)]
+    return raw
 
 
 def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:

@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, NoReturn, Protocol, get_type_hints, overload
 
-from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PydanticUserError,
+    Secret,
+    SecretBytes,
+    SecretStr,
+    ValidationError,
+    create_model,
+)
 from pydantic_core import to_jsonable_python
 
 from ._approval import ApprovalPolicy, SessionInfo, as_policy
@@ -35,6 +45,7 @@ __all__ = [
     "ReplayError",
     "Tool",
     "ToolContext",
+    "holds_mask",
     "json_size",
     "jsonable",
     "over_limit",
@@ -280,6 +291,38 @@ class ToolContext:
         raise ApprovalRequired(payload, call_id=self.call_id)
 
 
+def _sets_sorted(value: Any, form: Any) -> Any:
+    """`form` (the JSON dump of `value`) with the lists that hold a set of `value` sorted."""
+    if isinstance(value, set | frozenset) and isinstance(form, list):
+        return sorted(form, key=lambda item: json.dumps(item, sort_keys=True))
+    if isinstance(value, dict) and isinstance(form, dict) and len(value) == len(form):
+        pairs = zip(form.items(), value.values(), strict=True)
+        return {k: _sets_sorted(v, f) for (k, f), v in pairs}
+    if isinstance(value, list | tuple) and isinstance(form, list) and len(value) == len(form):
+        return [_sets_sorted(v, f) for v, f in zip(value, form, strict=True)]
+    return form
+
+
+_MASK = "**********"
+"""How pydantic shows a secret as JSON, as a reviewer sees it."""
+
+
+def holds_mask(validated: BaseModel) -> bool:
+    """Whether validated input holds a secret whose value is its mask: what a reviewer's form
+    gives back for a secret, which a tool must not be run with."""
+    stack: list[Any] = [validated.model_dump()]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, SecretStr | SecretBytes | Secret):
+            if value.get_secret_value() in (_MASK, _MASK.encode()):
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple | set | frozenset):
+            stack.extend(value)
+    return False
+
+
 class _Input(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -334,6 +377,7 @@ class Tool:
         self.is_async = inspect.iscoroutinefunction(fn)
         self.takes_context, self.input_model = _input_model(fn, self.name)
         self._schema: dict[str, Any] | None = None
+        self._has_sets: bool | None = None
         # A workflow tool may ask people things; approvals of its siblings wait for it.
         self.workflow = self.takes_context if workflow is None else workflow
 
@@ -386,8 +430,14 @@ class Tool:
 
     def approved_form(self, validated: BaseModel) -> dict[str, Any]:
         """Validated input as a reviewer sees it and an approval binds it: JSON, by the names
-        the model is shown (aliases), so that it validates again to the same input."""
-        return validated.model_dump(mode="json", by_alias=True)
+        the model is shown (aliases), so that it validates again to the same input; a set in
+        sorted order, as its own order is another in each process (hash randomization)."""
+        form = validated.model_dump(mode="json", by_alias=True)
+        if self._has_sets is None:  # a set is an array of unique items to JSON schema
+            self._has_sets = "uniqueItems" in json.dumps(self.json_schema())
+        if not self._has_sets:
+            return form
+        return _sets_sorted(validated.model_dump(by_alias=True), form)  # type: ignore[no-any-return]
 
     async def invoke(self, ctx: ToolContext, validated: BaseModel) -> Any:
         """Run the body with validated input; returns its result as JSON-able data."""
