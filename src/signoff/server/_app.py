@@ -73,6 +73,23 @@ class AppChannels(Protocol):
     async def stop(self) -> None: ...
 
 
+_BEARER = "bearerAuth"
+"""The OpenAPI security scheme of the API's routes: an `Authorization: Bearer <token>` header."""
+
+
+def _add_bearer(doc: dict[str, Any]) -> None:
+    """Declare the bearer token the API's routes need, so the interactive docs can send one and
+    generated clients know to; health checks, metrics (its own token) and the dashboard's pages
+    are not in the document or need none."""
+    doc.setdefault("components", {})["securitySchemes"] = {
+        _BEARER: {"type": "http", "scheme": "bearer", "description": "An API token."}
+    }
+    for path, item in doc.get("paths", {}).items():
+        if path.startswith("/v1/"):
+            for operation in item.values():
+                operation["security"] = [{_BEARER: []}]
+
+
 def create_app(
     runtime: Runtime,
     *,
@@ -262,6 +279,8 @@ def create_app(
             if body is not None:
                 body["properties"]["agent"]["enum"] = sorted(runtime.agents)
             add_links(doc)
+            if not dev:
+                _add_bearer(doc)
             app.openapi_schema = doc
         return app.openapi_schema
 
