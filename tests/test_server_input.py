@@ -300,6 +300,14 @@ def test_numbers_in_the_query_are_plain_digits(alice: httpx.Client) -> None:
     for raw in ("inf", "Infinity", "1e400", "nan", "-1"):
         r = alice.get("/v1/requests", params={"older_than": raw})
         assert error(r, 422, "invalid_request")["fields"][0]["field"] == "query.older_than", raw
+    # as plain as the whole numbers: `1_0`, `+5` and ` 5` were read as 10, 5 and 5
+    for raw in ("1_0", "+5", " 5", "5 ", ".5", "5.", "0x10", "٥", "1e", "1.5e+"):
+        r = alice.get("/v1/requests", params={"older_than": raw})
+        detail = error(r, 422, "invalid_request")
+        assert detail["fields"][0]["field"] == "query.older_than", (raw, detail)
+        assert "plain decimal digits" in detail["message"], detail
+    for raw in ("00", "0.0", "0E+3", "0e-1"):
+        assert alice.get("/v1/requests", params={"older_than": raw}).json()["total"] == 1, raw
     assert alice.get("/v1/requests", params={"older_than": "1e3"}).json()["total"] == 0
     assert alice.get("/v1/requests", params={"older_than": "0"}).json()["total"] == 1
 

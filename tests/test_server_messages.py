@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
+import pytest
 
 import signoff as so
 from signoff.server import TokenAuth, create_app
@@ -42,4 +43,39 @@ async def test_a_queued_message_waits_for_a_turn_held_on_a_question(tmp_path: Pa
             ), (policy, state.queued)
             if queued:  # the question it did not answer stays open
                 assert [r.id for r in state.pending_requests()] == [question["id"]]
+    await runtime.close()
+
+
+NOTHING = ["\u200b", "\x00", "\ufeff \u2060", "\u3164\U000e0020", "\x85\xad\n"]
+"""Prompts and messages that say nothing, none of them whitespace alone."""
+
+
+async def test_a_message_of_invisible_characters_starts_no_turn(tmp_path: Path) -> None:
+    """A prompt or message made only of invisible characters or controls is refused as a
+    free-text answer like it is: `UsageError` in Python, 422 over HTTP, and nothing stored."""
+    runtime = so.Runtime([plan_agent()], store=f"sqlite:///{tmp_path}/s.db")
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t", headers=auth("alice-token")
+        ) as c,
+    ):
+        r = await c.post("/v1/sessions", json={"agent": "sales"})
+        sid = r.json()["session_id"]
+        seq = (await runtime.state(sid)).seq
+        for text in NOTHING:
+            assert text.strip() and not text.isspace(), repr(text)
+            with pytest.raises(so.UsageError, match="says nothing"):
+                await runtime.generate("sales", text)
+            with pytest.raises(so.UsageError, match="says nothing"):
+                await runtime.generate(session_id=sid, prompt=text)
+            with pytest.raises(so.UsageError, match="says nothing"):
+                await runtime.send(sid, text)
+            r = await c.post("/v1/sessions", json={"agent": "sales", "message": text})
+            assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+            r = await c.post(f"/v1/sessions/{sid}/messages", json={"text": text})
+            assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+        assert (await runtime.state(sid)).seq == seq
+        assert [s.id for s in await runtime.sessions()] == [sid]
     await runtime.close()

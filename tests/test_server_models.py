@@ -1,5 +1,6 @@
 """The served OpenAPI document takes a message exactly when the server does: text holding
-something besides whitespace (as `str.isspace` reads it), for a first and a sent message."""
+something besides whitespace, controls and invisible characters (`_text.is_blank`, the rule the
+runtime applies to prompts, messages and free-text answers), for a first and a sent message."""
 
 from __future__ import annotations
 
@@ -9,13 +10,34 @@ from pathlib import Path
 import jsonschema_rs
 import pydantic
 
+from signoff._text import is_blank
 from signoff.server import TokenAuth, create_app
 from signoff.server._models import CreateSession, SendMessage
 
 from .test_server_common import TOKENS, make_runtime
 
-SPACES = [chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()]
-TEXTS = [*SPACES, "".join(SPACES), " \n\t", "", "\ufeff", "\u200b", "a", " a ", "\x1c.\x1c"]
+# Lone surrogates are refused on their own account (not valid Unicode), and cannot reach a
+# JSON Schema validator as text at all.
+CHARS = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c <= 0xDFFF]
+SPACES = [c for c in CHARS if c.isspace()]
+BLANK = [c for c in CHARS if is_blank(c)]
+# Every character that says nothing, and its neighbours (where a range in the pattern ends).
+_NEAR = {n for c in BLANK for n in range(ord(c) - 1, ord(c) + 2)}
+EDGES = [chr(n) for n in sorted(_NEAR) if n >= 0 and not 0xD800 <= n <= 0xDFFF]
+TEXTS = [
+    *EDGES,
+    "".join(SPACES),
+    "".join(BLANK),
+    " \n\t",
+    "",
+    "\x00",
+    "\u200b\u200d\ufeff",
+    "\U000e0041\U000e007f",
+    "a",
+    " a ",
+    "\x1c.\x1c",
+    "\u200ba",
+]
 
 
 def _taken(model: type[pydantic.BaseModel], body: dict[str, str]) -> bool:
@@ -34,9 +56,22 @@ def test_the_schema_takes_a_message_exactly_when_the_server_does(tmp_path: Path)
     sent = jsonschema_rs.validator_for(schemas["SendMessage"]["properties"]["text"])
     first = jsonschema_rs.validator_for(schemas["CreateSession"]["properties"]["message"])
     for text in TEXTS:
-        said = text.strip() != "" and not text.isspace()
+        said = not is_blank(text)
         assert sent.is_valid(text) is said, repr(text)
         assert _taken(SendMessage, {"text": text}) is said, repr(text)
         assert first.is_valid(text) is said, repr(text)
         assert _taken(CreateSession, {"agent": "support", "message": text}) is said, repr(text)
     assert first.is_valid(None) and _taken(CreateSession, {"agent": "support"})
+    # The pattern, on every character: it needs one that `is_blank` does not pass over.
+    assert [c for c in CHARS if sent.is_valid(c) is is_blank(c)] == []
+    assert len(BLANK) > len(SPACES) and "\u200b" in BLANK and "\x00" in BLANK
+
+
+def test_the_rule_is_not_only_whitespace() -> None:
+    """What says nothing, independently of how `is_blank` reads it: whitespace, C0 and C1
+    controls, zero-width and formatting characters, variation selectors and tag characters."""
+    for c in ["\x00", "\x1f", "\x7f", "\x9f", "\xad", "\u200b", "\u2060", "\ufe0f", "\ufeff"]:
+        assert is_blank(c), repr(c)
+    assert is_blank("\U000e0001") and is_blank("\u3164") and is_blank(" \u00a0\u3000")
+    for c in ["a", ".", "\u00e9", "\u4e00", "\U0001f600", "\ufffd", "\u0300"]:
+        assert not is_blank(c), repr(c)

@@ -15,7 +15,7 @@ from typing import Any
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from schemathesis.specs.openapi.checks import positive_data_acceptance
+from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
 from starlette.testclient import TestClient
 
 from signoff._exceptions import UsageError
@@ -92,6 +92,17 @@ def _scope_key(case: Any) -> None:
         case.headers["Idempotency-Key"] = scoped
 
 
+def _authorized(case: Any) -> dict[str, str]:
+    """The headers a call adds: the valid token, or none for a negative case made by taking the
+    token away or spoiling it (then the server must refuse it, 401). Every wrong token counts
+    toward the guessing bound (`_throttle`): ten, and every later call would be a 429."""
+    if not case.operation.schema.is_security_param_negated(case):
+        return HEADERS
+    for name in [n for n in case.headers or {} if n.lower() == "authorization"]:
+        del case.headers[name]
+    return {}
+
+
 def _other_body(case: Any) -> dict[str, Any]:
     """The body of `case` asking for something else (another first message, another text)."""
     body = dict(case.body)
@@ -107,7 +118,9 @@ def _other_body(case: Any) -> dict[str, Any]:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 def test_api_conforms_to_its_schema(case: Any) -> None:
-    case.call_and_validate(headers=HEADERS)
+    # `ignored_auth` probes with a wrong token, which counts toward the guessing bound: that a
+    # token is required, a wrong one a 401 and too many a 429 is tests/test_server_bearer.py.
+    case.call_and_validate(headers=_authorized(case), excluded_checks=[ignored_auth])
 
 
 # -- stateful: chains of calls that follow the schema's links -------------------------------------
@@ -157,7 +170,7 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         Chains.scenarios.append(self.trace)
 
     def get_call_kwargs(self, case: Any) -> dict[str, Any]:
-        return {"headers": HEADERS}
+        return {"headers": _authorized(case)}
 
     def before_call(self, case: Any) -> None:
         _scope_key(case)
@@ -170,7 +183,7 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         case.validate_response(
             response,
             additional_checks=additional_checks,
-            excluded_checks=[positive_data_acceptance],
+            excluded_checks=[positive_data_acceptance, ignored_auth],
             transport_kwargs=kwargs,
         )
 

@@ -18,6 +18,7 @@ from ._mirrors import following_mirrors
 from ._recording import Changed, TurnStopped, load_turn, unchanged
 from ._results import GenerateResult
 from ._state import SessionState
+from ._text import NOTHING_SAID, is_blank
 from ._types import InputRequest, Principal
 from .stores import Resolve
 
@@ -57,8 +58,10 @@ class Messages(Answering):
         """
         check_principal(principal, "principal")
         await self.open()
-        if not isinstance(message, str) or not message.strip():
-            raise UsageError("send() needs a non-empty message")
+        if not isinstance(message, str):
+            raise UsageError(f"send() needs a message: a string, not {type(message).__name__}")
+        if is_blank(message):
+            raise UsageError(NOTHING_SAID.format(what="the message"))
         _check_text(message, "the message")
         if turn_policy not in ("steer", "queue"):
             raise UsageError(f"turn_policy must be 'steer' or 'queue', not {turn_policy!r}")

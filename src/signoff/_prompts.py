@@ -10,6 +10,7 @@ from ._exceptions import UsageError
 from ._idempotency import Keyed
 from ._recording import EventSpec
 from ._state import SessionState
+from ._text import NOTHING_SAID, is_blank
 
 __all__ = ["check_prompt", "next_turn"]
 
@@ -19,8 +20,8 @@ def check_prompt(prompt: object) -> None:
     checked before anything (a session) is created."""
     if not isinstance(prompt, str):
         raise UsageError(f"prompt must be a string, not {type(prompt).__name__}")
-    if not prompt or prompt.isspace():
-        raise UsageError("the prompt is empty: write something for the agent to read")
+    if is_blank(prompt):
+        raise UsageError(NOTHING_SAID.format(what="the prompt"))
     check_text(prompt, "the prompt")
 
 

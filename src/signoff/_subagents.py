@@ -33,6 +33,7 @@ from ._exceptions import (
 from ._recording import TurnStopped, new_id, runnable
 from ._results import GenerateResult
 from ._state import SessionState, fold
+from ._text import NOTHING_SAID, is_blank
 from ._tools import TOOL_NAME, Tool, ToolContext
 from ._types import InputRequest, Principal
 from .stores import SessionSummary
@@ -136,10 +137,10 @@ def missing_targets(agents: Mapping[str, Agent]) -> list[str]:
 
 
 def _said(message: str) -> str:
-    """The task must say something: a prompt of whitespace is refused before the child session
-    is created, so the model is told and no session is left without a turn."""
-    if message.isspace():
-        raise ValueError("the message is only whitespace: write the task for the agent")
+    """The task must say something (`is_blank`): one that does not is refused before the child
+    session is created, so the model is told and no session is left without a turn."""
+    if is_blank(message):
+        raise ValueError(NOTHING_SAID.format(what="the task"))
     return message
 
 

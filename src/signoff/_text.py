@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["BIDI", "HIDDEN", "escape_as_json", "is_blank"]
+__all__ = ["BIDI", "HIDDEN", "NOTHING_SAID", "SAID", "escape_as_json", "is_blank"]
 
 BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """Bidirectional controls: they make the text around them read in another order."""
@@ -24,8 +24,26 @@ _C0 = re.compile("[\x00-\x1f]")
 
 def is_blank(text: str) -> bool:
     """Whether `text` shows nothing: only whitespace, controls and invisible characters. A
-    typed reply like that is no answer, as an empty one is not."""
+    typed reply like that is no answer, and a prompt or message like that starts no turn, as an
+    empty one does not: this is the one rule, for the runtime, the API, the CLI and channels."""
     return not HIDDEN.sub("", _C0.sub("", text)).strip()
+
+
+SAID = (
+    "[^\\x00-\\x20\\x7f-\\xa0\\xad\\u061c\\u115f\\u1160\\u1680\\u180e\\u2000-\\u200f"
+    "\\u2028-\\u202f\\u205f-\\u206f\\u3000\\u3164\\ufe00-\\ufe0f\\ufeff\\ufff9-\\ufffb"
+    "\U000e0000-\U000e0fff]"
+)
+"""A character that `is_blank` does not pass over, spelled so that JSON Schema reads the same
+class (the tag characters above the basic plane written as themselves): the OpenAPI document
+says a message needs one. Lone surrogates are left to the check that refuses them anywhere."""
+
+
+NOTHING_SAID = (
+    "{what} says nothing (it is empty, or only whitespace, controls or invisible characters): "
+    "write something for the agent to read"
+)
+"""Why text that `is_blank` is refused; `what` names it."""
 
 
 def escape_as_json(match: re.Match[str]) -> str:

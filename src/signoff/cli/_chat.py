@@ -25,6 +25,7 @@ from .._exceptions import (
 )
 from .._results import GenerateResult
 from .._runtime import Runtime
+from .._text import is_blank
 from .._types import InputRequest, Principal
 from ..channels.terminal import TerminalChannel, printable
 from ..models import Scripted
@@ -110,7 +111,7 @@ class _Chat:
                 if line is None:
                     self.console.print()
                 return
-            if not line:
+            if is_blank(line):  # says nothing, as an empty line
                 continue
             if line == "/help":
                 self.console.print(_HELP)

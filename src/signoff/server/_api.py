@@ -261,7 +261,8 @@ async def list_requests(
         Query(
             ge=0,
             allow_inf_nan=False,
-            description="Only requests at least this many seconds old.",
+            description="Only requests at least this many seconds old: a number in plain "
+            "decimal digits (`90`, `1.5`, `1e3`; not `+5`, `1_0` or ` 5`).",
         ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,

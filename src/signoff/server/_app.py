@@ -47,7 +47,7 @@ from ._prompt import PromptStore
 from ._sign_ins import SIGN_IN_LIFETIME, lifetime_of
 from ._stream_slots import MAX_STREAMS, max_streams_of
 
-__all__ = ["MAX_BODY_SIZE", "AppChannels", "create_app"]
+__all__ = ["MAX_BODY_SIZE", "MAX_POLL_INTERVAL", "AppChannels", "create_app"]
 
 MAX_BODY_SIZE = 4 * 1024 * 1024
 """The default cap on a request body, in bytes; a larger one is refused (413
@@ -73,6 +73,27 @@ class AppChannels(Protocol):
     async def stop(self) -> None: ...
 
 
+MAX_POLL_INTERVAL = 3600.0
+"""The longest `poll_interval`, in seconds: a stream polling less often would seem dead, and
+one near 1e306 overflowed every stream's `retry:` line (a 500 for each)."""
+
+_BEARER = "bearerAuth"
+"""The OpenAPI security scheme of the API's routes: an `Authorization: Bearer <token>` header."""
+
+
+def _add_bearer(doc: dict[str, Any]) -> None:
+    """Declare the bearer token the API's routes need, so the interactive docs can send one and
+    generated clients know to; health checks, metrics (its own token) and the dashboard's pages
+    are not in the document or need none."""
+    doc.setdefault("components", {})["securitySchemes"] = {
+        _BEARER: {"type": "http", "scheme": "bearer", "description": "An API token."}
+    }
+    for path, item in doc.get("paths", {}).items():
+        if path.startswith("/v1/"):
+            for operation in item.values():
+                operation["security"] = [{_BEARER: []}]
+
+
 def create_app(
     runtime: Runtime,
     *,
@@ -96,7 +117,8 @@ def create_app(
 
     Pass an authenticator (e.g. `TokenAuth({...})`), or `dev=True` for the localhost-only dev
     principal; one of them is required. `access` decides who may see which session. Streams
-    poll the store every `poll_interval` seconds and send a comment after `heartbeat` idle ones.
+    poll the store every `poll_interval` seconds (an hour at most) and send a comment after
+    `heartbeat` idle ones.
     `channels` (a `ChannelHub`) follows the queue while the app runs; its routes (e.g. Slack's
     interactivity endpoint) are mounted on the app. Every `sweep_every` seconds the app applies
     passed request deadlines (`Runtime.expire_due`); None turns that off (workers do it too).
@@ -136,6 +158,10 @@ def create_app(
         raise UsageError(f"channels must be a ChannelHub, not {channels!r}")
     if not (positive_seconds(poll_interval) and positive_seconds(heartbeat)):  # also NaN
         raise UsageError("poll_interval and heartbeat must be positive seconds")
+    if poll_interval > MAX_POLL_INTERVAL:  # a stream's `retry:` line is it in milliseconds
+        raise UsageError(
+            f"poll_interval must be at most {MAX_POLL_INTERVAL:g} seconds, not {poll_interval!r}"
+        )
     if sweep_every is not None and not positive_seconds(sweep_every):
         raise UsageError(f"sweep_every must be positive seconds or None, not {sweep_every!r}")
     if isinstance(max_body_size, bool) or not isinstance(max_body_size, int) or max_body_size < 1:
@@ -262,6 +288,8 @@ def create_app(
             if body is not None:
                 body["properties"]["agent"]["enum"] = sorted(runtime.agents)
             add_links(doc)
+            if not dev:
+                _add_bearer(doc)
             app.openapi_schema = doc
         return app.openapi_schema
 

@@ -30,6 +30,7 @@ from .._exceptions import (
     UnknownSession,
 )
 from .._prompts import check_prompt
+from .._text import NOTHING_SAID, is_blank
 from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX
@@ -358,7 +359,7 @@ async def start_session(request: Request) -> Response:
     message = fields.get("message", "").strip()
     if agent not in ctx.runtime.agents:
         return await dashboard_error(request, 422, "unknown_agent", f"unknown agent {agent!r}")
-    if not message:
+    if is_blank(message):
         return await dashboard_error(
             request, 422, "invalid_request", "write a message to start with"
         )
@@ -392,8 +393,10 @@ async def send_message(request: Request, session_id: str) -> Response:
         return await dashboard_error(
             request, 404, "unknown_session", f"unknown session {session_id!r}"
         )
-    if not text:
-        return await dashboard_error(request, 422, "invalid_request", "the message is empty")
+    if is_blank(text):
+        return await dashboard_error(
+            request, 422, "invalid_request", NOTHING_SAID.format(what="the message")
+        )
     now = ctx.runtime.now()
     key = form_key(ctx.secret, viewer, fields.get("form"), now, ctx.sign_in_lifetime)
     if isinstance(key, Refusal):

@@ -18,6 +18,7 @@ from pydantic.alias_generators import to_camel
 
 from .._results import GenerateResult
 from .._state import SessionState
+from .._text import NOTHING_SAID, SAID, is_blank
 from .._types import InputRequest, Principal, Usage
 from ..stores import SessionSummary
 
@@ -69,19 +70,15 @@ class _Body(BaseModel):
         return data
 
 
-SAID = "[^\\t-\\r\\x1c-\\x20\\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
-"""A character that is not whitespace as `str.isspace` reads it, spelled so that JSON Schema
-reads the same class: the OpenAPI document says a message needs one, as `_said` checks."""
-
-
 def _said(text: str) -> str:
-    """A message must say something: whitespace alone is refused, as `Runtime` refuses it."""
-    if text.isspace():
-        raise ValueError("the message is only whitespace: write something for the agent to read")
+    """A message must say something: whitespace, controls and invisible characters alone are
+    refused, as `Runtime` refuses them (the schema says so with `SAID`)."""
+    if is_blank(text):
+        raise ValueError(NOTHING_SAID.format(what="the message"))
     return text
 
 
-# A message: not empty, not whitespace alone (which the schema says with `SAID`).
+# A message: not empty, not only whitespace or invisible characters (`SAID`).
 _Said = Annotated[
     StrictStr,
     AfterValidator(_said),

@@ -4,13 +4,16 @@ The caller is authenticated first, so one without a valid token is told that (40
 wrong with a body or query it would send again only to get the 401. A query or header parameter
 given twice is refused: FastAPI reads one of them (a query's last, a header's first) where a
 proxy or a log may read the other, or join them. A whole-number query parameter is plain digits,
-as `Last-Event-ID` is: pydantic would also read `1_0` as 10 and `+5` or ` 5` as 5.
+as `Last-Event-ID` is: pydantic would also read `1_0` as 10 and `+5` or ` 5` as 5. A decimal one
+(`older_than`) is a plain decimal number the same way: digits, maybe a fraction and an exponent
+(`90`, `1.5`, `1e3`), and nothing around them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, get_args
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -20,6 +23,9 @@ from ._errors import ApiError
 from ._json_body import UniqueKeysRoute
 
 __all__ = ["ApiRoute"]
+
+_WHOLE = re.compile("[0-9]+")
+_DECIMAL = re.compile("[0-9]+(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
 def _refused(field: str, problem: str) -> ApiError:
@@ -38,7 +44,13 @@ class ApiRoute(UniqueKeysRoute):
         handler = super().get_route_handler()
         queries = [p.alias for p in self.dependant.query_params]
         headers = [p.alias for p in self.dependant.header_params]
-        whole = {p.alias for p in self.dependant.query_params if p.field_info.annotation is int}
+        forms: dict[str, tuple[re.Pattern[str], str]] = {}
+        for p in self.dependant.query_params:
+            kinds = {p.field_info.annotation, *get_args(p.field_info.annotation)}
+            if int in kinds:
+                forms[p.alias] = (_WHOLE, "a whole number in plain digits")
+            elif float in kinds:
+                forms[p.alias] = (_DECIMAL, "a number in plain decimal digits (90, 1.5, 1e3)")
 
         async def checked(request: Request) -> Response:
             await get_context(request).require(request)
@@ -50,15 +62,9 @@ class ApiRoute(UniqueKeysRoute):
                     values = given.getlist(name)
                     if len(values) > 1:
                         raise _refused(f"{where}.{name}", f"given {len(values)} times")
-                    if (
-                        values
-                        and name in whole
-                        and not (values[0].isascii() and values[0].isdigit())
-                    ):
-                        raise _refused(
-                            f"{where}.{name}",
-                            f"must be a whole number in plain digits, not {values[0]!r}",
-                        )
+                    form = forms.get(name) if where == "query" and values else None
+                    if form is not None and not form[0].fullmatch(values[0]):
+                        raise _refused(f"{where}.{name}", f"must be {form[1]}, not {values[0]!r}")
             return await handler(request)
 
         return checked

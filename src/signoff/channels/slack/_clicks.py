@@ -21,6 +21,7 @@ import aiohttp
 from slack_sdk.errors import SlackApiError
 
 from ..._exceptions import AnswerError, ConflictingAnswer, NotAllowed, SignoffError, StoreError
+from ..._text import is_blank
 from ..._types import InputRequest, InputResponse, Principal
 from .._base import logger, settled_as
 from ._blocks import (
@@ -247,7 +248,7 @@ def _submission(
         deny = Interaction(ANSWER, rid, team, user, channel, "cancel", reason.strip() or None)
         return deny, None  # an empty 200 closes the modal
     text = ((values.get(ANSWER_BLOCK, {}).get("answer") or {}).get("value") or "").strip()
-    if not text:
+    if is_blank(text):
         return None, {"response_action": "errors", "errors": {ANSWER_BLOCK: "Write an answer"}}
     return Interaction(ANSWER, rid, team, user, channel, text=text), None
 

@@ -19,6 +19,7 @@ from ..._answers import match
 from ..._exceptions import SignoffError, StoreError
 from ..._messages import first_open
 from ..._results import Outcome
+from ..._text import is_blank
 from .._base import QUEUED_NOTE, logger, off_loop
 from ._inbox import RESUME_AFTER, RETRY_WINDOW, Inbox, seconds
 from ._payloads import SlackPayloadError, envelope_of, slack_principal
@@ -127,7 +128,7 @@ class ThreadReplies:
             raise SlackPayloadError(f"unreadable Slack event: {exc!r}") from None
         request_id = self._request_of(where, thread)
         text = _plain(text, bots)
-        if request_id is None or not text:
+        if request_id is None or is_blank(text):
             return None
         return TypedReply(event_id, request_id, team, user, where, thread, text)
 
