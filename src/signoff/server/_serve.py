@@ -118,7 +118,7 @@ def serve(
     once while the process holds that many connections (the request's own, idle and event
     streams included) or runs that many requests, so a flood is refused instead of piling up;
     an idle connection is closed `keep_alive_timeout` seconds after its last response. Neither
-    times a client that sends its request slowly: see docs/server.md, Deployment.
+    times a client that sends its request slowly: see docs/server.md, "Slow and idle clients".
     """
     import uvicorn
 
