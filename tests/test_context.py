@@ -406,3 +406,43 @@ async def test_a_sessions_read_applies_a_deadline_that_passed(store_url: str) ->
         assert body["turn"]["text"] == "done"
         stored = await runtime.store.get_request(request.id)
         assert stored is not None and stored.status == "expired"
+
+
+async def test_a_sessions_read_by_a_front_without_its_agent_shows_a_passed_deadline(
+    store_url: str,
+) -> None:
+    """Served by a process without the session's agent (it cannot apply the deadline: that is
+    left to one that has it), `GET /v1/sessions/{id}` listed the approval past its deadline under
+    `pending`, though the queue leaves it out and `GET /v1/requests/{id}` reads it expired. The
+    session's read shows it as the deadline leaves it too, and the store is left alone."""
+    now = [1_700_000_000.0]
+
+    @so.tool(approval=so.always(expires_in=60))
+    async def reset_password(email: str) -> str:
+        """Reset a password."""
+        return "reset"
+
+    asked = so.ModelResponse(tool_calls=[so.ToolCall(name="reset_password", input={"email": "a"})])
+    model = so.models.Scripted([asked, so.ModelResponse(text="done")])
+    back = so.Runtime(
+        [so.Agent(name="desk", model=model, tools=[reset_password])],
+        store=store_url,
+        clock=lambda: now[0],
+    )
+    front = so.Runtime([], store=store_url, clock=lambda: now[0])
+    app = create_app(front, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        back,
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c,
+    ):
+        first = await back.generate("desk", "reset it", auth=ALICE)
+        (request,) = first.pending
+        now[0] += 61
+        r = await c.get(f"/v1/sessions/{first.session_id}", headers=auth("alice-token"))
+        assert r.status_code == 200, r.text
+        assert r.json()["pending"] == [], r.json()
+        one = await c.get(f"/v1/requests/{request.id}", headers=auth("alice-token"))
+        assert one.json()["status"] == "expired"
+        stored = await back.store.get_request(request.id)
+        assert stored is not None and stored.status == "pending"  # left to `back`

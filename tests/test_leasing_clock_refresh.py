@@ -282,3 +282,43 @@ async def test_a_drifted_process_is_right_again_after_the_bound(
         await _measured(rt)
         assert time.monotonic() - started < 5
         assert abs(rt.now() - await server_time()) < 0.5
+
+
+def test_close_stops_a_measurement_left_on_a_loop_closed_since(
+    store: _Clocked, awake: list[float]
+) -> None:
+    """A measurement started on a loop the caller closed unfinished (`loop.close()` cancels
+    nothing): `close` from another loop closes the store instead of raising RuntimeError
+    ('Event loop is closed') out of cancelling it there."""
+    rt = so.Runtime([_agent()], store=store)
+    first = asyncio.new_event_loop()
+    try:
+        first.run_until_complete(rt.open())
+        awake[0] += BOUND
+        store.gate.clear()  # the measurement is held: still running when its loop closes
+        first.run_until_complete(rt.sessions())
+        assert rt._lease_check is not None and not rt._lease_check.done()
+    finally:
+        first.close()
+    asyncio.run(rt.close())
+    assert rt._lease_check is None and not rt._opened
+
+
+def test_close_from_another_thread_cancels_a_measurement_thread_safely(
+    store: _Clocked, awake: list[float]
+) -> None:
+    """A measurement a blocking twin started on the sync bridge's loop, and `close` awaited on
+    the caller's own loop (asyncio's debug mode refuses a Task.cancel from another thread):
+    it is cancelled on its loop and the store is closed."""
+    rt = so.Runtime([_agent()], store=store)
+    rt.sessions_sync()  # opens it on the bridge's loop
+    bridge = rt._sync._loop
+    assert bridge is not None
+    bridge.set_debug(True)  # refuses a call_soon from another thread
+    awake[0] += BOUND
+    store.gate.clear()  # the measurement is held on the bridge's loop
+    rt.sessions_sync()
+    check = rt._lease_check
+    assert check is not None and not check.done()
+    asyncio.run(rt.close())
+    assert check.cancelled() and not rt._opened

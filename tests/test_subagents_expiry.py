@@ -106,3 +106,43 @@ async def test_a_store_error_cancelling_the_child_still_says_the_parent_expired(
         assert await rt.expire_due() == 1
         await _assert_child_cancelled(rt, parent, child)
         assert ran == []
+
+
+class _Slow(list[str]):
+    """`ran`, whose refund takes `seconds` of `clock` to run."""
+
+    def __init__(self, clock: ManualClock, seconds: float) -> None:
+        super().__init__()
+        self.clock, self.seconds = clock, seconds
+
+    def append(self, order_id: str) -> None:
+        self.clock.advance(self.seconds)
+        super().append(order_id)
+
+
+async def test_a_child_finishing_after_its_parents_ttl_passed_does_not_revive_the_parent(
+    store_url: str,
+) -> None:
+    """The child is answered within the parent's TTL, and its tool runs past it: the parent's
+    delegate call does not take the result (its mirror closed and its turn driven on, the TTL
+    counted again from then); the parent's expiry is recorded, and the child's answer stands."""
+    clock = ManualClock()
+    ran = _Slow(clock, 61)
+    support, billing = refund_desk(so.always(), ran)
+    support.limits = so.Limits(ttl=60)
+    async with so.Runtime([support, billing], store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        child = mirror.child.session_id
+        clock.advance(30)
+        [request] = await rt.pending(session_id=child)
+        done = await rt.respond(
+            child, [so.InputResponse(request_id=request.id, option_id="approve")], principal=ALICE
+        )
+        assert done.status == "completed" and ran == ["9"]
+        ended = (await rt.state(r.session_id)).turn
+        assert ended is not None and ended.status == "failed"
+        assert ended.error is not None and ended.error.get("code") == "session_expired"
+        with pytest.raises(so.SessionExpired):
+            await rt.send(r.session_id, "and another")

@@ -47,6 +47,8 @@ async def after_drive(rt: Runtime, session_id: str) -> None:
     if state is None or state.parent is None or session_id in delegating.get():
         return
     parent = await rt._state(state.parent)
+    if await _lapsed(rt, parent):
+        return
     # Mirrors closed already count too: an answer through the parent that lost to one given
     # here closes the mirror and raises, leaving the parent's turn for this drive to go on.
     mirrors = _mirrors(parent, session_id)
@@ -66,6 +68,8 @@ async def after_close(rt: Runtime, state: SessionState) -> None:
     try:
         parent = await rt._state(state.parent)
     except UnknownSession:
+        return
+    if await _lapsed(rt, parent):
         return
     # Mirrors closed already count too, as for `after_drive`: an answer through the parent that
     # lost to this close closes its mirror and raises, leaving the parent's turn to go on here.
@@ -113,6 +117,18 @@ def _mirrors(parent: SessionState, child: str) -> list[Any]:
         and turn is not None
         and live.request.turn_id == turn.id
     ]
+
+
+async def _lapsed(rt: Runtime, parent: SessionState) -> bool:
+    """Whether the parent's TTL passed: its delegate call can never take the child's result, so
+    its mirrors are not closed (that would count its TTL again from now) nor its turn driven
+    on; its expiry is recorded instead where this runtime has its agent (else by one that has)."""
+    if not parent.expired(rt.now()):
+        return False
+    if parent.agent in rt.agents:
+        with contextlib.suppress(SessionExpired):
+            await rt._checked(parent.id)
+    return True
 
 
 async def _go_on(rt: Runtime, parent: str) -> None:

@@ -23,6 +23,7 @@ __all__ = [
     "expiry_specs",
     "is_due",
     "is_lapsed",
+    "state_after_deadlines",
     "stored_after_deadline",
     "stored_after_expiry",
     "summary_after_expiry",
@@ -69,6 +70,30 @@ def stored_after_deadline(stored: StoredRequest, now: float) -> StoredRequest:
         outcome="expired",
         resolution=resolution,
     )
+
+
+def state_after_deadlines(state: SessionState, now: float) -> SessionState:
+    """`state` as its requests' passed deadlines leave it before anyone has recorded them (a
+    session of an agent this process does not run), as the queue shows those requests:
+    escalated, or closed as `expired`; `state` itself when none has passed."""
+    due = [r for r in state.pending_requests() if is_due(r, now)]
+    if not due:
+        return state
+    requests = dict(state.requests)
+    for r in due:
+        shown = after_deadline(r, now)
+        if shown is not None:
+            requests[r.id] = replace(requests[r.id], request=shown)
+            continue
+        resolution = {"outcome": "expired", "reason": TIMED_OUT, "on_timeout": r.on_timeout}
+        requests[r.id] = replace(
+            requests[r.id],
+            request=r.model_copy(update={"status": "expired"}),
+            status="expired",
+            outcome="expired",
+            resolution=resolution,
+        )
+    return replace(state, requests=requests)
 
 
 def stored_after_expiry(stored: StoredRequest) -> StoredRequest:

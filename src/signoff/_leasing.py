@@ -186,11 +186,16 @@ class Leasing:
     async def _stop_lease_check(self) -> None:
         """Stop a measurement of the store's clock still running, before the store closes."""
         check = self._lease_check
-        if check is not None and not check.done():
-            check.cancel()
-            if check.get_loop() is asyncio.get_running_loop():
-                await asyncio.wait({check})
         self._lease_check = None
+        if check is None or check.done():
+            return
+        loop = check.get_loop()
+        if loop is asyncio.get_running_loop():
+            check.cancel()
+            await asyncio.wait({check})
+        else:  # another thread's loop (the sync bridge's, say): Task.cancel is not thread-safe
+            with contextlib.suppress(RuntimeError):  # a closed loop never runs it again
+                loop.call_soon_threadsafe(check.cancel)
 
     async def _release(self, session_id: str, owner: str, token: int) -> None:
         """Give a drive's lease back; one the store refuses is kept for the next try."""

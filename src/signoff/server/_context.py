@@ -13,6 +13,7 @@ from starlette.requests import HTTPConnection
 
 from .._deadlines import (
     is_due,
+    state_after_deadlines,
     stored_after_deadline,
     stored_after_expiry,
     summary_after_expiry,
@@ -190,7 +191,8 @@ class ServerContext:
         due = [r for r in state.pending_requests() if is_due(r, now)]
         if due and await self.runtime._apply_deadlines(due, listing=True):
             state = await self.runtime.state(session_id)
-        return state
+        # Those of an agent this process lacks (or a store it may only read) are shown so.
+        return state_after_deadlines(state, self.runtime.now())
 
     async def _visible(self, session_id: str, caller: Principal) -> None:
         """`UnknownSession` unless the caller may see the session, decided from its first event
