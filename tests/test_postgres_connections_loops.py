@@ -22,7 +22,7 @@ from .test_runtime import refund_agent
 from .test_sqlite_store_threads import sync_calls
 
 T = TypeVar("T")
-ROUNDS = 4  # a turn on PostgreSQL syncs to disk: slower than SQLite's
+ROUNDS = 2  # each call that follows one on the other loop waits about a second
 
 
 async def test_async_and_sync_calls_from_two_threads(pg_store_url: str) -> None:
