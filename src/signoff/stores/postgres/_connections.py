@@ -128,6 +128,9 @@ class Connections(Transactions):
         self._where = describe(dsn)
         self._pool: AsyncConnectionPool[Conn] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The pools of other event loops still running (a runtime's async calls and its sync
+        # twins on its bridge loop), each taken back when its loop calls again.
+        self._parked: dict[asyncio.AbstractEventLoop, AsyncConnectionPool[Conn]] = {}
         self._server_async = False
         self._open_lock: asyncio.Lock | None = None
         self._checking: asyncio.Future[None] | None = None  # the pool's test (`_after_loss`)
@@ -160,6 +163,10 @@ class Connections(Transactions):
         async with self._open_lock:
             if self._pool is not None:
                 return self._pool
+            parked = self._parked.pop(asyncio.get_running_loop(), None)
+            if parked is not None and not parked.closed:
+                self._pool, self._loop = parked, asyncio.get_running_loop()
+                return parked
             conn = await self._connect()
             try:
                 version = await self._read_version(conn)
@@ -202,7 +209,11 @@ class Connections(Transactions):
             return pool
 
     def _abandon(self) -> None:
-        """Forget a pool whose event loop is gone; its connections close when collected."""
+        """Put away the pool of another event loop: kept for its loop's next call while that
+        loop runs, forgotten once it is closed (its connections close when collected)."""
+        if self._pool is not None and self._loop is not None:
+            self._parked[self._loop] = self._pool
+        self._parked = {loop: pool for loop, pool in self._parked.items() if not loop.is_closed()}
         self._pool = None
         self._loop = None
         self._open_lock = None
@@ -243,8 +254,17 @@ class Connections(Transactions):
         return conn
 
     async def close(self) -> None:
-        if self._pool is not None and self._loop is not asyncio.get_running_loop():
+        here = asyncio.get_running_loop()
+        foreign = self._pool is not None and self._loop is not here
+        if foreign:
             self._abandon()
+        parked, self._parked = self._parked, {}
+        for loop, spare in parked.items():
+            if loop is here:
+                await spare.close()
+            else:
+                _close_there(loop, spare)
+        if foreign:  # what listens and probes belonged to the other loop, and went with it
             return
         await self._changes.stop()
         pool, self._pool = self._pool, None
@@ -416,3 +436,19 @@ async def _reconnect_again(pool: AsyncConnectionPool[Conn]) -> None:
     if not pool.closed and pool.get_stats().get("requests_waiting", 0):
         with contextlib.suppress(psycopg.Error):
             await pool.check()
+
+
+_closing: set[asyncio.Task[None]] = set()  # pools being closed on their own loops
+
+
+def _close_there(loop: asyncio.AbstractEventLoop, pool: AsyncConnectionPool[Conn]) -> None:
+    """Close a pool on its own event loop, which still runs: a store closed from another loop
+    must not leave that loop's connections open."""
+
+    def start() -> None:
+        task = loop.create_task(pool.close())
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+    with contextlib.suppress(RuntimeError):  # that loop closed meanwhile: its pool went with it
+        loop.call_soon_threadsafe(start)

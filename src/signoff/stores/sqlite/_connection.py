@@ -1,19 +1,20 @@
-"""The SQLite store's connection: the one `sqlite3` connection and the `BEGIN IMMEDIATE`
-transaction every write runs in. `Connection` is the base class of `SQLiteStore`'s reads, leases
-and writes."""
+"""The SQLite store's connection: the one `sqlite3` connection, the lock that gives it to one
+store call at a time, and the `BEGIN IMMEDIATE` transaction every write runs in. `Connection` is
+the base class of `SQLiteStore`'s reads, leases and writes."""
 
 from __future__ import annotations
 
 import functools
 import os
 import sqlite3
+import threading
 import time
 import types
 import urllib.parse
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar, cast
 
 from ..._exceptions import SchemaVersionError, StoreBusy, StoreError, StoreGone
 from ..._settings import flag, seconds
@@ -33,7 +34,7 @@ from ._schema import (
     upgrade_from_1,
 )
 
-__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "kept", "reading"]
+__all__ = ["READ_CHECK_EVERY", "Connection", "immediate", "kept", "reading", "serialised"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -213,6 +214,10 @@ class Connection:
         # SQLite takes it in whole milliseconds, as a C int: a day is well within that.
         self.busy_timeout = seconds("busy_timeout", busy_timeout, most=86_400, zero=True)
         self._conn: sqlite3.Connection | None = None
+        # Held by each store call from its first statement to its last: the connection is
+        # shared by every thread using this store (a runtime's async calls and its sync twins),
+        # and SQLite keeps one transaction per connection. Reentrant: `conn` opens the file.
+        self._lock = threading.RLock()
         self._fault: FaultHook | None = None
         self._sk: PerSession[int] = PerSession()
         self._tails: Tails[Previous | None] = Tails()
@@ -249,6 +254,12 @@ class Connection:
         `migrate`), else refuse an older or missing one before writing anything."""
         if self._conn is not None:
             return
+        with self._lock:
+            if self._conn is None:
+                self._open(upgrade)
+
+    def _open(self, upgrade: bool | None) -> None:
+        """`open_sync`, under the store's lock."""
         upgrade = self.auto_migrate if upgrade is None else upgrade
         upgrade = upgrade or self.path == ":memory:"  # always new: nothing else uses it
         if self.path != ":memory:":
@@ -352,9 +363,10 @@ class Connection:
         return 0 if new else found
 
     async def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
 
     def _same_file(self, done: str = "written") -> None:
         """Refuse to write, or read, when the file at the store's path is no longer the one this
@@ -531,10 +543,38 @@ def reading(
 
     @functools.wraps(read)
     async def guarded(store: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            store._readable()
-            return await read(store, *args, **kwargs)
-        except sqlite3.Error as exc:
-            raise StoreError(f"SQLite read failed: {exc}") from exc
+        with store._lock:
+            try:
+                store._readable()
+                return _through(read(store, *args, **kwargs))
+            except sqlite3.Error as exc:
+                raise StoreError(f"SQLite read failed: {exc}") from exc
 
     return guarded
+
+
+def serialised(
+    call: Callable[Concatenate[C, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[C, P], Coroutine[Any, Any, R]]:
+    """A store call run whole under the store's lock, so no other thread's statements land in
+    its transaction, nor it reads their uncommitted writes or what the store remembers of them
+    half-updated."""
+
+    @functools.wraps(call)
+    async def locked(store: C, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        with store._lock:
+            return _through(call(store, *args, **kwargs))
+
+    return locked
+
+
+def _through(coro: Coroutine[Any, Any, R]) -> R:
+    """Run a store call that never suspends to its end, here: one that did would hold the lock
+    across the await, and a call of another task on this thread would then share it."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return cast(R, done.value)
+    coro.close()
+    name = getattr(coro, "__qualname__", "a SQLite store call")
+    raise RuntimeError(f"{name} awaited while holding the SQLite store's lock")

@@ -9,7 +9,7 @@ import sqlite3
 from collections.abc import Sequence
 
 from ..._exceptions import UnknownSession
-from ._connection import Connection, immediate, kept
+from ._connection import Connection, immediate, kept, serialised
 
 __all__ = ["Leases"]
 
@@ -17,6 +17,7 @@ __all__ = ["Leases"]
 class Leases(Connection):
     """`SQLiteStore`'s leases: who works on a session, and the token that proves it."""
 
+    @serialised
     async def acquire_lease(
         self, session_id: str, owner: str, ttl: float, now: float
     ) -> int | None:
@@ -47,6 +48,7 @@ class Leases(Connection):
         self._granted(session_id, token, now, ttl)
         return token
 
+    @serialised
     async def renew_lease(
         self, session_id: str, owner: str, token: int, ttl: float, now: float
     ) -> bool:
@@ -64,6 +66,7 @@ class Leases(Connection):
         self._granted(session_id, token, now, ttl)
         return True
 
+    @serialised
     async def claim(
         self, owner: str, ttl: float, now: float, limit: int, agents: Sequence[str] | None = None
     ) -> list[tuple[str, int]]:
@@ -96,6 +99,7 @@ class Leases(Connection):
             self._granted(session_id, token, now, ttl)
         return claimed
 
+    @serialised
     async def release_lease(self, session_id: str, owner: str, token: int) -> None:
         conn = self.conn
         with immediate(conn, self._writable):

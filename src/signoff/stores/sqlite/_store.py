@@ -32,7 +32,7 @@ from .._codec import (
     type_name,
 )
 from .._initiators import initiator_columns
-from ._connection import immediate, kept, reading
+from ._connection import immediate, kept, serialised
 from ._leases import Leases
 from ._reads import Reads
 from ._schema import CURRENT_TURN
@@ -53,6 +53,7 @@ class SQLiteStore(Reads, Leases):
 
     # -- writes -------------------------------------------------------------------------------
 
+    @serialised
     async def create_session(
         self,
         session_id: str,
@@ -101,6 +102,7 @@ class SQLiteStore(Reads, Leases):
         self._granted(session_id, 1, lease[2], lease[1])
         return 1
 
+    @serialised
     async def commit(self, commit: Commit) -> None:
         """Apply `commit` in one transaction, or nothing of it (see `Store.commit`); synced to
         disk before it returns when `commit.durable`, which the engine sets on a commit a person
@@ -231,6 +233,7 @@ class SQLiteStore(Reads, Leases):
             n, _, digest = entries[-1]
         return n, digest
 
+    @serialised
     async def record_audit(self, rows: Sequence[AuditRow]) -> None:
         """Append entries that no event carries (tool setting changes), and keep each stream's
         chain head in its head row (`n = 0`), so entries removed from its end are noticed."""
@@ -333,7 +336,6 @@ class SQLiteStore(Reads, Leases):
 
     # -- change notifications (polling: SQLite has no NOTIFY) ---------------------------------
 
-    @reading
     async def wait_for_change(
         self,
         session_id: str | None,
@@ -344,20 +346,16 @@ class SQLiteStore(Reads, Leases):
     ) -> bool:
         """Poll until a commit to `session_id` (any session if None) shows up; False on timeout.
 
-        Given `after`, it returns at once if the session's head is already past it.
+        Given `after`, it returns at once if the session's head is already past it. Each poll
+        takes the store's lock; the waits between them do not.
         """
 
         def mark() -> tuple[int, int]:
-            self._readable(every=0)  # a file deleted or replaced under us never changes again
-            if session_id is None:
-                row = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
-                count, total = row.fetchone()
-                return int(count), int(total)
-            head = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,))
-            found = head.fetchone()
-            if found is None:
-                raise UnknownSession(session_id)
-            return 0, int(found[0])
+            with self._lock:
+                try:
+                    return self._mark(session_id)
+                except sqlite3.Error as exc:
+                    raise StoreError(f"SQLite read failed: {exc}") from exc
 
         start = mark()
         if after is not None and session_id is not None and start[1] > after:
@@ -368,3 +366,17 @@ class SQLiteStore(Reads, Leases):
             if mark() != start:
                 return True
         return False
+
+    def _mark(self, session_id: str | None) -> tuple[int, int]:
+        """What `wait_for_change` compares: the session's head, or the count of sessions and
+        the sum of their heads."""
+        self._readable(every=0)  # a file deleted or replaced under us never changes again
+        if session_id is None:
+            row = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
+            count, total = row.fetchone()
+            return int(count), int(total)
+        head = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,))
+        found = head.fetchone()
+        if found is None:
+            raise UnknownSession(session_id)
+        return 0, int(found[0])

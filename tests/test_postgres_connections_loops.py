@@ -1,0 +1,117 @@
+"""One PostgreSQL store used from two event loops that both keep running: a runtime's async
+calls on the test's loop while another thread makes its `*_sync` twins (on the runtime's bridge
+loop). Each loop has a pool of its own, taken back when it calls again; a call still using its
+loop's connection finishes on it; closing the store closes every loop's pool."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import psycopg
+
+import signoff as so
+from signoff.stores import PendingFilter
+from signoff.stores.postgres import PostgresStore
+from signoff.testing import ExecutionLog
+
+from ._sqlite_store import event
+from .test_runtime import refund_agent
+from .test_sqlite_store_threads import sync_calls
+
+T = TypeVar("T")
+ROUNDS = 2  # each call that follows one on the other loop waits about a second
+
+
+async def test_async_and_sync_calls_from_two_threads(pg_store_url: str) -> None:
+    log = ExecutionLog()
+    rt = so.Runtime([refund_agent(log)], store=pg_store_url)
+    made: list[str] = []
+    failed: list[BaseException] = []
+    try:
+        await rt.open()
+        thread = threading.Thread(target=sync_calls, args=(rt, made, failed, ROUNDS))
+        thread.start()
+        try:
+            for _ in range(ROUNDS):
+                r = await rt.generate("a", prompt="refund")
+                made.append(r.session_id)
+                (req,) = r.pending
+                done = await rt.respond(
+                    r.session_id, [so.InputResponse(request_id=req.id, option_id="approve")]
+                )
+                assert done.status == "completed"
+        finally:
+            await asyncio.to_thread(thread.join)
+        assert failed == []
+        stored = await rt.sessions(limit=1000)
+        assert sorted(s.id for s in stored) == sorted(made)
+        assert len(made) == 2 * ROUNDS
+        assert log.count() == 2 * ROUNDS
+        assert await rt.store.pending(PendingFilter(limit=1000)) == []
+    finally:
+        await rt.close()
+
+
+def _backends(url: str) -> int:
+    """Connections to the test's database other than this one."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_a_call_from_another_loop_while_this_ones_connection_is_in_use(
+    pg_store_url: str,
+) -> None:
+    """The other loop's call gets a pool of its own; the call on this loop that holds a
+    connection of the old pool finishes on it; closed on both loops, nothing stays connected."""
+    store = PostgresStore(pg_store_url)
+    other = asyncio.new_event_loop()
+
+    def serve() -> None:  # as the runtime's bridge does: run, then finish what is left
+        other.run_forever()
+        left = asyncio.all_tasks(other)
+        if left:
+            other.run_until_complete(asyncio.gather(*left))
+        other.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+
+    def there(coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, other).result(10)
+
+    try:
+        await store.create_session("ses_1", "a", [event("ses_1", 1, "session.created")], None)
+        pool = await store._get_pool()
+        async with pool.connection() as conn:
+            assert await asyncio.to_thread(there, store.head("ses_1")) == 1
+            cur = await conn.execute("SELECT head FROM signoff.sessions WHERE id = 'ses_1'")
+            assert await cur.fetchone() == (1,)
+        for _ in range(3):  # back and forth: each loop takes its own pool back
+            assert await store.head("ses_1") == 1
+            assert await store._get_pool() is pool
+            assert await asyncio.to_thread(there, store.head("ses_1")) == 1
+        assert await asyncio.to_thread(_backends, pg_store_url) == 2  # a pool of one each
+    finally:
+        await store.close()  # closes this loop's pool, and the other's on its loop
+        other.call_soon_threadsafe(other.stop)
+        await asyncio.to_thread(thread.join, 10)
+    assert not thread.is_alive()  # no pool left working on it
+    assert await _backends_gone(pg_store_url)
+
+
+async def _backends_gone(url: str) -> bool:
+    """Whether the server's backends of closed connections all exit (they do so a moment after
+    their client closed them, under load more than one)."""
+    for _ in range(100):
+        if await asyncio.to_thread(_backends, url) == 0:
+            return True
+        await asyncio.sleep(0.05)
+    return False
