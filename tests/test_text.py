@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from signoff._text import BIDI, HIDDEN, escape_as_json
+from signoff._text import BIDI, HIDDEN, escape_as_json, is_blank
 from signoff.channels.slack._blocks import sendable
 from signoff.server._pages import pretty
 
@@ -29,3 +29,43 @@ def test_a_page_shows_a_lone_surrogate_escaped_so_it_can_be_sent() -> None:
 
 def test_slack_prose_replaces_what_it_cannot_send_and_escapes_bidi() -> None:
     assert sendable("a\ud800b\x00c\u202ed") == "a\ufffdb\ufffdc\\u202ed"
+
+
+# Unicode's Default_Ignorable_Code_Point characters that are assigned: a renderer draws none of
+# them (DerivedCoreProperties.txt), whatever script they belong to.
+IGNORABLE = [
+    *"\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b\u180c\u180d\u180e\u180f",
+    *(chr(c) for c in range(0x200B, 0x2010)),
+    *(chr(c) for c in range(0x202A, 0x202F)),
+    *(chr(c) for c in range(0x2060, 0x2070)),
+    *"\u3164\ufeff\uffa0",
+    *(chr(c) for c in range(0xFE00, 0xFE10)),
+    *(chr(c) for c in range(0x1BCA0, 0x1BCA4)),
+    *(chr(c) for c in range(0x1D173, 0x1D17B)),
+    *(chr(c) for c in range(0xE0000, 0xE1000)),
+]
+
+
+def test_every_default_ignorable_character_is_hidden_and_says_nothing() -> None:
+    """The halfwidth Hangul filler (U+FFA0) passed for a visible character where the full-width
+    one (U+3164) did not: a prompt of it started a turn, and a page showed it unescaped."""
+    missed = [f"U+{ord(c):04X}" for c in IGNORABLE if not HIDDEN.fullmatch(c) or not is_blank(c)]
+    assert missed == []
+
+
+def test_text_of_any_script_with_its_joiners_and_marks_says_something() -> None:
+    for text in [
+        "\ud55c\uad6d\uc5b4",  # Hangul syllables
+        "\u1100\u1161",  # conjoining jamo
+        "\u115f\u1161",  # a filler and the vowel it carries
+        "\u0e20\u0e32\u0e29\u0e32\u0e44\u0e17\u0e22",  # Thai
+        "\u0915\u094d\u200d\u0937",  # Devanagari, a virama and a joiner
+        "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian with a non-joiner
+        "\u05e9\u05c1\u05b8\u05dc\u05d5\u05b9\u05dd",  # Hebrew with points
+        "\U0001f468\u200d\U0001f469\u200d\U0001f467",  # an emoji ZWJ sequence
+        "\u2764\ufe0f",
+        "1\ufe0f\u20e3",
+        "\u1820\u180b",  # Mongolian with a variation selector
+        "\u0301",  # a lone combining mark still draws (on a dotted circle)
+    ]:
+        assert not is_blank(text), repr(text)

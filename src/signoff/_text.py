@@ -11,11 +11,13 @@ BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """Bidirectional controls: they make the text around them read in another order."""
 
 HIDDEN = re.compile(
-    "[\x7f-\x9f\xad\u061c\u115f\u1160\u180e\u200b-\u200f\u2028-\u202e"
-    "\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\ufff9-\ufffb\ud800-\udfff\U000e0000-\U000e0fff]"
+    "[\x7f-\x9f\xad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+    "\u2028-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\ufff9-\ufffb\ud800-\udfff"
+    "\U0001bca0-\U0001bca3\U0001d173-\U0001d17a\U000e0000-\U000e0fff]"
 )
 """The above and what is invisible: C1 controls, zero-width and formatting characters, line
-separators, variation selectors, tag characters, and lone surrogates (which UTF-8 cannot hold).
+separators, variation selectors, tag characters (every character Unicode says to draw nothing
+for: Default_Ignorable_Code_Point), and lone surrogates (which UTF-8 cannot hold).
 Inside a JSON string they can be escaped and the text still parses to the same value."""
 
 
@@ -30,12 +32,13 @@ def is_blank(text: str) -> bool:
 
 
 SAID = (
-    "[^\\x00-\\x20\\x7f-\\xa0\\xad\\u061c\\u115f\\u1160\\u1680\\u180e\\u2000-\\u200f"
-    "\\u2028-\\u202f\\u205f-\\u206f\\u3000\\u3164\\ufe00-\\ufe0f\\ufeff\\ufff9-\\ufffb"
+    "[^\\x00-\\x20\\x7f-\\xa0\\xad\\u034f\\u061c\\u115f\\u1160\\u1680\\u17b4\\u17b5"
+    "\\u180b-\\u180f\\u2000-\\u200f\\u2028-\\u202f\\u205f-\\u206f\\u3000\\u3164\\ufe00-\\ufe0f"
+    "\\ufeff\\uffa0\\ufff9-\\ufffb\U0001bca0-\U0001bca3\U0001d173-\U0001d17a"
     "\U000e0000-\U000e0fff]"
 )
 """A character that `is_blank` does not pass over, spelled so that JSON Schema reads the same
-class (the tag characters above the basic plane written as themselves): the OpenAPI document
+class (the characters above the basic plane written as themselves): the OpenAPI document
 says a message needs one. Lone surrogates are left to the check that refuses them anywhere."""
 
 
