@@ -29,6 +29,7 @@ from hypothesis.stateful import (
 )
 
 import signoff as so
+from signoff._text import is_blank
 from signoff._types import match_option
 
 from . import _proof
@@ -210,12 +211,13 @@ class RuntimeMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.sessions)
     @rule(i=st.integers(0, 99), text=st.text(max_size=12))
     def arbitrary_message(self, i: int, text: str) -> None:
-        """Any text sent to a session: refused by name if empty or not valid Unicode; else it
+        """Any text sent to a session: refused by name if it says nothing (empty, or only
+        whitespace, controls or invisible characters: `is_blank`) or is not valid Unicode; else it
         answers the first open request if it names one of its options, steers the turn, or
         starts a new one."""
         self.step()
         sid = self.pick(list(self.sessions), i)
-        valid = text.strip() and not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
+        valid = not is_blank(text) and not any(0xD800 <= ord(c) <= 0xDFFF for c in text)
         if not valid:
             self.rejected(so.UsageError, self.rt.send(sid, text))
             return
