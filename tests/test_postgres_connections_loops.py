@@ -115,3 +115,21 @@ async def _backends_gone(url: str) -> bool:
             return True
         await asyncio.sleep(0.05)
     return False
+
+
+async def test_closing_from_the_test_loop_finishes_the_bridge_pools_close_before_it_stops(
+    pg_store_url: str,
+) -> None:
+    """`Runtime.close` on the test's loop closes the pool of its sync bridge on the bridge's
+    loop, then stops that loop: the close must be over by then, not cancelled halfway (which
+    left the pool's worker tasks pending, an unraisable warning later)."""
+    rt = so.Runtime([refund_agent(ExecutionLog())], store=pg_store_url)
+    await rt.open()
+    await asyncio.to_thread(rt.sessions_sync)  # the bridge's loop now has a pool of its own
+    store = rt.store
+    assert isinstance(store, PostgresStore)
+    await store.sessions()  # the test's loop takes its own pool back; the bridge's is put away
+    (bridge_pool,) = store._parked.values()
+    await rt.close()
+    assert bridge_pool.closed
+    assert await asyncio.to_thread(_backends, pg_store_url) == 0  # its connections too

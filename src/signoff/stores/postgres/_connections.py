@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Sequence
 from functools import partial
 from typing import Any, NamedTuple
@@ -263,7 +264,7 @@ class Connections(Transactions):
             if loop is here:
                 await spare.close()
             else:
-                _close_there(loop, spare)
+                await _close_there(loop, spare)
         if foreign:  # what listens and probes belonged to the other loop, and went with it
             return
         await self._changes.stop()
@@ -438,17 +439,26 @@ async def _reconnect_again(pool: AsyncConnectionPool[Conn]) -> None:
             await pool.check()
 
 
-_closing: set[asyncio.Task[None]] = set()  # pools being closed on their own loops
+CLOSE_THERE_WAIT = 2.0
+"""Seconds `close` waits for another loop to close that loop's pool before it goes on."""
 
 
-def _close_there(loop: asyncio.AbstractEventLoop, pool: AsyncConnectionPool[Conn]) -> None:
-    """Close a pool on its own event loop, which still runs: a store closed from another loop
-    must not leave that loop's connections open."""
-
-    def start() -> None:
-        task = loop.create_task(pool.close())
-        _closing.add(task)
-        task.add_done_callback(_closing.discard)
-
-    with contextlib.suppress(RuntimeError):  # that loop closed meanwhile: its pool went with it
-        loop.call_soon_threadsafe(start)
+async def _close_there(loop: asyncio.AbstractEventLoop, pool: AsyncConnectionPool[Conn]) -> None:
+    """Close a pool on its own event loop, which still runs, and wait for it there (a while): a
+    store closed from another loop must not leave that loop's connections open, and that loop
+    may be stopped right after (a runtime's sync bridge), which would cancel a close still
+    under way and leave the pool's workers pending."""
+    if loop.is_closed() or not loop.is_running():
+        return  # its pool went, or goes, with it
+    try:
+        done = asyncio.run_coroutine_threadsafe(pool.close(), loop)
+    except RuntimeError:  # that loop closed meanwhile
+        return
+    # Polled, not awaited through a wrapping future: giving up on that would cancel the close
+    # over there, and its result could arrive after this loop has closed.
+    until = time.monotonic() + CLOSE_THERE_WAIT
+    while not done.done() and time.monotonic() < until:
+        await asyncio.sleep(0.005)
+    if done.done() and not done.cancelled():
+        with contextlib.suppress(Exception):  # closing is best effort, as for our own pool
+            done.result()
