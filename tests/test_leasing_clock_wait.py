@@ -11,22 +11,7 @@ from typing import Any
 import signoff as so
 from signoff.stores.postgres import PostgresStore
 
-ORDER = {"order_id": "1042", "amount": 180.0}
-
-
-def _agent(runs: list[str], release: asyncio.Event) -> so.Agent:
-    @so.tool(approval=so.never())
-    async def issue_refund(ctx: so.ToolContext, order_id: str, amount: float) -> dict[str, Any]:
-        """Refund an order."""
-        runs.append(ctx.idempotency_key())
-        await release.wait()
-        return {"refunded": amount}
-
-    call = so.ModelResponse(
-        tool_calls=[so.ToolCall(id="call_refund", name="issue_refund", input=dict(ORDER))]
-    )
-    steps = [call, so.ModelResponse(text="Done.")]
-    return so.Agent(name="support", model=so.models.Scripted(steps), tools=[issue_refund])
+from .test_leasing_clock import _agent
 
 
 def _one_connection(url: str) -> str:
