@@ -375,12 +375,8 @@ async def test_a_request_of_a_session_whose_ttl_passed_reads_expired(store_url: 
             assert stored is not None and stored.status == recorded
 
 
-async def test_a_sessions_read_applies_a_deadline_that_passed(store_url: str) -> None:
-    """An approval whose deadline passed with no sweep since was still listed under `pending` by
-    `GET /v1/sessions/{id}` (the session `waiting` on it), though the queue and the request's
-    own read both apply the deadline first and any answer was refused. The session's read
-    applies it too, and the turn goes on as the deadline left it."""
-    now = [1_700_000_000.0]
+def _desk() -> so.Agent:
+    """An agent whose one call, `reset_password`, waits 60 s for an approval, then says done."""
 
     @so.tool(approval=so.always(expires_in=60))
     async def reset_password(email: str) -> str:
@@ -389,8 +385,16 @@ async def test_a_sessions_read_applies_a_deadline_that_passed(store_url: str) ->
 
     asked = so.ModelResponse(tool_calls=[so.ToolCall(name="reset_password", input={"email": "a"})])
     model = so.models.Scripted([asked, so.ModelResponse(text="done")])
-    agent = so.Agent(name="desk", model=model, tools=[reset_password])
-    runtime = so.Runtime([agent], store=store_url, clock=lambda: now[0])
+    return so.Agent(name="desk", model=model, tools=[reset_password])
+
+
+async def test_a_sessions_read_applies_a_deadline_that_passed(store_url: str) -> None:
+    """An approval whose deadline passed with no sweep since was still listed under `pending` by
+    `GET /v1/sessions/{id}` (the session `waiting` on it), though the queue and the request's
+    own read both apply the deadline first and any answer was refused. The session's read
+    applies it too, and the turn goes on as the deadline left it."""
+    now = [1_700_000_000.0]
+    runtime = so.Runtime([_desk()], store=store_url, clock=lambda: now[0])
     app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
     async with (
         app.router.lifespan_context(app),
@@ -416,19 +420,7 @@ async def test_a_sessions_read_by_a_front_without_its_agent_shows_a_passed_deadl
     `pending`, though the queue leaves it out and `GET /v1/requests/{id}` reads it expired. The
     session's read shows it as the deadline leaves it too, and the store is left alone."""
     now = [1_700_000_000.0]
-
-    @so.tool(approval=so.always(expires_in=60))
-    async def reset_password(email: str) -> str:
-        """Reset a password."""
-        return "reset"
-
-    asked = so.ModelResponse(tool_calls=[so.ToolCall(name="reset_password", input={"email": "a"})])
-    model = so.models.Scripted([asked, so.ModelResponse(text="done")])
-    back = so.Runtime(
-        [so.Agent(name="desk", model=model, tools=[reset_password])],
-        store=store_url,
-        clock=lambda: now[0],
-    )
+    back = so.Runtime([_desk()], store=store_url, clock=lambda: now[0])
     front = so.Runtime([], store=store_url, clock=lambda: now[0])
     app = create_app(front, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
     async with (
