@@ -13,13 +13,12 @@ from typing import Any, TypeVar
 import psycopg
 
 import signoff as so
-from signoff.stores import PendingFilter
 from signoff.stores.postgres import PostgresStore
 from signoff.testing import ExecutionLog
 
 from ._sqlite_store import event
 from .test_runtime import refund_agent
-from .test_sqlite_store_threads import sync_calls
+from .test_sqlite_store_threads import two_thread_calls
 
 T = TypeVar("T")
 ROUNDS = 2  # each call that follows one on the other loop waits about a second
@@ -28,31 +27,7 @@ ROUNDS = 2  # each call that follows one on the other loop waits about a second
 async def test_async_and_sync_calls_from_two_threads(pg_store_url: str) -> None:
     log = ExecutionLog()
     rt = so.Runtime([refund_agent(log)], store=pg_store_url)
-    made: list[str] = []
-    failed: list[BaseException] = []
-    try:
-        await rt.open()
-        thread = threading.Thread(target=sync_calls, args=(rt, made, failed, ROUNDS))
-        thread.start()
-        try:
-            for _ in range(ROUNDS):
-                r = await rt.generate("a", prompt="refund")
-                made.append(r.session_id)
-                (req,) = r.pending
-                done = await rt.respond(
-                    r.session_id, [so.InputResponse(request_id=req.id, option_id="approve")]
-                )
-                assert done.status == "completed"
-        finally:
-            await asyncio.to_thread(thread.join)
-        assert failed == []
-        stored = await rt.sessions(limit=1000)
-        assert sorted(s.id for s in stored) == sorted(made)
-        assert len(made) == 2 * ROUNDS
-        assert log.count() == 2 * ROUNDS
-        assert await rt.store.pending(PendingFilter(limit=1000)) == []
-    finally:
-        await rt.close()
+    await two_thread_calls(rt, log, ROUNDS)
 
 
 def _backends(url: str) -> int:

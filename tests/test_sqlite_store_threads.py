@@ -42,17 +42,18 @@ def sync_calls(
             failed.append(exc)
 
 
-async def test_async_and_sync_calls_from_two_threads(tmp_path: Path) -> None:
-    log = ExecutionLog()
-    rt = sqlite_runtime(tmp_path, refund_agent(log))
+async def two_thread_calls(rt: so.Runtime, log: ExecutionLog, rounds: int = ROUNDS) -> None:
+    """`rounds` refunds asked and approved on this loop while another thread makes as many
+    through the sync twins: every call succeeds, the store holds exactly the sessions made,
+    each finished, with gap-free logs and nothing pending; the runtime is closed after."""
     made: list[str] = []
     failed: list[BaseException] = []
     try:
         await rt.open()
-        thread = threading.Thread(target=sync_calls, args=(rt, made, failed))
+        thread = threading.Thread(target=sync_calls, args=(rt, made, failed, rounds))
         thread.start()
         try:
-            for _ in range(ROUNDS):
+            for _ in range(rounds):
                 r = await rt.generate("a", prompt="refund")
                 made.append(r.session_id)
                 (req,) = r.pending
@@ -66,15 +67,20 @@ async def test_async_and_sync_calls_from_two_threads(tmp_path: Path) -> None:
         assert failed == []
         stored = await rt.sessions(limit=1000)
         assert sorted(s.id for s in stored) == sorted(made)
-        assert len(made) == 2 * ROUNDS
+        assert len(made) == 2 * rounds
         assert {s.status for s in stored} == {"idle"}  # each turn ended
-        assert log.count() == 2 * ROUNDS
+        assert log.count() == 2 * rounds
         for sid in made:
             events = await rt.store.read_events(sid)
             assert [e.seq for e in events] == list(range(1, len(events) + 1))
         assert await rt.store.pending(PendingFilter(limit=1000)) == []
     finally:
         await rt.close()
+
+
+async def test_async_and_sync_calls_from_two_threads(tmp_path: Path) -> None:
+    log = ExecutionLog()
+    await two_thread_calls(sqlite_runtime(tmp_path, refund_agent(log)), log)
 
 
 def test_store_calls_from_threads_each_on_its_own_loop(tmp_path: Path) -> None:
