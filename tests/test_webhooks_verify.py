@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import email.message
+from typing import Any
+
 import pytest
+from multidict import CIMultiDict
+from starlette.datastructures import Headers
 
 import signoff as so
 from signoff.channels import (
@@ -138,3 +143,43 @@ def test_verify_webhook_refuses_a_text_body_utf8_cannot_hold_by_name() -> None:
     headers = {"Signoff-Timestamp": str(stamp), "Signoff-Signature": "v1=00"}
     with pytest.raises(InvalidSignature, match="raw bytes"):
         verify_webhook(SECRET, headers, '{"a":"caf\udce9"}', now=stamp)
+
+
+def _framework_headers(pairs: list[tuple[str, str]]) -> list[Any]:
+    """`pairs` as the header objects receivers are handed: Starlette's (FastAPI), aiohttp's and
+    the standard library's (`http.server`). Each lists a repeated header in `items()` once per
+    copy, and its `headers[name]` reads the first copy."""
+    message = email.message.Message()
+    for name, value in pairs:
+        message[name] = value
+    raw = [(name.lower().encode(), value.encode()) for name, value in pairs]
+    return [Headers(raw=raw), CIMultiDict(pairs), message]
+
+
+def test_verify_webhook_refuses_a_repeated_signoff_header() -> None:
+    """A replay that adds a second `Signoff-Delivery` (or `Signoff-Event`) before the true one
+    must not pass: the check would read the true copy while the receiver's framework hands the
+    receiver the first, so a receiver deduping on it would take the replay as a new delivery."""
+    body = b'{"id":"whd_1","type":"request.opened"}'
+    stamp = 1_700_000_000
+    signed = [
+        ("Signoff-Timestamp", str(stamp)),
+        ("Signoff-Signature", sign_webhook(SECRET, stamp, body)),
+    ]
+    true = [("Signoff-Delivery", "whd_1"), ("Signoff-Event", "request.opened")]
+    for headers in _framework_headers(signed + true):
+        assert verify_webhook(SECRET, headers, body, now=stamp)["id"] == "whd_1"
+    for name, forged in (
+        ("Signoff-Delivery", "whd_2"),
+        ("Signoff-Event", "request.resolved"),
+        ("Signoff-Timestamp", str(stamp + 1)),
+        ("Signoff-Signature", "v1=00"),
+    ):
+        for headers in _framework_headers([(name, forged), *signed, *true]):
+            assert headers[name] == forged  # what the receiver reads
+            with pytest.raises(InvalidSignature, match=f"{name} header is given more than once"):
+                verify_webhook(SECRET, headers, body, now=stamp)
+    # a plain dict may hold one header under two spellings: as repeated
+    twice = {**dict(signed + true), "signoff-delivery": "whd_1"}
+    with pytest.raises(InvalidSignature, match="Signoff-Delivery header is given more than once"):
+        verify_webhook(SECRET, twice, body, now=stamp)

@@ -28,6 +28,9 @@ TIMESTAMP_HEADER = "Signoff-Timestamp"
 SIGNATURE_HEADER = "Signoff-Signature"
 EVENT_HEADER = "Signoff-Event"
 DELIVERY_HEADER = "Signoff-Delivery"
+_CHECKED = {
+    h.lower(): h for h in (TIMESTAMP_HEADER, SIGNATURE_HEADER, EVENT_HEADER, DELIVERY_HEADER)
+}
 
 
 def sign_webhook(secret: str, timestamp: int, body: bytes) -> str:
@@ -50,7 +53,8 @@ def verify_webhook(
     Raises `InvalidSignature` when a header is missing, the timestamp is more than `tolerance`
     seconds away from `now`, no `v1=` signature (comma-separated, for secret rotation)
     matches (the comparison is constant-time), or the unsigned `Signoff-Delivery` or
-    `Signoff-Event` header, when present, differs from the signed body's `id` or `type`.
+    `Signoff-Event` header, when present, differs from the signed body's `id` or `type`, or
+    one of these four headers is given more than once.
 
         payload = verify_webhook(SECRET, request.headers, await request.body())
     """
@@ -63,7 +67,7 @@ def verify_webhook(
         raw = body.encode() if isinstance(body, str) else bytes(body)
     except UnicodeEncodeError:  # text decoded from invalid UTF-8: the bytes signed are gone
         raise InvalidSignature("the body is not valid UTF-8 text: pass the raw bytes") from None
-    lowered = {k.lower(): v for k, v in headers.items()}
+    lowered = _signoff_headers(headers)
     stamp = lowered.get(TIMESTAMP_HEADER.lower())
     given = lowered.get(SIGNATURE_HEADER.lower())
     if not stamp or not given:
@@ -100,6 +104,21 @@ def verify_webhook(
         if claimed is not None and claimed != payload.get(key):
             raise InvalidSignature(f"the {header} header does not match the signed body's {key}")
     return payload
+
+
+def _signoff_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    """The `Signoff-*` headers by lowercase name. One given twice (a repeat in a framework's
+    headers, or two spellings in a dict) is an `InvalidSignature`: the check would read the
+    last copy while the receiver's `headers[name]` reads the first."""
+    found: dict[str, str] = {}
+    for name, value in headers.items():
+        key = name.lower()
+        if key not in _CHECKED:
+            continue
+        if key in found:
+            raise InvalidSignature(f"the {_CHECKED[key]} header is given more than once")
+        found[key] = value
+    return found
 
 
 def secret_list(secret: str | Sequence[str], who: str) -> list[str]:
