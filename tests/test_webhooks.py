@@ -249,6 +249,28 @@ async def test_an_unreachable_receiver_is_retried() -> None:
     await hooks.close()
 
 
+async def test_many_attempts_back_off_at_max_backoff_to_the_last() -> None:
+    """Retrying for hours, a minute apart (`max_attempts` over 1025): past the 1024th attempt
+    the doubled backoff is larger than a float, and the delay must stay `max_backoff` rather
+    than the delivery ending early in an OverflowError, neither counted nor logged as given up."""
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    sock.close()  # nothing listens there
+    hooks = WebhookChannel(
+        f"http://127.0.0.1:{port}/x", SECRET, max_attempts=1030, max_backoff=60, sleep=sleep
+    )
+    assert await hooks.deliver(hooks.urls[0], "whd_1", "request.opened", b"{}") is False
+    assert len(slept) == 1029 and slept[:3] == [0.5, 1, 2] and set(slept[8:]) == {60}
+    assert (hooks.delivered, hooks.failed) == (0, 1)
+    await hooks.close()
+
+
 async def test_deliveries_unsent_at_close_are_counted_and_logged(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
