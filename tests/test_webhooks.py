@@ -231,6 +231,38 @@ async def test_a_password_in_a_webhook_url_is_sent_but_never_logged(
     assert "s3cr3t" not in str(given_twice.value)
 
 
+async def test_a_password_in_a_webhook_url_is_not_in_any_log_of_a_delivery(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An application logging at INFO or below (`logging.basicConfig(level=logging.INFO)`)
+    also shows httpx's own line for each request, with its URL: the password must not be in
+    it, while the receiver still gets it as Basic auth, and a user name alone likewise."""
+
+    async def sleep(seconds: float) -> None:
+        return None
+
+    async with Receiver([503]) as receiver:
+        urls = [
+            receiver.url.replace("http://", "http://hook:s3cr3t%40pw@"),
+            receiver.url.replace("http://", "http://tok3n-only@") + "?to=ops",
+        ]
+        hooks = WebhookChannel(urls, SECRET, max_attempts=2, sleep=sleep)
+        raw = json.dumps({"hello": "world"}).encode()
+        with caplog.at_level(logging.DEBUG):
+            for url in urls:
+                assert await hooks.deliver(url, "whd_1", "request.opened", raw) is True
+        await hooks.close()
+    sent = [headers["Authorization"] for headers, _ in receiver.attempts]
+    assert sent == [
+        "Basic aG9vazpzM2NyM3RAcHc=",
+        "Basic aG9vazpzM2NyM3RAcHc=",
+        "Basic dG9rM24tb25seTo=",
+    ]
+    shown = [r.getMessage() for r in caplog.records]
+    assert any("HTTP Request: POST" in line for line in shown), shown  # httpx's line is there
+    assert not any("s3cr3t" in line or "tok3n" in line for line in shown), shown
+
+
 async def test_an_unreachable_receiver_is_retried() -> None:
     slept: list[float] = []
 

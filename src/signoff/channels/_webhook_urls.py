@@ -8,7 +8,7 @@ from typing import Any
 
 from .._exceptions import UsageError
 
-__all__ = ["checked_urls", "httpx_module", "masked"]
+__all__ = ["checked_urls", "httpx_module", "masked", "without_login"]
 
 
 def checked_urls(urls: str | Sequence[str]) -> list[str]:
@@ -36,6 +36,17 @@ def checked_urls(urls: str | Sequence[str]) -> list[str]:
             raise UsageError(f"the webhook URL {masked(url)!r} is given twice")
         url_list.append(url)
     return url_list
+
+
+def without_login(url: str) -> tuple[Any, Any]:
+    """`url` as an `httpx.URL` without its user name and password, and the Basic auth httpx
+    would have sent for them (None without any), so that no request carries them in its URL."""
+    httpx = httpx_module()
+    parsed = httpx.URL(url)
+    bare = parsed.copy_with(userinfo=b"") if parsed.userinfo else parsed
+    if not (parsed.username or parsed.password):  # as httpx: `http://:@host/` sends none
+        return bare, None
+    return bare, httpx.BasicAuth(parsed.username, parsed.password)
 
 
 def _lowercase_scheme(url: object) -> object:

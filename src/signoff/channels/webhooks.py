@@ -18,7 +18,8 @@ Each attempt is bounded by `timeout` as a whole and only the response's status i
 its body. Redirects are not followed (a 3xx is a refusal: the signed body goes only where it was
 configured to). URLs are the operator's own configuration, so loopback and private addresses are
 allowed (e.g. a receiver on the same host); never build them from untrusted input. A password
-in one (Basic auth) is masked in logs and errors.
+in one (Basic auth) is masked in logs and errors, and sent only in the `Authorization` header,
+never in the request's URL (which httpx logs at INFO).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from ._webhook_signatures import (
     sign_webhook,
     verify_webhook,
 )
-from ._webhook_urls import checked_urls, httpx_module, masked
+from ._webhook_urls import checked_urls, httpx_module, masked, without_login
 
 if TYPE_CHECKING:
     import httpx
@@ -363,11 +364,19 @@ class WebhookChannel(Channel):
         """One POST's status, and the seconds its `Retry-After` asks to wait. The whole attempt
         is bounded by `timeout` (httpx bounds each read only) and the receiver's body is never
         read, so a trickling or endless answer costs neither time nor memory."""
+        target, login = without_login(url)
+        # Sent as Basic auth, as httpx does with a URL's own (a client's auth comes first), but
+        # never in the URL: httpx logs that at INFO, password and all.
+        auth = (
+            login
+            if login is not None and client.auth is None
+            else httpx_module().USE_CLIENT_DEFAULT
+        )
         async with (
             asyncio.timeout(self.timeout),
             # Never followed, also by a client the caller made to: the body goes only to `url`.
             client.stream(
-                "POST", url, content=raw, headers=headers, follow_redirects=False
+                "POST", target, content=raw, headers=headers, auth=auth, follow_redirects=False
             ) as response,
         ):
             return response.status_code, _retry_after(response.headers, self.clock())
