@@ -400,3 +400,35 @@ async def test_a_position_past_the_end_of_the_trail_is_brought_back_to_it(tmp_pa
             r = await rt.generate("support", prompt="Refund A, B and C")
             await hub.poll()
             assert watcher.seen == [("requested", p.id) for p in r.pending]
+
+
+async def test_a_hub_that_fails_to_start_lets_go_of_its_channels(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store failing while a hub starts (finding the trail's end) fails the start, and
+    leaves the hub as it was: its channels' locks are let go, so another hub on the file
+    delivers to them, and the same hub can be started again once the store is back."""
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        state = tmp_path / "channels.db"
+        hub = ChannelHub(rt, [Texts()], state=state)
+        reads = rt.store.audit
+        down = True
+
+        async def audit(**kwargs: Any) -> Any:
+            if down:
+                raise so.StoreUnavailable("the database refuses connections")
+            return await reads(**kwargs)
+
+        monkeypatch.setattr(rt.store, "audit", audit)
+        with pytest.raises(so.StoreUnavailable):
+            await hub.start(follow=False)
+        down = False
+        async with manual(ChannelHub(rt, [Texts()], state=state)) as other:
+            assert other.active  # not standing by for a hub that is not running
+        async with manual(hub):
+            assert hub.active
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            await hub.poll()
+            (sms,) = hub.channels
+            assert isinstance(sms, Texts) and sms.sent == [sms.render(r.pending[0])]

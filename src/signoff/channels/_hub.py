@@ -164,7 +164,8 @@ class ChannelHub:
 
     async def start(self, *, follow: bool = True) -> None:
         """Deliver to the channels whose lock is free (standing by for the others), then (with
-        `follow`) poll; see `_activate`."""
+        `follow`) poll; see `_activate`. A start that fails (the store down) stops the hub
+        again, locks let go, so it can be started once more."""
         if self._started:
             raise UsageError("this ChannelHub is already started")
         await self.runtime.open()
@@ -173,9 +174,13 @@ class ChannelHub:
             self._state = await off_loop(ChannelState, self._path)
         for ch in self.channels:  # a standby's channels answer too (e.g. Slack's clicks)
             ch.bind(self.runtime, self._state, hub=self.name)
-        free = self._lock_free()
         self._started = True
-        await self._activate(free)
+        try:
+            free = self._lock_free()
+            await self._activate(free)
+        except BaseException:  # e.g. the store is down: no lock held, no channel left running
+            await self.stop()
+            raise
         if len(free) < len(self.channels):
             logger.warning(
                 "channel hub %s: another process delivers to %s from %s; this one stands by "
