@@ -20,10 +20,12 @@ from signoff.channels import (
     Resolution,
     TerminalChannel,
     TerminalTextChannel,
+    WebhookChannel,
 )
 from signoff.testing import ManualClock
 
 from ._channels import Texts, manual, runtime, three_refunds
+from .test_webhooks import SECRET, Receiver
 
 
 class Flaky(Channel):
@@ -432,3 +434,55 @@ async def test_a_hub_that_fails_to_start_lets_go_of_its_channels(
             await hub.poll()
             (sms,) = hub.channels
             assert isinstance(sms, Texts) and sms.sent == [sms.render(r.pending[0])]
+
+
+async def test_a_standby_that_fails_to_take_over_leaves_no_channel_delivering(
+    store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A standby taking over starts the channel (a webhook channel sends what the hub before
+    kept unsent); the store failing right after makes it let go of the lock again. The channel
+    it started must not go on sending then: the hub that takes the lock next sends the same
+    unsent delivery, and the receiver would get it twice, from two hubs at once."""
+    runs: list[str] = []
+    down = False
+
+    class Slow(Receiver):
+        async def handle(self, request: Any) -> Any:
+            await asyncio.sleep(0.5)  # the first hub's delivery is still in flight
+            return await super().handle(request)
+
+    class Starting(WebhookChannel):
+        async def start(self, open_requests: Any) -> None:
+            await super().start(open_requests)
+            nonlocal down
+            down = True  # the store fails as soon as the channel has started
+
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt, Slow([503]) as receiver:
+        reads = rt.store.audit
+
+        async def audit(**kwargs: Any) -> Any:
+            if down:
+                raise so.StoreUnavailable("the database refuses connections")
+            return await reads(**kwargs)
+
+        monkeypatch.setattr(rt.store, "audit", audit)
+        state = tmp_path / "channels.db"
+        hooks = WebhookChannel(receiver.url, SECRET, max_attempts=1)
+        standby = ChannelHub(rt, [Starting(receiver.url, SECRET)], state=state)
+        async with manual(ChannelHub(rt, [hooks], state=state)) as first:
+            await standby.start(follow=False)
+            assert not standby.active
+            await rt.generate("support", prompt="Refund A, B and C")
+            await first.poll()
+            await hooks.drain()  # a 503: given up on, kept for the next hub to send
+        # an entry given up on, no longer in the trail: reading it is what fails
+        standby.state.remember("hub:webhooks", "skipped", [10**9])
+        with pytest.raises(so.StoreUnavailable):
+            await standby.poll()
+        down = False
+        async with manual(ChannelHub(rt, [WebhookChannel(receiver.url, SECRET)], state=state)):
+            pass  # the next hub to take the lock sends what is still unsent
+        await standby.stop()
+        sent = [headers["Signoff-Delivery"] for headers, _ in receiver.accepted]
+        assert len(sent) == 3 and len(set(sent)) == 3  # the three openings, each once
+        assert len(receiver.attempts) == 4  # and the 503

@@ -254,6 +254,12 @@ class ChannelHub:
         except BaseException:  # e.g. the store is down: stand by again and retry on a poll
             for ch in free:
                 self._active.discard(ch.name)
+                # Before the lock goes: a channel started (webhooks sending what the hub before
+                # left unsent) would go on beside the hub that takes the lock next.
+                try:
+                    await ch.close()
+                except Exception:
+                    logger.exception("channel %s failed to close", ch.name)
                 self._leases[ch.name].release()
             raise
 
