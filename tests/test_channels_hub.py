@@ -262,6 +262,29 @@ async def test_a_failing_channel_backs_off_and_gives_up_after_max_attempts(
             assert broken.seen == [("approved", r.pending[0].id)]
 
 
+async def test_a_channel_retried_without_backoff_past_1024_failures_holds_up_no_other(
+    tmp_path: Path,
+) -> None:
+    """`retry_backoff=0.0` with many attempts retries at every poll: past the 1024th failure the
+    doubled backoff is larger than a float. That must stay a retry, not an OverflowError out
+    of every poll, which held up the other channels (and this one) for good."""
+    runs: list[str] = []
+    async with runtime(tmp_path, three_refunds(runs)) as rt:
+        flaky, steady = Flaky(1030, name="flaky"), Flaky(0, name="steady")
+        hub = ChannelHub(rt, [flaky, steady], retry_backoff=0.0, max_attempts=2000)
+        async with manual(hub):
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, c = r.pending
+            while flaky.fail:
+                await hub.poll()
+            await hub.poll()
+            opened = [("requested", a.id), ("requested", b.id), ("requested", c.id)]
+            assert flaky.seen == steady.seen == opened
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            await hub.poll()
+            assert flaky.seen == steady.seen == [*opened, ("approved", a.id)]
+
+
 class Throttled(Flaky):
     """A `Flaky` whose service, for its next `limit` resolutions, asks to be called later."""
 

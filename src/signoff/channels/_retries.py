@@ -4,11 +4,12 @@ spending an attempt)."""
 
 from __future__ import annotations
 
+import math
 import time
 
 from ._base import RateLimited, logger
 
-__all__ = ["MAX_WAIT", "Retries"]
+__all__ = ["MAX_WAIT", "Retries", "doubled"]
 
 MAX_WAIT = 3600.0  # seconds: the longest a rate limit holds a channel back before it retries
 
@@ -46,7 +47,7 @@ class Retries:
         key = (name, entry_id)
         self._failures[key] = self._failures.get(key, 0) + 1
         if self._failures[key] < max_attempts:
-            self._retry_at[name] = time.monotonic() + backoff * 2 ** (self._failures[key] - 1)
+            self._retry_at[name] = time.monotonic() + doubled(backoff, self._failures[key] - 1)
             logger.warning(
                 "channel %s failed on audit entry %s (attempt %s); it will retry",
                 name,
@@ -68,3 +69,12 @@ class Retries:
         """The channel is done with the entry (told, or given up on): no retry is pending."""
         self._failures.pop((name, entry_id), None)
         self._retry_at.pop(name, None)
+
+
+def doubled(backoff: float, times: int) -> float:
+    """`backoff * 2**times`, or infinity past the largest float (from `times` 1024 on), where
+    the product would raise an OverflowError; 0 stays 0, however many times."""
+    try:
+        return math.ldexp(backoff, times)
+    except OverflowError:
+        return math.inf

@@ -29,7 +29,6 @@ import contextlib
 import email.utils
 import hashlib
 import json
-import math
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -39,6 +38,7 @@ from .._exceptions import UsageError
 from .._settings import seconds, whole
 from .._types import InputRequest
 from ._base import Channel, Escalation, Resolution, logger, off_loop
+from ._retries import doubled
 from ._webhook_signatures import (
     DELIVERY_HEADER,
     EVENT_HEADER,
@@ -344,7 +344,7 @@ class WebhookChannel(Channel):
                     self.failed += 1
                     return "refused"
             if attempt < self.max_attempts:
-                delay = min(self.max_backoff, max(_doubled(self.backoff, attempt - 1), asked or 0))
+                delay = min(self.max_backoff, max(doubled(self.backoff, attempt - 1), asked or 0))
                 logger.warning(
                     "webhook %s: %s on attempt %s for %s; retrying in %.2fs",
                     masked(url),
@@ -420,15 +420,6 @@ class WebhookChannel(Channel):
         if self._own_client and self._client is not None:
             await self._client.aclose()
             self._client = None
-
-
-def _doubled(backoff: float, times: int) -> float:
-    """`backoff * 2**times`, or infinity past the largest float (from the 1025th attempt), where
-    the product would raise an OverflowError."""
-    try:
-        return math.ldexp(backoff, times)
-    except OverflowError:
-        return math.inf
 
 
 def _retry_after(headers: httpx.Headers, now: float) -> float | None:
