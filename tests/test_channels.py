@@ -4,8 +4,10 @@ questions, `parse_reply`, the terminal's prompts, an answer when the turn cannot
 from __future__ import annotations
 
 import io
+import time
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 import signoff as so
@@ -16,7 +18,7 @@ from signoff.channels import (
     TerminalTextChannel,
     parse_reply,
 )
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._channels import BOB, Texts, manual, runtime, status, three_refunds
 
@@ -373,3 +375,32 @@ async def test_the_terminal_text_channel_prints_others_text_without_steering_the
     shown = out.getvalue()
     assert "\x1b" not in shown and "\x07" not in shown and "\u202e" not in shown
     assert "\\x1b]0;pwned\\x07\\x1b[2J\\u202eevil" in shown and "[b]way[/b]" in shown
+
+
+@pytest.mark.parametrize("skew", [3600.0, -3600.0], ids=["an-hour-ahead", "an-hour-behind"])
+async def test_the_terminal_prompts_count_a_deadline_by_the_runtimes_clock(
+    store_url: str, skew: float
+) -> None:
+    """In a hub, the terminal says how long a request has left by the runtime's clock, which
+    set its deadline (on PostgreSQL the database's): a runtime on a clock an hour off this
+    machine's asks for 10 minutes, not `0s` or an hour and 10 minutes."""
+
+    @so.tool(approval=so.always(expires_in=600))
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "ok"
+
+    desk = scripted_agent(
+        "desk", [call_tools(call("refund", order_id="1")), reply("Done.")], tools=[refund]
+    )
+    out = io.StringIO()
+    terminal = TerminalChannel(Console(file=out, width=200), read=lambda prompt: "y")
+    clock = ManualClock(time.time() + skew)
+    async with so.Runtime([desk], store=store_url, clock=clock) as rt:
+        r = await rt.generate("desk", prompt="Refund 1")
+        prompts = TerminalTextChannel(terminal, principal=BOB)
+        async with manual(ChannelHub(rt, [prompts])) as hub:
+            await hub.poll()
+            await prompts.idle()
+        assert await status(rt, r.pending[0].id) == ("settled", "approved")
+    assert "expires in 10m; then it is denied" in out.getvalue(), out.getvalue()

@@ -1,9 +1,15 @@
 """A request nearing its deadline is warned about (`request.expiring`) once: a hub started
-again on the same state, the request still open, does not warn again."""
+again on the same state, the request still open, does not warn again. A delivery's `at` is on
+the runtime's clock, as the request's own times and the warning's timing are: on PostgreSQL
+the database's, however far this machine's clock (which signs deliveries) is off it."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, WebhookChannel, verify_webhook
@@ -40,3 +46,64 @@ async def test_a_restarted_hub_does_not_warn_of_an_expiry_again(tmp_path: Path) 
             for h, b in receiver.accepted
         ]
         assert [p["type"] for p in payloads] == ["request.opened", "request.expiring"]
+
+
+SKEWS = [pytest.param(3600.0, id="an-hour-ahead"), pytest.param(-3600.0, id="an-hour-behind")]
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+async def test_a_warning_is_timed_by_a_clock_given_to_the_runtime(
+    store_url: str, skew: float
+) -> None:
+    """The runtime keeps a clock an hour off this machine's: the warning comes 500 s before
+    the deadline by that clock, and says so (`expires_at - at`); it said the request had
+    expired an hour ago, or had an hour and more left. Deliveries are signed by this machine's
+    clock, which the receiver's is compared with."""
+    clock = ManualClock(time.time() + skew)
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent(expires_in=3600)], store=store_url, clock=clock) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=600)
+        async with manual(ChannelHub(rt, [hooks])) as hub:
+            r = await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()
+            clock.advance(3100)  # within 600 s of the deadline
+            await hub.poll()
+            await hooks.drain()
+        opened, expiring = [verify_webhook(SECRET, h, b) for h, b in receiver.accepted]
+    (req,) = r.pending
+    assert (opened["type"], expiring["type"]) == ("request.opened", "request.expiring")
+    assert opened["at"] == req.created_at == clock.now - 3100
+    assert expiring["at"] == clock.now
+    assert expiring["request"]["expires_at"] - expiring["at"] == 500
+
+
+@pytest.mark.parametrize("skew", SKEWS)
+async def test_a_warning_is_timed_by_the_database_clock(pg_store_url: str, skew: float) -> None:
+    """On PostgreSQL, a process whose machine's clock is an hour off the database's: the
+    warning's `at` is the database's time, seconds before the deadline it warns of."""
+    wall = time.time
+
+    def off() -> float:
+        return wall() + skew
+
+    async with (
+        Receiver([]) as receiver,
+        so.Runtime([refund_agent(expires_in=600)], store=pg_store_url) as rt,
+    ):
+        hooks = WebhookChannel(receiver.url, SECRET, expiring_within=900, clock=off)
+        async with manual(ChannelHub(rt, [hooks])) as hub:
+            before = wall()
+            await rt.generate("support", prompt="Refund 1042")
+            await hub.poll()  # opened, and within 900 s of its deadline at once
+            after = wall()
+            await hooks.drain()
+        payloads: list[dict[str, Any]] = [
+            verify_webhook(SECRET, h, b, now=off()) for h, b in receiver.accepted
+        ]
+    assert [p["type"] for p in payloads] == ["request.opened", "request.expiring"]
+    for p in payloads:
+        assert before - 1 <= p["at"] <= after + 1, (p["at"] - before, skew)
+    left = payloads[1]["request"]["expires_at"] - payloads[1]["at"]
+    assert 600 - (after - before) - 1 <= left <= 600

@@ -66,6 +66,8 @@ class TerminalChannel:
 
     `read` reads one line after showing a prompt and returns None at end of input (Ctrl-D);
     by default it is the console's own `input`. A `None` answer leaves the request pending.
+    `clock` counts how long a request has left: the runtime's (`Runtime.now`), which set its
+    deadline; by default this machine's, or in a hub (`TerminalTextChannel`) the runtime's.
     """
 
     def __init__(
@@ -73,7 +75,7 @@ class TerminalChannel:
         console: Console | None = None,
         *,
         read: Callable[[str], str | None] | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         if console is not None and not isinstance(console, Console):
             raise UsageError(f"console must be a rich Console or None, not {console!r}")
@@ -135,7 +137,7 @@ class TerminalChannel:
                 f"  [dim]needs {request.approvers} approvals; approved by {printable(so_far)}[/]"
             )
         if request.expires_at is not None:
-            left = request.expires_at - self.clock()
+            left = request.expires_at - (time.time() if self.clock is None else self.clock())
             then = {"deny": "denied", "approve": "approved", "escalate": "escalated"}
             self.console.print(
                 f"  [dim]expires in {duration(left)}; then it is {then[request.on_timeout]}[/]"

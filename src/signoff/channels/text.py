@@ -11,7 +11,7 @@ import asyncio
 import re
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from .._results import Outcome
@@ -27,7 +27,11 @@ from ._base import (
     off_loop,
     settled_as,
 )
+from ._state import ChannelState
 from .terminal import TerminalChannel, compact_json, printable
+
+if TYPE_CHECKING:
+    from .._runtime import Runtime
 
 __all__ = ["TerminalTextChannel", "TextChannel", "parse_reply"]
 
@@ -361,6 +365,13 @@ class TerminalTextChannel(TextChannel):
     async def send_text(self, text: str) -> None:
         # printable: another reviewer's reason or answer must not steer the terminal
         self.terminal.console.print(printable(text))
+
+    def bind(self, runtime: Runtime, state: ChannelState, *, hub: str = "") -> None:
+        """As `Channel.bind`; a terminal given no clock counts deadlines by the runtime's,
+        which set them (on PostgreSQL the database's)."""
+        super().bind(runtime, state, hub=hub)
+        if self.terminal.clock is None:
+            self.terminal.clock = runtime.now
 
     async def show(self, request: InputRequest) -> None:
         # Asked in a task: the hub goes on while the person types.

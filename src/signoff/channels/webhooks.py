@@ -75,6 +75,9 @@ class WebhookChannel(Channel):
 
     `secret` signs each delivery; several (the new one and the old, while rotating) each sign.
 
+    `clock` (this machine's wall clock) stamps each delivery's signature, as the receiver's
+    clock checks it; a body's `at` is on the runtime's clock, as the request's own times are.
+
     `expiring_within`: warn this many seconds before a request's `expires_at`. Retries:
     `max_attempts` in all, waiting `backoff * 2**n` seconds, or the receiver's `Retry-After` if
     longer, between them (at most `max_backoff`).
@@ -238,11 +241,18 @@ class WebhookChannel(Channel):
         return {
             "id": f"whd_{digest}",
             "type": event,
-            "at": self.clock(),
+            "at": self._now(),
             "request": request.model_dump(mode="json"),
             "resolution": None if resolution is None else resolution.to_dict(),
             "escalation": None if escalation is None else escalation.to_dict(),
         }
+
+    def _now(self) -> float:
+        """When an event is queued, on the runtime's clock (on PostgreSQL the database's): the
+        one the request's own times are on and its warning is timed by. `clock`, this machine's,
+        signs deliveries, as the receiver's clock checks them; it stands in until a hub binds a
+        runtime."""
+        return self.clock() if self._runtime is None else self._runtime.now()
 
     async def enqueue(
         self,

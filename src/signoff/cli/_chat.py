@@ -95,7 +95,8 @@ class _Chat:
         self.acting_as = acting_as
         self.agent = agent
         self.console = console
-        self.channel = TerminalChannel(console)
+        # Deadlines are shown by the runtime's clock, which set them (the database's on PostgreSQL).
+        self.channel = TerminalChannel(console, clock=runtime.now)
         self.principal = principal
         self.session_id: str | None = None
         self.seen = 0

@@ -77,6 +77,11 @@ MAX_POLL_INTERVAL = 3600.0
 """The longest `poll_interval`, in seconds: a stream polling less often would seem dead, and
 one near 1e306 overflowed every stream's `retry:` line (a 500 for each)."""
 
+MAX_HEARTBEAT = 3600.0
+"""The longest `heartbeat`, in seconds: a stream quiet longer would seem dead (proxies cut it
+sooner), a stream opened with a cookie would go that long without checking its sign-in, and it
+is the `Retry-After` of a 429 `too_many_streams`."""
+
 _BEARER = "bearerAuth"
 """The OpenAPI security scheme of the API's routes: an `Authorization: Bearer <token>` header."""
 
@@ -118,7 +123,7 @@ def create_app(
     Pass an authenticator (e.g. `TokenAuth({...})`), or `dev=True` for the localhost-only dev
     principal; one of them is required. `access` decides who may see which session. Streams
     poll the store every `poll_interval` seconds (an hour at most) and send a comment after
-    `heartbeat` idle ones.
+    `heartbeat` idle ones (an hour at most too).
     `channels` (a `ChannelHub`) follows the queue while the app runs; its routes (e.g. Slack's
     interactivity endpoint) are mounted on the app. Every `sweep_every` seconds the app applies
     passed request deadlines (`Runtime.expire_due`); None turns that off (workers do it too).
@@ -162,6 +167,8 @@ def create_app(
         raise UsageError(
             f"poll_interval must be at most {MAX_POLL_INTERVAL:g} seconds, not {poll_interval!r}"
         )
+    if heartbeat > MAX_HEARTBEAT:
+        raise UsageError(f"heartbeat must be at most {MAX_HEARTBEAT:g} seconds, not {heartbeat!r}")
     if sweep_every is not None and not positive_seconds(sweep_every):
         raise UsageError(f"sweep_every must be positive seconds or None, not {sweep_every!r}")
     if isinstance(max_body_size, bool) or not isinstance(max_body_size, int) or max_body_size < 1:

@@ -34,6 +34,7 @@ from .._text import NOTHING_SAID, is_blank
 from .._types import InputRequest, InputResponse, Principal
 from ..stores import PendingFilter
 from ._auth import DASHBOARD_PREFIX
+from ._context import get_context
 from ._errors import public_message, status_for
 from ._forms import Refusal, form_key, form_token
 from ._json_body import RepeatedKey, unique_keys
@@ -441,7 +442,13 @@ async def session_fragment(request: Request, session_id: str) -> Response:
     after = query_number(raw, 0, 0, 2**53)
     context = await session_context(request, session_id, after)
     token = await csrf_token(request)
-    common = {"prefix": DASHBOARD_PREFIX, "csrf": token, "path": request.url.path, **context}
+    common = {
+        "prefix": DASHBOARD_PREFIX,
+        "csrf": token,
+        "path": request.url.path,
+        "now": get_context(request).runtime.now(),
+        **context,
+    }
     response = JSONResponse(
         {
             "seq": context["seq"],

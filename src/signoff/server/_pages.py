@@ -17,13 +17,13 @@ import hmac
 import json
 import re
 import secrets
-import time
 from datetime import UTC, datetime
 from importlib.resources import files
 from typing import Any
 
 from fastapi import Request
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader, pass_context, select_autoescape
+from jinja2.runtime import Context
 from markupsafe import Markup
 from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, Response
@@ -90,10 +90,13 @@ env = Environment(
 )
 
 
-def _ago(ts: float | None) -> str:
+@pass_context
+def _ago(context: Context, ts: float | None) -> str:
+    """How long ago `ts` was (or how far ahead), at the page's `now`: the runtime's clock,
+    which stamped the times shown (on PostgreSQL the database's, not this machine's)."""
     if ts is None:
         return "—"
-    delta = time.time() - ts
+    delta = context["now"] - ts
     future = delta < 0
     delta = abs(delta)
     if delta < 45:
@@ -175,6 +178,7 @@ async def render(name: str, request: Request, code: int = 200, **context: Any) -
         prefix=DASHBOARD_PREFIX,
         csrf=token,
         path=request.url.path,
+        now=get_context(request).runtime.now(),
         # The nav marks a page it links to; a form posted to a listing's path is not that page.
         listing=request.method in ("GET", "HEAD"),
         **context,

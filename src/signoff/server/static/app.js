@@ -135,9 +135,12 @@
     return es;
   }
 
-  // Relative times ("3 minutes ago") stay true while the page is open.
+  // Relative times ("3 minutes ago") stay true while the page is open. They are reckoned by
+  // the server's clock (the runtime's, which stamped them), not this browser's, which may be off.
+  const served = Number(document.body.dataset.now);
+  const skew = Number.isFinite(served) ? served - Date.now() / 1000 : 0;
   function ago(ts) {
-    let delta = Date.now() / 1000 - ts;
+    let delta = Date.now() / 1000 + skew - ts;
     const future = delta < 0;
     delta = Math.abs(delta);
     let text;
