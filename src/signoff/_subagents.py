@@ -33,7 +33,7 @@ from ._exceptions import (
 from ._recording import TurnStopped, new_id, runnable
 from ._results import GenerateResult
 from ._state import SessionState, fold
-from ._text import NOTHING_SAID, SAID, is_blank
+from ._text import NOTHING_SAID, is_blank
 from ._tools import TOOL_NAME, Tool, ToolContext
 from ._types import InputRequest, Principal
 from .stores import SessionSummary
@@ -107,11 +107,7 @@ def delegate(agent: str, *, name: str | None = None, description: str | None = N
         ctx: ToolContext,
         message: Annotated[
             str,
-            Field(
-                min_length=1,
-                description="The task for the agent. Not blank.",
-                json_schema_extra={"pattern": SAID},
-            ),
+            Field(min_length=1, description="The task for the agent."),
             AfterValidator(_said),
         ],
     ) -> Any:
@@ -142,8 +138,7 @@ def missing_targets(agents: Mapping[str, Agent]) -> list[str]:
 
 def _said(message: str) -> str:
     """The task must say something (`is_blank`): one that does not is refused before the child
-    session is created, so the model is told and no session is left without a turn. The schema
-    the model reads says the same with `SAID`."""
+    session is created, so the model is told and no session is left without a turn."""
     if is_blank(message):
         raise ValueError(NOTHING_SAID.format(what="the task"))
     return message
