@@ -31,6 +31,7 @@ __all__ = [
     "answered_by_another",
     "base",
     "query_number",
+    "recorded_tools",
     "queue_context",
     "session_context",
     "sessions_context",
@@ -370,6 +371,20 @@ def tool_rows(agent: Agent) -> list[dict[str, Any]]:
 
 SETTING_HISTORY = 200
 """How many of a tool's setting changes the pages show, the newest."""
+
+
+async def recorded_tools(ctx: ServerContext) -> list[tuple[str, str]]:
+    """The agent and name of every tool whose setting the audit trail records, whether or not
+    this runtime has it: a tool a deployment dropped keeps the record of its settings."""
+    await ctx.runtime.open()
+    found = []
+    for stream in await ctx.runtime.store.audit_heads(others=True):
+        if stream.startswith(TOOLS_STREAM):
+            # A tool's name holds no dot (`TOOL_NAME`); its agent's may.
+            agent, dot, tool = stream.removeprefix(TOOLS_STREAM).rpartition(".")
+            if dot:
+                found.append((agent, tool))
+    return sorted(found)
 
 
 async def setting_history(ctx: ServerContext, agent: str, tool: str) -> list[dict[str, Any]]:
