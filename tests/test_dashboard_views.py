@@ -267,6 +267,30 @@ async def test_tool_setting_changes_are_shown(tmp_path: Path) -> None:
         assert "nothing was altered" not in plain.text and "delete_account" in plain.text
 
 
+async def test_the_audit_lists_the_changes_of_tools_this_server_lacks(store_url: str) -> None:
+    """The audit's tool settings page is every recorded change: it listed only the tools of the
+    serving runtime's agents, so once a deployment dropped a tool (or this server runs other
+    agents) the record of when it stopped needing approval was gone from the page."""
+
+    @so.tool(approval=so.always())
+    async def delete_account(email: str) -> str:
+        """Delete a customer's account."""
+        return "deleted"
+
+    model = so.models.Scripted([so.ModelResponse(text="ok")])
+    eu = so.Agent(name="ops.eu", model=model, tools=[delete_account])
+    old = so.Runtime([eu], store=store_url)
+    await old.open()  # records delete_account's setting
+    await old.close()
+    now = so.Runtime([so.Agent(name="ops", model=model)], store=store_url)  # the tool is gone
+    with running(create_app(now, auth=TokenAuth(TOKENS), sweep_every=None)) as base:
+        changes = httpx.get(f"{base}/_signoff/audit/tools", headers=auth("admin-token")).text
+        table = changes[changes.index('id="tool-changes"') :]
+        assert "No tool settings recorded yet" not in table
+        assert "<td>ops.eu</td>" in table and '<td class="mono">delete_account</td>' in table
+        assert "<strong>Always</strong>" in table
+
+
 def test_a_parked_turns_trace_row_names_what_it_awaits(base: str) -> None:
     """The `turn.waiting` row says what the turn awaits: an approval of which tool, an answer to
     which question (helix: a run waiting on approval shows as awaiting approval)."""

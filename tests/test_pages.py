@@ -267,3 +267,32 @@ async def test_a_route_mounted_on_the_app_gets_malformed_form_too(tmp_path: Path
             assert r.status_code == 400, (name, r.text)
             assert r.json()["error"]["code"] == "malformed_form", (name, r.text)
     await runtime.close()
+
+
+def test_a_deadline_past_the_year_9999_is_shown(tmp_path: Path) -> None:
+    """A request may wait 1e12 seconds (`expires_in` takes any positive, finite time): its
+    deadline, past the last date a datetime holds, made the queue, the session page and their
+    live fragments a 500 for every reviewer, while the API served it."""
+
+    @so.tool(approval=so.always(expires_in=1e12))
+    async def archive(box: str) -> str:
+        """Archive a mailbox."""
+        return "archived"
+
+    script = [so.ModelResponse(tool_calls=[so.ToolCall(name="archive", input={"box": "b"})])]
+    model = so.models.Scripted(script, repeat_last=True)
+    agent = so.Agent(name="mail", model=model, tools=[archive])
+    runtime = so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db")
+    with running(create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None)) as base:
+        h = auth("alice-token")
+        body = httpx.post(f"{base}/v1/sessions", json={"agent": "mail", "message": "go"}, headers=h)
+        sid = body.json()["session_id"]
+        for path in (
+            "/_signoff/",
+            "/_signoff/fragments/queue",
+            f"/_signoff/sessions/{sid}",
+            f"/_signoff/fragments/sessions/{sid}",
+        ):
+            r = httpx.get(f"{base}{path}", headers=h)
+            assert r.status_code == 200, (path, r.text[:200])
+            assert "after 9999-12-31" in r.text, path

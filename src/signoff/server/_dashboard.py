@@ -47,6 +47,7 @@ from ._page_data import (
     base,
     query_number,
     queue_context,
+    recorded_tools,
     session_context,
     sessions_context,
     setting_history,
@@ -480,13 +481,13 @@ async def tools_page(request: Request) -> Response:
 
 @router.get("/audit/tools", response_class=HTMLResponse)
 async def tool_changes_page(request: Request) -> Response:
-    """Every recorded change of a tool's approval setting, newest first."""
+    """Every recorded change of a tool's approval setting, newest first: of every tool the trail
+    records, those this runtime does not have too."""
     ctx, viewer = await signed_in(request)
     changes = []
-    for agent in ctx.runtime.agents.values():
-        for name in agent.tools:
-            for change in await setting_history(ctx, agent.name, name):
-                changes.append({"agent": agent.name, "tool": name, **change})
+    for agent, name in await recorded_tools(ctx):
+        for change in await setting_history(ctx, agent, name):
+            changes.append({"agent": agent, "tool": name, **change})
     changes.sort(key=lambda c: c["at"], reverse=True)
     verified = None
     if request.query_params.get("verify") and viewer.attributes.get("admin") is True:

@@ -3,6 +3,7 @@ the queue, trace and tool rows read from the runtime for the templates."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import replace
 from typing import Any
 from urllib.parse import urlencode
@@ -10,7 +11,7 @@ from urllib.parse import urlencode
 from fastapi import Request
 
 from .._agent import Agent
-from .._audit_trail import TOOL_SETTING
+from .._audit_trail import TOOL_SETTING, TOOLS_STREAM, entries
 from .._eligibility import refusal, voted
 from .._events import EVENT_TYPES, Event
 from .._mirrors import deciding as _deciding
@@ -18,6 +19,7 @@ from .._state_parts import RequestState
 from .._types import InputRequest, Principal
 from ..models import Scripted
 from ..stores import PendingFilter, SessionSummary
+from ..stores._audit import AuditEntry
 from ._auth import TokenAuth
 from ._context import ServerContext, get_context
 from ._pages import principal_of, who
@@ -29,6 +31,7 @@ __all__ = [
     "answered_by_another",
     "base",
     "query_number",
+    "recorded_tools",
     "queue_context",
     "session_context",
     "sessions_context",
@@ -366,11 +369,33 @@ def tool_rows(agent: Agent) -> list[dict[str, Any]]:
     return rows
 
 
+SETTING_HISTORY = 200
+"""How many of a tool's setting changes the pages show, the newest."""
+
+
+async def recorded_tools(ctx: ServerContext) -> list[tuple[str, str]]:
+    """The agent and name of every tool whose setting the audit trail records, whether or not
+    this runtime has it: a tool a deployment dropped keeps the record of its settings."""
+    await ctx.runtime.open()
+    found = []
+    for stream in await ctx.runtime.store.audit_heads(others=True):
+        if stream.startswith(TOOLS_STREAM):
+            # A tool's name holds no dot (`TOOL_NAME`); its agent's may.
+            agent, dot, tool = stream.removeprefix(TOOLS_STREAM).rpartition(".")
+            if dot:
+                found.append((agent, tool))
+    return sorted(found)
+
+
 async def setting_history(ctx: ServerContext, agent: str, tool: str) -> list[dict[str, Any]]:
-    """The tool's approval setting changes as recorded in the audit trail, newest first."""
-    entries = await ctx.runtime.audit(stream=f"tools:{agent}.{tool}", limit=200)
+    """The tool's newest `SETTING_HISTORY` approval setting changes as recorded in the audit
+    trail, newest first. The trail reads oldest first: its first 200 made a tool changed more
+    often show a history that had ended long ago."""
+    await ctx.runtime.open()
+    newest: deque[AuditEntry] = deque(maxlen=SETTING_HISTORY)
+    async for e in entries(ctx.runtime.store, stream=f"{TOOLS_STREAM}{agent}.{tool}"):
+        if e.type == TOOL_SETTING:
+            newest.append(e)
     return [
-        {"at": e.at, "old": e.data.get("old"), "new": e.data.get("new")}
-        for e in reversed(entries)
-        if e.type == TOOL_SETTING
+        {"at": e.at, "old": e.data.get("old"), "new": e.data.get("new")} for e in reversed(newest)
     ]

@@ -115,9 +115,14 @@ def _ago(context: Context, ts: float | None) -> str:
 
 
 def _iso(ts: float | None) -> str:
-    if ts is None:
+    """`ts` as a UTC date and time; one past the years a datetime holds (a request that may
+    wait 1e12 seconds) is named by the bound it passes, as its raising made the page a 500."""
+    if ts is None or ts != ts:  # NaN
         return ""
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    try:
+        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (OverflowError, ValueError, OSError):
+        return "after 9999-12-31" if ts > 0 else "before 0001-01-01"
 
 
 def pretty(value: Any) -> str:

@@ -18,12 +18,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import math
 import secrets
 from dataclasses import dataclass, field
 
 from .._audit_trail import SIGN_OUTS_STREAM
-from .._exceptions import UsageError
+from .._settings import seconds
 from .._types import Principal
 from ..stores import Store
 from ..stores._audit import AuditRow
@@ -61,12 +60,9 @@ class Grant:
 
 
 def lifetime_of(value: object) -> float:
-    """`value` as a sign-in lifetime: a positive, finite number of seconds."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UsageError(f"sign_in_lifetime must be a number of seconds, not {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise UsageError(f"sign_in_lifetime must be positive and finite, not {value!r}")
-    return float(value)
+    """`value` as a sign-in lifetime: a positive, finite number of seconds (an int too large
+    for a float, `10**400`, was an `OverflowError`)."""
+    return float(seconds("sign_in_lifetime", value))
 
 
 def _b64(digest: bytes) -> str:
