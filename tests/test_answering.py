@@ -5,13 +5,25 @@ once."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import signoff as so
 from signoff.stores import Commit
 from signoff.stores.sqlite import SQLiteStore
-from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
+from signoff.testing import (
+    Capture,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    store_contents,
+    tool_results,
+)
+
+ALICE = so.Principal(authenticator="sso", principal_id="alice")
 
 
 class SettleFails(SQLiteStore):
@@ -125,3 +137,45 @@ async def test_a_decision_never_answers_a_question(store_url: str, options: list
         assert r.status == "completed"
         with pytest.raises(so.InvalidAnswer, match=f"request {question.id} is a question"):
             await rt.generate(session_id=r.session_id, approvals=[decision])
+
+
+async def test_a_deadline_that_passes_while_an_edit_is_checked_wins(store_url: str) -> None:
+    """An edit is checked by the tool's approval policy, which may be slow: a deadline that
+    passes meanwhile closes the request, as it does while a response policy runs, and the
+    edited call does not run."""
+    clock = ManualClock()
+    ran: list[float] = []
+
+    def over_100(input: Any) -> bool:
+        if input.amount == 500:  # the edit: a slow check, during which the deadline passes
+            clock.advance(120)
+        return bool(input.amount > 100)
+
+    @so.tool(approval=so.ApprovalSpec(over_100, expires_in=60))
+    async def pay_invoice(invoice: str, amount: float) -> dict[str, str]:
+        """Pay an invoice."""
+        ran.append(amount)
+        return {"paid": invoice}
+
+    seen = Capture(reply("timed out"))
+    agent = scripted_agent(
+        "pay",
+        [call_tools(call("pay_invoice", invoice="INV-7", amount=900)), seen],
+        tools=[pay_invoice],
+    )
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        parked = await rt.generate("pay", prompt="pay INV-7", auth=ALICE)
+        [request] = parked.pending
+        edit = {"invoice": "INV-7", "amount": 500}
+        answer = so.InputResponse(request_id=request.id, option_id="approve", edited_input=edit)
+        with pytest.raises(so.RequestClosed, match="expired") as caught:
+            await rt.respond(parked.session_id, [answer], principal=ALICE)
+        assert caught.value.request_ids == [request.id]
+        assert ran == []
+        stored = await rt.store.get_request(request.id)
+        assert stored is not None and (stored.status, stored.outcome) == ("expired", "expired")
+        events = [e async for e in rt.events(parked.session_id, follow=False)]
+        assert "approval.settled" not in [e.type for e in events]
+        # The turn went on without it: the model read that the call timed out.
+        assert tool_results(seen.last)[0].content["timed_out"] is True
+        assert (await rt.state(parked.session_id)).turn.status == "completed"  # type: ignore[union-attr]

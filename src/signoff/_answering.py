@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -228,10 +228,12 @@ class Answering(SessionRunner):
                 if mark is not None:
                     kind, data = specs[0]
                     specs[0] = (kind, {**data, "idem": list(mark)})
+                late: list[str] = []
+                batch = Batch(specs=[*specs, *extra], resolve=resolves)
                 driver = self._driver(state, None)
                 try:
                     await driver.record(
-                        [*specs, *extra], resolve=resolves, durable=True, turn_id=turn_id
+                        _in_time(self.now, batch, late), durable=True, turn_id=turn_id
                     )
                 except RequestClosed:
                     self._cache.pop(session_id, None)
@@ -241,6 +243,8 @@ class Answering(SessionRunner):
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(driver.state)
+                if late:
+                    continue  # read again: the closed request refuses its answer, the turn goes on
             for request, reply, wanted in gated:
                 try:
                     outcome = await self._candidate(session_id, request, reply, wanted, principal)
@@ -550,6 +554,24 @@ def _session_info(state: SessionState, request: InputRequest) -> SessionInfo:
             current=None if turn is None else turn.principal, initiator=state.initiator
         ),
     )
+
+
+def _in_time(
+    clock: Callable[[], float], batch: Batch, late: list[str]
+) -> Callable[[SessionState], Batch]:
+    """`batch`, which settles requests, as `Driver.record` builds it on the state it commits on:
+    if the deadline of one of them passed meanwhile (an edit's approval policy may be slow), the
+    deadline wins, as it does while a response policy runs, and the batch closes what is due
+    instead; `late` names the requests that were."""
+    ids = {r.request_id for r in batch.resolve}
+
+    def build(state: SessionState) -> Batch:
+        now = clock()
+        late[:] = [r.id for r in state.pending_requests() if r.id in ids and is_due(r, now)]
+        due = due_batch(state, now) if late else None
+        return batch if due is None else due
+
+    return build
 
 
 def _pending(state: SessionState, request_id: str) -> bool:
