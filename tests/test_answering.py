@@ -24,6 +24,7 @@ from signoff.testing import (
 )
 
 ALICE = so.Principal(authenticator="sso", principal_id="alice")
+BOB = so.Principal(authenticator="sso", principal_id="bob")
 
 
 class SettleFails(SQLiteStore):
@@ -179,3 +180,52 @@ async def test_a_deadline_that_passes_while_an_edit_is_checked_wins(store_url: s
         # The turn went on without it: the model read that the call timed out.
         assert tool_results(seen.last)[0].content["timed_out"] is True
         assert (await rt.state(parked.session_id)).turn.status == "completed"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("rule", ["asker only", "four eyes"])
+async def test_an_edit_from_someone_who_may_not_answer_is_not_judged(
+    store_url: str, rule: str
+) -> None:
+    """An edit is judged by the tool's approval policy (user code, perhaps a decision model)
+    only for someone who may answer: anyone else is refused as such, and learns nothing of
+    what the policy would say of the input they chose."""
+    judged: list[float] = []
+
+    def limit(ctx: so.ApprovalContext) -> Any:
+        judged.append(ctx.tool_input.amount)
+        return so.Denied("over the 1000 limit") if ctx.tool_input.amount > 1000 else "user-approval"
+
+    four_eyes = rule == "four eyes"
+    spec = so.ApprovalSpec(so.policy(limit), exclude_requester=four_eyes or None)
+
+    @so.tool(approval=spec)
+    async def pay_invoice(invoice: str, amount: float) -> dict[str, str]:
+        """Pay an invoice."""
+        return {"paid": invoice}
+
+    agent = scripted_agent(
+        "pay",
+        [call_tools(call("pay_invoice", invoice="INV-7", amount=900)), reply("paid")],
+        tools=[pay_invoice],
+    )
+    stranger = ALICE if four_eyes else BOB  # the requester, or not the asker
+    async with so.Runtime([agent], store=store_url) as rt:
+        parked = await rt.generate("pay", prompt="pay INV-7", auth=ALICE)
+        [request] = parked.pending
+        before = await store_contents(rt.store, parked.session_id)
+        judged.clear()
+        for amount in (5000, 500):
+            edit = {"invoice": "INV-7", "amount": amount}
+            answer = so.InputResponse(request_id=request.id, option_id="approve", edited_input=edit)
+            with pytest.raises(so.NotAllowed) as caught:
+                await rt.respond(parked.session_id, [answer], principal=stranger)
+            assert caught.value.request_ids == [request.id]
+            assert "1000" not in str(caught.value)
+        assert judged == []
+        assert await store_contents(rt.store, parked.session_id) == before
+        # Someone who may answer has the edit judged, and refused by the policy.
+        edit = {"invoice": "INV-7", "amount": 5000}
+        answer = so.InputResponse(request_id=request.id, option_id="approve", edited_input=edit)
+        with pytest.raises(so.InvalidAnswer, match="over the 1000 limit"):
+            await rt.respond(parked.session_id, [answer], principal=BOB if four_eyes else ALICE)
+        assert judged == [5000]

@@ -191,9 +191,15 @@ class Answering(SessionRunner):
                 # A request recorded before requests carried the flag: the trail tells.
                 recorded = await policy_recorded(self.store, request, tool)
                 check_policy_present(request, tool, recorded=recorded)
+                gate = is_gated(request, tool)
                 if wanted.get("edited_input") is not None and tool is not None:
+                    # The approval policy judges the edit only for someone who may answer.
+                    if gate:
+                        check_quorum_eligibility(request, principal)
+                    else:
+                        authorize(request, principal)
                     await self._check_edit(state, tool, request, wanted["edited_input"])
-                if is_gated(request, tool):
+                if gate:
                     gated.append((request, reply, wanted))
                     continue
                 authorize(request, principal)
