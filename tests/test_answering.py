@@ -229,3 +229,57 @@ async def test_an_edit_from_someone_who_may_not_answer_is_not_judged(
         with pytest.raises(so.InvalidAnswer, match="over the 1000 limit"):
             await rt.respond(parked.session_id, [answer], principal=BOB if four_eyes else ALICE)
         assert judged == [5000]
+
+
+@pytest.mark.parametrize("checked_by", ["approval policy", "response policy"])
+async def test_a_ttl_that_passes_while_an_answer_is_checked_wins(
+    store_url: str, checked_by: str
+) -> None:
+    """The session's TTL passing while an answer is checked (an edit by the approval policy, or
+    any answer by a response policy, both of which may be slow) expires the session, as it
+    would have had anyone looked: the answer does not revive it, and the call does not run."""
+    clock = ManualClock()
+    ran: list[float] = []
+
+    def slow_check(input: Any) -> bool:
+        if input.amount == 500:  # the edit
+            clock.advance(120)
+        return True
+
+    def slow_policy(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(120)
+        return so.Allowed()
+
+    by_policy = checked_by == "response policy"
+    spec = so.ApprovalSpec(so.always(), slow_policy) if by_policy else so.ApprovalSpec(slow_check)
+
+    @so.tool(approval=spec)
+    async def pay_invoice(invoice: str, amount: float) -> dict[str, str]:
+        """Pay an invoice."""
+        ran.append(amount)
+        return {"paid": invoice}
+
+    agent = scripted_agent(
+        "pay",
+        [call_tools(call("pay_invoice", invoice="INV-7", amount=900)), reply("paid")],
+        tools=[pay_invoice],
+        limits=so.Limits(ttl=60),
+    )
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        parked = await rt.generate("pay", prompt="pay INV-7", auth=ALICE)
+        [request] = parked.pending
+        edit = None if by_policy else {"invoice": "INV-7", "amount": 500}
+        answer = so.InputResponse(request_id=request.id, option_id="approve", edited_input=edit)
+        with pytest.raises(so.SessionExpired):
+            await rt.respond(parked.session_id, [answer], principal=ALICE)
+        assert ran == []
+        stored = await rt.store.get_request(request.id)
+        assert stored is not None and stored.status == "expired"
+        events = [e async for e in rt.events(parked.session_id, follow=False)]
+        assert "approval.settled" not in [e.type for e in events]
+        candidates = [e.data["outcome"] for e in events if e.type == "approval.candidate"]
+        assert candidates == (["pending", "stale"] if by_policy else [])
+        failed = [e.data["error"]["code"] for e in events if e.type == "turn.failed"]
+        assert failed == ["session_expired"]
+        with pytest.raises(so.SessionExpired):
+            await rt.generate(session_id=parked.session_id, prompt="again")

@@ -20,7 +20,7 @@ from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, SessionAuth, SessionInfo
 from ._counts import counted_answers
-from ._deadlines import due_batch, is_due
+from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import (
     authorize,
     check_policy_present,
@@ -35,6 +35,7 @@ from ._exceptions import (
     InvalidAnswer,
     PartialAnswer,
     RequestClosed,
+    SessionExpired,
     StoreError,
     UnknownRequest,
 )
@@ -250,6 +251,8 @@ class Answering(SessionRunner):
                     raise
                 self._remember(driver.state)
                 if late:
+                    if driver.state.expired(self.now()):
+                        raise SessionExpired(session_id, late)
                     continue  # read again: the closed request refuses its answer, the turn goes on
             for request, reply, wanted in gated:
                 try:
@@ -402,10 +405,12 @@ class Answering(SessionRunner):
         outcome: list[Outcome] = []
         refused: list[AnswerError] = []
         late: list[InputRequest] = []
+        lapsed: list[bool] = []
         evaluated = tool is not None and tool.response_policy is not None
 
         def settle_or_count(st: SessionState) -> Batch:
             late.clear()
+            lapsed.clear()
             live = st.requests.get(rid)
             if live is None or live.status != "pending":
                 refused.clear()
@@ -428,6 +433,14 @@ class Answering(SessionRunner):
                 return Batch(specs=[("approval.candidate", stale)])
             current = live.request
             now = self.now()
+            if st.expired(now):
+                # The session's TTL passed while the response was decided: it wins too, and is
+                # recorded as a reading of the session would record it.
+                lapsed.append(True)
+                why = f"the session expired before this response could settle request {rid}"
+                stale = {**base, "outcome": "stale", "reason": why}
+                ended: list[EventSpec] = [("approval.candidate", stale)] if evaluated else []
+                return Batch(specs=[*ended, *expiry_specs(st)], resolve=expiry_resolves(st))
             due = due_batch(st, now) if is_due(current, now) else None
             if due is not None:
                 # Its deadline passed while the response was decided (a slow policy): the
@@ -489,6 +502,8 @@ class Answering(SessionRunner):
             )
 
         await self._append(session_id, settle_or_count, durable=True, turn_id=tid)
+        if lapsed:
+            raise SessionExpired(session_id, [rid])
         if late:
             why = f"{LATE} (request {rid})"
             if late[-1].on_timeout == "escalate" and late[-1].escalated_to is None:
@@ -565,14 +580,16 @@ def _session_info(state: SessionState, request: InputRequest) -> SessionInfo:
 def _in_time(
     clock: Callable[[], float], batch: Batch, late: list[str]
 ) -> Callable[[SessionState], Batch]:
-    """`batch`, which settles requests, as `Driver.record` builds it on the state it commits on:
-    if the deadline of one of them passed meanwhile (an edit's approval policy may be slow), the
-    deadline wins, as it does while a response policy runs, and the batch closes what is due
-    instead; `late` names the requests that were."""
+    """`batch`, which settles requests, built on the state it commits on: a deadline or TTL that
+    passed meanwhile (an edit's approval policy may be slow) wins, as while a response policy
+    runs, and what it closes is recorded instead; `late` then names the requests answered."""
     ids = {r.request_id for r in batch.resolve}
 
     def build(state: SessionState) -> Batch:
         now = clock()
+        if state.expired(now):
+            late[:] = sorted(ids)
+            return Batch(specs=expiry_specs(state), resolve=expiry_resolves(state))
         late[:] = [r.id for r in state.pending_requests() if r.id in ids and is_due(r, now)]
         due = due_batch(state, now) if late else None
         return batch if due is None else due
