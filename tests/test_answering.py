@@ -5,13 +5,26 @@ once."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import signoff as so
 from signoff.stores import Commit
 from signoff.stores.sqlite import SQLiteStore
-from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
+from signoff.testing import (
+    Capture,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    store_contents,
+    tool_results,
+)
+
+ALICE = so.Principal(authenticator="sso", principal_id="alice")
+BOB = so.Principal(authenticator="sso", principal_id="bob")
 
 
 class SettleFails(SQLiteStore):
@@ -125,3 +138,148 @@ async def test_a_decision_never_answers_a_question(store_url: str, options: list
         assert r.status == "completed"
         with pytest.raises(so.InvalidAnswer, match=f"request {question.id} is a question"):
             await rt.generate(session_id=r.session_id, approvals=[decision])
+
+
+async def test_a_deadline_that_passes_while_an_edit_is_checked_wins(store_url: str) -> None:
+    """An edit is checked by the tool's approval policy, which may be slow: a deadline that
+    passes meanwhile closes the request, as it does while a response policy runs, and the
+    edited call does not run."""
+    clock = ManualClock()
+    ran: list[float] = []
+
+    def over_100(input: Any) -> bool:
+        if input.amount == 500:  # the edit: a slow check, during which the deadline passes
+            clock.advance(120)
+        return bool(input.amount > 100)
+
+    @so.tool(approval=so.ApprovalSpec(over_100, expires_in=60))
+    async def pay_invoice(invoice: str, amount: float) -> dict[str, str]:
+        """Pay an invoice."""
+        ran.append(amount)
+        return {"paid": invoice}
+
+    seen = Capture(reply("timed out"))
+    agent = scripted_agent(
+        "pay",
+        [call_tools(call("pay_invoice", invoice="INV-7", amount=900)), seen],
+        tools=[pay_invoice],
+    )
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        parked = await rt.generate("pay", prompt="pay INV-7", auth=ALICE)
+        [request] = parked.pending
+        edit = {"invoice": "INV-7", "amount": 500}
+        answer = so.InputResponse(request_id=request.id, option_id="approve", edited_input=edit)
+        with pytest.raises(so.RequestClosed, match="expired") as caught:
+            await rt.respond(parked.session_id, [answer], principal=ALICE)
+        assert caught.value.request_ids == [request.id]
+        assert ran == []
+        stored = await rt.store.get_request(request.id)
+        assert stored is not None and (stored.status, stored.outcome) == ("expired", "expired")
+        events = [e async for e in rt.events(parked.session_id, follow=False)]
+        assert "approval.settled" not in [e.type for e in events]
+        # The turn went on without it: the model read that the call timed out.
+        assert tool_results(seen.last)[0].content["timed_out"] is True
+        assert (await rt.state(parked.session_id)).turn.status == "completed"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("rule", ["asker only", "four eyes"])
+async def test_an_edit_from_someone_who_may_not_answer_is_not_judged(
+    store_url: str, rule: str
+) -> None:
+    """An edit is judged by the tool's approval policy (user code, perhaps a decision model)
+    only for someone who may answer: anyone else is refused as such, and learns nothing of
+    what the policy would say of the input they chose."""
+    judged: list[float] = []
+
+    def limit(ctx: so.ApprovalContext) -> Any:
+        judged.append(ctx.tool_input.amount)
+        return so.Denied("over the 1000 limit") if ctx.tool_input.amount > 1000 else "user-approval"
+
+    four_eyes = rule == "four eyes"
+    spec = so.ApprovalSpec(so.policy(limit), exclude_requester=four_eyes or None)
+
+    @so.tool(approval=spec)
+    async def pay_invoice(invoice: str, amount: float) -> dict[str, str]:
+        """Pay an invoice."""
+        return {"paid": invoice}
+
+    agent = scripted_agent(
+        "pay",
+        [call_tools(call("pay_invoice", invoice="INV-7", amount=900)), reply("paid")],
+        tools=[pay_invoice],
+    )
+    stranger = ALICE if four_eyes else BOB  # the requester, or not the asker
+    async with so.Runtime([agent], store=store_url) as rt:
+        parked = await rt.generate("pay", prompt="pay INV-7", auth=ALICE)
+        [request] = parked.pending
+        before = await store_contents(rt.store, parked.session_id)
+        judged.clear()
+        for amount in (5000, 500):
+            edit = {"invoice": "INV-7", "amount": amount}
+            answer = so.InputResponse(request_id=request.id, option_id="approve", edited_input=edit)
+            with pytest.raises(so.NotAllowed) as caught:
+                await rt.respond(parked.session_id, [answer], principal=stranger)
+            assert caught.value.request_ids == [request.id]
+            assert "1000" not in str(caught.value)
+        assert judged == []
+        assert await store_contents(rt.store, parked.session_id) == before
+        # Someone who may answer has the edit judged, and refused by the policy.
+        edit = {"invoice": "INV-7", "amount": 5000}
+        answer = so.InputResponse(request_id=request.id, option_id="approve", edited_input=edit)
+        with pytest.raises(so.InvalidAnswer, match="over the 1000 limit"):
+            await rt.respond(parked.session_id, [answer], principal=BOB if four_eyes else ALICE)
+        assert judged == [5000]
+
+
+@pytest.mark.parametrize("checked_by", ["approval policy", "response policy"])
+async def test_a_ttl_that_passes_while_an_answer_is_checked_wins(
+    store_url: str, checked_by: str
+) -> None:
+    """The session's TTL passing while an answer is checked (an edit by the approval policy, or
+    any answer by a response policy, both of which may be slow) expires the session, as it
+    would have had anyone looked: the answer does not revive it, and the call does not run."""
+    clock = ManualClock()
+    ran: list[float] = []
+
+    def slow_check(input: Any) -> bool:
+        if input.amount == 500:  # the edit
+            clock.advance(120)
+        return True
+
+    def slow_policy(ctx: so.ResponseContext) -> so.Allowed:
+        clock.advance(120)
+        return so.Allowed()
+
+    by_policy = checked_by == "response policy"
+    spec = so.ApprovalSpec(so.always(), slow_policy) if by_policy else so.ApprovalSpec(slow_check)
+
+    @so.tool(approval=spec)
+    async def pay_invoice(invoice: str, amount: float) -> dict[str, str]:
+        """Pay an invoice."""
+        ran.append(amount)
+        return {"paid": invoice}
+
+    agent = scripted_agent(
+        "pay",
+        [call_tools(call("pay_invoice", invoice="INV-7", amount=900)), reply("paid")],
+        tools=[pay_invoice],
+        limits=so.Limits(ttl=60),
+    )
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        parked = await rt.generate("pay", prompt="pay INV-7", auth=ALICE)
+        [request] = parked.pending
+        edit = None if by_policy else {"invoice": "INV-7", "amount": 500}
+        answer = so.InputResponse(request_id=request.id, option_id="approve", edited_input=edit)
+        with pytest.raises(so.SessionExpired):
+            await rt.respond(parked.session_id, [answer], principal=ALICE)
+        assert ran == []
+        stored = await rt.store.get_request(request.id)
+        assert stored is not None and stored.status == "expired"
+        events = [e async for e in rt.events(parked.session_id, follow=False)]
+        assert "approval.settled" not in [e.type for e in events]
+        candidates = [e.data["outcome"] for e in events if e.type == "approval.candidate"]
+        assert candidates == (["pending", "stale"] if by_policy else [])
+        failed = [e.data["error"]["code"] for e in events if e.type == "turn.failed"]
+        assert failed == ["session_expired"]
+        with pytest.raises(so.SessionExpired):
+            await rt.generate(session_id=parked.session_id, prompt="again")

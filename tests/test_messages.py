@@ -20,6 +20,7 @@ from signoff.testing import (
     reply,
     scripted_agent,
     sqlite_runtime,
+    store_contents,
 )
 
 ALICE = so.Principal(authenticator="okta", principal_id="alice")
@@ -375,3 +376,37 @@ async def test_a_message_behind_an_equal_one_says_it_waits(tmp_path: Path) -> No
             ("same", True),
             ("same", True),
         ]
+
+
+@pytest.mark.parametrize("allow_text", [True, False], ids=["text", "options only"])
+async def test_a_message_naming_two_options_answers_nothing_and_says_how_to_choose(
+    store_url: str, allow_text: bool
+) -> None:
+    """`2` is one option's id and the other's number: taken as free text (or as a steer that
+    withdraws the question) the person would think they chose an option, so it is refused
+    (`InvalidAnswer`) saying how to name each alone, as the text channels say, and nothing is
+    recorded; the question stays open."""
+
+    @so.tool
+    async def how_many(ctx: so.ToolContext) -> str:
+        """Ask how many to reorder."""
+        a = await ctx.ask("How many?", options=["2", "x"], allow_text=allow_text)
+        return a.value
+
+    agent = scripted_agent(
+        "shop", [call_tools(call("how_many", id="h1")), reply("ok")], tools=[how_many]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="reorder", auth=ALICE)
+        (q,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer, match="more than one option") as caught:
+            await rt.send(r.session_id, " 2 ", principal=ALICE)
+        assert caught.value.request_ids == [q.id]
+        assert "to choose 2, reply" in str(caught.value)
+        assert await store_contents(rt.store, r.session_id) == before
+        done = await rt.send(r.session_id, "x", principal=ALICE)
+        assert done.status == "completed"
+        stored = await rt.store.get_request(q.id)
+        assert stored is not None and stored.resolution is not None
+        assert stored.resolution["answer"]["option_id"] == "x"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -116,6 +117,16 @@ async def _hangs(ctx: so.ResponseContext) -> so.Allowed:
     return so.Allowed()
 
 
+def _blocks(ctx: so.ResponseContext) -> so.Allowed:
+    time.sleep(0.2)  # a blocking lookup: no await, so asyncio's timeout never fires in it
+    return so.Allowed()
+
+
+async def _blocks_async(ctx: so.ResponseContext) -> so.Allowed:
+    time.sleep(0.2)  # blocking work in a coroutine that never awaits
+    return so.Allowed()
+
+
 def _raises(ctx: so.ResponseContext) -> so.Allowed:
     raise LookupError("directory service is down")
 
@@ -159,8 +170,18 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
             "RuntimeError: no comparing",
         ),
         (_hangs, "timed-out", "response policy took longer than 0.05s"),
+        (_blocks, "timed-out", "response policy took longer than 0.05s"),
+        (_blocks_async, "timed-out", "response policy took longer than 0.05s"),
     ],
-    ids=["raises", "invalid status", "returns None", "unreadable", "hangs"],
+    ids=[
+        "raises",
+        "invalid status",
+        "returns None",
+        "unreadable",
+        "hangs",
+        "blocks",
+        "blocks async",
+    ],
 )
 @pytest.mark.parametrize("decision", ["approve", "cancel"])
 async def test_a_broken_policy_never_settles(

@@ -263,8 +263,8 @@ async def test_an_unmatched_reply_from_someone_the_turn_does_not_serve_is_told_i
 
 async def test_a_reply_naming_two_options_is_told_so_and_answers_nothing(tmp_path: Path) -> None:
     """`2` is option one's label and option two's number: it is neither taken as free text nor
-    sent on (with unmatched="send" the runtime would take it as the answer); the person is
-    told how to name each alone."""
+    sent on with unmatched="send" (the runtime would refuse it); the person is told how to
+    name each alone."""
     options = [{"label": "2", "description": "Two."}, {"label": "x", "description": "Ten."}]
     ask = call("ask_question", question="How many?", options=options)
     agent = scripted_agent("shop", [call_tools(ask), reply("ok")], tools=[so.ask_question()])

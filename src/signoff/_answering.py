@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
@@ -20,7 +20,7 @@ from ._answers import resolution as _resolution
 from ._answers import settlement_events as _settlement_events
 from ._approval import ApprovalContext, SessionAuth, SessionInfo
 from ._counts import counted_answers
-from ._deadlines import due_batch, is_due
+from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import (
     authorize,
     check_policy_present,
@@ -35,6 +35,7 @@ from ._exceptions import (
     InvalidAnswer,
     PartialAnswer,
     RequestClosed,
+    SessionExpired,
     StoreError,
     UnknownRequest,
 )
@@ -191,9 +192,15 @@ class Answering(SessionRunner):
                 # A request recorded before requests carried the flag: the trail tells.
                 recorded = await policy_recorded(self.store, request, tool)
                 check_policy_present(request, tool, recorded=recorded)
+                gate = is_gated(request, tool)
                 if wanted.get("edited_input") is not None and tool is not None:
+                    # The approval policy judges the edit only for someone who may answer.
+                    if gate:
+                        check_quorum_eligibility(request, principal)
+                    else:
+                        authorize(request, principal)
                     await self._check_edit(state, tool, request, wanted["edited_input"])
-                if is_gated(request, tool):
+                if gate:
                     gated.append((request, reply, wanted))
                     continue
                 authorize(request, principal)
@@ -228,10 +235,12 @@ class Answering(SessionRunner):
                 if mark is not None:
                     kind, data = specs[0]
                     specs[0] = (kind, {**data, "idem": list(mark)})
+                late: list[str] = []
+                batch = Batch(specs=[*specs, *extra], resolve=resolves)
                 driver = self._driver(state, None)
                 try:
                     await driver.record(
-                        [*specs, *extra], resolve=resolves, durable=True, turn_id=turn_id
+                        _in_time(self.now, batch, late), durable=True, turn_id=turn_id
                     )
                 except RequestClosed:
                     self._cache.pop(session_id, None)
@@ -241,6 +250,10 @@ class Answering(SessionRunner):
                     self._cache.pop(session_id, None)
                     raise
                 self._remember(driver.state)
+                if late:
+                    if driver.state.expired(self.now()):
+                        raise SessionExpired(session_id, late)
+                    continue  # read again: the closed request refuses its answer, the turn goes on
             for request, reply, wanted in gated:
                 try:
                     outcome = await self._candidate(session_id, request, reply, wanted, principal)
@@ -392,10 +405,12 @@ class Answering(SessionRunner):
         outcome: list[Outcome] = []
         refused: list[AnswerError] = []
         late: list[InputRequest] = []
+        lapsed: list[bool] = []
         evaluated = tool is not None and tool.response_policy is not None
 
         def settle_or_count(st: SessionState) -> Batch:
             late.clear()
+            lapsed.clear()
             live = st.requests.get(rid)
             if live is None or live.status != "pending":
                 refused.clear()
@@ -418,6 +433,14 @@ class Answering(SessionRunner):
                 return Batch(specs=[("approval.candidate", stale)])
             current = live.request
             now = self.now()
+            if st.expired(now):
+                # The session's TTL passed while the response was decided: it wins too, and is
+                # recorded as a reading of the session would record it.
+                lapsed.append(True)
+                why = f"the session expired before this response could settle request {rid}"
+                stale = {**base, "outcome": "stale", "reason": why}
+                ended: list[EventSpec] = [("approval.candidate", stale)] if evaluated else []
+                return Batch(specs=[*ended, *expiry_specs(st)], resolve=expiry_resolves(st))
             due = due_batch(st, now) if is_due(current, now) else None
             if due is not None:
                 # Its deadline passed while the response was decided (a slow policy): the
@@ -479,6 +502,8 @@ class Answering(SessionRunner):
             )
 
         await self._append(session_id, settle_or_count, durable=True, turn_id=tid)
+        if lapsed:
+            raise SessionExpired(session_id, [rid])
         if late:
             why = f"{LATE} (request {rid})"
             if late[-1].on_timeout == "escalate" and late[-1].escalated_to is None:
@@ -550,6 +575,26 @@ def _session_info(state: SessionState, request: InputRequest) -> SessionInfo:
             current=None if turn is None else turn.principal, initiator=state.initiator
         ),
     )
+
+
+def _in_time(
+    clock: Callable[[], float], batch: Batch, late: list[str]
+) -> Callable[[SessionState], Batch]:
+    """`batch`, which settles requests, built on the state it commits on: a deadline or TTL that
+    passed meanwhile (an edit's approval policy may be slow) wins, as while a response policy
+    runs, and what it closes is recorded instead; `late` then names the requests answered."""
+    ids = {r.request_id for r in batch.resolve}
+
+    def build(state: SessionState) -> Batch:
+        now = clock()
+        if state.expired(now):
+            late[:] = sorted(ids)
+            return Batch(specs=expiry_specs(state), resolve=expiry_resolves(state))
+        late[:] = [r.id for r in state.pending_requests() if r.id in ids and is_due(r, now)]
+        due = due_batch(state, now) if late else None
+        return batch if due is None else due
+
+    return build
 
 
 def _pending(state: SessionState, request_id: str) -> bool:

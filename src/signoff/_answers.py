@@ -22,16 +22,26 @@ from ._exceptions import (
 from ._results import Outcome
 from ._text import is_blank
 from ._tools import Tool, holds_mask
-from ._types import Decision, InputRequest, InputResponse, Principal, match_option
+from ._types import (
+    Decision,
+    InputRequest,
+    InputResponse,
+    Principal,
+    how_to_choose,
+    match_option,
+    named_options,
+)
 
 __all__ = [
     "MAX_TEXT_BYTES",
     "Reply",
     "check_decided",
     "check_principal",
+    "check_unambiguous",
     "decisions",
     "input_responses",
     "match",
+    "names_several",
     "repeat",
     "resolution",
     "settlement_events",
@@ -58,6 +68,21 @@ def match(request: InputRequest, text: str) -> Reply | None:
     if request.kind == "question" and request.allow_text:
         return Reply(request.id, None, text)
     return None
+
+
+def names_several(request: InputRequest, text: str) -> bool:
+    """Whether a typed reply names two or more of `request`'s options (a label that is another
+    option's id or number), so it gives no answer one can tell."""
+    return len(named_options(request.options, text)) > 1
+
+
+def check_unambiguous(request: InputRequest, text: str) -> None:
+    """Refuse a typed reply that names several options: taken as free text, or as no answer at
+    all (a steer), the person would think they had chosen one; they are told how to."""
+    named = named_options(request.options, text)
+    if len(named) > 1:
+        told = how_to_choose(request.options, named)
+        raise InvalidAnswer(f"request {request.id}: {told}", [request.id])
 
 
 def resolution(request: InputRequest, reply: Reply, tool: Tool | None = None) -> dict[str, Any]:

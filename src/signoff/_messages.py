@@ -9,7 +9,7 @@ import dataclasses
 from typing import Any, Literal
 
 from ._answering import Answering
-from ._answers import check_principal
+from ._answers import check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
 from ._exceptions import ConflictingAnswer, RequestClosed, SessionBusy, UsageError
@@ -47,7 +47,8 @@ class Messages(Answering):
         """Send a message to a session, as a person typing into the conversation would.
 
         It answers the first open request when it names one of its options (id, label or
-        1-based index) or the request takes free text. Otherwise, with `steer` (the default),
+        1-based index) or the request takes free text; naming two of them is `InvalidAnswer`,
+        which says how to name each. Otherwise, with `steer` (the default),
         open approvals are ignored, open questions withdrawn and the model reads the message;
         with `queue` it waits for the end of the turn, unless the turn is held on an approval.
         A message from someone other than the person the turn serves waits for the turn's end.
@@ -108,6 +109,10 @@ class Messages(Answering):
             first = first_open(pending)
             if first is not None:
                 reply = _match(first, message)
+                if names_several(first, message) and (
+                    same_person or await self._may_answer(first, principal)
+                ):
+                    check_unambiguous(first, message)
                 if reply is not None and (same_person or await self._may_answer(first, principal)):
                     try:
                         outcomes = await self._settle(

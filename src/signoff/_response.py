@@ -10,6 +10,7 @@ import asyncio
 import copy
 import dataclasses
 import inspect
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from math import inf
@@ -96,7 +97,7 @@ class ApprovalSpec:
 
     The keyword rules replace those of the `request` policy, so any policy can have a quorum or
     a deadline: `ApprovalSpec(lambda input: input.amount > 100, expires_in=3600)`. `timeout`
-    bounds each run of the response policy.
+    bounds each run of the response policy (one that blocks past it is timed out as well).
     """
 
     def __init__(
@@ -166,13 +167,19 @@ async def evaluate_response(
             result = await result
         return result
 
+    late = ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
+    started = time.monotonic()
     try:
         async with asyncio.timeout(timeout):
             result = await run()
     except TimeoutError:
-        return ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
+        return late
     except Exception as exc:
         return ResponseVerdict("failed", f"response policy raised {error_text(exc)}")
+    if time.monotonic() - started > timeout:
+        # It blocked (sync work, never awaiting) past its timeout, which asyncio only
+        # enforces at an await: its verdict came too late all the same.
+        return late
     try:
         return _normalize(result)
     except Exception as exc:  # comparing or showing what it returned raised: user code too

@@ -280,7 +280,7 @@ class TextChannel(Channel):
         response = parse_reply(request, text)
         if response is None:
             named = [] if request.kind == "tool-approval" else named_options(request.options, text)
-            if len(named) > 1:  # never sent on as a message: the runtime would take it as text
+            if len(named) > 1:  # told here, not sent on as a message (the runtime refuses it)
                 await self.send_text(how_to_choose(request.options, named))
                 return None
             if self.unmatched == "send" and not is_blank(text):
