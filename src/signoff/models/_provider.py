@@ -11,11 +11,11 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from .._exceptions import ModelError, UsageError
 from ._http_env import HttpEnv
 from ._reply_cap import ReplyTooLarge, capped_http_client
+from ._urls import shown_url
 
 __all__ = [
     "SdkModel",
@@ -423,15 +423,3 @@ class SdkModel:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-def shown_url(url: object) -> str:
-    """A base URL as a repr or an error shows it, its password left out: an error is recorded
-    in the session's log, which anyone who may read the session reads."""
-    text = str(url)
-    parts = urlsplit(text)
-    if parts.password is None:
-        return text
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
