@@ -202,3 +202,14 @@ def test_params_may_not_ask_for_a_stream(stream) -> None:
     # A streamed reply was parsed as a whole one: every turn failed with "returned no choices".
     with pytest.raises(so.UsageError, match="params may not set stream"):
         so.models.OpenAIChat("m", api_key="k", params={"stream": stream})
+
+
+@pytest.mark.parametrize("taken", ["stream", "messages", "model", "tools"])
+def test_extra_body_may_not_set_what_params_may_not(taken) -> None:
+    # The SDK merges extra_body into the request over what signoff sends: the stream the check
+    # refuses was asked for anyway (every turn failed on the event-stream body), or the
+    # conversation, tools or model were replaced.
+    with pytest.raises(so.UsageError, match=f"params may not set extra_body's {taken}"):
+        so.models.OpenAIChat("m", api_key="k", params={"extra_body": {taken: True}})
+    m = so.models.OpenAIChat("m", api_key="k", params={"extra_body": {"top_k": 5}})
+    assert m.params == {"extra_body": {"top_k": 5}}

@@ -55,7 +55,8 @@ class Anthropic(SdkModel):
     `ModelError`. `timeout` bounds each wait on the server, and a whole call gives up after
     `(3 * max_retries + 2) * timeout` (the SDK waits as long as a Retry-After says). `params`
     are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
-    ...). Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
+    ...), but neither they nor their `extra_body` may set the model, messages, tools, system
+    or stream. Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
     list price for well-known models, else 0. `env` replaces the process environment as the
     source of `ANTHROPIC_*` settings (key or token, base URL, custom headers) and of the HTTP
     client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none is

@@ -55,7 +55,8 @@ class OpenAIChat(SdkModel):
     errors, timeouts, 408/409/429/5xx) are retried `max_retries` times with exponential backoff
     by the SDK; what still fails raises `ModelError`. `timeout` bounds each wait on the server,
     and a whole call gives up after `(3 * max_retries + 2) * timeout`. `params` are passed to
-    `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...).
+    `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...), but
+    neither they nor their `extra_body` may set the model, messages, tools or stream.
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
     price for well-known models, else 0. `env` replaces the process environment as the source
     of `OPENAI_*` settings (key, base URL, organization, project, custom headers) and of the

@@ -115,12 +115,16 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
 
 def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, Any]:
     """Validate `params=`: extra SDK arguments that may not replace what signoff sends or ask
-    for a stream (the reply is read whole)."""
+    for a stream (the reply is read whole), nor through `extra_body`, which the SDK merges into
+    the request over them."""
     if params is None:
         return {}
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise UsageError(f"{owner}: params must be a mapping of argument names, not {params!r}")
     taken = sorted(reserved & set(params))
+    extra = params.get("extra_body")
+    if isinstance(extra, Mapping):
+        taken += [f"extra_body's {k}" for k in sorted(reserved & set(extra))]
     if taken:
         raise UsageError(
             f"{owner}: params may not set {', '.join(taken)}; signoff decides those "
