@@ -333,6 +333,7 @@ class SdkModel:
 
     model: str
     max_reply_bytes: int
+    price_per_mtok: Price | None  # USD per million (input, output) tokens; None: not known
     _base_url: str | None
     _clients: LoopClients[Any]
     _sdk: ModuleType
