@@ -28,6 +28,12 @@ __all__ = ["fake", "model"]  # the fixtures, used by name
         ({"max_tokens": 1.5}, "max_tokens"),
         ({"price_per_mtok": (1.0,)}, "price_per_mtok"),
         ({"price_per_mtok": (1.0, -2.0)}, "price_per_mtok"),
+        # Each priced a response as inf or NaN (every turn failed as "not plain JSON"), or
+        # raised a bare OverflowError when the model was made.
+        ({"price_per_mtok": (float("inf"), 1.0)}, "price_per_mtok"),
+        ({"price_per_mtok": (1.0, 10**400)}, "price_per_mtok"),
+        ({"price_per_mtok": (1e300, 1.0)}, "price_per_mtok"),
+        ({"price_per_mtok": (1.0, 10**5000)}, "price_per_mtok"),  # too long even to write out
         ({"max_retries": -1}, "max_retries"),
         ({"timeout": 0}, "timeout"),
         ({"timeout": float("nan")}, "timeout"),  # passed `<= 0`: no bound on the call

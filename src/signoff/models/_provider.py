@@ -82,6 +82,11 @@ def lookup_price(model: str, table: Mapping[str, Price]) -> Price | None:
     return None
 
 
+# A dollar a token, far above any list price: a price past it (or infinite) priced a response
+# as infinity or NaN, which the log refuses, so every turn failed.
+_MAX_PRICE = 1_000_000.0
+
+
 def check_price(owner: str, value: object) -> Price | None:
     """Validate a `price_per_mtok=(input, output)` argument."""
     if value is None:
@@ -90,11 +95,15 @@ def check_price(owner: str, value: object) -> Price | None:
         not isinstance(value, tuple | list)
         or len(value) != 2
         or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-        or not all(v >= 0 for v in value)
+        or not all(0 <= v <= _MAX_PRICE for v in value)
     ):
+        try:
+            shown = repr(value)[:200]
+        except ValueError:  # an int of more digits than Python writes out
+            shown = "a number too long to show"
         raise UsageError(
             f"{owner}: price_per_mtok must be (input_usd, output_usd) per million tokens, "
-            f"two numbers >= 0; got {value!r}"
+            f"two numbers from 0 to {_MAX_PRICE:,.0f}; got {shown}"
         )
     return (float(value[0]), float(value[1]))
 
