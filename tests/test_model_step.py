@@ -12,6 +12,7 @@ import pytest
 import signoff as so
 
 from ._replaced import ALICE, assert_only_the_new_turn, replace_turn
+from .fakes.llm import API_KEY, FakeLLM, openai_completion, openai_tool_call
 
 ran: list[object] = []
 
@@ -175,3 +176,85 @@ async def test_a_model_raising_an_exception_whose_message_cannot_be_read_fails_t
         r = await rt.generate("a", prompt="go")
         assert (r.status, r.retryable) == ("failed", True)
         assert r.error is not None and "Unprintable" in r.error["message"]
+
+
+# 3,000 + 2,500 tokens: the budget of 5,000 is spent by the one response it was paid for.
+SPENT = so.Usage(input_tokens=3000, output_tokens=2500, cost_usd=0.25)
+
+
+def _cut_off_call(fake: FakeLLM) -> so.models.OpenAIChat:
+    """OpenAIChat answered with a tool call cut off at the token limit: billed, never run."""
+    body = openai_completion(
+        tool_calls=[openai_tool_call("call_1", "refund", '{"order_id": "1", "amo')],
+        usage=(SPENT.input_tokens, SPENT.output_tokens),
+    )
+    body["choices"][0]["finish_reason"] = "length"
+    fake.queue(body)
+    return so.models.OpenAIChat(
+        "m", base_url=fake.base_url, api_key=API_KEY, max_retries=0, price_per_mtok=(50, 40)
+    )
+
+
+@pytest.mark.parametrize("how", ["too-large", "cut-off"])
+async def test_a_paid_response_that_fails_the_turn_counts_against_the_budgets(
+    store_url: str, how: str
+) -> None:
+    """A response the turn cannot use (over max_response_bytes, or a call cut off at the token
+    limit) fails it retryably, yet the provider billed it: its usage counts against the
+    session's budgets, so retries cannot spend past them without a person raising them."""
+    ran.clear()
+    with FakeLLM("openai") as fake:
+        model: so.models.OpenAIChat | so.models.Scripted
+        if how == "cut-off":
+            model = _cut_off_call(fake)
+        else:
+            model = so.models.Scripted([so.ModelResponse(text="x" * 2_000_000, usage=SPENT)])
+        try:
+            await _spend_once(model, store_url)
+        finally:
+            if isinstance(model, so.models.OpenAIChat):
+                await model.aclose()
+        asked = len(fake.received) if isinstance(model, so.models.OpenAIChat) else model.calls
+        assert asked == 1  # the model was not asked again
+    assert ran == []
+
+
+async def _spend_once(model: so.models.Model, store_url: str) -> None:
+    """One turn whose only response fails it but spends the budget; the retry asks a person."""
+    agent = so.Agent(name="a", model=model, tools=[refund], limits=so.Limits(max_tokens=5000))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="refund order 1", auth=ALICE)
+        assert (r.status, r.retryable) == ("failed", True)
+        log = [e async for e in rt.events(r.session_id, follow=False)]
+        [failed] = [e for e in log if e.type == "turn.failed"]
+        assert failed.data["usage"] == SPENT.model_dump()
+    async with so.Runtime([agent], store=store_url) as rt:  # read back from the store
+        assert (await rt.state(r.session_id)).usage == SPENT
+        again = await rt.generate(session_id=r.session_id, auth=ALICE)
+        assert again.status == "waiting"
+        assert [p.kind for p in again.pending] == ["session-limit"]
+
+
+@pytest.mark.parametrize(
+    "usage",
+    [
+        so.Usage.model_construct(input_tokens=-5, output_tokens=0, cost_usd=0.0),
+        so.Usage.model_construct(input_tokens=1, output_tokens=1, cost_usd=float("nan")),
+        so.Usage.model_construct(input_tokens="9", output_tokens=1, cost_usd=0.0),  # type: ignore[arg-type]
+        so.Usage(),
+        {"input_tokens": 5},
+    ],
+    ids=["negative", "nan-cost", "text-count", "zero", "dict"],
+)
+async def test_a_model_errors_usage_counts_only_when_it_is_a_plain_count(
+    tmp_path: Path, usage: Any
+) -> None:
+    model = so.models.Scripted([so.ModelError("refused", usage=usage)])
+    agent = so.Agent(name="a", model=model, tools=[refund])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("a", prompt="refund order 1")
+        assert (r.status, r.retryable) == ("failed", True)
+        log = [e async for e in rt.events(r.session_id, follow=False)]
+        [failed] = [e for e in log if e.type == "turn.failed"]
+        assert "usage" not in failed.data
+        assert (await rt.state(r.session_id)).usage == so.Usage()

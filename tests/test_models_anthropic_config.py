@@ -27,8 +27,12 @@ __all__ = ["fake"]  # the fixture, used by name
         ({"max_tokens": 0}, "max_tokens"),
         ({"params": {"system": "x"}}, "params may not set system"),
         ({"params": {"stream": True}}, "params may not set stream"),
+        ({"params": {"extra_body": {"stream": True}}}, "params may not set extra_body's stream"),
+        ({"params": {"extra_body": {"system": "x"}}}, "params may not set extra_body's system"),
         ({"params": ["seed"]}, "params must be a mapping"),
         ({"price_per_mtok": "cheap"}, "price_per_mtok"),
+        ({"price_per_mtok": (float("inf"), 1.0)}, "price_per_mtok"),
+        ({"price_per_mtok": (1.0, 10**400)}, "price_per_mtok"),
         ({"max_retries": 1.5}, "max_retries"),
         ({"timeout": float("nan")}, "timeout"),  # passed `<= 0`: no bound on the call
         ({"timeout": float("inf")}, "timeout"),

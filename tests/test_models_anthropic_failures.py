@@ -195,6 +195,43 @@ async def test_a_reply_that_stopped_early_with_nothing_in_it_is_a_model_error(
         await model.complete(request())
 
 
+@pytest.mark.parametrize(
+    ("stop", "blocks"),
+    [
+        ("refusal", []),
+        ("max_tokens", [tool_use("toolu_1", "issue_refund", {"order_id": "1"})]),
+        ("max_tokens", [THOUGHT]),
+        ("end_turn", [{"type": "tool_use", "id": "toolu_1", "input": {}}]),
+    ],
+    ids=["refused", "cut-call", "thought-only", "nameless-call"],
+)
+async def test_a_reply_refused_after_it_was_billed_carries_its_usage(
+    fake, model, stop, blocks
+) -> None:
+    # The provider generated (and billed) this reply: the turn it fails counts what it cost.
+    usage = {
+        "input_tokens": 1000,
+        "cache_creation_input_tokens": 200,
+        "cache_read_input_tokens": 3000,
+        "output_tokens": 800,
+    }
+    body = anthropic_message(*blocks, usage=usage)
+    body["stop_reason"] = stop
+    fake.queue(body)
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    # claude-haiku-4-5's list price ($1 / $5), cache writes at 1.25x and reads at 0.1x
+    cost = (1000 * 1.0 + 200 * 1.0 * 1.25 + 3000 * 1.0 * 0.1 + 800 * 5.0) / 1_000_000
+    assert info.value.usage == so.Usage(input_tokens=4200, output_tokens=800, cost_usd=cost)
+
+
+async def test_a_call_that_got_no_reply_carries_no_usage(fake, model) -> None:
+    fake.queue(Reply({"type": "error", "error": {"type": "api_error", "message": "boom"}}, 500))
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    assert info.value.usage is None
+
+
 async def test_an_empty_reply_that_ended_its_turn_is_returned(fake, model) -> None:
     fake.queue(anthropic_message())
     assert (await model.complete(request())).text == ""

@@ -28,6 +28,12 @@ __all__ = ["fake", "model"]  # the fixtures, used by name
         ({"max_tokens": 1.5}, "max_tokens"),
         ({"price_per_mtok": (1.0,)}, "price_per_mtok"),
         ({"price_per_mtok": (1.0, -2.0)}, "price_per_mtok"),
+        # Each priced a response as inf or NaN (every turn failed as "not plain JSON"), or
+        # raised a bare OverflowError when the model was made.
+        ({"price_per_mtok": (float("inf"), 1.0)}, "price_per_mtok"),
+        ({"price_per_mtok": (1.0, 10**400)}, "price_per_mtok"),
+        ({"price_per_mtok": (1e300, 1.0)}, "price_per_mtok"),
+        ({"price_per_mtok": (1.0, 10**5000)}, "price_per_mtok"),  # too long even to write out
         ({"max_retries": -1}, "max_retries"),
         ({"timeout": 0}, "timeout"),
         ({"timeout": float("nan")}, "timeout"),  # passed `<= 0`: no bound on the call
@@ -202,3 +208,14 @@ def test_params_may_not_ask_for_a_stream(stream) -> None:
     # A streamed reply was parsed as a whole one: every turn failed with "returned no choices".
     with pytest.raises(so.UsageError, match="params may not set stream"):
         so.models.OpenAIChat("m", api_key="k", params={"stream": stream})
+
+
+@pytest.mark.parametrize("taken", ["stream", "messages", "model", "tools"])
+def test_extra_body_may_not_set_what_params_may_not(taken) -> None:
+    # The SDK merges extra_body into the request over what signoff sends: the stream the check
+    # refuses was asked for anyway (every turn failed on the event-stream body), or the
+    # conversation, tools or model were replaced.
+    with pytest.raises(so.UsageError, match=f"params may not set extra_body's {taken}"):
+        so.models.OpenAIChat("m", api_key="k", params={"extra_body": {taken: True}})
+    m = so.models.OpenAIChat("m", api_key="k", params={"extra_body": {"top_k": 5}})
+    assert m.params == {"extra_body": {"top_k": 5}}

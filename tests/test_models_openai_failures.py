@@ -202,6 +202,38 @@ async def test_a_choice_that_ended_in_an_error_is_a_model_error(
         assert "Upstream provider error" in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("finish", "text", "calls"),
+    [
+        ("length", None, [openai_tool_call("call_1", "issue_refund", '{"order_id": "1')]),
+        ("length", "", None),
+        ("content_filter", None, None),
+        ("error", "The refund is", None),
+        ("stop", None, [{"id": "call_1", "type": "function", "function": {"arguments": "{}"}}]),
+    ],
+    ids=["cut-call", "cut-before-answer", "filtered", "error", "nameless-call"],
+)
+async def test_a_reply_refused_after_it_was_billed_carries_its_usage(
+    fake, model, finish, text, calls
+) -> None:
+    # The provider generated (and billed) this reply: the turn it fails counts what it cost.
+    body = openai_completion(text, calls, usage=(1200, 800))
+    body["choices"][0]["finish_reason"] = finish
+    fake.queue(body)
+    with pytest.raises(so.ModelError) as info:
+        await model.complete(request())
+    cost = (1200 * 0.40 + 800 * 1.60) / 1_000_000  # gpt-4.1-mini's list price
+    assert info.value.usage == so.Usage(input_tokens=1200, output_tokens=800, cost_usd=cost)
+
+
+async def test_a_call_that_got_no_reply_carries_no_usage(fake, model) -> None:
+    fake.queue(Reply({"error": {"message": "upstream exploded"}}, 500), Reply(b"<html>", 200))
+    for _ in range(2):
+        with pytest.raises(so.ModelError) as info:
+            await model.complete(request())
+        assert info.value.usage is None
+
+
 async def test_a_filtered_reply_with_text_is_returned_as_text(fake, model) -> None:
     body = openai_completion("Here is the start of")
     body["choices"][0]["finish_reason"] = "content_filter"

@@ -219,6 +219,33 @@ async def test_corrupt_compressed_data_is_a_model_error(flavor, server_for) -> N
         await complete(make_model(flavor, server.base_url, max_reply_bytes=CAP))
 
 
+@pytest.mark.parametrize(
+    ("reply", "says"),
+    [
+        (head(10 * CAP) + b"{" * 1024, "announced"),
+        (head(None) + b"%x\r\n" % (2 * CAP) + b" " * (2 * CAP) + b"\r\n", "passed"),
+        (head(64, "gzip") + b"\x1f\x8b" + b"\x00" * 62, "could not be decoded"),
+        (head(2, "br") + b"{}", "is encoded as 'br'"),
+    ],
+    ids=["announced", "endless", "corrupt", "brotli"],
+)
+async def test_a_password_in_the_base_url_is_left_out_of_the_caps_errors(
+    flavor, server_for, reply, says
+) -> None:
+    """The cap's error names the URL it read, and is recorded in the session's log: a gateway's
+    basic-auth password in the base URL is shown as `***` there, as in the model's own errors."""
+
+    def answer(conn: socket.socket) -> None:
+        server.send(conn, reply)
+
+    server = server_for(answer)
+    base = server.base_url.replace("http://", "http://bob:hunter2@")
+    with pytest.raises(so.ModelError, match=says) as info:
+        await complete(make_model(flavor, base, max_reply_bytes=CAP))
+    assert "hunter2" not in str(info.value)
+    assert "the reply from http://bob:***@127.0.0.1:" in str(info.value)
+
+
 @pytest.mark.parametrize("bad", [0, 1023, 1.5e6, True, "16MB", None])
 def test_max_reply_bytes_must_be_a_whole_number_of_bytes(flavor, bad) -> None:
     with pytest.raises(so.UsageError, match="max_reply_bytes must be an integer >= 1024"):

@@ -211,3 +211,22 @@ async def test_retrying_a_scheduled_turn_over_its_budget_changes_nothing(tmp_pat
         assert again.status == "failed" and not again.retryable
         assert "nobody can raise the budget" in str((again.error or {}).get("message"))
         assert await _seqs(rt, session.id) == before
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        lambda **kw: so.models.OpenAIChat("ft:gpt-4o-mini:acme::a1b2c3", api_key="k", **kw),
+        lambda **kw: so.models.OpenAIChat("qwen3:8b", base_url="http://127.0.0.1:9/v1", **kw),
+        lambda **kw: so.models.Anthropic("claude-by-another-name", api_key="k", **kw),
+    ],
+    ids=["fine-tune", "local", "anthropic-alias"],
+)
+def test_a_cost_budget_over_a_model_of_no_known_price_is_a_usage_error(model: Any) -> None:
+    """A provider model signoff knows no price for reports a cost of 0 for every response: a
+    `max_cost_usd` over it would never be spent, whatever the session cost."""
+    with pytest.raises(so.UsageError, match=r"max_cost_usd .* price_per_mtok"):
+        so.Agent(name="a", model=model(), limits=so.Limits(max_cost_usd=2.0))
+    so.Agent(name="a", model=model(), limits=so.Limits(max_tokens=1000))  # tokens are counted
+    free = model(price_per_mtok=(0, 0))  # a local model that costs nothing, said so
+    so.Agent(name="a", model=free, limits=so.Limits(max_cost_usd=2.0))

@@ -11,6 +11,7 @@ from ._approval import Guardrail
 from ._exceptions import UsageError
 from ._settings import positive_seconds
 from ._tools import MAX_RESULT_BYTES, Tool
+from .models._provider import SdkModel
 
 if TYPE_CHECKING:
     from .models import Model
@@ -96,6 +97,18 @@ class Agent:
             raise UsageError(f"agent {name!r}: instructions must be text, not {instructions!r}")
         if limits is not None and not isinstance(limits, Limits):
             raise UsageError(f"agent {name!r}: limits must be a so.Limits, not {limits!r}")
+        if (
+            limits is not None
+            and limits.max_cost_usd is not None
+            and isinstance(model, SdkModel)
+            and model.price_per_mtok is None
+        ):
+            # Its responses would all cost 0: the budget could never be spent.
+            raise UsageError(
+                f"agent {name!r}: max_cost_usd cannot bound {model!r}, whose price signoff does "
+                "not know (it would count every response as free); pass "
+                "price_per_mtok=(input_usd, output_usd) per million tokens ((0, 0) if it is free)"
+            )
         for what, given in (("tools", tools), ("guardrails", guardrails)):
             if not isinstance(given, Iterable):  # one tool or guardrail given alone
                 raise UsageError(

@@ -302,6 +302,8 @@ def _turn_failed(s: SessionState, e: Event) -> None:
     turn.status = "failed"
     turn.retryable = bool(e.data.get("retryable"))
     turn.error = e.data.get("error")
+    if "usage" in e.data:  # a reply the provider billed that the turn could not use
+        s.usage = s.usage + Usage(**e.data["usage"])
     if e.data.get("reason") == "session expired":
         s.lapsed = True  # it ended because the TTL passed: the session stays expired
 

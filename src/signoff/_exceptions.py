@@ -43,7 +43,10 @@ Every error that is about an answer leaves the store unchanged: nothing is claim
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._types import Usage
 
 __all__ = [
     "AnswerError",
@@ -250,9 +253,15 @@ class NotAllowed(AnswerError):
 
 
 class ModelError(SignoffError):
-    """The model call failed or returned something unusable."""
+    """The model call failed or returned something unusable. `usage` is what a reply refused
+    as unusable cost (it was billed, so the failed turn counts it against the session's
+    budgets); None when no reply came."""
 
     code = "model_error"
+
+    def __init__(self, *args: object, usage: Usage | None = None) -> None:
+        super().__init__(*args)
+        self.usage = usage
 
 
 class StepFailed(SignoffError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 from ._error_text import error_text
@@ -119,15 +120,14 @@ class ModelStep(DriverPart):
             cap = limits.max_response_bytes // 4
             if len(message) > cap:  # a message of megabytes is cut, not stored on every retry
                 message = message[:cap] + " [cut]"
+            failed: dict[str, Any] = {"error": {"code": code, "message": message}}
+            failed["retryable"] = True
+            spent = _billed(exc)
+            if spent is not None:
+                failed["usage"] = spent.model_dump()
             await self.record(
                 [
-                    (
-                        "turn.failed",
-                        {
-                            "error": {"code": code, "message": message},
-                            "retryable": True,
-                        },
-                    ),
+                    ("turn.failed", failed),
                     # Idle until a retry or the next message, as after any other end of a turn.
                     ("session.waiting", {}),
                 ]
@@ -266,6 +266,23 @@ def _over_budget(s: SessionState, max_tokens: int | None, max_cost: float | None
     return None
 
 
+def _billed(exc: BaseException) -> Usage | None:
+    """What the refused reply behind a `ModelError` cost, when it says and is a plain, positive
+    count: the failed turn adds it to the session's usage, as the provider billed it."""
+    usage = exc.usage if isinstance(exc, ModelError) else None
+    if not (
+        isinstance(usage, Usage)
+        and type(usage.input_tokens) is int
+        and type(usage.output_tokens) is int
+        and type(usage.cost_usd) in (int, float)
+        and min(usage.input_tokens, usage.output_tokens, usage.cost_usd) >= 0
+        and math.isfinite(usage.cost_usd)
+        and usage != Usage()
+    ):
+        return None
+    return usage
+
+
 def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
     """Refuse a response the log cannot hold faithfully: one built past validation (fields of
     the wrong type could be recorded but never read back), NaN, infinity or objects that are
@@ -281,13 +298,16 @@ def _check_recordable(response: ModelResponse, max_bytes: int) -> None:
     try:
         text = json.dumps(data, allow_nan=False, ensure_ascii=False, separators=(",", ":"))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise ModelError(f"model response is not plain JSON: {type(exc).__name__}: {exc}") from None
+        raise ModelError(
+            f"model response is not plain JSON: {type(exc).__name__}: {exc}", usage=usage
+        ) from None
     size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         # Stored, it would be sent back on every later model call of the session, and fail it.
         raise ModelError(
             f"model response is {size} bytes, over the limit of {max_bytes} bytes "
-            "(max_response_bytes)"
+            "(max_response_bytes)",
+            usage=usage,
         )
 
 

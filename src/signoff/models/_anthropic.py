@@ -55,7 +55,8 @@ class Anthropic(SdkModel):
     `ModelError`. `timeout` bounds each wait on the server, and a whole call gives up after
     `(3 * max_retries + 2) * timeout` (the SDK waits as long as a Retry-After says). `params`
     are passed to `messages.create` as they are (`thinking`, `stop_sequences`, `extra_body`,
-    ...). Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
+    ...), but neither they nor their `extra_body` may set the model, messages, tools, system
+    or stream. Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in
     list price for well-known models, else 0. `env` replaces the process environment as the
     source of `ANTHROPIC_*` settings (key or token, base URL, custom headers) and of the HTTP
     client's proxies and CA bundle (`HTTPS_PROXY`, `NO_PROXY`, `SSL_CERT_FILE`, ...): none is
@@ -196,6 +197,8 @@ class Anthropic(SdkModel):
                     f"message: {error}"
                 )
             raise ModelError(f"Anthropic messages call for {where} returned no content list")
+        # A message came: what it cost is counted even when it cannot be used.
+        usage = self._usage(message)
         stop = plain_str(getattr(message, "stop_reason", None))
         if stop == "refusal" and (
             not any(getattr(b, "type", None) == "text" and getattr(b, "text", "") for b in content)
@@ -204,14 +207,16 @@ class Anthropic(SdkModel):
             # Declined for safety, perhaps mid-call: an empty answer or half a tool call would pass
             # for a real one, so the turn fails and says why.
             raise ModelError(
-                f"Anthropic messages call for {where} was refused (stop_reason refusal)"
+                f"Anthropic messages call for {where} was refused (stop_reason refusal)",
+                usage=usage,
             )
         if stop in _CUT and content and getattr(content[-1], "type", None) == "tool_use":
             # The limit cut the block's input short: running it would act on half a call.
             limit = f"at max_tokens={self.max_tokens}" if stop == "max_tokens" else f"({stop})"
             raise ModelError(
                 f"Anthropic messages call for {where} was cut off {limit} in a tool call"
-                + ("; raise max_tokens" if stop == "max_tokens" else "")
+                + ("; raise max_tokens" if stop == "max_tokens" else ""),
+                usage=usage,
             )
         texts: list[str] = []
         calls: list[ToolCall] = []
@@ -226,7 +231,8 @@ class Anthropic(SdkModel):
                 name = getattr(block, "name", None)
                 if not isinstance(name, str) or not name:
                     raise ModelError(
-                        f"Anthropic messages call for {where} has a tool_use block with no name"
+                        f"Anthropic messages call for {where} has a tool_use block with no name",
+                        usage=usage,
                     )
                 call_id = getattr(block, "id", None)
                 raw = getattr(block, "input", None)
@@ -248,8 +254,15 @@ class Anthropic(SdkModel):
             # for the model's answer.
             raise ModelError(
                 f"Anthropic messages call for {where} stopped before any answer "
-                f"(stop_reason {stop})" + ("; raise max_tokens" if stop == "max_tokens" else "")
+                f"(stop_reason {stop})" + ("; raise max_tokens" if stop == "max_tokens" else ""),
+                usage=usage,
             )
+        return ModelResponse(
+            text="".join(texts), tool_calls=calls, usage=usage, reasoning=reasoning
+        )
+
+    def _usage(self, message: Any) -> Usage:
+        """The tokens a message reports (cache writes and reads among its input), priced."""
         usage = getattr(message, "usage", None)
         plain = plain_int(getattr(usage, "input_tokens", 0))
         written = plain_int(getattr(usage, "cache_creation_input_tokens", 0))
@@ -264,12 +277,7 @@ class Anthropic(SdkModel):
                 + read * price_in * _CACHE_READ
                 + output * price_out
             ) / 1_000_000
-        return ModelResponse(
-            text="".join(texts),
-            tool_calls=calls,
-            usage=Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost),
-            reasoning=reasoning,
-        )
+        return Usage(input_tokens=plain + written + read, output_tokens=output, cost_usd=cost)
 
 
 # -- the wire format ------------------------------------------------------------------------

@@ -55,7 +55,8 @@ class OpenAIChat(SdkModel):
     errors, timeouts, 408/409/429/5xx) are retried `max_retries` times with exponential backoff
     by the SDK; what still fails raises `ModelError`. `timeout` bounds each wait on the server,
     and a whole call gives up after `(3 * max_retries + 2) * timeout`. `params` are passed to
-    `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...).
+    `chat.completions.create` as they are (`seed`, `reasoning_effort`, `extra_body`, ...), but
+    neither they nor their `extra_body` may set the model, messages, tools or stream.
     Cost uses `price_per_mtok=(input, output)` in USD per million tokens, or a built-in list
     price for well-known models, else 0. `env` replaces the process environment as the source
     of `OPENAI_*` settings (key, base URL, organization, project, custom headers) and of the
@@ -184,10 +185,12 @@ class OpenAIChat(SdkModel):
                     f"completion: {error}"
                 )
             raise ModelError(f"OpenAI chat completion for {where} returned no choices")
+        # A completion came: what it cost is counted even when it cannot be used.
+        usage = self._usage(completion)
         message = getattr(choices[0], "message", None)
         if message is None or isinstance(message, str | int | float | list):
             # Not an object: read as one it would pass for an empty answer.
-            raise ModelError(f"OpenAI chat completion for {where} returned no message")
+            raise ModelError(f"OpenAI chat completion for {where} returned no message", usage=usage)
         text = _text(getattr(message, "content", None))
         refusal = getattr(message, "refusal", None)
         if not text and isinstance(refusal, str):
@@ -196,7 +199,8 @@ class OpenAIChat(SdkModel):
         if not isinstance(raw_calls, list):
             raise ModelError(
                 f"OpenAI chat completion for {where} has tool_calls that are not a list: "
-                f"{type(raw_calls).__name__}"
+                f"{type(raw_calls).__name__}",
+                usage=usage,
             )
         finish = plain_str(getattr(choices[0], "finish_reason", None))
         if finish == "error":
@@ -205,30 +209,35 @@ class OpenAIChat(SdkModel):
             error = body_error(choices[0])
             raise ModelError(
                 f"OpenAI chat completion for {where} ended in an error (finish_reason error)"
-                + (f": {error}" if error else "")
+                + (f": {error}" if error else ""),
+                usage=usage,
             )
         if finish == "content_filter" and (not text or raw_calls):
             # Filtered, perhaps mid-call: an empty answer or half a tool call would pass for a
             # real one, so the turn fails and says why.
             raise ModelError(
-                f"OpenAI chat completion for {where} was filtered (finish_reason content_filter)"
+                f"OpenAI chat completion for {where} was filtered (finish_reason content_filter)",
+                usage=usage,
             )
         if finish == "length" and raw_calls:
             # The limit cut the last call's arguments short: running any would act on half a reply.
             raise ModelError(
                 f"OpenAI chat completion for {where} was cut off at the token limit in a tool "
-                "call (finish_reason length); raise max_tokens"
+                "call (finish_reason length); raise max_tokens",
+                usage=usage,
             )
         if not text.strip() and not raw_calls and finish in _EARLY:
             # A reasoning model that spent max_tokens thinking, or a compatible server whose
             # tool-call parser failed: the empty text would pass for the model's answer.
-            raise ModelError(f"OpenAI chat completion for {where} {_EARLY[finish]}")
+            raise ModelError(f"OpenAI chat completion for {where} {_EARLY[finish]}", usage=usage)
         calls = []
         for raw in raw_calls:
             function = getattr(raw, "function", None)
             name = getattr(function, "name", None)
             if not isinstance(name, str) or not name:
-                raise ModelError(f"OpenAI chat completion for {where} has a tool call with no name")
+                raise ModelError(
+                    f"OpenAI chat completion for {where} has a tool call with no name", usage=usage
+                )
             call_id = getattr(raw, "id", None)
             calls.append(
                 ToolCall(
@@ -237,6 +246,10 @@ class OpenAIChat(SdkModel):
                     id=call_id if isinstance(call_id, str) and call_id else None,
                 )
             )
+        return ModelResponse(text=text, tool_calls=calls, usage=usage)
+
+    def _usage(self, completion: Any) -> Usage:
+        """The tokens a completion reports, priced."""
         usage = getattr(completion, "usage", None)
         input_tokens = plain_int(getattr(usage, "prompt_tokens", 0))
         output_tokens = plain_int(getattr(usage, "completion_tokens", 0))
@@ -245,11 +258,7 @@ class OpenAIChat(SdkModel):
             cost = (
                 input_tokens * self.price_per_mtok[0] + output_tokens * self.price_per_mtok[1]
             ) / 1_000_000
-        return ModelResponse(
-            text=text,
-            tool_calls=calls,
-            usage=Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost),
-        )
+        return Usage(input_tokens=input_tokens, output_tokens=output_tokens, cost_usd=cost)
 
 
 # -- the wire format ------------------------------------------------------------------------

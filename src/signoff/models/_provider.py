@@ -11,11 +11,11 @@ import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from types import ModuleType
 from typing import Any, Generic, Self, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from .._exceptions import ModelError, UsageError
 from ._http_env import HttpEnv
 from ._reply_cap import ReplyTooLarge, capped_http_client
+from ._urls import shown_url
 
 __all__ = [
     "SdkModel",
@@ -82,6 +82,11 @@ def lookup_price(model: str, table: Mapping[str, Price]) -> Price | None:
     return None
 
 
+# A dollar a token, far above any list price: a price past it (or infinite) priced a response
+# as infinity or NaN, which the log refuses, so every turn failed.
+_MAX_PRICE = 1_000_000.0
+
+
 def check_price(owner: str, value: object) -> Price | None:
     """Validate a `price_per_mtok=(input, output)` argument."""
     if value is None:
@@ -90,11 +95,15 @@ def check_price(owner: str, value: object) -> Price | None:
         not isinstance(value, tuple | list)
         or len(value) != 2
         or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-        or not all(v >= 0 for v in value)
+        or not all(0 <= v <= _MAX_PRICE for v in value)
     ):
+        try:
+            shown = repr(value)[:200]
+        except ValueError:  # an int of more digits than Python writes out
+            shown = "a number too long to show"
         raise UsageError(
             f"{owner}: price_per_mtok must be (input_usd, output_usd) per million tokens, "
-            f"two numbers >= 0; got {value!r}"
+            f"two numbers from 0 to {_MAX_PRICE:,.0f}; got {shown}"
         )
     return (float(value[0]), float(value[1]))
 
@@ -115,12 +124,16 @@ def check_positive(owner: str, name: str, value: object, *, integer: bool = Fals
 
 def check_params(owner: str, params: object, reserved: set[str]) -> dict[str, Any]:
     """Validate `params=`: extra SDK arguments that may not replace what signoff sends or ask
-    for a stream (the reply is read whole)."""
+    for a stream (the reply is read whole), nor through `extra_body`, which the SDK merges into
+    the request over them."""
     if params is None:
         return {}
     if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
         raise UsageError(f"{owner}: params must be a mapping of argument names, not {params!r}")
     taken = sorted(reserved & set(params))
+    extra = params.get("extra_body")
+    if isinstance(extra, Mapping):
+        taken += [f"extra_body's {k}" for k in sorted(reserved & set(extra))]
     if taken:
         raise UsageError(
             f"{owner}: params may not set {', '.join(taken)}; signoff decides those "
@@ -329,6 +342,7 @@ class SdkModel:
 
     model: str
     max_reply_bytes: int
+    price_per_mtok: Price | None  # USD per million (input, output) tokens; None: not known
     _base_url: str | None
     _clients: LoopClients[Any]
     _sdk: ModuleType
@@ -423,15 +437,3 @@ class SdkModel:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
-
-
-def shown_url(url: object) -> str:
-    """A base URL as a repr or an error shows it, its password left out: an error is recorded
-    in the session's log, which anyone who may read the session reads."""
-    text = str(url)
-    parts = urlsplit(text)
-    if parts.password is None:
-        return text
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

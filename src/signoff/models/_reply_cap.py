@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator, Mapping
 from types import ModuleType
 from typing import Any
 
+from ._urls import shown_url
+
 __all__ = ["DEFAULT_MAX_REPLY_BYTES", "ReplyTooLarge", "capped_http_client", "check_reply_cap"]
 
 DEFAULT_MAX_REPLY_BYTES = 16 * 1024 * 1024
@@ -155,7 +157,7 @@ def capped_http_client(
     error = _error_for(sdk_error)
 
     async def cap_reply(response: Any) -> None:
-        url = str(response.request.url.copy_with(query=None))
+        url = shown_url(response.request.url.copy_with(query=None))
         length = response.headers.get("content-length", "")
         if length.isdigit() and int(length) > cap:
             raise error(
