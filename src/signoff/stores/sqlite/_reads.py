@@ -419,13 +419,13 @@ class Reads(Connection):
                 AuditEntry(
                     id=i,
                     stream=st,
-                    n=n,
+                    n=_entry_number(n, i, st, "n"),
                     type=entry_type(t),
                     at=at if at is not None else 0.0,
-                    seq=seq,
+                    seq=None if seq is None else _entry_number(seq, i, st, "seq"),
                     data=loaded_data(d, earlier),
-                    prev=None if prev is None else bytes(prev).hex(),
-                    hash=bytes(h).hex(),
+                    prev=None if prev is None else _entry_hash(prev),
+                    hash=_entry_hash(h),
                 )
             )
         return entries
@@ -473,6 +473,22 @@ class Reads(Connection):
             for p in (self.path, self.path + "-wal", self.path + "-shm")
             if os.path.exists(p)
         )
+
+
+def _entry_number(value: object, entry: int, stream: str, what: str) -> int:
+    """An audit entry's number or event seq, checked: SQLite keeps whatever a hand edit puts in
+    a column, and an entry not placed by whole numbers cannot be checked in its chain."""
+    if isinstance(value, int):
+        return value
+    raise StoreError(f"audit entry {entry} of {stream!r} is damaged: its {what} is {value!r:.40}")
+
+
+def _entry_hash(value: object) -> str:
+    """An audit entry's hash as hex; one a hand edit left that is not bytes reads as its text,
+    which matches no hash, so verification names that entry instead of failing on it."""
+    if isinstance(value, bytes | memoryview):
+        return bytes(value).hex()
+    return str(value)
 
 
 def _heads(rows: Iterable[tuple[Any, Any, Any]]) -> dict[str, tuple[int, str | None]]:

@@ -249,7 +249,9 @@ class SQLiteStore(Reads, Leases):
                         "WHERE stream=? ORDER BY n = 0 DESC, n DESC LIMIT 1",
                         (row.stream,),
                     ).fetchone()
-                    last[row.stream] = (0, None) if found is None else (found[0], found[1].hex())
+                    last[row.stream] = (
+                        (0, None) if found is None else _stream_head(row.stream, found)
+                    )
                 n, prev = last[row.stream]
                 if row.after is not None and n != row.after:
                     continue
@@ -380,3 +382,9 @@ class SQLiteStore(Reads, Leases):
         if found is None:
             raise UnknownSession(session_id)
         return 0, int(found[0])
+
+
+def _stream_head(stream: str, found: tuple[object, object]) -> tuple[int, str]:
+    """A tool-setting stream's chain head as its head row (or last entry) keeps it, checked:
+    SQLite keeps whatever a hand edit puts in a column."""
+    return kept(found[0], int, stream, "audit_n"), kept(found[1], bytes, stream, "audit_hash").hex()
