@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +177,35 @@ async def test_text_where_a_session_row_keeps_a_number_is_a_store_error(
             assert named in str(exc)
         if named != "lease":
             assert await count(store, "events") == before
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("head = 'x'", "head is 'x'"),
+        ("updated_at = 'x'", "updated_at is 'x'"),
+        ("created_at = x'00'", "created_at is b'\\x00'"),
+        ("expires_at = 'soon'", "expires_at is 'soon'"),
+    ],
+)
+async def test_reading_a_session_row_holding_text_for_a_number_is_a_store_error(
+    tmp_path: Path, damage: str, named: str
+) -> None:
+    """Its head, listing and change wait name the damaged session row, not a ValueError from
+    converting it (a listing of every session would fail on one such row)."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}")
+    await new_session(store, "s1")
+    store.conn.execute(f"UPDATE sessions SET {damage}")
+    reads: list[Callable[[], Awaitable[object]]] = [store.sessions, store.sessions_counted]
+    if damage.startswith("head"):
+        reads += [lambda: store.head("s1"), lambda: store.wait_for_change("s1", 0.01)]
+    try:
+        for read in reads:
+            damaged = re.escape(f"session 's1' is damaged: its {named}")
+            with pytest.raises(so.StoreError, match=damaged):
+                await read()
+    finally:
+        await store.close()
 
 
 FIRST_ENTRY = "(SELECT min(id) FROM audit WHERE sk IS NOT NULL)"

@@ -172,7 +172,7 @@ class Reads(Connection):
     @reading
     async def head(self, session_id: str) -> int | None:
         row = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,)).fetchone()
-        return None if row is None else int(row[0])
+        return None if row is None else int(kept(row[0], int, session_id, "head"))
 
     @reading
     async def get_request(self, request_id: str) -> StoredRequest | None:

@@ -381,7 +381,7 @@ class SQLiteStore(Reads, Leases):
         found = head.fetchone()
         if found is None:
             raise UnknownSession(session_id)
-        return 0, int(found[0])
+        return 0, int(kept(found[0], int, session_id, "head"))
 
 
 def _stream_head(stream: str, found: tuple[object, object]) -> tuple[int, str]:
