@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import signoff as so
 from signoff.stores import Commit, SQLiteStore
 
@@ -42,3 +44,27 @@ async def test_commits_run_under_synchronous_normal_and_durable_ones_under_full(
         assert conn.execute("PRAGMA synchronous").fetchone() == (NORMAL,)
     finally:
         await store.close()
+
+
+@pytest.mark.parametrize("name", ["file:state.db", "file::memory:"])
+async def test_a_relative_path_starting_with_file_colon_is_that_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """SQLite (built with SQLITE_USE_URI, as Debian's is) reads a name starting with `file:` as
+    a URI even when not asked to: `sqlite:///file:state.db` opened `state.db` (or an in-memory
+    database) while the store watched for a file named `file:state.db`, found none, and refused
+    every write as to a deleted file. The URL names the file by its path, as any other."""
+    monkeypatch.chdir(tmp_path)
+    store = SQLiteStore(f"sqlite:///{name}")
+    try:
+        await store.create_session("ses_1", "a", [_event("ses_1", 1, "session.created")], None)
+    finally:
+        await store.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == [
+        name
+    ]
+    again = SQLiteStore(f"sqlite:///{tmp_path / name}")
+    try:
+        assert await again.head("ses_1") == 1
+    finally:
+        await again.close()

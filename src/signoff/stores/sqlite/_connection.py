@@ -316,7 +316,9 @@ class Connection:
     def _connect(self, access: str) -> sqlite3.Connection:
         """A connection to the file; a read-only one by a `file:` URI that lets SQLite write
         nothing, neither the file nor new -wal and -shm files."""
-        target, uri = self.path, False
+        # SQLite built with SQLITE_USE_URI (Debian's is) reads a name starting "file:" as a URI
+        # even when not asked to: "./" keeps it the file the URL names.
+        target, uri = ("./" if self.path.startswith("file:") else "") + self.path, False
         if access != "rw":
             target = f"file:{urllib.parse.quote(os.path.abspath(self._where()))}?mode=ro"
             target += "&immutable=1" if access == "immutable" else ""
