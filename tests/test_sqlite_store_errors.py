@@ -208,6 +208,50 @@ async def test_reading_a_session_row_holding_text_for_a_number_is_a_store_error(
         await store.close()
 
 
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("INSERT INTO snapshots SELECT sk, 'x', '{{}}' FROM sessions", "snapshot seq is 'x'"),
+        ("UPDATE sessions SET expires_at = 'x'", "expires_at is 'x'"),
+    ],
+)
+async def test_loading_a_session_or_its_request_holding_text_for_a_number_is_a_store_error(
+    tmp_path: Path, damage: str, named: str
+) -> None:
+    """A snapshot's seq, or the session's TTL read with its request, left as text by a hand
+    edit: loading the session (to read or answer it) and reading the request name the session,
+    not a ValueError from converting it, and answering writes nothing."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return order_id
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="1")), reply("ok")], tools=[refund]
+    )
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([agent], store=url) as rt:
+        parked = await rt.generate("a", prompt="hi")
+    alter(url, damage)
+    answer = so.InputResponse(request_id=parked.pending[0].id, option_id="approve")
+    damaged = re.escape(f"session {parked.session_id!r} is damaged: its {named}")
+    async with so.Runtime([agent], store=url) as rt:
+        store = rt.store
+        assert isinstance(store, SQLiteStore)
+        before = await count(store, "events")
+        reads = [
+            lambda: rt.state(parked.session_id),
+            lambda: rt.respond(parked.session_id, [answer]),
+        ]
+        if "expires_at" in damage:
+            reads = [lambda: store.get_request(parked.pending[0].id)]
+        for read in reads:
+            with pytest.raises(so.StoreError, match=damaged):
+                await read()
+        assert await count(store, "events") == before
+
+
 FIRST_ENTRY = "(SELECT min(id) FROM audit WHERE sk IS NOT NULL)"
 
 

@@ -67,7 +67,7 @@ class Reads(Connection):
         after = 0
         snapshot = None
         if snap_row is not None:
-            after = int(snap_row[0])
+            after = int(kept(snap_row[0], int, session_id, "snapshot seq"))
             snapshot = unpack(snap_row[1])
         events = self._events(session_id, sk, after, None, None)
         return Loaded(
@@ -183,12 +183,16 @@ class Reads(Connection):
         ).fetchone()
         if row is None:
             return None
+        request = stored_request(*row[3:7], unpack, *row[7:])
+        expires_at = row[2]
+        if expires_at is not None:
+            expires_at = float(kept(expires_at, int | float, request.session_id, "expires_at"))
         return StoredRequest(
-            request=stored_request(*row[3:7], unpack, *row[7:]),
+            request=request,
             status=row[6],
             outcome=row[0],
             resolution=stored_resolution(row[1], unpack),
-            session_expires_at=None if row[2] is None else float(row[2]),
+            session_expires_at=expires_at,
         )
 
     @reading
