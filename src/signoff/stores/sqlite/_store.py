@@ -352,7 +352,7 @@ class SQLiteStore(Reads, Leases):
         takes the store's lock; the waits between them do not.
         """
 
-        def mark() -> tuple[int, int]:
+        def mark() -> tuple[int, ...]:
             with self._lock:
                 try:
                     return self._mark(session_id)
@@ -369,12 +369,18 @@ class SQLiteStore(Reads, Leases):
                 return True
         return False
 
-    def _mark(self, session_id: str | None) -> tuple[int, int]:
-        """What `wait_for_change` compares: the session's head, or the count of sessions and
-        the sum of their heads."""
+    def _mark(self, session_id: str | None) -> tuple[int, ...]:
+        """What `wait_for_change` compares: the session's head; for any session, what SQLite
+        counts of the commits of other connections to the file (`data_version`) and of the rows
+        this one changed, which cost the same however many sessions there are (a read-only
+        store, whose connection is swapped as writers come and go, counts and sums the heads)."""
         self._readable(every=0)  # a file deleted or replaced under us never changes again
         if session_id is None:
-            row = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
+            conn = self.conn
+            if self._access == "rw":
+                (version,) = conn.execute("PRAGMA data_version").fetchone()
+                return id(conn), int(version), conn.total_changes
+            row = conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
             count, total = row.fetchone()
             return int(count), int(total)
         head = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,))
