@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -275,3 +276,54 @@ async def test_pending_filters(store: SQLiteStore) -> None:
     assert settled.status == "settled"
     (pending_r1,) = await store.pending(PendingFilter(tool_name="refund", agent="support"))
     assert pending_r1 == request("s1", "r1", agent="support", tool="refund", at=10)
+
+
+def _poll_steps(store: SQLiteStore) -> int:
+    """SQLite VM steps one poll of `wait_for_change(None, ...)` runs (in thousands, rounded up)."""
+    steps = [0]
+
+    def step() -> int:
+        steps[0] += 1
+        return 0
+
+    store.conn.set_progress_handler(step, 1000)
+    try:
+        store._mark(None)
+    finally:
+        store.conn.set_progress_handler(None, 1000)
+    return steps[0]
+
+
+async def test_waiting_for_any_change_costs_the_same_however_many_sessions(
+    store: SQLiteStore,
+) -> None:
+    """An idle worker polls for a commit anywhere every 50 ms. Counting and summing every
+    session's row to notice one grew with the store for ever (about 100 ms a poll at 500,000
+    sessions, under the store's lock); what a poll costs must not depend on the history."""
+    await new_session(store, "s0")
+    few = _poll_steps(store)
+    rows = [(f"ses_{i:06d}", "a", 1, "idle", 1.0, 1.0) for i in range(20_000)]
+    with store.conn:  # one transaction
+        store.conn.execute("BEGIN")
+        store.conn.executemany(
+            "INSERT INTO sessions (id, agent, head, status, created_at, updated_at) "
+            "VALUES (?,?,?,?,?,?)",
+            rows,
+        )
+    assert _poll_steps(store) <= few + 1
+    # and a commit still wakes it, by this store or another on the file
+    other = SQLiteStore(store.url)
+    try:
+        for writer, seq in ((store, 1), (other, 2)):
+
+            async def later(writer: SQLiteStore = writer, seq: int = seq) -> None:
+                await asyncio.sleep(0.1)
+                change = Commit(session_id="s0", expected_seq=seq, events=[event("s0", seq + 1)])
+                await writer.commit(change)
+
+            task = asyncio.create_task(later())
+            assert await store.wait_for_change(None, 10) is True
+            await task
+        assert await store.wait_for_change(None, 0.2) is False
+    finally:
+        await other.close()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,8 +14,11 @@ import pytest
 import signoff as so
 from signoff.stores import Commit, PendingFilter, SQLiteStore, open_store
 from signoff.stores._audit import AuditRow
-from signoff.testing import call, call_tools, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
+from ._audit import agent as audit_agent
+from ._audit import alter, run_scenario
+from ._procs import query
 from ._sqlite_store import count, event, new_session
 
 
@@ -172,6 +177,155 @@ async def test_text_where_a_session_row_keeps_a_number_is_a_store_error(
             assert named in str(exc)
         if named != "lease":
             assert await count(store, "events") == before
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("head = 'x'", "head is 'x'"),
+        ("updated_at = 'x'", "updated_at is 'x'"),
+        ("created_at = x'00'", "created_at is b'\\x00'"),
+        ("expires_at = 'soon'", "expires_at is 'soon'"),
+    ],
+)
+async def test_reading_a_session_row_holding_text_for_a_number_is_a_store_error(
+    tmp_path: Path, damage: str, named: str
+) -> None:
+    """Its head, listing and change wait name the damaged session row, not a ValueError from
+    converting it (a listing of every session would fail on one such row)."""
+    store = SQLiteStore(f"sqlite:///{tmp_path / 'state.db'}")
+    await new_session(store, "s1")
+    store.conn.execute(f"UPDATE sessions SET {damage}")
+    reads: list[Callable[[], Awaitable[object]]] = [store.sessions, store.sessions_counted]
+    if damage.startswith("head"):
+        reads += [lambda: store.head("s1"), lambda: store.wait_for_change("s1", 0.01)]
+    try:
+        for read in reads:
+            damaged = re.escape(f"session 's1' is damaged: its {named}")
+            with pytest.raises(so.StoreError, match=damaged):
+                await read()
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        ("INSERT INTO snapshots SELECT sk, 'x', '{{}}' FROM sessions", "snapshot seq is 'x'"),
+        ("UPDATE sessions SET expires_at = 'x'", "expires_at is 'x'"),
+    ],
+)
+async def test_loading_a_session_or_its_request_holding_text_for_a_number_is_a_store_error(
+    tmp_path: Path, damage: str, named: str
+) -> None:
+    """A snapshot's seq, or the session's TTL read with its request, left as text by a hand
+    edit: loading the session (to read or answer it) and reading the request name the session,
+    not a ValueError from converting it, and answering writes nothing."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return order_id
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="1")), reply("ok")], tools=[refund]
+    )
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([agent], store=url) as rt:
+        parked = await rt.generate("a", prompt="hi")
+    alter(url, damage)
+    answer = so.InputResponse(request_id=parked.pending[0].id, option_id="approve")
+    damaged = re.escape(f"session {parked.session_id!r} is damaged: its {named}")
+    async with so.Runtime([agent], store=url) as rt:
+        store = rt.store
+        assert isinstance(store, SQLiteStore)
+        before = await count(store, "events")
+        reads = [
+            lambda: rt.state(parked.session_id),
+            lambda: rt.respond(parked.session_id, [answer]),
+        ]
+        if "expires_at" in damage:
+            reads = [lambda: store.get_request(parked.pending[0].id)]
+        for read in reads:
+            with pytest.raises(so.StoreError, match=damaged):
+                await read()
+        assert await count(store, "events") == before
+
+
+FIRST_ENTRY = "(SELECT min(id) FROM audit WHERE sk IS NOT NULL)"
+
+
+@pytest.mark.parametrize("stored", ["'zz'", "'0123abcd'", "4.5"])
+async def test_an_audit_hash_that_is_not_bytes_is_named_by_verification(
+    tmp_path: Path, stored: str
+) -> None:
+    """SQLite keeps whatever a hand edit puts in an entry's hash: verifying (and listing) the
+    trail names the entry, as for a hash of other bytes, not a TypeError from reading it.
+    PostgreSQL's `bytea` column takes nothing else."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = ManualClock()
+    async with so.Runtime([audit_agent()], store=url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        first, second = (await rt.audit(sid))[:2]
+    alter(url, f"UPDATE audit SET hash={stored} WHERE id={FIRST_ENTRY}")
+    async with so.Runtime([audit_agent()], store=url, clock=clock) as rt:
+        listed = await rt.audit(sid)
+        assert [e.id for e in listed[:2]] == [first.id, second.id]
+        assert listed[0].hash != first.hash and listed[1].prev == listed[0].hash
+        problems = await rt.verify_audit()
+        assert [(p.id, p.reason) for p in problems] == [
+            (first.id, "content does not match"),
+            (second.id, "content does not match"),  # chained on the hash as stored
+        ]
+
+
+@pytest.mark.parametrize(("column", "stored"), [("n", "'x'"), ("seq", "'x'"), ("n", "x'01'")])
+async def test_an_audit_number_that_is_not_a_number_is_a_store_error(
+    tmp_path: Path, column: str, stored: str
+) -> None:
+    """An entry whose number or event seq a hand edit made text cannot be placed in its chain:
+    reading it is a `StoreError` naming the entry, not a TypeError from comparing it."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    clock = ManualClock()
+    async with so.Runtime([audit_agent()], store=url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        first = (await rt.audit(sid))[0]
+    alter(url, f"UPDATE audit SET {column}={stored} WHERE id={FIRST_ENTRY}")
+    named = rf"audit entry {first.id} of '{sid}' is damaged: its {column} is "
+    async with so.Runtime([audit_agent()], store=url, clock=clock) as rt:
+        for read in (lambda: rt.audit(sid), rt.verify_audit):
+            with pytest.raises(so.StoreError, match=named):
+                await read()
+
+
+async def test_a_tool_setting_head_that_is_not_bytes_is_a_store_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A tool's setting changed while its stream's head row holds text for a hash: recording
+    the change is a `StoreError` naming the stream, as verifying it is, and writes nothing; a
+    runtime still opens (it warns, and tries again at each call), not an AttributeError."""
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([audit_agent()], store=url):
+        pass
+    alter(url, "UPDATE audit SET hash='zz' WHERE n=0 AND stream='tools:support.refund'")
+
+    @so.tool(approval=so.never())
+    async def refund(order_id: str, amount: float) -> str:
+        """Refund an order."""
+        return order_id
+
+    changed = scripted_agent("support", [reply("ok")], tools=[refund])
+    before = query(url, "SELECT * FROM audit ORDER BY id")
+    named = "'tools:support.refund' is damaged: its audit_hash is 'zz'"
+    async with so.Runtime([changed], store=url) as rt:
+        assert (await rt.generate("support", prompt="hi")).text == "ok"
+        assert named in caplog.text
+        row = AuditRow(
+            stream="tools:support.refund", type="tool.setting", at=1.0, seq=None, data={}
+        )
+        with pytest.raises(so.StoreError, match=named):
+            await rt.store.record_audit([row])
+    assert query(url, "SELECT * FROM audit ORDER BY id") == before
 
 
 # -- URLs -----------------------------------------------------------------------------------------

@@ -130,11 +130,19 @@ def session_summary(row: Sequence[Any]) -> SessionSummary:
         id=i,
         agent=a,
         status=st,
-        head=int(h),
-        created_at=float(c),
-        updated_at=float(u),
-        expires_at=None if x is None else float(x),
+        head=int(_number(h, i, "head", whole=True)),
+        created_at=float(_number(c, i, "created_at")),
+        updated_at=float(_number(u, i, "updated_at")),
+        expires_at=None if x is None else float(_number(x, i, "expires_at")),
     )
+
+
+def _number(value: Any, session_id: str, what: str, *, whole: bool = False) -> Any:
+    """A number a session row keeps, checked: SQLite keeps whatever a hand edit puts in a
+    column, and converting text would fail a whole listing with a bare ValueError."""
+    if isinstance(value, int if whole else int | float) and not isinstance(value, bool):
+        return value
+    raise StoreError(f"session {session_id!r} is damaged: its {what} is {value!r:.40}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

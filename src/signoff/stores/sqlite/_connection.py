@@ -316,7 +316,9 @@ class Connection:
     def _connect(self, access: str) -> sqlite3.Connection:
         """A connection to the file; a read-only one by a `file:` URI that lets SQLite write
         nothing, neither the file nor new -wal and -shm files."""
-        target, uri = self.path, False
+        # SQLite built with SQLITE_USE_URI (Debian's is) reads a name starting "file:" as a URI
+        # even when not asked to: "./" keeps it the file the URL names.
+        target, uri = ("./" if self.path.startswith("file:") else "") + self.path, False
         if access != "rw":
             target = f"file:{urllib.parse.quote(os.path.abspath(self._where()))}?mode=ro"
             target += "&immutable=1" if access == "immutable" else ""
@@ -363,10 +365,17 @@ class Connection:
         return 0 if new else found
 
     async def close(self) -> None:
+        """Close the connection and forget what this store knew of the file and its sessions:
+        the next use opens whatever file is at the path then (a backup restored meanwhile), whose
+        row keys and last events are not the old file's."""
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            self._opened = None
+            self._sk = PerSession()
+            self._tails = Tails()
+            self._named = Tails()
 
     def _same_file(self, done: str = "written") -> None:
         """Refuse to write, or read, when the file at the store's path is no longer the one this
@@ -396,7 +405,10 @@ class Connection:
         """Before a read: `_same_file` (at most every `every` seconds); and once a writer has
         opened a file this store reads as immutable (its -wal exists), read through the WAL;
         once one wrote and closed it since (it changed), or the writer read through closed (its
-        -shm is gone or new), open it anew: neither connection would ever see another commit."""
+        -shm is gone or new), open it anew: neither connection would ever see another commit.
+        Nothing when the store is closed: the read opens it, checking the file there then."""
+        if self._conn is None:
+            return
         where = self._where()
         if self._access == "ro" and _identity(f"{where}-shm") != self._shm:
             self._reopen()

@@ -67,7 +67,7 @@ class Reads(Connection):
         after = 0
         snapshot = None
         if snap_row is not None:
-            after = int(snap_row[0])
+            after = int(kept(snap_row[0], int, session_id, "snapshot seq"))
             snapshot = unpack(snap_row[1])
         events = self._events(session_id, sk, after, None, None)
         return Loaded(
@@ -172,7 +172,7 @@ class Reads(Connection):
     @reading
     async def head(self, session_id: str) -> int | None:
         row = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,)).fetchone()
-        return None if row is None else int(row[0])
+        return None if row is None else int(kept(row[0], int, session_id, "head"))
 
     @reading
     async def get_request(self, request_id: str) -> StoredRequest | None:
@@ -183,12 +183,16 @@ class Reads(Connection):
         ).fetchone()
         if row is None:
             return None
+        request = stored_request(*row[3:7], unpack, *row[7:])
+        expires_at = row[2]
+        if expires_at is not None:
+            expires_at = float(kept(expires_at, int | float, request.session_id, "expires_at"))
         return StoredRequest(
-            request=stored_request(*row[3:7], unpack, *row[7:]),
+            request=request,
             status=row[6],
             outcome=row[0],
             resolution=stored_resolution(row[1], unpack),
-            session_expires_at=None if row[2] is None else float(row[2]),
+            session_expires_at=expires_at,
         )
 
     @reading
@@ -419,13 +423,13 @@ class Reads(Connection):
                 AuditEntry(
                     id=i,
                     stream=st,
-                    n=n,
+                    n=_entry_number(n, i, st, "n"),
                     type=entry_type(t),
                     at=at if at is not None else 0.0,
-                    seq=seq,
+                    seq=None if seq is None else _entry_number(seq, i, st, "seq"),
                     data=loaded_data(d, earlier),
-                    prev=None if prev is None else bytes(prev).hex(),
-                    hash=bytes(h).hex(),
+                    prev=None if prev is None else _entry_hash(prev),
+                    hash=_entry_hash(h),
                 )
             )
         return entries
@@ -473,6 +477,22 @@ class Reads(Connection):
             for p in (self.path, self.path + "-wal", self.path + "-shm")
             if os.path.exists(p)
         )
+
+
+def _entry_number(value: object, entry: int, stream: str, what: str) -> int:
+    """An audit entry's number or event seq, checked: SQLite keeps whatever a hand edit puts in
+    a column, and an entry not placed by whole numbers cannot be checked in its chain."""
+    if isinstance(value, int):
+        return value
+    raise StoreError(f"audit entry {entry} of {stream!r} is damaged: its {what} is {value!r:.40}")
+
+
+def _entry_hash(value: object) -> str:
+    """An audit entry's hash as hex; one a hand edit left that is not bytes reads as its text,
+    which matches no hash, so verification names that entry instead of failing on it."""
+    if isinstance(value, bytes | memoryview):
+        return bytes(value).hex()
+    return str(value)
 
 
 def _heads(rows: Iterable[tuple[Any, Any, Any]]) -> dict[str, tuple[int, str | None]]:

@@ -249,7 +249,9 @@ class SQLiteStore(Reads, Leases):
                         "WHERE stream=? ORDER BY n = 0 DESC, n DESC LIMIT 1",
                         (row.stream,),
                     ).fetchone()
-                    last[row.stream] = (0, None) if found is None else (found[0], found[1].hex())
+                    last[row.stream] = (
+                        (0, None) if found is None else _stream_head(row.stream, found)
+                    )
                 n, prev = last[row.stream]
                 if row.after is not None and n != row.after:
                     continue
@@ -350,7 +352,7 @@ class SQLiteStore(Reads, Leases):
         takes the store's lock; the waits between them do not.
         """
 
-        def mark() -> tuple[int, int]:
+        def mark() -> tuple[int, ...]:
             with self._lock:
                 try:
                     return self._mark(session_id)
@@ -367,16 +369,28 @@ class SQLiteStore(Reads, Leases):
                 return True
         return False
 
-    def _mark(self, session_id: str | None) -> tuple[int, int]:
-        """What `wait_for_change` compares: the session's head, or the count of sessions and
-        the sum of their heads."""
+    def _mark(self, session_id: str | None) -> tuple[int, ...]:
+        """What `wait_for_change` compares: the session's head; for any session, what SQLite
+        counts of the commits of other connections to the file (`data_version`) and of the rows
+        this one changed, which cost the same however many sessions there are (a read-only
+        store, whose connection is swapped as writers come and go, counts and sums the heads)."""
         self._readable(every=0)  # a file deleted or replaced under us never changes again
         if session_id is None:
-            row = self.conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
+            conn = self.conn
+            if self._access == "rw":
+                (version,) = conn.execute("PRAGMA data_version").fetchone()
+                return id(conn), int(version), conn.total_changes
+            row = conn.execute("SELECT COUNT(*), COALESCE(SUM(head), 0) FROM sessions")
             count, total = row.fetchone()
             return int(count), int(total)
         head = self.conn.execute("SELECT head FROM sessions WHERE id=?", (session_id,))
         found = head.fetchone()
         if found is None:
             raise UnknownSession(session_id)
-        return 0, int(found[0])
+        return 0, int(kept(found[0], int, session_id, "head"))
+
+
+def _stream_head(stream: str, found: tuple[object, object]) -> tuple[int, str]:
+    """A tool-setting stream's chain head as its head row (or last entry) keeps it, checked:
+    SQLite keeps whatever a hand edit puts in a column."""
+    return kept(found[0], int, stream, "audit_n"), kept(found[1], bytes, stream, "audit_hash").hex()
