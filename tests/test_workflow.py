@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -515,3 +516,40 @@ async def test_a_step_whose_function_steps_or_asks_is_refused_not_hung(store_url
         }
         log = await events(rt, r.session_id)
         assert not [e for e in log if e.type in ("tool.step", "input.requested")]
+
+
+async def test_a_tool_changing_what_a_step_returned_changes_no_replay(store_url: str) -> None:
+    """A step's result is the tool's to change: what the first run and every replay get is what
+    the step journaled, as a process reading the log would, not the object a previous run of
+    the body changed (the session's state held that very object)."""
+    ran: list[str] = []
+    got: list[Any] = []
+
+    def fetch() -> dict[str, list[int]]:
+        ran.append("fetch")
+        return {"items": [1]}
+
+    @so.tool
+    async def basket(ctx: so.ToolContext) -> Any:
+        """Fetch a basket, add to it, confirm twice."""
+        items = await ctx.step("fetch", fetch)
+        got.append(json.loads(json.dumps(items)))
+        items["items"].append(2)
+        await ctx.ask("Add it?", options=["yes", "no"])
+        await ctx.ask("Really?", options=["yes", "no"])
+        return items
+
+    agent = scripted_agent(
+        "shop", [call_tools(call("basket", id="b1")), reply("ok")], tools=[basket]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="go", auth=ALICE)
+        for _ in range(2):
+            yes = so.InputResponse(request_id=r.pending[0].id, option_id="yes")
+            r = await rt.respond(r.session_id, [yes], principal=ALICE)
+        assert r.status == "completed"
+        log = await events(rt, r.session_id)
+    assert ran == ["fetch"]
+    assert got == [{"items": [1]}] * 3
+    assert [e.data["result"] for e in log if e.type == "tool.step"] == [{"items": [1]}]
+    assert [e.data["result"] for e in log if e.type == "tool.completed"] == [{"items": [1, 2]}]

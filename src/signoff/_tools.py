@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import copy
 import inspect
 import json
 import math
@@ -246,7 +247,8 @@ class ToolContext:
         if entry is not None:
             if entry.get("error") is not None:
                 raise_recorded(name, entry["error"])
-            return entry["result"]
+            # A copy: the entry is the session's state, which a tool changing it would change.
+            return copy.deepcopy(entry["result"])
         await self._replayed_first("step", name)
         assert self._journal is not None
 
@@ -260,7 +262,7 @@ class ToolContext:
                 _IN_STEP.reset(running)
             return jsonable(result)
 
-        return await self._journal.run_step(index, name, run)
+        return copy.deepcopy(await self._journal.run_step(index, name, run))  # as journaled
 
     async def ask(
         self,
