@@ -234,7 +234,7 @@ class ToolContext:
         (`StepFailed` when it cannot be rebuilt) instead of running the step again. Replay finds
         a step by its name and occurrence: concurrent branches that step under the same name
         must reach it in the same order on every run, so give each its own name. The step's
-        own function may not step or ask (`UsageError`).
+        own function may not step or ask (`UsageError`); a plain one runs in a thread.
         """
         # The name is journaled as JSON and looked up by it on replay: a tuple came back a list
         # (unhashable, so the replay failed after the step had run), a number was no name.
@@ -255,7 +255,10 @@ class ToolContext:
         async def run() -> Any:
             running = _IN_STEP.set((self, name))
             try:
-                result = fn(*args, **kwargs)
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(*args, **kwargs)
+                else:  # in a thread, as a sync tool: blocking, it would stop lease renewals
+                    result = await asyncio.to_thread(fn, *args, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
             finally:
