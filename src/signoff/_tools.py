@@ -258,7 +258,7 @@ class ToolContext:
                 if inspect.iscoroutinefunction(fn):
                     result = await fn(*args, **kwargs)
                 else:  # in a thread, as a sync tool: blocking, it would stop lease renewals
-                    result = await asyncio.to_thread(fn, *args, **kwargs)
+                    result = await _in_thread(fn, *args, **kwargs)
                 if inspect.isawaitable(result):
                     result = await result
             finally:
@@ -477,10 +477,24 @@ class Tool:
         if self.is_async:
             result = await self.fn(*args, **kwargs)
         else:
-            result = await asyncio.to_thread(self.fn, *args, **kwargs)
+            result = await _in_thread(self.fn, *args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
         return jsonable(result)
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` run in a thread. A `StopIteration` it raises is a `RuntimeError`,
+    as a coroutine makes it: asyncio cannot hand one to the task awaiting the thread, which
+    then waited for ever."""
+
+    def call() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except StopIteration as exc:
+            raise RuntimeError("the function raised StopIteration") from exc
+
+    return await asyncio.to_thread(call)
 
 
 def jsonable(value: Any) -> Any:
