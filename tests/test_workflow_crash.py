@@ -106,7 +106,8 @@ def summary(r: so.GenerateResult) -> dict[str, Any]:
 async def child_main(args: argparse.Namespace) -> None:
     workdir = Path(args.workdir)
     agent = make_agent(workdir, hang_after_step=args.hang_after_step, slow_step=args.slow_step)
-    rt = so.Runtime([agent], store=f"sqlite:///{workdir / 'state.db'}", lease_ttl=LEASE_TTL)
+    store = args.store or f"sqlite:///{workdir / 'state.db'}"
+    rt = so.Runtime([agent], store=store, lease_ttl=LEASE_TTL)
     await rt.open()
     if args.command == "start":
         r = await rt.generate("bank", prompt="move 200 to Bob", auth=ALICE)
@@ -135,6 +136,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--park", action="store_true")
     p.add_argument("--hang-after-step", action="store_true")
     p.add_argument("--slow-step", type=float, default=0.0)
+    p.add_argument("--store", help="the store's URL (a SQLite file in --workdir if not given)")
     return p
 
 
@@ -205,8 +207,8 @@ class Child:
         self._stderr.close()
 
 
-def read_events(workdir: Path, session_id: str) -> list[so.Event]:
-    rt = so.Runtime([make_agent(workdir)], store=f"sqlite:///{workdir / 'state.db'}")
+def read_events(workdir: Path, session_id: str, store: str | None = None) -> list[so.Event]:
+    rt = so.Runtime([make_agent(workdir)], store=store or f"sqlite:///{workdir / 'state.db'}")
     try:
         return rt.events_sync(session_id)
     finally:
@@ -340,18 +342,19 @@ async def test_sigkill_at_each_park_point_then_finish_in_new_processes(
 
 
 async def test_a_step_blocking_past_the_lease_ttl_is_not_run_again_by_a_worker(
-    tmp_path: Path,
+    tmp_path: Path, store_url: str
 ) -> None:
     """A step's plain function that blocks (here 6 lease TTLs) must not stop its process from
     renewing the lease: else the lease lapses mid-step, a worker elsewhere claims the session
     and runs the step again, while the first is still in it."""
     children: list[Child] = []
     try:
-        first = Child(tmp_path, ["start", "--slow-step", str(6 * LEASE_TTL)])
+        slow = str(6 * LEASE_TTL)
+        first = Child(tmp_path, ["start", "--slow-step", slow, "--store", store_url])
         children.append(first)
         first.expect("step-started")
-        store = f"sqlite:///{tmp_path / 'state.db'}"
-        async with so.Runtime([make_agent(tmp_path)], store=store, lease_ttl=LEASE_TTL) as rt:
+        agent = make_agent(tmp_path)
+        async with so.Runtime([agent], store=store_url, lease_ttl=LEASE_TTL) as rt:
             stop = asyncio.Event()
             worker = asyncio.create_task(rt.work(stop=stop, idle_wait=0.05, sweep_every=0.1))
             parked = await asyncio.to_thread(first.expect, "result")
@@ -364,7 +367,7 @@ async def test_a_step_blocking_past_the_lease_ttl_is_not_run_again_by_a_worker(
     assert read_lines(tmp_path / "steps.jsonl") == [{"pid": first.proc.pid, "amount": 200}]
     assert parked["status"] == "waiting"
     assert [p["question"] for p in parked["pending"]] == ["The fee is 5.0. Proceed?"]
-    events = read_events(tmp_path, parked["session_id"])
+    events = read_events(tmp_path, parked["session_id"], store_url)
     assert [e.data["result"] for e in events if e.type == "tool.step"] == [
         {"fee": 5.0, "rate": 1.1}
     ]
