@@ -183,6 +183,51 @@ async def test_tool_exception_becomes_an_error_result(tmp_path: Path) -> None:
     assert "payment provider timeout" in str(result.content)
 
 
+async def test_stop_iteration_from_a_sync_tool_or_step_is_an_error_not_a_hang(
+    store_url: str,
+) -> None:
+    """A sync function runs in a thread, whose `StopIteration` (an exhausted `next()`) asyncio
+    cannot hand to the task awaiting it: the drive waited for ever. It is a `RuntimeError` the
+    model reads, as a coroutine makes it, and a step's is journaled so."""
+    ran: list[str] = []
+
+    @so.tool
+    def first(x: int) -> int:
+        """The first of nothing."""
+        ran.append("tool")
+        return int(next(iter([])))
+
+    @so.tool
+    async def stepping(ctx: so.ToolContext, x: int) -> str:
+        """A step takes the first of nothing."""
+        try:
+            await ctx.step("first", next, iter([]))
+        except RuntimeError as exc:
+            ran.append("step")
+            return f"caught {exc}"
+        return "not raised"
+
+    seen = Capture(reply("done"))
+    agent = scripted_agent(
+        "a", [call_tools(call("first", x=1), call("stepping", x=1)), seen], tools=[first, stepping]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        async with asyncio.timeout(20):
+            r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    assert ran == ["tool", "step"]
+    tool, step = tool_results(seen.last)
+    assert tool.is_error
+    assert tool.content == {"error": "RuntimeError: the function raised StopIteration"}
+    assert (step.is_error, step.content) == (False, "caught the function raised StopIteration")
+    [journaled] = [e.data["error"] for e in events if e.type == "tool.step"]
+    assert (journaled["type"], journaled["message"]) == (
+        "RuntimeError",
+        "the function raised StopIteration",
+    )
+
+
 async def test_a_tool_raising_cancelled_error_itself_is_an_error_result(tmp_path: Path) -> None:
     # Nothing cancelled the turn: the body raised CancelledError on its own (an inner task it
     # awaited was cancelled, say). That is the call's error, not a turn left running for good.

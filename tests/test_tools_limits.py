@@ -111,6 +111,46 @@ async def test_a_step_result_over_the_limit_is_journaled_as_its_failure(store_ur
     assert max(len(json.dumps(e.data)) for e in events) < 10_000
 
 
+async def test_a_step_failure_of_megabytes_is_journaled_cut(store_url: str) -> None:
+    """A step that raises with a message of megabytes (an error quoting a whole response) is
+    journaled cut, like a tool's error, not stored whole (twice: message and arguments); the
+    replay raises `StepFailed` with the cut message, and the step runs once."""
+    runs: list[int] = []
+    caught: list[tuple[str, int, bool]] = []
+
+    @so.tool
+    async def fetch(ctx: so.ToolContext, x: int) -> str:
+        """Fetch, then ask."""
+
+        def effect() -> str:
+            runs.append(x)
+            raise ValueError(BIG)
+
+        try:
+            await ctx.step("download", effect)
+        except Exception as exc:
+            caught.append((type(exc).__name__, len(str(exc)), str(exc).endswith("[cut]")))
+        return (await ctx.ask("Proceed?", options=["yes", "no"])).value
+
+    agent = scripted_agent("a", [call_tools(call("fetch", x=1)), reply("ok")], tools=[fetch])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        (question,) = r.pending
+        r = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=question.id, option_id="yes")]
+        )
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    assert runs == [1]
+    (step,) = [e for e in events if e.type == "tool.step"]
+    assert len(json.dumps(step.data)) < 300_000
+    error = step.data["error"]
+    assert error["message"] == BIG[: 1048576 // 4] + " [cut]"
+    assert error["args"] is None  # the message twice over, and no longer what it raised
+    cut = len("step 'download' raised ValueError: ") + len(error["message"])
+    assert caught == [("ValueError", len(BIG), False), ("StepFailed", cut, True)]
+
+
 async def test_an_approval_payload_over_the_limit_is_a_tool_error(tmp_path: Path) -> None:
     @so.tool
     async def gate(ctx: so.ToolContext, x: int) -> str:

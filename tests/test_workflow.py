@@ -3,7 +3,9 @@ principals, event reader and `Transfer` tool the other workflow tests share."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -470,3 +472,84 @@ async def test_a_step_failure_is_never_built_from_a_class_not_already_imported(
         raise_recorded(
             "s", {"module": "builtins", "type": "SystemExit", "message": "3", "args": [3]}
         )
+
+
+async def test_a_step_whose_function_steps_or_asks_is_refused_not_hung(store_url: str) -> None:
+    """A step's function that asks (it would park inside the step, which the body's park then
+    waits for: a drive hung for ever) or steps (its entry is never replayed, as the outer step
+    replays whole: a later step failed with `ReplayError`) is a `UsageError` the model reads."""
+    ran: list[str] = []
+
+    async def asks(ctx: so.ToolContext) -> str:
+        ran.append("asks")
+        return (await ctx.ask("Sure?", options=["yes", "no"])).value
+
+    async def steps(ctx: so.ToolContext) -> str:
+        ran.append("steps")
+        return str(await ctx.step("inner", ran.append, "inner"))
+
+    @so.tool
+    async def nest(ctx: so.ToolContext, inner: str) -> str:
+        """Runs a step whose function steps or asks."""
+        return str(await ctx.step("outer", asks if inner == "ask" else steps, ctx))
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent(
+        "ops",
+        [call_tools(call("nest", id="n1", inner="ask"), call("nest", id="n2", inner="step")), seen],
+        tools=[nest],
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        async with asyncio.timeout(20):
+            r = await rt.generate("ops", prompt="go", auth=ALICE)
+        assert r.status == "completed" and r.pending == []
+        assert ran == ["asks", "steps"]  # neither the question asked nor the inner step run
+        asked, stepped = tool_results(seen.last)
+        assert asked.is_error and stepped.is_error
+        assert asked.content == {
+            "error": "UsageError: ctx.ask() inside step 'outer': a step's function may not "
+            "step or ask (call them from the tool's body)"
+        }
+        assert stepped.content == {
+            "error": "UsageError: ctx.step() inside step 'outer': a step's function may not "
+            "step or ask (call them from the tool's body)"
+        }
+        log = await events(rt, r.session_id)
+        assert not [e for e in log if e.type in ("tool.step", "input.requested")]
+
+
+async def test_a_tool_changing_what_a_step_returned_changes_no_replay(store_url: str) -> None:
+    """A step's result is the tool's to change: what the first run and every replay get is what
+    the step journaled, as a process reading the log would, not the object a previous run of
+    the body changed (the session's state held that very object)."""
+    ran: list[str] = []
+    got: list[Any] = []
+
+    def fetch() -> dict[str, list[int]]:
+        ran.append("fetch")
+        return {"items": [1]}
+
+    @so.tool
+    async def basket(ctx: so.ToolContext) -> Any:
+        """Fetch a basket, add to it, confirm twice."""
+        items = await ctx.step("fetch", fetch)
+        got.append(json.loads(json.dumps(items)))
+        items["items"].append(2)
+        await ctx.ask("Add it?", options=["yes", "no"])
+        await ctx.ask("Really?", options=["yes", "no"])
+        return items
+
+    agent = scripted_agent(
+        "shop", [call_tools(call("basket", id="b1")), reply("ok")], tools=[basket]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="go", auth=ALICE)
+        for _ in range(2):
+            yes = so.InputResponse(request_id=r.pending[0].id, option_id="yes")
+            r = await rt.respond(r.session_id, [yes], principal=ALICE)
+        assert r.status == "completed"
+        log = await events(rt, r.session_id)
+    assert ran == ["fetch"]
+    assert got == [{"items": [1]}] * 3
+    assert [e.data["result"] for e in log if e.type == "tool.step"] == [{"items": [1]}]
+    assert [e.data["result"] for e in log if e.type == "tool.completed"] == [{"items": [1, 2]}]

@@ -55,11 +55,15 @@ def emit(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def make_agent(workdir: Path, *, hang_after_step: bool = False) -> so.Agent:
-    """The bank agent: one `transfer` call, then a final reply quoting the tool's result."""
+def make_agent(workdir: Path, *, hang_after_step: bool = False, slow_step: float = 0.0) -> so.Agent:
+    """The bank agent: one `transfer` call, then a final reply quoting the tool's result. With
+    `slow_step`, its quote (a plain function) blocks that many seconds once it has started."""
 
     def quote(amount: float) -> dict[str, float]:
         append_line(workdir / "steps.jsonl", {"pid": os.getpid(), "amount": amount})
+        if slow_step:
+            emit({"event": "step-started"})
+            time.sleep(slow_step)  # a blocking call: a plain HTTP client's, say
         return {"fee": round(amount * 0.025, 2), "rate": 1.1}
 
     @so.tool
@@ -101,8 +105,9 @@ def summary(r: so.GenerateResult) -> dict[str, Any]:
 
 async def child_main(args: argparse.Namespace) -> None:
     workdir = Path(args.workdir)
-    agent = make_agent(workdir, hang_after_step=args.hang_after_step)
-    rt = so.Runtime([agent], store=f"sqlite:///{workdir / 'state.db'}", lease_ttl=LEASE_TTL)
+    agent = make_agent(workdir, hang_after_step=args.hang_after_step, slow_step=args.slow_step)
+    store = args.store or f"sqlite:///{workdir / 'state.db'}"
+    rt = so.Runtime([agent], store=store, lease_ttl=LEASE_TTL)
     await rt.open()
     if args.command == "start":
         r = await rt.generate("bank", prompt="move 200 to Bob", auth=ALICE)
@@ -130,6 +135,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--text")
     p.add_argument("--park", action="store_true")
     p.add_argument("--hang-after-step", action="store_true")
+    p.add_argument("--slow-step", type=float, default=0.0)
+    p.add_argument("--store", help="the store's URL (a SQLite file in --workdir if not given)")
     return p
 
 
@@ -200,8 +207,8 @@ class Child:
         self._stderr.close()
 
 
-def read_events(workdir: Path, session_id: str) -> list[so.Event]:
-    rt = so.Runtime([make_agent(workdir)], store=f"sqlite:///{workdir / 'state.db'}")
+def read_events(workdir: Path, session_id: str, store: str | None = None) -> list[so.Event]:
+    rt = so.Runtime([make_agent(workdir)], store=store or f"sqlite:///{workdir / 'state.db'}")
     try:
         return rt.events_sync(session_id)
     finally:
@@ -329,6 +336,38 @@ async def test_sigkill_at_each_park_point_then_finish_in_new_processes(
         (ask1["id"], "answered"),
         (ask2["id"], "answered"),
     ]
+    assert [e.data["result"] for e in events if e.type == "tool.step"] == [
+        {"fee": 5.0, "rate": 1.1}
+    ]
+
+
+async def test_a_step_blocking_past_the_lease_ttl_is_not_run_again_by_a_worker(
+    tmp_path: Path, store_url: str
+) -> None:
+    """A step's plain function that blocks (here 6 lease TTLs) must not stop its process from
+    renewing the lease: else the lease lapses mid-step, a worker elsewhere claims the session
+    and runs the step again, while the first is still in it."""
+    children: list[Child] = []
+    try:
+        slow = str(6 * LEASE_TTL)
+        first = Child(tmp_path, ["start", "--slow-step", slow, "--store", store_url])
+        children.append(first)
+        first.expect("step-started")
+        agent = make_agent(tmp_path)
+        async with so.Runtime([agent], store=store_url, lease_ttl=LEASE_TTL) as rt:
+            stop = asyncio.Event()
+            worker = asyncio.create_task(rt.work(stop=stop, idle_wait=0.05, sweep_every=0.1))
+            parked = await asyncio.to_thread(first.expect, "result")
+            stop.set()
+            await worker
+        first.finish()
+    finally:
+        for child in children:
+            child.close()
+    assert read_lines(tmp_path / "steps.jsonl") == [{"pid": first.proc.pid, "amount": 200}]
+    assert parked["status"] == "waiting"
+    assert [p["question"] for p in parked["pending"]] == ["The fee is 5.0. Proceed?"]
+    events = read_events(tmp_path, parked["session_id"], store_url)
     assert [e.data["result"] for e in events if e.type == "tool.step"] == [
         {"fee": 5.0, "rate": 1.1}
     ]

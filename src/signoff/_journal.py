@@ -111,6 +111,10 @@ class CallJournal:
                 # The step's own failure, which the tool may catch and go on from: journaled,
                 # so a replay takes the same path instead of running the step again.
                 data["error"] = failure_of(exc)
+                limit = self._limit()
+                if over_limit("the step's failure", data["error"], limit) is not None:
+                    # A message of megabytes is cut, as a tool's is: replayed as `StepFailed`.
+                    data["error"] = failure_of(exc, cut=limit // 4)
                 await self._record([("tool.step", data)])
                 raise
             await self._record([("tool.step", data)])

@@ -13,15 +13,19 @@ from ._exceptions import StepFailed
 __all__ = ["failure_of", "raise_recorded"]
 
 
-def failure_of(exc: Exception) -> dict[str, Any]:
+def failure_of(exc: Exception, *, cut: int | None = None) -> dict[str, Any]:
     """How `exc`, raised by a step, is journaled: its class by module and name, its message, and
-    its arguments when they are plain JSON (to build it again on replay)."""
+    its arguments when they are plain JSON (to build it again on replay). With `cut` (for one
+    too big to store), the message's first `cut` characters and no arguments."""
     cls = type(exc)
-    args = list(exc.args)
+    message = error_message(exc)
+    args: list[Any] | None = list(exc.args)
+    if cut is not None:
+        message, args = message[:cut] + " [cut]", None
     return {
         "module": cls.__module__,
         "type": cls.__qualname__,
-        "message": error_message(exc),
+        "message": message,
         "args": args if _plain(args) else None,
     }
 

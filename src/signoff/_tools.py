@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import json
 import math
@@ -124,6 +125,13 @@ def _rebuild_signal(payload: Any, call_id: str | None) -> ApprovalRequired:
     return ApprovalRequired(payload, call_id=call_id)
 
 
+_IN_STEP: contextvars.ContextVar[tuple[ToolContext, str] | None] = contextvars.ContextVar(
+    "signoff_in_step", default=None
+)
+"""The context and name of the step whose function is running (in this task and those it
+starts): that function may not step or ask through the same context."""
+
+
 class ToolContext:
     """What a tool receives as its optional first parameter."""
 
@@ -145,6 +153,17 @@ class ToolContext:
         self._journal = journal
         self._cursor = 0  # places claimed this run (the position of entries journaled by one)
         self._seen: dict[tuple[str, str], int] = {}  # (kind, name): occurrences claimed this run
+
+    def _outside_steps(self, kind: str) -> None:
+        """Refuse `ctx.step()`/`ctx.ask()` from a step's own function: a question would park
+        inside the step, which the body's park waits for (a drive hung for ever), and an inner
+        step is never replayed, as the outer one replays whole (a later entry's ReplayError)."""
+        running = _IN_STEP.get()
+        if running is not None and running[0] is self:
+            raise UsageError(
+                f"ctx.{kind}() inside step {running[1]!r}: a step's function may not step or ask "
+                "(call them from the tool's body)"
+            )
 
     def _next(self, kind: str, name: str) -> tuple[int, dict[str, Any] | None]:
         """Claim the journal place of this `kind`/`name` and return it with what it recorded.
@@ -213,7 +232,8 @@ class ToolContext:
         A step that raises is journaled too, and its replay raises the same exception again
         (`StepFailed` when it cannot be rebuilt) instead of running the step again. Replay finds
         a step by its name and occurrence: concurrent branches that step under the same name
-        must reach it in the same order on every run, so give each its own name.
+        must reach it in the same order on every run, so give each its own name. The step's
+        own function may not step or ask (`UsageError`); a plain one runs in a thread.
         """
         # The name is journaled as JSON and looked up by it on replay: a tuple came back a list
         # (unhashable, so the replay failed after the step had run), a number was no name.
@@ -221,21 +241,30 @@ class ToolContext:
             raise UsageError(f"ctx.step() needs a name (non-empty text), not {name!r}")
         if not callable(fn):
             raise UsageError(f"ctx.step({name!r}, fn): fn must be a function, not {fn!r}")
+        self._outside_steps("step")
         index, entry = self._next("step", name)
         if entry is not None:
             if entry.get("error") is not None:
                 raise_recorded(name, entry["error"])
-            return entry["result"]
+            # A copy: the entry is the session's state, which a tool changing it would change.
+            return _copied(entry["result"])
         await self._replayed_first("step", name)
         assert self._journal is not None
 
         async def run() -> Any:
-            result = fn(*args, **kwargs)
-            if inspect.isawaitable(result):
-                result = await result
+            running = _IN_STEP.set((self, name))
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(*args, **kwargs)
+                else:  # in a thread, as a sync tool: blocking, it would stop lease renewals
+                    result = await _in_thread(fn, *args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            finally:
+                _IN_STEP.reset(running)
             return jsonable(result)
 
-        return await self._journal.run_step(index, name, run)
+        return _copied(await self._journal.run_step(index, name, run))  # as journaled
 
     async def ask(
         self,
@@ -252,6 +281,7 @@ class ToolContext:
             raise UsageError(f"ctx.ask(): {exc}") from None
         if not opts and not allow_text:
             raise UsageError("ctx.ask() without options must allow free text")
+        self._outside_steps("ask")
         index, entry = self._next("ask", question)
         journal = self._journal
         assert journal is not None
@@ -446,10 +476,30 @@ class Tool:
         if self.is_async:
             result = await self.fn(*args, **kwargs)
         else:
-            result = await asyncio.to_thread(self.fn, *args, **kwargs)
+            result = await _in_thread(self.fn, *args, **kwargs)
             if inspect.isawaitable(result):
                 result = await result
         return jsonable(result)
+
+
+def _copied(value: Any) -> Any:
+    """A copy of journaled JSON, as the log gives it back: a JSON round trip, three times as
+    fast as `copy.deepcopy` for a result of a megabyte."""
+    return json.loads(json.dumps(value))
+
+
+async def _in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` run in a thread. A `StopIteration` it raises is a `RuntimeError`,
+    as a coroutine makes it: asyncio cannot hand one to the task awaiting the thread, which
+    then waited for ever."""
+
+    def call() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except StopIteration as exc:
+            raise RuntimeError("the function raised StopIteration") from exc
+
+    return await asyncio.to_thread(call)
 
 
 def jsonable(value: Any) -> Any:
