@@ -328,6 +328,10 @@ class Connections(Transactions):
     async def _migrate(self, conn: Conn) -> tuple[int, int]:
         s = self._s
         try:
+            # READ COMMITTED whatever a DBA's default: the version is read after the lock is
+            # granted, and a stricter snapshot, taken as the lock's statement began, would miss
+            # the migrations another process committed while this one waited for it.
+            await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{s}.migrate",))
                 await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
