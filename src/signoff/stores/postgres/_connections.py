@@ -37,6 +37,7 @@ from ._url import (
     schema_name,
     split_options,
     with_libpq_defaults,
+    with_schema,
 )
 
 __all__ = ["Conn", "Connections", "Seen", "storable"]
@@ -83,7 +84,9 @@ class Connections(Transactions):
         dsn, options = split_options(url)
         check_parameters(dsn)
         schema = schema_name(schema, options)
-        self.url = url
+        # Naming the schema given as an argument: what opens the store again from its URL alone
+        # (`signoff serve`'s check, a process handed it) must open this schema, not the default.
+        self.url = with_schema(url, schema)
         self.schema = schema
         self.channel = f"{schema}_changes"
         # Given here, these win over the URL's: each is checked, as 0 no longer means "unset"
