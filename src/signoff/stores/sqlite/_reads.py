@@ -184,8 +184,8 @@ class Reads(Connection):
         if row is None:
             return None
         return StoredRequest(
-            request=stored_request(*row[3:7], unpack, *row[7:]),
-            status=row[6],
+            request=stored_request(*row[3:8], unpack, *row[8:]),
+            status=row[7],
             outcome=row[0],
             resolution=stored_resolution(row[1], unpack),
             session_expires_at=None if row[2] is None else float(row[2]),
@@ -248,7 +248,7 @@ class Reads(Connection):
             f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
             [*params, flt.limit, flt.offset],
         ).fetchall()
-        return [stored_request(*row[:4], unpack, *row[4:]) for row in rows]
+        return [stored_request(*row[:5], unpack, *row[5:]) for row in rows]
 
     def _count(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)
