@@ -523,3 +523,47 @@ async def test_durable_commits_flush_the_others_need_not(
     finally:
         await store.close()
     assert await seen_syncs(pg_store_url) == [(1, "on"), (2, "off"), (3, "on")]
+
+
+@pytest.mark.parametrize("level", ["repeatable read", "serializable"])
+async def test_concurrent_first_opens_migrate_once_under_a_stricter_default_isolation(
+    pg_url: str, level: str
+) -> None:
+    """Two processes first opening a fresh database both wait for the migration lock; the one
+    that waited must see the schema the other committed meanwhile. Under a DBA's stricter
+    default isolation its snapshot was taken before the lock was granted: it read no migration
+    applied, ran them again and failed on the tables that were there."""
+    conn = await admin(pg_url)
+    async with conn:
+        await conn.execute(
+            f"ALTER DATABASE \"{conn.info.dbname}\" SET default_transaction_isolation = '{level}'"
+        )
+    blocker = await admin(pg_url)
+    stores = [PostgresStore(pg_url) for _ in range(2)]
+    async with blocker:
+        await blocker.execute("SELECT pg_advisory_lock(hashtext(%s))", ('"signoff".migrate',))
+        opens = [asyncio.create_task(s.open()) for s in stores]
+        try:
+            for _ in range(200):  # until both wait for the lock the blocker holds
+                cur = await blocker.execute(
+                    "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                )
+                if (await cur.fetchone()) == (2,):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the opens never waited for the migration lock")
+            await blocker.execute("SELECT pg_advisory_unlock(hashtext(%s))", ('"signoff".migrate',))
+            await asyncio.wait_for(asyncio.gather(*opens), 30)
+            sid = await new_session(stores[0])
+            assert await stores[1].head(sid) == 1
+        finally:
+            for task in opens:
+                task.cancel()
+            await asyncio.gather(*opens, return_exceptions=True)
+            for s in stores:
+                await s.close()
+    conn = await admin(pg_url)
+    async with conn:
+        cur = await conn.execute("SELECT COUNT(*) FROM signoff.schema_version")
+        assert (await cur.fetchone()) == (STORE_SCHEMA,)

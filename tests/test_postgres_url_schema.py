@@ -4,10 +4,14 @@ schema; the URL's other options, libpq's and signoff's, are kept."""
 
 from __future__ import annotations
 
+import psycopg
 import pytest
 
+from signoff.stores import open_store
 from signoff.stores.postgres import PostgresStore
 from signoff.stores.postgres._url import split_options, with_schema
+
+from ._pg_events import new_session
 
 
 @pytest.mark.parametrize(
@@ -33,3 +37,23 @@ def test_a_url_naming_the_schema_already_is_unchanged() -> None:
     for url in ("postgresql://h/app", "postgresql://h/app?schema=signoff&pool_max=2"):
         assert with_schema(url, "signoff") == url
     assert with_schema("postgresql://h/app?schema=x", "x") == "postgresql://h/app?schema=x"
+
+
+async def test_a_store_given_its_schema_names_it_in_its_url(pg_url: str) -> None:
+    """What opens a store again from its URL alone (`signoff serve`'s check of its runtime's
+    store, a process handed `store.url`, the `--store` the CLI suggests) opens the schema the
+    store was given as an argument, not the database's default one: that one is neither
+    created nor read."""
+    store = PostgresStore(pg_url, schema="tenant_a")
+    await store.open()
+    again = open_store(store.url)
+    try:
+        assert isinstance(again, PostgresStore) and again.schema == "tenant_a"
+        sid = await new_session(store)
+        assert await again.head(sid) == 1
+    finally:
+        await store.close()
+        await again.close()
+    async with await psycopg.AsyncConnection.connect(pg_url, autocommit=True) as conn:
+        cur = await conn.execute("SELECT nspname FROM pg_namespace WHERE nspname = 'signoff'")
+        assert await cur.fetchall() == []

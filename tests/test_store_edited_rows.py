@@ -164,3 +164,23 @@ async def test_a_request_row_that_disagrees_with_the_log_is_a_store_error(
         assert session_rows(store_url, one.session_id) == before
         answer = so.InputResponse(request_id=two.pending[0].id, option_id="approve")
         assert (await rt.respond(two.session_id, [answer])).status == "completed"
+
+
+async def test_a_damaged_request_row_is_named_by_its_id(store_url: str) -> None:
+    """A request row whose own copy cannot be read fails the listings that read it: the error
+    names the request, so the row can be found and mended (it said only "a stored document is
+    not JSON", with every request of the queue to suspect); nothing is written."""
+    async with so.Runtime([gated_agent()], store=store_url) as rt:
+        one, _ = await parked_pair(rt)
+        rid = one.pending[0].id
+        edit(store_url, "UPDATE {t}requests SET data = {p} WHERE id = {p}", b"garbage", rid)
+        before = session_rows(store_url, one.session_id)
+        for attempt in (
+            lambda: rt.pending(),
+            lambda: rt.store.pending(so.stores.PendingFilter()),
+            lambda: rt.store.get_request(rid),
+        ):
+            with pytest.raises(StoreError, match=f"request {rid}") as info:
+                await attempt()
+            assert type(info.value) is StoreError, info.value
+        assert session_rows(store_url, one.session_id) == before

@@ -458,7 +458,7 @@ def request_row(row: Sequence[Any], unpack: Callable[[Any], Any]) -> RequestRow:
     damage = []
     request = resolution = None
     try:
-        request = stored_request(*row[11:15], unpack, *row[15:])
+        request = stored_request(*row[11:16], unpack, *row[16:])
     except StoreError as exc:
         damage.append(f"its request: {exc}")
     if row[9] is not None:
@@ -494,6 +494,7 @@ def stored_resolution(raw: Any, unpack: Callable[[Any], Any]) -> dict[str, Any] 
 
 
 def stored_request(
+    request_id: str,
     own: Any,
     event_data: Any,
     index: int | None,
@@ -503,7 +504,24 @@ def stored_request(
 ) -> InputRequest:
     """A request row read back: its own copy if it has one, else its place in the
     `input.requested` event that recorded it (`earlier`: the stored events before that one,
-    nearest first, which it may be kept on)."""
+    nearest first, which it may be kept on). What cannot be read is a `StoreError` naming the
+    request, so a damaged row that fails a whole listing can be found."""
+    try:
+        return _stored_request(own, event_data, index, status, unpack, *earlier)
+    except SchemaVersionError:
+        raise
+    except StoreError as exc:
+        raise StoreError(f"request {request_id}: {exc}") from exc
+
+
+def _stored_request(
+    own: Any,
+    event_data: Any,
+    index: int | None,
+    status: str,
+    unpack: Callable[[Any], Any],
+    *earlier: Any,
+) -> InputRequest:
     try:
         if own is not None:
             raw = unpack(own)

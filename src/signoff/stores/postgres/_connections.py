@@ -37,6 +37,7 @@ from ._url import (
     schema_name,
     split_options,
     with_libpq_defaults,
+    with_schema,
 )
 
 __all__ = ["Conn", "Connections", "Seen", "storable"]
@@ -83,7 +84,9 @@ class Connections(Transactions):
         dsn, options = split_options(url)
         check_parameters(dsn)
         schema = schema_name(schema, options)
-        self.url = url
+        # Naming the schema given as an argument: what opens the store again from its URL alone
+        # (`signoff serve`'s check, a process handed it) must open this schema, not the default.
+        self.url = with_schema(url, schema)
         self.schema = schema
         self.channel = f"{schema}_changes"
         # Given here, these win over the URL's: each is checked, as 0 no longer means "unset"
@@ -328,6 +331,10 @@ class Connections(Transactions):
     async def _migrate(self, conn: Conn) -> tuple[int, int]:
         s = self._s
         try:
+            # READ COMMITTED whatever a DBA's default: the version is read after the lock is
+            # granted, and a stricter snapshot, taken as the lock's statement began, would miss
+            # the migrations another process committed while this one waited for it.
+            await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{s}.migrate",))
                 await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")

@@ -206,8 +206,8 @@ class Reads(Connections):
             if row is None:
                 return None
             return StoredRequest(
-                request=stored_request(*row[3:7], unpack, *row[7:]),
-                status=row[6],
+                request=stored_request(*row[3:8], unpack, *row[8:]),
+                status=row[7],
                 outcome=row[0],
                 resolution=stored_resolution(row[1], unpack),
                 session_expires_at=None if row[2] is None else float(row[2]),
@@ -255,7 +255,7 @@ class Reads(Connections):
 
         async def body(conn: Conn) -> list[InputRequest]:
             cur = await conn.execute(self._listing_sql(clause), [*params, flt.limit, flt.offset])
-            return [stored_request(*row[:4], unpack, *row[4:]) for row in await cur.fetchall()]
+            return [stored_request(*row[:5], unpack, *row[5:]) for row in await cur.fetchall()]
 
         return await self._read(body, "listing pending requests")
 
@@ -277,7 +277,7 @@ class Reads(Connections):
         async def body(conn: Conn) -> tuple[list[InputRequest], int]:
             cur = await conn.execute(sql, [*params, *params, flt.limit, flt.offset])
             rows = await cur.fetchall()
-            page = [stored_request(*row[1:5], unpack, *row[5:]) for row in rows]
+            page = [stored_request(*row[1:6], unpack, *row[6:]) for row in rows]
             if rows:
                 return page, int(rows[0][0])
             if flt.offset == 0 and flt.limit > 0:

@@ -245,7 +245,7 @@ async def _fill_request_deadlines(conn: psycopg.AsyncConnection[TupleRow], s: st
     deadlines = []
     for row in await cur.fetchall():
         try:
-            deadline = stored_request(*row[2:6], unpack, *row[6:]).expires_at
+            deadline = stored_request(*row[2:7], unpack, *row[7:]).expires_at
         except StoreError:
             # Unreadable: a due one, so sweeps read it and report it, as they did before.
             deadline = row[1]

@@ -95,7 +95,7 @@ EARLIER_JOIN = "".join(
 )
 """The stored events an event `e` may be kept on (`EARLIER_COLUMNS`), joined only if it is."""
 
-REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status, " + EARLIER_COLUMNS
+REQUEST_COLUMNS = "r.id, r.data, e.data, r.idx, r.status, " + EARLIER_COLUMNS
 REQUEST_JOIN = (
     "JOIN {s}.sessions s ON s.sk = r.sk LEFT JOIN {s}.events e ON r.data IS NULL "
     "AND e.sk = r.sk AND e.seq = r.seq" + EARLIER_JOIN

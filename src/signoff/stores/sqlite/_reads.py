@@ -183,13 +183,13 @@ class Reads(Connection):
         ).fetchone()
         if row is None:
             return None
-        request = stored_request(*row[3:7], unpack, *row[7:])
+        request = stored_request(*row[3:8], unpack, *row[8:])
         expires_at = row[2]
         if expires_at is not None:
             expires_at = float(kept(expires_at, int | float, request.session_id, "expires_at"))
         return StoredRequest(
             request=request,
-            status=row[6],
+            status=row[7],
             outcome=row[0],
             resolution=stored_resolution(row[1], unpack),
             session_expires_at=expires_at,
@@ -252,7 +252,7 @@ class Reads(Connection):
             f"{clause} ORDER BY r.created_at, r.id LIMIT ? OFFSET ?",
             [*params, flt.limit, flt.offset],
         ).fetchall()
-        return [stored_request(*row[:4], unpack, *row[4:]) for row in rows]
+        return [stored_request(*row[:5], unpack, *row[5:]) for row in rows]
 
     def _count(self, flt: PendingFilter) -> int:
         clause, params = self._filter_sql(flt)

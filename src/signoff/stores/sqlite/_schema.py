@@ -66,7 +66,7 @@ EARLIER_JOIN = "".join(
 )
 """The stored events an event `e` may be kept on (`p1.data`, `p2.data`), joined only if it is."""
 
-REQUEST_COLUMNS = "r.data, e.data, r.idx, r.status, p1.data, p2.data"
+REQUEST_COLUMNS = "r.id, r.data, e.data, r.idx, r.status, p1.data, p2.data"
 REQUEST_JOIN = (
     "JOIN sessions s ON s.sk = r.sk LEFT JOIN events e ON r.data IS NULL AND e.sk = r.sk "
     "AND e.seq = r.seq" + EARLIER_JOIN
@@ -218,7 +218,7 @@ def keep_request_deadlines(conn: sqlite3.Connection) -> None:
     deadlines = []
     for row in rows:
         try:
-            deadline = stored_request(*row[2:6], unpack, *row[6:]).expires_at
+            deadline = stored_request(*row[2:7], unpack, *row[7:]).expires_at
         except StoreError:
             # Unreadable: a due one, so sweeps read it and report it, as they did before.
             deadline = row[1]
