@@ -232,11 +232,12 @@ def _check_edit_kept(rid: str, tool: Tool, edited: dict[str, Any]) -> None:
 
 def _check_edit_as_given(rid: str, edited: Any) -> None:
     """Refuse an edit pydantic would not refuse by name: one nested too deeply (its serializer
-    raises a bare ValueError) or holding a lone surrogate (it turns a key's into U+FFFD)."""
+    raises a bare ValueError), holding a lone surrogate (it turns a key's into U+FFFD) or an
+    integer past Python's digit limit (no JSON text holds it)."""
     _check_depth(rid, edited)
     try:
         json.dumps(edited, ensure_ascii=False, default=str).encode()
-    except UnicodeEncodeError as exc:
+    except ValueError as exc:  # UnicodeEncodeError is one
         raise InvalidAnswer(
             f"request {rid}: the answer is not plain JSON text: {exc}", [rid]
         ) from None
