@@ -188,10 +188,18 @@ def check_decided(request: InputRequest) -> None:
 
 
 def check_principal(value: object, name: str) -> None:
-    """Who acts (`auth`, `principal`) is a `so.Principal` or None: a name or a dict failed
-    only where it was recorded, with an `AttributeError`."""
-    if value is not None and not isinstance(value, Principal):
+    """Who acts (`auth`, `principal`) is a `so.Principal` or None, its attributes plain JSON:
+    a name or a dict failed only where it was recorded, with an `AttributeError`, attributes
+    JSON cannot hold with a bare TypeError or ValueError (and NaN was recorded)."""
+    if value is None:
+        return
+    if not isinstance(value, Principal):
         raise UsageError(f"{name} must be a so.Principal, not {type(value).__name__}")
+    if value.attributes:
+        try:
+            json.dumps(value.attributes, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise UsageError(f"{name}'s attributes are not plain JSON: {exc}") from None
 
 
 MAX_DEPTH = 100
