@@ -5,6 +5,7 @@ not stored, messages of megabytes are cut, unreadable ones still make an error r
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -252,3 +253,20 @@ async def test_an_integer_too_long_for_json_is_a_tool_error_and_is_not_stored(
     assert gated.is_error
     assert "an integer of 5001 digits" in gated.content["error"]
     assert max(len(json.dumps(e.data)) for e in events) < 2_000
+
+
+def test_a_lowered_digit_limit_is_the_bound_of_a_result() -> None:
+    """A process that lowered Python's digit limit (to 640, the least it allows) cannot write
+    longer integers as JSON: a result holding one is `TooLarge` there, at any depth."""
+    from signoff._tools import jsonable
+
+    before = sys.get_int_max_str_digits()
+    try:
+        sys.set_int_max_str_digits(640)
+        assert jsonable({"n": [10**640 - 1, -(10**640 - 1)]}) == {
+            "n": [10**640 - 1, -(10**640 - 1)]
+        }
+        with pytest.raises(so.TooLarge, match="an integer of 641 digits, over the limit of 640"):
+            jsonable({"n": [1, {"m": -(10**640)}]})
+    finally:
+        sys.set_int_max_str_digits(before)

@@ -18,6 +18,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "Event",
     "EventType",
+    "FITS_BITS",
     "check_digits",
     "dumps",
     "int_digits",
@@ -57,6 +58,11 @@ def dumps(value: Any) -> str:
 
 def loads(text: str | bytes) -> Any:
     return json.loads(text)
+
+
+FITS_BITS: Final = 3 * sys.int_info.str_digits_check_threshold
+"""An integer of at most this many bits has fewer digits than any limit Python may set (at
+least 640 digits; 2**bits < 10**digits): no need to count them."""
 
 
 def int_digits() -> int:

@@ -23,7 +23,7 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from ._approval import ApprovalPolicy, SessionInfo, as_policy
-from ._events import check_digits, dumps, int_digits
+from ._events import FITS_BITS, check_digits, dumps
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
 from ._steps import raise_recorded
@@ -479,7 +479,7 @@ def _finite(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, int):
-        if value.bit_length() > 3 * int_digits():  # under it, 2**bits < 10**digits: it fits
+        if value.bit_length() > FITS_BITS:
             check_digits(value)
         return value
     if isinstance(value, dict):
