@@ -139,3 +139,35 @@ def test_a_malformed_response_names_its_problems_in_one_line() -> None:
     assert refused.value.request_ids == ["req_1"]
     with pytest.raises(so.InvalidAnswer, match="^no responses given$"):
         input_responses([])
+
+
+async def test_a_principal_whose_attributes_are_not_plain_json_is_refused(store_url: str) -> None:
+    """Who acts is recorded with each turn and answer: attributes JSON cannot hold (an object,
+    an integer of more than 4,300 digits, NaN, which strict readers refuse) were a bare
+    TypeError or ValueError (NaN was stored); each is a UsageError and nothing is recorded."""
+    from signoff.testing import call, call_tools, reply, scripted_agent, store_contents
+
+    @so.tool(approval=so.always())
+    async def pay(amount: int) -> str:
+        """Pay an amount."""
+        return "paid"
+
+    agent = scripted_agent("ops", [call_tools(call("pay", amount=5)), reply("ok")], tools=[pay])
+    bad = [{"o": object()}, {"n": [10**5000]}, {"f": float("nan")}, {"f": float("-inf")}]
+    async with so.Runtime([agent], store=store_url) as rt:
+        for attributes in bad:
+            who = so.Principal(authenticator="sso", principal_id="mallory", attributes=attributes)
+            with pytest.raises(so.UsageError, match="auth's attributes are not plain JSON"):
+                await rt.generate("ops", prompt="pay", auth=who)
+        assert await rt.sessions() == []
+        r = await rt.generate("ops", prompt="pay")
+        (req,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        approve = so.InputResponse(request_id=req.id, option_id="approve")
+        for attributes in bad:
+            who = so.Principal(authenticator="sso", principal_id="mallory", attributes=attributes)
+            with pytest.raises(so.UsageError, match="principal's attributes are not plain JSON"):
+                await rt.respond(r.session_id, [approve], principal=who)
+            assert await store_contents(rt.store, r.session_id) == before
+        r = await rt.respond(r.session_id, [approve])
+        assert r.status == "completed"

@@ -5,6 +5,7 @@ clock is off it."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,24 @@ def test_pending_times_the_queue_by_the_database_clock(
     assert result.exit_code == 0, result.output
     assert "expires in 9m" in result.output
     assert "s ago" in result.output and "h ago" not in result.output
+
+
+def test_pending_shows_a_deadline_centuries_away_in_years(tmp_path: Path) -> None:
+    """`expires_in=1e300` is a valid deadline: `signoff pending` printed its time left as a
+    number of days three hundred digits long; it reads `over 9999y`."""
+
+    @so.tool(approval=so.always(expires_in=1e300))
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "ok"
+
+    desk = scripted_agent("desk", [call_tools(call("refund", order_id="1"))], tools=[refund])
+    url = f"sqlite:///{tmp_path}/s.db"
+    rt = so.Runtime([desk], store=url)
+    try:
+        assert rt.generate_sync("desk", "refund 1").status == "waiting"
+    finally:
+        rt.close_sync()
+    result = invoke("pending", "--store", url)
+    assert result.exit_code == 0, result.output
+    assert "expires in over 9999y" in result.output

@@ -33,6 +33,8 @@ from ._edits import (
     refund_agent,
 )
 
+HUGE = 10**5000
+
 # -- edit before approve --------------------------------------------------------------------------
 
 
@@ -437,3 +439,35 @@ async def test_an_edit_with_a_lone_surrogate_in_a_key_is_refused(tmp_path: Path)
             )
         assert await store_contents(rt.store, r.session_id) == before
         assert log.count() == 0
+
+
+async def test_an_edit_holding_an_integer_too_long_for_json_is_refused(store_url: str) -> None:
+    """An edited argument of more than 4,300 digits validates (an int) but cannot be written as
+    JSON: it was a bare ValueError out of `respond`; it is `InvalidAnswer`, nothing recorded."""
+    log = ExecutionLog()
+
+    @log.tool(approval=so.always())
+    async def pay(amount: int) -> str:
+        """Pay an amount."""
+        return "paid"
+
+    agent = scripted_agent("support", [call_tools(call("pay", amount=5)), reply("ok")], tools=[pay])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("support", prompt="pay it", auth=ALICE)
+        (req,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        for answer in [
+            so.InputResponse(request_id=req.id, option_id="approve", edited_input={"amount": HUGE}),
+            so.InputResponse(request_id=req.id, option_id="approve", value=[HUGE]),
+        ]:
+            with pytest.raises(so.InvalidAnswer, match="not plain JSON text.*4300 digits"):
+                await rt.respond(r.session_id, [answer], principal=ALICE)
+            assert await store_contents(rt.store, r.session_id) == before
+        assert log.count() == 0
+        r = await rt.respond(
+            r.session_id,
+            [so.InputResponse(request_id=req.id, option_id="approve", edited_input={"amount": 7})],
+            principal=ALICE,
+        )
+        assert r.status == "completed"
+    assert log.count() == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -341,3 +342,26 @@ async def test_what_each_event_records_is_what_the_event_page_says(tmp_path: Pat
             assert f"`{e.data['status']}`" in rows[e.type], e.data
         if e.type == "input.resolved":
             assert (e.data["outcome"], e.data["status"]) in pairs, e.data
+
+
+def test_an_integer_is_checked_against_the_digits_every_process_can_read() -> None:
+    """`check_digits` counts exactly and bounds by Python's default even when this process
+    lifted the limit: a reader with the default could not parse a longer number back."""
+    from signoff._events import check_digits
+
+    check_digits(10**4300 - 1)  # 4,300 digits: stored
+    check_digits(-(10**4300 - 1))
+    for value, digits in [(10**4300, 4301), (-(10**4300), 4301), (10**5000 - 1, 5000)]:
+        with pytest.raises(so.TooLarge, match=f"an integer of {digits} digits, over the limit"):
+            check_digits(value)
+    before = sys.get_int_max_str_digits()
+    try:
+        sys.set_int_max_str_digits(0)  # lifted here; readers elsewhere keep the default
+        with pytest.raises(so.TooLarge, match="of 4301 digits, over the limit of 4300"):
+            check_digits(10**4300)
+        sys.set_int_max_str_digits(1000)  # lowered here: json.dumps would refuse past it
+        with pytest.raises(so.TooLarge, match="of 1001 digits, over the limit of 1000"):
+            check_digits(10**1000)
+        check_digits(10**1000 - 1)
+    finally:
+        sys.set_int_max_str_digits(before)

@@ -324,3 +324,45 @@ async def test_an_approval_with_edited_input_from_elsewhere_shows_the_input_that
         assert update["blocks"][-1]["elements"][0]["text"].startswith(
             ":white_check_mark: *Approved* by <@U078JK9LM> "
         )
+
+
+async def test_a_deadline_past_the_year_9999_is_posted_not_raised(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """`expires_in=1e12` is a valid deadline past what a datetime holds: formatting it raised
+    "year out of range" and the request was never posted; it reads as after 9999-12-31."""
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(expires_in=1e12))
+    async def wipe_cache(region: str) -> str:
+        """Wipe a cache."""
+        runs.append(region)
+        return "wiped"
+
+    agent = scripted_agent(
+        "ops", [call_tools(call("wipe_cache", region="eu")), reply("Done.")], tools=[wipe_cache]
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("ops", prompt="Wipe eu")
+        (req,) = r.pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            (posted,) = slack_api.of("chat.postMessage")
+            assert posted["blocks"][2]["elements"][0]["text"].endswith(
+                " · expires after 9999-12-31"
+            )
+            body = click(
+                {
+                    "action_id": "signoff.approve",
+                    "block_id": f"signoff:{req.id}",
+                    "value": req.id,
+                    "type": "button",
+                    "action_ts": "1700000100.000001",
+                },
+                user="U1",
+            )
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+            await hub.poll()
+        assert runs == ["eu"]

@@ -468,3 +468,32 @@ def test_channel_refuses_an_ambiguous_or_invisible_answer() -> None:
         assert len(prompts) == 3
     finally:
         console.file.close()
+
+
+def test_a_deadline_centuries_away_reads_in_years_not_hundreds_of_digits() -> None:
+    """`expires_in=1e300` is a valid deadline: its time left was printed as a number of days
+    three hundred digits long, in `signoff chat` and `signoff queue`; it reads in years, and
+    past 9999 of them as "over 9999y" (as the dashboard shows such a date "after 9999-12-31")."""
+    from signoff.channels.terminal import duration
+
+    assert [duration(s) for s in (45, 720, 3 * 3600, 2 * 86400, 36499 * 86400)] == [
+        "45s",
+        "12m",
+        "3h",
+        "2d",
+        "36499d",
+    ]
+    year = 365.25 * 86400
+    assert duration(100 * year) == "100y"
+    assert duration(1e12) == "over 9999y"  # 31,688 years
+    assert duration(9999 * year + 1) == "9999y"
+    assert duration(10000 * year) == "over 9999y"
+    assert duration(1e300) == "over 9999y"
+    console = Console(record=True, width=120, file=open(os.devnull, "w"))
+    try:
+        channel = TerminalChannel(console, read=lambda prompt: "y", clock=lambda: 1000.0)
+        channel.ask(_request(expires_at=1e300))
+        text = console.export_text()
+    finally:
+        console.file.close()
+    assert "expires in over 9999y; then it is denied" in text

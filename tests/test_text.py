@@ -1,10 +1,12 @@
-"""The escapes of text shown to people: one set for the dashboard and for Slack."""
+"""The escapes of text shown to people: one set for the dashboard and for Slack; dates past the
+years a datetime holds."""
 
 from __future__ import annotations
 
 import json
+import math
 
-from signoff._text import BIDI, HIDDEN, escape_as_json, is_blank
+from signoff._text import BIDI, HIDDEN, escape_as_json, in_utc, is_blank, utc_text
 from signoff.channels.slack._blocks import sendable
 from signoff.server._pages import pretty
 
@@ -69,3 +71,16 @@ def test_text_of_any_script_with_its_joiners_and_marks_says_something() -> None:
         "\u0301",  # a lone combining mark still draws (on a dotted circle)
     ]:
         assert not is_blank(text), repr(text)
+
+
+def test_a_time_past_the_years_a_datetime_holds_is_named_by_its_bound() -> None:
+    """A deadline `expires_in=1e12` away (or a clock gone wild) is text, not "year out of
+    range"; NaN is no time either way."""
+    assert in_utc(0, "%Y-%m-%d %H:%M UTC") == "1970-01-01 00:00 UTC"
+    assert utc_text(253402300799, "%Y-%m-%d") == "9999-12-31"
+    for at in (253402300800, 1e12 + 1.7e9, 1e300, math.inf):
+        assert in_utc(at, "%Y") is None
+        assert utc_text(at, "%Y") == "after 9999-12-31"
+    for at in (-1e12, -1e300, -math.inf):
+        assert utc_text(at, "%Y") == "before 0001-01-01"
+    assert in_utc(math.nan, "%Y") is None

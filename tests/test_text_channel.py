@@ -360,3 +360,20 @@ async def test_same_named_text_channels_of_two_hubs_on_one_state_file_each_show_
             await night.poll()
             assert bob.recall("shown") is None and carol.recall("shown") is None
         assert await status(rt, a.id) == ("settled", "approved") and runs == ["A-1"]
+
+
+async def test_a_deadline_past_the_year_9999_is_shown_not_raised(tmp_path: Path) -> None:
+    """`expires_in=1e12` is a valid deadline past what a datetime holds: formatting it raised
+    "year out of range" and the request was never shown; it reads as after 9999-12-31."""
+    runs: list[str] = []
+    async with runtime(tmp_path, refunds(runs, "A-1", expires_in=1e12)) as rt:
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            r = await rt.generate("support", prompt="Refund A")
+            (a,) = r.pending
+            await hub.poll()
+            (shown,) = sms.sent
+            assert "\nExpires after 9999-12-31.\nReply yes to approve" in shown
+            outcome = await sms.reply("yes", BOB)
+            assert outcome is not None and outcome.outcome == "approved"
+        assert runs == ["A-1"]

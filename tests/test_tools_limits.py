@@ -5,6 +5,7 @@ not stored, messages of megabytes are cut, unreadable ones still make an error r
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -227,3 +228,85 @@ async def test_an_exception_whose_message_cannot_be_read_is_still_an_error_resul
     assert "Unprintable" in first.content["error"]
     assert "RuntimeError" in first.content["error"]  # what its message raised, in its place
     assert (second.is_error, second.content) == (False, "caught")
+
+
+HUGE = 10**5000  # more digits than Python turns into text by default (4,300)
+
+
+async def test_an_integer_too_long_for_json_is_a_tool_error_and_is_not_stored(
+    store_url: str,
+) -> None:
+    """A result, a step's result or an approval payload holding an integer past Python's digit
+    limit cannot be written as JSON: each is refused as `TooLarge` (the step's journaled, so it
+    is not run again), the model reads the error, and no event holds the number. It was a bare
+    ValueError out of the drive, the call left started."""
+    runs: list[int] = []
+
+    @so.tool
+    async def count(x: int) -> int:
+        """Count everything."""
+        return HUGE
+
+    @so.tool
+    async def stepping(ctx: so.ToolContext, x: int) -> str:
+        """A step returns too long a number, then the body asks."""
+
+        def effect() -> int:
+            runs.append(x)
+            return -HUGE
+
+        try:
+            await ctx.step("tally", effect)
+        except so.TooLarge as exc:
+            caught = str(exc)
+        answer = await ctx.ask("Proceed?", options=["yes", "no"])
+        return f"{caught} / {answer.value}"
+
+    @so.tool
+    async def gate(ctx: so.ToolContext, x: int) -> str:
+        """Gate on a payload holding too long a number."""
+        ctx.request_approval({"total": [HUGE]})
+
+    seen = Capture(reply("done"))
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("count", x=1), call("stepping", x=2), call("gate", x=3)), seen],
+        tools=[count, stepping, gate],
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        (question,) = r.pending
+        r = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=question.id, option_id="yes")]
+        )
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    assert runs == [2]
+    by_tool = {m.tool_name: m for m in tool_results(seen.last)}
+    counted, stepped, gated = by_tool["count"], by_tool["stepping"], by_tool["gate"]
+    assert counted.is_error
+    assert "TooLarge" in counted.content["error"]
+    assert "an integer of 5001 digits" in counted.content["error"]
+    assert not stepped.is_error
+    assert "an integer of 5001 digits" in stepped.content
+    assert stepped.content.endswith(" / yes")
+    assert gated.is_error
+    assert "an integer of 5001 digits" in gated.content["error"]
+    assert max(len(json.dumps(e.data)) for e in events) < 2_000
+
+
+def test_a_lowered_digit_limit_is_the_bound_of_a_result() -> None:
+    """A process that lowered Python's digit limit (to 640, the least it allows) cannot write
+    longer integers as JSON: a result holding one is `TooLarge` there, at any depth."""
+    from signoff._tools import jsonable
+
+    before = sys.get_int_max_str_digits()
+    try:
+        sys.set_int_max_str_digits(640)
+        assert jsonable({"n": [10**640 - 1, -(10**640 - 1)]}) == {
+            "n": [10**640 - 1, -(10**640 - 1)]
+        }
+        with pytest.raises(so.TooLarge, match="an integer of 641 digits, over the limit of 640"):
+            jsonable({"n": [1, {"m": -(10**640)}]})
+    finally:
+        sys.set_int_max_str_digits(before)

@@ -213,10 +213,18 @@ def check_decided(request: InputRequest) -> None:
 
 
 def check_principal(value: object, name: str) -> None:
-    """Who acts (`auth`, `principal`) is a `so.Principal` or None: a name or a dict failed
-    only where it was recorded, with an `AttributeError`."""
-    if value is not None and not isinstance(value, Principal):
+    """Who acts (`auth`, `principal`) is a `so.Principal` or None, its attributes plain JSON:
+    a name or a dict failed only where it was recorded, with an `AttributeError`, attributes
+    JSON cannot hold with a bare TypeError or ValueError (and NaN was recorded)."""
+    if value is None:
+        return
+    if not isinstance(value, Principal):
         raise UsageError(f"{name} must be a so.Principal, not {type(value).__name__}")
+    if value.attributes:
+        try:
+            json.dumps(value.attributes, allow_nan=False)
+        except (TypeError, ValueError, RecursionError) as exc:
+            raise UsageError(f"{name}'s attributes are not plain JSON: {exc}") from None
 
 
 MAX_DEPTH = 100
@@ -257,11 +265,12 @@ def _check_edit_kept(rid: str, tool: Tool, edited: dict[str, Any]) -> None:
 
 def _check_edit_as_given(rid: str, edited: Any) -> None:
     """Refuse an edit pydantic would not refuse by name: one nested too deeply (its serializer
-    raises a bare ValueError) or holding a lone surrogate (it turns a key's into U+FFFD)."""
+    raises a bare ValueError), holding a lone surrogate (it turns a key's into U+FFFD) or an
+    integer past Python's digit limit (no JSON text holds it)."""
     _check_depth(rid, edited)
     try:
         json.dumps(edited, ensure_ascii=False, default=str).encode()
-    except UnicodeEncodeError as exc:
+    except ValueError as exc:  # UnicodeEncodeError is one
         raise InvalidAnswer(
             f"request {rid}: the answer is not plain JSON text: {exc}", [rid]
         ) from None

@@ -6,17 +6,22 @@ The event log is the truth: every session is an append-only, gap-free sequence o
 from __future__ import annotations
 
 import json
+import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from ._exceptions import SchemaVersionError, StoreError
+from ._exceptions import SchemaVersionError, StoreError, TooLarge
 
 __all__ = [
     "EVENT_TYPES",
     "SCHEMA_VERSION",
     "Event",
     "EventType",
+    "FITS_BITS",
+    "check_digits",
     "dumps",
+    "int_digits",
     "loads",
 ]
 
@@ -53,6 +58,36 @@ def dumps(value: Any) -> str:
 
 def loads(text: str | bytes) -> Any:
     return json.loads(text)
+
+
+FITS_BITS: Final = 3 * sys.int_info.str_digits_check_threshold
+"""An integer of at most this many bits has fewer digits than any limit Python may set (at
+least 640 digits; 2**bits < 10**digits): no need to count them."""
+
+
+def int_digits() -> int:
+    """How many digits an integer may have to be stored: Python's limit on turning one into
+    text (or its default, when lifted or set higher, so that every process can read it back)."""
+    default = sys.int_info.default_max_str_digits
+    return min(sys.get_int_max_str_digits() or default, default)
+
+
+def check_digits(value: int) -> None:
+    """Raise `TooLarge` if `value` has more digits than `int_digits()`: json.dumps would raise
+    a bare ValueError for it, in the middle of recording a result."""
+    limit = int_digits()
+    size = abs(value)
+    if size < 10**limit:
+        return
+    digits = int(math.log10(size)) + 1  # a float estimate, set right below
+    while size >= 10**digits:
+        digits += 1
+    while size < 10 ** (digits - 1):
+        digits -= 1
+    raise TooLarge(
+        f"an integer of {digits} digits, over the limit of {limit} digits a stored number may "
+        "have (sys.get_int_max_str_digits); return it as text, or return less"
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

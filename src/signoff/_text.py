@@ -4,8 +4,19 @@ what is around them, written as JSON-style escapes, so what a reviewer reads is 
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
-__all__ = ["BIDI", "HIDDEN", "NOTHING_SAID", "SAID", "escape_as_json", "is_blank"]
+__all__ = [
+    "BIDI",
+    "HIDDEN",
+    "NOTHING_SAID",
+    "SAID",
+    "escape_as_json",
+    "far_off",
+    "in_utc",
+    "is_blank",
+    "utc_text",
+]
 
 BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """Bidirectional controls: they make the text around them read in another order."""
@@ -57,3 +68,23 @@ def escape_as_json(match: re.Match[str]) -> str:
         code -= 0x10000
         return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
     return f"\\u{code:04x}"
+
+
+def in_utc(at: float, form: str) -> str | None:
+    """`at` (seconds since the epoch) as a UTC date in strftime `form`, or None for a time no
+    datetime holds (a deadline `expires_in=1e12` away is past the year 9999)."""
+    try:
+        return datetime.fromtimestamp(at, UTC).strftime(form)
+    except (OverflowError, ValueError, OSError):
+        return None
+
+
+def utc_text(at: float, form: str) -> str:
+    """`at` as `in_utc` writes it, or as `far_off` names it when no datetime holds it."""
+    shown = in_utc(at, form)
+    return far_off(at) if shown is None else shown
+
+
+def far_off(at: float) -> str:
+    """A time past the years a datetime holds, named by the bound it passes."""
+    return "after 9999-12-31" if at > 0 else "before 0001-01-01"

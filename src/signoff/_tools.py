@@ -24,7 +24,7 @@ from pydantic import (
 from pydantic_core import to_jsonable_python
 
 from ._approval import ApprovalPolicy, SessionInfo, as_policy
-from ._events import dumps
+from ._events import FITS_BITS, check_digits, dumps
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
 from ._steps import raise_recorded
@@ -504,7 +504,8 @@ async def _in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
 
 def jsonable(value: Any) -> Any:
     """`value` as plain JSON data, with NaN and infinities as null (as pydantic writes them in
-    JSON): what a tool hands back is stored and streamed, and strict JSON readers refuse them."""
+    JSON): what a tool hands back is stored and streamed, and strict JSON readers refuse them.
+    An integer too long to write as JSON text is `TooLarge`."""
     return _finite(to_jsonable_python(value))
 
 
@@ -527,6 +528,10 @@ def over_limit(what: str, value: Any, limit: int) -> str | None:
 def _finite(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, int):
+        if value.bit_length() > FITS_BITS:
+            check_digits(value)
+        return value
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):

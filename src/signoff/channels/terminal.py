@@ -191,9 +191,18 @@ class TerminalChannel:
             self.console.print(f"  [red]choose {hint}[/]")
 
 
+_YEAR = 31_557_600
+"""A Julian year in seconds (365.25 days)."""
+
+
 def duration(seconds: float) -> str:
-    """A short human duration: `45s`, `12m`, `3h`, `2d` (`0s` once past)."""
+    """A short human duration: `45s`, `12m`, `3h`, `2d` (`0s` once past); a century or more
+    in years, and past 9999 of them `over 9999y`, not a number of days hundreds of digits long
+    (a deadline `expires_in=1e300` away is valid)."""
     seconds = max(0, int(seconds))
+    if seconds >= 100 * _YEAR:
+        years = seconds // _YEAR
+        return f"{years}y" if years <= 9999 else "over 9999y"
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size:
             return f"{seconds // size}{unit}"

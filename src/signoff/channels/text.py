@@ -10,12 +10,11 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Literal
 
 from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from .._results import Outcome
-from .._text import is_blank
+from .._text import is_blank, utc_text
 from .._types import InputRequest, InputResponse, Principal, how_to_choose, named_options
 from ._base import (
     QUEUED_NOTE,
@@ -75,7 +74,7 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
 
 
 def _when(at: float) -> str:
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return utc_text(at, "%Y-%m-%d %H:%M UTC")
 
 
 def _deadline(request: InputRequest) -> list[str]:

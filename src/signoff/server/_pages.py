@@ -17,7 +17,6 @@ import hmac
 import json
 import re
 import secrets
-from datetime import UTC, datetime
 from importlib.resources import files
 from typing import Any
 
@@ -29,7 +28,7 @@ from starlette.exceptions import HTTPException
 from starlette.responses import HTMLResponse, Response
 
 from .._exceptions import UsageError
-from .._text import BIDI, HIDDEN, escape_as_json
+from .._text import BIDI, HIDDEN, escape_as_json, utc_text
 from .._types import Principal
 from ._auth import DASHBOARD_PREFIX, bearer_token, token_cookie
 from ._context import get_context
@@ -119,10 +118,7 @@ def _iso(ts: float | None) -> str:
     wait 1e12 seconds) is named by the bound it passes, as its raising made the page a 500."""
     if ts is None or ts != ts:  # NaN
         return ""
-    try:
-        return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (OverflowError, ValueError, OSError):
-        return "after 9999-12-31" if ts > 0 else "before 0001-01-01"
+    return utc_text(ts, "%Y-%m-%d %H:%M:%S UTC")
 
 
 def pretty(value: Any) -> str:

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import json
 import re
-from datetime import UTC, datetime
 from typing import Any
 
-from ..._text import BIDI, HIDDEN, escape_as_json
+from ..._text import BIDI, HIDDEN, escape_as_json, far_off, in_utc
 from ..._types import InputRequest, Principal
 from .._base import Resolution
 
@@ -99,8 +98,11 @@ def _code(value: Any) -> str:
 
 
 def _date(at: float) -> str:
-    """A date Slack shows in each reader's time zone (UTC in the fallback text)."""
-    fallback = datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    """A date Slack shows in each reader's time zone (UTC in the fallback text); one past the
+    years a datetime holds is plain text, as no reader's time zone can show it."""
+    fallback = in_utc(at, "%Y-%m-%d %H:%M UTC")
+    if fallback is None:
+        return far_off(at)
     return f"<!date^{int(at)}^{{date_short_pretty}} {{time}}|{fallback}>"
 
 
