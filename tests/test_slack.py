@@ -117,7 +117,7 @@ async def test_approval_posted_approved_from_slack_and_updated_in_place(
             {
                 "channel": "C42",
                 "ts": "1700000000.000001",
-                "text": "support wants to run issue_refund: approve or deny",
+                "text": "Approved: support wants to run issue_refund",
                 "blocks": blocks,
             }
         ]
@@ -314,6 +314,7 @@ async def test_questions_use_a_select_menu_and_a_free_text_modal(
             assert update["blocks"][-1]["elements"][0]["text"] == (
                 f":speech_balloon: *Answered* “Large” by <@U5> {date(at)}"
             )
+            assert update["text"] == "Answered: shop asks: Which size should I reorder?"
             (second,) = await rt.pending()
             body = click(
                 {
