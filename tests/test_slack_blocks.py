@@ -319,6 +319,7 @@ async def test_an_approval_with_edited_input_from_elsewhere_shows_the_input_that
                 "type": "mrkdwn",
                 "text": 'Approved with edited input:\n```{\n  "order_id": "1042",\n'
                 '  "amount": 150.0,\n  "reason": "arrived broken"\n}```',
+                "verbatim": True,
             },
         }
         assert update["blocks"][-1]["elements"][0]["text"].startswith(

@@ -72,7 +72,10 @@ def _plain(text: str, limit: int = 75) -> dict[str, Any]:
 
 
 def _mrkdwn(text: str) -> dict[str, Any]:
-    return {"type": "mrkdwn", "text": _clip(text, _MAX_TEXT)}
+    """A mrkdwn text object, `verbatim`: Slack would otherwise preprocess a request's text,
+    linking bare URLs and `#channel` names and parsing some `@` mentions, which escaping does
+    not stop; its markup and signoff's own `<!date…>` and `<@U…>` are still rendered."""
+    return {"type": "mrkdwn", "text": _clip(text, _MAX_TEXT), "verbatim": True}
 
 
 def escape(text: str) -> str:
