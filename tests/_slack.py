@@ -398,7 +398,11 @@ def approval_blocks(req: so.InputRequest) -> list[dict[str, Any]]:
         {
             "type": "section",
             "block_id": "signoff.summary",
-            "text": {"type": "mrkdwn", "text": "*support* wants to run `issue_refund`"},
+            "text": {
+                "type": "mrkdwn",
+                "text": "*support* wants to run `issue_refund`",
+                "verbatim": True,
+            },
         },
         {
             "type": "section",
@@ -407,6 +411,7 @@ def approval_blocks(req: so.InputRequest) -> list[dict[str, Any]]:
                 "type": "mrkdwn",
                 "text": '```{\n  "order_id": "1042",\n  "amount": 180.0,\n'
                 '  "reason": "arrived broken"\n}```',
+                "verbatim": True,
             },
         },
         {
@@ -416,6 +421,7 @@ def approval_blocks(req: so.InputRequest) -> list[dict[str, Any]]:
                 {
                     "type": "mrkdwn",
                     "text": f"request `{req.id}` · session `{req.session_id}`",
+                    "verbatim": True,
                 }
             ],
         },

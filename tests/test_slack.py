@@ -109,6 +109,7 @@ async def test_approval_posted_approved_from_slack_and_updated_in_place(
                     {
                         "type": "mrkdwn",
                         "text": f":white_check_mark: *Approved* by <@U045EF6GH> {date(at)}",
+                        "verbatim": True,
                     }
                 ],
             }
@@ -117,7 +118,7 @@ async def test_approval_posted_approved_from_slack_and_updated_in_place(
             {
                 "channel": "C42",
                 "ts": "1700000000.000001",
-                "text": "support wants to run issue_refund: approve or deny",
+                "text": "Approved: support wants to run issue_refund",
                 "blocks": blocks,
             }
         ]
@@ -195,6 +196,7 @@ async def test_deny_opens_a_reason_modal_and_the_reason_is_recorded(
                 {
                     "type": "mrkdwn",
                     "text": f":x: *Denied* by <@U078JK9LM> {date(at)}: “over the limit”",
+                    "verbatim": True,
                 }
             ],
         }
@@ -256,6 +258,7 @@ async def test_questions_use_a_select_menu_and_a_free_text_modal(
                             "type": "mrkdwn",
                             "text": "*shop* asks: Which size should I reorder?\n"
                             "• *Small*: The 250 ml bottle.\n• *Large*: The 1 l bottle.",
+                            "verbatim": True,
                         },
                     },
                     {
@@ -265,6 +268,7 @@ async def test_questions_use_a_select_menu_and_a_free_text_modal(
                             {
                                 "type": "mrkdwn",
                                 "text": f"request `{req.id}` · session `{req.session_id}`",
+                                "verbatim": True,
                             }
                         ],
                     },
@@ -314,6 +318,7 @@ async def test_questions_use_a_select_menu_and_a_free_text_modal(
             assert update["blocks"][-1]["elements"][0]["text"] == (
                 f":speech_balloon: *Answered* “Large” by <@U5> {date(at)}"
             )
+            assert update["text"] == "Answered: shop asks: Which size should I reorder?"
             (second,) = await rt.pending()
             body = click(
                 {

@@ -319,6 +319,7 @@ async def test_an_approval_with_edited_input_from_elsewhere_shows_the_input_that
                 "type": "mrkdwn",
                 "text": 'Approved with edited input:\n```{\n  "order_id": "1042",\n'
                 '  "amount": 150.0,\n  "reason": "arrived broken"\n}```',
+                "verbatim": True,
             },
         }
         assert update["blocks"][-1]["elements"][0]["text"].startswith(
@@ -366,3 +367,42 @@ async def test_a_deadline_past_the_year_9999_is_posted_not_raised(
             await slack.idle()
             await hub.poll()
         assert runs == ["eu"]
+
+
+async def test_a_closed_requests_message_text_says_how_it_closed_not_approve_or_deny(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """The message's `text` (what notifications, search and screen readers read in place of
+    the blocks) is rewritten with the blocks: a closed request no longer asks to be decided."""
+
+    @so.tool(approval=so.always())
+    async def wipe_cache(region: str) -> str:
+        """Wipe a cache."""
+        return "wiped"
+
+    agent = scripted_agent(
+        "ops",
+        [call_tools(call("wipe_cache", region="eu")), reply("Done.")],
+        tools=[wipe_cache],
+        repeat_last=True,
+    )
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            for answer in ("approve", "cancel", None):
+                r = await rt.generate("ops", prompt="Wipe eu", auth=ALICE)
+                (req,) = r.pending
+                await hub.poll()
+                if answer is None:
+                    await rt.cancel(r.session_id)
+                else:
+                    response = so.InputResponse(request_id=req.id, option_id=answer)
+                    await rt.respond(r.session_id, [response], principal=ALICE)
+                await hub.poll()
+        (posted, *_) = slack_api.of("chat.postMessage")
+        assert posted["text"] == "ops wants to run wipe_cache: approve or deny"
+        assert [u["text"] for u in slack_api.of("chat.update")] == [
+            "Approved: ops wants to run wipe_cache",
+            "Denied: ops wants to run wipe_cache",
+            "Withdrawn: ops wants to run wipe_cache",
+        ]

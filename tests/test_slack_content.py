@@ -191,6 +191,35 @@ async def test_no_text_of_a_request_can_mention_everyone(
             assert "<!channel>" not in text and "<https" not in text
 
 
+async def test_request_text_is_shown_verbatim_so_slack_links_and_mentions_nothing_in_it(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """Escaping stops `<…>` links and mentions, but a mrkdwn text object Slack preprocesses
+    (its default, `verbatim` false) still turns a bare URL into a link, a `#channel` name into
+    a channel's link and some `@` mentions into mentions: every one carrying a request's text
+    is sent `verbatim`, so only signoff's own `<!date…>` and `<@U…>` are parsed."""
+    ask = call("ask_question", question="@here log in again at https://evil.example #general")
+    agent = scripted_agent("shop", [call_tools(ask), reply("ok")], tools=[so.ask_question()])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="go")
+        (req,) = r.pending
+        async with manual(ChannelHub(rt, [channel(slack_api)])) as hub:
+            await hub.poll()
+            await rt.respond(r.session_id, [so.InputResponse(request_id=req.id, text="see @here")])
+            await hub.poll()
+        (posted,) = slack_api.of("chat.postMessage")
+        (updated,) = slack_api.of("chat.update")
+        for blocks in (posted["blocks"], updated["blocks"]):
+            texts = [b["text"] for b in blocks if "text" in b]
+            texts += [e for b in blocks for e in b.get("elements", []) if e["type"] == "mrkdwn"]
+            assert texts and all(t.get("verbatim") is True for t in texts), texts
+        assert (
+            "@here log in again at https://evil.example #general"
+            in posted["blocks"][0]["text"]["text"]
+        )
+        assert "“see @here”" in updated["blocks"][-1]["elements"][0]["text"]
+
+
 def test_the_group_an_escalation_names_is_escaped_and_kept_within_limits() -> None:
     """A group name is configuration, not a mention: `<!channel>` in it is shown escaped, and a
     very long one is clipped so the facts line stays within Slack's limit."""

@@ -22,6 +22,7 @@ __all__ = [
     "TEXT",
     "TEXT_VIEW",
     "chosen_option",
+    "closed_as",
     "deny_view",
     "fallback_text",
     "request_blocks",
@@ -70,7 +71,10 @@ def _plain(text: str, limit: int = 75) -> dict[str, Any]:
 
 
 def _mrkdwn(text: str) -> dict[str, Any]:
-    return {"type": "mrkdwn", "text": _clip(text, _MAX_TEXT)}
+    """A mrkdwn text object, `verbatim`: Slack would otherwise preprocess a request's text,
+    linking bare URLs and `#channel` names and parsing some `@` mentions, which escaping does
+    not stop; its markup and signoff's own `<!date…>` and `<@U…>` are still rendered."""
+    return {"type": "mrkdwn", "text": _clip(text, _MAX_TEXT), "verbatim": True}
 
 
 def escape(text: str) -> str:
@@ -117,13 +121,18 @@ def slack_mention(principal: Principal | None) -> str:
     return _span(principal.principal_id)
 
 
-def fallback_text(request: InputRequest) -> str:
-    """The notification text (shown where blocks are not), escaped like the blocks: Slack reads
-    mentions such as `<!channel>` in it too."""
+def fallback_text(request: InputRequest, resolution: Resolution | None = None) -> str:
+    """The notification text (shown where blocks are not, and read by screen readers),
+    escaped like the blocks: Slack reads mentions such as `<!channel>` in it too. A closed
+    request's says how it closed, where an open one's asks for a decision."""
     if request.kind == "tool-approval":
-        text = f"{request.agent} wants to run {request.tool_name}: approve or deny"
+        text = f"{request.agent} wants to run {request.tool_name}"
+        if resolution is None:
+            text += ": approve or deny"
     else:
         text = f"{request.agent} asks: {request.question or 'a question'}"
+    if resolution is not None:
+        text = f"{closed_as(resolution)}: {text}"
     return _clip(escape(text), _MAX_TEXT)
 
 
@@ -274,19 +283,31 @@ def chosen_option(request: InputRequest, value: str) -> str:
     return value
 
 
+def closed_as(resolution: Resolution) -> str:
+    """How a request closed, in one word: Approved, Denied, Answered, Expired or Withdrawn."""
+    if resolution.outcome == "approved":
+        return "Approved"
+    if resolution.outcome == "cancelled" and resolution.status == "settled":
+        return "Denied"
+    if resolution.outcome in ("answered", "expired"):
+        return resolution.outcome.capitalize()
+    return "Withdrawn"
+
+
 def describe(request: InputRequest, resolution: Resolution) -> str:
     """One line: how the request closed, by whom and when."""
     by = slack_mention(resolution.by)
     when = _date(resolution.at)
     reason = f": “{_clip(escape(resolution.reason), _MAX_SHOWN)}”" if resolution.reason else ""
-    if resolution.outcome == "approved":
+    closed = closed_as(resolution)
+    if closed == "Approved":
         return f":white_check_mark: *Approved* by {by} {when}{reason}"
-    if resolution.outcome == "cancelled" and resolution.status == "settled":
+    if closed == "Denied":
         return f":x: *Denied* by {by} {when}{reason}"
-    if resolution.outcome == "answered":
+    if closed == "Answered":
         value = escape(resolution.value or "")
         return f":speech_balloon: *Answered* “{_clip(value, _MAX_SHOWN)}” by {by} {when}"
-    if resolution.outcome == "expired":
+    if closed == "Expired":
         return f":hourglass: *Expired* {when}{reason}"
     return f":no_entry_sign: *Withdrawn* {when}{reason}"
 

@@ -260,7 +260,7 @@ class SlackChannel(Channel):
         # Replies in its thread still reach the session for a while (`_replies`).
         closed = {"request_id": request.id, "closed_at": resolution.at}
         await off_loop(self.remember, thread_key(where["channel"], where["ts"]), closed)
-        await self._update(request.id, where, blocks, fallback_text(request))
+        await self._update(request.id, where, blocks, fallback_text(request, resolution))
         await off_loop(self._forget_post, request.id)
         self._unsaved.pop(request.id, None)
 
