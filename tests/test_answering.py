@@ -125,3 +125,37 @@ async def test_a_decision_never_answers_a_question(store_url: str, options: list
         assert r.status == "completed"
         with pytest.raises(so.InvalidAnswer, match=f"request {question.id} is a question"):
             await rt.generate(session_id=r.session_id, approvals=[decision])
+
+
+async def test_a_request_id_holding_a_lone_surrogate_is_an_unknown_request_on_both_stores(
+    store_url: str,
+) -> None:
+    """No request's id holds a lone surrogate, and neither store can look one up: answering
+    one raised a bare UnicodeEncodeError from the driver. It is now an unknown request, named
+    with the others of the call, and nothing is recorded."""
+    ran: list[str] = []
+    async with so.Runtime([refund_agent(ran)], store=store_url) as rt:
+        parked = await rt.generate("support", prompt="refund 1042")
+        [request] = parked.pending
+        before = await store_contents(rt.store, parked.session_id)
+        odd = "req_\ud800"
+        for answer in (
+            lambda: rt.respond(
+                parked.session_id, [so.InputResponse(request_id=odd, option_id="approve")]
+            ),
+            lambda: rt.respond(  # with the real one: all or nothing
+                parked.session_id,
+                [
+                    so.InputResponse(request_id=request.id, option_id="approve"),
+                    so.InputResponse(request_id=odd, option_id="approve"),
+                ],
+            ),
+            lambda: rt.generate(
+                session_id=parked.session_id, approvals=[so.Decision(id=odd, approved=True)]
+            ),
+        ):
+            with pytest.raises(so.UnknownRequest) as info:
+                await answer()
+            assert info.value.request_ids == [odd]
+        assert await store_contents(rt.store, parked.session_id) == before
+        assert ran == []

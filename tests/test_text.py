@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from signoff._text import BIDI, HIDDEN, escape_as_json, is_blank
+from signoff._text import BIDI, HIDDEN, escape_as_json, is_blank, is_utf8
 from signoff.channels.slack._blocks import sendable
 from signoff.server._pages import pretty
 
@@ -69,3 +69,10 @@ def test_text_of_any_script_with_its_joiners_and_marks_says_something() -> None:
         "\u0301",  # a lone combining mark still draws (on a dotted circle)
     ]:
         assert not is_blank(text), repr(text)
+
+
+def test_text_holding_a_lone_surrogate_has_no_utf8_form() -> None:
+    """`is_utf8` tells text a store can look up from text it cannot (`"\\ud800"` alone, or the
+    two halves of a pair as two code points); every other character has a UTF-8 form."""
+    assert is_utf8("ses_1") and is_utf8("\U0001f600 \x00 \ufffd") and is_utf8("")
+    assert not is_utf8("ses_\ud800") and not is_utf8("\ud83d\ude00")

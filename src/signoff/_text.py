@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["BIDI", "HIDDEN", "NOTHING_SAID", "SAID", "escape_as_json", "is_blank"]
+__all__ = ["BIDI", "HIDDEN", "NOTHING_SAID", "SAID", "escape_as_json", "is_blank", "is_utf8"]
 
 BIDI = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 """Bidirectional controls: they make the text around them read in another order."""
@@ -47,6 +47,16 @@ NOTHING_SAID = (
     "write something for the agent to read"
 )
 """Why text that `is_blank` is refused; `what` names it."""
+
+
+def is_utf8(text: str) -> bool:
+    """Whether `text` has a UTF-8 form: not if it holds a lone surrogate, which neither store
+    can take as a key or look up (the driver raises UnicodeEncodeError), so no id holds one."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def escape_as_json(match: re.Match[str]) -> str:
