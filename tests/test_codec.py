@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import signoff as so
 from signoff._events import EVENT_TYPES
@@ -98,10 +100,20 @@ def test_a_stored_value_that_is_neither_text_nor_bytes_is_a_store_error(stored: 
             read(stored)
 
 
-async def test_lone_surrogates_from_tools_and_models_are_stored_exactly(store_url: str) -> None:
+@pytest.mark.parametrize(
+    "odd",
+    [
+        "bytes \udcff and \ud800 alone " * 8,
+        # The two halves of a pair, each a lone surrogate (a streamed reply split between them):
+        # stored as JSON escapes, they read back as the one character the pair would encode.
+        "half \ud83d\ude00 of a pair " * 8,
+    ],
+)
+async def test_lone_surrogates_from_tools_and_models_are_stored_exactly(
+    store_url: str, odd: str
+) -> None:
     """A tool result or model text holding a lone surrogate (text decoded with surrogateescape,
     a `\\ud800` escape in a model's JSON) is recorded, read back and audited unchanged."""
-    odd = "bytes \udcff and \ud800 alone " * 8
 
     @so.tool(approval=so.always())
     async def decode(blob: str) -> str:
@@ -122,6 +134,35 @@ async def test_lone_surrogates_from_tools_and_models_are_stored_exactly(store_ur
         result = next(e.data["result"] for e in events if e.type == "tool.completed")
         assert result == odd + odd
         assert await rt.verify_audit() == []
+
+
+# Any code point, a surrogate too: Hypothesis's text() leaves those out, even when asked.
+ODD_TEXT = st.lists(
+    st.one_of(st.characters(), st.characters(categories=["Cs"]), st.sampled_from('\x00"\\')),
+    max_size=120,
+).map("".join)
+
+
+@given(
+    parts=st.lists(ODD_TEXT, min_size=1, max_size=5),
+    repeat=st.sampled_from(["", PROSE[:40], PROSE]),
+)
+@settings(deadline=None, max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_any_text_reads_back_exactly_alone_or_stored_on_the_event_before(
+    parts: list[str], repeat: str
+) -> None:
+    """Whatever the text (NUL, quotes, lone surrogates side by side, long runs each event
+    repeats), a document and a run of events stored on each other read back as written."""
+    values = [{"text": part, "repeat": repeat, "i": i} for i, part in enumerate(parts)]
+    stored: list[str | bytes] = []
+    previous = None
+    for value in values:
+        assert unpack(pack(value)) == value and unpack(pack_bytes(value)) == value
+        packed, previous = pack_event(value, previous)
+        stored.append(packed)
+    for i, packed in enumerate(stored):
+        earlier = [stored[i - j] if i >= j else None for j in range(1, CHAIN_MAX + 1)]
+        assert unpack_event(packed, *earlier) == values[i]
 
 
 def test_every_event_type_has_a_one_letter_code_that_reads_back() -> None:

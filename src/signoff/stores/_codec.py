@@ -3,15 +3,15 @@ when that is smaller.
 
 Event data is mostly prose and tool arguments with the same keys in every row, so deflate with a
 dictionary of those keys stores it in about 45% of its JSON size for about 12 us per row. A
-packed value is bytes starting with a format byte; a plain value is the JSON text itself, so
-rows written before packing existed still read back. An event may also be deflated with the
-text of the event before it as its dictionary, so a request that repeats the tool call the model
-just proposed stores only what is new; reading it then needs that event (at most `CHAIN_MAX`).
+packed value is bytes starting with a format byte; a plain value is the JSON text itself (or
+its UTF-8 bytes, a lone surrogate kept as UTF-8 would encode it), so rows written before packing
+existed still read back. An event may also be deflated with the text of the event before it as
+its dictionary, so a request that repeats the tool call the model just proposed stores only what
+is new; reading it then needs that event (at most `CHAIN_MAX`).
 """
 
 from __future__ import annotations
 
-import json
 import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeAlias, TypeVar
@@ -98,14 +98,19 @@ _DICTIONARY_V1 = (
 )
 
 
-def _json(value: Any) -> tuple[str, bytes]:
+def _json(value: Any) -> tuple[str, bytes, str | bytes]:
+    """The JSON text of `value`, its bytes, and its plain stored form (the text, or the bytes
+    when the text holds a lone surrogate, which a text column cannot take)."""
     text = dumps(value)
     try:
-        return text, text.encode()
+        raw = text.encode()
+        return text, raw, text
     except UnicodeEncodeError:
-        # A lone surrogate (a tool or model can produce one): JSON's \u escapes keep it exact.
-        text = json.dumps(value, separators=(",", ":"), ensure_ascii=True)
-        return text, text.encode()
+        # A lone surrogate (a tool or model can produce one) is kept as itself: as JSON's \u
+        # escapes, a high one followed by a low one would read back as the one character they
+        # encode together, changing the text and so failing its audit hash.
+        raw = text.encode("utf-8", "surrogatepass")
+        return text, raw, raw
 
 
 def _deflate(raw: bytes, wbits: int, dictionary: bytes) -> bytes:
@@ -113,18 +118,19 @@ def _deflate(raw: bytes, wbits: int, dictionary: bytes) -> bytes:
     return deflater.compress(raw) + deflater.flush()
 
 
-def _packed(text: str, raw: bytes) -> str | bytes:
+def _packed(raw: bytes, plain: str | bytes) -> str | bytes:
     if len(raw) < _MIN_SIZE:
-        return text
+        return plain
     packed = _deflate(raw, -12, _DICTIONARY_V1)
     if len(packed) + 1 >= len(raw):
-        return text
+        return plain
     return bytes((_DEFLATE_V1,)) + packed
 
 
 def pack(value: Any) -> str | bytes:
     """`value` as stored: its JSON text, or the deflated form when that is smaller."""
-    return _packed(*_json(value))
+    _, raw, plain = _json(value)
+    return _packed(raw, plain)
 
 
 def pack_event(value: Any, previous: Previous | None) -> tuple[str | bytes, Previous | None]:
@@ -132,8 +138,8 @@ def pack_event(value: Any, previous: Previous | None) -> tuple[str | bytes, Prev
     worth it. `previous` is that event's JSON text and how many events its own reading needs;
     the same pair for this event is returned, to give the event after it (None when its text
     is too long to be a dictionary, so stores never keep such a text at hand)."""
-    text, raw = _json(value)
-    stored = _packed(text, raw)
+    text, raw, plain = _json(value)
+    stored = _packed(raw, plain)
     after: Previous | None = (text, 0) if len(text) <= _PREVIOUS_MAX else None
     if (
         previous is None
@@ -143,10 +149,15 @@ def pack_event(value: Any, previous: Previous | None) -> tuple[str | bytes, Prev
         or not _repeats(previous[0], text)
     ):
         return stored, after
-    on_previous = _deflate(raw, -15, _DICTIONARY_V1 + previous[0].encode())
+    on_previous = _deflate(raw, -15, _DICTIONARY_V1 + _utf8(previous[0]))
     if len(on_previous) + 1 + _PREVIOUS_MIN_SAVING <= len(stored):
         return bytes((DEFLATE_ON_PREVIOUS,)) + on_previous, after and (text, previous[1] + 1)
     return stored, after
+
+
+def _utf8(text: str) -> bytes:
+    """`text` as UTF-8, a lone surrogate as the bytes UTF-8 would give it (see `_json`)."""
+    return text.encode("utf-8", "surrogatepass")
 
 
 def _repeats(previous: str, text: str) -> bool:
@@ -183,7 +194,7 @@ def unpack_text(stored: str | bytes | memoryview, previous: str | None = None) -
         raise StoreError("a stored document is empty")
     if stored[0] >= 0x20 or stored[0] in b"\t\n\r":  # plain JSON text
         try:
-            return stored.decode()
+            return stored.decode("utf-8", "surrogatepass")
         except UnicodeDecodeError as exc:
             raise StoreError(f"a stored document is not UTF-8: {exc}") from exc
     if stored[0] == _DEFLATE_V1:
@@ -191,12 +202,12 @@ def unpack_text(stored: str | bytes | memoryview, previous: str | None = None) -
     elif stored[0] == DEFLATE_ON_PREVIOUS:
         if previous is None:
             raise StoreError("a stored event is kept on the event before it, which is missing")
-        wbits, dictionary = -15, _DICTIONARY_V1 + previous.encode()
+        wbits, dictionary = -15, _DICTIONARY_V1 + _utf8(previous)
     else:
         raise StoreError(f"a stored document has unknown format {stored[0]} (newer signoff?)")
     try:
         inflater = zlib.decompressobj(wbits, dictionary)
-        text = (inflater.decompress(stored[1:]) + inflater.flush()).decode()
+        text = (inflater.decompress(stored[1:]) + inflater.flush()).decode("utf-8", "surrogatepass")
         if not inflater.eof or inflater.unused_data:
             raise StoreError("a stored document is corrupt: truncated or followed by garbage")
         return text
