@@ -283,3 +283,37 @@ async def test_a_ttl_that_passes_while_an_answer_is_checked_wins(
         assert failed == ["session_expired"]
         with pytest.raises(so.SessionExpired):
             await rt.generate(session_id=parked.session_id, prompt="again")
+
+
+async def test_a_request_id_holding_a_lone_surrogate_is_an_unknown_request_on_both_stores(
+    store_url: str,
+) -> None:
+    """No request's id holds a lone surrogate, and neither store can look one up: answering
+    one raised a bare UnicodeEncodeError from the driver. It is now an unknown request, named
+    with the others of the call, and nothing is recorded."""
+    ran: list[str] = []
+    async with so.Runtime([refund_agent(ran)], store=store_url) as rt:
+        parked = await rt.generate("support", prompt="refund 1042")
+        [request] = parked.pending
+        before = await store_contents(rt.store, parked.session_id)
+        odd = "req_\ud800"
+        for answer in (
+            lambda: rt.respond(
+                parked.session_id, [so.InputResponse(request_id=odd, option_id="approve")]
+            ),
+            lambda: rt.respond(  # with the real one: all or nothing
+                parked.session_id,
+                [
+                    so.InputResponse(request_id=request.id, option_id="approve"),
+                    so.InputResponse(request_id=odd, option_id="approve"),
+                ],
+            ),
+            lambda: rt.generate(
+                session_id=parked.session_id, approvals=[so.Decision(id=odd, approved=True)]
+            ),
+        ):
+            with pytest.raises(so.UnknownRequest) as info:
+                await answer()
+            assert info.value.request_ids == [odd]
+        assert await store_contents(rt.store, parked.session_id) == before
+        assert ran == []

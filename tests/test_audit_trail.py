@@ -196,6 +196,34 @@ async def test_an_export_is_verified_without_the_database(store_url: str, tmp_pa
     assert all("not an audit entry" in p.reason for p in problems)
 
 
+async def test_an_export_of_text_holding_the_halves_of_a_pair_verifies(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A high surrogate then a low one as two code points (a reply streamed in chunks that split
+    a pair) were exported as the escapes `\\ud83d\\ude00`, which JSON reads as the one character
+    they encode together: the untouched export failed with "content does not match". Lone
+    surrogates are now the only escaped text, and the export reads them back one by one."""
+    odd = "half \ud83d\ude00 of a pair, \U0001f600 whole, \udcff alone, \\ud800 not one"
+    a = scripted_agent("ops", [call_tools(call("wipe", disk=odd)), reply("ok")], tools=[wipe])
+    async with so.Runtime([a], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="wipe")
+        assert [p.action.input if p.action else None for p in r.pending] == [{"disk": odd}]
+        assert await rt.verify_audit() == []
+        out = tmp_path / "trail.jsonl"
+        with out.open("w", encoding="utf-8") as f:
+            count = await rt.export_audit(f)
+        listed = await rt.audit()
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert count == len(lines) == len(listed)
+    assert so.verify_audit_export(lines) == []
+    # Only the lone surrogates are escaped: every other character is written as itself.
+    asked = next(line for line in lines if '"input.requested"' in line)
+    assert "half \\ud83d\\ude00 of a pair, \U0001f600 whole, \\udcff alone" in asked
+    # Altered, the entry is still named.
+    altered = [line.replace("\\udcff alone", "\\udcfe alone") for line in lines]
+    assert [p.reason for p in so.verify_audit_export(altered)] == ["content does not match"]
+
+
 async def test_an_events_time_changed_or_entries_copied_to_another_session_are_named(
     store_url: str,
 ) -> None:
@@ -407,3 +435,18 @@ def test_an_export_line_with_true_for_a_number_is_not_an_entry(field: str) -> No
     assert [(p.id, p.n, p.reason) for p in problems] == [
         (1, 0, "line 1 is not an audit entry: id and n must be whole numbers")
     ]
+
+
+def test_an_export_written_before_only_lone_surrogates_were_escaped_still_verifies() -> None:
+    """An export from an earlier signoff escaped all the non-ASCII text of an entry holding a
+    lone surrogate, a character above U+FFFF as an escaped pair: read as that pair, it checks
+    out; altered, it is named."""
+    data = {"text": "\U0001f600 beside \udcff", "more": "\\ud83d"}
+    digest = chain_hash(None, stream="s", n=1, type="tool.completed", at=1.0, seq=None, data=data)
+    entry = {"id": 1, "stream": "s", "n": 1, "type": "tool.completed", "at": 1.0, "seq": None}
+    entry |= {"data": data, "prev": None, "hash": digest}
+    old = json.dumps(entry, separators=(",", ":"))
+    assert "\\ud83d\\ude00 beside \\udcff" in old
+    assert so.verify_audit_export([old]) == []
+    forged = old.replace("beside", "besides")
+    assert [p.reason for p in so.verify_audit_export([forged])] == ["content does not match"]

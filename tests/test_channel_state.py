@@ -165,3 +165,27 @@ def test_memos_are_listed_by_literal_prefix_oldest_first() -> None:
     state.remember("hooks", "outbox:b", 6)  # an update keeps its place
     assert state.memos("hooks", "outbox:") == [("outbox:b", 6), ("outbox:a", 2)]
     assert [k for k, _ in state.memos("hooks")] == ["outbox:b", "outbox:a", "outbox%", "outbox_x"]
+
+
+@pytest.mark.parametrize("name", ["file:channels.db", "file::memory:"])
+def test_a_relative_path_starting_with_file_colon_is_that_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """SQLite built with SQLITE_USE_URI (Debian's is) reads a name starting with `file:` as a
+    URI even when not asked to: `--channel-state file:channels.db` kept the memos in
+    `channels.db`, and `file::memory:` in memory, lost when the process ended, as the store
+    did before (see tests/test_sqlite_connection.py). The path names the file, as any other."""
+    monkeypatch.chdir(tmp_path)
+    state = ChannelState(name)
+    try:
+        state.remember("slack", "msg:r1", {"ts": "1.2"})
+    finally:
+        state.close()
+    assert sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(("-wal", "-shm"))) == [
+        name
+    ]
+    again = ChannelState(tmp_path / name)
+    try:
+        assert again.recall("slack", "msg:r1") == {"ts": "1.2"}
+    finally:
+        again.close()

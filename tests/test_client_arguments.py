@@ -60,6 +60,41 @@ async def test_a_session_id_that_is_not_text_is_a_usage_error_without_a_call(
     assert canned.seen == []
 
 
+async def test_a_session_id_or_filter_holding_a_lone_surrogate_is_refused_without_a_call(
+    canned: Canned,
+) -> None:
+    """As `Runtime` refuses them: an id no session can have is an unknown session, and a
+    filter no store can look up a usage error. Each was a bare UnicodeEncodeError, raised
+    while the URL was made."""
+    odd = "ses_\ud800"
+    async with AsyncClient(canned.base) as c:
+        calls = [
+            lambda: c.state(odd),
+            lambda: c.cancel(odd),
+            lambda: c.send(odd, "hi"),
+            lambda: c.respond(odd, [{"request_id": "req_1", "option_id": "approve"}]),
+            lambda: c.generate(session_id=odd, approvals=[so.Decision(id="r", approved=True)]),
+            lambda: c.session(odd),
+        ]
+        for call in calls:
+            with pytest.raises(so.UnknownSession) as info:
+                await call()
+            assert info.value.session_id == odd
+        with pytest.raises(so.UnknownSession):
+            _ = [e async for e in c.events(odd, follow=False)]
+        for listing in (
+            lambda: c.pending(agent=odd),
+            lambda: c.pending(tool_name=odd),
+            lambda: c.sessions(agent=odd),
+        ):
+            with pytest.raises(so.UsageError, match="lone surrogate"):
+                await listing()
+    with Client(canned.base) as blocking:
+        with pytest.raises(so.UnknownSession):
+            blocking.state(odd)
+    assert canned.seen == []
+
+
 @pytest.mark.parametrize("base", ["http://signoff.test:8000", "http://signoff.test:8000/"])
 async def test_a_server_that_cannot_be_reached_is_named_by_the_url_called(base: str) -> None:
     """The URL was the base and the path run together (`http://signoff.test:8000v1/sessions`)

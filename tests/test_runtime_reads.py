@@ -228,3 +228,23 @@ async def test_a_pending_filter_that_is_not_one_is_a_usage_error(tmp_path: Path)
                 await rt.pending(bad)  # type: ignore[arg-type]
             with pytest.raises(so.UsageError, match="PendingFilter"):
                 await rt.pending_page(bad)  # type: ignore[arg-type]
+
+
+async def test_a_listing_filter_holding_a_lone_surrogate_is_a_usage_error_on_both_stores(
+    store_url: str,
+) -> None:
+    """A filter value no store can look up (text holding a lone surrogate) raised a bare
+    UnicodeEncodeError from the driver; it is refused by name, as `audit(stream=...)` was."""
+    async with so.Runtime([refund_agent(ExecutionLog())], store=store_url) as rt:
+        await waiting_session(rt)
+        odd = "a\ud800"
+        for listing, what in (
+            (lambda: rt.pending(agent=odd), "agent"),
+            (lambda: rt.pending(tool_name=odd), "tool_name"),
+            (lambda: rt.pending(session_id=f"ses_{odd}"), "session_id"),
+            (lambda: rt.pending_page(so.stores.PendingFilter(agent=odd)), "agent"),
+            (lambda: rt.sessions(agent=odd), "agent"),
+        ):
+            with pytest.raises(so.UsageError, match=f"{what}.*lone surrogate"):
+                await listing()
+        assert len(await rt.pending(agent="a")) == 1

@@ -439,3 +439,62 @@ async def test_an_agent_named_by_anything_but_text_is_refused_alike_on_both_stor
             with pytest.raises(so.UnknownAgent, match="unknown agent"):
                 await start()
         assert await rt.sessions() == []
+
+
+ODD_ID = "ses_\ud800"  # a lone surrogate: Python text, but no UTF-8 a store could look up
+
+
+async def test_a_session_id_holding_a_lone_surrogate_is_an_unknown_session_on_both_stores(
+    store_url: str,
+) -> None:
+    """No session's id holds a lone surrogate, and neither store can even look one up: every
+    call naming such a session raised a bare UnicodeEncodeError from the driver. It is now an
+    unknown session, as any other id no session has, and nothing is stored."""
+    ran: list[int] = []
+    async with so.Runtime([refund_agent(ran, Capture(reply("x")))], store=store_url) as rt:
+        parked = await rt.generate("a", prompt="refund it")
+        [request] = parked.pending
+        before = await store_contents(rt.store, parked.session_id)
+        answer = [so.InputResponse(request_id=request.id, option_id="approve")]
+        calls = {
+            "state": lambda: rt.state(ODD_ID),
+            "cancel": lambda: rt.cancel(ODD_ID),
+            "respond": lambda: rt.respond(ODD_ID, answer),
+            "respond, not resumed": lambda: rt.respond(ODD_ID, answer, resume=False),
+            "send": lambda: rt.send(ODD_ID, "hi"),
+            "generate": lambda: rt.generate(session_id=ODD_ID, prompt="hi"),
+            "generate, to resume": lambda: rt.generate(session_id=ODD_ID),
+            "generate, its agent named": lambda: rt.generate("a", session_id=ODD_ID),
+            "approvals": lambda: rt.generate(
+                session_id=ODD_ID, approvals=[so.Decision(id=request.id, approved=True)]
+            ),
+            "schedule": lambda: rt.schedule("a", "hi", session_id=ODD_ID),
+            "events": lambda: anext(aiter(rt.events(ODD_ID, follow=False))),
+        }
+        for name, make in calls.items():
+            with pytest.raises(so.UnknownSession) as info:
+                await make()
+            assert info.value.session_id == ODD_ID, name
+        assert await store_contents(rt.store, parked.session_id) == before
+        assert [s.id for s in await rt.sessions()] == [parked.session_id]
+        assert ran == []
+
+
+def test_the_sync_twins_take_a_session_id_holding_a_lone_surrogate_as_unknown(
+    store_url: str,
+) -> None:
+    """The sync twins go the same way: an unknown session, not a UnicodeEncodeError."""
+    rt = so.Runtime([scripted_agent("a", [reply("hi")])], store=store_url)
+    try:
+        for make in (
+            lambda: rt.state_sync(ODD_ID),
+            lambda: rt.cancel_sync(ODD_ID),
+            lambda: rt.generate_sync(session_id=ODD_ID, prompt="hi"),
+            lambda: rt.send_sync(ODD_ID, "hi"),
+            lambda: rt.events_sync(ODD_ID),
+        ):
+            with pytest.raises(so.UnknownSession):
+                make()
+        assert rt.sessions_sync() == []
+    finally:
+        rt.close_sync()

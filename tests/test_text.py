@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import math
 
-from signoff._text import BIDI, HIDDEN, escape_as_json, in_utc, is_blank, utc_text
+from signoff._text import BIDI, HIDDEN, escape_as_json, in_utc, is_blank, is_utf8, utc_text
 from signoff.channels.slack._blocks import sendable
 from signoff.server._pages import pretty
 
@@ -84,3 +84,10 @@ def test_a_time_past_the_years_a_datetime_holds_is_named_by_its_bound() -> None:
     for at in (-1e12, -1e300, -math.inf):
         assert utc_text(at, "%Y") == "before 0001-01-01"
     assert in_utc(math.nan, "%Y") is None
+
+
+def test_text_holding_a_lone_surrogate_has_no_utf8_form() -> None:
+    """`is_utf8` tells text a store can look up from text it cannot (`"\\ud800"` alone, or the
+    two halves of a pair as two code points); every other character has a UTF-8 form."""
+    assert is_utf8("ses_1") and is_utf8("\U0001f600 \x00 \ufffd") and is_utf8("")
+    assert not is_utf8("ses_\ud800") and not is_utf8("\ud83d\ude00")

@@ -136,6 +136,19 @@ def test_agent_definition_errors() -> None:
         so.Runtime([so.Agent(name="a", model=model), so.Agent(name="a", model=model)])
 
 
+def test_an_agent_named_with_a_lone_surrogate_is_refused_when_made() -> None:
+    """No store can hold such a name (the session's agent, its tools' audit streams): the agent
+    was made, and opening its runtime raised a bare UnicodeEncodeError from the driver."""
+
+    @so.tool(approval=so.always())
+    async def t(x: int) -> int:
+        """T."""
+        return x
+
+    with pytest.raises(so.UsageError, match="lone surrogate"):
+        so.Agent(name="a\ud800", model=so.models.Scripted([reply("x")]), tools=[t])
+
+
 @pytest.mark.parametrize(
     ("setting", "message"),
     [

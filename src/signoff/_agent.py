@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from ._approval import Guardrail
 from ._exceptions import UsageError
 from ._settings import positive_seconds
+from ._text import is_utf8
 from ._tools import MAX_RESULT_BYTES, Tool
 from .models._provider import SdkModel
 
@@ -87,6 +88,8 @@ class Agent:
     ) -> None:
         if not isinstance(name, str) or not name:
             raise UsageError(f"an agent needs a name, not {name!r}")
+        if not is_utf8(name):  # no store could hold it: its sessions' agent, its tools' streams
+            raise UsageError(f"agent {name!r}: its name holds a lone surrogate (not Unicode text)")
         # Else every turn failed with an AttributeError, or `generate` raised one.
         if not callable(getattr(model, "complete", None)):
             raise UsageError(

@@ -46,6 +46,7 @@ from ._results import GenerateResult, Outcome
 from ._sessions import SessionRunner
 from ._settings import flag
 from ._state import SessionState
+from ._text import is_utf8
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
@@ -161,7 +162,8 @@ class Answering(SessionRunner):
                 if live is not None:
                     request, status, resolution = live.request, live.status, live.resolution
                 else:
-                    stored = await self.store.get_request(rid)
+                    # An id holding a lone surrogate names no request (no store can look it up).
+                    stored = await self.store.get_request(rid) if is_utf8(rid) else None
                     if stored is None or stored.request.session_id != session_id:
                         unknown.append(rid)
                         continue

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
@@ -12,6 +13,7 @@ from ._answers import check_text
 from ._audit_requests import PAGE as REQUESTS_PAGE
 from ._audit_requests import Leftovers, RequestTrail, request_rows
 from ._exceptions import UsageError
+from ._text import escape_as_json
 from ._types import InputRequest
 from .stores import Store
 from .stores._audit import AuditEntry, AuditRow, chain_hash
@@ -131,12 +133,21 @@ class _Chains:
         self.last_id: dict[str, int] = {}
         self.last_seq: dict[str, int] = {}
 
+    def _expected(self, e: AuditEntry) -> str:
+        """The hash `e` should have, following its stream's entries checked before."""
+        prev = self.last.get(e.stream, (0, None))[1]
+        return chain_hash(
+            prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
+        )
+
+    def follows(self, e: AuditEntry) -> bool:
+        """Whether `e`'s hash follows from its content and its stream's entries checked before."""
+        return e.hash == self._expected(e)
+
     def check(self, e: AuditEntry) -> AuditProblem | None:
         """The problem with `e` following its stream's entries checked before, if any."""
         n, prev = self.last.get(e.stream, (0, None))
-        expected = chain_hash(
-            prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
-        )
+        expected = self._expected(e)
         before = self.last_seq.get(e.stream)
         reason = None
         if e.n != n + 1:
@@ -266,20 +277,33 @@ async def _check(
     return problems
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# A JSON escape, read left to right so `\\\\` is one; group 1 the code of an escaped surrogate.
+_ESCAPE = re.compile(r"\\(?:u([dD][89a-fA-F][0-9a-fA-F]{2})|.)")
+
+
 async def export(store: Store, out: IO[str], *, stream: str | None = None) -> int:
     """Write the trail as JSON lines; returns how many entries. Text is written as it is,
-    except in an entry holding a lone surrogate, which no encoding of `out` could hold: that
-    entry is written with its non-ASCII text escaped, as JSON allows."""
+    except a lone surrogate, which no encoding of `out` could hold: it is written as its JSON
+    escape (`verify_export` reads a high one then a low one so back as two, not as a pair)."""
     count = 0
     async for e in entries(store, stream=stream):
         line = json.dumps(e.to_dict(), ensure_ascii=False, separators=(",", ":"))
         try:
             line.encode("utf-8")
         except UnicodeEncodeError:
-            line = json.dumps(e.to_dict(), separators=(",", ":"))
+            line = _SURROGATE.sub(escape_as_json, line)
         out.write(line + "\n")
         count += 1
     return count
+
+
+def _unjoined(line: str) -> str:
+    """`line` with each escaped surrogate written as itself: JSON would read an escaped high
+    surrogate then a low one as the one character they encode, not as the two exported."""
+    if "\\u" not in line:
+        return line
+    return _ESCAPE.sub(lambda m: chr(int(m[1], 16)) if m[1] else m[0], line)
 
 
 def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
@@ -293,7 +317,13 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
         if not line.strip():
             continue
         try:
-            e = _entry(json.loads(line))
+            text = _unjoined(line)
+            e = _entry(json.loads(text))
+            if text != line and not chains.follows(e):
+                # Exported before lone surrogates alone were escaped: an entry holding one had
+                # all its non-ASCII text escaped, a character above U+FFFF as a pair.
+                joined = _entry(json.loads(line))
+                e = joined if chains.follows(joined) else e
         except (ValueError, TypeError, KeyError) as exc:
             reason = f"line {number} is not an audit entry: {exc}"
             problems.append(AuditProblem(id=number, stream="", n=0, reason=reason))

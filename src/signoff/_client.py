@@ -33,6 +33,7 @@ from ._idempotency import check_key
 from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
 from ._settings import flag, seconds, whole
+from ._text import is_utf8
 from ._types import Decision, InputRequest, InputResponse
 from .stores import SessionSummary
 
@@ -56,9 +57,16 @@ def _session_path(session_id: str, tail: str = "") -> str:
     in an id must not reach another session (no session has such an id)."""
     if not isinstance(session_id, str):  # as `Runtime` says it (a bare TypeError here)
         raise errors.UsageError(f"session_id must be text, not {type(session_id).__name__}")
-    if not session_id or "/" in session_id or session_id in (".", ".."):
-        raise errors.UnknownSession(session_id)
+    if not session_id or "/" in session_id or session_id in (".", "..") or not is_utf8(session_id):
+        raise errors.UnknownSession(session_id)  # a lone surrogate: no URL can hold one either
     return f"/v1/sessions/{quote(session_id, safe='')}{tail}"
+
+
+def _filter(name: str, value: str | None) -> None:
+    """Refuse a listing's text filter holding a lone surrogate, as `Runtime` does: no URL can
+    carry it (nor any store look it up)."""
+    if isinstance(value, str) and not is_utf8(value):
+        raise errors.UsageError(f"{name} is not valid Unicode text: it holds a lone surrogate")
 
 
 def _unanswered(exc: errors.RemoteError) -> bool:
@@ -265,6 +273,9 @@ class AsyncClient:
     ) -> tuple[list[InputRequest], int]:
         """One page of the queue across sessions, and the total."""
         params: dict[str, Any] = {"status": status, "limit": limit, "offset": offset}
+        for name, text in (("agent", agent), ("tool_name", tool_name), ("kind", kind)):
+            _filter(name, text)
+        _filter("status", status)
         for key, value in (("agent", agent), ("tool", tool_name), ("kind", kind)):
             if value is not None:
                 params[key] = value
@@ -286,6 +297,7 @@ class AsyncClient:
         total (as `Runtime.sessions` lists them)."""
         params: dict[str, Any] = {"limit": limit, "offset": offset}
         for key, value in (("agent", agent), ("status", status)):
+            _filter(key, value)
             if value is not None:
                 params[key] = value
         return await self._call(

@@ -46,6 +46,7 @@ from ._sessions import check_session_id
 from ._settings import finite, flag, seconds
 from ._state import SessionState
 from ._sync import blocking_doc, twin
+from ._text import is_utf8
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
 from .stores import PendingFilter, SessionSummary, Store
@@ -352,6 +353,8 @@ class Runtime(Workers):
         _check_page(limit, offset)
         if agent is not None and not isinstance(agent, str):  # else each store did otherwise
             raise UsageError(f"agent must be text or None, not {agent!r}")
+        if agent is not None and not is_utf8(agent):  # no store can look it up
+            raise UsageError("agent is not valid Unicode text: it holds a lone surrogate")
         if status is not None and status not in _SESSION_STATUSES:  # else silently nothing
             raise UsageError(
                 f"status must be one of {', '.join(_SESSION_STATUSES)}, not {status!r}"

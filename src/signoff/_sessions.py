@@ -44,6 +44,7 @@ from ._settings import flag, seconds, whole
 from ._state import SessionState, fold
 from ._subagents import missing_targets
 from ._sync import SyncBridge
+from ._text import is_utf8
 from ._tracing import tracing_for
 from ._types import ModelResponse, Principal
 from .models import ModelRequest
@@ -65,9 +66,12 @@ def _unfinished(state: SessionState) -> bool:
 
 
 def check_session_id(session_id: object) -> None:
-    """Refuse an id that is not text by name: one store found no such session, another raised."""
+    """Refuse an id that is not text by name: one store found no such session, another raised.
+    Text holding a lone surrogate names no session (no store can look it up): an unknown one."""
     if not isinstance(session_id, str):
         raise UsageError(f"session_id must be text, not {type(session_id).__name__}")
+    if not is_utf8(session_id):
+        raise UnknownSession(session_id)
 
 
 class _NotRun:
@@ -436,6 +440,7 @@ class SessionRunner(Leasing):
         """Drive the session's turn under a lease until it settles: one a worker `claimed`,
         one its creation took (`leased`), or else one acquired here. A lease lost is logged
         here (a warning, `lost_line`) unless `on_lost` is told of it."""
+        check_session_id(session_id)  # before its lease is asked for
         if not self.inline and claimed is None:
             if retry:
                 await self._mark_runnable(session_id)

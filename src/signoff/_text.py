@@ -15,6 +15,7 @@ __all__ = [
     "far_off",
     "in_utc",
     "is_blank",
+    "is_utf8",
     "utc_text",
 ]
 
@@ -58,6 +59,16 @@ NOTHING_SAID = (
     "write something for the agent to read"
 )
 """Why text that `is_blank` is refused; `what` names it."""
+
+
+def is_utf8(text: str) -> bool:
+    """Whether `text` has a UTF-8 form: not if it holds a lone surrogate, which neither store
+    can take as a key or look up (the driver raises UnicodeEncodeError), so no id holds one."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def escape_as_json(match: re.Match[str]) -> str:

@@ -103,9 +103,12 @@ class ChannelState:
         self.closed = False
         conn: sqlite3.Connection | None = None
         make_room(self.path)
+        # SQLite built with SQLITE_USE_URI (Debian's is) reads a name starting "file:" as a
+        # URI even when not asked to: "./" keeps it the file the path names.
+        target = ("./" if self.path.startswith("file:") else "") + self.path
         try:
             conn = sqlite3.connect(
-                self.path, timeout=busy_timeout, check_same_thread=False, isolation_level=None
+                target, timeout=busy_timeout, check_same_thread=False, isolation_level=None
             )
             _switch_to_wal(conn, busy_timeout)  # two processes may create the file together
             # Every commit synced: a memo saved before Slack hears back survives a power cut.

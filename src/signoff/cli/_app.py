@@ -32,6 +32,7 @@ from .._exceptions import (
 from .._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from .._logs import LOG_LEVELS
 from .._runtime import Runtime
+from .._text import is_utf8
 from .._types import ModelResponse, Principal
 from ..channels.terminal import compact_json, printable
 from ..models import ModelRequest
@@ -162,16 +163,6 @@ def _not_a_store(path: str) -> bool:
     except sqlite3.Error:
         return False  # not a database at all, or unreadable: the store names the fault
     return ("meta",) not in names
-
-
-def is_utf8(text: str) -> bool:
-    """Whether a command-line value is UTF-8 text: Python passes a byte that is not on as a
-    lone surrogate."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def refuse_undecodable(values: dict[str, str | None]) -> None:

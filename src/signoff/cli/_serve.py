@@ -14,6 +14,7 @@ from .._exceptions import (
     UsageError,
 )
 from .._runtime import Runtime
+from .._text import is_utf8
 from .._types import Principal
 from ._app import (
     LeaseTtlOption,
@@ -21,7 +22,6 @@ from ._app import (
     StoreOption,
     app,
     fail,
-    is_utf8,
     load_runtime,
     misuse,
     run,

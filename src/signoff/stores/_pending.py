@@ -9,6 +9,7 @@ from typing import Any
 
 from .._exceptions import UsageError
 from .._settings import finite
+from .._text import is_utf8
 from ._initiators import InitiatorFilter
 
 __all__ = ["TIME_LIMIT", "PendingFilter", "created_before"]
@@ -88,6 +89,11 @@ class PendingFilter:
             text = getattr(self, name)
             if text is not None and not isinstance(text, str):
                 raise UsageError(f"PendingFilter({name}=...) must be text or None, not {text!r}")
+            if text is not None and not is_utf8(text):  # no store can look it up
+                raise UsageError(
+                    f"PendingFilter({name}=...) is not valid Unicode text: "
+                    "it holds a lone surrogate"
+                )
         for name in ("created_before", "created_after", "live_at", "due_by"):
             moment = getattr(self, name)
             # An int no float holds overflowed; one past 64 bits, SQLite's binding of it.
