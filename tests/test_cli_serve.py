@@ -344,3 +344,32 @@ def test_serve_names_no_secret_in_a_token_error(
     secret = item.partition("=")[0]
     assert secret not in result.output and "alice-token" not in result.output
     assert started == []
+
+
+def test_serve_checks_the_schema_its_runtimes_store_names(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`):
+    the store `serve` opens before it listens is that schema, never the database's default one,
+    which it would otherwise create (or, at another version, refuse to serve over)."""
+    import uuid
+
+    import psycopg
+    import uvicorn
+
+    module = f"serve_schema_runtime_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
+        "from tests._cli import agent\n"
+        f"runtime = so.Runtime([agent], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    result = invoke("serve", f"{module}:runtime", "--port", "0")
+    assert result.exit_code == 0, result.output
+    assert len(started) == 1
+    with psycopg.connect(pg_url) as conn:
+        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    assert "tenant_a" in schemas and "signoff" not in schemas, schemas

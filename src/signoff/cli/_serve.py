@@ -26,6 +26,7 @@ from ._app import (
     misuse,
     run,
     split_target,
+    url_of,
 )
 from ._numbers import number_of_seconds, seconds, whole
 from ._waiting import open_when_up
@@ -287,7 +288,7 @@ def serve(
     # wrong password) is then one red line, not a traceback from the server's startup; one whose
     # database is down is waited for.
     up = [False]
-    run(_check_store(runtime.store.url, up))
+    run(_check_store(url_of(runtime.store), up))
     if not up[0]:
         raise typer.Exit(0)  # SIGTERM while waiting for the database
     try:
