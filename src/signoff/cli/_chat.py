@@ -46,6 +46,7 @@ from ._app import (
     shown_store,
     split_target,
     tool_line,
+    url_of,
 )
 
 _HELP = (
@@ -158,7 +159,7 @@ class _Chat:
             args.append(self.target)
         url = getattr(self.runtime.store, "url", None)
         if isinstance(url, str) and url != DEFAULT_URL:
-            args += ["--store", shown_store(url)]
+            args += ["--store", shown_store(url_of(self.runtime.store))]
         if self.acting_as is not None:
             args += ["--as", self.acting_as]
         return printable(shlex.join(args))
