@@ -138,6 +138,8 @@ def test_chat_names_the_schema_of_its_store_in_the_command_it_prints(
 
     import psycopg
 
+    from signoff.stores.postgres._url import describe
+
     module = f"chat_schema_runtime_{uuid.uuid4().hex}"
     (tmp_path / f"{module}.py").write_text(
         "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
@@ -148,6 +150,7 @@ def test_chat_names_the_schema_of_its_store_in_the_command_it_prints(
     monkeypatch.delenv("SIGNOFF_STORE", raising=False)
     chat = CliRunner().invoke(app, ["chat", f"{module}:runtime"], input="refund 1042\n")
     assert chat.exit_code == 0, chat.output
+    assert f"store {describe(pg_url)}?schema=tenant_a\n" in chat.output  # the header too
     printed = re.search(r"`signoff approve ([^`]+)`", chat.output)
     assert printed is not None, chat.output
     approved = invoke("approve", *shlex.split(printed.group(1)))

@@ -166,7 +166,10 @@ class _Chat:
 
     def header(self) -> None:
         url = getattr(self.runtime.store, "url", None)
-        store = shown_store(url) if isinstance(url, str) else type(self.runtime.store).__name__
+        if isinstance(url, str):
+            store = shown_store(url_of(self.runtime.store))  # with a schema given apart
+        else:
+            store = type(self.runtime.store).__name__
         self.console.print(
             f"[bold]signoff chat[/] · agent [bold cyan]{printable(self.agent.name)}[/] · "
             f"store {printable(store)}"
