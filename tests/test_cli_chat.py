@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import signoff as so
@@ -123,3 +126,36 @@ def test_an_answer_chat_cannot_take_is_asked_again(url: str) -> None:
     assert output.count("(y/N)") == 2, output
     assert "support: Not refunded: broken." in output, output
     assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
+
+
+def test_chat_names_the_schema_of_its_store_in_the_command_it_prints(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`):
+    the `signoff approve ...` printed for a request left pending names that schema, so that run
+    as printed it approves the request, rather than look in (and create) the default schema."""
+    import uuid
+
+    import psycopg
+
+    from signoff.stores.postgres._url import describe
+
+    module = f"chat_schema_runtime_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
+        "from tests._cli import agent\n"
+        f"runtime = so.Runtime([agent], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    chat = CliRunner().invoke(app, ["chat", f"{module}:runtime"], input="refund 1042\n")
+    assert chat.exit_code == 0, chat.output
+    assert f"store {describe(pg_url)}?schema=tenant_a\n" in chat.output  # the header too
+    printed = re.search(r"`signoff approve ([^`]+)`", chat.output)
+    assert printed is not None, chat.output
+    approved = invoke("approve", *shlex.split(printed.group(1)))
+    assert approved.exit_code == 0, approved.output
+    assert approved.stdout.startswith("approved "), approved.output
+    with psycopg.connect(pg_url) as conn:
+        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    assert "tenant_a" in schemas and "signoff" not in schemas, schemas

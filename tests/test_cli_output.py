@@ -287,3 +287,32 @@ def test_invisible_characters_in_a_tool_input_show_as_escapes(url: str) -> None:
         assert escaped in result.output.replace("\n", ""), result.output
         for hidden in _INVISIBLE:
             assert hidden not in result.output, (hidden, result.output)
+
+
+_PATH = "C:\\Temp\\"  # a Windows folder, as a model may write one: it ends in a backslash
+_RUN = "escaped \\\\\\"  # three backslashes at the end
+
+
+def _refused(conversation: list[so.Message]) -> so.ModelResponse:
+    raise so.ModelError(_RUN)
+
+
+backslashed = scripted_agent("backslashed", [reply(_PATH), reply(_RUN), _refused])
+
+
+def test_text_ending_in_backslashes_prints_as_it_is(url: str) -> None:
+    """A model's text ending in backslashes keeps every one of them, and the line stays as it
+    should be, wherever it is printed: at a line's end (`chat`'s replies), or inside a style
+    (an error's red line), where Rich read them as escaping the style's end."""
+    chat = CliRunner().invoke(
+        app, ["chat", "tests.test_cli_output:backslashed", "--store", url], input="a\nb\nc\n"
+    )
+    assert chat.exit_code == 0, chat.output
+    assert f"backslashed: {_PATH}\n" in chat.output
+    assert f"backslashed: {_RUN}\n" in chat.output
+    assert f"the turn failed: ModelError: {_RUN} (type /retry to resume it)\n" in chat.output
+    store = url + "\\\\\\"  # a file whose name ends in three backslashes, at an error's end
+    assert invoke("db", "upgrade", "--store", store).exit_code == 0
+    missing = invoke("approve", "req_x", "--store", store)
+    assert missing.exit_code == 1
+    assert missing.stderr == f"error: UnknownRequest: no request 'req_x' in {store}\n"

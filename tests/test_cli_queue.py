@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -394,6 +395,43 @@ def test_approve_that_continues_a_turn_which_then_fails_exits_1(url: str) -> Non
     )
     assert json.loads(invoke("pending", "--store", url, "--json").stdout) == []
     assert refunds_run(log(url, parked.session_id)) == 1
+
+
+def test_a_failed_turns_resume_command_names_the_schema_of_the_runtimes_store(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`):
+    the `signoff chat ...` printed to resume the failed turn names that schema, so that run as
+    printed it resumes the session, rather than look in (and create) the default schema."""
+    import shlex
+    import uuid
+
+    import psycopg
+
+    module = f"queue_schema_runtime_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
+        "from tests._cli import flaky\n"
+        f"runtime = so.Runtime([flaky], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    flaky_step.failed = False
+    rt = so.Runtime([flaky], store=f"{pg_url}?schema=tenant_a")
+    try:
+        parked = rt.generate_sync("flaky", "Refund order 1042")
+    finally:
+        rt.close_sync()
+    result = invoke("approve", parked.pending[0].id, f"{module}:runtime")
+    assert result.exit_code == 1, result.output
+    said = result.stderr.split("; it resumes with signoff ")
+    assert len(said) == 2, result.output
+    resumed = CliRunner().invoke(app, shlex.split(said[1]), input="")
+    assert resumed.exit_code == 0, resumed.output
+    assert "flaky: Refunded 180.00." in resumed.output
+    with psycopg.connect(pg_url) as conn:
+        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    assert "tenant_a" in schemas and "signoff" not in schemas, schemas
 
 
 def test_pending_shows_the_asker_as_as_takes_it(url: str) -> None:

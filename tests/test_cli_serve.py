@@ -344,3 +344,83 @@ def test_serve_names_no_secret_in_a_token_error(
     secret = item.partition("=")[0]
     assert secret not in result.output and "alice-token" not in result.output
     assert started == []
+
+
+def test_serve_checks_the_schema_its_runtimes_store_names(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`):
+    the store `serve` opens before it listens is that schema, never the database's default one,
+    which it would otherwise create (or, at another version, refuse to serve over)."""
+    import uuid
+
+    import psycopg
+    import uvicorn
+
+    module = f"serve_schema_runtime_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
+        "from tests._cli import agent\n"
+        f"runtime = so.Runtime([agent], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    result = invoke("serve", f"{module}:runtime", "--port", "0")
+    assert result.exit_code == 0, result.output
+    assert len(started) == 1
+    with psycopg.connect(pg_url) as conn:
+        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    assert "tenant_a" in schemas and "signoff" not in schemas, schemas
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_serve_keeps_a_runtimes_store_that_must_not_migrate_unmigrated(
+    kind: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+) -> None:
+    """A runtime whose store is made with `migrate=False` refuses a store without this
+    signoff's schema rather than write one: `serve`'s look at the store before it listens
+    opens it so too, and never creates (or upgrades) the schema the runtime was to spare."""
+    import uuid
+
+    import uvicorn
+
+    if kind == "sqlite":
+        db = tmp_path / "spared.db"
+        made = f"SQLiteStore({f'sqlite:///{db}'!r}, migrate=False)"
+        imported = "from signoff.stores import SQLiteStore"
+    else:
+        pg_url = str(request.getfixturevalue("pg_url"))
+        made = f"PostgresStore({pg_url!r}, migrate=False)"
+        imported = "from signoff.stores.postgres import PostgresStore"
+    module = f"serve_unmigrated_runtime_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        f"import signoff as so\n{imported}\nfrom tests._cli import agent\n"
+        f"runtime = so.Runtime([agent], store={made})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    started: list[Any] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
+    result = invoke("serve", f"{module}:runtime", "--port", "0")
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("error: SchemaVersionError: "), result.output
+    assert "run `signoff db upgrade`" in result.stderr
+    assert started == []
+    if kind == "sqlite":
+        tables: set[str] = set()
+        if db.exists():
+            conn = sqlite3.connect(db)
+            try:
+                rows = conn.execute("SELECT name FROM sqlite_master").fetchall()
+            finally:
+                conn.close()
+            tables = {r[0] for r in rows}
+        assert tables == set(), tables
+    else:
+        import psycopg
+
+        with psycopg.connect(pg_url) as conn_pg:
+            rows = conn_pg.execute("SELECT nspname FROM pg_namespace").fetchall()
+        assert "signoff" not in {r[0] for r in rows}

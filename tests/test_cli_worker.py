@@ -98,3 +98,35 @@ def test_db_status_checks_a_postgres_schema_and_creates_nothing(pg_url: str) -> 
     assert result.output == (
         f"schema is up to date (version {STORE_SCHEMA}) ({describe(pg_url)}, schema 'signoff')\n"
     )
+
+
+def test_worker_names_the_schema_of_its_runtimes_store(
+    pg_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`):
+    the worker's first log line names the store with that schema, as it names one given as
+    `?schema=`, so an operator of several tenants reads which one it works on."""
+    import logging
+    import uuid
+
+    import signoff as so
+
+    module = f"worker_schema_runtime_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
+        "from tests._cli import agent\n"
+        f"runtime = so.Runtime([agent], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+
+    async def work(self: so.Runtime, **kw: object) -> None:
+        return None
+
+    monkeypatch.setattr(so.Runtime, "work", work)
+    with caplog.at_level(logging.INFO, logger="signoff.worker"):
+        result = invoke("worker", f"{module}:runtime")
+    assert result.exit_code == 0, result.output
+    said = [r.getMessage() for r in caplog.records if r.name == "signoff.worker"]
+    (started,) = [line for line in said if ", concurrency 16, lease " in line]
+    assert "?schema=tenant_a, concurrency 16" in started, said

@@ -497,3 +497,25 @@ def test_a_deadline_centuries_away_reads_in_years_not_hundreds_of_digits() -> No
     finally:
         console.file.close()
     assert "expires in over 9999y; then it is denied" in text
+
+
+def _unstyled(markup: str) -> str:
+    for tag in ("[red]", "[bold]", "[dim]", "[/]"):
+        markup = markup.replace(tag, "")
+    return markup
+
+
+@pytest.mark.parametrize("text", ["a\\", "a\\\\", "a\\\\\\", "\\", "[b]x\\\\", "x\\[/]\\"])
+@pytest.mark.parametrize("around", ["{}", "[red]{}[/]", "{}[bold]y[/]", "[dim]{} z[/]"])
+def test_printable_keeps_backslashes_at_its_end_whatever_markup_follows(
+    text: str, around: str
+) -> None:
+    """Backslashes ending a text print as they are, and the markup around it stays markup: Rich
+    read a run of them as escaping the tag after it (or printed one too many at the end)."""
+    from signoff.channels.terminal import printable
+
+    before, after = around.split("{}")
+    console = Console(highlight=False, width=200)
+    with console.capture() as captured:
+        console.print(before + printable(text) + after, end="")
+    assert captured.get() == _unstyled(before) + text + _unstyled(after)

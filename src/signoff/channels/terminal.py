@@ -44,11 +44,24 @@ _CONTROLS = re.compile(
 )
 
 
+_TRAILING_BACKSLASHES = re.compile(r"\\+\Z")
+
+_END = "[none][/none]"
+"""An empty span of no style: Rich reads backslashes just before it as escaping it (two print
+one), so doubled they print as they are whatever markup follows."""
+
+
 def printable(text: str) -> str:
     """`text` as Rich markup that prints it as it is and cannot steer the terminal: markup is
     escaped and control characters (from a model, a reviewer, a store) show as `\\x1b` and
-    the like, a lone surrogate as `\\udcff`."""
-    return escape(_CONTROLS.sub(lambda m: ascii(m.group())[1:-1], text))
+    the like, a lone surrogate as `\\udcff`. Backslashes ending it are doubled and closed
+    off (`_END`): Rich's `escape` left them to escape the style's end after them, or print
+    one too many at the end of a line."""
+    shown = _CONTROLS.sub(lambda m: ascii(m.group())[1:-1], text)
+    trailing = _TRAILING_BACKSLASHES.search(shown)
+    if trailing is None:
+        return escape(shown)
+    return escape(shown[: trailing.start()]) + trailing.group() * 2 + _END
 
 
 def _tidy(value: Any) -> Any:

@@ -313,18 +313,19 @@ def store_of(target: str | None, store: str | None) -> str | None:
     with misuse():
         split_target(target)
     own = load_runtime(target, store).store
-    url = own.url
-    schema = getattr(own, "schema", None)
-    if (
-        store is None
-        and isinstance(schema, str)
-        and url.startswith(("postgresql://", "postgres://"))
-    ):
-        # A schema given as `PostgresStore(url, schema=)` is not in its URL: put there, lest
-        # the command read (or upgrade) the database's default schema instead.
+    return own.url if store is not None else url_of(own)
+
+
+def url_of(store: Store) -> str:
+    """The URL that opens `store` again: a schema given as `PostgresStore(url, schema=)` is not
+    in its URL, so it is put there, lest the command read (or upgrade, or create) the database's
+    default schema instead."""
+    url = store.url
+    schema = getattr(store, "schema", None)
+    if isinstance(schema, str) and url.startswith(("postgresql://", "postgres://")):
         from ..stores.postgres._url import with_schema
 
-        url = with_schema(url, schema)
+        return with_schema(url, schema)
     return url
 
 

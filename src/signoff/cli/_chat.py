@@ -46,6 +46,7 @@ from ._app import (
     shown_store,
     split_target,
     tool_line,
+    url_of,
 )
 
 _HELP = (
@@ -159,14 +160,17 @@ class _Chat:
             args.append(self.target)
         url = getattr(self.runtime.store, "url", None)
         if isinstance(url, str) and url != DEFAULT_URL:
-            args += ["--store", shown_store(url)]
+            args += ["--store", shown_store(url_of(self.runtime.store))]
         if self.acting_as is not None:
             args += ["--as", self.acting_as]
         return printable(shlex.join(args))
 
     def header(self) -> None:
         url = getattr(self.runtime.store, "url", None)
-        store = shown_store(url) if isinstance(url, str) else type(self.runtime.store).__name__
+        if isinstance(url, str):
+            store = shown_store(url_of(self.runtime.store))  # with a schema given apart
+        else:
+            store = type(self.runtime.store).__name__
         self.console.print(
             f"[bold]signoff chat[/] · agent [bold cyan]{printable(self.agent.name)}[/] · "
             f"store {printable(store)}"

@@ -16,6 +16,7 @@ from .._exceptions import (
 from .._runtime import Runtime
 from .._text import is_utf8
 from .._types import Principal
+from ..stores import SQLiteStore, Store
 from ._app import (
     LeaseTtlOption,
     LogLevelOption,
@@ -26,6 +27,7 @@ from ._app import (
     misuse,
     run,
     split_target,
+    url_of,
 )
 from ._numbers import number_of_seconds, seconds, whole
 from ._waiting import open_when_up
@@ -287,7 +289,7 @@ def serve(
     # wrong password) is then one red line, not a traceback from the server's startup; one whose
     # database is down is waited for.
     up = [False]
-    run(_check_store(runtime.store.url, up))
+    run(_check_store(runtime.store, up))
     if not up[0]:
         raise typer.Exit(0)  # SIGTERM while waiting for the database
     try:
@@ -341,16 +343,25 @@ def _check_address(host: str, port: int) -> None:
                 raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-async def _check_store(url: str, up: list[bool]) -> None:
-    """Open and close the store at `url` (SQLite or PostgreSQL; other stores are left alone),
-    waiting while its database is down; `up[0]` is False if SIGTERM came first."""
-    if not url.startswith(("sqlite://", "postgresql://", "postgres://")):
+async def _check_store(store: Store, up: list[bool]) -> None:
+    """Open and close a store like `store` (SQLite or PostgreSQL; other stores are left alone),
+    waiting while its database is down; `up[0]` is False if SIGTERM came first. It is opened as
+    the runtime would open it: in its schema, and upgrading it only if `store` would."""
+    url = url_of(store)
+    migrate = getattr(store, "auto_migrate", True)
+    if url.startswith("sqlite://"):
+        probe: Store = SQLiteStore(url, migrate=migrate)
+    elif url.startswith(("postgresql://", "postgres://")):
+        from ..stores.postgres import PostgresStore
+
+        probe = PostgresStore(url, migrate=migrate)
+    else:
         up[0] = True
         return
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
-    runtime = Runtime([], store=url)
+    runtime = Runtime([], store=probe)
     try:
         up[0] = await open_when_up(runtime, stop, lambda line: typer.echo(line, err=True))
     finally:
