@@ -298,6 +298,11 @@ class AsyncClient:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
         refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
         up to `retries` failures in a row."""
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
+            # As `Runtime.events` says it: "3" was sent, and a TypeError met the first event.
+            raise errors.UsageError(
+                f"after must be an event seq, a whole number from 0, not {after!r}"
+            )
         flag("follow", follow)
         whole("retries", retries, least=0)  # "5" was a TypeError at the first refusal
         self._check_open()
