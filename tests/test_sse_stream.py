@@ -99,12 +99,12 @@ async def test_a_stopping_server_ends_a_stream_after_the_batch_in_flight(
 
 
 async def test_a_stopping_server_still_sends_a_read_that_is_not_followed_to_its_end(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A read with `follow=false` ends where the log does, and its client takes that end for the
     whole log (`Client.events`, `LiveSession.sync`): cut short because the server is stopping,
     it would look complete. It is bounded, so it is sent whole."""
-    async with so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db") as rt:
+    async with so.Runtime(make_agents(), store=store_url) as rt:
         sid = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).session_id
         head = (await rt._state(sid)).seq
         assert head > 2
