@@ -391,3 +391,21 @@ async def test_events_refuse_retries_that_are_not_a_count_before_asking(
         with pytest.raises(so.UsageError, match="^retries must be a whole number from 0"):
             await asyncio.to_thread(blocking.events, "ses_x", retries=retries)
     assert canned.seen == []
+
+
+@pytest.mark.parametrize("after", ["3", 2.5, -1, None, True, 2**63], ids=repr)
+async def test_events_refuse_an_after_that_is_not_an_event_seq_before_asking(
+    canned: Canned, after: Any
+) -> None:
+    """As `Runtime.events` refuses it: `after="3"` was sent, and the first event then raised a
+    bare TypeError (`'<=' not supported between int and str`); -1 was sent too and read as 0
+    by a server that takes it."""
+    canned.on(EVENTS, stream(event(4)))
+    message = "^after must be an event seq, a whole number from 0, not "
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.UsageError, match=message):
+            _ = [e async for e in c.events("ses_x", after, follow=False)]
+    with Client(canned.base) as blocking:
+        with pytest.raises(so.UsageError, match=message):
+            await asyncio.to_thread(blocking.events, "ses_x", after)
+    assert canned.seen == []

@@ -71,6 +71,30 @@ async def test_a_message_that_got_no_answer_twice_names_its_key(canned: Canned) 
     assert [h["idempotency-key"] for _, h in canned.seen] == ["k-7", "k-7"]
 
 
+@pytest.mark.parametrize("first", [httpx.ReadTimeout, httpx.RemoteProtocolError])
+async def test_a_message_maybe_applied_then_not_sent_again_still_names_its_key(
+    first: type[httpx.TransportError],
+) -> None:
+    """The first send got no answer (it may have been applied) and the second found the server
+    gone (a restart): the error said "the call was not sent" and gave no key, so a caller
+    sending again under a new key could have the message delivered twice."""
+    sent: list[str | None] = []
+
+    def failing(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.get("idempotency-key"))
+        if len(sent) == 1:
+            raise first("no answer", request=request)
+        raise httpx.ConnectError("refused", request=request)
+
+    async with AsyncClient("http://signoff.test", transport=httpx.MockTransport(failing)) as c:
+        with pytest.raises(so.RemoteError, match="call again with it") as caught:
+            await c.send("ses_x", "hello")
+    assert len(sent) == 2 and sent[0] == sent[1] and sent[0]
+    assert caught.value.idempotency_key == sent[0]
+    assert caught.value.code in ("timeout", "connection_lost") and caught.value.status == 0
+    assert "may or may not have been applied" in str(caught.value)
+
+
 async def test_a_refused_message_is_not_sent_again(canned: Canned) -> None:
     canned.on(MESSAGES, error("409 Conflict", "session_busy", session_id="ses_x"))
     async with AsyncClient(canned.base) as c:

@@ -6,6 +6,7 @@ once) and the store unchanged.
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import sys
@@ -106,6 +107,41 @@ def test_a_body_in_another_encoding_than_utf8_is_refused(alice: httpx.Client, st
     assert _stored(store) == before
     r = alice.post("/v1/sessions", content=body.encode("utf-8-sig"), headers=sent)
     assert r.status_code == 201, r.text
+
+
+def test_a_compressed_body_is_refused_as_unsupported_not_read_as_it_is(
+    alice: httpx.Client, store: str
+) -> None:
+    """The server decodes no content coding: a gzip body was 400 `malformed_json` (it is valid
+    JSON, gzipped), and a plain body labelled `Content-Encoding: gzip` was acted on as plain,
+    where a gateway decoding it by its label reads something else. Either is 415
+    `unsupported_encoding` with `Accept-Encoding: identity`, and nothing is stored."""
+    body = json.dumps({"agent": "support", "message": "Refund order 1042, it broke"}).encode()
+    before = _stored(store)
+    for coding, sent in (
+        ("gzip", gzip.compress(body)),
+        ("gzip", body),
+        ("deflate", body),
+        ("br", body),
+        ("identity, gzip", body),
+    ):
+        headers = {"Content-Type": "application/json", "Content-Encoding": coding}
+        r = alice.post("/v1/sessions", content=sent, headers=headers)
+        assert coding in error(r, 415, "unsupported_encoding")["message"], coding
+        assert r.headers["accept-encoding"] == "identity"
+    assert _stored(store) == before
+    sid = start(alice)["session_id"]
+    before = _stored(store)
+    headers = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+    r = alice.post(f"/v1/sessions/{sid}/cancel", content=b'{"reason": "x"}', headers=headers)
+    error(r, 415, "unsupported_encoding")
+    assert _stored(store) == before
+    r = httpx.post(f"{alice.base_url}/v1/sessions", content=body, headers=headers)
+    error(r, 401, "unauthenticated")  # who asks comes first, as for any other body
+    for coding in ("identity", "Identity"):
+        headers = {"Content-Type": "application/json", "Content-Encoding": coding}
+        r = alice.post("/v1/sessions", content=body, headers=headers)
+        assert r.status_code == 201, (coding, r.text)
 
 
 def test_bad_bodies_elsewhere(alice: httpx.Client, store: str) -> None:

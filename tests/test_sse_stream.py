@@ -1,6 +1,6 @@
 """`event_stream` read directly: a read that is not followed never ends quietly short of the log
-when the store fails, and a server that is stopping ends a stream after the batch in flight
-rather than sending it the whole backlog first."""
+when the store fails, nor when the server stops, and a server that is stopping ends a followed
+stream after the batch in flight rather than sending it the whole backlog first."""
 
 from __future__ import annotations
 
@@ -96,3 +96,24 @@ async def test_a_stopping_server_ends_a_stream_after_the_batch_in_flight(
         ctx.closing = True
         assert await _ids(event_stream(_request(), ctx, sid, 0, follow=True)) == [1]
         assert await _ids(event_stream(_request(), ctx, sid, 1, follow=True)) == [2]
+
+
+async def test_a_stopping_server_still_sends_a_read_that_is_not_followed_to_its_end(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read with `follow=false` ends where the log does, and its client takes that end for the
+    whole log (`Client.events`, `LiveSession.sync`): cut short because the server is stopping,
+    it would look complete. It is bounded, so it is sent whole."""
+    async with so.Runtime(make_agents(), store=store_url) as rt:
+        sid = (await rt.generate("support", prompt="Refund order 1042", auth=ALICE)).session_id
+        head = (await rt._state(sid)).seq
+        assert head > 2
+        monkeypatch.setattr(stores, "READ_BYTES", 1)  # one event a read
+        ctx = _context(rt, poll_interval=0.01, heartbeat=0.05)
+        ctx.closing = True
+        assert await _ids(event_stream(_request(), ctx, sid, 0, follow=False)) == list(
+            range(1, head + 1)
+        )
+        assert await _ids(event_stream(_request(), ctx, sid, 2, follow=False)) == list(
+            range(3, head + 1)
+        )

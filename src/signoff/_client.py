@@ -165,7 +165,8 @@ class AsyncClient:
     async def _keyed_turn(self, path: str, body: Any, key: str | None) -> RemoteResult:
         """A call that starts a conversation or sends a message, under its idempotency key (a
         new one if none is given): if it gets no answer, it is sent once more with the key, and
-        if that gets none either, the error names the key to retry it with."""
+        if that gets none either (or cannot be sent), the error names the key to retry it with:
+        the first may have been applied."""
         key = secrets.token_urlsafe(24) if key is None else check_key(key)
         headers = {"Idempotency-Key": key}
         parse, wanted = RemoteResult.from_json, "a turn's result"
@@ -174,15 +175,19 @@ class AsyncClient:
         except errors.RemoteError as exc:
             if not _unanswered(exc):
                 raise
+            first = exc
         try:
             return await self._call("POST", path, parse, wanted, json=body, headers=headers)
         except errors.RemoteError as exc:
-            if not _unanswered(exc):
+            if _unanswered(exc):
+                last, said = exc, f"{exc} (sent twice with idempotency_key={key!r}"
+            elif exc.status == 0:  # not sent again (the server gone): the first may have acted
+                last, said = first, f"{first} (not sent again: {exc.code}; idempotency_key={key!r}"
+            else:
                 raise
             raise errors.RemoteError(
-                f"{exc} (sent twice with idempotency_key={key!r}: call again with it, and the "
-                "server acts once)",
-                exc.code,
+                f"{said}: call again with it, and the server acts once)",
+                last.code,
                 0,
                 idempotency_key=key,
             ) from exc
@@ -310,6 +315,11 @@ class AsyncClient:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
         refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
         up to `retries` failures in a row."""
+        if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
+            # As `Runtime.events` says it: "3" was sent, and a TypeError met the first event.
+            raise errors.UsageError(
+                f"after must be an event seq, a whole number from 0, not {after!r}"
+            )
         flag("follow", follow)
         whole("retries", retries, least=0)  # "5" was a TypeError at the first refusal
         self._check_open()

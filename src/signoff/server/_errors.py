@@ -298,6 +298,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     ),
     410: _doc("The session expired (`session_expired`)"),
     413: _doc("The request body is too large (`payload_too_large`)"),
+    415: _doc(
+        "The request body is sent compressed (`unsupported_encoding`, with "
+        "`Accept-Encoding: identity`): send it as it is"
+    ),
     429: _doc(
         "Too many failed sign-ins or unrecognised tokens from this address "
         "(`too_many_failures`, with `Retry-After`), or too many event streams held open by "

@@ -6,7 +6,10 @@ while signoff applied the other. The body is refused instead (422 `invalid_reque
 one holding an integer longer than Python converts (`sys.get_int_max_str_digits()`, 4300 digits),
 which is valid JSON: FastAPI would call it a malformed body. A body in another encoding than
 UTF-8 (RFC 8259, section 8.1), which `json.loads` would guess from its bytes (UTF-16, UTF-32),
-is 400 `malformed_json`: a gateway inspecting it as UTF-8 would read something else.
+is 400 `malformed_json`: a gateway inspecting it as UTF-8 would read something else. A body
+with a `Content-Encoding` (gzip, say) is 415 `unsupported_encoding`: the server decodes none,
+so it would read a compressed body as malformed JSON, and act on a plain one so labelled that
+a gateway decoding it by its label reads as something else.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from starlette.responses import Response
 
 from ._errors import ApiError, is_json
 
-__all__ = ["RepeatedKey", "UniqueKeysRoute", "body_problem", "unique_keys"]
+__all__ = ["RepeatedKey", "UniqueKeysRoute", "body_problem", "encoding_problem", "unique_keys"]
 
 
 class RepeatedKey(ValueError):
@@ -78,6 +81,22 @@ async def body_problem(request: Request) -> ApiError | None:
     return None
 
 
+def encoding_problem(request: Request) -> ApiError | None:
+    """The error for a body sent with a content coding other than `identity`; None without
+    one. The refusal names the one coding taken (RFC 9110, section 15.5.16)."""
+    sent = ", ".join(request.headers.getlist("content-encoding"))
+    codings = [c.strip().lower() for c in sent.split(",")]
+    if all(c in ("", "identity") for c in codings):
+        return None
+    return ApiError(
+        415,
+        "unsupported_encoding",
+        f"the request body is sent with Content-Encoding {sent.strip()!r}: this server reads "
+        "only bodies sent as they are (identity), not compressed",
+        headers={"Accept-Encoding": "identity"},
+    )
+
+
 _NOT_UTF8 = "the request body is not valid JSON in UTF-8 (JSON is sent as UTF-8)"
 
 
@@ -92,13 +111,16 @@ def _parses(body: bytes) -> bool:
 
 class UniqueKeysRoute(APIRoute):
     """A route that refuses a JSON body naming a key twice (or holding an integer too long to
-    read), before FastAPI reads it."""
+    read, or sent compressed), before FastAPI reads it."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
+        takes_body = self.body_field is not None
 
         async def unique_keys(request: Request) -> Response:
-            problem = await body_problem(request)
+            problem = encoding_problem(request) if takes_body else None
+            if problem is None:
+                problem = await body_problem(request)
             if problem is not None:
                 raise problem
             return await handler(request)

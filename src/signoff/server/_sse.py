@@ -127,9 +127,10 @@ async def event_stream(
     follow: bool,
 ) -> AsyncIterator[str]:
     """Everything after `after`, then (when following) new events as the store gains them,
-    until the client goes, the server stops (`ctx.closing`), the session can have no more
-    (it expired, was deleted, or its store is gone for good), or the sign-in cookie that opened
-    it ended (checked every `heartbeat`): then a final `stream.end`.
+    until the client goes, the server stops (`ctx.closing`; a read that is not followed is
+    still sent to its end), the session can have no more (it expired, was deleted, or its
+    store is gone for good), or the sign-in cookie that opened it ended (checked every
+    `heartbeat`): then a final `stream.end`.
 
     It polls the store rather than an in-process signal, so any server process can serve any
     session, whoever writes to it. A following stream outlives a store failing for a while (the
@@ -178,7 +179,9 @@ async def event_stream(
         if batch:
             expires_at = 0.0  # the session's expiry moved with its new events: read it again
             last_sent = time.monotonic()
-            if ctx.closing:
+            # A read that is not followed is bounded, and its client takes its end for the
+            # log's: it is sent whole, where a followed one resumes after the server stops.
+            if ctx.closing and follow:
                 return
             continue  # more may wait (a read bounded by bytes stops short): no pause
         if not follow:
