@@ -7,6 +7,7 @@ import gc
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -14,6 +15,8 @@ import pytest
 
 import signoff as so
 from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
+
+from .conftest import make_store
 
 
 def _bridge_threads() -> set[threading.Thread]:
@@ -158,3 +161,52 @@ def test_close_sync_during_another_threads_call_ends_that_call(tmp_path: Path) -
     assert not caller.is_alive(), "the call never returned"
     (error,) = outcome
     assert isinstance(error, so.UsageError) and "closed" in str(error)
+
+
+@pytest.mark.parametrize("closing", ["close_sync", "close"])
+def test_close_during_another_threads_call_leaves_the_store_closed_and_the_lease_free(
+    store_url: str, closing: str
+) -> None:
+    """A `*_sync` call in flight is stopped before the store closes, not after: its drive gave
+    its lease back through a store it opened again behind `close_sync` or `close` (SQLite's file
+    left open, a PostgreSQL pool made on the stopping loop), and the session stayed unrunnable
+    for the lease's TTL where it could not."""
+    started = threading.Event()
+
+    async def hangs(conversation: list[so.Message]) -> so.ModelResponse:
+        started.set()
+        await asyncio.sleep(3600)
+        return reply("never")  # pragma: no cover
+
+    rt = so.Runtime([scripted_agent("a", [hangs])], store=store_url, lease_ttl=600)
+    outcome: list[BaseException | so.GenerateResult] = []
+
+    def call() -> None:
+        try:
+            outcome.append(rt.generate_sync("a", prompt="x"))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert started.wait(10)
+    if closing == "close_sync":
+        rt.close_sync()
+    else:
+        asyncio.run(rt.close())
+    caller.join(10)
+    assert not caller.is_alive(), "the call never returned"
+    (error,) = outcome
+    assert isinstance(error, so.UsageError) and "closed" in str(error)
+    # nothing opened the store again behind close_sync
+    assert getattr(rt.store, "_conn", None) is None and getattr(rt.store, "_pool", None) is None
+
+    async def take() -> int | None:
+        store = make_store(store_url)
+        try:
+            (row,) = await store.sessions()
+            return await store.acquire_lease(row.id, "another-worker", 30.0, time.time())
+        finally:
+            await store.close()
+
+    assert asyncio.run(take()) is not None  # given back: another process drives it now

@@ -565,7 +565,9 @@ class Runtime(Workers):
         return self._sync.run(collect())
 
     def close_sync(self) -> None:
-        # Not a `twin`: `close` shuts down the bridge a twin would run it on.
+        # Not a `twin`: `close` shuts down the bridge a twin would run it on. Calls still
+        # running there stop first, while the store is open to take their leases back.
+        self._sync.stop_calls()
         self._sync.run(self._close_store())
         self._sync.close()
 
