@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
@@ -210,3 +211,43 @@ def test_close_during_another_threads_call_leaves_the_store_closed_and_the_lease
             await store.close()
 
     assert asyncio.run(take()) is not None  # given back: another process drives it now
+
+
+def test_a_sync_call_racing_close_sync_in_another_thread_ends_with_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that took the bridge's loop just before another thread's `close_sync` stopped it
+    was handed to that loop after: a closed loop raised `RuntimeError('Event loop is closed')`
+    (its coroutine never awaited), and one stopped but not yet closed dropped it, its caller
+    waiting for ever. It is handed over before the close can begin, so it runs or is stopped
+    with a `UsageError` like any call the close finds running."""
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", [reply("hi")]))
+    rt.sessions_sync()  # the bridge's loop is up
+    submitting, closed = threading.Event(), threading.Event()
+    handed = asyncio.run_coroutine_threadsafe
+
+    def slowly(coro: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        if threading.current_thread().name == "caller":
+            submitting.set()
+            closed.wait(1)  # the close goes first, unless the call holds it off meanwhile
+        return handed(coro, loop)
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", slowly)
+    outcome: list[object] = []
+
+    def call() -> None:
+        try:
+            outcome.append(rt.sessions_sync())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call, name="caller", daemon=True)
+    caller.start()
+    assert submitting.wait(10)
+    rt.close_sync()
+    closed.set()
+    caller.join(10)
+    assert not caller.is_alive(), "the call never returned"
+    (result,) = outcome
+    assert result == [] or (isinstance(result, so.UsageError) and "closed" in str(result)), result
+    rt.close_sync()

@@ -66,16 +66,6 @@ class SyncBridge:
                 "a *_sync call made from code the sync API is running (a tool, a model or a "
                 "policy): await the async method instead"
             )
-        with self._lock:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(
-                    target=_serve, args=(loop,), name="signoff-sync", daemon=True
-                )
-                thread.start()
-                self._loop, self._thread = loop, thread
-                self._stopper = weakref.finalize(self, _stop, loop, thread)
-            loop = self._loop
         started, finished = threading.Event(), threading.Event()
 
         async def call() -> T:
@@ -89,7 +79,19 @@ class SyncBridge:
                 self._calls.discard(task)
                 finished.set()
 
-        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(
+                    target=_serve, args=(loop,), name="signoff-sync", daemon=True
+                )
+                thread.start()
+                self._loop, self._thread = loop, thread
+                self._stopper = weakref.finalize(self, _stop, loop, thread)
+            loop = self._loop
+            # Handed over under the lock: a `close` in another thread, which takes it first,
+            # stops the loop only after, so the loop runs the call (or cancels it) for sure.
+            future = asyncio.run_coroutine_threadsafe(call(), loop)
         try:
             return future.result()
         except concurrent.futures.CancelledError:
