@@ -389,3 +389,23 @@ async def test_reused_call_ids_across_responses_get_distinct_keys(tmp_path: Path
         await rt.generate(session_id=r.session_id, prompt="and 3")
         assert [e.input["amount"] for e in log.executions] == [1.0, 2.0, 3.0]
         assert len(set(log.keys())) == 3
+
+
+async def test_a_turn_for_another_agents_session_is_refused_and_changes_nothing(
+    store_url: str,
+) -> None:
+    """`generate` and `schedule` with an agent and a `session_id` of another agent's session (a
+    job configured with the wrong agent, say) raise `UsageError` naming the session's agent and
+    record nothing: `schedule` ran the turn in that session as its own agent, unsaid."""
+    ops = scripted_agent("ops", [reply("ran")])
+    billing = scripted_agent("billing", [reply("billed")])
+    async with so.Runtime([ops, billing], store=store_url) as rt:
+        sid = await rt.create_session("ops")
+        before = [e.seq async for e in rt.events(sid, follow=False)]
+        with pytest.raises(so.UsageError, match="belongs to agent 'ops'"):
+            await rt.generate("billing", "bill it", session_id=sid)
+        with pytest.raises(so.UsageError, match="belongs to agent 'ops'"):
+            await rt.schedule("billing", "bill it", session_id=sid)
+        assert [e.seq async for e in rt.events(sid, follow=False)] == before
+        assert (await rt.state(sid)).turn is None
+        assert (await rt.schedule("ops", "run it", session_id=sid)).text == "ran"

@@ -7,13 +7,17 @@ import gc
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import pytest
 
 import signoff as so
 from signoff.testing import call, call_tools, reply, scripted_agent, sqlite_runtime
+
+from .conftest import make_store
 
 
 def _bridge_threads() -> set[threading.Thread]:
@@ -158,3 +162,92 @@ def test_close_sync_during_another_threads_call_ends_that_call(tmp_path: Path) -
     assert not caller.is_alive(), "the call never returned"
     (error,) = outcome
     assert isinstance(error, so.UsageError) and "closed" in str(error)
+
+
+@pytest.mark.parametrize("closing", ["close_sync", "close"])
+def test_close_during_another_threads_call_leaves_the_store_closed_and_the_lease_free(
+    store_url: str, closing: str
+) -> None:
+    """A `*_sync` call in flight is stopped before the store closes, not after: its drive gave
+    its lease back through a store it opened again behind `close_sync` or `close` (SQLite's file
+    left open, a PostgreSQL pool made on the stopping loop), and the session stayed unrunnable
+    for the lease's TTL where it could not."""
+    started = threading.Event()
+
+    async def hangs(conversation: list[so.Message]) -> so.ModelResponse:
+        started.set()
+        await asyncio.sleep(3600)
+        return reply("never")  # pragma: no cover
+
+    rt = so.Runtime([scripted_agent("a", [hangs])], store=store_url, lease_ttl=600)
+    outcome: list[BaseException | so.GenerateResult] = []
+
+    def call() -> None:
+        try:
+            outcome.append(rt.generate_sync("a", prompt="x"))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    assert started.wait(10)
+    if closing == "close_sync":
+        rt.close_sync()
+    else:
+        asyncio.run(rt.close())
+    caller.join(10)
+    assert not caller.is_alive(), "the call never returned"
+    (error,) = outcome
+    assert isinstance(error, so.UsageError) and "closed" in str(error)
+    # nothing opened the store again behind close_sync
+    assert getattr(rt.store, "_conn", None) is None and getattr(rt.store, "_pool", None) is None
+
+    async def take() -> int | None:
+        store = make_store(store_url)
+        try:
+            (row,) = await store.sessions()
+            return await store.acquire_lease(row.id, "another-worker", 30.0, time.time())
+        finally:
+            await store.close()
+
+    assert asyncio.run(take()) is not None  # given back: another process drives it now
+
+
+def test_a_sync_call_racing_close_sync_in_another_thread_ends_with_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call that took the bridge's loop just before another thread's `close_sync` stopped it
+    was handed to that loop after: a closed loop raised `RuntimeError('Event loop is closed')`
+    (its coroutine never awaited), and one stopped but not yet closed dropped it, its caller
+    waiting for ever. It is handed over before the close can begin, so it runs or is stopped
+    with a `UsageError` like any call the close finds running."""
+    rt = sqlite_runtime(tmp_path, scripted_agent("a", [reply("hi")]))
+    rt.sessions_sync()  # the bridge's loop is up
+    submitting, closed = threading.Event(), threading.Event()
+    handed = asyncio.run_coroutine_threadsafe
+
+    def slowly(coro: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        if threading.current_thread().name == "caller":
+            submitting.set()
+            closed.wait(1)  # the close goes first, unless the call holds it off meanwhile
+        return handed(coro, loop)
+
+    monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", slowly)
+    outcome: list[object] = []
+
+    def call() -> None:
+        try:
+            outcome.append(rt.sessions_sync())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=call, name="caller", daemon=True)
+    caller.start()
+    assert submitting.wait(10)
+    rt.close_sync()
+    closed.set()
+    caller.join(10)
+    assert not caller.is_alive(), "the call never returned"
+    (result,) = outcome
+    assert result == [] or (isinstance(result, so.UsageError) and "closed" in str(result)), result
+    rt.close_sync()

@@ -448,3 +448,50 @@ async def test_a_store_upgraded_with_parked_children_names_their_parents(
         await rt.open()
         assert {r.id for r in await _orphans(rt.store, ["billing"])} == orphans
         assert await rt.expire_due() == 2
+
+
+# -- a worker cancelled --------------------------------------------------------------------------
+
+
+async def test_a_cancelled_worker_stops_its_turns_and_gives_their_leases_back(
+    store_url: str,
+) -> None:
+    """`work()` cancelled (its task's cancel, a second Ctrl-C of `signoff worker`, a server's
+    shutdown cut short) stops the turns it was driving before it ends: their tool bodies are
+    cancelled and their leases given back, so none runs on unseen after the worker is gone (its
+    store then closed under it) and another worker takes the session now, not after the TTL."""
+    began, stopped = asyncio.Event(), asyncio.Event()
+
+    @so.tool(approval=so.never())
+    async def nap(ctx: so.ToolContext) -> str:
+        """Sleep a long while."""
+        began.set()
+        try:
+            await asyncio.sleep(60)
+        finally:
+            stopped.set()
+        return "rested"
+
+    def agent() -> so.Agent:
+        call = so.ModelResponse(tool_calls=[so.ToolCall(id="c1", name="nap", input={})])
+        model = so.models.Scripted([call, so.ModelResponse(text="Rested.")])
+        return so.Agent(name="support", model=model, tools=[nap])
+
+    # concurrency 1: the worker waits on its full set of turns, as it does with a turn per slot
+    for concurrency in (1, 4):
+        began.clear()
+        stopped.clear()
+        async with (
+            so.Runtime([agent()], store=store_url, inline=False) as front,
+            so.Runtime([agent()], store=store_url, inline=False, lease_ttl=600) as worker,
+        ):
+            session_id = (await front.generate("support", prompt="nap")).session_id
+            task = asyncio.create_task(worker.work(concurrency=concurrency, idle_wait=0.05))
+            await asyncio.wait_for(began.wait(), 10)
+            await asyncio.sleep(0.1)  # the worker back in its wait, not in a claim
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 10)
+            assert stopped.is_set()  # the nap was cancelled with the worker, not left running
+            token = await front.store.acquire_lease(session_id, "another", 30.0, front.now())
+            assert token is not None  # given back: another worker takes the session at once

@@ -221,14 +221,18 @@ class Runtime(Workers):
             return await self._drive(session_id, leased=lease)
         idem = keyed(idempotency_key, auth, "message", prompt or "")
         if agent is not None:
-            state = await self._state(session_id)
-            if state.agent != agent:
-                raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
+            await self._of_agent(session_id, agent)
         if prompt is None:
             return await self._drive(session_id, retry=True)
         if not await self._start_turn(session_id, prompt, auth, idem=idem):
             return await self._replay(session_id, idem)
         return await self._drive(session_id)
+
+    async def _of_agent(self, session_id: str, agent: str) -> None:
+        """Refuse a call naming another agent than the session's, before it records anything."""
+        state = await self._state(session_id)
+        if state.agent != agent:
+            raise UsageError(f"session {session_id!r} belongs to agent {state.agent!r}")
 
     async def create_session(
         self, agent: str, *, auth: Principal | None = None, idempotency_key: str | None = None
@@ -262,7 +266,8 @@ class Runtime(Workers):
 
         Policies can skip approval for such turns (see `session.auth.current`), and
         `ask_question` answers `{"status": "unavailable"}` since nobody can answer, and a spent
-        budget raises `SessionLimitReached` (there is nobody to raise it). An `idempotency_key`
+        budget raises `SessionLimitReached` (there is nobody to raise it). A `session_id` must
+        be a session of `agent` (else `UsageError`), as with `generate`. An `idempotency_key`
         (a job's run, say) makes a repeated call start nothing, as with `generate`.
         """
         await self.open()
@@ -273,6 +278,7 @@ class Runtime(Workers):
                 self.agent(agent), prompt, APP_PRINCIPAL, source="schedule", idem=idem
             )
         else:
+            await self._of_agent(session_id, agent)  # else run as the session's own, unsaid
             idem = keyed(idempotency_key, APP_PRINCIPAL, "message", prompt)
             started = await self._start_turn(
                 session_id, prompt, APP_PRINCIPAL, source="schedule", idem=idem
@@ -568,7 +574,9 @@ class Runtime(Workers):
         return self._sync.run(collect())
 
     def close_sync(self) -> None:
-        # Not a `twin`: `close` shuts down the bridge a twin would run it on.
+        # Not a `twin`: `close` shuts down the bridge a twin would run it on. Calls still
+        # running there stop first, while the store is open to take their leases back.
+        self._sync.stop_calls()
         self._sync.run(self._close_store())
         self._sync.close()
 

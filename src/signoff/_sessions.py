@@ -180,7 +180,9 @@ class SessionRunner(Leasing):
         self._settings_due = False
 
     async def close(self) -> None:
-        """Close the store; a later call opens it again."""
+        """Close the store; a later call opens it again. A `*_sync` call still running in
+        another thread is stopped first (its lease given back; it raises `UsageError`)."""
+        self._sync.stop_calls()  # `*_sync` calls in other threads first: see `close_sync`
         await self._close_store()
         self._sync.close()
 

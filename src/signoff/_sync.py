@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import inspect
 import threading
@@ -54,6 +55,8 @@ class SyncBridge:
         self._thread: threading.Thread | None = None
         self._stopper: weakref.finalize[Any, SyncBridge] | None = None
         self._lock = threading.Lock()
+        self._calls: set[asyncio.Task[Any]] = set()  # the calls on the loop (touched there only)
+        self._stopping: asyncio.AbstractEventLoop | None = None  # see `stop_calls`
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._thread is not None and threading.current_thread() is self._thread:
@@ -63,6 +66,19 @@ class SyncBridge:
                 "a *_sync call made from code the sync API is running (a tool, a model or a "
                 "policy): await the async method instead"
             )
+        started, finished = threading.Event(), threading.Event()
+
+        async def call() -> T:
+            task = asyncio.current_task()
+            assert task is not None
+            self._calls.add(task)
+            started.set()
+            try:
+                return await coro
+            finally:
+                self._calls.discard(task)
+                finished.set()
+
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
@@ -73,20 +89,13 @@ class SyncBridge:
                 self._loop, self._thread = loop, thread
                 self._stopper = weakref.finalize(self, _stop, loop, thread)
             loop = self._loop
-        started, finished = threading.Event(), threading.Event()
-
-        async def call() -> T:
-            started.set()
-            try:
-                return await coro
-            finally:
-                finished.set()
-
-        future = asyncio.run_coroutine_threadsafe(call(), loop)
+            # Handed over under the lock: a `close` in another thread, which takes it first,
+            # stops the loop only after, so the loop runs the call (or cancels it) for sure.
+            future = asyncio.run_coroutine_threadsafe(call(), loop)
         try:
             return future.result()
         except concurrent.futures.CancelledError:
-            if self._loop is loop:  # not cancelled by close()
+            if self._loop is loop and self._stopping is not loop:  # not by close()
                 raise
             raise UsageError("the runtime or client was closed while this call ran") from None
         except BaseException:
@@ -95,10 +104,35 @@ class SyncBridge:
                 finished.wait(UNWIND)
             raise
 
+    def stop_calls(self) -> None:
+        """Cancel the calls running on the loop and wait (up to `UNWIND`) for them to unwind,
+        giving their leases back, while the store they use is still open: the first step of
+        closing, before the store is closed on this loop. Their callers get a `UsageError`."""
+        with self._lock:
+            loop = self._stopping = self._loop
+        if loop is None or threading.current_thread() is self._thread:
+            return
+
+        async def cancel() -> None:
+            calls = set(self._calls)
+            for task in calls:
+                task.cancel()
+            if calls:
+                await asyncio.wait(calls, timeout=UNWIND)
+
+        job = cancel()
+        try:
+            done = asyncio.run_coroutine_threadsafe(job, loop)
+        except RuntimeError:  # the loop closed meanwhile: nothing runs on it
+            job.close()
+            return
+        with contextlib.suppress(concurrent.futures.TimeoutError):  # a loop stopped meanwhile
+            done.result(UNWIND + 1)
+
     def close(self) -> None:
         with self._lock:
             stopper = self._stopper
-            self._loop = self._thread = self._stopper = None
+            self._loop = self._thread = self._stopper = self._stopping = None
         if stopper is not None:
             stopper()
 

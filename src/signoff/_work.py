@@ -144,7 +144,8 @@ class Workers(Messages):
     ) -> None:
         """Run turns for any process (`signoff worker`): claim sessions that have work under a
         lease, drive them, and apply passed deadlines; returns once `stop` is set and the turns
-        it was running have finished or parked."""
+        it was running have finished or parked. Cancelled, it cancels them first (their leases
+        given back), so none runs on once it is gone."""
         whole("concurrency", concurrency, least=1)
         if stop is not None and not isinstance(stop, asyncio.Event):
             raise UsageError(f"stop must be an asyncio.Event or None, not {stop!r}")
@@ -164,65 +165,77 @@ class Workers(Messages):
         claims, sweeps = Failing("claiming sessions"), Failing("applying passed deadlines")
         retry_at = 0.0  # monotonic time before which claims that failed are not tried again
         gone: StoreGone | None = None  # the store's file replaced: only a restart mends it
-        while not stop.is_set() and gone is None:
-            free = concurrency - len(running)
-            if free > 0 and time.monotonic() >= retry_at:
-                # Every commit anywhere wakes every idle worker: a burst of notifications is
-                # coalesced into one claim per CLAIM_GAP instead of one claim per commit.
-                gap = last_empty + CLAIM_GAP - time.monotonic()
-                if gap > 0:
-                    with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(gap):
-                            await stop.wait()
-                    if stop.is_set():
+        try:
+            while not stop.is_set() and gone is None:
+                free = concurrency - len(running)
+                if free > 0 and time.monotonic() >= retry_at:
+                    # Every commit anywhere wakes every idle worker: a burst of notifications is
+                    # coalesced into one claim per CLAIM_GAP instead of one claim per commit.
+                    gap = last_empty + CLAIM_GAP - time.monotonic()
+                    if gap > 0:
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(gap):
+                                await stop.wait()
+                        if stop.is_set():
+                            break
+                    # Changes announced from here on (while this claims and sweeps) end the wait.
+                    mark = getattr(self.store, "changes_seen", None)
+                    try:
+                        claimed = await self._claim(owner, free)
+                    except StoreGone as exc:
+                        gone = exc
                         break
-                # Changes announced from here on (while this claims and sweeps) end the wait.
-                mark = getattr(self.store, "changes_seen", None)
-                try:
-                    claimed = await self._claim(owner, free)
-                except StoreGone as exc:
-                    gone = exc
-                    break
-                except StoreError as exc:  # the database restarting, say: try again later
-                    retry_at = time.monotonic() + claims.failed(exc, idle_wait)
-                    claimed = []
-                else:
-                    claims.worked()
-                last_empty = -1.0 if claimed else time.monotonic()
-                for session_id, token in claimed:
-                    log.info("claimed session %s (lease %d)", session_id, token)
-                    task = asyncio.create_task(self._work_on(session_id, owner, token))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-            if time.monotonic() - last_sweep >= sweep_every:
-                last_sweep = time.monotonic()
-                with contextlib.suppress(StoreError):  # kept as it was until the next sweep
-                    await self._sync_lease_clock()
-                try:
-                    await self.expire_due()
-                except StoreGone as exc:
-                    gone = exc
-                    break
-                except StoreError as exc:  # the next sweep tries again; the worker goes on
-                    sweeps.failed(exc, sweep_every)
-                except Exception:
-                    log.exception("applying passed deadlines failed")
-                else:
-                    sweeps.worked()
-            if len(running) >= concurrency:
-                await asyncio.wait(running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED)
-            elif wait is not None and claims.since is None:
-                since = {} if mark is None else {"since": mark}
-                waiter = asyncio.ensure_future(wait(None, idle_wait, **since))
-                stopper = asyncio.ensure_future(stop.wait())
-                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
-                for f in (waiter, stopper):
-                    f.cancel()
-                if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
-                    # Changes cannot be waited for (the store failing): sleep, do not spin.
-                    await _sleep(stop, idle_wait)
-            else:  # or until claims that failed are tried again
-                await _sleep(stop, max(idle_wait, retry_at - time.monotonic()))
+                    except StoreError as exc:  # the database restarting, say: try again later
+                        retry_at = time.monotonic() + claims.failed(exc, idle_wait)
+                        claimed = []
+                    else:
+                        claims.worked()
+                    last_empty = -1.0 if claimed else time.monotonic()
+                    for session_id, token in claimed:
+                        log.info("claimed session %s (lease %d)", session_id, token)
+                        task = asyncio.create_task(self._work_on(session_id, owner, token))
+                        running.add(task)
+                        task.add_done_callback(running.discard)
+                if time.monotonic() - last_sweep >= sweep_every:
+                    last_sweep = time.monotonic()
+                    with contextlib.suppress(StoreError):  # kept as it was until the next sweep
+                        await self._sync_lease_clock()
+                    try:
+                        await self.expire_due()
+                    except StoreGone as exc:
+                        gone = exc
+                        break
+                    except StoreError as exc:  # the next sweep tries again; the worker goes on
+                        sweeps.failed(exc, sweep_every)
+                    except Exception:
+                        log.exception("applying passed deadlines failed")
+                    else:
+                        sweeps.worked()
+                if len(running) >= concurrency:
+                    await asyncio.wait(
+                        running, timeout=idle_wait, return_when=asyncio.FIRST_COMPLETED
+                    )
+                elif wait is not None and claims.since is None:
+                    since = {} if mark is None else {"since": mark}
+                    waiter = asyncio.ensure_future(wait(None, idle_wait, **since))
+                    stopper = asyncio.ensure_future(stop.wait())
+                    try:
+                        await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:  # a worker cancelled here leaves neither waiting
+                        for f in (waiter, stopper):
+                            f.cancel()
+                    if waiter.done() and not waiter.cancelled() and waiter.exception() is not None:
+                        # Changes cannot be waited for (the store failing): sleep, do not spin.
+                        await _sleep(stop, idle_wait)
+                else:  # or until claims that failed are tried again
+                    await _sleep(stop, max(idle_wait, retry_at - time.monotonic()))
+        except BaseException:
+            # Cancelled (a second Ctrl-C, a task's cancel) or broken: the turns it drives stop
+            # with it, their leases given back, rather than run on unseen once it is gone.
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            raise
         if gone is not None:
             log.error("stopping: %s", gone)
         if running:
