@@ -187,3 +187,79 @@ async def test_an_exception_whose_message_cannot_be_read_is_still_an_error_resul
     assert "Unprintable" in first.content["error"]
     assert "RuntimeError" in first.content["error"]  # what its message raised, in its place
     assert (second.is_error, second.content) == (False, "caught")
+
+
+HUGE = 10**5000  # an int JSON cannot hold: Python refuses its text (over 4300 digits)
+
+
+async def test_an_integer_json_cannot_hold_is_a_tool_error_not_a_failed_drive(
+    store_url: str,
+) -> None:
+    """A result or approval payload holding an int of over 4300 digits raised ValueError out of
+    the drive after the body ran: the session stayed running with the call started, and each
+    retry ran the body again. Each is now an error result the model reads; the body ran once."""
+    runs: list[str] = []
+
+    @so.tool
+    async def count(x: int) -> int:
+        """Count everything."""
+        runs.append("count")
+        return HUGE
+
+    @so.tool
+    async def gate(ctx: so.ToolContext, x: int) -> str:
+        """Gate."""
+        runs.append("gate")
+        ctx.request_approval({"total": HUGE})
+
+    seen = Capture(reply("too big"))
+    agent = scripted_agent(
+        "a", [call_tools(call("count", x=1), call("gate", x=1)), seen], tools=[count, gate]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert (r.status, r.pending) == ("completed", [])
+    assert runs == ["count", "gate"]
+    first, second = tool_results(seen.last)
+    assert first.is_error and "4300 digits" in first.content["error"]
+    assert second.is_error and "approval payload is not JSON-able" in second.content["error"]
+    assert "4300 digits" in second.content["error"]
+
+
+async def test_a_step_returning_an_integer_json_cannot_hold_is_journaled_as_its_failure(
+    store_url: str,
+) -> None:
+    """The step's effect ran, but its result could not be journaled: it failed with a bare
+    ValueError from the store and was not journaled at all, so the replay after the question
+    ran the effect again. Its failure is journaled now, and the replay raises it again."""
+    runs: list[int] = []
+
+    @so.tool
+    async def total(ctx: so.ToolContext, x: int) -> str:
+        """Add up, then ask."""
+
+        def effect() -> int:
+            runs.append(x)
+            return HUGE
+
+        try:
+            await ctx.step("sum", effect)
+        except ValueError as exc:
+            caught = str(exc)
+        answer = await ctx.ask("Proceed?", options=["yes", "no"])
+        return f"{caught} / {answer.value}"
+
+    seen = Capture()
+    agent = scripted_agent("a", [call_tools(call("total", x=1)), seen], tools=[total])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        (question,) = r.pending
+        r = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=question.id, option_id="yes")]
+        )
+        assert r.status == "completed"
+        steps = [e async for e in rt.events(r.session_id, follow=False) if e.type == "tool.step"]
+    assert runs == [1]
+    assert len(steps) == 1 and "result" not in steps[0].data
+    (result,) = tool_results(seen.last)
+    assert "4300 digits" in result.content and result.content.endswith(" / yes")

@@ -454,8 +454,13 @@ class Tool:
 
 def jsonable(value: Any) -> Any:
     """`value` as plain JSON data, with NaN and infinities as null (as pydantic writes them in
-    JSON): what a tool hands back is stored and streamed, and strict JSON readers refuse them."""
+    JSON): what a tool hands back is stored and streamed, and strict JSON readers refuse them.
+    An int of more than 4300 digits raises ValueError: Python neither writes nor reads its JSON."""
     return _finite(to_jsonable_python(value))
+
+
+_INT_DIGITS = 4300  # Python's default bound on an int's digits as text (sys.int_info)
+_INT_TOO_BIG = 10**_INT_DIGITS
 
 
 def json_size(value: Any) -> int:
@@ -477,6 +482,12 @@ def over_limit(what: str, value: Any, limit: int) -> str | None:
 def _finite(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
+    if isinstance(value, int) and value.bit_length() > 14_000 and abs(value) >= _INT_TOO_BIG:
+        # Stored, it failed the commit (or, in a process that raised the bound, every read).
+        raise ValueError(
+            f"an int of more than {_INT_DIGITS} digits has no JSON form signoff can store: "
+            "return it as a string"
+        )
     if isinstance(value, dict):
         return {k: _finite(v) for k, v in value.items()}
     if isinstance(value, list):
