@@ -3,6 +3,7 @@ agent's guardrails decides, and each call sees the requests opened before it."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,46 @@ async def test_an_approval_is_not_asked_while_an_approved_workflow_call_waits_to
         if (q.get("action") or {}).get("tool_name") == "notify"
     ]
     assert len(done) == 1 and len(asked) == 1 and done[0] < asked[0]
+
+
+class _Refusing(so.Guardrail):
+    """A guardrail whose check was cancelled under it (a client it shares closed, say)."""
+
+    async def decide(self, ctx: so.ApprovalContext) -> None:
+        raise asyncio.CancelledError()
+
+
+async def test_a_policy_or_guardrail_that_raises_cancelled_error_on_its_own_asks_a_person(
+    tmp_path: Path,
+) -> None:
+    """A CancelledError a policy or guardrail raised itself (the drive was not cancelled) is its
+    failure, like any other: a person is asked, with the error named. It escaped the drive:
+    `generate` raised CancelledError as if its caller had been cancelled, the session stayed
+    running, and every retry (a worker's too) raised it again."""
+    log = ExecutionLog()
+
+    async def cancelled(ctx: so.ApprovalContext) -> so.ApprovalStatus:
+        raise asyncio.CancelledError()
+
+    @log.tool(approval=cancelled)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    @log.tool
+    async def ship(order_id: str) -> str:
+        """Ship an order."""
+        return "shipped"
+
+    calls = call_tools(call("refund", order_id="1"), call("ship", order_id="2"))
+    agent = scripted_agent(
+        "a", [calls, reply("ok")], tools=[refund, ship], guardrails=[_Refusing()]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert r.status == "waiting"
+        errors = {p.tool_name: p.policy_error for p in r.pending}
+    assert set(errors) == {"refund", "ship"}
+    assert "CancelledError" in str(errors["refund"]) and "CancelledError" in str(errors["ship"])
+    assert errors["ship"].startswith("guardrail raised")  # type: ignore[union-attr]
+    assert log.count() == 0

@@ -199,16 +199,16 @@ class ToolCalls(DriverPart):
         """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
         try:
             own = await tool.approval.decide(ctx)
-        except Exception as exc:  # fail closed: a broken policy asks a person
-            own = Verdict("ask", error=f"approval policy raised {error_text(exc)}")
+        except (Exception, asyncio.CancelledError) as exc:  # fail closed: a person is asked
+            own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}")
         if not _is_verdict(own):
             own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
         verdicts = [own]
         for guardrail in self.agent.guardrails:
             try:
                 v = await guardrail.decide(ctx)
-            except Exception as exc:  # fail closed, like a broken policy: ask a person
-                v = Verdict("ask", error=f"guardrail raised {error_text(exc)}")
+            except (Exception, asyncio.CancelledError) as exc:  # fail closed, like a policy
+                v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}")
             if v is not None and not _is_verdict(v):
                 v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
             if v is not None:
@@ -538,6 +538,14 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:
         span.outcome("withdrawn")
     else:
         span.fail(exc)
+
+
+def _policy_error(exc: BaseException) -> str:
+    """What a policy or guardrail raised, as its request names it. A CancelledError it raised
+    on its own is its failure like any other; the cancel of the drive itself is raised again."""
+    if not isinstance(exc, Exception) and not own_cancel(exc):
+        raise exc
+    return error_text(exc)
 
 
 def _is_verdict(value: object) -> bool:
