@@ -221,3 +221,44 @@ async def test_a_policy_or_guardrail_that_raises_cancelled_error_on_its_own_asks
     assert "CancelledError" in str(errors["refund"]) and "CancelledError" in str(errors["ship"])
     assert errors["ship"].startswith("guardrail raised")  # type: ignore[union-attr]
     assert log.count() == 0
+
+
+async def test_an_approval_a_tool_asked_for_that_the_store_failed_to_record_is_not_asked_again(
+    store_url: str,
+) -> None:
+    """A body that raised ApprovalRequired ran (its effects before the raise too); the store
+    then failed to record its request (a full disk). The retry in this process records the
+    request kept from that run, as it records a result kept so: it ran the body again."""
+    runs: list[str] = []
+
+    @so.tool
+    async def refund(ctx: so.ToolContext, order_id: str) -> str:
+        """Refund an order, once a person agrees."""
+        runs.append(order_id)  # an effect before it asks
+        ctx.request_approval({"order_id": order_id})
+
+    refused: list[str] = []
+
+    def full(when: str, label: str) -> None:
+        if when == "before" and label == "input.requested" and not refused:
+            refused.append(label)
+            raise so.StoreError("could not extend file: No space left on device")
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="7")), reply("ok")], tools=[refund]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        rt.store.set_fault_hook(full)
+        sid = await rt.create_session("a")
+        with pytest.raises(so.StoreError, match="No space left"):
+            await rt.generate(session_id=sid, prompt="refund 7")
+        r = await rt.generate(session_id=sid)
+        assert r.status == "waiting"
+        assert [(p.kind, p.payload) for p in r.pending] == [("tool-approval", {"order_id": "7"})]
+        approve = [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+        done = await rt.respond(sid, approve)
+        assert done.status == "completed"
+        events = [e async for e in rt.events(sid, follow=False)]
+    assert refused and runs == ["7"]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert sum(e.type == "input.requested" for e in events) == 1

@@ -335,7 +335,7 @@ class ToolCalls(DriverPart):
         try:
             result = task.result()
         except ApprovalRequired as signal:
-            await self.request_from_tool(call, signal, journal, tool, validated)
+            await self.request_from_tool(call, signal, journal, tool, validated, key)
             return
         except QuestionWithdrawn as exc:
             cancelled = {"cancelled": True, "reason": str(exc)}
@@ -417,9 +417,16 @@ class ToolCalls(DriverPart):
     async def end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
         """Record the outcome of a call whose body ran. If the store fails to take it (a full
         disk, a lost database), keep it: a later drive in this process records it instead of
-        running the body, and its side effects, again."""
+        running the body, and its side effects, again. An approval the body asked for is such
+        an outcome too: its request is opened from the `input.requested` kept."""
+        requests = [
+            InputRequest.model_validate(r)
+            for kind, data in specs
+            if kind == "input.requested"
+            for r in data["requests"]
+        ]
         try:
-            await self.record(journal.ending(specs))
+            await self.record(journal.ending(specs, requests))
         except StoreError:
             while len(self.unrecorded) >= UNRECORDED_KEPT:
                 del self.unrecorded[next(iter(self.unrecorded))]  # the oldest
@@ -437,9 +444,11 @@ class ToolCalls(DriverPart):
         journal: CallJournal,
         tool: Tool,
         validated: BaseModel,
+        key: str,
     ) -> None:
         """Ask for the approval `tool` raised, showing the reviewer its validated input as a
-        policy's approval shows it (a secret masked, not the model's raw arguments)."""
+        policy's approval shows it (a secret masked, not the model's raw arguments). The body
+        ran: what ends the call is kept if the store fails to take it (`end_call`)."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -449,24 +458,24 @@ class ToolCalls(DriverPart):
                 "error": f"ApprovalRequired names call {named!r}, not this call {call.id!r}: "
                 "an approval is bound to the call that asks for it"
             }
-            await self.record(journal.ending([tool_result(call, "error", error)]))
+            await self.end_call(key, journal, [tool_result(call, "error", error)])
             return
         try:
             payload = jsonable(signal.payload)
         except Exception as exc:
             error = {"error": f"approval payload is not JSON-able: {error_message(exc)}"}
-            await self.record(journal.ending([tool_result(call, "error", error)]))
+            await self.end_call(key, journal, [tool_result(call, "error", error)])
             return
         limit = self.max_result_bytes(tool)
         too_large = over_limit("the approval payload is", payload, limit)
         if too_large is not None:
-            await self.record(journal.ending([tool_result(call, "error", {"error": too_large})]))
+            await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
             return
         try:
             shown = tool.approved_form(validated)
         except PydanticSerializationError as exc:
             error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
-            await self.record(journal.ending([tool_result(call, "error", error)]))
+            await self.end_call(key, journal, [tool_result(call, "error", error)])
             return
         request = InputRequest(
             kind="tool-approval",
@@ -483,8 +492,8 @@ class ToolCalls(DriverPart):
             usage=s.usage,
             response_policy=tool.response_policy is not None,
         )
-        await self.record(
-            journal.ending([("input.requested", {"requests": [dump_request(request)]})], [request])
+        await self.end_call(
+            key, journal, [("input.requested", {"requests": [dump_request(request)]})]
         )
 
 
