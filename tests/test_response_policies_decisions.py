@@ -120,6 +120,12 @@ def _raises(ctx: so.ResponseContext) -> so.Allowed:
     raise LookupError("directory service is down")
 
 
+async def _cancelled(ctx: so.ResponseContext) -> so.Allowed:
+    # Its own cancel (a client it awaits closed under it), not the answer's: it raised out of
+    # respond() as if the caller were cancelled, the candidate left pending to raise again.
+    raise asyncio.CancelledError("the directory client closed")
+
+
 def _bad_status(ctx: so.ResponseContext) -> Any:
     return {"status": "approved"}
 
@@ -159,8 +165,13 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
             "RuntimeError: no comparing",
         ),
         (_hangs, "timed-out", "response policy took longer than 0.05s"),
+        (
+            _cancelled,
+            "failed",
+            "response policy raised CancelledError: the directory client closed",
+        ),
     ],
-    ids=["raises", "invalid status", "returns None", "unreadable", "hangs"],
+    ids=["raises", "invalid status", "returns None", "unreadable", "hangs", "cancels itself"],
 )
 @pytest.mark.parametrize("decision", ["approve", "cancel"])
 async def test_a_broken_policy_never_settles(

@@ -171,7 +171,10 @@ async def evaluate_response(
             result = await run()
     except TimeoutError:
         return ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
+        task = asyncio.current_task()
+        if not isinstance(exc, Exception) and task is not None and task.cancelling():
+            raise  # the answer itself is cancelled; a CancelledError of the policy's own is not
         return ResponseVerdict("failed", f"response policy raised {error_text(exc)}")
     try:
         return _normalize(result)
