@@ -4,6 +4,7 @@ agent's guardrails decides, and each call sees the requests opened before it."""
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -262,3 +263,34 @@ async def test_an_approval_a_tool_asked_for_that_the_store_failed_to_record_is_n
     assert refused and runs == ["7"]
     assert [e.seq for e in events] == list(range(1, len(events) + 1))
     assert sum(e.type == "input.requested" for e in events) == 1
+
+
+@pytest.mark.parametrize("approved", [True, False], ids=["approved", "denied"])
+async def test_a_reviewer_s_reason_of_megabytes_reaches_the_model_cut(
+    tmp_path: Path, approved: bool
+) -> None:
+    """The reason a reviewer gives reaches the model beside the call's result, or as its
+    denial; one of megabytes (an answer may hold 4 MiB) went whole into a result over the
+    tool's `max_result_bytes`, read again by every later model call of the session. It is cut
+    to a quarter of that bound, as a tool's error message is."""
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(), max_result_bytes=4000)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        runs.append(order_id)
+        return "refunded"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("a", [call_tools(call("refund", order_id="1")), seen], tools=[refund])
+    reason = "because " + "x" * 2_000_000
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        decision = so.Decision(id=r.pending[0].id, approved=approved, reason=reason)
+        done = await rt.generate(session_id=r.session_id, approvals=[decision], auth=ALICE)
+        assert done.status == "completed"
+    (result,) = tool_results(seen.last)
+    shown = json.dumps(result.content)
+    assert len(shown) < 4000
+    assert "because xxx" in shown and "[cut]" in shown
+    assert runs == (["1"] if approved else [])

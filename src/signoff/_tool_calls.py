@@ -236,10 +236,11 @@ class ToolCalls(DriverPart):
                 }
                 await self.record([tool_result(call, "expired", timed_out)])
                 return
-            await self.record([tool_result(call, "denied", denial(decision))])
+            await self.record([tool_result(call, "denied", denial(self._cut(call, decision)))])
             return
         if call.status == "decided":
-            await self.record([tool_result(call, "decided", call.decision or {"approved": False})])
+            decided = self._cut(call, call.decision or {"approved": False})
+            await self.record([tool_result(call, "decided", decided)])
             return
         tool = self.agent.tools.get(call.tool_name)
         if tool is None:  # gone from the agent (a new deploy) while the call waited
@@ -279,7 +280,7 @@ class ToolCalls(DriverPart):
             await self.record([tool_result(call, "error", unapproved)])
             return
         note = None
-        decision = call.decision or {}
+        decision = self._cut(call, call.decision or {})
         if decision.get("approved") and decision.get("reason"):
             by = decision.get("by")
             who = by.get("principal_id") if isinstance(by, dict) else by
@@ -432,6 +433,19 @@ class ToolCalls(DriverPart):
                 del self.unrecorded[next(iter(self.unrecorded))]  # the oldest
             self.unrecorded[key] = specs
             raise
+
+    def _cut(self, call: CallState, decision: dict[str, Any]) -> dict[str, Any]:
+        """`decision` with a reviewer's reason of megabytes (an answer may hold 4 MiB) cut to an
+        eighth of the call's result bound: the model reads it with the result, or twice in a
+        denial, in every later call of the session."""
+        reason = decision.get("reason")
+        tool = self.agent.tools.get(call.tool_name)
+        cap = (
+            self.agent.limits.max_result_bytes if tool is None else self.max_result_bytes(tool)
+        ) // 8
+        if not isinstance(reason, str) or len(reason) <= cap:
+            return decision
+        return {**decision, "reason": reason[:cap] + " [cut]"}
 
     def max_result_bytes(self, tool: Tool) -> int:
         """The bound on `tool`'s results: its own, or its agent's `Limits.max_result_bytes`."""
