@@ -131,6 +131,12 @@ def _raises(ctx: so.ResponseContext) -> so.Allowed:
     raise LookupError("directory service is down")
 
 
+async def _cancelled(ctx: so.ResponseContext) -> so.Allowed:
+    # Its own cancel (a client it awaits closed under it), not the answer's: it raised out of
+    # respond() as if the caller were cancelled, the candidate left pending to raise again.
+    raise asyncio.CancelledError("the directory client closed")
+
+
 def _bad_status(ctx: so.ResponseContext) -> Any:
     return {"status": "approved"}
 
@@ -172,6 +178,11 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
         (_hangs, "timed-out", "response policy took longer than 0.05s"),
         (_blocks, "timed-out", "response policy took longer than 0.05s"),
         (_blocks_async, "timed-out", "response policy took longer than 0.05s"),
+        (
+            _cancelled,
+            "failed",
+            "response policy raised CancelledError: the directory client closed",
+        ),
     ],
     ids=[
         "raises",
@@ -181,6 +192,7 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
         "hangs",
         "blocks",
         "blocks async",
+        "cancels itself",
     ],
 )
 @pytest.mark.parametrize("decision", ["approve", "cancel"])

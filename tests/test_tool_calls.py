@@ -3,6 +3,8 @@ agent's guardrails decides, and each call sees the requests opened before it."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +179,118 @@ async def test_an_approval_is_not_asked_while_an_approved_workflow_call_waits_to
         if (q.get("action") or {}).get("tool_name") == "notify"
     ]
     assert len(done) == 1 and len(asked) == 1 and done[0] < asked[0]
+
+
+class _Refusing(so.Guardrail):
+    """A guardrail whose check was cancelled under it (a client it shares closed, say)."""
+
+    async def decide(self, ctx: so.ApprovalContext) -> None:
+        raise asyncio.CancelledError()
+
+
+async def test_a_policy_or_guardrail_that_raises_cancelled_error_on_its_own_asks_a_person(
+    tmp_path: Path,
+) -> None:
+    """A CancelledError a policy or guardrail raised itself (the drive was not cancelled) is its
+    failure, like any other: a person is asked, with the error named. It escaped the drive:
+    `generate` raised CancelledError as if its caller had been cancelled, the session stayed
+    running, and every retry (a worker's too) raised it again."""
+    log = ExecutionLog()
+
+    async def cancelled(ctx: so.ApprovalContext) -> so.ApprovalStatus:
+        raise asyncio.CancelledError()
+
+    @log.tool(approval=cancelled)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    @log.tool
+    async def ship(order_id: str) -> str:
+        """Ship an order."""
+        return "shipped"
+
+    calls = call_tools(call("refund", order_id="1"), call("ship", order_id="2"))
+    agent = scripted_agent(
+        "a", [calls, reply("ok")], tools=[refund, ship], guardrails=[_Refusing()]
+    )
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        assert r.status == "waiting"
+        errors = {p.tool_name: p.policy_error for p in r.pending}
+    assert set(errors) == {"refund", "ship"}
+    assert "CancelledError" in str(errors["refund"]) and "CancelledError" in str(errors["ship"])
+    assert errors["ship"].startswith("guardrail raised")  # type: ignore[union-attr]
+    assert log.count() == 0
+
+
+async def test_an_approval_a_tool_asked_for_that_the_store_failed_to_record_is_not_asked_again(
+    store_url: str,
+) -> None:
+    """A body that raised ApprovalRequired ran (its effects before the raise too); the store
+    then failed to record its request (a full disk). The retry in this process records the
+    request kept from that run, as it records a result kept so: it ran the body again."""
+    runs: list[str] = []
+
+    @so.tool
+    async def refund(ctx: so.ToolContext, order_id: str) -> str:
+        """Refund an order, once a person agrees."""
+        runs.append(order_id)  # an effect before it asks
+        ctx.request_approval({"order_id": order_id})
+
+    refused: list[str] = []
+
+    def full(when: str, label: str) -> None:
+        if when == "before" and label == "input.requested" and not refused:
+            refused.append(label)
+            raise so.StoreError("could not extend file: No space left on device")
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="7")), reply("ok")], tools=[refund]
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        rt.store.set_fault_hook(full)
+        sid = await rt.create_session("a")
+        with pytest.raises(so.StoreError, match="No space left"):
+            await rt.generate(session_id=sid, prompt="refund 7")
+        r = await rt.generate(session_id=sid)
+        assert r.status == "waiting"
+        assert [(p.kind, p.payload) for p in r.pending] == [("tool-approval", {"order_id": "7"})]
+        approve = [so.InputResponse(request_id=r.pending[0].id, option_id="approve")]
+        done = await rt.respond(sid, approve)
+        assert done.status == "completed"
+        events = [e async for e in rt.events(sid, follow=False)]
+    assert refused and runs == ["7"]
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert sum(e.type == "input.requested" for e in events) == 1
+
+
+@pytest.mark.parametrize("approved", [True, False], ids=["approved", "denied"])
+async def test_a_reviewer_s_reason_of_megabytes_reaches_the_model_cut(
+    tmp_path: Path, approved: bool
+) -> None:
+    """The reason a reviewer gives reaches the model beside the call's result, or as its
+    denial; one of megabytes (an answer may hold 4 MiB) went whole into a result over the
+    tool's `max_result_bytes`, read again by every later model call of the session. It is cut
+    to a quarter of that bound, as a tool's error message is."""
+    runs: list[str] = []
+
+    @so.tool(approval=so.always(), max_result_bytes=4000)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        runs.append(order_id)
+        return "refunded"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("a", [call_tools(call("refund", order_id="1")), seen], tools=[refund])
+    reason = "because " + "x" * 2_000_000
+    async with sqlite_runtime(tmp_path, agent) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        decision = so.Decision(id=r.pending[0].id, approved=approved, reason=reason)
+        done = await rt.generate(session_id=r.session_id, approvals=[decision], auth=ALICE)
+        assert done.status == "completed"
+    (result,) = tool_results(seen.last)
+    shown = json.dumps(result.content)
+    assert len(shown) < 4000
+    assert "because xxx" in shown and "[cut]" in shown
+    assert runs == (["1"] if approved else [])

@@ -174,7 +174,10 @@ async def evaluate_response(
             result = await run()
     except TimeoutError:
         return late
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError) as exc:
+        task = asyncio.current_task()
+        if not isinstance(exc, Exception) and task is not None and task.cancelling():
+            raise  # the answer itself is cancelled; a CancelledError of the policy's own is not
         return ResponseVerdict("failed", f"response policy raised {error_text(exc)}")
     if time.monotonic() - started > timeout:
         # It blocked (sync work, never awaiting) past its timeout, which asyncio only

@@ -199,16 +199,16 @@ class ToolCalls(DriverPart):
         """The strictest of the tool's policy and the agent's guardrails: deny > ask > run."""
         try:
             own = await tool.approval.decide(ctx)
-        except Exception as exc:  # fail closed: a broken policy asks a person
-            own = Verdict("ask", error=f"approval policy raised {error_text(exc)}")
+        except (Exception, asyncio.CancelledError) as exc:  # fail closed: a person is asked
+            own = Verdict("ask", error=f"approval policy raised {_policy_error(exc)}")
         if not _is_verdict(own):
             own = Verdict("ask", error=f"approval policy returned {_shown(own)}, not a Verdict")
         verdicts = [own]
         for guardrail in self.agent.guardrails:
             try:
                 v = await guardrail.decide(ctx)
-            except Exception as exc:  # fail closed, like a broken policy: ask a person
-                v = Verdict("ask", error=f"guardrail raised {error_text(exc)}")
+            except (Exception, asyncio.CancelledError) as exc:  # fail closed, like a policy
+                v = Verdict("ask", error=f"guardrail raised {_policy_error(exc)}")
             if v is not None and not _is_verdict(v):
                 v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
             if v is not None:
@@ -236,10 +236,11 @@ class ToolCalls(DriverPart):
                 }
                 await self.record([tool_result(call, "expired", timed_out)])
                 return
-            await self.record([tool_result(call, "denied", denial(decision))])
+            await self.record([tool_result(call, "denied", denial(self._cut(call, decision)))])
             return
         if call.status == "decided":
-            await self.record([tool_result(call, "decided", call.decision or {"approved": False})])
+            decided = self._cut(call, call.decision or {"approved": False})
+            await self.record([tool_result(call, "decided", decided)])
             return
         tool = self.agent.tools.get(call.tool_name)
         if tool is None:  # gone from the agent (a new deploy) while the call waited
@@ -279,7 +280,7 @@ class ToolCalls(DriverPart):
             await self.record([tool_result(call, "error", unapproved)])
             return
         note = None
-        decision = call.decision or {}
+        decision = self._cut(call, call.decision or {})
         if decision.get("approved") and decision.get("reason"):
             by = decision.get("by")
             who = by.get("principal_id") if isinstance(by, dict) else by
@@ -335,7 +336,7 @@ class ToolCalls(DriverPart):
         try:
             result = task.result()
         except ApprovalRequired as signal:
-            await self.request_from_tool(call, signal, journal, tool, validated)
+            await self.request_from_tool(call, signal, journal, tool, validated, key)
             return
         except QuestionWithdrawn as exc:
             cancelled = {"cancelled": True, "reason": str(exc)}
@@ -417,14 +418,34 @@ class ToolCalls(DriverPart):
     async def end_call(self, key: str, journal: CallJournal, specs: list[EventSpec]) -> None:
         """Record the outcome of a call whose body ran. If the store fails to take it (a full
         disk, a lost database), keep it: a later drive in this process records it instead of
-        running the body, and its side effects, again."""
+        running the body, and its side effects, again. An approval the body asked for is such
+        an outcome too: its request is opened from the `input.requested` kept."""
+        requests = [
+            InputRequest.model_validate(r)
+            for kind, data in specs
+            if kind == "input.requested"
+            for r in data["requests"]
+        ]
         try:
-            await self.record(journal.ending(specs))
+            await self.record(journal.ending(specs, requests))
         except StoreError:
             while len(self.unrecorded) >= UNRECORDED_KEPT:
                 del self.unrecorded[next(iter(self.unrecorded))]  # the oldest
             self.unrecorded[key] = specs
             raise
+
+    def _cut(self, call: CallState, decision: dict[str, Any]) -> dict[str, Any]:
+        """`decision` with a reviewer's reason of megabytes (an answer may hold 4 MiB) cut to an
+        eighth of the call's result bound: the model reads it with the result, or twice in a
+        denial, in every later call of the session."""
+        reason = decision.get("reason")
+        tool = self.agent.tools.get(call.tool_name)
+        cap = (
+            self.agent.limits.max_result_bytes if tool is None else self.max_result_bytes(tool)
+        ) // 8
+        if not isinstance(reason, str) or len(reason) <= cap:
+            return decision
+        return {**decision, "reason": reason[:cap] + " [cut]"}
 
     def max_result_bytes(self, tool: Tool) -> int:
         """The bound on `tool`'s results: its own, or its agent's `Limits.max_result_bytes`."""
@@ -437,9 +458,11 @@ class ToolCalls(DriverPart):
         journal: CallJournal,
         tool: Tool,
         validated: BaseModel,
+        key: str,
     ) -> None:
         """Ask for the approval `tool` raised, showing the reviewer its validated input as a
-        policy's approval shows it (a secret masked, not the model's raw arguments)."""
+        policy's approval shows it (a secret masked, not the model's raw arguments). The body
+        ran: what ends the call is kept if the store fails to take it (`end_call`)."""
         s = self.state
         turn = s.turn
         assert turn is not None
@@ -449,24 +472,24 @@ class ToolCalls(DriverPart):
                 "error": f"ApprovalRequired names call {named!r}, not this call {call.id!r}: "
                 "an approval is bound to the call that asks for it"
             }
-            await self.record(journal.ending([tool_result(call, "error", error)]))
+            await self.end_call(key, journal, [tool_result(call, "error", error)])
             return
         try:
             payload = jsonable(signal.payload)
         except Exception as exc:
             error = {"error": f"approval payload is not JSON-able: {error_message(exc)}"}
-            await self.record(journal.ending([tool_result(call, "error", error)]))
+            await self.end_call(key, journal, [tool_result(call, "error", error)])
             return
         limit = self.max_result_bytes(tool)
         too_large = over_limit("the approval payload is", payload, limit)
         if too_large is not None:
-            await self.record(journal.ending([tool_result(call, "error", {"error": too_large})]))
+            await self.end_call(key, journal, [tool_result(call, "error", {"error": too_large})])
             return
         try:
             shown = tool.approved_form(validated)
         except PydanticSerializationError as exc:
             error = {"error": f"the input has no JSON form to show a reviewer: {exc}"}
-            await self.record(journal.ending([tool_result(call, "error", error)]))
+            await self.end_call(key, journal, [tool_result(call, "error", error)])
             return
         request = InputRequest(
             kind="tool-approval",
@@ -483,8 +506,8 @@ class ToolCalls(DriverPart):
             usage=s.usage,
             response_policy=tool.response_policy is not None,
         )
-        await self.record(
-            journal.ending([("input.requested", {"requests": [dump_request(request)]})], [request])
+        await self.end_call(
+            key, journal, [("input.requested", {"requests": [dump_request(request)]})]
         )
 
 
@@ -538,6 +561,14 @@ def _traced(span: ToolSpan, task: asyncio.Future[Any] | None) -> None:
         span.outcome("withdrawn")
     else:
         span.fail(exc)
+
+
+def _policy_error(exc: BaseException) -> str:
+    """What a policy or guardrail raised, as its request names it. A CancelledError it raised
+    on its own is its failure like any other; the cancel of the drive itself is raised again."""
+    if not isinstance(exc, Exception) and not own_cancel(exc):
+        raise exc
+    return error_text(exc)
 
 
 def _is_verdict(value: object) -> bool:
