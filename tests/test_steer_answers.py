@@ -17,6 +17,7 @@ from signoff.testing import (
     reply,
     scripted_agent,
     sqlite_runtime,
+    store_contents,
     timeline,
     tool_results,
 )
@@ -96,7 +97,9 @@ async def test_a_message_naming_a_question_option_by_id_label_or_index(tmp_path:
 
 async def test_a_message_naming_two_options_is_not_taken_as_either(tmp_path: Path) -> None:
     """ "1" is the label of the third option and the index of the first: picking either would
-    guess, so the message is the person's own words (the question takes free text)."""
+    guess, and taking it as the person's own words (the question takes free text) would hand the
+    model the same guess, so it is refused saying how to name each, nothing is recorded, and the
+    question waits for a reply that names one."""
     seen = Capture(reply("ok"))
     counts = [
         {"label": "5", "description": "Five."},
@@ -107,7 +110,13 @@ async def test_a_message_naming_two_options_is_not_taken_as_either(tmp_path: Pat
     agent = scripted_agent("shop", [call_tools(asked), seen], tools=[so.ask_question()])
     async with sqlite_runtime(tmp_path, agent) as rt:
         r = await rt.generate("shop", prompt="order shirts", auth=ALICE)
-        r = await rt.send(r.session_id, "1", principal=ALICE)
+        (q,) = r.pending
+        before = await store_contents(rt.store, r.session_id)
+        with pytest.raises(so.InvalidAnswer, match="to choose 1, reply 3") as caught:
+            await rt.send(r.session_id, "1", principal=ALICE)
+        assert caught.value.request_ids == [q.id]
+        assert await store_contents(rt.store, r.session_id) == before
+        r = await rt.send(r.session_id, "3", principal=ALICE)
         assert r.status == "completed"
         (result,) = tool_results(seen.last)
         assert result.content == {"status": "answered", "answer": "1"}
