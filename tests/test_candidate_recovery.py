@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import signoff as so
-from signoff._answering import RECOVERY_GRACE
+from signoff._candidates import RECOVERY_GRACE
 from tests._candidate_child import ALICE, BOB, make_agent
 from tests._workers import is_, until, working
 

@@ -298,7 +298,7 @@ async def test_an_integer_too_long_for_json_is_a_tool_error_and_is_not_stored(
 def test_a_lowered_digit_limit_is_the_bound_of_a_result() -> None:
     """A process that lowered Python's digit limit (to 640, the least it allows) cannot write
     longer integers as JSON: a result holding one is `TooLarge` there, at any depth."""
-    from signoff._tools import jsonable
+    from signoff._tool_json import jsonable
 
     before = sys.get_int_max_str_digits()
     try:

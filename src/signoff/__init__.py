@@ -72,15 +72,9 @@ from ._results import GenerateResult, Outcome
 from ._runtime import Runtime
 from ._state import SessionState
 from ._subagents import delegate
-from ._tools import (
-    ApprovalRequired,
-    InputUnavailable,
-    QuestionWithdrawn,
-    ReplayError,
-    Tool,
-    ToolContext,
-    tool,
-)
+from ._tool_context import ReplayError, ToolContext
+from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
+from ._tools import Tool, tool
 from ._types import (
     APP_PRINCIPAL,
     Action,

@@ -11,7 +11,8 @@ from ._approval import Guardrail
 from ._exceptions import UsageError
 from ._settings import positive_seconds
 from ._text import is_utf8
-from ._tools import MAX_RESULT_BYTES, Tool
+from ._tool_json import MAX_RESULT_BYTES
+from ._tools import Tool
 from .models._provider import SdkModel
 
 if TYPE_CHECKING:

@@ -21,7 +21,8 @@ from ._exceptions import (
 )
 from ._results import Outcome
 from ._text import is_blank
-from ._tools import Tool, holds_mask
+from ._tool_json import holds_mask
+from ._tools import Tool
 from ._types import (
     Decision,
     InputRequest,

@@ -6,7 +6,9 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from ._tools import InputUnavailable, QuestionWithdrawn, Tool, ToolContext
+from ._tool_context import ToolContext
+from ._tool_signals import InputUnavailable, QuestionWithdrawn
+from ._tools import Tool
 
 __all__ = ["QuestionOption", "ask_question"]
 

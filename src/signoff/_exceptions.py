@@ -34,7 +34,7 @@
         ├── StoreUnavailable       the database server is down, unreachable or not answering
         └── StoreBusy              no free connection to the database in time; retry soon
 
-`ReplayError` is defined in `_tools.py`, the channel errors in
+`ReplayError` is defined in `_tool_context.py`, the channel errors in
 `signoff.channels` (`SlackPayloadError` in `signoff.channels.slack`).
 Every error that is about an answer leaves the store unchanged: nothing is claimed.
 `ApprovalRequired` is not here on purpose: it is a control-flow signal, not a failure.

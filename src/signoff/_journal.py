@@ -11,7 +11,8 @@ from ._exceptions import SignoffError, StoreError, TooLarge
 from ._recording import Batch, EventSpec, TurnStopped, dump_request, new_id
 from ._state import CallState, SessionState
 from ._steps import failure_of
-from ._tools import ApprovalRequired, QuestionWithdrawn, over_limit
+from ._tool_json import over_limit
+from ._tool_signals import ApprovalRequired, QuestionWithdrawn
 from ._types import Action, ChildRef, InputRequest, Option, Principal
 from .stores import Resolve
 

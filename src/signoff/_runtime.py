@@ -42,7 +42,7 @@ from ._prompts import check_prompt
 from ._queue_page import queue_page
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
-from ._sessions import check_session_id
+from ._session_cache import check_session_id
 from ._settings import finite, flag, seconds
 from ._state import SessionState
 from ._sync import blocking_doc, twin

@@ -34,7 +34,8 @@ from ._recording import TurnStopped, new_id, runnable
 from ._results import GenerateResult
 from ._state import SessionState, fold
 from ._text import NOTHING_SAID, is_blank
-from ._tools import TOOL_NAME, Tool, ToolContext
+from ._tool_context import ToolContext
+from ._tools import TOOL_NAME, Tool
 from ._types import InputRequest, Principal
 from .stores import SessionSummary
 

@@ -30,16 +30,10 @@ from ._recording import (
     waiting_after,
 )
 from ._state import CallState, SessionState
-from ._tools import (
-    ApprovalRequired,
-    InputUnavailable,
-    QuestionWithdrawn,
-    Tool,
-    ToolContext,
-    holds_mask,
-    jsonable,
-    over_limit,
-)
+from ._tool_context import ToolContext
+from ._tool_json import holds_mask, jsonable, over_limit
+from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
+from ._tools import Tool
 from ._tracing import ToolSpan
 from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, input_hash
 

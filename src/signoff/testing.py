@@ -30,7 +30,8 @@ from ._events import Event
 from ._exceptions import UsageError
 from ._runtime import Runtime
 from ._settings import finite
-from ._tools import Tool, ToolContext
+from ._tool_context import ToolContext
+from ._tools import Tool
 from ._types import Message, ModelResponse, ToolCall, ToolResultMessage, Usage
 from .models import Scripted
 from .models._scripted import Step

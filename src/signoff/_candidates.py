@@ -1,0 +1,307 @@
+"""`Candidates`: approvals settled through a response policy or a quorum. Each response is
+recorded as a candidate first, then judged or counted; one whose verdict a dead process never
+recorded is judged again (`_recover`)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+
+from ._answers import Reply as _Reply
+from ._answers import repeat as _repeat
+from ._answers import resolution as _resolution
+from ._answers import settlement_events as _settlement_events
+from ._approval import SessionAuth, SessionInfo
+from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
+from ._eligibility import authorize, voted
+from ._exceptions import AnswerError, RequestClosed, SessionExpired
+from ._recording import Batch, EventSpec, new_id
+from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
+from ._results import Outcome
+from ._sessions import SessionRunner
+from ._state import SessionState
+from ._tools import Tool
+from ._types import InputRequest, Principal
+from .stores import Resolve
+
+__all__ = ["LATE", "RECOVERY_GRACE", "Candidates", "session_info", "typed_input"]
+
+log = logging.getLogger("signoff.runtime")
+
+LATE = "the deadline passed before this response could settle it"
+
+RECOVERY_GRACE = 5.0
+"""Seconds beyond a response policy's timeout after which a pending candidate counts as lost."""
+
+
+class Candidates(SessionRunner):
+    """Settles the approvals that have a response policy or a quorum; `Answering` builds on it."""
+
+    async def _recover(self, state: SessionState) -> bool:
+        """Evaluate again the responses whose policy verdict was never recorded: the process
+        that recorded them died while the policy ran (a live one has had its timeout)."""
+        if not state.candidates:
+            return False
+        session_id = state.id
+        recovered = False
+        agent = self.agent(state.agent)
+        now = self.now()
+        for cid, c in list(state.candidates.items()):
+            live = state.requests.get(c["request_id"])
+            if live is None or live.status != "pending":
+                continue
+            tool = agent.tools.get(live.request.tool_name or "")
+            if tool is None or tool.response_policy is None:
+                continue
+            if now - float(c["at"]) < tool.response_timeout + RECOVERY_GRACE:
+                continue
+            option = "approve" if c.get("decision") == "approve" else "cancel"
+            reply = _Reply(
+                live.request.id, option, c.get("text"), c.get("value"), c.get("edited_input")
+            )
+            by = c.get("by")
+            principal = None if by is None else Principal.model_validate(by)
+            log.info("re-evaluating response %s to request %s", cid, live.request.id)
+            recovered = True
+            with contextlib.suppress(AnswerError):
+                wanted = _resolution(live.request, reply, tool)
+                await self._candidate(
+                    session_id, live.request, reply, wanted, principal, recovered=cid
+                )
+        return recovered
+
+    async def _candidate(
+        self,
+        session_id: str,
+        request: InputRequest,
+        reply: _Reply,
+        wanted: dict[str, Any],
+        principal: Principal | None,
+        *,
+        recovered: str | None = None,
+    ) -> Outcome:
+        """Settle an approval that has a response policy or a quorum, recording its candidacy.
+
+        `recovered` names a candidate recorded earlier whose evaluation never finished (its
+        process died): it is evaluated again without being recorded again.
+        """
+        rid = request.id
+        state = await self._state(session_id)
+        tool = self.agent(state.agent).tools.get(request.tool_name or "")
+        by = None if principal is None else principal.model_dump()
+        base = {
+            "request_id": rid,
+            "call_id": request.call_id,
+            "candidate_id": recovered or new_id("cand"),
+            "decision": wanted["decision"],
+            "by": by,
+        }
+        tid = request.turn_id
+
+        def waiting(st: SessionState) -> EventSpec:
+            ids = [r.id for r in st.pending_requests()]
+            return ("turn.waiting", {"on": "input", "request_ids": ids})
+
+        if tool is not None and tool.response_policy is not None:
+            # Record the response first (all of it), so slow policy work cannot lose it.
+            pending = {
+                **base,
+                "outcome": "pending",
+                "text": reply.text,
+                "value": reply.value,
+                "edited_input": reply.edited_input,
+            }
+            if recovered is None:
+                await self._append(
+                    session_id,
+                    lambda st: [("approval.candidate", pending)],
+                    durable=True,
+                    turn_id=tid,
+                )
+            verdict = await evaluate_response(
+                tool.response_policy,
+                ResponseContext(
+                    request=RequestInfo(
+                        request_id=rid,
+                        call_id=request.call_id or "",
+                        tool_name=request.tool_name or "",
+                        tool_input=_proposed_input(state, tool, request),
+                        principal=request.requested_by,
+                        escalated_to=request.escalated_to,
+                    ),
+                    response=ResponseInfo(
+                        decision=wanted["decision"],
+                        principal=principal,
+                        edited_input=None
+                        if wanted.get("edited_input") is None
+                        else typed_input(tool, wanted["edited_input"]),
+                    ),
+                    session=session_info(state, request),
+                ),
+                tool.response_timeout,
+            )
+            if verdict.outcome != "allowed":
+                refusal = {**base, "outcome": verdict.outcome, "reason": verdict.reason}
+
+                def refuse(st: SessionState) -> list[EventSpec]:
+                    if rid not in st.requests or st.requests[rid].status != "pending":
+                        return [("approval.candidate", {**refusal, "outcome": "stale"})]
+                    return [("approval.candidate", refusal), waiting(st)]
+
+                await self._append(session_id, refuse, turn_id=tid)
+                return Outcome(
+                    request_id=rid, outcome=verdict.outcome, applied=False, reason=verdict.reason
+                )
+        elif request.approvers <= 1 and not request.exclude_requester:
+            authorize(request, principal)
+        outcome: list[Outcome] = []
+        refused: list[AnswerError] = []
+        late: list[InputRequest] = []
+        lapsed: list[bool] = []
+        evaluated = tool is not None and tool.response_policy is not None
+
+        def settle_or_count(st: SessionState) -> Batch:
+            late.clear()
+            lapsed.clear()
+            live = st.requests.get(rid)
+            if live is None or live.status != "pending":
+                refused.clear()
+                try:
+                    outcome.append(
+                        _repeat(
+                            request,
+                            live.status if live else "withdrawn",
+                            live.resolution if live else None,
+                            wanted,
+                        )
+                    )
+                except AnswerError as exc:
+                    refused.append(exc)
+                if not evaluated:
+                    return Batch(specs=[])
+                # Its pending candidate ends too: the request closed while the policy ran.
+                why = f"request {rid} was closed before this response could settle it"
+                stale = {**base, "outcome": "stale", "reason": why}
+                return Batch(specs=[("approval.candidate", stale)])
+            current = live.request
+            now = self.now()
+            if st.expired(now):
+                # The session's TTL passed while the response was decided: it wins too, and is
+                # recorded as a reading of the session would record it.
+                lapsed.append(True)
+                why = f"the session expired before this response could settle request {rid}"
+                stale = {**base, "outcome": "stale", "reason": why}
+                ended: list[EventSpec] = [("approval.candidate", stale)] if evaluated else []
+                return Batch(specs=[*ended, *expiry_specs(st)], resolve=expiry_resolves(st))
+            due = due_batch(st, now) if is_due(current, now) else None
+            if due is not None:
+                # Its deadline passed while the response was decided (a slow policy): the
+                # deadline wins, as it would have had anyone looked, and this answer is spent.
+                late.append(current)
+                spent = {**base, "outcome": "stale", "reason": f"{LATE} (request {rid})"}
+                first: list[EventSpec] = [("approval.candidate", spent)] if evaluated else []
+                return Batch(
+                    specs=[*first, *due.specs],
+                    resolve=due.resolve,
+                    updated_requests=due.updated_requests,
+                )
+            me = None if principal is None else principal.principal_id
+            if wanted["decision"] == "approve" and current.approvers > 1:
+                if voted(current, principal):
+                    outcome.append(
+                        Outcome(
+                            request_id=rid,
+                            outcome="counted",
+                            applied=False,
+                            reason=f"already counted: {current.progress}",
+                        )
+                    )
+                    return Batch(specs=[])
+                votes = [*current.approved_by, str(me)]
+                if len(votes) < current.approvers:
+                    progressed = current.model_copy(update={"approved_by": votes})
+                    outcome.append(
+                        Outcome(
+                            request_id=rid,
+                            outcome="counted",
+                            applied=True,
+                            reason=progressed.progress,
+                        )
+                    )
+                    counted = {
+                        **base,
+                        "outcome": "counted",
+                        "votes": len(votes),
+                        "needed": current.approvers,
+                    }
+                    return Batch(
+                        specs=[("approval.candidate", counted), waiting(st)],
+                        updated_requests=[progressed],
+                    )
+                wanted["approved_by"] = votes
+            resolution = {**wanted, "by": by}
+            outcome.append(Outcome(request_id=rid, outcome=wanted["outcome"], applied=True))
+            return Batch(
+                specs=_settlement_events(current, reply, resolution),
+                resolve=[
+                    Resolve(
+                        request_id=rid,
+                        status="settled",
+                        outcome=wanted["outcome"],
+                        resolution=resolution,
+                    )
+                ],
+            )
+
+        await self._append(session_id, settle_or_count, durable=True, turn_id=tid)
+        if lapsed:
+            raise SessionExpired(session_id, [rid])
+        if late:
+            why = f"{LATE} (request {rid})"
+            if late[-1].on_timeout == "escalate" and late[-1].escalated_to is None:
+                group = late[-1].escalate_to
+                return Outcome(
+                    request_id=rid,
+                    outcome="stale",
+                    applied=False,
+                    reason=f"{why}; it was escalated to {group!r}",
+                )
+            raise RequestClosed(f"request {rid} expired: {why}", [rid])
+        if refused:
+            raise refused[-1]
+        return outcome[-1]
+
+
+def _proposed_input(state: SessionState, tool: Tool, request: InputRequest) -> Any:
+    """The input of the call `request` asks about, as the tool validated it when proposed: the
+    request shows its JSON form, which a masked secret or a validator that changes a value
+    would not give back."""
+    turn = state.turn
+    call = turn.calls.get(request.call_id or "") if turn is not None else None
+    if call is None or turn is None or turn.id != request.turn_id:
+        return typed_input(tool, request.input)
+    return typed_input(tool, call.input)
+
+
+def typed_input(tool: Tool, value: Any) -> Any:
+    """The call's input as the tool's validated model, as approval policies see it."""
+    try:
+        return tool.validate(value)
+    except ValidationError:
+        return value
+
+
+def session_info(state: SessionState, request: InputRequest) -> SessionInfo:
+    turn = state.turn
+    return SessionInfo(
+        id=state.id,
+        agent=state.agent,
+        turn=request.turn_id,
+        parent=state.parent,
+        auth=SessionAuth(
+            current=None if turn is None else turn.principal, initiator=state.initiator
+        ),
+    )

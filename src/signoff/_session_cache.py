@@ -1,0 +1,344 @@
+"""`SessionCache`: the runtime's store, settings and live state, and its in-process cache of
+session states, on which `SessionRunner` starts and drives turns.
+
+The in-process cache of session states is checked against the store's head before every use,
+so nothing is trusted from memory that the store does not also hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any, Self
+
+from ._agent import Agent, by_name
+from ._audit_trail import record_tool_settings
+from ._counts import Counts
+from ._deadlines import due_batch, expiry_resolves, expiry_specs
+from ._engine import Driver
+from ._exceptions import (
+    ModelError,
+    SessionExpired,
+    StoreError,
+    UnknownAgent,
+    UnknownSession,
+    UsageError,
+)
+from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN, Leasing
+from ._recording import Batch, EventSpec, load_state, new_id
+from ._results import GenerateResult, Outcome
+from ._settings import flag, seconds, whole
+from ._state import SessionState, fold
+from ._subagents import missing_targets
+from ._sync import SyncBridge
+from ._text import is_utf8
+from ._tracing import tracing_for
+from ._types import ModelResponse
+from .models import ModelRequest
+from .stores import Store, open_store
+
+__all__ = ["SessionCache", "check_session_id"]
+
+log = logging.getLogger("signoff.runtime")
+
+_told: set[str] = set()
+"""The problems with a runtime's agents this process has logged (`missing_targets`)."""
+
+
+def check_session_id(session_id: object) -> None:
+    """Refuse an id that is not text by name: one store found no such session, another raised.
+    Text holding a lone surrogate names no session (no store can look it up): an unknown one."""
+    if not isinstance(session_id, str):
+        raise UsageError(f"session_id must be text, not {type(session_id).__name__}")
+    if not is_utf8(session_id):
+        raise UnknownSession(session_id)
+
+
+class _NotRun:
+    """The model of an agent this runtime only appends events for; it is never called."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+
+    async def complete(self, request: ModelRequest) -> ModelResponse:
+        raise ModelError(f"this runtime does not run agent {self.agent!r}")
+
+
+class SessionCache(Leasing):
+    """Opens the store and loads sessions, cached and checked against the store's head, with
+    their lapsed TTLs and passed deadlines applied; `SessionRunner` builds on it."""
+
+    def __init__(
+        self,
+        agents: Sequence[Agent],
+        store: str | Store | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        lease_ttl: float = 30.0,
+        lease_wait: float = 10.0,
+        cache_size: int = 1024,
+        poll_interval: float = 0.2,
+        inline: bool = True,
+        tracer_provider: Any = None,
+        trace_content: bool = False,
+    ) -> None:
+        """`inline=False` leaves running turns to workers (`Runtime.work`, `signoff worker`):
+        calls return as soon as what they were given is recorded. OpenTelemetry spans go to
+        `tracer_provider` or the global one, with content if `trace_content` (`_tracing`)."""
+        # A lease of 0 s is expired when granted: every worker could claim it at once.
+        seconds("lease_ttl", lease_ttl, least=LEASE_TTL_MIN, most=LEASE_TTL_MAX)
+        seconds("poll_interval", poll_interval)
+        if not callable(clock):  # else the first call failed, after the store was opened
+            raise UsageError(f"clock must be a function returning the time, not {clock!r}")
+        flag("inline", inline)  # "no" or 0 was read as true or false, unnoticed
+        # 0 gives up on a busy session at once; NaN never gave up, nor raised SessionBusy.
+        seconds("lease_wait", lease_wait, zero=True)
+        whole("cache_size", cache_size, least=0)  # -1 emptied it, then a KeyError
+        self.agents = by_name(agents)
+        # Not refused: a process may only record answers for an agent, or resume one whose
+        # children ran elsewhere. But said at once, rather than by the model at the first call.
+        for problem in missing_targets(self.agents):
+            if problem not in _told:  # a process may build runtimes of these agents again
+                _told.add(problem)
+                log.warning("%s", problem)
+        self.store = open_store(store)
+        self.clock = clock
+        self.lease_ttl = lease_ttl
+        self.lease_wait = lease_wait
+        self.poll_interval = poll_interval
+        self.inline = inline
+        self.tracer_provider = tracer_provider
+        self.trace_content = trace_content
+        self._cache_size = cache_size
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """Start this runtime's live state anew: what it holds while in use, which no copy of it
+        shares (`Runtime._replaced`), from its id and store clock to its caches, locks and loop."""
+        self._tracing = tracing_for(self.tracer_provider, self.trace_content)
+        self._counts = Counts()  # what this process did, for a metrics endpoint (`_counts`)
+        self._unmeasured()  # the store's clock, see `now`
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{new_id('rt')}"
+        self._cache: OrderedDict[str, SessionState] = OrderedDict()
+        # Per session, only while in use (weak: none is kept for the sessions a process is done
+        # with). A lock serializes this process's appends to one session: commit, then apply.
+        self._aborts: weakref.WeakValueDictionary[str, asyncio.Event] = (
+            weakref.WeakValueDictionary()
+        )
+        self._locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        # Outcomes of tool bodies that ran but were not recorded (`ToolCalls.end_call`).
+        self._unrecorded: dict[str, list[EventSpec]] = {}
+        # Leases of ended drives the store refused to release: given back by the next drive here.
+        self._unreleased: dict[str, tuple[str, int]] = {}
+        self._expiries: dict[str, tuple[int, float]] = {}  # see `Leasing._hold`
+        self._opened = False
+        self._settings_due = self._settings_warned = False  # see `_record_settings`
+        self._sync = SyncBridge()
+
+    async def open(self) -> None:
+        """Open the store; the first call does it, so only `async with` needs it named."""
+        if not self._opened:
+            await self.store.open()
+            await self._sync_lease_clock()
+            self._settings_due = True
+            self._opened = True
+        else:
+            self._check_lease_clock()
+        if self._settings_due:
+            await self._record_settings()
+
+    async def _record_settings(self) -> None:
+        """Record tool setting changes, so an admin can see when a tool stopped (or started)
+        requiring approval. A store refusing writes (read-only, full) still opens, to be read:
+        each call tries again first, so the change is recorded before any write made under it."""
+        try:
+            await record_tool_settings(self.store, self.agents.values(), self.now())
+        except StoreError as exc:
+            if not self._settings_warned:
+                log.warning("tool settings not recorded yet (tried again at each call): %s", exc)
+                self._settings_warned = True
+            return
+        self._settings_due = False
+
+    async def close(self) -> None:
+        """Close the store; a later call opens it again. A `*_sync` call still running in
+        another thread is stopped first (its lease given back; it raises `UsageError`)."""
+        self._sync.stop_calls()  # `*_sync` calls in other threads first: see `close_sync`
+        await self._close_store()
+        self._sync.close()
+
+    async def _close_store(self) -> None:
+        """`close` but for the sync bridge, which `close_sync` runs this on: leases the store
+        refused to take back are given back, then the store is closed."""
+        await self._stop_lease_check()
+        for session_id, (owner, token) in list(self._unreleased.items()):
+            with contextlib.suppress(StoreError):  # else it lapses after its TTL
+                await self._release(session_id, owner, token)
+        await self.store.close()
+        self._opened = False
+
+    async def __aenter__(self) -> Self:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def agent(self, name: str) -> Agent:
+        """The agent called `name`, or an `UnknownAgent` naming the ones this runtime has."""
+        spec = self.agents.get(name) if isinstance(name, str) else None  # a list is unhashable
+        if spec is None:
+            known = ", ".join(self.agents) or "none"
+            raise UnknownAgent(f"unknown agent {name!r}; this runtime has: {known}")
+        return spec
+
+    async def _state(self, session_id: str) -> SessionState:
+        """The session as its events fold it, checked against the store's head (a passed TTL
+        not yet recorded is not applied: `Runtime.state` records it)."""
+        return await self._state_at(session_id, None)
+
+    async def _state_at(self, session_id: str, head: int | None) -> SessionState:
+        """`_state`, checked against `head` if the caller just read it (with a lease) instead."""
+        check_session_id(session_id)
+        await self.open()
+        cached = self._cache.get(session_id)
+        if cached is not None:
+            if head is None:
+                head = await self.store.head(session_id)
+            if head is None:
+                raise UnknownSession(session_id)
+            if head == cached.seq:
+                self._remember(cached)  # another task may have dropped it while we awaited
+                return cached
+            try:
+                # Drivers commit and apply under this lock: fold in only what none has applied.
+                async with self._locks.setdefault(session_id, asyncio.Lock()):
+                    tail = await self.store.read_events(session_id, after=cached.seq)
+                    state = fold(tail, cached)
+                self._remember(state)
+                return state
+            except Exception:
+                self._cache.pop(session_id, None)
+        state = await load_state(self.store, session_id)
+        self._remember(state)
+        return state
+
+    def _remember(self, state: SessionState) -> None:
+        self._cache[state.id] = state
+        self._cache.move_to_end(state.id)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+
+    async def _checked(
+        self,
+        session_id: str,
+        *,
+        trust_cache: bool = False,
+        lease: int | None = None,
+        head: int | None = None,
+    ) -> SessionState:
+        """The session's state with its lapsed TTL and passed deadlines applied; `lease` is the
+        caller's token on it, if any, and `head` the session's head when it was granted.
+        `trust_cache` skips the store's head when nothing is due on the cached state: a stale
+        cache makes the caller's append conflict instead."""
+        check_session_id(session_id)
+        now = self.now()
+        cached = self._cache.get(session_id) if trust_cache else None
+        if cached is not None and not cached.expired(now) and due_batch(cached, now) is None:
+            return cached
+        state = await self._state_at(session_id, head)
+        if state.expired(now):
+            await self._expire(state, lease)
+        if due_batch(state, now) is not None:
+            await self._append(
+                session_id,
+                lambda st: due_batch(st, self.now()) or Batch(specs=[]),
+                durable=True,
+                turn_id=state.turn.id if state.turn else None,
+            )
+            state = await self._state(session_id)
+        return state
+
+    async def _expire(self, state: SessionState, lease: int | None = None) -> None:
+        """Record that the session's TTL passed (its open requests expire, its unfinished turn
+        fails), then raise `SessionExpired`. A turn without open requests that another drive
+        holds is left to the next look; the caller's own `lease` fences the record instead."""
+        pending = state.pending_requests()
+        specs = expiry_specs(state)
+        if specs and (pending or lease is not None or not await self._busy(state.id)):
+            driver = self._driver(state, lease)
+            with contextlib.suppress(Exception):  # LeaseLost: another drive took it over
+                await driver.record(specs, resolve=expiry_resolves(state))
+            self._cache.pop(state.id, None)
+        raise SessionExpired(state.id, [r.id for r in pending])
+
+    def _driver(self, state: SessionState, token: int | None) -> Driver:
+        return Driver(
+            store=self.store,
+            agent=self.agent(state.agent),
+            state=state,
+            lease_token=token,
+            clock=self.now,
+            abort_signal=self._aborts.setdefault(state.id, asyncio.Event()),
+            lock=self._locks.setdefault(state.id, asyncio.Lock()),
+            unrecorded=self._unrecorded,
+            tracing=self._tracing,
+            counts=self._counts,
+        )
+
+    async def _busy(self, session_id: str) -> bool:
+        token = await self.store.acquire_lease(session_id, self.owner, 1.0, self.now())
+        if token is None:
+            return True
+        await self.store.release_lease(session_id, self.owner, token)
+        return False
+
+    def _result(
+        self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False
+    ) -> GenerateResult:
+        turn = state.turn
+        status: Any
+        if busy:
+            status = "running"
+        else:
+            status = state.turn_status or "idle"
+        return GenerateResult(
+            status=status,
+            session_id=state.id,
+            turn_id=None if turn is None else turn.id,
+            text="" if turn is None else turn.text,
+            pending=state.pending_requests(),
+            error=None if turn is None else turn.error,
+            retryable=False if turn is None else turn.retryable,
+            outcomes=list(outcomes),
+        )
+
+    async def _append(
+        self, session_id: str, build: Callable[[SessionState], Any], **kw: Any
+    ) -> None:
+        state = await self._state(session_id)
+        if state.agent in self.agents:
+            driver = self._driver(state, None)
+        else:  # only recording (a subagent's mirror closed by a process without its parent)
+            stand_in = Agent(name=state.agent, model=_NotRun(state.agent))
+            driver = Driver(
+                store=self.store,
+                agent=stand_in,
+                state=state,
+                lease_token=None,
+                clock=self.now,
+                lock=self._locks.setdefault(state.id, asyncio.Lock()),
+            )
+        try:
+            await driver.record(build, **kw)
+        except Exception:
+            self._cache.pop(session_id, None)
+            raise
+        self._remember(driver.state)

@@ -1,0 +1,260 @@
+"""`ToolContext`, what a tool receives as its optional first parameter, and the `Journal` the
+engine gives it, so that `ctx.ask()` and `ctx.step()` are recorded and replayed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, NoReturn, Protocol
+
+from ._approval import SessionInfo
+from ._exceptions import UsageError
+from ._steps import raise_recorded
+from ._tool_json import copied, jsonable
+from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
+from ._types import Answer, Option, Principal, make_options
+
+__all__ = ["Journal", "ReplayError", "ToolContext", "in_thread"]
+
+
+class ReplayError(UsageError):
+    """A workflow tool asked or stepped in a different order than it recorded."""
+
+    code = "replay_error"
+
+
+class Journal(Protocol):
+    """What the engine gives a `ToolContext` so `ask` and `step` are recorded and replayed."""
+
+    can_ask: bool
+
+    @property
+    def keyed(self) -> bool:
+        """Entries are keyed by kind, name and occurrence (else by position: older calls)."""
+        ...
+
+    def entries(self) -> Sequence[dict[str, Any] | None]: ...
+
+    def lookup(self, request_id: str) -> tuple[str, dict[str, Any] | None]: ...
+
+    async def run_step(self, index: int, name: str, run: Callable[[], Awaitable[Any]]) -> Any: ...
+
+    async def open_question(
+        self, index: int, question: str, options: list[Option], allow_text: bool
+    ) -> str: ...
+
+    async def park(self) -> NoReturn: ...
+
+    async def settle(self) -> None: ...
+
+
+_IN_STEP: contextvars.ContextVar[tuple[ToolContext, str] | None] = contextvars.ContextVar(
+    "signoff_in_step", default=None
+)
+"""The context and name of the step whose function is running (in this task and those it
+starts): that function may not step or ask through the same context."""
+
+
+class ToolContext:
+    """What a tool receives as its optional first parameter."""
+
+    def __init__(
+        self,
+        *,
+        session: SessionInfo,
+        call_id: str,
+        tool_name: str,
+        idempotency_key: str,
+        abort_signal: asyncio.Event | None = None,
+        journal: Journal | None = None,
+    ) -> None:
+        self.session = session
+        self.call_id = call_id
+        self.tool_name = tool_name
+        self._key = idempotency_key
+        self.abort_signal = abort_signal or asyncio.Event()
+        self._journal = journal
+        self._cursor = 0  # places claimed this run (the position of entries journaled by one)
+        self._seen: dict[tuple[str, str], int] = {}  # (kind, name): occurrences claimed this run
+
+    def _outside_steps(self, kind: str) -> None:
+        """Refuse `ctx.step()`/`ctx.ask()` from a step's own function: a question would park
+        inside the step, which the body's park waits for (a drive hung for ever), and an inner
+        step is never replayed, as the outer one replays whole (a later entry's ReplayError)."""
+        running = _IN_STEP.get()
+        if running is not None and running[0] is self:
+            raise UsageError(
+                f"ctx.{kind}() inside step {running[1]!r}: a step's function may not step or ask "
+                "(call them from the tool's body)"
+            )
+
+    def _next(self, kind: str, name: str) -> tuple[int, dict[str, Any] | None]:
+        """Claim the journal place of this `kind`/`name` and return it with what it recorded.
+
+        A call's entries are keyed by kind, name and occurrence (the nth step of that name), so
+        concurrent branches (asyncio.gather) find their own entries in whatever order they get
+        there. Calls journaled before keys existed (`Journal.keyed` false) replay by position,
+        as they were recorded.
+        """
+        if self._journal is None:
+            raise UsageError(f"ctx.{kind}() needs a context given by the signoff engine")
+        position = self._cursor
+        self._cursor += 1
+        entries = self._journal.entries()
+        if self._journal.keyed:
+            n = self._seen.get((kind, name), 0)
+            self._seen[(kind, name)] = n + 1
+            found = [
+                e
+                for e in entries
+                if e is not None and (e["kind"], e["name"], e.get("n")) == (kind, name, n)
+            ]
+            return n, found[0] if found else None
+        entry = entries[position] if position < len(entries) else None
+        if entry is not None and (entry["kind"] != kind or entry["name"] != name):
+            raise self._diverged(kind, name, position, entry)
+        return position, entry
+
+    def _diverged(
+        self, kind: str, name: str, position: int, recorded: dict[str, Any]
+    ) -> ReplayError:
+        return ReplayError(
+            f"tool {self.tool_name!r} (call {self.call_id}) replayed {kind} {name!r} at "
+            f"position {position + 1}, but recorded {recorded['kind']} {recorded['name']!r} "
+            "there; a workflow tool must ask and step in the same order on every run"
+        )
+
+    def _unreplayed(self) -> list[dict[str, Any]]:
+        """Recorded entries no branch of this run has reached yet."""
+        assert self._journal is not None
+        return [
+            e
+            for e in self._journal.entries()
+            if e is not None and self._seen.get((e["kind"], e["name"]), 0) <= e.get("n", 0)
+        ]
+
+    async def _replayed_first(self, kind: str, name: str) -> None:
+        """Before a new entry, let sibling branches replay what they recorded (they may be
+        behind this one now); one that no branch reaches means the tool changed: ReplayError."""
+        assert self._journal is not None
+        if not self._journal.keyed:
+            return
+        position = self._cursor - 1  # claimed just before this is called, with no await between
+        left, idle = self._unreplayed(), 0
+        while left:
+            if idle == 20:
+                raise self._diverged(kind, name, position, left[0])
+            await asyncio.sleep(0)
+            now = self._unreplayed()
+            idle = 0 if len(now) < len(left) else idle + 1
+            left = now
+
+    async def step(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a side effect once and journal its result; a replay returns the recorded result.
+
+        A step that raises is journaled too, and its replay raises the same exception again
+        (`StepFailed` when it cannot be rebuilt) instead of running the step again. Replay finds
+        a step by its name and occurrence: concurrent branches that step under the same name
+        must reach it in the same order on every run, so give each its own name. The step's
+        own function may not step or ask (`UsageError`); a plain one runs in a thread.
+        """
+        # The name is journaled as JSON and looked up by it on replay: a tuple came back a list
+        # (unhashable, so the replay failed after the step had run), a number was no name.
+        if not isinstance(name, str) or not name:
+            raise UsageError(f"ctx.step() needs a name (non-empty text), not {name!r}")
+        if not callable(fn):
+            raise UsageError(f"ctx.step({name!r}, fn): fn must be a function, not {fn!r}")
+        self._outside_steps("step")
+        index, entry = self._next("step", name)
+        if entry is not None:
+            if entry.get("error") is not None:
+                raise_recorded(name, entry["error"])
+            # A copy: the entry is the session's state, which a tool changing it would change.
+            return copied(entry["result"])
+        await self._replayed_first("step", name)
+        assert self._journal is not None
+
+        async def run() -> Any:
+            running = _IN_STEP.set((self, name))
+            try:
+                if inspect.iscoroutinefunction(fn):
+                    result = await fn(*args, **kwargs)
+                else:  # in a thread, as a sync tool: blocking, it would stop lease renewals
+                    result = await in_thread(fn, *args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = await result
+            finally:
+                _IN_STEP.reset(running)
+            return jsonable(result)
+
+        return copied(await self._journal.run_step(index, name, run))  # as journaled
+
+    async def ask(
+        self,
+        question: str,
+        options: Sequence[str | Option | dict[str, Any]] | None = None,
+        allow_text: bool = True,
+    ) -> Answer:
+        """Ask a person and park the turn durably until they answer; returns their answer."""
+        if not isinstance(question, str) or not question.strip():
+            raise UsageError("ctx.ask() needs a non-empty question")
+        try:
+            opts = make_options(options)
+        except ValueError as exc:
+            raise UsageError(f"ctx.ask(): {exc}") from None
+        if not opts and not allow_text:
+            raise UsageError("ctx.ask() without options must allow free text")
+        self._outside_steps("ask")
+        index, entry = self._next("ask", question)
+        journal = self._journal
+        assert journal is not None
+        if entry is None:
+            if not journal.can_ask:
+                raise InputUnavailable("this session has no person to ask")
+            await self._replayed_first("ask", question)
+            await journal.open_question(index, question, opts, allow_text)
+            await journal.park()
+        request_id = entry["request_id"] if entry else ""
+        status, resolution = journal.lookup(request_id)
+        if status == "pending":
+            await journal.park()
+        if not journal.keyed:
+            # When first asked, this branch parked while sibling branches (asyncio.gather) went
+            # on to their own asks: on replay they go first too, so each takes its position.
+            await journal.settle()
+        resolution = resolution or {}
+        if resolution.get("outcome") != "answered":
+            raise QuestionWithdrawn(request_id, str(resolution.get("outcome")))
+        answer = resolution.get("answer") or {}
+        by = resolution.get("by")
+        return Answer(
+            value=answer.get("value", ""),
+            option_id=answer.get("option_id"),
+            text=answer.get("text"),
+            # Who answered, without the channel attributes they arrived with (as in eve).
+            responder=None if by is None else Principal.model_validate({**by, "attributes": {}}),
+        )
+
+    def idempotency_key(self, name: str | None = None) -> str:
+        """A key stable across replays and processes for this call (and `name` within it)."""
+        return self._key if name is None else f"{self._key}:{name}"
+
+    def request_approval(self, payload: Any = None) -> NoReturn:
+        """Park the turn until a person decides; the decision becomes this call's result."""
+        raise ApprovalRequired(payload, call_id=self.call_id)
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` run in a thread. A `StopIteration` it raises is a `RuntimeError`,
+    as a coroutine makes it: asyncio cannot hand one to the task awaiting the thread, which
+    then waited for ever."""
+
+    def call() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except StopIteration as exc:
+            raise RuntimeError("the function raised StopIteration") from exc
+
+    return await asyncio.to_thread(call)

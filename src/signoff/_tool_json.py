@@ -1,0 +1,122 @@
+"""A tool's input and results as JSON: the bound on a result's size, NaN and infinities as null,
+sets in a stable order, and the masked secrets a reviewer's form gives back."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from pydantic import BaseModel, Secret, SecretBytes, SecretStr
+from pydantic_core import to_jsonable_python
+
+from ._events import FITS_BITS, check_digits, dumps
+
+MAX_RESULT_BYTES = 1 << 20
+"""The default bound on a tool's or step's result as JSON (`Limits.max_result_bytes`)."""
+
+__all__ = [
+    "MAX_RESULT_BYTES",
+    "copied",
+    "holds_mask",
+    "json_size",
+    "jsonable",
+    "non_finite",
+    "over_limit",
+    "sets_sorted",
+]
+
+
+def sets_sorted(value: Any, form: Any) -> Any:
+    """`form` (the JSON dump of `value`) with the lists that hold a set of `value` sorted."""
+    if isinstance(value, set | frozenset) and isinstance(form, list):
+        return sorted(form, key=lambda item: json.dumps(item, sort_keys=True))
+    if isinstance(value, dict) and isinstance(form, dict) and len(value) == len(form):
+        pairs = zip(form.items(), value.values(), strict=True)
+        return {k: sets_sorted(v, f) for (k, f), v in pairs}
+    if isinstance(value, list | tuple) and isinstance(form, list) and len(value) == len(form):
+        return [sets_sorted(v, f) for v, f in zip(value, form, strict=True)]
+    return form
+
+
+_MASK = "**********"
+"""How pydantic shows a secret as JSON, as a reviewer sees it."""
+
+
+def holds_mask(validated: BaseModel) -> bool:
+    """Whether validated input holds a secret whose value is its mask: what a reviewer's form
+    gives back for a secret, which a tool must not be run with."""
+    stack: list[Any] = [validated.model_dump()]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, SecretStr | SecretBytes | Secret):
+            if value.get_secret_value() in (_MASK, _MASK.encode()):
+                return True
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple | set | frozenset):
+            stack.extend(value)
+    return False
+
+
+def copied(value: Any) -> Any:
+    """A copy of journaled JSON, as the log gives it back: a JSON round trip, three times as
+    fast as `copy.deepcopy` for a result of a megabyte."""
+    return json.loads(json.dumps(value))
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON data, with NaN and infinities as null (as pydantic writes them in
+    JSON): what a tool hands back is stored and streamed, and strict JSON readers refuse them.
+    An integer too long to write as JSON text is `TooLarge`."""
+    return _finite(to_jsonable_python(value))
+
+
+def json_size(value: Any) -> int:
+    """How many bytes `value` takes as stored JSON (UTF-8, compact)."""
+    text = dumps(value)
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def over_limit(what: str, value: Any, limit: int) -> str | None:
+    """Why `value` may not be stored (its JSON is over `limit` bytes), or None when it fits."""
+    if isinstance(value, str) and len(value) * 4 + 2 <= limit:
+        return None  # fits however it encodes: no need to measure
+    size = json_size(value)
+    if size <= limit:
+        return None
+    return f"{what} {size} bytes, over the limit of {limit} bytes (max_result_bytes); return less"
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, int):
+        if value.bit_length() > FITS_BITS:
+            check_digits(value)
+        return value
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def non_finite(
+    value: Any, loc: tuple[str | int, ...]
+) -> tuple[tuple[str | int, ...], float] | None:
+    """Where validated input holds NaN or an infinity (pydantic parses "NaN" and "1e400" into
+    floats): such input would slip past `amount > 100` and reach the reviewer as null."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (loc, value)
+    if isinstance(value, dict):
+        items: Any = value.items()
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        found = non_finite(item, (*loc, key if isinstance(key, (str, int)) else str(key)))
+        if found is not None:
+            return found
+    return None

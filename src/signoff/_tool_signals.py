@@ -1,0 +1,50 @@
+"""The signals a tool raises or receives that are not failures: `ApprovalRequired` parks the turn
+for a person's decision, `QuestionWithdrawn` and `InputUnavailable` end a `ctx.ask()`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._exceptions import UsageError
+
+__all__ = ["ApprovalRequired", "InputUnavailable", "QuestionWithdrawn"]
+
+
+class QuestionWithdrawn(Exception):  # a signal, not an error
+    """Raised by `ctx.ask()` when its question was withdrawn (a steering message, a cancel)."""
+
+    def __init__(self, request_id: str, outcome: str) -> None:
+        super().__init__(f"question {request_id} was withdrawn ({outcome})")
+        self.request_id = request_id
+        self.outcome = outcome
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.request_id, self.outcome))
+
+
+class InputUnavailable(Exception):  # a signal, not an error
+    """Raised by `ctx.ask()` when no person can answer (for example a scheduled turn)."""
+
+
+class ApprovalRequired(Exception):
+    """Raised inside a tool to park the turn until a person decides; not a failure.
+
+    The reviewer's decision becomes the call's result; the tool body does not run again.
+    `call_id` names the call that asks (`ctx.request_approval` fills it in); a signal naming
+    another call opens no request, since an approval is bound to the exact call.
+    """
+
+    def __init__(self, payload: Any = None, *, call_id: str | None = None) -> None:
+        if call_id is not None and not isinstance(call_id, str):
+            raise UsageError(f"call_id must be the call's id (a str), not {call_id!r}")
+        super().__init__(payload)
+        self.payload = payload
+        self.call_id = call_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_signal, (self.payload, self.call_id))
+
+
+def _rebuild_signal(payload: Any, call_id: str | None) -> ApprovalRequired:
+    """Unpickle an `ApprovalRequired` (its `call_id` is keyword-only)."""
+    return ApprovalRequired(payload, call_id=call_id)
