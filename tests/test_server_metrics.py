@@ -440,3 +440,66 @@ def test_a_dashboard_answer_to_an_unknown_request_is_a_refusal(tmp_path: Path) -
         assert (r.status_code, r.json()["error"]["code"]) == (404, "unknown_request")
         found = samples(alice.get("/metrics", headers=ADMIN).text)
     assert found[("signoff_answers_refused_total", (("code", "unknown_request"),))] == 1
+
+
+OPENMETRICS = "application/openmetrics-text"
+
+
+@pytest.mark.parametrize(
+    ("accept", "served"),
+    [
+        (OPENMETRICS, f"{OPENMETRICS}; version=1.0.0;"),
+        (f"{OPENMETRICS}; version=x", f"{OPENMETRICS}; version=1.0.0;"),
+        (f"{OPENMETRICS};version=1.x", f"{OPENMETRICS}; version=1.0.0;"),
+        (f"{OPENMETRICS}; version=" + "9" * 5000, f"{OPENMETRICS};"),
+        ("text/plain; version=abc, */*", "text/plain; version=0.0.4;"),
+        ("text/plain; version=1.0.0", "text/plain; version=1.0.0;"),
+    ],
+    ids=["openmetrics", "letters", "no-space", "5000-digits", "text-letters", "text-1.0.0"],
+)
+async def test_a_scrape_s_accept_header_picks_the_format_and_a_malformed_version_is_ignored(
+    tmp_path: Path, accept: str, served: str
+) -> None:
+    """`prometheus_client` compares an Accept header's `version` as numbers: `version=x` raised
+    a TypeError, so a scraper's (or anyone's) malformed header got a 500 and a logged traceback
+    instead of the metrics; such a version is now ignored, as an absent one is."""
+    from prometheus_client.openmetrics.parser import (
+        text_string_to_metric_families as openmetrics_families,
+    )
+
+    async with metered(f"sqlite:///{tmp_path}/s.db") as (_, c):
+        app = c._transport.app  # type: ignore[attr-defined]
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as raw:
+            r = await raw.get("/metrics", headers={**ADMIN, "Accept": accept})
+    assert r.status_code == 200, r.text
+    kind = r.headers["content-type"]
+    assert kind.startswith(served) and len(kind) < 100
+    parse = openmetrics_families if kind.startswith(OPENMETRICS) else None
+    found = {f.name for f in (parse or text_string_to_metric_families)(r.text)}
+    assert {"signoff_turns_driven", "signoff_store_up"} <= found
+
+
+def test_a_dashboard_edit_it_refuses_is_an_invalid_answer_refusal(tmp_path: Path) -> None:
+    """The dashboard's form refuses edited arguments that are not one JSON object (422
+    `invalid_answer`) before the runtime settles anything, so the runtime never counted those
+    refusals: `signoff_answers_refused_total{code="invalid_answer"}` missed them."""
+    from ._dashboard import csrf_of, signed_in, start
+
+    runtime = so.Runtime(make_agents(), store=f"sqlite:///{tmp_path}/s.db")
+    app = create_app(
+        runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True, metrics=True
+    )
+    with running(app) as base, signed_in(base) as alice:
+        rid = start(base)["pending"][0]["id"]
+        csrf = csrf_of(alice.get("/_signoff/").text)
+        json_please = {"Accept": "application/json"}
+        for edit in ["not json", "[1]", '{"amount": 1, "amount": 2}']:
+            form = {"option": "approve", "edited_input": edit, "csrf": csrf}
+            r = alice.post(f"/_signoff/requests/{rid}/respond", data=form, headers=json_please)
+            assert (r.status_code, r.json()["error"]["code"]) == (422, "invalid_answer"), edit
+        found = samples(alice.get("/metrics", headers=ADMIN).text)
+        still = alice.get(f"/v1/requests/{rid}", headers=ADMIN)
+    assert found[("signoff_answers_refused_total", (("code", "invalid_answer"),))] == 3
+    assert found[("signoff_answers_accepted_total", ())] == 0
+    assert still.json()["status"] == "pending"

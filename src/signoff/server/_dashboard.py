@@ -24,6 +24,7 @@ from starlette.responses import (
 from .._answers import check_text
 from .._exceptions import (
     IdempotencyKeyReused,
+    InvalidAnswer,
     SignoffError,
     StoreError,
     UnknownRequest,
@@ -189,20 +190,11 @@ async def respond(request: Request, request_id: str) -> Response:
         input_hash = fields.get("input_hash") or None
         raw = (fields.get("edited_input") or "").strip()
         if option == "approve" and raw and action is not None:
-            try:  # a key typed twice would silently mean its last value: refused
-                parsed = json.loads(raw, object_pairs_hook=unique_keys)
-            except RepeatedKey as exc:
-                return await dashboard_error(
-                    request, 422, "invalid_answer", f"the edited arguments are ambiguous: {exc}"
-                )
-            except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
-                return await dashboard_error(
-                    request, 422, "invalid_answer", f"the edited arguments are not JSON: {exc}"
-                )
-            if not isinstance(parsed, dict):
-                return await dashboard_error(
-                    request, 422, "invalid_answer", "the edited arguments must be a JSON object"
-                )
+            try:
+                parsed = _edited_arguments(raw)
+            except InvalidAnswer as exc:
+                ctx.runtime._counts.refuse(exc)  # a refused answer, as the runtime counts its own
+                return await dashboard_error(request, 422, exc.code, str(exc))
             if parsed != action.input:
                 edited = parsed
     answer = InputResponse(
@@ -244,6 +236,19 @@ async def respond(request: Request, request_id: str) -> Response:
         return await message_page(request, 200, "Already answered", message)
     # The page the form was on, by the sign-in form's rule: no path that leaves the dashboard.
     return RedirectResponse(return_to(fields.get("next")) or DASHBOARD_PREFIX, status_code=303)
+
+
+def _edited_arguments(raw: str) -> dict[str, Any]:
+    """The arguments a reviewer typed, as one JSON object; `InvalidAnswer` if they are not."""
+    try:  # a key typed twice would silently mean its last value: refused
+        parsed = json.loads(raw, object_pairs_hook=unique_keys)
+    except RepeatedKey as exc:
+        raise InvalidAnswer(f"the edited arguments are ambiguous: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: absurd nesting
+        raise InvalidAnswer(f"the edited arguments are not JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise InvalidAnswer("the edited arguments must be a JSON object")
+    return parsed
 
 
 @router.get("/requests/{request_id}/input")

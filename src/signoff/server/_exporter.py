@@ -9,6 +9,7 @@ principal, a tenant or what was asked.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -27,6 +28,10 @@ log = logging.getLogger("signoff.server")
 
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 """The methods a label names; any other is `other` (a client may send any token)."""
+
+# A format version `prometheus_client` can compare: it reads each part as a number if it can,
+# and comparing a part it cannot (`version=x`, or digits past Python's limit) raised a TypeError.
+_VERSION = re.compile(r"[0-9]{1,6}(?:\.[0-9]{1,6}){0,3}")
 
 
 class _Activity:
@@ -129,5 +134,19 @@ class Exporter:
                 log.warning("metrics: the store did not answer the count of open requests")
         self.activity.store_up = up
         self.activity.open_requests = open_requests
-        encode, content_type = choose_encoder(accept)
+        encode, content_type = choose_encoder(_versioned(accept))
         return encode(self.registry), content_type
+
+
+def _versioned(accept: str) -> str:
+    """`accept` without its `version` parameters that are not dotted numbers: a client's
+    malformed header gets the format's default version, not a 500."""
+    kept = []
+    for item in accept.split(","):
+        media, *params = item.split(";")
+        for param in params:
+            key, _, value = param.strip().partition("=")
+            if key != "version" or _VERSION.fullmatch(value):
+                media += ";" + param
+        kept.append(media)
+    return ",".join(kept)
