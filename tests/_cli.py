@@ -25,6 +25,7 @@ __all__ = [
     "_free_port",
     "invoke",
     "issue_refund",
+    "limited_runtime",
     "log",
     "offline_runtime",
     "park",
@@ -296,3 +297,61 @@ def offline_runtime() -> so.Runtime:
         lease_wait=3.0,
         poll_interval=0.3,
     )
+
+
+@so.tool
+async def lookup(order_id: str) -> str:
+    """Look an order up."""
+    return "shipped"
+
+
+def limited_runtime() -> so.Runtime:
+    """A parent whose two subagents ask, in this order, an approval and (over its token budget)
+    a session-limit prompt."""
+    billing = so.Agent(
+        name="billing",
+        model=so.models.Scripted(
+            [
+                so.ModelResponse(
+                    tool_calls=[
+                        so.ToolCall(
+                            name="issue_refund",
+                            input={"order_id": "1042", "amount": 180, "reason": "broken"},
+                        )
+                    ]
+                ),
+                so.ModelResponse(text="Refunded."),
+            ]
+        ),
+        tools=[issue_refund],
+    )
+    orders = so.Agent(
+        name="orders",
+        model=so.models.Scripted(
+            [
+                so.ModelResponse(
+                    tool_calls=[so.ToolCall(name="lookup", input={"order_id": "3"})],
+                    usage=so.Usage(input_tokens=50, output_tokens=0),
+                ),
+                so.ModelResponse(text="Order 3 shipped."),
+            ]
+        ),
+        tools=[lookup],
+        limits=so.Limits(max_tokens=40),
+    )
+    parent = so.Agent(
+        name="support",
+        model=so.models.Scripted(
+            [
+                so.ModelResponse(
+                    tool_calls=[
+                        so.ToolCall(id="d1", name="billing", input={"message": "refund 1042"}),
+                        so.ToolCall(id="d2", name="orders", input={"message": "where is 3?"}),
+                    ]
+                ),
+                so.ModelResponse(text="All done."),
+            ]
+        ),
+        tools=[so.delegate("billing"), so.delegate("orders")],
+    )
+    return so.Runtime([parent, billing, orders], store="sqlite:///:memory:")

@@ -95,6 +95,21 @@ def test_chat_asks_each_gated_call_of_one_step_in_turn(url: str) -> None:
     assert "double: call_1042: refunded; call_1043: denied" in chat.output
 
 
+def test_chat_asks_a_session_limit_prompt_before_requests_asked_earlier(url: str) -> None:
+    """The eve seed: a terminal shows one request at a time "in this order": a runtime-limit
+    continuation prompt if one is open, otherwise the request asked first."""
+    chat = CliRunner().invoke(
+        app,
+        ["chat", "tests._cli:limited_runtime", "--agent", "support", "--store", url],
+        input="go\n1\ny\n",
+    )
+    assert chat.exit_code == 0, chat.output
+    limit = chat.output.index("Continue with a raised budget")
+    approval = chat.output.index("Run issue_refund(")
+    assert limit < approval
+    assert "support: All done." in chat.output
+
+
 def test_names_with_brackets_are_printed_as_they_are(url: str) -> None:
     """An agent's name is not Rich markup: `sessions` and `chat` print `ops [eu] [/x]` as it is
     instead of failing with a MarkupError traceback."""

@@ -377,3 +377,85 @@ async def test_a_deadline_past_the_year_9999_is_shown_not_raised(tmp_path: Path)
             outcome = await sms.reply("yes", BOB)
             assert outcome is not None and outcome.outcome == "approved"
         assert runs == ["A-1"]
+
+
+def _limit_behind_two_approvals() -> list[so.Agent]:
+    """A parent whose three subagents ask, in this order, two approvals and (over its token
+    budget) a session-limit prompt."""
+
+    @so.tool(approval=so.always())
+    async def issue_refund(order_id: str) -> str:
+        """Refund an order."""
+        return "refunded"
+
+    @so.tool
+    async def lookup(order_id: str) -> str:
+        """Look an order up."""
+        return "shipped"
+
+    billing = scripted_agent(
+        "billing",
+        [call_tools(call("issue_refund", order_id="1")), reply("Refunded.")],
+        tools=[issue_refund],
+    )
+    spent = so.Usage(input_tokens=50, output_tokens=0)
+    orders = scripted_agent(
+        "orders",
+        [call_tools(call("lookup", order_id="3"), usage=spent), reply("Order 3 shipped.")],
+        tools=[lookup],
+        limits=so.Limits(max_tokens=40),
+    )
+    parent = scripted_agent(
+        "support",
+        [
+            call_tools(
+                call("billing", id="d1", message="refund 1"),
+                call("billing", id="d2", message="refund 2"),
+                call("orders", id="d3", message="where is 3?"),
+            ),
+            reply("All done."),
+        ],
+        tools=[so.delegate("billing"), so.delegate("orders")],
+        limits=so.Limits(max_tokens=1000),
+    )
+    return [parent, billing, orders]
+
+
+@pytest.mark.parametrize("started", ["before", "after"])
+async def test_a_session_limit_prompt_is_shown_next_before_requests_asked_earlier(
+    tmp_path: Path, started: str
+) -> None:
+    """The eve seed: text channels show one request at a time, posting the next once the
+    current one is answered, "in this order": a runtime-limit continuation prompt if one is
+    open, and otherwise the request asked first. The request on show stays until answered;
+    the prompt, asked last, comes next (or first, for a channel that starts with all three)."""
+    async with runtime(tmp_path, *_limit_behind_two_approvals()) as rt:
+        sms = Texts()
+        hub = ChannelHub(rt, [sms])
+        if started == "before":
+            await hub.start(follow=False)
+        r = await rt.generate("support", prompt="refund 1 and 2, and where is 3?", auth=BOB)
+        assert [p.kind for p in r.pending] == ["tool-approval", "tool-approval", "session-limit"]
+        if started == "after":
+            await hub.start(follow=False)
+        try:
+            await hub.poll()
+            kinds = [w.kind for w in sms.waiting]
+            if started == "before":  # the first approval was on show when the prompt came
+                assert kinds == ["tool-approval", "session-limit", "tool-approval"]
+                outcome = await sms.reply("yes", BOB)
+                assert outcome is not None and outcome.outcome == "approved"
+                await hub.poll()
+            assert [w.kind for w in sms.waiting][:2] == ["session-limit", "tool-approval"]
+            assert "Continue with a raised budget" in sms.sent[-1]
+            outcome = await sms.reply("continue", BOB)
+            assert outcome is not None and outcome.outcome == "answered"
+            while sms.current is not None:
+                await hub.poll()
+                assert "issue_refund" in sms.sent[-1]
+                outcome = await sms.reply("yes", BOB)
+                assert outcome is not None and outcome.outcome == "approved"
+                await hub.poll()
+        finally:
+            await hub.stop()
+        assert (await rt.state(r.session_id)).turn_status == "completed"

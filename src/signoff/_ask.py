@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from ._tool_context import ToolContext
 from ._tool_signals import InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
+from ._types import Option, unique_name
 
 __all__ = ["QuestionOption", "ask_question"]
 
@@ -22,21 +23,44 @@ class QuestionOption(BaseModel):
     description: str = Field(min_length=1, max_length=300, description="One sentence.")
 
 
+def _choices(options: list[QuestionOption]) -> list[Option]:
+    """The options a person is shown, numbered from 1 (their ids)."""
+    return [
+        Option(id=str(i), label=o.label, description=o.description)
+        for i, o in enumerate(options, 1)
+    ]
+
+
+def _distinct(options: list[QuestionOption]) -> list[QuestionOption]:
+    """Refuse options a person cannot tell apart: a label twice, or one that no reply names
+    alone (each label another's number); the model is told, and can ask again."""
+    labels = [o.label.strip().casefold() for o in options]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"option labels must be distinct: {[o.label for o in options]}")
+    choices = _choices(options)
+    for choice in choices:
+        if unique_name(choices, choice) is None:
+            raise ValueError(
+                f"no reply names option {choice.label.strip()!r} alone (its number and its "
+                f"label name other options too): choose labels that are not another's number"
+            )
+    return options
+
+
 async def _ask_question(
     ctx: ToolContext,
     question: str,
-    options: Annotated[list[QuestionOption], Field(min_length=2, max_length=3)] | None = None,
+    options: Annotated[
+        list[QuestionOption], Field(min_length=2, max_length=3), AfterValidator(_distinct)
+    ]
+    | None = None,
 ) -> dict[str, Any]:
     """Ask the user one question instead of guessing, optionally with 2 or 3 choices.
 
-    The user can always type their own answer, so never add an "Other" option.
+    Their labels must be distinct. The user can always type their own answer, so never add an
+    "Other" option.
     """
-    choices = None
-    if options is not None:
-        choices = [
-            {"id": str(i + 1), "label": o.label, "description": o.description}
-            for i, o in enumerate(options)
-        ]
+    choices = None if options is None else _choices(options)
     try:
         answer = await ctx.ask(question, options=choices, allow_text=True)
     except QuestionWithdrawn:

@@ -1,7 +1,8 @@
 """`TextChannel`: channels that show only text (SMS, email, issue comments, a terminal).
 
-They show one request at a time, in the order the requests were opened, and post the next only
-once the current one is answered, so a typed reply always answers the request the person sees.
+They show one request at a time, in the order a typed message answers them (a session-limit
+prompt first, then the order the requests were opened), and post the next only once the current
+one is answered, so a typed reply always answers the request the person sees.
 `TerminalTextChannel` puts the CLI's inline prompts behind the same interface.
 """
 
@@ -193,13 +194,23 @@ class TextChannel(Channel):
                 if r.id not in known:
                     self._queue.append(r)
             if self._queue:
+                await self._put_in_order()
                 await self._show_unseen()
 
     async def on_requested(self, request: InputRequest) -> None:
         async with self._lock:
             if not any(r.id == request.id for r in self._queue):
                 self._queue.append(request)
+                await self._put_in_order()
             await self._show_unseen()  # on the hub's retry too, if showing it failed before
+
+    async def _put_in_order(self) -> None:
+        """The order a typed message answers requests in: a session-limit prompt before any
+        other, else the order they were asked; the request on show stays until answered."""
+        shown = await off_loop(self.recall, "shown")
+        head = [r for r in self._queue[:1] if r.id == shown]
+        rest = sorted(self._queue[len(head) :], key=lambda r: r.kind != "session-limit")
+        self._queue = head + rest
 
     async def on_updated(self, request: InputRequest) -> None:
         async with self._lock:

@@ -216,7 +216,11 @@ class _Chat:
             await self.trace(result.session_id)
             if result.status != "waiting" or not result.pending:
                 break
-            open_requests = [r for r in result.pending if r.id not in answered]
+            # as a typed message answers them: a session-limit prompt first, else as asked
+            open_requests = sorted(
+                (r for r in result.pending if r.id not in answered),
+                key=lambda r: r.kind != "session-limit",
+            )
             if not open_requests:  # e.g. approvals=N: the others must answer now
                 ids = ", ".join(r.id for r in result.pending)
                 self.console.print(
