@@ -14,6 +14,7 @@ import pytest
 
 import signoff as so
 from signoff import _subagents
+from signoff._answers import MAX_TEXT_BYTES
 from signoff.testing import (
     call,
     call_tools,
@@ -85,6 +86,29 @@ async def test_a_blank_task_is_a_tool_error_and_makes_no_child(tmp_path: Path) -
     assert r.status == "completed"
     [result] = tool_results(after.capture.last)
     assert result.is_error and "whitespace" in str(result.content)
+    assert [s.id for s in await rt.sessions()] == [r.session_id]
+    await rt.close()
+
+
+async def test_a_task_over_the_prompt_limit_is_a_tool_error_and_makes_no_child(
+    tmp_path: Path,
+) -> None:
+    # A parent allowed model responses over 4 MiB can hand over a task its child's turn would
+    # refuse as a prompt (`MAX_TEXT_BYTES`): refused before the child session is made.
+    after = Counted("sorry")
+    child = scripted_agent("billing", [reply("never")])
+    task = "x" * (MAX_TEXT_BYTES + 1)
+    parent = scripted_agent(
+        "support",
+        [call_tools(call("billing", message=task)), after],
+        tools=[so.delegate("billing")],
+        limits=so.Limits(max_response_bytes=2 * MAX_TEXT_BYTES),
+    )
+    rt = sqlite_runtime(tmp_path, parent, child)
+    r = await rt.generate("support", prompt="hi")
+    assert r.status == "completed"
+    [result] = tool_results(after.capture.last)
+    assert result.is_error and f"over the limit of {MAX_TEXT_BYTES} bytes" in str(result.content)
     assert [s.id for s in await rt.sessions()] == [r.session_id]
     await rt.close()
 

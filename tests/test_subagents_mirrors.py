@@ -4,6 +4,7 @@ cancelled, expired or past its deadline there, the mirror follows and the parent
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -400,3 +401,49 @@ async def test_an_answer_to_the_top_mirror_of_a_grandchild_its_cancel_left_open_
         assert state.turn is not None and state.turn.status == "completed"
         assert tool_results(top_after.capture.last)[0].content == "Billing stopped."
         assert ran == [] and top_after.calls == 1
+
+
+async def test_a_child_answered_directly_by_a_process_that_died_after_its_turn_ended(
+    store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child's request is answered on the child and its turn ends, and the process dies
+    before it told the parent (`after_drive`): the queue does not ask again for the approval
+    given, and a worker carries the parent's turn on, rather than leaving it waiting on a
+    mirror no sweep or claim would ever look at."""
+    ran: list[dict[str, Any]] = []
+    after = Counted("Handled in the billing session.")
+    agents = list(refund_agents(ran, after))
+
+    async def died(rt: so.Runtime, session_id: str) -> None:
+        return None
+
+    async with so.Runtime(agents, store=store_url) as rt:
+        r = await rt.generate("support", prompt="Refund order 1042", auth=ALICE)
+        [mirror] = r.pending
+        assert mirror.child is not None
+        with monkeypatch.context() as m:
+            m.setattr(_child_sessions, "after_drive", died)
+            done = await rt.respond(
+                mirror.child.session_id,
+                [so.InputResponse(request_id=mirror.child.request_id, option_id="approve")],
+                principal=ALICE,
+            )
+        assert done.status == "completed" and after.calls == 0
+    async with so.Runtime(agents, store=store_url, inline=False, lease_ttl=2.0) as worker:
+        assert await worker.pending() == []
+        stop = asyncio.Event()
+        working = asyncio.create_task(worker.work(stop=stop, idle_wait=0.05))
+        try:
+            for _ in range(250):
+                turn = (await worker.state(r.session_id)).turn
+                if turn is not None and turn.status == "completed":
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            stop.set()
+            await asyncio.wait_for(working, 10)
+        state = await worker.state(r.session_id)
+        assert state.turn is not None and state.turn.status == "completed", state.status
+        assert state.turn.text == "Handled in the billing session."
+        assert state.requests[mirror.id].outcome == "approved"
+        assert ran == [{"order_id": "1042", "amount": 180.0}] and after.calls == 1

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "after_close",
     "after_drive",
+    "before_drive",
     "awaited",
     "cancel_delegated",
     "cancel_expired",
@@ -57,6 +58,26 @@ async def after_drive(rt: Runtime, session_id: str) -> None:
             await close_mirror(rt, parent.id, live.request)
     if mirrors:
         await _go_on(rt, parent.id)
+
+
+async def before_drive(rt: Runtime, session_id: str) -> None:
+    """A child session about to be driven on its own (answered directly, claimed by a worker):
+    close the parent's mirrors of the requests it closed first, so that a process dying once
+    its turn ended leaves the parent's turn runnable (a worker's to claim) rather than waiting
+    on a mirror nothing looks at again. The parent's turn goes on after the child's
+    (`after_drive`)."""
+    state = rt._cache.get(session_id) or await rt._state(session_id)
+    if state.parent is None or session_id in delegating.get():
+        return
+    try:
+        parent = await rt._state(state.parent)
+    except UnknownSession:
+        return
+    if parent.expired(rt.now()):  # its expiry is recorded instead (`after_drive`)
+        return
+    for live in _mirrors(parent, session_id):
+        if live.status == "pending":
+            await close_mirror(rt, parent.id, live.request)
 
 
 async def after_close(rt: Runtime, state: SessionState) -> None:

@@ -121,6 +121,9 @@ class Runtime(Workers):
         return driver
 
     async def _drive(self, session_id: str, **kwargs: Any) -> GenerateResult:
+        check_session_id(session_id)
+        # A subagent's parent: its mirrors of what closed close first, lest a death lose them.
+        await _child_sessions.before_drive(self, session_id)
         result = await super()._drive(session_id, **kwargs)
         await _child_sessions.after_drive(self, session_id)  # a subagent's parent may go on now
         return result

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, Protocol, runtime_ch
 
 from pydantic import AfterValidator, Field
 
+from ._answers import check_text
 from ._child_sessions import cancel_orphan, delegating, first_turn
 from ._events import Event
 from ._exceptions import (
@@ -138,10 +139,15 @@ def missing_targets(agents: Mapping[str, Agent]) -> list[str]:
 
 
 def _said(message: str) -> str:
-    """The task must say something (`is_blank`): one that does not is refused before the child
-    session is created, so the model is told and no session is left without a turn."""
+    """The task must say something (`is_blank`) and fit in a prompt (`check_text`): one that
+    does not is refused before the child session is created, so the model is told and no
+    session is left without a turn."""
     if is_blank(message):
         raise ValueError(NOTHING_SAID.format(what="the task"))
+    try:
+        check_text(message, "the task")
+    except SignoffError as exc:
+        raise ValueError(str(exc)) from None
     return message
 
 
