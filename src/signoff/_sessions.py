@@ -38,10 +38,10 @@ from ._exceptions import (
 from ._idempotency import Keyed, seen
 from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN, Leasing, lost_line
 from ._prompts import check_prompt, next_turn
-from ._recording import Batch, Changed, EventSpec, load_state, new_id, runnable
+from ._recording import Batch, Changed, EventSpec, cancelled_under, load_state, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._settings import flag, seconds, whole
-from ._state import SessionState, fold
+from ._state import SessionState, TurnState, fold
 from ._subagents import missing_targets
 from ._sync import SyncBridge
 from ._text import is_utf8
@@ -455,7 +455,8 @@ class SessionRunner(Leasing):
         # once per TTL, not claimed again at once by every worker in a loop.
         keep_on_error = claimed is not None
         granted = getattr(self.store, "granted_head", None)
-        for _ in range(100):
+        began: TurnState | None = None  # the live turn the first pass found (`cancelled_under`)
+        for n in range(100):
             given = claimed or leased
             if given is not None:
                 (owner, token), claimed, leased = given, None, None
@@ -482,6 +483,8 @@ class SessionRunner(Leasing):
                 state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running
                     state = await self._checked(session_id, lease=token)
+                if n == 0 and state.turn is not None and state.turn.status != "cancelled":
+                    began = state.turn
                 span.begin(state, self.now())
                 driver = self._driver(state, token)
                 driver.traceparent = span.traceparent()
@@ -537,7 +540,8 @@ class SessionRunner(Leasing):
             if lost:
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
-                return self._result(state, outcomes)
+                ended = await cancelled_under(self.store, state, began)
+                return self._result(state if ended is None else ended, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
 
     async def _recover(self, state: SessionState) -> bool:
