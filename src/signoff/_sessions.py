@@ -490,6 +490,7 @@ class SessionRunner(Leasing):
                 driver.traceparent = span.traceparent()
                 driver.release_at_end = True
                 driver.held = held
+                held.drive = driver.position  # its renewals see a cancel made elsewhere
                 driver.lease_check = partial(self._confirm, session_id, owner, token, held)
                 state = await driver.drive(retry=retry)
                 failed = False
