@@ -469,9 +469,6 @@ class Runtime(Workers):
                         with contextlib.suppress(UnknownSession):
                             await _child_sessions.cancel_orphan(self, await self._state(child))
                 return self._result(state)
-            abort = self._aborts.get(session_id)
-            if abort is not None:
-                abort.set()
             withdrawn: list[InputRequest] = []
             delegated: list[str] = []
 
@@ -503,7 +500,10 @@ class Runtime(Workers):
                 self._cache.pop(session_id, None)
                 continue
             self._remember(driver.state)
-            self._aborts.pop(session_id, None)
+            # Only once recorded: a cancel the store refused leaves the turn, and its calls, going.
+            abort = self._aborts.pop(session_id, None)
+            if abort is not None:
+                abort.set()
             # Subagents under this turn: waiting on a person, or still running.
             for child in dict.fromkeys([*_child_sessions.children(withdrawn), *delegated]):
                 with contextlib.suppress(UnknownSession, SessionExpired):
