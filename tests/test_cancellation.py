@@ -30,7 +30,7 @@ async def test_a_sync_call_from_another_thread_wakes_the_body_waiting_on_its_abo
         entered.set()
         start = time.monotonic()
         try:
-            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=5)
+            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=8)
         except TimeoutError:
             pass
         waited.append((ctx.abort_signal.is_set(), time.monotonic() - start))
@@ -47,9 +47,9 @@ async def test_a_sync_call_from_another_thread_wakes_the_body_waiting_on_its_abo
         else:
             other = threading.Thread(target=lambda: results.append(rt.send_sync(sid, "stop")))
         other.start()
-        r = await asyncio.wait_for(drive, timeout=10)
+        r = await asyncio.wait_for(drive, timeout=20)
         await asyncio.to_thread(other.join, 10)
         [(aborted, seconds)] = waited
-        assert aborted and seconds < 2, waited
+        assert aborted and seconds < 4, waited  # not the body's own 8 s
         assert r.status == ("cancelled" if how == "cancel_sync" else "completed")
         assert len(results) == 1

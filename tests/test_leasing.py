@@ -293,7 +293,7 @@ async def test_a_cancel_made_in_another_process_sets_the_running_body_s_abort_si
         """A long task that stops when the turn is cancelled."""
         entered.set()
         try:
-            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=5)
+            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=8)
         except TimeoutError:
             pass
         seen.append(ctx.abort_signal.is_set())
@@ -313,8 +313,8 @@ async def test_a_cancel_made_in_another_process_sets_the_running_body_s_abort_si
         await asyncio.wait_for(entered.wait(), timeout=10)
         started = time.monotonic()
         assert (await server.cancel(sid, "user left")).status == "cancelled"
-        r = await asyncio.wait_for(drive, timeout=10)
+        r = await asyncio.wait_for(drive, timeout=20)
         assert seen == [True]
-        assert time.monotonic() - started < 3  # a renewal (every 0.2 s), not the body's 5 s
+        assert time.monotonic() - started < 4  # a renewal (every 0.2 s), not the body's 8 s
         assert r.status == "cancelled"
         assert "tool.completed" not in await event_types(rt, sid)
