@@ -29,3 +29,16 @@ async def assert_only_the_new_turn(rt: so.Runtime, session_id: str, new_turn: st
     assert strays == [], strays
     assert await rt.verify_audit(session_id) == []
     return log[start]
+
+
+async def assert_told_cancelled(
+    rt: so.Runtime, session_id: str, first: so.GenerateResult, new_turn: str, text: str
+) -> None:
+    """The first drive's caller is told its own turn was cancelled, not the new turn's result;
+    that drive still ran the new turn (left to it) to its end, with `text`."""
+    log = [e async for e in rt.events(session_id, follow=False)]
+    [old] = [e.turn_id for e in log if e.type == "turn.started" and e.turn_id != new_turn]
+    assert (first.status, first.turn_id, first.text, first.pending) == ("cancelled", old, "", [])
+    turn = (await rt.state(session_id)).turn
+    assert turn is not None
+    assert (turn.id, turn.status, turn.text) == (new_turn, "completed", text)

@@ -276,3 +276,45 @@ async def test_a_lease_lost_while_confirming_it_before_the_body_runs_no_body(
     types = await finished_by_a_worker(store_url, agent, sid)
     assert runs == [f"{sid}:1:call_refund"]  # run once, by the worker that took over
     assert once_each(types)
+
+
+async def test_a_cancel_made_in_another_process_sets_the_running_body_s_abort_signal(
+    store_url: str,
+) -> None:
+    """A tool body waits on `ctx.abort_signal`, as a long task that stops with its turn does;
+    another process (the server, say) cancels the turn. The drive's next lease renewal finds
+    the turn cancelled and sets the signal, as a cancel made in the drive's own process does:
+    the body stops at once. It used to run on until its own end, the signal never set."""
+    entered = asyncio.Event()
+    seen: list[bool] = []
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task that stops when the turn is cancelled."""
+        entered.set()
+        try:
+            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=8)
+        except TimeoutError:
+            pass
+        seen.append(ctx.abort_signal.is_set())
+        return "stopped"
+
+    agent = so.Agent(
+        name="bot",
+        model=so.models.Scripted([so.ModelResponse(tool_calls=[so.ToolCall(name="crawl")])]),
+        tools=[crawl],
+    )
+    async with (
+        so.Runtime([agent], store=store_url, lease_ttl=0.6) as rt,
+        so.Runtime([agent], store=store_url, lease_wait=0) as server,
+    ):
+        sid = await rt.create_session("bot")
+        drive = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl"))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        started = time.monotonic()
+        assert (await server.cancel(sid, "user left")).status == "cancelled"
+        r = await asyncio.wait_for(drive, timeout=20)
+        assert seen == [True]
+        assert time.monotonic() - started < 4  # a renewal (every 0.2 s), not the body's 8 s
+        assert r.status == "cancelled"
+        assert "tool.completed" not in await event_types(rt, sid)

@@ -11,7 +11,7 @@ import pytest
 
 import signoff as so
 
-from ._replaced import ALICE, assert_only_the_new_turn, replace_turn
+from ._replaced import ALICE, assert_only_the_new_turn, assert_told_cancelled, replace_turn
 from .fakes.llm import API_KEY, FakeLLM, openai_completion, openai_tool_call
 
 ran: list[object] = []
@@ -155,7 +155,7 @@ async def test_a_response_whose_turn_was_replaced_meanwhile_is_not_recorded(
     ):
         sid = await rt.create_session("desk", auth=ALICE)
         first = await rt.generate(session_id=sid, prompt="Hello", auth=ALICE)
-        assert (first.status, first.turn_id, first.text) == ("completed", *new_turn, "Tried again.")
+        await assert_told_cancelled(rt, sid, first, new_turn[0], "Tried again.")
         await assert_only_the_new_turn(rt, sid, new_turn[0])
         texts = [e.data.get("text") async for e in rt.events(sid, follow=False)]
         assert "The old answer." not in texts

@@ -3,6 +3,7 @@ sees; the refund agent and helpers the other runtime tests share."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -409,3 +410,51 @@ async def test_a_turn_for_another_agents_session_is_refused_and_changes_nothing(
         assert [e.seq async for e in rt.events(sid, follow=False)] == before
         assert (await rt.state(sid)).turn is None
         assert (await rt.schedule("ops", "run it", session_id=sid)).text == "ran"
+
+
+async def test_a_cancel_the_store_refuses_stops_nothing(store_url: str) -> None:
+    """The store refuses the cancel's commit (full, unreachable): `cancel` raises `StoreError`,
+    and the tool body running in this process is not told to stop, since the turn goes on. The
+    abort signal used to be set before the commit, so the body stopped early and the turn went
+    on with its cut-short result, though the cancel had failed."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+    aborted: list[bool] = []
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task that stops when the turn is cancelled."""
+        entered.set()
+        stop = asyncio.create_task(ctx.abort_signal.wait())
+        done = asyncio.create_task(release.wait())
+        await asyncio.wait({stop, done}, timeout=10, return_when=asyncio.FIRST_COMPLETED)
+        stop.cancel()
+        done.cancel()
+        aborted.append(ctx.abort_signal.is_set())
+        return "stopped early" if aborted[-1] else "crawled"
+
+    agent = scripted_agent("bot", [call_tools(call("crawl")), reply("All crawled.")], tools=[crawl])
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid = await rt.create_session("bot", auth=ALICE)
+        running = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        commit = rt.store.commit
+
+        async def refused(c: Any) -> None:
+            if any(e.type == "turn.cancelled" for e in c.events):
+                raise so.StoreError("disk full")
+            await commit(c)
+
+        rt.store.commit = refused  # type: ignore[method-assign,assignment]
+        with pytest.raises(so.StoreError):
+            await rt.cancel(sid, reason="user left")
+        rt.store.commit = commit  # type: ignore[method-assign]
+        await asyncio.sleep(0.05)  # a body told to stop would have stopped by now
+        release.set()
+        r = await asyncio.wait_for(running, timeout=10)
+        assert aborted == [False]
+        assert (r.status, r.text) == ("completed", "All crawled.")
+        log = [e async for e in rt.events(sid, follow=False)]
+        assert "turn.cancelled" not in [e.type for e in log]
+        [done] = [e.data for e in log if e.type == "tool.completed"]
+        assert done["result"] == "crawled"

@@ -498,3 +498,60 @@ def test_the_sync_twins_take_a_session_id_holding_a_lone_surrogate_as_unknown(
         assert rt.sessions_sync() == []
     finally:
         rt.close_sync()
+
+
+@pytest.mark.parametrize("starter", ["this-runtime", "another-process"])
+async def test_a_call_whose_turn_is_cancelled_mid_drive_reports_that_turn_not_the_next(
+    store_url: str, starter: str
+) -> None:
+    """While a tool of Alice's turn runs, the turn is cancelled and a new prompt starts the next
+    one. Alice's `generate` reports her turn, cancelled; it used to return the next turn's result
+    (`completed`, with the other prompt's answer and turn id), which its drive went on to run.
+    That next turn still runs to its end, and its own caller gets it."""
+    entered = asyncio.Event()
+    release = asyncio.Event()
+
+    @so.tool
+    async def crawl() -> str:
+        """A long task."""
+        entered.set()
+        await asyncio.wait_for(release.wait(), timeout=10)
+        return "crawled"
+
+    def agent() -> so.Agent:
+        script = [call_tools(call("crawl")), reply("Answer to the new prompt.")]
+        return scripted_agent("bot", script, tools=[crawl])
+
+    alice = so.Principal(authenticator="okta", principal_id="alice")
+    async with (
+        so.Runtime([agent()], store=store_url) as rt,
+        so.Runtime([agent()], store=store_url, lease_wait=0) as elsewhere,
+    ):
+        other = rt if starter == "this-runtime" else elsewhere
+        sid = await rt.create_session("bot", auth=alice)
+        first = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=alice))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        old = (await rt.state(sid)).turn
+        assert old is not None
+        assert (await other.cancel(sid, "changed my mind")).status == "cancelled"
+        second = asyncio.create_task(other.generate(session_id=sid, prompt="new", auth=alice))
+        for _ in range(500):  # until the new turn is recorded
+            now = (await rt.state(sid)).turn
+            if now is not None and now.id != old.id:
+                break
+            await asyncio.sleep(0.01)
+        assert now is not None and now.id != old.id
+        release.set()
+        a = await asyncio.wait_for(first, timeout=10)
+        b = await asyncio.wait_for(second, timeout=10)
+        assert (a.status, a.turn_id, a.text, a.pending) == ("cancelled", old.id, "", [])
+        assert b.turn_id == now.id
+        state = await rt.state(sid)
+        assert state.turn is not None
+        assert (state.turn.id, state.turn.status) == (now.id, "completed")
+        assert state.turn.text == "Answer to the new prompt."
+        if starter == "this-runtime":
+            assert (b.status, b.text) == ("completed", "Answer to the new prompt.")
+        tl = timeline(await events(rt, sid))
+        assert "tool.completed crawl ok" not in tl
+        assert tl[-2:] == ["turn.completed", "session.waiting"]

@@ -24,7 +24,7 @@ from signoff.testing import (
     tool_results,
 )
 
-from ._replaced import assert_only_the_new_turn, replace_turn
+from ._replaced import assert_only_the_new_turn, assert_told_cancelled, replace_turn
 from ._subagents import (
     ALICE,
     Counted,
@@ -378,8 +378,8 @@ async def test_a_delegate_call_whose_parent_turn_was_replaced_records_nothing_in
         monkeypatch.setattr(_subagents.RuntimeHost, "create_child", create_child)
         first = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
         monkeypatch.undo()
-        # This process drove the new turn once its own stopped: it is the session's turn now.
-        assert (first.status, first.turn_id, first.text) == ("completed", *new_turn, "Tried again.")
+        # This process drove the new turn once its own stopped; its caller is told its turn ended.
+        await assert_told_cancelled(rt, sid, first, new_turn[0], "Tried again.")
         started = await assert_only_the_new_turn(rt, sid, new_turn[0])
         assert started.data["message"] == "Try again"
         [row] = await rt.sessions(agent="billing")

@@ -90,6 +90,10 @@ class Driver(ToolCalls, ModelStep):
         # the turn, so the drive that resumes it links to this one.
         self.traceparent: str | None = None
 
+    def position(self) -> tuple[str | None, int]:
+        """The turn this drive runs and the last event it knows of (`Held.drive`)."""
+        return self.own_turn, self.state.seq
+
     # -- recording ----------------------------------------------------------------------------
 
     async def record(

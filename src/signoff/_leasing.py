@@ -13,6 +13,7 @@ import math
 import random
 import sys
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -92,6 +93,9 @@ class Held:
     expires: float  # when it lapses unless renewed, by the lease clock (`Leasing.now`)
     lost: bool = False
     body: asyncio.Future[Any] | None = None  # the tool body or model call running, if any
+    # The turn the drive runs and the last event it knows of: a renewal reads what other
+    # processes recorded since (`Leasing._cancelled_elsewhere`).
+    drive: Callable[[], tuple[str | None, int]] | None = None
 
     def renewed(self, asked_at: float, expires: float) -> None:
         """A renewal asked at `asked_at` (`_AWAKE()`) got through: the lease is known
@@ -123,6 +127,7 @@ class Leasing:
     # When each lease this process was just granted (and confirmed) lapses, by session:
     # `(token, expiry)`, taken by the drive that holds it (`_hold`).
     _expiries: dict[str, tuple[int, float]]
+    _aborts: weakref.WeakValueDictionary[str, asyncio.Event]  # each session's abort signal
 
     def _unmeasured(self) -> None:
         """No measurement of the store's clock yet: `clock` is read as it is until `open`."""
@@ -340,6 +345,8 @@ class Leasing:
                 held.renewed(asked_at, asked + self.lease_ttl)
                 failing = False
                 pause = self.lease_ttl / 3
+                if held.drive is not None:
+                    await self._cancelled_elsewhere(session_id, *held.drive())
         finally:
             if renewal is not None:
                 # Stopped before the drive's lease is released, its connection back in the pool.
@@ -347,6 +354,21 @@ class Leasing:
                 await asyncio.wait({renewal})
                 if not renewal.cancelled():
                     renewal.exception()  # seen: a failure is only that it failed
+
+    async def _cancelled_elsewhere(self, session_id: str, turn: str | None, seq: int) -> None:
+        """Set the session's abort signal once another process cancelled the `turn` a drive here
+        runs, as a cancel made in this process does: a tool body waiting on `ctx.abort_signal`
+        stops. Read at each renewal, from the events after the drive's last (`seq`)."""
+        try:
+            if turn is None or await self.store.head(session_id) == seq:
+                return
+            events = await self.store.read_events(session_id, after=seq, limit=500)
+        except StoreError:
+            return  # read again at the next renewal
+        if any(e.type == "turn.cancelled" and e.turn_id == turn for e in events):
+            abort = self._aborts.get(session_id)
+            if abort is not None:
+                abort.set()
 
     def _lapsing(self, session_id: str, token: int, why: str, held: Held) -> None:
         """Give up a lease about to lapse with no renewal getting through: its drive stops

@@ -12,6 +12,7 @@ from ._answering import Answering
 from ._answers import check_principal, check_unambiguous, names_several
 from ._answers import check_text as _check_text
 from ._answers import match as _match
+from ._cancellation import stop_calls
 from ._exceptions import ConflictingAnswer, RequestClosed, SessionBusy, UsageError
 from ._idempotency import Keyed, keyed, seen, session_for, turn_of
 from ._mirrors import following_mirrors
@@ -197,8 +198,7 @@ class Messages(Answering):
             raise
         # The calls the turn waits on see it, and so does the drive below, which holds it
         # meanwhile (the engine clears it once the model reads).
-        abort = self._aborts.setdefault(state.id, asyncio.Event())
-        abort.set()
+        stop_calls(self._aborts.setdefault(state.id, asyncio.Event()))
         self._remember(driver.state)
         return await self._drive(state.id)
 

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from ._events import Event, EventType
 from ._exceptions import StoreError, UnknownSession
-from ._state import CallState, SessionState, fold, runnable
+from ._state import CallState, SessionState, TurnState, fold, runnable
 from ._types import InputRequest
 from .stores import Resolve, Store
 
@@ -38,6 +38,7 @@ __all__ = [
     "load_state",
     "load_turn",
     "own_cancel",
+    "cancelled_under",
     "new_id",
     "runnable",
     "shadow",
@@ -184,6 +185,18 @@ async def load_turn(store: Store, session_id: str, turn_id: str, first_seq: int)
     if state.turn is None:
         raise damaged
     return state
+
+
+async def cancelled_under(
+    store: Store, state: SessionState, began: TurnState | None
+) -> SessionState | None:
+    """The turn `began` as its cancel left it, when it was cancelled under a drive that then
+    ran the turn that followed (`state`'s): what that drive's caller is told, rather than the
+    other turn's result. None if `began` is still the session's turn, or ended otherwise."""
+    if began is None or state.turn is None or state.turn.id == began.id:
+        return None
+    ended = await load_turn(store, state.id, began.id, began.first_seq)
+    return ended if ended.turn is not None and ended.turn.status == "cancelled" else None
 
 
 _TURN_PAGE = 256

@@ -21,7 +21,7 @@ from ._answers import Reply as _Reply
 from ._answers import check_principal, check_text
 from ._answers import decisions as _decisions
 from ._audit_trail import AuditProblem
-from ._cancellation import cancel_specs, withdrawal
+from ._cancellation import cancel_specs, stop_calls, withdrawal
 from ._deadlines import expiry_specs, summary_after_expiry
 from ._engine import Driver
 from ._events import Event
@@ -472,9 +472,6 @@ class Runtime(Workers):
                         with contextlib.suppress(UnknownSession):
                             await _child_sessions.cancel_orphan(self, await self._state(child))
                 return self._result(state)
-            abort = self._aborts.get(session_id)
-            if abort is not None:
-                abort.set()
             withdrawn: list[InputRequest] = []
             delegated: list[str] = []
 
@@ -506,7 +503,10 @@ class Runtime(Workers):
                 self._cache.pop(session_id, None)
                 continue
             self._remember(driver.state)
-            self._aborts.pop(session_id, None)
+            # Only once recorded: a cancel the store refused leaves the turn, and its calls, going.
+            abort = self._aborts.pop(session_id, None)
+            if abort is not None:
+                stop_calls(abort)
             # Subagents under this turn: waiting on a person, or still running.
             for child in dict.fromkeys([*_child_sessions.children(withdrawn), *delegated]):
                 with contextlib.suppress(UnknownSession, SessionExpired):

@@ -16,10 +16,10 @@ from ._exceptions import LeaseLost, PartialAnswer, SessionBusy, StoreError
 from ._idempotency import Keyed, seen
 from ._leasing import lost_line
 from ._prompts import check_prompt, next_turn
-from ._recording import Changed, EventSpec, new_id, runnable
+from ._recording import Changed, EventSpec, cancelled_under, new_id, runnable
 from ._results import GenerateResult, Outcome
 from ._session_cache import SessionCache, check_session_id
-from ._state import SessionState
+from ._state import SessionState, TurnState
 from ._types import Principal
 
 __all__ = ["SessionRunner"]
@@ -180,7 +180,8 @@ class SessionRunner(SessionCache):
         # once per TTL, not claimed again at once by every worker in a loop.
         keep_on_error = claimed is not None
         granted = getattr(self.store, "granted_head", None)
-        for _ in range(100):
+        began: TurnState | None = None  # the live turn the first pass found (`cancelled_under`)
+        for n in range(100):
             given = claimed or leased
             if given is not None:
                 (owner, token), claimed, leased = given, None, None
@@ -207,11 +208,14 @@ class SessionRunner(SessionCache):
                 state = await self._checked(session_id, lease=token, head=head)
                 if await self._recover(state):  # under the lease, its renewals running
                     state = await self._checked(session_id, lease=token)
+                if n == 0 and state.turn is not None and state.turn.status != "cancelled":
+                    began = state.turn
                 span.begin(state, self.now())
                 driver = self._driver(state, token)
                 driver.traceparent = span.traceparent()
                 driver.release_at_end = True
                 driver.held = held
+                held.drive = driver.position  # its renewals see a cancel made elsewhere
                 driver.lease_check = partial(self._confirm, session_id, owner, token, held)
                 state = await driver.drive(retry=retry)
                 failed = False
@@ -262,7 +266,8 @@ class SessionRunner(SessionCache):
             if lost:
                 return self._result(state, outcomes, busy=runnable(state))
             if not runnable(state):
-                return self._result(state, outcomes)
+                ended = await cancelled_under(self.store, state, began)
+                return self._result(state if ended is None else ended, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
 
     async def _recover(self, state: SessionState) -> bool:
