@@ -16,9 +16,10 @@ from typing import Any
 
 from .._events import Event
 from .._exceptions import StoreError
-from ._codec import Stored, event_text, parse, type_name
+from ._codec import Stored, event_text, parse, stored_type, type_name
 
 __all__ = [
+    "AUDITED_STORED",
     "AUDIT_TYPES",
     "AuditEntry",
     "AuditRow",
@@ -42,6 +43,9 @@ AUDIT_TYPES = frozenset(
     }
 )
 """Event types that enter the audit trail: requests, evaluations, decisions, executions."""
+
+AUDITED_STORED = tuple(sorted({*AUDIT_TYPES, *map(stored_type, AUDIT_TYPES)}))
+"""How an event row may keep an audited type: its code, or its name (rows written before codes)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
