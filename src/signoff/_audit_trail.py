@@ -17,7 +17,7 @@ from ._exceptions import UsageError
 from ._text import escape_as_json
 from ._types import InputRequest
 from .stores import Store
-from .stores._audit import AuditEntry, AuditRow, chain_hash
+from .stores._audit import AuditEntry, AuditRow, chain_hash, int_time_hash
 from .stores._base import RequestRow
 
 __all__ = [
@@ -135,11 +135,17 @@ class _Chains:
         self.last_seq: dict[str, int] = {}
 
     def _expected(self, e: AuditEntry) -> str:
-        """The hash `e` should have, following its stream's entries checked before."""
+        """The hash `e` should have, following its stream's entries checked before (as an int
+        clock's entry was hashed before times were hashed as floats, if that is its hash)."""
         prev = self.last.get(e.stream, (0, None))[1]
-        return chain_hash(
+        expected = chain_hash(
             prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
         )
+        if e.hash != expected and e.hash == int_time_hash(
+            prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
+        ):
+            return e.hash
+        return expected
 
     def follows(self, e: AuditEntry) -> bool:
         """Whether `e`'s hash follows from its content and its stream's entries checked before."""
