@@ -378,10 +378,18 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
     """Check an export (`Runtime.export_audit`, JSON lines) without the database: each stream's
     chain is recomputed from its first entry as `verify` does. A line that is not an entry is
     named with `n = 0` and its line number as `id`. Without the chain heads the store keeps, an
-    export cut short at a stream's end, or rewritten whole, cannot be told apart."""
+    export cut short at a stream's end, or rewritten whole, cannot be told apart. The export's
+    whole text is read line by line too (at each newline: an entry's text may hold other line
+    separators); bytes are refused, as a file opened in binary mode gives them."""
+    if isinstance(lines, str):
+        lines = lines.split("\n")
+    elif isinstance(lines, bytes | bytearray) or not isinstance(lines, Iterable):
+        raise UsageError(_LINES_OF_TEXT.format(type(lines).__name__))
     chains = _Chains()
     problems: list[AuditProblem] = []
     for number, line in enumerate(lines, 1):
+        if not isinstance(line, str):
+            raise UsageError(_LINES_OF_TEXT.format(f"line {number}: {type(line).__name__}"))
         if not line.strip():
             continue
         try:
@@ -400,6 +408,12 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
         if problem is not None:
             problems.append(problem)
     return problems
+
+
+_LINES_OF_TEXT = (
+    "verify_audit_export reads lines of text (a file opened as text, a list of lines or the "
+    "export's whole text), not {}"
+)
 
 
 def _entry(d: dict[str, Any]) -> AuditEntry:
