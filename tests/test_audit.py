@@ -155,6 +155,39 @@ async def test_the_trail_on_both_stores(store_url: str) -> None:
         assert await rt.verify_audit(sid) == []
 
 
+async def test_a_clock_of_whole_seconds_leaves_a_trail_that_verifies(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A clock giving whole seconds as int (`ManualClock(1_700_000_000)`): the stores keep
+    times as floats, so an entry hashed with the int's text read back as altered, every one."""
+    clock = ManualClock(1_700_000_000)
+    async with so.Runtime([agent()], store=store_url, clock=clock) as rt:
+        sid = await run_scenario(rt, clock)
+        assert isinstance(clock(), int)
+        assert await rt.verify_audit() == []
+        assert await rt.verify_audit(sid) == []
+        assert await rt.verify_audit("tools:support.wipe") == []
+        path = tmp_path / "trail.jsonl"
+        with path.open("w", encoding="utf-8") as f:
+            assert await rt.export_audit(f) == len(await rt.audit())
+        with path.open(encoding="utf-8") as f:
+            assert so.verify_audit_export(f) == []
+
+
+def test_an_entry_hashed_with_whole_seconds_as_int_still_verifies() -> None:
+    """Entries an int clock recorded before times were hashed as floats: their time reads
+    back as a float of the same value, which verifies."""
+    data = {"agent": "a", "tool": "t", "old": None, "new": "Always"}
+    digest = chain_hash(None, stream="tools:a.t", n=1, type="t", at=1000, seq=None, data=data)
+    line = {"id": 1, "stream": "tools:a.t", "n": 1, "type": "t", "at": 1000.0, "seq": None}
+    line |= {"data": data, "prev": None, "hash": digest}
+    assert so.verify_audit_export([json.dumps(line)]) == []
+    forged = line | {"at": 1001.0}
+    assert [p.reason for p in so.verify_audit_export([json.dumps(forged)])] == [
+        "content does not match"
+    ]
+
+
 async def test_runtimes_opening_at_once_record_a_tool_setting_once(store_url: str) -> None:
     runtimes = [so.Runtime([agent()], store=store_url) for _ in range(3)]
     try:
@@ -209,6 +242,7 @@ async def test_export_to_a_utf8_file_keeps_text_no_encoding_can_hold(tmp_path: P
         ("ab" * 32, 12, 1700000000.123456, None, {"new": "Never", "old": None}),
         ("00" * 32, 999, 0.1, 7, {"z": [1, {"b": 2, "a": "é\u2028"}], "a": {"n": 3}}),
         (None, 2, -0.0, None, {"at": "x", "seq": 1, "n": "\ud800"}),
+        (None, 3, 1_700_000_000, None, {}),  # a clock's whole seconds, as int
     ],
 )
 def test_chain_parts_hash_as_chain_hash_does(

@@ -450,3 +450,31 @@ def test_an_export_written_before_only_lone_surrogates_were_escaped_still_verifi
     assert so.verify_audit_export([old]) == []
     forged = old.replace("beside", "besides")
     assert [p.reason for p in so.verify_audit_export([forged])] == ["content does not match"]
+
+
+async def test_an_export_given_whole_as_text_verifies_and_bytes_are_refused(
+    tmp_path: Path,
+) -> None:
+    """An export's whole text (`f.read()`) was checked a character at a time, every one named
+    as a line that is no entry; a file opened in binary mode named each line so, and None was
+    a bare TypeError. The text is read line by line now, and bytes or no lines are refused."""
+    clock = ManualClock()
+    async with so.Runtime([agent()], store=f"sqlite:///{tmp_path}/a.db", clock=clock) as rt:
+        await run_scenario(rt, clock)
+        out = io.StringIO()
+        await rt.export_audit(out)
+    text = out.getvalue()
+    assert len(text.splitlines()) > 10 and so.verify_audit_export(text.splitlines()) == []
+    assert so.verify_audit_export(text) == []
+    # a line separator in an entry's text is no end of a line: it stays in its entry
+    entry = json.loads(text.split("\n")[0])
+    data = {"note": "a\u2028b\x85c"}
+    digest = chain_hash(None, stream="s", n=1, type="t", at=1.0, seq=None, data=data)
+    entry |= {"stream": "s", "n": 1, "type": "t", "at": 1.0, "seq": None, "data": data}
+    entry |= {"prev": None, "hash": digest}
+    assert so.verify_audit_export(json.dumps(entry, ensure_ascii=False) + "\n") == []
+    tampered = text.replace('"n":2,', '"n":3,', 1)
+    assert tampered != text and so.verify_audit_export(tampered) != []
+    for bad in (text.encode(), io.BytesIO(text.encode()), [text.encode()], None, 3):
+        with pytest.raises(so.UsageError, match="lines of text"):
+            so.verify_audit_export(bad)  # type: ignore[arg-type]

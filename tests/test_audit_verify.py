@@ -12,7 +12,7 @@ from signoff.stores import Store
 from signoff.stores._audit import AuditEntry, chain_hash
 from signoff.stores._base import RequestRow
 from signoff.stores._codec import pack_bytes
-from signoff.testing import ManualClock, reply, scripted_agent
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
 
 from ._audit import agent, alter, run_scenario, wipe
 from ._procs import query
@@ -321,3 +321,58 @@ async def test_entries_committed_while_verifying_are_not_named() -> None:
     assert [(p.id, p.n, p.reason) for p in problems] == [
         (2, 2, "entry 2 is past the end of the chain its session keeps")
     ]
+
+
+async def test_audited_events_left_without_their_entries_are_named(store_url: str) -> None:
+    """The log's audited events must each have their entry: the trail's last entries deleted
+    and the session's chain head rewound to the entry left, with their events still in the log
+    (the tool's run, here), are named, each event by the entry it would follow."""
+    a = scripted_agent(
+        "support", [call_tools(call("wipe", disk="sda")), reply("done")], tools=[wipe]
+    )
+    async with so.Runtime([a], store=store_url) as rt:
+        r = await rt.generate("support", prompt="wipe it")
+        approve = so.InputResponse(request_id=r.pending[0].id, option_id="approve")
+        assert (await rt.respond(r.session_id, [approve])).status == "completed"
+        entries = await rt.audit(r.session_id)
+        assert await rt.verify_audit() == []
+    sid = r.session_id
+    ran = [e for e in entries if e.type.startswith("tool.")]
+    assert entries[-len(ran) :] == ran and len(ran) == 2
+    left = entries[-3]
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    alter(store_url, "DELETE FROM {t}audit WHERE sk={p} AND n>{p}", sk, left.n)
+    alter(
+        store_url,
+        "UPDATE {t}sessions SET audit_n={p}, audit_hash={p} WHERE sk={p}",
+        left.n,
+        bytes.fromhex(left.hash),
+        sk,
+    )
+    async with so.Runtime([a], store=store_url) as rt2:
+        assert await rt2.audit(sid) == entries[:-2]
+        expected = [
+            (
+                left.id,
+                sid,
+                left.n + 1,
+                f"event {e.seq} of the log ({e.type}) is audited, but no entry of the "
+                "session's chain stands for it",
+            )
+            for e in ran
+        ]
+        for problems in (await rt2.verify_audit(sid), await rt2.verify_audit()):
+            assert [(p.id, p.stream, p.n, p.reason) for p in problems] == expected
+        # an event the trail does not audit (the model's response) made an audited one: forged
+        ((seq,),) = query(store_url, "SELECT min(seq) FROM {t}events WHERE sk={p} AND type='d'", sk)
+        assert seq < entries[0].seq
+        alter(store_url, "UPDATE {t}events SET type='k' WHERE sk={p} AND seq={p}", sk, seq)
+        forged = (
+            0,
+            sid,
+            1,
+            f"event {seq} of the log (approval.settled) is audited, but no entry of the "
+            "session's chain stands for it",
+        )
+        for problems in (await rt2.verify_audit(sid), await rt2.verify_audit()):
+            assert [(p.id, p.stream, p.n, p.reason) for p in problems] == [forged, *expected]

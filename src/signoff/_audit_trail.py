@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -16,7 +17,7 @@ from ._exceptions import UsageError
 from ._text import escape_as_json
 from ._types import InputRequest
 from .stores import Store
-from .stores._audit import AuditEntry, AuditRow, chain_hash
+from .stores._audit import AuditEntry, AuditRow, chain_hash, int_time_hash
 from .stores._base import RequestRow
 
 __all__ = [
@@ -134,11 +135,17 @@ class _Chains:
         self.last_seq: dict[str, int] = {}
 
     def _expected(self, e: AuditEntry) -> str:
-        """The hash `e` should have, following its stream's entries checked before."""
+        """The hash `e` should have, following its stream's entries checked before (as an int
+        clock's entry was hashed before times were hashed as floats, if that is its hash)."""
         prev = self.last.get(e.stream, (0, None))[1]
-        return chain_hash(
+        expected = chain_hash(
             prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
         )
+        if e.hash != expected and e.hash == int_time_hash(
+            prev, stream=e.stream, n=e.n, type=e.type, at=e.at, seq=e.seq, data=e.data
+        ):
+            return e.hash
+        return expected
 
     def follows(self, e: AuditEntry) -> bool:
         """Whether `e`'s hash follows from its content and its stream's entries checked before."""
@@ -177,8 +184,8 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
     a time, then the other streams, so what is held does not grow with the store."""
     left = Leftovers()
     problems: list[AuditProblem] = []
-    async for heads, rows, found in _groups(store, stream):
-        problems += await _check(store, heads, rows, found, left)
+    async for heads, rows, audited, found in _groups(store, stream):
+        problems += await _check(store, heads, rows, audited, found, left)
     named = left.paired()
     after = ""
     while left.asks and stream is None:
@@ -194,19 +201,26 @@ async def verify(store: Store, *, stream: str | None = None) -> list[AuditProble
     return problems
 
 
-_Group = tuple[dict[str, tuple[int, str | None]], list[RequestRow], AsyncIterator[AuditEntry]]
+_Group = tuple[
+    dict[str, tuple[int, str | None]],
+    list[RequestRow],
+    dict[str, list[tuple[int, str]]],
+    AsyncIterator[AuditEntry],
+]
 
 
 async def _groups(store: Store, stream: str | None) -> AsyncIterator[_Group]:
-    """The streams to verify, a group at a time, as their heads, request rows and entries. Each
-    group's heads are read before its rows, and its rows before its entries: a commit meanwhile
-    only adds entries past these heads, and each row comes with the length its session's
-    chain had when it was read."""
+    """The streams to verify, a group at a time, as their heads, request rows, audited events
+    and entries. Each group's heads are read before its rows, its rows before its audited
+    events, and those before its entries: a commit meanwhile only adds entries past these
+    heads, each row comes with the length its session's chain had when it was read, and each
+    audited event read has its entry, committed with it, among those read after."""
     if stream is not None:
         heads = await store.audit_heads(stream=stream)
         own = stream.startswith(_OWN_STREAMS)  # no requests in its stream
         rows = [] if own else await request_rows(store, session_id=stream)
-        yield heads, rows, entries(store, stream=stream)
+        audited = {} if own else await _audited(store, [stream])
+        yield heads, rows, audited, entries(store, stream=stream)
         return
     if not hasattr(store, "audit_sessions"):
         # A store that cannot page its sessions (written for an earlier signoff): each stream
@@ -215,7 +229,8 @@ async def _groups(store: Store, stream: str | None) -> AsyncIterator[_Group]:
         for sid, head in heads.items():
             own = sid.startswith(_OWN_STREAMS)
             rows = [] if own else await request_rows(store, session_id=sid)
-            yield {sid: head}, rows, entries(store, stream=sid)
+            audited = {} if own else await _audited(store, [sid])
+            yield {sid: head}, rows, audited, entries(store, stream=sid)
         return
     after = ""
     while True:
@@ -223,17 +238,27 @@ async def _groups(store: Store, stream: str | None) -> AsyncIterator[_Group]:
         if heads:
             sessions = list(heads)
             rows = await request_rows(store, sessions=sessions)
-            yield heads, rows, entries(store, sessions=sessions)
+            audited = await _audited(store, sessions)
+            yield heads, rows, audited, entries(store, sessions=sessions)
         if len(heads) < SESSIONS_PAGE:
             break
         after = sessions[-1]
-    yield await store.audit_heads(others=True), [], entries(store, others=True)
+    yield await store.audit_heads(others=True), [], {}, entries(store, others=True)
+
+
+async def _audited(store: Store, sessions: list[str]) -> dict[str, list[tuple[int, str]]]:
+    """The audited events of `sessions` in their logs, `(seq, type)` each; none from a store
+    written for an earlier signoff, which cannot list them."""
+    if not hasattr(store, "audited_events"):
+        return {}
+    return await store.audited_events(sessions)
 
 
 async def _check(
     store: Store,
     heads: dict[str, tuple[int, str | None]],
     rows: list[RequestRow],
+    audited: dict[str, list[tuple[int, str]]],
     found: AsyncIterator[AuditEntry],
     left: Leftovers,
 ) -> list[AuditProblem]:
@@ -241,9 +266,11 @@ async def _check(
     requests that only another group can pair are `left` to it."""
     chains = _Chains()
     requests = RequestTrail()
+    unentried = _Unentried(audited)
     past: dict[str, None] = {}  # streams with entries past the head read above, in order
     problems: list[AuditProblem] = []
     async for e in found:
+        unentried.see(e, chains)
         problem = chains.check(e)
         if problem is not None:
             problems.append(problem)
@@ -272,9 +299,50 @@ async def _check(
             reason = f"{extra} past the end of the chain its {keeper} keeps"
             problems.append(AuditProblem(id=last_id[sid], stream=sid, n=n + 1, reason=reason))
     broken = {p.stream for p in problems}
+    for sid, missed in unentried.left(chains).items():
+        if sid in broken:
+            continue  # its entries no longer say which events they stand for
+        for seq, kind, n, entry_id in missed:
+            reason = (
+                f"event {seq} of the log ({kind}) is audited, but no entry of the session's "
+                "chain stands for it"
+            )
+            problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
     for entry_id, sid, n, reason in requests.check(rows, heads, broken, left):
         problems.append(AuditProblem(id=entry_id, stream=sid, n=n, reason=reason))
     return problems
+
+
+class _Unentried:
+    """The log's audited events of a group of sessions that no entry read stands for: each by
+    `(seq, type, n, id)`, `n` the place its entry would take and `id` the entry before it (0
+    if none). A session's entries come in order, and so do its audited events."""
+
+    def __init__(self, audited: dict[str, list[tuple[int, str]]]) -> None:
+        self.todo = {sid: deque(events) for sid, events in audited.items()}
+        self.missed: dict[str, list[tuple[int, str, int, int]]] = {}
+
+    def see(self, e: AuditEntry, chains: _Chains) -> None:
+        """Take in `e`, before `chains` checks it: the events before its own have no entry."""
+        todo, at = self.todo.get(e.stream), e.seq
+        if not todo or at is None:
+            return
+        self._miss(e.stream, chains, lambda seq: seq < at)
+        if todo and todo[0][0] == at:
+            todo.popleft()
+
+    def left(self, chains: _Chains) -> dict[str, list[tuple[int, str, int, int]]]:
+        """Every event no entry stood for, by session, once all the entries were seen."""
+        for sid in self.todo:
+            self._miss(sid, chains, lambda seq: True)
+        return self.missed
+
+    def _miss(self, sid: str, chains: _Chains, before: Callable[[int], bool]) -> None:
+        todo = self.todo[sid]
+        n, entry_id = chains.last.get(sid, (0, None))[0], chains.last_id.get(sid, 0)
+        while todo and before(todo[0][0]):
+            seq, kind = todo.popleft()
+            self.missed.setdefault(sid, []).append((seq, kind, n + 1, entry_id))
 
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
@@ -310,10 +378,18 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
     """Check an export (`Runtime.export_audit`, JSON lines) without the database: each stream's
     chain is recomputed from its first entry as `verify` does. A line that is not an entry is
     named with `n = 0` and its line number as `id`. Without the chain heads the store keeps, an
-    export cut short at a stream's end, or rewritten whole, cannot be told apart."""
+    export cut short at a stream's end, or rewritten whole, cannot be told apart. The export's
+    whole text is read line by line too (at each newline: an entry's text may hold other line
+    separators); bytes are refused, as a file opened in binary mode gives them."""
+    if isinstance(lines, str):
+        lines = lines.split("\n")
+    elif isinstance(lines, bytes | bytearray) or not isinstance(lines, Iterable):
+        raise UsageError(_LINES_OF_TEXT.format(type(lines).__name__))
     chains = _Chains()
     problems: list[AuditProblem] = []
     for number, line in enumerate(lines, 1):
+        if not isinstance(line, str):
+            raise UsageError(_LINES_OF_TEXT.format(f"line {number}: {type(line).__name__}"))
         if not line.strip():
             continue
         try:
@@ -332,6 +408,12 @@ def verify_export(lines: Iterable[str]) -> list[AuditProblem]:
         if problem is not None:
             problems.append(problem)
     return problems
+
+
+_LINES_OF_TEXT = (
+    "verify_audit_export reads lines of text (a file opened as text, a list of lines or the "
+    "export's whole text), not {}"
+)
 
 
 def _entry(d: dict[str, Any]) -> AuditEntry:

@@ -16,9 +16,10 @@ from typing import Any
 
 from .._events import Event
 from .._exceptions import StoreError
-from ._codec import Stored, event_text, parse, type_name
+from ._codec import Stored, event_text, parse, stored_type, type_name
 
 __all__ = [
+    "AUDITED_STORED",
     "AUDIT_TYPES",
     "AuditEntry",
     "AuditRow",
@@ -27,6 +28,7 @@ __all__ = [
     "chain_parts",
     "chain_session",
     "entry_type",
+    "int_time_hash",
     "loaded_data",
 ]
 
@@ -42,6 +44,9 @@ AUDIT_TYPES = frozenset(
     }
 )
 """Event types that enter the audit trail: requests, evaluations, decisions, executions."""
+
+AUDITED_STORED = tuple(sorted({*AUDIT_TYPES, *map(stored_type, AUDIT_TYPES)}))
+"""How an event row may keep an audited type: its code, or its name (rows written before codes)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,13 +103,23 @@ def audit_rows(events: Sequence[Event]) -> list[AuditRow]:
 def chain_hash(
     prev: str | None, *, stream: str, n: int, type: str, at: float, seq: int | None, data: Any
 ) -> str:
-    """SHA-256 over the previous hash and the canonical JSON of the entry."""
-    body = json.dumps(
-        {"stream": stream, "n": n, "type": type, "at": at, "seq": seq, "data": data},
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-    )
+    """SHA-256 over the previous hash and the canonical JSON of the entry, its time as a float:
+    the stores keep it so, and a clock's int (whole seconds) would read back as other text."""
+    return _digest(prev, stream=stream, n=n, type=type, at=float(at), seq=seq, data=data)
+
+
+def int_time_hash(
+    prev: str | None, *, stream: str, n: int, type: str, at: float, seq: int | None, data: Any
+) -> str | None:
+    """The hash of an entry of whole-second time as signoff recorded it from a clock giving
+    int seconds, before times were hashed as floats (None for another time)."""
+    if not float(at).is_integer():
+        return None
+    return _digest(prev, stream=stream, n=n, type=type, at=int(at), seq=seq, data=data)
+
+
+def _digest(prev: str | None, **entry: Any) -> str:
+    body = json.dumps(entry, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     # surrogatepass: a lone surrogate in recorded data hashes too (valid text is unaffected)
     return hashlib.sha256(f"{prev or ''}\n{body}".encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -115,7 +130,7 @@ def chain_parts(
     """The bytes `chain_hash` hashes after the previous hash and a newline, before and after
     the entry's number `n`: so a store can chain an entry from a head it reads only when it
     writes (PostgreSQL, `_sql.AUDIT_APPEND`). Sorted, `n` falls between `data` and `seq`."""
-    head = _canonical({"at": at, "data": data})
+    head = _canonical({"at": float(at), "data": data})
     tail = _canonical({"seq": seq, "stream": stream, "type": type})
     return f'{head[:-1]},"n":'.encode("utf-8", "surrogatepass"), f",{tail[1:]}".encode(
         "utf-8", "surrogatepass"

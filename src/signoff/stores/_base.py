@@ -373,6 +373,12 @@ class Store(Protocol):
         a page of sessions at a time."""
         ...
 
+    async def audited_events(self, sessions: Sequence[str]) -> dict[str, list[tuple[int, str]]]:
+        """The `(seq, type)` of each event of an audited type (`AUDIT_TYPES`) of the `sessions`
+        listed, in seq order, by session (one that has none is left out), in one statement:
+        verification checks that each has its entry in the session's chain."""
+        ...
+
     async def stored_requests(
         self,
         *,

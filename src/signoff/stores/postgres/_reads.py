@@ -10,7 +10,7 @@ from typing import Any
 from ..._events import Event
 from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
-from .._audit import AuditEntry, entry_type, loaded_data
+from .._audit import AUDITED_STORED, AuditEntry, entry_type, loaded_data
 from .._base import (
     REQUEST_ROW_COLUMNS,
     Loaded,
@@ -539,6 +539,19 @@ class Reads(Connections):
             "WHERE id > %(after)s ORDER BY id LIMIT %(limit)s"
         )
         return await self._heads(sql, {"after": after, "limit": limit})
+
+    async def audited_events(self, sessions: Sequence[str]) -> dict[str, list[tuple[int, str]]]:
+        async def body(conn: Conn) -> dict[str, list[tuple[int, str]]]:
+            s, ids = self._s, [i for i in sessions if storable(i)]
+            sql = f"SELECT s.id, e.seq, e.type FROM {s}.sessions s JOIN {s}.events e ON e.sk = s.sk"
+            sql += " WHERE s.id = ANY(%s) AND e.type = ANY(%s) ORDER BY s.id, e.seq"
+            cur = await conn.execute(sql, (ids, list(AUDITED_STORED)))
+            found: dict[str, list[tuple[int, str]]] = {}
+            for sid, seq, code in await cur.fetchall():
+                found.setdefault(sid, []).append((int(seq), entry_type(code)))
+            return found
+
+        return await self._read(body, "reading the audited events")
 
     async def _heads(self, sql: str, params: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
         async def body(conn: Conn) -> dict[str, tuple[int, str | None]]:

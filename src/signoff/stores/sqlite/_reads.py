@@ -12,7 +12,7 @@ from typing import Any
 from ..._events import Event
 from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
-from .._audit import AuditEntry, entry_type, loaded_data
+from .._audit import AUDITED_STORED, AuditEntry, entry_type, loaded_data
 from .._base import (
     REQUEST_ROW_COLUMNS,
     Loaded,
@@ -465,6 +465,18 @@ class Reads(Connection):
             "WHERE id > ? ORDER BY id LIMIT ?"
         )
         return _heads(self.conn.execute(sql, (after, limit)))
+
+    @reading
+    async def audited_events(self, sessions: Sequence[str]) -> dict[str, list[tuple[int, str]]]:
+        sql = (
+            "SELECT s.id, e.seq, e.type FROM sessions s JOIN events e ON e.sk = s.sk "
+            f"WHERE s.id IN ({','.join('?' * len(sessions))}) "
+            f"AND e.type IN ({','.join('?' * len(AUDITED_STORED))}) ORDER BY s.id, e.seq"
+        )
+        found: dict[str, list[tuple[int, str]]] = {}
+        for sid, seq, code in self.conn.execute(sql, [*sessions, *AUDITED_STORED]):
+            found.setdefault(sid, []).append((seq, entry_type(code)))
+        return found
 
     # -- sizes (benchmarks, dashboard) --------------------------------------------------------
 
