@@ -234,3 +234,27 @@ async def test_following_a_session_ends_when_it_expires_or_is_deleted(tmp_path: 
         finally:
             runtime_module._RECHECK_FOLLOWED = before
         assert seen and seen == list(range(1, len(seen) + 1))
+
+
+async def test_sessions_filtered_by_status_as_shown_when_ttl_unrecorded(store_url: str) -> None:
+    """A runtime without the session's agent cannot record its passed TTL, so it lists the
+    session as `failed`: the `failed` filter must find it there, and `waiting` must not (it
+    was in neither, so a filtered listing disagreed with the unfiltered one)."""
+    log = ExecutionLog()
+    clock = ManualClock()
+    agent = refund_agent(log, limits=so.Limits(ttl=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        lapsing = await waiting_session(rt)
+        clock.advance(30)
+        live = await waiting_session(rt)
+        clock.advance(31)  # the first one's TTL passed, the second's not
+    async with so.Runtime([], store=store_url, clock=clock) as reader:
+        shown = {s.id: s.status for s in await reader.sessions()}
+        assert shown == {lapsing.session_id: "failed", live.session_id: "waiting"}
+        failed = await reader.sessions(status="failed")
+        assert [s.id for s in failed] == [lapsing.session_id]
+        waiting = await reader.sessions(status="waiting")
+        assert [s.id for s in waiting] == [live.session_id]
+        assert [s.id for s in await reader.sessions(status="waiting", limit=1)] == [live.session_id]
+        assert await reader.sessions(status="waiting", offset=1) == []
+        assert await reader.sessions(status="failed", offset=1) == []

@@ -43,6 +43,7 @@ from ._queue_page import queue_page
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._session_cache import check_session_id
+from ._session_page import lapsed_page
 from ._settings import finite, flag, seconds
 from ._state import SessionState
 from ._sync import blocking_doc, twin
@@ -357,7 +358,7 @@ class Runtime(Workers):
     ) -> list[SessionSummary]:
         """Sessions, most recently active first (`status`: idle, running, waiting, failed,
         cancelled). Like a passed deadline, a TTL that passed with the turn unfinished is
-        recorded first (the turn fails), or else shown so: the page may then come back short."""
+        recorded first (the turn fails), or else shown so, and filtered by `status` as shown."""
         await self.open()
         _check_page(limit, offset)
         if agent is not None and not isinstance(agent, str):  # else each store did otherwise
@@ -369,6 +370,9 @@ class Runtime(Workers):
                 f"status must be one of {', '.join(_SESSION_STATUSES)}, not {status!r}"
             )
         now = self.now()
+        lapsed = await lapsed_page(self, agent, status, limit, offset, now)
+        if lapsed is not None:
+            return lapsed
         page = await self.store.sessions(agent=agent, status=status, limit=limit, offset=offset)
         try:
             if await self._record_lapsed(page, now):

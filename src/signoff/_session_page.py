@@ -1,12 +1,28 @@
 """A page of the sessions and their total read in one snapshot of the store, for the listings
 that show a total (`GET /v1/sessions`, the dashboard): a session created, or changing status,
-meanwhile cannot set the total and the page apart."""
+meanwhile cannot set the total and the page apart. And `lapsed_page`, a page filtered by status
+as a passed TTL no one recorded yet shows it."""
 
 from __future__ import annotations
 
+import logging
+from typing import TYPE_CHECKING
+
+from ._deadlines import is_lapsed, summary_after_expiry
+from ._exceptions import StoreError
 from .stores import InitiatorFilter, SessionSummary, Store
 
-__all__ = ["counted_sessions"]
+if TYPE_CHECKING:
+    from ._work import Workers
+
+__all__ = ["counted_sessions", "lapsed_page"]
+
+log = logging.getLogger("signoff.worker")
+
+_LAPSING = ("running", "waiting", "failed")
+"""The statuses a passed TTL left unrecorded reads otherwise than the store holds it."""
+
+CHUNK = 500  # sessions read per store query while filtering them as shown
 
 
 async def counted_sessions(
@@ -33,3 +49,38 @@ async def counted_sessions(
         agent=agent, status=status, limit=limit, offset=offset, initiated_by=initiated_by
     )
     return rows, total
+
+
+async def lapsed_page(
+    rt: Workers, agent: str | None, status: str | None, limit: int, offset: int, now: float
+) -> list[SessionSummary] | None:
+    """The page of `Runtime.sessions` when a session it matches passed its TTL unrecorded (of
+    an agent this runtime lacks, or a store it may only read): it reads `failed` though the
+    store holds it `running` or `waiting`, so the store's own filter would list it under the
+    wrong status. Those of this runtime's agents are recorded first. None when the store's
+    filter is right (no such session, or a status a passed TTL does not touch)."""
+    if status not in _LAPSING:
+        return None
+    stale = [r for r in await rt._lapsed(now) if agent in (None, r.agent)]
+    try:
+        if stale and await rt._record_lapsed(stale, now):
+            stale = [r for r in await rt._lapsed(now) if agent in (None, r.agent)]
+    except StoreError as exc:  # a store this process may only read, say
+        log.warning("sessions whose TTL passed not recorded: %s", exc)
+    if not stale:
+        return None
+    # `failed` ones are also those the store holds running or waiting: read them all.
+    by_store = None if status == "failed" else status
+    page: list[SessionSummary] = []
+    seen = read = 0
+    while True:
+        chunk = await rt.store.sessions(agent=agent, status=by_store, limit=CHUNK, offset=read)
+        for row in chunk:
+            if (status == "failed") != (row.status == "failed" or is_lapsed(row, now)):
+                continue
+            if offset <= seen < offset + limit:
+                page.append(summary_after_expiry(row, now))
+            seen += 1
+        if len(chunk) < CHUNK or seen >= offset + limit:
+            return page
+        read += CHUNK
