@@ -248,3 +248,16 @@ async def test_a_listing_filter_holding_a_lone_surrogate_is_a_usage_error_on_bot
             with pytest.raises(so.UsageError, match=f"{what}.*lone surrogate"):
                 await listing()
         assert len(await rt.pending(agent="a")) == 1
+
+
+async def test_pending_refuses_keywords_beside_a_filter(tmp_path: Path) -> None:
+    """`rt.pending(flt, agent=..., limit=...)` read only `flt`: the keywords were dropped
+    unsaid, so the listing held another agent's requests, or more than the limit asked."""
+    async with sqlite_runtime(tmp_path, refund_agent(ExecutionLog())) as rt:
+        await waiting_session(rt)
+        flt = so.stores.PendingFilter()
+        for given in ({"agent": "b"}, {"limit": 0}, {"offset": 1}, {"older_than": 60}):
+            with pytest.raises(so.UsageError, match="PendingFilter"):
+                await rt.pending(flt, **given)
+        assert len(await rt.pending(flt)) == 1
+        assert await rt.pending(agent="b") == []

@@ -70,6 +70,7 @@ def _check_page(limit: object, offset: object) -> None:
             raise UsageError(f"{name} must be a whole number from 0, not {value!r}")
 
 
+_UNSET = (None, None, None, None, None, 100, 0)  # `Runtime.pending`'s keyword defaults
 _SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
 
 
@@ -309,7 +310,7 @@ class Runtime(Workers):
         limit: int = 100,
         offset: int = 0,
     ) -> list[InputRequest]:
-        """Open requests across sessions, oldest first."""
+        """Open requests across sessions, oldest first: those `flt` or else the keywords pick."""
         await self.open()
         if kind is not None and kind not in get_args(RequestKind):  # else silently nothing
             raise UsageError(
@@ -329,6 +330,8 @@ class Runtime(Workers):
                 limit=limit,
                 offset=offset,
             )
+        elif (agent, tool_name, kind, session_id, older_than, limit, offset) != _UNSET:
+            raise UsageError("give a PendingFilter, or filter by keyword, not both")
         return (await self.pending_page(flt))[0]
 
     async def pending_page(self, flt: PendingFilter) -> tuple[list[InputRequest], bool]:
