@@ -61,10 +61,10 @@ async def lapsed_page(
     filter is right (no such session, or a status a passed TTL does not touch)."""
     if status not in _LAPSING:
         return None
-    stale = [r for r in await rt._lapsed(now) if agent in (None, r.agent)]
+    stale = await _stale(rt, agent, now)
     try:
         if stale and await rt._record_lapsed(stale, now):
-            stale = [r for r in await rt._lapsed(now) if agent in (None, r.agent)]
+            stale = await _stale(rt, agent, now)
     except StoreError as exc:  # a store this process may only read, say
         log.warning("sessions whose TTL passed not recorded: %s", exc)
     if not stale:
@@ -84,3 +84,9 @@ async def lapsed_page(
         if len(chunk) < CHUNK or seen >= offset + limit:
             return page
         read += CHUNK
+
+
+async def _stale(rt: Workers, agent: str | None, now: float) -> list[SessionSummary]:
+    """The sessions of `agent` (None: any) whose TTL passed unrecorded (`rt._lapsed` lists a
+    store's every running or waiting one when it cannot tell which)."""
+    return [r for r in await rt._lapsed(now) if is_lapsed(r, now) and agent in (None, r.agent)]
