@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._state import CallState, RequestState, TurnState
+from signoff._state import (
+    MESSAGE_EVENT_TYPES,
+    CallState,
+    RequestState,
+    TurnState,
+    conversation,
+)
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -457,3 +463,46 @@ async def test_a_recorded_lapse_leaves_the_session_expired_at_its_record(store_u
         assert row.expires_at == state.expires_at
         clock.advance(600)
         assert (await rt.state(sid)).expires_at == 1061.0
+
+
+def _chat(**corrupt: Any) -> list[so.Event]:
+    """A short log whose event `corrupt` names (by type) has that data instead."""
+    data: list[tuple[str, dict[str, Any]]] = [
+        ("session.created", {"agent": "a"}),
+        ("turn.started", {"message": "hi"}),
+        ("model.completed", {"text": "", "tool_calls": [{"id": "c", "name": "t", "input": {}}]}),
+        ("tool.completed", {"call_id": "c", "tool_name": "t", "status": "ok", "result": 1}),
+    ]
+    return [
+        so.Event(
+            session_id="s",
+            seq=i + 1,
+            type=t,  # type: ignore[arg-type]
+            at=1.0,
+            turn_id=None if t == "session.created" else "trn_1",
+            data=corrupt.get(t.replace(".", "_"), d),
+        )
+        for i, (t, d) in enumerate(data)
+    ]
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        {"turn_started": {"message": 0}},
+        {"model_completed": {"text": None, "tool_calls": []}},
+        {"model_completed": {"text": "", "tool_calls": [{"id": "c", "name": None}]}},
+        {"model_completed": {"text": "", "tool_calls": [None]}},
+        {"tool_completed": {"call_id": "c", "status": "ok"}},
+    ],
+)
+def test_a_malformed_message_event_is_a_store_error_for_the_conversation_too(
+    corrupt: dict[str, dict[str, Any]],
+) -> None:
+    # A state loaded from a snapshot reads its conversation from the events only when the model
+    # is called: the same damaged event must be named there as the fold from scratch names it.
+    events = _chat(**corrupt)
+    with pytest.raises(so.StoreError, match="malformed"):
+        fold(events)
+    with pytest.raises(so.StoreError, match=r"event s:\d \(.*\) is malformed"):
+        conversation(e for e in events if e.type in MESSAGE_EVENT_TYPES)
