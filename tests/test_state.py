@@ -16,6 +16,7 @@ from signoff._state import (
     TurnState,
     conversation,
 )
+from signoff.stores._codec import pack_bytes
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -28,6 +29,8 @@ from signoff.testing import (
     sqlite_runtime,
 )
 
+from ._audit import alter
+from ._procs import query
 from ._ttl import ttl_agent
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
@@ -506,3 +509,19 @@ def test_a_malformed_message_event_is_a_store_error_for_the_conversation_too(
         fold(events)
     with pytest.raises(so.StoreError, match=r"event s:\d \(.*\) is malformed"):
         conversation(e for e in events if e.type in MESSAGE_EVENT_TYPES)
+
+
+async def test_a_damaged_message_before_a_snapshot_is_named_when_the_model_reads_it(
+    store_url: str,
+) -> None:
+    agent = scripted_agent("a", [reply("ok")], repeat_last=True)
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid = (await rt.generate("a", prompt="first")).session_id
+        while (await rt.state(sid)).seq < 70:  # past the first snapshot, at event 64
+            await rt.generate(session_id=sid, prompt="more")
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    damage = pack_bytes({"message": 0})  # event 2 starts the first turn
+    alter(store_url, "UPDATE {t}events SET data={p} WHERE sk={p} AND seq=2", damage, sk)
+    async with so.Runtime([agent], store=store_url) as rt:
+        with pytest.raises(so.StoreError, match=rf"event {sid}:2 \(turn.started\) is malformed"):
+            await rt.generate(session_id=sid, prompt="again")
