@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 
 import signoff as so
-from signoff._state import CallState, RequestState, TurnState
+from signoff._state import (
+    MESSAGE_EVENT_TYPES,
+    CallState,
+    RequestState,
+    TurnState,
+    conversation,
+)
+from signoff.stores._codec import pack_bytes
 from signoff.testing import (
     Capture,
     ExecutionLog,
@@ -22,6 +29,8 @@ from signoff.testing import (
     sqlite_runtime,
 )
 
+from ._audit import alter
+from ._procs import query
 from ._ttl import ttl_agent
 
 ALICE = so.Principal(authenticator="test", principal_id="alice")
@@ -457,3 +466,62 @@ async def test_a_recorded_lapse_leaves_the_session_expired_at_its_record(store_u
         assert row.expires_at == state.expires_at
         clock.advance(600)
         assert (await rt.state(sid)).expires_at == 1061.0
+
+
+def _chat(**corrupt: Any) -> list[so.Event]:
+    """A short log whose event `corrupt` names (by type) has that data instead."""
+    data: list[tuple[str, dict[str, Any]]] = [
+        ("session.created", {"agent": "a"}),
+        ("turn.started", {"message": "hi"}),
+        ("model.completed", {"text": "", "tool_calls": [{"id": "c", "name": "t", "input": {}}]}),
+        ("tool.completed", {"call_id": "c", "tool_name": "t", "status": "ok", "result": 1}),
+    ]
+    return [
+        so.Event(
+            session_id="s",
+            seq=i + 1,
+            type=t,  # type: ignore[arg-type]
+            at=1.0,
+            turn_id=None if t == "session.created" else "trn_1",
+            data=corrupt.get(t.replace(".", "_"), d),
+        )
+        for i, (t, d) in enumerate(data)
+    ]
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        {"turn_started": {"message": 0}},
+        {"model_completed": {"text": None, "tool_calls": []}},
+        {"model_completed": {"text": "", "tool_calls": [{"id": "c", "name": None}]}},
+        {"model_completed": {"text": "", "tool_calls": [None]}},
+        {"tool_completed": {"call_id": "c", "status": "ok"}},
+    ],
+)
+def test_a_malformed_message_event_is_a_store_error_for_the_conversation_too(
+    corrupt: dict[str, dict[str, Any]],
+) -> None:
+    # A state loaded from a snapshot reads its conversation from the events only when the model
+    # is called: the same damaged event must be named there as the fold from scratch names it.
+    events = _chat(**corrupt)
+    with pytest.raises(so.StoreError, match="malformed"):
+        fold(events)
+    with pytest.raises(so.StoreError, match=r"event s:\d \(.*\) is malformed"):
+        conversation(e for e in events if e.type in MESSAGE_EVENT_TYPES)
+
+
+async def test_a_damaged_message_before_a_snapshot_is_named_when_the_model_reads_it(
+    store_url: str,
+) -> None:
+    agent = scripted_agent("a", [reply("ok")], repeat_last=True)
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid = (await rt.generate("a", prompt="first")).session_id
+        while (await rt.state(sid)).seq < 70:  # past the first snapshot, at event 64
+            await rt.generate(session_id=sid, prompt="more")
+    ((sk,),) = query(store_url, "SELECT sk FROM {t}sessions WHERE id={p}", sid)
+    damage = pack_bytes({"message": 0})  # event 2 starts the first turn
+    alter(store_url, "UPDATE {t}events SET data={p} WHERE sk={p} AND seq=2", damage, sk)
+    async with so.Runtime([agent], store=store_url) as rt:
+        with pytest.raises(so.StoreError, match=rf"event {sid}:2 \(turn.started\) is malformed"):
+            await rt.generate(session_id=sid, prompt="again")

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
+import pytest
+
+import signoff as so
 from signoff._state_parts import CallState
 
 
@@ -30,3 +36,49 @@ def test_a_positional_journal_keeps_each_entry_at_its_index() -> None:
         None,
         {"kind": "step", "name": "b", "result": None},
     ]
+
+
+def _positional_call_state() -> so.SessionState:
+    """A state whose one call has a journal from before keys, with one entry."""
+    state = so.SessionState(id="s")
+    specs: list[tuple[str, str | None, dict[str, Any]]] = [
+        ("session.created", None, {"agent": "a"}),
+        ("turn.started", "t", {"message": "hi"}),
+        ("model.completed", "t", {"tool_calls": [{"id": "c", "name": "x", "input": {}}]}),
+        ("tool.started", "t", {"call_id": "c"}),
+        ("tool.step", "t", {"call_id": "c", "name": "a", "index": 0, "result": 1}),
+    ]
+    for t, turn, data in specs:
+        state.apply(
+            so.Event(session_id="s", seq=state.seq + 1, type=t, at=1.0, turn_id=turn, data=data)  # type: ignore[arg-type]
+        )
+    return state
+
+
+@pytest.mark.parametrize("index", [-1, 10**12, 1.5, "1"])
+def test_a_positional_journal_refuses_an_index_no_signoff_writes(index: object) -> None:
+    """A damaged step's position is named, not obeyed: a huge one would fill memory with gaps
+    (for minutes, or until the process dies) and a negative one would overwrite another entry."""
+    state = _positional_call_state()
+    step = so.Event(
+        session_id="s",
+        seq=state.seq + 1,
+        type="tool.step",
+        at=1.0,
+        turn_id="t",
+        data={"call_id": "c", "name": "b", "index": index, "result": 2},
+    )
+    started = time.monotonic()
+    with pytest.raises(so.StoreError, match="malformed"):
+        state.apply(step)
+    assert time.monotonic() - started < 5
+    assert state.turn is not None
+    assert state.turn.calls["c"].journal == [{"kind": "step", "name": "a", "result": 1}]
+
+
+def test_a_positional_journal_takes_a_gap_that_concurrent_steps_leave() -> None:
+    """Steps run together may be journaled out of order: a later position may come first."""
+    call = CallState(id="c1", tool_name="t", input={})
+    call.record(40, {"kind": "step", "name": "b", "result": None})
+    assert call.journal[:40] == [None] * 40
+    assert call.journal[40] == {"kind": "step", "name": "b", "result": None}

@@ -376,7 +376,10 @@ def conversation(events: Iterable[Event], *, partial: bool = False) -> Conversat
     that turn on, since a turn starts with no call open and nothing held back."""
     conv = Conversation(partial=partial)
     for event in events:
-        conv.add(event)
+        try:
+            conv.add(event)
+        except _MALFORMED as exc:  # as `SessionState.apply` names it when it folds the event
+            raise StoreError(f"event {event.id} ({event.type}) is malformed: {exc!r}") from exc
     return conv
 
 

@@ -34,6 +34,12 @@ CallStatus = Literal[
 TurnStatus = Literal["running", "waiting", "completed", "failed", "cancelled"]
 
 
+_GAP_MAX = 65_536
+"""How far past a positional journal's end an entry may land: steps run together leave gaps
+(one journaled before those claimed earlier), never this many; a damaged event's huge position
+would otherwise fill memory with empty places."""
+
+
 @dataclass(slots=True, kw_only=True)
 class CallState:
     id: str
@@ -59,6 +65,12 @@ class CallState:
                     return
             self.journal.append(entry)
             return
+        if (
+            not isinstance(index, int)
+            or isinstance(index, bool)
+            or not 0 <= index <= len(self.journal) + _GAP_MAX
+        ):
+            raise ValueError(f"journal position {index!r} of call {self.id!r} is out of range")
         while len(self.journal) <= index:
             self.journal.append(None)
         self.journal[index] = entry
