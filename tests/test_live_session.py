@@ -166,3 +166,39 @@ async def test_votes_and_escalations_show_in_the_requests_as_the_server_folds_th
     assert (r1.approved_by, r1.progress, r1.expires_at) == (["alice"], "1 of 2", 50.0)
     assert (r2.escalated_to, r2.expires_at, r2.approved_by) == ("leads", None, [])
     assert [v.status for v in live.requests.values()] == ["pending", "pending"]
+
+
+async def test_a_live_session_shows_a_counted_vote_as_the_runtime_does(store_url: str) -> None:
+    """End to end on each store: after bob's vote on a two-person approval, the live session's
+    open request carries the vote the runtime's queue shows."""
+    from signoff.testing import ExecutionLog
+
+    from .test_quorum import ALICE, BOB, deploy_agent, vote
+
+    class Over:
+        """The runtime as a `SessionRemote`, answering as bob."""
+
+        def __init__(self, rt: so.Runtime) -> None:
+            self.rt = rt
+
+        async def events(
+            self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+        ) -> AsyncGenerator[so.Event, None]:
+            async for event in self.rt.events(session_id, after, follow=follow):
+                yield event
+
+        async def respond(
+            self, session_id: str, responses: Sequence[so.InputResponse | Mapping[str, Any]]
+        ) -> RemoteResult:
+            raise AssertionError("not called")
+
+    agent = deploy_agent(ExecutionLog(), so.always(approvers=2, exclude_requester=True))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="deploy api 2.0", auth=ALICE)
+        await rt.respond(r.session_id, vote(r.pending[0].id), principal=BOB)
+        live = LiveSession(Over(rt), r.session_id)
+        await live.sync()
+        (queued,) = await rt.pending(session_id=r.session_id)
+        (shown,) = live.open_requests()
+        assert (shown.approved_by, shown.progress) == (queued.approved_by, queued.progress)
+        assert shown.progress == "1 of 2"
