@@ -139,3 +139,66 @@ def _answering(remote: Remote, outcomes: list[Outcome]) -> Any:
         )
 
     return respond
+
+
+async def test_votes_and_escalations_show_in_the_requests_as_the_server_folds_them() -> None:
+    """A quorum's counted vote and a deadline's escalation come as `approval.candidate` events,
+    which the server's fold applies to the open request (`approved_by`, `escalated_to`, and no
+    deadline once escalated). The live session ignored them: its requests read `0 of 2` after a
+    vote, and kept a deadline the server had lifted, unlike `state()` and the queue."""
+    asked = _asked(1, "r1", "r2")
+    for raw in asked.data["requests"]:
+        raw.update(approvers=2, expires_at=50.0, escalate_to="leads", on_timeout="escalate")
+    vote = {"request_id": "r1", "candidate_id": "c1", "outcome": "pending", "by": {}}
+    counted = {**vote, "outcome": "counted", "by": {"principal_id": "alice"}, "votes": 1}
+    escalated = {"request_id": "r2", "outcome": "escalated", "to": "leads", "reason": "timed out"}
+    remote = Remote(
+        [
+            asked,
+            _event(2, "approval.candidate", vote),
+            _event(3, "approval.candidate", counted),
+            _event(4, "approval.candidate", escalated),
+        ]
+    )
+    live = LiveSession(remote, "s1")
+    await live.sync()
+    r1, r2 = live.open_requests()
+    assert (r1.approved_by, r1.progress, r1.expires_at) == (["alice"], "1 of 2", 50.0)
+    assert (r2.escalated_to, r2.expires_at, r2.approved_by) == ("leads", None, [])
+    assert [v.status for v in live.requests.values()] == ["pending", "pending"]
+
+
+async def test_a_live_session_shows_a_counted_vote_as_the_runtime_does(store_url: str) -> None:
+    """End to end on each store: after bob's vote on a two-person approval, the live session's
+    open request carries the vote the runtime's queue shows."""
+    from signoff.testing import ExecutionLog
+
+    from .test_quorum import ALICE, BOB, deploy_agent, vote
+
+    class Over:
+        """The runtime as a `SessionRemote`, answering as bob."""
+
+        def __init__(self, rt: so.Runtime) -> None:
+            self.rt = rt
+
+        async def events(
+            self, session_id: str, after: int = 0, *, follow: bool = True, retries: int = 5
+        ) -> AsyncGenerator[so.Event, None]:
+            async for event in self.rt.events(session_id, after, follow=follow):
+                yield event
+
+        async def respond(
+            self, session_id: str, responses: Sequence[so.InputResponse | Mapping[str, Any]]
+        ) -> RemoteResult:
+            raise AssertionError("not called")
+
+    agent = deploy_agent(ExecutionLog(), so.always(approvers=2, exclude_requester=True))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="deploy api 2.0", auth=ALICE)
+        await rt.respond(r.session_id, vote(r.pending[0].id), principal=BOB)
+        live = LiveSession(Over(rt), r.session_id)
+        await live.sync()
+        (queued,) = await rt.pending(session_id=r.session_id)
+        (shown,) = live.open_requests()
+        assert (shown.approved_by, shown.progress) == (queued.approved_by, queued.progress)
+        assert shown.progress == "1 of 2"

@@ -4,6 +4,7 @@ followers that meet the expiry."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -258,3 +259,36 @@ async def test_sessions_filtered_by_status_as_shown_when_ttl_unrecorded(store_ur
         assert [s.id for s in await reader.sessions(status="waiting", limit=1)] == [live.session_id]
         assert await reader.sessions(status="waiting", offset=1) == []
         assert await reader.sessions(status="failed", offset=1) == []
+
+
+async def test_a_seq_past_the_log_is_refused_not_followed(store_url: str) -> None:
+    """`rt.events(after=N)` with N past the session's last event matched no event: followed, it
+    waited in silence and would skip every event up to N, and once the TTL passed it spun on
+    the store without yielding to the event loop, freezing the process. It is refused, as the
+    HTTP stream and `signoff events --after` refuse it; the last seq itself is still followed."""
+    import asyncio
+
+    now = [1_000_000.0]
+    async with so.Runtime(
+        [ttl_agent()], store=store_url, clock=lambda: now[0], poll_interval=0.01
+    ) as rt:
+        r = await rt.generate("desk", prompt="reset")
+        head = (await rt.state(r.session_id)).seq
+        for follow in (True, False):
+            events = rt.events(r.session_id, head + 1, follow=follow)
+            with pytest.raises(so.UsageError, match=rf"past the session's last event \({head}\)"):
+                await asyncio.wait_for(anext(events), 2)
+        followed = rt.events(r.session_id, head)
+        waiting = asyncio.ensure_future(anext(followed))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # caught up: it waits for the next event
+        now[0] += 120
+        with pytest.raises(so.SessionExpired):
+            await asyncio.wait_for(_drain(waiting, followed), 5)
+
+
+async def _drain(first: Any, rest: Any) -> None:
+    """Await `first`, then read `rest` to its end."""
+    await first
+    async for _ in rest:
+        pass

@@ -15,7 +15,7 @@ from ._types import InputRequest, Usage
 if TYPE_CHECKING:
     from ._state import SessionState
 
-__all__ = ["HANDLERS"]
+__all__ = ["HANDLERS", "candidate_applied"]
 
 
 # -- one handler per event type ----------------------------------------------------------------
@@ -197,14 +197,19 @@ def _approval_candidate(s: SessionState, e: Event) -> None:
     req = s.requests.get(d["request_id"])
     if req is None or req.status != "pending":
         return
+    req.request = candidate_applied(req.request, d)
+
+
+def candidate_applied(request: InputRequest, d: dict[str, Any]) -> InputRequest:
+    """An open request as an `approval.candidate` leaves it: a quorum's counted vote adds its
+    voter, an escalation names the group and lifts the deadline (`LiveSession` folds it too)."""
     if d.get("outcome") == "counted":
         by = d.get("by") or {}
-        approved_by = [*req.request.approved_by, str(by.get("principal_id"))]
-        req.request = req.request.model_copy(update={"approved_by": approved_by})
-    elif d.get("outcome") == "escalated":
-        req.request = req.request.model_copy(
-            update={"escalated_to": d.get("to"), "expires_at": None}
-        )
+        approved_by = [*request.approved_by, str(by.get("principal_id"))]
+        return request.model_copy(update={"approved_by": approved_by})
+    if d.get("outcome") == "escalated":
+        return request.model_copy(update={"escalated_to": d.get("to"), "expires_at": None})
+    return request
 
 
 def _approval_settled(s: SessionState, e: Event) -> None:

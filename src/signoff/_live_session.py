@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import _exceptions as errors
+from ._event_handlers import candidate_applied
 from ._events import Event
 from ._payloads import RemoteResult, input_responses
 from ._types import InputRequest, InputResponse
@@ -62,6 +63,10 @@ class LiveSession:
             for raw in d.get("requests", []):
                 request = InputRequest.model_validate(raw)
                 self.requests[request.id] = RequestView(request=request)
+        elif event.type == "approval.candidate":  # a quorum's vote, or an escalation
+            view = self.requests.get(d.get("request_id", ""))
+            if view is not None and view.status in ("pending", "responded"):  # open on the server
+                view.request = candidate_applied(view.request, d)
         elif event.type == "input.resolved":
             view = self.requests.get(d.get("request_id", ""))
             if view is not None:

@@ -402,10 +402,10 @@ class Runtime(Workers):
     async def events(
         self, session_id: str, after: int = 0, *, follow: bool = True
     ) -> AsyncIterator[Event]:
-        """The session's events after `seq`; with `follow`, keeps waiting for new ones until the
-        session can have no more: then, after its last event, it raises `SessionExpired` (its TTL
-        passed; a turn it caught unfinished is recorded and read first) or `UnknownSession` (it
-        was deleted from the store)."""
+        """The session's events after `seq` (one past its last event is a `UsageError`); with
+        `follow`, keeps waiting for new ones until the session can have no more: then, after its
+        last event, it raises `SessionExpired` (its TTL passed; a turn it caught unfinished is
+        recorded and read first) or `UnknownSession` (it was deleted from the store)."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # Anything else matched no event (a followed stream then waited for ever in
             # silence) or overflowed the store's integers.
@@ -413,8 +413,16 @@ class Runtime(Workers):
         flag("follow", follow)
         check_session_id(session_id)
         await self.open()
-        if await self.store.head(session_id) is None:
+        head = await self.store.head(session_id)
+        if head is None:
             raise UnknownSession(session_id)
+        if after > head:
+            # No event matches it: a follower waited in silence, skipping every event up to
+            # `after`, and spun on the store once the TTL passed (as the HTTP stream refuses).
+            raise UsageError(
+                f"after={after} is past the session's last event ({head}); "
+                "resume from a seq it sent"
+            )
         expires_at = 0.0  # by self.now(); 0 until read from the state, and after new events
         checked = time.monotonic()  # when the session was last seen in the store
         expired: SessionExpired | None = None  # raised once the events its record wrote are read
