@@ -284,6 +284,27 @@ async def test_two_tasks_racing_with_one_key_act_once(store_url: str) -> None:
         assert len(await rt.sessions()) == 1
 
 
+async def test_two_runtimes_racing_one_key_with_two_prompts_start_one(store_url: str) -> None:
+    """Two processes starting a conversation under one key with different prompts: one
+    creates the session, the other is refused (`IdempotencyKeyReused`), never a second
+    session or a second message."""
+    async with (
+        so.Runtime([chat_agent()], store=store_url) as one,
+        so.Runtime([chat_agent()], store=store_url) as two,
+    ):
+        results = await asyncio.gather(
+            one.generate("chat", prompt="hello", auth=ALICE, idempotency_key="rp-1"),
+            two.generate("chat", prompt="goodbye", auth=ALICE, idempotency_key="rp-1"),
+            return_exceptions=True,
+        )
+        won = [r for r in results if isinstance(r, so.GenerateResult)]
+        lost = [r for r in results if isinstance(r, so.IdempotencyKeyReused)]
+        assert len(won) == 1 and len(lost) == 1, results
+        assert not won[0].replayed and lost[0].session_id == won[0].session_id
+        assert await messages(one, won[0].session_id) in (["hello"], ["goodbye"])
+        assert (await counts(one))[0] == 1
+
+
 async def test_two_runtimes_on_one_store_racing_with_one_key_act_once(store_url: str) -> None:
     async with (
         so.Runtime([chat_agent()], store=store_url) as one,
