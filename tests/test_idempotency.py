@@ -202,6 +202,24 @@ async def test_a_message_repeated_with_its_key_is_sent_once(store_url: str) -> N
         assert await messages(rt, sid) == ["hello", "more"]
 
 
+async def test_a_key_is_remembered_by_the_session_it_went_to_only(store_url: str) -> None:
+    """As the docs say: a key covers calls to the session it went to (a new conversation's
+    key, the session it derives from); the same key on a call to another session is another
+    call there, neither a repeat nor refused."""
+    async with so.Runtime([chat_agent()], store=store_url) as rt:
+        one = (await rt.generate("chat", prompt="hello", auth=ALICE)).session_id
+        two = (await rt.generate("chat", prompt="hello", auth=ALICE)).session_id
+        sent = await rt.send(one, "more", principal=ALICE, idempotency_key="s-1")
+        elsewhere = await rt.send(two, "more", principal=ALICE, idempotency_key="s-1")
+        assert not sent.replayed and not elsewhere.replayed
+        assert await messages(rt, one) == ["hello", "more"]
+        assert await messages(rt, two) == ["hello", "more"]
+        assert (await rt.send(two, "more", principal=ALICE, idempotency_key="s-1")).replayed
+        started = await rt.generate("chat", prompt="more", auth=ALICE, idempotency_key="s-1")
+        assert not started.replayed and started.session_id not in (one, two)
+        assert await messages(rt, two) == ["hello", "more"]
+
+
 async def test_a_keyed_message_that_answers_a_question_answers_once(store_url: str) -> None:
     async with so.Runtime([asking_agent()], store=store_url) as rt:
         r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
@@ -264,6 +282,27 @@ async def test_two_tasks_racing_with_one_key_act_once(store_url: str) -> None:
         assert sum(not r.replayed for r in sends) <= 1
         assert await messages(rt, sid) == ["hello", "more"]
         assert len(await rt.sessions()) == 1
+
+
+async def test_two_runtimes_racing_one_key_with_two_prompts_start_one(store_url: str) -> None:
+    """Two processes starting a conversation under one key with different prompts: one
+    creates the session, the other is refused (`IdempotencyKeyReused`), never a second
+    session or a second message."""
+    async with (
+        so.Runtime([chat_agent()], store=store_url) as one,
+        so.Runtime([chat_agent()], store=store_url) as two,
+    ):
+        results = await asyncio.gather(
+            one.generate("chat", prompt="hello", auth=ALICE, idempotency_key="rp-1"),
+            two.generate("chat", prompt="goodbye", auth=ALICE, idempotency_key="rp-1"),
+            return_exceptions=True,
+        )
+        won = [r for r in results if isinstance(r, so.GenerateResult)]
+        lost = [r for r in results if isinstance(r, so.IdempotencyKeyReused)]
+        assert len(won) == 1 and len(lost) == 1, results
+        assert not won[0].replayed and lost[0].session_id == won[0].session_id
+        assert await messages(one, won[0].session_id) in (["hello"], ["goodbye"])
+        assert (await counts(one))[0] == 1
 
 
 async def test_two_runtimes_on_one_store_racing_with_one_key_act_once(store_url: str) -> None:
