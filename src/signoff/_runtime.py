@@ -43,11 +43,10 @@ from ._queue_page import queue_page
 from ._recording import Batch, TurnStopped
 from ._results import GenerateResult
 from ._session_cache import check_session_id
-from ._session_page import lapsed_page
-from ._settings import finite, flag, seconds
+from ._session_page import check_listing, lapsed_page
+from ._settings import check_page, finite, flag, seconds
 from ._state import SessionState
 from ._sync import blocking_doc, twin
-from ._text import is_utf8
 from ._types import APP_PRINCIPAL, Decision, InputRequest, Principal, RequestKind
 from ._work import Workers
 from .stores import PendingFilter, SessionSummary, Store
@@ -63,15 +62,7 @@ _RECHECK_FOLLOWED = 30.0
 its expiry is due): one deleted under a follower would otherwise be waited on for ever."""
 
 
-def _check_page(limit: object, offset: object) -> None:
-    """A listing's page is whole numbers from 0 that every store takes alike."""
-    for name, value in (("limit", limit), ("offset", offset)):
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-            raise UsageError(f"{name} must be a whole number from 0, not {value!r}")
-
-
 _UNSET = (None, None, None, None, None, 100, 0)  # `Runtime.pending`'s keyword defaults
-_SESSION_STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
 
 
 class Runtime(Workers):
@@ -348,7 +339,7 @@ class Runtime(Workers):
         await self.open()
         if not isinstance(flt, PendingFilter):
             raise UsageError(f"the filter must be a stores.PendingFilter, not {type(flt).__name__}")
-        _check_page(flt.limit, flt.offset)
+        check_page(flt.limit, flt.offset)
         return await queue_page(self, flt)
 
     async def sessions(
@@ -363,15 +354,8 @@ class Runtime(Workers):
         cancelled). Like a passed deadline, a TTL that passed with the turn unfinished is
         recorded first (the turn fails), or else shown so, and filtered by `status` as shown."""
         await self.open()
-        _check_page(limit, offset)
-        if agent is not None and not isinstance(agent, str):  # else each store did otherwise
-            raise UsageError(f"agent must be text or None, not {agent!r}")
-        if agent is not None and not is_utf8(agent):  # no store can look it up
-            raise UsageError("agent is not valid Unicode text: it holds a lone surrogate")
-        if status is not None and status not in _SESSION_STATUSES:  # else silently nothing
-            raise UsageError(
-                f"status must be one of {', '.join(_SESSION_STATUSES)}, not {status!r}"
-            )
+        check_page(limit, offset)
+        check_listing(agent, status)
         now = self.now()
         lapsed = await lapsed_page(self, agent, status, limit, offset, now)
         if lapsed is not None:
@@ -542,7 +526,7 @@ class Runtime(Workers):
         stream = _audit.check_stream(stream)
         if session_id is not None and stream is not None and session_id != stream:
             raise UsageError("give session_id or stream, not two different ones")
-        _check_page(limit, 0)
+        check_page(limit, 0)
         await self.open()
         out: list[AuditEntry] = []
         if limit == 0:

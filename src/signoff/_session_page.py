@@ -1,7 +1,7 @@
 """A page of the sessions and their total read in one snapshot of the store, for the listings
 that show a total (`GET /v1/sessions`, the dashboard): a session created, or changing status,
 meanwhile cannot set the total and the page apart. And `lapsed_page`, a page filtered by status
-as a passed TTL no one recorded yet shows it."""
+as a passed TTL no one recorded yet shows it, and `check_listing`, the filters' own checks."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import logging
 from typing import TYPE_CHECKING
 
 from ._deadlines import is_lapsed, summary_after_expiry
-from ._exceptions import StoreError
+from ._exceptions import StoreError, UsageError
+from ._text import is_utf8
 from .stores import InitiatorFilter, SessionSummary, Store
 
 if TYPE_CHECKING:
     from ._work import Workers
 
-__all__ = ["counted_sessions", "lapsed_page"]
+__all__ = ["STATUSES", "check_listing", "counted_sessions", "lapsed_page"]
 
 log = logging.getLogger("signoff.worker")
 
@@ -23,6 +24,20 @@ _LAPSING = ("running", "waiting", "failed")
 """The statuses a passed TTL left unrecorded reads otherwise than the store holds it."""
 
 CHUNK = 500  # sessions read per store query while filtering them as shown
+
+STATUSES = ("idle", "running", "waiting", "failed", "cancelled")
+"""The statuses a session listing filters by."""
+
+
+def check_listing(agent: object, status: object) -> None:
+    """A listing's filters: text every store looks up alike, and a status sessions have (any
+    other matched nothing, or each store did otherwise), else `UsageError`."""
+    if agent is not None and not isinstance(agent, str):
+        raise UsageError(f"agent must be text or None, not {agent!r}")
+    if agent is not None and not is_utf8(agent):  # no store can look it up
+        raise UsageError("agent is not valid Unicode text: it holds a lone surrogate")
+    if status is not None and status not in STATUSES:
+        raise UsageError(f"status must be one of {', '.join(STATUSES)}, not {status!r}")
 
 
 async def counted_sessions(

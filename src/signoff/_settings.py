@@ -7,7 +7,7 @@ import math
 
 from ._exceptions import SignoffError, UsageError
 
-__all__ = ["finite", "flag", "positive_seconds", "seconds", "whole"]
+__all__ = ["check_page", "finite", "flag", "positive_seconds", "seconds", "whole"]
 
 
 def finite(value: object) -> bool:
@@ -90,3 +90,10 @@ def flag(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise UsageError(f"{name} must be True or False, not {_shown(value)}")
     return value
+
+
+def check_page(limit: object, offset: object) -> None:
+    """A listing's page is whole numbers from 0 that every store takes alike (a signed 64-bit
+    integer), else `UsageError`."""
+    whole("limit", limit, least=0, most=2**63 - 1)
+    whole("offset", offset, least=0, most=2**63 - 1)
