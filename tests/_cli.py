@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
+import uuid
 from pathlib import Path
 from typing import Any, Literal
 
@@ -29,11 +30,14 @@ __all__ = [
     "log",
     "offline_runtime",
     "park",
+    "pg_schemas",
     "refunds_run",
     "refused_usage",
+    "runtime_module",
     "ROOT",
     "sizer",
     "TARGET",
+    "tenant_runtime",
     "treasurer",
     "url",
 ]
@@ -355,3 +359,47 @@ def limited_runtime() -> so.Runtime:
         tools=[so.delegate("billing"), so.delegate("orders")],
     )
     return so.Runtime([parent, billing, orders], store="sqlite:///:memory:")
+
+
+def runtime_module(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+    store: str,
+    *,
+    imported: str | None = None,
+    agent: str = "agent",
+) -> str:
+    """Write a module of `tmp_path` whose `runtime` serves `agent` over `store` (Python source),
+    importable and with SIGNOFF_STORE unset: its MODULE:RUNTIME, as a user names their own."""
+    module = f"{name}_{uuid.uuid4().hex}"
+    header = "import signoff as so\n" + (f"{imported}\n" if imported else "")
+    (tmp_path / f"{module}.py").write_text(
+        f"{header}from tests._cli import {agent}\nruntime = so.Runtime([{agent}], store={store})\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    return f"{module}:runtime"
+
+
+def tenant_runtime(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, pg_url: str, agent: str = "agent"
+) -> str:
+    """`runtime_module` over `PostgresStore(pg_url, schema='tenant_a')`: a schema named as an
+    argument, not in the URL, which every command must still honour."""
+    return runtime_module(
+        tmp_path,
+        monkeypatch,
+        name,
+        f"PostgresStore({pg_url!r}, schema='tenant_a')",
+        imported="from signoff.stores.postgres import PostgresStore",
+        agent=agent,
+    )
+
+
+def pg_schemas(pg_url: str) -> set[str]:
+    """The names of the schemas of the database at `pg_url`."""
+    import psycopg
+
+    with psycopg.connect(pg_url) as conn:
+        return {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}

@@ -17,7 +17,18 @@ from typer.testing import CliRunner
 import signoff as so
 from signoff.cli import app, local_principal
 
-from ._cli import ROOT, TARGET, flaky_step, invoke, log, park, refunds_run, url
+from ._cli import (
+    ROOT,
+    TARGET,
+    flaky_step,
+    invoke,
+    log,
+    park,
+    pg_schemas,
+    refunds_run,
+    tenant_runtime,
+    url,
+)
 
 __all__ = ["url"]  # the fixture, used by name
 
@@ -149,21 +160,11 @@ def test_chat_names_the_schema_of_its_store_in_the_command_it_prints(
     """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`):
     the `signoff approve ...` printed for a request left pending names that schema, so that run
     as printed it approves the request, rather than look in (and create) the default schema."""
-    import uuid
-
-    import psycopg
 
     from signoff.stores.postgres._url import describe
 
-    module = f"chat_schema_runtime_{uuid.uuid4().hex}"
-    (tmp_path / f"{module}.py").write_text(
-        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
-        "from tests._cli import agent\n"
-        f"runtime = so.Runtime([agent], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
-    chat = CliRunner().invoke(app, ["chat", f"{module}:runtime"], input="refund 1042\n")
+    target = tenant_runtime(tmp_path, monkeypatch, "chat_schema_runtime", pg_url)
+    chat = CliRunner().invoke(app, ["chat", target], input="refund 1042\n")
     assert chat.exit_code == 0, chat.output
     assert f"store {describe(pg_url)}?schema=tenant_a\n" in chat.output  # the header too
     printed = re.search(r"`signoff approve ([^`]+)`", chat.output)
@@ -171,6 +172,5 @@ def test_chat_names_the_schema_of_its_store_in_the_command_it_prints(
     approved = invoke("approve", *shlex.split(printed.group(1)))
     assert approved.exit_code == 0, approved.output
     assert approved.stdout.startswith("approved "), approved.output
-    with psycopg.connect(pg_url) as conn:
-        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    schemas = pg_schemas(pg_url)
     assert "tenant_a" in schemas and "signoff" not in schemas, schemas

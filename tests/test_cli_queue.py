@@ -26,9 +26,11 @@ from ._cli import (
     invoke,
     log,
     park,
+    pg_schemas,
     refunds_run,
     refused_usage,
     sizer,
+    tenant_runtime,
     url,
 )
 
@@ -404,33 +406,22 @@ def test_a_failed_turns_resume_command_names_the_schema_of_the_runtimes_store(
     the `signoff chat ...` printed to resume the failed turn names that schema, so that run as
     printed it resumes the session, rather than look in (and create) the default schema."""
     import shlex
-    import uuid
 
-    import psycopg
-
-    module = f"queue_schema_runtime_{uuid.uuid4().hex}"
-    (tmp_path / f"{module}.py").write_text(
-        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
-        "from tests._cli import flaky\n"
-        f"runtime = so.Runtime([flaky], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    target = tenant_runtime(tmp_path, monkeypatch, "queue_schema_runtime", pg_url, agent="flaky")
     flaky_step.failed = False
     rt = so.Runtime([flaky], store=f"{pg_url}?schema=tenant_a")
     try:
         parked = rt.generate_sync("flaky", "Refund order 1042")
     finally:
         rt.close_sync()
-    result = invoke("approve", parked.pending[0].id, f"{module}:runtime")
+    result = invoke("approve", parked.pending[0].id, target)
     assert result.exit_code == 1, result.output
     said = result.stderr.split("; it resumes with signoff ")
     assert len(said) == 2, result.output
     resumed = CliRunner().invoke(app, shlex.split(said[1]), input="")
     assert resumed.exit_code == 0, resumed.output
     assert "flaky: Refunded 180.00." in resumed.output
-    with psycopg.connect(pg_url) as conn:
-        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    schemas = pg_schemas(pg_url)
     assert "tenant_a" in schemas and "signoff" not in schemas, schemas
 
 

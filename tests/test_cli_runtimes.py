@@ -6,7 +6,6 @@ that is not there, is the same error whatever the command, before any store is o
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import uvicorn
 from signoff.cli import app
 from signoff.stores.sqlite import STORE_SCHEMA
 
-from ._cli import invoke, park, refused_usage
+from ._cli import invoke, park, pg_schemas, refused_usage, runtime_module, tenant_runtime
 
 T = "{target}"
 
@@ -90,14 +89,7 @@ def test_a_runtime_that_is_not_there_is_the_same_error_everywhere(
 def own_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
     """A module of a runtime whose own store is a file of `tmp_path`: (MODULE:RUNTIME, URL)."""
     url = f"sqlite:///{tmp_path}/own.db"
-    module = f"own_runtime_{uuid.uuid4().hex}"
-    (tmp_path / f"{module}.py").write_text(
-        f"import signoff as so\nfrom tests._cli import agent\n"
-        f"runtime = so.Runtime([agent], store={url!r})\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
-    return f"{module}:runtime", url
+    return runtime_module(tmp_path, monkeypatch, "own_runtime", repr(url)), url
 
 
 def test_the_reading_commands_read_the_runtimes_own_store(own_store: tuple[str, str]) -> None:
@@ -143,22 +135,12 @@ def test_a_runtimes_store_of_another_schema_is_the_one_read_and_upgraded(
     """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`,
     not `?schema=` in its URL): the schema commands upgrade and check that schema, and the
     reading commands read it, never the default schema of the same database."""
-    import psycopg
 
-    module = f"schema_runtime_{uuid.uuid4().hex}"
-    (tmp_path / f"{module}.py").write_text(
-        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
-        "from tests._cli import agent\n"
-        f"runtime = so.Runtime([agent], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
-    target = f"{module}:runtime"
+    target = tenant_runtime(tmp_path, monkeypatch, "schema_runtime", pg_url)
     upgraded = invoke("db", "upgrade", target)
     assert upgraded.stdout.startswith("schema created"), upgraded.output
     assert "schema 'tenant_a'" in upgraded.stdout
-    with psycopg.connect(pg_url) as conn:
-        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    schemas = pg_schemas(pg_url)
     assert "tenant_a" in schemas and "signoff" not in schemas
     status = invoke("db", "status", target)
     assert status.exit_code == 0 and "schema 'tenant_a'" in status.stdout, status.output

@@ -19,7 +19,16 @@ import pytest
 
 from signoff.channels.webhooks import verify_webhook
 
-from ._cli import ROOT, TARGET, _free_port, invoke, refused_usage
+from ._cli import (
+    ROOT,
+    TARGET,
+    _free_port,
+    invoke,
+    pg_schemas,
+    refused_usage,
+    runtime_module,
+    tenant_runtime,
+)
 
 
 @pytest.mark.parametrize("given", ["sqlite:///hub.db", "postgresql://db/hub"])
@@ -352,26 +361,16 @@ def test_serve_checks_the_schema_its_runtimes_store_names(
     """A runtime whose store names its schema as an argument (`PostgresStore(url, schema=)`):
     the store `serve` opens before it listens is that schema, never the database's default one,
     which it would otherwise create (or, at another version, refuse to serve over)."""
-    import uuid
 
-    import psycopg
     import uvicorn
 
-    module = f"serve_schema_runtime_{uuid.uuid4().hex}"
-    (tmp_path / f"{module}.py").write_text(
-        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
-        "from tests._cli import agent\n"
-        f"runtime = so.Runtime([agent], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    target = tenant_runtime(tmp_path, monkeypatch, "serve_schema_runtime", pg_url)
     started: list[Any] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
-    result = invoke("serve", f"{module}:runtime", "--port", "0")
+    result = invoke("serve", target, "--port", "0")
     assert result.exit_code == 0, result.output
     assert len(started) == 1
-    with psycopg.connect(pg_url) as conn:
-        schemas = {r[0] for r in conn.execute("SELECT nspname FROM pg_namespace").fetchall()}
+    schemas = pg_schemas(pg_url)
     assert "tenant_a" in schemas and "signoff" not in schemas, schemas
 
 
@@ -382,7 +381,6 @@ def test_serve_keeps_a_runtimes_store_that_must_not_migrate_unmigrated(
     """A runtime whose store is made with `migrate=False` refuses a store without this
     signoff's schema rather than write one: `serve`'s look at the store before it listens
     opens it so too, and never creates (or upgrades) the schema the runtime was to spare."""
-    import uuid
 
     import uvicorn
 
@@ -394,16 +392,12 @@ def test_serve_keeps_a_runtimes_store_that_must_not_migrate_unmigrated(
         pg_url = str(request.getfixturevalue("pg_url"))
         made = f"PostgresStore({pg_url!r}, migrate=False)"
         imported = "from signoff.stores.postgres import PostgresStore"
-    module = f"serve_unmigrated_runtime_{uuid.uuid4().hex}"
-    (tmp_path / f"{module}.py").write_text(
-        f"import signoff as so\n{imported}\nfrom tests._cli import agent\n"
-        f"runtime = so.Runtime([agent], store={made})\n"
+    target = runtime_module(
+        tmp_path, monkeypatch, "serve_unmigrated_runtime", made, imported=imported
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
     started: list[Any] = []
     monkeypatch.setattr(uvicorn.Server, "run", lambda self, **kw: started.append(self))
-    result = invoke("serve", f"{module}:runtime", "--port", "0")
+    result = invoke("serve", target, "--port", "0")
     assert result.exit_code == 1, result.output
     assert result.stderr.startswith("error: SchemaVersionError: "), result.output
     assert "run `signoff db upgrade`" in result.stderr
@@ -419,8 +413,4 @@ def test_serve_keeps_a_runtimes_store_that_must_not_migrate_unmigrated(
             tables = {r[0] for r in rows}
         assert tables == set(), tables
     else:
-        import psycopg
-
-        with psycopg.connect(pg_url) as conn_pg:
-            rows = conn_pg.execute("SELECT nspname FROM pg_namespace").fetchall()
-        assert "signoff" not in {r[0] for r in rows}
+        assert "signoff" not in pg_schemas(pg_url)

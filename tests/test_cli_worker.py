@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ._cli import invoke
+from ._cli import invoke, tenant_runtime
 
 
 def test_db_upgrade_says_what_it_did_on_sqlite(tmp_path: Path) -> None:
@@ -107,25 +107,17 @@ def test_worker_names_the_schema_of_its_runtimes_store(
     the worker's first log line names the store with that schema, as it names one given as
     `?schema=`, so an operator of several tenants reads which one it works on."""
     import logging
-    import uuid
 
     import signoff as so
 
-    module = f"worker_schema_runtime_{uuid.uuid4().hex}"
-    (tmp_path / f"{module}.py").write_text(
-        "import signoff as so\nfrom signoff.stores.postgres import PostgresStore\n"
-        "from tests._cli import agent\n"
-        f"runtime = so.Runtime([agent], store=PostgresStore({pg_url!r}, schema='tenant_a'))\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delenv("SIGNOFF_STORE", raising=False)
+    target = tenant_runtime(tmp_path, monkeypatch, "worker_schema_runtime", pg_url)
 
     async def work(self: so.Runtime, **kw: object) -> None:
         return None
 
     monkeypatch.setattr(so.Runtime, "work", work)
     with caplog.at_level(logging.INFO, logger="signoff.worker"):
-        result = invoke("worker", f"{module}:runtime")
+        result = invoke("worker", target)
     assert result.exit_code == 0, result.output
     said = [r.getMessage() for r in caplog.records if r.name == "signoff.worker"]
     (started,) = [line for line in said if ", concurrency 16, lease " in line]
