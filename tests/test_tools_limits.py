@@ -24,6 +24,18 @@ from signoff.testing import (
 BIG = "x" * 2_000_000  # over the default max_result_bytes of 1 MiB
 
 
+async def _answered_yes(agent: so.Agent, store_url: str) -> list[so.Event]:
+    """Run the turn, answer its one question "yes", check it completed: its events."""
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate(agent.name, prompt="go")
+        (question,) = r.pending
+        r = await rt.respond(
+            r.session_id, [so.InputResponse(request_id=question.id, option_id="yes")]
+        )
+        assert r.status == "completed"
+        return [e async for e in rt.events(r.session_id, follow=False)]
+
+
 async def test_a_result_over_the_limit_is_a_tool_error_and_is_not_stored(store_url: str) -> None:
     """One result too big for the model's context would fail every retry of the turn: it is
     refused as a tool error the model reads, and its bytes never reach the store."""
@@ -98,14 +110,7 @@ async def test_a_step_result_over_the_limit_is_journaled_as_its_failure(store_ur
 
     seen = Capture()
     agent = scripted_agent("a", [call_tools(call("fetch", x=1)), seen], tools=[fetch])
-    async with so.Runtime([agent], store=store_url) as rt:
-        r = await rt.generate("a", prompt="go")
-        (question,) = r.pending
-        r = await rt.respond(
-            r.session_id, [so.InputResponse(request_id=question.id, option_id="yes")]
-        )
-        assert r.status == "completed"
-        events = [e async for e in rt.events(r.session_id, follow=False)]
+    events = await _answered_yes(agent, store_url)
     assert runs == [1]
     (result,) = tool_results(seen.last)
     assert "step 'download' returned 2000002 bytes, over the limit of 1048576" in result.content
@@ -134,14 +139,7 @@ async def test_a_step_failure_of_megabytes_is_journaled_cut(store_url: str) -> N
         return (await ctx.ask("Proceed?", options=["yes", "no"])).value
 
     agent = scripted_agent("a", [call_tools(call("fetch", x=1)), reply("ok")], tools=[fetch])
-    async with so.Runtime([agent], store=store_url) as rt:
-        r = await rt.generate("a", prompt="go")
-        (question,) = r.pending
-        r = await rt.respond(
-            r.session_id, [so.InputResponse(request_id=question.id, option_id="yes")]
-        )
-        assert r.status == "completed"
-        events = [e async for e in rt.events(r.session_id, follow=False)]
+    events = await _answered_yes(agent, store_url)
     assert runs == [1]
     (step,) = [e for e in events if e.type == "tool.step"]
     assert len(json.dumps(step.data)) < 300_000
@@ -273,14 +271,7 @@ async def test_an_integer_too_long_for_json_is_a_tool_error_and_is_not_stored(
         [call_tools(call("count", x=1), call("stepping", x=2), call("gate", x=3)), seen],
         tools=[count, stepping, gate],
     )
-    async with so.Runtime([agent], store=store_url) as rt:
-        r = await rt.generate("a", prompt="go")
-        (question,) = r.pending
-        r = await rt.respond(
-            r.session_id, [so.InputResponse(request_id=question.id, option_id="yes")]
-        )
-        assert r.status == "completed"
-        events = [e async for e in rt.events(r.session_id, follow=False)]
+    events = await _answered_yes(agent, store_url)
     assert runs == [2]
     by_tool = {m.tool_name: m for m in tool_results(seen.last)}
     counted, stepped, gated = by_tool["count"], by_tool["stepping"], by_tool["gate"]
