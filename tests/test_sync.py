@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -136,8 +137,8 @@ def test_sync_calls_from_several_threads_at_once(tmp_path: Path) -> None:
         rt.close_sync()
 
 
-def test_close_sync_during_another_threads_call_ends_that_call(tmp_path: Path) -> None:
-    """The call's task was left on a stopped loop: its caller waited for ever."""
+def _hanging_agent() -> tuple[so.Agent, threading.Event]:
+    """Agent "a", whose model step never answers, and the event set once that step began."""
     started = threading.Event()
 
     async def hangs(conversation: list[so.Message]) -> so.ModelResponse:
@@ -145,7 +146,12 @@ def test_close_sync_during_another_threads_call_ends_that_call(tmp_path: Path) -
         await asyncio.sleep(3600)
         return reply("never")  # pragma: no cover
 
-    rt = sqlite_runtime(tmp_path, scripted_agent("a", [hangs]))
+    return scripted_agent("a", [hangs]), started
+
+
+def _ends_closed(rt: so.Runtime, started: threading.Event, close: Callable[[], object]) -> None:
+    """Run `generate_sync` on another thread and, once its model step hangs, `close`: that call
+    must return, with a `UsageError` saying the runtime closed."""
     outcome: list[BaseException | so.GenerateResult] = []
 
     def call() -> None:
@@ -157,11 +163,18 @@ def test_close_sync_during_another_threads_call_ends_that_call(tmp_path: Path) -
     caller = threading.Thread(target=call, daemon=True)
     caller.start()
     assert started.wait(10)
-    rt.close_sync()
+    close()
     caller.join(10)
     assert not caller.is_alive(), "the call never returned"
     (error,) = outcome
     assert isinstance(error, so.UsageError) and "closed" in str(error)
+
+
+def test_close_sync_during_another_threads_call_ends_that_call(tmp_path: Path) -> None:
+    """The call's task was left on a stopped loop: its caller waited for ever."""
+    agent, started = _hanging_agent()
+    rt = sqlite_runtime(tmp_path, agent)
+    _ends_closed(rt, started, rt.close_sync)
 
 
 @pytest.mark.parametrize("closing", ["close_sync", "close"])
@@ -172,33 +185,12 @@ def test_close_during_another_threads_call_leaves_the_store_closed_and_the_lease
     its lease back through a store it opened again behind `close_sync` or `close` (SQLite's file
     left open, a PostgreSQL pool made on the stopping loop), and the session stayed unrunnable
     for the lease's TTL where it could not."""
-    started = threading.Event()
-
-    async def hangs(conversation: list[so.Message]) -> so.ModelResponse:
-        started.set()
-        await asyncio.sleep(3600)
-        return reply("never")  # pragma: no cover
-
-    rt = so.Runtime([scripted_agent("a", [hangs])], store=store_url, lease_ttl=600)
-    outcome: list[BaseException | so.GenerateResult] = []
-
-    def call() -> None:
-        try:
-            outcome.append(rt.generate_sync("a", prompt="x"))
-        except BaseException as exc:
-            outcome.append(exc)
-
-    caller = threading.Thread(target=call, daemon=True)
-    caller.start()
-    assert started.wait(10)
+    agent, started = _hanging_agent()
+    rt = so.Runtime([agent], store=store_url, lease_ttl=600)
     if closing == "close_sync":
-        rt.close_sync()
+        _ends_closed(rt, started, rt.close_sync)
     else:
-        asyncio.run(rt.close())
-    caller.join(10)
-    assert not caller.is_alive(), "the call never returned"
-    (error,) = outcome
-    assert isinstance(error, so.UsageError) and "closed" in str(error)
+        _ends_closed(rt, started, lambda: asyncio.run(rt.close()))
     # nothing opened the store again behind close_sync
     assert getattr(rt.store, "_conn", None) is None and getattr(rt.store, "_pool", None) is None
 
