@@ -133,6 +133,24 @@ async def test_reads_of_a_file_damaged_under_an_open_store_are_store_errors(
         await store.close()
 
 
+async def _parked_refund(tmp_path: Path) -> tuple[so.Agent, str, so.GenerateResult]:
+    """A turn of agent "a" parked on an approval in a SQLite file of `tmp_path`, the runtime
+    closed: the agent, the store's URL and the parked result."""
+
+    @so.tool(approval=so.always())
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        return order_id
+
+    agent = scripted_agent(
+        "a", [call_tools(call("refund", order_id="1")), reply("ok")], tools=[refund]
+    )
+    url = f"sqlite:///{tmp_path / 'state.db'}"
+    async with so.Runtime([agent], store=url) as rt:
+        parked = await rt.generate("a", prompt="hi")
+    return agent, url, parked
+
+
 @pytest.mark.parametrize(
     ("damage", "named"),
     [
@@ -149,18 +167,7 @@ async def test_text_where_a_session_row_keeps_a_number_is_a_store_error(
     where a number or hash belongs is named, not a ValueError or TypeError from converting it,
     and answering the session writes nothing (a damaged lease stops only the turn's run: the
     answer, recorded before it, stays)."""
-
-    @so.tool(approval=so.always())
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        return order_id
-
-    agent = scripted_agent(
-        "a", [call_tools(call("refund", order_id="1")), reply("ok")], tools=[refund]
-    )
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    async with so.Runtime([agent], store=url) as rt:
-        parked = await rt.generate("a", prompt="hi")
+    agent, url, parked = await _parked_refund(tmp_path)
     with sqlite3.connect(tmp_path / "state.db") as conn:
         conn.execute(damage)
     conn.close()
@@ -221,18 +228,7 @@ async def test_loading_a_session_or_its_request_holding_text_for_a_number_is_a_s
     """A snapshot's seq, or the session's TTL read with its request, left as text by a hand
     edit: loading the session (to read or answer it) and reading the request name the session,
     not a ValueError from converting it, and answering writes nothing."""
-
-    @so.tool(approval=so.always())
-    async def refund(order_id: str) -> str:
-        """Refund an order."""
-        return order_id
-
-    agent = scripted_agent(
-        "a", [call_tools(call("refund", order_id="1")), reply("ok")], tools=[refund]
-    )
-    url = f"sqlite:///{tmp_path / 'state.db'}"
-    async with so.Runtime([agent], store=url) as rt:
-        parked = await rt.generate("a", prompt="hi")
+    agent, url, parked = await _parked_refund(tmp_path)
     alter(url, damage)
     answer = so.InputResponse(request_id=parked.pending[0].id, option_id="approve")
     damaged = re.escape(f"session {parked.session_id!r} is damaged: its {named}")
