@@ -263,16 +263,22 @@ async def test_a_password_in_a_webhook_url_is_not_in_any_log_of_a_delivery(
     assert not any("s3cr3t" in line or "tok3n" in line for line in shown), shown
 
 
-async def test_an_unreachable_receiver_is_retried() -> None:
-    slept: list[float] = []
-
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-
+def _unused_port() -> int:
+    """A local port nothing listens on: a receiver that cannot be reached."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()  # nothing listens there
+    return int(port)
+
+
+async def test_an_unreachable_receiver_is_retried() -> None:
+    slept: list[float] = []
+    port = _unused_port()
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
     hooks = WebhookChannel(
         f"http://127.0.0.1:{port}/x", SECRET, max_attempts=4, backoff=1, max_backoff=3, sleep=sleep
     )
@@ -286,14 +292,11 @@ async def test_many_attempts_back_off_at_max_backoff_to_the_last() -> None:
     the doubled backoff is larger than a float, and the delay must stay `max_backoff` rather
     than the delivery ending early in an OverflowError, neither counted nor logged as given up."""
     slept: list[float] = []
+    port = _unused_port()
 
     async def sleep(seconds: float) -> None:
         slept.append(seconds)
 
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    sock.close()  # nothing listens there
     hooks = WebhookChannel(
         f"http://127.0.0.1:{port}/x", SECRET, max_attempts=1030, max_backoff=60, sleep=sleep
     )
