@@ -34,6 +34,20 @@ from ._slack import (
 __all__ = ["slack_api"]  # the fixture, used by name
 
 
+def _approve_click(request_id: str, user: str, action_ts: str) -> bytes:
+    """The form body of `user` clicking the request's Approve button at `action_ts`."""
+    return click(
+        {
+            "action_id": "signoff.approve",
+            "block_id": f"signoff:{request_id}",
+            "value": request_id,
+            "type": "button",
+            "action_ts": action_ts,
+        },
+        user=user,
+    )
+
+
 async def test_a_quorum_shows_its_progress_until_it_is_met(
     tmp_path: Path, slack_api: FakeSlack
 ) -> None:
@@ -57,16 +71,7 @@ async def test_a_quorum_shows_its_progress_until_it_is_met(
         async with manual(ChannelHub(rt, [slack])) as hub:
             await hub.poll()
             for i, user in enumerate(("U1", "U1", "U2")):  # the same person twice counts once
-                body = click(
-                    {
-                        "action_id": "signoff.approve",
-                        "block_id": f"signoff:{req.id}",
-                        "value": req.id,
-                        "type": "button",
-                        "action_ts": f"1700000100.00000{i}",
-                    },
-                    user=user,
-                )
+                body = _approve_click(req.id, user, f"1700000100.00000{i}")
                 await slack.handle(body, sign(body, int(time.time())))
                 await slack.idle()
                 await hub.poll()
@@ -353,16 +358,7 @@ async def test_a_deadline_past_the_year_9999_is_posted_not_raised(
             assert posted["blocks"][2]["elements"][0]["text"].endswith(
                 " · expires after 9999-12-31"
             )
-            body = click(
-                {
-                    "action_id": "signoff.approve",
-                    "block_id": f"signoff:{req.id}",
-                    "value": req.id,
-                    "type": "button",
-                    "action_ts": "1700000100.000001",
-                },
-                user="U1",
-            )
+            body = _approve_click(req.id, "U1", "1700000100.000001")
             await slack.handle(body, sign(body, int(time.time())))
             await slack.idle()
             await hub.poll()
