@@ -52,6 +52,17 @@ async def issue_refund(order_id: str, amount: float, reason: str) -> dict[str, A
     return {"refunded": amount}
 
 
+def _refund_1042() -> so.ModelResponse:
+    """The model's call to refund order 1042 by 180, over `issue_refund`'s approval threshold."""
+    return so.ModelResponse(
+        tool_calls=[
+            so.ToolCall(
+                name="issue_refund", input={"order_id": "1042", "amount": 180, "reason": "broken"}
+            )
+        ]
+    )
+
+
 def _answer(conversation: list[so.Message]) -> so.ModelResponse:
     last = conversation[-1]
     assert isinstance(last, so.ToolResultMessage)
@@ -69,14 +80,7 @@ agent = so.Agent(
     name="support",
     model=so.models.Scripted(
         [
-            so.ModelResponse(
-                tool_calls=[
-                    so.ToolCall(
-                        name="issue_refund",
-                        input={"order_id": "1042", "amount": 180, "reason": "broken"},
-                    )
-                ]
-            ),
+            _refund_1042(),
             _answer,
         ]
     ),
@@ -181,14 +185,7 @@ flaky = so.Agent(
     name="flaky",
     model=so.models.Scripted(
         [
-            so.ModelResponse(
-                tool_calls=[
-                    so.ToolCall(
-                        name="issue_refund",
-                        input={"order_id": "1042", "amount": 180, "reason": "broken"},
-                    )
-                ]
-            ),
+            _refund_1042(),
             flaky_step,
         ]
     ),
@@ -316,14 +313,7 @@ def limited_runtime() -> so.Runtime:
         name="billing",
         model=so.models.Scripted(
             [
-                so.ModelResponse(
-                    tool_calls=[
-                        so.ToolCall(
-                            name="issue_refund",
-                            input={"order_id": "1042", "amount": 180, "reason": "broken"},
-                        )
-                    ]
-                ),
+                _refund_1042(),
                 so.ModelResponse(text="Refunded."),
             ]
         ),
