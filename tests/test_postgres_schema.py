@@ -322,6 +322,14 @@ async def test_rows_written_at_schema_2_read_back_the_same_after_the_upgrade(
         await rt.close()
 
 
+async def _migrated_once(pg_url: str) -> None:
+    """The default schema holds one version row per migration: none ran twice."""
+    conn = await admin(pg_url)
+    async with conn:
+        cur = await conn.execute("SELECT COUNT(*) FROM signoff.schema_version")
+        assert (await cur.fetchone()) == (STORE_SCHEMA,)
+
+
 async def test_concurrent_first_opens_migrate_once(pg_url: str) -> None:
     stores = [PostgresStore(pg_url) for _ in range(6)]
     await asyncio.gather(*(s.open() for s in stores))
@@ -331,10 +339,7 @@ async def test_concurrent_first_opens_migrate_once(pg_url: str) -> None:
     finally:
         for s in stores:
             await s.close()
-    conn = await admin(pg_url)
-    async with conn:
-        cur = await conn.execute("SELECT COUNT(*) FROM signoff.schema_version")
-        assert (await cur.fetchone()) == (STORE_SCHEMA,)
+    await _migrated_once(pg_url)
 
 
 async def test_schemas_keep_stores_apart(pg_url: str) -> None:
@@ -563,7 +568,4 @@ async def test_concurrent_first_opens_migrate_once_under_a_stricter_default_isol
             await asyncio.gather(*opens, return_exceptions=True)
             for s in stores:
                 await s.close()
-    conn = await admin(pg_url)
-    async with conn:
-        cur = await conn.execute("SELECT COUNT(*) FROM signoff.schema_version")
-        assert (await cur.fetchone()) == (STORE_SCHEMA,)
+    await _migrated_once(pg_url)
