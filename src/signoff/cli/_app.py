@@ -313,20 +313,7 @@ def store_of(target: str | None, store: str | None) -> str | None:
     with misuse():
         split_target(target)
     own = load_runtime(target, store).store
-    return own.url if store is not None else url_of(own)
-
-
-def url_of(store: Store) -> str:
-    """The URL that opens `store` again: a schema given as `PostgresStore(url, schema=)` is not
-    in its URL, so it is put there, lest the command read (or upgrade, or create) the database's
-    default schema instead."""
-    url = store.url
-    schema = getattr(store, "schema", None)
-    if isinstance(schema, str) and url.startswith(("postgresql://", "postgres://")):
-        from ..stores.postgres._url import with_schema
-
-        return with_schema(url, schema)
-    return url
+    return own.url  # a PostgresStore's names a schema given to it apart (`schema=`)
 
 
 def load_runtime(target: str, store: str | None = None) -> Runtime:

@@ -46,7 +46,6 @@ from ._app import (
     shown_store,
     split_target,
     tool_line,
-    url_of,
 )
 
 _HELP = (
@@ -160,7 +159,7 @@ class _Chat:
             args.append(self.target)
         url = getattr(self.runtime.store, "url", None)
         if isinstance(url, str) and url != DEFAULT_URL:
-            args += ["--store", shown_store(url_of(self.runtime.store))]
+            args += ["--store", shown_store(self.runtime.store.url)]
         if self.acting_as is not None:
             args += ["--as", self.acting_as]
         return printable(shlex.join(args))
@@ -168,7 +167,7 @@ class _Chat:
     def header(self) -> None:
         url = getattr(self.runtime.store, "url", None)
         if isinstance(url, str):
-            store = shown_store(url_of(self.runtime.store))  # with a schema given apart
+            store = shown_store(self.runtime.store.url)  # with a schema given apart
         else:
             store = type(self.runtime.store).__name__
         self.console.print(

@@ -58,7 +58,6 @@ from ._app import (
     split_target,
     store_of,
     tool_line,
-    url_of,
 )
 from ._numbers import whole
 
@@ -356,7 +355,7 @@ async def _settle(
         given = answer.option_id if answer.option_id is not None else compact_json(answer.text)
         console.print(f"[green]answered[/] {request_id} with {printable(given)} {where}")
     url = runtime.store.url
-    on = "" if url == DEFAULT_URL else f" --store {shlex.quote(shown_store(url_of(runtime.store)))}"
+    on = "" if url == DEFAULT_URL else f" --store {shlex.quote(shown_store(runtime.store.url))}"
     if result.pending:  # `running` too: an approved call can run while another still waits
         ids = ", ".join(r.id for r in result.pending)
         console.print(f"[yellow]the turn still waits on: {ids}[/]")

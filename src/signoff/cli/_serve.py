@@ -27,7 +27,6 @@ from ._app import (
     misuse,
     run,
     split_target,
-    url_of,
 )
 from ._numbers import number_of_seconds, seconds, whole
 from ._waiting import open_when_up
@@ -347,7 +346,7 @@ async def _check_store(store: Store, up: list[bool]) -> None:
     """Open and close a store like `store` (SQLite or PostgreSQL; other stores are left alone),
     waiting while its database is down; `up[0]` is False if SIGTERM came first. It is opened as
     the runtime would open it: in its schema, and upgrading it only if `store` would."""
-    url = url_of(store)
+    url = store.url
     migrate = getattr(store, "auto_migrate", True)
     if url.startswith("sqlite://"):
         probe: Store = SQLiteStore(url, migrate=migrate)

@@ -26,7 +26,6 @@ from ._app import (
     shown_store,
     split_target,
     store_of,
-    url_of,
 )
 from ._commands import Group
 from ._numbers import seconds, whole
@@ -119,7 +118,7 @@ def worker(
             log.info(
                 "worker %s on %s, concurrency %d, lease %.1fs",
                 runtime.owner,
-                shown_store(url_of(runtime.store)),  # with a schema given apart
+                shown_store(runtime.store.url),  # with a schema given apart
                 concurrency,
                 runtime.lease_ttl,
             )
