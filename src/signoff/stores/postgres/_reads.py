@@ -1,6 +1,6 @@
-"""The PostgreSQL store's reads: sessions and their events, requests and the approval queue,
-the audit trail. Each is one read on a pooled connection, retried once if the connection is
-lost."""
+"""The PostgreSQL store's reads: sessions and their events, requests and the approval queue
+(the audit trail's are in `_audit_reads`). Each is one read on a pooled connection, retried once
+if the connection is lost."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from typing import Any
 from ..._events import Event
 from ..._exceptions import StoreError, UnknownSession
 from ..._types import InputRequest
-from .._audit import AUDITED_STORED, AuditEntry, entry_type, loaded_data
 from .._base import (
     REQUEST_ROW_COLUMNS,
     Loaded,
@@ -26,7 +25,8 @@ from .._base import (
 )
 from .._codec import EventTexts, parse, stored_type, type_name, unpack
 from .._initiators import InitiatorFilter, checked_filter
-from ._connections import Conn, Connections, Seen, storable
+from ._audit_reads import AuditReads
+from ._connections import Conn, Seen, storable
 from ._sql import (
     CURRENT_TURN,
     EARLIER_COLUMNS,
@@ -40,7 +40,7 @@ from ._sql import (
 __all__ = ["Reads"]
 
 
-class Reads(Connections):
+class Reads(AuditReads):
     """`PostgresStore`'s reads."""
 
     async def load(self, session_id: str) -> Loaded | None:
@@ -428,140 +428,6 @@ class Reads(Connections):
             return [session_summary(row) for row in await cur.fetchall()]
 
         return await self._read(body, "listing orphaned subagent sessions")
-
-    async def audit(
-        self,
-        *,
-        stream: str | None = None,
-        after_id: int = 0,
-        limit: int = 1000,
-        sessions: Sequence[str] | None = None,
-        others: bool = False,
-        upto_id: int | None = None,
-    ) -> list[AuditEntry]:
-        s = self._s
-
-        async def body(conn: Conn) -> list[AuditEntry]:
-            # An entry of a session's event keeps only its place and hash: its type, time and
-            # data are read from the event, so the chain also covers the event log itself;
-            # `prev` is the hash of the entry before it in its stream.
-            # Its session and the entry before it are looked up by key (`LATERAL ... LIMIT 1`):
-            # a join the planner may hash reads every session or entry for each page.
-            sql = (
-                "SELECT a.id, COALESCE(x.id, a.stream), a.n, COALESCE(e.type, a.type), "
-                "COALESCE(e.at, a.at), a.seq, a.sk, a.data::text, e.data, "
-                f"COALESCE(p.hash, q.hash), a.hash, {EARLIER_COLUMNS} FROM {s}.audit a "
-                f"LEFT JOIN LATERAL (SELECT y.sk, y.id FROM {s}.sessions y WHERE y.sk = a.sk "
-                "LIMIT 1) x ON true "
-                f"LEFT JOIN {s}.events e ON e.sk = a.sk AND e.seq = a.seq"
-                f"{EARLIER_JOIN.format(s=s)} "
-                f"LEFT JOIN LATERAL (SELECT p.hash FROM {s}.audit p WHERE a.sk IS NOT NULL "
-                "AND p.sk = a.sk AND p.n = a.n - 1 LIMIT 1) p ON true "
-                f"LEFT JOIN LATERAL (SELECT q.hash FROM {s}.audit q WHERE a.stream IS NOT NULL "
-                "AND q.stream = a.stream AND q.n = a.n - 1 AND q.n > 0 LIMIT 1) q ON true "
-                "WHERE a.id>%s AND a.n>0"
-            )
-            params: list[Any] = [after_id]
-            if upto_id is not None:
-                sql += " AND a.id<=%s"
-                params.append(upto_id)
-            if stream is not None:
-                if not storable(stream):
-                    return []
-                sk = await self._session_key(conn, stream)
-                sql += " AND a.stream=%s" if sk is None else " AND a.sk=%s"
-                params.append(stream if sk is None else sk)
-            if sessions is not None:
-                # Their keys first: a plan for an unknown list of ids scans every entry.
-                cur = await conn.execute(
-                    f"SELECT sk FROM {s}.sessions WHERE id = ANY(%s)",
-                    [[i for i in sessions if storable(i)]],
-                )
-                sql += " AND a.sk = ANY(%s)"
-                params.append([int(sk) for (sk,) in await cur.fetchall()])
-            if others:
-                sql += " AND x.sk IS NULL"  # of no session row: another stream's
-            sql += " ORDER BY a.id LIMIT %s"
-            params.append(limit)
-            cur = await conn.execute(sql, params)
-            return [
-                AuditEntry(
-                    id=int(i),
-                    stream=st,
-                    n=int(n),
-                    type=entry_type(t),
-                    at=float(at) if at is not None else 0.0,
-                    seq=None if seq is None else int(seq),
-                    data=loaded_data(own, ()) if ask is None else loaded_data(ev, earlier),
-                    prev=None if prev is None else bytes(prev).hex(),
-                    hash=bytes(h).hex(),
-                )
-                for i, st, n, t, at, seq, ask, own, ev, prev, h, *earlier in await cur.fetchall()
-            ]
-
-        return await self._read(body, "reading the audit trail")
-
-    async def audit_window(self, *, after_id: int = 0, limit: int = 1000) -> int | None:
-        async def body(conn: Conn) -> int | None:
-            cur = await conn.execute(
-                f"SELECT max(id) FROM (SELECT id FROM {self._s}.audit WHERE id>%s "
-                "ORDER BY id LIMIT %s) w",
-                (after_id, limit),
-            )
-            row = await cur.fetchone()
-            return None if row is None or row[0] is None else int(row[0])
-
-        return await self._read(body, "reading the audit trail")
-
-    async def audit_heads(
-        self, *, stream: str | None = None, others: bool = False
-    ) -> dict[str, tuple[int, str | None]]:
-        # Sessions keep theirs in the session row, other streams in their head row (n = 0).
-        sessions = f"SELECT id, audit_n, audit_hash FROM {self._s}.sessions WHERE audit_n > 0"
-        streams = (
-            f"SELECT stream, seq, hash FROM {self._s}.audit WHERE stream IS NOT NULL AND n = 0"
-        )
-        if stream is not None:
-            sessions += " AND id=%(stream)s" if storable(stream) else " AND false"
-            streams += " AND stream=%(stream)s" if storable(stream) else " AND false"
-        sql = streams if others else f"{sessions} UNION ALL {streams}"
-        return await self._heads(sql, {"stream": stream})
-
-    async def audit_sessions(
-        self, *, after: str = "", limit: int = 100
-    ) -> dict[str, tuple[int, str | None]]:
-        if not storable(after):
-            return {}
-        sql = (
-            # A hash kept with no entry counted is no head, as `audit_heads` reads it.
-            "SELECT id, audit_n, CASE WHEN audit_n > 0 THEN audit_hash END "
-            f"FROM {self._s}.sessions "
-            "WHERE id > %(after)s ORDER BY id LIMIT %(limit)s"
-        )
-        return await self._heads(sql, {"after": after, "limit": limit})
-
-    async def audited_events(self, sessions: Sequence[str]) -> dict[str, list[tuple[int, str]]]:
-        async def body(conn: Conn) -> dict[str, list[tuple[int, str]]]:
-            s, ids = self._s, [i for i in sessions if storable(i)]
-            sql = f"SELECT s.id, e.seq, e.type FROM {s}.sessions s JOIN {s}.events e ON e.sk = s.sk"
-            sql += " WHERE s.id = ANY(%s) AND e.type = ANY(%s) ORDER BY s.id, e.seq"
-            cur = await conn.execute(sql, (ids, list(AUDITED_STORED)))
-            found: dict[str, list[tuple[int, str]]] = {}
-            for sid, seq, code in await cur.fetchall():
-                found.setdefault(sid, []).append((int(seq), entry_type(code)))
-            return found
-
-        return await self._read(body, "reading the audited events")
-
-    async def _heads(self, sql: str, params: dict[str, Any]) -> dict[str, tuple[int, str | None]]:
-        async def body(conn: Conn) -> dict[str, tuple[int, str | None]]:
-            cur = await conn.execute(sql, params)
-            return {
-                i: (int(n), None if h is None else bytes(h).hex())
-                for i, n, h in await cur.fetchall()
-            }
-
-        return await self._read(body, "reading the audit chain heads")
 
     async def database_bytes(self) -> int:
         """Bytes on disk of signoff's tables and indexes in this schema."""

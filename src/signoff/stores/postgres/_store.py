@@ -10,8 +10,8 @@ a park or an opened request, which a person may be told about) are synchronous; 
 skip the WAL flush (`synchronous_commit=off`), like SQLite's `synchronous=NORMAL`. The schema
 lives in its own PostgreSQL schema (`signoff` by default) and is migrated by signoff under an
 advisory lock. This module holds the writes; the pool (`_connections`), the transactions
-(`_transactions`), the reads (`_reads`), the leases (`_leases`) and the LISTEN connection
-(`_changes`) have their own.
+(`_transactions`), the reads (`_reads`, `_audit_reads`), the leases (`_leases`) and the LISTEN
+connection (`_changes`) have their own.
 """
 
 from __future__ import annotations
