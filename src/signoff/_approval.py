@@ -272,7 +272,10 @@ def always(
 
 
 def once() -> ApprovalPolicy:
-    """Require approval the first time the tool runs in a session; allow it afterwards."""
+    """Require approval the first time the tool runs in a session; allow it afterwards.
+
+    Only a person's approval is the grant: one a deadline gave (`on_timeout="approve"`) is not.
+    """
     return _Once()
 
 
