@@ -106,6 +106,13 @@ def _caution(verdict: str, reason: str) -> Verdict:
 
 _CAUTION = re.compile(r"\bcaution\b", re.IGNORECASE)
 _FENCE = re.compile(r"```(?:json)?", re.IGNORECASE)
+_LEAD = re.compile(r"^[\s:.,-]*")
+# What may follow a verdict word (after a closing quote or `**`): the end, a line break,
+# punctuation, or a dash set apart.
+_ALONE = re.compile(
+    r"[\"'*_`]*[ \t\r]*(?:$|\n|[:.,;!]|[-\u2013\u2014](?=\s|$))[\s:.,;!\u2013\u2014-]*(.*)",
+    re.DOTALL,
+)
 
 
 def _parse(text: str, *, planted: bool = False) -> tuple[str | None, str]:
@@ -127,12 +134,16 @@ def _parse(text: str, *, planted: bool = False) -> tuple[str | None, str]:
         quoted = _CAUTION.search(prose) or (planted and _FENCE.sub("", prose).strip())
         if found == "caution" or (found == "clear" and not quoted):
             return found, str(data.get("reason") or "")
-    word = re.match(r"\W*(clear|caution)\b[\s:.,-]*(.*)", text, re.IGNORECASE | re.DOTALL)
+    word = re.match(r"\W*(clear|caution)\b(.*)", text, re.IGNORECASE | re.DOTALL)
     if word:
-        verdict, rest = word.group(1).lower(), word.group(2).strip()
-        # Prose that says clear and then caution is no clear verdict: a person decides.
-        if verdict == "caution" or not _CAUTION.search(rest):
-            return verdict, rest
+        verdict, after = word.group(1).lower(), word.group(2)
+        if verdict == "caution":
+            return verdict, _LEAD.sub("", after).strip()
+        # "Clear danger" or "Clear-cut fraud" uses the word and gives no verdict; nor does
+        # prose that says clear and then caution: a person decides.
+        alone = _ALONE.match(after)
+        if alone and not _CAUTION.search(alone.group(1)):
+            return verdict, alone.group(1).strip()
     return None, text[:200]
 
 
