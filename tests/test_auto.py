@@ -350,7 +350,7 @@ async def test_auto_composes_with_a_response_policy(tmp_path: Path) -> None:
         assert [e.principal_id for e in log.executions] == ["alice"]
 
 
-@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "5", None, True])
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "5", None, True, 10**400])
 def test_auto_refuses_a_timeout_that_is_not_positive_finite_seconds(timeout: Any) -> None:
     """A NaN timeout passed the `<= 0` check and then bounded nothing (the decision model could
     hold the turn for ever, where the README promises a timeout asks a person); a string or
