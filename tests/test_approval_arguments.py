@@ -77,3 +77,15 @@ def test_an_int_too_long_to_write_out_is_refused_by_name(make: Any, problem: str
     with pytest.raises(so.UsageError, match=problem) as e:
         make()
     assert "a whole number of 16610 bits" in str(e.value)
+
+
+@pytest.mark.parametrize("helper", [so.never, so.once, so.always, so.auto])
+def test_a_helper_given_uncalled_is_refused_by_name(helper: Any) -> None:
+    """`approval=so.always` (no parentheses) was taken as a predicate: each call of the tool then
+    asked a person with a TypeError for its reason (`so.auto` too, and so.never was refused as
+    a function that "must take one argument")."""
+    name = helper.__name__
+    with pytest.raises(so.UsageError, match=rf"so\.{name} is not called: write so\.{name}\(\)"):
+        so.tool(approval=helper)(noop)
+    with pytest.raises(so.UsageError, match=rf"so\.{name} is not called"):
+        so.ApprovalSpec(helper)

@@ -327,6 +327,15 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
     return first.name in ("ctx", "context")
 
 
+# The policy helpers, by name, and the modules that define them.
+_HELPERS = {
+    "never": (__name__,),
+    "once": (__name__,),
+    "always": (__name__,),
+    "auto": ("signoff._auto",),
+}
+
+
 def as_policy(value: object) -> ApprovalPolicy:
     """Accept every form `approval=` takes and return a policy."""
     if value is None:
@@ -339,6 +348,10 @@ def as_policy(value: object) -> ApprovalPolicy:
         return _Always()
     if value is False:
         return _Never()
+    name = getattr(value, "__name__", None)
+    if name in _HELPERS and getattr(value, "__module__", None) in _HELPERS[name]:
+        # Else taken for a predicate: each call asked a person, a TypeError for the reason.
+        raise UsageError(f"approval=so.{name} is not called: write so.{name}()")
     if callable(value):
         return _Function(value, takes_context=_takes_context(value))
     raise UsageError(
