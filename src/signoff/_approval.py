@@ -86,7 +86,7 @@ class ApprovalContext:
     session: SessionInfo
     tool_name: str
     tool_input: Any
-    approved_tools: frozenset[str]
+    approved_tools: frozenset[str]  # a person approved a call of each (a deadline does not)
     call_id: str
     abort_signal: Any
     pending_tools: frozenset[str] = field(default_factory=frozenset)
