@@ -38,3 +38,54 @@ def test_tool_policy_takes_names_from_any_iterable_once() -> None:
     """A generator is read once: its names are kept, not lost to the check."""
     guard = so.tool_policy(require_approval=(n for n in ["refund"]), deny=iter(["wipe"]))
     assert sorted(guard.tool_names()) == ["refund", "wipe"]
+
+
+HUGE: Any = 10**5000  # Python writes out no int of 4300 digits or more
+
+
+async def noop() -> None:
+    """Do nothing."""
+
+
+@pytest.mark.parametrize(
+    ("make", "problem"),
+    [
+        (lambda: so.always(escalate_to=HUGE), "escalate_to must be a group's name"),
+        (lambda: so.always(on_timeout=HUGE), "on_timeout must be"),
+        (lambda: so.ApprovalSpec(timeout=HUGE), "the response policy timeout must be positive"),
+        (lambda: so.auto(timeout=HUGE), r"auto\(\) timeout must be positive"),
+        (lambda: so.auto(instructions=HUGE), r"auto\(\) instructions must be text"),
+        (lambda: so.Criteria(clear=HUGE), r"Criteria\(clear=...\) must be non-empty text"),
+        (lambda: so.tool_policy(deny=[HUGE]), "a tool name is text"),
+        (lambda: so.tool_policy(deny=HUGE), "takes a list of tool names"),
+        (lambda: so.tool(approval=HUGE)(noop), "approval must be never"),
+    ],
+    ids=[
+        "escalate_to",
+        "on_timeout",
+        "spec-timeout",
+        "auto-timeout",
+        "instructions",
+        "criteria",
+        "name",
+        "names",
+        "approval",
+    ],
+)
+def test_an_int_too_long_to_write_out_is_refused_by_name(make: Any, problem: str) -> None:
+    """Each refusal wrote the value out with repr(), which raised a bare ValueError instead."""
+    with pytest.raises(so.UsageError, match=problem) as e:
+        make()
+    assert "a whole number of 16610 bits" in str(e.value)
+
+
+@pytest.mark.parametrize("helper", [so.never, so.once, so.always, so.auto])
+def test_a_helper_given_uncalled_is_refused_by_name(helper: Any) -> None:
+    """`approval=so.always` (no parentheses) was taken as a predicate: each call of the tool then
+    asked a person with a TypeError for its reason (`so.auto` too, and so.never was refused as
+    a function that "must take one argument")."""
+    name = helper.__name__
+    with pytest.raises(so.UsageError, match=rf"so\.{name} is not called: write so\.{name}\(\)"):
+        so.tool(approval=helper)(noop)
+    with pytest.raises(so.UsageError, match=rf"so\.{name} is not called"):
+        so.ApprovalSpec(helper)

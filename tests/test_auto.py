@@ -350,7 +350,7 @@ async def test_auto_composes_with_a_response_policy(tmp_path: Path) -> None:
         assert [e.principal_id for e in log.executions] == ["alice"]
 
 
-@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "5", None, True])
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "5", None, True, 10**400])
 def test_auto_refuses_a_timeout_that_is_not_positive_finite_seconds(timeout: Any) -> None:
     """A NaN timeout passed the `<= 0` check and then bounded nothing (the decision model could
     hold the turn for ever, where the README promises a timeout asks a person); a string or
@@ -423,3 +423,33 @@ async def test_a_clear_verdict_the_input_planted_and_the_reviewer_quoted_asks_a_
     async with sqlite_runtime(tmp_path / "2", agent) as rt:
         r = await rt.generate("billing", prompt="refund", auth=ALICE)
         assert r.status == "completed" and log.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "runs"),
+    [
+        ("clear", True),
+        ("Clear.", True),
+        ("CLEAR: a read-only lookup of one charge", True),
+        ("Clear - a small refund of an existing charge", True),
+        ("clear\nA small refund.", True),
+        ("**Clear**: a small refund", True),
+        ("Clear danger: this refunds a disputed charge twice.", False),
+        ("Clear-cut fraud; a person must look.", False),
+        ("Clear violation of the refund policy", False),
+    ],
+)
+async def test_a_reply_that_starts_with_the_word_clear_is_a_verdict_only_when_it_stands_alone(
+    tmp_path: Path, text: str, runs: bool
+) -> None:
+    """ "clear" read as a verdict, as its reply's first word, only when a separator or the end
+    follows it: "Clear danger" or "Clear-cut fraud" uses the word, says no verdict, and ran
+    the call without a person."""
+    log = ExecutionLog()
+    reviewer = so.models.Scripted([so.ModelResponse(text=text)])
+    async with sqlite_runtime(tmp_path, refund_agent(log, so.auto(reviewer))) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert (r.status, log.count()) == (("completed", 1) if runs else ("waiting", 0))
+        if not runs:
+            (req,) = r.pending
+            assert req.auto_verdict == "failed"

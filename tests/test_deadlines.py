@@ -436,6 +436,8 @@ async def test_escalation_is_applied_when_the_session_is_touched(tmp_path: Path)
         ({"expires_in": True}, "expires_in must be positive"),
         # No float holds it: the first request's deadline raised OverflowError mid-turn
         ({"expires_in": 10**400}, "expires_in must be positive"),
+        # ... nor an int Python does not write out (its error raised a bare ValueError)
+        ({"expires_in": 10**5000}, "expires_in must be positive"),
     ],
 )
 def test_deadline_usage_errors(kwargs: dict[str, Any], problem: str) -> None:

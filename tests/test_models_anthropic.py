@@ -175,6 +175,22 @@ async def test_known_models_are_priced(fake, model) -> None:
     assert lookup_price("claude-opus-9", ANTHROPIC_PRICES) is None
 
 
+def test_newer_models_are_priced_as_anthropic_lists_them() -> None:
+    """Each at the price its page on platform.claude.com lists; a newer point release is not
+    priced as the model whose name starts it (Opus 4.5 is not Opus 4's $15 / $75)."""
+    assert lookup_price("claude-opus-4-5-20251101", ANTHROPIC_PRICES) == (5.0, 25.0)
+    assert lookup_price("claude-opus-4-6", ANTHROPIC_PRICES) == (5.0, 25.0)
+    assert lookup_price("claude-opus-4-8", ANTHROPIC_PRICES) == (5.0, 25.0)
+    assert lookup_price("claude-sonnet-4-6", ANTHROPIC_PRICES) == (3.0, 15.0)
+    assert lookup_price("claude-opus-5", ANTHROPIC_PRICES) == (5.0, 25.0)
+    assert lookup_price("claude-opus-5-5", ANTHROPIC_PRICES) == (4.0, 20.0)
+    assert lookup_price("claude-sonnet-5", ANTHROPIC_PRICES) == (2.0, 10.0)
+    assert lookup_price("claude-sonnet-5-5", ANTHROPIC_PRICES) == (2.0, 10.0)
+    assert lookup_price("claude-fable-5-1", ANTHROPIC_PRICES) == (10.0, 50.0)
+    # no single list price ("from $0.10 / $0.50"): left to price_per_mtok=
+    assert lookup_price("claude-haiku-5-5", ANTHROPIC_PRICES) is None
+
+
 async def test_a_body_without_content_is_a_model_error(fake, model) -> None:
     fake.queue({"id": "msg", "type": "message", "role": "assistant"})
     with pytest.raises(so.ModelError, match="no content list"):

@@ -360,6 +360,28 @@ def test_approvers_must_be_a_positive_integer(bad: Any) -> None:
         so.ApprovalSpec(request=so.always(), approvers=bad)
 
 
+@pytest.mark.parametrize("bad", [2**63, 10**5000], ids=["2**63", "10**5000"])
+def test_approvers_past_what_a_store_holds_are_refused_by_name(bad: int) -> None:
+    """10**5000 approvers passed, then every runtime of the agent failed to open with a bare
+    ValueError (Python writes out no int of 4300 digits or more: the policy's description, the
+    request's JSON); the error names the setting without writing the number out either."""
+    for make in (lambda: so.always(approvers=bad), lambda: so.ApprovalSpec(approvers=bad)):
+        with pytest.raises(so.UsageError, match="approvers must be a positive integer") as e:
+            make()
+        assert len(str(e.value)) < 200
+
+
+async def test_the_largest_quorum_a_store_holds_parks_on_both_stores(store_url: str) -> None:
+    log = ExecutionLog()
+    most = 2**63 - 1
+    async with so.Runtime([deploy_agent(log, so.always(approvers=most))], store=store_url) as rt:
+        r = await rt.generate("ops", prompt="ship it", auth=ALICE)
+        (req,) = r.pending
+        assert (req.approvers, req.progress) == (most, f"0 of {most}")
+        (queued,) = await rt.pending(session_id=r.session_id)
+        assert queued.approvers == most
+
+
 async def test_votes_by_typed_message(tmp_path: Path) -> None:
     """A typed "approve" from an eligible person is a vote; the excluded requester's is refused."""
     log = ExecutionLog()

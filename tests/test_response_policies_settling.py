@@ -96,7 +96,7 @@ async def test_a_typed_message_answer_goes_through_the_response_policy(tmp_path:
         assert [e.principal_id for e in log.executions] == ["alice"]
 
 
-@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "5", None, True])
+@pytest.mark.parametrize("timeout", [float("nan"), float("inf"), -1, "5", None, True, 10**400])
 def test_approval_spec_refuses_a_timeout_that_is_not_positive_finite_seconds(
     timeout: Any,
 ) -> None:

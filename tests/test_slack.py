@@ -65,6 +65,8 @@ async def test_approval_posted_approved_from_slack_and_updated_in_place(
                         "channel": "C42",
                         "text": "support wants to run issue_refund: approve or deny",
                         "blocks": approval_blocks(req),
+                        "parse": "none",
+                        "link_names": False,
                         "metadata": {
                             "event_type": "signoff_request",
                             "event_payload": {"request_id": req.id, "delivery": delivery},
@@ -120,6 +122,8 @@ async def test_approval_posted_approved_from_slack_and_updated_in_place(
                 "ts": "1700000000.000001",
                 "text": "Approved: support wants to run issue_refund",
                 "blocks": blocks,
+                "parse": "none",
+                "link_names": False,
             }
         ]
         assert slack_api.of("chat.postEphemeral") == []
@@ -230,6 +234,8 @@ async def test_a_responder_the_policy_rejects_is_told_and_the_request_stays_open
                     "channel": "C42",
                     "user": "U999MALLORY",
                     "text": "Your answer was not accepted (rejected).",
+                    "parse": "none",
+                    "link_names": False,
                 }
             ]
             assert slack_api.of("chat.update") == []
@@ -250,6 +256,8 @@ async def test_questions_use_a_select_menu_and_a_free_text_modal(
             assert posted == {
                 "channel": "C42",
                 "text": "shop asks: Which size should I reorder?",
+                "parse": "none",
+                "link_names": False,
                 "blocks": [
                     {
                         "type": "section",
@@ -432,6 +440,8 @@ async def test_a_modal_slack_will_not_open_is_told_to_the_person_who_clicked(
                 "user": "U045EF6GH",
                 "text": "Slack could not open the form (expired_trigger_id): press the button "
                 "again.",
+                "parse": "none",
+                "link_names": False,
             }
         ]
         stored = await rt.store.get_request(req.id)
@@ -469,6 +479,8 @@ async def test_a_late_answer_that_differs_from_the_decision_made_elsewhere_is_to
                 "user": "U045EF6GH",
                 "text": f"Request {req.id} is already closed: "
                 "approved by slack:T012AB3CD:U078JK9LM.",
+                "parse": "none",
+                "link_names": False,
             }
         ]
         assert log == [("1042", 180.0)]

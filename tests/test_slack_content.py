@@ -291,3 +291,65 @@ async def test_the_notes_only_the_responder_sees_are_escaped_too(
         assert told["text"] == (
             "Your answer was not accepted (rejected: over 100 &amp; &lt;!channel&gt; must approve)."
         )
+
+
+HOSTILE = "<!here> <@U123> <#C1> <http://x|y> & *bold* @here @channel #general"
+
+
+def _unparsed(body: dict[str, Any]) -> None:
+    """A call whose top-level `text` Slack must not process: no `<…>` of the request's text,
+    and `parse` "none" (chat.update's default is `client`, which links names and mentions)."""
+    assert "<" not in body["text"] and ">" not in body["text"], body["text"]
+    assert body.get("parse") == "none", body
+    assert not body.get("link_names"), body
+
+
+async def test_the_notification_text_is_never_parsed_for_mentions_or_links(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    """The top-level `text` (the notification fallback) has no `verbatim` switch: it is escaped,
+    and every post and update sends `parse="none"`, so Slack links no bare `@here`,
+    `#channel` or name in it, also when the message is updated (where its default differs)."""
+    ask = call("ask_question", question=HOSTILE)
+    agent = scripted_agent("shop", [call_tools(ask), reply("ok")], tools=[so.ask_question()])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        r = await rt.generate("shop", prompt="go")
+        (req,) = r.pending
+        async with manual(ChannelHub(rt, [channel(slack_api)])) as hub:
+            await hub.poll()
+            await rt.respond(r.session_id, [so.InputResponse(request_id=req.id, text="fine")])
+            await hub.poll()
+        (posted,) = slack_api.of("chat.postMessage")
+        (updated,) = slack_api.of("chat.update")
+        for body in (posted, updated):
+            _unparsed(body)
+            assert (
+                "&lt;!here&gt; &lt;@U123&gt; &lt;#C1&gt; &lt;http://x|y&gt; &amp; *bold* "
+                "@here @channel #general"
+            ) in body["text"]
+
+
+async def test_the_notes_only_the_responder_sees_are_never_parsed_either(
+    tmp_path: Path, slack_api: FakeSlack
+) -> None:
+    async def refuse(ctx: so.ResponseContext) -> so.Rejected:
+        return so.Rejected(reason=HOSTILE)
+
+    @so.tool(approval=so.ApprovalSpec(request=so.always(), response=refuse))
+    async def run(cmd: str) -> str:
+        """Run a command."""
+        return "ran"
+
+    agent = scripted_agent("ops", [call_tools(call("run", cmd="ls")), reply("ok")], tools=[run])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        (req,) = (await rt.generate("ops", prompt="go")).pending
+        slack = channel(slack_api)
+        async with manual(ChannelHub(rt, [slack])) as hub:
+            await hub.poll()
+            approve = {"action_id": "signoff.approve", "block_id": "b", "value": req.id}
+            body = click(approve, user="U5")
+            await slack.handle(body, sign(body, int(time.time())))
+            await slack.idle()
+        (told,) = slack_api.of("chat.postEphemeral")
+        _unparsed(told)
+        assert "@here @channel #general" in told["text"]

@@ -279,6 +279,8 @@ async def test_a_gateway_page_instead_of_slacks_json_is_read_as_a_failure_of_sla
                 "channel": "C42",
                 "user": "U045EF6GH",
                 "text": "Slack could not open the form: press the button again.",
+                "parse": "none",
+                "link_names": False,
             }
         ]
     assert len(slack_api.of("chat.postMessage")) == 1

@@ -130,6 +130,8 @@ async def test_a_reply_the_response_policy_refuses_changes_nothing_and_is_told(
                 "user": "U999MALLORY",
                 "text": "Your answer was not accepted (rejected).",
                 "thread_ts": FIRST_TS,
+                "parse": "none",
+                "link_names": False,
             }
         ]
         assert fake.of("chat.update") == []
@@ -207,6 +209,13 @@ async def test_a_reply_from_someone_the_waiting_turn_does_not_serve_is_told_it_w
         state = await rt.state(r.session_id)
         assert [m["message"] for m in state.queued] == ["Is the customer on the premium plan?"]
         assert fake.of("chat.postEphemeral") == [
-            {"channel": "C42", "user": ALLOWED, "text": QUEUED_NOTE, "thread_ts": FIRST_TS}
+            {
+                "channel": "C42",
+                "user": ALLOWED,
+                "text": QUEUED_NOTE,
+                "thread_ts": FIRST_TS,
+                "parse": "none",
+                "link_names": False,
+            }
         ]
         assert log == []

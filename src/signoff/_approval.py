@@ -15,7 +15,7 @@ from typing import Any, Literal, TypeAlias
 
 from ._error_text import error_text, readable
 from ._exceptions import UsageError
-from ._settings import flag, positive_seconds
+from ._settings import flag, positive_seconds, shown_value
 from ._types import Principal
 
 __all__ = [
@@ -86,7 +86,7 @@ class ApprovalContext:
     session: SessionInfo
     tool_name: str
     tool_input: Any
-    approved_tools: frozenset[str]
+    approved_tools: frozenset[str]  # a person approved a call of each (a deadline does not)
     call_id: str
     abort_signal: Any
     pending_tools: frozenset[str] = field(default_factory=frozenset)
@@ -107,6 +107,8 @@ PolicyFn: TypeAlias = Callable[[ApprovalContext], "ApprovalStatus | Awaitable[Ap
 
 OnTimeout = Literal["deny", "approve", "escalate"]
 
+_MOST_APPROVERS = 2**63 - 1
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestRules:
@@ -121,20 +123,32 @@ class RequestRules:
 
     def __post_init__(self) -> None:
         approvers = self.approvers
-        if isinstance(approvers, bool) or not isinstance(approvers, int) or approvers < 1:
-            raise UsageError(f"approvers must be a positive integer, not {approvers!r}")
+        # One past what a store's integer holds (10**5000 failed every runtime's opening with a
+        # bare ValueError, as Python writes out no int that long, nor could this error).
+        if (
+            isinstance(approvers, bool)
+            or not isinstance(approvers, int)
+            or not 1 <= approvers <= _MOST_APPROVERS
+        ):
+            raise UsageError(
+                "approvers must be a positive integer (at most 2**63 - 1), "
+                f"not {shown_value(approvers)}"
+            )
         expires_in = self.expires_in
         # NaN fails this too, and an int no float holds (its deadline overflowed mid-turn).
         if expires_in is not None and not positive_seconds(expires_in):
-            raise UsageError(f"expires_in must be positive seconds, not {expires_in!r}")
+            raise UsageError(f"expires_in must be positive seconds, not {shown_value(expires_in)}")
         flag("distinct", self.distinct)  # "no" was a true string
         flag("exclude_requester", self.exclude_requester)
         group = self.escalate_to
         if group is not None and (not isinstance(group, str) or not group):
-            raise UsageError(f"escalate_to must be a group's name (non-empty text), not {group!r}")
+            raise UsageError(
+                f"escalate_to must be a group's name (non-empty text), not {shown_value(group)}"
+            )
         if self.on_timeout not in ("deny", "approve", "escalate"):
             raise UsageError(
-                f"on_timeout must be 'deny', 'approve' or 'escalate', not {self.on_timeout!r}"
+                "on_timeout must be 'deny', 'approve' or 'escalate', "
+                f"not {shown_value(self.on_timeout)}"
             )
         if self.on_timeout == "escalate" and not self.escalate_to:
             raise UsageError("on_timeout='escalate' needs escalate_to (a group name)")
@@ -272,7 +286,10 @@ def always(
 
 
 def once() -> ApprovalPolicy:
-    """Require approval the first time the tool runs in a session; allow it afterwards."""
+    """Require approval the first time the tool runs in a session; allow it afterwards.
+
+    Only a person's approval is the grant: one a deadline gave (`on_timeout="approve"`) is not.
+    """
     return _Once()
 
 
@@ -310,6 +327,15 @@ def _takes_context(fn: Callable[..., Any]) -> bool:
     return first.name in ("ctx", "context")
 
 
+# The policy helpers, by name, and the modules that define them.
+_HELPERS = {
+    "never": (__name__,),
+    "once": (__name__,),
+    "always": (__name__,),
+    "auto": ("signoff._auto",),
+}
+
+
 def as_policy(value: object) -> ApprovalPolicy:
     """Accept every form `approval=` takes and return a policy."""
     if value is None:
@@ -322,11 +348,15 @@ def as_policy(value: object) -> ApprovalPolicy:
         return _Always()
     if value is False:
         return _Never()
+    name = getattr(value, "__name__", None)
+    if name in _HELPERS and getattr(value, "__module__", None) in _HELPERS[name]:
+        # Else taken for a predicate: each call asked a person, a TypeError for the reason.
+        raise UsageError(f"approval=so.{name} is not called: write so.{name}()")
     if callable(value):
         return _Function(value, takes_context=_takes_context(value))
     raise UsageError(
         f"approval must be never(), once(), always(), a predicate or a policy function, "
-        f"not {value!r}"
+        f"not {shown_value(value)}"
     )
 
 
@@ -366,10 +396,14 @@ def tool_policy(*, require_approval: Iterable[str] = (), deny: Iterable[str] = (
     for what, given in (("require_approval", require_approval), ("deny", deny)):
         # None was a bare TypeError; a name not text, one from the agent's check of its tools.
         if not isinstance(given, Iterable):
-            raise UsageError(f"tool_policy({what}=...) takes a list of tool names, not {given!r}")
+            raise UsageError(
+                f"tool_policy({what}=...) takes a list of tool names, not {shown_value(given)}"
+            )
         names = list(given)  # an iterator is read once
         for n in names:
             if not isinstance(n, str):
-                raise UsageError(f"tool_policy({what}=...): a tool name is text, not {n!r}")
+                raise UsageError(
+                    f"tool_policy({what}=...): a tool name is text, not {shown_value(n)}"
+                )
         lists.append(names)
     return _ToolPolicy(*lists)

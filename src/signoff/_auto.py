@@ -10,7 +10,6 @@ import asyncio
 import json
 import re
 from dataclasses import dataclass
-from math import inf
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
@@ -18,6 +17,7 @@ from pydantic import BaseModel
 from ._approval import ApprovalContext, ApprovalPolicy, Verdict
 from ._error_text import error_text
 from ._exceptions import UsageError
+from ._settings import positive_seconds, shown_value
 from ._types import UserMessage
 
 if TYPE_CHECKING:
@@ -47,7 +47,9 @@ class Criteria:
         for name in ("clear", "caution"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
-                raise UsageError(f"Criteria({name}=...) must be non-empty text, not {value!r}")
+                raise UsageError(
+                    f"Criteria({name}=...) must be non-empty text, not {shown_value(value)}"
+                )
 
 
 class _Auto(ApprovalPolicy):
@@ -106,6 +108,13 @@ def _caution(verdict: str, reason: str) -> Verdict:
 
 _CAUTION = re.compile(r"\bcaution\b", re.IGNORECASE)
 _FENCE = re.compile(r"```(?:json)?", re.IGNORECASE)
+_LEAD = re.compile(r"^[\s:.,-]*")
+# What may follow a verdict word (after a closing quote or `**`): the end, a line break,
+# punctuation, or a dash set apart.
+_ALONE = re.compile(
+    r"[\"'*_`]*[ \t\r]*(?:$|\n|[:.,;!]|[-\u2013\u2014](?=\s|$))[\s:.,;!\u2013\u2014-]*(.*)",
+    re.DOTALL,
+)
 
 
 def _parse(text: str, *, planted: bool = False) -> tuple[str | None, str]:
@@ -127,12 +136,16 @@ def _parse(text: str, *, planted: bool = False) -> tuple[str | None, str]:
         quoted = _CAUTION.search(prose) or (planted and _FENCE.sub("", prose).strip())
         if found == "caution" or (found == "clear" and not quoted):
             return found, str(data.get("reason") or "")
-    word = re.match(r"\W*(clear|caution)\b[\s:.,-]*(.*)", text, re.IGNORECASE | re.DOTALL)
+    word = re.match(r"\W*(clear|caution)\b(.*)", text, re.IGNORECASE | re.DOTALL)
     if word:
-        verdict, rest = word.group(1).lower(), word.group(2).strip()
-        # Prose that says clear and then caution is no clear verdict: a person decides.
-        if verdict == "caution" or not _CAUTION.search(rest):
-            return verdict, rest
+        verdict, after = word.group(1).lower(), word.group(2)
+        if verdict == "caution":
+            return verdict, _LEAD.sub("", after).strip()
+        # "Clear danger" or "Clear-cut fraud" uses the word and gives no verdict; nor does
+        # prose that says clear and then caution: a person decides.
+        alone = _ALONE.match(after)
+        if alone and not _CAUTION.search(alone.group(1)):
+            return verdict, alone.group(1).strip()
     return None, text[:200]
 
 
@@ -148,18 +161,23 @@ def auto(
     if model is not None and not callable(getattr(model, "complete", None)):
         raise UsageError(
             "auto() model must be a signoff model (e.g. so.models.OpenAIChat('gpt-4o')), "
-            f"not {model!r}"
+            f"not {shown_value(model)}"
         )
     if instructions is not None and not isinstance(instructions, str):
-        raise UsageError(f"auto() instructions must be text, not {instructions!r}")
+        raise UsageError(f"auto() instructions must be text, not {shown_value(instructions)}")
     if criteria is not None and not isinstance(criteria, Criteria | dict):
-        raise UsageError(f"auto() criteria must be a so.Criteria or a dict, not {criteria!r}")
+        raise UsageError(
+            f"auto() criteria must be a so.Criteria or a dict, not {shown_value(criteria)}"
+        )
     if isinstance(criteria, dict):
         unknown = set(criteria) - {"clear", "caution"}
         if unknown:
             raise UsageError(f"auto() criteria take 'clear' and 'caution', not {sorted(unknown)}")
         criteria = Criteria(**criteria)
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 < timeout < inf:
-        # NaN passed `<= 0` and then bounded nothing; a string was a TypeError
-        raise UsageError(f"auto() timeout must be positive and finite (seconds), not {timeout!r}")
+    if not positive_seconds(timeout):
+        # NaN passed `<= 0` and then bounded nothing; a string was a TypeError; an int no
+        # float holds (10**400) passed `< inf`, and its timer raised OverflowError
+        raise UsageError(
+            f"auto() timeout must be positive and finite (seconds), not {shown_value(timeout)}"
+        )
     return _Auto(model, instructions or DEFAULT_INSTRUCTIONS, criteria or Criteria(), timeout)

@@ -1,7 +1,8 @@
 """Request deadlines: what happens to an approval nobody decided in time.
 
 `on_timeout="deny"` (the default) closes it as `expired` and the model is told it timed out,
-never that a person denied it; `"approve"` is an explicit opt-in; `"escalate"` hands it to a
+never that a person denied it; `"approve"` is an explicit opt-in, which runs that call but is
+no person's grant (`once()` asks again); `"escalate"` hands it to a
 named group (the response policy sees `request.escalated_to`) and lifts the deadline.
 """
 

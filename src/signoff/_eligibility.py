@@ -55,7 +55,8 @@ async def policy_recorded(store: Store, request: InputRequest, tool: Tool | None
 
 
 def authorize(request: InputRequest, principal: Principal | None) -> None:
-    """Default response policy: only the principal whose turn asked may settle."""
+    """Default response policy: only the principal whose turn asked may settle; a request
+    asked with no principal is bound to no one, so anyone may (README, "Who may answer")."""
     asker = request.requested_by
     if asker is None:
         return

@@ -218,7 +218,8 @@ def _approval_settled(s: SessionState, e: Event) -> None:
     _drop_candidates(s, d["request_id"])
     req = s.requests.get(d["request_id"])
     approve = d["decision"] == "approve"
-    if req is not None and req.request.action is not None and approve:
+    # A deadline's approval (on_timeout="approve") is nobody's: once() does not remember it.
+    if req is not None and req.request.action is not None and approve and not d.get("auto"):
         s.approved_tools.add(req.request.action.tool_name)
     if s.turn is None or d.get("call_id") not in s.turn.calls:
         return

@@ -13,12 +13,12 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from math import inf
 from typing import Any, Literal, TypeAlias
 
 from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy, reason_text
 from ._error_text import error_text
 from ._exceptions import UsageError
+from ._settings import positive_seconds, shown_value
 from ._types import Principal
 
 __all__ = [
@@ -115,16 +115,13 @@ class ApprovalSpec:
     ) -> None:
         self.request: ApprovalPolicy = as_policy(request if request is not None else "always")
         if response is not None and not callable(response):
-            raise UsageError(f"response policy must be a function, not {response!r}")
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not 0 < timeout < inf
-        ):
-            # NaN passed `<= 0` and then bounded nothing; a string was a TypeError
+            raise UsageError(f"response policy must be a function, not {shown_value(response)}")
+        if not positive_seconds(timeout):
+            # NaN passed `<= 0` and then bounded nothing; a string was a TypeError; an int no
+            # float holds (10**400) passed `< inf`, and its timer raised OverflowError
             raise UsageError(
                 "the response policy timeout must be positive and finite (seconds), "
-                f"not {timeout!r}"
+                f"not {shown_value(timeout)}"
             )
         self.response = response
         self.timeout = timeout

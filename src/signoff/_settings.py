@@ -7,7 +7,7 @@ import math
 
 from ._exceptions import SignoffError, UsageError
 
-__all__ = ["check_page", "finite", "flag", "positive_seconds", "seconds", "whole"]
+__all__ = ["check_page", "finite", "flag", "positive_seconds", "seconds", "shown_value", "whole"]
 
 
 def finite(value: object) -> bool:
@@ -26,7 +26,7 @@ def positive_seconds(value: object) -> bool:
     return finite(value) and value > 0  # type: ignore[operator]
 
 
-def _shown(value: object) -> str:
+def shown_value(value: object) -> str:
     """`value` as an error shows it; Python refuses to print an int of thousands of digits."""
     try:
         return repr(value)
@@ -61,7 +61,9 @@ def seconds(
         else:
             span = f"from 0 {top}" if zero else f"above 0, up {top}"
         allowed = f"a number of seconds, {span}"
-    raise error(f"{name} must be {allowed}, not {shown if shown is not None else _shown(value)}")
+    raise error(
+        f"{name} must be {allowed}, not {shown if shown is not None else shown_value(value)}"
+    )
 
 
 def whole(
@@ -81,14 +83,14 @@ def whole(
     allowed = f"from {least}" if most is None else f"from {least} to {most}"
     raise error(
         f"{name} must be a whole number {allowed}, not "
-        f"{shown if shown is not None else _shown(value)}"
+        f"{shown if shown is not None else shown_value(value)}"
     )
 
 
 def flag(name: str, value: object) -> bool:
     """`value` if it is True or False: any other (`"no"`, `0`) was taken for its truth."""
     if not isinstance(value, bool):
-        raise UsageError(f"{name} must be True or False, not {_shown(value)}")
+        raise UsageError(f"{name} must be True or False, not {shown_value(value)}")
     return value
 
 

@@ -45,7 +45,8 @@ UNPARSED_ARGUMENTS = "_unparsed_arguments"
 
 Price = tuple[float, float]
 
-# USD per million (input, output) tokens of well-known models, list prices of late 2025.
+# USD per million (input, output) tokens of well-known models, list prices of late 2025 (and
+# the newer Anthropic models below, with their source).
 # Matched exactly or with a date / "-latest" suffix; pass `price_per_mtok=` to override.
 OPENAI_PRICES: dict[str, Price] = {
     "gpt-4o": (2.50, 10.00),
@@ -67,6 +68,19 @@ ANTHROPIC_PRICES: dict[str, Price] = {
     "claude-sonnet-4-5": (3.00, 15.00),
     "claude-opus-4": (15.00, 75.00),
     "claude-opus-4-1": (15.00, 75.00),
+    # From Anthropic's own model pages, platform.claude.com/docs/en/models/<model>/overview
+    # ("Input pricing" / "Output pricing"), and the comparison tables on those pages (Sonnet
+    # 5.5, Fable 5 and 5.1), as read in December 2026. Haiku 5.5 lists no single price.
+    "claude-opus-4-5": (5.00, 25.00),
+    "claude-opus-4-6": (5.00, 25.00),
+    "claude-opus-4-8": (5.00, 25.00),
+    "claude-sonnet-4-6": (3.00, 15.00),
+    "claude-opus-5": (5.00, 25.00),
+    "claude-opus-5-5": (4.00, 20.00),
+    "claude-sonnet-5": (2.00, 10.00),
+    "claude-sonnet-5-5": (2.00, 10.00),
+    "claude-fable-5": (10.00, 50.00),
+    "claude-fable-5-1": (10.00, 50.00),
 }
 
 _SUFFIX = re.compile(r"-(\d{4}-\d{2}-\d{2}|\d{8}|latest)")

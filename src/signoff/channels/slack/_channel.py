@@ -44,6 +44,11 @@ R = TypeVar("R")
 TOLERANCE = 300  # seconds: Slack's own advice for the request timestamp
 _BACKLOG_ATTEMPTS = 8  # posts of a request open at start, 1 s apart doubling (about 2 min)
 
+# The top-level `text` (a notification's, a note's) has no `verbatim`: Slack is told not to
+# process it, so no bare `@here`, `#channel` or name in a request's text becomes a mention or
+# a link (chat.update's default, unlike chat.postMessage's, is `client`, which does).
+_UNPARSED: dict[str, Any] = {"parse": "none", "link_names": False}
+
 # chat.update errors no retry can cure: the message was deleted, or can no longer be edited.
 _GONE = frozenset({"message_not_found", "cant_update_message", "edit_window_closed"})
 # Errors Slack documents as possibly after part of the call was carried out.
@@ -214,6 +219,7 @@ class SlackChannel(Channel):
                 text=fallback_text(request),
                 blocks=request_blocks(request),
                 metadata=metadata(request.id, attempt),
+                **_UNPARSED,
             )
         except SlackApiError as exc:
             if not _maybe_done(exc):  # Slack posted nothing: no message to find
@@ -281,7 +287,7 @@ class SlackChannel(Channel):
         the hub's retries could never update it and would hold back the other requests."""
         try:
             await self.client.chat_update(
-                channel=where["channel"], ts=where["ts"], text=text, blocks=blocks
+                channel=where["channel"], ts=where["ts"], text=text, blocks=blocks, **_UNPARSED
             )
         except SlackApiError as exc:
             _raise_if_limited(exc, "chat.update")
@@ -424,6 +430,7 @@ class SlackChannel(Channel):
             user=where["user"],
             text=escape(text),
             thread_ts=where.get("thread_ts"),
+            **_UNPARSED,
         )
 
 
