@@ -185,7 +185,15 @@ class Candidates(SessionRunner):
                 tool.response_timeout,
             )
             if verdict.outcome != "allowed":
-                refusal = {**base, "outcome": verdict.outcome, "reason": verdict.reason}
+                # A reason of megabytes is cut, as an approval policy's is: it is recorded
+                # for every answer refused, and returned with each.
+                cap = (
+                    tool.max_result_bytes or self.agent(state.agent).limits.max_result_bytes
+                ) // 8
+                reason = verdict.reason
+                if reason is not None and len(reason) > cap:
+                    reason = reason[:cap] + " [cut]"
+                refusal = {**base, "outcome": verdict.outcome, "reason": reason}
 
                 def refuse(st: SessionState) -> list[EventSpec]:
                     if rid not in st.requests or st.requests[rid].status != "pending":
@@ -194,7 +202,7 @@ class Candidates(SessionRunner):
 
                 await self._append(session_id, refuse, turn_id=tid)
                 return Outcome(
-                    request_id=rid, outcome=verdict.outcome, applied=False, reason=verdict.reason
+                    request_id=rid, outcome=verdict.outcome, applied=False, reason=reason
                 )
         elif request.approvers <= 1 and not request.exclude_requester:
             authorize(request, principal)
