@@ -166,6 +166,9 @@ class ToolCalls(DriverPart):
         dumped = tool.approved_form(validated)
         rules = tool.approval.rules
         now = self.clock()
+        error, limit = verdict.error, self.max_result_bytes(tool) // 4
+        if error is not None and len(error) > limit:  # a policy's message of megabytes
+            error = error[:limit] + " [cut]"
         return InputRequest(
             kind="tool-approval",
             id=new_id("req"),
@@ -178,7 +181,7 @@ class ToolCalls(DriverPart):
             requested_by=turn.principal,
             created_at=now,
             expires_at=None if rules.expires_in is None else now + rules.expires_in,
-            policy_error=verdict.error,
+            policy_error=error,
             usage=s.usage,
             approvers=rules.approvers,
             distinct=rules.distinct,
