@@ -159,6 +159,11 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
     return _Unreadable()
 
 
+async def _times_out_itself(ctx: so.ResponseContext) -> Any:
+    """Its own call timed out at once: a failure of the policy, not its timeout passing."""
+    raise TimeoutError("the directory did not answer")
+
+
 @pytest.mark.parametrize(
     ("policy", "outcome", "reason"),
     [
@@ -183,6 +188,11 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
             "failed",
             "response policy raised CancelledError: the directory client closed",
         ),
+        (
+            _times_out_itself,
+            "failed",
+            "response policy raised TimeoutError: the directory did not answer",
+        ),
     ],
     ids=[
         "raises",
@@ -193,6 +203,7 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
         "blocks",
         "blocks async",
         "cancels itself",
+        "raises its own timeout",
     ],
 )
 @pytest.mark.parametrize("decision", ["approve", "cancel"])
