@@ -334,3 +334,33 @@ def test_a_predicate_reading_the_input_as_a_dict_says_how_to_read_it(tmp_path: P
         "approval policy raised TypeError: 'refund_input' object is not subscriptable (a "
         "predicate gets the validated input as an object: input.amount, not input['amount'])"
     )
+
+
+def _raises_at_length(ctx: so.ApprovalContext) -> so.ApprovalStatus:
+    raise Broken("policy database down: " + "x" * 2_000_000)
+
+
+async def test_a_policy_error_of_megabytes_is_cut(store_url: str) -> None:
+    """What a failing approval policy raised is the request's `policy_error`, stored in its
+    `input.requested`, its row and every copy a reviewer reads: one of megabytes is cut to a
+    quarter of the tool's `max_result_bytes`, as a tool's own error message is."""
+    log = ExecutionLog()
+    agent = scripted_agent(
+        "a",
+        [call_tools(call("refund", order_id="1")), reply("ok")],
+        tools=[refund_tool(log, _raises_at_length)],
+    )
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        (req,) = r.pending
+        error = req.policy_error
+        assert error is not None and "policy database down: xxx" in error
+        assert error.endswith(" [cut]") and len(error) <= (1 << 20) // 4 + len(" [cut]")
+        (stored,) = await rt.pending()
+        assert stored.policy_error == error
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        assert max(len(json.dumps(e.data)) for e in events) < 300_000
+        r = await rt.generate(
+            session_id=r.session_id, approvals=[so.Decision(id=req.id, approved=True)]
+        )
+        assert r.status == "completed" and log.count() == 1

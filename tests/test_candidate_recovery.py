@@ -8,6 +8,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field
 
 import signoff as so
 from signoff._candidates import RECOVERY_GRACE
@@ -126,3 +129,76 @@ async def test_a_dead_candidate_waits_out_the_timeout_and_grace_then_keeps_its_d
         assert settled["decision"] == "cancel" and settled["reason"] == "not this one"
         assert settled["by"]["principal_id"] == "bob"
     assert not out.exists()
+
+
+def _allow(ctx: so.ResponseContext) -> so.Allowed:
+    return so.Allowed()
+
+
+def _refunds(out: Path, *, digits_only: bool) -> so.Agent:
+    """A refund agent whose order ids are any text, or (a later deploy) digits only."""
+    spec = so.ApprovalSpec(request=so.always(), response=_allow, timeout=1.0)
+
+    async def text_id(order_id: str) -> dict[str, Any]:
+        """Refund an order."""
+        with open(out, "a") as f:
+            f.write(f"{order_id!r}\n")
+        return {"refunded": order_id}
+
+    async def digits(order_id: Annotated[str, Field(pattern=r"^[0-9]+$")]) -> dict[str, Any]:
+        """Refund an order."""
+        return await text_id(order_id)
+
+    refund = so.tool(name="refund", approval=spec)(digits if digits_only else text_id)
+    model = so.models.Scripted(
+        [
+            so.ModelResponse(tool_calls=[so.ToolCall(name="refund", input={"order_id": "9"})]),
+            so.ModelResponse(text="refunded"),
+        ]
+    )
+    return so.Agent(name="support", model=model, tools=[refund])
+
+
+async def test_a_dead_candidate_whose_edit_the_tool_now_refuses_ends_and_frees_the_session(
+    store_url: str, tmp_path: Path
+) -> None:
+    """A response recorded pending with an edit, whose process then died, meets a deploy under
+    which the edit no longer fits the tool's schema: evaluated again, it ends (`stale`, saying
+    why) rather than raising `InvalidAnswer` at everyone who touches the session, and the
+    request stays open for a fresh answer."""
+    out = tmp_path / "runs"
+    now = [1_000_000.0]
+    async with so.Runtime(
+        [_refunds(out, digits_only=False)], store=store_url, clock=lambda: now[0]
+    ) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (req,) = r.pending
+        dead = {
+            "request_id": req.id,
+            "call_id": req.call_id,
+            "candidate_id": "cand_dead",
+            "decision": "approve",
+            "by": BOB.model_dump(),
+            "outcome": "pending",
+            "text": None,
+            "value": None,
+            "edited_input": {"order_id": "A-9"},
+        }
+        driver = rt._driver((await rt.state(r.session_id)).copy(), None)
+        await driver.record([("approval.candidate", dead)], durable=True)
+    now[0] += 60
+    async with so.Runtime(
+        [_refunds(out, digits_only=True)], store=store_url, clock=lambda: now[0]
+    ) as rt:
+        again = await rt.generate(session_id=r.session_id)
+        assert again.status == "waiting" and [p.id for p in again.pending] == [req.id]
+        assert not (await rt.state(r.session_id)).candidates
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+        ended = [e.data for e in events if e.type == "approval.candidate"]
+        assert [c["outcome"] for c in ended] == ["pending", "stale"]
+        assert "schema" in ended[-1]["reason"]
+        assert (await rt.generate(session_id=r.session_id)).status == "waiting"  # not again
+        yes = so.InputResponse(request_id=req.id, option_id="approve")
+        done = await rt.respond(r.session_id, [yes], principal=BOB)
+        assert done.status == "completed"
+    assert out.read_text().splitlines() == ["'9'"]

@@ -14,10 +14,15 @@ import pytest
 
 import signoff as so
 from signoff.testing import (
+    Capture,
     ExecutionLog,
     call,
+    call_tools,
+    reply,
+    scripted_agent,
     sqlite_runtime,
     store_contents,
+    tool_results,
 )
 
 from ._edits import (
@@ -207,3 +212,39 @@ async def test_a_stale_answer_to_a_response_policy_tool_records_nothing(tmp_path
             )
         assert await store_contents(rt.store, sid) == before
         assert calls == []  # refused before any candidate or policy
+
+
+# -- size: an edit is bounded like the call's result -----------------------------------------------
+
+
+async def test_an_edit_over_the_tools_max_result_bytes_is_refused(store_url: str) -> None:
+    """The call's result repeats an edit to the model beside the tool's own result, read again
+    by every later model call of the session: an edit over the tool's `max_result_bytes` went
+    into that result whole, past the bound. It is refused (`InvalidAnswer`), nothing stored,
+    and the request stays open for an edit that fits."""
+    ran: list[str] = []
+
+    @so.tool(approval=so.always(), max_result_bytes=4000)
+    async def note(text: str) -> str:
+        """Write a note."""
+        ran.append(text)
+        return "noted"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("a", [call_tools(call("note", text="hi")), seen], tools=[note])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go", auth=ALICE)
+        (req,) = r.pending
+        head = await rt.store.head(r.session_id)
+        big = so.InputResponse(
+            request_id=req.id, option_id="approve", edited_input={"text": "y" * 100_000}
+        )
+        with pytest.raises(so.InvalidAnswer, match="over the limit of 4000 bytes"):
+            await rt.respond(r.session_id, [big], principal=ALICE)
+        assert await rt.store.head(r.session_id) == head
+        fits = so.InputResponse(request_id=req.id, option_id="approve", edited_input={"text": "yo"})
+        done = await rt.respond(r.session_id, [fits], principal=ALICE)
+        assert done.status == "completed"
+    (result,) = tool_results(seen.last)
+    assert len(json.dumps(result.content)) < 4000
+    assert ran == ["yo"]

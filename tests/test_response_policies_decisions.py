@@ -159,6 +159,11 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
     return _Unreadable()
 
 
+async def _times_out_itself(ctx: so.ResponseContext) -> Any:
+    """Its own call timed out at once: a failure of the policy, not its timeout passing."""
+    raise TimeoutError("the directory did not answer")
+
+
 @pytest.mark.parametrize(
     ("policy", "outcome", "reason"),
     [
@@ -183,6 +188,11 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
             "failed",
             "response policy raised CancelledError: the directory client closed",
         ),
+        (
+            _times_out_itself,
+            "failed",
+            "response policy raised TimeoutError: the directory did not answer",
+        ),
     ],
     ids=[
         "raises",
@@ -193,6 +203,7 @@ def _unreadable(ctx: so.ResponseContext) -> Any:
         "blocks",
         "blocks async",
         "cancels itself",
+        "raises its own timeout",
     ],
 )
 @pytest.mark.parametrize("decision", ["approve", "cancel"])
@@ -292,4 +303,34 @@ async def test_a_refusal_reason_that_is_not_text_is_recorded_as_text(
         ]
         assert events[1].data["reason"] == reason
         json.dumps([e.data for e in events], allow_nan=False)
+        assert log.count() == 0
+
+
+def _rejects_at_length(ctx: so.ResponseContext) -> so.Rejected:
+    return so.Rejected("not you: " + "x" * 2_000_000)
+
+
+def _raises_at_length(ctx: so.ResponseContext) -> so.Rejected:
+    raise ValueError("not you: " + "x" * 2_000_000)
+
+
+@pytest.mark.parametrize("policy", [_rejects_at_length, _raises_at_length])
+async def test_a_response_policys_reason_of_megabytes_is_cut(store_url: str, policy: Any) -> None:
+    """A refusal's reason (or what the policy raised) of megabytes was recorded whole in its
+    `approval.candidate`, once for every answer refused, and returned whole in each outcome: it
+    is cut to an eighth of the tool's `max_result_bytes`, as an approval policy's reason is."""
+    log = ExecutionLog()
+    spec = so.ApprovalSpec(request=so.always(), response=policy)
+    async with so.Runtime([refund_agent(log, spec)], store=store_url) as rt:
+        sid, req, head = await asked(rt, ALICE)
+        r = await rt.respond(
+            sid, [so.InputResponse(request_id=req.id, option_id="approve")], principal=BOB
+        )
+        (outcome,) = r.outcomes
+        assert outcome.applied is False and outcome.reason is not None
+        assert "not you: xxx" in outcome.reason and outcome.reason.endswith(" [cut]")
+        assert len(outcome.reason) <= (1 << 20) // 8 + len(" [cut]")
+        events = await events_of(rt, sid, head)
+        assert events[1].data["reason"] == outcome.reason
+        assert max(len(json.dumps(e.data)) for e in events) < 200_000
         assert log.count() == 0

@@ -301,3 +301,37 @@ def test_a_lowered_digit_limit_is_the_bound_of_a_result() -> None:
             jsonable({"n": [1, {"m": -(10**640)}]})
     finally:
         sys.set_int_max_str_digits(before)
+
+
+@pytest.mark.parametrize("approved", [True, False])
+async def test_an_approval_policys_reason_of_megabytes_is_cut(
+    store_url: str, approved: bool
+) -> None:
+    """An approval policy's `Approved(reason)` reaches the model beside the call's result, its
+    `Denied(reason)` as the call's result: one of megabytes went whole into a result over the
+    tool's `max_result_bytes`, stored and read again by every later model call of the session.
+    It is cut, as a reviewer's reason is."""
+    runs: list[str] = []
+
+    def verdict(ctx: so.ApprovalContext) -> so.Approved | so.Denied:
+        why = "because " + BIG
+        return so.Approved(why) if approved else so.Denied(why)
+
+    @so.tool(approval=so.policy(verdict), max_result_bytes=4000)
+    async def refund(order_id: str) -> str:
+        """Refund an order."""
+        runs.append(order_id)
+        return "refunded"
+
+    seen = Capture(reply("ok"))
+    agent = scripted_agent("a", [call_tools(call("refund", order_id="1")), seen], tools=[refund])
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("a", prompt="go")
+        assert r.status == "completed"
+        events = [e async for e in rt.events(r.session_id, follow=False)]
+    (result,) = tool_results(seen.last)
+    shown = json.dumps(result.content)
+    assert len(shown) < 4000
+    assert "because xxx" in shown and "[cut]" in shown
+    assert max(len(json.dumps(e.data)) for e in events) < 10_000
+    assert runs == (["1"] if approved else [])

@@ -41,6 +41,7 @@ from ._results import GenerateResult, Outcome
 from ._settings import flag
 from ._state import SessionState
 from ._text import is_utf8
+from ._tool_json import json_size
 from ._tools import Tool
 from ._types import InputRequest, InputResponse, Principal
 from .stores import Resolve
@@ -188,6 +189,8 @@ class Answering(Candidates):
                         check_quorum_eligibility(request, principal)
                     else:
                         authorize(request, principal)
+                    limit = tool.max_result_bytes or agent.limits.max_result_bytes
+                    _check_edit_size(request, wanted["edited_input"], limit)
                     await self._check_edit(state, tool, request, wanted["edited_input"])
                 if gate:
                     gated.append((request, reply, wanted))
@@ -298,6 +301,18 @@ class Answering(Candidates):
     async def _may_answer(self, request: InputRequest, principal: Principal | None) -> bool:
         """Whether `principal` may answer `request` (for a mirror, the subagent's request)."""
         return await refusal(self.agents, self.store, request, principal) is None
+
+
+def _check_edit_size(request: InputRequest, edited: dict[str, Any], limit: int) -> None:
+    """Refuse an edit over the tool's `max_result_bytes`: the call's result repeats it to the
+    model, which reads it again in every later call of the session."""
+    size = json_size(edited)
+    if size > limit:
+        raise InvalidAnswer(
+            f"request {request.id}: the edited input is {size} bytes, over the limit of {limit} "
+            f"bytes (max_result_bytes of {request.tool_name})",
+            [request.id],
+        )
 
 
 def _in_time(

@@ -17,7 +17,8 @@ from ._answers import settlement_events as _settlement_events
 from ._approval import SessionAuth, SessionInfo
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
-from ._exceptions import AnswerError, RequestClosed, SessionExpired
+from ._error_text import error_text
+from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired
 from ._recording import Batch, EventSpec, new_id
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import Outcome
@@ -66,12 +67,52 @@ class Candidates(SessionRunner):
             principal = None if by is None else Principal.model_validate(by)
             log.info("re-evaluating response %s to request %s", cid, live.request.id)
             recovered = True
-            with contextlib.suppress(AnswerError):
+            try:
                 wanted = _resolution(live.request, reply, tool)
+            except InvalidAnswer as exc:
+                # Valid when given, it is not under this deploy (the tool's schema changed):
+                # it ends here, as raising would refuse everyone who touches the session.
+                await self._spoiled(session_id, live.request, cid, c, error_text(exc))
+                continue
+            with contextlib.suppress(AnswerError):
                 await self._candidate(
                     session_id, live.request, reply, wanted, principal, recovered=cid
                 )
         return recovered
+
+    async def _spoiled(
+        self,
+        session_id: str,
+        request: InputRequest,
+        cid: str,
+        candidate: dict[str, Any],
+        why: str,
+    ) -> None:
+        """End a recorded response that can no longer settle its request (`stale`, saying
+        why); the request stays open for another answer."""
+        ended = {
+            "request_id": request.id,
+            "call_id": request.call_id,
+            "candidate_id": cid,
+            "decision": candidate.get("decision"),
+            "by": candidate.get("by"),
+            "outcome": "stale",
+            "reason": f"this response can no longer settle the request: {why}",
+        }
+
+        def end(st: SessionState) -> list[EventSpec]:
+            if cid not in st.candidates:
+                return []  # another process ended it meanwhile
+            live = st.requests.get(request.id)
+            if live is None or live.status != "pending":
+                return [("approval.candidate", ended)]
+            ids = [r.id for r in st.pending_requests()]
+            return [
+                ("approval.candidate", ended),
+                ("turn.waiting", {"on": "input", "request_ids": ids}),
+            ]
+
+        await self._append(session_id, end, turn_id=request.turn_id)
 
     async def _candidate(
         self,
@@ -144,7 +185,15 @@ class Candidates(SessionRunner):
                 tool.response_timeout,
             )
             if verdict.outcome != "allowed":
-                refusal = {**base, "outcome": verdict.outcome, "reason": verdict.reason}
+                # A reason of megabytes is cut, as an approval policy's is: it is recorded
+                # for every answer refused, and returned with each.
+                cap = (
+                    tool.max_result_bytes or self.agent(state.agent).limits.max_result_bytes
+                ) // 8
+                reason = verdict.reason
+                if reason is not None and len(reason) > cap:
+                    reason = reason[:cap] + " [cut]"
+                refusal = {**base, "outcome": verdict.outcome, "reason": reason}
 
                 def refuse(st: SessionState) -> list[EventSpec]:
                     if rid not in st.requests or st.requests[rid].status != "pending":
@@ -153,7 +202,7 @@ class Candidates(SessionRunner):
 
                 await self._append(session_id, refuse, turn_id=tid)
                 return Outcome(
-                    request_id=rid, outcome=verdict.outcome, applied=False, reason=verdict.reason
+                    request_id=rid, outcome=verdict.outcome, applied=False, reason=reason
                 )
         elif request.approvers <= 1 and not request.exclude_requester:
             authorize(request, principal)

@@ -166,11 +166,15 @@ async def evaluate_response(
 
     late = ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
     started = time.monotonic()
+    bound = asyncio.timeout(timeout)
     try:
-        async with asyncio.timeout(timeout):
+        async with bound:
             result = await run()
-    except TimeoutError:
-        return late
+    except TimeoutError as exc:
+        if bound.expired():
+            return late
+        # The policy's own (its HTTP call's, say), raised before its timeout: it failed.
+        return ResponseVerdict("failed", f"response policy raised {error_text(exc)}")
     except (Exception, asyncio.CancelledError) as exc:
         task = asyncio.current_task()
         if not isinstance(exc, Exception) and task is not None and task.cancelling():

@@ -107,7 +107,8 @@ class ToolCalls(DriverPart):
         for call, tool, validated, verdict in decided:
             if verdict.action == "deny":
                 by_policy = {"denied": True, "reason": verdict.reason, "by": "policy"}
-                results.append(tool_result(call, "denied", by_policy))
+                # The policy's reason is cut as a reviewer's is: the model reads it every call.
+                results.append(tool_result(call, "denied", self._cut(call, by_policy)))
             elif verdict.action == "ask":
                 if workflow_busy and not tool.workflow:
                     continue
@@ -147,7 +148,7 @@ class ToolCalls(DriverPart):
                 continue
             note = None
             if verdict.reason and verdict.auto is None:  # Approved(reason): the model hears why
-                note = {"approved": True, "by": "policy", "reason": verdict.reason}
+                note = self._cut(call, {"approved": True, "by": "policy", "reason": verdict.reason})
             principal = self.state.turn.principal  # type: ignore[union-attr]
             await self.run_tool(current, tool, validated, principal, approval=note)
         return len(requests) + len(results) + len(to_run)
@@ -165,6 +166,9 @@ class ToolCalls(DriverPart):
         dumped = tool.approved_form(validated)
         rules = tool.approval.rules
         now = self.clock()
+        error, limit = verdict.error, self.max_result_bytes(tool) // 4
+        if error is not None and len(error) > limit:  # a policy's message of megabytes
+            error = error[:limit] + " [cut]"
         return InputRequest(
             kind="tool-approval",
             id=new_id("req"),
@@ -177,7 +181,7 @@ class ToolCalls(DriverPart):
             requested_by=turn.principal,
             created_at=now,
             expires_at=None if rules.expires_in is None else now + rules.expires_in,
-            policy_error=verdict.error,
+            policy_error=error,
             usage=s.usage,
             approvers=rules.approvers,
             distinct=rules.distinct,
@@ -429,9 +433,9 @@ class ToolCalls(DriverPart):
             raise
 
     def _cut(self, call: CallState, decision: dict[str, Any]) -> dict[str, Any]:
-        """`decision` with a reviewer's reason of megabytes (an answer may hold 4 MiB) cut to an
-        eighth of the call's result bound: the model reads it with the result, or twice in a
-        denial, in every later call of the session."""
+        """`decision` with a reason of megabytes (a reviewer's, as an answer may hold 4 MiB, or a
+        policy's) cut to an eighth of the call's result bound: the model reads it with the
+        result, or twice in a denial, in every later call of the session."""
         reason = decision.get("reason")
         tool = self.agent.tools.get(call.tool_name)
         cap = (
