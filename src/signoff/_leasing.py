@@ -94,7 +94,7 @@ class Held:
     lost: bool = False
     body: asyncio.Future[Any] | None = None  # the tool body or model call running, if any
     # The turn the drive runs and the last event it knows of: a renewal reads what other
-    # processes recorded since (`Leasing._cancelled_elsewhere`).
+    # processes recorded since (`Leasing._cancelled_elsewhere`), a cancel or a steer.
     drive: Callable[[], tuple[str | None, int]] | None = None
 
     def renewed(self, asked_at: float, expires: float) -> None:
@@ -346,7 +346,7 @@ class Leasing:
                 failing = False
                 pause = self.lease_ttl / 3
                 if held.drive is not None:
-                    await self._cancelled_elsewhere(session_id, *held.drive())
+                    await self._cancelled_elsewhere(session_id, held.drive)
         finally:
             if renewal is not None:
                 # Stopped before the drive's lease is released, its connection back in the pool.
@@ -355,17 +355,29 @@ class Leasing:
                 if not renewal.cancelled():
                     renewal.exception()  # seen: a failure is only that it failed
 
-    async def _cancelled_elsewhere(self, session_id: str, turn: str | None, seq: int) -> None:
-        """Set the session's abort signal once another process cancelled the `turn` a drive here
-        runs, as a cancel made in this process does: a tool body waiting on `ctx.abort_signal`
-        stops. Read at each renewal, from the events after the drive's last (`seq`)."""
+    async def _cancelled_elsewhere(
+        self, session_id: str, drive: Callable[[], tuple[str | None, int]]
+    ) -> None:
+        """Set the session's abort signal once another process cancelled or steered the turn a
+        drive here runs, as a cancel or steer made in this process does: a tool body waiting on
+        `ctx.abort_signal` stops. Read at each renewal, from the events after the drive's last;
+        a steer only while the drive has not read it (its model would have, and cleared it)."""
+        turn, seq = drive()
         try:
             if turn is None or await self.store.head(session_id) == seq:
                 return
             events = await self.store.read_events(session_id, after=seq, limit=500)
         except StoreError:
             return  # read again at the next renewal
-        if any(e.type == "turn.cancelled" and e.turn_id == turn for e in events):
+        known = drive()[1]  # the drive may have read on meanwhile
+        if any(
+            e.turn_id == turn
+            and (
+                e.type == "turn.cancelled"
+                or (e.type == "turn.message" and not e.data.get("queued") and e.seq > known)
+            )
+            for e in events
+        ):
             abort = self._aborts.get(session_id)
             if abort is not None:
                 abort.set()
