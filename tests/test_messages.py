@@ -366,7 +366,8 @@ async def test_a_message_behind_an_equal_one_says_it_waits(tmp_path: Path) -> No
         sid = await parked_with_bob_queued(rt)
         await rt.send(sid, "same", principal=CAROL)
         await rt.send(sid, "same", principal=BOB, idempotency_key="b-1")
-        await rt.cancel(sid)
+        async with sqlite_runtime(tmp_path, plan_agent(reply("ok")), inline=False) as workers:
+            await workers.cancel(sid)  # leaves "bob here" to start with the next call
         r = await rt.send(sid, "same", principal=BOB, idempotency_key="b-2")
         assert r.status == "waiting" and r.queued  # behind the turn "bob here" started
         assert [m for m, _, _ in await started(rt, sid)] == ["upgrade me", "bob here"]

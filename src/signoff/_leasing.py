@@ -211,11 +211,12 @@ class Leasing:
             self._unreleased[session_id] = (owner, token)
             raise
 
-    async def _acquire(self, session_id: str, owner: str) -> int | None:
+    async def _acquire(self, session_id: str, owner: str, wait: float | None = None) -> int | None:
+        """The session's lease, waiting `wait` seconds (`lease_wait` if None) for its holder."""
         stale = self._unreleased.get(session_id)
         if stale is not None:  # this process's own dead drive: not a holder to wait for
             await self._release(session_id, *stale)
-        deadline = time.monotonic() + self.lease_wait
+        deadline = time.monotonic() + (self.lease_wait if wait is None else wait)
         delay = 0.005
         while True:
             now = self.now()

@@ -512,7 +512,7 @@ class Runtime(Workers):
                     await _child_sessions.cancel_delegated(self, child, reason, principal)
             # A subagent cancelled on its own: its parent's delegate call goes on.
             await _child_sessions.after_close(self, driver.state)
-            return self._result(driver.state)
+            return await self._after_cancel(driver.state)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
 
     # -- the audit trail ----------------------------------------------------------------------

@@ -1,0 +1,96 @@
+"""Cancelling a turn in inline mode (no worker: the caller's runtime drives its turns) starts the
+message that waited for that turn's end, as the turn's own end would have, whether the turn
+waited on a person, ran with no drive holding it, or ran under a drive (which goes on to the
+message itself); the cancel reports the cancelled turn. Run on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+
+import signoff as so
+from signoff.testing import Capture, call, call_tools, reply, scripted_agent, timeline
+
+from ._steer import ALICE, BOB, events, plan_agent, texts
+
+
+async def test_cancelling_a_waiting_turn_starts_the_message_queued_behind_it(
+    store_url: str,
+) -> None:
+    """Bob's message waits for Alice's turn, which waits on her answer; she cancels it. Bob's
+    message starts its turn then, as it would at the end of hers: it used to sit in the queue
+    until the next call on the session, with nothing running it."""
+    bob_turn = Capture(reply("Hi Bob."))
+    async with so.Runtime([plan_agent(bob_turn)], store=store_url) as rt:
+        r = await rt.generate("sales", prompt="upgrade me", auth=ALICE)
+        sid = r.session_id
+        b = await rt.send(sid, "bob here", principal=BOB)
+        assert b.queued and b.status == "waiting"
+        c = await rt.cancel(sid)
+        assert c.status == "cancelled" and c.turn_id == r.turn_id
+        assert texts(bob_turn.last)[-1] == ("user", "bob here")
+        state = await rt.state(sid)
+        assert state.queued == [] and state.turn is not None
+        assert state.turn.status == "completed" and state.turn.id != r.turn_id
+        assert timeline(await events(rt, sid))[-6:] == [
+            "turn.cancelled",
+            "session.waiting",
+            "turn.started",
+            "model.completed",
+            "turn.completed",
+            "session.waiting",
+        ]
+
+
+def _crawl_agent(bob_turn: Capture, entered: asyncio.Event) -> so.Agent:
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task that stops when the turn is cancelled."""
+        entered.set()
+        await asyncio.wait_for(ctx.abort_signal.wait(), timeout=10)
+        return "stopped"
+
+    return scripted_agent("bot", [call_tools(call("crawl")), bob_turn], tools=[crawl])
+
+
+async def test_cancelling_a_running_turn_no_drive_holds_starts_the_queued_message(
+    store_url: str,
+) -> None:
+    """Alice's turn runs, but its drive was stopped (its caller gave up on it): nothing holds
+    the turn. Bob's message waits behind it; Alice cancels the turn, and Bob's message starts."""
+    entered = asyncio.Event()
+    bob_turn = Capture(reply("Hi Bob."))
+    async with so.Runtime([_crawl_agent(bob_turn, entered)], store=store_url) as rt:
+        sid = await rt.create_session("bot", auth=ALICE)
+        drive = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        drive.cancel()
+        await asyncio.wait({drive})
+        assert (await rt.state(sid)).status == "running"
+        b = await rt.send(sid, "bob here", principal=BOB)
+        assert b.queued and b.status == "running"
+        c = await rt.cancel(sid)
+        assert c.status == "cancelled"
+        assert texts(bob_turn.last)[-1] == ("user", "bob here")
+        state = await rt.state(sid)
+        assert state.queued == [] and state.status == "idle"
+
+
+async def test_a_drive_whose_turn_is_cancelled_goes_on_to_the_queued_message(
+    store_url: str,
+) -> None:
+    """A drive runs Alice's turn when she cancels it with Bob's message waiting: one of the
+    two calls runs Bob's turn, once, and Alice's `generate` still reports her turn cancelled."""
+    entered = asyncio.Event()
+    bob_turn = Capture(reply("Hi Bob."))
+    async with so.Runtime([_crawl_agent(bob_turn, entered)], store=store_url) as rt:
+        sid = await rt.create_session("bot", auth=ALICE)
+        drive = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        b = await rt.send(sid, "bob here", principal=BOB)
+        assert b.queued and b.status == "running"
+        c = await rt.cancel(sid)
+        r = await asyncio.wait_for(drive, timeout=20)
+        assert c.status == r.status == "cancelled" and c.turn_id == r.turn_id
+        assert len(bob_turn.conversations) == 1
+        state = await rt.state(sid)
+        assert state.queued == [] and state.status == "idle"
