@@ -6,6 +6,7 @@ message itself); the cancel reports the cancelled turn. Run on both stores."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import signoff as so
 from signoff.testing import Capture, call, call_tools, reply, scripted_agent, timeline
@@ -41,7 +42,7 @@ async def test_cancelling_a_waiting_turn_starts_the_message_queued_behind_it(
         ]
 
 
-def _crawl_agent(bob_turn: Capture, entered: asyncio.Event) -> so.Agent:
+def _crawl_agent(bob_turn: Any, entered: asyncio.Event) -> so.Agent:
     @so.tool
     async def crawl(ctx: so.ToolContext) -> str:
         """A long task that stops when the turn is cancelled."""
@@ -94,3 +95,47 @@ async def test_a_drive_whose_turn_is_cancelled_goes_on_to_the_queued_message(
         assert len(bob_turn.conversations) == 1
         state = await rt.state(sid)
         assert state.queued == [] and state.status == "idle"
+
+
+async def test_a_drive_that_finds_the_queued_message_taken_reports_its_turn_cancelled(
+    store_url: str,
+) -> None:
+    """Alice's turn is cancelled elsewhere under her drive; before the drive takes the lease
+    again for Bob's message, another call starts Bob's turn and holds it. Alice's `generate`
+    reports her turn `cancelled`, as when her drive runs Bob's turn itself: it used to report
+    Bob's turn, `running`, as if it were hers."""
+    entered = asyncio.Event()
+    holds, release = asyncio.Event(), asyncio.Event()
+
+    async def bob_model(conversation: list[so.Message]) -> so.ModelResponse:
+        holds.set()
+        await asyncio.wait_for(release.wait(), timeout=10)
+        return reply("Hi Bob.")
+
+    agent = _crawl_agent(bob_model, entered)
+    async with (
+        so.Runtime([agent], store=store_url, lease_ttl=0.3, lease_wait=0) as rt,
+        so.Runtime([agent], store=store_url, inline=False) as workers,
+        so.Runtime([agent], store=store_url) as other,
+    ):
+        sid = await rt.create_session("bot", auth=ALICE)
+        acquire = rt._acquire
+        taken: list[asyncio.Task[so.GenerateResult]] = []
+
+        async def acquired(session_id: str, owner: str, wait: float | None = None) -> int | None:
+            if entered.is_set() and not taken:  # the drive's second pass: Bob's turn
+                taken.append(asyncio.create_task(other.generate(session_id=session_id)))
+                await asyncio.wait_for(holds.wait(), timeout=10)
+            return await acquire(session_id, owner, wait)
+
+        rt._acquire = acquired  # type: ignore[method-assign]
+        drive = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        assert (await rt.send(sid, "bob here", principal=BOB)).queued
+        c = await workers.cancel(sid)
+        r = await asyncio.wait_for(drive, timeout=10)
+        release.set()
+        [bob] = taken
+        b = await asyncio.wait_for(bob, timeout=10)
+        assert (r.status, r.turn_id) == ("cancelled", c.turn_id)
+        assert b.status == "completed" and b.text == "Hi Bob." and b.turn_id != c.turn_id
