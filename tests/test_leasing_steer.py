@@ -12,7 +12,7 @@ import signoff as so
 from signoff.testing import Capture, call, call_tools, reply, scripted_agent, timeline, tool_results
 
 from ._leasing import event_types
-from ._steer import ALICE, events
+from ._steer import ALICE, BOB, events
 
 
 async def test_a_steer_made_in_another_process_sets_the_running_body_s_abort_signal(
@@ -148,3 +148,41 @@ async def test_a_call_steered_from_another_process_runs_again_with_its_abort_sig
             "turn.completed",
             "session.waiting",
         ]
+
+
+async def test_a_cancel_behind_hundreds_of_queued_messages_still_sets_the_abort_signal(
+    store_url: str,
+) -> None:
+    """Hundreds of messages wait behind the running turn (colleagues writing while it runs)
+    before another process cancels it: the renewals read past them all, and the body stops.
+    They used to read only the first 500 events after the drive's last, again and again, so
+    the cancel behind them never reached the body."""
+    entered = asyncio.Event()
+    seen: list[bool] = []
+
+    @so.tool
+    async def crawl(ctx: so.ToolContext) -> str:
+        """A long task that stops when the turn is cancelled."""
+        entered.set()
+        try:
+            await asyncio.wait_for(ctx.abort_signal.wait(), timeout=8)
+        except TimeoutError:
+            pass
+        seen.append(ctx.abort_signal.is_set())
+        return "stopped"
+
+    agent = scripted_agent("bot", [call_tools(call("crawl")), reply("ok")], tools=[crawl])
+    async with (
+        so.Runtime([agent], store=store_url, lease_ttl=0.6) as rt,
+        so.Runtime([agent], store=store_url, lease_wait=0, inline=False) as server,
+    ):
+        sid = await rt.create_session("bot", auth=ALICE)
+        drive = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        await asyncio.wait_for(entered.wait(), timeout=10)
+        for i in range(510):
+            assert (await server.send(sid, f"and {i}", principal=BOB)).queued
+        started = time.monotonic()
+        assert (await server.cancel(sid, "user left")).status == "cancelled"
+        await asyncio.wait_for(drive, timeout=20)
+        assert seen == [True]
+        assert time.monotonic() - started < 4  # a renewal, not the body's 8 s
