@@ -139,3 +139,60 @@ async def test_a_drive_that_finds_the_queued_message_taken_reports_its_turn_canc
         b = await asyncio.wait_for(bob, timeout=10)
         assert (r.status, r.turn_id) == ("cancelled", c.turn_id)
         assert b.status == "completed" and b.text == "Hi Bob." and b.turn_id != c.turn_id
+
+
+async def test_a_cancel_whose_turn_ends_meanwhile_leaves_the_queued_message_s_turn_alone(
+    store_url: str,
+) -> None:
+    """Alice cancels her turn just as it ends and Bob's message, which waited, starts its turn:
+    the cancel finds its turn ended and reports it, as it does when no turn follows. It used to
+    go round again and cancel Bob's turn, which no one asked to cancel."""
+    finish, bob_started, bob_release = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    @so.tool
+    async def crawl() -> str:
+        """A task that ends when told to."""
+        await asyncio.wait_for(finish.wait(), timeout=10)
+        return "crawled"
+
+    async def bob_model(conversation: list[so.Message]) -> so.ModelResponse:
+        bob_started.set()
+        await asyncio.wait_for(bob_release.wait(), timeout=10)
+        return reply("Hi Bob.")
+
+    steps: list[Any] = [call_tools(call("crawl")), reply("Crawled."), bob_model]
+    agent = scripted_agent("bot", steps, tools=[crawl])
+    async with (
+        so.Runtime([agent], store=store_url) as rt,
+        so.Runtime([agent], store=store_url) as other,
+    ):
+        sid = await rt.create_session("bot", auth=ALICE)
+        drive = asyncio.create_task(rt.generate(session_id=sid, prompt="crawl", auth=ALICE))
+        while "tool.started" not in [e.type for e in await events(rt, sid)]:
+            await asyncio.sleep(0.01)
+        assert (await rt.send(sid, "bob here", principal=BOB)).queued
+        make = other._driver
+
+        def driver(state: Any, token: int | None) -> Any:
+            made = make(state, token)
+            record = made.record
+
+            async def late(*args: Any, **kwargs: Any) -> Any:
+                finish.set()  # the turn ends, and Bob's starts, as the cancel is recorded
+                await asyncio.wait_for(bob_started.wait(), timeout=10)
+                return await record(*args, **kwargs)
+
+            made.record = late  # type: ignore[method-assign]
+            return made
+
+        other._driver = driver  # type: ignore[method-assign]
+        c = await other.cancel(sid, "stop")
+        bob_release.set()
+        await asyncio.wait_for(drive, timeout=10)
+        log = await events(rt, sid)
+        alice, bob = [e.turn_id for e in log if e.type == "turn.started"]
+        assert (c.status, c.turn_id, c.text) == ("completed", alice, "Crawled.")
+        state = await rt.state(sid)
+        assert state.turn is not None and state.turn.id == bob
+        assert (state.turn.status, state.queued) == ("completed", [])
+        assert "turn.cancelled" not in [e.type for e in log]
