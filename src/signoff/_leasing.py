@@ -369,7 +369,8 @@ class Leasing:
         turn, seq = drive()
         after = max(seq, held.read)
         try:
-            if turn is None or await self.store.head(session_id) == after:
+            head = None if turn is None else await self.store.head(session_id)
+            if head is None or head == after:
                 return
             while True:
                 events = await self.store.read_events(
@@ -388,7 +389,8 @@ class Leasing:
                     if abort is not None:
                         abort.set()
                     return
-                if not events:
+                if not events:  # read to the head: none of those types since
+                    held.read = max(after, head)
                     return
                 after = held.read = events[-1].seq
         except StoreError:
