@@ -150,8 +150,8 @@ async def test_a_worker_runs_queued_messages_before_a_later_prompt(tmp_path: Pat
     agent = plan_agent(reply("Hi Bob."), reply("Hi Alice."))
     async with so.Runtime([agent], store=url) as rt:
         sid = await parked_with_bob_queued(rt)
-        await rt.cancel(sid)
     async with so.Runtime([agent], store=url, inline=False) as client:
+        await client.cancel(sid)  # an inline runtime's cancel would start Bob's message itself
         r = await client.generate(session_id=sid, prompt="hello again", auth=ALICE)
         assert r.status == "running"
         stop = asyncio.Event()
