@@ -55,8 +55,8 @@ async def main(url: str) -> None:
         held: dict[str, tuple[str, int]] = {}
         acquire = rt._acquire
 
-        async def acquired(session_id: str, owner: str) -> int | None:
-            token = await acquire(session_id, owner)
+        async def acquired(session_id: str, owner: str, wait: float | None = None) -> int | None:
+            token = await acquire(session_id, owner, wait)
             if token is not None:
                 held[session_id] = (owner, token)
             return token

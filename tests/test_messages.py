@@ -150,8 +150,8 @@ async def test_a_worker_runs_queued_messages_before_a_later_prompt(tmp_path: Pat
     agent = plan_agent(reply("Hi Bob."), reply("Hi Alice."))
     async with so.Runtime([agent], store=url) as rt:
         sid = await parked_with_bob_queued(rt)
-        await rt.cancel(sid)
     async with so.Runtime([agent], store=url, inline=False) as client:
+        await client.cancel(sid)  # an inline runtime's cancel would start Bob's message itself
         r = await client.generate(session_id=sid, prompt="hello again", auth=ALICE)
         assert r.status == "running"
         stop = asyncio.Event()
@@ -366,7 +366,8 @@ async def test_a_message_behind_an_equal_one_says_it_waits(tmp_path: Path) -> No
         sid = await parked_with_bob_queued(rt)
         await rt.send(sid, "same", principal=CAROL)
         await rt.send(sid, "same", principal=BOB, idempotency_key="b-1")
-        await rt.cancel(sid)
+        async with sqlite_runtime(tmp_path, plan_agent(reply("ok")), inline=False) as workers:
+            await workers.cancel(sid)  # leaves "bob here" to start with the next call
         r = await rt.send(sid, "same", principal=BOB, idempotency_key="b-2")
         assert r.status == "waiting" and r.queued  # behind the turn "bob here" started
         assert [m for m, _, _ in await started(rt, sid)] == ["upgrade me", "bob here"]

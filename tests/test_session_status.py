@@ -226,15 +226,17 @@ async def test_cancelled_is_cancelled_everywhere_and_ends_with_session_waiting(
 async def test_a_cancelled_turn_with_a_message_waiting_is_running_everywhere(
     store_url: str,
 ) -> None:
-    """Bob's message waited for Alice's turn to end: once it is cancelled, the session has work
-    (a worker or the next call starts Bob's turn), so it is `running` in the state as it was in
+    """Bob's message waited for Alice's turn to end: once a runtime that leaves its turns to
+    workers cancels it, the session has work (a worker or the next call starts Bob's turn; an
+    inline runtime's cancel starts it at once), so it is `running` in the state as it was in
     the store's summary; the cancel's result and the turn still say `cancelled`."""
     async with world(store_url) as w:
         parked = await w.rt.generate("gated", prompt="refund", auth=ALICE)
         sid = parked.session_id
         queued = await w.rt.send(sid, "bob here", principal=BOB)
         assert queued.status == "waiting"
-        r = await w.rt.cancel(sid, principal=ALICE)
+        async with so.Runtime(agents(), store=store_url, inline=False) as workers:
+            r = await workers.cancel(sid, principal=ALICE)
         assert r.status == "cancelled"
         shown = await w.statuses(sid)
         assert shown == dict.fromkeys(shown, "running")

@@ -198,6 +198,15 @@ class Driver(ToolCalls, ModelStep):
     async def reload(self) -> None:
         """Rebuild the state from the store (snapshot plus tail) after a failed append."""
         self.state = await load_state(self.store, self.state.id)
+        self._steered_meanwhile()
+
+    def _steered_meanwhile(self) -> None:
+        """Set the abort signal when the turn holds a steering message its model has not read,
+        as the `send` that steered sets it in its own process: one sent from another process
+        (the server, or a runtime leaving its turns to workers) is learnt of only here."""
+        turn = self.state.turn
+        if turn is not None and turn.id == self.own_turn and turn.steered:
+            self.abort_signal.set()
 
     # -- the loop -----------------------------------------------------------------------------
 
@@ -205,6 +214,7 @@ class Driver(ToolCalls, ModelStep):
         """Run the turn until it completes, fails, is cancelled or waits for a person; counted
         in `counts` if it recorded anything or failed (a cancelled drive is stopped, not failed)."""
         seq = self.state.seq
+        self._steered_meanwhile()
         try:
             state = await self._forward(retry)
         except Exception:

@@ -94,8 +94,9 @@ class Held:
     lost: bool = False
     body: asyncio.Future[Any] | None = None  # the tool body or model call running, if any
     # The turn the drive runs and the last event it knows of: a renewal reads what other
-    # processes recorded since (`Leasing._cancelled_elsewhere`).
+    # processes recorded since (`Leasing._cancelled_elsewhere`), a cancel or a steer.
     drive: Callable[[], tuple[str | None, int]] | None = None
+    read: int = 0  # the last event those renewals read: the next reads on from there
 
     def renewed(self, asked_at: float, expires: float) -> None:
         """A renewal asked at `asked_at` (`_AWAKE()`) got through: the lease is known
@@ -211,11 +212,12 @@ class Leasing:
             self._unreleased[session_id] = (owner, token)
             raise
 
-    async def _acquire(self, session_id: str, owner: str) -> int | None:
+    async def _acquire(self, session_id: str, owner: str, wait: float | None = None) -> int | None:
+        """The session's lease, waiting `wait` seconds (`lease_wait` if None) for its holder."""
         stale = self._unreleased.get(session_id)
         if stale is not None:  # this process's own dead drive: not a holder to wait for
             await self._release(session_id, *stale)
-        deadline = time.monotonic() + self.lease_wait
+        deadline = time.monotonic() + (self.lease_wait if wait is None else wait)
         delay = 0.005
         while True:
             now = self.now()
@@ -346,7 +348,7 @@ class Leasing:
                 failing = False
                 pause = self.lease_ttl / 3
                 if held.drive is not None:
-                    await self._cancelled_elsewhere(session_id, *held.drive())
+                    await self._cancelled_elsewhere(session_id, held.drive, held)
         finally:
             if renewal is not None:
                 # Stopped before the drive's lease is released, its connection back in the pool.
@@ -355,20 +357,44 @@ class Leasing:
                 if not renewal.cancelled():
                     renewal.exception()  # seen: a failure is only that it failed
 
-    async def _cancelled_elsewhere(self, session_id: str, turn: str | None, seq: int) -> None:
-        """Set the session's abort signal once another process cancelled the `turn` a drive here
-        runs, as a cancel made in this process does: a tool body waiting on `ctx.abort_signal`
-        stops. Read at each renewal, from the events after the drive's last (`seq`)."""
+    async def _cancelled_elsewhere(
+        self, session_id: str, drive: Callable[[], tuple[str | None, int]], held: Held
+    ) -> None:
+        """Set the session's abort signal once another process cancelled or steered the turn a
+        drive here runs, as a cancel or steer made in this process does: a tool body waiting on
+        `ctx.abort_signal` stops. Read at each renewal, the events after the drive's last (and
+        after those an earlier renewal read: however many messages queued up, it reads on to
+        the head); a steer only while the drive has not read it (its model would have, and
+        cleared the signal)."""
+        turn, seq = drive()
+        after = max(seq, held.read)
         try:
-            if turn is None or await self.store.head(session_id) == seq:
+            head = None if turn is None else await self.store.head(session_id)
+            if head is None or head == after:
                 return
-            events = await self.store.read_events(session_id, after=seq, limit=500)
+            while True:
+                events = await self.store.read_events(
+                    session_id, after=after, limit=500, types=("turn.cancelled", "turn.message")
+                )
+                known = drive()[1]  # the drive may have read on meanwhile
+                if any(
+                    e.turn_id == turn
+                    and (
+                        e.type == "turn.cancelled"
+                        or (e.type == "turn.message" and not e.data.get("queued") and e.seq > known)
+                    )
+                    for e in events
+                ):
+                    abort = self._aborts.get(session_id)
+                    if abort is not None:
+                        abort.set()
+                    return
+                if not events:  # read to the head: none of those types since
+                    held.read = max(after, head)
+                    return
+                after = held.read = events[-1].seq
         except StoreError:
             return  # read again at the next renewal
-        if any(e.type == "turn.cancelled" and e.turn_id == turn for e in events):
-            abort = self._aborts.get(session_id)
-            if abort is not None:
-                abort.set()
 
     def _lapsing(self, session_id: str, token: int, why: str, held: Held) -> None:
         """Give up a lease about to lapse with no renewal getting through: its drive stops

@@ -40,7 +40,7 @@ from ._leasing import LEASE_TTL_MAX, LEASE_TTL_MIN
 from ._mirrors import followed_state, following_mirrors
 from ._prompts import check_prompt
 from ._queue_page import queue_page
-from ._recording import Batch, TurnStopped
+from ._recording import Batch, TurnStopped, load_turn
 from ._results import GenerateResult
 from ._session_cache import check_session_id
 from ._session_page import check_listing, lapsed_page
@@ -459,11 +459,14 @@ class Runtime(Workers):
         check_principal(principal, "principal")
         by = None if principal is None else principal.model_dump()
         ended = ("completed", "cancelled", "failed")
+        began: tuple[str, int] | None = None  # the turn to cancel: not one that followed it
         for _ in range(20):
             state = await self._state(session_id)
             if state.expired(self.now()):
                 await self._expire(state)  # records what the TTL left unfinished, and raises
             turn = state.turn
+            if began is not None and (turn is None or turn.id != began[0]):  # ended meanwhile
+                return self._result(await load_turn(self.store, session_id, *began))
             if turn is None or turn.status in ended:
                 if turn is not None and turn.status == "cancelled":
                     # A cancel that died before reaching the turn's subagents: finish it.
@@ -471,6 +474,7 @@ class Runtime(Workers):
                         with contextlib.suppress(UnknownSession):
                             await _child_sessions.cancel_orphan(self, await self._state(child))
                 return self._result(state)
+            began = (turn.id, turn.first_seq)
             withdrawn: list[InputRequest] = []
             delegated: list[str] = []
 
@@ -512,7 +516,7 @@ class Runtime(Workers):
                     await _child_sessions.cancel_delegated(self, child, reason, principal)
             # A subagent cancelled on its own: its parent's delegate call goes on.
             await _child_sessions.after_close(self, driver.state)
-            return self._result(driver.state)
+            return await self._after_cancel(driver.state)
         raise SessionBusy(f"could not cancel session {session_id!r}", session_id)
 
     # -- the audit trail ----------------------------------------------------------------------

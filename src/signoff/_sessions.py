@@ -163,6 +163,7 @@ class SessionRunner(SessionCache):
         claimed: tuple[str, int] | None = None,
         leased: tuple[str, int] | None = None,
         on_lost: Callable[[int], None] | None = None,  # told the token of a lease lost
+        lease_wait: float | None = None,  # for the first lease; `self.lease_wait` if None
     ) -> GenerateResult:
         """Drive the session's turn under a lease until it settles: one a worker `claimed`,
         one its creation took (`leased`), or else one acquired here. A lease lost is logged
@@ -189,9 +190,13 @@ class SessionRunner(SessionCache):
                 # One owner per drive, not per runtime: two tasks of this runtime must not
                 # share (and so steal) the session's lease.
                 owner = f"{self.owner}:{new_id('drv')}"
-                acquired = await self._acquire(session_id, owner)
+                acquired = await self._acquire(session_id, owner, lease_wait if n == 0 else None)
                 if acquired is None:
                     state = await self._state(session_id)
+                    # A cancel that started the message queued behind this drive's turn, say.
+                    ended = await cancelled_under(self.store, state, began)
+                    if ended is not None:
+                        return self._result(ended, outcomes)
                     return self._result(state, outcomes, busy=True)
                 token = acquired
             # The session's head when this lease was granted, if the store read it then.
@@ -269,6 +274,19 @@ class SessionRunner(SessionCache):
                 ended = await cancelled_under(self.store, state, began)
                 return self._result(state if ended is None else ended, outcomes)
         raise RuntimeError("turn did not settle after 100 passes")  # pragma: no cover
+
+    async def _after_cancel(self, state: SessionState) -> GenerateResult:
+        """What a cancel that left `state` returns. In inline mode the message that waited for
+        the cancelled turn's end starts now, as at any turn's end (a drive holding the lease goes
+        on to it itself); a failure to drive it is logged: the cancel stands, the message waits
+        for the next call."""
+        result = self._result(state)
+        if self.inline and state.queued:
+            try:
+                await self._drive(state.id, lease_wait=0.0)
+            except Exception as exc:
+                log.warning("session %s: the queued message did not start: %s", state.id, exc)
+        return result
 
     async def _recover(self, state: SessionState) -> bool:
         """Finish what a dead process left half done before the turn is driven; True if that
