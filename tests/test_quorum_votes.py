@@ -6,7 +6,7 @@ from typing import Any
 
 import signoff as so
 from signoff._candidates import RECOVERY_GRACE
-from signoff.testing import ExecutionLog, ManualClock
+from signoff.testing import ExecutionLog, ManualClock, call, call_tools, reply, scripted_agent
 from tests.test_quorum import ALICE, BOB, CAROL, asked, deploy_agent, events_of, lines, vote
 
 
@@ -51,3 +51,77 @@ async def test_a_repeat_vote_through_a_response_policy_closes_its_candidate(
         assert (await rt.state(sid)).pending_requests()[0].approved_by == ["bob", "carol"]
         assert log.count() == 0
         assert ALICE.principal_id not in judged
+
+
+def _deployer(log: ExecutionLog, *, regions: bool) -> so.Agent:
+    """The ops agent whose deploy tool a response policy guards; with `regions`, as a later
+    release has it: a `region` it must be told."""
+    spec: Any = so.ApprovalSpec(request=so.always(), response=lambda ctx: so.Allowed())
+    if regions:
+
+        @log.tool(approval=spec, name="deploy")
+        async def deploy_to(service: str, version: str, region: str) -> str:
+            """Deploy a service to production in one region."""
+            return f"{service}@{version} live in {region}"
+
+        tool: Any = deploy_to
+    else:
+
+        @log.tool(approval=spec)
+        async def deploy(service: str, version: str) -> str:
+            """Deploy a service to production."""
+            return f"{service}@{version} live"
+
+        tool = deploy
+    return scripted_agent(
+        "ops",
+        [call_tools(call("deploy", service="api", version="2.0")), reply("done")],
+        tools=[tool],
+    )
+
+
+async def test_a_dead_candidate_whose_edit_no_longer_fits_the_tool_is_spent(
+    store_url: str,
+) -> None:
+    """A response recorded pending by a process that died while the policy ran is judged again
+    later, maybe by a release whose tool takes other input: its edit no longer fitting raised
+    `InvalidAnswer` out of every drive of the session, so no call could move it. It is spent
+    (stale, saying why) and the request stays open for an answer that fits."""
+    log = ExecutionLog()
+    clock = ManualClock()
+    async with so.Runtime([_deployer(log, regions=False)], store=store_url, clock=clock) as rt:
+        r = await rt.generate("ops", prompt="deploy api 2.0", auth=ALICE)
+        (req,) = r.pending
+        dead = {
+            "request_id": req.id,
+            "call_id": req.call_id,
+            "candidate_id": "cand_dead",
+            "decision": "approve",
+            "by": ALICE.model_dump(),
+            "outcome": "pending",
+            "text": None,
+            "value": None,
+            "edited_input": {"service": "api", "version": "2.1"},
+        }
+        driver = rt._driver((await rt.state(r.session_id)).copy(), None)
+        await driver.record([("approval.candidate", dead)], durable=True)
+    clock.advance(10 + RECOVERY_GRACE + 1)
+    async with so.Runtime([_deployer(log, regions=True)], store=store_url, clock=clock) as rt:
+        again = await rt.generate(session_id=r.session_id)
+        assert again.status == "waiting"
+        assert [p.id for p in again.pending] == [req.id]
+        state = await rt.state(r.session_id)
+        assert state.candidates == {}
+        events = await events_of(rt, r.session_id)
+        spent = events[-1].data
+        assert (events[-1].type, spent["outcome"], spent["candidate_id"]) == (
+            "approval.candidate",
+            "stale",
+            "cand_dead",
+        )
+        assert "region" in spent["reason"]
+        edit = {"service": "api", "version": "2.1", "region": "eu"}
+        answer = so.InputResponse(request_id=req.id, option_id="approve", edited_input=edit)
+        done = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert done.status == "completed"
+        assert log.count() == 1

@@ -17,7 +17,7 @@ from ._answers import settlement_events as _settlement_events
 from ._approval import SessionAuth, SessionInfo
 from ._deadlines import due_batch, expiry_resolves, expiry_specs, is_due
 from ._eligibility import authorize, voted
-from ._exceptions import AnswerError, RequestClosed, SessionExpired
+from ._exceptions import AnswerError, InvalidAnswer, RequestClosed, SessionExpired
 from ._recording import Batch, EventSpec, new_id
 from ._response import RequestInfo, ResponseContext, ResponseInfo, evaluate_response
 from ._results import Outcome
@@ -66,12 +66,36 @@ class Candidates(SessionRunner):
             principal = None if by is None else Principal.model_validate(by)
             log.info("re-evaluating response %s to request %s", cid, live.request.id)
             recovered = True
-            with contextlib.suppress(AnswerError):
+            try:
                 wanted = _resolution(live.request, reply, tool)
+            except (InvalidAnswer, AnswerError) as exc:
+                # The tool changed since (a release): spent, or it failed every drive for ever.
+                await self._spend(session_id, live.request, c, cid, str(exc))
+                continue
+            with contextlib.suppress(AnswerError):
                 await self._candidate(
                     session_id, live.request, reply, wanted, principal, recovered=cid
                 )
         return recovered
+
+    async def _spend(
+        self, session_id: str, request: InputRequest, c: dict[str, Any], cid: str, why: str
+    ) -> None:
+        """Close the pending candidate `cid` as stale, saying `why`, if it is still pending."""
+        spent = {
+            "request_id": request.id,
+            "call_id": request.call_id,
+            "candidate_id": cid,
+            "decision": c.get("decision"),
+            "by": c.get("by"),
+            "outcome": "stale",
+            "reason": why,
+        }
+
+        def build(st: SessionState) -> list[EventSpec]:
+            return [("approval.candidate", spent)] if cid in st.candidates else []
+
+        await self._append(session_id, build, turn_id=request.turn_id)
 
     async def _candidate(
         self,
