@@ -9,6 +9,7 @@ import pytest
 
 import signoff as so
 from signoff._types import APPROVAL_OPTIONS, make_options, match_option
+from signoff.channels import parse_reply
 from signoff.testing import Capture, ExecutionLog, reply, sqlite_runtime, tool_results
 
 from ._steer import ALICE, refund_agent
@@ -53,3 +54,18 @@ async def test_a_full_width_approve_approves_and_is_not_a_steer(tmp_path: Path) 
         assert log.count("issue_refund") == 1
         [result] = tool_results(seen.last)
         assert result.content == {"refunded": 180, "order_id": "1042"}
+
+
+def test_a_text_channel_reads_a_yes_or_no_in_any_width() -> None:
+    """The text channels' yes and no (the terminal's prompts, SMS-like channels) are read as
+    typed replies name options: full-width, as an input method's wide mode types them."""
+    approval = so.InputRequest(
+        kind="tool-approval", id="req_1", session_id="s", turn_id="t", agent="a", created_at=0.0
+    )
+    approve = so.InputResponse(request_id="req_1", option_id="approve")
+    assert parse_reply(approval, "ｙｅｓ") == approve
+    assert parse_reply(approval, "１") == approve
+    assert parse_reply(approval, "ＮＯ - too big") == so.InputResponse(
+        request_id="req_1", option_id="cancel", text="too big"
+    )
+    assert parse_reply(approval, "ｍａｙｂｅ") is None
