@@ -1,12 +1,24 @@
-"""Quorum votes at the edges: a repeat vote through a response policy, and what it leaves."""
+"""Quorum votes and voters at the edges: a repeat vote through a response policy, a dead
+vote the tool no longer takes, and a principal that names no one."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import signoff as so
 from signoff._candidates import RECOVERY_GRACE
-from signoff.testing import ExecutionLog, ManualClock, call, call_tools, reply, scripted_agent
+from signoff.server import DevAuth, TokenAuth
+from signoff.testing import (
+    ExecutionLog,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    store_contents,
+)
 from tests.test_quorum import ALICE, BOB, CAROL, asked, deploy_agent, events_of, lines, vote
 
 
@@ -125,3 +137,45 @@ async def test_a_dead_candidate_whose_edit_no_longer_fits_the_tool_is_spent(
         done = await rt.respond(r.session_id, [answer], principal=ALICE)
         assert done.status == "completed"
         assert log.count() == 1
+
+
+BLANK = [
+    so.Principal(authenticator="sso", principal_id=""),
+    so.Principal(authenticator="sso", principal_id=" \t"),
+    so.Principal(authenticator="", principal_id="bob"),
+]
+
+
+async def test_a_principal_with_a_blank_id_is_refused_as_no_one(store_url: str) -> None:
+    """A principal whose id (or authenticator) is blank names no one (an authenticator that
+    read a missing header as ""): it counted as a voter, every such caller the same one, and
+    each was 'the person whose turn asked' of the others' turns. Refused, nothing recorded."""
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid, req, _ = await asked(rt)
+        before = await store_contents(rt.store, sid)
+        for who in BLANK:
+            with pytest.raises(so.UsageError, match="principal.*blank"):
+                await rt.respond(sid, vote(req.id), principal=who)
+            with pytest.raises(so.UsageError, match="principal.*blank"):
+                await rt.send(sid, "approve", principal=who)
+            with pytest.raises(so.UsageError, match="auth.*blank"):
+                await rt.generate(
+                    session_id=sid, approvals=[so.Decision(id=req.id, approved=True)], auth=who
+                )
+            with pytest.raises(so.UsageError, match="auth.*blank"):
+                await rt.generate("ops", prompt="deploy api 2.0", auth=who)
+        assert await store_contents(rt.store, sid) == before
+
+
+@pytest.mark.parametrize("who", BLANK)
+def test_an_api_token_of_a_blank_principal_is_refused(who: so.Principal) -> None:
+    with pytest.raises(so.UsageError, match="API token #1.*blank"):
+        TokenAuth({"s3cret-token": who})
+
+
+@pytest.mark.parametrize("who", BLANK)
+def test_a_dev_principal_that_is_blank_is_refused(who: so.Principal) -> None:
+    with pytest.raises(so.UsageError, match="DevAuth's principal names no one: its .* is blank"):
+        DevAuth(who)
