@@ -3,6 +3,7 @@ vote the tool no longer takes, and a principal that names no one."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -19,19 +20,24 @@ from signoff.testing import (
     scripted_agent,
     store_contents,
 )
-from tests.test_quorum import ALICE, BOB, CAROL, asked, deploy_agent, events_of, lines, vote
+from tests.test_quorum import ALICE, BOB, CAROL, asked, deploy_agent, events_of, vote
 
 
 async def test_a_repeat_vote_through_a_response_policy_closes_its_candidate(
     store_url: str,
 ) -> None:
-    """A vote already counted, given again where a response policy runs, was recorded as a
-    pending candidate that nothing closed: every later drive judged it again (the policy ran
-    once more each time) and its trail never said what became of it."""
+    """Two votes by one person while a response policy judges both (a double click): the second
+    to count finds the first counted, and its pending candidate was left open, so every later
+    drive judged it again (the policy ran once more each time) and its trail never said what
+    became of it. It is closed as stale."""
     judged: list[str] = []
+    both_in, release = asyncio.Event(), asyncio.Event()
 
-    def anyone(ctx: so.ResponseContext) -> so.Allowed:
+    async def anyone(ctx: so.ResponseContext) -> so.Allowed:
         judged.append(ctx.response.principal.principal_id if ctx.response.principal else "?")
+        if len(judged) == 2:
+            both_in.set()
+        await release.wait()
         return so.Allowed()
 
     log = ExecutionLog()
@@ -41,21 +47,21 @@ async def test_a_repeat_vote_through_a_response_policy_closes_its_candidate(
     clock = ManualClock()
     async with so.Runtime([deploy_agent(log, spec)], store=store_url, clock=clock) as rt:
         sid, req, head = await asked(rt)
-        await rt.respond(sid, vote(req.id), principal=BOB)
-        again = await rt.respond(sid, vote(req.id), principal=BOB)
-        assert again.outcomes == [
-            so.Outcome(
-                request_id=req.id,
-                outcome="counted",
-                applied=False,
-                reason="already counted: 1 of 3",
-            )
+        votes = [
+            asyncio.create_task(rt.respond(sid, vote(req.id), principal=BOB)) for _ in range(2)
+        ]
+        await both_in.wait()
+        release.set()
+        outcomes = sorted((r.outcomes[0] for r in await asyncio.gather(*votes)), key=str)
+        assert [(o.outcome, o.applied, o.reason) for o in outcomes] == [
+            ("counted", False, "already counted: 1 of 3"),
+            ("counted", True, "1 of 3"),
         ]
         assert (await rt.state(sid)).candidates == {}
         events = await events_of(rt, sid, head)
-        assert lines(events)[-2:] == ["approval.candidate pending", "approval.candidate stale"]
-        assert events[-1].data["reason"] == "already counted: 1 of 3"
-        assert judged == ["bob", "bob"]
+        ends = [e.data for e in events if e.type == "approval.candidate"][2:]
+        assert sorted(d["outcome"] for d in ends) == ["counted", "stale"]
+        assert [d["reason"] for d in ends if d["outcome"] == "stale"] == ["already counted: 1 of 3"]
         clock.advance(10 + RECOVERY_GRACE + 1)  # past the policy's timeout: nothing is lost
         r = await rt.respond(sid, vote(req.id), principal=CAROL)
         assert r.outcomes[0].reason == "2 of 3"
@@ -63,6 +69,43 @@ async def test_a_repeat_vote_through_a_response_policy_closes_its_candidate(
         assert (await rt.state(sid)).pending_requests()[0].approved_by == ["bob", "carol"]
         assert log.count() == 0
         assert ALICE.principal_id not in judged
+
+
+async def test_a_repeat_vote_records_nothing_where_a_response_policy_runs(
+    store_url: str,
+) -> None:
+    """A vote already counted, given again, is a no-op that records nothing, as it is without
+    a response policy: it recorded a candidate, ran the policy again and closed it."""
+    judged: list[str] = []
+
+    def anyone(ctx: so.ResponseContext) -> so.Allowed:
+        judged.append(ctx.response.principal.principal_id if ctx.response.principal else "?")
+        return so.Allowed()
+
+    log = ExecutionLog()
+    spec: Any = so.ApprovalSpec(
+        request=so.always(), response=anyone, approvers=2, exclude_requester=True
+    )
+    async with so.Runtime([deploy_agent(log, spec)], store=store_url) as rt:
+        sid, req, _ = await asked(rt)
+        await rt.respond(sid, vote(req.id), principal=BOB)
+        before = await store_contents(rt.store, sid)
+        bob_cli = so.Principal(authenticator="local", principal_id="bob")
+        for who in (BOB, bob_cli):
+            again = await rt.respond(sid, vote(req.id), principal=who)
+            assert again.outcomes == [
+                so.Outcome(
+                    request_id=req.id,
+                    outcome="counted",
+                    applied=False,
+                    reason="already counted: 1 of 2",
+                )
+            ]
+        assert await store_contents(rt.store, sid) == before
+        assert judged == ["bob"]
+        r = await rt.respond(sid, vote(req.id, "cancel"), principal=BOB)  # a deny still denies
+        assert r.outcomes[0].outcome == "cancelled" and judged == ["bob", "bob"]
+        assert log.count() == 0
 
 
 def _deployer(log: ExecutionLog, *, regions: bool) -> so.Agent:
