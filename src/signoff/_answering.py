@@ -26,6 +26,7 @@ from ._eligibility import (
     is_gated,
     policy_recorded,
     refusal,
+    voted,
 )
 from ._exceptions import (
     InvalidAnswer,
@@ -192,6 +193,14 @@ class Answering(Candidates):
                     limit = tool.max_result_bytes or agent.limits.max_result_bytes
                     _check_edit_size(request, wanted["edited_input"], limit)
                     await self._check_edit(state, tool, request, wanted["edited_input"])
+                if gate and wanted["decision"] == "approve" and voted(request, principal):
+                    # Counted already: a no-op, as without a response policy, which need not
+                    # judge it again (nor a candidate be recorded, to be closed at once).
+                    progress = f"already counted: {request.progress}"
+                    outcomes.append(
+                        Outcome(request_id=rid, outcome="counted", applied=False, reason=progress)
+                    )
+                    continue
                 if gate:
                     gated.append((request, reply, wanted))
                     continue

@@ -36,6 +36,7 @@ from ._types import (
 __all__ = [
     "MAX_TEXT_BYTES",
     "Reply",
+    "blank_identity",
     "check_decided",
     "check_principal",
     "check_unambiguous",
@@ -221,11 +222,24 @@ def check_principal(value: object, name: str) -> None:
         return
     if not isinstance(value, Principal):
         raise UsageError(f"{name} must be a so.Principal, not {type(value).__name__}")
+    problem = blank_identity(value)
+    if problem is not None:
+        raise UsageError(f"{name} names no one: {problem}")
     if value.attributes:
         try:
             json.dumps(value.attributes, allow_nan=False)
         except (TypeError, ValueError, RecursionError) as exc:
             raise UsageError(f"{name}'s attributes are not plain JSON: {exc}") from None
+
+
+def blank_identity(principal: Principal) -> str | None:
+    """What makes `principal` name no one, if anything: a blank `principal_id` or
+    `authenticator` (an authenticator that read a missing header as ""), which would make every
+    such caller one person, counted as a voter and answering the others' requests."""
+    for field in ("authenticator", "principal_id"):
+        if not getattr(principal, field).strip():
+            return f"its {field} is blank"
+    return None
 
 
 MAX_DEPTH = 100

@@ -69,7 +69,7 @@ class Candidates(SessionRunner):
             recovered = True
             try:
                 wanted = _resolution(live.request, reply, tool)
-            except InvalidAnswer as exc:
+            except (InvalidAnswer, AnswerError) as exc:
                 # Valid when given, it is not under this deploy (the tool's schema changed):
                 # it ends here, as raising would refuse everyone who touches the session.
                 await self._spoiled(session_id, live.request, cid, c, error_text(exc))
@@ -260,15 +260,15 @@ class Candidates(SessionRunner):
             me = None if principal is None else principal.principal_id
             if wanted["decision"] == "approve" and current.approvers > 1:
                 if voted(current, principal):
+                    again = f"already counted: {current.progress}"
                     outcome.append(
-                        Outcome(
-                            request_id=rid,
-                            outcome="counted",
-                            applied=False,
-                            reason=f"already counted: {current.progress}",
-                        )
+                        Outcome(request_id=rid, outcome="counted", applied=False, reason=again)
                     )
-                    return Batch(specs=[])
+                    if not evaluated:
+                        return Batch(specs=[])
+                    # Its pending candidate ends here, lest every later drive judge it again.
+                    spent = {**base, "outcome": "stale", "reason": again}
+                    return Batch(specs=[("approval.candidate", spent)])
                 votes = [*current.approved_by, str(me)]
                 if len(votes) < current.approvers:
                     progressed = current.model_copy(update={"approved_by": votes})

@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Literal
 from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
 from .._results import Outcome
 from .._text import is_blank, utc_text
-from .._types import InputRequest, InputResponse, Principal, how_to_choose, named_options
+from .._types import (
+    InputRequest,
+    InputResponse,
+    Principal,
+    _folded,
+    how_to_choose,
+    named_options,
+)
 from ._base import (
     QUEUED_NOTE,
     Channel,
@@ -58,7 +65,7 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
         m = _WORD.match(text)
         if m is None or _JOINED.match(text):
             return None
-        word, rest = m.group(1).casefold(), m.group(2).strip() or None
+        word, rest = _folded(m.group(1)), m.group(2).strip() or None  # as options are named
         if word in _APPROVE:
             return InputResponse(request_id=request.id, option_id="approve", text=rest)
         if word in _DENY:

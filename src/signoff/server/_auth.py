@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from starlette.requests import HTTPConnection
 
+from .._answers import blank_identity
 from .._exceptions import UsageError
 from .._types import Principal
 from ..stores import InitiatorFilter
@@ -77,6 +78,9 @@ class TokenAuth:
                 )
             if not isinstance(principal, Principal):
                 raise UsageError(f"API token #{number}: {principal!r} is not a Principal")
+            problem = blank_identity(principal)
+            if problem is not None:
+                raise UsageError(f"API token #{number}'s principal names no one: {problem}")
         self.tokens = dict(tokens)
 
     def __call__(self, request: HTTPConnection) -> Principal | None:
@@ -116,6 +120,9 @@ class DevAuth:
     """
 
     def __init__(self, principal: Principal | None = None) -> None:
+        problem = None if principal is None else blank_identity(principal)
+        if problem is not None:
+            raise UsageError(f"DevAuth's principal names no one: {problem}")
         self.principal = principal or Principal(
             authenticator="dev",
             principal_id="dev",

@@ -1,0 +1,221 @@
+"""Quorum votes and voters at the edges: a repeat vote through a response policy, a dead
+vote the tool no longer takes, and a principal that names no one."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._candidates import RECOVERY_GRACE
+from signoff.server import DevAuth, TokenAuth
+from signoff.testing import (
+    ExecutionLog,
+    ManualClock,
+    call,
+    call_tools,
+    reply,
+    scripted_agent,
+    store_contents,
+)
+from tests.test_quorum import ALICE, BOB, CAROL, asked, deploy_agent, events_of, vote
+
+
+async def test_a_repeat_vote_through_a_response_policy_closes_its_candidate(
+    store_url: str,
+) -> None:
+    """Two votes by one person while a response policy judges both (a double click): the second
+    to count finds the first counted, and its pending candidate was left open, so every later
+    drive judged it again (the policy ran once more each time) and its trail never said what
+    became of it. It is closed as stale."""
+    judged: list[str] = []
+    both_in, release = asyncio.Event(), asyncio.Event()
+
+    async def anyone(ctx: so.ResponseContext) -> so.Allowed:
+        judged.append(ctx.response.principal.principal_id if ctx.response.principal else "?")
+        if len(judged) == 2:
+            both_in.set()
+        await release.wait()
+        return so.Allowed()
+
+    log = ExecutionLog()
+    spec: Any = so.ApprovalSpec(
+        request=so.always(), response=anyone, approvers=3, exclude_requester=True
+    )
+    clock = ManualClock()
+    async with so.Runtime([deploy_agent(log, spec)], store=store_url, clock=clock) as rt:
+        sid, req, head = await asked(rt)
+        votes = [
+            asyncio.create_task(rt.respond(sid, vote(req.id), principal=BOB)) for _ in range(2)
+        ]
+        await both_in.wait()
+        release.set()
+        outcomes = sorted((r.outcomes[0] for r in await asyncio.gather(*votes)), key=str)
+        assert [(o.outcome, o.applied, o.reason) for o in outcomes] == [
+            ("counted", False, "already counted: 1 of 3"),
+            ("counted", True, "1 of 3"),
+        ]
+        assert (await rt.state(sid)).candidates == {}
+        events = await events_of(rt, sid, head)
+        ends = [e.data for e in events if e.type == "approval.candidate"][2:]
+        assert sorted(d["outcome"] for d in ends) == ["counted", "stale"]
+        assert [d["reason"] for d in ends if d["outcome"] == "stale"] == ["already counted: 1 of 3"]
+        clock.advance(10 + RECOVERY_GRACE + 1)  # past the policy's timeout: nothing is lost
+        r = await rt.respond(sid, vote(req.id), principal=CAROL)
+        assert r.outcomes[0].reason == "2 of 3"
+        assert judged == ["bob", "bob", "carol"]
+        assert (await rt.state(sid)).pending_requests()[0].approved_by == ["bob", "carol"]
+        assert log.count() == 0
+        assert ALICE.principal_id not in judged
+
+
+async def test_a_repeat_vote_records_nothing_where_a_response_policy_runs(
+    store_url: str,
+) -> None:
+    """A vote already counted, given again, is a no-op that records nothing, as it is without
+    a response policy: it recorded a candidate, ran the policy again and closed it."""
+    judged: list[str] = []
+
+    def anyone(ctx: so.ResponseContext) -> so.Allowed:
+        judged.append(ctx.response.principal.principal_id if ctx.response.principal else "?")
+        return so.Allowed()
+
+    log = ExecutionLog()
+    spec: Any = so.ApprovalSpec(
+        request=so.always(), response=anyone, approvers=2, exclude_requester=True
+    )
+    async with so.Runtime([deploy_agent(log, spec)], store=store_url) as rt:
+        sid, req, _ = await asked(rt)
+        await rt.respond(sid, vote(req.id), principal=BOB)
+        before = await store_contents(rt.store, sid)
+        bob_cli = so.Principal(authenticator="local", principal_id="bob")
+        for who in (BOB, bob_cli):
+            again = await rt.respond(sid, vote(req.id), principal=who)
+            assert again.outcomes == [
+                so.Outcome(
+                    request_id=req.id,
+                    outcome="counted",
+                    applied=False,
+                    reason="already counted: 1 of 2",
+                )
+            ]
+        assert await store_contents(rt.store, sid) == before
+        assert judged == ["bob"]
+        r = await rt.respond(sid, vote(req.id, "cancel"), principal=BOB)  # a deny still denies
+        assert r.outcomes[0].outcome == "cancelled" and judged == ["bob", "bob"]
+        assert log.count() == 0
+
+
+def _deployer(log: ExecutionLog, *, regions: bool) -> so.Agent:
+    """The ops agent whose deploy tool a response policy guards; with `regions`, as a later
+    release has it: a `region` it must be told."""
+    spec: Any = so.ApprovalSpec(request=so.always(), response=lambda ctx: so.Allowed())
+    if regions:
+
+        @log.tool(approval=spec, name="deploy")
+        async def deploy_to(service: str, version: str, region: str) -> str:
+            """Deploy a service to production in one region."""
+            return f"{service}@{version} live in {region}"
+
+        tool: Any = deploy_to
+    else:
+
+        @log.tool(approval=spec)
+        async def deploy(service: str, version: str) -> str:
+            """Deploy a service to production."""
+            return f"{service}@{version} live"
+
+        tool = deploy
+    return scripted_agent(
+        "ops",
+        [call_tools(call("deploy", service="api", version="2.0")), reply("done")],
+        tools=[tool],
+    )
+
+
+async def test_a_dead_candidate_whose_edit_no_longer_fits_the_tool_is_spent(
+    store_url: str,
+) -> None:
+    """A response recorded pending by a process that died while the policy ran is judged again
+    later, maybe by a release whose tool takes other input: its edit no longer fitting raised
+    `InvalidAnswer` out of every drive of the session, so no call could move it. It is spent
+    (stale, saying why) and the request stays open for an answer that fits."""
+    log = ExecutionLog()
+    clock = ManualClock()
+    async with so.Runtime([_deployer(log, regions=False)], store=store_url, clock=clock) as rt:
+        r = await rt.generate("ops", prompt="deploy api 2.0", auth=ALICE)
+        (req,) = r.pending
+        dead = {
+            "request_id": req.id,
+            "call_id": req.call_id,
+            "candidate_id": "cand_dead",
+            "decision": "approve",
+            "by": ALICE.model_dump(),
+            "outcome": "pending",
+            "text": None,
+            "value": None,
+            "edited_input": {"service": "api", "version": "2.1"},
+        }
+        driver = rt._driver((await rt.state(r.session_id)).copy(), None)
+        await driver.record([("approval.candidate", dead)], durable=True)
+    clock.advance(10 + RECOVERY_GRACE + 1)
+    async with so.Runtime([_deployer(log, regions=True)], store=store_url, clock=clock) as rt:
+        again = await rt.generate(session_id=r.session_id)
+        assert again.status == "waiting"
+        assert [p.id for p in again.pending] == [req.id]
+        state = await rt.state(r.session_id)
+        assert state.candidates == {}
+        events = await events_of(rt, r.session_id)
+        ends = [e for e in events if e.type == "approval.candidate"]
+        spent = ends[-1].data
+        assert (spent["outcome"], spent["candidate_id"]) == ("stale", "cand_dead")
+        assert "region" in spent["reason"]
+        edit = {"service": "api", "version": "2.1", "region": "eu"}
+        answer = so.InputResponse(request_id=req.id, option_id="approve", edited_input=edit)
+        done = await rt.respond(r.session_id, [answer], principal=ALICE)
+        assert done.status == "completed"
+        assert log.count() == 1
+
+
+BLANK = [
+    so.Principal(authenticator="sso", principal_id=""),
+    so.Principal(authenticator="sso", principal_id=" \t"),
+    so.Principal(authenticator="", principal_id="bob"),
+]
+
+
+async def test_a_principal_with_a_blank_id_is_refused_as_no_one(store_url: str) -> None:
+    """A principal whose id (or authenticator) is blank names no one (an authenticator that
+    read a missing header as ""): it counted as a voter, every such caller the same one, and
+    each was 'the person whose turn asked' of the others' turns. Refused, nothing recorded."""
+    log = ExecutionLog()
+    agent = deploy_agent(log, so.always(approvers=2, exclude_requester=True))
+    async with so.Runtime([agent], store=store_url) as rt:
+        sid, req, _ = await asked(rt)
+        before = await store_contents(rt.store, sid)
+        for who in BLANK:
+            with pytest.raises(so.UsageError, match="principal.*blank"):
+                await rt.respond(sid, vote(req.id), principal=who)
+            with pytest.raises(so.UsageError, match="principal.*blank"):
+                await rt.send(sid, "approve", principal=who)
+            with pytest.raises(so.UsageError, match="auth.*blank"):
+                await rt.generate(
+                    session_id=sid, approvals=[so.Decision(id=req.id, approved=True)], auth=who
+                )
+            with pytest.raises(so.UsageError, match="auth.*blank"):
+                await rt.generate("ops", prompt="deploy api 2.0", auth=who)
+        assert await store_contents(rt.store, sid) == before
+
+
+@pytest.mark.parametrize("who", BLANK)
+def test_an_api_token_of_a_blank_principal_is_refused(who: so.Principal) -> None:
+    with pytest.raises(so.UsageError, match="API token #1.*blank"):
+        TokenAuth({"s3cret-token": who})
+
+
+@pytest.mark.parametrize("who", BLANK)
+def test_a_dev_principal_that_is_blank_is_refused(who: so.Principal) -> None:
+    with pytest.raises(so.UsageError, match="DevAuth's principal names no one: its .* is blank"):
+        DevAuth(who)
