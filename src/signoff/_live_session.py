@@ -8,14 +8,16 @@ needs nothing of the client's and the client can make a `LiveSession` with no im
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import _exceptions as errors
 from ._event_handlers import candidate_applied
 from ._events import Event
+from ._mirrors import FOLLOWED, MAX_HOPS
 from ._payloads import RemoteResult, input_responses
 from ._types import InputRequest, InputResponse
 
@@ -46,12 +48,17 @@ class RequestView:
 
 @dataclass(slots=True)
 class LiveSession:
-    """Client-side fold of one session's stream: its requests and how far it has read."""
+    """Client-side fold of one session's stream: its requests and how far it has read.
+
+    A mirror (a subagent's request asked again here) shows the votes, escalation and deadline
+    of the request it stands for, read from the subagent's session (`children`), whose stream
+    records them: this session's never does."""
 
     client: SessionRemote
     session_id: str
     seq: int = 0
     requests: dict[str, RequestView] = field(default_factory=dict)
+    children: dict[str, LiveSession] = field(default_factory=dict, repr=False)
 
     def apply(self, event: Event) -> None:
         """Fold one event in; one at or before `seq` was already folded and is skipped."""
@@ -74,18 +81,109 @@ class LiveSession:
                 view.outcome = d.get("outcome")
 
     async def sync(self) -> None:
-        """Read and fold everything the server has after `seq`."""
+        """Read and fold everything the server has after `seq`, and the subagent sessions' its
+        open mirrors stand for."""
+        await self._sync(MAX_HOPS)
+
+    async def _sync(self, hops: int) -> None:
         async for event in self.client.events(self.session_id, self.seq, follow=False):
             self.apply(event)
+        if hops <= 0:
+            return
+        for child in self._mirrored():
+            live = self.children.get(child)
+            if live is None:
+                live = self.children[child] = LiveSession(self.client, child)
+            with contextlib.suppress(errors.UnknownSession):  # deleted: the mirror says as it was
+                await live._sync(hops - 1)
+        self._follow_mirrors()
 
-    async def follow(self) -> AsyncIterator[Event]:
-        """Fold and yield live events until the caller stops."""
-        # closed with this generator: left to the garbage collector, the stream's close would
-        # race the event loop's shutdown (an `aclose(): ... already running` error at exit)
-        async with contextlib.aclosing(self.client.events(self.session_id, self.seq)) as events:
+    def _mirrored(self) -> list[str]:
+        """The subagent sessions that this session's open mirrors stand for, once each."""
+        views = self.requests.values()
+        refs = [v.request.child for v in views if v.status in ("pending", "responded")]
+        return list(dict.fromkeys(ref.session_id for ref in refs if ref is not None))
+
+    def _follow_mirrors(self) -> None:
+        """Show on each open mirror the `FOLLOWED` fields of the request it stands for, as its
+        subagent's session (read into `children`) says now, as the server's reads show them:
+        its deadline only while that request is open."""
+        for view in self.requests.values():
+            ref = view.request.child
+            if ref is None or view.status not in ("pending", "responded"):
+                continue
+            child = self.children.get(ref.session_id)
+            current = None if child is None else child.requests.get(ref.request_id)
+            if current is None:
+                continue
+            update = {f: _copied(getattr(current.request, f)) for f in FOLLOWED}
+            if current.status not in ("pending", "responded"):
+                update["expires_at"] = None  # closed: the mirror closes with it, not by this
+            view.request = view.request.model_copy(update=update)
+
+    async def follow(self) -> AsyncGenerator[Event, None]:
+        """Fold and yield live events until the caller stops: this session's, and those of the
+        subagent sessions its open mirrors stand for (their `session_id` tells), which record
+        the votes and escalations the mirrors show."""
+        async with contextlib.aclosing(self._follow(MAX_HOPS)) as events:
             async for event in events:
-                self.apply(event)
                 yield event
+
+    async def _follow(self, hops: int) -> AsyncGenerator[Event, None]:
+        queue: asyncio.Queue[tuple[str, Event | Exception | None]] = asyncio.Queue(maxsize=64)
+        pumps: dict[str, asyncio.Task[None]] = {}
+
+        async def pump(key: str, source: AsyncGenerator[Event, None]) -> None:
+            # closed in this task: left to the garbage collector, the stream's close would race
+            # the event loop's shutdown (an `aclose(): ... already running` error at exit)
+            try:
+                async with contextlib.aclosing(source) as events:
+                    async for event in events:
+                        await queue.put((key, event))
+            except Exception as exc:
+                await queue.put((key, exc))
+            else:
+                await queue.put((key, None))
+
+        async def watch() -> None:
+            """Follow the subagent sessions of the open mirrors; stop those of closed ones."""
+            wanted = self._mirrored() if hops > 0 else []
+            for child in wanted:
+                if child not in pumps:
+                    live = self.children.setdefault(child, LiveSession(self.client, child))
+                    pumps[child] = asyncio.ensure_future(pump(child, live._follow(hops - 1)))
+            stopped = [
+                pumps.pop(k) for k in list(pumps) if k != self.session_id and k not in wanted
+            ]
+            for task in stopped:
+                task.cancel()
+            await asyncio.gather(*stopped, return_exceptions=True)
+
+        own = self.client.events(self.session_id, self.seq)
+        pumps[self.session_id] = asyncio.ensure_future(pump(self.session_id, own))
+        try:
+            await watch()
+            while True:
+                key, item = await queue.get()
+                if key == self.session_id:
+                    if item is None:
+                        return
+                    if isinstance(item, Exception):
+                        raise item
+                    self.apply(item)
+                    await watch()
+                elif item is None or isinstance(
+                    item, (errors.UnknownSession, errors.SessionExpired)
+                ):
+                    continue  # its stream ended: the mirror closes by this session's events
+                elif isinstance(item, Exception):
+                    raise item
+                self._follow_mirrors()
+                yield item
+        finally:
+            for task in pumps.values():
+                task.cancel()
+            await asyncio.gather(*pumps.values(), return_exceptions=True)
 
     def open_requests(self) -> list[InputRequest]:
         """The requests still pending, as far as this session has read, in asked order."""
@@ -127,3 +225,7 @@ class LiveSession:
                     # settle it): still open, and its voter may still deny it.
                     view.status = "pending"
         return result
+
+
+def _copied(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value
