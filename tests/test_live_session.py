@@ -160,7 +160,7 @@ async def test_votes_and_escalations_show_in_the_requests_as_the_server_folds_th
             _event(4, "approval.candidate", escalated),
         ]
     )
-    live = LiveSession(remote, "s1")
+    live = LiveSession(remote, "s1", clock=lambda: 1.0)  # when the events were recorded
     await live.sync()
     r1, r2 = live.open_requests()
     assert (r1.approved_by, r1.progress, r1.expires_at) == (["alice"], "1 of 2", 50.0)

@@ -182,7 +182,7 @@ async def test_a_followed_live_session_shows_a_vote_in_the_subagents_session_as_
     """`follow()` read the parent's stream alone: a vote counted in the subagent's session
     never reached the mirror, nor woke the person watching it."""
     remote = _desk()
-    live = LiveSession(remote, "p")
+    live = LiveSession(remote, "p", clock=lambda: 1.0)
     counted = {"request_id": "r1", "outcome": "counted", "by": {"principal_id": "carol"}}
 
     async def watch() -> list[so.Event]:

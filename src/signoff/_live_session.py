@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Mapping, Sequence
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import _exceptions as errors
+from ._deadlines import after_deadline, is_due
 from ._event_handlers import candidate_applied
 from ._events import Event
 from ._mirrors import FOLLOWED, MAX_HOPS
@@ -52,13 +54,15 @@ class LiveSession:
 
     A mirror (a subagent's request asked again here) shows the votes, escalation and deadline
     of the request it stands for, read from the subagent's session (`children`), whose stream
-    records them: this session's never does."""
+    records them: this session's never does. A request whose deadline passed by `clock` shows
+    as that leaves it before the stream records it: escalated, or closed as `expired`."""
 
     client: SessionRemote
     session_id: str
     seq: int = 0
     requests: dict[str, RequestView] = field(default_factory=dict)
     children: dict[str, LiveSession] = field(default_factory=dict, repr=False)
+    clock: Callable[[], float] = field(default=time.time, repr=False)
 
     def apply(self, event: Event) -> None:
         """Fold one event in; one at or before `seq` was already folded and is skipped."""
@@ -88,15 +92,27 @@ class LiveSession:
     async def _sync(self, hops: int) -> None:
         async for event in self.client.events(self.session_id, self.seq, follow=False):
             self.apply(event)
-        if hops <= 0:
-            return
-        for child in self._mirrored():
+        for child in self._mirrored() if hops > 0 else []:
             live = self.children.get(child)
             if live is None:
-                live = self.children[child] = LiveSession(self.client, child)
+                live = self.children[child] = LiveSession(self.client, child, clock=self.clock)
             with contextlib.suppress(errors.UnknownSession):  # deleted: the mirror says as it was
                 await live._sync(hops - 1)
         self._follow_mirrors()
+
+    def _after_deadlines(self) -> None:
+        """Show each open request whose deadline passed as that leaves it, as the server's
+        reads show one nothing recorded yet: escalated with its deadline lifted, or `expired`.
+        The stream's record, when it comes, is folded over it."""
+        now = self.clock()
+        for view in self.requests.values():
+            if view.status != "pending" or not is_due(view.request, now):
+                continue
+            shown = after_deadline(view.request, now)
+            if shown is None:
+                view.status = view.outcome = "expired"
+            else:
+                view.request = shown
 
     def _mirrored(self) -> list[str]:
         """The subagent sessions that this session's open mirrors stand for, once each."""
@@ -107,7 +123,8 @@ class LiveSession:
     def _follow_mirrors(self) -> None:
         """Show on each open mirror the `FOLLOWED` fields of the request it stands for, as its
         subagent's session (read into `children`) says now, as the server's reads show them:
-        its deadline only while that request is open."""
+        its deadline only while that request is open; closed once that request closed (the
+        stream closes it too when it records that), and its passed deadline applied."""
         for view in self.requests.values():
             ref = view.request.child
             if ref is None or view.status not in ("pending", "responded"):
@@ -119,7 +136,9 @@ class LiveSession:
             update = {f: _copied(getattr(current.request, f)) for f in FOLLOWED}
             if current.status not in ("pending", "responded"):
                 update["expires_at"] = None  # closed: the mirror closes with it, not by this
+                view.status, view.outcome = current.status, current.outcome
             view.request = view.request.model_copy(update=update)
+        self._after_deadlines()
 
     async def follow(self) -> AsyncGenerator[Event, None]:
         """Fold and yield live events until the caller stops: this session's, and those of the
@@ -150,7 +169,10 @@ class LiveSession:
             wanted = self._mirrored() if hops > 0 else []
             for child in wanted:
                 if child not in pumps:
-                    live = self.children.setdefault(child, LiveSession(self.client, child))
+                    live = self.children.get(child) or LiveSession(
+                        self.client, child, clock=self.clock
+                    )
+                    self.children[child] = live
                     pumps[child] = asyncio.ensure_future(pump(child, live._follow(hops - 1)))
             stopped = [
                 pumps.pop(k) for k in list(pumps) if k != self.session_id and k not in wanted
@@ -186,12 +208,15 @@ class LiveSession:
             await asyncio.gather(*pumps.values(), return_exceptions=True)
 
     def open_requests(self) -> list[InputRequest]:
-        """The requests still pending, as far as this session has read, in asked order."""
+        """The requests still pending, as far as this session has read, in asked order; none
+        whose deadline passed unless it escalated."""
+        self._after_deadlines()
         return [v.request for v in self.requests.values() if v.status == "pending"]
 
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
         """Answer requests; a request that is no longer open fails here, with no server call."""
         answers = input_responses(responses)
+        self._after_deadlines()
         for a in answers:
             view = self.requests.get(a.request_id)
             if view is None:
