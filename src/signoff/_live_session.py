@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from . import _exceptions as errors
-from ._deadlines import after_deadline, is_due
+from ._deadlines import EXPIRED, after_deadline, is_due
 from ._event_handlers import candidate_applied
 from ._events import Event
 from ._mirrors import FOLLOWED, MAX_HOPS
@@ -55,7 +55,8 @@ class LiveSession:
     A mirror (a subagent's request asked again here) shows the votes, escalation and deadline
     of the request it stands for, read from the subagent's session (`children`), whose stream
     records them: this session's never does. A request whose deadline passed by `clock` shows
-    as that leaves it before the stream records it: escalated, or closed as `expired`."""
+    as that leaves it before the stream records it: escalated, or closed as `expired`; so do
+    all once the session's TTL passed (from its last event, as the server counts it)."""
 
     client: SessionRemote
     session_id: str
@@ -63,14 +64,23 @@ class LiveSession:
     requests: dict[str, RequestView] = field(default_factory=dict)
     children: dict[str, LiveSession] = field(default_factory=dict, repr=False)
     clock: Callable[[], float] = field(default=time.time, repr=False)
+    # The session's TTL and last event's time (read from its stream, as the server's fold
+    # reads them), whether its expiry is recorded, and the requests its expiry closed.
+    _ttl: float | None = field(default=None, init=False, repr=False)
+    _updated_at: float = field(default=0.0, init=False, repr=False)
+    _lapsed: bool = field(default=False, init=False, repr=False)
+    _lapse_closed: list[str] = field(default_factory=list, init=False, repr=False)
 
     def apply(self, event: Event) -> None:
         """Fold one event in; one at or before `seq` was already folded and is skipped."""
         if event.seq <= self.seq:
             return
         self.seq = event.seq
+        self._updated_at = event.at
         d = event.data
-        if event.type == "input.requested":
+        if event.type == "session.created":
+            self._ttl = d.get("ttl")
+        elif event.type == "input.requested":
             for raw in d.get("requests", []):
                 request = InputRequest.model_validate(raw)
                 self.requests[request.id] = RequestView(request=request)
@@ -83,6 +93,8 @@ class LiveSession:
             if view is not None:
                 view.status = d.get("status") or "settled"
                 view.outcome = d.get("outcome")
+                if view.request.child is None and d.get("reason") == EXPIRED:
+                    self._lapsed = True  # as the server's fold: the session expired
 
     async def sync(self) -> None:
         """Read and fold everything the server has after `seq`, and the subagent sessions' its
@@ -105,6 +117,12 @@ class LiveSession:
         reads show one nothing recorded yet: escalated with its deadline lifted, or `expired`.
         The stream's record, when it comes, is folded over it."""
         now = self.clock()
+        if self._expired(now):
+            for view in self.requests.values():
+                if view.status == "pending":
+                    view.status = view.outcome = "expired"
+                    self._lapse_closed.append(view.request.id)
+            return
         for view in self.requests.values():
             if view.status != "pending" or not is_due(view.request, now):
                 continue
@@ -113,6 +131,12 @@ class LiveSession:
                 view.status = view.outcome = "expired"
             else:
                 view.request = shown
+
+    def _expired(self, now: float) -> bool:
+        """Whether the session's TTL passed by `now`, or its expiry is recorded."""
+        if self._lapsed:
+            return True
+        return self._ttl is not None and now >= self._updated_at + self._ttl
 
     def _mirrored(self) -> list[str]:
         """The subagent sessions that this session's open mirrors stand for, once each."""
@@ -125,6 +149,8 @@ class LiveSession:
         subagent's session (read into `children`) says now, as the server's reads show them:
         its deadline only while that request is open; closed once that request closed (the
         stream closes it too when it records that), and its passed deadline applied."""
+        for live in self.children.values():
+            live._follow_mirrors()  # their own deadlines and TTL, and their mirrors'
         for view in self.requests.values():
             ref = view.request.child
             if ref is None or view.status not in ("pending", "responded"):
@@ -210,13 +236,15 @@ class LiveSession:
     def open_requests(self) -> list[InputRequest]:
         """The requests still pending, as far as this session has read, in asked order; none
         whose deadline passed unless it escalated."""
-        self._after_deadlines()
+        self._follow_mirrors()
         return [v.request for v in self.requests.values() if v.status == "pending"]
 
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
         """Answer requests; a request that is no longer open fails here, with no server call."""
         answers = input_responses(responses)
-        self._after_deadlines()
+        self._follow_mirrors()
+        if self._expired(self.clock()):  # as the server refuses it
+            raise errors.SessionExpired(self.session_id, self._lapse_closed)
         for a in answers:
             view = self.requests.get(a.request_id)
             if view is None:
@@ -236,7 +264,9 @@ class LiveSession:
             for a in answers:
                 if self.requests[a.request_id].status == "responded":
                     self.requests[a.request_id].status = "pending"
-            if isinstance(exc, (errors.ConflictingAnswer, errors.RequestClosed)):
+            if isinstance(
+                exc, (errors.ConflictingAnswer, errors.RequestClosed, errors.SessionExpired)
+            ):
                 # Closed on the server meanwhile: learn how from the stream, so the request
                 # is not shown open (and answered again) when it is not.
                 with contextlib.suppress(errors.SignoffError):
