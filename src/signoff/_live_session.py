@@ -72,29 +72,63 @@ class LiveSession:
     _lapse_closed: list[str] = field(default_factory=list, init=False, repr=False)
 
     def apply(self, event: Event) -> None:
-        """Fold one event in; one at or before `seq` was already folded and is skipped."""
+        """Fold one event in; one at or before `seq` was already folded and is skipped. One
+        that does not hold what its type says is a `RemoteError` (`http_error`), as the
+        client's other calls say an answer not a signoff server's, and nothing of it is folded."""
         if event.seq <= self.seq:
             return
+        try:
+            fold = self._folding(event)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise errors.RemoteError(
+                f"the event stream sent a {event.type!r} event (seq {event.seq}) that is not a "
+                f"signoff event ({type(exc).__name__}: {str(exc)[:200]})",
+                "http_error",
+                200,
+            ) from None
         self.seq = event.seq
         self._updated_at = event.at
+        fold()
+
+    def _folding(self, event: Event) -> Callable[[], None]:
+        """What folding `event` changes, checked whole first and applied by the call."""
         d = event.data
         if event.type == "session.created":
-            self._ttl = d.get("ttl")
-        elif event.type == "input.requested":
-            for raw in d.get("requests", []):
-                request = InputRequest.model_validate(raw)
-                self.requests[request.id] = RequestView(request=request)
-        elif event.type == "approval.candidate":  # a quorum's vote, or an escalation
-            view = self.requests.get(d.get("request_id", ""))
-            if view is not None and view.status in ("pending", "responded"):  # open on the server
-                view.request = candidate_applied(view.request, d)
-        elif event.type == "input.resolved":
-            view = self.requests.get(d.get("request_id", ""))
-            if view is not None:
-                view.status = d.get("status") or "settled"
-                view.outcome = d.get("outcome")
-                if view.request.child is None and d.get("reason") == EXPIRED:
-                    self._lapsed = True  # as the server's fold: the session expired
+            ttl = d.get("ttl")
+            if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
+                raise TypeError(f"its ttl is {ttl!r}, not seconds")
+            return lambda: setattr(self, "_ttl", ttl)
+        if event.type == "input.requested":
+            raws = d.get("requests", [])
+            if not isinstance(raws, list):
+                raise TypeError(f"its requests are {type(raws).__name__}, not a list")
+            requests = [InputRequest.model_validate(raw) for raw in raws]
+            return lambda: self.requests.update({r.id: RequestView(request=r) for r in requests})
+        if event.type not in ("approval.candidate", "input.resolved"):
+            return lambda: None
+        request_id = d.get("request_id", "")
+        if not isinstance(request_id, str):
+            raise TypeError(f"its request_id is {request_id!r}")
+        view = self.requests.get(request_id)
+        if view is None:
+            return lambda: None
+        if event.type == "approval.candidate":  # a quorum's vote, or an escalation
+            if view.status not in ("pending", "responded"):  # closed on the server
+                return lambda: None
+            if not isinstance(d.get("to"), str | None):
+                raise TypeError(f"it escalates to {d.get('to')!r}")
+            request = candidate_applied(view.request, d)
+            return lambda: setattr(view, "request", request)
+        status, outcome = d.get("status") or "settled", d.get("outcome")
+        if not isinstance(status, str) or not isinstance(outcome, str | None):
+            raise TypeError(f"it closes the request as {status!r} ({outcome!r})")
+
+        def resolve() -> None:
+            view.status, view.outcome = status, outcome
+            if view.request.child is None and d.get("reason") == EXPIRED:
+                self._lapsed = True  # as the server's fold: the session expired
+
+        return resolve
 
     async def sync(self) -> None:
         """Read and fold everything the server has after `seq`, and the subagent sessions' its
