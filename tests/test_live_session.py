@@ -213,6 +213,7 @@ async def test_a_live_session_shows_a_counted_vote_as_the_runtime_does(store_url
         ("input.resolved", {"request_id": ["r1"], "status": "settled"}),
         ("approval.candidate", {"request_id": "r1", "outcome": "counted", "by": "bob"}),
         ("session.created", {"agent": "support", "ttl": "soon"}),
+        ("session.created", {"agent": "support", "ttl": 10**400}),
     ],
 )
 async def test_an_event_that_is_not_a_signoff_event_is_a_remote_error(

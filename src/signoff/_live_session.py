@@ -79,7 +79,7 @@ class LiveSession:
             return
         try:
             fold = self._folding(event)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise errors.RemoteError(
                 f"the event stream sent a {event.type!r} event (seq {event.seq}) that is not a "
                 f"signoff event ({type(exc).__name__}: {str(exc)[:200]})",
@@ -97,7 +97,8 @@ class LiveSession:
             ttl = d.get("ttl")
             if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
                 raise TypeError(f"its ttl is {ttl!r}, not seconds")
-            return lambda: setattr(self, "_ttl", ttl)
+            seconds = None if ttl is None else float(ttl)  # 10**400: an OverflowError, here
+            return lambda: setattr(self, "_ttl", seconds)
         if event.type == "input.requested":
             raws = d.get("requests", [])
             if not isinstance(raws, list):
