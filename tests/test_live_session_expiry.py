@@ -103,3 +103,28 @@ async def test_a_mirror_whose_subagents_session_passed_its_ttl_shows_closed(
             await live.respond([{"request_id": mirror.id, "option_id": "approve"}])
         assert remote.sent == 0
         assert ran == []
+
+
+async def test_a_session_that_went_on_since_it_was_read_is_not_shown_expired() -> None:
+    """The TTL counts from the session's last event: one the live session had not read yet
+    (a vote counted elsewhere) kept the session alive, yet its request stayed `expired` for
+    good once shown so, and an answer was refused locally with `SessionExpired`."""
+    from .test_live_session import Remote, _asked
+
+    def at(seq: int, kind: Any, when: float, data: dict[str, Any]) -> so.Event:
+        return so.Event(session_id="s1", seq=seq, type=kind, at=when, turn_id="t1", data=data)
+
+    created = at(1, "session.created", 1.0, {"agent": "support", "ttl": 60})
+    remote = Remote([created, _asked(2, "r1")])
+    now = [70.0]
+    live = LiveSession(remote, "s1", clock=lambda: now[0])
+    await live.sync()
+    assert live.open_requests() == [] and live.requests["r1"].status == "expired"
+    counted = {"request_id": "r1", "outcome": "counted", "by": {"principal_id": "bob"}}
+    remote.log.append(at(3, "approval.candidate", 65.0, counted))
+    await live.respond([{"request_id": "r1", "text": "order 7"}])  # it catches up first
+    assert [[a.request_id for a in sent] for sent in remote.sent] == [["r1"]]
+    assert live.requests["r1"].status == "responded"
+    now[0] = 126.0
+    with pytest.raises(so.SessionExpired):
+        await live.respond([{"request_id": "r1", "text": "order 8"}])

@@ -13,10 +13,10 @@ import contextlib
 import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from . import _exceptions as errors
-from ._deadlines import EXPIRED, after_deadline, is_due
+from ._deadlines import EXPIRED, after_deadline
 from ._event_handlers import candidate_applied
 from ._events import Event
 from ._mirrors import FOLLOWED, MAX_HOPS
@@ -65,11 +65,14 @@ class LiveSession:
     children: dict[str, LiveSession] = field(default_factory=dict, repr=False)
     clock: Callable[[], float] = field(default=time.time, repr=False)
     # The session's TTL and last event's time (read from its stream, as the server's fold
-    # reads them), whether its expiry is recorded, and the requests its expiry closed.
+    # reads them), and whether its expiry is recorded.
     _ttl: float | None = field(default=None, init=False, repr=False)
     _updated_at: float = field(default=0.0, init=False, repr=False)
     _lapsed: bool = field(default=False, init=False, repr=False)
-    _lapse_closed: list[str] = field(default_factory=list, init=False, repr=False)
+    # Each request as the stream (and this session's answers) left it: `requests` shows it
+    # with what passed since applied (a deadline, the TTL, its subagent's request), again
+    # at each read, so a view the session's later events overtake is shown anew.
+    _recorded: dict[str, _Recorded] = field(default_factory=dict, init=False, repr=False)
 
     def apply(self, event: Event) -> None:
         """Fold one event in; one at or before `seq` was already folded and is skipped. One
@@ -89,6 +92,7 @@ class LiveSession:
         self.seq = event.seq
         self._updated_at = event.at
         fold()
+        self._refresh()
 
     def _folding(self, event: Event) -> Callable[[], None]:
         """What folding `event` changes, checked whole first and applied by the call."""
@@ -104,32 +108,41 @@ class LiveSession:
             if not isinstance(raws, list):
                 raise TypeError(f"its requests are {type(raws).__name__}, not a list")
             requests = [InputRequest.model_validate(raw) for raw in raws]
-            return lambda: self.requests.update({r.id: RequestView(request=r) for r in requests})
+
+            def ask() -> None:
+                for r in requests:
+                    self.requests[r.id] = RequestView(request=r)
+                    self._recorded[r.id] = _Recorded(r, "pending", None)
+
+            return ask
         if event.type not in ("approval.candidate", "input.resolved"):
             return lambda: None
         request_id = d.get("request_id", "")
         if not isinstance(request_id, str):
             raise TypeError(f"its request_id is {request_id!r}")
-        view = self.requests.get(request_id)
-        if view is None:
+        was = self._recorded.get(request_id)
+        if was is None:
             return lambda: None
         if event.type == "approval.candidate":  # a quorum's vote, or an escalation
-            if view.status not in ("pending", "responded"):  # closed on the server
+            if was.status not in ("pending", "responded"):  # closed on the server
                 return lambda: None
             if not isinstance(d.get("to"), str | None):
                 raise TypeError(f"it escalates to {d.get('to')!r}")
-            request = candidate_applied(view.request, d)
-            return lambda: setattr(view, "request", request)
+            request = candidate_applied(was.request, d)
+            return lambda: self._record(request_id, request=request)
         status, outcome = d.get("status") or "settled", d.get("outcome")
         if not isinstance(status, str) or not isinstance(outcome, str | None):
             raise TypeError(f"it closes the request as {status!r} ({outcome!r})")
 
         def resolve() -> None:
-            view.status, view.outcome = status, outcome
-            if view.request.child is None and d.get("reason") == EXPIRED:
+            self._record(request_id, status=status, outcome=outcome)
+            if was.request.child is None and d.get("reason") == EXPIRED:
                 self._lapsed = True  # as the server's fold: the session expired
 
         return resolve
+
+    def _record(self, request_id: str, **changes: Any) -> None:
+        self._recorded[request_id] = self._recorded[request_id]._replace(**changes)
 
     async def sync(self) -> None:
         """Read and fold everything the server has after `seq`, and the subagent sessions' its
@@ -145,27 +158,7 @@ class LiveSession:
                 live = self.children[child] = LiveSession(self.client, child, clock=self.clock)
             with contextlib.suppress(errors.UnknownSession):  # deleted: the mirror says as it was
                 await live._sync(hops - 1)
-        self._follow_mirrors()
-
-    def _after_deadlines(self) -> None:
-        """Show each open request whose deadline passed as that leaves it, as the server's
-        reads show one nothing recorded yet: escalated with its deadline lifted, or `expired`.
-        The stream's record, when it comes, is folded over it."""
-        now = self.clock()
-        if self._expired(now):
-            for view in self.requests.values():
-                if view.status == "pending":
-                    view.status = view.outcome = "expired"
-                    self._lapse_closed.append(view.request.id)
-            return
-        for view in self.requests.values():
-            if view.status != "pending" or not is_due(view.request, now):
-                continue
-            shown = after_deadline(view.request, now)
-            if shown is None:
-                view.status = view.outcome = "expired"
-            else:
-                view.request = shown
+        self._refresh()
 
     def _expired(self, now: float) -> bool:
         """Whether the session's TTL passed by `now`, or its expiry is recorded."""
@@ -179,27 +172,45 @@ class LiveSession:
         refs = [v.request.child for v in views if v.status in ("pending", "responded")]
         return list(dict.fromkeys(ref.session_id for ref in refs if ref is not None))
 
-    def _follow_mirrors(self) -> None:
-        """Show on each open mirror the `FOLLOWED` fields of the request it stands for, as its
-        subagent's session (read into `children`) says now, as the server's reads show them:
-        its deadline only while that request is open; closed once that request closed (the
-        stream closes it too when it records that), and its passed deadline applied."""
+    def _refresh(self) -> None:
+        """Show each request as it stands now (`_shown`), its subagents' sessions' first."""
         for live in self.children.values():
-            live._follow_mirrors()  # their own deadlines and TTL, and their mirrors'
-        for view in self.requests.values():
-            ref = view.request.child
-            if ref is None or view.status not in ("pending", "responded"):
-                continue
-            child = self.children.get(ref.session_id)
-            current = None if child is None else child.requests.get(ref.request_id)
-            if current is None:
-                continue
+            live._refresh()
+        now = self.clock()
+        lapsed = self._expired(now)
+        for request_id, view in self.requests.items():
+            recorded = self._recorded.get(request_id)
+            if recorded is not None:
+                view.request, view.status, view.outcome = self._shown(recorded, now, lapsed)
+
+    def _shown(self, recorded: _Recorded, now: float, lapsed: bool) -> _Recorded:
+        """An open request as the server's reads show it before anyone records what passed:
+        a mirror with the `FOLLOWED` fields of the request it stands for as its subagent's
+        session says now (its deadline only while that request is open; closed once it
+        closed); then, as nothing recorded yet, `expired` once the session's TTL passed, and
+        escalated or `expired` once the request's deadline passed."""
+        request, status, outcome = recorded
+        if status not in ("pending", "responded"):
+            return recorded
+        ref = request.child
+        child = None if ref is None else self.children.get(ref.session_id)
+        current = None if ref is None or child is None else child.requests.get(ref.request_id)
+        if current is not None:
             update = {f: _copied(getattr(current.request, f)) for f in FOLLOWED}
             if current.status not in ("pending", "responded"):
                 update["expires_at"] = None  # closed: the mirror closes with it, not by this
-                view.status, view.outcome = current.status, current.outcome
-            view.request = view.request.model_copy(update=update)
-        self._after_deadlines()
+                status, outcome = current.status, current.outcome
+            request = request.model_copy(update=update)
+        if status != "pending":
+            return _Recorded(request, status, outcome)
+        if lapsed:
+            return _Recorded(request, "expired", "expired")
+        shown = after_deadline(request, now)
+        return (
+            _Recorded(request, "expired", "expired")
+            if shown is None
+            else _Recorded(shown, status, outcome)
+        )
 
     async def follow(self) -> AsyncGenerator[Event, None]:
         """Fold and yield live events until the caller stops: this session's, and those of the
@@ -261,7 +272,7 @@ class LiveSession:
                     continue  # its stream ended: the mirror closes by this session's events
                 elif isinstance(item, Exception):
                     raise item
-                self._follow_mirrors()
+                self._refresh()
                 yield item
         finally:
             for task in pumps.values():
@@ -271,15 +282,18 @@ class LiveSession:
     def open_requests(self) -> list[InputRequest]:
         """The requests still pending, as far as this session has read, in asked order; none
         whose deadline passed unless it escalated."""
-        self._follow_mirrors()
+        self._refresh()
         return [v.request for v in self.requests.values() if v.status == "pending"]
 
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
         """Answer requests; a request that is no longer open fails here, with no server call."""
         answers = input_responses(responses)
-        self._follow_mirrors()
+        if self._expired(self.clock()) and not self._lapsed:
+            await self.sync()  # read so far: the session may have gone on since, and live
+        self._refresh()
         if self._expired(self.clock()):  # as the server refuses it
-            raise errors.SessionExpired(self.session_id, self._lapse_closed)
+            left = [i for i, r in self._recorded.items() if r.status in ("pending", "responded")]
+            raise errors.SessionExpired(self.session_id, left)
         for a in answers:
             view = self.requests.get(a.request_id)
             if view is None:
@@ -292,13 +306,12 @@ class LiveSession:
                     [a.request_id],
                 )
         for a in answers:
-            self.requests[a.request_id].status = "responded"
+            self._mark(a.request_id, "pending", "responded")
         try:
             result = await self.client.respond(self.session_id, answers)
         except BaseException as exc:
             for a in answers:
-                if self.requests[a.request_id].status == "responded":
-                    self.requests[a.request_id].status = "pending"
+                self._mark(a.request_id, "responded", "pending")
             if isinstance(
                 exc, (errors.ConflictingAnswer, errors.RequestClosed, errors.SessionExpired)
             ):
@@ -308,13 +321,24 @@ class LiveSession:
                     await self.sync()
             raise
         for o in result.outcomes:
-            view = self.requests.get(o.request_id)
-            if view is not None and view.status == "responded":
-                if o.outcome not in ("approved", "cancelled", "answered"):
-                    # Refused, or a quorum's vote counted (applied, yet no stream event will
-                    # settle it): still open, and its voter may still deny it.
-                    view.status = "pending"
+            if o.outcome not in ("approved", "cancelled", "answered"):
+                # Refused, or a quorum's vote counted (applied, yet no stream event will
+                # settle it): still open, and its voter may still deny it.
+                self._mark(o.request_id, "responded", "pending")
         return result
+
+    def _mark(self, request_id: str, was: str, status: str) -> None:
+        """Mark a request `status` if the stream left it `was` (it may have closed it)."""
+        recorded = self._recorded.get(request_id)
+        if recorded is not None and recorded.status == was:
+            self._record(request_id, status=status)
+            self._refresh()
+
+
+class _Recorded(NamedTuple):
+    request: InputRequest
+    status: str
+    outcome: str | None
 
 
 def _copied(value: Any) -> Any:
