@@ -229,3 +229,24 @@ async def test_a_closed_mirror_stops_following_its_subagents_session() -> None:
     assert live.requests["m1"].status == "settled"
     await live.sync()
     assert remote.open == {"p": 0, "c": 0}
+
+
+async def test_a_mirror_shown_closed_by_its_subagents_ttl_shows_open_once_it_went_on() -> None:
+    """The subagent's session looked past its TTL as far as read, so its mirror showed closed;
+    the subagent's session was then no longer read, and the mirror stayed closed though a
+    later event (a vote) had kept that session alive."""
+    remote = _desk()
+    created = so.Event(
+        session_id="c", seq=1, type="session.created", at=1.0, data={"agent": "billing", "ttl": 30}
+    )
+    asked = _event("c", 2, "input.requested", remote.logs["c"][0].data)
+    remote.logs["c"] = [created, asked]
+    live = LiveSession(remote, "p", clock=lambda: 40.0)  # its deadline: 50
+    await live.sync()
+    assert live.open_requests() == [] and live.requests["m1"].status == "expired"
+    counted = {"request_id": "r1", "outcome": "counted", "by": {"principal_id": "carol"}}
+    voted = so.Event(session_id="c", seq=3, type="approval.candidate", at=35.0, data=counted)
+    await remote.append(voted)
+    await live.sync()
+    (shown,) = live.open_requests()
+    assert (shown.id, shown.approved_by) == ("m1", ["carol"])

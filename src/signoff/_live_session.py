@@ -167,9 +167,10 @@ class LiveSession:
         return self._ttl is not None and now >= self._updated_at + self._ttl
 
     def _mirrored(self) -> list[str]:
-        """The subagent sessions that this session's open mirrors stand for, once each."""
-        views = self.requests.values()
-        refs = [v.request.child for v in views if v.status in ("pending", "responded")]
+        """The subagent sessions that this session's open mirrors stand for, once each: open
+        as recorded (one shown closed by what passed since may show open again)."""
+        recorded = self._recorded.values()
+        refs = [r.request.child for r in recorded if r.status in ("pending", "responded")]
         return list(dict.fromkeys(ref.session_id for ref in refs if ref is not None))
 
     def _refresh(self) -> None:
