@@ -250,3 +250,34 @@ async def test_a_mirror_shown_closed_by_its_subagents_ttl_shows_open_once_it_wen
     await live.sync()
     (shown,) = live.open_requests()
     assert (shown.id, shown.approved_by) == ("m1", ["carol"])
+
+
+async def test_an_answer_to_a_mirror_shown_closed_by_its_subagents_ttl_reads_again_first() -> None:
+    """A mirror shown closed only by its subagent's TTL, as far as read, was refused locally:
+    the subagent's session had gone on since, and the server would have taken the answer."""
+    remote = _desk()
+    created = so.Event(
+        session_id="c", seq=1, type="session.created", at=1.0, data={"agent": "billing", "ttl": 30}
+    )
+    asked = _event("c", 2, "input.requested", remote.logs["c"][0].data)
+    remote.logs["c"] = [created, asked]
+    live = LiveSession(remote, "p", clock=lambda: 40.0)  # its deadline: 50
+    await live.sync()
+    assert live.requests["m1"].status == "expired"
+    counted = {"request_id": "r1", "outcome": "counted", "by": {"principal_id": "carol"}}
+    await remote.append(
+        so.Event(session_id="c", seq=3, type="approval.candidate", at=35.0, data=counted)
+    )
+    sent: list[str] = []
+
+    async def respond(
+        session_id: str, responses: Sequence[so.InputResponse | Mapping[str, Any]]
+    ) -> RemoteResult:
+        sent.extend(r.request_id for r in responses if isinstance(r, so.InputResponse))
+        return RemoteResult(
+            session_id=session_id, status="waiting", turn_id="t1", text="", pending=[], outcomes=[]
+        )
+
+    remote.respond = respond  # type: ignore[method-assign]
+    await live.respond([{"request_id": "m1", "option_id": "approve"}])
+    assert sent == ["m1"]

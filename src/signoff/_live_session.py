@@ -289,9 +289,9 @@ class LiveSession:
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
         """Answer requests; a request that is no longer open fails here, with no server call."""
         answers = input_responses(responses)
-        if self._expired(self.clock()) and not self._lapsed:
-            await self.sync()  # read so far: the session may have gone on since, and live
         self._refresh()
+        if self._overtaken(answers):
+            await self.sync()  # shown closed as far as read: the sessions may have gone on
         if self._expired(self.clock()):  # as the server refuses it
             left = [i for i, r in self._recorded.items() if r.status in ("pending", "responded")]
             raise errors.SessionExpired(self.session_id, left)
@@ -327,6 +327,17 @@ class LiveSession:
                 # settle it): still open, and its voter may still deny it.
                 self._mark(o.request_id, "responded", "pending")
         return result
+
+    def _overtaken(self, answers: Sequence[InputResponse]) -> bool:
+        """Whether the session, or a request answered, shows closed by what passed since it
+        was read (a TTL, a deadline, its subagent's), with nothing recorded that says so."""
+        if self._expired(self.clock()) and not self._lapsed:
+            return True
+        for a in answers:
+            view, recorded = self.requests.get(a.request_id), self._recorded.get(a.request_id)
+            if view is not None and recorded is not None and view.status != recorded.status:
+                return True
+        return False
 
     def _mark(self, request_id: str, was: str, status: str) -> None:
         """Mark a request `status` if the stream left it `was` (it may have closed it)."""
