@@ -245,3 +245,14 @@ async def test_an_event_that_is_not_a_signoff_event_is_a_remote_error(
             live.open_requests()
         assert broken.value.code == "http_error"
         assert live.seq == 1 and [r.id for r in live.open_requests()] == ["r1"]
+
+
+async def test_what_a_failed_read_folded_shows() -> None:
+    """The events read before one that is not a signoff event show in `requests` as folded."""
+    resolved = {"request_id": "r1", "status": "settled", "outcome": "answered"}
+    bad = _event(3, "input.requested", {"requests": 7})
+    remote = Remote([_asked(1, "r1"), _event(2, "input.resolved", resolved), bad])
+    live = LiveSession(remote, "s1", clock=lambda: 1.0)
+    with pytest.raises(so.RemoteError):
+        await live.sync()
+    assert (live.seq, live.requests["r1"].status) == (2, "settled")

@@ -78,8 +78,13 @@ class LiveSession:
         """Fold one event in; one at or before `seq` was already folded and is skipped. One
         that does not hold what its type says is a `RemoteError` (`http_error`), as the
         client's other calls say an answer not a signoff server's, and nothing of it is folded."""
+        if self._folded(event):
+            self._refresh()
+
+    def _folded(self, event: Event) -> bool:
+        """`apply` but for showing the result (`_refresh`): whether the event was folded."""
         if event.seq <= self.seq:
-            return
+            return False
         try:
             fold = self._folding(event)
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
@@ -92,7 +97,7 @@ class LiveSession:
         self.seq = event.seq
         self._updated_at = event.at
         fold()
-        self._refresh()
+        return True
 
     def _folding(self, event: Event) -> Callable[[], None]:
         """What folding `event` changes, checked whole first and applied by the call."""
@@ -150,15 +155,17 @@ class LiveSession:
         await self._sync(MAX_HOPS)
 
     async def _sync(self, hops: int) -> None:
-        async for event in self.client.events(self.session_id, self.seq, follow=False):
-            self.apply(event)
-        for child in self._mirrored() if hops > 0 else []:
-            live = self.children.get(child)
-            if live is None:
-                live = self.children[child] = LiveSession(self.client, child, clock=self.clock)
-            with contextlib.suppress(errors.UnknownSession):  # deleted: the mirror says as it was
-                await live._sync(hops - 1)
-        self._refresh()
+        try:
+            async for event in self.client.events(self.session_id, self.seq, follow=False):
+                self._folded(event)  # shown once all are read: once, not at each
+            for child in self._mirrored() if hops > 0 else []:
+                live = self.children.get(child)
+                if live is None:
+                    live = self.children[child] = LiveSession(self.client, child, clock=self.clock)
+                with contextlib.suppress(errors.UnknownSession):  # deleted: shown as it was
+                    await live._sync(hops - 1)
+        finally:
+            self._refresh()  # what was read, even if the stream then failed
 
     def _expired(self, now: float) -> bool:
         """Whether the session's TTL passed by `now`, or its expiry is recorded."""
