@@ -281,3 +281,26 @@ async def test_an_answer_to_a_mirror_shown_closed_by_its_subagents_ttl_reads_aga
     remote.respond = respond  # type: ignore[method-assign]
     await live.respond([{"request_id": "m1", "option_id": "approve"}])
     assert sent == ["m1"]
+
+
+async def test_a_live_session_over_http_shows_the_subagents_vote(store_url: str) -> None:
+    """Through the server: the caller may read the subagent's session (it was started for
+    theirs), so `AsyncClient.session()` shows the vote counted there on the mirror."""
+    import httpx
+
+    from signoff.server import AsyncClient, TokenAuth, create_app
+
+    from .test_server_common import TOKENS
+
+    ran: list[str] = []
+    async with so.Runtime(refund_desk(so.always(approvers=3), ran), store=store_url) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        assert mirror.child is not None
+        approve = so.InputResponse(request_id=mirror.child.request_id, option_id="approve")
+        await rt.respond(mirror.child.session_id, [approve], principal=CAROL)
+        transport = httpx.ASGITransport(app=create_app(rt, auth=TokenAuth(TOKENS)))
+        async with AsyncClient("http://t", token="alice-token", transport=transport) as c:
+            live = await c.session(r.session_id)
+            (shown,) = live.open_requests()
+            assert (shown.id, shown.approved_by, shown.progress) == (mirror.id, ["carol"], "1 of 3")
