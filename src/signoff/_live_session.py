@@ -1,6 +1,6 @@
 """`LiveSession`, the client-side reducer: it folds a session's stream into its requests; an
 answer it submits marks the request `responded` until the stream confirms it, and answering a
-request that is no longer open fails locally, without a server call.
+request that is no longer open fails locally, the answer not sent.
 
 It reads and answers through any `SessionRemote` (`AsyncClient` is the one), so this module
 needs nothing of the client's and the client can make a `LiveSession` with no import cycle.
@@ -294,7 +294,8 @@ class LiveSession:
         return [v.request for v in self.requests.values() if v.status == "pending"]
 
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
-        """Answer requests; a request that is no longer open fails here, with no server call."""
+        """Answer requests; a request that is no longer open fails here, the answer not sent
+        (one shown closed only by what passed since it was read, once the stream is read again)."""
         answers = input_responses(responses)
         self._refresh()
         if self._overtaken(answers):
