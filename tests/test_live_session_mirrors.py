@@ -214,6 +214,7 @@ async def test_a_closed_mirror_stops_following_its_subagents_session() -> None:
     remote = _desk()
     live = LiveSession(remote, "p")
     resolved = {"request_id": "m1", "status": "settled", "outcome": "approved"}
+    counted = {"request_id": "r1", "outcome": "counted", "by": {"principal_id": "carol"}}
 
     async def watch() -> None:
         async with contextlib.aclosing(live.follow()) as events:
@@ -221,6 +222,8 @@ async def test_a_closed_mirror_stops_following_its_subagents_session() -> None:
                 if event.session_id == "c":
                     assert remote.open == {"p": 1, "c": 1}
                     await remote.append(_event("p", 2, "input.resolved", resolved))
+                elif event.seq == 1:
+                    await remote.append(_event("c", 2, "approval.candidate", counted))
                 elif event.seq == 2:
                     assert remote.open == {"p": 1, "c": 0}
                     return
@@ -304,3 +307,26 @@ async def test_a_live_session_over_http_shows_the_subagents_vote(store_url: str)
             live = await c.session(r.session_id)
             (shown,) = live.open_requests()
             assert (shown.id, shown.approved_by, shown.progress) == (mirror.id, ["carol"], "1 of 3")
+
+
+async def test_following_yields_only_the_subagents_events_that_change_a_mirror() -> None:
+    """The subagent's own turn events came through `follow()` too: a caller waiting for
+    `turn.completed`, as one follows a session, stopped at the subagent's turn's end."""
+    remote = _desk()
+    live = LiveSession(remote, "p", clock=lambda: 1.0)
+    counted = {"request_id": "r1", "outcome": "counted", "by": {"principal_id": "carol"}}
+
+    async def watch() -> list[tuple[str, int]]:
+        seen: list[tuple[str, int]] = []
+        async with contextlib.aclosing(live.follow()) as events:
+            async for event in events:
+                seen.append((event.session_id, event.seq))
+                if event.session_id == "p":
+                    await remote.append(_event("c", 2, "turn.completed", {"text": "asked"}))
+                    await remote.append(_event("c", 3, "approval.candidate", counted))
+                elif event.seq == 3:
+                    return seen
+        raise AssertionError("the stream ended")
+
+    seen = await asyncio.wait_for(watch(), 5)
+    assert ("c", 2) not in seen and seen[-1] == ("c", 3)

@@ -222,8 +222,9 @@ class LiveSession:
 
     async def follow(self) -> AsyncGenerator[Event, None]:
         """Fold and yield live events until the caller stops: this session's, and those of the
-        subagent sessions its open mirrors stand for (their `session_id` tells), which record
-        the votes and escalations the mirrors show."""
+        subagent sessions its open mirrors stand for that may change a mirror, a vote or an
+        escalation (`approval.candidate`) or a request closing (`input.resolved`), their
+        `session_id` telling whose."""
         async with contextlib.aclosing(self._follow(MAX_HOPS)) as events:
             async for event in events:
                 yield event
@@ -274,14 +275,15 @@ class LiveSession:
                         raise item
                     self.apply(item)
                     await watch()
-                elif item is None or isinstance(
-                    item, (errors.UnknownSession, errors.SessionExpired)
-                ):
+                    yield item
+                    continue
+                if item is None or isinstance(item, (errors.UnknownSession, errors.SessionExpired)):
                     continue  # its stream ended: the mirror closes by this session's events
-                elif isinstance(item, Exception):
+                if isinstance(item, Exception):
                     raise item
                 self._refresh()
-                yield item
+                if item.type in _MIRRORED:  # the subagent's turn is not this session's
+                    yield item
         finally:
             for task in pumps.values():
                 task.cancel()
@@ -353,6 +355,10 @@ class LiveSession:
         if recorded is not None and recorded.status == was:
             self._record(request_id, status=status)
             self._refresh()
+
+
+_MIRRORED = ("approval.candidate", "input.resolved")
+"""The subagents' events `follow()` yields: those that change what a mirror shows."""
 
 
 class _Recorded(NamedTuple):
