@@ -3,6 +3,7 @@ which is what lets `_client` make one without an import cycle."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
@@ -160,7 +161,7 @@ async def test_votes_and_escalations_show_in_the_requests_as_the_server_folds_th
             _event(4, "approval.candidate", escalated),
         ]
     )
-    live = LiveSession(remote, "s1")
+    live = LiveSession(remote, "s1", clock=lambda: 1.0)  # when the events were recorded
     await live.sync()
     r1, r2 = live.open_requests()
     assert (r1.approved_by, r1.progress, r1.expires_at) == (["alice"], "1 of 2", 50.0)
@@ -202,3 +203,56 @@ async def test_a_live_session_shows_a_counted_vote_as_the_runtime_does(store_url
         (shown,) = live.open_requests()
         assert (shown.approved_by, shown.progress) == (queued.approved_by, queued.progress)
         assert shown.progress == "1 of 2"
+
+
+@pytest.mark.parametrize(
+    "kind, data",
+    [
+        ("input.requested", {"requests": [{"kind": "question", "id": "r2"}]}),
+        ("input.requested", {"requests": 7}),
+        ("input.resolved", {"request_id": ["r1"], "status": "settled"}),
+        ("approval.candidate", {"request_id": "r1", "outcome": "counted", "by": "bob"}),
+        ("session.created", {"agent": "support", "ttl": "soon"}),
+        ("session.created", {"agent": "support", "ttl": 10**400}),
+    ],
+)
+async def test_an_event_that_is_not_a_signoff_event_is_a_remote_error(
+    kind: str, data: dict[str, Any]
+) -> None:
+    """A stream (a proxy's, a server of another version) whose event does not hold what its
+    type says raised pydantic's `ValidationError`, a `TypeError` or an `AttributeError` from
+    the fold, or later (a TTL that is no number); and the event counted as read. It is a
+    `RemoteError` (`http_error`), as the client's other calls say it, and nothing is folded."""
+    import httpx
+
+    from signoff.server import AsyncClient
+
+    asked = _asked(1, "r1")
+    bad = _event(2, kind, data)
+
+    def sse(e: so.Event) -> str:
+        body = {"session_id": "s1", "seq": e.seq, "type": e.type, "at": 1.0, "data": e.data}
+        return f"id: {e.seq}\nevent: {e.type}\ndata: {json.dumps(body)}\n\n"
+
+    def serve(request: httpx.Request) -> httpx.Response:
+        text = sse(asked) + sse(bad)
+        return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+    async with AsyncClient("http://signoff.test", transport=httpx.MockTransport(serve)) as c:
+        live = LiveSession(c, "s1")
+        with pytest.raises(so.RemoteError) as broken:
+            await live.sync()
+            live.open_requests()
+        assert broken.value.code == "http_error"
+        assert live.seq == 1 and [r.id for r in live.open_requests()] == ["r1"]
+
+
+async def test_what_a_failed_read_folded_shows() -> None:
+    """The events read before one that is not a signoff event show in `requests` as folded."""
+    resolved = {"request_id": "r1", "status": "settled", "outcome": "answered"}
+    bad = _event(3, "input.requested", {"requests": 7})
+    remote = Remote([_asked(1, "r1"), _event(2, "input.resolved", resolved), bad])
+    live = LiveSession(remote, "s1", clock=lambda: 1.0)
+    with pytest.raises(so.RemoteError):
+        await live.sync()
+    assert (live.seq, live.requests["r1"].status) == (2, "settled")

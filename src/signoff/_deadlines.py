@@ -17,6 +17,7 @@ from ._types import InputRequest
 from .stores import Resolve, SessionSummary, StoredRequest
 
 __all__ = [
+    "EXPIRED",
     "TIMED_OUT",
     "after_deadline",
     "due_batch",

@@ -1,6 +1,6 @@
 """`LiveSession`, the client-side reducer: it folds a session's stream into its requests; an
 answer it submits marks the request `responded` until the stream confirms it, and answering a
-request that is no longer open fails locally, without a server call.
+request that is no longer open fails locally, the answer not sent.
 
 It reads and answers through any `SessionRemote` (`AsyncClient` is the one), so this module
 needs nothing of the client's and the client can make a `LiveSession` with no import cycle.
@@ -8,14 +8,18 @@ needs nothing of the client's and the client can make a `LiveSession` with no im
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from . import _exceptions as errors
+from ._deadlines import EXPIRED, after_deadline
 from ._event_handlers import candidate_applied
 from ._events import Event
+from ._mirrors import FOLLOWED, MAX_HOPS
 from ._payloads import RemoteResult, input_responses
 from ._types import InputRequest, InputResponse
 
@@ -46,54 +50,261 @@ class RequestView:
 
 @dataclass(slots=True)
 class LiveSession:
-    """Client-side fold of one session's stream: its requests and how far it has read."""
+    """Client-side fold of one session's stream: its requests and how far it has read.
+
+    A mirror (a subagent's request asked again here) shows the votes, escalation and deadline
+    of the request it stands for, read from the subagent's session (`children`), whose stream
+    records them: this session's never does. A request whose deadline passed by `clock` shows
+    as that leaves it before the stream records it: escalated, or closed as `expired`; so do
+    all once the session's TTL passed (from its last event, as the server counts it)."""
 
     client: SessionRemote
     session_id: str
     seq: int = 0
     requests: dict[str, RequestView] = field(default_factory=dict)
+    children: dict[str, LiveSession] = field(default_factory=dict, repr=False)
+    clock: Callable[[], float] = field(default=time.time, repr=False)
+    # The session's TTL and last event's time (read from its stream, as the server's fold
+    # reads them), and whether its expiry is recorded.
+    _ttl: float | None = field(default=None, init=False, repr=False)
+    _updated_at: float = field(default=0.0, init=False, repr=False)
+    _lapsed: bool = field(default=False, init=False, repr=False)
+    # Each request as the stream (and this session's answers) left it: `requests` shows it
+    # with what passed since applied (a deadline, the TTL, its subagent's request), again
+    # at each read, so a view the session's later events overtake is shown anew.
+    _recorded: dict[str, _Recorded] = field(default_factory=dict, init=False, repr=False)
 
     def apply(self, event: Event) -> None:
-        """Fold one event in; one at or before `seq` was already folded and is skipped."""
+        """Fold one event in; one at or before `seq` was already folded and is skipped. One
+        that does not hold what its type says is a `RemoteError` (`http_error`), as the
+        client's other calls say an answer not a signoff server's, and nothing of it is folded."""
+        if self._folded(event):
+            self._refresh()
+
+    def _folded(self, event: Event) -> bool:
+        """`apply` but for showing the result (`_refresh`): whether the event was folded."""
         if event.seq <= self.seq:
-            return
+            return False
+        try:
+            fold = self._folding(event)
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise errors.RemoteError(
+                f"the event stream sent a {event.type!r} event (seq {event.seq}) that is not a "
+                f"signoff event ({type(exc).__name__}: {str(exc)[:200]})",
+                "http_error",
+                200,
+            ) from None
         self.seq = event.seq
+        self._updated_at = event.at
+        fold()
+        return True
+
+    def _folding(self, event: Event) -> Callable[[], None]:
+        """What folding `event` changes, checked whole first and applied by the call."""
         d = event.data
+        if event.type == "session.created":
+            ttl = d.get("ttl")
+            if ttl is not None and (isinstance(ttl, bool) or not isinstance(ttl, (int, float))):
+                raise TypeError(f"its ttl is {ttl!r}, not seconds")
+            seconds = None if ttl is None else float(ttl)  # 10**400: an OverflowError, here
+            return lambda: setattr(self, "_ttl", seconds)
         if event.type == "input.requested":
-            for raw in d.get("requests", []):
-                request = InputRequest.model_validate(raw)
-                self.requests[request.id] = RequestView(request=request)
-        elif event.type == "approval.candidate":  # a quorum's vote, or an escalation
-            view = self.requests.get(d.get("request_id", ""))
-            if view is not None and view.status in ("pending", "responded"):  # open on the server
-                view.request = candidate_applied(view.request, d)
-        elif event.type == "input.resolved":
-            view = self.requests.get(d.get("request_id", ""))
-            if view is not None:
-                view.status = d.get("status") or "settled"
-                view.outcome = d.get("outcome")
+            raws = d.get("requests", [])
+            if not isinstance(raws, list):
+                raise TypeError(f"its requests are {type(raws).__name__}, not a list")
+            requests = [InputRequest.model_validate(raw) for raw in raws]
+
+            def ask() -> None:
+                for r in requests:
+                    self.requests[r.id] = RequestView(request=r)
+                    self._recorded[r.id] = _Recorded(r, "pending", None)
+
+            return ask
+        if event.type not in ("approval.candidate", "input.resolved"):
+            return lambda: None
+        request_id = d.get("request_id", "")
+        if not isinstance(request_id, str):
+            raise TypeError(f"its request_id is {request_id!r}")
+        was = self._recorded.get(request_id)
+        if was is None:
+            return lambda: None
+        if event.type == "approval.candidate":  # a quorum's vote, or an escalation
+            if was.status not in ("pending", "responded"):  # closed on the server
+                return lambda: None
+            if not isinstance(d.get("to"), str | None):
+                raise TypeError(f"it escalates to {d.get('to')!r}")
+            request = candidate_applied(was.request, d)
+            return lambda: self._record(request_id, request=request)
+        status, outcome = d.get("status") or "settled", d.get("outcome")
+        if not isinstance(status, str) or not isinstance(outcome, str | None):
+            raise TypeError(f"it closes the request as {status!r} ({outcome!r})")
+
+        def resolve() -> None:
+            self._record(request_id, status=status, outcome=outcome)
+            if was.request.child is None and d.get("reason") == EXPIRED:
+                self._lapsed = True  # as the server's fold: the session expired
+
+        return resolve
+
+    def _record(self, request_id: str, **changes: Any) -> None:
+        self._recorded[request_id] = self._recorded[request_id]._replace(**changes)
 
     async def sync(self) -> None:
-        """Read and fold everything the server has after `seq`."""
-        async for event in self.client.events(self.session_id, self.seq, follow=False):
-            self.apply(event)
+        """Read and fold everything the server has after `seq`, and the subagent sessions' its
+        open mirrors stand for."""
+        await self._sync(MAX_HOPS)
 
-    async def follow(self) -> AsyncIterator[Event]:
-        """Fold and yield live events until the caller stops."""
-        # closed with this generator: left to the garbage collector, the stream's close would
-        # race the event loop's shutdown (an `aclose(): ... already running` error at exit)
-        async with contextlib.aclosing(self.client.events(self.session_id, self.seq)) as events:
+    async def _sync(self, hops: int) -> None:
+        try:
+            async for event in self.client.events(self.session_id, self.seq, follow=False):
+                self._folded(event)  # shown once all are read: once, not at each
+            for child in self._mirrored() if hops > 0 else []:
+                live = self.children.get(child)
+                if live is None:
+                    live = self.children[child] = LiveSession(self.client, child, clock=self.clock)
+                with contextlib.suppress(errors.UnknownSession):  # deleted: shown as it was
+                    await live._sync(hops - 1)
+        finally:
+            self._refresh()  # what was read, even if the stream then failed
+
+    def _expired(self, now: float) -> bool:
+        """Whether the session's TTL passed by `now`, or its expiry is recorded."""
+        if self._lapsed:
+            return True
+        return self._ttl is not None and now >= self._updated_at + self._ttl
+
+    def _mirrored(self) -> list[str]:
+        """The subagent sessions that this session's open mirrors stand for, once each: open
+        as recorded (one shown closed by what passed since may show open again)."""
+        recorded = self._recorded.values()
+        refs = [r.request.child for r in recorded if r.status in ("pending", "responded")]
+        return list(dict.fromkeys(ref.session_id for ref in refs if ref is not None))
+
+    def _refresh(self) -> None:
+        """Show each request as it stands now (`_shown`), its subagents' sessions' first."""
+        for live in self.children.values():
+            live._refresh()
+        now = self.clock()
+        lapsed = self._expired(now)
+        for request_id, view in self.requests.items():
+            recorded = self._recorded.get(request_id)
+            if recorded is not None:
+                view.request, view.status, view.outcome = self._shown(recorded, now, lapsed)
+
+    def _shown(self, recorded: _Recorded, now: float, lapsed: bool) -> _Recorded:
+        """An open request as the server's reads show it before anyone records what passed:
+        a mirror with the `FOLLOWED` fields of the request it stands for as its subagent's
+        session says now (its deadline only while that request is open; closed once it
+        closed); then, as nothing recorded yet, `expired` once the session's TTL passed, and
+        escalated or `expired` once the request's deadline passed."""
+        request, status, outcome = recorded
+        if status not in ("pending", "responded"):
+            return recorded
+        ref = request.child
+        child = None if ref is None else self.children.get(ref.session_id)
+        current = None if ref is None or child is None else child.requests.get(ref.request_id)
+        if current is not None:
+            update = {f: _copied(getattr(current.request, f)) for f in FOLLOWED}
+            if current.status not in ("pending", "responded"):
+                update["expires_at"] = None  # closed: the mirror closes with it, not by this
+                status, outcome = current.status, current.outcome
+            request = request.model_copy(update=update)
+        if status != "pending":
+            return _Recorded(request, status, outcome)
+        if lapsed:
+            return _Recorded(request, "expired", "expired")
+        shown = after_deadline(request, now)
+        return (
+            _Recorded(request, "expired", "expired")
+            if shown is None
+            else _Recorded(shown, status, outcome)
+        )
+
+    async def follow(self) -> AsyncGenerator[Event, None]:
+        """Fold and yield live events until the caller stops: this session's, and those of the
+        subagent sessions its open mirrors stand for that may change a mirror, a vote or an
+        escalation (`approval.candidate`) or a request closing (`input.resolved`), their
+        `session_id` telling whose."""
+        async with contextlib.aclosing(self._follow(MAX_HOPS)) as events:
             async for event in events:
-                self.apply(event)
                 yield event
 
+    async def _follow(self, hops: int) -> AsyncGenerator[Event, None]:
+        queue: asyncio.Queue[tuple[str, Event | Exception | None]] = asyncio.Queue(maxsize=64)
+        pumps: dict[str, asyncio.Task[None]] = {}
+
+        async def pump(key: str, source: AsyncGenerator[Event, None]) -> None:
+            # closed in this task: left to the garbage collector, the stream's close would race
+            # the event loop's shutdown (an `aclose(): ... already running` error at exit)
+            try:
+                async with contextlib.aclosing(source) as events:
+                    async for event in events:
+                        await queue.put((key, event))
+            except Exception as exc:
+                await queue.put((key, exc))
+            else:
+                await queue.put((key, None))
+
+        async def watch() -> None:
+            """Follow the subagent sessions of the open mirrors; stop those of closed ones."""
+            wanted = self._mirrored() if hops > 0 else []
+            for child in wanted:
+                if child not in pumps:
+                    live = self.children.get(child) or LiveSession(
+                        self.client, child, clock=self.clock
+                    )
+                    self.children[child] = live
+                    pumps[child] = asyncio.ensure_future(pump(child, live._follow(hops - 1)))
+            stopped = [
+                pumps.pop(k) for k in list(pumps) if k != self.session_id and k not in wanted
+            ]
+            for task in stopped:
+                task.cancel()
+            await asyncio.gather(*stopped, return_exceptions=True)
+
+        own = self.client.events(self.session_id, self.seq)
+        pumps[self.session_id] = asyncio.ensure_future(pump(self.session_id, own))
+        try:
+            await watch()
+            while True:
+                key, item = await queue.get()
+                if key == self.session_id:
+                    if item is None:
+                        return
+                    if isinstance(item, Exception):
+                        raise item
+                    self.apply(item)
+                    await watch()
+                    yield item
+                    continue
+                if item is None or isinstance(item, (errors.UnknownSession, errors.SessionExpired)):
+                    continue  # its stream ended: the mirror closes by this session's events
+                if isinstance(item, Exception):
+                    raise item
+                self._refresh()
+                if item.type in _MIRRORED:  # the subagent's turn is not this session's
+                    yield item
+        finally:
+            for task in pumps.values():
+                task.cancel()
+            await asyncio.gather(*pumps.values(), return_exceptions=True)
+
     def open_requests(self) -> list[InputRequest]:
-        """The requests still pending, as far as this session has read, in asked order."""
+        """The requests still pending, as far as this session has read, in asked order; none
+        whose deadline passed unless it escalated."""
+        self._refresh()
         return [v.request for v in self.requests.values() if v.status == "pending"]
 
     async def respond(self, responses: Sequence[InputResponse | Mapping[str, Any]]) -> RemoteResult:
-        """Answer requests; a request that is no longer open fails here, with no server call."""
+        """Answer requests; a request that is no longer open fails here, the answer not sent
+        (one shown closed only by what passed since it was read, once the stream is read again)."""
         answers = input_responses(responses)
+        self._refresh()
+        if self._overtaken(answers):
+            await self.sync()  # shown closed as far as read: the sessions may have gone on
+        if self._expired(self.clock()):  # as the server refuses it
+            left = [i for i, r in self._recorded.items() if r.status in ("pending", "responded")]
+            raise errors.SessionExpired(self.session_id, left)
         for a in answers:
             view = self.requests.get(a.request_id)
             if view is None:
@@ -106,24 +317,55 @@ class LiveSession:
                     [a.request_id],
                 )
         for a in answers:
-            self.requests[a.request_id].status = "responded"
+            self._mark(a.request_id, "pending", "responded")
         try:
             result = await self.client.respond(self.session_id, answers)
         except BaseException as exc:
             for a in answers:
-                if self.requests[a.request_id].status == "responded":
-                    self.requests[a.request_id].status = "pending"
-            if isinstance(exc, (errors.ConflictingAnswer, errors.RequestClosed)):
+                self._mark(a.request_id, "responded", "pending")
+            if isinstance(
+                exc, (errors.ConflictingAnswer, errors.RequestClosed, errors.SessionExpired)
+            ):
                 # Closed on the server meanwhile: learn how from the stream, so the request
                 # is not shown open (and answered again) when it is not.
                 with contextlib.suppress(errors.SignoffError):
                     await self.sync()
             raise
         for o in result.outcomes:
-            view = self.requests.get(o.request_id)
-            if view is not None and view.status == "responded":
-                if o.outcome not in ("approved", "cancelled", "answered"):
-                    # Refused, or a quorum's vote counted (applied, yet no stream event will
-                    # settle it): still open, and its voter may still deny it.
-                    view.status = "pending"
+            if o.outcome not in ("approved", "cancelled", "answered"):
+                # Refused, or a quorum's vote counted (applied, yet no stream event will
+                # settle it): still open, and its voter may still deny it.
+                self._mark(o.request_id, "responded", "pending")
         return result
+
+    def _overtaken(self, answers: Sequence[InputResponse]) -> bool:
+        """Whether the session, or a request answered, shows closed by what passed since it
+        was read (a TTL, a deadline, its subagent's), with nothing recorded that says so."""
+        if self._expired(self.clock()) and not self._lapsed:
+            return True
+        for a in answers:
+            view, recorded = self.requests.get(a.request_id), self._recorded.get(a.request_id)
+            if view is not None and recorded is not None and view.status != recorded.status:
+                return True
+        return False
+
+    def _mark(self, request_id: str, was: str, status: str) -> None:
+        """Mark a request `status` if the stream left it `was` (it may have closed it)."""
+        recorded = self._recorded.get(request_id)
+        if recorded is not None and recorded.status == was:
+            self._record(request_id, status=status)
+            self._refresh()
+
+
+_MIRRORED = ("approval.candidate", "input.resolved")
+"""The subagents' events `follow()` yields: those that change what a mirror shows."""
+
+
+class _Recorded(NamedTuple):
+    request: InputRequest
+    status: str
+    outcome: str | None
+
+
+def _copied(value: Any) -> Any:
+    return list(value) if isinstance(value, list) else value

@@ -1,0 +1,100 @@
+"""`LiveSession` and deadlines: a request whose deadline passed shows as that leaves it (closed
+as `expired`, or escalated) before anything records it, as the runtime's other readers show it."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff._live_session import LiveSession
+from signoff._payloads import RemoteResult
+from signoff.testing import ManualClock
+
+from ._delegation import refund_desk
+from .test_live_session_mirrors import Over
+from .test_server_common import ALICE
+
+ESCALATING = so.always(expires_in=60, on_timeout="escalate", escalate_to="finance")
+
+
+class Counted(Over):
+    """`Over`, counting the answers it sends."""
+
+    sent = 0
+
+    async def respond(
+        self, session_id: str, responses: Sequence[so.InputResponse | Mapping[str, Any]]
+    ) -> RemoteResult:
+        self.sent += 1
+        return await super().respond(session_id, responses)
+
+
+async def test_a_request_past_its_deadline_shows_closed_before_anything_records_it(
+    store_url: str,
+) -> None:
+    """The deadline passed and no sweep ran yet: the live session still offered the request, and
+    sent an answer the server could only refuse; `pending()` leaves it out."""
+    clock = ManualClock()
+    ran: list[str] = []
+    desk = refund_desk(so.always(expires_in=60), ran)
+    async with so.Runtime(desk, store=store_url, clock=clock) as rt:
+        r = await rt.generate("billing", prompt="refund 9", auth=ALICE)
+        (asked,) = r.pending
+        remote = Counted(rt, ALICE)
+        live = LiveSession(remote, r.session_id, clock=clock)
+        await live.sync()
+        assert [q.id for q in live.open_requests()] == [asked.id]
+        clock.advance(61)
+        assert live.open_requests() == []
+        view = live.requests[asked.id]
+        assert (view.status, view.outcome) == ("expired", "expired")
+        with pytest.raises(so.RequestClosed, match="is expired"):
+            await live.respond([{"request_id": asked.id, "option_id": "approve"}])
+        assert remote.sent == 0  # refused locally
+        assert await rt.pending(session_id=r.session_id) == []  # which records it
+        await live.sync()  # the stream's record agrees
+        view = live.requests[asked.id]
+        assert (view.status, view.outcome) == ("expired", "expired")
+        assert ran == []
+
+
+async def test_a_request_whose_deadline_escalates_shows_escalated(store_url: str) -> None:
+    """`on_timeout="escalate"`: the live session shows the group it goes to, and no deadline,
+    as the queue does; it stays open for that group to answer."""
+    clock = ManualClock()
+    ran: list[str] = []
+    async with so.Runtime(refund_desk(ESCALATING, ran), store=store_url, clock=clock) as rt:
+        r = await rt.generate("billing", prompt="refund 9", auth=ALICE)
+        (asked,) = r.pending
+        live = LiveSession(Over(rt, ALICE), r.session_id, clock=clock)
+        await live.sync()
+        clock.advance(61)
+        (shown,) = live.open_requests()
+        (queued,) = await rt.pending(session_id=r.session_id)
+        assert (shown.id, shown.escalated_to, shown.expires_at) == (asked.id, "finance", None)
+        assert (queued.escalated_to, queued.expires_at) == ("finance", None)
+        done = await live.respond([{"request_id": asked.id, "option_id": "approve"}])
+        assert done.status == "completed" and ran == ["9"]
+
+
+async def test_a_mirror_whose_subagents_deadline_passed_shows_closed(store_url: str) -> None:
+    """The subagent's request passed its deadline (the mirror has none of its own): the
+    parent's live session showed the mirror open, as though it had no deadline."""
+    clock = ManualClock()
+    ran: list[str] = []
+    desk = refund_desk(so.always(expires_in=60), ran)
+    async with so.Runtime(desk, store=store_url, clock=clock) as rt:
+        r = await rt.generate("support", prompt="refund 9", auth=ALICE)
+        (mirror,) = r.pending
+        live = LiveSession(Over(rt, ALICE), r.session_id, clock=clock)
+        await live.sync()
+        assert [q.expires_at for q in live.open_requests()] == [clock.now + 60]
+        clock.advance(61)
+        assert live.open_requests() == []
+        assert live.requests[mirror.id].status == "expired"
+        with pytest.raises(so.RequestClosed):
+            await live.respond([{"request_id": mirror.id, "option_id": "approve"}])
+        assert ran == []
