@@ -15,6 +15,7 @@ import functools
 import secrets
 from collections.abc import (
     AsyncGenerator,
+    AsyncIterator,
     Callable,
     Coroutine,
     Mapping,
@@ -314,7 +315,9 @@ class AsyncClient:
     ) -> AsyncGenerator[Event, None]:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
         refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
-        up to `retries` failures in a row."""
+        up to `retries` failures in a row. A stream that sends nothing at all (a signoff server
+        sends its `retry:` line at once), or a read not followed that stays silent for
+        `timeout`, is such a failure: only a followed stream that was heard may stay quiet."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # As `Runtime.events` says it: "3" was sent, and a TypeError met the first event.
             raise errors.UsageError(
@@ -331,6 +334,7 @@ class AsyncClient:
             headers = {"Last-Event-ID": str(last), "Accept": "text/event-stream"}
             pause = 0.0
             streaming = False
+            heard = _Heard()
             try:
                 async with self.http.stream(
                     "GET",
@@ -354,7 +358,8 @@ class AsyncClient:
                         raise wire.not_signoff(response, "an event-stream")
                     else:
                         streaming = True
-                        async for kind, data in wire.sse_data(response.aiter_lines()):
+                        lines = heard.lines(response.aiter_lines())
+                        async for kind, data in wire.sse_data(lines):
                             if kind == ":":  # a keep-alive: the server is alive
                                 failures = 0
                                 continue
@@ -364,6 +369,16 @@ class AsyncClient:
                             last = event.seq
                             failures = 0
                             yield event
+                        if not heard.any:  # closed at once: not a signoff server's stream
+                            failures += 1
+                            if failures > retries:
+                                raise errors.RemoteError(
+                                    f"{self._url(path)}: the event stream ended {failures} "
+                                    "times in a row having sent nothing",
+                                    "http_error",
+                                    response.status_code,
+                                )
+                            pause = wire.backoff(failures)
                 if pause:
                     await asyncio.sleep(pause)
                     continue
@@ -371,7 +386,7 @@ class AsyncClient:
                     return
                 await asyncio.sleep(0.1)  # the server closed a followed stream: reconnect
             except httpx.TransportError as exc:
-                if streaming and isinstance(exc, httpx.ReadTimeout):
+                if streaming and follow and heard.any and isinstance(exc, httpx.ReadTimeout):
                     continue  # quiet, or dead: a reconnect tells; a dead server fails it
                 failures += 1
                 if failures > retries:
@@ -383,6 +398,18 @@ class AsyncClient:
         live = LiveSession(self, session_id)
         await live.sync()
         return live
+
+
+class _Heard:
+    """Whether a stream sent any line at all, which a signoff server's does as it opens."""
+
+    def __init__(self) -> None:
+        self.any = False
+
+    async def lines(self, lines: AsyncIterator[str]) -> AsyncIterator[str]:
+        async for line in lines:
+            self.any = True
+            yield line
 
 
 def _blocking(

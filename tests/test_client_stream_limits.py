@@ -1,0 +1,94 @@
+"""The clients' event streams against servers that answer 200 and then say nothing: a stream
+that hangs with nothing sent, or closes at once each time, is given up after `retries`, with a
+named error, instead of being asked for again for ever."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+import signoff as so
+from signoff.server import AsyncClient, Client
+
+from ._client import EVENTS, Canned, canned, event, stream
+
+__all__ = ["canned"]  # the fixture, used by name
+
+
+def hanging(canned: Canned, sent: str = "") -> Callable[[asyncio.StreamWriter], Awaitable[None]]:
+    """A reply that sends the stream's headers (and `sent`), then nothing until the test ends."""
+
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        writer.write(stream(sent))
+        await writer.drain()
+        await canned.done.wait()
+
+    return reply
+
+
+@pytest.mark.parametrize("sent", ["", "retry: 500\n\n", event(1)])
+async def test_a_read_that_never_ends_is_given_up_after_the_retries(
+    canned: Canned, sent: str
+) -> None:
+    """Without following, the stream must end once it has caught up: one left hanging (after
+    its headers, the server's `retry:` line or an event) is a failure each time, and the read
+    raises `timeout` after `retries`, as a call that got no answer does."""
+    canned.on(EVENTS, hanging(canned, sent))
+    async with AsyncClient(canned.base, timeout=0.2) as c:
+
+        async def read() -> list[int]:
+            return [e.seq async for e in c.events("ses_x", follow=False, retries=2)]
+
+        with pytest.raises(so.RemoteError) as caught:
+            await asyncio.wait_for(read(), 10)
+    assert (caught.value.code, caught.value.status) == ("timeout", 0)
+    assert len(canned.seen) == 3
+
+
+async def test_the_blocking_events_give_up_on_a_read_that_never_ends(canned: Canned) -> None:
+    canned.on(EVENTS, hanging(canned))
+    with Client(canned.base, timeout=0.2) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await asyncio.wait_for(asyncio.to_thread(c.events, "ses_x", retries=1), 10)
+    assert caught.value.code == "timeout"
+    assert len(canned.seen) == 2
+
+
+async def test_a_followed_stream_that_hangs_with_nothing_sent_is_given_up(canned: Canned) -> None:
+    """A signoff server sends its `retry:` line as soon as a stream opens: one that sends its
+    headers and then nothing (a proxy holding the body back, a wedged server) counts as a
+    failure each time it goes silent for `timeout`, not as a quiet stream."""
+    canned.on(EVENTS, hanging(canned))
+    async with AsyncClient(canned.base, timeout=0.2) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=2))), 10)
+    assert caught.value.code == "timeout"
+    assert len(canned.seen) == 3
+
+
+async def test_a_followed_stream_closed_at_once_each_time_is_given_up(canned: Canned) -> None:
+    """A 200 event stream that ends before sending anything, each time it is asked for, is a
+    failure each time: after `retries` the follower raises (`http_error`, status 200) instead
+    of asking ten times a second for ever."""
+    canned.on(EVENTS, stream(""))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=2))), 10)
+    assert (caught.value.code, caught.value.status) == ("http_error", 200)
+    assert "sent nothing" in str(caught.value)
+    assert len(canned.seen) == 3
+
+
+async def test_a_stream_closed_at_once_between_events_does_not_add_up(canned: Canned) -> None:
+    """Only failures in a row count: empty streams around ones that send events do not."""
+    empty = stream("")
+    canned.on(EVENTS, empty, empty, stream(event(1)), empty, empty, stream(event(2)))
+    async with AsyncClient(canned.base) as c:
+        seqs = []
+        async for e in c.events("ses_x", retries=2):
+            seqs.append(e.seq)
+            if e.seq == 2:
+                break
+    assert seqs == [1, 2] and len(canned.seen) == 6
