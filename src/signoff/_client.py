@@ -1,8 +1,8 @@
 """`AsyncClient` and `Client`: the HTTP API from Python, with the method names of `Runtime`.
 
 The calls that start a conversation or send a message carry an idempotency key (the caller's,
-or a new one per call): one that got no answer (a timeout, a dropped connection) is sent once
-more with the same key, which the server applies once.
+or a new one per call): one that got no answer (a timeout, a dropped connection, a proxy's 502
+or 504) is sent once more with the same key, which the server applies once.
 
 `LiveSession` (in `_live_session`) folds a session's stream; `RemoteResult` and the bodies the
 calls send are in `_payloads`.
@@ -71,7 +71,11 @@ def _filter(name: str, value: str | None) -> None:
 
 
 def _unanswered(exc: errors.RemoteError) -> bool:
-    """A call that was sent but got no answer: it may or may not have been applied."""
+    """A call that was sent but got no answer: it may or may not have been applied. A proxy's
+    own 502 or 504 page (not a signoff error body) says the same: the server died mid-call,
+    or answered later than the proxy waits."""
+    if exc.code == "http_error" and exc.status in (502, 504):
+        return True
     return exc.status == 0 and exc.code in ("timeout", "connection_lost")
 
 
@@ -182,14 +186,15 @@ class AsyncClient:
         except errors.RemoteError as exc:
             if _unanswered(exc):
                 last, said = exc, f"{exc} (sent twice with idempotency_key={key!r}"
-            elif exc.status == 0:  # not sent again (the server gone): the first may have acted
+            elif exc.status == 0 or exc.code == "http_error":  # not sent again (the server
+                # gone), or not answered by it (a proxy's page): the first may have acted
                 last, said = first, f"{first} (not sent again: {exc.code}; idempotency_key={key!r}"
             else:
                 raise
             raise errors.RemoteError(
                 f"{said}: call again with it, and the server acts once)",
                 last.code,
-                0,
+                last.status,
                 idempotency_key=key,
             ) from exc
 
