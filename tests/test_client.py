@@ -63,6 +63,27 @@ def test_every_error_class_the_server_can_name_comes_back_as_itself() -> None:
         assert type(got) is cls, name
 
 
+def test_every_error_class_comes_back_with_the_attributes_it_documents() -> None:
+    """A class the client rebuilds without its `__init__` must still have what its `__init__`
+    sets: `ModelError.usage` (None when no reply came) was an AttributeError."""
+    from signoff._wire import error as _error
+
+    attributes: dict[type[so.SignoffError], dict[str, Any]] = {
+        so.ModelError: {"usage": None},
+        so.SessionExpired: {"session_id": "ses_x", "pending": ["req_1"]},
+        so.UnknownRequest: {"request_ids": ["req_1"]},
+        so.PartialAnswer: {"request_ids": ["req_1"]},
+        so.IdempotencyKeyReused: {"session_id": "ses_x"},
+        so.InvalidAnswer: {"request_ids": ["req_1"]},
+    }
+    body = {"message": "m", "session_id": "ses_x", "request_ids": ["req_1"]}
+    for cls, expected in attributes.items():
+        got = _error({**body, "code": cls.code}, 400)
+        assert type(got) is cls
+        for name, value in expected.items():
+            assert getattr(got, name, "missing") == value, (cls.__name__, name)
+
+
 async def test_an_invalid_request_on_an_answer_is_an_invalid_answer(canned: Canned) -> None:
     canned.on("/v1/sessions/ses_x/responses", error("422 Unprocessable Entity", "invalid_request"))
     async with AsyncClient(canned.base) as c:

@@ -109,6 +109,8 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
         exc.session_id = str(detail.get("session_id") or "")  # type: ignore[attr-defined]
     if issubclass(cls, errors.SessionExpired):
         exc.pending = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
+    if issubclass(cls, errors.ModelError):
+        exc.usage = None  # type: ignore[attr-defined]  # a reply's cost: the server's to count
     return exc
 
 
