@@ -11,8 +11,10 @@ calls send are in `_payloads`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import secrets
+import weakref
 from collections.abc import (
     AsyncGenerator,
     AsyncIterator,
@@ -34,6 +36,7 @@ from ._idempotency import check_key
 from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
 from ._settings import flag, seconds, whole
+from ._sync import SyncBridge
 from ._text import is_utf8
 from ._types import Decision, InputRequest, InputResponse
 from .stores import SessionSummary
@@ -417,6 +420,15 @@ class _Heard:
             yield line
 
 
+def _close(client: AsyncClient, bridge: SyncBridge) -> None:
+    """Close a collected `Client`'s connections and loop, as far as can be done then (not from
+    its own loop's thread, nor once that loop has stopped, at the interpreter's exit)."""
+    with contextlib.suppress(Exception):
+        if not client.http.is_closed:
+            bridge.run(client.aclose())
+    bridge.close()
+
+
 def _blocking(
     method: Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]],
 ) -> Callable[Concatenate[Client, P], T]:
@@ -443,11 +455,13 @@ class Client:
         timeout: float = 60.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        from ._sync import SyncBridge
-
         self._async = AsyncClient(base_url, token=token, timeout=timeout, transport=transport)
         self._bridge = SyncBridge()
         self._closed = False
+        # Dropped unclosed: its pooled connections are closed on its loop before the loop
+        # stops, not left as sockets the garbage collector warns about (`ResourceWarning`).
+        self._closer = weakref.finalize(self, _close, self._async, self._bridge)
+        self._closer.atexit = False  # at exit the bridge's loop may be stopped already
 
     def __enter__(self) -> Client:
         return self
@@ -466,6 +480,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        self._closer.detach()
         self._bridge.run(self._async.aclose())
         self._bridge.close()
 
