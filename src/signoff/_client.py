@@ -109,6 +109,7 @@ class AsyncClient:
         if scheme not in ("http", "https"):
             raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {base_url!r}")
         seconds("timeout", timeout)  # httpx took 0, NaN or "5", and every call failed
+        self._timeout = float(timeout)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
@@ -148,13 +149,23 @@ class AsyncClient:
         self, method: str, path: str, parse: Callable[[Any], T], wanted: str, **kwargs: Any
     ) -> T:
         """Send a request and read its JSON answer with `parse`: an answer `parse` cannot read
-        (another server, a proxy's page) is a `RemoteError` naming what was `wanted`."""
+        (another server, a proxy's page) is a `RemoteError` naming what was `wanted`. The whole
+        call gives up after twice the timeout, which httpx applies to each wait only."""
         self._check_open()
         if "json" in kwargs:
             kwargs["content"] = encode(path, kwargs.pop("json"))
             kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
+        whole_call = 2 * self._timeout  # httpx's bounds each wait, not an answer trickled
         try:
-            response = await self.http.request(method, path, **kwargs)
+            async with asyncio.timeout(whole_call):
+                response = await self.http.request(method, path, **kwargs)
+        except TimeoutError:
+            raise errors.RemoteError(
+                f"{self._url(path)}: the server did not finish its answer within {whole_call:g} s"
+                " (twice the client's timeout); the call may or may not have been applied",
+                "timeout",
+                0,
+            ) from None
         except httpx.TransportError as exc:
             raise wire.transport_error(exc, self._url(path)) from exc
         wire.raise_for(response)
