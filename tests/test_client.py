@@ -127,6 +127,7 @@ BAD_BODIES = {
         '{"session_id": "a", "status": "waiting", '
         '"outcomes": [{"request_id": "req_1", "outcome": "approved"}]}'
     ),
+    "total-past-any-float": '{"items": [], "total": 1e400}',  # inf: int() overflowed, bare
 }
 
 
@@ -160,6 +161,7 @@ BAD_SESSION_PAGES = {
         '{"items": [{"id": "ses_1", "agent": "a", "status": "idle", "seq": 1, '
         '"created_at": 1, "updated_at": 1}], "total": 1}'
     ),
+    "total-infinite": '{"items": [], "total": Infinity}',
 }
 
 
@@ -180,6 +182,10 @@ BAD_STREAMS = {
     "an-array": "data: [1]\n\n",
     "end-without-error": 'event: stream.end\ndata: {"nope": 1}\n\n',
     "end-of-an-array": "event: stream.end\ndata: []\n\n",
+    "seq-past-any-float": 'data: {"session_id": "s", "seq": 1e400, "type": "t", "at": 1}\n\n',
+    "end-status-infinite": (
+        'event: stream.end\ndata: {"status": -Infinity, "error": {"code": "x", "message": "m"}}\n\n'
+    ),
 }
 
 

@@ -175,7 +175,7 @@ class AsyncClient:
             raise wire.not_signoff(response, "JSON") from None
         try:
             return parse(data)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise wire.malformed(response, wanted, exc) from None
 
     async def _turn(self, path: str, body: Any) -> RemoteResult:

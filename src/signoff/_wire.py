@@ -207,7 +207,7 @@ def streamed(kind: str, data: Any) -> Event:
         if kind != "stream.end":
             return event(data)
         end = error(data["error"], int(data["status"]))  # the session can have no more events
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise errors.RemoteError(
             f"the event stream sent a {kind!r} message that is not a signoff event "
             f"({type(exc).__name__}: {str(exc)[:200]})",
