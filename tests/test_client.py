@@ -130,6 +130,22 @@ BAD_BODIES = {
     "total-past-any-float": '{"items": [], "total": 1e400}',  # inf: int() overflowed, bare
 }
 
+DEEP = "[" * 100_000 + "]" * 100_000
+"""JSON nested deeper than Python's parser recurses: a `RecursionError`, not a `ValueError`."""
+
+
+async def test_json_nested_past_the_parsers_depth_is_a_remote_error(canned: Canned) -> None:
+    canned.on(CANCEL, http("200 OK", DEEP))
+    canned.on(EVENTS, stream(event(1) + f"data: {DEEP}\n\n"))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError, match="is not JSON"):
+            await c.cancel("ses_x")
+        seen: list[int] = []
+        with pytest.raises(so.RemoteError, match="not JSON"):
+            async for e in c.events("ses_x", follow=False):
+                seen.append(e.seq)
+    assert seen == [1]
+
 
 @pytest.mark.parametrize("name", sorted(BAD_BODIES))
 async def test_a_json_body_of_the_wrong_shape_is_a_remote_error(canned: Canned, name: str) -> None:

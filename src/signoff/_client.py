@@ -171,7 +171,8 @@ class AsyncClient:
         wire.raise_for(response)
         try:
             data = response.json()
-        except ValueError:  # not JSON: the base URL is not a signoff server
+        except (ValueError, RecursionError):  # not JSON (or nested past the parser's depth):
+            # the base URL is not a signoff server
             raise wire.not_signoff(response, "JSON") from None
         try:
             return parse(data)

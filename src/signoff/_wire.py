@@ -228,7 +228,7 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
                 text = "\n".join(data)
                 try:
                     value = json.loads(text)
-                except ValueError:
+                except (ValueError, RecursionError):  # nested past the parser's depth too
                     raise errors.RemoteError(
                         f"the event stream sent data that is not JSON: {text[:200]}",
                         "http_error",
