@@ -92,3 +92,26 @@ async def test_a_stream_closed_at_once_between_events_does_not_add_up(canned: Ca
             if e.seq == 2:
                 break
     assert seqs == [1, 2] and len(canned.seen) == 6
+
+
+async def test_a_stream_whose_opening_trickles_is_given_up_after_the_retries(
+    canned: Canned,
+) -> None:
+    """A server (or proxy) sending a stream's headers a byte at a time, each well within
+    `timeout`, held the follower for as long as it went on: the opening of a stream (its
+    headers, a refusal's body) gets twice `timeout`, as a call does, and each one too slow is
+    a failure."""
+
+    async def trickled(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        while not canned.done.is_set():
+            writer.write(b"a")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    canned.on(EVENTS, trickled)
+    async with AsyncClient(canned.base, timeout=0.5) as c:
+        with pytest.raises(so.RemoteError) as caught:
+            await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=1))), 10)
+    assert (caught.value.code, caught.value.status) == ("timeout", 0)
+    assert len(canned.seen) == 2

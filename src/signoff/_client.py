@@ -145,6 +145,16 @@ class AsyncClient:
         no trailing slash (`http://host:8000v1/sessions`, the errors said)."""
         return f"{str(self.http.base_url).rstrip('/')}{path}"
 
+    def _too_slow(self, path: str) -> errors.RemoteError:
+        """A call (or a stream's opening) whose answer took longer than twice the timeout."""
+        return errors.RemoteError(
+            f"{self._url(path)}: the server did not finish its answer within "
+            f"{2 * self._timeout:g} s (twice the client's timeout); the call may or may not "
+            "have been applied",
+            "timeout",
+            0,
+        )
+
     async def _call(
         self, method: str, path: str, parse: Callable[[Any], T], wanted: str, **kwargs: Any
     ) -> T:
@@ -155,17 +165,11 @@ class AsyncClient:
         if "json" in kwargs:
             kwargs["content"] = encode(path, kwargs.pop("json"))
             kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
-        whole_call = 2 * self._timeout  # httpx's bounds each wait, not an answer trickled
-        try:
-            async with asyncio.timeout(whole_call):
+        try:  # httpx's timeout bounds each wait, not an answer trickled byte by byte
+            async with asyncio.timeout(2 * self._timeout):
                 response = await self.http.request(method, path, **kwargs)
         except TimeoutError:
-            raise errors.RemoteError(
-                f"{self._url(path)}: the server did not finish its answer within {whole_call:g} s"
-                " (twice the client's timeout); the call may or may not have been applied",
-                "timeout",
-                0,
-            ) from None
+            raise self._too_slow(path) from None
         except httpx.TransportError as exc:
             raise wire.transport_error(exc, self._url(path)) from exc
         wire.raise_for(response)
@@ -356,15 +360,15 @@ class AsyncClient:
             streaming = False
             heard = _Heard()
             try:
-                async with self.http.stream(
-                    "GET",
-                    path,
-                    params=params,
-                    headers=headers,
-                    # `timeout` bounds each read too, so a stream gone silent (its server
-                    # vanished without closing it) is asked for again, not waited on for ever.
-                    timeout=self.http.timeout,
-                ) as response:
+                # Its opening (headers, a refusal's body) gets what a whole call gets; then
+                # `timeout` bounds each read, so a stream gone silent (its server vanished
+                # without closing it) is asked for again, not waited on for ever.
+                async with (
+                    asyncio.timeout(2 * self._timeout) as opening,
+                    self.http.stream(
+                        "GET", path, params=params, headers=headers, timeout=self.http.timeout
+                    ) as response,
+                ):
                     if not response.is_success:
                         await response.aread()
                         if failures >= retries or not wire.transient(response):
@@ -377,6 +381,7 @@ class AsyncClient:
                         await response.aread()
                         raise wire.not_signoff(response, "an event-stream")
                     else:
+                        opening.reschedule(None)
                         streaming = True
                         lines = heard.lines(response.aiter_lines())
                         async for kind, data in wire.sse_data(lines):
@@ -405,6 +410,11 @@ class AsyncClient:
                 if not follow:
                     return
                 await asyncio.sleep(0.1)  # the server closed a followed stream: reconnect
+            except TimeoutError:  # the opening trickled past twice the timeout
+                failures += 1
+                if failures > retries:
+                    raise self._too_slow(path) from None
+                await asyncio.sleep(wire.backoff(failures))
             except httpx.TransportError as exc:
                 if streaming and follow and heard.any and isinstance(exc, httpx.ReadTimeout):
                     continue  # quiet, or dead: a reconnect tells; a dead server fails it
