@@ -115,3 +115,30 @@ async def test_a_stream_whose_opening_trickles_is_given_up_after_the_retries(
             await asyncio.wait_for(anext(aiter(c.events("ses_x", retries=1))), 10)
     assert (caught.value.code, caught.value.status) == ("timeout", 0)
     assert len(canned.seen) == 2
+
+
+async def test_streams_closed_after_a_keep_alive_are_asked_for_less_and_less_often(
+    canned: Canned, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A followed stream that answers (a keep-alive: not a failure) and ends at once, each time,
+    was asked for again every 0.1 s for as long as it went on: the pause before each reconnect
+    now grows (doubling up to 2 s) while no event comes, and starts again after one."""
+    from signoff import _wire
+
+    asked: list[int] = []
+
+    def backoff(failures: int, response: object = None) -> float:
+        asked.append(failures)
+        return 0.0
+
+    monkeypatch.setattr(_wire, "backoff", backoff)
+    alive = stream(": keep-alive\n\n")
+    canned.on(EVENTS, alive, alive, alive, alive, stream(event(1)), alive, alive, stream(event(2)))
+    async with AsyncClient(canned.base) as c:
+        seqs = []
+        async for e in c.events("ses_x", retries=0):
+            seqs.append(e.seq)
+            if e.seq == 2:
+                break
+    assert seqs == [1, 2]
+    assert asked == [1, 2, 3, 4, 1, 2]

@@ -353,12 +353,14 @@ class AsyncClient:
         path = _session_path(session_id, "/events")
         last = after
         failures = 0
+        quiet = 0  # followed streams in a row that ended without an event
         while True:
             params = {"after": last, "follow": "true" if follow else "false"}
             headers = {"Last-Event-ID": str(last), "Accept": "text/event-stream"}
             pause = 0.0
             streaming = False
             heard = _Heard()
+            last_seen = last
             try:
                 # Its opening (headers, a refusal's body) gets what a whole call gets; then
                 # `timeout` bounds each read, so a stream gone silent (its server vanished
@@ -409,7 +411,10 @@ class AsyncClient:
                     continue
                 if not follow:
                     return
-                await asyncio.sleep(0.1)  # the server closed a followed stream: reconnect
+                # The server closed a followed stream: reconnect, soon if it sent events,
+                # else less and less often (up to every 2 s), not ten times a second for ever.
+                quiet = 0 if last_seen < last else quiet + 1
+                await asyncio.sleep(wire.backoff(quiet) if quiet else 0.1)
             except TimeoutError:  # the opening trickled past twice the timeout
                 failures += 1
                 if failures > retries:
