@@ -142,3 +142,17 @@ async def test_streams_closed_after_a_keep_alive_are_asked_for_less_and_less_oft
                 break
     assert seqs == [1, 2]
     assert asked == [1, 2, 3, 4, 1, 2]
+
+
+async def test_a_stream_followed_past_its_clients_close_says_the_client_is_closed(
+    canned: Canned,
+) -> None:
+    """A stream left open when its client closes ends at its next reconnect with the client's
+    `UsageError`, not httpx's bare `RuntimeError` (a closed client cannot send)."""
+    canned.on(EVENTS, stream(event(1)), stream(event(2)))
+    async with AsyncClient(canned.base) as c:
+        events = c.events("ses_x")
+        assert (await anext(events)).seq == 1
+    with pytest.raises(so.UsageError, match="closed"):
+        await asyncio.wait_for(anext(events), 10)
+    await events.aclose()

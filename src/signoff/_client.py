@@ -349,12 +349,12 @@ class AsyncClient:
             )
         flag("follow", follow)
         whole("retries", retries, least=0)  # "5" was a TypeError at the first refusal
-        self._check_open()
         path = _session_path(session_id, "/events")
         last = after
         failures = 0
         quiet = 0  # followed streams in a row that ended without an event
         while True:
+            self._check_open()  # closed since the last connection: httpx's bare RuntimeError
             params = {"after": last, "follow": "true" if follow else "false"}
             headers = {"Last-Event-ID": str(last), "Accept": "text/event-stream"}
             pause = 0.0
