@@ -63,6 +63,27 @@ def test_every_error_class_the_server_can_name_comes_back_as_itself() -> None:
         assert type(got) is cls, name
 
 
+def test_every_error_class_comes_back_with_the_attributes_it_documents() -> None:
+    """A class the client rebuilds without its `__init__` must still have what its `__init__`
+    sets: `ModelError.usage` (None when no reply came) was an AttributeError."""
+    from signoff._wire import error as _error
+
+    attributes: dict[type[so.SignoffError], dict[str, Any]] = {
+        so.ModelError: {"usage": None},
+        so.SessionExpired: {"session_id": "ses_x", "pending": ["req_1"]},
+        so.UnknownRequest: {"request_ids": ["req_1"]},
+        so.PartialAnswer: {"request_ids": ["req_1"]},
+        so.IdempotencyKeyReused: {"session_id": "ses_x"},
+        so.InvalidAnswer: {"request_ids": ["req_1"]},
+    }
+    body = {"message": "m", "session_id": "ses_x", "request_ids": ["req_1"]}
+    for cls, expected in attributes.items():
+        got = _error({**body, "code": cls.code}, 400)
+        assert type(got) is cls
+        for name, value in expected.items():
+            assert getattr(got, name, "missing") == value, (cls.__name__, name)
+
+
 async def test_an_invalid_request_on_an_answer_is_an_invalid_answer(canned: Canned) -> None:
     canned.on("/v1/sessions/ses_x/responses", error("422 Unprocessable Entity", "invalid_request"))
     async with AsyncClient(canned.base) as c:
@@ -106,7 +127,24 @@ BAD_BODIES = {
         '{"session_id": "a", "status": "waiting", '
         '"outcomes": [{"request_id": "req_1", "outcome": "approved"}]}'
     ),
+    "total-past-any-float": '{"items": [], "total": 1e400}',  # inf: int() overflowed, bare
 }
+
+DEEP = "[" * 100_000 + "]" * 100_000
+"""JSON nested deeper than Python's parser recurses: a `RecursionError`, not a `ValueError`."""
+
+
+async def test_json_nested_past_the_parsers_depth_is_a_remote_error(canned: Canned) -> None:
+    canned.on(CANCEL, http("200 OK", DEEP))
+    canned.on(EVENTS, stream(event(1) + f"data: {DEEP}\n\n"))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError, match="is not JSON"):
+            await c.cancel("ses_x")
+        seen: list[int] = []
+        with pytest.raises(so.RemoteError, match="not JSON"):
+            async for e in c.events("ses_x", follow=False):
+                seen.append(e.seq)
+    assert seen == [1]
 
 
 @pytest.mark.parametrize("name", sorted(BAD_BODIES))
@@ -139,6 +177,7 @@ BAD_SESSION_PAGES = {
         '{"items": [{"id": "ses_1", "agent": "a", "status": "idle", "seq": 1, '
         '"created_at": 1, "updated_at": 1}], "total": 1}'
     ),
+    "total-infinite": '{"items": [], "total": Infinity}',
 }
 
 
@@ -159,6 +198,10 @@ BAD_STREAMS = {
     "an-array": "data: [1]\n\n",
     "end-without-error": 'event: stream.end\ndata: {"nope": 1}\n\n',
     "end-of-an-array": "event: stream.end\ndata: []\n\n",
+    "seq-past-any-float": 'data: {"session_id": "s", "seq": 1e400, "type": "t", "at": 1}\n\n',
+    "end-status-infinite": (
+        'event: stream.end\ndata: {"status": -Infinity, "error": {"code": "x", "message": "m"}}\n\n'
+    ),
 }
 
 

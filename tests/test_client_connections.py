@@ -47,6 +47,27 @@ async def test_no_answer_within_the_timeout_is_a_named_error(canned: Canned) -> 
     assert (caught.value.code, caught.value.status) == ("timeout", 0)
 
 
+async def test_an_answer_trickled_past_the_timeout_is_a_named_error(canned: Canned) -> None:
+    """A server (or a proxy) sending its answer a byte at a time, each well within `timeout`,
+    was waited on for as long as it went on: a whole call gives up after twice `timeout`."""
+
+    async def trickled(writer: asyncio.StreamWriter) -> None:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\nConnection: close\r\n\r\n"
+        )
+        while not canned.done.is_set():
+            writer.write(b" ")
+            await writer.drain()
+            await asyncio.sleep(0.05)
+
+    canned.on(CANCEL, trickled)
+    async with AsyncClient(canned.base, timeout=0.5) as c:
+        with pytest.raises(so.RemoteError, match="may or may not") as caught:
+            await asyncio.wait_for(c.cancel("ses_x"), 10)
+    assert (caught.value.code, caught.value.status) == ("timeout", 0)
+
+
 async def test_a_server_not_there_is_a_named_error() -> None:
     from .test_server_common import free_port
 

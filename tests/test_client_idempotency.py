@@ -160,3 +160,39 @@ async def test_a_key_repeated_after_a_later_message_answers_with_its_own_turn(
             assert again.replayed and again.turn_id == one.turn_id
             assert again.status == "completed" and again.text.startswith("tool ok: ")
             assert again.pending == []
+
+
+@pytest.mark.parametrize("status", ["502 Bad Gateway", "504 Gateway Timeout"])
+async def test_a_message_a_proxy_got_no_answer_for_is_sent_once_more_with_its_key(
+    canned: Canned, status: str
+) -> None:
+    """A proxy in front of the server answers 502/504 with its own page when the server died
+    mid-call or took longer than the proxy waits (nginx: 60 s): the message may have been
+    delivered, as after a timeout, so it is sent once more under its key, and if the proxy
+    says the same again the error carries the key; it was a bare `http_error` without one,
+    and a caller sending again under a new key could have it delivered twice."""
+    page = http(status, "<html>the upstream did not answer</html>", "text/html")
+    canned.on(MESSAGES, page, http("200 OK", TURN))
+    async with AsyncClient(canned.base) as c:
+        result = await c.send("ses_x", "hello")
+    assert result.replayed
+    keys = [h.get("idempotency-key") for _, h in canned.seen]
+    assert len(keys) == 2 and keys[0] == keys[1] and keys[0]
+    canned.seen.clear()
+    canned.on("/v1/sessions", page)
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.RemoteError, match="call again with it") as caught:
+            await c.generate("support", "hello", idempotency_key="k-8")
+    assert caught.value.idempotency_key == "k-8"
+    assert (caught.value.code, caught.value.status) == ("http_error", int(status[:3]))
+    assert [h["idempotency-key"] for _, h in canned.seen] == ["k-8", "k-8"]
+
+
+async def test_a_message_the_server_refused_as_busy_is_not_sent_again(canned: Canned) -> None:
+    """A 503 of the server's own (`store_busy`: nothing was written) is its answer: raised as
+    its class, not sent again."""
+    canned.on(MESSAGES, error("503 Service Unavailable", "store_busy", extra="Retry-After: 1\r\n"))
+    async with AsyncClient(canned.base) as c:
+        with pytest.raises(so.StoreBusy):
+            await c.send("ses_x", "hello")
+    assert len(canned.seen) == 1

@@ -125,11 +125,12 @@ async def test_a_stream_gone_silent_is_reconnected_after_the_timeout(canned: Can
     assert seqs == [1, 2]
 
 
-@pytest.mark.parametrize("sent", [": keep-alive\n\n", ""])
+@pytest.mark.parametrize("sent", [": keep-alive\n\n", "retry: 500\n\n"])
 async def test_a_quiet_stream_does_not_give_up(canned: Canned, sent: str) -> None:
     """A stream quiet for longer than `timeout` (the client's timeout shorter than the server's
     heartbeat, or a proxy cutting idle streams after a keep-alive) is asked for again as often as
-    it takes: only failing to reach the server counts against `retries`."""
+    it takes: only failing to reach the server counts against `retries`. (A stream that sends
+    not even the `retry:` line a signoff server opens with does: test_client_stream_limits.)"""
 
     async def quiet(writer: asyncio.StreamWriter) -> None:
         writer.write(stream(sent))

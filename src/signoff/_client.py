@@ -1,8 +1,8 @@
 """`AsyncClient` and `Client`: the HTTP API from Python, with the method names of `Runtime`.
 
 The calls that start a conversation or send a message carry an idempotency key (the caller's,
-or a new one per call): one that got no answer (a timeout, a dropped connection) is sent once
-more with the same key, which the server applies once.
+or a new one per call): one that got no answer (a timeout, a dropped connection, a proxy's 502
+or 504) is sent once more with the same key, which the server applies once.
 
 `LiveSession` (in `_live_session`) folds a session's stream; `RemoteResult` and the bodies the
 calls send are in `_payloads`.
@@ -11,10 +11,13 @@ calls send are in `_payloads`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import secrets
+import weakref
 from collections.abc import (
     AsyncGenerator,
+    AsyncIterator,
     Callable,
     Coroutine,
     Mapping,
@@ -33,6 +36,7 @@ from ._idempotency import check_key
 from ._live_session import LiveSession, RequestView
 from ._payloads import RemoteResult, decision_body, encode, input_responses, response_body
 from ._settings import flag, seconds, whole
+from ._sync import SyncBridge
 from ._text import is_utf8
 from ._types import Decision, InputRequest, InputResponse
 from .stores import SessionSummary
@@ -70,7 +74,11 @@ def _filter(name: str, value: str | None) -> None:
 
 
 def _unanswered(exc: errors.RemoteError) -> bool:
-    """A call that was sent but got no answer: it may or may not have been applied."""
+    """A call that was sent but got no answer: it may or may not have been applied. A proxy's
+    own 502 or 504 page (not a signoff error body) says the same: the server died mid-call,
+    or answered later than the proxy waits."""
+    if exc.code == "http_error" and exc.status in (502, 504):
+        return True
     return exc.status == 0 and exc.code in ("timeout", "connection_lost")
 
 
@@ -101,6 +109,7 @@ class AsyncClient:
         if scheme not in ("http", "https"):
             raise errors.UsageError(f"the base URL must be http(s)://host[:port], not {base_url!r}")
         seconds("timeout", timeout)  # httpx took 0, NaN or "5", and every call failed
+        self._timeout = float(timeout)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, transport=transport
@@ -136,27 +145,42 @@ class AsyncClient:
         no trailing slash (`http://host:8000v1/sessions`, the errors said)."""
         return f"{str(self.http.base_url).rstrip('/')}{path}"
 
+    def _too_slow(self, path: str) -> errors.RemoteError:
+        """A call (or a stream's opening) whose answer took longer than twice the timeout."""
+        return errors.RemoteError(
+            f"{self._url(path)}: the server did not finish its answer within "
+            f"{2 * self._timeout:g} s (twice the client's timeout); the call may or may not "
+            "have been applied",
+            "timeout",
+            0,
+        )
+
     async def _call(
         self, method: str, path: str, parse: Callable[[Any], T], wanted: str, **kwargs: Any
     ) -> T:
         """Send a request and read its JSON answer with `parse`: an answer `parse` cannot read
-        (another server, a proxy's page) is a `RemoteError` naming what was `wanted`."""
+        (another server, a proxy's page) is a `RemoteError` naming what was `wanted`. The whole
+        call gives up after twice the timeout, which httpx applies to each wait only."""
         self._check_open()
         if "json" in kwargs:
             kwargs["content"] = encode(path, kwargs.pop("json"))
             kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
-        try:
-            response = await self.http.request(method, path, **kwargs)
+        try:  # httpx's timeout bounds each wait, not an answer trickled byte by byte
+            async with asyncio.timeout(2 * self._timeout):
+                response = await self.http.request(method, path, **kwargs)
+        except TimeoutError:
+            raise self._too_slow(path) from None
         except httpx.TransportError as exc:
             raise wire.transport_error(exc, self._url(path)) from exc
         wire.raise_for(response)
         try:
             data = response.json()
-        except ValueError:  # not JSON: the base URL is not a signoff server
+        except (ValueError, RecursionError):  # not JSON (or nested past the parser's depth):
+            # the base URL is not a signoff server
             raise wire.not_signoff(response, "JSON") from None
         try:
             return parse(data)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise wire.malformed(response, wanted, exc) from None
 
     async def _turn(self, path: str, body: Any) -> RemoteResult:
@@ -181,14 +205,15 @@ class AsyncClient:
         except errors.RemoteError as exc:
             if _unanswered(exc):
                 last, said = exc, f"{exc} (sent twice with idempotency_key={key!r}"
-            elif exc.status == 0:  # not sent again (the server gone): the first may have acted
+            elif exc.status == 0 or exc.code == "http_error":  # not sent again (the server
+                # gone), or not answered by it (a proxy's page): the first may have acted
                 last, said = first, f"{first} (not sent again: {exc.code}; idempotency_key={key!r}"
             else:
                 raise
             raise errors.RemoteError(
                 f"{said}: call again with it, and the server acts once)",
                 last.code,
-                0,
+                last.status,
                 idempotency_key=key,
             ) from exc
 
@@ -314,7 +339,9 @@ class AsyncClient:
     ) -> AsyncGenerator[Event, None]:
         """The session's events after `after`; reconnects with `Last-Event-ID` if cut off, or
         refused for a while (a proxy's 429 or 502-504 while the server restarts, a busy store),
-        up to `retries` failures in a row."""
+        up to `retries` failures in a row. A stream that sends nothing at all (a signoff server
+        sends its `retry:` line at once), or a read not followed that stays silent for
+        `timeout`, is such a failure: only a followed stream that was heard may stay quiet."""
         if isinstance(after, bool) or not isinstance(after, int) or not 0 <= after < 2**63:
             # As `Runtime.events` says it: "3" was sent, and a TypeError met the first event.
             raise errors.UsageError(
@@ -322,25 +349,28 @@ class AsyncClient:
             )
         flag("follow", follow)
         whole("retries", retries, least=0)  # "5" was a TypeError at the first refusal
-        self._check_open()
         path = _session_path(session_id, "/events")
         last = after
         failures = 0
+        quiet = 0  # followed streams in a row that ended without an event
         while True:
+            self._check_open()  # closed since the last connection: httpx's bare RuntimeError
             params = {"after": last, "follow": "true" if follow else "false"}
             headers = {"Last-Event-ID": str(last), "Accept": "text/event-stream"}
             pause = 0.0
             streaming = False
+            heard = _Heard()
+            last_seen = last
             try:
-                async with self.http.stream(
-                    "GET",
-                    path,
-                    params=params,
-                    headers=headers,
-                    # `timeout` bounds each read too, so a stream gone silent (its server
-                    # vanished without closing it) is asked for again, not waited on for ever.
-                    timeout=self.http.timeout,
-                ) as response:
+                # Its opening (headers, a refusal's body) gets what a whole call gets; then
+                # `timeout` bounds each read, so a stream gone silent (its server vanished
+                # without closing it) is asked for again, not waited on for ever.
+                async with (
+                    asyncio.timeout(2 * self._timeout) as opening,
+                    self.http.stream(
+                        "GET", path, params=params, headers=headers, timeout=self.http.timeout
+                    ) as response,
+                ):
                     if not response.is_success:
                         await response.aread()
                         if failures >= retries or not wire.transient(response):
@@ -353,8 +383,10 @@ class AsyncClient:
                         await response.aread()
                         raise wire.not_signoff(response, "an event-stream")
                     else:
+                        opening.reschedule(None)
                         streaming = True
-                        async for kind, data in wire.sse_data(response.aiter_lines()):
+                        lines = heard.lines(response.aiter_lines())
+                        async for kind, data in wire.sse_data(lines):
                             if kind == ":":  # a keep-alive: the server is alive
                                 failures = 0
                                 continue
@@ -364,14 +396,32 @@ class AsyncClient:
                             last = event.seq
                             failures = 0
                             yield event
+                        if not heard.any:  # closed at once: not a signoff server's stream
+                            failures += 1
+                            if failures > retries:
+                                raise errors.RemoteError(
+                                    f"{self._url(path)}: the event stream ended {failures} "
+                                    "times in a row having sent nothing",
+                                    "http_error",
+                                    response.status_code,
+                                )
+                            pause = wire.backoff(failures)
                 if pause:
                     await asyncio.sleep(pause)
                     continue
                 if not follow:
                     return
-                await asyncio.sleep(0.1)  # the server closed a followed stream: reconnect
+                # The server closed a followed stream: reconnect, soon if it sent events,
+                # else less and less often (up to every 2 s), not ten times a second for ever.
+                quiet = 0 if last_seen < last else quiet + 1
+                await asyncio.sleep(wire.backoff(quiet) if quiet else 0.1)
+            except TimeoutError:  # the opening trickled past twice the timeout
+                failures += 1
+                if failures > retries:
+                    raise self._too_slow(path) from None
+                await asyncio.sleep(wire.backoff(failures))
             except httpx.TransportError as exc:
-                if streaming and isinstance(exc, httpx.ReadTimeout):
+                if streaming and follow and heard.any and isinstance(exc, httpx.ReadTimeout):
                     continue  # quiet, or dead: a reconnect tells; a dead server fails it
                 failures += 1
                 if failures > retries:
@@ -383,6 +433,27 @@ class AsyncClient:
         live = LiveSession(self, session_id)
         await live.sync()
         return live
+
+
+class _Heard:
+    """Whether a stream sent any line at all, which a signoff server's does as it opens."""
+
+    def __init__(self) -> None:
+        self.any = False
+
+    async def lines(self, lines: AsyncIterator[str]) -> AsyncIterator[str]:
+        async for line in lines:
+            self.any = True
+            yield line
+
+
+def _close(client: AsyncClient, bridge: SyncBridge) -> None:
+    """Close a collected `Client`'s connections and loop, as far as can be done then (not from
+    its own loop's thread, nor once that loop has stopped, at the interpreter's exit)."""
+    with contextlib.suppress(Exception):
+        if not client.http.is_closed:
+            bridge.run(client.aclose())
+    bridge.close()
 
 
 def _blocking(
@@ -411,11 +482,13 @@ class Client:
         timeout: float = 60.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        from ._sync import SyncBridge
-
         self._async = AsyncClient(base_url, token=token, timeout=timeout, transport=transport)
         self._bridge = SyncBridge()
         self._closed = False
+        # Dropped unclosed: its pooled connections are closed on its loop before the loop
+        # stops, not left as sockets the garbage collector warns about (`ResourceWarning`).
+        self._closer = weakref.finalize(self, _close, self._async, self._bridge)
+        self._closer.atexit = False  # at exit the bridge's loop may be stopped already
 
     def __enter__(self) -> Client:
         return self
@@ -434,6 +507,7 @@ class Client:
         if self._closed:
             return
         self._closed = True
+        self._closer.detach()
         self._bridge.run(self._async.aclose())
         self._bridge.close()
 

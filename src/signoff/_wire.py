@@ -109,6 +109,8 @@ def error(detail: Mapping[str, Any], status: int, path: str = "") -> errors.Sign
         exc.session_id = str(detail.get("session_id") or "")  # type: ignore[attr-defined]
     if issubclass(cls, errors.SessionExpired):
         exc.pending = request_ids(detail.get("request_ids"))  # type: ignore[attr-defined]
+    if issubclass(cls, errors.ModelError):
+        exc.usage = None  # type: ignore[attr-defined]  # a reply's cost: the server's to count
     return exc
 
 
@@ -205,7 +207,7 @@ def streamed(kind: str, data: Any) -> Event:
         if kind != "stream.end":
             return event(data)
         end = error(data["error"], int(data["status"]))  # the session can have no more events
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
         raise errors.RemoteError(
             f"the event stream sent a {kind!r} message that is not a signoff event "
             f"({type(exc).__name__}: {str(exc)[:200]})",
@@ -226,7 +228,7 @@ async def sse_data(lines: AsyncIterator[str]) -> AsyncIterator[tuple[str, Any]]:
                 text = "\n".join(data)
                 try:
                     value = json.loads(text)
-                except ValueError:
+                except (ValueError, RecursionError):  # nested past the parser's depth too
                     raise errors.RemoteError(
                         f"the event stream sent data that is not JSON: {text[:200]}",
                         "http_error",
