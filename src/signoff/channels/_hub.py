@@ -2,7 +2,8 @@
 
 Each channel keeps its own position in `ChannelState`, so a restart continues where it stopped
 instead of posting everything again, and a channel whose service is down retries the entries it
-missed while the others go on. Without a saved position a channel starts at the end of the trail.
+missed while the others go on. Without a saved position a channel starts at the end of the trail
+(waiting, as for any hole, on a lower id still committing then).
 A subagent's request is shown once, as the child's own request (with its deadline): its mirror
 on the parent session is skipped, and answering the child's request also closes the mirror.
 An escalated request is shown by the channels that take it as it now stands: one whose `accepts`
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["ChannelHub"]
 
 _PAGE = 500
+_SETTLING = 1000  # ids below the end a first start looks at for transactions still committing
 _STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish its deliveries
 _SKIPPED = "skipped"  # the memo (under the hub's key for a channel) of entries it gave up on
 
@@ -203,13 +205,14 @@ class ChannelHub:
     async def _activate(self, channels: list[Channel]) -> None:
         """Start delivering to `channels`, whose locks this hub holds: load their positions, hand
         them the open requests and deliver what an earlier run gave up on."""
-        end: int | None = None
+        start: tuple[int, set[int]] | None = None
         for ch in channels:
             saved = await off_loop(self.state.position, self._key(ch))
             if saved is None:
-                if end is None:
-                    end = await self._end()
-                saved = end
+                if start is None:
+                    start = await self._start_at()
+                saved, present = start
+                self._seen[ch.name] = set(present)  # there before the start: not delivered
                 await off_loop(self.state.set_position, self._key(ch), saved)
             elif saved > 0 and not await self.runtime.store.audit(after_id=saved - 1, limit=1):
                 saved = await self._behind_the_end(ch, saved)
@@ -489,6 +492,26 @@ class ChannelHub:
             self._retries.redo.discard(ch.name)
 
     # -- helpers ------------------------------------------------------------------------------
+
+    async def _start_at(self) -> tuple[int, set[int]]:
+        """Where a channel without a saved position starts: the trail's end, or below the first
+        hole in its last `_SETTLING` ids, with the ids present above that. On PostgreSQL an id
+        is taken at insert and seen at commit, so a hole there may be a transaction still
+        committing: it is waited for (up to `gap_timeout`) as on any poll, not skipped."""
+        end = await self._end()
+        low = max(0, end - _SETTLING)
+        present: set[int] = set()
+        after = low
+        while after < end:
+            page = await self.runtime.store.audit(after_id=after, upto_id=end, limit=_PAGE)
+            if not page:
+                break
+            present.update(e.id for e in page)
+            after = page[-1].id
+        at = low
+        while at < end and at + 1 in present:
+            at += 1
+        return at, {i for i in present if i > at}
 
     async def _end(self) -> int:
         """The id of the newest audit entry (0 for an empty trail)."""
