@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -15,6 +16,7 @@ from signoff.channels import ChannelHub, ChannelState
 
 from ._channel_state import Seen
 from ._channels import manual, three_refunds
+from .test_channels_hub import Flaky
 
 _KEY = 4242  # the advisory lock a stalled transaction waits on, after its audit insert
 
@@ -118,3 +120,39 @@ async def test_a_hole_at_the_first_start_waits_for_its_entry_or_gap_timeout(
             await hub.poll()
             assert hub.position(other) == entries[-1].id and other.opened == []
         assert {r.id for r in second.pending}.isdisjoint(seen.opened)
+
+
+async def test_a_hub_taking_over_above_a_hole_does_not_deliver_again_what_was_delivered(
+    store_url: str, tmp_path: Path
+) -> None:
+    """The saved position stays below a hole while the entries above it are delivered: a hub
+    that takes over from it (a standby, or the same hub restarted) within `gap_timeout` skips
+    those, delivering only the late entry once it shows up."""
+    runs: list[str] = []
+    async with so.Runtime([three_refunds(runs)], store=store_url) as rt:
+        state = tmp_path / "channels.db"
+        first = Flaky(0)
+        async with manual(ChannelHub(rt, [first], state=state, gap_timeout=60)) as hub:
+            r = await rt.generate("support", prompt="Refund A, B and C")
+            a, b, c = r.pending
+            await rt.respond(r.session_id, [so.InputResponse(request_id=a.id, option_id="approve")])
+            entries = await rt.store.audit()
+            (opened,) = [e.id for e in entries if e.type == "input.requested"]
+            real = rt.store.audit
+            hidden = {opened}
+
+            async def late(**kwargs: Any) -> list[Any]:
+                return [e for e in await real(**kwargs) if e.id not in hidden]
+
+            rt.store.audit = late  # type: ignore[method-assign]
+            await hub.poll()
+            assert first.seen == [("approved", a.id)]
+            assert hub.position(first) == opened - 1
+        second = Flaky(0)
+        async with manual(ChannelHub(rt, [second], state=state, gap_timeout=60)) as hub:
+            await hub.poll()
+            assert second.seen == []  # approved was told already
+            hidden.clear()
+            await hub.poll()
+            assert second.seen == [("requested", b.id), ("requested", c.id)]
+            assert hub.position(second) == entries[-1].id

@@ -42,6 +42,7 @@ _PAGE = 500
 _SETTLING = 1000  # ids below the end a first start looks at for transactions still committing
 _STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish its deliveries
 _SKIPPED = "skipped"  # the memo (under the hub's key for a channel) of entries it gave up on
+_DELIVERED = "delivered"  # ... and of those it delivered above its position (past a hole)
 
 
 class ChannelHub:
@@ -54,9 +55,10 @@ class ChannelHub:
     channel (by hub `name` and channel name): it holds an OS lock next to the file while it
     runs, and another started on the same file (in this or another process on the machine)
     stands by for that channel, which still answers (e.g. Slack's clicks), and takes over at its
-    next poll when the first stops or dies. A channel's positions and memos (Slack's messages,
-    webhooks not yet sent) are the hub's own too: hubs of different names keep theirs apart on
-    one file, also for channels of the same name. Hub and channel names must not contain `:`
+    next poll when the first stops or dies (skipping what the first delivered past a hole). A
+    channel's positions and memos (Slack's messages, webhooks not yet sent) are the hub's own
+    too: hubs of different names keep theirs apart on one file, also for channels of the same
+    name. Hub and channel names must not contain `:`
     or `.`, which join them there. Hubs on memory share nothing: each delivers everything, so
     run one per set of channels.
 
@@ -130,6 +132,7 @@ class ChannelHub:
         self._positions: dict[str, int] = {}
         self._retries = Retries()
         self._seen: dict[str, set[int]] = {}
+        self._kept: dict[str, list[int]] = {}  # `_seen` as saved in the state
         self._gaps: dict[int, float] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -216,7 +219,13 @@ class ChannelHub:
                 await off_loop(self.state.set_position, self._key(ch), saved)
             elif saved > 0 and not await self.runtime.store.audit(after_id=saved - 1, limit=1):
                 saved = await self._behind_the_end(ch, saved)
+                self._seen[ch.name] = set()  # the ids are taken again
+            else:  # what the hub before delivered past a hole, not to be delivered again
+                kept = await off_loop(self.state.recall, self._key(ch), _DELIVERED)
+                self._kept[ch.name] = kept if isinstance(kept, list) else []
+                self._seen[ch.name] = {i for i in self._kept[ch.name] if _whole(i) and i > saved}
             self._positions[ch.name] = saved
+            await self._keep_seen(ch)
         self._active.update(ch.name for ch in channels)
         if channels:
             open_requests = await self._open_requests()
@@ -418,6 +427,19 @@ class ChannelHub:
             low = min(self._positions[n] for n in self._active)
             for gap in [g for g in self._gaps if g <= low]:
                 del self._gaps[gap]
+        await self._keep_seen(ch)
+
+    async def _keep_seen(self, ch: Channel) -> None:
+        """Save the entries delivered above the channel's position (past a hole, on PostgreSQL)
+        where they changed: a hub that takes over from the position skips them."""
+        ids = sorted(self._seen.get(ch.name, ()))
+        if ids == self._kept.get(ch.name, []):
+            return
+        if ids:
+            await off_loop(self.state.remember, self._key(ch), _DELIVERED, ids)
+        else:
+            await off_loop(self.state.forget, self._key(ch), _DELIVERED)
+        self._kept[ch.name] = ids
 
     async def _dispatch(self, entry: AuditEntry, blocked: set[str]) -> int:
         """Deliver one entry to every channel that has not had it; 1 if any handled it."""
@@ -533,6 +555,11 @@ class ChannelHub:
             if not more:
                 return out
             offset += _PAGE
+
+
+def _whole(value: object) -> bool:
+    """Whether a saved id is one (an int, not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _in_event_loop() -> bool:
