@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, ChannelState
@@ -156,3 +157,21 @@ async def test_a_hub_taking_over_above_a_hole_does_not_deliver_again_what_was_de
             await hub.poll()
             assert second.seen == [("requested", b.id), ("requested", c.id)]
             assert hub.position(second) == entries[-1].id
+
+
+async def test_the_position_of_a_channel_the_hub_does_not_deliver_to_is_a_named_error(
+    tmp_path: Path,
+) -> None:
+    """Not started yet, a channel it stands by for, or a name it has not: a `UsageError`."""
+    async with so.Runtime([three_refunds([])], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+        state = tmp_path / "channels.db"
+        one, two = Seen(), Seen()
+        first = ChannelHub(rt, [one], state=state)
+        with pytest.raises(so.UsageError, match="no position"):
+            first.position(one)
+        async with manual(first), manual(ChannelHub(rt, [two], state=state)) as standby:
+            assert first.position(one) == (await rt.store.audit())[-1].id
+            with pytest.raises(so.UsageError, match="no position"):
+                standby.position(two)
+            with pytest.raises(so.UsageError, match="no position"):
+                first.position("sms")

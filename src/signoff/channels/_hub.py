@@ -158,8 +158,14 @@ class ChannelHub:
         return len(self._active) == len(self.channels)
 
     def position(self, channel: Channel | str) -> int:
-        """The last audit entry id a channel has handled."""
+        """The last audit entry id a channel has handled; a `UsageError` for one this hub has
+        not delivered to (not started, standing by for another hub, or not its channel)."""
         name = channel if isinstance(channel, str) else channel.name
+        if name not in self._positions:
+            raise UsageError(
+                f"channel {name!r} has no position in hub {self.name!r}: it is not one of its "
+                "channels, or the hub has not delivered to it (not started, or standing by)"
+            )
         return self._positions[name]
 
     def _key(self, channel: Channel) -> str:
