@@ -33,11 +33,12 @@ async def test_a_hub_taking_over_does_not_act_again_on_a_click_a_standby_is_acti
         try:
             await one.poll()
             assert one.active and not two.active and not three.active
-            fake.slow["views.open"] = 1.0
+            fake.slow["views.open"] = 2.0  # Slack answers once the hub took over
             press = click({"action_id": "signoff.deny", "value": req.id, "type": "button"})
             assert await slacks[2].handle(press, sign(press, int(time.time()))) is None
-            while not fake.of("views.open"):  # the standby is opening the form
-                await asyncio.sleep(0.01)
+            async with asyncio.timeout(10):
+                while not fake.of("views.open"):  # the standby is opening the form
+                    await asyncio.sleep(0.01)
             await one.stop()
             await two.poll()
             assert two.active
