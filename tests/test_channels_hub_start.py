@@ -14,6 +14,7 @@ import pytest
 
 import signoff as so
 from signoff.channels import ChannelHub, ChannelState
+from signoff.stores._audit import AuditRow
 
 from ._channel_state import Seen
 from ._channels import manual, three_refunds
@@ -175,3 +176,30 @@ async def test_the_position_of_a_channel_the_hub_does_not_deliver_to_is_a_named_
                 standby.position(two)
             with pytest.raises(so.UsageError, match="no position"):
                 first.position("sms")
+
+
+async def test_a_first_start_finds_the_end_without_reading_the_whole_trail(
+    store_url: str,
+) -> None:
+    """A hub on memory starts without a position every time: it finds the trail's end by ids,
+    reading only the last entries (those it waits on holes among), not all of them."""
+    async with so.Runtime([three_refunds([])], store=store_url) as rt:
+        rows = [
+            AuditRow(stream="stream", type="tool.approval_changed", at=1.0, seq=None, data={})
+            for _ in range(3000)
+        ]
+        for _ in range(4):
+            await rt.store.record_audit(rows)
+        real = rt.store.audit
+        read: list[int] = []
+
+        async def counted(**kwargs: Any) -> list[Any]:
+            found = await real(**kwargs)
+            read.append(len(found))
+            return found
+
+        rt.store.audit = counted  # type: ignore[method-assign]
+        seen = Seen()
+        async with manual(ChannelHub(rt, [seen])) as hub:
+            assert hub.position(seen) == (await real(after_id=11_500))[-1].id
+            assert sum(read) <= 1000  # of 12,000

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["ChannelHub"]
 
 _PAGE = 500
+_WINDOW = 1_000_000  # ids a look for the trail's end steps over at once (read from an index)
 _SETTLING = 1000  # ids below the end a first start looks at for transactions still committing
 _STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish its deliveries
 _SKIPPED = "skipped"  # the memo (under the hub's key for a channel) of entries it gave up on
@@ -542,10 +543,19 @@ class ChannelHub:
         return at, {i for i in present if i > at}
 
     async def _end(self) -> int:
-        """The id of the newest audit entry (0 for an empty trail)."""
+        """The id of the newest audit entry (0 for an empty trail), found by ids alone where the
+        store can (`audit_window`): a hub on memory looks for it at every start, and reading
+        every entry of a long trail held the server's start for seconds per 100,000."""
+        store = self.runtime.store
         last = 0
+        if hasattr(store, "audit_window"):  # not in a store of an earlier signoff
+            while True:
+                upto = await store.audit_window(after_id=last, limit=_WINDOW)
+                if upto is None or upto <= last:
+                    return last
+                last = upto
         while True:
-            page = await self.runtime.store.audit(after_id=last, limit=10_000)
+            page = await store.audit(after_id=last, limit=10_000)
             if not page:
                 return last
             last = page[-1].id
