@@ -5,10 +5,13 @@ left), not on one another hub's channel is acting on now."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
-from signoff.channels import ChannelHub
+import signoff as so
+from signoff.channels import ChannelHub, ChannelState
+from signoff.channels.slack import SlackChannel
 
 from ._slack import FakeSlack, channel, click, fake, sign
 from .test_slack_clicks import refund_asked
@@ -51,3 +54,30 @@ async def test_a_hub_taking_over_does_not_act_again_on_a_click_a_standby_is_acti
         finally:
             for hub in (one, two, three):
                 await hub.stop()
+
+
+async def test_clicks_saved_at_once_in_worker_threads_share_one_presence(tmp_path: Path) -> None:
+    """Saves run in worker threads, two clicks' at once: both take the channel's one token (a
+    second lock taken on its file would fail as held elsewhere, and the click get a 503)."""
+    slack = SlackChannel("C42", token="xoxb-test", signing_secret="secret")
+    state = ChannelState(tmp_path / "hub.db")
+    try:
+        async with so.Runtime([], store=f"sqlite:///{tmp_path / 's.db'}") as rt:
+            slack.bind(rt, state, hub="hub")
+            start = threading.Barrier(4, timeout=10)  # the default executor runs 5 at least
+
+            def take() -> str:
+                start.wait()
+                return slack.owner()
+
+            tokens = await asyncio.gather(*(asyncio.to_thread(take) for _ in range(4)))
+            assert len(set(tokens)) == 1
+            assert not slack.elsewhere(tokens[0])  # its own
+            other = SlackChannel("C42", token="xoxb-test", signing_secret="secret")
+            other.bind(rt, ChannelState(tmp_path / "hub.db"), hub="hub")
+            assert other.elsewhere(tokens[0])  # held: another object's work is left to it
+            await slack.close()
+            assert not other.elsewhere(tokens[0])  # let go: taken up
+            other.state.close()
+    finally:
+        state.close()

@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import sys
+import threading
 
 from .._exceptions import StoreError
 
@@ -65,6 +66,7 @@ class HubLease:
 
 
 _HELD: set[str] = set()  # the tokens of the presences this process holds
+_GUARD = threading.Lock()  # presences are taken in worker threads (memo saves), maybe two at once
 
 
 class Presence:
@@ -83,21 +85,23 @@ class Presence:
 
     def hold(self) -> str:
         """Take the lock (once), and the token; a `StoreError` if its file cannot be locked."""
-        if self.token not in _HELD:
-            if self._lease is not None and not self._lease.acquire():
-                raise StoreError(f"the lock {self._lease.path} is held elsewhere")
-            _HELD.add(self.token)
+        with _GUARD:
+            if self.token not in _HELD:
+                if self._lease is not None and not self._lease.acquire():
+                    raise StoreError(f"the lock {self._lease.path} is held elsewhere")
+                _HELD.add(self.token)
         return self.token
 
     def release(self) -> None:
         """Let go of it, its file removed (a process that dies leaves it, for `alive` to)."""
-        if self.token not in _HELD:
-            return
-        _HELD.discard(self.token)
-        if self._lease is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self._lease.path)
-            self._lease.release()
+        with _GUARD:
+            if self.token not in _HELD:
+                return
+            _HELD.discard(self.token)
+            if self._lease is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._lease.path)
+                self._lease.release()
 
 
 def alive(state_path: str, name: str, token: str) -> bool:

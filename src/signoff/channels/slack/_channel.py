@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -132,6 +133,7 @@ class SlackChannel(Channel):
         self._backlog_failures = 0  # failed posts of the backlog's first request
         self._unsaved: dict[str, dict[str, Any]] = {}  # request id -> a post whose memo failed
         self._presence: Presence | None = None  # held while it may act on the work it took
+        self._presence_lock = threading.Lock()
         self.replies = ThreadReplies(self)
         self.clicks = Clicks(self)
 
@@ -304,12 +306,13 @@ class SlackChannel(Channel):
         its `Presence` next to the state file: while held (it is open, its process alive),
         another hub's start leaves that work to it instead of acting on it a second time."""
         name = f"{self._hub}.{self.name}"
-        presence = self._presence
-        if presence is None or (presence.state_path, presence.name) != (self.state.path, name):
-            if presence is not None:
-                presence.release()
-            presence = self._presence = Presence(self.state.path, name)
-        return presence.hold()
+        with self._presence_lock:  # called in worker threads, two clicks' saves at once
+            presence = self._presence
+            if presence is None or (presence.state_path, presence.name) != (self.state.path, name):
+                if presence is not None:
+                    presence.release()
+                presence = self._presence = Presence(self.state.path, name)
+            return presence.hold()
 
     def elsewhere(self, token: object) -> bool:
         """Whether work saved with `token` is another live channel object's (of this channel,
