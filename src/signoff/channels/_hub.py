@@ -2,7 +2,8 @@
 
 Each channel keeps its own position in `ChannelState`, so a restart continues where it stopped
 instead of posting everything again, and a channel whose service is down retries the entries it
-missed while the others go on. Without a saved position a channel starts at the end of the trail.
+missed while the others go on. Without a saved position a channel starts at the end of the trail
+(waiting, as for any hole, on a lower id still committing then).
 A subagent's request is shown once, as the child's own request (with its deadline): its mirror
 on the parent session is skipped, and answering the child's request also closes the mirror.
 An escalated request is shown by the channels that take it as it now stands: one whose `accepts`
@@ -38,8 +39,11 @@ if TYPE_CHECKING:
 __all__ = ["ChannelHub"]
 
 _PAGE = 500
+_WINDOW = 1_000_000  # ids a look for the trail's end steps over at once (read from an index)
+_SETTLING = 1000  # ids below the end a first start looks at for transactions still committing
 _STOP_GRACE = 10.0  # seconds: how long stop() lets a poll in progress finish its deliveries
 _SKIPPED = "skipped"  # the memo (under the hub's key for a channel) of entries it gave up on
+_DELIVERED = "delivered"  # ... and of those it delivered above its position (past a hole)
 
 
 class ChannelHub:
@@ -52,9 +56,10 @@ class ChannelHub:
     channel (by hub `name` and channel name): it holds an OS lock next to the file while it
     runs, and another started on the same file (in this or another process on the machine)
     stands by for that channel, which still answers (e.g. Slack's clicks), and takes over at its
-    next poll when the first stops or dies. A channel's positions and memos (Slack's messages,
-    webhooks not yet sent) are the hub's own too: hubs of different names keep theirs apart on
-    one file, also for channels of the same name. Hub and channel names must not contain `:`
+    next poll when the first stops or dies (skipping what the first delivered past a hole). A
+    channel's positions and memos (Slack's messages, webhooks not yet sent) are the hub's own
+    too: hubs of different names keep theirs apart on one file, also for channels of the same
+    name. Hub and channel names must not contain `:`
     or `.`, which join them there. Hubs on memory share nothing: each delivers everything, so
     run one per set of channels.
 
@@ -128,6 +133,7 @@ class ChannelHub:
         self._positions: dict[str, int] = {}
         self._retries = Retries()
         self._seen: dict[str, set[int]] = {}
+        self._kept: dict[str, list[int]] = {}  # `_seen` as saved in the state
         self._gaps: dict[int, float] = {}
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
@@ -153,8 +159,14 @@ class ChannelHub:
         return len(self._active) == len(self.channels)
 
     def position(self, channel: Channel | str) -> int:
-        """The last audit entry id a channel has handled."""
+        """The last audit entry id a channel has handled; a `UsageError` for one this hub has
+        not delivered to (not started, standing by for another hub, or not its channel)."""
         name = channel if isinstance(channel, str) else channel.name
+        if name not in self._positions:
+            raise UsageError(
+                f"channel {name!r} has no position in hub {self.name!r}: it is not one of its "
+                "channels, or the hub has not delivered to it (not started, or standing by)"
+            )
         return self._positions[name]
 
     def _key(self, channel: Channel) -> str:
@@ -203,17 +215,24 @@ class ChannelHub:
     async def _activate(self, channels: list[Channel]) -> None:
         """Start delivering to `channels`, whose locks this hub holds: load their positions, hand
         them the open requests and deliver what an earlier run gave up on."""
-        end: int | None = None
+        start: tuple[int, set[int]] | None = None
         for ch in channels:
             saved = await off_loop(self.state.position, self._key(ch))
             if saved is None:
-                if end is None:
-                    end = await self._end()
-                saved = end
+                if start is None:
+                    start = await self._start_at()
+                saved, present = start
+                self._seen[ch.name] = set(present)  # there before the start: not delivered
                 await off_loop(self.state.set_position, self._key(ch), saved)
             elif saved > 0 and not await self.runtime.store.audit(after_id=saved - 1, limit=1):
                 saved = await self._behind_the_end(ch, saved)
+                self._seen[ch.name] = set()  # the ids are taken again
+            else:  # what the hub before delivered past a hole, not to be delivered again
+                kept = await off_loop(self.state.recall, self._key(ch), _DELIVERED)
+                self._kept[ch.name] = kept if isinstance(kept, list) else []
+                self._seen[ch.name] = {i for i in self._kept[ch.name] if _whole(i) and i > saved}
             self._positions[ch.name] = saved
+            await self._keep_seen(ch)
         self._active.update(ch.name for ch in channels)
         if channels:
             open_requests = await self._open_requests()
@@ -415,6 +434,19 @@ class ChannelHub:
             low = min(self._positions[n] for n in self._active)
             for gap in [g for g in self._gaps if g <= low]:
                 del self._gaps[gap]
+        await self._keep_seen(ch)
+
+    async def _keep_seen(self, ch: Channel) -> None:
+        """Save the entries delivered above the channel's position (past a hole, on PostgreSQL)
+        where they changed: a hub that takes over from the position skips them."""
+        ids = sorted(self._seen.get(ch.name, ()))
+        if ids == self._kept.get(ch.name, []):
+            return
+        if ids:
+            await off_loop(self.state.remember, self._key(ch), _DELIVERED, ids)
+        else:
+            await off_loop(self.state.forget, self._key(ch), _DELIVERED)
+        self._kept[ch.name] = ids
 
     async def _dispatch(self, entry: AuditEntry, blocked: set[str]) -> int:
         """Deliver one entry to every channel that has not had it; 1 if any handled it."""
@@ -490,11 +522,40 @@ class ChannelHub:
 
     # -- helpers ------------------------------------------------------------------------------
 
+    async def _start_at(self) -> tuple[int, set[int]]:
+        """Where a channel without a saved position starts: the trail's end, or below the first
+        hole in its last `_SETTLING` ids, with the ids present above that. On PostgreSQL an id
+        is taken at insert and seen at commit, so a hole there may be a transaction still
+        committing: it is waited for (up to `gap_timeout`) as on any poll, not skipped."""
+        end = await self._end()
+        low = max(0, end - _SETTLING)
+        present: set[int] = set()
+        after = low
+        while after < end:
+            page = await self.runtime.store.audit(after_id=after, upto_id=end, limit=_PAGE)
+            if not page:
+                break
+            present.update(e.id for e in page)
+            after = page[-1].id
+        at = low
+        while at < end and at + 1 in present:
+            at += 1
+        return at, {i for i in present if i > at}
+
     async def _end(self) -> int:
-        """The id of the newest audit entry (0 for an empty trail)."""
+        """The id of the newest audit entry (0 for an empty trail), found by ids alone where the
+        store can (`audit_window`): a hub on memory looks for it at every start, and reading
+        every entry of a long trail held the server's start for seconds per 100,000."""
+        store = self.runtime.store
         last = 0
+        if hasattr(store, "audit_window"):  # not in a store of an earlier signoff
+            while True:
+                upto = await store.audit_window(after_id=last, limit=_WINDOW)
+                if upto is None or upto <= last:
+                    return last
+                last = upto
         while True:
-            page = await self.runtime.store.audit(after_id=last, limit=10_000)
+            page = await store.audit(after_id=last, limit=10_000)
             if not page:
                 return last
             last = page[-1].id
@@ -510,6 +571,11 @@ class ChannelHub:
             if not more:
                 return out
             offset += _PAGE
+
+
+def _whole(value: object) -> bool:
+    """Whether a saved id is one (an int, not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _in_event_loop() -> bool:

@@ -115,6 +115,7 @@ class TextChannel(Channel):
         self.unmatched = unmatched
         self._queue: list[InputRequest] = []
         self._lock = asyncio.Lock()
+        self._started = False  # by a hub that delivers to it (else it stands by, or is not run)
 
     async def send_text(self, text: str) -> None:
         """Deliver one message to the person (SMS, comment, chat line...)."""
@@ -195,6 +196,7 @@ class TextChannel(Channel):
     # -- what the hub tells it ----------------------------------------------------------------
 
     async def start(self, open_requests: Sequence[InputRequest]) -> None:
+        self._started = True
         async with self._lock:
             known = {r.id for r in self._queue}
             for r in sorted(open_requests, key=lambda r: (r.created_at, r.index or 0)):
@@ -285,6 +287,8 @@ class TextChannel(Channel):
         or with `unmatched="send"` the message went to the session).
         """
         request = self.current
+        if request is None and not self._started:
+            request = await self._shown_elsewhere()
         if request is None:
             await self.send_text("Nothing is waiting for an answer.")
             return None
@@ -312,6 +316,20 @@ class TextChannel(Channel):
             await self.send_text(self._hint(request))
             return None
         return await self.answer(request, response, principal)
+
+    async def _shown_elsewhere(self) -> InputRequest | None:
+        """For a channel standing by for another hub's: the open request that hub's channel of
+        this name shows (the state's memo), which the person's reply reaching this process
+        answers."""
+        if self._state is None:
+            return None
+        shown = await off_loop(self.recall, "shown")
+        if not isinstance(shown, str):
+            return None
+        stored = await self.runtime.store.get_request(shown)
+        if stored is None or stored.status != "pending" or not self.accepts(stored.request):
+            return None
+        return stored.request
 
     async def answer(
         self, request: InputRequest, response: InputResponse, principal: Principal | None

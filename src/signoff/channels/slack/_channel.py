@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
@@ -26,6 +27,7 @@ from ..._exceptions import SignoffError, UsageError
 from ..._types import InputRequest
 from ...stores import promptly
 from .._base import Channel, InvalidSignature, RateLimited, Resolution, logger, off_loop
+from .._lease import Presence, alive
 from ._adopt import find_post, metadata, new_attempt, retry_handlers
 from ._blocks import (
     escape,
@@ -135,6 +137,8 @@ class SlackChannel(Channel):
         self._backlog_at = 0.0  # monotonic time Slack lets the backlog be posted again
         self._backlog_failures = 0  # failed posts of the backlog's first request
         self._unsaved: dict[str, dict[str, Any]] = {}  # request id -> a post whose memo failed
+        self._presence: Presence | None = None  # held while it may act on the work it took
+        self._presence_lock = threading.Lock()
         self.replies = ThreadReplies(self)
         self.clicks = Clicks(self)
 
@@ -300,6 +304,28 @@ class SlackChannel(Channel):
 
     async def close(self) -> None:
         await self.idle()
+        if self._presence is not None:
+            self._presence.release()  # what it left undone is now any process's to take up
+
+    def owner(self) -> str:
+        """The token this channel object saves in the work it takes (clicks, replies), holding
+        its `Presence` next to the state file: while held (it is open, its process alive),
+        another hub's start leaves that work to it instead of acting on it a second time."""
+        name = f"{self._hub}.{self.name}"
+        with self._presence_lock:  # called in worker threads, two clicks' saves at once
+            presence = self._presence
+            if presence is None or (presence.state_path, presence.name) != (self.state.path, name):
+                if presence is not None:
+                    presence.release()
+                presence = self._presence = Presence(self.state.path, name)
+            return presence.hold()
+
+    def elsewhere(self, token: object) -> bool:
+        """Whether work saved with `token` is another live channel object's (of this channel,
+        in this process or another sharing the state file) to finish."""
+        mine = self._presence is not None and token == self._presence.token
+        name = f"{self._hub}.{self.name}"
+        return isinstance(token, str) and not mine and alive(self.state.path, name, token)
 
     async def idle(self) -> None:
         """Wait for the answers being settled in the background."""

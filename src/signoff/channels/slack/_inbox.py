@@ -5,9 +5,11 @@ first (Slack never sends again what it had a 200 for).
 The save runs off the event loop (a lock on the state file must not stall the server) and is
 given `ACK_WITHIN` seconds; past them Slack gets a 503 and sends the delivery again.
 
-Each piece of work is a memo `<prefix><id>`: pending (with the work and how often it was
-tried), then done (kept for an hour, so a retry of the same delivery, in any process sharing
-the state, does nothing).
+Each piece of work is a memo `<prefix><id>`: pending (with the work, how often it was tried
+and the token of the channel object that took it: a start leaves it to that object while its
+`Presence` is held, so a hub taking over does not act on a standby's click a second time), then
+done (kept for an hour, so a retry of the same delivery, in any process sharing the state, does
+nothing).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class Inbox(Generic[T]):
                 logger.debug("slack: the %s %s was taken before", self.what, work_id)
                 return None
             memo = {"state": "pending", "at": ch.clock(), "tries": 0, **asdict(work)}
+            memo["by"] = ch.owner()  # while it lives, another hub's start leaves it the work
             ch.remember(self.key(work_id), memo)
         return found
 
@@ -139,6 +142,10 @@ class Inbox(Generic[T]):
             elif memo.get("state") == "done":
                 if not seconds(memo.get("until")) > now:
                     ch.forget(key)
+            elif older_than is None and (
+                seconds(memo.get("at")) >= now - RESUME_AFTER and ch.elsewhere(memo.get("by"))
+            ):
+                continue  # a live channel object took it (a standby hub's): it finishes it
             elif older_than is None or seconds(memo.get("at")) < now - older_than:
                 try:
                     work = self.kind(**{name: memo[name] for name in names})
@@ -199,7 +206,7 @@ class Inbox(Generic[T]):
         if not isinstance(memo, dict) or memo.get("state") != "pending":
             return None
         tries = int(memo.get("tries") or 0) + 1
-        ch.remember(key, {**memo, "tries": tries})
+        ch.remember(key, {**memo, "tries": tries, "by": ch.owner()})
         return tries
 
 
