@@ -220,9 +220,11 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
             additional_checks=additional_checks,
             excluded_checks=[positive_data_acceptance, ignored_auth],
             transport_kwargs=kwargs,
+            recorder=self.recorder,  # the stateful checks look up the chain's earlier calls
         )
 
     def after_call(self, response: Any, case: Any) -> None:
+        super().after_call(response, case)  # records the response for those checks
         op = case.operation
         if response.status_code == 422 and case.meta.generation.mode.is_positive:
             code = response.json()["error"]["code"]
