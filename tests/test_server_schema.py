@@ -4,16 +4,21 @@ keyed calls act once, and any `Idempotency-Key` value is taken or refused with n
 from __future__ import annotations
 
 import atexit
+import importlib
 import itertools
 import re
+import shutil
+import sys
 import tempfile
-import uuid
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis.specs.openapi.checks import ignored_auth, positive_data_acceptance
 from starlette.testclient import TestClient
@@ -33,12 +38,7 @@ app = create_app(runtime, auth=TokenAuth(TOKENS))
 
 def _exact_link_bodies(doc: dict[str, Any]) -> None:
     """Links that answer a request send the body they name, not one merged with generated
-    fields (a random `inputHash` or `editedInput` would turn almost every answer into a 4xx).
-
-    The queue's links are left out: they follow whatever is oldest in the whole store, not what
-    the scenario made, so Hypothesis would see data generation change under the same choices.
-    """
-    doc["paths"]["/v1/requests"]["get"]["responses"]["200"].pop("links", None)
+    fields (a random `inputHash` or `editedInput` would turn almost every answer into a 4xx)."""
     for item in doc["paths"].values():
         for operation in item.values():
             for response in operation.get("responses", {}).values():
@@ -56,17 +56,17 @@ def _schema(app: Any) -> schemathesis.BaseSchema:
 
 
 schema = _schema(app)
-# The state machine gets an app and store of its own, so what other tests left behind cannot
-# change what its (derandomized) choices do.
-stateful_app = create_app(
-    make_runtime(f"sqlite:///{Path(_dir.name) / 'stateful.db'}"), auth=TokenAuth(TOKENS)
-)
+# The state machine reads its document from an app of its own; its calls go to a new app and
+# store in every scenario (`APIWorkflow.setup`).
+_template = Path(_dir.name) / "stateful.db"
+stateful_app = create_app(make_runtime(f"sqlite:///{_template}"), auth=TokenAuth(TOKENS))
 stateful_schema = _schema(stateful_app)
+with TestClient(stateful_app) as _client:  # the template each scenario's store copies, migrated
+    assert _client.get("/v1/sessions", headers={"Authorization": "Bearer alice-token"}).is_success
+_stores = itertools.count()
 
 HEADERS = {"Authorization": "Bearer alice-token"}
 KEYED = ("/v1/sessions", "/v1/sessions/{session_id}/messages")
-RUN = uuid.uuid4().hex[:12]
-_calls = itertools.count()
 
 
 def _valid_key(key: object) -> bool:
@@ -77,17 +77,16 @@ def _valid_key(key: object) -> bool:
     return True
 
 
-def _scope_key(case: Any) -> None:
-    """Prefix a valid generated `Idempotency-Key` with this run and a count of the calls, so no
-    two calls share one: a key an earlier scenario gave would otherwise lead a later one to that
-    scenario's session (or to a 409), and Hypothesis would see its links change under the same
-    choices. An invalid key is sent as generated (a 422)."""
+def _scope_key(case: Any, call: int) -> None:
+    """Prefix a valid generated `Idempotency-Key` with the scenario's count of its calls, so no
+    two calls of a scenario share one (the same key with another body is a 409, checked only by
+    `_repeat`). An invalid key is sent as generated (a 422)."""
     key = case.headers.get("Idempotency-Key") if case.headers else None
     if _valid_key(key):
         # A prefix of one length for every call, and no space left at the end by the cut: a
         # count's growing digits moved where a long key was cut, so the same choices could give
         # a valid key once and a 422 (a space at its end) when Hypothesis ran them again.
-        scoped = f"{RUN}-{next(_calls):012d}-{key}"[:MAX_KEY].rstrip(" ")
+        scoped = f"{call:06d}-{key}"[:MAX_KEY].rstrip(" ")
         assert _valid_key(scoped), scoped
         case.headers["Idempotency-Key"] = scoped
 
@@ -126,6 +125,7 @@ def test_api_conforms_to_its_schema(case: Any) -> None:
 # -- stateful: chains of calls that follow the schema's links -------------------------------------
 
 ANSWERED = re.compile(r"POST /v1/sessions/\{session_id\}/(responses|approvals) 200")
+ON_AN_ID = re.compile(r"[A-Z]+ /v1/(sessions/\{session_id\}|requests/\{request_id\})\S* 200")
 SETTLED = ("approved", "cancelled", "answered")  # not `counted`: one vote of a quorum
 ANSWERS = ("/v1/sessions/{session_id}/responses", "/v1/sessions/{session_id}/approvals")
 REPLAYS = {f"POST {path}" for path in KEYED}
@@ -141,21 +141,40 @@ class Chains:
     replays: list[str] = []
     keyed: list[str] = []
 
-
-_reads = TestClient(stateful_app)
-
-
-def _seq(session_id: str) -> int:
-    """The session's last event (what a call that stores nothing leaves as it was)."""
-    r = _reads.get(f"/v1/sessions/{session_id}", headers=HEADERS)
-    assert r.status_code == 200, r.text
-    seq: int = r.json()["seq"]
-    return seq
+    @classmethod
+    def clear(cls) -> None:
+        for seen in (cls.calls, cls.settled, cls.scenarios, cls.replays, cls.keyed):
+            seen.clear()
 
 
+@contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Keep Hypothesis from drawing constants out of the modules this process happened to
+    import: it harvests them from every local module in `sys.modules` as it goes, so one
+    exploration drew other scenarios after tests/test_[a-c]*.py, under xdist, or after an
+    edit to any string of src. The app's constants still come from Schemathesis' own pool."""
+    from hypothesis.internal.conjecture import providers
+    from hypothesis.internal.constants_ast import Constants
+
+    harvest = providers._get_local_constants
+    providers._get_local_constants = Constants
+    providers.CONSTANTS_CACHE.cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = harvest
+        providers.CONSTANTS_CACHE.cache.clear()
+
+
+@seed(20261202)  # not the class's source: an edit to a comment would change every scenario
 class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
     """Schemathesis' state machine over the app, as Alice, recording what each step did; each
     scenario ends by repeating its keyed calls that succeeded, after all that followed them.
+
+    Every scenario starts from an empty store of its own: when they shared one, a list's links
+    (the queue's, and those Schemathesis infers from `GET /v1/sessions`) led to what earlier
+    scenarios left, so the same choices gave other calls when Hypothesis ran them again
+    (`FlakyStrategyDefinition`) and the exploration changed with what ran before it.
 
     The repeats are not a rule of the machine: one Hypothesis may choose takes steps from the
     chains, and the explorations stopped reaching a create -> answer chain in 6 steps."""
@@ -163,17 +182,33 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
     def setup(self) -> None:
         self.trace: list[str] = []
         self.keyed: list[tuple[Any, int, str]] = []  # a keyed call, its status, its session
+        self.settled: list[str] = []
+        self.calls = itertools.count()
+        self.store = Path(_dir.name) / f"stateful-{next(_stores)}.db"
+        shutil.copyfile(_template, self.store)
+        self.runtime = make_runtime(f"sqlite:///{self.store}")
+        self.app = create_app(self.runtime, auth=TokenAuth(TOKENS))
+        self.reads = TestClient(self.app)
 
     def teardown(self) -> None:
-        for case, status, session_id in self.keyed:
-            self._repeat(case, status, session_id)
-        Chains.scenarios.append(self.trace)
+        try:
+            for case, status, session_id in self.keyed:
+                self._repeat(case, status, session_id)
+            for rid in self.settled:
+                record = self.reads.get(f"/v1/requests/{rid}", headers=HEADERS).json()
+                assert record["status"] == "settled", record
+            Chains.scenarios.append(self.trace)
+            Chains.settled += self.settled
+        finally:
+            self.runtime.close_sync()
+            for path in self.store.parent.glob(f"{self.store.name}*"):
+                path.unlink()
 
     def get_call_kwargs(self, case: Any) -> dict[str, Any]:
-        return {"headers": _authorized(case)}
+        return {"headers": _authorized(case), "app": self.app}
 
     def before_call(self, case: Any) -> None:
-        _scope_key(case)
+        _scope_key(case, next(self.calls))
 
     def validate_response(
         self, response: Any, case: Any, additional_checks: Any = None, **kwargs: Any
@@ -185,9 +220,11 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
             additional_checks=additional_checks,
             excluded_checks=[positive_data_acceptance, ignored_auth],
             transport_kwargs=kwargs,
+            recorder=self.recorder,  # the stateful checks look up the chain's earlier calls
         )
 
     def after_call(self, response: Any, case: Any) -> None:
+        super().after_call(response, case)  # records the response for those checks
         op = case.operation
         if response.status_code == 422 and case.meta.generation.mode.is_positive:
             code = response.json()["error"]["code"]
@@ -205,25 +242,32 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
             Chains.keyed.append(op.path)
         if op.path in ANSWERS and response.status_code == 200:
             body = response.json()
-            Chains.settled += [
+            self.settled += [
                 o["request_id"]
                 for o in body["outcomes"]
                 if o["applied"] and o["outcome"] in SETTLED
             ]
+
+    def _seq(self, session_id: str) -> int:
+        """The session's last event (what a call that stores nothing leaves as it was)."""
+        r = self.reads.get(f"/v1/sessions/{session_id}", headers=HEADERS)
+        assert r.status_code == 200, r.text
+        seq: int = r.json()["seq"]
+        return seq
 
     def _repeat(self, case: Any, status: int, session_id: str) -> None:
         """A keyed call that succeeded, sent again: with its body it is `replayed` and stores
         nothing; with another body it is a 409 `idempotency_key_reused` and stores nothing."""
         kwargs = self.get_call_kwargs(case)
         label = f"{case.operation.method.upper()} {case.operation.path}"
-        before = _seq(session_id)
+        before = self._seq(session_id)
         again = case.derive()
         response = self.call(again, **kwargs)
         self.validate_response(response, again, **kwargs)
         assert response.status_code == status, (label, response.text)
         body = response.json()
         assert body["replayed"] is True and body["session_id"] == session_id, (label, body)
-        assert _seq(session_id) == before, label
+        assert self._seq(session_id) == before, label
         other = case.derive()
         other.body = _other_body(case)
         response = self.call(other, **kwargs)
@@ -231,72 +275,102 @@ class APIWorkflow(stateful_schema.as_state_machine()):  # type: ignore[misc]
         assert response.status_code == 409, (label, other.body, response.text)
         error = response.json()["error"]
         assert error["code"] == "idempotency_key_reused" and error["session_id"] == session_id
-        assert _seq(session_id) == before, label
+        assert self._seq(session_id) == before, label
         opens = case.operation.path == "/v1/sessions" and case.body.get("message") is None
         self.trace.append(f"REPLAY {label} {status}{' open' if opens else ''}")
         Chains.replays.append(label)
 
 
-def _answered() -> list[list[str]]:
-    """Scenarios that created a session and then answered with a 200. An answer settles a
-    request only when its id came from an earlier response of the chain (a generated id is
-    unknown: 404), so each of these is a create -> ... -> answer chain."""
+def _explore(max_examples: int, steps: int) -> None:
+    """Run the state machine: a derandomized exploration, the same in any process. It does
+    not shrink (nor does Schemathesis' own): with an endpoint broken on purpose, shrinking ran
+    past the 300 s timeout, which then cut a replay short (`FlakyStrategyDefinition`) and hid
+    the failure; the failing scenario is reported as found, with a curl line per call."""
+    with _no_local_constants():
+        APIWorkflow.run(
+            settings=settings(
+                max_examples=max_examples,
+                stateful_step_count=steps,
+                deadline=None,
+                derandomize=True,
+                database=None,
+                phases=[Phase.generate],
+                suppress_health_check=list(HealthCheck),
+            )
+        )
+
+
+def _after_a_create(step: re.Pattern[str]) -> list[list[str]]:
+    """Scenarios that created a session and then made a call `step` matches. A call on an id
+    answers 200 only when the id came from an earlier response of the chain (a generated id
+    is unknown: 404), so each of these is a create -> ... -> `step` chain."""
     return [
         s
         for s in Chains.scenarios
         if any(
-            s[i] == "POST /v1/sessions 201" and any(ANSWERED.match(step) for step in s[i + 1 :])
+            s[i] == "POST /v1/sessions 201" and any(step.match(later) for later in s[i + 1 :])
             for i in range(len(s))
         )
     ]
 
 
-def test_stateful_chains_follow_the_links() -> None:
-    """Follow the links from a created session to its answer, and repeat every keyed call.
+def _answered() -> list[list[str]]:
+    return _after_a_create(ANSWERED)
 
-    The exploration is derandomized, but what it reaches still shifts: Hypothesis seeds it from
-    the source of `APIWorkflow` (any edit to the class changes every scenario), and after
-    tests/test_[a-c]*.py in one process it drew other scenarios than in a fresh one. One of
-    those sent `{"text": "\\n"}` as a valid message: the schema said any non-empty text, the
-    server refused whitespace, and the failure did not reproduce on Hypothesis's replay
-    (`FlakyStrategyDefinition`, after 200 s of shrinking). The schema now says what the server
-    checks (`_models.SAID`, tests/test_server_models.py)."""
-    Chains.calls.clear()
-    Chains.settled.clear()
-    Chains.scenarios.clear()
-    Chains.replays.clear()
-    Chains.keyed.clear()
-    # Whether 100 derandomized scenarios happen to carry a create -> answer chain through
-    # varies with anything that changes Hypothesis's exploration (one more middleware did), so
-    # up to three fixed, deterministic explorations run, each with longer scenarios, until one
-    # does; none doing so means the links do not lead from a created session to its answer.
-    for steps in (6, 8, 10):
-        APIWorkflow.run(
-            settings=settings(
-                max_examples=100,
-                stateful_step_count=steps,
-                deadline=None,
-                derandomize=True,
-                database=None,
-                suppress_health_check=list(HealthCheck),
-            )
-        )
-        if _answered() and Chains.settled and set(Chains.replays) == REPLAYS:
-            break
+
+def test_stateful_chains_follow_the_links() -> None:
+    """Follow the links at random from a created session, and repeat every keyed call.
+
+    The exploration is derandomized and its scenarios do not share a store, so it is the same
+    in any process and in any order. It was not: after tests/test_[a-c]*.py in one process it
+    drew other scenarios than in a fresh one. One of those sent `{"text": "\\n"}` as a valid
+    message: the schema said any non-empty text, the server refused whitespace, and the failure
+    did not reproduce on Hypothesis's replay (`FlakyStrategyDefinition`, after 200 s of
+    shrinking). The schema now says what the server checks (`_models.SAID`,
+    tests/test_server_models.py).
+
+    It still changes with the app's source, which Schemathesis draws constants from: adding
+    one string to a handler took it from 5 create -> answer chains to none. Whether it draws
+    one is luck, so tests/test_server_schema_links.py follows each of those links every time;
+    here a create must lead on to calls on its ids, and any answer that settles is checked."""
+    Chains.clear()
+    _explore(max_examples=100, steps=10)
     chained = [s for s in Chains.scenarios if len(s) > 1]
     print(
-        f"\nstateful: {len(Chains.scenarios)} scenarios (up to {steps} steps), "
+        f"\nstateful: {len(Chains.scenarios)} scenarios, "
         f"{len(Chains.calls)} calls, {len(chained)} chains of 2+ calls, "
+        f"{len(_after_a_create(ON_AN_ID))} create -> call on its ids, "
+        f"{len(_answered())} create -> answer chains, "
         f"{len(Chains.settled)} requests settled by a chain, {len(Chains.keyed)} keyed calls "
         f"repeated {len(Chains.replays)} times"
     )
     assert chained, Chains.scenarios
-    assert _answered() and Chains.settled, [s for s in Chains.scenarios if s]
+    assert _after_a_create(ON_AN_ID), [s for s in Chains.scenarios if s]
     assert set(Chains.replays) == REPLAYS, Counter(Chains.replays)
-    with TestClient(stateful_app) as client:
-        for rid in Chains.settled:
-            record = client.get(f"/v1/requests/{rid}", headers=HEADERS).json()
-            assert record["status"] == "settled", record
+
+
+def test_the_exploration_is_the_same_whatever_ran_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One exploration run twice makes the same calls and gets the same answers, though a module
+    with constants of its own is imported between the runs (as other test files, or xdist's
+    choice of them, import modules) and the first run's sessions would be there for a shared
+    store's lists to lead to."""
+
+    def scenarios() -> list[list[str]]:
+        Chains.clear()
+        _explore(max_examples=10, steps=6)
+        return [list(s) for s in Chains.scenarios]
+
+    first = scenarios()
+    words = [f"signoff-constant-{n}" for n in range(200)] + list(range(7, 2000, 13))
+    (tmp_path / "signoff_more_constants.py").write_text(f"WORDS = {words!r}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.import_module("signoff_more_constants")
+    try:
+        assert scenarios() == first
+    finally:
+        sys.modules.pop("signoff_more_constants", None)
 
 
 # -- the Idempotency-Key header's value, fuzzed ---------------------------------------------------
