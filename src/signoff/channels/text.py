@@ -13,7 +13,9 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
+from .._answers import match, names_several
 from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
+from .._messages import first_open
 from .._results import Outcome
 from .._text import is_blank, utc_text
 from .._types import InputRequest, InputResponse, Principal, how_to_choose, named_options
@@ -90,7 +92,8 @@ class TextChannel(Channel):
 
     Subclasses implement `send_text` (deliver one message to the person). A reply that answers
     nothing gets a hint back with `unmatched="hint"` (the default); with `"send"` it goes to the
-    shown request's session as a message (`Runtime.send`), which steers the turn.
+    shown request's session as a message (`Runtime.send`), which steers the turn, unless the
+    session would take it as the answer to another request than the one shown.
     """
 
     name = "text"
@@ -295,9 +298,19 @@ class TextChannel(Channel):
                 return None
             if self.unmatched == "send" and not is_blank(text):
                 try:
-                    sent = await self.runtime.send(request.session_id, text, principal=principal)
+                    other = await self._answered_instead(request, text)
+                    if other is None:
+                        sent = await self.runtime.send(
+                            request.session_id, text, principal=principal
+                        )
                 except SignoffError as exc:  # refused before it was recorded: say so, as answers do
                     await self.send_text(f"Your message was not delivered: {exc}")
+                    return None
+                if other is not None:  # the runtime would take it as the answer to that one
+                    await self.send_text(
+                        f"Your message was not delivered: it would answer another request"
+                        f" ({other}), not the one shown here. {self._hint(request)}"
+                    )
                     return None
                 if sent.queued:  # else they would take it as read by the turn they see waiting
                     await self.send_text(QUEUED_NOTE)
@@ -305,6 +318,17 @@ class TextChannel(Channel):
             await self.send_text(self._hint(request))
             return None
         return await self.answer(request, response, principal)
+
+    async def _answered_instead(self, request: InputRequest, text: str) -> str | None:
+        """The id of the request other than the one shown that `text`, sent to the session,
+        would answer (the session's first open one: one this channel does not show, say)."""
+        state = await self.runtime.state(request.session_id)
+        first = first_open(state.pending_requests())
+        if first is None or first.id == request.id:
+            return None
+        if match(first, text) is None and not names_several(first, text):
+            return None
+        return first.id
 
     async def answer(
         self, request: InputRequest, response: InputResponse, principal: Principal | None
