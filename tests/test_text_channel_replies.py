@@ -1,10 +1,18 @@
-"""`TextChannel.reply` with more than one request open in a session: a message sent on
-(`unmatched="send"`) must not answer a request the person was not shown."""
+"""`TextChannel.reply` and the matcher of typed replies: a message sent on (`unmatched="send"`)
+must not answer a request the person was not shown, and a reply names an option however its
+accents are encoded."""
 
 from __future__ import annotations
 
+import unicodedata
+from typing import Literal
+
+import pytest
+
 import signoff as so
+from signoff._types import named_options
 from signoff.channels import ChannelHub
+from signoff.channels.text import parse_reply
 from signoff.testing import call, call_tools, reply, scripted_agent
 
 from .test_text_channel import BOB, Texts, manual
@@ -58,3 +66,35 @@ async def test_a_message_sent_on_does_not_answer_another_request_than_the_one_sh
             outcome = await sms.reply("blue", BOB)  # the one shown is still answered
             assert outcome is not None and outcome.outcome == "answered"
             assert await _pending(rt, text.id)
+
+
+def _drinks(*labels: str) -> so.InputRequest:
+    options = [so.Option(id=f"o{i}", label=label) for i, label in enumerate(labels, 1)]
+    return so.InputRequest(
+        kind="question",
+        id="req_1",
+        session_id="s",
+        turn_id="t",
+        agent="a",
+        created_at=0.0,
+        options=options,
+        allow_text=True,
+    )
+
+
+@pytest.mark.parametrize(("form", "typed"), [("NFC", "NFD"), ("NFD", "NFC")])
+def test_a_reply_names_an_option_whatever_the_unicode_form_of_its_accents(
+    form: Literal["NFC", "NFD"], typed: Literal["NFC", "NFD"]
+) -> None:
+    """`café` typed with a combining accent (as macOS file names and some keyboards give it)
+    is the label `Café` written precomposed, and the other way round: it was taken as free text
+    rather than the option the person named."""
+    request = _drinks(
+        unicodedata.normalize(form, "Café"), unicodedata.normalize(form, "Crème brûlée")
+    )
+    for text, option in (("café", "o1"), ("CRÈME BRÛLÉE", "o2")):
+        reply_text = unicodedata.normalize(typed, text)
+        assert [o.id for o in named_options(request.options, reply_text)] == [option]
+        assert parse_reply(request, reply_text) == so.InputResponse(
+            request_id="req_1", option_id=option
+        )
