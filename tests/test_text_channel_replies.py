@@ -5,11 +5,13 @@ accents are encoded."""
 from __future__ import annotations
 
 import unicodedata
+from pathlib import Path
 from typing import Literal
 
 import pytest
 
 import signoff as so
+from signoff._text import BIDI
 from signoff._types import named_options
 from signoff.channels import ChannelHub
 from signoff.channels.text import parse_reply
@@ -98,3 +100,35 @@ def test_a_reply_names_an_option_whatever_the_unicode_form_of_its_accents(
         assert parse_reply(request, reply_text) == so.InputResponse(
             request_id="req_1", option_id=option
         )
+
+
+async def test_bidirectional_controls_in_what_a_text_channel_sends_show_as_escapes(
+    tmp_path: Path,
+) -> None:
+    """A model's question and labels, and another reviewer's answer, reached the person with
+    their bidirectional controls (`\\u202e` reverses what follows), so they read another text
+    than the request holds; the dashboard, Slack and the terminal show them as escapes."""
+
+    @so.tool
+    async def ask(ctx: so.ToolContext) -> str:
+        """Ask the user."""
+        options = ["2", "refund \u202e001$\u202c"]
+        return (await ctx.ask("Refund \u202e0001$\u202c?", options=options)).value
+
+    agent = scripted_agent("shop", [call_tools(call("ask")), reply("Done.")], tools=[ask])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 'state.db'}") as rt:
+        r = await rt.generate("shop", prompt="Refund", auth=BOB)
+        (q,) = r.pending
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            assert "Refund \\u202e0001$\\u202c?" in sms.sent[0]
+            assert "2. refund \\u202e001$\\u202c" in sms.sent[0]
+            assert await sms.reply("2", BOB) is None  # names two options: told how to choose
+            assert "to choose refund \\u202e001$\\u202c, reply refund" in sms.sent[-1]
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=q.id, text="ok \u202eon")], principal=BOB
+            )
+            await hub.poll()
+        assert all(not BIDI.search(text) for text in sms.sent), sms.sent
+        assert sms.sent[-1].endswith(": ok \\u202eon.")
