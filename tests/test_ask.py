@@ -30,6 +30,7 @@ def _options(*labels: str) -> list[dict[str, str]]:
     [
         ("Yes", "yes"),  # one label twice, as a person types it
         (" Red", "Red "),
+        ("Caf\u00e9", "Cafe\u0301"),  # one label, its accent precomposed and combining
         ("2", "1"),  # each label is the other's number: no reply names either alone
         ("1", "3", "2"),  # "2" and "3" each name two options
     ],

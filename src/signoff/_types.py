@@ -32,6 +32,7 @@ __all__ = [
     "ToolResultMessage",
     "Usage",
     "UserMessage",
+    "folded",
     "how_to_choose",
     "input_hash",
     "make_options",
@@ -308,7 +309,7 @@ def match_option(options: list[Option], text: str) -> Option | None:
     return named[0] if len(named) == 1 else None
 
 
-def _folded(text: str) -> str:
+def folded(text: str) -> str:
     """`text` as a typed reply is compared: stripped, case folded and in one Unicode form, so
     an accent typed as a combining mark (`cafe` + U+0301) names the label `café`."""
     return unicodedata.normalize("NFD", unicodedata.normalize("NFD", text.strip()).casefold())
@@ -317,8 +318,8 @@ def _folded(text: str) -> str:
 def named_options(options: list[Option], text: str) -> list[Option]:
     """Every option a typed reply names by id, label or 1-based index, each once: two or more
     means the reply is ambiguous, which a channel should say rather than guess or take as text."""
-    t = _folded(text)
-    named = [o for o in options if t in (_folded(o.id), _folded(o.label))]
+    t = folded(text)
+    named = [o for o in options if t in (folded(o.id), folded(o.label))]
     # A bounded length: int() refuses thousands of digits, and no list has that many options.
     if t.isdecimal() and len(t) <= 9 and 1 <= int(t) <= len(options):
         named.append(options[int(t) - 1])
