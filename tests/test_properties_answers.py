@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 import signoff as so
 from signoff._answers import match
-from signoff._types import APPROVAL_OPTIONS, Option, _folded, match_option
+from signoff._types import APPROVAL_OPTIONS, Option, folded, match_option
 
 from . import _proof
 from ._properties import AGENT
@@ -107,7 +107,7 @@ def test_ask_takes_any_options_or_refuses_them_as_usage_errors(raw: list[Any]) -
             for j, p in enumerate(options)
             if j != i
             and (
-                _folded(t) in (_folded(p.label), _folded(p.id))
+                folded(t) in (folded(p.label), folded(p.id))
                 or (t.isdecimal() and len(t) <= 9 and int(t) == j + 1)
             )
         ]
@@ -132,7 +132,7 @@ def test_approval_replies_never_crash(text: str) -> None:
     _proof.record("hypothesis:test_approval_replies:examples")
     option = match_option(APPROVAL_OPTIONS, text)
     t = text.strip()
-    expected = {"approve": "approve", "deny": "cancel", "cancel": "cancel"}.get(_folded(t))
+    expected = {"approve": "approve", "deny": "cancel", "cancel": "cancel"}.get(folded(t))
     if t.isdecimal() and int(t) in (1, 2):
         expected = ["approve", "cancel"][int(t) - 1]
     assert (None if option is None else option.id) == expected

@@ -32,6 +32,7 @@ __all__ = [
     "ToolResultMessage",
     "Usage",
     "UserMessage",
+    "folded",
     "how_to_choose",
     "input_hash",
     "make_options",
@@ -308,23 +309,23 @@ def match_option(options: list[Option], text: str) -> Option | None:
     return named[0] if len(named) == 1 else None
 
 
+def folded(text: str) -> str:
+    """`text` as a typed reply is compared with an option's id and label: stripped, without
+    case, and in Unicode's compatibility form, so full-width letters (an input method's wide
+    mode) and an accent typed as a combining mark (`cafe` + U+0301) read as what they show."""
+    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
 def named_options(options: list[Option], text: str) -> list[Option]:
     """Every option a typed reply names by id, label or 1-based index, each once: two or more
     means the reply is ambiguous, which a channel should say rather than guess or take as text."""
     t = text.strip()
-    typed = _folded(t)
-    named = [o for o in options if typed in (_folded(o.id), _folded(o.label))]
+    typed = folded(t)
+    named = [o for o in options if typed in (folded(o.id), folded(o.label))]
     # A bounded length: int() refuses thousands of digits, and no list has that many options.
     if t.isdecimal() and len(t) <= 9 and 1 <= int(t) <= len(options):
         named.append(options[int(t) - 1])
     return list({o.id: o for o in named}.values())
-
-
-def _folded(text: str) -> str:
-    """`text` as a typed reply is compared with an option's id and label: stripped, without
-    case, and in Unicode's compatibility form, so full-width letters (an input method's wide
-    mode) and decomposed accents read as what they show."""
-    return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", text).casefold()).strip()
 
 
 def unique_name(options: list[Option], option: Option) -> str | None:

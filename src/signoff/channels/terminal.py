@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
+from rich.emoji import Emoji
 from rich.markup import escape
 
 from .._exceptions import UsageError
@@ -45,6 +46,7 @@ _CONTROLS = re.compile(
 
 
 _TRAILING_BACKSLASHES = re.compile(r"\\+\Z")
+_COLON = re.compile(r"(\\*):")
 
 _END = "[none][/none]"
 """An empty span of no style: Rich reads backslashes just before it as escaping it (two print
@@ -56,12 +58,29 @@ def printable(text: str) -> str:
     escaped and control characters (from a model, a reviewer, a store) show as `\\x1b` and
     the like, a lone surrogate as `\\udcff`. Backslashes ending it are doubled and closed
     off (`_END`): Rich's `escape` left them to escape the style's end after them, or print
-    one too many at the end of a line."""
+    one too many at the end of a line. Each colon stands between two `_END`s, so no emoji
+    code (`:thumbs_up:`, which Rich shows as its emoji) is read in it or with the text around."""
     shown = _CONTROLS.sub(lambda m: ascii(m.group())[1:-1], text)
     trailing = _TRAILING_BACKSLASHES.search(shown)
+    apart = _colons_apart if _may_read_as_emoji(shown) else lambda markup: markup
     if trailing is None:
-        return escape(shown)
-    return escape(shown[: trailing.start()]) + trailing.group() * 2 + _END
+        return apart(escape(shown))
+    return apart(escape(shown[: trailing.start()])) + trailing.group() * 2 + _END
+
+
+def _may_read_as_emoji(text: str) -> bool:
+    """Whether Rich could read an emoji code in `text`, or with a colon of the markup around
+    it: a code lies between two colons with no colon between (Rich's `Emoji.replace` says)."""
+    parts = text.split(":")
+    return len(parts) > 1 and any(
+        len(part) <= 64 and Emoji.replace(f":{part}:") != f":{part}:" for part in parts
+    )
+
+
+def _colons_apart(markup: str) -> str:
+    """`markup` with each colon in a span of its own, as Rich reads emoji codes only within
+    the text between two tags; backslashes before a colon are doubled, as they are before one."""
+    return _COLON.sub(lambda m: m.group(1) * 2 + _END + ":" + _END, markup)
 
 
 def _tidy(value: Any) -> Any:

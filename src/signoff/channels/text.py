@@ -13,17 +13,12 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Literal
 
+from .._answers import match, names_several
 from .._exceptions import AnswerError, NotAllowed, SignoffError, UsageError
+from .._messages import first_open
 from .._results import Outcome
-from .._text import is_blank, utc_text
-from .._types import (
-    InputRequest,
-    InputResponse,
-    Principal,
-    _folded,
-    how_to_choose,
-    named_options,
-)
+from .._text import BIDI, escape_as_json, is_blank, utc_text
+from .._types import InputRequest, InputResponse, Principal, folded, how_to_choose, named_options
 from ._base import (
     QUEUED_NOTE,
     Channel,
@@ -65,7 +60,7 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
         m = _WORD.match(text)
         if m is None or _JOINED.match(text):
             return None
-        word, rest = _folded(m.group(1)), m.group(2).strip() or None  # as options are named
+        word, rest = folded(m.group(1)), m.group(2).strip() or None  # as options are named
         if word in _APPROVE:
             return InputResponse(request_id=request.id, option_id="approve", text=rest)
         if word in _DENY:
@@ -79,6 +74,11 @@ def parse_reply(request: InputRequest, text: str) -> InputResponse | None:
     if request.allow_text:
         return InputResponse(request_id=request.id, text=text)
     return None
+
+
+def _shown(text: str) -> str:
+    """`text` with its bidirectional controls written as `\\u202e`-style escapes."""
+    return BIDI.sub(escape_as_json, text)
 
 
 def _when(at: float) -> str:
@@ -97,7 +97,8 @@ class TextChannel(Channel):
 
     Subclasses implement `send_text` (deliver one message to the person). A reply that answers
     nothing gets a hint back with `unmatched="hint"` (the default); with `"send"` it goes to the
-    shown request's session as a message (`Runtime.send`), which steers the turn.
+    shown request's session as a message (`Runtime.send`), which steers the turn, unless the
+    session would take it as the answer to another request than the one shown.
     """
 
     name = "text"
@@ -121,6 +122,11 @@ class TextChannel(Channel):
         """Deliver one message to the person (SMS, comment, chat line...)."""
         raise NotImplementedError(f"{type(self).__name__} must implement send_text()")
 
+    async def _say(self, text: str) -> None:
+        """`send_text`, with bidirectional controls (a model's, another reviewer's) shown as
+        `\\u202e` escapes, as on the dashboard and in Slack: they reorder what the person reads."""
+        await self.send_text(_shown(text))
+
     @property
     def current(self) -> InputRequest | None:
         """The request the person sees now (the oldest open one), if any."""
@@ -134,7 +140,8 @@ class TextChannel(Channel):
     # -- rendering ----------------------------------------------------------------------------
 
     def render(self, request: InputRequest) -> str:
-        """The text that shows a request, with how to answer it."""
+        """The text that shows a request, with how to answer it (bidirectional controls, which
+        reorder what the person reads, as `\\u202e` escapes, as in every message sent)."""
         if request.kind == "tool-approval":
             lines = [
                 f"{request.agent} wants to run {request.tool_name}({compact_json(request.input)})"
@@ -145,7 +152,7 @@ class TextChannel(Channel):
                 lines.append(f"Needs {request.approvers} approvals ({request.progress} so far).")
             lines += _deadline(request)
             lines.append("Reply yes to approve or no to deny (a reason may follow: no: why).")
-            return "\n".join(lines)
+            return _shown("\n".join(lines))
         lines = [request.question or f"{request.agent} asks for input"]
         lines += [
             f"{i}. {o.label}" + (f" - {o.description}" if o.description else "")
@@ -153,7 +160,7 @@ class TextChannel(Channel):
         ]
         lines += _deadline(request)
         lines.append(self._hint(request))
-        return "\n".join(lines)
+        return _shown("\n".join(lines))
 
     def _hint(self, request: InputRequest) -> str:
         if request.kind == "tool-approval":
@@ -182,7 +189,7 @@ class TextChannel(Channel):
             text = f"{what} was withdrawn at {when}"
         if resolution.reason and resolution.outcome != "answered":
             text += f" ({resolution.reason})"
-        return text + "."
+        return _shown(text + ".")
 
     def render_escalation(self, request: InputRequest, escalation: Escalation, kept: bool) -> str:
         """The text that says the request shown was handed to a group (and, unless `kept`, that
@@ -191,7 +198,7 @@ class TextChannel(Channel):
         text = f"{what} was escalated to {escalation.to}"
         if escalation.reason:
             text += f" ({escalation.reason})"
-        return text + ("." if kept else "; it is no longer shown here.")
+        return _shown(text + ("." if kept else "; it is no longer shown here."))
 
     # -- what the hub tells it ----------------------------------------------------------------
 
@@ -239,7 +246,7 @@ class TextChannel(Channel):
                 told = f"{_ESCALATED}{request.id}"
                 if index == 0 and await off_loop(self.recall, told) != escalation.to:
                     # told before the queue changes, so the hub's retry of a failed send tells it
-                    await self.send_text(self.render_escalation(request, escalation, kept))
+                    await self._say(self.render_escalation(request, escalation, kept))
                     await off_loop(self.remember, told, escalation.to)
                 if kept:
                     self._queue[index] = request
@@ -252,7 +259,7 @@ class TextChannel(Channel):
         async with self._lock:
             index = next((i for i, r in enumerate(self._queue) if r.id == request.id), None)
             if index == 0:  # told before it leaves the queue, so the hub's retry tells it again
-                await self.send_text(self.render_resolution(request, resolution))
+                await self._say(self.render_resolution(request, resolution))
             if index is not None:
                 del self._queue[index]
             if request.escalated_to is not None:
@@ -290,7 +297,7 @@ class TextChannel(Channel):
         if request is None and not self._started:
             request = await self._shown_elsewhere()
         if request is None:
-            await self.send_text("Nothing is waiting for an answer.")
+            await self._say("Nothing is waiting for an answer.")
             return None
         if (
             await off_loop(self.recall, "shown") != request.id
@@ -302,18 +309,28 @@ class TextChannel(Channel):
         if response is None:
             named = [] if request.kind == "tool-approval" else named_options(request.options, text)
             if len(named) > 1:  # told here, not sent on as a message (the runtime refuses it)
-                await self.send_text(how_to_choose(request.options, named))
+                await self._say(how_to_choose(request.options, named))
                 return None
             if self.unmatched == "send" and not is_blank(text):
                 try:
-                    sent = await self.runtime.send(request.session_id, text, principal=principal)
+                    other = await self._answered_instead(request, text)
+                    if other is None:
+                        sent = await self.runtime.send(
+                            request.session_id, text, principal=principal
+                        )
                 except SignoffError as exc:  # refused before it was recorded: say so, as answers do
-                    await self.send_text(f"Your message was not delivered: {exc}")
+                    await self._say(f"Your message was not delivered: {exc}")
+                    return None
+                if other is not None:  # the runtime would take it as the answer to that one
+                    await self._say(
+                        f"Your message was not delivered: it would answer another request"
+                        f" ({other}), not the one shown here. {self._hint(request)}"
+                    )
                     return None
                 if sent.queued:  # else they would take it as read by the turn they see waiting
-                    await self.send_text(QUEUED_NOTE)
+                    await self._say(QUEUED_NOTE)
                 return None
-            await self.send_text(self._hint(request))
+            await self._say(self._hint(request))
             return None
         return await self.answer(request, response, principal)
 
@@ -331,6 +348,17 @@ class TextChannel(Channel):
             return None
         return stored.request
 
+    async def _answered_instead(self, request: InputRequest, text: str) -> str | None:
+        """The id of the request other than the one shown that `text`, sent to the session,
+        would answer (the session's first open one: one this channel does not show, say)."""
+        state = await self.runtime.state(request.session_id)
+        first = first_open(state.pending_requests())
+        if first is None or first.id == request.id:
+            return None
+        if match(first, text) is None and not names_several(first, text):
+            return None
+        return first.id
+
     async def answer(
         self, request: InputRequest, response: InputResponse, principal: Principal | None
     ) -> Outcome | None:
@@ -338,26 +366,26 @@ class TextChannel(Channel):
         try:
             outcome = await self.submit(request, response, principal)
         except NotAllowed as exc:
-            await self.send_text(f"You may not answer this request: {exc}")
+            await self._say(f"You may not answer this request: {exc}")
             return None
         except AnswerError as exc:
-            await self.send_text(f"This request can no longer be answered: {exc}")
+            await self._say(f"This request can no longer be answered: {exc}")
             return None
         except SignoffError as exc:  # an answer of the wrong shape, an expired session, ...
-            await self.send_text(f"Your answer was not accepted: {exc}")
+            await self._say(f"Your answer was not accepted: {exc}")
             return None
         if outcome.outcome == "counted":
             if outcome.applied:
-                await self.send_text(f"Counted ({outcome.reason}); waiting for more approvals.")
+                await self._say(f"Counted ({outcome.reason}); waiting for more approvals.")
             else:
-                await self.send_text(f"You approved this request before ({outcome.reason}).")
+                await self._say(f"You approved this request before ({outcome.reason}).")
             return outcome
         if not outcome.applied and outcome.outcome in ("rejected", "failed", "timed-out"):
             why = f": {outcome.reason}" if outcome.reason else ""
-            await self.send_text(f"Your answer was not accepted ({outcome.outcome}{why}).")
+            await self._say(f"Your answer was not accepted ({outcome.outcome}{why}).")
             return outcome
         if not outcome.applied:  # settled the same way before: say by whom, as on_resolved would
-            await self.send_text(await self._settled_before(request))
+            await self._say(await self._settled_before(request))
         async with self._lock:
             if self._queue and self._queue[0].id == request.id:
                 del self._queue[0]  # closed by this answer: the next one can be shown

@@ -1,0 +1,134 @@
+"""`TextChannel.reply` and the matcher of typed replies: a message sent on (`unmatched="send"`)
+must not answer a request the person was not shown, and a reply names an option however its
+accents are encoded."""
+
+from __future__ import annotations
+
+import unicodedata
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+import signoff as so
+from signoff._text import BIDI
+from signoff._types import named_options
+from signoff.channels import ChannelHub
+from signoff.channels.text import parse_reply
+from signoff.testing import call, call_tools, reply, scripted_agent
+
+from .test_text_channel import BOB, Texts, manual
+
+
+def _two_questions() -> so.Agent:
+    """An agent that asks, in one step, a free-text question and then a choice of two."""
+
+    @so.tool
+    async def ask(ctx: so.ToolContext, question: str, choose: bool) -> str:
+        """Ask the user."""
+        options = ["red", "blue"] if choose else None
+        return (await ctx.ask(question, options=options, allow_text=not choose)).value
+
+    asks = [
+        call("ask", question="Which warehouse?", choose=False),
+        call("ask", question="Which colour?", choose=True),
+    ]
+    return scripted_agent("shop", [call_tools(*asks), reply("Done.")], tools=[ask])
+
+
+def _choices_only(request: so.InputRequest) -> bool:
+    return bool(request.options)
+
+
+async def _pending(rt: so.Runtime, *ids: str) -> bool:
+    stored = [await rt.store.get_request(rid) for rid in ids]
+    return all(s is not None and s.status == "pending" for s in stored)
+
+
+async def test_a_message_sent_on_does_not_answer_another_request_than_the_one_shown(
+    store_url: str,
+) -> None:
+    """The channel shows only choices (free-text questions go elsewhere): the session's first
+    open request is a free-text question, which a message sent on would answer. The person,
+    who sees the choice, is told so and how to answer it; neither request changes."""
+    async with so.Runtime([_two_questions()], store=store_url) as rt:
+        r = await rt.generate("shop", prompt="Reorder", auth=BOB)
+        text, choice = r.pending
+        sms = Texts(unmatched="send", accepts=_choices_only)
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            assert sms.current is not None and sms.current.id == choice.id
+            shown = len(sms.sent)
+            assert await sms.reply("what is the difference?", BOB) is None
+            assert await _pending(rt, text.id, choice.id)
+            assert (await rt.state(r.session_id)).queued == []
+            assert len(sms.sent) == shown + 1
+            assert text.id in sms.sent[-1]
+            assert sms.sent[-1].endswith("Reply with a number (1-2) or an option's name.")
+            outcome = await sms.reply("blue", BOB)  # the one shown is still answered
+            assert outcome is not None and outcome.outcome == "answered"
+            assert await _pending(rt, text.id)
+
+
+def _drinks(*labels: str) -> so.InputRequest:
+    options = [so.Option(id=f"o{i}", label=label) for i, label in enumerate(labels, 1)]
+    return so.InputRequest(
+        kind="question",
+        id="req_1",
+        session_id="s",
+        turn_id="t",
+        agent="a",
+        created_at=0.0,
+        options=options,
+        allow_text=True,
+    )
+
+
+@pytest.mark.parametrize(("form", "typed"), [("NFC", "NFD"), ("NFD", "NFC")])
+def test_a_reply_names_an_option_whatever_the_unicode_form_of_its_accents(
+    form: Literal["NFC", "NFD"], typed: Literal["NFC", "NFD"]
+) -> None:
+    """`café` typed with a combining accent (as macOS file names and some keyboards give it)
+    is the label `Café` written precomposed, and the other way round: it was taken as free text
+    rather than the option the person named."""
+    request = _drinks(
+        unicodedata.normalize(form, "Café"), unicodedata.normalize(form, "Crème brûlée")
+    )
+    for text, option in (("café", "o1"), ("CRÈME BRÛLÉE", "o2")):
+        reply_text = unicodedata.normalize(typed, text)
+        assert [o.id for o in named_options(request.options, reply_text)] == [option]
+        assert parse_reply(request, reply_text) == so.InputResponse(
+            request_id="req_1", option_id=option
+        )
+
+
+async def test_bidirectional_controls_in_what_a_text_channel_sends_show_as_escapes(
+    tmp_path: Path,
+) -> None:
+    """A model's question and labels, and another reviewer's answer, reached the person with
+    their bidirectional controls (`\\u202e` reverses what follows), so they read another text
+    than the request holds; the dashboard, Slack and the terminal show them as escapes."""
+
+    @so.tool
+    async def ask(ctx: so.ToolContext) -> str:
+        """Ask the user."""
+        options = ["2", "refund \u202e001$\u202c"]
+        return (await ctx.ask("Refund \u202e0001$\u202c?", options=options)).value
+
+    agent = scripted_agent("shop", [call_tools(call("ask")), reply("Done.")], tools=[ask])
+    async with so.Runtime([agent], store=f"sqlite:///{tmp_path / 'state.db'}") as rt:
+        r = await rt.generate("shop", prompt="Refund", auth=BOB)
+        (q,) = r.pending
+        sms = Texts()
+        async with manual(ChannelHub(rt, [sms])) as hub:
+            await hub.poll()
+            assert "Refund \\u202e0001$\\u202c?" in sms.sent[0]
+            assert "2. refund \\u202e001$\\u202c" in sms.sent[0]
+            assert await sms.reply("2", BOB) is None  # names two options: told how to choose
+            assert "to choose refund \\u202e001$\\u202c, reply refund" in sms.sent[-1]
+            await rt.respond(
+                r.session_id, [so.InputResponse(request_id=q.id, text="ok \u202eon")], principal=BOB
+            )
+            await hub.poll()
+        assert all(not BIDI.search(text) for text in sms.sent), sms.sent
+        assert sms.sent[-1].endswith(": ok \\u202eon.")
