@@ -16,6 +16,7 @@ from typing import Any, Literal, TypeAlias
 from ._error_text import error_text, readable
 from ._exceptions import UsageError
 from ._settings import flag, positive_seconds
+from ._sync import called_off_loop, thread_note
 from ._types import Principal
 
 __all__ = [
@@ -194,11 +195,10 @@ class _Function(ApprovalPolicy):
 
     async def decide(self, ctx: ApprovalContext) -> Verdict:
         try:
-            result = self.fn(ctx if self.takes_context else ctx.tool_input)
-            if inspect.isawaitable(result):
-                result = await result
+            # A sync one in a thread, as a sync tool: blocking, it would stop lease renewals.
+            result = await called_off_loop(self.fn, ctx if self.takes_context else ctx.tool_input)
         except Exception as exc:  # fail closed: a broken policy asks a person
-            error = f"approval policy raised {error_text(exc)}"
+            error = f"approval policy raised {error_text(exc)}{thread_note(self.fn, exc)}"
             if not self.takes_context and isinstance(exc, TypeError) and "subscript" in str(exc):
                 error += (
                     " (a predicate gets the validated input as an object: input.amount, "
