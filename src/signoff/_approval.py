@@ -17,7 +17,7 @@ from ._error_text import error_text, readable
 from ._exceptions import UsageError
 from ._settings import flag, positive_seconds
 from ._sync import called_off_loop, thread_note
-from ._types import Principal
+from ._types import Principal, Usage
 
 __all__ = [
     "ApprovalContext",
@@ -101,6 +101,13 @@ class Verdict:
     reason: str | None = None
     error: str | None = None
     auto: tuple[str, str] | None = None  # an auto() review: (verdict, reason)
+    usage: Usage | None = None  # what the policy's own model calls cost (an auto() review)
+
+    @staticmethod
+    def spent(verdicts: Iterable[Verdict]) -> Usage | None:
+        """What the policies behind `verdicts` spent on model calls, or None for nothing."""
+        usages = [v.usage for v in verdicts if v.usage is not None]
+        return sum(usages[1:], usages[0]) if usages else None
 
 
 PolicyFn: TypeAlias = Callable[[ApprovalContext], "ApprovalStatus | Awaitable[ApprovalStatus]"]
