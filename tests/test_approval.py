@@ -373,10 +373,13 @@ def _status_value(value: Any, mode: str) -> Callable[[so.ApprovalContext], Any]:
         return policy
     if mode == "returns-awaitable":
 
+        async def later() -> Any:
+            return value
+
         def deferred(ctx: so.ApprovalContext) -> Any:
-            future = asyncio.get_running_loop().create_future()
-            future.set_result(value)
-            return future
+            # A coroutine, awaited on the loop: the function itself runs in a thread, where no
+            # loop runs (one that uses the loop fails closed: test_approval_threads.py).
+            return later()
 
         return deferred
 

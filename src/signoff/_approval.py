@@ -16,7 +16,8 @@ from typing import Any, Literal, TypeAlias
 from ._error_text import error_text, readable
 from ._exceptions import UsageError
 from ._settings import flag, positive_seconds, shown_value
-from ._types import Principal
+from ._sync import called_off_loop, thread_note
+from ._types import Principal, Usage
 
 __all__ = [
     "ApprovalContext",
@@ -100,6 +101,13 @@ class Verdict:
     reason: str | None = None
     error: str | None = None
     auto: tuple[str, str] | None = None  # an auto() review: (verdict, reason)
+    usage: Usage | None = None  # what the policy's own model calls cost (an auto() review)
+
+    @staticmethod
+    def spent(verdicts: Iterable[Verdict]) -> Usage | None:
+        """What the policies behind `verdicts` spent on model calls, or None for nothing."""
+        usages = [v.usage for v in verdicts if v.usage is not None]
+        return sum(usages[1:], usages[0]) if usages else None
 
 
 PolicyFn: TypeAlias = Callable[[ApprovalContext], "ApprovalStatus | Awaitable[ApprovalStatus]"]
@@ -208,11 +216,10 @@ class _Function(ApprovalPolicy):
 
     async def decide(self, ctx: ApprovalContext) -> Verdict:
         try:
-            result = self.fn(ctx if self.takes_context else ctx.tool_input)
-            if inspect.isawaitable(result):
-                result = await result
+            # A sync one in a thread, as a sync tool: blocking, it would stop lease renewals.
+            result = await called_off_loop(self.fn, ctx if self.takes_context else ctx.tool_input)
         except Exception as exc:  # fail closed: a broken policy asks a person
-            error = f"approval policy raised {error_text(exc)}"
+            error = f"approval policy raised {error_text(exc)}{thread_note(self.fn, exc)}"
             if not self.takes_context and isinstance(exc, TypeError) and "subscript" in str(exc):
                 error += (
                     " (a predicate gets the validated input as an object: input.amount, "

@@ -100,6 +100,8 @@ def _tool_started(s: SessionState, e: Event) -> None:
     call.status = "running"
     _revive(_turn(s, e))
     call.idempotency_key = e.data.get("idempotency_key")
+    if "usage" in e.data:  # what reviewing the call cost (an auto() policy's model)
+        s.usage = s.usage + Usage(**e.data["usage"])
     if e.data.get("keyed"):  # signoff 0c4a186 marked keyed journals here, not on their entries
         call.keyed = True
 
@@ -150,6 +152,8 @@ def _tool_completed(s: SessionState, e: Event) -> None:
 
 def _input_requested(s: SessionState, e: Event) -> None:
     turn = _turn(s, e)
+    if "usage" in e.data:  # what reviewing the calls cost (an auto() policy's model)
+        s.usage = s.usage + Usage(**e.data["usage"])
     for raw in e.data["requests"]:
         request = InputRequest.model_validate(raw)
         s.requests[request.id] = RequestState(request=request)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
-import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from ._approval import ApprovalPolicy, OnTimeout, SessionInfo, as_policy, reason
 from ._error_text import error_text
 from ._exceptions import UsageError
 from ._settings import positive_seconds, shown_value
+from ._sync import called_off_loop, thread_note
 from ._types import Principal
 
 __all__ = [
@@ -158,18 +158,14 @@ async def evaluate_response(
 ) -> ResponseVerdict:
     """Run a response policy; raising gives `failed`, exceeding `timeout` gives `timed-out`."""
 
-    async def run() -> object:
-        result = policy(ctx)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
-
     late = ResponseVerdict("timed-out", f"response policy took longer than {timeout:g}s")
     started = time.monotonic()
     bound = asyncio.timeout(timeout)
     try:
         async with bound:
-            result = await run()
+            # A sync one in a thread, as a sync tool: blocking, it would stop lease renewals
+            # (and the timeout could not cut it short).
+            result = await called_off_loop(policy, ctx)
     except TimeoutError as exc:
         if bound.expired():
             return late
@@ -179,10 +175,11 @@ async def evaluate_response(
         task = asyncio.current_task()
         if not isinstance(exc, Exception) and task is not None and task.cancelling():
             raise  # the answer itself is cancelled; a CancelledError of the policy's own is not
-        return ResponseVerdict("failed", f"response policy raised {error_text(exc)}")
+        note = thread_note(policy, exc)
+        return ResponseVerdict("failed", f"response policy raised {error_text(exc)}{note}")
     if time.monotonic() - started > timeout:
-        # It blocked (sync work, never awaiting) past its timeout, which asyncio only
-        # enforces at an await: its verdict came too late all the same.
+        # A coroutine that blocked (sync work, never awaiting) past its timeout, which asyncio
+        # only enforces at an await: its verdict came too late all the same.
         return late
     try:
         return _normalize(result)

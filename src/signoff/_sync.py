@@ -14,7 +14,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from ._exceptions import UsageError
 
-__all__ = ["SyncBridge", "blocking_doc", "twin"]
+__all__ = ["SyncBridge", "blocking_doc", "called_off_loop", "in_thread", "thread_note", "twin"]
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -159,3 +159,40 @@ def twin(
 def blocking_doc(method: Callable[..., Any]) -> str:
     """The docstring of the blocking twin of `method`."""
     return f"`{method.__name__}`, blocking until it returns.\n\n{inspect.getdoc(method) or ''}"
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn(*args, **kwargs)` run in a thread. A `StopIteration` it raises is a `RuntimeError`,
+    as a coroutine makes it: asyncio cannot hand one to the task awaiting the thread, which
+    then waited for ever."""
+
+    def call() -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except StopIteration as exc:
+            raise RuntimeError("the function raised StopIteration") from exc
+
+    return await asyncio.to_thread(call)
+
+
+async def called_off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    """`fn(*args)`, awaited if it gives an awaitable: a coroutine function on the loop, any other
+    function in a thread (`in_thread`), as a sync tool runs, so one that blocks stops no lease
+    renewal of the process's sessions."""
+    if inspect.iscoroutinefunction(fn):
+        result = await fn(*args)
+    else:
+        result = await in_thread(fn, *args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+def thread_note(fn: Callable[..., Any], exc: BaseException) -> str:
+    """A note for the error of a plain function that used the event loop, which its thread does
+    not have (`called_off_loop`): what to do instead. Empty for any other error."""
+    if inspect.iscoroutinefunction(fn) or not isinstance(exc, RuntimeError):
+        return ""
+    if "event loop" not in str(exc):
+        return ""
+    return " (a plain function runs in a thread, without the event loop: make it async to use it)"

@@ -35,7 +35,7 @@ from ._tool_json import holds_mask, jsonable, over_limit
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._tools import Tool
 from ._tracing import ToolSpan
-from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, input_hash
+from ._types import APPROVAL_OPTIONS, Action, InputRequest, Principal, Usage, input_hash
 
 __all__ = ["UNRECORDED_KEPT", "ToolCalls"]
 
@@ -132,7 +132,12 @@ class ToolCalls(DriverPart):
                 to_run.append((call, tool, validated, verdict))
         specs: list[EventSpec] = []
         if requests:
-            specs.append(("input.requested", {"requests": [dump_request(r) for r in requests]}))
+            asked: dict[str, Any] = {"requests": [dump_request(r) for r in requests]}
+            ids = {r.call_id for r in requests}
+            reviewed = Verdict.spent(v for c, _, _, v in decided if c.id in ids)
+            if reviewed is not None:  # what auto() reviews cost: the session's usage counts it
+                asked["usage"] = reviewed.model_dump()
+            specs.append(("input.requested", asked))
         specs.extend(results)
         if specs and requests and not to_run:
 
@@ -150,7 +155,9 @@ class ToolCalls(DriverPart):
             if verdict.reason and verdict.auto is None:  # Approved(reason): the model hears why
                 note = self._cut(call, {"approved": True, "by": "policy", "reason": verdict.reason})
             principal = self.state.turn.principal  # type: ignore[union-attr]
-            await self.run_tool(current, tool, validated, principal, approval=note)
+            await self.run_tool(
+                current, tool, validated, principal, approval=note, usage=verdict.usage
+            )
         return len(requests) + len(results) + len(to_run)
 
     def _unknown_tool(self, name: str) -> dict[str, Any]:
@@ -211,11 +218,9 @@ class ToolCalls(DriverPart):
                 v = Verdict("ask", error=f"guardrail returned {_shown(v)}, not a Verdict or None")
             if v is not None:
                 verdicts.append(v if v.action != "ask" else Verdict("ask", "guardrail", v.error))
-        for action in ("deny", "ask"):
-            for v in verdicts:
-                if v.action == action:
-                    return _with_text_reason(v)
-        return _with_text_reason(verdicts[0])
+        chosen = next((v for a in ("deny", "ask") for v in verdicts if v.action == a), verdicts[0])
+        # What any of them spent (an auto() review) is counted whichever decides.
+        return _with_text_reason(dataclasses.replace(chosen, usage=Verdict.spent(verdicts)))
 
     # -- tools --------------------------------------------------------------------------------
 
@@ -293,6 +298,7 @@ class ToolCalls(DriverPart):
         principal: Principal | None,
         *,
         approval: dict[str, Any] | None = None,
+        usage: Usage | None = None,
     ) -> None:
         s = self.state
         # Models may reuse call ids across responses: the response number keeps keys unique.
@@ -307,6 +313,7 @@ class ToolCalls(DriverPart):
                             "tool_name": call.tool_name,
                             "idempotency_key": key,
                             "principal": None if principal is None else principal.model_dump(),
+                            **({} if usage is None else {"usage": usage.model_dump()}),
                         },
                     )
                 ]

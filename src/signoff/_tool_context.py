@@ -12,11 +12,12 @@ from typing import Any, NoReturn, Protocol
 from ._approval import SessionInfo
 from ._exceptions import UsageError
 from ._steps import raise_recorded
+from ._sync import in_thread
 from ._tool_json import copied, jsonable
 from ._tool_signals import ApprovalRequired, InputUnavailable, QuestionWithdrawn
 from ._types import Answer, Option, Principal, make_options
 
-__all__ = ["Journal", "ReplayError", "ToolContext", "in_thread"]
+__all__ = ["Journal", "ReplayError", "ToolContext"]
 
 
 class ReplayError(UsageError):
@@ -244,17 +245,3 @@ class ToolContext:
     def request_approval(self, payload: Any = None) -> NoReturn:
         """Park the turn until a person decides; the decision becomes this call's result."""
         raise ApprovalRequired(payload, call_id=self.call_id)
-
-
-async def in_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """`fn(*args, **kwargs)` run in a thread. A `StopIteration` it raises is a `RuntimeError`,
-    as a coroutine makes it: asyncio cannot hand one to the task awaiting the thread, which
-    then waited for ever."""
-
-    def call() -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except StopIteration as exc:
-            raise RuntimeError("the function raised StopIteration") from exc
-
-    return await asyncio.to_thread(call)

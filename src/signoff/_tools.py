@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, PydanticUserError, ValidationError, 
 from ._approval import ApprovalPolicy, as_policy
 from ._exceptions import UsageError
 from ._response import ApprovalSpec, ResponsePolicy
-from ._tool_context import ToolContext, in_thread
+from ._sync import in_thread
+from ._tool_context import ToolContext
 from ._tool_json import jsonable, non_finite, sets_sorted
 
 # The tool names OpenAI and Anthropic take.

@@ -1,0 +1,97 @@
+"""What `auto()`'s reviews cost counts in the session's usage, as the turn's own model responses:
+folded from the log (so a new runtime reads it too) and held against `Limits`. Run on both stores.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import signoff as so
+from signoff.testing import ExecutionLog, call, scripted_agent
+
+ALICE = so.Principal(authenticator="test", principal_id="alice")
+BILLED = so.Usage(input_tokens=300, output_tokens=20, cost_usd=5.0)
+TURN = so.Usage(input_tokens=10, output_tokens=2, cost_usd=0.01)
+
+
+def review(kind: str) -> so.ModelResponse:
+    text = json.dumps({"verdict": kind, "reason": f"{kind} it is"})
+    return so.ModelResponse(text=text, usage=BILLED)
+
+
+def billing(log: ExecutionLog, reviewer: Any, limits: so.Limits | None = None) -> so.Agent:
+    @log.tool(approval=so.auto(reviewer))
+    async def refund_charge(charge_id: str, amount: float) -> dict[str, Any]:
+        """Refund a charge."""
+        return {"refunded": amount}
+
+    steps = [
+        so.ModelResponse(
+            tool_calls=[call("refund_charge", charge_id="ch_1", amount=40)], usage=TURN
+        ),
+        so.ModelResponse(text="done", usage=TURN),
+    ]
+    return scripted_agent("billing", steps, tools=[refund_charge], limits=limits or so.Limits())
+
+
+async def test_a_clear_review_counts_in_the_sessions_usage(store_url: str) -> None:
+    log = ExecutionLog()
+    agent = billing(log, so.models.Scripted([review("clear")]))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert r.status == "completed"
+        assert log.count() == 1
+        expected = TURN + TURN + BILLED
+        assert (await rt.state(r.session_id)).usage == expected
+    async with so.Runtime([billing(ExecutionLog(), None)], store=store_url) as again:
+        assert (await again.state(r.session_id)).usage == expected  # folded from the log
+
+
+async def test_a_caution_review_counts_in_the_sessions_usage(store_url: str) -> None:
+    log = ExecutionLog()
+    agent = billing(log, so.models.Scripted([review("caution")]))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.auto_verdict == "caution"
+        assert (await rt.state(r.session_id)).usage == TURN + BILLED
+    async with so.Runtime([billing(ExecutionLog(), None)], store=store_url) as again:
+        assert (await again.state(r.session_id)).usage == TURN + BILLED
+
+
+async def test_a_review_counts_against_max_cost_usd(store_url: str) -> None:
+    """The review billed $5 of a $1 budget: the next model call is not made, the person is asked
+    to continue or stop, as for a turn's own spending."""
+    log = ExecutionLog()
+    agent = billing(log, so.models.Scripted([review("clear")]), so.Limits(max_cost_usd=1.0))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert log.count() == 1  # the reviewed call ran; what comes after it is over budget
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.kind == "session-limit"
+        assert "max_cost_usd=1" in (req.question or "")
+
+
+async def test_a_review_counts_against_max_tokens(store_url: str) -> None:
+    log = ExecutionLog()
+    agent = billing(log, so.models.Scripted([review("clear")]), so.Limits(max_tokens=100))
+    async with so.Runtime([agent], store=store_url) as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert r.status == "waiting"
+        (req,) = r.pending
+        assert req.kind == "session-limit"
+
+
+async def test_a_review_that_reports_negative_usage_gives_no_budget_back(tmp_path: Any) -> None:
+    """A reviewer reporting a negative count would lower the session's spending: not counted."""
+    refund = so.Usage(input_tokens=-1000, output_tokens=0, cost_usd=-4.0)
+    text = json.dumps({"verdict": "clear", "reason": "fine"})
+    reviewer = so.models.Scripted([so.ModelResponse(text=text, usage=refund)])
+    log = ExecutionLog()
+    async with so.Runtime([billing(log, reviewer)], store=f"sqlite:///{tmp_path}/s.db") as rt:
+        r = await rt.generate("billing", prompt="refund ch_1", auth=ALICE)
+        assert log.count() == 1
+        assert (await rt.state(r.session_id)).usage == TURN + TURN
