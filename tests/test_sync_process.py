@@ -1,0 +1,51 @@
+"""The `*_sync` twins across the life of a process: in a child forked from a process whose
+runtime's loop was running."""
+
+from __future__ import annotations
+
+import json
+
+from ._forks import Scripts
+
+# Each script runs in a fresh child (tests/_forks.py) and prints one JSON line of what it saw.
+_FORKED = """
+import json, os, signal, sys, threading
+import signoff as so
+from signoff.testing import reply, scripted_agent
+
+rt = so.Runtime([scripted_agent("a", [reply("hi")], repeat_last=True)], store=sys.argv[1])
+rt.generate_sync("a", prompt="x")  # the runtime's loop runs in a thread the child lacks
+read, write = os.pipe()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(10)  # a hang is ended, and told by the exit status
+    seen = {}
+    for name, call in (("call", rt.sessions_sync), ("close", rt.close_sync)):
+        try:
+            seen[name] = repr(call())
+        except so.UsageError as exc:
+            seen[name] = "UsageError: " + str(exc)
+    os.write(write, json.dumps(seen).encode())
+    os._exit(0)
+os.close(write)
+_, status = os.waitpid(pid, 0)
+child = json.loads(os.read(read, 65536) or b"{}")
+after = len(rt.sessions_sync())  # the parent's loop is untouched
+rt.close_sync()
+print(json.dumps({"status": os.waitstatus_to_exitcode(status), "child": child, "after": after}))
+"""
+
+
+def test_a_sync_call_in_a_forked_child_is_refused_instead_of_hanging(
+    scripts: Scripts, store_url: str
+) -> None:
+    """A child forked while the runtime's loop ran inherits that loop but not the thread that
+    runs it: a `*_sync` call handed its work to that loop and waited for ever."""
+    done = scripts.run(_FORKED, store_url, timeout=30)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen["status"] == 0, "the forked child's *_sync call hung"
+    for name in ("call", "close"):
+        assert seen["child"][name].startswith("UsageError: "), seen["child"]
+        assert "fork" in seen["child"][name] and "new" in seen["child"][name]
+    assert seen["after"] == 1
