@@ -1,5 +1,5 @@
 """The `*_sync` twins across the life of a process: in a child forked from a process whose
-runtime's loop was running."""
+runtime's loop was running, and from `atexit` handlers at interpreter exit."""
 
 from __future__ import annotations
 
@@ -49,3 +49,41 @@ def test_a_sync_call_in_a_forked_child_is_refused_instead_of_hanging(
         assert seen["child"][name].startswith("UsageError: "), seen["child"]
         assert "fork" in seen["child"][name] and "new" in seen["child"][name]
     assert seen["after"] == 1
+
+
+_AT_EXIT = """
+import atexit, json, sys, threading
+import signoff as so
+from signoff.testing import reply, scripted_agent
+
+rt = so.Runtime([scripted_agent("a", [reply("hi")], repeat_last=True)], store=sys.argv[1])
+seen = {}
+
+
+def bye():
+    try:
+        seen["sessions"] = len(rt.sessions_sync())
+        rt.close_sync()
+        seen["closed"] = getattr(rt.store, "_conn", None) is None
+        seen["closed"] &= getattr(rt.store, "_pool", None) is None
+    except BaseException as exc:
+        seen["error"] = f"{type(exc).__name__}: {exc}"
+    seen["threads"] = [t.name for t in threading.enumerate() if t.name == "signoff-sync"]
+    print(json.dumps(seen))
+
+
+atexit.register(bye)  # before the runtime's first call, so it runs after signoff's own
+rt.generate_sync("a", prompt="x")
+atexit._run_exitfuncs()  # what the interpreter does as it exits
+"""
+
+
+def test_a_sync_call_from_an_atexit_handler_still_works(scripts: Scripts, store_url: str) -> None:
+    """`atexit.register(rt.close_sync)`: at exit signoff's own handler, registered later and so
+    run first, stopped the runtime's loop, and a `*_sync` call from a handler run after it
+    raised a bare `RuntimeError('Event loop is closed')`, leaving the store unclosed."""
+    done = scripts.run(_AT_EXIT, store_url, timeout=30)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert seen == {"sessions": 1, "closed": True, "threads": []}, seen
+    assert "never awaited" not in done.stderr, done.stderr

@@ -97,6 +97,10 @@ class SyncBridge:
                 finished.set()
 
         with self._lock:
+            if self._stopper is not None and not self._stopper.alive:
+                # Stopped by its finalizer, which signoff's `atexit` hook runs at exit before
+                # the handlers registered earlier (`atexit.register(rt.close_sync)`): as closed.
+                self._loop = self._thread = self._stopper = self._stopping = None
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
@@ -154,10 +158,14 @@ class SyncBridge:
         if self._forked():
             return
         with self._lock:
-            stopper = self._stopper
+            stopper, loop, thread, pid = self._stopper, self._loop, self._thread, self._pid
             self._loop = self._thread = self._stopper = self._stopping = None
-        if stopper is not None:
-            stopper()
+        # Detached and run here, not called: once the interpreter's exit has run the finalizers,
+        # calling one does nothing, and a loop started since would go on. (Detaching one that
+        # ran, or is running, gives None: its loop is stopped already.)
+        if stopper is not None and stopper.detach() is not None:
+            assert loop is not None and thread is not None
+            _stop(loop, thread, pid)
 
 
 def twin(
