@@ -1,5 +1,6 @@
 """The `*_sync` twins across the life of a process: in a child forked from a process whose
-runtime's loop was running, and from `atexit` handlers at interpreter exit."""
+runtime's loop was running, from `atexit` handlers at interpreter exit, and in a daemon thread
+still in a call when the interpreter exits."""
 
 from __future__ import annotations
 
@@ -87,3 +88,48 @@ def test_a_sync_call_from_an_atexit_handler_still_works(scripts: Scripts, store_
     seen = json.loads(done.stdout)
     assert seen == {"sessions": 1, "closed": True, "threads": []}, seen
     assert "never awaited" not in done.stderr, done.stderr
+
+
+_CUT_AT_EXIT = """
+import asyncio, atexit, json, sys, threading
+import signoff as so
+from signoff.testing import reply, scripted_agent
+
+started = threading.Event()
+
+
+async def hangs(conversation):
+    started.set()
+    await asyncio.sleep(3600)
+
+
+rt = so.Runtime([scripted_agent("a", [hangs])], store=sys.argv[1])
+outcome = []
+
+
+def call():
+    try:
+        outcome.append(rt.generate_sync("a", prompt="x"))
+    except BaseException as exc:
+        outcome.append(exc)
+
+
+caller = threading.Thread(target=call, daemon=True)  # a daemon thread still in a call at exit
+caller.start()
+assert started.wait(10)
+atexit._run_exitfuncs()  # what the interpreter does as it exits
+caller.join(10)
+(error,) = outcome
+print(json.dumps({"alive": caller.is_alive(), "error": f"{type(error).__name__}: {error}"}))
+"""
+
+
+def test_a_call_cut_short_at_exit_raises_usage_error(scripts: Scripts, store_url: str) -> None:
+    """A call still running in a daemon thread when the interpreter exits is stopped with its
+    loop, as by `close_sync`: its caller got a bare `CancelledError` instead of the
+    `UsageError` saying the runtime closed."""
+    done = scripts.run(_CUT_AT_EXIT, store_url, timeout=30)
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)
+    assert not seen["alive"], "the call never returned"
+    assert seen["error"].startswith("UsageError: ") and "closed" in seen["error"], seen

@@ -109,14 +109,16 @@ class SyncBridge:
                 thread.start()
                 self._loop, self._thread, self._pid = loop, thread, os.getpid()
                 self._stopper = weakref.finalize(self, _stop, loop, thread, self._pid)
-            loop = self._loop
+            loop, stopper = self._loop, self._stopper
+            assert stopper is not None  # set with the loop
             # Handed over under the lock: a `close` in another thread, which takes it first,
             # stops the loop only after, so the loop runs the call (or cancels it) for sure.
             future = asyncio.run_coroutine_threadsafe(call(), loop)
         try:
             return future.result()
         except concurrent.futures.CancelledError:
-            if self._loop is loop and self._stopping is not loop:  # not by close()
+            # Not by close(), nor by the finalizer, which stops the loop at the interpreter's exit.
+            if self._loop is loop and self._stopping is not loop and stopper.alive:
                 raise
             raise UsageError("the runtime or client was closed while this call ran") from None
         except BaseException:
