@@ -7,6 +7,7 @@ import concurrent.futures
 import contextlib
 import functools
 import inspect
+import os
 import threading
 import weakref
 from collections.abc import Callable, Coroutine
@@ -19,6 +20,11 @@ __all__ = ["SyncBridge", "blocking_doc", "called_off_loop", "in_thread", "thread
 P = ParamSpec("P")
 T = TypeVar("T")
 UNWIND = 5.0  # seconds an interrupted call is given to unwind (release its lease) on the loop
+FORKED = (
+    "this runtime or client was in use when the process forked, and the thread that runs its "
+    "*_sync calls did not come along to this child: make a new one in the child (or close it "
+    "before forking)"
+)
 
 
 def _serve(loop: asyncio.AbstractEventLoop) -> None:
@@ -35,9 +41,11 @@ def _serve(loop: asyncio.AbstractEventLoop) -> None:
         loop.close()
 
 
-def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread) -> None:
-    """Stop the bridge's loop and wait for its thread, unless we are that thread."""
-    if loop.is_closed():
+def _stop(loop: asyncio.AbstractEventLoop, thread: threading.Thread, pid: int) -> None:
+    """Stop the bridge's loop and wait for its thread, unless we are that thread (or a forked
+    child of its process, whose copy of the loop nothing runs and whose wake-up would reach the
+    parent's loop)."""
+    if loop.is_closed() or os.getpid() != pid:
         return
     loop.call_soon_threadsafe(loop.stop)
     if threading.current_thread() is not thread:
@@ -57,6 +65,12 @@ class SyncBridge:
         self._lock = threading.Lock()
         self._calls: set[asyncio.Task[Any]] = set()  # the calls on the loop (touched there only)
         self._stopping: asyncio.AbstractEventLoop | None = None  # see `stop_calls`
+        self._pid = os.getpid()  # the process whose thread runs `_loop`
+
+    def _forked(self) -> bool:
+        """Whether this is a forked child of the process that started the loop: the child has
+        a copy of the loop but not the thread that runs it (nor, maybe, a free `_lock`)."""
+        return self._loop is not None and self._pid != os.getpid()
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         if self._thread is not None and threading.current_thread() is self._thread:
@@ -66,6 +80,9 @@ class SyncBridge:
                 "a *_sync call made from code the sync API is running (a tool, a model or a "
                 "policy): await the async method instead"
             )
+        if self._forked():  # handed to the loop copied from the parent, it would wait for ever
+            coro.close()
+            raise UsageError(FORKED)
         started, finished = threading.Event(), threading.Event()
 
         async def call() -> T:
@@ -80,22 +97,28 @@ class SyncBridge:
                 finished.set()
 
         with self._lock:
+            if self._stopper is not None and not self._stopper.alive:
+                # Stopped by its finalizer, which signoff's `atexit` hook runs at exit before
+                # the handlers registered earlier (`atexit.register(rt.close_sync)`): as closed.
+                self._loop = self._thread = self._stopper = self._stopping = None
             if self._loop is None:
                 loop = asyncio.new_event_loop()
                 thread = threading.Thread(
                     target=_serve, args=(loop,), name="signoff-sync", daemon=True
                 )
                 thread.start()
-                self._loop, self._thread = loop, thread
-                self._stopper = weakref.finalize(self, _stop, loop, thread)
-            loop = self._loop
+                self._loop, self._thread, self._pid = loop, thread, os.getpid()
+                self._stopper = weakref.finalize(self, _stop, loop, thread, self._pid)
+            loop, stopper = self._loop, self._stopper
+            assert stopper is not None  # set with the loop
             # Handed over under the lock: a `close` in another thread, which takes it first,
             # stops the loop only after, so the loop runs the call (or cancels it) for sure.
             future = asyncio.run_coroutine_threadsafe(call(), loop)
         try:
             return future.result()
         except concurrent.futures.CancelledError:
-            if self._loop is loop and self._stopping is not loop:  # not by close()
+            # Not by close(), nor by the finalizer, which stops the loop at the interpreter's exit.
+            if self._loop is loop and self._stopping is not loop and stopper.alive:
                 raise
             raise UsageError("the runtime or client was closed while this call ran") from None
         except BaseException:
@@ -108,6 +131,8 @@ class SyncBridge:
         """Cancel the calls running on the loop and wait (up to `UNWIND`) for them to unwind,
         giving their leases back, while the store they use is still open: the first step of
         closing, before the store is closed on this loop. Their callers get a `UsageError`."""
+        if self._forked():  # the calls are the parent's, running there
+            return
         with self._lock:
             loop = self._stopping = self._loop
         if loop is None or threading.current_thread() is self._thread:
@@ -130,11 +155,19 @@ class SyncBridge:
             done.result(UNWIND + 1)
 
     def close(self) -> None:
+        """Stop the loop and its thread; a later call starts them again. In a forked child it
+        does nothing: the loop is the parent's, and its runtime or client too."""
+        if self._forked():
+            return
         with self._lock:
-            stopper = self._stopper
+            stopper, loop, thread, pid = self._stopper, self._loop, self._thread, self._pid
             self._loop = self._thread = self._stopper = self._stopping = None
-        if stopper is not None:
-            stopper()
+        # Detached and run here, not called: once the interpreter's exit has run the finalizers,
+        # calling one does nothing, and a loop started since would go on. (Detaching one that
+        # ran, or is running, gives None: its loop is stopped already.)
+        if stopper is not None and stopper.detach() is not None:
+            assert loop is not None and thread is not None
+            _stop(loop, thread, pid)
 
 
 def twin(
