@@ -96,3 +96,26 @@ async def test_a_follower_of_a_running_turn_no_drive_holds_still_meets_the_expir
             async for event in rt.events(r.session_id):
                 seen.append(event.type)
         assert seen[-1] == "turn.failed"
+
+
+async def test_a_listing_shows_a_turn_running_past_the_ttl_running(store_url: str) -> None:
+    """`rt.sessions()` listed the session `failed` (and under `status="failed"`, not under
+    `"running"`) while the drive holding its turn ran it on past the TTL and then completed it:
+    a live drive's turn is shown as the store holds it, `running`."""
+    clock = ManualClock()
+    started, go = asyncio.Event(), asyncio.Event()
+    async with so.Runtime(
+        [slow_agent(started, go)], store=store_url, clock=clock, lease_ttl=600
+    ) as rt:
+        turn = asyncio.create_task(rt.generate("a", prompt="hi"))
+        try:
+            await started.wait()
+            clock.advance(61)
+            assert [r.status for r in await rt.sessions()] == ["running"]
+            assert [r.status for r in await rt.sessions(status="running")] == ["running"]
+            assert await rt.sessions(status="failed") == []
+        finally:
+            go.set()
+            result = await turn
+        assert result.status == "completed"
+        assert [r.status for r in await rt.sessions()] == ["idle"]

@@ -85,3 +85,46 @@ def test_a_stream_of_a_turn_running_past_the_ttl_follows_it_to_the_end(tmp_path:
         go.set()
         driving.join(10)
     assert results and results[0].status == "completed"
+
+
+async def test_the_sessions_listing_shows_a_turn_running_past_the_ttl_running(
+    store_url: str,
+) -> None:
+    """GET /v1/sessions listed the session `failed` (and counted it under `status=failed`)
+    while the drive holding its turn ran it on past the TTL: it is listed `running`."""
+    from signoff.testing import ManualClock
+
+    clock = ManualClock()
+    started, go = asyncio.Event(), asyncio.Event()
+
+    @so.tool()
+    async def slow(x: str) -> str:
+        """Take a while."""
+        started.set()
+        await go.wait()
+        return "done"
+
+    agent = scripted_agent(
+        "a", [call_tools(call("slow", x="1")), reply("ok")], tools=[slow], limits=so.Limits(ttl=60)
+    )
+    runtime = so.Runtime([agent], store=store_url, clock=clock, lease_ttl=600)
+    app = create_app(runtime, auth=TokenAuth(TOKENS), sweep_every=None, close_runtime=True)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://t", headers=auth("alice-token")
+        ) as c,
+    ):
+        turn = asyncio.create_task(runtime.generate("a", prompt="hi", auth=ALICE))
+        try:
+            await started.wait()
+            clock.advance(61)
+            listed = (await c.get("/v1/sessions")).json()
+            assert [r["status"] for r in listed["items"]] == ["running"], listed
+            for status, total in (("running", 1), ("failed", 0)):
+                listed = (await c.get("/v1/sessions", params={"status": status})).json()
+                assert listed["total"] == total and len(listed["items"]) == total, (status, listed)
+        finally:
+            go.set()
+            result = await turn
+        assert result.status == "completed"

@@ -368,7 +368,8 @@ class Runtime(Workers):
                 )
         except StoreError as exc:  # a store this process may only read, say
             log.warning("sessions whose TTL passed not recorded: %s", exc)
-        shown = [summary_after_expiry(r, now) for r in page]
+        held = await self._running_past(page, now)
+        shown = [summary_after_expiry(r, now, held) for r in page]
         return [r for r in shown if status is None or r.status == status]
 
     async def state(self, session_id: str) -> SessionState:

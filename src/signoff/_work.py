@@ -102,6 +102,19 @@ class Workers(Messages):
                 offset += 500
         return lapsed
 
+    async def _running_past(self, rows: Sequence[SessionSummary], now: float) -> set[str]:
+        """The ids of `rows` whose TTL passed while a live drive runs their turn on (a tool
+        slower than the TTL): not idle, so listed as the store holds them, not `failed`; their
+        expiry is left to a look after that drive (`_expire`). A lease check each, for only
+        those the TTL caught running."""
+        held: set[str] = set()
+        for row in rows:
+            if row.status == "running" and is_lapsed(row, now):
+                with contextlib.suppress(StoreError):  # a store this process may only read
+                    if await self._busy(row.id):
+                        held.add(row.id)
+        return held
+
     async def _sweep_orphans(self) -> int:
         """Cancel subagent turns whose parent no longer waits (the runtime knows subagents);
         returns how many."""
