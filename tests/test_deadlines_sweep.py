@@ -86,3 +86,34 @@ async def test_a_lapsed_session_the_sweep_cannot_record_does_not_hold_up_deadlin
         stored = await worker.store.get_request(r2.id)
         assert stored is not None and stored.status == "expired"
         assert (await worker.state(s2)).turn_status == "completed"
+
+
+async def test_an_orphan_the_sweep_cannot_read_does_not_hold_up_deadlines(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sweep cancels children whose parent's turn ended before it applies deadlines: a child
+    it could not read stopped it there, so no deadline was applied while that child stayed."""
+    from ._subagents import ALICE
+    from .test_subagents_cancel import _cancel_then_start, _lookup_agents
+
+    clock = ManualClock()
+    parent, child = _lookup_agents([])
+    agents = [parent, child, payout_agent(ExecutionLog(), so.always(expires_in=60))]
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        _cancel_then_start(monkeypatch, rt, [sid], check=False)
+        cancelled = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        assert cancelled.status == "cancelled"
+        [orphan] = await rt.sessions(agent="billing")
+        assert orphan.status == "running"
+        monkeypatch.undo()
+        s2, r2, _ = await asked(rt)
+    clock.advance(61)
+    async with so.Runtime(agents, store=store_url, clock=clock) as worker:
+        failing_loads(worker, orphan.id)
+        with caplog.at_level(logging.WARNING):
+            await worker.expire_due()
+        assert orphan.id in caplog.text
+        stored = await worker.store.get_request(r2.id)
+        assert stored is not None and stored.status == "expired"
+        assert (await worker.state(s2)).turn_status == "completed"
