@@ -8,6 +8,7 @@ named group (the response policy sees `request.escalated_to`) and lifts the dead
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import replace
 from typing import Any
 
@@ -213,7 +214,11 @@ def is_lapsed(row: SessionSummary, now: float) -> bool:
     )
 
 
-def summary_after_expiry(row: SessionSummary, now: float) -> SessionSummary:
+def summary_after_expiry(
+    row: SessionSummary, now: float, running_on: Collection[str] = ()
+) -> SessionSummary:
     """A listed session as its passed TTL leaves it before anyone has recorded that (a store
-    this process may only read, another agent's session): its turn failed."""
-    return replace(row, status="failed") if is_lapsed(row, now) else row
+    this process may only read, another agent's session): its turn failed. One of
+    `running_on` (a live drive runs its turn on past the TTL, a slow tool) is shown as it is."""
+    lapsed = is_lapsed(row, now) and row.id not in running_on
+    return replace(row, status="failed") if lapsed else row

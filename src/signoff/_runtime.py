@@ -368,7 +368,8 @@ class Runtime(Workers):
                 )
         except StoreError as exc:  # a store this process may only read, say
             log.warning("sessions whose TTL passed not recorded: %s", exc)
-        shown = [summary_after_expiry(r, now) for r in page]
+        held = await self._running_past(page, now)
+        shown = [summary_after_expiry(r, now, held) for r in page]
         return [r for r in shown if status is None or r.status == status]
 
     async def state(self, session_id: str) -> SessionState:
@@ -427,6 +428,9 @@ class Runtime(Workers):
             if self.now() >= expires_at or time.monotonic() - checked >= _RECHECK_FOLLOWED:
                 state = await self._state(session_id)  # UnknownSession once deleted
                 if state.seq == after and state.expired(self.now()):
+                    if await self._running_on(state):  # followed on until that drive's events
+                        expires_at, checked = math.inf, time.monotonic()
+                        continue
                     expired = SessionExpired(session_id, [r.id for r in state.pending_requests()])
                     if expiry_specs(state) and state.agent in self.agents:
                         # Record it as a listing would (its requests expire, its turn fails),

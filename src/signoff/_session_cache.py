@@ -300,6 +300,18 @@ class SessionCache(Leasing):
         await self.store.release_lease(session_id, self.owner, token)
         return False
 
+    async def _running_on(self, state: SessionState) -> bool:
+        """Whether a live drive holds the running turn of `state`, whose TTL passed with no
+        request open: it runs on (a tool slower than the TTL), so the session is not idle and
+        its expiry is left to a look after that drive (as `_expire` leaves it)."""
+        turn = state.turn
+        if turn is None or turn.status != "running" or state.pending_requests():
+            return False
+        try:
+            return await self._busy(state.id)
+        except StoreError:  # a store this process may only read: it cannot tell
+            return False
+
     def _result(
         self, state: SessionState, outcomes: Sequence[Outcome] = (), *, busy: bool = False
     ) -> GenerateResult:

@@ -82,7 +82,8 @@ async def lapsed_page(
             stale = await _stale(rt, agent, now)
     except StoreError as exc:  # a store this process may only read, say
         log.warning("sessions whose TTL passed not recorded: %s", exc)
-    if not stale:
+    held = await rt._running_past(stale, now)  # shown as the store holds them
+    if not [r for r in stale if r.id not in held]:
         return None
     # `failed` ones are also those the store holds running or waiting: read them all.
     by_store = None if status == "failed" else status
@@ -91,10 +92,11 @@ async def lapsed_page(
     while True:
         chunk = await rt.store.sessions(agent=agent, status=by_store, limit=CHUNK, offset=read)
         for row in chunk:
-            if (status == "failed") != (row.status == "failed" or is_lapsed(row, now)):
+            shown = summary_after_expiry(row, now, held)
+            if (status == "failed") != (shown.status == "failed"):
                 continue
             if offset <= seen < offset + limit:
-                page.append(summary_after_expiry(row, now))
+                page.append(shown)
             seen += 1
         if len(chunk) < CHUNK or seen >= offset + limit:
             return page

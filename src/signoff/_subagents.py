@@ -26,7 +26,10 @@ from ._exceptions import (
     SessionBusy,
     SessionExpired,
     SignoffError,
+    StoreBusy,
     StoreError,
+    StoreGone,
+    StoreUnavailable,
     UnknownAgent,
     UnknownSession,
     UsageError,
@@ -407,8 +410,14 @@ async def sweep_orphans(rt: Runtime) -> int:
                 rows += await _all(partial(_listed, rt, agent, status))
     cancelled = 0
     for row in rows:
-        with contextlib.suppress(SessionExpired, UnknownSession):
-            cancelled += await cancel_orphan(rt, await rt._state(row.id))
+        try:
+            with contextlib.suppress(SessionExpired, UnknownSession):
+                cancelled += await cancel_orphan(rt, await rt._state(row.id))
+        except (StoreGone, StoreUnavailable, StoreBusy):
+            raise  # the store failing as a whole ends the sweep
+        except StoreError as exc:  # one child it cannot read holds up neither the rest nor
+            # the deadlines the sweep applies next: tried again at the next sweep
+            log.warning("session %s: its orphaned turn not cancelled: %s", row.id, exc)
     return cancelled
 
 

@@ -7,10 +7,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from ._deadlines import is_due, is_lapsed
-from ._exceptions import SessionExpired, StoreError, StoreGone, UsageError
+from ._exceptions import (
+    SessionExpired,
+    StoreBusy,
+    StoreError,
+    StoreGone,
+    StoreUnavailable,
+    UsageError,
+)
 from ._leasing import lost_line
 from ._messages import Messages
 from ._settings import seconds, whole
@@ -95,6 +102,19 @@ class Workers(Messages):
                 offset += 500
         return lapsed
 
+    async def _running_past(self, rows: Sequence[SessionSummary], now: float) -> set[str]:
+        """The ids of `rows` whose TTL passed while a live drive runs their turn on (a tool
+        slower than the TTL): not idle, so listed as the store holds them, not `failed`; their
+        expiry is left to a look after that drive (`_expire`). A lease check each, for only
+        those the TTL caught running."""
+        held: set[str] = set()
+        for row in rows:
+            if row.status == "running" and is_lapsed(row, now):
+                with contextlib.suppress(StoreError):  # a store this process may only read
+                    if await self._busy(row.id):
+                        held.add(row.id)
+        return held
+
     async def _sweep_orphans(self) -> int:
         """Cancel subagent turns whose parent no longer waits (the runtime knows subagents);
         returns how many."""
@@ -105,7 +125,7 @@ class Workers(Messages):
         passed with their turn unfinished; returns how many there were."""
         ids = [r.id for r in rows if is_lapsed(r, now) and r.agent in self.agents]
         for sid in ids:
-            with contextlib.suppress(SessionExpired):
+            with contextlib.suppress(SessionExpired), _one_of_many(sid, "its expiry not recorded"):
                 await self._checked(sid)
         return len(ids)
 
@@ -120,8 +140,9 @@ class Workers(Messages):
         for sid in sessions:
             with contextlib.suppress(SessionExpired):
                 if not listing:
-                    await self._checked(sid)  # records the expiries; the turn becomes runnable
-                    await self._drive(sid)
+                    with _one_of_many(sid, "its passed deadlines not applied"):
+                        await self._checked(sid)  # records the expiries; the turn is runnable
+                        await self._drive(sid)
                     continue
                 try:
                     await self._checked(sid)
@@ -298,6 +319,21 @@ class Workers(Messages):
                 session_id,
                 self.lease_ttl,
             )
+
+
+@contextlib.contextmanager
+def _one_of_many(session_id: str, what: str) -> Iterator[None]:
+    """A sweep's work on one of many sessions: its failure is logged and the sweep goes on, so a
+    session the store cannot read (listed first at every sweep) does not stop the others'. A
+    store failing as a whole (gone, down, out of connections) still ends the sweep."""
+    try:
+        yield
+    except (SessionExpired, StoreGone, StoreUnavailable, StoreBusy):
+        raise
+    except StoreError as exc:
+        log.warning("session %s: %s: %s", session_id, what, exc)
+    except Exception:
+        log.exception("session %s: %s", session_id, what)
 
 
 async def _sleep(stop: asyncio.Event, seconds: float) -> None:

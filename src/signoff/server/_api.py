@@ -241,7 +241,12 @@ async def events(
             "invalid_request",
             f"{start} is past the session's last event ({state.seq}); resume from an id it sent",
         )
-    if follow and start >= state.seq and state.expired(ctx.runtime.now()):
+    if (
+        follow
+        and start >= state.seq
+        and state.expired(ctx.runtime.now())
+        and not await ctx.runtime._running_on(state)  # a drive runs its turn on past the TTL
+    ):
         # Nothing more will come: a 410 stops a reconnecting EventSource, which a stream that
         # merely ends again would not.
         raise SessionExpired(session_id, [r.id for r in state.pending_requests()])

@@ -6,6 +6,7 @@ import hashlib
 import inspect
 import logging
 import math
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -307,6 +308,8 @@ class ServerContext:
         await rt.open()
         now = rt.now()
         stale = await self._record_lapsed(now)
+        held = await rt._running_past(stale, now)  # a live drive runs them on: shown as held
+        stale = [r for r in stale if r.id not in held]
         # A lapsed session left unrecorded is still `running` or `waiting` in the store but reads
         # `failed`, so the store cannot filter by those while one of them matches the listing.
         lapsing = status in ("running", "waiting", "failed")
@@ -315,15 +318,17 @@ class ServerContext:
         picks = None if everyone else self._picks(caller)
         if not everyone and picks is None:
             return await self._scan_sessions(
-                None, caller, agent, status, trusted, limit, offset, now
+                None, caller, agent, status, trusted, limit, offset, now, held
             )
         if not trusted:
-            return await self._scan_sessions(picks, None, agent, status, False, limit, offset, now)
+            return await self._scan_sessions(
+                picks, None, agent, status, False, limit, offset, now, held
+            )
         rows, total = await counted_sessions(
             rt.store, agent=agent, status=status, limit=limit, offset=offset, initiated_by=picks
         )
         # Trusted: no row of a lapsed session unrecorded reads otherwise than its status.
-        return [summary_after_expiry(row, now) for row in rows], total
+        return [summary_after_expiry(row, now, held) for row in rows], total
 
     def _picks(self, caller: Principal) -> InitiatorFilter | None:
         """The store filter of the sessions the caller may see: under the default rule, by who
@@ -356,12 +361,14 @@ class ServerContext:
         limit: int,
         offset: int,
         now: float,
+        held: Collection[str] = (),
     ) -> tuple[list[SessionSummary], int]:
         """The page and total of a listing read session by session: those the store `picks`
         (None: every one), and of them those `caller` may see under the access rule (None:
         every one; else only the `SESSION_SCAN` most recently active are read), filtered by
-        `status` in the store if `by_store`, else as each is shown. Only the page is kept, so
-        memory stays that of one page and one chunk."""
+        `status` in the store if `by_store`, else as each is shown (those `held` by a live drive
+        past their TTL as the store holds them). Only the page is kept, so memory stays that of
+        one page and one chunk."""
         page: list[SessionSummary] = []
         total = scanned = 0
         previous: set[str] = set()  # pushed down a chunk by one active meanwhile: listed once
@@ -375,7 +382,7 @@ class ServerContext:
                 initiated_by=picks,
             )
             for row in chunk:
-                shown = summary_after_expiry(row, now)  # as `Runtime.sessions` shows it
+                shown = summary_after_expiry(row, now, held)  # as `Runtime.sessions` shows it
                 if row.id in previous or (status is not None and shown.status != status):
                     continue
                 if caller is not None and not await self._sees(caller, row.id):

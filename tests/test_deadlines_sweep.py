@@ -1,0 +1,119 @@
+"""The deadline sweep (`expire_due`, a worker's and `serve`'s) across many sessions: one session
+it cannot record or go on with is logged and left for the next sweep, not a stop for the rest."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import ExecutionLog, ManualClock
+
+from ._ttl import ttl_agent
+from .test_deadlines import asked, payout_agent
+
+
+def failing_loads(rt: so.Runtime, session_id: str) -> list[str]:
+    """Make `rt`'s store fail every load of `session_id` (a damaged row, a read that times out);
+    returns the list the failed loads are noted in."""
+    store = rt.store
+    load = store.load
+    failed: list[str] = []
+
+    async def broken(sid: str, *args: Any, **kwargs: Any) -> Any:
+        if sid == session_id:
+            failed.append(sid)
+            raise so.StoreError(f"session {sid!r} is damaged (test)")
+        return await load(sid, *args, **kwargs)
+
+    store.load = broken  # type: ignore[method-assign,assignment]
+    return failed
+
+
+async def test_a_session_the_sweep_cannot_read_does_not_hold_up_the_others_deadlines(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The oldest due session, listed first at every sweep, failing to load stopped the sweep
+    there, so no other session's deadline was ever applied by a worker: it is logged and the
+    others go on; once it can be read again, the next sweep applies its deadline too."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    agent = payout_agent(log, so.always(expires_in=60))
+    async with so.Runtime([agent], store=store_url, clock=clock) as rt:
+        s1, r1, _ = await asked(rt)  # older: listed first
+        clock.advance(1)
+        s2, r2, _ = await asked(rt)
+    clock.advance(60)
+    async with so.Runtime([agent], store=store_url, clock=clock) as worker:
+        load = worker.store.load
+        failed = failing_loads(worker, s1)
+        with caplog.at_level(logging.WARNING, logger="signoff.worker"):
+            await worker.expire_due()
+        assert failed
+        assert s1 in caplog.text and "damaged (test)" in caplog.text
+        stored = await worker.store.get_request(r2.id)
+        assert stored is not None and stored.status == "expired"
+        assert (await worker.state(s2)).turn_status == "completed"
+        stored = await worker.store.get_request(r1.id)
+        assert stored is not None and stored.status == "pending"
+        worker.store.load = load  # type: ignore[method-assign]
+        await worker.expire_due()
+        stored = await worker.store.get_request(r1.id)
+        assert stored is not None and stored.status == "expired"
+        assert (await worker.state(s1)).turn_status == "completed"
+
+
+async def test_a_lapsed_session_the_sweep_cannot_record_does_not_hold_up_deadlines(
+    store_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A session past its TTL that cannot be read stopped the sweep before any deadline was
+    applied (the lapsed sessions are recorded first): the deadline is applied all the same."""
+    clock = ManualClock()
+    log = ExecutionLog()
+    agents = [payout_agent(log, so.always(expires_in=60)), ttl_agent()]
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        lapsed = await rt.generate("desk", prompt="reset it")
+        assert lapsed.status == "waiting"
+        s2, r2, _ = await asked(rt)
+    clock.advance(61)
+    async with so.Runtime(agents, store=store_url, clock=clock) as worker:
+        failing_loads(worker, lapsed.session_id)
+        with caplog.at_level(logging.WARNING, logger="signoff.worker"):
+            await worker.expire_due()
+        assert lapsed.session_id in caplog.text
+        stored = await worker.store.get_request(r2.id)
+        assert stored is not None and stored.status == "expired"
+        assert (await worker.state(s2)).turn_status == "completed"
+
+
+async def test_an_orphan_the_sweep_cannot_read_does_not_hold_up_deadlines(
+    store_url: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The sweep cancels children whose parent's turn ended before it applies deadlines: a child
+    it could not read stopped it there, so no deadline was applied while that child stayed."""
+    from ._subagents import ALICE
+    from .test_subagents_cancel import _cancel_then_start, _lookup_agents
+
+    clock = ManualClock()
+    parent, child = _lookup_agents([])
+    agents = [parent, child, payout_agent(ExecutionLog(), so.always(expires_in=60))]
+    async with so.Runtime(agents, store=store_url, clock=clock) as rt:
+        sid = await rt.create_session("support", auth=ALICE)
+        _cancel_then_start(monkeypatch, rt, [sid], check=False)
+        cancelled = await rt.generate(session_id=sid, prompt="Refund", auth=ALICE)
+        assert cancelled.status == "cancelled"
+        [orphan] = await rt.sessions(agent="billing")
+        assert orphan.status == "running"
+        monkeypatch.undo()
+        s2, r2, _ = await asked(rt)
+    clock.advance(61)
+    async with so.Runtime(agents, store=store_url, clock=clock) as worker:
+        failing_loads(worker, orphan.id)
+        with caplog.at_level(logging.WARNING):
+            await worker.expire_due()
+        assert orphan.id in caplog.text
+        stored = await worker.store.get_request(r2.id)
+        assert stored is not None and stored.status == "expired"
+        assert (await worker.state(s2)).turn_status == "completed"

@@ -1,0 +1,121 @@
+"""A session's TTL against a turn a live drive is running (a tool slower than the TTL): the
+session is not idle, so a follower of its events goes on following it, not `SessionExpired`."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+import signoff as so
+from signoff.testing import ManualClock, call, call_tools, reply, scripted_agent
+
+
+def slow_agent(started: asyncio.Event, go: asyncio.Event) -> so.Agent:
+    """Agent `a`: its turn calls `slow`, which waits for `go`; sessions expire 60 s after their
+    last event."""
+
+    @so.tool()
+    async def slow(x: str) -> str:
+        """Take a while."""
+        started.set()
+        await go.wait()
+        return "done"
+
+    return scripted_agent(
+        "a",
+        [call_tools(call("slow", x="1")), reply("ok")],
+        tools=[slow],
+        limits=so.Limits(ttl=60),
+    )
+
+
+async def test_a_follower_of_a_turn_running_past_the_ttl_follows_it_to_the_end(
+    store_url: str,
+) -> None:
+    """The follower met the TTL passed (its last event, tool.started, 61 s old) and raised
+    `SessionExpired` though the drive holding the turn's lease ran on and completed it: the
+    stream ended with an error and the turn's end went unseen. A turn held by a live drive is
+    followed on; one whose drive died (its lease lapsed) still expires."""
+    clock = ManualClock()
+    started, go = asyncio.Event(), asyncio.Event()
+    async with so.Runtime(
+        [slow_agent(started, go)], store=store_url, clock=clock, lease_ttl=600, poll_interval=0.01
+    ) as rt:
+        turn = asyncio.create_task(rt.generate("a", prompt="hi"))
+        await started.wait()
+        [row] = await rt.sessions()
+        clock.advance(61)
+        read_events = rt.store.read_events
+        empty = [0]
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            batch = await read_events(*args, **kwargs)
+            empty[0] += not batch
+            return batch
+
+        rt.store.read_events = counted  # type: ignore[method-assign]
+        seen: list[str] = []
+
+        async def follow() -> None:
+            async for event in rt.events(row.id):
+                seen.append(event.type)
+                if event.type == "turn.completed":
+                    return
+
+        follower = asyncio.create_task(follow())
+        try:
+            while not follower.done() and empty[0] < 3:  # it met the TTL passed, looked again
+                await asyncio.sleep(0.01)
+            if follower.done():
+                await follower  # it ended: SessionExpired
+        finally:
+            go.set()
+            result = await turn
+        assert result.status == "completed" and result.text == "ok"
+        await asyncio.wait_for(follower, 5)
+        assert seen[-3:] == ["tool.completed", "model.completed", "turn.completed"]
+
+
+async def test_a_follower_of_a_running_turn_no_drive_holds_still_meets_the_expiry(
+    store_url: str,
+) -> None:
+    """A turn left running with no drive holding it (no worker came, or its process died):
+    the follower records the expiry, reads it, and raises `SessionExpired`."""
+    clock = ManualClock()
+    agent = slow_agent(asyncio.Event(), asyncio.Event())
+    async with so.Runtime(
+        [agent], store=store_url, clock=clock, inline=False, poll_interval=0.01
+    ) as rt:
+        r = await rt.generate("a", prompt="hi")
+        assert r.status == "running"
+        clock.advance(61)
+        seen: list[str] = []
+        with pytest.raises(so.SessionExpired):
+            async for event in rt.events(r.session_id):
+                seen.append(event.type)
+        assert seen[-1] == "turn.failed"
+
+
+async def test_a_listing_shows_a_turn_running_past_the_ttl_running(store_url: str) -> None:
+    """`rt.sessions()` listed the session `failed` (and under `status="failed"`, not under
+    `"running"`) while the drive holding its turn ran it on past the TTL and then completed it:
+    a live drive's turn is shown as the store holds it, `running`."""
+    clock = ManualClock()
+    started, go = asyncio.Event(), asyncio.Event()
+    async with so.Runtime(
+        [slow_agent(started, go)], store=store_url, clock=clock, lease_ttl=600
+    ) as rt:
+        turn = asyncio.create_task(rt.generate("a", prompt="hi"))
+        try:
+            await started.wait()
+            clock.advance(61)
+            assert [r.status for r in await rt.sessions()] == ["running"]
+            assert [r.status for r in await rt.sessions(status="running")] == ["running"]
+            assert await rt.sessions(status="failed") == []
+        finally:
+            go.set()
+            result = await turn
+        assert result.status == "completed"
+        assert [r.status for r in await rt.sessions()] == ["idle"]
