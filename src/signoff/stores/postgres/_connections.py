@@ -337,7 +337,14 @@ class Connections(Transactions):
             await conn.set_isolation_level(psycopg.IsolationLevel.READ_COMMITTED)
             async with conn.transaction():
                 await conn.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"{s}.migrate",))
-                await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
+                # Created only if missing: PostgreSQL checks the right to create schemas in the
+                # database even for one that exists, which the owner of a schema a DBA made
+                # for it (`CREATE SCHEMA ... AUTHORIZATION`) need not have.
+                cur = await conn.execute(
+                    "SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,)
+                )
+                if await cur.fetchone() is None:
+                    await conn.execute(f"CREATE SCHEMA IF NOT EXISTS {s}")
                 await conn.execute(
                     f"CREATE TABLE IF NOT EXISTS {s}.schema_version ("
                     "version INTEGER PRIMARY KEY, description TEXT NOT NULL, "
